@@ -1,0 +1,20 @@
+"""handformer: a Transformer written by hand, from attention to trained models."""
+
+from handformer.attention import MultiHeadAttention, scaled_dot_product_attention
+from handformer.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
+from handformer.causal_lm import CausalLM, CausalLMOutput
+from handformer.config import BlockConfig, CausalLMConfig, Seq2SeqConfig, load_config
+from handformer.feed_forward import FeedForward
+from handformer.kv_cache import KVCache
+from handformer.masks import causal_mask, padding_mask
+from handformer.norms import LayerNorm, RMSNorm
+from handformer.seq2seq import Seq2SeqOutput, Seq2SeqTransformer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BlockConfig", "CausalLM", "CausalLMConfig", "CausalLMOutput", "DecoderLayer",
+    "DecoderOnlyBlock", "EncoderLayer", "FeedForward", "KVCache", "LayerNorm", "MultiHeadAttention",
+    "RMSNorm", "Seq2SeqConfig", "Seq2SeqOutput", "Seq2SeqTransformer", "causal_mask", "load_config",
+    "padding_mask", "scaled_dot_product_attention",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from handformer.cli import main
+
+sys.exit(main())

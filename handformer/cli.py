@@ -1,0 +1,98 @@
+"""The `handformer` command line. Each subcommand is a thin layer over the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from handformer.config import BlockConfig, config_from_dict, load_config
+
+
+def parse_value(text: str) -> Any:
+    """'3' -> 3, '0.1' -> 0.1, 'true' -> True, 'none' -> None, anything else stays a string."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise SystemExit(f"error: --set expects key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        out[key.strip()] = parse_value(value)
+    return out
+
+
+def model_config_from_args(source: str, overrides: dict[str, Any]) -> BlockConfig:
+    """A preset name, a config JSON file, or a run directory holding config.json."""
+    from handformer.trace import PRESETS
+
+    if source in PRESETS:
+        cfg = PRESETS[source]()
+        data = cfg.to_dict()
+    else:
+        path = Path(source)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise SystemExit(f"error: {source!r} is neither a preset ({', '.join(PRESETS)}) nor a "
+                             "config file or run directory")
+        data = load_config(path).to_dict()
+    unknown = set(overrides) - set(data)
+    if unknown:
+        raise SystemExit(f"error: unknown config field(s) {', '.join(sorted(unknown))}; valid: "
+                         f"{', '.join(sorted(k for k in data if k != 'family'))}")
+    return config_from_dict({**data, **overrides})
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from handformer.trace import build_model, format_trace, trace
+
+    cfg = model_config_from_args(args.model, parse_overrides(args.set))
+    model = build_model(cfg)
+    rows = trace(model, args.batch_size, args.src_length, args.tgt_length)
+    print(f"{type(model).__name__} ({cfg.family}): {model.num_parameters():,} parameters")
+    print(format_trace(rows, args.depth))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="handformer", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("trace", help="print every module's input/output shapes and parameter counts")
+    p.add_argument("model", nargs="?", default="paper-base",
+                   help="preset (paper-base, gpt2, llama), a config JSON file or a run directory")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model config field, e.g. --set n_encoder_layers=2")
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--src-length", type=int, default=10, help="source (or prompt) length")
+    p.add_argument("--tgt-length", type=int, default=5, help="target length (encoder-decoder)")
+    p.add_argument("--depth", type=int, default=None, help="show modules down to this depth")
+    p.set_defaults(func=cmd_trace)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

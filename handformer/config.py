@@ -1,0 +1,226 @@
+"""Typed model configurations, checked on construction, saved and loaded as JSON.
+
+Two families share one set of block settings (`BlockConfig`):
+- `Seq2SeqConfig`: the encoder-decoder model of "Attention Is All You Need"; defaults are the
+  paper's base model.
+- `CausalLMConfig`: the decoder-only language model, with GPT-2 and Llama style presets.
+
+Every invalid value raises `ValueError` naming the field and how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
+GATED_ACTIVATIONS = ("swiglu", "geglu")
+NORMS = ("layernorm", "rmsnorm")
+NORM_PLACEMENTS = ("post", "pre")
+POSITIONS = ("sinusoidal", "learned", "rope", "none")
+
+
+def _fail(cls_name: str, name: str, value: Any, fix: str) -> None:
+    raise ValueError(f"{cls_name}.{name}={value!r} is invalid: {fix}")
+
+
+@dataclass
+class BlockConfig:
+    """Settings shared by every attention block of both model families."""
+
+    d_model: int = 512  # width of the residual stream (the paper's d_model)
+    n_heads: int = 8  # attention heads; head dim d_k = d_model // n_heads
+    n_kv_heads: int | None = None  # key/value heads for grouped-query attention; None = n_heads
+    d_ff: int = 2048  # hidden width of the position-wise feed-forward network
+    dropout: float = 0.1  # on embeddings and on every sublayer output before the residual add
+    attention_dropout: float = 0.0  # on the attention weights
+    activation: str = "relu"  # relu | gelu | gelu_tanh | swiglu | geglu
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    norm_placement: str = "post"  # post: norm(x + f(x)) as in the paper; pre: x + f(norm(x))
+    norm_eps: float = 1e-5  # epsilon inside the norm's square root
+    position: str = "sinusoidal"  # sinusoidal | learned | rope | none
+    max_positions: int = 512  # longest sequence the position encoding covers
+    rope_theta: float = 10000.0  # base of the rotary frequencies (position="rope" only)
+    bias: bool = True  # biases in every Linear and in LayerNorm
+    scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) as in the paper
+
+    family: ClassVar[str] = "block"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    def validate(self) -> None:
+        name = type(self).__name__
+        for f in ("d_model", "n_heads", "d_ff", "max_positions"):
+            value = getattr(self, f)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                _fail(name, f, value, "it must be a positive integer")
+        if self.d_model % self.n_heads:
+            _fail(name, "d_model", self.d_model,
+                  f"it must be divisible by n_heads={self.n_heads} "
+                  f"(e.g. d_model={self.n_heads * max(1, self.d_model // self.n_heads)})")
+        if self.n_kv_heads is not None:
+            if not isinstance(self.n_kv_heads, int) or self.n_kv_heads <= 0:
+                _fail(name, "n_kv_heads", self.n_kv_heads, "it must be a positive integer or None")
+            if self.n_heads % self.n_kv_heads:
+                _fail(name, "n_kv_heads", self.n_kv_heads,
+                      f"n_heads={self.n_heads} must be divisible by it (pick a divisor of n_heads)")
+        for f in ("dropout", "attention_dropout"):
+            value = getattr(self, f)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                _fail(name, f, value, "it must be a probability in [0, 1)")
+        choices = {"activation": ACTIVATIONS, "norm": NORMS, "norm_placement": NORM_PLACEMENTS,
+                   "position": POSITIONS}
+        for f, allowed in choices.items():
+            if getattr(self, f) not in allowed:
+                _fail(name, f, getattr(self, f), f"choose one of {', '.join(allowed)}")
+        if self.norm_eps <= 0:
+            _fail(name, "norm_eps", self.norm_eps, "it must be > 0")
+        if self.position == "rope":
+            if self.head_dim % 2:
+                _fail(name, "d_model", self.d_model,
+                      f"rotary positions need an even head dim, got {self.head_dim}")
+            if self.rope_theta <= 0:
+                _fail(name, "rope_theta", self.rope_theta, "it must be > 0")
+        if self.position == "sinusoidal" and self.d_model % 2:
+            _fail(name, "d_model", self.d_model, "sinusoidal positions need an even d_model")
+
+    # --- JSON -----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"family": self.family, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BlockConfig:
+        data = dict(data)
+        family = data.pop("family", cls.family)
+        if family != cls.family:
+            raise ValueError(f"config is for family {family!r}, not {cls.family!r} ({cls.__name__})")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown field(s) {', '.join(unknown)}; "
+                             f"valid fields are {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def save(self, path: str | os.PathLike) -> None:
+        from handformer.io import atomic_write_text
+
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+@dataclass
+class Seq2SeqConfig(BlockConfig):
+    """The encoder-decoder Transformer; defaults are the paper's base model."""
+
+    src_vocab_size: int = 32000  # source vocabulary size
+    tgt_vocab_size: int = 32000  # target vocabulary size
+    n_encoder_layers: int = 6  # encoder layers (N in the paper)
+    n_decoder_layers: int = 6  # decoder layers
+    share_embeddings: bool = False  # one embedding table for source and target (same vocab)
+    tie_output: bool = True  # the generator reuses the target embedding matrix
+    pad_id: int = 0  # padding token id, masked out of attention
+
+    family: ClassVar[str] = "seq2seq"
+
+    def validate(self) -> None:
+        super().validate()
+        name = type(self).__name__
+        for f in ("src_vocab_size", "tgt_vocab_size", "n_encoder_layers", "n_decoder_layers"):
+            value = getattr(self, f)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                _fail(name, f, value, "it must be a positive integer")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            _fail(name, "share_embeddings", True,
+                  f"shared embeddings need src_vocab_size == tgt_vocab_size "
+                  f"({self.src_vocab_size} != {self.tgt_vocab_size}); use a joint vocabulary "
+                  "or set share_embeddings=False")
+        if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
+            _fail(name, "pad_id", self.pad_id, "it must be a valid id in both vocabularies")
+
+
+@dataclass
+class CausalLMConfig(BlockConfig):
+    """A decoder-only language model. Use `gpt2_style()` or `llama_style()` for the presets."""
+
+    vocab_size: int = 50257  # vocabulary size
+    n_layers: int = 12  # decoder-only blocks
+    tie_embeddings: bool = True  # the output head reuses the token embedding matrix
+    # GPT-2 style by default; see the presets below.
+    d_model: int = 768
+    n_heads: int = 12
+    d_ff: int = 3072
+    activation: str = "gelu_tanh"
+    norm_placement: str = "pre"
+    position: str = "learned"
+    max_positions: int = 1024
+    scale_embeddings: bool = False
+
+    family: ClassVar[str] = "causal_lm"
+
+    def validate(self) -> None:
+        super().validate()
+        name = type(self).__name__
+        for f in ("vocab_size", "n_layers"):
+            value = getattr(self, f)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                _fail(name, f, value, "it must be a positive integer")
+
+    @classmethod
+    def gpt2_style(cls, **overrides: Any) -> CausalLMConfig:
+        """Learned positions, LayerNorm, GELU (tanh), pre-norm, biases, tied embeddings."""
+        preset = dict(position="learned", norm="layernorm", activation="gelu_tanh",
+                      norm_placement="pre", bias=True, tie_embeddings=True, norm_eps=1e-5,
+                      n_kv_heads=None, scale_embeddings=False)
+        return cls(**{**preset, **overrides})
+
+    @classmethod
+    def llama_style(cls, **overrides: Any) -> CausalLMConfig:
+        """RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases, untied head."""
+        preset = dict(position="rope", norm="rmsnorm", activation="swiglu", norm_placement="pre",
+                      bias=False, tie_embeddings=False, norm_eps=1e-6, dropout=0.0,
+                      scale_embeddings=False, d_model=512, n_heads=8, n_kv_heads=4, d_ff=1376,
+                      max_positions=2048)
+        return cls(**{**preset, **overrides})
+
+
+CONFIG_CLASSES: dict[str, type[BlockConfig]] = {
+    "seq2seq": Seq2SeqConfig,
+    "causal_lm": CausalLMConfig,
+}
+
+
+def config_from_dict(data: dict[str, Any]) -> BlockConfig:
+    """Build the right config class from a dict carrying a `family` key."""
+    family = data.get("family")
+    if family not in CONFIG_CLASSES:
+        raise ValueError(f"config 'family' is {family!r}; expected one of {', '.join(CONFIG_CLASSES)}")
+    return CONFIG_CLASSES[family].from_dict(data)
+
+
+def load_config(path: str | os.PathLike) -> BlockConfig:
+    """Load a model config saved by `BlockConfig.save`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no config file at {path}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from None
+    if isinstance(data, dict) and "model" in data and isinstance(data["model"], dict):
+        data = data["model"]  # a run directory's config.json holds model + training sections
+    return config_from_dict(data)
+
+
+__all__ = ["BlockConfig", "Seq2SeqConfig", "CausalLMConfig", "load_config", "config_from_dict"]

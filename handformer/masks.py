@@ -1,0 +1,47 @@
+"""The one mask convention of handformer: boolean, True = may attend.
+
+Every attention mask is a bool tensor that broadcasts to (B, H, T, S): query position t may look at
+key position s where mask[..., t, s] is True. torch.nn's boolean masks mean the opposite
+(True = blocked); convert with `~mask` at that boundary only.
+
+Shape legend: B batch, T query length, S key length.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
+    """(B, S) token ids -> (B, 1, 1, S) mask that hides padding keys from every query."""
+    return (ids != pad_id)[:, None, None, :]  # (B, 1, 1, S)
+
+
+def key_mask(attention_mask: Tensor) -> Tensor:
+    """(B, S) 1/True for real tokens, 0/False for padding -> (B, 1, 1, S) bool mask."""
+    return attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+
+
+def causal_mask(query_length: int, key_length: int | None = None, offset: int = 0,
+                device: torch.device | str | None = None) -> Tensor:
+    """(T, S) mask where query t (at absolute position offset + t) sees keys 0..offset + t.
+
+    `offset` is the number of positions already in a KV cache; with offset 0 and T == S this is the
+    lower-triangular "subsequent mask" of the paper.
+    """
+    if key_length is None:
+        key_length = offset + query_length
+    q_pos = torch.arange(offset, offset + query_length, device=device)[:, None]  # (T, 1)
+    k_pos = torch.arange(key_length, device=device)[None, :]  # (1, S)
+    return k_pos <= q_pos  # (T, S)
+
+
+def combine(*masks: Tensor | None) -> Tensor | None:
+    """Logical AND of masks that broadcast together; None entries are ignored."""
+    result = None
+    for m in masks:
+        if m is None:
+            continue
+        result = m if result is None else result & m
+    return result

@@ -1,0 +1,45 @@
+"""Normalization: LayerNorm (the paper) and RMSNorm (modern LLMs), both computed in float32.
+
+LayerNorm: (x - mean) / sqrt(var + eps) * weight + bias, statistics over the last dimension.
+RMSNorm:   x / sqrt(mean(x^2) + eps) * weight; no centering, no bias.
+Computing in float32 keeps the statistics accurate under bf16 autocast; the result is cast back.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        bias = None if self.bias is None else self.bias.float()
+        out = F.layer_norm(x.float(), (x.size(-1),), self.weight.float(), bias, self.eps)
+        return out.to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d_model: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def make_norm(kind: str, d_model: int, eps: float, bias: bool = True) -> nn.Module:
+    if kind == "layernorm":
+        return LayerNorm(d_model, eps, bias)
+    if kind == "rmsnorm":
+        return RMSNorm(d_model, eps)
+    raise ValueError(f"unknown norm {kind!r}; choose layernorm or rmsnorm")

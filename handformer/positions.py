@@ -1,0 +1,91 @@
+"""Position information: sinusoidal (the paper, section 3.5), learned (GPT-2) and rotary (RoPE, Llama).
+
+Sinusoidal and learned encodings are added to the token embeddings; rotary embeddings rotate the
+queries and keys inside attention instead. All take explicit position ids, so cached decoding and
+left-padded batches get the right positions.
+
+Shape legend: B batch, T length, D d_model, Dh head dim, P max positions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from handformer.config import BlockConfig
+
+
+def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(pos / 10000^(2i/D)); (P, D)."""
+    position = torch.arange(max_positions, dtype=torch.float32)[:, None]  # (P, 1)
+    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32)
+                    * (-math.log(10000.0) / d_model))  # (D/2,)
+    table = torch.zeros(max_positions, d_model)
+    table[:, 0::2] = torch.sin(position * div)
+    table[:, 1::2] = torch.cos(position * div)
+    return table  # (P, D)
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal encodings; no parameters."""
+
+    def __init__(self, max_positions: int, d_model: int) -> None:
+        super().__init__()
+        self.register_buffer("table", sinusoidal_table(max_positions, d_model), persistent=False)
+
+    def forward(self, position_ids: Tensor) -> Tensor:
+        return self.table[position_ids]  # (B, T) -> (B, T, D)
+
+
+class LearnedPositions(nn.Module):
+    """One trained vector per position (GPT-2's `wpe`)."""
+
+    def __init__(self, max_positions: int, d_model: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(max_positions, d_model) * 0.02)
+
+    def forward(self, position_ids: Tensor) -> Tensor:
+        return F.embedding(position_ids, self.weight)  # (B, T) -> (B, T, D)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding, half-split convention (as Hugging Face and litgpt).
+
+    Dimension j of the first half pairs with dimension j + Dh/2 and that pair is rotated by angle
+    pos * theta^(-2j/Dh). Queries and keys rotated this way make q.k depend on their distance only.
+    """
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float = 10000.0) -> None:
+        super().__init__()
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+        angles = torch.outer(torch.arange(max_positions).float(), inv_freq)  # (P, Dh/2)
+        angles = torch.cat([angles, angles], dim=-1)  # (P, Dh)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, T) position ids -> (cos, sin), each (B, 1, T, Dh), broadcast over heads."""
+        return self.cos[position_ids][:, None], self.sin[position_ids][:, None]
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)  # (..., Dh/2) each
+    return torch.cat([-x2, x1], dim=-1)  # (..., Dh)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate (B, H, T, Dh) queries or keys by their positions' angles."""
+    return (x * cos.to(x.dtype)) + (rotate_half(x) * sin.to(x.dtype))
+
+
+def make_positions(cfg: BlockConfig) -> nn.Module | None:
+    """The additive position encoding a config asks for; None for rotary (applied in attention)
+    and for position="none"."""
+    if cfg.position == "sinusoidal":
+        return SinusoidalPositions(cfg.max_positions, cfg.d_model)
+    if cfg.position == "learned":
+        return LearnedPositions(cfg.max_positions, cfg.d_model)
+    return None

@@ -1,0 +1,166 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (figure 1 of the paper).
+
+    src ids -> embed * sqrt(D) + positions -> N encoder layers -> memory
+    tgt ids -> embed * sqrt(D) + positions -> N decoder layers (masked self-attn, cross-attn over
+               memory, FFN) -> generator (Linear to the target vocabulary; softmax in the loss)
+
+Shape legend: B batch, S source length, T target length, D d_model, H heads, V target vocab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from handformer.blocks import DecoderLayer, EncoderLayer
+from handformer.config import Seq2SeqConfig
+from handformer.embedding import TokenEmbedding
+from handformer.inputs import check_length, check_token_ids
+from handformer.kv_cache import KVCache
+from handformer.masks import causal_mask, padding_mask
+from handformer.norms import make_norm
+from handformer.positions import make_positions
+
+
+@dataclass
+class Seq2SeqOutput:
+    logits: Tensor  # (B, T, V)
+    encoder_attentions: tuple[Tensor, ...] | None = None  # per layer (B, H, S, S)
+    decoder_attentions: tuple[Tensor, ...] | None = None  # per layer (B, H, T, T)
+    cross_attentions: tuple[Tensor, ...] | None = None  # per layer (B, H, T, S)
+
+
+class Encoder(nn.Module):
+    """A stack of encoder layers over embedded inputs; pre-norm stacks end with a final norm."""
+
+    def __init__(self, cfg: Seq2SeqConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.norm = (make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
+                     if cfg.norm_placement == "pre" else None)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False,
+                ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+        weights = []
+        for layer in self.layers:
+            x, w = layer(x, mask, need_weights=need_weights)  # (B, S, D)
+            weights.append(w)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, tuple(weights) if need_weights else None
+
+
+class Decoder(nn.Module):
+    """A stack of decoder layers over embedded targets and the encoder's memory."""
+
+    def __init__(self, cfg: Seq2SeqConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        self.norm = (make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
+                     if cfg.norm_placement == "pre" else None)
+
+    def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, *, is_causal: bool = False,
+                cache: KVCache | None = None, need_weights: bool = False,
+                ) -> tuple[Tensor, tuple[Tensor, ...] | None, tuple[Tensor, ...] | None]:
+        self_ws, cross_ws = [], []
+        for i, layer in enumerate(self.layers):
+            x, sw, cw = layer(x, memory, self_mask, memory_mask, is_causal=is_causal,
+                              cache=None if cache is None else cache.layer(i),
+                              need_weights=need_weights)  # (B, T, D)
+            self_ws.append(sw)
+            cross_ws.append(cw)
+        if self.norm is not None:
+            x = self.norm(x)
+        if not need_weights:
+            return x, None, None
+        return x, tuple(self_ws), tuple(cross_ws)
+
+
+class Seq2SeqTransformer(nn.Module):
+    def __init__(self, cfg: Seq2SeqConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.src_embed = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.scale_embeddings)
+        self.tgt_embed = (self.src_embed if cfg.share_embeddings else
+                          TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.scale_embeddings))
+        if cfg.position == "rope":
+            raise ValueError("Seq2SeqConfig.position='rope' is not supported for the encoder-decoder "
+                             "model; use sinusoidal, learned or none")
+        self.positions = make_positions(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg)
+        self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)  # (B, T, D) -> (B, T, V)
+        self.reset_parameters()
+        if cfg.tie_output:
+            self.generator.weight = self.tgt_embed.weight
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform matrices and zero biases (as the Annotated Transformer and torch.nn);
+        embeddings N(0, D^-1/2) so that after the sqrt(D) scale they have unit variance."""
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif "norm" in name:
+                nn.init.ones_(p)
+            elif "embed" in name:
+                nn.init.normal_(p, std=self.cfg.d_model ** -0.5 if self.cfg.scale_embeddings else 0.02)
+            elif p.dim() == 2 and "positions" not in name:
+                nn.init.xavier_uniform_(p)
+
+    def _embed(self, embed: TokenEmbedding, ids: Tensor, offset: int = 0) -> Tensor:
+        T = ids.size(1)
+        check_length(offset + T, self.cfg.max_positions)
+        x = embed(ids)  # (B, T, D)
+        if self.positions is not None:
+            position_ids = torch.arange(offset, offset + T, device=ids.device)[None]  # (1, T)
+            x = x + self.positions(position_ids)
+        return self.dropout(x)
+
+    def encode(self, src_ids: Tensor, need_weights: bool = False,
+               ) -> tuple[Tensor, Tensor, tuple[Tensor, ...] | None]:
+        """(B, S) source ids -> (memory (B, S, D), source mask (B, 1, 1, S), weights or None)."""
+        check_token_ids(src_ids, self.cfg.src_vocab_size, "src_ids")
+        src_mask = padding_mask(src_ids, self.cfg.pad_id)  # (B, 1, 1, S)
+        memory, weights = self.encoder(self._embed(self.src_embed, src_ids), src_mask, need_weights)
+        return memory, src_mask, weights
+
+    def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor,
+               cache: KVCache | None = None, need_weights: bool = False,
+               ) -> tuple[Tensor, tuple[Tensor, ...] | None, tuple[Tensor, ...] | None]:
+        """(B, T) target ids -> (hidden (B, T, D), self weights, cross weights).
+
+        Without a cache: the whole target at once, with a causal + padding mask (teacher forcing).
+        With a cache: tgt_ids are the new positions only; earlier ones come from the cache.
+        """
+        check_token_ids(tgt_ids, self.cfg.tgt_vocab_size, "tgt_ids")
+        offset = 0 if cache is None else cache.length
+        T = tgt_ids.size(1)
+        x = self._embed(self.tgt_embed, tgt_ids, offset)  # (B, T, D)
+        if cache is None:
+            self_mask = causal_mask(T, device=tgt_ids.device) & padding_mask(tgt_ids, self.cfg.pad_id)
+        else:
+            self_mask = None if T == 1 else causal_mask(T, offset=offset, device=tgt_ids.device)
+        h, self_w, cross_w = self.decoder(x, memory, self_mask, src_mask, cache=cache,
+                                          need_weights=need_weights)
+        if cache is not None:
+            cache.advance(T)
+        return h, self_w, cross_w
+
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor, need_weights: bool = False) -> Seq2SeqOutput:
+        """(B, S) source ids, (B, T) target ids (starting with BOS) -> logits (B, T, V)."""
+        memory, src_mask, enc_w = self.encode(src_ids, need_weights)
+        h, self_w, cross_w = self.decode(tgt_ids, memory, src_mask, need_weights=need_weights)
+        return Seq2SeqOutput(self.generator(h), enc_w, self_w, cross_w)
+
+    def new_cache(self, max_length: int) -> KVCache:
+        return KVCache(self.cfg.n_decoder_layers, max_length)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+__all__ = ["Seq2SeqTransformer", "Seq2SeqOutput", "Encoder", "Decoder"]
