@@ -90,6 +90,10 @@ class CausalLM(nn.Module):
         elif position_ids.shape not in ((B, T), (1, T)):
             raise ValueError(f"position_ids must have shape ({B}, {T}) or (1, {T}), "
                              f"got {tuple(position_ids.shape)}")
+        elif position_ids.is_floating_point() or position_ids.dtype == torch.bool:
+            raise TypeError(f"position_ids must hold integer positions, got dtype {position_ids.dtype}")
+        elif int(position_ids.min()) < 0:
+            raise ValueError(f"position_ids must be >= 0, got {int(position_ids.min())}")
         check_length(int(position_ids.max()) + 1, self.cfg.max_positions)
 
         # One mask for every layer: causal (offset by the cache) and padding, True = may attend.

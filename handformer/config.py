@@ -72,7 +72,8 @@ class BlockConfig:
                   f"it must be divisible by n_heads={self.n_heads} "
                   f"(e.g. d_model={self.n_heads * max(1, self.d_model // self.n_heads)})")
         if self.n_kv_heads is not None:
-            if not isinstance(self.n_kv_heads, int) or self.n_kv_heads <= 0:
+            if (not isinstance(self.n_kv_heads, int) or isinstance(self.n_kv_heads, bool)
+                    or self.n_kv_heads <= 0):
                 _fail(name, "n_kv_heads", self.n_kv_heads, "it must be a positive integer or None")
             if self.n_heads % self.n_kv_heads:
                 _fail(name, "n_kv_heads", self.n_kv_heads,
@@ -86,14 +87,14 @@ class BlockConfig:
         for f, allowed in choices.items():
             if getattr(self, f) not in allowed:
                 _fail(name, f, getattr(self, f), f"choose one of {', '.join(allowed)}")
-        if self.norm_eps <= 0:
-            _fail(name, "norm_eps", self.norm_eps, "it must be > 0")
+        if not isinstance(self.norm_eps, (int, float)) or self.norm_eps <= 0:
+            _fail(name, "norm_eps", self.norm_eps, "it must be a number > 0")
         if self.position == "rope":
             if self.head_dim % 2:
                 _fail(name, "d_model", self.d_model,
                       f"rotary positions need an even head dim, got {self.head_dim}")
-            if self.rope_theta <= 0:
-                _fail(name, "rope_theta", self.rope_theta, "it must be > 0")
+            if not isinstance(self.rope_theta, (int, float)) or self.rope_theta <= 0:
+                _fail(name, "rope_theta", self.rope_theta, "it must be a number > 0")
         if self.position == "sinusoidal" and self.d_model % 2:
             _fail(name, "d_model", self.d_model, "sinusoidal positions need an even d_model")
 

@@ -16,8 +16,8 @@ def check_token_ids(ids: Tensor, vocab_size: int, name: str = "input_ids") -> No
     if ids.dim() != 2:
         raise ValueError(f"{name} must have shape (batch, length), got {tuple(ids.shape)}; "
                          "use ids[None] for a single sequence")
-    if ids.size(1) == 0:
-        raise ValueError(f"{name} is empty (length 0); give at least one token")
+    if ids.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(ids.shape)}); give at least one token")
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
