@@ -68,6 +68,153 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def _job(args: argparse.Namespace) -> dict[str, Any]:
+    from handformer.job_config import apply_overrides, load_job_file
+
+    return apply_overrides(load_job_file(args.config), parse_overrides(args.set))
+
+
+def _print_table(rows: list[tuple[str, ...]], headers: tuple[str, ...], width: int = 48) -> None:
+    cut = [tuple(c if len(c) <= width else c[: width - 1] + "…" for c in row) for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cut)) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in cut:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from handformer.translation import TranslationJob, run_train
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        config_path = run_dir / "config.json"
+        if not config_path.is_file():
+            raise FileNotFoundError(f"cannot resume: {run_dir} has no config.json")
+        if not (run_dir / "checkpoint.safetensors").is_file():
+            raise FileNotFoundError(f"cannot resume: {run_dir} has no checkpoint.safetensors yet")
+        saved = json.loads(config_path.read_text())
+        job_dict = {k: v for k, v in saved.items() if k in ("train", "data", "decode")}
+        job_dict["model"] = {k: v for k, v in saved["model"].items()
+                             if k not in ("family", "src_vocab_size", "tgt_vocab_size", "pad_id")}
+        if args.set:
+            from handformer.job_config import apply_overrides
+            job_dict = apply_overrides(job_dict, parse_overrides(args.set))
+    else:
+        if not args.config:
+            raise SystemExit("error: give --config FILE.toml (or a built-in name) or --resume RUN_DIR")
+        job_dict = _job(args)
+        run_dir = Path(args.out)
+        if (run_dir / "checkpoint.safetensors").exists() and not args.overwrite:
+            raise SystemExit(f"error: {run_dir} already holds a run; use --resume {run_dir} to "
+                             "continue it, --overwrite to start over, or another --out")
+    task = job_dict.pop("task", "translation")
+    if task != "translation":
+        raise SystemExit(f"error: unknown task {task!r} in the config")
+    job = TranslationJob.from_dict(job_dict)
+    model, result = run_train(job, run_dir, resume=bool(args.resume))
+    from handformer.plots import plot_loss_curve
+
+    curve = plot_loss_curve(run_dir)
+    best = "n/a" if result.best_val_loss is None else f"{result.best_val_loss:.4f}"
+    print(f"done: {result.step} steps in {result.elapsed_s:.0f} s, best val loss {best}")
+    print(f"run directory: {run_dir} (model.safetensors, metrics.jsonl, {curve.name})")
+    return 0
+
+
+def _read_inputs(text: str | None) -> list[str]:
+    if text is not None:
+        return [text]
+    lines = [line.rstrip("\n") for line in sys.stdin]
+    return [line for line in lines if line.strip()]
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from handformer.translation import Translator
+
+    translator = Translator.load(args.run_dir, args.device)
+    texts = _read_inputs(args.text)
+    if not texts:
+        raise ValueError("nothing to translate: give TEXT or lines on stdin")
+    for line in translator.translate(texts, beam=args.beam):
+        print(line, flush=True)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from handformer.data.batching import Seq2SeqData, encode_pairs
+    from handformer.scores import corpus_scores
+    from handformer.train import evaluate
+    from handformer.translation import Translator, load_pairs, seq2seq_loss
+
+    translator = Translator.load(args.run_dir, args.device)
+    if args.data == ["dates"]:
+        _, _, data = load_pairs(translator.job.data)
+    else:
+        from handformer.translation import load_split
+
+        data = load_split(args.data if len(args.data) == 2 else args.data[0],
+                          translator.job.data.lowercase)
+    pairs = data.pairs[: args.limit] if args.limit else data.pairs
+    print(data.report())
+    max_len = min(translator.job.data.max_length, translator.model.cfg.max_positions)
+    enc = encode_pairs(pairs, translator.src_tok, translator.tgt_tok, max_len)
+    batches = Seq2SeqData(enc, translator.job.data.max_tokens, translator.src_tok.pad_id,
+                          translator.tgt_tok.bos_id, translator.tgt_tok.eos_id, shuffle=False).epoch(0)
+    loss = evaluate(translator.model, batches, seq2seq_loss, translator.device)
+    hyps = translator.translate([s for s, _ in pairs], beam=args.beam)
+    scores = corpus_scores(hyps, [t for _, t in pairs])
+    beam = translator.job.decode.beam if args.beam is None else args.beam
+    print(f"loss {loss:.4f} per token  {scores.format()}  beam {beam}")
+    print(f"sacreBLEU signature: {scores.signature}")
+    if args.output:
+        Path(args.output).write_text("".join(h + "\n" for h in hyps))
+        print(f"translations written to {args.output}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import time
+
+    from handformer.job_config import apply_overrides, load_job_file
+    from handformer.plots import plot_attention, plot_loss_curve
+    from handformer.scores import corpus_scores
+    from handformer.translation import TranslationJob, Translator, attention_maps, load_pairs, run_train
+
+    start = time.perf_counter()
+    job = TranslationJob.from_dict(
+        {k: v for k, v in apply_overrides(load_job_file("demo"), parse_overrides(args.set)).items()
+         if k != "task"})
+    run_dir = Path(args.out)
+    print("handformer demo: teach a small Transformer to translate dates written in words into ISO "
+          "dates\n(e.g. 'the twenty-third of march, nineteen ninety-seven' -> '1997-03-23').\n")
+    run_train(job, run_dir)
+    translator = Translator.load(run_dir)
+    _, _, heldout = load_pairs(job.data)
+    sources = [s for s, _ in heldout.pairs]
+    refs = [t for _, t in heldout.pairs]
+    hyps = translator.translate(sources)
+    scores = corpus_scores(hyps, refs)
+    print()
+    _print_table([(s, h, r, "yes" if h == r else "NO") for s, h, r in
+                  zip(sources[: args.examples], hyps[: args.examples], refs[: args.examples])],
+                 ("source (held out)", "model output", "reference", "ok"))
+    print(f"\nheld-out exact match: {100 * scores.exact_match:.1f}% of {scores.n} dates never seen "
+          "in training")
+    example = sources[0]
+    maps = attention_maps(translator, example)
+    heat = plot_attention(maps["cross"][-1].mean(0), maps["source_tokens"], maps["target_tokens"],
+                          run_dir / "cross_attention.png",
+                          title=f"cross-attention, last decoder layer, mean of heads\n{example}",
+                          x_title="source tokens", y_title="decoder input (output so far)")
+    curve = plot_loss_curve(run_dir)
+    print(f"cross-attention heatmap: {heat}\nloss curve: {curve}")
+    print(f"run directory: {run_dir}  (try: handformer translate {run_dir} \"the first of may, "
+          f"twenty twenty\")")
+    print(f"total time: {time.perf_counter() - start:.0f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="handformer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -82,6 +229,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tgt-length", type=int, default=5, help="target length (encoder-decoder)")
     p.add_argument("--depth", type=int, default=None, help="show modules down to this depth")
     p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser("demo", help="train a small translator on the embedded dates task, in minutes")
+    p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
+    p.add_argument("--examples", type=int, default=10, help="held-out examples to show")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field of the demo config, e.g. --set train.steps=300")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("train", help="train a model from a TOML config")
+    p.add_argument("--config", help="TOML file, or a built-in config name (demo)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field: section.key=value, e.g. train.steps=500")
+    p.add_argument("--out", default="runs/train", help="run directory (default runs/train)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="start over in an existing run directory")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("translate", help="translate TEXT (or stdin lines) with a trained run")
+    p.add_argument("run_dir")
+    p.add_argument("text", nargs="?", help="text to translate; without it, one sentence per stdin line")
+    p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy; default from the run)")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("eval", help="loss, BLEU and chrF of a trained run on parallel data")
+    p.add_argument("run_dir")
+    p.add_argument("--data", nargs="+", required=True, metavar="PATH",
+                   help="a TSV file, two aligned files (source target), or 'dates' (embedded held-out)")
+    p.add_argument("--beam", type=int, default=None)
+    p.add_argument("--limit", type=int, default=0, help="score only the first N pairs")
+    p.add_argument("--output", help="write the translations to this file")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_eval)
     return parser
 
 

@@ -225,3 +225,15 @@ def load_config(path: str | os.PathLike) -> BlockConfig:
 
 
 __all__ = ["BlockConfig", "Seq2SeqConfig", "CausalLMConfig", "load_config", "config_from_dict"]
+
+
+def dataclass_from_dict(cls: type, data: dict[str, Any], section: str) -> Any:
+    """Build dataclass `cls` from a config section, naming any unknown field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"[{section}] must be a table of settings, got {type(data).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"[{section}] unknown field(s) {', '.join(unknown)}; "
+                         f"valid: {', '.join(sorted(known))}")
+    return cls(**data)

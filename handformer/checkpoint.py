@@ -1,0 +1,98 @@
+"""Weights and training state on disk, as safetensors (never pickle), always written atomically.
+
+- `model.safetensors`: the model's weights. Tied weights are stored once.
+- `checkpoint.safetensors`: everything needed to resume: weights, optimizer moments, the RNG state,
+  and the loop's counters (step, epoch, position, best validation loss) as JSON metadata.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save as st_save
+from torch import Tensor, nn
+
+from handformer.io import atomic_write_bytes
+
+
+def unique_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The model's state dict with each shared tensor (tied embeddings) kept under its first name."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in model.state_dict().items():
+        key = tensor.untyped_storage().data_ptr() if tensor.numel() else id(tensor)
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = tensor.detach().cpu().contiguous()
+    return out
+
+
+def load_into(model: nn.Module, tensors: dict[str, Tensor], source: str) -> None:
+    """Load weights strictly: the only keys allowed to be missing are tied copies of present ones."""
+    result = model.load_state_dict(tensors, strict=False)
+    tied = {name for name, t in model.state_dict().items()
+            if any(t.data_ptr() == model.state_dict()[k].data_ptr() for k in tensors if k != name)}
+    missing = [k for k in result.missing_keys if k not in tied]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"{source} does not match the model: missing {missing or 'none'}, "
+                         f"unexpected {result.unexpected_keys or 'none'}")
+
+
+def save_weights(model: nn.Module, path: str | os.PathLike) -> None:
+    atomic_write_bytes(path, st_save(unique_state_dict(model)))
+
+
+def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, str]]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no weights file at {path}")
+    with safe_open(str(path), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, (f.metadata() or {})
+
+
+def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
+    tensors, _ = read_safetensors(path)
+    load_into(model, tensors, str(path))
+
+
+def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    state: dict[str, Any]) -> None:
+    """Weights + optimizer + RNG + loop state (`state`, JSON-serializable) in one atomic file."""
+    tensors = {f"model/{k}": v for k, v in unique_state_dict(model).items()}
+    opt = optimizer.state_dict()
+    for idx, param_state in opt["state"].items():
+        for key, value in param_state.items():
+            value = value if isinstance(value, Tensor) else torch.tensor(value)
+            tensors[f"optim/{idx}/{key}"] = value.detach().cpu().contiguous()
+    tensors["rng/torch"] = torch.get_rng_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        tensors["rng/cuda"] = torch.cuda.get_rng_state()
+    metadata = {"state": json.dumps(state), "param_groups": json.dumps(opt["param_groups"])}
+    atomic_write_bytes(path, st_save(tensors, metadata=metadata))
+
+
+def load_checkpoint(path: str | os.PathLike, model: nn.Module,
+                    optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Restore what `save_checkpoint` wrote; returns the loop state."""
+    tensors, metadata = read_safetensors(path)
+    if "state" not in metadata:
+        raise ValueError(f"{path} is not a handformer training checkpoint (no loop state)")
+    load_into(model, {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")},
+              str(path))
+    opt_state: dict[int, dict[str, Tensor]] = {}
+    for key, value in tensors.items():
+        if key.startswith("optim/"):
+            _, idx, name = key.split("/", 2)
+            opt_state.setdefault(int(idx), {})[name] = value
+    optimizer.load_state_dict({"state": opt_state,
+                               "param_groups": json.loads(metadata["param_groups"])})
+    torch.set_rng_state(tensors["rng/torch"])
+    if "rng/cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng/cuda"])
+    return json.loads(metadata["state"])

@@ -1,0 +1,61 @@
+"""Job configs: TOML files with [model], [train], [data] and [decode] sections.
+
+`--config` takes a path or the name of a config shipped in the package (handformer/configs/), and
+`--set section.key=value` (or `key=value` when the key is in one section only) overrides a field.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+SECTIONS = ("model", "train", "data", "decode")
+
+
+def builtin_configs() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("handformer.configs").iterdir()
+                  if p.name.endswith(".toml"))
+
+
+def _parse_toml(text: str, source: str) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{source} is not valid TOML: {err}") from None
+
+
+def load_job_file(spec: str | os.PathLike) -> dict[str, Any]:
+    """A TOML path, or the name of a built-in config (e.g. 'demo')."""
+    path = Path(spec)
+    if path.is_file():
+        return _parse_toml(path.read_text(), str(path))
+    if str(spec) in builtin_configs():
+        text = resources.files("handformer.configs").joinpath(f"{spec}.toml").read_text()
+        return _parse_toml(text, f"built-in config {spec!r}")
+    raise FileNotFoundError(f"no config file {spec!r}; give a TOML path or a built-in config name "
+                            f"({', '.join(builtin_configs())})")
+
+
+def apply_overrides(job: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Set `section.key` (or a bare `key` found in exactly one section, else in [train])."""
+    job = copy.deepcopy(job)
+    for key, value in overrides.items():
+        if "." in key:
+            section, field = key.split(".", 1)
+            if section not in SECTIONS:
+                raise ValueError(f"--set {key}: unknown section {section!r}; "
+                                 f"use one of {', '.join(SECTIONS)}")
+        else:
+            holders = [s for s in SECTIONS if key in job.get(s, {})]
+            if len(holders) > 1:
+                raise ValueError(f"--set {key} is ambiguous (in {', '.join(holders)}); write section.{key}")
+            section, field = (holders[0] if holders else "train"), key
+        job.setdefault(section, {})[field] = value
+    return job

@@ -1,0 +1,25 @@
+"""Losses: cross-entropy with label smoothing (the paper, section 5.4), ignoring padding.
+
+Returned as a sum over real tokens; the training loop divides by the number of real tokens in the
+whole optimizer step, so every token weighs the same whatever the batch and accumulation sizes.
+
+Shape legend: B batch, T length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def token_cross_entropy(logits: Tensor, targets: Tensor, pad_id: int | None,
+                        label_smoothing: float = 0.0) -> Tensor:
+    """Sum over non-pad positions of CE between (B, T, V) logits and (B, T) targets.
+
+    With smoothing eps the target distribution is (1 - eps) on the right token plus eps spread
+    uniformly over the vocabulary; pad targets contribute nothing (and get zero gradient).
+    """
+    V = logits.size(-1)
+    return F.cross_entropy(logits.reshape(-1, V).float(), targets.reshape(-1),  # (B*T, V), (B*T,)
+                           ignore_index=-100 if pad_id is None else pad_id,
+                           label_smoothing=label_smoothing, reduction="sum")

@@ -1,0 +1,275 @@
+"""The training loop: one plain function that serves both model families.
+
+Read it top to bottom like nanoGPT's train.py: build the optimizer, maybe resume, then for each step
+gather micro-batches, forward under optional bf16 autocast, backward with the loss normalized by the
+real tokens of the whole step, clip, set the learning rate, step, log, evaluate, checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from handformer.checkpoint import load_checkpoint, save_checkpoint, save_weights
+from handformer.config import dataclass_from_dict
+from handformer.io import atomic_write_text
+from handformer.schedules import SCHEDULES, learning_rate
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000  # optimizer steps
+    lr: float = 1e-3  # peak learning rate
+    schedule: str = "inverse_sqrt"  # inverse_sqrt (the paper) | cosine | constant
+    warmup: int = 100  # warmup steps
+    min_lr: float = 0.0  # floor of the cosine schedule
+    beta1: float = 0.9  # AdamW betas (the paper: 0.9, 0.98)
+    beta2: float = 0.98
+    weight_decay: float = 0.0  # AdamW decay, applied to matrices only
+    label_smoothing: float = 0.1  # the paper: 0.1
+    clip_grad: float = 1.0  # max gradient norm; 0 = no clipping
+    accumulation: int = 1  # micro-batches per optimizer step
+    bf16: bool = False  # bf16 autocast (CPU and GPU)
+    compile: bool = False  # torch.compile the model for training
+    eval_every: int = 200  # steps between validation runs (and checkpoints)
+    eval_batches: int = 0  # validation batches per evaluation; 0 = the whole validation set
+    checkpoint_every: int = 0  # steps between resumable checkpoints; 0 = at every evaluation
+    log_every: int = 10  # steps between metrics.jsonl lines
+    seed: int = 0  # fixes initialization, data order and dropout
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    progress: bool = True  # show a tqdm progress bar
+
+    def __post_init__(self) -> None:
+        def fail(name: str, fix: str) -> None:
+            raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r} is invalid: {fix}")
+
+        for name in ("steps", "accumulation", "eval_every", "log_every"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                fail(name, "it must be a positive integer")
+        for name in ("warmup", "eval_batches", "checkpoint_every"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                fail(name, "it must be an integer >= 0")
+        if not self.lr > 0:
+            fail("lr", "it must be > 0")
+        if self.schedule not in SCHEDULES:
+            fail("schedule", f"choose one of {', '.join(SCHEDULES)}")
+        if not 0 <= self.label_smoothing < 1:
+            fail("label_smoothing", "it must be in [0, 1)")
+        if self.clip_grad < 0:
+            fail("clip_grad", "it must be >= 0 (0 disables clipping)")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                fail(name, "it must be in [0, 1)")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        return dataclass_from_dict(cls, data, "train")
+
+
+class Batch(Protocol):
+    n_tokens: int  # real target tokens in the batch
+
+    def to(self, device: torch.device | str) -> Batch: ...
+
+
+class BatchSource(Protocol):
+    def epoch(self, epoch: int) -> list:  # the batches of one epoch, deterministic
+        ...
+
+
+LossFn = Callable[[nn.Module, Any, float], Tensor]  # (model, batch, label_smoothing) -> summed loss
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices (dim >= 2) only, never on biases, norms or gains."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8,
+                             fused=device.type in ("cpu", "cuda"))
+
+
+def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, batches: list, loss_fn: LossFn, device: torch.device,
+             bf16: bool = False) -> float:
+    """Mean cross-entropy per real token (no label smoothing) over `batches`."""
+    was_training = model.training
+    model.eval()
+    total, tokens = 0.0, 0
+    for batch in batches:
+        batch = batch.to(device)
+        with autocast(device, bf16):
+            total += float(loss_fn(model, batch, 0.0))
+        tokens += batch.n_tokens
+    model.train(was_training)
+    return total / max(tokens, 1)
+
+
+class MetricsLog:
+    """metrics.jsonl: one JSON object a line. On resume, lines past the resumed step are dropped so
+    the file reads as one uninterrupted run."""
+
+    def __init__(self, path: Path, resume_step: int | None) -> None:
+        self.path = path
+        if resume_step is not None and path.exists():
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            atomic_write_text(path, "".join(line + "\n" for line in kept))
+        elif resume_step is None and path.exists():
+            path.unlink()
+
+    def write(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+
+
+@dataclass
+class TrainResult:
+    step: int
+    best_val_loss: float | None
+    last_val_loss: float | None
+    elapsed_s: float
+
+
+def _batches(source: BatchSource, epoch: int, position: int) -> Iterator[tuple[int, int, Any]]:
+    """Endless (epoch, position, batch) stream starting at the given place."""
+    while True:
+        batches = source.epoch(epoch)
+        if not batches:
+            raise ValueError("the training data produced no batches")
+        for i in range(position, len(batches)):
+            yield epoch, i, batches[i]
+        epoch, position = epoch + 1, 0
+
+
+def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batches: list | None,
+          loss_fn: LossFn, run_dir: str | os.PathLike, resume: bool = False,
+          on_eval: Callable[[int, float], None] | None = None) -> TrainResult:
+    """Train `model` in place. Writes metrics.jsonl, checkpoint.safetensors (resumable) and
+    model.safetensors (the best weights by validation loss, or the last without validation)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    device = pick_device(cfg.device)
+    model.to(device)
+    optimizer = make_optimizer(model, cfg, device)
+    ckpt_path = run_dir / "checkpoint.safetensors"
+
+    state = {"step": 0, "epoch": 0, "position": 0, "best_val_loss": None, "elapsed_s": 0.0}
+    if resume:
+        state = load_checkpoint(ckpt_path, model, optimizer)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", state["step"] if resume else None)
+    forward_model = torch.compile(model) if cfg.compile else model
+
+    step = state["step"]
+    stream = _batches(train_data, state["epoch"], state["position"])
+    epoch, position = state["epoch"], state["position"]
+    best, last_val = state["best_val_loss"], None
+    elapsed_before = state["elapsed_s"]
+    start = time.perf_counter()
+    window_loss, window_tokens, window_start = 0.0, 0, start
+
+    bar = None
+    if cfg.progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=cfg.steps, initial=step, dynamic_ncols=True, unit="step")
+
+    model.train()
+    while step < cfg.steps:
+        # 1. Gather this step's micro-batches; normalize by all their real tokens.
+        micro = []
+        for _ in range(cfg.accumulation):
+            epoch, position, batch = next(stream)
+            micro.append(batch)
+        position += 1  # the next batch to read after this step
+        step_tokens = sum(b.n_tokens for b in micro)
+
+        # 2. Forward and backward.
+        step_loss = 0.0
+        for batch in micro:
+            batch = batch.to(device)
+            with autocast(device, cfg.bf16):
+                loss_sum = loss_fn(forward_model, batch, cfg.label_smoothing)
+            (loss_sum / step_tokens).backward()
+            step_loss += loss_sum.item()
+
+        # 3. Clip, set the learning rate, update.
+        if cfg.clip_grad > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+        lr = learning_rate(step, cfg.schedule, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        if not math.isfinite(step_loss):
+            raise FloatingPointError(f"loss became {step_loss} at step {step}; lower the learning "
+                                     "rate or enable clipping (the last checkpoint is intact)")
+
+        # 4. Log.
+        window_loss += step_loss
+        window_tokens += step_tokens
+        now = time.perf_counter()
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{step_loss / step_tokens:.3f}", lr=f"{lr:.2e}",
+                            tok_s=f"{window_tokens / max(now - window_start, 1e-9):,.0f}")
+        record: dict[str, Any] | None = None
+        if step % cfg.log_every == 0 or step == cfg.steps:
+            record = {"step": step, "elapsed_s": round(elapsed_before + now - start, 3), "lr": lr,
+                      "train_loss": window_loss / window_tokens,
+                      "tokens_per_s": window_tokens / max(now - window_start, 1e-9), "epoch": epoch}
+            window_loss, window_tokens, window_start = 0.0, 0, now
+
+        # 5. Evaluate, keep the best weights, write a resumable checkpoint.
+        evaluating = val_batches is not None and (step % cfg.eval_every == 0 or step == cfg.steps)
+        if evaluating:
+            eval_set = val_batches[: cfg.eval_batches] if cfg.eval_batches else val_batches
+            last_val = evaluate(model, eval_set, loss_fn, device, cfg.bf16)
+            record = record or {"step": step, "elapsed_s": round(elapsed_before + now - start, 3),
+                                "lr": lr}
+            record["val_loss"] = last_val
+            if best is None or last_val < best:
+                best = last_val
+                save_weights(model, run_dir / "model.safetensors")
+            if on_eval is not None:
+                on_eval(step, last_val)
+            if bar is not None:
+                bar.write(f"step {step}: val_loss {last_val:.4f} (best {best:.4f})")
+        if record is not None:
+            metrics.write(record)
+        every = cfg.checkpoint_every or cfg.eval_every
+        if step % every == 0 or step == cfg.steps:
+            elapsed = elapsed_before + time.perf_counter() - start
+            save_checkpoint(ckpt_path, model, optimizer,
+                            {"step": step, "epoch": epoch, "position": position, "best_val_loss": best,
+                             "elapsed_s": elapsed, "train_config": asdict(cfg)})
+    if bar is not None:
+        bar.close()
+    if val_batches is None:
+        save_weights(model, run_dir / "model.safetensors")
+    return TrainResult(step, best, last_val, elapsed_before + time.perf_counter() - start)
