@@ -203,10 +203,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
           "in training")
     example = sources[0]
     maps = attention_maps(translator, example)
-    heat = plot_attention(maps["cross"][-1].mean(0), maps["source_tokens"], maps["target_tokens"],
+    heat = plot_attention(maps["cross"][-1].mean(0), maps["source_tokens"], maps["output_tokens"],
                           run_dir / "cross_attention.png",
                           title=f"cross-attention, last decoder layer, mean of heads\n{example}",
-                          x_title="source tokens", y_title="decoder input (output so far)")
+                          x_title="source tokens", y_title="output token being produced")
     curve = plot_loss_curve(run_dir)
     print(f"cross-attention heatmap: {heat}\nloss curve: {curve}")
     print(f"run directory: {run_dir}  (try: handformer translate {run_dir} \"the first of may, "

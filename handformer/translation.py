@@ -266,7 +266,8 @@ def attention_maps(translator: Translator, text: str, output_ids: list[int] | No
                    ) -> dict[str, object]:
     """Teacher-force the model's own translation of `text` and return every attention map.
 
-    Returns source tokens, target tokens (BOS + output, the decoder's inputs) and per-layer weights:
+    Returns source tokens, target tokens (BOS + output, the decoder's inputs), output tokens (what
+    each decoder position predicted: output + EOS) and per-layer weights:
     encoder (H, S, S), decoder self (H, T, T), cross (H, T, S).
     """
     src_ids = translator.encode_sources([text])[0]
@@ -279,7 +280,8 @@ def attention_maps(translator: Translator, text: str, output_ids: list[int] | No
         out = translator.model(src, tgt, need_weights=True)
     return {
         "source_tokens": translator.src_tok.tokens(src_ids),
-        "target_tokens": translator.tgt_tok.tokens(tgt_in),
+        "target_tokens": translator.tgt_tok.tokens(tgt_in),  # decoder inputs: BOS + output
+        "output_tokens": translator.tgt_tok.tokens(tgt_in[1:] + [translator.tgt_tok.eos_id]),
         "encoder": [w[0].float().cpu().numpy() for w in out.encoder_attentions],
         "decoder": [w[0].float().cpu().numpy() for w in out.decoder_attentions],
         "cross": [w[0].float().cpu().numpy() for w in out.cross_attentions],
