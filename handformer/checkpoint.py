@@ -35,9 +35,15 @@ def unique_state_dict(model: nn.Module) -> dict[str, Tensor]:
 
 def load_into(model: nn.Module, tensors: dict[str, Tensor], source: str) -> None:
     """Load weights strictly: the only keys allowed to be missing are tied copies of present ones."""
+    expected = model.state_dict()
+    wrong = [f"{k} {tuple(v.shape)} (model: {tuple(expected[k].shape)})" for k, v in tensors.items()
+             if k in expected and v.shape != expected[k].shape]
+    if wrong:  # load_state_dict would raise a RuntimeError listing every tensor
+        raise ValueError(f"{source} does not match the model: shape mismatch for {', '.join(wrong)}")
     result = model.load_state_dict(tensors, strict=False)
-    tied = {name for name, t in model.state_dict().items()
-            if any(t.data_ptr() == model.state_dict()[k].data_ptr() for k in tensors if k != name)}
+    state = model.state_dict()
+    tied = {name for name, t in state.items()
+            if any(t.data_ptr() == state[k].data_ptr() for k in tensors if k != name and k in state)}
     missing = [k for k in result.missing_keys if k not in tied]
     if missing or result.unexpected_keys:
         raise ValueError(f"{source} does not match the model: missing {missing or 'none'}, "

@@ -34,11 +34,16 @@ class DecodeLimits:
 
 
 def _step_logprobs(model: Seq2SeqTransformer, ys: Tensor, memory: Tensor, src_mask: Tensor,
-                   cache) -> Tensor:
-    """Log-probabilities (N, V) of the next token after the prefixes ys (N, L)."""
+                   cache, limits: DecodeLimits) -> Tensor:
+    """Log-probabilities (N, V) of the next token after the prefixes ys (N, L).
+
+    Padding and BOS are never valid outputs: they get log-probability -inf (a generated pad would
+    also be masked out of self-attention without a cache but not with one)."""
     inputs = ys[:, -1:] if cache is not None else ys  # only the new position with a cache
     h, _, _ = model.decode(inputs, memory, src_mask, cache=cache)  # (N, L or 1, D)
-    return torch.log_softmax(model.generator(h[:, -1]).float(), dim=-1)  # (N, V)
+    logp = torch.log_softmax(model.generator(h[:, -1]).float(), dim=-1)  # (N, V)
+    logp[:, [limits.pad_id, limits.bos_id]] = float("-inf")
+    return logp
 
 
 @torch.no_grad()
@@ -54,7 +59,7 @@ def greedy_decode(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits,
     ys = torch.full((B, 1), limits.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
     finished = torch.zeros(B, dtype=torch.bool, device=src.device)
     for t in range(steps):
-        next_token = _step_logprobs(model, ys, memory, src_mask, cache).argmax(-1)  # (B,)
+        next_token = _step_logprobs(model, ys, memory, src_mask, cache, limits).argmax(-1)  # (B,)
         next_token = next_token.masked_fill(finished, limits.pad_id)
         # A sentence at its length limit ends with EOS.
         next_token = torch.where(~finished & (t + 1 >= max_lens), limits.eos_id, next_token)
@@ -71,7 +76,9 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
     """Batched beam search. Returns, per sentence, the best hypothesis (ids ending in EOS) under
     score = sum of log-probabilities / length^length_penalty (length counts the EOS).
 
-    Finished hypotheses (those that emitted EOS) leave the beam and are never extended; at its
+    Finished hypotheses (those that emitted EOS) leave the beam and are never extended; an EOS
+    finishes a hypothesis only when it ranks among the K best candidates of its step (as in
+    fairseq and Hugging Face), so beam size 1 with length_penalty 0 is greedy search. At its
     length limit a hypothesis must emit EOS (as in greedy decoding). A sentence
     stops when no live hypothesis can still beat its `beam_size` best finished ones (with
     log-probabilities <= 0 a live score s can at best reach s / max_length^length_penalty).
@@ -96,7 +103,7 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
         return score / (length ** length_penalty)
 
     for t in range(steps):
-        logp = _step_logprobs(model, ys, memory, src_mask, cache)  # (B*K, V)
+        logp = _step_logprobs(model, ys, memory, src_mask, cache, limits)  # (B*K, V)
         V = logp.size(-1)
         logp = logp.view(B, K, V)  # (B, K, V)
         at_limit = torch.tensor([t + 1 >= m for m in max_lens], device=src.device)  # (B,)
@@ -115,13 +122,14 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
             if done[b]:
                 continue
             slot = 0
-            for score, idx in zip(top_scores[b], top_idx[b]):
+            for rank, (score, idx) in enumerate(zip(top_scores[b], top_idx[b])):
                 if score == float("-inf"):
                     break
                 beam, token = divmod(idx, V)
                 if token == limits.eos_id:
-                    prefix = ys[b * K + beam, 1:].tolist()
-                    finished[b].append((normalized(score, length), prefix + [limits.eos_id]))
+                    if rank < K:  # an EOS ranked below the K best candidates is not in the beam
+                        prefix = ys[b * K + beam, 1:].tolist()
+                        finished[b].append((normalized(score, length), prefix + [limits.eos_id]))
                     continue
                 if slot < K:
                     new_scores[b, slot], origin[b, slot], tokens[b, slot] = score, beam, token

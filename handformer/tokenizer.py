@@ -26,6 +26,8 @@ class Tokenizer:
 
     def __init__(self, hf: HFTokenizer) -> None:
         self.hf = hf
+        # Text is only text: a literal "</s>" or "<pad>" in the data must not become a control id.
+        self.hf.encode_special_tokens = True
         self.pad_id = hf.token_to_id(PAD)
         self.bos_id = hf.token_to_id(BOS)
         self.eos_id = hf.token_to_id(EOS)

@@ -191,7 +191,9 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
     best, last_val = state["best_val_loss"], None
     elapsed_before = state["elapsed_s"]
     start = time.perf_counter()
-    window_loss, window_tokens, window_start = 0.0, 0, start
+    # The loss window since the last logged step, restored so a resumed run logs the same means.
+    window_loss, window_tokens = state.get("window_loss", 0.0), state.get("window_tokens", 0)
+    window_start = start
 
     bar = None
     if cfg.progress:
@@ -267,7 +269,8 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
             elapsed = elapsed_before + time.perf_counter() - start
             save_checkpoint(ckpt_path, model, optimizer,
                             {"step": step, "epoch": epoch, "position": position, "best_val_loss": best,
-                             "elapsed_s": elapsed, "train_config": asdict(cfg)})
+                             "elapsed_s": elapsed, "window_loss": window_loss,
+                             "window_tokens": window_tokens, "train_config": asdict(cfg)})
     if bar is not None:
         bar.close()
     if val_batches is None:

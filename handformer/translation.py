@@ -145,7 +145,7 @@ def run_train(job: TranslationJob, run_dir: str | os.PathLike, resume: bool = Fa
         src_tok, tgt_tok = build_tokenizers(job.data, train_pairs.pairs)
     model_fields = {**job.model, "src_vocab_size": src_tok.vocab_size,
                     "tgt_vocab_size": tgt_tok.vocab_size, "pad_id": src_tok.pad_id}
-    model_cfg = Seq2SeqConfig(**model_fields)
+    model_cfg = Seq2SeqConfig.from_dict(model_fields)  # names unknown fields (ValueError)
     if not resume:
         run_dir.mkdir(parents=True, exist_ok=True)
         src_tok.save(run_dir / "tokenizer.json")

@@ -16,9 +16,11 @@ def open_text(path: str | os.PathLike):
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no such data file: {path}")
+    # Lines end at "\n" only: universal newlines would also split at a stray "\r" inside a
+    # sentence, cutting it silently and shifting aligned files. read_lines drops CRLF's "\r".
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8", newline="\n")
+    return open(path, encoding="utf-8", newline="\n")
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
