@@ -12,6 +12,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -113,6 +114,18 @@ def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextM
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AMX or AVX512-BF16). Without them
+    (e.g. AVX2-only CPUs) bf16 matmuls fall back to slow code: measured 280x slower than fp32 on
+    an AVX2 AMD EPYC, while AMX machines run them about 4x faster than fp32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return True  # unknown platform: do not warn
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: list, loss_fn: LossFn, device: torch.device,
              bf16: bool = False) -> float:
@@ -175,6 +188,9 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     device = pick_device(cfg.device)
+    if cfg.bf16 and device.type == "cpu" and not cpu_has_fast_bf16():
+        warnings.warn("bf16 autocast on a CPU without AMX or AVX512-BF16 is very slow (bf16 matmuls "
+                      "fall back to generic code); set train.bf16=false on this machine", stacklevel=2)
     model.to(device)
     optimizer = make_optimizer(model, cfg, device)
     ckpt_path = run_dir / "checkpoint.safetensors"
