@@ -84,8 +84,6 @@ def _print_table(rows: list[tuple[str, ...]], headers: tuple[str, ...], width: i
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from handformer.translation import TranslationJob, run_train
-
     if args.resume:
         run_dir = Path(args.resume)
         config_path = run_dir / "config.json"
@@ -94,9 +92,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not (run_dir / "checkpoint.safetensors").is_file():
             raise FileNotFoundError(f"cannot resume: {run_dir} has no checkpoint.safetensors yet")
         saved = json.loads(config_path.read_text())
-        job_dict = {k: v for k, v in saved.items() if k in ("train", "data", "decode")}
-        job_dict["model"] = {k: v for k, v in saved["model"].items()
-                             if k not in ("family", "src_vocab_size", "tgt_vocab_size", "pad_id")}
+        job_dict = {k: v for k, v in saved.items() if k in ("task", "train", "data", "decode")}
+        job_dict["model"] = {k: v for k, v in saved["model"].items()  # sizes come from tokenizers
+                             if k not in ("family", "src_vocab_size", "tgt_vocab_size", "vocab_size",
+                                          "pad_id")}
         if args.set:
             from handformer.job_config import apply_overrides
             job_dict = apply_overrides(job_dict, parse_overrides(args.set))
@@ -109,10 +108,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             raise SystemExit(f"error: {run_dir} already holds a run; use --resume {run_dir} to "
                              "continue it, --overwrite to start over, or another --out")
     task = job_dict.pop("task", "translation")
-    if task != "translation":
-        raise SystemExit(f"error: unknown task {task!r} in the config")
-    job = TranslationJob.from_dict(job_dict)
-    model, result = run_train(job, run_dir, resume=bool(args.resume))
+    if task == "translation":
+        from handformer.translation import TranslationJob, run_train
+
+        _, result = run_train(TranslationJob.from_dict(job_dict), run_dir, resume=bool(args.resume))
+    elif task == "lm":
+        from handformer.lm import LMJob, run_train_lm
+
+        _, result = run_train_lm(LMJob.from_dict(job_dict), run_dir, resume=bool(args.resume))
+    else:
+        raise SystemExit(f"error: unknown task {task!r} in the config; use translation or lm")
     from handformer.plots import plot_loss_curve
 
     curve = plot_loss_curve(run_dir)

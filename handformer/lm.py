@@ -5,13 +5,17 @@
                          "pad_id"} (each an id or null), plus optional "train", "data", "source"}
     tokenizer.json      a Hugging Face `tokenizers` file
     model.safetensors   CausalLM weights under handformer's names (tied weights stored once)
+
+A trained run also holds checkpoint.safetensors (resumable), metrics.jsonl and loss_curve.png.
+The second half of this file is the training job: `LMJob` (a TOML config's [model], [train] and
+[data] sections) and `run_train_lm`, which feeds random windows of text to the shared loop.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +23,20 @@ import torch
 
 from handformer.causal_lm import CausalLM
 from handformer.checkpoint import load_weights, save_weights
-from handformer.config import CausalLMConfig
+from handformer.config import CausalLMConfig, dataclass_from_dict
+from handformer.data.text import (
+    PYDOC,
+    LMBatch,
+    LMWindows,
+    as_token_tensor,
+    load_text,
+    split_text,
+    validation_batches,
+)
 from handformer.io import atomic_write_text
+from handformer.losses import token_cross_entropy
 from handformer.tokenizer import Tokenizer
+from handformer.train import TrainConfig, TrainResult, pick_device, train
 
 
 @dataclass
@@ -75,3 +90,153 @@ def load_lm(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> L
     load_weights(model, run_dir / "model.safetensors")
     tokens = SpecialTokens(**config.get("tokens", {}))
     return LMRun(model.to(device).eval(), Tokenizer.load(run_dir / "tokenizer.json"), tokens, config)
+
+
+# --- the training job -------------------------------------------------------------------------
+
+@dataclass
+class LMDataConfig:
+    path: str = PYDOC  # "pydoc" (the embedded corpus) or a text file or folder (plain or .gz)
+    tokenizer: str = "char"  # char | bpe, trained on the training split only
+    vocab_size: int = 8000  # BPE vocabulary size (char: the characters of the training split)
+    block_size: int = 256  # tokens per training window: the context length the model learns
+    batch_size: int = 64  # windows per batch
+    val_fraction: float = 0.1  # the last fraction of the text held out for validation; 0 = none
+    batches_per_epoch: int = 1000  # batches between reseedings of the window sampler
+    eval_batches: int = 20  # size of the fixed validation set, in batches; 0 = the whole split
+
+    def __post_init__(self) -> None:
+        def fail(name: str, fix: str) -> None:
+            raise ValueError(f"[data] {name}={getattr(self, name)!r} is invalid: {fix}")
+
+        if not isinstance(self.path, str) or not self.path:
+            fail("path", f'give a text file, a folder, or "{PYDOC}" for the embedded corpus')
+        if self.tokenizer not in ("char", "bpe"):
+            fail("tokenizer", "choose char or bpe")
+        for name in ("vocab_size", "block_size", "batch_size", "batches_per_epoch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                fail(name, "it must be a positive integer")
+        if not isinstance(self.eval_batches, int) or self.eval_batches < 0:
+            fail("eval_batches", "it must be an integer >= 0 (0 = the whole validation split)")
+        if not isinstance(self.val_fraction, (int, float)) or not 0 <= self.val_fraction < 1:
+            fail("val_fraction", "it must be in [0, 1) (0 = no validation)")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LMDataConfig:
+        return dataclass_from_dict(cls, data, "data")
+
+
+MODEL_PRESETS = {"gpt2": CausalLMConfig.gpt2_style, "llama": CausalLMConfig.llama_style}
+
+# Where a language model's usual practice differs from TrainConfig's (the translation paper's)
+# defaults; a [train] section overrides them like any other default.
+LM_TRAIN_DEFAULTS = {"label_smoothing": 0.0, "schedule": "cosine"}
+
+
+@dataclass
+class LMJob:
+    # CausalLMConfig fields, plus `preset = "gpt2" | "llama"` to start from that style before the
+    # other fields apply. vocab_size comes from the tokenizer; max_positions defaults to block_size.
+    model: dict[str, Any] = field(default_factory=dict)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(**LM_TRAIN_DEFAULTS))
+    data: LMDataConfig = field(default_factory=LMDataConfig)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LMJob:
+        """A job from a config dict; every error names the section and field. The model section is
+        checked here too (with a placeholder vocabulary), before any text is read."""
+        unknown = sorted(set(data) - {"model", "train", "data", "task"})
+        if unknown:
+            raise ValueError(f"unknown config section(s) {', '.join(unknown)} for a language model; "
+                             "valid: model, train, data")
+        model = data.get("model", {})
+        if not isinstance(model, dict):
+            raise ValueError(f"[model] must be a table of settings, got {type(model).__name__}")
+        train_section = data.get("train", {})
+        if not isinstance(train_section, dict):
+            raise ValueError(f"[train] must be a table of settings, got {type(train_section).__name__}")
+        job = cls(dict(model), TrainConfig.from_dict({**LM_TRAIN_DEFAULTS, **train_section}),
+                  LMDataConfig.from_dict(data.get("data", {})))
+        job.model_config(vocab_size=1)
+        return job
+
+    def model_config(self, vocab_size: int) -> CausalLMConfig:
+        fields = dict(self.model)
+        preset = fields.pop("preset", None)
+        if preset is not None and preset not in MODEL_PRESETS:
+            raise ValueError(f"[model] preset={preset!r} is invalid: choose "
+                             f"{' or '.join(MODEL_PRESETS)}, or leave it out for CausalLMConfig's defaults")
+        if "vocab_size" in fields:
+            raise ValueError("[model] vocab_size is set from the tokenizer; remove it (for BPE, set "
+                             "data.vocab_size instead)")
+        fields.setdefault("max_positions", self.data.block_size)
+        base = MODEL_PRESETS[preset]() if preset else CausalLMConfig()
+        cfg = CausalLMConfig.from_dict({**base.to_dict(), **fields, "vocab_size": vocab_size})
+        if cfg.max_positions < self.data.block_size:
+            raise ValueError(f"[model] max_positions={cfg.max_positions} is invalid: it must be at "
+                             f"least data.block_size={self.data.block_size}, the length trained on")
+        return cfg
+
+
+def lm_loss(model: torch.nn.Module, batch: LMBatch, label_smoothing: float) -> torch.Tensor:
+    """Summed next-token cross-entropy over every position (windows have no padding)."""
+    logits = model(batch.x).logits  # (B, T, V)
+    return token_cross_entropy(logits, batch.y, None, label_smoothing)
+
+
+def train_tokens(tokenizer: Tokenizer) -> SpecialTokens:
+    """The special tokens of a model trained here on raw text windows. It never saw BOS or EOS (the
+    text has no document markers), so generation must neither prepend BOS (an untrained embedding)
+    nor wait for an EOS it cannot predict. Padding is only for batching prompts of different
+    lengths: padded positions are masked out of attention, so any id works; the tokenizer's <pad>
+    keeps decoded text clean (decode drops it)."""
+    return SpecialTokens(bos_id=None, eos_id=None, pad_id=tokenizer.pad_id)
+
+
+def encode_splits(tokenizer: Tokenizer, train_text: str, val_text: str, data: LMDataConfig,
+                  seed: int, log=print) -> tuple[LMWindows, list[LMBatch] | None]:
+    """Training windows (data order seeded by `seed`) and the fixed validation batches (None
+    without a validation split)."""
+    train_ids = as_token_tensor(tokenizer.encode(train_text), tokenizer.vocab_size)
+    windows = LMWindows(train_ids, data.block_size, data.batch_size, data.batches_per_epoch, seed)
+    log(f"{data.tokenizer} tokenizer: {tokenizer.vocab_size:,} tokens; {len(train_ids):,} training "
+        f"tokens, {data.block_size} per window, {data.batch_size} windows per batch")
+    if not val_text:
+        return windows, None
+    val_ids = as_token_tensor(tokenizer.encode(val_text), tokenizer.vocab_size)
+    val_batches = validation_batches(val_ids, data.block_size, data.batch_size, data.eval_batches)
+    log(f"validation: {sum(b.n_tokens for b in val_batches):,} of {len(val_ids):,} tokens in "
+        f"{len(val_batches)} fixed batches")
+    return windows, val_batches
+
+
+def run_train_lm(job: LMJob, run_dir: str | os.PathLike, resume: bool = False,
+                 log=print) -> tuple[CausalLM, TrainResult]:
+    """Train (or resume) a language model on `job.data` in `run_dir` with the shared loop."""
+    run_dir = Path(run_dir)
+    data = job.data
+    text = load_text(data.path)
+    train_text, val_text = split_text(text, data.val_fraction)
+    source = "the embedded pydoc corpus" if data.path == PYDOC else data.path
+    log(f"{len(text):,} characters from {source}: {len(train_text):,} for training, "
+        f"{len(val_text):,} for validation")
+    if resume:
+        tokenizer = Tokenizer.load(run_dir / "tokenizer.json")
+    else:
+        tokenizer = Tokenizer.train(data.tokenizer, [train_text], data.vocab_size)
+    model_cfg = job.model_config(tokenizer.vocab_size)
+    windows, val_batches = encode_splits(tokenizer, train_text, val_text, data, job.train.seed, log)
+    if not resume:  # written once the data is known to be usable
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(run_dir / "tokenizer.json")
+        write_lm_run_config(run_dir, model_cfg, train_tokens(tokenizer), train=asdict(job.train),
+                            data=asdict(data))
+
+    torch.manual_seed(job.train.seed)
+    model = CausalLM(model_cfg)
+    log(f"model: {model.num_parameters():,} parameters; training {job.train.steps} steps on "
+        f"{pick_device(job.train.device)}")
+    result = train(model, job.train, windows, val_batches, lm_loss, run_dir, resume=resume)
+    load_weights(model, run_dir / "model.safetensors")  # the best weights
+    return model, result

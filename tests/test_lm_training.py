@@ -1,0 +1,319 @@
+"""The language-model job: reading text, the embedded corpus, the validation split, random-window
+batches, and `handformer train` on an LM config (a complete run directory, overfitting, resume,
+config errors)."""
+
+import functools
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from handformer import lm
+from handformer.checkpoint import read_safetensors
+from handformer.cli import main
+from handformer.data.text import (
+    LMWindows,
+    load_text,
+    pydoc_corpus,
+    read_text,
+    split_text,
+    validation_batches,
+)
+from handformer.lm import LMJob, load_lm
+from handformer.tokenizer import Tokenizer
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+TINY_LM = str(CONFIGS / "tiny_lm.toml")
+FOX = "the quick brown fox jumps over the lazy dog. " * 50
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    """Tiny ops run much faster on one thread; restore the setting for other test files."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def sets(*pairs: str) -> list[str]:
+    return [arg for pair in pairs for arg in ("--set", pair)]
+
+
+def train_cli(out: Path, *pairs: str, config: str = TINY_LM) -> int:
+    return main(["train", "--config", config, *sets("train.progress=false", "train.device=cpu", *pairs),
+                 "--out", str(out)])
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl without its wall-clock fields."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("elapsed_s", "tokens_per_s")} for r in rows]
+
+
+def saved_tensors(run_dir: Path, name: str) -> dict:
+    tensors, _ = read_safetensors(run_dir / name)
+    return {k: v for k, v in tensors.items() if not k.startswith("rng/")}
+
+
+# --- reading text -------------------------------------------------------------------------------
+
+def test_read_a_file_and_a_gzipped_file(tmp_path):
+    text = "first line\nsecond line, ünïcode ✓\n"
+    (tmp_path / "plain.txt").write_text(text, encoding="utf-8")
+    with gzip.open(tmp_path / "packed.txt.gz", "wt", encoding="utf-8") as f:
+        f.write(text)
+    assert read_text(tmp_path / "plain.txt") == text
+    assert read_text(tmp_path / "packed.txt.gz") == text
+    assert load_text(str(tmp_path / "plain.txt")) == text
+
+
+def test_a_folder_is_its_files_sorted_and_joined_by_newlines(tmp_path):
+    (tmp_path / "b.txt").write_text("bee")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.txt").write_text("sea\n")
+    with gzip.open(tmp_path / "a.txt.gz", "wt") as f:
+        f.write("ay")
+    (tmp_path / ".hidden").write_text("never read")
+    assert read_text(tmp_path) == "ay\nbee\nsea\n"
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("empty.txt", b"", "empty.txt is empty"),
+    ("blank.txt", b" \n\n", "blank.txt is empty"),
+    ("latin1.txt", "caf\u00e9".encode("latin-1"), "latin1.txt is not UTF-8"),
+    ("fake.gz", b"not gzip at all", "cannot read"),
+])
+def test_unusable_files_are_errors_naming_the_file(tmp_path, name, content, message):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ValueError, match=message) as err:
+        read_text(tmp_path / name)
+    assert name in str(err.value)
+    (tmp_path / "good.txt").write_text("fine")  # one bad file spoils a folder, by name
+    with pytest.raises(ValueError, match=name):
+        read_text(tmp_path)
+
+
+def test_missing_paths_and_empty_folders_are_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere.txt"):
+        read_text(tmp_path / "nowhere.txt")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no text files"):
+        read_text(tmp_path / "empty")
+
+
+def test_the_embedded_corpus_is_the_pydoc_topics_in_key_order():
+    from pydoc_data.topics import topics
+
+    text = pydoc_corpus()
+    assert len(text) > 100_000
+    assert text == pydoc_corpus() == load_text("pydoc")
+    assert text == "\n".join(topics[k] for k in sorted(topics))
+
+
+# --- the validation split -----------------------------------------------------------------------
+
+def test_the_validation_split_is_the_fixed_last_fraction():
+    text = pydoc_corpus()
+    train, val = split_text(text, 0.1)
+    assert train + val == text  # disjoint and complete
+    assert len(val) == round(0.1 * len(text))
+    assert split_text(text, 0.1) == (train, val)
+    assert split_text(text, 0.0) == (text, "")
+    with pytest.raises(ValueError, match="val_fraction"):
+        split_text(text, 1.0)
+
+
+def test_validation_batches_are_fixed_non_overlapping_chunks():
+    ids = torch.arange(1000, dtype=torch.int32)
+    T, B = 10, 4
+    every = validation_batches(ids, T, B)
+    starts = torch.cat([b.x[:, 0] for b in every])
+    assert starts.tolist() == list(range(0, 990, 10))  # chunk k starts at k * T, all 99 of them
+    assert sum(b.n_tokens for b in every) == 99 * T
+    for b in every:
+        assert torch.equal(b.y, b.x + 1) and b.x.dtype == torch.long
+    some = validation_batches(ids, T, B, max_batches=2)
+    starts = torch.cat([b.x[:, 0] for b in some])
+    assert len(some) == 2 and starts[0] == 0 and starts[-1] == 980  # spread over the whole split
+    assert (starts.diff() >= T).all()  # still non-overlapping
+    assert all(torch.equal(a.x, b.x) for a, b in zip(some, validation_batches(ids, T, B, 2)))
+    with pytest.raises(ValueError, match="validation split has 10 tokens"):
+        validation_batches(ids[:10], T, B)
+
+
+# --- random windows -----------------------------------------------------------------------------
+
+def test_windows_shapes_targets_and_determinism():
+    ids = torch.arange(500, dtype=torch.int32)  # token i has id i: offsets are visible
+    windows = LMWindows(ids, block_size=16, batch_size=5, batches_per_epoch=7, seed=3)
+    batches = windows.epoch(0)
+    assert len(batches) == 7
+    for b in batches:
+        assert b.x.shape == b.y.shape == (5, 16) and b.x.dtype == b.y.dtype == torch.long
+        assert b.n_tokens == 80
+        assert torch.equal(b.y, b.x + 1)  # y is x shifted by one
+        assert torch.equal(b.x, b.x[:, :1] + torch.arange(16))  # contiguous windows
+    again = LMWindows(ids, 16, 5, 7, seed=3)
+    assert all(torch.equal(a.x, b.x) for a, b in zip(batches, again.epoch(0)))
+    assert not torch.equal(batches[0].x, windows.epoch(1)[0].x)  # epochs differ
+    assert not torch.equal(batches[0].x, LMWindows(ids, 16, 5, 7, seed=4).epoch(0)[0].x)
+    assert all(torch.equal(a.x, batches[i].x) for a, i in zip(batches[2:5], range(2, 5)))
+
+
+def test_windows_reach_both_ends_of_the_stream():
+    ids = torch.arange(19)
+    batches = LMWindows(ids, block_size=16, batch_size=8, batches_per_epoch=10).epoch(0)
+    starts = {int(s) for b in batches for s in b.x[:, 0]}
+    assert starts == {0, 1, 2}  # the last window's target is the last token
+    with pytest.raises(ValueError, match="fewer than block_size"):
+        LMWindows(ids[:16], 16, 8, 10)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(2, 300), block=st.integers(1, 40), batch=st.integers(1, 6), seed=st.integers(0, 9))
+def test_every_window_is_a_slice_of_the_stream(n, block, batch, seed):
+    ids = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).int()
+    if n < block + 1:
+        return
+    for b in LMWindows(ids, block, batch, 2, seed).epoch(seed):
+        for x, y in zip(b.x, b.y):
+            start = int((ids == x[0]).nonzero())  # ids are distinct: the window's offset
+            assert torch.equal(x, ids[start: start + block].long())
+            assert torch.equal(y, ids[start + 1: start + block + 1].long())
+
+
+# --- the job ------------------------------------------------------------------------------------
+
+def test_presets_and_overrides_build_the_model_config():
+    job = LMJob.from_dict({"data": {"block_size": 48},
+                           "model": {"preset": "llama", "d_model": 64, "n_heads": 4, "n_kv_heads": 2,
+                                     "d_ff": 96, "n_layers": 1}})
+    cfg = job.model_config(vocab_size=77)
+    assert (cfg.position, cfg.norm, cfg.activation, cfg.bias) == ("rope", "rmsnorm", "swiglu", False)
+    assert (cfg.vocab_size, cfg.max_positions, cfg.n_kv_heads, cfg.d_model) == (77, 48, 2, 64)
+    gpt2 = LMJob.from_dict({"model": {"preset": "gpt2", "max_positions": 512}}).model_config(5)
+    assert (gpt2.position, gpt2.activation, gpt2.max_positions) == ("learned", "gelu_tanh", 512)
+    assert LMJob.from_dict({}).train.label_smoothing == 0.0  # LM default, unless set
+    assert LMJob.from_dict({"train": {"label_smoothing": 0.1}}).train.label_smoothing == 0.1
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, _single_thread):
+    """configs/tiny_lm.toml as shipped (the embedded corpus), trained once for this file."""
+    run_dir = tmp_path_factory.mktemp("lm") / "tiny"
+    assert train_cli(run_dir) == 0
+    return run_dir
+
+
+def test_tiny_config_writes_a_complete_lm_run(tiny_run):
+    for name in ("config.json", "tokenizer.json", "model.safetensors", "checkpoint.safetensors",
+                 "metrics.jsonl", "loss_curve.png"):
+        assert (tiny_run / name).is_file(), name
+    config = json.loads((tiny_run / "config.json").read_text())
+    assert config["task"] == "lm" and config["model"]["family"] == "causal_lm"
+    assert config["tokens"] == {"bos_id": None, "eos_id": None, "pad_id": 0}
+    assert config["data"]["path"] == "pydoc" and config["model"]["max_positions"] == 32
+    rows = metric_rows(tiny_run)
+    assert [r["step"] for r in rows if "val_loss" in r] == [20, 40]
+    assert rows[-1]["val_loss"] < rows[0]["train_loss"]
+
+    run = load_lm(tiny_run)
+    assert run.tokens.bos_id is None and run.tokens.pad_id == run.tokenizer.pad_id
+    assert run.model.cfg.vocab_size == run.tokenizer.vocab_size == config["model"]["vocab_size"]
+    assert not run.model.training
+    text = "The \"assert\" statement"
+    assert run.tokenizer.decode(run.tokenizer.encode(text)) == text
+    with torch.no_grad():
+        logits = run.model(torch.tensor([run.tokenizer.encode(text)])).logits
+    assert logits.shape == (1, len(text), run.model.cfg.vocab_size) and logits.isfinite().all()
+
+
+def test_the_tokenizer_is_trained_on_the_training_split_only(tmp_path):
+    (tmp_path / "text.txt").write_text("abcabcabc " * 20 + "xyz")  # x, y, z only in validation
+    assert train_cli(tmp_path / "run", f"data.path={tmp_path / 'text.txt'}", "data.block_size=8",
+                     "data.val_fraction=0.2", "train.steps=2", "train.eval_every=2") == 0
+    tok = Tokenizer.load(tmp_path / "run" / "tokenizer.json")
+    assert tok.encode("abc") != [tok.unk_id] * 3
+    assert tok.encode("xyz") == [tok.unk_id] * 3
+
+
+@pytest.mark.parametrize("pairs", [
+    ("data.tokenizer=bpe", "data.vocab_size=300", "model.preset=llama", "model.n_kv_heads=1"),
+    ("data.tokenizer=char", "model.preset=gpt2", "model.dropout=0.1"),
+])
+def test_a_tiny_task_is_overfit(tmp_path, pairs):
+    (tmp_path / "fox.txt").write_text(FOX)
+    assert train_cli(tmp_path / "run", f"data.path={tmp_path / 'fox.txt'}", "data.block_size=16",
+                     "data.batch_size=16", "train.steps=60", "train.lr=1e-2", "train.eval_every=10",
+                     *pairs) == 0
+    val = [r["val_loss"] for r in metric_rows(tmp_path / "run") if "val_loss" in r]
+    assert val[-1] < 0.5 * val[0] and val[-1] < 1.0  # the validation text is the same sentence
+
+
+class Crash(Exception):
+    pass
+
+
+def test_resume_after_a_crash_equals_a_straight_run(tmp_path, monkeypatch, capsys):
+    """Crash at step 12 (an evaluation, before its checkpoint), resume with `--resume` from the
+    step-10 checkpoint: metrics and weights equal an uninterrupted run's. Dropout makes the restored
+    RNG matter; 4 batches an epoch make the resumed run cross epochs."""
+    (tmp_path / "fox.txt").write_text(FOX)
+    pairs = (f"data.path={tmp_path / 'fox.txt'}", "data.block_size=16", "data.batches_per_epoch=4",
+             "model.dropout=0.2", "train.steps=16", "train.eval_every=4", "train.checkpoint_every=5",
+             "train.log_every=3", "train.accumulation=2")
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    assert train_cli(straight, *pairs) == 0
+
+    def crash(step, val_loss):
+        if step == 12:
+            raise Crash
+
+    with monkeypatch.context() as m:
+        m.setattr(lm, "train", functools.partial(lm.train, on_eval=crash))
+        with pytest.raises(Crash):
+            train_cli(crashed, *pairs)
+    _, metadata = read_safetensors(crashed / "checkpoint.safetensors")
+    assert json.loads(metadata["state"])["step"] == 10
+    assert main(["train", "--resume", str(crashed)]) == 0
+    assert "done: 16 steps" in capsys.readouterr().out
+
+    rows = metric_rows(straight)
+    assert len({r["epoch"] for r in rows if "epoch" in r}) > 2
+    assert metric_rows(crashed) == rows  # train_loss, lr, val_loss, epoch: exactly equal
+    for name in ("checkpoint.safetensors", "model.safetensors"):
+        a, b = saved_tensors(crashed, name), saved_tensors(straight, name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+@pytest.mark.parametrize("override, message", [
+    ("data.block_sise=8", "[data] unknown field(s) block_sise"),
+    ("model.d_modle=8", "unknown field(s) d_modle"),
+    ("model.preset=bert", "preset='bert' is invalid"),
+    ("model.vocab_size=50", "vocab_size is set from the tokenizer"),
+    ("model.max_positions=16", "max_positions=16 is invalid"),
+    ("model.n_heads=3", "d_model=32 is invalid"),
+    ("data.tokenizer=word", "tokenizer='word' is invalid"),
+    ("data.val_fraction=1.0", "val_fraction=1.0 is invalid"),
+    ("data.block_size=0", "block_size=0 is invalid"),
+    ("train.lr=0", "TrainConfig.lr=0 is invalid"),
+    ("decode.beam=2", "unknown config section(s) decode"),
+    ("data.path=no/such/file.txt", "no such text file or folder: no/such/file.txt"),
+    ("data.val_fraction=0.00001", "validation split has 5 tokens"),
+])
+def test_bad_configs_are_clear_errors_naming_the_field(override, message, capsys, tmp_path):
+    assert train_cli(tmp_path / "run", override) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing written before the config and data are checked
+
+
+def test_an_unknown_task_is_refused(tmp_path):
+    config = tmp_path / "job.toml"
+    config.write_text('task = "poetry"\n')
+    with pytest.raises(SystemExit, match="unknown task 'poetry'"):
+        train_cli(tmp_path / "run", config=str(config))
