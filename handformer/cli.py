@@ -178,6 +178,80 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+class TextStream:
+    """Writes a generation's text as it grows, one token at a time.
+
+    The text is decoded from prompt + new ids, and what follows the decoded prompt is shown (so a
+    tokenizer that drops a word's leading space at the start of a text still shows it). Output is
+    held back while the text ends with U+FFFD: the last tokens may be an incomplete UTF-8 character
+    that the next byte-level token completes. `prefix` (the prompt as typed) is written first, once
+    there is output (on the first token or at close, so a failed run prints nothing)."""
+
+    def __init__(self, tokenizer: Any, prompt_ids: Sequence[int], prefix: str = "", out: Any = None,
+                 ) -> None:
+        self.tokenizer = tokenizer
+        self.prompt_ids = list(prompt_ids)
+        self.prompt_text = tokenizer.decode(self.prompt_ids)
+        self.new_ids: list[int] = []
+        self.out = out if out is not None else sys.stdout
+        self.prefix = prefix  # written with the first output
+        self.shown = 0  # characters of the new text written so far
+
+    def text(self) -> str:
+        full = self.tokenizer.decode(self.prompt_ids + self.new_ids)
+        if full.startswith(self.prompt_text):
+            return full[len(self.prompt_text):]
+        return self.tokenizer.decode(self.new_ids)
+
+    def push(self, token_id: int) -> None:
+        self.new_ids.append(token_id)
+        text = self.text()
+        if not text.endswith("\ufffd"):
+            self._write(text)
+
+    def close(self) -> None:
+        self._write(self.text())
+
+    def _write(self, text: str) -> None:
+        if self.prefix:
+            self.out.write(self.prefix)
+            self.prefix = ""
+        if len(text) > self.shown:
+            self.out.write(text[self.shown:])
+            self.out.flush()
+            self.shown = len(text)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from handformer.generate import generate
+    from handformer.lm import load_lm
+
+    if args.prompt == "":
+        raise ValueError("empty prompt: give --prompt TEXT with at least one character")
+    run = load_lm(args.run_dir, args.device)
+    bos, eos = run.tokens.bos_id, run.tokens.eos_id
+    max_positions = run.model.cfg.max_positions
+    # stdin is read line by line, so each prompt is answered as soon as it is typed.
+    prompts = [args.prompt] if args.prompt is not None else (
+        line.rstrip("\n") for line in sys.stdin if line.strip())
+    done = 0
+    for text in prompts:
+        ids = ([bos] if bos is not None else []) + run.tokenizer.encode(text)
+        max_new = args.max_new_tokens
+        if max_new is None:  # default: 100 tokens, or what fits in the context window
+            max_new = max(1, min(100, max_positions - len(ids)))
+        stream = TextStream(run.tokenizer, ids, prefix=text)
+        generate(run.model, [ids], max_new, temperature=args.temperature, top_k=args.top_k,
+                 top_p=args.top_p, seed=args.seed, stop_tokens=() if eos is None else (eos,),
+                 on_token=lambda _row, token, stream=stream: stream.push(token))
+        stream.close()
+        print(flush=True)
+        done += 1
+    if not done:
+        raise ValueError("nothing to generate from: give --prompt TEXT or prompts on stdin, one a line")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     import time
 
@@ -257,6 +331,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy; default from the run)")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("generate", help="continue a prompt with a trained or imported language model")
+    p.add_argument("run_dir")
+    p.add_argument("--prompt", help="text to continue; without it, one prompt per stdin line")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="tokens to generate (default 100, or fewer if the context window is shorter)")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    p.add_argument("--top-k", type=int, default=None, help="sample from the K most likely tokens")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="sample from the smallest set of tokens with total probability >= P")
+    p.add_argument("--seed", type=int, default=None, help="random seed, for reproducible samples")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("eval", help="loss, BLEU and chrF of a trained run on parallel data")
     p.add_argument("run_dir")

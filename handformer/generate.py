@@ -1,0 +1,184 @@
+"""Text generation for the decoder-only model: pure logit filters and a batched sampling loop that
+takes a model (the model itself knows nothing about generation).
+
+    logits -> apply_temperature -> top_k_filter -> top_p_filter -> sample (or argmax when t = 0)
+
+`generate` left-pads a batch of prompts, runs one forward over all of them (prefill) into a
+preallocated KV cache, then one forward per new token. Positions are counted from the attention
+mask inside the model, so a left-padded prompt sees the same positions as it would alone.
+
+Shape legend: B batch, L longest prompt, S positions so far (prompt + generated), V vocabulary.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from handformer.causal_lm import CausalLM
+
+# Cumulative probabilities this close to top_p count as reaching it, so float rounding of e.g.
+# 0.5 + 0.3 does not pull one more token into the nucleus at p = 0.8.
+TOP_P_TOLERANCE = 1e-6
+
+
+def apply_temperature(logits: Tensor, temperature: float) -> Tensor:
+    """(..., V) logits divided by `temperature` (> 1 flattens, < 1 sharpens the distribution).
+
+    Temperature 0 is the limit t -> 0: the argmax keeps its logit and every other token gets -inf
+    (with ties, the first maximal index wins, as in `argmax`)."""
+    if not temperature >= 0:  # also rejects NaN
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if temperature == 0:
+        keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(
+            -1, logits.argmax(-1, keepdim=True), True)
+        return logits.masked_fill(~keep, float("-inf"))
+    return logits / temperature
+
+
+def top_k_filter(logits: Tensor, k: int) -> Tensor:
+    """Keep the k largest logits of each row, set the rest to -inf.
+
+    Ties at the boundary are all kept: every token whose logit equals the k-th largest survives,
+    so more than k tokens remain when several share that value (which one would be dropped is
+    otherwise arbitrary). k >= V keeps everything."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"top_k must be a positive integer, got {k!r}")
+    if k >= logits.size(-1):
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (..., 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: Tensor, p: float) -> Tensor:
+    """Nucleus filtering: keep the smallest set of most likely tokens whose total probability is
+    >= p (Holtzman et al., 2019), set the rest to -inf.
+
+    A token is kept when the probability of the tokens ranked above it is still below p, so the
+    most likely token is always kept and the set is never empty. p = 1 keeps everything. Tokens
+    with equal probability are ranked by index (a stable sort)."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+    if p >= 1:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)  # (..., V)
+    probs = torch.softmax(sorted_logits.float(), dim=-1)
+    mass_above = torch.cumsum(probs, dim=-1) - probs  # probability ranked strictly above each token
+    keep_sorted = mass_above < p - TOP_P_TOLERANCE
+    keep_sorted[..., 0] = True  # the most likely token, even when p is below the tolerance
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # back to vocabulary order
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+def filter_logits(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
+                  top_p: float | None = None) -> Tensor:
+    """The documented order: temperature, then top-k, then top-p (top-p measures probability
+    after temperature and among the top-k survivors only)."""
+    logits = apply_temperature(logits, temperature)
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None:
+        logits = top_p_filter(logits, top_p)
+    return logits
+
+
+def next_tokens(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
+    """(B, V) logits -> (B,) token ids: argmax when temperature is 0, else a sample from the
+    filtered distribution drawn with `generator`."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(filter_logits(logits.float(), temperature, top_k, top_p), dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
+def _check_args(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                temperature: float, top_k: int | None, top_p: float | None, pad_id: int) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                              or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+    if isinstance(prompts, (str, Tensor)) or not prompts or isinstance(prompts[0], int):
+        raise ValueError("prompts must be a non-empty list of token-id lists, e.g. [[1, 17, 4]]")
+    for i, prompt in enumerate(prompts):
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {i} is empty; give at least one token (e.g. the BOS id)")
+    vocab = model.cfg.vocab_size
+    if not 0 <= pad_id < vocab:
+        raise ValueError(f"pad_id={pad_id} is outside the vocabulary [0, {vocab})")
+    longest = max(len(p) for p in prompts)
+    if longest + max_new_tokens > model.cfg.max_positions:
+        raise ValueError(f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} needs "
+                         f"{longest + max_new_tokens} positions but the model has max_positions="
+                         f"{model.cfg.max_positions}; lower max_new_tokens to at most "
+                         f"{max(model.cfg.max_positions - longest, 0)} or shorten the prompt")
+
+
+@torch.no_grad()
+def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+             seed: int | None = None, stop_tokens: Sequence[int] = (), pad_id: int = 0,
+             use_cache: bool = True, on_token: Callable[[int, int], None] | None = None,
+             ) -> list[list[int]]:
+    """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens.
+
+    Returns the new tokens of each prompt. A row stops at its first token in `stop_tokens`; that
+    stop token is included as the row's last token, and nothing follows it. `on_token(row,
+    token_id)` is called for every returned token as soon as it is chosen (for streaming).
+
+    temperature 0 is greedy decoding; otherwise tokens are sampled after `filter_logits`
+    (temperature, then top_k, then top_p) from a generator seeded with `seed` (None = random),
+    so the same seed gives the same samples. Prompts of different lengths are left-padded with
+    `pad_id`, which is masked out and does not change the result. `use_cache=False` recomputes the
+    whole sequence at every step (slow; for testing the cache). The model runs in eval mode and
+    its training flag is restored afterwards.
+
+    Raises ValueError when a prompt plus max_new_tokens exceeds the model's max_positions.
+    """
+    _check_args(model, prompts, max_new_tokens, temperature, top_k, top_p, pad_id)
+    device = next(model.parameters()).device
+    B, L = len(prompts), max(len(p) for p in prompts)
+    ids = torch.full((B, L), pad_id, dtype=torch.long, device=device)  # (B, L)
+    mask = torch.zeros(B, L, dtype=torch.bool, device=device)  # (B, L) True = real token
+    for row, prompt in enumerate(prompts):
+        ids[row, L - len(prompt):] = torch.tensor([operator.index(t) for t in prompt])
+        mask[row, L - len(prompt):] = True
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    stop = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=device)
+
+    was_training = model.training
+    model.eval()
+    try:
+        cache = model.new_cache(L + max_new_tokens) if use_cache and max_new_tokens else None
+        outputs: list[list[int]] = [[] for _ in range(B)]
+        finished = torch.zeros(B, dtype=torch.bool, device=device)
+        inputs = ids  # with a cache: the positions not yet seen by the model
+        for _ in range(max_new_tokens):
+            logits = model(inputs, mask, cache=cache).logits[:, -1]  # (B, V)
+            token = next_tokens(logits, temperature, top_k, top_p, generator)  # (B,)
+            token = token.masked_fill(finished, pad_id)  # finished rows are fed padding, not kept
+            for row in (~finished).nonzero()[:, 0].tolist():
+                outputs[row].append(int(token[row]))
+                if on_token is not None:
+                    on_token(row, int(token[row]))
+            finished |= torch.isin(token, stop)
+            if finished.all():
+                break
+            ids = torch.cat([ids, token[:, None]], dim=1)  # (B, S)
+            mask = torch.cat([mask, ~finished[:, None]], dim=1)  # (B, S)
+            inputs = token[:, None] if cache is not None else ids
+    finally:
+        model.train(was_training)
+    return outputs
