@@ -22,10 +22,12 @@ from handformer.io import atomic_write_bytes
 
 def unique_state_dict(model: nn.Module) -> dict[str, Tensor]:
     """The model's state dict with each shared tensor (tied embeddings) kept under its first name."""
-    seen: set[int] = set()
+    seen: set[object] = set()
     out = {}
     for name, tensor in model.state_dict().items():
-        key = tensor.untyped_storage().data_ptr() if tensor.numel() else id(tensor)
+        # A tied weight is the same tensor under two names; distinct views of one storage (e.g.
+        # q/k/v split from a fused checkpoint matrix) share the storage but not the data.
+        key = (tensor.data_ptr(), tensor.shape, tensor.stride()) if tensor.numel() else id(tensor)
         if key in seen:
             continue
         seen.add(key)

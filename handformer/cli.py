@@ -294,6 +294,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import_hf(args: argparse.Namespace) -> int:
+    from handformer.hf_import import import_hf
+
+    result = import_hf(args.hf_dir, args.run_dir, overwrite=args.overwrite)
+    print(f"imported {result.summary()}")
+    for note in result.notes:
+        print(f"note: {note}")
+    print(f'next: handformer generate {args.run_dir} --prompt "Once upon a time" --temperature 0')
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="handformer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -354,6 +365,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="write the translations to this file")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("import-hf", help="convert a Hugging Face GPT-2 / Llama checkpoint directory "
+                       "(safetensors) into a language-model run directory")
+    p.add_argument("hf_dir", help="directory with config.json, tokenizer.json and model.safetensors "
+                   "(or shards with model.safetensors.index.json)")
+    p.add_argument("run_dir", help="run directory to write (for `handformer generate`)")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in RUN_DIR")
+    p.set_defaults(func=cmd_import_hf)
     return parser
 
 

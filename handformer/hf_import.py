@@ -1,0 +1,257 @@
+"""Import a Hugging Face GPT-2 or Llama checkpoint directory as a handformer language-model run.
+
+    import_hf("path/to/hf-model", "runs/gpt2")   # then: handformer generate runs/gpt2 --prompt ...
+
+The Hugging Face directory needs config.json, tokenizer.json and the weights as safetensors:
+model.safetensors, or shards listed in model.safetensors.index.json. `transformers` is not
+imported: config.json is read as JSON, the tensors with `safetensors`, and the weights are mapped
+by `handformer.hf_weights` (strictly: missing, unexpected and wrong-shaped tensors are all named).
+Pickle files (pytorch_model.bin) are never read.
+
+The checkpoint is read into memory once. The model that writes the run is built on the meta device
+and takes the converted tensors as its parameters (no second copy, no random init; only GPT-2's
+Conv1D weights are copied, to transpose them), so the run's model.safetensors keeps the
+checkpoint's dtype (e.g. bfloat16); `load_lm` casts to the model's. (Writing the file serializes
+it in memory once more, as `save_weights` always does.)
+
+Special tokens (`SpecialTokens` in the run's config.json):
+- eos_id and pad_id: the first of generation_config.json, config.json (`eos_token_id`,
+  `pad_token_id`) and tokenizer_config.json (`eos_token`, `pad_token` looked up in the tokenizer)
+  that names one. When a file lists several EOS ids (Llama 3), the first is used; all are recorded
+  in the run's "source" section.
+- bos_id is set only when prompts should start with BOS, as the tokenizer would do it:
+  tokenizer_config.json's `add_bos_token` decides when present (Llama tokenizers set it, and
+  transformers 4 applied it); otherwise tokenizer.json's post-processor does (as `tokenizers` does,
+  and transformers 5, which ignores add_bos_token when a tokenizer.json exists; in real checkpoints
+  the two agree, and a disagreement is noted). GPT-2 adds none. The id is the one the
+  post-processor prepends, else the BOS id found like eos_id.
+- Ids outside the model's vocabulary are dropped (with a note). Every choice made that the files
+  did not state plainly is returned in `ImportedLM.notes` and recorded in "source".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from handformer.causal_lm import CausalLM
+from handformer.hf_weights import config_from_hf, convert_hf_state_dict
+from handformer.lm import SpecialTokens, save_lm_run
+from handformer.tokenizer import Tokenizer
+
+# model_type -> the Hugging Face class whose checkpoints `hf_weights` maps.
+ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
+
+
+@dataclass
+class ImportedLM:
+    """What `import_hf` wrote: enough for a one-line summary without loading the run again."""
+
+    run_dir: Path
+    model_type: str  # "gpt2" or "llama"
+    architecture: str  # the Hugging Face class name
+    n_parameters: int  # tied weights counted once
+    n_layers: int
+    vocab_size: int
+    tokens: SpecialTokens
+    notes: list[str] = field(default_factory=list)  # choices the checkpoint's files left open
+
+    def summary(self) -> str:
+        return (f"{self.architecture} ({self.model_type}): {self.n_parameters:,} parameters, "
+                f"{self.n_layers} layers, vocab {self.vocab_size:,} -> {self.run_dir}")
+
+
+def _read_json(path: Path, required: bool = False) -> dict[str, Any]:
+    if not path.is_file():
+        if required:
+            raise FileNotFoundError(f"{path.parent} has no {path.name}")
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _architecture(hf_config: dict[str, Any], path: Path) -> tuple[str, str]:
+    """(model_type, class name), refusing what `hf_weights` does not map."""
+    model_type = hf_config.get("model_type")
+    supported = ", ".join(f"{c} (model_type {t!r})" for t, c in ARCHITECTURES.items())
+    if model_type not in ARCHITECTURES:
+        raise ValueError(f"{path}: unsupported model_type {model_type!r}; handformer imports {supported}")
+    architectures = hf_config.get("architectures") or [ARCHITECTURES[model_type]]
+    if ARCHITECTURES[model_type] not in architectures:
+        raise ValueError(f"{path}: unsupported architectures {architectures}; for model_type "
+                         f"{model_type!r} handformer imports {ARCHITECTURES[model_type]}")
+    return model_type, ARCHITECTURES[model_type]
+
+
+# --- weights ---------------------------------------------------------------------------------------
+
+def _read_file(path: Path) -> dict[str, Tensor]:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as err:  # safetensors raises its own error types on malformed files
+        raise ValueError(f"{path} is not a readable safetensors file: {err}") from None
+
+
+def read_hf_weights(hf_dir: str | os.PathLike) -> tuple[dict[str, Tensor], str]:
+    """Every tensor of the checkpoint in `hf_dir` (single file or shards), and the files' names."""
+    hf_dir = Path(hf_dir)
+    if (hf_dir / SINGLE_FILE).is_file():
+        return _read_file(hf_dir / SINGLE_FILE), SINGLE_FILE
+    if not (hf_dir / INDEX_FILE).is_file():
+        pickles = sorted(p.name for p in hf_dir.glob("*.bin"))
+        found = (f"; found {', '.join(pickles)}, but handformer reads only safetensors, never pickle "
+                 "(re-save the model with save_pretrained(..., safe_serialization=True))") if pickles else ""
+        raise FileNotFoundError(f"{hf_dir} has no {SINGLE_FILE} or {INDEX_FILE}{found}")
+    weight_map = _read_json(hf_dir / INDEX_FILE).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{hf_dir / INDEX_FILE} has no 'weight_map' of tensor name -> shard file")
+    shards = sorted(set(weight_map.values()))
+    missing = [s for s in shards if not (hf_dir / s).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{hf_dir} lacks {len(missing)} of the {len(shards)} shard files "
+                                f"{INDEX_FILE} lists: {', '.join(missing)}")
+    state: dict[str, Tensor] = {}
+    for shard in shards:
+        tensors = _read_file(hf_dir / shard)
+        absent = [k for k, s in weight_map.items() if s == shard and k not in tensors]
+        twice = [k for k in tensors if k in state]
+        if absent or twice:
+            raise ValueError(f"{hf_dir / shard} does not match {INDEX_FILE}: "
+                             f"listed but absent: {', '.join(absent) or 'none'}; "
+                             f"also in another shard: {', '.join(twice) or 'none'}")
+        state.update(tensors)
+    return state, f"{len(shards)} shards ({INDEX_FILE})"
+
+
+# --- special tokens --------------------------------------------------------------------------------
+
+def _ids(value: Any) -> list[int]:
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def _token_content(value: Any) -> str | None:
+    """tokenizer_config.json writes a special token as a string or as {"content": ...}."""
+    value = value.get("content") if isinstance(value, dict) else value
+    return value if isinstance(value, str) else None
+
+
+def _find_ids(kind: str, files: list[tuple[str, dict[str, Any]]], tokenizer: Tokenizer,
+              vocab_size: int, notes: list[str]) -> tuple[list[int], str | None]:
+    """The ids of the `kind` ("bos", "eos", "pad") token and the first file that names one inside
+    the vocabulary; tokenizer_config.json names tokens by their text."""
+    for name, data in files:
+        if name == "tokenizer_config.json":
+            content = _token_content(data.get(f"{kind}_token"))
+            token_id = None if content is None else tokenizer.hf.token_to_id(content)
+            ids = [] if token_id is None else [token_id]
+        else:
+            ids = _ids(data.get(f"{kind}_token_id"))
+        outside = [i for i in ids if not 0 <= i < vocab_size]
+        if outside:
+            notes.append(f"{name} gives {kind} id(s) {outside} outside the vocabulary "
+                         f"(0..{vocab_size - 1}); ignored")
+        ids = [i for i in ids if i not in outside]
+        if ids:
+            return ids, name
+    return [], None
+
+
+def _prepended_id(tokenizer: Tokenizer) -> int | None:
+    """The id tokenizer.json's post-processor puts before a single sequence, if any."""
+    encoding = tokenizer.hf.encode("hello", add_special_tokens=True)
+    if encoding.ids and encoding.special_tokens_mask[0] == 1:
+        return encoding.ids[0]
+    return None
+
+
+def special_tokens(hf_dir: Path, hf_config: dict[str, Any], tokenizer: Tokenizer, vocab_size: int,
+                   notes: list[str]) -> tuple[SpecialTokens, list[int]]:
+    """The run's `SpecialTokens` and every EOS id the files list (see the module docstring)."""
+    tokenizer_config = _read_json(hf_dir / "tokenizer_config.json")
+    files = [("generation_config.json", _read_json(hf_dir / "generation_config.json")),
+             ("config.json", hf_config), ("tokenizer_config.json", tokenizer_config)]
+    found = {}
+    for kind in ("bos", "eos", "pad"):
+        ids, source = _find_ids(kind, files, tokenizer, vocab_size, notes)
+        if len(ids) > 1:
+            notes.append(f"{source} lists {kind} ids {ids}; handformer uses the first, {ids[0]}")
+        found[kind] = ids
+
+    prepended = _prepended_id(tokenizer)
+    add_bos = tokenizer_config.get("add_bos_token")
+    if isinstance(add_bos, bool):
+        if add_bos != (prepended is not None):
+            notes.append(f"tokenizer_config.json has add_bos_token={str(add_bos).lower()} but "
+                         f"tokenizer.json's post-processor {'adds no' if add_bos else 'adds a'} BOS; "
+                         "following tokenizer_config.json")
+    else:
+        add_bos = prepended is not None
+    bos_id = None
+    if add_bos:
+        bos_id = prepended if prepended is not None else next(iter(found["bos"]), None)
+        if bos_id is None:
+            notes.append("the tokenizer should add BOS, but no BOS id is known; prompts get none")
+        elif found["bos"] and bos_id != found["bos"][0]:
+            notes.append(f"the tokenizer prepends id {bos_id}, not the BOS id {found['bos'][0]} the "
+                         f"config files name; prompts start with {bos_id}")
+    tokens = SpecialTokens(bos_id=bos_id, eos_id=next(iter(found["eos"]), None),
+                           pad_id=next(iter(found["pad"]), None))
+    return tokens, found["eos"]
+
+
+# --- the import ------------------------------------------------------------------------------------
+
+def _check_paths(hf_dir: Path, run_dir: Path, overwrite: bool) -> None:
+    if not hf_dir.is_dir():
+        raise FileNotFoundError(f"no Hugging Face checkpoint directory at {hf_dir}")
+    if run_dir.resolve() == hf_dir.resolve():
+        raise ValueError(f"the run directory must differ from the checkpoint directory {hf_dir}")
+    if (run_dir / "config.json").exists() and not overwrite:
+        raise ValueError(f"{run_dir} already holds a run; choose another directory or overwrite it")
+
+
+def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: bool = False) -> ImportedLM:
+    """Convert the GPT-2 / Llama checkpoint in `hf_dir` into a run directory (see `handformer.lm`)."""
+    hf_dir, run_dir = Path(hf_dir), Path(run_dir)
+    _check_paths(hf_dir, run_dir, overwrite)
+    hf_config = _read_json(hf_dir / "config.json", required=True)
+    model_type, architecture = _architecture(hf_config, hf_dir / "config.json")
+    cfg = config_from_hf(hf_config)
+    tokenizer = Tokenizer.load(hf_dir / "tokenizer.json")  # checked before the (big) weights
+    notes: list[str] = []
+    if tokenizer.vocab_size > cfg.vocab_size:
+        notes.append(f"the tokenizer has {tokenizer.vocab_size} ids but the model only "
+                     f"{cfg.vocab_size}; ids from {cfg.vocab_size} on cannot be fed to the model")
+    tokens, eos_ids = special_tokens(hf_dir, hf_config, tokenizer, cfg.vocab_size, notes)
+
+    hf_state, weights = read_hf_weights(hf_dir)
+    state = convert_hf_state_dict(hf_state, cfg, model_type)
+    del hf_state  # the converted tensors keep what they share with it; GPT-2's transposed originals go
+    with torch.device("meta"):
+        model = CausalLM(cfg)  # no memory: the checkpoint's tensors become its parameters
+    model.load_state_dict(state, strict=True, assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embed.weight  # assign=True gave the head its own Parameter
+    source = {"hf_dir": str(hf_dir.resolve()), "model_type": model_type, "architecture": architecture,
+              "weights": weights, "eos_ids": eos_ids, "notes": notes}
+    save_lm_run(run_dir, model, tokenizer, tokens, source=source)
+    return ImportedLM(run_dir, model_type, architecture, model.num_parameters(), cfg.n_layers,
+                      cfg.vocab_size, tokens, notes)
+
+
+__all__ = ["ARCHITECTURES", "ImportedLM", "import_hf", "read_hf_weights", "special_tokens"]

@@ -1,0 +1,300 @@
+"""`handformer import-hf`: Hugging Face checkpoint directories -> language-model run directories.
+
+Tiny random GPT-2 and Llama models (GQA, tied and untied, single-file and sharded safetensors)
+are built from a config (no download) and saved with save_pretrained next to a small
+tokenizer.json. After the import, the run must give Hugging Face's logits to 1e-5 and the same
+greedy continuation token for token; broken directories must fail with an error naming the problem.
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers, processors
+
+transformers = pytest.importorskip("transformers")
+
+from handformer.cli import main  # noqa: E402
+from handformer.generate import generate  # noqa: E402
+from handformer.hf_import import import_hf, special_tokens  # noqa: E402
+from handformer.lm import SpecialTokens, load_lm  # noqa: E402
+from handformer.tokenizer import Tokenizer  # noqa: E402
+
+VOCAB = 101
+PROMPT_LEN, NEW_TOKENS = 10, 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _randomize(model):
+    """Hugging Face's init leaves norms at 1 and biases at 0, which would hide a swapped mapping."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and ("norm" in name or ".ln_" in name):
+                p.copy_(1 + 0.2 * torch.randn_like(p) if name.endswith("weight") else 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.3 * torch.randn_like(p))
+    return model.eval()
+
+
+def _tokenizer(tokens, bos=None):
+    """A whitespace WordLevel tokenizer over `tokens` (id = position); `bos` is prepended by its
+    post-processor, as Llama's tokenizer.json does."""
+    hf = HFTokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token=tokens[0]))
+    hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    hf.add_special_tokens([t for t in tokens if t.startswith("<")])
+    if bos is not None:
+        hf.post_processor = processors.TemplateProcessing(single=f"{bos} $A",
+                                                          special_tokens=[(bos, tokens.index(bos))])
+    return hf
+
+
+def _gpt2():
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                  bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def _llama(tied, eos):
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4,
+                                   num_key_value_heads=2, intermediate_size=96, num_hidden_layers=2,
+                                   max_position_embeddings=64, tie_word_embeddings=tied,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+                                   bos_token_id=1, eos_token_id=eos)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+LLAMA_TOKENS = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(3, VOCAB)]
+GPT2_TOKENS = [f"w{i}" for i in range(VOCAB - 1)] + ["<|endoftext|>"]
+
+# name -> (model builder, save_pretrained kwargs, tokenizer.json, tokenizer_config.json or None,
+#          the SpecialTokens the run must record)
+CASES = {
+    # GPT-2: no BOS in prompts although config.json has a bos_token_id; EOS is <|endoftext|>.
+    "gpt2": (_gpt2, {}, lambda: _tokenizer(GPT2_TOKENS), None,
+             SpecialTokens(bos_id=None, eos_id=VOCAB - 1, pad_id=None)),
+    # Llama 2 style: the tokenizer prepends <s> and tokenizer_config.json says add_bos_token.
+    "llama_untied": (lambda: _llama(tied=False, eos=2), {}, lambda: _tokenizer(LLAMA_TOKENS, bos="<s>"),
+                     {"add_bos_token": True, "bos_token": "<s>", "eos_token": "</s>"},
+                     SpecialTokens(bos_id=1, eos_id=2, pad_id=None)),
+    # Sharded, tied, several EOS ids (like Llama 3), BOS only from tokenizer_config.json.
+    "llama_tied_sharded": (lambda: _llama(tied=True, eos=[2, 99]), {"max_shard_size": "40KB"},
+                           lambda: _tokenizer(LLAMA_TOKENS), {"add_bos_token": True},
+                           SpecialTokens(bos_id=1, eos_id=2, pad_id=None)),
+}
+
+
+def _save(name, path):
+    build, save_kwargs, tokenizer, tokenizer_config, _ = CASES[name]
+    torch.manual_seed(sorted(CASES).index(name))
+    model = _randomize(build())
+    model.save_pretrained(path, safe_serialization=True, **save_kwargs)
+    tokenizer().save(str(path / "tokenizer.json"))
+    if tokenizer_config is not None:
+        (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    model.generation_config.eos_token_id = None  # HF's generate must not stop early (saved above)
+    return model
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    return {name: (root / name, _save(name, root / name)) for name in CASES}
+
+
+def _hf_greedy(model, ids):
+    out = model.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=0)
+    assert out.size(1) == ids.size(1) + NEW_TOKENS
+    return out[0, ids.size(1):].tolist()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@torch.no_grad()
+def test_import_matches_hugging_face(name, checkpoints, tmp_path, capsys):
+    hf_dir, hf_model = checkpoints[name]
+    run_dir = tmp_path / "run"
+    assert main(["import-hf", str(hf_dir), str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    arch = "GPT2LMHeadModel" if name == "gpt2" else "LlamaForCausalLM"
+    n_params = sum(p.numel() for p in hf_model.parameters())
+    assert f"imported {arch} ({hf_model.config.model_type}): {n_params:,} parameters, 2 layers, vocab {VOCAB}" in out
+    assert f"handformer generate {run_dir} --prompt" in out
+
+    run = load_lm(run_dir)
+    assert run.tokens == CASES[name][4]
+    assert run.config["source"]["model_type"] == hf_model.config.model_type
+    assert run.config["source"]["hf_dir"] == str(hf_dir.resolve())
+    assert run.model.num_parameters() == n_params
+    assert run.tokenizer.encode("w5 w17 w5") == [5, 17, 5]
+
+    ids = torch.randint(3, VOCAB - 1, (3, PROMPT_LEN), generator=torch.Generator().manual_seed(1))
+    expected = hf_model(ids).logits
+    assert expected.std() > 0.5  # far from trivial, so 1e-5 agreement means something
+    torch.testing.assert_close(run.model(ids).logits, expected, atol=1e-5, rtol=1e-5)
+    for row in ids:
+        prompt = ([run.tokens.bos_id] if run.tokens.bos_id is not None else []) + row.tolist()
+        hf_tokens = _hf_greedy(hf_model, torch.tensor([prompt]))
+        assert generate(run.model, [prompt], NEW_TOKENS, temperature=0) == [hf_tokens]
+
+
+@torch.no_grad()
+def test_generate_command_on_an_imported_run(checkpoints, tmp_path, capsys):
+    """`handformer generate` prepends BOS for the Llama run and continues as Hugging Face does."""
+    hf_dir, hf_model = checkpoints["llama_untied"]
+    assert main(["import-hf", str(hf_dir), str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "w5 w6 w7", "--temperature", "0",
+                 "--max-new-tokens", str(NEW_TOKENS)]) == 0
+    expected = _hf_greedy(hf_model, torch.tensor([[1, 5, 6, 7]]))  # 1 = <s>
+    assert capsys.readouterr().out.strip() == "w5 w6 w7 " + " ".join(f"w{i}" for i in expected)
+
+
+def test_special_tokens_follow_the_files(checkpoints, tmp_path):
+    """BOS is prepended exactly when the Hugging Face tokenizer would (tokenizer.json alone here);
+    several EOS ids: the first is used and all are recorded."""
+    for name in ("gpt2", "llama_untied"):
+        hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(checkpoints[name][0] / "tokenizer.json"))
+        first = hf_tok("w5 w6").input_ids[0]
+        assert CASES[name][4].bos_id == (first if first != 5 else None)
+    result = import_hf(checkpoints["llama_tied_sharded"][0], tmp_path / "run")
+    assert result.notes[0] == "generation_config.json lists eos ids [2, 99]; handformer uses the first, 2"
+    assert load_lm(tmp_path / "run").config["source"]["eos_ids"] == [2, 99]
+
+
+def test_special_token_sources_and_precedence(tmp_path):
+    tokenizer = Tokenizer(_tokenizer(LLAMA_TOKENS))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "</s>", "pad_token": {"content": "<unk>"}, "bos_token": "<s>", "add_bos_token": True}))
+    notes = []
+    tokens, eos = special_tokens(tmp_path, {"eos_token_id": 2, "bos_token_id": 500}, tokenizer, VOCAB, notes)
+    # generation_config.json beats config.json; an id outside the vocabulary is dropped, so BOS and
+    # PAD come from the token strings of tokenizer_config.json.
+    assert tokens == SpecialTokens(bos_id=1, eos_id=7, pad_id=0) and eos == [7]
+    assert notes == ["config.json gives bos id(s) [500] outside the vocabulary (0..100); ignored",
+                     "tokenizer_config.json has add_bos_token=true but tokenizer.json's post-processor "
+                     "adds no BOS; following tokenizer_config.json"]
+
+
+def test_weights_keep_their_dtype(tmp_path):
+    torch.manual_seed(0)
+    model = _randomize(_gpt2()).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    _tokenizer(GPT2_TOKENS).save(str(tmp_path / "hf" / "tokenizer.json"))
+    import_hf(tmp_path / "hf", tmp_path / "run")
+    saved = load_file(tmp_path / "run" / "model.safetensors")
+    assert {t.dtype for t in saved.values()} == {torch.bfloat16}
+    assert torch.equal(saved["embed.weight"], model.transformer.wte.weight)
+    assert "lm_head.weight" not in saved  # tied: stored once
+    run = load_lm(tmp_path / "run")
+    assert run.model.embed.weight.dtype == torch.float32 and run.model.lm_head.weight is run.model.embed.weight
+
+
+def test_views_of_one_storage_are_all_saved():
+    """The import's parameters may be views of one fused tensor (GPT-2's c_attn split in q, k, v):
+    they share a storage but are not tied, so each must be saved."""
+    from handformer.checkpoint import unique_state_dict
+
+    fused, module = torch.randn(6, 4), torch.nn.Module()
+    module.q, module.k = torch.nn.Parameter(fused[:3]), torch.nn.Parameter(fused[3:])
+    module.tied = module.q
+    saved = unique_state_dict(module)
+    assert list(saved) == ["q", "k"] and torch.equal(saved["k"], fused[3:])
+
+
+# --- broken checkpoint directories ----------------------------------------------------------------
+
+@pytest.fixture
+def broken(checkpoints, tmp_path):
+    """A copy of a checkpoint to break, and a function running the import on it: it must fail with
+    exit code 2, write no run, and say `message` on stderr."""
+    def copy(name):
+        return shutil.copytree(checkpoints[name][0], tmp_path / name)
+
+    def fails(hf_dir, message, capsys):
+        run_dir = tmp_path / "run"
+        assert main(["import-hf", str(hf_dir), str(run_dir)]) == 2
+        assert message in capsys.readouterr().err
+        assert not run_dir.exists()
+    return copy, fails
+
+
+def _edit_json(path, **changes):
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def _edit_weights(path, change):
+    tensors = load_file(path)
+    change(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def test_missing_directory_and_files(broken, tmp_path, capsys):
+    copy, fails = broken
+    fails(tmp_path / "nowhere", f"no Hugging Face checkpoint directory at {tmp_path / 'nowhere'}", capsys)
+    for missing, message in [("config.json", "has no config.json"),
+                             ("tokenizer.json", "no tokenizer at"),
+                             ("model.safetensors", "has no model.safetensors or model.safetensors.index.json")]:
+        hf_dir = copy("gpt2")
+        (hf_dir / missing).unlink()
+        fails(hf_dir, message, capsys)
+        if missing == "model.safetensors":
+            (hf_dir / "pytorch_model.bin").write_bytes(b"")
+            fails(hf_dir, "found pytorch_model.bin, but handformer reads only safetensors", capsys)
+        shutil.rmtree(hf_dir)
+
+
+def test_unknown_architecture(broken, capsys):
+    copy, fails = broken
+    hf_dir = copy("gpt2")
+    _edit_json(hf_dir / "config.json", model_type="bert")
+    fails(hf_dir, "unsupported model_type 'bert'; handformer imports GPT2LMHeadModel (model_type 'gpt2'), "
+          "LlamaForCausalLM (model_type 'llama')", capsys)
+    _edit_json(hf_dir / "config.json", model_type="gpt2", architectures=["GPT2ForSequenceClassification"])
+    fails(hf_dir, "unsupported architectures ['GPT2ForSequenceClassification']", capsys)
+
+
+def test_unexpected_and_wrong_shaped_tensors(broken, capsys):
+    copy, fails = broken
+    hf_dir = copy("gpt2")
+    _edit_weights(hf_dir / "model.safetensors",
+                  lambda t: t.update({"transformer.h.0.attn.extra": torch.zeros(3)}))
+    fails(hf_dir, "unexpected keys (1): transformer.h.0.attn.extra", capsys)
+    _edit_weights(hf_dir / "model.safetensors", lambda t: t.update(
+        {"transformer.h.0.attn.extra": torch.zeros(3), "transformer.wpe.weight": torch.zeros(32, 64)}))
+    fails(hf_dir, "shape mismatches (1): transformer.wpe.weight: checkpoint (32, 64), expected (64, 64)", capsys)
+
+
+def test_broken_shards(broken, capsys):
+    copy, fails = broken
+    hf_dir = copy("llama_tied_sharded")
+    index = json.loads((hf_dir / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    shard = index["weight_map"]["model.norm.weight"]
+    _edit_weights(hf_dir / shard, lambda t: t.pop("model.norm.weight"))
+    fails(hf_dir, f"{shard} does not match model.safetensors.index.json: listed but absent: "
+          "model.norm.weight", capsys)
+    (hf_dir / shards[0]).unlink()
+    fails(hf_dir, f"lacks 1 of the {len(shards)} shard files model.safetensors.index.json lists: "
+          f"{shards[0]}", capsys)
+
+
+def test_existing_run_is_kept_unless_overwrite(checkpoints, tmp_path, capsys):
+    hf_dir = checkpoints["gpt2"][0]
+    run_dir = tmp_path / "run"
+    assert main(["import-hf", str(hf_dir), str(run_dir)]) == 0
+    assert main(["import-hf", str(hf_dir), str(run_dir)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(["import-hf", str(hf_dir), str(run_dir), "--overwrite"]) == 0
+    assert main(["import-hf", str(hf_dir), str(hf_dir), "--overwrite"]) == 2
+    assert "must differ from the checkpoint directory" in capsys.readouterr().err
