@@ -20,8 +20,13 @@ from torch import Tensor, nn
 from handformer.io import atomic_write_bytes
 
 
-def unique_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """The model's state dict with each shared tensor (tied embeddings) kept under its first name."""
+def unique_state_dict(model: nn.Module, full_state: dict[str, Tensor] | None = None,
+                      ) -> dict[str, Tensor]:
+    """The model's state dict with each shared tensor (tied embeddings) kept under its first name.
+    `full_state`: weights gathered from a sharded (FSDP) model, to store under the names that
+    `model.state_dict()` would keep."""
+    if full_state is not None:
+        return {k: full_state[k].detach().cpu().contiguous() for k in _unique_names(model)}
     seen: set[object] = set()
     out = {}
     for name, tensor in model.state_dict().items():
@@ -33,6 +38,17 @@ def unique_state_dict(model: nn.Module) -> dict[str, Tensor]:
         seen.add(key)
         out[name] = tensor.detach().cpu().contiguous()
     return out
+
+
+def _unique_names(model: nn.Module) -> list[str]:
+    """The state-dict names that remain after dropping tied copies (parameters shared by object)."""
+    seen: set[int] = set()
+    names = []
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            names.append(name)
+    return names
 
 
 def load_into(model: nn.Module, tensors: dict[str, Tensor], source: str) -> None:
@@ -52,8 +68,9 @@ def load_into(model: nn.Module, tensors: dict[str, Tensor], source: str) -> None
                          f"unexpected {result.unexpected_keys or 'none'}")
 
 
-def save_weights(model: nn.Module, path: str | os.PathLike) -> None:
-    atomic_write_bytes(path, st_save(unique_state_dict(model)))
+def save_weights(model: nn.Module, path: str | os.PathLike,
+                 full_state: dict[str, Tensor] | None = None) -> None:
+    atomic_write_bytes(path, st_save(unique_state_dict(model, full_state)))
 
 
 def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, str]]:
@@ -70,10 +87,12 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
 
 
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    state: dict[str, Any]) -> None:
-    """Weights + optimizer + RNG + loop state (`state`, JSON-serializable) in one atomic file."""
-    tensors = {f"model/{k}": v for k, v in unique_state_dict(model).items()}
-    opt = optimizer.state_dict()
+                    state: dict[str, Any], full_state: dict[str, Tensor] | None = None,
+                    full_optimizer_state: dict | None = None) -> None:
+    """Weights + optimizer + RNG + loop state (`state`, JSON-serializable) in one atomic file.
+    The full_* arguments carry what a sharded (FSDP) model gathered on this rank."""
+    tensors = {f"model/{k}": v for k, v in unique_state_dict(model, full_state).items()}
+    opt = full_optimizer_state if full_optimizer_state is not None else optimizer.state_dict()
     for idx, param_state in opt["state"].items():
         for key, value in param_state.items():
             value = value if isinstance(value, Tensor) else torch.tensor(value)

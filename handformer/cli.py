@@ -118,7 +118,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         _, result = run_train_lm(LMJob.from_dict(job_dict), run_dir, resume=bool(args.resume))
     else:
         raise SystemExit(f"error: unknown task {task!r} in the config; use translation or lm")
+    from handformer.distributed import env_rank
     from handformer.plots import plot_loss_curve
+
+    if env_rank() != 0:  # under torchrun, rank 0 alone writes the plot and reports
+        return 0
 
     curve = plot_loss_curve(run_dir)
     best = "n/a" if result.best_val_loss is None else f"{result.best_val_loss:.4f}"

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from handformer import distributed
 from handformer.causal_lm import CausalLM
 from handformer.checkpoint import load_weights, save_weights
 from handformer.config import CausalLMConfig, dataclass_from_dict
@@ -215,6 +216,8 @@ def run_train_lm(job: LMJob, run_dir: str | os.PathLike, resume: bool = False,
                  log=print) -> tuple[CausalLM, TrainResult]:
     """Train (or resume) a language model on `job.data` in `run_dir` with the shared loop."""
     run_dir = Path(run_dir)
+    main = distributed.env_rank() == 0  # under torchrun, rank 0 alone logs and writes files
+    log = log if main else distributed.quiet
     data = job.data
     text = load_text(data.path)
     train_text, val_text = split_text(text, data.val_fraction)
@@ -227,7 +230,7 @@ def run_train_lm(job: LMJob, run_dir: str | os.PathLike, resume: bool = False,
         tokenizer = Tokenizer.train(data.tokenizer, [train_text], data.vocab_size)
     model_cfg = job.model_config(tokenizer.vocab_size)
     windows, val_batches = encode_splits(tokenizer, train_text, val_text, data, job.train.seed, log)
-    if not resume:  # written once the data is known to be usable
+    if not resume and main:  # written once the data is known to be usable
         run_dir.mkdir(parents=True, exist_ok=True)
         tokenizer.save(run_dir / "tokenizer.json")
         write_lm_run_config(run_dir, model_cfg, train_tokens(tokenizer), train=asdict(job.train),
@@ -238,5 +241,7 @@ def run_train_lm(job: LMJob, run_dir: str | os.PathLike, resume: bool = False,
     log(f"model: {model.num_parameters():,} parameters; training {job.train.steps} steps on "
         f"{pick_device(job.train.device)}")
     result = train(model, job.train, windows, val_batches, lm_loss, run_dir, resume=resume)
+    if distributed.is_sharded(model):  # FSDP left shards: the best weights go into a plain model
+        model = CausalLM(model_cfg)
     load_weights(model, run_dir / "model.safetensors")  # the best weights
     return model, result

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
+from handformer import distributed
 from handformer.checkpoint import load_checkpoint, save_checkpoint, save_weights
 from handformer.config import dataclass_from_dict
 from handformer.io import atomic_write_text
@@ -49,6 +50,8 @@ class TrainConfig:
     seed: int = 0  # fixes initialization, data order and dropout
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     progress: bool = True  # show a tqdm progress bar
+    parallel: str = "ddp"  # under torchrun: ddp (a replica per rank) | fsdp (FSDP2, sharded weights)
+    activation_checkpointing: bool = False  # recompute each block's activations in backward
 
     def __post_init__(self) -> None:
         def fail(name: str, fix: str) -> None:
@@ -71,6 +74,8 @@ class TrainConfig:
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
                 fail(name, "it must be in [0, 1)")
+        if self.parallel not in ("ddp", "fsdp"):
+            fail("parallel", "choose ddp or fsdp")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
@@ -128,16 +133,23 @@ def cpu_has_fast_bf16() -> bool:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: list, loss_fn: LossFn, device: torch.device,
-             bf16: bool = False) -> float:
-    """Mean cross-entropy per real token (no label smoothing) over `batches`."""
+             bf16: bool = False, ctx: distributed.DistContext | None = None) -> float:
+    """Mean cross-entropy per real token (no label smoothing) over `batches`. Under torchrun
+    (`ctx`) each rank scores batches rank, rank + W, ... and the sums are all-reduced, so every
+    batch counts exactly once."""
+    ctx = ctx or distributed.DistContext()
     was_training = model.training
     model.eval()
     total, tokens = 0.0, 0
-    for batch in batches:
-        batch = batch.to(device)
+    mine = batches[ctx.rank::ctx.world]
+    for i in range(math.ceil(len(batches) / ctx.world)):
+        # A rank short of batches still runs a forward (discarded): FSDP's gathers need every rank.
+        batch = (mine[i] if i < len(mine) else batches[0]).to(device)
         with autocast(device, bf16):
-            total += float(loss_fn(model, batch, 0.0))
-        tokens += batch.n_tokens
+            loss = float(loss_fn(model, batch, 0.0))
+        if i < len(mine):
+            total, tokens = total + loss, tokens + batch.n_tokens
+    total, tokens = distributed.all_sum(ctx, total, tokens, device=device)
     model.train(was_training)
     return total / max(tokens, 1)
 
@@ -180,30 +192,64 @@ def _batches(source: BatchSource, epoch: int, position: int) -> Iterator[tuple[i
         epoch, position = epoch + 1, 0
 
 
+def forward_backward(forward_model: nn.Module, micro: list, loss_fn: LossFn, device: torch.device,
+                     cfg: TrainConfig, ctx: distributed.DistContext | None = None,
+                     ) -> tuple[float, int]:
+    """Accumulate the gradient of one step: the summed loss of the micro-batches divided by their
+    real tokens. Returns (summed loss, real tokens), both over all ranks under torchrun."""
+    ctx = ctx or distributed.DistContext()
+    step_tokens = sum(b.n_tokens for b in micro)
+    # Under torchrun: the tokens of every rank's micro-batches; DDP averages gradients over ranks,
+    # so scale by the world size to get the gradient of the global batch's mean loss.
+    step_tokens = int(distributed.all_sum(ctx, step_tokens, device=device)[0])
+    step_loss = 0.0
+    for i, batch in enumerate(micro):
+        batch = batch.to(device)
+        with distributed.grad_sync(forward_model, ctx, last=i == len(micro) - 1):
+            with autocast(device, cfg.bf16):
+                loss_sum = loss_fn(forward_model, batch, cfg.label_smoothing)
+            (loss_sum * ctx.world / step_tokens).backward()
+        step_loss += loss_sum.item()
+    (step_loss,) = distributed.all_sum(ctx, step_loss, device=device)
+    return step_loss, step_tokens
+
+
 def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batches: list | None,
           loss_fn: LossFn, run_dir: str | os.PathLike, resume: bool = False,
           on_eval: Callable[[int, float], None] | None = None) -> TrainResult:
     """Train `model` in place. Writes metrics.jsonl, checkpoint.safetensors (resumable) and
-    model.safetensors (the best weights by validation loss, or the last without validation)."""
+    model.safetensors (the best weights by validation loss, or the last without validation).
+    Under torchrun every rank calls this; rank 0 alone logs and writes files (distributed.py)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    device = pick_device(cfg.device)
+    ctx, device_name = distributed.setup(cfg.device, cfg.parallel)
+    device = pick_device(device_name)
     if cfg.bf16 and device.type == "cpu" and not cpu_has_fast_bf16():
         warnings.warn("bf16 autocast on a CPU without AMX or AVX512-BF16 is very slow (bf16 matmuls "
                       "fall back to generic code); set train.bf16=false on this machine", stacklevel=2)
     model.to(device)
+    if cfg.activation_checkpointing:
+        distributed.enable_activation_checkpointing(model)
     optimizer = make_optimizer(model, cfg, device)
     ckpt_path = run_dir / "checkpoint.safetensors"
 
     state = {"step": 0, "epoch": 0, "position": 0, "best_val_loss": None, "elapsed_s": 0.0}
     if resume:
         state = load_checkpoint(ckpt_path, model, optimizer)
-    metrics = MetricsLog(run_dir / "metrics.jsonl", state["step"] if resume else None)
-    forward_model = torch.compile(model) if cfg.compile else model
+    forward_model = distributed.wrap(model, ctx, device)
+    if ctx.enabled and ctx.parallel == "fsdp":  # the weights are sharded now: a new optimizer
+        loaded, optimizer = optimizer.state_dict(), make_optimizer(model, cfg, device)
+        if resume:
+            distributed.load_full_optimizer_state(model, optimizer, loaded, ctx)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", state["step"] if resume else None) \
+        if ctx.is_main else None
+    forward_model = torch.compile(forward_model) if cfg.compile else forward_model
+    train_data = distributed.shard_source(train_data, ctx)
 
     step = state["step"]
-    stream = _batches(train_data, state["epoch"], state["position"])
-    epoch, position = state["epoch"], state["position"]
+    # Checkpoints count batches of the global list, so a run resumes under another world size.
+    epoch, position = state["epoch"], distributed.local_position(ctx, state["position"])
+    stream = _batches(train_data, epoch, position)
     best, last_val = state["best_val_loss"], None
     elapsed_before = state["elapsed_s"]
     start = time.perf_counter()
@@ -212,7 +258,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
     window_start = start
 
     bar = None
-    if cfg.progress:
+    if cfg.progress and ctx.is_main:
         from tqdm.auto import tqdm
         bar = tqdm(total=cfg.steps, initial=step, dynamic_ncols=True, unit="step")
 
@@ -224,16 +270,9 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
             epoch, position, batch = next(stream)
             micro.append(batch)
         position += 1  # the next batch to read after this step
-        step_tokens = sum(b.n_tokens for b in micro)
 
         # 2. Forward and backward.
-        step_loss = 0.0
-        for batch in micro:
-            batch = batch.to(device)
-            with autocast(device, cfg.bf16):
-                loss_sum = loss_fn(forward_model, batch, cfg.label_smoothing)
-            (loss_sum / step_tokens).backward()
-            step_loss += loss_sum.item()
+        step_loss, step_tokens = forward_backward(forward_model, micro, loss_fn, device, cfg, ctx)
 
         # 3. Clip, set the learning rate, update.
         if cfg.clip_grad > 0:
@@ -267,28 +306,41 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
         evaluating = val_batches is not None and (step % cfg.eval_every == 0 or step == cfg.steps)
         if evaluating:
             eval_set = val_batches[: cfg.eval_batches] if cfg.eval_batches else val_batches
-            last_val = evaluate(model, eval_set, loss_fn, device, cfg.bf16)
+            last_val = evaluate(model, eval_set, loss_fn, device, cfg.bf16, ctx)
             record = record or {"step": step, "elapsed_s": round(elapsed_before + now - start, 3),
                                 "lr": lr}
             record["val_loss"] = last_val
             if best is None or last_val < best:
                 best = last_val
-                save_weights(model, run_dir / "model.safetensors")
+                _save_weights(model, run_dir / "model.safetensors", ctx)
             if on_eval is not None:
                 on_eval(step, last_val)
             if bar is not None:
                 bar.write(f"step {step}: val_loss {last_val:.4f} (best {best:.4f})")
-        if record is not None:
+        if record is not None and metrics is not None:
             metrics.write(record)
         every = cfg.checkpoint_every or cfg.eval_every
         if step % every == 0 or step == cfg.steps:
             elapsed = elapsed_before + time.perf_counter() - start
-            save_checkpoint(ckpt_path, model, optimizer,
-                            {"step": step, "epoch": epoch, "position": position, "best_val_loss": best,
-                             "elapsed_s": elapsed, "window_loss": window_loss,
-                             "window_tokens": window_tokens, "train_config": asdict(cfg)})
+            full_state = distributed.full_model_state(model, ctx)  # collectives: every rank
+            full_optim = distributed.full_optimizer_state(model, optimizer, ctx)
+            if ctx.is_main:
+                save_checkpoint(ckpt_path, model, optimizer,
+                                {"step": step, "epoch": epoch,
+                                 "position": distributed.global_position(ctx, position),
+                                 "best_val_loss": best, "elapsed_s": elapsed,
+                                 "window_loss": window_loss, "window_tokens": window_tokens,
+                                 "train_config": asdict(cfg)}, full_state, full_optim)
     if bar is not None:
         bar.close()
     if val_batches is None:
-        save_weights(model, run_dir / "model.safetensors")
+        _save_weights(model, run_dir / "model.safetensors", ctx)
+    distributed.teardown(ctx)
     return TrainResult(step, best, last_val, elapsed_before + time.perf_counter() - start)
+
+
+def _save_weights(model: nn.Module, path: Path, ctx: distributed.DistContext) -> None:
+    """Rank 0 writes the weights (FSDP first gathers them from every rank)."""
+    full_state = distributed.full_model_state(model, ctx)
+    if ctx.is_main:
+        save_weights(model, path, full_state)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from handformer import distributed
 from handformer.checkpoint import load_weights
 from handformer.config import Seq2SeqConfig, dataclass_from_dict
 from handformer.data.batching import Seq2SeqBatch, Seq2SeqData, encode_pairs
@@ -128,13 +129,16 @@ def seq2seq_loss(model: torch.nn.Module, batch: Seq2SeqBatch, label_smoothing: f
 
 
 def model_pad_id(model: torch.nn.Module) -> int:
-    return getattr(model, "_orig_mod", model).cfg.pad_id
+    model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper
+    return getattr(model, "module", model).cfg.pad_id  # DistributedDataParallel's wrapper
 
 
 def run_train(job: TranslationJob, run_dir: str | os.PathLike, resume: bool = False,
               log=print) -> tuple[Seq2SeqTransformer, TrainResult]:
     """Train (or resume) a translation run in `run_dir`."""
     run_dir = Path(run_dir)
+    main = distributed.env_rank() == 0  # under torchrun, rank 0 alone logs and writes files
+    log = log if main else distributed.quiet
     train_pairs, val_pairs, _ = load_pairs(job.data)
     log(train_pairs.report())
     if val_pairs is not None:
@@ -146,7 +150,7 @@ def run_train(job: TranslationJob, run_dir: str | os.PathLike, resume: bool = Fa
     model_fields = {**job.model, "src_vocab_size": src_tok.vocab_size,
                     "tgt_vocab_size": tgt_tok.vocab_size, "pad_id": src_tok.pad_id}
     model_cfg = Seq2SeqConfig.from_dict(model_fields)  # names unknown fields (ValueError)
-    if not resume:
+    if not resume and main:
         run_dir.mkdir(parents=True, exist_ok=True)
         src_tok.save(run_dir / "tokenizer.json")
         if tgt_tok is not src_tok:
@@ -169,6 +173,8 @@ def run_train(job: TranslationJob, run_dir: str | os.PathLike, resume: bool = Fa
     log(f"model: {model.num_parameters():,} parameters; training {job.train.steps} steps on "
         f"{pick_device(job.train.device)}")
     result = train(model, job.train, train_data, val_batches, seq2seq_loss, run_dir, resume=resume)
+    if distributed.is_sharded(model):  # FSDP left shards: the best weights go into a plain model
+        model = Seq2SeqTransformer(model_cfg)
     load_weights(model, run_dir / "model.safetensors")  # the best weights
     return model, result
 

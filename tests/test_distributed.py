@@ -1,0 +1,214 @@
+"""Distributed training on CPU with gloo and 2 processes (torch.multiprocessing.spawn): the global
+batch's gradient does not depend on how it is split over ranks and micro-steps, a 2-process run
+follows the single-process loss curve, checkpoints from DDP and FSDP2 runs load into a plain model,
+and the data shards are disjoint. The torchrun CLI runs of the tiny configs are marked slow."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from handformer import distributed
+from handformer.causal_lm import CausalLM
+from handformer.checkpoint import load_checkpoint, load_weights, read_safetensors
+from handformer.config import CausalLMConfig
+from handformer.data.text import LMBatch, LMWindows, validation_batches
+from handformer.lm import lm_loss
+from handformer.train import TrainConfig, forward_backward, make_optimizer, train
+
+ROOT = Path(__file__).resolve().parents[1]
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(fn, *args) -> None:
+    mp.spawn(fn, args=(_free_port(), *args), nprocs=WORLD, join=True)
+
+
+def _join(rank: int, port: int) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+
+
+def _model() -> CausalLM:
+    torch.manual_seed(0)
+    return CausalLM(CausalLMConfig.from_dict({
+        **CausalLMConfig.gpt2_style().to_dict(), "vocab_size": 23, "d_model": 16, "n_heads": 2,
+        "d_ff": 32, "n_layers": 2, "max_positions": 8, "dropout": 0.0}))
+
+
+def _global_batch() -> LMBatch:
+    g = torch.Generator().manual_seed(1)
+    chunk = torch.randint(0, 23, (8, 9), generator=g)  # 8 windows of T = 8, plus the next token
+    return LMBatch(chunk[:, :-1], chunk[:, 1:], chunk[:, 1:].numel())
+
+
+def _split(batch: LMBatch, size: int) -> list[LMBatch]:
+    return [LMBatch(batch.x[i:i + size], batch.y[i:i + size], batch.y[i:i + size].numel())
+            for i in range(0, len(batch.x), size)]
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+# --- gradients --------------------------------------------------------------------------------
+
+def _grad_worker(rank: int, port: int, out: str) -> None:
+    _join(rank, port)
+    ctx = distributed.DistContext(rank, WORLD)
+    cfg = TrainConfig(label_smoothing=0.0)
+    results = {}
+    for per_rank, accumulation in ((4, 1), (2, 2)):
+        model = _model()
+        ddp = distributed.wrap(model, ctx, torch.device("cpu"))
+        # The loop's sharding: rank r takes batches r, r + W, ... of the global list.
+        micro = list(distributed.Shard(_split(_global_batch(), per_rank), rank, WORLD))
+        assert len(micro) == accumulation
+        loss, tokens = forward_backward(ddp, micro, lm_loss, torch.device("cpu"), cfg, ctx)
+        results[f"{per_rank}x{accumulation}"] = (loss, tokens, _grads(model))
+    if rank == 0:
+        torch.save(results, out)
+    dist.destroy_process_group()
+
+
+def test_gradients_do_not_depend_on_the_split_over_ranks_and_micro_steps(tmp_path):
+    model = _model()
+    batch = _global_batch()
+    loss, tokens = forward_backward(model, [batch], lm_loss, torch.device("cpu"),
+                                    TrainConfig(label_smoothing=0.0))
+    expected = _grads(model)
+    _spawn(_grad_worker, str(tmp_path / "grads.pt"))
+    for name, (d_loss, d_tokens, grads) in torch.load(tmp_path / "grads.pt").items():
+        assert d_tokens == tokens == 64, name
+        assert d_loss == pytest.approx(loss, rel=1e-6), name
+        for key, g in expected.items():
+            torch.testing.assert_close(grads[key], g, atol=1e-6, rtol=1e-5, msg=f"{name} {key}")
+
+
+# --- training runs ----------------------------------------------------------------------------
+
+def _data(batch_size: int):
+    torch.manual_seed(0)
+    ids = torch.randint(0, 23, (2000,))
+    return (LMWindows(ids[:1800], 8, batch_size, 100, seed=0),
+            validation_batches(ids[1800:], 8, 4))  # 24 chunks: 6 batches of 4
+
+
+def _cfg(**kw) -> TrainConfig:
+    return TrainConfig(**{"steps": 6, "lr": 3e-3, "schedule": "cosine", "warmup": 2,
+                          "label_smoothing": 0.0, "eval_every": 3, "log_every": 1, "progress": False,
+                          "clip_grad": 1.0, **kw})
+
+
+def _train_worker(rank: int, port: int, run_dir: str, parallel: str) -> None:
+    _join(rank, port)
+    windows, val = _data(batch_size=4)
+    train(_model(), _cfg(parallel=parallel, activation_checkpointing=parallel == "fsdp"),
+          windows, val, lm_loss, run_dir)
+    dist.destroy_process_group()
+
+
+def _curve(run_dir: Path) -> list[tuple[float, float | None]]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["train_loss"], r.get("val_loss")) for r in lines]
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory) -> Path:
+    """The reference: one process, batches of 4 windows, accumulation 2 (a global batch of 8)."""
+    run_dir = tmp_path_factory.mktemp("single")
+    windows, val = _data(batch_size=4)
+    train(_model(), _cfg(accumulation=2), windows, val, lm_loss, run_dir)
+    return run_dir
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_processes_follow_the_single_process_curve_and_write_plain_checkpoints(
+        parallel, single_run, tmp_path):
+    _spawn(_train_worker, str(tmp_path), parallel)
+    expected, got = _curve(single_run), _curve(tmp_path)
+    assert len(got) == len(expected) == 6
+    for (e_train, e_val), (g_train, g_val) in zip(expected, got):
+        assert g_train == pytest.approx(e_train, rel=1e-5)
+        assert (g_val is None) == (e_val is None)
+        if e_val is not None:
+            assert g_val == pytest.approx(e_val, rel=1e-5)
+
+    # Strict key matching into a plain model: no "module." or "_orig_mod." prefixes.
+    model = _model()
+    tensors, _ = read_safetensors(tmp_path / "model.safetensors")
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in tensors)
+    load_weights(model, tmp_path / "model.safetensors")
+    state = load_checkpoint(tmp_path / "checkpoint.safetensors", model,
+                            make_optimizer(model, _cfg(), torch.device("cpu")))
+    assert state["step"] == 6 and state["position"] == 6 * 2  # global batches read this epoch
+    reference = _model()
+    load_weights(reference, single_run / "model.safetensors")
+    for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values()):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+
+
+# --- sharding ---------------------------------------------------------------------------------
+
+def test_shards_are_disjoint_equal_and_cover_the_global_list():
+    batches = list(range(11))
+    shards = [list(distributed.Shard(batches, r, 3)) for r in range(3)]
+    assert shards == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]  # 9 of 11: every rank steps equally
+    assert distributed.Shard(batches, 1, 3)[1:3] == [4, 7]
+    ctx = distributed.DistContext(rank=0, world=4)
+    assert distributed.local_position(ctx, distributed.global_position(ctx, 5)) == 5
+    assert distributed.local_position(distributed.DistContext(world=3), 20) == 6
+
+
+def test_single_process_context_is_a_no_op(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    ctx, device = distributed.setup("auto", "ddp")
+    assert not ctx.enabled and ctx.is_main and device == "auto"
+    model = _model()
+    assert distributed.wrap(model, ctx, torch.device("cpu")) is model
+    assert distributed.full_model_state(model, ctx) is None
+
+
+def test_activation_checkpointing_keeps_gradients_and_names():
+    plain, ckpt = _model(), _model()
+    distributed.enable_activation_checkpointing(ckpt)
+    assert list(plain.state_dict()) == list(ckpt.state_dict())
+    batch = _global_batch()
+    for m in (plain, ckpt):
+        lm_loss(m, batch, 0.0).backward()
+    for (name, a), b in zip(_grads(plain).items(), _grads(ckpt).values()):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_parallel_must_be_ddp_or_fsdp():
+    with pytest.raises(ValueError, match="parallel"):
+        TrainConfig(parallel="zero3")
+
+
+# --- the CLI under torchrun -------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["tiny_lm", "tiny_seq2seq"])
+def test_torchrun_trains_the_tiny_configs(config, tmp_path):
+    out = tmp_path / config
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "handformer", "train", "--config", str(ROOT / "configs" / f"{config}.toml"),
+           "--out", str(out), "--set", "train.progress=false"]
+    subprocess.run(cmd, check=True, cwd=ROOT, timeout=300, capture_output=True)
+    assert (out / "model.safetensors").is_file() and (out / "checkpoint.safetensors").is_file()
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["train_loss"] < records[0]["train_loss"]
