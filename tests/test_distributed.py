@@ -18,10 +18,13 @@ import torch.multiprocessing as mp
 from handformer import distributed
 from handformer.causal_lm import CausalLM
 from handformer.checkpoint import load_checkpoint, load_weights, read_safetensors
-from handformer.config import CausalLMConfig
+from handformer.config import CausalLMConfig, Seq2SeqConfig
+from handformer.data.batching import collate
 from handformer.data.text import LMBatch, LMWindows, validation_batches
 from handformer.lm import lm_loss
+from handformer.seq2seq import Seq2SeqTransformer
 from handformer.train import TrainConfig, forward_backward, make_optimizer, train
+from handformer.translation import seq2seq_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
@@ -61,6 +64,24 @@ def _split(batch: LMBatch, size: int) -> list[LMBatch]:
             for i in range(0, len(batch.x), size)]
 
 
+def _seq2seq() -> Seq2SeqTransformer:
+    torch.manual_seed(0)
+    return Seq2SeqTransformer(Seq2SeqConfig(
+        src_vocab_size=19, tgt_vocab_size=19, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+        n_decoder_layers=1, dropout=0.0, max_positions=16))
+
+
+def _padded_batches() -> list:
+    """4 padded batches with different numbers of real target tokens (3 to 11 per row)."""
+    g = torch.Generator().manual_seed(2)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(3, 19, (n,), generator=g).tolist()
+    sizes = [(2, 3, 9), (3, 5, 4), (2, 8, 11), (1, 6, 6)]  # (rows, source length, max target length)
+    return [collate([ids(S) for _ in range(B)], [ids(1 + (i * 7) % T) for i in range(B)],
+                    pad_id=0, bos_id=1, eos_id=2) for B, S, T in sizes]
+
+
 def _grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -80,6 +101,12 @@ def _grad_worker(rank: int, port: int, out: str) -> None:
         assert len(micro) == accumulation
         loss, tokens = forward_backward(ddp, micro, lm_loss, torch.device("cpu"), cfg, ctx)
         results[f"{per_rank}x{accumulation}"] = (loss, tokens, _grads(model))
+    # Padded seq2seq batches whose real tokens differ between ranks: rank 0 gets 0 and 2.
+    model = _seq2seq()
+    ddp = distributed.wrap(model, ctx, torch.device("cpu"))
+    micro = list(distributed.Shard(_padded_batches(), rank, WORLD))
+    loss, tokens = forward_backward(ddp, micro, seq2seq_loss, torch.device("cpu"), cfg, ctx)
+    results["seq2seq"] = (loss, tokens, _grads(model))
     if rank == 0:
         torch.save(results, out)
     dist.destroy_process_group()
@@ -91,8 +118,17 @@ def test_gradients_do_not_depend_on_the_split_over_ranks_and_micro_steps(tmp_pat
     loss, tokens = forward_backward(model, [batch], lm_loss, torch.device("cpu"),
                                     TrainConfig(label_smoothing=0.0))
     expected = _grads(model)
+    model = _seq2seq()
+    s2s_loss, s2s_tokens = forward_backward(model, _padded_batches(), seq2seq_loss,
+                                            torch.device("cpu"), TrainConfig(label_smoothing=0.0))
+    s2s_expected = _grads(model)
     _spawn(_grad_worker, str(tmp_path / "grads.pt"))
-    for name, (d_loss, d_tokens, grads) in torch.load(tmp_path / "grads.pt").items():
+    results = torch.load(tmp_path / "grads.pt")
+    d_loss, d_tokens, grads = results.pop("seq2seq")
+    assert d_tokens == s2s_tokens and d_loss == pytest.approx(s2s_loss, rel=1e-6)
+    for key, g in s2s_expected.items():
+        torch.testing.assert_close(grads[key], g, atol=1e-6, rtol=1e-5, msg=f"seq2seq {key}")
+    for name, (d_loss, d_tokens, grads) in results.items():
         assert d_tokens == tokens == 64, name
         assert d_loss == pytest.approx(loss, rel=1e-6), name
         for key, g in expected.items():
@@ -160,6 +196,29 @@ def test_two_processes_follow_the_single_process_curve_and_write_plain_checkpoin
     load_weights(reference, single_run / "model.safetensors")
     for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values()):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def _resume_worker(rank: int, port: int, run_dir: str) -> None:
+    _join(rank, port)
+    windows, val = _data(batch_size=4)
+    train(_model(), _cfg(steps=3, schedule="constant"), windows, val, lm_loss, run_dir)
+    dist.destroy_process_group()
+
+
+def test_a_two_process_run_resumes_in_one_process_with_the_same_global_batch(tmp_path):
+    """Steps 1-3 on 2 ranks (4 windows each), steps 4-6 resumed in one process with accumulation
+    2: the curve of one uninterrupted single-process run, because the checkpoint counts global
+    batches."""
+    windows, val = _data(batch_size=4)
+    reference = tmp_path / "reference"
+    train(_model(), _cfg(schedule="constant", accumulation=2), windows, val, lm_loss, reference)
+    resumed = tmp_path / "resumed"
+    _spawn(_resume_worker, str(resumed))
+    train(_model(), _cfg(schedule="constant", accumulation=2), windows, val, lm_loss, resumed,
+          resume=True)
+    for (e_train, e_val), (g_train, g_val) in zip(_curve(reference), _curve(resumed), strict=True):
+        assert g_train == pytest.approx(e_train, rel=1e-5)
+        assert g_val == pytest.approx(e_val, rel=1e-5) if e_val is not None else g_val is None
 
 
 # --- sharding ---------------------------------------------------------------------------------
