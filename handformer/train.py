@@ -241,8 +241,9 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
         loaded, optimizer = optimizer.state_dict(), make_optimizer(model, cfg, device)
         if resume:
             distributed.load_full_optimizer_state(model, optimizer, loaded, ctx)
-    metrics = MetricsLog(run_dir / "metrics.jsonl", state["step"] if resume else None) \
-        if ctx.is_main else None
+    metrics = None  # rank 0 alone writes metrics.jsonl
+    if ctx.is_main:
+        metrics = MetricsLog(run_dir / "metrics.jsonl", state["step"] if resume else None)
     forward_model = torch.compile(forward_model) if cfg.compile else forward_model
     train_data = distributed.shard_source(train_data, ctx)
 
