@@ -7,6 +7,7 @@ model's median step time, their ratio (handformer / reference; target <= 1.0) an
 
     python benchmarks/seq2seq_vs_torch.py                   # Multi30k de-en batches if present
     python benchmarks/seq2seq_vs_torch.py --data dates      # the embedded task
+    python benchmarks/seq2seq_vs_torch.py --keep-cpu-memory # with the allocator setting of training
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from handformer import Seq2SeqConfig, Seq2SeqTransformer
+from handformer.cpu_memory import keep_freed_memory
 from handformer.data.batching import Seq2SeqData, encode_pairs
 from handformer.data.dates import date_pairs
 from handformer.data.parallel import read_pair
@@ -84,7 +86,11 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast for both")
+    parser.add_argument("--keep-cpu-memory", action="store_true",
+                        help="tune glibc malloc as `handformer train` does (cpu_memory.py), for both")
     args = parser.parse_args()
+    if args.keep_cpu_memory:
+        print(f"glibc malloc keeps freed memory: {keep_freed_memory()}")
 
     batches, vocab, pad = load_batches(args.data, args.max_tokens, args.steps)
     cfg = Seq2SeqConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=args.d_model, n_heads=8,

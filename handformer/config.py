@@ -149,6 +149,9 @@ class Seq2SeqConfig(BlockConfig):
                   "or set share_embeddings=False")
         if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
             _fail(name, "pad_id", self.pad_id, "it must be a valid id in both vocabularies")
+        if self.position == "rope":
+            _fail(name, "position", self.position, "the encoder-decoder model supports sinusoidal, "
+                  "learned or none (rotary positions are for CausalLM)")
 
 
 @dataclass

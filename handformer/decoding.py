@@ -9,8 +9,11 @@ Shape legend: B batch, K beam size, S source length, L generated length, V vocab
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -46,11 +49,27 @@ def _step_logprobs(model: Seq2SeqTransformer, ys: Tensor, memory: Tensor, src_ma
     return logp
 
 
+F = TypeVar("F", bound=Callable)
+
+
+def _in_eval_mode(fn: F) -> F:
+    """Run a decoding function with the model in eval mode (dropout off), then restore its flag."""
+    @functools.wraps(fn)
+    def wrapper(model: Seq2SeqTransformer, *args, **kwargs):
+        was_training = model.training
+        model.eval()
+        try:
+            return fn(model, *args, **kwargs)
+        finally:
+            model.train(was_training)
+    return wrapper  # type: ignore[return-value]
+
+
 @torch.no_grad()
+@_in_eval_mode
 def greedy_decode(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits,
                   use_cache: bool = True) -> Tensor:
     """(B, S) source ids -> (B, L) output ids (no BOS), EOS then only padding after it."""
-    model.eval()
     memory, src_mask, _ = model.encode(src)  # (B, S, D)
     B = src.size(0)
     max_lens = limits.max_lengths(src, model.cfg.max_positions)  # (B,)
@@ -71,6 +90,7 @@ def greedy_decode(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits,
 
 
 @torch.no_grad()
+@_in_eval_mode
 def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, beam_size: int = 4,
                 length_penalty: float = 0.6, use_cache: bool = True) -> list[list[int]]:
     """Batched beam search. Returns, per sentence, the best hypothesis (ids ending in EOS) under
@@ -83,7 +103,6 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
     stops when no live hypothesis can still beat its `beam_size` best finished ones (with
     log-probabilities <= 0 a live score s can at best reach s / max_length^length_penalty).
     """
-    model.eval()
     K = beam_size
     B = src.size(0)
     memory, src_mask, _ = model.encode(src)  # (B, S, D)

@@ -37,7 +37,7 @@ from handformer.data.text import (
 from handformer.io import atomic_write_text
 from handformer.losses import token_cross_entropy
 from handformer.tokenizer import Tokenizer
-from handformer.train import TrainConfig, TrainResult, pick_device, train
+from handformer.train import TrainConfig, TrainResult, train_new_model
 
 
 @dataclass
@@ -236,12 +236,5 @@ def run_train_lm(job: LMJob, run_dir: str | os.PathLike, resume: bool = False,
         write_lm_run_config(run_dir, model_cfg, train_tokens(tokenizer), train=asdict(job.train),
                             data=asdict(data))
 
-    torch.manual_seed(job.train.seed)
-    model = CausalLM(model_cfg)
-    log(f"model: {model.num_parameters():,} parameters; training {job.train.steps} steps on "
-        f"{pick_device(job.train.device)}")
-    result = train(model, job.train, windows, val_batches, lm_loss, run_dir, resume=resume)
-    if distributed.is_sharded(model):  # FSDP left shards: the best weights go into a plain model
-        model = CausalLM(model_cfg)
-    load_weights(model, run_dir / "model.safetensors")  # the best weights
-    return model, result
+    return train_new_model(lambda: CausalLM(model_cfg), job.train, windows, val_batches, lm_loss,
+                           run_dir, resume=resume, log=log)

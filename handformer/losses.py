@@ -14,7 +14,8 @@ from torch import Tensor
 
 def token_cross_entropy(logits: Tensor, targets: Tensor, pad_id: int | None,
                         label_smoothing: float = 0.0) -> Tensor:
-    """Sum over non-pad positions of CE between (B, T, V) logits and (B, T) targets.
+    """Sum over non-pad positions of CE between (..., V) logits and (...) targets, e.g.
+    (B, T, V) and (B, T), or (N, V) and (N,) when the caller already dropped the padding.
 
     With smoothing eps the target distribution is (1 - eps) on the right token plus eps spread
     uniformly over the vocabulary; pad targets contribute nothing (and get zero gradient).

@@ -86,9 +86,6 @@ class Seq2SeqTransformer(nn.Module):
         self.src_embed = TokenEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.scale_embeddings)
         self.tgt_embed = (self.src_embed if cfg.share_embeddings else
                           TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.scale_embeddings))
-        if cfg.position == "rope":
-            raise ValueError("Seq2SeqConfig.position='rope' is not supported for the encoder-decoder "
-                             "model; use sinusoidal, learned or none")
         self.positions = make_positions(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
         self.encoder = Encoder(cfg)
@@ -150,10 +147,23 @@ class Seq2SeqTransformer(nn.Module):
             cache.advance(T)
         return h, self_w, cross_w
 
-    def forward(self, src_ids: Tensor, tgt_ids: Tensor, need_weights: bool = False) -> Seq2SeqOutput:
-        """(B, S) source ids, (B, T) target ids (starting with BOS) -> logits (B, T, V)."""
+    def forward(self, src_ids: Tensor, tgt_ids: Tensor, need_weights: bool = False,
+                logits_at: Tensor | None = None) -> Seq2SeqOutput:
+        """(B, S) source ids, (B, T) target ids (starting with BOS) -> logits (B, T, V).
+
+        logits_at: optional (B, T) bool; logits are then computed only where it is True and
+        returned as (N, V), N = logits_at.sum(), in row-major order. Training passes the
+        positions whose target is not padding: the generator and the softmax over the
+        vocabulary skip the padded rows.
+        """
         memory, src_mask, enc_w = self.encode(src_ids, need_weights)
         h, self_w, cross_w = self.decode(tgt_ids, memory, src_mask, need_weights=need_weights)
+        if logits_at is not None:
+            if logits_at.shape != tgt_ids.shape or logits_at.dtype != torch.bool:
+                raise ValueError(f"logits_at must be a bool tensor shaped like tgt_ids "
+                                 f"{tuple(tgt_ids.shape)}, got {logits_at.dtype} "
+                                 f"{tuple(logits_at.shape)}")
+            h = h[logits_at]  # (B, T, D) -> (N, D)
         return Seq2SeqOutput(self.generator(h), enc_w, self_w, cross_w)
 
     def new_cache(self, max_length: int) -> KVCache:

@@ -22,8 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from handformer import distributed
-from handformer.checkpoint import load_checkpoint, save_checkpoint, save_weights
+from handformer.checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights
 from handformer.config import dataclass_from_dict
+from handformer.cpu_memory import keep_freed_memory
 from handformer.io import atomic_write_text
 from handformer.schedules import SCHEDULES, learning_rate
 
@@ -52,6 +53,7 @@ class TrainConfig:
     progress: bool = True  # show a tqdm progress bar
     parallel: str = "ddp"  # under torchrun: ddp (a replica per rank) | fsdp (FSDP2, sharded weights)
     activation_checkpointing: bool = False  # recompute each block's activations in backward
+    keep_cpu_memory: bool = True  # CPU: glibc keeps freed memory for reuse (cpu_memory.py)
 
     def __post_init__(self) -> None:
         def fail(name: str, fix: str) -> None:
@@ -227,6 +229,8 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
     if cfg.bf16 and device.type == "cpu" and not cpu_has_fast_bf16():
         warnings.warn("bf16 autocast on a CPU without AMX or AVX512-BF16 is very slow (bf16 matmuls "
                       "fall back to generic code); set train.bf16=false on this machine", stacklevel=2)
+    if cfg.keep_cpu_memory and device.type == "cpu":
+        keep_freed_memory()
     model.to(device)
     if cfg.activation_checkpointing:
         distributed.enable_activation_checkpointing(model)
@@ -338,6 +342,23 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
         _save_weights(model, run_dir / "model.safetensors", ctx)
     distributed.teardown(ctx)
     return TrainResult(step, best, last_val, elapsed_before + time.perf_counter() - start)
+
+
+def train_new_model(build: Callable[[], nn.Module], cfg: TrainConfig, train_data: BatchSource,
+                    val_batches: list | None, loss_fn: LossFn, run_dir: str | os.PathLike,
+                    resume: bool = False, log: Callable[[str], None] = print,
+                    ) -> tuple[nn.Module, TrainResult]:
+    """Seed, build a model with `build()`, `train` it (or resume), and return it holding the best
+    weights (model.safetensors). The tasks (translation.py, lm.py) call this after preparing data."""
+    torch.manual_seed(cfg.seed)
+    model = build()
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: {n_params:,} parameters; training {cfg.steps} steps on {pick_device(cfg.device)}")
+    result = train(model, cfg, train_data, val_batches, loss_fn, run_dir, resume=resume)
+    if distributed.is_sharded(model):  # FSDP left shards: the best weights go into a plain model
+        model = build()
+    load_weights(model, Path(run_dir) / "model.safetensors")
+    return model, result
 
 
 def _save_weights(model: nn.Module, path: Path, ctx: distributed.DistContext) -> None:

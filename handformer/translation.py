@@ -31,7 +31,7 @@ from handformer.io import atomic_write_text
 from handformer.losses import token_cross_entropy
 from handformer.seq2seq import Seq2SeqTransformer
 from handformer.tokenizer import Tokenizer
-from handformer.train import TrainConfig, TrainResult, pick_device, train
+from handformer.train import TrainConfig, TrainResult, train_new_model
 
 
 @dataclass
@@ -124,8 +124,10 @@ def build_tokenizers(cfg: TranslationDataConfig, pairs: list[tuple[str, str]]) -
 
 
 def seq2seq_loss(model: torch.nn.Module, batch: Seq2SeqBatch, label_smoothing: float) -> torch.Tensor:
-    logits = model(batch.src, batch.tgt_in).logits  # (B, T, V)
-    return token_cross_entropy(logits, batch.tgt_out, model_pad_id(model), label_smoothing)
+    pad_id = model_pad_id(model)
+    real = batch.tgt_out != pad_id  # (B, T): logits only where there is a target to score
+    logits = model(batch.src, batch.tgt_in, logits_at=real).logits  # (N, V)
+    return token_cross_entropy(logits, batch.tgt_out[real], pad_id, label_smoothing)
 
 
 def model_pad_id(model: torch.nn.Module) -> int:
@@ -168,15 +170,8 @@ def run_train(job: TranslationJob, run_dir: str | os.PathLike, resume: bool = Fa
         val_enc = encode_pairs(val_pairs.pairs, src_tok, tgt_tok, max_len)
         val_batches = Seq2SeqData(val_enc, job.data.max_tokens, *ids, shuffle=False).epoch(0)
 
-    torch.manual_seed(job.train.seed)
-    model = Seq2SeqTransformer(model_cfg)
-    log(f"model: {model.num_parameters():,} parameters; training {job.train.steps} steps on "
-        f"{pick_device(job.train.device)}")
-    result = train(model, job.train, train_data, val_batches, seq2seq_loss, run_dir, resume=resume)
-    if distributed.is_sharded(model):  # FSDP left shards: the best weights go into a plain model
-        model = Seq2SeqTransformer(model_cfg)
-    load_weights(model, run_dir / "model.safetensors")  # the best weights
-    return model, result
+    return train_new_model(lambda: Seq2SeqTransformer(model_cfg), job.train, train_data, val_batches,
+                           seq2seq_loss, run_dir, resume=resume, log=log)
 
 
 def save_run_config(run_dir: Path, model_cfg: Seq2SeqConfig, job: TranslationJob) -> None:

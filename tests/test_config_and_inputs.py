@@ -121,9 +121,9 @@ def test_presets_validate_their_overrides():
     assert llama.kv_heads == 2 and llama.head_dim == 4
 
 
-def test_seq2seq_model_refuses_rope_naming_the_field():
-    with pytest.raises(ValueError, match=r"position='rope'"):
-        Seq2SeqTransformer(Seq2SeqConfig(**SMALL, position="rope", src_vocab_size=10, tgt_vocab_size=10))
+def test_seq2seq_config_refuses_rope_naming_the_field():
+    with pytest.raises(ValueError, match=r"Seq2SeqConfig.position='rope' is invalid"):
+        Seq2SeqConfig(**SMALL, position="rope", src_vocab_size=10, tgt_vocab_size=10)
 
 
 def test_assigning_an_invalid_value_is_caught_by_validate():

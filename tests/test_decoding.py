@@ -286,3 +286,13 @@ def test_decoding_is_deterministic_with_dropout_in_the_model():
         torch.manual_seed(1)
         b = model(src, tgt).logits
     assert not torch.equal(a, b)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_decoding_restores_the_models_training_flag(training):
+    model = tiny_model(0, dropout=0.3).train(training)
+    src = random_sources(0, LENGTHS)
+    greedy_decode(model, src, LIMITS)
+    assert model.training is training
+    beam_search(model, src, LIMITS, beam_size=2)
+    assert model.training is training

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handformer import lm
+from handformer import train as train_module
 from handformer.checkpoint import read_safetensors
 from handformer.cli import main
 from handformer.data.text import (
@@ -275,7 +275,7 @@ def test_resume_after_a_crash_equals_a_straight_run(tmp_path, monkeypatch, capsy
             raise Crash
 
     with monkeypatch.context() as m:
-        m.setattr(lm, "train", functools.partial(lm.train, on_eval=crash))
+        m.setattr(train_module, "train", functools.partial(train_module.train, on_eval=crash))
         with pytest.raises(Crash):
             train_cli(crashed, *pairs)
     _, metadata = read_safetensors(crashed / "checkpoint.safetensors")

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from handformer import io as hf_io
+from handformer import train as train_module
 from handformer import translation
 from handformer.checkpoint import (
     load_checkpoint,
@@ -219,7 +220,7 @@ def test_resume_after_a_crash_reproduces_the_straight_run(tmp_path, monkeypatch,
             raise Crash
 
     with monkeypatch.context() as m:
-        m.setattr(translation, "train", functools.partial(translation.train, on_eval=crash))
+        m.setattr(train_module, "train", functools.partial(train_module.train, on_eval=crash))
         with pytest.raises(Crash):
             run_train(tiny_job(), crash_dir, **quiet)
     assert checkpoint_state(crash_dir)["step"] == 8
@@ -318,6 +319,61 @@ def test_evaluate_turns_dropout_off_and_restores_training_mode():
     torch.manual_seed(1)
     b = translation.seq2seq_loss(model, batches[0], 0.0)
     assert a != b  # dropout really is active in training mode, so the check above means something
+
+
+def test_the_training_loss_skips_padded_rows_and_equals_the_full_logits_loss():
+    """seq2seq_loss computes logits only where the target is real (logits_at); loss and
+    gradients must equal the plain loss over the full (B, T, V) logits."""
+    from handformer.data.batching import collate
+
+    batch = collate([[4, 5, 6, 2], [7, 2], [9, 8, 2]], [[5, 6], [8, 9, 10, 4], [3]], PAD, 1, 2)
+    assert (batch.tgt_out == PAD).any()  # the fixture really has padded rows
+    losses, grads = [], []
+    for fast in (True, False):
+        model = tiny_model(seed=3)
+        if fast:
+            loss = translation.seq2seq_loss(model, batch, 0.1)
+        else:
+            logits = model(batch.src, batch.tgt_in).logits  # (B, T, V)
+            loss = token_cross_entropy(logits, batch.tgt_out, PAD, 0.1)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    torch.testing.assert_close(losses[0], losses[1])
+    for name in grads[1]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
+
+
+def test_logits_at_selects_rows_of_the_full_logits_and_checks_its_mask():
+    model = tiny_model(seed=4).eval()
+    src = torch.tensor([[4, 5, 2, PAD], [6, 7, 8, 2]])
+    tgt = torch.tensor([[1, 5, 6], [1, 9, PAD]])
+    keep = torch.tensor([[True, False, True], [True, True, False]])
+    full = model(src, tgt).logits  # (B, T, V)
+    picked = model(src, tgt, logits_at=keep).logits  # (N, V)
+    assert picked.shape == (4, full.size(-1))
+    torch.testing.assert_close(picked, full[keep])
+    with pytest.raises(ValueError, match="logits_at must be a bool tensor shaped like tgt_ids"):
+        model(src, tgt, logits_at=keep.long())
+    with pytest.raises(ValueError, match=r"shaped like tgt_ids \(2, 3\)"):
+        model(src, tgt, logits_at=keep[:, :2])
+
+
+def test_keep_freed_memory_is_idempotent_and_the_loop_calls_it_only_when_asked(tmp_path, monkeypatch):
+    import ctypes.util
+
+    from handformer import cpu_memory
+
+    first = cpu_memory.keep_freed_memory()
+    assert cpu_memory.keep_freed_memory() == first
+    if sys.platform.startswith("linux") and ctypes.util.find_library("c"):
+        assert first  # glibc accepted both settings
+    calls = []
+    monkeypatch.setattr(train_module, "keep_freed_memory", lambda: calls.append(1) or True)
+    run_train(tiny_job(steps=1, keep_cpu_memory=False), tmp_path / "off", log=lambda *a: None)
+    assert calls == []
+    run_train(tiny_job(steps=1), tmp_path / "on", log=lambda *a: None)
+    assert calls == [1]
 
 
 # --- checkpoints --------------------------------------------------------------------------------
