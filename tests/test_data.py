@@ -307,6 +307,28 @@ def test_char_tokenizer_maps_unseen_characters_to_unk():
     assert tok.decode(tok.encode("abz")) == "ab<unk>"
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab <>/spadunké\n\r\t\u0301😀\x00z")), max_size=40))
+def test_char_fast_path_gives_the_librarys_ids(text):
+    """encode() of a character tokenizer skips the library for a dict lookup: same ids, including
+    unseen characters (<unk>), combining marks, emoji, and special-token spellings in the text."""
+    tok = Tokenizer.train_char(["abc <pad> </s> é\n"])
+    assert tok.is_char
+    assert tok.encode(text) == tok.hf.encode(text, add_special_tokens=False).ids
+    assert tok.encode_batch([text, "ab"]) == [tok.encode(text), tok.encode("ab")]
+
+
+def test_only_exact_character_tokenizers_take_the_fast_path(tmp_path):
+    assert not Tokenizer.train_bpe(["hello world"] * 20, 300).is_char
+    char = Tokenizer.train_char(["abc"])
+    char.save(tmp_path / "tokenizer.json")
+    assert Tokenizer.load(tmp_path / "tokenizer.json").is_char  # survives a save and load
+    from tokenizers import normalizers
+
+    char.hf.normalizer = normalizers.Lowercase()  # a normalizer changes the ids: no fast path
+    assert not Tokenizer(char.hf).is_char
+
+
 def test_tokenizer_errors(tmp_path):
     with pytest.raises(ValueError, match="BPE vocab_size=100 is too small"):
         Tokenizer.train("bpe", ["abc"], vocab_size=100)
