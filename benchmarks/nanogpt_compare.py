@@ -12,6 +12,7 @@ validation losses and the ratios the project targets:
 nanoGPT is not part of handformer: bring a checkout of its public repository and pass its path.
 
     python benchmarks/nanogpt_compare.py --nanogpt /path/to/nanoGPT
+    python benchmarks/nanogpt_compare.py --nanogpt /path/to/nanoGPT --steps-only   # model step only
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import json
 import pickle
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,6 +29,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
@@ -62,6 +66,100 @@ def run_nanogpt(nanogpt: Path, out_dir: Path) -> tuple[float, float]:
     return wall, float(vals[-1][1])
 
 
+def window_loss(logits_fn, ids: torch.Tensor, block: int, batch: int = 64) -> float:
+    """Mean next-token loss over every non-overlapping `block`-token window of `ids`."""
+    starts = list(range(0, len(ids) - block - 1, block))
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(starts), batch):
+            rows = torch.stack([ids[s:s + block + 1] for s in starts[i:i + batch]])  # (B, block + 1)
+            logits = logits_fn(rows[:, :-1])  # (B, block, V)
+            total += F.cross_entropy(logits.reshape(-1, logits.size(-1)), rows[:, 1:].reshape(-1),
+                                     reduction="sum").item()
+            count += rows[:, 1:].numel()
+    return total / count
+
+
+def nanogpt_full_val(nanogpt: Path, out_dir: Path) -> float:
+    """nanoGPT's saved checkpoint (its best, as it saves only on improvement) on the whole
+    validation split, loaded with nanoGPT's own model code."""
+    sys.path.insert(0, str(nanogpt))
+    from model import GPT, GPTConfig  # nanoGPT's model.py
+
+    ckpt = torch.load(out_dir / "ckpt.pt", map_location="cpu", weights_only=False)
+    model = GPT(GPTConfig(**ckpt["model_args"]))
+    model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
+    model.eval()
+    ids = torch.from_numpy(np.fromfile(nanogpt / "data" / "shakespeare_char" / "val.bin",
+                                       dtype=np.uint16).astype(np.int64))
+    targets = torch.zeros(1, dtype=torch.long)  # nanoGPT returns all positions' logits with targets
+
+    return window_loss(lambda x: model(x, targets.expand_as(x))[0], ids, ckpt["model_args"]["block_size"])
+
+
+def handformer_full_val(run_dir: Path, text_path: Path) -> float:
+    """handformer's best checkpoint (model.safetensors) on the whole validation split."""
+    from handformer.data.text import split_text
+    from handformer.lm import load_lm
+
+    run = load_lm(run_dir)
+    _, val_text = split_text(text_path.read_text(), 0.1)
+    ids = torch.tensor(run.tokenizer.encode(val_text))
+    return window_loss(lambda x: run.model(x).logits, ids, run.model.cfg.max_positions)
+
+
+def step_times(nanogpt: Path, rounds: int = 6, steps: int = 50) -> dict[str, float]:
+    """Median ms per training step (forward, backward, clip, AdamW) of the same-recipe model in
+    handformer and in nanoGPT's model.py, in this one process, rounds interleaved, same batch."""
+    sys.path.insert(0, str(nanogpt))
+    from model import GPT, GPTConfig  # nanoGPT's model.py
+
+    from handformer.causal_lm import CausalLM
+    from handformer.job_config import load_job_file
+    from handformer.lm import LMJob
+    from handformer.train import make_optimizer
+
+    raw = load_job_file(ROOT / "configs" / "shakespeare_char.toml")
+    job = LMJob.from_dict({k: v for k, v in raw.items() if k != "task"})
+    V = 65  # tiny Shakespeare's characters
+    torch.manual_seed(0)
+    ours = CausalLM(job.model_config(V))
+    ours_opt = make_optimizer(ours, job.train, torch.device("cpu"))
+    theirs = GPT(GPTConfig(block_size=64, vocab_size=V, n_layer=4, n_head=4, n_embd=128,
+                           dropout=0.0, bias=False))
+    theirs_opt = theirs.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
+    batch = torch.randint(0, V, (12, 65))
+    x, y = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()  # (12, 64) each
+
+    def ours_step() -> None:
+        logits = ours(x).logits  # (12, 64, V)
+        loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(ours.parameters(), 1.0)
+        ours_opt.step()
+        ours_opt.zero_grad(set_to_none=True)
+        loss.item()
+
+    def theirs_step() -> None:
+        _, loss = theirs(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
+        theirs_opt.step()
+        theirs_opt.zero_grad(set_to_none=True)
+        loss.item()
+
+    times: dict[str, list[float]] = {"handformer": [], "nanoGPT": []}
+    for _ in range(rounds):
+        for name, step in (("handformer", ours_step), ("nanoGPT", theirs_step)):
+            for _ in range(5):  # warm-up
+                step()
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            times[name].append((time.perf_counter() - start) / steps * 1000)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def run_handformer(config: str, out_dir: Path) -> tuple[float, float, float | None]:
     """(wall time, final val loss, elapsed_s when val loss first <= 1.88)."""
     cmd = [sys.executable, "-m", "handformer", "train", "--config", config, "--out", str(out_dir),
@@ -82,9 +180,17 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nanogpt", required=True, type=Path, help="path to a nanoGPT checkout")
     parser.add_argument("--data", type=Path, default=DATA, help="tiny Shakespeare input.txt")
+    parser.add_argument("--steps-only", action="store_true",
+                        help="only time one training step of each model, in this process")
     args = parser.parse_args()
     if not (args.nanogpt / "train.py").is_file():
         raise SystemExit(f"{args.nanogpt} has no train.py: pass the path of a nanoGPT checkout")
+    if args.steps_only:
+        ms = step_times(args.nanogpt)
+        print(f"one training step, same batch, in-process, median of 6 rounds of 50: handformer "
+              f"{ms['handformer']:.1f} ms, nanoGPT {ms['nanoGPT']:.1f} ms "
+              f"(ratio {ms['handformer'] / ms['nanoGPT']:.2f})")
+        return
     prepare_nanogpt_data(args.nanogpt, args.data)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -93,9 +199,17 @@ def main() -> None:
         hf_wall, hf_val, _ = run_handformer("configs/shakespeare_char.toml", tmp / "hf")
         print(f"handformer (same recipe) wall {hf_wall:6.1f} s   final val loss {hf_val:.3f}   "
               f"ratio {hf_wall / ng_wall:.2f}x (target <= 0.85x, val <= 1.90)", flush=True)
+        # Each tool's own val loss is an estimate on 20 batches (nanoGPT's are random, ours fixed);
+        # one yardstick for both: every non-overlapping 64-character window of the split.
+        ng_full = nanogpt_full_val(args.nanogpt, tmp / "nanogpt")
+        hf_full = handformer_full_val(tmp / "hf", args.data)
+        print(f"whole validation split, same windows: nanoGPT {ng_full:.3f}   "
+              f"handformer (same recipe) {hf_full:.3f}", flush=True)
         md_wall, md_val, reached = run_handformer("configs/shakespeare_char_modern.toml", tmp / "modern")
         print(f"handformer (modern)      wall {md_wall:6.1f} s   final val loss {md_val:.3f}   "
               f"ratio {md_wall / ng_wall:.2f}x (target: val <= 1.88 in <= 0.6x)", flush=True)
+        md_full = handformer_full_val(tmp / "modern", args.data)
+        print(f"  modern preset on the whole validation split: {md_full:.3f}")
         if reached is not None:
             print(f"  modern preset first reached val loss <= 1.88 after {reached:.1f} s of training "
                   f"({reached / ng_wall:.2f}x nanoGPT's wall time)")
