@@ -4,9 +4,10 @@ A training step on CPU allocates and frees the same large tensors every step (lo
 (tokens x vocabulary), their gradients, activations). glibc serves allocations above its mmap
 threshold with fresh mmap()s and returns freed memory to the kernel, so every step pays page
 faults on first touch of tens of megabytes (visible in a profile as slow `fill_`, `add` and
-softmax kernels on the logits). Raising the mmap threshold and
-the trim threshold makes glibc keep those pages for reuse, as PyTorch's CUDA caching allocator
-does on GPUs. The cost: the process keeps its peak memory instead of giving it back.
+softmax kernels on the logits). Raising the mmap threshold and the trim threshold makes glibc keep
+those pages for reuse, as PyTorch's CUDA caching allocator does on GPUs. The cost: the process
+keeps its peak memory instead of giving it back. Measured with benchmarks/translation_step.py (see
+the README).
 
 Only glibc (Linux) is tuned; elsewhere this does nothing. Set `train.keep_cpu_memory = false` to
 leave the allocator alone.

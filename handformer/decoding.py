@@ -49,10 +49,10 @@ def _step_logprobs(model: Seq2SeqTransformer, ys: Tensor, memory: Tensor, src_ma
     return logp
 
 
-F = TypeVar("F", bound=Callable)
+DecodeFn = TypeVar("DecodeFn", bound=Callable)
 
 
-def _in_eval_mode(fn: F) -> F:
+def _in_eval_mode(fn: DecodeFn) -> DecodeFn:
     """Run a decoding function with the model in eval mode (dropout off), then restore its flag."""
     @functools.wraps(fn)
     def wrapper(model: Seq2SeqTransformer, *args, **kwargs):
