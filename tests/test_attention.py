@@ -21,14 +21,7 @@ from handformer.masks import causal_mask, combine, key_mask, padding_mask
 TOL = dict(atol=1e-5, rtol=1e-5)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These tensors are tiny: a second intra-op thread costs more than it saves (10x on a busy
-    2-core machine). Restored after the module."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def qkv(B=2, H=4, Hkv=4, T=5, S=7, Dh=8, seed=0, requires_grad=False):

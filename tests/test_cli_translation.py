@@ -7,7 +7,6 @@ import json
 
 import pytest
 import sacrebleu
-import torch
 
 from handformer.cli import main
 from handformer.data.dates import date_pairs
@@ -24,17 +23,11 @@ def sets(*pairs: str) -> list[str]:
     return [arg for pair in pairs for arg in ("--set", pair)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny ops run much faster on one thread; restore the setting for other test files."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, _single_thread):
+def run(tmp_path_factory, one_thread):
     """One tiny trained run shared by the tests of this file: (run directory, train's output)."""
     run_dir = tmp_path_factory.mktemp("runs") / "dates"
     out = io.StringIO()

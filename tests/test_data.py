@@ -6,7 +6,6 @@ import gzip
 import re
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,14 +14,7 @@ from handformer.data.dates import date_pairs
 from handformer.data.parallel import read_pair, read_parallel, read_tsv
 from handformer.tokenizer import Tokenizer
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny ops run much faster on one thread; restore the setting for other test files."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --- reading parallel text ----------------------------------------------------------------------

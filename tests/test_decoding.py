@@ -14,13 +14,7 @@ PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SEEDS = range(6)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny ops run much faster on one thread; restore the setting for other test files."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(seed: int, vocab: int = 6, scale: float = 2.5, dropout: float = 0.0,

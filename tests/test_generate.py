@@ -27,13 +27,7 @@ VOCAB = 23
 PRESETS = ["gpt2", "llama"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny ops run much faster on one thread; restore the setting for other test files."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_config(preset: str, vocab: int = VOCAB, max_positions: int = 48) -> CausalLMConfig:

@@ -27,12 +27,7 @@ VOCAB = 101
 PROMPT_LEN, NEW_TOKENS = 10, 8
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _randomize(model):

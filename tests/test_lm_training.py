@@ -31,13 +31,7 @@ TINY_LM = str(CONFIGS / "tiny_lm.toml")
 FOX = "the quick brown fox jumps over the lazy dog. " * 50
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny ops run much faster on one thread; restore the setting for other test files."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def sets(*pairs: str) -> list[str]:
@@ -203,7 +197,7 @@ def test_presets_and_overrides_build_the_model_config():
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, _single_thread):
+def tiny_run(tmp_path_factory, one_thread):
     """configs/tiny_lm.toml as shipped (the embedded corpus), trained once for this file."""
     run_dir = tmp_path_factory.mktemp("lm") / "tiny"
     assert train_cli(run_dir) == 0

@@ -34,14 +34,7 @@ SRC_V, TGT_V, LM_V, D, MAX_POS = 13, 17, 23, 16, 32
 seeds = st.integers(0, 2**16)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These tensors are tiny: a second intra-op thread costs more than it saves (10x on a busy
-    2-core machine). Restored after the module."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def scramble_(model: nn.Module, seed: int = 0) -> nn.Module:

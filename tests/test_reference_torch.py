@@ -25,14 +25,7 @@ TOL = dict(atol=1e-5, rtol=1e-5)
 D, H, F_, B, T, S = 16, 4, 32, 3, 5, 6
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These tensors are tiny: a second intra-op thread costs more than it saves (10x on a busy
-    2-core machine). Restored after the module."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def randomize_(module: nn.Module, seed: int = 0) -> nn.Module:

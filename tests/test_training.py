@@ -34,13 +34,7 @@ from handformer.translation import TranslationJob, run_train
 PAD = 0
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny ops run much faster on one thread; restore the setting for other test files."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # --- label-smoothed cross-entropy ---------------------------------------------------------------

@@ -37,16 +37,11 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def translation_run(tmp_path_factory, _single_thread):
+def translation_run(tmp_path_factory, one_thread):
     """A translation run trained for 3 steps: 2 encoder layers, 1 decoder layer, 2 heads."""
     run_dir = tmp_path_factory.mktemp("viz") / "dates"
     sets = [a for s in TINY_TRANSLATION for a in ("--set", s)]
@@ -66,7 +61,7 @@ def make_lm_run(run_dir, text=CJK_TEXT, n_layers=2, max_positions=40):
 
 
 @pytest.fixture(scope="module")
-def lm_run(tmp_path_factory, _single_thread):
+def lm_run(tmp_path_factory, one_thread):
     return make_lm_run(tmp_path_factory.mktemp("viz") / "lm")
 
 
