@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 import torch
+from helpers import randomize_hf
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers, processors
@@ -28,17 +29,6 @@ PROMPT_LEN, NEW_TOKENS = 10, 8
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _randomize(model):
-    """Hugging Face's init leaves norms at 1 and biases at 0, which would hide a swapped mapping."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1 and ("norm" in name or ".ln_" in name):
-                p.copy_(1 + 0.2 * torch.randn_like(p) if name.endswith("weight") else 0.2 * torch.randn_like(p))
-            else:
-                p.copy_(0.3 * torch.randn_like(p))
-    return model.eval()
 
 
 def _tokenizer(tokens, bos=None):
@@ -92,7 +82,7 @@ CASES = {
 def _save(name, path):
     build, save_kwargs, tokenizer, tokenizer_config, _ = CASES[name]
     torch.manual_seed(sorted(CASES).index(name))
-    model = _randomize(build())
+    model = randomize_hf(build(), 0.3)
     model.save_pretrained(path, safe_serialization=True, **save_kwargs)
     tokenizer().save(str(path / "tokenizer.json"))
     if tokenizer_config is not None:
@@ -183,7 +173,7 @@ def test_special_token_sources_and_precedence(tmp_path):
 
 def test_weights_keep_their_dtype(tmp_path):
     torch.manual_seed(0)
-    model = _randomize(_gpt2()).to(torch.bfloat16)
+    model = randomize_hf(_gpt2(), 0.3).to(torch.bfloat16)
     model.save_pretrained(tmp_path / "hf", safe_serialization=True)
     _tokenizer(GPT2_TOKENS).save(str(tmp_path / "hf" / "tokenizer.json"))
     import_hf(tmp_path / "hf", tmp_path / "run")

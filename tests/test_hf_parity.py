@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from helpers import randomize_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -23,22 +24,12 @@ from handformer.hf_weights import (  # noqa: E402
 VOCAB = 101
 
 
-def _randomize(model):
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1 and ("norm" in name or ".ln_" in name):
-                p.copy_(1 + 0.2 * torch.randn_like(p) if name.endswith("weight") else 0.2 * torch.randn_like(p))
-            else:
-                p.copy_(0.15 * torch.randn_like(p))
-    return model.eval()
-
-
 def _gpt2(seed=0):
     torch.manual_seed(seed)
     cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4,
                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                   bos_token_id=0, eos_token_id=0, attn_implementation="eager")
-    return _randomize(transformers.GPT2LMHeadModel(cfg))
+    return randomize_hf(transformers.GPT2LMHeadModel(cfg), 0.15)
 
 
 def _llama(tied, bias=False, seed=0):
@@ -50,7 +41,7 @@ def _llama(tied, bias=False, seed=0):
                                    attention_bias=bias, mlp_bias=bias,
                                    attention_dropout=0.0, bos_token_id=1, eos_token_id=2,
                                    attn_implementation="eager")
-    return _randomize(transformers.LlamaForCausalLM(cfg))
+    return randomize_hf(transformers.LlamaForCausalLM(cfg), 0.15)
 
 
 BUILDERS = {"gpt2": _gpt2, "llama_untied": lambda: _llama(False), "llama_tied": lambda: _llama(True),
