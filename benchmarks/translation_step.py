@@ -29,12 +29,18 @@ sys.path.insert(0, str(ROOT))
 
 from handformer.cli import parse_overrides  # noqa: E402
 from handformer.cpu_memory import keep_freed_memory  # noqa: E402
-from handformer.data.batching import Seq2SeqData, encode_pairs  # noqa: E402
 from handformer.job_config import apply_overrides, load_job_file  # noqa: E402
 from handformer.losses import token_cross_entropy  # noqa: E402
-from handformer.seq2seq import Seq2SeqConfig, Seq2SeqTransformer  # noqa: E402
+from handformer.seq2seq import Seq2SeqTransformer  # noqa: E402
 from handformer.train import make_optimizer  # noqa: E402
-from handformer.translation import TranslationJob, build_tokenizers, load_pairs, seq2seq_loss  # noqa: E402
+from handformer.translation import (  # noqa: E402
+    TranslationJob,
+    batched_pairs,
+    build_tokenizers,
+    load_pairs,
+    model_config,
+    seq2seq_loss,
+)
 
 
 def full_logits_loss(model: Seq2SeqTransformer, batch, label_smoothing: float) -> torch.Tensor:
@@ -57,13 +63,9 @@ def main() -> None:
     job = TranslationJob.from_dict({k: v for k, v in raw.items() if k != "task"})
     train_pairs, _, _ = load_pairs(job.data)
     src_tok, tgt_tok = build_tokenizers(job.data, train_pairs.pairs)
-    cfg = Seq2SeqConfig.from_dict({**job.model, "src_vocab_size": src_tok.vocab_size,
-                                   "tgt_vocab_size": tgt_tok.vocab_size, "pad_id": src_tok.pad_id})
+    cfg = model_config(job, src_tok, tgt_tok)
     max_len = min(job.data.max_length, cfg.max_positions)
-    encoded = encode_pairs(train_pairs.pairs, src_tok, tgt_tok, max_len)
-    data = Seq2SeqData(encoded, job.data.max_tokens, src_tok.pad_id, tgt_tok.bos_id, tgt_tok.eos_id,
-                       shuffle=True, seed=job.train.seed)
-    batches = data.epoch(0)
+    batches = batched_pairs(job, train_pairs.pairs, src_tok, tgt_tok, max_len, shuffle=True).epoch(0)
     if len(batches) < args.steps + 2:
         raise SystemExit(f"--steps {args.steps} needs {args.steps + 2} batches; epoch 0 has {len(batches)}")
 

@@ -141,6 +141,8 @@ def _char_vocab(hf: HFTokenizer) -> dict[str, int] | None:
     """The character -> id map when `hf` is exactly a character tokenizer as `train_char` builds
     it (word-level vocabulary over single characters, split before every character, no
     normalizer), else None. Encoding such a tokenizer is one dict lookup per character."""
+    if not isinstance(hf.model, models.WordLevel):  # BPE and imported tokenizers: skip serializing
+        return None
     spec = json.loads(hf.to_str())
     split = spec.get("pre_tokenizer") or {}
     if (spec.get("model", {}).get("type") != "WordLevel" or spec.get("normalizer") is not None

@@ -135,6 +135,22 @@ def model_pad_id(model: torch.nn.Module) -> int:
     return getattr(model, "module", model).cfg.pad_id  # DistributedDataParallel's wrapper
 
 
+def model_config(job: TranslationJob, src_tok: Tokenizer, tgt_tok: Tokenizer) -> Seq2SeqConfig:
+    """The job's [model] fields plus what the tokenizers fix (vocabulary sizes, pad id)."""
+    fields = {**job.model, "src_vocab_size": src_tok.vocab_size,
+              "tgt_vocab_size": tgt_tok.vocab_size, "pad_id": src_tok.pad_id}
+    return Seq2SeqConfig.from_dict(fields)  # names unknown fields (ValueError)
+
+
+def batched_pairs(job: TranslationJob, pairs: list[tuple[str, str]], src_tok: Tokenizer,
+                  tgt_tok: Tokenizer, max_len: int, shuffle: bool) -> Seq2SeqData:
+    """Encoded pairs (cut to max_len, counted in `.encoded.truncated`) in token-budget batches;
+    shuffled batches follow the job's seed."""
+    encoded = encode_pairs(pairs, src_tok, tgt_tok, max_len)
+    return Seq2SeqData(encoded, job.data.max_tokens, src_tok.pad_id, tgt_tok.bos_id, tgt_tok.eos_id,
+                       shuffle=shuffle, seed=job.train.seed)
+
+
 def run_train(job: TranslationJob, run_dir: str | os.PathLike, resume: bool = False,
               log=print) -> tuple[Seq2SeqTransformer, TrainResult]:
     """Train (or resume) a translation run in `run_dir`."""
@@ -149,9 +165,7 @@ def run_train(job: TranslationJob, run_dir: str | os.PathLike, resume: bool = Fa
         src_tok, tgt_tok = load_tokenizers(run_dir)
     else:
         src_tok, tgt_tok = build_tokenizers(job.data, train_pairs.pairs)
-    model_fields = {**job.model, "src_vocab_size": src_tok.vocab_size,
-                    "tgt_vocab_size": tgt_tok.vocab_size, "pad_id": src_tok.pad_id}
-    model_cfg = Seq2SeqConfig.from_dict(model_fields)  # names unknown fields (ValueError)
+    model_cfg = model_config(job, src_tok, tgt_tok)
     if not resume and main:
         run_dir.mkdir(parents=True, exist_ok=True)
         src_tok.save(run_dir / "tokenizer.json")
@@ -160,15 +174,13 @@ def run_train(job: TranslationJob, run_dir: str | os.PathLike, resume: bool = Fa
         save_run_config(run_dir, model_cfg, job)
 
     max_len = min(job.data.max_length, model_cfg.max_positions)
-    train_enc = encode_pairs(train_pairs.pairs, src_tok, tgt_tok, max_len)
-    if train_enc.truncated:
-        log(f"truncated {train_enc.truncated:,} training pairs longer than {max_len} tokens (EOS kept)")
-    ids = (src_tok.pad_id, tgt_tok.bos_id, tgt_tok.eos_id)
-    train_data = Seq2SeqData(train_enc, job.data.max_tokens, *ids, shuffle=True, seed=job.train.seed)
+    train_data = batched_pairs(job, train_pairs.pairs, src_tok, tgt_tok, max_len, shuffle=True)
+    if train_data.encoded.truncated:
+        log(f"truncated {train_data.encoded.truncated:,} training pairs longer than {max_len} tokens "
+            "(EOS kept)")
     val_batches = None
     if val_pairs is not None:
-        val_enc = encode_pairs(val_pairs.pairs, src_tok, tgt_tok, max_len)
-        val_batches = Seq2SeqData(val_enc, job.data.max_tokens, *ids, shuffle=False).epoch(0)
+        val_batches = batched_pairs(job, val_pairs.pairs, src_tok, tgt_tok, max_len, shuffle=False).epoch(0)
 
     return train_new_model(lambda: Seq2SeqTransformer(model_cfg), job.train, train_data, val_batches,
                            seq2seq_loss, run_dir, resume=resume, log=log)
