@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -239,4 +240,8 @@ def dataclass_from_dict(cls: type, data: dict[str, Any], section: str) -> Any:
     if unknown:
         raise ValueError(f"[{section}] unknown field(s) {', '.join(unknown)}; "
                          f"valid: {', '.join(sorted(known))}")
+    hints = typing.get_type_hints(cls)
+    for name, value in data.items():
+        if hints.get(name) is bool and not isinstance(value, bool):
+            raise ValueError(f"[{section}] {name}={value!r} is invalid: it must be true or false")
     return cls(**data)

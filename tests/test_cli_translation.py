@@ -147,6 +147,8 @@ def test_a_directory_that_is_not_a_run(capsys, tmp_path):
     ("decode.beam_width=3", "[decode] unknown field(s) beam_width"),
     ("model.n_layers=2", "Seq2SeqConfig: unknown field(s) n_layers"),
     ("train.steps=0", "TrainConfig.steps=0 is invalid"),
+    ("train.keep_cpu_memory=maybe", "[train] keep_cpu_memory='maybe' is invalid: it must be true or false"),
+    ("data.joint_vocab=1", "[data] joint_vocab=1 is invalid: it must be true or false"),
 ])
 def test_bad_overrides_are_clear_errors(override, message, capsys, tmp_path):
     out = tmp_path / "run"
