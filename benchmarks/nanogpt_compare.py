@@ -13,6 +13,7 @@ nanoGPT is not part of handformer: bring a checkout of its public repository and
 
     python benchmarks/nanogpt_compare.py --nanogpt /path/to/nanoGPT
     python benchmarks/nanogpt_compare.py --nanogpt /path/to/nanoGPT --steps-only   # model step only
+    python benchmarks/nanogpt_compare.py --nanogpt /path/to/nanoGPT --seeds 4      # + seeds 1..3
 """
 
 from __future__ import annotations
@@ -66,51 +67,51 @@ def run_nanogpt(nanogpt: Path, out_dir: Path) -> tuple[float, float]:
     return wall, float(vals[-1][1])
 
 
-def window_loss(logits_fn, ids: torch.Tensor, block: int, batch: int = 64) -> float:
-    """Mean next-token loss over every non-overlapping `block`-token window of `ids`."""
-    starts = list(range(0, len(ids) - block - 1, block))
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for i in range(0, len(starts), batch):
-            rows = torch.stack([ids[s:s + block + 1] for s in starts[i:i + batch]])  # (B, block + 1)
-            logits = logits_fn(rows[:, :-1])  # (B, block, V)
-            total += F.cross_entropy(logits.reshape(-1, logits.size(-1)), rows[:, 1:].reshape(-1),
-                                     reduction="sum").item()
-            count += rows[:, 1:].numel()
-    return total / count
-
-
-def nanogpt_full_val(nanogpt: Path, out_dir: Path) -> float:
-    """nanoGPT's saved checkpoint (its best, as it saves only on improvement) on the whole
-    validation split, loaded with nanoGPT's own model code."""
+def nanogpt_full_val(nanogpt: Path, out_dir: Path, text_path: Path) -> float:
+    """nanoGPT's saved checkpoint (its best, as it saves only on improvement), loaded with nanoGPT's
+    own model code, on the windows `handformer eval --data val` scores: the whole validation split
+    as handformer cuts it, in non-overlapping 64-character windows (one character = one token in
+    both, so the windows hold the same text)."""
     sys.path.insert(0, str(nanogpt))
     from model import GPT, GPTConfig  # nanoGPT's model.py
+
+    from handformer.data.text import split_text, validation_batches
 
     ckpt = torch.load(out_dir / "ckpt.pt", map_location="cpu", weights_only=False)
     model = GPT(GPTConfig(**ckpt["model_args"]))
     model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
     model.eval()
-    ids = torch.from_numpy(np.fromfile(nanogpt / "data" / "shakespeare_char" / "val.bin",
-                                       dtype=np.uint16).astype(np.int64))
-    targets = torch.zeros(1, dtype=torch.long)  # nanoGPT returns all positions' logits with targets
-
-    return window_loss(lambda x: model(x, targets.expand_as(x))[0], ids, ckpt["model_args"]["block_size"])
+    with open(nanogpt / "data" / "shakespeare_char" / "meta.pkl", "rb") as f:
+        stoi = pickle.load(f)["stoi"]
+    _, val_text = split_text(text_path.read_text(), 0.1)
+    ids = torch.tensor([stoi[c] for c in val_text])
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for batch in validation_batches(ids, ckpt["model_args"]["block_size"], 64):
+            logits = model(batch.x, batch.y.contiguous())[0]  # (B, T, V): all of them, given targets
+            total += F.cross_entropy(logits.flatten(0, 1), batch.y.flatten(), reduction="sum").item()
+            count += batch.n_tokens
+    return total / count
 
 
 def handformer_full_val(run_dir: Path, text_path: Path) -> float:
-    """handformer's best checkpoint (model.safetensors) on the whole validation split."""
+    """handformer's best checkpoint (model.safetensors) on the whole validation split: what
+    `handformer eval RUN_DIR --data val` prints."""
     from handformer.data.text import split_text
-    from handformer.lm import load_lm
+    from handformer.lm import load_lm, score_text
 
-    run = load_lm(run_dir)
     _, val_text = split_text(text_path.read_text(), 0.1)
-    ids = torch.tensor(run.tokenizer.encode(val_text))
-    return window_loss(lambda x: run.model(x).logits, ids, run.model.cfg.max_positions)
+    return score_text(load_lm(run_dir), val_text).loss
 
 
-def step_times(nanogpt: Path, rounds: int = 6, steps: int = 50) -> dict[str, float]:
-    """Median ms per training step (forward, backward, clip, AdamW) of the same-recipe model in
-    handformer and in nanoGPT's model.py, in this one process, rounds interleaved, same batch."""
+PHASES = ("forward", "backward", "clip", "AdamW")
+
+
+def step_times(nanogpt: Path, rounds: int = 6, steps: int = 50) -> dict[str, dict[str, float]]:
+    """Median ms of each phase of a training step (forward with the loss, backward, clip, AdamW
+    with zero_grad) and of the whole step, of the same-recipe model in handformer and in nanoGPT's
+    model.py, in this one process, rounds interleaved, same batch. nanoGPT's own optimizer setup
+    (its configure_optimizers) is used for it: on CPU that is the non-fused AdamW."""
     sys.path.insert(0, str(nanogpt))
     from model import GPT, GPTConfig  # nanoGPT's model.py
 
@@ -131,39 +132,48 @@ def step_times(nanogpt: Path, rounds: int = 6, steps: int = 50) -> dict[str, flo
     batch = torch.randint(0, V, (12, 65))
     x, y = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()  # (12, 64) each
 
-    def ours_step() -> None:
+    def ours_loss() -> torch.Tensor:
         logits = ours(x).logits  # (12, 64, V)
-        loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(ours.parameters(), 1.0)
-        ours_opt.step()
-        ours_opt.zero_grad(set_to_none=True)
-        loss.item()
+        return F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
 
-    def theirs_step() -> None:
-        _, loss = theirs(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
-        theirs_opt.step()
-        theirs_opt.zero_grad(set_to_none=True)
-        loss.item()
+    def theirs_loss() -> torch.Tensor:
+        return theirs(x, y)[1]
 
-    times: dict[str, list[float]] = {"handformer": [], "nanoGPT": []}
+    def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss_fn) -> list[float]:
+        t0 = time.perf_counter()
+        loss = loss_fn()
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        t3 = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss.item()
+        t4 = time.perf_counter()
+        return [t1 - t0, t2 - t1, t3 - t2, t4 - t3]
+
+    runs = {"handformer": (ours, ours_opt, ours_loss), "nanoGPT": (theirs, theirs_opt, theirs_loss)}
+    times: dict[str, list[list[float]]] = {name: [] for name in runs}
     for _ in range(rounds):
-        for name, step in (("handformer", ours_step), ("nanoGPT", theirs_step)):
+        for name, args in runs.items():
             for _ in range(5):  # warm-up
-                step()
-            start = time.perf_counter()
-            for _ in range(steps):
-                step()
-            times[name].append((time.perf_counter() - start) / steps * 1000)
-    return {name: statistics.median(t) for name, t in times.items()}
+                step(*args)
+            times[name] += [step(*args) for _ in range(steps)]
+    result = {}
+    for name, rows in times.items():
+        result[name] = {phase: statistics.median(r[i] for r in rows) * 1000 for i, phase in enumerate(PHASES)}
+        result[name]["step"] = statistics.median(sum(r) for r in rows) * 1000
+    return result
 
 
-def run_handformer(config: str, out_dir: Path) -> tuple[float, float, float | None]:
+def run_handformer(config: str, out_dir: Path, text_path: Path, seed: int | None = None,
+                   ) -> tuple[float, float, float | None]:
     """(wall time, final val loss, elapsed_s when val loss first <= 1.88)."""
     cmd = [sys.executable, "-m", "handformer", "train", "--config", config, "--out", str(out_dir),
-           "--set", "train.progress=false"]
+           "--set", "train.progress=false", "--set", f"data.path={text_path.resolve()}"]
+    if seed is not None:
+        cmd += ["--set", f"train.seed={seed}"]
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -182,37 +192,48 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA, help="tiny Shakespeare input.txt")
     parser.add_argument("--steps-only", action="store_true",
                         help="only time one training step of each model, in this process")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="also train the same recipe with seeds 1..N-1 (the loss's spread)")
     args = parser.parse_args()
     if not (args.nanogpt / "train.py").is_file():
         raise SystemExit(f"{args.nanogpt} has no train.py: pass the path of a nanoGPT checkout")
     if args.steps_only:
         ms = step_times(args.nanogpt)
-        print(f"one training step, same batch, in-process, median of 6 rounds of 50: handformer "
-              f"{ms['handformer']:.1f} ms, nanoGPT {ms['nanoGPT']:.1f} ms "
-              f"(ratio {ms['handformer'] / ms['nanoGPT']:.2f})")
+        print("one training step, same batch, in-process, medians over 6 rounds of 50 steps (ms):")
+        print(f"{'':12}" + "".join(f"{phase:>10}" for phase in (*PHASES, "step")))
+        for name, row in ms.items():
+            print(f"{name:12}" + "".join(f"{row[phase]:10.2f}" for phase in (*PHASES, "step")))
+        print(f"ratio handformer / nanoGPT: {ms['handformer']['step'] / ms['nanoGPT']['step']:.2f}")
         return
     prepare_nanogpt_data(args.nanogpt, args.data)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         ng_wall, ng_val = run_nanogpt(args.nanogpt, tmp / "nanogpt")
         print(f"nanoGPT                  wall {ng_wall:6.1f} s   final val loss {ng_val:.3f}", flush=True)
-        hf_wall, hf_val, _ = run_handformer("configs/shakespeare_char.toml", tmp / "hf")
+        hf_wall, hf_val, _ = run_handformer("configs/shakespeare_char.toml", tmp / "hf", args.data)
         print(f"handformer (same recipe) wall {hf_wall:6.1f} s   final val loss {hf_val:.3f}   "
               f"ratio {hf_wall / ng_wall:.2f}x (target <= 0.85x, val <= 1.90)", flush=True)
         # Each tool's own val loss is an estimate on 20 batches (nanoGPT's are random, ours fixed);
         # one yardstick for both: every non-overlapping 64-character window of the split.
-        ng_full = nanogpt_full_val(args.nanogpt, tmp / "nanogpt")
+        ng_full = nanogpt_full_val(args.nanogpt, tmp / "nanogpt", args.data)
         hf_full = handformer_full_val(tmp / "hf", args.data)
         print(f"whole validation split, same windows: nanoGPT {ng_full:.3f}   "
               f"handformer (same recipe) {hf_full:.3f}", flush=True)
-        md_wall, md_val, reached = run_handformer("configs/shakespeare_char_modern.toml", tmp / "modern")
+        md_wall, md_val, reached = run_handformer("configs/shakespeare_char_modern.toml", tmp / "modern",
+                                                  args.data)
         print(f"handformer (modern)      wall {md_wall:6.1f} s   final val loss {md_val:.3f}   "
               f"ratio {md_wall / ng_wall:.2f}x (target: val <= 1.88 in <= 0.6x)", flush=True)
         md_full = handformer_full_val(tmp / "modern", args.data)
         print(f"  modern preset on the whole validation split: {md_full:.3f}")
         if reached is not None:
             print(f"  modern preset first reached val loss <= 1.88 after {reached:.1f} s of training "
-                  f"({reached / ng_wall:.2f}x nanoGPT's wall time)")
+                  f"({reached / ng_wall:.2f}x nanoGPT's wall time)", flush=True)
+        for seed in range(1, args.seeds):
+            run_dir = tmp / f"seed{seed}"
+            wall, val, _ = run_handformer("configs/shakespeare_char.toml", run_dir, args.data, seed)
+            full = handformer_full_val(run_dir, args.data)
+            print(f"handformer (same recipe, seed {seed}) wall {wall:6.1f} s ({wall / ng_wall:.2f}x)   "
+                  f"final val loss {val:.3f}   whole split {full:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -150,7 +150,35 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_task(run_dir: str) -> str | None:
+    """The task recorded in a run directory's config.json (None when there is none to read)."""
+    path = Path(run_dir) / "config.json"
+    try:
+        return json.loads(path.read_text()).get("task")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def cmd_eval_lm(args: argparse.Namespace) -> int:
+    from handformer.lm import eval_text, load_lm, score_text
+
+    if len(args.data) != 1:
+        raise ValueError("a language model scores one text: --data FILE_OR_FOLDER, 'val' (the run's "
+                         "own validation split) or 'pydoc' (the embedded corpus)")
+    for name in ("beam", "output"):
+        if getattr(args, name) is not None:
+            raise ValueError(f"--{name} is for translation runs; {args.run_dir} holds a language model")
+    run = load_lm(args.run_dir, args.device)
+    score = score_text(run, eval_text(run, args.data[0]), args.block_size, args.limit)
+    print(score.format())
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
+    if _run_task(args.run_dir) == "lm":
+        return cmd_eval_lm(args)
+    if args.block_size is not None:
+        raise ValueError("--block-size is for language-model runs (task 'lm')")
     from handformer.data.batching import Seq2SeqData, encode_pairs
     from handformer.scores import corpus_scores
     from handformer.train import evaluate
@@ -394,12 +422,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("eval", help="loss, BLEU and chrF of a trained run on parallel data")
+    p = sub.add_parser("eval", help="translation runs: loss, BLEU and chrF on parallel data; "
+                       "language models: loss and perplexity on a text")
     p.add_argument("run_dir")
     p.add_argument("--data", nargs="+", required=True, metavar="PATH",
-                   help="a TSV file, two aligned files (source target), or 'dates' (embedded held-out)")
+                   help="translation: a TSV file, two aligned files (source target), or 'dates' "
+                   "(embedded held-out); language model: a text file or folder (plain or .gz), "
+                   "'val' (the run's own validation split, all of it) or 'pydoc'")
     p.add_argument("--beam", type=int, default=None)
-    p.add_argument("--limit", type=int, default=0, help="score only the first N pairs")
+    p.add_argument("--limit", type=int, default=0,
+                   help="score only the first N pairs (translation) or windows (language model)")
+    p.add_argument("--block-size", type=int, default=None,
+                   help="language model: tokens per scored window (default: the training block size)")
     p.add_argument("--output", help="write the translations to this file")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_eval)

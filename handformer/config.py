@@ -104,17 +104,14 @@ class BlockConfig:
         return {"family": self.family, **dataclasses.asdict(self)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BlockConfig:
+    def from_dict(cls, data: dict[str, Any], section: str | None = None) -> BlockConfig:
+        """The config from `to_dict`'s output or a config file's section (named in errors;
+        default: the class name)."""
         data = dict(data)
         family = data.pop("family", cls.family)
         if family != cls.family:
             raise ValueError(f"config is for family {family!r}, not {cls.family!r} ({cls.__name__})")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"{cls.__name__}: unknown field(s) {', '.join(unknown)}; "
-                             f"valid fields are {', '.join(sorted(known))}")
-        return cls(**data)
+        return dataclass_from_dict(cls, data, section or cls.__name__)
 
     def save(self, path: str | os.PathLike) -> None:
         from handformer.io import atomic_write_text

@@ -7,6 +7,7 @@
     model.safetensors   CausalLM weights under handformer's names (tied weights stored once)
 
 A trained run also holds checkpoint.safetensors (resumable), metrics.jsonl and loss_curve.png.
+`score_text` gives a run's loss and perplexity on a text (`handformer eval`).
 The second half of this file is the training job: `LMJob` (a TOML config's [model], [train] and
 [data] sections) and `run_train_lm`, which feeds random windows of text to the shared loop.
 """
@@ -14,6 +15,7 @@ The second half of this file is the training job: `LMJob` (a TOML config's [mode
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,7 +39,7 @@ from handformer.data.text import (
 from handformer.io import atomic_write_text
 from handformer.losses import token_cross_entropy
 from handformer.tokenizer import Tokenizer
-from handformer.train import TrainConfig, TrainResult, train_new_model
+from handformer.train import TrainConfig, TrainResult, evaluate, train_new_model
 
 
 @dataclass
@@ -91,6 +93,92 @@ def load_lm(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> L
     load_weights(model, run_dir / "model.safetensors")
     tokens = SpecialTokens(**config.get("tokens", {}))
     return LMRun(model.to(device).eval(), Tokenizer.load(run_dir / "tokenizer.json"), tokens, config)
+
+
+# --- scoring text ------------------------------------------------------------------------------
+
+EVAL_TOKENS_PER_BATCH = 2048  # windows are scored this many tokens at a time (bounds the logits)
+
+
+@dataclass
+class TextScore:
+    """A language model's next-token loss on a text (what `handformer eval` prints for LM runs)."""
+    loss: float  # mean cross-entropy, nats per token
+    tokens: int  # tokens scored (every position of every window)
+    windows: int
+    block_size: int
+    unknown: int  # scored tokens the tokenizer does not know (its unknown token)
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(self.loss)
+
+    @property
+    def bits_per_token(self) -> float:
+        return self.loss / math.log(2)
+
+    def format(self) -> str:
+        line = (f"loss {self.loss:.4f} per token  perplexity {self.perplexity:.2f}  "
+                f"{self.bits_per_token:.3f} bits per token  ({self.tokens:,} tokens in "
+                f"{self.windows:,} windows of {self.block_size})")
+        if self.unknown:
+            line += (f"\nwarning: {self.unknown:,} of the scored tokens are unknown to the tokenizer "
+                     "(characters absent from its training text); they count in the loss")
+        return line
+
+
+def eval_text(run: LMRun, source: str) -> str:
+    """The text `handformer eval --data SOURCE` scores: "val" (the run's own validation split:
+    the last data.val_fraction of its training text, as split for training), "pydoc" (the
+    embedded corpus) or a text file or folder (plain or .gz)."""
+    if source != "val":
+        return load_text(source)
+    data = run.config.get("data")
+    if not data:
+        raise ValueError("this run has no training data recorded in its config.json (an imported "
+                         "checkpoint?), so it has no validation split; pass --data PATH to score a text")
+    if not data.get("val_fraction"):
+        raise ValueError("this run was trained without a validation split (data.val_fraction = 0); "
+                         "pass --data PATH to score a text")
+    try:
+        text = load_text(data["path"])
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"{err} (the run's training text, from its config.json); run from "
+                                "the directory it was trained in, or pass --data PATH") from None
+    return split_text(text, data["val_fraction"])[1]
+
+
+def score_text(run: LMRun, text: str, block_size: int | None = None, limit: int = 0) -> TextScore:
+    """Mean next-token cross-entropy of the run's model over `text`.
+
+    The token stream is cut into non-overlapping windows of `block_size` tokens (default: the
+    run's training block size, else the model's context length); each token is predicted from the
+    tokens before it in its window, so every token but the first is scored exactly once. These are
+    the windows of training's fixed validation set with data.eval_batches = 0. `limit` > 0 scores
+    only the first `limit` windows."""
+    context = run.model.cfg.max_positions
+    if block_size is None:
+        block_size = min(run.config.get("data", {}).get("block_size", context), context)
+    if not 1 <= block_size <= context:
+        raise ValueError(f"block size {block_size} is invalid: it must be between 1 and the "
+                         f"model's context length (max_positions = {context})")
+    if limit < 0:
+        raise ValueError(f"limit {limit} is invalid: give a number of windows >= 1, or 0 for all")
+    ids = as_token_tensor(run.tokenizer.encode(text), run.tokenizer.vocab_size)
+    if len(ids) < block_size + 1:
+        raise ValueError(f"the text has {len(ids):,} tokens; scoring needs at least block size + 1 "
+                         f"= {block_size + 1}; give more text or a smaller block size")
+    if limit:
+        ids = ids[: limit * block_size + 1]  # exactly the first `limit` windows
+    windows_per_batch = max(1, EVAL_TOKENS_PER_BATCH // block_size)
+    batches = validation_batches(ids, block_size, windows_per_batch)
+    n_tokens = sum(b.n_tokens for b in batches)
+    unknown = 0
+    if run.tokenizer.unk_id is not None:
+        unknown = sum(int((b.y == run.tokenizer.unk_id).sum()) for b in batches)
+    device = next(run.model.parameters()).device
+    loss = evaluate(run.model, batches, lm_loss, device)
+    return TextScore(loss, n_tokens, n_tokens // block_size, block_size, unknown)
 
 
 # --- the training job -------------------------------------------------------------------------
@@ -173,7 +261,7 @@ class LMJob:
                              "data.vocab_size instead)")
         fields.setdefault("max_positions", self.data.block_size)
         base = MODEL_PRESETS[preset]() if preset else CausalLMConfig()
-        cfg = CausalLMConfig.from_dict({**base.to_dict(), **fields, "vocab_size": vocab_size})
+        cfg = CausalLMConfig.from_dict({**base.to_dict(), **fields, "vocab_size": vocab_size}, "model")
         if cfg.max_positions < self.data.block_size:
             raise ValueError(f"[model] max_positions={cfg.max_positions} is invalid: it must be at "
                              f"least data.block_size={self.data.block_size}, the length trained on")

@@ -139,7 +139,7 @@ def model_config(job: TranslationJob, src_tok: Tokenizer, tgt_tok: Tokenizer) ->
     """The job's [model] fields plus what the tokenizers fix (vocabulary sizes, pad id)."""
     fields = {**job.model, "src_vocab_size": src_tok.vocab_size,
               "tgt_vocab_size": tgt_tok.vocab_size, "pad_id": src_tok.pad_id}
-    return Seq2SeqConfig.from_dict(fields)  # names unknown fields (ValueError)
+    return Seq2SeqConfig.from_dict(fields, "model")  # names unknown fields (ValueError)
 
 
 def batched_pairs(job: TranslationJob, pairs: list[tuple[str, str]], src_tok: Tokenizer,

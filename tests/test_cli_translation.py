@@ -122,6 +122,12 @@ def test_eval_on_a_tsv_and_on_aligned_files_agree(run, capsys, tmp_path):
     assert "(5 sentences)" in capsys.readouterr().out
 
 
+def test_eval_refuses_language_model_options_on_a_translation_run(run, capsys):
+    run_dir, _ = run
+    assert main(["eval", str(run_dir), "--data", "dates", "--block-size", "8"]) == 2
+    assert "--block-size is for language-model runs" in capsys.readouterr().err
+
+
 def test_eval_on_misaligned_files_names_both(run, capsys, tmp_path):
     run_dir, _ = run
     src, ref = tmp_path / "a.txt", tmp_path / "b.txt"
@@ -145,7 +151,7 @@ def test_a_directory_that_is_not_a_run(capsys, tmp_path):
     ("train.learning_rate=0.1", "[train] unknown field(s) learning_rate"),
     ("data.bogus=1", "[data] unknown field(s) bogus"),
     ("decode.beam_width=3", "[decode] unknown field(s) beam_width"),
-    ("model.n_layers=2", "Seq2SeqConfig: unknown field(s) n_layers"),
+    ("model.n_layers=2", "[model] unknown field(s) n_layers"),
     ("train.steps=0", "TrainConfig.steps=0 is invalid"),
     ("train.keep_cpu_memory=maybe", "[train] keep_cpu_memory='maybe' is invalid: it must be true or false"),
     ("data.joint_vocab=1", "[data] joint_vocab=1 is invalid: it must be true or false"),

@@ -1,6 +1,6 @@
 """The language-model job: reading text, the embedded corpus, the validation split, random-window
-batches, and `handformer train` on an LM config (a complete run directory, overfitting, resume,
-config errors)."""
+batches, `handformer train` on an LM config (a complete run directory, overfitting, resume,
+config errors), and `handformer eval` scoring a run on a text."""
 
 import functools
 import gzip
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,7 +24,7 @@ from handformer.data.text import (
     split_text,
     validation_batches,
 )
-from handformer.lm import LMJob, load_lm
+from handformer.lm import LMJob, eval_text, load_lm, score_text
 from handformer.tokenizer import Tokenizer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -287,7 +288,8 @@ def test_resume_after_a_crash_equals_a_straight_run(tmp_path, monkeypatch, capsy
 
 @pytest.mark.parametrize("override, message", [
     ("data.block_sise=8", "[data] unknown field(s) block_sise"),
-    ("model.d_modle=8", "unknown field(s) d_modle"),
+    ("model.d_modle=8", "[model] unknown field(s) d_modle"),
+    ("model.bias=maybe", "[model] bias='maybe' is invalid: it must be true or false"),
     ("model.preset=bert", "preset='bert' is invalid"),
     ("model.vocab_size=50", "vocab_size is set from the tokenizer"),
     ("model.max_positions=16", "max_positions=16 is invalid"),
@@ -311,3 +313,99 @@ def test_an_unknown_task_is_refused(tmp_path):
     config.write_text('task = "poetry"\n')
     with pytest.raises(SystemExit, match="unknown task 'poetry'"):
         train_cli(tmp_path / "run", config=str(config))
+
+
+# --- scoring a run on text (handformer eval) ----------------------------------------------------
+
+def window_losses_by_hand(run, text: str, block: int) -> tuple[float, int]:
+    """The definition, written out: cut the ids into windows of block + 1 tokens overlapping by one,
+    predict tokens 1..block of each from those before them in the window, average."""
+    ids = run.tokenizer.encode(text)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(ids) - block, block):
+            window = torch.tensor([ids[start:start + block + 1]])  # (1, block + 1)
+            logits = run.model(window[:, :-1]).logits[0]  # (block, V)
+            total += F.cross_entropy(logits, window[0, 1:], reduction="sum").item()
+            count += block
+    return total / count, count
+
+
+def test_score_text_is_the_mean_next_token_loss_over_non_overlapping_windows(tiny_run):
+    run = load_lm(tiny_run)
+    text = pydoc_corpus()[:5000]
+    for block in (32, 7):  # the training block size (the default) and another
+        expected, count = window_losses_by_hand(run, text, block)
+        score = score_text(run, text, None if block == 32 else block)
+        assert score.block_size == block and score.tokens == count == score.windows * block
+        assert score.loss == pytest.approx(expected, rel=1e-5)
+        assert score.perplexity == pytest.approx(torch.tensor(expected).exp().item(), rel=1e-5)
+        assert score.bits_per_token == pytest.approx(expected / 0.6931471805599453, rel=1e-5)
+    first = score_text(run, text, 32, limit=3)
+    assert first.windows == 3
+    assert first.loss == pytest.approx(window_losses_by_hand(run, text[:97], 32)[0], rel=1e-5)
+
+
+def test_eval_prints_the_loss_on_the_runs_own_validation_split(tiny_run, capsys):
+    run = load_lm(tiny_run)
+    _, val_text = split_text(pydoc_corpus(), 0.1)
+    assert eval_text(run, "val") == val_text
+    expected = score_text(run, val_text)
+    assert main(["eval", str(tiny_run), "--data", "val"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"loss {expected.loss:.4f} per token  perplexity {expected.perplexity:.2f}")
+    assert f"({expected.tokens:,} tokens in {expected.windows:,} windows of 32)" in out
+    assert "warning" not in out
+
+
+def test_eval_scores_a_text_file_and_warns_about_unknown_characters(tiny_run, capsys, tmp_path):
+    text = pydoc_corpus()[:2000]
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress(text.encode()))
+    assert main(["eval", str(tiny_run), "--data", str(tmp_path / "a.txt.gz"), "--limit", "4",
+                 "--block-size", "16"]) == 0
+    out = capsys.readouterr().out
+    assert f"loss {score_text(load_lm(tiny_run), text, 16, 4).loss:.4f} per token" in out
+    assert "(64 tokens in 4 windows of 16)" in out
+    (tmp_path / "greek.txt").write_text("αβγ " * 20)  # not in the English training text
+    assert main(["eval", str(tiny_run), "--data", str(tmp_path / "greek.txt")]) == 0
+    # 80 characters: 2 windows of 32 score characters 1..64, of which 3 in every 4 are Greek
+    assert "warning: 48 of the scored tokens are unknown to the tokenizer" in capsys.readouterr().out
+
+
+def edited_run(tiny_run: Path, tmp_path: Path, edit) -> Path:
+    """A copy of the tiny run whose config.json went through `edit`."""
+    run_dir = tmp_path / "edited"
+    run_dir.mkdir()
+    for name in ("tokenizer.json", "model.safetensors"):
+        (run_dir / name).write_bytes((tiny_run / name).read_bytes())
+    config = json.loads((tiny_run / "config.json").read_text())
+    edit(config)
+    (run_dir / "config.json").write_text(json.dumps(config))
+    return run_dir
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--data", "val", "--block-size", "33"], "block size 33 is invalid: it must be between 1 and "
+                                              "the model's context length (max_positions = 32)"),
+    (["--data", "val", "--limit", "-1"], "limit -1 is invalid"),
+    (["--data", "a.txt", "b.txt"], "a language model scores one text"),
+    (["--data", "val", "--beam", "2"], "--beam is for translation runs"),
+    (["--data", "no/such.txt"], "no such text file or folder: no/such.txt"),
+    (["--data", "SHORT"], "the text has 10 tokens; scoring needs at least block size + 1 = 33"),
+])
+def test_eval_errors_on_a_language_model_name_the_problem(tiny_run, args, message, capsys, tmp_path):
+    (tmp_path / "short.txt").write_text("0123456789")
+    args = [str(tmp_path / "short.txt") if a == "SHORT" else a for a in args]
+    assert main(["eval", str(tiny_run), *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.pop("data"), "no training data recorded in its config.json"),
+    (lambda c: c["data"].update(val_fraction=0.0), "trained without a validation split"),
+    (lambda c: c["data"].update(path="gone/text.txt"),
+     "no such text file or folder: gone/text.txt (the run's training text, from its config.json)"),
+])
+def test_eval_on_val_needs_the_runs_validation_split(tiny_run, tmp_path, edit, message, capsys):
+    assert main(["eval", str(edited_run(tiny_run, tmp_path, edit)), "--data", "val"]) == 2
+    assert message in capsys.readouterr().err
