@@ -133,6 +133,24 @@ def test_import_matches_hugging_face(name, checkpoints, tmp_path, capsys):
 
 
 @torch.no_grad()
+def test_eval_command_on_an_imported_run_gives_hugging_faces_loss(checkpoints, tmp_path, capsys):
+    """`handformer eval RUN --data FILE` on imported GPT-2: windows of its full context (64 tokens),
+    the loss Hugging Face's model gives on the same windows."""
+    hf_dir, hf_model = checkpoints["gpt2"]
+    assert main(["import-hf", str(hf_dir), str(tmp_path / "run")]) == 0
+    ids = torch.randint(0, VOCAB - 1, (3 * 64 + 1,), generator=torch.Generator().manual_seed(2))
+    (tmp_path / "text.txt").write_text(" ".join(f"w{i}" for i in ids.tolist()))
+    losses = [torch.nn.functional.cross_entropy(hf_model(ids[None, k:k + 64]).logits[0], ids[k + 1:k + 65])
+              for k in range(0, 3 * 64, 64)]
+    expected = torch.stack(losses).mean().item()
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "run"), "--data", str(tmp_path / "text.txt")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("loss ") and "(192 tokens in 3 windows of 64)" in out
+    assert float(out.split()[1]) == pytest.approx(expected, abs=1e-4)  # printed to 4 decimals
+
+
+@torch.no_grad()
 def test_generate_command_on_an_imported_run(checkpoints, tmp_path, capsys):
     """`handformer generate` prepends BOS for the Llama run and continues as Hugging Face does."""
     hf_dir, hf_model = checkpoints["llama_untied"]
