@@ -82,11 +82,13 @@ class CausalLM(nn.Module):
         S = offset + T
         if attention_mask is not None:
             attention_mask = check_mask(attention_mask, (B, S), "attention_mask")
+        positions_needed = None  # 1 + the largest position id, when known without reading them
         if position_ids is None:
             if attention_mask is not None:
                 position_ids = positions_from_mask(attention_mask)[:, offset:]  # (B, T)
             else:
                 position_ids = torch.arange(offset, S, device=input_ids.device)[None]  # (1, T)
+                positions_needed = S
         elif position_ids.shape not in ((B, T), (1, T)):
             raise ValueError(f"position_ids must have shape ({B}, {T}) or (1, {T}), "
                              f"got {tuple(position_ids.shape)}")
@@ -94,7 +96,10 @@ class CausalLM(nn.Module):
             raise TypeError(f"position_ids must hold integer positions, got dtype {position_ids.dtype}")
         elif int(position_ids.min()) < 0:
             raise ValueError(f"position_ids must be >= 0, got {int(position_ids.min())}")
-        check_length(int(position_ids.max()) + 1, self.cfg.max_positions)
+        if positions_needed is None and not torch.compiler.is_compiling():  # reading values: a
+            positions_needed = int(position_ids.max()) + 1  # graph break under torch.compile
+        if positions_needed is not None:
+            check_length(positions_needed, self.cfg.max_positions)
 
         # One mask for every layer: causal (offset by the cache) and padding, True = may attend.
         is_causal = attention_mask is None and offset == 0

@@ -43,7 +43,9 @@ class TrainConfig:
     clip_grad: float = 1.0  # max gradient norm; 0 = no clipping
     accumulation: int = 1  # micro-batches per optimizer step
     bf16: bool = False  # bf16 autocast (CPU and GPU)
-    compile: bool = False  # torch.compile the model for training
+    # torch.compile the model for training: a language model's forward is one graph; the
+    # translation model's breaks where it selects the non-pad rows (a data-dependent shape)
+    compile: bool = False
     eval_every: int = 200  # steps between validation runs (and checkpoints)
     eval_batches: int = 0  # validation batches per evaluation; 0 = the whole validation set
     checkpoint_every: int = 0  # steps between resumable checkpoints; 0 = at every evaluation

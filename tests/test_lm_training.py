@@ -409,3 +409,23 @@ def test_eval_errors_on_a_language_model_name_the_problem(tiny_run, args, messag
 def test_eval_on_val_needs_the_runs_validation_split(tiny_run, tmp_path, edit, message, capsys):
     assert main(["eval", str(edited_run(tiny_run, tmp_path, edit)), "--data", "val"]) == 2
     assert message in capsys.readouterr().err
+
+
+# --- torch.compile (train.compile = true) -------------------------------------------------------
+
+@pytest.mark.parametrize("style", ["gpt2_style", "llama_style"])
+def test_the_training_forward_compiles_into_one_graph(style):
+    """The input checks that read values (token-id range, positions past max_positions) step aside
+    inside torch.compile, so the compiled training forward has no graph breaks (each would split
+    the graph and sync the device); the eager forward still checks."""
+    from handformer.causal_lm import CausalLM
+    from handformer.config import CausalLMConfig
+
+    model = CausalLM(getattr(CausalLMConfig, style)(vocab_size=50, d_model=16, n_heads=2, n_kv_heads=1,
+                                                    d_ff=32, n_layers=1, max_positions=16))
+    explained = torch._dynamo.explain(model)(torch.randint(0, 50, (2, 8)))
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    with pytest.raises(ValueError, match="token id 50, outside the vocabulary"):
+        model(torch.tensor([[1, 50]]))
+    with pytest.raises(ValueError, match="needs 17 positions but the model has max_positions=16"):
+        model(torch.zeros(1, 17, dtype=torch.long))
