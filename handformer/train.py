@@ -282,8 +282,9 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
         step_loss, step_tokens = forward_backward(forward_model, micro, loss_fn, device, cfg, ctx)
 
         # 3. Clip, set the learning rate, update.
-        if cfg.clip_grad > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad)
+        if cfg.clip_grad > 0:  # torch picks the one-call foreach kernels by itself only on GPUs
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad,
+                                           foreach=True if device.type == "cpu" else None)
         lr = learning_rate(step, cfg.schedule, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr)
         for group in optimizer.param_groups:
             group["lr"] = lr

@@ -477,3 +477,30 @@ def test_a_weights_file_is_not_a_training_checkpoint(tmp_path):
         load_checkpoint(tmp_path / "model.safetensors", model, optimizer)
     with pytest.raises(FileNotFoundError, match="no weights file"):
         load_weights(model, tmp_path / "missing.safetensors")
+
+
+@pytest.mark.parametrize("clip", [0.0, 0.05])
+def test_the_optimizer_sees_gradients_clipped_to_clip_grad(tmp_path, monkeypatch, clip):
+    """The gradient norm at every optimizer step: at most clip_grad with clipping (these tiny
+    models' raw norms are far above 0.05, so it is exactly clip_grad), unclipped without."""
+    norms: list[float] = []
+
+    def recording_optimizer(model, cfg, device):
+        optimizer = make_optimizer(model, cfg, device)
+        step = optimizer.step
+
+        def recorded_step(*args, **kwargs):
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            norms.append(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item())
+            return step(*args, **kwargs)
+
+        optimizer.step = recorded_step
+        return optimizer
+
+    monkeypatch.setattr(train_module, "make_optimizer", recording_optimizer)
+    run_train(tiny_job(steps=4, clip_grad=clip, eval_every=100), tmp_path / "run", log=lambda *_: None)
+    assert len(norms) == 4
+    if clip:
+        assert norms == pytest.approx([clip] * 4, rel=1e-4)
+    else:
+        assert min(norms) > 0.5
