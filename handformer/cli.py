@@ -169,7 +169,7 @@ def cmd_eval_lm(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None:
             raise ValueError(f"--{name} is for translation runs; {args.run_dir} holds a language model")
     run = load_lm(args.run_dir, args.device)
-    score = score_text(run, eval_text(run, args.data[0]), args.block_size, args.limit)
+    score = score_text(run, eval_text(run, args.data[0]), args.block_size, args.limit, args.stride)
     print(score.format())
     return 0
 
@@ -177,8 +177,9 @@ def cmd_eval_lm(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     if _run_task(args.run_dir) == "lm":
         return cmd_eval_lm(args)
-    if args.block_size is not None:
-        raise ValueError("--block-size is for language-model runs (task 'lm')")
+    for name in ("block_size", "stride"):
+        if getattr(args, name) is not None:
+            raise ValueError(f"--{name.replace('_', '-')} is for language-model runs (task 'lm')")
     from handformer.data.batching import Seq2SeqData, encode_pairs
     from handformer.scores import corpus_scores
     from handformer.train import evaluate
@@ -434,6 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="score only the first N pairs (translation) or windows (language model)")
     p.add_argument("--block-size", type=int, default=None,
                    help="language model: tokens per scored window (default: the training block size)")
+    p.add_argument("--stride", type=int, default=None,
+                   help="language model: slide the window by N tokens, scoring only its last N "
+                   "(more context per token; default: the block size, windows do not overlap)")
     p.add_argument("--output", help="write the translations to this file")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_eval)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from handformer import distributed
 from handformer.causal_lm import CausalLM
@@ -39,7 +40,7 @@ from handformer.data.text import (
 from handformer.io import atomic_write_text
 from handformer.losses import token_cross_entropy
 from handformer.tokenizer import Tokenizer
-from handformer.train import TrainConfig, TrainResult, evaluate, train_new_model
+from handformer.train import TrainConfig, TrainResult, train_new_model
 
 
 @dataclass
@@ -107,6 +108,7 @@ class TextScore:
     tokens: int  # tokens scored (every position of every window)
     windows: int
     block_size: int
+    stride: int  # tokens between window starts (= block_size: windows do not overlap)
     unknown: int  # scored tokens the tokenizer does not know (its unknown token)
 
     @property
@@ -120,7 +122,8 @@ class TextScore:
     def format(self) -> str:
         line = (f"loss {self.loss:.4f} per token  perplexity {self.perplexity:.2f}  "
                 f"{self.bits_per_token:.3f} bits per token  ({self.tokens:,} tokens in "
-                f"{self.windows:,} windows of {self.block_size})")
+                f"{self.windows:,} windows of {self.block_size}")
+        line += f", stride {self.stride})" if self.stride != self.block_size else ")"
         if self.unknown:
             line += (f"\nwarning: {self.unknown:,} of the scored tokens are unknown to the tokenizer "
                      "(characters absent from its training text); they count in the loss")
@@ -148,37 +151,61 @@ def eval_text(run: LMRun, source: str) -> str:
     return split_text(text, data["val_fraction"])[1]
 
 
-def score_text(run: LMRun, text: str, block_size: int | None = None, limit: int = 0) -> TextScore:
+def score_text(run: LMRun, text: str, block_size: int | None = None, limit: int = 0,
+               stride: int | None = None) -> TextScore:
     """Mean next-token cross-entropy of the run's model over `text`.
 
-    The token stream is cut into non-overlapping windows of `block_size` tokens (default: the
-    run's training block size, else the model's context length); each token is predicted from the
-    tokens before it in its window, so every token but the first is scored exactly once. These are
-    the windows of training's fixed validation set with data.eval_batches = 0. `limit` > 0 scores
-    only the first `limit` windows."""
+    The token stream is cut into windows of `block_size` tokens (default: the run's training
+    block size, else the model's context length), each token predicted from the tokens before it
+    in its window. By default the windows do not overlap: every token but the first is scored
+    exactly once, these are the windows of training's fixed validation set with
+    data.eval_batches = 0, and a window's first tokens are predicted from little context. With
+    `stride` < block_size the window slides: each starts `stride` tokens after the previous one
+    and scores only its last `stride` tokens (the first window scores all of its own), so every
+    token is still scored once, with at least block_size - stride tokens of context. Only whole
+    windows are scored (the text's last tokens may be left out). `limit` > 0 scores only the
+    first `limit` windows."""
     context = run.model.cfg.max_positions
     if block_size is None:
         block_size = min(run.config.get("data", {}).get("block_size", context), context)
     if not 1 <= block_size <= context:
         raise ValueError(f"block size {block_size} is invalid: it must be between 1 and the "
                          f"model's context length (max_positions = {context})")
+    stride = block_size if stride is None else stride
+    if not 1 <= stride <= block_size:
+        raise ValueError(f"stride {stride} is invalid: it must be between 1 and the block size "
+                         f"({block_size})")
     if limit < 0:
         raise ValueError(f"limit {limit} is invalid: give a number of windows >= 1, or 0 for all")
     ids = as_token_tensor(run.tokenizer.encode(text), run.tokenizer.vocab_size)
     if len(ids) < block_size + 1:
         raise ValueError(f"the text has {len(ids):,} tokens; scoring needs at least block size + 1 "
                          f"= {block_size + 1}; give more text or a smaller block size")
+    n_windows = (len(ids) - 1 - block_size) // stride + 1  # windows whose block_size + 1 tokens fit
     if limit:
-        ids = ids[: limit * block_size + 1]  # exactly the first `limit` windows
-    windows_per_batch = max(1, EVAL_TOKENS_PER_BATCH // block_size)
-    batches = validation_batches(ids, block_size, windows_per_batch)
-    n_tokens = sum(b.n_tokens for b in batches)
-    unknown = 0
-    if run.tokenizer.unk_id is not None:
-        unknown = sum(int((b.y == run.tokenizer.unk_id).sum()) for b in batches)
+        n_windows = min(n_windows, limit)
+    windows = ids.unfold(0, block_size + 1, 1)  # (N - T, T + 1): every run of T + 1 tokens, a view
+    starts = torch.arange(n_windows) * stride  # (n_windows,)
+    new_tokens = torch.arange(block_size) >= block_size - stride  # (T,): the tokens a window scores
+    per_batch = max(1, EVAL_TOKENS_PER_BATCH // block_size)
     device = next(run.model.parameters()).device
-    loss = evaluate(run.model, batches, lm_loss, device)
-    return TextScore(loss, n_tokens, n_tokens // block_size, block_size, unknown)
+    total, scored, unknown = 0.0, 0, 0
+    was_training = run.model.training
+    run.model.eval()
+    with torch.no_grad():
+        for i in range(0, n_windows, per_batch):
+            chunk = windows[starts[i:i + per_batch]].long().to(device)  # (B, T + 1)
+            x, y = chunk[:, :-1], chunk[:, 1:]  # (B, T) inputs, (B, T) next tokens
+            keep = new_tokens.to(device).expand_as(y).clone()  # (B, T)
+            if i == 0:
+                keep[0] = True  # the first window scores every token it holds
+            logits = run.model(x).logits  # (B, T, V)
+            total += F.cross_entropy(logits[keep].float(), y[keep], reduction="sum").item()
+            scored += int(keep.sum())
+            if run.tokenizer.unk_id is not None:
+                unknown += int((y[keep] == run.tokenizer.unk_id).sum())
+    run.model.train(was_training)
+    return TextScore(total / scored, scored, n_windows, block_size, stride, unknown)
 
 
 # --- the training job -------------------------------------------------------------------------

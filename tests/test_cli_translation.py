@@ -126,6 +126,8 @@ def test_eval_refuses_language_model_options_on_a_translation_run(run, capsys):
     run_dir, _ = run
     assert main(["eval", str(run_dir), "--data", "dates", "--block-size", "8"]) == 2
     assert "--block-size is for language-model runs" in capsys.readouterr().err
+    assert main(["eval", str(run_dir), "--data", "dates", "--stride", "8"]) == 2
+    assert "--stride is for language-model runs" in capsys.readouterr().err
 
 
 def test_eval_on_misaligned_files_names_both(run, capsys, tmp_path):

@@ -346,6 +346,30 @@ def test_score_text_is_the_mean_next_token_loss_over_non_overlapping_windows(tin
     assert first.loss == pytest.approx(window_losses_by_hand(run, text[:97], 32)[0], rel=1e-5)
 
 
+def test_a_sliding_window_scores_every_token_once_with_at_least_block_minus_stride_context(tiny_run):
+    """Per token, by hand: target t (1 <= t <= T) comes from the first window, a later t from the
+    window starting at k * stride, k = ceil((t - T) / stride): the window whose last `stride`
+    tokens hold it. Its logits are those of that window's forward at position t - start - 1."""
+    run = load_lm(tiny_run)
+    ids = run.tokenizer.encode(pydoc_corpus()[:150])
+    T, stride = 32, 8
+    n_windows = (len(ids) - 1 - T) // stride + 1
+    last = (n_windows - 1) * stride + T  # the last target scored
+    losses, contexts = [], []
+    with torch.no_grad():
+        for t in range(1, last + 1):
+            start = 0 if t <= T else -(-(t - T) // stride) * stride
+            logits = run.model(torch.tensor([ids[start:start + T]])).logits[0, t - start - 1]
+            losses.append(F.cross_entropy(logits, torch.tensor(ids[t])).item())
+            contexts.append(t - start)
+    assert min(contexts[T:]) == T - stride + 1  # tokens seen, the predicted one's own input included
+    score = score_text(run, pydoc_corpus()[:150], T, stride=stride)
+    assert (score.windows, score.tokens, score.stride) == (n_windows, last, stride)
+    assert score.loss == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+    assert f"windows of {T}, stride {stride})" in score.format()
+    assert score_text(run, pydoc_corpus()[:150], T, stride=T) == score_text(run, pydoc_corpus()[:150], T)
+
+
 def test_eval_prints_the_loss_on_the_runs_own_validation_split(tiny_run, capsys):
     run = load_lm(tiny_run)
     _, val_text = split_text(pydoc_corpus(), 0.1)
@@ -388,6 +412,8 @@ def edited_run(tiny_run: Path, tmp_path: Path, edit) -> Path:
     (["--data", "val", "--block-size", "33"], "block size 33 is invalid: it must be between 1 and "
                                               "the model's context length (max_positions = 32)"),
     (["--data", "val", "--limit", "-1"], "limit -1 is invalid"),
+    (["--data", "val", "--stride", "33"], "stride 33 is invalid: it must be between 1 and the block size (32)"),
+    (["--data", "val", "--stride", "0"], "stride 0 is invalid"),
     (["--data", "a.txt", "b.txt"], "a language model scores one text"),
     (["--data", "val", "--beam", "2"], "--beam is for translation runs"),
     (["--data", "no/such.txt"], "no such text file or folder: no/such.txt"),
