@@ -105,7 +105,7 @@ EVAL_TOKENS_PER_BATCH = 2048  # windows are scored this many tokens at a time (b
 class TextScore:
     """A language model's next-token loss on a text (what `handformer eval` prints for LM runs)."""
     loss: float  # mean cross-entropy, nats per token
-    tokens: int  # tokens scored (every position of every window)
+    tokens: int  # tokens scored (each once)
     windows: int
     block_size: int
     stride: int  # tokens between window starts (= block_size: windows do not overlap)
