@@ -434,7 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=0,
                    help="score only the first N pairs (translation) or windows (language model)")
     p.add_argument("--block-size", type=int, default=None,
-                   help="language model: tokens per scored window (default: the training block size)")
+                   help="language model: tokens per scored window (default: the training block "
+                   "size; for imported runs the context length, at most 1024)")
     p.add_argument("--stride", type=int, default=None,
                    help="language model: slide the window by N tokens, scoring only its last N "
                    "(more context per token; default: the block size, windows do not overlap)")

@@ -90,7 +90,7 @@ def load_lm(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> L
     for name in ("model.safetensors", "tokenizer.json"):
         if not (run_dir / name).is_file():
             raise FileNotFoundError(f"{run_dir} has no {name}")
-    model = CausalLM(CausalLMConfig.from_dict(config["model"]))
+    model = CausalLM(CausalLMConfig.from_dict(config["model"], "model"))
     load_weights(model, run_dir / "model.safetensors")
     tokens = SpecialTokens(**config.get("tokens", {}))
     return LMRun(model.to(device).eval(), Tokenizer.load(run_dir / "tokenizer.json"), tokens, config)
@@ -98,7 +98,8 @@ def load_lm(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> L
 
 # --- scoring text ------------------------------------------------------------------------------
 
-EVAL_TOKENS_PER_BATCH = 2048  # windows are scored this many tokens at a time (bounds the logits)
+EVAL_TOKENS_PER_BATCH = 2048  # windows per forward: this many tokens' worth (at least one window)
+EVAL_DEFAULT_BLOCK = 1024  # default window of runs without a training block size (imported ones)
 
 
 @dataclass
@@ -122,7 +123,7 @@ class TextScore:
     def format(self) -> str:
         line = (f"loss {self.loss:.4f} per token  perplexity {self.perplexity:.2f}  "
                 f"{self.bits_per_token:.3f} bits per token  ({self.tokens:,} tokens in "
-                f"{self.windows:,} windows of {self.block_size}")
+                f"{self.windows:,} window{'s' if self.windows != 1 else ''} of {self.block_size}")
         line += f", stride {self.stride})" if self.stride != self.block_size else ")"
         if self.unknown:
             line += (f"\nwarning: {self.unknown:,} of the scored tokens are unknown to the tokenizer "
@@ -155,19 +156,20 @@ def score_text(run: LMRun, text: str, block_size: int | None = None, limit: int 
                stride: int | None = None) -> TextScore:
     """Mean next-token cross-entropy of the run's model over `text`.
 
-    The token stream is cut into windows of `block_size` tokens (default: the run's training
-    block size, else the model's context length), each token predicted from the tokens before it
-    in its window. By default the windows do not overlap: every token but the first is scored
-    exactly once, these are the windows of training's fixed validation set with
-    data.eval_batches = 0, and a window's first tokens are predicted from little context. With
-    `stride` < block_size the window slides: each starts `stride` tokens after the previous one
-    and scores only its last `stride` tokens (the first window scores all of its own), so every
-    token is still scored once, with at least block_size - stride tokens of context. Only whole
-    windows are scored (the text's last tokens may be left out). `limit` > 0 scores only the
-    first `limit` windows."""
+    The token stream (after the run's BOS token, when it has one, as `generate` prompts) is cut
+    into windows of `block_size` tokens (default: the run's training block size, else the model's
+    context length up to EVAL_DEFAULT_BLOCK), each token predicted from the tokens before it in
+    its window. By default the windows do not overlap, so a window's first tokens are predicted
+    from little context; these are the windows of training's fixed validation set with
+    data.eval_batches = 0. With `stride` < block_size the window slides: each starts `stride`
+    tokens after the previous one and scores only its last `stride` tokens (the first window
+    scores all of its own), so every token after the first window has at least
+    block_size - stride tokens of context. Each token is scored at most once: all but the first
+    and a tail too short for another whole window. `limit` > 0 scores only the first `limit`
+    windows."""
     context = run.model.cfg.max_positions
     if block_size is None:
-        block_size = min(run.config.get("data", {}).get("block_size", context), context)
+        block_size = min(run.config.get("data", {}).get("block_size", EVAL_DEFAULT_BLOCK), context)
     if not 1 <= block_size <= context:
         raise ValueError(f"block size {block_size} is invalid: it must be between 1 and the "
                          f"model's context length (max_positions = {context})")
@@ -177,7 +179,8 @@ def score_text(run: LMRun, text: str, block_size: int | None = None, limit: int 
                          f"({block_size})")
     if limit < 0:
         raise ValueError(f"limit {limit} is invalid: give a number of windows >= 1, or 0 for all")
-    ids = as_token_tensor(run.tokenizer.encode(text), run.tokenizer.vocab_size)
+    bos = [] if run.tokens.bos_id is None else [run.tokens.bos_id]
+    ids = as_token_tensor(bos + run.tokenizer.encode(text), run.tokenizer.vocab_size)
     if len(ids) < block_size + 1:
         raise ValueError(f"the text has {len(ids):,} tokens; scoring needs at least block size + 1 "
                          f"= {block_size + 1}; give more text or a smaller block size")

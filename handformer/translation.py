@@ -225,7 +225,7 @@ class Translator:
         config = json.loads((run_dir / "config.json").read_text())
         if config.get("task") != "translation":
             raise ValueError(f"{run_dir} holds a {config.get('task')!r} run, not a translation run")
-        model_cfg = Seq2SeqConfig.from_dict(config["model"])
+        model_cfg = Seq2SeqConfig.from_dict(config["model"], "model")
         job = TranslationJob.from_dict({k: v for k, v in config.items() if k != "model"})
         model = Seq2SeqTransformer(model_cfg)
         load_weights(model, run_dir / "model.safetensors")

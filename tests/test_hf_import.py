@@ -132,14 +132,18 @@ def test_import_matches_hugging_face(name, checkpoints, tmp_path, capsys):
         assert generate(run.model, [prompt], NEW_TOKENS, temperature=0) == [hf_tokens]
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama_untied"])
 @torch.no_grad()
-def test_eval_command_on_an_imported_run_gives_hugging_faces_loss(checkpoints, tmp_path, capsys):
-    """`handformer eval RUN --data FILE` on imported GPT-2: windows of its full context (64 tokens),
-    the loss Hugging Face's model gives on the same windows."""
-    hf_dir, hf_model = checkpoints["gpt2"]
+def test_eval_command_on_an_imported_run_gives_hugging_faces_loss(name, checkpoints, tmp_path, capsys):
+    """`handformer eval RUN --data FILE` on an imported model: windows of its full context (64
+    tokens) over the text's ids, after BOS for Llama (as `generate` prompts it), scored as Hugging
+    Face's model scores the same windows."""
+    hf_dir, hf_model = checkpoints[name]
     assert main(["import-hf", str(hf_dir), str(tmp_path / "run")]) == 0
-    ids = torch.randint(0, VOCAB - 1, (3 * 64 + 1,), generator=torch.Generator().manual_seed(2))
-    (tmp_path / "text.txt").write_text(" ".join(f"w{i}" for i in ids.tolist()))
+    bos = [1] if name == "llama_untied" else []  # <s>
+    words = torch.randint(3, VOCAB - 1, (3 * 64 + 1 - len(bos),), generator=torch.Generator().manual_seed(2))
+    (tmp_path / "text.txt").write_text(" ".join(f"w{i}" for i in words.tolist()))
+    ids = torch.tensor(bos + words.tolist())  # (193,)
     losses = [torch.nn.functional.cross_entropy(hf_model(ids[None, k:k + 64]).logits[0], ids[k + 1:k + 65])
               for k in range(0, 3 * 64, 64)]
     expected = torch.stack(losses).mean().item()

@@ -368,6 +368,19 @@ def test_a_sliding_window_scores_every_token_once_with_at_least_block_minus_stri
     assert score.loss == pytest.approx(sum(losses) / len(losses), rel=1e-5)
     assert f"windows of {T}, stride {stride})" in score.format()
     assert score_text(run, pydoc_corpus()[:150], T, stride=T) == score_text(run, pydoc_corpus()[:150], T)
+    first_three = score_text(run, pydoc_corpus()[:150], T, limit=3, stride=stride)
+    assert (first_three.windows, first_three.tokens) == (3, T + 2 * stride)
+    assert first_three.loss == pytest.approx(sum(losses[:T + 2 * stride]) / (T + 2 * stride), rel=1e-5)
+
+
+def test_the_score_does_not_depend_on_how_windows_are_batched(tiny_run, monkeypatch):
+    run = load_lm(tiny_run)
+    text = pydoc_corpus()[:3000]
+    whole = score_text(run, text, 32, stride=8)
+    monkeypatch.setattr("handformer.lm.EVAL_TOKENS_PER_BATCH", 64)  # 2 windows a forward
+    split = score_text(run, text, 32, stride=8)
+    assert (split.windows, split.tokens) == (whole.windows, whole.tokens)
+    assert split.loss == pytest.approx(whole.loss, rel=1e-6)
 
 
 def test_eval_prints_the_loss_on_the_runs_own_validation_split(tiny_run, capsys):
