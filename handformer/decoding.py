@@ -18,6 +18,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
+from handformer.modes import eval_mode
 from handformer.seq2seq import Seq2SeqTransformer
 
 
@@ -56,12 +57,8 @@ def _in_eval_mode(fn: DecodeFn) -> DecodeFn:
     """Run a decoding function with the model in eval mode (dropout off), then restore its flag."""
     @functools.wraps(fn)
     def wrapper(model: Seq2SeqTransformer, *args, **kwargs):
-        was_training = model.training
-        model.eval()
-        try:
+        with eval_mode(model):
             return fn(model, *args, **kwargs)
-        finally:
-            model.train(was_training)
     return wrapper  # type: ignore[return-value]
 
 

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from handformer.causal_lm import CausalLM
+from handformer.modes import eval_mode
 
 # Cumulative probabilities this close to top_p count as reaching it, so float rounding of e.g.
 # 0.5 + 0.3 does not pull one more token into the nucleus at p = 0.8.
@@ -158,9 +159,7 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
         generator.manual_seed(seed)
     stop = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=device)
 
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         cache = model.new_cache(L + max_new_tokens) if use_cache and max_new_tokens else None
         outputs: list[list[int]] = [[] for _ in range(B)]
         finished = torch.zeros(B, dtype=torch.bool, device=device)
@@ -179,6 +178,4 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
             ids = torch.cat([ids, token[:, None]], dim=1)  # (B, S)
             mask = torch.cat([mask, ~finished[:, None]], dim=1)  # (B, S)
             inputs = token[:, None] if cache is not None else ids
-    finally:
-        model.train(was_training)
     return outputs

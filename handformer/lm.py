@@ -39,6 +39,7 @@ from handformer.data.text import (
 )
 from handformer.io import atomic_write_text
 from handformer.losses import token_cross_entropy
+from handformer.modes import eval_mode
 from handformer.tokenizer import Tokenizer
 from handformer.train import TrainConfig, TrainResult, train_new_model
 
@@ -193,9 +194,7 @@ def score_text(run: LMRun, text: str, block_size: int | None = None, limit: int 
     per_batch = max(1, EVAL_TOKENS_PER_BATCH // block_size)
     device = next(run.model.parameters()).device
     total, scored, unknown = 0.0, 0, 0
-    was_training = run.model.training
-    run.model.eval()
-    with torch.no_grad():
+    with eval_mode(run.model), torch.no_grad():
         for i in range(0, n_windows, per_batch):
             chunk = windows[starts[i:i + per_batch]].long().to(device)  # (B, T + 1)
             x, y = chunk[:, :-1], chunk[:, 1:]  # (B, T) inputs, (B, T) next tokens
@@ -207,7 +206,6 @@ def score_text(run: LMRun, text: str, block_size: int | None = None, limit: int 
             scored += int(keep.sum())
             if run.tokenizer.unk_id is not None:
                 unknown += int((y[keep] == run.tokenizer.unk_id).sum())
-    run.model.train(was_training)
     return TextScore(total / scored, scored, n_windows, block_size, stride, unknown)
 
 

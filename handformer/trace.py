@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from handformer.causal_lm import CausalLM
 from handformer.config import BlockConfig, CausalLMConfig, Seq2SeqConfig
+from handformer.modes import eval_mode
 from handformer.seq2seq import Seq2SeqTransformer
 
 PRESETS: dict[str, Callable[[], BlockConfig]] = {
@@ -143,15 +144,12 @@ def trace(model: nn.Module, batch_size: int = 2, src_length: int = 10, tgt_lengt
             seen.append(call)
 
     hooks = [m.register_forward_hook(record, with_kwargs=True) for m in model.modules()]
-    was_training = model.training
     try:
-        model.eval()
-        with torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             _run_sample(model, batch_size, src_length, tgt_length)
     finally:
         for h in hooks:
             h.remove()
-        model.train(was_training)
     return _rows(model, calls)
 
 

@@ -26,6 +26,7 @@ from handformer.checkpoint import load_checkpoint, load_weights, save_checkpoint
 from handformer.config import dataclass_from_dict
 from handformer.cpu_memory import keep_freed_memory
 from handformer.io import atomic_write_text
+from handformer.modes import eval_mode
 from handformer.schedules import SCHEDULES, learning_rate
 
 
@@ -142,19 +143,17 @@ def evaluate(model: nn.Module, batches: list, loss_fn: LossFn, device: torch.dev
     (`ctx`) each rank scores batches rank, rank + W, ... and the sums are all-reduced, so every
     batch counts exactly once."""
     ctx = ctx or distributed.DistContext()
-    was_training = model.training
-    model.eval()
     total, tokens = 0.0, 0
     mine = batches[ctx.rank::ctx.world]
-    for i in range(math.ceil(len(batches) / ctx.world)):
-        # A rank short of batches still runs a forward (discarded): FSDP's gathers need every rank.
-        batch = (mine[i] if i < len(mine) else batches[0]).to(device)
-        with autocast(device, bf16):
-            loss = float(loss_fn(model, batch, 0.0))
-        if i < len(mine):
-            total, tokens = total + loss, tokens + batch.n_tokens
+    with eval_mode(model):
+        for i in range(math.ceil(len(batches) / ctx.world)):
+            # A rank short of batches still runs a forward (discarded): FSDP's gathers need every rank.
+            batch = (mine[i] if i < len(mine) else batches[0]).to(device)
+            with autocast(device, bf16):
+                loss = float(loss_fn(model, batch, 0.0))
+            if i < len(mine):
+                total, tokens = total + loss, tokens + batch.n_tokens
     total, tokens = distributed.all_sum(ctx, total, tokens, device=device)
-    model.train(was_training)
     return total / max(tokens, 1)
 
 

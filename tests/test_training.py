@@ -504,3 +504,15 @@ def test_the_optimizer_sees_gradients_clipped_to_clip_grad(tmp_path, monkeypatch
         assert norms == pytest.approx([clip] * 4, rel=1e-4)
     else:
         assert min(norms) > 0.5
+
+
+def test_eval_mode_gives_the_model_back_as_it_was_even_after_an_error():
+    from handformer.modes import eval_mode
+
+    model = torch.nn.Sequential(torch.nn.Dropout(0.5))
+    for training in (True, False):
+        model.train(training)
+        with pytest.raises(RuntimeError, match="boom"), eval_mode(model):
+            assert not model.training and not model[0].training
+            raise RuntimeError("boom")
+        assert model.training is training and model[0].training is training
