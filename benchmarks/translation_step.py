@@ -32,7 +32,7 @@ from handformer.cpu_memory import keep_freed_memory  # noqa: E402
 from handformer.job_config import apply_overrides, load_job_file  # noqa: E402
 from handformer.losses import token_cross_entropy  # noqa: E402
 from handformer.seq2seq import Seq2SeqTransformer  # noqa: E402
-from handformer.train import make_optimizer  # noqa: E402
+from handformer.train import clip_gradients, make_optimizer  # noqa: E402
 from handformer.translation import (  # noqa: E402
     TranslationJob,
     batched_pairs,
@@ -78,7 +78,7 @@ def main() -> None:
             start = time.perf_counter()
         loss = loss_fn(model, batch, job.train.label_smoothing) / batch.n_tokens
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), job.train.clip_grad)
+        clip_gradients(model, job.train.clip_grad, torch.device("cpu"))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     per_step = (time.perf_counter() - start) / args.steps

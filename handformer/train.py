@@ -118,6 +118,13 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> 
                              fused=device.type in ("cpu", "cuda"))
 
 
+def clip_gradients(model: nn.Module, max_norm: float, device: torch.device) -> None:
+    """Scale the gradients so their global norm is at most `max_norm`. On CPU too with torch's
+    one-call foreach kernels (torch picks them by itself only on GPUs)."""
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm,
+                                   foreach=True if device.type == "cpu" else None)
+
+
 def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
     if not enabled:
         return contextlib.nullcontext()
@@ -281,9 +288,8 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
         step_loss, step_tokens = forward_backward(forward_model, micro, loss_fn, device, cfg, ctx)
 
         # 3. Clip, set the learning rate, update.
-        if cfg.clip_grad > 0:  # torch picks the one-call foreach kernels by itself only on GPUs
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad,
-                                           foreach=True if device.type == "cpu" else None)
+        if cfg.clip_grad > 0:
+            clip_gradients(model, cfg.clip_grad, device)
         lr = learning_rate(step, cfg.schedule, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr)
         for group in optimizer.param_groups:
             group["lr"] = lr
