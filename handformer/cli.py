@@ -180,10 +180,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for name in ("block_size", "stride"):
         if getattr(args, name) is not None:
             raise ValueError(f"--{name.replace('_', '-')} is for language-model runs (task 'lm')")
-    from handformer.data.batching import Seq2SeqData, encode_pairs
     from handformer.scores import corpus_scores
     from handformer.train import evaluate
-    from handformer.translation import Translator, load_pairs, seq2seq_loss
+    from handformer.translation import Translator, batched_pairs, load_pairs, seq2seq_loss
 
     translator = Translator.load(args.run_dir, args.device)
     if args.data == ["dates"]:
@@ -196,9 +195,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     pairs = data.pairs[: args.limit] if args.limit else data.pairs
     print(data.report())
     max_len = min(translator.job.data.max_length, translator.model.cfg.max_positions)
-    enc = encode_pairs(pairs, translator.src_tok, translator.tgt_tok, max_len)
-    batches = Seq2SeqData(enc, translator.job.data.max_tokens, translator.src_tok.pad_id,
-                          translator.tgt_tok.bos_id, translator.tgt_tok.eos_id, shuffle=False).epoch(0)
+    batches = batched_pairs(translator.job, pairs, translator.src_tok, translator.tgt_tok, max_len,
+                            shuffle=False).epoch(0)
     loss = evaluate(translator.model, batches, seq2seq_loss, translator.device)
     hyps = translator.translate([s for s, _ in pairs], beam=args.beam)
     scores = corpus_scores(hyps, [t for _, t in pairs])
