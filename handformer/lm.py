@@ -190,15 +190,15 @@ def score_text(run: LMRun, text: str, block_size: int | None = None, limit: int 
         n_windows = min(n_windows, limit)
     windows = ids.unfold(0, block_size + 1, 1)  # (N - T, T + 1): every run of T + 1 tokens, a view
     starts = torch.arange(n_windows) * stride  # (n_windows,)
-    new_tokens = torch.arange(block_size) >= block_size - stride  # (T,): the tokens a window scores
-    per_batch = max(1, EVAL_TOKENS_PER_BATCH // block_size)
     device = next(run.model.parameters()).device
+    new_tokens = torch.arange(block_size, device=device) >= block_size - stride  # (T,): scored ones
+    per_batch = max(1, EVAL_TOKENS_PER_BATCH // block_size)
     total, scored, unknown = 0.0, 0, 0
     with eval_mode(run.model), torch.no_grad():
         for i in range(0, n_windows, per_batch):
             chunk = windows[starts[i:i + per_batch]].long().to(device)  # (B, T + 1)
             x, y = chunk[:, :-1], chunk[:, 1:]  # (B, T) inputs, (B, T) next tokens
-            keep = new_tokens.to(device).expand_as(y).clone()  # (B, T)
+            keep = new_tokens.expand_as(y).clone()  # (B, T)
             if i == 0:
                 keep[0] = True  # the first window scores every token it holds
             logits = run.model(x).logits  # (B, T, V)
