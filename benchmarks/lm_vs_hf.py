@@ -34,11 +34,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from handformer.causal_lm import CausalLM  # noqa: E402
 from handformer.config import CausalLMConfig  # noqa: E402
-from handformer.cpu_memory import keep_freed_memory  # noqa: E402
-from handformer.generate import generate  # noqa: E402
-from handformer.hf_weights import load_hf_into  # noqa: E402
+from handformer.convert.hf_weights import load_hf_into  # noqa: E402
+from handformer.generation.generate import generate  # noqa: E402
+from handformer.models.causal_lm import CausalLM  # noqa: E402
+from handformer.training.cpu_memory import keep_freed_memory  # noqa: E402
 
 
 def matmul_peak(dtype: torch.dtype, max_n: int = 2048, reps: int = 5) -> tuple[float, int]:

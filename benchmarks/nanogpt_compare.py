@@ -98,7 +98,8 @@ def handformer_full_val(run_dir: Path, text_path: Path) -> float:
     """handformer's best checkpoint (model.safetensors) on the whole validation split: what
     `handformer eval RUN_DIR --data val` prints."""
     from handformer.data.text import split_text
-    from handformer.lm import load_lm, score_text
+    from handformer.tasks.lm.run import load_lm
+    from handformer.tasks.lm.scoring import score_text
 
     _, val_text = split_text(text_path.read_text(), 0.1)
     return score_text(load_lm(run_dir), val_text).loss
@@ -115,10 +116,10 @@ def step_times(nanogpt: Path, rounds: int = 6, steps: int = 50) -> dict[str, dic
     sys.path.insert(0, str(nanogpt))
     from model import GPT, GPTConfig  # nanoGPT's model.py
 
-    from handformer.causal_lm import CausalLM
-    from handformer.job_config import load_job_file
-    from handformer.lm import LMJob
-    from handformer.train import clip_gradients, make_optimizer
+    from handformer.models.causal_lm import CausalLM
+    from handformer.tasks.job_file import load_job_file
+    from handformer.tasks.lm.job import LMJob
+    from handformer.training.loop import clip_gradients, make_optimizer
 
     raw = load_job_file(ROOT / "configs" / "shakespeare_char.toml")
     job = LMJob.from_dict({k: v for k, v in raw.items() if k != "task"})

@@ -22,13 +22,13 @@ import torch
 from torch import nn
 
 from handformer import Seq2SeqConfig, Seq2SeqTransformer
-from handformer.cpu_memory import keep_freed_memory
 from handformer.data.batching import Seq2SeqData, encode_pairs
 from handformer.data.dates import date_pairs
 from handformer.data.parallel import read_pair
-from handformer.losses import token_cross_entropy
-from handformer.positions import sinusoidal_table
-from handformer.tokenizer import Tokenizer
+from handformer.data.tokenizer import Tokenizer
+from handformer.nn.positions import sinusoidal_table
+from handformer.training.cpu_memory import keep_freed_memory
+from handformer.training.losses import token_cross_entropy
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 

@@ -27,20 +27,20 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from handformer.cli import parse_overrides  # noqa: E402
-from handformer.cpu_memory import keep_freed_memory  # noqa: E402
-from handformer.job_config import apply_overrides, load_job_file  # noqa: E402
-from handformer.losses import token_cross_entropy  # noqa: E402
-from handformer.seq2seq import Seq2SeqTransformer  # noqa: E402
-from handformer.train import clip_gradients, make_optimizer  # noqa: E402
-from handformer.translation import (  # noqa: E402
+from handformer.cli.common import parse_overrides  # noqa: E402
+from handformer.models.seq2seq import Seq2SeqTransformer  # noqa: E402
+from handformer.tasks.job_file import apply_overrides, load_job_file  # noqa: E402
+from handformer.tasks.translation.job import (  # noqa: E402
     TranslationJob,
     batched_pairs,
     build_tokenizers,
     load_pairs,
     model_config,
-    seq2seq_loss,
 )
+from handformer.tasks.translation.train import seq2seq_loss  # noqa: E402
+from handformer.training.cpu_memory import keep_freed_memory  # noqa: E402
+from handformer.training.loop import clip_gradients, make_optimizer  # noqa: E402
+from handformer.training.losses import token_cross_entropy  # noqa: E402
 
 
 def full_logits_loss(model: Seq2SeqTransformer, batch, label_smoothing: float) -> torch.Tensor:

@@ -1,14 +1,14 @@
 """handformer: a Transformer written by hand, from attention to trained models."""
 
-from handformer.attention import MultiHeadAttention, scaled_dot_product_attention
-from handformer.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
-from handformer.causal_lm import CausalLM, CausalLMOutput
 from handformer.config import BlockConfig, CausalLMConfig, Seq2SeqConfig, load_config
-from handformer.feed_forward import FeedForward
-from handformer.kv_cache import KVCache
-from handformer.masks import causal_mask, padding_mask
-from handformer.norms import LayerNorm, RMSNorm
-from handformer.seq2seq import Seq2SeqOutput, Seq2SeqTransformer
+from handformer.models.causal_lm import CausalLM, CausalLMOutput
+from handformer.models.seq2seq import Seq2SeqOutput, Seq2SeqTransformer
+from handformer.nn.attention import MultiHeadAttention, scaled_dot_product_attention
+from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
+from handformer.nn.feed_forward import FeedForward
+from handformer.nn.kv_cache import KVCache
+from handformer.nn.masks import causal_mask, padding_mask
+from handformer.nn.norms import LayerNorm, RMSNorm
 
 __version__ = "0.1.0"
 

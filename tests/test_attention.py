@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from handformer.attention import repeat_kv, scaled_dot_product_attention
-from handformer.masks import causal_mask, combine, key_mask, padding_mask
+from handformer.nn.attention import repeat_kv, scaled_dot_product_attention
+from handformer.nn.masks import causal_mask, combine, key_mask, padding_mask
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 

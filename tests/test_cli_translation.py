@@ -10,8 +10,8 @@ import sacrebleu
 
 from handformer.cli import main
 from handformer.data.dates import date_pairs
-from handformer.scores import corpus_scores
-from handformer.translation import Translator
+from handformer.tasks.translation.scores import corpus_scores
+from handformer.tasks.translation.translator import Translator
 
 TINY = ["data.n_train=300", "data.n_heldout=30", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",
         "model.n_encoder_layers=1", "model.n_decoder_layers=1", "data.max_tokens=512",

@@ -11,7 +11,6 @@ import json
 import pytest
 import torch
 
-from handformer.causal_lm import CausalLM
 from handformer.config import (
     BlockConfig,
     CausalLMConfig,
@@ -19,7 +18,8 @@ from handformer.config import (
     config_from_dict,
     load_config,
 )
-from handformer.seq2seq import Seq2SeqTransformer
+from handformer.models.causal_lm import CausalLM
+from handformer.models.seq2seq import Seq2SeqTransformer
 
 SMALL = dict(d_model=16, n_heads=4, d_ff=32, max_positions=16)
 

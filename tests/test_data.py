@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from handformer.data.batching import Seq2SeqData, collate, encode_pairs, token_budget_batches
 from handformer.data.dates import date_pairs
 from handformer.data.parallel import read_pair, read_parallel, read_tsv
-from handformer.tokenizer import Tokenizer
+from handformer.data.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from handformer.config import Seq2SeqConfig
-from handformer.decoding import DecodeLimits, beam_search, greedy_decode
-from handformer.seq2seq import Seq2SeqTransformer
+from handformer.generation.decoding import DecodeLimits, beam_search, greedy_decode
+from handformer.models.seq2seq import Seq2SeqTransformer
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 SEEDS = range(6)

@@ -15,16 +15,16 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from handformer import distributed
-from handformer.causal_lm import CausalLM
-from handformer.checkpoint import load_checkpoint, load_weights, read_safetensors
 from handformer.config import CausalLMConfig, Seq2SeqConfig
 from handformer.data.batching import collate
 from handformer.data.text import LMBatch, LMWindows, validation_batches
-from handformer.lm import lm_loss
-from handformer.seq2seq import Seq2SeqTransformer
-from handformer.train import TrainConfig, forward_backward, make_optimizer, train
-from handformer.translation import seq2seq_loss
+from handformer.models.causal_lm import CausalLM
+from handformer.models.seq2seq import Seq2SeqTransformer
+from handformer.tasks.lm.train import lm_loss
+from handformer.tasks.translation.train import seq2seq_loss
+from handformer.training import distributed
+from handformer.training.checkpoint import load_checkpoint, load_weights, read_safetensors
+from handformer.training.loop import TrainConfig, forward_backward, make_optimizer, train
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from handformer.cli import main
-from handformer.explain import FIGURES, TEMPERATURES, measure_scaling, sample_masks, softmax_at
+from handformer.see.explain import FIGURES, TEMPERATURES, measure_scaling, sample_masks, softmax_at
 
 DOCS_FIGURES = Path(__file__).resolve().parent.parent / "docs" / "figures"
 

@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 import torch
 
-from handformer.causal_lm import CausalLM
-from handformer.checkpoint import save_weights
 from handformer.config import CausalLMConfig, Seq2SeqConfig
-from handformer.explorer import write_explorer
-from handformer.lm import SpecialTokens, save_lm_run
-from handformer.seq2seq import Seq2SeqTransformer
-from handformer.tokenizer import Tokenizer
-from handformer.translation import TranslationJob, save_run_config
-from handformer.viz import attention_report, visualize
+from handformer.data.tokenizer import Tokenizer
+from handformer.models.causal_lm import CausalLM
+from handformer.models.seq2seq import Seq2SeqTransformer
+from handformer.see.explorer import write_explorer
+from handformer.see.viz import attention_report, visualize
+from handformer.tasks.lm.run import SpecialTokens, save_lm_run
+from handformer.tasks.translation.job import TranslationJob
+from handformer.tasks.translation.train import save_run_config
+from handformer.training.checkpoint import save_weights
 
 sync_api = pytest.importorskip(
     "playwright.sync_api", reason="the python package playwright is not installed (pip install -e '.[dev]')")

@@ -10,18 +10,19 @@ import torch
 from torch import nn
 
 from handformer import cli
-from handformer.causal_lm import CausalLM
 from handformer.config import CausalLMConfig
-from handformer.generate import (
+from handformer.data.tokenizer import Tokenizer
+from handformer.generation.generate import generate
+from handformer.generation.sampling import (
     apply_temperature,
     filter_logits,
-    generate,
     next_tokens,
     top_k_filter,
     top_p_filter,
 )
-from handformer.lm import SpecialTokens, load_lm, save_lm_run
-from handformer.tokenizer import Tokenizer
+from handformer.generation.stream import TextStream
+from handformer.models.causal_lm import CausalLM
+from handformer.tasks.lm.run import SpecialTokens, load_lm, save_lm_run
 
 VOCAB = 23
 PRESETS = ["gpt2", "llama"]
@@ -405,7 +406,7 @@ def test_text_stream_holds_back_incomplete_utf8():
     assert "\ufffd" in tok.decode(ids[:2]) or "\ufffd" in tok.decode(ids[:3])  # the test bites
     prompt = tok.encode("hello")
     out = io.StringIO()
-    stream = cli.TextStream(tok, prompt, prefix="hello", out=out)
+    stream = TextStream(tok, prompt, prefix="hello", out=out)
     writes = []
     out.write = lambda s: writes.append(s)  # record each chunk as it is written
     for i in ids:

@@ -19,10 +19,10 @@ from tokenizers import models, pre_tokenizers, processors
 transformers = pytest.importorskip("transformers")
 
 from handformer.cli import main  # noqa: E402
-from handformer.generate import generate  # noqa: E402
-from handformer.hf_import import import_hf, special_tokens  # noqa: E402
-from handformer.lm import SpecialTokens, load_lm  # noqa: E402
-from handformer.tokenizer import Tokenizer  # noqa: E402
+from handformer.convert.hf_import import import_hf, special_tokens  # noqa: E402
+from handformer.data.tokenizer import Tokenizer  # noqa: E402
+from handformer.generation.generate import generate  # noqa: E402
+from handformer.tasks.lm.run import SpecialTokens, load_lm  # noqa: E402
 
 VOCAB = 101
 PROMPT_LEN, NEW_TOKENS = 10, 8
@@ -210,7 +210,7 @@ def test_weights_keep_their_dtype(tmp_path):
 def test_views_of_one_storage_are_all_saved():
     """The import's parameters may be views of one fused tensor (GPT-2's c_attn split in q, k, v):
     they share a storage but are not tied, so each must be saved."""
-    from handformer.checkpoint import unique_state_dict
+    from handformer.training.checkpoint import unique_state_dict
 
     fused, module = torch.randn(6, 4), torch.nn.Module()
     module.q, module.k = torch.nn.Parameter(fused[:3]), torch.nn.Parameter(fused[3:])

@@ -2,7 +2,7 @@
 
 The Hugging Face models are built from a config (no download), every parameter is randomized
 (their init leaves norms at 1 and biases at 0, which would hide a swapped mapping), the weights
-are imported with handformer.hf_weights, and the logits must agree to 1e-5 on real positions.
+are imported with handformer.convert.hf_weights, and the logits must agree to 1e-5 on real positions.
 """
 
 import re
@@ -14,7 +14,7 @@ from helpers import randomize_hf
 transformers = pytest.importorskip("transformers")
 
 from handformer import CausalLM  # noqa: E402
-from handformer.hf_weights import (  # noqa: E402
+from handformer.convert.hf_weights import (  # noqa: E402
     config_from_hf,
     convert_hf_state_dict,
     load_hf_into,

@@ -13,8 +13,6 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handformer import train as train_module
-from handformer.checkpoint import read_safetensors
 from handformer.cli import main
 from handformer.data.text import (
     LMWindows,
@@ -24,8 +22,12 @@ from handformer.data.text import (
     split_text,
     validation_batches,
 )
-from handformer.lm import LMJob, eval_text, load_lm, score_text
-from handformer.tokenizer import Tokenizer
+from handformer.data.tokenizer import Tokenizer
+from handformer.tasks.lm.job import LMJob
+from handformer.tasks.lm.run import load_lm
+from handformer.tasks.lm.scoring import eval_text, score_text
+from handformer.training import loop as train_module
+from handformer.training.checkpoint import read_safetensors
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TINY_LM = str(CONFIGS / "tiny_lm.toml")
@@ -377,7 +379,7 @@ def test_the_score_does_not_depend_on_how_windows_are_batched(tiny_run, monkeypa
     run = load_lm(tiny_run)
     text = pydoc_corpus()[:3000]
     whole = score_text(run, text, 32, stride=8)
-    monkeypatch.setattr("handformer.lm.EVAL_TOKENS_PER_BATCH", 64)  # 2 windows a forward
+    monkeypatch.setattr("handformer.tasks.lm.scoring.EVAL_TOKENS_PER_BATCH", 64)  # 2 windows a forward
     split = score_text(run, text, 32, stride=8)
     assert (split.windows, split.tokens) == (whole.windows, whole.tokens)
     assert split.loss == pytest.approx(whole.loss, rel=1e-6)
@@ -457,8 +459,8 @@ def test_the_training_forward_compiles_into_one_graph(style):
     """The input checks that read values (token-id range, positions past max_positions) step aside
     inside torch.compile, so the compiled training forward has no graph breaks (each would split
     the graph and sync the device); the eager forward still checks."""
-    from handformer.causal_lm import CausalLM
     from handformer.config import CausalLMConfig
+    from handformer.models.causal_lm import CausalLM
 
     model = CausalLM(getattr(CausalLMConfig, style)(vocab_size=50, d_model=16, n_heads=2, n_kv_heads=1,
                                                     d_ff=32, n_layers=1, max_positions=16))

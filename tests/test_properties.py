@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch.testing import assert_close
 
-from handformer.attention import MultiHeadAttention
-from handformer.causal_lm import CausalLM
 from handformer.config import CausalLMConfig, Seq2SeqConfig
-from handformer.masks import causal_mask, key_mask
-from handformer.norms import LayerNorm, RMSNorm
-from handformer.positions import RotaryEmbedding, apply_rotary
-from handformer.seq2seq import Seq2SeqTransformer
+from handformer.models.causal_lm import CausalLM
+from handformer.models.seq2seq import Seq2SeqTransformer
+from handformer.nn.attention import MultiHeadAttention
+from handformer.nn.masks import causal_mask, key_mask
+from handformer.nn.norms import LayerNorm, RMSNorm
+from handformer.nn.positions import RotaryEmbedding, apply_rotary
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 FAST = settings(max_examples=20, deadline=None, derandomize=True)

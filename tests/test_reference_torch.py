@@ -14,12 +14,12 @@ import torch
 from torch import nn
 from torch.testing import assert_close
 
-from handformer.attention import MultiHeadAttention
-from handformer.blocks import DecoderLayer, EncoderLayer
 from handformer.config import BlockConfig, Seq2SeqConfig
-from handformer.masks import causal_mask, key_mask
-from handformer.norms import LayerNorm
-from handformer.seq2seq import Seq2SeqTransformer
+from handformer.models.seq2seq import Seq2SeqTransformer
+from handformer.nn.attention import MultiHeadAttention
+from handformer.nn.blocks import DecoderLayer, EncoderLayer
+from handformer.nn.masks import causal_mask, key_mask
+from handformer.nn.norms import LayerNorm
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 D, H, F_, B, T, S = 16, 4, 32, 3, 5, 6

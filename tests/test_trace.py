@@ -9,8 +9,8 @@ import torch
 
 from handformer.cli import main
 from handformer.config import CausalLMConfig, Seq2SeqConfig
-from handformer.seq2seq import Seq2SeqTransformer
-from handformer.trace import PRESETS, build_model, format_trace, trace
+from handformer.models.seq2seq import Seq2SeqTransformer
+from handformer.see.trace import PRESETS, build_model, format_trace, trace
 
 SMALL_SEQ2SEQ = ["--set", "n_encoder_layers=1", "--set", "n_decoder_layers=1", "--set", "src_vocab_size=40",
                  "--set", "tgt_vocab_size=50", "--set", "d_model=32", "--set", "n_heads=4", "--set", "d_ff=64"]

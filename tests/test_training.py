@@ -15,21 +15,22 @@ import torch
 import torch.nn.functional as F
 
 from handformer import io as hf_io
-from handformer import train as train_module
-from handformer import translation
-from handformer.checkpoint import (
+from handformer.config import Seq2SeqConfig
+from handformer.models.seq2seq import Seq2SeqTransformer
+from handformer.tasks.translation import train as translation
+from handformer.tasks.translation.job import TranslationJob
+from handformer.tasks.translation.train import run_train
+from handformer.training import loop as train_module
+from handformer.training.checkpoint import (
     load_checkpoint,
     load_weights,
     read_safetensors,
     save_checkpoint,
     save_weights,
 )
-from handformer.config import Seq2SeqConfig
-from handformer.losses import token_cross_entropy
-from handformer.schedules import learning_rate, paper_learning_rate
-from handformer.seq2seq import Seq2SeqTransformer
-from handformer.train import TrainConfig, evaluate, make_optimizer
-from handformer.translation import TranslationJob, run_train
+from handformer.training.loop import TrainConfig, evaluate, make_optimizer
+from handformer.training.losses import token_cross_entropy
+from handformer.training.schedules import learning_rate, paper_learning_rate
 
 PAD = 0
 
@@ -356,7 +357,7 @@ def test_logits_at_selects_rows_of_the_full_logits_and_checks_its_mask():
 def test_keep_freed_memory_is_idempotent_and_the_loop_calls_it_only_when_asked(tmp_path, monkeypatch):
     import ctypes.util
 
-    from handformer import cpu_memory
+    from handformer.training import cpu_memory
 
     first = cpu_memory.keep_freed_memory()
     assert cpu_memory.keep_freed_memory() == first

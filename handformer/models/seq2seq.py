@@ -14,14 +14,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from handformer.blocks import DecoderLayer, EncoderLayer
 from handformer.config import Seq2SeqConfig
-from handformer.embedding import TokenEmbedding
-from handformer.inputs import check_length, check_token_ids
-from handformer.kv_cache import KVCache
-from handformer.masks import causal_mask, padding_mask
-from handformer.norms import make_norm
-from handformer.positions import make_positions
+from handformer.nn.blocks import DecoderLayer, EncoderLayer
+from handformer.nn.embedding import TokenEmbedding
+from handformer.nn.inputs import check_length, check_token_ids
+from handformer.nn.kv_cache import KVCache
+from handformer.nn.masks import causal_mask, padding_mask
+from handformer.nn.norms import make_norm
+from handformer.nn.positions import make_positions
 
 
 @dataclass

@@ -7,7 +7,7 @@ TEXT greedily by a few tokens, then run one forward over prompt + generated toke
 need_weights=True: causal self-attention over both.
 
 Each map becomes PNGs (a grid of heads per layer and the head-averaged map, tokens on both axes)
-and all of them go into one self-contained HTML explorer (handformer.explorer).
+and all of them go into one self-contained HTML explorer (handformer.see.explorer).
 
 Shape legend: H heads, T queries, S keys. Layers and heads are counted from 0, as in
 `weights[layer][batch, head, query, key]`.
@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from handformer.explorer import write_explorer
-from handformer.plots import plot_attention, plot_attention_heads
+from handformer.see.explorer import write_explorer
+from handformer.see.plots import plot_attention, plot_attention_heads
 
 TASKS = ("translation", "lm")
 
@@ -131,7 +131,7 @@ def _check_text(text: str, n_tokens: int) -> None:
 
 def translation_report(run_dir: str | os.PathLike, text: str, device: str = "cpu") -> AttentionReport:
     """Translate `text` with the run's decoding settings and collect every attention map."""
-    from handformer.translation import Translator, attention_maps
+    from handformer.tasks.translation.translator import Translator, attention_maps
 
     translator = Translator.load(run_dir, device)
     _check_text(text, len(translator.encode_sources([text])[0]) - 1)  # minus the EOS it appends
@@ -154,8 +154,8 @@ def lm_report(run_dir: str | os.PathLike, text: str, max_new_tokens: int = 8,
               device: str = "cpu") -> AttentionReport:
     """Continue `text` greedily by up to `max_new_tokens` tokens, then take the self-attention of
     one forward over prompt + continuation."""
-    from handformer.generate import generate
-    from handformer.lm import load_lm
+    from handformer.generation.generate import generate
+    from handformer.tasks.lm.run import load_lm
 
     if max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens must be >= 0, got {max_new_tokens}")

@@ -7,7 +7,7 @@ compute the same thing (a test pins it): a fast path through `torch.nn.functiona
 scaled_dot_product_attention` (fused kernels) and an explicit path, written as the formula above,
 used when the caller asks for the attention weights.
 
-Masks follow `handformer.masks`: boolean, True = may attend.
+Masks follow `handformer.nn.masks`: boolean, True = may attend.
 
 Shape legend: B batch, T query length, S key length, D d_model, H query heads, Hkv key/value heads,
 Dh head dim (d_k).
@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from handformer.kv_cache import LayerKVCache
-from handformer.positions import apply_rotary
+from handformer.nn.kv_cache import LayerKVCache
+from handformer.nn.positions import apply_rotary
 
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
@@ -54,7 +54,7 @@ def scaled_dot_product_attention(
     T, S = q.size(-2), k.size(-2)
     if is_causal and (mask is not None or T != S):
         raise ValueError("is_causal=True needs mask=None and equal query/key lengths; "
-                         "pass an explicit causal mask (handformer.masks.causal_mask) instead")
+                         "pass an explicit causal mask (handformer.nn.masks.causal_mask) instead")
     k = repeat_kv(k, q.size(1) // k.size(1))  # (B, H, S, Dh)
     v = repeat_kv(v, q.size(1) // v.size(1))  # (B, H, S, Dh)
 

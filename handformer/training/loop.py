@@ -21,13 +21,13 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from handformer import distributed
-from handformer.checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights
 from handformer.config import dataclass_from_dict
-from handformer.cpu_memory import keep_freed_memory
 from handformer.io import atomic_write_text
 from handformer.modes import eval_mode
-from handformer.schedules import SCHEDULES, learning_rate
+from handformer.training import distributed
+from handformer.training.checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights
+from handformer.training.cpu_memory import keep_freed_memory
+from handformer.training.schedules import SCHEDULES, learning_rate
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Pictures from runs: loss curves from metrics.jsonl, several runs compared, and attention heatmaps
-(one map, or a grid of heads). Matplotlib, no screen; token labels in any script (handformer.fonts).
+(one map, or a grid of heads). Matplotlib, no screen; token labels in any script (handformer.see.fonts).
 
 Shape legend: H heads, T queries (rows), S keys (columns).
 """
@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from handformer.fonts import label_fonts  # noqa: E402
+from handformer.see.fonts import label_fonts  # noqa: E402
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:

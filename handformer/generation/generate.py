@@ -1,7 +1,5 @@
-"""Text generation for the decoder-only model: pure logit filters and a batched sampling loop that
-takes a model (the model itself knows nothing about generation).
-
-    logits -> apply_temperature -> top_k_filter -> top_p_filter -> sample (or argmax when t = 0)
+"""Text generation for the decoder-only model: a batched sampling loop that takes a model (the model
+itself knows nothing about generation); the logit filters are in sampling.py.
 
 `generate` left-pads a batch of prompts, runs one forward over all of them (prefill) into a
 preallocated KV cache, then one forward per new token. Positions are counted from the attention
@@ -18,82 +16,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from handformer.causal_lm import CausalLM
+from handformer.generation.sampling import next_tokens
+from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
-
-# Cumulative probabilities this close to top_p count as reaching it, so float rounding of e.g.
-# 0.5 + 0.3 does not pull one more token into the nucleus at p = 0.8.
-TOP_P_TOLERANCE = 1e-6
-
-
-def apply_temperature(logits: Tensor, temperature: float) -> Tensor:
-    """(..., V) logits divided by `temperature` (> 1 flattens, < 1 sharpens the distribution).
-
-    Temperature 0 is the limit t -> 0: the argmax keeps its logit and every other token gets -inf
-    (with ties, the first maximal index wins, as in `argmax`)."""
-    if not temperature >= 0:  # also rejects NaN
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if temperature == 0:
-        keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(
-            -1, logits.argmax(-1, keepdim=True), True)
-        return logits.masked_fill(~keep, float("-inf"))
-    return logits / temperature
-
-
-def top_k_filter(logits: Tensor, k: int) -> Tensor:
-    """Keep the k largest logits of each row, set the rest to -inf.
-
-    Ties at the boundary are all kept: every token whose logit equals the k-th largest survives,
-    so more than k tokens remain when several share that value (which one would be dropped is
-    otherwise arbitrary). k >= V keeps everything."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"top_k must be a positive integer, got {k!r}")
-    if k >= logits.size(-1):
-        return logits
-    kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (..., 1)
-    return logits.masked_fill(logits < kth, float("-inf"))
-
-
-def top_p_filter(logits: Tensor, p: float) -> Tensor:
-    """Nucleus filtering: keep the smallest set of most likely tokens whose total probability is
-    >= p (Holtzman et al., 2019), set the rest to -inf.
-
-    A token is kept when the probability of the tokens ranked above it is still below p, so the
-    most likely token is always kept and the set is never empty. p = 1 keeps everything. Tokens
-    with equal probability are ranked by index (a stable sort)."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {p!r}")
-    if p >= 1:
-        return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)  # (..., V)
-    probs = torch.softmax(sorted_logits.float(), dim=-1)
-    mass_above = torch.cumsum(probs, dim=-1) - probs  # probability ranked strictly above each token
-    keep_sorted = mass_above < p - TOP_P_TOLERANCE
-    keep_sorted[..., 0] = True  # the most likely token, even when p is below the tolerance
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # back to vocabulary order
-    return logits.masked_fill(~keep, float("-inf"))
-
-
-def filter_logits(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
-                  top_p: float | None = None) -> Tensor:
-    """The documented order: temperature, then top-k, then top-p (top-p measures probability
-    after temperature and among the top-k survivors only)."""
-    logits = apply_temperature(logits, temperature)
-    if top_k is not None:
-        logits = top_k_filter(logits, top_k)
-    if top_p is not None:
-        logits = top_p_filter(logits, top_p)
-    return logits
-
-
-def next_tokens(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
-                top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
-    """(B, V) logits -> (B,) token ids: argmax when temperature is 0, else a sample from the
-    filtered distribution drawn with `generator`."""
-    if temperature == 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(filter_logits(logits.float(), temperature, top_k, top_p), dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
 
 def _check_args(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: int,

@@ -3,7 +3,7 @@ to browse a run's attention maps. Pick a view (cross / encoder self / decoder se
 language model), a layer and a head (or the mean of all heads); hover a query token to see what it
 attends to, a key token to see what attends to it, a cell for its weight.
 
-The page takes the dict of `handformer.viz.AttentionReport.to_dict()`:
+The page takes the dict of `handformer.see.viz.AttentionReport.to_dict()`:
     {"task", "text", "output", "output_label",
      "views": [{"name", "title", "queries", "keys", "query_title", "key_title", "split",
                 "layers": per layer (H, T, S) nested lists}]}

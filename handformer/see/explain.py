@@ -1,13 +1,13 @@
 """`handformer explain`: the tutorials' pictures, drawn from handformer's own code.
 
     softmax_temperature.png  one set of scores through softmax at several temperatures
-                             (handformer.generate.apply_temperature)
+                             (handformer.generation.sampling.apply_temperature)
     scaling.png              why attention divides by sqrt(d_k): measured on random vectors through
-                             handformer.attention.scaled_dot_product_attention
-    positional_encoding.png  the sinusoidal table (handformer.positions.sinusoidal_table)
-    masks.png                padding, causal and combined masks of a sample batch (handformer.masks)
+                             handformer.nn.attention.scaled_dot_product_attention
+    positional_encoding.png  the sinusoidal table (handformer.nn.positions.sinusoidal_table)
+    masks.png                padding, causal and combined masks of a sample batch (handformer.nn.masks)
     data_flow.png            encoder-decoder and decoder-only data flow, labelled with the shapes
-                             handformer.trace records on the presets
+                             handformer.see.trace records on the presets
 
 Shape legend: B batch, H heads (here: independent samples), T queries, S keys, Dh = d_k.
 """
@@ -28,11 +28,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.patches import FancyBboxPatch  # noqa: E402
 
-from handformer.attention import scaled_dot_product_attention  # noqa: E402
-from handformer.fonts import label_fonts  # noqa: E402
-from handformer.generate import apply_temperature  # noqa: E402
-from handformer.masks import causal_mask, combine, padding_mask  # noqa: E402
-from handformer.positions import sinusoidal_table  # noqa: E402
+from handformer.generation.sampling import apply_temperature  # noqa: E402
+from handformer.nn.attention import scaled_dot_product_attention  # noqa: E402
+from handformer.nn.masks import causal_mask, combine, padding_mask  # noqa: E402
+from handformer.nn.positions import sinusoidal_table  # noqa: E402
+from handformer.see.fonts import label_fonts  # noqa: E402
 
 DPI = 100  # the committed figures stay small
 
@@ -195,10 +195,10 @@ def figure_masks(out_dir: Path) -> Path:
 # --- data flow ---------------------------------------------------------------------------------
 
 def traced_shapes(preset: str) -> tuple[dict[str, tuple[list[str], list[str]]], object]:
-    """{module name: (input shapes, output shapes)} of the first call, from handformer.trace, and
+    """{module name: (input shapes, output shapes)} of the first call, from handformer.see.trace, and
     the preset's config. Names like 'x=' are dropped from the shape texts. One layer per stack is
     traced (every layer of a stack has the same shapes), which keeps this to a fraction of a second."""
-    from handformer.trace import PRESETS, build_model, trace
+    from handformer.see.trace import PRESETS, build_model, trace
 
     cfg = PRESETS[preset]()
     one_layer = {k: 1 for k in ("n_layers", "n_encoder_layers", "n_decoder_layers") if hasattr(cfg, k)}
@@ -278,7 +278,7 @@ def figure_data_flow(out_dir: Path) -> Path:
         ax.set_xlim(0, 10)
         ax.set_ylim(0, 9.8)
         ax.axis("off")
-    fig.suptitle("data flow with the shapes handformer.trace records for a batch of 2 "
+    fig.suptitle("data flow with the shapes handformer.see.trace records for a batch of 2 "
                  "(source/prompt length 10, target length 5)")
     fig.tight_layout()
     return _save(fig, out_dir / "data_flow.png")

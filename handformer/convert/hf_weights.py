@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from handformer.causal_lm import CausalLM
 from handformer.config import CausalLMConfig
+from handformer.models.causal_lm import CausalLM
 
 
 @dataclass(frozen=True)

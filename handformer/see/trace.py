@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from handformer.causal_lm import CausalLM
 from handformer.config import BlockConfig, CausalLMConfig, Seq2SeqConfig
+from handformer.models.causal_lm import CausalLM
+from handformer.models.seq2seq import Seq2SeqTransformer
 from handformer.modes import eval_mode
-from handformer.seq2seq import Seq2SeqTransformer
 
 PRESETS: dict[str, Callable[[], BlockConfig]] = {
     "paper-base": lambda: Seq2SeqConfig(),

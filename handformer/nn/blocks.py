@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from handformer.attention import MultiHeadAttention
 from handformer.config import BlockConfig
-from handformer.feed_forward import FeedForward
-from handformer.kv_cache import LayerKVCache
-from handformer.norms import make_norm
+from handformer.nn.attention import MultiHeadAttention
+from handformer.nn.feed_forward import FeedForward
+from handformer.nn.kv_cache import LayerKVCache
+from handformer.nn.norms import make_norm
 
 
 def _attention(cfg: BlockConfig) -> MultiHeadAttention:

@@ -5,7 +5,7 @@
 The Hugging Face directory needs config.json, tokenizer.json and the weights as safetensors:
 model.safetensors, or shards listed in model.safetensors.index.json. `transformers` is not
 imported: config.json is read as JSON, the tensors with `safetensors`, and the weights are mapped
-by `handformer.hf_weights` (strictly: missing, unexpected and wrong-shaped tensors are all named).
+by `handformer.convert.hf_weights` (strictly: missing, unexpected and wrong-shaped tensors are all named).
 Pickle files (pytorch_model.bin) are never read.
 
 The checkpoint is read into memory once. The model that writes the run is built on the meta device
@@ -41,10 +41,10 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from handformer.causal_lm import CausalLM
-from handformer.hf_weights import config_from_hf, convert_hf_state_dict
-from handformer.lm import SpecialTokens, save_lm_run
-from handformer.tokenizer import Tokenizer
+from handformer.convert.hf_weights import config_from_hf, convert_hf_state_dict
+from handformer.data.tokenizer import Tokenizer
+from handformer.models.causal_lm import CausalLM
+from handformer.tasks.lm.run import SpecialTokens, save_lm_run
 
 # model_type -> the Hugging Face class whose checkpoints `hf_weights` maps.
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
@@ -226,7 +226,7 @@ def _check_paths(hf_dir: Path, run_dir: Path, overwrite: bool) -> None:
 
 
 def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: bool = False) -> ImportedLM:
-    """Convert the GPT-2 / Llama checkpoint in `hf_dir` into a run directory (see `handformer.lm`)."""
+    """Convert the GPT-2 / Llama checkpoint in `hf_dir` into a run directory (tasks/lm/run.py)."""
     hf_dir, run_dir = Path(hf_dir), Path(run_dir)
     _check_paths(hf_dir, run_dir, overwrite)
     hf_config = _read_json(hf_dir / "config.json", required=True)

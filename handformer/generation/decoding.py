@@ -18,8 +18,8 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
+from handformer.models.seq2seq import Seq2SeqTransformer
 from handformer.modes import eval_mode
-from handformer.seq2seq import Seq2SeqTransformer
 
 
 @dataclass

@@ -1,0 +1,33 @@
+"""The `handformer` command line. Each subcommand is a thin layer over the library, one module a
+group of commands; each module's `add_parsers` registers its commands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from handformer.cli import evaluate, generate, import_hf, see, trace, train, translate
+
+COMMANDS = [trace, train, translate, generate, evaluate, import_hf, see]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="handformer", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in COMMANDS:
+        module.add_parsers(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Helpers the subcommands share: --set overrides, tables, stdin input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def parse_value(text: str) -> Any:
+    """'3' -> 3, '0.1' -> 0.1, 'true' -> True, 'none' -> None, anything else stays a string."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise SystemExit(f"error: --set expects key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        out[key.strip()] = parse_value(value)
+    return out
+
+
+def job_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    from handformer.tasks.job_file import apply_overrides, load_job_file
+
+    return apply_overrides(load_job_file(args.config), parse_overrides(args.set))
+
+
+def print_table(rows: list[tuple[str, ...]], headers: tuple[str, ...], width: int = 48) -> None:
+    cut = [tuple(c if len(c) <= width else c[: width - 1] + "…" for c in row) for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cut)) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    print("  ".join("-" * w for w in widths))
+    for row in cut:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+
+
+def read_inputs(text: str | None) -> list[str]:
+    if text is not None:
+        return [text]
+    lines = [line.rstrip("\n") for line in sys.stdin]
+    return [line for line in lines if line.strip()]
+
+
+def run_task(run_dir: str) -> str | None:
+    """The task recorded in a run directory's config.json (None when there is none to read)."""
+    path = Path(run_dir) / "config.json"
+    try:
+        return json.loads(path.read_text()).get("task")
+    except (OSError, ValueError, AttributeError):
+        return None

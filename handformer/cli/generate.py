@@ -1,0 +1,53 @@
+"""`handformer generate`: continue prompts with a language-model run, streaming."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from handformer.generation.stream import TextStream
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from handformer.generation.generate import generate
+    from handformer.tasks.lm.run import load_lm
+
+    if args.prompt == "":
+        raise ValueError("empty prompt: give --prompt TEXT with at least one character")
+    run = load_lm(args.run_dir, args.device)
+    bos, eos = run.tokens.bos_id, run.tokens.eos_id
+    max_positions = run.model.cfg.max_positions
+    # stdin is read line by line, so each prompt is answered as soon as it is typed.
+    prompts = [args.prompt] if args.prompt is not None else (
+        line.rstrip("\n") for line in sys.stdin if line.strip())
+    done = 0
+    for text in prompts:
+        ids = ([bos] if bos is not None else []) + run.tokenizer.encode(text)
+        max_new = args.max_new_tokens
+        if max_new is None:  # default: 100 tokens, or what fits in the context window
+            max_new = max(1, min(100, max_positions - len(ids)))
+        stream = TextStream(run.tokenizer, ids, prefix=text)
+        generate(run.model, [ids], max_new, temperature=args.temperature, top_k=args.top_k,
+                 top_p=args.top_p, seed=args.seed, stop_tokens=() if eos is None else (eos,),
+                 on_token=lambda _row, token, stream=stream: stream.push(token))
+        stream.close()
+        print(flush=True)
+        done += 1
+    if not done:
+        raise ValueError("nothing to generate from: give --prompt TEXT or prompts on stdin, one a line")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="continue a prompt with a trained or imported language model")
+    p.add_argument("run_dir")
+    p.add_argument("--prompt", help="text to continue; without it, one prompt per stdin line")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="tokens to generate (default 100, or fewer if the context window is shorter)")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    p.add_argument("--top-k", type=int, default=None, help="sample from the K most likely tokens")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="sample from the smallest set of tokens with total probability >= P")
+    p.add_argument("--seed", type=int, default=None, help="random seed, for reproducible samples")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_generate)

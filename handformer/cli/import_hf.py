@@ -1,0 +1,26 @@
+"""`handformer import-hf`: a Hugging Face checkpoint directory into a run."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_import_hf(args: argparse.Namespace) -> int:
+    from handformer.convert.hf_import import import_hf
+
+    result = import_hf(args.hf_dir, args.run_dir, overwrite=args.overwrite)
+    print(f"imported {result.summary()}")
+    for note in result.notes:
+        print(f"note: {note}")
+    print(f'next: handformer generate {args.run_dir} --prompt "Once upon a time" --temperature 0')
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("import-hf", help="convert a Hugging Face GPT-2 / Llama checkpoint directory "
+                       "(safetensors) into a language-model run directory")
+    p.add_argument("hf_dir", help="directory with config.json, tokenizer.json and model.safetensors "
+                   "(or shards with model.safetensors.index.json)")
+    p.add_argument("run_dir", help="run directory to write (for `handformer generate`)")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in RUN_DIR")
+    p.set_defaults(func=cmd_import_hf)

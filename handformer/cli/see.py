@@ -1,0 +1,66 @@
+"""`handformer viz`, `plot` and `explain`: attention maps, training curves, the tutorials' figures."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def cmd_viz(args: argparse.Namespace) -> int:
+    from handformer.see.viz import visualize
+
+    report, files = visualize(args.run_dir, args.text, args.out, args.layer, args.head,
+                              args.max_new_tokens, args.device)
+    if report.task == "translation":
+        print(f"source:      {report.text}\ntranslation: {report.output}")
+    else:
+        print(f"prompt:    {report.text}\ngenerated: {report.output!r} (greedy)")
+    pngs = [f for f in files if f.suffix == ".png"]
+    print(f"wrote {len(pngs)} heatmaps to {files[-1].parent}:")
+    for f in pngs:
+        print(f"  {f.name}")
+    print(f"explorer (open in a browser): {files[-1]}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from handformer.see.plots import plot_runs
+
+    out = args.out or (Path(args.run_dirs[0]) / "training_curves.png" if len(args.run_dirs) == 1
+                       else Path("runs_comparison.png"))
+    print(f"wrote {plot_runs(args.run_dirs, out)}")
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from handformer.see.explain import explain
+
+    for path in explain(args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("viz", help="attention heatmaps and an HTML explorer for TEXT run through a "
+                       "trained run (translation or language model)")
+    p.add_argument("run_dir")
+    p.add_argument("text", help="a sentence to translate, or a prompt to continue")
+    p.add_argument("--layer", type=int, default=None, help="only this layer (from 0; default all)")
+    p.add_argument("--head", type=int, default=None,
+                   help="this head (from 0) instead of the grid of all heads")
+    p.add_argument("--out", default=None, help="output directory (default RUN_DIR/viz)")
+    p.add_argument("--max-new-tokens", type=int, default=8,
+                   help="language models: tokens to generate greedily after TEXT (default 8)")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_viz)
+
+    p = sub.add_parser("plot", help="loss and learning rate against step and wall time, runs overlaid")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories with metrics.jsonl")
+    p.add_argument("--out", default=None, help="PNG to write (default RUN_DIR/training_curves.png for "
+                   "one run, runs_comparison.png for several)")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("explain", help="redraw the tutorials' figures (softmax, scaling, positions, "
+                       "masks, data flow) from handformer's code")
+    p.add_argument("--out", default="docs/figures", help="output directory (default docs/figures)")
+    p.set_defaults(func=cmd_explain)

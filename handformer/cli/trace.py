@@ -1,0 +1,56 @@
+"""`handformer trace`: every module's input and output shapes for a preset or a run."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from handformer.cli.common import parse_overrides
+from handformer.config import BlockConfig, config_from_dict, load_config
+
+
+def model_config_from_args(source: str, overrides: dict[str, Any]) -> BlockConfig:
+    """A preset name, a config JSON file, or a run directory holding config.json."""
+    from handformer.see.trace import PRESETS
+
+    if source in PRESETS:
+        cfg = PRESETS[source]()
+        data = cfg.to_dict()
+    else:
+        path = Path(source)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise SystemExit(f"error: {source!r} is neither a preset ({', '.join(PRESETS)}) nor a "
+                             "config file or run directory")
+        data = load_config(path).to_dict()
+    unknown = set(overrides) - set(data)
+    if unknown:
+        raise SystemExit(f"error: unknown config field(s) {', '.join(sorted(unknown))}; valid: "
+                         f"{', '.join(sorted(k for k in data if k != 'family'))}")
+    return config_from_dict({**data, **overrides})
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from handformer.see.trace import build_model, format_trace, trace
+
+    cfg = model_config_from_args(args.model, parse_overrides(args.set))
+    model = build_model(cfg)
+    rows = trace(model, args.batch_size, args.src_length, args.tgt_length)
+    print(f"{type(model).__name__} ({cfg.family}): {model.num_parameters():,} parameters")
+    print(format_trace(rows, args.depth))
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("trace", help="print every module's input/output shapes and parameter counts")
+    p.add_argument("model", nargs="?", default="paper-base",
+                   help="preset (paper-base, gpt2, llama), a config JSON file or a run directory")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a model config field, e.g. --set n_encoder_layers=2")
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--src-length", type=int, default=10, help="source (or prompt) length")
+    p.add_argument("--tgt-length", type=int, default=5, help="target length (encoder-decoder)")
+    p.add_argument("--depth", type=int, default=None, help="show modules down to this depth")
+    p.set_defaults(func=cmd_trace)

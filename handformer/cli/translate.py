@@ -1,0 +1,28 @@
+"""`handformer translate`: translate text with a trained translation run."""
+
+from __future__ import annotations
+
+import argparse
+
+from handformer.cli.common import read_inputs
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from handformer.tasks.translation.translator import Translator
+
+    translator = Translator.load(args.run_dir, args.device)
+    texts = read_inputs(args.text)
+    if not texts:
+        raise ValueError("nothing to translate: give TEXT or lines on stdin")
+    for line in translator.translate(texts, beam=args.beam):
+        print(line, flush=True)
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("translate", help="translate TEXT (or stdin lines) with a trained run")
+    p.add_argument("run_dir")
+    p.add_argument("text", nargs="?", help="text to translate; without it, one sentence per stdin line")
+    p.add_argument("--beam", type=int, default=None, help="beam size (1 = greedy; default from the run)")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_translate)

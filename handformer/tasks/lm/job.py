@@ -1,0 +1,99 @@
+"""The language-model job: a TOML config's [model], [train] and [data] sections,
+checked on construction, each error naming its section and field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from handformer.config import CausalLMConfig, dataclass_from_dict
+from handformer.data.text import (
+    PYDOC,
+)
+from handformer.training.loop import TrainConfig
+
+
+@dataclass
+class LMDataConfig:
+    path: str = PYDOC  # "pydoc" (the embedded corpus) or a text file or folder (plain or .gz)
+    tokenizer: str = "char"  # char | bpe, trained on the training split only
+    vocab_size: int = 8000  # BPE vocabulary size (char: the characters of the training split)
+    block_size: int = 256  # tokens per training window: the context length the model learns
+    batch_size: int = 64  # windows per batch
+    val_fraction: float = 0.1  # the last fraction of the text held out for validation; 0 = none
+    batches_per_epoch: int = 1000  # batches between reseedings of the window sampler
+    eval_batches: int = 20  # size of the fixed validation set, in batches; 0 = the whole split
+
+    def __post_init__(self) -> None:
+        def fail(name: str, fix: str) -> None:
+            raise ValueError(f"[data] {name}={getattr(self, name)!r} is invalid: {fix}")
+
+        if not isinstance(self.path, str) or not self.path:
+            fail("path", f'give a text file, a folder, or "{PYDOC}" for the embedded corpus')
+        if self.tokenizer not in ("char", "bpe"):
+            fail("tokenizer", "choose char or bpe")
+        for name in ("vocab_size", "block_size", "batch_size", "batches_per_epoch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                fail(name, "it must be a positive integer")
+        if not isinstance(self.eval_batches, int) or self.eval_batches < 0:
+            fail("eval_batches", "it must be an integer >= 0 (0 = the whole validation split)")
+        if not isinstance(self.val_fraction, (int, float)) or not 0 <= self.val_fraction < 1:
+            fail("val_fraction", "it must be in [0, 1) (0 = no validation)")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LMDataConfig:
+        return dataclass_from_dict(cls, data, "data")
+
+
+MODEL_PRESETS = {"gpt2": CausalLMConfig.gpt2_style, "llama": CausalLMConfig.llama_style}
+
+# Where a language model's usual practice differs from TrainConfig's (the translation paper's)
+# defaults; a [train] section overrides them like any other default.
+LM_TRAIN_DEFAULTS = {"label_smoothing": 0.0, "schedule": "cosine"}
+
+
+@dataclass
+class LMJob:
+    # CausalLMConfig fields, plus `preset = "gpt2" | "llama"` to start from that style before the
+    # other fields apply. vocab_size comes from the tokenizer; max_positions defaults to block_size.
+    model: dict[str, Any] = field(default_factory=dict)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(**LM_TRAIN_DEFAULTS))
+    data: LMDataConfig = field(default_factory=LMDataConfig)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LMJob:
+        """A job from a config dict; every error names the section and field. The model section is
+        checked here too (with a placeholder vocabulary), before any text is read."""
+        unknown = sorted(set(data) - {"model", "train", "data", "task"})
+        if unknown:
+            raise ValueError(f"unknown config section(s) {', '.join(unknown)} for a language model; "
+                             "valid: model, train, data")
+        model = data.get("model", {})
+        if not isinstance(model, dict):
+            raise ValueError(f"[model] must be a table of settings, got {type(model).__name__}")
+        train_section = data.get("train", {})
+        if not isinstance(train_section, dict):
+            raise ValueError(f"[train] must be a table of settings, got {type(train_section).__name__}")
+        job = cls(dict(model), TrainConfig.from_dict({**LM_TRAIN_DEFAULTS, **train_section}),
+                  LMDataConfig.from_dict(data.get("data", {})))
+        job.model_config(vocab_size=1)
+        return job
+
+    def model_config(self, vocab_size: int) -> CausalLMConfig:
+        fields = dict(self.model)
+        preset = fields.pop("preset", None)
+        if preset is not None and preset not in MODEL_PRESETS:
+            raise ValueError(f"[model] preset={preset!r} is invalid: choose "
+                             f"{' or '.join(MODEL_PRESETS)}, or leave it out for CausalLMConfig's defaults")
+        if "vocab_size" in fields:
+            raise ValueError("[model] vocab_size is set from the tokenizer; remove it (for BPE, set "
+                             "data.vocab_size instead)")
+        fields.setdefault("max_positions", self.data.block_size)
+        base = MODEL_PRESETS[preset]() if preset else CausalLMConfig()
+        cfg = CausalLMConfig.from_dict({**base.to_dict(), **fields, "vocab_size": vocab_size}, "model")
+        if cfg.max_positions < self.data.block_size:
+            raise ValueError(f"[model] max_positions={cfg.max_positions} is invalid: it must be at "
+                             f"least data.block_size={self.data.block_size}, the length trained on")
+        return cfg

@@ -1,0 +1,79 @@
+"""The language-model run directory: what `handformer train` (task "lm") and
+`handformer import-hf` write, and what `handformer generate` loads.
+
+    config.json         {"task": "lm", "model": CausalLMConfig fields, "tokens": {"bos_id", "eos_id",
+                         "pad_id"} (each an id or null), plus optional "train", "data", "source"}
+    tokenizer.json      a Hugging Face `tokenizers` file
+    model.safetensors   CausalLM weights under handformer's names (tied weights stored once)
+
+A trained run also holds checkpoint.safetensors (resumable), metrics.jsonl and loss_curve.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from handformer.config import CausalLMConfig
+from handformer.data.tokenizer import Tokenizer
+from handformer.io import atomic_write_text
+from handformer.models.causal_lm import CausalLM
+from handformer.training.checkpoint import load_weights, save_weights
+
+
+@dataclass
+class SpecialTokens:
+    bos_id: int | None = None  # prepended to prompts when set
+    eos_id: int | None = None  # generation stops here by default
+    pad_id: int | None = None  # fills the left of shorter prompts in a batch
+
+
+@dataclass
+class LMRun:
+    model: CausalLM
+    tokenizer: Tokenizer
+    tokens: SpecialTokens
+    config: dict[str, Any]  # the whole config.json
+
+
+def write_lm_run_config(run_dir: str | os.PathLike, model_cfg: CausalLMConfig, tokens: SpecialTokens,
+                        **sections: Any) -> None:
+    """Write config.json for a language-model run; extra sections (train, data, source) as given."""
+    data = {"task": "lm", "model": model_cfg.to_dict(), "tokens": tokens.__dict__, **sections}
+    atomic_write_text(Path(run_dir) / "config.json", json.dumps(data, indent=2) + "\n")
+
+
+def save_lm_run(run_dir: str | os.PathLike, model: CausalLM, tokenizer: Tokenizer,
+                tokens: SpecialTokens, **sections: Any) -> None:
+    """A complete run directory: config.json, tokenizer.json and model.safetensors."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(run_dir / "tokenizer.json")
+    save_weights(model, run_dir / "model.safetensors")
+    write_lm_run_config(run_dir, model.cfg, tokens, **sections)
+
+
+def load_lm(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> LMRun:
+    """Load a language-model run directory for generation (model in eval mode)."""
+    run_dir = Path(run_dir)
+    config_path = run_dir / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json); train one with "
+                                "`handformer train --config configs/lm_default.toml` or import one "
+                                "with `handformer import-hf`")
+    config = json.loads(config_path.read_text())
+    if config.get("task") != "lm":
+        raise ValueError(f"{run_dir} holds a {config.get('task')!r} run, not a language model "
+                         "(task 'lm'); use `handformer translate` for translation runs")
+    for name in ("model.safetensors", "tokenizer.json"):
+        if not (run_dir / name).is_file():
+            raise FileNotFoundError(f"{run_dir} has no {name}")
+    model = CausalLM(CausalLMConfig.from_dict(config["model"], "model"))
+    load_weights(model, run_dir / "model.safetensors")
+    tokens = SpecialTokens(**config.get("tokens", {}))
+    return LMRun(model.to(device).eval(), Tokenizer.load(run_dir / "tokenizer.json"), tokens, config)

@@ -1,0 +1,88 @@
+"""Training a language model: random windows of text fed to the shared loop
+(`handformer train` with task "lm").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from handformer.data.text import (
+    PYDOC,
+    LMBatch,
+    LMWindows,
+    as_token_tensor,
+    load_text,
+    split_text,
+    validation_batches,
+)
+from handformer.data.tokenizer import Tokenizer
+from handformer.models.causal_lm import CausalLM
+from handformer.tasks.lm.job import LMDataConfig, LMJob
+from handformer.tasks.lm.run import SpecialTokens, write_lm_run_config
+from handformer.training import distributed
+from handformer.training.loop import TrainResult, train_new_model
+from handformer.training.losses import token_cross_entropy
+
+
+def lm_loss(model: torch.nn.Module, batch: LMBatch, label_smoothing: float) -> torch.Tensor:
+    """Summed next-token cross-entropy over every position (windows have no padding)."""
+    logits = model(batch.x).logits  # (B, T, V)
+    return token_cross_entropy(logits, batch.y, None, label_smoothing)
+
+
+def train_tokens(tokenizer: Tokenizer) -> SpecialTokens:
+    """The special tokens of a model trained here on raw text windows. It never saw BOS or EOS (the
+    text has no document markers), so generation must neither prepend BOS (an untrained embedding)
+    nor wait for an EOS it cannot predict. Padding is only for batching prompts of different
+    lengths: padded positions are masked out of attention, so any id works; the tokenizer's <pad>
+    keeps decoded text clean (decode drops it)."""
+    return SpecialTokens(bos_id=None, eos_id=None, pad_id=tokenizer.pad_id)
+
+
+def encode_splits(tokenizer: Tokenizer, train_text: str, val_text: str, data: LMDataConfig,
+                  seed: int, log=print) -> tuple[LMWindows, list[LMBatch] | None]:
+    """Training windows (data order seeded by `seed`) and the fixed validation batches (None
+    without a validation split)."""
+    train_ids = as_token_tensor(tokenizer.encode(train_text), tokenizer.vocab_size)
+    windows = LMWindows(train_ids, data.block_size, data.batch_size, data.batches_per_epoch, seed)
+    log(f"{data.tokenizer} tokenizer: {tokenizer.vocab_size:,} tokens; {len(train_ids):,} training "
+        f"tokens, {data.block_size} per window, {data.batch_size} windows per batch")
+    if not val_text:
+        return windows, None
+    val_ids = as_token_tensor(tokenizer.encode(val_text), tokenizer.vocab_size)
+    val_batches = validation_batches(val_ids, data.block_size, data.batch_size, data.eval_batches)
+    log(f"validation: {sum(b.n_tokens for b in val_batches):,} of {len(val_ids):,} tokens in "
+        f"{len(val_batches)} fixed batches")
+    return windows, val_batches
+
+
+def run_train_lm(job: LMJob, run_dir: str | os.PathLike, resume: bool = False,
+                 log=print) -> tuple[CausalLM, TrainResult]:
+    """Train (or resume) a language model on `job.data` in `run_dir` with the shared loop."""
+    run_dir = Path(run_dir)
+    main = distributed.env_rank() == 0  # under torchrun, rank 0 alone logs and writes files
+    log = log if main else distributed.quiet
+    data = job.data
+    text = load_text(data.path)
+    train_text, val_text = split_text(text, data.val_fraction)
+    source = "the embedded pydoc corpus" if data.path == PYDOC else data.path
+    log(f"{len(text):,} characters from {source}: {len(train_text):,} for training, "
+        f"{len(val_text):,} for validation")
+    if resume:
+        tokenizer = Tokenizer.load(run_dir / "tokenizer.json")
+    else:
+        tokenizer = Tokenizer.train(data.tokenizer, [train_text], data.vocab_size)
+    model_cfg = job.model_config(tokenizer.vocab_size)
+    windows, val_batches = encode_splits(tokenizer, train_text, val_text, data, job.train.seed, log)
+    if not resume and main:  # written once the data is known to be usable
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tokenizer.save(run_dir / "tokenizer.json")
+        write_lm_run_config(run_dir, model_cfg, train_tokens(tokenizer), train=asdict(job.train),
+                            data=asdict(data))
+
+    return train_new_model(lambda: CausalLM(model_cfg), job.train, windows, val_batches, lm_loss,
+                           run_dir, resume=resume, log=log)
