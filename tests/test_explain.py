@@ -4,15 +4,29 @@ the scaling figure say what the tutorials say; docs/figures holds every figure."
 import contextlib
 import io
 import math
+import re
 from pathlib import Path
 
+import matplotlib
 import pytest
 import torch
 
 from handformer.cli import main
-from handformer.see.explain import FIGURES, TEMPERATURES, measure_scaling, sample_masks, softmax_at
+from handformer.see import captions, explain
+from handformer.see.captions import TEXTS, Captions
+from handformer.see.explain import (
+    FIGURES,
+    TEMPERATURES,
+    measure_scaling,
+    sample_masks,
+    sampling_filters,
+    softmax_at,
+)
 
-DOCS_FIGURES = Path(__file__).resolve().parent.parent / "docs" / "figures"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS_FIGURES = DOCS / "figures"
+TRAINED_FIGURES: tuple[str, ...] = ()  # from a trained model, not from `explain`
+CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +52,85 @@ def test_explain_writes_every_figure(drawn):
 
 
 def test_the_committed_figures_are_all_there():
-    assert sorted(p.name for p in DOCS_FIGURES.glob("*.png")) == sorted(f"{n}.png" for n in FIGURES)
+    drawn = [f"{n}.png" for n in FIGURES]
+    assert sorted(p.name for p in DOCS_FIGURES.glob("*.png")) == sorted(drawn + list(TRAINED_FIGURES))
+    assert sorted(p.name for p in (DOCS / "zh" / "figures").glob("*.png")) == sorted(drawn)
+
+
+def drawn_texts(monkeypatch, lang: str) -> tuple[dict[str, list[str]], str]:
+    """Every text each figure draws, with `explain(lang=...)`, and what it printed on stderr."""
+    texts: dict[str, list[str]] = {}
+
+    def keep_texts(fig, out):
+        texts[Path(out).stem] = [t.get_text() for t in fig.findobj(matplotlib.text.Text) if t.get_text()]
+        matplotlib.pyplot.close(fig)
+        return out
+
+    monkeypatch.setattr(explain, "_save", keep_texts)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        explain.explain("unused", lang=lang)
+    return texts, err.getvalue()
+
+
+def test_chinese_titles_and_labels(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(captions, "cjk_font", lambda: "Noto Sans CJK SC")
+    texts, err = drawn_texts(monkeypatch, "zh")
+    assert err == ""
+    assert sorted(texts) == sorted(FIGURES)
+    for name, found in texts.items():
+        assert any(CJK.search(t) for t in found), f"{name}.png has no Chinese text: {found[:5]}"
+    assert "概率" in texts["top_k_top_p"] and "因果掩码，句子 0" in texts["masks"]
+
+
+def test_english_stays_english(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(explain, "FIGURES", {k: FIGURES[k] for k in ("masks", "top_k_top_p")})
+    texts, err = drawn_texts(monkeypatch, "en")
+    assert err == "" and sorted(texts) == ["masks", "top_k_top_p"]
+    assert not any(CJK.search(t) for found in texts.values() for t in found)
+    assert "causal mask, sentence 0" in texts["masks"]
+
+
+def test_chinese_without_a_cjk_font_warns_once_and_keeps_english(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(captions, "cjk_font", lambda: None)
+    monkeypatch.setattr(explain, "FIGURES", {k: FIGURES[k] for k in ("masks", "top_k_top_p")})
+    texts, err = drawn_texts(monkeypatch, "zh")
+    assert err.count("\n") == 1 and err.startswith("warning: no Chinese (CJK) font installed")
+    assert "fonts-noto-cjk" in err
+    assert not any(CJK.search(t) for found in texts.values() for t in found)
+
+
+def test_every_caption_exists_in_both_languages_with_the_same_fields():
+    fields = re.compile(r"{(\w*)}")
+    for key, by_lang in TEXTS.items():
+        assert sorted(by_lang) == ["en", "zh"], key
+        assert sorted(fields.findall(by_lang["en"])) == sorted(fields.findall(by_lang["zh"])), key
+    assert Captions("zh")("temp.panel", t=0.5) == "T = 0.5"
+    with pytest.raises(ValueError, match="unknown language 'fr'; choose one of en, zh"):
+        Captions("fr")
+
+
+def test_explain_lang_on_the_command_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(explain, "FIGURES", {"top_k_top_p": explain.figure_top_k_top_p})
+    assert main(["explain", "--lang", "zh", "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'top_k_top_p.png'}\n"
+    with pytest.raises(SystemExit) as exc:
+        main(["explain", "--lang", "fr"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'fr'" in capsys.readouterr().err
+
+
+def test_top_k_and_top_p_keep_what_they_promise():
+    probs = sampling_filters()
+    full = probs["full"]
+    assert (probs["top_k"] > 0).sum() == 3 and torch.allclose(probs["top_k"][:3], full[:3] / full[:3].sum())
+    kept = int((probs["top_p"] > 0).sum())
+    assert full[:kept].sum() >= 0.8 > full[: kept - 1].sum()  # the smallest prefix reaching p
+    for dist in probs.values():
+        assert dist.sum().item() == pytest.approx(1.0)
 
 
 def test_scaling_keeps_softmax_from_saturating():

@@ -35,7 +35,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from handformer.see.explain import explain
 
-    for path in explain(args.out):
+    for path in explain(args.out, args.lang):
         print(f"wrote {path}")
     return 0
 
@@ -61,6 +61,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("explain", help="redraw the tutorials' figures (softmax, scaling, positions, "
-                       "masks, data flow) from handformer's code")
-    p.add_argument("--out", default="docs/figures", help="output directory (default docs/figures)")
+                       "top-k/top-p, masks, data flow) from handformer's code")
+    p.add_argument("--lang", choices=("en", "zh"), default="en",
+                   help="language of titles and labels: en, or zh (Chinese; needs a CJK font, else "
+                   "a warning and English labels)")
+    p.add_argument("--out", default=None,
+                   help="output directory (default docs/figures, or docs/zh/figures with --lang zh)")
     p.set_defaults(func=cmd_explain)
