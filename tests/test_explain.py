@@ -123,6 +123,14 @@ def test_explain_lang_on_the_command_line(tmp_path, monkeypatch, capsys):
     assert "invalid choice: 'fr'" in capsys.readouterr().err
 
 
+def test_explain_into_a_file_is_one_clear_error(tmp_path, capsys):
+    target = tmp_path / "figures.png"
+    target.write_text("not a folder")
+    assert main(["explain", "--out", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --out {target} is a file, not a directory; give a directory for the figures\n"
+
+
 def test_top_k_and_top_p_keep_what_they_promise():
     probs = sampling_filters()
     full = probs["full"]

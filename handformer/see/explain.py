@@ -33,6 +33,7 @@ import torch  # noqa: E402
 from matplotlib.patches import FancyBboxPatch  # noqa: E402
 
 from handformer.generation.sampling import apply_temperature, top_k_filter, top_p_filter  # noqa: E402
+from handformer.io import atomic_write  # noqa: E402
 from handformer.nn.attention import scaled_dot_product_attention  # noqa: E402
 from handformer.nn.masks import causal_mask, combine, padding_mask  # noqa: E402
 from handformer.nn.positions import sinusoidal_table  # noqa: E402
@@ -43,7 +44,8 @@ DPI = 100  # the committed figures stay small
 
 
 def _save(fig: plt.Figure, out: Path) -> Path:
-    fig.savefig(out, dpi=DPI)
+    """Write the PNG atomically (a crash leaves the previous figure, never half of one)."""
+    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=DPI, format="png"))
     plt.close(fig)
     return out
 
@@ -346,6 +348,8 @@ def explain(out_dir: str | os.PathLike | None = None, lang: str = "en") -> list[
     English labels."""
     text = captions_for(lang)
     out_dir = Path(OUT_DIRS[lang] if out_dir is None else out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is a file, not a directory; give a directory for the figures")
     out_dir.mkdir(parents=True, exist_ok=True)
     with label_fonts():
         return [draw(out_dir, text) for draw in FIGURES.values()]
