@@ -1,0 +1,161 @@
+"""Shared machinery of the runners: mask conventions, calling the learner's code, comparing outputs
+row by row, and the fingerprint search that names mistakes.
+
+The search tries the reference computation with no mistake, then with each single mistake, then
+with each pair, and returns the smallest set whose output equals the learner's (in float64, to
+1e-6). Nothing is guessed: a mistake is named only when its computed output matches.
+
+Shape legend: B batch, T query length, S key length, D d_model, H heads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from handformer.check.result import LearnerError
+from handformer.check.source import learner_error
+
+TOL = 1e-6  # float64: a correct component agrees to ~1e-14, a mistake differs by ~0.1
+
+# name -> (description, encode(keep) -> the mask the learner's code receives)
+CONVENTIONS: dict[str, tuple[str, Callable[[Tensor], Tensor]]] = {
+    "int": ("0/1 int, 0 = masked (the tutorials')", lambda keep: keep.long()),
+    "bool": ("bool, True = keep", lambda keep: keep),
+    "additive": ("additive float, 0 = keep, -1e9 = masked",
+                 lambda keep: torch.zeros(keep.shape, dtype=torch.float64).masked_fill(~keep, -1e9)),
+    "torch": ("bool, True = masked (torch.nn's)", lambda keep: ~keep),
+}
+AUTO = ("int", "bool", "additive")
+
+
+class LearnerFailure(Exception):
+    """The learner's code raised (or returned something unusable); carries the report."""
+
+    def __init__(self, error: LearnerError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@dataclass
+class Learner:
+    """Calls into the learner's code, turning their exceptions into `LearnerFailure`."""
+
+    path: str
+
+    def call(self, where: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except LearnerFailure:
+            raise
+        except Exception as err:  # their code: any exception is a finding, never a crash of ours
+            raise LearnerFailure(learner_error(err, self.path, where)) from err
+
+    def fail(self, where: str, message: str) -> LearnerFailure:
+        return LearnerFailure(LearnerError("exception", message, where))
+
+
+def encode_mask(keep: Tensor | None, convention: str) -> Tensor | None:
+    """keep: bool (B, 1, T|1, S), True = may attend; "name" or "name3" (a rank-3 (B, T|1, S) mask)."""
+    if keep is None:
+        return None
+    name = convention.rstrip("3")
+    mask = CONVENTIONS[name][1](keep)
+    return mask[:, 0] if convention.endswith("3") else mask
+
+
+def describe_convention(convention: str) -> str:
+    name = convention.rstrip("3")
+    shape = " (rank 3: (B, T, S))" if convention.endswith("3") else ""
+    return CONVENTIONS[name][0] + shape
+
+
+def first_tensor(value: Any, ndim: int | None = None) -> Tensor | None:
+    """The output tensor of a learner call that returns a tensor or a tuple (output, weights)."""
+    if isinstance(value, Tensor):
+        return value if ndim is None or value.dim() == ndim else None
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            if isinstance(item, Tensor) and (ndim is None or item.dim() == ndim):
+                return item
+    return None
+
+
+def weights_of(value: Any, skip_first: bool = True) -> Tensor | None:
+    """The attention weights (B, H, T, S) in a returned tuple, if any."""
+    if isinstance(value, (tuple, list)):
+        items = list(value)[1:] if skip_first else list(value)
+        for item in items:
+            if isinstance(item, Tensor) and item.dim() == 4:
+                return item
+    return None
+
+
+def max_error(a: Tensor | None, b: Tensor | None, rows: Tensor | None = None) -> float:
+    """Largest |a - b| over the rows that are compared; inf if shapes differ or a NaN appears.
+
+    rows: bool, broadcastable to a's shape without its last dimension (which rows are defined)."""
+    if a is None or b is None or a.shape != b.shape:
+        return math.inf
+    diff = (a.double() - b.double()).abs()
+    diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff).amax(-1)
+    if rows is not None:
+        if rows.dim() > diff.dim():
+            rows = rows[:, 0]  # (B, 1, T) -> (B, T) for a (B, T, D) output
+        diff = diff[rows.expand_as(diff)]
+    return diff.max().item() if diff.numel() else 0.0
+
+
+def visible_rows(keep: Tensor | None, batch: int, length: int) -> Tensor | None:
+    """(B, 1, T) or (B, T): True for queries that see at least one key. None when no mask."""
+    if keep is None:
+        return None
+    return keep.expand(batch, 1, length, keep.size(-1)).any(-1)  # (B, 1, T)
+
+
+def search(target: Tensor, compute: Callable[[frozenset[str]], Tensor], universe: Sequence[str],
+           rows: Tensor | None, max_flags: int = 2) -> tuple[frozenset[str], float] | None:
+    """The smallest set of mistakes (at most `max_flags`, one form per name) whose computed output
+    equals `target`; None when no set does."""
+    for n in range(max_flags + 1):
+        for combo in itertools.combinations(universe, n):
+            names = {flag.split(":")[0] for flag in combo}
+            if len(names) < n:
+                continue
+            try:
+                out = compute(frozenset(combo))
+            except RuntimeError:
+                continue  # this variant cannot run on these shapes; it cannot be the learner's
+            err = max_error(target, out, rows)
+            if err < TOL:
+                return frozenset(combo), err
+    return None
+
+
+@contextlib.contextmanager
+def dropout_off() -> Iterator[None]:
+    """F.dropout (which nn.Dropout calls) and torch.dropout as the identity: lets the other checks
+    run on a component whose dropout stays on in eval mode."""
+    saved = F.dropout, torch.dropout
+
+    def identity(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        return x
+
+    F.dropout, torch.dropout = identity, identity
+    try:
+        yield
+    finally:
+        F.dropout, torch.dropout = saved
+
+
+def randn(*shape: int, seed: int) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64)

@@ -1,0 +1,257 @@
+"""Runners for the components without attention: the causal mask function, the position-wise FFN
+(ReLU, GELU, SwiGLU), LayerNorm and RMSNorm, and the sinusoidal positional encoding.
+
+Shape legend: B batch, T length, D d_model, F FFN width.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from handformer.check import fingerprint as fp
+from handformer.check import variants as V
+from handformer.check.context import F_WIDTH, MAX_LEN, Context, D, dropout_finding, finish, grads_error
+from handformer.check.discovery import Component
+from handformer.check.result import Check, ComponentResult, Finding, text
+from handformer.check.source import locate, source_lines
+from handformer.check.weights import (
+    copy_linear,
+    copy_norm,
+    ffn_slots,
+    ffn_weights,
+    leaves,
+    norm_slots,
+    norm_weights,
+)
+from handformer.nn.feed_forward import FeedForward
+from handformer.nn.masks import causal_mask
+from handformer.nn.norms import LayerNorm, RMSNorm
+from handformer.nn.positions import sinusoidal_table
+
+
+def _err(err: float) -> dict[str, str]:
+    return text(f"max abs error {err:.2e}", f"最大绝对误差 {err:.2e}")
+
+
+def _as_keep(mask: Tensor, convention: str | None) -> tuple[Tensor, str]:
+    """The learner's (T, T) mask as bool True = may see, with the convention it was read in."""
+    if mask.dtype == torch.bool:
+        if convention == "torch":
+            return ~mask, "torch"
+        return mask, "bool"
+    if mask.is_floating_point() and (mask < -1e3).any() or torch.isinf(mask).any():
+        return mask > -1e3, "additive"
+    return mask != 0, "int"
+
+
+def check_causal_mask(comp: Component, ctx: Context) -> ComponentResult:
+    res = ComponentResult(comp.kind, comp.name)
+    worst = 0.0
+    for T in (1, 5, 8):
+        raw = ctx.learner.call("forward", comp.obj, T)
+        if not isinstance(raw, Tensor) or raw.numel() != T * T:
+            raise ctx.learner.fail("forward", f"{comp.name}({T}) returned "
+                                   f"{tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__},"
+                                   f" expected a ({T}, {T}) mask (or (1, {T}, {T}))")
+        keep, conv = _as_keep(raw.reshape(T, T), ctx.convention)
+        res.convention = fp.describe_convention(conv)
+        expected = causal_mask(T)
+        if torch.equal(keep, expected):
+            continue
+        worst = max(worst, float((keep != expected).sum()))
+        if res.findings:
+            continue
+        lines = source_lines(ctx.objects(comp))
+        for flags, name in (({"causal_off_by_one:no_self"}, "causal_off_by_one"),
+                            ({"causal_off_by_one:sees_next"}, "causal_off_by_one"),
+                            ({"mask_inverted"}, "mask_inverted")):
+            candidate = ~expected if name == "mask_inverted" else V.causal_keep(T, frozenset(flags))
+            if torch.equal(keep, candidate):
+                form = next(iter(flags)).partition(":")[2]
+                number, code = locate(name, lines)
+                res.findings.append(Finding(name, _mask_observed(name, form, T, keep), number, code, form))
+                break
+    res.max_abs_error = worst
+    res.checks.append(Check(text("equals handformer's causal_mask for T = 1, 5, 8 (query t sees keys 0..t)",
+                                 "T = 1, 5, 8 时与 handformer 的 causal_mask 一致（位置 t 看到 0..t）"),
+                            worst == 0, text(f"{int(worst)} entries differ", f"{int(worst)} 个位置不同")))
+    return finish(res)
+
+
+def _mask_observed(name: str, form: str, T: int, keep: Tensor) -> dict[str, str]:
+    row = "".join("1" if v else "0" for v in keep[min(2, T - 1)].tolist())
+    if name == "mask_inverted":
+        return text(f"your mask marks the future as visible and the past as hidden (row 2 reads {row})",
+                    f"你的掩码把未来标成可见、过去标成屏蔽（第 2 行为 {row}）")
+    what = {"no_self": ("token t sees only 0..t-1, not itself", "位置 t 只看到 0..t-1，看不到自己"),
+            "sees_next": ("token t sees 0..t+1, one position of the future", "位置 t 看到了 0..t+1，多看了一个未来位置")}
+    return text(f"{what[form][0]} (row 2 of the T={T} mask reads {row}, expected 111" + "0" * (T - 3) + ")",
+                f"{what[form][1]}（T={T} 时第 2 行为 {row}，应为 111" + "0" * (T - 3) + "）")
+
+
+FFN_ACTIVATIONS = {False: ("relu", "gelu", "gelu_tanh"), True: ("silu", "gelu")}
+HF_NAME = {(False, "relu"): "relu", (False, "gelu"): "gelu", (False, "gelu_tanh"): "gelu_tanh",
+           (True, "silu"): "swiglu", (True, "gelu"): "geglu"}
+
+
+def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
+    res = ComponentResult(comp.kind, comp.name)
+    module = ctx.build(comp)
+    candidates = ffn_slots([leaf for leaf in leaves(module) if leaf.kind == "linear"], D, F_WIDTH,
+                           comp.name)
+    gated = len(candidates[0]) == 3
+    x = fp.randn(2, 5, D, seed=1)
+
+    def run(x: Tensor = x) -> Tensor | None:
+        return fp.first_tensor(ctx.learner.call("forward", module, x), 3)
+
+    drop = dropout_finding(ctx, comp, run)
+    if drop:
+        res.findings.append(drop)
+    with fp.dropout_off():
+        out = run()
+        if out is None or out.shape != x.shape:
+            raise ctx.learner.fail("forward", f"{comp.name} returned {getattr(out, 'shape', out)} for an "
+                                   f"input of shape {tuple(x.shape)}; a FFN keeps the shape (B, T, d_model)")
+        best = None
+        for slots in candidates:
+            for act in FFN_ACTIVATIONS[gated]:
+                w = ffn_weights(slots, act)
+                found = fp.search(out, lambda fl, w=w: V.feed_forward(w, x, fl), ("ffn_no_activation",),
+                                  None, 1)
+                if found is not None and (best is None or len(found[0]) < len(best[2][0])):
+                    best = (slots, act, found)
+        slots, act = (best[0], best[1]) if best else (candidates[0], FFN_ACTIVATIONS[gated][0])
+        res.mapping = [s.describe() for s in slots]
+        if best and best[2][0]:
+            correct = fp.max_error(out, V.feed_forward(ffn_weights(slots, act), x))
+            res.findings += ctx.findings(best[2][0], best[2][1], correct, comp)
+        else:
+            res.notes.append(text(f"activation: {HF_NAME[(gated, act)]}", f"激活函数：{HF_NAME[(gated, act)]}"))
+        hf = FeedForward(D, F_WIDTH, HF_NAME[(gated, act)]).double()
+        by = {s.role: s for s in slots}
+        copy_linear(hf.up_proj, by.get("FFN W_1") or by["FFN W_up"])
+        copy_linear(hf.down_proj, by.get("FFN W_2") or by["FFN W_down"])
+        if gated:
+            copy_linear(hf.gate_proj, by["FFN W_gate"])
+        errors, grad_err = [], 0.0
+        for i, (B, T) in enumerate([(2, 5), (1, 1), (3, 9)]):
+            xi = fp.randn(B, T, D, seed=10 + i).requires_grad_()
+            with torch.enable_grad():
+                mine, ref = run(xi), hf(xi)
+                errors.append(fp.max_error(mine, ref))
+                if i == 0 and mine is not None:
+                    g = fp.randn(*ref.shape, seed=5)
+                    params = [s.leaf.weight for s in slots]
+                    a = torch.autograd.grad((mine * g).sum(), [xi] + params)
+                    b = torch.autograd.grad((ref * g).sum(), [xi] + [_hf_ffn_param(hf, s.role) for s in slots])
+                    grad_err = grads_error(list(zip(a, b)))
+        res.max_abs_error = max(errors)
+        res.checks.append(Check(text(f"matches handformer's FeedForward ({HF_NAME[(gated, act)]}) on 3 shapes",
+                                     f"在 3 种形状上与 handformer 的 FeedForward（{HF_NAME[(gated, act)]}）一致"),
+                                res.max_abs_error < 1e-5, _err(res.max_abs_error)))
+        res.checks.append(Check(text("gradients match handformer's", "梯度与 handformer 一致"),
+                                grad_err < 1e-5, _err(grad_err)))
+        bumped = x.clone()
+        bumped[:, 2] += 1.0
+        moved = (run(bumped) - out).abs().amax(-1)
+        moved[:, 2] = 0
+        res.checks.append(Check(text("position-wise: changing one position changes no other",
+                                     "逐位置：改变一个位置不影响其他位置"), moved.max().item() < 1e-12,
+                                text(f"other positions moved by {moved.max().item():.3g}",
+                                     f"其他位置变化了 {moved.max().item():.3g}")))
+    return finish(res)
+
+
+def _hf_ffn_param(hf: FeedForward, role: str) -> Tensor:
+    return {"FFN W_1": hf.up_proj, "FFN W_up": hf.up_proj, "FFN W_2": hf.down_proj,
+            "FFN W_down": hf.down_proj, "FFN W_gate": hf.gate_proj}[role].weight
+
+
+def check_norm(comp: Component, ctx: Context) -> ComponentResult:
+    res = ComponentResult(comp.kind, comp.name)
+    module = ctx.build(comp)
+    norms = [leaf for leaf in leaves(module) if leaf.kind == "norm"]
+    slot = norm_slots(norms, 1, [comp.kind], comp.name)[0]
+    res.mapping = [f"{slot.leaf.name}: weight" + (", bias" if slot.leaf.bias is not None else "")]
+    w = norm_weights(slot)
+    kind = comp.kind
+    hf = (LayerNorm(D, w.eps) if kind == "layernorm" else RMSNorm(D, w.eps)).double()
+    copy_norm(hf, slot)
+    res.notes.append(text(f"eps = {w.eps:g} (read from your module)", f"eps = {w.eps:g}（从你的模块读取）"))
+    errors, grad_err = [], 0.0
+    for i, (B, T, scale) in enumerate([(2, 5, 1.0), (1, 1, 3.0), (3, 7, 0.01)]):
+        x = (fp.randn(B, T, D, seed=10 + i) * scale + 0.5).requires_grad_()
+        with torch.enable_grad():
+            mine = fp.first_tensor(ctx.learner.call("forward", module, x), 3)
+            ref = hf(x)
+            errors.append(fp.max_error(mine, ref))
+            if i == 0 and mine is not None:
+                g = fp.randn(*ref.shape, seed=5)
+                params = [slot.leaf.weight] + ([slot.leaf.bias] if slot.leaf.bias is not None else [])
+                hf_params = [hf.weight] + ([hf.bias] if slot.leaf.bias is not None else [])
+                grad_err = grads_error(list(zip(torch.autograd.grad((mine * g).sum(), [x] + params),
+                                                torch.autograd.grad((ref * g).sum(), [x] + hf_params))))
+    res.max_abs_error = max(errors)
+    label = "LayerNorm" if kind == "layernorm" else "RMSNorm"
+    res.checks.append(Check(text(f"matches handformer's {label} on 3 inputs (scales 1, 3, 0.01)",
+                                 f"在 3 组输入（尺度 1、3、0.01）上与 handformer 的 {label} 一致"),
+                            res.max_abs_error < 1e-5, _err(res.max_abs_error)))
+    res.checks.append(Check(text("gradients match handformer's", "梯度与 handformer 一致"), grad_err < 1e-5,
+                            _err(grad_err)))
+    if kind == "layernorm" and res.max_abs_error >= 1e-5:
+        _unbiased_note(res, module, ctx, w)
+    return finish(res)
+
+
+def _unbiased_note(res: ComponentResult, module: torch.nn.Module, ctx: Context, w: V.NormWeights) -> None:
+    x = fp.randn(2, 5, D, seed=10) + 0.5
+    out = fp.first_tensor(ctx.learner.call("forward", module, x), 3)
+    std = x.std(-1, keepdim=True)  # unbiased, as torch.std defaults to
+    alt = w.weight * (x - x.mean(-1, keepdim=True)) / (std + w.eps) + (w.bias if w.bias is not None else 0)
+    if fp.max_error(out, alt) < 1e-6:
+        res.notes.append(text("your LayerNorm divides by x.std() (unbiased, over n - 1) + eps, as the "
+                              "Annotated Transformer does; nn.LayerNorm and the paper use the biased "
+                              "variance inside the square root: torch.sqrt(x.var(-1, unbiased=False) + eps)",
+                              "你的 LayerNorm 除以 x.std()（无偏，除以 n - 1）+ eps，这是 Annotated "
+                              "Transformer 的写法；nn.LayerNorm 用的是有偏方差并把 eps 放在根号里："
+                              "torch.sqrt(x.var(-1, unbiased=False) + eps)"))
+
+
+PE_FLAGS = ("pe_sin_cos_swapped", "pe_wrong_frequency:pair_index", "pe_wrong_frequency:dim_index",
+            "pe_wrong_frequency:positive")
+
+
+def check_positional_encoding(comp: Component, ctx: Context) -> ComponentResult:
+    res = ComponentResult(comp.kind, comp.name)
+    module = ctx.build(comp)
+    B, T = 2, 12
+
+    def run(x: Tensor) -> Tensor | None:
+        return fp.first_tensor(ctx.learner.call("forward", module, x))
+
+    zeros = torch.zeros(B, T, D, dtype=torch.float64)
+    drop = dropout_finding(ctx, comp, lambda: run(zeros))
+    if drop:
+        res.findings.append(drop)
+    with fp.dropout_off():
+        table = run(zeros)
+        if table is None or table.shape[-2:] != (T, D):
+            raise ctx.learner.fail("forward", f"{comp.name} returned {getattr(table, 'shape', table)} for "
+                                   f"x of shape {(B, T, D)}; expected x + PE[:T], shape {(B, T, D)}")
+        pe = table.reshape(-1, T, D)[0]  # (T, D)
+        expected = sinusoidal_table(MAX_LEN, D).double()[:T]
+        found = fp.search(pe, lambda fl: V.sinusoidal(T, D, fl), PE_FLAGS, None, 2)
+        if found and found[0]:
+            res.findings += ctx.findings(found[0], found[1], fp.max_error(pe, expected), comp)
+        x = fp.randn(B, T, D, seed=3)
+        out = run(x)
+        added = fp.max_error(out, x + pe)
+        res.max_abs_error = max(fp.max_error(pe, expected), added if out is not None else float("inf"))
+        res.checks.append(Check(text(f"the table equals handformer's sinusoidal_table for {T} positions",
+                                     f"前 {T} 个位置的编码表与 handformer 的 sinusoidal_table 一致"),
+                                fp.max_error(pe, expected) < 1e-5, _err(fp.max_error(pe, expected))))
+        res.checks.append(Check(text("forward(x) returns x + PE[:T]", "forward(x) 返回 x + PE[:T]"),
+                                added < 1e-5, _err(added)))
+    return finish(res)

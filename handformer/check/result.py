@@ -1,0 +1,91 @@
+"""What a check finds, as plain data (it crosses the process boundary as JSON): one
+`ComponentResult` per component, with its findings (named diagnoses), property checks and notes.
+
+Texts that the report shows are stored in both languages, {"en": ..., "zh": ...}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+Text = dict[str, str]  # {"en": ..., "zh": ...}
+
+PASS, FAIL, DIFFERS, ERROR = "pass", "fail", "differs", "error"
+
+
+def text(en: str, zh: str) -> Text:
+    return {"en": en, "zh": zh}
+
+
+@dataclass
+class Finding:
+    """A named diagnosis, with what was measured and where it probably is."""
+
+    name: str  # a key of handformer.check.diagnoses.CATALOG
+    observed: Text  # what was measured, with the number
+    line: int | None = None  # line in the learner's file
+    code: str | None = None  # that line's text
+    form: str = ""  # the variant of the mistake, e.g. "-2" for the softmax dimension
+
+
+@dataclass
+class Check:
+    """A property check: reference-free (causality, padding, ...) or against handformer."""
+
+    name: Text
+    ok: bool
+    detail: Text | None = None
+
+
+@dataclass
+class LearnerError:
+    """An exception (or a limit) in the learner's code, its traceback trimmed to their file."""
+
+    kind: str  # exception | syntax | timeout | memory | nothing_found | mapping | crash
+    message: str
+    where: str = ""  # "import", "__init__", "forward", ...
+    traceback: list[str] = field(default_factory=list)  # "line N: code" of the learner's frames
+
+
+@dataclass
+class ComponentResult:
+    kind: str
+    name: str  # the learner's name for it
+    status: str = PASS  # pass | fail | differs | error
+    max_abs_error: float | None = None
+    mapping: list[str] = field(default_factory=list)  # "learner.param -> W_Q"
+    convention: str | None = None  # the mask convention detected
+    findings: list[Finding] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    notes: list[Text] = field(default_factory=list)
+    error: LearnerError | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> ComponentResult:
+        data = dict(data)
+        data["findings"] = [Finding(**f) for f in data.get("findings", [])]
+        data["checks"] = [Check(**c) for c in data.get("checks", [])]
+        data["error"] = LearnerError(**data["error"]) if data.get("error") else None
+        return ComponentResult(**data)
+
+
+@dataclass
+class FileResult:
+    """The whole check of one file: per-component results, or an error before any component ran."""
+
+    path: str
+    components: list[ComponentResult] = field(default_factory=list)
+    error: LearnerError | None = None  # syntax error, exception at import, nothing recognisable
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.components) and all(
+            c.status in (PASS, DIFFERS) for c in self.components)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "ok": self.ok, "error": asdict(self.error) if self.error else None,
+                "components": [c.to_dict() for c in self.components]}

@@ -1,0 +1,100 @@
+"""Run the check of every component of a learner's file (in this process: the sandbox calls this in
+a child process). `check_module` streams one `ComponentResult` per component to `emit`."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from handformer.check import fingerprint as fp
+from handformer.check.discovery import NAMES, Component, DiscoveryError, defined_names, find_components
+from handformer.check.result import ERROR, ComponentResult, FileResult, LearnerError
+from handformer.check.source import learner_error
+from handformer.check.weights import MappingError
+
+Runner = Callable[[Component, "Context"], ComponentResult]  # noqa: F821
+
+
+def runners() -> dict[str, Callable]:
+    from handformer.check import attention, layers, pieces
+
+    table = {
+        "causal_mask": getattr(pieces, "check_causal_mask", None), "sdpa": attention.check_sdpa, "mha": attention.check_mha,
+        "causal_attention": attention.check_causal_attention, "ffn": getattr(pieces, "check_ffn", None),
+        "layernorm": getattr(pieces, "check_norm", None), "rmsnorm": getattr(pieces, "check_norm", None),
+        "positional_encoding": getattr(pieces, "check_positional_encoding", None),
+        "encoder_layer": getattr(layers, "check_encoder_layer", None), "decoder_layer": getattr(layers, "check_decoder_layer", None),
+        "block": getattr(layers, "check_block", None),
+    }
+    return {k: v for k, v in table.items() if v is not None}
+
+
+def import_learner(path: str) -> types.ModuleType:
+    """Import the learner's file as a module of its own (their code runs)."""
+    name = "learner_" + "".join(c if c.isalnum() else "_" for c in Path(path).stem)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise FileNotFoundError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_component(comp: Component, ctx: Context) -> ComponentResult:  # noqa: F821
+    try:
+        with torch.no_grad():
+            return runners()[comp.kind](comp, ctx)
+    except fp.LearnerFailure as failure:
+        return ComponentResult(comp.kind, comp.name, ERROR, error=failure.error)
+    except (MappingError, DiscoveryError) as err:
+        return ComponentResult(comp.kind, comp.name, ERROR,
+                               error=LearnerError("mapping", str(err), "__init__"))
+
+
+def check_file(path: str, overrides: dict[str, str] | None = None, only: list[str] | None = None,
+               convention: str | None = None,
+               emit: Callable[[ComponentResult], None] | None = None,
+               started: Callable[[str], None] | None = None) -> FileResult:
+    """Import the learner's file and check each component it defines."""
+    from handformer.check.context import Context
+
+    result = FileResult(path)
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    if started:
+        started("import")
+    try:
+        module = import_learner(path)
+    except BaseException as err:  # their module body: anything it raises is reported
+        if isinstance(err, KeyboardInterrupt):
+            raise
+        result.error = learner_error(err, path, "import")
+        return result
+    components = find_components(module, overrides, only)
+    if not components:
+        names = ", ".join(defined_names(module)) or "nothing"
+        result.error = LearnerError(
+            "nothing_found", f"found no component to check; the file defines: {names}. handformer "
+            f"looks for names such as {', '.join(n for ns in NAMES.values() for n in ns[:2])}; point "
+            "a kind at your name with --component mha=MyAttention", "discovery")
+        return result
+    ctx = Context(path, module, {c.kind: c for c in reversed(components)}, convention)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: a second thread costs more than it saves
+    try:
+        for comp in components:
+            if started:
+                started(comp.name)
+            res = check_component(comp, ctx)
+            result.components.append(res)
+            if emit:
+                emit(res)
+    finally:
+        torch.set_num_threads(threads)
+    return result

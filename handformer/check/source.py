@@ -1,0 +1,68 @@
+"""Point at the learner's code: the likely line of a diagnosis (from `inspect` on their classes and
+functions), and exceptions with the traceback trimmed to their own file."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import traceback
+from collections.abc import Iterable
+from typing import Any
+
+from handformer.check.diagnoses import CATALOG
+from handformer.check.result import LearnerError
+
+
+def source_lines(objs: Iterable[Any]) -> list[tuple[int, str]]:
+    """(line number, text) of each object's source, objects in order, duplicates once."""
+    lines, seen = [], set()
+    for obj in objs:
+        try:
+            text, start = inspect.getsourcelines(obj)
+        except (OSError, TypeError):
+            continue
+        for i, line in enumerate(text):
+            if start + i not in seen:
+                seen.add(start + i)
+                lines.append((start + i, line.rstrip()))
+    return lines
+
+
+def locate(name: str, lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The first line matching the diagnosis' patterns, trying patterns in order; comments and
+    docstrings are skipped."""
+    code_lines = [(n, t) for n, t in lines
+                  if t.strip() and not t.strip().startswith(("#", '"""', "'''"))]
+    for pattern in CATALOG[name].patterns:
+        regex = re.compile(pattern)
+        for number, line in code_lines:
+            if regex.search(line.split("#")[0]):
+                return number, line.strip()
+    return None, None
+
+
+def learner_error(err: BaseException, path: str, where: str) -> LearnerError:
+    """The exception as a report: message, and the frames that are in the learner's file."""
+    if isinstance(err, SyntaxError) and err.filename and _same(err.filename, path):
+        frames = [f"line {err.lineno}: {(err.text or '').strip()}"]
+        return LearnerError("syntax", f"SyntaxError: {err.msg}", where, frames)
+    frames = [f"line {f.lineno}, in {f.name}: {(f.line or '').strip()}"
+              for f in traceback.extract_tb(err.__traceback__) if _same(f.filename, path)]
+    kind = "memory" if _is_memory(err) else "exception"
+    message = f"{type(err).__name__}: {err}".strip()
+    return LearnerError(kind, message.splitlines()[0][:400] if message else type(err).__name__, where,
+                        frames)
+
+
+def _same(a: str, b: str) -> bool:
+    import os
+
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a == b
+
+
+def _is_memory(err: BaseException) -> bool:
+    return isinstance(err, MemoryError) or "can't allocate memory" in str(err) or (
+        "not enough memory" in str(err))

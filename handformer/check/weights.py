@@ -1,0 +1,212 @@
+"""Map a learner's parameters to the roles of handformer's (W_Q, W_K, W_V, W_O, the FFN's two or
+three matrices, one norm a sublayer), by shape and definition order, and copy them into handformer.
+
+The learner's weights are first set to random values of unit-ish gain (`scramble_`): default inits
+(norm weights of 1, biases of 0) would hide mistakes such as a swapped norm.
+
+Shape legend: D d_model, F FFN width.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from handformer.check import variants as V
+
+
+class MappingError(ValueError):
+    """The learner's parameters do not fit the component; the message says what was found."""
+
+
+@dataclass
+class Leaf:
+    """One of the learner's parameterised submodules: a linear layer, a norm or an embedding."""
+
+    name: str  # dotted path inside the learner's module, e.g. "self_attention.w_q"
+    kind: str  # linear | norm | embedding
+    module: nn.Module
+    weight: nn.Parameter
+    bias: nn.Parameter | None
+
+
+@dataclass
+class Slot:
+    """A role in handformer's component filled by (part of) one learner leaf."""
+
+    role: str  # "W_Q", "FFN W_1", "norm 1", ...
+    leaf: Leaf
+    rows: slice | None = None  # the part of a fused projection (e.g. one third of a qkv Linear)
+
+    def weight(self) -> Tensor:
+        w = self.leaf.weight
+        return w if self.rows is None else w[self.rows]
+
+    def bias(self) -> Tensor | None:
+        b = self.leaf.bias
+        return None if b is None else (b if self.rows is None else b[self.rows])
+
+    def linear(self) -> V.Linear:
+        return self.weight(), self.bias()
+
+    def describe(self) -> str:
+        part = "" if self.rows is None else f"[{self.rows.start}:{self.rows.stop}]"
+        return f"{self.leaf.name}{part} -> {self.role}"
+
+
+def _bias_like(params: dict[str, nn.Parameter]) -> str | None:
+    """The name of a norm's additive parameter (bias, beta, shift, b_2, ...); else the second one."""
+    for name in params:
+        lowered = name.lower()
+        if lowered in ("bias", "beta", "shift", "offset") or lowered.startswith("b"):
+            return name
+    return list(params)[1]
+
+
+def leaves(module: nn.Module) -> list[Leaf]:
+    """The learner's linear layers, norms and embeddings in definition order."""
+    found = []
+    for name, sub in module.named_modules():
+        params = dict(sub.named_parameters(recurse=False))
+        if not params:
+            continue
+        label = name or "(self)"
+        if isinstance(sub, nn.Embedding):
+            found.append(Leaf(label, "embedding", sub, sub.weight, None))
+        elif isinstance(sub, nn.Linear) or (len(params) <= 2 and "weight" in params
+                                            and params["weight"].dim() == 2):
+            found.append(Leaf(label, "linear", sub, params["weight"], params.get("bias")))
+        elif all(p.dim() == 1 for p in params.values()) and len(params) <= 2:
+            bias_name = _bias_like(params) if len(params) == 2 else None
+            weight_name = next(n for n in params if n != bias_name)
+            found.append(Leaf(label, "norm", sub, params[weight_name],
+                              params[bias_name] if bias_name else None))
+        else:
+            shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
+            raise MappingError(f"cannot tell what {label} ({type(sub).__name__}: {shapes}) is; "
+                               "handformer maps nn.Linear layers, norms (1-D weight and bias) and "
+                               "embeddings")
+    return found
+
+
+def scramble_(module: nn.Module, seed: int = 0) -> None:
+    """Random weights everywhere: linear weights ~ N(0, 1/in), norm weights 1 + N(0, 0.2^2),
+    biases N(0, 0.2^2)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for leaf in leaves(module):
+            w = leaf.weight
+            noise = torch.randn(w.shape, generator=g, dtype=torch.float64).to(w.dtype)
+            if leaf.kind == "norm":
+                w.copy_(1.0 + 0.2 * noise)
+            elif leaf.kind == "embedding":
+                w.copy_(noise)
+            else:
+                w.copy_(noise / math.sqrt(w.size(1)))
+            if leaf.bias is not None:
+                leaf.bias.copy_(0.2 * torch.randn(leaf.bias.shape, generator=g,
+                                                  dtype=torch.float64).to(leaf.bias.dtype))
+
+
+def _shapes(found: list[Leaf]) -> str:
+    return ", ".join(f"{leaf.name} {tuple(leaf.weight.shape)}" for leaf in found) or "none"
+
+
+def attention_slots(linears: list[Leaf], D: int, count: int, what: str) -> list[list[Slot]]:
+    """`count` attentions from (D, D) linears in order W_Q, W_K, W_V, W_O (or a fused (3D, D) qkv
+    projection then W_O). An attention of three (D, D) linears has no W_O; its list has 3 slots."""
+    square = [leaf for leaf in linears if tuple(leaf.weight.shape) == (D, D)]
+    fused = [leaf for leaf in linears if tuple(leaf.weight.shape) == (3 * D, D)]
+    prefixes = ["", "cross-attention "] if count == 2 else [""]
+    if count == 2:
+        prefixes[0] = "self-attention "
+    if fused and len(fused) == count:
+        outs = square if len(square) == count else [None] * count
+        return [[Slot(f"{p}W_{r}", f, slice(i * D, (i + 1) * D)) for i, r in enumerate("QKV")]
+                + ([Slot(f"{p}W_O", o)] if o is not None else [])
+                for p, f, o in zip(prefixes, fused, outs)]
+    per = 4 if len(square) == 4 * count else 3 if len(square) == 3 * count else 0
+    if not per:
+        raise MappingError(
+            f"{what}: expected {4 * count} nn.Linear(d_model, d_model) layers ({count} x W_Q, W_K, "
+            f"W_V, W_O) with d_model={D}, found {len(square)}; its parameterised layers are: "
+            f"{_shapes(linears)}")
+    groups = [square[i * per:(i + 1) * per] for i in range(count)]
+    return [[Slot(f"{p}W_{r}", leaf) for r, leaf in zip("QKVO", group)]
+            for p, group in zip(prefixes, groups)]
+
+
+def mha_weights(slots: list[Slot], n_heads: int) -> V.MHAWeights:
+    by = {s.role[-3:]: s.linear() for s in slots}
+    return V.MHAWeights(by["W_Q"], by["W_K"], by["W_V"], by.get("W_O"), n_heads)
+
+
+def ffn_slots(linears: list[Leaf], D: int, F: int, what: str) -> list[list[Slot]]:
+    """The FFN's matrices: (F, D) up then (D, F) down; gated: two (F, D) (gate, up: both orders
+    are returned, the runner keeps the one that matches) and (D, F) down."""
+    ups = [leaf for leaf in linears if tuple(leaf.weight.shape) == (F, D)]
+    downs = [leaf for leaf in linears if tuple(leaf.weight.shape) == (D, F)]
+    if len(downs) == 1 and len(ups) == 1:
+        return [[Slot("FFN W_1", ups[0]), Slot("FFN W_2", downs[0])]]
+    if len(downs) == 1 and len(ups) == 2:
+        a, b = ups
+        return [[Slot("FFN W_gate", a), Slot("FFN W_up", b), Slot("FFN W_down", downs[0])],
+                [Slot("FFN W_gate", b), Slot("FFN W_up", a), Slot("FFN W_down", downs[0])]]
+    raise MappingError(f"{what}: expected nn.Linear(d_model, d_ff) then nn.Linear(d_ff, d_model) "
+                       f"(d_model={D}, d_ff={F}; gated FFNs have two nn.Linear(d_model, d_ff)), "
+                       f"found: {_shapes(linears)}")
+
+
+def ffn_weights(slots: list[Slot], activation: str) -> V.FFNWeights:
+    by = {s.role: s.linear() for s in slots}
+    if "FFN W_gate" in by:
+        return V.FFNWeights(by["FFN W_up"], by["FFN W_down"], by["FFN W_gate"], activation)
+    return V.FFNWeights(by["FFN W_1"], by["FFN W_2"], None, activation)
+
+
+def norm_eps(module: nn.Module, kind: str) -> float:
+    for name in ("eps", "variance_epsilon", "epsilon"):
+        value = getattr(module, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    if isinstance(module, nn.LayerNorm) or kind == "layernorm":
+        return 1e-5
+    return torch.finfo(torch.float32).eps  # nn.RMSNorm's default
+
+
+def norm_kind(leaf: Leaf) -> str:
+    name = type(leaf.module).__name__.lower()
+    if "rms" in name or (leaf.bias is None and not isinstance(leaf.module, nn.LayerNorm)):
+        return "rmsnorm"
+    return "layernorm"
+
+
+def norm_weights(slot: Slot) -> V.NormWeights:
+    kind = norm_kind(slot.leaf)
+    return V.NormWeights(slot.weight(), slot.bias(), norm_eps(slot.leaf.module, kind), kind)
+
+
+def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str) -> list[Slot]:
+    if len(norms) != count:
+        raise MappingError(f"{what}: expected {count} norms ({', '.join(names)}), found "
+                           f"{len(norms)}: {_shapes(norms)}")
+    return [Slot(f"norm {i + 1} ({n})", leaf) for i, (n, leaf) in enumerate(zip(names, norms))]
+
+
+def copy_linear(target: nn.Linear, slot: Slot) -> None:
+    with torch.no_grad():
+        target.weight.copy_(slot.weight())
+        if target.bias is not None:
+            b = slot.bias()
+            target.bias.copy_(b if b is not None else torch.zeros_like(target.bias))
+
+
+def copy_norm(target: nn.Module, slot: Slot) -> None:
+    with torch.no_grad():
+        target.weight.copy_(slot.weight())
+        if getattr(target, "bias", None) is not None:
+            b = slot.bias()
+            target.bias.copy_(b if b is not None else torch.zeros_like(target.bias))
