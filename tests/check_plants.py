@@ -30,7 +30,7 @@ PLANTS: dict[str, tuple[str | None, list[tuple[str, str]]]] = {
     "no_scaling": ("no_scaling", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
     "scale_by_dk": ("scale_by_dk", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1)) / d_k")]),
     "softmax_wrong_dim": ("softmax_wrong_dim", [("F.softmax(scores, dim=-1)", "F.softmax(scores, dim=-2)")]),
-    "mask_inverted": ("mask_inverted", [("masked_fill(mask == 0, -1e9)", "masked_fill(mask == 1, -1e9)")]),
+    "mask_inverted": ("mask_inverted", [("mask == 0", "mask == 1")]),
     "mask_after_softmax": ("mask_after_softmax", [(SDPA_MASK, """    attn = F.softmax(scores, dim=-1)
     if mask is not None:
         attn = attn.masked_fill(mask == 0, 0)
@@ -46,10 +46,8 @@ PLANTS: dict[str, tuple[str | None, list[tuple[str, str]]]] = {
         attn_output, _ = self.self_attention(h, h, h, mask)
         x = x + self.dropout(attn_output)
 """)]),
-    "ffn_no_activation": ("ffn_no_activation", [("self.linear2(self.dropout(F.relu(self.linear1(x))))",
-                                                 "self.linear2(self.dropout(self.linear1(x)))")]),
-    "dropout_in_eval": ("dropout_in_eval", [("self.linear2(self.dropout(F.relu(self.linear1(x))))",
-                                             "self.linear2(F.dropout(F.relu(self.linear1(x)), p=0.1))")]),
+    "ffn_no_activation": ("ffn_no_activation", [("(F.relu(self.linear1(x))))", "(self.linear1(x)))")]),
+    "dropout_in_eval": ("dropout_in_eval", [("return self.linear2(self.dropout(", "return self.linear2(F.dropout(")]),
     "pe_sin_cos_swapped": ("pe_sin_cos_swapped", [("pe[:, 0::2] = torch.sin(", "pe[:, 0::2] = torch.cos("),
                                                   ("pe[:, 1::2] = torch.cos(", "pe[:, 1::2] = torch.sin(")]),
     "pe_wrong_frequency": ("pe_wrong_frequency", [("torch.arange(0, d_model, 2).float() * (-math",
@@ -59,8 +57,7 @@ PLANTS: dict[str, tuple[str | None, list[tuple[str, str]]]] = {
         ("enc_output, enc_output, src_mask)", "enc_output, enc_output, tgt_mask)")]),
     "causal_no_self": ("causal_off_by_one", [("diagonal=0)", "diagonal=-1)")]),
     "causal_sees_next": ("causal_off_by_one", [("diagonal=0)", "diagonal=1)")]),
-    "nan_on_masked_rows": ("nan_on_masked_rows", [("masked_fill(mask == 0, -1e9)",
-                                                   "masked_fill(mask == 0, float('-inf'))")]),
+    "nan_on_masked_rows": ("nan_on_masked_rows", [(", -1e9)", ", float('-inf'))")]),
     # consistently pre-norm: a difference by design, not a mistake
     "pre_norm_consistent": (None, [(ENC_ATTN, """        h = self.norm1(x)
         attn_output, _ = self.self_attention(h, h, h, mask)
@@ -71,8 +68,8 @@ PLANTS: dict[str, tuple[str | None, list[tuple[str, str]]]] = {
 
 
 def plant(source: str, names: list[str]) -> str:
-    """`source` with the edits of every plant in `names`."""
-    for name in names:
+    """`source` with the edits of every plant in `names`, applied in the order of PLANTS."""
+    for name in sorted(names, key=list(PLANTS).index):
         for old, new in PLANTS[name][1]:
             if old not in source:
                 raise ValueError(f"plant {name}: {old!r} is not in the source (another plant edited it)")

@@ -30,6 +30,7 @@ from handformer.check.context import (
     causal,
     dropout_finding,
     finish,
+    first_working,
     forward_parameters,
     grads_error,
     guarded,
@@ -103,7 +104,8 @@ def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
     def run(conv: str) -> Tensor | None:
         return fp.first_tensor(ctx.learner.call("forward", call, q, k, v, fp.encode_mask(keep, conv)), 4)
 
-    drop = dropout_finding(ctx, comp, lambda: run(ctx.conventions()[0]))
+    working = first_working(ctx, run)
+    drop = dropout_finding(ctx, comp, lambda: run(working))
     if drop:
         res.findings.append(drop)
     with fp.dropout_off():
@@ -118,11 +120,13 @@ def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
         errors = []
         cases = [("no mask", 2, 5, 5, None), ("padding", 3, 4, 7, positions(3, 7, [0, 2, 7])),
                  ("causal + padding", 2, 6, 6, keep), ("cross, T != S", 2, 3, 5, positions(2, 5, [0, 1]))]
-        for label, b, t, s, mask in cases:
-            q, k, v = fp.randn(b, H, t, Dh, seed=4), fp.randn(b, H, s, Dh, seed=5), fp.randn(b, H, s, Dh, seed=6)
-            raw = ctx.learner.call("forward", call, q, k, v, fp.encode_mask(mask, conv) if takes_mask else None)
-            ref, ref_w = scaled_dot_product_attention(q, k, v, mask if takes_mask else None, need_weights=True)
-            rows = fp.visible_rows(mask if takes_mask else None, b, t)
+        for _label, b, t, s, mask in cases:
+            mask = mask if takes_mask else None
+            q, k, v = (fp.randn(b, H, t, Dh, seed=4), fp.randn(b, H, s, Dh, seed=5),
+                       fp.randn(b, H, s, Dh, seed=6))
+            raw = ctx.learner.call("forward", call, q, k, v, fp.encode_mask(mask, conv))
+            ref, ref_w = scaled_dot_product_attention(q, k, v, mask, need_weights=True)
+            rows = fp.visible_rows(mask, b, t)
             out = fp.first_tensor(raw, 4)
             errors.append(fp.max_error(out, ref, rows))
             weights = fp.weights_of(raw)
@@ -215,7 +219,8 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False) -> Com
         k = V.causal_keep(T, flags)[None, None] if causal_inside else keep
         return V.multi_head_attention(w, x, x, x, k, flags)[0]
 
-    drop = dropout_finding(ctx, comp, lambda: run(ctx.conventions()[0]), "sdpa")
+    working = first_working(ctx, run)
+    drop = dropout_finding(ctx, comp, lambda: run(working), "sdpa")
     if drop:
         res.findings.append(drop)
     with fp.dropout_off():
@@ -345,7 +350,8 @@ def _properties(res: ComponentResult, ctx: Context, comp: Component, module: nn.
         heads = one_head_at_a_time(w, x)
         err = fp.max_error(out, heads)
         res.checks.append(Check(text("split + concat of heads equals the heads computed one by one",
-                                     "拆分再拼接多头，与逐个头单独计算的结果一致"), err < 1e-5, _err_text(err)))
+                                     "拆分再拼接多头，与逐个头单独计算的结果一致"), err < 1e-5,
+                                _err_text(err)))
 
 
 def one_head_at_a_time(w: V.MHAWeights, x: Tensor) -> Tensor:

@@ -211,3 +211,17 @@ def guarded(res: ComponentResult, step: Callable[[], None]) -> None:
         where = f" ({err.traceback[-1]})" if err.traceback else ""
         res.checks.append(Check(text("runs on every test shape", "能在所有测试形状上运行"), False,
                                 text(f"{err.message}{where}", f"{err.message}{where}")))
+
+
+def first_working(ctx: Context, run: Callable[[str], Any]) -> str:
+    """The first mask convention the learner's code runs with (torch.nn-style code raises on a 0/1
+    int mask); their first exception if none does."""
+    failure = None
+    for conv in ctx.conventions():
+        try:
+            run(conv)
+            return conv
+        except fp.LearnerFailure as err:
+            failure = failure or err
+    assert failure is not None
+    raise failure

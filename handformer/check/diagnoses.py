@@ -116,6 +116,13 @@ CATALOG: dict[str, Diagnosis] = {d.name: d for d in [
        "位置 t 应能看到 0..t：torch.tril(torch.ones(T, T))（diagonal=0），或 "
        "torch.triu(torch.ones(T, T), diagonal=1) == 0",
        r"tril|triu", r"diagonal"),
+    _d("layernorm_unbiased_std", "the LayerNorm divides by the unbiased std plus eps (x.std() + eps)",
+       "LayerNorm 除以了无偏标准差再加 eps（x.std() + eps）",
+       "use the biased variance with eps inside the square root: (x - mean) / torch.sqrt(x.var(-1, "
+       "unbiased=False, keepdim=True) + eps), as nn.LayerNorm and the paper do",
+       "使用有偏方差并把 eps 放进根号：(x - mean) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True)"
+       " + eps)，与 nn.LayerNorm 和论文一致",
+       r"\.std\(", r"eps"),
     _d("nan_on_masked_rows", "a query whose keys are all masked gives NaN",
        "所有键都被屏蔽的查询输出了 NaN",
        "fill masked scores with a large finite number (-1e9) instead of -inf, or zero those rows",
@@ -128,12 +135,12 @@ CATALOG: dict[str, Diagnosis] = {d.name: d for d in [
 # identifiable (one hides the other); docs/check.md lists them with the reason.
 EXCLUSIVE: dict[frozenset[str], str] = {
     frozenset({"no_scaling", "scale_by_dk"}): "both rewrite the divisor of the scores",
-    frozenset({"mask_inverted", "mask_after_softmax"}): "both rewrite the masked_fill line",
+    frozenset({"mask_after_softmax", "nan_on_masked_rows"}):
+        "after the softmax there are no scores to fill with -inf",
 }
 MASKING: dict[frozenset[str], str] = {
-    frozenset({"split_no_transpose", "concat_no_transpose"}):
-        "view(B, h, T, d_k) then view(B, T, d_model) undo each other per head slice; only the "
-        "attention pattern differs, so the pair reads as heads computed on scrambled positions",
+    frozenset({"mask_inverted", "nan_on_masked_rows"}):
+        "an inverted causal mask hides every key of the last query, and with -inf that row is NaN",
 }
 
 

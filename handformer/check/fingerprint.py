@@ -21,18 +21,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from handformer.check.result import LearnerError
+from handformer.check.result import LearnerError, Text, text
 from handformer.check.source import learner_error
 
 TOL = 1e-6  # float64: a correct component agrees to ~1e-14, a mistake differs by ~0.1
 
 # name -> (description, encode(keep) -> the mask the learner's code receives)
-CONVENTIONS: dict[str, tuple[str, Callable[[Tensor], Tensor]]] = {
-    "int": ("0/1 int, 0 = masked (the tutorials')", lambda keep: keep.long()),
-    "bool": ("bool, True = keep", lambda keep: keep),
-    "additive": ("additive float, 0 = keep, -1e9 = masked",
+CONVENTIONS: dict[str, tuple[Text, Callable[[Tensor], Tensor]]] = {
+    "int": (text("0/1 int, 0 = masked (the tutorials')", "0/1 整数，0 = 屏蔽（教程的约定）"),
+            lambda keep: keep.long()),
+    "bool": (text("bool, True = keep", "布尔值，True = 保留"), lambda keep: keep),
+    "additive": (text("additive float, 0 = keep, -1e9 = masked", "加性浮点掩码，0 = 保留，-1e9 = 屏蔽"),
                  lambda keep: torch.zeros(keep.shape, dtype=torch.float64).masked_fill(~keep, -1e9)),
-    "torch": ("bool, True = masked (torch.nn's)", lambda keep: ~keep),
+    "torch": (text("bool, True = masked (torch.nn's)", "布尔值，True = 屏蔽（torch.nn 的约定）"),
+              lambda keep: ~keep),
 }
 AUTO = ("int", "bool", "additive")
 
@@ -72,10 +74,12 @@ def encode_mask(keep: Tensor | None, convention: str) -> Tensor | None:
     return mask[:, 0] if convention.endswith("3") else mask
 
 
-def describe_convention(convention: str) -> str:
+def describe_convention(convention: str) -> Text:
     name = convention.rstrip("3")
-    shape = " (rank 3: (B, T, S))" if convention.endswith("3") else ""
-    return CONVENTIONS[name][0] + shape
+    en, zh = CONVENTIONS[name][0]["en"], CONVENTIONS[name][0]["zh"]
+    if convention.endswith("3"):
+        return text(en + ", rank 3: (B, T, S)", zh + "，三维：(B, T, S)")
+    return text(en, zh)
 
 
 def first_tensor(value: Any, ndim: int | None = None) -> Tensor | None:

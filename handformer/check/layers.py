@@ -32,6 +32,7 @@ from handformer.check.context import (
     causal,
     dropout_finding,
     finish,
+    first_working,
     forward_parameters,
     grads_error,
     guarded,
@@ -149,7 +150,8 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
         tgt = fp.encode_mask(tgt_keep, conv) if layer.takes_mask or not causal_block else None
         return fp.first_tensor(ctx.learner.call("forward", layer.call, x, memory, src, tgt), 3)
 
-    drop = dropout_finding(ctx, comp, lambda: run(ctx.conventions()[0]), "mha", "ffn", "sdpa")
+    working = first_working(ctx, run)
+    drop = dropout_finding(ctx, comp, lambda: run(working), "mha", "ffn", "sdpa")
     if drop:
         res.findings.append(drop)
     with fp.dropout_off():
@@ -322,7 +324,8 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
                                  f"在 {len(cases)} 种形状上与 handformer 的 {name}（{placement}-norm）一致"),
                             res.max_abs_error < 1e-5, _err(res.max_abs_error)))
     res.checks.append(Check(text("gradients (input and first norm) match handformer's",
-                                 "梯度（输入与第一个归一化层）与 handformer 一致"), grad_err < 1e-5, _err(grad_err)))
+                                 "梯度（输入与第一个归一化层）与 handformer 一致"), grad_err < 1e-5,
+                            _err(grad_err)))
 
 
 def _properties(res: ComponentResult, layer: Layer, ctx: Context, conv: str) -> None:
@@ -339,20 +342,22 @@ def _properties(res: ComponentResult, layer: Layer, ctx: Context, conv: str) -> 
         past = (a - b).abs().amax(-1)[:, :j].max().item()
         res.checks.append(Check(text(f"causality: changing token {j} leaves outputs 0..{j - 1} unchanged",
                                      f"因果性：改变第 {j} 个 token 不影响输出 0..{j - 1}"), past < 1e-9,
-                                text(f"outputs before it moved by {past:.3g}", f"之前位置的输出变化了 {past:.3g}")))
+                                text(f"outputs before it moved by {past:.3g}",
+                                     f"之前位置的输出变化了 {past:.3g}")))
     if layer.takes_mask and not layer.causal_block:
         keep = positions(B, T, [0, 3])
         other = (memory if layer.decoder else x).clone()
         other[1, T - 3:] += 5.0
         tgt = fp.encode_mask(causal(T)[None, None], conv)
+        src = fp.encode_mask(keep, conv)
+
+        def run(x: Tensor, memory: Tensor | None) -> Tensor | None:
+            return fp.first_tensor(ctx.learner.call("forward", layer.call, x, memory, src, tgt), 3)
+
         if layer.decoder:
-            a = fp.first_tensor(ctx.learner.call("forward", layer.call, x, memory, fp.encode_mask(keep, conv), tgt), 3)
-            b = fp.first_tensor(ctx.learner.call("forward", layer.call, x, other, fp.encode_mask(keep, conv), tgt), 3)
-            moved = (a - b).abs().max().item()
+            moved = (run(x, memory) - run(x, other)).abs().max().item()
         else:
-            a = fp.first_tensor(ctx.learner.call("forward", layer.call, x, None, fp.encode_mask(keep, conv), None), 3)
-            b = fp.first_tensor(ctx.learner.call("forward", layer.call, other, None, fp.encode_mask(keep, conv), None), 3)
-            moved = (a - b)[:, : T - 3].abs().max().item()
+            moved = (run(x, None) - run(other, None))[:, : T - 3].abs().max().item()
         res.checks.append(Check(text("padding invariance: changing padded positions changes no real one",
                                      "填充不变性：改变被填充的位置不影响真实位置的输出"), moved < 1e-9,
                                 text(f"outputs moved by {moved:.3g}", f"输出变化了 {moved:.3g}")))

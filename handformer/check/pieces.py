@@ -85,7 +85,8 @@ def _mask_observed(name: str, form: str, T: int, keep: Tensor) -> dict[str, str]
         return text(f"your mask marks the future as visible and the past as hidden (row 2 reads {row})",
                     f"你的掩码把未来标成可见、过去标成屏蔽（第 2 行为 {row}）")
     what = {"no_self": ("token t sees only 0..t-1, not itself", "位置 t 只看到 0..t-1，看不到自己"),
-            "sees_next": ("token t sees 0..t+1, one position of the future", "位置 t 看到了 0..t+1，多看了一个未来位置")}
+            "sees_next": ("token t sees 0..t+1, one position of the future",
+                          "位置 t 看到了 0..t+1，多看了一个未来位置")}
     return text(f"{what[form][0]} (row 2 of the T={T} mask reads {row}, expected 111" + "0" * (T - 3) + ")",
                 f"{what[form][1]}（T={T} 时第 2 行为 {row}，应为 111" + "0" * (T - 3) + "）")
 
@@ -127,9 +128,10 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
         if best and best[2][0]:
             correct = fp.max_error(out, V.feed_forward(ffn_weights(slots, act), x))
             res.findings += ctx.findings(best[2][0], best[2][1], correct, comp)
-        else:
-            res.notes.append(text(f"activation: {HF_NAME[(gated, act)]}", f"激活函数：{HF_NAME[(gated, act)]}"))
-        hf = FeedForward(D, F_WIDTH, HF_NAME[(gated, act)]).double()
+        name = HF_NAME[(gated, act)]
+        if not (best and best[2][0]):
+            res.notes.append(text(f"activation: {name}", f"激活函数：{name}"))
+        hf = FeedForward(D, F_WIDTH, name).double()
         by = {s.role: s for s in slots}
         copy_linear(hf.up_proj, by.get("FFN W_1") or by["FFN W_up"])
         copy_linear(hf.down_proj, by.get("FFN W_2") or by["FFN W_down"])
@@ -145,11 +147,12 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
                     g = fp.randn(*ref.shape, seed=5)
                     params = [s.leaf.weight for s in slots]
                     a = torch.autograd.grad((mine * g).sum(), [xi] + params)
-                    b = torch.autograd.grad((ref * g).sum(), [xi] + [_hf_ffn_param(hf, s.role) for s in slots])
+                    hf_params = [_hf_ffn_param(hf, s.role) for s in slots]
+                    b = torch.autograd.grad((ref * g).sum(), [xi] + hf_params)
                     grad_err = grads_error(list(zip(a, b)))
         res.max_abs_error = max(errors)
-        res.checks.append(Check(text(f"matches handformer's FeedForward ({HF_NAME[(gated, act)]}) on 3 shapes",
-                                     f"在 3 种形状上与 handformer 的 FeedForward（{HF_NAME[(gated, act)]}）一致"),
+        res.checks.append(Check(text(f"matches handformer's FeedForward ({name}) on 3 shapes",
+                                     f"在 3 种形状上与 handformer 的 FeedForward（{name}）一致"),
                                 res.max_abs_error < 1e-5, _err(res.max_abs_error)))
         res.checks.append(Check(text("gradients match handformer's", "梯度与 handformer 一致"),
                                 grad_err < 1e-5, _err(grad_err)))
@@ -201,22 +204,23 @@ def check_norm(comp: Component, ctx: Context) -> ComponentResult:
     res.checks.append(Check(text("gradients match handformer's", "梯度与 handformer 一致"), grad_err < 1e-5,
                             _err(grad_err)))
     if kind == "layernorm" and res.max_abs_error >= 1e-5:
-        _unbiased_note(res, module, ctx, w)
+        _unbiased_std(res, module, ctx, comp, w)
     return finish(res)
 
 
-def _unbiased_note(res: ComponentResult, module: torch.nn.Module, ctx: Context, w: V.NormWeights) -> None:
+def _unbiased_std(res: ComponentResult, module: torch.nn.Module, ctx: Context, comp: Component,
+                  w: V.NormWeights) -> None:
     x = fp.randn(2, 5, D, seed=10) + 0.5
     out = fp.first_tensor(ctx.learner.call("forward", module, x), 3)
     std = x.std(-1, keepdim=True)  # unbiased, as torch.std defaults to
     alt = w.weight * (x - x.mean(-1, keepdim=True)) / (std + w.eps) + (w.bias if w.bias is not None else 0)
     if fp.max_error(out, alt) < 1e-6:
-        res.notes.append(text("your LayerNorm divides by x.std() (unbiased, over n - 1) + eps, as the "
-                              "Annotated Transformer does; nn.LayerNorm and the paper use the biased "
-                              "variance inside the square root: torch.sqrt(x.var(-1, unbiased=False) + eps)",
-                              "你的 LayerNorm 除以 x.std()（无偏，除以 n - 1）+ eps，这是 Annotated "
-                              "Transformer 的写法；nn.LayerNorm 用的是有偏方差并把 eps 放在根号里："
-                              "torch.sqrt(x.var(-1, unbiased=False) + eps)"))
+        number, code = locate("layernorm_unbiased_std", source_lines(ctx.objects(comp)))
+        res.findings.append(Finding("layernorm_unbiased_std", text(
+            f"your output equals w * (x - mean) / (x.std() + eps) + b to {fp.max_error(out, alt):.1e}; "
+            f"it differs from nn.LayerNorm's by {res.max_abs_error:.3g}",
+            f"你的输出与 w * (x - mean) / (x.std() + eps) + b 一致（误差 {fp.max_error(out, alt):.1e}），"
+            f"与 nn.LayerNorm 相差 {res.max_abs_error:.3g}"), number, code))
 
 
 PE_FLAGS = ("pe_sin_cos_swapped", "pe_wrong_frequency:pair_index", "pe_wrong_frequency:dim_index",

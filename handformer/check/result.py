@@ -55,7 +55,7 @@ class ComponentResult:
     status: str = PASS  # pass | fail | differs | error
     max_abs_error: float | None = None
     mapping: list[str] = field(default_factory=list)  # "learner.param -> W_Q"
-    convention: str | None = None  # the mask convention detected
+    convention: Text | None = None  # the mask convention detected
     findings: list[Finding] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     notes: list[Text] = field(default_factory=list)

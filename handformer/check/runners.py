@@ -24,14 +24,14 @@ def runners() -> dict[str, Callable]:
     from handformer.check import attention, layers, pieces
 
     table = {
-        "causal_mask": getattr(pieces, "check_causal_mask", None), "sdpa": attention.check_sdpa, "mha": attention.check_mha,
-        "causal_attention": attention.check_causal_attention, "ffn": getattr(pieces, "check_ffn", None),
-        "layernorm": getattr(pieces, "check_norm", None), "rmsnorm": getattr(pieces, "check_norm", None),
-        "positional_encoding": getattr(pieces, "check_positional_encoding", None),
-        "encoder_layer": getattr(layers, "check_encoder_layer", None), "decoder_layer": getattr(layers, "check_decoder_layer", None),
-        "block": getattr(layers, "check_block", None),
+        "causal_mask": pieces.check_causal_mask, "sdpa": attention.check_sdpa,
+        "mha": attention.check_mha, "causal_attention": attention.check_causal_attention,
+        "ffn": pieces.check_ffn, "layernorm": pieces.check_norm, "rmsnorm": pieces.check_norm,
+        "positional_encoding": pieces.check_positional_encoding,
+        "encoder_layer": layers.check_encoder_layer, "decoder_layer": layers.check_decoder_layer,
+        "block": layers.check_block,
     }
-    return {k: v for k, v in table.items() if v is not None}
+    return table
 
 
 def import_learner(path: str) -> types.ModuleType:
@@ -60,7 +60,8 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:  # noqa: 
 def check_file(path: str, overrides: dict[str, str] | None = None, only: list[str] | None = None,
                convention: str | None = None,
                emit: Callable[[ComponentResult], None] | None = None,
-               started: Callable[[str], None] | None = None) -> FileResult:
+               started: Callable[[str], None] | None = None, skip: list[str] | None = None,
+               ) -> FileResult:
     """Import the learner's file and check each component it defines."""
     from handformer.check.context import Context
 
@@ -77,6 +78,7 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
         result.error = learner_error(err, path, "import")
         return result
     components = find_components(module, overrides, only)
+    todo = [c for c in components if c.name not in (skip or [])]
     if not components:
         names = ", ".join(defined_names(module)) or "nothing"
         result.error = LearnerError(
@@ -88,7 +90,7 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: a second thread costs more than it saves
     try:
-        for comp in components:
+        for comp in todo:
             if started:
                 started(comp.name)
             res = check_component(comp, ctx)

@@ -1,0 +1,133 @@
+"""The report of `handformer check`: readable text in English or Chinese, or JSON for an autograder.
+
+Exit code: 0 when every component passes or differs by design (a consistently pre-norm layer), 1
+when any fails, raises, or nothing could be checked.
+"""
+
+from __future__ import annotations
+
+import json
+import locale
+import os
+
+from handformer.check.diagnoses import CATALOG
+from handformer.check.discovery import DESCRIPTIONS
+from handformer.check.result import DIFFERS, ERROR, FAIL, PASS, ComponentResult, FileResult, LearnerError
+
+STATUS = {"en": {PASS: "PASS", FAIL: "FAIL", DIFFERS: "DIFFERS", ERROR: "ERROR"},
+          "zh": {PASS: "通过", FAIL: "未通过", DIFFERS: "有差异", ERROR: "出错"}}
+KIND_ZH = {"causal_mask": "因果掩码函数", "sdpa": "缩放点积注意力", "mha": "多头注意力",
+           "causal_attention": "因果自注意力", "ffn": "逐位置前馈网络", "layernorm": "层归一化 LayerNorm",
+           "rmsnorm": "RMSNorm", "positional_encoding": "正弦位置编码", "encoder_layer": "编码器层",
+           "decoder_layer": "解码器层", "block": "decoder-only 块"}
+WORDS = {
+    "en": {":": ": ", "weights": "weights", "mask": "mask convention", "line": "line", "fix": "fix",
+           "observed": "observed", "checks_ok": "passed ({n})", "failed": "failed check",
+           "note": "note", "error": "error", "in": "in", "max": "max abs error",
+           "summary": "{p} passed, {d} differ by design, {f} failed, {e} raised, of {n} components",
+           "sandbox": "(your code ran in a child process: {t:g} s and {m} MiB per step)",
+           "memory": "ran out of memory", "nothing": "nothing to check"},
+    "zh": {":": "：", "weights": "权重映射", "mask": "掩码约定", "line": "第", "fix": "修改建议",
+           "observed": "观察到", "checks_ok": "通过的检查（{n}）", "failed": "未通过的检查",
+           "note": "说明", "error": "错误", "in": "位置", "max": "最大绝对误差",
+           "summary": "共 {n} 个组件：{p} 个通过，{d} 个与设计不同（不算错），{f} 个未通过，{e} 个出错",
+           "sandbox": "（你的代码在子进程中运行：每一步限时 {t:g} 秒、内存 {m} MiB）",
+           "memory": "内存不足", "nothing": "没有可检查的内容"},
+}
+
+
+def default_language() -> str:
+    """zh when the locale is Chinese, else en."""
+    for var in ("LC_ALL", "LC_MESSAGES", "LANG", "LANGUAGE"):
+        value = os.environ.get(var, "")
+        if value:
+            return "zh" if value.lower().startswith("zh") else "en"
+    try:
+        code = locale.getlocale()[0] or ""
+    except ValueError:
+        code = ""
+    return "zh" if code.lower().startswith("zh") else "en"
+
+
+def exit_code(result: FileResult) -> int:
+    return 0 if result.ok else 1
+
+
+def to_json(result: FileResult) -> str:
+    data = result.to_dict()
+    data["exit_code"] = exit_code(result)
+    for comp in data["components"]:
+        for finding in comp["findings"]:
+            d = CATALOG[finding["name"]]
+            finding["title"], finding["fix"] = d.title, d.fix
+    return json.dumps(data, indent=2, ensure_ascii=False)
+
+
+def _line(n: int | None, code: str | None, lang: str) -> str:
+    if n is None:
+        return ""
+    return f"line {n}: {code}" if lang == "en" else f"第 {n} 行：{code}"
+
+
+def _paren(inner: str, lang: str) -> str:
+    return f" ({inner})" if lang == "en" else f"（{inner}）"
+
+
+def format_error(err: LearnerError, lang: str, indent: str = "  ") -> list[str]:
+    w = WORDS[lang]
+    where = _paren(f"{w['in']} {err.where}", lang) if err.where else ""
+    memory = err.kind == "memory" and "memory" not in err.message.split(":")[0]
+    head = f"{w['memory']}{w[':']}" if memory else ""
+    lines = [f"{indent}{w['error']}{where}{w[':']}{head}{err.message}"]
+    lines += [f"{indent}  {frame}" for frame in err.traceback]
+    return lines
+
+
+def format_component(c: ComponentResult, lang: str) -> list[str]:
+    w = WORDS[lang]
+    kind = DESCRIPTIONS.get(c.kind, c.kind) if lang == "en" else KIND_ZH.get(c.kind, c.kind)
+    err = f"  {w['max']} {c.max_abs_error:.2g}" if c.max_abs_error is not None and c.status != ERROR else ""
+    name = f"{c.name} ({kind})" if lang == "en" else f"{c.name}（{kind}）"
+    lines = [f"{name}{w[':']}{STATUS[lang][c.status]}{err}"]
+    if c.mapping:
+        lines.append(f"  {w['weights']}{w[':']}{', '.join(c.mapping)}")
+    if c.convention:
+        lines.append(f"  {w['mask']}{w[':']}{c.convention[lang]}")
+    if c.error:
+        lines += format_error(c.error, lang)
+    for f in c.findings:
+        d = CATALOG[f.name]
+        lines.append(f"  x {f.name}{w[':']}{d.title[lang]}")
+        lines.append(f"      {w['observed']}{w[':']}{f.observed[lang]}")
+        if f.line is not None:
+            lines.append(f"      {_line(f.line, f.code, lang)}")
+        lines.append(f"      {w['fix']}{w[':']}{d.fix[lang]}")
+    passed = [ch for ch in c.checks if ch.ok]
+    for ch in c.checks:
+        if not ch.ok:
+            detail = _paren(ch.detail[lang], lang) if ch.detail else ""
+            lines.append(f"  {w['failed']}{w[':']}{ch.name[lang]}{detail}")
+    if passed:
+        names = ("; " if lang == "en" else "；").join(ch.name[lang] for ch in passed)
+        lines.append(f"  {w['checks_ok'].format(n=len(passed))}{w[':']}{names}")
+    for note in c.notes:
+        lines.append(f"  {w['note']}{w[':']}{note[lang]}")
+    return lines
+
+
+def format_report(result: FileResult, lang: str = "en", time_limit: float | None = None,
+                  memory_limit: int | None = None) -> str:
+    w = WORDS[lang]
+    out = [f"handformer check {result.path}"]
+    if time_limit is not None:
+        out.append(w["sandbox"].format(t=time_limit, m=memory_limit))
+    out.append("")
+    if result.error:
+        out += format_error(result.error, lang, indent="")
+        return "\n".join(out) + "\n"
+    for c in result.components:
+        out += format_component(c, lang) + [""]
+    counts = {s: sum(c.status == s for c in result.components) for s in (PASS, DIFFERS, FAIL, ERROR)}
+    out.append(w["summary"].format(p=counts[PASS], d=counts[DIFFERS], f=counts[FAIL], e=counts[ERROR],
+                                   n=len(result.components)))
+    return "\n".join(out) + "\n"

@@ -1,0 +1,174 @@
+"""The learner's code runs in a child process with a time limit and a memory limit.
+
+The parent starts `python -m handformer.check.sandbox REQUEST`; the child caps its address space
+(RLIMIT_AS), imports torch and handformer, then imports the learner's file and checks one component
+after another. Before each step it arms `faulthandler.dump_traceback_later`, so an infinite loop
+ends with the stack of where it was looping; the parent also kills the whole process group when a
+step outlives the limit. Results stream back one JSON line per component, so when a component
+hangs, crashes or runs out of memory the ones before it are kept and a new child checks the ones
+after it. A huge allocation fails inside the limit (MemoryError, or torch's "can't allocate
+memory") and is reported as such.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from handformer.check.result import ERROR, ComponentResult, FileResult, LearnerError
+
+TIME_LIMIT = 20.0  # seconds for each step (the import of the learner's file, each component)
+MEMORY_LIMIT = 4096  # MiB of address space for the child (torch itself needs ~1 GiB of it)
+STARTUP_LIMIT = 120.0  # seconds for the child to import torch and handformer on a busy machine
+
+
+def check_in_child(path: str, overrides: dict[str, str] | None = None, only: list[str] | None = None,
+                   convention: str | None = None, time_limit: float = TIME_LIMIT,
+                   memory_limit: int = MEMORY_LIMIT) -> FileResult:
+    """Check the learner's file in child processes; never hangs, never raises for their code."""
+    path = str(Path(path).resolve())
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    result, skip = FileResult(path), []
+    while True:
+        lines, phase, stack, reason = _run_child(
+            {"path": path, "overrides": overrides or {}, "only": only or [], "convention": convention,
+             "memory_limit": memory_limit, "time_limit": time_limit, "skip": skip}, time_limit)
+        for line in lines:
+            if "component" in line:
+                result.components.append(ComponentResult.from_dict(line["component"]))
+                skip.append(line["component"]["name"])
+            elif "file_error" in line:
+                result.error = LearnerError(**line["file_error"])
+        if any("done" in line for line in lines):
+            return result
+        error = _stopped(reason, phase, stack, path, time_limit, memory_limit)
+        if phase in (None, "ready", "import"):
+            result.error = error
+            return result
+        kind = next((c for c in _kinds(phase)), "")
+        result.components.append(ComponentResult(kind, phase, ERROR, error=error))
+        skip.append(phase)
+
+
+def _kinds(name: str) -> list[str]:
+    from handformer.check.discovery import NAMES
+
+    return [kind for kind, names in NAMES.items() if name in names]
+
+
+def _run_child(request: dict[str, Any], time_limit: float,
+               ) -> tuple[list[dict[str, Any]], str | None, str, str]:
+    """Run one child; returns (result lines, the step it was in when it stopped, the stack it
+    dumped, why it stopped: done | timeout | exit N | signal N)."""
+    with tempfile.TemporaryDirectory(prefix="handformer-check-") as tmp:
+        files = {k: Path(tmp) / k for k in ("results", "progress", "stack", "stderr")}
+        request = {**request, **{k: str(v) for k, v in files.items()}}
+        with open(files["stderr"], "wb") as err:  # a file, not a pipe: a chatty learner cannot block
+            proc = subprocess.Popen([sys.executable, "-m", "handformer.check.sandbox", json.dumps(request)],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                    start_new_session=True)
+        phase, since, reason = None, time.monotonic(), "done"
+        while proc.poll() is None:
+            time.sleep(0.05)
+            current = _read(files["progress"]).strip() or None
+            if current != phase:
+                phase, since = current, time.monotonic()
+            limit = STARTUP_LIMIT if phase is None else time_limit + 5.0
+            if time.monotonic() - since > limit:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                reason = "timeout"
+        stderr = _read(files["stderr"])
+        phase = _read(files["progress"]).strip() or None
+        stack = _read(files["stack"])
+        if reason != "timeout":
+            code = proc.returncode
+            reason = "done" if code == 0 else f"signal {-code}" if code < 0 else f"exit {code}"
+            if stack.strip():
+                reason = "timeout"
+        lines = [json.loads(line) for line in _read(files["results"]).splitlines() if line.strip()]
+        if reason not in ("done", "timeout") and not stack:
+            stack = stderr[-2000:]
+        return lines, phase, stack, reason
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _stopped(reason: str, phase: str | None, stack: str, path: str, time_limit: float,
+             memory_limit: int) -> LearnerError:
+    where = phase or "startup"
+    frames = _learner_frames(stack, path)
+    if reason == "timeout":
+        return LearnerError("timeout", f"stopped after {time_limit:g} s in {where}: an infinite loop, or "
+                            "far too slow for tensors of a few dozen numbers (raise the limit with "
+                            "--time-limit)", where, frames)
+    if reason == "signal 9":
+        return LearnerError("memory", f"killed in {where}, most likely for using more than the "
+                            f"{memory_limit} MiB memory limit", where, frames)
+    return LearnerError("crash", f"the check process ended ({reason}) in {where}: "
+                        f"{stack.strip().splitlines()[-1] if stack.strip() else 'no message'}", where, frames)
+
+
+def _learner_frames(stack: str, path: str) -> list[str]:
+    """'line N, in f: code' for the frames of a faulthandler dump that are in the learner's file,
+    outermost first (faulthandler prints the innermost first)."""
+    frames = []
+    for file, line, func in re.findall(r'File "([^"]+)", line (\d+) in (\S+)', stack):
+        if os.path.abspath(file) == path:
+            code = linecache.getline(path, int(line)).strip()
+            frames.append(f"line {line}, in {func}: {code}")
+    return frames[::-1]
+
+
+def _child(request: dict[str, Any]) -> None:
+    """The child side: limits, imports, then the check, streaming results."""
+    import faulthandler
+    import resource
+
+    limit = int(request["memory_limit"]) * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    import torch  # noqa: F401  (before the clock starts: torch's import is ours, not the learner's)
+
+    from handformer.check.runners import check_file
+
+    stack = open(request["stack"], "w")  # noqa: SIM115  (open until the process ends)
+    results = open(request["results"], "a", encoding="utf-8")  # noqa: SIM115
+
+    def started(step: str) -> None:
+        faulthandler.cancel_dump_traceback_later()
+        Path(request["progress"]).write_text(step)
+        faulthandler.dump_traceback_later(request["time_limit"], exit=True, file=stack)
+
+    def emit(res: ComponentResult) -> None:
+        results.write(json.dumps({"component": res.to_dict()}) + "\n")
+        results.flush()
+
+    Path(request["progress"]).write_text("ready")
+    result = check_file(request["path"], request["overrides"], request["only"] or None,
+                        request["convention"], emit=emit, started=started, skip=request["skip"])
+    faulthandler.cancel_dump_traceback_later()
+    if result.error:
+        from dataclasses import asdict
+
+        results.write(json.dumps({"file_error": asdict(result.error)}) + "\n")
+    results.write(json.dumps({"done": True}) + "\n")
+    results.close()
+
+
+if __name__ == "__main__":
+    _child(json.loads(sys.argv[1]))

@@ -1,0 +1,74 @@
+"""`handformer check`: grade a learner's hand-written Transformer against handformer's components."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def parse_components(values: list[str]) -> tuple[dict[str, str], list[str]]:
+    """--component mha (check only that kind) and --component mha=MyAttention (use that name)."""
+    from handformer.check.discovery import KINDS
+
+    overrides, only = {}, []
+    for value in values:
+        kind, sep, name = value.partition("=")
+        if kind not in KINDS:
+            raise ValueError(f"--component {value}: unknown kind {kind!r}; kinds: {', '.join(KINDS)}")
+        if sep:
+            if not name.isidentifier():
+                raise ValueError(f"--component {value}: {name!r} is not a Python name")
+            overrides[kind] = name
+        only.append(kind)
+    return overrides, only
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from handformer.check.report import default_language, exit_code, format_report, to_json
+    from handformer.check.sandbox import check_in_child
+
+    overrides, only = parse_components(args.component)
+    if args.time_limit <= 0 or args.memory_limit < 1024:
+        raise ValueError("--time-limit must be > 0 seconds and --memory-limit at least 1024 MiB "
+                         "(torch itself needs about 1 GiB of address space)")
+    convention = None if args.mask_convention == "auto" else args.mask_convention
+    result = check_in_child(args.path, overrides, only, convention, args.time_limit, args.memory_limit)
+    result.path = args.path  # as the learner typed it
+    if args.json:
+        sys.stdout.write(to_json(result) + "\n")
+    else:
+        sys.stdout.write(format_report(result, args.lang or default_language(), args.time_limit,
+                                       args.memory_limit))
+    return exit_code(result)
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    from handformer.check.sandbox import MEMORY_LIMIT, TIME_LIMIT
+
+    p = sub.add_parser(
+        "check", help="grade your own hand-written Transformer components against handformer's",
+        description="Import PATH (its code runs, as pytest runs a test file: in a child process with "
+        "a time and a memory limit), find the components it defines (attention, multi-head "
+        "attention, FFN, LayerNorm, RMSNorm, positional encoding, encoder/decoder layers, "
+        "decoder-only blocks, the causal mask), copy weights between them and handformer's, and "
+        "compare outputs, attention weights and gradients; name classic mistakes and the line they "
+        "are on. Exit code 0: every component passes (or differs by design, e.g. pre-norm); 1: any "
+        "fails.")
+    p.add_argument("path", help="your Python file")
+    p.add_argument("--component", action="append", default=[], metavar="KIND[=NAME]",
+                   help="check only this kind (repeatable); KIND=NAME checks your class or function "
+                   "NAME as that kind, e.g. --component mha=MyAttention. Kinds: causal_mask, sdpa, "
+                   "mha, causal_attention, ffn, layernorm, rmsnorm, positional_encoding, "
+                   "encoder_layer, decoder_layer, block")
+    p.add_argument("--lang", choices=["en", "zh"], default=None,
+                   help="report language (default: from the locale, zh for a Chinese one)")
+    p.add_argument("--json", action="store_true", help="print JSON (for an autograder) instead of text")
+    p.add_argument("--mask-convention", choices=["auto", "int", "bool", "additive", "torch"],
+                   default="auto", help="how your code reads masks: auto detects 0/1 int (0 = masked), "
+                   "bool True = keep, and additive float masks; torch = bool True = masked (torch.nn's "
+                   "convention, which auto reports as an inverted mask)")
+    p.add_argument("--time-limit", type=float, default=TIME_LIMIT,
+                   help=f"seconds for each step of your code (default {TIME_LIMIT:g})")
+    p.add_argument("--memory-limit", type=int, default=MEMORY_LIMIT,
+                   help=f"MiB of address space for the process running your code (default {MEMORY_LIMIT})")
+    p.set_defaults(func=cmd_check)

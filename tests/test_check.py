@@ -1,0 +1,344 @@
+"""`handformer check`: the correct learner file passes, every planted mistake gets its own diagnosis
+and no other, random pairs of mistakes are both named, and broken learner files get a clear report.
+
+The diagnosis tests run in this process (the fixtures are our own code); the sandbox tests start
+child processes, so they share them (module-scoped) and exhaustive runs are marked slow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from check_plants import CORRECT, PLANTS, plant, planted_file
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from handformer.check import variants as V
+from handformer.check.diagnoses import CATALOG, EXCLUSIVE, MASKING
+from handformer.check.report import exit_code, format_report, to_json
+from handformer.check.runners import check_file
+from handformer.check.sandbox import check_in_child
+from handformer.cli import main
+from handformer.config import BlockConfig
+from handformer.nn.attention import MultiHeadAttention
+from handformer.nn.blocks import DecoderLayer, EncoderLayer
+from handformer.nn.positions import sinusoidal_table
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parents[1]
+FAST_PLANTS = ["no_scaling", "kv_swapped", "no_residual", "causal_no_self", "pre_norm_consistent"]
+EXPECTED_KINDS = ["causal_mask", "sdpa", "mha", "ffn", "ffn", "rmsnorm", "positional_encoding",
+                  "encoder_layer", "decoder_layer", "block"]
+
+
+def findings(result) -> set[str]:
+    return {f.name for c in result.components for f in c.findings}
+
+
+def assert_exactly(result, expected: set[str]) -> None:
+    """Every named diagnosis is expected, every expected one is named, and every component either
+    passes or is explained by a finding."""
+    assert result.error is None, result.error
+    assert findings(result) == expected, format_report(result)
+    for c in result.components:
+        assert c.error is None or c.findings, format_report(result)
+        if not c.findings:
+            assert c.status in ("pass", "differs"), format_report(result)
+
+
+def test_correct_file_passes():
+    result = check_file(str(CORRECT))
+    assert [c.kind for c in result.components] == EXPECTED_KINDS
+    assert all(c.status == "pass" for c in result.components), format_report(result)
+    assert exit_code(result) == 0
+    mha = next(c for c in result.components if c.kind == "mha")
+    assert mha.mapping == ["w_q -> W_Q", "w_k -> W_K", "w_v -> W_V", "fc -> W_O"]
+    assert mha.convention["en"].startswith("0/1 int")
+    assert mha.max_abs_error < 1e-5
+
+
+def test_fixture_files_are_the_plants_applied():
+    source = CORRECT.read_text()
+    for name in PLANTS:
+        expected = plant(source, [name]).replace("with no mistake.", f"with one planted mistake: {name}.", 1)
+        assert planted_file(name).read_text() == expected, f"run python tests/check_plants.py ({name})"
+
+
+def check_plant(name: str) -> None:
+    diagnosis = PLANTS[name][0]
+    result = check_file(str(planted_file(name)))
+    assert_exactly(result, {diagnosis} if diagnosis else set())
+    if diagnosis:
+        assert exit_code(result) == 1
+        finding = next(f for c in result.components for f in c.findings)
+        assert finding.line is not None and finding.code, "the likely line is named"
+        assert any(ch.isdigit() for ch in finding.observed["en"]), "the observation has a number"
+
+
+@pytest.mark.parametrize("name", FAST_PLANTS)
+def test_planted_mistake_is_named(name):
+    check_plant(name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in PLANTS if n not in FAST_PLANTS])
+def test_every_planted_mistake_is_named(name):
+    check_plant(name)
+
+
+def test_consistent_pre_norm_differs_by_design():
+    result = check_file(str(planted_file("pre_norm_consistent")))
+    layer = next(c for c in result.components if c.kind == "encoder_layer")
+    assert layer.status == "differs" and layer.max_abs_error < 1e-5
+    assert any("pre-norm" in n["en"] for n in layer.notes)
+    assert exit_code(result) == 0
+
+
+def pairs() -> list[tuple[str, str]]:
+    """Every pair of planted mistakes with two different diagnoses, except the pairs docs/check.md
+    lists as exclusive or as masking each other."""
+    names = [n for n in PLANTS if PLANTS[n][0]]
+    out = []
+    for a, b in itertools.combinations(names, 2):
+        da, db = PLANTS[a][0], PLANTS[b][0]
+        if da != db and frozenset({da, db}) not in EXCLUSIVE and frozenset({da, db}) not in MASKING:
+            out.append((a, b))
+    return out
+
+
+def check_pair(tmp_path: Path, a: str, b: str) -> None:
+    path = tmp_path / f"{a}__{b}.py"
+    path.write_text(plant(CORRECT.read_text(), [a, b]))
+    assert_exactly(check_file(str(path)), {PLANTS[a][0], PLANTS[b][0]})
+
+
+@settings(max_examples=2, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(pairs()))
+def test_random_pairs_of_mistakes_are_both_named(tmp_path, pair):
+    check_pair(tmp_path, *pair)
+
+
+@pytest.mark.slow
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(pairs()))
+def test_many_pairs_of_mistakes_are_both_named(tmp_path, pair):
+    check_pair(tmp_path, *pair)
+
+
+def test_exclusive_and_masking_pairs_are_documented():
+    doc = (ROOT / "docs" / "check.md").read_text()
+    for pair in list(EXCLUSIVE) + list(MASKING):
+        a, b = sorted(pair)
+        assert f"`{a}` + `{b}`" in doc, f"docs/check.md must list {a} + {b}"
+    for name in CATALOG:
+        assert f"### `{name}`" in doc, f"docs/check.md must describe {name}"
+
+
+# --- the reference variants are anchored on handformer's own modules ------------------------------
+
+def test_variants_without_mistakes_equal_handformer():
+    torch.manual_seed(0)
+    cfg = BlockConfig(d_model=16, n_heads=4, d_ff=40, dropout=0.0)
+    enc, dec = EncoderLayer(cfg).double().eval(), DecoderLayer(cfg).double().eval()
+
+    def mha(m: MultiHeadAttention) -> V.MHAWeights:
+        lin = [(p.weight, p.bias) for p in (m.q_proj, m.k_proj, m.v_proj, m.o_proj)]
+        return V.MHAWeights(*lin, n_heads=4)
+
+    def norms(*ns):
+        return [V.NormWeights(n.weight, n.bias, n.eps) for n in ns]
+
+    ffn = V.FFNWeights((enc.ffn.up_proj.weight, enc.ffn.up_proj.bias),
+                       (enc.ffn.down_proj.weight, enc.ffn.down_proj.bias))
+    x, memory = torch.randn(2, 6, 16, dtype=torch.float64), torch.randn(2, 7, 16, dtype=torch.float64)
+    keep = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    keep[1, ..., 4:] = False
+    w = V.LayerWeights(mha(enc.self_attn), ffn, norms(enc.attn_norm, enc.ffn_norm))
+    torch.testing.assert_close(V.encoder_layer(w, x, keep), enc(x, keep)[0], atol=1e-6, rtol=0)
+    dffn = V.FFNWeights((dec.ffn.up_proj.weight, dec.ffn.up_proj.bias),
+                        (dec.ffn.down_proj.weight, dec.ffn.down_proj.bias))
+    dw = V.LayerWeights(mha(dec.self_attn), dffn, norms(dec.attn_norm, dec.cross_attn_norm, dec.ffn_norm),
+                        mha(dec.cross_attn), sublayers=["attn", "cross", "ffn"])
+    tgt = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]
+    src = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    src[0, ..., 5:] = False
+    torch.testing.assert_close(V.decoder_layer(dw, x, memory, src, tgt), dec(x, memory, tgt, src)[0],
+                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(V.sinusoidal(20, 16), sinusoidal_table(20, 16).double(), atol=1e-6, rtol=0)
+
+
+def test_every_mistake_changes_the_output():
+    """A variant equal to the correct computation could never be told apart."""
+    torch.manual_seed(0)
+    lin = [(torch.randn(16, 16, dtype=torch.float64) / 4, torch.randn(16, dtype=torch.float64) / 5)
+           for _ in range(4)]
+    w = V.MHAWeights(*lin, n_heads=4)
+    x = torch.randn(2, 6, 16, dtype=torch.float64)
+    keep = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]
+    correct = V.multi_head_attention(w, x, x, x, keep)[0]
+    from handformer.check.context import ATTENTION_FLAGS, HEAD_FLAGS
+
+    for flag in ATTENTION_FLAGS + HEAD_FLAGS:
+        out = V.multi_head_attention(w, x, x, x, keep, frozenset({flag}))[0]
+        assert (out - correct).abs().max() > 1e-3, flag
+
+
+# --- broken learner files, in the child process ---------------------------------------------------
+
+BROKEN = {
+    "syntax": "import torch\nclass FFN(nn.Module)\n    pass\n",
+    "init_raises": ("import torch.nn as nn\n\nclass FFN(nn.Module):\n    def __init__(self, d_model, d_ff):\n"
+                    "        super().__init__()\n        self.linear1 = nn.Linear(d_model, d_ff)\n"
+                    "        raise RuntimeError('not finished')\n"),
+    "forward_raises": ("import torch.nn as nn\n\nclass FFN(nn.Module):\n    def __init__(self, d_model, d_ff):\n"
+                       "        super().__init__()\n        self.linear1 = nn.Linear(d_model, d_ff)\n"
+                       "        self.linear2 = nn.Linear(d_ff, d_model)\n\n    def forward(self, x):\n"
+                       "        return self.linear2(x)\n"),
+    "nothing": "def helper():\n    return 1\n",
+    "wrong_shape": ("import torch.nn as nn\n\nclass FFN(nn.Module):\n    def __init__(self, d_model, d_ff):\n"
+                    "        super().__init__()\n        self.linear1 = nn.Linear(d_model, d_ff)\n"
+                    "        self.linear2 = nn.Linear(d_ff, d_model)\n\n    def forward(self, x):\n"
+                    "        return self.linear1(x)\n"),
+    "infinite_loop": ("import torch.nn as nn\n\nclass FFN(nn.Module):\n    def __init__(self, d_model, d_ff):\n"
+                      "        super().__init__()\n        self.linear1 = nn.Linear(d_model, d_ff)\n"
+                      "        self.linear2 = nn.Linear(d_ff, d_model)\n\n    def forward(self, x):\n"
+                      "        while True:\n            x = x + 1\n\n"
+                      "class RMSNorm(nn.Module):\n    def __init__(self, d_model, eps=1e-6):\n"
+                      "        super().__init__()\n        import torch\n"
+                      "        self.weight = nn.Parameter(torch.ones(d_model))\n        self.eps = eps\n\n"
+                      "    def forward(self, x):\n        import torch\n"
+                      "        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)\n"),
+    "huge_allocation": ("import torch\nimport torch.nn as nn\n\nclass FFN(nn.Module):\n"
+                        "    def __init__(self, d_model, d_ff):\n        super().__init__()\n"
+                        "        self.table = torch.zeros(2 ** 31, 2)\n"),
+}
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory):
+    """One child-process check per broken file, shared by the tests below."""
+    folder = tmp_path_factory.mktemp("broken")
+    results = {}
+    for name, source in BROKEN.items():
+        path = folder / f"{name}.py"
+        path.write_text(source)
+        results[name] = check_in_child(str(path), time_limit=3.0, memory_limit=4096)
+    return results
+
+
+def test_syntax_error_is_reported_with_the_line(broken):
+    err = broken["syntax"].error
+    assert err.kind == "syntax" and err.where == "import"
+    assert err.traceback == ["line 2: class FFN(nn.Module)"]
+
+
+def test_exception_in_init_is_trimmed_to_the_learner_file(broken):
+    comp = broken["init_raises"].components[0]
+    assert comp.status == "error" and comp.error.where == "__init__"
+    assert comp.error.message == "RuntimeError: not finished"
+    assert comp.error.traceback == ["line 7, in __init__: raise RuntimeError('not finished')"]
+
+
+def test_exception_in_forward_is_reported(broken):
+    comp = broken["forward_raises"].components[0]
+    assert comp.status == "error" and comp.error.where == "forward"
+    assert "mat1 and mat2" in comp.error.message or "shape" in comp.error.message
+    assert comp.error.traceback[-1].startswith("line 10, in forward")
+    assert "handformer" not in " ".join(comp.error.traceback)
+
+
+def test_nothing_recognisable(broken):
+    err = broken["nothing"].error
+    assert err.kind == "nothing_found" and "helper" in err.message and "--component" in err.message
+
+
+def test_wrong_shape(broken):
+    comp = broken["wrong_shape"].components[0]
+    assert comp.status == "error" and "(B, T, d_model)" in comp.error.message
+
+
+def test_infinite_loop_stops_at_the_limit_and_the_next_component_still_runs(broken):
+    ffn, norm = broken["infinite_loop"].components
+    assert ffn.status == "error" and ffn.error.kind == "timeout"
+    assert ffn.error.traceback == ["line 11, in forward: x = x + 1"]
+    assert norm.kind == "rmsnorm" and norm.status == "pass"
+
+
+def test_huge_allocation_hits_the_memory_limit(broken):
+    comp = broken["huge_allocation"].components[0]
+    assert comp.status == "error" and comp.error.kind == "memory" and comp.error.where == "__init__"
+    assert comp.error.traceback == ["line 7, in __init__: self.table = torch.zeros(2 ** 31, 2)"]
+
+
+# --- the command line -----------------------------------------------------------------------------
+
+def test_cli_json_and_exit_code(capsys):
+    code = main(["check", str(planted_file("kv_swapped")), "--component", "mha", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1 and data["exit_code"] == 1 and not data["ok"]
+    (mha,) = data["components"]
+    assert [f["name"] for f in mha["findings"]] == ["kv_swapped"]
+    assert mha["findings"][0]["line"] == 44
+    assert mha["findings"][0]["fix"]["zh"]
+
+
+def test_cli_chinese_report_and_component_override(tmp_path, capsys):
+    source = CORRECT.read_text().replace("class FFN(", "class MyFeedForward(")
+    path = tmp_path / "mine.py"
+    path.write_text(source)
+    code = main(["check", str(path), "--component", "ffn=MyFeedForward", "--lang", "zh"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "MyFeedForward（逐位置前馈网络）：通过" in out
+
+
+def test_cli_bad_arguments(capsys):
+    assert main(["check", "no/such/file.py"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["check", str(CORRECT), "--component", "attention_thing"]) == 2
+    assert "unknown kind" in capsys.readouterr().err
+
+
+def test_torch_mask_convention_is_inverted_unless_asked(tmp_path):
+    source = CORRECT.read_text().replace("masked_fill(mask == 0, -1e9)", "masked_fill(mask, -1e9)")
+    path = tmp_path / "torch_style.py"
+    path.write_text(source)
+    auto = check_file(str(path), only=["sdpa"])
+    assert findings(auto) == {"mask_inverted"}
+    torch_style = check_file(str(path), only=["sdpa"], convention="torch")
+    assert torch_style.components[0].status == "pass"
+    assert torch_style.components[0].convention["en"].startswith("bool, True = masked")
+
+
+def test_additive_mask_convention_is_detected(tmp_path):
+    source = CORRECT.read_text().replace("scores = scores.masked_fill(mask == 0, -1e9)", "scores = scores + mask")
+    path = tmp_path / "additive.py"
+    path.write_text(source)
+    result = check_file(str(path), only=["sdpa", "mha"])
+    assert all(c.status == "pass" for c in result.components), format_report(result)
+    assert result.components[0].convention["en"].startswith("additive")
+
+
+def test_report_text_names_line_and_fix():
+    result = check_file(str(planted_file("no_scaling")), only=["mha"])
+    text = format_report(result, "en")
+    assert "x no_scaling: the scores are not scaled by 1/sqrt(d_k)" in text
+    assert "line 16: scores = torch.matmul(q, k.transpose(-2, -1))" in text
+    zh = format_report(result, "zh")
+    assert "注意力分数没有除以 sqrt(d_k)" in zh and "第 16 行" in zh
+    assert json.loads(to_json(result))["exit_code"] == 1
+
+
+def test_module_entry_point_runs_the_sandbox():
+    """`python -m handformer check` as a learner would run it (a real child of a real child)."""
+    proc = subprocess.run([sys.executable, "-m", "handformer", "check", str(CORRECT), "--component", "rmsnorm"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "RMSNorm (RMSNorm): PASS" in proc.stdout
