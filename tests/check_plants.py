@@ -58,6 +58,8 @@ PLANTS: dict[str, tuple[str | None, list[tuple[str, str]]]] = {
     "causal_no_self": ("causal_off_by_one", [("diagonal=0)", "diagonal=-1)")]),
     "causal_sees_next": ("causal_off_by_one", [("diagonal=0)", "diagonal=1)")]),
     "nan_on_masked_rows": ("nan_on_masked_rows", [(", -1e9)", ", float('-inf'))")]),
+    "layernorm_unbiased_std": ("layernorm_unbiased_std", [
+        ("(x - mean) / torch.sqrt(var + self.eps)", "(x - mean) / (x.std(dim=-1, keepdim=True) + self.eps)")]),
     # consistently pre-norm: a difference by design, not a mistake
     "pre_norm_consistent": (None, [(ENC_ATTN, """        h = self.norm1(x)
         attn_output, _ = self.self_attention(h, h, h, mask)

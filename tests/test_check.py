@@ -33,7 +33,7 @@ from handformer.nn.positions import sinusoidal_table
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
 FAST_PLANTS = ["no_scaling", "kv_swapped", "no_residual", "causal_no_self", "pre_norm_consistent"]
-EXPECTED_KINDS = ["causal_mask", "sdpa", "mha", "ffn", "ffn", "rmsnorm", "positional_encoding",
+EXPECTED_KINDS = ["causal_mask", "sdpa", "mha", "ffn", "ffn", "layernorm", "rmsnorm", "positional_encoding",
                   "encoder_layer", "decoder_layer", "block"]
 
 
@@ -342,3 +342,87 @@ def test_module_entry_point_runs_the_sandbox():
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "RMSNorm (RMSNorm): PASS" in proc.stdout
+
+
+NANOGPT_ATTENTION = '''
+import math
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, n_embd, n_head, block_size, dropout=0.1):
+        super().__init__()
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd)
+        self.c_proj = nn.Linear(n_embd, n_embd)
+        self.n_head = n_head
+        self.attn_dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", torch.tril(torch.ones(block_size, block_size)))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.mask[:T, :T] == 0, float("-inf"))
+        att = self.attn_dropout(F.softmax(att, dim=-1))
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+'''
+
+
+def test_nanogpt_style_causal_attention_with_a_fused_projection(tmp_path):
+    path = tmp_path / "gpt.py"
+    path.write_text(NANOGPT_ATTENTION)
+    result = check_file(str(path))
+    (comp,) = result.components
+    assert comp.kind == "causal_attention" and comp.status == "pass", format_report(result)
+    assert comp.mapping[:3] == ["c_attn[0:16] -> W_Q", "c_attn[16:32] -> W_K", "c_attn[32:48] -> W_V"]
+    path.write_text(NANOGPT_ATTENTION.replace("torch.ones(block_size, block_size))",
+                                              "torch.ones(block_size, block_size), diagonal=1)"))
+    result = check_file(str(path))
+    assert_exactly(result, {"causal_off_by_one"})
+    assert result.components[0].findings[0].form == "sees_next"
+
+
+MODEL = '''
+
+class Transformer(nn.Module):
+    def __init__(self, src_vocab_size, tgt_vocab_size, d_model, num_heads, num_layers, d_ff, max_len,
+                 dropout=0.1):
+        super().__init__()
+        self.src_embedding = nn.Embedding(src_vocab_size, d_model)
+        self.tgt_embedding = nn.Embedding(tgt_vocab_size, d_model)
+        self.positional_encoding = PositionalEncoding(d_model, max_len, dropout)
+        self.encoder_layers = nn.ModuleList([EncoderLayer(d_model, num_heads, d_ff, dropout)
+                                             for _ in range(num_layers)])
+        self.decoder_layers = nn.ModuleList([DecoderLayer(d_model, num_heads, d_ff, dropout)
+                                             for _ in range(num_layers)])
+        self.fc = nn.Linear(d_model, tgt_vocab_size)
+        self.d_model = d_model
+
+    def forward(self, src, tgt):
+        src_mask = (src != 0).unsqueeze(1).unsqueeze(2)
+        tgt_mask = (tgt != 0).unsqueeze(1).unsqueeze(2) & subsequent_mask(tgt.size(1)).bool()
+        x = self.positional_encoding(self.src_embedding(src) * math.sqrt(self.d_model))
+        for layer in self.encoder_layers:
+            x = layer(x, src_mask)
+        y = self.positional_encoding(self.tgt_embedding(tgt) * math.sqrt(self.d_model))
+        for layer in self.decoder_layers:
+            y, _ = layer(y, x, src_mask, tgt_mask)
+        return self.fc(y)
+'''
+
+
+def test_full_model_reference_free_checks(tmp_path):
+    path = tmp_path / "model.py"
+    path.write_text(CORRECT.read_text() + MODEL)
+    result = check_file(str(path), only=["transformer"])
+    (comp,) = result.components
+    assert comp.status == "pass" and len(comp.checks) == 5, format_report(result)
+    path.write_text(plant(CORRECT.read_text(), ["causal_sees_next"]) + MODEL)
+    (comp,) = check_file(str(path), only=["transformer"]).components
+    assert [c.name["en"].split(":")[0] for c in comp.checks if not c.ok] == ["causality"]

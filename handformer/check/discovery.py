@@ -34,6 +34,8 @@ NAMES: dict[str, tuple[str, ...]] = {
     "decoder_layer": ("DecoderLayer", "TransformerDecoderLayer"),
     "block": ("DecoderOnlyBlock", "GPTBlock", "TransformerBlock", "Block", "DecoderOnlyLayer",
               "GPTLayer"),
+    "transformer": ("Transformer", "EncoderDecoder", "Seq2SeqTransformer", "TransformerModel",
+                    "Seq2Seq"),
 }
 KINDS = tuple(NAMES)
 DESCRIPTIONS = {
@@ -42,6 +44,7 @@ DESCRIPTIONS = {
     "ffn": "position-wise feed-forward network", "layernorm": "LayerNorm", "rmsnorm": "RMSNorm",
     "positional_encoding": "sinusoidal positional encoding", "encoder_layer": "encoder layer",
     "decoder_layer": "decoder layer", "block": "decoder-only block",
+    "transformer": "encoder-decoder model",
 }
 
 # constructor argument names -> the size they stand for
@@ -54,6 +57,14 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
              "d_ffn", "ffn_hidden", "intermediate_size", "dff", "ff_hidden", "mlp_dim", "inner_dim"),
     "dropout": ("dropout", "p", "drop", "dropout_rate", "drop_prob", "dropout_p", "p_drop", "pdrop",
                 "attn_dropout", "resid_dropout"),
+    "src_vocab": ("src_vocab_size", "src_vocab", "source_vocab_size", "input_vocab_size", "src_vocab_len",
+                  "enc_vocab_size", "vocab_size", "n_vocab", "vocab", "ntoken"),
+    "tgt_vocab": ("tgt_vocab_size", "tgt_vocab", "trg_vocab_size", "target_vocab_size", "output_vocab_size",
+                  "tgt_vocab_len", "dec_vocab_size"),
+    "n_layers": ("num_layers", "n_layers", "n", "num_encoder_layers", "num_decoder_layers", "n_layer",
+                 "layers", "depth", "num_blocks", "nlayers", "n_encoder_layers", "n_decoder_layers"),
+    "pad_id": ("pad_idx", "pad_id", "padding_idx", "pad_token_id", "src_pad_idx", "tgt_pad_idx",
+               "trg_pad_idx", "pad"),
     "max_len": ("max_len", "max_seq_len", "max_positions", "block_size", "seq_len", "max_length",
                 "max_seq_length", "n_positions", "context_length", "maxlen", "max_position_embeddings"),
 }

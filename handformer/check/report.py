@@ -19,7 +19,8 @@ STATUS = {"en": {PASS: "PASS", FAIL: "FAIL", DIFFERS: "DIFFERS", ERROR: "ERROR"}
 KIND_ZH = {"causal_mask": "因果掩码函数", "sdpa": "缩放点积注意力", "mha": "多头注意力",
            "causal_attention": "因果自注意力", "ffn": "逐位置前馈网络", "layernorm": "层归一化 LayerNorm",
            "rmsnorm": "RMSNorm", "positional_encoding": "正弦位置编码", "encoder_layer": "编码器层",
-           "decoder_layer": "解码器层", "block": "decoder-only 块"}
+           "decoder_layer": "解码器层", "block": "decoder-only 块",
+           "transformer": "编码器-解码器模型"}
 WORDS = {
     "en": {":": ": ", "weights": "weights", "mask": "mask convention", "line": "line", "fix": "fix",
            "observed": "observed", "checks_ok": "passed ({n})", "failed": "failed check",

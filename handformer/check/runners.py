@@ -21,7 +21,7 @@ Runner = Callable[[Component, "Context"], ComponentResult]  # noqa: F821
 
 
 def runners() -> dict[str, Callable]:
-    from handformer.check import attention, layers, pieces
+    from handformer.check import attention, layers, model, pieces
 
     table = {
         "causal_mask": pieces.check_causal_mask, "sdpa": attention.check_sdpa,
@@ -29,7 +29,7 @@ def runners() -> dict[str, Callable]:
         "ffn": pieces.check_ffn, "layernorm": pieces.check_norm, "rmsnorm": pieces.check_norm,
         "positional_encoding": pieces.check_positional_encoding,
         "encoder_layer": layers.check_encoder_layer, "decoder_layer": layers.check_decoder_layer,
-        "block": layers.check_block,
+        "block": layers.check_block, "transformer": model.check_model,
     }
     return table
 

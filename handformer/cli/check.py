@@ -50,7 +50,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         description="Import PATH (its code runs, as pytest runs a test file: in a child process with "
         "a time and a memory limit), find the components it defines (attention, multi-head "
         "attention, FFN, LayerNorm, RMSNorm, positional encoding, encoder/decoder layers, "
-        "decoder-only blocks, the causal mask), copy weights between them and handformer's, and "
+        "decoder-only blocks, the causal mask, the encoder-decoder model), copy weights between them and handformer's, and "
         "compare outputs, attention weights and gradients; name classic mistakes and the line they "
         "are on. Exit code 0: every component passes (or differs by design, e.g. pre-norm); 1: any "
         "fails.")
@@ -59,7 +59,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="check only this kind (repeatable); KIND=NAME checks your class or function "
                    "NAME as that kind, e.g. --component mha=MyAttention. Kinds: causal_mask, sdpa, "
                    "mha, causal_attention, ffn, layernorm, rmsnorm, positional_encoding, "
-                   "encoder_layer, decoder_layer, block")
+                   "encoder_layer, decoder_layer, block, transformer")
     p.add_argument("--lang", choices=["en", "zh"], default=None,
                    help="report language (default: from the locale, zh for a Chinese one)")
     p.add_argument("--json", action="store_true", help="print JSON (for an autograder) instead of text")
