@@ -14,10 +14,6 @@ from pathlib import Path
 FIXTURES = Path(__file__).parent / "fixtures" / "learners"
 CORRECT = FIXTURES / "correct.py"
 
-SDPA_MASK = """    if mask is not None:
-        scores = scores.masked_fill(mask == 0, -1e9)
-    attn = F.softmax(scores, dim=-1)
-"""
 ENC_ATTN = """        attn_output, _ = self.self_attention(x, x, x, mask)
         x = self.norm1(x + self.dropout(attn_output))
 """
@@ -30,11 +26,11 @@ PLANTS: dict[str, tuple[str | None, list[tuple[str, str]]]] = {
     "no_scaling": ("no_scaling", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
     "scale_by_dk": ("scale_by_dk", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1)) / d_k")]),
     "softmax_wrong_dim": ("softmax_wrong_dim", [("F.softmax(scores, dim=-1)", "F.softmax(scores, dim=-2)")]),
+    "mask_after_softmax": ("mask_after_softmax", [
+        ("    if mask is not None:\n        scores = scores.masked_fill(mask == 0, -1e9)\n", ""),
+        ("    return torch.matmul(attn, v), attn", "    if mask is not None:\n        attn = attn.masked_fill(mask == 0, 0)\n"
+                                                 "    return torch.matmul(attn, v), attn")]),
     "mask_inverted": ("mask_inverted", [("mask == 0", "mask == 1")]),
-    "mask_after_softmax": ("mask_after_softmax", [(SDPA_MASK, """    attn = F.softmax(scores, dim=-1)
-    if mask is not None:
-        attn = attn.masked_fill(mask == 0, 0)
-""")]),
     "split_no_transpose": ("split_no_transpose", [(SPLIT, ".view(batch_size, self.n_heads, -1, self.d_k)")] * 3),
     "concat_no_transpose": ("concat_no_transpose", [("context.transpose(1, 2).contiguous()", "context.contiguous()")]),
     "no_output_projection": ("no_output_projection", [("return self.fc(context), attn", "return context, attn")]),

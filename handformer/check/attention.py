@@ -226,7 +226,10 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False) -> Com
     with fp.dropout_off():
         conv, found, failure = detect(ctx, run, compute, universe, fp.visible_rows(keep, B, T))
         if conv is None:
-            raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, T, D) tensor")
+            got = _shape_of(ctx.learner.call("forward", call, x, x, x, fp.encode_mask(keep, working)))
+            raise failure or ctx.learner.fail("forward", f"{comp.name} returned {got} for inputs of shape "
+                                              f"{tuple(x.shape)}; expected a (B, T, D) tensor (and the "
+                                              "weights (B, H, T, S) if you return them)")
         if takes_mask:
             res.convention = fp.describe_convention(conv)
         if found and found[0]:

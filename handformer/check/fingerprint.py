@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from handformer.check.discovery import DiscoveryError
 from handformer.check.result import LearnerError, Text, text
 from handformer.check.source import learner_error
 
@@ -56,8 +57,8 @@ class Learner:
     def call(self, where: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except LearnerFailure:
-            raise
+        except (LearnerFailure, DiscoveryError):
+            raise  # ours: their constructor's arguments could not be matched
         except Exception as err:  # their code: any exception is a finding, never a crash of ours
             raise LearnerFailure(learner_error(err, self.path, where)) from err
 

@@ -41,7 +41,8 @@ from handformer.check.context import (
 )
 from handformer.check.discovery import Component
 from handformer.check.pieces import FFN_ACTIVATIONS, HF_NAME
-from handformer.check.result import DIFFERS, Check, ComponentResult, text
+from handformer.check.result import DIFFERS, Check, ComponentResult, Finding, text
+from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
     Slot,
     attention_slots,
@@ -172,9 +173,17 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
             s.describe() for s in slots] + [s.describe() for s in layer.norm_slots]
         if layer.takes_mask or decoder:
             res.convention = fp.describe_convention(conv)
-        if placement != expected and not res.findings and found is not None:
-            res.status = DIFFERS
+        unbiased = [s for s in layer.norm_slots if norm_weights(s).kind == "layernorm_unbiased_std"]
+        if unbiased:
+            number, code = locate("layernorm_unbiased_std", source_lines(ctx.objects(comp, "layernorm")))
+            res.findings.append(Finding("layernorm_unbiased_std", text(
+                f"{', '.join(s.leaf.name for s in unbiased)} compute w * (x - mean) / (x.std() + eps) + b",
+                f"{', '.join(s.leaf.name for s in unbiased)} 计算的是 w * (x - mean) / (x.std() + eps) + b"),
+                number, code))
+        if placement != expected and found is not None:
             res.notes.append(_placement_note(placement, expected))
+            if not res.findings:
+                res.status = DIFFERS
         guarded(res, lambda: _compare(res, layer, ctx, conv, slots, act, placement))
         guarded(res, lambda: _properties(res, layer, ctx, conv))
     guarded(res, lambda: _tutorial_shapes(res, layer, ctx))
@@ -263,7 +272,8 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str) -> nn.M
     gated = len(slots) == 3
     first = norm_weights(layer.norm_slots[0])
     cfg = BlockConfig(d_model=D, n_heads=H, d_ff=F_WIDTH, dropout=0.0, activation=HF_NAME[(gated, act)],
-                      norm=first.kind, norm_placement=placement, norm_eps=first.eps)
+                      norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm", norm_placement=placement,
+                      norm_eps=first.eps)
     hf = (DecoderLayer(cfg) if layer.decoder else EncoderLayer(cfg)).double().eval()
     attns = [hf.self_attn] + ([hf.cross_attn] if layer.decoder else [])
     for target, group in zip(attns, layer.attn):

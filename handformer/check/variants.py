@@ -116,12 +116,15 @@ class NormWeights:
     weight: Tensor
     bias: Tensor | None
     eps: float
-    kind: str = "layernorm"  # layernorm | rmsnorm
+    kind: str = "layernorm"  # layernorm | rmsnorm | layernorm_unbiased_std (a mistake)
 
 
 def norm(w: NormWeights, x: Tensor) -> Tensor:
     if w.kind == "rmsnorm":
         return w.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + w.eps))
+    if w.kind == "layernorm_unbiased_std":  # the Annotated Transformer's: (x - mean) / (std + eps)
+        bias = w.bias if w.bias is not None else 0.0
+        return w.weight * (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + w.eps) + bias
     return F.layer_norm(x, (x.size(-1),), w.weight, w.bias, w.eps)
 
 

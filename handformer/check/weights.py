@@ -185,8 +185,22 @@ def norm_kind(leaf: Leaf) -> str:
 
 
 def norm_weights(slot: Slot) -> V.NormWeights:
+    """The norm as the learner's module computes it: a hand-written LayerNorm that divides by the
+    unbiased std + eps is recognised by running it (the layer runners then name that mistake)."""
     kind = norm_kind(slot.leaf)
-    return V.NormWeights(slot.weight(), slot.bias(), norm_eps(slot.leaf.module, kind), kind)
+    w = V.NormWeights(slot.weight(), slot.bias(), norm_eps(slot.leaf.module, kind), kind)
+    if kind == "layernorm" and not isinstance(slot.leaf.module, nn.LayerNorm):
+        x = torch.randn(2, 3, w.weight.numel(), generator=torch.Generator().manual_seed(0),
+                        dtype=w.weight.dtype)
+        try:
+            out = slot.leaf.module(x)
+        except Exception:  # their code; the norm's own runner reports it
+            return w
+        unbiased = V.NormWeights(w.weight, w.bias, w.eps, "layernorm_unbiased_std")
+        if isinstance(out, Tensor) and out.shape == x.shape and torch.allclose(out, V.norm(unbiased, x),
+                                                                               atol=1e-9, rtol=0):
+            return unbiased
+    return w
 
 
 def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str) -> list[Slot]:

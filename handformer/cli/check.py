@@ -50,9 +50,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         description="Import PATH (its code runs, as pytest runs a test file: in a child process with "
         "a time and a memory limit), find the components it defines (attention, multi-head "
         "attention, FFN, LayerNorm, RMSNorm, positional encoding, encoder/decoder layers, "
-        "decoder-only blocks, the causal mask, the encoder-decoder model), copy weights between them and handformer's, and "
-        "compare outputs, attention weights and gradients; name classic mistakes and the line they "
-        "are on. Exit code 0: every component passes (or differs by design, e.g. pre-norm); 1: any "
+        "decoder-only blocks, the causal mask, the encoder-decoder model), copy weights between "
+        "them and handformer's, and compare outputs, attention weights and gradients; name classic "
+        "mistakes and the line they are on. Exit code 0: every component passes (or differs by design, e.g. pre-norm); 1: any "
         "fails.")
     p.add_argument("path", help="your Python file")
     p.add_argument("--component", action="append", default=[], metavar="KIND[=NAME]",
