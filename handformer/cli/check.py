@@ -52,8 +52,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "attention, FFN, LayerNorm, RMSNorm, positional encoding, encoder/decoder layers, "
         "decoder-only blocks, the causal mask, the encoder-decoder model), copy weights between "
         "them and handformer's, and compare outputs, attention weights and gradients; name classic "
-        "mistakes and the line they are on. Exit code 0: every component passes (or differs by design, e.g. pre-norm); 1: any "
-        "fails.")
+        "mistakes and the line they are on. Exit code 0: every component passes (or differs by "
+        "design, e.g. pre-norm); 1: any fails.")
     p.add_argument("path", help="your Python file")
     p.add_argument("--component", action="append", default=[], metavar="KIND[=NAME]",
                    help="check only this kind (repeatable); KIND=NAME checks your class or function "
