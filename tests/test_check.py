@@ -447,7 +447,7 @@ def test_full_model_reference_free_checks(tmp_path):
     path.write_text(CORRECT.read_text() + MODEL)
     result = check_file(str(path), only=["transformer"])
     (comp,) = result.components
-    assert comp.status == "pass" and len(comp.checks) == 5, format_report(result)
+    assert comp.status == "pass" and len(comp.checks) == 6, format_report(result)
     path.write_text(plant(CORRECT.read_text(), ["causal_sees_next"]) + MODEL)
     (comp,) = check_file(str(path), only=["transformer"]).components
     assert [c.name["en"].split(":")[0] for c in comp.checks if not c.ok] == ["causality"]

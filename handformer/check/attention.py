@@ -28,7 +28,7 @@ from handformer.check.context import (
     D,
     H,
     causal,
-    dropout_finding,
+    check_determinism,
     finish,
     first_working,
     forward_parameters,
@@ -105,9 +105,7 @@ def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
         return fp.first_tensor(ctx.learner.call("forward", call, q, k, v, fp.encode_mask(keep, conv)), 4)
 
     working = first_working(ctx, run)
-    drop = dropout_finding(ctx, comp, lambda: run(working))
-    if drop:
-        res.findings.append(drop)
+    check_determinism(res, ctx, comp, lambda: run(working))
     with fp.dropout_off():
         conv, found, failure = detect(ctx, run, lambda fl: V.attention(q, k, v, keep, fl)[0],
                                       ATTENTION_FLAGS, fp.visible_rows(keep, B, T))
@@ -220,9 +218,7 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False) -> Com
         return V.multi_head_attention(w, x, x, x, k, flags)[0]
 
     working = first_working(ctx, run)
-    drop = dropout_finding(ctx, comp, lambda: run(working), "sdpa")
-    if drop:
-        res.findings.append(drop)
+    check_determinism(res, ctx, comp, lambda: run(working), "sdpa")
     with fp.dropout_off():
         conv, found, failure = detect(ctx, run, compute, universe, fp.visible_rows(keep, B, T))
         if conv is None:

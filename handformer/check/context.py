@@ -160,6 +160,16 @@ def dropout_finding(ctx: Context, comp: Component, run: Callable[[], Tensor | No
         "仍然开着"), number, code)
 
 
+def check_determinism(res: ComponentResult, ctx: Context, comp: Component,
+                      run: Callable[[], Tensor | None], *kinds: str) -> None:
+    """The check "eval mode is deterministic", and the dropout_in_eval finding when it is not."""
+    drop = dropout_finding(ctx, comp, run, *kinds)
+    res.checks.append(Check(text("eval mode is deterministic (dropout off)",
+                                 "eval 模式下结果确定（dropout 已关闭）"), drop is None))
+    if drop:
+        res.findings.append(drop)
+
+
 def positions(batch: int, length: int, pad: list[int]) -> Tensor:
     """(B, 1, 1, S) bool padding mask: row b keeps its first length - pad[b] positions."""
     keep = torch.ones(batch, 1, 1, length, dtype=torch.bool)

@@ -30,7 +30,7 @@ from handformer.check.context import (
     D,
     H,
     causal,
-    dropout_finding,
+    check_determinism,
     finish,
     first_working,
     forward_parameters,
@@ -152,9 +152,7 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
         return fp.first_tensor(ctx.learner.call("forward", layer.call, x, memory, src, tgt), 3)
 
     working = first_working(ctx, run)
-    drop = dropout_finding(ctx, comp, lambda: run(working), "mha", "ffn", "sdpa")
-    if drop:
-        res.findings.append(drop)
+    check_determinism(res, ctx, comp, lambda: run(working), "mha", "ffn", "sdpa")
     with fp.dropout_off():
         found = _search(layer, ctx, run, x, memory, src_keep, tgt_keep, rows, expected)
         if found is None:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from handformer.check import fingerprint as fp
-from handformer.check.context import SIZES, Context, causal, dropout_finding, finish, forward_parameters
+from handformer.check.context import SIZES, Context, causal, check_determinism, finish, forward_parameters
 from handformer.check.discovery import Component
 from handformer.check.result import Check, ComponentResult, text
 
@@ -57,9 +57,7 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
     def run(src: Tensor = src, tgt: Tensor = tgt) -> Tensor | None:
         return fp.first_tensor(ctx.learner.call("forward", call, src, tgt), 3)
 
-    drop = dropout_finding(ctx, comp, run, "encoder_layer", "decoder_layer", "mha", "ffn")
-    if drop:
-        res.findings.append(drop)
+    check_determinism(res, ctx, comp, run, "encoder_layer", "decoder_layer", "mha", "ffn")
     with fp.dropout_off():
         out = run()
         ok = out is not None and tuple(out.shape) == (2, 5, TGT_V)

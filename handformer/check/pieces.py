@@ -11,7 +11,7 @@ from torch import Tensor
 
 from handformer.check import fingerprint as fp
 from handformer.check import variants as V
-from handformer.check.context import F_WIDTH, MAX_LEN, Context, D, dropout_finding, finish, grads_error
+from handformer.check.context import F_WIDTH, MAX_LEN, Context, D, check_determinism, finish, grads_error
 from handformer.check.discovery import Component
 from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
@@ -107,9 +107,7 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
     def run(x: Tensor = x) -> Tensor | None:
         return fp.first_tensor(ctx.learner.call("forward", module, x), 3)
 
-    drop = dropout_finding(ctx, comp, run)
-    if drop:
-        res.findings.append(drop)
+    check_determinism(res, ctx, comp, run)
     with fp.dropout_off():
         out = run()
         if out is None or out.shape != x.shape:
@@ -236,9 +234,7 @@ def check_positional_encoding(comp: Component, ctx: Context) -> ComponentResult:
         return fp.first_tensor(ctx.learner.call("forward", module, x))
 
     zeros = torch.zeros(B, T, D, dtype=torch.float64)
-    drop = dropout_finding(ctx, comp, lambda: run(zeros))
-    if drop:
-        res.findings.append(drop)
+    check_determinism(res, ctx, comp, lambda: run(zeros))
     with fp.dropout_off():
         table = run(zeros)
         if table is None or table.shape[-2:] != (T, D):

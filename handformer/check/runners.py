@@ -41,6 +41,9 @@ def import_learner(path: str) -> types.ModuleType:
     if spec is None or spec.loader is None:
         raise FileNotFoundError(f"{path}: not a Python file")
     module = importlib.util.module_from_spec(spec)
+    folder = str(Path(path).resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # their file may import its neighbours, as under pytest
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
