@@ -328,8 +328,8 @@ def test_chinese_report_and_component_override(tmp_path):
     result = check_file(str(path), overrides={"ffn": "MyFeedForward"}, only=["ffn"])
     assert [c.name for c in result.components] == ["MyFeedForward"]
     assert "MyFeedForward（逐位置前馈网络）：通过" in format_report(result, "zh")
-    with pytest.raises(ValueError, match="defines no 'Nope'"):
-        check_file(str(path), overrides={"ffn": "Nope"})
+    err = check_file(str(path), overrides={"ffn": "Nope"}).error
+    assert err.kind == "discovery" and "defines no 'Nope'" in err.message and "MyFeedForward" in err.message
 
 
 def test_cli_bad_arguments(capsys):

@@ -42,7 +42,7 @@ class Check:
 class LearnerError:
     """An exception (or a limit) in the learner's code, its traceback trimmed to their file."""
 
-    kind: str  # exception | syntax | timeout | memory | nothing_found | mapping | crash
+    kind: str  # exception | syntax | timeout | memory | nothing_found | discovery | mapping | crash
     message: str
     where: str = ""  # "import", "__init__", "forward", ...
     traceback: list[str] = field(default_factory=list)  # "line N: code" of the learner's frames

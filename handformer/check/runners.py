@@ -80,7 +80,12 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
             raise
         result.error = learner_error(err, path, "import")
         return result
-    components = find_components(module, overrides, only)
+    try:
+        components = find_components(module, overrides, only)
+        everything = find_components(module, overrides)  # a layer may be built from their attention
+    except DiscoveryError as err:  # --component names something the file does not define
+        result.error = LearnerError("discovery", str(err), "discovery")
+        return result
     todo = [c for c in components if c.name not in (skip or [])]
     if not components:
         names = ", ".join(defined_names(module)) or "nothing"
@@ -89,7 +94,7 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
             f"looks for names such as {', '.join(n for ns in NAMES.values() for n in ns[:2])}; point "
             "a kind at your name with --component mha=MyAttention", "discovery")
         return result
-    ctx = Context(path, module, {c.kind: c for c in reversed(components)}, convention)
+    ctx = Context(path, module, {c.kind: c for c in reversed(everything)}, convention)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: a second thread costs more than it saves
     try:
