@@ -126,9 +126,8 @@ def test_random_pairs_of_mistakes_are_both_named(tmp_path, pair):
 
 
 @pytest.mark.slow
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.sampled_from(pairs()))
-def test_many_pairs_of_mistakes_are_both_named(tmp_path, pair):
+@pytest.mark.parametrize("pair", pairs(), ids="+".join)
+def test_every_pair_of_mistakes_is_named(tmp_path, pair):
     check_pair(tmp_path, *pair)
 
 

@@ -142,7 +142,3 @@ MASKING: dict[frozenset[str], str] = {
     frozenset({"mask_inverted", "nan_on_masked_rows"}):
         "an inverted causal mask hides every key of the last query, and with -inf that row is NaN",
 }
-
-
-def observed(en: str, zh: str) -> dict[str, str]:
-    return {"en": en, "zh": zh}

@@ -8,6 +8,7 @@ import sys
 import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,10 +18,10 @@ from handformer.check.result import ERROR, ComponentResult, FileResult, LearnerE
 from handformer.check.source import learner_error
 from handformer.check.weights import MappingError
 
-Runner = Callable[[Component, "Context"], ComponentResult]  # noqa: F821
+if TYPE_CHECKING:
+    from handformer.check.context import Context
 
-
-def runners() -> dict[str, Callable]:
+def runners() -> dict[str, Callable[[Component, Context], ComponentResult]]:
     from handformer.check import attention, layers, model, pieces
 
     table = {
@@ -49,7 +50,7 @@ def import_learner(path: str) -> types.ModuleType:
     return module
 
 
-def check_component(comp: Component, ctx: Context) -> ComponentResult:  # noqa: F821
+def check_component(comp: Component, ctx: Context) -> ComponentResult:
     try:
         with torch.no_grad():
             return runners()[comp.kind](comp, ctx)
