@@ -311,11 +311,11 @@ def test_nothing_recognisable(tmp_path):
 # --- the command line -----------------------------------------------------------------------------
 
 def test_cli_json_and_exit_code(capsys):
-    code = main(["check", str(planted_file("kv_swapped")), "--component", "mha", "--json"])
+    code = main(["check", str(planted_file("kv_swapped")), "--component", "mha", "causal_mask", "--json"])
     data = json.loads(capsys.readouterr().out)
     assert code == 1 and data["exit_code"] == 1 and not data["ok"]
-    (mha,) = data["components"]
-    assert [f["name"] for f in mha["findings"]] == ["kv_swapped"]
+    mask, mha = data["components"]
+    assert mask["status"] == "pass" and [f["name"] for f in mha["findings"]] == ["kv_swapped"]
     assert mha["findings"][0]["line"] == 44
     assert mha["findings"][0]["fix"]["zh"]
 
