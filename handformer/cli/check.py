@@ -56,8 +56,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "design, e.g. pre-norm); 1: any fails.")
     p.add_argument("path", help="your Python file")
     p.add_argument("--component", action="extend", nargs="+", default=[], metavar="KIND[=NAME]",
-                   help="check only these kinds (one or more, repeatable); KIND=NAME checks your class or function "
-                   "NAME as that kind, e.g. --component mha=MyAttention. Kinds: causal_mask, sdpa, "
+                   help="check only these kinds (one or more, repeatable); KIND=NAME checks your "
+                   "class or function NAME as that kind, e.g. --component mha=MyAttention. Kinds: causal_mask, sdpa, "
                    "mha, causal_attention, ffn, layernorm, rmsnorm, positional_encoding, "
                    "encoder_layer, decoder_layer, block, transformer")
     p.add_argument("--lang", choices=["en", "zh"], default=None,
