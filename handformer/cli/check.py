@@ -57,8 +57,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("path", help="your Python file")
     p.add_argument("--component", action="extend", nargs="+", default=[], metavar="KIND[=NAME]",
                    help="check only these kinds (one or more, repeatable); KIND=NAME checks your "
-                   "class or function NAME as that kind, e.g. --component mha=MyAttention. Kinds: causal_mask, sdpa, "
-                   "mha, causal_attention, ffn, layernorm, rmsnorm, positional_encoding, "
+                   "class or function NAME as that kind, e.g. --component mha=MyAttention. Kinds: "
+                   "causal_mask, sdpa, mha, causal_attention, ffn, layernorm, rmsnorm, positional_encoding, "
                    "encoder_layer, decoder_layer, block, transformer")
     p.add_argument("--lang", choices=["en", "zh"], default=None,
                    help="report language (default: from the locale, zh for a Chinese one)")
