@@ -564,3 +564,14 @@ def test_unmatched_constructor_argument_gets_help(tmp_path):
     assert result.components[0].status == "error" and err.kind == "mapping"
     assert "cannot fill the argument 'width' of MultiHeadAttention(width, num_heads)" in err.message
     assert "d_model: d_model, dim, embed_dim, hidden_size" in err.message
+
+
+def test_report_language_follows_the_locale(monkeypatch):
+    from handformer.check.report import default_language
+
+    for var in ("LC_ALL", "LC_MESSAGES", "LANG", "LANGUAGE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("LANG", "zh_CN.UTF-8")
+    assert default_language() == "zh"
+    monkeypatch.setenv("LC_ALL", "en_US.UTF-8")
+    assert default_language() == "en"
