@@ -24,6 +24,13 @@ class LMDataConfig:
     val_fraction: float = 0.1  # the last fraction of the text held out for validation; 0 = none
     batches_per_epoch: int = 1000  # batches between reseedings of the window sampler
     eval_batches: int = 20  # size of the fixed validation set, in batches; 0 = the whole split
+    # A folder of token shards instead of `path`: `handformer prepare`'s output, llm.c .bin shards
+    # or nanoGPT's train.bin/val.bin (data/shards.py); its validation shards are the validation set
+    shards: str = ""
+    sampling: str = "random"  # shards: random windows (nanoGPT) | sequential passes (llm.c)
+    # shards without a tokenizer (llm.c, nanoGPT): the vocabulary size when `tokenizer` names no
+    # tokenizer.json or run directory; 0 = from the tokenizer
+    shard_vocab_size: int = 0
 
     def __post_init__(self) -> None:
         def fail(name: str, fix: str) -> None:
@@ -31,8 +38,15 @@ class LMDataConfig:
 
         if not isinstance(self.path, str) or not self.path:
             fail("path", f'give a text file, a folder, or "{PYDOC}" for the embedded corpus')
-        if self.tokenizer not in ("char", "bpe"):
-            fail("tokenizer", "choose char or bpe")
+        if self.tokenizer not in ("char", "bpe") and not self.shards:
+            fail("tokenizer", "choose char or bpe (with data.shards: also a tokenizer.json or run directory)")
+        if not isinstance(self.shards, str):
+            fail("shards", "give the folder `handformer prepare` wrote, or one of llm.c or nanoGPT files")
+        if self.sampling not in ("random", "sequential"):
+            fail("sampling", "choose random (nanoGPT-style windows) or sequential (llm.c-style passes)")
+        if (not isinstance(self.shard_vocab_size, int) or isinstance(self.shard_vocab_size, bool)
+                or self.shard_vocab_size < 0):
+            fail("shard_vocab_size", "it must be an integer >= 0 (0 = the tokenizer's vocabulary)")
         for name in ("vocab_size", "block_size", "batch_size", "batches_per_epoch"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from handformer.data.shards import LazyBatches, ShardSet, ShardWindows, shard_validation_batches
 from handformer.data.text import (
     PYDOC,
     LMBatch,
@@ -60,12 +62,82 @@ def encode_splits(tokenizer: Tokenizer, train_text: str, val_text: str, data: LM
     return windows, val_batches
 
 
+def shard_tokenizer(data: LMDataConfig, shards: ShardSet) -> tuple[Tokenizer | None, SpecialTokens]:
+    """The tokenizer of a shard folder (data.tokenizer when it names one, else the manifest's) and
+    the special tokens of a model trained on it: documents end with EOS, so the model learns it."""
+    named = Path(data.tokenizer) if data.tokenizer not in ("char", "bpe") else None
+    run_config: dict = {}
+    if named is not None and named.is_dir():
+        config = named / "config.json"
+        run_config = json.loads(config.read_text()) if config.is_file() else {}
+        named = named / "tokenizer.json"
+    if named is not None:
+        tokenizer = Tokenizer.load(named)
+    elif shards.tokenizer_path is not None:
+        tokenizer = Tokenizer.load(shards.tokenizer_path)
+    elif data.shard_vocab_size:
+        return None, SpecialTokens()
+    else:
+        raise ValueError(f"[data] shards={data.shards!r} holds {shards.format} files, which carry no "
+                         "tokenizer: set data.tokenizer to a tokenizer.json or a run directory (e.g. "
+                         "one from `handformer import-hf` of GPT-2), or state data.shard_vocab_size")
+    tokens = run_config.get("tokens", {})
+    eos = (shards.manifest or {}).get("tokenizer", {}).get("eos_id", tokens.get("eos_id", tokenizer.eos_id))
+    pad = tokens.get("pad_id", tokenizer.pad_id)
+    return tokenizer, SpecialTokens(bos_id=tokens.get("bos_id"), eos_id=eos,
+                                    pad_id=pad if pad is not None else eos)
+
+
+def shard_splits(data: LMDataConfig, shards: ShardSet, vocab_size: int, seed: int,
+                 log=print) -> tuple[ShardWindows, LazyBatches | None]:
+    """Training windows drawn from the training shards and the fixed validation batches."""
+    shards.check_vocab(vocab_size)
+    windows = ShardWindows(shards.train, data.block_size, data.batch_size, vocab_size, data.sampling,
+                           data.batches_per_epoch, seed)
+    n_train = sum(len(s) for s in shards.train)
+    log(f"{shards.format} shards in {shards.root}: {n_train:,} training tokens in {len(shards.train)} "
+        f"shard(s), {shards.dtype.name}; {data.sampling} windows of {data.block_size}, "
+        f"{data.batch_size} per batch; vocabulary {vocab_size:,}")
+    if not shards.val:
+        log("no validation shards: training without validation")
+        return windows, None
+    val = shard_validation_batches(shards.val, data.block_size, data.batch_size, vocab_size,
+                                   data.eval_batches)
+    log(f"validation: {len(val)} fixed batches from {len(shards.val)} shard(s) "
+        f"({sum(len(s) for s in shards.val):,} tokens)")
+    return windows, val
+
+
+def run_train_lm_shards(job: LMJob, run_dir: Path, resume: bool, log) -> tuple[CausalLM, TrainResult]:
+    """Train on a folder of token shards (`data.shards`); memory does not grow with the corpus."""
+    data, main = job.data, distributed.env_rank() == 0
+    shards = ShardSet.open(data.shards)
+    tokenizer, tokens = shard_tokenizer(data, shards)
+    vocab_size = data.shard_vocab_size or tokenizer.vocab_size
+    if tokenizer is not None and vocab_size < tokenizer.vocab_size:
+        raise ValueError(f"[data] shard_vocab_size={vocab_size} is invalid: it must be at least the "
+                         f"tokenizer's {tokenizer.vocab_size:,} tokens (or 0)")
+    model_cfg = job.model_config(vocab_size)
+    windows, val_batches = shard_splits(data, shards, vocab_size, job.train.seed, log)
+    if not resume and main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if tokenizer is not None:
+            tokenizer.save(run_dir / "tokenizer.json")
+        else:
+            log("no tokenizer: the run will have no tokenizer.json (generate needs one)")
+        write_lm_run_config(run_dir, model_cfg, tokens, train=asdict(job.train), data=asdict(data))
+    return train_new_model(lambda: CausalLM(model_cfg), job.train, windows, val_batches, lm_loss,
+                           run_dir, resume=resume, log=log)
+
+
 def run_train_lm(job: LMJob, run_dir: str | os.PathLike, resume: bool = False,
                  log=print) -> tuple[CausalLM, TrainResult]:
     """Train (or resume) a language model on `job.data` in `run_dir` with the shared loop."""
     run_dir = Path(run_dir)
     main = distributed.env_rank() == 0  # under torchrun, rank 0 alone logs and writes files
     log = log if main else distributed.quiet
+    if job.data.shards:
+        return run_train_lm_shards(job, run_dir, resume, log)
     data = job.data
     text = load_text(data.path)
     train_text, val_text = split_text(text, data.val_fraction)
