@@ -402,6 +402,11 @@ def prepare(source: str | os.PathLike, out_dir: str | os.PathLike, tokenizer: st
         raise ValueError(f"--shard-tokens {shard_tokens} is invalid: it must be a positive integer")
     if sample_mb <= 0:
         raise ValueError(f"--sample-mb {sample_mb} is invalid: it must be > 0")
+    if tokenizer.startswith("bpe:") and not tokenizer[4:].isdigit():
+        raise ValueError(f"--tokenizer {tokenizer}: write bpe:N with N the vocabulary size, e.g. bpe:8000")
+    if tokenizer != "char" and not tokenizer.startswith("bpe:") and not Path(tokenizer).exists():
+        raise FileNotFoundError(f"--tokenizer {tokenizer}: give a run directory, a tokenizer.json, "
+                                "char, or bpe:N (e.g. bpe:8000)")
     files = source_files(source)
     out_dir = Path(out_dir)
     options = {"source": str(Path(source).resolve()), "tokenizer": tokenizer,
@@ -409,8 +414,10 @@ def prepare(source: str | os.PathLike, out_dir: str | os.PathLike, tokenizer: st
                "sample_mb": sample_mb, "max_piece_chars": MAX_PIECE_CHARS}
     old = _read_manifest(out_dir)
     if old is not None and old.get("options") != options:
-        raise ValueError(f"{out_dir} holds shards prepared with other options ({old.get('options')}); "
-                         "give another OUT_DIR or delete this one")
+        before = old.get("options") or {}
+        changed = ", ".join(f"{k} {before.get(k)!r}" for k in options if before.get(k) != options[k])
+        raise ValueError(f"{out_dir} holds shards prepared with other options ({changed}); give "
+                         "another OUT_DIR, the same options to finish or keep it, or delete it")
     if old is not None and old.get("complete"):
         log(f"{out_dir} is already prepared (manifest.json complete); nothing to do")
         return PrepareResult(old, 0.0, 0, 0, sum(len(s["shards"]) for s in old["splits"].values()))
