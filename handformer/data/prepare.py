@@ -249,6 +249,7 @@ def load_prep_tokenizer(spec: str, train_texts: Callable[[], Iterator[str]],
     """`RUN_DIR` or `tokenizer.json`, `char`, or `bpe:N` (trained on `train_texts()`)."""
     path = Path(spec)
     if spec == "char" or spec.startswith("bpe:"):
+        start = time.perf_counter()
         if spec == "char":
             tokenizer = Tokenizer.train_char(train_texts())
         else:
@@ -258,7 +259,8 @@ def load_prep_tokenizer(spec: str, train_texts: Callable[[], Iterator[str]],
                 raise ValueError(f"--tokenizer {spec}: write bpe:N with N the vocabulary size, e.g. "
                                  "bpe:8000") from None
             tokenizer = Tokenizer.train_bpe(train_texts(), size)
-        log(f"trained a {spec} tokenizer: {tokenizer.vocab_size:,} tokens")
+        log(f"trained a {spec} tokenizer: {tokenizer.vocab_size:,} tokens in "
+            f"{time.perf_counter() - start:.1f} s")
         run_config = None
     elif path.is_dir():
         tokenizer = Tokenizer.load(path / "tokenizer.json")

@@ -61,6 +61,10 @@ def eval_text(run: LMRun, source: str) -> str:
     if not data:
         raise ValueError("this run has no training data recorded in its config.json (an imported "
                          "checkpoint?), so it has no validation split; pass --data PATH to score a text")
+    if data.get("shards"):
+        raise ValueError(f"this run trained on token shards ({data['shards']}); its validation loss "
+                         "on their validation shards is in metrics.jsonl (val_loss); pass --data PATH "
+                         "to score a text")
     if not data.get("val_fraction"):
         raise ValueError("this run was trained without a validation split (data.val_fraction = 0); "
                          "pass --data PATH to score a text")
