@@ -491,6 +491,17 @@ def test_training_on_llmc_and_nanogpt_files_with_a_stated_vocabulary(tmp_path):
     write_llmc(llmc / "t_train_000001.bin", rng.integers(0, 60, 3000))
     write_llmc(llmc / "t_val_000000.bin", rng.integers(0, 60, 400))
     assert ShardSet.open(llmc).format == "llmc"  # trained on in the GPT-2 smoke test below
+    tok = Tokenizer.train_char(["abcdefghij" * 5])  # 14 ids: the shards' ids < 60 are outside it
+    run = tmp_path / "gpt2like"
+    run.mkdir()
+    tok.save(run / "tokenizer.json")
+    assert lm_train(tmp_path / "r1", llmc, "train.steps=1") == 2  # no tokenizer, no vocabulary
+    assert main(["train", "--config", str(ROOT / "configs" / "tiny_lm.toml"), "--out", str(tmp_path / "r1"),
+                 "--set", f"data.shards={llmc}", "--tokenizer", str(run), "--set", "train.steps=1"]) == 2
+    assert main(["train", "--config", str(ROOT / "configs" / "tiny_lm.toml"), "--out", str(tmp_path / "r1"),
+                 "--set", f"data.shards={llmc}", "--tokenizer", str(run), "--set", "data.shard_vocab_size=64",
+                 "--set", "train.steps=1", "--set", "train.progress=false"]) == 0
+    assert (tmp_path / "r1" / "tokenizer.json").read_bytes() == (run / "tokenizer.json").read_bytes()
     nano = tmp_path / "nano"
     nano.mkdir()
     rng.integers(0, 60, 3000).astype(np.uint16).tofile(nano / "train.bin")

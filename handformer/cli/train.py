@@ -33,6 +33,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if (run_dir / "checkpoint.safetensors").exists() and not args.overwrite:
             raise SystemExit(f"error: {run_dir} already holds a run; use --resume {run_dir} to "
                              "continue it, --overwrite to start over, or another --out")
+    if args.tokenizer:  # shards that carry none (llm.c, nanoGPT): the tokenizer they were made with
+        job_dict.setdefault("data", {})["tokenizer"] = args.tokenizer
     task = job_dict.pop("task", "translation")
     if task == "translation":
         from handformer.tasks.translation.job import TranslationJob
@@ -118,4 +120,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="runs/train", help="run directory (default runs/train)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="start over in an existing run directory")
+    p.add_argument("--tokenizer", metavar="RUN_DIR|tokenizer.json",
+                   help="language models on data.shards: the shards' tokenizer (= --set data.tokenizer=...)")
     p.set_defaults(func=cmd_train)
