@@ -142,14 +142,17 @@ def _text_pieces(path: Path) -> Iterator[tuple[str | None, bool, int, int]]:
             yield carry, True, disk(), 0
 
 
-def read_pieces(files: list[Path], text_field: str = "text") -> Iterator[Piece]:
+def read_pieces(files: list[Path], text_field: str = "text",
+                totals: dict[str, int] | None = None) -> Iterator[Piece]:
     """Every document of the corpus as pieces, in order (see the module docstring). A file always
-    ends its last document."""
+    ends its last document. `totals["text_bytes"]` counts the bytes of text read so far."""
+    totals = {} if totals is None else totals
     done_disk, text_bytes = 0, 0
     for path in files:
         pieces = _jsonl_pieces(path, text_field) if _is_jsonl(path) else _text_pieces(path)
         for text, ends, disk, n_bytes in pieces:
             text_bytes += n_bytes
+            totals["text_bytes"] = text_bytes
             if text is not None:
                 yield Piece(text, ends, done_disk + disk, text_bytes)
         done_disk += path.stat().st_size
@@ -504,10 +507,11 @@ def _sample(files: list[Path], text_field: str, val_fraction: float, limit: int)
         doc += piece.ends
 
 
-def _batches(files: list[Path], text_field: str) -> Iterator[list[tuple[int, int, Piece]]]:
+def _batches(files: list[Path], text_field: str,
+             totals: dict[str, int]) -> Iterator[list[tuple[int, int, Piece]]]:
     """(piece index, document index, piece) in batches of about BATCH_CHARS characters."""
     batch, chars, doc = [], 0, 0
-    for i, piece in enumerate(read_pieces(files, text_field)):
+    for i, piece in enumerate(read_pieces(files, text_field, totals)):
         batch.append((i, doc, piece))
         chars += len(piece.text)
         doc += piece.ends
@@ -529,7 +533,8 @@ def _run(files: list[Path], text_field: str, val_fraction: float, tok: PrepToken
                    desc="prepare")
     stats = {"text_bytes": 0, "tokens": 0, "unknown": 0}
     start, last_disk, last_piece = time.perf_counter(), 0, -1
-    for batch in _prefetch(_batches(files, text_field)):
+    totals: dict[str, int] = {}
+    for batch in _prefetch(_batches(files, text_field, totals)):
         index = np.array([i for i, _, _ in batch], dtype=np.int64)  # (P,) piece numbers
         is_val = np.array([is_validation(doc, val_fraction) for _, doc, _ in batch])
         ends = np.array([p.ends for _, _, p in batch])
@@ -547,6 +552,7 @@ def _run(files: list[Path], text_field: str, val_fraction: float, tok: PrepToken
             now = max(time.perf_counter() - start, 1e-9)
             bar.set_postfix_str(f"{stats['text_bytes'] / 1e6 / now:.2f} MB/s text, "
                                 f"{stats['tokens'] / now:,.0f} tok/s")
+    stats["text_bytes"] = totals.get("text_bytes", 0)
     for writer in writers.values():
         writer.close(end=(last_piece + 1, 0))
     if bar is not None:

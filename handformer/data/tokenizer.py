@@ -64,7 +64,10 @@ class Tokenizer:
     @classmethod
     def train_char(cls, texts: Iterable[str]) -> Tokenizer:
         """One token per character seen in `texts`; unseen characters map to <unk>."""
-        chars = sorted({c for text in texts for c in text})
+        seen: set[str] = set()
+        for text in texts:
+            seen.update(text)  # in C, character by character
+        chars = sorted(seen)
         vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
         for c in chars:
             vocab.setdefault(c, len(vocab))
