@@ -546,3 +546,50 @@ def test_the_gpt2_124m_config_smoke_runs_on_cpu(tmp_path):
     _, result = run_train_lm(LMJob.from_dict({k: v for k, v in job.items() if k != "task"}),
                              tmp_path / "run", log=lambda *_: None)
     assert result.step == 3 and result.last_val_loss is not None
+
+
+# --- torchrun: two ranks on shards, resumed in one process -------------------------------------------
+
+def _shard_data(folder: str) -> tuple[ShardWindows, object]:
+    shards = ShardSet.open(folder)
+    return (ShardWindows(shards.train, 8, 4, 23, "random", batches_per_epoch=100, seed=0),
+            shard_validation_batches(shards.val, 8, 4, 23))
+
+
+def _shard_worker(rank: int, port: int, folder: str, run_dir: str) -> None:
+    from test_distributed import _cfg, _join, _model
+
+    from handformer.tasks.lm.train import lm_loss
+    from handformer.training.loop import train as train_loop
+
+    _join(rank, port)
+    windows, val = _shard_data(folder)
+    train_loop(_model(), _cfg(steps=3, schedule="constant"), windows, val, lm_loss, run_dir)
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow  # spawns 2 processes; the fast versions: the rank and resume tests above
+def test_two_ranks_on_shards_resume_in_one_process_with_the_same_global_batch(tmp_path):
+    """Steps 1-3 under DDP on 2 gloo ranks (each its own windows), steps 4-6 resumed in one
+    process with accumulation 2: the curve of one uninterrupted single-process run."""
+    from test_distributed import _cfg, _curve, _model, _spawn
+
+    from handformer.tasks.lm.train import lm_loss
+    from handformer.training.loop import train as train_loop
+
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    for k in range(3):
+        write_llmc(folder / f"s_train_{k:06d}.bin", rng.integers(0, 23, 600))
+    write_llmc(folder / "s_val_000000.bin", rng.integers(0, 23, 200))
+    windows, val = _shard_data(str(folder))
+    reference = tmp_path / "reference"
+    train_loop(_model(), _cfg(schedule="constant", accumulation=2), windows, val, lm_loss, reference)
+    resumed = tmp_path / "resumed"
+    _spawn(_shard_worker, str(folder), str(resumed))
+    train_loop(_model(), _cfg(schedule="constant", accumulation=2), windows, val, lm_loss, resumed,
+               resume=True)
+    for (e_train, e_val), (g_train, g_val) in zip(_curve(reference), _curve(resumed), strict=True):
+        assert g_train == pytest.approx(e_train, rel=1e-5)
+        assert g_val == pytest.approx(e_val, rel=1e-5) if e_val is not None else g_val is None
