@@ -284,6 +284,9 @@ def test_nanogpt_train_and_val_bin_are_read_as_published(tmp_path):
     val.astype(np.uint16).tofile(tmp_path / "val.bin")
     shards = ShardSet.open(tmp_path)
     assert shards.format == "nanogpt"
+    (tmp_path / "llmc").mkdir()
+    write_llmc(tmp_path / "llmc" / "train.bin", train)  # an llm.c shard by nanoGPT's name
+    assert ShardSet.open(tmp_path / "llmc").format == "llmc"
     assert np.asarray(shards.train[0].tokens).tolist() == train.tolist()
     assert np.asarray(shards.val[0].tokens).tolist() == val.tolist()
 

@@ -414,7 +414,8 @@ def prepare(source: str | os.PathLike, out_dir: str | os.PathLike, tokenizer: st
                                 "char, or bpe:N (e.g. bpe:8000)")
     files = source_files(source)
     out_dir = Path(out_dir)
-    options = {"source": str(Path(source).resolve()), "tokenizer": tokenizer,
+    options = {"source": str(Path(source).resolve()), "source_files": len(files),
+               "source_bytes": sum(p.stat().st_size for p in files), "tokenizer": tokenizer,
                "val_fraction": val_fraction, "shard_tokens": shard_tokens, "text_field": text_field,
                "sample_mb": sample_mb, "max_piece_chars": MAX_PIECE_CHARS}
     old = _read_manifest(out_dir)

@@ -117,7 +117,7 @@ class ShardSet:
                                     "SOURCE OUT_DIR`, or give a folder of llm.c or nanoGPT .bin files")
         if (root / MANIFEST).is_file():
             return _open_handformer(root)
-        if (root / "train.bin").is_file():
+        if (root / "train.bin").is_file() and not _has_llmc_magic(root / "train.bin"):
             return cls(root, "nanogpt", [open_raw_uint16(root / "train.bin")],
                        [open_raw_uint16(root / "val.bin")] if (root / "val.bin").is_file() else [],
                        None, None)
@@ -143,6 +143,12 @@ class ShardSet:
             if shard.max_id is not None and shard.max_id >= vocab_size:
                 raise ValueError(f"{shard.path} holds token id {shard.max_id}, outside the vocabulary "
                                  f"of {vocab_size:,} tokens; use the tokenizer the shards were made with")
+
+
+def _has_llmc_magic(path: Path) -> bool:
+    """Whether a file starts with an llm.c magic number (an llm.c shard named like nanoGPT's)."""
+    first = np.fromfile(path, dtype="<i4", count=1)
+    return len(first) == 1 and int(first[0]) in LLMC_FORMATS
 
 
 def _open_handformer(root: Path) -> ShardSet:
