@@ -175,26 +175,42 @@ def is_validation(doc_index: int, val_fraction: float) -> bool:
 
 def _prefetch(iterator: Iterator, depth: int = 4) -> Iterator:
     """Run `iterator` in a background thread, `depth` items ahead (reading overlaps encoding,
-    which releases the GIL). Exceptions reach the consumer."""
+    which releases the GIL). Exceptions reach the consumer; when the consumer stops early (an
+    error, an interrupt), the thread stops too."""
     q: queue.Queue = queue.Queue(depth)
-    done = object()
+    done, stop = object(), threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def run() -> None:
         try:
             for item in iterator:
-                q.put(item)
-            q.put(done)
+                if not put(item):
+                    return
+            put(done)
         except BaseException as err:  # noqa: B036 - handed to the consumer
-            q.put(err)
+            put(err)
 
-    threading.Thread(target=run, daemon=True).start()
-    while True:
-        item = q.get()
-        if item is done:
-            return
-        if isinstance(item, BaseException):
-            raise item
-        yield item
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
 
 
 # --- tokenizing -------------------------------------------------------------------------------
