@@ -72,10 +72,11 @@ def main() -> None:
     parser.add_argument("--tokenizer", default="bpe:8000")
     parser.add_argument("--sample-mb", type=float, default=64.0)
     parser.add_argument("--work", default="/tmp/handformer_prepare_bench")
+    parser.add_argument("--sizes", default="100,1000", help="corpora to run, in MB: 100 and/or 1000")
     args = parser.parse_args()
     small, large = build_corpus(Path(args.work))
     rows = []
-    for source in (small, large):
+    for source in [{"100": small, "1000": large}[size] for size in args.sizes.split(",")]:
         row = run(source, Path(args.work) / "out", args.tokenizer, args.sample_mb)
         rows.append(row)
         print(f"{row['text_mb']:,.0f} MB of text: {row['wall_s']:.1f} s wall, {row['mb_s']:.2f} MB/s, "
