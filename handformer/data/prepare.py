@@ -417,29 +417,14 @@ def prepare(source: str | os.PathLike, out_dir: str | os.PathLike, tokenizer: st
             log: Callable[[str], None] = print) -> PrepareResult:
     """Tokenize `source` into shards in `out_dir` (see the module docstring). Re-running an
     interrupted job with the same arguments keeps its finished shards."""
-    if not 0 <= val_fraction < 1:
-        raise ValueError(f"--val-fraction {val_fraction} is invalid: it must be in [0, 1)")
-    if shard_tokens < 1:
-        raise ValueError(f"--shard-tokens {shard_tokens} is invalid: it must be a positive integer")
-    if sample_mb <= 0:
-        raise ValueError(f"--sample-mb {sample_mb} is invalid: it must be > 0")
-    if tokenizer.startswith("bpe:") and not tokenizer[4:].isdigit():
-        raise ValueError(f"--tokenizer {tokenizer}: write bpe:N with N the vocabulary size, e.g. bpe:8000")
-    if tokenizer != "char" and not tokenizer.startswith("bpe:") and not Path(tokenizer).exists():
-        raise FileNotFoundError(f"--tokenizer {tokenizer}: give a run directory, a tokenizer.json, "
-                                "char, or bpe:N (e.g. bpe:8000)")
+    _check_arguments(tokenizer, val_fraction, shard_tokens, sample_mb)
     files = source_files(source)
     out_dir = Path(out_dir)
     options = {"source": str(Path(source).resolve()), "source_files": len(files),
                "source_bytes": sum(p.stat().st_size for p in files), "tokenizer": tokenizer,
                "val_fraction": val_fraction, "shard_tokens": shard_tokens, "text_field": text_field,
                "sample_mb": sample_mb, "max_piece_chars": MAX_PIECE_CHARS}
-    old = _read_manifest(out_dir)
-    if old is not None and old.get("options") != options:
-        before = old.get("options") or {}
-        changed = ", ".join(f"{k} {before.get(k)!r}" for k in options if before.get(k) != options[k])
-        raise ValueError(f"{out_dir} holds shards prepared with other options ({changed}); give "
-                         "another OUT_DIR, the same options to finish or keep it, or delete it")
+    old = _read_manifest(out_dir, options)
     if old is not None and old.get("complete"):
         log(f"{out_dir} is already prepared (manifest.json complete); nothing to do")
         return PrepareResult(old, 0.0, 0, 0, sum(len(s["shards"]) for s in old["splits"].values()))
@@ -482,24 +467,42 @@ def prepare(source: str | os.PathLike, out_dir: str | os.PathLike, tokenizer: st
 
     stats = _run(files, text_field, val_fraction, tok, writers, progress)
     save_manifest(complete=True, unknown_tokens=stats["unknown"])
-    elapsed = time.perf_counter() - start
-    result = PrepareResult(manifest, elapsed, stats["text_bytes"], stats["tokens"], kept)
-    train, val = manifest["splits"]["train"], manifest["splits"]["val"]
-    log(f"{out_dir}: train {train['tokens']:,} tokens in {len(train['shards'])} shard(s) "
-        f"({train['documents']:,} documents), val {val['tokens']:,} tokens in {len(val['shards'])} "
-        f"shard(s) ({val['documents']:,} documents), {tok.dtype.name}")
-    log(f"{stats['text_bytes'] / 1e6:,.1f} MB of text in {elapsed:.1f} s: "
-        f"{stats['text_bytes'] / 1e6 / max(elapsed, 1e-9):,.2f} MB/s, "
-        f"{stats['tokens'] / max(elapsed, 1e-9):,.0f} tokens/s")
-    if stats["unknown"]:
-        log(f"warning: {stats['unknown']:,} characters were outside the tokenizer's vocabulary "
-            "(written as <unk>); raise --sample-mb so the tokenizer sees more of the corpus")
-    if not train["tokens"]:
-        raise ValueError(f"no training tokens were written to {out_dir}: the source holds no documents")
+    result = PrepareResult(manifest, time.perf_counter() - start, stats["text_bytes"], stats["tokens"], kept)
+    _report(result, out_dir, stats["unknown"], log)
     return result
 
 
-def _read_manifest(out_dir: Path) -> dict | None:
+def _check_arguments(tokenizer: str, val_fraction: float, shard_tokens: int, sample_mb: float) -> None:
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"--val-fraction {val_fraction} is invalid: it must be in [0, 1)")
+    if shard_tokens < 1:
+        raise ValueError(f"--shard-tokens {shard_tokens} is invalid: it must be a positive integer")
+    if sample_mb <= 0:
+        raise ValueError(f"--sample-mb {sample_mb} is invalid: it must be > 0")
+    if tokenizer.startswith("bpe:") and not tokenizer[4:].isdigit():
+        raise ValueError(f"--tokenizer {tokenizer}: write bpe:N with N the vocabulary size, e.g. bpe:8000")
+    if tokenizer != "char" and not tokenizer.startswith("bpe:") and not Path(tokenizer).exists():
+        raise FileNotFoundError(f"--tokenizer {tokenizer}: give a run directory, a tokenizer.json, "
+                                "char, or bpe:N (e.g. bpe:8000)")
+
+
+def _report(result: PrepareResult, out_dir: Path, unknown: int, log: Callable[[str], None]) -> None:
+    train, val = result.manifest["splits"]["train"], result.manifest["splits"]["val"]
+    log(f"{out_dir}: train {train['tokens']:,} tokens in {len(train['shards'])} shard(s) "
+        f"({train['documents']:,} documents), val {val['tokens']:,} tokens in {len(val['shards'])} "
+        f"shard(s) ({val['documents']:,} documents), {result.manifest['dtype']}")
+    elapsed = max(result.elapsed_s, 1e-9)
+    log(f"{result.text_bytes / 1e6:,.1f} MB of text in {elapsed:.1f} s: "
+        f"{result.text_bytes / 1e6 / elapsed:,.2f} MB/s, {result.tokens / elapsed:,.0f} tokens/s")
+    if unknown:
+        log(f"warning: {unknown:,} characters were outside the tokenizer's vocabulary "
+            "(written as <unk>); raise --sample-mb so the tokenizer sees more of the corpus")
+    if not train["tokens"]:
+        raise ValueError(f"no training tokens were written to {out_dir}: the source holds no documents")
+
+
+def _read_manifest(out_dir: Path, options: dict) -> dict | None:
+    """The manifest of an earlier run into `out_dir`, checked to have the same options."""
     path = out_dir / MANIFEST
     if not path.is_file():
         return None
@@ -509,6 +512,11 @@ def _read_manifest(out_dir: Path) -> dict | None:
         raise ValueError(f"{path} is damaged; delete {out_dir} and prepare again") from None
     if manifest.get("format") != MANIFEST_FORMAT:
         raise ValueError(f"{path} is not a handformer shard manifest; give another OUT_DIR")
+    if manifest.get("options") != options:
+        before = manifest.get("options") or {}
+        changed = ", ".join(f"{k} {before.get(k)!r}" for k in options if before.get(k) != options[k])
+        raise ValueError(f"{out_dir} holds shards prepared with other options ({changed}); give "
+                         "another OUT_DIR, the same options to finish or keep it, or delete it")
     return manifest
 
 
