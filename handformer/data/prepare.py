@@ -232,7 +232,8 @@ class PrepTokenizer:
             points = np.frombuffer("".join(texts).encode("utf-32-le"), dtype="<u4")
             flat = self.char_table[np.minimum(points, len(self.char_table) - 1)]
             return flat, np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-        encodings = self.tokenizer.hf.encode_batch_fast(texts, add_special_tokens=False)
+        hf = self.tokenizer.hf  # encode_batch_fast (tokenizers >= 0.21) skips the offsets
+        encodings = getattr(hf, "encode_batch_fast", hf.encode_batch)(texts, add_special_tokens=False)
         lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(texts))
         flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int64,
                            count=int(lengths.sum()))
