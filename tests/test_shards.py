@@ -21,7 +21,9 @@ import torch
 import handformer.data.prepare as prep
 from handformer.cli import main
 from handformer.config import CausalLMConfig
-from handformer.data.prepare import documents, is_validation, prepare
+from handformer.data import documents as docs
+from handformer.data.documents import documents
+from handformer.data.prepare import is_validation, prepare
 from handformer.data.shards import ShardSet, ShardWindows, Windows, shard_validation_batches
 from handformer.data.tokenizer import Tokenizer
 from handformer.models.causal_lm import CausalLM
@@ -105,7 +107,7 @@ def test_round_trip_tokens_read_back_equal_the_tokenizers_output(tmp_path, spec)
 
 
 def test_a_long_document_is_tokenized_in_pieces_without_an_eos_between_them(tmp_path, monkeypatch):
-    monkeypatch.setattr(prep, "MAX_PIECE_CHARS", 50)
+    monkeypatch.setattr(docs, "MAX_PIECE_CHARS", 50)
     text = "\n".join(f"line {i} of a single long document" for i in range(40))
     (tmp_path / "long.txt").write_text(text)
     assert list(documents(tmp_path / "long.txt")) == [text]
@@ -216,7 +218,7 @@ def test_prepare_memory_does_not_grow_with_the_corpus_fast(tmp_path, monkeypatch
     """Python-level peak (tracemalloc: strings, lists, numpy buffers) for 1 MB vs 10 MB, with
     the read block and the batch shrunk from megabytes to 64 KB, so that 1 MB is already far past
     them and the reader thread's queue (4 batches)."""
-    monkeypatch.setattr(prep, "READ_BYTES", 1 << 16)
+    monkeypatch.setattr(docs, "READ_BYTES", 1 << 16)
     monkeypatch.setattr(prep, "BATCH_CHARS", 1 << 16)
     peaks = []
     for mb in (1, 10):
