@@ -8,7 +8,6 @@ import gzip
 import hashlib
 import json
 import os
-import resource
 import subprocess
 import sys
 import tracemalloc
@@ -244,8 +243,7 @@ def test_prepare_peak_rss_does_not_grow_with_the_corpus(tmp_path):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
         rss.append(int(out.stdout.split()[-1]) * 1024)
-    assert rss[1] < rss[0] + 100e6, rss
-    assert resource  # used in the child
+    assert rss[1] < rss[0] + 100e6, rss  # the corpus grows by 90 MB
 
 
 # --- the formats ----------------------------------------------------------------------------------
