@@ -7,9 +7,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from handformer.cli import check, evaluate, generate, import_hf, see, trace, train, translate
+from handformer.cli import check, evaluate, generate, import_hf, quantize, see, trace, train, translate
 
-COMMANDS = [trace, train, translate, generate, evaluate, import_hf, see, check]
+COMMANDS = [trace, train, translate, generate, evaluate, import_hf, see, check, quantize]
 
 
 def build_parser() -> argparse.ArgumentParser:

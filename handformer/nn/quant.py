@@ -1,0 +1,132 @@
+"""Weight-only int8 quantization of linear layers, written out: per output channel, symmetric.
+
+For a weight W of shape (N, K) (N output channels, K inputs), each row n gets its own scale
+
+    scale[n] = max_k |W[n, k]| / 127
+    Q[n, k]  = clamp(round(W[n, k] / scale[n]), -127, 127)      (int8)
+    W[n, k] ~= Q[n, k] * scale[n]
+
+Activations stay in floating point; only the weights are stored (and read) as int8, so a matmul
+reads a quarter of the fp32 bytes. Symmetric (no zero point) because trained weights are centred
+on zero; -128 is left unused so that +-max map to +-127 exactly.
+
+`Int8Linear.forward` runs y = x Q^T * scale + b through one of two kernels (both exact up to float
+rounding, see benchmarks/int8_kernel.py for the measurement behind the default):
+- "int8pack": `torch.ops.aten._weight_int8pack_mm`, PyTorch's CPU kernel that reads the int8
+  weights directly and applies the scales in the same pass (fp32 and bf16 activations on CPU);
+- "dequant": Q * scale back to the activation dtype, then an ordinary `F.linear`; it is the
+  fallback for devices and dtypes the int8 kernel does not cover.
+
+Shape legend: N output features, K input features, M rows of activations (batch x positions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+QMAX = 127  # symmetric int8 range: -127 .. 127
+KERNELS = ("int8pack", "dequant")
+
+
+def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """(N, K) float weight -> ((N, K) int8 values, (N,) float32 scales), per output channel."""
+    w = weight.detach().float()
+    amax = w.abs().amax(dim=1)  # (N,)
+    # An all-zero row would divide by zero; any positive scale quantizes it to zeros.
+    scales = (amax / QMAX).clamp(min=torch.finfo(torch.float32).tiny)  # (N,)
+    q = torch.round(w / scales[:, None]).clamp(-QMAX, QMAX).to(torch.int8)  # (N, K)
+    return q, scales
+
+
+def dequantize_int8(q: Tensor, scales: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """(N, K) int8 and (N,) scales -> the (N, K) weight they stand for, in `dtype`."""
+    return (q.to(torch.float32) * scales[:, None]).to(dtype)
+
+
+def int8pack_available(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether `_weight_int8pack_mm` serves these activations (this torch, CPU, fp32 / bf16)."""
+    return (torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+            and hasattr(torch.ops.aten, "_weight_int8pack_mm"))
+
+
+class Int8Linear(nn.Module):
+    """A drop-in `nn.Linear` whose weight is stored as int8 values and per-row float32 scales.
+
+    State dict: `weight` (N, K) int8, `scales` (N,) float32, and `bias` (N,) when the layer has one.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 kernel: str = "int8pack") -> None:
+        super().__init__()
+        if kernel not in KERNELS:
+            raise ValueError(f"Int8Linear kernel is {kernel!r}; choose one of {', '.join(KERNELS)}")
+        self.in_features, self.out_features, self.kernel = in_features, out_features, kernel
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("scales", torch.ones(out_features, dtype=torch.float32))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, kernel: str = "int8pack") -> Int8Linear:
+        """Quantize a trained `nn.Linear` (its bias is kept as it is, in floating point)."""
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, kernel)
+        q, scales = quantize_int8(linear.weight)
+        layer.weight.copy_(q)
+        layer.scales.copy_(scales)
+        if linear.bias is not None:
+            layer.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        return layer.to(linear.weight.device)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (..., K) -> (..., N)."""
+        if self.kernel == "int8pack" and int8pack_available(x.device, x.dtype):
+            rows = x.reshape(-1, self.in_features)  # (M, K)
+            y = torch.ops.aten._weight_int8pack_mm(rows.contiguous(), self.weight,
+                                                   self.scales.to(x.dtype))  # (M, N)
+            y = y.view(*x.shape[:-1], self.out_features)  # (..., N)
+            return y if self.bias is None else y + self.bias.to(x.dtype)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, dequantize_int8(self.weight, self.scales, x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, kernel={self.kernel!r}")
+
+
+def quantize_linears(model: nn.Module, skip: Iterable[str] = (), kernel: str = "int8pack",
+                     empty: bool = False) -> list[str]:
+    """Replace every `nn.Linear` in `model` (in place) by an `Int8Linear`, except the modules
+    named in `skip` (e.g. "lm_head"). `empty=True` builds zero int8 layers of the right shapes,
+    for loading saved int8 weights into. Returns the names of the replaced modules.
+
+    A linear layer whose weight is tied to an embedding (a tied output head) gets its own int8
+    copy; the embedding lookup keeps the floating-point table."""
+    skip = set(skip)
+    targets = [(name, m) for name, m in model.named_modules()
+               if isinstance(m, nn.Linear) and name not in skip]
+    for name, linear in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        if empty:
+            layer = Int8Linear(linear.in_features, linear.out_features, linear.bias is not None, kernel)
+            layer = layer.to(linear.weight.device)
+        else:
+            layer = Int8Linear.from_linear(linear, kernel)
+        setattr(parent, child, layer)
+    return [name for name, _ in targets]
+
+
+def set_kernel(model: nn.Module, kernel: str) -> None:
+    """Switch every `Int8Linear` in `model` to `kernel` ("int8pack" or "dequant")."""
+    if kernel not in KERNELS:
+        raise ValueError(f"int8 kernel is {kernel!r}; choose one of {', '.join(KERNELS)}")
+    for m in model.modules():
+        if isinstance(m, Int8Linear):
+            m.kernel = kernel
+
+
+__all__ = ["Int8Linear", "KERNELS", "dequantize_int8", "int8pack_available", "quantize_int8",
+           "quantize_linears", "set_kernel"]
