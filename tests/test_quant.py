@@ -17,8 +17,13 @@ from handformer.config import CausalLMConfig
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.generate import generate
 from handformer.models.causal_lm import CausalLM
-from handformer.nn.quant import (Int8Linear, dequantize_int8, int8pack_available, quantize_int8,
-                                 quantize_linears)
+from handformer.nn.quant import (
+    Int8Linear,
+    dequantize_int8,
+    int8pack_available,
+    quantize_int8,
+    quantize_linears,
+)
 from handformer.tasks.lm.quantize import native_bf16
 from handformer.tasks.lm.run import SpecialTokens, load_lm, save_lm_run
 
