@@ -18,6 +18,8 @@ from handformer.data.tokenizer import Tokenizer
 from handformer.generation.generate import generate
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.quant import (
+    DEFAULT_KERNEL,
+    KERNELS,
     Int8Linear,
     dequantize_int8,
     int8pack_available,
@@ -49,14 +51,17 @@ def test_quantize_int8_follows_its_definition():
 @pytest.mark.parametrize("bias", [True, False])
 @torch.no_grad()
 def test_both_kernels_equal_linear_on_the_dequantized_weight(bias):
-    assert int8pack_available("cpu", torch.float32)  # this torch has the CPU kernel
+    assert int8pack_available("cpu")  # this torch has the CPU kernel
     linear = torch.nn.Linear(48, 20, bias=bias)
     x = torch.randn(2, 5, 48)
-    fast = Int8Linear.from_linear(linear, "int8pack")
-    slow = Int8Linear.from_linear(linear, "dequant")
-    expected = F.linear(x, dequantize_int8(fast.weight, fast.scales), linear.bias)
-    torch.testing.assert_close(fast(x), expected, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(slow(x), expected, atol=1e-5, rtol=1e-5)
+    layers = {k: Int8Linear.from_linear(linear, k) for k in KERNELS}
+    expected = F.linear(x, dequantize_int8(layers["dequant"].weight, layers["dequant"].scales), linear.bias)
+    torch.testing.assert_close(layers["dequant"](x), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(layers["int8pack-fp32"](x), expected, atol=1e-5, rtol=1e-5)
+    # bf16 activations, scales and outputs: each rounded to 8 significant bits.
+    torch.testing.assert_close(layers["int8pack-bf16"](x), expected, atol=2e-2, rtol=2e-2)
+    assert layers["int8pack-bf16"](x).dtype == torch.float32
+    fast = layers[DEFAULT_KERNEL]
     assert fast(x).shape == (2, 5, 20)
     # And it stays close to the float layer it came from.
     assert (fast(x) - linear(x)).abs().max() < 0.02 * linear(x).abs().max()

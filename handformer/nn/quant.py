@@ -10,12 +10,19 @@ Activations stay in floating point; only the weights are stored (and read) as in
 reads a quarter of the fp32 bytes. Symmetric (no zero point) because trained weights are centred
 on zero; -128 is left unused so that +-max map to +-127 exactly.
 
-`Int8Linear.forward` runs y = x Q^T * scale + b through one of two kernels (both exact up to float
-rounding, see benchmarks/int8_kernel.py for the measurement behind the default):
-- "int8pack": `torch.ops.aten._weight_int8pack_mm`, PyTorch's CPU kernel that reads the int8
-  weights directly and applies the scales in the same pass (fp32 and bf16 activations on CPU);
-- "dequant": Q * scale back to the activation dtype, then an ordinary `F.linear`; it is the
-  fallback for devices and dtypes the int8 kernel does not cover.
+`Int8Linear.forward` runs y = x Q^T * scale + b through one of three kernels:
+- "int8pack-bf16" (the default on CPU): `torch.ops.aten._weight_int8pack_mm`, PyTorch's CPU kernel
+  that reads the int8 weights directly and applies the scales in the same pass, fed bf16
+  activations and scales (the dtype its vectorized AVX512 path serves); the result is cast back.
+  It costs bf16 rounding of the activations and outputs (relative 2^-9), measured harmless on
+  trained models (README, "int8 weights").
+- "int8pack-fp32": the same kernel with fp32 activations: exact, but torch 2.13 runs that dtype
+  through a scalar loop, about 10x slower than fp32 `F.linear`.
+- "dequant": Q * scale back to the activation dtype, then `F.linear`: exact, but it writes a float
+  copy of the weight at every call (0.07x to 0.6x of fp32 speed); the fallback for other devices.
+benchmarks/int8_kernel.py measures the three against fp32 on GPT-2-124M's layer shapes: on this
+project's 2-core AVX512 machine int8pack-bf16 ran at 1.2x to 2.2x fp32's speed, the other two slower
+than fp32, hence the default.
 
 Shape legend: N output features, K input features, M rows of activations (batch x positions).
 """
@@ -29,7 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 QMAX = 127  # symmetric int8 range: -127 .. 127
-KERNELS = ("int8pack", "dequant")
+KERNELS = ("int8pack-bf16", "int8pack-fp32", "dequant")
+DEFAULT_KERNEL = "int8pack-bf16"
 
 
 def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -47,10 +55,9 @@ def dequantize_int8(q: Tensor, scales: Tensor, dtype: torch.dtype = torch.float3
     return (q.to(torch.float32) * scales[:, None]).to(dtype)
 
 
-def int8pack_available(device: torch.device | str, dtype: torch.dtype) -> bool:
-    """Whether `_weight_int8pack_mm` serves these activations (this torch, CPU, fp32 / bf16)."""
-    return (torch.device(device).type == "cpu" and dtype in (torch.float32, torch.bfloat16)
-            and hasattr(torch.ops.aten, "_weight_int8pack_mm"))
+def int8pack_available(device: torch.device | str) -> bool:
+    """Whether this torch has `_weight_int8pack_mm` for the device (CPU only here)."""
+    return torch.device(device).type == "cpu" and hasattr(torch.ops.aten, "_weight_int8pack_mm")
 
 
 class Int8Linear(nn.Module):
@@ -60,7 +67,7 @@ class Int8Linear(nn.Module):
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 kernel: str = "int8pack") -> None:
+                 kernel: str = DEFAULT_KERNEL) -> None:
         super().__init__()
         if kernel not in KERNELS:
             raise ValueError(f"Int8Linear kernel is {kernel!r}; choose one of {', '.join(KERNELS)}")
@@ -70,7 +77,7 @@ class Int8Linear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, kernel: str = "int8pack") -> Int8Linear:
+    def from_linear(cls, linear: nn.Linear, kernel: str = DEFAULT_KERNEL) -> Int8Linear:
         """Quantize a trained `nn.Linear` (its bias is kept as it is, in floating point)."""
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, kernel)
         q, scales = quantize_int8(linear.weight)
@@ -82,11 +89,12 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., K) -> (..., N)."""
-        if self.kernel == "int8pack" and int8pack_available(x.device, x.dtype):
-            rows = x.reshape(-1, self.in_features)  # (M, K)
-            y = torch.ops.aten._weight_int8pack_mm(rows.contiguous(), self.weight,
-                                                   self.scales.to(x.dtype))  # (M, N)
-            y = y.view(*x.shape[:-1], self.out_features)  # (..., N)
+        if (self.kernel != "dequant" and int8pack_available(x.device)
+                and x.dtype in (torch.float32, torch.bfloat16)):
+            dtype = torch.bfloat16 if self.kernel == "int8pack-bf16" else x.dtype
+            rows = x.reshape(-1, self.in_features).to(dtype).contiguous()  # (M, K)
+            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales.to(dtype))  # (M, N)
+            y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)  # (..., N)
             return y if self.bias is None else y + self.bias.to(x.dtype)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, dequantize_int8(self.weight, self.scales, x.dtype), bias)
@@ -96,7 +104,7 @@ class Int8Linear(nn.Module):
                 f"bias={self.bias is not None}, kernel={self.kernel!r}")
 
 
-def quantize_linears(model: nn.Module, skip: Iterable[str] = (), kernel: str = "int8pack",
+def quantize_linears(model: nn.Module, skip: Iterable[str] = (), kernel: str = DEFAULT_KERNEL,
                      empty: bool = False) -> list[str]:
     """Replace every `nn.Linear` in `model` (in place) by an `Int8Linear`, except the modules
     named in `skip` (e.g. "lm_head"). `empty=True` builds zero int8 layers of the right shapes,
@@ -120,7 +128,7 @@ def quantize_linears(model: nn.Module, skip: Iterable[str] = (), kernel: str = "
 
 
 def set_kernel(model: nn.Module, kernel: str) -> None:
-    """Switch every `Int8Linear` in `model` to `kernel` ("int8pack" or "dequant")."""
+    """Switch every `Int8Linear` in `model` to `kernel` (one of KERNELS)."""
     if kernel not in KERNELS:
         raise ValueError(f"int8 kernel is {kernel!r}; choose one of {', '.join(KERNELS)}")
     for m in model.modules():
@@ -128,5 +136,5 @@ def set_kernel(model: nn.Module, kernel: str) -> None:
             m.kernel = kernel
 
 
-__all__ = ["Int8Linear", "KERNELS", "dequantize_int8", "int8pack_available", "quantize_int8",
-           "quantize_linears", "set_kernel"]
+__all__ = ["DEFAULT_KERNEL", "Int8Linear", "KERNELS", "dequantize_int8", "int8pack_available",
+           "quantize_int8", "quantize_linears", "set_kernel"]

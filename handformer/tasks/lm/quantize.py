@@ -3,7 +3,7 @@
 A quantized run is an ordinary run directory (tasks/lm/run.py) whose config.json carries one more
 section, and whose model.safetensors holds the quantized tensors:
 
-    "quantization": {"weights": "int8", "head": true, "kernel": "int8pack", "source_run": "..."}
+    "quantization": {"weights": "int8", "head": true, "kernel": "int8pack-bf16", "source_run": "..."}
 
 - int8: every linear layer (attention q/k/v/o, the FFN, and the output head unless `head` is
   false) becomes `handformer.nn.quant.Int8Linear`: `<layer>.weight` int8 (N, K) and
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from handformer.nn.quant import KERNELS, quantize_linears
+from handformer.nn.quant import DEFAULT_KERNEL, KERNELS, quantize_linears
 
 FORMATS = ("int8", "bf16")
 HEAD = "lm_head"
@@ -38,14 +38,14 @@ class Quantization:
 
     weights: str  # "int8" or "bf16"
     head: bool = True  # int8 only: the output head is quantized too
-    kernel: str = "int8pack"  # int8 only: Int8Linear's kernel, see nn/quant.py
+    kernel: str = DEFAULT_KERNEL  # int8 only: Int8Linear's kernel, see nn/quant.py
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> Quantization:
         if not isinstance(data, dict) or data.get("weights") not in FORMATS:
             raise ValueError(f"{where}: 'quantization' must be a table with weights = one of "
                              f"{', '.join(FORMATS)}; got {data!r}")
-        kernel = data.get("kernel", "int8pack")
+        kernel = data.get("kernel", DEFAULT_KERNEL)
         if kernel not in KERNELS:
             raise ValueError(f"{where}: quantization kernel {kernel!r} is unknown; use one of "
                              f"{', '.join(KERNELS)}")
