@@ -14,8 +14,9 @@ on zero; -128 is left unused so that +-max map to +-127 exactly.
 - "int8pack-bf16" (the default on CPU): `torch.ops.aten._weight_int8pack_mm`, PyTorch's CPU kernel
   that reads the int8 weights directly and applies the scales in the same pass, fed bf16
   activations and scales (the dtype its vectorized AVX512 path serves); the result is cast back.
-  It costs bf16 rounding of the activations and outputs (relative 2^-9), measured harmless on
-  trained models (README, "int8 weights").
+  It costs bf16 rounding of the activations and outputs (relative 2^-9), measured on trained
+  models (README, "int8 weights"). Its vectorized loop has no tail: with K not a multiple of 16
+  torch 2.13 returns wrong numbers or crashes, so such layers take "dequant" instead.
 - "int8pack-fp32": the same kernel with fp32 activations: exact, but torch 2.13 runs that dtype
   through a scalar loop, about 10x slower than fp32 `F.linear`.
 - "dequant": Q * scale back to the activation dtype, then `F.linear`: exact, but it writes a float
@@ -37,6 +38,7 @@ from torch import Tensor, nn
 
 QMAX = 127  # symmetric int8 range: -127 .. 127
 KERNELS = ("int8pack-bf16", "int8pack-fp32", "dequant")
+BF16_K_MULTIPLE = 16  # _weight_int8pack_mm's bf16 path reads K in steps of 16, with no tail loop
 DEFAULT_KERNEL = "int8pack-bf16"
 
 
@@ -89,9 +91,12 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., K) -> (..., N)."""
-        if (self.kernel != "dequant" and int8pack_available(x.device)
+        kernel = self.kernel
+        if kernel == "int8pack-bf16" and self.in_features % BF16_K_MULTIPLE:
+            kernel = "dequant"
+        if (kernel != "dequant" and int8pack_available(x.device)
                 and x.dtype in (torch.float32, torch.bfloat16)):
-            dtype = torch.bfloat16 if self.kernel == "int8pack-bf16" else x.dtype
+            dtype = torch.bfloat16 if kernel == "int8pack-bf16" else x.dtype
             rows = x.reshape(-1, self.in_features).to(dtype).contiguous()  # (M, K)
             y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales.to(dtype))  # (M, N)
             y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)  # (..., N)
