@@ -37,7 +37,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -65,21 +64,24 @@ def bandwidth(data: torch.Tensor) -> float:
     return data.numel() * data.element_size() / (time.perf_counter() - start)
 
 
-def bytes_per_token(model: nn.Module, kv_length: float) -> float:
-    """Bytes one decoding step reads: every weight as stored, except embedding tables (one row each,
-    unless the table is also the output head), plus the K and V cache of `kv_length` positions."""
+def bytes_per_token(model: CausalLM, kv_length: float) -> float:
+    """Bytes one decoding step reads: every weight as stored (parameters, and int8 weights with their
+    scales), except the lookup tables (token and learned-position embeddings) of which it reads one
+    row each, unless the token table is also the output head; plus the K and V cache of
+    `kv_length` positions (fp32). Rotary cos/sin rows are a few hundred bytes: not counted."""
     cfg = model.cfg
     head = getattr(model.lm_head, "weight", None)
+    lookups = {id(model.embed.weight)} | {id(p) for p in (model.positions.parameters()
+                                                           if model.positions is not None else [])}
     total, seen = 0.0, set()
-    embedding_tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    for t in list(model.parameters()) + list(model.buffers()):
-        if id(t) in seen or t.is_meta:
+    stored = list(model.parameters()) + [b for name, b in model.named_buffers()
+                                         if name.endswith(("lm_head.weight", "proj.weight", "scales"))]
+    for t in stored:
+        if id(t) in seen:
             continue
         seen.add(id(t))
-        if id(t) in embedding_tables and t is not head:
-            total += t.shape[1] * t.element_size()  # one row looked up
-        elif t.dtype.is_floating_point or t.dtype == torch.int8:
-            total += t.numel() * t.element_size()
+        rows = t.shape[1] * t.element_size() if id(t) in lookups and t is not head else None
+        total += rows if rows is not None else t.numel() * t.element_size()
     return total + 2 * cfg.n_layers * cfg.kv_heads * cfg.head_dim * 4 * kv_length
 
 

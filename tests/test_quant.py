@@ -186,3 +186,36 @@ def test_quantize_errors_are_one_line(tmp_path, capsys):
     config["quantization"]["weights"] = "int3"
     (tmp_path / "q" / "config.json").write_text(json.dumps(config))
     fails(["generate", out, "--prompt", "a"], "'quantization' must be a table with weights")
+
+
+def _decode_limit():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_limit.py"
+    spec = importlib.util.spec_from_file_location("decode_limit", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_decode_limit_counts_the_bytes_a_step_reads(capsys):
+    """The bound's denominator: weights as stored (int8 + fp32 scales), one embedding row, and the
+    KV cache; then a seconds-long smoke run of the benchmark on the tiny model."""
+    bench = _decode_limit()
+    model = _model("llama", tied=False)  # V 30, D 32, 2 layers, F 64, Hkv 2 of 4 heads
+    linears = 2 * (32 * 32 * 2 + 2 * 16 * 32 + 3 * 64 * 32) + 30 * 32  # q, o; k, v (Hkv); FFN; head
+    norms = 2 * 2 * 32 + 32
+    kv = 2 * 2 * 2 * 8 * 4 * 10  # K and V, 2 layers, Hkv 2, Dh 8, fp32, 10 positions
+    assert bench.bytes_per_token(model, 10) == 4 * (linears + norms + 32) + kv
+    quantize_linears(model)
+    scales = 2 * (32 + 16 + 16 + 32 + 64 + 64 + 32) + 30
+    assert bench.bytes_per_token(model, 10) == linears + 4 * (scales + norms + 32) + kv
+
+    import argparse
+
+    args = argparse.Namespace(prompt=4, new_tokens=2, rounds=1, run_c=None, ttft_prompt=8, batches=[],
+                              batch_new_tokens=2)
+    bench.batch1("tiny", args, torch.ones(1000))
+    out = capsys.readouterr().out
+    assert "same tokens as HF: True" in out and "handformer int8, head fp32" in out
