@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,8 +181,7 @@ def export_hf(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite:
     tensors = export_state_dict(run.model.state_dict(), cfg, model_type)
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out_dir / "model.safetensors", st_save(tensors, metadata={"format": "pt"}))
-    shutil.copyfile(run_dir / "tokenizer.json", out_dir / ".tokenizer.json.tmp")
-    os.replace(out_dir / ".tokenizer.json.tmp", out_dir / "tokenizer.json")
+    atomic_write_bytes(out_dir / "tokenizer.json", (run_dir / "tokenizer.json").read_bytes())
     for name, data in (("tokenizer_config.json", tok_config), ("generation_config.json", generation),
                        ("config.json", hf_config(cfg, model_type, ids))):  # config.json last: complete
         atomic_write_text(out_dir / name, json.dumps(data, indent=2) + "\n")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from handformer.io import atomic_write_bytes
 from handformer.nn.quant import DEFAULT_KERNEL, KERNELS, quantize_linears
 
 FORMATS = ("int8", "bf16")
@@ -104,9 +104,8 @@ def quantize_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, weights
     sections["quantization"] = {**spec.__dict__, "source_run": str(run_dir.resolve())}
     out_dir.mkdir(parents=True, exist_ok=True)
     save_lm_run(out_dir, model, run.tokenizer, run.tokens, **sections)
-    for extra in ("metrics.jsonl",):  # the training history, for reference
-        if (run_dir / extra).is_file():
-            shutil.copyfile(run_dir / extra, out_dir / extra)
+    if (run_dir / "metrics.jsonl").is_file():  # the training history, for reference
+        atomic_write_bytes(out_dir / "metrics.jsonl", (run_dir / "metrics.jsonl").read_bytes())
     return names, spec
 
 
