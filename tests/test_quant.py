@@ -166,6 +166,14 @@ def test_head_kept_in_fp32_and_bf16(tmp_path, capsys):
                  "--max-new-tokens", "3"]) == 0
 
 
+def test_native_bf16_is_read_from_the_cpu_flags():
+    assert native_bf16("flags\t\t: fpu avx512f avx512_bf16 amx_tile\n") == (
+        True, "this CPU has native bf16 (avx512_bf16)")
+    native, sentence = native_bf16("flags\t\t: fpu sse2 avx2\n")
+    assert not native and "no native bf16" in sentence and "prefer --int8" in sentence
+    assert not native_bf16("")[0]
+
+
 def test_quantize_errors_are_one_line(tmp_path, capsys):
     run_dir = _run(tmp_path)
     out = str(tmp_path / "q")

@@ -59,16 +59,16 @@ class Quantization:
         return model
 
 
-def native_bf16() -> tuple[bool, str]:
-    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16), and a sentence saying so."""
-    flags: set[str] = set()
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        match = re.search(r"^flags\s*:\s*(.*)$", text, re.MULTILINE)
-        flags = set(match.group(1).split()) if match else set()
-    except OSError:
-        pass
-    found = sorted(flags & {"avx512_bf16", "amx_bf16"})
+def native_bf16(cpuinfo: str | None = None) -> tuple[bool, str]:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX-BF16), and a sentence saying so.
+    `cpuinfo`: the text of /proc/cpuinfo (read when not given)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    match = re.search(r"^flags\s*:\s*(.*)$", cpuinfo, re.MULTILINE)
+    found = sorted(set(match.group(1).split() if match else ()) & {"avx512_bf16", "amx_bf16"})
     if found:
         return True, f"this CPU has native bf16 ({', '.join(found)})"
     return False, ("this CPU has no native bf16 (no AVX512-BF16 or AMX-BF16 flag): bf16 matmuls are "
