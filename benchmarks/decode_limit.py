@@ -218,6 +218,7 @@ def main() -> None:
     parser.add_argument("--run-c", help="path of a compiled llama2.c `run` binary (for the tiny model)")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # each line as soon as it is measured
     if args.threads:
         torch.set_num_threads(args.threads)
     data = torch.ones(args.bandwidth_mib * 2**20 // 4)
