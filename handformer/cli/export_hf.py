@@ -1,4 +1,5 @@
-"""`handformer export-hf`: a language-model run into a Hugging Face `transformers` directory."""
+"""`handformer export-hf`: a run into a Hugging Face `transformers` directory (GPT-2 / Llama for
+language models, MarianMTModel for the paper's post-norm translation model)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,18 @@ import argparse
 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
+    from handformer.cli.common import run_task
+
+    if run_task(args.run_dir) == "translation":
+        from handformer.convert.marian_export import export_marian
+
+        notes = export_marian(args.run_dir, args.out_dir, overwrite=args.overwrite)
+        print(f"exported MarianMTModel (marian) -> {args.out_dir}")
+        for note in notes:
+            print(f"note: {note}")
+        print(f"next: MarianMTModel.from_pretrained({str(args.out_dir)!r}); encode with the run's "
+              "tokenizer.json (sources end with </s>)")
+        return 0
     from handformer.convert.hf_export import export_hf
 
     result = export_hf(args.run_dir, args.out_dir, overwrite=args.overwrite)
