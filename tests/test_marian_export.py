@@ -50,13 +50,14 @@ def _run(tmp_path, shared: bool, **overrides):
     return run_dir
 
 
-@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("shared,bias", [(True, True), (False, False)])
 @torch.no_grad()
-def test_marian_export_gives_handformers_logits_and_greedy_output(shared, tmp_path, capsys):
-    run_dir = _run(tmp_path, shared)
+def test_marian_export_gives_handformers_logits_and_greedy_output(shared, bias, tmp_path, capsys):
+    run_dir = _run(tmp_path, shared, bias=bias)
     out = tmp_path / "marian"
     assert main(["export-hf", str(run_dir), str(out)]) == 0
-    assert "exported MarianMTModel" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "exported MarianMTModel" in printed and ("bias=false" in printed) == (not bias)
     translator = Translator.load(run_dir)
     hf = transformers.MarianMTModel.from_pretrained(out).eval()
 
