@@ -26,6 +26,7 @@ from handformer.nn.quant import (
     quantize_int8,
     quantize_linears,
 )
+from handformer.nn.quant_int4 import Int4Linear, dequantize_int4, pack_nibbles, quantize_int4, unpack_nibbles
 from handformer.tasks.lm.quantize import native_bf16
 from handformer.tasks.lm.run import SpecialTokens, load_lm, save_lm_run
 
@@ -227,3 +228,56 @@ def test_decode_limit_counts_the_bytes_a_step_reads(capsys):
     bench.batch1("tiny", args, torch.ones(1000))
     out = capsys.readouterr().out
     assert "same tokens as HF: True" in out and "handformer int8, head fp32" in out
+
+
+# --- int4 -----------------------------------------------------------------------------------------
+
+def test_quantize_int4_follows_its_definition():
+    w = torch.randn(5, 64, generator=torch.Generator().manual_seed(3))
+    q, scales, zeros = quantize_int4(w, 32)
+    assert q.dtype == torch.uint8 and int(q.max()) <= 15 and scales.shape == zeros.shape == (5, 2)
+    groups = w.view(5, 2, 32)
+    torch.testing.assert_close(scales, (groups.amax(-1) - groups.amin(-1)) / 15)
+    torch.testing.assert_close(zeros, groups.amin(-1) + 8 * scales)
+    err = (dequantize_int4(q, scales, zeros) - w).view(5, 2, 32).abs()
+    assert bool((err <= scales[..., None] / 2 + 1e-6).all())
+    assert torch.equal(unpack_nibbles(pack_nibbles(q)), q)
+    with pytest.raises(ValueError, match="group size is 48"):
+        quantize_int4(w, 48)
+
+
+@pytest.mark.parametrize("n,group,bias", [(30, 32, True), (64, 64, False), (7, 32, True)])
+@torch.no_grad()
+def test_int4_kernel_equals_the_dequantized_weight_and_survives_loading(n, group, bias):
+    """N = 30 and 7 are not multiples of 16, which torch's int4 CPU kernel needs: padded rows."""
+    linear = torch.nn.Linear(128, n, bias=bias)
+    x = torch.randn(3, 4, 128)
+    fast = Int4Linear.from_linear(linear, group)
+    slow = Int4Linear.from_linear(linear, group, kernel="dequant")
+    q = unpack_nibbles(fast.weight)
+    expected = F.linear(x, dequantize_int4(q, fast.scales, fast.zeros), linear.bias)
+    torch.testing.assert_close(slow(x), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast(x), expected, atol=3e-2, rtol=3e-2)  # bf16 activations
+    assert fast(x).shape == (3, 4, n)
+    loaded = Int4Linear(128, n, bias, group)
+    loaded(x)  # packs its initial (zero) weights ...
+    loaded.load_state_dict(fast.state_dict())  # ... which loading must replace
+    assert torch.equal(loaded(x), fast(x))
+
+
+@torch.no_grad()
+def test_int4_run_with_int8_for_layers_the_group_does_not_divide(tmp_path, capsys):
+    run_dir = _run(tmp_path, "llama", tied=False)  # d_ff 64, d_model 32
+    assert main(["quantize", str(run_dir), str(tmp_path / "q4"), "--int4", "--group-size", "64"]) == 0
+    assert "groups of 64" in capsys.readouterr().out
+    run = load_lm(tmp_path / "q4")
+    assert isinstance(run.model.layers[0].ffn.down_proj, Int4Linear)  # input width 64
+    assert isinstance(run.model.layers[0].self_attn.q_proj, Int8Linear)  # input width 32
+    float_run = load_lm(run_dir)
+    quantize_linears(float_run.model, bits=4, group_size=64)
+    ids = torch.tensor([run.tokenizer.encode("the lazy fox")])
+    assert torch.equal(run.model(ids).logits, float_run.model(ids).logits)
+    assert main(["eval", str(tmp_path / "q4"), "--data", "val"]) == 0
+    assert main(["quantize", str(run_dir), str(tmp_path / "x"), "--int8", "--group-size", "32"]) == 2
+    assert main(["quantize", str(run_dir), str(tmp_path / "x"), "--int4", "--group-size", "48"]) == 2
+    assert "int4 group size is 48" in capsys.readouterr().err

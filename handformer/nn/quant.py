@@ -110,25 +110,35 @@ class Int8Linear(nn.Module):
 
 
 def quantize_linears(model: nn.Module, skip: Iterable[str] = (), kernel: str = DEFAULT_KERNEL,
-                     empty: bool = False) -> list[str]:
-    """Replace every `nn.Linear` in `model` (in place) by an `Int8Linear`, except the modules
-    named in `skip` (e.g. "lm_head"). `empty=True` builds zero int8 layers of the right shapes,
-    for loading saved int8 weights into. Returns the names of the replaced modules.
+                     empty: bool = False, bits: int = 8, group_size: int = 32) -> list[str]:
+    """Replace every `nn.Linear` in `model` (in place) by an `Int8Linear` (bits=8) or an
+    `Int4Linear` in groups of `group_size` inputs (bits=4; a layer whose input width is not a
+    multiple of the group size gets int8 instead), except the modules named in `skip` (e.g.
+    "lm_head"). `empty=True` builds zero layers of the right shapes, for loading saved weights into.
+    Returns the names of the replaced modules.
 
-    A linear layer whose weight is tied to an embedding (a tied output head) gets its own int8
+    A linear layer whose weight is tied to an embedding (a tied output head) gets its own quantized
     copy; the embedding lookup keeps the floating-point table."""
+    from handformer.nn.quant_int4 import Int4Linear, check_group_size
+
+    if bits not in (4, 8):
+        raise ValueError(f"bits is {bits!r}; handformer quantizes weights to 8 or 4 bits")
+    if bits == 4:
+        check_group_size(group_size)
     skip = set(skip)
     targets = [(name, m) for name, m in model.named_modules()
                if isinstance(m, nn.Linear) and name not in skip]
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        if empty:
-            layer = Int8Linear(linear.in_features, linear.out_features, linear.bias is not None, kernel)
-            layer = layer.to(linear.weight.device)
+        has_bias = linear.bias is not None
+        if bits == 4 and linear.in_features % group_size == 0:
+            layer = (Int4Linear(linear.in_features, linear.out_features, has_bias, group_size) if empty
+                     else Int4Linear.from_linear(linear, group_size))
         else:
-            layer = Int8Linear.from_linear(linear, kernel)
-        setattr(parent, child, layer)
+            layer = (Int8Linear(linear.in_features, linear.out_features, has_bias, kernel) if empty
+                     else Int8Linear.from_linear(linear, kernel))
+        setattr(parent, child, layer.to(linear.weight.device))
     return [name for name, _ in targets]
 
 
