@@ -1,4 +1,4 @@
-"""Benchmark: which kernel runs `Int8Linear` fastest on this machine (handformer/nn/quant.py).
+"""Benchmark: which kernel runs `Int8Linear` fastest on this machine (handformer/nn/quant.py), and int4.
 
 For the linear layers of a GPT-2-124M-shaped model (D = 768, and the 50,257-row output head), times
 y = x W^T at decode-time row counts (M = 1 and 8) three ways, rounds interleaved, medians reported:
@@ -8,7 +8,9 @@ y = x W^T at decode-time row counts (M = 1 and 8) three ways, rounds interleaved
   activations (in torch 2.13 this dtype takes a scalar fallback loop);
 - int8pack-bf16: the same kernel with the activations and scales cast to bf16 and the result cast
   back to fp32 (the dtype its vectorized AVX512 path serves);
-- dequant:  the int8 weight times its scales back to fp32, then F.linear.
+- dequant:  the int8 weight times its scales back to fp32, then F.linear;
+- int4-bf16: 4-bit weights in groups of 32 (nn/quant_int4.py) through
+  torch.ops.aten._weight_int4pack_mm_for_cpu with bf16 activations, for comparison.
 
     python benchmarks/int8_kernel.py              # about 20 s on 2 busy cores
     python benchmarks/int8_kernel.py --rounds 9 --threads 1
@@ -31,6 +33,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from handformer.nn.quant import dequantize_int8, quantize_int8  # noqa: E402
+from handformer.nn.quant_int4 import Int4Linear  # noqa: E402
 
 SHAPES = {"qkv 768->2304": (2304, 768), "o_proj 768->768": (768, 768), "up 768->3072": (3072, 768),
           "down 3072->768": (768, 3072), "head 768->50257": (50257, 768)}
@@ -45,14 +48,18 @@ def per_call(fn: Callable[[], torch.Tensor], calls: int) -> float:
 
 def make_kernels(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor,
                  scales: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
-    """The four ways to compute x W^T, as calls without arguments."""
+    """The five ways to compute x W^T, as calls without arguments."""
     scales_bf16 = scales.to(torch.bfloat16)
+    linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+    linear.weight.data = w
+    int4 = Int4Linear.from_linear(linear, 32)
     return {
         "fp32": lambda: F.linear(x, w),
         "int8pack": lambda: torch.ops.aten._weight_int8pack_mm(x, q, scales),
         "int8pack-bf16": lambda: torch.ops.aten._weight_int8pack_mm(
             x.to(torch.bfloat16), q, scales_bf16).float(),
         "dequant": lambda: F.linear(x, dequantize_int8(q, scales)),
+        "int4-bf16": lambda: int4(x),
     }
 
 
@@ -66,7 +73,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} interleaved "
           "rounds, medians (the machine may be shared: figures are noisy)")
     print(f"torch CPU capability: {torch.backends.cpu.get_cpu_capability()}")
-    names = ("fp32", "int8pack", "int8pack-bf16", "dequant")
+    names = ("fp32", "int8pack", "int8pack-bf16", "dequant", "int4-bf16")
     print(f"{'layer':18} {'M':>3} " + " ".join(f"{n + ' us':>17}" for n in names) + "   fp32 / each kernel")
     torch.manual_seed(0)
     for name, (n, k) in SHAPES.items():

@@ -8,6 +8,7 @@ folder) and scores the run's own validation split (`handformer eval RUN --data v
 - int8-exact:            the same int8 weights through the "dequant" kernel (fp32 activations), to
                          separate the weight rounding from the kernel's bf16 activations;
 - int8-head-fp32:        --keep-head-fp32;
+- int4:                  4-bit weights in groups of 32 inputs (int8 where 32 does not divide a width);
 - bf16:                  every weight in bfloat16.
 
 and prints each loss and its rise relative to fp32 (target for int8: <= 1%).
@@ -30,7 +31,7 @@ from handformer.tasks.lm.quantize import quantize_run  # noqa: E402
 from handformer.tasks.lm.run import load_lm  # noqa: E402
 from handformer.tasks.lm.scoring import eval_text, score_text  # noqa: E402
 
-VARIANTS = ("fp32", "int8", "int8-exact", "int8-head-fp32", "bf16")
+VARIANTS = ("fp32", "int8", "int8-exact", "int8-head-fp32", "int4", "bf16")
 
 
 def val_loss(run_dir: Path, limit: int, kernel: str | None = None) -> float:
@@ -54,8 +55,8 @@ def main() -> None:
             for variant in args.variants:
                 if variant == "fp32":
                     loss = base
-                elif variant == "bf16":
-                    quantize_run(run_dir, tmp / variant, "bf16")
+                elif variant in ("bf16", "int4"):
+                    quantize_run(run_dir, tmp / variant, variant)
                     loss = val_loss(tmp / variant, args.limit)
                 else:
                     quantize_run(run_dir, tmp / variant, "int8", head=variant != "int8-head-fp32")
