@@ -7,9 +7,10 @@ In one run, on the machine at hand:
 2. a GPT-2-124M-shaped model (12 layers, 768 wide, 12 heads, vocab 50,257, tied head) and a
    Llama-style model of similar size (12 layers, 768 wide, 12 query / 4 key-value heads, SwiGLU
    2,048, vocab 32,000), random weights, greedy, batch 1, a 64-token prompt, 256 new tokens:
-   tokens/s of handformer (fp32, int8 with the head, int8 with an fp32 head) and of Hugging Face
-   `generate` on the same weights, and the bound = bandwidth / bytes read per token (weights as
-   stored, the embedding lookup one row, plus the KV cache at the mean length), as a fraction;
+   tokens/s of handformer (fp32, int8 with the head, int8 with an fp32 head, int4 in groups of 32)
+   and of Hugging Face `generate` on the same weights, and the bound = bandwidth / bytes read per
+   token (weights as stored, the embedding lookup one row, plus the KV cache at the mean length),
+   as a fraction;
 3. time to first token for a 1,024-token prompt, handformer vs Hugging Face;
 4. batch 8 and 32 (left-padded prompts of 32 to 64 tokens), tokens/s against Hugging Face;
 5. a tiny Llama shaped like stories260K (5 layers, 64 wide, 8 / 4 heads, vocab 512), batch 1,
@@ -74,8 +75,8 @@ def bytes_per_token(model: CausalLM, kv_length: float) -> float:
     lookups = {id(model.embed.weight)} | {id(p) for p in (model.positions.parameters()
                                                            if model.positions is not None else [])}
     total, seen = 0.0, set()
-    stored = list(model.parameters()) + [b for name, b in model.named_buffers()
-                                         if name.endswith(("lm_head.weight", "proj.weight", "scales"))]
+    quantized = ("lm_head.weight", "proj.weight", "scales", "zeros")  # Int8Linear / Int4Linear buffers
+    stored = list(model.parameters()) + [b for name, b in model.named_buffers() if name.endswith(quantized)]
     for t in stored:
         if id(t) in seen:
             continue
@@ -160,6 +161,9 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor) -> None:
     int8_body = CausalLM(model.cfg).eval()
     int8_body.load_state_dict(model.state_dict())
     quantize_linears(int8_body, skip=("lm_head",))
+    int4 = CausalLM(model.cfg).eval()
+    int4.load_state_dict(model.state_dict())
+    quantize_linears(int4, bits=4, group_size=32)
     prompt = torch.randint(0, model.cfg.vocab_size, (args.prompt,)).tolist()
     n = args.new_tokens
     with torch.no_grad():
@@ -167,19 +171,20 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor) -> None:
         cases = {"handformer fp32": lambda: generate(model, [prompt], n, temperature=0),
                  "HF generate fp32": lambda: hf_generate(hf, [prompt], n),
                  "handformer int8": lambda: generate(int8, [prompt], n, temperature=0),
-                 "handformer int8, head fp32": lambda: generate(int8_body, [prompt], n, temperature=0)}
+                 "handformer int8, head fp32": lambda: generate(int8_body, [prompt], n, temperature=0),
+                 "handformer int4 (groups of 32)": lambda: generate(int4, [prompt], n, temperature=0)}
         med = rounds(cases, args.rounds, data)
     kv = args.prompt + n / 2
     base = n / med["handformer fp32"]
     print(f"\n{name}: batch 1, prompt {args.prompt}, {n} new tokens, bandwidth "
           f"{med['bw'] / 1e9:.1f} GB/s (same tokens as HF: {ours[0] == theirs[0]})")
-    print(f"  {'':28} {'tokens/s':>9} {'bound':>8} {'of bound':>9} {'vs fp32':>8}")
+    print(f"  {'':30} {'tokens/s':>9} {'bound':>8} {'of bound':>9} {'vs fp32':>8}")
     for case, m in (("handformer fp32", model), ("HF generate fp32", model), ("handformer int8", int8),
-                    ("handformer int8, head fp32", int8_body)):
+                    ("handformer int8, head fp32", int8_body), ("handformer int4 (groups of 32)", int4)):
         tps, bound = n / med[case], med["bw"] / bytes_per_token(m, kv)
-        print(f"  {case:28} {tps:>9.1f} {bound:>8.1f} {tps / bound:>8.2f}  {tps / base:>7.2f}x")
+        print(f"  {case:30} {tps:>9.1f} {bound:>8.1f} {tps / bound:>8.2f}  {tps / base:>7.2f}x")
     print(f"  handformer / HF fp32: {base / (n / med['HF generate fp32']):.2f}x (target >= 1.15x; "
-          "fp32 target >= 0.85 of the bound; int8 with head target >= 2.2x fp32)")
+          "fp32 target >= 0.85 of the bound; int8 with head target >= 2.2x fp32; int4 >= 3x fp32)")
     if name != "tiny":
         long_prompt = torch.randint(0, model.cfg.vocab_size, (args.ttft_prompt,)).tolist()
         with torch.no_grad():
