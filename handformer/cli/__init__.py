@@ -7,8 +7,18 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from handformer.cli import (check, evaluate, export_hf, generate, import_hf, quantize, see, trace, train,
-                            translate)
+from handformer.cli import (
+    check,
+    evaluate,
+    export_hf,
+    generate,
+    import_hf,
+    quantize,
+    see,
+    trace,
+    train,
+    translate,
+)
 
 COMMANDS = [trace, train, translate, generate, evaluate, import_hf, see, check, quantize, export_hf]
 
