@@ -138,9 +138,11 @@ def rounds(cases: dict[str, Callable[[], object]], n: int, data: torch.Tensor | 
     return medians
 
 
-def llama2c(run_c: str, new_tokens: int, n: int) -> float | None:
+def llama2c(run_c: str, new_tokens: int, n: int, stories: Path = STORIES) -> float | None:
     """run.c's own tokens/s on stories260K, median of `n` runs (greedy)."""
-    model, tok = STORIES / "stories260K.bin", STORIES / "tok512.bin"
+    model, tok = stories / "stories260K.bin", stories / "tok512.bin"
+    if not model.is_file() or not tok.is_file():
+        raise FileNotFoundError(f"no stories260K.bin and tok512.bin in {stories}; give --stories DIR")
     figures = []
     for _ in range(n):
         out = subprocess.run([run_c, str(model), "-z", str(tok), "-t", "0", "-n", str(new_tokens),
@@ -205,7 +207,7 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor) -> None:
             print(f"  batch {batch}, {nb} new tokens: handformer {ours_tps:.1f} tokens/s, HF {hf_tps:.1f} "
                   f"({ours_tps / hf_tps:.2f}x, target >= 1.2x)")
     elif args.run_c:
-        c = llama2c(args.run_c, n, args.rounds)
+        c = llama2c(args.run_c, n, args.rounds, args.stories)
         ratio = f" ({c / base:.1f}x handformer fp32)" if c else " (no 'achieved tok/s' line)"
         print(f"  llama2.c run.c on stories260K: {c} tokens/s{ratio}")
 
@@ -221,6 +223,8 @@ def main() -> None:
     parser.add_argument("--batch-new-tokens", type=int, default=64)
     parser.add_argument("--bandwidth-mib", type=int, default=1024, help="size of the streamed tensor")
     parser.add_argument("--run-c", help="path of a compiled llama2.c `run` binary (for the tiny model)")
+    parser.add_argument("--stories", type=Path, default=STORIES,
+                        help="folder with llama2.c's stories260K.bin and tok512.bin")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # each line as soon as it is measured
