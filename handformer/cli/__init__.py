@@ -7,9 +7,21 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from handformer.cli import check, evaluate, generate, import_hf, prepare, see, trace, train, translate
+from handformer.cli import (
+    check,
+    evaluate,
+    export_hf,
+    generate,
+    import_hf,
+    prepare,
+    quantize,
+    see,
+    trace,
+    train,
+    translate,
+)
 
-COMMANDS = [trace, train, translate, generate, evaluate, import_hf, see, check, prepare]
+COMMANDS = [trace, train, translate, generate, evaluate, import_hf, see, check, prepare, quantize, export_hf]
 
 
 def build_parser() -> argparse.ArgumentParser:

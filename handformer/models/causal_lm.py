@@ -71,10 +71,12 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None, cache: KVCache | None = None,
-                need_weights: bool = False) -> CausalLMOutput:
+                need_weights: bool = False, last_only: bool = False) -> CausalLMOutput:
         """input_ids: (B, T) new tokens. attention_mask: (B, S) 1 = real token, 0 = padding, over
         the cached and new positions. position_ids: (B, T); by default counted from the mask (so
         left padding works) or from the cache length. cache: a `KVCache` to read and extend.
+        last_only: logits (B, 1, V) for the last position only, all generation needs (the output
+        head over a whole prompt costs T x D x V multiply-adds for nothing).
         """
         check_token_ids(input_ids, self.cfg.vocab_size)
         B, T = input_ids.shape
@@ -122,6 +124,8 @@ class CausalLM(nn.Module):
             attentions.append(w)
         if cache is not None:
             cache.advance(T)
+        if last_only:
+            x = x[:, -1:]  # (B, 1, D)
         if self.norm is not None:
             x = self.norm(x)
         return CausalLMOutput(self.lm_head(x), tuple(attentions) if need_weights else None)

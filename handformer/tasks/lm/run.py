@@ -2,7 +2,8 @@
 `handformer import-hf` write, and what `handformer generate` loads.
 
     config.json         {"task": "lm", "model": CausalLMConfig fields, "tokens": {"bos_id", "eos_id",
-                         "pad_id"} (each an id or null), plus optional "train", "data", "source"}
+                         "pad_id"} (each an id or null), plus optional "train", "data", "source",
+                         and "quantization" (runs written by `handformer quantize`)}
     tokenizer.json      a Hugging Face `tokenizers` file
     model.safetensors   CausalLM weights under handformer's names (tied weights stored once)
 
@@ -74,6 +75,10 @@ def load_lm(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> L
         if not (run_dir / name).is_file():
             raise FileNotFoundError(f"{run_dir} has no {name}")
     model = CausalLM(CausalLMConfig.from_dict(config["model"], "model"))
+    if "quantization" in config:  # written by `handformer quantize` (tasks/lm/quantize.py)
+        from handformer.tasks.lm.quantize import Quantization
+
+        model = Quantization.from_dict(config["quantization"], str(config_path)).prepare(model)
     load_weights(model, run_dir / "model.safetensors")
     tokens = SpecialTokens(**config.get("tokens", {}))
     return LMRun(model.to(device).eval(), Tokenizer.load(run_dir / "tokenizer.json"), tokens, config)

@@ -1,0 +1,241 @@
+"""Benchmark: decoding speed against the memory-bandwidth limit, handformer vs Hugging Face (issue 16).
+
+In one run, on the machine at hand:
+
+1. the memory read bandwidth: a streaming reduction over a tensor much larger than the caches,
+   timed in the same interleaved rounds as the decoding;
+2. a GPT-2-124M-shaped model (12 layers, 768 wide, 12 heads, vocab 50,257, tied head) and a
+   Llama-style model of similar size (12 layers, 768 wide, 12 query / 4 key-value heads, SwiGLU
+   2,048, vocab 32,000), random weights, greedy, batch 1, a 64-token prompt, 256 new tokens:
+   tokens/s of handformer (fp32, int8 with the head, int8 with an fp32 head, int4 in groups of 32)
+   and of Hugging Face `generate` on the same weights, and the bound = bandwidth / bytes read per
+   token (weights as stored, the embedding lookup one row, plus the KV cache at the mean length),
+   as a fraction;
+3. time to first token for a 1,024-token prompt, handformer vs Hugging Face;
+4. batch 8 and 32 (left-padded prompts of 32 to 64 tokens), tokens/s against Hugging Face;
+5. a tiny Llama shaped like stories260K (5 layers, 64 wide, 8 / 4 heads, vocab 512), batch 1,
+   beside llama2.c's `run.c` on stories260K itself when --run-c gives its path.
+
+Every figure is the median of --rounds interleaved rounds (default 5). The targets of issue 16 are
+printed beside the ratios. Other jobs on a shared machine make every figure noisy.
+
+    python benchmarks/decode_limit.py                       # everything, ~15 min on 2 cores
+    python benchmarks/decode_limit.py --models tiny --rounds 1 --new-tokens 8   # a smoke run
+    python benchmarks/decode_limit.py --run-c /path/to/llama2.c/run
+
+Needs `transformers` (a test dependency of handformer). Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from handformer.config import CausalLMConfig  # noqa: E402
+from handformer.convert.hf_export import export_state_dict, hf_config  # noqa: E402
+from handformer.generation.generate import generate  # noqa: E402
+from handformer.models.causal_lm import CausalLM  # noqa: E402
+from handformer.nn.quant import quantize_linears  # noqa: E402
+
+STORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "stories260K"
+SHAPES = {
+    "gpt2-124M": lambda: CausalLMConfig.gpt2_style(vocab_size=50257, d_model=768, n_heads=12, d_ff=3072,
+                                                   n_layers=12, max_positions=2048, dropout=0.0),
+    "llama-gqa": lambda: CausalLMConfig.llama_style(vocab_size=32000, d_model=768, n_heads=12,
+                                                    n_kv_heads=4, d_ff=2048, n_layers=12, max_positions=2048),
+    "tiny": lambda: CausalLMConfig.llama_style(vocab_size=512, d_model=64, n_heads=8, n_kv_heads=4,
+                                               d_ff=172, n_layers=5, max_positions=2048),
+}
+
+
+def bandwidth(data: torch.Tensor) -> float:
+    """Bytes/s of one streaming read of `data` (a sum: every byte read once, nothing written)."""
+    start = time.perf_counter()
+    data.sum()
+    return data.numel() * data.element_size() / (time.perf_counter() - start)
+
+
+def bytes_per_token(model: CausalLM, kv_length: float) -> float:
+    """Bytes one decoding step reads: every weight as stored (parameters, and int8 weights with their
+    scales), except the lookup tables (token and learned-position embeddings) of which it reads one
+    row each, unless the token table is also the output head; plus the K and V cache of
+    `kv_length` positions (fp32). Rotary cos/sin rows are a few hundred bytes: not counted."""
+    cfg = model.cfg
+    head = getattr(model.lm_head, "weight", None)
+    lookups = {id(model.embed.weight)} | {id(p) for p in (model.positions.parameters()
+                                                           if model.positions is not None else [])}
+    total, seen = 0.0, set()
+    quantized = ("lm_head.weight", "proj.weight", "scales", "zeros")  # Int8Linear / Int4Linear buffers
+    stored = list(model.parameters()) + [b for name, b in model.named_buffers() if name.endswith(quantized)]
+    for t in stored:
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        rows = t.shape[1] * t.element_size() if id(t) in lookups and t is not head else None
+        total += rows if rows is not None else t.numel() * t.element_size()
+    return total + 2 * cfg.n_layers * cfg.kv_heads * cfg.head_dim * 4 * kv_length
+
+
+def hf_twin(model: CausalLM):
+    """The Hugging Face model with `model`'s weights (GPT2LMHeadModel or LlamaForCausalLM)."""
+    import transformers
+
+    model_type = "gpt2" if model.cfg.position == "learned" else "llama"
+    config = hf_config(model.cfg, model_type, {"bos_token_id": None, "eos_token_id": None,
+                                               "pad_token_id": 0})
+    config_cls = transformers.GPT2Config if model_type == "gpt2" else transformers.LlamaConfig
+    cls = transformers.GPT2LMHeadModel if model_type == "gpt2" else transformers.LlamaForCausalLM
+    hf = cls(config_cls(**{k: v for k, v in config.items() if k not in ("architectures", "model_type")}))
+    result = hf.load_state_dict(export_state_dict(model.state_dict(), model.cfg, model_type), strict=False)
+    if result.unexpected_keys or set(result.missing_keys) - {"lm_head.weight"}:  # only a tied head
+        raise ValueError(f"weights do not match {cls.__name__}: {result}")
+    if model.cfg.tie_embeddings:
+        hf.tie_weights()
+    return hf.eval()
+
+
+def hf_generate(hf, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """Hugging Face `generate`, greedy, left-padded, exactly `new_tokens` tokens a row."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = hf.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
+                      min_new_tokens=new_tokens, pad_token_id=0, eos_token_id=None)
+    return out[:, width:].tolist()
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def rounds(cases: dict[str, Callable[[], object]], n: int, data: torch.Tensor | None = None,
+           ) -> dict[str, float]:
+    """Median seconds of each case over `n` interleaved rounds (bandwidth in bytes/s under "bw")."""
+    for fn in cases.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    bws = []
+    for _ in range(n):
+        if data is not None:
+            bws.append(bandwidth(data))
+        for name, fn in cases.items():
+            times[name].append(timed(fn))
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    if bws:
+        medians["bw"] = statistics.median(bws)
+    return medians
+
+
+def llama2c(run_c: str, new_tokens: int, n: int, stories: Path = STORIES) -> float | None:
+    """run.c's own tokens/s on stories260K, median of `n` runs (greedy)."""
+    model, tok = stories / "stories260K.bin", stories / "tok512.bin"
+    if not model.is_file() or not tok.is_file():
+        raise FileNotFoundError(f"no stories260K.bin and tok512.bin in {stories}; give --stories DIR")
+    figures = []
+    for _ in range(n):
+        out = subprocess.run([run_c, str(model), "-z", str(tok), "-t", "0", "-n", str(new_tokens),
+                              "-i", "Once upon a time"], capture_output=True, text=True, timeout=120)
+        match = re.search(r"achieved tok/s: ([0-9.]+)", out.stderr + out.stdout)
+        if match:
+            figures.append(float(match.group(1)))
+    return statistics.median(figures) if figures else None
+
+
+def batch1(name: str, args: argparse.Namespace, data: torch.Tensor) -> None:
+    torch.manual_seed(0)
+    model = CausalLM(SHAPES[name]()).eval()
+    hf = hf_twin(model)
+    int8 = CausalLM(model.cfg).eval()
+    int8.load_state_dict(model.state_dict())
+    quantize_linears(int8)
+    int8_body = CausalLM(model.cfg).eval()
+    int8_body.load_state_dict(model.state_dict())
+    quantize_linears(int8_body, skip=("lm_head",))
+    int4 = CausalLM(model.cfg).eval()
+    int4.load_state_dict(model.state_dict())
+    quantize_linears(int4, bits=4, group_size=32)
+    prompt = torch.randint(0, model.cfg.vocab_size, (args.prompt,)).tolist()
+    n = args.new_tokens
+    with torch.no_grad():
+        ours, theirs = generate(model, [prompt], n, temperature=0), hf_generate(hf, [prompt], n)
+        cases = {"handformer fp32": lambda: generate(model, [prompt], n, temperature=0),
+                 "HF generate fp32": lambda: hf_generate(hf, [prompt], n),
+                 "handformer int8": lambda: generate(int8, [prompt], n, temperature=0),
+                 "handformer int8, head fp32": lambda: generate(int8_body, [prompt], n, temperature=0),
+                 "handformer int4 (groups of 32)": lambda: generate(int4, [prompt], n, temperature=0)}
+        med = rounds(cases, args.rounds, data)
+    kv = args.prompt + n / 2
+    base = n / med["handformer fp32"]
+    print(f"\n{name}: batch 1, prompt {args.prompt}, {n} new tokens, bandwidth "
+          f"{med['bw'] / 1e9:.1f} GB/s (same tokens as HF: {ours[0] == theirs[0]})")
+    print(f"  {'':30} {'tokens/s':>9} {'bound':>8} {'of bound':>9} {'vs fp32':>8}")
+    for case, m in (("handformer fp32", model), ("HF generate fp32", model), ("handformer int8", int8),
+                    ("handformer int8, head fp32", int8_body), ("handformer int4 (groups of 32)", int4)):
+        tps, bound = n / med[case], med["bw"] / bytes_per_token(m, kv)
+        print(f"  {case:30} {tps:>9.1f} {bound:>8.1f} {tps / bound:>8.2f}  {tps / base:>7.2f}x")
+    print(f"  handformer / HF fp32: {base / (n / med['HF generate fp32']):.2f}x (target >= 1.15x; "
+          "fp32 target >= 0.85 of the bound; int8 with head target >= 2.2x fp32; int4 >= 3x fp32)")
+    if name != "tiny":
+        long_prompt = torch.randint(0, model.cfg.vocab_size, (args.ttft_prompt,)).tolist()
+        with torch.no_grad():
+            ttft = rounds({"handformer": lambda: generate(model, [long_prompt], 1, temperature=0),
+                           "HF": lambda: hf_generate(hf, [long_prompt], 1)}, args.rounds)
+        print(f"  time to first token, {args.ttft_prompt}-token prompt: handformer "
+              f"{ttft['handformer']:.3f} s, HF {ttft['HF']:.3f} s ({ttft['HF'] / ttft['handformer']:.2f}x)")
+        nb = args.batch_new_tokens
+        for batch in args.batches:
+            gen = torch.Generator().manual_seed(batch)
+            lengths = torch.randint(32, 65, (batch,), generator=gen).tolist()
+            prompts = [torch.randint(0, model.cfg.vocab_size, (length,), generator=gen).tolist()
+                       for length in lengths]
+            with torch.no_grad():
+                med_b = rounds({"handformer": lambda p=prompts: generate(model, p, nb, temperature=0),
+                                "HF": lambda p=prompts: hf_generate(hf, p, nb)}, args.rounds)
+            ours_tps, hf_tps = batch * nb / med_b["handformer"], batch * nb / med_b["HF"]
+            print(f"  batch {batch}, {nb} new tokens: handformer {ours_tps:.1f} tokens/s, HF {hf_tps:.1f} "
+                  f"({ours_tps / hf_tps:.2f}x, target >= 1.2x)")
+    elif args.run_c:
+        c = llama2c(args.run_c, n, args.rounds, args.stories)
+        ratio = f" ({c / base:.1f}x handformer fp32)" if c else " (no 'achieved tok/s' line)"
+        print(f"  llama2.c run.c on stories260K: {c} tokens/s{ratio}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--prompt", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--ttft-prompt", type=int, default=1024)
+    parser.add_argument("--batches", type=int, nargs="*", default=[8, 32])
+    parser.add_argument("--batch-new-tokens", type=int, default=64)
+    parser.add_argument("--bandwidth-mib", type=int, default=1024, help="size of the streamed tensor")
+    parser.add_argument("--run-c", help="path of a compiled llama2.c `run` binary (for the tiny model)")
+    parser.add_argument("--stories", type=Path, default=STORIES,
+                        help="folder with llama2.c's stories260K.bin and tok512.bin")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # each line as soon as it is measured
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data = torch.ones(args.bandwidth_mib * 2**20 // 4)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU capability "
+          f"{torch.backends.cpu.get_cpu_capability()}; medians of {args.rounds} interleaved rounds")
+    for name in args.models:
+        batch1(name, args, data)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Benchmark: which kernel runs `Int8Linear` fastest on this machine (handformer/nn/quant.py), and int4.
+
+For the linear layers of a GPT-2-124M-shaped model (D = 768, and the 50,257-row output head), times
+y = x W^T at decode-time row counts (M = 1 and 8) three ways, rounds interleaved, medians reported:
+
+- fp32:     F.linear on the float weight (the baseline);
+- int8pack: torch.ops.aten._weight_int8pack_mm on the int8 weight and per-row scales, fp32
+  activations (in torch 2.13 this dtype takes a scalar fallback loop);
+- int8pack-bf16: the same kernel with the activations and scales cast to bf16 and the result cast
+  back to fp32 (the dtype its vectorized AVX512 path serves);
+- dequant:  the int8 weight times its scales back to fp32, then F.linear;
+- int4-bf16: 4-bit weights in groups of 32 (nn/quant_int4.py) through
+  torch.ops.aten._weight_int4pack_mm_for_cpu with bf16 activations, for comparison.
+
+    python benchmarks/int8_kernel.py              # about 20 s on 2 busy cores
+    python benchmarks/int8_kernel.py --rounds 9 --threads 1
+
+Prints each layer's time per call in microseconds and the ratio fp32 / kernel (> 1 = faster than fp32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from handformer.nn.quant import dequantize_int8, quantize_int8  # noqa: E402
+from handformer.nn.quant_int4 import Int4Linear  # noqa: E402
+
+SHAPES = {"qkv 768->2304": (2304, 768), "o_proj 768->768": (768, 768), "up 768->3072": (3072, 768),
+          "down 3072->768": (768, 3072), "head 768->50257": (50257, 768)}
+
+
+def per_call(fn: Callable[[], torch.Tensor], calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def make_kernels(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor,
+                 scales: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
+    """The five ways to compute x W^T, as calls without arguments."""
+    scales_bf16 = scales.to(torch.bfloat16)
+    linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+    linear.weight.data = w
+    int4 = Int4Linear.from_linear(linear, 32)
+    return {
+        "fp32": lambda: F.linear(x, w),
+        "int8pack": lambda: torch.ops.aten._weight_int8pack_mm(x, q, scales),
+        "int8pack-bf16": lambda: torch.ops.aten._weight_int8pack_mm(
+            x.to(torch.bfloat16), q, scales_bf16).float(),
+        "dequant": lambda: F.linear(x, dequantize_int8(q, scales)),
+        "int4-bf16": lambda: int4(x),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} interleaved "
+          "rounds, medians (the machine may be shared: figures are noisy)")
+    print(f"torch CPU capability: {torch.backends.cpu.get_cpu_capability()}")
+    names = ("fp32", "int8pack", "int8pack-bf16", "dequant", "int4-bf16")
+    print(f"{'layer':18} {'M':>3} " + " ".join(f"{n + ' us':>17}" for n in names) + "   fp32 / each kernel")
+    torch.manual_seed(0)
+    for name, (n, k) in SHAPES.items():
+        w = torch.randn(n, k) * 0.02
+        q, scales = quantize_int8(w)
+        calls = 3 if n > 10000 else 30
+        for m in (1, 8):
+            x = torch.randn(m, k)
+            kernels = make_kernels(x, w, q, scales)
+            times: dict[str, list[float]] = {k_: [] for k_ in kernels}
+            for fn in kernels.values():
+                fn()  # warm-up
+            for _ in range(args.rounds):
+                for key, fn in kernels.items():
+                    times[key].append(per_call(fn, calls))
+            med = {key: statistics.median(v) * 1e6 for key, v in times.items()}
+            print(f"{name:18} {m:>3} " + " ".join(f"{med[n]:>17.0f}" for n in names) + "   "
+                  + " ".join(f"{med['fp32'] / med[n]:.2f}x" for n in names[1:]))
+
+
+if __name__ == "__main__":
+    main()

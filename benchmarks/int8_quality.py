@@ -1,0 +1,69 @@
+"""Benchmark: validation loss of trained language-model runs before and after quantization.
+
+For each run directory given, writes quantized copies with `handformer quantize` (into a temporary
+folder) and scores the run's own validation split (`handformer eval RUN --data val`) with:
+
+- fp32:                  the run as trained;
+- int8:                  every linear layer, output head included, default kernel (int8pack-bf16);
+- int8-exact:            the same int8 weights through the "dequant" kernel (fp32 activations), to
+                         separate the weight rounding from the kernel's bf16 activations;
+- int8-head-fp32:        --keep-head-fp32;
+- int4:                  4-bit weights in groups of 32 inputs (int8 where 32 does not divide a width);
+- bf16:                  every weight in bfloat16.
+
+and prints each loss and its rise relative to fp32 (target for int8: <= 1%).
+
+    python benchmarks/int8_quality.py runs/shakespeare_char runs/lm_default
+    python benchmarks/int8_quality.py RUN --variants fp32 int8 --limit 300   # the first 300 windows
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from handformer.nn.quant import set_kernel  # noqa: E402
+from handformer.tasks.lm.quantize import quantize_run  # noqa: E402
+from handformer.tasks.lm.run import load_lm  # noqa: E402
+from handformer.tasks.lm.scoring import eval_text, score_text  # noqa: E402
+
+VARIANTS = ("fp32", "int8", "int8-exact", "int8-head-fp32", "int4", "bf16")
+
+
+def val_loss(run_dir: Path, limit: int, kernel: str | None = None) -> float:
+    run = load_lm(run_dir)
+    if kernel is not None:
+        set_kernel(run.model, kernel)
+    return score_text(run, eval_text(run, "val"), limit=limit).loss
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="trained language-model run directories")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--limit", type=int, default=0, help="score only the first N windows (0 = all)")
+    args = parser.parse_args()
+    print(f"{'run':28} {'variant':22} {'val loss':>9} {'rise':>8}")
+    for run_dir in args.runs:
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            base = val_loss(run_dir, args.limit)
+            for variant in args.variants:
+                if variant == "fp32":
+                    loss = base
+                elif variant in ("bf16", "int4"):
+                    quantize_run(run_dir, tmp / variant, variant)
+                    loss = val_loss(tmp / variant, args.limit)
+                else:
+                    quantize_run(run_dir, tmp / variant, "int8", head=variant != "int8-head-fp32")
+                    loss = val_loss(tmp / variant, args.limit, "dequant" if variant == "int8-exact" else None)
+                print(f"{run_dir.name:28} {variant:22} {loss:>9.4f} {100 * (loss / base - 1):>+7.2f}%",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()

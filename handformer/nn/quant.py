@@ -1,0 +1,155 @@
+"""Weight-only int8 quantization of linear layers, written out: per output channel, symmetric.
+
+For a weight W of shape (N, K) (N output channels, K inputs), each row n gets its own scale
+
+    scale[n] = max_k |W[n, k]| / 127
+    Q[n, k]  = clamp(round(W[n, k] / scale[n]), -127, 127)      (int8)
+    W[n, k] ~= Q[n, k] * scale[n]
+
+Activations stay in floating point; only the weights are stored (and read) as int8, so a matmul
+reads a quarter of the fp32 bytes. Symmetric (no zero point) because trained weights are centred
+on zero; -128 is left unused so that +-max map to +-127 exactly.
+
+`Int8Linear.forward` runs y = x Q^T * scale + b through one of three kernels:
+- "int8pack-bf16" (the default on CPU): `torch.ops.aten._weight_int8pack_mm`, PyTorch's CPU kernel
+  that reads the int8 weights directly and applies the scales in the same pass, fed bf16
+  activations and scales (the dtype its vectorized AVX512 path serves); the result is cast back.
+  It costs bf16 rounding of the activations and outputs (relative 2^-9), measured on trained
+  models (README, "int8 weights"). Its vectorized loop has no tail: with K not a multiple of 16
+  torch 2.13 returns wrong numbers or crashes, so such layers take "dequant" instead.
+- "int8pack-fp32": the same kernel with fp32 activations: exact, but torch 2.13 runs that dtype
+  through a scalar loop, about 10x slower than fp32 `F.linear`.
+- "dequant": Q * scale back to the activation dtype, then `F.linear`: exact, but it writes a float
+  copy of the weight at every call (0.07x to 0.6x of fp32 speed); the fallback for other devices.
+benchmarks/int8_kernel.py measures the three against fp32 on GPT-2-124M's layer shapes: on this
+project's 2-core AVX512 machine int8pack-bf16 ran at 1.2x to 2.2x fp32's speed, the other two slower
+than fp32, hence the default.
+
+Shape legend: N output features, K input features, M rows of activations (batch x positions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+QMAX = 127  # symmetric int8 range: -127 .. 127
+KERNELS = ("int8pack-bf16", "int8pack-fp32", "dequant")
+BF16_K_MULTIPLE = 16  # _weight_int8pack_mm's bf16 path reads K in steps of 16, with no tail loop
+DEFAULT_KERNEL = "int8pack-bf16"
+
+
+def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """(N, K) float weight -> ((N, K) int8 values, (N,) float32 scales), per output channel."""
+    w = weight.detach().float()
+    amax = w.abs().amax(dim=1)  # (N,)
+    # An all-zero row would divide by zero; any positive scale quantizes it to zeros.
+    scales = (amax / QMAX).clamp(min=torch.finfo(torch.float32).tiny)  # (N,)
+    q = torch.round(w / scales[:, None]).clamp(-QMAX, QMAX).to(torch.int8)  # (N, K)
+    return q, scales
+
+
+def dequantize_int8(q: Tensor, scales: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """(N, K) int8 and (N,) scales -> the (N, K) weight they stand for, in `dtype`."""
+    return (q.to(torch.float32) * scales[:, None]).to(dtype)
+
+
+def int8pack_available(device: torch.device | str) -> bool:
+    """Whether this torch has `_weight_int8pack_mm` for the device (CPU only here)."""
+    return torch.device(device).type == "cpu" and hasattr(torch.ops.aten, "_weight_int8pack_mm")
+
+
+class Int8Linear(nn.Module):
+    """A drop-in `nn.Linear` whose weight is stored as int8 values and per-row float32 scales.
+
+    State dict: `weight` (N, K) int8, `scales` (N,) float32, and `bias` (N,) when the layer has one.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 kernel: str = DEFAULT_KERNEL) -> None:
+        super().__init__()
+        if kernel not in KERNELS:
+            raise ValueError(f"Int8Linear kernel is {kernel!r}; choose one of {', '.join(KERNELS)}")
+        self.in_features, self.out_features, self.kernel = in_features, out_features, kernel
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("scales", torch.ones(out_features, dtype=torch.float32))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, kernel: str = DEFAULT_KERNEL) -> Int8Linear:
+        """Quantize a trained `nn.Linear` (its bias is kept as it is, in floating point)."""
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, kernel)
+        q, scales = quantize_int8(linear.weight)
+        layer.weight.copy_(q)
+        layer.scales.copy_(scales)
+        if linear.bias is not None:
+            layer.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        return layer.to(linear.weight.device)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (..., K) -> (..., N)."""
+        kernel = self.kernel
+        if kernel == "int8pack-bf16" and self.in_features % BF16_K_MULTIPLE:
+            kernel = "dequant"
+        if (kernel != "dequant" and int8pack_available(x.device)
+                and x.dtype in (torch.float32, torch.bfloat16)):
+            dtype = torch.bfloat16 if kernel == "int8pack-bf16" else x.dtype
+            rows = x.reshape(-1, self.in_features).to(dtype).contiguous()  # (M, K)
+            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales.to(dtype))  # (M, N)
+            y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)  # (..., N)
+            return y if self.bias is None else y + self.bias.to(x.dtype)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, dequantize_int8(self.weight, self.scales, x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, kernel={self.kernel!r}")
+
+
+def quantize_linears(model: nn.Module, skip: Iterable[str] = (), kernel: str = DEFAULT_KERNEL,
+                     empty: bool = False, bits: int = 8, group_size: int = 32) -> list[str]:
+    """Replace every `nn.Linear` in `model` (in place) by an `Int8Linear` (bits=8) or an
+    `Int4Linear` in groups of `group_size` inputs (bits=4; a layer whose input width is not a
+    multiple of the group size gets int8 instead), except the modules named in `skip` (e.g.
+    "lm_head"). `empty=True` builds zero layers of the right shapes, for loading saved weights into.
+    Returns the names of the replaced modules.
+
+    A linear layer whose weight is tied to an embedding (a tied output head) gets its own quantized
+    copy; the embedding lookup keeps the floating-point table."""
+    from handformer.nn.quant_int4 import Int4Linear, check_group_size
+
+    if bits not in (4, 8):
+        raise ValueError(f"bits is {bits!r}; handformer quantizes weights to 8 or 4 bits")
+    if bits == 4:
+        check_group_size(group_size)
+    skip = set(skip)
+    targets = [(name, m) for name, m in model.named_modules()
+               if isinstance(m, nn.Linear) and name not in skip]
+    for name, linear in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        has_bias = linear.bias is not None
+        if bits == 4 and linear.in_features % group_size == 0:
+            layer = (Int4Linear(linear.in_features, linear.out_features, has_bias, group_size) if empty
+                     else Int4Linear.from_linear(linear, group_size))
+        else:
+            layer = (Int8Linear(linear.in_features, linear.out_features, has_bias, kernel) if empty
+                     else Int8Linear.from_linear(linear, kernel))
+        setattr(parent, child, layer.to(linear.weight.device))
+    return [name for name, _ in targets]
+
+
+def set_kernel(model: nn.Module, kernel: str) -> None:
+    """Switch every `Int8Linear` in `model` to `kernel` (one of KERNELS)."""
+    if kernel not in KERNELS:
+        raise ValueError(f"int8 kernel is {kernel!r}; choose one of {', '.join(KERNELS)}")
+    for m in model.modules():
+        if isinstance(m, Int8Linear):
+            m.kernel = kernel
+
+
+__all__ = ["DEFAULT_KERNEL", "Int8Linear", "KERNELS", "dequantize_int8", "int8pack_available",
+           "quantize_int8", "quantize_linears", "set_kernel"]
