@@ -113,8 +113,8 @@ def test_decoder_self_attention_ignores_padded_target_positions(seed, placement,
     keep = random_keep(g, 2, T)
     y2 = torch.where(keep[..., None], y, torch.randn(2, T, D, generator=g) * 3)
     self_mask = causal_mask(T) & key_mask(keep)  # (B, 1, T, T)
-    out, _, _ = model.decoder(y, memory, self_mask, None)
-    out2, _, _ = model.decoder(y2, memory, self_mask, None)
+    out, _, _ = model.decoder(y, memory, self_mask=self_mask)
+    out2, _, _ = model.decoder(y2, memory, self_mask=self_mask)
     assert_close(out[keep], out2[keep], **TOL)
 
 
@@ -127,8 +127,8 @@ def test_cross_attention_ignores_padded_memory_positions(seed, placement, T, S):
     memory = torch.randn(2, S, D, generator=g)
     keep = random_keep(g, 2, S)
     memory2 = torch.where(keep[..., None], memory, torch.randn(2, S, D, generator=g) * 3)
-    out, _, _ = model.decoder(y, memory, causal_mask(T), key_mask(keep))
-    out2, _, _ = model.decoder(y, memory2, causal_mask(T), key_mask(keep))
+    out, _, _ = model.decoder(y, memory, self_mask=causal_mask(T), memory_mask=key_mask(keep))
+    out2, _, _ = model.decoder(y, memory2, self_mask=causal_mask(T), memory_mask=key_mask(keep))
     assert_close(out, out2, **TOL)  # every target position
 
 

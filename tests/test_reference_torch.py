@@ -188,7 +188,8 @@ def test_decoder_layer_matches_torch(norm_placement):
     tgt_keep = lengths_to_keep([T, 3, 2], T)
     src_keep = lengths_to_keep([S, 5, 1], S)
     causal = causal_mask(T)
-    out, self_w, cross_w = ours(y, memory, causal & key_mask(tgt_keep), key_mask(src_keep))
+    out, self_w, cross_w = ours(y, memory, self_mask=causal & key_mask(tgt_keep),
+                                memory_mask=key_mask(src_keep))
     assert self_w is None and cross_w is None
     ref_out = ref(y, memory, tgt_mask=~causal, tgt_key_padding_mask=~tgt_keep,
                   memory_key_padding_mask=~src_keep)
@@ -196,6 +197,21 @@ def test_decoder_layer_matches_torch(norm_placement):
     # is_causal shortcut without padding equals the explicit causal mask.
     out, _, _ = ours(y, memory, is_causal=True)
     assert_close(out, ref(y, memory, tgt_mask=~causal), **TOL)
+
+
+def test_decoder_masks_are_keyword_only():
+    """Tutorials call `layer(x, memory, src_mask, tgt_mask)`, the opposite order to ours; both masks
+    broadcast to the same shapes, so a positional call must fail instead of swapping them."""
+    layer = DecoderLayer(block_cfg("post")).eval()
+    decoder = Seq2SeqTransformer(Seq2SeqConfig(d_model=D, n_heads=H, d_ff=F_, n_encoder_layers=1,
+                                               n_decoder_layers=1, src_vocab_size=11,
+                                               tgt_vocab_size=11)).decoder
+    y, memory = inputs(seed=8)
+    for module in (layer, decoder):
+        with pytest.raises(TypeError, match="positional argument"):
+            module(y, memory, causal_mask(T), None)
+        with pytest.raises(TypeError, match="positional argument"):
+            module(y, memory, causal_mask(T))
 
 
 # --- the whole encoder-decoder stack vs nn.Transformer -------------------------------------------
@@ -239,7 +255,8 @@ def test_encoder_decoder_stack_matches_nn_transformer(norm_placement):
     causal = causal_mask(T)
 
     memory = enc_final(model.encoder(x, key_mask(src_keep))[0])
-    h, _, _ = model.decoder(y, memory, causal & key_mask(tgt_keep), key_mask(src_keep))
+    h, _, _ = model.decoder(y, memory, self_mask=causal & key_mask(tgt_keep),
+                            memory_mask=key_mask(src_keep))
     out = dec_final(h)
     ref_out = ref(x, y, tgt_mask=~causal, src_key_padding_mask=~src_keep,
                   tgt_key_padding_mask=~tgt_keep, memory_key_padding_mask=~src_keep)

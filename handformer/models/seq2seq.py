@@ -61,14 +61,14 @@ class Decoder(nn.Module):
         self.norm = (make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
                      if cfg.norm_placement == "pre" else None)
 
-    def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, *, is_causal: bool = False,
+    def forward(self, x: Tensor, memory: Tensor, *, self_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, is_causal: bool = False,
                 cache: KVCache | None = None, need_weights: bool = False,
                 ) -> tuple[Tensor, tuple[Tensor, ...] | None, tuple[Tensor, ...] | None]:
         self_ws, cross_ws = [], []
         for i, layer in enumerate(self.layers):
-            x, sw, cw = layer(x, memory, self_mask, memory_mask, is_causal=is_causal,
-                              cache=None if cache is None else cache.layer(i),
+            x, sw, cw = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask,
+                              is_causal=is_causal, cache=None if cache is None else cache.layer(i),
                               need_weights=need_weights)  # (B, T, D)
             self_ws.append(sw)
             cross_ws.append(cw)
@@ -141,8 +141,8 @@ class Seq2SeqTransformer(nn.Module):
             self_mask = causal_mask(T, device=tgt_ids.device) & padding_mask(tgt_ids, self.cfg.pad_id)
         else:
             self_mask = None if T == 1 else causal_mask(T, offset=offset, device=tgt_ids.device)
-        h, self_w, cross_w = self.decoder(x, memory, self_mask, src_mask, cache=cache,
-                                          need_weights=need_weights)
+        h, self_w, cross_w = self.decoder(x, memory, self_mask=self_mask, memory_mask=src_mask,
+                                          cache=cache, need_weights=need_weights)
         if cache is not None:
             cache.advance(T)
         return h, self_w, cross_w

@@ -78,12 +78,15 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, *, is_causal: bool = False,
+    def forward(self, x: Tensor, memory: Tensor, *, self_mask: Tensor | None = None,
+                memory_mask: Tensor | None = None, is_causal: bool = False,
                 cache: LayerKVCache | None = None, need_weights: bool = False,
                 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x: (B, T, D), memory: (B, S, D) -> ((B, T, D), self weights (B, H, T, T) or None,
-        cross weights (B, H, T, S) or None)."""
+        cross weights (B, H, T, S) or None).
+
+        The two masks are keyword-only: tutorials pass `(src_mask, tgt_mask)` in the opposite order,
+        and both broadcast to the same shapes, so a positional call could swap them silently."""
         if self.pre_norm:
             h, self_w = self.self_attn(self.attn_norm(x), mask=self_mask, is_causal=is_causal,
                                        cache=cache, need_weights=need_weights)
