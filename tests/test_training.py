@@ -371,6 +371,33 @@ def test_keep_freed_memory_is_idempotent_and_the_loop_calls_it_only_when_asked(t
     assert calls == [1]
 
 
+def test_mallopt_receives_the_values_the_comment_promises(monkeypatch):
+    """The values reach a C function taking (int, int), as glibc's mallopt does: none may wrap
+    around (2**31 through a C int arrives as -2**31)."""
+    import ctypes
+
+    from handformer.training import cpu_memory
+
+    received = []
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int)
+    def fake_mallopt(param, value):
+        received.append((param, value))
+        return 1
+
+    class FakeLibc:
+        mallopt = fake_mallopt
+
+    monkeypatch.setattr(cpu_memory, "_done", False)
+    monkeypatch.setattr(cpu_memory.sys, "platform", "linux")
+    monkeypatch.setattr(cpu_memory.ctypes, "CDLL", lambda name: FakeLibc())
+    assert cpu_memory.keep_freed_memory()
+    assert received == [(cpu_memory.M_MMAP_THRESHOLD, 1 << 30), (cpu_memory.M_TRIM_THRESHOLD, 2**31 - 1)]
+    assert all(value > 0 for _, value in received)
+    # The old call, for the record: what a C int makes of 2 * 1 GiB.
+    assert ctypes.c_int(2 * (1 << 30)).value == -(2**31)
+
+
 # --- checkpoints --------------------------------------------------------------------------------
 
 def test_writes_are_atomic_and_leave_no_temporary_files(tmp_path):

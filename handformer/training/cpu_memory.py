@@ -21,7 +21,11 @@ import sys
 
 M_TRIM_THRESHOLD = -1  # constants of glibc's <malloc.h>
 M_MMAP_THRESHOLD = -3
+C_INT_MAX = 2**31 - 1  # mallopt(int param, int value): larger values would wrap around to negative
 KEEP_BYTES = 1 << 30  # allocations up to 1 GiB come from the reusable heap
+# Free memory at the top of the heap is returned to the kernel only above this: the most a C int
+# holds (2 GiB - 1), so up to two 1 GiB blocks stay in the process.
+TRIM_BYTES = C_INT_MAX
 _done = False
 
 
@@ -39,5 +43,8 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # musl and others have no mallopt
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    _done = bool(mallopt(M_MMAP_THRESHOLD, KEEP_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, 2 * KEEP_BYTES))
+    settings = ((M_MMAP_THRESHOLD, KEEP_BYTES), (M_TRIM_THRESHOLD, TRIM_BYTES))
+    for _, value in settings:  # ctypes does not check: 2**31 would reach glibc as -2**31
+        assert 0 < value <= C_INT_MAX, value
+    _done = all([bool(mallopt(param, value)) for param, value in settings])
     return _done
