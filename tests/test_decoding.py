@@ -98,6 +98,22 @@ def suppress_eos(model: Seq2SeqTransformer):
     return model.generator.register_forward_hook(hook)
 
 
+def test_outputs_may_use_every_position_of_the_decoder():
+    """An output of m tokens feeds the decoder BOS + m - 1 tokens, so with no EOS in sight the
+    output ends at max_positions tokens (not one fewer), cached or not, greedy and beam."""
+    model = tiny_model(0)
+    suppress_eos(model)
+    src = random_sources(0, LENGTHS)
+    limits = DecodeLimits(BOS, EOS, PAD, max_len_a=1.0, max_len_b=100)
+    P = model.cfg.max_positions
+    assert limits.max_lengths(src, P).tolist() == [P] * len(LENGTHS)
+    for use_cache in (True, False):
+        out = greedy_decode(model, src, limits, use_cache=use_cache).tolist()
+        assert all(len(until_eos(row)) == P and row[P - 1] == EOS for row in out)
+        hyps = beam_search(model, src, limits, beam_size=2, use_cache=use_cache)
+        assert all(len(hyp) == P and hyp[-1] == EOS for hyp in hyps)
+
+
 def test_the_length_limit_forces_eos_per_sentence():
     model = tiny_model(0)
     suppress_eos(model)

@@ -277,10 +277,17 @@ def test_generation_restores_the_training_flag():
 @pytest.mark.parametrize("preset", PRESETS)
 def test_generating_past_max_positions_is_a_clear_error(preset):
     model = tiny_model(preset, max_positions=16)
-    assert len(generate(model, [[1] * 10], 6, temperature=0)[0]) == 6  # exactly fits
-    with pytest.raises(ValueError, match=r"10 tokens plus max_new_tokens=7.*17 positions.*"
-                                         r"max_positions=16.*at most 6"):
-        generate(model, [[1] * 10, [2]], 7)
+    # The last new token is returned without being fed back: 10 + 7 tokens use 16 positions.
+    for use_cache in (True, False):
+        assert len(generate(model, [[1] * 10], 7, temperature=0, use_cache=use_cache)[0]) == 7
+        assert len(generate(model, [[1] * 16], 1, temperature=0, use_cache=use_cache)[0]) == 1
+    assert generate(model, [[1] * 16], 1, temperature=0) == generate(model, [[1] * 16], 1, temperature=0,
+                                                                      use_cache=False)
+    with pytest.raises(ValueError, match=r"10 tokens plus max_new_tokens=8.*17 positions.*"
+                                         r"max_positions=16.*at most 7"):
+        generate(model, [[1] * 10, [2]], 8)
+    with pytest.raises(ValueError, match=r"17 tokens plus max_new_tokens=1.*17 positions.*at most 0"):
+        generate(model, [[1] * 17], 1)
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -376,10 +383,11 @@ def test_cli_generate_errors_exit_2(lm_run, capsys, extra, match):
 
 
 def test_cli_generate_default_length_fills_the_context_window(lm_run, capsys):
-    """Without --max-new-tokens: 100 tokens or what fits (32 positions - BOS - 3 prompt tokens)."""
+    """Without --max-new-tokens: 100 tokens or what fits (32 positions - BOS - 3 prompt tokens,
+    + 1: the last new token is never fed back)."""
     run = load_lm(lm_run)
     ids = [run.tokens.bos_id] + run.tokenizer.encode("hgf")
-    new = generate(run.model, [ids], 28, temperature=0, stop_tokens=[run.tokens.eos_id])[0]
+    new = generate(run.model, [ids], 29, temperature=0, stop_tokens=[run.tokens.eos_id])[0]
     assert cli.main(["generate", str(lm_run), "--prompt", "hgf", "--temperature", "0"]) == 0
     assert capsys.readouterr().out == "hgf" + run.tokenizer.decode(new) + "\n"
 

@@ -9,7 +9,7 @@ from handformer.generation.stream import TextStream
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from handformer.generation.generate import generate
+    from handformer.generation.generate import generate, max_new_tokens_for
     from handformer.tasks.lm.run import load_lm
 
     if args.prompt == "":
@@ -25,7 +25,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         ids = ([bos] if bos is not None else []) + run.tokenizer.encode(text)
         max_new = args.max_new_tokens
         if max_new is None:  # default: 100 tokens, or what fits in the context window
-            max_new = max(1, min(100, max_positions - len(ids)))
+            max_new = max(1, min(100, max_new_tokens_for(len(ids), max_positions)))
         stream = TextStream(run.tokenizer, ids, prefix=text)
         generate(run.model, [ids], max_new, temperature=args.temperature, top_k=args.top_k,
                  top_p=args.top_p, seed=args.seed, stop_tokens=() if eos is None else (eos,),

@@ -31,10 +31,11 @@ class DecodeLimits:
     max_len_b: int = 10
 
     def max_lengths(self, src: Tensor, max_positions: int) -> Tensor:
-        """(B,) the longest output per sentence, relative to its real source length."""
+        """(B,) the longest output per sentence (EOS included), relative to its real source length.
+        An output of m tokens feeds the decoder BOS + its first m - 1: m positions at most."""
         src_len = (src != self.pad_id).sum(-1)  # (B,)
         limit = (self.max_len_a * src_len.float()).floor().long() + self.max_len_b
-        return limit.clamp(min=1, max=max_positions - 1)
+        return limit.clamp(min=1, max=max_positions)
 
 
 def _step_logprobs(model: Seq2SeqTransformer, ys: Tensor, memory: Tensor, src_mask: Tensor,
@@ -71,7 +72,7 @@ def greedy_decode(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits,
     B = src.size(0)
     max_lens = limits.max_lengths(src, model.cfg.max_positions)  # (B,)
     steps = int(max_lens.max())
-    cache = model.new_cache(steps + 1) if use_cache else None
+    cache = model.new_cache(steps) if use_cache else None  # BOS + steps - 1 tokens
     ys = torch.full((B, 1), limits.bos_id, dtype=torch.long, device=src.device)  # (B, 1)
     finished = torch.zeros(B, dtype=torch.bool, device=src.device)
     for t in range(steps):
@@ -107,7 +108,7 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
     src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
     max_lens = limits.max_lengths(src, model.cfg.max_positions).tolist()
     steps = max(max_lens)
-    cache = model.new_cache(steps + 1) if use_cache else None
+    cache = model.new_cache(steps) if use_cache else None  # BOS + steps - 1 tokens
     ys = torch.full((B * K, 1), limits.bos_id, dtype=torch.long, device=src.device)  # (B*K, 1)
     # Every beam starts as the same empty hypothesis: only beam 0 may expand at the first step.
     scores = torch.full((B, K), float("-inf"), device=src.device)  # (B, K) summed log-probs

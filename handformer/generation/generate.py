@@ -41,11 +41,23 @@ def _check_args(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_token
     if not 0 <= pad_id < vocab:
         raise ValueError(f"pad_id={pad_id} is outside the vocabulary [0, {vocab})")
     longest = max(len(p) for p in prompts)
-    if longest + max_new_tokens > model.cfg.max_positions:
+    needed = positions_needed(longest, max_new_tokens)
+    if needed > model.cfg.max_positions:
         raise ValueError(f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} needs "
-                         f"{longest + max_new_tokens} positions but the model has max_positions="
+                         f"{needed} positions but the model has max_positions="
                          f"{model.cfg.max_positions}; lower max_new_tokens to at most "
-                         f"{max(model.cfg.max_positions - longest, 0)} or shorten the prompt")
+                         f"{max_new_tokens_for(longest, model.cfg.max_positions)} or shorten the prompt")
+
+
+def positions_needed(prompt_length: int, max_new_tokens: int) -> int:
+    """Positions the model sees: the prompt and every new token but the last, which is returned
+    without being fed back."""
+    return prompt_length + max(max_new_tokens - 1, 0)
+
+
+def max_new_tokens_for(prompt_length: int, max_positions: int) -> int:
+    """The most new tokens a prompt of this length can get within max_positions (0 if none)."""
+    return max(max_positions - prompt_length + 1, 0) if prompt_length <= max_positions else 0
 
 
 @torch.no_grad()
@@ -67,7 +79,8 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
     whole sequence at every step (slow; for testing the cache). The model runs in eval mode and
     its training flag is restored afterwards.
 
-    Raises ValueError when a prompt plus max_new_tokens exceeds the model's max_positions.
+    Raises ValueError when a prompt plus max_new_tokens - 1 (the last token is never fed back)
+    exceeds the model's max_positions.
     """
     _check_args(model, prompts, max_new_tokens, temperature, top_k, top_p, pad_id)
     device = next(model.parameters()).device
@@ -85,7 +98,7 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
     stop = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=device)
 
     with eval_mode(model):
-        cache = model.new_cache(L + max_new_tokens) if use_cache and max_new_tokens else None
+        cache = model.new_cache(positions_needed(L, max_new_tokens)) if use_cache and max_new_tokens else None
         outputs: list[list[int]] = [[] for _ in range(B)]
         finished = torch.zeros(B, dtype=torch.bool, device=device)
         inputs = ids  # with a cache: the positions not yet seen by the model

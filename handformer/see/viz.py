@@ -168,6 +168,7 @@ def lm_report(run_dir: str | os.PathLike, text: str, max_new_tokens: int = 8,
         raise ValueError(f"TEXT is {len(ids)} tokens but the model's context is {context} tokens "
                          "(max_positions); shorten it")
     eos = run.tokens.eos_id
+    # Not generate's own limit: the whole continuation is fed back below to read its attention.
     new = generate(run.model, [ids], min(max_new_tokens, context - len(ids)), temperature=0,
                    stop_tokens=() if eos is None else (eos,),
                    pad_id=run.tokens.pad_id or 0)[0]
