@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from handformer.config import Seq2SeqConfig
-from handformer.generation.decoding import DecodeLimits, beam_search, greedy_decode
+from handformer.generation.decoding import DecodeLimits, beam_search, best_reachable, greedy_decode
 from handformer.models.seq2seq import Seq2SeqTransformer
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
@@ -215,7 +215,8 @@ def test_a_wide_beam_finds_the_exhaustive_optimum(seed, max_len, alpha):
     assert logp.max() - logp.min() > 0.1
 
 
-def reference_beam_search(model, src: torch.Tensor, max_len: int, K: int, alpha: float) -> list[int]:
+def reference_beam_search(model, src: torch.Tensor, max_len: int, K: int, alpha: float,
+                          next_logp=None) -> list[int]:
     """Textbook beam search for one (1, S) source, no cache, no batching, no early stopping: keep
     the K best unfinished hypotheses by summed log-probability; an EOS among the K best candidates
     of a step finishes its hypothesis; at the length limit only EOS may follow; return the finished
@@ -226,9 +227,12 @@ def reference_beam_search(model, src: torch.Tensor, max_len: int, K: int, alpha:
     for t in range(max_len):
         candidates = []
         for score, tokens in live:
-            tgt_in = torch.tensor([[BOS] + tokens])  # (1, t + 1)
-            with torch.no_grad():
-                logp = model(src, tgt_in).logits[0, -1].float().log_softmax(-1).tolist()  # (V,)
+            if next_logp is not None:  # a scripted model
+                logp = next_logp(tokens)
+            else:
+                tgt_in = torch.tensor([[BOS] + tokens])  # (1, t + 1)
+                with torch.no_grad():
+                    logp = model(src, tgt_in).logits[0, -1].float().log_softmax(-1).tolist()  # (V,)
             allowed = [EOS] if t + 1 == max_len else [v for v in range(len(logp)) if v not in (PAD, BOS)]
             candidates += [(score + logp[v], tokens + [v]) for v in allowed]
         candidates.sort(key=lambda c: -c[0])
@@ -238,7 +242,7 @@ def reference_beam_search(model, src: torch.Tensor, max_len: int, K: int, alpha:
 
 
 @pytest.mark.parametrize("seed", range(10))
-@pytest.mark.parametrize("beam_size, alpha", [(2, 0.6), (3, 1.0), (4, 0.0)])
+@pytest.mark.parametrize("beam_size, alpha", [(2, 0.6), (3, 1.0), (4, 0.0), (2, -0.5), (3, -1.0), (4, -2.0)])
 def test_beam_search_equals_a_textbook_beam_search(seed, beam_size, alpha):
     """Narrow beams over longer outputs, where the beam really prunes and stops early (its answer
     often differs from greedy search on these models)."""
@@ -254,6 +258,79 @@ def test_beam_search_equals_a_textbook_beam_search(seed, beam_size, alpha):
             scores = sequence_scores(model, one, [hyp]).item(), sequence_scores(model, one, [expected]).item()
             assert scores[0] / len(hyp) ** alpha == pytest.approx(scores[1] / len(expected) ** alpha,
                                                                   abs=1e-5), (hyp, expected)
+
+
+class ScriptedModel(torch.nn.Module):
+    """A stand-in for the encoder-decoder whose next-token distribution after each prefix is drawn
+    at random (seeded by the prefix), far sharper than a tiny network's: some paths are nearly
+    certain, which is where a wrong early-stopping bound shows. Decodes without a cache only."""
+
+    def __init__(self, seed: int, vocab: int = 6, sharpness: float = 4.0, max_positions: int = 16):
+        super().__init__()
+        self.seed, self.vocab, self.sharpness = seed, vocab, sharpness
+        self.cfg = Seq2SeqConfig(max_positions=max_positions)
+        self.generator = torch.nn.Identity()
+
+    def logits(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        g = torch.Generator().manual_seed(hash((self.seed, prefix)) % 2**62)
+        return self.sharpness * torch.randn(self.vocab, generator=g)  # (V,)
+
+    def next_logp(self, tokens: list[int]) -> list[float]:
+        logp = self.logits((BOS, *tokens)).log_softmax(-1)
+        logp[[PAD, BOS]] = float("-inf")
+        return logp.tolist()
+
+    def encode(self, src):
+        return src.float()[..., None], torch.ones_like(src, dtype=torch.bool)[:, None, None], None
+
+    def decode(self, ys, memory, src_mask, cache=None):
+        assert cache is None
+        return torch.stack([self.logits(tuple(row)) for row in ys.tolist()])[:, None], None, None
+
+
+def completions(model: ScriptedModel, tokens: list[int], score: float, max_len: int):
+    """Every (summed log-probability, length) that a live prefix can finish with, EOS included."""
+    logp = model.next_logp(tokens)
+    if len(tokens) + 1 == max_len:
+        yield score + logp[EOS], max_len
+        return
+    for v, lp in enumerate(logp):
+        if lp == float("-inf"):
+            continue
+        if v == EOS:
+            yield score + lp, len(tokens) + 1
+        else:
+            yield from completions(model, tokens + [v], score + lp, max_len)
+
+
+@pytest.mark.parametrize("alpha", [-2.0, -1.0, -0.5, 0.0, 0.6, 1.0, 2.0])
+def test_the_early_stopping_bound_holds_against_exhaustive_search(alpha):
+    """For every live prefix of scripted models, the best normalized score any completion reaches
+    (found by enumerating them all) is at most what `best_reachable` promises, at negative length
+    penalties too."""
+    max_len = 5
+    for seed in range(4):
+        model = ScriptedModel(seed)
+        prefixes = [[]] + [list(p) for n in range(1, max_len) for p in itertools.product((UNK, 4, 5), repeat=n)]
+        for tokens in prefixes:
+            score = 0.0
+            for i, t in enumerate(tokens):
+                score += model.next_logp(tokens[:i])[t]
+            best = max(s / n ** alpha for s, n in completions(model, tokens, score, max_len))
+            assert best <= best_reachable(score, len(tokens), max_len, alpha) + 1e-9, (tokens, alpha)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("beam_size, alpha", [(2, -1.0), (3, -0.5), (2, -2.0), (3, 0.6)])
+def test_early_stopping_never_changes_the_answer_at_any_length_penalty(seed, beam_size, alpha):
+    """Beam search on sharp scripted distributions equals the textbook beam search that never
+    stops early, negative length penalties included (where short outputs are favoured)."""
+    model = ScriptedModel(seed, sharpness=2.0 + seed % 4)
+    max_len = 6
+    limits = DecodeLimits(BOS, EOS, PAD, max_len_a=0, max_len_b=max_len)
+    src = torch.tensor([[UNK, EOS]])
+    found = beam_search(model, src, limits, beam_size, length_penalty=alpha, use_cache=False)[0]
+    assert found == reference_beam_search(None, None, max_len, beam_size, alpha, model.next_logp)
 
 
 def test_a_stronger_length_penalty_never_picks_a_shorter_output():

@@ -51,6 +51,16 @@ def _step_logprobs(model: Seq2SeqTransformer, ys: Tensor, memory: Tensor, src_ma
     return logp
 
 
+def best_reachable(score: float, length: int, max_length: int, length_penalty: float) -> float:
+    """The best normalized score (sum / length^length_penalty) that a live hypothesis with summed
+    log-probability `score` <= 0 and `length` tokens can still reach. Its sum can only fall, and it
+    ends with between length + 1 and max_length tokens; s / n^p with s <= 0 is largest where n^p
+    is largest: at the longest length for p >= 0, at the shortest for p < 0 (short outputs are
+    favoured)."""
+    n = max_length if length_penalty >= 0 else min(length + 1, max_length)
+    return score / n ** length_penalty
+
+
 DecodeFn = TypeVar("DecodeFn", bound=Callable)
 
 
@@ -98,8 +108,8 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
     finishes a hypothesis only when it ranks among the K best candidates of its step (as in
     fairseq and Hugging Face), so beam size 1 with length_penalty 0 is greedy search. At its
     length limit a hypothesis must emit EOS (as in greedy decoding). A sentence
-    stops when no live hypothesis can still beat its `beam_size` best finished ones (with
-    log-probabilities <= 0 a live score s can at best reach s / max_length^length_penalty).
+    stops when no live hypothesis can still beat its `beam_size` best finished ones
+    (`best_reachable`, right for negative length penalties too).
     """
     K = beam_size
     B = src.size(0)
@@ -154,7 +164,8 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
             finished[b].sort(key=lambda h: -h[0])
             del finished[b][K:]
             live_best = new_scores[b].max().item()
-            bound = live_best / (max_lens[b] ** length_penalty) if live_best > float("-inf") else -math.inf
+            bound = (best_reachable(live_best, length, max_lens[b], length_penalty)
+                     if live_best > float("-inf") else -math.inf)
             if length >= max_lens[b] or (len(finished[b]) >= K and finished[b][-1][0] >= bound):
                 done[b] = True
         if all(done):
