@@ -239,6 +239,37 @@ def dataclass_from_dict(cls: type, data: dict[str, Any], section: str) -> Any:
                          f"valid: {', '.join(sorted(known))}")
     hints = typing.get_type_hints(cls)
     for name, value in data.items():
-        if hints.get(name) is bool and not isinstance(value, bool):
-            raise ValueError(f"[{section}] {name}={value!r} is invalid: it must be true or false")
+        if name in hints and not _has_type(value, hints[name]):
+            raise ValueError(f"[{section}] {name}={value!r} is invalid: it must be {_describe(hints[name])}")
     return cls(**data)
+
+
+_TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",
+               type(None): "null"}
+
+
+def _has_type(value: Any, hint: Any) -> bool:
+    """Whether a value read from JSON or TOML fits a field's annotation (ints count as floats, bools
+    count as neither). Annotations other than these simple ones are not checked here."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", typing.Union)):
+        return any(_has_type(value, arm) for arm in typing.get_args(hint))
+    if origin is list:
+        (item,) = typing.get_args(hint) or (Any,)
+        return isinstance(value, list) and all(_has_type(v, item) for v in value)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint in (bool, str, type(None)):
+        return isinstance(value, hint)
+    return True
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is list:
+        return f"a list of {_describe(typing.get_args(hint)[0]).split(' ', 1)[-1]}s"
+    if typing.get_args(hint) and origin is not list:
+        return " or ".join(_describe(arm) for arm in typing.get_args(hint))
+    return _TYPE_WORDS.get(hint, str(hint))

@@ -157,6 +157,17 @@ def test_a_directory_that_is_not_a_run(capsys, tmp_path):
     ("train.steps=0", "TrainConfig.steps=0 is invalid"),
     ("train.keep_cpu_memory=maybe", "[train] keep_cpu_memory='maybe' is invalid: it must be true or false"),
     ("data.joint_vocab=1", "[data] joint_vocab=1 is invalid: it must be true or false"),
+    # Every section is checked on construction, before any data is read or model built.
+    ("decode.beam=0", "[decode] beam=0 is invalid: it must be an integer >= 1"),
+    ("decode.length_penalty=nan", "[decode] length_penalty='nan' is invalid: it must be a number"),
+    ("decode.max_len_a=-1", "[decode] max_len_a=-1 is invalid"),
+    ("data.max_length=1", "[data] max_length=1 is invalid"),
+    ("data.max_tokens=8", "[data] max_tokens=8 is invalid"),
+    ('data.val=["a","b","c"]', "[data] val=['a', 'b', 'c'] is invalid: give a TSV path or exactly two"),
+    ("data.tokenizer=words", "[data] tokenizer='words' is invalid: choose bpe or char"),
+    ("train.lr=fast", "[train] lr='fast' is invalid: it must be a number"),
+    ("train.min_lr=1", "TrainConfig.min_lr=1 is invalid"),
+    ("model.d_model=wide", "[model] d_model='wide' is invalid: it must be an integer"),
 ])
 def test_bad_overrides_are_clear_errors(override, message, capsys, tmp_path):
     out = tmp_path / "run"
@@ -183,6 +194,38 @@ def test_resume_needs_a_checkpoint(capsys, tmp_path):
     assert "cannot resume" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="give --config"):
         main(["train"])
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--out", "elsewhere"], "--out"), (["--config", "demo"], "--config"),
+    (["--overwrite"], "--overwrite"), (["--config", "demo", "--out", "x"], "--config and --out"),
+])
+def test_resume_refuses_options_it_would_ignore(run, capsys, extra, named):
+    run_dir, _ = run
+    before = (run_dir / "checkpoint.safetensors").read_bytes()
+    assert main(["train", "--resume", str(run_dir), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and f"{named} would be ignored" in err and "--set" in err
+    assert (run_dir / "checkpoint.safetensors").read_bytes() == before
+
+
+@pytest.mark.parametrize("data", [["a.tsv", "b.tsv", "c.tsv"], ["dates", "b.tsv"]])
+def test_eval_refuses_data_it_would_not_read(run, capsys, data):
+    run_dir, _ = run
+    assert main(["eval", str(run_dir), "--data", *data]) == 2
+    assert f"got {len(data)} paths" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["translate", "RUN", "x", "--beam", "0"],
+                                  ["eval", "RUN", "--data", "dates", "--beam", "-1"],
+                                  ["translate", "RUN", "x", "--beam", "two"]])
+def test_numeric_options_are_checked_before_any_work(run, capsys, args):
+    run_dir, _ = run
+    with pytest.raises(SystemExit) as info:
+        main([str(run_dir) if a == "RUN" else a for a in args])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --beam:" in err and ("must be an integer >= 1" in err or "expected an integer" in err)
 
 
 def test_resuming_a_finished_run_with_more_steps_continues_it(tmp_path, capsys):

@@ -2,6 +2,7 @@
 determinism, and beam search against exhaustive search under the same length-penalized score."""
 
 import itertools
+import re
 
 import pytest
 import torch
@@ -331,6 +332,26 @@ def test_early_stopping_never_changes_the_answer_at_any_length_penalty(seed, bea
     src = torch.tensor([[UNK, EOS]])
     found = beam_search(model, src, limits, beam_size, length_penalty=alpha, use_cache=False)[0]
     assert found == reference_beam_search(None, None, max_len, beam_size, alpha, model.next_logp)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_len_a=-1.0), "DecodeLimits.max_len_a=-1.0 is invalid"),
+    (dict(max_len_a=float("nan")), "DecodeLimits.max_len_a=nan is invalid"),
+    (dict(max_len_b=-2), "DecodeLimits.max_len_b=-2 is invalid"),
+    (dict(eos_id=None), "DecodeLimits.eos_id=None is invalid"),
+])
+def test_decode_limits_are_checked_on_construction(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        DecodeLimits(**{**dict(bos_id=BOS, eos_id=EOS, pad_id=PAD), **kwargs})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(beam_size=0), "beam_size=0 is invalid"), (dict(beam_size=2.0), "beam_size=2.0 is invalid"),
+    (dict(length_penalty=float("inf")), "length_penalty=inf is invalid"),
+])
+def test_beam_search_checks_its_arguments_before_decoding(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        beam_search(tiny_model(0), random_sources(0, LENGTHS), LIMITS, **kwargs)
 
 
 def test_a_stronger_length_penalty_never_picks_a_shorter_output():

@@ -10,6 +10,26 @@ from pathlib import Path
 from typing import Any
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (argparse prints the message and exits with code 2)."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+    return value
+
+
 def parse_value(text: str) -> Any:
     """'3' -> 3, '0.1' -> 0.1, 'true' -> True, 'none' -> None, anything else stays a string."""
     lowered = text.strip().lower()

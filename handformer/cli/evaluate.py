@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from handformer.cli.common import run_task
+from handformer.cli.common import positive_int, run_task
 
 
 def cmd_eval_lm(args: argparse.Namespace) -> int:
@@ -36,6 +36,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from handformer.tasks.translation.translator import Translator
     from handformer.training.loop import evaluate
 
+    if len(args.data) > 2 or (len(args.data) == 2 and "dates" in args.data):
+        raise ValueError(f"--data takes one TSV file, two aligned files (source target) or 'dates'; "
+                         f"got {len(args.data)} paths: {' '.join(args.data)}")
     translator = Translator.load(args.run_dir, args.device)
     if args.data == ["dates"]:
         _, _, data = load_pairs(translator.job.data)
@@ -69,7 +72,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="translation: a TSV file, two aligned files (source target), or 'dates' "
                    "(embedded held-out); language model: a text file or folder (plain or .gz), "
                    "'val' (the run's own validation split, all of it) or 'pydoc'")
-    p.add_argument("--beam", type=int, default=None)
+    p.add_argument("--beam", type=positive_int, default=None, help="beam size (1 = greedy; default "
+                   "from the run)")
     p.add_argument("--limit", type=int, default=0,
                    help="score only the first N pairs (translation) or windows (language model)")
     p.add_argument("--block-size", type=int, default=None,

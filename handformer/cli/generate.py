@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from handformer.cli.common import non_negative_int, positive_int
 from handformer.generation.stream import TextStream
 
 
@@ -42,10 +43,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="continue a prompt with a trained or imported language model")
     p.add_argument("run_dir")
     p.add_argument("--prompt", help="text to continue; without it, one prompt per stdin line")
-    p.add_argument("--max-new-tokens", type=int, default=None,
+    p.add_argument("--max-new-tokens", type=non_negative_int, default=None,
                    help="tokens to generate (default 100, or fewer if the context window is shorter)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
-    p.add_argument("--top-k", type=int, default=None, help="sample from the K most likely tokens")
+    p.add_argument("--top-k", type=positive_int, default=None, help="sample from the K most likely tokens")
     p.add_argument("--top-p", type=float, default=None,
                    help="sample from the smallest set of tokens with total probability >= P")
     p.add_argument("--seed", type=int, default=None, help="random seed, for reproducible samples")

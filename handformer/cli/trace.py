@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from handformer.cli.common import parse_overrides
+from handformer.cli.common import non_negative_int, parse_overrides, positive_int
 from handformer.config import BlockConfig, config_from_dict, load_config
 
 
@@ -49,8 +49,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="preset (paper-base, gpt2, llama), a config JSON file or a run directory")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a model config field, e.g. --set n_encoder_layers=2")
-    p.add_argument("--batch-size", type=int, default=2)
-    p.add_argument("--src-length", type=int, default=10, help="source (or prompt) length")
-    p.add_argument("--tgt-length", type=int, default=5, help="target length (encoder-decoder)")
-    p.add_argument("--depth", type=int, default=None, help="show modules down to this depth")
+    p.add_argument("--batch-size", type=positive_int, default=2)
+    p.add_argument("--src-length", type=positive_int, default=10, help="source (or prompt) length")
+    p.add_argument("--tgt-length", type=positive_int, default=5, help="target length (encoder-decoder)")
+    p.add_argument("--depth", type=non_negative_int, default=None, help="show modules down to this depth")
     p.set_defaults(func=cmd_trace)

@@ -6,11 +6,19 @@ import argparse
 import json
 from pathlib import Path
 
-from handformer.cli.common import job_from_args, parse_overrides, print_table
+from handformer.cli.common import job_from_args, parse_overrides, positive_int, print_table
+
+DEFAULT_OUT = "runs/train"
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
+        given = [f"--{name}" for name in ("config", "out", "overwrite") if getattr(args, name)]
+        if given:
+            raise ValueError(f"--resume {args.resume} continues that run with its own config and "
+                             f"directory; {' and '.join(given)} would be ignored: drop "
+                             f"{'them' if len(given) > 1 else 'it'} (change settings with --set), "
+                             "or start a new run with --config and --out")
         run_dir = Path(args.resume)
         config_path = run_dir / "config.json"
         if not config_path.is_file():
@@ -29,7 +37,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if not args.config:
             raise SystemExit("error: give --config FILE.toml (or a built-in name) or --resume RUN_DIR")
         job_dict = job_from_args(args)
-        run_dir = Path(args.out)
+        run_dir = Path(args.out or DEFAULT_OUT)
         if (run_dir / "checkpoint.safetensors").exists() and not args.overwrite:
             raise SystemExit(f"error: {run_dir} already holds a run; use --resume {run_dir} to "
                              "continue it, --overwrite to start over, or another --out")
@@ -108,7 +116,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train a small translator on the embedded dates task, in minutes")
     p.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
-    p.add_argument("--examples", type=int, default=10, help="held-out examples to show")
+    p.add_argument("--examples", type=positive_int, default=10, help="held-out examples to show")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the demo config, e.g. --set train.steps=300")
     p.set_defaults(func=cmd_demo)
@@ -117,7 +125,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="TOML file, or a built-in config name (demo)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field: section.key=value, e.g. train.steps=500")
-    p.add_argument("--out", default="runs/train", help="run directory (default runs/train)")
+    p.add_argument("--out", default=None, help=f"run directory (default {DEFAULT_OUT})")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="start over in an existing run directory")
     p.add_argument("--tokenizer", metavar="RUN_DIR|tokenizer.json",

@@ -30,6 +30,18 @@ class DecodeLimits:
     max_len_a: float = 1.5  # a hypothesis may have at most a * source length + b tokens
     max_len_b: int = 10
 
+    def __post_init__(self) -> None:
+        def fail(name: str, fix: str) -> None:
+            raise ValueError(f"DecodeLimits.{name}={getattr(self, name)!r} is invalid: {fix}")
+
+        for name in ("bos_id", "eos_id", "pad_id", "max_len_b"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                fail(name, "it must be an integer >= 0")
+        if not (isinstance(self.max_len_a, (int, float)) and math.isfinite(self.max_len_a)
+                and self.max_len_a >= 0):
+            fail("max_len_a", "it must be a number >= 0")
+
     def max_lengths(self, src: Tensor, max_positions: int) -> Tensor:
         """(B,) the longest output per sentence (EOS included), relative to its real source length.
         An output of m tokens feeds the decoder BOS + its first m - 1: m positions at most."""
@@ -111,6 +123,10 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
     stops when no live hypothesis can still beat its `beam_size` best finished ones
     (`best_reachable`, right for negative length penalties too).
     """
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size={beam_size!r} is invalid: it must be an integer >= 1")
+    if not (isinstance(length_penalty, (int, float)) and math.isfinite(length_penalty)):
+        raise ValueError(f"length_penalty={length_penalty!r} is invalid: it must be a finite number")
     K = beam_size
     B = src.size(0)
     memory, src_mask, _ = model.encode(src)  # (B, S, D)

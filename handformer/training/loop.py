@@ -81,6 +81,15 @@ class TrainConfig:
                 fail(name, "it must be in [0, 1)")
         if self.parallel not in ("ddp", "fsdp"):
             fail("parallel", "choose ddp or fsdp")
+        if not 0 <= self.min_lr <= self.lr:
+            fail("min_lr", f"it must be in [0, lr={self.lr}]")
+        if self.weight_decay < 0:
+            fail("weight_decay", "it must be >= 0")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            fail("seed", "it must be an integer")
+        if not isinstance(self.device, str) or not (self.device in ("auto", "cpu", "cuda", "mps")
+                                                    or self.device.startswith("cuda:")):
+            fail("device", "choose auto, cpu, cuda or cuda:N")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:

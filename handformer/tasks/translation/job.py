@@ -4,6 +4,7 @@ sections, the data they name, the tokenizers trained on it and the batches built
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,9 +32,46 @@ class TranslationDataConfig:
     max_tokens: int = 4096  # padded tokens per batch
     seed: int = 0  # the embedded task's seed
 
+    def __post_init__(self) -> None:
+        def fail(name: str, fix: str) -> None:
+            raise ValueError(f"[data] {name}={getattr(self, name)!r} is invalid: {fix}")
+
+        for name in ("train", "val", "test"):
+            value = getattr(self, name)
+            if name != "train" and value is None:
+                continue
+            if isinstance(value, list):
+                if len(value) != 2 or not all(isinstance(v, str) and v for v in value):
+                    fail(name, "give a TSV path or exactly two paths [source, target]")
+            elif not isinstance(value, str) or not value:
+                fail(name, 'give "dates", a TSV path, or [source, target] paths')
+        for name in ("n_train", "n_heldout", "vocab_size", "max_tokens"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) <= 0:
+                fail(name, "it must be a positive integer")
+        if not _is_int(self.max_length) or self.max_length < 2:
+            fail("max_length", "it must be an integer >= 2 (a token and EOS)")
+        if self.max_tokens < self.max_length:
+            fail("max_tokens", f"a batch must hold at least one example of max_length={self.max_length} "
+                 "tokens: raise max_tokens or lower max_length")
+        if not _is_int(self.seed):
+            fail("seed", "it must be an integer")
+        for name in ("tokenizer", "target_tokenizer"):
+            if getattr(self, name) not in ("bpe", "char") and not (name == "target_tokenizer"
+                                                                   and self.target_tokenizer is None):
+                fail(name, "choose bpe or char" + (" (or leave it out: same as tokenizer)"
+                                                   if name == "target_tokenizer" else ""))
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TranslationDataConfig:
         return dataclass_from_dict(cls, data, "data")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -42,6 +80,22 @@ class DecodeConfig:
     length_penalty: float = 0.6  # score / length^length_penalty
     max_len_a: float = 1.5  # output length limit: a * source length + b
     max_len_b: int = 10
+
+    def __post_init__(self) -> None:
+        def fail(name: str, fix: str) -> None:
+            raise ValueError(f"[decode] {name}={getattr(self, name)!r} is invalid: {fix}")
+
+        if not _is_int(self.beam) or self.beam < 1:
+            fail("beam", "it must be an integer >= 1 (1 = greedy)")
+        if not _is_number(self.length_penalty):
+            fail("length_penalty", "it must be a finite number (0 = none; > 0 favours longer outputs, "
+                 "< 0 shorter ones)")
+        if not _is_number(self.max_len_a) or self.max_len_a < 0:
+            fail("max_len_a", "it must be a number >= 0")
+        if not _is_int(self.max_len_b) or self.max_len_b < 0:
+            fail("max_len_b", "it must be an integer >= 0")
+        if self.max_len_a == 0 and self.max_len_b == 0:
+            fail("max_len_b", "with max_len_a = 0 it must be >= 1, or every output is empty")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> DecodeConfig:
