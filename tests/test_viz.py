@@ -144,7 +144,7 @@ def test_viz_rejects_what_is_not_a_run_directory(tmp_path):
     assert rc == 2 and "config.json is not valid JSON" in err
     (tmp_path / "config.json").write_text(json.dumps({"task": "classify", "model": {}}))
     rc, _, err = run_cli("viz", str(tmp_path), "hello")
-    assert rc == 2 and "viz knows translation and lm runs" in err
+    assert rc == 2 and "expected 'translation' or 'lm'" in err
 
 
 # --- language-model runs -----------------------------------------------------------------------

@@ -39,6 +39,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # permissions, a full disk, a directory where a file should be, ...
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

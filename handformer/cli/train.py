@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from handformer.cli.common import job_from_args, parse_overrides, positive_int, print_table
@@ -19,13 +18,16 @@ def cmd_train(args: argparse.Namespace) -> int:
                              f"directory; {' and '.join(given)} would be ignored: drop "
                              f"{'them' if len(given) > 1 else 'it'} (change settings with --set), "
                              "or start a new run with --config and --out")
+        from handformer.config import CausalLMConfig, Seq2SeqConfig
+        from handformer.tasks.run_config import read_run_config, run_model_config
+
         run_dir = Path(args.resume)
-        config_path = run_dir / "config.json"
-        if not config_path.is_file():
+        if not (run_dir / "config.json").exists():
             raise FileNotFoundError(f"cannot resume: {run_dir} has no config.json")
-        if not (run_dir / "checkpoint.safetensors").is_file():
+        if not (run_dir / "checkpoint.safetensors").exists():
             raise FileNotFoundError(f"cannot resume: {run_dir} has no checkpoint.safetensors yet")
-        saved = json.loads(config_path.read_text())
+        saved = read_run_config(run_dir)
+        run_model_config(run_dir, saved, Seq2SeqConfig if saved["task"] == "translation" else CausalLMConfig)
         job_dict = {k: v for k, v in saved.items() if k in ("task", "train", "data", "decode")}
         job_dict["model"] = {k: v for k, v in saved["model"].items()  # sizes come from tokenizers
                              if k not in ("family", "src_vocab_size", "tgt_vocab_size", "vocab_size",
@@ -44,25 +46,28 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.tokenizer:  # shards that carry none (llm.c, nanoGPT): the tokenizer they were made with
         job_dict.setdefault("data", {})["tokenizer"] = args.tokenizer
     task = job_dict.pop("task", "translation")
-    if task == "translation":
-        from handformer.tasks.translation.job import TranslationJob
-        from handformer.tasks.translation.train import run_train
-
-        _, result = run_train(TranslationJob.from_dict(job_dict), run_dir, resume=bool(args.resume))
-    elif task == "lm":
-        from handformer.tasks.lm.job import LMJob
-        from handformer.tasks.lm.train import run_train_lm
-
-        _, result = run_train_lm(LMJob.from_dict(job_dict), run_dir, resume=bool(args.resume))
-    else:
+    if task not in ("translation", "lm"):
         raise SystemExit(f"error: unknown task {task!r} in the config; use translation or lm")
-    from handformer.see.plots import plot_loss_curve
+    from handformer.tasks.lm.job import LMJob
+    from handformer.tasks.lm.train import run_train_lm
+    from handformer.tasks.translation.job import TranslationJob
+    from handformer.tasks.translation.train import run_train
     from handformer.training.distributed import env_rank
+    from handformer.training.run_lock import run_lock
 
-    if env_rank() != 0:  # under torchrun, rank 0 alone writes the plot and reports
-        return 0
+    try:
+        job = (TranslationJob if task == "translation" else LMJob).from_dict(job_dict)
+    except ValueError as err:  # a resumed run's config.json, or --config with --set
+        raise ValueError(f"{run_dir / 'config.json'}: {err}" if args.resume else str(err)) from None
+    # One `handformer train` a run directory at a time (under torchrun, rank 0 holds the lock).
+    with run_lock(run_dir, enabled=env_rank() == 0):
+        run = run_train if task == "translation" else run_train_lm
+        _, result = run(job, run_dir, resume=bool(args.resume))
+        if env_rank() != 0:  # under torchrun, rank 0 alone writes the plot and reports
+            return 0
+        from handformer.see.plots import plot_loss_curve
 
-    curve = plot_loss_curve(run_dir)
+        curve = plot_loss_curve(run_dir)
     best = "n/a" if result.best_val_loss is None else f"{result.best_val_loss:.4f}"
     print(f"done: {result.step} steps in {result.elapsed_s:.0f} s, best val loss {best}")
     print(f"run directory: {run_dir} (model.safetensors, metrics.jsonl, {curve.name})")

@@ -45,6 +45,7 @@ from handformer.convert.hf_weights import config_from_hf, convert_hf_state_dict
 from handformer.data.tokenizer import Tokenizer
 from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm.run import SpecialTokens, save_lm_run
+from handformer.training.checkpoint import safetensors_problem
 
 # model_type -> the Hugging Face class whose checkpoints `hf_weights` maps.
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
@@ -70,6 +71,8 @@ class ImportedLM:
 
 
 def _read_json(path: Path, required: bool = False) -> dict[str, Any]:
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a JSON file")
     if not path.is_file():
         if required:
             raise FileNotFoundError(f"{path.parent} has no {path.name}")
@@ -103,13 +106,14 @@ def _read_file(path: Path) -> dict[str, Tensor]:
         with safe_open(str(path), framework="pt") as f:
             return {k: f.get_tensor(k) for k in f.keys()}
     except Exception as err:  # safetensors raises its own error types on malformed files
-        raise ValueError(f"{path} is not a readable safetensors file: {err}") from None
+        raise ValueError(f"{path} is not a readable safetensors file: {safetensors_problem(path, err)}; "
+                         "download or save the checkpoint again") from None
 
 
 def read_hf_weights(hf_dir: str | os.PathLike) -> tuple[dict[str, Tensor], str]:
     """Every tensor of the checkpoint in `hf_dir` (single file or shards), and the files' names."""
     hf_dir = Path(hf_dir)
-    if (hf_dir / SINGLE_FILE).is_file():
+    if (hf_dir / SINGLE_FILE).exists():
         return _read_file(hf_dir / SINGLE_FILE), SINGLE_FILE
     if not (hf_dir / INDEX_FILE).is_file():
         pickles = sorted(p.name for p in hf_dir.glob("*.bin"))
@@ -120,7 +124,7 @@ def read_hf_weights(hf_dir: str | os.PathLike) -> tuple[dict[str, Tensor], str]:
     if not isinstance(weight_map, dict) or not weight_map:
         raise ValueError(f"{hf_dir / INDEX_FILE} has no 'weight_map' of tensor name -> shard file")
     shards = sorted(set(weight_map.values()))
-    missing = [s for s in shards if not (hf_dir / s).is_file()]
+    missing = [s for s in shards if not (hf_dir / s).exists()]
     if missing:
         raise FileNotFoundError(f"{hf_dir} lacks {len(missing)} of the {len(shards)} shard files "
                                 f"{INDEX_FILE} lists: {', '.join(missing)}")
@@ -231,7 +235,10 @@ def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
     _check_paths(hf_dir, run_dir, overwrite)
     hf_config = _read_json(hf_dir / "config.json", required=True)
     model_type, architecture = _architecture(hf_config, hf_dir / "config.json")
-    cfg = config_from_hf(hf_config)
+    try:
+        cfg = config_from_hf(hf_config)
+    except (ValueError, TypeError, KeyError) as err:  # a field missing or of the wrong type
+        raise ValueError(f"{hf_dir / 'config.json'}: {err}") from None
     tokenizer = Tokenizer.load(hf_dir / "tokenizer.json")  # checked before the (big) weights
     notes: list[str] = []
     if tokenizer.vocab_size > cfg.vocab_size:

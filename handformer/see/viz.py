@@ -15,7 +15,6 @@ Shape legend: H heads, T queries, S keys. Layers and heads are counted from 0, a
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,17 +80,12 @@ def read_run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     if not path.is_dir():
         raise FileNotFoundError(f"{run_dir} is not a directory; give a run directory made by "
                                 "`handformer train`, `handformer demo` or `handformer import-hf`")
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json); give one made by "
-                                "`handformer train`, `handformer demo` or `handformer import-hf`")
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except ValueError as err:
-        raise ValueError(f"{path / 'config.json'} is not valid JSON: {err}") from None
-    if not isinstance(config, dict) or config.get("task") not in TASKS:
-        task = config.get("task") if isinstance(config, dict) else None
-        raise ValueError(f"{run_dir}: config.json has task {task!r}; viz knows "
-                         f"{' and '.join(TASKS)} runs")
+    from handformer.config import CausalLMConfig, Seq2SeqConfig
+    from handformer.tasks.run_config import read_run_config as read_checked
+    from handformer.tasks.run_config import run_model_config
+
+    config = read_checked(path)  # one clear error for a missing, broken or foreign config.json
+    run_model_config(path, config, Seq2SeqConfig if config["task"] == "translation" else CausalLMConfig)
     return config
 
 

@@ -73,16 +73,45 @@ def save_weights(model: nn.Module, path: str | os.PathLike,
     atomic_write_bytes(path, st_save(unique_state_dict(model, full_state)))
 
 
-def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, Tensor], dict[str, str]]:
+def safetensors_problem(path: Path, error: Exception | None = None) -> str:
+    """What is wrong with a file that safetensors cannot read, in words."""
+    if path.is_dir():
+        return "it is a directory, not a file"
+    size = path.stat().st_size
+    if size == 0:
+        return "the file is empty"
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head[:1] == b"\x80" or head[:4] == b"PK\x03\x04":  # pickle protocol 2+, or torch.save's zip
+        return ("it is a pickle (torch.save) file, not safetensors; handformer never unpickles: "
+                "convert it with safetensors.torch.save_file")
+    if size < 8:
+        return f"the file is truncated ({size} bytes, shorter than the 8-byte header length)"
+    header = int.from_bytes(head, "little")
+    if 8 + header > size:
+        return (f"the file is truncated or not safetensors (its header claims {header:,} bytes; "
+                f"the file holds {size:,})")
+    return f"the file is truncated or corrupt ({error})" if error else "the file is corrupt"
+
+
+def read_safetensors(path: str | os.PathLike, fix: str = "replace it with an intact copy",
+                     ) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """Every tensor and the metadata of a safetensors file. A missing, empty, truncated, corrupt or
+    pickle file, or a directory in its place, raises one line naming it, what is wrong and `fix`."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"no weights file at {path}")
-    with safe_open(str(path), framework="pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}, (f.metadata() or {})
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}, (f.metadata() or {})
+    except Exception as err:  # safetensors raises its own error types, and OSError for a directory
+        raise ValueError(f"{path} is not a readable safetensors file: "
+                         f"{safetensors_problem(path, err)}; {fix}") from None
 
 
-def load_weights(model: nn.Module, path: str | os.PathLike) -> None:
-    tensors, _ = read_safetensors(path)
+def load_weights(model: nn.Module, path: str | os.PathLike,
+                 fix: str = "replace it with an intact copy") -> None:
+    tensors, _ = read_safetensors(path, fix)
     load_into(model, tensors, str(path))
 
 
@@ -107,9 +136,15 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
 def load_checkpoint(path: str | os.PathLike, model: nn.Module,
                     optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Restore what `save_checkpoint` wrote; returns the loop state."""
-    tensors, metadata = read_safetensors(path)
+    fix = ("this run cannot be resumed from it; start the run over (`handformer train --config ... "
+           "--overwrite`) or restore the file from a copy")
+    tensors, metadata = read_safetensors(path, fix)
     if "state" not in metadata:
-        raise ValueError(f"{path} is not a handformer training checkpoint (no loop state)")
+        raise ValueError(f"{path} is not a handformer training checkpoint (no loop state); {fix}")
+    try:
+        state, param_groups = json.loads(metadata["state"]), json.loads(metadata["param_groups"])
+    except (KeyError, ValueError):
+        raise ValueError(f"{path} has unreadable loop state in its metadata; {fix}") from None
     load_into(model, {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")},
               str(path))
     opt_state: dict[int, dict[str, Tensor]] = {}
@@ -117,9 +152,12 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module,
         if key.startswith("optim/"):
             _, idx, name = key.split("/", 2)
             opt_state.setdefault(int(idx), {})[name] = value
-    optimizer.load_state_dict({"state": opt_state,
-                               "param_groups": json.loads(metadata["param_groups"])})
-    torch.set_rng_state(tensors["rng/torch"])
+    try:
+        optimizer.load_state_dict({"state": opt_state, "param_groups": param_groups})
+        torch.set_rng_state(tensors["rng/torch"])
+    except (KeyError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{path} does not hold this run's optimizer and RNG state ({err}); "
+                         f"{fix}") from None
     if "rng/cuda" in tensors and torch.cuda.is_available():
         torch.cuda.set_rng_state(tensors["rng/cuda"])
-    return json.loads(metadata["state"])
+    return state

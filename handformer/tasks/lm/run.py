@@ -24,6 +24,7 @@ from handformer.config import CausalLMConfig
 from handformer.data.tokenizer import Tokenizer
 from handformer.io import atomic_write_text
 from handformer.models.causal_lm import CausalLM
+from handformer.tasks.run_config import read_run_config, run_model_config
 from handformer.training.checkpoint import load_weights, save_weights
 
 
@@ -62,23 +63,25 @@ def save_lm_run(run_dir: str | os.PathLike, model: CausalLM, tokenizer: Tokenize
 def load_lm(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> LMRun:
     """Load a language-model run directory for generation (model in eval mode)."""
     run_dir = Path(run_dir)
-    config_path = run_dir / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json); train one with "
-                                "`handformer train --config configs/lm_default.toml` or import one "
-                                "with `handformer import-hf`")
-    config = json.loads(config_path.read_text())
+    config = read_run_config(run_dir)
     if config.get("task") != "lm":
         raise ValueError(f"{run_dir} holds a {config.get('task')!r} run, not a language model "
                          "(task 'lm'); use `handformer translate` for translation runs")
     for name in ("model.safetensors", "tokenizer.json"):
-        if not (run_dir / name).is_file():
+        if not (run_dir / name).exists():
             raise FileNotFoundError(f"{run_dir} has no {name}")
-    model = CausalLM(CausalLMConfig.from_dict(config["model"], "model"))
+    model = CausalLM(run_model_config(run_dir, config, CausalLMConfig))
     if "quantization" in config:  # written by `handformer quantize` (tasks/lm/quantize.py)
         from handformer.tasks.lm.quantize import Quantization
 
-        model = Quantization.from_dict(config["quantization"], str(config_path)).prepare(model)
-    load_weights(model, run_dir / "model.safetensors")
+        model = Quantization.from_dict(config["quantization"], str(run_dir / "config.json")).prepare(model)
+    if "source" in config:
+        fix = "import the checkpoint again (`handformer import-hf HF_DIR RUN_DIR --overwrite`)"
+    elif (run_dir / "checkpoint.safetensors").is_file():
+        fix = (f"re-run training, or resume it from checkpoint.safetensors (`handformer train "
+               f"--resume {run_dir}`, which rewrites model.safetensors at its next evaluation)")
+    else:
+        fix = "re-run training to write it again"
+    load_weights(model, run_dir / "model.safetensors", fix)
     tokens = SpecialTokens(**config.get("tokens", {}))
     return LMRun(model.to(device).eval(), Tokenizer.load(run_dir / "tokenizer.json"), tokens, config)

@@ -4,7 +4,6 @@ show its attention maps.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,19 +14,26 @@ from handformer.config import Seq2SeqConfig
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.decoding import DecodeLimits, beam_search, greedy_decode
 from handformer.models.seq2seq import Seq2SeqTransformer
+from handformer.tasks.run_config import read_run_config, run_model_config
 from handformer.tasks.translation.job import TranslationJob, prep_text
 from handformer.training.checkpoint import load_weights
 
 
 def check_run_dir(run_dir: str | os.PathLike) -> Path:
     run_dir = Path(run_dir)
-    if not (run_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json); train one with "
-                                "`handformer train` or `handformer demo`")
-    if not (run_dir / "model.safetensors").is_file():
+    read_run_config(run_dir)
+    if not (run_dir / "model.safetensors").exists():
         raise FileNotFoundError(f"{run_dir} has no model.safetensors yet (training has not reached "
                                 "its first evaluation)")
     return run_dir
+
+
+def weights_fix(run_dir: Path) -> str:
+    """What to do about a broken model.safetensors in a trained run."""
+    if (run_dir / "checkpoint.safetensors").is_file():
+        return (f"re-run training, or resume it from checkpoint.safetensors (`handformer train "
+                f"--resume {run_dir}`, which rewrites model.safetensors at its next evaluation)")
+    return "re-run training to write it again"
 
 
 def load_tokenizers(run_dir: Path) -> tuple[Tokenizer, Tokenizer]:
@@ -49,13 +55,16 @@ class Translator:
     @classmethod
     def load(cls, run_dir: str | os.PathLike, device: str = "cpu") -> Translator:
         run_dir = check_run_dir(run_dir)
-        config = json.loads((run_dir / "config.json").read_text())
+        config = read_run_config(run_dir)
         if config.get("task") != "translation":
             raise ValueError(f"{run_dir} holds a {config.get('task')!r} run, not a translation run")
-        model_cfg = Seq2SeqConfig.from_dict(config["model"], "model")
-        job = TranslationJob.from_dict({k: v for k, v in config.items() if k != "model"})
+        model_cfg = run_model_config(run_dir, config, Seq2SeqConfig)
+        try:
+            job = TranslationJob.from_dict({k: v for k, v in config.items() if k != "model"})
+        except ValueError as err:
+            raise ValueError(f"{run_dir / 'config.json'}: {err}") from None
         model = Seq2SeqTransformer(model_cfg)
-        load_weights(model, run_dir / "model.safetensors")
+        load_weights(model, run_dir / "model.safetensors", weights_fix(run_dir))
         src_tok, tgt_tok = load_tokenizers(run_dir)
         dev = torch.device(device)
         return cls(model.to(dev).eval(), src_tok, tgt_tok, job, dev)
