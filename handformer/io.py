@@ -1,6 +1,7 @@
-"""Atomic file writes: write to a temporary file in the same folder, fsync, then rename.
+"""Atomic file writes: write to a temporary file in the same folder, fsync, rename, fsync the folder.
 
-A crash (or kill -9) in the middle of a write leaves the previous file intact, never half of one.
+A crash (or kill -9) in the middle of a write leaves the previous file intact, never half of one;
+what it can leave is the temporary file (`.NAME.XXXX.tmp`), which `stale_temporary_files` finds.
 """
 
 from __future__ import annotations
@@ -26,6 +27,25 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    _fsync_dir(path.parent)  # the rename itself survives a power loss
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # platforms that cannot open a directory (Windows)
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def stale_temporary_files(folder: str | os.PathLike) -> list[Path]:
+    """Temporary files that an interrupted `atomic_write` left in `folder`."""
+    return sorted(p for p in Path(folder).glob(".*.tmp") if p.is_file())
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from handformer.cli.common import positive_int, run_task
+from handformer.io import atomic_write_text
 
 
 def cmd_eval_lm(args: argparse.Namespace) -> int:
@@ -59,7 +59,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(f"loss {loss:.4f} per token  {scores.format()}  beam {beam}")
     print(f"sacreBLEU signature: {scores.signature}")
     if args.output:
-        Path(args.output).write_text("".join(h + "\n" for h in hyps))
+        atomic_write_text(args.output, "".join(h + "\n" for h in hyps))
         print(f"translations written to {args.output}")
     return 0
 

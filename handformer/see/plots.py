@@ -19,7 +19,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from handformer.io import atomic_write  # noqa: E402
 from handformer.see.fonts import label_fonts  # noqa: E402
+
+
+def save_figure(fig: plt.Figure, out: str | os.PathLike, dpi: int) -> None:
+    """Write a figure atomically (handformer.io): a crash never leaves half a PNG."""
+    fmt = Path(out).suffix.lstrip(".").lower() or "png"
+    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=dpi, format=fmt))
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
@@ -57,7 +64,7 @@ def plot_loss_curve(run_dir: str | os.PathLike, out: str | os.PathLike | None = 
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
+    save_figure(fig, out, dpi=120)
     plt.close(fig)
     return out
 
@@ -105,7 +112,7 @@ def plot_runs(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike) -> 
         axes[1, 1].ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
         fig.suptitle(f"{len(runs)} run{'s' if len(runs) > 1 else ''}: " + ", ".join(l for l, _ in runs))
         fig.tight_layout()
-        fig.savefig(out, dpi=100)
+        save_figure(fig, out, dpi=100)
     plt.close(fig)
     return Path(out)
 
@@ -162,7 +169,7 @@ def plot_attention(weights: np.ndarray, x_labels: Sequence[str], y_labels: Seque
             ax.set_title(_fit_title(title, size[0] - 1))
         fig.colorbar(im, ax=ax, fraction=0.04)
         fig.tight_layout()
-        fig.savefig(out, dpi=dpi)
+        save_figure(fig, out, dpi=dpi)
     plt.close(fig)
     return Path(out)
 
@@ -198,6 +205,6 @@ def plot_attention_heads(weights: np.ndarray, x_labels: Sequence[str], y_labels:
         if title:
             fig.suptitle(_fit_title(title, width))
         fig.colorbar(im, ax=axes, fraction=0.02)
-        fig.savefig(out, dpi=dpi)
+        save_figure(fig, out, dpi=dpi)
     plt.close(fig)
     return Path(out)

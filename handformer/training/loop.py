@@ -174,14 +174,14 @@ def evaluate(model: nn.Module, batches: list, loss_fn: LossFn, device: torch.dev
 
 
 class MetricsLog:
-    """metrics.jsonl: one JSON object a line. On resume, lines past the resumed step are dropped so
-    the file reads as one uninterrupted run."""
+    """metrics.jsonl: one JSON object a line, appended (not rewritten) as training goes. A crash can
+    cut the last line anywhere; on resume that torn line is dropped, and so are lines past the
+    resumed step, so the file reads as one uninterrupted run (rewritten atomically)."""
 
     def __init__(self, path: Path, resume_step: int | None) -> None:
         self.path = path
         if resume_step is not None and path.exists():
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            kept = [line for line in read_log_lines(path) if json.loads(line).get("step", 0) <= resume_step]
             atomic_write_text(path, "".join(line + "\n" for line in kept))
         elif resume_step is None and path.exists():
             path.unlink()
@@ -190,6 +190,28 @@ class MetricsLog:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
+
+
+def read_log_lines(path: Path) -> list[str]:
+    """The complete records of an append-only JSON-lines log. The last line may be torn by a crash
+    (cut short, or missing its newline): it is dropped unless it is a whole JSON object. A broken
+    line before the last cannot come from a crash and is an error naming it."""
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            records.append(line)
+        elif i < len(lines) - 1 and any(rest.strip() for rest in lines[i + 1:]):
+            raise ValueError(f"{path} line {i + 1} is not a JSON object ({line[:40]!r}); only the "
+                             "last line can be torn by a crash: delete or fix that line")
+    return records
 
 
 @dataclass

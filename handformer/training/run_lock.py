@@ -4,6 +4,7 @@ instead of interleaving checkpoints and metrics.
 
 The lock is the kernel's (flock): it goes away with the process, even after kill -9, so a crashed run
 never leaves a stale lock behind. The file keeps the pid of its last holder for the error message.
+Holding the lock, the run removes the temporary files an earlier run killed mid-write left behind.
 Where flock does not exist (Windows), no lock is taken.
 """
 
@@ -13,6 +14,8 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+
+from handformer.io import stale_temporary_files
 
 try:
     import fcntl
@@ -46,6 +49,8 @@ def run_lock(run_dir: str | os.PathLike, enabled: bool = True) -> Iterator[None]
                 f"finish or stop it (kill {holder}), or train into another --out") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        for leftover in stale_temporary_files(run_dir):  # from a run killed mid-write; ours now
+            leftover.unlink()
         yield
     finally:
         os.close(fd)  # closing the descriptor releases the lock
