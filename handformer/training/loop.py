@@ -222,6 +222,26 @@ class TrainResult:
     elapsed_s: float
 
 
+class RunWriteError(OSError):
+    """A file of the run could not be written (a full disk, lost permissions); says what still holds."""
+
+
+@contextlib.contextmanager
+def explain_write_errors(path: Path, run_dir: Path, resumable_step: int | None) -> Iterator[None]:
+    """Turn an OSError while writing `path` into one line: what failed, and that the previous
+    checkpoint is intact (atomic writes never replace a file with half of one)."""
+    try:
+        yield
+    except OSError as err:
+        reason = err.strerror or str(err)
+        if resumable_step is None:
+            then = "no checkpoint was written yet: free space and start the run again"
+        else:
+            then = (f"checkpoint.safetensors (step {resumable_step}) is intact: free space, then "
+                    f"`handformer train --resume {run_dir}`")
+        raise RunWriteError(f"could not write {path}: {reason}; {then}") from None
+
+
 def _batches(source: BatchSource, epoch: int, position: int) -> Iterator[tuple[int, int, Any]]:
     """Endless (epoch, position, batch) stream starting at the given place."""
     while True:
@@ -291,6 +311,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
     train_data = distributed.shard_source(train_data, ctx)
 
     step = state["step"]
+    resumable_step = step if resume else None  # the step checkpoint.safetensors holds
     # Checkpoints count batches of the global list, so a run resumes under another world size.
     epoch, position = state["epoch"], distributed.local_position(ctx, state["position"])
     stream = _batches(train_data, epoch, position)
@@ -356,25 +377,29 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
             record["val_loss"] = last_val
             if best is None or last_val < best:
                 best = last_val
-                _save_weights(model, run_dir / "model.safetensors", ctx)
+                with explain_write_errors(run_dir / "model.safetensors", run_dir, resumable_step):
+                    _save_weights(model, run_dir / "model.safetensors", ctx)
             if on_eval is not None:
                 on_eval(step, last_val)
             if bar is not None:
                 bar.write(f"step {step}: val_loss {last_val:.4f} (best {best:.4f})")
         if record is not None and metrics is not None:
-            metrics.write(record)
+            with explain_write_errors(metrics.path, run_dir, resumable_step):
+                metrics.write(record)
         every = cfg.checkpoint_every or cfg.eval_every
         if step % every == 0 or step == cfg.steps:
             elapsed = elapsed_before + time.perf_counter() - start
             full_state = distributed.full_model_state(model, ctx)  # collectives: every rank
             full_optim = distributed.full_optimizer_state(model, optimizer, ctx)
             if ctx.is_main:
-                save_checkpoint(ckpt_path, model, optimizer,
-                                {"step": step, "epoch": epoch,
-                                 "position": distributed.global_position(ctx, position),
-                                 "best_val_loss": best, "elapsed_s": elapsed,
-                                 "window_loss": window_loss, "window_tokens": window_tokens,
-                                 "train_config": asdict(cfg)}, full_state, full_optim)
+                with explain_write_errors(ckpt_path, run_dir, resumable_step):
+                    save_checkpoint(ckpt_path, model, optimizer,
+                                    {"step": step, "epoch": epoch,
+                                     "position": distributed.global_position(ctx, position),
+                                     "best_val_loss": best, "elapsed_s": elapsed,
+                                     "window_loss": window_loss, "window_tokens": window_tokens,
+                                     "train_config": asdict(cfg)}, full_state, full_optim)
+            resumable_step = step
     if bar is not None:
         bar.close()
     if val_batches is None:
