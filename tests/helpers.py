@@ -1,11 +1,39 @@
 """Helpers shared by test modules (imported as `helpers`: pytest puts this folder on sys.path)."""
 
-import torch
+import importlib
+import os
+
+import pytest
+
+# Set by .ci/run: a missing reference library, browser or font fails the suite instead of skipping
+# the tests that need it (locally they are skipped, and pytest's summary counts the skips).
+REQUIRE_ENV = "HANDFORMER_REQUIRE_REFERENCES"
+
+
+def references_required() -> bool:
+    return os.environ.get(REQUIRE_ENV, "") not in ("", "0")
+
+
+def missing(reason: str) -> None:
+    """A test's reference is missing: fail under HANDFORMER_REQUIRE_REFERENCES=1, else skip the module."""
+    if references_required():
+        pytest.fail(f"{reason} ({REQUIRE_ENV} is set: references are required)", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def require_module(name: str, install: str):
+    """Import a reference library, or fail/skip (see `missing`) saying how to install it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        missing(f"{name} is not importable ({err}); {install}")
 
 
 def randomize_hf(model, scale: float):
     """Hugging Face's init leaves norms at 1 and biases at 0, which would hide a swapped mapping:
     norm gains become 1 + N(0, 0.2), norm biases N(0, 0.2), every other tensor N(0, scale)."""
+    import torch  # here, so that importing helpers stays cheap for test_references_required
+
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1 and ("norm" in name or ".ln_" in name):

@@ -3,7 +3,8 @@ Debian's chromium driven by Playwright. It renders, the layer / head / view cont
 matrix to the model's weights, hovering highlights, the console stays clean and nothing is fetched.
 
 Skipped when Playwright or chromium is not installed (scripts/install.sh installs both where apt-get
-is available). Never `playwright install`: the browser is the system's."""
+is available), a failure in CI (HANDFORMER_REQUIRE_REFERENCES=1, set by .ci/run). Never
+`playwright install`: the browser is the system's."""
 
 import shutil
 import tempfile
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import missing, require_module
 
 from handformer.config import CausalLMConfig, Seq2SeqConfig
 from handformer.data.tokenizer import Tokenizer
@@ -24,12 +26,11 @@ from handformer.tasks.translation.job import TranslationJob
 from handformer.tasks.translation.train import save_run_config
 from handformer.training.checkpoint import save_weights
 
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="the python package playwright is not installed (pip install -e '.[dev]')")
+sync_api = require_module("playwright.sync_api", "pip install -e '.[dev]'")
 CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and Path(p).is_file()),
                 None)
 if CHROMIUM is None:
-    pytest.skip("no chromium browser installed (Debian: apt-get install chromium)", allow_module_level=True)
+    missing("no chromium browser installed (Debian: apt-get install chromium; scripts/install.sh does it)")
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import require_module
 
 from handformer.cli import main
 
-transformers = pytest.importorskip("transformers")  # noqa: E402 (see conftest: required in CI)
+transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,12 +11,12 @@ import shutil
 
 import pytest
 import torch
-from helpers import randomize_hf
+from helpers import randomize_hf, require_module
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers, processors
 
-transformers = pytest.importorskip("transformers")
+transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.cli import main  # noqa: E402
 from handformer.convert.hf_import import import_hf, special_tokens  # noqa: E402

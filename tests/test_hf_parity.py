@@ -9,9 +9,9 @@ import re
 
 import pytest
 import torch
-from helpers import randomize_hf
+from helpers import randomize_hf, require_module
 
-transformers = pytest.importorskip("transformers")
+transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer import CausalLM  # noqa: E402
 from handformer.convert.hf_weights import (  # noqa: E402
