@@ -47,6 +47,15 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     return records
 
 
+def _label_smoothing(run_dir: str | os.PathLike) -> float:
+    """The run's train.label_smoothing (its training loss includes it; validation never does)."""
+    try:
+        value = json.loads((Path(run_dir) / "config.json").read_text())["train"]["label_smoothing"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+    return value if isinstance(value, (int, float)) else 0.0
+
+
 def plot_loss_curve(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Training and validation loss against step; writes loss_curve.png into the run directory."""
     records = read_metrics(run_dir)
@@ -55,9 +64,10 @@ def plot_loss_curve(run_dir: str | os.PathLike, out: str | os.PathLike | None = 
     train = [(r["step"], r["train_loss"]) for r in records if "train_loss" in r]
     val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
     if train:
-        ax.plot(*zip(*train), label="train (label-smoothed)")
+        smoothing = _label_smoothing(run_dir)
+        ax.plot(*zip(*train), label=f"train (label smoothing {smoothing})" if smoothing else "train")
     if val:
-        ax.plot(*zip(*val), marker="o", label="validation")
+        ax.plot(*zip(*val), marker="o", label="validation (no smoothing)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss per token (nats)")
     ax.set_title(Path(run_dir).name)
