@@ -10,44 +10,47 @@ from handformer.cli.common import job_from_args, parse_overrides, positive_int, 
 DEFAULT_OUT = "runs/train"
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    if args.resume:
-        given = [f"--{name}" for name in ("config", "out", "overwrite") if getattr(args, name)]
-        if given:
-            raise ValueError(f"--resume {args.resume} continues that run with its own config and "
-                             f"directory; {' and '.join(given)} would be ignored: drop "
-                             f"{'them' if len(given) > 1 else 'it'} (change settings with --set), "
-                             "or start a new run with --config and --out")
-        from handformer.config import CausalLMConfig, Seq2SeqConfig
-        from handformer.tasks.run_config import read_run_config, run_model_config
+def resumed_job(args: argparse.Namespace) -> tuple[Path, dict]:
+    """The run directory and job of `train --resume RUN`: the run's own config.json plus --set."""
+    given = [f"--{name}" for name in ("config", "out", "overwrite") if getattr(args, name)]
+    if given:
+        raise ValueError(f"--resume {args.resume} continues that run with its own config and "
+                         f"directory; {' and '.join(given)} would be ignored: drop "
+                         f"{'them' if len(given) > 1 else 'it'} (change settings with --set), "
+                         "or start a new run with --config and --out")
+    from handformer.config import CausalLMConfig, Seq2SeqConfig
+    from handformer.tasks.run_config import read_run_config, run_model_config
 
-        run_dir = Path(args.resume)
-        if not (run_dir / "config.json").exists():
-            raise FileNotFoundError(f"cannot resume: {run_dir} has no config.json")
-        if not (run_dir / "checkpoint.safetensors").exists():
-            raise FileNotFoundError(f"cannot resume: {run_dir} has no checkpoint.safetensors yet")
-        saved = read_run_config(run_dir)
-        run_model_config(run_dir, saved, Seq2SeqConfig if saved["task"] == "translation" else CausalLMConfig)
-        job_dict = {k: v for k, v in saved.items() if k in ("task", "train", "data", "decode")}
-        job_dict["model"] = {k: v for k, v in saved["model"].items()  # sizes come from tokenizers
-                             if k not in ("family", "src_vocab_size", "tgt_vocab_size", "vocab_size",
-                                          "pad_id")}
-        if args.set:
-            from handformer.tasks.job_file import apply_overrides
-            job_dict = apply_overrides(job_dict, parse_overrides(args.set))
-    else:
-        if not args.config:
-            raise SystemExit("error: give --config FILE.toml (or a built-in name) or --resume RUN_DIR")
-        job_dict = job_from_args(args)
-        run_dir = Path(args.out or DEFAULT_OUT)
-        if (run_dir / "checkpoint.safetensors").exists() and not args.overwrite:
-            raise SystemExit(f"error: {run_dir} already holds a run; use --resume {run_dir} to "
-                             "continue it, --overwrite to start over, or another --out")
-    if args.tokenizer:  # shards that carry none (llm.c, nanoGPT): the tokenizer they were made with
-        job_dict.setdefault("data", {})["tokenizer"] = args.tokenizer
-    task = job_dict.pop("task", "translation")
-    if task not in ("translation", "lm"):
-        raise SystemExit(f"error: unknown task {task!r} in the config; use translation or lm")
+    run_dir = Path(args.resume)
+    if not (run_dir / "config.json").exists():
+        raise FileNotFoundError(f"cannot resume: {run_dir} has no config.json")
+    if not (run_dir / "checkpoint.safetensors").exists():
+        raise FileNotFoundError(f"cannot resume: {run_dir} has no checkpoint.safetensors yet")
+    saved = read_run_config(run_dir)
+    run_model_config(run_dir, saved, Seq2SeqConfig if saved["task"] == "translation" else CausalLMConfig)
+    job_dict = {k: v for k, v in saved.items() if k in ("task", "train", "data", "decode")}
+    job_dict["model"] = {k: v for k, v in saved["model"].items()  # sizes come from tokenizers
+                         if k not in ("family", "src_vocab_size", "tgt_vocab_size", "vocab_size",
+                                      "pad_id")}
+    if args.set:
+        from handformer.tasks.job_file import apply_overrides
+        job_dict = apply_overrides(job_dict, parse_overrides(args.set))
+    return run_dir, job_dict
+
+
+def new_job(args: argparse.Namespace) -> tuple[Path, dict]:
+    """The run directory and job of `train --config FILE --out RUN`."""
+    if not args.config:
+        raise SystemExit("error: give --config FILE.toml (or a built-in name) or --resume RUN_DIR")
+    job_dict = job_from_args(args)
+    run_dir = Path(args.out or DEFAULT_OUT)
+    if (run_dir / "checkpoint.safetensors").exists() and not args.overwrite:
+        raise SystemExit(f"error: {run_dir} already holds a run; use --resume {run_dir} to "
+                         "continue it, --overwrite to start over, or another --out")
+    return run_dir, job_dict
+
+
+def cmd_train(args: argparse.Namespace) -> int:
     from handformer.tasks.lm.job import LMJob
     from handformer.tasks.lm.train import run_train_lm
     from handformer.tasks.translation.job import TranslationJob
@@ -55,6 +58,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from handformer.training.distributed import env_rank
     from handformer.training.run_lock import run_lock
 
+    run_dir, job_dict = resumed_job(args) if args.resume else new_job(args)
+    if args.tokenizer:  # shards that carry none (llm.c, nanoGPT): the tokenizer they were made with
+        job_dict.setdefault("data", {})["tokenizer"] = args.tokenizer
+    task = job_dict.pop("task", "translation")
+    if task not in ("translation", "lm"):
+        raise SystemExit(f"error: unknown task {task!r} in the config; use translation or lm")
     try:
         job = (TranslationJob if task == "translation" else LMJob).from_dict(job_dict)
     except ValueError as err:  # a resumed run's config.json, or --config with --set
