@@ -92,6 +92,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from handformer.tasks.translation.scores import corpus_scores
     from handformer.tasks.translation.train import run_train
     from handformer.tasks.translation.translator import Translator, attention_maps
+    from handformer.training.run_lock import run_lock
 
     start = time.perf_counter()
     job = TranslationJob.from_dict(
@@ -100,7 +101,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     run_dir = Path(args.out)
     print("handformer demo: teach a small Transformer to translate dates written in words into ISO "
           "dates\n(e.g. 'the twenty-third of march, nineteen ninety-seven' -> '1997-03-23').\n")
-    run_train(job, run_dir)
+    with run_lock(run_dir):  # as `train`: one process a run directory
+        run_train(job, run_dir)
     translator = Translator.load(run_dir)
     _, _, heldout = load_pairs(job.data)
     sources = [s for s, _ in heldout.pairs]
