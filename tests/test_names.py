@@ -62,6 +62,8 @@ def test_layer_names_and_the_decoder_mask_order():
         n for n, _ in dec.named_children()}
     assert params(enc.forward)[:2] == ["x", "mask"]
     assert params(dec.forward)[:4] == ["x", "memory", "self_mask", "memory_mask"]
+    kinds = {n: p.kind for n, p in inspect.signature(dec.forward).parameters.items()}
+    assert kinds["self_mask"] == kinds["memory_mask"] == inspect.Parameter.KEYWORD_ONLY
     x, memory = torch.randn(1, 3, 16), torch.randn(1, 4, 16)
     assert len(enc(x)) == 2 and len(dec(x, memory)) == 3
     assert params(LayerNorm.__init__) == ["d_model", "eps", "bias"] and params(RMSNorm.__init__) == ["d_model", "eps"]
