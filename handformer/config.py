@@ -222,7 +222,12 @@ def load_config(path: str | os.PathLike) -> BlockConfig:
         raise ValueError(f"{path} is not valid JSON: {err}") from None
     if isinstance(data, dict) and "model" in data and isinstance(data["model"], dict):
         data = data["model"]  # a run directory's config.json holds model + training sections
-    return config_from_dict(data)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object of model settings, got {type(data).__name__}")
+    try:
+        return config_from_dict(data)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
 __all__ = ["BlockConfig", "Seq2SeqConfig", "CausalLMConfig", "load_config", "config_from_dict"]
