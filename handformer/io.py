@@ -2,10 +2,13 @@
 
 A crash (or kill -9) in the middle of a write leaves the previous file intact, never half of one;
 what it can leave is the temporary file (`.NAME.XXXX.tmp`), which `stale_temporary_files` finds.
+Append-only logs (metrics.jsonl) are not rewritten for every line; `read_log_lines` reads them
+back, tolerating the torn last line a crash can leave.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -58,3 +61,26 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def read_log_lines(path: str | os.PathLike) -> list[str]:
+    """The complete records of an append-only JSON-lines log. The last line may be torn by a crash
+    (cut short, or missing its newline): it is dropped unless it is a whole JSON object. A broken
+    line before the last cannot come from a crash and is an error naming it."""
+    path = Path(path)
+    text = path.read_bytes().decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    records = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            records.append(line)
+        elif i < len(lines) - 1 and any(rest.strip() for rest in lines[i + 1:]):
+            raise ValueError(f"{path} line {i + 1} is not a JSON object ({line[:40]!r}); only the "
+                             "last line can be torn by a crash: delete or fix that line")
+    return records

@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from handformer.io import atomic_write  # noqa: E402
+from handformer.io import atomic_write, read_log_lines  # noqa: E402
 from handformer.see.fonts import label_fonts  # noqa: E402
 
 
@@ -30,21 +30,14 @@ def save_figure(fig: plt.Figure, out: str | os.PathLike, dpi: int) -> None:
 
 
 def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
-    """The records of metrics.jsonl. A last line cut short (a run still writing it) is skipped."""
+    """The records of metrics.jsonl. A last line cut short (a run still writing it, or killed while
+    writing it) is skipped."""
     path = Path(run_dir) / "metrics.jsonl"
     if not Path(run_dir).is_dir():
         raise FileNotFoundError(f"{run_dir} is not a directory")
     if not path.is_file():
         raise FileNotFoundError(f"no metrics.jsonl in {run_dir}; is it a training run directory?")
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    records = []
-    for i, line in enumerate(lines):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i < len(lines) - 1:
-                raise ValueError(f"{path} line {i + 1} is not JSON: {line[:60]!r}") from None
-    return records
+    return [json.loads(line) for line in read_log_lines(path)]
 
 
 def _label_smoothing(run_dir: str | os.PathLike) -> float:

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.config import dataclass_from_dict
-from handformer.io import atomic_write_text
+from handformer.io import atomic_write_text, read_log_lines
 from handformer.modes import eval_mode
 from handformer.training import distributed
 from handformer.training.checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights
@@ -190,28 +190,6 @@ class MetricsLog:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
-
-
-def read_log_lines(path: Path) -> list[str]:
-    """The complete records of an append-only JSON-lines log. The last line may be torn by a crash
-    (cut short, or missing its newline): it is dropped unless it is a whole JSON object. A broken
-    line before the last cannot come from a crash and is an error naming it."""
-    text = path.read_bytes().decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    records = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            record = None
-        if isinstance(record, dict):
-            records.append(line)
-        elif i < len(lines) - 1 and any(rest.strip() for rest in lines[i + 1:]):
-            raise ValueError(f"{path} line {i + 1} is not a JSON object ({line[:40]!r}); only the "
-                             "last line can be torn by a crash: delete or fix that line")
-    return records
 
 
 @dataclass
