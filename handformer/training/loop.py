@@ -142,8 +142,8 @@ def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextM
 
 def cpu_has_fast_bf16() -> bool:
     """Whether this CPU multiplies bf16 matrices natively (AMX or AVX512-BF16). Without them
-    (e.g. AVX2-only CPUs) bf16 matmuls fall back to slow code: measured 280x slower than fp32 on
-    an AVX2 AMD EPYC, while AMX machines run them about 4x faster than fp32."""
+    (e.g. AVX2-only CPUs) bf16 matmuls fall back to slow generic code; benchmarks/bf16_matmul.py
+    measures fp32 against bf16 on the machine at hand."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = f.read()
