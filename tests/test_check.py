@@ -168,7 +168,7 @@ def test_variants_without_mistakes_equal_handformer():
     tgt = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]
     src = torch.ones(2, 1, 1, 7, dtype=torch.bool)
     src[0, ..., 5:] = False
-    torch.testing.assert_close(V.decoder_layer(dw, x, memory, src, tgt), dec(x, memory, tgt, src)[0],
+    torch.testing.assert_close(V.decoder_layer(dw, x, memory, src, tgt), dec(x, memory, self_mask=tgt, memory_mask=src)[0],
                                atol=1e-6, rtol=0)
     torch.testing.assert_close(V.sinusoidal(20, 16), sinusoidal_table(20, 16).double(), atol=1e-6, rtol=0)
 

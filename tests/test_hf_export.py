@@ -11,9 +11,10 @@ import json
 
 import pytest
 import torch
+from helpers import require_module
 from safetensors.torch import load_file
 
-transformers = pytest.importorskip("transformers")
+transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.cli import main  # noqa: E402
 from handformer.config import CausalLMConfig  # noqa: E402

@@ -7,8 +7,9 @@ its greedy translation equals handformer's greedy decoding.
 
 import pytest
 import torch
+from helpers import require_module
 
-transformers = pytest.importorskip("transformers")
+transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.cli import main  # noqa: E402
 from handformer.config import Seq2SeqConfig  # noqa: E402

@@ -315,7 +315,7 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
             raw = ctx.learner.call("forward", layer.call, x, memory, fp.encode_mask(src_keep, conv), tgt_mask)
             out = fp.first_tensor(raw, 3)
             if layer.decoder:
-                ref = hf(x, memory, tgt_keep, src_keep)[0]
+                ref = hf(x, memory, self_mask=tgt_keep, memory_mask=src_keep)[0]
             else:
                 ref = hf(x, tgt_keep if layer.causal_block else src_keep)[0]
             rows = _rows(layer, src_keep, tgt_keep, B, T)
