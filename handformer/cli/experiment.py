@@ -1,0 +1,44 @@
+"""`handformer experiment NAME`: one of the tutorials' claims, measured over several seeds."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import time
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from handformer.experiments import EXPERIMENTS, get_experiment
+    from handformer.experiments.runner import run_experiment
+
+    if args.name == "list":
+        width = max(len(n) for n in EXPERIMENTS)
+        for name, exp in EXPERIMENTS.items():
+            print(f"{name:<{width}}  {exp.claim}")
+        print("\nrun one: handformer experiment NAME [--out DIR] [--seeds N]; all: handformer experiment all")
+        return 0
+    names = list(EXPERIMENTS) if args.name == "all" else [get_experiment(args.name).name]
+    seeds = args.seeds if args.seeds is not None else (2 if args.smoke else 3)
+    start = time.perf_counter()
+    for name in names:
+        command = "handformer experiment " + shlex.join(
+            [name, "--out", args.out] + (["--seeds", str(args.seeds)] if args.seeds is not None else [])
+            + (["--smoke"] if args.smoke else []))
+        run_experiment(EXPERIMENTS[name], args.out, seeds=seeds, smoke=args.smoke, command=command)
+    if len(names) > 1:
+        print(f"all {len(names)} experiments done in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("experiment", help="measure one of the tutorials' claims (list: show them all)",
+                       description="Train every variant of an experiment under several seeds and "
+                                   "write its table (results.md, results.json) and plot into "
+                                   "OUT/NAME/. 'list' shows the experiments, 'all' runs them all.")
+    p.add_argument("name", help="an experiment's name, 'list' or 'all'")
+    p.add_argument("--out", default="runs/experiments", help="folder for the results (default: %(default)s)")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="seeds per variant (default 3; at least 3 unless --smoke)")
+    p.add_argument("--smoke", action="store_true",
+                   help="a seconds-long configuration that checks the experiment runs (numbers mean nothing)")
+    p.set_defaults(func=cmd_experiment)
