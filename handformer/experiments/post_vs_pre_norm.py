@@ -1,5 +1,5 @@
-"""Post-norm (the paper) vs pre-norm (GPT-2, Llama), at the demo's depth and in a deep narrow
-stack, each with and without learning-rate warmup.
+"""Post-norm (the paper) vs pre-norm (GPT-2, Llama), at the demo's depth (2 + 2 layers) and in a
+deep narrow stack (6 + 6 = 12 layers, the paper's depth), each with and without warmup.
 
     post-norm:  x = norm(x + sublayer(x))     pre-norm:  x = x + sublayer(norm(x))
 
@@ -19,12 +19,12 @@ from handformer.experiments.workloads import DatesSettings, dates_data, dates_mo
 @dataclass
 class Settings:
     demo: DatesSettings  # the demo's depth (2 + 2 layers), narrower
-    deep: DatesSettings  # 12 + 12 narrow layers
+    deep: DatesSettings  # 6 + 6 = 12 narrow layers (the paper's depth, N = 6)
     warmup: int  # warmup steps of the "warmup" variants (the others start at the peak rate)
 
 
 FULL = Settings(demo=DatesSettings(d_model=64, n_heads=4, d_ff=256, n_layers=2, steps=300),
-                deep=DatesSettings(d_model=32, n_heads=2, d_ff=128, n_layers=12, steps=300),
+                deep=DatesSettings(d_model=32, n_heads=2, d_ff=128, n_layers=6, steps=300),
                 warmup=60)
 SMOKE = Settings(demo=DatesSettings(d_model=16, n_heads=2, d_ff=32, n_layers=1, steps=3, n_train=300,
                                     n_eval=8, max_tokens=256, log_every=1),
@@ -34,7 +34,7 @@ SMOKE = Settings(demo=DatesSettings(d_model=16, n_heads=2, d_ff=32, n_layers=1, 
 
 # variant -> (norm placement, depth, with warmup)
 VARIANTS = {f"{placement}, {depth}, {'warmup' if warm else 'no warmup'}": (placement, depth, warm)
-            for depth in ("2+2", "12+12") for placement in ("post", "pre") for warm in (True, False)}
+            for depth in ("2+2", "6+6") for placement in ("post", "pre") for warm in (True, False)}
 
 
 def run_trial(variant: str, seed: int, settings: Settings) -> Trial:
@@ -60,7 +60,7 @@ EXPERIMENT = Experiment(
     metrics=[Metric("train_loss", "final training loss"), Metric("val_loss", "held-out loss"),
              Metric("exact_match", "held-out exact match", "{:.1f}", percent=True)],
     plots=[Plot("demo", "training loss, 2 + 2 layers (the demo's depth), d_model 64"),
-           Plot("deep", "training loss, 12 + 12 layers, d_model 32")],
+           Plot("deep", "training loss, 6 + 6 = 12 layers (the paper's depth), d_model 32")],
     run_trial=run_trial,
     settings={"full": FULL, "smoke": SMOKE},
 )

@@ -25,6 +25,10 @@ from typing import Any
 from handformer.io import atomic_write, atomic_write_text
 
 MIN_SEEDS = 3  # the issue's floor for a full run: a mean and a spread, never one lucky seed
+# The models are tiny: a second intra-op thread costs more than it saves on their small matrices,
+# and on a machine shared with other jobs it made steps 4-10x slower (measured: 1,015 vs 109 ms a
+# step of the dates model at load 8).
+DEFAULT_THREADS = 1
 
 
 @dataclass
@@ -180,7 +184,7 @@ def _clean(value: Any) -> Any:
 
 def run_experiment(exp: Experiment, out_dir: str | os.PathLike, seeds: int = MIN_SEEDS,
                    smoke: bool = False, command: str = "", log: Callable[[str], None] = print,
-                   ) -> dict[str, Any]:
+                   threads: int = DEFAULT_THREADS) -> dict[str, Any]:
     """Run every variant under seeds 0 .. seeds-1 and write the results into out_dir/<name>/.
     Returns the summary (variant -> metric -> statistics)."""
     import torch
@@ -188,6 +192,19 @@ def run_experiment(exp: Experiment, out_dir: str | os.PathLike, seeds: int = MIN
     if not isinstance(seeds, int) or seeds < (1 if smoke else MIN_SEEDS):
         raise ValueError(f"seeds={seeds!r} is too few: a full run reports a mean and a spread over "
                          f"at least {MIN_SEEDS} seeds (use --smoke for a quick check)")
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads={threads!r} is invalid: give a positive number of torch threads")
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _run(exp, out_dir, seeds, smoke, command, log)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run(exp: Experiment, out_dir: str | os.PathLike, seeds: int, smoke: bool, command: str,
+         log: Callable[[str], None]) -> dict[str, Any]:
+    import torch
     settings = exp.settings["smoke" if smoke else "full"]
     out = Path(out_dir) / exp.name
     info: dict[str, Any] = {"command": command or f"handformer experiment {exp.name}",
