@@ -9,7 +9,7 @@ import time
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     from handformer.experiments import EXPERIMENTS, get_experiment
-    from handformer.experiments.runner import DEFAULT_THREADS, run_experiment
+    from handformer.experiments.runner import DEFAULT_THREADS, DEFAULT_WORKERS, run_experiment
 
     if args.names == ["list"]:
         width = max(len(n) for n in EXPERIMENTS)
@@ -25,9 +25,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         command = "handformer experiment " + shlex.join(
             [name, "--out", args.out] + (["--seeds", str(args.seeds)] if args.seeds is not None else [])
             + (["--threads", str(args.threads)] if args.threads != DEFAULT_THREADS else [])
+            + (["--workers", str(args.workers)] if args.workers != DEFAULT_WORKERS else [])
             + (["--smoke"] if args.smoke else []))
         run_experiment(EXPERIMENTS[name], args.out, seeds=seeds, smoke=args.smoke, command=command,
-                       threads=args.threads)
+                       threads=args.threads, workers=args.workers)
     if len(names) > 1:
         print(f"{len(names)} experiments done in {time.perf_counter() - start:.0f} s")
     return 0
@@ -46,6 +47,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default 1: the models are tiny, a second thread costs more "
                         "than it saves, and much more on a busy machine)")
+    p.add_argument("--workers", type=int, default=2,
+                   help="trials trained at once, one process each (default 2: one a core of a 2-core "
+                        "CPU)")
     p.add_argument("--smoke", action="store_true",
                    help="a seconds-long configuration that checks the experiment runs (numbers mean nothing)")
     p.set_defaults(func=cmd_experiment)

@@ -17,7 +17,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ MIN_SEEDS = 3  # the issue's floor for a full run: a mean and a spread, never on
 # and on a machine shared with other jobs it made steps 4-10x slower (measured: 1,015 vs 109 ms a
 # step of the dates model at load 8).
 DEFAULT_THREADS = 1
+DEFAULT_WORKERS = 2  # the command line's default: trials in two processes, one a core
 
 
 @dataclass
@@ -166,7 +167,8 @@ def write_results(exp: Experiment, trials: Sequence[Trial], out: Path, info: dic
     if "wall_s" in info:
         lines += ["", f"Wall time {info['wall_s']:.0f} s, CPU time {info['cpu_s']:.0f} s, "
                   f"load average {info['load_before']:.1f} before / {info['load_after']:.1f} after "
-                  f"({info['threads']} torch threads, {os.cpu_count()} CPUs)."]
+                  f"({info['workers']} worker process(es) of {info['threads']} torch thread(s), "
+                  f"{os.cpu_count()} CPUs)."]
     atomic_write_text(out / "results.md", "\n".join(lines) + "\n")
     plot_trials(exp, trials, out / f"{exp.name}.png")
 
@@ -184,46 +186,83 @@ def _clean(value: Any) -> Any:
 
 def run_experiment(exp: Experiment, out_dir: str | os.PathLike, seeds: int = MIN_SEEDS,
                    smoke: bool = False, command: str = "", log: Callable[[str], None] = print,
-                   threads: int = DEFAULT_THREADS) -> dict[str, Any]:
+                   threads: int = DEFAULT_THREADS, workers: int = 1) -> dict[str, Any]:
     """Run every variant under seeds 0 .. seeds-1 and write the results into out_dir/<name>/.
-    Returns the summary (variant -> metric -> statistics)."""
+    workers > 1 trains that many trials at once in separate processes (each with `threads`
+    torch threads); `exp.run_trial` must then be a module-level function. Returns the summary
+    (variant -> metric -> statistics)."""
     import torch
 
     if not isinstance(seeds, int) or seeds < (1 if smoke else MIN_SEEDS):
         raise ValueError(f"seeds={seeds!r} is too few: a full run reports a mean and a spread over "
                          f"at least {MIN_SEEDS} seeds (use --smoke for a quick check)")
-    if not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads={threads!r} is invalid: give a positive number of torch threads")
+    for name, value in (("threads", threads), ("workers", workers)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is invalid: it must be a positive integer")
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _run(exp, out_dir, seeds, smoke, command, log)
+        return _run(exp, out_dir, seeds, smoke, command, log, workers)
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _run(exp: Experiment, out_dir: str | os.PathLike, seeds: int, smoke: bool, command: str,
-         log: Callable[[str], None]) -> dict[str, Any]:
+def timed_trial(run_trial: Callable[[str, int, Any], Trial], variant: str, seed: int,
+                settings: Any) -> Trial:
+    start = time.perf_counter()
+    trial = run_trial(variant, seed, settings)
+    trial.wall_s = time.perf_counter() - start
+    return trial
+
+
+def _trials(exp: Experiment, jobs: list[tuple[int, str]], settings: Any, workers: int) -> Iterator[Trial]:
+    """The trials of `jobs` ((seed, variant) pairs) as they finish."""
+    if workers == 1:
+        for seed, variant in jobs:
+            yield timed_trial(exp.run_trial, variant, seed, settings)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
     import torch
+
+    # spawn, not fork: a forked child of a process whose torch thread pool has started can hang
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)) as pool:
+        futures = [pool.submit(timed_trial, exp.run_trial, variant, seed, settings) for seed, variant in jobs]
+        for future in as_completed(futures):
+            yield future.result()
+
+
+def _run(exp: Experiment, out_dir: str | os.PathLike, seeds: int, smoke: bool, command: str,
+         log: Callable[[str], None], workers: int) -> dict[str, Any]:
+    import resource
+
+    import torch
+
     settings = exp.settings["smoke" if smoke else "full"]
     out = Path(out_dir) / exp.name
     info: dict[str, Any] = {"command": command or f"handformer experiment {exp.name}",
                             "scale": "smoke" if smoke else "full", "settings": settings,
                             "seeds": list(range(seeds)), "threads": torch.get_num_threads(),
-                            "torch": torch.__version__}
+                            "workers": workers, "torch": torch.__version__}
+    jobs = [(seed, variant) for seed in range(seeds) for variant in exp.variants]  # interleaved
+    order = {job: i for i, job in enumerate(jobs)}
     trials: list[Trial] = []
     load_before = os.getloadavg()[0]
-    start, cpu_start = time.perf_counter(), time.process_time()
-    for seed in range(seeds):
-        for variant in exp.variants:
-            t0 = time.perf_counter()
-            trial = exp.run_trial(variant, seed, settings)
-            trial.wall_s = time.perf_counter() - t0
-            trials.append(trial)
-            shown = ", ".join(f"{m.key}={trial.metrics.get(m.key, math.nan):.4g}" for m in exp.metrics)
-            log(f"[{exp.name}] {variant} seed {seed}: {shown} ({trial.wall_s:.1f} s)")
-            write_results(exp, trials, out, info)
-    info.update(wall_s=time.perf_counter() - start, cpu_s=time.process_time() - cpu_start,
+
+    def cpu_seconds() -> float:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)  # worker processes, once reaped
+        return time.process_time() + children.ru_utime + children.ru_stime
+
+    start, cpu_start = time.perf_counter(), cpu_seconds()
+    for trial in _trials(exp, jobs, settings, workers):
+        trials.append(trial)
+        trials.sort(key=lambda t: order[(t.seed, t.variant)])
+        shown = ", ".join(f"{m.key}={trial.metrics.get(m.key, math.nan):.4g}" for m in exp.metrics)
+        log(f"[{exp.name}] {trial.variant} seed {trial.seed}: {shown} ({trial.wall_s:.1f} s)")
+        write_results(exp, trials, out, info)
+    info.update(wall_s=time.perf_counter() - start, cpu_s=cpu_seconds() - cpu_start,
                 load_before=load_before, load_after=os.getloadavg()[0])
     write_results(exp, trials, out, info)
     log(f"[{exp.name}] done in {info['wall_s']:.0f} s: {out / 'results.md'}, {out / (exp.name + '.png')}")
