@@ -58,6 +58,13 @@ def test_each_experiment_full_run(name, tmp_path):
         assert all(s["n"] + s["failed"] == 3 for s in stats.values())
 
 
+def test_the_greedy_samples_fit_in_the_models_positions():
+    from handformer.experiments import no_causal_mask
+
+    for settings in (no_causal_mask.FULL, no_causal_mask.SMOKE):
+        assert settings.prompt_chars + settings.sample_chars <= settings.model.max_positions
+
+
 def test_cli_lists_the_experiments_and_rejects_bad_input(tmp_path):
     rc, out, _ = run_cli("experiment", "list")
     assert rc == 0

@@ -40,10 +40,10 @@ from handformer.training.losses import token_cross_entropy
 class Settings:
     model: LMSettings
     sample_chars: int  # length of the greedy sample
-    prompt_chars: int
+    prompt_chars: int  # prompt + sample fit in the model's positions (max_positions)
 
 
-FULL = Settings(LMSettings(steps=400), sample_chars=160, prompt_chars=40)
+FULL = Settings(LMSettings(steps=400), sample_chars=40, prompt_chars=24)
 SMOKE = Settings(LMSettings(d_model=16, n_heads=2, d_ff=32, n_layers=1, block_size=16, max_positions=64,
                             batch_size=4, steps=3, eval_batches=1, log_every=1),
                  sample_chars=8, prompt_chars=8)
