@@ -74,6 +74,10 @@ def test_cli_lists_the_experiments_and_rejects_bad_input(tmp_path):
     assert rc == 2 and err.startswith("error: unknown experiment 'no-such-thing'")
     rc, _, err = run_cli("experiment", "positions", "--seeds", "2", "--out", str(tmp_path))
     assert rc == 2 and "at least 3 seeds" in err and err.count("\n") == 1
+    (tmp_path / "a_file").write_text("x")
+    for bad in (["--out", str(tmp_path / "a_file")], ["--workers", "0"], ["--threads", "0"]):
+        rc, _, err = run_cli("experiment", "activations", "--smoke", *bad)
+        assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1, err
     with pytest.raises(ValueError, match="unknown experiment"):
         get_experiment("nope")
 

@@ -199,6 +199,9 @@ def run_experiment(exp: Experiment, out_dir: str | os.PathLike, seeds: int = MIN
     for name, value in (("threads", threads), ("workers", workers)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} is invalid: it must be a positive integer")
+    for folder in (Path(out_dir), Path(out_dir) / exp.name):
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"--out: {folder} is a file, not a folder; give a folder for the results")
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
