@@ -115,7 +115,7 @@ EXPERIMENT = Experiment(
              Metric("day", "day right", "{:.1f}", percent=True),
              Metric("permutation_gap", "encoder permutation gap", "{:.2g}"),
              Metric("ambiguous", "held-out sources with an ambiguous bag of tokens", "{:.1f}", percent=True)],
-    plots=[Plot("train", "training loss")],
+    plots=[Plot("train", "training loss", log_y=True)],
     run_trial=run_trial,
     settings={"full": FULL, "smoke": SMOKE},
 )

@@ -107,7 +107,7 @@ EXPERIMENT = Experiment(
              Metric("saturated", "saturated rows trained", "{:.1f}", percent=True),
              Metric("train_loss", "final training loss"), Metric("val_loss", "held-out loss"),
              Metric("exact_match", "held-out exact match", "{:.1f}", percent=True)],
-    plots=[Plot("train", "training loss")],
+    plots=[Plot("train", "training loss", log_y=True)],
     run_trial=run_trial,
     settings={"full": FULL, "smoke": SMOKE},
 )

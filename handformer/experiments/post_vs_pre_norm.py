@@ -59,8 +59,8 @@ EXPERIMENT = Experiment(
     variants=list(VARIANTS),
     metrics=[Metric("train_loss", "final training loss"), Metric("val_loss", "held-out loss"),
              Metric("exact_match", "held-out exact match", "{:.1f}", percent=True)],
-    plots=[Plot("demo", "training loss, 2 + 2 layers (the demo's depth), d_model 64"),
-           Plot("deep", "training loss, 6 + 6 = 12 layers (the paper's depth), d_model 32")],
+    plots=[Plot("demo", "training loss, 2 + 2 layers (the demo's depth), d_model 64", log_y=True),
+           Plot("deep", "training loss, 6 + 6 = 12 layers (the paper's depth), d_model 32", log_y=True)],
     run_trial=run_trial,
     settings={"full": FULL, "smoke": SMOKE},
 )

@@ -47,6 +47,7 @@ class Plot:
     x_label: str = "step"
     y_label: str = "loss"
     x_marker: float | None = None  # a dashed vertical line (e.g. the training length)
+    log_y: bool = False  # a log scale, for losses that end near zero
 
 
 @dataclass
@@ -138,6 +139,8 @@ def plot_trials(exp: Experiment, trials: Sequence[Trial], path: Path) -> None:
             ax.plot(xs, mean, color=color, linewidth=2.0, label=f"{variant} (n={len(curves)})")
         if plot.x_marker is not None:
             ax.axvline(plot.x_marker, color="gray", linestyle="--", linewidth=1)
+        if plot.log_y:
+            ax.set_yscale("log")
         ax.set_title(plot.title, fontsize=10)
         ax.set_xlabel(plot.x_label)
         ax.set_ylabel(plot.y_label)
