@@ -58,7 +58,7 @@ def test_each_experiment_full_run(name, tmp_path):
         assert all(s["n"] + s["failed"] == 3 for s in stats.values())
 
 
-def test_the_samples_fit_in_the_models_positions():
+def test_the_greedy_samples_fit_in_the_models_positions():
     from handformer.experiments import no_causal_mask
 
     for settings in (no_causal_mask.FULL, no_causal_mask.SMOKE):

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from torch import nn
-
 from handformer.experiments.runner import Experiment, Metric, Plot, Trial
 from handformer.experiments.workloads import LMSettings, lm_data, lm_loss_by_position, lm_model, train_lm
 
@@ -31,23 +29,15 @@ FULL = Settings(LMSettings(block_size=64, steps=400), bucket=8)
 SMOKE = Settings(LMSettings(d_model=16, n_heads=2, d_ff=32, n_layers=1, block_size=8, batch_size=4, steps=3,
                             eval_batches=1, log_every=1), bucket=4)
 
-VARIANTS = {"sinusoidal": "sinusoidal", "sinusoidal, embeddings x sqrt(D)": "sinusoidal",
-            "learned": "learned", "RoPE": "rope"}
-# CausalLM's GPT-2 initialisation gives token embeddings of std 0.02, which a sinusoidal table of
-# amplitude 1 drowns. The paper's model draws them with std D^-1/2 and multiplies by sqrt(D), so
-# tokens and positions have the same scale: the second sinusoidal variant does that.
-PAPER_SCALE = "sinusoidal, embeddings x sqrt(D)"
+VARIANTS = {"sinusoidal": "sinusoidal", "learned": "learned", "RoPE": "rope"}
 LENGTHS = (1, 2, 4)  # evaluated window lengths, in multiples of B
 
 
 def run_trial(variant: str, seed: int, settings: Settings) -> Trial:
     B = settings.model.block_size
-    s = replace(settings.model, position=VARIANTS[variant], max_positions=4 * B,
-                scale_embeddings=variant == PAPER_SCALE)
+    s = replace(settings.model, position=VARIANTS[variant], max_positions=4 * B)
     data = lm_data()
     model = lm_model(s, data.tokenizer.vocab_size, seed)
-    if variant == PAPER_SCALE:
-        nn.init.normal_(model.embed.weight, std=s.d_model ** -0.5)  # x sqrt(D) in forward: std 1
     log = train_lm(model, s, data, seed)
     metrics = {"train_loss": log.final_loss}
     curves = {"train": log.curve}
