@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from handformer.cli import (
     check,
     evaluate,
+    experiment,
     export_hf,
     generate,
     import_hf,
@@ -21,7 +22,8 @@ from handformer.cli import (
     translate,
 )
 
-COMMANDS = [trace, train, translate, generate, evaluate, import_hf, see, check, prepare, quantize, export_hf]
+COMMANDS = [trace, train, translate, generate, evaluate, import_hf, see, check, prepare, quantize, export_hf,
+            experiment]
 
 
 def build_parser() -> argparse.ArgumentParser:

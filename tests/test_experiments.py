@@ -1,0 +1,163 @@
+"""`handformer experiment`: every experiment runs end to end in its smoke configuration (the full
+runs are slow-marked), the lesson-only switches do exactly what they claim, and the runner's
+statistics and files are right."""
+
+import contextlib
+import io
+import json
+import math
+
+import pytest
+import torch
+
+from handformer.cli import main
+from handformer.config import CausalLMConfig
+from handformer.experiments import EXPERIMENTS, get_experiment
+from handformer.experiments.activations import hidden_width
+from handformer.experiments.no_causal_mask import logits_without_mask
+from handformer.experiments.no_positions import permutation_gap
+from handformer.experiments.no_scaling import remove_scaling
+from handformer.experiments.runner import Experiment, Metric, Plot, Trial, run_experiment, summarize
+from handformer.experiments.workloads import DatesSettings, dates_data, dates_model
+from handformer.models.causal_lm import CausalLM
+from handformer.nn.attention import MultiHeadAttention
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(argv))
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
+def test_each_experiment_runs_in_its_smoke_configuration(name, tmp_path):
+    exp = EXPERIMENTS[name]
+    summary = run_experiment(exp, tmp_path, seeds=1, smoke=True, log=lambda _: None)
+    assert list(summary) == list(exp.variants)
+    out = tmp_path / name
+    data = json.loads((out / "results.json").read_text())  # strict JSON: NaN would fail here
+    assert data["scale"] == "smoke" and len(data["trials"]) == len(exp.variants)
+    for trial in data["trials"]:
+        assert trial["wall_s"] > 0
+        assert any(trial["curves"].values()), f"{name}: {trial['variant']} recorded no curve"
+    table = (out / "results.md").read_text()
+    for variant in exp.variants:
+        assert f"| {variant} |" in table
+    assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(EXPERIMENTS))
+def test_each_experiment_full_run(name, tmp_path):
+    """The full configuration with three seeds, as the committed results were made (minutes each)."""
+    summary = run_experiment(EXPERIMENTS[name], tmp_path, seeds=3, log=lambda _: None)
+    for stats in summary.values():
+        assert all(s["n"] + s["failed"] == 3 for s in stats.values())
+
+
+def test_the_greedy_samples_fit_in_the_models_positions():
+    from handformer.experiments import no_causal_mask
+
+    for settings in (no_causal_mask.FULL, no_causal_mask.SMOKE):
+        assert settings.prompt_chars + settings.sample_chars <= settings.model.max_positions
+
+
+def test_cli_lists_the_experiments_and_rejects_bad_input(tmp_path):
+    rc, out, _ = run_cli("experiment", "list")
+    assert rc == 0
+    for name in EXPERIMENTS:
+        assert name in out
+    rc, _, err = run_cli("experiment", "no-such-thing")
+    assert rc == 2 and err.startswith("error: unknown experiment 'no-such-thing'")
+    rc, _, err = run_cli("experiment", "positions", "--seeds", "2", "--out", str(tmp_path))
+    assert rc == 2 and "at least 3 seeds" in err and err.count("\n") == 1
+    (tmp_path / "a_file").write_text("x")
+    for bad in (["--out", str(tmp_path / "a_file")], ["--workers", "0"], ["--threads", "0"]):
+        rc, _, err = run_cli("experiment", "activations", "--smoke", *bad)
+        assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    with pytest.raises(ValueError, match="unknown experiment"):
+        get_experiment("nope")
+
+
+def test_cli_runs_an_experiment_and_names_its_command(tmp_path):
+    rc, out, _ = run_cli("experiment", "layernorm-vs-rmsnorm", "--smoke", "--seeds", "1", "--out", str(tmp_path))
+    assert rc == 0 and "results.md" in out
+    data = json.loads((tmp_path / "layernorm-vs-rmsnorm" / "results.json").read_text())
+    assert data["command"] == f"handformer experiment layernorm-vs-rmsnorm --out {tmp_path} --seeds 1 --smoke"
+    assert data["wall_s"] > 0 and data["cpu_s"] > 0
+
+
+def test_summarize_counts_diverged_runs_apart():
+    stats = summarize([1.0, 3.0, math.nan, 2.0])
+    assert stats == {"n": 3, "failed": 1, "mean": 2.0, "min": 1.0, "max": 3.0, "std": 1.0}
+    assert summarize([math.inf]) == {"n": 0, "failed": 1}
+
+
+def test_runner_writes_strict_json_and_marks_failed_runs(tmp_path):
+    def run_trial(variant, seed, settings):
+        loss = math.nan if variant == "diverges" else 1.0 + seed
+        return Trial(variant, seed, {"loss": loss}, {"train": [(1, 2.0), (2, loss)]})
+
+    from dataclasses import dataclass
+
+    @dataclass
+    class Settings:
+        steps: int = 1
+
+    exp = Experiment("fake", "a fake experiment", "a claim", ["fine", "diverges"],
+                     [Metric("loss", "loss")], [Plot("train", "training loss")], run_trial,
+                     {"full": Settings(), "smoke": Settings()})
+    summary = run_experiment(exp, tmp_path, seeds=3, log=lambda _: None)
+    assert summary["fine"]["loss"]["mean"] == 2.0 and summary["diverges"]["loss"]["failed"] == 3
+    data = json.loads((tmp_path / "fake" / "results.json").read_text())
+    assert data["trials"][1]["metrics"]["loss"] is None
+    assert "| diverges | 3 | failed (3) |" in (tmp_path / "fake" / "results.md").read_text()
+
+
+def test_remove_scaling_gives_softmax_of_unscaled_scores():
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(d_model=32, n_heads=2)
+    x = torch.randn(2, 5, 32)
+    remove_scaling(attn)
+    _, weights = attn(x, need_weights=True)  # (B, H, T, T)
+    q = attn.split_heads(torch.nn.functional.linear(x, attn.q_proj.weight, attn.q_proj.bias), 2)
+    k = attn.split_heads(attn.k_proj(x), 2)
+    expected = torch.softmax(q @ k.transpose(-2, -1), dim=-1)  # no 1/sqrt(d_k)
+    torch.testing.assert_close(weights, expected)
+
+
+def test_logits_without_mask_see_the_future():
+    torch.manual_seed(0)
+    # One layer: with two, the last position reads earlier positions' layer-1 outputs, which
+    # without the mask already saw the future.
+    model = CausalLM(CausalLMConfig(vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_layers=1, dropout=0.0,
+                                    max_positions=16)).eval()
+    ids = torch.randint(0, 20, (1, 8))
+    changed = ids.clone()
+    changed[0, -1] = (ids[0, -1] + 1) % 20
+    with torch.no_grad():
+        # The last position sees every token either way: the two paths agree there.
+        torch.testing.assert_close(logits_without_mask(model, ids)[:, -1], model(ids).logits[:, -1])
+        # Changing the last token moves the earlier positions' logits only without the mask.
+        assert torch.equal(model(ids).logits[:, :-1], model(changed).logits[:, :-1])
+        assert not torch.allclose(logits_without_mask(model, ids)[:, :-1],
+                                  logits_without_mask(model, changed)[:, :-1])
+
+
+def test_without_positions_the_encoder_cannot_see_order():
+    data = dates_data(300, 8)
+    blind = dates_model(DatesSettings(d_model=16, n_heads=2, d_ff=32, n_layers=1, position="none"), data, 0)
+    seeing = dates_model(DatesSettings(d_model=16, n_heads=2, d_ff=32, n_layers=1), data, 0)
+    assert permutation_gap(blind, data) < 1e-5
+    assert permutation_gap(seeing, data) > 1e-2
+
+
+def test_swiglu_width_keeps_the_parameters_equal():
+    for d_model in (64, 96, 512):
+        plain = 2 * d_model * 4 * d_model
+        gated = 3 * d_model * hidden_width("swiglu", 4 * d_model)
+        assert abs(gated - plain) / plain < 0.01
+    assert hidden_width("relu", 256) == 256
