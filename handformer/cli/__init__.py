@@ -14,6 +14,7 @@ from handformer.cli import (
     export_hf,
     generate,
     import_hf,
+    merge,
     prepare,
     quantize,
     see,
@@ -23,7 +24,7 @@ from handformer.cli import (
 )
 
 COMMANDS = [trace, train, translate, generate, evaluate, import_hf, see, check, prepare, quantize, export_hf,
-            experiment]
+            experiment, merge]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,9 +10,16 @@ from handformer.cli.common import job_from_args, parse_overrides, positive_int, 
 DEFAULT_OUT = "runs/train"
 
 
+def apply_set(job_dict: dict, pairs: list[str]) -> dict:
+    from handformer.tasks.job_file import apply_overrides
+
+    return apply_overrides(job_dict, parse_overrides(pairs)) if pairs else job_dict
+
+
 def resumed_job(args: argparse.Namespace) -> tuple[Path, dict]:
     """The run directory and job of `train --resume RUN`: the run's own config.json plus --set."""
-    given = [f"--{name}" for name in ("config", "out", "overwrite") if getattr(args, name)]
+    given = [f"--{name.replace('_', '-')}" for name in ("config", "out", "overwrite", "init_from")
+             if getattr(args, name)]
     if given:
         raise ValueError(f"--resume {args.resume} continues that run with its own config and "
                          f"directory; {' and '.join(given)} would be ignored: drop "
@@ -32,17 +39,21 @@ def resumed_job(args: argparse.Namespace) -> tuple[Path, dict]:
     job_dict["model"] = {k: v for k, v in saved["model"].items()  # sizes come from tokenizers
                          if k not in ("family", "src_vocab_size", "tgt_vocab_size", "vocab_size",
                                       "pad_id")}
-    if args.set:
-        from handformer.tasks.job_file import apply_overrides
-        job_dict = apply_overrides(job_dict, parse_overrides(args.set))
-    return run_dir, job_dict
+    if saved.get("init_from", {}).get("lora") is False:  # a full fine-tune's checkpoint holds
+        # every weight, so it resumes like any run, without reading its base run again
+        job_dict["train"] = {k: v for k, v in job_dict["train"].items() if k != "init_from"}
+    return run_dir, apply_set(job_dict, args.set)
 
 
 def new_job(args: argparse.Namespace) -> tuple[Path, dict]:
     """The run directory and job of `train --config FILE --out RUN`."""
-    if not args.config:
-        raise SystemExit("error: give --config FILE.toml (or a built-in name) or --resume RUN_DIR")
-    job_dict = job_from_args(args)
+    if not args.config and not args.init_from:
+        raise SystemExit("error: give --config FILE.toml (or a built-in name), --init-from RUN_DIR "
+                         "or --resume RUN_DIR")
+    # --init-from alone: a language-model job on the defaults, changed with --set
+    job_dict = job_from_args(args) if args.config else apply_set({"task": "lm"}, args.set)
+    if args.init_from:
+        job_dict.setdefault("train", {})["init_from"] = args.init_from
     run_dir = Path(args.out or DEFAULT_OUT)
     if (run_dir / "checkpoint.safetensors").exists() and not args.overwrite:
         raise SystemExit(f"error: {run_dir} already holds a run; use --resume {run_dir} to "
@@ -62,6 +73,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.tokenizer:  # shards that carry none (llm.c, nanoGPT): the tokenizer they were made with
         job_dict.setdefault("data", {})["tokenizer"] = args.tokenizer
     task = job_dict.pop("task", "translation")
+    if task == "translation" and ("init_from" in job_dict.get("train", {})
+                                  or "lora" in job_dict.get("train", {})):
+        raise ValueError("[train] init_from and [train.lora] fine-tune language models (task = \"lm\"); "
+                         "a translation job trains from scratch")
     if task not in ("translation", "lm"):
         raise SystemExit(f"error: unknown task {task!r} in the config; use translation or lm")
     try:
@@ -79,7 +94,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         curve = plot_loss_curve(run_dir)
     best = "n/a" if result.best_val_loss is None else f"{result.best_val_loss:.4f}"
     print(f"done: {result.step} steps in {result.elapsed_s:.0f} s, best val loss {best}")
-    print(f"run directory: {run_dir} (model.safetensors, metrics.jsonl, {curve.name})")
+    weights = "adapters.safetensors" if (run_dir / "adapters.safetensors").is_file() else "model.safetensors"
+    print(f"run directory: {run_dir} ({weights}, metrics.jsonl, {curve.name})")
     return 0
 
 
@@ -143,6 +159,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="override a config field: section.key=value, e.g. train.steps=500")
     p.add_argument("--out", default=None, help=f"run directory (default {DEFAULT_OUT})")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
+    p.add_argument("--init-from", metavar="RUN_DIR",
+                   help="fine-tune: start from this language-model run's weights, model and tokenizer "
+                   "(sets train.init_from; add [train.lora] for LoRA)")
     p.add_argument("--overwrite", action="store_true", help="start over in an existing run directory")
     p.add_argument("--tokenizer", metavar="RUN_DIR|tokenizer.json",
                    help="language models on data.shards: the shards' tokenizer (= --set data.tokenizer=...)")

@@ -57,5 +57,11 @@ def apply_overrides(job: dict[str, Any], overrides: dict[str, Any]) -> dict[str,
             if len(holders) > 1:
                 raise ValueError(f"--set {key} is ambiguous (in {', '.join(holders)}); write section.{key}")
             section, field = (holders[0] if holders else "train"), key
-        job.setdefault(section, {})[field] = value
+        table = job.setdefault(section, {})
+        *tables, name = field.split(".")  # train.lora.rank: the [train.lora] table's rank
+        for t in tables:
+            table = table.setdefault(t, {})
+            if not isinstance(table, dict):
+                raise ValueError(f"--set {key}: {t} is not a table of settings")
+        table[name] = value
     return job

@@ -1,6 +1,8 @@
 """Weights and training state on disk, as safetensors (never pickle), always written atomically.
 
 - `model.safetensors`: the model's weights. Tied weights are stored once.
+- A model with frozen weights (LoRA) stores only what trains: its frozen weights belong to the base
+  run it was built from, and loading leaves them as they are.
 - `checkpoint.safetensors`: everything needed to resume: weights, optimizer moments, the RNG state,
   and the loop's counters (step, epoch, position, best validation loss) as JSON metadata.
 """
@@ -20,16 +22,30 @@ from torch import Tensor, nn
 from handformer.io import atomic_write_bytes
 
 
+def trainable_names(model: nn.Module) -> set[str] | None:
+    """The names of the trainable parameters when some parameters are frozen (a LoRA model), else
+    None: every tensor of the state dict is the model's own."""
+    params = dict(model.named_parameters())
+    if all(p.requires_grad for p in params.values()):
+        return None
+    return {name for name, p in params.items() if p.requires_grad}
+
+
 def unique_state_dict(model: nn.Module, full_state: dict[str, Tensor] | None = None,
                       ) -> dict[str, Tensor]:
-    """The model's state dict with each shared tensor (tied embeddings) kept under its first name.
+    """The model's state dict with each shared tensor (tied embeddings) kept under its first name,
+    and without frozen weights when some are frozen (`trainable_names`).
     `full_state`: weights gathered from a sharded (FSDP) model, to store under the names that
     `model.state_dict()` would keep."""
+    keep = trainable_names(model)
     if full_state is not None:
-        return {k: full_state[k].detach().cpu().contiguous() for k in _unique_names(model)}
+        return {k: full_state[k].detach().cpu().contiguous() for k in _unique_names(model)
+                if keep is None or k in keep}
     seen: set[object] = set()
     out = {}
     for name, tensor in model.state_dict().items():
+        if keep is not None and name not in keep:
+            continue
         # A tied weight is the same tensor under two names; distinct views of one storage (e.g.
         # q/k/v split from a fused checkpoint matrix) share the storage but not the data.
         key = (tensor.data_ptr(), tensor.shape, tensor.stride()) if tensor.numel() else id(tensor)
@@ -52,7 +68,8 @@ def _unique_names(model: nn.Module) -> list[str]:
 
 
 def load_into(model: nn.Module, tensors: dict[str, Tensor], source: str) -> None:
-    """Load weights strictly: the only keys allowed to be missing are tied copies of present ones."""
+    """Load weights strictly: the only keys allowed to be missing are tied copies of present ones
+    and, in a model with frozen weights (LoRA), the frozen ones."""
     expected = model.state_dict()
     wrong = [f"{k} {tuple(v.shape)} (model: {tuple(expected[k].shape)})" for k, v in tensors.items()
              if k in expected and v.shape != expected[k].shape]
@@ -62,7 +79,8 @@ def load_into(model: nn.Module, tensors: dict[str, Tensor], source: str) -> None
     state = model.state_dict()
     tied = {name for name, t in state.items()
             if any(t.data_ptr() == state[k].data_ptr() for k in tensors if k != name and k in state)}
-    missing = [k for k in result.missing_keys if k not in tied]
+    keep = trainable_names(model)
+    missing = [k for k in result.missing_keys if k not in tied and (keep is None or k in keep)]
     if missing or result.unexpected_keys:
         raise ValueError(f"{source} does not match the model: missing {missing or 'none'}, "
                          f"unexpected {result.unexpected_keys or 'none'}")

@@ -255,9 +255,11 @@ def forward_backward(forward_model: nn.Module, micro: list, loss_fn: LossFn, dev
 
 def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batches: list | None,
           loss_fn: LossFn, run_dir: str | os.PathLike, resume: bool = False,
-          on_eval: Callable[[int, float], None] | None = None) -> TrainResult:
+          on_eval: Callable[[int, float], None] | None = None,
+          weights_file: str = "model.safetensors") -> TrainResult:
     """Train `model` in place. Writes metrics.jsonl, checkpoint.safetensors (resumable) and
-    model.safetensors (the best weights by validation loss, or the last without validation).
+    `weights_file` (the best weights by validation loss, or the last without validation). Only
+    parameters with requires_grad train, get optimizer state and are saved (LoRA freezes the rest).
     Under torchrun every rank calls this; rank 0 alone logs and writes files (distributed.py)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -355,8 +357,8 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
             record["val_loss"] = last_val
             if best is None or last_val < best:
                 best = last_val
-                with explain_write_errors(run_dir / "model.safetensors", run_dir, resumable_step):
-                    _save_weights(model, run_dir / "model.safetensors", ctx)
+                with explain_write_errors(run_dir / weights_file, run_dir, resumable_step):
+                    _save_weights(model, run_dir / weights_file, ctx)
             if on_eval is not None:
                 on_eval(step, last_val)
             if bar is not None:
@@ -381,7 +383,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
     if bar is not None:
         bar.close()
     if val_batches is None:
-        _save_weights(model, run_dir / "model.safetensors", ctx)
+        _save_weights(model, run_dir / weights_file, ctx)
     distributed.teardown(ctx)
     return TrainResult(step, best, last_val, elapsed_before + time.perf_counter() - start)
 
@@ -389,17 +391,21 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
 def train_new_model(build: Callable[[], nn.Module], cfg: TrainConfig, train_data: BatchSource,
                     val_batches: list | None, loss_fn: LossFn, run_dir: str | os.PathLike,
                     resume: bool = False, log: Callable[[str], None] = print,
-                    ) -> tuple[nn.Module, TrainResult]:
+                    weights_file: str = "model.safetensors") -> tuple[nn.Module, TrainResult]:
     """Seed, build a model with `build()`, `train` it (or resume), and return it holding the best
-    weights (model.safetensors). The tasks (translation.py, lm.py) call this after preparing data."""
+    weights (`weights_file`). The tasks (translation, lm) call this after preparing data."""
     torch.manual_seed(cfg.seed)
     model = build()
     n_params = sum(p.numel() for p in model.parameters())
-    log(f"model: {n_params:,} parameters; training {cfg.steps} steps on {pick_device(cfg.device)}")
-    result = train(model, cfg, train_data, val_batches, loss_fn, run_dir, resume=resume)
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    trainable = f" ({n_trainable:,} trainable)" if n_trainable < n_params else ""
+    log(f"model: {n_params:,} parameters{trainable}; training {cfg.steps} steps on "
+        f"{pick_device(cfg.device)}")
+    result = train(model, cfg, train_data, val_batches, loss_fn, run_dir, resume=resume,
+                   weights_file=weights_file)
     if distributed.is_sharded(model):  # FSDP left shards: the best weights go into a plain model
         model = build()
-    load_weights(model, Path(run_dir) / "model.safetensors")
+    load_weights(model, Path(run_dir) / weights_file)
     return model, result
 
 

@@ -11,6 +11,8 @@ from handformer.config import CausalLMConfig, dataclass_from_dict
 from handformer.data.text import (
     PYDOC,
 )
+from handformer.nn.lora import LoRAConfig
+from handformer.tasks.lm.finetune import BaseRun, check_lora_targets, model_config_from_base, read_base_run
 from handformer.training.loop import TrainConfig
 
 
@@ -75,6 +77,11 @@ class LMJob:
     model: dict[str, Any] = field(default_factory=dict)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(**LM_TRAIN_DEFAULTS))
     data: LMDataConfig = field(default_factory=LMDataConfig)
+    # Fine-tuning (finetune.py): [train] init_from = "RUN_DIR" starts from that run's weights,
+    # model config and tokenizer; [train.lora] then trains low-rank adapters only.
+    init_from: str | None = None
+    lora: LoRAConfig | None = None
+    base: BaseRun | None = field(default=None, repr=False)  # the run init_from names, once read
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LMJob:
@@ -90,12 +97,35 @@ class LMJob:
         train_section = data.get("train", {})
         if not isinstance(train_section, dict):
             raise ValueError(f"[train] must be a table of settings, got {type(train_section).__name__}")
+        train_section = dict(train_section)
+        init_from, lora = train_section.pop("init_from", None), train_section.pop("lora", None)
         job = cls(dict(model), TrainConfig.from_dict({**LM_TRAIN_DEFAULTS, **train_section}),
-                  LMDataConfig.from_dict(data.get("data", {})))
-        job.model_config(vocab_size=1)
+                  LMDataConfig.from_dict(data.get("data", {})), init_from,
+                  None if lora is None else LoRAConfig.from_dict(lora))
+        if init_from is None:
+            if lora is not None:
+                raise ValueError('[train.lora] needs [train] init_from = "RUN_DIR": adapters train on '
+                                 "top of a trained run's weights")
+            job.model_config(vocab_size=1)
+            return job
+        if not isinstance(init_from, str) or not init_from:
+            raise ValueError(f"[train] init_from={init_from!r} is invalid: give a run directory")
+        job.base = read_base_run(init_from)
+        cfg = job.model_config(vocab_size=job.base.model_cfg.vocab_size)
+        if job.lora is not None:
+            check_lora_targets(cfg, job.lora)
         return job
 
     def model_config(self, vocab_size: int) -> CausalLMConfig:
+        """The model's config: built from [model] and the tokenizer's size, or, fine-tuning, the
+        base run's (vocab_size unused)."""
+        if self.base is not None:
+            cfg = model_config_from_base(self.model, self.base, self.init_from)
+            if cfg.max_positions < self.data.block_size:
+                raise ValueError(f"[data] block_size={self.data.block_size} is invalid: the run in "
+                                 f"[train] init_from has a context of max_positions={cfg.max_positions} "
+                                 "tokens; use at most that")
+            return cfg
         fields = dict(self.model)
         preset = fields.pop("preset", None)
         if preset is not None and preset not in MODEL_PRESETS:

@@ -8,6 +8,8 @@
     model.safetensors   CausalLM weights under handformer's names (tied weights stored once)
 
 A trained run also holds checkpoint.safetensors (resumable), metrics.jsonl and loss_curve.png.
+A LoRA fine-tune holds adapters.safetensors instead of model.safetensors, and its config.json
+points to its base run ("init_from", "lora"; see finetune.py): loading it loads base + adapters.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from handformer.config import CausalLMConfig
 from handformer.data.tokenizer import Tokenizer
 from handformer.io import atomic_write_text
 from handformer.models.causal_lm import CausalLM
+from handformer.nn.lora import LoRAConfig
+from handformer.tasks.lm.finetune import ADAPTERS_FILE, base_model, verified_base
 from handformer.tasks.run_config import read_run_config, run_model_config
 from handformer.training.checkpoint import load_weights, save_weights
 
@@ -67,21 +71,28 @@ def load_lm(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> L
     if config.get("task") != "lm":
         raise ValueError(f"{run_dir} holds a {config.get('task')!r} run, not a language model "
                          "(task 'lm'); use `handformer translate` for translation runs")
-    for name in ("model.safetensors", "tokenizer.json"):
+    weights = ADAPTERS_FILE if "lora" in config else "model.safetensors"
+    for name in (weights, "tokenizer.json"):
         if not (run_dir / name).exists():
             raise FileNotFoundError(f"{run_dir} has no {name}")
-    model = CausalLM(run_model_config(run_dir, config, CausalLMConfig))
+    model_cfg = run_model_config(run_dir, config, CausalLMConfig)
+    if "lora" in config:  # the base run's weights, checked, then the adapters on top
+        model = base_model(model_cfg, verified_base(run_dir, config), LoRAConfig.from_dict(config["lora"]))
+    else:
+        model = CausalLM(model_cfg)
     if "quantization" in config:  # written by `handformer quantize` (tasks/lm/quantize.py)
         from handformer.tasks.lm.quantize import Quantization
 
         model = Quantization.from_dict(config["quantization"], str(run_dir / "config.json")).prepare(model)
-    if "source" in config:
+    if "lora" in config:
+        fix = "fine-tune again (or `handformer train --resume` it, which rewrites the adapters)"
+    elif "source" in config:
         fix = "import the checkpoint again (`handformer import-hf HF_DIR RUN_DIR --overwrite`)"
     elif (run_dir / "checkpoint.safetensors").is_file():
         fix = (f"re-run training, or resume it from checkpoint.safetensors (`handformer train "
                f"--resume {run_dir}`, which rewrites model.safetensors at its next evaluation)")
     else:
         fix = "re-run training to write it again"
-    load_weights(model, run_dir / "model.safetensors", fix)
+    load_weights(model, run_dir / weights, fix)
     tokens = SpecialTokens(**config.get("tokens", {}))
     return LMRun(model.to(device).eval(), Tokenizer.load(run_dir / "tokenizer.json"), tokens, config)

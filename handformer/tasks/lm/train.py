@@ -23,6 +23,7 @@ from handformer.data.text import (
 )
 from handformer.data.tokenizer import Tokenizer
 from handformer.models.causal_lm import CausalLM
+from handformer.tasks.lm import finetune
 from handformer.tasks.lm.job import LMDataConfig, LMJob
 from handformer.tasks.lm.run import SpecialTokens, write_lm_run_config
 from handformer.training import distributed
@@ -46,13 +47,20 @@ def train_tokens(tokenizer: Tokenizer) -> SpecialTokens:
 
 
 def encode_splits(tokenizer: Tokenizer, train_text: str, val_text: str, data: LMDataConfig,
-                  seed: int, log=print) -> tuple[LMWindows, list[LMBatch] | None]:
+                  seed: int, log=print, warn_unknown: bool = False,
+                  ) -> tuple[LMWindows, list[LMBatch] | None]:
     """Training windows (data order seeded by `seed`) and the fixed validation batches (None
-    without a validation split)."""
+    without a validation split). `warn_unknown`: log how many tokens are the unknown token (a
+    tokenizer from a base run meeting new text)."""
     train_ids = as_token_tensor(tokenizer.encode(train_text), tokenizer.vocab_size)
     windows = LMWindows(train_ids, data.block_size, data.batch_size, data.batches_per_epoch, seed)
-    log(f"{data.tokenizer} tokenizer: {tokenizer.vocab_size:,} tokens; {len(train_ids):,} training "
+    kind = "the base run's" if warn_unknown else data.tokenizer
+    log(f"{kind} tokenizer: {tokenizer.vocab_size:,} tokens; {len(train_ids):,} training "
         f"tokens, {data.block_size} per window, {data.batch_size} windows per batch")
+    if warn_unknown:
+        warning = finetune.unknown_token_warning(tokenizer, train_ids, train_text, "training")
+        if warning:
+            log(warning)
     if not val_text:
         return windows, None
     val_ids = as_token_tensor(tokenizer.encode(val_text), tokenizer.vocab_size)
@@ -144,17 +152,51 @@ def run_train_lm(job: LMJob, run_dir: str | os.PathLike, resume: bool = False,
     source = "the embedded pydoc corpus" if data.path == PYDOC else data.path
     log(f"{len(text):,} characters from {source}: {len(train_text):,} for training, "
         f"{len(val_text):,} for validation")
-    if resume:
-        tokenizer = Tokenizer.load(run_dir / "tokenizer.json")
+    base = job.base
+    if resume or base is None:
+        tokenizer = (Tokenizer.load(run_dir / "tokenizer.json") if resume else
+                     Tokenizer.train(data.tokenizer, [train_text], data.vocab_size))
     else:
-        tokenizer = Tokenizer.train(data.tokenizer, [train_text], data.vocab_size)
+        tokenizer = Tokenizer.load(base.path / "tokenizer.json")
+        log(f"fine-tuning {base.path}{' with LoRA adapters' if job.lora else ''}: its model, "
+            "weights and tokenizer")
     model_cfg = job.model_config(tokenizer.vocab_size)
-    windows, val_batches = encode_splits(tokenizer, train_text, val_text, data, job.train.seed, log)
+    windows, val_batches = encode_splits(tokenizer, train_text, val_text, data, job.train.seed, log,
+                                         warn_unknown=base is not None)
     if not resume and main:  # written once the data is known to be usable
         run_dir.mkdir(parents=True, exist_ok=True)
         tokenizer.save(run_dir / "tokenizer.json")
-        write_lm_run_config(run_dir, model_cfg, train_tokens(tokenizer), train=asdict(job.train),
-                            data=asdict(data))
+        tokens, sections = _run_sections(job, tokenizer, run_dir)
+        write_lm_run_config(run_dir, model_cfg, tokens, **sections)
 
-    return train_new_model(lambda: CausalLM(model_cfg), job.train, windows, val_batches, lm_loss,
-                           run_dir, resume=resume, log=log)
+    return train_new_model(_builder(job, model_cfg, run_dir, resume), job.train, windows, val_batches,
+                           lm_loss, run_dir, resume=resume, log=log,
+                           weights_file=finetune.ADAPTERS_FILE if job.lora else "model.safetensors")
+
+
+def _run_sections(job: LMJob, tokenizer: Tokenizer, run_dir: Path) -> tuple[SpecialTokens, dict]:
+    """The special tokens and config.json sections of a new run: a fine-tuned run keeps its base's
+    tokens (an imported model prompts with BOS as before) and records where it came from."""
+    train = asdict(job.train)
+    if job.base is None:
+        return train_tokens(tokenizer), {"train": train, "data": asdict(job.data)}
+    train["init_from"] = str(job.base.path)  # absolute: --resume works from any directory
+    sections = {"train": train, "data": asdict(job.data),
+                "init_from": finetune.provenance(job.base, run_dir, lora=job.lora is not None)}
+    if job.lora is not None:
+        train["lora"] = sections["lora"] = asdict(job.lora)
+    return SpecialTokens(**job.base.config.get("tokens", {})), sections
+
+
+def _builder(job: LMJob, model_cfg, run_dir: Path, resume: bool):
+    """What train_new_model calls to build the model: random weights, or the base run's. Resuming
+    a full fine-tune needs no base weights (the checkpoint has them all); resuming LoRA needs the
+    base, unchanged since the adapters began."""
+    if job.base is None or (resume and job.lora is None):
+        return lambda: CausalLM(model_cfg)
+    if resume:
+        config = json.loads((run_dir / "config.json").read_text())
+        base_dir = finetune.verified_base(run_dir, config)
+    else:
+        base_dir = job.base.path
+    return lambda: finetune.base_model(model_cfg, base_dir, job.lora)

@@ -1,0 +1,149 @@
+"""Fine-tuning: a language-model job that starts from a run (trained here or imported with
+`handformer import-hf`) instead of random weights, fully or with LoRA adapters
+(`[train] init_from = "RUN_DIR"`, `[train.lora]`).
+
+The job takes the base run's model config, weights, tokenizer and special tokens. A fine-tuned
+run's config.json records where it came from:
+
+    "init_from": {"path": the base run (absolute), "relative": the same path from this run,
+                  "sha256": of the base's model.safetensors, "lora": true | false}
+    "lora":      the LoRAConfig fields (LoRA runs only)
+
+A LoRA run stores only its adapters, in adapters.safetensors. Loading it (`load_lm`) loads the
+base run's weights, checks that their hash is still the recorded one, and adds the adapters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from handformer.config import CausalLMConfig
+from handformer.data.tokenizer import Tokenizer
+from handformer.models.causal_lm import CausalLM
+from handformer.nn.lora import LoRAConfig, add_lora, select_targets
+from handformer.training.checkpoint import load_weights
+
+ADAPTERS_FILE = "adapters.safetensors"
+# [model] fields a fine-tuning job may change: regularization, not architecture.
+FREE_MODEL_FIELDS = ("dropout", "attention_dropout")
+
+
+@dataclass
+class BaseRun:
+    path: Path  # the run directory, resolved
+    config: dict[str, Any]  # its config.json
+    model_cfg: CausalLMConfig
+
+
+def read_base_run(init_from: str) -> BaseRun:
+    """The run `[train] init_from` names, checked (config only; no weights are read)."""
+    path = Path(init_from)
+    where = f"[train] init_from={init_from!r}"
+    if not path.is_dir():
+        raise FileNotFoundError(f"{where}: no such run directory; give a run trained with "
+                                "`handformer train` or imported with `handformer import-hf`")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{where} is not a run directory (no config.json)")
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{where}: its config.json is not valid JSON: {err}") from None
+    if config.get("task") != "lm":
+        raise ValueError(f"{where} holds a {config.get('task')!r} run; fine-tuning starts from a "
+                         "language-model run (task 'lm')")
+    if "lora" in config:
+        raise ValueError(f"{where} holds LoRA adapters, not a whole model; fold them in first with "
+                         f"`handformer merge {init_from} OUT_DIR`, then set init_from = OUT_DIR")
+    for name in ("model.safetensors", "tokenizer.json"):
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"{where} has no {name}")
+    return BaseRun(path.resolve(), config, CausalLMConfig.from_dict(config["model"], "model"))
+
+
+def model_config_from_base(section: dict[str, Any], base: BaseRun, init_from: str) -> CausalLMConfig:
+    """The base run's model config. A job's [model] section may restate its fields (they must
+    agree) and change only FREE_MODEL_FIELDS; anything else names the field that disagrees."""
+    if "preset" in section:
+        raise ValueError("[model] preset: a fine-tuning job takes its architecture from the run in "
+                         "[train] init_from; remove preset")
+    fields = base.model_cfg.to_dict()
+    CausalLMConfig.from_dict({**fields, **section}, "model")  # unknown fields and bad values
+    for key, value in section.items():
+        if key not in FREE_MODEL_FIELDS and value != fields[key]:
+            raise ValueError(f"[model] {key}={value!r} disagrees with the run in [train] init_from "
+                             f"({init_from} has {key}={fields[key]!r}); a fine-tuning job keeps its "
+                             f"base's architecture: remove {key} from [model] or set it to "
+                             f"{fields[key]!r}")
+    free = {k: v for k, v in section.items() if k in FREE_MODEL_FIELDS}
+    return CausalLMConfig.from_dict({**fields, **free}, "model")
+
+
+def check_lora_targets(model_cfg: CausalLMConfig, lora: LoRAConfig) -> None:
+    """Target names and ranks checked on a model without memory (meta device), before any work."""
+    with torch.device("meta"):
+        select_targets(CausalLM(model_cfg), lora)
+
+
+def weights_sha256(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def provenance(base: BaseRun, run_dir: str | os.PathLike, lora: bool) -> dict[str, Any]:
+    """What a fine-tuned run's config.json records under "init_from"."""
+    return {"path": str(base.path), "relative": os.path.relpath(base.path, Path(run_dir).resolve()),
+            "sha256": weights_sha256(base.path / "model.safetensors"), "lora": lora}
+
+
+def verified_base(run_dir: str | os.PathLike, config: dict[str, Any]) -> Path:
+    """The base run of a LoRA run, found (next to the run as recorded, else at its absolute path)
+    and checked: its weights must hash to what the adapters were trained on."""
+    run_dir = Path(run_dir)
+    info = config["init_from"]
+    found = [p for p in (run_dir / info["relative"], Path(info["path"]))
+             if (p / "model.safetensors").is_file()]
+    if not found:
+        raise FileNotFoundError(f"{run_dir} holds LoRA adapters for the base run {info['path']}, "
+                                "which has no model.safetensors any more; restore the base run there")
+    digest = weights_sha256(found[0] / "model.safetensors")
+    if digest != info["sha256"]:
+        raise ValueError(f"the base run {found[0]} has changed since {run_dir}'s adapters were trained "
+                         f"on it (sha256 of its model.safetensors is {digest[:16]}..., the adapters "
+                         f"recorded {info['sha256'][:16]}...); adapters only fit the weights they "
+                         "were trained on: restore the base run or fine-tune again")
+    return found[0]
+
+
+def base_model(model_cfg: CausalLMConfig, base_dir: Path, lora: LoRAConfig | None) -> CausalLM:
+    """The model a fine-tuning job starts from: the base run's weights, plus fresh adapters (B = 0)
+    with everything else frozen when `lora` is given."""
+    model = CausalLM(model_cfg)
+    load_weights(model, base_dir / "model.safetensors")
+    if lora is not None:
+        add_lora(model, lora)
+    return model
+
+
+def unknown_token_warning(tokenizer: Tokenizer, ids: torch.Tensor, text: str, source: str) -> str | None:
+    """A warning naming how many of `ids` (the encoded `text`) are the tokenizer's unknown token,
+    with examples of the characters behind them; None when there are none."""
+    if tokenizer.unk_id is None:
+        return None
+    count = int((ids == tokenizer.unk_id).sum())
+    if not count:
+        return None
+    unknown = [c for c in sorted(set(text)) if tokenizer.unk_id in tokenizer.encode(c)]
+    examples = ", ".join(repr(c) for c in unknown[:10]) + (", ..." if len(unknown) > 10 else "")
+    return (f"warning: the base run's tokenizer encodes {count:,} of the {len(ids):,} {source} tokens "
+            f"as unknown (<unk>), from {len(unknown)} character(s) it never saw: {examples}; the "
+            "model learns them as <unk> (clean the text, or start from a run whose tokenizer covers it)")
