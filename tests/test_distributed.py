@@ -20,6 +20,7 @@ from handformer.data.batching import collate
 from handformer.data.text import LMBatch, LMWindows, validation_batches
 from handformer.models.causal_lm import CausalLM
 from handformer.models.seq2seq import Seq2SeqTransformer
+from handformer.nn.lora import LoRAConfig, add_lora
 from handformer.tasks.lm.train import lm_loss
 from handformer.tasks.translation.train import seq2seq_loss
 from handformer.training import distributed
@@ -221,6 +222,48 @@ def test_a_two_process_run_resumes_in_one_process_with_the_same_global_batch(tmp
         assert g_val == pytest.approx(e_val, rel=1e-5) if e_val is not None else g_val is None
 
 
+# --- LoRA -------------------------------------------------------------------------------------
+
+def _lora_model() -> CausalLM:
+    model = _model()
+    add_lora(model, LoRAConfig(rank=2, alpha=4.0, targets="all-linear"))
+    return model
+
+
+def _lora_worker(rank: int, port: int, run_dir: str, parallel: str) -> None:
+    _join(rank, port)
+    windows, val = _data(batch_size=4)
+    train(_lora_model(), _cfg(parallel=parallel), windows, val, lm_loss, run_dir,
+          weights_file="adapters.safetensors")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("parallel", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
+def test_lora_on_two_processes_follows_the_single_process_curve(parallel, tmp_path):
+    """Only the adapters train and are saved; the frozen base is replicated (DDP) or sharded
+    (FSDP2) and never updated; the adapters equal a single process's."""
+    windows, val = _data(batch_size=4)
+    single = tmp_path / "single"
+    train(_lora_model(), _cfg(accumulation=2), windows, val, lm_loss, single,
+          weights_file="adapters.safetensors")
+    _spawn(_lora_worker, str(tmp_path / parallel), parallel)
+    expected, got = _curve(single), _curve(tmp_path / parallel)
+    assert len(got) == len(expected) == 6
+    for (e_train, e_val), (g_train, g_val) in zip(expected, got):
+        assert g_train == pytest.approx(e_train, rel=1e-5)
+        assert g_val == pytest.approx(e_val, rel=1e-5) if e_val is not None else g_val is None
+    a, _ = read_safetensors(single / "adapters.safetensors")
+    b, _ = read_safetensors(tmp_path / parallel / "adapters.safetensors")
+    assert sorted(a) == sorted(b) and all("lora_" in k for k in a) and len(a) == 2 * 2 * 6
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], atol=1e-5, rtol=1e-4, msg=key)
+    state, _ = read_safetensors(tmp_path / parallel / "checkpoint.safetensors")
+    assert {k.split("/")[1] for k in state if k.startswith("optim/")} == {str(i) for i in range(len(a))}
+    model = _lora_model()  # the checkpoint loads back into a single-process LoRA model
+    load_checkpoint(tmp_path / parallel / "checkpoint.safetensors", model,
+                    make_optimizer(model, _cfg(), torch.device("cpu")))
+
+
 # --- sharding ---------------------------------------------------------------------------------
 
 def test_shards_are_disjoint_equal_and_cover_the_global_list():
@@ -271,3 +314,23 @@ def test_torchrun_trains_the_tiny_configs(config, tmp_path):
     assert (out / "model.safetensors").is_file() and (out / "checkpoint.safetensors").is_file()
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["train_loss"] < records[0]["train_loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_torchrun_fine_tunes_with_lora(parallel, tmp_path):
+    from handformer.cli import main
+
+    base = tmp_path / "base"
+    assert main(["train", "--config", str(ROOT / "configs" / "tiny_lm.toml"), "--out", str(base),
+                 "--set", "train.progress=false", "--set", "train.steps=10"]) == 0
+    out = tmp_path / "lora"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "handformer", "train", "--init-from", str(base), "--out", str(out),
+           "--set", "train.progress=false", "--set", "train.steps=30", "--set", "train.lr=1e-2",
+           "--set", "train.lora.rank=4", "--set", f"train.parallel={parallel}"]
+    subprocess.run(cmd, check=True, cwd=ROOT, timeout=300, capture_output=True)
+    assert (out / "adapters.safetensors").is_file() and not (out / "model.safetensors").exists()
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["train_loss"] < records[0]["train_loss"]
+    assert main(["generate", str(out), "--prompt", "The ", "--max-new-tokens", "5"]) == 0

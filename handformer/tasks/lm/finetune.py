@@ -145,5 +145,5 @@ def unknown_token_warning(tokenizer: Tokenizer, ids: torch.Tensor, text: str, so
     unknown = [c for c in sorted(set(text)) if tokenizer.unk_id in tokenizer.encode(c)]
     examples = ", ".join(repr(c) for c in unknown[:10]) + (", ..." if len(unknown) > 10 else "")
     return (f"warning: the base run's tokenizer encodes {count:,} of the {len(ids):,} {source} tokens "
-            f"as unknown (<unk>), from {len(unknown)} character(s) it never saw: {examples}; the "
-            "model learns them as <unk> (clean the text, or start from a run whose tokenizer covers it)")
+            f"as unknown (<unk>), from {len(unknown)} character(s) it never saw: {examples}; they all "
+            "become <unk> (clean the text, or start from a run whose tokenizer covers it)")

@@ -99,19 +99,26 @@ class LMJob:
             raise ValueError(f"[train] must be a table of settings, got {type(train_section).__name__}")
         train_section = dict(train_section)
         init_from, lora = train_section.pop("init_from", None), train_section.pop("lora", None)
+        data_section = data.get("data", {})
+        base = None
+        if init_from is not None:
+            if not isinstance(init_from, str) or not init_from:
+                raise ValueError(f"[train] init_from={init_from!r} is invalid: give a run directory")
+            base = read_base_run(init_from)
+            if isinstance(data_section, dict) and "block_size" not in data_section:
+                # the base's own training window, else the default as far as its context allows
+                block = base.config.get("data", {}).get("block_size", LMDataConfig.block_size)
+                data_section = {**data_section, "block_size": min(block, base.model_cfg.max_positions)}
         job = cls(dict(model), TrainConfig.from_dict({**LM_TRAIN_DEFAULTS, **train_section}),
-                  LMDataConfig.from_dict(data.get("data", {})), init_from,
-                  None if lora is None else LoRAConfig.from_dict(lora))
-        if init_from is None:
+                  LMDataConfig.from_dict(data_section), init_from,
+                  None if lora is None else LoRAConfig.from_dict(lora), base)
+        if base is None:
             if lora is not None:
                 raise ValueError('[train.lora] needs [train] init_from = "RUN_DIR": adapters train on '
                                  "top of a trained run's weights")
             job.model_config(vocab_size=1)
             return job
-        if not isinstance(init_from, str) or not init_from:
-            raise ValueError(f"[train] init_from={init_from!r} is invalid: give a run directory")
-        job.base = read_base_run(init_from)
-        cfg = job.model_config(vocab_size=job.base.model_cfg.vocab_size)
+        cfg = job.model_config(vocab_size=base.model_cfg.vocab_size)
         if job.lora is not None:
             check_lora_targets(cfg, job.lora)
         return job

@@ -64,6 +64,10 @@ def encode_splits(tokenizer: Tokenizer, train_text: str, val_text: str, data: LM
     if not val_text:
         return windows, None
     val_ids = as_token_tensor(tokenizer.encode(val_text), tokenizer.vocab_size)
+    if warn_unknown:
+        warning = finetune.unknown_token_warning(tokenizer, val_ids, val_text, "validation")
+        if warning:
+            log(warning)
     val_batches = validation_batches(val_ids, data.block_size, data.batch_size, data.eval_batches)
     log(f"validation: {sum(b.n_tokens for b in val_batches):,} of {len(val_ids):,} tokens in "
         f"{len(val_batches)} fixed batches")

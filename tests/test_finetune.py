@@ -1,0 +1,336 @@
+"""Fine-tuning through the command line: `handformer train --init-from RUN` (full and LoRA) starts
+from the run's weights, model and tokenizer and records where it came from; LoRA runs hold only
+their adapters, load with their base (whose hash they check) in generate and eval, and merge into
+an ordinary run; a LoRA fine-tune killed with `kill -9` resumes to the uninterrupted run; an
+imported Llama fine-tunes; bad input is one clear error before anything is written."""
+
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from helpers import randomize_hf
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers, processors
+
+from handformer.cli import main
+from handformer.tasks.lm.finetune import weights_sha256
+from handformer.tasks.lm.run import load_lm
+from handformer.training import loop as train_module
+from handformer.training.checkpoint import read_safetensors
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_LM = str(ROOT / "configs" / "tiny_lm.toml")
+TEXT = "to be, or not to be, that is the question: whether 'tis nobler in the mind to suffer. " * 40
+QUIET = ("train.progress=false", "train.device=cpu")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def sets(*pairs: str) -> list[str]:
+    return [arg for pair in pairs for arg in ("--set", pair)]
+
+
+def finetune(out: Path, base: Path, text: Path, *pairs: str) -> int:
+    return main(["train", "--init-from", str(base), "--out", str(out),
+                 *sets(*QUIET, f"data.path={text}", "data.block_size=16", "data.batch_size=8",
+                       "data.eval_batches=2", "train.steps=12", "train.eval_every=6", "train.log_every=3",
+                       "train.warmup=2", "train.lr=1e-2", *pairs)])
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("elapsed_s", "tokens_per_s")} for r in rows]
+
+
+def tensors(path: Path) -> dict:
+    return {k: v for k, v in read_safetensors(path)[0].items() if not k.startswith("rng/")}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    """A tiny character-level GPT trained for a few steps on the embedded corpus."""
+    run = tmp_path_factory.mktemp("base") / "run"
+    assert main(["train", "--config", TINY_LM, "--out", str(run),
+                 *sets(*QUIET, "train.steps=10", "train.eval_every=5")]) == 0
+    return run
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("text") / "hamlet.txt"
+    path.write_text(TEXT)
+    return path
+
+
+@pytest.fixture(scope="module")
+def lora_run(base, text, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("lora") / "run"
+    assert finetune(run, base, text, "train.lora.rank=4", "train.lora.alpha=8",
+                    'train.lora.targets=["q_proj", "v_proj", "up_proj"]') == 0
+    return run
+
+
+# --- full fine-tuning ---------------------------------------------------------------------------
+
+def test_full_fine_tuning_starts_from_the_runs_weights_and_records_where_it_came_from(
+        base, text, tmp_path, monkeypatch, capsys):
+    started = {}
+
+    def record(model, *args, **kwargs):
+        started.update({k: v.clone() for k, v in model.state_dict().items()})
+        return train(model, *args, **kwargs)
+
+    train = train_module.train
+    monkeypatch.setattr(train_module, "train", record)
+    # Options of the loop beyond the defaults: another schedule, accumulation, decay, clipping.
+    assert finetune(tmp_path / "ft", base, text, "train.schedule=inverse_sqrt", "train.accumulation=2",
+                    "train.weight_decay=0.1", "train.clip_grad=0.5", "model.dropout=0.1") == 0
+    out = capsys.readouterr().out
+    assert f"fine-tuning {base.resolve()}" in out
+    base_weights = tensors(base / "model.safetensors")
+    assert started.keys() >= base_weights.keys()
+    assert all(torch.equal(started[k], v) for k, v in base_weights.items())  # the base's weights, exactly
+
+    config = json.loads((tmp_path / "ft" / "config.json").read_text())
+    base_config = json.loads((base / "config.json").read_text())
+    assert config["init_from"] == {"path": str(base.resolve()), "relative": os.path.relpath(base, tmp_path / "ft"),
+                                   "sha256": weights_sha256(base / "model.safetensors"), "lora": False}
+    assert config["model"] == {**base_config["model"], "dropout": 0.1}  # the base's architecture
+    assert config["tokens"] == base_config["tokens"]
+    assert (tmp_path / "ft" / "tokenizer.json").read_text() == (base / "tokenizer.json").read_text()
+    tuned = tensors(tmp_path / "ft" / "model.safetensors")
+    assert tuned.keys() == base_weights.keys() and not torch.equal(tuned["embed.weight"], base_weights["embed.weight"])
+    rows = metric_rows(tmp_path / "ft")
+    val = [r["val_loss"] for r in rows if "val_loss" in r]
+    assert val[-1] < val[0]
+
+
+def test_the_model_section_may_restate_the_base_but_not_change_it(base, text, tmp_path, capsys):
+    config = tmp_path / "job.toml"
+    config.write_text(f'task = "lm"\n[model]\nd_model = 32\nn_layers = 2\n[train]\ninit_from = "{base}"\n')
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "ok"),
+                 *sets(*QUIET, f"data.path={text}", "data.block_size=16", "train.steps=2")]) == 0
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "bad"),
+                 *sets(*QUIET, f"data.path={text}", "model.n_layers=3")]) == 2
+    assert ("[model] n_layers=3 disagrees with the run in [train] init_from" in capsys.readouterr().err)
+
+
+# --- LoRA ---------------------------------------------------------------------------------------
+
+def test_a_lora_run_holds_its_adapters_and_a_pointer_to_its_unchanged_base(base, lora_run):
+    config = json.loads((lora_run / "config.json").read_text())
+    assert config["lora"] == {"rank": 4, "alpha": 8, "dropout": 0.0, "targets": ["q_proj", "v_proj", "up_proj"]}
+    assert config["init_from"]["lora"] and config["init_from"]["sha256"] == weights_sha256(base / "model.safetensors")
+    assert not (lora_run / "model.safetensors").exists()
+    adapters = tensors(lora_run / "adapters.safetensors")
+    assert sorted(adapters) == sorted(f"layers.{i}.{name}.lora_{m}" for i in range(2) for m in "AB"
+                                      for name in ("self_attn.q_proj", "self_attn.v_proj", "ffn.up_proj"))
+    assert all(torch.count_nonzero(v) for v in adapters.values())  # B moved away from zero
+    run = load_lm(lora_run)
+    trained = {k: v for k, v in run.model.state_dict().items() if "lora_" not in k}
+    base_weights = tensors(base / "model.safetensors")
+    assert all(torch.equal(trained[k], v) for k, v in base_weights.items())  # bit for bit
+
+
+def test_generate_and_eval_load_base_plus_adapters_and_merge_writes_an_equal_ordinary_run(
+        base, lora_run, tmp_path, capsys):
+    generate = ["--prompt", "to be", "--max-new-tokens", "20", "--temperature", "0"]
+    results = {}
+    for name, run in (("base", base), ("lora", lora_run)):
+        assert main(["generate", str(run), *generate]) == 0
+        assert main(["eval", str(run), "--data", "val"]) == 0
+        results[name] = capsys.readouterr().out
+    merged = tmp_path / "merged"
+    assert main(["merge", str(lora_run), str(merged)]) == 0
+    assert f"-> {merged}" in capsys.readouterr().out
+    assert main(["generate", str(merged), *generate]) == 0
+    assert main(["eval", str(merged), "--data", "val"]) == 0
+    results["merged"] = capsys.readouterr().out
+    assert results["merged"] == results["lora"] != results["base"]
+
+    config = json.loads((merged / "config.json").read_text())
+    assert "lora" not in config and config["merged_from"]["lora"]["rank"] == 4
+    assert sorted(tensors(merged / "model.safetensors")) == sorted(tensors(base / "model.safetensors"))
+    assert main(["merge", str(lora_run), str(merged)]) == 2  # not over an existing model
+    assert "already holds a model" in capsys.readouterr().err
+
+
+def test_merging_a_run_without_adapters_is_a_clear_error(base, tmp_path, capsys):
+    assert main(["merge", str(base), str(tmp_path / "out")]) == 2
+    assert "has no LoRA adapters to merge" in capsys.readouterr().err
+    assert main(["merge", str(tmp_path / "nowhere"), str(tmp_path / "out")]) == 2
+    assert "is not a run directory" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_adapters_refuse_a_changed_base_and_follow_a_base_moved_with_them(base, lora_run, tmp_path, capsys):
+    moved = tmp_path / "moved"
+    shutil.copytree(base, moved / "base")
+    shutil.copytree(lora_run, moved / "runs" / "lora")
+    config_path = moved / "runs" / "lora" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["init_from"]["relative"] = "../../base"
+    config["init_from"]["path"] = str(tmp_path / "gone")
+    config_path.write_text(json.dumps(config))
+    load_lm(moved / "runs" / "lora")  # found next to the run, hash equal
+
+    weights, _ = read_safetensors(moved / "base" / "model.safetensors")
+    weights["embed.weight"][0, 0] += 1.0
+    from safetensors.torch import save_file
+    save_file(weights, moved / "base" / "model.safetensors")
+    assert main(["generate", str(moved / "runs" / "lora"), "--prompt", "to"]) == 2
+    err = capsys.readouterr().err
+    assert "has changed since" in err and "restore the base run or fine-tune again" in err
+    (moved / "base" / "model.safetensors").unlink()
+    assert main(["eval", str(moved / "runs" / "lora"), "--data", "val"]) == 2
+    assert "which has no model.safetensors any more" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pairs, message", [
+    (("INIT=no/such/run",), "[train] init_from='no/such/run': no such run directory"),
+    (("INIT=TRANSLATION",), "holds a 'translation' run; fine-tuning starts from a language-model run"),
+    (("INIT=LORA",), "holds LoRA adapters, not a whole model; fold them in first with `handformer merge"),
+    (("train.lora.targets=[\"q_proj\", \"wq\"]",), "'wq' matches no linear layer of the model's blocks; their "
+                                                   "layers are named down_proj, k_proj, o_proj, q_proj, up_proj, v_proj"),
+    (("train.lora.rank=0",), "[train.lora] rank=0 is invalid: it must be a positive integer"),
+    (("train.lora.rank=33",), "rank=33 is invalid: it is larger than layer layers.0.self_attn.q_proj (32 -> 32)"),
+    (("train.lora.targets=all",), "[train.lora] targets='all' is invalid"),
+    (("model.d_model=64",), "[model] d_model=64 disagrees with the run in [train] init_from"),
+    (("model.preset=llama",), "[model] preset: a fine-tuning job takes its architecture from the run"),
+    (("data.block_size=64",), "[data] block_size=64 is invalid: the run in [train] init_from has a context of "
+                              "max_positions=32"),
+])
+def test_bad_fine_tuning_input_is_one_clear_error_before_any_work(base, lora_run, text, tmp_path, pairs,
+                                                                   message, capsys):
+    translation = tmp_path / "translation"
+    translation.mkdir()
+    (translation / "config.json").write_text('{"task": "translation"}')
+    pairs = [p.replace("TRANSLATION", str(translation)).replace("LORA", str(lora_run)) for p in pairs]
+    init_from = [p[len("INIT="):] for p in pairs if p.startswith("INIT=")]  # as given to --init-from
+    pairs = [p for p in pairs if not p.startswith("INIT=")]
+    assert finetune(tmp_path / "out", init_from[0] if init_from else base, text, "train.lora.rank=2", *pairs) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_lora_without_init_from_and_fine_tuning_a_translation_job_are_refused(tmp_path, capsys):
+    assert main(["train", "--config", TINY_LM, "--out", str(tmp_path / "a"), *sets("train.lora.rank=2")]) == 2
+    assert '[train.lora] needs [train] init_from = "RUN_DIR"' in capsys.readouterr().err
+    assert main(["train", "--config", "demo", "--init-from", str(tmp_path), "--out", str(tmp_path / "b")]) == 2
+    assert "fine-tune language models" in capsys.readouterr().err
+
+
+def test_text_the_tokenizer_cannot_encode_is_a_warning_with_a_count_and_examples(base, tmp_path, capsys):
+    text = tmp_path / "euro.txt"
+    text.write_text("price: 5€, 7€ and ±2 §3 " * 3 + TEXT + "№1")  # the last 10% is for validation
+    assert finetune(tmp_path / "out", base, text, "train.lora.rank=2", "train.steps=1") == 0
+    out = capsys.readouterr().out
+    assert ("warning: the base run's tokenizer encodes 12 of the 3,163 training tokens as unknown (<unk>), "
+            "from 3 character(s) it never saw: '§', '±', '€'") in out
+    assert "encodes 1 of the 351 validation tokens as unknown (<unk>), from 1 character(s) it never saw: '№'" in out
+
+
+# --- resume -------------------------------------------------------------------------------------
+
+def test_kill_9_then_resume_of_a_lora_fine_tune_equals_a_straight_run(base, text, tmp_path, capsys):
+    """A real `kill -9` after the first checkpoint; `--resume` finishes exactly as an uninterrupted
+    run (adapter dropout makes the restored RNG matter)."""
+    args = ["train", "--init-from", str(base), *sets(*QUIET, f"data.path={text}", "data.block_size=16",
+            "data.batch_size=4", "data.eval_batches=2", "data.batches_per_epoch=30", "train.steps=80",
+            "train.eval_every=50", "train.checkpoint_every=10", "train.log_every=7", "train.lr=3e-3",
+            "train.lora.rank=2", "train.lora.dropout=0.1", "train.lora.targets=all-linear")]
+    killed, straight = tmp_path / "killed", tmp_path / "straight"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "handformer", *args, "--out", str(killed)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (killed / "checkpoint.safetensors").exists():
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        returncode = proc.wait(timeout=60)
+        proc.stderr.close()
+    assert returncode == -signal.SIGKILL
+    _, metadata = read_safetensors(killed / "checkpoint.safetensors")
+    assert 0 < json.loads(metadata["state"])["step"] < 80, "the run finished before it could be killed"
+
+    assert main(["train", "--resume", str(killed)]) == 0
+    assert main([*args, "--out", str(straight)]) == 0
+    assert "done: 80 steps" in capsys.readouterr().out
+    assert metric_rows(killed) == metric_rows(straight)
+    for name in ("adapters.safetensors", "checkpoint.safetensors"):
+        a, b = tensors(killed / name), tensors(straight / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_an_in_process_crash_resumes_a_full_fine_tune_to_the_straight_run(base, text, tmp_path, monkeypatch):
+    class Crash(Exception):
+        pass
+
+    def crash(step, val_loss):
+        if step == 12:
+            raise Crash
+
+    pairs = ("train.checkpoint_every=4", "model.dropout=0.2")
+    assert finetune(tmp_path / "straight", base, text, *pairs) == 0
+    with monkeypatch.context() as m:
+        m.setattr(train_module, "train", functools.partial(train_module.train, on_eval=crash))
+        with pytest.raises(Crash):
+            finetune(tmp_path / "crashed", base, text, *pairs)
+    shutil.move(base, base.with_name("away"))  # a full fine-tune resumes from its own checkpoint
+    try:
+        assert main(["train", "--resume", str(tmp_path / "crashed")]) == 0
+    finally:
+        shutil.move(base.with_name("away"), base)
+    assert metric_rows(tmp_path / "crashed") == metric_rows(tmp_path / "straight")
+    a, b = tensors(tmp_path / "crashed" / "model.safetensors"), tensors(tmp_path / "straight" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# --- an imported model --------------------------------------------------------------------------
+
+def test_an_imported_llama_fine_tunes_with_lora_and_keeps_its_bos(tmp_path, capsys):
+    words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(3, 40)]
+    hf_dir = tmp_path / "hf"
+    torch.manual_seed(0)
+    hf = randomize_hf(transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=len(words), hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=48, num_hidden_layers=2, max_position_embeddings=64, bos_token_id=1,
+        eos_token_id=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})), 0.1)
+    hf.save_pretrained(hf_dir, safe_serialization=True)
+    tokenizer = HFTokenizer(models.WordLevel({t: i for i, t in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tokenizer.save(str(hf_dir / "tokenizer.json"))
+    (hf_dir / "tokenizer_config.json").write_text('{"add_bos_token": true}')
+    assert main(["import-hf", str(hf_dir), str(tmp_path / "imported")]) == 0
+    text = tmp_path / "words.txt"
+    text.write_text(" ".join(f"w{3 + (i * 7) % 11}" for i in range(3000)))  # a repeating pattern
+    assert finetune(tmp_path / "lora", tmp_path / "imported", text, "train.lora.rank=4",
+                    "train.lora.targets=all-linear", "train.lr=3e-2", "train.steps=30", "train.eval_every=10") == 0
+    config = json.loads((tmp_path / "lora" / "config.json").read_text())
+    assert config["tokens"]["bos_id"] == 1 and config["model"]["position"] == "rope"
+    capsys.readouterr()
+    losses = []
+    for run in ("imported", "lora"):  # the same text, scored after the same BOS
+        assert main(["eval", str(tmp_path / run), "--data", str(text), "--block-size", "32"]) == 0
+        losses.append(float(capsys.readouterr().out.split()[1]))
+    assert losses[1] < 0.5 * losses[0]
+    assert main(["generate", str(tmp_path / "lora"), "--prompt", "w3 w10", "--max-new-tokens", "4",
+                 "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("w3 w10")
