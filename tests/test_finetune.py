@@ -122,6 +122,10 @@ def test_the_model_section_may_restate_the_base_but_not_change_it(base, text, tm
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "bad"),
                  *sets(*QUIET, f"data.path={text}", "model.n_layers=3")]) == 2
     assert ("[model] n_layers=3 disagrees with the run in [train] init_from" in capsys.readouterr().err)
+    # The job file the base was trained with, preset included, describes the base: it agrees.
+    assert main(["train", "--config", TINY_LM, "--init-from", str(base), "--out", str(tmp_path / "same"),
+                 *sets(*QUIET, f"data.path={text}", "train.steps=2", "model.dropout=0.3")]) == 0
+    assert json.loads((tmp_path / "same" / "config.json").read_text())["model"]["dropout"] == 0.3
 
 
 # --- LoRA ---------------------------------------------------------------------------------------
@@ -205,7 +209,8 @@ def test_adapters_refuse_a_changed_base_and_follow_a_base_moved_with_them(base, 
     (("train.lora.rank=33",), "rank=33 is invalid: it is larger than layer layers.0.self_attn.q_proj (32 -> 32)"),
     (("train.lora.targets=all",), "[train.lora] targets='all' is invalid"),
     (("model.d_model=64",), "[model] d_model=64 disagrees with the run in [train] init_from"),
-    (("model.preset=llama",), "[model] preset: a fine-tuning job takes its architecture from the run"),
+    (("model.preset=llama",), "[model] d_model=512 (from preset 'llama') disagrees with the run in [train] "
+                              "init_from"),
     (("data.block_size=64",), "[data] block_size=64 is invalid: the run in [train] init_from has a context of "
                               "max_positions=32"),
 ])

@@ -67,21 +67,20 @@ def read_base_run(init_from: str) -> BaseRun:
     return BaseRun(path.resolve(), config, CausalLMConfig.from_dict(config["model"], "model"))
 
 
-def model_config_from_base(section: dict[str, Any], base: BaseRun, init_from: str) -> CausalLMConfig:
-    """The base run's model config. A job's [model] section may restate its fields (they must
-    agree) and change only FREE_MODEL_FIELDS; anything else names the field that disagrees."""
-    if "preset" in section:
-        raise ValueError("[model] preset: a fine-tuning job takes its architecture from the run in "
-                         "[train] init_from; remove preset")
+def model_config_from_base(section: dict[str, tuple[Any, str | None]], base: BaseRun,
+                           init_from: str) -> CausalLMConfig:
+    """The base run's model config. `section`: what the job's [model] section says, field ->
+    (value, the preset it came from or None). Every field must agree with the base except
+    FREE_MODEL_FIELDS, which a fine-tuning job may change; a disagreement names the field."""
     fields = base.model_cfg.to_dict()
-    CausalLMConfig.from_dict({**fields, **section}, "model")  # unknown fields and bad values
-    for key, value in section.items():
+    CausalLMConfig.from_dict({**fields, **{k: v for k, (v, _) in section.items()}}, "model")  # unknown, bad
+    for key, (value, preset) in section.items():
         if key not in FREE_MODEL_FIELDS and value != fields[key]:
-            raise ValueError(f"[model] {key}={value!r} disagrees with the run in [train] init_from "
-                             f"({init_from} has {key}={fields[key]!r}); a fine-tuning job keeps its "
-                             f"base's architecture: remove {key} from [model] or set it to "
-                             f"{fields[key]!r}")
-    free = {k: v for k, v in section.items() if k in FREE_MODEL_FIELDS}
+            origin = f" (from preset {preset!r})" if preset else ""
+            raise ValueError(f"[model] {key}={value!r}{origin} disagrees with the run in [train] "
+                             f"init_from ({init_from} has {key}={fields[key]!r}); a fine-tuning job keeps "
+                             f"its base's architecture: remove [model] or make {key} agree")
+    free = {k: v for k, (v, preset) in section.items() if k in FREE_MODEL_FIELDS and preset is None}
     return CausalLMConfig.from_dict({**fields, **free}, "model")
 
 

@@ -125,19 +125,27 @@ class LMJob:
 
     def model_config(self, vocab_size: int) -> CausalLMConfig:
         """The model's config: built from [model] and the tokenizer's size, or, fine-tuning, the
-        base run's (vocab_size unused)."""
-        if self.base is not None:
-            cfg = model_config_from_base(self.model, self.base, self.init_from)
-            if cfg.max_positions < self.data.block_size:
-                raise ValueError(f"[data] block_size={self.data.block_size} is invalid: the run in "
-                                 f"[train] init_from has a context of max_positions={cfg.max_positions} "
-                                 "tokens; use at most that")
-            return cfg
+        base run's (vocab_size unused), which the [model] section may restate but not change."""
         fields = dict(self.model)
         preset = fields.pop("preset", None)
         if preset is not None and preset not in MODEL_PRESETS:
             raise ValueError(f"[model] preset={preset!r} is invalid: choose "
                              f"{' or '.join(MODEL_PRESETS)}, or leave it out for CausalLMConfig's defaults")
+        if self.base is not None:
+            if preset is not None:  # the whole model the section describes must be the base's
+                described = MODEL_PRESETS[preset]().to_dict()
+                del described["vocab_size"]  # from the tokenizer
+                described["max_positions"] = self.base.model_cfg.max_positions  # unless restated
+                fields = {**{k: (v, preset) for k, v in described.items()},
+                          **{k: (v, None) for k, v in fields.items()}}
+            else:
+                fields = {k: (v, None) for k, v in fields.items()}
+            cfg = model_config_from_base(fields, self.base, self.init_from)
+            if cfg.max_positions < self.data.block_size:
+                raise ValueError(f"[data] block_size={self.data.block_size} is invalid: the run in "
+                                 f"[train] init_from has a context of max_positions={cfg.max_positions} "
+                                 "tokens; use at most that")
+            return cfg
         if "vocab_size" in fields:
             raise ValueError("[model] vocab_size is set from the tokenizer; remove it (for BPE, set "
                              "data.vocab_size instead)")
