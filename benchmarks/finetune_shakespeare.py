@@ -1,0 +1,140 @@
+"""Measure fine-tuning on tiny Shakespeare: full vs LoRA at two ranks, from two bases.
+
+Bases (built once, kept in OUT):
+- `gpt2`: the baby GPT of configs/shakespeare_char.toml (GPT-2 style, 0.8M parameters) trained on
+  Python's reference documentation (the embedded pydoc corpus) instead of Shakespeare, so that
+  fine-tuning has a style to shift;
+- `llama`: a tiny random Llama (RoPE, RMSNorm, SwiGLU, grouped-query attention) saved by
+  transformers' save_pretrained with the gpt2 base's character tokenizer and imported with
+  `handformer import-hf`, as any Hugging Face checkpoint would be.
+
+Each base is fine-tuned with `handformer train --init-from BASE` on tiny Shakespeare (the
+character windows of configs/shakespeare_char.toml: 64 tokens, batches of 12), fully and with
+LoRA on every linear layer of the blocks ("all-linear") at two ranks. For each run: validation
+loss on the whole Shakespeare validation split (the last 10%) before and after (what `handformer
+eval RUN --data val` prints), wall time of the training loop, trainable parameters, and the
+command's peak resident memory; then samples of the gpt2 base before and after.
+
+    flock /tmp/hf-cpu.lock python benchmarks/finetune_shakespeare.py --out runs/finetune
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from handformer.data.text import load_text, split_text  # noqa: E402
+from handformer.tasks.lm.run import load_lm  # noqa: E402
+from handformer.tasks.lm.scoring import score_text  # noqa: E402
+
+SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+# Runs the command line in a child process and prints its peak resident memory at exit.
+PEAK = ("import atexit, resource, runpy, sys; atexit.register(lambda: print('peak RSS %.0f MB' % "
+        "(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), file=sys.stderr)); "
+        "sys.argv = ['handformer'] + sys.argv[1:]; runpy.run_module('handformer', run_name='__main__')")
+
+
+def handformer(*args: str) -> tuple[str, float, float]:
+    """Run `handformer ARGS`; returns (stdout, wall seconds, peak RSS in MB)."""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", PEAK, *args], cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode:
+        raise SystemExit(f"handformer {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    peak = float(re.search(r"peak RSS (\d+) MB", proc.stderr).group(1))
+    return proc.stdout, wall, peak
+
+
+def make_llama(out: Path, tokenizer: Path, seed: int) -> None:
+    """A tiny random Llama in Hugging Face's format, imported with `handformer import-hf`."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from handformer.data.tokenizer import Tokenizer
+
+    vocab = Tokenizer.load(tokenizer).vocab_size
+    torch.manual_seed(seed)
+    hf = LlamaForCausalLM(LlamaConfig(
+        vocab_size=vocab, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=352, num_hidden_layers=4, max_position_embeddings=256,
+        tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
+    hf_dir = out.with_name(out.name + "_hf")
+    hf.save_pretrained(hf_dir, safe_serialization=True)
+    shutil.copy(tokenizer, hf_dir / "tokenizer.json")
+    handformer("import-hf", str(hf_dir), str(out), "--overwrite")
+
+
+def val_loss(run_dir: Path, val_text: str) -> float:
+    return score_text(load_lm(run_dir), val_text, block_size=64).loss
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="runs/finetune")
+    p.add_argument("--base-steps", type=int, default=1000, help="training steps of the gpt2 base")
+    p.add_argument("--steps", type=int, default=500, help="fine-tuning steps of every run")
+    p.add_argument("--ranks", type=int, nargs=2, default=[4, 16])
+    p.add_argument("--full-lr", type=float, default=1e-3)
+    p.add_argument("--lora-lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    out = (ROOT / args.out).resolve()
+    bases = {"gpt2": out / "base_gpt2", "llama": out / "base_llama"}
+    if not (bases["gpt2"] / "model.safetensors").is_file():
+        handformer("train", "--config", "configs/shakespeare_char.toml", "--out", str(bases["gpt2"]),
+                   "--overwrite", "--set", "data.path=pydoc", "--set", f"train.steps={args.base_steps}",
+                   "--set", "train.progress=false", "--set", f"train.seed={args.seed}")
+    if not (bases["llama"] / "model.safetensors").is_file():
+        make_llama(bases["llama"], bases["gpt2"] / "tokenizer.json", args.seed)
+
+    val_text = split_text(load_text(str(SHAKESPEARE)), 0.1)[1]
+    common = ["--set", f"data.path={SHAKESPEARE}", "--set", "data.block_size=64", "--set",
+              "data.batch_size=12", "--set", "data.eval_batches=20", "--set", f"train.steps={args.steps}",
+              "--set", "train.warmup=50", "--set", f"train.eval_every={args.steps // 2}", "--set",
+              "train.log_every=50", "--set", "train.progress=false", "--set", f"train.seed={args.seed}",
+              "--set", "train.weight_decay=0.1", "--set", "train.beta2=0.99"]
+    variants = {"full": ["--set", f"train.lr={args.full_lr}", "--set", f"train.min_lr={args.full_lr / 10}"]}
+    for rank in args.ranks:
+        variants[f"LoRA r={rank}"] = ["--set", f"train.lr={args.lora_lr}", "--set",
+                                      f"train.min_lr={args.lora_lr / 10}", "--set", f"train.lora.rank={rank}",
+                                      "--set", f"train.lora.alpha={2 * rank}", "--set",
+                                      "train.lora.targets=all-linear"]
+    rows = []
+    for base_name, base in bases.items():
+        before = val_loss(base, val_text)
+        for name, extra in variants.items():
+            run = out / f"{base_name}_{name.replace(' ', '_').replace('=', '')}"
+            log, wall, peak = handformer("train", "--init-from", str(base), "--out", str(run), "--overwrite",
+                                         *common, *extra)
+            params = re.search(r"model: ([\d,]+) parameters(?: \(([\d,]+) trainable\))?", log)
+            trainable = params.group(2) or params.group(1)
+            loop_s = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["elapsed_s"]
+            after = val_loss(run, val_text)
+            rows.append((base_name, name, params.group(1), trainable, before, after, loop_s, wall, peak))
+            print(f"{base_name} {name}: val {before:.4f} -> {after:.4f}, loop {loop_s:.1f} s "
+                  f"(command {wall:.1f} s), {trainable} of {params.group(1)} parameters trained, "
+                  f"peak RSS {peak:.0f} MB", flush=True)
+
+    print("\n| base | fine-tuning | trainable parameters | val loss before | after | training wall "
+          "time | peak memory (RSS) |\n|---|---|---|---|---|---|---|")
+    for base_name, name, total, trainable, before, after, loop_s, _, peak in rows:
+        print(f"| {base_name} ({total}) | {name} | {trainable} | {before:.4f} | {after:.4f} | {loop_s:.1f} s "
+              f"| {peak:.0f} MB |")
+    prompt = ["--prompt", "ROMEO:", "--max-new-tokens", "58", "--temperature", "0.8", "--seed", "1"]
+    for run in (bases["gpt2"], out / "gpt2_full", out / f"gpt2_LoRA_r{args.ranks[0]}"):
+        text, _, _ = handformer("generate", str(run), *prompt)
+        print(f"\n--- {run.name}:\n{text.strip()}")
+
+
+if __name__ == "__main__":
+    main()
