@@ -79,7 +79,7 @@ class LoRALinear(nn.Module):
         self.lora_A = nn.Parameter(torch.empty(rank, self.in_features, **kind))  # (r, I)
         self.lora_B = nn.Parameter(torch.zeros(self.out_features, rank, **kind))  # (O, r)
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's init of a (r, I) weight
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (N, I) -> (N, O)."""
