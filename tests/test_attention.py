@@ -119,6 +119,21 @@ def test_grouped_query_attention_is_causal_fast_equals_explicit():
     assert_close(fast, slow, **TOL)
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_grouped_query_gradients_fast_equal_explicit(causal):
+    """The fast path shares key/value heads inside the fused kernel (torch >= 2.5), the explicit
+    path repeats them: the gradients of queries, keys and values agree."""
+    grads = []
+    for need_weights in (False, True):
+        q, k, v = (t.clone().requires_grad_() for t in qkv(H=6, Hkv=2, T=5, S=5))
+        mask = None if causal else random_mask((2, 1, 5, 5), seed=4) | torch.eye(5, dtype=torch.bool)
+        out, _ = scaled_dot_product_attention(q, k, v, mask, is_causal=causal, need_weights=need_weights)
+        out.pow(2).sum().backward()
+        grads.append([q.grad, k.grad, v.grad])
+    for fast, slow in zip(*grads):
+        assert_close(fast, slow, **TOL)
+
+
 def test_weight_rows_sum_to_one_and_are_exactly_zero_where_masked():
     q, k, v = qkv()
     mask = random_mask((2, 4, 5, 7), seed=1) | torch.eye(5, 7, dtype=torch.bool)  # every row sees a key

@@ -24,6 +24,9 @@ from torch import Tensor, nn
 from handformer.nn.kv_cache import LayerKVCache
 from handformer.nn.positions import apply_rotary
 
+# torch >= 2.5: the fused kernel shares each key/value head with its group of query heads itself.
+SDPA_SHARES_KV_HEADS = tuple(int(p) for p in torch.__version__.split(".")[:2]) >= (2, 5)
+
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     """Grouped-query attention: share each key/value head with `n_rep` consecutive query heads."""
@@ -55,8 +58,7 @@ def scaled_dot_product_attention(
     if is_causal and (mask is not None or T != S):
         raise ValueError("is_causal=True needs mask=None and equal query/key lengths; "
                          "pass an explicit causal mask (handformer.nn.masks.causal_mask) instead")
-    k = repeat_kv(k, q.size(1) // k.size(1))  # (B, H, S, Dh)
-    v = repeat_kv(v, q.size(1) // v.size(1))  # (B, H, S, Dh)
+    n_rep = q.size(1) // k.size(1)
 
     visible_rows = None
     if mask is not None:
@@ -68,13 +70,18 @@ def scaled_dot_product_attention(
         mask = mask | ~visible_rows
 
     if not need_weights:
+        if n_rep > 1 and SDPA_SHARES_KV_HEADS:  # no copies of K and V, no sum over them in backward
+            gqa = {"enable_gqa": True}
+        else:
+            k, v, gqa = repeat_kv(k, n_rep), repeat_kv(v, n_rep), {}  # (B, H, S, Dh)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
-                                             is_causal=is_causal)  # (B, H, T, Dh)
+                                             is_causal=is_causal, **gqa)  # (B, H, T, Dh)
         if visible_rows is not None:
             out = out * visible_rows
         return out, None
 
     # Explicit path: the formula, step by step.
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, S, Dh)
     if is_causal:
         mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril()  # (T, S)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
