@@ -12,8 +12,9 @@ Each base is fine-tuned with `handformer train --init-from BASE` on tiny Shakesp
 character windows of configs/shakespeare_char.toml: 64 tokens, batches of 12), fully and with
 LoRA on every linear layer of the blocks ("all-linear") at two ranks. For each run: validation
 loss on the whole Shakespeare validation split (the last 10%) before and after (what `handformer
-eval RUN --data val` prints), wall time of the training loop, trainable parameters, and the
-command's peak resident memory; then samples of the gpt2 base before and after.
+eval RUN --data val` prints), wall time of the training loop and its median tokens/s over the
+logged 50-step windows, trainable parameters, and the command's peak resident memory; then samples
+of the gpt2 base before and after.
 
     flock /tmp/hf-cpu.lock python benchmarks/finetune_shakespeare.py --out runs/finetune
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -74,6 +76,14 @@ def make_llama(out: Path, tokenizer: Path, seed: int) -> None:
     handformer("import-hf", str(hf_dir), str(out), "--overwrite")
 
 
+def loop_time(run_dir: Path) -> tuple[float, float]:
+    """The training loop's wall time (evaluations included) and its median training speed over
+    the logged windows of steps: on a shared machine the median shrugs off the windows in which
+    another job ran, the wall time does not."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return rows[-1]["elapsed_s"], statistics.median(r["tokens_per_s"] for r in rows if "tokens_per_s" in r)
+
+
 def val_loss(run_dir: Path, val_text: str) -> float:
     return score_text(load_lm(run_dir), val_text, block_size=64).loss
 
@@ -118,18 +128,18 @@ def main() -> None:
                                          *common, *extra)
             params = re.search(r"model: ([\d,]+) parameters(?: \(([\d,]+) trainable\))?", log)
             trainable = params.group(2) or params.group(1)
-            loop_s = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["elapsed_s"]
+            loop_s, speed = loop_time(run)
             after = val_loss(run, val_text)
-            rows.append((base_name, name, params.group(1), trainable, before, after, loop_s, wall, peak))
+            rows.append((base_name, name, params.group(1), trainable, before, after, loop_s, speed, peak))
             print(f"{base_name} {name}: val {before:.4f} -> {after:.4f}, loop {loop_s:.1f} s "
-                  f"(command {wall:.1f} s), {trainable} of {params.group(1)} parameters trained, "
-                  f"peak RSS {peak:.0f} MB", flush=True)
+                  f"(command {wall:.1f} s, median {speed:,.0f} tokens/s), {trainable} of "
+                  f"{params.group(1)} parameters trained, peak RSS {peak:.0f} MB", flush=True)
 
     print("\n| base | fine-tuning | trainable parameters | val loss before | after | training wall "
-          "time | peak memory (RSS) |\n|---|---|---|---|---|---|---|")
-    for base_name, name, total, trainable, before, after, loop_s, _, peak in rows:
+          "time | median tokens/s | peak memory (RSS) |\n|---|---|---|---|---|---|---|---|")
+    for base_name, name, total, trainable, before, after, loop_s, speed, peak in rows:
         print(f"| {base_name} ({total}) | {name} | {trainable} | {before:.4f} | {after:.4f} | {loop_s:.1f} s "
-              f"| {peak:.0f} MB |")
+              f"| {speed:,.0f} | {peak:.0f} MB |")
     prompt = ["--prompt", "ROMEO:", "--max-new-tokens", "58", "--temperature", "0.8", "--seed", "1"]
     for run in (bases["gpt2"], out / "gpt2_full", out / f"gpt2_LoRA_r{args.ranks[0]}"):
         text, _, _ = handformer("generate", str(run), *prompt)
