@@ -82,10 +82,11 @@ class LoRALinear(nn.Module):
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
-        """x: (N, I) -> (N, O)."""
-        base = F.linear(x, self.weight, self.bias)  # (N, O): the frozen layer
-        down = F.linear(self.dropout(x), self.lora_A)  # (N, r)
-        return base + F.linear(down, self.lora_B) * self.scale  # (N, O)
+        """x: (N, I) -> (N, O). The scale multiplies the (N, r) product, the smallest tensor on
+        the path, and the sum is in place (the base's backward does not need its output)."""
+        out = F.linear(x, self.weight, self.bias)  # (N, O): the frozen layer
+        down = F.linear(self.dropout(x), self.lora_A) * self.scale  # (N, r)
+        return out.add_(F.linear(down, self.lora_B))  # (N, O)
 
     def merged_weight(self) -> Tensor:
         """W + B A * alpha / r: one (O, I) weight computing the same function (without dropout)."""
