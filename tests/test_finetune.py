@@ -168,6 +168,14 @@ def test_generate_and_eval_load_base_plus_adapters_and_merge_writes_an_equal_ord
     assert "already holds a model" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", [["quantize", "--int8"], ["export-hf"]])
+def test_quantize_and_export_ask_for_a_merge_first(lora_run, tmp_path, command, capsys):
+    assert main([command[0], str(lora_run), str(tmp_path / "out"), *command[1:]]) == 2
+    err = capsys.readouterr().err
+    assert "holds LoRA adapters on a base run; fold them in first with `handformer merge" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_merging_a_run_without_adapters_is_a_clear_error(base, tmp_path, capsys):
     assert main(["merge", str(base), str(tmp_path / "out")]) == 2
     assert "has no LoRA adapters to merge" in capsys.readouterr().err

@@ -77,6 +77,9 @@ def export_model_type(run: LMRun) -> str:
     if "quantization" in run.config:
         raise ValueError(f"this run is quantized ({run.config['quantization'].get('weights')}); "
                          "export the float run it came from (its source_run)")
+    if "lora" in run.config:
+        raise ValueError("this run holds LoRA adapters on a base run; fold them in first with "
+                         "`handformer merge RUN MERGED` and export MERGED")
     recorded = run.config.get("source", {}).get("model_type")
     if recorded is not None:
         model_type = recorded

@@ -102,6 +102,9 @@ def quantize_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, weights
     if (out_dir / "config.json").exists() and not overwrite:
         raise ValueError(f"{out_dir} already holds a run; choose another directory or pass --overwrite")
     run = load_lm(run_dir)
+    if "lora" in run.config:
+        raise ValueError(f"{run_dir} holds LoRA adapters on a base run; fold them in first with "
+                         f"`handformer merge {run_dir} MERGED` and quantize MERGED")
     if "quantization" in run.config:
         raise ValueError(f"{run_dir} is already quantized ({run.config['quantization']}); quantize "
                          "the float run it came from")
