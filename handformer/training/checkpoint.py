@@ -1,8 +1,8 @@
 """Weights and training state on disk, as safetensors (never pickle), always written atomically.
 
 - `model.safetensors`: the model's weights. Tied weights are stored once.
-- A model with frozen weights (LoRA) stores only what trains: its frozen weights belong to the base
-  run it was built from, and loading leaves them as they are.
+- A model with LoRA adapters stores only what trains: its frozen weights belong to the base run it
+  was built from, and loading leaves them as they are.
 - `checkpoint.safetensors`: everything needed to resume: weights, optimizer moments, the RNG state,
   and the loop's counters (step, epoch, position, best validation loss) as JSON metadata.
 """
@@ -20,15 +20,16 @@ from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
 from handformer.io import atomic_write_bytes
+from handformer.nn.lora import has_lora
 
 
 def trainable_names(model: nn.Module) -> set[str] | None:
-    """The names of the trainable parameters when some parameters are frozen (a LoRA model), else
-    None: every tensor of the state dict is the model's own."""
-    params = dict(model.named_parameters())
-    if all(p.requires_grad for p in params.values()):
+    """In a model with LoRA adapters: the names of its trainable parameters, the only tensors a
+    LoRA run saves (its frozen weights are its base run's). None otherwise: every tensor of the
+    state dict is the model's own (frozen ones too, e.g. quantized weights)."""
+    if not has_lora(model):
         return None
-    return {name for name, p in params.items() if p.requires_grad}
+    return {name for name, p in model.named_parameters() if p.requires_grad}
 
 
 def unique_state_dict(model: nn.Module, full_state: dict[str, Tensor] | None = None,

@@ -259,7 +259,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
           weights_file: str = "model.safetensors") -> TrainResult:
     """Train `model` in place. Writes metrics.jsonl, checkpoint.safetensors (resumable) and
     `weights_file` (the best weights by validation loss, or the last without validation). Only
-    parameters with requires_grad train, get optimizer state and are saved (LoRA freezes the rest).
+    parameters with requires_grad train and get optimizer state; a LoRA model saves its adapters only.
     Under torchrun every rank calls this; rank 0 alone logs and writes files (distributed.py)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
