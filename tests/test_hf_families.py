@@ -214,3 +214,25 @@ def test_gemma_activation_and_bias_checks():
         config_from_hf({**hf, "hidden_act": "relu"})
     with pytest.raises(ValueError, match="attention_bias=True"):
         config_from_hf({**hf, "attention_bias": True})
+
+
+def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
+    """In bfloat16 Gemma rounds sqrt(d_model) to the dtype (sqrt(3072) -> 55.5) and applies the
+    norm's 1 + w gain in float32: the same bits as Hugging Face's modules."""
+    from transformers.models.gemma import modeling_gemma
+
+    from handformer.nn.embedding import TokenEmbedding
+    from handformer.nn.norms import OffsetRMSNorm
+
+    torch.manual_seed(0)
+    hf_embed = modeling_gemma.GemmaTextScaledWordEmbedding(7, 3072, 0, embed_scale=3072 ** 0.5).bfloat16()
+    ours = TokenEmbedding(7, 3072, scale=True).bfloat16()
+    ours.weight.data.copy_(hf_embed.weight.data)
+    ids = torch.tensor([[1, 5, 6]])
+    assert torch.equal(ours(ids), hf_embed(ids))
+    hf_norm, norm = modeling_gemma.GemmaRMSNorm(64, eps=1e-6), OffsetRMSNorm(64, eps=1e-6)
+    with torch.no_grad():
+        hf_norm.weight.normal_()
+        norm.weight.copy_(hf_norm.weight)
+    x = (3 * torch.randn(2, 5, 64)).bfloat16()
+    assert torch.equal(norm(x), hf_norm(x))
