@@ -236,3 +236,32 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
         norm.weight.copy_(hf_norm.weight)
     x = (3 * torch.randn(2, 5, 64)).bfloat16()
     assert torch.equal(norm(x), hf_norm(x))
+
+
+@pytest.mark.parametrize("config_class, overrides", [
+    ("Qwen2Config", {"tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": 131072}),
+    ("MistralConfig", {}),  # Mistral 7B: 4096-token window, 8 key/value heads
+    ("GemmaConfig", {}),  # Gemma 7B: 16 heads of 256 for hidden_size 3072
+    ("Phi3Config", {"sliding_window": 2047}),  # Phi-3 mini 4k
+    ("LlamaConfig", {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
+                     "intermediate_size": 1536, "num_hidden_layers": 30, "vocab_size": 49152,
+                     "tie_word_embeddings": True}),  # SmolLM2 135M's shape
+    ("LlamaConfig", {"hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "intermediate_size": 8192, "num_hidden_layers": 16, "vocab_size": 128256,
+                     "tie_word_embeddings": True, "max_position_embeddings": 1024,
+                     "rope_parameters": {**LLAMA3_ROPE, "factor": 32.0, "original_max_position_embeddings": 8192}}),
+])
+def test_full_size_configs_give_the_same_parameter_count(config_class, overrides):
+    """The families at their released sizes (transformers' defaults), built on the meta device: no
+    memory, but every shape. Same parameter count as Hugging Face's model, and the weight map fits."""
+    from handformer import CausalLM
+    from handformer.convert.hf_weights import convert_hf_state_dict
+
+    hf_config = getattr(transformers, config_class)(**overrides)
+    cfg = config_from_hf(hf_config.to_dict())
+    with torch.device("meta"):
+        hf_model = getattr(transformers, config_class.replace("Config", "ForCausalLM"))(hf_config)
+        ours = CausalLM(cfg)
+    assert ours.num_parameters() == sum(p.numel() for p in hf_model.parameters())
+    state = {k: v for k, v in hf_model.state_dict().items() if not (cfg.tie_embeddings and k == "lm_head.weight")}
+    assert convert_hf_state_dict(state, cfg, hf_config.model_type).keys() == ours.state_dict().keys()
