@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
-GATED_ACTIVATIONS = ("swiglu", "geglu")
-NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
+GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
+NORMS = ("layernorm", "rmsnorm", "rmsnorm_offset")
 NORM_PLACEMENTS = ("post", "pre")
 POSITIONS = ("sinusoidal", "learned", "rope", "none")
 
@@ -30,33 +30,73 @@ def _fail(cls_name: str, name: str, value: Any, fix: str) -> None:
 
 
 @dataclass
+class Llama3RopeScaling:
+    """Llama 3.1's frequency-dependent RoPE scaling (rope_type "llama3" in Hugging Face configs).
+
+    Rotary frequencies whose wavelength exceeds original_max_positions / low_freq_factor are divided
+    by `factor`, those shorter than original_max_positions / high_freq_factor are kept, and the ones
+    in between are interpolated smoothly; see `handformer.nn.positions.llama3_inv_freq`.
+    """
+
+    factor: float = 8.0  # how much slower the low frequencies turn
+    low_freq_factor: float = 1.0  # wavelengths above original_max_positions / this are scaled
+    high_freq_factor: float = 4.0  # wavelengths below original_max_positions / this are kept
+    original_max_positions: int = 8192  # the context length the model was pre-trained with
+
+    def validate(self, owner: str) -> None:
+        name = f"{owner}.rope_scaling"
+        for f in ("factor", "low_freq_factor", "high_freq_factor"):
+            value = getattr(self, f)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                _fail(name, f, value, "it must be a number > 0")
+        if self.high_freq_factor <= self.low_freq_factor:
+            _fail(name, "high_freq_factor", self.high_freq_factor,
+                  f"it must be larger than low_freq_factor={self.low_freq_factor}")
+        value = self.original_max_positions
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            _fail(name, "original_max_positions", value, "it must be a positive integer")
+
+
+@dataclass
 class BlockConfig:
     """Settings shared by every attention block of both model families."""
 
     d_model: int = 512  # width of the residual stream (the paper's d_model)
-    n_heads: int = 8  # attention heads; head dim d_k = d_model // n_heads
+    n_heads: int = 8  # attention heads
     n_kv_heads: int | None = None  # key/value heads for grouped-query attention; None = n_heads
+    # Width of each head (the paper's d_k). None = d_model // n_heads, filled in on construction;
+    # set it where the heads are wider or narrower than that (Gemma 7B: 16 x 256 for d_model 3072).
+    head_dim: int | None = None
     d_ff: int = 2048  # hidden width of the position-wise feed-forward network
     dropout: float = 0.1  # on embeddings and on every sublayer output before the residual add
     attention_dropout: float = 0.0  # on the attention weights
-    activation: str = "relu"  # relu | gelu | gelu_tanh | swiglu | geglu
-    norm: str = "layernorm"  # layernorm | rmsnorm
+    activation: str = "relu"  # relu | gelu | gelu_tanh | swiglu | geglu | geglu_tanh (Gemma)
+    norm: str = "layernorm"  # layernorm | rmsnorm | rmsnorm_offset: RMSNorm times (1 + w) (Gemma)
     norm_placement: str = "post"  # post: norm(x + f(x)) as in the paper; pre: x + f(norm(x))
     norm_eps: float = 1e-5  # epsilon inside the norm's square root
     position: str = "sinusoidal"  # sinusoidal | learned | rope | none
     max_positions: int = 512  # longest sequence the position encoding covers
     rope_theta: float = 10000.0  # base of the rotary frequencies (position="rope" only)
+    rope_scaling: Llama3RopeScaling | None = None  # Llama 3.1's long-context frequency scaling
     bias: bool = True  # biases in every Linear and in LayerNorm
+    qkv_bias: bool = False  # biases on the query/key/value projections even when bias=False (Qwen2)
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) as in the paper
 
     family: ClassVar[str] = "block"
 
     def __post_init__(self) -> None:
+        if isinstance(self.rope_scaling, dict):
+            self.rope_scaling = dataclass_from_dict(Llama3RopeScaling, self.rope_scaling,
+                                                    f"{type(self).__name__}.rope_scaling")
+        if (self.head_dim is None and isinstance(self.d_model, int) and isinstance(self.n_heads, int)
+                and self.n_heads > 0 and self.d_model % self.n_heads == 0):
+            self.head_dim = self.d_model // self.n_heads
         self.validate()
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+    def derived_head_dim(self) -> bool:
+        """True when head_dim is d_model // n_heads (then saved configs leave it out)."""
+        return self.head_dim == self.d_model // self.n_heads and self.d_model % self.n_heads == 0
 
     @property
     def kv_heads(self) -> int:
@@ -68,10 +108,12 @@ class BlockConfig:
             value = getattr(self, f)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 _fail(name, f, value, "it must be a positive integer")
-        if self.d_model % self.n_heads:
+        if self.d_model % self.n_heads:  # even where head_dim is set (true of every checkpoint)
             _fail(name, "d_model", self.d_model,
                   f"it must be divisible by n_heads={self.n_heads} "
                   f"(e.g. d_model={self.n_heads * max(1, self.d_model // self.n_heads)})")
+        if not isinstance(self.head_dim, int) or isinstance(self.head_dim, bool) or self.head_dim <= 0:
+            _fail(name, "head_dim", self.head_dim, "it must be a positive integer or None")
         if self.n_kv_heads is not None:
             if (not isinstance(self.n_kv_heads, int) or isinstance(self.n_kv_heads, bool)
                     or self.n_kv_heads <= 0):
@@ -91,17 +133,28 @@ class BlockConfig:
         if not isinstance(self.norm_eps, (int, float)) or self.norm_eps <= 0:
             _fail(name, "norm_eps", self.norm_eps, "it must be a number > 0")
         if self.position == "rope":
+            if self.head_dim % 2 and self.derived_head_dim:
+                _fail(name, "d_model", self.d_model, f"rotary positions need an even head dim, got "
+                      f"d_model / n_heads = {self.head_dim}")
             if self.head_dim % 2:
-                _fail(name, "d_model", self.d_model,
-                      f"rotary positions need an even head dim, got {self.head_dim}")
+                _fail(name, "head_dim", self.head_dim, "rotary positions need an even head dim")
             if not isinstance(self.rope_theta, (int, float)) or self.rope_theta <= 0:
                 _fail(name, "rope_theta", self.rope_theta, "it must be a number > 0")
+        if self.rope_scaling is not None:
+            if not isinstance(self.rope_scaling, Llama3RopeScaling):
+                _fail(name, "rope_scaling", self.rope_scaling, "it must be a Llama3RopeScaling or None")
+            if self.position != "rope":
+                _fail(name, "rope_scaling", self.rope_scaling, 'it needs position="rope"')
+            self.rope_scaling.validate(name)
         if self.position == "sinusoidal" and self.d_model % 2:
             _fail(name, "d_model", self.d_model, "sinusoidal positions need an even d_model")
 
     # --- JSON -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"family": self.family, **dataclasses.asdict(self)}
+        data = dataclasses.asdict(self)
+        if self.derived_head_dim:
+            data["head_dim"] = None  # derived again on loading, so an edited d_model or n_heads wins
+        return {"family": self.family, **data}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], section: str | None = None) -> BlockConfig:
@@ -159,6 +212,10 @@ class CausalLMConfig(BlockConfig):
     vocab_size: int = 50257  # vocabulary size
     n_layers: int = 12  # decoder-only blocks
     tie_embeddings: bool = True  # the output head reuses the token embedding matrix
+    # Sliding-window attention (Mistral): each position sees itself and the sliding_window - 1
+    # positions before it, and the KV cache becomes a rolling buffer of that many positions.
+    # None = every earlier position.
+    sliding_window: int | None = None
     # GPT-2 style by default; see the presets below.
     d_model: int = 768
     n_heads: int = 12
@@ -178,6 +235,9 @@ class CausalLMConfig(BlockConfig):
             value = getattr(self, f)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 _fail(name, f, value, "it must be a positive integer")
+        window = self.sliding_window
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window <= 0):
+            _fail(name, "sliding_window", window, "it must be a positive integer or None")
 
     @classmethod
     def gpt2_style(cls, **overrides: Any) -> CausalLMConfig:
@@ -230,7 +290,8 @@ def load_config(path: str | os.PathLike) -> BlockConfig:
         raise ValueError(f"{path}: {err}") from None
 
 
-__all__ = ["BlockConfig", "Seq2SeqConfig", "CausalLMConfig", "load_config", "config_from_dict"]
+__all__ = ["BlockConfig", "Seq2SeqConfig", "CausalLMConfig", "Llama3RopeScaling", "load_config",
+           "config_from_dict"]
 
 
 def dataclass_from_dict(cls: type, data: dict[str, Any], section: str) -> Any:

@@ -138,6 +138,11 @@ def test_imported_run_goes_back_to_its_architecture_bit_for_bit(tmp_path):
     ({"activation": "swiglu"}, "activation='swiglu' (GPT-2 supports"),
     ({"position": "rope", "activation": "gelu"}, "norm='layernorm' (Llama uses RMSNorm); activation='gelu'"),
     ({"scale_embeddings": True}, "scale_embeddings=True"),
+    ({"head_dim": 16}, "head_dim=16 (GPT-2's heads are d_model / n_heads wide)"),
+    ({"bias": False, "qkv_bias": True}, "qkv_bias=True with bias=False"),
+    ({"sliding_window": 4}, "sliding_window=4 (sliding-window attention is Mistral's"),
+    ({"position": "rope", "norm": "rmsnorm", "activation": "swiglu", "rope_scaling": {}},
+     "rope_scaling is set (Llama 3.1 frequency scaling is not exported)"),
 ])
 def test_settings_that_do_not_map_are_named(change, message, tmp_path, capsys):
     tok = Tokenizer.train_char([TEXT])

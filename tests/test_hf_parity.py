@@ -139,12 +139,16 @@ def test_config_from_hf_llama():
     # Older config.json files keep rope_theta at the top level with rope_scaling: null.
     legacy = {k: v for k, v in hf.items() if k != "rope_parameters"}
     assert config_from_hf({**legacy, "rope_theta": 500000.0, "rope_scaling": None}).rope_theta == 500000.0
-    with pytest.raises(ValueError, match="rope scaling type 'llama3' is not implemented"):
-        config_from_hf({**legacy, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+    llama3 = config_from_hf({**legacy, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 32}}).rope_scaling
+    assert (llama3.factor, llama3.low_freq_factor, llama3.high_freq_factor, llama3.original_max_positions) \
+        == (8.0, 1.0, 4.0, 32)
     with pytest.raises(ValueError, match="rope scaling type 'linear' is not implemented"):
         config_from_hf({**hf, "rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}})
-    with pytest.raises(ValueError, match="head_dim=32"):
-        config_from_hf({**hf, "head_dim": 32})
+    with pytest.raises(ValueError, match="rope scaling type 'dynamic' is not implemented"):
+        config_from_hf({**legacy, "rope_scaling": {"type": "dynamic", "factor": 2.0}})
+    assert config_from_hf({**hf, "head_dim": 32}).head_dim == 32  # wider heads (q_proj: 4 x 32 rows)
     with pytest.raises(ValueError, match="mlp_bias"):
         config_from_hf({**hf, "attention_bias": True, "mlp_bias": False})
 
@@ -153,8 +157,8 @@ def test_unknown_model_type_is_named():
     with pytest.raises(ValueError, match=r"unsupported model_type 'bert'.*gpt2, llama"):
         config_from_hf({"model_type": "bert", "hidden_size": 64})
     cfg = config_from_hf(_gpt2().config.to_dict())
-    with pytest.raises(ValueError, match=r"unsupported model_type 'mistral'.*gpt2, llama"):
-        convert_hf_state_dict({}, cfg, "mistral")
+    with pytest.raises(ValueError, match=r"unsupported model_type 'falcon'.*gpt2, llama"):
+        convert_hf_state_dict({}, cfg, "falcon")
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,8 @@ def test_attention_names():
     for name in ("q_proj", "k_proj", "v_proj", "o_proj", "split_heads"):
         assert hasattr(mha, name), name
     assert mha.n_heads == 4 and mha.head_dim == 16 == BlockConfig(d_model=64, n_heads=4).head_dim
-    assert params(MultiHeadAttention.__init__) == ["d_model", "n_heads", "n_kv_heads", "bias", "dropout"]
+    assert params(MultiHeadAttention.__init__) == ["d_model", "n_heads", "n_kv_heads", "bias", "dropout",
+                                                   "head_dim", "qkv_bias"]
     assert params(mha.forward)[:3] == ["x", "context", "mask"] and "need_weights" in params(mha.forward)
     out, weights = mha(torch.randn(1, 3, 64))
     assert weights is None  # only with need_weights=True

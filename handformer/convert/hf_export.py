@@ -68,6 +68,15 @@ def _mismatches(cfg: CausalLMConfig, model_type: str) -> list[str]:
         problems.append(f"activation={cfg.activation!r} (GPT-2 supports {', '.join(_GPT2_ACTIVATIONS)})")
     if model_type == "gpt2" and cfg.kv_heads != cfg.n_heads:
         problems.append(f"n_kv_heads={cfg.n_kv_heads} (GPT-2 has one key/value head per query head)")
+    if model_type == "gpt2" and not cfg.derived_head_dim:
+        problems.append(f"head_dim={cfg.head_dim} (GPT-2's heads are d_model / n_heads wide)")
+    if cfg.qkv_bias and not cfg.bias:
+        problems.append("qkv_bias=True with bias=False (biases on q/k/v only are Qwen2's, not exported)")
+    if cfg.sliding_window is not None:
+        problems.append(f"sliding_window={cfg.sliding_window} (sliding-window attention is Mistral's, "
+                        "not exported)")
+    if cfg.rope_scaling is not None:
+        problems.append("rope_scaling is set (Llama 3.1 frequency scaling is not exported)")
     return problems
 
 

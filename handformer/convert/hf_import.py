@@ -1,4 +1,5 @@
-"""Import a Hugging Face GPT-2 or Llama checkpoint directory as a handformer language-model run.
+"""Import a Hugging Face checkpoint directory (GPT-2, Llama, Qwen2, Mistral, Gemma, Phi-3) as a
+handformer language-model run.
 
     import_hf("path/to/hf-model", "runs/gpt2")   # then: handformer generate runs/gpt2 --prompt ...
 
@@ -41,14 +42,20 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from handformer.convert.hf_weights import config_from_hf, convert_hf_state_dict
+from handformer.convert.hf_weights import (
+    check_implemented,
+    config_from_hf,
+    convert_hf_state_dict,
+    other_family,
+)
 from handformer.data.tokenizer import Tokenizer
 from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm.run import SpecialTokens, save_lm_run
 from handformer.training.checkpoint import safetensors_problem
 
 # model_type -> the Hugging Face class whose checkpoints `hf_weights` maps.
-ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
+ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "mistral": "MistralForCausalLM", "gemma": "GemmaForCausalLM", "phi3": "Phi3ForCausalLM"}
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 
 
@@ -57,7 +64,7 @@ class ImportedLM:
     """What `import_hf` wrote: enough for a one-line summary without loading the run again."""
 
     run_dir: Path
-    model_type: str  # "gpt2" or "llama"
+    model_type: str  # a key of ARCHITECTURES: "gpt2", "llama", "qwen2", ...
     architecture: str  # the Hugging Face class name
     n_parameters: int  # tied weights counted once
     n_layers: int
@@ -87,11 +94,16 @@ def _read_json(path: Path, required: bool = False) -> dict[str, Any]:
 
 
 def _architecture(hf_config: dict[str, Any], path: Path) -> tuple[str, str]:
-    """(model_type, class name), refusing what `hf_weights` does not map."""
+    """(model_type, class name), refusing what `hf_weights` does not map or implement."""
     model_type = hf_config.get("model_type")
+    try:
+        check_implemented(hf_config)  # settings handformer lacks are named before anything is read
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
     supported = ", ".join(f"{c} (model_type {t!r})" for t, c in ARCHITECTURES.items())
     if model_type not in ARCHITECTURES:
-        raise ValueError(f"{path}: unsupported model_type {model_type!r}; handformer imports {supported}")
+        raise ValueError(f"{path}: unsupported model_type {model_type!r}{other_family(model_type)}; "
+                         f"handformer imports {supported}")
     architectures = hf_config.get("architectures") or [ARCHITECTURES[model_type]]
     if ARCHITECTURES[model_type] not in architectures:
         raise ValueError(f"{path}: unsupported architectures {architectures}; for model_type "
@@ -230,7 +242,8 @@ def _check_paths(hf_dir: Path, run_dir: Path, overwrite: bool) -> None:
 
 
 def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: bool = False) -> ImportedLM:
-    """Convert the GPT-2 / Llama checkpoint in `hf_dir` into a run directory (tasks/lm/run.py)."""
+    """Convert the checkpoint in `hf_dir` (model_type one of ARCHITECTURES) into a run directory
+    (tasks/lm/run.py). Nothing is written unless every check passes."""
     hf_dir, run_dir = Path(hf_dir), Path(run_dir)
     _check_paths(hf_dir, run_dir, overwrite)
     hf_config = _read_json(hf_dir / "config.json", required=True)

@@ -1,4 +1,4 @@
-"""Import Hugging Face GPT-2 and Llama checkpoints into `CausalLM`.
+"""Import Hugging Face GPT-2, Llama, Qwen2, Mistral, Gemma and Phi-3 checkpoints into `CausalLM`.
 
 This is the one place where Hugging Face parameter names meet handformer's plain names. Each
 architecture is a declarative map from a Hugging Face key template to handformer key(s), applied
@@ -16,11 +16,16 @@ It does not import `transformers`: it works from a config.json dict and a state 
 Layout notes: GPT-2 stores its Linear layers as `Conv1D` with (in, out) weights, so they are
 transposed, and it fuses the query, key and value projections into one `c_attn`, which is split
 in q, k, v order. Llama uses half-split RoPE like handformer, so q/k weights load without
-permuting. Shape legend: D d_model, H heads, Hkv key/value heads, Dh head dim, F d_ff, V vocab.
+permuting. Qwen2, Mistral and Gemma name their tensors as Llama does (the variations are in the
+config: see the `_*_config` builders). Phi-3 fuses q, k, v into `qkv_proj` (rows q, then k, then v)
+and the SwiGLU's gate and up projections into `gate_up_proj` (rows gate, then up); both are split
+at import into handformer's separate projections, so one model class serves every family.
+Shape legend: D d_model, H heads, Hkv key/value heads, Dh head dim, F d_ff, V vocab.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from handformer.config import CausalLMConfig
+from handformer.config import CausalLMConfig, Llama3RopeScaling
 from handformer.models.causal_lm import CausalLM
 
 
@@ -119,12 +124,43 @@ LLAMA = Architecture(
     embedding="model.embed_tokens.weight",
 )
 
-ARCHITECTURES: dict[str, Architecture] = {"gpt2": GPT2, "llama": LLAMA}
+PHI3 = Architecture(
+    model_type="phi3",
+    weights={
+        "model.embed_tokens.weight": to("embed.weight"),
+        "model.layers.{i}.self_attn.qkv_proj.weight": to(  # (H*Dh + 2*Hkv*Dh, D) -> q, k, v
+            "layers.{i}.self_attn.q_proj.weight", "layers.{i}.self_attn.k_proj.weight",
+            "layers.{i}.self_attn.v_proj.weight"),
+        "model.layers.{i}.self_attn.o_proj.weight": to("layers.{i}.self_attn.o_proj.weight"),
+        "model.layers.{i}.mlp.gate_up_proj.weight": to(  # (2F, D) -> gate (F, D), up (F, D)
+            "layers.{i}.ffn.gate_proj.weight", "layers.{i}.ffn.up_proj.weight"),
+        "model.layers.{i}.mlp.down_proj.weight": to("layers.{i}.ffn.down_proj.weight"),
+        "model.layers.{i}.input_layernorm.weight": to("layers.{i}.attn_norm.weight"),
+        "model.layers.{i}.post_attention_layernorm.weight": to("layers.{i}.ffn_norm.weight"),
+        "model.norm.weight": to("norm.weight"),
+        HEAD: to("lm_head.weight"),
+    },
+    ignored=LLAMA.ignored,
+    base_prefix="model.",
+    embedding="model.embed_tokens.weight",
+)
+
+# Qwen2, Mistral and Gemma checkpoints use Llama's tensor names (Qwen2 adds q/k/v biases, which
+# the Llama map already covers; Gemma's norm weights are the offsets that OffsetRMSNorm stores).
+ARCHITECTURES: dict[str, Architecture] = {
+    "gpt2": GPT2,
+    "llama": LLAMA,
+    "qwen2": dataclasses.replace(LLAMA, model_type="qwen2"),
+    "mistral": dataclasses.replace(LLAMA, model_type="mistral"),
+    "gemma": dataclasses.replace(LLAMA, model_type="gemma"),
+    "phi3": PHI3,
+}
 
 
 def _architecture(model_type: Any) -> Architecture:
     if model_type not in ARCHITECTURES:
-        raise ValueError(f"unsupported model_type {model_type!r}; supported: {', '.join(ARCHITECTURES)}")
+        raise ValueError(f"unsupported model_type {model_type!r}{other_family(model_type)}; "
+                         f"supported: {', '.join(ARCHITECTURES)}")
     return ARCHITECTURES[model_type]
 
 
@@ -164,47 +200,170 @@ def _gpt2_config(c: dict[str, Any]) -> CausalLMConfig:
         dropout=0.0, attention_dropout=0.0)
 
 
-def _rope_theta(c: dict[str, Any]) -> float:
-    """rope_theta from `rope_parameters` (transformers 5) or the top level (older configs); any
-    rope scaling (`rope_type` / `type` other than "default") is refused."""
-    theta = c.get("rope_theta", 10000.0)
+# Settings of related model families that handformer does not implement: key -> (is the value
+# harmless?, what it would ask for). Checked for every config, before anything else, so a Gemma 2
+# or a mixture-of-experts config is refused by the key that makes the difference.
+_NOT_IMPLEMENTED: dict[str, tuple[Any, str]] = {
+    "attn_logit_softcapping": (lambda v: v is None, "soft-capping of attention scores (Gemma 2)"),
+    "final_logit_softcapping": (lambda v: v is None, "soft-capping of the output logits (Gemma 2)"),
+    "use_qk_norm": (lambda v: not v, "normalising queries and keys (q/k norms)"),
+    "qk_layernorm": (lambda v: not v, "normalising queries and keys (q/k norms)"),
+    "use_bidirectional_attention": (lambda v: not v, "bidirectional (non-causal) attention"),
+    "partial_rotary_factor": (lambda v: v in (None, 1, 1.0), "rotary embeddings on part of each head"),
+    "attention_chunk_size": (lambda v: v is None, "chunked attention (Llama 4)"),
+    "no_rope_layers": (lambda v: not v or all(v), "layers without rotary embeddings"),
+    "num_local_experts": (lambda v: not v, "mixture-of-experts feed-forward layers"),
+    "num_experts": (lambda v: not v, "mixture-of-experts feed-forward layers"),
+}
+
+# Families that look close but differ in code, not in a config key.
+OTHER_FAMILIES = {
+    "qwen3": "Qwen3 normalises queries and keys per head (q_norm, k_norm), which handformer does not "
+             "implement",
+    "gemma2": "Gemma 2 soft-caps logits and alternates sliding-window and global layers",
+    "gemma3": "Gemma 3 normalises queries and keys and alternates sliding-window and global layers",
+    "mixtral": "Mixtral's feed-forward layers are a mixture of experts",
+    "phi": "Phi-1/2 run attention and the MLP in parallel with LayerNorm and partial rotary embeddings",
+}
+
+
+def check_implemented(c: dict[str, Any]) -> None:
+    """Refuse a config that asks for something handformer does not implement, naming the key and
+    its value (see `_NOT_IMPLEMENTED`; also layers with different attention windows)."""
+    for key, (harmless, what) in _NOT_IMPLEMENTED.items():
+        if key in c and not harmless(c[key]):
+            _unsupported(c, key, c[key], f"{what} is not implemented in handformer")
+    if c.get("use_sliding_window", True):  # Qwen2 ignores its sliding_window without this flag
+        _sliding_window(c, c.get("sliding_window"))
+
+
+def other_family(model_type: Any) -> str:
+    """Why a known but unsupported model_type is not imported, as " (...)", or ""."""
+    return f" ({OTHER_FAMILIES[model_type]})" if model_type in OTHER_FAMILIES else ""
+
+
+def _sliding_window(c: dict[str, Any], window: Any) -> int | None:
+    """The one attention window all layers use (None: none). `layer_types` (transformers 5) may
+    say that only some layers slide: that is refused, handformer has one window for the model."""
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        _unsupported(c, "sliding_window", window, "it must be a positive integer or null")
+    kinds = set(c.get("layer_types") or ["sliding_attention"])
+    if kinds == {"full_attention"}:
+        return None
+    if kinds != {"sliding_attention"}:
+        _unsupported(c, "layer_types", c["layer_types"], "layers that alternate between sliding-window "
+                     "and full attention are not implemented; handformer has one window for all layers")
+    return window
+
+
+def _rope(c: dict[str, Any]) -> tuple[float, Llama3RopeScaling | None]:
+    """rope_theta and the scaling, from `rope_parameters` (transformers 5) or the top level with
+    `rope_scaling` (older configs). Scaling of type "llama3" is implemented; other types are refused."""
+    theta, scaling = c.get("rope_theta", 10000.0), None
     for key in ("rope_parameters", "rope_scaling"):
         params = c.get(key) or {}
         rope_type = params.get("rope_type", params.get("type", "default"))
-        if rope_type != "default":
+        if rope_type == "llama3":
+            for needed in ("factor", "low_freq_factor", "high_freq_factor"):
+                if needed not in params:
+                    _unsupported(c, key, params, f"rope_type 'llama3' needs {needed!r}")
+            # As transformers: a top-level original_max_position_embeddings (Phi-3 style) wins.
+            original = c.get("original_max_position_embeddings") or params.get(
+                "original_max_position_embeddings", c.get("max_position_embeddings"))
+            scaling = Llama3RopeScaling(
+                factor=float(params["factor"]), low_freq_factor=float(params["low_freq_factor"]),
+                high_freq_factor=float(params["high_freq_factor"]), original_max_positions=original)
+        elif rope_type != "default":
             _unsupported(c, key, params, f"rope scaling type {rope_type!r} is not implemented; "
-                         "handformer supports only plain RoPE (rope_type 'default')")
+                         "handformer supports plain RoPE (rope_type 'default') and 'llama3'")
         if params.get("partial_rotary_factor", 1.0) != 1.0:
             _unsupported(c, key, params, "partial rotary embeddings are not implemented")
         theta = params.get("rope_theta", theta)
-    return float(theta)
+    return float(theta), scaling
+
+
+def _rope_decoder(c: dict[str, Any], **variation: Any) -> CausalLMConfig:
+    """The keys every Llama-like config shares, then the family's `variation` on top."""
+    d_model, n_heads = _require(c, "hidden_size"), _require(c, "num_attention_heads")
+    theta, scaling = _rope(c)
+    settings = dict(
+        vocab_size=_require(c, "vocab_size"), d_model=d_model, n_heads=n_heads,
+        n_kv_heads=c.get("num_key_value_heads") or n_heads, head_dim=c.get("head_dim"),
+        n_layers=_require(c, "num_hidden_layers"), d_ff=_require(c, "intermediate_size"),
+        max_positions=c.get("max_position_embeddings", 2048), norm_eps=c.get("rms_norm_eps", 1e-6),
+        rope_theta=theta, rope_scaling=scaling, tie_embeddings=c.get("tie_word_embeddings", False),
+        dropout=0.0, attention_dropout=0.0)
+    return CausalLMConfig.llama_style(**{**settings, **variation})
+
+
+def _silu_only(c: dict[str, Any]) -> None:
+    if c.get("hidden_act", "silu") != "silu":
+        _unsupported(c, "hidden_act", c["hidden_act"], "this family's MLP is SwiGLU (silu) in handformer")
 
 
 def _llama_config(c: dict[str, Any]) -> CausalLMConfig:
-    d_model, n_heads = _require(c, "hidden_size"), _require(c, "num_attention_heads")
-    head_dim = c.get("head_dim")
-    if head_dim is not None and head_dim * n_heads != d_model:
-        _unsupported(c, "head_dim", head_dim, f"handformer needs head_dim = hidden_size / "
-                     f"num_attention_heads = {d_model / n_heads:g}")
-    if c.get("hidden_act", "silu") != "silu":
-        _unsupported(c, "hidden_act", c["hidden_act"], "handformer's Llama MLP is SwiGLU (silu)")
+    """Llama 2/3.x, and SmolLM/SmolLM2 (tied, 9 query / 3 key-value heads)."""
+    _silu_only(c)
     bias = c.get("attention_bias", False)
     if c.get("mlp_bias", False) != bias:
         _unsupported(c, "mlp_bias", c.get("mlp_bias", False), f"handformer has one bias setting; it must "
                      f"equal attention_bias={bias!r}")
-    return CausalLMConfig.llama_style(
-        vocab_size=_require(c, "vocab_size"), d_model=d_model, n_heads=n_heads,
-        n_kv_heads=c.get("num_key_value_heads") or n_heads, n_layers=_require(c, "num_hidden_layers"),
-        d_ff=_require(c, "intermediate_size"), max_positions=c.get("max_position_embeddings", 2048),
-        norm_eps=c.get("rms_norm_eps", 1e-6), rope_theta=_rope_theta(c), bias=bool(bias),
-        tie_embeddings=c.get("tie_word_embeddings", False), dropout=0.0, attention_dropout=0.0)
+    return _rope_decoder(c, bias=bool(bias))
+
+
+def _qwen2_config(c: dict[str, Any]) -> CausalLMConfig:
+    """Qwen2/2.5: biases on q, k, v only; a sliding window only with use_sliding_window, and then
+    on the layers from max_window_layers on (all of them, or none, for handformer)."""
+    _silu_only(c)
+    window = c.get("sliding_window") if c.get("use_sliding_window", False) else None
+    if window is not None and "layer_types" not in c:
+        first, n_layers = c.get("max_window_layers", 28), _require(c, "num_hidden_layers")
+        c = {**c, "layer_types": ["sliding_attention" if i >= first else "full_attention"
+                                  for i in range(n_layers)]}
+        if 0 < first < n_layers:
+            _unsupported(c, "max_window_layers", first, f"a sliding window on layers {first}.. of "
+                         f"{n_layers} only is not implemented; handformer has one window for all layers")
+    return _rope_decoder(c, qkv_bias=True, sliding_window=_sliding_window(c, window))
+
+
+def _mistral_config(c: dict[str, Any]) -> CausalLMConfig:
+    """Mistral: sliding-window attention when sliding_window is set (null: none)."""
+    _silu_only(c)
+    return _rope_decoder(c, sliding_window=_sliding_window(c, c.get("sliding_window")))
+
+
+def _phi3_config(c: dict[str, Any]) -> CausalLMConfig:
+    """Phi-3: Llama's block with fused projections (split by the weight map), untied head,
+    rms_norm_eps 1e-5 by default, and a sliding window when set."""
+    _silu_only(c)
+    return _rope_decoder(c, norm_eps=c.get("rms_norm_eps", 1e-5),
+                         sliding_window=_sliding_window(c, c.get("sliding_window")))
+
+
+def _gemma_config(c: dict[str, Any]) -> CausalLMConfig:
+    """Gemma (v1): embeddings times sqrt(d_model), RMSNorm with gain 1 + w, GeGLU with the tanh
+    GELU, tied head, head_dim that may differ from hidden_size / num_attention_heads."""
+    # Gemma's config.json says "gelu" but means the tanh approximation (transformers maps it so).
+    activation = c.get("hidden_activation") or c.get("hidden_act", "gelu_pytorch_tanh")
+    if activation not in ("gelu", "gelu_pytorch_tanh", "gelu_new"):
+        _unsupported(c, "hidden_activation" if c.get("hidden_activation") else "hidden_act", activation,
+                     "Gemma's MLP is GeGLU with the tanh GELU in handformer")
+    if c.get("attention_bias", False):
+        _unsupported(c, "attention_bias", True, "Gemma has no attention biases in handformer")
+    return _rope_decoder(c, activation="geglu_tanh", norm="rmsnorm_offset", scale_embeddings=True,
+                         tie_embeddings=c.get("tie_word_embeddings", True),
+                         max_positions=c.get("max_position_embeddings", 8192))
 
 
 def config_from_hf(hf_config: dict[str, Any]) -> CausalLMConfig:
-    """A `CausalLMConfig` from a Hugging Face config.json dict (model_type "gpt2" or "llama"),
+    """A `CausalLMConfig` from a Hugging Face config.json dict (model_type one of ARCHITECTURES),
     with dropout 0. Options handformer does not implement raise `ValueError` naming them."""
-    builders = {"gpt2": _gpt2_config, "llama": _llama_config}
+    check_implemented(hf_config)
     _architecture(hf_config.get("model_type"))
+    builders = {"gpt2": _gpt2_config, "llama": _llama_config, "qwen2": _qwen2_config,
+                "mistral": _mistral_config, "gemma": _gemma_config, "phi3": _phi3_config}
     return builders[hf_config["model_type"]](hf_config)
 
 
@@ -259,7 +418,7 @@ def _mismatch_error(model_type: str, n_layers: int, problems: dict[str, list[str
 
 def convert_hf_state_dict(hf_state: dict[str, Tensor], cfg: CausalLMConfig,
                           model_type: str) -> dict[str, Tensor]:
-    """A Hugging Face GPT-2 / Llama state dict -> a state dict that `CausalLM(cfg)` loads with
+    """A Hugging Face state dict (GPT-2, Llama, ...) -> a state dict that `CausalLM(cfg)` loads with
     strict=True. Raises `ValueError` listing missing keys, unexpected keys and shape mismatches.
 
     With tied embeddings the checkpoint may omit lm_head.weight; if present it must equal the
@@ -299,7 +458,7 @@ def convert_hf_state_dict(hf_state: dict[str, Tensor], cfg: CausalLMConfig,
 
 
 def load_hf_into(model: CausalLM, hf_state: dict[str, Tensor], model_type: str) -> None:
-    """Load a Hugging Face GPT-2 / Llama state dict into `model` (strictly, see above)."""
+    """Load a Hugging Face state dict (model_type one of ARCHITECTURES) into `model` (strictly)."""
     model.load_state_dict(convert_hf_state_dict(hf_state, model.cfg, model_type), strict=True)
 
 
@@ -310,5 +469,5 @@ def model_from_hf(hf_config: dict[str, Any], hf_state: dict[str, Tensor]) -> Cau
     return model
 
 
-__all__ = ["ARCHITECTURES", "Architecture", "Target", "config_from_hf", "convert_hf_state_dict",
-           "load_hf_into", "model_from_hf"]
+__all__ = ["ARCHITECTURES", "Architecture", "Target", "check_implemented", "config_from_hf",
+           "convert_hf_state_dict", "load_hf_into", "model_from_hf"]

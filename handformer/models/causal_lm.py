@@ -1,7 +1,10 @@
-"""The decoder-only language model (GPT-2 and Llama style, chosen by `CausalLMConfig`).
+"""The decoder-only language model (GPT-2, Llama and their relatives, chosen by `CausalLMConfig`).
 
     ids -> token embedding (+ learned/sinusoidal positions) -> N decoder-only blocks (causal
     self-attention with optional RoPE and KV cache, FFN) -> final norm -> lm_head -> logits
+
+With `sliding_window` (Mistral, Phi-3) the causal mask also hides keys more than sliding_window - 1
+positions back, and `new_cache` makes a rolling KV cache of that many slots.
 
 Shape legend: B batch, T new positions, S all positions (cache + new), D d_model, H heads, V vocab.
 """
@@ -41,7 +44,7 @@ class CausalLM(nn.Module):
         self.cfg = cfg
         self.embed = TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.scale_embeddings)
         self.positions = make_positions(cfg)
-        self.rotary = (RotaryEmbedding(cfg.head_dim, cfg.max_positions, cfg.rope_theta)
+        self.rotary = (RotaryEmbedding(cfg.head_dim, cfg.max_positions, cfg.rope_theta, cfg.rope_scaling)
                        if cfg.position == "rope" else None)
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = nn.ModuleList(DecoderOnlyBlock(cfg) for _ in range(cfg.n_layers))
@@ -59,15 +62,38 @@ class CausalLM(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("bias"):
                 nn.init.zeros_(p)
-            elif "norm" in name:
-                nn.init.ones_(p)
+            elif "norm" in name:  # a gain of 1 (stored as its offset from 1 by OffsetRMSNorm)
+                nn.init.constant_(p, 0.0 if self.cfg.norm == "rmsnorm_offset" else 1.0)
             elif name.endswith(("o_proj.weight", "down_proj.weight")):
                 nn.init.normal_(p, std=residual_std)
             else:
                 nn.init.normal_(p, std=0.02)
 
     def new_cache(self, max_length: int | None = None) -> KVCache:
-        return KVCache(self.cfg.n_layers, max_length or self.cfg.max_positions)
+        """A KV cache for up to `max_length` positions (default: max_positions); with a sliding
+        window, a rolling one of sliding_window slots that never fills."""
+        return KVCache(self.cfg.n_layers, max_length or self.cfg.max_positions, self.cfg.sliding_window)
+
+    def build_mask(self, T: int, offset: int, attention_mask: Tensor | None,
+                       cache: KVCache | None, device: torch.device) -> tuple[Tensor | None, bool]:
+        """The one mask every layer gets, True = may attend, and whether `is_causal` stands for it.
+
+        Causal (offset by the cache), within the sliding window if any, and hiding padding; its key
+        axis follows the order in which the cache hands out keys (a rolling cache's slots).
+        """
+        S = offset + T
+        window = self.cfg.sliding_window
+        window_hides = window is not None and S > window  # some query cannot see some earlier key
+        if attention_mask is not None:
+            mask = causal_mask(T, S, offset, device, window=window) & key_mask(attention_mask)  # (B, 1, T, S)
+        elif (offset > 0 and T > 1) or window_hides:
+            mask = causal_mask(T, S, offset, device, window=window)  # (T, S)
+        else:  # everything earlier is visible: is_causal, or one new token after cached ones
+            return None, attention_mask is None and offset == 0
+        key_positions = None if cache is None else cache.key_positions(T)
+        if key_positions is not None:
+            mask = mask[..., key_positions.to(device)]  # (B, 1, T, S') or (T, S'): S' keys in slot order
+        return mask, False
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None, cache: KVCache | None = None,
@@ -103,13 +129,10 @@ class CausalLM(nn.Module):
         if positions_needed is not None:
             check_length(positions_needed, self.cfg.max_positions)
 
-        # One mask for every layer: causal (offset by the cache) and padding, True = may attend.
-        is_causal = attention_mask is None and offset == 0
-        mask = None
-        if attention_mask is not None:
-            mask = causal_mask(T, S, offset, input_ids.device) & key_mask(attention_mask)  # (B, 1, T, S)
-        elif offset > 0 and T > 1:
-            mask = causal_mask(T, S, offset, input_ids.device)  # (T, S)
+        if cache is not None and cache.window not in (None, self.cfg.sliding_window):
+            raise ValueError(f"the KV cache rolls over a window of {cache.window} positions but the "
+                             f"model's sliding_window is {self.cfg.sliding_window}; use model.new_cache()")
+        mask, is_causal = self.build_mask(T, offset, attention_mask, cache, input_ids.device)
 
         x = self.embed(input_ids)  # (B, T, D)
         if self.positions is not None:

@@ -10,7 +10,7 @@ used when the caller asks for the attention weights.
 Masks follow `handformer.nn.masks`: boolean, True = may attend.
 
 Shape legend: B batch, T query length, S key length, D d_model, H query heads, Hkv key/value heads,
-Dh head dim (d_k).
+Dh head dim (d_k; usually D / H, but a model may choose it freely, as Gemma does).
 """
 
 from __future__ import annotations
@@ -104,21 +104,28 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None,
-                 bias: bool = True, dropout: float = 0.0) -> None:
+                 bias: bool = True, dropout: float = 0.0, *, head_dim: int | None = None,
+                 qkv_bias: bool | None = None) -> None:
+        """head_dim: width of each head, d_model // n_heads by default (Gemma sets it wider).
+        qkv_bias: biases on W_Q, W_K, W_V; by default the same as `bias` (Qwen2: only these)."""
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        if head_dim is None:
+            if d_model % n_heads:
+                raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads} "
+                                 "(or give head_dim)")
+            head_dim = d_model // n_heads
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads={n_heads} must be divisible by n_kv_heads={n_kv_heads}")
+        qkv_bias = bias if qkv_bias is None else qkv_bias
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
-        self.head_dim = d_model // n_heads
+        self.head_dim = head_dim
         self.dropout = dropout
-        self.q_proj = nn.Linear(d_model, n_heads * self.head_dim, bias=bias)  # W_Q
-        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)  # W_K
-        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)  # W_V
-        self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)  # W_O
+        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=qkv_bias)  # W_Q
+        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)  # W_K
+        self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=qkv_bias)  # W_V
+        self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=bias)  # W_O
 
     def split_heads(self, x: Tensor, n_heads: int) -> Tensor:
         B, T, _ = x.shape
@@ -161,5 +168,5 @@ class MultiHeadAttention(nn.Module):
         out, weights = scaled_dot_product_attention(
             q, k, v, mask, is_causal=is_causal, need_weights=need_weights,
             dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, Dh)
-        out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, D): concat
+        out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H * Dh): concat
         return self.o_proj(out), weights

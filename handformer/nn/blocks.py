@@ -24,7 +24,8 @@ from handformer.nn.norms import make_norm
 
 def _attention(cfg: BlockConfig) -> MultiHeadAttention:
     return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, bias=cfg.bias,
-                              dropout=cfg.attention_dropout)
+                              dropout=cfg.attention_dropout, head_dim=cfg.head_dim,
+                              qkv_bias=cfg.bias or cfg.qkv_bias)
 
 
 class EncoderLayer(nn.Module):

@@ -1,7 +1,9 @@
 """Token embedding (section 3.4 of the paper): a lookup table, optionally scaled by sqrt(d_model).
 
 The paper multiplies embeddings by sqrt(d_model) so they are not drowned by the positional
-encodings; GPT-2 and Llama do not. Weight tying (the output head reusing this matrix) is done by the
+encodings; GPT-2 and Llama do not; Gemma does (with RoPE). The factor is rounded to the
+embeddings' dtype before the multiply, as Gemma does (sqrt(3072) = 55.43 becomes 55.5 in bfloat16);
+in float32 that is the plain product. Weight tying (the output head reusing this matrix) is done by the
 models, which point their head's weight at `embedding.weight`.
 """
 
@@ -22,4 +24,6 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         x = F.embedding(ids, self.weight)  # (B, T) -> (B, T, D)
-        return x * self.scale if self.scale != 1.0 else x
+        if self.scale == 1.0:
+            return x
+        return x * torch.tensor(self.scale, dtype=x.dtype, device=x.device)

@@ -1,7 +1,8 @@
 """The position-wise feed-forward network (section 3.3 of the paper) and its gated variants.
 
 Plain:  down_proj(act(up_proj(x)))                       act = ReLU (paper), GELU, GELU-tanh (GPT-2)
-Gated:  down_proj(act(gate_proj(x)) * up_proj(x))         SwiGLU (act = SiLU, Llama), GEGLU (GELU)
+Gated:  down_proj(act(gate_proj(x)) * up_proj(x))         SwiGLU (act = SiLU, Llama), GEGLU (GELU),
+                                                          GEGLU-tanh (GELU, tanh approximation: Gemma)
 
 Shape legend: B batch, T length, D d_model, F hidden width (d_ff).
 """
@@ -19,6 +20,7 @@ _ACT = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "swiglu": F.silu,
     "geglu": F.gelu,
+    "geglu_tanh": lambda x: F.gelu(x, approximate="tanh"),
 }
 
 

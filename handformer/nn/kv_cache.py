@@ -1,7 +1,14 @@
 """The KV cache: keys and values of past positions, kept so each decoding step only computes the
 new token's. State is explicit: the cache is an object passed into `forward`, never module state.
 
-Shape legend: L layers, B batch, Hkv key/value heads, S_max cache capacity, Dh head dim.
+With sliding-window attention (Mistral: each position sees only the last `window` positions, itself
+included) the cache is a rolling buffer of `window` slots: position p is stored in slot p % window,
+over the position that left the window, so its memory does not grow with the generated length.
+Attention does not care in which order the keys come (softmax is over a set), only that the mask
+follows the same order: `KVCache.key_positions` says which position each returned key holds.
+
+Shape legend: L layers, B batch, Hkv key/value heads, S_max cache capacity (slots), Dh head dim,
+T new positions, W window.
 """
 
 from __future__ import annotations
@@ -16,16 +23,47 @@ class KVCache:
     Each layer's buffer of shape (B, Hkv, S_max, Dh) is allocated on first use with the dtype and
     device of the keys it receives. `length` counts the positions stored so far; the model calls
     `advance(T)` after each forward over T new positions, so every layer writes at the same offset.
+
+    window: the attention window of a sliding-window model. When it is at most `max_length`, the
+    buffers have `window` slots and roll (they never fill up); otherwise they hold `max_length`
+    positions, as without a window.
     """
 
-    def __init__(self, n_layers: int, max_length: int) -> None:
+    def __init__(self, n_layers: int, max_length: int, window: int | None = None) -> None:
         if max_length <= 0:
             raise ValueError(f"KVCache max_length must be positive, got {max_length}")
+        if window is not None and window <= 0:
+            raise ValueError(f"KVCache window must be positive or None, got {window}")
         self.max_length = max_length
+        self.window = window if window is not None and window <= max_length else None  # rolling
+        self.slots = self.window or max_length  # S_max
         self.length = 0
         self.keys: list[Tensor | None] = [None] * n_layers  # each (B, Hkv, S_max, Dh)
         self.values: list[Tensor | None] = [None] * n_layers
         self.cross: list[tuple[Tensor, Tensor] | None] = [None] * n_layers  # (B, Hkv, S_src, Dh)
+
+    def rolls(self, n_new: int) -> bool:
+        """Whether appending `n_new` positions overwrites a slot (the keys then come out of order)."""
+        return self.window is not None and self.length + n_new > self.window
+
+    def _slot_positions(self, end: int) -> Tensor:
+        """The position held by each slot once positions 0..end-1 were written, (min(end, W),)."""
+        if end <= self.slots:
+            return torch.arange(end)
+        last = end - 1
+        return last - (last - torch.arange(self.slots)) % self.slots  # the latest p < end in each slot
+
+    def key_positions(self, n_new: int) -> Tensor | None:
+        """The absolute position of each key that attention gets when `n_new` positions are
+        appended, in order; None when they are simply 0 .. length + n_new - 1."""
+        if not self.rolls(n_new):
+            return None
+        if n_new == 1:  # written in place: the slot it overwrites has just left the window
+            return self._slot_positions(self.length + 1)
+        # Several new positions: earlier queries among them still need the slots they overwrite,
+        # so attention sees the buffer as it was, then the new keys.
+        return torch.cat([self._slot_positions(self.length),
+                          torch.arange(self.length, self.length + n_new)])
 
     def layer(self, i: int) -> LayerKVCache:
         return LayerKVCache(self, i)
@@ -52,20 +90,35 @@ class LayerKVCache:
         self.index = index
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store (B, Hkv, T, Dh) keys/values at the current offset; return all (B, Hkv, S, Dh)."""
+        """Store (B, Hkv, T, Dh) keys/values at the current offset; return the keys/values that
+        attention sees, (B, Hkv, S, Dh), in the order of `KVCache.key_positions(T)`."""
         c, i = self.cache, self.index
-        start, end = c.length, c.length + k.size(2)
-        if end > c.max_length:
+        start, T = c.length, k.size(2)
+        end = start + T
+        if end > c.slots and c.window is None:
             raise ValueError(f"KV cache is full: {end} positions needed, capacity {c.max_length}; "
                              "create the cache with a larger max_length")
         if c.keys[i] is None:
             B, Hkv, _, Dh = k.shape
-            c.keys[i] = torch.empty(B, Hkv, c.max_length, Dh, dtype=k.dtype, device=k.device)
-            c.values[i] = torch.empty(B, Hkv, c.max_length, Dh, dtype=v.dtype, device=v.device)
+            c.keys[i] = torch.empty(B, Hkv, c.slots, Dh, dtype=k.dtype, device=k.device)
+            c.values[i] = torch.empty(B, Hkv, c.slots, Dh, dtype=v.dtype, device=v.device)
         keys, values = c.keys[i], c.values[i]
-        keys[:, :, start:end] = k
-        values[:, :, start:end] = v
-        return keys[:, :, :end], values[:, :, :end]  # (B, Hkv, S, Dh)
+        if not c.rolls(T):
+            keys[:, :, start:end] = k
+            values[:, :, start:end] = v
+            return keys[:, :, :end], values[:, :, :end]  # (B, Hkv, S, Dh)
+        if T == 1:
+            keys[:, :, start % c.slots] = k[:, :, 0]
+            values[:, :, start % c.slots] = v[:, :, 0]
+            return keys, values  # (B, Hkv, W, Dh)
+        held = min(start, c.slots)
+        seen_k = torch.cat([keys[:, :, :held], k], dim=2)  # (B, Hkv, held + T, Dh)
+        seen_v = torch.cat([values[:, :, :held], v], dim=2)
+        kept = min(T, c.slots)  # the last W new positions stay
+        slots = torch.arange(end - kept, end, device=k.device) % c.slots
+        keys[:, :, slots] = k[:, :, T - kept:]
+        values[:, :, slots] = v[:, :, T - kept:]
+        return seen_k, seen_v
 
     @property
     def cross(self) -> tuple[Tensor, Tensor] | None:

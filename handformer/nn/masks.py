@@ -24,17 +24,20 @@ def key_mask(attention_mask: Tensor) -> Tensor:
 
 
 def causal_mask(query_length: int, key_length: int | None = None, offset: int = 0,
-                device: torch.device | str | None = None) -> Tensor:
+                device: torch.device | str | None = None, window: int | None = None) -> Tensor:
     """(T, S) mask where query t (at absolute position offset + t) sees keys 0..offset + t.
 
     `offset` is the number of positions already in a KV cache; with offset 0 and T == S this is the
-    lower-triangular "subsequent mask" of the paper.
+    lower-triangular "subsequent mask" of the paper. `window` (sliding-window attention, Mistral)
+    keeps only the last `window` of those keys: offset + t - window < s <= offset + t, a band.
     """
     if key_length is None:
         key_length = offset + query_length
     q_pos = torch.arange(offset, offset + query_length, device=device)[:, None]  # (T, 1)
     k_pos = torch.arange(key_length, device=device)[None, :]  # (1, S)
-    return k_pos <= q_pos  # (T, S)
+    if window is None:
+        return k_pos <= q_pos  # (T, S)
+    return (k_pos <= q_pos) & (k_pos > q_pos - window)  # (T, S)
 
 
 def combine(*masks: Tensor | None) -> Tensor | None:

@@ -2,6 +2,8 @@
 
 LayerNorm: (x - mean) / sqrt(var + eps) * weight + bias, statistics over the last dimension.
 RMSNorm:   x / sqrt(mean(x^2) + eps) * weight; no centering, no bias.
+RMSNorm with a unit offset (Gemma): x / sqrt(mean(x^2) + eps) * (1 + weight); the stored weight is
+the gain's offset from 1, initialised to 0, and the whole computation stays in float32.
 Computing in float32 keeps the statistics accurate under bf16 autocast; the result is cast back.
 """
 
@@ -37,9 +39,25 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
+class OffsetRMSNorm(nn.Module):
+    """RMSNorm whose gain is 1 + weight (Gemma): a zero weight is the identity gain."""
+
+    def __init__(self, d_model: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+
+
 def make_norm(kind: str, d_model: int, eps: float, bias: bool = True) -> nn.Module:
     if kind == "layernorm":
         return LayerNorm(d_model, eps, bias)
     if kind == "rmsnorm":
         return RMSNorm(d_model, eps)
-    raise ValueError(f"unknown norm {kind!r}; choose layernorm or rmsnorm")
+    if kind == "rmsnorm_offset":
+        return OffsetRMSNorm(d_model, eps)
+    raise ValueError(f"unknown norm {kind!r}; choose layernorm, rmsnorm or rmsnorm_offset")

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from handformer.config import BlockConfig
+from handformer.config import BlockConfig, Llama3RopeScaling
 
 
 def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
@@ -51,16 +51,40 @@ class LearnedPositions(nn.Module):
         return F.embedding(position_ids, self.weight)  # (B, T) -> (B, T, D)
 
 
+def llama3_inv_freq(inv_freq: Tensor, scaling: Llama3RopeScaling) -> Tensor:
+    """Llama 3.1's frequency-dependent scaling of the rotary frequencies (Dh/2,).
+
+    Long wavelengths (> original_max_positions / low_freq_factor) turn `factor` times slower, short
+    ones (< original_max_positions / high_freq_factor) are kept, and in between the two are blended
+    linearly in original_max_positions / wavelength. Same float32 arithmetic as Hugging Face's
+    rope_type "llama3", so imported Llama 3.x models give the same angles.
+    """
+    context = scaling.original_max_positions
+    low_freq_wavelen = context / scaling.low_freq_factor
+    high_freq_wavelen = context / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq  # (Dh/2,)
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = ((context / wavelen - scaling.low_freq_factor)
+              / (scaling.high_freq_factor - scaling.low_freq_factor))  # 0 at the long end, 1 at the short
+    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(medium, blended, scaled)
+
+
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding, half-split convention (as Hugging Face and litgpt).
 
     Dimension j of the first half pairs with dimension j + Dh/2 and that pair is rotated by angle
     pos * theta^(-2j/Dh). Queries and keys rotated this way make q.k depend on their distance only.
+    `scaling` (Llama 3.1) stretches the low frequencies for long contexts.
     """
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float = 10000.0) -> None:
+    def __init__(self, head_dim: int, max_positions: int, theta: float = 10000.0,
+                 scaling: Llama3RopeScaling | None = None) -> None:
         super().__init__()
         inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+        if scaling is not None:
+            inv_freq = llama3_inv_freq(inv_freq, scaling)
         angles = torch.outer(torch.arange(max_positions).float(), inv_freq)  # (P, Dh/2)
         angles = torch.cat([angles, angles], dim=-1)  # (P, Dh)
         self.register_buffer("cos", angles.cos(), persistent=False)
