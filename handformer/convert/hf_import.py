@@ -17,8 +17,9 @@ it in memory once more, as `save_weights` always does.)
 Special tokens (`SpecialTokens` in the run's config.json):
 - eos_id and pad_id: the first of generation_config.json, config.json (`eos_token_id`,
   `pad_token_id`) and tokenizer_config.json (`eos_token`, `pad_token` looked up in the tokenizer)
-  that names one. When a file lists several EOS ids (Llama 3), the first is used; all are recorded
-  in the run's "source" section.
+  that names one. When a file lists several EOS ids (Llama 3 instruct lists three and ends its
+  turns with the third, <|eot_id|>), eos_id is the first and every one is recorded in eos_ids:
+  each of them stops generation.
 - bos_id is set only when prompts should start with BOS, as the tokenizer would do it:
   tokenizer_config.json's `add_bos_token` decides when present (Llama tokenizers set it, and
   transformers 4 applied it); otherwise tokenizer.json's post-processor does (as `tokenizers` does,
@@ -192,7 +193,7 @@ def special_tokens(hf_dir: Path, hf_config: dict[str, Any], tokenizer: Tokenizer
     found = {}
     for kind in ("bos", "eos", "pad"):
         ids, source = _find_ids(kind, files, tokenizer, vocab_size, notes)
-        if len(ids) > 1:
+        if len(ids) > 1 and kind != "eos":
             notes.append(f"{source} lists {kind} ids {ids}; handformer uses the first, {ids[0]}")
         found[kind] = ids
 
@@ -214,7 +215,7 @@ def special_tokens(hf_dir: Path, hf_config: dict[str, Any], tokenizer: Tokenizer
             notes.append(f"the tokenizer prepends id {bos_id}, not the BOS id {found['bos'][0]} the "
                          f"config files name; prompts start with {bos_id}")
     tokens = SpecialTokens(bos_id=bos_id, eos_id=next(iter(found["eos"]), None),
-                           pad_id=next(iter(found["pad"]), None))
+                           pad_id=next(iter(found["pad"]), None), eos_ids=found["eos"])
     return tokens, found["eos"]
 
 
