@@ -14,6 +14,7 @@ from handformer.cli import (
     export_hf,
     generate,
     import_hf,
+    import_llama2c,
     prepare,
     quantize,
     see,
@@ -22,8 +23,8 @@ from handformer.cli import (
     translate,
 )
 
-COMMANDS = [trace, train, translate, generate, evaluate, import_hf, see, check, prepare, quantize, export_hf,
-            experiment]
+COMMANDS = [trace, train, translate, generate, evaluate, import_hf, import_llama2c, see, check, prepare,
+            quantize, export_hf, experiment]
 
 
 def build_parser() -> argparse.ArgumentParser:
