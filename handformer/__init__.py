@@ -12,9 +12,18 @@ from handformer.nn.norms import LayerNorm, RMSNorm
 
 __version__ = "0.1.0"
 
+
+def chat(run_dir, **options):  # noqa: ANN001, ANN201 (see handformer.tasks.lm.chat.chat)
+    """A chat session with an instruction-tuned run directory: `chat("runs/x").send("Hi!")`.
+    Options: system, temperature, top_k, top_p, seed, max_new_tokens, device, notify."""
+    from handformer.tasks.lm.chat import chat as chat_with_run
+
+    return chat_with_run(run_dir, **options)
+
+
 __all__ = [
     "BlockConfig", "CausalLM", "CausalLMConfig", "CausalLMOutput", "DecoderLayer",
     "DecoderOnlyBlock", "EncoderLayer", "FeedForward", "KVCache", "LayerNorm", "MultiHeadAttention",
     "RMSNorm", "Seq2SeqConfig", "Seq2SeqOutput", "Seq2SeqTransformer", "causal_mask", "load_config",
-    "padding_mask", "scaled_dot_product_attention",
+    "chat", "padding_mask", "scaled_dot_product_attention",
 ]

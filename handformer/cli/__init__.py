@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from handformer.cli import (
+    chat,
     check,
     evaluate,
     experiment,
@@ -23,7 +24,7 @@ from handformer.cli import (
     translate,
 )
 
-COMMANDS = [trace, train, translate, generate, evaluate, import_hf, import_llama2c, see, check, prepare,
+COMMANDS = [trace, train, translate, generate, chat, evaluate, import_hf, import_llama2c, see, check, prepare,
             quantize, export_hf, experiment]
 
 

@@ -14,6 +14,9 @@ Conv1D weights are copied, to transpose them), so the run's model.safetensors ke
 checkpoint's dtype (e.g. bfloat16); `load_lm` casts to the model's. (Writing the file serializes
 it in memory once more, as `save_weights` always does.)
 
+chat_template.jinja and tokenizer_config.json, when the checkpoint has them, are copied into the run
+as they are: `handformer chat` renders the checkpoint's chat template from them.
+
 Special tokens (`SpecialTokens` in the run's config.json):
 - eos_id and pad_id: the first of generation_config.json, config.json (`eos_token_id`,
   `pad_token_id`) and tokenizer_config.json (`eos_token`, `pad_token` looked up in the tokenizer)
@@ -44,6 +47,8 @@ from torch import Tensor
 
 from handformer.convert.hf_weights import config_from_hf, convert_hf_state_dict
 from handformer.data.tokenizer import Tokenizer
+from handformer.generation.chat_template import CHAT_FILES
+from handformer.io import atomic_write_bytes
 from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm.run import SpecialTokens, save_lm_run
 from handformer.training.checkpoint import safetensors_problem
@@ -258,6 +263,9 @@ def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
     source = {"hf_dir": str(hf_dir.resolve()), "model_type": model_type, "architecture": architecture,
               "weights": weights, "eos_ids": eos_ids, "notes": notes}
     save_lm_run(run_dir, model, tokenizer, tokens, source=source)
+    for name in CHAT_FILES:  # the chat template and its special-token strings, for `handformer chat`
+        if (hf_dir / name).is_file():
+            atomic_write_bytes(run_dir / name, (hf_dir / name).read_bytes())
     return ImportedLM(run_dir, model_type, architecture, model.num_parameters(), cfg.n_layers,
                       cfg.vocab_size, tokens, notes)
 
