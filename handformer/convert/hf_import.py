@@ -47,12 +47,14 @@ from torch import Tensor
 
 from handformer.convert.hf_weights import config_from_hf, convert_hf_state_dict
 from handformer.data.tokenizer import Tokenizer
-from handformer.generation.chat_template import CHAT_FILES
 from handformer.io import atomic_write_bytes
 from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm.run import SpecialTokens, save_lm_run
 from handformer.training.checkpoint import safetensors_problem
 
+# The chat template and its special-token strings, copied into the run for `handformer chat`
+# (generation/chat_template.py reads them there as transformers reads them from a checkpoint).
+CHAT_FILES = ("chat_template.jinja", "tokenizer_config.json")
 # model_type -> the Hugging Face class whose checkpoints `hf_weights` maps.
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
@@ -263,7 +265,7 @@ def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
     source = {"hf_dir": str(hf_dir.resolve()), "model_type": model_type, "architecture": architecture,
               "weights": weights, "eos_ids": eos_ids, "notes": notes}
     save_lm_run(run_dir, model, tokenizer, tokens, source=source)
-    for name in CHAT_FILES:  # the chat template and its special-token strings, for `handformer chat`
+    for name in CHAT_FILES:
         if (hf_dir / name).is_file():
             atomic_write_bytes(run_dir / name, (hf_dir / name).read_bytes())
     return ImportedLM(run_dir, model_type, architecture, model.num_parameters(), cfg.n_layers,

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 TEMPLATE_FILE, TOKENIZER_CONFIG = "chat_template.jinja", "tokenizer_config.json"
-CHAT_FILES = (TEMPLATE_FILE, TOKENIZER_CONFIG)  # what an importer copies into a run directory
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                        "mask_token")
 
@@ -209,4 +208,4 @@ def load_chat_template(directory: str | os.PathLike) -> ChatTemplate | None:
     return ChatTemplate(source, tokens, origin)
 
 
-__all__ = ["CHAT_FILES", "ChatTemplate", "check_messages", "load_chat_template", "plain_data"]
+__all__ = ["ChatTemplate", "check_messages", "load_chat_template", "plain_data"]
