@@ -108,7 +108,9 @@ def test_context_overflow_drops_oldest_turns_after_system_and_reruns(parts):
         prompt = session.encode(session.messages[:-1])
         assert len(prompt) + 10 <= 120
         assert session.context[:len(prompt)] == prompt  # after a drop, the prompt was re-run
-    assert notes and "dropped the oldest turn (2 messages)" in notes[0]
+    drops = [note for note in notes if "dropped" in note]
+    assert drops and "dropped the oldest turn (2 messages) and re-ran the prompt" in drops[0]
+    assert "the reply reached max_new_tokens=10 before an end-of-turn token and is cut there" in notes
     assert session.messages[0] == {"role": "system", "content": "Be brief."}
     assert session.messages[1]["content"] != "the quick brown fox"
     before = list(session.messages)

@@ -103,6 +103,9 @@ class ChatSession:
             self.messages.pop()
             raise
         new = self._generate(prompt, on_text)
+        if not new or new[-1] not in self.stop_ids:
+            self.notify(f"the reply reached max_new_tokens={self.max_new_tokens} before an end-of-turn "
+                        "token and is cut there")
         reply_ids = new[:-1] if new and new[-1] in self.stop_ids else new
         reply = self.tokenizer.hf.decode(reply_ids, skip_special_tokens=True)
         self.messages.append({"role": "assistant", "content": reply})
