@@ -37,13 +37,13 @@ sys.path.insert(0, str(ROOT))
 
 from handformer.convert.llama2c_import import import_llama2c  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
-from handformer.tasks.lm.run import load_lm  # noqa: E402
+from handformer.tasks.lm.run import LMRun, load_lm  # noqa: E402
 
 DATA = ROOT / ".." / "shared" / "data" / "stories260K"
 N_NEW = 256
 
 
-def hf_model(run):  # noqa: ANN001, ANN201
+def hf_model(run: LMRun) -> torch.nn.Module:
     """transformers' LlamaForCausalLM with the run's weights (names mapped, layout identical)."""
     import transformers
 
@@ -68,13 +68,13 @@ def hf_model(run):  # noqa: ANN001, ANN201
     return hf
 
 
-def time_handformer(run) -> tuple[float, list[int]]:  # noqa: ANN001
+def time_handformer(run: LMRun) -> tuple[float, list[int]]:
     start = time.perf_counter()
     out = generate(run.model, [[1]], N_NEW, temperature=0)[0]
     return time.perf_counter() - start, out
 
 
-def time_hf(hf) -> tuple[float, list[int]]:  # noqa: ANN001
+def time_hf(hf: torch.nn.Module) -> tuple[float, list[int]]:
     ids = torch.tensor([[1]])
     with torch.no_grad():
         start = time.perf_counter()
