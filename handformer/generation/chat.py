@@ -137,7 +137,7 @@ class ChatSession:
             self.notify(note)
         return prompt
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _generate(self, prompt: list[int], on_text: Callable[[str], None] | None) -> list[int]:
         keep = min(common_prefix(self.context, prompt), len(prompt) - 1)  # run >= 1 token for logits
         self.cache.truncate(keep)
