@@ -221,6 +221,8 @@ def test_bad_files_are_one_clear_error_and_nothing_is_written(tmp_path, capsys):
     assert "version 2 is not supported (int8-quantized" in _error(capsys, bad, TOKENIZER, run)
     bad.write_bytes(struct.pack("<7i", 64, 172, 5, 8, 0, 512, 512) + data[28:])
     assert "n_kv_heads=0" in _error(capsys, bad, TOKENIZER, run)
+    bad.write_bytes(data[:28 + 4 * 100] + struct.pack("<f", float("nan")) + data[28 + 4 * 101:])
+    assert "token_embedding hold NaN or infinite values" in _error(capsys, bad, TOKENIZER, run)
     assert "no llama2.c checkpoint at" in _error(capsys, tmp_path / "absent.bin", TOKENIZER, run)
     assert str(tmp_path) in _error(capsys, tmp_path, TOKENIZER, run)  # a directory
 
