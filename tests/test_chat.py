@@ -156,6 +156,9 @@ def test_cli_chat_refuses_runs_without_a_template_and_bad_options(run_dir, capsy
     assert "max_new_tokens=300 leaves no room" in capsys.readouterr().err
     assert cli.main(["chat", str(run_dir), "--top-p", "2"]) == 2
     assert "top_p must be in (0, 1]" in capsys.readouterr().err
+    (run_dir / "chat_template.jinja").write_text("{% if false %}x{% endif %}")
+    assert cli.main(["chat", str(run_dir)]) == 2
+    assert "chat_template.jinja rendered the conversation as no text at all" in capsys.readouterr().err
     (run_dir / "chat_template.jinja").write_text("{{ raise_exception('System role not supported') }}")
     assert cli.main(["chat", str(run_dir), "--system", "x"]) == 2
     assert capsys.readouterr().err.strip().endswith("failed to render: System role not supported")

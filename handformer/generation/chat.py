@@ -119,6 +119,8 @@ class ChatSession:
         messages, notes = list(self.messages), []
         while True:
             prompt = self.encode(messages)
+            if not prompt:
+                raise ValueError(f"{self.template.origin} rendered the conversation as no text at all")
             if len(prompt) <= budget:
                 break
             first = 1 if messages[0]["role"] == "system" else 0
