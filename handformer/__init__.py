@@ -1,5 +1,10 @@
 """handformer: a Transformer written by hand, from attention to trained models."""
 
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
 from handformer.config import BlockConfig, CausalLMConfig, Seq2SeqConfig, load_config
 from handformer.models.causal_lm import CausalLM, CausalLMOutput
 from handformer.models.seq2seq import Seq2SeqOutput, Seq2SeqTransformer
@@ -10,11 +15,24 @@ from handformer.nn.kv_cache import KVCache
 from handformer.nn.masks import causal_mask, padding_mask
 from handformer.nn.norms import LayerNorm, RMSNorm
 
+if TYPE_CHECKING:
+    from handformer.generation.chat import ChatSession
+
 __version__ = "0.1.0"
+
+
+def chat(run_dir: str | os.PathLike, **options: Any) -> ChatSession:
+    """A chat session with an instruction-tuned run directory: `chat("runs/x").send("Hi!")`.
+    Options: system, temperature, top_k, top_p, seed, max_new_tokens, device, notify (see
+    `handformer.tasks.lm.chat.chat`; imported on first use, so `import handformer` stays light)."""
+    from handformer.tasks.lm.chat import chat as chat_with_run
+
+    return chat_with_run(run_dir, **options)
+
 
 __all__ = [
     "BlockConfig", "CausalLM", "CausalLMConfig", "CausalLMOutput", "DecoderLayer",
     "DecoderOnlyBlock", "EncoderLayer", "FeedForward", "KVCache", "LayerNorm", "MultiHeadAttention",
     "RMSNorm", "Seq2SeqConfig", "Seq2SeqOutput", "Seq2SeqTransformer", "causal_mask", "load_config",
-    "padding_mask", "scaled_dot_product_attention",
+    "chat", "padding_mask", "scaled_dot_product_attention",
 ]

@@ -81,7 +81,7 @@ CASES = {
     # Sharded, tied, several EOS ids (like Llama 3), BOS only from tokenizer_config.json.
     "llama_tied_sharded": (lambda: _llama(tied=True, eos=[2, 99]), {"max_shard_size": "40KB"},
                            lambda: _tokenizer(LLAMA_TOKENS), {"add_bos_token": True},
-                           SpecialTokens(bos_id=1, eos_id=2, pad_id=None)),
+                           SpecialTokens(bos_id=1, eos_id=2, pad_id=None, eos_ids=[2, 99])),
     # The other families: no BOS in prompts (as Qwen2's and Phi-3's tokenizers), pad 0 from config.json.
     **{name: (lambda name=name: _family(name)(), {}, lambda: _tokenizer(LLAMA_TOKENS), None,
               SpecialTokens(bos_id=None, eos_id=2, pad_id=0))
@@ -182,14 +182,15 @@ def test_generate_command_on_an_imported_run(checkpoints, tmp_path, capsys):
 
 def test_special_tokens_follow_the_files(checkpoints, tmp_path):
     """BOS is prepended exactly when the Hugging Face tokenizer would (tokenizer.json alone here);
-    several EOS ids: the first is used and all are recorded."""
+    several EOS ids: all are recorded, and eos_id is the first."""
     for name in ("gpt2", "llama_untied"):
         hf_tok = transformers.PreTrainedTokenizerFast(tokenizer_file=str(checkpoints[name][0] / "tokenizer.json"))
         first = hf_tok("w5 w6").input_ids[0]
         assert CASES[name][4].bos_id == (first if first != 5 else None)
     result = import_hf(checkpoints["llama_tied_sharded"][0], tmp_path / "run")
-    assert result.notes[0] == "generation_config.json lists eos ids [2, 99]; handformer uses the first, 2"
+    assert not any("eos" in note for note in result.notes)
     assert load_lm(tmp_path / "run").config["source"]["eos_ids"] == [2, 99]
+    assert load_lm(tmp_path / "run").tokens.eos_ids == [2, 99]
 
 
 def test_special_token_sources_and_precedence(tmp_path):

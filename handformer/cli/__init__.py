@@ -8,12 +8,14 @@ import sys
 from collections.abc import Sequence
 
 from handformer.cli import (
+    chat,
     check,
     evaluate,
     experiment,
     export_hf,
     generate,
     import_hf,
+    import_llama2c,
     merge,
     prepare,
     quantize,
@@ -23,8 +25,8 @@ from handformer.cli import (
     translate,
 )
 
-COMMANDS = [trace, train, translate, generate, evaluate, import_hf, see, check, prepare, quantize, export_hf,
-            experiment, merge]
+COMMANDS = [trace, train, translate, generate, chat, evaluate, import_hf, import_llama2c, see, check, prepare,
+            quantize, export_hf, experiment, merge]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.prompt == "":
         raise ValueError("empty prompt: give --prompt TEXT with at least one character")
     run = load_lm(args.run_dir, args.device)
-    bos, eos = run.tokens.bos_id, run.tokens.eos_id
+    bos = run.tokens.bos_id
     max_positions = run.model.cfg.max_positions
     # stdin is read line by line, so each prompt is answered as soon as it is typed.
     prompts = [args.prompt] if args.prompt is not None else (
@@ -29,7 +29,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             max_new = max(1, min(100, max_new_tokens_for(len(ids), max_positions)))
         stream = TextStream(run.tokenizer, ids, prefix=text)
         generate(run.model, [ids], max_new, temperature=args.temperature, top_k=args.top_k,
-                 top_p=args.top_p, seed=args.seed, stop_tokens=() if eos is None else (eos,),
+                 top_p=args.top_p, seed=args.seed, stop_tokens=run.tokens.eos_ids,
                  on_token=lambda _row, token, stream=stream: stream.push(token))
         stream.close()
         print(flush=True)

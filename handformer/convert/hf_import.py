@@ -15,11 +15,15 @@ Conv1D weights are copied, to transpose them), so the run's model.safetensors ke
 checkpoint's dtype (e.g. bfloat16); `load_lm` casts to the model's. (Writing the file serializes
 it in memory once more, as `save_weights` always does.)
 
+chat_template.jinja and tokenizer_config.json, when the checkpoint has them, are copied into the run
+as they are: `handformer chat` renders the checkpoint's chat template from them.
+
 Special tokens (`SpecialTokens` in the run's config.json):
 - eos_id and pad_id: the first of generation_config.json, config.json (`eos_token_id`,
   `pad_token_id`) and tokenizer_config.json (`eos_token`, `pad_token` looked up in the tokenizer)
-  that names one. When a file lists several EOS ids (Llama 3), the first is used; all are recorded
-  in the run's "source" section.
+  that names one. When a file lists several EOS ids (Llama 3 instruct lists three and ends its
+  turns with the third, <|eot_id|>), eos_id is the first and every one is recorded in eos_ids:
+  each of them stops generation.
 - bos_id is set only when prompts should start with BOS, as the tokenizer would do it:
   tokenizer_config.json's `add_bos_token` decides when present (Llama tokenizers set it, and
   transformers 4 applied it); otherwise tokenizer.json's post-processor does (as `tokenizers` does,
@@ -49,10 +53,14 @@ from handformer.convert.hf_weights import (
     other_family,
 )
 from handformer.data.tokenizer import Tokenizer
+from handformer.io import atomic_write_bytes
 from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm.run import SpecialTokens, save_lm_run
 from handformer.training.checkpoint import safetensors_problem
 
+# The chat template and its special-token strings, copied into the run for `handformer chat`
+# (generation/chat_template.py reads them there as transformers reads them from a checkpoint).
+CHAT_FILES = ("chat_template.jinja", "tokenizer_config.json")
 # model_type -> the Hugging Face class whose checkpoints `hf_weights` maps.
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "mistral": "MistralForCausalLM", "gemma": "GemmaForCausalLM", "phi3": "Phi3ForCausalLM"}
@@ -204,7 +212,7 @@ def special_tokens(hf_dir: Path, hf_config: dict[str, Any], tokenizer: Tokenizer
     found = {}
     for kind in ("bos", "eos", "pad"):
         ids, source = _find_ids(kind, files, tokenizer, vocab_size, notes)
-        if len(ids) > 1:
+        if len(ids) > 1 and kind != "eos":
             notes.append(f"{source} lists {kind} ids {ids}; handformer uses the first, {ids[0]}")
         found[kind] = ids
 
@@ -226,7 +234,7 @@ def special_tokens(hf_dir: Path, hf_config: dict[str, Any], tokenizer: Tokenizer
             notes.append(f"the tokenizer prepends id {bos_id}, not the BOS id {found['bos'][0]} the "
                          f"config files name; prompts start with {bos_id}")
     tokens = SpecialTokens(bos_id=bos_id, eos_id=next(iter(found["eos"]), None),
-                           pad_id=next(iter(found["pad"]), None))
+                           pad_id=next(iter(found["pad"]), None), eos_ids=found["eos"])
     return tokens, found["eos"]
 
 
@@ -270,6 +278,9 @@ def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
     source = {"hf_dir": str(hf_dir.resolve()), "model_type": model_type, "architecture": architecture,
               "weights": weights, "eos_ids": eos_ids, "notes": notes}
     save_lm_run(run_dir, model, tokenizer, tokens, source=source)
+    for name in CHAT_FILES:
+        if (hf_dir / name).is_file():
+            atomic_write_bytes(run_dir / name, (hf_dir / name).read_bytes())
     return ImportedLM(run_dir, model_type, architecture, model.num_parameters(), cfg.n_layers,
                       cfg.vocab_size, tokens, notes)
 

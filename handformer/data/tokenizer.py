@@ -92,6 +92,15 @@ class Tokenizer:
             return [get(c, unk) for c in text]
         return self.hf.encode(text, add_special_tokens=False).ids
 
+    def encode_with_special_tokens(self, text: str) -> list[int]:
+        """Like `encode`, but a special token's text ("<|im_start|>") becomes its id: for prompts a
+        chat template wrote, where that text is markup, not data."""
+        self.hf.encode_special_tokens = False
+        try:
+            return self.hf.encode(text, add_special_tokens=False).ids
+        finally:
+            self.hf.encode_special_tokens = True
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         if self._char_ids is not None:
             return [self.encode(text) for text in texts]

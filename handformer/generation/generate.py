@@ -60,7 +60,7 @@ def max_new_tokens_for(prompt_length: int, max_positions: int) -> int:
     return max(max_positions - prompt_length + 1, 0) if prompt_length <= max_positions else 0
 
 
-@torch.no_grad()
+@torch.inference_mode()  # cheaper per op than no_grad: decoding a small model is op overhead
 def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              seed: int | None = None, stop_tokens: Sequence[int] = (), pad_id: int = 0,
@@ -103,7 +103,9 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
         finished = torch.zeros(B, dtype=torch.bool, device=device)
         inputs = ids  # with a cache: the positions not yet seen by the model
         for _ in range(max_new_tokens):
-            logits = model(inputs, mask, cache=cache, last_only=True).logits[:, -1]  # (B, V)
+            # A single row is never padded: no mask lets the model skip building one per step.
+            row_mask = mask if B > 1 else None
+            logits = model(inputs, row_mask, cache=cache, last_only=True).logits[:, -1]  # (B, V)
             token = next_tokens(logits, temperature, top_k, top_p, generator)  # (B,)
             token = token.masked_fill(finished, pad_id)  # finished rows are fed padding, not kept
             for row in (~finished).nonzero()[:, 0].tolist():

@@ -71,6 +71,13 @@ class KVCache:
     def advance(self, n: int) -> None:
         self.length += n
 
+    def truncate(self, length: int) -> None:
+        """Forget every position from `length` on (a chat whose re-rendered prompt differs from
+        what the cache holds after that point); the next forward writes from there."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a KV cache of {self.length} positions to {length}")
+        self.length = length
+
     def reorder(self, index: Tensor) -> None:
         """Select batch rows (beam search keeps the surviving hypotheses)."""
         for store in (self.keys, self.values):

@@ -161,10 +161,9 @@ def lm_report(run_dir: str | os.PathLike, text: str, max_new_tokens: int = 8,
     if len(ids) > context:
         raise ValueError(f"TEXT is {len(ids)} tokens but the model's context is {context} tokens "
                          "(max_positions); shorten it")
-    eos = run.tokens.eos_id
     # Not generate's own limit: the whole continuation is fed back below to read its attention.
     new = generate(run.model, [ids], min(max_new_tokens, context - len(ids)), temperature=0,
-                   stop_tokens=() if eos is None else (eos,),
+                   stop_tokens=run.tokens.eos_ids,
                    pad_id=run.tokens.pad_id or 0)[0]
     full = torch.tensor([ids + new], device=next(run.model.parameters()).device)  # (1, T)
     with torch.no_grad():

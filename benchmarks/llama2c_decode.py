@@ -1,0 +1,132 @@
+"""Benchmark: decoding speed of a real llama2.c checkpoint (stories260K) in handformer, side by side
+with Hugging Face's LlamaForCausalLM on the same weights and, when given, llama2.c's own run.c.
+
+Each round, in turn (rounds interleaved, medians reported, because this machine's CPU is shared):
+- handformer: `generate` with its KV cache, greedy, from BOS, 256 new tokens (stop tokens off so
+  every round decodes 256); the time covers the whole call (prefill of the 1-token prompt and
+  every step), not loading the run;
+- transformers: `generate(do_sample=False, min_new_tokens=256, max_new_tokens=256)`, the same
+  weights (handformer's half-split q/k rows are Hugging Face's layout), its cache on;
+- run.c (with --run-c PATH, a binary built from karpathy/llama2.c outside this project):
+  `run MODEL -z TOKENIZER -t 0 -n 257`; its own "achieved tok/s" (timed from the second token).
+The tokens of handformer and transformers are compared.
+
+Target of the project: 256 tokens in at most 0.5 s (start-up aside).
+
+    python benchmarks/llama2c_decode.py                       # 7 rounds, 1 thread
+    python benchmarks/llama2c_decode.py --run-c /tmp/llama2.c/run --threads 2
+
+Reads ../shared/data/stories260K (see the README there); needs `transformers`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from handformer.convert.llama2c_import import import_llama2c  # noqa: E402
+from handformer.generation.generate import generate  # noqa: E402
+from handformer.tasks.lm.run import LMRun, load_lm  # noqa: E402
+
+DATA = ROOT / ".." / "shared" / "data" / "stories260K"
+N_NEW = 256
+
+
+def hf_model(run: LMRun) -> torch.nn.Module:
+    """transformers' LlamaForCausalLM with the run's weights (names mapped, layout identical)."""
+    import transformers
+
+    cfg = run.model.cfg
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
+        max_position_embeddings=cfg.max_positions, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
+        tie_word_embeddings=cfg.tie_embeddings)).eval()
+    top = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+           "lm_head.weight": "lm_head.weight"}
+    in_layer = {"attn_norm.": "input_layernorm.", "ffn_norm.": "post_attention_layernorm.", "ffn.": "mlp."}
+    state = {}
+    for key, value in run.model.state_dict().items():
+        if key in top:
+            state[top[key]] = value
+            continue
+        _, i, rest = key.split(".", 2)  # layers.{i}.{rest}
+        for old, new in in_layer.items():
+            rest = rest.replace(old, new) if rest.startswith(old) else rest
+        state[f"model.layers.{i}.{rest}"] = value
+    hf.load_state_dict(state, strict=True)
+    return hf
+
+
+def time_handformer(run: LMRun) -> tuple[float, list[int]]:
+    start = time.perf_counter()
+    out = generate(run.model, [[1]], N_NEW, temperature=0)[0]
+    return time.perf_counter() - start, out
+
+
+def time_hf(hf: torch.nn.Module) -> tuple[float, list[int]]:
+    ids = torch.tensor([[1]])
+    with torch.no_grad():
+        start = time.perf_counter()
+        out = hf.generate(ids, do_sample=False, min_new_tokens=N_NEW, max_new_tokens=N_NEW,
+                          pad_token_id=0, eos_token_id=None)
+        seconds = time.perf_counter() - start
+    return seconds, out[0, 1:].tolist()
+
+
+def time_run_c(binary: str) -> float:
+    """Seconds for 256 tokens at run.c's own reported rate."""
+    out = subprocess.run([binary, str(DATA / "stories260K.bin"), "-z", str(DATA / "tok512.bin"), "-t", "0",
+                          "-n", str(N_NEW + 1)], capture_output=True, text=True, check=True)
+    rate = float(re.search(r"achieved tok/s: ([0-9.]+)", out.stderr).group(1))
+    return N_NEW / rate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--run-c", default=None, help="path to a run binary built from karpathy/llama2.c")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        import_llama2c(DATA / "stories260K.bin", DATA / "tok512.bin", Path(tmp) / "run")
+        run = load_lm(Path(tmp) / "run")
+    hf = hf_model(run)
+    time_handformer(run), time_hf(hf)  # warm-up
+    times: dict[str, list[float]] = {"handformer": [], "transformers": [], "run.c": []}
+    same = True
+    for _ in range(args.rounds):
+        seconds, ours = time_handformer(run)
+        times["handformer"].append(seconds)
+        seconds, theirs = time_hf(hf)
+        times["transformers"].append(seconds)
+        same &= ours == theirs
+        if args.run_c:
+            times["run.c"].append(time_run_c(args.run_c))
+    print(f"stories260K, greedy, {N_NEW} new tokens from BOS, batch 1, {args.threads} thread(s), "
+          f"{args.rounds} interleaved rounds (medians; the CPU is shared, so rounds vary)")
+    base = statistics.median(times["handformer"])
+    for name, values in times.items():
+        if values:
+            median = statistics.median(values)
+            rounds = ", ".join(f"{v:.3f}" for v in values)
+            print(f"  {name:12s} {median:7.3f} s  {N_NEW / median:8.1f} tokens/s  time = "
+                  f"{median / base:5.2f}x handformer's  rounds: {rounds}")
+    print(f"  target: <= 0.5 s -> {'met' if base <= 0.5 else 'NOT met'}; "
+          f"handformer and transformers tokens {'equal' if same else 'DIFFER'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""`handformer chat`: talk to an instruction-tuned run, one message a line, replies streamed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from handformer.tasks.lm.chat import chat
+
+    session = chat(args.run_dir, system=args.system, temperature=args.temperature, top_k=args.top_k,
+                   top_p=args.top_p, seed=args.seed, max_new_tokens=args.max_new_tokens,
+                   device=args.device, notify=lambda note: print(f"note: {note}", file=sys.stderr))
+    interactive = sys.stdin.isatty()
+    failed = False
+    while True:
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:  # end of input (Ctrl-D)
+            break
+        text = line.rstrip("\n")
+        if not text.strip():
+            continue
+        try:
+            session.send(text, on_text=lambda piece: print(piece, end="", flush=True))
+        except ValueError as err:  # this message could not be answered; the conversation goes on
+            print(f"error: {err}", file=sys.stderr)
+            failed = True
+            continue
+        print(flush=True)
+    return 2 if failed else 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chat", help="chat with an instruction-tuned run (its own chat template; "
+                       "one message per stdin line, replies streamed)")
+    p.add_argument("run_dir")
+    p.add_argument("--system", default=None, help="system message that opens the conversation")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="longest reply, in tokens (default 256, or half the context if shorter)")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    p.add_argument("--top-k", type=int, default=None, help="sample from the K most likely tokens")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="sample from the smallest set of tokens with total probability >= P")
+    p.add_argument("--seed", type=int, default=None, help="random seed, for reproducible replies")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_chat)

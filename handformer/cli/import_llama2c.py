@@ -1,0 +1,26 @@
+"""`handformer import-llama2c`: a llama2.c checkpoint and tokenizer into a run."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def cmd_import_llama2c(args: argparse.Namespace) -> int:
+    from handformer.convert.llama2c_import import import_llama2c
+
+    result = import_llama2c(args.model, args.tokenizer, args.run_dir, overwrite=args.overwrite)
+    print(f"imported {result.summary()}")
+    for note in result.notes:
+        print(f"note: {note}")
+    print(f'next: handformer generate {args.run_dir} --prompt "Once upon a time" --temperature 0')
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("import-llama2c", help="convert a llama2.c checkpoint (model.bin, legacy or "
+                       "version 1) and its tokenizer.bin into a language-model run directory")
+    p.add_argument("model", help="llama2.c checkpoint, e.g. stories260K.bin or stories15M.bin")
+    p.add_argument("tokenizer", help="llama2.c tokenizer, e.g. tok512.bin or tokenizer.bin")
+    p.add_argument("run_dir", help="run directory to write (for `handformer generate`)")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in RUN_DIR")
+    p.set_defaults(func=cmd_import_llama2c)

@@ -1,0 +1,187 @@
+"""A chat with a decoder-only model: the conversation is kept as messages, rendered with the
+checkpoint's chat template (chat_template.py) at every turn, and the KV cache is kept across
+turns, so each turn processes only the tokens the cache does not already hold.
+
+Each turn:
+1. the user's message is appended and the whole conversation is rendered and encoded (with the
+   assistant header at the end); when it does not leave `max_new_tokens` positions free, the
+   oldest turns after the system message are dropped (and `notify` is told) until it does;
+2. the longest common prefix of that prompt and the tokens in the cache is kept; the cache is cut
+   back to it and only the rest of the prompt is run (usually: the end of the last reply and the
+   new message; after dropped turns: everything after the system message, the prompt re-run);
+3. tokens are sampled (temperature, top-k, top-p, seeded) until a stop token (any EOS or
+   end-of-turn id), streamed as text; the reply's text is appended as the assistant's message.
+So the model always sees exactly the tokens of the re-encoded conversation, as a fresh run would.
+
+Shape legend: T new positions, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from handformer.data.tokenizer import Tokenizer
+from handformer.generation.chat_template import ChatTemplate
+from handformer.generation.sampling import next_tokens
+from handformer.models.causal_lm import CausalLM
+from handformer.modes import eval_mode
+
+# Tokens that end an assistant turn in the chat formats of common instruction-tuned families
+# (Llama 3, ChatML (Qwen2, SmolLM2), Gemma, Phi-3), where the checkpoint's EOS ids may not list them.
+END_OF_TURN_TOKENS = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>")
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _check_options(temperature: float, top_k: int | None, top_p: float | None, max_new_tokens: int) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                              or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+
+
+class ChatSession:
+    """A conversation with `model`. `send(text)` returns the reply (streamed to `on_text`)."""
+
+    def __init__(self, model: CausalLM, tokenizer: Tokenizer, template: ChatTemplate,
+                 stop_ids: Sequence[int], *, system: str | None = None, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 max_new_tokens: int = 256, notify: Callable[[str], None] | None = None) -> None:
+        _check_options(temperature, top_k, top_p, max_new_tokens)
+        if max_new_tokens >= model.cfg.max_positions:
+            raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
+                             f"context of {model.cfg.max_positions} tokens (max_positions); lower it")
+        if not stop_ids:
+            raise ValueError("a chat needs at least one stop token (an EOS or end-of-turn id)")
+        self.model, self.tokenizer, self.template = model, tokenizer, template
+        self.stop_ids = sorted(set(stop_ids))
+        self.options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        self.max_new_tokens = max_new_tokens
+        self.notify = notify or (lambda message: None)
+        self.messages: list[dict[str, Any]] = []
+        if system is not None:
+            self.messages.append({"role": "system", "content": system})
+        self.device = next(model.parameters()).device
+        self.generator = torch.Generator(device=self.device)
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+        self.cache = model.new_cache(model.cfg.max_positions)
+        self.context: list[int] = []  # the tokens whose keys and values the cache holds, in order
+        self.processed = 0  # tokens run through the model so far, all turns together
+        self.template.render(self.messages + [{"role": "user", "content": "hi"}])  # fail early, clearly
+
+    def encode(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """The prompt for `messages`: rendered with the assistant header, then tokenized with the
+        template's special-token text as special tokens (as transformers' apply_chat_template)."""
+        return self.tokenizer.encode_with_special_tokens(self.template.render(messages, True))
+
+    def send(self, text: str, on_text: Callable[[str], None] | None = None) -> str:
+        """Add the user's message, generate the reply, add it to the history and return it."""
+        if not isinstance(text, str):
+            raise ValueError(f"a chat message is text, got {type(text).__name__}")
+        self.messages.append({"role": "user", "content": text})
+        try:
+            prompt = self._fit_prompt()
+        except ValueError:
+            self.messages.pop()
+            raise
+        new = self._generate(prompt, on_text)
+        if not new or new[-1] not in self.stop_ids:
+            self.notify(f"the reply reached max_new_tokens={self.max_new_tokens} before an end-of-turn "
+                        "token and is cut there")
+        reply_ids = new[:-1] if new and new[-1] in self.stop_ids else new
+        reply = self.tokenizer.hf.decode(reply_ids, skip_special_tokens=True)
+        self.messages.append({"role": "assistant", "content": reply})
+        return reply
+
+    def _fit_prompt(self) -> list[int]:
+        """The prompt, after dropping the oldest turns after the system message while it leaves
+        fewer than max_new_tokens positions of the context free. Nothing is dropped when even the
+        newest message alone does not fit."""
+        budget = self.model.cfg.max_positions - self.max_new_tokens
+        messages, notes = list(self.messages), []
+        while True:
+            prompt = self.encode(messages)
+            if not prompt:
+                raise ValueError(f"{self.template.origin} rendered the conversation as no text at all")
+            if len(prompt) <= budget:
+                break
+            first = 1 if messages[0]["role"] == "system" else 0
+            later_users = [i for i in range(first + 1, len(messages)) if messages[i]["role"] == "user"]
+            if not later_users:
+                raise ValueError(
+                    f"the message does not fit: the prompt is {len(prompt)} tokens and "
+                    f"max_new_tokens={self.max_new_tokens} more must fit in the model's context of "
+                    f"{self.model.cfg.max_positions} (max_positions); shorten it or lower max_new_tokens")
+            notes.append(f"the conversation outgrew the context ({len(prompt)} prompt tokens + "
+                         f"{self.max_new_tokens} new > {self.model.cfg.max_positions}): dropped the oldest "
+                         f"turn ({later_users[0] - first} messages) and re-ran the prompt")
+            del messages[first:later_users[0]]
+        self.messages = messages
+        for note in notes:
+            self.notify(note)
+        return prompt
+
+    @torch.inference_mode()
+    def _generate(self, prompt: list[int], on_text: Callable[[str], None] | None) -> list[int]:
+        keep = min(common_prefix(self.context, prompt), len(prompt) - 1)  # run >= 1 token for logits
+        self.cache.truncate(keep)
+        self.context = self.context[:keep]
+        inputs = prompt[keep:]
+        new: list[int] = []
+        shown = 0
+        with eval_mode(self.model):
+            for _ in range(self.max_new_tokens):
+                ids = torch.tensor([inputs], device=self.device)  # (1, T)
+                logits = self.model(ids, cache=self.cache).logits[:, -1]  # (1, V)
+                self.context += inputs
+                self.processed += len(inputs)
+                token = int(next_tokens(logits, generator=self.generator, **self.options)[0])
+                new.append(token)
+                if token in self.stop_ids:
+                    break
+                if on_text is not None:  # hold back a partial UTF-8 character (U+FFFD at the end)
+                    text = self.tokenizer.hf.decode(new, skip_special_tokens=True)
+                    if not text.endswith("\ufffd") and len(text) > shown:
+                        on_text(text[shown:])
+                        shown = len(text)
+                inputs = [token]
+        if on_text is not None:
+            reply = [t for t in new if t not in self.stop_ids]
+            text = self.tokenizer.hf.decode(reply, skip_special_tokens=True)
+            if len(text) > shown:
+                on_text(text[shown:])
+        return new
+
+
+def stop_ids_for(tokenizer: Tokenizer, eos_ids: Sequence[int], template: ChatTemplate) -> list[int]:
+    """Every id that ends a reply: the run's EOS ids, the template's eos_token, and the
+    end-of-turn tokens of common chat formats that the vocabulary has as special tokens."""
+    ids = list(eos_ids)
+    specials = {t.content for t in tokenizer.hf.get_added_tokens_decoder().values() if t.special}
+    names = [template.special_tokens.get("eos_token"), *END_OF_TURN_TOKENS]
+    for name in names:
+        token_id = tokenizer.hf.token_to_id(name) if name in specials else None
+        if token_id is not None:
+            ids.append(token_id)
+    return list(dict.fromkeys(ids))
+
+
+__all__ = ["END_OF_TURN_TOKENS", "ChatSession", "common_prefix", "stop_ids_for"]

@@ -1,0 +1,51 @@
+"""Chat with a language-model run directory: the run's chat template (chat_template.jinja or
+tokenizer_config.json's chat_template, copied from the checkpoint by `handformer import-hf`) and
+its stop tokens, around a `ChatSession`.
+
+    session = chat("runs/smollm2-instruct", system="You are terse.", temperature=0)
+    print(session.send("Name three colours."))
+    print(session.send("And two more."))   # the history and the KV cache carry over
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from handformer.generation.chat import ChatSession, stop_ids_for
+from handformer.generation.chat_template import load_chat_template
+from handformer.tasks.lm.run import LMRun, load_lm
+
+
+def chat(run: str | os.PathLike | LMRun, *, system: str | None = None, temperature: float = 1.0,
+         top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+         max_new_tokens: int | None = None, device: str | torch.device = "cpu",
+         notify: Callable[[str], None] | None = None, run_dir: str | os.PathLike | None = None,
+         ) -> ChatSession:
+    """A `ChatSession` with the run in `run` (a run directory, or an `LMRun` already loaded from
+    `run_dir`). Refuses a run without a chat template: base models have none. max_new_tokens
+    None: 256, or half the context when that is shorter."""
+    if isinstance(run, LMRun):
+        if run_dir is None:
+            raise ValueError("chat(run: LMRun) needs run_dir=, the directory it was loaded from")
+    else:
+        run_dir, run = run, load_lm(run, device)
+    template = load_chat_template(run_dir)
+    if template is None:
+        raise ValueError(f"{run_dir} has no chat template (chat_template.jinja, or a chat_template in "
+                         "tokenizer_config.json), so it cannot chat: use an instruction-tuned checkpoint "
+                         "imported with `handformer import-hf`, or `handformer generate` to continue text")
+    stop_ids = stop_ids_for(run.tokenizer, run.tokens.eos_ids, template)
+    if not stop_ids:
+        raise ValueError(f"{Path(run_dir) / 'config.json'} lists no EOS ids and the vocabulary has no "
+                         "end-of-turn token, so a reply would never end")
+    if max_new_tokens is None:
+        max_new_tokens = min(256, run.model.cfg.max_positions // 2)
+    return ChatSession(run.model, run.tokenizer, template, stop_ids, system=system, temperature=temperature,
+                       top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens, notify=notify)
+
+
+__all__ = ["chat"]
