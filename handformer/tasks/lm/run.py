@@ -116,6 +116,9 @@ def load_lm(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> L
         model = Quantization.from_dict(config["quantization"], str(run_dir / "config.json")).prepare(model)
     if "lora" in config:
         fix = "fine-tune again (or `handformer train --resume` it, which rewrites the adapters)"
+    elif isinstance(config.get("source"), dict) and "llama2c_model" in config["source"]:
+        fix = ("import the checkpoint again (`handformer import-llama2c MODEL.bin TOKENIZER.bin "
+               "RUN_DIR --overwrite`)")
     elif "source" in config:
         fix = "import the checkpoint again (`handformer import-hf HF_DIR RUN_DIR --overwrite`)"
     elif (run_dir / "checkpoint.safetensors").is_file():
