@@ -25,7 +25,7 @@ import torch
 
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat_template import ChatTemplate
-from handformer.generation.sampling import next_tokens
+from handformer.generation.sampling import check_sampling_options, next_tokens
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
 
@@ -44,13 +44,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def _check_options(temperature: float, top_k: int | None, top_p: float | None, max_new_tokens: int) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
-                              or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+    check_sampling_options(temperature, top_k, top_p)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from handformer.generation.sampling import next_tokens
+from handformer.generation.sampling import check_sampling_options, next_tokens
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
 
@@ -25,13 +25,7 @@ def _check_args(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_token
                 temperature: float, top_k: int | None, top_p: float | None, pad_id: int) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
-                              or not 0 < top_p <= 1):
-        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+    check_sampling_options(temperature, top_k, top_p)
     if isinstance(prompts, (str, Tensor)) or not prompts or isinstance(prompts[0], int):
         raise ValueError("prompts must be a non-empty list of token-id lists, e.g. [[1, 17, 4]]")
     for i, prompt in enumerate(prompts):

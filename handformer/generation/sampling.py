@@ -15,6 +15,17 @@ from torch import Tensor
 TOP_P_TOLERANCE = 1e-6
 
 
+def check_sampling_options(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise ValueError naming the first sampling option that is out of range."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+                              or not 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+
+
 def apply_temperature(logits: Tensor, temperature: float) -> Tensor:
     """(..., V) logits divided by `temperature` (> 1 flattens, < 1 sharpens the distribution).
 
