@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from helpers import missing
 
 from handformer.cli import main
 from handformer.convert.llama2c_import import import_llama2c
@@ -32,10 +33,10 @@ from handformer.tasks.lm.run import load_lm
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "stories260K"
 MODEL, TOKENIZER = DATA / "stories260K.bin", DATA / "tok512.bin"
-pytestmark = [pytest.mark.skipif(not MODEL.is_file() or not TOKENIZER.is_file(),
-                                 reason=f"the stories260K checkpoint is not at {DATA} (this project's "
-                                        "CI has it in ../shared/data; see the README there)"),
-              pytest.mark.usefixtures("one_thread")]
+if not MODEL.is_file() or not TOKENIZER.is_file():  # a failure in CI (HANDFORMER_REQUIRE_REFERENCES)
+    missing(f"the stories260K checkpoint is not at {DATA} (this project's CI has it in ../shared/data; "
+            "see the README there)")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 RUN_C_STORY = (
     'Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, '
