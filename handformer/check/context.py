@@ -21,6 +21,7 @@ from handformer.check.discovery import Component, build
 from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import scramble_
+from handformer.nn.masks import causal_mask
 
 D, H, F_WIDTH, DROPOUT, MAX_LEN = 16, 4, 40, 0.1, 64
 SIZES = {"d_model": D, "n_heads": H, "d_ff": F_WIDTH, "dropout": DROPOUT, "max_len": MAX_LEN}
@@ -180,7 +181,7 @@ def positions(batch: int, length: int, pad: list[int]) -> Tensor:
 
 
 def causal(length: int) -> Tensor:
-    return torch.ones(length, length, dtype=torch.bool).tril()  # (T, T)
+    return causal_mask(length)  # (T, T), True = may attend: handformer's own mask
 
 
 def finish(res: ComponentResult) -> ComponentResult:

@@ -62,6 +62,7 @@ def new_job(args: argparse.Namespace) -> tuple[Path, dict]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from handformer.tasks.lm.finetune import ADAPTERS_FILE
     from handformer.tasks.lm.job import LMJob
     from handformer.tasks.lm.train import run_train_lm
     from handformer.tasks.translation.job import TranslationJob
@@ -94,7 +95,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         curve = plot_loss_curve(run_dir)
     best = "n/a" if result.best_val_loss is None else f"{result.best_val_loss:.4f}"
     print(f"done: {result.step} steps in {result.elapsed_s:.0f} s, best val loss {best}")
-    weights = "adapters.safetensors" if (run_dir / "adapters.safetensors").is_file() else "model.safetensors"
+    weights = ADAPTERS_FILE if (run_dir / ADAPTERS_FILE).is_file() else "model.safetensors"
     print(f"run directory: {run_dir} ({weights}, metrics.jsonl, {curve.name})")
     return 0
 

@@ -40,7 +40,7 @@ from handformer.data import documents as docs
 from handformer.data.documents import Piece, read_pieces, source_files
 from handformer.data.shards import MANIFEST, MANIFEST_FORMAT, llmc_header
 from handformer.data.tokenizer import Tokenizer
-from handformer.io import atomic_write_text
+from handformer.io import atomic_write_text, stale_temporary_files
 
 BATCH_CHARS = 1 << 20  # text per batch-encoding call
 EOS_NAMES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>")
@@ -308,7 +308,7 @@ def prepare(source: str | os.PathLike, out_dir: str | os.PathLike, tokenizer: st
         log(f"{out_dir} is already prepared (manifest.json complete); nothing to do")
         return PrepareResult(old, 0.0, 0, 0, sum(len(s["shards"]) for s in old["splits"].values()))
     out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.glob(".*.tmp"):  # an interrupted shard
+    for stale in stale_temporary_files(out_dir):  # an interrupted shard
         stale.unlink()
 
     start = time.perf_counter()

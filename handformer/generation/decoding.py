@@ -18,6 +18,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
+from handformer.config import _fail
 from handformer.models.seq2seq import Seq2SeqTransformer
 from handformer.modes import eval_mode
 
@@ -32,7 +33,7 @@ class DecodeLimits:
 
     def __post_init__(self) -> None:
         def fail(name: str, fix: str) -> None:
-            raise ValueError(f"DecodeLimits.{name}={getattr(self, name)!r} is invalid: {fix}")
+            _fail("DecodeLimits", name, getattr(self, name), fix)
 
         for name in ("bos_id", "eos_id", "pad_id", "max_len_b"):
             value = getattr(self, name)

@@ -96,10 +96,10 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
         outputs: list[list[int]] = [[] for _ in range(B)]
         finished = torch.zeros(B, dtype=torch.bool, device=device)
         inputs = ids  # with a cache: the positions not yet seen by the model
+        if B == 1:  # a single row is never padded: no mask lets the model skip building one per step
+            mask = None
         for _ in range(max_new_tokens):
-            # A single row is never padded: no mask lets the model skip building one per step.
-            row_mask = mask if B > 1 else None
-            logits = model(inputs, row_mask, cache=cache, last_only=True).logits[:, -1]  # (B, V)
+            logits = model(inputs, mask, cache=cache, last_only=True).logits[:, -1]  # (B, V)
             token = next_tokens(logits, temperature, top_k, top_p, generator)  # (B,)
             token = token.masked_fill(finished, pad_id)  # finished rows are fed padding, not kept
             for row in (~finished).nonzero()[:, 0].tolist():
@@ -110,6 +110,7 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
             if finished.all():
                 break
             ids = torch.cat([ids, token[:, None]], dim=1)  # (B, S)
-            mask = torch.cat([mask, ~finished[:, None]], dim=1)  # (B, S)
+            if mask is not None:
+                mask = torch.cat([mask, ~finished[:, None]], dim=1)  # (B, S)
             inputs = token[:, None] if cache is not None else ids
     return outputs

@@ -89,7 +89,7 @@ class CausalLM(nn.Module):
         elif (offset > 0 and T > 1) or window_hides:
             mask = causal_mask(T, S, offset, device, window=window)  # (T, S)
         else:  # everything earlier is visible: is_causal, or one new token after cached ones
-            return None, attention_mask is None and offset == 0
+            return None, offset == 0  # attention_mask is None here
         key_positions = None if cache is None else cache.key_positions(T)
         if key_positions is not None:
             mask = mask[..., key_positions.to(device)]  # (B, 1, T, S') or (T, S'): S' keys in slot order

@@ -33,19 +33,19 @@ import torch  # noqa: E402
 from matplotlib.patches import FancyBboxPatch  # noqa: E402
 
 from handformer.generation.sampling import apply_temperature, top_k_filter, top_p_filter  # noqa: E402
-from handformer.io import atomic_write  # noqa: E402
 from handformer.nn.attention import scaled_dot_product_attention  # noqa: E402
 from handformer.nn.masks import causal_mask, combine, padding_mask  # noqa: E402
 from handformer.nn.positions import sinusoidal_table  # noqa: E402
 from handformer.see.captions import Captions, captions_for  # noqa: E402
 from handformer.see.fonts import label_fonts  # noqa: E402
+from handformer.see.plots import save_figure  # noqa: E402
 
 DPI = 100  # the committed figures stay small
 
 
 def _save(fig: plt.Figure, out: Path) -> Path:
     """Write the PNG atomically (a crash leaves the previous figure, never half of one)."""
-    atomic_write(out, lambda tmp: fig.savefig(tmp, dpi=DPI, format="png"))
+    save_figure(fig, out, DPI)
     plt.close(fig)
     return out
 

@@ -64,3 +64,11 @@ def run_model_config(run_dir: str | os.PathLike, config: dict[str, Any], cls: ty
         return cls.from_dict(section, "model")
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
+
+
+def weights_fix(run_dir: Path) -> str:
+    """What to do about a broken model.safetensors in a trained run."""
+    if (run_dir / "checkpoint.safetensors").is_file():
+        return (f"re-run training, or resume it from checkpoint.safetensors (`handformer train "
+                f"--resume {run_dir}`, which rewrites model.safetensors at its next evaluation)")
+    return "re-run training to write it again"

@@ -30,7 +30,7 @@ from handformer.io import atomic_write_text
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.lora import LoRAConfig
 from handformer.tasks.lm.finetune import ADAPTERS_FILE, base_model, verified_base
-from handformer.tasks.run_config import read_run_config, run_model_config
+from handformer.tasks.run_config import read_run_config, run_model_config, weights_fix
 from handformer.training.checkpoint import load_weights, save_weights
 
 
@@ -121,11 +121,8 @@ def load_lm(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> L
                "RUN_DIR --overwrite`)")
     elif "source" in config:
         fix = "import the checkpoint again (`handformer import-hf HF_DIR RUN_DIR --overwrite`)"
-    elif (run_dir / "checkpoint.safetensors").is_file():
-        fix = (f"re-run training, or resume it from checkpoint.safetensors (`handformer train "
-               f"--resume {run_dir}`, which rewrites model.safetensors at its next evaluation)")
     else:
-        fix = "re-run training to write it again"
+        fix = weights_fix(run_dir)
     load_weights(model, run_dir / weights, fix)
     tokens = SpecialTokens.from_dict(config.get("tokens", {}))
     return LMRun(model.to(device).eval(), Tokenizer.load(run_dir / "tokenizer.json"), tokens, config)

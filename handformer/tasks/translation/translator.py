@@ -14,7 +14,7 @@ from handformer.config import Seq2SeqConfig
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.decoding import DecodeLimits, beam_search, greedy_decode
 from handformer.models.seq2seq import Seq2SeqTransformer
-from handformer.tasks.run_config import read_run_config, run_model_config
+from handformer.tasks.run_config import read_run_config, run_model_config, weights_fix
 from handformer.tasks.translation.job import TranslationJob, prep_text
 from handformer.training.checkpoint import load_weights
 
@@ -26,14 +26,6 @@ def check_run_dir(run_dir: str | os.PathLike) -> Path:
         raise FileNotFoundError(f"{run_dir} has no model.safetensors yet (training has not reached "
                                 "its first evaluation)")
     return run_dir
-
-
-def weights_fix(run_dir: Path) -> str:
-    """What to do about a broken model.safetensors in a trained run."""
-    if (run_dir / "checkpoint.safetensors").is_file():
-        return (f"re-run training, or resume it from checkpoint.safetensors (`handformer train "
-                f"--resume {run_dir}`, which rewrites model.safetensors at its next evaluation)")
-    return "re-run training to write it again"
 
 
 def load_tokenizers(run_dir: Path) -> tuple[Tokenizer, Tokenizer]:
