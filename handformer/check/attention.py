@@ -76,10 +76,10 @@ def detect(ctx: Context, run: Callable[[str], Tensor | None], compute: Callable[
             continue
         if out is not None:
             outputs[conv] = out
-    for max_flags in (1, 2):
+    for min_flags, max_flags in ((0, 1), (2, 2)):  # pairs only once no smaller set matched
         best = None
         for conv, out in outputs.items():
-            found = fp.search(out, compute, universe, rows, max_flags)
+            found = fp.search(out, compute, universe, rows, max_flags, min_flags)
             if found is not None and (best is None or len(found[0]) < len(best[1][0])):
                 best = (conv, found)
             if found is not None and not found[0]:

@@ -127,10 +127,11 @@ def visible_rows(keep: Tensor | None, batch: int, length: int) -> Tensor | None:
 
 
 def search(target: Tensor, compute: Callable[[frozenset[str]], Tensor], universe: Sequence[str],
-           rows: Tensor | None, max_flags: int = 2) -> tuple[frozenset[str], float] | None:
-    """The smallest set of mistakes (at most `max_flags`, one form per name) whose computed output
-    equals `target`; None when no set does."""
-    for n in range(max_flags + 1):
+           rows: Tensor | None, max_flags: int = 2, min_flags: int = 0,
+           ) -> tuple[frozenset[str], float] | None:
+    """The smallest set of mistakes (from `min_flags` to `max_flags` of them, one form per name)
+    whose computed output equals `target`; None when no set does."""
+    for n in range(min_flags, max_flags + 1):
         for combo in itertools.combinations(universe, n):
             names = {flag.split(":")[0] for flag in combo}
             if len(names) < n:

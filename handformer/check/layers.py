@@ -250,13 +250,15 @@ def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], x: 
                                      f"shape {tuple(x.shape)}; a layer keeps the shape (B, T, d_model)")
     placements = (expected, "pre" if expected == "post" else "post")
     settings = list(itertools.product(outputs, layer.ffn_candidates, FFN_ACTIVATIONS[gated], placements))
-    for max_flags in (1, 2):
+    for min_flags, max_flags in ((0, 1), (2, 2)):  # pairs only once no smaller set matched
         best = None
         for conv, slots, act, placement in settings:
             w = layer.weights(slots, act, placement)
             universe = _flags(layer, w)
-            found = fp.search(outputs[conv], lambda fl, w=w: _compute(layer, w, x, memory, src_keep, tgt_keep,
-                                                                      fl), universe, rows, max_flags)
+            def compute(flags: frozenset[str], w=w) -> Tensor:
+                return _compute(layer, w, x, memory, src_keep, tgt_keep, flags)
+
+            found = fp.search(outputs[conv], compute, universe, rows, max_flags, min_flags)
             if found is not None and (best is None or len(found[0]) < len(best[4])):
                 best = (conv, slots, act, placement, found[0], found[1])
                 if not found[0]:
