@@ -1,15 +1,246 @@
-"""The playground page's routes: the page (`/`) and the look-ups it makes on the served models.
-(To be written: see issue 17, part 2.)"""
+"""The playground page's routes: the page itself at `/`, and the look-ups it makes under
+`/playground/api/` (its own routes, independent of the OpenAI API's batching engine):
+
+    GET  /playground/api/models      the served models: id, task and sizes
+    POST /playground/api/generate    {model, prompt, max_tokens, temperature, top_k, top_p, seed}
+                                     -> server-sent events: "start" (the prompt's tokens, the seed),
+                                     one "token" per new token (id, token, text so far, and the whole
+                                     next-token distribution it was sampled from), then "done"
+    POST /playground/api/attention   {model, ids, position} -> per layer and head, the attention of
+                                     that position over ids[:position + 1]
+    POST /playground/api/explorer    {model, ids, split} -> {"html"}: the attention explorer's page
+    POST /playground/api/translate   {model, text, beam} -> the output, its cross-attention, the
+                                     explorer's page of every attention map
+
+Model work runs in a worker thread under the model's lock, one forward pass at a time, so the event
+loop never waits on a model. Bad input gets a JSON error (400, 404 for an unknown model) naming the
+field and the fix.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import random
+from collections.abc import AsyncIterator, Callable, Mapping
+from importlib import resources
+from typing import Any, TypeVar
 
-from fastapi import APIRouter
+from anyio import to_thread
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
+from handformer.generation.generate import max_new_tokens_for
+from handformer.serve import playground_lookups as lookups
 from handformer.serve.registry import ServedModel
 
+MAX_BODY = 1 << 20  # bytes a look-up request may send
+MAX_SEED = 2**63 - 1
+DEFAULT_MAX_TOKENS = 64
+# The page's own server only: no CDN, no other host, nothing but inline script and style.
+CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
+       "connect-src 'self'; frame-src 'self'; base-uri 'none'; form-action 'none'")
+
+Result = TypeVar("Result")
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def error_response(message: str, status: int = 400) -> JSONResponse:
+    kind = "not_found_error" if status == 404 else "invalid_request_error"
+    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+
+
+def page_html() -> str:
+    return resources.files("handformer.serve").joinpath("static/playground.html").read_text("utf-8")
+
+
+# --- reading a request -------------------------------------------------------------------------
+
+async def read_body(request: Request) -> dict[str, Any]:
+    body = await request.body()
+    if len(body) > MAX_BODY:
+        raise BadRequest(f"the request body is {len(body)} bytes, over the limit of {MAX_BODY}", 413)
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise BadRequest(f"the request body is not valid JSON ({err}); send a JSON object") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return data
+
+
+def served(models: Mapping[str, ServedModel], data: dict[str, Any], task: str) -> ServedModel:
+    name = data.get("model")
+    if not isinstance(name, str):
+        raise BadRequest(f"model must be a model id (a string); served: {', '.join(models)}")
+    if name not in models:
+        raise BadRequest(f"unknown model {name!r}; served: {', '.join(models)}", 404)
+    model = models[name]
+    if model.task != task:
+        other = "the Translate tab" if model.task == "translation" else "the Generate tab"
+        raise BadRequest(f"model {name!r} is a {model.task} run; use it from {other}")
+    return model
+
+
+def optional(data: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    """data[name] when present and not null, checked to be of `kind` (never a bool for a number)."""
+    value = data.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, kind):
+        what = "an integer" if kind is int else "a number" if kind == (int, float) else "a string"
+        raise BadRequest(f"{name} must be {what} or null, got {value!r}")
+    return value
+
+
+async def in_thread(model: ServedModel, work: Callable[[], Result]) -> Result:
+    """Run `work` in a worker thread under the model's lock; ValueError becomes a 400."""
+    def locked() -> Result:
+        with model.lock:
+            return work()
+
+    try:
+        return await to_thread.run_sync(locked)
+    except ValueError as err:
+        raise BadRequest(str(err)) from None
+
+
+def sse(event: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(event, ensure_ascii=False, allow_nan=False)}\n\n".encode()
+
+
+# --- the routes --------------------------------------------------------------------------------
 
 def playground_router(models: Mapping[str, ServedModel]) -> APIRouter:
-    """The page at `/` and its JSON routes under `/playground/`."""
-    return APIRouter()
+    """The page at `/` and its JSON routes under `/playground/api/`."""
+    router = APIRouter()
+    page = page_html()
+
+    @router.get("/", include_in_schema=False)
+    async def index() -> Response:
+        return HTMLResponse(page, headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache",
+                                           "X-Content-Type-Options": "nosniff"})
+
+    @router.get("/playground/api/models")
+    async def list_models() -> Response:
+        return JSONResponse({"models": [describe(m) for m in models.values()]})
+
+    @router.post("/playground/api/generate")
+    async def generate(request: Request) -> Response:
+        try:
+            model, generation = await start_generation(models, await read_body(request))
+        except BadRequest as err:
+            return error_response(str(err), err.status)
+        return StreamingResponse(stream(model, generation), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @router.post("/playground/api/attention")
+    async def attention(request: Request) -> Response:
+        try:
+            data = await read_body(request)
+            model = served(models, data, "lm")
+            ids = check_ids(model, data.get("ids"))
+            position = data.get("position", len(ids) - 1)
+            row = await in_thread(model, lambda: lookups.attention_row(model.lm, ids, position))
+            return JSONResponse(row)
+        except BadRequest as err:
+            return error_response(str(err), err.status)
+
+    @router.post("/playground/api/explorer")
+    async def explorer(request: Request) -> Response:
+        try:
+            data = await read_body(request)
+            model = served(models, data, "lm")
+            ids = check_ids(model, data.get("ids"))
+            split = optional(data, "split", int, None)
+            if split is not None and not 0 <= split <= len(ids):
+                raise BadRequest(f"split must be a position in [0, {len(ids)}] (where generation began)")
+            html = await in_thread(model, lambda: lookups.lm_explorer(model.lm, ids, split))
+            return JSONResponse({"html": html})
+        except BadRequest as err:
+            return error_response(str(err), err.status)
+
+    @router.post("/playground/api/translate")
+    async def translate(request: Request) -> Response:
+        try:
+            data = await read_body(request)
+            model = served(models, data, "translation")
+            text = data.get("text")
+            if not isinstance(text, str):
+                raise BadRequest("text must be a string: the sentence to translate")
+            beam = optional(data, "beam", int, 1)
+            result = await in_thread(model, lambda: lookups.translate(model.translator, text, beam))
+            return JSONResponse(result)
+        except BadRequest as err:
+            return error_response(str(err), err.status)
+
+    return router
+
+
+def describe(model: ServedModel) -> dict[str, Any]:
+    """What the page needs to know of a served model to set up its controls."""
+    if model.lm is not None:
+        cfg = model.lm.model.cfg
+        return {"id": model.id, "task": model.task, "vocab_size": cfg.vocab_size,
+                "context": cfg.max_positions, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
+                "bos": model.lm.tokens.bos_id is not None}
+    assert model.translator is not None
+    cfg = model.translator.model.cfg
+    return {"id": model.id, "task": model.task, "vocab_size": cfg.tgt_vocab_size,
+            "context": cfg.max_positions, "n_layers": cfg.n_decoder_layers, "n_heads": cfg.n_heads,
+            "beam": model.translator.job.decode.beam}
+
+
+def check_ids(model: ServedModel, ids: Any) -> list[int]:
+    cfg = model.lm.model.cfg
+    try:
+        return lookups.check_ids(ids, cfg.vocab_size, cfg.max_positions)
+    except ValueError as err:
+        raise BadRequest(str(err)) from None
+
+
+async def start_generation(models: Mapping[str, ServedModel], data: dict[str, Any],
+                           ) -> tuple[ServedModel, lookups.Generation]:
+    """The checked request as a Generation ready to step (nothing run yet but the tokenizer)."""
+    model = served(models, data, "lm")
+    prompt = data.get("prompt", "")
+    if not isinstance(prompt, str):
+        raise BadRequest(f"prompt must be a string, got {prompt!r}")
+    seed = optional(data, "seed", int, None)
+    if seed is None:
+        seed = random.randrange(2**31)  # sent back in the "start" event, so the run can be replayed
+    elif not 0 <= seed <= MAX_SEED:
+        raise BadRequest(f"seed must be an integer in [0, {MAX_SEED}], got {seed}")
+    try:
+        ids = lookups.prompt_ids(model.lm, prompt)
+        limit = max_new_tokens_for(len(ids), model.lm.model.cfg.max_positions)
+        return model, lookups.Generation(
+            model.lm, ids, optional(data, "max_tokens", int, min(DEFAULT_MAX_TOKENS, limit)),
+            optional(data, "temperature", (int, float), 1.0), optional(data, "top_k", int, None),
+            optional(data, "top_p", (int, float), None), seed)
+    except ValueError as err:
+        raise BadRequest(str(err)) from None
+
+
+async def stream(model: ServedModel, generation: lookups.Generation) -> AsyncIterator[bytes]:
+    """The generation's events. A client that goes away stops it before the next step: the response
+    stops pulling from this generator."""
+    lm = model.lm
+    yield sse({"type": "start", "ids": generation.ids, "tokens": lm.tokenizer.tokens(generation.ids),
+               "seed": generation.seed, "temperature": generation.temperature, "top_k": generation.top_k,
+               "top_p": generation.top_p})
+    try:
+        while not generation.done:
+            token, logits = await in_thread(model, generation.step)
+            dist = await to_thread.run_sync(lookups.distribution, logits, lm.tokenizer)
+            yield sse({"type": "token", "id": token, "token": lm.tokenizer.tokens([token])[0],
+                       "text": generation.text(), "distribution": dist})
+        yield sse({"type": "done", "finish_reason": generation.finish_reason, "text": generation.text(),
+                   "ids": generation.ids + generation.new})
+    except (BadRequest, ValueError, RuntimeError) as err:  # the headers are sent: report in the stream
+        yield sse({"type": "error", "message": str(err)})
+
