@@ -108,10 +108,10 @@ def test_a_distribution_is_sent_sorted_with_ties_by_id_and_rebuilds_every_logit(
     dist = lookups.distribution(logits, tok)
     assert [c["id"] for c in dist["top"][:5]] == [1, 4, 0, 2, 6]  # descending; equal logits by id
     assert [c["token"] for c in dist["top"][:2]] == tok.tokens([1, 4])
-    rebuilt = [c["logit"] for c in dist["top"]] + dist["rest"]
+    assert [c["logit"] for c in dist["top"]][:6] == [2.0, 2.0, 0.5, 0.5, 0.0, 0.0]
+    rebuilt = lookups.sorted_logits(dist)
     assert len(rebuilt) == dist["vocab_size"] == tok.vocab_size and dist["tail"] == []
-    assert rebuilt[-1] is None  # -inf travels as null
-    assert rebuilt[:-1] == sorted(logits[torch.isfinite(logits)].tolist(), reverse=True)
+    assert torch.equal(rebuilt, torch.sort(logits, descending=True).values)  # -inf included
     json.dumps(dist, allow_nan=False)
 
 
@@ -123,12 +123,13 @@ def test_a_large_vocabulary_sends_its_tail_as_groups_of_close_logits():
     logits = torch.randn(50_000, generator=torch.Generator().manual_seed(0)) * 3
     dist = lookups.distribution(logits, Tok())
     values = torch.sort(logits, descending=True).values
-    assert len(dist["top"]) + len(dist["rest"]) == lookups.EXACT_RANKS
-    assert dist["rest"] == values[lookups.TOP_CANDIDATES:lookups.EXACT_RANKS].tolist()
+    everything = lookups.sorted_logits(dist)
+    assert len(everything) == 50_000 and torch.equal(everything[:lookups.EXACT_RANKS],
+                                                     values[:lookups.EXACT_RANKS])
     assert sum(n for _, n in dist["tail"]) == 50_000 - lookups.EXACT_RANKS
     means = [m for m, _ in dist["tail"]]
     assert means == sorted(means, reverse=True)
-    rebuilt = torch.tensor([m for m, n in dist["tail"] for _ in range(n)])
+    rebuilt = everything[lookups.EXACT_RANKS:]
     assert (rebuilt - values[lookups.EXACT_RANKS:]).abs().max() < lookups.TAIL_BIN
     # the probabilities the page computes from the groups stay close at any temperature
     for t in (0.5, 1.0, 2.0):
@@ -178,7 +179,7 @@ def test_generate_streams_each_token_with_its_distribution(client, models):
     assert [e["token"] for e in tokens] == run.tokenizer.tokens(expected)
     for event in tokens:  # the sampled token survives the filters of the distribution sent with it
         dist = event["distribution"]
-        logits = torch.tensor([c["logit"] for c in dist["top"]] + dist["rest"])
+        logits = lookups.sorted_logits(dist)
         kept = torch.isfinite(filter_logits(logits, 0.9, 8, 0.95))
         assert event["id"] in [c["id"] for c, k in zip(dist["top"], kept) if k]
     assert done == {"type": "done", "finish_reason": "stop" if expected[-1] in run.tokens.eos_ids else "length",

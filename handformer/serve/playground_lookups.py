@@ -7,15 +7,17 @@ Every function here runs the model: call it off the event loop and under the mod
 
 A distribution is sent sorted (stable, descending logit, ties by token id: the order top-p ranks
 tokens in, see generation/sampling.py), so the page can redo temperature, top-k and top-p for any
-slider setting: the first TOP_CANDIDATES with their ids and text, every other logit as a bare number
-up to rank EXACT_RANKS, and past it (vocabularies over 4096 tokens) the rest as (mean logit, count)
-groups of logits within TAIL_BIN of each other.
+slider setting: the first TOP_CANDIDATES with their ids and text; the logits of the first EXACT_RANKS
+ranks exactly, as base64 of little-endian float32 (the model's own values, -inf included, 4 bytes
+each); past them (vocabularies over 4096 tokens) the rest as (mean logit, count) groups of logits
+within TAIL_BIN of each other.
 
 Shape legend: T positions so far, V vocabulary, L layers, H heads, S source length.
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,16 +66,24 @@ def distribution(logits: Tensor, tokenizer: Any) -> dict[str, Any]:
         groups = [[float(m), int(c)] for m, c in zip(means.tolist(), counts.tolist())]
         if len(finite) < len(tail):
             groups.append([None, len(tail) - len(finite)])
+    head = values[:EXACT_RANKS].contiguous()
     return {"vocab_size": len(values),
             "top": [{"id": i, "token": t, "logit": v} for i, t, v in
                     zip(top, tokenizer.tokens(top), _json_floats(values[:TOP_CANDIDATES]))],
-            "rest": _json_floats(values[TOP_CANDIDATES:EXACT_RANKS]),
+            "sorted": base64.b64encode(head.numpy().astype("<f4").tobytes()).decode("ascii"),
             "tail": groups}
 
 
 def _json_floats(values: Tensor) -> list[float | None]:
     """-inf (a token the model masked out) is not JSON: it is sent as null."""
     return [v if v != float("-inf") else None for v in values.tolist()]
+
+
+def sorted_logits(dist: dict[str, Any]) -> Tensor:
+    """(V,) every logit of a distribution as the page rebuilds it (groups past EXACT_RANKS repeated)."""
+    head = torch.frombuffer(bytearray(base64.b64decode(dist["sorted"])), dtype=torch.float32)
+    tail = [float("-inf") if m is None else m for m, n in dist["tail"] for _ in range(n)]
+    return torch.cat([head, torch.tensor(tail, dtype=torch.float32)])
 
 
 @dataclass
@@ -174,7 +184,9 @@ def lm_explorer(run: LMRun, ids: Sequence[int], split: int | None) -> str:
     cut = split if split is not None else len(ids)
     decode = run.tokenizer.decode
     report = AttentionReport("lm", decode(list(ids[:cut])), decode(list(ids[cut:])), [view])
-    return explorer_html(report.to_dict(), "handformer playground: attention")
+    data = report.to_dict()
+    data["output_label"] = "continuation"  # sampled with the page's settings, not necessarily greedy
+    return explorer_html(data, "handformer playground: attention")
 
 
 def translate(translator: Translator, text: str, beam: int) -> dict[str, Any]:
@@ -186,7 +198,7 @@ def translate(translator: Translator, text: str, beam: int) -> dict[str, Any]:
         raise ValueError(f"beam must be an integer from 1 (greedy) to {MAX_BEAM}, got {beam!r}")
     if len(translator.encode_sources([text])[0]) <= 1:  # only the EOS the encoder appends
         raise ValueError("text tokenizes to nothing; type text the run's tokenizer knows")
-    _, outputs = translator.translate_ids([text], beam=beam)
+    sources, outputs = translator.translate_ids([text], beam=beam)
     maps = attention_maps(translator, text, outputs[0])
     src, tgt, produced = maps["source_tokens"], maps["target_tokens"], maps["output_tokens"]
     views = [
@@ -200,7 +212,8 @@ def translate(translator: Translator, text: str, beam: int) -> dict[str, Any]:
     ]
     output = translator.tgt_tok.decode(outputs[0])
     report = AttentionReport("translation", text, output, views)
-    return {"output": output, "output_ids": outputs[0], "source_tokens": src, "output_tokens": produced,
+    return {"output": output, "output_ids": outputs[0], "output_tokens": produced,
+            "source_ids": sources[0], "source_tokens": src,
             "cross": [_rounded(torch.from_numpy(w)) for w in maps["cross"]],  # per layer (H, T, S)
             "explorer": explorer_html(report.to_dict(), "handformer playground: attention")}
 
