@@ -257,3 +257,47 @@ def test_bad_input_gets_a_json_error_naming_the_problem(client, route, body, sta
     error = r.json()["error"]
     assert message in error["message"]
     assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+
+
+def test_a_client_that_goes_away_stops_its_generation(models, monkeypatch):
+    """The real server (uvicorn on a free port): after the client closes the stream, no more steps run;
+    and a step in progress does not hold up other requests (it runs in a worker thread)."""
+    import socket
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+
+    steps = []
+    step = lookups.Generation.step
+
+    def slow_step(self):
+        steps.append(time.monotonic())
+        time.sleep(0.05)
+        return step(self)
+
+    monkeypatch.setattr(lookups.Generation, "step", slow_step)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(models), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.01)
+        body = {"model": "story", "prompt": "a", "max_tokens": 40, "temperature": 0}
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/playground/api/generate", json=body) as r:
+            lines = r.iter_lines()
+            assert json.loads(next(lines).removeprefix("data: "))["type"] == "start"
+            while len(steps) < 3:
+                next(lines)
+            listed = httpx.get(f"http://127.0.0.1:{port}/playground/api/models", timeout=1)  # not queued
+            assert listed.status_code == 200
+        closed = len(steps)
+        time.sleep(0.5)
+        assert len(steps) <= closed + 1 < 40
+    finally:
+        server.should_exit = True
+        thread.join(10)
