@@ -2,7 +2,7 @@
 after a seeded generation on a language-model run, one token clicked and the sliders moved.
 
     python3 -m handformer import-llama2c stories260K.bin tok512.bin /tmp/stories
-    python3 scripts/playground_screenshot.py /tmp/stories docs/figures/playground.png
+    python3 scripts/playground_screenshot.py stories260K=/tmp/stories docs/figures/playground.png
 
 Needs the dev extra (playwright) and the system chromium (scripts/install.sh installs both).
 """
@@ -28,7 +28,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir")
+    parser.add_argument("run_dir", help="RUN_DIR or NAME=RUN_DIR, as `handformer serve` takes it")
     parser.add_argument("out")
     parser.add_argument("--prompt", default="Once upon a time, there was a little girl")
     parser.add_argument("--seed", type=int, default=3)
