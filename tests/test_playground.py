@@ -301,3 +301,26 @@ def test_a_client_that_goes_away_stops_its_generation(models, monkeypatch):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_with_an_api_key_every_route_but_the_page_needs_it(models):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from handformer.serve.playground import playground_router
+
+    app = FastAPI()
+    app.include_router(playground_router(models, api_key="s3cret"))
+    client = TestClient(app)
+    assert client.get("/").status_code == 200  # the page holds no model data; it asks for the key
+    body = {"model": "story", "ids": [1, 2]}
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic s3cret"},
+                    {"Authorization": "s3cret"}):
+        for r in (client.get("/playground/api/models", headers=headers),
+                  client.post("/playground/api/attention", json=body, headers=headers)):
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+            assert r.json()["error"]["type"] == "authentication_error"
+            assert "API key" in r.json()["error"]["message"]
+    good = {"Authorization": "Bearer s3cret"}
+    assert client.get("/playground/api/models", headers=good).status_code == 200
+    assert client.post("/playground/api/attention", json=body, headers=good).status_code == 200

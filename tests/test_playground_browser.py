@@ -22,9 +22,11 @@ from handformer.generation.generate import generate
 from handformer.generation.sampling import filter_logits
 from handformer.serve import playground_lookups as lookups
 from handformer.serve.app import create_app
+from handformer.serve.playground import playground_router
 from handformer.serve.registry import load_served_models
 
 sync_api = require_module("playwright.sync_api", "pip install -e '.[dev]'")
+FastAPI = require_module("fastapi", "pip install -e .").FastAPI
 uvicorn = require_module("uvicorn", "pip install -e .")
 CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and Path(p).is_file()),
                 None)
@@ -32,48 +34,55 @@ if CHROMIUM is None:
     missing("no chromium browser installed (Debian: apt-get install chromium; scripts/install.sh does it)")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+KEY = "open sesame"
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def free_port() -> int:
+def start(app) -> tuple[str, object, threading.Thread]:
+    """uvicorn serving `app` on a free port, in a thread: (base url, server, thread)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """The app on a free port: (base url, served models)."""
-    root = tmp_path_factory.mktemp("playground")
-    make_lm_run(root / "tiny")
-    make_translation_run(root / "dates")
-    models = load_served_models([f"story={root / 'tiny'}", str(root / "dates")])
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(models), host="127.0.0.1", port=port, log_level="warning"))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
         time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}", models
-    server.should_exit = True
-    thread.join(10)
+    return f"http://127.0.0.1:{port}", server, thread
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """The app on a free port, and the playground alone behind an API key on another:
+    (base url, served models, keyed base url)."""
+    root = tmp_path_factory.mktemp("playground")
+    make_lm_run(root / "tiny")
+    make_translation_run(root / "dates")
+    models = load_served_models([f"story={root / 'tiny'}", str(root / "dates")])
+    keyed = FastAPI()
+    keyed.include_router(playground_router(models, api_key=KEY))
+    running = [start(create_app(models)), start(keyed)]
+    yield running[0][0], models, running[1][0]
+    for _, server, thread in running:
+        server.should_exit = True
+        thread.join(10)
 
 
 @pytest.fixture(scope="module")
 def page(server, tmp_path_factory):
-    """The playground page, loaded; every request outside the server is aborted and recorded."""
-    base, _ = server
+    """The playground page, loaded; every request outside the servers is aborted and recorded."""
+    base, _, keyed = server
     seen: dict[str, list[str]] = {"requests": [], "errors": []}
     with sync_api.sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
             tempfile.mkdtemp(dir=tmp_path_factory.mktemp("profile")), executable_path=CHROMIUM,
             headless=True, args=ARGS, viewport={"width": 1400, "height": 1000})
-        context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(base + "/")
-                      else route.abort())
+        context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(
+            (base + "/", keyed + "/")) else route.abort())
         page = context.new_page()
         page.on("console", lambda m: seen["errors"].append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: seen["errors"].append(f"uncaught: {e}"))
@@ -96,7 +105,7 @@ def bars(page) -> list[tuple[int, bool, float]]:
 
 
 def test_the_page_generates_filters_shows_attention_and_translates(server, page):
-    base, models = server
+    base, models, _ = server
     page, seen = page
     run = models["story"].lm
     assert page.title() == "handformer playground"
@@ -195,6 +204,9 @@ def test_the_pages_filters_equal_sampling_py_on_known_distributions(page):
         [3.0, 2.0, 1.0, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0],
         torch.randn(300, generator=torch.Generator().manual_seed(1)).mul(2).tolist(),
         [1.0986123, 0.6931472, 0.0, 0.0],  # probabilities 0.5, 1/3, 1/6 * ... : top-p at exact sums
+        # neighbouring float32 logits that become equal once divided by 0.3 (and by 1.7): after
+        # temperature torch ranks the lower id first, though its raw logit is the smaller
+        [-1.3812798261642456, -1.381279706954956, -3.0, 1.8951212167739868, 1.8951213359832764],
     ]
     for values in cases:
         logits = torch.tensor(values)
@@ -208,3 +220,24 @@ def test_the_pages_filters_equal_sampling_py_on_known_distributions(page):
             [sorted_logits, order.tolist(), settings])
         for (t, k, p), survives in zip(settings, got):
             assert survives == torch.isfinite(filter_logits(logits, t, k, p))[order].tolist(), (values, t, k, p)
+
+
+def test_behind_an_api_key_the_page_asks_for_it_and_sends_it(server, page):
+    _, models, keyed = server
+    page, seen = page
+    seen["errors"].clear()
+    page.goto(keyed + "/")
+    page.wait_for_selector("body[data-ready=key]", state="attached", timeout=10_000)
+    assert page.is_visible("#key-form")
+    page.fill("#api-key", "wrong")
+    page.click("#key-form button")
+    page.wait_for_function("document.querySelector('#key-status').textContent.includes('API key')")
+    page.fill("#api-key", KEY)
+    page.click("#key-form button")
+    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=10_000)
+    assert not page.is_visible("#key-form")
+    page.fill("#prompt", "once")
+    page.fill("#max-tokens", "3")
+    page.click("#go")
+    page.wait_for_selector("body[data-generated='3']", state="attached", timeout=10_000)
+    assert len(seen["errors"]) == 2 and all("status of 401" in e for e in seen["errors"]), seen["errors"]

@@ -13,15 +13,17 @@
                                      explorer's page of every attention map
 
 Model work runs in a worker thread under the model's lock, one forward pass at a time, so the event
-loop never waits on a model. Bad input gets a JSON error (400, 404 for an unknown model) naming the
-field and the fix.
+loop never waits on a model. Bad input gets a JSON error in OpenAI's shape (400, 404 for an unknown
+model, 401 without the API key when the server has one, 413 for a body over 1 MiB) naming the field
+and the fix.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import random
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -49,9 +51,14 @@ class BadRequest(Exception):
         self.status = status
 
 
+ERROR_TYPES = {401: "authentication_error", 404: "not_found_error"}  # else invalid_request_error
+
+
 def error_response(message: str, status: int = 400) -> JSONResponse:
-    kind = "not_found_error" if status == 404 else "invalid_request_error"
-    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+    """OpenAI's error shape, as the API routes answer."""
+    kind = ERROR_TYPES.get(status, "invalid_request_error")
+    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status,
+                        headers={"WWW-Authenticate": "Bearer"} if status == 401 else None)
 
 
 def page_html() -> str:
@@ -115,68 +122,78 @@ def sse(event: dict[str, Any]) -> bytes:
 
 # --- the routes --------------------------------------------------------------------------------
 
-def playground_router(models: Mapping[str, ServedModel]) -> APIRouter:
-    """The page at `/` and its JSON routes under `/playground/api/`."""
+def playground_router(models: Mapping[str, ServedModel], *, api_key: str | None = None) -> APIRouter:
+    """The page at `/` and its JSON routes under `/playground/api/`. With `api_key`, every route but
+    the page itself (which holds no model data) needs `Authorization: Bearer KEY`: the page asks for
+    the key when the server answers 401."""
     router = APIRouter()
     page = page_html()
+    expected = None if api_key is None else api_key.encode("utf-8")
+
+    def authorize(request: Request) -> None:
+        if expected is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        # compared in constant time: the time taken does not tell how much of a guess was right
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("utf-8"), expected):
+            raise BadRequest("this server needs its API key: enter it on the page (it is sent as "
+                             "'Authorization: Bearer KEY')", 401)
+
+    def api(path: str, method: str = "POST") -> Callable:
+        """Register handler(data) -> Response at /playground/api/PATH: the key is checked, the body
+        read, and a BadRequest anywhere becomes its JSON error."""
+        def register(handler: Callable[[dict[str, Any]], Awaitable[Response]]) -> Callable:
+            async def endpoint(request: Request) -> Response:
+                try:
+                    authorize(request)
+                    return await handler(await read_body(request) if method == "POST" else {})
+                except BadRequest as err:
+                    return error_response(str(err), err.status)
+
+            router.add_api_route(f"/playground/api/{path}", endpoint, methods=[method], name=handler.__name__)
+            return handler
+        return register
 
     @router.get("/", include_in_schema=False)
     async def index() -> Response:
         return HTMLResponse(page, headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache",
                                            "X-Content-Type-Options": "nosniff"})
 
-    @router.get("/playground/api/models")
-    async def list_models() -> Response:
+    @api("models", "GET")
+    async def list_models(data: dict[str, Any]) -> Response:
         return JSONResponse({"models": [describe(m) for m in models.values()]})
 
-    @router.post("/playground/api/generate")
-    async def generate(request: Request) -> Response:
-        try:
-            model, generation = await start_generation(models, await read_body(request))
-        except BadRequest as err:
-            return error_response(str(err), err.status)
+    @api("generate")
+    async def generate(data: dict[str, Any]) -> Response:
+        model, generation = await start_generation(models, data)
         return StreamingResponse(stream(model, generation), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    @router.post("/playground/api/attention")
-    async def attention(request: Request) -> Response:
-        try:
-            data = await read_body(request)
-            model = served(models, data, "lm")
-            ids = check_ids(model, data.get("ids"))
-            position = data.get("position", len(ids) - 1)
-            row = await in_thread(model, lambda: lookups.attention_row(model.lm, ids, position))
-            return JSONResponse(row)
-        except BadRequest as err:
-            return error_response(str(err), err.status)
+    @api("attention")
+    async def attention(data: dict[str, Any]) -> Response:
+        model = served(models, data, "lm")
+        ids = check_ids(model, data.get("ids"))
+        position = data.get("position", len(ids) - 1)
+        return JSONResponse(await in_thread(model, lambda: lookups.attention_row(model.lm, ids, position)))
 
-    @router.post("/playground/api/explorer")
-    async def explorer(request: Request) -> Response:
-        try:
-            data = await read_body(request)
-            model = served(models, data, "lm")
-            ids = check_ids(model, data.get("ids"))
-            split = optional(data, "split", int, None)
-            if split is not None and not 0 <= split <= len(ids):
-                raise BadRequest(f"split must be a position in [0, {len(ids)}] (where generation began)")
-            html = await in_thread(model, lambda: lookups.lm_explorer(model.lm, ids, split))
-            return JSONResponse({"html": html})
-        except BadRequest as err:
-            return error_response(str(err), err.status)
+    @api("explorer")
+    async def explorer(data: dict[str, Any]) -> Response:
+        model = served(models, data, "lm")
+        ids = check_ids(model, data.get("ids"))
+        split = optional(data, "split", int, None)
+        if split is not None and not 0 <= split <= len(ids):
+            raise BadRequest(f"split must be a position in [0, {len(ids)}] (where generation began)")
+        html = await in_thread(model, lambda: lookups.lm_explorer(model.lm, ids, split))
+        return JSONResponse({"html": html})
 
-    @router.post("/playground/api/translate")
-    async def translate(request: Request) -> Response:
-        try:
-            data = await read_body(request)
-            model = served(models, data, "translation")
-            text = data.get("text")
-            if not isinstance(text, str):
-                raise BadRequest("text must be a string: the sentence to translate")
-            beam = optional(data, "beam", int, 1)
-            result = await in_thread(model, lambda: lookups.translate(model.translator, text, beam))
-            return JSONResponse(result)
-        except BadRequest as err:
-            return error_response(str(err), err.status)
+    @api("translate")
+    async def translate(data: dict[str, Any]) -> Response:
+        model = served(models, data, "translation")
+        text = data.get("text")
+        if not isinstance(text, str):
+            raise BadRequest("text must be a string: the sentence to translate")
+        beam = optional(data, "beam", int, 1)
+        return JSONResponse(await in_thread(model, lambda: lookups.translate(model.translator, text, beam)))
 
     return router
 
