@@ -160,7 +160,7 @@ def test_the_page_is_served_with_a_policy_that_forbids_other_hosts(client):
     assert "http://" not in r.text and "https://" not in r.text and "<script src" not in r.text
     assert client.get("/playground/api/models").json() == {"models": [
         {"id": "story", "task": "lm", "vocab_size": 30, "context": 48, "n_layers": 2, "n_heads": 2,
-         "bos": False},
+         "bos": False, "chat": False},
         {"id": "dates", "task": "translation", "vocab_size": 24, "context": 64, "n_layers": 2, "n_heads": 2,
          "beam": 1}]}
 
@@ -324,3 +324,53 @@ def test_with_an_api_key_every_route_but_the_page_needs_it(models):
     good = {"Authorization": "Bearer s3cret"}
     assert client.get("/playground/api/models", headers=good).status_code == 200
     assert client.post("/playground/api/attention", json=body, headers=good).status_code == 200
+
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def make_chat_run(run_dir: Path) -> Path:
+    """A character model whose vocabulary has ChatML's special tokens, with a ChatML template."""
+    from tokenizers import AddedToken
+
+    tok = Tokenizer.train_char(["hello, who are you? i am a model.\n"])
+    tok.hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<|im_start|>", "<|im_end|>")])
+    tok = Tokenizer(tok.hf)
+    torch.manual_seed(1)
+    model = CausalLM(CausalLMConfig(vocab_size=tok.vocab_size, d_model=16, n_heads=2, d_ff=32, n_layers=1,
+                                    max_positions=64, dropout=0.0))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8)
+    save_lm_run(run_dir, model, tok, SpecialTokens(None, None, tok.pad_id))
+    (run_dir / "chat_template.jinja").write_text(CHATML)
+    (run_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    return run_dir
+
+
+def test_a_run_with_a_chat_template_can_take_the_prompt_as_a_user_message(models, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from handformer.generation.chat import stop_ids_for
+    from handformer.generation.chat_template import load_chat_template
+
+    chat_models = load_served_models([f"chatty={make_chat_run(tmp_path / 'chat')}", f"story={models['story'].run_dir}"])
+    client = TestClient(create_app(chat_models))
+    listed = {m["id"]: m["chat"] for m in client.get("/playground/api/models").json()["models"] if m["task"] == "lm"}
+    assert listed == {"chatty": True, "story": False}
+    run, template = chat_models["chatty"].lm, load_chat_template(tmp_path / "chat")
+    stop = stop_ids_for(run.tokenizer, run.tokens.eos_ids, template)
+    body = {"model": "chatty", "prompt": "who are you?", "chat": True, "max_tokens": 12, "temperature": 0.7, "seed": 2}
+    start, *tokens, done = events(client.post("/playground/api/generate", json=body))
+    ids = run.tokenizer.encode_with_special_tokens(template.render([{"role": "user", "content": "who are you?"}]))
+    assert start["ids"] == ids and start["tokens"][:2] == ["<|im_start|>", "u"]
+    expected = generate(run.model, [ids], 12, temperature=0.7, seed=2, stop_tokens=stop)[0]
+    assert [e["id"] for e in tokens] == expected
+    if done["finish_reason"] == "stop":
+        assert tokens[-1]["token"] == "<|im_end|>" and "<|im_end|>" not in done["text"]
+    plain = events(client.post("/playground/api/generate", json={**body, "chat": False}))
+    assert plain[0]["ids"] == run.tokenizer.encode("who are you?")
+    for bad, message in [({"model": "story", "chat": True}, "model 'story' has no chat template"),
+                         ({"model": "chatty", "chat": "yes"}, "chat must be true or false")]:
+        r = client.post("/playground/api/generate", json={"prompt": "hi", **bad})
+        assert r.status_code == 400 and message in r.json()["error"]["message"]

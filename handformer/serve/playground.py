@@ -2,7 +2,8 @@
 `/playground/api/` (its own routes, independent of the OpenAI API's batching engine):
 
     GET  /playground/api/models      the served models: id, task and sizes
-    POST /playground/api/generate    {model, prompt, max_tokens, temperature, top_k, top_p, seed}
+    POST /playground/api/generate    {model, prompt, max_tokens, temperature, top_k, top_p, seed,
+                                     chat (the prompt as a user message in the run's chat template)}
                                      -> server-sent events: "start" (the prompt's tokens, the seed),
                                      one "token" per new token (id, token, text so far, and the whole
                                      next-token distribution it was sampled from), then "done"
@@ -31,6 +32,8 @@ from anyio import to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 
+from handformer.generation.chat import stop_ids_for
+from handformer.generation.chat_template import ChatTemplate, load_chat_template
 from handformer.generation.generate import max_new_tokens_for
 from handformer.serve import playground_lookups as lookups
 from handformer.serve.registry import ServedModel
@@ -98,8 +101,8 @@ def optional(data: dict[str, Any], name: str, kind: type | tuple[type, ...], def
     value = data.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, kind):
-        what = "an integer" if kind is int else "a number" if kind == (int, float) else "a string"
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+        what = {int: "an integer", bool: "true or false"}.get(kind, "a number")
         raise BadRequest(f"{name} must be {what} or null, got {value!r}")
     return value
 
@@ -128,6 +131,7 @@ def playground_router(models: Mapping[str, ServedModel], *, api_key: str | None 
     the key when the server answers 401."""
     router = APIRouter()
     page = page_html()
+    templates = chat_templates(models)
     expected = None if api_key is None else api_key.encode("utf-8")
 
     def authorize(request: Request) -> None:
@@ -161,11 +165,11 @@ def playground_router(models: Mapping[str, ServedModel], *, api_key: str | None 
 
     @api("models", "GET")
     async def list_models(data: dict[str, Any]) -> Response:
-        return JSONResponse({"models": [describe(m) for m in models.values()]})
+        return JSONResponse({"models": [describe(m, templates) for m in models.values()]})
 
     @api("generate")
     async def generate(data: dict[str, Any]) -> Response:
-        model, generation = await start_generation(models, data)
+        model, generation = await start_generation(models, templates, data)
         return StreamingResponse(stream(model, generation), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -198,13 +202,28 @@ def playground_router(models: Mapping[str, ServedModel], *, api_key: str | None 
     return router
 
 
-def describe(model: ServedModel) -> dict[str, Any]:
+def chat_templates(models: Mapping[str, ServedModel]) -> dict[str, ChatTemplate]:
+    """The chat template of every language model that has one (a broken one counts as none here;
+    `handformer chat` and the API's chat route report it)."""
+    templates = {}
+    for name, model in models.items():
+        if model.task == "lm":
+            try:
+                template = load_chat_template(model.run_dir)
+            except ValueError:
+                template = None
+            if template is not None:
+                templates[name] = template
+    return templates
+
+
+def describe(model: ServedModel, templates: Mapping[str, ChatTemplate]) -> dict[str, Any]:
     """What the page needs to know of a served model to set up its controls."""
     if model.lm is not None:
         cfg = model.lm.model.cfg
         return {"id": model.id, "task": model.task, "vocab_size": cfg.vocab_size,
                 "context": cfg.max_positions, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
-                "bos": model.lm.tokens.bos_id is not None}
+                "bos": model.lm.tokens.bos_id is not None, "chat": model.id in templates}
     assert model.translator is not None
     cfg = model.translator.model.cfg
     return {"id": model.id, "task": model.task, "vocab_size": cfg.tgt_vocab_size,
@@ -220,25 +239,30 @@ def check_ids(model: ServedModel, ids: Any) -> list[int]:
         raise BadRequest(str(err)) from None
 
 
-async def start_generation(models: Mapping[str, ServedModel], data: dict[str, Any],
-                           ) -> tuple[ServedModel, lookups.Generation]:
+async def start_generation(models: Mapping[str, ServedModel], templates: Mapping[str, ChatTemplate],
+                           data: dict[str, Any]) -> tuple[ServedModel, lookups.Generation]:
     """The checked request as a Generation ready to step (nothing run yet but the tokenizer)."""
     model = served(models, data, "lm")
     prompt = data.get("prompt", "")
     if not isinstance(prompt, str):
         raise BadRequest(f"prompt must be a string, got {prompt!r}")
+    chat = optional(data, "chat", bool, False)
+    template = templates.get(model.id) if chat else None
+    if chat and template is None:
+        raise BadRequest(f"model {model.id!r} has no chat template; send the prompt as it is (chat: false)")
+    stop = None if template is None else stop_ids_for(model.lm.tokenizer, model.lm.tokens.eos_ids, template)
     seed = optional(data, "seed", int, None)
     if seed is None:
         seed = random.randrange(2**31)  # sent back in the "start" event, so the run can be replayed
     elif not 0 <= seed <= MAX_SEED:
         raise BadRequest(f"seed must be an integer in [0, {MAX_SEED}], got {seed}")
     try:
-        ids = lookups.prompt_ids(model.lm, prompt)
+        ids = lookups.prompt_ids(model.lm, prompt, template)
         limit = max_new_tokens_for(len(ids), model.lm.model.cfg.max_positions)
         return model, lookups.Generation(
             model.lm, ids, optional(data, "max_tokens", int, min(DEFAULT_MAX_TOKENS, limit)),
             optional(data, "temperature", (int, float), 1.0), optional(data, "top_k", int, None),
-            optional(data, "top_p", (int, float), None), seed)
+            optional(data, "top_p", (int, float), None), seed, stop)
     except ValueError as err:
         raise BadRequest(str(err)) from None
 

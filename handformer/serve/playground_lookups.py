@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from handformer.generation.chat_template import ChatTemplate
 from handformer.generation.generate import max_new_tokens_for, positions_needed
 from handformer.generation.sampling import check_sampling_options, next_tokens
 from handformer.modes import eval_mode
@@ -39,9 +40,14 @@ TAIL_BIN = 0.01  # past EXACT_RANKS, logits this close share one (mean, count) g
 MAX_BEAM = 16
 
 
-def prompt_ids(run: LMRun, prompt: str) -> list[int]:
-    """BOS (when the run has one) + the prompt's tokens, checked against the model's context."""
-    ids = ([run.tokens.bos_id] if run.tokens.bos_id is not None else []) + run.tokenizer.encode(prompt)
+def prompt_ids(run: LMRun, prompt: str, template: ChatTemplate | None = None) -> list[int]:
+    """BOS (when the run has one) + the prompt's tokens, as `handformer generate` encodes a prompt;
+    with a chat template, the prompt as one user message rendered with the assistant header, as
+    `handformer chat` encodes a first turn. Checked against the model's context."""
+    if template is not None:
+        ids = run.tokenizer.encode_with_special_tokens(template.render([{"role": "user", "content": prompt}]))
+    else:
+        ids = ([run.tokens.bos_id] if run.tokens.bos_id is not None else []) + run.tokenizer.encode(prompt)
     if not ids:
         raise ValueError("prompt is empty and the run has no BOS token; type a prompt")
     context = run.model.cfg.max_positions
@@ -100,6 +106,7 @@ class Generation:
     top_k: int | None = None
     top_p: float | None = None
     seed: int = 0
+    stop_tokens: Sequence[int] | None = None  # ids that end it (None: the run's EOS ids)
     new: list[int] = field(default_factory=list)
     done: bool = False
     finish_reason: str = ""
@@ -115,7 +122,7 @@ class Generation:
         self.generator = torch.Generator(device=device).manual_seed(self.seed)
         self.cache = self.run.model.new_cache(positions_needed(len(self.ids), self.max_new_tokens))
         self.inputs = torch.tensor([self.ids], device=device)  # (1, T): the prompt, then one token
-        self.stop = set(self.run.tokens.eos_ids)
+        self.stop = set(self.run.tokens.eos_ids if self.stop_tokens is None else self.stop_tokens)
 
     @torch.inference_mode()
     def step(self) -> tuple[int, Tensor]:
@@ -135,10 +142,12 @@ class Generation:
         return token, logits[0]
 
     def text(self) -> str:
-        """The continuation decoded so far (decoded with the prompt, so a leading space stays)."""
+        """The continuation decoded so far, without the token that ended it (decoded with the
+        prompt, so a leading space stays)."""
         tok = self.run.tokenizer
-        full, prompt = tok.decode(self.ids + self.new), tok.decode(self.ids)
-        return full[len(prompt):] if full.startswith(prompt) else tok.decode(self.new)
+        new = self.new[:-1] if self.finish_reason == "stop" else self.new
+        full, prompt = tok.decode(self.ids + new), tok.decode(self.ids)
+        return full[len(prompt):] if full.startswith(prompt) else tok.decode(new)
 
 
 def check_ids(ids: Any, vocab_size: int, context: int) -> list[int]:
