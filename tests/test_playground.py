@@ -248,7 +248,7 @@ def test_attention_explorer_and_translate_routes(client, models):
     ("translate", {"model": "dates", "text": "may", "beam": 0}, 400, "beam must be an integer from 1"),
     ("translate", {"model": "dates", "text": "may", "beam": 17}, 400, "beam must be an integer from 1"),
     ("translate", {"model": "story", "text": "may"}, 400, "is a lm run; use it from the Generate tab"),
-    ("translate", "x" * ((1 << 20) + 1), 413, "over the limit of 1048576"),
+    ("translate", "x" * ((1 << 20) + 1), 413, "over the limit of 1048576 bytes"),
 ])
 def test_bad_input_gets_a_json_error_naming_the_problem(client, route, body, status, message):
     kwargs = {"content": body} if isinstance(body, str) else {"json": body}
@@ -374,3 +374,9 @@ def test_a_run_with_a_chat_template_can_take_the_prompt_as_a_user_message(models
                          ({"model": "chatty", "chat": "yes"}, "chat must be true or false")]:
         r = client.post("/playground/api/generate", json={"prompt": "hi", **bad})
         assert r.status_code == 400 and message in r.json()["error"]["message"]
+
+
+def test_a_body_without_a_length_is_cut_off_at_the_limit(client):
+    chunks = (b"x" * (1 << 19) for _ in range(3))  # sent chunked: no Content-Length to trust
+    r = client.post("/playground/api/generate", content=chunks)
+    assert r.status_code == 413 and "over the limit" in r.json()["error"]["message"]
