@@ -182,6 +182,9 @@ def test_generate_streams_each_token_with_its_distribution(client, models):
         logits = lookups.sorted_logits(dist)
         kept = torch.isfinite(filter_logits(logits, 0.9, 8, 0.95))
         assert event["id"] in [c["id"] for c, k in zip(dist["top"], kept) if k]
+        rank = [c["id"] for c in dist["top"]].index(event["id"])
+        p = torch.softmax(filter_logits(logits, 0.9, 8, 0.95), -1)[rank]
+        assert event["probability"] == pytest.approx(float(p), abs=1e-6)
     assert done == {"type": "done", "finish_reason": "stop" if expected[-1] in run.tokens.eos_ids else "length",
                     "text": tokens[-1]["text"], "ids": ids + expected}
 

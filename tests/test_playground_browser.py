@@ -121,6 +121,8 @@ def test_the_page_generates_filters_shows_attention_and_translates(server, page)
     page.click("#go")
     page.wait_for_selector("body[data-generated]", state="attached", timeout=10_000)
     ids = run.tokenizer.encode(prompt)
+    last = len(ids) + int(page.get_attribute("body", "data-generated")) - 1
+    page.wait_for_selector(f"body[data-attention='{last}']", state="attached", timeout=10_000)  # followed
     expected = generate(run.model, [ids], 8, temperature=0.9, seed=4, stop_tokens=run.tokens.eos_ids)[0]
     chips = page.eval_on_selector_all("#chips .chip", "cs => cs.map(c => [Number(c.dataset.id), "
                                       "c.querySelector('.tt').textContent, c.classList.contains('gen')])")

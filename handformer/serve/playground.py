@@ -287,8 +287,10 @@ async def stream(model: ServedModel, generation: lookups.Generation) -> AsyncIte
         while not generation.done:
             token, logits = await in_thread(model, generation.step)
             dist = await to_thread.run_sync(lookups.distribution, logits, lm.tokenizer)
+            p = lookups.sampled_probability(logits, token, generation.temperature, generation.top_k,
+                                            generation.top_p)
             yield sse({"type": "token", "id": token, "token": lm.tokenizer.tokens([token])[0],
-                       "text": generation.text(), "distribution": dist})
+                       "probability": p, "text": generation.text(), "distribution": dist})
         yield sse({"type": "done", "finish_reason": generation.finish_reason, "text": generation.text(),
                    "ids": generation.ids + generation.new})
     except (BadRequest, ValueError, RuntimeError) as err:  # the headers are sent: report in the stream

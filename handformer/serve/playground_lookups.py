@@ -3,7 +3,8 @@ playground.py): a generation that hands back, at every step, the token it sample
 next-token distribution it sampled from; the attention of one position over its context; a
 translation with its cross-attention.
 
-Every function here runs the model: call it off the event loop and under the model's lock.
+Generation.step, attention_row, lm_explorer and translate run the model: call them off the event loop
+and under the model's lock.
 
 A distribution is sent sorted (stable, descending logit, ties by token id: the order top-p ranks
 tokens in, see generation/sampling.py), so the page can redo temperature, top-k and top-p for any
@@ -27,7 +28,7 @@ from torch import Tensor
 
 from handformer.generation.chat_template import ChatTemplate
 from handformer.generation.generate import max_new_tokens_for, positions_needed
-from handformer.generation.sampling import check_sampling_options, next_tokens
+from handformer.generation.sampling import check_sampling_options, filter_logits, next_tokens
 from handformer.modes import eval_mode
 from handformer.see.explorer import explorer_html
 from handformer.see.viz import AttentionReport, AttentionView
@@ -78,6 +79,14 @@ def distribution(logits: Tensor, tokenizer: Any) -> dict[str, Any]:
                     zip(top, tokenizer.tokens(top), _json_floats(values[:TOP_CANDIDATES]))],
             "sorted": base64.b64encode(head.numpy().astype("<f4").tobytes()).decode("ascii"),
             "tail": groups}
+
+
+def sampled_probability(logits: Tensor, token: int, temperature: float, top_k: int | None,
+                        top_p: float | None) -> float:
+    """The probability `token` had in the distribution it was drawn from (1 when greedy)."""
+    if temperature == 0:
+        return 1.0
+    return float(torch.softmax(filter_logits(logits.float(), temperature, top_k, top_p), dim=-1)[token])
 
 
 def _json_floats(values: Tensor) -> list[float | None]:
