@@ -108,6 +108,8 @@ def test_a_distribution_is_sent_sorted_with_ties_by_id_and_rebuilds_every_logit(
     dist = lookups.distribution(logits, tok)
     assert [c["id"] for c in dist["top"][:5]] == [1, 4, 0, 2, 6]  # descending; equal logits by id
     assert [c["token"] for c in dist["top"][:2]] == tok.tokens([1, 4])
+    probs = torch.softmax(logits, -1)
+    assert [c["p"] for c in dist["top"]] == pytest.approx([float(probs[c["id"]]) for c in dist["top"]], abs=1e-7)
     assert [c["logit"] for c in dist["top"]][:6] == [2.0, 2.0, 0.5, 0.5, 0.0, 0.0]
     rebuilt = lookups.sorted_logits(dist)
     assert len(rebuilt) == dist["vocab_size"] == tok.vocab_size and dist["tail"] == []

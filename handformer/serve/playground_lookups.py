@@ -8,10 +8,10 @@ and under the model's lock.
 
 A distribution is sent sorted (stable, descending logit, ties by token id: the order top-p ranks
 tokens in, see generation/sampling.py), so the page can redo temperature, top-k and top-p for any
-slider setting: the first TOP_CANDIDATES with their ids and text; the logits of the first EXACT_RANKS
-ranks exactly, as base64 of little-endian float32 (the model's own values, -inf included, 4 bytes
-each); past them (vocabularies over 4096 tokens) the rest as (mean logit, count) groups of logits
-within TAIL_BIN of each other.
+slider setting: the first TOP_CANDIDATES with their ids, text, logit and probability (temperature
+1); the logits of the first EXACT_RANKS ranks exactly, as base64 of little-endian float32 (the
+model's own values, -inf included, 4 bytes each); past them (vocabularies over 4096 tokens) the rest
+as (mean logit, count) groups of logits within TAIL_BIN of each other.
 
 Shape legend: T positions so far, V vocabulary, L layers, H heads, S source length.
 """
@@ -74,9 +74,10 @@ def distribution(logits: Tensor, tokenizer: Any) -> dict[str, Any]:
         if len(finite) < len(tail):
             groups.append([None, len(tail) - len(finite)])
     head = values[:EXACT_RANKS].contiguous()
+    probs = torch.softmax(values, dim=-1)[:TOP_CANDIDATES].tolist()  # at temperature 1
     return {"vocab_size": len(values),
-            "top": [{"id": i, "token": t, "logit": v} for i, t, v in
-                    zip(top, tokenizer.tokens(top), _json_floats(values[:TOP_CANDIDATES]))],
+            "top": [{"id": i, "token": t, "logit": v, "p": p} for i, t, v, p in
+                    zip(top, tokenizer.tokens(top), _json_floats(values[:TOP_CANDIDATES]), probs)],
             "sorted": base64.b64encode(head.numpy().astype("<f4").tobytes()).decode("ascii"),
             "tail": groups}
 
