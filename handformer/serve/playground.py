@@ -289,8 +289,10 @@ async def stream(model: ServedModel, generation: lookups.Generation) -> AsyncIte
             dist = await to_thread.run_sync(lookups.distribution, logits, lm.tokenizer)
             p = lookups.sampled_probability(logits, token, generation.temperature, generation.top_k,
                                             generation.top_p)
+            # held back while it ends in U+FFFD: the next byte-level token may complete the character
+            text = generation.text() if generation.done else generation.text().rstrip("\ufffd")
             yield sse({"type": "token", "id": token, "token": lm.tokenizer.tokens([token])[0],
-                       "probability": p, "text": generation.text(), "distribution": dist})
+                       "probability": p, "text": text, "distribution": dist})
         yield sse({"type": "done", "finish_reason": generation.finish_reason, "text": generation.text(),
                    "ids": generation.ids + generation.new})
     except (BadRequest, ValueError, RuntimeError) as err:  # the headers are sent: report in the stream
