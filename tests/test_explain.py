@@ -25,7 +25,7 @@ from handformer.see.explain import (
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 DOCS_FIGURES = DOCS / "figures"
-TRAINED_FIGURES = ("demo_cross_attention.png",)  # from a trained model, not from `explain`
+TRAINED_FIGURES = ("demo_cross_attention.png", "playground.png")  # from trained models, not from `explain`
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
