@@ -410,6 +410,20 @@ def test_nanogpt_style_causal_attention_with_a_fused_projection(tmp_path):
     result = check_file(str(path))
     assert_exactly(result, {"causal_off_by_one"})
     assert result.components[0].findings[0].form == "sees_next"
+    path.write_text(NANOGPT_ATTENTION.replace("torch.ones(block_size, block_size))",
+                                              "torch.ones(block_size, block_size), diagonal=-1)"))
+    assert_exactly(check_file(str(path)), {"causal_off_by_one", "nan_on_masked_rows"})  # token 0 sees nothing
+
+
+def test_nan_on_rows_that_a_mistake_hides_is_named_with_it(tmp_path):
+    """An inverted mask hides every key of the last query; with -inf that row is NaN. The search
+    compares each variant on the rows its own mask leaves visible, so both mistakes are named."""
+    path = tmp_path / "inverted_inf.py"
+    path.write_text(plant(CORRECT.read_text(), ["mask_inverted", "nan_on_masked_rows"]))
+    result = check_file(str(path), only=["sdpa", "mha", "encoder_layer"])
+    assert_exactly(result, {"mask_inverted", "nan_on_masked_rows"})
+    assert all({f.name for f in c.findings} == {"mask_inverted", "nan_on_masked_rows"}
+               for c in result.components), format_report(result)
 
 
 MODEL = '''

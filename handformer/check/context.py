@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
 from handformer.check.discovery import Component, build
-from handformer.check.result import Check, ComponentResult, Finding, text
+from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import scramble_
 from handformer.nn.masks import causal_mask
@@ -169,6 +169,58 @@ def check_determinism(res: ComponentResult, ctx: Context, comp: Component,
                                  "eval 模式下结果确定（dropout 已关闭）"), drop is None))
     if drop:
         res.findings.append(drop)
+
+
+def hidden_rows(out: Tensor | None, rows: Tensor | None) -> Tensor | None:
+    """The learner's output on the query rows whose keys are all masked; None when there are none."""
+    if out is None or rows is None or bool(rows.all()):
+        return None
+    hidden = ~rows[:, 0] if out.dim() == 3 else (~rows).expand(out.shape[:-1])  # (B, T) or (B, H, T)
+    return out[hidden]  # (rows, D) or (rows, Dh)
+
+
+def nan_on_hidden_rows(res: ComponentResult, out: Tensor | None, rows: Tensor | None, comp: Component,
+                       ctx: Context) -> None:
+    """The finding nan_on_masked_rows (once a component) when a row whose keys are all masked is NaN."""
+    values = hidden_rows(out, rows)
+    if values is None or not torch.isnan(values).any() or any(
+            f.name == "nan_on_masked_rows" for f in res.findings):
+        return
+    number, code = locate("nan_on_masked_rows", source_lines(ctx.objects(comp, "sdpa", "mha")))
+    res.findings.append(Finding("nan_on_masked_rows", text(
+        f"{values.size(0)} query rows with every key masked came out NaN",
+        f"{values.size(0)} 个所有键都被屏蔽的查询行输出为 NaN"), number, code))
+
+
+def masked_rows(res: ComponentResult, out: Tensor | None, rows: Tensor | None, comp: Component,
+                ctx: Context) -> None:
+    """Fully masked rows are compared nowhere: note what each side does; NaN there is a finding."""
+    values = hidden_rows(out, rows)
+    if values is None:
+        return
+    if torch.isnan(values).any():
+        nan_on_hidden_rows(res, out, rows, comp, ctx)
+        return
+    note = text("rows whose keys are all masked were not compared: with -1e9 your code gives uniform "
+                "weights there (the mean of V), handformer gives zeros; both are defined, neither is wrong",
+                "所有键都被屏蔽的行没有参与比较：用 -1e9 时你的代码在这些行给出均匀权重（V 的平均），"
+                "handformer 给出 0；两者都有定义，都不算错")
+    if note not in res.notes:
+        res.notes.append(note)
+
+
+def shape_of(raw: Any) -> str:
+    """What a learner call returned, for a message: shapes of tensors, nested in tuples."""
+    if isinstance(raw, Tensor):
+        return f"a tensor of shape {tuple(raw.shape)}"
+    if isinstance(raw, (tuple, list)):
+        return "(" + ", ".join(shape_of(r) for r in raw) + ")"
+    return type(raw).__name__
+
+
+def error_text(err: float) -> Text:
+    """A check's detail: the largest difference it measured."""
+    return text(f"max abs error {err:.2e}", f"最大绝对误差 {err:.2e}")
 
 
 def positions(batch: int, length: int, pad: list[int]) -> Tensor:

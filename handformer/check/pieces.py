@@ -11,7 +11,16 @@ from torch import Tensor
 
 from handformer.check import fingerprint as fp
 from handformer.check import variants as V
-from handformer.check.context import F_WIDTH, MAX_LEN, Context, D, check_determinism, finish, grads_error
+from handformer.check.context import (
+    F_WIDTH,
+    MAX_LEN,
+    Context,
+    D,
+    check_determinism,
+    error_text,
+    finish,
+    grads_error,
+)
 from handformer.check.discovery import Component
 from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
@@ -28,10 +37,6 @@ from handformer.nn.feed_forward import FeedForward
 from handformer.nn.masks import causal_mask
 from handformer.nn.norms import LayerNorm, RMSNorm
 from handformer.nn.positions import sinusoidal_table
-
-
-def _err(err: float) -> dict[str, str]:
-    return text(f"max abs error {err:.2e}", f"最大绝对误差 {err:.2e}")
 
 
 def _as_keep(mask: Tensor, convention: str | None) -> tuple[Tensor, str]:
@@ -151,9 +156,9 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
         res.max_abs_error = max(errors)
         res.checks.append(Check(text(f"matches handformer's FeedForward ({name}) on 3 shapes",
                                      f"在 3 种形状上与 handformer 的 FeedForward（{name}）一致"),
-                                res.max_abs_error < 1e-5, _err(res.max_abs_error)))
+                                res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
         res.checks.append(Check(text("gradients match handformer's", "梯度与 handformer 一致"),
-                                grad_err < 1e-5, _err(grad_err)))
+                                grad_err < 1e-5, error_text(grad_err)))
         bumped = x.clone()
         bumped[:, 2] += 1.0
         moved = (run(bumped) - out).abs().amax(-1)
@@ -198,9 +203,9 @@ def check_norm(comp: Component, ctx: Context) -> ComponentResult:
     label = "LayerNorm" if kind == "layernorm" else "RMSNorm"
     res.checks.append(Check(text(f"matches handformer's {label} on 3 inputs (scales 1, 3, 0.1)",
                                  f"在 3 组输入（尺度 1、3、0.1）上与 handformer 的 {label} 一致"),
-                            res.max_abs_error < 1e-5, _err(res.max_abs_error)))
+                            res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
     res.checks.append(Check(text("gradients match handformer's", "梯度与 handformer 一致"), grad_err < 1e-5,
-                            _err(grad_err)))
+                            error_text(grad_err)))
     if kind == "layernorm" and res.max_abs_error >= 1e-5:
         _unbiased_std(res, module, ctx, comp, w)
     return finish(res)
@@ -251,7 +256,7 @@ def check_positional_encoding(comp: Component, ctx: Context) -> ComponentResult:
         res.max_abs_error = max(fp.max_error(pe, expected), added if out is not None else float("inf"))
         res.checks.append(Check(text(f"the table equals handformer's sinusoidal_table for {T} positions",
                                      f"前 {T} 个位置的编码表与 handformer 的 sinusoidal_table 一致"),
-                                fp.max_error(pe, expected) < 1e-5, _err(fp.max_error(pe, expected))))
+                                fp.max_error(pe, expected) < 1e-5, error_text(fp.max_error(pe, expected))))
         res.checks.append(Check(text("forward(x) returns x + PE[:T]", "forward(x) 返回 x + PE[:T]"),
-                                added < 1e-5, _err(added)))
+                                added < 1e-5, error_text(added)))
     return finish(res)
