@@ -38,13 +38,21 @@ from handformer.check.context import (
     is_mask_name,
     masked_rows,
     nan_on_hidden_rows,
+    outputs_by_convention,
     positions,
     shape_of,
 )
 from handformer.check.discovery import Component
 from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
-from handformer.check.weights import Slot, attention_slots, copy_linear, leaves, mha_weights
+from handformer.check.weights import (
+    Slot,
+    attention_parameters,
+    attention_slots,
+    copy_attention,
+    leaves,
+    mha_weights,
+)
 from handformer.nn.attention import MultiHeadAttention, scaled_dot_product_attention
 
 Call = Callable[[Tensor, Tensor, Tensor, Tensor | None], Any]
@@ -71,15 +79,7 @@ def detect(ctx: Context, run: Callable[[str], Tensor | None], compute: Callable[
            ) -> tuple[str | None, tuple[frozenset[str], float] | None, fp.LearnerFailure | None]:
     """The mask convention that explains the learner's output with the fewest mistakes, and those
     mistakes. Returns (convention, (flags, error) or None, the first learner failure)."""
-    failure, outputs = None, {}
-    for conv in ctx.conventions():
-        try:
-            out = run(conv)
-        except fp.LearnerFailure as err:
-            failure = failure or err
-            continue
-        if out is not None:
-            outputs[conv] = out
+    outputs, failure = outputs_by_convention(run, ctx.conventions())
     for min_flags, max_flags in ((0, 1), (2, 2)):  # pairs only once no smaller set matched
         best = None
         for conv, out in outputs.items():
@@ -155,14 +155,7 @@ def _dropout_kwargs(cls: type) -> dict[str, float]:
 
 def _hf_attention(slots: list[Slot]) -> MultiHeadAttention:
     hf = MultiHeadAttention(D, H).double().eval()
-    by = {s.role: s for s in slots}
-    for role, target in (("W_Q", hf.q_proj), ("W_K", hf.k_proj), ("W_V", hf.v_proj), ("W_O", hf.o_proj)):
-        if role in by:
-            copy_linear(target, by[role])
-        else:  # no W_O: the identity, so handformer computes what a projection-free module would
-            with torch.no_grad():
-                target.weight.copy_(torch.eye(D, dtype=torch.float64))
-                target.bias.zero_()
+    copy_attention(hf, slots)
     return hf
 
 
@@ -273,8 +266,8 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, module: nn
                 sel = rows.reshape(B, T, 1) if rows is not None else 1.0
                 mine = torch.autograd.grad((out * g * sel).sum(), [xq] + [s.leaf.weight for s in slots],
                                            allow_unused=True)
-                theirs = torch.autograd.grad((ref * g * sel).sum(), [xq] + [_hf_param(hf, s) for s in slots],
-                                             allow_unused=True)
+                hf_params = [attention_parameters(hf)[s.role].weight for s in slots]
+                theirs = torch.autograd.grad((ref * g * sel).sum(), [xq] + hf_params, allow_unused=True)
                 grad_errors.append(grads_error(list(zip(
                     [mine[0]] + [_rows(m, s) for m, s in zip(mine[1:], slots)], theirs))))
     res.max_abs_error = max(errors)
@@ -291,10 +284,6 @@ def _rows(grad: Tensor | None, slot: Slot) -> Tensor | None:
     if grad is None or slot.rows is None:
         return grad
     return grad[slot.rows]
-
-
-def _hf_param(hf: MultiHeadAttention, slot: Slot) -> Tensor:
-    return {"W_Q": hf.q_proj, "W_K": hf.k_proj, "W_V": hf.v_proj, "W_O": hf.o_proj}[slot.role].weight
 
 
 def _properties(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module,

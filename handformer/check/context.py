@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
-from handformer.check.discovery import Component, build
+from handformer.check.discovery import Component, build, own_objects
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import scramble_
@@ -75,10 +75,7 @@ class Context:
         """The component's class or function, then the learner's other components of `kinds`, then
         every other function and class of their file: where to look for a line."""
         objs = [comp.obj] + [self.components[k].obj for k in kinds if k in self.components]
-        objs += [obj for obj in vars(self.module).values()
-                 if (inspect.isclass(obj) or inspect.isfunction(obj))
-                 and getattr(obj, "__module__", None) == self.module.__name__ and obj not in objs]
-        return objs
+        return objs + [obj for obj in own_objects(self.module).values() if obj not in objs]
 
     def findings(self, flags: frozenset[str], matched: float, correct: float, comp: Component,
                  *kinds: str) -> list[Finding]:
@@ -274,6 +271,22 @@ def guarded(res: ComponentResult, step: Callable[[], None]) -> None:
         where = f" ({err.traceback[-1]})" if err.traceback else ""
         res.checks.append(Check(text("runs on every test shape", "能在所有测试形状上运行"), False,
                                 text(f"{err.message}{where}", f"{err.message}{where}")))
+
+
+def outputs_by_convention(run: Callable[[str], Tensor | None], conventions: tuple[str, ...],
+                          ) -> tuple[dict[str, Tensor], fp.LearnerFailure | None]:
+    """The learner's output under each mask convention it runs with (and returns a tensor for), and
+    its first failure."""
+    outputs, failure = {}, None
+    for conv in conventions:
+        try:
+            out = run(conv)
+        except fp.LearnerFailure as err:
+            failure = failure or err
+            continue
+        if out is not None:
+            outputs[conv] = out
+    return outputs, failure
 
 
 def first_working(ctx: Context, run: Callable[[str], Any]) -> str:

@@ -39,6 +39,7 @@ from handformer.check.context import (
     is_mask_name,
     masked_rows,
     nan_on_hidden_rows,
+    outputs_by_convention,
     positions,
     shape_of,
 )
@@ -49,8 +50,9 @@ from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
     Slot,
     attention_slots,
-    copy_linear,
-    copy_norm,
+    copy_attention,
+    copy_ffn,
+    copy_weights,
     ffn_slots,
     ffn_weights,
     leaves,
@@ -237,18 +239,13 @@ def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], x: 
     """Convention, FFN mapping, activation and placement first with at most one mistake, then with
     pairs: the smallest explanation of the learner's output."""
     gated = len(layer.ffn_candidates[0]) == 3
-    outputs, failure = {}, None
-    for conv in ctx.conventions():
-        try:
-            out = run(conv)
-        except fp.LearnerFailure as err:
-            failure = failure or err
-            continue
-        if out is not None and out.shape == x.shape and not any(
-                torch.equal(out, seen) for seen in outputs.values()):
+    # a block that builds its own mask is passed none: one convention is enough
+    own_mask = layer.causal_block and not layer.takes_mask
+    ran, failure = outputs_by_convention(run, ctx.conventions()[:1] if own_mask else ctx.conventions())
+    outputs: dict[str, Tensor] = {}
+    for conv, out in ran.items():
+        if out.shape == x.shape and not any(torch.equal(out, seen) for seen in outputs.values()):
             outputs[conv] = out  # conventions that give the same output are searched once
-        if not layer.takes_mask and layer.causal_block:
-            break
     if not outputs:
         if failure:
             raise failure
@@ -282,25 +279,12 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str) -> nn.M
                       norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm", norm_placement=placement,
                       norm_eps=first.eps)
     hf = (DecoderLayer(cfg) if layer.decoder else EncoderLayer(cfg)).double().eval()
-    attns = [hf.self_attn] + ([hf.cross_attn] if layer.decoder else [])
-    for target, group in zip(attns, layer.attn):
-        by = {s.role.split(" ")[-1]: s for s in group}
-        for role, proj in (("W_Q", target.q_proj), ("W_K", target.k_proj), ("W_V", target.v_proj),
-                           ("W_O", target.o_proj)):
-            if role in by:
-                copy_linear(proj, by[role])
-            else:
-                with torch.no_grad():
-                    proj.weight.copy_(torch.eye(D, dtype=torch.float64))
-                    proj.bias.zero_()
-    by = {s.role: s for s in slots}
-    copy_linear(hf.ffn.up_proj, by.get("FFN W_1") or by["FFN W_up"])
-    copy_linear(hf.ffn.down_proj, by.get("FFN W_2") or by["FFN W_down"])
-    if gated:
-        copy_linear(hf.ffn.gate_proj, by["FFN W_gate"])
+    for target, group in zip([hf.self_attn] + ([hf.cross_attn] if layer.decoder else []), layer.attn):
+        copy_attention(target, group)
+    copy_ffn(hf.ffn, slots)
     norms = [hf.attn_norm] + ([hf.cross_attn_norm] if layer.decoder else []) + [hf.ffn_norm]
     for target, slot in zip(norms, layer.norm_slots):
-        copy_norm(target, slot)
+        copy_weights(target, slot)
     return hf
 
 

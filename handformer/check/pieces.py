@@ -25,8 +25,9 @@ from handformer.check.discovery import Component
 from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
-    copy_linear,
-    copy_norm,
+    copy_ffn,
+    copy_weights,
+    ffn_parameters,
     ffn_slots,
     ffn_weights,
     leaves,
@@ -135,11 +136,7 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
         if not (best and best[2][0]):
             res.notes.append(text(f"activation: {name}", f"激活函数：{name}"))
         hf = FeedForward(D, F_WIDTH, name).double()
-        by = {s.role: s for s in slots}
-        copy_linear(hf.up_proj, by.get("FFN W_1") or by["FFN W_up"])
-        copy_linear(hf.down_proj, by.get("FFN W_2") or by["FFN W_down"])
-        if gated:
-            copy_linear(hf.gate_proj, by["FFN W_gate"])
+        copy_ffn(hf, slots)
         errors, grad_err = [], 0.0
         for i, (B, T) in enumerate([(2, 5), (1, 1), (3, 9)]):
             xi = fp.randn(B, T, D, seed=10 + i).requires_grad_()
@@ -150,7 +147,7 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
                     g = fp.randn(*ref.shape, seed=5)
                     params = [s.leaf.weight for s in slots]
                     a = torch.autograd.grad((mine * g).sum(), [xi] + params)
-                    hf_params = [_hf_ffn_param(hf, s.role) for s in slots]
+                    hf_params = [ffn_parameters(hf)[s.role].weight for s in slots]
                     b = torch.autograd.grad((ref * g).sum(), [xi] + hf_params)
                     grad_err = grads_error(list(zip(a, b)))
         res.max_abs_error = max(errors)
@@ -170,11 +167,6 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
-def _hf_ffn_param(hf: FeedForward, role: str) -> Tensor:
-    return {"FFN W_1": hf.up_proj, "FFN W_up": hf.up_proj, "FFN W_2": hf.down_proj,
-            "FFN W_down": hf.down_proj, "FFN W_gate": hf.gate_proj}[role].weight
-
-
 def check_norm(comp: Component, ctx: Context) -> ComponentResult:
     res = ComponentResult(comp.kind, comp.name)
     module = ctx.build(comp)
@@ -184,7 +176,7 @@ def check_norm(comp: Component, ctx: Context) -> ComponentResult:
     w = norm_weights(slot)
     kind = comp.kind
     hf = (LayerNorm(D, w.eps) if kind == "layernorm" else RMSNorm(D, w.eps)).double()
-    copy_norm(hf, slot)
+    copy_weights(hf, slot)
     res.notes.append(text(f"eps = {w.eps:g} (read from your module)", f"eps = {w.eps:g}（从你的模块读取）"))
     errors, grad_err = [], 0.0
     for i, (B, T, scale) in enumerate([(2, 5, 1.0), (1, 1, 3.0), (3, 7, 0.1)]):
