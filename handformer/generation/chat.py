@@ -26,6 +26,7 @@ import torch
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat_template import ChatTemplate
 from handformer.generation.sampling import check_sampling_options, next_tokens
+from handformer.generation.stream import TextStream
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
 
@@ -86,6 +87,10 @@ class ChatSession:
         template's special-token text as special tokens (as transformers' apply_chat_template)."""
         return self.tokenizer.encode_with_special_tokens(self.template.render(messages, True))
 
+    def decode(self, ids: Sequence[int]) -> str:
+        """A reply's text: special tokens (a stray end-of-turn marker) are not shown."""
+        return self.tokenizer.hf.decode(list(ids), skip_special_tokens=True)
+
     def send(self, text: str, on_text: Callable[[str], None] | None = None) -> str:
         """Add the user's message, generate the reply, add it to the history and return it."""
         if not isinstance(text, str):
@@ -101,7 +106,7 @@ class ChatSession:
             self.notify(f"the reply reached max_new_tokens={self.max_new_tokens} before an end-of-turn "
                         "token and is cut there")
         reply_ids = new[:-1] if new and new[-1] in self.stop_ids else new
-        reply = self.tokenizer.hf.decode(reply_ids, skip_special_tokens=True)
+        reply = self.decode(reply_ids)
         self.messages.append({"role": "assistant", "content": reply})
         return reply
 
@@ -140,7 +145,7 @@ class ChatSession:
         self.context = self.context[:keep]
         inputs = prompt[keep:]
         new: list[int] = []
-        shown = 0
+        stream = None if on_text is None else TextStream(self.tokenizer, out=on_text, decode=self.decode)
         with eval_mode(self.model):
             for _ in range(self.max_new_tokens):
                 ids = torch.tensor([inputs], device=self.device)  # (1, T)
@@ -151,17 +156,11 @@ class ChatSession:
                 new.append(token)
                 if token in self.stop_ids:
                     break
-                if on_text is not None:  # hold back a partial UTF-8 character (U+FFFD at the end)
-                    text = self.tokenizer.hf.decode(new, skip_special_tokens=True)
-                    if not text.endswith("\ufffd") and len(text) > shown:
-                        on_text(text[shown:])
-                        shown = len(text)
+                if stream is not None:  # holds back a partial UTF-8 character
+                    stream.push(token)
                 inputs = [token]
-        if on_text is not None:
-            reply = [t for t in new if t not in self.stop_ids]
-            text = self.tokenizer.hf.decode(reply, skip_special_tokens=True)
-            if len(text) > shown:
-                on_text(text[shown:])
+        if stream is not None:
+            stream.close()
         return new
 
 
