@@ -44,10 +44,16 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _check_options(temperature: float, top_k: int | None, top_p: float | None, max_new_tokens: int) -> None:
+def check_chat_options(template: ChatTemplate, system: str | None, temperature: float, top_k: int | None,
+                       top_p: float | None, max_new_tokens: int | None) -> None:
+    """What a chat can refuse before any model is loaded: the sampling options, max_new_tokens
+    (None: the caller's default), and a template that fails on a first exchange."""
     check_sampling_options(temperature, top_k, top_p)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
+                                       or max_new_tokens < 1):
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    opening = [] if system is None else [{"role": "system", "content": system}]
+    template.render(opening + [{"role": "user", "content": "hi"}])  # fail early, clearly
 
 
 class ChatSession:
@@ -57,7 +63,7 @@ class ChatSession:
                  stop_ids: Sequence[int], *, system: str | None = None, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  max_new_tokens: int = 256, notify: Callable[[str], None] | None = None) -> None:
-        _check_options(temperature, top_k, top_p, max_new_tokens)
+        check_chat_options(template, system, temperature, top_k, top_p, max_new_tokens)
         if max_new_tokens >= model.cfg.max_positions:
             raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
                              f"context of {model.cfg.max_positions} tokens (max_positions); lower it")
@@ -80,7 +86,6 @@ class ChatSession:
         self.cache = model.new_cache(model.cfg.max_positions)
         self.context: list[int] = []  # the tokens whose keys and values the cache holds, in order
         self.processed = 0  # tokens run through the model so far, all turns together
-        self.template.render(self.messages + [{"role": "user", "content": "hi"}])  # fail early, clearly
 
     def encode(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         """The prompt for `messages`: rendered with the assistant header, then tokenized with the
@@ -177,4 +182,4 @@ def stop_ids_for(tokenizer: Tokenizer, eos_ids: Sequence[int], template: ChatTem
     return list(dict.fromkeys(ids))
 
 
-__all__ = ["END_OF_TURN_TOKENS", "ChatSession", "common_prefix", "stop_ids_for"]
+__all__ = ["END_OF_TURN_TOKENS", "ChatSession", "check_chat_options", "common_prefix", "stop_ids_for"]
