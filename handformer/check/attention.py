@@ -110,21 +110,22 @@ def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
 
     working = first_working(ctx, run)
     check_determinism(res, ctx, comp, lambda: run(working))
-    def rows(flags: frozenset[str]) -> Tensor | None:
+
+    def search_rows(flags: frozenset[str]) -> Tensor | None:
         return fp.visible_rows(V.applied_keep(keep, flags), B, T)  # an inverted mask hides other rows
 
     with fp.dropout_off():
         conv, found, failure = detect(ctx, run, lambda fl: V.attention(q, k, v, keep, fl)[0],
-                                      ATTENTION_FLAGS, rows)
+                                      ATTENTION_FLAGS, search_rows)
         if conv is None:
             raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, H, T, Dh) tensor")
         res.convention = fp.describe_convention(conv)
         correct = V.attention(q, k, v, keep)[0]
         if found and found[0]:
-            res.findings += ctx.findings(found[0], found[1], fp.max_error(run(conv), correct, rows(found[0])),
-                                         comp, "mha")
+            res.findings += ctx.findings(found[0], found[1],
+                                         fp.max_error(run(conv), correct, search_rows(found[0])), comp, "mha")
         if found:
-            nan_on_hidden_rows(res, run(conv), rows(found[0]), comp, ctx)
+            nan_on_hidden_rows(res, run(conv), search_rows(found[0]), comp, ctx)
         errors = []
         cases = [("no mask", 2, 5, 5, None), ("padding", 3, 4, 7, positions(3, 7, [0, 2, 7])),
                  ("causal + padding", 2, 6, 6, keep), ("cross, T != S", 2, 3, 5, positions(2, 5, [0, 1]))]
@@ -196,13 +197,13 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False) -> Com
     def compute(flags: frozenset[str]) -> Tensor:
         return V.multi_head_attention(w, x, x, x, keep_for(flags), flags)[0]
 
-    def rows(flags: frozenset[str]) -> Tensor | None:
+    def search_rows(flags: frozenset[str]) -> Tensor | None:
         return fp.visible_rows(V.applied_keep(keep_for(flags), flags), B, T)
 
     working = first_working(ctx, run)
     check_determinism(res, ctx, comp, lambda: run(working), "sdpa")
     with fp.dropout_off():
-        conv, found, failure = detect(ctx, run, compute, universe, rows)
+        conv, found, failure = detect(ctx, run, compute, universe, search_rows)
         if conv is None:
             got = shape_of(ctx.learner.call("forward", call, x, x, x, fp.encode_mask(keep, working)))
             raise failure or ctx.learner.fail("forward", f"{comp.name} returned {got} for inputs of shape "
@@ -211,10 +212,10 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False) -> Com
         if takes_mask:
             res.convention = fp.describe_convention(conv)
         if found and found[0]:
-            correct = fp.max_error(run(conv), compute(frozenset()), rows(found[0]))
+            correct = fp.max_error(run(conv), compute(frozenset()), search_rows(found[0]))
             res.findings += ctx.findings(found[0], found[1], correct, comp, "sdpa")
         if found:
-            nan_on_hidden_rows(res, run(conv), rows(found[0]), comp, ctx)
+            nan_on_hidden_rows(res, run(conv), search_rows(found[0]), comp, ctx)
         guarded(res, lambda: _compare_mha(res, ctx, comp, module, slots, call, conv, n_inputs, takes_mask,
                                           causal_inside))
         guarded(res, lambda: _properties(res, ctx, comp, module, slots, call, conv, takes_mask,
