@@ -2,7 +2,7 @@
 
 A crash (or kill -9) in the middle of a write leaves the previous file intact, never half of one;
 what it can leave is the temporary file (`.NAME.XXXX.tmp`), which `stale_temporary_files` finds.
-Append-only logs (metrics.jsonl) are not rewritten for every line; `read_log_lines` reads them
+Append-only logs (metrics.jsonl) are not rewritten for every line; `read_log_records` reads them
 back, tolerating the torn last line a crash can leave.
 """
 
@@ -13,6 +13,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
@@ -63,10 +64,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def read_log_lines(path: str | os.PathLike) -> list[str]:
-    """The complete records of an append-only JSON-lines log. The last line may be torn by a crash
-    (cut short, or missing its newline): it is dropped unless it is a whole JSON object. A broken
-    line before the last cannot come from a crash and is an error naming it."""
+def read_log_records(path: str | os.PathLike) -> list[tuple[str, dict[str, Any]]]:
+    """The complete records of an append-only JSON-lines log, each as (its line as written, the
+    parsed object). The last line may be torn by a crash (cut short, or missing its newline): it is
+    dropped unless it is a whole JSON object. A broken line before the last cannot come from a
+    crash and is an error naming it."""
     path = Path(path)
     text = path.read_bytes().decode("utf-8", errors="replace")
     lines = text.split("\n")
@@ -79,7 +81,7 @@ def read_log_lines(path: str | os.PathLike) -> list[str]:
         except ValueError:
             record = None
         if isinstance(record, dict):
-            records.append(line)
+            records.append((line, record))
         elif i < len(lines) - 1 and any(rest.strip() for rest in lines[i + 1:]):
             raise ValueError(f"{path} line {i + 1} is not a JSON object ({line[:40]!r}); only the "
                              "last line can be torn by a crash: delete or fix that line")

@@ -169,6 +169,23 @@ def test_cli_chat_refuses_runs_without_a_template_and_bad_options(run_dir, capsy
     assert err.startswith(f"error: {run_dir} has no chat template") and err.count("\n") == 1
 
 
+def test_chat_refuses_bad_options_and_a_missing_template_before_loading_the_model(run_dir, monkeypatch):
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before a refusal that needs none")
+
+    monkeypatch.setattr("handformer.tasks.lm.chat.load_lm", no_load)
+    for options, message in (({"top_p": 2}, "top_p must be in (0, 1]"), ({"temperature": -1}, "temperature"),
+                             ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer")):
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("]", r"\]")):
+            handformer.chat(run_dir, **options)
+    with pytest.raises(FileNotFoundError, match="not a run directory"):
+        handformer.chat(run_dir / "nope")
+    (run_dir / "chat_template.jinja").unlink(missing_ok=True)
+    (run_dir / "tokenizer_config.json").unlink(missing_ok=True)
+    with pytest.raises(ValueError, match="has no chat template"):
+        handformer.chat(run_dir)
+
+
 @torch.no_grad()
 def test_imported_checkpoint_chats_as_transformers(tmp_path):
     """A tiny random Llama with a tokenizer and chat template, saved by transformers, imported:

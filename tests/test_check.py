@@ -21,9 +21,11 @@ from hypothesis import strategies as st
 
 from handformer.check import variants as V
 from handformer.check.diagnoses import CATALOG, EXCLUSIVE, MASKING
+from handformer.check.discovery import find_components
 from handformer.check.report import exit_code, format_report, to_json
 from handformer.check.result import FileResult
-from handformer.check.runners import check_file
+from handformer.check.runners import check_file, import_learner
+from handformer.check.sandbox import check_in_child
 from handformer.cli import main
 from handformer.config import BlockConfig
 from handformer.nn.attention import MultiHeadAttention
@@ -290,6 +292,32 @@ def test_huge_allocation_hits_the_memory_limit(broken):
     assert err["traceback"] == ['line 52, in __init__: self.register_buffer("pe", torch.zeros(2 ** 31, 2))']
 
 
+def test_the_child_is_told_the_kind_each_component_is_checked_as(tmp_path):
+    """What the sandbox's parent reports for a component that hangs or dies: the step and its kind
+    come from the child, so a class named on the command line keeps the kind it was named for."""
+    path = tmp_path / "mine.py"
+    path.write_text(CORRECT.read_text().replace("class FFN(", "class Attention("))
+    steps = []
+    check_file(str(path), overrides={"ffn": "Attention"}, only=["ffn"], started=lambda *s: steps.append(s))
+    assert steps == [("import", ""), ("Attention", "ffn")]
+    kinds = [(c.kind, c.name) for c in find_components(import_learner(str(path)), {"ffn": "Attention"})]
+    assert ("ffn", "Attention") in kinds and ("mha", "Attention") not in kinds  # not the mha it is named like
+
+
+@pytest.mark.slow
+def test_a_component_named_on_the_command_line_keeps_its_kind_when_it_hangs(tmp_path):
+    """--component causal_attention=Attention: the report grades Attention (a name the tutorials use
+    for multi-head attention) as causal self-attention, also when the child process has to be killed."""
+    path = tmp_path / "named.py"
+    path.write_text("import torch.nn as nn\n\n\nclass Attention(nn.Module):\n    def __init__(self, d_model):\n"
+                    "        super().__init__()\n        while True:\n            pass\n")
+    result = check_in_child(str(path), {"causal_attention": "Attention"}, ["causal_attention"], time_limit=1)
+    (comp,) = result.components
+    assert (comp.kind, comp.name, comp.status, comp.error.kind) == ("causal_attention", "Attention", "error",
+                                                                    "timeout")
+    assert format_report(result).splitlines()[2] == "Attention (causal self-attention): ERROR"
+
+
 def test_syntax_error_is_reported_with_the_line(tmp_path):
     path = tmp_path / "syntax.py"
     path.write_text("import torch\nclass FFN(nn.Module)\n    pass\n")
@@ -410,6 +438,20 @@ def test_nanogpt_style_causal_attention_with_a_fused_projection(tmp_path):
     result = check_file(str(path))
     assert_exactly(result, {"causal_off_by_one"})
     assert result.components[0].findings[0].form == "sees_next"
+    path.write_text(NANOGPT_ATTENTION.replace("torch.ones(block_size, block_size))",
+                                              "torch.ones(block_size, block_size), diagonal=-1)"))
+    assert_exactly(check_file(str(path)), {"causal_off_by_one", "nan_on_masked_rows"})  # token 0 sees nothing
+
+
+def test_nan_on_rows_that_a_mistake_hides_is_named_with_it(tmp_path):
+    """An inverted mask hides every key of the last query; with -inf that row is NaN. The search
+    compares each variant on the rows its own mask leaves visible, so both mistakes are named."""
+    path = tmp_path / "inverted_inf.py"
+    path.write_text(plant(CORRECT.read_text(), ["mask_inverted", "nan_on_masked_rows"]))
+    result = check_file(str(path), only=["sdpa", "mha", "encoder_layer"])
+    assert_exactly(result, {"mask_inverted", "nan_on_masked_rows"})
+    assert all({f.name for f in c.findings} == {"mask_inverted", "nan_on_masked_rows"}
+               for c in result.components), format_report(result)
 
 
 MODEL = '''

@@ -423,3 +423,10 @@ def test_text_stream_holds_back_incomplete_utf8():
     assert "".join(writes) == "hello" + text
     assert all("\ufffd" not in w for w in writes)
     assert len(writes) > 3  # it streamed, rather than writing once at the end
+    pieces = []  # a function instead of a file, and a decode of the caller's (as a chat's reply)
+    stream = TextStream(tok, out=pieces.append, decode=lambda ids: tok.decode(ids).upper())
+    for i in ids:
+        stream.push(i)
+    stream.close()
+    assert "".join(pieces) == text.upper() and len(pieces) > 3
+    assert all("\ufffd" not in p for p in pieces)

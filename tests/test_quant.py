@@ -197,6 +197,23 @@ def test_quantize_errors_are_one_line(tmp_path, capsys):
     fails(["generate", out, "--prompt", "a"], "'quantization' must be a table with weights")
 
 
+def test_quantize_refuses_lora_and_quantized_runs_before_loading_them(tmp_path, monkeypatch):
+    from handformer.tasks.lm.quantize import quantize_run
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before a refusal that config.json alone decides")
+
+    monkeypatch.setattr("handformer.tasks.lm.run.load_lm", no_load)
+    run_dir = _run(tmp_path)
+    config = json.loads((run_dir / "config.json").read_text())
+    for section, message in (("lora", "holds LoRA adapters"), ("quantization", "already quantized")):
+        (run_dir / "config.json").write_text(json.dumps({**config, section: {"r": 4}}))
+        with pytest.raises(ValueError, match=message):
+            quantize_run(run_dir, tmp_path / "out", "int8")
+    with pytest.raises(ValueError, match="--int8, --int4 or --bf16"):
+        quantize_run(run_dir, tmp_path / "out", "int2")
+
+
 def _decode_limit():
     import importlib.util
     from pathlib import Path

@@ -29,18 +29,30 @@ from handformer.check.context import (
     H,
     causal,
     check_determinism,
+    error_text,
     finish,
     first_working,
     forward_parameters,
     grads_error,
     guarded,
     is_mask_name,
+    masked_rows,
+    nan_on_hidden_rows,
+    outputs_by_convention,
     positions,
+    shape_of,
 )
 from handformer.check.discovery import Component
 from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
-from handformer.check.weights import Slot, attention_slots, copy_linear, leaves, mha_weights
+from handformer.check.weights import (
+    Slot,
+    attention_parameters,
+    attention_slots,
+    copy_attention,
+    leaves,
+    mha_weights,
+)
 from handformer.nn.attention import MultiHeadAttention, scaled_dot_product_attention
 
 Call = Callable[[Tensor, Tensor, Tensor, Tensor | None], Any]
@@ -63,19 +75,11 @@ def caller(fn: Any) -> tuple[Call, int, bool]:
 
 
 def detect(ctx: Context, run: Callable[[str], Tensor | None], compute: Callable[[frozenset[str]], Tensor],
-           universe: tuple[str, ...], rows: Tensor | None,
+           universe: tuple[str, ...], rows: fp.Rows,
            ) -> tuple[str | None, tuple[frozenset[str], float] | None, fp.LearnerFailure | None]:
     """The mask convention that explains the learner's output with the fewest mistakes, and those
     mistakes. Returns (convention, (flags, error) or None, the first learner failure)."""
-    failure, outputs = None, {}
-    for conv in ctx.conventions():
-        try:
-            out = run(conv)
-        except fp.LearnerFailure as err:
-            failure = failure or err
-            continue
-        if out is not None:
-            outputs[conv] = out
+    outputs, failure = outputs_by_convention(run, ctx.conventions())
     for min_flags, max_flags in ((0, 1), (2, 2)):  # pairs only once no smaller set matched
         best = None
         for conv, out in outputs.items():
@@ -106,15 +110,22 @@ def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
 
     working = first_working(ctx, run)
     check_determinism(res, ctx, comp, lambda: run(working))
+
+    def search_rows(flags: frozenset[str]) -> Tensor | None:
+        return fp.visible_rows(V.applied_keep(keep, flags), B, T)  # an inverted mask hides other rows
+
     with fp.dropout_off():
         conv, found, failure = detect(ctx, run, lambda fl: V.attention(q, k, v, keep, fl)[0],
-                                      ATTENTION_FLAGS, fp.visible_rows(keep, B, T))
+                                      ATTENTION_FLAGS, search_rows)
         if conv is None:
             raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, H, T, Dh) tensor")
         res.convention = fp.describe_convention(conv)
         correct = V.attention(q, k, v, keep)[0]
         if found and found[0]:
-            res.findings += ctx.findings(found[0], found[1], fp.max_error(run(conv), correct), comp, "mha")
+            res.findings += ctx.findings(found[0], found[1],
+                                         fp.max_error(run(conv), correct, search_rows(found[0])), comp, "mha")
+        if found:
+            nan_on_hidden_rows(res, run(conv), search_rows(found[0]), comp, ctx)
         errors = []
         cases = [("no mask", 2, 5, 5, None), ("padding", 3, 4, 7, positions(3, 7, [0, 2, 7])),
                  ("causal + padding", 2, 6, 6, keep), ("cross, T != S", 2, 3, 5, positions(2, 5, [0, 1]))]
@@ -130,11 +141,11 @@ def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
             weights = fp.weights_of(raw)
             if weights is not None:
                 errors.append(fp.max_error(weights, ref_w, rows))
-            _masked_rows(res, out, rows, comp, ctx)
+            masked_rows(res, out, rows, comp, ctx)
         res.max_abs_error = max(errors)
         res.checks.append(Check(text("matches handformer's scaled_dot_product_attention on 4 cases",
                                      "在 4 组输入上与 handformer 的 scaled_dot_product_attention 一致"),
-                                res.max_abs_error < 1e-5, _err_text(res.max_abs_error)))
+                                res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
     return finish(res)
 
 
@@ -143,42 +154,9 @@ def _dropout_kwargs(cls: type) -> dict[str, float]:
     return {p.name: 0.1 for p in params if "drop" in p.name.lower() and p.default is p.empty}
 
 
-def _err_text(err: float) -> dict[str, str]:
-    return text(f"max abs error {err:.2e}", f"最大绝对误差 {err:.2e}")
-
-
-def _masked_rows(res: ComponentResult, out: Tensor | None, rows: Tensor | None, comp: Component,
-                 ctx: Context) -> None:
-    """Fully masked rows are compared nowhere: note what each side does; NaN there is a finding."""
-    if out is None or rows is None or bool(rows.all()):
-        return
-    hidden = ~rows[:, 0] if out.dim() == 3 else (~rows).expand(out.shape[:-1])  # (B, T) or (B, H, T)
-    values = out[hidden]
-    if torch.isnan(values).any():
-        if not any(f.name == "nan_on_masked_rows" for f in res.findings):
-            number, code = locate("nan_on_masked_rows", source_lines(ctx.objects(comp, "sdpa", "mha")))
-            res.findings.append(Finding("nan_on_masked_rows", text(
-                f"{int(hidden.sum())} query rows with every key masked came out NaN",
-                f"{int(hidden.sum())} 个所有键都被屏蔽的查询行输出为 NaN"), number, code))
-        return
-    note = text("rows whose keys are all masked were not compared: with -1e9 your code gives uniform "
-                "weights there (the mean of V), handformer gives zeros; both are defined, neither is wrong",
-                "所有键都被屏蔽的行没有参与比较：用 -1e9 时你的代码在这些行给出均匀权重（V 的平均），"
-                "handformer 给出 0；两者都有定义，都不算错")
-    if note not in res.notes:
-        res.notes.append(note)
-
-
 def _hf_attention(slots: list[Slot]) -> MultiHeadAttention:
     hf = MultiHeadAttention(D, H).double().eval()
-    by = {s.role: s for s in slots}
-    for role, target in (("W_Q", hf.q_proj), ("W_K", hf.k_proj), ("W_V", hf.v_proj), ("W_O", hf.o_proj)):
-        if role in by:
-            copy_linear(target, by[role])
-        else:  # no W_O: the identity, so handformer computes what a projection-free module would
-            with torch.no_grad():
-                target.weight.copy_(torch.eye(D, dtype=torch.float64))
-                target.bias.zero_()
+    copy_attention(hf, slots)
     return hf
 
 
@@ -213,24 +191,31 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False) -> Com
         mask = fp.encode_mask(keep, conv) if takes_mask else None
         return fp.first_tensor(ctx.learner.call("forward", call, x, x, x, mask), 3)
 
+    def keep_for(flags: frozenset[str]) -> Tensor | None:
+        return V.causal_keep(T, flags)[None, None] if causal_inside else keep  # an off-by-one is theirs
+
     def compute(flags: frozenset[str]) -> Tensor:
-        k = V.causal_keep(T, flags)[None, None] if causal_inside else keep
-        return V.multi_head_attention(w, x, x, x, k, flags)[0]
+        return V.multi_head_attention(w, x, x, x, keep_for(flags), flags)[0]
+
+    def search_rows(flags: frozenset[str]) -> Tensor | None:
+        return fp.visible_rows(V.applied_keep(keep_for(flags), flags), B, T)
 
     working = first_working(ctx, run)
     check_determinism(res, ctx, comp, lambda: run(working), "sdpa")
     with fp.dropout_off():
-        conv, found, failure = detect(ctx, run, compute, universe, fp.visible_rows(keep, B, T))
+        conv, found, failure = detect(ctx, run, compute, universe, search_rows)
         if conv is None:
-            got = _shape_of(ctx.learner.call("forward", call, x, x, x, fp.encode_mask(keep, working)))
+            got = shape_of(ctx.learner.call("forward", call, x, x, x, fp.encode_mask(keep, working)))
             raise failure or ctx.learner.fail("forward", f"{comp.name} returned {got} for inputs of shape "
                                               f"{tuple(x.shape)}; expected a (B, T, D) tensor (and the "
                                               "weights (B, H, T, S) if you return them)")
         if takes_mask:
             res.convention = fp.describe_convention(conv)
         if found and found[0]:
-            correct = fp.max_error(run(conv), compute(frozenset()), fp.visible_rows(keep, B, T))
+            correct = fp.max_error(run(conv), compute(frozenset()), search_rows(found[0]))
             res.findings += ctx.findings(found[0], found[1], correct, comp, "sdpa")
+        if found:
+            nan_on_hidden_rows(res, run(conv), search_rows(found[0]), comp, ctx)
         guarded(res, lambda: _compare_mha(res, ctx, comp, module, slots, call, conv, n_inputs, takes_mask,
                                           causal_inside))
         guarded(res, lambda: _properties(res, ctx, comp, module, slots, call, conv, takes_mask,
@@ -268,7 +253,7 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, module: nn
                                    None if inside else fp.encode_mask(mask, conv))
             out = fp.first_tensor(raw, 3)
             if out is None:
-                raise ctx.learner.fail("forward", f"{comp.name} returned {_shape_of(raw)}, not a (B, T, D) "
+                raise ctx.learner.fail("forward", f"{comp.name} returned {shape_of(raw)}, not a (B, T, D) "
                                        f"tensor, for inputs of shape {tuple(xq.shape)}")
             ref, ref_w = hf(xq, None if xkv is xq else xkv, mask, need_weights=True)
             rows = fp.visible_rows(mask, B, T)
@@ -276,42 +261,30 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, module: nn
             weights = fp.weights_of(raw)
             if weights is not None:
                 errors.append(fp.max_error(weights, ref_w, rows))
-            _masked_rows(res, out, rows, comp, ctx)
+            masked_rows(res, out, rows, comp, ctx)
             if out.shape == ref.shape and i == len(_cases(n_inputs, takes_mask, causal_inside)) - 1:
                 g = fp.randn(*out.shape, seed=99)
                 sel = rows.reshape(B, T, 1) if rows is not None else 1.0
                 mine = torch.autograd.grad((out * g * sel).sum(), [xq] + [s.leaf.weight for s in slots],
                                            allow_unused=True)
-                theirs = torch.autograd.grad((ref * g * sel).sum(), [xq] + [_hf_param(hf, s) for s in slots],
-                                             allow_unused=True)
+                hf_params = [attention_parameters(hf)[s.role].weight for s in slots]
+                theirs = torch.autograd.grad((ref * g * sel).sum(), [xq] + hf_params, allow_unused=True)
                 grad_errors.append(grads_error(list(zip(
                     [mine[0]] + [_rows(m, s) for m, s in zip(mine[1:], slots)], theirs))))
     res.max_abs_error = max(errors)
     res.checks.append(Check(text(f"matches handformer's MultiHeadAttention on {len(errors)} outputs",
                                  f"在 {len(errors)} 组输出上与 handformer 的 MultiHeadAttention 一致"),
-                            res.max_abs_error < 1e-5, _err_text(res.max_abs_error)))
+                            res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
     if grad_errors:
         res.checks.append(Check(text("gradients (input and weights) match handformer's",
                                      "梯度（输入与权重）与 handformer 一致"),
-                                max(grad_errors) < 1e-5, _err_text(max(grad_errors))))
+                                max(grad_errors) < 1e-5, error_text(max(grad_errors))))
 
 
 def _rows(grad: Tensor | None, slot: Slot) -> Tensor | None:
     if grad is None or slot.rows is None:
         return grad
     return grad[slot.rows]
-
-
-def _hf_param(hf: MultiHeadAttention, slot: Slot) -> Tensor:
-    return {"W_Q": hf.q_proj, "W_K": hf.k_proj, "W_V": hf.v_proj, "W_O": hf.o_proj}[slot.role].weight
-
-
-def _shape_of(raw: Any) -> str:
-    if isinstance(raw, Tensor):
-        return f"a tensor of shape {tuple(raw.shape)}"
-    if isinstance(raw, (tuple, list)):
-        return "(" + ", ".join(_shape_of(r) for r in raw) + ")"
-    return type(raw).__name__
 
 
 def _properties(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module,
@@ -350,7 +323,7 @@ def _properties(res: ComponentResult, ctx: Context, comp: Component, module: nn.
         err = fp.max_error(out, heads)
         res.checks.append(Check(text("split + concat of heads equals the heads computed one by one",
                                      "拆分再拼接多头，与逐个头单独计算的结果一致"), err < 1e-5,
-                                _err_text(err)))
+                                error_text(err)))
 
 
 def one_head_at_a_time(w: V.MHAWeights, x: Tensor) -> Tensor:
@@ -379,7 +352,7 @@ def _tutorial_shapes(res: ComponentResult, ctx: Context, comp: Component, n_inpu
     out, weights = fp.first_tensor(raw, 3), fp.weights_of(raw)
     ok = out is not None and tuple(out.shape) == (2, 10, 512) and (
         weights is None or tuple(weights.shape) == (2, 8, 10, 10))
-    got = _shape_of(raw)
+    got = shape_of(raw)
     res.checks.append(Check(text("shapes as the tutorial states: (2, 10, 512) -> (2, 10, 512), weights "
                                  "(2, 8, 10, 10)", "形状与教程一致：(2, 10, 512) -> (2, 10, 512)，注意力权重 "
                                  "(2, 8, 10, 10)"), ok, text(f"got {got}", f"实际得到 {got}")))

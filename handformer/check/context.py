@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
-from handformer.check.discovery import Component, build
-from handformer.check.result import Check, ComponentResult, Finding, text
+from handformer.check.discovery import Component, build, own_objects
+from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import scramble_
 from handformer.nn.masks import causal_mask
@@ -75,10 +75,7 @@ class Context:
         """The component's class or function, then the learner's other components of `kinds`, then
         every other function and class of their file: where to look for a line."""
         objs = [comp.obj] + [self.components[k].obj for k in kinds if k in self.components]
-        objs += [obj for obj in vars(self.module).values()
-                 if (inspect.isclass(obj) or inspect.isfunction(obj))
-                 and getattr(obj, "__module__", None) == self.module.__name__ and obj not in objs]
-        return objs
+        return objs + [obj for obj in own_objects(self.module).values() if obj not in objs]
 
     def findings(self, flags: frozenset[str], matched: float, correct: float, comp: Component,
                  *kinds: str) -> list[Finding]:
@@ -171,6 +168,58 @@ def check_determinism(res: ComponentResult, ctx: Context, comp: Component,
         res.findings.append(drop)
 
 
+def hidden_rows(out: Tensor | None, rows: Tensor | None) -> Tensor | None:
+    """The learner's output on the query rows whose keys are all masked; None when there are none."""
+    if out is None or rows is None or bool(rows.all()):
+        return None
+    hidden = ~rows[:, 0] if out.dim() == 3 else (~rows).expand(out.shape[:-1])  # (B, T) or (B, H, T)
+    return out[hidden]  # (rows, D) or (rows, Dh)
+
+
+def nan_on_hidden_rows(res: ComponentResult, out: Tensor | None, rows: Tensor | None, comp: Component,
+                       ctx: Context) -> None:
+    """The finding nan_on_masked_rows (once a component) when a row whose keys are all masked is NaN."""
+    values = hidden_rows(out, rows)
+    if values is None or not torch.isnan(values).any() or any(
+            f.name == "nan_on_masked_rows" for f in res.findings):
+        return
+    number, code = locate("nan_on_masked_rows", source_lines(ctx.objects(comp, "sdpa", "mha")))
+    res.findings.append(Finding("nan_on_masked_rows", text(
+        f"{values.size(0)} query rows with every key masked came out NaN",
+        f"{values.size(0)} 个所有键都被屏蔽的查询行输出为 NaN"), number, code))
+
+
+def masked_rows(res: ComponentResult, out: Tensor | None, rows: Tensor | None, comp: Component,
+                ctx: Context) -> None:
+    """Fully masked rows are compared nowhere: note what each side does; NaN there is a finding."""
+    values = hidden_rows(out, rows)
+    if values is None:
+        return
+    if torch.isnan(values).any():
+        nan_on_hidden_rows(res, out, rows, comp, ctx)
+        return
+    note = text("rows whose keys are all masked were not compared: with -1e9 your code gives uniform "
+                "weights there (the mean of V), handformer gives zeros; both are defined, neither is wrong",
+                "所有键都被屏蔽的行没有参与比较：用 -1e9 时你的代码在这些行给出均匀权重（V 的平均），"
+                "handformer 给出 0；两者都有定义，都不算错")
+    if note not in res.notes:
+        res.notes.append(note)
+
+
+def shape_of(raw: Any) -> str:
+    """What a learner call returned, for a message: shapes of tensors, nested in tuples."""
+    if isinstance(raw, Tensor):
+        return f"a tensor of shape {tuple(raw.shape)}"
+    if isinstance(raw, (tuple, list)):
+        return "(" + ", ".join(shape_of(r) for r in raw) + ")"
+    return type(raw).__name__
+
+
+def error_text(err: float) -> Text:
+    """A check's detail: the largest difference it measured."""
+    return text(f"max abs error {err:.2e}", f"最大绝对误差 {err:.2e}")
+
+
 def positions(batch: int, length: int, pad: list[int]) -> Tensor:
     """(B, 1, 1, S) bool padding mask: row b keeps its first length - pad[b] positions."""
     keep = torch.ones(batch, 1, 1, length, dtype=torch.bool)
@@ -222,6 +271,22 @@ def guarded(res: ComponentResult, step: Callable[[], None]) -> None:
         where = f" ({err.traceback[-1]})" if err.traceback else ""
         res.checks.append(Check(text("runs on every test shape", "能在所有测试形状上运行"), False,
                                 text(f"{err.message}{where}", f"{err.message}{where}")))
+
+
+def outputs_by_convention(run: Callable[[str], Tensor | None], conventions: tuple[str, ...],
+                          ) -> tuple[dict[str, Tensor], fp.LearnerFailure | None]:
+    """The learner's output under each mask convention it runs with (and returns a tensor for), and
+    its first failure."""
+    outputs, failure = {}, None
+    for conv in conventions:
+        try:
+            out = run(conv)
+        except fp.LearnerFailure as err:
+            failure = failure or err
+            continue
+        if out is not None:
+            outputs[conv] = out
+    return outputs, failure
 
 
 def first_working(ctx: Context, run: Callable[[str], Any]) -> str:

@@ -138,7 +138,4 @@ EXCLUSIVE: dict[frozenset[str], str] = {
     frozenset({"mask_after_softmax", "nan_on_masked_rows"}):
         "after the softmax there are no scores to fill with -inf",
 }
-MASKING: dict[frozenset[str], str] = {
-    frozenset({"mask_inverted", "nan_on_masked_rows"}):
-        "an inverted causal mask hides every key of the last query, and with -inf that row is NaN",
-}
+MASKING: dict[frozenset[str], str] = {}

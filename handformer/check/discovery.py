@@ -86,9 +86,7 @@ def find_components(module: types.ModuleType, overrides: dict[str, str] | None =
     """The learner's components in the order of KINDS (a kind may match several names, e.g. an FFN
     and a SwiGLU); each name is checked once."""
     overrides = overrides or {}
-    own = {name: obj for name, obj in vars(module).items()
-           if (inspect.isclass(obj) or inspect.isfunction(obj))
-           and getattr(obj, "__module__", None) == module.__name__}
+    own = own_objects(module)
     for kind, name in overrides.items():
         if kind not in NAMES:
             raise DiscoveryError(f"--component {kind}={name}: unknown kind {kind!r}; kinds: "
@@ -100,10 +98,11 @@ def find_components(module: types.ModuleType, overrides: dict[str, str] | None =
         if kind not in NAMES:
             raise DiscoveryError(f"--component {kind}: unknown kind; kinds: {', '.join(KINDS)}")
     found, taken = [], set()
+    named = set(overrides.values())  # a name given with --component is checked as that kind only
     for kind, names in NAMES.items():
         if only and kind not in only:
             continue
-        wanted = [overrides[kind]] if kind in overrides else [n for n in names if n in own]
+        wanted = [overrides[kind]] if kind in overrides else [n for n in names if n in own and n not in named]
         for name in wanted:
             if name not in taken:
                 taken.add(name)
@@ -111,10 +110,15 @@ def find_components(module: types.ModuleType, overrides: dict[str, str] | None =
     return found
 
 
+def own_objects(module: types.ModuleType) -> dict[str, Any]:
+    """The classes and functions the learner's file defines (not the ones it imports), by name."""
+    return {name: obj for name, obj in vars(module).items()
+            if (inspect.isclass(obj) or inspect.isfunction(obj))
+            and getattr(obj, "__module__", None) == module.__name__}
+
+
 def defined_names(module: types.ModuleType) -> list[str]:
-    return sorted(name for name, obj in vars(module).items()
-                  if (inspect.isclass(obj) or inspect.isfunction(obj))
-                  and getattr(obj, "__module__", None) == module.__name__)
+    return sorted(own_objects(module))
 
 
 def _config_namespace(sizes: dict[str, Any]) -> types.SimpleNamespace:

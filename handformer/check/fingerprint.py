@@ -126,11 +126,21 @@ def visible_rows(keep: Tensor | None, batch: int, length: int) -> Tensor | None:
     return keep.expand(batch, 1, length, keep.size(-1)).any(-1)  # (B, 1, T)
 
 
+Rows = Tensor | None | Callable[[frozenset[str]], Tensor | None]
+
+
+def rows_for(rows: Rows, flags: frozenset[str]) -> Tensor | None:
+    """The rows to compare under a set of mistakes: fixed, or (for a component that builds its own
+    causal mask) a function of the flags, since an off-by-one mask hides every key of a query."""
+    return rows(flags) if callable(rows) else rows
+
+
 def search(target: Tensor, compute: Callable[[frozenset[str]], Tensor], universe: Sequence[str],
-           rows: Tensor | None, max_flags: int = 2, min_flags: int = 0,
+           rows: Rows, max_flags: int = 2, min_flags: int = 0,
            ) -> tuple[frozenset[str], float] | None:
     """The smallest set of mistakes (from `min_flags` to `max_flags` of them, one form per name)
-    whose computed output equals `target`; None when no set does."""
+    whose computed output equals `target` on the rows that set leaves visible; None when no set
+    does."""
     for n in range(min_flags, max_flags + 1):
         for combo in itertools.combinations(universe, n):
             names = {flag.split(":")[0] for flag in combo}
@@ -140,7 +150,7 @@ def search(target: Tensor, compute: Callable[[frozenset[str]], Tensor], universe
                 out = compute(frozenset(combo))
             except RuntimeError:
                 continue  # this variant cannot run on these shapes; it cannot be the learner's
-            err = max_error(target, out, rows)
+            err = max_error(target, out, rows_for(rows, frozenset(combo)))
             if err < TOL:
                 return frozenset(combo), err
     return None

@@ -20,7 +20,6 @@ from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
 from handformer.check import variants as V
-from handformer.check.attention import _masked_rows, _shape_of
 from handformer.check.context import (
     ATTENTION_FLAGS,
     F_WIDTH,
@@ -31,13 +30,18 @@ from handformer.check.context import (
     H,
     causal,
     check_determinism,
+    error_text,
     finish,
     first_working,
     forward_parameters,
     grads_error,
     guarded,
     is_mask_name,
+    masked_rows,
+    nan_on_hidden_rows,
+    outputs_by_convention,
     positions,
+    shape_of,
 )
 from handformer.check.discovery import Component
 from handformer.check.pieces import FFN_ACTIVATIONS, HF_NAME
@@ -46,8 +50,9 @@ from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
     Slot,
     attention_slots,
-    copy_linear,
-    copy_norm,
+    copy_attention,
+    copy_ffn,
+    copy_weights,
     ffn_slots,
     ffn_weights,
     leaves,
@@ -57,10 +62,6 @@ from handformer.check.weights import (
 )
 from handformer.config import BlockConfig
 from handformer.nn.blocks import DecoderLayer, EncoderLayer
-
-
-def _err(err: float) -> dict[str, str]:
-    return text(f"max abs error {err:.2e}", f"最大绝对误差 {err:.2e}")
 
 
 class Layer:
@@ -144,7 +145,13 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
     tgt_keep = causal(T) & positions(B, T, [1, 0])
     if causal_block:
         src_keep, tgt_keep = None, causal(T)[None, None]
-    rows = _rows(layer, src_keep, tgt_keep, B, T)
+
+    def search_rows(flags: frozenset[str]) -> Tensor | None:
+        """The rows the masks leave visible as the layer with these mistakes applies them (inverted, or
+        off by one in a block that builds its own)."""
+        if causal_block and not layer.takes_mask:
+            return fp.visible_rows(V.applied_keep(V.causal_keep(T, flags)[None, None], flags), B, T)
+        return _rows(layer, V.applied_keep(src_keep, flags), V.applied_keep(tgt_keep, flags), B, T)
 
     def run(conv: str) -> Tensor | None:
         src = fp.encode_mask(src_keep, conv)
@@ -154,7 +161,7 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
     working = first_working(ctx, run)
     check_determinism(res, ctx, comp, lambda: run(working), "mha", "ffn", "sdpa")
     with fp.dropout_off():
-        found = _search(layer, ctx, run, x, memory, src_keep, tgt_keep, rows, expected)
+        found = _search(layer, ctx, run, x, memory, src_keep, tgt_keep, search_rows, expected)
         if found is None:
             res.notes.append(text("no known mistake (or pair of them) reproduces your output; see the "
                                   "checks below for where it goes wrong",
@@ -164,9 +171,11 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
             conv, slots, act, placement, flags, matched = found
             correct_w = layer.weights(slots, act, expected)
             correct = _compute(layer, correct_w, x, memory, src_keep, tgt_keep, frozenset())
+            out = run(conv)
             if flags:
-                res.findings += ctx.findings(flags, matched, fp.max_error(run(conv), correct, rows), comp,
-                                             "mha", "ffn", "sdpa", "causal_mask")
+                res.findings += ctx.findings(flags, matched, fp.max_error(out, correct, search_rows(flags)),
+                                             comp, "mha", "ffn", "sdpa", "causal_mask")
+            nan_on_hidden_rows(res, out, search_rows(flags), comp, ctx)
         res.mapping = [s.describe() for group in layer.attn for s in group] + [
             s.describe() for s in slots] + [s.describe() for s in layer.norm_slots]
         if layer.takes_mask or decoder:
@@ -225,28 +234,23 @@ def found_default(layer: Layer, ctx: Context) -> tuple[str, list[Slot], str, str
 
 
 def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], x: Tensor, memory: Tensor,
-            src_keep: Tensor | None, tgt_keep: Tensor | None, rows: Tensor | None, expected: str,
+            src_keep: Tensor | None, tgt_keep: Tensor | None, rows: fp.Rows, expected: str,
             ) -> tuple[str, list[Slot], str, str, frozenset[str], float] | None:
     """Convention, FFN mapping, activation and placement first with at most one mistake, then with
     pairs: the smallest explanation of the learner's output."""
     gated = len(layer.ffn_candidates[0]) == 3
-    outputs, failure = {}, None
-    for conv in ctx.conventions():
-        try:
-            out = run(conv)
-        except fp.LearnerFailure as err:
-            failure = failure or err
-            continue
-        if out is not None and out.shape == x.shape and not any(
-                torch.equal(out, seen) for seen in outputs.values()):
+    # a block that builds its own mask is passed none: one convention is enough
+    own_mask = layer.causal_block and not layer.takes_mask
+    ran, failure = outputs_by_convention(run, ctx.conventions()[:1] if own_mask else ctx.conventions())
+    outputs: dict[str, Tensor] = {}
+    for conv, out in ran.items():
+        if out.shape == x.shape and not any(torch.equal(out, seen) for seen in outputs.values()):
             outputs[conv] = out  # conventions that give the same output are searched once
-        if not layer.takes_mask and layer.causal_block:
-            break
     if not outputs:
         if failure:
             raise failure
         out = run(ctx.conventions()[0])
-        raise layer.ctx.learner.fail("forward", f"{layer.comp.name} returned {_shape_of(out)} for x of "
+        raise layer.ctx.learner.fail("forward", f"{layer.comp.name} returned {shape_of(out)} for x of "
                                      f"shape {tuple(x.shape)}; a layer keeps the shape (B, T, d_model)")
     placements = (expected, "pre" if expected == "post" else "post")
     settings = list(itertools.product(outputs, layer.ffn_candidates, FFN_ACTIVATIONS[gated], placements))
@@ -275,25 +279,12 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str) -> nn.M
                       norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm", norm_placement=placement,
                       norm_eps=first.eps)
     hf = (DecoderLayer(cfg) if layer.decoder else EncoderLayer(cfg)).double().eval()
-    attns = [hf.self_attn] + ([hf.cross_attn] if layer.decoder else [])
-    for target, group in zip(attns, layer.attn):
-        by = {s.role.split(" ")[-1]: s for s in group}
-        for role, proj in (("W_Q", target.q_proj), ("W_K", target.k_proj), ("W_V", target.v_proj),
-                           ("W_O", target.o_proj)):
-            if role in by:
-                copy_linear(proj, by[role])
-            else:
-                with torch.no_grad():
-                    proj.weight.copy_(torch.eye(D, dtype=torch.float64))
-                    proj.bias.zero_()
-    by = {s.role: s for s in slots}
-    copy_linear(hf.ffn.up_proj, by.get("FFN W_1") or by["FFN W_up"])
-    copy_linear(hf.ffn.down_proj, by.get("FFN W_2") or by["FFN W_down"])
-    if gated:
-        copy_linear(hf.ffn.gate_proj, by["FFN W_gate"])
+    for target, group in zip([hf.self_attn] + ([hf.cross_attn] if layer.decoder else []), layer.attn):
+        copy_attention(target, group)
+    copy_ffn(hf.ffn, slots)
     norms = [hf.attn_norm] + ([hf.cross_attn_norm] if layer.decoder else []) + [hf.ffn_norm]
     for target, slot in zip(norms, layer.norm_slots):
-        copy_norm(target, slot)
+        copy_weights(target, slot)
     return hf
 
 
@@ -322,7 +313,7 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
                 ref = hf(x, tgt_keep if layer.causal_block else src_keep)[0]
             rows = _rows(layer, src_keep, tgt_keep, B, T)
             errors.append(fp.max_error(out, ref, rows))
-            _masked_rows(res, out, rows, layer.comp, ctx)
+            masked_rows(res, out, rows, layer.comp, ctx)
             if i == 0 and out is not None and out.shape == ref.shape:
                 g = fp.randn(*ref.shape, seed=5)
                 mine = torch.autograd.grad((out * g).sum(), [x, layer.norm_slots[0].leaf.weight])
@@ -332,10 +323,10 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
     name = "DecoderLayer" if layer.decoder else "DecoderOnlyBlock" if layer.causal_block else "EncoderLayer"
     res.checks.append(Check(text(f"matches handformer's {name} ({placement}-norm) on {len(cases)} shapes",
                                  f"在 {len(cases)} 种形状上与 handformer 的 {name}（{placement}-norm）一致"),
-                            res.max_abs_error < 1e-5, _err(res.max_abs_error)))
+                            res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
     res.checks.append(Check(text("gradients (input and first norm) match handformer's",
                                  "梯度（输入与第一个归一化层）与 handformer 一致"), grad_err < 1e-5,
-                            _err(grad_err)))
+                            error_text(grad_err)))
 
 
 def _properties(res: ComponentResult, layer: Layer, ctx: Context, conv: str) -> None:
@@ -390,4 +381,4 @@ def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
         weights is None or tuple(weights.shape) == ((2, 8, 5, 10) if layer.decoder else (2, 8, T, T)))
     expect = "(2, 5, 512), cross-attention (2, 8, 5, 10)" if layer.decoder else str(want)
     res.checks.append(Check(text(f"shapes as the tutorial states: {expect}", f"形状与教程一致：{expect}"), ok,
-                            text(f"got {_shape_of(raw)}", f"实际得到 {_shape_of(raw)}")))
+                            text(f"got {shape_of(raw)}", f"实际得到 {shape_of(raw)}")))

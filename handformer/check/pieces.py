@@ -11,13 +11,23 @@ from torch import Tensor
 
 from handformer.check import fingerprint as fp
 from handformer.check import variants as V
-from handformer.check.context import F_WIDTH, MAX_LEN, Context, D, check_determinism, finish, grads_error
+from handformer.check.context import (
+    F_WIDTH,
+    MAX_LEN,
+    Context,
+    D,
+    check_determinism,
+    error_text,
+    finish,
+    grads_error,
+)
 from handformer.check.discovery import Component
 from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
-    copy_linear,
-    copy_norm,
+    copy_ffn,
+    copy_weights,
+    ffn_parameters,
     ffn_slots,
     ffn_weights,
     leaves,
@@ -28,10 +38,6 @@ from handformer.nn.feed_forward import FeedForward
 from handformer.nn.masks import causal_mask
 from handformer.nn.norms import LayerNorm, RMSNorm
 from handformer.nn.positions import sinusoidal_table
-
-
-def _err(err: float) -> dict[str, str]:
-    return text(f"max abs error {err:.2e}", f"最大绝对误差 {err:.2e}")
 
 
 def _as_keep(mask: Tensor, convention: str | None) -> tuple[Tensor, str]:
@@ -130,11 +136,7 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
         if not (best and best[2][0]):
             res.notes.append(text(f"activation: {name}", f"激活函数：{name}"))
         hf = FeedForward(D, F_WIDTH, name).double()
-        by = {s.role: s for s in slots}
-        copy_linear(hf.up_proj, by.get("FFN W_1") or by["FFN W_up"])
-        copy_linear(hf.down_proj, by.get("FFN W_2") or by["FFN W_down"])
-        if gated:
-            copy_linear(hf.gate_proj, by["FFN W_gate"])
+        copy_ffn(hf, slots)
         errors, grad_err = [], 0.0
         for i, (B, T) in enumerate([(2, 5), (1, 1), (3, 9)]):
             xi = fp.randn(B, T, D, seed=10 + i).requires_grad_()
@@ -145,15 +147,15 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
                     g = fp.randn(*ref.shape, seed=5)
                     params = [s.leaf.weight for s in slots]
                     a = torch.autograd.grad((mine * g).sum(), [xi] + params)
-                    hf_params = [_hf_ffn_param(hf, s.role) for s in slots]
+                    hf_params = [ffn_parameters(hf)[s.role].weight for s in slots]
                     b = torch.autograd.grad((ref * g).sum(), [xi] + hf_params)
                     grad_err = grads_error(list(zip(a, b)))
         res.max_abs_error = max(errors)
         res.checks.append(Check(text(f"matches handformer's FeedForward ({name}) on 3 shapes",
                                      f"在 3 种形状上与 handformer 的 FeedForward（{name}）一致"),
-                                res.max_abs_error < 1e-5, _err(res.max_abs_error)))
+                                res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
         res.checks.append(Check(text("gradients match handformer's", "梯度与 handformer 一致"),
-                                grad_err < 1e-5, _err(grad_err)))
+                                grad_err < 1e-5, error_text(grad_err)))
         bumped = x.clone()
         bumped[:, 2] += 1.0
         moved = (run(bumped) - out).abs().amax(-1)
@@ -165,11 +167,6 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
-def _hf_ffn_param(hf: FeedForward, role: str) -> Tensor:
-    return {"FFN W_1": hf.up_proj, "FFN W_up": hf.up_proj, "FFN W_2": hf.down_proj,
-            "FFN W_down": hf.down_proj, "FFN W_gate": hf.gate_proj}[role].weight
-
-
 def check_norm(comp: Component, ctx: Context) -> ComponentResult:
     res = ComponentResult(comp.kind, comp.name)
     module = ctx.build(comp)
@@ -179,7 +176,7 @@ def check_norm(comp: Component, ctx: Context) -> ComponentResult:
     w = norm_weights(slot)
     kind = comp.kind
     hf = (LayerNorm(D, w.eps) if kind == "layernorm" else RMSNorm(D, w.eps)).double()
-    copy_norm(hf, slot)
+    copy_weights(hf, slot)
     res.notes.append(text(f"eps = {w.eps:g} (read from your module)", f"eps = {w.eps:g}（从你的模块读取）"))
     errors, grad_err = [], 0.0
     for i, (B, T, scale) in enumerate([(2, 5, 1.0), (1, 1, 3.0), (3, 7, 0.1)]):
@@ -198,9 +195,9 @@ def check_norm(comp: Component, ctx: Context) -> ComponentResult:
     label = "LayerNorm" if kind == "layernorm" else "RMSNorm"
     res.checks.append(Check(text(f"matches handformer's {label} on 3 inputs (scales 1, 3, 0.1)",
                                  f"在 3 组输入（尺度 1、3、0.1）上与 handformer 的 {label} 一致"),
-                            res.max_abs_error < 1e-5, _err(res.max_abs_error)))
+                            res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
     res.checks.append(Check(text("gradients match handformer's", "梯度与 handformer 一致"), grad_err < 1e-5,
-                            _err(grad_err)))
+                            error_text(grad_err)))
     if kind == "layernorm" and res.max_abs_error >= 1e-5:
         _unbiased_std(res, module, ctx, comp, w)
     return finish(res)
@@ -251,7 +248,7 @@ def check_positional_encoding(comp: Component, ctx: Context) -> ComponentResult:
         res.max_abs_error = max(fp.max_error(pe, expected), added if out is not None else float("inf"))
         res.checks.append(Check(text(f"the table equals handformer's sinusoidal_table for {T} positions",
                                      f"前 {T} 个位置的编码表与 handformer 的 sinusoidal_table 一致"),
-                                fp.max_error(pe, expected) < 1e-5, _err(fp.max_error(pe, expected))))
+                                fp.max_error(pe, expected) < 1e-5, error_text(fp.max_error(pe, expected))))
         res.checks.append(Check(text("forward(x) returns x + PE[:T]", "forward(x) 返回 x + PE[:T]"),
-                                added < 1e-5, _err(added)))
+                                added < 1e-5, error_text(added)))
     return finish(res)

@@ -64,16 +64,17 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
 def check_file(path: str, overrides: dict[str, str] | None = None, only: list[str] | None = None,
                convention: str | None = None,
                emit: Callable[[ComponentResult], None] | None = None,
-               started: Callable[[str], None] | None = None, skip: list[str] | None = None,
+               started: Callable[[str, str], None] | None = None, skip: list[str] | None = None,
                ) -> FileResult:
-    """Import the learner's file and check each component it defines."""
+    """Import the learner's file and check each component it defines. `started(step, kind)` is told
+    each step before it runs: "import", then each component's name and the kind it is checked as."""
     from handformer.check.context import Context
 
     result = FileResult(path)
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: no such file")
     if started:
-        started("import")
+        started("import", "")
     try:
         module = import_learner(path)
     except BaseException as err:  # their module body: anything it raises is reported
@@ -101,7 +102,7 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
     try:
         for comp in todo:
             if started:
-                started(comp.name)
+                started(comp.name, comp.kind)
             res = check_component(comp, ctx)
             result.components.append(res)
             if emit:

@@ -51,25 +51,20 @@ def check_in_child(path: str, overrides: dict[str, str] | None = None, only: lis
                 result.error = LearnerError(**line["file_error"])
         if any("done" in line for line in lines):
             return result
-        error = _stopped(reason, phase, stack, path, time_limit, memory_limit)
-        if phase in (None, "ready", "import"):
+        step, kind = phase if phase else (None, "")
+        error = _stopped(reason, step, stack, path, time_limit, memory_limit)
+        if step in (None, "ready", "import"):
             result.error = error
             return result
-        kind = next((c for c in _kinds(phase)), "")
-        result.components.append(ComponentResult(kind, phase, ERROR, error=error))
-        skip.append(phase)
-
-
-def _kinds(name: str) -> list[str]:
-    from handformer.check.discovery import NAMES
-
-    return [kind for kind, names in NAMES.items() if name in names]
+        result.components.append(ComponentResult(kind, step, ERROR, error=error))
+        skip.append(step)
 
 
 def _run_child(request: dict[str, Any], time_limit: float,
-               ) -> tuple[list[dict[str, Any]], str | None, str, str]:
-    """Run one child; returns (result lines, the step it was in when it stopped, the stack it
-    dumped, why it stopped: done | timeout | exit N | signal N)."""
+               ) -> tuple[list[dict[str, Any]], tuple[str, str] | None, str, str]:
+    """Run one child; returns (result lines, the step it was in when it stopped and the kind that
+    component was checked as, the stack it dumped, why it stopped: done | timeout | exit N |
+    signal N)."""
     with tempfile.TemporaryDirectory(prefix="handformer-check-") as tmp:
         files = {k: Path(tmp) / k for k in ("results", "progress", "stack", "stderr")}
         request = {**request, **{k: str(v) for k, v in files.items()}}
@@ -80,7 +75,7 @@ def _run_child(request: dict[str, Any], time_limit: float,
         phase, since, reason = None, time.monotonic(), "done"
         while proc.poll() is None:
             time.sleep(0.05)
-            current = _read(files["progress"]).strip() or None
+            current = _progress(files["progress"])
             if current != phase:
                 phase, since = current, time.monotonic()
             limit = STARTUP_LIMIT if phase is None else time_limit + 5.0
@@ -89,7 +84,7 @@ def _run_child(request: dict[str, Any], time_limit: float,
                 proc.wait()
                 reason = "timeout"
         stderr = _read(files["stderr"])
-        phase = _read(files["progress"]).strip() or None
+        phase = _progress(files["progress"])
         stack = _read(files["stack"])
         if reason != "timeout":
             code = proc.returncode
@@ -107,6 +102,13 @@ def _read(path: Path) -> str:
         return path.read_text()
     except OSError:
         return ""
+
+
+def _progress(path: Path) -> tuple[str, str] | None:
+    """(step, kind) the child last started: its first line is the step ("ready", "import" or a
+    component's name), its second the kind that component is checked as."""
+    lines = _read(path).splitlines()
+    return (lines[0], lines[1] if len(lines) > 1 else "") if lines and lines[0] else None
 
 
 def _stopped(reason: str, phase: str | None, stack: str, path: str, time_limit: float,
@@ -149,9 +151,9 @@ def _child(request: dict[str, Any]) -> None:
     stack = open(request["stack"], "w")  # noqa: SIM115  (open until the process ends)
     results = open(request["results"], "a", encoding="utf-8")  # noqa: SIM115
 
-    def started(step: str) -> None:
+    def started(step: str, kind: str) -> None:
         faulthandler.cancel_dump_traceback_later()
-        Path(request["progress"]).write_text(step)
+        Path(request["progress"]).write_text(f"{step}\n{kind}")
         faulthandler.dump_traceback_later(request["time_limit"], exit=True, file=stack)
 
     def emit(res: ComponentResult) -> None:

@@ -42,6 +42,13 @@ def linear(x: Tensor, w: Linear) -> Tensor:
     return F.linear(x, w[0], w[1])
 
 
+def applied_keep(keep: Tensor | None, flags: Flags) -> Tensor | None:
+    """The mask as the attention with these mistakes applies it (True = may attend)."""
+    if keep is not None and has(flags, "mask_inverted") is not None:
+        return ~keep
+    return keep
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, flags: Flags = frozenset(),
               ) -> tuple[Tensor, Tensor]:
     """softmax(q k^T / sqrt(Dh)) v for (B, H, T, Dh) queries; returns (out (B, H, T, Dh), weights)."""
@@ -49,8 +56,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, flags: Flags
     if has(flags, "no_scaling") is None:
         dk = q.size(-1)
         scores = scores / (dk if has(flags, "scale_by_dk") is not None else math.sqrt(dk))
-    if keep is not None and has(flags, "mask_inverted") is not None:
-        keep = ~keep
+    keep = applied_keep(keep, flags)
     after = has(flags, "mask_after_softmax")
     if keep is not None and after is None:
         scores = scores.masked_fill(~keep, -1e9)

@@ -210,17 +210,42 @@ def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str) -> li
     return [Slot(f"norm {i + 1} ({n})", leaf) for i, (n, leaf) in enumerate(zip(names, norms))]
 
 
-def copy_linear(target: nn.Linear, slot: Slot) -> None:
-    with torch.no_grad():
-        target.weight.copy_(slot.weight())
-        if target.bias is not None:
-            b = slot.bias()
-            target.bias.copy_(b if b is not None else torch.zeros_like(target.bias))
-
-
-def copy_norm(target: nn.Module, slot: Slot) -> None:
+def copy_weights(target: nn.Module, slot: Slot) -> None:
+    """The slot's weight (and bias, zeros when the learner has none) into a handformer linear layer or
+    norm."""
     with torch.no_grad():
         target.weight.copy_(slot.weight())
         if getattr(target, "bias", None) is not None:
             b = slot.bias()
             target.bias.copy_(b if b is not None else torch.zeros_like(target.bias))
+
+
+def attention_parameters(target: nn.Module) -> dict[str, nn.Linear]:
+    """Handformer's MultiHeadAttention by the roles of the learner's attention slots."""
+    return {"W_Q": target.q_proj, "W_K": target.k_proj, "W_V": target.v_proj, "W_O": target.o_proj}
+
+
+def copy_attention(target: nn.Module, slots: list[Slot]) -> None:
+    """W_Q, W_K, W_V, W_O into handformer's MultiHeadAttention; no W_O: the identity, so handformer
+    computes what a module without an output projection does."""
+    by = {s.role.split(" ")[-1]: s for s in slots}  # "self-attention W_Q" -> "W_Q"
+    for role, proj in attention_parameters(target).items():
+        if role in by:
+            copy_weights(proj, by[role])
+        else:
+            with torch.no_grad():
+                proj.weight.copy_(torch.eye(proj.weight.size(0), dtype=proj.weight.dtype))
+                proj.bias.zero_()
+
+
+def ffn_parameters(target: nn.Module) -> dict[str, nn.Linear]:
+    """Handformer's FeedForward by the roles of the learner's FFN slots."""
+    return {"FFN W_1": target.up_proj, "FFN W_up": target.up_proj, "FFN W_2": target.down_proj,
+            "FFN W_down": target.down_proj, "FFN W_gate": getattr(target, "gate_proj", None)}
+
+
+def copy_ffn(target: nn.Module, slots: list[Slot]) -> None:
+    """The learner's FFN matrices (two, or three when gated) into handformer's FeedForward."""
+    projections = ffn_parameters(target)
+    for slot in slots:
+        copy_weights(projections[slot.role], slot)

@@ -23,14 +23,13 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from handformer.data.text import LMBatch
+from handformer.data.text import LazyBatches, LMBatch, random_windows
 
 HEADER_INTS = 256  # llm.c: the header is 256 int32
 HEADER_BYTES = HEADER_INTS * 4
@@ -219,22 +218,6 @@ class Windows:
         return LMBatch(x, y, y.numel())
 
 
-class LazyBatches(Sequence):
-    """Batches built when indexed; slicing gives another lazy view (no window is read early)."""
-
-    def __init__(self, n: int | range, build: Callable[[int], LMBatch]) -> None:
-        self.indices = range(n) if isinstance(n, int) else n
-        self.build = build
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return LazyBatches(self.indices[i], self.build)
-        return self.build(self.indices[i])
-
-
 class ShardWindows:
     """Training batches from memory-mapped shards, a BatchSource for the training loop.
 
@@ -267,9 +250,7 @@ class ShardWindows:
         if self.sampling == "sequential":
             return LazyBatches(len(self.windows) // B,
                                lambda i: self.windows.gather(np.arange(i * B, (i + 1) * B)))
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        index = torch.randint(len(self.windows), (self.batches_per_epoch, B), generator=g)  # (batches, B)
-        index = index.numpy()
+        index = random_windows(len(self.windows), self.batches_per_epoch, B, self.seed, epoch).numpy()
         return LazyBatches(self.batches_per_epoch, lambda i: self.windows.gather(index[i]))
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,21 +123,30 @@ def _gather(windows: Tensor, starts: Tensor) -> LMBatch:
     return LMBatch(x, y, y.numel())
 
 
-class LMEpoch(Sequence):
-    """The batches of one epoch, built when indexed: only the (batches, B) start offsets are kept,
-    so an epoch of a thousand batches costs kilobytes, not a copy of each window."""
+class LazyBatches(Sequence):
+    """The batches of one epoch (or a validation set), built when indexed: only what picks each
+    batch's windows is kept, so an epoch of a thousand batches costs kilobytes, not a copy of each
+    window; slicing gives another lazy view."""
 
-    def __init__(self, windows: Tensor, starts: Tensor) -> None:
-        self.windows = windows
-        self.starts = starts  # (n_batches, B)
+    def __init__(self, n: int | range, build: Callable[[int], LMBatch]) -> None:
+        self.indices = range(n) if isinstance(n, int) else n
+        self.build = build
 
     def __len__(self) -> int:
-        return len(self.starts)
+        return len(self.indices)
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        return _gather(self.windows, self.starts[i])
+            return LazyBatches(self.indices[i], self.build)
+        return self.build(self.indices[i])
+
+
+def random_windows(n_windows: int, batches: int, batch_size: int, seed: int, epoch: int) -> Tensor:
+    """(batches, B) window indices drawn uniformly at random (nanoGPT's sampling), from a generator
+    seeded with (seed, epoch): the data order is a pure function of them, so a resumed run sees
+    exactly the batches of an uninterrupted one."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randint(n_windows, (batches, batch_size), generator=g)  # (batches, B)
 
 
 class LMWindows:
@@ -161,11 +170,10 @@ class LMWindows:
         self.seed = seed
         self.windows = _windows(ids, block_size)  # (N - T, T + 1)
 
-    def epoch(self, epoch: int) -> LMEpoch:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        starts = torch.randint(len(self.windows), (self.batches_per_epoch, self.batch_size),
-                               generator=g)  # (batches, B)
-        return LMEpoch(self.windows, starts)
+    def epoch(self, epoch: int) -> LazyBatches:
+        starts = random_windows(len(self.windows), self.batches_per_epoch, self.batch_size, self.seed,
+                                epoch)  # (batches, B)
+        return LazyBatches(len(starts), lambda i: _gather(self.windows, starts[i]))
 
 
 def validation_batches(ids: Tensor, block_size: int, batch_size: int, max_batches: int = 0,

@@ -33,6 +33,7 @@ from handformer.experiments.workloads import (
 from handformer.generation.generate import generate
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
+from handformer.nn.kv_cache import KVCache
 from handformer.training.losses import token_cross_entropy
 
 
@@ -51,19 +52,21 @@ SMOKE = Settings(LMSettings(d_model=16, n_heads=2, d_ff=32, n_layers=1, block_si
 VARIANTS = ("causal mask", "no mask")
 
 
+class NoCausalMaskLM(CausalLM):
+    """CausalLM whose layers get no mask at all: every position attends to every position, the
+    future included. Only `build_mask` differs; the forward pass is CausalLM's own."""
+
+    def build_mask(self, T: int, offset: int, attention_mask: Tensor | None, cache: KVCache | None,
+                   device: torch.device) -> tuple[Tensor | None, bool]:
+        return None, False  # no mask, and not is_causal: nothing is hidden
+
+
 def logits_without_mask(model: CausalLM, ids: Tensor) -> Tensor:
-    """(B, T) ids -> (B, T, V) logits of the same model with no mask: every position attends to
-    every position, the future included."""
-    position_ids = torch.arange(ids.size(1))[None]  # (1, T)
-    x = model.embed(ids)  # (B, T, D)
-    if model.positions is not None:
-        x = x + model.positions(position_ids)
-    rope = model.rotary(position_ids) if model.rotary is not None else None
-    for layer in model.layers:
-        x, _ = layer(x, None, rope=rope)  # mask None, is_causal False: nothing is hidden
-    if model.norm is not None:
-        x = model.norm(x)
-    return model.lm_head(x)  # (B, T, V)
+    """(B, T) ids -> (B, T, V) logits of the same model (its modules and weights, shared) with no
+    mask: the trial trains and scores one model both ways, so `model` itself stays causal."""
+    unmasked = NoCausalMaskLM.__new__(NoCausalMaskLM)
+    object.__setattr__(unmasked, "__dict__", model.__dict__)  # the same submodules, parameters, mode
+    return unmasked(ids).logits  # (B, T, V)
 
 
 def loss_sum_without_mask(model: CausalLM, batch) -> Tensor:

@@ -26,6 +26,7 @@ import torch
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat_template import ChatTemplate
 from handformer.generation.sampling import check_sampling_options, next_tokens
+from handformer.generation.stream import TextStream
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
 
@@ -43,10 +44,16 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _check_options(temperature: float, top_k: int | None, top_p: float | None, max_new_tokens: int) -> None:
+def check_chat_options(template: ChatTemplate, system: str | None, temperature: float, top_k: int | None,
+                       top_p: float | None, max_new_tokens: int | None) -> None:
+    """What a chat can refuse before any model is loaded: the sampling options, max_new_tokens
+    (None: the caller's default), and a template that fails on a first exchange."""
     check_sampling_options(temperature, top_k, top_p)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
+                                       or max_new_tokens < 1):
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    opening = [] if system is None else [{"role": "system", "content": system}]
+    template.render(opening + [{"role": "user", "content": "hi"}])  # fail early, clearly
 
 
 class ChatSession:
@@ -56,7 +63,7 @@ class ChatSession:
                  stop_ids: Sequence[int], *, system: str | None = None, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  max_new_tokens: int = 256, notify: Callable[[str], None] | None = None) -> None:
-        _check_options(temperature, top_k, top_p, max_new_tokens)
+        check_chat_options(template, system, temperature, top_k, top_p, max_new_tokens)
         if max_new_tokens >= model.cfg.max_positions:
             raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
                              f"context of {model.cfg.max_positions} tokens (max_positions); lower it")
@@ -79,12 +86,15 @@ class ChatSession:
         self.cache = model.new_cache(model.cfg.max_positions)
         self.context: list[int] = []  # the tokens whose keys and values the cache holds, in order
         self.processed = 0  # tokens run through the model so far, all turns together
-        self.template.render(self.messages + [{"role": "user", "content": "hi"}])  # fail early, clearly
 
     def encode(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         """The prompt for `messages`: rendered with the assistant header, then tokenized with the
         template's special-token text as special tokens (as transformers' apply_chat_template)."""
         return self.tokenizer.encode_with_special_tokens(self.template.render(messages, True))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """A reply's text: special tokens (a stray end-of-turn marker) are not shown."""
+        return self.tokenizer.hf.decode(list(ids), skip_special_tokens=True)
 
     def send(self, text: str, on_text: Callable[[str], None] | None = None) -> str:
         """Add the user's message, generate the reply, add it to the history and return it."""
@@ -101,7 +111,7 @@ class ChatSession:
             self.notify(f"the reply reached max_new_tokens={self.max_new_tokens} before an end-of-turn "
                         "token and is cut there")
         reply_ids = new[:-1] if new and new[-1] in self.stop_ids else new
-        reply = self.tokenizer.hf.decode(reply_ids, skip_special_tokens=True)
+        reply = self.decode(reply_ids)
         self.messages.append({"role": "assistant", "content": reply})
         return reply
 
@@ -140,7 +150,7 @@ class ChatSession:
         self.context = self.context[:keep]
         inputs = prompt[keep:]
         new: list[int] = []
-        shown = 0
+        stream = None if on_text is None else TextStream(self.tokenizer, out=on_text, decode=self.decode)
         with eval_mode(self.model):
             for _ in range(self.max_new_tokens):
                 ids = torch.tensor([inputs], device=self.device)  # (1, T)
@@ -151,17 +161,11 @@ class ChatSession:
                 new.append(token)
                 if token in self.stop_ids:
                     break
-                if on_text is not None:  # hold back a partial UTF-8 character (U+FFFD at the end)
-                    text = self.tokenizer.hf.decode(new, skip_special_tokens=True)
-                    if not text.endswith("\ufffd") and len(text) > shown:
-                        on_text(text[shown:])
-                        shown = len(text)
+                if stream is not None:  # holds back a partial UTF-8 character
+                    stream.push(token)
                 inputs = [token]
-        if on_text is not None:
-            reply = [t for t in new if t not in self.stop_ids]
-            text = self.tokenizer.hf.decode(reply, skip_special_tokens=True)
-            if len(text) > shown:
-                on_text(text[shown:])
+        if stream is not None:
+            stream.close()
         return new
 
 
@@ -178,4 +182,4 @@ def stop_ids_for(tokenizer: Tokenizer, eos_ids: Sequence[int], template: ChatTem
     return list(dict.fromkeys(ids))
 
 
-__all__ = ["END_OF_TURN_TOKENS", "ChatSession", "common_prefix", "stop_ids_for"]
+__all__ = ["END_OF_TURN_TOKENS", "ChatSession", "check_chat_options", "common_prefix", "stop_ids_for"]

@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from handformer.io import atomic_write, read_log_lines  # noqa: E402
+from handformer.io import atomic_write, read_log_records  # noqa: E402
 from handformer.see.fonts import label_fonts  # noqa: E402
 
 
@@ -37,7 +37,7 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
         raise FileNotFoundError(f"{run_dir} is not a directory")
     if not path.is_file():
         raise FileNotFoundError(f"no metrics.jsonl in {run_dir}; is it a training run directory?")
-    return [json.loads(line) for line in read_log_lines(path)]
+    return [record for _, record in read_log_records(path)]
 
 
 def _label_smoothing(run_dir: str | os.PathLike) -> float:

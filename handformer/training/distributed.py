@@ -93,7 +93,7 @@ def all_sum(ctx: DistContext, *values: float, device: torch.device) -> list[floa
 
 class Shard(Sequence):
     """Rank r's batches of one epoch: r, r + W, r + 2W, ...; every rank gets len(batches) // W of
-    them, so all ranks take the same number of steps. Lazy: works on LMEpoch without copying."""
+    them, so all ranks take the same number of steps. Lazy: works on LazyBatches without copying."""
 
     def __init__(self, batches: Sequence, rank: int, world: int) -> None:
         self.batches, self.rank, self.world = batches, rank, world

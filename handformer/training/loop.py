@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.config import dataclass_from_dict
-from handformer.io import atomic_write_text, read_log_lines
+from handformer.io import atomic_write_text, read_log_records
 from handformer.modes import eval_mode
 from handformer.training import distributed
 from handformer.training.checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights
@@ -181,7 +181,7 @@ class MetricsLog:
     def __init__(self, path: Path, resume_step: int | None) -> None:
         self.path = path
         if resume_step is not None and path.exists():
-            kept = [line for line in read_log_lines(path) if json.loads(line).get("step", 0) <= resume_step]
+            kept = [line for line, record in read_log_records(path) if record.get("step", 0) <= resume_step]
             atomic_write_text(path, "".join(line + "\n" for line in kept))
         elif resume_step is None and path.exists():
             path.unlink()

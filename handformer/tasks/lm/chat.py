@@ -15,9 +15,10 @@ from pathlib import Path
 
 import torch
 
-from handformer.generation.chat import ChatSession, stop_ids_for
+from handformer.generation.chat import ChatSession, check_chat_options, stop_ids_for
 from handformer.generation.chat_template import load_chat_template
 from handformer.tasks.lm.run import LMRun, load_lm
+from handformer.tasks.run_config import read_run_config
 
 
 def chat(run: str | os.PathLike | LMRun, *, system: str | None = None, temperature: float = 1.0,
@@ -32,12 +33,17 @@ def chat(run: str | os.PathLike | LMRun, *, system: str | None = None, temperatu
         if run_dir is None:
             raise ValueError("chat(run: LMRun) needs run_dir=, the directory it was loaded from")
     else:
-        run_dir, run = run, load_lm(run, device)
+        run_dir = run
+        read_run_config(run_dir)  # not a run at all: say so, before looking for a template
+    # refusals that need no model come before loading it
     template = load_chat_template(run_dir)
     if template is None:
         raise ValueError(f"{run_dir} has no chat template (chat_template.jinja, or a chat_template in "
                          "tokenizer_config.json), so it cannot chat: use an instruction-tuned checkpoint "
                          "imported with `handformer import-hf`, or `handformer generate` to continue text")
+    check_chat_options(template, system, temperature, top_k, top_p, max_new_tokens)
+    if not isinstance(run, LMRun):
+        run = load_lm(run_dir, device)
     stop_ids = stop_ids_for(run.tokenizer, run.tokens.eos_ids, template)
     if not stop_ids:
         raise ValueError(f"{Path(run_dir) / 'config.json'} lists no EOS ids and the vocabulary has no "

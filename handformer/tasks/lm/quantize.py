@@ -31,6 +31,7 @@ from torch import nn
 from handformer.io import atomic_write_bytes
 from handformer.nn.quant import DEFAULT_KERNEL, KERNELS, quantize_linears
 from handformer.nn.quant_int4 import check_group_size
+from handformer.tasks.run_config import read_run_config
 
 FORMATS = ("int8", "int4", "bf16")
 HEAD = "lm_head"
@@ -101,13 +102,14 @@ def quantize_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, weights
         raise ValueError(f"OUT_DIR must differ from RUN_DIR {run_dir}: the float run stays as it is")
     if (out_dir / "config.json").exists() and not overwrite:
         raise ValueError(f"{out_dir} already holds a run; choose another directory or pass --overwrite")
-    run = load_lm(run_dir)
-    if "lora" in run.config:
+    config = read_run_config(run_dir)  # refused from config.json alone, before loading the model
+    if "lora" in config:
         raise ValueError(f"{run_dir} holds LoRA adapters on a base run; fold them in first with "
                          f"`handformer merge {run_dir} MERGED` and quantize MERGED")
-    if "quantization" in run.config:
-        raise ValueError(f"{run_dir} is already quantized ({run.config['quantization']}); quantize "
+    if "quantization" in config:
+        raise ValueError(f"{run_dir} is already quantized ({config['quantization']}); quantize "
                          "the float run it came from")
+    run = load_lm(run_dir)
     spec = Quantization(weights, head, group_size=group_size)
     names: list[str] = []
     model = run.model

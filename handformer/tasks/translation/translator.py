@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -19,13 +20,14 @@ from handformer.tasks.translation.job import TranslationJob, prep_text
 from handformer.training.checkpoint import load_weights
 
 
-def check_run_dir(run_dir: str | os.PathLike) -> Path:
+def check_run_dir(run_dir: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
+    """The run directory and its parsed config.json, once it has weights to load."""
     run_dir = Path(run_dir)
-    read_run_config(run_dir)
+    config = read_run_config(run_dir)
     if not (run_dir / "model.safetensors").exists():
         raise FileNotFoundError(f"{run_dir} has no model.safetensors yet (training has not reached "
                                 "its first evaluation)")
-    return run_dir
+    return run_dir, config
 
 
 def load_tokenizers(run_dir: Path) -> tuple[Tokenizer, Tokenizer]:
@@ -46,8 +48,7 @@ class Translator:
 
     @classmethod
     def load(cls, run_dir: str | os.PathLike, device: str = "cpu") -> Translator:
-        run_dir = check_run_dir(run_dir)
-        config = read_run_config(run_dir)
+        run_dir, config = check_run_dir(run_dir)
         if config.get("task") != "translation":
             raise ValueError(f"{run_dir} holds a {config.get('task')!r} run, not a translation run")
         model_cfg = run_model_config(run_dir, config, Seq2SeqConfig)
