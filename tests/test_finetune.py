@@ -209,8 +209,8 @@ def test_adapters_refuse_a_changed_base_and_follow_a_base_moved_with_them(base, 
 
 @pytest.mark.parametrize("pairs, message", [
     (("INIT=no/such/run",), "[train] init_from='no/such/run': no such run directory"),
-    (("INIT=TRANSLATION",), "holds a 'translation' run; fine-tuning starts from a language-model run"),
-    (("INIT=LORA",), "holds LoRA adapters, not a whole model; fold them in first with `handformer merge"),
+    (("INIT=TRANSLATION",), "it holds a 'translation' run; fine-tuning starts from a language-model run"),
+    (("INIT=LORA",), "it holds LoRA adapters, not a whole model; fold them in first with `handformer merge"),
     (("train.lora.targets=[\"q_proj\", \"wq\"]",), "'wq' matches no linear layer of the model's blocks; their "
                                                    "layers are named down_proj, k_proj, o_proj, q_proj, up_proj, v_proj"),
     (("train.lora.rank=0",), "[train.lora] rank=0 is invalid: it must be a positive integer"),

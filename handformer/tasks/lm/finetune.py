@@ -16,7 +16,6 @@ base run's weights, checks that their hash is still the recorded one, and adds t
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from handformer.config import CausalLMConfig
 from handformer.data.tokenizer import Tokenizer
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.lora import LoRAConfig, add_lora, select_targets
+from handformer.tasks.run_config import read_run_config, run_model_config
 from handformer.training.checkpoint import load_weights
 
 ADAPTERS_FILE = "adapters.safetensors"
@@ -49,22 +49,21 @@ def read_base_run(init_from: str) -> BaseRun:
     if not path.is_dir():
         raise FileNotFoundError(f"{where}: no such run directory; give a run trained with "
                                 "`handformer train` or imported with `handformer import-hf`")
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{where} is not a run directory (no config.json)")
     try:
-        config = json.loads((path / "config.json").read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(f"{where}: its config.json is not valid JSON: {err}") from None
-    if config.get("task") != "lm":
-        raise ValueError(f"{where} holds a {config.get('task')!r} run; fine-tuning starts from a "
-                         "language-model run (task 'lm')")
-    if "lora" in config:
-        raise ValueError(f"{where} holds LoRA adapters, not a whole model; fold them in first with "
-                         f"`handformer merge {init_from} OUT_DIR`, then set init_from = OUT_DIR")
+        config = read_run_config(path)
+        if config["task"] != "lm":
+            raise ValueError(f"it holds a {config['task']!r} run; fine-tuning starts from a "
+                             "language-model run (task 'lm')")
+        if "lora" in config:
+            raise ValueError(f"it holds LoRA adapters, not a whole model; fold them in first with "
+                             f"`handformer merge {init_from} OUT_DIR`, then set init_from = OUT_DIR")
+        model_cfg = run_model_config(path, config, CausalLMConfig)
+    except (ValueError, FileNotFoundError) as err:
+        raise type(err)(f"{where}: {err}") from None
     for name in ("model.safetensors", "tokenizer.json"):
         if not (path / name).is_file():
             raise FileNotFoundError(f"{where} has no {name}")
-    return BaseRun(path.resolve(), config, CausalLMConfig.from_dict(config["model"], "model"))
+    return BaseRun(path.resolve(), config, model_cfg)
 
 
 def model_config_from_base(section: dict[str, tuple[Any, str | None]], base: BaseRun,
