@@ -5,6 +5,7 @@ an ordinary run; a LoRA fine-tune killed with `kill -9` resumes to the uninterru
 imported Llama fine-tunes; bad input is one clear error before anything is written."""
 
 import functools
+import io
 import json
 import os
 import shutil
@@ -17,11 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from helpers import randomize_hf
+from helpers import missing, randomize_hf
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers, processors
 
 from handformer.cli import main
+from handformer.data.text import split_text
+from handformer.data.tokenizer import Tokenizer
 from handformer.tasks.lm.finetune import weights_sha256
 from handformer.tasks.lm.run import load_lm
 from handformer.training import loop as train_module
@@ -317,7 +320,8 @@ def test_an_in_process_crash_resumes_a_full_fine_tune_to_the_straight_run(base, 
 
 # --- an imported model --------------------------------------------------------------------------
 
-def test_an_imported_llama_fine_tunes_with_lora_and_keeps_its_bos(tmp_path, capsys):
+def test_an_imported_llama_fine_tunes_with_lora_and_keeps_its_bos_and_chat_template(tmp_path, capsys,
+                                                                                    monkeypatch):
     words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(3, 40)]
     hf_dir = tmp_path / "hf"
     torch.manual_seed(0)
@@ -331,6 +335,7 @@ def test_an_imported_llama_fine_tunes_with_lora_and_keeps_its_bos(tmp_path, caps
     tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     tokenizer.save(str(hf_dir / "tokenizer.json"))
     (hf_dir / "tokenizer_config.json").write_text('{"add_bos_token": true}')
+    (hf_dir / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] + ' ' }}{% endfor %}")
     assert main(["import-hf", str(hf_dir), str(tmp_path / "imported")]) == 0
     text = tmp_path / "words.txt"
     text.write_text(" ".join(f"w{3 + (i * 7) % 11}" for i in range(3000)))  # a repeating pattern
@@ -347,3 +352,48 @@ def test_an_imported_llama_fine_tunes_with_lora_and_keeps_its_bos(tmp_path, caps
     assert main(["generate", str(tmp_path / "lora"), "--prompt", "w3 w10", "--max-new-tokens", "4",
                  "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("w3 w10")
+    # The chat template comes along: the LoRA run and its merge chat, and say the same.
+    assert main(["merge", str(tmp_path / "lora"), str(tmp_path / "merged")]) == 0
+    capsys.readouterr()
+    replies = []
+    for run in ("lora", "merged"):
+        assert (tmp_path / run / "chat_template.jinja").is_file()
+        monkeypatch.setattr("sys.stdin", io.StringIO("w3 w10 w6\n"))
+        assert main(["chat", str(tmp_path / run), "--temperature", "0", "--max-new-tokens", "5"]) == 0
+        replies.append(capsys.readouterr().out)
+    assert replies[0] == replies[1] and replies[0].strip()
+
+
+def test_the_llama2c_stories260K_import_fine_tunes_full_and_with_lora(tmp_path, capsys):
+    """The real stories260K (llama2.c's format, a sentencepiece tokenizer with byte fallback):
+    new text with characters it never saw still has no unknown tokens; both kinds of fine-tune keep
+    its BOS and stop ids and lower the loss on the new text."""
+    data = ROOT / ".." / "shared" / "data" / "stories260K"
+    if not (data / "stories260K.bin").is_file():
+        missing(f"the stories260K checkpoint is not at {data} (this project's CI has it in ../shared/data)")
+    imported = tmp_path / "stories260K"
+    assert main(["import-llama2c", str(data / "stories260K.bin"), str(data / "tok512.bin"), str(imported)]) == 0
+    text = tmp_path / "verse.txt"
+    text.write_text("ROMEO: Thou art more lovely, Juliet; thy brow is fair as Æthon's. " * 60)
+    base_tokens = json.loads((imported / "config.json").read_text())["tokens"]
+    losses = {}
+    for name, pairs in (("full", ()), ("lora", ("train.lora.rank=4", "train.lora.targets=all-linear"))):
+        assert finetune(tmp_path / name, imported, text, "data.block_size=32", "train.lr=1e-2", *pairs) == 0
+        out = capsys.readouterr().out
+        assert "the base run's tokenizer: 512 tokens" in out and "unknown" not in out
+        assert json.loads((tmp_path / name / "config.json").read_text())["tokens"] == base_tokens
+        for run in (imported, tmp_path / name):
+            assert main(["eval", str(run), "--data", str(text), "--block-size", "32"]) == 0
+            losses[run.name] = float(capsys.readouterr().out.split()[1])
+    assert losses["full"] < losses["stories260K"] and losses["lora"] < losses["stories260K"]
+
+
+def test_a_bpe_base_encodes_the_new_text_with_its_own_tokenizer(text, tmp_path, capsys):
+    bpe = tmp_path / "bpe"
+    assert main(["train", "--config", TINY_LM, "--out", str(bpe),
+                 *sets(*QUIET, "data.tokenizer=bpe", "data.vocab_size=300", "train.steps=2")]) == 0
+    assert finetune(tmp_path / "ft", bpe, text, "train.steps=2") == 0
+    tokenizer = Tokenizer.load(bpe / "tokenizer.json")
+    train_text = split_text(text.read_text(), 0.1)[0]
+    assert f"{len(tokenizer.encode(train_text)):,} training tokens" in capsys.readouterr().out
+    assert (tmp_path / "ft" / "tokenizer.json").read_bytes() == (bpe / "tokenizer.json").read_bytes()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from handformer.nn.lora import merge_lora
+    from handformer.tasks.lm.finetune import copy_chat_files
     from handformer.tasks.lm.run import load_lm, save_lm_run
     from handformer.tasks.run_config import read_run_config
 
@@ -26,6 +27,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     sections["merged_from"] = {"run": str(run_dir.resolve()), "init_from": config["init_from"],
                                "lora": config["lora"]}
     save_lm_run(out, run.model, run.tokenizer, run.tokens, **sections)
+    copy_chat_files(run_dir, out)
     print(f"merged the adapters of {run_dir} into {config['init_from']['path']}'s weights -> {out} "
           f"({run.model.num_parameters():,} parameters)")
     return 0

@@ -25,6 +25,8 @@ import torch
 
 from handformer.config import CausalLMConfig
 from handformer.data.tokenizer import Tokenizer
+from handformer.generation.chat_template import TEMPLATE_FILE, TOKENIZER_CONFIG
+from handformer.io import atomic_write_bytes
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.lora import LoRAConfig, add_lora, select_targets
 from handformer.tasks.run_config import read_run_config, run_model_config
@@ -120,6 +122,14 @@ def verified_base(run_dir: str | os.PathLike, config: dict[str, Any]) -> Path:
                          f"recorded {info['sha256'][:16]}...); adapters only fit the weights they "
                          "were trained on: restore the base run or fine-tune again")
     return found[0]
+
+
+def copy_chat_files(source: Path, run_dir: Path) -> None:
+    """The chat template files of `source` (an imported instruction-tuned model has them), copied
+    into `run_dir`: a run fine-tuned or merged from it chats as its base did."""
+    for name in (TEMPLATE_FILE, TOKENIZER_CONFIG):
+        if (source / name).is_file():
+            atomic_write_bytes(run_dir / name, (source / name).read_bytes())
 
 
 def base_model(model_cfg: CausalLMConfig, base_dir: Path, lora: LoRAConfig | None) -> CausalLM:
