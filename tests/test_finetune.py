@@ -397,3 +397,20 @@ def test_a_bpe_base_encodes_the_new_text_with_its_own_tokenizer(text, tmp_path, 
     train_text = split_text(text.read_text(), 0.1)[0]
     assert f"{len(tokenizer.encode(train_text)):,} training tokens" in capsys.readouterr().out
     assert (tmp_path / "ft" / "tokenizer.json").read_bytes() == (bpe / "tokenizer.json").read_bytes()
+
+
+def test_train_threads_sets_torchs_threads_for_the_loop_only(base, text, tmp_path, monkeypatch, capsys):
+    seen = []
+
+    def record(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return train(*args, **kwargs)
+
+    train = train_module.train
+    monkeypatch.setattr(train_module, "train", record)
+    before = torch.get_num_threads()
+    assert finetune(tmp_path / "ft", base, text, "train.lora.rank=2", "train.steps=2", "train.threads=3") == 0
+    assert seen == [3] and torch.get_num_threads() == before
+    assert "training 2 steps on cpu, 3 thread(s)" in capsys.readouterr().out
+    assert finetune(tmp_path / "bad", base, text, "train.threads=-1") == 2
+    assert "threads=-1 is invalid: it must be an integer >= 0" in capsys.readouterr().err
