@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -213,6 +214,8 @@ def test_adapters_refuse_a_changed_base_and_follow_a_base_moved_with_them(base, 
 @pytest.mark.parametrize("pairs, message", [
     (("INIT=no/such/run",), "[train] init_from='no/such/run': no such run directory"),
     (("INIT=TRANSLATION",), "it holds a 'translation' run; fine-tuning starts from a language-model run"),
+    (("INIT=QUANTIZED",), "it holds a model quantized to int8, whose weights cannot train; fine-tune the "
+                          "full-precision run ("),
     (("INIT=LORA",), "it holds LoRA adapters, not a whole model; fold them in first with `handformer merge"),
     (("train.lora.targets=[\"q_proj\", \"wq\"]",), "'wq' matches no linear layer of the model's blocks; their "
                                                    "layers are named down_proj, k_proj, o_proj, q_proj, up_proj, v_proj"),
@@ -230,7 +233,10 @@ def test_bad_fine_tuning_input_is_one_clear_error_before_any_work(base, lora_run
     translation = tmp_path / "translation"
     translation.mkdir()
     (translation / "config.json").write_text('{"task": "translation"}')
-    pairs = [p.replace("TRANSLATION", str(translation)).replace("LORA", str(lora_run)) for p in pairs]
+    if "INIT=QUANTIZED" in pairs:
+        assert main(["quantize", str(base), str(tmp_path / "quantized"), "--int8"]) == 0
+    pairs = [p.replace("TRANSLATION", str(translation)).replace("LORA", str(lora_run))
+             .replace("QUANTIZED", str(tmp_path / "quantized")) for p in pairs]
     init_from = [p[len("INIT="):] for p in pairs if p.startswith("INIT=")]  # as given to --init-from
     pairs = [p for p in pairs if not p.startswith("INIT=")]
     assert finetune(tmp_path / "out", init_from[0] if init_from else base, text, "train.lora.rank=2", *pairs) == 2
@@ -414,3 +420,13 @@ def test_train_threads_sets_torchs_threads_for_the_loop_only(base, text, tmp_pat
     assert "training 2 steps on cpu, 3 thread(s)" in capsys.readouterr().out
     assert finetune(tmp_path / "bad", base, text, "train.threads=-1") == 2
     assert "threads=-1 is invalid: it must be an integer >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["train.bf16=true", pytest.param("train.compile=true", marks=pytest.mark.slow)])
+def test_lora_fine_tunes_under_bf16_autocast_and_torch_compile(base, text, tmp_path, option):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bf16 on a CPU without fast bf16 says it is slow
+        assert finetune(tmp_path / "ft", base, text, "train.lora.rank=2", "train.steps=4", option) == 0
+    adapters = tensors(tmp_path / "ft" / "adapters.safetensors")
+    assert adapters and all("lora_" in k and torch.isfinite(v).all() for k, v in adapters.items())
+    assert any(k.endswith("lora_B") and v.abs().sum() > 0 for k, v in adapters.items())  # they trained

@@ -59,6 +59,10 @@ def read_base_run(init_from: str) -> BaseRun:
         if "lora" in config:
             raise ValueError(f"it holds LoRA adapters, not a whole model; fold them in first with "
                              f"`handformer merge {init_from} OUT_DIR`, then set init_from = OUT_DIR")
+        if "quantization" in config:
+            source = config["quantization"].get("source_run", "the run it was quantized from")
+            raise ValueError(f"it holds a model quantized to {config['quantization'].get('weights')}, whose "
+                             f"weights cannot train; fine-tune the full-precision run ({source}) instead")
         model_cfg = run_model_config(path, config, CausalLMConfig)
     except (ValueError, FileNotFoundError) as err:
         raise type(err)(f"{where}: {err}") from None
