@@ -1,5 +1,5 @@
 """Fine-tuning: a language-model job that starts from a run (trained here or imported with
-`handformer import-hf`) instead of random weights, fully or with LoRA adapters
+`handformer import-hf` or `import-llama2c`) instead of random weights, fully or with LoRA adapters
 (`[train] init_from = "RUN_DIR"`, `[train.lora]`).
 
 The job takes the base run's model config, weights, tokenizer and special tokens. A fine-tuned
@@ -49,8 +49,8 @@ def read_base_run(init_from: str) -> BaseRun:
     path = Path(init_from)
     where = f"[train] init_from={init_from!r}"
     if not path.is_dir():
-        raise FileNotFoundError(f"{where}: no such run directory; give a run trained with "
-                                "`handformer train` or imported with `handformer import-hf`")
+        raise FileNotFoundError(f"{where}: no such run directory; give a run trained with `handformer "
+                                "train` or imported with `handformer import-hf` or `import-llama2c`")
     try:
         config = read_run_config(path)
         if config["task"] != "lm":
