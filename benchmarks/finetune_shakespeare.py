@@ -1,6 +1,9 @@
-"""Measure fine-tuning on tiny Shakespeare: full vs LoRA at two ranks, from two bases.
+"""Measure fine-tuning on tiny Shakespeare: full vs LoRA at two ranks, from up to three bases.
 
-Bases (built once, kept in OUT):
+Bases (built once, kept in OUT; `--bases` picks them):
+- `stories260K`: llama2.c's real model trained on TinyStories (260K parameters, a 512-token
+  sentencepiece tokenizer with byte fallback), imported with `handformer import-llama2c` from
+  ../shared/data/stories260K;
 - `gpt2`: the baby GPT of configs/shakespeare_char.toml (GPT-2 style, 0.8M parameters) trained on
   Python's reference documentation (the embedded pydoc corpus) instead of Shakespeare, so that
   fine-tuning has a style to shift;
@@ -8,13 +11,15 @@ Bases (built once, kept in OUT):
   transformers' save_pretrained with the gpt2 base's character tokenizer and imported with
   `handformer import-hf`, as any Hugging Face checkpoint would be.
 
-Each base is fine-tuned with `handformer train --init-from BASE` on tiny Shakespeare (the
-character windows of configs/shakespeare_char.toml: 64 tokens, batches of 12), fully and with
-LoRA on every linear layer of the blocks ("all-linear") at two ranks. For each run: validation
-loss on the whole Shakespeare validation split (the last 10%) before and after (what `handformer
-eval RUN --data val` prints), wall time of the training loop and its median tokens/s over the
-logged 50-step windows, trainable parameters, and the command's peak resident memory; then samples
-of the gpt2 base before and after.
+Each base is fine-tuned with `handformer train --init-from BASE` on tiny Shakespeare (windows of
+64 characters for the character-level bases, of 128 tokens for stories260K; batches of 12),
+fully and with LoRA on every linear layer of the blocks ("all-linear") at two ranks. For each run:
+validation loss on the whole Shakespeare validation split (the last 10%) before and after (what
+`handformer eval RUN --data val` prints), wall time of the training loop and its median tokens/s
+over the logged 50-step windows, trainable parameters, and the command's peak resident memory;
+then samples of the bases before and after. Every run trains with `--threads` torch threads
+(train.threads; default 1: on a machine shared with other jobs a second thread makes every step
+wait for a descheduled thread, see the README).
 
     flock /tmp/hf-cpu.lock python benchmarks/finetune_shakespeare.py --out runs/finetune
 """
@@ -38,6 +43,9 @@ from handformer.tasks.lm.run import load_lm  # noqa: E402
 from handformer.tasks.lm.scoring import score_text  # noqa: E402
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+STORIES = ROOT.parent / "shared" / "data" / "stories260K"
+BASES = ("stories260K", "gpt2", "llama")
+BLOCK = {"stories260K": 128, "gpt2": 64, "llama": 64}  # tokens per training and scoring window
 # Runs the command line in a child process and prints its peak resident memory at exit.
 PEAK = ("import atexit, resource, runpy, sys; atexit.register(lambda: print('peak RSS %.0f MB' % "
         "(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), file=sys.stderr)); "
@@ -84,8 +92,25 @@ def loop_time(run_dir: Path) -> tuple[float, float]:
     return rows[-1]["elapsed_s"], statistics.median(r["tokens_per_s"] for r in rows if "tokens_per_s" in r)
 
 
-def val_loss(run_dir: Path, val_text: str) -> float:
-    return score_text(load_lm(run_dir), val_text, block_size=64).loss
+def val_loss(run_dir: Path, val_text: str, block: int) -> float:
+    return score_text(load_lm(run_dir), val_text, block_size=block).loss
+
+
+def build_bases(names: list[str], out: Path, args: argparse.Namespace) -> dict[str, Path]:
+    """The base runs named, built where missing (llama needs gpt2's tokenizer)."""
+    bases = {name: out / f"base_{name}" for name in names}
+    gpt2 = out / "base_gpt2"
+    if ("gpt2" in names or "llama" in names) and not (gpt2 / "model.safetensors").is_file():
+        handformer("train", "--config", "configs/shakespeare_char.toml", "--out", str(gpt2),
+                   "--overwrite", "--set", "data.path=pydoc", "--set", f"train.steps={args.base_steps}",
+                   "--set", "train.progress=false", "--set", f"train.seed={args.seed}",
+                   "--set", f"train.threads={args.threads}")
+    if "llama" in names and not (bases["llama"] / "model.safetensors").is_file():
+        make_llama(bases["llama"], gpt2 / "tokenizer.json", args.seed)
+    if "stories260K" in names and not (bases["stories260K"] / "model.safetensors").is_file():
+        handformer("import-llama2c", str(STORIES / "stories260K.bin"), str(STORIES / "tok512.bin"),
+                   str(bases["stories260K"]), "--overwrite")
+    return bases
 
 
 def main() -> None:
@@ -97,19 +122,16 @@ def main() -> None:
     p.add_argument("--full-lr", type=float, default=1e-3)
     p.add_argument("--lora-lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bases", nargs="+", choices=BASES, default=list(BASES))
+    p.add_argument("--threads", type=int, default=1, help="train.threads of every run (0: torch's default)")
     args = p.parse_args()
     out = (ROOT / args.out).resolve()
-    bases = {"gpt2": out / "base_gpt2", "llama": out / "base_llama"}
-    if not (bases["gpt2"] / "model.safetensors").is_file():
-        handformer("train", "--config", "configs/shakespeare_char.toml", "--out", str(bases["gpt2"]),
-                   "--overwrite", "--set", "data.path=pydoc", "--set", f"train.steps={args.base_steps}",
-                   "--set", "train.progress=false", "--set", f"train.seed={args.seed}")
-    if not (bases["llama"] / "model.safetensors").is_file():
-        make_llama(bases["llama"], bases["gpt2"] / "tokenizer.json", args.seed)
+    bases = build_bases(args.bases, out, args)
 
     val_text = split_text(load_text(str(SHAKESPEARE)), 0.1)[1]
-    common = ["--set", f"data.path={SHAKESPEARE}", "--set", "data.block_size=64", "--set",
-              "data.batch_size=12", "--set", "data.eval_batches=20", "--set", f"train.steps={args.steps}",
+    common = ["--set", f"data.path={SHAKESPEARE}", "--set", "data.batch_size=12", "--set",
+              f"train.threads={args.threads}", "--set", "data.eval_batches=20", "--set",
+              f"train.steps={args.steps}",
               "--set", "train.warmup=50", "--set", f"train.eval_every={args.steps // 2}", "--set",
               "train.log_every=50", "--set", "train.progress=false", "--set", f"train.seed={args.seed}",
               "--set", "train.weight_decay=0.1", "--set", "train.beta2=0.99"]
@@ -121,15 +143,19 @@ def main() -> None:
                                       "train.lora.targets=all-linear"]
     rows = []
     for base_name, base in bases.items():
-        before = val_loss(base, val_text)
+        block = BLOCK[base_name]
+        before = val_loss(base, val_text, block)
         for name, extra in variants.items():
             run = out / f"{base_name}_{name.replace(' ', '_').replace('=', '')}"
             log, wall, peak = handformer("train", "--init-from", str(base), "--out", str(run), "--overwrite",
-                                         *common, *extra)
+                                         *common, "--set", f"data.block_size={block}", *extra)
+            unknown = re.findall(r"warning: .*unknown.*", log)
+            if unknown:
+                print("\n".join(unknown))
             params = re.search(r"model: ([\d,]+) parameters(?: \(([\d,]+) trainable\))?", log)
             trainable = params.group(2) or params.group(1)
             loop_s, speed = loop_time(run)
-            after = val_loss(run, val_text)
+            after = val_loss(run, val_text, block)
             rows.append((base_name, name, params.group(1), trainable, before, after, loop_s, speed, peak))
             print(f"{base_name} {name}: val {before:.4f} -> {after:.4f}, loop {loop_s:.1f} s "
                   f"(command {wall:.1f} s, median {speed:,.0f} tokens/s), {trainable} of "
@@ -138,12 +164,16 @@ def main() -> None:
     print("\n| base | fine-tuning | trainable parameters | val loss before | after | training wall "
           "time | median tokens/s | peak memory (RSS) |\n|---|---|---|---|---|---|---|---|")
     for base_name, name, total, trainable, before, after, loop_s, speed, peak in rows:
-        print(f"| {base_name} ({total}) | {name} | {trainable} | {before:.4f} | {after:.4f} | {loop_s:.1f} s "
+        label = f"{base_name} ({total})" if name == "full" else base_name
+        print(f"| {label} | {name} | {trainable} | {before:.4f} | {after:.4f} | {loop_s:.1f} s "
               f"| {speed:,.0f} | {peak:.0f} MB |")
     prompt = ["--prompt", "ROMEO:", "--max-new-tokens", "58", "--temperature", "0.8", "--seed", "1"]
-    for run in (bases["gpt2"], out / "gpt2_full", out / f"gpt2_LoRA_r{args.ranks[0]}"):
-        text, _, _ = handformer("generate", str(run), *prompt)
-        print(f"\n--- {run.name}:\n{text.strip()}")
+    for base_name in ("stories260K", "gpt2"):
+        if base_name in bases:
+            lora = out / f"{base_name}_LoRA_r{args.ranks[1]}"
+            for run in (bases[base_name], out / f"{base_name}_full", lora):
+                text, _, _ = handformer("generate", str(run), *prompt)
+                print(f"\n--- {run.name}:\n{text.strip()}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ fp32 noise: the two are the same computation).
 
     python benchmarks/lora_vs_peft.py                               # defaults below
     python benchmarks/lora_vs_peft.py --targets all-linear --rank 16
-    flock /tmp/hf-cpu.lock python benchmarks/lora_vs_peft.py        # on a shared machine
+    flock /tmp/hf-cpu.lock python benchmarks/lora_vs_peft.py --threads 1   # on a shared machine
 
 Needs `transformers` and `peft` (dev dependencies of handformer). Nothing is downloaded.
 """
@@ -103,7 +103,11 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps before the first round")
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, one per core); "
+                   "1 on a machine busy with other jobs (see lora_threads_under_load.py)")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     data, vocab, source = batches(args, args.warmup + args.steps * args.rounds)
     theirs, ours = build(args, vocab)

@@ -5,6 +5,7 @@ an ordinary run; a LoRA fine-tune killed with `kill -9` resumes to the uninterru
 imported Llama fine-tunes; bad input is one clear error before anything is written."""
 
 import functools
+import io
 import json
 import os
 import shutil
@@ -12,16 +13,19 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from helpers import randomize_hf
+from helpers import missing, randomize_hf
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers, processors
 
 from handformer.cli import main
+from handformer.data.text import split_text
+from handformer.data.tokenizer import Tokenizer
 from handformer.tasks.lm.finetune import weights_sha256
 from handformer.tasks.lm.run import load_lm
 from handformer.training import loop as train_module
@@ -209,8 +213,10 @@ def test_adapters_refuse_a_changed_base_and_follow_a_base_moved_with_them(base, 
 
 @pytest.mark.parametrize("pairs, message", [
     (("INIT=no/such/run",), "[train] init_from='no/such/run': no such run directory"),
-    (("INIT=TRANSLATION",), "holds a 'translation' run; fine-tuning starts from a language-model run"),
-    (("INIT=LORA",), "holds LoRA adapters, not a whole model; fold them in first with `handformer merge"),
+    (("INIT=TRANSLATION",), "it holds a 'translation' run; fine-tuning starts from a language-model run"),
+    (("INIT=QUANTIZED",), "it holds a model quantized to int8, whose weights cannot train; fine-tune the "
+                          "full-precision run ("),
+    (("INIT=LORA",), "it holds LoRA adapters, not a whole model; fold them in first with `handformer merge"),
     (("train.lora.targets=[\"q_proj\", \"wq\"]",), "'wq' matches no linear layer of the model's blocks; their "
                                                    "layers are named down_proj, k_proj, o_proj, q_proj, up_proj, v_proj"),
     (("train.lora.rank=0",), "[train.lora] rank=0 is invalid: it must be a positive integer"),
@@ -227,7 +233,10 @@ def test_bad_fine_tuning_input_is_one_clear_error_before_any_work(base, lora_run
     translation = tmp_path / "translation"
     translation.mkdir()
     (translation / "config.json").write_text('{"task": "translation"}')
-    pairs = [p.replace("TRANSLATION", str(translation)).replace("LORA", str(lora_run)) for p in pairs]
+    if "INIT=QUANTIZED" in pairs:
+        assert main(["quantize", str(base), str(tmp_path / "quantized"), "--int8"]) == 0
+    pairs = [p.replace("TRANSLATION", str(translation)).replace("LORA", str(lora_run))
+             .replace("QUANTIZED", str(tmp_path / "quantized")) for p in pairs]
     init_from = [p[len("INIT="):] for p in pairs if p.startswith("INIT=")]  # as given to --init-from
     pairs = [p for p in pairs if not p.startswith("INIT=")]
     assert finetune(tmp_path / "out", init_from[0] if init_from else base, text, "train.lora.rank=2", *pairs) == 2
@@ -317,7 +326,8 @@ def test_an_in_process_crash_resumes_a_full_fine_tune_to_the_straight_run(base, 
 
 # --- an imported model --------------------------------------------------------------------------
 
-def test_an_imported_llama_fine_tunes_with_lora_and_keeps_its_bos(tmp_path, capsys):
+def test_an_imported_llama_fine_tunes_with_lora_and_keeps_its_bos_and_chat_template(tmp_path, capsys,
+                                                                                    monkeypatch):
     words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(3, 40)]
     hf_dir = tmp_path / "hf"
     torch.manual_seed(0)
@@ -331,6 +341,7 @@ def test_an_imported_llama_fine_tunes_with_lora_and_keeps_its_bos(tmp_path, caps
     tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     tokenizer.save(str(hf_dir / "tokenizer.json"))
     (hf_dir / "tokenizer_config.json").write_text('{"add_bos_token": true}')
+    (hf_dir / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] + ' ' }}{% endfor %}")
     assert main(["import-hf", str(hf_dir), str(tmp_path / "imported")]) == 0
     text = tmp_path / "words.txt"
     text.write_text(" ".join(f"w{3 + (i * 7) % 11}" for i in range(3000)))  # a repeating pattern
@@ -347,3 +358,75 @@ def test_an_imported_llama_fine_tunes_with_lora_and_keeps_its_bos(tmp_path, caps
     assert main(["generate", str(tmp_path / "lora"), "--prompt", "w3 w10", "--max-new-tokens", "4",
                  "--temperature", "0"]) == 0
     assert capsys.readouterr().out.startswith("w3 w10")
+    # The chat template comes along: the LoRA run and its merge chat, and say the same.
+    assert main(["merge", str(tmp_path / "lora"), str(tmp_path / "merged")]) == 0
+    capsys.readouterr()
+    replies = []
+    for run in ("lora", "merged"):
+        assert (tmp_path / run / "chat_template.jinja").is_file()
+        monkeypatch.setattr("sys.stdin", io.StringIO("w3 w10 w6\n"))
+        assert main(["chat", str(tmp_path / run), "--temperature", "0", "--max-new-tokens", "5"]) == 0
+        replies.append(capsys.readouterr().out)
+    assert replies[0] == replies[1] and replies[0].strip()
+
+
+def test_the_llama2c_stories260K_import_fine_tunes_full_and_with_lora(tmp_path, capsys):
+    """The real stories260K (llama2.c's format, a sentencepiece tokenizer with byte fallback):
+    new text with characters it never saw still has no unknown tokens; both kinds of fine-tune keep
+    its BOS and stop ids and lower the loss on the new text."""
+    data = ROOT / ".." / "shared" / "data" / "stories260K"
+    if not (data / "stories260K.bin").is_file():
+        missing(f"the stories260K checkpoint is not at {data} (this project's CI has it in ../shared/data)")
+    imported = tmp_path / "stories260K"
+    assert main(["import-llama2c", str(data / "stories260K.bin"), str(data / "tok512.bin"), str(imported)]) == 0
+    text = tmp_path / "verse.txt"
+    text.write_text("ROMEO: Thou art more lovely, Juliet; thy brow is fair as Æthon's. " * 60)
+    base_tokens = json.loads((imported / "config.json").read_text())["tokens"]
+    losses = {}
+    for name, pairs in (("full", ()), ("lora", ("train.lora.rank=4", "train.lora.targets=all-linear"))):
+        assert finetune(tmp_path / name, imported, text, "data.block_size=32", "train.lr=1e-2", *pairs) == 0
+        out = capsys.readouterr().out
+        assert "the base run's tokenizer: 512 tokens" in out and "unknown" not in out
+        assert json.loads((tmp_path / name / "config.json").read_text())["tokens"] == base_tokens
+        for run in (imported, tmp_path / name):
+            assert main(["eval", str(run), "--data", str(text), "--block-size", "32"]) == 0
+            losses[run.name] = float(capsys.readouterr().out.split()[1])
+    assert losses["full"] < losses["stories260K"] and losses["lora"] < losses["stories260K"]
+
+
+def test_a_bpe_base_encodes_the_new_text_with_its_own_tokenizer(text, tmp_path, capsys):
+    bpe = tmp_path / "bpe"
+    assert main(["train", "--config", TINY_LM, "--out", str(bpe),
+                 *sets(*QUIET, "data.tokenizer=bpe", "data.vocab_size=300", "train.steps=2")]) == 0
+    assert finetune(tmp_path / "ft", bpe, text, "train.steps=2") == 0
+    tokenizer = Tokenizer.load(bpe / "tokenizer.json")
+    train_text = split_text(text.read_text(), 0.1)[0]
+    assert f"{len(tokenizer.encode(train_text)):,} training tokens" in capsys.readouterr().out
+    assert (tmp_path / "ft" / "tokenizer.json").read_bytes() == (bpe / "tokenizer.json").read_bytes()
+
+
+def test_train_threads_sets_torchs_threads_for_the_loop_only(base, text, tmp_path, monkeypatch, capsys):
+    seen = []
+
+    def record(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return train(*args, **kwargs)
+
+    train = train_module.train
+    monkeypatch.setattr(train_module, "train", record)
+    before = torch.get_num_threads()
+    assert finetune(tmp_path / "ft", base, text, "train.lora.rank=2", "train.steps=2", "train.threads=3") == 0
+    assert seen == [3] and torch.get_num_threads() == before
+    assert "training 2 steps on cpu, 3 thread(s)" in capsys.readouterr().out
+    assert finetune(tmp_path / "bad", base, text, "train.threads=-1") == 2
+    assert "threads=-1 is invalid: it must be an integer >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["train.bf16=true", pytest.param("train.compile=true", marks=pytest.mark.slow)])
+def test_lora_fine_tunes_under_bf16_autocast_and_torch_compile(base, text, tmp_path, option):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # bf16 on a CPU without fast bf16 says it is slow
+        assert finetune(tmp_path / "ft", base, text, "train.lora.rank=2", "train.steps=4", option) == 0
+    adapters = tensors(tmp_path / "ft" / "adapters.safetensors")
+    assert adapters and all("lora_" in k and torch.isfinite(v).all() for k, v in adapters.items())
+    assert any(k.endswith("lora_B") and v.abs().sum() > 0 for k, v in adapters.items())  # they trained

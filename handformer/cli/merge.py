@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from handformer.nn.lora import merge_lora
+    from handformer.tasks.lm.finetune import copy_chat_files
     from handformer.tasks.lm.run import load_lm, save_lm_run
+    from handformer.tasks.run_config import read_run_config
 
     run_dir, out = Path(args.run_dir), Path(args.out_dir)
-    config_path = run_dir / "config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
-    config = json.loads(config_path.read_text())
+    config = read_run_config(run_dir)
     if "lora" not in config:
         raise ValueError(f"{run_dir} has no LoRA adapters to merge (its config.json has no \"lora\" "
                          "section): it is an ordinary run already, usable as it is")
@@ -29,6 +27,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     sections["merged_from"] = {"run": str(run_dir.resolve()), "init_from": config["init_from"],
                                "lora": config["lora"]}
     save_lm_run(out, run.model, run.tokenizer, run.tokens, **sections)
+    copy_chat_files(run_dir, out)
     print(f"merged the adapters of {run_dir} into {config['init_from']['path']}'s weights -> {out} "
           f"({run.model.num_parameters():,} parameters)")
     return 0

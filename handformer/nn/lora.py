@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.config import dataclass_from_dict
+from handformer.nn.replace import replace_layers
 
 ALL_LINEAR = "all-linear"  # every linear layer of the blocks, not the output head (as peft)
 
@@ -132,10 +133,7 @@ def add_lora(model: nn.Module, cfg: LoRAConfig) -> list[str]:
     targets = select_targets(model, cfg)
     for p in model.parameters():
         p.requires_grad_(False)
-    for name, layer in targets.items():
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, LoRALinear(layer, cfg.rank, cfg.alpha, cfg.dropout))
-    return list(targets)
+    return replace_layers(model, targets, lambda layer: LoRALinear(layer, cfg.rank, cfg.alpha, cfg.dropout))
 
 
 def has_lora(model: nn.Module) -> bool:
@@ -146,14 +144,15 @@ def has_lora(model: nn.Module) -> bool:
 def merge_lora(model: nn.Module) -> nn.Module:
     """Fold every adapter into its layer (W <- W + B A * alpha / r), in place: the model is a plain
     one again, all of its weights trainable. Returns `model`."""
-    for name, layer in [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear)]:
-        plain = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
-                          device=layer.weight.device, dtype=layer.weight.dtype)
-        plain.weight.copy_(layer.merged_weight())
+    def plain(layer: LoRALinear) -> nn.Linear:
+        linear = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
+                           device=layer.weight.device, dtype=layer.weight.dtype)
+        linear.weight.copy_(layer.merged_weight())
         if layer.bias is not None:
-            plain.bias.copy_(layer.bias)
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, plain)
+            linear.bias.copy_(layer.bias)
+        return linear
+
+    replace_layers(model, {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}, plain)
     for p in model.parameters():
         p.requires_grad_(True)
     return model

@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from handformer.nn.replace import replace_layers
+
 QMAX = 127  # symmetric int8 range: -127 .. 127
 KERNELS = ("int8pack-bf16", "int8pack-fp32", "dequant")
 BF16_K_MULTIPLE = 16  # _weight_int8pack_mm's bf16 path reads K in steps of 16, with no tail loop
@@ -126,11 +128,9 @@ def quantize_linears(model: nn.Module, skip: Iterable[str] = (), kernel: str = D
     if bits == 4:
         check_group_size(group_size)
     skip = set(skip)
-    targets = [(name, m) for name, m in model.named_modules()
-               if isinstance(m, nn.Linear) and name not in skip]
-    for name, linear in targets:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
+    targets = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear) and name not in skip}
+
+    def build(linear: nn.Linear) -> nn.Module:
         has_bias = linear.bias is not None
         if bits == 4 and linear.in_features % group_size == 0:
             layer = (Int4Linear(linear.in_features, linear.out_features, has_bias, group_size) if empty
@@ -138,8 +138,9 @@ def quantize_linears(model: nn.Module, skip: Iterable[str] = (), kernel: str = D
         else:
             layer = (Int8Linear(linear.in_features, linear.out_features, has_bias, kernel) if empty
                      else Int8Linear.from_linear(linear, kernel))
-        setattr(parent, child, layer.to(linear.weight.device))
-    return [name for name, _ in targets]
+        return layer.to(linear.weight.device)
+
+    return replace_layers(model, targets, build)
 
 
 def set_kernel(model: nn.Module, kernel: str) -> None:

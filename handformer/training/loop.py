@@ -57,6 +57,10 @@ class TrainConfig:
     parallel: str = "ddp"  # under torchrun: ddp (a replica per rank) | fsdp (FSDP2, sharded weights)
     activation_checkpointing: bool = False  # recompute each block's activations in backward
     keep_cpu_memory: bool = True  # CPU: glibc keeps freed memory for reuse (cpu_memory.py)
+    # CPU: torch's intra-op threads while training; 0 = torch's default (one per core). On a
+    # machine busy with other jobs, 1 avoids waiting at every parallel kernel for a descheduled
+    # thread (several times slower; see the README's fine-tuning section)
+    threads: int = 0
 
     def __post_init__(self) -> None:
         def fail(name: str, fix: str) -> None:
@@ -65,7 +69,7 @@ class TrainConfig:
         for name in ("steps", "accumulation", "eval_every", "log_every"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 fail(name, "it must be a positive integer")
-        for name in ("warmup", "eval_batches", "checkpoint_every"):
+        for name in ("warmup", "eval_batches", "checkpoint_every", "threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 fail(name, "it must be an integer >= 0")
         if not self.lr > 0:
@@ -399,10 +403,17 @@ def train_new_model(build: Callable[[], nn.Module], cfg: TrainConfig, train_data
     n_params = sum(p.numel() for p in model.parameters())
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     trainable = f" ({n_trainable:,} trainable)" if n_trainable < n_params else ""
+    threads = f", {cfg.threads} thread(s)" if cfg.threads else ""
     log(f"model: {n_params:,} parameters{trainable}; training {cfg.steps} steps on "
-        f"{pick_device(cfg.device)}")
-    result = train(model, cfg, train_data, val_batches, loss_fn, run_dir, resume=resume,
-                   weights_file=weights_file)
+        f"{pick_device(cfg.device)}{threads}")
+    previous_threads = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        result = train(model, cfg, train_data, val_batches, loss_fn, run_dir, resume=resume,
+                       weights_file=weights_file)
+    finally:
+        torch.set_num_threads(previous_threads)
     if distributed.is_sharded(model):  # FSDP left shards: the best weights go into a plain model
         model = build()
     load_weights(model, Path(run_dir) / weights_file)

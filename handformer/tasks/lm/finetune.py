@@ -1,5 +1,5 @@
 """Fine-tuning: a language-model job that starts from a run (trained here or imported with
-`handformer import-hf`) instead of random weights, fully or with LoRA adapters
+`handformer import-hf` or `import-llama2c`) instead of random weights, fully or with LoRA adapters
 (`[train] init_from = "RUN_DIR"`, `[train.lora]`).
 
 The job takes the base run's model config, weights, tokenizer and special tokens. A fine-tuned
@@ -16,7 +16,6 @@ base run's weights, checks that their hash is still the recorded one, and adds t
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +25,11 @@ import torch
 
 from handformer.config import CausalLMConfig
 from handformer.data.tokenizer import Tokenizer
+from handformer.generation.chat_template import TEMPLATE_FILE, TOKENIZER_CONFIG
+from handformer.io import atomic_write_bytes
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.lora import LoRAConfig, add_lora, select_targets
+from handformer.tasks.run_config import read_run_config, run_model_config
 from handformer.training.checkpoint import load_weights
 
 ADAPTERS_FILE = "adapters.safetensors"
@@ -47,24 +49,27 @@ def read_base_run(init_from: str) -> BaseRun:
     path = Path(init_from)
     where = f"[train] init_from={init_from!r}"
     if not path.is_dir():
-        raise FileNotFoundError(f"{where}: no such run directory; give a run trained with "
-                                "`handformer train` or imported with `handformer import-hf`")
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{where} is not a run directory (no config.json)")
+        raise FileNotFoundError(f"{where}: no such run directory; give a run trained with `handformer "
+                                "train` or imported with `handformer import-hf` or `import-llama2c`")
     try:
-        config = json.loads((path / "config.json").read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(f"{where}: its config.json is not valid JSON: {err}") from None
-    if config.get("task") != "lm":
-        raise ValueError(f"{where} holds a {config.get('task')!r} run; fine-tuning starts from a "
-                         "language-model run (task 'lm')")
-    if "lora" in config:
-        raise ValueError(f"{where} holds LoRA adapters, not a whole model; fold them in first with "
-                         f"`handformer merge {init_from} OUT_DIR`, then set init_from = OUT_DIR")
+        config = read_run_config(path)
+        if config["task"] != "lm":
+            raise ValueError(f"it holds a {config['task']!r} run; fine-tuning starts from a "
+                             "language-model run (task 'lm')")
+        if "lora" in config:
+            raise ValueError(f"it holds LoRA adapters, not a whole model; fold them in first with "
+                             f"`handformer merge {init_from} OUT_DIR`, then set init_from = OUT_DIR")
+        if "quantization" in config:
+            source = config["quantization"].get("source_run", "the run it was quantized from")
+            raise ValueError(f"it holds a model quantized to {config['quantization'].get('weights')}, whose "
+                             f"weights cannot train; fine-tune the full-precision run ({source}) instead")
+        model_cfg = run_model_config(path, config, CausalLMConfig)
+    except (ValueError, FileNotFoundError) as err:
+        raise type(err)(f"{where}: {err}") from None
     for name in ("model.safetensors", "tokenizer.json"):
         if not (path / name).is_file():
             raise FileNotFoundError(f"{where} has no {name}")
-    return BaseRun(path.resolve(), config, CausalLMConfig.from_dict(config["model"], "model"))
+    return BaseRun(path.resolve(), config, model_cfg)
 
 
 def model_config_from_base(section: dict[str, tuple[Any, str | None]], base: BaseRun,
@@ -121,6 +126,14 @@ def verified_base(run_dir: str | os.PathLike, config: dict[str, Any]) -> Path:
                          f"recorded {info['sha256'][:16]}...); adapters only fit the weights they "
                          "were trained on: restore the base run or fine-tune again")
     return found[0]
+
+
+def copy_chat_files(source: Path, run_dir: Path) -> None:
+    """The chat template files of `source` (an imported instruction-tuned model has them), copied
+    into `run_dir`: a run fine-tuned or merged from it chats as its base did."""
+    for name in (TEMPLATE_FILE, TOKENIZER_CONFIG):
+        if (source / name).is_file():
+            atomic_write_bytes(run_dir / name, (source / name).read_bytes())
 
 
 def base_model(model_cfg: CausalLMConfig, base_dir: Path, lora: LoRAConfig | None) -> CausalLM:

@@ -172,6 +172,8 @@ def run_train_lm(job: LMJob, run_dir: str | os.PathLike, resume: bool = False,
         tokenizer.save(run_dir / "tokenizer.json")
         tokens, sections = _run_sections(job, tokenizer, run_dir)
         write_lm_run_config(run_dir, model_cfg, tokens, **sections)
+        if base is not None:
+            finetune.copy_chat_files(base.path, run_dir)
 
     return train_new_model(_builder(job, model_cfg, run_dir, resume), job.train, windows, val_batches,
                            lm_loss, run_dir, resume=resume, log=log,
