@@ -42,16 +42,19 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, is_causal: bool = False,
                 rope: tuple[Tensor, Tensor] | None = None, cache: LayerKVCache | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """x: (B, T, D) -> ((B, T, D), self-attention weights (B, H, T, S) or None)."""
+                need_weights: bool = False, check_empty_rows: bool = True,
+                ) -> tuple[Tensor, Tensor | None]:
+        """x: (B, T, D) -> ((B, T, D), self-attention weights (B, H, T, S) or None).
+        check_empty_rows: see `handformer.nn.attention.scaled_dot_product_attention`."""
         if self.pre_norm:
             h, weights = self.self_attn(self.attn_norm(x), mask=mask, is_causal=is_causal,
-                                        rope=rope, cache=cache, need_weights=need_weights)
+                                        rope=rope, cache=cache, need_weights=need_weights,
+                                        check_empty_rows=check_empty_rows)
             x = x + self.dropout(h)
             x = x + self.dropout(self.ffn(self.ffn_norm(x)))
         else:
             h, weights = self.self_attn(x, mask=mask, is_causal=is_causal, rope=rope, cache=cache,
-                                        need_weights=need_weights)
+                                        need_weights=need_weights, check_empty_rows=check_empty_rows)
             x = self.attn_norm(x + self.dropout(h))
             x = self.ffn_norm(x + self.dropout(self.ffn(x)))
         return x, weights

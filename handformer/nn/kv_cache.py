@@ -41,6 +41,7 @@ class KVCache:
         self.keys: list[Tensor | None] = [None] * n_layers  # each (B, Hkv, S_max, Dh)
         self.values: list[Tensor | None] = [None] * n_layers
         self.cross: list[tuple[Tensor, Tensor] | None] = [None] * n_layers  # (B, Hkv, S_src, Dh)
+        self._layers = [LayerKVCache(self, i) for i in range(n_layers)]  # made once, not per step
 
     def rolls(self, n_new: int) -> bool:
         """Whether appending `n_new` positions overwrites a slot (the keys then come out of order)."""
@@ -66,7 +67,7 @@ class KVCache:
                           torch.arange(self.length, self.length + n_new)])
 
     def layer(self, i: int) -> LayerKVCache:
-        return LayerKVCache(self, i)
+        return self._layers[i]
 
     def advance(self, n: int) -> None:
         self.length += n
