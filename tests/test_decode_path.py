@@ -103,3 +103,25 @@ def test_generate_decodes_a_small_model_with_one_thread_and_restores_the_setting
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="threads must be"):
         generate(tiny, [[1, 2]], 1, threads=0)
+
+
+def test_reorder_selects_the_filled_rows_and_keeps_the_capacity():
+    cache = KVCache(n_layers=2, max_length=10)
+    g = torch.Generator().manual_seed(0)
+    for i in range(2):
+        cache.layer(i).append(torch.randn(3, 2, 4, 5, generator=g), torch.randn(3, 2, 4, 5, generator=g))
+    cache.advance(4)
+    cache.cross[0] = (torch.randn(3, 2, 6, 5, generator=g), torch.randn(3, 2, 6, 5, generator=g))
+    keys, values, cross = list(cache.keys), list(cache.values), cache.cross[0]
+    index = torch.tensor([2, 0, 0])
+    cache.reorder(index)
+    for i in range(2):
+        assert cache.keys[i].shape == (3, 2, 10, 5)  # room for 6 more positions
+        assert torch.equal(cache.keys[i][:, :, :4], keys[i][index, :, :4])
+        assert torch.equal(cache.values[i][:, :, :4], values[i][index, :, :4])
+    assert torch.equal(cache.cross[0][0], cross[0][index])
+    cache.reorder(torch.tensor([1]), cross=False)  # fewer rows; cross keys/values left as they are
+    assert cache.keys[0].shape == (1, 2, 10, 5) and cache.cross[0][0].shape == (3, 2, 6, 5)
+    assert torch.equal(cache.keys[0][:, :, :4], keys[0][[0], :, :4])
+    k, v = cache.layer(0).append(torch.ones(1, 2, 1, 5), torch.ones(1, 2, 1, 5))
+    assert k.shape == (1, 2, 5, 5) and torch.equal(k[:, :, :4], keys[0][[0], :, :4])
