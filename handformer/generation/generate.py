@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from handformer.generation.sampling import check_sampling_options, next_tokens
-from handformer.models.causal_lm import CausalLM
+from handformer.models.causal_lm import CausalLM, CausalLMOutput
 from handformer.modes import eval_mode
 
 
@@ -90,7 +90,7 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              seed: int | None = None, stop_tokens: Sequence[int] = (), pad_id: int = 0,
              use_cache: bool = True, on_token: Callable[[int, int], None] | None = None,
-             threads: int | None | Literal["auto"] = "auto",
+             threads: int | None | Literal["auto"] = "auto", compile_step: bool = False,
              ) -> list[list[int]]:
     """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens.
 
@@ -105,7 +105,9 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
     whole sequence at every step (slow; for testing the cache). The model runs in eval mode and
     its training flag is restored afterwards. threads: torch intra-op threads while generating
     ("auto": `default_threads(model)`, one for a small model; None: torch's setting; the count is
-    process-wide while `generate` runs, and restored afterwards).
+    process-wide while `generate` runs, and restored afterwards). compile_step: run the one-token
+    decoding steps through `torch.compile` (same tokens; the first call compiles for tens of seconds
+    on a CPU, so it pays only over tens of thousands of tokens: off by default, see the README).
 
     Raises ValueError when a prompt plus max_new_tokens - 1 (the last token is never fed back)
     exceeds the model's max_positions.
@@ -115,14 +117,19 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
                                           or threads < 1):
         raise ValueError(f"threads must be a positive integer, 'auto' or None, got {threads!r}")
     with intra_op_threads(default_threads(model) if threads == "auto" else threads), eval_mode(model):
-        return _generate(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, set(stop_tokens),
-                         pad_id, use_cache, on_token)
+        # The one-token steps all have the same shapes but the cache length: compiled once for any
+        # length (dynamic), re-wrapping the same model reuses torch's compiled code.
+        step = torch.compile(model, dynamic=True) if compile_step and use_cache else model
+        return _generate(model, step, prompts, max_new_tokens, temperature, top_k, top_p, seed,
+                         set(stop_tokens), pad_id, use_cache, on_token)
 
 
-def _generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float,
-              top_k: int | None, top_p: float | None, seed: int | None, stop: set[int], pad_id: int,
-              use_cache: bool, on_token: Callable[[int, int], None] | None) -> list[list[int]]:
-    """The decoding loop of `generate` (arguments checked, model in eval mode)."""
+def _generate(model: CausalLM, step: Callable[..., CausalLMOutput], prompts: Sequence[Sequence[int]],
+              max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
+              seed: int | None, stop: set[int], pad_id: int, use_cache: bool,
+              on_token: Callable[[int, int], None] | None) -> list[list[int]]:
+    """The decoding loop of `generate` (arguments checked, model in eval mode); `step` runs the
+    model on one new token a row (the model itself, or its compiled version)."""
     device = next(model.parameters()).device
     B, L = len(prompts), max(len(p) for p in prompts)
     width = L + max_new_tokens  # room for every token the loop may feed back
@@ -144,9 +151,10 @@ def _generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens:
     padded = B > 1
     S = L  # positions fed so far, after this step's input
     inputs = ids[:, :L]  # with a cache: the positions not yet seen by the model
-    for _ in range(max_new_tokens):
+    for i in range(max_new_tokens):
         seen = mask[:, :S] if padded else None  # (B, S)
-        logits = model(inputs, seen, cache=cache, last_only=True).logits[:, -1]  # (B, V)
+        forward = step if i > 0 and cache is not None else model  # the prompt is not one token
+        logits = forward(inputs, seen, cache=cache, last_only=True).logits[:, -1]  # (B, V)
         token = next_tokens(logits, temperature, top_k, top_p, generator)  # (B,)
         finished_before = torch.tensor(done, device=device) if padded and any(done) else None
         for row, t in enumerate(token.tolist()):  # one read of the new tokens per step
