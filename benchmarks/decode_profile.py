@@ -32,13 +32,15 @@ MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm")
 ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math")
 
 
-def shares(run, steps: int) -> str:
+def shares(run, steps: int, top: int = 0) -> str:
     run(2)  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         run(steps + 1)
         wall = time.perf_counter() - start
     events = prof.key_averages()
+    if top:
+        print(events.table(sort_by="self_cpu_time_total", row_limit=top))
     total = sum(e.self_cpu_time_total for e in events)
     matmul = sum(e.self_cpu_time_total for e in events if e.key in MATMUL)
     attention = sum(e.self_cpu_time_total for e in events if e.key in ATTENTION)
@@ -61,6 +63,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--top", type=int, default=0, help="also print the N most expensive operators")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -73,8 +76,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.model}, batch {args.batch}, "
           f"{args.new_tokens} new tokens")
     with torch.no_grad():
-        print("  handformer:", shares(lambda n: generate(model, prompts, n, temperature=0), args.new_tokens))
-        print("  HF generate:", shares(lambda n: hf_generate(hf, prompts, n), args.new_tokens))
+        print("  handformer:", shares(lambda n: generate(model, prompts, n, temperature=0), args.new_tokens,
+                                     args.top))
+        print("  HF generate:", shares(lambda n: hf_generate(hf, prompts, n), args.new_tokens, args.top))
 
 
 if __name__ == "__main__":
