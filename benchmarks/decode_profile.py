@@ -44,10 +44,12 @@ def shares(run, steps: int, top: int = 0) -> str:
     total = sum(e.self_cpu_time_total for e in events)
     matmul = sum(e.self_cpu_time_total for e in events if e.key in MATMUL)
     attention = sum(e.self_cpu_time_total for e in events if e.key in ATTENTION)
+    calls = sum(e.count for e in events) / (steps + 1)  # the prompt's forward counts as one step
     prefill = min(timed(lambda: run(1)) for _ in range(2))
     per_step = (timed(lambda: run(steps + 1)) - prefill) / steps
     return (f"{per_step * 1e3:7.2f} ms a step; operators: matmul {matmul / total:.0%}, attention "
-            f"{attention / total:.0%}, other {1 - (matmul + attention) / total:.0%}; operators "
+            f"{attention / total:.0%}, other {1 - (matmul + attention) / total:.0%}; {calls:,.0f} "
+            f"operator calls a step (nested ones included); operators "
             f"{total / 1e6 / wall:.0%} of the wall clock (profiled)")
 
 
