@@ -121,7 +121,7 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
         # length (dynamic), re-wrapping the same model reuses torch's compiled code.
         step = torch.compile(model, dynamic=True) if compile_step and use_cache else model
         return _generate(model, step, prompts, max_new_tokens, temperature, top_k, top_p, seed,
-                         set(stop_tokens), pad_id, use_cache, on_token)
+                         {operator.index(t) for t in stop_tokens}, pad_id, use_cache, on_token)
 
 
 def _generate(model: CausalLM, step: Callable[..., CausalLMOutput], prompts: Sequence[Sequence[int]],
