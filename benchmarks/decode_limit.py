@@ -14,14 +14,20 @@ In one run, on the machine at hand:
 3. time to first token for a 1,024-token prompt, handformer vs Hugging Face;
 4. batch 8 and 32 (left-padded prompts of 32 to 64 tokens), tokens/s against Hugging Face;
 5. a tiny Llama shaped like stories260K (5 layers, 64 wide, 8 / 4 heads, vocab 512), batch 1,
-   beside llama2.c's `run.c` on stories260K itself when --run-c gives its path.
+   beside llama2.c's `run.c` on stories260K itself when --run-c gives its path; `generate` decodes
+   it with one thread (`default_threads`), also shown with torch's thread count for comparison;
+6. where the batch-1 fp32 time goes: the model's matrix-vector products alone (every linear layer
+   and the head once, one row, the model's own weights), their GB/s (torch's practical ceiling for
+   a decoding step) and their share of a decoding step;
+7. with --compile: `generate(compile_step=True)`, its compile time and after how many tokens it
+   pays for itself.
 
 Every figure is the median of --rounds interleaved rounds (default 5). The targets of issue 16 are
 printed beside the ratios. Other jobs on a shared machine make every figure noisy.
 
     python benchmarks/decode_limit.py                       # everything, ~15 min on 2 cores
     python benchmarks/decode_limit.py --models tiny --rounds 1 --new-tokens 8   # a smoke run
-    python benchmarks/decode_limit.py --run-c /path/to/llama2.c/run
+    python benchmarks/decode_limit.py --run-c /path/to/llama2.c/run --compile
 
 Needs `transformers` (a test dependency of handformer). Nothing is downloaded.
 """
@@ -43,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from handformer.config import CausalLMConfig  # noqa: E402
 from handformer.convert.hf_export import export_state_dict, hf_config  # noqa: E402
-from handformer.generation.generate import generate  # noqa: E402
+from handformer.generation.generate import default_threads, generate, intra_op_threads  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 from handformer.nn.quant import quantize_linears  # noqa: E402
 
@@ -138,6 +144,37 @@ def rounds(cases: dict[str, Callable[[], object]], n: int, data: torch.Tensor | 
     return medians
 
 
+def matvec_share(model: CausalLM, seconds_per_token: float, n: int) -> str:
+    """One line: the model's linear layers (and head) applied to one row, as in a decoding step:
+    milliseconds, GB/s of weights read, and their share of `seconds_per_token`."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    rows = [torch.randn(1, 1, m.in_features) for m in linears]
+    weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+
+    def all_linears() -> None:
+        for m, x in zip(linears, rows):
+            m(x)
+
+    with torch.inference_mode():
+        med = rounds({"matvec": all_linears}, n)["matvec"]
+    return (f"  matrix-vector products alone (every linear + head, one row): {med * 1e3:.2f} ms a token "
+            f"= {weight_bytes / med / 1e9:.1f} GB/s of weights, {med / seconds_per_token:.0%} of a "
+            f"decoding step ({seconds_per_token * 1e3:.2f} ms)")
+
+
+def compile_line(model: CausalLM, prompt: list[int], n: int, eager_seconds: float) -> str:
+    """One line: generate(compile_step=True): first call (compiling) and steady tokens/s, and the
+    number of tokens after which compiling has paid for itself."""
+    first = timed(lambda: generate(model, [prompt], n, temperature=0, compile_step=True))
+    steady = statistics.median(timed(lambda: generate(model, [prompt], n, temperature=0, compile_step=True))
+                               for _ in range(3))
+    saved_per_token = (eager_seconds - steady) / n
+    pays = (f"pays after {(first - steady) / saved_per_token:,.0f} tokens" if saved_per_token > 0
+            else "never pays")
+    return (f"  torch.compile of the decoding step: {n / steady:.1f} tokens/s ({eager_seconds / steady:.2f}x "
+            f"eager), compile {first - steady:.1f} s, {pays}")
+
+
 def llama2c(run_c: str, new_tokens: int, n: int, stories: Path = STORIES) -> float | None:
     """run.c's own tokens/s on stories260K, median of `n` runs (greedy)."""
     model, tok = stories / "stories260K.bin", stories / "tok512.bin"
@@ -171,6 +208,9 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor) -> None:
     with torch.no_grad():
         ours, theirs = generate(model, [prompt], n, temperature=0), hf_generate(hf, [prompt], n)
         cases = {"handformer fp32": lambda: generate(model, [prompt], n, temperature=0),
+                 **({"handformer fp32, torch's threads": lambda: generate(model, [prompt], n, temperature=0,
+                                                                          threads=None)}
+                    if default_threads(model) is not None else {}),
                  "HF generate fp32": lambda: hf_generate(hf, [prompt], n),
                  "handformer int8": lambda: generate(int8, [prompt], n, temperature=0),
                  "handformer int8, head fp32": lambda: generate(int8_body, [prompt], n, temperature=0),
@@ -180,13 +220,18 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor) -> None:
     base = n / med["handformer fp32"]
     print(f"\n{name}: batch 1, prompt {args.prompt}, {n} new tokens, bandwidth "
           f"{med['bw'] / 1e9:.1f} GB/s (same tokens as HF: {ours[0] == theirs[0]})")
-    print(f"  {'':30} {'tokens/s':>9} {'bound':>8} {'of bound':>9} {'vs fp32':>8}")
-    for case, m in (("handformer fp32", model), ("HF generate fp32", model), ("handformer int8", int8),
+    print(f"  {'':33} {'tokens/s':>9} {'bound':>8} {'of bound':>9} {'vs fp32':>8}")
+    shown = [("handformer fp32", model)] + [(c, model) for c in med if c.endswith("torch's threads")]
+    for case, m in (*shown, ("HF generate fp32", model), ("handformer int8", int8),
                     ("handformer int8, head fp32", int8_body), ("handformer int4 (groups of 32)", int4)):
         tps, bound = n / med[case], med["bw"] / bytes_per_token(m, kv)
-        print(f"  {case:30} {tps:>9.1f} {bound:>8.1f} {tps / bound:>8.2f}  {tps / base:>7.2f}x")
+        print(f"  {case:33} {tps:>9.1f} {bound:>8.1f} {tps / bound:>8.2f}  {tps / base:>7.2f}x")
     print(f"  handformer / HF fp32: {base / (n / med['HF generate fp32']):.2f}x (target >= 1.15x; "
           "fp32 target >= 0.85 of the bound; int8 with head target >= 2.2x fp32; int4 >= 3x fp32)")
+    with intra_op_threads(default_threads(model)):
+        print(matvec_share(model, med["handformer fp32"] / n, args.rounds))
+    if getattr(args, "compile", False):  # a Namespace built by hand (tests/test_quant.py) may lack it
+        print(compile_line(model, prompt, n, med["handformer fp32"]))
     if name != "tiny":
         long_prompt = torch.randint(0, model.cfg.vocab_size, (args.ttft_prompt,)).tolist()
         with torch.no_grad():
@@ -226,6 +271,7 @@ def main() -> None:
     parser.add_argument("--stories", type=Path, default=STORIES,
                         help="folder with llama2.c's stories260K.bin and tok512.bin")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--compile", action="store_true", help="also time generate(compile_step=True)")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # each line as soon as it is measured
     if args.threads:

@@ -9,6 +9,7 @@ import torch
 
 from handformer.config import CausalLMConfig
 from handformer.models.causal_lm import CausalLM
+from handformer.nn.kv_cache import KVCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,3 +36,105 @@ def test_last_only_equals_the_last_row_of_all_logits(style):
     step_b = model(ids[:, 6:], mask, cache=cache_b, last_only=True).logits
     torch.testing.assert_close(step_b, step_a, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(step_b, full[:, -1:], atol=1e-5, rtol=1e-5)
+
+
+# --- the per-step shortcuts -----------------------------------------------------------------------
+
+def test_skipping_the_empty_row_check_changes_nothing_when_every_row_sees_a_key():
+    from handformer.nn.attention import scaled_dot_product_attention
+    from handformer.nn.masks import has_empty_rows
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 4, 3, 8, generator=g), torch.randn(2, 2, 6, 8, generator=g), torch.randn(2, 2, 6, 8, generator=g)
+    mask = torch.rand(2, 1, 3, 6, generator=g) < 0.5
+    mask[..., 0] = True  # every query row sees key 0
+    assert not has_empty_rows(mask)
+    checked, _ = scaled_dot_product_attention(q, k, v, mask)
+    unchecked, _ = scaled_dot_product_attention(q, k, v, mask, check_empty_rows=False)
+    assert torch.equal(checked, unchecked)
+    mask[1, 0, 2] = False
+    assert has_empty_rows(mask)
+
+
+@torch.no_grad()
+def test_a_decoding_step_builds_no_causal_mask():
+    """One new token sees every cached key: the model hands the layers no mask without padding,
+    only the padding mask with it, and none for a rolling sliding-window cache that is full."""
+    torch.manual_seed(0)
+    model = CausalLM(CausalLMConfig.llama_style(vocab_size=50, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64,
+                                                n_layers=1, max_positions=32)).eval()
+    cache = model.new_cache(16)
+    cache.length = 5
+    assert model.build_mask(1, 5, None, cache, torch.device("cpu")) == (None, False)
+    padding = torch.tensor([[0, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    mask, is_causal = model.build_mask(1, 5, padding, cache, torch.device("cpu"))
+    assert not is_causal and torch.equal(mask, padding[:, None, None, :])
+
+    windowed = CausalLM(CausalLMConfig.llama_style(vocab_size=50, d_model=32, n_heads=4, n_kv_heads=2,
+                                                   d_ff=64, n_layers=1, max_positions=32,
+                                                   sliding_window=4)).eval()
+    rolling = windowed.new_cache(16)
+    rolling.length = 9
+    assert windowed.build_mask(1, 9, None, rolling, torch.device("cpu")) == (None, False)
+    plain = KVCache(1, 16)  # keeps every position: the window must be masked
+    plain.length = 9
+    mask, _ = windowed.build_mask(1, 9, None, plain, torch.device("cpu"))
+    assert mask.tolist() == [[False] * 6 + [True] * 4]
+
+
+def test_generate_decodes_a_small_model_with_one_thread_and_restores_the_setting():
+    from handformer.generation.generate import default_threads, generate
+
+    tiny = CausalLM(CausalLMConfig.llama_style(vocab_size=50, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64,
+                                               n_layers=1, max_positions=32))
+    big = CausalLM(CausalLMConfig.gpt2_style(vocab_size=50, d_model=512, n_heads=4, d_ff=1024, n_layers=1,
+                                             max_positions=32))
+    assert default_threads(tiny) == 1 and default_threads(big) is None
+    seen = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # this module runs with one (the `one_thread` fixture)
+    try:
+        generate(tiny, [[1, 2]], 2, temperature=0, on_token=lambda *_: seen.append(torch.get_num_threads()))
+        assert seen == [1, 1] and torch.get_num_threads() == 2
+        generate(tiny, [[1, 2]], 1, temperature=0, threads=None,
+                 on_token=lambda *_: seen.append(torch.get_num_threads()))
+        assert seen[-1] == 2
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="threads must be"):
+        generate(tiny, [[1, 2]], 1, threads=0)
+
+
+def test_reorder_selects_the_filled_rows_and_keeps_the_capacity():
+    cache = KVCache(n_layers=2, max_length=10)
+    g = torch.Generator().manual_seed(0)
+    for i in range(2):
+        cache.layer(i).append(torch.randn(3, 2, 4, 5, generator=g), torch.randn(3, 2, 4, 5, generator=g))
+    cache.advance(4)
+    cache.cross[0] = (torch.randn(3, 2, 6, 5, generator=g), torch.randn(3, 2, 6, 5, generator=g))
+    keys, values, cross = list(cache.keys), list(cache.values), cache.cross[0]
+    index = torch.tensor([2, 0, 0])
+    cache.reorder(index)
+    for i in range(2):
+        assert cache.keys[i].shape == (3, 2, 10, 5)  # room for 6 more positions
+        assert torch.equal(cache.keys[i][:, :, :4], keys[i][index, :, :4])
+        assert torch.equal(cache.values[i][:, :, :4], values[i][index, :, :4])
+    assert torch.equal(cache.cross[0][0], cross[0][index])
+    cache.reorder(torch.tensor([1]), cross=False)  # fewer rows; cross keys/values left as they are
+    assert cache.keys[0].shape == (1, 2, 10, 5) and cache.cross[0][0].shape == (3, 2, 6, 5)
+    assert torch.equal(cache.keys[0][:, :, :4], keys[0][[0], :, :4])
+    k, v = cache.layer(0).append(torch.ones(1, 2, 1, 5), torch.ones(1, 2, 1, 5))
+    assert k.shape == (1, 2, 5, 5) and torch.equal(k[:, :, :4], keys[0][[0], :, :4])
+
+
+@pytest.mark.slow  # torch.compile takes tens of seconds on a CPU
+def test_compiled_decoding_steps_give_the_same_tokens():
+    from handformer.generation.generate import generate
+
+    torch.manual_seed(0)
+    model = CausalLM(CausalLMConfig.llama_style(vocab_size=50, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64,
+                                                n_layers=2, max_positions=64))
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    for batch in (prompts[:1], prompts):
+        eager = generate(model, batch, 12, temperature=0)
+        assert generate(model, batch, 12, temperature=0, compile_step=True) == eager

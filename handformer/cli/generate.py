@@ -30,7 +30,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stream = TextStream(run.tokenizer, ids, prefix=text)
         generate(run.model, [ids], max_new, temperature=args.temperature, top_k=args.top_k,
                  top_p=args.top_p, seed=args.seed, stop_tokens=run.tokens.eos_ids,
-                 on_token=lambda _row, token, stream=stream: stream.push(token))
+                 on_token=lambda _row, token, stream=stream: stream.push(token), compile_step=args.compile)
         stream.close()
         print(flush=True)
         done += 1
@@ -51,4 +51,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="sample from the smallest set of tokens with total probability >= P")
     p.add_argument("--seed", type=int, default=None, help="random seed, for reproducible samples")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the decoding step (tens of seconds first; pays only for long outputs)")
     p.set_defaults(func=cmd_generate)

@@ -190,6 +190,6 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
         index = (origin + torch.arange(B, device=src.device)[:, None] * K).view(-1)  # (B*K,)
         ys = torch.cat([ys.index_select(0, index), tokens.view(-1, 1)], dim=1)  # (B*K, t + 2)
         scores = new_scores
-        if cache is not None:
-            cache.reorder(index)
+        if cache is not None:  # every beam of a sentence attends to the same source: keep cross K/V
+            cache.reorder(index, cross=False)
     return [max(f, key=lambda h: h[0])[1] if f else [limits.eos_id] for f in finished]

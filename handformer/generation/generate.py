@@ -10,14 +10,16 @@ Shape legend: B batch, L longest prompt, S positions so far (prompt + generated)
 
 from __future__ import annotations
 
+import contextlib
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor
 
 from handformer.generation.sampling import check_sampling_options, next_tokens
-from handformer.models.causal_lm import CausalLM
+from handformer.models.causal_lm import CausalLM, CausalLMOutput
 from handformer.modes import eval_mode
 
 
@@ -54,11 +56,41 @@ def max_new_tokens_for(prompt_length: int, max_positions: int) -> int:
     return max(max_positions - prompt_length + 1, 0) if prompt_length <= max_positions else 0
 
 
+# A matrix this small (elements; 1 MiB in fp32) is read by one core in about a microsecond: splitting
+# its product across threads costs more in fork/join than it saves, and on a shared machine a second
+# thread waits for a core at every op. `generate` decodes models whose every weight matrix is smaller
+# with one thread (the 5-layer, 64-wide Llama of benchmarks/decode_limit.py: see the README).
+SMALL_MATRIX = 2**18
+
+
+def default_threads(model: CausalLM) -> int | None:
+    """The intra-op threads `generate` uses for `model`: 1 when every weight matrix is small, else
+    None (torch's setting, unchanged)."""
+    largest = max((p.numel() for p in model.parameters() if p.dim() == 2), default=0)
+    return 1 if largest < SMALL_MATRIX else None
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int | None) -> Iterator[None]:
+    """Run with `threads` torch intra-op threads (process-wide, as `torch.set_num_threads`), then
+    restore the previous count; None changes nothing."""
+    before = torch.get_num_threads()
+    if threads is None or threads == before:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 @torch.inference_mode()  # cheaper per op than no_grad: decoding a small model is op overhead
 def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              seed: int | None = None, stop_tokens: Sequence[int] = (), pad_id: int = 0,
              use_cache: bool = True, on_token: Callable[[int, int], None] | None = None,
+             threads: int | None | Literal["auto"] = "auto", compile_step: bool = False,
              ) -> list[list[int]]:
     """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens.
 
@@ -71,46 +103,73 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
     so the same seed gives the same samples. Prompts of different lengths are left-padded with
     `pad_id`, which is masked out and does not change the result. `use_cache=False` recomputes the
     whole sequence at every step (slow; for testing the cache). The model runs in eval mode and
-    its training flag is restored afterwards.
+    its training flag is restored afterwards. threads: torch intra-op threads while generating
+    ("auto": `default_threads(model)`, one for a small model; None: torch's setting; the count is
+    process-wide while `generate` runs, and restored afterwards). compile_step: run the one-token
+    decoding steps through `torch.compile` (same tokens; the first call compiles for tens of seconds
+    on a CPU, so it pays only over tens of thousands of tokens: off by default, see the README).
 
     Raises ValueError when a prompt plus max_new_tokens - 1 (the last token is never fed back)
     exceeds the model's max_positions.
     """
     _check_args(model, prompts, max_new_tokens, temperature, top_k, top_p, pad_id)
+    if threads not in (None, "auto") and (isinstance(threads, bool) or not isinstance(threads, int)
+                                          or threads < 1):
+        raise ValueError(f"threads must be a positive integer, 'auto' or None, got {threads!r}")
+    with intra_op_threads(default_threads(model) if threads == "auto" else threads), eval_mode(model):
+        # The one-token steps all have the same shapes but the cache length: compiled once for any
+        # length (dynamic), re-wrapping the same model reuses torch's compiled code.
+        step = torch.compile(model, dynamic=True) if compile_step and use_cache else model
+        return _generate(model, step, prompts, max_new_tokens, temperature, top_k, top_p, seed,
+                         {operator.index(t) for t in stop_tokens}, pad_id, use_cache, on_token)
+
+
+def _generate(model: CausalLM, step: Callable[..., CausalLMOutput], prompts: Sequence[Sequence[int]],
+              max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
+              seed: int | None, stop: set[int], pad_id: int, use_cache: bool,
+              on_token: Callable[[int, int], None] | None) -> list[list[int]]:
+    """The decoding loop of `generate` (arguments checked, model in eval mode); `step` runs the
+    model on one new token a row (the model itself, or its compiled version)."""
     device = next(model.parameters()).device
     B, L = len(prompts), max(len(p) for p in prompts)
-    ids = torch.full((B, L), pad_id, dtype=torch.long, device=device)  # (B, L)
-    mask = torch.zeros(B, L, dtype=torch.bool, device=device)  # (B, L) True = real token
+    width = L + max_new_tokens  # room for every token the loop may feed back
+    ids = torch.full((B, width), pad_id, dtype=torch.long, device=device)  # (B, L + new)
+    mask = torch.zeros(B, width, dtype=torch.bool, device=device)  # (B, L + new) True = real token
     for row, prompt in enumerate(prompts):
-        ids[row, L - len(prompt):] = torch.tensor([operator.index(t) for t in prompt])
-        mask[row, L - len(prompt):] = True
+        ids[row, L - len(prompt):L] = torch.tensor([operator.index(t) for t in prompt])
+        mask[row, L - len(prompt):L] = True
     generator = torch.Generator(device=device)
     if seed is None:
         generator.seed()
     else:
         generator.manual_seed(seed)
-    stop = torch.tensor(sorted(set(stop_tokens)), dtype=torch.long, device=device)
 
-    with eval_mode(model):
-        cache = model.new_cache(positions_needed(L, max_new_tokens)) if use_cache and max_new_tokens else None
-        outputs: list[list[int]] = [[] for _ in range(B)]
-        finished = torch.zeros(B, dtype=torch.bool, device=device)
-        inputs = ids  # with a cache: the positions not yet seen by the model
-        if B == 1:  # a single row is never padded: no mask lets the model skip building one per step
-            mask = None
-        for _ in range(max_new_tokens):
-            logits = model(inputs, mask, cache=cache, last_only=True).logits[:, -1]  # (B, V)
-            token = next_tokens(logits, temperature, top_k, top_p, generator)  # (B,)
-            token = token.masked_fill(finished, pad_id)  # finished rows are fed padding, not kept
-            for row in (~finished).nonzero()[:, 0].tolist():
-                outputs[row].append(int(token[row]))
-                if on_token is not None:
-                    on_token(row, int(token[row]))
-            finished |= torch.isin(token, stop)
-            if finished.all():
-                break
-            ids = torch.cat([ids, token[:, None]], dim=1)  # (B, S)
-            if mask is not None:
-                mask = torch.cat([mask, ~finished[:, None]], dim=1)  # (B, S)
-            inputs = token[:, None] if cache is not None else ids
+    cache = model.new_cache(positions_needed(L, max_new_tokens)) if use_cache and max_new_tokens else None
+    outputs: list[list[int]] = [[] for _ in range(B)]
+    done = [False] * B  # rows that have emitted a stop token
+    # A single row is never padded: without a mask the model builds none at each step.
+    padded = B > 1
+    S = L  # positions fed so far, after this step's input
+    inputs = ids[:, :L]  # with a cache: the positions not yet seen by the model
+    for i in range(max_new_tokens):
+        seen = mask[:, :S] if padded else None  # (B, S)
+        forward = step if i > 0 and cache is not None else model  # the prompt is not one token
+        logits = forward(inputs, seen, cache=cache, last_only=True).logits[:, -1]  # (B, V)
+        token = next_tokens(logits, temperature, top_k, top_p, generator)  # (B,)
+        finished_before = torch.tensor(done, device=device) if padded and any(done) else None
+        for row, t in enumerate(token.tolist()):  # one read of the new tokens per step
+            if done[row]:
+                continue
+            outputs[row].append(t)
+            if on_token is not None:
+                on_token(row, t)
+            done[row] = t in stop
+        if all(done):
+            break
+        if finished_before is not None:
+            token = token.masked_fill(finished_before, pad_id)  # finished rows are fed padding
+        ids[:, S] = token
+        mask[:, S] = torch.tensor([not d for d in done], device=device)  # a stop token is not attended
+        S += 1
+        inputs = ids[:, S - 1:S] if cache is not None else ids[:, :S]  # (B, 1) or (B, S)
     return outputs

@@ -22,7 +22,7 @@ from handformer.nn.blocks import DecoderOnlyBlock
 from handformer.nn.embedding import TokenEmbedding
 from handformer.nn.inputs import check_length, check_mask, check_token_ids
 from handformer.nn.kv_cache import KVCache
-from handformer.nn.masks import causal_mask, key_mask
+from handformer.nn.masks import causal_mask, has_empty_rows, key_mask
 from handformer.nn.norms import make_norm
 from handformer.nn.positions import RotaryEmbedding, make_positions
 
@@ -75,7 +75,7 @@ class CausalLM(nn.Module):
         return KVCache(self.cfg.n_layers, max_length or self.cfg.max_positions, self.cfg.sliding_window)
 
     def build_mask(self, T: int, offset: int, attention_mask: Tensor | None,
-                       cache: KVCache | None, device: torch.device) -> tuple[Tensor | None, bool]:
+                   cache: KVCache | None, device: torch.device) -> tuple[Tensor | None, bool]:
         """The one mask every layer gets, True = may attend, and whether `is_causal` stands for it.
 
         Causal (offset by the cache), within the sliding window if any, and hiding padding; its key
@@ -84,7 +84,13 @@ class CausalLM(nn.Module):
         S = offset + T
         window = self.cfg.sliding_window
         window_hides = window is not None and S > window  # some query cannot see some earlier key
-        if attention_mask is not None:
+        if T == 1 and (not window_hides or (cache is not None and cache.window is not None)):
+            # One new token sees every key the cache hands out (a rolling cache holds exactly the
+            # window): no causal or window mask to build at each decoding step, only padding's.
+            if attention_mask is None:
+                return None, False
+            mask = key_mask(attention_mask)  # (B, 1, 1, S)
+        elif attention_mask is not None:
             mask = causal_mask(T, S, offset, device, window=window) & key_mask(attention_mask)  # (B, 1, T, S)
         elif (offset > 0 and T > 1) or window_hides:
             mask = causal_mask(T, S, offset, device, window=window)  # (T, S)
@@ -133,6 +139,7 @@ class CausalLM(nn.Module):
             raise ValueError(f"the KV cache rolls over a window of {cache.window} positions but the "
                              f"model's sliding_window is {self.cfg.sliding_window}; use model.new_cache()")
         mask, is_causal = self.build_mask(T, offset, attention_mask, cache, input_ids.device)
+        check_empty_rows = mask is not None and has_empty_rows(mask)  # once here, not in every layer
 
         x = self.embed(input_ids)  # (B, T, D)
         if self.positions is not None:
@@ -143,7 +150,8 @@ class CausalLM(nn.Module):
         attentions = []
         for i, layer in enumerate(self.layers):
             x, w = layer(x, mask, is_causal=is_causal, rope=rope,
-                         cache=None if cache is None else cache.layer(i), need_weights=need_weights)
+                         cache=None if cache is None else cache.layer(i), need_weights=need_weights,
+                         check_empty_rows=check_empty_rows)
             attentions.append(w)
         if cache is not None:
             cache.advance(T)

@@ -19,7 +19,7 @@ from handformer.nn.blocks import DecoderLayer, EncoderLayer
 from handformer.nn.embedding import TokenEmbedding
 from handformer.nn.inputs import check_length, check_token_ids
 from handformer.nn.kv_cache import KVCache
-from handformer.nn.masks import causal_mask, padding_mask
+from handformer.nn.masks import causal_mask, has_empty_rows, padding_mask
 from handformer.nn.norms import make_norm
 from handformer.nn.positions import make_positions
 
@@ -66,10 +66,12 @@ class Decoder(nn.Module):
                 cache: KVCache | None = None, need_weights: bool = False,
                 ) -> tuple[Tensor, tuple[Tensor, ...] | None, tuple[Tensor, ...] | None]:
         self_ws, cross_ws = [], []
+        # Checked once here rather than in every layer's cross-attention.
+        check_memory = memory_mask is not None and has_empty_rows(memory_mask)
         for i, layer in enumerate(self.layers):
             x, sw, cw = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask,
                               is_causal=is_causal, cache=None if cache is None else cache.layer(i),
-                              need_weights=need_weights)  # (B, T, D)
+                              need_weights=need_weights, check_empty_memory_rows=check_memory)  # (B, T, D)
             self_ws.append(sw)
             cross_ws.append(cw)
         if self.norm is not None:

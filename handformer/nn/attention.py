@@ -46,12 +46,17 @@ def scaled_dot_product_attention(
     is_causal: bool = False,
     dropout_p: float = 0.0,
     need_weights: bool = False,
+    check_empty_rows: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(q k^T / sqrt(Dh)) v over (B, H, T, Dh) queries and (B, Hkv, S, Dh) keys/values.
 
     mask: bool, broadcastable to (B, H, T, S), True = may attend. `is_causal=True` is a shortcut
     for the lower-triangular mask and only valid without another mask and with T == S.
     A query row whose keys are all masked returns zeros (and zero weights), never NaN.
+    check_empty_rows=False: the caller has checked that every query row of `mask` sees at least
+    one key (`handformer.nn.masks.has_empty_rows`), so the per-call search for such rows (three
+    elementwise passes over the mask and one over the output) is skipped; a model checks once
+    per forward instead of once per layer.
     Returns (out (B, H, T, Dh), weights (B, H, T, S) if need_weights else None).
     """
     T, S = q.size(-2), k.size(-2)
@@ -64,6 +69,7 @@ def scaled_dot_product_attention(
     if mask is not None:
         if mask.dtype != torch.bool:
             raise TypeError(f"attention mask must be bool (True = may attend), got {mask.dtype}")
+    if mask is not None and check_empty_rows:
         # Softmax over a row with no visible key is 0/0. Let such rows see every key (finite
         # values and gradients) and zero their output afterwards.
         visible_rows = mask.any(dim=-1, keepdim=True)  # (B|1, H|1, T, 1)
@@ -141,12 +147,14 @@ class MultiHeadAttention(nn.Module):
         rope: tuple[Tensor, Tensor] | None = None,
         cache: LayerKVCache | None = None,
         need_weights: bool = False,
+        check_empty_rows: bool = True,
     ) -> tuple[Tensor, Tensor | None]:
         """x: (B, T, D); context: (B, S, D) or None. Returns ((B, T, D), (B, H, T, S) or None).
 
         rope: (cos, sin) of shape (B|1, 1, T, Dh), rotates queries and keys (self-attention only).
         cache: this layer's KV cache; self-attention appends the new keys/values to it, cross-
         attention computes the context's keys/values once and reuses them afterwards.
+        check_empty_rows: see `scaled_dot_product_attention`.
         """
         B, T, D = x.shape
         q = self.split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, Dh)
@@ -167,6 +175,7 @@ class MultiHeadAttention(nn.Module):
 
         out, weights = scaled_dot_product_attention(
             q, k, v, mask, is_causal=is_causal, need_weights=need_weights,
-            dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, Dh)
+            dropout_p=self.dropout if self.training else 0.0,
+            check_empty_rows=check_empty_rows)  # (B, H, T, Dh)
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H * Dh): concat
         return self.o_proj(out), weights

@@ -42,16 +42,19 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, is_causal: bool = False,
                 rope: tuple[Tensor, Tensor] | None = None, cache: LayerKVCache | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """x: (B, T, D) -> ((B, T, D), self-attention weights (B, H, T, S) or None)."""
+                need_weights: bool = False, check_empty_rows: bool = True,
+                ) -> tuple[Tensor, Tensor | None]:
+        """x: (B, T, D) -> ((B, T, D), self-attention weights (B, H, T, S) or None).
+        check_empty_rows: see `handformer.nn.attention.scaled_dot_product_attention`."""
         if self.pre_norm:
             h, weights = self.self_attn(self.attn_norm(x), mask=mask, is_causal=is_causal,
-                                        rope=rope, cache=cache, need_weights=need_weights)
+                                        rope=rope, cache=cache, need_weights=need_weights,
+                                        check_empty_rows=check_empty_rows)
             x = x + self.dropout(h)
             x = x + self.dropout(self.ffn(self.ffn_norm(x)))
         else:
             h, weights = self.self_attn(x, mask=mask, is_causal=is_causal, rope=rope, cache=cache,
-                                        need_weights=need_weights)
+                                        need_weights=need_weights, check_empty_rows=check_empty_rows)
             x = self.attn_norm(x + self.dropout(h))
             x = self.ffn_norm(x + self.dropout(self.ffn(x)))
         return x, weights
@@ -82,9 +85,11 @@ class DecoderLayer(nn.Module):
     def forward(self, x: Tensor, memory: Tensor, *, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, is_causal: bool = False,
                 cache: LayerKVCache | None = None, need_weights: bool = False,
+                check_empty_memory_rows: bool = True,
                 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x: (B, T, D), memory: (B, S, D) -> ((B, T, D), self weights (B, H, T, T) or None,
-        cross weights (B, H, T, S) or None).
+        cross weights (B, H, T, S) or None). check_empty_memory_rows=False: the caller has checked
+        that `memory_mask` has no row without a visible key (see `scaled_dot_product_attention`).
 
         The two masks are keyword-only: tutorials pass `(src_mask, tgt_mask)` in the opposite order,
         and both broadcast to the same shapes, so a positional call could swap them silently."""
@@ -93,7 +98,8 @@ class DecoderLayer(nn.Module):
                                        cache=cache, need_weights=need_weights)
             x = x + self.dropout(h)
             h, cross_w = self.cross_attn(self.cross_attn_norm(x), memory, mask=memory_mask,
-                                         cache=cache, need_weights=need_weights)
+                                         cache=cache, need_weights=need_weights,
+                                         check_empty_rows=check_empty_memory_rows)
             x = x + self.dropout(h)
             x = x + self.dropout(self.ffn(self.ffn_norm(x)))
         else:
@@ -101,7 +107,7 @@ class DecoderLayer(nn.Module):
                                        need_weights=need_weights)
             x = self.attn_norm(x + self.dropout(h))
             h, cross_w = self.cross_attn(x, memory, mask=memory_mask, cache=cache,
-                                         need_weights=need_weights)
+                                         need_weights=need_weights, check_empty_rows=check_empty_memory_rows)
             x = self.cross_attn_norm(x + self.dropout(h))
             x = self.ffn_norm(x + self.dropout(self.ffn(x)))
         return x, self_w, cross_w

@@ -41,6 +41,7 @@ class KVCache:
         self.keys: list[Tensor | None] = [None] * n_layers  # each (B, Hkv, S_max, Dh)
         self.values: list[Tensor | None] = [None] * n_layers
         self.cross: list[tuple[Tensor, Tensor] | None] = [None] * n_layers  # (B, Hkv, S_src, Dh)
+        self._layers = [LayerKVCache(self, i) for i in range(n_layers)]  # made once, not per step
 
     def rolls(self, n_new: int) -> bool:
         """Whether appending `n_new` positions overwrites a slot (the keys then come out of order)."""
@@ -66,7 +67,7 @@ class KVCache:
                           torch.arange(self.length, self.length + n_new)])
 
     def layer(self, i: int) -> LayerKVCache:
-        return LayerKVCache(self, i)
+        return self._layers[i]
 
     def advance(self, n: int) -> None:
         self.length += n
@@ -78,12 +79,21 @@ class KVCache:
             raise ValueError(f"cannot truncate a KV cache of {self.length} positions to {length}")
         self.length = length
 
-    def reorder(self, index: Tensor) -> None:
-        """Select batch rows (beam search keeps the surviving hypotheses)."""
+    def reorder(self, index: Tensor, cross: bool = True) -> None:
+        """Select batch rows (beam search keeps the surviving hypotheses): row r becomes row
+        index[r]. Only the filled slots are copied, into a new buffer of the same capacity (not the
+        whole preallocated buffer: a beam step early in a long cache copies a few positions, not
+        S_max). cross=False leaves the cross-attention keys/values alone, for a caller whose
+        selected rows all share them (the beams of one source sentence)."""
+        filled = min(self.length, self.slots)
         for store in (self.keys, self.values):
             for i, t in enumerate(store):
                 if t is not None:
-                    store[i] = t.index_select(0, index)
+                    moved = t.new_empty((index.numel(), *t.shape[1:]))  # (B', Hkv, S_max, Dh)
+                    torch.index_select(t[:, :, :filled], 0, index, out=moved[:, :, :filled])
+                    store[i] = moved
+        if not cross:
+            return
         for i, kv in enumerate(self.cross):
             if kv is not None:
                 self.cross[i] = (kv[0].index_select(0, index), kv[1].index_select(0, index))

@@ -40,6 +40,13 @@ def causal_mask(query_length: int, key_length: int | None = None, offset: int = 
     return (k_pos <= q_pos) & (k_pos > q_pos - window)  # (T, S)
 
 
+def has_empty_rows(mask: Tensor) -> bool:
+    """Whether some query row of a (..., T, S) mask sees no key at all (left padding: a padding
+    query before the first real token). Attention must special-case such rows (softmax over no
+    key is 0/0); a model asks once per forward, not every layer."""
+    return not bool(mask.any(dim=-1).all())
+
+
 def combine(*masks: Tensor | None) -> Tensor | None:
     """Logical AND of masks that broadcast together; None entries are ignored."""
     result = None

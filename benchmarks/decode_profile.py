@@ -1,0 +1,87 @@
+"""Profile: where a decoding step's time goes, handformer and Hugging Face side by side (issue 16).
+
+For a model shape of benchmarks/decode_limit.py and a batch of left-padded prompts (batch 1: one
+64-token prompt), runs `generate` and HF `generate` (greedy, --new-tokens tokens) under
+torch.profiler and prints, for each: milliseconds per decoding step and the share of the operators'
+time spent in matrix products (aten::mm / addmm / bmm: the weights' GEMV or GEMM), in attention
+(the SDPA kernels) and in everything else (norms, activations, masks, copies, sampling), plus the
+operators' time against the wall clock (the rest is Python).
+
+    python benchmarks/decode_profile.py --model gpt2-124M --batch 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from decode_limit import SHAPES, hf_generate, hf_twin  # noqa: E402
+
+from handformer.generation.generate import generate  # noqa: E402
+from handformer.models.causal_lm import CausalLM  # noqa: E402
+
+MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm")
+ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math")
+
+
+def shares(run, steps: int, top: int = 0) -> str:
+    run(2)  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        run(steps + 1)
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    if top:
+        print(events.table(sort_by="self_cpu_time_total", row_limit=top))
+    total = sum(e.self_cpu_time_total for e in events)
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in MATMUL)
+    attention = sum(e.self_cpu_time_total for e in events if e.key in ATTENTION)
+    calls = sum(e.count for e in events) / (steps + 1)  # the prompt's forward counts as one step
+    prefill = min(timed(lambda: run(1)) for _ in range(2))
+    per_step = (timed(lambda: run(steps + 1)) - prefill) / steps
+    return (f"{per_step * 1e3:7.2f} ms a step; operators: matmul {matmul / total:.0%}, attention "
+            f"{attention / total:.0%}, other {1 - (matmul + attention) / total:.0%}; {calls:,.0f} "
+            f"operator calls a step (nested ones included); operators "
+            f"{total / 1e6 / wall:.0%} of the wall clock (profiled)")
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="gpt2-124M", choices=list(SHAPES))
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--top", type=int, default=0, help="also print the N most expensive operators")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = CausalLM(SHAPES[args.model]()).eval()
+    hf = hf_twin(model)
+    gen = torch.Generator().manual_seed(args.batch)
+    lengths = [64] if args.batch == 1 else torch.randint(32, 65, (args.batch,), generator=gen).tolist()
+    prompts = [torch.randint(0, model.cfg.vocab_size, (n,), generator=gen).tolist() for n in lengths]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.model}, batch {args.batch}, "
+          f"{args.new_tokens} new tokens")
+    with torch.no_grad():
+        print("  handformer:", shares(lambda n: generate(model, prompts, n, temperature=0), args.new_tokens,
+                                     args.top))
+        print("  HF generate:", shares(lambda n: hf_generate(hf, prompts, n), args.new_tokens, args.top))
+
+
+if __name__ == "__main__":
+    main()
