@@ -23,7 +23,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
+from tokenizers import Tokenizer as HFTokenizer
 
+from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat import stop_ids_for
 from handformer.generation.chat_template import ChatTemplate, load_chat_template
 from handformer.generation.generate import max_new_tokens_for, positions_needed
@@ -122,6 +124,11 @@ class Routes:
         self.models, self.engines, self.templates = models, engines, templates
         self.max_body_bytes = max_body_bytes
         self.created = int(time.time())
+        # The event loop encodes with its own copy of each tokenizer: encoding a chat prompt
+        # switches the tokenizer's special-token setting, which must not happen under the engine
+        # thread's decoding (the Rust object refuses a change while it is borrowed).
+        self.encoders = {name: Tokenizer(HFTokenizer.from_str(m.lm.tokenizer.hf.to_str()))
+                         for name, m in models.items() if m.task == "lm"}
 
     # --- models ---------------------------------------------------------------------------
     def _model_card(self, m: ServedModel) -> dict[str, Any]:
@@ -155,7 +162,7 @@ class Routes:
         for text_or_ids in req.prompts:
             if isinstance(text_or_ids, str):  # as `handformer generate`: BOS, then the text
                 bos = [run.tokens.bos_id] if run.tokens.bos_id is not None else []
-                ids = bos + run.tokenizer.encode(text_or_ids)
+                ids = bos + self.encoders[served.id].encode(text_or_ids)
             else:
                 ids = list(text_or_ids)
                 vocab = run.model.cfg.vocab_size
@@ -181,7 +188,7 @@ class Routes:
                            "no_chat_template")
         run = served.lm
         try:
-            ids = run.tokenizer.encode_with_special_tokens(template.render(req.messages, True))
+            ids = self.encoders[served.id].encode_with_special_tokens(template.render(req.messages, True))
         except ValueError as err:
             raise APIError(400, str(err), "messages") from None
         stop_ids = frozenset(stop_ids_for(run.tokenizer, run.tokens.eos_ids, template))

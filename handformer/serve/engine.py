@@ -112,16 +112,28 @@ class BatchEngine:
     def _run(self) -> None:
         with torch.inference_mode():
             while not self._closing:
-                self._collect(block=not self.rows and not self.waiting)
-                if self._closing:
-                    break
-                joining = self._prefill(self._admit())
-                self._regroup(joining)
-                if self.rows:
-                    self._step()
-        for seq in [*self.rows, *self.waiting, *self._drain()]:
+                joining: list[tuple[Sequence, KVCache]] = []
+                try:
+                    self._collect(block=not self.rows and not self.waiting)
+                    if self._closing:
+                        break
+                    joining = self._prefill(self._admit())
+                    self._regroup(joining)
+                    if self.rows:
+                        self._step()
+                except Exception as err:  # never a dead engine: the batch fails, later requests run
+                    log.exception("decoding failed")
+                    self._fail([*self.rows, *(seq for seq, _ in joining)],
+                               f"generation failed: {type(err).__name__}: {err}")
+                    self.rows, self.batch = [], PaddedBatch(self.model.cfg.n_layers)
+        self._fail([*self.rows, *self.waiting, *self._drain()], "the server is shutting down")
+
+    @staticmethod
+    def _fail(seqs: list[Sequence], message: str) -> None:
+        for seq in seqs:
             if not seq.done:
-                seq.sink.fail("the server is shutting down")
+                seq.done = True
+                seq.sink.fail(message)
 
     def _drain(self) -> list[Sequence]:
         out = []
@@ -172,12 +184,9 @@ class BatchEngine:
                     self._choose(seq, logits)
                     if not seq.done:
                         joining.append((seq, cache))
-            except Exception as err:  # never a dead engine: these sequences fail, the rest go on
+            except Exception as err:  # a prompt that fails fails its own sequences only
                 log.exception("prefill failed")
-                for seq in group:
-                    if not seq.done:
-                        seq.done = True
-                        seq.sink.fail(f"generation failed: {type(err).__name__}: {err}")
+                self._fail(group, f"generation failed: {type(err).__name__}: {err}")
         return joining
 
     def _regroup(self, joining: list[tuple[Sequence, KVCache]]) -> None:
@@ -191,19 +200,10 @@ class BatchEngine:
 
     def _step(self) -> None:
         """One forward over every row's newest token; each row chooses its next one."""
-        try:
-            mask = self.batch.grow()
-            ids = torch.tensor([[seq.last_token] for seq in self.rows], device=self.device)  # (B, 1)
-            with self.lock:
-                logits = self.model(ids, mask, cache=self.batch.cache, last_only=True).logits[:, -1]  # (B, V)
-        except Exception as err:
-            log.exception("decoding step failed")
-            for seq in self.rows:
-                if not seq.done:
-                    seq.done = True
-                    seq.sink.fail(f"generation failed: {type(err).__name__}: {err}")
-            self.rows, self.batch = [], PaddedBatch(self.model.cfg.n_layers)
-            return
+        mask = self.batch.grow()
+        ids = torch.tensor([[seq.last_token] for seq in self.rows], device=self.device)  # (B, 1)
+        with self.lock:
+            logits = self.model(ids, mask, cache=self.batch.cache, last_only=True).logits[:, -1]  # (B, V)
         self.steps += 1
         self.largest_batch = max(self.largest_batch, len(self.rows))
         for row, seq in enumerate(self.rows):
@@ -218,13 +218,7 @@ class BatchEngine:
         seq.generated += 1
         seq.last_token = token
         is_stop = token in seq.stop_ids
-        try:
-            stopped_by_text = seq.sink.token(token, logprob, top, is_stop)
-        except Exception as err:
-            log.exception("a token sink failed")
-            seq.done = True
-            seq.sink.fail(f"generation failed: {type(err).__name__}: {err}")
-            return
+        stopped_by_text = seq.sink.token(token, logprob, top, is_stop)
         if is_stop or stopped_by_text:
             reason = "stop"
         elif seq.generated >= seq.max_tokens:
