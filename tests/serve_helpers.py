@@ -63,6 +63,12 @@ def make_translation_run(run_dir: Path) -> Path:
     return run_dir
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Server:
     """The app under a real uvicorn server on a free port of 127.0.0.1, in a thread."""
 

@@ -439,3 +439,40 @@ def test_cli_serve_errors_are_one_line(runs, capsys, args, message):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err
 
+
+
+@pytest.mark.slow  # a fresh process imports torch: ~4-8 s (the in-process CLI tests above are the smoke)
+def test_the_serve_command_runs_a_real_server_and_stops_cleanly(runs):
+    """`python -m handformer serve` in its own process: the key from the environment, then Ctrl-C
+    (a graceful shutdown, exit code 0, no traceback)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from serve_helpers import free_port
+
+    port = free_port()
+    env = {**os.environ, "HANDFORMER_API_KEY": "k3y", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "handformer", "serve", f"tiny={runs['story']}", "--port",
+                             str(port), "--log-level", "warning"], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait(lambda: proc.poll() is not None or _answers(url), timeout=60)
+        assert httpx.get(url + "/v1/models").status_code == 401
+        api = openai.OpenAI(base_url=url + "/v1", api_key="k3y", max_retries=0)
+        assert [m.id for m in api.models.list()] == ["tiny"]
+        assert api.completions.create(model="tiny", prompt="the", max_tokens=3).usage.completion_tokens >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert f"serving tiny (lm) on http://127.0.0.1:{port}/v1 (API key required)" in err and "Traceback" not in err
+
+
+def _answers(url: str) -> bool:
+    try:
+        httpx.get(url + "/v1/models", timeout=1)
+        return True
+    except httpx.HTTPError:
+        return False

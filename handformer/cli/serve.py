@@ -33,7 +33,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ids = ", ".join(f"{m.id} ({m.task})" for m in models.values())
     print(f"serving {ids} on http://{args.host}:{args.port}/v1"
           f"{' (API key required)' if api_key else ''}", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    try:  # uvicorn shuts down gracefully on Ctrl-C / SIGTERM, then passes the signal on
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
