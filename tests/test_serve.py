@@ -138,6 +138,11 @@ def test_n_choices_use_seed_plus_i(client):
     assert [c.text for c in many.choices] == alone
     assert len(set(alone)) > 1
     assert many.usage.prompt_tokens == 6  # the prompt is counted once
+    chunks = list(client.completions.create(model="story", prompt="Hello", max_tokens=12, n=3, seed=40, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i)
+            for i in range(3)] == alone
+    assert chunks[-1].choices == [] and chunks[-1].usage == many.usage
 
 
 def test_a_list_of_prompts_and_token_id_prompts(client, models):
