@@ -372,7 +372,7 @@ def test_the_openai_client_raises_its_own_errors(client):
 # --- security -----------------------------------------------------------------------------------
 
 
-def test_the_api_key_guards_every_api_route(models):
+def test_the_api_key_guards_every_api_route_and_the_playground_routes(models):
     s = Server(create_app(models, api_key="s3cret"))
     try:
         for method, path in [("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
@@ -381,6 +381,10 @@ def test_the_api_key_guards_every_api_route(models):
                 r = httpx.request(method, s.url + path, headers=headers, json=COMPLETION, timeout=10)
                 assert r.status_code == 401, (path, headers)
                 assert r.json()["error"]["code"] == "invalid_api_key"
+        # the playground's routes too (the page itself holds no model data)
+        assert httpx.get(s.url + "/playground/api/models", timeout=10).status_code == 401
+        assert httpx.get(s.url + "/playground/api/models", headers={"Authorization": "Bearer s3cret"},
+                         timeout=10).status_code == 200
         ok = openai.OpenAI(base_url=s.url + "/v1", api_key="s3cret", max_retries=0)
         assert ok.completions.create(model="story", prompt="x", max_tokens=2).usage.completion_tokens >= 1
         with pytest.raises(openai.AuthenticationError):

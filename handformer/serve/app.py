@@ -80,7 +80,7 @@ def create_app(models: Mapping[str, ServedModel], *, api_key: str | None = None,
     api.add_api_route("/chat/completions", routes.chat_completions, methods=["POST"])
     api.add_api_route("/translations", routes.translations, methods=["POST"])
     app.include_router(api)
-    app.include_router(playground_router(models))
+    app.include_router(playground_router(models, api_key=api_key))
     return app
 
 
