@@ -20,13 +20,14 @@ from handformer.cli import (
     prepare,
     quantize,
     see,
+    serve,
     trace,
     train,
     translate,
 )
 
 COMMANDS = [trace, train, translate, generate, chat, evaluate, import_hf, import_llama2c, see, check, prepare,
-            quantize, export_hf, experiment, merge]
+            quantize, export_hf, experiment, merge, serve]
 
 
 def build_parser() -> argparse.ArgumentParser:

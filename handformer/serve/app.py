@@ -1,19 +1,311 @@
 """The FastAPI application: OpenAI-compatible routes over the served models.
-(To be written: see issue 17, part 1.)"""
+
+    GET  /v1/models                the served model ids
+    POST /v1/completions           continue a prompt (language-model runs)
+    POST /v1/chat/completions      reply to messages with the run's chat template
+    POST /v1/translations          translate texts with beam search (translation runs; not OpenAI's)
+
+Language models decode in their `BatchEngine` thread (continuous batching); translations run in a
+worker thread under the model's lock. The event loop only parses, checks and forwards.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, StreamingResponse
+from tokenizers import Tokenizer as HFTokenizer
 
+from handformer.data.tokenizer import Tokenizer
+from handformer.generation.chat import stop_ids_for
+from handformer.generation.chat_template import ChatTemplate, load_chat_template
+from handformer.generation.generate import max_new_tokens_for, positions_needed
+from handformer.serve.choices import Choices, ChoiceSink, Event
+from handformer.serve.engine import BatchEngine, SamplingOptions, Sequence
+from handformer.serve.errors import APIError, add_error_handlers, error_body
+from handformer.serve.openai_schema import (
+    GenerationRequest,
+    parse_chat,
+    parse_completion,
+    parse_json,
+    parse_translation,
+)
 from handformer.serve.playground import playground_router
 from handformer.serve.registry import ServedModel
+from handformer.serve.text import IncrementalText, chat_decoder, completion_decoder
+
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any prompt a served context can hold
+DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 
 
 def create_app(models: Mapping[str, ServedModel], *, api_key: str | None = None,
-               cors_origins: list[str] | None = None) -> FastAPI:
-    app = FastAPI(title="handformer")
+               cors_origins: list[str] | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+               max_batch: int = 32) -> FastAPI:
+    """The server's application. `api_key`: every /v1 route needs `Authorization: Bearer KEY`.
+    `cors_origins`: origins allowed to call the API from a browser (none by default)."""
+    engines = {name: BatchEngine(m.lm.model, m.lock, max_batch)
+               for name, m in models.items() if m.task == "lm"}
+    templates = {name: load_chat_template(m.run_dir) for name, m in models.items() if m.task == "lm"}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        for engine in engines.values():
+            engine.start()
+        yield
+        for engine in engines.values():
+            await asyncio.to_thread(engine.stop)
+
+    # No /docs or /redoc: they load their scripts from a CDN.
+    app = FastAPI(title="handformer", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.models = dict(models)
-    app.include_router(playground_router(models))
+    app.state.engines = engines
+    add_error_handlers(app)
+    if cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    api = APIRouter(prefix="/v1", dependencies=[Depends(key_checker(api_key))])
+    routes = Routes(dict(models), engines, templates, max_body_bytes)
+    api.add_api_route("/models", routes.list_models, methods=["GET"])
+    api.add_api_route("/models/{model_id}", routes.get_model, methods=["GET"])
+    api.add_api_route("/completions", routes.completions, methods=["POST"])
+    api.add_api_route("/chat/completions", routes.chat_completions, methods=["POST"])
+    api.add_api_route("/translations", routes.translations, methods=["POST"])
+    app.include_router(api)
+    app.include_router(playground_router(models, api_key=api_key))
     return app
+
+
+def key_checker(api_key: str | None) -> Any:
+    """A dependency: with a key, the request must carry `Authorization: Bearer KEY` (compared in
+    constant time, so the time taken does not tell how much of a guess was right)."""
+    expected = None if api_key is None else api_key.encode("utf-8")
+
+    async def check(request: Request) -> None:
+        if expected is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise APIError(401, "this server needs an API key: send the header 'Authorization: Bearer KEY'",
+                           code="invalid_api_key")
+        if not hmac.compare_digest(token.strip().encode("utf-8"), expected):
+            raise APIError(401, "incorrect API key", code="invalid_api_key")
+
+    return check
+
+
+async def read_body(request: Request, limit: int) -> dict[str, Any]:
+    """The JSON object of the body, refused with 413 as soon as it passes `limit` bytes."""
+    declared = request.headers.get("content-length")
+    too_big = APIError(413, f"the request body is over the limit of {limit} bytes; send less",
+                       code="request_too_large")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    return parse_json(b"".join(chunks))
+
+
+class Routes:
+    def __init__(self, models: dict[str, ServedModel], engines: dict[str, BatchEngine],
+                 templates: dict[str, ChatTemplate | None], max_body_bytes: int) -> None:
+        self.models, self.engines, self.templates = models, engines, templates
+        self.max_body_bytes = max_body_bytes
+        self.created = int(time.time())
+        # The event loop encodes with its own copy of each tokenizer: encoding a chat prompt
+        # switches the tokenizer's special-token setting, which must not happen under the engine
+        # thread's decoding (the Rust object refuses a change while it is borrowed).
+        self.encoders = {name: Tokenizer(HFTokenizer.from_str(m.lm.tokenizer.hf.to_str()))
+                         for name, m in models.items() if m.task == "lm"}
+
+    # --- models ---------------------------------------------------------------------------
+    def _model_card(self, m: ServedModel) -> dict[str, Any]:
+        net = m.lm.model if m.lm is not None else m.translator.model
+        return {"id": m.id, "object": "model", "created": self.created, "owned_by": "handformer",
+                "task": m.task, "max_positions": net.cfg.max_positions,
+                "chat": self.templates.get(m.id) is not None}
+
+    async def list_models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [self._model_card(m) for m in self.models.values()]}
+
+    async def get_model(self, model_id: str) -> dict[str, Any]:
+        return self._model_card(self._model(model_id, None))
+
+    def _model(self, model_id: str, task: str | None) -> ServedModel:
+        served = self.models.get(model_id)
+        if served is None:
+            raise APIError(404, f"the model {model_id!r} does not exist; this server has "
+                           f"{', '.join(sorted(self.models))} (GET /v1/models)", "model", "model_not_found")
+        if task is not None and served.task != task:
+            route = "/v1/translations" if served.task == "translation" else "/v1/completions"
+            raise APIError(400, f"{model_id!r} is a {served.task} run; use {route}", "model")
+        return served
+
+    # --- completions ----------------------------------------------------------------------
+    async def completions(self, request: Request) -> Any:
+        req = parse_completion(await read_body(request, self.max_body_bytes))
+        served = self._model(req.model, "lm")
+        run = served.lm
+        prompts = []
+        for text_or_ids in req.prompts:
+            if isinstance(text_or_ids, str):  # as `handformer generate`: BOS, then the text
+                bos = [run.tokens.bos_id] if run.tokens.bos_id is not None else []
+                ids = bos + self.encoders[served.id].encode(text_or_ids)
+            else:
+                ids = list(text_or_ids)
+                vocab = run.model.cfg.vocab_size
+                if any(not 0 <= t < vocab for t in ids):
+                    raise APIError(400, f"prompt holds a token id outside the vocabulary [0, {vocab})",
+                                   "prompt")
+            if not ids:
+                raise APIError(400, "the prompt is empty and the model has no BOS token; give some text",
+                               "prompt")
+            self._check_length(served, len(ids), req.max_tokens, "prompt")
+            prompts.append(ids)
+        stop_ids = frozenset(run.tokens.eos_ids)
+        plans = [(ids, req.max_tokens, completion_decoder(run.tokenizer, ids)) for ids in prompts]
+        return await self._generate(request, served, req, plans, stop_ids, "text")
+
+    async def chat_completions(self, request: Request) -> Any:
+        req = parse_chat(await read_body(request, self.max_body_bytes))
+        served = self._model(req.model, "lm")
+        template = self.templates[served.id]
+        if template is None:
+            raise APIError(400, f"{served.id!r} has no chat template (chat_template.jinja or a chat_template "
+                           "in tokenizer_config.json), so it cannot chat; use /v1/completions", "model",
+                           "no_chat_template")
+        run = served.lm
+        try:
+            ids = self.encoders[served.id].encode_with_special_tokens(template.render(req.messages, True))
+        except ValueError as err:
+            raise APIError(400, str(err), "messages") from None
+        stop_ids = frozenset(stop_ids_for(run.tokenizer, run.tokens.eos_ids, template))
+        if not stop_ids:
+            raise APIError(400, f"{served.id!r} lists no end token, so a reply would never end", "model")
+        max_tokens = req.max_tokens
+        if max_tokens is None:  # until an end token or the end of the context
+            max_tokens = max_new_tokens_for(len(ids), run.model.cfg.max_positions)
+        self._check_length(served, len(ids), max(max_tokens, 1), "messages")
+        plans = [(ids, max_tokens, chat_decoder(run.tokenizer))]
+        return await self._generate(request, served, req, plans, stop_ids, "chat")
+
+    def _check_length(self, served: ServedModel, prompt_length: int, max_tokens: int, param: str) -> None:
+        context = served.lm.model.cfg.max_positions
+        if prompt_length > context:
+            raise APIError(400, f"the prompt is {prompt_length} tokens, longer than the model's context of "
+                           f"{context} tokens; shorten it", param, "context_length_exceeded")
+        if positions_needed(prompt_length, max_tokens) > context:
+            raise APIError(400, f"a prompt of {prompt_length} tokens plus max_tokens={max_tokens} does "
+                           f"not fit in the model's context of {context} tokens; lower max_tokens to at most "
+                           f"{max_new_tokens_for(prompt_length, context)}", "max_tokens",
+                           "context_length_exceeded")
+
+    async def _generate(self, request: Request, served: ServedModel, req: GenerationRequest,
+                        plans: list, stop_ids: frozenset[int], schema: str) -> Any:
+        """Submit n sequences per prompt to the model's engine; answer whole or as a stream.
+        Choice i of a prompt is seeded with seed + i, so each prompt gets what it would alone."""
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+        tokenizer = served.lm.tokenizer
+
+        def token_text(token_id: int) -> str:
+            return tokenizer.hf.decode([token_id], skip_special_tokens=False)
+
+        seqs = []
+        for ids, max_tokens, decode in plans:
+            for i in range(req.n):
+                options = SamplingOptions(req.temperature, req.top_k, req.top_p,
+                                          None if req.seed is None else req.seed + i, req.top_logprobs)
+                sink = ChoiceSink(loop, queue, len(seqs), IncrementalText(decode, req.stop), token_text)
+                seqs.append(Sequence(ids, max_tokens, options, stop_ids, sink))
+        for seq in seqs:
+            self.engines[served.id].submit(seq)
+        choices = Choices(schema, len(seqs), req.top_logprobs is not None)
+        head = {"id": f"{'cmpl' if schema == 'text' else 'chatcmpl'}-{uuid.uuid4().hex}",
+                "object": "text_completion" if schema == "text" else "chat.completion",
+                "created": int(time.time()), "model": served.id}
+        prompt_tokens = sum(len(ids) for ids, _, _ in plans)
+
+        def usage() -> dict[str, int]:
+            completion = sum(seq.generated for seq in seqs)
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                    "total_tokens": prompt_tokens + completion}
+
+        if req.stream:
+            return StreamingResponse(self._stream(seqs, queue, choices, head, usage, req.include_usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            pending = len(seqs)
+            while pending:
+                try:
+                    event = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        return JSONResponse(error_body(499, "the client went away"), 499)
+                    continue
+                if event.kind == "error":
+                    raise APIError(500, event.reason)
+                choices.add(event)
+                pending -= event.kind == "finish"
+        finally:
+            for seq in seqs:
+                seq.cancel()  # no-op for finished ones; a client gone mid-way frees its rows
+        return {**head, "choices": choices.whole(), "usage": usage()}
+
+    async def _stream(self, seqs: list[Sequence], queue: asyncio.Queue, choices: Choices, head: dict,
+                      usage: Any, include_usage: bool) -> AsyncIterator[str]:
+        """Server-sent events in OpenAI's chunk format, ending with `data: [DONE]`. When the client
+        disconnects, Starlette cancels this generator; `finally` takes its rows out of the batch."""
+        head = {**head, "object": head["object"] + ("" if head["object"] == "text_completion" else ".chunk")}
+        started = [False] * len(seqs)
+        try:
+            pending = len(seqs)
+            while pending:
+                event: Event = await queue.get()
+                if event.kind == "error":
+                    yield f"data: {json.dumps(error_body(500, event.reason))}\n\n"
+                    return
+                pending -= event.kind == "finish"
+                chunk = choices.chunk(event, first=not started[event.index])
+                started[event.index] = True
+                yield f"data: {json.dumps({**head, 'choices': [chunk]})}\n\n"
+            if include_usage:
+                yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage()})}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            for seq in seqs:
+                seq.cancel()
+
+    # --- translations ---------------------------------------------------------------------
+    async def translations(self, request: Request) -> dict[str, Any]:
+        req = parse_translation(await read_body(request, self.max_body_bytes))
+        served = self._model(req.model, "translation")
+        translator = served.translator
+
+        def translate() -> tuple[list[list[int]], list[list[int]]]:
+            with served.lock:
+                return translator.translate_ids(req.inputs, beam=req.beam_size)
+
+        source_ids, outputs = await asyncio.to_thread(translate)
+        data = [{"index": i, "text": translator.tgt_tok.decode(ids)} for i, ids in enumerate(outputs)]
+        prompt = sum(len(ids) for ids in source_ids)
+        completion = sum(len(ids) for ids in outputs)
+        return {"object": "list", "model": served.id, "data": data,
+                "beam_size": req.beam_size or translator.job.decode.beam,
+                "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                          "total_tokens": prompt + completion}}
+
+
+__all__ = ["MAX_BODY_BYTES", "create_app"]

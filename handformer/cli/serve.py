@@ -1,0 +1,58 @@
+"""`handformer serve`: run directories behind an OpenAI-compatible HTTP API (and the playground)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from handformer.cli.common import positive_int
+
+API_KEY_ENV = "HANDFORMER_API_KEY"
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from handformer.serve.app import create_app
+    from handformer.serve.registry import load_served_models
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be from 0 to 65535, got {args.port}")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    if api_key is not None and not api_key.strip():
+        raise ValueError("--api-key is empty; give a key, or leave the option out")
+    models = load_served_models(args.runs, args.device)
+    if args.host not in LOCAL_HOSTS:
+        print(f"warning: serving on {args.host}, reachable from other machines"
+              f"{'' if api_key else ' by anyone: set --api-key (or ' + API_KEY_ENV + ')'}; "
+              "the default 127.0.0.1 is reachable from this machine only", file=sys.stderr)
+    app = create_app(models, api_key=api_key, cors_origins=args.cors_origin or None,
+                     max_batch=args.max_batch)
+    ids = ", ".join(f"{m.id} ({m.task})" for m in models.values())
+    print(f"serving {ids} on http://{args.host}:{args.port}/v1"
+          f"{' (API key required)' if api_key else ''}", file=sys.stderr, flush=True)
+    try:  # uvicorn shuts down gracefully on Ctrl-C / SIGTERM, then passes the signal on
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve runs over an OpenAI-compatible HTTP API, with a playground page")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                   help="a run directory (model id: its name), or NAME=RUN_DIR")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this "
+                   "machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' on every API "
+                   f"route (default: ${API_KEY_ENV} if set)")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages from ORIGIN call the API (repeatable; default: none)")
+    p.add_argument("--max-batch", type=positive_int, default=32,
+                   help="most sequences a model decodes together (default 32; more wait their turn)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=cmd_serve)

@@ -1,0 +1,132 @@
+"""From engine tokens to OpenAI choices: a `ChoiceSink` per choice turns tokens into text deltas
+on the engine thread and hands them to the request's asyncio queue (never blocking the event
+loop); `Choices` gathers them into a whole response or into stream chunks, in the completions or
+the chat schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from handformer.serve.text import IncrementalText
+
+
+@dataclass
+class TokenLogprob:
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
+    offset: int  # where the token's text starts in the choice's text
+
+
+@dataclass
+class Event:
+    kind: str  # "token", "finish" or "error"
+    index: int  # the choice
+    text: str = ""
+    logprob: TokenLogprob | None = None
+    reason: str | None = None  # finish: "stop" or "length"; error: the message
+
+
+class ChoiceSink:
+    """The engine's `TokenSink` for one choice; every call runs on the engine thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, index: int,
+                 text: IncrementalText, token_text: Callable[[int], str]) -> None:
+        self.loop, self.queue, self.index = loop, queue, index
+        self.text, self.token_text = text, token_text
+
+    def token(self, token_id: int, logprob: float | None, top: list[tuple[int, float]] | None,
+              is_stop_token: bool) -> bool:
+        if is_stop_token:  # an end token ends the choice; it is not part of its text
+            return False
+        offset = len(self.text.text)
+        delta, stopped = self.text.push(token_id)
+        entry = None
+        if logprob is not None:
+            entry = TokenLogprob(self.token_text(token_id), logprob,
+                                 [(self.token_text(i), lp) for i, lp in top or []], offset)
+        if delta or entry is not None:
+            self._put(Event("token", self.index, delta, entry))
+        return stopped
+
+    def finish(self, reason: str) -> None:
+        self._put(Event("finish", self.index, self.text.flush(), reason=reason))
+
+    def fail(self, message: str) -> None:
+        self._put(Event("error", self.index, reason=message))
+
+    def _put(self, event: Event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: the server has stopped
+            pass
+
+
+def completion_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
+    return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [dict(e.top) for e in entries], "text_offset": [e.offset for e in entries]}
+
+
+def chat_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
+    def item(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return {"content": [{**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
+                        for e in entries]}
+
+
+@dataclass
+class ChoiceState:
+    text: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class Choices:
+    """The choices of one request, in the completions ("text") or chat ("chat") schema."""
+
+    def __init__(self, schema: str, count: int, want_logprobs: bool) -> None:
+        self.schema, self.want_logprobs = schema, want_logprobs
+        self.states = [ChoiceState() for _ in range(count)]
+
+    def add(self, event: Event) -> None:
+        state = self.states[event.index]
+        state.text.append(event.text)
+        if event.logprob is not None:
+            state.logprobs.append(event.logprob)
+        if event.kind == "finish":
+            state.finish_reason = event.reason
+
+    def _logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any] | None:
+        if not self.want_logprobs:
+            return None
+        return completion_logprobs(entries) if self.schema == "text" else chat_logprobs(entries)
+
+    def whole(self) -> list[dict[str, Any]]:
+        """Every choice of a finished request."""
+        out = []
+        for i, s in enumerate(self.states):
+            text = "".join(s.text)
+            body = {"text": text} if self.schema == "text" else {
+                "message": {"role": "assistant", "content": text}}
+            out.append({"index": i, **body, "logprobs": self._logprobs(s.logprobs),
+                        "finish_reason": s.finish_reason})
+        return out
+
+    def chunk(self, event: Event, first: bool) -> dict[str, Any]:
+        """One choice of a stream chunk for `event` (`first`: the choice's first chunk)."""
+        entries = [event.logprob] if event.logprob is not None else []
+        if self.schema == "text":
+            body: dict[str, Any] = {"text": event.text}
+        else:
+            body = {"delta": ({"role": "assistant"} if first else {}) | (
+                {"content": event.text} if event.text or first else {})}
+        return {"index": event.index, **body, "logprobs": self._logprobs(entries) if entries else None,
+                "finish_reason": event.reason if event.kind == "finish" else None}
+
+
+__all__ = ["ChoiceSink", "Choices", "Event", "TokenLogprob", "chat_logprobs", "completion_logprobs"]

@@ -1,0 +1,74 @@
+"""Errors as OpenAI's API returns them: a status and
+
+    {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+
+for every failure under /v1: bad input (400), a missing or wrong API key (401), an unknown model
+or route (404), a body over the size limit (413), and anything unexpected (500, with no traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("handformer.serve")
+
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
+               503: "server_error"}
+
+
+class APIError(Exception):
+    """An error answered as OpenAI's error JSON; `param` names the request field at fault."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
+                      "param": param, "code": code}}
+
+
+def error_response(err: APIError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
+    return JSONResponse(error_body(err.status, err.message, err.param, err.code), err.status,
+                        headers=headers)
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """OpenAI-style errors for the API routes; other routes (the playground's) keep FastAPI's."""
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, err: APIError) -> JSONResponse:
+        return error_response(err)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
+        first = err.errors()[0] if err.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        message = f"{where or 'the request'}: {first.get('msg', 'invalid')}"
+        return error_response(APIError(400, message, where))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        if not request.url.path.startswith("/v1"):
+            return JSONResponse({"detail": err.detail}, err.status_code, headers=err.headers)
+        message = {404: f"no route {request.url.path}; the API has /v1/models, /v1/completions, "
+                        "/v1/chat/completions and /v1/translations",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(
+            err.status_code, str(err.detail))
+        return error_response(APIError(err.status_code, message))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, err: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s", request.url.path)
+        return error_response(APIError(500, f"the server failed: {type(err).__name__}: {err}"))
+
+
+__all__ = ["APIError", "add_error_handlers", "error_body", "error_response"]

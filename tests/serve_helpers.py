@@ -1,0 +1,93 @@
+"""Tiny runs and a real uvicorn server on a free port, shared by the serve tests."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import torch
+import uvicorn
+from tokenizers import AddedToken
+
+from handformer.config import CausalLMConfig, Seq2SeqConfig
+from handformer.data.tokenizer import Tokenizer
+from handformer.models.causal_lm import CausalLM
+from handformer.models.seq2seq import Seq2SeqTransformer
+from handformer.tasks.lm.run import SpecialTokens, save_lm_run
+from handformer.tasks.translation.job import TranslationJob
+from handformer.tasks.translation.train import save_run_config
+from handformer.training.checkpoint import save_weights
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+TEXT = "the quick brown fox jumps over the lazy dog. Hello, who are you? I am a model! 0123456789"
+
+
+def make_lm_run(run_dir: Path, chat: bool = True, max_positions: int = 96, seed: int = 0) -> Path:
+    """A random Llama-style run on a character tokenizer (BOS and EOS set), its matrices scaled up
+    so next-token distributions are far from flat; with `chat`, a ChatML template."""
+    tok = Tokenizer.train_char([TEXT])
+    tok.hf.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                               for t in ("<|im_start|>", "<|im_end|>")])
+    tok = Tokenizer(tok.hf)
+    torch.manual_seed(seed)
+    cfg = CausalLMConfig.llama_style(vocab_size=tok.vocab_size, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64,
+                                     n_layers=2, max_positions=max_positions)
+    model = CausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8)
+    save_lm_run(run_dir, model, tok, SpecialTokens(bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id))
+    if chat:
+        (run_dir / "chat_template.jinja").write_text(CHATML)
+        (run_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    return run_dir
+
+
+def make_translation_run(run_dir: Path) -> Path:
+    """A random (untrained) encoder-decoder run."""
+    tok = Tokenizer.train_char(["the first of may, twenty twenty", "2020-05-01"])
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=16,
+                        n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_positions=64,
+                        dropout=0.0, pad_id=tok.pad_id)
+    run_dir.mkdir(parents=True)
+    save_weights(Seq2SeqTransformer(cfg), run_dir / "model.safetensors")
+    tok.save(run_dir / "tokenizer.json")
+    save_run_config(run_dir, cfg, TranslationJob.from_dict(
+        {"decode": {"beam": 1, "max_len_a": 0.0, "max_len_b": 8}}))
+    return run_dir
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """The app under a real uvicorn server on a free port of 127.0.0.1, in a thread."""
+
+    def __init__(self, app) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
