@@ -195,7 +195,7 @@ def _find_ids(kind: str, files: list[tuple[str, dict[str, Any]]], tokenizer: Tok
     return [], None
 
 
-def _prepended_id(tokenizer: Tokenizer) -> int | None:
+def prepended_id(tokenizer: Tokenizer) -> int | None:
     """The id tokenizer.json's post-processor puts before a single sequence, if any."""
     encoding = tokenizer.hf.encode("hello", add_special_tokens=True)
     if encoding.ids and encoding.special_tokens_mask[0] == 1:
@@ -216,7 +216,7 @@ def special_tokens(hf_dir: Path, hf_config: dict[str, Any], tokenizer: Tokenizer
             notes.append(f"{source} lists {kind} ids {ids}; handformer uses the first, {ids[0]}")
         found[kind] = ids
 
-    prepended = _prepended_id(tokenizer)
+    prepended = prepended_id(tokenizer)
     add_bos = tokenizer_config.get("add_bos_token")
     if isinstance(add_bos, bool):
         if add_bos != (prepended is not None):
