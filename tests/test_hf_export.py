@@ -288,6 +288,20 @@ def test_other_errors(tmp_path, capsys):
     fails(["export-hf", str(tmp_path / "q"), str(tmp_path / "hf2")], "this run is quantized")
 
 
+def test_a_bfloat16_checkpoint_goes_back_in_bfloat16_bit_for_bit(tmp_path):
+    """Real checkpoints are bfloat16: the run keeps that dtype on disk, and so does the export."""
+    hf_model = _hf_checkpoint("qwen2", tmp_path / "hf32")
+    hf_model.to(torch.bfloat16).save_pretrained(tmp_path / "hf", safe_serialization=True)
+    (tmp_path / "hf32" / "tokenizer.json").rename(tmp_path / "hf" / "tokenizer.json")
+    import_hf(tmp_path / "hf", tmp_path / "run")
+    assert main(["export-hf", str(tmp_path / "run"), str(tmp_path / "again")]) == 0
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["dtype"] == "bfloat16"
+    before = load_file(tmp_path / "hf" / "model.safetensors")
+    after = load_file(tmp_path / "again" / "model.safetensors")
+    assert before.keys() == after.keys()
+    assert all(after[k].dtype == torch.bfloat16 and torch.equal(before[k], after[k]) for k in before)
+
+
 def _finetune(out, base, text, *pairs):
     sets = ["train.progress=false", "train.device=cpu", f"data.path={text}", "data.block_size=16",
             "data.batch_size=4", "data.eval_batches=1", "train.steps=4", "train.eval_every=4", "train.warmup=1",

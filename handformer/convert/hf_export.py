@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save as st_save
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import processors
@@ -241,6 +242,18 @@ def export_state_dict(state: dict[str, Tensor], cfg: CausalLMConfig, model_type:
     return out  # torch.cat copies: nothing shares memory with the model
 
 
+_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def stored_dtype(weights: Path) -> torch.dtype:
+    """The dtype of the run's float tensors on disk: an imported bfloat16 checkpoint stays bfloat16
+    (the model computes in float32; the cast back is exact). float32 when they differ."""
+    with safe_open(str(weights), framework="pt") as f:
+        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
+    (only,) = dtypes if len(dtypes) == 1 else (None,)
+    return _DTYPES.get(only, torch.float32)
+
+
 # --- tokenizer and special tokens ------------------------------------------------------------------
 
 def _tokenizer_json(run: LMRun, run_dir: Path, notes: list[str]) -> bytes:
@@ -306,14 +319,16 @@ def export_hf(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite:
                      "(training only)")
     ids, generation, tok_config = _token_files(run, run_dir)
     tokenizer_json = _tokenizer_json(run, run_dir, notes)
-    tensors = export_state_dict(run.model.state_dict(), cfg, model_type)
+    dtype = stored_dtype(run_dir / "model.safetensors")
+    tensors = {k: v.to(dtype) for k, v in export_state_dict(run.model.state_dict(), cfg, model_type).items()}
+    config = {**hf_config(cfg, model_type, ids), "dtype": str(dtype).removeprefix("torch.")}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out_dir / "model.safetensors", st_save(tensors, metadata={"format": "pt"}))
     atomic_write_bytes(out_dir / "tokenizer.json", tokenizer_json)
     if (run_dir / CHAT_FILES[0]).is_file():  # chat_template.jinja, as the checkpoint had it
         atomic_write_bytes(out_dir / CHAT_FILES[0], (run_dir / CHAT_FILES[0]).read_bytes())
     for name, data in (("tokenizer_config.json", tok_config), ("generation_config.json", generation),
-                       ("config.json", hf_config(cfg, model_type, ids))):  # config.json last: complete
+                       ("config.json", config)):  # config.json last: complete
         atomic_write_text(out_dir / name, json.dumps(data, indent=2) + "\n")
     return ExportedLM(out_dir, model_type, HF_CLASSES[model_type], notes)
 
