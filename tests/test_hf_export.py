@@ -45,6 +45,7 @@ def _gpt2(v, **overrides):
                                      **overrides)
 
 
+SCALING = Llama3RopeScaling(factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=16)
 # preset -> (config, the architecture its settings map to)
 PRESETS = {
     "gpt2_tied": (_gpt2, "GPT2LMHeadModel"),
@@ -52,11 +53,11 @@ PRESETS = {
     "gpt2_qkv_bias_only": (lambda v: _gpt2(v, bias=False, qkv_bias=True), "GPT2LMHeadModel"),
     "llama_gqa": (_llama, "LlamaForCausalLM"),
     "llama_bias": (lambda v: _llama(v, bias=True), "LlamaForCausalLM"),
-    "llama3_tied": (lambda v: _llama(v, tie_embeddings=True, rope_scaling=Llama3RopeScaling(
-        factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=16)), "LlamaForCausalLM"),
+    "llama3_tied": (lambda v: _llama(v, tie_embeddings=True, rope_scaling=SCALING), "LlamaForCausalLM"),
     "qwen2_style": (lambda v: _llama(v, qkv_bias=True, tie_embeddings=True), "Qwen2ForCausalLM"),
-    "qwen2_window": (lambda v: _llama(v, qkv_bias=True, sliding_window=WINDOW), "Qwen2ForCausalLM"),
-    "mistral_style": (lambda v: _llama(v, sliding_window=WINDOW), "MistralForCausalLM"),
+    "qwen2_window": (lambda v: _llama(v, qkv_bias=True, sliding_window=WINDOW, rope_scaling=SCALING),
+                     "Qwen2ForCausalLM"),
+    "mistral_style": (lambda v: _llama(v, sliding_window=WINDOW, rope_scaling=SCALING), "MistralForCausalLM"),
     "gemma_style": (lambda v: _llama(v, norm="rmsnorm_offset", activation="geglu_tanh", scale_embeddings=True,
                                      tie_embeddings=True, head_dim=16, n_kv_heads=1), "GemmaForCausalLM"),
 }
