@@ -106,7 +106,8 @@ def _base_run_dirs(run_dir: Path, config: dict[str, Any]) -> list[Path]:
     """Where the base run of a fine-tuned ("init_from") or merged ("merged_from") run may be."""
     info = config.get("init_from")
     if isinstance(info, dict) and info.get("path"):
-        return [run_dir / info["relative"]] * bool(info.get("relative")) + [Path(info["path"])]
+        nearby = [run_dir / info["relative"]] if info.get("relative") else []  # moved along with the run
+        return nearby + [Path(info["path"])]
     merged = config.get("merged_from")
     if isinstance(merged, dict) and isinstance(merged.get("init_from"), dict):
         return [Path(merged["init_from"]["path"])]
@@ -128,6 +129,8 @@ def _recorded_model_type(run_dir: Path, config: dict[str, Any], notes: list[str]
         try:
             config = json.loads((run_dir / "config.json").read_text())
         except (ValueError, UnicodeDecodeError):
+            notes.append(f"the base run's {run_dir / 'config.json'} is unreadable, so the architecture "
+                         "follows the settings")
             return None
     return None
 
