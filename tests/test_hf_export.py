@@ -273,6 +273,21 @@ def test_settings_that_do_not_map_are_named(change, message, tmp_path, capsys):
     assert not (tmp_path / "hf").exists()
 
 
+def test_a_recorded_architecture_that_cannot_hold_a_setting_is_named(tmp_path, capsys):
+    """A run recorded as Phi-3 (its config edited) with Llama 3 rope scaling: transformers' Phi-3
+    refuses that scaling type, so the export does, instead of writing a directory it cannot load."""
+    tok = Tokenizer.train_char([TEXT])
+    cfg = _llama(tok.vocab_size, rope_scaling=SCALING)
+    save_lm_run(tmp_path / "run", CausalLM(cfg), tok, SpecialTokens(), source={"model_type": "phi3"})
+    assert main(["export-hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot export to Phi3ForCausalLM: rope_scaling=Llama3RopeScaling(" in err
+    assert "(Phi-3 takes only 'longrope' scaling in transformers" in err and err.count("\n") == 1
+    save_lm_run(tmp_path / "run", CausalLM(cfg), tok, SpecialTokens(), source={"model_type": "bert"})
+    assert main(["export-hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 2
+    assert "imported from model_type 'bert'; export-hf writes gpt2, llama" in capsys.readouterr().err
+
+
 def test_other_errors(tmp_path, capsys):
     run_dir = _run(tmp_path, "gpt2_tied")
 

@@ -65,7 +65,8 @@ _FIXED: dict[str, dict[str, tuple[Any, str]]] = {
               "activation": ("geglu_tanh", "has a GeGLU MLP with the tanh GELU"),
               "scale_embeddings": (True, "scales embeddings by sqrt(d_model)"),
               "sliding_window": (None, "has no sliding-window attention (Gemma 2 has)"), **_NO_BIASES},
-    "phi3": {**_LLAMA_BLOCK, **_NO_BIASES},
+    "phi3": {**_LLAMA_BLOCK, **_NO_BIASES,
+             "rope_scaling": (None, "takes only 'longrope' scaling in transformers, not Llama 3's")},
 }
 _BASE_HOPS = 8  # fine-tunes of fine-tunes followed back to an imported run, at most this deep
 
