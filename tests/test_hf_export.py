@@ -121,6 +121,11 @@ def test_export_loads_in_transformers_and_matches(preset, tmp_path, capsys):
     generation = json.loads((out / "generation_config.json").read_text())
     assert (generation["eos_token_id"], generation["pad_token_id"]) == (2, 0)
     assert generation["bos_token_id"] == tokens.bos_id
+    config = json.loads((out / "config.json").read_text())
+    scaled = preset in ("llama3_tied", "qwen2_window", "mistral_style")
+    assert ("rope_scaling" in config) == scaled  # transformers 4's key for the scaling, as well
+    assert not scaled or config["rope_scaling"] == config["rope_parameters"] and config["rope_scaling"][
+        "rope_type"] == "llama3"
     hf_tok = transformers.AutoTokenizer.from_pretrained(out)
     assert hf_tok.eos_token_id == 2 and hf_tok.pad_token_id == 0
 

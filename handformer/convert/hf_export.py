@@ -219,6 +219,8 @@ def hf_config(cfg: CausalLMConfig, model_type: str, token_ids: dict[str, Any]) -
             "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_positions,
             "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu", "attention_dropout": cfg.attention_dropout,
             "head_dim": cfg.head_dim, "rope_theta": cfg.rope_theta, "rope_parameters": _rope_parameters(cfg),
+            # transformers 4 reads the scaling from rope_scaling (5 takes either; import reads both)
+            **({"rope_scaling": _rope_parameters(cfg)} if cfg.rope_scaling else {}),
             **_family_config(cfg, model_type)}
 
 
