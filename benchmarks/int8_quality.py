@@ -15,6 +15,10 @@ and prints each loss and its rise relative to fp32 (target for int8: <= 1%).
 
     python benchmarks/int8_quality.py runs/shakespeare_char runs/lm_default
     python benchmarks/int8_quality.py RUN --variants fp32 int8 --limit 300   # the first 300 windows
+    python benchmarks/int8_quality.py runs/stories260K --data FILE   # a run with no validation split
+
+--data scores a text file (or folder) instead of each run's own validation split: what an imported
+run (import-hf, import-llama2c) needs, since it has none.
 """
 
 from __future__ import annotations
@@ -34,11 +38,11 @@ from handformer.tasks.lm.scoring import eval_text, score_text  # noqa: E402
 VARIANTS = ("fp32", "int8", "int8-exact", "int8-head-fp32", "int4", "bf16")
 
 
-def val_loss(run_dir: Path, limit: int, kernel: str | None = None) -> float:
+def val_loss(run_dir: Path, limit: int, data: str, kernel: str | None = None) -> float:
     run = load_lm(run_dir)
     if kernel is not None:
         set_kernel(run.model, kernel)
-    return score_text(run, eval_text(run, "val"), limit=limit).loss
+    return score_text(run, eval_text(run, data), limit=limit).loss
 
 
 def main() -> None:
@@ -46,21 +50,24 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path, help="trained language-model run directories")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--limit", type=int, default=0, help="score only the first N windows (0 = all)")
+    parser.add_argument("--data", default="val", help="a text file or folder to score instead of each run's "
+                        "validation split (default: val)")
     args = parser.parse_args()
     print(f"{'run':28} {'variant':22} {'val loss':>9} {'rise':>8}")
     for run_dir in args.runs:
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
-            base = val_loss(run_dir, args.limit)
+            base = val_loss(run_dir, args.limit, args.data)
             for variant in args.variants:
                 if variant == "fp32":
                     loss = base
                 elif variant in ("bf16", "int4"):
                     quantize_run(run_dir, tmp / variant, variant)
-                    loss = val_loss(tmp / variant, args.limit)
+                    loss = val_loss(tmp / variant, args.limit, args.data)
                 else:
                     quantize_run(run_dir, tmp / variant, "int8", head=variant != "int8-head-fp32")
-                    loss = val_loss(tmp / variant, args.limit, "dequant" if variant == "int8-exact" else None)
+                    loss = val_loss(tmp / variant, args.limit, args.data,
+                                    "dequant" if variant == "int8-exact" else None)
                 print(f"{run_dir.name:28} {variant:22} {loss:>9.4f} {100 * (loss / base - 1):>+7.2f}%",
                       flush=True)
 

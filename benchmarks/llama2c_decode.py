@@ -6,7 +6,7 @@ Each round, in turn (rounds interleaved, medians reported, because this machine'
   every round decodes 256); the time covers the whole call (prefill of the 1-token prompt and
   every step), not loading the run;
 - transformers: `generate(do_sample=False, min_new_tokens=256, max_new_tokens=256)`, the same
-  weights (handformer's half-split q/k rows are Hugging Face's layout), its cache on;
+  weights (the run exported with `handformer export-hf`), its cache on;
 - run.c (with --run-c PATH, a binary built from karpathy/llama2.c outside this project):
   `run MODEL -z TOKENIZER -t 0 -n 257`; its own "achieved tok/s" (timed from the second token).
 The tokens of handformer and transformers are compared.
@@ -35,6 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from handformer.convert.hf_export import export_hf  # noqa: E402
 from handformer.convert.llama2c_import import import_llama2c  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.tasks.lm.run import LMRun, load_lm  # noqa: E402
@@ -43,30 +44,13 @@ DATA = ROOT / ".." / "shared" / "data" / "stories260K"
 N_NEW = 256
 
 
-def hf_model(run: LMRun) -> torch.nn.Module:
-    """transformers' LlamaForCausalLM with the run's weights (names mapped, layout identical)."""
+def hf_model(run_dir: Path) -> torch.nn.Module:
+    """transformers' LlamaForCausalLM with the run's weights, written by `handformer export-hf`."""
     import transformers
 
-    cfg = run.model.cfg
-    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
-        max_position_embeddings=cfg.max_positions, rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
-        tie_word_embeddings=cfg.tie_embeddings)).eval()
-    top = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-           "lm_head.weight": "lm_head.weight"}
-    in_layer = {"attn_norm.": "input_layernorm.", "ffn_norm.": "post_attention_layernorm.", "ffn.": "mlp."}
-    state = {}
-    for key, value in run.model.state_dict().items():
-        if key in top:
-            state[top[key]] = value
-            continue
-        _, i, rest = key.split(".", 2)  # layers.{i}.{rest}
-        for old, new in in_layer.items():
-            rest = rest.replace(old, new) if rest.startswith(old) else rest
-        state[f"model.layers.{i}.{rest}"] = value
-    hf.load_state_dict(state, strict=True)
-    return hf
+    with tempfile.TemporaryDirectory() as tmp:
+        export_hf(run_dir, tmp, overwrite=True)
+        return transformers.LlamaForCausalLM.from_pretrained(tmp).eval()
 
 
 def time_handformer(run: LMRun) -> tuple[float, list[int]]:
@@ -103,7 +87,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         import_llama2c(DATA / "stories260K.bin", DATA / "tok512.bin", Path(tmp) / "run")
         run = load_lm(Path(tmp) / "run")
-    hf = hf_model(run)
+        hf = hf_model(Path(tmp) / "run")
     time_handformer(run), time_hf(hf)  # warm-up
     times: dict[str, list[float]] = {"handformer": [], "transformers": [], "run.c": []}
     same = True

@@ -1,23 +1,27 @@
 """`handformer export-hf`: language-model runs -> Hugging Face directories that transformers loads.
 
 Runs are built with random weights (norm gains and biases randomized too, so a swapped tensor
-shows): GPT-2 style (tied, and without biases like the baby GPT), Llama style (GQA, untied), and
-runs imported from tiny random Hugging Face models. Each export must load with
-AutoModelForCausalLM and PreTrainedTokenizerFast, give handformer's logits and greedy tokens, and
-import back to the same weights bit for bit.
+shows): GPT-2 style (tied, without biases like the baby GPT, q/k/v biases only), Llama style (GQA,
+untied; tied with Llama 3 rope scaling; with biases), and the settings that point to Qwen2, Mistral
+and Gemma; and runs imported from tiny random Hugging Face models of every family import-hf reads
+(GPT-2, Llama, SmolLM, Llama 3, Qwen2 with and without a sliding window, Mistral, Gemma, Phi-3), also
+fully fine-tuned and LoRA-merged. Each export must load with AutoModelForCausalLM and
+PreTrainedTokenizerFast, give handformer's logits and greedy tokens (sequences several sliding
+windows long), and import back to the same weights bit for bit.
 """
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
-from helpers import require_module
+from helpers import randomize_hf, require_module
 from safetensors.torch import load_file
 
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.cli import main  # noqa: E402
-from handformer.config import CausalLMConfig  # noqa: E402
+from handformer.config import CausalLMConfig, Llama3RopeScaling  # noqa: E402
 from handformer.convert.hf_import import import_hf  # noqa: E402
 from handformer.data.tokenizer import Tokenizer  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
@@ -28,16 +32,36 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 TEXT = "to be or not to be, that is the question: whether 'tis nobler in the mind to suffer\n"
 NEW_TOKENS = 8
 
+WINDOW = 5  # sliding windows: the prompts below are 12 tokens, continued by 8
+
+
+def _llama(v, **overrides):
+    return CausalLMConfig.llama_style(**{**dict(vocab_size=v, d_model=32, n_heads=4, n_kv_heads=2, d_ff=48,
+                                                n_layers=2, max_positions=48, rope_theta=500.0), **overrides})
+
+
+def _gpt2(v, **overrides):
+    return CausalLMConfig.gpt2_style(vocab_size=v, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_positions=48,
+                                     **overrides)
+
+
+SCALING = Llama3RopeScaling(factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=16)
+# preset -> (config, the architecture its settings map to)
 PRESETS = {
-    "gpt2_tied": lambda v: CausalLMConfig.gpt2_style(vocab_size=v, d_model=32, n_heads=4, d_ff=64,
-                                                     n_layers=2, max_positions=48),
-    "gpt2_nobias_gelu": lambda v: CausalLMConfig.gpt2_style(vocab_size=v, d_model=32, n_heads=4, d_ff=64,
-                                                            n_layers=2, max_positions=48, bias=False,
-                                                            activation="gelu"),
-    "llama_gqa": lambda v: CausalLMConfig.llama_style(vocab_size=v, d_model=32, n_heads=4, n_kv_heads=2,
-                                                      d_ff=48, n_layers=2, max_positions=48,
-                                                      rope_theta=500.0),
+    "gpt2_tied": (_gpt2, "GPT2LMHeadModel"),
+    "gpt2_nobias_gelu": (lambda v: _gpt2(v, bias=False, activation="gelu"), "GPT2LMHeadModel"),
+    "gpt2_qkv_bias_only": (lambda v: _gpt2(v, bias=False, qkv_bias=True), "GPT2LMHeadModel"),
+    "llama_gqa": (_llama, "LlamaForCausalLM"),
+    "llama_bias": (lambda v: _llama(v, bias=True), "LlamaForCausalLM"),
+    "llama3_tied": (lambda v: _llama(v, tie_embeddings=True, rope_scaling=SCALING), "LlamaForCausalLM"),
+    "qwen2_style": (lambda v: _llama(v, qkv_bias=True, tie_embeddings=True), "Qwen2ForCausalLM"),
+    "qwen2_window": (lambda v: _llama(v, qkv_bias=True, sliding_window=WINDOW, rope_scaling=SCALING),
+                     "Qwen2ForCausalLM"),
+    "mistral_style": (lambda v: _llama(v, sliding_window=WINDOW, rope_scaling=SCALING), "MistralForCausalLM"),
+    "gemma_style": (lambda v: _llama(v, norm="rmsnorm_offset", activation="geglu_tanh", scale_embeddings=True,
+                                     tie_embeddings=True, head_dim=16, n_kv_heads=1), "GemmaForCausalLM"),
 }
+ZERO_BIASES = ("gpt2_nobias_gelu", "gpt2_qkv_bias_only")  # GPT-2 gets the missing biases as zeros
 
 
 def _randomize(model):
@@ -53,7 +77,7 @@ def _randomize(model):
 def _run(tmp_path, preset, tokens=None):
     tok = Tokenizer.train_char([TEXT])
     torch.manual_seed(sorted(PRESETS).index(preset))
-    model = _randomize(CausalLM(PRESETS[preset](tok.vocab_size)))
+    model = _randomize(CausalLM(PRESETS[preset][0](tok.vocab_size)))
     save_lm_run(tmp_path / preset, model, tok, tokens or SpecialTokens())
     return tmp_path / preset
 
@@ -70,6 +94,9 @@ def _check_equal(run_dir, hf_dir, prompt):
     hf_tok = transformers.PreTrainedTokenizerFast.from_pretrained(hf_dir)
     ids = run.tokenizer.encode(prompt)
     assert hf_tok(prompt, add_special_tokens=False)["input_ids"] == ids
+    bos = [] if run.tokens.bos_id is None else [run.tokens.bos_id]
+    assert hf_tok(prompt)["input_ids"] == bos + ids  # prompts as `handformer generate` feeds them
+    ids = bos + ids
     batch = torch.tensor([ids, ids[::-1]])
     with torch.no_grad():
         expected = run.model(batch).logits
@@ -81,18 +108,24 @@ def _check_equal(run_dir, hf_dir, prompt):
 
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_export_loads_in_transformers_and_matches(preset, tmp_path, capsys):
-    tokens = SpecialTokens(bos_id=None, eos_id=2, pad_id=0)
+    tokens = SpecialTokens(bos_id=1 if preset == "llama3_tied" else None, eos_id=2, pad_id=0)
     run_dir = _run(tmp_path, preset, tokens)
     out = tmp_path / "hf"
     assert main(["export-hf", str(run_dir), str(out)]) == 0
     printed = capsys.readouterr().out
-    arch = "LlamaForCausalLM" if preset.startswith("llama") else "GPT2LMHeadModel"
+    arch = PRESETS[preset][1]
     assert f"exported {arch}" in printed
-    assert ("bias=false" in printed) == (preset == "gpt2_nobias_gelu")
+    assert ("bias=false" in printed) == (preset in ZERO_BIASES)
     _, hf_model = _check_equal(run_dir, out, "to be or not")
     assert type(hf_model).__name__ == arch
     generation = json.loads((out / "generation_config.json").read_text())
     assert (generation["eos_token_id"], generation["pad_token_id"]) == (2, 0)
+    assert generation["bos_token_id"] == tokens.bos_id
+    config = json.loads((out / "config.json").read_text())
+    scaled = preset in ("llama3_tied", "qwen2_window", "mistral_style")
+    assert ("rope_scaling" in config) == scaled  # transformers 4's key for the scaling, as well
+    assert not scaled or config["rope_scaling"] == config["rope_parameters"] and config["rope_scaling"][
+        "rope_type"] == "llama3"
     hf_tok = transformers.AutoTokenizer.from_pretrained(out)
     assert hf_tok.eos_token_id == 2 and hf_tok.pad_token_id == 0
 
@@ -104,8 +137,10 @@ def test_export_loads_in_transformers_and_matches(preset, tmp_path, capsys):
         assert torch.equal(returned[key], tensor), key
     extra = set(returned) - set(original)
     assert all(k.endswith("bias") and not returned[k].any() for k in extra)
-    assert bool(extra) == (preset == "gpt2_nobias_gelu")
+    assert bool(extra) == (preset in ZERO_BIASES)
     assert load_lm(back).tokens == tokens
+    if preset not in ZERO_BIASES:  # the same settings again (import sets dropout 0)
+        assert load_lm(back).model.cfg == replace(load_lm(run_dir).model.cfg, dropout=0.0)
 
 
 def test_imported_run_goes_back_to_its_architecture_bit_for_bit(tmp_path):
@@ -132,6 +167,87 @@ def test_imported_run_goes_back_to_its_architecture_bit_for_bit(tmp_path):
     _check_equal(tmp_path / "run", tmp_path / "again", "not to be")
 
 
+SIZE = dict(vocab_size=40, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+            num_hidden_layers=2, max_position_embeddings=48, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+ROPE = {"rope_type": "default", "rope_theta": 1e4}
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+# family -> a tiny Hugging Face model of it, as import-hf reads it (the settings each family varies)
+FAMILIES = {
+    "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=40, n_embd=32, n_head=4, n_layer=2, n_positions=48, bos_token_id=1, eos_token_id=2)),
+    "smollm": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **{**SIZE, "hidden_size": 72, "num_attention_heads": 9, "num_key_value_heads": 3},
+        tie_word_embeddings=True, rope_parameters=ROPE)),
+    "llama3": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **SIZE, tie_word_embeddings=True, rope_parameters=LLAMA3_ROPE)),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        **SIZE, tie_word_embeddings=True, use_sliding_window=False, rope_parameters={**ROPE, "rope_theta": 1e6})),
+    "qwen2_window": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        **SIZE, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=0, rope_parameters=ROPE)),
+    "mistral_window": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(
+        **SIZE, sliding_window=WINDOW, rope_parameters=ROPE)),
+    "gemma": lambda: transformers.GemmaForCausalLM(transformers.GemmaConfig(
+        **{**SIZE, "num_key_value_heads": 1}, head_dim=16, hidden_act="gelu_pytorch_tanh", rope_parameters=ROPE)),
+    "phi3": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        **SIZE, sliding_window=WINDOW, tie_word_embeddings=False, rope_parameters=ROPE)),
+}
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+
+
+def _hf_checkpoint(family, path):
+    """A tiny random checkpoint of `family` at `path`, with a character tokenizer; llama3's names
+    two EOS ids, prompts with BOS (tokenizer_config.json) and has a chat template."""
+    torch.manual_seed(sorted(FAMILIES).index(family))
+    hf_model = randomize_hf(FAMILIES[family](), 0.15)
+    if family == "llama3":
+        hf_model.generation_config.eos_token_id = [2, 3]
+    hf_model.save_pretrained(path, safe_serialization=True)
+    Tokenizer.train_char([TEXT]).save(path / "tokenizer.json")
+    if family == "llama3":
+        (path / "tokenizer_config.json").write_text(json.dumps(
+            {"add_bos_token": True, "bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT_TEMPLATE}))
+    return hf_model
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_family_import_reads_goes_back_to_its_architecture(family, tmp_path):
+    """Hugging Face checkpoint -> import-hf -> export-hf: the same architecture and config, the
+    checkpoint's own tensors bit for bit, transformers' logits and greedy tokens equal handformer's
+    over several sliding windows, and the special tokens and chat template carried over."""
+    hf_model = _hf_checkpoint(family, tmp_path / "hf")
+    import_hf(tmp_path / "hf", tmp_path / "run")
+    assert main(["export-hf", str(tmp_path / "run"), str(tmp_path / "again")]) == 0
+    config = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert config["model_type"] == hf_model.config.model_type
+    assert config["architectures"] == [type(hf_model).__name__]
+    before = load_file(tmp_path / "hf" / "model.safetensors")
+    after = load_file(tmp_path / "again" / "model.safetensors")
+    before = {k: v for k, v in before.items() if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+    assert set(before) == set(after)
+    for key in before:
+        assert torch.equal(before[key], after[key]), key
+    run, exported = _check_equal(tmp_path / "run", tmp_path / "again", "not to be, or")
+    ours, theirs = exported.config.to_dict(), hf_model.config.to_dict()
+    compared = {"sliding_window", "use_sliding_window", "layer_types", "rope_parameters", "tie_word_embeddings",
+                "head_dim", "num_key_value_heads", "hidden_act", "attention_bias"} & ours.keys() & theirs.keys()
+    assert {"rope_parameters", "tie_word_embeddings"} <= compared or family == "gpt2"
+    assert {k: ours[k] for k in compared} == {k: theirs[k] for k in compared}
+    generation = json.loads((tmp_path / "again" / "generation_config.json").read_text())
+    if family == "llama3":
+        assert (generation["eos_token_id"], generation["bos_token_id"]) == ([2, 3], 1)
+        tok_config = json.loads((tmp_path / "again" / "tokenizer_config.json").read_text())
+        assert tok_config["chat_template"] == CHAT_TEMPLATE
+    else:
+        assert (generation["eos_token_id"], generation["bos_token_id"]) == (2, None)
+    back = tmp_path / "back"
+    import_hf(tmp_path / "again", back)
+    original, returned = load_file(tmp_path / "run" / "model.safetensors"), load_file(back / "model.safetensors")
+    assert original.keys() == returned.keys()
+    assert all(torch.equal(original[k], returned[k]) for k in original)
+    assert load_lm(back).tokens == run.tokens and load_lm(back).model.cfg == run.model.cfg
+
+
 @pytest.mark.parametrize("change,message", [
     ({"norm_placement": "post"}, "norm_placement='post' (GPT-2 is pre-norm)"),
     ({"position": "sinusoidal"}, "position='sinusoidal' maps to no Hugging Face architecture"),
@@ -139,10 +255,17 @@ def test_imported_run_goes_back_to_its_architecture_bit_for_bit(tmp_path):
     ({"position": "rope", "activation": "gelu"}, "norm='layernorm' (Llama uses RMSNorm); activation='gelu'"),
     ({"scale_embeddings": True}, "scale_embeddings=True"),
     ({"head_dim": 16}, "head_dim=16 (GPT-2's heads are d_model / n_heads wide)"),
-    ({"bias": False, "qkv_bias": True}, "qkv_bias=True with bias=False"),
-    ({"sliding_window": 4}, "sliding_window=4 (sliding-window attention is Mistral's"),
-    ({"position": "rope", "norm": "rmsnorm", "activation": "swiglu", "rope_scaling": {}},
-     "rope_scaling is set (Llama 3.1 frequency scaling is not exported)"),
+    ({"sliding_window": 4}, "sliding_window=4 (GPT-2 has no sliding-window attention)"),
+    ({"n_kv_heads": 2}, "n_kv_heads=2 (GPT-2 has one key/value head per query head)"),
+    ({"position": "rope", "norm": "rmsnorm", "activation": "swiglu", "norm_placement": "post"},
+     "norm_placement='post' (Llama is pre-norm)"),
+    ({"position": "rope", "norm": "rmsnorm", "activation": "swiglu", "sliding_window": 4},
+     "cannot export to MistralForCausalLM: bias=True (Mistral has no biases)"),
+    ({"position": "rope", "norm": "rmsnorm", "activation": "gelu", "bias": False, "qkv_bias": True},
+     "cannot export to Qwen2ForCausalLM: activation='gelu' (Qwen2 has a SwiGLU MLP)"),
+    ({"position": "rope", "norm": "rmsnorm_offset", "activation": "swiglu", "scale_embeddings": True},
+     "cannot export to GemmaForCausalLM: activation='swiglu' (Gemma has a GeGLU MLP with the tanh GELU); "
+     "bias=True (Gemma has no biases)"),
 ])
 def test_settings_that_do_not_map_are_named(change, message, tmp_path, capsys):
     tok = Tokenizer.train_char([TEXT])
@@ -153,6 +276,21 @@ def test_settings_that_do_not_map_are_named(change, message, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_recorded_architecture_that_cannot_hold_a_setting_is_named(tmp_path, capsys):
+    """A run recorded as Phi-3 (its config edited) with Llama 3 rope scaling: transformers' Phi-3
+    refuses that scaling type, so the export does, instead of writing a directory it cannot load."""
+    tok = Tokenizer.train_char([TEXT])
+    cfg = _llama(tok.vocab_size, rope_scaling=SCALING)
+    save_lm_run(tmp_path / "run", CausalLM(cfg), tok, SpecialTokens(), source={"model_type": "phi3"})
+    assert main(["export-hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot export to Phi3ForCausalLM: rope_scaling=Llama3RopeScaling(" in err
+    assert "(Phi-3 takes only 'longrope' scaling in transformers" in err and err.count("\n") == 1
+    save_lm_run(tmp_path / "run", CausalLM(cfg), tok, SpecialTokens(), source={"model_type": "bert"})
+    assert main(["export-hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 2
+    assert "imported from model_type 'bert'; export-hf writes gpt2, llama" in capsys.readouterr().err
 
 
 def test_other_errors(tmp_path, capsys):
@@ -169,3 +307,49 @@ def test_other_errors(tmp_path, capsys):
     assert main(["export-hf", str(run_dir), str(tmp_path / "hf"), "--overwrite"]) == 0
     assert main(["quantize", str(run_dir), str(tmp_path / "q"), "--int8"]) == 0
     fails(["export-hf", str(tmp_path / "q"), str(tmp_path / "hf2")], "this run is quantized")
+
+
+def test_a_bfloat16_checkpoint_goes_back_in_bfloat16_bit_for_bit(tmp_path):
+    """Real checkpoints are bfloat16: the run keeps that dtype on disk, and so does the export."""
+    hf_model = _hf_checkpoint("qwen2", tmp_path / "hf32")
+    hf_model.to(torch.bfloat16).save_pretrained(tmp_path / "hf", safe_serialization=True)
+    (tmp_path / "hf32" / "tokenizer.json").rename(tmp_path / "hf" / "tokenizer.json")
+    import_hf(tmp_path / "hf", tmp_path / "run")
+    assert main(["export-hf", str(tmp_path / "run"), str(tmp_path / "again")]) == 0
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["dtype"] == "bfloat16"
+    before = load_file(tmp_path / "hf" / "model.safetensors")
+    after = load_file(tmp_path / "again" / "model.safetensors")
+    assert before.keys() == after.keys()
+    assert all(after[k].dtype == torch.bfloat16 and torch.equal(before[k], after[k]) for k in before)
+
+
+def _finetune(out, base, text, *pairs):
+    sets = ["train.progress=false", "train.device=cpu", f"data.path={text}", "data.block_size=16",
+            "data.batch_size=4", "data.eval_batches=1", "train.steps=4", "train.eval_every=4", "train.warmup=1",
+            "train.lr=1e-2", *pairs]
+    return main(["train", "--init-from", str(base), "--out", str(out), *[a for p in sets for a in ("--set", p)]])
+
+
+def test_fine_tuned_and_merged_runs_export_in_their_base_runs_architecture(tmp_path, capsys):
+    """An imported Phi-3 fine-tuned fully, and with LoRA then merged: both go back to Phi3ForCausalLM
+    (found through init_from / merged_from) with their own, changed weights. Once the base run is
+    gone, the settings decide (a sliding window: Mistral), and a note says so."""
+    _hf_checkpoint("phi3", tmp_path / "hf")
+    import_hf(tmp_path / "hf", tmp_path / "base")
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT * 20)
+    assert _finetune(tmp_path / "full", tmp_path / "base", text) == 0
+    assert _finetune(tmp_path / "lora", tmp_path / "base", text, "train.lora.rank=4", "train.lora.alpha=8") == 0
+    assert main(["merge", str(tmp_path / "lora"), str(tmp_path / "merged")]) == 0
+    base = load_file(tmp_path / "base" / "model.safetensors")
+    for name in ("full", "merged"):
+        assert main(["export-hf", str(tmp_path / name), str(tmp_path / f"{name}-hf")]) == 0
+        assert "exported Phi3ForCausalLM (phi3)" in capsys.readouterr().out
+        weights = load_file(tmp_path / name / "model.safetensors")
+        assert not torch.equal(weights["layers.0.self_attn.q_proj.weight"], base["layers.0.self_attn.q_proj.weight"])
+        _check_equal(tmp_path / name, tmp_path / f"{name}-hf", "to be or not")
+    (tmp_path / "base").rename(tmp_path / "moved")
+    assert main(["export-hf", str(tmp_path / "full"), str(tmp_path / "full-hf2")]) == 0
+    printed = capsys.readouterr().out
+    assert "exported MistralForCausalLM" in printed and "is gone, so the architecture follows the settings" in printed
+    _check_equal(tmp_path / "full", tmp_path / "full-hf2", "to be or not")

@@ -163,6 +163,30 @@ def test_logits_equal_transformers_llama(run_dir):
     torch.testing.assert_close(load_lm(run_dir).model(ids).logits, expected, atol=1e-5, rtol=1e-5)
 
 
+@torch.no_grad()
+def test_export_hf_gives_transformers_the_same_model_tokens_and_stops(run_dir, tmp_path, capsys):
+    """stories260K -> export-hf -> transformers: LlamaForCausalLM with the logits of the model built
+    here from the raw file, run.c's story greedily, prompts encoded with BOS by
+    PreTrainedTokenizerFast, and generation stopping at EOS and BOS (run.c's stop tokens)."""
+    out = tmp_path / "hf"
+    assert main(["export-hf", str(run_dir), str(out)]) == 0
+    assert "exported LlamaForCausalLM (llama)" in capsys.readouterr().out
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = _ids()
+    expected = _hf_llama(*_raw_legacy(MODEL))(ids).logits
+    torch.testing.assert_close(hf(ids).logits, expected, atol=1e-5, rtol=1e-5)
+    tok = transformers.PreTrainedTokenizerFast.from_pretrained(out)
+    for text, run_c_ids in RUN_C_IDS.items():
+        assert tok(text)["input_ids"] == run_c_ids, text
+    assert (tok.bos_token_id, tok.eos_token_id) == (1, 2)
+    assert hf.generation_config.eos_token_id == [2, 1] and hf.generation_config.bos_token_id == 1
+    prompt = tok("Once upon a time", return_tensors="pt")["input_ids"]
+    story = hf.generate(prompt, do_sample=False, max_new_tokens=252)[0]
+    assert tok.decode(story, skip_special_tokens=True) == RUN_C_STORY
+    dog = hf.generate(tok("The dog", return_tensors="pt")["input_ids"], do_sample=False, max_new_tokens=400)[0]
+    assert dog[-1] == 1 and tok.decode(dog[:-1], skip_special_tokens=True) == RUN_C_DOG  # stopped at BOS
+
+
 def _write_legacy(path, header, a, separate):
     dim, hidden, n_layers, n_heads, n_kv, vocab, seq_len = header
     order = ["emb", "rms_att", "wq", "wk", "wv", "wo", "rms_ffn", "w1", "w2", "w3", "rms_final", "cos", "sin"]

@@ -51,16 +51,21 @@ def _run(tmp_path, shared: bool, **overrides):
     return run_dir
 
 
-@pytest.mark.parametrize("shared,bias", [(True, True), (False, False)])
+@pytest.mark.parametrize("shared,bias,tie", [(True, True, None), (False, False, None), (True, True, False),
+                                             (False, True, True)])
 @torch.no_grad()
-def test_marian_export_gives_handformers_logits_and_greedy_output(shared, bias, tmp_path, capsys):
-    run_dir = _run(tmp_path, shared, bias=bias)
+def test_marian_export_gives_handformers_logits_and_greedy_output(shared, bias, tie, tmp_path, capsys):
+    """Shared source/target embeddings (scaled by sqrt(d_model) on both sides) or not, an output head
+    tied to the target embedding or not, 2 encoder layers and 1 decoder layer in the last case."""
+    layers = {"n_decoder_layers": 1} if tie else {}
+    run_dir = _run(tmp_path, shared, bias=bias, **({} if tie is None else {"tie_output": tie}), **layers)
     out = tmp_path / "marian"
     assert main(["export-hf", str(run_dir), str(out)]) == 0
     printed = capsys.readouterr().out
     assert "exported MarianMTModel" in printed and ("bias=false" in printed) == (not bias)
     translator = Translator.load(run_dir)
     hf = transformers.MarianMTModel.from_pretrained(out).eval()
+    assert hf.generation_config.suppress_tokens == [translator.tgt_tok.bos_id]  # as handformer decodes
 
     src = torch.tensor(translator.encode_sources(["the first of may", "twenty twenty ma"]))  # (B, S)
     bos = translator.tgt_tok.bos_id

@@ -1,5 +1,5 @@
-"""`handformer export-hf`: a run into a Hugging Face `transformers` directory (GPT-2 / Llama for
-language models, MarianMTModel for the paper's post-norm translation model)."""
+"""`handformer export-hf`: a run into a Hugging Face `transformers` directory (GPT-2, Llama, Qwen2,
+Mistral, Gemma or Phi-3 for language models, MarianMTModel for the paper's post-norm translation model)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export-hf", help="write a language-model run (trained or imported) as a Hugging "
-                       "Face GPT-2 or Llama directory that transformers loads")
+                       "Face directory that transformers loads (GPT-2, Llama, Qwen2, Mistral, Gemma, Phi-3; "
+                       "a translation run as MarianMTModel)")
     p.add_argument("run_dir", help="the language-model run to export")
     p.add_argument("out_dir", help="directory to write config.json, model.safetensors, tokenizer.json, "
                    "tokenizer_config.json and generation_config.json")

@@ -6,16 +6,21 @@
 The directory holds config.json, model.safetensors, tokenizer.json (+ tokenizer_config.json, so
 `PreTrainedTokenizerFast` / `AutoTokenizer` load it) and generation_config.json.
 
-The architecture is the one the model maps to exactly: an imported run goes back to the
-model_type recorded at import; a trained run goes to GPT-2 when its positions are learned and to
-Llama when they are rotary, and every other setting must then match that architecture (GPT-2:
-LayerNorm, pre-norm, GELU or ReLU, one key/value head per query head; Llama: RMSNorm, pre-norm,
-SwiGLU). A setting that does not map raises one `ValueError` naming each such setting.
+Which architecture (a model_type `import-hf` reads, so import(export(run)) is the run again):
+- an imported run goes back to the model_type recorded at import; a fine-tuned or merged run to its
+  base run's (followed through "init_from" / "merged_from" while the base run is there);
+- any other run (trained here, imported from llama2.c) goes where its settings point: learned
+  positions to GPT-2; RoPE to Gemma with Gemma's norm, GeGLU and scaled embeddings, to Qwen2 with
+  biases on q/k/v only, to Mistral with a sliding window, else to Llama (GQA, tied or untied head,
+  rope_theta and Llama 3 rope scaling as set).
+Every setting must then match that architecture (`_FIXED`); one `ValueError` names each setting that
+does not and what the architecture has instead.
 
 The weights go through the same declarative map the import uses (`hf_weights.ARCHITECTURES`), read
-backwards: split projections are concatenated in the listed order, GPT-2's Conv1D weights are
-transposed back to (in, out). A GPT-2-style run trained without biases (bias=false) is exported
-with zero biases, which computes the same function. No `transformers` import is needed to write.
+backwards: split projections are concatenated in the listed order (GPT-2's c_attn, Phi-3's qkv_proj
+and gate_up_proj), GPT-2's Conv1D weights are transposed back to (in, out). A GPT-2-style run
+without some biases (bias=false, the baby GPT) is exported with zero biases: the same function.
+No `transformers` import is needed to write.
 """
 
 from __future__ import annotations
@@ -27,22 +32,49 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save as st_save
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import processors
 from torch import Tensor
 
 from handformer.config import CausalLMConfig
+from handformer.convert.hf_import import ARCHITECTURES as HF_CLASSES
+from handformer.convert.hf_import import CHAT_FILES, prepended_id
 from handformer.convert.hf_weights import ARCHITECTURES, HEAD
 from handformer.io import atomic_write_bytes, atomic_write_text
 from handformer.tasks.lm.run import LMRun, load_lm
 
-HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}
 _GPT2_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+_NAMES = {"gpt2": "GPT-2", "llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "gemma": "Gemma",
+          "phi3": "Phi-3"}
+_NO_BIASES = {"bias": (False, "has no biases"), "qkv_bias": (False, "has no biases")}
+_LLAMA_BLOCK = {"norm": ("rmsnorm", "uses RMSNorm"), "activation": ("swiglu", "has a SwiGLU MLP"),
+                "scale_embeddings": (False, "does not scale embeddings by sqrt(d_model)")}
+# model_type -> the settings its architecture fixes: name -> (value, why), checked on every export.
+_FIXED: dict[str, dict[str, tuple[Any, str]]] = {
+    "gpt2": {"norm": ("layernorm", "uses LayerNorm"),
+             "scale_embeddings": (False, "does not scale embeddings by sqrt(d_model)"),
+             "sliding_window": (None, "has no sliding-window attention"),
+             "n_kv_heads": (None, "has one key/value head per query head")},
+    "llama": {**_LLAMA_BLOCK, "sliding_window": (None, "has no sliding-window attention (Mistral has)")},
+    "qwen2": {**_LLAMA_BLOCK, "bias": (False, "has biases on q/k/v only"),
+              "qkv_bias": (True, "always has q/k/v biases")},
+    "mistral": {**_LLAMA_BLOCK, **_NO_BIASES},
+    "gemma": {"norm": ("rmsnorm_offset", "has RMSNorm with gain 1 + w"),
+              "activation": ("geglu_tanh", "has a GeGLU MLP with the tanh GELU"),
+              "scale_embeddings": (True, "scales embeddings by sqrt(d_model)"),
+              "sliding_window": (None, "has no sliding-window attention (Gemma 2 has)"), **_NO_BIASES},
+    "phi3": {**_LLAMA_BLOCK, **_NO_BIASES,
+             "rope_scaling": (None, "takes only 'longrope' scaling in transformers, not Llama 3's")},
+}
+_BASE_HOPS = 8  # fine-tunes of fine-tunes followed back to an imported run, at most this deep
 
 
 @dataclass
 class ExportedLM:
     out_dir: Path
-    model_type: str  # "gpt2" or "llama"
+    model_type: str  # a key of HF_CLASSES: "gpt2", "llama", "qwen2", "mistral", "gemma", "phi3"
     architecture: str  # the Hugging Face class name
     notes: list[str] = field(default_factory=list)  # what the export chose that the run left open
 
@@ -54,34 +86,72 @@ class ExportedLM:
 
 def _mismatches(cfg: CausalLMConfig, model_type: str) -> list[str]:
     """The settings of `cfg` that `model_type` cannot express, each with what it would need."""
-    if model_type == "gpt2":
-        want = {"norm": ("layernorm", "GPT-2 uses LayerNorm"),
-                "norm_placement": ("pre", "GPT-2 is pre-norm"),
-                "scale_embeddings": (False, "GPT-2 does not scale embeddings by sqrt(d_model)")}
-    else:
-        want = {"norm": ("rmsnorm", "Llama uses RMSNorm"), "norm_placement": ("pre", "Llama is pre-norm"),
-                "activation": ("swiglu", "Llama's MLP is SwiGLU"),
-                "scale_embeddings": (False, "Llama does not scale embeddings by sqrt(d_model)")}
-    problems = [f"{name}={getattr(cfg, name)!r} ({why})" for name, (value, why) in want.items()
+    family, position = _NAMES[model_type], "learned" if model_type == "gpt2" else "rope"
+    fixed = {"norm_placement": ("pre", "is pre-norm"),
+             "position": (position, f"has {position} positions"), **_FIXED[model_type]}
+    if model_type == "gpt2" and cfg.n_kv_heads == cfg.n_heads:
+        fixed.pop("n_kv_heads")  # stated, but the same as None
+    problems = [f"{name}={getattr(cfg, name)!r} ({family} {why})" for name, (value, why) in fixed.items()
                 if getattr(cfg, name) != value]
     if model_type == "gpt2" and cfg.activation not in _GPT2_ACTIVATIONS:
         problems.append(f"activation={cfg.activation!r} (GPT-2 supports {', '.join(_GPT2_ACTIVATIONS)})")
-    if model_type == "gpt2" and cfg.kv_heads != cfg.n_heads:
-        problems.append(f"n_kv_heads={cfg.n_kv_heads} (GPT-2 has one key/value head per query head)")
     if model_type == "gpt2" and not cfg.derived_head_dim:
         problems.append(f"head_dim={cfg.head_dim} (GPT-2's heads are d_model / n_heads wide)")
-    if cfg.qkv_bias and not cfg.bias:
-        problems.append("qkv_bias=True with bias=False (biases on q/k/v only are Qwen2's, not exported)")
-    if cfg.sliding_window is not None:
-        problems.append(f"sliding_window={cfg.sliding_window} (sliding-window attention is Mistral's, "
-                        "not exported)")
-    if cfg.rope_scaling is not None:
-        problems.append("rope_scaling is set (Llama 3.1 frequency scaling is not exported)")
+    if model_type == "llama" and cfg.qkv_bias and not cfg.bias:
+        problems.append("qkv_bias=True with bias=False (Llama's attention_bias also covers o_proj; "
+                        "Qwen2 has q/k/v biases only)")
     return problems
 
 
-def export_model_type(run: LMRun) -> str:
-    """"gpt2" or "llama" for this run, or `ValueError` naming the settings that do not map."""
+def _base_run_dirs(run_dir: Path, config: dict[str, Any]) -> list[Path]:
+    """Where the base run of a fine-tuned ("init_from") or merged ("merged_from") run may be."""
+    info = config.get("init_from")
+    if isinstance(info, dict) and info.get("path"):
+        nearby = [run_dir / info["relative"]] if info.get("relative") else []  # moved along with the run
+        return nearby + [Path(info["path"])]
+    merged = config.get("merged_from")
+    if isinstance(merged, dict) and isinstance(merged.get("init_from"), dict):
+        return [Path(merged["init_from"]["path"])]
+    return []
+
+
+def _recorded_model_type(run_dir: Path, config: dict[str, Any], notes: list[str]) -> str | None:
+    """The model_type recorded at import, for this run or the base run it was fine-tuned from."""
+    for _ in range(_BASE_HOPS):
+        recorded = (config.get("source") or {}).get("model_type")
+        candidates = _base_run_dirs(run_dir, config)
+        if recorded is not None or not candidates:
+            return recorded
+        found = [p for p in candidates if (p / "config.json").is_file()]
+        if not found:
+            notes.append(f"the base run {candidates[-1]} is gone, so the architecture follows the settings")
+            return None
+        run_dir = found[0]
+        try:
+            config = json.loads((run_dir / "config.json").read_text())
+        except (ValueError, UnicodeDecodeError):
+            notes.append(f"the base run's {run_dir / 'config.json'} is unreadable, so the architecture "
+                         "follows the settings")
+            return None
+    return None
+
+
+def _model_type_for(cfg: CausalLMConfig) -> str:
+    """Where a run's settings point (see the module docstring)."""
+    if cfg.position == "learned":
+        return "gpt2"
+    if cfg.position != "rope":
+        raise ValueError(f"position={cfg.position!r} maps to no Hugging Face architecture export-hf "
+                         "writes: GPT-2 needs position='learned', the Llama family position='rope'")
+    if cfg.norm == "rmsnorm_offset" or cfg.scale_embeddings or cfg.activation.startswith("geglu"):
+        return "gemma"
+    if cfg.qkv_bias and not cfg.bias:
+        return "qwen2"
+    return "mistral" if cfg.sliding_window is not None else "llama"
+
+
+def export_model_type(run: LMRun, run_dir: str | os.PathLike = ".", notes: list[str] | None = None) -> str:
+    """The model_type this run exports to, or `ValueError` naming the settings that do not map."""
     cfg = run.model.cfg
     if "quantization" in run.config:
         raise ValueError(f"this run is quantized ({run.config['quantization'].get('weights')}); "
@@ -89,17 +159,11 @@ def export_model_type(run: LMRun) -> str:
     if "lora" in run.config:
         raise ValueError("this run holds LoRA adapters on a base run; fold them in first with "
                          "`handformer merge RUN MERGED` and export MERGED")
-    recorded = run.config.get("source", {}).get("model_type")
-    if recorded is not None:
-        model_type = recorded
-        if model_type not in HF_CLASSES:
-            raise ValueError(f"this run was imported from model_type {model_type!r}; export-hf writes "
-                             f"{', '.join(HF_CLASSES)} only")
-    elif cfg.position in ("learned", "rope"):
-        model_type = "gpt2" if cfg.position == "learned" else "llama"
-    else:
-        raise ValueError(f"position={cfg.position!r} maps to no Hugging Face architecture export-hf "
-                         "writes: GPT-2 needs position='learned', Llama position='rope'")
+    recorded = _recorded_model_type(Path(run_dir), run.config, [] if notes is None else notes)
+    if recorded is not None and recorded not in HF_CLASSES:
+        raise ValueError(f"this run was imported from model_type {recorded!r}; export-hf writes "
+                         f"{', '.join(HF_CLASSES)} only")
+    model_type = recorded or _model_type_for(cfg)
     problems = _mismatches(cfg, model_type)
     if problems:
         raise ValueError(f"cannot export to {HF_CLASSES[model_type]}: " + "; ".join(problems))
@@ -107,6 +171,37 @@ def export_model_type(run: LMRun) -> str:
 
 
 # --- config.json -----------------------------------------------------------------------------------
+
+def _rope_parameters(cfg: CausalLMConfig) -> dict[str, Any]:
+    """transformers 5's rope_parameters (the older rope_scaling keys, as import reads them)."""
+    if cfg.rope_scaling is None:
+        return {"rope_type": "default", "rope_theta": cfg.rope_theta}
+    s = cfg.rope_scaling
+    return {"rope_type": "llama3", "rope_theta": cfg.rope_theta, "factor": s.factor,
+            "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
+            "original_max_position_embeddings": s.original_max_positions}
+
+
+def _family_config(cfg: CausalLMConfig, model_type: str) -> dict[str, Any]:
+    """The keys that set one Llama-like family apart."""
+    window = cfg.sliding_window
+    if model_type == "llama":
+        return {"attention_bias": cfg.bias, "mlp_bias": cfg.bias}
+    if model_type == "qwen2":  # a window on every layer, or on none
+        kind = "full_attention" if window is None else "sliding_attention"
+        return {"use_sliding_window": window is not None, "sliding_window": window,
+                "max_window_layers": cfg.n_layers if window is None else 0,
+                "layer_types": [kind] * cfg.n_layers}
+    if model_type == "mistral":
+        return {"sliding_window": window}
+    if model_type == "gemma":
+        return {"hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+                "attention_bias": False}
+    original = cfg.rope_scaling.original_max_positions if cfg.rope_scaling else cfg.max_positions
+    # phi3: its config defaults original_max_position_embeddings to 4096 (import reads it first)
+    return {"sliding_window": window, "original_max_position_embeddings": original,
+            "resid_pdrop": 0.0, "embd_pdrop": 0.0}
+
 
 def hf_config(cfg: CausalLMConfig, model_type: str, token_ids: dict[str, Any]) -> dict[str, Any]:
     """config.json for `cfg` as a Hugging Face `model_type` model."""
@@ -122,10 +217,11 @@ def hf_config(cfg: CausalLMConfig, model_type: str, token_ids: dict[str, Any]) -
     return {**common, "hidden_size": cfg.d_model, "num_attention_heads": cfg.n_heads,
             "num_key_value_heads": cfg.kv_heads, "num_hidden_layers": cfg.n_layers,
             "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_positions,
-            "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu", "attention_bias": cfg.bias,
-            "mlp_bias": cfg.bias, "attention_dropout": cfg.attention_dropout,
-            "head_dim": cfg.head_dim, "rope_theta": cfg.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta}}
+            "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu", "attention_dropout": cfg.attention_dropout,
+            "head_dim": cfg.head_dim, "rope_theta": cfg.rope_theta, "rope_parameters": _rope_parameters(cfg),
+            # transformers 4 reads the scaling from rope_scaling (5 takes either; import reads both)
+            **({"rope_scaling": _rope_parameters(cfg)} if cfg.rope_scaling else {}),
+            **_family_config(cfg, model_type)}
 
 
 # --- weights ---------------------------------------------------------------------------------------
@@ -133,7 +229,8 @@ def hf_config(cfg: CausalLMConfig, model_type: str, token_ids: dict[str, Any]) -
 def export_state_dict(state: dict[str, Tensor], cfg: CausalLMConfig, model_type: str) -> dict[str, Tensor]:
     """`CausalLM(cfg).state_dict()` -> the Hugging Face checkpoint's tensors (contiguous, own memory).
     Missing GPT-2 biases (bias=false) become zeros; a tied head is left out, as save_pretrained does.
-    Shapes: GPT-2 c_attn (D, 3D) from q/k/v (D, D) each, Conv1D weights (in, out); Llama as stored."""
+    Shapes: GPT-2 c_attn (D, 3D) from q/k/v (D, D) each, Conv1D weights (in, out); Phi-3 qkv_proj
+    (H*Dh + 2*Hkv*Dh, D), gate_up_proj (2F, D); the others as stored."""
     arch = ARCHITECTURES[model_type]
     out: dict[str, Tensor] = {}
     for template, target in arch.weights.items():
@@ -151,14 +248,45 @@ def export_state_dict(state: dict[str, Tensor], cfg: CausalLMConfig, model_type:
     return out  # torch.cat copies: nothing shares memory with the model
 
 
+_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+def stored_dtype(weights: Path) -> torch.dtype:
+    """The dtype of the run's float tensors on disk: an imported bfloat16 checkpoint stays bfloat16
+    (the model computes in float32; the cast back is exact). float32 when they differ."""
+    with safe_open(str(weights), framework="pt") as f:
+        dtypes = {f.get_slice(k).get_dtype() for k in f.keys()}
+    (only,) = dtypes if len(dtypes) == 1 else (None,)
+    return _DTYPES.get(only, torch.float32)
+
+
 # --- tokenizer and special tokens ------------------------------------------------------------------
 
-def _token_files(run: LMRun) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(ids for config.json, generation_config.json, tokenizer_config.json)."""
+def _tokenizer_json(run: LMRun, run_dir: Path, notes: list[str]) -> bytes:
+    """The run's tokenizer.json; where the run prompts with BOS but the tokenizer adds none (runs
+    trained here, llama2.c imports), a post-processor that prepends it, so that the exported
+    tokenizer encodes prompts as `handformer generate` feeds them."""
+    raw = (run_dir / "tokenizer.json").read_bytes()
+    bos = run.tokens.bos_id
+    if bos is None or prepended_id(run.tokenizer) is not None:
+        return raw
+    hf = HFTokenizer.from_str(raw.decode("utf-8"))
+    name = hf.id_to_token(bos)
+    template = processors.TemplateProcessing(single=f"{name} $A", pair=f"{name} $A {name}:1 $B:1",
+                                             special_tokens=[(name, bos)])
+    hf.post_processor = template if hf.post_processor is None else processors.Sequence(
+        [hf.post_processor, template])
+    notes.append(f"the run starts prompts with BOS {name!r} (id {bos}); the exported tokenizer.json "
+                 "prepends it, as `handformer generate` does")
+    return hf.to_str(pretty=True).encode("utf-8")
+
+
+def _token_files(run: LMRun, run_dir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(ids for config.json, generation_config.json, tokenizer_config.json). Every id that stops
+    generation in handformer (tokens.eos_ids: Llama 3's three, llama2.c's EOS and BOS) is an
+    eos_token_id, so transformers' `generate` stops where handformer's does."""
     tokens = run.tokens
-    eos_ids = run.config.get("source", {}).get("eos_ids") or (
-        [] if tokens.eos_id is None else [tokens.eos_id])
-    eos = eos_ids[0] if len(eos_ids) == 1 else (eos_ids or None)
+    eos = tokens.eos_ids[0] if len(tokens.eos_ids) == 1 else (tokens.eos_ids or None)
     ids = {"bos_token_id": tokens.bos_id, "eos_token_id": eos, "pad_token_id": tokens.pad_id}
     generation = {**ids, "_from_model_config": False}
     tok_config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
@@ -167,6 +295,11 @@ def _token_files(run: LMRun) -> tuple[dict[str, Any], dict[str, Any], dict[str, 
     for kind, token_id in (("bos", tokens.bos_id), ("eos", tokens.eos_id), ("pad", tokens.pad_id)):
         if token_id is not None:
             tok_config[f"{kind}_token"] = run.tokenizer.hf.id_to_token(token_id)
+    imported = run_dir / "tokenizer_config.json"  # an imported checkpoint's: keep its chat template
+    if imported.is_file():
+        template = json.loads(imported.read_text()).get("chat_template")
+        if template is not None:
+            tok_config["chat_template"] = template
     return ids, generation, tok_config
 
 
@@ -181,21 +314,27 @@ def export_hf(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite:
         raise ValueError(f"{out_dir} already holds a config.json; choose another directory or "
                          "pass --overwrite")
     run = load_lm(run_dir)
-    model_type = export_model_type(run)
+    notes: list[str] = []
+    model_type = export_model_type(run, run_dir, notes)
     cfg = run.model.cfg
-    notes = []
     if model_type == "gpt2" and not cfg.bias:
         notes.append("the run has no biases (bias=false); GPT-2 always has them, so they are written as "
                      "zeros (the same function)")
-    if model_type == "llama" and cfg.dropout:
-        notes.append(f"Llama has no residual dropout; dropout={cfg.dropout} is left out (training only)")
-    ids, generation, tok_config = _token_files(run)
-    tensors = export_state_dict(run.model.state_dict(), cfg, model_type)
+    if model_type != "gpt2" and cfg.dropout:
+        notes.append(f"{HF_CLASSES[model_type]} has no residual dropout; dropout={cfg.dropout} is left out "
+                     "(training only)")
+    ids, generation, tok_config = _token_files(run, run_dir)
+    tokenizer_json = _tokenizer_json(run, run_dir, notes)
+    dtype = stored_dtype(run_dir / "model.safetensors")
+    tensors = {k: v.to(dtype) for k, v in export_state_dict(run.model.state_dict(), cfg, model_type).items()}
+    config = {**hf_config(cfg, model_type, ids), "dtype": str(dtype).removeprefix("torch.")}
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out_dir / "model.safetensors", st_save(tensors, metadata={"format": "pt"}))
-    atomic_write_bytes(out_dir / "tokenizer.json", (run_dir / "tokenizer.json").read_bytes())
+    atomic_write_bytes(out_dir / "tokenizer.json", tokenizer_json)
+    if (run_dir / CHAT_FILES[0]).is_file():  # chat_template.jinja, as the checkpoint had it
+        atomic_write_bytes(out_dir / CHAT_FILES[0], (run_dir / CHAT_FILES[0]).read_bytes())
     for name, data in (("tokenizer_config.json", tok_config), ("generation_config.json", generation),
-                       ("config.json", hf_config(cfg, model_type, ids))):  # config.json last: complete
+                       ("config.json", config)):  # config.json last: complete
         atomic_write_text(out_dir / name, json.dumps(data, indent=2) + "\n")
     return ExportedLM(out_dir, model_type, HF_CLASSES[model_type], notes)
 

@@ -46,7 +46,9 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
+from handformer.config import CausalLMConfig
 from handformer.convert.hf_weights import (
+    HEAD,
     check_implemented,
     config_from_hf,
     convert_hf_state_dict,
@@ -195,7 +197,7 @@ def _find_ids(kind: str, files: list[tuple[str, dict[str, Any]]], tokenizer: Tok
     return [], None
 
 
-def _prepended_id(tokenizer: Tokenizer) -> int | None:
+def prepended_id(tokenizer: Tokenizer) -> int | None:
     """The id tokenizer.json's post-processor puts before a single sequence, if any."""
     encoding = tokenizer.hf.encode("hello", add_special_tokens=True)
     if encoding.ids and encoding.special_tokens_mask[0] == 1:
@@ -216,7 +218,7 @@ def special_tokens(hf_dir: Path, hf_config: dict[str, Any], tokenizer: Tokenizer
             notes.append(f"{source} lists {kind} ids {ids}; handformer uses the first, {ids[0]}")
         found[kind] = ids
 
-    prepended = _prepended_id(tokenizer)
+    prepended = prepended_id(tokenizer)
     add_bos = tokenizer_config.get("add_bos_token")
     if isinstance(add_bos, bool):
         if add_bos != (prepended is not None):
@@ -239,6 +241,20 @@ def special_tokens(hf_dir: Path, hf_config: dict[str, Any], tokenizer: Tokenizer
 
 
 # --- the import ------------------------------------------------------------------------------------
+
+def model_from_state(cfg: CausalLMConfig, state: dict[str, Tensor]) -> CausalLM:
+    """`CausalLM(cfg)` whose parameters are `state`'s tensors: built on the meta device (no memory,
+    no random init, no copy) and loaded strictly. A tied model's head is its embedding, so a state
+    without "lm_head.weight" (llama2.c's shared classifier) is complete."""
+    if cfg.tie_embeddings:
+        state = {**state, HEAD: state["embed.weight"]}
+    with torch.device("meta"):
+        model = CausalLM(cfg)
+    model.load_state_dict(state, strict=True, assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.embed.weight  # assign=True gave the head its own Parameter
+    return model
+
 
 def _check_paths(hf_dir: Path, run_dir: Path, overwrite: bool) -> None:
     if not hf_dir.is_dir():
@@ -270,11 +286,7 @@ def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
     hf_state, weights = read_hf_weights(hf_dir)
     state = convert_hf_state_dict(hf_state, cfg, model_type)
     del hf_state  # the converted tensors keep what they share with it; GPT-2's transposed originals go
-    with torch.device("meta"):
-        model = CausalLM(cfg)  # no memory: the checkpoint's tensors become its parameters
-    model.load_state_dict(state, strict=True, assign=True)
-    if cfg.tie_embeddings:
-        model.lm_head.weight = model.embed.weight  # assign=True gave the head its own Parameter
+    model = model_from_state(cfg, state)
     source = {"hf_dir": str(hf_dir.resolve()), "model_type": model_type, "architecture": architecture,
               "weights": weights, "eos_ids": eos_ids, "notes": notes}
     save_lm_run(run_dir, model, tokenizer, tokens, source=source)
@@ -285,4 +297,5 @@ def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
                       cfg.vocab_size, tokens, notes)
 
 
-__all__ = ["ARCHITECTURES", "ImportedLM", "import_hf", "read_hf_weights", "special_tokens"]
+__all__ = ["ARCHITECTURES", "ImportedLM", "import_hf", "model_from_state", "prepended_id", "read_hf_weights",
+           "special_tokens"]

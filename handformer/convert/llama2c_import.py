@@ -15,12 +15,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import torch
-
-from handformer.convert.hf_import import ImportedLM
+from handformer.convert.hf_import import ImportedLM, model_from_state
 from handformer.convert.llama2c_tokenizer import llama2c_tokenizer
 from handformer.convert.llama2c_weights import read_llama2c
-from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm.run import SpecialTokens, save_lm_run
 
 BOS_ID, EOS_ID = 1, 2  # hard-wired in run.c
@@ -35,11 +32,7 @@ def import_llama2c(model_path: str | os.PathLike, tokenizer_path: str | os.PathL
     header, state = read_llama2c(model_path)
     tokenizer = llama2c_tokenizer(tokenizer_path, header.vocab_size)  # both read before writing
     cfg = header.config()
-    with torch.device("meta"):
-        model = CausalLM(cfg)  # the file's tensors become its parameters: no random init
-    model.load_state_dict(state, strict=not cfg.tie_embeddings, assign=True)
-    if cfg.tie_embeddings:
-        model.lm_head.weight = model.embed.weight
+    model = model_from_state(cfg, state)  # the file's tensors become its parameters: no random init
     notes = ["generation also stops at BOS (id 1), as llama2.c's run.c does: its TinyStories "
              "models begin every story with BOS"]
     tokens = SpecialTokens(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=None, eos_ids=[EOS_ID, BOS_ID])

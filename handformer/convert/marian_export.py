@@ -15,9 +15,10 @@ token embeddings scaled by sqrt(d_model), biases everywhere. Two layout differen
   and the three norms are `self_attn_layer_norm`, `encoder_attn_layer_norm`, `final_layer_norm`.
 
 Files written: config.json, model.safetensors, generation_config.json (decoding starts with the
-target BOS, as handformer's translator does; sources end with EOS) and the run's tokenizer.json
-(source) and tokenizer.target.json, which Marian's own sentencepiece tokenizer cannot read: feed
-the model ids from handformer's tokenizers. Shape legend: D d_model, V vocabulary, F d_ff.
+target BOS and never emits it again, as handformer's translator does; sources end with EOS) and
+the run's tokenizer.json (source) and tokenizer.target.json, which Marian's own sentencepiece
+tokenizer cannot read: feed the model ids from handformer's tokenizers.
+Shape legend: D d_model, V vocabulary, F d_ff.
 """
 
 from __future__ import annotations
@@ -149,6 +150,7 @@ def export_marian(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwr
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id",
                                          "decoder_start_token_id", "forced_eos_token_id")}
     generation["num_beams"] = translator.job.decode.beam
+    generation["suppress_tokens"] = [bos]  # handformer's decoding never emits BOS (Marian bans only pad)
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out_dir / "model.safetensors", st_save(tensors, metadata={"format": "pt"}))
     for name in ("tokenizer.json", "tokenizer.target.json"):
