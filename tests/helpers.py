@@ -41,3 +41,27 @@ def randomize_hf(model, scale: float):
             else:
                 p.copy_(scale * torch.randn_like(p))
     return model.eval()
+
+
+def make_translation_run(run_dir, layers: int = 2, max_len_b: int = 6):
+    """A random (untrained) encoder-decoder run: `layers` encoder and decoder layers, 2 heads."""
+    import torch
+
+    from handformer.config import Seq2SeqConfig
+    from handformer.data.tokenizer import Tokenizer
+    from handformer.models.seq2seq import Seq2SeqTransformer
+    from handformer.tasks.translation.job import TranslationJob
+    from handformer.tasks.translation.train import save_run_config
+    from handformer.training.checkpoint import save_weights
+
+    tok = Tokenizer.train_char(["the first of may, twenty twenty", "2020-05-01"])
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=16,
+                        n_heads=2, d_ff=32, n_encoder_layers=layers, n_decoder_layers=layers,
+                        max_positions=64, dropout=0.0, pad_id=tok.pad_id)
+    run_dir.mkdir(parents=True)
+    save_weights(Seq2SeqTransformer(cfg), run_dir / "model.safetensors")
+    tok.save(run_dir / "tokenizer.json")
+    save_run_config(run_dir, cfg, TranslationJob.from_dict(
+        {"decode": {"beam": 1, "max_len_a": 0.0, "max_len_b": max_len_b}}))
+    return run_dir

@@ -8,18 +8,15 @@ import threading
 import time
 from pathlib import Path
 
+import helpers
 import torch
 import uvicorn
 from tokenizers import AddedToken
 
-from handformer.config import CausalLMConfig, Seq2SeqConfig
+from handformer.config import CausalLMConfig
 from handformer.data.tokenizer import Tokenizer
 from handformer.models.causal_lm import CausalLM
-from handformer.models.seq2seq import Seq2SeqTransformer
 from handformer.tasks.lm.run import SpecialTokens, save_lm_run
-from handformer.tasks.translation.job import TranslationJob
-from handformer.tasks.translation.train import save_run_config
-from handformer.training.checkpoint import save_weights
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -49,18 +46,8 @@ def make_lm_run(run_dir: Path, chat: bool = True, max_positions: int = 96, seed:
 
 
 def make_translation_run(run_dir: Path) -> Path:
-    """A random (untrained) encoder-decoder run."""
-    tok = Tokenizer.train_char(["the first of may, twenty twenty", "2020-05-01"])
-    torch.manual_seed(0)
-    cfg = Seq2SeqConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=16,
-                        n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_positions=64,
-                        dropout=0.0, pad_id=tok.pad_id)
-    run_dir.mkdir(parents=True)
-    save_weights(Seq2SeqTransformer(cfg), run_dir / "model.safetensors")
-    tok.save(run_dir / "tokenizer.json")
-    save_run_config(run_dir, cfg, TranslationJob.from_dict(
-        {"decode": {"beam": 1, "max_len_a": 0.0, "max_len_b": 8}}))
-    return run_dir
+    """A random (untrained) encoder-decoder run, one layer each side."""
+    return helpers.make_translation_run(run_dir, layers=1, max_len_b=8)
 
 
 def free_port() -> int:

@@ -13,18 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import missing, require_module
+from helpers import make_translation_run, missing, require_module
 
-from handformer.config import CausalLMConfig, Seq2SeqConfig
+from handformer.config import CausalLMConfig
 from handformer.data.tokenizer import Tokenizer
 from handformer.models.causal_lm import CausalLM
-from handformer.models.seq2seq import Seq2SeqTransformer
 from handformer.see.explorer import write_explorer
 from handformer.see.viz import attention_report, visualize
 from handformer.tasks.lm.run import SpecialTokens, save_lm_run
-from handformer.tasks.translation.job import TranslationJob
-from handformer.tasks.translation.train import save_run_config
-from handformer.training.checkpoint import save_weights
 
 sync_api = require_module("playwright.sync_api", "pip install -e '.[dev]'")
 CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and Path(p).is_file()),
@@ -34,21 +30,6 @@ if CHROMIUM is None:
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def make_translation_run(run_dir: Path) -> Path:
-    """A random (untrained) encoder-decoder run: 2 encoder and 2 decoder layers, 2 heads."""
-    tok = Tokenizer.train_char(["the first of may, twenty twenty", "2020-05-01"])
-    torch.manual_seed(0)
-    cfg = Seq2SeqConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=16,
-                        n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=2, max_positions=64,
-                        dropout=0.0, pad_id=tok.pad_id)
-    run_dir.mkdir(parents=True)
-    save_weights(Seq2SeqTransformer(cfg), run_dir / "model.safetensors")
-    tok.save(run_dir / "tokenizer.json")
-    save_run_config(run_dir, cfg, TranslationJob.from_dict(
-        {"decode": {"beam": 1, "max_len_a": 0.0, "max_len_b": 6}}))
-    return run_dir
 
 
 def make_lm_run(run_dir: Path) -> Path:

@@ -234,8 +234,10 @@ class PacedLock:
 
     def __init__(self) -> None:
         self.permits = threading.Semaphore(0)
+        self.entered = 0  # forward passes started, the one waiting for a permit included
 
     def __enter__(self) -> None:
+        self.entered += 1
         self.permits.acquire()
 
     def __exit__(self, *exc) -> None:
@@ -271,6 +273,9 @@ def test_a_client_that_disconnects_mid_stream_leaves_the_batch(server, long_seed
             lines = response.iter_lines()
             assert next(line for line in lines if line.startswith("data: "))
             _wait(lambda: submitted and submitted[0].generated == 3)
+            # the engine waits at its next forward pass (the fourth): past the point where it drops
+            # cancelled rows, so the one cancelled now stays until the step after
+            _wait(lambda: lock.entered == 4)
             response.close()  # the client goes away mid-stream
             _wait(lambda: submitted[0].cancelled)
             # while the engine waits, the event loop is free: the server still answers

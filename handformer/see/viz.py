@@ -130,9 +130,14 @@ def translation_report(run_dir: str | os.PathLike, text: str, device: str = "cpu
     translator = Translator.load(run_dir, device)
     _check_text(text, len(translator.encode_sources([text])[0]) - 1)  # minus the EOS it appends
     _, outputs = translator.translate_ids([text])
-    maps = attention_maps(translator, text, outputs[0])
+    views = translation_views(attention_maps(translator, text, outputs[0]))
+    return AttentionReport("translation", text, translator.tgt_tok.decode(outputs[0]), views)
+
+
+def translation_views(maps: dict) -> list[AttentionView]:
+    """The cross, encoder and decoder views of `attention_maps`' result (translator.py)."""
     src, tgt, produced = maps["source_tokens"], maps["target_tokens"], maps["output_tokens"]
-    views = [
+    return [
         AttentionView("cross", "cross-attention: each output token over the source tokens", produced,
                       src, "output token being produced", "source tokens", list(maps["cross"])),
         AttentionView("encoder", "encoder self-attention: source tokens over source tokens", src, src,
@@ -141,7 +146,6 @@ def translation_report(run_dir: str | os.PathLike, text: str, device: str = "cpu
                       "tokens", tgt, tgt, "target token, decoder input (query)", "target tokens (keys)",
                       list(maps["decoder"])),
     ]
-    return AttentionReport("translation", text, translator.tgt_tok.decode(outputs[0]), views)
 
 
 def lm_report(run_dir: str | os.PathLike, text: str, max_new_tokens: int = 8,

@@ -31,7 +31,7 @@ from handformer.generation.chat_template import ChatTemplate, load_chat_template
 from handformer.generation.generate import max_new_tokens_for, positions_needed
 from handformer.serve.choices import Choices, ChoiceSink, Event
 from handformer.serve.engine import BatchEngine, SamplingOptions, Sequence
-from handformer.serve.errors import APIError, add_error_handlers, error_body
+from handformer.serve.errors import APIError, add_error_handlers, error_body, read_capped
 from handformer.serve.openai_schema import (
     GenerationRequest,
     parse_chat,
@@ -104,18 +104,11 @@ def key_checker(api_key: str | None) -> Any:
 
 async def read_body(request: Request, limit: int) -> dict[str, Any]:
     """The JSON object of the body, refused with 413 as soon as it passes `limit` bytes."""
-    declared = request.headers.get("content-length")
-    too_big = APIError(413, f"the request body is over the limit of {limit} bytes; send less",
+    body = await read_capped(request, limit)
+    if body is None:
+        raise APIError(413, f"the request body is over the limit of {limit} bytes; send less",
                        code="request_too_large")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_big
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
-    return parse_json(b"".join(chunks))
+    return parse_json(body)
 
 
 class Routes:

@@ -22,6 +22,20 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "
                503: "server_error"}
 
 
+async def read_capped(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None as soon as it passes `limit` bytes (it is never read whole)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 class APIError(Exception):
     """An error answered as OpenAI's error JSON; `param` names the request field at fault."""
 

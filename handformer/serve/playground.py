@@ -36,6 +36,7 @@ from handformer.generation.chat import stop_ids_for
 from handformer.generation.chat_template import ChatTemplate, load_chat_template
 from handformer.generation.generate import max_new_tokens_for
 from handformer.serve import playground_lookups as lookups
+from handformer.serve.errors import read_capped
 from handformer.serve.registry import ServedModel
 
 MAX_BODY = 1 << 20  # bytes a look-up request may send
@@ -72,17 +73,9 @@ def page_html() -> str:
 
 async def read_body(request: Request) -> dict[str, Any]:
     """The body's JSON object; refused (413) as soon as it passes MAX_BODY bytes, never read whole."""
-    too_big = BadRequest(f"the request body is over the limit of {MAX_BODY} bytes; send less", 413)
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY:
-        raise too_big
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise too_big
-        chunks.append(chunk)
-    body = b"".join(chunks)
+    body = await read_capped(request, MAX_BODY)
+    if body is None:
+        raise BadRequest(f"the request body is over the limit of {MAX_BODY} bytes; send less", 413)
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:

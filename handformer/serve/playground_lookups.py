@@ -31,7 +31,7 @@ from handformer.generation.generate import max_new_tokens_for, positions_needed
 from handformer.generation.sampling import check_sampling_options, filter_logits, next_tokens
 from handformer.modes import eval_mode
 from handformer.see.explorer import explorer_html
-from handformer.see.viz import AttentionReport, AttentionView
+from handformer.see.viz import AttentionReport, AttentionView, translation_views
 from handformer.tasks.lm.run import LMRun
 from handformer.tasks.translation.translator import Translator, attention_maps
 
@@ -219,16 +219,8 @@ def translate(translator: Translator, text: str, beam: int) -> dict[str, Any]:
         raise ValueError("text tokenizes to nothing; type text the run's tokenizer knows")
     sources, outputs = translator.translate_ids([text], beam=beam)
     maps = attention_maps(translator, text, outputs[0])
-    src, tgt, produced = maps["source_tokens"], maps["target_tokens"], maps["output_tokens"]
-    views = [
-        AttentionView("cross", "cross-attention: each output token over the source tokens", produced,
-                      src, "output token being produced", "source tokens", list(maps["cross"])),
-        AttentionView("encoder", "encoder self-attention: source tokens over source tokens", src, src,
-                      "source token (query)", "source tokens (keys)", list(maps["encoder"])),
-        AttentionView("decoder", "decoder self-attention (causal): target tokens over earlier target "
-                      "tokens", tgt, tgt, "target token, decoder input (query)", "target tokens (keys)",
-                      list(maps["decoder"])),
-    ]
+    src, produced = maps["source_tokens"], maps["output_tokens"]
+    views = translation_views(maps)
     output = translator.tgt_tok.decode(outputs[0])
     report = AttentionReport("translation", text, output, views)
     return {"output": output, "output_ids": outputs[0], "output_tokens": produced,
