@@ -65,3 +65,29 @@ def make_translation_run(run_dir, layers: int = 2, max_len_b: int = 6):
     save_run_config(run_dir, cfg, TranslationJob.from_dict(
         {"decode": {"beam": 1, "max_len_a": 0.0, "max_len_b": max_len_b}}))
     return run_dir
+
+
+def kill_9_after_first_checkpoint(train_args, out_dir) -> None:
+    """Run `handformer train *train_args --out out_dir` in a child process (one thread) and `kill -9`
+    it as soon as its first checkpoint.safetensors exists; fails if it could not be killed so."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "handformer", *train_args, "--out", str(out_dir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out_dir / "checkpoint.safetensors").exists():
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        returncode = proc.wait(timeout=60)
+        proc.stderr.close()
+    assert returncode == -signal.SIGKILL

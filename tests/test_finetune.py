@@ -9,17 +9,13 @@ import io
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
-from helpers import missing, randomize_hf
+from helpers import kill_9_after_first_checkpoint, missing, randomize_hf
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers, processors
 
@@ -272,22 +268,7 @@ def test_kill_9_then_resume_of_a_lora_fine_tune_equals_a_straight_run(base, text
             "train.eval_every=50", "train.checkpoint_every=10", "train.log_every=7", "train.lr=3e-3",
             "train.lora.rank=2", "train.lora.dropout=0.1", "train.lora.targets=all-linear")]
     killed, straight = tmp_path / "killed", tmp_path / "straight"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "handformer", *args, "--out", str(killed)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    try:
-        deadline = time.monotonic() + 120
-        while not (killed / "checkpoint.safetensors").exists():
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.monotonic() < deadline, "no checkpoint appeared"
-            time.sleep(0.005)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        returncode = proc.wait(timeout=60)
-        proc.stderr.close()
-    assert returncode == -signal.SIGKILL
+    kill_9_after_first_checkpoint(args, killed)
     _, metadata = read_safetensors(killed / "checkpoint.safetensors")
     assert 0 < json.loads(metadata["state"])["step"] < 80, "the run finished before it could be killed"
 

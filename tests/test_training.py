@@ -3,16 +3,13 @@ training (in process and with a real kill -9) and atomic, strict checkpoints."""
 
 import functools
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import kill_9_after_first_checkpoint
 
 from handformer import io as hf_io
 from handformer.config import Seq2SeqConfig
@@ -263,22 +260,7 @@ def test_kill_9_then_resume_equals_a_straight_run(tmp_path, capsys):
     from handformer.cli import main
 
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "handformer", "train", *TINY_CLI, "--out", str(killed)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    try:
-        deadline = time.monotonic() + 120
-        while not (killed / "checkpoint.safetensors").exists():
-            assert proc.poll() is None, proc.stderr.read().decode()
-            assert time.monotonic() < deadline, "no checkpoint appeared"
-            time.sleep(0.005)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        returncode = proc.wait(timeout=60)
-        proc.stderr.close()
-    assert returncode == -signal.SIGKILL
+    kill_9_after_first_checkpoint(["train", *TINY_CLI], killed)
     resumed_from = checkpoint_state(killed)["step"]
     assert 0 < resumed_from < 200, "the run finished before it could be killed"
 

@@ -82,3 +82,13 @@ def run_task(run_dir: str) -> str | None:
         return json.loads(path.read_text()).get("task")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def report_import(result: Any, run_dir: str) -> int:
+    """What `import-hf` and `import-llama2c` print once a run is written: the summary, any notes,
+    and the command to try it."""
+    print(f"imported {result.summary()}")
+    for note in result.notes:
+        print(f"note: {note}")
+    print(f'next: handformer generate {run_dir} --prompt "Once upon a time" --temperature 0')
+    return 0

@@ -6,14 +6,11 @@ import argparse
 
 
 def cmd_import_hf(args: argparse.Namespace) -> int:
+    from handformer.cli.common import report_import
     from handformer.convert.hf_import import import_hf
 
     result = import_hf(args.hf_dir, args.run_dir, overwrite=args.overwrite)
-    print(f"imported {result.summary()}")
-    for note in result.notes:
-        print(f"note: {note}")
-    print(f'next: handformer generate {args.run_dir} --prompt "Once upon a time" --temperature 0')
-    return 0
+    return report_import(result, args.run_dir)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

@@ -6,14 +6,11 @@ import argparse
 
 
 def cmd_import_llama2c(args: argparse.Namespace) -> int:
+    from handformer.cli.common import report_import
     from handformer.convert.llama2c_import import import_llama2c
 
     result = import_llama2c(args.model, args.tokenizer, args.run_dir, overwrite=args.overwrite)
-    print(f"imported {result.summary()}")
-    for note in result.notes:
-        print(f"note: {note}")
-    print(f'next: handformer generate {args.run_dir} --prompt "Once upon a time" --temperature 0')
-    return 0
+    return report_import(result, args.run_dir)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

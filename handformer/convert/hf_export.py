@@ -305,14 +305,19 @@ def _token_files(run: LMRun, run_dir: Path) -> tuple[dict[str, Any], dict[str, A
 
 # --- the export ------------------------------------------------------------------------------------
 
-def export_hf(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False) -> ExportedLM:
-    """Write the language-model run in `run_dir` as a Hugging Face directory `out_dir`."""
-    run_dir, out_dir = Path(run_dir), Path(out_dir)
+def check_export_target(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
+    """Refuse to export a run onto itself, or over an existing export unless `overwrite`."""
     if out_dir.exists() and out_dir.resolve() == run_dir.resolve():
         raise ValueError(f"OUT_DIR must differ from RUN_DIR {run_dir}")
     if (out_dir / "config.json").exists() and not overwrite:
         raise ValueError(f"{out_dir} already holds a config.json; choose another directory or "
                          "pass --overwrite")
+
+
+def export_hf(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False) -> ExportedLM:
+    """Write the language-model run in `run_dir` as a Hugging Face directory `out_dir`."""
+    run_dir, out_dir = Path(run_dir), Path(out_dir)
+    check_export_target(run_dir, out_dir, overwrite)
     run = load_lm(run_dir)
     notes: list[str] = []
     model_type = export_model_type(run, run_dir, notes)

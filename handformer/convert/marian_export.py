@@ -33,6 +33,7 @@ from safetensors.torch import save as st_save
 from torch import Tensor
 
 from handformer.config import Seq2SeqConfig
+from handformer.convert.hf_export import check_export_target
 from handformer.io import atomic_write_bytes, atomic_write_text
 from handformer.nn.positions import sinusoidal_table
 from handformer.tasks.translation.translator import Translator
@@ -130,11 +131,7 @@ def export_marian(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwr
     """Write the translation run in `run_dir` as a Marian directory; returns notes. Settings that
     do not map raise one `ValueError` naming each of them."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    if out_dir.exists() and out_dir.resolve() == run_dir.resolve():
-        raise ValueError(f"OUT_DIR must differ from RUN_DIR {run_dir}")
-    if (out_dir / "config.json").exists() and not overwrite:
-        raise ValueError(f"{out_dir} already holds a config.json; choose another directory or "
-                         "pass --overwrite")
+    check_export_target(run_dir, out_dir, overwrite)
     translator = Translator.load(run_dir)
     cfg = translator.model.cfg
     problems = marian_mismatches(cfg)
