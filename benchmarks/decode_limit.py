@@ -50,7 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from handformer.config import CausalLMConfig  # noqa: E402
 from handformer.convert.hf_export import export_state_dict, hf_config  # noqa: E402
 from handformer.generation.generate import default_threads, generate, intra_op_threads  # noqa: E402
+from handformer.generation.prepare import prepare_for_decoding  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
+from handformer.nn.packed_linear import PackedLinear  # noqa: E402
 from handformer.nn.quant import quantize_linears  # noqa: E402
 
 STORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "stories260K"
@@ -75,7 +77,8 @@ def bytes_per_token(model: CausalLM, kv_length: float) -> float:
     """Bytes one decoding step reads: every weight as stored (parameters, and int8 weights with their
     scales), except the lookup tables (token and learned-position embeddings) of which it reads one
     row each, unless the token table is also the output head; plus the K and V cache of
-    `kv_length` positions (fp32). Rotary cos/sin rows are a few hundred bytes: not counted."""
+    `kv_length` positions (in the activations' dtype). Rotary cos/sin rows are a few hundred
+    bytes: not counted."""
     cfg = model.cfg
     head = getattr(model.lm_head, "weight", None)
     lookups = {id(model.embed.weight)} | {id(p) for p in (model.positions.parameters()
@@ -89,7 +92,8 @@ def bytes_per_token(model: CausalLM, kv_length: float) -> float:
         seen.add(id(t))
         rows = t.shape[1] * t.element_size() if id(t) in lookups and t is not head else None
         total += rows if rows is not None else t.numel() * t.element_size()
-    return total + 2 * cfg.n_layers * cfg.kv_heads * cfg.head_dim * 4 * kv_length
+    cache_bytes = model.embed.weight.element_size()  # the activations' dtype: fp32, or bf16 for bf16 runs
+    return total + 2 * cfg.n_layers * cfg.kv_heads * cfg.head_dim * cache_bytes * kv_length
 
 
 def hf_twin(model: CausalLM):
@@ -147,9 +151,9 @@ def rounds(cases: dict[str, Callable[[], object]], n: int, data: torch.Tensor | 
 def matvec_share(model: CausalLM, seconds_per_token: float, n: int) -> str:
     """One line: the model's linear layers (and head) applied to one row, as in a decoding step:
     milliseconds, GB/s of weights read, and their share of `seconds_per_token`."""
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    linears = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, PackedLinear))]
     rows = [torch.randn(1, 1, m.in_features) for m in linears]
-    weight_bytes = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+    weight_bytes = sum(m.in_features * m.out_features * 4 for m in linears)  # fp32
 
     def all_linears() -> None:
         for m, x in zip(linears, rows):
@@ -190,48 +194,64 @@ def llama2c(run_c: str, new_tokens: int, n: int, stories: Path = STORIES) -> flo
     return statistics.median(figures) if figures else None
 
 
+def variant(model: CausalLM, skip: tuple[str, ...] = (), bits: int | None = None) -> CausalLM:
+    """A copy of `model`, quantized to `bits` (except the layers in `skip`) if bits is given."""
+    copy = CausalLM(model.cfg).eval()
+    copy.load_state_dict(model.state_dict())
+    if bits is not None:
+        quantize_linears(copy, skip=skip, bits=bits, group_size=32)
+    return copy
+
+
 def batch1(name: str, args: argparse.Namespace, data: torch.Tensor) -> None:
     torch.manual_seed(0)
-    model = CausalLM(SHAPES[name]()).eval()
-    hf = hf_twin(model)
-    int8 = CausalLM(model.cfg).eval()
-    int8.load_state_dict(model.state_dict())
-    quantize_linears(int8)
-    int8_body = CausalLM(model.cfg).eval()
-    int8_body.load_state_dict(model.state_dict())
-    quantize_linears(int8_body, skip=("lm_head",))
-    int4 = CausalLM(model.cfg).eval()
-    int4.load_state_dict(model.state_dict())
-    quantize_linears(int4, bits=4, group_size=32)
+    plain = CausalLM(SHAPES[name]()).eval()  # plain nn.Linear layers: F.linear (MKL on x86)
+    hf = hf_twin(plain)
+    int8, int8_body, int4 = variant(plain, bits=8), variant(plain, ("lm_head",), 8), variant(plain, bits=4)
+    bf16 = variant(plain).to(torch.bfloat16)  # `handformer quantize --bf16`
+    stored_bytes = {id(m): bytes_per_token(m, args.prompt + args.new_tokens / 2)
+                    for m in (plain, int8, int8_body, int4, bf16)}  # before packing: the same bytes
+    model = prepare_for_decoding(variant(plain))  # what `handformer generate` runs
+    stored_bytes[id(model)] = stored_bytes[id(plain)]
+    for m in (int8, int8_body, int4, bf16):
+        prepare_for_decoding(m)
     prompt = torch.randint(0, model.cfg.vocab_size, (args.prompt,)).tolist()
     n = args.new_tokens
     with torch.no_grad():
         ours, theirs = generate(model, [prompt], n, temperature=0), hf_generate(hf, [prompt], n)
         cases = {"handformer fp32": lambda: generate(model, [prompt], n, temperature=0),
+                 **({"handformer fp32, plain nn.Linear": lambda: generate(plain, [prompt], n, temperature=0)}
+                    if any(isinstance(m, PackedLinear) for m in model.modules()) else {}),
                  **({"handformer fp32, torch's threads": lambda: generate(model, [prompt], n, temperature=0,
                                                                           threads=None)}
                     if default_threads(model) is not None else {}),
                  "HF generate fp32": lambda: hf_generate(hf, [prompt], n),
                  "handformer int8": lambda: generate(int8, [prompt], n, temperature=0),
                  "handformer int8, head fp32": lambda: generate(int8_body, [prompt], n, temperature=0),
-                 "handformer int4 (groups of 32)": lambda: generate(int4, [prompt], n, temperature=0)}
+                 "handformer int4 (groups of 32)": lambda: generate(int4, [prompt], n, temperature=0),
+                 "handformer bf16 weights": lambda: generate(bf16, [prompt], n, temperature=0)}
         med = rounds(cases, args.rounds, data)
-    kv = args.prompt + n / 2
     base = n / med["handformer fp32"]
     print(f"\n{name}: batch 1, prompt {args.prompt}, {n} new tokens, bandwidth "
           f"{med['bw'] / 1e9:.1f} GB/s (same tokens as HF: {ours[0] == theirs[0]})")
     print(f"  {'':33} {'tokens/s':>9} {'bound':>8} {'of bound':>9} {'vs fp32':>8}")
-    shown = [("handformer fp32", model)] + [(c, model) for c in med if c.endswith("torch's threads")]
+    shown = [("handformer fp32", model)] + [(c, model) for c in med if c.endswith(("threads", "nn.Linear"))]
     for case, m in (*shown, ("HF generate fp32", model), ("handformer int8", int8),
-                    ("handformer int8, head fp32", int8_body), ("handformer int4 (groups of 32)", int4)):
-        tps, bound = n / med[case], med["bw"] / bytes_per_token(m, kv)
+                    ("handformer int8, head fp32", int8_body), ("handformer int4 (groups of 32)", int4),
+                    ("handformer bf16 weights", bf16)):
+        tps, bound = n / med[case], med["bw"] / stored_bytes[id(m)]
         print(f"  {case:33} {tps:>9.1f} {bound:>8.1f} {tps / bound:>8.2f}  {tps / base:>7.2f}x")
     print(f"  handformer / HF fp32: {base / (n / med['HF generate fp32']):.2f}x (target >= 1.15x; "
           "fp32 target >= 0.85 of the bound; int8 with head target >= 2.2x fp32; int4 >= 3x fp32)")
     with intra_op_threads(default_threads(model)):
         print(matvec_share(model, med["handformer fp32"] / n, args.rounds))
+        if model is not plain and "handformer fp32, plain nn.Linear" in med:
+            print(matvec_share(plain, med["handformer fp32, plain nn.Linear"] / n, args.rounds)
+                  .replace("products alone", "products alone, plain nn.Linear"))
     if getattr(args, "compile", False):  # a Namespace built by hand (tests/test_quant.py) may lack it
-        print(compile_line(model, prompt, n, med["handformer fp32"]))
+        eager = med.get("handformer fp32, plain nn.Linear", med["handformer fp32"])
+        line = compile_line(plain, prompt, n, eager)
+        print(line.replace("decoding step", "decoding step (plain nn.Linear)"))
     if name != "tiny":
         long_prompt = torch.randint(0, model.cfg.vocab_size, (args.ttft_prompt,)).tolist()
         with torch.no_grad():

@@ -21,6 +21,7 @@ from torch import Tensor
 from handformer.generation.sampling import check_sampling_options, next_tokens
 from handformer.models.causal_lm import CausalLM, CausalLMOutput
 from handformer.modes import eval_mode
+from handformer.nn.packed_linear import PackedLinear
 
 
 def _check_args(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: int,
@@ -67,6 +68,8 @@ def default_threads(model: CausalLM) -> int | None:
     """The intra-op threads `generate` uses for `model`: 1 when every weight matrix is small, else
     None (torch's setting, unchanged)."""
     largest = max((p.numel() for p in model.parameters() if p.dim() == 2), default=0)
+    packed = (m.in_features * m.out_features for m in model.modules() if isinstance(m, PackedLinear))
+    largest = max(packed, default=largest)  # packed weights are no parameters (nn/packed_linear.py)
     return 1 if largest < SMALL_MATRIX else None
 
 

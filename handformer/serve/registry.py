@@ -37,6 +37,7 @@ def parse_model_spec(spec: str) -> tuple[str, Path]:
 
 def load_served_models(specs: list[str], device: str = "cpu") -> dict[str, ServedModel]:
     """Load every run once; a model id given twice is an error naming both specs."""
+    from handformer.generation.prepare import prepare_for_decoding
     from handformer.tasks.lm.run import load_lm
     from handformer.tasks.run_config import read_run_config
 
@@ -53,6 +54,7 @@ def load_served_models(specs: list[str], device: str = "cpu") -> dict[str, Serve
         task = read_run_config(run_dir)["task"]
         if task == "lm":
             models[name] = ServedModel(name, run_dir, task, lm=load_lm(run_dir, device))
+            prepare_for_decoding(models[name].lm.model)
         else:
             models[name] = ServedModel(name, run_dir, task, translator=Translator.load(run_dir, device))
     return models

@@ -1,0 +1,156 @@
+"""Linear layers whose weights are packed once for oneDNN: faster inference on a CPU.
+
+`F.linear` on a CPU hands its matrix product to MKL. In decoding, the products are thin (one row, or
+a few dozen, against a weight of millions of numbers), so their speed is how fast the weight streams
+from memory. On this project's machine (2-core AMD EPYC with AVX-512, torch 2.13) MKL streamed a
+GPT-2-sized weight at 14 GB/s, whatever the thread count, while a plain read of memory runs at 23 GB/s
+(one thread) to 31 GB/s (two). oneDNN (the library behind `torch.backends.mkldnn`), given the weight
+reordered once into the blocked layout its kernels read best, streamed the same weights at about
+25 GB/s with two threads: 1.6x to 2x `F.linear` for 1 to 32 rows (`benchmarks/packed_linear.py`).
+
+`PackedLinear` is that, as a drop-in for an `nn.Linear`:
+
+    packed = torch.ops.mkldnn._reorder_linear_weight(W, batch_hint)     (once, when packing)
+    y      = torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")   ( = x W^T + b)
+
+bf16 weights (runs written by `handformer quantize --bf16`) are packed the same way: on the same
+machine, which has native bf16 instructions (AVX512-BF16), they ran at 2x the packed fp32 speed and
+1.4x bf16 `F.linear`.
+
+The result equals `F.linear` up to the order of the sums (differences of about 1e-6 relative, as
+between two thread counts). The layer keeps only the packed weight (no second fp32 copy); its state
+dict still holds a plain `weight`, unpacked exactly (x = I gives W^T: each output is one product by 1
+plus zeros). It is for inference only: in training mode it raises (pack after training, or call
+`unpack_linears` first).
+
+Small matrices are left alone: below about 1 MiB oneDNN's fixed cost per call (~15 us against
+~3 us for `F.linear` at 64 x 64) is larger than what it saves, which matters for tiny models whose
+time is all per-operation overhead.
+
+Shape legend: N output features, K input features, M rows (batch x positions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+
+from handformer.nn.replace import replace_layers
+
+MIN_PACKED_BYTES = 1 << 20  # pack weights of at least 1 MiB (fp32: 262,144 numbers)
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def packing_available(device: torch.device | str = "cpu") -> bool:
+    """Whether this torch can pack linear weights for oneDNN on `device` (x86 CPU builds can)."""
+    return (torch.device(device).type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+class PackedLinear(nn.Module):
+    """An `nn.Linear` for inference whose (N, K) fp32 or bf16 weight is stored in oneDNN's packed
+    layout. `from_linear(linear)` packs a trained layer; `to_linear()` gives the plain layer back
+    exactly. Inputs of another dtype are computed in the weight's dtype and cast back.
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, batch_hint: int | None = None) -> None:
+        super().__init__()
+        if weight.dtype not in PACKED_DTYPES or weight.device.type != "cpu":
+            raise ValueError(f"PackedLinear packs fp32 or bf16 CPU weights, got {weight.dtype} on "
+                             f"{weight.device}")
+        self.out_features, self.in_features = weight.shape
+        self.dtype = weight.dtype
+        self.batch_hint = batch_hint
+        # An opaque oneDNN tensor, not a buffer: `.to()`/`.float()` must not touch it; the state
+        # dict gets a plain `weight` instead (see _save_to_state_dict).
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), batch_hint)
+        if bias is None:
+            self.bias = None
+        else:
+            self.register_buffer("bias", bias.detach().to(weight.dtype).clone())
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, batch_hint: int | None = None) -> PackedLinear:
+        return cls(linear.weight, linear.bias, batch_hint).train(linear.training)
+
+    @property
+    def weight(self) -> Tensor:
+        """The (N, K) weight, unpacked: I (K, K) @ W^T is W^T exactly."""
+        eye = torch.eye(self.in_features, dtype=self.dtype)  # (K, K)
+        with torch.no_grad():
+            return torch.ops.mkldnn._linear_pointwise(eye, self.packed, None, "none", [], "").t().contiguous()
+
+    def to_linear(self) -> nn.Linear:
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None,
+                           dtype=self.dtype).train(self.training)
+        with torch.no_grad():
+            linear.weight.copy_(self.weight)
+            if self.bias is not None:
+                linear.bias.copy_(self.bias)
+        return linear
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (..., K) -> (..., N)."""
+        if self.training:
+            raise RuntimeError("this layer's weight is packed for inference (handformer.nn.packed_linear); "
+                               "call model.eval(), or unpack_linears(model) before training")
+        if x.dtype != self.dtype:
+            return self.forward(x.to(self.dtype)).to(x.dtype)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")  # (..., N)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):  # noqa: ANN001
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "weight"] = self.weight
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,  # noqa: ANN001
+                              unexpected_keys, error_msgs):
+        weight = state_dict.get(prefix + "weight")
+        if weight is not None:
+            if tuple(weight.shape) != (self.out_features, self.in_features):
+                error_msgs.append(f"size mismatch for {prefix}weight: copying a param with shape "
+                                  f"{tuple(weight.shape)}, the packed layer has "
+                                  f"{(self.out_features, self.in_features)}")
+            else:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(
+                    weight.to(self.dtype).contiguous(), self.batch_hint)
+        elif strict:
+            missing_keys.append(prefix + "weight")
+        rest = {k: v for k, v in state_dict.items() if k != prefix + "weight"}
+        super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, batch_hint={self.batch_hint}")
+
+
+def pack_linears(model: nn.Module, min_bytes: int = MIN_PACKED_BYTES, batch_hint: int | None = None,
+                 skip: Iterable[str] = ()) -> list[str]:
+    """Replace (in place) every fp32 or bf16 CPU `nn.Linear` of `model` whose weight has `min_bytes`
+    by a `PackedLinear`, except the modules named in `skip`. Does nothing where packing is not
+    available (`packing_available`). A head tied to the embedding gets its own packed copy; the
+    embedding keeps its table. Returns the names of the packed layers. (bf16 weights without native
+    bf16 instructions run through oneDNN's emulation; `handformer quantize --bf16` says so.)
+
+    batch_hint: the rows per call oneDNN lays the weight out for (None: its general layout; measured
+    within a few percent of the best at 1, 8 and 32 rows with two threads)."""
+    if not packing_available():
+        return []
+    skip = set(skip)
+    targets = {name: m for name, m in model.named_modules()
+               if type(m) is nn.Linear and name not in skip and m.weight.dtype in PACKED_DTYPES
+               and m.weight.device.type == "cpu" and m.weight.numel() * m.weight.element_size() >= min_bytes}
+    return replace_layers(model, targets, lambda linear: PackedLinear.from_linear(linear, batch_hint))
+
+
+def unpack_linears(model: nn.Module) -> list[str]:
+    """Undo `pack_linears`: every `PackedLinear` back to an exact `nn.Linear`. Returns their names."""
+    targets = {name: m for name, m in model.named_modules() if isinstance(m, PackedLinear)}
+    return replace_layers(model, targets, PackedLinear.to_linear)
+
+
+__all__ = ["MIN_PACKED_BYTES", "PACKED_DTYPES", "PackedLinear", "pack_linears", "packing_available",
+           "unpack_linears"]
