@@ -9,6 +9,7 @@ training, and leave a model's greedy tokens unchanged. The CLI packs after loadi
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import make_translation_run
 from torch import nn
 
 from handformer.cli import main
@@ -20,6 +21,7 @@ from handformer.models.causal_lm import CausalLM
 from handformer.nn.packed_linear import PackedLinear, pack_linears, packing_available, unpack_linears
 from handformer.nn.quant import Int8Linear, quantize_linears
 from handformer.tasks.lm.run import SpecialTokens, load_lm, save_lm_run
+from handformer.tasks.translation.translator import Translator
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(not packing_available(), reason="this torch has no oneDNN linear packing")]
@@ -165,3 +167,12 @@ def test_generate_command_packs_large_weights_and_prints_the_same_text(tmp_path,
     plain = load_lm(run_dir)
     prepare_for_decoding(plain.model)
     assert not any(isinstance(m, PackedLinear) for m in plain.model.modules())
+
+
+def test_a_packed_translation_model_translates_the_same(tmp_path):
+    translator = Translator.load(make_translation_run(tmp_path / "run", max_len_b=12))
+    texts = ["the first of may", "twenty twenty"]
+    before = {beam: translator.translate(texts, beam=beam) for beam in (1, 3)}
+    names = pack_linears(translator.model, min_bytes=0)
+    assert "encoder.layers.0.self_attn.q_proj" in names and "decoder.layers.1.cross_attn.v_proj" in names
+    assert {beam: translator.translate(texts, beam=beam) for beam in (1, 3)} == before

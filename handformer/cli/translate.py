@@ -8,9 +8,11 @@ from handformer.cli.common import positive_int, read_inputs
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
+    from handformer.generation.prepare import prepare_for_decoding
     from handformer.tasks.translation.translator import Translator
 
     translator = Translator.load(args.run_dir, args.device)
+    prepare_for_decoding(translator.model)
     texts = read_inputs(args.text)
     if not texts:
         raise ValueError("nothing to translate: give TEXT or lines on stdin")

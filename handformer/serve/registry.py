@@ -57,6 +57,7 @@ def load_served_models(specs: list[str], device: str = "cpu") -> dict[str, Serve
             prepare_for_decoding(models[name].lm.model)
         else:
             models[name] = ServedModel(name, run_dir, task, translator=Translator.load(run_dir, device))
+            prepare_for_decoding(models[name].translator.model)
     return models
 
 
