@@ -59,9 +59,12 @@ def dequantize_int8(q: Tensor, scales: Tensor, dtype: torch.dtype = torch.float3
     return (q.to(torch.float32) * scales[:, None]).to(dtype)
 
 
+_HAS_INT8PACK = hasattr(torch.ops.aten, "_weight_int8pack_mm")  # looked up once: torch.ops lookups are slow
+
+
 def int8pack_available(device: torch.device | str) -> bool:
     """Whether this torch has `_weight_int8pack_mm` for the device (CPU only here)."""
-    return torch.device(device).type == "cpu" and hasattr(torch.ops.aten, "_weight_int8pack_mm")
+    return torch.device(device).type == "cpu" and _HAS_INT8PACK
 
 
 class Int8Linear(nn.Module):
@@ -79,6 +82,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.ones(out_features, dtype=torch.float32))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self._scales_as: tuple[tuple[int, int, torch.dtype], Tensor] | None = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, kernel: str = DEFAULT_KERNEL) -> Int8Linear:
@@ -91,18 +95,29 @@ class Int8Linear(nn.Module):
             layer.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         return layer.to(linear.weight.device)
 
+    def scales_as(self, dtype: torch.dtype) -> Tensor:
+        """The scales in `dtype`, converted once and kept until the scales change (a decoding step
+        calls every layer once: a conversion per call would cost as much as a small layer's product)."""
+        key = (self.scales.data_ptr(), self.scales._version, dtype)
+        if self._scales_as is None or self._scales_as[0] != key:
+            self._scales_as = (key, self.scales.to(dtype))
+        return self._scales_as[1]
+
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., K) -> (..., N)."""
         kernel = self.kernel
         if kernel == "int8pack-bf16" and self.in_features % BF16_K_MULTIPLE:
             kernel = "dequant"
-        if (kernel != "dequant" and int8pack_available(x.device)
+        if (kernel != "dequant" and _HAS_INT8PACK and x.is_cpu
                 and x.dtype in (torch.float32, torch.bfloat16)):
             dtype = torch.bfloat16 if kernel == "int8pack-bf16" else x.dtype
             rows = x.reshape(-1, self.in_features).to(dtype).contiguous()  # (M, K)
-            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales.to(dtype))  # (M, N)
-            y = y.to(x.dtype).view(*x.shape[:-1], self.out_features)  # (..., N)
-            return y if self.bias is None else y + self.bias.to(x.dtype)
+            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scales_as(dtype))  # (M, N)
+            if self.bias is not None and self.bias.dtype == x.dtype:
+                y = y + self.bias  # one call: bf16 + fp32 promotes to fp32 exactly as a cast would
+            else:
+                y = y.to(x.dtype) if self.bias is None else y.to(x.dtype) + self.bias.to(x.dtype)
+            return y.view(*x.shape[:-1], self.out_features)  # (..., N)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, dequantize_int8(self.weight, self.scales, x.dtype), bias)
 

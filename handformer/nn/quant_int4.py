@@ -71,6 +71,9 @@ def unpack_nibbles(packed: Tensor) -> Tensor:
     return torch.stack([packed & 15, packed >> 4], dim=-1).view(packed.shape[0], -1)  # (N, K)
 
 
+_HAS_INT4PACK = hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")  # once: torch.ops lookups are slow
+
+
 class Int4Linear(nn.Module):
     """A drop-in `nn.Linear` with 4-bit weights in groups. State dict: `weight` (N, K/2) uint8,
     `scales` and `zeros` (N, K/g) float32, and `bias` (N,) when the layer has one."""
@@ -121,8 +124,7 @@ class Int4Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., K) -> (..., N)."""
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        if (self.kernel == "int4pack-bf16" and x.device.type == "cpu"
-                and hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")):
+        if self.kernel == "int4pack-bf16" and x.is_cpu and _HAS_INT4PACK:
             packed, scales_zeros = self._kernel_weights()
             rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # (M, K)
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, packed, self.group_size, scales_zeros)
