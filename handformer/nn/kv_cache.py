@@ -79,12 +79,13 @@ class KVCache:
             raise ValueError(f"cannot truncate a KV cache of {self.length} positions to {length}")
         self.length = length
 
-    def reorder(self, index: Tensor, cross: bool = True) -> None:
+    def reorder(self, index: Tensor, cross: bool | Tensor = True) -> None:
         """Select batch rows (beam search keeps the surviving hypotheses): row r becomes row
         index[r]. Only the filled slots are copied, into a new buffer of the same capacity (not the
         whole preallocated buffer: a beam step early in a long cache copies a few positions, not
         S_max). cross=False leaves the cross-attention keys/values alone, for a caller whose
-        selected rows all share them (the beams of one source sentence)."""
+        selected rows all share them (the beams of one source sentence); a tensor selects the
+        cross-attention rows by that index instead (beam search dropping finished sentences)."""
         filled = min(self.length, self.slots)
         for store in (self.keys, self.values):
             for i, t in enumerate(store):
@@ -92,11 +93,12 @@ class KVCache:
                     moved = t.new_empty((index.numel(), *t.shape[1:]))  # (B', Hkv, S_max, Dh)
                     torch.index_select(t[:, :, :filled], 0, index, out=moved[:, :, :filled])
                     store[i] = moved
-        if not cross:
+        if cross is False:
             return
+        cross_index = index if cross is True else cross
         for i, kv in enumerate(self.cross):
             if kv is not None:
-                self.cross[i] = (kv[0].index_select(0, index), kv[1].index_select(0, index))
+                self.cross[i] = (kv[0].index_select(0, cross_index), kv[1].index_select(0, cross_index))
 
 
 class LayerKVCache:
