@@ -21,6 +21,7 @@ from torch import Tensor
 from handformer.config import _fail
 from handformer.models.seq2seq import Seq2SeqTransformer
 from handformer.modes import eval_mode
+from handformer.nn.kv_cache import KVCache
 
 
 @dataclass
@@ -154,6 +155,14 @@ class FinishedHypotheses:
         self.scores, self.tokens = self.scores[sentences], self.tokens[sentences]  # (B', K), (B', K, L_max)
 
 
+INITIAL_BEAM_CACHE = 16  # positions
+
+
+def _room_for(cache: KVCache, positions: int, most: int) -> int:
+    """A cache capacity for `positions` positions: the current one, or doubled (at most `most`)."""
+    return cache.slots if positions <= cache.slots else min(most, max(positions, 2 * cache.slots))
+
+
 @torch.no_grad()
 @_in_eval_mode
 def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, beam_size: int = 4,
@@ -183,17 +192,19 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
     K = beam_size
     B = src.size(0)
     device = src.device
-    memory, src_mask, _ = model.encode(src)  # (B, S, D)
-    memory = memory.repeat_interleave(K, dim=0)  # (B*K, S, D)
-    src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
+    memory, src_mask, _ = model.encode(src)  # (B, S, D), (B, 1, 1, S)
     max_lens = limits.max_lengths(src, model.cfg.max_positions)  # (B,)
     steps = int(max_lens.max())
-    cache = model.new_cache(steps) if use_cache else None  # BOS + steps - 1 tokens
+    # The cache starts small and doubles when full, up to BOS + steps - 1 tokens: most searches
+    # end long before their length limit, and a smaller cache is faster to reorder.
+    cache = model.new_cache(min(steps, INITIAL_BEAM_CACHE)) if use_cache else None
     # n^length_penalty for every length n >= 1, as Python floats (the divisor of a finished score).
     length_power = torch.tensor([1.0] + [float(n) ** length_penalty for n in range(1, steps + 2)],
                                 dtype=torch.float64, device=device)  # (steps + 2,)
-    ys = torch.full((B * K, 1), limits.bos_id, dtype=torch.long, device=device)  # (B*K, 1)
-    # Every beam starts as the same empty hypothesis: only beam 0 may expand at the first step.
+    # Every beam starts as the same empty hypothesis, so the first step decodes one row per
+    # sentence (width 1) and only beam 0 may expand; from the second step on, K rows per sentence.
+    width = 1
+    ys = torch.full((B, 1), limits.bos_id, dtype=torch.long, device=device)  # (B*width, 1)
     scores = torch.full((B, K), float("-inf"), device=device)  # (B, K) summed log-probs
     scores[:, 0] = 0.0
     finished = FinishedHypotheses(B, K, steps, limits.pad_id, device)
@@ -203,26 +214,26 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
 
     for t in range(steps):
         length = t + 1  # tokens in a hypothesis after this step, EOS included
-        logp = _step_logprobs(model, ys, memory, src_mask, cache, limits)  # (B*K, V)
+        logp = _step_logprobs(model, ys, memory, src_mask, cache, limits)  # (B*width, V)
         V = logp.size(-1)
-        logp = logp.view(B, K, V)  # (B, K, V)
+        logp = logp.view(B, width, V)  # (B, width, V)
         at_limit = max_lens <= length  # (B,)
         if at_limit.any():  # at its length limit a hypothesis can only end: force EOS
             if only_eos is None:
                 only_eos = torch.full((V,), float("-inf"), device=device)  # (V,)
                 only_eos[limits.eos_id] = 0.0
             logp = torch.where(at_limit[:, None, None], logp + only_eos, logp)
-        candidates = (scores[:, :, None] + logp).view(B, K * V)  # (B, K*V)
+        candidates = (scores[:, :, None] + logp).view(B, K * V)  # (B, K*V); width 1 broadcasts
         top_scores, top_idx = candidates.topk(min(2 * K, K * V), dim=-1)  # (B, 2K), best first
         beam, token = top_idx // V, top_idx % V  # (B, 2K): the hypothesis extended, the token
         is_eos = token == limits.eos_id  # (B, 2K)
 
         ends = is_eos[:, :K] & (top_scores[:, :K] > float("-inf"))  # (B, K) finished here
         if ends.any():
-            prefix = ys.view(B, K, -1)[:, :, 1:]  # (B, K, t): the live hypotheses, without BOS
-            prefix = prefix.gather(1, beam[:, :K, None].expand(-1, -1, t))  # (B, K, t)
             tokens = torch.full((B, K, steps), limits.pad_id, dtype=torch.long, device=device)
-            tokens[:, :, :t] = prefix
+            if t > 0:  # (width K by now)
+                prefix = ys.view(B, K, t + 1)[:, :, 1:]  # (B, K, t): the live hypotheses, without BOS
+                tokens[:, :, :t] = prefix.gather(1, beam[:, :K, None].expand(-1, -1, t))  # (B, K, t)
             tokens[:, :, t] = limits.eos_id  # (B, K, steps)
             normalized = top_scores[:, :K].double() / length_power[length]  # (B, K)
             finished.add(normalized.masked_fill(~ends, float("-inf")), tokens)
@@ -237,25 +248,26 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
         reach_at = max_lens if length_penalty >= 0 else (max_lens.clamp(max=length + 1))  # (B,)
         can_reach = scores.max(dim=1).values.double() / length_power[reach_at]  # (B,) best_reachable
         done = (max_lens <= length) | (finished.full() & (finished.worst() >= can_reach))  # (B,)
-        rows = (origin + torch.arange(B, device=device)[:, None] * K).view(-1)  # (B*K,) rows extended
-        if done.any():
+        rows = (origin + torch.arange(B, device=device)[:, None] * width).view(-1)  # (B*K,) rows extended
+        if done.any() or width == 1:
             for i in done.nonzero()[:, 0].tolist():
                 outputs[sentence_ids[i]] = finished.best(i, limits.eos_id)
             if done.all():
                 break
-            # Done sentences leave the batch.
+            # Done sentences leave the batch; each live hypothesis gets its own row of the encoder
+            # output (the rows of one sentence are copies).
             kept = (~done).nonzero()[:, 0]  # (B',)
             rows = rows.view(B, K)[kept].view(-1)  # (B'*K,)
-            kept_rows = (kept[:, None] * K + torch.arange(K, device=device)).view(-1)  # (B'*K,)
-            memory, src_mask = memory[kept_rows], src_mask[kept_rows]  # (B'*K, S, D), (B'*K, 1, 1, S)
+            source_rows = (kept * width).repeat_interleave(K)  # (B'*K,)
+            memory, src_mask = memory[source_rows], src_mask[source_rows]  # (B'*K, S, D), (B'*K, 1, 1, S)
             scores, new_token = scores[kept], new_token[kept]  # (B', K)
             max_lens = max_lens[kept]  # (B',)
             sentence_ids = [sentence_ids[i] for i in kept.tolist()]
             finished.select(kept)
-            B = kept.numel()
+            B, width = kept.numel(), K
             if cache is not None:
-                cache.reorder(rows, cross=kept_rows)
+                cache.reorder(rows, cross=source_rows, capacity=_room_for(cache, length + 1, steps))
         elif cache is not None:  # every beam of a sentence attends to the same source: keep cross K/V
-            cache.reorder(rows, cross=False)
+            cache.reorder(rows, cross=False, capacity=_room_for(cache, length + 1, steps))
         ys = torch.cat([ys[rows], new_token.view(-1, 1)], dim=1)  # (B*K, t + 2)
     return outputs
