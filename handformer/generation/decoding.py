@@ -61,7 +61,8 @@ def _step_logprobs(model: Seq2SeqTransformer, ys: Tensor, memory: Tensor, src_ma
     inputs = ys[:, -1:] if cache is not None else ys  # only the new position with a cache
     h, _, _ = model.decode(inputs, memory, src_mask, cache=cache)  # (N, L or 1, D)
     logp = torch.log_softmax(model.generator(h[:, -1]).float(), dim=-1)  # (N, V)
-    logp[:, [limits.pad_id, limits.bos_id]] = float("-inf")
+    logp[:, limits.pad_id] = float("-inf")
+    logp[:, limits.bos_id] = float("-inf")
     return logp
 
 
@@ -163,7 +164,9 @@ def _room_for(cache: KVCache, positions: int, most: int) -> int:
     return cache.slots if positions <= cache.slots else min(most, max(positions, 2 * cache.slots))
 
 
-@torch.no_grad()
+# Inference mode, not just no_grad: no version counters or view tracking on the many small
+# tensors of a step (about 10% of a beam search on a small model); only lists of ids leave it.
+@torch.inference_mode()
 @_in_eval_mode
 def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, beam_size: int = 4,
                 length_penalty: float = 0.6, use_cache: bool = True) -> list[list[int]]:
@@ -211,14 +214,19 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
     sentence_ids = list(range(B))  # the sentence of `src` in each row of the batch
     outputs: list[list[int]] = [[limits.eos_id] for _ in range(B)]
     only_eos = None
+    first_limit = int(max_lens.min())  # the first step at which some sentence reaches its limit
+    # The length whose power best_reachable divides by, if it does not depend on the step.
+    reach_power = length_power[max_lens] if length_penalty >= 0 else None  # (B,)
+    row_offsets = torch.arange(B, device=device)[:, None] * width  # (B, 1) each sentence's first row
 
     for t in range(steps):
         length = t + 1  # tokens in a hypothesis after this step, EOS included
         logp = _step_logprobs(model, ys, memory, src_mask, cache, limits)  # (B*width, V)
         V = logp.size(-1)
         logp = logp.view(B, width, V)  # (B, width, V)
-        at_limit = max_lens <= length  # (B,)
-        if at_limit.any():  # at its length limit a hypothesis can only end: force EOS
+        at_limit = None
+        if length >= first_limit:  # at its length limit a hypothesis can only end: force EOS
+            at_limit = max_lens <= length  # (B,)
             if only_eos is None:
                 only_eos = torch.full((V,), float("-inf"), device=device)  # (V,)
                 only_eos[limits.eos_id] = 0.0
@@ -245,10 +253,12 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
         origin = beam.gather(1, live).masked_fill(dead, 0)  # (B, K) the beam each slot extends
         new_token = token.gather(1, live).masked_fill(dead, limits.pad_id)  # (B, K)
 
-        reach_at = max_lens if length_penalty >= 0 else (max_lens.clamp(max=length + 1))  # (B,)
-        can_reach = scores.max(dim=1).values.double() / length_power[reach_at]  # (B,) best_reachable
-        done = (max_lens <= length) | (finished.full() & (finished.worst() >= can_reach))  # (B,)
-        rows = (origin + torch.arange(B, device=device)[:, None] * width).view(-1)  # (B*K,) rows extended
+        power = reach_power if reach_power is not None else length_power[max_lens.clamp(max=length + 1)]
+        can_reach = scores.max(dim=1).values.double() / power  # (B,) best_reachable, every sentence
+        done = finished.full() & (finished.worst() >= can_reach)  # (B,)
+        if at_limit is not None:
+            done |= at_limit
+        rows = (origin + row_offsets).view(-1)  # (B*K,) the row each new hypothesis extends
         if done.any() or width == 1:
             for i in done.nonzero()[:, 0].tolist():
                 outputs[sentence_ids[i]] = finished.best(i, limits.eos_id)
@@ -262,6 +272,9 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
             memory, src_mask = memory[source_rows], src_mask[source_rows]  # (B'*K, S, D), (B'*K, 1, 1, S)
             scores, new_token = scores[kept], new_token[kept]  # (B', K)
             max_lens = max_lens[kept]  # (B',)
+            first_limit = int(max_lens.min())
+            reach_power = reach_power[kept] if reach_power is not None else None  # (B',)
+            row_offsets = torch.arange(kept.numel(), device=device)[:, None] * K  # (B', 1)
             sentence_ids = [sentence_ids[i] for i in kept.tolist()]
             finished.select(kept)
             B, width = kept.numel(), K
