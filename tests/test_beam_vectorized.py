@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from handformer.config import Seq2SeqConfig
+from handformer.generation import decoding
 from handformer.generation.decoding import (
     DecodeLimits,
     _in_eval_mode,
@@ -228,3 +229,38 @@ def test_reorder_can_select_the_cross_attention_rows_by_their_own_index():
     cache.reorder(torch.tensor([3, 3]), cross=torch.tensor([2, 3]))
     assert torch.equal(cache.keys[0][:, :, :3], keys[[3, 3], :, :3])
     assert torch.equal(cache.cross[0][0], cross[0][[2, 3]]) and torch.equal(cache.cross[0][1], cross[1][[2, 3]])
+
+
+@pytest.mark.parametrize("initial", [1, 3])
+def test_a_cache_that_starts_small_and_grows_gives_the_same_outputs(monkeypatch, initial):
+    """The beam search's cache doubles as hypotheses lengthen (here from 1 or 3 positions)."""
+    monkeypatch.setattr(decoding, "INITIAL_BEAM_CACHE", initial)
+    model = random_model(3, eos_bias=-1.0)
+    src = random_sources(3, LENGTHS)
+    limits = DecodeLimits(BOS, EOS, PAD, max_len_a=1.0, max_len_b=6)
+    for length_penalty in (-1.0, 0.6):
+        assert (beam_search(model, src, limits, 3, length_penalty)
+                == loop_beam_search(model, src, limits, 3, length_penalty))
+
+
+def test_reorder_can_change_the_capacity_and_keeps_what_is_filled():
+    cache = KVCache(n_layers=1, max_length=4)
+    k, v = torch.randn(2, 2, 3, 5), torch.randn(2, 2, 3, 5)
+    cache.layer(0).append(k, v)
+    cache.advance(3)
+    cache.reorder(torch.tensor([1, 0]), cross=False, capacity=8)
+    assert cache.keys[0].shape == (2, 2, 8, 5) and cache.slots == cache.max_length == 8
+    assert torch.equal(cache.keys[0][:, :, :3], k[[1, 0]]) and torch.equal(cache.values[0][:, :, :3], v[[1, 0]])
+    keys, _ = cache.layer(0).append(torch.ones(2, 2, 5, 5), torch.ones(2, 2, 5, 5))  # room for 5 more
+    assert keys.shape == (2, 2, 8, 5) and torch.equal(keys[:, :, :3], k[[1, 0]])
+    with pytest.raises(ValueError, match="cannot resize a KV cache of 3 positions to capacity 2"):
+        _filled_cache(3).reorder(torch.tensor([0]), capacity=2)
+    with pytest.raises(ValueError, match="rolling window"):
+        KVCache(1, 8, window=4).reorder(torch.tensor([0]), capacity=16)
+
+
+def _filled_cache(n: int) -> KVCache:
+    cache = KVCache(n_layers=1, max_length=4)
+    cache.layer(0).append(torch.randn(1, 2, n, 5), torch.randn(1, 2, n, 5))
+    cache.advance(n)
+    return cache

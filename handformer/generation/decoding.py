@@ -164,6 +164,42 @@ def _room_for(cache: KVCache, positions: int, most: int) -> int:
     return cache.slots if positions <= cache.slots else min(most, max(positions, 2 * cache.slots))
 
 
+def _best_candidates(scores: Tensor, logp: Tensor, K: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The 2K best continuations of each sentence's live hypotheses, best first: their summed
+    log-probabilities (B, 2K), the beam each extends (B, 2K) and its token (B, 2K).
+
+    scores: (B, K) summed log-probabilities of the live hypotheses (-inf for an empty beam);
+    logp: (B, width, V) next-token log-probabilities of each row (width 1 broadcasts over K)."""
+    B, V = scores.size(0), logp.size(-1)
+    candidates = (scores[:, :, None] + logp).view(B, K * V)  # (B, K*V)
+    top_scores, top_idx = candidates.topk(min(2 * K, K * V), dim=-1)  # (B, 2K)
+    return top_scores, top_idx // V, top_idx % V
+
+
+def _ended_hypotheses(ys: Tensor, beam: Tensor, K: int, eos_id: int, pad_id: int, max_length: int) -> Tensor:
+    """(B, K, max_length) the hypotheses that the K best candidates of this step would finish:
+    the prefix of the beam each extends (ys (B*K, t + 1) without its BOS), EOS, then padding."""
+    B, t = beam.size(0), ys.size(1) - 1
+    tokens = torch.full((B, K, max_length), pad_id, dtype=torch.long, device=ys.device)  # (B, K, L_max)
+    if t > 0:  # (one row per sentence only at the first step, t = 0)
+        prefix = ys.view(B, K, t + 1)[:, :, 1:]  # (B, K, t)
+        tokens[:, :, :t] = prefix.gather(1, beam[:, :K, None].expand(-1, -1, t))  # (B, K, t)
+    tokens[:, :, t] = eos_id
+    return tokens
+
+
+def _live_hypotheses(top_scores: Tensor, beam: Tensor, token: Tensor, is_eos: Tensor, K: int,
+                     pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The K best candidates that are not EOS, in rank order: summed log-probabilities (B, K), the
+    beam each extends (B, K), the token it appends (B, K). A slot without a finite candidate (a
+    vocabulary of a few tokens) gets -inf, beam 0 and padding."""
+    live = torch.argsort(is_eos.byte(), dim=1, stable=True)[:, :K]  # (B, K): ranks, EOS last
+    scores = top_scores.gather(1, live)  # (B, K)
+    empty = scores == float("-inf")  # (B, K)
+    return (scores, beam.gather(1, live).masked_fill(empty, 0),
+            token.gather(1, live).masked_fill(empty, pad_id))
+
+
 # Inference mode, not just no_grad: no version counters or view tracking on the many small
 # tensors of a step (about 10% of a beam search on a small model); only lists of ids leave it.
 @torch.inference_mode()
@@ -183,18 +219,18 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
     So beam size 1 with length_penalty 0 is greedy search. At its length limit a hypothesis must
     emit EOS (as in greedy decoding). A sentence is done at its length limit, or when it has K
     finished hypotheses and no live one can still beat the worst of them (`best_reachable`, right
-    for negative length penalties too); done sentences leave the batch (their rows of the cache and
-    of the encoder output too), so later steps decode only the sentences still searching.
+    for negative length penalties too).
 
-    All of this is done for every sentence at once with tensor operations; the loop is over steps.
+    Every sentence is handled at once with tensor operations (the loop is over steps), and a done
+    sentence leaves the batch: its rows of the KV cache and of the encoder output go, so later
+    steps decode only the sentences still searching. Rows are sentence-major: row b * K + k holds
+    beam k of sentence b.
     """
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_size={beam_size!r} is invalid: it must be an integer >= 1")
     if not (isinstance(length_penalty, (int, float)) and math.isfinite(length_penalty)):
         raise ValueError(f"length_penalty={length_penalty!r} is invalid: it must be a finite number")
-    K = beam_size
-    B = src.size(0)
-    device = src.device
+    K, B, device = beam_size, src.size(0), src.device
     memory, src_mask, _ = model.encode(src)  # (B, S, D), (B, 1, 1, S)
     max_lens = limits.max_lengths(src, model.cfg.max_positions)  # (B,)
     steps = int(max_lens.max())
@@ -213,52 +249,35 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
     finished = FinishedHypotheses(B, K, steps, limits.pad_id, device)
     sentence_ids = list(range(B))  # the sentence of `src` in each row of the batch
     outputs: list[list[int]] = [[limits.eos_id] for _ in range(B)]
-    only_eos = None
     first_limit = int(max_lens.min())  # the first step at which some sentence reaches its limit
-    # The length whose power best_reachable divides by, if it does not depend on the step.
+    # best_reachable's divisor, when it does not depend on the step (length_penalty >= 0).
     reach_power = length_power[max_lens] if length_penalty >= 0 else None  # (B,)
-    row_offsets = torch.arange(B, device=device)[:, None] * width  # (B, 1) each sentence's first row
 
     for t in range(steps):
         length = t + 1  # tokens in a hypothesis after this step, EOS included
         logp = _step_logprobs(model, ys, memory, src_mask, cache, limits)  # (B*width, V)
-        V = logp.size(-1)
-        logp = logp.view(B, width, V)  # (B, width, V)
-        at_limit = None
-        if length >= first_limit:  # at its length limit a hypothesis can only end: force EOS
-            at_limit = max_lens <= length  # (B,)
-            if only_eos is None:
-                only_eos = torch.full((V,), float("-inf"), device=device)  # (V,)
-                only_eos[limits.eos_id] = 0.0
+        logp = logp.view(B, width, -1)  # (B, width, V)
+        at_limit = max_lens <= length if length >= first_limit else None  # (B,)
+        if at_limit is not None:  # at its length limit a hypothesis can only end: force EOS
+            only_eos = torch.full_like(logp[0, 0], float("-inf"))  # (V,)
+            only_eos[limits.eos_id] = 0.0
             logp = torch.where(at_limit[:, None, None], logp + only_eos, logp)
-        candidates = (scores[:, :, None] + logp).view(B, K * V)  # (B, K*V); width 1 broadcasts
-        top_scores, top_idx = candidates.topk(min(2 * K, K * V), dim=-1)  # (B, 2K), best first
-        beam, token = top_idx // V, top_idx % V  # (B, 2K): the hypothesis extended, the token
+        top_scores, beam, token = _best_candidates(scores, logp, K)  # (B, 2K) each
         is_eos = token == limits.eos_id  # (B, 2K)
 
-        ends = is_eos[:, :K] & (top_scores[:, :K] > float("-inf"))  # (B, K) finished here
+        ends = is_eos[:, :K] & (top_scores[:, :K] > float("-inf"))  # (B, K): EOS among the K best
         if ends.any():
-            tokens = torch.full((B, K, steps), limits.pad_id, dtype=torch.long, device=device)
-            if t > 0:  # (width K by now)
-                prefix = ys.view(B, K, t + 1)[:, :, 1:]  # (B, K, t): the live hypotheses, without BOS
-                tokens[:, :, :t] = prefix.gather(1, beam[:, :K, None].expand(-1, -1, t))  # (B, K, t)
-            tokens[:, :, t] = limits.eos_id  # (B, K, steps)
             normalized = top_scores[:, :K].double() / length_power[length]  # (B, K)
-            finished.add(normalized.masked_fill(~ends, float("-inf")), tokens)
-
-        # The K best candidates that are not EOS, in rank order, are the new live hypotheses.
-        live = torch.argsort(is_eos.byte(), dim=1, stable=True)[:, :K]  # (B, K) ranks
-        scores = top_scores.gather(1, live)  # (B, K)
-        dead = scores == float("-inf")  # (B, K): slots left empty (tiny vocabularies)
-        origin = beam.gather(1, live).masked_fill(dead, 0)  # (B, K) the beam each slot extends
-        new_token = token.gather(1, live).masked_fill(dead, limits.pad_id)  # (B, K)
+            finished.add(normalized.masked_fill(~ends, float("-inf")),
+                         _ended_hypotheses(ys, beam, K, limits.eos_id, limits.pad_id, steps))
+        scores, origin, new_token = _live_hypotheses(top_scores, beam, token, is_eos, K, limits.pad_id)
 
         power = reach_power if reach_power is not None else length_power[max_lens.clamp(max=length + 1)]
-        can_reach = scores.max(dim=1).values.double() / power  # (B,) best_reachable, every sentence
+        can_reach = scores.max(dim=1).values.double() / power  # (B,): best_reachable, every sentence
         done = finished.full() & (finished.worst() >= can_reach)  # (B,)
         if at_limit is not None:
             done |= at_limit
-        rows = (origin + row_offsets).view(-1)  # (B*K,) the row each new hypothesis extends
+        rows = (origin + torch.arange(B, device=device)[:, None] * width).view(-1)  # (B*K,) rows extended
         if done.any() or width == 1:
             for i in done.nonzero()[:, 0].tolist():
                 outputs[sentence_ids[i]] = finished.best(i, limits.eos_id)
@@ -270,13 +289,11 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
             rows = rows.view(B, K)[kept].view(-1)  # (B'*K,)
             source_rows = (kept * width).repeat_interleave(K)  # (B'*K,)
             memory, src_mask = memory[source_rows], src_mask[source_rows]  # (B'*K, S, D), (B'*K, 1, 1, S)
-            scores, new_token = scores[kept], new_token[kept]  # (B', K)
-            max_lens = max_lens[kept]  # (B',)
-            first_limit = int(max_lens.min())
+            scores, new_token, max_lens = scores[kept], new_token[kept], max_lens[kept]  # (B', K), (B',)
             reach_power = reach_power[kept] if reach_power is not None else None  # (B',)
-            row_offsets = torch.arange(kept.numel(), device=device)[:, None] * K  # (B', 1)
-            sentence_ids = [sentence_ids[i] for i in kept.tolist()]
             finished.select(kept)
+            sentence_ids = [sentence_ids[i] for i in kept.tolist()]
+            first_limit = int(max_lens.min())
             B, width = kept.numel(), K
             if cache is not None:
                 cache.reorder(rows, cross=source_rows, capacity=_room_for(cache, length + 1, steps))
