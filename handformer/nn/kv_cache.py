@@ -87,10 +87,9 @@ class KVCache:
         selected rows all share them (the beams of one source sentence); a tensor selects the
         cross-attention rows by that index instead (beam search dropping finished sentences).
 
-        The rows are copied into the buffers that the previous reorder replaced (no allocation per
-        step; views of the cache taken before a reorder go stale). A buffer at least half filled is
-        copied whole, row by contiguous row; otherwise only its filled slots (a step early in a
-        long cache copies a few positions, not S_max). capacity: the new buffers hold that many
+        Only the filled slots are copied (a step early in a long cache copies a few positions, not
+        S_max), into the buffers that the previous reorder replaced: a step allocates nothing (and
+        views of the cache taken before a reorder go stale). capacity: the new buffers hold that many
         positions instead (at least those filled; not for a rolling window cache): a beam search
         grows its cache as its hypotheses lengthen rather than allocating the longest output."""
         filled = min(self.length, self.slots)
@@ -104,16 +103,13 @@ class KVCache:
             for i, t in enumerate(store):
                 if t is None:
                     continue
-                B, Hkv, S_max, Dh = t.shape
+                _, Hkv, _, Dh = t.shape
                 spare = spares[i]
                 if spare is not None and spare.shape[0] >= n and spare.shape[1:] == (Hkv, self.slots, Dh):
                     moved = spare[:n]  # (B', Hkv, slots, Dh)
                 else:
                     moved = t.new_empty((n, Hkv, self.slots, Dh))  # (B', Hkv, slots, Dh)
-                if S_max == self.slots and 2 * filled >= S_max:
-                    torch.index_select(t, 0, index, out=moved)
-                else:
-                    torch.index_select(t[:, :, :filled], 0, index, out=moved[:, :, :filled])
+                torch.index_select(t[:, :, :filled], 0, index, out=moved[:, :, :filled])
                 store[i], spares[i] = moved, t
         if cross is False:
             return
