@@ -283,8 +283,9 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
                 outputs[sentence_ids[i]] = finished.best(i, limits.eos_id)
             if done.all():
                 break
-            # Done sentences leave the batch; each live hypothesis gets its own row of the encoder
-            # output (the rows of one sentence are copies).
+            # Done sentences leave the batch (and after the first step each sentence's one row
+            # becomes K); each live hypothesis gets its own row of the encoder output and of the
+            # cross-attention keys/values (the rows of one sentence are copies).
             kept = (~done).nonzero()[:, 0]  # (B',)
             rows = rows.view(B, K)[kept].view(-1)  # (B'*K,)
             source_rows = (kept * width).repeat_interleave(K)  # (B'*K,)
