@@ -44,8 +44,10 @@ class Encoder(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False,
                 ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         weights = []
+        # Checked once here rather than in every layer's attention (right padding has no such row).
+        check_rows = mask is not None and has_empty_rows(mask)
         for layer in self.layers:
-            x, w = layer(x, mask, need_weights=need_weights)  # (B, S, D)
+            x, w = layer(x, mask, need_weights=need_weights, check_empty_rows=check_rows)  # (B, S, D)
             weights.append(w)
         if self.norm is not None:
             x = self.norm(x)

@@ -42,6 +42,8 @@ class KVCache:
         self.values: list[Tensor | None] = [None] * n_layers
         self.cross: list[tuple[Tensor, Tensor] | None] = [None] * n_layers  # (B, Hkv, S_src, Dh)
         self._layers = [LayerKVCache(self, i) for i in range(n_layers)]  # made once, not per step
+        # The buffers that `reorder` last replaced, reused by the next one (no allocation per step).
+        self._spare: dict[str, list[Tensor | None]] = {"keys": [None] * n_layers, "values": [None] * n_layers}
 
     def rolls(self, n_new: int) -> bool:
         """Whether appending `n_new` positions overwrites a slot (the keys then come out of order)."""
@@ -79,24 +81,42 @@ class KVCache:
             raise ValueError(f"cannot truncate a KV cache of {self.length} positions to {length}")
         self.length = length
 
-    def reorder(self, index: Tensor, cross: bool = True) -> None:
+    def reorder(self, index: Tensor, cross: bool | Tensor = True, capacity: int | None = None) -> None:
         """Select batch rows (beam search keeps the surviving hypotheses): row r becomes row
-        index[r]. Only the filled slots are copied, into a new buffer of the same capacity (not the
-        whole preallocated buffer: a beam step early in a long cache copies a few positions, not
-        S_max). cross=False leaves the cross-attention keys/values alone, for a caller whose
-        selected rows all share them (the beams of one source sentence)."""
+        index[r]. cross=False leaves the cross-attention keys/values alone, for a caller whose
+        selected rows all share them (the beams of one source sentence); a tensor selects the
+        cross-attention rows by that index instead (beam search dropping finished sentences).
+
+        Only the filled slots are copied (a step early in a long cache copies a few positions, not
+        S_max), into the buffers that the previous reorder replaced: a step allocates nothing (and
+        views of the cache taken before a reorder go stale). capacity: the new buffers hold that many
+        positions instead (at least those filled; not for a rolling window cache): a beam search
+        grows its cache as its hypotheses lengthen rather than allocating the longest output."""
         filled = min(self.length, self.slots)
-        for store in (self.keys, self.values):
+        if capacity is not None and capacity != self.slots:
+            if self.window is not None or capacity < filled:
+                raise ValueError(f"cannot resize a KV cache of {filled} positions to capacity {capacity}"
+                                 + (" (a rolling window cache)" if self.window is not None else ""))
+            self.max_length = self.slots = capacity
+        n = index.numel()
+        for store, spares in ((self.keys, self._spare["keys"]), (self.values, self._spare["values"])):
             for i, t in enumerate(store):
-                if t is not None:
-                    moved = t.new_empty((index.numel(), *t.shape[1:]))  # (B', Hkv, S_max, Dh)
-                    torch.index_select(t[:, :, :filled], 0, index, out=moved[:, :, :filled])
-                    store[i] = moved
-        if not cross:
+                if t is None:
+                    continue
+                _, Hkv, _, Dh = t.shape
+                spare = spares[i]
+                if spare is not None and spare.shape[0] >= n and spare.shape[1:] == (Hkv, self.slots, Dh):
+                    moved = spare[:n]  # (B', Hkv, slots, Dh)
+                else:
+                    moved = t.new_empty((n, Hkv, self.slots, Dh))  # (B', Hkv, slots, Dh)
+                torch.index_select(t[:, :, :filled], 0, index, out=moved[:, :, :filled])
+                store[i], spares[i] = moved, t
+        if cross is False:
             return
+        cross_index = index if cross is True else cross
         for i, kv in enumerate(self.cross):
             if kv is not None:
-                self.cross[i] = (kv[0].index_select(0, index), kv[1].index_select(0, index))
+                self.cross[i] = (kv[0].index_select(0, cross_index), kv[1].index_select(0, cross_index))
 
 
 class LayerKVCache:
