@@ -36,7 +36,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return self.weight * (x32 if x.dtype == torch.float32 else x32.to(x.dtype))  # no call for a no-op
 
 
 class OffsetRMSNorm(nn.Module):
