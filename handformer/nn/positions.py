@@ -107,7 +107,9 @@ def rotate_half(x: Tensor) -> Tensor:
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate (B, H, T, Dh) queries or keys by their positions' angles."""
-    return (x * cos.to(x.dtype)) + (rotate_half(x) * sin.to(x.dtype))
+    if cos.dtype != x.dtype:  # float32 tables, lower-precision queries/keys (autocast)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return (x * cos) + (rotate_half(x) * sin)
 
 
 def make_positions(cfg: BlockConfig) -> nn.Module | None:
