@@ -15,6 +15,7 @@ from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.feed_forward import FeedForward
 from handformer.nn.fuse import FusedGatedFeedForward, FusedSelfAttention, fuse_projections, stack_linears
 from handformer.nn.lora import LoRAConfig, add_lora
+from handformer.nn.packed_linear import PackedLinear, pack_linears, packing_available
 from handformer.nn.quant import quantize_linears
 
 CONFIGS = {
@@ -42,6 +43,7 @@ def twins(name: str) -> tuple[CausalLM, CausalLM]:
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_fused_logits_and_greedy_tokens_equal_unfused(name):
     model, fused = twins(name)
+    assert not any(m.training for m in fused.modules())  # the new modules keep the model's eval mode
     assert any(isinstance(m, FusedSelfAttention) for m in fused.modules())
     assert not any(type(m) is MultiHeadAttention for m in fused.modules())
     gated = model.cfg.activation == "swiglu"
@@ -151,3 +153,20 @@ def test_stack_linears():
         stack_linears(a, nn.Linear(4, 2, bias=False))
     plain = FeedForward(4, 8, "gelu")
     assert fuse_projections(nn.ModuleDict({"ffn": plain}))["ffn"] is plain  # not gated: unchanged
+
+
+@pytest.mark.skipif(not packing_available(), reason="this torch has no oneDNN linear packing")
+def test_fused_layers_can_be_packed_afterwards():
+    """prepare_for_decoding packs large weights: a fused matrix is one more nn.Linear to pack."""
+    torch.manual_seed(0)
+    model = CausalLM(CausalLMConfig.llama_style(vocab_size=61, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512,
+                                                n_layers=1, max_positions=32)).eval()
+    fused = CausalLM(model.cfg).eval()
+    fused.load_state_dict(model.state_dict())
+    packed = pack_linears(fuse_projections(fused))
+    assert "layers.0.ffn.gate_up_proj" in packed  # 2 x 512 x 256 fp32 = 1 MiB: packed
+    assert isinstance(fused.layers[0].ffn.gate_up_proj, PackedLinear)
+    ids = torch.randint(0, 61, (2, 7), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(fused(ids).logits, model(ids).logits, rtol=0, atol=1e-5)
+    assert generate(fused, [[1, 2, 3]], 8, temperature=0) == generate(model, [[1, 2, 3]], 8, temperature=0)

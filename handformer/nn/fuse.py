@@ -46,7 +46,7 @@ def stack_linears(*linears: nn.Linear) -> nn.Linear:
         fused.weight.copy_(weight)
         if fused.bias is not None:
             fused.bias.copy_(torch.cat([lin.bias.detach() for lin in linears]))
-    return fused
+    return fused.train(linears[0].training)
 
 
 class FusedSelfAttention(nn.Module):
@@ -58,6 +58,7 @@ class FusedSelfAttention(nn.Module):
         self.dropout = attn.dropout
         self.qkv_proj = stack_linears(attn.q_proj, attn.k_proj, attn.v_proj)  # (H + 2 Hkv) Dh x D
         self.o_proj = attn.o_proj
+        self.train(attn.training)  # a new module starts in training mode; keep the model's mode
 
     def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None, *,
                 is_causal: bool = False, rope: tuple[Tensor, Tensor] | None = None,
@@ -92,6 +93,7 @@ class FusedGatedFeedForward(nn.Module):
         self.activation, self.act = ffn.activation, ffn.act
         self.gate_up_proj = stack_linears(ffn.gate_proj, ffn.up_proj)  # 2F x D
         self.down_proj = ffn.down_proj
+        self.train(ffn.training)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (B, T, F) each
