@@ -8,6 +8,10 @@ time spent in matrix products (aten::mm / addmm / bmm: the weights' GEMV or GEMM
 operators' time against the wall clock (the rest is Python).
 
     python benchmarks/decode_profile.py --model gpt2-124M --batch 8
+    python benchmarks/decode_profile.py --model tiny --threads 1 --unfused   # Q/K/V, gate/up apart
+
+The model is prepared as `handformer generate` will run it: `fuse_projections` (handformer/nn/fuse.py),
+then `prepare_for_decoding` (large weights packed for oneDNN).
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from decode_limit import SHAPES, hf_generate, hf_twin  # noqa: E402
 
 from handformer.generation.generate import generate  # noqa: E402
+from handformer.generation.prepare import prepare_for_decoding  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
+from handformer.nn.fuse import fuse_projections  # noqa: E402
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm")
 ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math")
@@ -66,17 +72,21 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--top", type=int, default=0, help="also print the N most expensive operators")
+    parser.add_argument("--unfused", action="store_true", help="leave Q/K/V and gate/up projections apart")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = CausalLM(SHAPES[args.model]()).eval()
     hf = hf_twin(model)
+    if not args.unfused:  # as `handformer generate` will: fused projections, large weights packed
+        fuse_projections(model)
+    prepare_for_decoding(model)
     gen = torch.Generator().manual_seed(args.batch)
     lengths = [64] if args.batch == 1 else torch.randint(32, 65, (args.batch,), generator=gen).tolist()
     prompts = [torch.randint(0, model.cfg.vocab_size, (n,), generator=gen).tolist() for n in lengths]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.model}, batch {args.batch}, "
-          f"{args.new_tokens} new tokens")
+          f"{args.new_tokens} new tokens; projections {'apart' if args.unfused else 'fused'}")
     with torch.no_grad():
         print("  handformer:", shares(lambda n: generate(model, prompts, n, temperature=0), args.new_tokens,
                                      args.top))

@@ -171,8 +171,12 @@ def _generate(model: CausalLM, step: Callable[..., CausalLMOutput], prompts: Seq
             break
         if finished_before is not None:
             token = token.masked_fill(finished_before, pad_id)  # finished rows are fed padding
-        ids[:, S] = token
-        mask[:, S] = torch.tensor([not d for d in done], device=device)  # a stop token is not attended
+        if padded:
+            mask[:, S] = torch.tensor([not d for d in done], device=device)  # a stop token is not attended
         S += 1
-        inputs = ids[:, S - 1:S] if cache is not None else ids[:, :S]  # (B, 1) or (B, S)
+        if cache is not None:
+            inputs = token[:, None]  # (B, 1): the cache holds everything before
+        else:
+            ids[:, S - 1] = token
+            inputs = ids[:, :S]  # (B, S)
     return outputs

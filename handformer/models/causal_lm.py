@@ -46,7 +46,7 @@ class CausalLM(nn.Module):
         self.positions = make_positions(cfg)
         self.rotary = (RotaryEmbedding(cfg.head_dim, cfg.max_positions, cfg.rope_theta, cfg.rope_scaling)
                        if cfg.position == "rope" else None)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
         self.layers = nn.ModuleList(DecoderOnlyBlock(cfg) for _ in range(cfg.n_layers))
         self.norm = (make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
                      if cfg.norm_placement == "pre" else None)
@@ -117,12 +117,13 @@ class CausalLM(nn.Module):
         if attention_mask is not None:
             attention_mask = check_mask(attention_mask, (B, S), "attention_mask")
         positions_needed = None  # 1 + the largest position id, when known without reading them
+        counted = False  # position ids offset..S-1 in every row (no padding to skip)
         if position_ids is None:
             if attention_mask is not None:
                 position_ids = positions_from_mask(attention_mask)[:, offset:]  # (B, T)
             else:
                 position_ids = torch.arange(offset, S, device=input_ids.device)[None]  # (1, T)
-                positions_needed = S
+                positions_needed, counted = S, True
         elif position_ids.shape not in ((B, T), (1, T)):
             raise ValueError(f"position_ids must have shape ({B}, {T}) or (1, {T}), "
                              f"got {tuple(position_ids.shape)}")
@@ -145,7 +146,12 @@ class CausalLM(nn.Module):
         if self.positions is not None:
             x = x + self.positions(position_ids)
         x = self.dropout(x)
-        rope = self.rotary(position_ids) if self.rotary is not None else None
+        if self.rotary is None:
+            rope = None
+        elif counted:  # slices of the tables, not a gather
+            rope = self.rotary.span(offset, S)  # (1, 1, T, Dh) each
+        else:
+            rope = self.rotary(position_ids)  # (B|1, 1, T, Dh) each
 
         attentions = []
         for i, layer in enumerate(self.layers):

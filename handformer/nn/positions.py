@@ -94,6 +94,11 @@ class RotaryEmbedding(nn.Module):
         """(B, T) position ids -> (cos, sin), each (B, 1, T, Dh), broadcast over heads."""
         return self.cos[position_ids][:, None], self.sin[position_ids][:, None]
 
+    def span(self, start: int, end: int) -> tuple[Tensor, Tensor]:
+        """`forward` for the positions start..end-1 of every row: (cos, sin), each (1, 1, T, Dh).
+        Slices instead of gathering (a decoding step's common case, without padding)."""
+        return self.cos[None, None, start:end], self.sin[None, None, start:end]
+
 
 def rotate_half(x: Tensor) -> Tensor:
     x1, x2 = x.chunk(2, dim=-1)  # (..., Dh/2) each
@@ -102,7 +107,9 @@ def rotate_half(x: Tensor) -> Tensor:
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate (B, H, T, Dh) queries or keys by their positions' angles."""
-    return (x * cos.to(x.dtype)) + (rotate_half(x) * sin.to(x.dtype))
+    if cos.dtype != x.dtype:  # float32 tables, lower-precision queries/keys (autocast)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return (x * cos) + (rotate_half(x) * sin)
 
 
 def make_positions(cfg: BlockConfig) -> nn.Module | None:

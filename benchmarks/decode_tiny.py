@@ -1,0 +1,193 @@
+"""Benchmark: decoding a tiny model, where per-operation overhead rules (issue 16), before and after.
+
+Two models, batch 1, greedy, 256 new tokens, `generate` as `handformer generate` runs it (one
+intra-op thread for a model this small, `default_threads`):
+- "tiny": the 5-layer, 64-wide Llama of benchmarks/decode_limit.py (8 / 4 heads, vocab 512, random
+  weights), a 64-token prompt;
+- "stories260K": llama2.c's trained stories260K (`import-llama2c` of ../shared/data/stories260K),
+  from BOS, beside Hugging Face's LlamaForCausalLM on the same weights (`export-hf`) and, with
+  --run-c, llama2.c's own run.c.
+
+Cases, each timed once per round, rounds interleaved, medians reported (the CPU is shared):
+- "default": this checkout, the model after `prepare_for_decoding(fuse_projections(model))` (what
+  the CLI will run once prepare_for_decoding fuses; the benchmark applies the fusing itself);
+- "unfused": this checkout, the model as loaded (prepare_for_decoding only);
+- "baseline": with --baseline DIR, another checkout of handformer (e.g. `git archive` of main before
+  this work, unpacked), the same weights and prompt, in a worker process that imports from DIR.
+The tokens of every case are compared with the default's.
+
+    python benchmarks/decode_tiny.py --baseline /tmp/main_src --run-c /tmp/l2c/run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from handformer.config import CausalLMConfig  # noqa: E402
+from handformer.convert.hf_export import export_hf  # noqa: E402
+from handformer.convert.llama2c_import import import_llama2c  # noqa: E402
+from handformer.generation.generate import generate  # noqa: E402
+from handformer.generation.prepare import prepare_for_decoding  # noqa: E402
+from handformer.models.causal_lm import CausalLM  # noqa: E402
+from handformer.nn.fuse import fuse_projections  # noqa: E402
+from handformer.tasks.lm.run import load_lm  # noqa: E402
+
+STORIES = ROOT.parent / "shared" / "data" / "stories260K"
+TINY = dict(vocab_size=512, d_model=64, n_heads=8, n_kv_heads=4, d_ff=172, n_layers=5, max_positions=2048)
+
+# The worker: loads the same models from another checkout, then answers "NAME" lines with the
+# seconds and tokens of one generate call, as JSON. It never imports this checkout's code.
+WORKER = """
+import json, sys, torch
+from handformer.config import CausalLMConfig
+from handformer.generation.generate import generate
+from handformer.models.causal_lm import CausalLM
+from handformer.tasks.lm.run import load_lm
+import time
+spec = json.loads(sys.argv[1])
+tiny = CausalLM(CausalLMConfig.llama_style(**spec["tiny_config"])).eval()
+tiny.load_state_dict(torch.load(spec["tiny_weights"]))
+models = {"tiny": tiny, "stories260K": load_lm(spec["stories_run"]).model}
+for line in sys.stdin:
+    name = line.strip()
+    prompt, n = spec["prompts"][name], spec["new_tokens"]
+    start = time.perf_counter()
+    out = generate(models[name], [prompt], n, temperature=0)[0]
+    print(json.dumps({"seconds": time.perf_counter() - start, "tokens": out}), flush=True)
+"""
+
+
+class Baseline:
+    """generate() of another handformer checkout, in a worker process."""
+
+    def __init__(self, source: Path, spec: dict) -> None:
+        env = {**os.environ, "PYTHONPATH": str(source)}
+        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(spec)], cwd=source, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, name: str) -> tuple[float, list[int]]:
+        self.proc.stdin.write(name + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the baseline worker stopped; run it by hand to see its error")
+        reply = json.loads(line)
+        return reply["seconds"], reply["tokens"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def timed_generate(model: CausalLM, prompt: list[int], n: int) -> tuple[float, list[int]]:
+    start = time.perf_counter()
+    out = generate(model, [prompt], n, temperature=0)[0]
+    return time.perf_counter() - start, out
+
+
+def hf_generate(hf: torch.nn.Module, prompt: list[int], n: int) -> tuple[float, list[int]]:
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        start = time.perf_counter()
+        out = hf.generate(ids, do_sample=False, min_new_tokens=n, max_new_tokens=n, pad_token_id=0,
+                          eos_token_id=None)
+        seconds = time.perf_counter() - start
+    return seconds, out[0, len(prompt):].tolist()
+
+
+def run_c(binary: str, n: int, stories: Path) -> tuple[float, None]:
+    """Seconds for n tokens at run.c's own reported rate (it times from its second token)."""
+    out = subprocess.run([binary, str(stories / "stories260K.bin"), "-z", str(stories / "tok512.bin"),
+                          "-t", "0", "-n", str(n + 1)], capture_output=True, text=True, check=True,
+                         timeout=120)
+    rate = float(re.search(r"achieved tok/s: ([0-9.]+)", out.stderr + out.stdout).group(1))
+    return n / rate, None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--baseline", type=Path, help="another handformer checkout to time beside this one")
+    parser.add_argument("--run-c", help="path of a compiled llama2.c `run` binary")
+    parser.add_argument("--stories", type=Path, default=STORIES,
+                        help="folder with stories260K.bin and tok512.bin")
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # Hugging Face and run.c on one thread too, as `generate` for these models
+    n = args.new_tokens
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.manual_seed(0)
+        tiny = CausalLM(CausalLMConfig.llama_style(**TINY)).eval()
+        torch.save(tiny.state_dict(), Path(tmp) / "tiny.pt")
+        import_llama2c(args.stories / "stories260K.bin", args.stories / "tok512.bin", Path(tmp) / "stories")
+        stories = load_lm(Path(tmp) / "stories").model
+        import transformers
+
+        export_hf(Path(tmp) / "stories", Path(tmp) / "hf")
+        hf = transformers.LlamaForCausalLM.from_pretrained(Path(tmp) / "hf").eval()
+        prompts = {"tiny": torch.randint(0, 512, (64,)).tolist(), "stories260K": [1]}
+        models = {}
+        for name, model in (("tiny", tiny), ("stories260K", stories)):
+            fused = CausalLM(model.cfg).eval()
+            fused.load_state_dict(model.state_dict())
+            models[name] = {"default": prepare_for_decoding(fuse_projections(fused)),
+                            "unfused": prepare_for_decoding(model)}
+        spec = {"tiny_config": TINY, "tiny_weights": str(Path(tmp) / "tiny.pt"),
+                "stories_run": str(Path(tmp) / "stories"), "prompts": prompts, "new_tokens": n}
+        baseline = Baseline(args.baseline.resolve(), spec) if args.baseline else None
+        cases = {}
+        for name in models:
+            for kind in ("default", "unfused"):
+                cases[name, kind] = lambda m=models[name][kind], p=prompts[name]: timed_generate(m, p, n)
+            if baseline:
+                cases[name, "baseline"] = lambda name=name: baseline.run(name)
+        cases["stories260K", "HF generate"] = lambda: hf_generate(hf, [1], n)
+        if args.run_c:
+            cases["stories260K", "llama2.c run.c"] = lambda: run_c(args.run_c, n, args.stories)
+        times: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
+        same: dict[tuple[str, str], bool] = {}
+        for fn in cases.values():
+            fn()  # warm-up
+        for _ in range(args.rounds):
+            reference = {}
+            for case, fn in cases.items():
+                seconds, tokens = fn()
+                times[case].append(seconds)
+                if case[1] == "default":
+                    reference[case[0]] = tokens
+                elif tokens is not None:
+                    same[case] = same.get(case, True) and tokens == reference[case[0]]
+        if baseline:
+            baseline.close()
+    print(f"torch {torch.__version__}, batch 1, greedy, {n} new tokens, 1 thread, medians of {args.rounds} "
+          "interleaved rounds (shared CPU: other jobs make rounds vary)")
+    for name in models:
+        base = statistics.median(times[name, "default"])
+        about = "prompt: BOS" if name == "stories260K" else "random weights, 64-token prompt"
+        print(f"\n{name} ({about})")
+        for (model_name, case), values in times.items():
+            if model_name != name:
+                continue
+            median = statistics.median(values)
+            tokens = "" if (model_name, case) not in same else (
+                "  same tokens" if same[model_name, case] else "  DIFFERENT tokens")
+            print(f"  {case:16s} {n / median:9.1f} tokens/s  default / this {median / base:5.2f}x  "
+                  f"rounds: {', '.join(f'{n / v:.0f}' for v in values)}{tokens}")
+
+
+if __name__ == "__main__":
+    main()
