@@ -10,8 +10,8 @@ operators' time against the wall clock (the rest is Python).
     python benchmarks/decode_profile.py --model gpt2-124M --batch 8
     python benchmarks/decode_profile.py --model tiny --threads 1 --unfused   # Q/K/V, gate/up apart
 
-The model is prepared as `handformer generate` will run it: `fuse_projections` (handformer/nn/fuse.py),
-then `prepare_for_decoding` (large weights packed for oneDNN).
+The model is prepared as `handformer generate` runs it: `prepare_for_decoding` (projections fused by
+handformer/nn/fuse.py, large weights packed for oneDNN); --unfused packs only.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from decode_limit import SHAPES, hf_generate, hf_twin  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.generation.prepare import prepare_for_decoding  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
-from handformer.nn.fuse import fuse_projections  # noqa: E402
+from handformer.nn.packed_linear import pack_linears  # noqa: E402
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm")
 ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math")
@@ -79,9 +79,10 @@ def main() -> None:
     torch.manual_seed(0)
     model = CausalLM(SHAPES[args.model]()).eval()
     hf = hf_twin(model)
-    if not args.unfused:  # as `handformer generate` will: fused projections, large weights packed
-        fuse_projections(model)
-    prepare_for_decoding(model)
+    if args.unfused:  # large weights packed, projections apart
+        pack_linears(model)
+    else:  # as `handformer generate`: fused projections, large weights packed
+        prepare_for_decoding(model)
     gen = torch.Generator().manual_seed(args.batch)
     lengths = [64] if args.batch == 1 else torch.randint(32, 65, (args.batch,), generator=gen).tolist()
     prompts = [torch.randint(0, model.cfg.vocab_size, (n,), generator=gen).tolist() for n in lengths]

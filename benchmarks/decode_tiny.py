@@ -9,9 +9,9 @@ intra-op thread for a model this small, `default_threads`):
   --run-c, llama2.c's own run.c.
 
 Cases, each timed once per round, rounds interleaved, medians reported (the CPU is shared):
-- "default": this checkout, the model after `prepare_for_decoding(fuse_projections(model))` (what
-  the CLI will run once prepare_for_decoding fuses; the benchmark applies the fusing itself);
-- "unfused": this checkout, the model as loaded (prepare_for_decoding only);
+- "default": this checkout, the model after `prepare_for_decoding` (fused projections, large weights
+  packed: what `handformer generate` runs);
+- "unfused": this checkout, the model as loaded, large weights packed (`pack_linears` only);
 - "baseline": with --baseline DIR, another checkout of handformer (e.g. `git archive` of main before
   this work, unpacked), the same weights and prompt, in a worker process that imports from DIR.
 The tokens of every case are compared with the default's.
@@ -43,7 +43,7 @@ from handformer.convert.llama2c_import import import_llama2c  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.generation.prepare import prepare_for_decoding  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
-from handformer.nn.fuse import fuse_projections  # noqa: E402
+from handformer.nn.packed_linear import pack_linears  # noqa: E402
 from handformer.tasks.lm.run import load_lm  # noqa: E402
 
 STORIES = ROOT.parent / "shared" / "data" / "stories260K"
@@ -144,8 +144,8 @@ def main() -> None:
         for name, model in (("tiny", tiny), ("stories260K", stories)):
             fused = CausalLM(model.cfg).eval()
             fused.load_state_dict(model.state_dict())
-            models[name] = {"default": prepare_for_decoding(fuse_projections(fused)),
-                            "unfused": prepare_for_decoding(model)}
+            pack_linears(model.eval())
+            models[name] = {"default": prepare_for_decoding(fused), "unfused": model}
         spec = {"tiny_config": TINY, "tiny_weights": str(Path(tmp) / "tiny.pt"),
                 "stories_run": str(Path(tmp) / "stories"), "prompts": prompts, "new_tokens": n}
         baseline = Baseline(args.baseline.resolve(), spec) if args.baseline else None

@@ -152,12 +152,13 @@ def _run(tmp_path, d_model=256, d_ff=1024):
     return tmp_path / "run"
 
 
-def test_generate_command_packs_large_weights_and_prints_the_same_text(tmp_path, capsys, monkeypatch):
+def test_generate_command_fuses_and_packs_and_prints_the_same_text(tmp_path, capsys, monkeypatch):
     run_dir = _run(tmp_path)  # d_ff 1024 x d_model 256: the FFN's matrices are exactly 1 MiB
     run = load_lm(run_dir)
     prepare_for_decoding(run.model)
     packed = [n for n, m in run.model.named_modules() if isinstance(m, PackedLinear)]
-    assert packed == ["layers.0.ffn.up_proj", "layers.0.ffn.gate_proj", "layers.0.ffn.down_proj"]
+    # fused first (nn/fuse.py): gate and up are one 2 MiB matrix, packed with the 1 MiB down_proj
+    assert packed == ["layers.0.ffn.gate_up_proj", "layers.0.ffn.down_proj"]
     args = ["generate", str(run_dir), "--prompt", "the quick", "--max-new-tokens", "20", "--temperature", "0"]
     assert main(args) == 0
     fast = capsys.readouterr().out
