@@ -91,3 +91,37 @@ def kill_9_after_first_checkpoint(train_args, out_dir) -> None:
         returncode = proc.wait(timeout=60)
         proc.stderr.close()
     assert returncode == -signal.SIGKILL
+
+
+def scaled_seq2seq(seed: int, *, vocab: int, scale: float, n_decoder_layers: int, max_positions: int,
+                   dropout: float = 0.0, norm_placement: str = "post"):
+    """A random 1-encoder-layer, 16-wide encoder-decoder (eval mode) with its matrices scaled by
+    `scale`, so next-token distributions are far from flat (decoding tests)."""
+    import torch
+
+    from handformer.config import Seq2SeqConfig
+    from handformer.models.seq2seq import Seq2SeqTransformer
+
+    torch.manual_seed(seed)
+    cfg = Seq2SeqConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=16, n_heads=2, d_ff=32,
+                        n_encoder_layers=1, n_decoder_layers=n_decoder_layers, dropout=dropout,
+                        max_positions=max_positions, norm_placement=norm_placement)
+    model = Seq2SeqTransformer(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(scale)
+    return model.eval()
+
+
+def random_sources(seed: int, lengths: list[int], vocab: int, pad: int = 0, eos: int = 2, first: int = 3):
+    """(B, S) right-padded sources of the given real lengths (EOS included), content ids in
+    [first, vocab)."""
+    import torch
+
+    g = torch.Generator().manual_seed(1000 + seed)
+    src = torch.full((len(lengths), max(lengths)), pad)
+    for i, n in enumerate(lengths):
+        src[i, : n - 1] = torch.randint(first, vocab, (n - 1,), generator=g)
+        src[i, n - 1] = eos
+    return src

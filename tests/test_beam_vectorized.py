@@ -5,11 +5,12 @@ many, length limits and padded batches."""
 
 import math
 
+import helpers
 import pytest
 import torch
+from helpers import scaled_seq2seq
 from torch import Tensor
 
-from handformer.config import Seq2SeqConfig
 from handformer.generation import decoding
 from handformer.generation.decoding import (
     DecodeLimits,
@@ -119,32 +120,20 @@ def random_model(seed: int, vocab: int = 12, scale: float = 2.0, eos_bias: float
                  norm_placement: str = "post") -> Seq2SeqTransformer:
     """A random model with its matrices scaled up (next-token distributions far from flat); eos_bias
     is added to EOS's output logit (> 0: hypotheses finish early and at different steps)."""
-    torch.manual_seed(seed)
-    cfg = Seq2SeqConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=16, n_heads=2, d_ff=32,
-                        n_encoder_layers=1, n_decoder_layers=2, dropout=0.0, max_positions=24,
-                        norm_placement=norm_placement)
-    model = Seq2SeqTransformer(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(scale)
+    model = scaled_seq2seq(seed, vocab=vocab, scale=scale, n_decoder_layers=2, max_positions=24,
+                           norm_placement=norm_placement)
     if eos_bias:
         def hook(module, inputs, output):
             output = output.clone()
             output[..., EOS] += eos_bias
             return output
         model.generator.register_forward_hook(hook)
-    return model.eval()
+    return model
 
 
 def random_sources(seed: int, lengths: list[int], vocab: int = 12) -> torch.Tensor:
     """(B, S) right-padded sources of the given real lengths (EOS included)."""
-    g = torch.Generator().manual_seed(1000 + seed)
-    src = torch.full((len(lengths), max(lengths)), PAD)
-    for i, n in enumerate(lengths):
-        src[i, : n - 1] = torch.randint(UNK, vocab, (n - 1,), generator=g)
-        src[i, n - 1] = EOS
-    return src
+    return helpers.random_sources(seed, lengths, vocab, PAD, EOS, UNK)
 
 
 LENGTHS = [5, 2, 9, 3, 7, 1, 6]  # one padded batch; a source of just EOS too

@@ -4,8 +4,10 @@ determinism, and beam search against exhaustive search under the same length-pen
 import itertools
 import re
 
+import helpers
 import pytest
 import torch
+from helpers import scaled_seq2seq
 
 from handformer.config import Seq2SeqConfig
 from handformer.generation.decoding import DecodeLimits, beam_search, best_reachable, greedy_decode
@@ -21,26 +23,13 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def tiny_model(seed: int, vocab: int = 6, scale: float = 2.5, dropout: float = 0.0,
                norm_placement: str = "post") -> Seq2SeqTransformer:
     """A random model with its matrices scaled up, so next-token distributions are far from flat."""
-    torch.manual_seed(seed)
-    cfg = Seq2SeqConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=16, n_heads=2, d_ff=32,
-                        n_encoder_layers=1, n_decoder_layers=1, dropout=dropout, max_positions=16,
-                        norm_placement=norm_placement)
-    model = Seq2SeqTransformer(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(scale)
-    return model.eval()
+    return scaled_seq2seq(seed, vocab=vocab, scale=scale, n_decoder_layers=1, max_positions=16,
+                          dropout=dropout, norm_placement=norm_placement)
 
 
 def random_sources(seed: int, lengths: list[int], vocab: int = 6) -> torch.Tensor:
     """(B, S) right-padded sources of the given real lengths (EOS included), content tokens >= 3."""
-    g = torch.Generator().manual_seed(1000 + seed)
-    src = torch.full((len(lengths), max(lengths)), PAD)
-    for i, n in enumerate(lengths):
-        src[i, : n - 1] = torch.randint(UNK, vocab, (n - 1,), generator=g)
-        src[i, n - 1] = EOS
-    return src
+    return helpers.random_sources(seed, lengths, vocab, PAD, EOS, UNK)
 
 
 def unpadded(src: torch.Tensor, i: int) -> torch.Tensor:
