@@ -8,6 +8,8 @@ left-padded prompts, and greedy generation with and without the KV cache, token 
 sliding windows are a few positions wide and the sequences run several windows beyond them.
 """
 
+import copy
+
 import pytest
 import torch
 from helpers import randomize_hf
@@ -16,6 +18,9 @@ transformers = pytest.importorskip("transformers")
 
 from handformer.convert.hf_weights import config_from_hf, model_from_hf  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
+from handformer.generation.prepare import prepare_for_decoding  # noqa: E402
+from handformer.nn.fuse import FusedSelfAttention  # noqa: E402
+from handformer.nn.packed_linear import pack_linears  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -122,6 +127,23 @@ def test_greedy_generation_matches_batched_and_left_padded(pair):
     assert generate(ours, prompts, new, temperature=0) == expected
     assert generate(ours, prompts, new, temperature=0, use_cache=False) == expected
     assert len({tuple(t) for t in expected}) == 3  # the rows differ: padding cannot hide a mix-up
+
+
+@torch.no_grad()
+def test_prepared_model_generates_the_same(pair):
+    """What `handformer generate` runs: the model fused (one Q/K/V and one gate/up matrix) and, here
+    with every size allowed, packed for oneDNN; the same 20 greedy tokens as Hugging Face."""
+    _, hf_model, ours = pair
+    prepared = prepare_for_decoding(copy.deepcopy(ours))
+    pack_linears(prepared, min_bytes=0)
+    assert any(isinstance(m, FusedSelfAttention) for m in prepared.modules())
+    ids, mask = _left_padded([9, 4, 6], 9, seed=3)
+    hf_model.generation_config.eos_token_id = None
+    out = hf_model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=0)
+    prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    assert generate(prepared, prompts, 20, temperature=0) == out[:, ids.size(1):].tolist()
+    torch.testing.assert_close(prepared(ids, attention_mask=mask).logits[mask.bool()],
+                               ours(ids, attention_mask=mask).logits[mask.bool()], atol=1e-5, rtol=1e-5)
 
 
 def test_configs_carry_each_familys_variation(pair):
