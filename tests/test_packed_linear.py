@@ -177,3 +177,14 @@ def test_a_packed_translation_model_translates_the_same(tmp_path):
     names = pack_linears(translator.model, min_bytes=0)
     assert "encoder.layers.0.self_attn.q_proj" in names and "decoder.layers.1.cross_attn.v_proj" in names
     assert {beam: translator.translate(texts, beam=beam) for beam in (1, 3)} == before
+
+
+def test_a_dtype_onednn_cannot_run_is_left_plain(monkeypatch):
+    import handformer.nn.packed_linear as packed_linear
+
+    model = _model()
+    monkeypatch.setattr(packed_linear, "_WORKS", {torch.float32: False})
+    assert pack_linears(model, min_bytes=0) == []
+    monkeypatch.setattr(packed_linear, "_WORKS", {})
+    assert packed_linear.packs_dtype(torch.float32)
+    assert pack_linears(model, min_bytes=0) != []

@@ -127,11 +127,27 @@ class PackedLinear(nn.Module):
                 f"bias={self.bias is not None}, batch_hint={self.batch_hint}")
 
 
+_WORKS: dict[torch.dtype, bool] = {}
+
+
+def packs_dtype(dtype: torch.dtype) -> bool:
+    """Whether this machine's oneDNN packs and multiplies `dtype` weights: tried once on an 8 x 8
+    layer (a CPU without bf16 support, or a non-x86 build, raises there instead of mid-generation)."""
+    if dtype not in _WORKS:
+        try:
+            layer = PackedLinear(torch.eye(8, dtype=dtype), None).eval()
+            _WORKS[dtype] = bool(torch.equal(layer(torch.eye(8, dtype=dtype)), torch.eye(8, dtype=dtype)))
+        except (RuntimeError, ValueError):
+            _WORKS[dtype] = False
+    return _WORKS[dtype]
+
+
 def pack_linears(model: nn.Module, min_bytes: int = MIN_PACKED_BYTES, batch_hint: int | None = None,
                  skip: Iterable[str] = ()) -> list[str]:
     """Replace (in place) every fp32 or bf16 CPU `nn.Linear` of `model` whose weight has `min_bytes`
     by a `PackedLinear`, except the modules named in `skip`. Does nothing where packing is not
-    available (`packing_available`). A head tied to the embedding gets its own packed copy; the
+    available (`packing_available`), and leaves a dtype alone that oneDNN cannot run here
+    (`packs_dtype`). A head tied to the embedding gets its own packed copy; the
     embedding keeps its table. Returns the names of the packed layers. (bf16 weights without native
     bf16 instructions run through oneDNN's emulation; `handformer quantize --bf16` says so.)
 
@@ -142,7 +158,8 @@ def pack_linears(model: nn.Module, min_bytes: int = MIN_PACKED_BYTES, batch_hint
     skip = set(skip)
     targets = {name: m for name, m in model.named_modules()
                if type(m) is nn.Linear and name not in skip and m.weight.dtype in PACKED_DTYPES
-               and m.weight.device.type == "cpu" and m.weight.numel() * m.weight.element_size() >= min_bytes}
+               and m.weight.device.type == "cpu" and m.weight.numel() * m.weight.element_size() >= min_bytes
+               and packs_dtype(m.weight.dtype)}
     return replace_layers(model, targets, lambda linear: PackedLinear.from_linear(linear, batch_hint))
 
 
@@ -153,4 +170,4 @@ def unpack_linears(model: nn.Module) -> list[str]:
 
 
 __all__ = ["MIN_PACKED_BYTES", "PACKED_DTYPES", "PackedLinear", "pack_linears", "packing_available",
-           "unpack_linears"]
+           "packs_dtype", "unpack_linears"]
