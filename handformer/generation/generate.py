@@ -67,9 +67,10 @@ SMALL_MATRIX = 2**18
 def default_threads(model: CausalLM) -> int | None:
     """The intra-op threads `generate` uses for `model`: 1 when every weight matrix is small, else
     None (torch's setting, unchanged)."""
-    largest = max((p.numel() for p in model.parameters() if p.dim() == 2), default=0)
-    packed = (m.in_features * m.out_features for m in model.modules() if isinstance(m, PackedLinear))
-    largest = max(packed, default=largest)  # packed weights are no parameters (nn/packed_linear.py)
+    matrices = [p.numel() for p in model.parameters() if p.dim() == 2]
+    # packed weights are no parameters (nn/packed_linear.py): count them by their layer's shape
+    matrices += [m.in_features * m.out_features for m in model.modules() if isinstance(m, PackedLinear)]
+    largest = max(matrices, default=0)
     return 1 if largest < SMALL_MATRIX else None
 
 

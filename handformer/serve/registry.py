@@ -53,11 +53,11 @@ def load_served_models(specs: list[str], device: str = "cpu") -> dict[str, Serve
         seen[name] = spec
         task = read_run_config(run_dir)["task"]
         if task == "lm":
-            models[name] = ServedModel(name, run_dir, task, lm=load_lm(run_dir, device))
-            prepare_for_decoding(models[name].lm.model)
+            served = ServedModel(name, run_dir, task, lm=load_lm(run_dir, device))
         else:
-            models[name] = ServedModel(name, run_dir, task, translator=Translator.load(run_dir, device))
-            prepare_for_decoding(models[name].translator.model)
+            served = ServedModel(name, run_dir, task, translator=Translator.load(run_dir, device))
+        prepare_for_decoding((served.lm or served.translator).model)
+        models[name] = served
     return models
 
 
