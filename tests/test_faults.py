@@ -3,7 +3,10 @@
 what is wrong and what to do, exit code 2, never a traceback. Every command x every fault class."""
 
 import json
+import os
+import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,32 @@ from handformer.cli import main
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "golden"))
+import behaviour  # noqa: E402  (tests/golden/behaviour.py: the recorded behaviour)
+
+WRITE_GOLDEN = os.environ.get("HANDFORMER_WRITE_GOLDEN") == "1"
+
+
+@pytest.fixture(scope="module")
+def messages():
+    """Every fault's message, as recorded in tests/golden/behaviour.json (section "faults"):
+    compared one by one, or rewritten with HANDFORMER_WRITE_GOLDEN=1."""
+    recorded = {} if WRITE_GOLDEN else behaviour.read()["faults"]
+    yield recorded
+    if WRITE_GOLDEN:
+        behaviour.write("faults", dict(sorted(recorded.items())))
+
+
+def same_message(messages: dict, key: str, err: str, tmp_path: Path) -> None:
+    """The message as the golden file has it, with the test's folders written as TMP and the
+    sizes of checkpoint headers (their metadata holds times) as N."""
+    text = re.sub(r"claims [\d,]+ bytes; the file holds [\d,]+", "claims N bytes; the file holds N",
+                  err.strip().replace(str(tmp_path), "TMP"))
+    if WRITE_GOLDEN:
+        messages[key] = text
+    else:
+        assert messages[key] == text, (key, text)
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 TRANSLATION = ["--config", "demo", "--set", "data.n_train=60", "--set", "data.n_heldout=6",
@@ -129,7 +158,7 @@ def assert_one_clear_line(code: int, err: str, file: Path, *words: str) -> None:
 
 @pytest.mark.parametrize("fault", WEIGHT_FAULTS)
 @pytest.mark.parametrize("command", COMMANDS)
-def test_a_broken_weights_file_is_one_clear_error(runs, tmp_path, capsys, command, fault):
+def test_a_broken_weights_file_is_one_clear_error(runs, tmp_path, capsys, messages, command, fault):
     work, args = run_broken(runs, tmp_path, command, capsys)
     path = work / COMMANDS[command][2]
     breaks, word = WEIGHT_FAULTS[fault]
@@ -138,14 +167,17 @@ def test_a_broken_weights_file_is_one_clear_error(runs, tmp_path, capsys, comman
     err = capsys.readouterr().err
     # What to do: re-run / resume / start over / download again, depending on the file.
     assert_one_clear_line(code, err, path, word, "re-run|resume|start the run over|download")
+    same_message(messages, f"weights/{command}/{fault}", err, tmp_path)
 
 
 @pytest.mark.parametrize("fault", CONFIG_FAULTS)
 @pytest.mark.parametrize("command", COMMANDS)
-def test_a_broken_config_json_is_one_clear_error(runs, tmp_path, capsys, command, fault):
+def test_a_broken_config_json_is_one_clear_error(runs, tmp_path, capsys, messages, command, fault):
     work, args = run_broken(runs, tmp_path, command, capsys)
     path = work / "config.json"
     breaks, words = CONFIG_FAULTS[fault]
     breaks(path)
     code = main(args)
-    assert_one_clear_line(code, capsys.readouterr().err, path, *words)
+    err = capsys.readouterr().err
+    assert_one_clear_line(code, err, path, *words)
+    same_message(messages, f"config/{command}/{fault}", err, tmp_path)

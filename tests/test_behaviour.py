@@ -1,0 +1,78 @@
+"""handformer computes what tests/golden/behaviour.json recorded: every preset and imported family's
+greedy, batched, uncached and sampled tokens, logits and attention checksums, the encoder-decoder's
+greedy and beam outputs, and 20 training losses of the two tiny configs (tests/golden/behaviour.py
+says how the file is written). The bad-input messages are compared by tests/test_faults.py.
+
+A change of form (moving code, renaming a helper) must leave all of it equal; a change that means
+to alter behaviour rewrites the file in the same commit and says why.
+"""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import require_module
+
+require_module("transformers", "pip install -e '.[dev]'")
+sys.path.insert(0, str(Path(__file__).resolve().parent / "golden"))
+import behaviour  # noqa: E402
+
+LOSS_TOLERANCE = 1e-6
+CHECKSUM_TOLERANCE = 1e-5  # relative: the same arithmetic in another order moves the last bits
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    return behaviour.read()
+
+
+@pytest.fixture(scope="module")
+def computed():
+    if not (behaviour.STORIES / "stories260K.bin").is_file():
+        from helpers import missing
+
+        missing(f"stories260K is not at {behaviour.STORIES} (the golden file records it)")
+    return behaviour.collect()
+
+
+def _compare(path: str, want, got) -> list[str]:
+    """Where `got` differs from `want`: lists of ints exactly, floats to CHECKSUM_TOLERANCE."""
+    if isinstance(want, dict):
+        if set(want) != set(got):
+            return [f"{path}: keys {sorted(set(want) ^ set(got))} differ"]
+        return [d for k in want for d in _compare(f"{path}.{k}", want[k], got[k])]
+    if isinstance(want, list):
+        if len(want) != len(got):
+            return [f"{path}: {len(got)} items, recorded {len(want)}"]
+        return [d for i, (w, g) in enumerate(zip(want, got)) for d in _compare(f"{path}[{i}]", w, g)]
+    if isinstance(want, float):
+        ok = math.isclose(want, got, rel_tol=CHECKSUM_TOLERANCE, abs_tol=CHECKSUM_TOLERANCE)
+        return [] if ok else [f"{path}: {got!r}, recorded {want!r}"]
+    return [] if want == got else [f"{path}: {got!r}, recorded {want!r}"]
+
+
+@pytest.mark.parametrize("section", ["presets", "families", "seq2seq"])
+def test_models_compute_what_was_recorded(recorded, computed, section):
+    differences = _compare(section, recorded[section], computed[section])
+    assert not differences, "\n".join(differences[:20])
+
+
+@pytest.mark.parametrize("config", ["tiny_lm", "tiny_seq2seq"])
+def test_training_losses_are_the_recorded_ones(recorded, computed, config):
+    want, got = recorded["training"][config], computed["training"][config]
+    assert len(want) == len(got) == 20
+    worst = max(abs(w - g) for w, g in zip(want, got))
+    assert worst <= LOSS_TOLERANCE, (worst, got)
+
+
+def test_every_family_and_preset_is_recorded(recorded):
+    """The golden file covers what it says: both presets, every import-hf family, llama2.c."""
+    assert {"gpt2", "llama", "llama_window"} <= set(recorded["presets"])
+    from handformer.convert.hf_weights import ARCHITECTURES
+
+    families = set(recorded["families"])
+    for model_type in ARCHITECTURES:
+        assert any(name.startswith(model_type) for name in families), model_type
+    assert "llama2c_stories260K" in families
+    assert len(recorded["faults"]) == 117
