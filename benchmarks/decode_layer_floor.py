@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from decode_limit import SHAPES  # noqa: E402
 
+from handformer.inference.fuse import fuse_projections  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
-from handformer.nn.fuse import fuse_projections  # noqa: E402
+from handformer.nn.masks import AttentionMask  # noqa: E402
 from handformer.nn.positions import rotate_half  # noqa: E402
 
 
@@ -69,12 +70,12 @@ def main() -> None:
         cache = model.new_cache(128)
         model(torch.randint(0, model.cfg.vocab_size, (1, start)), cache=cache)
         x = torch.randn(1, 1, model.cfg.d_model)
-        cos, sin = model.rotary.span(start, start + 1)
+        cos, sin = model.rotary(torch.tensor([[start]]))  # (1, 1, 1, Dh) each
         keys, values = cache.keys[0].clone(), cache.values[0].clone()
 
         def modules():
-            cache.length = start
-            return block(x, None, rope=(cos, sin), cache=cache.layer(0), check_empty_rows=False)[0]
+            cache.truncate(start)
+            return block(x, AttentionMask(), rope=(cos, sin), cache=cache.layer(0))[0]
 
         weights = layer_weights(block)
 

@@ -49,11 +49,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from handformer.config import CausalLMConfig  # noqa: E402
 from handformer.convert.hf_export import export_state_dict, hf_config  # noqa: E402
-from handformer.generation.generate import default_threads, generate, intra_op_threads  # noqa: E402
-from handformer.generation.prepare import prepare_for_decoding  # noqa: E402
+from handformer.generation.generate import generate  # noqa: E402
+from handformer.inference.packed_linear import PackedLinear  # noqa: E402
+from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
+from handformer.inference.quant import quantize_linears  # noqa: E402
+from handformer.inference.threads import default_threads, intra_op_threads  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
-from handformer.nn.packed_linear import PackedLinear  # noqa: E402
-from handformer.nn.quant import quantize_linears  # noqa: E402
 
 STORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "stories260K"
 SHAPES = {
@@ -81,8 +82,7 @@ def bytes_per_token(model: CausalLM, kv_length: float) -> float:
     bytes: not counted."""
     cfg = model.cfg
     head = getattr(model.lm_head, "weight", None)
-    lookups = {id(model.embed.weight)} | {id(p) for p in (model.positions.parameters()
-                                                           if model.positions is not None else [])}
+    lookups = {id(model.embed.weight)} | {id(p) for p in model.positions.parameters()}
     total, seen = 0.0, set()
     quantized = ("lm_head.weight", "proj.weight", "scales", "zeros")  # Int8Linear / Int4Linear buffers
     stored = list(model.parameters()) + [b for name, b in model.named_buffers() if name.endswith(quantized)]

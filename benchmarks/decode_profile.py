@@ -11,7 +11,7 @@ operators' time against the wall clock (the rest is Python).
     python benchmarks/decode_profile.py --model tiny --threads 1 --unfused   # Q/K/V, gate/up apart
 
 The model is prepared as `handformer generate` runs it: `prepare_for_decoding` (projections fused by
-handformer/nn/fuse.py, large weights packed for oneDNN); --unfused packs only.
+handformer/inference/fuse.py, large weights packed for oneDNN); --unfused packs only.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from decode_limit import SHAPES, hf_generate, hf_twin  # noqa: E402
 
 from handformer.generation.generate import generate  # noqa: E402
-from handformer.generation.prepare import prepare_for_decoding  # noqa: E402
+from handformer.inference.packed_linear import pack_linears  # noqa: E402
+from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
-from handformer.nn.packed_linear import pack_linears  # noqa: E402
 
 MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm")
 ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math")

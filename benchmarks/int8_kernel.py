@@ -1,4 +1,4 @@
-"""Benchmark: which kernel runs `Int8Linear` fastest on this machine (handformer/nn/quant.py), and int4.
+"""Benchmark: which kernel runs `Int8Linear` (handformer/inference/quant.py) fastest here, and int4.
 
 For the linear layers of a GPT-2-124M-shaped model (D = 768, and the 50,257-row output head), times
 y = x W^T at decode-time row counts (M = 1 and 8) three ways, rounds interleaved, medians reported:
@@ -9,7 +9,7 @@ y = x W^T at decode-time row counts (M = 1 and 8) three ways, rounds interleaved
 - int8pack-bf16: the same kernel with the activations and scales cast to bf16 and the result cast
   back to fp32 (the dtype its vectorized AVX512 path serves);
 - dequant:  the int8 weight times its scales back to fp32, then F.linear;
-- int4-bf16: 4-bit weights in groups of 32 (nn/quant_int4.py) through
+- int4-bf16: 4-bit weights in groups of 32 (inference/quant_int4.py) through
   torch.ops.aten._weight_int4pack_mm_for_cpu with bf16 activations, for comparison.
 
     python benchmarks/int8_kernel.py              # about 20 s on 2 busy cores
@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from handformer.nn.quant import dequantize_int8, quantize_int8  # noqa: E402
-from handformer.nn.quant_int4 import Int4Linear  # noqa: E402
+from handformer.inference.quant import dequantize_int8, quantize_int8  # noqa: E402
+from handformer.inference.quant_int4 import Int4Linear  # noqa: E402
 
 SHAPES = {"qkv 768->2304": (2304, 768), "o_proj 768->768": (768, 768), "up 768->3072": (3072, 768),
           "down 3072->768": (768, 3072), "head 768->50257": (50257, 768)}

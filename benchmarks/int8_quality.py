@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from handformer.nn.quant import set_kernel  # noqa: E402
+from handformer.inference.quant import set_kernel  # noqa: E402
 from handformer.tasks.lm.quantize import quantize_run  # noqa: E402
 from handformer.tasks.lm.run import load_lm  # noqa: E402
 from handformer.tasks.lm.scoring import eval_text, score_text  # noqa: E402

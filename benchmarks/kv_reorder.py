@@ -1,4 +1,4 @@
-"""Benchmark: `KVCache.reorder` (beam search's per-step row selection), copying only the filled
+"""Benchmark: `DecodingCache.reorder` (beam search's per-step row selection), copying only the filled
 positions and leaving the shared cross-attention keys/values alone, against selecting the whole
 preallocated buffers (self and cross) as before (issue 16).
 
@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from handformer.generation.cache import DecodingCache  # noqa: E402
 from handformer.nn.kv_cache import KVCache  # noqa: E402
 
 
@@ -36,7 +37,7 @@ def whole_buffers(cache: KVCache, index: torch.Tensor) -> None:
 def beam_steps(reorder, args: argparse.Namespace) -> float:
     """Seconds of the reorders over one search that fills the cache one position per step."""
     rows = args.sentences * args.beam
-    cache = KVCache(args.layers, args.steps)
+    cache = DecodingCache(args.layers, args.steps)
     kv = torch.randn(rows, args.heads, 1, args.head_dim)
     source = torch.randn(rows, args.heads, args.source, args.head_dim)
     for i in range(args.layers):
@@ -45,7 +46,7 @@ def beam_steps(reorder, args: argparse.Namespace) -> float:
     spent = 0.0
     for _ in range(args.steps):
         for i in range(args.layers):
-            cache.layer(i).append(kv, kv)
+            cache.layer(i).update(kv, kv)
         cache.advance(1)
         # each sentence keeps K of its own beams
         index = (torch.randint(0, args.beam, (args.sentences, args.beam), generator=gen)

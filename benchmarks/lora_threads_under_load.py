@@ -31,9 +31,9 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from handformer.adapters.lora import LoRAConfig, add_lora  # noqa: E402
 from handformer.config import CausalLMConfig  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
-from handformer.nn.lora import LoRAConfig, add_lora  # noqa: E402
 
 BUSY = [sys.executable, "-c", "while True: pass"]
 

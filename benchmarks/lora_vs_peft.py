@@ -1,4 +1,4 @@
-"""Benchmark: handformer's LoRA (handformer/nn/lora.py) vs Hugging Face transformers + peft, side by side.
+"""Benchmark: handformer's LoRA (handformer/adapters/lora.py) vs transformers + peft, side by side.
 
 The same Llama-style base model is built twice: Hugging Face's LlamaForCausalLM (random init,
 seeded) and handformer's CausalLM holding the same weights (handformer.convert.hf_weights). The
@@ -35,8 +35,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from handformer.adapters.lora import LoRAConfig, LoRALinear, add_lora  # noqa: E402
 from handformer.convert.hf_weights import model_from_hf  # noqa: E402
-from handformer.nn.lora import LoRAConfig, LoRALinear, add_lora  # noqa: E402
 
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 

@@ -1,4 +1,4 @@
-"""Benchmark: oneDNN-packed linear layers (handformer/nn/packed_linear.py) against `F.linear`.
+"""Benchmark: oneDNN-packed linear layers (handformer/inference/packed_linear.py) against `F.linear`.
 
 Every linear layer of a GPT-2-124M-shaped model (12 x (Q/K/V 2304 x 768, O 768 x 768, FFN 3072 x 768
 and 768 x 3072), head 50,257 x 768; random weights, 497 MB in fp32, far larger than the caches),
@@ -25,7 +25,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from handformer.nn.packed_linear import PackedLinear, packing_available  # noqa: E402
+from handformer.inference.packed_linear import PackedLinear, packing_available  # noqa: E402
 
 D, LAYERS, VOCAB = 768, 12, 50257
 

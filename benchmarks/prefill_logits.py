@@ -1,6 +1,6 @@
 """Benchmark: a prompt's prefill with logits for every position vs for the last one only.
 
-`generate` asks `CausalLM.forward(..., last_only=True)`; this times one forward over a prompt of
+`generate` asks `CausalLM.forward(..., logits_to_keep=1)`; this times one forward over a prompt of
 --prompt tokens on a GPT-2-124M-shaped model (random weights) both ways, rounds interleaved, and
 prints the medians and their ratio.
 
@@ -41,7 +41,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for last_only in (False, True):
                 start = time.perf_counter()
-                model(ids, last_only=last_only)
+                model(ids, logits_to_keep=int(last_only))  # 0: every position, 1: the last
                 times[last_only].append(time.perf_counter() - start)
     full, last = statistics.median(times[False]), statistics.median(times[True])
     print(f"{torch.get_num_threads()} threads, {args.prompt}-token prompt, medians of {args.rounds} "

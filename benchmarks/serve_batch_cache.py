@@ -41,7 +41,7 @@ def prefilled(model: CausalLM, lengths: list[int]) -> list[KVCache]:
     caches = []
     for n in lengths:
         cache = KVCache(model.cfg.n_layers, model.cfg.max_positions)
-        model(torch.randint(0, model.cfg.vocab_size, (1, n)), cache=cache, last_only=True)
+        model(torch.randint(0, model.cfg.vocab_size, (1, n)), cache=cache, logits_to_keep=1)
         caches.append(cache)
     return caches
 
@@ -53,7 +53,7 @@ def padded_steps(model: CausalLM, caches: list[KVCache], steps: int) -> float:
     start = time.perf_counter()
     for _ in range(steps):
         mask = batch.grow()
-        model(ids, mask, cache=batch.cache, last_only=True)
+        model(ids, mask, cache=batch.cache, logits_to_keep=1)
     return (time.perf_counter() - start) / steps
 
 
@@ -69,7 +69,7 @@ def stacked_steps(model: CausalLM, caches: list[KVCache], steps: int) -> float:
         batch = PaddedBatch(model.cfg.n_layers)
         batch.regroup([], own, [1] * len(own))  # every row's cache copied into one padded batch
         mask = batch.grow()
-        model(ids, mask, cache=batch.cache, last_only=True)
+        model(ids, mask, cache=batch.cache, logits_to_keep=1)
         S = batch.cache.length
         for row, o in enumerate(own):  # the new column back into each row's own cache
             for layer in range(model.cfg.n_layers):

@@ -10,7 +10,7 @@ from handformer.models.causal_lm import CausalLM, CausalLMOutput
 from handformer.models.seq2seq import Seq2SeqOutput, Seq2SeqTransformer
 from handformer.nn.attention import MultiHeadAttention, scaled_dot_product_attention
 from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
-from handformer.nn.feed_forward import FeedForward
+from handformer.nn.feed_forward import FeedForward, GatedFeedForward
 from handformer.nn.kv_cache import KVCache
 from handformer.nn.masks import causal_mask, padding_mask
 from handformer.nn.norms import LayerNorm, RMSNorm
@@ -32,7 +32,8 @@ def chat(run_dir: str | os.PathLike, **options: Any) -> ChatSession:
 
 __all__ = [
     "BlockConfig", "CausalLM", "CausalLMConfig", "CausalLMOutput", "DecoderLayer",
-    "DecoderOnlyBlock", "EncoderLayer", "FeedForward", "KVCache", "LayerNorm", "MultiHeadAttention",
+    "DecoderOnlyBlock", "EncoderLayer", "FeedForward", "GatedFeedForward", "KVCache", "LayerNorm",
+    "MultiHeadAttention",
     "RMSNorm", "Seq2SeqConfig", "Seq2SeqOutput", "Seq2SeqTransformer", "causal_mask", "load_config",
     "chat", "padding_mask", "scaled_dot_product_attention",
 ]

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
+PLAIN_ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_offset")
 NORM_PLACEMENTS = ("post", "pre")
 POSITIONS = ("sinusoidal", "learned", "rope", "none")

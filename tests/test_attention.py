@@ -16,7 +16,7 @@ import torch
 from torch.testing import assert_close
 
 from handformer.nn.attention import repeat_kv, scaled_dot_product_attention
-from handformer.nn.masks import causal_mask, combine, key_mask, padding_mask
+from handformer.nn.masks import AttentionMask, causal_mask, document_mask, key_mask, padding_mask
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 
@@ -73,8 +73,8 @@ def test_is_causal_equals_explicit_causal_mask_on_both_paths():
     q, k, v = qkv(T=6, S=6)
     tril = causal_mask(6)
     ref, _ = scaled_dot_product_attention(q, k, v, tril, need_weights=True)
-    fast, _ = scaled_dot_product_attention(q, k, v, is_causal=True)
-    slow, w = scaled_dot_product_attention(q, k, v, is_causal=True, need_weights=True)
+    fast, _ = scaled_dot_product_attention(q, k, v, AttentionMask(is_causal=True))
+    slow, w = scaled_dot_product_attention(q, k, v, AttentionMask(is_causal=True), need_weights=True)
     assert_close(fast, ref, **TOL)
     assert_close(slow, ref, **TOL)
     assert torch.all(w.masked_select(~tril.expand_as(w)) == 0)
@@ -85,10 +85,10 @@ def test_is_causal_equals_explicit_causal_mask_on_both_paths():
 def test_is_causal_is_refused_with_a_mask_or_unequal_lengths():
     q, k, v = qkv(T=4, S=6)
     with pytest.raises(ValueError, match="is_causal"):
-        scaled_dot_product_attention(q, k, v, is_causal=True)
+        scaled_dot_product_attention(q, k, v, AttentionMask(is_causal=True))
     q, k, v = qkv(T=4, S=4)
     with pytest.raises(ValueError, match="is_causal"):
-        scaled_dot_product_attention(q, k, v, causal_mask(4), is_causal=True)
+        AttentionMask(causal_mask(4), is_causal=True)
 
 
 def test_non_bool_mask_is_refused():
@@ -114,8 +114,8 @@ def test_grouped_query_attention_equals_repeated_heads(Hkv, need_weights):
 
 def test_grouped_query_attention_is_causal_fast_equals_explicit():
     q, k, v = qkv(H=6, Hkv=2, T=5, S=5)
-    fast, _ = scaled_dot_product_attention(q, k, v, is_causal=True)
-    slow, _ = scaled_dot_product_attention(q, k, v, is_causal=True, need_weights=True)
+    fast, _ = scaled_dot_product_attention(q, k, v, AttentionMask(is_causal=True))
+    slow, _ = scaled_dot_product_attention(q, k, v, AttentionMask(is_causal=True), need_weights=True)
     assert_close(fast, slow, **TOL)
 
 
@@ -127,7 +127,8 @@ def test_grouped_query_gradients_fast_equal_explicit(causal):
     for need_weights in (False, True):
         q, k, v = (t.clone().requires_grad_() for t in qkv(H=6, Hkv=2, T=5, S=5))
         mask = None if causal else random_mask((2, 1, 5, 5), seed=4) | torch.eye(5, dtype=torch.bool)
-        out, _ = scaled_dot_product_attention(q, k, v, mask, is_causal=causal, need_weights=need_weights)
+        out, _ = scaled_dot_product_attention(q, k, v, AttentionMask(is_causal=True) if causal else mask,
+                                              need_weights=need_weights)
         out.pow(2).sum().backward()
         grads.append([q.grad, k.grad, v.grad])
     for fast, slow in zip(*grads):
@@ -233,13 +234,12 @@ def test_causal_mask_with_offset_matches_cache_positions():
     assert torch.equal(causal_mask(6)[4:], causal_mask(2, 6, offset=4))
 
 
-def test_combine_is_logical_and_ignoring_none():
-    assert combine() is None
-    assert combine(None, None) is None
+def test_masks_combine_by_and_and_documents_stay_apart():
     p = padding_mask(torch.tensor([[1, 2, 0]]), 0)  # (1, 1, 1, 3)
     c = causal_mask(3)  # (3, 3)
-    assert combine(None, p) is p
-    both = combine(c, None, p)
+    both = c & p
     assert both.shape == (1, 1, 3, 3)
-    assert torch.equal(both, c & p)
     assert both[0, 0].tolist() == [[True, False, False], [True, True, False], [True, True, False]]
+    # Two packed documents, [0, 0, 1]: the third position sees only itself.
+    docs = document_mask(torch.tensor([[0, 0, 1]]))  # (1, 1, 3, 3)
+    assert (c & docs)[0, 0].tolist() == [[True, False, False], [True, True, False], [False, False, True]]

@@ -12,6 +12,7 @@ from helpers import scaled_seq2seq
 from torch import Tensor
 
 from handformer.generation import decoding
+from handformer.generation.cache import DecodingCache
 from handformer.generation.decoding import (
     DecodeLimits,
     _in_eval_mode,
@@ -21,7 +22,6 @@ from handformer.generation.decoding import (
     greedy_decode,
 )
 from handformer.models.seq2seq import Seq2SeqTransformer
-from handformer.nn.kv_cache import KVCache
 
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
 
@@ -54,7 +54,7 @@ def loop_beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimit
     src_mask = src_mask.repeat_interleave(K, dim=0)  # (B*K, 1, 1, S)
     max_lens = limits.max_lengths(src, model.cfg.max_positions).tolist()
     steps = max(max_lens)
-    cache = model.new_cache(steps) if use_cache else None  # BOS + steps - 1 tokens
+    cache = DecodingCache(model.cfg.n_decoder_layers, steps) if use_cache else None  # BOS + steps - 1 tokens
     ys = torch.full((B * K, 1), limits.bos_id, dtype=torch.long, device=src.device)  # (B*K, 1)
     # Every beam starts as the same empty hypothesis: only beam 0 may expand at the first step.
     scores = torch.full((B, K), float("-inf"), device=src.device)  # (B, K) summed log-probs
@@ -209,9 +209,9 @@ def test_a_vocabulary_smaller_than_the_beam_leaves_slots_empty_as_the_loop_does(
 def test_reorder_can_select_the_cross_attention_rows_by_their_own_index():
     """Beam search dropping a finished sentence: self-attention rows follow the surviving beams,
     cross-attention rows the kept sentences' beams."""
-    cache = KVCache(n_layers=1, max_length=6)
+    cache = DecodingCache(n_layers=1, max_length=6)
     g = torch.Generator().manual_seed(0)
-    cache.layer(0).append(torch.randn(4, 2, 3, 5, generator=g), torch.randn(4, 2, 3, 5, generator=g))
+    cache.layer(0).update(torch.randn(4, 2, 3, 5, generator=g), torch.randn(4, 2, 3, 5, generator=g))
     cache.advance(3)
     cache.cross[0] = (torch.randn(4, 2, 7, 5, generator=g), torch.randn(4, 2, 7, 5, generator=g))
     keys, cross = cache.keys[0], cache.cross[0]
@@ -233,23 +233,23 @@ def test_a_cache_that_starts_small_and_grows_gives_the_same_outputs(monkeypatch,
 
 
 def test_reorder_can_change_the_capacity_and_keeps_what_is_filled():
-    cache = KVCache(n_layers=1, max_length=4)
+    cache = DecodingCache(n_layers=1, max_length=4)
     k, v = torch.randn(2, 2, 3, 5), torch.randn(2, 2, 3, 5)
-    cache.layer(0).append(k, v)
+    cache.layer(0).update(k, v)
     cache.advance(3)
     cache.reorder(torch.tensor([1, 0]), cross=False, capacity=8)
     assert cache.keys[0].shape == (2, 2, 8, 5) and cache.slots == cache.max_length == 8
     assert torch.equal(cache.keys[0][:, :, :3], k[[1, 0]]) and torch.equal(cache.values[0][:, :, :3], v[[1, 0]])
-    keys, _ = cache.layer(0).append(torch.ones(2, 2, 5, 5), torch.ones(2, 2, 5, 5))  # room for 5 more
+    keys, _ = cache.layer(0).update(torch.ones(2, 2, 5, 5), torch.ones(2, 2, 5, 5))  # room for 5 more
     assert keys.shape == (2, 2, 8, 5) and torch.equal(keys[:, :, :3], k[[1, 0]])
     with pytest.raises(ValueError, match="cannot resize a KV cache of 3 positions to capacity 2"):
         _filled_cache(3).reorder(torch.tensor([0]), capacity=2)
     with pytest.raises(ValueError, match="rolling window"):
-        KVCache(1, 8, window=4).reorder(torch.tensor([0]), capacity=16)
+        DecodingCache(1, 8, window=4).reorder(torch.tensor([0]), capacity=16)
 
 
-def _filled_cache(n: int) -> KVCache:
-    cache = KVCache(n_layers=1, max_length=4)
-    cache.layer(0).append(torch.randn(1, 2, n, 5), torch.randn(1, 2, n, 5))
+def _filled_cache(n: int) -> DecodingCache:
+    cache = DecodingCache(n_layers=1, max_length=4)
+    cache.layer(0).update(torch.randn(1, 2, n, 5), torch.randn(1, 2, n, 5))
     cache.advance(n)
     return cache

@@ -1,6 +1,6 @@
 """The decode path's shortcuts compute what the plain path computes.
 
-`last_only=True` (what `generate` asks for) gives the last position's logits of a full forward,
+`logits_to_keep=1` (what `generate` asks for) gives the last position's logits of a full forward,
 with and without padding and a cache, and the cache ends up the same.
 """
 
@@ -8,15 +8,17 @@ import pytest
 import torch
 
 from handformer.config import CausalLMConfig
+from handformer.generation.cache import DecodingCache
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.kv_cache import KVCache
+from handformer.nn.masks import AttentionMask, as_attention_mask
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("style", ["gpt2", "llama"])
 @torch.no_grad()
-def test_last_only_equals_the_last_row_of_all_logits(style):
+def test_logits_to_keep_1_equals_the_last_row_of_all_logits(style):
     build = CausalLMConfig.gpt2_style if style == "gpt2" else CausalLMConfig.llama_style
     torch.manual_seed(0)
     model = CausalLM(build(vocab_size=50, d_model=32, n_heads=4, n_kv_heads=2 if style == "llama" else None,
@@ -25,22 +27,24 @@ def test_last_only_equals_the_last_row_of_all_logits(style):
     mask = torch.ones(2, 9, dtype=torch.bool)
     mask[1, :3] = False  # left padding
     full = model(ids, mask).logits  # (B, T, V)
-    last = model(ids, mask, last_only=True).logits  # (B, 1, V)
+    last = model(ids, mask, logits_to_keep=1).logits  # (B, 1, V)
     assert last.shape == (2, 1, 50)
     torch.testing.assert_close(last, full[:, -1:], atol=1e-6, rtol=1e-6)
 
     cache_a, cache_b = model.new_cache(16), model.new_cache(16)
     model(ids[:, :6], mask[:, :6], cache=cache_a)
-    model(ids[:, :6], mask[:, :6], cache=cache_b, last_only=True)
+    model(ids[:, :6], mask[:, :6], cache=cache_b, logits_to_keep=1)
     step_a = model(ids[:, 6:], mask, cache=cache_a).logits[:, -1:]
-    step_b = model(ids[:, 6:], mask, cache=cache_b, last_only=True).logits
+    step_b = model(ids[:, 6:], mask, cache=cache_b, logits_to_keep=1).logits
     torch.testing.assert_close(step_b, step_a, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(step_b, full[:, -1:], atol=1e-5, rtol=1e-5)
 
 
 # --- the per-step shortcuts -----------------------------------------------------------------------
 
-def test_skipping_the_empty_row_check_changes_nothing_when_every_row_sees_a_key():
+def test_a_mask_object_built_once_equals_the_tensor_mask_checked_per_call():
+    """The model builds its AttentionMask once per forward; a plain tensor is checked at every
+    call. Both give the same outputs, with and without a row that sees no key."""
     from handformer.nn.attention import scaled_dot_product_attention
     from handformer.nn.masks import has_empty_rows
 
@@ -49,11 +53,17 @@ def test_skipping_the_empty_row_check_changes_nothing_when_every_row_sees_a_key(
     mask = torch.rand(2, 1, 3, 6, generator=g) < 0.5
     mask[..., 0] = True  # every query row sees key 0
     assert not has_empty_rows(mask)
-    checked, _ = scaled_dot_product_attention(q, k, v, mask)
-    unchecked, _ = scaled_dot_product_attention(q, k, v, mask, check_empty_rows=False)
-    assert torch.equal(checked, unchecked)
+    per_call, _ = scaled_dot_product_attention(q, k, v, mask)
+    built = as_attention_mask(mask)
+    assert built.visible_rows is None and built.allowed is mask  # nothing to zero: the mask as given
+    assert torch.equal(scaled_dot_product_attention(q, k, v, built)[0], per_call)
     mask[1, 0, 2] = False
     assert has_empty_rows(mask)
+    built = as_attention_mask(mask)
+    assert built.visible_rows is not None
+    out = scaled_dot_product_attention(q, k, v, built)[0]
+    assert torch.equal(out, scaled_dot_product_attention(q, k, v, mask)[0])
+    assert torch.all(out[1, :, 2] == 0) and torch.isfinite(out).all()
 
 
 @torch.no_grad()
@@ -64,26 +74,27 @@ def test_a_decoding_step_builds_no_causal_mask():
     model = CausalLM(CausalLMConfig.llama_style(vocab_size=50, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64,
                                                 n_layers=1, max_positions=32)).eval()
     cache = model.new_cache(16)
-    cache.length = 5
-    assert model.build_mask(1, 5, None, cache, torch.device("cpu")) == (None, False)
+    cache.advance(5)
+    assert model.build_mask(1, 5, None, cache, torch.device("cpu")) == AttentionMask()
     padding = torch.tensor([[0, 1, 1, 1, 1, 1]], dtype=torch.bool)
-    mask, is_causal = model.build_mask(1, 5, padding, cache, torch.device("cpu"))
-    assert not is_causal and torch.equal(mask, padding[:, None, None, :])
+    mask = model.build_mask(1, 5, padding, cache, torch.device("cpu"))
+    assert not mask.is_causal and torch.equal(mask.allowed, padding[:, None, None, :])
 
     windowed = CausalLM(CausalLMConfig.llama_style(vocab_size=50, d_model=32, n_heads=4, n_kv_heads=2,
                                                    d_ff=64, n_layers=1, max_positions=32,
                                                    sliding_window=4)).eval()
     rolling = windowed.new_cache(16)
-    rolling.length = 9
-    assert windowed.build_mask(1, 9, None, rolling, torch.device("cpu")) == (None, False)
+    rolling.advance(9)
+    assert windowed.build_mask(1, 9, None, rolling, torch.device("cpu")) == AttentionMask()
     plain = KVCache(1, 16)  # keeps every position: the window must be masked
-    plain.length = 9
-    mask, _ = windowed.build_mask(1, 9, None, plain, torch.device("cpu"))
-    assert mask.tolist() == [[False] * 6 + [True] * 4]
+    plain.advance(9)
+    mask = windowed.build_mask(1, 9, None, plain, torch.device("cpu"))
+    assert mask.allowed.tolist() == [[False] * 6 + [True] * 4]
 
 
 def test_generate_decodes_a_small_model_with_one_thread_and_restores_the_setting():
-    from handformer.generation.generate import default_threads, generate
+    from handformer.generation.generate import generate
+    from handformer.inference.threads import default_threads
 
     tiny = CausalLM(CausalLMConfig.llama_style(vocab_size=50, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64,
                                                n_layers=1, max_positions=32))
@@ -106,10 +117,10 @@ def test_generate_decodes_a_small_model_with_one_thread_and_restores_the_setting
 
 
 def test_reorder_selects_the_filled_rows_and_keeps_the_capacity():
-    cache = KVCache(n_layers=2, max_length=10)
+    cache = DecodingCache(n_layers=2, max_length=10)
     g = torch.Generator().manual_seed(0)
     for i in range(2):
-        cache.layer(i).append(torch.randn(3, 2, 4, 5, generator=g), torch.randn(3, 2, 4, 5, generator=g))
+        cache.layer(i).update(torch.randn(3, 2, 4, 5, generator=g), torch.randn(3, 2, 4, 5, generator=g))
     cache.advance(4)
     cache.cross[0] = (torch.randn(3, 2, 6, 5, generator=g), torch.randn(3, 2, 6, 5, generator=g))
     keys, values, cross = list(cache.keys), list(cache.values), cache.cross[0]
@@ -123,7 +134,7 @@ def test_reorder_selects_the_filled_rows_and_keeps_the_capacity():
     cache.reorder(torch.tensor([1]), cross=False)  # fewer rows; cross keys/values left as they are
     assert cache.keys[0].shape == (1, 2, 10, 5) and cache.cross[0][0].shape == (3, 2, 6, 5)
     assert torch.equal(cache.keys[0][:, :, :4], keys[0][[0], :, :4])
-    k, v = cache.layer(0).append(torch.ones(1, 2, 1, 5), torch.ones(1, 2, 1, 5))
+    k, v = cache.layer(0).update(torch.ones(1, 2, 1, 5), torch.ones(1, 2, 1, 5))
     assert k.shape == (1, 2, 5, 5) and torch.equal(k[:, :, :4], keys[0][[0], :, :4])
 
 

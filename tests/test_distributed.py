@@ -15,12 +15,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from handformer.adapters.lora import LoRAConfig, add_lora
 from handformer.config import CausalLMConfig, Seq2SeqConfig
 from handformer.data.batching import collate
 from handformer.data.text import LMBatch, LMWindows, validation_batches
 from handformer.models.causal_lm import CausalLM
 from handformer.models.seq2seq import Seq2SeqTransformer
-from handformer.nn.lora import LoRAConfig, add_lora
 from handformer.tasks.lm.train import lm_loss
 from handformer.tasks.translation.train import seq2seq_loss
 from handformer.training import distributed

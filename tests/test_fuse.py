@@ -5,18 +5,24 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import missing
 from torch import nn
 
+from handformer.adapters.lora import LoRAConfig, add_lora
 from handformer.config import CausalLMConfig, Seq2SeqConfig
 from handformer.generation.generate import generate
+from handformer.inference.fuse import (
+    FusedGatedFeedForward,
+    FusedSelfAttention,
+    fuse_projections,
+    stack_linears,
+)
+from handformer.inference.packed_linear import PackedLinear, pack_linears, packing_available
+from handformer.inference.quant import quantize_linears
 from handformer.models.causal_lm import CausalLM
 from handformer.models.seq2seq import Seq2SeqTransformer
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.feed_forward import FeedForward
-from handformer.nn.fuse import FusedGatedFeedForward, FusedSelfAttention, fuse_projections, stack_linears
-from handformer.nn.lora import LoRAConfig, add_lora
-from handformer.nn.packed_linear import PackedLinear, pack_linears, packing_available
-from handformer.nn.quant import quantize_linears
 
 CONFIGS = {
     "llama": lambda: CausalLMConfig.llama_style(vocab_size=61, d_model=32, n_heads=4, n_kv_heads=2, d_ff=48,
@@ -155,9 +161,10 @@ def test_stack_linears():
     assert fuse_projections(nn.ModuleDict({"ffn": plain}))["ffn"] is plain  # not gated: unchanged
 
 
-@pytest.mark.skipif(not packing_available(), reason="this torch has no oneDNN linear packing")
 def test_fused_layers_can_be_packed_afterwards():
     """prepare_for_decoding packs large weights: a fused matrix is one more nn.Linear to pack."""
+    if not packing_available():
+        missing("this torch has no oneDNN linear packing (torch.ops.mkldnn; an x86 build of torch has it)")
     torch.manual_seed(0)
     model = CausalLM(CausalLMConfig.llama_style(vocab_size=61, d_model=256, n_heads=4, n_kv_heads=2, d_ff=512,
                                                 n_layers=1, max_positions=32)).eval()
@@ -170,3 +177,24 @@ def test_fused_layers_can_be_packed_afterwards():
     with torch.no_grad():
         torch.testing.assert_close(fused(ids).logits, model(ids).logits, rtol=0, atol=1e-5)
     assert generate(fused, [[1, 2, 3]], 8, temperature=0) == generate(model, [[1, 2, 3]], 8, temperature=0)
+
+
+def test_removing_dropout_changes_no_output_and_prepare_does_it():
+    """In eval mode dropout returns its input: nn.Identity computes the same, and decoding
+    preparation puts one in the place of every nn.Dropout."""
+    from handformer.inference.dropout import remove_dropout
+    from handformer.inference.prepare import prepare_for_decoding
+
+    torch.manual_seed(0)
+    cfg = CausalLMConfig.gpt2_style(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_positions=32,
+                                    dropout=0.1)
+    model = CausalLM(cfg).eval()
+    ids = torch.randint(0, 50, (2, 7))
+    before = model(ids).logits
+    n_dropouts = sum(isinstance(m, torch.nn.Dropout) for m in model.modules())
+    assert n_dropouts == 1 + cfg.n_layers  # the embeddings', and one a block (used after each sublayer)
+    remove_dropout(model)
+    assert not any(isinstance(m, torch.nn.Dropout) for m in model.modules())
+    assert torch.equal(model(ids).logits, before)
+    prepared = prepare_for_decoding(CausalLM(cfg))
+    assert not any(isinstance(m, torch.nn.Dropout) for m in prepared.modules())

@@ -18,9 +18,9 @@ transformers = pytest.importorskip("transformers")
 
 from handformer.convert.hf_weights import config_from_hf, model_from_hf  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
-from handformer.generation.prepare import prepare_for_decoding  # noqa: E402
-from handformer.nn.fuse import FusedSelfAttention  # noqa: E402
-from handformer.nn.packed_linear import pack_linears  # noqa: E402
+from handformer.inference.fuse import FusedSelfAttention  # noqa: E402
+from handformer.inference.packed_linear import pack_linears  # noqa: E402
+from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""LoRA (handformer/nn/lora.py): the adapter's forward is the formula, B = 0 leaves the model exactly
+"""LoRA (handformer/adapters/lora.py): the adapter's forward is the formula, B = 0 leaves the model exactly
 as it was, merged weights compute what base + adapters compute, only the adapters train, target
 selection and its errors, and equality with Hugging Face `peft` on a tiny random Llama (the same
 initial adapters copied in: the same logits and gradients)."""
@@ -11,12 +11,12 @@ import transformers
 from helpers import randomize_hf
 from torch import nn
 
+from handformer.adapters.lora import LoRAConfig, LoRALinear, add_lora, block_linears, has_lora, merge_lora
 from handformer.config import CausalLMConfig
 from handformer.convert.hf_weights import model_from_hf
 from handformer.data.text import LMWindows
 from handformer.generation.generate import generate
 from handformer.models.causal_lm import CausalLM
-from handformer.nn.lora import LoRAConfig, LoRALinear, add_lora, block_linears, has_lora, merge_lora
 from handformer.tasks.lm.train import lm_loss
 from handformer.training.checkpoint import read_safetensors
 from handformer.training.loop import TrainConfig, make_optimizer, train

@@ -42,7 +42,7 @@ def test_attention_names():
     assert mha.n_heads == 4 and mha.head_dim == 16 == BlockConfig(d_model=64, n_heads=4).head_dim
     assert params(MultiHeadAttention.__init__) == ["d_model", "n_heads", "n_kv_heads", "bias", "dropout",
                                                    "head_dim", "qkv_bias"]
-    assert params(mha.forward)[:3] == ["x", "context", "mask"] and "need_weights" in params(mha.forward)
+    assert params(mha.forward)[:4] == ["query", "key", "value", "mask"] and "need_weights" in params(mha.forward)
     out, weights = mha(torch.randn(1, 3, 64))
     assert weights is None  # only with need_weights=True
 
@@ -62,9 +62,10 @@ def test_layer_names_and_the_decoder_mask_order():
     assert {"self_attn", "cross_attn", "attn_norm", "cross_attn_norm", "ffn", "ffn_norm"} <= {
         n for n, _ in dec.named_children()}
     assert params(enc.forward)[:2] == ["x", "mask"]
-    assert params(dec.forward)[:4] == ["x", "memory", "self_mask", "memory_mask"]
+    # The tutorial's order, layer(x, enc_output, src_mask, tgt_mask), by position or by name.
+    assert params(dec.forward)[:4] == ["x", "memory", "memory_mask", "self_mask"]
     kinds = {n: p.kind for n, p in inspect.signature(dec.forward).parameters.items()}
-    assert kinds["self_mask"] == kinds["memory_mask"] == inspect.Parameter.KEYWORD_ONLY
+    assert kinds["self_mask"] == kinds["memory_mask"] == inspect.Parameter.POSITIONAL_OR_KEYWORD
     x, memory = torch.randn(1, 3, 16), torch.randn(1, 4, 16)
     assert len(enc(x)) == 2 and len(dec(x, memory)) == 3
     assert params(LayerNorm.__init__) == ["d_model", "eps", "bias"] and params(RMSNorm.__init__) == ["d_model", "eps"]
@@ -83,7 +84,7 @@ def test_model_names():
                         (CausalLMConfig, ("n_layers", "max_positions"))):
         assert set(fields) <= {f.name for f in dataclasses.fields(cls)}
     for module, name in ((decoding, "greedy_decode"), (decoding, "beam_search"), (generate, "generate"),
-                         (sampling, "top_k_filter"), (sampling, "top_p_filter"), (masks, "combine")):
+                         (sampling, "top_k_filter"), (sampling, "top_p_filter"), (masks, "document_mask")):
         assert callable(getattr(module, name)), name
 
 

@@ -1,4 +1,4 @@
-"""Linear layers packed for oneDNN (handformer/nn/packed_linear.py) and where they are applied.
+"""Linear layers packed for oneDNN (handformer/inference/packed_linear.py) and where they are applied.
 
 A packed layer must compute `F.linear` (up to the order of sums), give its plain weight back bit for
 bit (state dict, `to_linear`, `unpack_linears`), load a state dict into its packed form, refuse
@@ -9,22 +9,25 @@ training, and leave a model's greedy tokens unchanged. The CLI packs after loadi
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import make_translation_run
+from helpers import make_translation_run, missing
 from torch import nn
 
 from handformer.cli import main
 from handformer.config import CausalLMConfig
 from handformer.data.tokenizer import Tokenizer
-from handformer.generation.generate import default_threads, generate
-from handformer.generation.prepare import PLAIN_ENV, prepare_for_decoding
+from handformer.generation.generate import generate
+from handformer.inference.packed_linear import PackedLinear, pack_linears, packing_available, unpack_linears
+from handformer.inference.prepare import PLAIN_ENV, prepare_for_decoding
+from handformer.inference.quant import Int8Linear, quantize_linears
+from handformer.inference.threads import default_threads
 from handformer.models.causal_lm import CausalLM
-from handformer.nn.packed_linear import PackedLinear, pack_linears, packing_available, unpack_linears
-from handformer.nn.quant import Int8Linear, quantize_linears
 from handformer.tasks.lm.run import SpecialTokens, load_lm, save_lm_run
 from handformer.tasks.translation.translator import Translator
 
-pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.skipif(not packing_available(), reason="this torch has no oneDNN linear packing")]
+pytestmark = pytest.mark.usefixtures("one_thread")
+NO_PACKING = "this torch has no oneDNN linear packing (torch.ops.mkldnn; an x86 build of torch has it)"
+if not packing_available():
+    missing(NO_PACKING)  # fails under HANDFORMER_REQUIRE_REFERENCES=1, as the other references do
 
 
 def _linear(n_out=300, n_in=100, bias=True, seed=0):
@@ -157,7 +160,7 @@ def test_generate_command_fuses_and_packs_and_prints_the_same_text(tmp_path, cap
     run = load_lm(run_dir)
     prepare_for_decoding(run.model)
     packed = [n for n, m in run.model.named_modules() if isinstance(m, PackedLinear)]
-    # fused first (nn/fuse.py): gate and up are one 2 MiB matrix, packed with the 1 MiB down_proj
+    # fused first (inference/fuse.py): gate and up are one 2 MiB matrix, packed with the 1 MiB down_proj
     assert packed == ["layers.0.ffn.gate_up_proj", "layers.0.ffn.down_proj"]
     args = ["generate", str(run_dir), "--prompt", "the quick", "--max-new-tokens", "20", "--temperature", "0"]
     assert main(args) == 0
@@ -180,7 +183,7 @@ def test_a_packed_translation_model_translates_the_same(tmp_path):
 
 
 def test_a_dtype_onednn_cannot_run_is_left_plain(monkeypatch):
-    import handformer.nn.packed_linear as packed_linear
+    import handformer.inference.packed_linear as packed_linear
 
     model = _model()
     monkeypatch.setattr(packed_linear, "_WORKS", {torch.float32: False})

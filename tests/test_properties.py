@@ -244,7 +244,7 @@ def test_multi_head_equals_heads_one_by_one(seed, heads, T, S, masked, cross):
     ctx = torch.randn(2, S, D, generator=g) if cross else x
     L = ctx.size(1)
     mask = random_keep(g, 2 * T, L).view(2, 1, T, L) if masked else None  # (B, 1, T, L)
-    out, w = mha(x, ctx if cross else None, mask, need_weights=True)
+    out, w = mha(x, ctx if cross else None, mask=mask, need_weights=True)
 
     Dh = D // H
     heads_out = []

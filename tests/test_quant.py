@@ -1,4 +1,4 @@
-"""int8 weight-only quantization (handformer/nn/quant.py) and `handformer quantize` runs.
+"""int8 weight-only quantization (handformer/inference/quant.py) and `handformer quantize` runs.
 
 The arithmetic is pinned against its definition (scale = max|row| / 127, round, clamp), the two
 kernels against each other and against F.linear on the dequantized weight, and a quantized run
@@ -16,8 +16,7 @@ from handformer.cli import main
 from handformer.config import CausalLMConfig
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.generate import generate
-from handformer.models.causal_lm import CausalLM
-from handformer.nn.quant import (
+from handformer.inference.quant import (
     DEFAULT_KERNEL,
     KERNELS,
     Int8Linear,
@@ -26,7 +25,14 @@ from handformer.nn.quant import (
     quantize_int8,
     quantize_linears,
 )
-from handformer.nn.quant_int4 import Int4Linear, dequantize_int4, pack_nibbles, quantize_int4, unpack_nibbles
+from handformer.inference.quant_int4 import (
+    Int4Linear,
+    dequantize_int4,
+    pack_nibbles,
+    quantize_int4,
+    unpack_nibbles,
+)
+from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm.quantize import native_bf16
 from handformer.tasks.lm.run import SpecialTokens, load_lm, save_lm_run
 

@@ -18,7 +18,7 @@ from handformer.config import BlockConfig, Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.blocks import DecoderLayer, EncoderLayer
-from handformer.nn.masks import causal_mask, key_mask
+from handformer.nn.masks import AttentionMask, causal_mask, key_mask
 from handformer.nn.norms import LayerNorm
 
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -129,7 +129,7 @@ def test_mha_matches_torch(kind, need_weights):
     if causal is not None:
         our_mask = causal if our_mask is None else our_mask & causal
 
-    out, w = ours(x, src if cross else None, our_mask, need_weights=need_weights)
+    out, w = ours(x, src if cross else None, mask=our_mask, need_weights=need_weights)
     ref_out, ref_w = ref(x, src, src, key_padding_mask=None if keep is None else ~keep,
                          attn_mask=None if causal is None else ~causal, need_weights=True,
                          average_attn_weights=False)
@@ -149,7 +149,7 @@ def test_mha_gradients_match_torch():
     ours, ref = make_mha_pair(seed=3)
     x, ctx = inputs(seed=4)
     keep = lengths_to_keep([S, 3, 1], S)
-    out, _ = ours(x, ctx, key_mask(keep))
+    out, _ = ours(x, ctx, mask=key_mask(keep))
     ref_out, _ = ref(x, ctx, ctx, key_padding_mask=~keep, need_weights=False)
     out.pow(2).sum().backward()
     ref_out.pow(2).sum().backward()
@@ -195,23 +195,26 @@ def test_decoder_layer_matches_torch(norm_placement):
                   memory_key_padding_mask=~src_keep)
     assert_close(out, ref_out, **TOL)
     # is_causal shortcut without padding equals the explicit causal mask.
-    out, _, _ = ours(y, memory, is_causal=True)
+    out, _, _ = ours(y, memory, self_mask=AttentionMask(is_causal=True))
     assert_close(out, ref(y, memory, tgt_mask=~causal), **TOL)
 
 
-def test_decoder_masks_are_keyword_only():
-    """Tutorials call `layer(x, memory, src_mask, tgt_mask)`, the opposite order to ours; both masks
-    broadcast to the same shapes, so a positional call must fail instead of swapping them."""
+def test_decoder_masks_come_in_the_tutorials_order():
+    """Tutorials call `layer(x, memory, src_mask, tgt_mask)`: the source padding mask, then the
+    causal target mask. Both broadcast to the same shapes, so the order is pinned here: the
+    positional call equals the call by name, and swapping the two changes the output."""
     layer = DecoderLayer(block_cfg("post")).eval()
     decoder = Seq2SeqTransformer(Seq2SeqConfig(d_model=D, n_heads=H, d_ff=F_, n_encoder_layers=1,
                                                n_decoder_layers=1, src_vocab_size=11,
-                                               tgt_vocab_size=11)).decoder
+                                               tgt_vocab_size=11)).decoder.eval()
     y, memory = inputs(seed=8)
+    src_mask = key_mask(lengths_to_keep([S, 5, 1], S))  # (B, 1, 1, S)
+    tgt_mask = causal_mask(T) & key_mask(lengths_to_keep([T, 3, 2], T))  # (B, 1, T, T)
     for module in (layer, decoder):
-        with pytest.raises(TypeError, match="positional argument"):
-            module(y, memory, causal_mask(T), None)
-        with pytest.raises(TypeError, match="positional argument"):
-            module(y, memory, causal_mask(T))
+        positional = module(y, memory, src_mask, tgt_mask)[0]
+        assert torch.equal(positional, module(y, memory, memory_mask=src_mask, self_mask=tgt_mask)[0])
+        swapped = module(y, memory, memory_mask=causal_mask(T, S) & src_mask, self_mask=None)[0]
+        assert not torch.allclose(positional, swapped)
 
 
 # --- the whole encoder-decoder stack vs nn.Transformer -------------------------------------------
@@ -244,7 +247,7 @@ def test_encoder_decoder_stack_matches_nn_transformer(norm_placement):
     else:
         # The paper's post-norm model has no final norm; nn.Transformer always adds one. Match it
         # here, outside the model, with copied weights.
-        assert model.encoder.norm is None and model.decoder.norm is None
+        assert isinstance(model.encoder.norm, nn.Identity) and isinstance(model.decoder.norm, nn.Identity)
         enc_final, dec_final = LayerNorm(D), LayerNorm(D)
         copy_linear_(enc_final, ref.encoder.norm)
         copy_linear_(dec_final, ref.decoder.norm)

@@ -43,7 +43,7 @@ def test_rolling_cache_hands_out_the_positions_it_says(chunks):
         start = cache.length
         positions = cache.key_positions(T)
         k = torch.arange(start, start + T, dtype=torch.float32).view(1, 1, T, 1)  # (B, Hkv, T, Dh)
-        keys, _ = layer.append(k, k.clone())
+        keys, _ = layer.update(k, k.clone())
         expected = torch.arange(start + T) if positions is None else positions
         assert keys[0, 0, :, 0].tolist() == expected.tolist()
         assert set(range(max(0, start - W + 1), start + T)) <= set(expected.tolist())  # all needed

@@ -45,7 +45,8 @@ def test_paper_base_model_real_size():
     assert rows["encoder.layers.0.self_attn"].total_params == 4 * 512 * 512 + 4 * 512  # 4 D^2 + 4 D
     assert any("tgt_embed.weight" in note for note in rows["generator"].notes)  # tied output head
     text = format_trace(list(rows.values()))
-    assert "(2, 8, 5, 10)" in text and "x=(2, 5, 512), context=(2, 10, 512)," in text
+    assert "(2, 8, 5, 10)" in text and "query=(2, 5, 512), key=(2, 10, 512)," in text
+    assert "memory_mask=(2, 1, 1, 10)" in text and "self_mask=(2, 1, 5, 5)" in text
 
 
 def test_shared_embeddings_counted_once():

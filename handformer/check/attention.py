@@ -255,7 +255,7 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, module: nn
             if out is None:
                 raise ctx.learner.fail("forward", f"{comp.name} returned {shape_of(raw)}, not a (B, T, D) "
                                        f"tensor, for inputs of shape {tuple(xq.shape)}")
-            ref, ref_w = hf(xq, None if xkv is xq else xkv, mask, need_weights=True)
+            ref, ref_w = hf(xq, xkv, xkv, mask, need_weights=True)
             rows = fp.visible_rows(mask, B, T)
             errors.append(fp.max_error(out, ref, rows))
             weights = fp.weights_of(raw)

@@ -308,7 +308,7 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
             raw = ctx.learner.call("forward", layer.call, x, memory, fp.encode_mask(src_keep, conv), tgt_mask)
             out = fp.first_tensor(raw, 3)
             if layer.decoder:
-                ref = hf(x, memory, self_mask=tgt_keep, memory_mask=src_keep)[0]
+                ref = hf(x, memory, src_keep, tgt_keep)[0]  # the tutorial's order: src_mask, tgt_mask
             else:
                 ref = hf(x, tgt_keep if layer.causal_block else src_keep)[0]
             rows = _rows(layer, src_keep, tgt_keep, B, T)

@@ -11,7 +11,7 @@ from handformer.generation.stream import TextStream
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from handformer.generation.generate import generate, max_new_tokens_for
-    from handformer.generation.prepare import prepare_for_decoding
+    from handformer.inference.prepare import prepare_for_decoding
     from handformer.tasks.lm.run import load_lm
 
     if args.prompt == "":

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from handformer.nn.lora import merge_lora
+    from handformer.adapters.lora import merge_lora
     from handformer.tasks.lm.finetune import copy_chat_files
     from handformer.tasks.lm.run import load_lm, save_lm_run
     from handformer.tasks.run_config import read_run_config

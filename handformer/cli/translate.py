@@ -8,7 +8,7 @@ from handformer.cli.common import positive_int, read_inputs
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from handformer.generation.prepare import prepare_for_decoding
+    from handformer.inference.prepare import prepare_for_decoding
     from handformer.tasks.translation.translator import Translator
 
     translator = Translator.load(args.run_dir, args.device)

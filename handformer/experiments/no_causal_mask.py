@@ -34,6 +34,7 @@ from handformer.generation.generate import generate
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
 from handformer.nn.kv_cache import KVCache
+from handformer.nn.masks import AttentionMask
 from handformer.training.losses import token_cross_entropy
 
 
@@ -57,8 +58,8 @@ class NoCausalMaskLM(CausalLM):
     future included. Only `build_mask` differs; the forward pass is CausalLM's own."""
 
     def build_mask(self, T: int, offset: int, attention_mask: Tensor | None, cache: KVCache | None,
-                   device: torch.device) -> tuple[Tensor | None, bool]:
-        return None, False  # no mask, and not is_causal: nothing is hidden
+                   device: torch.device) -> AttentionMask:
+        return AttentionMask()  # no mask, and not is_causal: nothing is hidden
 
 
 def logits_without_mask(model: CausalLM, ids: Tensor) -> Tensor:

@@ -154,7 +154,7 @@ class ChatSession:
         with eval_mode(self.model):
             for _ in range(self.max_new_tokens):
                 ids = torch.tensor([inputs], device=self.device)  # (1, T)
-                logits = self.model(ids, cache=self.cache, last_only=True).logits[:, -1]  # (1, V)
+                logits = self.model(ids, cache=self.cache, logits_to_keep=1).logits[:, -1]  # (1, V)
                 self.context += inputs
                 self.processed += len(inputs)
                 token = int(next_tokens(logits, generator=self.generator, **self.options)[0])

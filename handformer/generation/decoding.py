@@ -19,9 +19,9 @@ import torch
 from torch import Tensor
 
 from handformer.config import _fail
+from handformer.generation.cache import DecodingCache
 from handformer.models.seq2seq import Seq2SeqTransformer
 from handformer.modes import eval_mode
-from handformer.nn.kv_cache import KVCache
 
 
 @dataclass
@@ -159,7 +159,7 @@ class FinishedHypotheses:
 INITIAL_BEAM_CACHE = 16  # positions
 
 
-def _room_for(cache: KVCache, positions: int, most: int) -> int:
+def _room_for(cache: DecodingCache, positions: int, most: int) -> int:
     """A cache capacity for `positions` positions: the current one, or doubled (at most `most`)."""
     return cache.slots if positions <= cache.slots else min(most, max(positions, 2 * cache.slots))
 
@@ -236,7 +236,7 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
     steps = int(max_lens.max())
     # The cache starts small and doubles when full, up to BOS + steps - 1 tokens: most searches
     # end long before their length limit, and a smaller cache is faster to reorder.
-    cache = model.new_cache(min(steps, INITIAL_BEAM_CACHE)) if use_cache else None
+    cache = DecodingCache(model.cfg.n_decoder_layers, min(steps, INITIAL_BEAM_CACHE)) if use_cache else None
     # n^length_penalty for every length n >= 1, as Python floats (the divisor of a finished score).
     length_power = torch.tensor([1.0] + [float(n) ** length_penalty for n in range(1, steps + 2)],
                                 dtype=torch.float64, device=device)  # (steps + 2,)

@@ -10,18 +10,19 @@ Shape legend: B batch, L longest prompt, S positions so far (prompt + generated)
 
 from __future__ import annotations
 
-import contextlib
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
 from torch import Tensor
 
 from handformer.generation.sampling import check_sampling_options, next_tokens
+from handformer.inference.threads import default_threads, intra_op_threads
 from handformer.models.causal_lm import CausalLM, CausalLMOutput
 from handformer.modes import eval_mode
-from handformer.nn.packed_linear import PackedLinear
+
+# import default_threads, intra_op_threads
 
 
 def _check_args(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: int,
@@ -55,38 +56,6 @@ def positions_needed(prompt_length: int, max_new_tokens: int) -> int:
 def max_new_tokens_for(prompt_length: int, max_positions: int) -> int:
     """The most new tokens a prompt of this length can get within max_positions (0 if none)."""
     return max(max_positions - prompt_length + 1, 0) if prompt_length <= max_positions else 0
-
-
-# A matrix this small (elements; 1 MiB in fp32) is read by one core in about a microsecond: splitting
-# its product across threads costs more in fork/join than it saves, and on a shared machine a second
-# thread waits for a core at every op. `generate` decodes models whose every weight matrix is smaller
-# with one thread (the 5-layer, 64-wide Llama of benchmarks/decode_limit.py: see the README).
-SMALL_MATRIX = 2**18
-
-
-def default_threads(model: CausalLM) -> int | None:
-    """The intra-op threads `generate` uses for `model`: 1 when every weight matrix is small, else
-    None (torch's setting, unchanged)."""
-    matrices = [p.numel() for p in model.parameters() if p.dim() == 2]
-    # packed weights are no parameters (nn/packed_linear.py): count them by their layer's shape
-    matrices += [m.in_features * m.out_features for m in model.modules() if isinstance(m, PackedLinear)]
-    largest = max(matrices, default=0)
-    return 1 if largest < SMALL_MATRIX else None
-
-
-@contextlib.contextmanager
-def intra_op_threads(threads: int | None) -> Iterator[None]:
-    """Run with `threads` torch intra-op threads (process-wide, as `torch.set_num_threads`), then
-    restore the previous count; None changes nothing."""
-    before = torch.get_num_threads()
-    if threads is None or threads == before:
-        yield
-        return
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @torch.inference_mode()  # cheaper per op than no_grad: decoding a small model is op overhead
@@ -158,7 +127,7 @@ def _generate(model: CausalLM, step: Callable[..., CausalLMOutput], prompts: Seq
     for i in range(max_new_tokens):
         seen = mask[:, :S] if padded else None  # (B, S)
         forward = step if i > 0 and cache is not None else model  # the prompt is not one token
-        logits = forward(inputs, seen, cache=cache, last_only=True).logits[:, -1]  # (B, V)
+        logits = forward(inputs, seen, cache=cache, logits_to_keep=1).logits[:, -1]  # (B, V)
         token = next_tokens(logits, temperature, top_k, top_p, generator)  # (B,)
         finished_before = torch.tensor(done, device=device) if padded and any(done) else None
         for row, t in enumerate(token.tolist()):  # one read of the new tokens per step

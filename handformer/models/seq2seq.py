@@ -15,12 +15,13 @@ import torch
 from torch import Tensor, nn
 
 from handformer.config import Seq2SeqConfig
-from handformer.nn.blocks import DecoderLayer, EncoderLayer
+from handformer.initialization import paper_init
+from handformer.nn.blocks import DecoderLayer, EncoderLayer, collect
 from handformer.nn.embedding import TokenEmbedding
 from handformer.nn.inputs import check_length, check_token_ids
-from handformer.nn.kv_cache import KVCache
-from handformer.nn.masks import causal_mask, has_empty_rows, padding_mask
-from handformer.nn.norms import make_norm
+from handformer.nn.kv_cache import KVCache, as_cache
+from handformer.nn.masks import AttentionMask, as_attention_mask, padding_mask, target_mask
+from handformer.nn.norms import final_norm
 from handformer.nn.positions import make_positions
 
 
@@ -38,20 +39,17 @@ class Encoder(nn.Module):
     def __init__(self, cfg: Seq2SeqConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
-        self.norm = (make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
-                     if cfg.norm_placement == "pre" else None)
+        self.norm = final_norm(cfg)  # after the last layer of a pre-norm stack
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False,
+    def forward(self, x: Tensor, mask: AttentionMask | Tensor | None = None, need_weights: bool = False,
                 ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+        """x: (B, S, D) embedded sources, mask: their padding mask -> ((B, S, D), weights or None)."""
+        mask = as_attention_mask(mask)  # once for every layer
         weights = []
-        # Checked once here rather than in every layer's attention (right padding has no such row).
-        check_rows = mask is not None and has_empty_rows(mask)
         for layer in self.layers:
-            x, w = layer(x, mask, need_weights=need_weights, check_empty_rows=check_rows)  # (B, S, D)
+            x, w = layer(x, mask, need_weights=need_weights)  # (B, S, D)
             weights.append(w)
-        if self.norm is not None:
-            x = self.norm(x)
-        return x, tuple(weights) if need_weights else None
+        return self.norm(x), collect(weights, need_weights)
 
 
 class Decoder(nn.Module):
@@ -60,27 +58,23 @@ class Decoder(nn.Module):
     def __init__(self, cfg: Seq2SeqConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
-        self.norm = (make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
-                     if cfg.norm_placement == "pre" else None)
+        self.norm = final_norm(cfg)  # after the last layer of a pre-norm stack
 
-    def forward(self, x: Tensor, memory: Tensor, *, self_mask: Tensor | None = None,
-                memory_mask: Tensor | None = None, is_causal: bool = False,
-                cache: KVCache | None = None, need_weights: bool = False,
+    def forward(self, x: Tensor, memory: Tensor, memory_mask: AttentionMask | Tensor | None = None,
+                self_mask: AttentionMask | Tensor | None = None, *, cache: KVCache | None = None,
+                need_weights: bool = False,
                 ) -> tuple[Tensor, tuple[Tensor, ...] | None, tuple[Tensor, ...] | None]:
+        """x: (B, T, D) embedded targets, memory: (B, S, D); the masks in the tutorial's order,
+        source padding then causal + target padding -> ((B, T, D), self weights, cross weights)."""
+        memory_mask, self_mask = as_attention_mask(memory_mask), as_attention_mask(self_mask)
+        cache = as_cache(cache)
         self_ws, cross_ws = [], []
-        # Checked once here rather than in every layer's cross-attention.
-        check_memory = memory_mask is not None and has_empty_rows(memory_mask)
         for i, layer in enumerate(self.layers):
-            x, sw, cw = layer(x, memory, self_mask=self_mask, memory_mask=memory_mask,
-                              is_causal=is_causal, cache=None if cache is None else cache.layer(i),
-                              need_weights=need_weights, check_empty_memory_rows=check_memory)  # (B, T, D)
+            x, sw, cw = layer(x, memory, memory_mask, self_mask, cache=cache.layer(i),
+                              need_weights=need_weights)  # (B, T, D)
             self_ws.append(sw)
             cross_ws.append(cw)
-        if self.norm is not None:
-            x = self.norm(x)
-        if not need_weights:
-            return x, None, None
-        return x, tuple(self_ws), tuple(cross_ws)
+        return self.norm(x), collect(self_ws, need_weights), collect(cross_ws, need_weights)
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -95,31 +89,16 @@ class Seq2SeqTransformer(nn.Module):
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
         self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)  # (B, T, D) -> (B, T, V)
-        self.reset_parameters()
+        paper_init(self, cfg)  # Xavier, as the Annotated Transformer (handformer/initialization.py)
         if cfg.tie_output:
             self.generator.weight = self.tgt_embed.weight
 
-    def reset_parameters(self) -> None:
-        """Xavier-uniform matrices and zero biases (as the Annotated Transformer and torch.nn);
-        embeddings N(0, D^-1/2) so that after the sqrt(D) scale they have unit variance."""
-        for name, p in self.named_parameters():
-            if name.endswith("bias"):
-                nn.init.zeros_(p)
-            elif "norm" in name:
-                nn.init.ones_(p)
-            elif "embed" in name:
-                nn.init.normal_(p, std=self.cfg.d_model ** -0.5 if self.cfg.scale_embeddings else 0.02)
-            elif p.dim() == 2 and "positions" not in name:
-                nn.init.xavier_uniform_(p)
-
     def _embed(self, embed: TokenEmbedding, ids: Tensor, offset: int = 0) -> Tensor:
+        """(B, T) ids -> (B, T, D): embedding (scaled by sqrt(D)) + positional encoding, dropout."""
         T = ids.size(1)
         check_length(offset + T, self.cfg.max_positions)
-        x = embed(ids)  # (B, T, D)
-        if self.positions is not None:
-            position_ids = torch.arange(offset, offset + T, device=ids.device)[None]  # (1, T)
-            x = x + self.positions(position_ids)
-        return self.dropout(x)
+        position_ids = torch.arange(offset, offset + T, device=ids.device)[None]  # (1, T)
+        return self.dropout(embed(ids) + self.positions(position_ids))  # (B, T, D)
 
     def encode(self, src_ids: Tensor, need_weights: bool = False,
                ) -> tuple[Tensor, Tensor, tuple[Tensor, ...] | None]:
@@ -138,17 +117,12 @@ class Seq2SeqTransformer(nn.Module):
         With a cache: tgt_ids are the new positions only; earlier ones come from the cache.
         """
         check_token_ids(tgt_ids, self.cfg.tgt_vocab_size, "tgt_ids")
-        offset = 0 if cache is None else cache.length
-        T = tgt_ids.size(1)
-        x = self._embed(self.tgt_embed, tgt_ids, offset)  # (B, T, D)
-        if cache is None:
-            self_mask = causal_mask(T, device=tgt_ids.device) & padding_mask(tgt_ids, self.cfg.pad_id)
-        else:
-            self_mask = None if T == 1 else causal_mask(T, offset=offset, device=tgt_ids.device)
-        h, self_w, cross_w = self.decoder(x, memory, self_mask=self_mask, memory_mask=src_mask,
-                                          cache=cache, need_weights=need_weights)
-        if cache is not None:
-            cache.advance(T)
+        tgt_mask = target_mask(tgt_ids, self.cfg.pad_id, cache)  # subsequent (causal) & padding
+        cache = as_cache(cache)  # NO_CACHE for None: no earlier positions, nothing kept
+        x = self._embed(self.tgt_embed, tgt_ids, cache.length)  # (B, T, D)
+        h, self_w, cross_w = self.decoder(x, memory, src_mask, tgt_mask, cache=cache,
+                                          need_weights=need_weights)
+        cache.advance(tgt_ids.size(1))
         return h, self_w, cross_w
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor, need_weights: bool = False,

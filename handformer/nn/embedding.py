@@ -20,10 +20,8 @@ class TokenEmbedding(nn.Module):
     def __init__(self, vocab_size: int, d_model: int, scale: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * 0.02)
-        self.scale = math.sqrt(d_model) if scale else 1.0
+        # A buffer, so it has the weights' dtype: rounded as the embeddings are (bf16: 55.5, not 55.43).
+        self.register_buffer("scale", torch.tensor(math.sqrt(d_model) if scale else 1.0), persistent=False)
 
     def forward(self, ids: Tensor) -> Tensor:
-        x = F.embedding(ids, self.weight)  # (B, T) -> (B, T, D)
-        if self.scale == 1.0:
-            return x
-        return x * torch.tensor(self.scale, dtype=x.dtype, device=x.device)
+        return F.embedding(ids, self.weight) * self.scale  # (B, T) -> (B, T, D)

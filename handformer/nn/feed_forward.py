@@ -1,8 +1,10 @@
 """The position-wise feed-forward network (section 3.3 of the paper) and its gated variants.
 
-Plain:  down_proj(act(up_proj(x)))                       act = ReLU (paper), GELU, GELU-tanh (GPT-2)
-Gated:  down_proj(act(gate_proj(x)) * up_proj(x))         SwiGLU (act = SiLU, Llama), GEGLU (GELU),
-                                                          GEGLU-tanh (GELU, tanh approximation: Gemma)
+Plain (`FeedForward`):  down_proj(act(up_proj(x)))              act = ReLU (paper), GELU, GELU-tanh (GPT-2)
+Gated (`GatedFeedForward`):  down_proj(act(gate_proj(x)) * up_proj(x))
+                        SwiGLU (act = SiLU, Llama), GEGLU (GELU), GEGLU-tanh (tanh-approximated GELU: Gemma)
+
+Both act on every position alone: no token reads another here (that is attention's job).
 
 Shape legend: B batch, T length, D d_model, F hidden width (d_ff).
 """
@@ -12,9 +14,9 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from handformer.config import ACTIVATIONS, GATED_ACTIVATIONS
+from handformer.config import GATED_ACTIVATIONS, PLAIN_ACTIVATIONS
 
-_ACT = {
+ACT = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -25,18 +27,43 @@ _ACT = {
 
 
 class FeedForward(nn.Module):
+    """Two linear layers with an activation between them: (B, T, D) -> (B, T, F) -> (B, T, D).
+
+    A gated activation (swiglu, geglu, geglu_tanh) makes the gated variant: FeedForward(512, 1376,
+    "swiglu") is a GatedFeedForward, written out below."""
+
+    def __new__(cls, d_model: int = 0, d_ff: int = 0, activation: str = "relu", bias: bool = True,
+                ) -> FeedForward:  # the defaults serve copy and pickle, which call __new__ alone
+        gated = cls is FeedForward and activation in GATED_ACTIVATIONS
+        return super().__new__(GatedFeedForward if gated else cls)
+
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
-        self.activation = activation
-        self.act = _ACT[activation]
-        self.gated = activation in GATED_ACTIVATIONS
+        if activation not in PLAIN_ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; choose one of "
+                             f"{', '.join(PLAIN_ACTIVATIONS + GATED_ACTIVATIONS)}")
+        self.activation, self.act = activation, ACT[activation]
+        self.up_proj = nn.Linear(d_model, d_ff, bias=bias)  # W_1: (B, T, D) -> (B, T, F)
+        self.down_proj = nn.Linear(d_ff, d_model, bias=bias)  # W_2: (B, T, F) -> (B, T, D)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.act(self.up_proj(x)))
+
+
+class GatedFeedForward(FeedForward):
+    """A gated linear unit (Shazeer 2020): the activated gate multiplies the up projection
+    elementwise, then the down projection; three matrices instead of two."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "swiglu", bias: bool = True) -> None:
+        nn.Module.__init__(self)
+        if activation not in GATED_ACTIVATIONS:
+            raise ValueError(f"GatedFeedForward's activation must be one of {', '.join(GATED_ACTIVATIONS)}, "
+                             f"got {activation!r}; a plain one is FeedForward(d_model, d_ff, {activation!r})")
+        self.activation, self.act = activation, ACT[activation]
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)  # (B, T, D) -> (B, T, F)
-        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias) if self.gated else None
+        self.gate_proj = nn.Linear(d_model, d_ff, bias=bias)  # (B, T, D) -> (B, T, F)
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)  # (B, T, F) -> (B, T, D)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.gate_proj is not None:
-            return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-        return self.down_proj(self.act(self.up_proj(x)))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+

@@ -5,13 +5,15 @@ With sliding-window attention (Mistral: each position sees only the last `window
 included) the cache is a rolling buffer of `window` slots: position p is stored in slot p % window,
 over the position that left the window, so its memory does not grow with the generated length.
 Attention does not care in which order the keys come (softmax is over a set), only that the mask
-follows the same order: `KVCache.key_positions` says which position each returned key holds.
+follows the same order: `KVCache.in_slot_order` puts a mask's key axis in the order of the slots.
 
 Shape legend: L layers, B batch, Hkv key/value heads, S_max cache capacity (slots), Dh head dim,
 T new positions, W window.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -42,31 +44,6 @@ class KVCache:
         self.values: list[Tensor | None] = [None] * n_layers
         self.cross: list[tuple[Tensor, Tensor] | None] = [None] * n_layers  # (B, Hkv, S_src, Dh)
         self._layers = [LayerKVCache(self, i) for i in range(n_layers)]  # made once, not per step
-        # The buffers that `reorder` last replaced, reused by the next one (no allocation per step).
-        self._spare: dict[str, list[Tensor | None]] = {"keys": [None] * n_layers, "values": [None] * n_layers}
-
-    def rolls(self, n_new: int) -> bool:
-        """Whether appending `n_new` positions overwrites a slot (the keys then come out of order)."""
-        return self.window is not None and self.length + n_new > self.window
-
-    def _slot_positions(self, end: int) -> Tensor:
-        """The position held by each slot once positions 0..end-1 were written, (min(end, W),)."""
-        if end <= self.slots:
-            return torch.arange(end)
-        last = end - 1
-        return last - (last - torch.arange(self.slots)) % self.slots  # the latest p < end in each slot
-
-    def key_positions(self, n_new: int) -> Tensor | None:
-        """The absolute position of each key that attention gets when `n_new` positions are
-        appended, in order; None when they are simply 0 .. length + n_new - 1."""
-        if not self.rolls(n_new):
-            return None
-        if n_new == 1:  # written in place: the slot it overwrites has just left the window
-            return self._slot_positions(self.length + 1)
-        # Several new positions: earlier queries among them still need the slots they overwrite,
-        # so attention sees the buffer as it was, then the new keys.
-        return torch.cat([self._slot_positions(self.length),
-                          torch.arange(self.length, self.length + n_new)])
 
     def layer(self, i: int) -> LayerKVCache:
         return self._layers[i]
@@ -81,54 +58,81 @@ class KVCache:
             raise ValueError(f"cannot truncate a KV cache of {self.length} positions to {length}")
         self.length = length
 
-    def reorder(self, index: Tensor, cross: bool | Tensor = True, capacity: int | None = None) -> None:
-        """Select batch rows (beam search keeps the surviving hypotheses): row r becomes row
-        index[r]. cross=False leaves the cross-attention keys/values alone, for a caller whose
-        selected rows all share them (the beams of one source sentence); a tensor selects the
-        cross-attention rows by that index instead (beam search dropping finished sentences).
+    # --- the rolling window --------------------------------------------------------------------
+    def rolls(self, n_new: int) -> bool:
+        """Whether appending `n_new` positions overwrites a slot (the keys then come out of order)."""
+        return self.window is not None and self.length + n_new > self.window
 
-        Only the filled slots are copied (a step early in a long cache copies a few positions, not
-        S_max), into the buffers that the previous reorder replaced: a step allocates nothing (and
-        views of the cache taken before a reorder go stale). capacity: the new buffers hold that many
-        positions instead (at least those filled; not for a rolling window cache): a beam search
-        grows its cache as its hypotheses lengthen rather than allocating the longest output."""
-        filled = min(self.length, self.slots)
-        if capacity is not None and capacity != self.slots:
-            if self.window is not None or capacity < filled:
-                raise ValueError(f"cannot resize a KV cache of {filled} positions to capacity {capacity}"
-                                 + (" (a rolling window cache)" if self.window is not None else ""))
-            self.max_length = self.slots = capacity
-        n = index.numel()
-        for store, spares in ((self.keys, self._spare["keys"]), (self.values, self._spare["values"])):
-            for i, t in enumerate(store):
-                if t is None:
-                    continue
-                _, Hkv, _, Dh = t.shape
-                spare = spares[i]
-                if spare is not None and spare.shape[0] >= n and spare.shape[1:] == (Hkv, self.slots, Dh):
-                    moved = spare[:n]  # (B', Hkv, slots, Dh)
-                else:
-                    moved = t.new_empty((n, Hkv, self.slots, Dh))  # (B', Hkv, slots, Dh)
-                torch.index_select(t[:, :, :filled], 0, index, out=moved[:, :, :filled])
-                store[i], spares[i] = moved, t
-        if cross is False:
-            return
-        cross_index = index if cross is True else cross
-        for i, kv in enumerate(self.cross):
-            if kv is not None:
-                self.cross[i] = (kv[0].index_select(0, cross_index), kv[1].index_select(0, cross_index))
+    def key_positions(self, n_new: int) -> Tensor:
+        """The absolute position of each key that attention gets when `n_new` positions are
+        appended to a rolling cache, in the order `LayerKVCache.update` returns them."""
+        if n_new == 1:  # written in place, over the position that has just left the window
+            return self._held_positions(self.length + 1)
+        # Several new positions: their earlier queries still need the slots they overwrite, so
+        # attention sees the buffer as it was, then the new keys.
+        return torch.cat([self._held_positions(self.length), torch.arange(self.length, self.length + n_new)])
+
+    def _held_positions(self, end: int) -> Tensor:
+        """The position each slot holds once positions 0..end-1 were written, (min(end, W),)."""
+        slot = torch.arange(min(end, self.slots))
+        return (end - 1) - (end - 1 - slot) % self.slots  # the latest position < end in each slot
+
+    def in_slot_order(self, mask: Tensor | None, n_new: int) -> Tensor | None:
+        """`mask` (..., T, S) over absolute key positions, with its key axis in the order the keys
+        come out of the cache: unchanged unless appending `n_new` positions rolls the window."""
+        if mask is None or not self.rolls(n_new):
+            return mask
+        return mask[..., self.key_positions(n_new).to(mask.device)]  # (..., T, S'): slot order
+
+
+class NoCache:
+    """What a forward uses when it is given no KV cache (training, or a whole sequence at once):
+    nothing before the new positions, and nothing kept. It stands for the model's cache and for
+    each layer's: attention's `cache.update(k, v)` then hands back the new keys and values only."""
+
+    length = 0
+    window = None
+    memory_kv = None  # no memory keys and values kept from an earlier step
+
+    def layer(self, i: int) -> NoCache:
+        return self
+
+    @property
+    def memory(self) -> NoCache:
+        return self
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return k, v  # (B, Hkv, T, Dh): the new positions are all there is
+
+    def advance(self, n: int) -> None:
+        pass
+
+    def in_slot_order(self, mask: Tensor | None, n_new: int) -> Tensor | None:
+        return mask
+
+
+NO_CACHE = NoCache()
+
+
+def as_cache(cache: Any) -> Any:
+    """The cache a forward was given (a model's KVCache, or one layer's view of it), or NO_CACHE
+    for None."""
+    return NO_CACHE if cache is None else cache
 
 
 class LayerKVCache:
-    """One layer's view of a `KVCache`, handed to that layer's attention."""
+    """One layer's self-attention view of a `KVCache`, handed to that layer's attention."""
+
+    memory_kv = None  # self-attention's keys and values change with every step (see MemoryKVCache)
 
     def __init__(self, cache: KVCache, index: int) -> None:
         self.cache = cache
         self.index = index
+        self.memory = MemoryKVCache(cache, index)  # the same layer's cross-attention, if it has one
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store (B, Hkv, T, Dh) keys/values at the current offset; return the keys/values that
-        attention sees, (B, Hkv, S, Dh), in the order of `KVCache.key_positions(T)`."""
+        attention sees, (B, Hkv, S, Dh): every position so far (a rolling cache's in slot order)."""
         c, i = self.cache, self.index
         start, T = c.length, k.size(2)
         end = start + T
@@ -139,28 +143,53 @@ class LayerKVCache:
             B, Hkv, _, Dh = k.shape
             c.keys[i] = torch.empty(B, Hkv, c.slots, Dh, dtype=k.dtype, device=k.device)
             c.values[i] = torch.empty(B, Hkv, c.slots, Dh, dtype=v.dtype, device=v.device)
-        keys, values = c.keys[i], c.values[i]
-        if not c.rolls(T):
-            keys[:, :, start:end] = k
-            values[:, :, start:end] = v
-            return keys[:, :, :end], values[:, :, :end]  # (B, Hkv, S, Dh)
-        if T == 1:
-            keys[:, :, start % c.slots] = k[:, :, 0]
-            values[:, :, start % c.slots] = v[:, :, 0]
-            return keys, values  # (B, Hkv, W, Dh)
-        held = min(start, c.slots)
-        seen_k = torch.cat([keys[:, :, :held], k], dim=2)  # (B, Hkv, held + T, Dh)
-        seen_v = torch.cat([values[:, :, :held], v], dim=2)
-        kept = min(T, c.slots)  # the last W new positions stay
-        slots = torch.arange(end - kept, end, device=k.device) % c.slots
-        keys[:, :, slots] = k[:, :, T - kept:]
-        values[:, :, slots] = v[:, :, T - kept:]
-        return seen_k, seen_v
+        if c.rolls(T):
+            return roll_in(c.keys[i], c.values[i], k, v, start)
+        c.keys[i][:, :, start:end] = k
+        c.values[i][:, :, start:end] = v
+        return c.keys[i][:, :, :end], c.values[i][:, :, :end]  # (B, Hkv, S, Dh)
+
+
+def roll_in(keys: Tensor, values: Tensor, k: Tensor, v: Tensor, start: int) -> tuple[Tensor, Tensor]:
+    """Write T new keys/values for positions start.. into rolling buffers (B, Hkv, W, Dh) at slot
+    position % W, and return what attention sees, in `KVCache.key_positions` order.
+
+    One new token overwrites, in place, the slot whose position has just left the window, and
+    attention sees the whole buffer. Several new tokens: the earlier of them still need the old
+    slots, so attention sees the buffer as it was followed by the new keys, (B, Hkv, held + T, Dh).
+    """
+    W, T = keys.size(2), k.size(2)
+    if T == 1:
+        keys[:, :, start % W] = k[:, :, 0]
+        values[:, :, start % W] = v[:, :, 0]
+        return keys, values  # (B, Hkv, W, Dh)
+    held = min(start, W)
+    seen_k = torch.cat([keys[:, :, :held], k], dim=2)  # (B, Hkv, held + T, Dh)
+    seen_v = torch.cat([values[:, :, :held], v], dim=2)
+    kept = min(T, W)  # the last W new positions stay
+    slots = torch.arange(start + T - kept, start + T, device=k.device) % W
+    keys[:, :, slots] = k[:, :, T - kept:]
+    values[:, :, slots] = v[:, :, T - kept:]
+    return seen_k, seen_v
+
+
+class MemoryKVCache:
+    """One decoder layer's cross-attention view of a `KVCache`: the keys and values projected from
+    the encoder output, the same at every decoding step, so computed at the first one and kept."""
+
+    def __init__(self, cache: KVCache, index: int) -> None:
+        self.cache = cache
+        self.index = index
 
     @property
-    def cross(self) -> tuple[Tensor, Tensor] | None:
+    def memory_kv(self) -> tuple[Tensor, Tensor] | None:
+        """The kept (B, Hkv, S, Dh) keys and values, None before the first step."""
         return self.cache.cross[self.index]
 
-    @cross.setter
-    def cross(self, kv: tuple[Tensor, Tensor]) -> None:
-        self.cache.cross[self.index] = kv
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Keep the memory's keys and values (the first step computes them); returns them."""
+        self.cache.cross[self.index] = (k, v)
+        return k, v
+
+
+LayerCache = LayerKVCache | MemoryKVCache | NoCache  # what one attention layer is handed

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from handformer.config import BlockConfig
+
 
 class LayerNorm(nn.Module):
     def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True) -> None:
@@ -36,7 +38,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + self.eps)
-        return self.weight * (x32 if x.dtype == torch.float32 else x32.to(x.dtype))  # no call for a no-op
+        return self.weight * x32.to(x.dtype)
 
 
 class OffsetRMSNorm(nn.Module):
@@ -53,11 +55,22 @@ class OffsetRMSNorm(nn.Module):
         return (x32 * (1.0 + self.weight.float())).to(x.dtype)
 
 
+NORMS = {
+    "layernorm": LayerNorm,
+    "rmsnorm": lambda d_model, eps, bias: RMSNorm(d_model, eps),  # no bias to have
+    "rmsnorm_offset": lambda d_model, eps, bias: OffsetRMSNorm(d_model, eps),
+}
+
+
 def make_norm(kind: str, d_model: int, eps: float, bias: bool = True) -> nn.Module:
-    if kind == "layernorm":
-        return LayerNorm(d_model, eps, bias)
-    if kind == "rmsnorm":
-        return RMSNorm(d_model, eps)
-    if kind == "rmsnorm_offset":
-        return OffsetRMSNorm(d_model, eps)
-    raise ValueError(f"unknown norm {kind!r}; choose layernorm, rmsnorm or rmsnorm_offset")
+    """The norm a config names (`BlockConfig.norm`)."""
+    if kind not in NORMS:
+        raise ValueError(f"unknown norm {kind!r}; choose {', '.join(NORMS)}")
+    return NORMS[kind](d_model, eps, bias)
+
+
+def final_norm(cfg: BlockConfig) -> nn.Module:
+    """The norm after the last layer of a pre-norm stack (its layers' outputs are not normed);
+    nothing (nn.Identity) after a post-norm stack, whose every layer ends with a norm."""
+    norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
+    return norm if cfg.norm_placement == "pre" else nn.Identity()

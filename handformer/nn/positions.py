@@ -51,6 +51,14 @@ class LearnedPositions(nn.Module):
         return F.embedding(position_ids, self.weight)  # (B, T) -> (B, T, D)
 
 
+class NoPositions(nn.Module):
+    """Nothing added to the embeddings: models with rotary positions (applied inside attention)
+    or none at all."""
+
+    def forward(self, position_ids: Tensor) -> float:
+        return 0.0
+
+
 def llama3_inv_freq(inv_freq: Tensor, scaling: Llama3RopeScaling) -> Tensor:
     """Llama 3.1's frequency-dependent scaling of the rotary frequencies (Dh/2,).
 
@@ -71,6 +79,10 @@ def llama3_inv_freq(inv_freq: Tensor, scaling: Llama3RopeScaling) -> Tensor:
     return torch.where(medium, blended, scaled)
 
 
+# Each kind of long-context scaling of the rotary frequencies, by the type of its settings.
+ROPE_SCALING = {type(None): lambda inv_freq, scaling: inv_freq, Llama3RopeScaling: llama3_inv_freq}
+
+
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding, half-split convention (as Hugging Face and litgpt).
 
@@ -83,8 +95,7 @@ class RotaryEmbedding(nn.Module):
                  scaling: Llama3RopeScaling | None = None) -> None:
         super().__init__()
         inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
-        if scaling is not None:
-            inv_freq = llama3_inv_freq(inv_freq, scaling)
+        inv_freq = ROPE_SCALING[type(scaling)](inv_freq, scaling)  # (Dh/2,)
         angles = torch.outer(torch.arange(max_positions).float(), inv_freq)  # (P, Dh/2)
         angles = torch.cat([angles, angles], dim=-1)  # (P, Dh)
         self.register_buffer("cos", angles.cos(), persistent=False)
@@ -94,10 +105,14 @@ class RotaryEmbedding(nn.Module):
         """(B, T) position ids -> (cos, sin), each (B, 1, T, Dh), broadcast over heads."""
         return self.cos[position_ids][:, None], self.sin[position_ids][:, None]
 
-    def span(self, start: int, end: int) -> tuple[Tensor, Tensor]:
-        """`forward` for the positions start..end-1 of every row: (cos, sin), each (1, 1, T, Dh).
-        Slices instead of gathering (a decoding step's common case, without padding)."""
-        return self.cos[None, None, start:end], self.sin[None, None, start:end]
+
+
+class NoRotary(nn.Module):
+    """No rotation of queries and keys: models whose positions are added to the embeddings, or
+    that have none."""
+
+    def forward(self, position_ids: Tensor) -> None:
+        return None
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -107,16 +122,21 @@ def rotate_half(x: Tensor) -> Tensor:
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate (B, H, T, Dh) queries or keys by their positions' angles."""
-    if cos.dtype != x.dtype:  # float32 tables, lower-precision queries/keys (autocast)
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # float32 tables; bf16 queries and keys under autocast
     return (x * cos) + (rotate_half(x) * sin)
 
 
-def make_positions(cfg: BlockConfig) -> nn.Module | None:
-    """The additive position encoding a config asks for; None for rotary (applied in attention)
-    and for position="none"."""
-    if cfg.position == "sinusoidal":
-        return SinusoidalPositions(cfg.max_positions, cfg.d_model)
-    if cfg.position == "learned":
-        return LearnedPositions(cfg.max_positions, cfg.d_model)
-    return None
+ADDED_POSITIONS = {"sinusoidal": SinusoidalPositions, "learned": LearnedPositions}
+
+
+def make_positions(cfg: BlockConfig) -> nn.Module:
+    """The position encoding added to the embeddings (`NoPositions` for rotary and "none")."""
+    return ADDED_POSITIONS.get(cfg.position, lambda *_: NoPositions())(cfg.max_positions, cfg.d_model)
+
+
+ROTARY = {"rope": lambda c: RotaryEmbedding(c.head_dim, c.max_positions, c.rope_theta, c.rope_scaling)}
+
+
+def make_rotary(cfg: BlockConfig) -> nn.Module:
+    """The rotary embedding of a position="rope" config (`NoRotary` for the others)."""
+    return ROTARY.get(cfg.position, lambda cfg: NoRotary())(cfg)

@@ -34,7 +34,7 @@ from matplotlib.patches import FancyBboxPatch  # noqa: E402
 
 from handformer.generation.sampling import apply_temperature, top_k_filter, top_p_filter  # noqa: E402
 from handformer.nn.attention import scaled_dot_product_attention  # noqa: E402
-from handformer.nn.masks import causal_mask, combine, padding_mask  # noqa: E402
+from handformer.nn.masks import causal_mask, padding_mask  # noqa: E402
 from handformer.nn.positions import sinusoidal_table  # noqa: E402
 from handformer.see.captions import Captions, captions_for  # noqa: E402
 from handformer.see.fonts import label_fonts  # noqa: E402
@@ -215,7 +215,7 @@ def sample_masks() -> tuple[list[tuple[str, ...]], dict[str, torch.Tensor]]:
     B, T = ids.shape
     pad = padding_mask(ids, vocab["<pad>"])  # (B, 1, 1, S)
     causal = causal_mask(T)  # (T, S)
-    both = combine(pad, causal)  # (B, 1, T, S)
+    both = pad & causal  # (B, 1, T, S)
     return list(SAMPLE_BATCH), {"padding": pad.expand(B, 1, T, T)[:, 0], "causal": causal.expand(B, T, T),
                                 "padding & causal": both[:, 0]}
 

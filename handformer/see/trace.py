@@ -24,6 +24,7 @@ from handformer.config import BlockConfig, CausalLMConfig, Seq2SeqConfig
 from handformer.models.causal_lm import CausalLM
 from handformer.models.seq2seq import Seq2SeqTransformer
 from handformer.modes import eval_mode
+from handformer.nn.masks import AttentionMask
 
 PRESETS: dict[str, Callable[[], BlockConfig]] = {
     "paper-base": lambda: Seq2SeqConfig(),
@@ -62,6 +63,8 @@ def describe(value: Any) -> str | None:
     holds no tensor."""
     if isinstance(value, Tensor):
         return str(tuple(value.shape))
+    if isinstance(value, AttentionMask):  # the mask object a model builds once per forward
+        return "causal" if value.is_causal else describe(value.allowed)
     if isinstance(value, (tuple, list)):
         parts = [p for p in (describe(v) for v in value) if p]
         if not parts:

@@ -174,7 +174,7 @@ class BatchEngine:
                 cache = KVCache(self.model.cfg.n_layers, len(prompt))
                 ids = torch.tensor([prompt], device=self.device)  # (1, P)
                 with self.lock:
-                    logits = self.model(ids, cache=cache, last_only=True).logits[:, -1]  # (1, V)
+                    logits = self.model(ids, cache=cache, logits_to_keep=1).logits[:, -1]  # (1, V)
                 for seq in group:
                     seq.generator = torch.Generator(device=self.device)
                     if seq.options.seed is None:
@@ -203,7 +203,7 @@ class BatchEngine:
         mask = self.batch.grow()
         ids = torch.tensor([[seq.last_token] for seq in self.rows], device=self.device)  # (B, 1)
         with self.lock:
-            logits = self.model(ids, mask, cache=self.batch.cache, last_only=True).logits[:, -1]  # (B, V)
+            logits = self.model(ids, mask, cache=self.batch.cache, logits_to_keep=1).logits[:, -1]  # (B, V)
         self.steps += 1
         self.largest_batch = max(self.largest_batch, len(self.rows))
         for row, seq in enumerate(self.rows):

@@ -141,7 +141,7 @@ class Generation:
             raise RuntimeError("the generation is finished")
         model = self.run.model
         with eval_mode(model):
-            logits = model(self.inputs, None, cache=self.cache, last_only=True).logits[:, -1]  # (1, V)
+            logits = model(self.inputs, None, cache=self.cache, logits_to_keep=1).logits[:, -1]  # (1, V)
         token = int(next_tokens(logits, self.temperature, self.top_k, self.top_p, self.generator)[0])
         self.new.append(token)
         self.inputs = torch.tensor([[token]], device=self.inputs.device)  # (1, 1)

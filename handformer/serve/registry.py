@@ -37,7 +37,7 @@ def parse_model_spec(spec: str) -> tuple[str, Path]:
 
 def load_served_models(specs: list[str], device: str = "cpu") -> dict[str, ServedModel]:
     """Load every run once; a model id given twice is an error naming both specs."""
-    from handformer.generation.prepare import prepare_for_decoding
+    from handformer.inference.prepare import prepare_for_decoding
     from handformer.tasks.lm.run import load_lm
     from handformer.tasks.run_config import read_run_config
 

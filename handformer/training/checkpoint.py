@@ -20,14 +20,14 @@ from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
 from handformer.io import atomic_write_bytes
-from handformer.nn.lora import has_lora
 
 
 def trainable_names(model: nn.Module) -> set[str] | None:
-    """In a model with LoRA adapters: the names of its trainable parameters, the only tensors a
-    LoRA run saves (its frozen weights are its base run's). None otherwise: every tensor of the
-    state dict is the model's own (frozen ones too, e.g. quantized weights)."""
-    if not has_lora(model):
+    """In a model with adapters over a frozen base (LoRA: a module whose class sets `frozen_base =
+    True`): the names of its trainable parameters, the only tensors such a run saves (its frozen
+    weights are its base run's). None otherwise: every tensor of the state dict is the model's own
+    (frozen ones too, e.g. quantized weights)."""
+    if not any(getattr(m, "frozen_base", False) for m in model.modules()):
         return None
     return {name for name, p in model.named_parameters() if p.requires_grad}
 

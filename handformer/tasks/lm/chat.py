@@ -17,7 +17,7 @@ import torch
 
 from handformer.generation.chat import ChatSession, check_chat_options, stop_ids_for
 from handformer.generation.chat_template import load_chat_template
-from handformer.generation.prepare import prepare_for_decoding
+from handformer.inference.prepare import prepare_for_decoding
 from handformer.tasks.lm.run import LMRun, load_lm
 from handformer.tasks.run_config import read_run_config
 

@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
+from handformer.adapters.lora import LoRAConfig, add_lora, select_targets
 from handformer.config import CausalLMConfig
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat_template import TEMPLATE_FILE, TOKENIZER_CONFIG
 from handformer.io import atomic_write_bytes
 from handformer.models.causal_lm import CausalLM
-from handformer.nn.lora import LoRAConfig, add_lora, select_targets
 from handformer.tasks.run_config import read_run_config, run_model_config
 from handformer.training.checkpoint import load_weights
 

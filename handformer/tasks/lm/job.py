@@ -7,11 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from handformer.adapters.lora import LoRAConfig
 from handformer.config import CausalLMConfig, dataclass_from_dict
 from handformer.data.text import (
     PYDOC,
 )
-from handformer.nn.lora import LoRAConfig
 from handformer.tasks.lm.finetune import BaseRun, check_lora_targets, model_config_from_base, read_base_run
 from handformer.training.loop import TrainConfig
 

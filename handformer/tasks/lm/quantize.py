@@ -6,9 +6,9 @@ section, and whose model.safetensors holds the quantized tensors:
     "quantization": {"weights": "int8", "head": true, "kernel": "int8pack-bf16", "source_run": "..."}
 
 - int8: every linear layer (attention q/k/v/o, the FFN, and the output head unless `head` is
-  false) becomes `handformer.nn.quant.Int8Linear`: `<layer>.weight` int8 (N, K) and
+  false) becomes `handformer.inference.quant.Int8Linear`: `<layer>.weight` int8 (N, K) and
   `<layer>.scales` float32 (N,); biases, norms and the token (and position) embeddings stay float32.
-- int4: the same layers become `handformer.nn.quant_int4.Int4Linear` (`weight` packed 4-bit, with
+- int4: the same layers become `handformer.inference.quant_int4.Int4Linear` (`weight` packed 4-bit, with
   `scales` and `zeros` per group of `group_size` inputs); a layer whose input width is not a
   multiple of the group size is quantized to int8 instead.
 - bf16: every floating-point tensor is stored and run in bfloat16.
@@ -21,52 +21,16 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-from torch import nn
 
+from handformer.inference.quant import quantize_linears
+from handformer.inference.quant_int4 import check_group_size
 from handformer.io import atomic_write_bytes
-from handformer.nn.quant import DEFAULT_KERNEL, KERNELS, quantize_linears
-from handformer.nn.quant_int4 import check_group_size
+from handformer.tasks.lm.quantization import FORMATS, HEAD, Quantization
+from handformer.tasks.lm.run import load_lm, save_lm_run
 from handformer.tasks.run_config import read_run_config
-
-FORMATS = ("int8", "int4", "bf16")
-HEAD = "lm_head"
-
-
-@dataclass
-class Quantization:
-    """The "quantization" section of a run's config.json."""
-
-    weights: str  # "int8", "int4" or "bf16"
-    head: bool = True  # int8 / int4: the output head is quantized too
-    kernel: str = DEFAULT_KERNEL  # Int8Linear's kernel, see nn/quant.py
-    group_size: int = 32  # int4: inputs per group (nn/quant_int4.py)
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str) -> Quantization:
-        if not isinstance(data, dict) or data.get("weights") not in FORMATS:
-            raise ValueError(f"{where}: 'quantization' must be a table with weights = one of "
-                             f"{', '.join(FORMATS)}; got {data!r}")
-        kernel = data.get("kernel", DEFAULT_KERNEL)
-        if kernel not in KERNELS:
-            raise ValueError(f"{where}: quantization kernel {kernel!r} is unknown; use one of "
-                             f"{', '.join(KERNELS)}")
-        group_size = data.get("group_size", 32)
-        if data["weights"] == "int4":
-            check_group_size(group_size)
-        return cls(data["weights"], bool(data.get("head", True)), kernel, group_size)
-
-    def prepare(self, model: nn.Module) -> nn.Module:
-        """Turn a freshly built float model into the layout the saved quantized weights fill."""
-        if self.weights == "bf16":
-            return model.to(torch.bfloat16)
-        quantize_linears(model, skip=() if self.head else (HEAD,), kernel=self.kernel, empty=True,
-                         bits=4 if self.weights == "int4" else 8, group_size=self.group_size)
-        return model
 
 
 def native_bf16(cpuinfo: str | None = None) -> tuple[bool, str]:
@@ -91,8 +55,6 @@ def quantize_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, weights
                  ) -> tuple[list[str], Quantization]:
     """Write a quantized copy of the language-model run in `run_dir` to `out_dir`.
     Returns the names of the quantized layers (int8) and the spec written to config.json."""
-    from handformer.tasks.lm.run import load_lm, save_lm_run
-
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     if weights not in FORMATS:
         raise ValueError(f"quantization format {weights!r} is unknown; use --int8, --int4 or --bf16")
@@ -127,4 +89,4 @@ def quantize_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, weights
     return names, spec
 
 
-__all__ = ["FORMATS", "Quantization", "native_bf16", "quantize_run"]
+__all__ = ["native_bf16", "quantize_run"]

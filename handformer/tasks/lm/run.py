@@ -24,12 +24,13 @@ from typing import Any
 
 import torch
 
+from handformer.adapters.lora import LoRAConfig
 from handformer.config import CausalLMConfig
 from handformer.data.tokenizer import Tokenizer
 from handformer.io import atomic_write_text
 from handformer.models.causal_lm import CausalLM
-from handformer.nn.lora import LoRAConfig
 from handformer.tasks.lm.finetune import ADAPTERS_FILE, base_model, verified_base
+from handformer.tasks.lm.quantization import Quantization
 from handformer.tasks.run_config import read_run_config, run_model_config, weights_fix
 from handformer.training.checkpoint import load_weights, save_weights
 
@@ -111,8 +112,6 @@ def load_lm(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> L
     else:
         model = CausalLM(model_cfg)
     if "quantization" in config:  # written by `handformer quantize` (tasks/lm/quantize.py)
-        from handformer.tasks.lm.quantize import Quantization
-
         model = Quantization.from_dict(config["quantization"], str(run_dir / "config.json")).prepare(model)
     if "lora" in config:
         fix = "fine-tune again (or `handformer train --resume` it, which rewrites the adapters)"

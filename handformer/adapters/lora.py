@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.config import dataclass_from_dict
-from handformer.nn.replace import replace_layers
+from handformer.replace import replace_layers
 
 ALL_LINEAR = "all-linear"  # every linear layer of the blocks, not the output head (as peft)
 
@@ -69,6 +69,8 @@ class LoRALinear(nn.Module):
 
     It takes over the base layer's `weight` and `bias` under the same names, so the base weights
     load and save as before; the adapters add `lora_A` and `lora_B`."""
+
+    frozen_base = True  # a checkpoint of the model holds the adapters only (training/checkpoint.py)
 
     def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float = 0.0) -> None:
         super().__init__()

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from handformer.nn.replace import replace_layers
+from handformer.replace import replace_layers
 
 QMAX = 127  # symmetric int8 range: -127 .. 127
 KERNELS = ("int8pack-bf16", "int8pack-fp32", "dequant")
@@ -136,7 +136,7 @@ def quantize_linears(model: nn.Module, skip: Iterable[str] = (), kernel: str = D
 
     A linear layer whose weight is tied to an embedding (a tied output head) gets its own quantized
     copy; the embedding lookup keeps the floating-point table."""
-    from handformer.nn.quant_int4 import Int4Linear, check_group_size
+    from handformer.inference.quant_int4 import Int4Linear, check_group_size
 
     if bits not in (4, 8):
         raise ValueError(f"bits is {bits!r}; handformer quantizes weights to 8 or 4 bits")

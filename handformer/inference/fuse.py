@@ -28,9 +28,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from handformer.nn.attention import MultiHeadAttention, scaled_dot_product_attention
-from handformer.nn.feed_forward import FeedForward
-from handformer.nn.kv_cache import LayerKVCache
+from handformer.nn.attention import MultiHeadAttention
+from handformer.nn.feed_forward import GatedFeedForward
+from handformer.nn.kv_cache import NO_CACHE, LayerCache
 from handformer.nn.positions import apply_rotary
 
 
@@ -49,46 +49,38 @@ def stack_linears(*linears: nn.Linear) -> nn.Linear:
     return fused.train(linears[0].training)
 
 
-class FusedSelfAttention(nn.Module):
-    """`MultiHeadAttention` for self-attention with W_Q, W_K, W_V stacked into one `qkv_proj`."""
+class FusedSelfAttention(MultiHeadAttention):
+    """`MultiHeadAttention` for self-attention with W_Q, W_K, W_V stacked into one `qkv_proj`. Only
+    `project` differs: one product, and the rotary embedding applied to queries and keys in one
+    call; the forward is MultiHeadAttention's own."""
 
     def __init__(self, attn: MultiHeadAttention) -> None:
-        super().__init__()
+        nn.Module.__init__(self)  # not MultiHeadAttention's: the projections come from `attn`
         self.n_heads, self.n_kv_heads, self.head_dim = attn.n_heads, attn.n_kv_heads, attn.head_dim
         self.dropout = attn.dropout
         self.qkv_proj = stack_linears(attn.q_proj, attn.k_proj, attn.v_proj)  # (H + 2 Hkv) Dh x D
         self.o_proj = attn.o_proj
         self.train(attn.training)  # a new module starts in training mode; keep the model's mode
 
-    def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None, *,
-                is_causal: bool = False, rope: tuple[Tensor, Tensor] | None = None,
-                cache: LayerKVCache | None = None, need_weights: bool = False,
-                check_empty_rows: bool = True) -> tuple[Tensor, Tensor | None]:
-        """The same arguments and results as `MultiHeadAttention.forward`, self-attention only."""
-        if context is not None:
+    def project(self, query: Tensor, key: Tensor, value: Tensor, rope: tuple[Tensor, Tensor] | None = None,
+                cache: LayerCache = NO_CACHE) -> tuple[Tensor, Tensor, Tensor]:
+        """`MultiHeadAttention.project` for self-attention (key and value are the query)."""
+        if key is not query or value is not query:
             raise ValueError("a fused self-attention cannot attend over a context (cross-attention "
                              "is never fused)")
-        B, T, _ = x.shape
+        B, T, _ = query.shape
         H, Hkv, Dh = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = self.qkv_proj(x).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)  # (B, H + 2 Hkv, T, Dh)
+        qkv = self.qkv_proj(query).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)  # (B, H + 2 Hkv, T, Dh)
         qk = qkv[:, :H + Hkv]  # (B, H + Hkv, T, Dh): queries, then keys
         if rope is not None:
             qk = apply_rotary(qk, *rope)  # every query and key head in one call
-        q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv:]  # (B, H, T, Dh), (B, Hkv, T, Dh) twice
-        if cache is not None:
-            k, v = cache.append(k, v)  # (B, Hkv, S, Dh)
-        out, weights = scaled_dot_product_attention(
-            q, k, v, mask, is_causal=is_causal, need_weights=need_weights,
-            dropout_p=self.dropout if self.training else 0.0,
-            check_empty_rows=check_empty_rows)  # (B, H, T, Dh)
-        out = out.transpose(1, 2).reshape(B, T, H * Dh)  # (B, T, H * Dh): concat
-        return self.o_proj(out), weights
+        return qk[:, :H], qk[:, H:], qkv[:, H + Hkv:]  # (B, H, T, Dh), (B, Hkv, T, Dh) twice
 
 
 class FusedGatedFeedForward(nn.Module):
     """A gated `FeedForward` (SwiGLU, GEGLU) with W_gate and W_up stacked into one `gate_up_proj`."""
 
-    def __init__(self, ffn: FeedForward) -> None:
+    def __init__(self, ffn: GatedFeedForward) -> None:
         super().__init__()
         self.activation, self.act = ffn.activation, ffn.act
         self.gate_up_proj = stack_linears(ffn.gate_proj, ffn.up_proj)  # 2F x D
@@ -116,6 +108,6 @@ def fuse_projections(model: nn.Module) -> nn.Module:
         if type(attn) is MultiHeadAttention and _plain(attn.q_proj, attn.k_proj, attn.v_proj):
             module.self_attn = FusedSelfAttention(attn)
         ffn = getattr(module, "ffn", None)
-        if type(ffn) is FeedForward and ffn.gate_proj is not None and _plain(ffn.gate_proj, ffn.up_proj):
+        if type(ffn) is GatedFeedForward and _plain(ffn.gate_proj, ffn.up_proj):
             module.ffn = FusedGatedFeedForward(ffn)
     return model

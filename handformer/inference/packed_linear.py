@@ -37,7 +37,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-from handformer.nn.replace import replace_layers
+from handformer.replace import replace_layers
 
 MIN_PACKED_BYTES = 1 << 20  # pack weights of at least 1 MiB (fp32: 262,144 numbers)
 PACKED_DTYPES = (torch.float32, torch.bfloat16)
@@ -95,8 +95,9 @@ class PackedLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., K) -> (..., N)."""
         if self.training:
-            raise RuntimeError("this layer's weight is packed for inference (handformer.nn.packed_linear); "
-                               "call model.eval(), or unpack_linears(model) before training")
+            raise RuntimeError("this layer's weight is packed for inference "
+                               "(handformer.inference.packed_linear); call model.eval(), or "
+                               "unpack_linears(model) before training")
         if x.dtype != self.dtype:
             return self.forward(x.to(self.dtype)).to(x.dtype)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")  # (..., N)

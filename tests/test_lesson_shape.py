@@ -1,0 +1,86 @@
+"""The lesson keeps its shape: handformer/nn and handformer/models read like the tutorials.
+
+Counted by scripts/lesson_shape.py (its docstring defines a branch and a function's length):
+- every `forward` of a lesson file is at most 40 lines and 3 branches; CausalLM's at most 25 lines;
+- all lesson files together have at most LESSON_BRANCHES branches. It is a ratchet: a feature that
+  adds a branch to the lesson raises the limit in the same commit, and the list below names it;
+- nn/ and models/ import nothing of the practitioner rooms (adapters, inference) or of the layers
+  above them (training, generation, tasks, serve, ...), and no module of the package imports
+  itself back through a circle of imports.
+"""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import lesson_shape  # noqa: E402
+
+LESSON_BRANCHES = 40  # the lesson as the tutorials write it (raised by: -)
+FORWARD_LINES, FORWARD_BRANCHES, CAUSAL_LM_FORWARD_LINES = 40, 3, 25
+
+# What a lesson module may import from the package: the config, the models' starting weights, and
+# the lesson itself.
+LESSON_MAY_IMPORT = ("handformer.config", "handformer.initialization", "handformer.nn", "handformer.models")
+
+
+def test_every_lesson_forward_fits_on_a_screen():
+    forwards = [f for path in lesson_shape.lesson_files() for f in lesson_shape.functions(path)
+                if f.name.split(".")[-1] == "forward"]
+    assert len(forwards) >= 15, [f.name for f in forwards]  # the count sees every module's forward
+    for f in forwards:
+        assert f.lines <= FORWARD_LINES and f.branches <= FORWARD_BRANCHES, f
+    (causal,) = [f for f in forwards if f.name == "CausalLM.forward"]
+    assert causal.lines <= CAUSAL_LM_FORWARD_LINES, causal
+
+
+def test_the_lesson_files_stay_within_their_branches():
+    files = lesson_shape.lesson_files()
+    assert {p.name for p in files} >= {"attention.py", "masks.py", "blocks.py", "kv_cache.py",
+                                       "causal_lm.py", "seq2seq.py"}
+    counts = {p.name: lesson_shape.file_branches(p) for p in files}
+    assert sum(counts.values()) <= LESSON_BRANCHES, counts
+
+
+def test_the_counter_counts_what_it_says(tmp_path):
+    source = tmp_path / "sample.py"
+    source.write_text(
+        "def f(x, y):\n"
+        "    '''A docstring\n    of two lines.'''\n"
+        "    if x is None:\n        raise ValueError('x')\n"  # a guard: not a branch
+        "    if x:\n        y = 1\n    elif y:\n        y = 2\n"  # two
+        "    z = [a for a in y if a]\n"  # one
+        "    return x if z else y\n"  # one
+        "def g(v):\n    match v:\n        case 1:\n            return 1\n        case _:\n            return 2\n")
+    f, g = lesson_shape.functions(source)
+    assert (f.name, f.branches, f.lines) == ("f", 4, 9)
+    assert (g.name, g.branches) == ("g", 2)
+    assert lesson_shape.file_branches(source) == 6
+
+
+def test_the_lesson_imports_only_the_lesson():
+    graph = lesson_shape.import_graph()
+    lesson = {m: deps for m, deps in graph.items() if m.startswith(("handformer.nn", "handformer.models"))}
+    assert "handformer.nn.attention" in lesson and "handformer.models.causal_lm" in lesson
+    for module, deps in lesson.items():
+        outside = sorted(d for d in deps if not d.startswith(LESSON_MAY_IMPORT))
+        assert not outside, f"{module} imports {outside}"
+
+
+def test_no_module_imports_itself_through_a_circle():
+    graph = lesson_shape.import_graph()
+    assert len(graph) > 100
+    assert lesson_shape.cycles(graph) == []
+    assert lesson_shape.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_practitioner_rooms_reach_the_model_only_from_outside():
+    """LoRA lives in handformer/adapters, fusion, packing and quantization in handformer/inference;
+    training and generation do not import them to do their own work (the checkpoint asks a
+    module whether it adapts a frozen base; generate's thread choice is inference's)."""
+    graph = lesson_shape.import_graph()
+    rooms = ("handformer.adapters", "handformer.inference")
+    assert not [d for d in graph["handformer.training.checkpoint"] if d.startswith(rooms)]
+    assert not (ROOT / "handformer" / "nn" / "lora.py").exists()
+    assert {"handformer.inference.fuse", "handformer.inference.packed_linear", "handformer.inference.quant",
+            "handformer.inference.quant_int4", "handformer.adapters.lora"} <= set(graph)
