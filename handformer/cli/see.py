@@ -66,5 +66,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="language of titles and labels: en, or zh (Chinese; needs a CJK font, else "
                    "a warning and English labels)")
     p.add_argument("--out", default=None,
-                   help="output directory (default docs/figures, or docs/zh/figures with --lang zh)")
+                   help="output directory (default runs/explain, or runs/explain/zh with --lang zh; "
+                   "docs/figures and docs/zh/figures hold the committed ones)")
     p.set_defaults(func=cmd_explain)
