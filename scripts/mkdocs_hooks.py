@@ -4,7 +4,9 @@
    repository reader sees them (`docs/tour.md`, `docs/zh/tour.md`, `README.zh.md`); on the site
    those pages sit elsewhere, so each link is rewritten. A README link to a file outside docs/ has
    no page on the site: the build stops and names the line.
-2. mkdocs-static-i18n builds each language on its own, so a link from an English page to a Chinese
+2. A Chinese paragraph wrapped over several source lines would show a space at each line break
+   (browsers put one between two Chinese characters); those line breaks are joined.
+3. mkdocs-static-i18n builds each language on its own, so a link from an English page to a Chinese
    one (or back) names a page the build does not have. Such links become plain links to the other
    language's URL, after checking here that the page exists."""
 
@@ -20,6 +22,8 @@ from mkdocs.structure.files import File, Files
 ROOT = Path(__file__).resolve().parent.parent
 HOMES = {"README.md": "index.md", "README.zh.md": "zh/index.md"}
 # [text](target) and ![alt](target); the text may hold `code`; the target runs to ')' or a space
+CJK = "\u3000-\u303f\u3400-\u9fff\uff00-\uffef"
+WRAP = re.compile(f"(?<=[{CJK}])\n(?=[{CJK}])")
 LINK = re.compile(r"(!?\[(?:[^\]`]|`[^`]*`)*\]\()([^)\s]+)(\))?")
 
 
@@ -104,4 +108,8 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         text = m.group(1)[1:-2]
         return f'<a href="{href}{"#" + anchor if anchor else ""}">{text}</a>'
 
-    return links(markdown, cross)
+    markdown = links(markdown, cross)
+    if language(src) == "zh":
+        parts = re.split(r"(^```.*?^```[ \t]*$)", markdown, flags=re.S | re.M)
+        markdown = "".join(p if p.startswith("```") else WRAP.sub("", p) for p in parts)
+    return markdown
