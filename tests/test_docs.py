@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from docs_helpers import (
     DOCS,
     ROOT,
@@ -31,6 +30,7 @@ from docs_helpers import (
     sections,
     twins,
 )
+from helpers import require_module
 
 from handformer.cli import build_parser
 
@@ -115,6 +115,7 @@ def nav_pages(nav) -> list[tuple[str, str]]:
 
 
 def test_every_page_is_in_the_site_nav_with_a_chinese_title():
+    yaml = require_module("yaml", "pip install -e '.[dev]' (PyYAML comes with mkdocs)")
     config = yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=yaml.BaseLoader)
     nav = nav_pages(config["nav"])
     listed = {page for _, page in nav}
