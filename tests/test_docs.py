@@ -333,3 +333,12 @@ def test_the_checks_catch_what_they_should(tmp_path):
     assert [block_shape(b) for b in blocks(one)] == [block_shape(b) for b in blocks(two)]
     two.write_text("```python\nx = 2\n```\n")
     assert block_shape(blocks(one)[0]) != block_shape(blocks(two)[0])
+
+
+def test_ci_runs_the_test_command_the_readmes_show():
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()
+    for readme in (ROOT / "README.md", ROOT / "README.zh.md"):
+        shown = [words for block in blocks(readme) if block.lang == "bash" for _, words in commands(block)]
+        assert ["python3", "-m", "pytest", "-q"] in shown, (
+            f"{rel(readme)} must show the test command CI runs: python3 -m pytest -q")
+    assert ci[-1] == "python3 -m pytest -q", ".ci/run must end by running the README's test command"
