@@ -1,4 +1,4 @@
-"""Benchmark: how `handformer serve` keeps a continuous batch's KV cache (issue 17), two designs
+"""Benchmark: how `handformer serve` keeps a continuous batch's KV cache, two designs
 measured side by side on one decoding step of 16 rows of different lengths:
 
 - padded batch cache (what serve uses: the decoding engine, handformer/generation/engine.py): the

@@ -1,4 +1,4 @@
-"""Benchmark: `handformer serve` under load (issue 17): throughput (requests/s, tokens/s) and
+"""Benchmark: `handformer serve` under load: throughput (requests/s, tokens/s) and
 p50 / p95 request latency at 1, 4 and 16 concurrent clients, on a small model.
 
 The model is llama2.c's stories260K (../shared/data/stories260K, imported to a temporary run),

@@ -41,5 +41,5 @@ if [ ${#missing[@]} -gt 0 ]; then
         echo "The browser test and the CJK-font test will be SKIPPED (pytest counts them)." >&2
     fi
 fi
-"$PY" -c "import transformers, playwright.sync_api, openai, fastapi, uvicorn" \
+"$PY" -c "import transformers, playwright.sync_api, openai, fastapi, uvicorn, mkdocs, material, mkdocs_static_i18n, jieba" \
     || { echo "error: the reference libraries did not install (see pip's output above)" >&2; exit 1; }
