@@ -58,6 +58,7 @@ _LLAMA_TENSORS = {
     **_with_bias("blk.{i}.ffn_up", f"{FFN}.up_proj"),  # (F, D)
     **_with_bias("blk.{i}.ffn_down", f"{FFN}.down_proj"),  # (D, F)
 }
+_GEMMA_TENSORS = {name: keys for name, keys in _LLAMA_TENSORS.items() if name != "output.weight"}  # tied
 _PHI3_TENSORS = {
     **_EMBED_AND_HEAD, **_NORMS,
     "blk.{i}.attn_qkv.weight": (f"{ATTN}.q_proj.weight", f"{ATTN}.k_proj.weight",
@@ -112,7 +113,7 @@ QWEN2 = Family("qwen2", "qwen2", "Qwen2", _LLAMA_TENSORS,
                 "sliding_window": (None, "has no sliding-window attention in llama.cpp"),
                 "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
                full_width_heads=True)
-GEMMA = Family("gemma", "gemma", "Gemma", _LLAMA_TENSORS,
+GEMMA = Family("gemma", "gemma", "Gemma", _GEMMA_TENSORS,
                {**_LLAMA_BLOCK, "norm": ("rmsnorm_offset", "has RMSNorm with gain 1 + w"),
                 "activation": ("geglu_tanh", "has a GeGLU feed-forward with the tanh GELU"),
                 "scale_embeddings": (True, "scales embeddings by sqrt(d_model)"),
@@ -128,8 +129,8 @@ PHI3 = Family("phi3", "phi3", "Phi-3", _PHI3_TENSORS,
 GPT2 = Family("gpt2", "gpt2", "GPT-2", _GPT2_TENSORS,
               {**_PRE, "position": ("learned", "has learned positions"),
                "norm": ("layernorm", "uses LayerNorm"),
-               "activation": ("gelu_tanh", "uses the tanh GELU in llama.cpp (train with activation="
-                              "'gelu_tanh', GPT-2's own)"),
+               "activation": ("gelu_tanh", "uses the tanh GELU in llama.cpp: train with activation="
+                              "'gelu_tanh', GPT-2's own"),
                "n_kv_heads": (None, "has one key/value head per query head"),
                "sliding_window": (None, "has no sliding-window attention")},
               rope=None, zero_biases=True, full_width_heads=True)
@@ -232,10 +233,9 @@ def export_tensors(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family
     """`CausalLM(cfg).state_dict()` -> (GGUF name, float32 tensor) in llama.cpp's layout. A tied
     head is left out; GPT-2's missing biases become zeros. Every handformer tensor must be written:
     a ValueError names any the map does not cover."""
-    out, used = [], set()
+    out, used = [], {"lm_head.weight"} if cfg.tie_embeddings else set()  # a tied head is the embedding
     for name, keys in _concrete(family, cfg.n_layers):
         if name == "output.weight" and cfg.tie_embeddings:
-            used.add("lm_head.weight")
             continue
         if all(k in state for k in keys):
             parts = [to_gguf_layout(k, state[k].float(), cfg, family) for k in keys]
@@ -343,8 +343,8 @@ def _key(family: Family, template: str) -> str:
 # harmless?, what it asks for). Checked on import, before the weights are read.
 _NOT_IMPLEMENTED = {
     gguf.Keys.LLM.EXPERT_COUNT: (lambda v: not v, "a mixture-of-experts feed-forward"),
-    gguf.Keys.Rope.SCALING_TYPE: (lambda v: v in (None, "none"), "a rope scaling type (linear, yarn, "
-                                  "longrope) handformer does not implement"),
+    gguf.Keys.Rope.SCALING_TYPE: (lambda v: v in (None, "none"), "rope scaling of that type (handformer "
+                                  "has Llama 3's, from rope_freqs.weight)"),
     gguf.Keys.Rope.SCALING_FACTOR: (lambda v: v in (None, 0, 1, 0.0, 1.0), "linear rope scaling"),
     gguf.Keys.LLM.ATTN_LOGIT_SOFTCAPPING: (lambda v: not v, "soft-capped attention scores"),
     gguf.Keys.LLM.FINAL_LOGIT_SOFTCAPPING: (lambda v: not v, "soft-capped logits"),

@@ -54,7 +54,7 @@ def _family(file: GGUFFile) -> Family:
     arch = file.architecture
     if arch in FAMILIES:
         return FAMILIES[arch]
-    why = f" ({NOT_YET[arch]}: handformer's model does not implement that yet)" if arch in NOT_YET else ""
+    why = f": {NOT_YET[arch]}, which handformer's model does not do yet" if arch in NOT_YET else ""
     raise ValueError(f"{file.path} is a {arch!r} model{why}; import-gguf reads {', '.join(FAMILIES)}")
 
 
