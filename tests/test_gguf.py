@@ -206,9 +206,9 @@ HF_FAMILIES = {  # family -> (tiny Hugging Face model, GGUF architecture)
 CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
 
-def _hf_run(family, tmp_path):
-    torch.manual_seed(sorted(HF_FAMILIES).index(family))
-    hf_model = HF_FAMILIES[family][0]()
+def _hf_run(family, tmp_path, make=None):
+    torch.manual_seed(sorted(HF_FAMILIES).index(family) if family in HF_FAMILIES else 99)
+    hf_model = (make or HF_FAMILIES[family][0])()
     with torch.no_grad():
         for p in hf_model.parameters():
             p.add_(0.2 * torch.randn_like(p))
@@ -242,6 +242,18 @@ def test_transformers_reads_the_export_with_handformers_logits(family, tmp_path,
 
     rendered = load_chat_template(tmp_path / "back").render([{"role": "user", "content": "hi"}])
     assert rendered == "<s>user: hi\n"
+
+
+def test_a_phi3_window_is_written_and_read_back(tmp_path, capsys):
+    """llama.cpp's Phi-3 has the key (0 = none), though the pinned version runs without the window."""
+    run_dir = _hf_run("phi3_window", tmp_path, lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        **SIZE, sliding_window=5, tie_word_embeddings=False, rope_parameters=ROPE)))
+    assert main(["export-gguf", str(run_dir), str(tmp_path / "m.gguf")]) == 0
+    assert "the sliding window (5) is written" in capsys.readouterr().out
+    assert read_gguf(tmp_path / "m.gguf").metadata["phi3.attention.sliding_window"] == 5
+    assert main(["import-gguf", str(tmp_path / "m.gguf"), str(tmp_path / "back")]) == 0
+    _same_run(run_dir, tmp_path / "back")
+    assert load_lm(tmp_path / "back").model.cfg.sliding_window == 5
 
 
 @pytest.fixture(scope="module")

@@ -410,9 +410,9 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
                              f"each {head_dim}-wide head; handformer rotates whole heads")
         settings.update(head_dim=head_dim,
                         rope_theta=_float(metadata, k(gguf.Keys.Rope.FREQ_BASE), where, 10000.0))
-    if family.writes_window:
-        window = metadata.get(k(gguf.Keys.Attention.SLIDING_WINDOW)) or None
-        settings["sliding_window"] = _int({"w": window}, "w", where) if window is not None else None
+    if family.writes_window:  # 0 or absent: no window
+        window_key = k(gguf.Keys.Attention.SLIDING_WINDOW)
+        settings["sliding_window"] = _int(metadata, window_key, where) if metadata.get(window_key) else None
     settings.update({name: value for name, (value, _) in family.settings.items() if name != "n_kv_heads"})
     if "n_kv_heads" in family.settings and settings["n_kv_heads"] == n_heads:
         settings["n_kv_heads"] = None  # GPT-2's config says so by leaving it out
