@@ -184,6 +184,25 @@ def test_llama_rows_are_permuted_to_pairs_and_rope_freqs_are_llama_3s_factors(tm
     assert torch.equal(factors, rope_factors(_llama(tok.vocab_size, rope_scaling=SCALING)))
 
 
+def test_llama_3_scaling_is_fitted_from_rope_freqs_in_a_file_without_handformers_keys(tmp_path, capsys):
+    """convert_hf_to_gguf.py writes only rope_freqs.weight: the settings behind it are recovered
+    (low_freq_factor taken as 1, which with the thresholds fixes the rest) and checked against it."""
+    tok = Tokenizer.train_char([TEXT])
+    scaling = Llama3RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=16)
+    cfg = _llama(tok.vocab_size, d_model=128, n_heads=2, n_kv_heads=1, rope_theta=1e4, rope_scaling=scaling)
+    run_dir = _run(tmp_path / "run", cfg, tok)  # heads 64 wide: 5 of 32 frequencies blended
+    assert main(["export-gguf", str(run_dir), str(tmp_path / "m.gguf")]) == 0
+    keys = [k for k in read_gguf(tmp_path / "m.gguf").metadata if k.startswith("handformer.rope_scaling.")]
+    assert len(keys) == 4
+    _rewrite(tmp_path / "m.gguf", tmp_path / "converted.gguf", drop=keys)
+    assert main(["import-gguf", str(tmp_path / "converted.gguf"), str(tmp_path / "back")]) == 0
+    assert load_lm(tmp_path / "back").model.cfg.rope_scaling == scaling
+    _rewrite(tmp_path / "m.gguf", tmp_path / "other.gguf", drop=keys, types={  # not Llama 3's curve
+        "rope_freqs.weight": (QT.F32, np.linspace(1, 8, 32, dtype=np.float32))})
+    _fails(capsys, ["import-gguf", str(tmp_path / "other.gguf"), str(tmp_path / "other")],
+           "rope_freqs.weight is not Llama 3's frequency scaling")
+
+
 # --- runs imported from Hugging Face -----------------------------------------------------------------
 
 SIZE = dict(vocab_size=40, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,

@@ -21,6 +21,7 @@ Shape legend: D d_model, H heads, Hkv key/value heads, Dh head dim, F d_ff, V vo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -431,14 +432,18 @@ def read_rope_scaling(metadata: dict[str, Any], factors: Tensor | None, cfg: Cau
                          f"({cfg.head_dim} wide) have {cfg.head_dim // 2} rotary frequencies")
     if torch.all(factors == 1):
         return None
+    not_llama3 = (f"{where}: rope_freqs.weight is not Llama 3's frequency scaling, the only one handformer "
+                  "implements")
     if all(key in metadata for key in SCALING_KEYS.values()):
         scaling = Llama3RopeScaling(**{name: metadata[key] for name, key in SCALING_KEYS.items()})
     else:
         scaling = _fit_llama3(factors, cfg, where)
-    expected = rope_factors(CausalLMConfig(**{**cfg.__dict__, "rope_scaling": scaling}))
+    try:
+        expected = rope_factors(dataclasses.replace(cfg, rope_scaling=scaling))
+    except ValueError:  # the fit gave settings no Llama 3 scaling has (a wavelength band upside down)
+        raise ValueError(not_llama3) from None
     if not torch.allclose(expected, factors, rtol=1e-5, atol=0):
-        raise ValueError(f"{where}: rope_freqs.weight is not Llama 3's frequency scaling (the closest, "
-                         f"{scaling}, gives other factors); handformer implements only that one")
+        raise ValueError(f"{not_llama3} (the closest, {scaling}, gives other factors)")
     return scaling
 
 
@@ -461,7 +466,8 @@ def _fit_llama3(factors: Tensor, cfg: CausalLMConfig, where: str) -> Llama3RopeS
     A, B = torch.linalg.lstsq(torch.stack([x, -torch.ones_like(x)], dim=1), s[:, None]).solution.flatten()
     high = 1 + 1 / float(B)  # with low_freq_factor = 1: B = 1 / (high - 1), A = context / (high - 1)
     context = round(float(A) * (high - 1))
-    return Llama3RopeScaling(factor=factor, low_freq_factor=1.0, high_freq_factor=high,
+    # The factors are float32: the fit is good to about 6 digits (4.0000005 for Llama 3.1's 4)
+    return Llama3RopeScaling(factor=factor, low_freq_factor=1.0, high_freq_factor=float(f"{high:.6g}"),
                              original_max_positions=context)
 
 
