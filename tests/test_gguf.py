@@ -376,8 +376,8 @@ def test_a_lora_run_exports_merged_and_a_quantized_run_from_its_weights(trained,
     ids = lora.tokenizer.encode("The tutorial")
     torch.testing.assert_close(_logits(back, ids), _logits(lora, ids), atol=1e-5, rtol=1e-5)
 
-    from handformer.nn.quant import dequantize_int8
-    from handformer.nn.quant_int4 import dequantize_int4, unpack_nibbles
+    from handformer.inference.quant import dequantize_int8
+    from handformer.inference.quant_int4 import dequantize_int4, unpack_nibbles
 
     for kind in ("int8", "int4", "bf16"):
         assert main(["quantize", str(trained / "llama"), str(tmp_path / kind), f"--{kind}"]) == 0

@@ -76,15 +76,15 @@ def float_state(run: LMRun, notes: list[str]) -> dict[str, Tensor]:
     dequantized (what the quantized layers compute with), bf16 as stored."""
     model = run.model
     if "lora" in run.config:
-        from handformer.nn.lora import merge_lora
+        from handformer.adapters.lora import merge_lora
 
         merge_lora(model)
         notes.append("the LoRA adapters are merged into the base weights (W + B A * alpha / rank)")
     state = dict(model.state_dict())
     quantization = run.config.get("quantization")
     if quantization:
-        from handformer.nn.quant import dequantize_int8
-        from handformer.nn.quant_int4 import dequantize_int4, unpack_nibbles
+        from handformer.inference.quant import dequantize_int8
+        from handformer.inference.quant_int4 import dequantize_int4, unpack_nibbles
 
         for key in [k for k in state if k.endswith(".scales")]:
             layer = key.removesuffix(".scales")
