@@ -115,7 +115,7 @@ def _base_run_dirs(run_dir: Path, config: dict[str, Any]) -> list[Path]:
     return []
 
 
-def _recorded_model_type(run_dir: Path, config: dict[str, Any], notes: list[str]) -> str | None:
+def recorded_model_type(run_dir: Path, config: dict[str, Any], notes: list[str]) -> str | None:
     """The model_type recorded at import, for this run or the base run it was fine-tuned from."""
     for _ in range(_BASE_HOPS):
         recorded = (config.get("source") or {}).get("model_type")
@@ -159,7 +159,7 @@ def export_model_type(run: LMRun, run_dir: str | os.PathLike = ".", notes: list[
     if "lora" in run.config:
         raise ValueError("this run holds LoRA adapters on a base run; fold them in first with "
                          "`handformer merge RUN MERGED` and export MERGED")
-    recorded = _recorded_model_type(Path(run_dir), run.config, [] if notes is None else notes)
+    recorded = recorded_model_type(Path(run_dir), run.config, [] if notes is None else notes)
     if recorded is not None and recorded not in HF_CLASSES:
         raise ValueError(f"this run was imported from model_type {recorded!r}; export-hf writes "
                          f"{', '.join(HF_CLASSES)} only")
@@ -344,4 +344,5 @@ def export_hf(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite:
     return ExportedLM(out_dir, model_type, HF_CLASSES[model_type], notes)
 
 
-__all__ = ["ExportedLM", "HF_CLASSES", "export_hf", "export_model_type", "export_state_dict", "hf_config"]
+__all__ = ["ExportedLM", "HF_CLASSES", "export_hf", "export_model_type", "export_state_dict", "hf_config",
+           "recorded_model_type"]

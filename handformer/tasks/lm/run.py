@@ -118,6 +118,8 @@ def load_lm(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> L
     elif isinstance(config.get("source"), dict) and "llama2c_model" in config["source"]:
         fix = ("import the checkpoint again (`handformer import-llama2c MODEL.bin TOKENIZER.bin "
                "RUN_DIR --overwrite`)")
+    elif isinstance(config.get("source"), dict) and "gguf" in config["source"]:
+        fix = "import the file again (`handformer import-gguf FILE.gguf RUN_DIR --overwrite`)"
     elif "source" in config:
         fix = "import the checkpoint again (`handformer import-hf HF_DIR RUN_DIR --overwrite`)"
     else:
