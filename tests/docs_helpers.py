@@ -9,6 +9,8 @@ The conventions the tests hold every page to (a new page follows them too):
     # needs: lm-run PATH        a language-model run at PATH (the test makes a tiny one)
     # needs: chat-run PATH      the same, with a chat template
     # needs: server ID [ID...]  `handformer serve` with those model ids, at http://127.0.0.1:8000
+    # needs: llama.cpp ...      llama-cpp-python (a 4-minute source build, not in the default run):
+                                the slow tests/test_gguf_llamacpp.py runs these blocks
     # from FILE                 an excerpt: every line is in FILE (a path in the repository)
 - Every command line in a fenced block that runs `handformer ...` (also after `$ `, `time `,
   `VAR=value ` or `torchrun ... -m handformer`) is parsed by the CLI's own parser, and every

@@ -265,8 +265,14 @@ def test_every_python_block_runs(block, tmp_path, monkeypatch):
     server = None
     if needs.startswith("needs:"):
         kind, *names = re.split(r"[(（]", needs.removeprefix("needs:"))[0].split()
+        if kind == "llama.cpp":  # run by the slow llama.cpp test, which this checks
+            slow = (ROOT / "tests" / "test_gguf_llamacpp.py").read_text(encoding="utf-8")
+            assert "needs: llama.cpp" in slow and rel(block.path) in slow, (
+                f"{block.where}: tests/test_gguf_llamacpp.py must run this block ({rel(block.path)})")
+            return
         assert kind in ("lm-run", "chat-run", "server") and names, (
-            f"{block.where}: `# needs: {needs}`: say `lm-run PATH`, `chat-run PATH` or `server ID...`")
+            f"{block.where}: `# needs: {needs}`: say `lm-run PATH`, `chat-run PATH`, `server ID...` or "
+            "`llama.cpp`")
         if kind in ("lm-run", "chat-run"):
             make_lm_run(tmp_path / names[0], chat=kind == "chat-run", max_positions=256)
         else:

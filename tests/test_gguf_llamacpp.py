@@ -166,3 +166,27 @@ def test_a_trained_bpe_tokenizer_tokenizes_the_same_in_llama_cpp(tmp_path):
            "data.vocab_size=400", f"data.path={SHAKESPEARE}")
     assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")]) == 0
     _same_tokens(tmp_path / "m.gguf", load_lm(tmp_path / "run").tokenizer, text[:3000] + " 12345 naïve  \n\n x")
+
+
+@pytest.mark.parametrize("page", ["docs/gguf.md", "docs/zh/gguf.md"])
+def test_the_docs_llama_cpp_snippet_prints_what_handformer_generates(page, tmp_path, monkeypatch, capsys):
+    """The `# needs: llama.cpp` python block of the page, run as written in a folder holding
+    shakespeare.gguf: llama.cpp's text equals `handformer generate`'s."""
+    import contextlib
+    import io
+    import re
+
+    if not SHAKESPEARE.is_file():
+        missing(f"tiny Shakespeare is not at {SHAKESPEARE}")
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(encoding="utf-8"), re.S)
+               if b.startswith("# needs: llama.cpp")]
+    _train(tmp_path / "run", "shakespeare_char_modern.toml", "train.steps=300", f"data.path={SHAKESPEARE}")
+    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "shakespeare.gguf")]) == 0
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "ROMEO:\n", "--temperature", "0",
+                 "--max-new-tokens", "50"]) == 0
+    expected = capsys.readouterr().out.rstrip("\n").removeprefix("ROMEO:\n")
+    monkeypatch.chdir(tmp_path)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, page, "exec"), {"__name__": "docs"})
+    assert printed.getvalue().rstrip("\n") == expected
