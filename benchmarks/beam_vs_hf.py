@@ -25,8 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from handformer.convert.marian_export import export_marian  # noqa: E402
 from handformer.generation.decoding import beam_search  # noqa: E402
+from handformer.tasks.translation.exports import export_marian  # noqa: E402
 from handformer.tasks.translation.job import load_pairs  # noqa: E402
 from handformer.tasks.translation.translator import Translator  # noqa: E402
 

@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from handformer.config import CausalLMConfig  # noqa: E402
-from handformer.convert.hf_export import export_hf  # noqa: E402
-from handformer.convert.llama2c_import import import_llama2c  # noqa: E402
+from handformer.tasks.lm.exports import export_hf  # noqa: E402
+from handformer.tasks.lm.imports import import_llama2c  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.inference.packed_linear import pack_linears  # noqa: E402
 from handformer.inference.prepare import prepare_for_decoding  # noqa: E402

@@ -34,8 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from handformer.cli import main as handformer  # noqa: E402
-from handformer.convert.gguf_export import TYPES, export_gguf  # noqa: E402
+from handformer.convert.gguf_export import TYPES  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
+from handformer.tasks.lm.exports import export_gguf  # noqa: E402
 from handformer.tasks.lm.run import LMRun, load_lm  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data"

@@ -111,7 +111,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = args.run
         if run_dir is None:
-            from handformer.convert.llama2c_import import import_llama2c
+            from handformer.tasks.lm.imports import import_llama2c
 
             run_dir = Path(tmp) / "stories260K"
             import_llama2c(DATA / "stories260K.bin", DATA / "tok512.bin", run_dir)

@@ -36,10 +36,11 @@ from handformer.convert.gguf_arch import FAMILIES, rope_factors  # noqa: E402
 from handformer.convert.gguf_file import read_gguf  # noqa: E402
 from handformer.convert.gguf_quants import BLOCKS, dequantize, quantize_q8_0  # noqa: E402
 from handformer.convert.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
-from handformer.convert.hf_import import import_hf  # noqa: E402
+from handformer.data.special_tokens import SpecialTokens  # noqa: E402
 from handformer.data.tokenizer import Tokenizer  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
-from handformer.tasks.lm.run import SpecialTokens, load_lm, save_lm_run  # noqa: E402
+from handformer.tasks.lm.imports import import_hf  # noqa: E402
+from handformer.tasks.lm.run import load_lm, save_lm_run  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]

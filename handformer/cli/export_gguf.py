@@ -7,7 +7,7 @@ import argparse
 
 
 def cmd_export_gguf(args: argparse.Namespace) -> int:
-    from handformer.convert.gguf_export import export_gguf
+    from handformer.tasks.lm.exports import export_gguf
 
     result = export_gguf(args.run_dir, args.out, args.type, overwrite=args.overwrite)
     print(f"exported {result.summary()}")

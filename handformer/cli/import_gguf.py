@@ -7,7 +7,7 @@ import argparse
 
 def cmd_import_gguf(args: argparse.Namespace) -> int:
     from handformer.cli.common import report_import
-    from handformer.convert.gguf_import import import_gguf
+    from handformer.tasks.lm.imports import import_gguf
 
     result = import_gguf(args.gguf_file, args.run_dir, overwrite=args.overwrite)
     return report_import(result, args.run_dir)

@@ -23,9 +23,8 @@ made by handformer's own gguf_quants.quantize_q8_0. The file is written atomical
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -36,7 +35,6 @@ from handformer.config import CausalLMConfig
 from handformer.convert.gguf_arch import (
     Family,
     export_tensors,
-    family_for,
     mismatches,
     rope_factors,
     write_hparams,
@@ -44,59 +42,13 @@ from handformer.convert.gguf_arch import (
 from handformer.convert.gguf_file import write_gguf
 from handformer.convert.gguf_quants import QK8_0, quantize_q8_0
 from handformer.convert.gguf_tokenizer import write_tokenizer
-from handformer.convert.hf_export import recorded_model_type
-from handformer.generation.chat_template import load_chat_template
-from handformer.tasks.lm.run import LMRun, load_lm
-from handformer.tasks.run_config import read_run_config
 
 TYPES = ("f32", "f16", "q8_0")
 _FILE_TYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
 
 
-@dataclass
-class ExportedGGUF:
-    path: Path
-    arch: str  # general.architecture
-    family: str  # for the summary: "Llama", "GPT-2", ...
-    type_name: str  # "f32", "f16" or "q8_0"
-    n_tensors: int
-    n_bytes: int
-    notes: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        return (f"{self.family} ({self.arch}), {self.type_name}, {self.n_tensors} tensors, "
-                f"{self.n_bytes / 1e6:.1f} MB -> {self.path}")
-
-
 # --- the run's weights, as floats ------------------------------------------------------------------
-
-def float_state(run: LMRun, notes: list[str]) -> dict[str, Tensor]:
-    """The model's state dict in floating point: LoRA adapters merged, int8 / int4 weights
-    dequantized (what the quantized layers compute with), bf16 as stored."""
-    model = run.model
-    if "lora" in run.config:
-        from handformer.adapters.lora import merge_lora
-
-        merge_lora(model)
-        notes.append("the LoRA adapters are merged into the base weights (W + B A * alpha / rank)")
-    state = dict(model.state_dict())
-    quantization = run.config.get("quantization")
-    if quantization:
-        from handformer.inference.quant import dequantize_int8
-        from handformer.inference.quant_int4 import dequantize_int4, unpack_nibbles
-
-        for key in [k for k in state if k.endswith(".scales")]:
-            layer = key.removesuffix(".scales")
-            weight, scales = state.pop(f"{layer}.weight"), state.pop(key)
-            if f"{layer}.zeros" in state:
-                zeros = state.pop(f"{layer}.zeros")
-                state[f"{layer}.weight"] = dequantize_int4(unpack_nibbles(weight), scales, zeros)
-            else:
-                state[f"{layer}.weight"] = dequantize_int8(weight, scales)
-        notes.append(f"the run is quantized ({quantization.get('weights')}); its weights are written as the "
-                     "model computes with them (quantized values times their scales)")
-    return state
 
 
 # --- which tensor type each tensor gets ------------------------------------------------------------
@@ -119,16 +71,6 @@ def encode(name: str, tensor: Tensor, type_name: str,
 
 
 # --- checks ----------------------------------------------------------------------------------------
-
-def _check_paths(run_dir: Path, out: Path, overwrite: bool) -> None:
-    if out.is_dir():
-        raise ValueError(f"{out} is a directory; give the GGUF file to write, e.g. {out / 'model.gguf'}")
-    if out.exists() and not overwrite:
-        raise ValueError(f"{out} exists; choose another file or pass --overwrite")
-    config = read_run_config(run_dir)
-    if config.get("task") == "translation":
-        raise ValueError(f"{run_dir} is a translation run (an encoder-decoder Transformer); llama.cpp runs "
-                         "decoder-only language models. `handformer export-hf` writes it as MarianMTModel")
 
 
 def _check_finite(tensors: list[tuple[str, Tensor]]) -> None:
@@ -155,23 +97,21 @@ def _family_notes(cfg: CausalLMConfig, family: Family, notes: list[str]) -> None
 
 # --- the export ------------------------------------------------------------------------------------
 
-def export_gguf(run_dir: str | os.PathLike, out: str | os.PathLike, type_name: str = "f32",
-                overwrite: bool = False) -> ExportedGGUF:
-    """Write the language-model run in `run_dir` as the GGUF file `out` (see the module docstring)."""
-    run_dir, out = Path(run_dir), Path(out)
-    if type_name not in TYPES:
-        raise ValueError(f"--type {type_name!r} is unknown; choose one of {', '.join(TYPES)}")
-    _check_paths(run_dir, out, overwrite)
-    run = load_lm(run_dir)
-    notes: list[str] = []
-    cfg = run.model.cfg
-    family = family_for(cfg, recorded_model_type(run_dir, run.config, notes))
+
+__all__ = ["TYPES", "write_model_gguf"]
+
+
+def write_model_gguf(out: Path, state: dict[str, Tensor], cfg: CausalLMConfig, family: Family, tokenizer: Any,
+                     tokens: Any, chat_template: str | None, type_name: str, model_name: str,
+                     notes: list[str]) -> int:
+    """Write a model (its float state dict, config, tokenizer and special tokens) as the GGUF file
+    `out` in llama.cpp's layout for `family`; returns the number of tensors written."""
     problems = mismatches(cfg, family)
     if problems:
         raise ValueError(f"cannot export to llama.cpp's {family.name} ({family.arch!r}): "
                          + "; ".join(problems))
     _family_notes(cfg, family, notes)
-    tensors = export_tensors(float_state(run, notes), cfg, family)
+    tensors = export_tensors(state, cfg, family)
     if cfg.rope_scaling is not None:
         tensors.append(("rope_freqs.weight", rope_factors(cfg)))  # llama.cpp divides each frequency by it
     _check_finite(tensors)
@@ -181,20 +121,15 @@ def export_gguf(run_dir: str | os.PathLike, out: str | os.PathLike, type_name: s
         if wide:
             notes.append(f"matrices with rows {', '.join(map(str, wide))} long (not a multiple of {QK8_0}) "
                          "are written as F16, as llama.cpp's converter does")
-    template = load_chat_template(run_dir)
-    tokenizer_json = run.tokenizer.hf.to_str(pretty=False)
+    tokenizer_json = tokenizer.hf.to_str(pretty=False)
 
     def add_metadata(writer: gguf.GGUFWriter) -> None:
-        writer.add_name(run_dir.resolve().name)
+        writer.add_name(model_name)
         writer.add_file_type(_FILE_TYPES[type_name])
         if type_name == "q8_0":
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         write_hparams(writer, cfg, family)
-        write_tokenizer(writer, run.tokenizer, tokenizer_json, run.tokens, cfg.vocab_size,
-                        template.source if template else None, notes)
+        write_tokenizer(writer, tokenizer, tokenizer_json, tokens, cfg.vocab_size, chat_template, notes)
 
     write_gguf(out, family.arch, add_metadata, encoded)
-    return ExportedGGUF(out, family.arch, family.name, type_name, len(encoded), out.stat().st_size, notes)
-
-
-__all__ = ["ExportedGGUF", "TYPES", "export_gguf", "float_state"]
+    return len(encoded)

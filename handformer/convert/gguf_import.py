@@ -19,12 +19,6 @@ import_gguf(export_gguf(run)) at f32 is the run again: the same weights, setting
 
 from __future__ import annotations
 
-import json
-import os
-from collections import Counter
-from pathlib import Path
-from typing import Any
-
 import torch
 from torch import Tensor
 
@@ -40,17 +34,13 @@ from handformer.convert.gguf_arch import (
     source_shape,
     split_tensor,
 )
-from handformer.convert.gguf_file import GGUFFile, check_types, read_gguf
-from handformer.convert.gguf_tokenizer import special_tokens_from_gguf, tokenizer_from_gguf
-from handformer.convert.hf_import import CHAT_FILES, ImportedLM, model_from_state
-from handformer.io import atomic_write_text
+from handformer.convert.gguf_file import GGUFFile
 from handformer.models.causal_lm import CausalLM
-from handformer.tasks.lm.run import save_lm_run
 
 ROPE_FREQS = "rope_freqs.weight"
 
 
-def _family(file: GGUFFile) -> Family:
+def family_of_file(file: GGUFFile) -> Family:
     arch = file.architecture
     if arch in FAMILIES:
         return FAMILIES[arch]
@@ -140,48 +130,4 @@ def state_from_gguf(file: GGUFFile, cfg: CausalLMConfig, family: Family, zeros: 
     return state
 
 
-def _chat_files(run_dir: Path, metadata: dict[str, Any], tokenizer: Any, tokens: Any) -> None:
-    """chat_template.jinja and the special-token strings, when the file has a chat template (a run
-    overwritten by a file without one loses the old run's)."""
-    template = metadata.get("tokenizer.chat_template")
-    if not isinstance(template, str) or not template.strip():
-        for name in CHAT_FILES:
-            (run_dir / name).unlink(missing_ok=True)
-        return
-    bos = tokens.bos_id if tokens.bos_id is not None else metadata.get("tokenizer.ggml.bos_token_id")
-    names = {"bos_token": bos, "eos_token": tokens.eos_id, "unk_token": tokenizer.unk_id,
-             "pad_token": tokens.pad_id}
-    config = {name: tokenizer.hf.id_to_token(i) for name, i in names.items()
-              if isinstance(i, int) and tokenizer.hf.id_to_token(i) is not None}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run_dir / "chat_template.jinja", template)
-    atomic_write_text(run_dir / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
-
-
-def import_gguf(path: str | os.PathLike, run_dir: str | os.PathLike, overwrite: bool = False,
-                ) -> ImportedLM:
-    """Convert the GGUF file at `path` into a run directory. Nothing is written unless every
-    check passes."""
-    path, run_dir = Path(path), Path(run_dir)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"{run_dir} is a file; give a directory for the run")
-    if (run_dir / "config.json").exists() and not overwrite:
-        raise ValueError(f"{run_dir} already holds a run; choose another directory or pass --overwrite")
-    file = read_gguf(path)
-    family = _family(file)
-    check_types(file)
-    notes: list[str] = []
-    cfg, zeros = config_from_gguf(file, family, notes)
-    tokenizer = tokenizer_from_gguf(file.metadata, cfg.vocab_size, str(path))
-    tokens = special_tokens_from_gguf(file.metadata, cfg.vocab_size, notes)
-    model = model_from_state(cfg, state_from_gguf(file, cfg, family, zeros))
-    types = Counter(t.type_name for t in file.tensors.values())
-    source = {"gguf": str(path.resolve()), "architecture": family.arch, "model_type": family.model_type,
-              "tensor_types": dict(sorted(types.items())), "notes": notes}
-    _chat_files(run_dir, file.metadata, tokenizer, tokens)
-    save_lm_run(run_dir, model, tokenizer, tokens, source=source)
-    return ImportedLM(run_dir, family.arch, f"GGUF {family.name}", model.num_parameters(), cfg.n_layers,
-                      cfg.vocab_size, tokens, notes)
-
-
-__all__ = ["config_from_gguf", "import_gguf", "state_from_gguf"]
+__all__ = ["config_from_gguf", "family_of_file", "state_from_gguf"]

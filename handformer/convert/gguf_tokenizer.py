@@ -29,8 +29,8 @@ import gguf
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
+from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
-from handformer.tasks.lm.run import SpecialTokens
 
 SPACE = "\u2581"  # SentencePiece's visible space
 T = gguf.TokenType

@@ -168,13 +168,15 @@ def _callers() -> dict[str, Any]:
     from tokenizers import AddedToken
 
     from handformer.config import CausalLMConfig
+    from handformer.data.special_tokens import SpecialTokens
     from handformer.data.tokenizer import Tokenizer
     from handformer.generation.chat import ChatSession
     from handformer.generation.chat_template import ChatTemplate
+    from handformer.generation.engine import SamplingOptions
     from handformer.models.causal_lm import CausalLM
-    from handformer.serve.engine import BatchEngine, SamplingOptions, Sequence
+    from handformer.serve.engine import BatchEngine, Sequence
     from handformer.serve.playground_lookups import Generation
-    from handformer.tasks.lm.run import LMRun, SpecialTokens
+    from handformer.tasks.lm.run import LMRun
 
     tok = Tokenizer.train_char([CHAT_TEXT])
     tok.hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<|im_start|>", "<|im_end|>")])
