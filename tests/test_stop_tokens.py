@@ -12,7 +12,6 @@ from handformer import cli
 from handformer.config import CausalLMConfig
 from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
-from handformer.generation.generate import generate
 from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm.run import load_lm, save_lm_run
 
@@ -44,15 +43,9 @@ def run_dir(tmp_path):
     return tmp_path / "run"
 
 
-def _greedy_ids(run_dir, n=20):
-    run = load_lm(run_dir)
-    return generate(run.model, [[run.tokens.bos_id]], n, temperature=0)[0]
-
-
 def test_old_format_config_loads_and_every_recorded_eos_stops_the_cli(run_dir, capsys):
     config = json.loads((run_dir / "config.json").read_text())
     assert config["tokens"]["eos_ids"] == [config["tokens"]["eos_id"]]
-    free = _greedy_ids(run_dir)
     # A run written before eos_ids existed: no such key. It loads with eos_ids = [eos_id].
     del config["tokens"]["eos_ids"]
     config["tokens"]["eos_id"] = None
