@@ -48,10 +48,14 @@ TOLERANCE = 0.05  # "as fast as the baseline": medians within 5 % of its medians
 
 
 class Reply(NamedTuple):
-    """One timed call in the worker: its seconds and its tokens (generate) or last loss (train)."""
+    """One timed call in the worker: its seconds and its tokens (generate) or last loss (train).
+    `cpu_seconds`: the process's CPU time over the same call (generate and beam): on a shared
+    machine it counts only the time the worker ran, so neighbours disturb it much less than the
+    wall clock (with one intra-op thread it is the work itself)."""
 
     seconds: float
     result: Any
+    cpu_seconds: float | None = None
 
 
 class BaselineWorker:
@@ -122,7 +126,7 @@ class BaselineWorker:
         torch setting, which is the caller's). Reply(seconds, new tokens of each prompt)."""
         reply = self._call({"op": "generate", "name": name, "prompts": [list(p) for p in prompts],
                             "new_tokens": new_tokens, "threads": threads, "use_cache": use_cache})
-        return Reply(reply["seconds"], reply["tokens"])
+        return Reply(reply["seconds"], reply["tokens"], reply["cpu_seconds"])
 
     def translator(self, run_dir: Path, batches: Sequence[torch.Tensor]) -> None:
         """Load the translation run `run_dir` in the worker and hand it the (B, S) source batches
@@ -133,7 +137,7 @@ class BaselineWorker:
     def beam(self, beam_size: int, length_penalty: float) -> Reply:
         """The worker's `beam_search` over every batch: Reply(seconds, hypotheses in order)."""
         reply = self._call({"op": "beam", "beam_size": beam_size, "length_penalty": length_penalty})
-        return Reply(reply["seconds"], reply["hypotheses"])
+        return Reply(reply["seconds"], reply["hypotheses"], reply["cpu_seconds"])
 
     def train(self, name: str, batches: str, warmup: int, bf16: bool = False) -> Reply:
         """One round of lm_vs_hf's training loop on model `name`: Reply(seconds after the warm-up
@@ -292,11 +296,11 @@ class _Worker:
                  use_cache: bool) -> dict[str, Any]:
         from handformer.generation.generate import generate
 
-        start = time.perf_counter()  # generate runs under torch.inference_mode itself
+        cpu, start = time.process_time(), time.perf_counter()  # generate runs under inference_mode itself
         out = generate(self.models[name], prompts, new_tokens, temperature=0, threads=threads,
                        use_cache=use_cache)
-        seconds = time.perf_counter() - start
-        return {"seconds": seconds, "tokens": out}
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        return {"seconds": seconds, "cpu_seconds": cpu, "tokens": out}
 
     def translator(self, run_dir: str, path: str) -> dict[str, Any]:
         from handformer.tasks.translation.translator import Translator
@@ -309,11 +313,12 @@ class _Worker:
         from handformer.generation.decoding import beam_search
 
         model, limits = self.translation.model, self.translation.limits()
-        start = time.perf_counter()
+        cpu, start = time.process_time(), time.perf_counter()
         with torch.no_grad():
             out = [h for src in self.sources
                    for h in beam_search(model, src, limits, beam_size, length_penalty)]
-        return {"seconds": time.perf_counter() - start, "hypotheses": out}
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        return {"seconds": seconds, "cpu_seconds": cpu, "hypotheses": out}
 
     def train(self, name: str, batches: str, warmup: int, bf16: bool) -> dict[str, Any]:
         import torch.nn.functional as F

@@ -158,7 +158,7 @@ def rounds(cases: dict[str, Callable[[], object]], n: int, data: torch.Tensor | 
             out = fn()
             seconds = time.perf_counter() - start
             if isinstance(out, Reply):
-                seconds, out = out
+                seconds, out = out.seconds, out.result
             times[name].append(seconds)
             if runs is not None:
                 runs.setdefault(name, []).append((seconds, out))

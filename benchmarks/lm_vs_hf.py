@@ -130,7 +130,7 @@ def train_throughput(args: argparse.Namespace, hf: torch.nn.Module, ours: Causal
     seconds = {} if seconds is None else seconds
 
     def baseline_round() -> None:  # the same loop in the baseline checkout (benchmarks/baseline.py)
-        elapsed, last_loss[BASELINE] = baseline.train("training", "training", args.warmup, args.bf16)
+        elapsed, last_loss[BASELINE], _ = baseline.train("training", "training", args.warmup, args.bf16)
         speeds[BASELINE].append(args.steps * tokens / elapsed)
         seconds.setdefault(BASELINE, []).append(elapsed)
 

@@ -44,8 +44,8 @@ def test_worker_imports_only_its_checkout_and_generates_the_same_tokens(copy_of_
         assert Path(worker.handformer_file).is_relative_to(copy_of_checkout.resolve())
         for how in ("as loaded", "prepare_for_decoding", "int8"):
             worker.load(how, model, how)
-        seconds, tokens = worker.generate("as loaded", prompts, 8, threads=1)
-        assert seconds > 0
+        seconds, tokens, cpu_seconds = worker.generate("as loaded", prompts, 8, threads=1)
+        assert seconds > 0 and cpu_seconds > 0
         assert tokens == generate(model, prompts, 8, temperature=0)
         assert worker.generate("prepare_for_decoding", prompts, 8, threads=1).result == tokens
         assert len(worker.generate("int8", prompts, 8, threads=1).result[0]) == 8
@@ -58,7 +58,7 @@ def test_worker_trains_from_the_same_weights_to_the_same_loss(copy_of_checkout):
     with BaselineWorker(copy_of_checkout, threads=1) as worker:
         worker.load("training", model, "as loaded")
         worker.batches("training", batches)
-        _, loss = worker.train("training", "training", warmup=1)
+        _, loss, _ = worker.train("training", "training", warmup=1)
     optim = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
     model.train()
     for batch in batches:  # the worker's loop, here
