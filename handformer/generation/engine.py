@@ -126,6 +126,7 @@ class Engine:
         self.width = 0  # S: columns in use
         self.steps = 0  # decoding steps run (prefills not counted)
         self.largest_batch = 0  # the most rows one step has decoded
+        self._chosen: Tensor | None = None  # (B,) the last step's argmax, while it is every row's token
 
     @property
     def live(self) -> list[Row]:
@@ -227,9 +228,11 @@ class Engine:
                 fed = row.prompt + row.tokens[:-1]  # every position fed so far
                 ids[r, width - len(fed):width] = torch.tensor(fed)
         self.rows, self.lengths, self.mask, self.ids, self.width = rows, lengths, mask, ids, width
+        self._chosen = None  # the rows changed: the next step builds its tokens from the rows
 
     def _reset(self) -> None:
         self.rows, self.lengths, self.cache, self.mask, self.ids, self.width = [], [], None, None, None, 0
+        self._chosen = None
 
     # --- decoding -----------------------------------------------------------------------------
     def step(self) -> list[Choice]:
@@ -241,28 +244,32 @@ class Engine:
         if self.compact and any(row.done for row in self.rows):
             self._join([], [], None, [])
         live = [not row.done for row in self.rows]
-        if not any(live):
+        rows = [row for row, alive in zip(self.rows, live) if alive]
+        if not rows:
             return []
-        B, S = len(self.rows), self.width
+        B, S, all_live = len(self.rows), self.width, len(rows) == len(self.rows)
         if S >= self.mask.size(1):
             raise ValueError(f"the batch is full ({S} positions); a row asked for more than it said")
         tokens = [row.tokens[-1] if alive else self.pad_id for row, alive in zip(self.rows, live)]
-        if not all(live):
+        if not all_live:
             self.mask[:, S] = torch.tensor(live, device=self.device)  # a finished row's column is hidden
         self.lengths = [n + alive for n, alive in zip(self.lengths, live)]
         self.width = S + 1
         padded = B > 1 and min(self.lengths) < self.width
         mask = self.mask[:, :self.width] if padded else None  # (B, S + 1)
+        chosen, self._chosen = self._chosen, None
         if self.use_cache:
-            ids = torch.tensor(tokens, device=self.device)[:, None]  # (B, 1): the cache holds the rest
+            # (B, 1): the cache holds the rest. Every row's last step chose by one argmax: its result
+            # is these tokens already (no tensor built from a list).
+            fed = chosen if all_live and chosen is not None else torch.tensor(tokens, device=self.device)
+            ids = fed[:, None]
             logits = self.step_model(ids, mask, cache=self.cache, logits_to_keep=1).logits[:, -1]  # (B, V)
         else:
             self.ids[:, S] = torch.tensor(tokens, device=self.device)
             logits = self.model(self.ids[:, :self.width], mask, logits_to_keep=1).logits[:, -1]
         self.steps += 1
-        self.largest_batch = max(self.largest_batch, sum(live))
-        rows = [row for row, alive in zip(self.rows, live) if alive]
-        if not all(live):
+        self.largest_batch = max(self.largest_batch, len(rows))
+        if not all_live:
             logits = logits[torch.tensor(live, device=self.device)]  # (live rows, V)
         choices = self._choose(rows, logits)
         if self.compact and not self.live:
@@ -274,7 +281,9 @@ class Engine:
         plain = all(r.options.temperature == 0 and not r.processors and r.options.top_logprobs is None
                     and not r.keep_logits for r in rows)
         if plain:  # greedy rows that need nothing else: one argmax for the batch
-            choices = [Choice(row, t) for row, t in zip(rows, logits.argmax(-1).tolist())]
+            chosen = logits.argmax(-1)  # (rows,)
+            choices = [Choice(row, t) for row, t in zip(rows, chosen.tolist())]
+            self._chosen = chosen if len(rows) == len(self.rows) else None  # what the next step feeds
         else:
             choices = [self._choose_one(row, logits[i]) for i, row in enumerate(rows)]
         for choice in choices:
@@ -297,9 +306,9 @@ class Engine:
 
     def run(self, on_choice: Callable[[Choice], None] | None = None) -> None:
         """Step until every row is done, handing each choice to `on_choice`."""
-        while self.live:
-            for choice in self.step():
-                if on_choice is not None:
+        while choices := self.step():  # no choices: every row is done
+            if on_choice is not None:
+                for choice in choices:
                     on_choice(choice)
 
 
