@@ -21,24 +21,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from handformer.check.conventions import (  # noqa: F401  (the runners' one import of them)
+    AUTO,
+    CONVENTIONS,
+    describe_convention,
+    encodable,
+    encode_mask,
+    is_lengths_name,
+)
 from handformer.check.discovery import DiscoveryError
-from handformer.check.result import LearnerError, Text, text
+from handformer.check.result import LearnerError
 from handformer.check.source import learner_error
 
 TOL = 1e-6  # float64: a correct component agrees to ~1e-14, a mistake differs by ~0.1
-
-# name -> (description, encode(keep) -> the mask the learner's code receives)
-CONVENTIONS: dict[str, tuple[Text, Callable[[Tensor], Tensor]]] = {
-    "int": (text("0/1 int, 0 = masked (the tutorials')", "0/1 整数，0 = 屏蔽（教程的约定）"),
-            lambda keep: keep.long()),
-    "bool": (text("bool, True = keep", "布尔值，True = 保留"), lambda keep: keep),
-    "additive": (text("additive float, 0 = keep, -1e9 = masked", "加性浮点掩码，0 = 保留，-1e9 = 屏蔽"),
-                 lambda keep: torch.zeros(keep.shape, dtype=torch.float64).masked_fill(~keep, -1e9)),
-    "torch": (text("bool, True = masked (torch.nn's)", "布尔值，True = 屏蔽（torch.nn 的约定）"),
-              lambda keep: ~keep),
-}
-AUTO = ("int", "bool", "additive")
-
 
 class LearnerFailure(Exception):
     """The learner's code raised (or returned something unusable); carries the report."""
@@ -64,23 +59,6 @@ class Learner:
 
     def fail(self, where: str, message: str) -> LearnerFailure:
         return LearnerFailure(LearnerError("exception", message, where))
-
-
-def encode_mask(keep: Tensor | None, convention: str) -> Tensor | None:
-    """keep: bool (B, 1, T|1, S), True = may attend; "name" or "name3" (a rank-3 (B, T|1, S) mask)."""
-    if keep is None:
-        return None
-    name = convention.rstrip("3")
-    mask = CONVENTIONS[name][1](keep)
-    return mask[:, 0] if convention.endswith("3") else mask
-
-
-def describe_convention(convention: str) -> Text:
-    name = convention.rstrip("3")
-    en, zh = CONVENTIONS[name][0]["en"], CONVENTIONS[name][0]["zh"]
-    if convention.endswith("3"):
-        return text(en + ", rank 3: (B, T, S)", zh + "，三维：(B, T, S)")
-    return text(en, zh)
 
 
 def first_tensor(value: Any, ndim: int | None = None) -> Tensor | None:
@@ -168,6 +146,23 @@ def dropout_off() -> Iterator[None]:
     F.dropout, torch.dropout = identity, identity
     try:
         yield
+    finally:
+        F.dropout, torch.dropout = saved
+
+
+@contextlib.contextmanager
+def dropout_recorder() -> Iterator[list[Tensor]]:
+    """Like dropout_off, and every tensor handed to dropout is recorded (detached) in the list."""
+    saved = F.dropout, torch.dropout
+    seen: list[Tensor] = []
+
+    def record(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        seen.append(x.detach().clone())
+        return x
+
+    F.dropout, torch.dropout = record, record
+    try:
+        yield seen
     finally:
         F.dropout, torch.dropout = saved
 

@@ -12,15 +12,12 @@ import os
 
 from handformer.check.diagnoses import CATALOG
 from handformer.check.discovery import DESCRIPTIONS
+from handformer.check.kinds import KINDS_TABLE
 from handformer.check.result import DIFFERS, ERROR, FAIL, PASS, ComponentResult, FileResult, LearnerError
 
 STATUS = {"en": {PASS: "PASS", FAIL: "FAIL", DIFFERS: "DIFFERS", ERROR: "ERROR"},
           "zh": {PASS: "通过", FAIL: "未通过", DIFFERS: "有差异", ERROR: "出错"}}
-KIND_ZH = {"causal_mask": "因果掩码函数", "sdpa": "缩放点积注意力", "mha": "多头注意力",
-           "causal_attention": "因果自注意力", "ffn": "逐位置前馈网络", "layernorm": "层归一化 LayerNorm",
-           "rmsnorm": "RMSNorm", "positional_encoding": "正弦位置编码", "encoder_layer": "编码器层",
-           "decoder_layer": "解码器层", "block": "decoder-only 块",
-           "transformer": "编码器-解码器模型"}
+KIND_ZH = {k.name: k.zh for k in KINDS_TABLE}
 WORDS = {
     "en": {":": ": ", "weights": "weights", "mask": "mask convention", "line": "line", "fix": "fix",
            "observed": "observed", "checks_ok": "passed ({n})", "failed": "failed check",

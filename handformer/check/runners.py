@@ -3,6 +3,7 @@ a child process). `check_module` streams one `ComponentResult` per component to 
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 import types
@@ -14,6 +15,7 @@ import torch
 
 from handformer.check import fingerprint as fp
 from handformer.check.discovery import NAMES, Component, DiscoveryError, defined_names, find_components
+from handformer.check.kinds import KINDS_BY_NAME
 from handformer.check.result import ERROR, ComponentResult, FileResult, LearnerError
 from handformer.check.source import learner_error
 from handformer.check.weights import MappingError
@@ -21,18 +23,10 @@ from handformer.check.weights import MappingError
 if TYPE_CHECKING:
     from handformer.check.context import Context
 
-def runners() -> dict[str, Callable[[Component, Context], ComponentResult]]:
-    from handformer.check import attention, layers, model, pieces
-
-    table = {
-        "causal_mask": pieces.check_causal_mask, "sdpa": attention.check_sdpa,
-        "mha": attention.check_mha, "causal_attention": attention.check_causal_attention,
-        "ffn": pieces.check_ffn, "layernorm": pieces.check_norm, "rmsnorm": pieces.check_norm,
-        "positional_encoding": pieces.check_positional_encoding,
-        "encoder_layer": layers.check_encoder_layer, "decoder_layer": layers.check_decoder_layer,
-        "block": layers.check_block, "transformer": model.check_model,
-    }
-    return table
+def runner_for(kind: str) -> Callable[[Component, Context], ComponentResult]:
+    """The runner of a kind, from the table in handformer.check.kinds."""
+    module, _, function = KINDS_BY_NAME[kind].runner.partition(":")
+    return getattr(importlib.import_module(f"handformer.check.{module}"), function)
 
 
 def import_learner(path: str) -> types.ModuleType:
@@ -53,12 +47,23 @@ def import_learner(path: str) -> types.ModuleType:
 def check_component(comp: Component, ctx: Context) -> ComponentResult:
     try:
         with torch.no_grad():
-            return runners()[comp.kind](comp, ctx)
+            return runner_for(comp.kind)(comp, ctx)
     except fp.LearnerFailure as failure:
         return ComponentResult(comp.kind, comp.name, ERROR, error=failure.error)
     except (MappingError, DiscoveryError) as err:
         return ComponentResult(comp.kind, comp.name, ERROR,
                                error=LearnerError("mapping", str(err), "__init__"))
+    except Exception as err:  # a bug of the grader's: said so, never shown as the learner's traceback
+        return ComponentResult(comp.kind, comp.name, ERROR, error=internal_error(err, ctx.path))
+
+
+def internal_error(err: Exception, path: str) -> LearnerError:
+    """An exception of handformer's own code while checking: the report says it is handformer's bug,
+    with the learner's line it was running, if any (tests require that this never happens)."""
+    theirs = learner_error(err, path, "check").traceback
+    return LearnerError("internal", f"handformer could not check this component: {type(err).__name__}: "
+                        f"{str(err).splitlines()[0][:300] if str(err) else ''} (a bug in handformer's "
+                        "grader, not in your code; please report it with your file)", "check", theirs)
 
 
 def check_file(path: str, overrides: dict[str, str] | None = None, only: list[str] | None = None,

@@ -43,6 +43,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
+    from handformer.check.discovery import KINDS
     from handformer.check.sandbox import MEMORY_LIMIT, TIME_LIMIT
 
     p = sub.add_parser(
@@ -58,8 +59,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--component", action="extend", nargs="+", default=[], metavar="KIND[=NAME]",
                    help="check only these kinds (one or more, repeatable); KIND=NAME checks your "
                    "class or function NAME as that kind, e.g. --component mha=MyAttention. Kinds: "
-                   "causal_mask, sdpa, mha, causal_attention, ffn, layernorm, rmsnorm, positional_encoding, "
-                   "encoder_layer, decoder_layer, block, transformer")
+                   + ", ".join(KINDS))
     p.add_argument("--lang", choices=["en", "zh"], default=None,
                    help="report language (default: from the locale, zh for a Chinese one)")
     p.add_argument("--json", action="store_true", help="print JSON (for an autograder) instead of text")
