@@ -233,14 +233,15 @@ def dropout_on_residual(res: ComponentResult, ctx: Context, comp: Component, run
     reference(trace)
     with fp.dropout_recorder() as seen:
         run()
-    hits = [t for t in seen if any(t.shape == r.shape and fp.max_error(t, r) < 1e-9 for r in trace)]
+    hits = [t for t in seen if any(t.shape == r.shape and fp.max_error(t, r) < fp.TOL for r in trace)]
     if not hits or any(f.name == "dropout_on_residual" for f in res.findings):
         return
     number, code = locate("dropout_on_residual", source_lines(ctx.objects(comp, "add_norm")))
+    n = len(hits)
     res.findings.append(Finding("dropout_on_residual", text(
-        f"{len(hits)} of the tensors your code hands to dropout are the residual stream itself (a "
-        "sublayer's input, or x + f(x)): in training, the residual path is dropped too",
-        f"你的代码交给 dropout 的张量中有 {len(hits)} 个就是残差流本身（子层的输入，或 x + f(x)）："
+        f"{n} tensor{'s' if n > 1 else ''} that your code hands to dropout {'are' if n > 1 else 'is'} the "
+        "residual stream itself (a sublayer's input, or x + f(x)): in training, the residual path is "
+        "dropped too", f"你的代码交给 dropout 的张量中有 {n} 个就是残差流本身（子层的输入，或 x + f(x)）："
         "训练时残差通路也被 dropout 了"), number, code))
 
 

@@ -36,13 +36,14 @@ AUTO = ("int", "bool", "additive")
 RANKS = {"": text("", ""), "3": text(", rank 3: (B, T, S)", "，三维：(B, T, S)"),
          "2": text(", rank 2: (B, S), keys only", "，二维：(B, S)，只屏蔽键"),
          "lens": text(": (B,) for every query alike, (B, T) for one per query",
-                      "：所有查询相同时为 (B,)，每个查询各自一个时为 (B, T)")}
+                      "：所有查询相同时为 (B,)，每个查询各自一个时为 (B, T)"),
+         "lens_keys": text(": (B,), every query alike", "：(B,)，所有查询相同")}
 
 
 def split(convention: str) -> tuple[str, str]:
-    """("int", "3") for "int3"; ("lens", "lens") for valid lengths."""
+    """("int", "3") for "int3"; ("lens", "lens") or ("lens", "lens_keys") for valid lengths."""
     if convention.startswith("lens"):
-        return "lens", "lens"
+        return "lens", convention
     name = convention.rstrip("23")
     return name, convention[len(name):]
 
@@ -51,7 +52,7 @@ def conventions_for(mask_name: str | None, forced: str | None = None) -> tuple[s
     """The conventions to try for a parameter of this name: valid lengths for `valid_lens` (and
     the like), mask tensors of rank 4, 3 and 2 otherwise; `forced` (--mask-convention) alone."""
     if mask_name is not None and is_lengths_name(mask_name):
-        return ("lens",)
+        return ("lens", "lens_keys")  # searched with a mask of its own for each query, then with (B,)
     names = (forced,) if forced else AUTO
     return tuple(n + r for r in ("", "3", "2") for n in names if not (r == "2" and n == "additive"))
 
@@ -77,6 +78,8 @@ def encodable(keep: Tensor | None, convention: str) -> bool:
         return keep.size(-2) == 1
     if rank == "lens":
         return is_prefix(keep)
+    if rank == "lens_keys":
+        return keep.size(-2) == 1 and is_prefix(keep)
     return True
 
 

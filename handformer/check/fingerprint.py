@@ -101,7 +101,8 @@ def visible_rows(keep: Tensor | None, batch: int, length: int) -> Tensor | None:
     """(B, 1, T) or (B, T): True for queries that see at least one key. None when no mask."""
     if keep is None:
         return None
-    return keep.expand(batch, 1, length, keep.size(-1)).any(-1)  # (B, 1, T)
+    keep = keep.expand(batch, keep.size(1), length, keep.size(-1))  # (B, H|1, T, S)
+    return keep.any(-1).all(1, keepdim=True)  # (B, 1, T): a query row sees a key in every head
 
 
 Rows = Tensor | None | Callable[[frozenset[str]], Tensor | None]

@@ -49,8 +49,8 @@ def check_repeat_kv(comp: Component, ctx: Context) -> ComponentResult:
                                f"returned no tensor of shape {(B, KV_HEADS * N_REP, S, Dh)}")
     as_heads_second = out if dim == 1 else out.transpose(1, 2)  # (B, H, S, Dh)
     if dim == 2:
-        res.convention = text("(B, S, Hkv, Dh), heads third (Meta's layout)",
-                              "(B, S, Hkv, Dh)，头在第三维（Meta 的排布）")
+        res.notes.append(text("layout (B, S, Hkv, Dh), heads third (Meta's)",
+                              "排布为 (B, S, Hkv, Dh)，头在第三维（Meta 的写法）"))
     found = fp.search(as_heads_second, lambda fl: V.repeat_kv(x, N_REP, fl), ("kv_repeat_order",), None, 1)
     if found and found[0]:
         off = fp.max_error(as_heads_second, repeat_kv(x, N_REP))

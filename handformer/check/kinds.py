@@ -83,7 +83,8 @@ KINDS_TABLE: tuple[Kind, ...] = (
                     "sample_next", "next_token", "sample"),
          "sampling step", "采样一步", "sampling:check_sample"),
     Kind("generate", ("generate", "generate_text", "greedy_generate", "sample_generate", "generate_tokens",
-                      "autoregressive_generate", ".generate"),
+                      "autoregressive_generate", "generate_cached", "generate_with_cache", "cached_generate",
+                      ".generate"),
          "generation loop", "生成循环", "generate_loop:check_generate"),
 )
 

@@ -18,14 +18,18 @@ from handformer.check.result import DIFFERS, ERROR, FAIL, PASS, ComponentResult,
 STATUS = {"en": {PASS: "PASS", FAIL: "FAIL", DIFFERS: "DIFFERS", ERROR: "ERROR"},
           "zh": {PASS: "通过", FAIL: "未通过", DIFFERS: "有差异", ERROR: "出错"}}
 KIND_ZH = {k.name: k.zh for k in KINDS_TABLE}
+MASK_KINDS = ("causal_mask", "masked_softmax", "sdpa", "mha", "gqa", "causal_attention", "encoder_layer",
+              "decoder_layer", "block")
 WORDS = {
-    "en": {":": ": ", "weights": "weights", "mask": "mask convention", "line": "line", "fix": "fix",
+    "en": {":": ": ", "weights": "weights", "mask": "mask convention", "convention": "convention",
+           "line": "line", "fix": "fix",
            "observed": "observed", "checks_ok": "passed ({n})", "failed": "failed check",
            "note": "note", "error": "error", "in": "in", "max": "max abs error",
            "summary": "{p} passed, {d} differ by design, {f} failed, {e} raised, of {n} components",
            "sandbox": "(your code ran in a child process: {t:g} s and {m} MiB per step)",
            "memory": "ran out of memory", "nothing": "nothing to check"},
-    "zh": {":": "：", "weights": "权重映射", "mask": "掩码约定", "line": "第", "fix": "修改建议",
+    "zh": {":": "：", "weights": "权重映射", "mask": "掩码约定", "convention": "约定", "line": "第",
+           "fix": "修改建议",
            "observed": "观察到", "checks_ok": "通过的检查（{n}）", "failed": "未通过的检查",
            "note": "说明", "error": "错误", "in": "位置", "max": "最大绝对误差",
            "summary": "共 {n} 个组件：{p} 个通过，{d} 个与设计不同（不算错），{f} 个未通过，{e} 个出错",
@@ -90,7 +94,8 @@ def format_component(c: ComponentResult, lang: str) -> list[str]:
     if c.mapping:
         lines.append(f"  {w['weights']}{w[':']}{', '.join(c.mapping)}")
     if c.convention:
-        lines.append(f"  {w['mask']}{w[':']}{c.convention[lang]}")
+        label = w["mask"] if c.kind in MASK_KINDS else w["convention"]
+        lines.append(f"  {label}{w[':']}{c.convention[lang]}")
     if c.error:
         lines += format_error(c.error, lang)
     for f in c.findings:

@@ -116,10 +116,10 @@ def _base_finding(res: ComponentResult, ctx: Context, comp: Component, table: Ta
     if fp.max_error(got, expected) < TOL:
         return
     base = float(got[1]) ** (-DH / 2) if got[1] > 0 else math.nan
-    if math.isfinite(base) and fp.max_error(got, base ** (-2 * j / DH)) < 1e-4:
-        form, en, zh = "base", f"the base is {base:.6g}, not {theta:g}", f"底数是 {base:.6g}，不是 {theta:g}"
-    elif fp.max_error(got, theta ** (-j / DH)) < 1e-4:
+    if fp.max_error(got, theta ** (-j / DH)) < 1e-4:  # before the base: theta^(-j/d) = sqrt(theta)^(-2j/d)
         form, en, zh = "exponent", "the exponent is j/d, not 2j/d", "指数用了 j/d，而不是 2j/d"
+    elif math.isfinite(base) and fp.max_error(got, base ** (-2 * j / DH)) < 1e-4:
+        form, en, zh = "base", f"the base is {base:.6g}, not {theta:g}", f"底数是 {base:.6g}，不是 {theta:g}"
     else:
         return
     number, code = locate("rope_wrong_base", source_lines(ctx.objects(comp, "rope")))

@@ -60,6 +60,8 @@ DIAGNOSES: list[Diagnosis] = [
       "give each sublayer its own norm: self.attn_norm = RMSNorm(d_model); self.ffn_norm = "
       "RMSNorm(d_model)",
       "每个子层用自己的归一化层：self.attn_norm = RMSNorm(d_model)；self.ffn_norm = RMSNorm(d_model)",
+      r"(ffn|mlp|feed_forward)\w*\(\s*self\.(attn\w*norm|norm_?1|ln_?1|input_layernorm)",
+      r"(attn|attention)\w*\(\s*self\.(ffn\w*norm|norm_?2|ln_?2|post_attention_layernorm)",
       r"self\.\w*norm\w*\s*=", r"norm"),
     d("dropout_on_residual", "dropout is applied to the residual path", "dropout 用在了残差通路上",
       "drop only the sublayer's output: x = x + dropout(f(norm(x))) (pre-norm) or x = norm(x + "
