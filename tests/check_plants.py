@@ -89,12 +89,10 @@ TUTORIAL_PLANTS: dict[str, Plant] = {
 
 RMS = "        x_hat = x * torch.rsqrt(mean_square + self.eps)\n"
 BLOCK_ATTN = "        x = x + self.dropout(self.attn(self.attn_norm(x), mask))\n"
-BLOCK_FFN = "        x = x + self.dropout(self.ffn(self.ffn_norm(x)))\n"
 GATE = "F.silu(self.gate_proj(x)) * self.up_proj(x)"
 
 LLM_PLANTS: dict[str, Plant] = {
-    "rmsnorm_sum_squares": Plant("rmsnorm_sum_squares", "rmsnorm", [
-        ("x.pow(2).mean(dim=-1, keepdim=True)", "x.pow(2).sum(dim=-1, keepdim=True)")], "llm"),
+    "rmsnorm_sum_squares": Plant("rmsnorm_sum_squares", "rmsnorm", [("x.pow(2).mean(", "x.pow(2).sum(")], "llm"),
     "rmsnorm_no_sqrt": Plant("rmsnorm_no_sqrt", "rmsnorm", [
         (RMS, "        x_hat = x / (mean_square + self.eps)\n")], "llm"),
     "norm_eps_outside_sqrt": Plant("norm_eps_outside_sqrt", "rmsnorm", [
@@ -102,20 +100,20 @@ LLM_PLANTS: dict[str, Plant] = {
     "norm_no_gain": Plant("norm_no_gain", "rmsnorm", [("        return self.weight * x_hat\n", "        return x_hat\n")],
                           "llm"),
     "norm_wrong_dim": Plant("norm_wrong_dim", "rmsnorm", [
-        ("x.pow(2).mean(dim=-1, keepdim=True)", "x.pow(2).mean(dim=1, keepdim=True)")], "llm"),
+        ("(dim=-1, keepdim=True)\n        x_hat", "(dim=1, keepdim=True)\n        x_hat")], "llm"),
     "gated_act_after_product": Plant("gated_act_after_product", "ffn", [
         (GATE, "F.silu(self.gate_proj(x) * self.up_proj(x))")], "llm"),
     "gated_activation_wrong_branch": Plant("gated_activation_wrong_branch", "ffn", [
         (GATE, "self.gate_proj(x) * F.silu(self.up_proj(x))")], "llm"),
-    "ffn_wrong_activation": Plant("ffn_wrong_activation", "ffn", [
-        (GATE, "F.gelu(self.gate_proj(x)) * self.up_proj(x)")], "llm"),
+    "ffn_wrong_activation": Plant("ffn_wrong_activation", "ffn", [("F.silu(", "F.gelu(")], "llm"),
     "ffn_no_down_projection": Plant("ffn_no_down_projection", "ffn", [
         ("        return self.down_proj(hidden)\n", "        return hidden\n")], "llm"),
     "residual_from_normed": Plant("residual_from_normed", "block", [
         (BLOCK_ATTN, "        h = self.attn_norm(x)\n        x = h + self.dropout(self.attn(h, mask))\n")], "llm"),
-    "shared_norm": Plant("shared_norm", "block", [(BLOCK_FFN, BLOCK_FFN.replace("ffn_norm", "attn_norm"))], "llm"),
+    "shared_norm": Plant("shared_norm", "block", [("self.ffn(self.ffn_norm(x))", "self.ffn(self.attn_norm(x))")],
+                         "llm"),
     "dropout_on_residual": Plant("dropout_on_residual", "block", [
-        (BLOCK_FFN, "        x = self.dropout(x + self.ffn(self.ffn_norm(x)))\n")], "llm"),
+        ("x = x + self.dropout(self.ffn(", "x = self.dropout(x + self.ffn(")], "llm"),
     "rope_wrong_base": Plant("rope_wrong_base", "rope", [
         ("torch.arange(0, dim, 2).float() / dim", "torch.arange(0, dim // 2).float() / dim")], "llm"),
     "rope_no_offset": Plant("rope_no_offset", "rope", [
@@ -185,6 +183,10 @@ SAMPLING_PLANTS: dict[str, Plant] = {
 }
 
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS}
+
+# A covering set of pairs, run by default: every diagnosis in one pair at least, preferring two
+# mistakes in one component (tests/test_check.py runs every pair of one family, marked slow).
+COVERING_PAIRS: list[tuple[str, str]] = []
 
 
 def correct_file(family: str) -> Path:

@@ -15,9 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from check_plants import CORRECT, PLANTS, plant, planted_file
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from check_plants import CORRECT, COVERING_PAIRS, PLANTS, plant, planted_file, planted_source
 
 from handformer.check import variants as V
 from handformer.check.diagnoses import CATALOG, EXCLUSIVE, MASKING
@@ -34,7 +32,6 @@ from handformer.nn.positions import sinusoidal_table
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
-FAST_PLANTS = ["no_scaling", "kv_swapped", "no_residual", "causal_no_self", "pre_norm_consistent"]
 EXPECTED_KINDS = ["causal_mask", "sdpa", "mha", "ffn", "ffn", "layernorm", "rmsnorm", "positional_encoding",
                   "encoder_layer", "decoder_layer", "block"]
 
@@ -66,32 +63,33 @@ def test_correct_file_passes():
 
 
 def test_fixture_files_are_the_plants_applied():
-    source = CORRECT.read_text()
     for name in PLANTS:
-        expected = plant(source, [name]).replace("with no mistake.", f"with one planted mistake: {name}.", 1)
-        assert planted_file(name).read_text() == expected, f"run python tests/check_plants.py ({name})"
+        assert planted_file(name).read_text() == planted_source([name]), f"run python tests/check_plants.py ({name})"
 
 
-def check_plant(name: str) -> None:
-    diagnosis = PLANTS[name][0]
-    result = check_file(str(planted_file(name)))
-    assert_exactly(result, {diagnosis} if diagnosis else set())
-    if diagnosis:
-        assert exit_code(result) == 1
-        finding = next(f for c in result.components for f in c.findings)
-        assert finding.line is not None and finding.code, "the likely line is named"
-        assert any(ch.isdigit() for ch in finding.observed["en"]), "the observation has a number"
+def test_every_diagnosis_has_a_planted_file():
+    planted = {d for p in PLANTS.values() for d in p.expected}
+    assert planted == set(CATALOG), f"no plant for {set(CATALOG) - planted}, unknown {planted - set(CATALOG)}"
 
 
-@pytest.mark.parametrize("name", FAST_PLANTS)
+@pytest.mark.parametrize("name", list(PLANTS))
 def test_planted_mistake_is_named(name):
-    check_plant(name)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in PLANTS if n not in FAST_PLANTS])
-def test_every_planted_mistake_is_named(name):
-    check_plant(name)
+    """Each planted mistake, its component checked alone (--component): its diagnosis and no other,
+    the likely line, a measured observation, and the report in English and Chinese from one result."""
+    p = PLANTS[name]
+    result = check_file(str(planted_file(name)), only=[p.kind])
+    assert_exactly(result, p.expected)
+    if not p.diagnosis:
+        return
+    assert exit_code(result) == 1
+    finding = next(f for c in result.components for f in c.findings if f.name == p.diagnosis)
+    assert finding.line is not None and finding.code, "the likely line is named"
+    assert any(ch.isdigit() for ch in finding.observed["en"]), "the observation has a number"
+    d = CATALOG[p.diagnosis]
+    en, zh = format_report(result, "en"), format_report(result, "zh")
+    assert f"x {p.diagnosis}: {d.title['en']}" in en and finding.observed["en"] in en and d.fix["en"] in en
+    assert f"x {p.diagnosis}：{d.title['zh']}" in zh and finding.observed["zh"] in zh and d.fix["zh"] in zh
+    assert f"line {finding.line}: {finding.code}" in en and f"第 {finding.line} 行：{finding.code}" in zh
 
 
 def test_consistent_pre_norm_differs_by_design():
@@ -103,27 +101,31 @@ def test_consistent_pre_norm_differs_by_design():
 
 
 def pairs() -> list[tuple[str, str]]:
-    """Every pair of planted mistakes with two different diagnoses, except the pairs docs/check.md
-    lists as exclusive or as masking each other."""
-    names = [n for n in PLANTS if PLANTS[n][0]]
+    """Every pair of planted mistakes of one fixture family with two different diagnoses, except the
+    pairs docs/check.md lists as exclusive or as masking each other."""
     out = []
-    for a, b in itertools.combinations(names, 2):
-        da, db = PLANTS[a][0], PLANTS[b][0]
-        if da != db and frozenset({da, db}) not in EXCLUSIVE and frozenset({da, db}) not in MASKING:
+    for a, b in itertools.combinations([n for n in PLANTS if PLANTS[n].diagnosis], 2):
+        da, db = PLANTS[a].diagnosis, PLANTS[b].diagnosis
+        if PLANTS[a].family == PLANTS[b].family and da != db and frozenset({da, db}) not in EXCLUSIVE | MASKING.keys():
             out.append((a, b))
     return out
 
 
 def check_pair(tmp_path: Path, a: str, b: str) -> None:
     path = tmp_path / f"{a}__{b}.py"
-    path.write_text(plant(CORRECT.read_text(), [a, b]))
-    assert_exactly(check_file(str(path)), {PLANTS[a][0], PLANTS[b][0]})
+    path.write_text(planted_source([a, b]))
+    assert_exactly(check_file(str(path), only=sorted({PLANTS[a].kind, PLANTS[b].kind})),
+                   PLANTS[a].expected | PLANTS[b].expected)
 
 
-@settings(max_examples=1, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.sampled_from(pairs()))
-def test_random_pairs_of_mistakes_are_both_named(tmp_path, pair):
+def test_the_covering_pairs_name_every_diagnosis_once_at_least():
+    named = {d for pair in COVERING_PAIRS for n in pair for d in PLANTS[n].expected}
+    assert named == set(CATALOG), f"no covering pair names {set(CATALOG) - named}"
+    assert all(pair in pairs() for pair in COVERING_PAIRS)
+
+
+@pytest.mark.parametrize("pair", COVERING_PAIRS, ids="+".join)
+def test_covering_pairs_of_mistakes_are_both_named(tmp_path, pair):
     check_pair(tmp_path, *pair)
 
 

@@ -103,7 +103,8 @@ def is_lazy(module: nn.Module) -> bool:
 
 SUBLAYER = {"attn": ("the attention sublayer", "注意力子层"), "cross": ("the cross-attention sublayer",
                                                                    "交叉注意力子层"),
-            "ffn": ("the FFN sublayer", "前馈子层"), "add_norm": ("AddNorm", "AddNorm")}
+            "ffn": ("the FFN sublayer", "前馈子层"), "add_norm": ("AddNorm", "AddNorm"),
+            "all": ("every sublayer", "所有子层")}
 FORMS: dict[str, dict[str, tuple[str, str]]] = {
     "causal_off_by_one": {"no_self": ("a token does not see itself", "token 看不到自己"),
                           "sees_next": ("a token sees the next one", "token 看到了下一个位置")},
@@ -247,9 +248,13 @@ def dropout_on_residual(res: ComponentResult, ctx: Context, comp: Component, run
 
 def hidden_rows(out: Tensor | None, rows: Tensor | None) -> Tensor | None:
     """The learner's output on the query rows whose keys are all masked; None when there are none."""
-    if out is None or rows is None or bool(rows.all()):
+    if out is None or rows is None or bool(rows.all()) or out.dim() not in (3, 4):
         return None
-    hidden = ~rows[:, 0] if out.dim() == 3 else (~rows).expand(out.shape[:-1])  # (B, T) or (B, H, T)
+    hidden = ~rows[:, 0] if out.dim() == 3 else ~rows  # (B, T), or (B, 1, T) for (B, H, T, Dh)
+    try:
+        hidden = hidden.expand(out.shape[:-1])
+    except RuntimeError:  # an output of another shape than the rows: compared (and failed) elsewhere
+        return None
     return out[hidden]  # (rows, D) or (rows, Dh)
 
 

@@ -25,5 +25,18 @@ EXCLUSIVE: dict[frozenset[str], str] = {
     frozenset({"no_scaling", "scale_by_dk"}): "both rewrite the divisor of the scores",
     frozenset({"mask_after_softmax", "nan_on_masked_rows"}):
         "after the softmax there are no scores to fill with -inf",
+    frozenset({"rmsnorm_no_sqrt", "norm_eps_outside_sqrt"}):
+        "without the square root, eps is neither inside nor outside it",
+    frozenset({"gated_act_after_product", "gated_activation_wrong_branch"}):
+        "after the product there is no branch to put the activation on",
+    frozenset({"temperature_multiplied", "temperature_after_softmax"}):
+        "both rewrite the one line of the temperature",
+    frozenset({"top_p_drops_crossing", "top_p_extra_at_equality"}):
+        "two rules for the same comparison (cum > p is the other form of dropping the crossing token)",
+    frozenset({"top_p_drops_crossing", "top_p_empty_set"}):
+        "the plants rewrite the same rule; written together (cum > p with no guard) both are named",
+    frozenset({"top_p_extra_at_equality", "top_p_empty_set"}):
+        "the plants rewrite the same rule; written together (a shifted cum > p with no guard) both are "
+        "named",
 }
 MASKING: dict[frozenset[str], str] = {}

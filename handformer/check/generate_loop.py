@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
-from handformer.check.context import Context, finish, forward_parameters, shape_of
+from handformer.check.context import Context, finish, forward_parameters
 from handformer.check.discovery import Component
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
@@ -75,6 +75,7 @@ class Call:
     seen: int  # tokens before them: in the cache handed back, or up to start_pos
     positions: Tensor  # (B, T) the positions they were computed at
     cached: bool  # a cache (or start_pos) was passed
+    start: int | None = None  # Meta's start_pos, when given
 
 
 class LanguageModel(nn.Module):
@@ -117,7 +118,8 @@ class LanguageModel(nn.Module):
             first = start if start is not None else prior_ids.size(1)
             positions = torch.arange(first, first + T)[None].expand(B, T)
         full_ids, full_pos = torch.cat([prior_ids, ids], 1), torch.cat([prior_pos, positions.long()], 1)
-        self.calls.append(Call(ids, prior_ids.size(1), positions.long(), cache is not None or start is not None))
+        cached = cache is not None or start is not None
+        self.calls.append(Call(ids, prior_ids.size(1), positions.long(), cached, start))
         if full_ids.size(1) > self.block_size or int(full_pos.max()) >= self.block_size:
             raise ContextTooLong(f"Cannot forward sequence of length {full_ids.size(1)}, block size is only "
                                  f"{self.block_size}")
@@ -159,7 +161,8 @@ def known_model() -> CausalLM:
             p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
         model.embed.weight[:, :VOCAB] = 3.0 * torch.eye(VOCAB)
         model.positions.weight[:, VOCAB:] = 3.0 * torch.eye(BLOCK).repeat(2, 1)
-        model.lm_head.weight.copy_(torch.randn(VOCAB, VOCAB + BLOCK, generator=torch.Generator().manual_seed(SEED)))
+        head = torch.randn(VOCAB, VOCAB + BLOCK, generator=torch.Generator().manual_seed(SEED))
+        model.lm_head.weight.copy_(head)
     return model
 
 
@@ -207,8 +210,8 @@ def _call(ctx: Context, comp: Component, model: LanguageModel, ids: Tensor, n: i
         if value is None and p.default is not p.empty:
             continue
         if value is None and i >= 3:
-            raise ctx.learner.fail("forward", f"cannot fill the argument {p.name!r} of {comp.name}: handformer "
-                                   "calls generate(model, idx, max_new_tokens)")
+            raise ctx.learner.fail("forward", f"cannot fill the argument {p.name!r} of {comp.name}: "
+                                   "handformer calls generate(model, idx, max_new_tokens)")
         value = (model, ids, n)[i] if value is None else value
         if kwargs or len(args) != i:
             kwargs[p.name] = value
@@ -246,18 +249,20 @@ class Run:
     n: int
     out: Tensor | None = None  # the new tokens
     failure: fp.LearnerFailure | None = None
+    as_list: bool = False  # the prompt was handed over as a list of ints
 
 
-def run_generate(ctx: Context, comp: Component, n: int, B: int) -> Run:
-    """The learner's generate on B prompts of 3 tokens for n new tokens, each return style tried in
-    turn (their first failure kept), with a fresh model for each try."""
+def run_generate(ctx: Context, comp: Component, n: int, B: int, as_list: bool = False) -> Run:
+    """The learner's generate on B prompts of 3 tokens (a (B, 3) tensor, or one prompt as a list of
+    ints) for n new tokens, each return style tried in turn (their first failure kept), with a fresh
+    model for each try."""
     first: Run | None = None
     for style in _style(comp.obj):
         model = LanguageModel(known_model(), BLOCK, style, budget=n + 3)
         prompt = prompts(B)
-        run = Run(f"{B} prompt{'s' if B > 1 else ''}, {n} new tokens", model, prompt, n)
+        run = Run(f"{B} prompt{'s' if B > 1 else ''}, {n} new tokens", model, prompt, n, as_list=as_list)
         try:
-            raw = _call(ctx, comp, model, prompt.clone(), n)
+            raw = _call(ctx, comp, model, prompt[0].tolist() if as_list else prompt.clone(), n)
         except fp.LearnerFailure as failure:
             run.failure = failure
             if model.calls and (_overflowed(model) or _runaway(model)):
@@ -273,6 +278,8 @@ def run_generate(ctx: Context, comp: Component, n: int, B: int) -> Run:
 
 
 def _overflowed(model: LanguageModel) -> bool:
+    if not model.calls:
+        return False
     last = model.calls[-1]
     return last.seen + last.ids.size(1) > model.block_size or int(last.positions.max()) >= model.block_size
 
@@ -287,24 +294,28 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
     res = ComponentResult(comp.kind, comp.name)
     model = known_model()
     reference = hf_generate(model, prompts(2).tolist(), SHORT, temperature=0.0, threads=None)
-    assert torch.equal(torch.tensor(reference), greedy(model, prompts(2), SHORT)[:, 3:])  # same greedy as ours
+    assert torch.equal(torch.tensor(reference), greedy(model, prompts(2), SHORT)[:, 3:])  # the same greedy
     short = run_generate(ctx, comp, SHORT, 2)
-    if short.out is None and short.failure and not _named(short):
-        short = run_generate(ctx, comp, SHORT, 1)  # a loop written for one prompt
-        if short.out is None and short.failure is None:
-            got = "nothing usable"
-            raise ctx.learner.fail("forward", f"{comp.name} returned {got}; expected token ids")
+    for B, as_list in ((1, False), (1, True)):  # a loop written for one prompt, maybe a list of ints
+        if short.out is not None or _named(short):
+            break
+        short = run_generate(ctx, comp, SHORT, B, as_list)
+    if short.out is None and short.failure is None:
+        raise ctx.learner.fail("forward", f"{comp.name} returned no token ids for a prompt of 3 tokens and "
+                               f"max_new_tokens={SHORT}")
     B = short.prompt.size(0)
     if B == 1:
-        res.notes.append(text("it generates for one prompt at a time (a batch of 2 failed)",
-                              "它一次只能为一个提示词生成（2 个一批时失败了）"))
+        res.notes.append(text("it generates for one prompt at a time (a batch of 2 failed)"
+                              + (", given as a list of ints" if short.as_list else ""),
+                              "它一次只能为一个提示词生成（2 个一批时失败了）"
+                              + ("，提示词是整数列表" if short.as_list else "")))
     _judge(res, ctx, comp, short, torch.tensor(reference)[:B])
     cached = any(c.cached for c in short.model.calls)
     if cached:
         res.notes.append(text("it decodes with a KV cache: after the prompt it feeds one token at a time",
                               "它用 KV 缓存解码：处理完提示词之后每次只输入一个 token"))
     elif not any(f.name in ("generate_not_appended", "generate_does_not_stop") for f in res.findings):
-        long = run_generate(ctx, comp, LONG, B)
+        long = run_generate(ctx, comp, LONG, B, short.as_list)
         _judge(res, ctx, comp, long, greedy(model, prompts(B), LONG)[:, 3:])
     if short.failure and not res.findings and short.out is None:
         raise short.failure
@@ -320,15 +331,17 @@ def _judge(res: ComponentResult, ctx: Context, comp: Component, run: Run, expect
     difference (from the calls the loop made)."""
     ok = run.out is not None and torch.equal(run.out, expected)
     got = run.out.tolist() if run.out is not None else (run.failure.error.message if run.failure else None)
-    res.checks.append(Check(text(f"{run.label}: the tokens of handformer's greedy decoding {expected.tolist()}",
-                                 f"{run.label}：与 handformer 贪心解码的 token 相同 {expected.tolist()}"), ok,
+    want = expected.tolist()
+    res.checks.append(Check(text(f"{run.label}: the tokens of handformer's greedy decoding {want}",
+                                 f"{run.label}：与 handformer 贪心解码的 token 相同 {want}"), ok,
                             text(f"got {got}", f"实际得到 {got}")))
     if ok:
         return
     finding = _explain(run, expected)
     if finding is not None and not any(f.name == finding[0] for f in res.findings):
         name, observed, form = finding
-        number, code = locate(name, source_lines(ctx.objects(comp, "sample", "top_k", "top_p", "temperature")))
+        lines = source_lines(ctx.objects(comp, "sample", "top_k", "top_p", "temperature"))
+        number, code = locate(name, lines)
         res.findings.append(Finding(name, observed, number, code, form))
 
 
@@ -340,11 +353,11 @@ def _explain(run: Run, expected: Tensor) -> tuple[str, Text, str] | None:
             f"asked for {run.n} new tokens, it called the model {len(calls)} times and went on",
             f"要求 {run.n} 个新 token，它调用了模型 {len(calls)} 次还没有停"), ""
     if _overflowed(model):
-        last = calls[-1]
+        steps, fed = len(calls) - 1, calls[-1].seen + calls[-1].ids.size(1)
         return "generate_no_crop", text(
-            f"after {len(calls) - 1} steps it fed the model {last.seen + last.ids.size(1)} tokens; the block size "
-            f"is {model.block_size}", f"第 {len(calls) - 1} 步之后它给模型输入了 {last.seen + last.ids.size(1)} 个 "
-            f"token；block_size 是 {model.block_size}"), "not_cropped"
+            f"after {steps} steps it fed the model {fed} tokens; the block size is {model.block_size}",
+            f"第 {steps} 步之后它给模型输入了 {fed} 个 token；block_size 是 {model.block_size}"), \
+            "not_cropped"
     if len(calls) > 1 and all(c.ids.size(1) == T and c.seen == 0 for c in calls) and all(
             torch.equal(c.ids, prompt) for c in calls):
         return "generate_not_appended", text(
@@ -360,17 +373,24 @@ def _explain(run: Run, expected: Tensor) -> tuple[str, Text, str] | None:
                 f"超过 block_size 之后它输入的是前 {model.block_size} 个 token，而不是最后的"), "first_tokens"
     for i, c in enumerate(calls[1:], start=1):
         before = T + i - 1  # tokens the model had seen before this call, in a cached loop
+        if c.ids.size(1) == 1 and c.start is not None and c.start != before:
+            return "generate_cache_mismatch", text(
+                f"at step {i} it passed start_pos = {c.start} for a new token after {before} tokens",
+                f"第 {i} 步新 token 前已有 {before} 个 token，它却传了 start_pos = {c.start}"), \
+                "positions_not_offset"
         if c.ids.size(1) == 1 and c.seen != before and c.cached:
             return "generate_cache_mismatch", text(
                 f"at step {i} it fed one token with a cache of {c.seen} tokens where {before} were seen",
-                f"第 {i} 步输入一个 token 时缓存里只有 {c.seen} 个 token，应为 {before} 个"), "cache_not_passed"
+                f"第 {i} 步输入一个 token 时缓存里只有 {c.seen} 个 token，应为 {before} 个"), \
+                "cache_not_passed"
         if c.ids.size(1) == 1 and not c.cached and c.seen == 0:
             return "generate_cache_mismatch", text(
                 f"at step {i} it fed one token and no cache: the model saw that token alone",
                 f"第 {i} 步只输入了一个 token 却没有带缓存：模型只看到了这一个 token"), "cache_not_passed"
         if c.ids.size(1) == 1 and int(c.positions[0, 0]) != c.seen:
+            position = int(c.positions[0, 0])
             return "generate_cache_mismatch", text(
-                f"at step {i} the new token got position {int(c.positions[0, 0])}, after {c.seen} cached tokens",
-                f"第 {i} 步新 token 的位置是 {int(c.positions[0, 0])}，而缓存里已有 {c.seen} 个 token"), \
+                f"at step {i} the new token got position {position}, after {c.seen} cached tokens",
+                f"第 {i} 步新 token 的位置是 {position}，而缓存里已有 {c.seen} 个 token"), \
                 "positions_not_offset"
     return None

@@ -193,10 +193,10 @@ def _decoder_mask_names(masks: list[str]) -> tuple[str | None, str | None]:
 
 def _flags(layer: Layer, w: V.LayerWeights) -> tuple[str, ...]:
     flags = ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection" or w.self_attn.o)
-    flags += tuple(f"no_residual:{s}" for s in layer.sublayers)
+    flags += tuple(f"no_residual:{s}" for s in layer.sublayers + ["all"])
     flags += tuple(f"pre_norm:{s}" for s in layer.sublayers) + ("ffn_no_activation",)
     if w.placement == "pre":
-        flags += tuple(f"residual_from_normed:{s}" for s in layer.sublayers)
+        flags += tuple(f"residual_from_normed:{s}" for s in layer.sublayers + ["all"])
     if not layer.shared:
         flags += ("shared_norm:first", "shared_norm:last")
     if layer.n_kv_heads:
@@ -300,7 +300,7 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
             owner = slots[0].leaf.name.rpartition(".")[0]
             ffn_class = type(layer.module.get_submodule(owner) if owner else layer.module).__name__
             res.findings += ffn_name_findings(ctx, comp, ffn_class, slots, act)
-        if found is not None:
+        if found is not None and not any(f.startswith("no_residual") for f in flags):  # no residual, no path
             w = layer.weights(slots, act, placement, rope)
             dropout_on_residual(res, ctx, comp, lambda: run(conv),
                                 lambda trace: _compute(layer, w, inp, flags, trace))

@@ -95,8 +95,9 @@ def check_temperature(comp: Component, ctx: Context) -> ComponentResult:
         out = call(logits, temperature=t)
         dist = as_distribution(out, logits)
         if dist is None:
-            raise ctx.learner.fail("forward", f"{comp.name}(logits, {t}) returned {shape_of(out)} for logits of "
-                                   f"shape {tuple(logits.shape)}; expected logits (or probabilities) of that shape")
+            raise ctx.learner.fail("forward", f"{comp.name}(logits, {t}) returned {shape_of(out)} for logits "
+                                   f"of shape {tuple(logits.shape)}; expected logits (or probabilities) of "
+                                   "that shape")
         right = torch.softmax(apply_temperature(logits, t), -1)
         err = fp.max_error(dist, right)
         worst = max(worst, err)
@@ -105,20 +106,23 @@ def check_temperature(comp: Component, ctx: Context) -> ComponentResult:
                             ("temperature_after_softmax", torch.softmax(logits, -1))):
                 if fp.max_error(dist, q) < fp.TOL:
                     named = name
+                    multiplied = name == "temperature_multiplied"
+                    en = "softmax(logits * t)" if multiplied else "softmax(logits), as if t = 1"
+                    zh = "softmax(logits * t)" if multiplied else "softmax(logits)，相当于 t = 1"
+                    off = fp.max_error(dist, q)
                     res.findings.append(_finding(ctx, comp, name, text(
-                        f"with temperature {t:g} your distribution equals "
-                        + ("softmax(logits * t)" if name == "temperature_multiplied" else "softmax(logits), as if t = 1")
-                        + f" (to {fp.max_error(dist, q):.1e}); softmax(logits / t) differs by {err:.3g}",
-                        f"温度为 {t:g} 时，你的分布等于 "
-                        + ("softmax(logits * t)" if name == "temperature_multiplied" else "softmax(logits)，相当于 t = 1")
-                        + f"（误差 {fp.max_error(dist, q):.1e}）；与 softmax(logits / t) 相差 {err:.3g}")))
+                        f"with temperature {t:g} your distribution equals {en} (to {off:.1e}); "
+                        f"softmax(logits / t) differs by {err:.3g}",
+                        f"温度为 {t:g} 时，你的分布等于 {zh}（误差 {off:.1e}）；"
+                        f"与 softmax(logits / t) 相差 {err:.3g}")))
                     break
         if t == 0.5 and is_probabilities(out):
             res.notes.append(text("it returns probabilities, not logits: compared as a distribution",
                                   "它返回的是概率而不是 logits：按分布比较"))
     res.max_abs_error = worst
     res.checks.append(Check(text("the distribution equals softmax(logits / t) for t = 0.5 and 2",
-                                 "t = 0.5 和 2 时分布等于 softmax(logits / t)"), worst < fp.TOL, error_text(worst)))
+                                 "t = 0.5 和 2 时分布等于 softmax(logits / t)"), worst < fp.TOL,
+                            error_text(worst)))
     return finish(res)
 
 
@@ -146,9 +150,9 @@ def _fill_finding(res: ComponentResult, ctx: Context, comp: Component, out: Tens
     mass = float(torch.softmax(out.double(), -1)[~kept].sum(-1).max()) if (~kept).any() else 0.0
     if mass > 1e-9:
         res.findings.append(_finding(ctx, comp, "filter_fill_finite", text(
-            f"the removed tokens are filled with {fill:g}: after the softmax they still hold up to {mass:.3g} "
-            "of the probability", f"被去掉的 token 填成了 {fill:g}：softmax 之后它们仍占最多 {mass:.3g} 的概率"),
-            f"{fill:g}"))
+            f"the removed tokens are filled with {fill:g}: after the softmax they still hold up to "
+            f"{mass:.3g} of the probability",
+            f"被去掉的 token 填成了 {fill:g}：softmax 之后它们仍占最多 {mass:.3g} 的概率"), f"{fill:g}"))
 
 
 def check_top_k(comp: Component, ctx: Context) -> ComponentResult:
@@ -181,7 +185,7 @@ def check_top_k(comp: Component, ctx: Context) -> ComponentResult:
                     "with k = 1 it keeps no token at all", "k = 1 时一个 token 都没有保留"), "k-1"))
     res.checks.append(Check(text("keeps the k most likely tokens for k = 1, 3, 5, 7 (ties apart)",
                                  "k = 1、3、5、7 时保留最可能的 k 个 token（不含并列的情况）"), worst == 0,
-                            text(f"{worst} tokens kept or dropped wrongly", f"{worst} 个 token 保留或去掉错了")))
+                            _wrong_tokens(worst)))
     _large_k(res, ctx, comp, call, logits)
     _ties(res, call, logits)
     res.max_abs_error = float(worst)
@@ -202,8 +206,8 @@ def _large_k(res: ComponentResult, ctx: Context, comp: Component, call: Caller, 
                     f"k = {k} > V = {V} 时你的代码报错：{failure.error.message}")))
             continue
         ok = ok and read is not None and bool(read[0].all())
-    res.checks.append(Check(text(f"k >= V (k = {V}, {V + 42}) keeps every token", f"k >= V（k = {V}、{V + 42}）时保留全部 token"),
-                            ok))
+    res.checks.append(Check(text(f"k >= V (k = {V}, {V + 42}) keeps every token",
+                                 f"k >= V（k = {V}、{V + 42}）时保留全部 token"), ok))
 
 
 def _ties(res: ComponentResult, call: Caller, logits: Tensor) -> None:
@@ -215,14 +219,15 @@ def _ties(res: ComponentResult, call: Caller, logits: Tensor) -> None:
     except fp.LearnerFailure:
         return
     if read is not None and int(read[0].sum()) == 2:
-        res.notes.append(text("with tokens tied at the k-th value it keeps exactly k (which tied token survives "
-                              "is arbitrary); handformer keeps every tied token, as Hugging Face and nanoGPT do",
-                              "第 k 大的值有并列时它只保留 k 个（保留哪一个是任意的）；handformer 保留所有并列的 "
-                              "token，与 Hugging Face 和 nanoGPT 相同"))
+        res.notes.append(text("with tokens tied at the k-th value it keeps exactly k (which tied token "
+                              "survives is arbitrary); handformer keeps every tied token, as Hugging Face "
+                              "and nanoGPT do", "第 k 大的值有并列时它只保留 k 个（保留哪一个是任意的）；"
+                              "handformer 保留所有并列的 token，与 Hugging Face 和 nanoGPT 相同"))
 
 
 # rows of dyadic probabilities: their cumulative sums are exact in float64 (the equality case)
-DYADIC = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.0078125], dtype=torch.float64)
+DYADIC = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.0078125],
+                      dtype=torch.float64)
 
 
 def top_p_keep(logits: Tensor, p: float, flags: frozenset[str] = frozenset()) -> Tensor:
@@ -232,21 +237,23 @@ def top_p_keep(logits: Tensor, p: float, flags: frozenset[str] = frozenset()) ->
     probs, order = torch.sort(torch.softmax(logits, -1), dim=-1, descending=True, stable=True)
     cum = probs.cumsum(-1)
     above = cum - probs  # the probability ranked above each token
-    if "top_p_drops_crossing" in flags:
-        keep = cum <= p
+    crossing = next((f.partition(":")[2] for f in flags if f.startswith("top_p_drops_crossing")), None)
+    if crossing is not None:
+        keep = cum <= p if crossing == "le" else cum < p
     elif "top_p_extra_at_equality" in flags:
         keep = above <= p
     else:
         keep = above < p
-    if "top_p_empty_set" in flags:
-        keep[..., 0] = (cum[..., 0] <= p) if flags & {"top_p_drops_crossing", "top_p_extra_at_equality"} else (
+    if "top_p_empty_set" in flags:  # the guard of the most likely token missing: its own rule, on cum
+        keep[..., 0] = cum[..., 0] <= p if crossing == "le" or "top_p_extra_at_equality" in flags else (
             cum[..., 0] < p)
     else:
         keep[..., 0] = True
     return torch.zeros_like(keep).scatter(-1, order, keep)
 
 
-TOP_P_FLAGS = ("top_p_drops_crossing", "top_p_extra_at_equality", "top_p_empty_set")
+TOP_P_FLAGS = ("top_p_drops_crossing:le", "top_p_drops_crossing:lt", "top_p_extra_at_equality",
+               "top_p_empty_set")
 
 
 def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
@@ -271,12 +278,13 @@ def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
     found = fp.search(mine, compute, TOP_P_FLAGS, None, 2)
     if found and found[0]:
         for flag in sorted(found[0]):
-            res.findings.append(_finding(ctx, comp, flag, _top_p_observed(flag, cases, kept_all)))
+            name, _, form = flag.partition(":")
+            res.findings.append(_finding(ctx, comp, name, _top_p_observed(flag, cases, kept_all), form))
     wrong = int((mine != compute(frozenset())).sum())
-    res.checks.append(Check(text("keeps the smallest set of most likely tokens reaching p (5 cases, equality at "
-                                 "p = 0.75 included)", "保留累计概率达到 p 的最小一组最可能的 token（5 种情况，含 "
-                                 "p = 0.75 时恰好相等）"), wrong == 0,
-                            text(f"{wrong} tokens kept or dropped wrongly", f"{wrong} 个 token 保留或去掉错了")))
+    res.checks.append(Check(text("keeps the smallest set of most likely tokens reaching p (5 cases, equality "
+                                 "at p = 0.75 included)", "保留累计概率达到 p 的最小一组最可能的 token"
+                                 "（5 种情况，含 p = 0.75 时恰好相等）"), wrong == 0,
+                            _wrong_tokens(wrong)))
     _p_one(res, ctx, comp, call)
     res.max_abs_error = float(wrong)
     return finish(res)
@@ -284,19 +292,26 @@ def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
 
 def _top_p_observed(flag: str, cases: list[tuple[Tensor, float]], kept: list[Tensor]) -> Text:
     counts = [int(k[0].sum()) for k in kept[:3]]
-    if flag == "top_p_drops_crossing":
-        return text(f"probabilities 0.5, 0.25, 0.125, ... with p = 0.6: your filter keeps {counts[1]} token(s); "
-                    "0.5 alone does not reach 0.6, so 2 are kept",
-                    f"概率为 0.5、0.25、0.125……、p = 0.6 时你的过滤保留了 {counts[1]} 个 token；只有 0.5 还不到 0.6，"
-                    "应保留 2 个")
+    probs = "probabilities 0.5, 0.25, 0.125, ..."
+    probs_zh = "概率为 0.5、0.25、0.125……"
+    if flag.startswith("top_p_drops_crossing"):
+        return text(f"{probs} with p = 0.6: your filter keeps {counts[1]} token(s); 0.5 alone does not reach "
+                    "0.6, so 2 are kept",
+                    f"{probs_zh}、p = 0.6 时你的过滤保留了 {counts[1]} 个 token；"
+                    "只有 0.5 还不到 0.6，应保留 2 个")
     if flag == "top_p_extra_at_equality":
-        return text(f"probabilities 0.5, 0.25, 0.125, ... with p = 0.75: your filter keeps {counts[0]} tokens; "
-                    "0.5 + 0.25 already reaches p, so 2 are kept",
-                    f"概率为 0.5、0.25、0.125……、p = 0.75 时你的过滤保留了 {counts[0]} 个 token；0.5 + 0.25 已经达到 p，"
-                    "应保留 2 个")
-    return text(f"probabilities 0.5, 0.25, ... with p = 0.3: your filter keeps {counts[2]} tokens, every logit is "
-                "-inf (the softmax of that row is NaN)",
-                f"概率为 0.5、0.25……、p = 0.3 时你的过滤保留了 {counts[2]} 个 token，所有 logit 都是 -inf（softmax 为 NaN）")
+        return text(f"{probs} with p = 0.75: your filter keeps {counts[0]} tokens; 0.5 + 0.25 already "
+                    "reaches p, so 2 are kept",
+                    f"{probs_zh}、p = 0.75 时你的过滤保留了 {counts[0]} 个 token；"
+                    "0.5 + 0.25 已经达到 p，应保留 2 个")
+    return text(f"{probs} with p = 0.3: your filter keeps {counts[2]} tokens, every logit is -inf (the "
+                "softmax of that row is NaN)",
+                f"{probs_zh}、p = 0.3 时你的过滤保留了 {counts[2]} 个 token，"
+                "所有 logit 都是 -inf（softmax 为 NaN）")
+
+
+def _wrong_tokens(n: int) -> Text:
+    return text(f"{n} tokens kept or dropped wrongly", f"{n} 个 token 保留或去掉错了")
 
 
 def _p_one(res: ComponentResult, ctx: Context, comp: Component, call: Caller) -> None:
@@ -305,8 +320,9 @@ def _p_one(res: ComponentResult, ctx: Context, comp: Component, call: Caller) ->
     try:
         read = kept_tokens(call(logits, top_p=1.0), logits)
         ok = read is not None and bool(read[0].all())
-        detail = text(f"{V - int(read[0].sum())} token(s) removed" if read is not None else "no filtered logits",
-                      f"去掉了 {V - int(read[0].sum())} 个 token" if read is not None else "没有返回过滤后的 logits")
+        removed = V - int(read[0].sum()) if read is not None else None
+        detail = text(f"{removed} token(s) removed" if read is not None else "no filtered logits",
+                      f"去掉了 {removed} 个 token" if read is not None else "没有返回过滤后的 logits")
     except fp.LearnerFailure as failure:
         ok, detail = False, text(f"raised {failure.error.message}", f"报错：{failure.error.message}")
     if not ok:
@@ -340,11 +356,13 @@ def check_greedy(comp: Component, ctx: Context) -> ComponentResult:
     out = ctx.learner.call("forward", comp.obj, logits.clone())
     tokens = as_tokens(out, logits.size(0))
     if tokens is None and isinstance(out, Tensor) and torch.equal(out.reshape(-1).long(), logits.argmax(0)):
+        given, got = tuple(logits.shape), tuple(out.shape)
         res.findings.append(_finding(ctx, comp, "argmax_wrong_dim", text(
-            f"for logits of shape {tuple(logits.shape)} it returned {tuple(out.shape)}: the argmax over the rows "
-            "(dim 0), one per vocabulary entry", f"logits 形状为 {tuple(logits.shape)} 时它返回了 {tuple(out.shape)}："
-            "沿行（dim 0）取的 argmax，每个词表位置一个")))
-        res.checks.append(Check(text("picks the most likely token of each row", "每一行选最可能的 token"), False))
+            f"for logits of shape {given} it returned {got}: the argmax over the rows (dim 0), one per "
+            "vocabulary entry", f"logits 形状为 {given} 时它返回了 {got}：沿行（dim 0）取的 argmax，"
+            "每个词表位置一个")))
+        res.checks.append(Check(text("picks the most likely token of each row", "每一行选最可能的 token"),
+                                False))
         return finish(res)
     if tokens is None:
         raise ctx.learner.fail("forward", f"{comp.name}(logits) returned {shape_of(out)} for logits of shape "
@@ -366,13 +384,18 @@ def _draw(ctx: Context, call: Caller, options: dict[str, Any], seed: int) -> Ten
     if call.find(GENERATOR_NAMES):
         options = {**options, "generator": torch.Generator().manual_seed(seed)}
     batch = SAMPLE_ROW.expand(DRAWS, V).contiguous()
-    tokens = as_tokens(call(batch, **options), DRAWS)
+    raw = call(batch, **options)
+    tokens = as_tokens(raw, DRAWS)
     if tokens is not None:
         return tokens
+    if as_tokens(raw, 1) is None:  # not a step written for one row at a time either
+        raise ctx.learner.fail("forward", f"{call.comp.name} returned {shape_of(raw)} for logits of shape "
+                               f"{tuple(batch.shape)}; expected one token id per row")
     one = SAMPLE_ROW[None]
     draws = [as_tokens(call(one, **options), 1) for _ in range(DRAWS)]
     if any(d is None for d in draws):
-        raise ctx.learner.fail("forward", f"{call.comp.name} returned no token id for logits of shape (1, {V})")
+        raise ctx.learner.fail("forward", f"{call.comp.name} returned no token id for logits of shape "
+                               f"(1, {V})")
     return torch.cat(draws)
 
 
@@ -387,15 +410,16 @@ def _settings(call: Caller) -> list[tuple[str, dict[str, Any], Tensor, list[tupl
                     [("temperature_multiplied", torch.softmax(row * 0.5, -1)),
                      ("temperature_after_softmax", softmax)]))
     if call.find(K_NAMES):
-        out.append(("top_k 3", {"top_k": 3}, torch.softmax(top_k_filter(row, 3), -1),
-                    [("filter_fill_finite", torch.softmax(torch.where(torch.isfinite(top_k_filter(row, 3)), row,
-                                                                        1e-10), -1)),
+        kept = torch.isfinite(top_k_filter(row, 3))
+        out.append(("top_k 3", {"top_k": 3}, _masked(row, kept),
+                    [("filter_fill_finite", torch.softmax(torch.where(kept, row, 1e-10), -1)),
                      ("top_k_off_by_one", torch.softmax(top_k_filter(row, 4), -1))]))
     if call.find(P_NAMES):
-        out.append(("top_p 0.8", {"top_p": 0.8}, torch.softmax(top_p_filter(row, 0.8), -1),
-                    [("top_p_drops_crossing", _masked(row, top_p_keep(row, 0.8, frozenset({"top_p_drops_crossing"})))),
-                     ("filter_fill_finite", torch.softmax(torch.where(torch.isfinite(top_p_filter(row, 0.8)), row,
-                                                                        1e-10), -1))]))
+        kept = torch.isfinite(top_p_filter(row, 0.8))
+        crossing = top_p_keep(row, 0.8, frozenset({"top_p_drops_crossing:le"}))
+        out.append(("top_p 0.8", {"top_p": 0.8}, _masked(row, kept),
+                    [("top_p_drops_crossing", _masked(row, crossing)),
+                     ("filter_fill_finite", torch.softmax(torch.where(kept, row, 1e-10), -1))]))
     return out
 
 
@@ -429,26 +453,29 @@ def check_sample(comp: Component, ctx: Context) -> ComponentResult:
             raise
         counts = torch.bincount(tokens.clamp(0, V), minlength=V + 1)[:V].double()
         test = stats.chi_square(counts, right)
-        res.checks.append(Check(text(f"{DRAWS:,} draws ({label}) follow handformer's distribution (chi-square "
-                                     f"p = {test.p_value:.2g}, df {test.df}; rejected below 1e-6)",
+        res.checks.append(Check(text(f"{DRAWS:,} draws ({label}) follow handformer's distribution "
+                                     f"(chi-square p = {test.p_value:.2g}, df {test.df}; rejected below "
+                                     "1e-6)",
                                      f"{DRAWS:,} 次采样（{label}）服从 handformer 的分布（卡方检验 p = "
                                      f"{test.p_value:.2g}，自由度 {test.df}；低于 1e-6 即拒绝）"),
                                 not test.rejected, _outside(test)))
         if test.rejected:
             for name, q in mistakes:
-                if not stats.chi_square(counts, q).rejected and not any(f.name == name for f in res.findings):
+                fit = stats.chi_square(counts, q)
+                if not fit.rejected and not any(f.name == name for f in res.findings):
                     res.findings.append(_finding(ctx, comp, name, text(
                         f"{DRAWS:,} draws ({label}) fit the distribution of this mistake (chi-square p = "
-                        f"{stats.chi_square(counts, q).p_value:.2g}) and not handformer's (p = {test.p_value:.2g})",
-                        f"{DRAWS:,} 次采样（{label}）符合这个错误的分布（卡方检验 p = "
-                        f"{stats.chi_square(counts, q).p_value:.2g}），不符合 handformer 的分布（p = {test.p_value:.2g}）")))
+                        f"{fit.p_value:.2g}) and not handformer's (p = {test.p_value:.2g})",
+                        f"{DRAWS:,} 次采样（{label}）符合这个错误的分布（卡方检验 p = {fit.p_value:.2g}），"
+                        f"不符合 handformer 的分布（p = {test.p_value:.2g}）")))
                     break
     return finish(res)
 
 
 def _outside(test: stats.ChiSquare) -> Text | None:
     if test.outside:
-        return text(f"{test.outside} draws of tokens the filter removes", f"有 {test.outside} 次抽到了被过滤掉的 token")
+        return text(f"{test.outside} draws of tokens the filter removes",
+                    f"有 {test.outside} 次抽到了被过滤掉的 token")
     return text(f"statistic {test.stat:.1f}", f"统计量 {test.stat:.1f}")
 
 

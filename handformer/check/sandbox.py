@@ -52,7 +52,7 @@ def check_in_child(path: str, overrides: dict[str, str] | None = None, only: lis
         if any("done" in line for line in lines):
             return result
         step, kind = phase if phase else (None, "")
-        error = _stopped(reason, step, stack, path, time_limit, memory_limit)
+        error = _stopped(reason, step, stack, path, time_limit, memory_limit, kind)
         if step in (None, "ready", "import"):
             result.error = error
             return result
@@ -112,13 +112,15 @@ def _progress(path: Path) -> tuple[str, str] | None:
 
 
 def _stopped(reason: str, phase: str | None, stack: str, path: str, time_limit: float,
-             memory_limit: int) -> LearnerError:
+             memory_limit: int, kind: str = "") -> LearnerError:
     where = phase or "startup"
     frames = _learner_frames(stack, path)
     if reason == "timeout":
-        return LearnerError("timeout", f"stopped after {time_limit:g} s in {where}: an infinite loop, or "
-                            "far too slow for tensors of a few dozen numbers (raise the limit with "
-                            "--time-limit)", where, frames)
+        why = ("a generation loop that does not end (is it bounded by max_new_tokens?), or one far too "
+               "slow for a model of a few thousand weights" if kind == "generate" else
+               "an infinite loop, or far too slow for tensors of a few dozen numbers")
+        return LearnerError("timeout", f"stopped after {time_limit:g} s in {where}: {why} (raise the limit "
+                            "with --time-limit)", where, frames)
     if reason == "signal 9":
         return LearnerError("memory", f"killed in {where}, most likely for using more than the "
                             f"{memory_limit} MiB memory limit", where, frames)

@@ -271,10 +271,10 @@ def sublayer(w: LayerWeights, x: Tensor, f: Callable[[Tensor], Tensor], name: st
     shared = has(flags, "shared_norm")
     n = w.norms[{"first": 0, "last": -1}.get(shared or "", w.sublayers.index(name))]
     pre = (w.placement == "pre") != (has(flags, "pre_norm") == name)
-    residual = has(flags, "no_residual") != name
+    residual = has(flags, "no_residual") not in (name, "all")  # "all": a residual wrapper shared by all
     if pre:
         h = norm(n, x)
-        start = h if has(flags, "residual_from_normed") == name else x
+        start = h if has(flags, "residual_from_normed") in (name, "all") else x
         return start + f(h) if residual else f(h)
     h = f(x)
     if trace is not None:
