@@ -138,6 +138,15 @@ STYLE_PLANTS: dict[str, Plant] = {
     "mask_repeat_order": Plant("mask_repeat_order", "mha", [
         ("torch.repeat_interleave(valid_lens, repeats=self.num_heads, dim=0)", "valid_lens.repeat(self.num_heads)")],
         "d2l"),
+    # diagnoses of the tutorials' style planted in the other styles too (the covering pairs need two
+    # mistakes of one file)
+    "d2l_add_norm_no_residual": Plant("no_residual", "add_norm", [
+        ("return self.ln(self.dropout(Y) + X)", "return self.ln(self.dropout(Y))")], "d2l"),
+    "nanogpt_no_scaling": Plant("no_scaling", "causal_attention", [
+        ("att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))", "att = q @ k.transpose(-2, -1)")],
+        "nanogpt"),
+    "nanogpt_mlp_no_activation": Plant("ffn_no_activation", "ffn", [
+        ("self.c_proj(self.gelu(self.c_fc(x)))", "self.c_proj(self.c_fc(x))")], "nanogpt"),
 }
 
 TOP_P_RULE = "    mass_above = torch.cumsum(probs, dim=-1) - probs\n    remove = mass_above >= p\n"
@@ -186,7 +195,25 @@ PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **S
 
 # A covering set of pairs, run by default: every diagnosis in one pair at least, preferring two
 # mistakes in one component (tests/test_check.py runs every pair of one family, marked slow).
-COVERING_PAIRS: list[tuple[str, str]] = []
+COVERING_PAIRS: list[tuple[str, str]] = [
+    ("no_scaling", "kv_swapped"), ("scale_by_dk", "split_no_transpose"), ("softmax_wrong_dim", "nan_on_masked_rows"),
+    ("mask_after_softmax", "mask_inverted"), ("concat_no_transpose", "no_residual"),
+    ("no_output_projection", "decoder_masks_swapped"), ("pre_norm", "ffn_no_activation"),
+    ("dropout_in_eval", "layernorm_unbiased_std"), ("pe_sin_cos_swapped", "pe_wrong_frequency"),
+    ("causal_sees_next", "dropout_in_eval"),
+    ("rmsnorm_sum_squares", "norm_wrong_dim"), ("rmsnorm_no_sqrt", "norm_no_gain"),
+    ("norm_eps_outside_sqrt", "residual_from_normed"), ("gated_act_after_product", "ffn_wrong_activation"),
+    ("gated_activation_wrong_branch", "shared_norm"), ("ffn_no_down_projection", "kv_repeat_order"),
+    ("dropout_on_residual", "rope_rotation_sign"), ("rope_wrong_base", "rope_no_offset"),
+    ("kv_repeat_order", "mask_not_applied"),
+    ("mask_repeat_order", "d2l_add_norm_no_residual"), ("causal_mask_not_cropped", "nanogpt_mlp_no_activation"),
+    ("mask_hides_queries", "nanogpt_no_scaling"),
+    ("temperature_multiplied", "top_k_off_by_one"), ("temperature_after_softmax", "generate_cache_mismatch"),
+    ("filter_fill_finite", "top_k_exceeds_vocab"), ("top_p_drops_crossing", "argmax_wrong_dim"),
+    ("top_p_extra_at_equality", "sampling_softmax_wrong_dim"), ("top_p_empty_set", "generate_no_crop"),
+    ("top_p_one_not_noop", "generate_not_appended"), ("sampling_from_logits", "generate_cache_mismatch"),
+    ("generate_not_appended", "generate_does_not_stop"),
+]
 
 
 def correct_file(family: str) -> Path:

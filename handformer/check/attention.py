@@ -28,6 +28,7 @@ from handformer.check.context import (
     ATTENTION_FLAGS,
     HEAD_FLAGS,
     MAX_LEN,
+    ROPE_FLAGS,
     TUTORIAL,
     Context,
     D,
@@ -125,6 +126,7 @@ def detect(ctx: Context, run: Callable[[str], Tensor | None], compute: Compute, 
     part, so such conventions are searched with a padding mask). Returns (convention, (flags, error)
     or None, the first learner failure)."""
     outputs, failure = outputs_by_convention(run, conventions)
+    universe = responsive(outputs, universe)
     for min_flags, max_flags in ((0, 1), (2, 2)):  # pairs only once no smaller set matched
         best = None
         for conv, out in outputs.items():
@@ -139,6 +141,18 @@ def detect(ctx: Context, run: Callable[[str], Tensor | None], compute: Compute, 
     return (next(iter(outputs), None), None, failure)
 
 
+def responsive(outputs: dict[str, Tensor], universe: tuple[str, ...]) -> tuple[str, ...]:
+    """The mistakes to search for, given the outputs under each mask convention: when they differ,
+    the code reads its mask (in one of the conventions at least), so it is not a mask never applied
+    (under a convention its comparisons never fire, e.g. `mask == 1` on an additive mask, it would
+    look like one)."""
+    distinct = []
+    for out in outputs.values():
+        if not any(out.shape == seen.shape and torch.equal(out, seen) for seen in distinct):
+            distinct.append(out)
+    return tuple(f for f in universe if f != "mask_not_applied") if len(distinct) > 1 else universe
+
+
 def keeps_for(keep: Tensor | None, fallback: Tensor | None, conventions: tuple[str, ...],
               ) -> dict[str, Tensor | None]:
     """The mask each convention is searched with: `keep`, or `fallback` (padding only) where the
@@ -149,7 +163,7 @@ def keeps_for(keep: Tensor | None, fallback: Tensor | None, conventions: tuple[s
 # --- scaled dot-product attention and masked softmax -------------------------------------------
 
 def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     fn = comp.obj
     if isinstance(fn, type):
         fn = ctx.learner.call("__init__", lambda: comp.obj(**_dropout_kwargs(comp.obj)))
@@ -256,7 +270,7 @@ def _layout(ctx: Context, c: Caller, convs: tuple[str, ...], keeps: dict[str, Te
 def check_masked_softmax(comp: Component, ctx: Context) -> ComponentResult:
     """d2l's masked_softmax(X, valid_lens): softmax over the last axis of X (B, T, S), keys at or
     past each row's valid length masked (-1e6)."""
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     params = forward_parameters(comp.obj)
     mask_name = next((p.name for p in params if is_mask_name(p.name)),
                      params[-1].name if len(params) > 1 else None)
@@ -347,7 +361,7 @@ def rope_settings(comp: Component, c: Caller) -> tuple[str | None, ...]:
 
 def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_heads: int | None = None,
               ) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     sizes = {**ctx_sizes(), **({"n_kv_heads": n_kv_heads} if n_kv_heads else {})}
     x = fp.randn(2, 6, D, seed=1)
     module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
@@ -415,7 +429,8 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
         best, first_conv, failure = None, None, None
         for rope in rope_settings(comp, c):
             compute = computer(rope)
-            conv, found, fail = detect(ctx, run, compute, universe, search_rows, convs)
+            flags = universe + (ROPE_FLAGS if rope else ())
+            conv, found, fail = detect(ctx, run, compute, flags, search_rows, convs)
             first_conv, failure = first_conv or conv, failure or fail
             if found is not None and (best is None or len(found[0]) < len(best[2][0])):
                 best = (rope, conv, found, compute)

@@ -30,8 +30,9 @@ TUTORIAL = {"d_model": 512, "n_heads": 8, "d_ff": 2048, "dropout": DROPOUT, "max
 
 ATTENTION_FLAGS = ("no_scaling", "scale_by_dk", "softmax_wrong_dim:-2", "softmax_wrong_dim:1",
                    "mask_inverted", "mask_after_softmax:zero", "mask_after_softmax:neg", "mask_not_applied",
-                   "mask_hides_queries")
+                   "mask_hides_queries", "nan_on_masked_rows")
 HEAD_FLAGS = ("split_no_transpose", "concat_no_transpose", "no_output_projection", "kv_swapped")
+ROPE_FLAGS = ("rope_rotation_sign", "rope_wrong_base:exponent")  # searched when rotary positions are inside
 
 
 @dataclass
@@ -41,9 +42,17 @@ class Context:
     components: dict[str, Component]
     convention: str | None = None  # forced by --mask-convention; None = detect
     learner: fp.Learner = field(init=False)
+    partial: ComponentResult | None = None  # the result in progress
+    results: dict[str, ComponentResult] = field(default_factory=dict)  # the components checked so far
 
     def __post_init__(self) -> None:
         self.learner = fp.Learner(self.path)
+
+    def result(self, comp: Component) -> ComponentResult:
+        """A new result for `comp`, kept as the one in progress: when the learner's code raises later,
+        what was already found (a missing projection, a mask buffer) stays in the report."""
+        self.partial = ComponentResult(comp.kind, comp.name)
+        return self.partial
 
     def conventions(self, mask_name: str | None = None) -> tuple[str, ...]:
         """The mask conventions to try for a mask parameter of this name (see conventions.py)."""

@@ -39,4 +39,30 @@ EXCLUSIVE: dict[frozenset[str], str] = {
         "the plants rewrite the same rule; written together (a shifted cum > p with no guard) both are "
         "named",
 }
-MASKING: dict[frozenset[str], str] = {}
+MASKING: dict[frozenset[str], str] = {
+    frozenset({"ffn_no_down_projection", "residual_from_normed"}): "without the down projection the block "
+        "cannot run (its FFN returns d_ff features), so nothing else in it can be seen",
+    frozenset({"ffn_no_down_projection", "shared_norm"}): "the same: the block cannot run",
+    frozenset({"ffn_no_down_projection", "dropout_on_residual"}): "the same: the block cannot run",
+    frozenset({"norm_no_gain", "shared_norm"}): "without their gains the two norms compute the same, so "
+        "which one is used cannot be seen",
+    frozenset({"causal_mask_not_cropped", "mask_hides_queries"}): "the forward cannot run on fewer tokens "
+        "than the block size, so the padding mask is never applied",
+    frozenset({"causal_mask_not_cropped", "no_scaling"}): "the same: the forward cannot run, so its scores "
+        "are never seen",
+    frozenset({"temperature_after_softmax", "sampling_from_logits"}): "after the softmax the logits are "
+        "probabilities: sampling from them is right",
+    frozenset({"top_p_drops_crossing", "top_p_one_not_noop"}): "with that rule p = 1 keeps every token: the "
+        "missing early return loses nothing",
+    frozenset({"top_p_extra_at_equality", "top_p_one_not_noop"}): "the same: p = 1 keeps every token",
+    frozenset({"sampling_softmax_wrong_dim", "sampling_from_logits"}): "sampling from the logits uses no "
+        "softmax at all",
+    frozenset({"generate_not_appended", "generate_no_crop"}): "the context never grows, so it never needs "
+        "cropping",
+    frozenset({"generate_no_crop", "generate_does_not_stop"}): "the model refuses the overlong context "
+        "before the loop runs past max_new_tokens",
+    frozenset({"sampling_from_logits", "generate_not_appended"}): "the loop's sampling step raises at the "
+        "first token, so the loop never runs",
+    frozenset({"sampling_from_logits", "generate_no_crop"}): "the same: the loop never runs",
+    frozenset({"sampling_from_logits", "generate_does_not_stop"}): "the same: the loop never runs",
+}

@@ -291,7 +291,7 @@ def _runaway(model: LanguageModel) -> bool:
 # --- the check ---------------------------------------------------------------------------------------
 
 def check_generate(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     model = known_model()
     reference = hf_generate(model, prompts(2).tolist(), SHORT, temperature=0.0, threads=None)
     assert torch.equal(torch.tensor(reference), greedy(model, prompts(2), SHORT)[:, 3:])  # the same greedy
@@ -337,32 +337,42 @@ def _judge(res: ComponentResult, ctx: Context, comp: Component, run: Run, expect
                             text(f"got {got}", f"实际得到 {got}")))
     if ok:
         return
-    finding = _explain(run, expected)
-    if finding is not None and not any(f.name == finding[0] for f in res.findings):
-        name, observed, form = finding
-        lines = source_lines(ctx.objects(comp, "sample", "top_k", "top_p", "temperature"))
-        number, code = locate(name, lines)
-        res.findings.append(Finding(name, observed, number, code, form))
+    lines = source_lines(ctx.objects(comp, "sample", "top_k", "top_p", "temperature"))
+    for name, observed, form in _explain(run, expected):
+        if not any(f.name == name for f in res.findings):
+            number, code = locate(name, lines)
+            res.findings.append(Finding(name, observed, number, code, form))
 
 
-def _explain(run: Run, expected: Tensor) -> tuple[str, Text, str] | None:
+def _explain(run: Run, expected: Tensor) -> list[tuple[str, Text, str]]:
+    """The findings the calls of a run explain its tokens by: a loop that does not stop (and whose
+    calls all saw the prompt alone), else the first other mistake the calls show."""
+    calls, T = run.model.calls, run.prompt.size(1)
+    same = len(calls) > 1 and all(c.ids.size(1) == T and c.seen == 0 and torch.equal(c.ids, run.prompt)
+                                  for c in calls)
+    not_appended = ("generate_not_appended", text(
+        f"each of its {len(calls)} calls fed the model the same {T} prompt tokens",
+        f"它的 {len(calls)} 次调用输入的都是同样的 {T} 个提示词 token"), "")
+    if _runaway(run.model):
+        runaway = ("generate_does_not_stop", text(
+            f"asked for {run.n} new tokens, it called the model {len(calls)} times and went on",
+            f"要求 {run.n} 个新 token，它调用了模型 {len(calls)} 次还没有停"), "")
+        return [runaway] + ([not_appended] if same else [])
+    if same:
+        return [not_appended]
+    found = _explain_calls(run, expected)
+    return [found] if found else []
+
+
+def _explain_calls(run: Run, expected: Tensor) -> tuple[str, Text, str] | None:
     calls, model, prompt = run.model.calls, run.model, run.prompt
     T = prompt.size(1)
-    if _runaway(model):
-        return "generate_does_not_stop", text(
-            f"asked for {run.n} new tokens, it called the model {len(calls)} times and went on",
-            f"要求 {run.n} 个新 token，它调用了模型 {len(calls)} 次还没有停"), ""
     if _overflowed(model):
         steps, fed = len(calls) - 1, calls[-1].seen + calls[-1].ids.size(1)
         return "generate_no_crop", text(
             f"after {steps} steps it fed the model {fed} tokens; the block size is {model.block_size}",
             f"第 {steps} 步之后它给模型输入了 {fed} 个 token；block_size 是 {model.block_size}"), \
             "not_cropped"
-    if len(calls) > 1 and all(c.ids.size(1) == T and c.seen == 0 for c in calls) and all(
-            torch.equal(c.ids, prompt) for c in calls):
-        return "generate_not_appended", text(
-            f"each of its {len(calls)} calls fed the model the same {T} prompt tokens",
-            f"它的 {len(calls)} 次调用输入的都是同样的 {T} 个提示词 token"), ""
     stream = torch.cat([prompt, expected], 1)
     for i, c in enumerate(calls):
         fed = c.seen + c.ids.size(1)

@@ -30,7 +30,7 @@ def check_gqa(comp: Component, ctx: Context) -> ComponentResult:
 def check_repeat_kv(comp: Component, ctx: Context) -> ComponentResult:
     """repeat_kv(x, n_rep): (B, Hkv, S, Dh) -> (B, Hkv * n_rep, S, Dh), each key/value head repeated
     for n_rep consecutive query heads; Meta's layout (B, S, Hkv, Dh) is a convention."""
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     B, S, Dh = 2, 5, 4
     x = fp.randn(B, KV_HEADS, S, Dh, seed=1)  # (B, Hkv, S, Dh)
     layouts = ((x, 1), (x.transpose(1, 2).contiguous(), 2))  # heads second, or third (Meta)

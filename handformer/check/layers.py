@@ -27,10 +27,11 @@ from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
 from handformer.check import variants as V
-from handformer.check.attention import ROPE_WORDS, _rope_tables
+from handformer.check.attention import ROPE_WORDS, _rope_tables, responsive
 from handformer.check.context import (
     ATTENTION_FLAGS,
     HEAD_FLAGS,
+    ROPE_FLAGS,
     SIZES,
     TUTORIAL,
     Context,
@@ -66,6 +67,7 @@ from handformer.check.weights import (
     copy_weights,
     ffn_slots,
     ffn_weights,
+    has_down_projection,
     is_gated,
     leaves,
     mha_weights,
@@ -193,6 +195,10 @@ def _decoder_mask_names(masks: list[str]) -> tuple[str | None, str | None]:
 
 def _flags(layer: Layer, w: V.LayerWeights) -> tuple[str, ...]:
     flags = ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection" or w.self_attn.o)
+    if w.self_attn.rope:
+        flags += ROPE_FLAGS
+    if w.ffn.gate is not None:
+        flags += ("gated_act_after_product",)
     flags += tuple(f"no_residual:{s}" for s in layer.sublayers + ["all"])
     flags += tuple(f"pre_norm:{s}" for s in layer.sublayers) + ("ffn_no_activation",)
     if w.placement == "pre":
@@ -239,9 +245,15 @@ class Inputs:
 
 def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: bool,
                  expected: str) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     layer = Layer(comp, ctx, decoder, causal_block)
     inp = Inputs(layer)
+    if not has_down_projection(layer.ffn_candidates[0]):
+        number, code = locate("ffn_no_down_projection", source_lines(ctx.objects(comp, "ffn")))
+        found = ", ".join(s.describe() for s in layer.ffn_candidates[0])
+        res.findings.append(Finding("ffn_no_down_projection", text(
+            f"{comp.name}'s FFN has no nn.Linear(d_ff, d_model) ({found})",
+            f"{comp.name} 的前馈网络没有 nn.Linear(d_ff, d_model)（{found}）"), number, code))
     own_mask = causal_block and not layer.takes_mask or layer.stateful
     convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
     passed = [k for k in _encode_keeps(layer, inp.src_keep, inp.tgt_keep) if k is not None]
@@ -299,7 +311,7 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
         if found is not None:
             owner = slots[0].leaf.name.rpartition(".")[0]
             ffn_class = type(layer.module.get_submodule(owner) if owner else layer.module).__name__
-            res.findings += ffn_name_findings(ctx, comp, ffn_class, slots, act)
+            res.findings += ffn_name_findings(ctx, comp, ffn_class, slots, act, found[6])
         if found is not None and not any(f.startswith("no_residual") for f in flags):  # no residual, no path
             w = layer.weights(slots, act, placement, rope)
             dropout_on_residual(res, ctx, comp, lambda: run(conv),
@@ -422,7 +434,7 @@ def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], inp
         best = None
         for conv, slots, act, placement, rope in settings:
             w = layer.weights(slots, act, placement, rope)
-            universe = _flags(layer, w)
+            universe = responsive(outputs, _flags(layer, w))
 
             def compute(flags: frozenset[str], w: V.LayerWeights = w) -> Tensor:
                 return _compute(layer, w, inp, flags)
@@ -604,7 +616,7 @@ def check_add_norm(comp: Component, ctx: Context) -> ComponentResult:
     LayerNorm of X + Y."""
     from handformer.nn.norms import LayerNorm, RMSNorm
 
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     module = ctx.build(comp)
     norms = [leaf for leaf in leaves(module) if leaf.kind == "norm"]
     slot = norm_slots(norms, 1, ["norm"], comp.name)[0]

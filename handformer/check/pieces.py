@@ -59,7 +59,7 @@ def _as_keep(mask: Tensor, convention: str | None) -> tuple[Tensor, str]:
 
 
 def check_causal_mask(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     worst = 0.0
     for T in (1, 5, 8):
         raw = ctx.learner.call("forward", comp.obj, T)
@@ -113,7 +113,7 @@ NAMED_ACTIVATION = (("swiglu", "silu"), ("silu", "silu"), ("swish", "silu"), ("g
 
 
 def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     x = fp.randn(2, 5, D, seed=1)
     module = ctx.build(comp, warmup=lambda m: m(x.float()))
     candidates = ffn_slots([leaf for leaf in leaves(module) if leaf.kind == "linear"], D, F_WIDTH,
@@ -152,7 +152,7 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
             correct = fp.max_error(out, V.feed_forward(ffn_weights(slots, act), x))
             res.findings += ctx.findings(best[2][0], best[2][1], correct, comp)
         if best:
-            res.findings += ffn_name_findings(ctx, comp, type(module).__name__, slots, act)
+            res.findings += ffn_name_findings(ctx, comp, type(module).__name__, slots, act, best[2][1])
         name = HF_NAME[(gated, act)]
         if not (best and best[2][0]):
             res.notes.append(text(f"activation: {name}", f"激活函数：{name}"))
@@ -202,7 +202,7 @@ def _compare_ffn(res: ComponentResult, ctx: Context, run: Callable[[Tensor], Ten
 
 
 def ffn_name_findings(ctx: Context, comp: Component, class_name: str, slots: list[Slot], act: str,
-                      ) -> list[Finding]:
+                      matched: float) -> list[Finding]:
     """The gated FFN's mistakes that only names tell: the activation its class name promises
     (SwiGLU: SiLU; GEGLU: GELU), and the activation on the branch named up (or Meta's w3) while the
     one named gate (w1) is not activated."""
@@ -214,24 +214,26 @@ def ffn_name_findings(ctx: Context, comp: Component, class_name: str, slots: lis
     if promised and promised != act:
         number, code = locate("ffn_wrong_activation", lines)
         out.append(Finding("ffn_wrong_activation", text(
-            f"{class_name} computes the gate with {act.upper()}: your output equals {act}(gate(x)) * up(x), "
-            f"where its name promises {promised.upper()}",
-            f"{class_name} 的门控用的是 {act.upper()}：你的输出等于 {act}(gate(x)) * up(x)，而它的名字"
-            f"意味着 {promised.upper()}"), number, code, f"{act}_for_{promised}"))
+            f"{class_name} computes the gate with {act.upper()}: your output equals {act}(gate(x)) * up(x) "
+            f"(to {matched:.1e}), where its name promises {promised.upper()}",
+            f"{class_name} 的门控用的是 {act.upper()}：你的输出等于 {act}(gate(x)) * up(x)"
+            f"（误差 {matched:.1e}），而它的名字意味着 {promised.upper()}"), number, code,
+            f"{act}_for_{promised}"))
     by = {s.role: s.leaf.name.split(".")[-1].lower() for s in slots}
     gate, up = by["FFN W_gate"], by["FFN W_up"]
     swapped = ("up" in gate and "gate" not in gate) or ("gate" in up and "gate" not in gate)
     if swapped or (gate, up) == ("w3", "w1"):
         number, code = locate("gated_activation_wrong_branch", lines)
         out.append(Finding("gated_activation_wrong_branch", text(
-            f"the activation is applied to {gate}, the branch named as the up projection, and {up} (named as "
-            "the gate) is not activated", f"激活函数作用在了 {gate}（名字表明它是 up 投影）上，而名为门控的 "
-            f"{up} 没有经过激活"), number, code))
+            f"your output equals down(act({gate}(x)) * {up}(x)) (to {matched:.1e}): the activation is on "
+            f"{gate}, the branch named as the up projection, and {up} (named as the gate) is not activated",
+            f"你的输出等于 down(act({gate}(x)) * {up}(x))（误差 {matched:.1e}）：激活函数作用在了 {gate}"
+            f"（名字表明它是 up 投影）上，而名为门控的 {up} 没有经过激活"), number, code))
     return out
 
 
 def check_norm(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     module = ctx.build(comp)
     norms = [leaf for leaf in leaves(module) if leaf.kind == "norm"]
     slot = norm_slots(norms, 1, [comp.kind], comp.name)[0]
@@ -286,7 +288,7 @@ PE_FLAGS = ("pe_sin_cos_swapped", "pe_wrong_frequency:pair_index", "pe_wrong_fre
 
 
 def check_positional_encoding(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     module = ctx.build(comp)
     B, T = 2, 12
 

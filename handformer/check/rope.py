@@ -141,7 +141,7 @@ def _layout_convention(res: ComponentResult, layout: str) -> None:
 
 
 def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     names = [p.name for p in forward_parameters(comp.obj)]
 
     def call(theta: float, length: int = P, offset: int | None = None) -> Any:
@@ -192,7 +192,7 @@ def _apply_inputs() -> tuple[Tensor, Tensor]:
 def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: list[str]) -> ComponentResult:
     """An apply function: the rotation it computes on given tables (cos, sin of both layouts, or
     Meta's complex table), against handformer's in that layout."""
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     q, k = _apply_inputs()
     tensors = [n for n in names if n in TENSOR_NAMES][:2]
     complex_table = any(n in ("freqs_cis", "freqs") for n in names)
@@ -302,12 +302,32 @@ def _offset_check(res: ComponentResult, ctx: Context, comp: Component, run: Call
                             error_text(err)))
 
 
+def _table_offset_check(res: ComponentResult, ctx: Context, comp: Component,
+                        call: Callable[..., Any]) -> None:
+    """A table asked for positions OFFSET .. OFFSET + T - 1 holds the rows of those positions of the
+    table from 0 (whatever its angles): rope_no_offset when it holds those of 0 .. T - 1."""
+    def rows(offset: int, length: int) -> Tensor | None:
+        t = read_table(call(offset, length), length)
+        return None if t is None else torch.stack([t.cos, t.sin])  # (2, length, Dh/2)
+
+    shifted, start, longer = rows(OFFSET, T), rows(0, T), rows(0, OFFSET + T)
+    err = fp.max_error(shifted, longer[:, OFFSET:] if longer is not None else None)
+    if err >= TOL and fp.max_error(shifted, start) < TOL:
+        number, code = locate("rope_no_offset", source_lines(ctx.objects(comp, "rope")))
+        res.findings.append(Finding("rope_no_offset", text(
+            f"asked for positions {OFFSET}..{OFFSET + T - 1}, your table holds those of 0..{T - 1}",
+            f"要求位置 {OFFSET}..{OFFSET + T - 1}，你的表给出的是位置 0..{T - 1}"), number, code))
+    res.checks.append(Check(text(f"positions start at the offset ({OFFSET}: tokens already in a KV cache)",
+                                 f"位置从偏移量开始（{OFFSET}：KV 缓存里已有的 token 数）"), err < TOL,
+                            error_text(err)))
+
+
 # --- RotaryEmbedding modules -------------------------------------------------------------------
 
 def _check_module(comp: Component, ctx: Context) -> ComponentResult:
     """RotaryEmbedding(dim, max_seq_len, base): built for head dim 16; its forward returns the table
     (checked as a table) or the rotated input (checked as an apply function)."""
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     sizes = {"d_model": DH, "max_len": P, "theta": THETA, "n_heads": H, "dropout": 0.0}
     module = ctx.build(comp, sizes, checked=False).double()
     names = [p.name for p in forward_parameters(module)]
@@ -337,15 +357,7 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
                                      f"表中 {rows} 个位置的角度为 pos * theta^(-2j/d)"), err < TOL,
                                 error_text(err)))
         if any(n in OFFSET_NAMES or n == "position_ids" for n in names):
-            def offset_table(offset: int) -> Tensor | None:
-                t = read_table(call(offset), T)
-                return None if t is None else torch.stack([t.cos, t.sin])
-
-            def expected(offset: int, flags: V.Flags) -> Tensor:
-                angles = V.rope_angles(T, DH, THETA, offset, flags)
-                return torch.stack([angles.cos(), angles.sin()])
-
-            _offset_check(res, ctx, comp, offset_table, expected)
+            _table_offset_check(res, ctx, comp, call)
         return finish(res)
     if tensors:
         return _rotated_module(res, ctx, comp, call, len(tensors), q, k, names)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
+import re
 import sys
 import types
 from collections.abc import Callable
@@ -14,9 +16,16 @@ from typing import TYPE_CHECKING
 import torch
 
 from handformer.check import fingerprint as fp
-from handformer.check.discovery import NAMES, Component, DiscoveryError, defined_names, find_components
+from handformer.check.discovery import (
+    NAMES,
+    Component,
+    DiscoveryError,
+    defined_names,
+    find_components,
+    own_objects,
+)
 from handformer.check.kinds import KINDS_BY_NAME
-from handformer.check.result import ERROR, ComponentResult, FileResult, LearnerError
+from handformer.check.result import ERROR, FAIL, ComponentResult, FileResult, Finding, LearnerError, text
 from handformer.check.source import learner_error
 from handformer.check.weights import MappingError
 
@@ -45,16 +54,57 @@ def import_learner(path: str) -> types.ModuleType:
 
 
 def check_component(comp: Component, ctx: Context) -> ComponentResult:
+    ctx.partial = None
     try:
         with torch.no_grad():
-            return runner_for(comp.kind)(comp, ctx)
+            result = runner_for(comp.kind)(comp, ctx)
     except fp.LearnerFailure as failure:
-        return ComponentResult(comp.kind, comp.name, ERROR, error=failure.error)
+        result = ComponentResult(comp.kind, comp.name, ERROR, error=failure.error)
+        partial = ctx.partial
+        if partial is not None and partial.name == comp.name and partial.findings:  # found before it raised
+            partial.status, partial.error = ERROR, failure.error
+            result = partial
     except (MappingError, DiscoveryError) as err:
-        return ComponentResult(comp.kind, comp.name, ERROR,
-                               error=LearnerError("mapping", str(err), "__init__"))
+        result = ComponentResult(comp.kind, comp.name, ERROR,
+                                 error=LearnerError("mapping", str(err), "__init__"))
     except Exception as err:  # a bug of the grader's: said so, never shown as the learner's traceback
-        return ComponentResult(comp.kind, comp.name, ERROR, error=internal_error(err, ctx.path))
+        result = ComponentResult(comp.kind, comp.name, ERROR, error=internal_error(err, ctx.path))
+    if not result.findings and result.status in (FAIL, ERROR) and (
+            result.error is None or result.error.kind == "exception"):
+        result.findings += inherited(comp, ctx)
+    ctx.results[comp.name] = result
+    return result
+
+
+def inherited(comp: Component, ctx: Context) -> list[Finding]:
+    """The mistakes of the learner's other components that this one uses (its source calls them,
+    directly or through their other functions), for a component that fails with none of its own: a
+    block whose FFN has no down projection, a generate loop whose sampling step is wrong."""
+    own = {n: o for n, o in own_objects(ctx.module).items() if "." not in n}
+    sources = {}
+    for name, obj in own.items():
+        try:
+            sources[name] = inspect.getsource(obj)
+        except (OSError, TypeError):
+            sources[name] = ""
+    reached, todo = set(), [comp.name.split(".")[0]]
+    while todo:
+        name = todo.pop()
+        for other in own:
+            calls = re.search(rf"\b{re.escape(other)}\s*\(", sources.get(name, ""))
+            if other not in reached and other != name and calls:
+                reached.add(other)
+                todo.append(other)
+    out = []
+    for name in sorted(reached):
+        for f in ctx.results.get(name, ComponentResult("", "")).findings:
+            if f.name not in {g.name for g in out}:
+                out.append(Finding(f.name, text(
+                    f"{comp.name} uses {name}, which has this mistake (its own check names it: "
+                    f"{f.observed['en']})",
+                    f"{comp.name} 用到了 {name}，它有这个错误（它自己的检查给出了诊断：{f.observed['zh']}）"),
+                    f.line, f.code, f.form))
+    return out
 
 
 def internal_error(err: Exception, path: str) -> LearnerError:

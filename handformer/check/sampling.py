@@ -87,7 +87,7 @@ def as_distribution(out: Any, like: Tensor) -> Tensor | None:
 # --- temperature --------------------------------------------------------------------------------
 
 def check_temperature(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     call = Caller(comp, ctx)
     logits = test_logits()
     worst, named = 0.0, None
@@ -156,7 +156,7 @@ def _fill_finding(res: ComponentResult, ctx: Context, comp: Component, out: Tens
 
 
 def check_top_k(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     call = Caller(comp, ctx)
     logits = test_logits()
     worst = 0
@@ -257,7 +257,7 @@ TOP_P_FLAGS = ("top_p_drops_crossing:le", "top_p_drops_crossing:lt", "top_p_extr
 
 
 def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     call = Caller(comp, ctx)
     dyadic = DYADIC.log()[None]  # (1, V)
     cases = [(dyadic, 0.75), (dyadic, 0.6), (dyadic, 0.3), (test_logits(), 0.9), (test_logits(seed=1), 0.5)]
@@ -346,7 +346,7 @@ def as_tokens(out: Any, rows: int) -> Tensor | None:
 
 
 def check_greedy(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     first = next(iter(forward_parameters(comp.obj)), None)
     if first is not None and first.name in ("model", "net", "m", "lm"):
         from handformer.check.generate_loop import check_generate
@@ -428,7 +428,7 @@ def _masked(row: Tensor, keep: Tensor) -> Tensor:
 
 
 def check_sample(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     call = Caller(comp, ctx)
     if call.find(K_NAMES):  # deterministic first: top_k = 1 is the argmax of every row
         logits = test_logits(5)

@@ -80,8 +80,9 @@ def masked_softmax(scores: Tensor, keep: Tensor | None, flags: Flags = frozenset
     softmax mistakes on request."""
     keep = applied_keep(keep, flags, scores.size(1))
     after = has(flags, "mask_after_softmax")
-    if keep is not None and after is None:
-        scores = scores.masked_fill(~keep, fill)
+    if keep is not None and after is None:  # -inf: a row (or, over the wrong dim, a column) of them is NaN
+        scores = scores.masked_fill(~keep, -math.inf if has(flags, "nan_on_masked_rows") is not None else
+                                    fill)
     dim = has(flags, "softmax_wrong_dim")
     weights = torch.softmax(scores, dim=int(dim) if dim else -1)
     if keep is not None and after is not None:
@@ -147,6 +148,8 @@ def rope_angles(T: int, Dh: int, theta: float = 10000.0, offset: int = 0, flags:
     start = 0 if has(flags, "rope_no_offset") is not None else offset
     pos = torch.arange(start, start + T, dtype=dtype)[:, None]  # (T, 1)
     j = torch.arange(0, Dh, 2, dtype=dtype)  # (Dh/2,): 2j
+    if has(flags, "rope_wrong_base") == "exponent":
+        j = j / 2  # theta^(-j/Dh): the pair index not doubled
     return pos * theta ** (-j / Dh)  # (T, Dh/2)
 
 
