@@ -10,10 +10,11 @@ import torch
 
 from handformer import cli
 from handformer.config import CausalLMConfig
+from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.generate import generate
 from handformer.models.causal_lm import CausalLM
-from handformer.tasks.lm.run import SpecialTokens, load_lm, save_lm_run
+from handformer.tasks.lm.run import load_lm, save_lm_run
 
 
 def test_eos_ids_hold_eos_id_first_without_repeats():
