@@ -259,7 +259,7 @@ def broken(tmp_path_factory):
     (two child processes: the infinite loop ends the first), shared by the tests below."""
     path = tmp_path_factory.mktemp("broken") / "broken.py"
     path.write_text(BROKEN)
-    proc = subprocess.run([sys.executable, "-m", "handformer", "check", str(path), "--json", "--time-limit", "4"],
+    proc = subprocess.run([sys.executable, "-m", "handformer", "check", str(path), "--json", "--time-limit", "6"],
                           capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 1, proc.stderr
     return {c["name"]: c for c in json.loads(proc.stdout)["components"]}
@@ -287,7 +287,7 @@ def test_exception_in_init(broken):
 
 def test_infinite_loop_stops_at_the_limit_and_the_rest_still_runs(broken):
     err = broken["RMSNorm"]["error"]
-    assert err["kind"] == "timeout" and "4 s" in err["message"]
+    assert err["kind"] == "timeout" and "6 s" in err["message"]
     assert err["traceback"] == ["line 46, in forward: x = x + 1"]
 
 
@@ -309,7 +309,6 @@ def test_the_child_is_told_the_kind_each_component_is_checked_as(tmp_path):
     assert ("ffn", "Attention") in kinds and ("mha", "Attention") not in kinds  # not the mha it is named like
 
 
-@pytest.mark.slow
 def test_a_component_named_on_the_command_line_keeps_its_kind_when_it_hangs(tmp_path):
     """--component causal_attention=Attention: the report grades Attention (a name the tutorials use
     for multi-head attention) as causal self-attention, also when the child process has to be killed."""

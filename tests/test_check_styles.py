@@ -60,6 +60,73 @@ def test_the_llm_block_is_compared_with_grouped_query_attention_and_rotary_posit
     assert all(c.convention["en"].startswith("pairs (j, j + d/2)") for c in rope)
 
 
+META_STYLE = '''
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def precompute_freqs_cis(dim, end, theta=10000.0):
+    inv = 1.0 / theta ** (torch.arange(0, dim, 2).float() / dim)
+    angles = torch.outer(torch.arange(end).float(), inv)
+    return torch.polar(torch.ones_like(angles), angles)  # (end, dim / 2) complex
+
+
+def apply_rotary_emb(xq, xk, freqs_cis):
+    # xq, xk: (batch, seq, heads, head_dim); neighbouring dimensions form one complex number
+    cq = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
+    ck = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
+    rot = freqs_cis[None, :, None, :]
+    return (torch.view_as_real(cq * rot).flatten(3).type_as(xq),
+            torch.view_as_real(ck * rot).flatten(3).type_as(xk))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, n_heads, n_kv_heads):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, dim // n_heads
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+
+    def forward(self, x, freqs_cis, mask=None):
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim)
+        q, k = apply_rotary_emb(q, k, freqs_cis)
+        rep = self.n_heads // self.n_kv_heads
+        k = k.repeat_interleave(rep, dim=2)
+        v = v.repeat_interleave(rep, dim=2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        if mask is not None:
+            scores = scores.masked_fill(mask == 0, -1e9)
+        out = F.softmax(scores, dim=-1) @ v
+        return self.wo(out.transpose(1, 2).reshape(B, T, -1))
+'''
+
+
+def test_meta_style_rotary_positions_and_grouped_query_attention(tmp_path):
+    """Meta's complex freqs_cis (interleaved pairs: a convention, compared with W_Q and W_K permuted),
+    an attention handed freqs_cis with fewer key/value heads, and the base read back from the table."""
+    path = tmp_path / "meta.py"
+    path.write_text(META_STYLE)
+    result = check_file(str(path))
+    assert [(c.name, c.kind, c.status) for c in result.components] == [
+        ("Attention", "gqa", "pass"), ("apply_rotary_emb", "rope", "pass"), ("precompute_freqs_cis", "rope", "pass")
+    ], format_report(result)
+    assert any("interleaved pairs" in n["en"] for n in result.components[0].notes)
+    assert all(c.convention["en"].startswith("pairs (2j, 2j+1)") for c in result.components[1:])
+    for base, form in (("1000.0", "base"), ("10000.0", "ignored")):  # a wrong base; the argument not used
+        path.write_text(META_STYLE.replace("1.0 / theta ** (", f"1.0 / {base} ** ("))
+        (table,) = check_file(str(path), only=["rope"]).components[1:]
+        assert [(f.name, f.form) for f in table.findings] == [("rope_wrong_base", form)], table.findings
+
+
 MISSING_RESIDUAL = '''
 import copy
 import math

@@ -82,7 +82,7 @@ class Caller:
         return self.mask_name is not None
 
 
-def caller(fn: Any) -> Caller:
+def caller(fn: Any, head_dim: int = D // H) -> Caller:
     """How to call the learner's attention: its inputs by position, its mask by name (None when
     there is no mask: d2l's `valid_lens` has no default), and the rotary table or positions a
     Llama-style forward(x, freqs_cis, mask) or forward(x, start_pos, ...) asks for."""
@@ -99,7 +99,7 @@ def caller(fn: Any) -> Caller:
         B, T = xq.shape[:2]
         for name in named:
             if name == "freqs_cis":
-                angles = V.rope_angles(T, D // H)  # (T, Dh/2)
+                angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
                 kwargs[name] = torch.polar(torch.ones_like(angles), angles)
             elif name == "start_pos":
                 kwargs[name] = 0
@@ -643,9 +643,10 @@ def _tutorial_shapes(res: ComponentResult, ctx: Context, comp: Component, c: Cal
     """The tutorial's own example: (2, 10, 512) in, (2, 10, 512) out, weights (2, 8, 10, 10)."""
     x = torch.randn(2, 10, 512)
     tutorial = {**TUTORIAL, **({"n_kv_heads": 2} if "n_kv_heads" in sizes else {})}
-    module = ctx.build(comp, tutorial, checked=False, warmup=lambda m: caller(m).call(x, x, x, None))
+    dh = TUTORIAL["d_model"] // TUTORIAL["n_heads"]
+    module = ctx.build(comp, tutorial, checked=False, warmup=lambda m: caller(m, dh).call(x, x, x, None))
     with torch.no_grad():
-        raw = ctx.learner.call("forward", caller(module).call, x, x, x, None)
+        raw = ctx.learner.call("forward", caller(module, dh).call, x, x, x, None)
     out, weights = fp.first_tensor(raw, 3), fp.weights_of(raw)
     ok = out is not None and tuple(out.shape) == (2, 10, 512) and (
         weights is None or tuple(weights.shape) == (2, 8, 10, 10))

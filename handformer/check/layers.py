@@ -86,6 +86,7 @@ class Layer:
     def __init__(self, comp: Component, ctx: Context, decoder: bool, causal_block: bool) -> None:
         self.comp, self.ctx, self.decoder, self.causal_block = comp, ctx, decoder, causal_block
         params = forward_parameters(comp.obj.forward) if inspect.isclass(comp.obj) else []
+        self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
         self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
         self.masks = [] if self.stateful else [p.name for p in params if is_mask_name(p.name)]
         self.extra = {p.name for p in params} & {"freqs_cis", "start_pos", "position_ids"}
@@ -135,7 +136,7 @@ class Layer:
         out: dict[str, Any] = {}
         for name in self.extra:
             if name == "freqs_cis":
-                angles = V.rope_angles(T, D // H)
+                angles = V.rope_angles(T, self.head_dim)
                 out[name] = torch.polar(torch.ones_like(angles), angles)  # (T, Dh/2), Meta's table
             elif name == "start_pos":
                 out[name] = 0
@@ -590,6 +591,7 @@ def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
     x, memory = torch.randn(2, T, 512), torch.randn(2, 10, 512)
     big = Layer.__new__(Layer)
     big.__dict__.update(layer.__dict__)
+    big.head_dim = TUTORIAL["d_model"] // TUTORIAL["n_heads"]
     tutorial = {**TUTORIAL, **({"n_kv_heads": KV_HEADS} if "n_kv_heads" in layer.sizes else {})}
     tgt = causal(T)[None, None].long() if layer.takes_mask or not layer.causal_block else None
     src = torch.full((2,), 10) if layer.stateful else None
