@@ -45,7 +45,7 @@ def test_every_named_sampling_mistake_moves_the_distribution_far_past_what_the_t
             return next((n for n in self.names if n in names), None)
 
     settings = sampling._settings(Everything())
-    assert [s[0] for s in settings] == ["plain", "temperature 0.5", "top_k 3", "top_p 0.8"]
+    assert [s[0]["en"] for s in settings] == ["plain", "temperature 0.5", "top_k 3", "top_p 0.8"]
     for label, _, right, mistakes in settings:
         for name, q in mistakes:
             miss = stats.miss_probability(right, q, sampling.DRAWS)

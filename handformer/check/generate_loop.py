@@ -243,7 +243,7 @@ def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
 
 @dataclass
 class Run:
-    label: str
+    label: Text
     model: LanguageModel
     prompt: Tensor
     n: int
@@ -260,7 +260,8 @@ def run_generate(ctx: Context, comp: Component, n: int, B: int, as_list: bool = 
     for style in _style(comp.obj):
         model = LanguageModel(known_model(), BLOCK, style, budget=n + 3)
         prompt = prompts(B)
-        run = Run(f"{B} prompt{'s' if B > 1 else ''}, {n} new tokens", model, prompt, n, as_list=as_list)
+        label = text(f"{B} prompt{'s' if B > 1 else ''}, {n} new tokens", f"{B} 个提示词、{n} 个新 token")
+        run = Run(label, model, prompt, n, as_list=as_list)
         try:
             raw = _call(ctx, comp, model, prompt[0].tolist() if as_list else prompt.clone(), n)
         except fp.LearnerFailure as failure:
@@ -332,8 +333,8 @@ def _judge(res: ComponentResult, ctx: Context, comp: Component, run: Run, expect
     ok = run.out is not None and torch.equal(run.out, expected)
     got = run.out.tolist() if run.out is not None else (run.failure.error.message if run.failure else None)
     want = expected.tolist()
-    res.checks.append(Check(text(f"{run.label}: the tokens of handformer's greedy decoding {want}",
-                                 f"{run.label}：与 handformer 贪心解码的 token 相同 {want}"), ok,
+    res.checks.append(Check(text(f"{run.label['en']}: the tokens of handformer's greedy decoding {want}",
+                                 f"{run.label['zh']}：与 handformer 贪心解码的 token 相同 {want}"), ok,
                             text(f"got {got}", f"实际得到 {got}")))
     if ok:
         return

@@ -399,25 +399,28 @@ def _draw(ctx: Context, call: Caller, options: dict[str, Any], seed: int) -> Ten
     return torch.cat(draws)
 
 
-def _settings(call: Caller) -> list[tuple[str, dict[str, Any], Tensor, list[tuple[str, Tensor]]]]:
+PLAIN = text("plain", "不加选项")
+
+
+def _settings(call: Caller) -> list[tuple[Text, dict[str, Any], Tensor, list[tuple[str, Tensor]]]]:
     """(label, options, the distribution they should give, the named mistakes' distributions)."""
     row = SAMPLE_ROW
     softmax = torch.softmax(row, -1)
-    out = [("plain", {"temperature": 1.0} if call.find(TEMPERATURE_NAMES) else {}, softmax,
+    out = [(PLAIN, {"temperature": 1.0} if call.find(TEMPERATURE_NAMES) else {}, softmax,
             [("sampling_softmax_wrong_dim", torch.full((V,), 1.0 / V, dtype=torch.float64))])]
     if call.find(TEMPERATURE_NAMES):
-        out.append(("temperature 0.5", {"temperature": 0.5}, torch.softmax(row / 0.5, -1),
+        out.append((text("temperature 0.5", "温度 0.5"), {"temperature": 0.5}, torch.softmax(row / 0.5, -1),
                     [("temperature_multiplied", torch.softmax(row * 0.5, -1)),
                      ("temperature_after_softmax", softmax)]))
     if call.find(K_NAMES):
         kept = torch.isfinite(top_k_filter(row, 3))
-        out.append(("top_k 3", {"top_k": 3}, _masked(row, kept),
+        out.append((text("top_k 3", "top_k 3"), {"top_k": 3}, _masked(row, kept),
                     [("filter_fill_finite", torch.softmax(torch.where(kept, row, 1e-10), -1)),
                      ("top_k_off_by_one", torch.softmax(top_k_filter(row, 4), -1))]))
     if call.find(P_NAMES):
         kept = torch.isfinite(top_p_filter(row, 0.8))
         crossing = top_p_keep(row, 0.8, frozenset({"top_p_drops_crossing:le"}))
-        out.append(("top_p 0.8", {"top_p": 0.8}, _masked(row, kept),
+        out.append((text("top_p 0.8", "top_p 0.8"), {"top_p": 0.8}, _masked(row, kept),
                     [("top_p_drops_crossing", _masked(row, crossing)),
                      ("filter_fill_finite", torch.softmax(torch.where(kept, row, 1e-10), -1))]))
     return out
@@ -444,7 +447,7 @@ def check_sample(comp: Component, ctx: Context) -> ComponentResult:
             tokens = _draw(ctx, call, options, seed=1000 + i)
         except fp.LearnerFailure as failure:
             if res.findings:  # a named mistake breaks it here too: one more failed check
-                res.checks.append(Check(text(f"draws with {label}", f"{label} 时采样"), False,
+                res.checks.append(Check(text(f"draws with {label['en']}", f"{label['zh']} 时采样"), False,
                                         text(failure.error.message, failure.error.message)))
                 continue
             if "probability tensor contains" in failure.error.message:
@@ -453,20 +456,21 @@ def check_sample(comp: Component, ctx: Context) -> ComponentResult:
             raise
         counts = torch.bincount(tokens.clamp(0, V), minlength=V + 1)[:V].double()
         test = stats.chi_square(counts, right)
-        res.checks.append(Check(text(f"{DRAWS:,} draws ({label}) follow handformer's distribution "
+        res.checks.append(Check(text(f"{DRAWS:,} draws ({label['en']}) follow handformer's distribution "
                                      f"(chi-square p = {test.p_value:.2g}, df {test.df}; rejected below "
                                      "1e-6)",
-                                     f"{DRAWS:,} 次采样（{label}）服从 handformer 的分布（卡方检验 p = "
+                                     f"{DRAWS:,} 次采样（{label['zh']}）服从 handformer 的分布（卡方检验 p = "
                                      f"{test.p_value:.2g}，自由度 {test.df}；低于 1e-6 即拒绝）"),
                                 not test.rejected, _outside(test)))
         if test.rejected:
             for name, q in mistakes:
                 fit = stats.chi_square(counts, q)
                 if not fit.rejected and not any(f.name == name for f in res.findings):
+                    en, zh = label["en"], label["zh"]
                     res.findings.append(_finding(ctx, comp, name, text(
-                        f"{DRAWS:,} draws ({label}) fit the distribution of this mistake (chi-square p = "
+                        f"{DRAWS:,} draws ({en}) fit the distribution of this mistake (chi-square p = "
                         f"{fit.p_value:.2g}) and not handformer's (p = {test.p_value:.2g})",
-                        f"{DRAWS:,} 次采样（{label}）符合这个错误的分布（卡方检验 p = {fit.p_value:.2g}），"
+                        f"{DRAWS:,} 次采样（{zh}）符合这个错误的分布（卡方检验 p = {fit.p_value:.2g}），"
                         f"不符合 handformer 的分布（p = {test.p_value:.2g}）")))
                     break
     return finish(res)

@@ -73,7 +73,7 @@ DIAGNOSES: list[Diagnosis] = [
       "keep the last block_size tokens: idx_cond = idx if idx.size(1) <= block_size else "
       "idx[:, -block_size:]",
       "只保留最后 block_size 个 token：idx_cond = idx if idx.size(1) <= block_size else idx[:, -block_size:]",
-      r"block_size|max_len|context", r"model\(|self\("),
+      r"\w+_cond\w*\s*=", r"\[:,\s*-\s*\w*(block_size|max_len)", r"model\(|self\("),
     d("generate_cache_mismatch", "with the KV cache, the tokens differ from those generated without it",
       "用了 KV 缓存之后，生成的 token 与不用缓存时不同",
       "after the prompt, feed only the new token, with the cache the previous step returned, at position "
