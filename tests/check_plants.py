@@ -147,6 +147,61 @@ STYLE_PLANTS: dict[str, Plant] = {
         "nanogpt"),
     "nanogpt_mlp_no_activation": Plant("ffn_no_activation", "ffn", [
         ("self.c_proj(self.gelu(self.c_fc(x)))", "self.c_proj(self.c_fc(x))")], "nanogpt"),
+    **{f"d2l_{name}": Plant(p.diagnosis, p.kind, p.edits, "d2l", p.also) for name, p in {
+        "no_scaling": Plant("no_scaling", "sdpa", [("keys.transpose(1, 2)) / math.sqrt(d)", "keys.transpose(1, 2))")]),
+        "scale_by_dk": Plant("scale_by_dk", "sdpa", [("keys.transpose(1, 2)) / math.sqrt(d)",
+                                                      "keys.transpose(1, 2)) / d")]),
+        "softmax_wrong_dim": Plant("softmax_wrong_dim", "masked_softmax", [
+            ("return nn.functional.softmax(X, dim=-1)", "return nn.functional.softmax(X, dim=-2)"),
+            ("softmax(X.reshape(shape), dim=-1)", "softmax(X.reshape(shape), dim=-2)")]),
+        "mask_inverted": Plant("mask_inverted", "masked_softmax", [("X[~keep] = value", "X[keep] = value")]),
+        "kv_swapped": Plant("kv_swapped", "mha", [
+            ("self.transpose_qkv(self.W_k(keys))", "self.transpose_qkv(self.W_v(keys))"),
+            ("self.transpose_qkv(self.W_v(values))", "self.transpose_qkv(self.W_k(values))")]),
+        "split_no_transpose": Plant("split_no_transpose", "mha", [
+            ("        X = X.permute(0, 2, 1, 3)\n        return X.reshape(-1, X.shape[2], X.shape[3])",
+             "        return X.reshape(-1, X.shape[1], X.shape[3])")]),
+        "concat_no_transpose": Plant("concat_no_transpose", "mha", [
+            ("        X = X.permute(0, 2, 1, 3)\n        return X.reshape(X.shape[0], X.shape[1], -1)",
+             "        return X.reshape(X.shape[0], X.shape[2], -1)")]),
+        # W_o, a LazyLinear the forward never calls, gets its (n, n) shape from the grader
+        "no_output_projection": Plant("no_output_projection", "mha", [
+            ("return self.W_o(self.transpose_output(output))", "return self.transpose_output(output)")]),
+        "ffn_no_activation": Plant("ffn_no_activation", "ffn", [
+            ("self.dense2(self.relu(self.dense1(X)))", "self.dense2(self.dense1(X))")]),
+        "pe_sin_cos_swapped": Plant("pe_sin_cos_swapped", "positional_encoding", [
+            ("self.P[:, :, 0::2] = torch.sin(angles)", "self.P[:, :, 0::2] = torch.cos(angles)"),
+            ("self.P[:, :, 1::2] = torch.cos(angles)", "self.P[:, :, 1::2] = torch.sin(angles)")]),
+        "pe_wrong_frequency": Plant("pe_wrong_frequency", "positional_encoding", [
+            ("torch.arange(0, num_hiddens, 2, dtype=torch.float32) / num_hiddens",
+             "torch.arange(0, num_hiddens // 2, dtype=torch.float32) / num_hiddens")]),
+        "decoder_masks_swapped": Plant("decoder_masks_swapped", "decoder_layer", [
+            ("self.attention1(X, key_values, key_values, dec_valid_lens)",
+             "self.attention1(X, key_values, key_values, enc_valid_lens)"),
+            ("self.attention2(Y, enc_outputs, enc_outputs, enc_valid_lens)",
+             "self.attention2(Y, enc_outputs, enc_outputs, dec_valid_lens)")]),
+        # the decoder builds its causal mask from valid lengths: 0..T-1 (no self), 2..T+1 (sees next)
+        "causal_no_self": Plant("causal_off_by_one", "decoder_layer", [
+            ("torch.arange(1, num_steps + 1", "torch.arange(0, num_steps")]),
+        "causal_sees_next": Plant("causal_off_by_one", "decoder_layer", [
+            ("torch.arange(1, num_steps + 1", "torch.arange(2, num_steps + 2")]),
+    }.items()},
+    **{f"nanogpt_{name}": plant for name, plant in {
+        "kv_swapped": Plant("kv_swapped", "causal_attention", [
+            ("q, k, v = self.c_attn(x).split(", "q, v, k = self.c_attn(x).split(")], "nanogpt"),
+        # nanoGPT fills with -inf: a padded query row hidden whole by the softmax over queries is NaN
+        "softmax_wrong_dim": Plant("softmax_wrong_dim", "causal_attention", [
+            ("att = F.softmax(att, dim=-1)", "att = F.softmax(att, dim=-2)")], "nanogpt", ("nan_on_masked_rows",)),
+        "concat_no_transpose": Plant("concat_no_transpose", "causal_attention", [
+            ("y = y.transpose(1, 2).contiguous().view(B, T, C)", "y = y.contiguous().view(B, T, C)")], "nanogpt"),
+        "no_output_projection": Plant("no_output_projection", "causal_attention", [
+            ("return self.resid_dropout(self.c_proj(y))", "return self.resid_dropout(y)")], "nanogpt"),
+        "no_residual": Plant("no_residual", "block", [
+            ("x = x + self.mlp(self.ln_2(x))", "x = self.mlp(self.ln_2(x))")], "nanogpt"),
+        "causal_sees_next": Plant("causal_off_by_one", "causal_attention", [
+            ("mask = torch.tril(torch.ones(config.block_size, config.block_size))",
+             "mask = torch.tril(torch.ones(config.block_size, config.block_size), diagonal=1)")], "nanogpt"),
+    }.items()},
 }
 
 TOP_P_RULE = "    mass_above = torch.cumsum(probs, dim=-1) - probs\n    remove = mass_above >= p\n"

@@ -145,6 +145,26 @@ def test_exclusive_and_masking_pairs_are_documented():
         assert f"### `{name}`" in doc, f"docs/check.md must describe {name}"
 
 
+def test_the_readmes_count_of_diagnoses_is_the_catalogues():
+    for readme, phrase in (("README.md", "names {} classic mistakes"), ("README.zh.md", "能指出 {} 种常见错误")):
+        assert phrase.format(len(CATALOG)) in (ROOT / readme).read_text(encoding="utf-8"), readme
+
+
+def test_every_style_is_graded_with_the_tutorials_diagnoses():
+    """The tutorials' attention, FFN, positional-encoding and decoder mistakes are planted in d2l's
+    and nanoGPT's styles too (each named by test_planted_mistake_is_named)."""
+    for family, expected in (
+            ("d2l", {"no_scaling", "scale_by_dk", "softmax_wrong_dim", "mask_inverted", "kv_swapped",
+                     "split_no_transpose", "concat_no_transpose", "no_output_projection", "ffn_no_activation",
+                     "pe_sin_cos_swapped", "pe_wrong_frequency", "no_residual", "decoder_masks_swapped",
+                     "causal_off_by_one", "mask_repeat_order"}),
+            ("nanogpt", {"no_scaling", "kv_swapped", "softmax_wrong_dim", "concat_no_transpose",
+                         "no_output_projection", "no_residual", "causal_off_by_one", "ffn_no_activation",
+                         "mask_hides_queries", "causal_mask_not_cropped"})):
+        planted = {p.diagnosis for p in PLANTS.values() if p.family == family}
+        assert planted == expected, (family, planted ^ expected)
+
+
 # --- the reference variants are anchored on handformer's own modules ------------------------------
 
 def test_variants_without_mistakes_equal_handformer():
@@ -320,6 +340,67 @@ def test_a_component_named_on_the_command_line_keeps_its_kind_when_it_hangs(tmp_
     assert (comp.kind, comp.name, comp.status, comp.error.kind) == ("causal_attention", "Attention", "error",
                                                                     "timeout")
     assert format_report(result).splitlines()[2] == "Attention (causal self-attention): ERROR"
+
+
+ENDS_THE_PROGRAM = """
+import os
+import sys
+
+import torch
+import torch.nn as nn
+
+
+def apply_temperature(logits, temperature):
+    print("debugging", logits.shape, "x" * 10000)
+    sys.exit(3)
+
+
+def top_k_filter(logits, k):
+    raise SystemExit("done here")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d_model):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x):
+        print("norm of", x.shape)
+        return torch.sqrt(x) * self.weight  # the square root of negative inputs
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, d_model):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x):
+        os._exit(0)
+"""
+
+
+def test_prints_sys_exit_os_exit_and_nan_fail_a_component_never_the_grader(tmp_path, capsys):
+    """Through the command line, as a classroom runs it: the learner's prints do not reach the JSON,
+    sys.exit and SystemExit are their component's error with its line, os._exit ends one child and
+    a new one checks the rest, and a NaN output fails with a note that says NaN."""
+    path = tmp_path / "ends.py"
+    path.write_text(ENDS_THE_PROGRAM)
+    code = main(["check", str(path), "--json", "--time-limit", "10"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 1 and data["error"] is None
+    comps = {c["name"]: c for c in data["components"]}
+    assert set(comps) == {"apply_temperature", "top_k_filter", "RMSNorm", "LayerNorm"}
+    err = comps["apply_temperature"]["error"]
+    assert err["kind"] == "exception" and "sys.exit(3)" in err["message"]
+    assert err["traceback"] == ["line 11, in apply_temperature: sys.exit(3)"]
+    assert "sys.exit('done here')" in comps["top_k_filter"]["error"]["message"]
+    crash = comps["LayerNorm"]["error"]
+    assert crash["kind"] == "crash" and "(exit 0)" in crash["message"] and "os._exit" in crash["message"]
+    norm = comps["RMSNorm"]
+    assert norm["status"] == "fail" and norm["error"] is None
+    assert any("had a NaN in" in n["en"] and "NaN" in n["zh"] for n in norm["notes"])
+    for c in data["components"]:
+        assert c["error"] is None or c["error"]["kind"] != "internal", c
 
 
 def test_syntax_error_is_reported_with_the_line(tmp_path):

@@ -20,6 +20,7 @@ from handformer.check.result import ERROR
 from handformer.check.runners import check_file
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parents[1]
 FILES = [correct_file(f) for f in FAMILIES]
 DEFAULT = 120  # mutants in the default run (every file's in turn)
 
@@ -47,6 +48,15 @@ def check_mutant(tmp_path: Path, mutant: Mutant) -> None:
 def test_there_are_mutants_of_every_kind_in_every_file():
     for path in FILES:
         assert {m.kind for m in mutants(path)} == {"swap", "dim", "return", "delete"}, path
+
+
+def test_the_docs_count_of_mutants_is_the_mutants():
+    total = sum(len(mutants(path)) for path in FILES)
+    en = (ROOT / "docs" / "check.md").read_text(encoding="utf-8")
+    zh = (ROOT / "docs" / "zh" / "check.md").read_text(encoding="utf-8")
+    assert f"{total} mutants of the\nfive files, a seeded {DEFAULT} of them in the default run" in en
+    assert f"五个文件共 {total} 个变异体，默认测试里按固定种子抽 {DEFAULT} 个" in zh
+    assert len(FILES) == 5
 
 
 @pytest.mark.parametrize("mutant", sample(FILES, DEFAULT, seed=0), ids=_id)

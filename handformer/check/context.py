@@ -82,10 +82,26 @@ class Context:
                                         "handformer cannot give shapes to here; use nn.Linear(in, out)")
             with torch.no_grad():
                 self.learner.call("forward", warmup, module.eval())
+            self._shape_unused_lazy(comp, module)
         if not checked:
             return module.eval()
         scramble_(module, seed)
         return module.double().eval()
+
+    def _shape_unused_lazy(self, comp: Component, module: nn.Module) -> None:
+        """A lazy layer that the first forward never called has no shape: a LazyLinear(n) gets
+        (n, n) (d2l's W_o is num_hiddens to num_hiddens), so that a projection the forward forgot is
+        mapped, and named, as a written-out nn.Linear would be; any other lazy layer is an error."""
+        for name, sub in module.named_modules():
+            own = sub.parameters(recurse=False)
+            if not any(isinstance(p, nn.parameter.UninitializedParameter) for p in own):
+                continue
+            if isinstance(sub, nn.LazyLinear):
+                with torch.no_grad():
+                    sub.initialize_parameters(torch.zeros(1, sub.out_features))
+                continue
+            raise self.learner.fail("forward", f"{comp.name}.{name} ({type(sub).__name__}) is never called "
+                                    "by forward, so it has no shape; remove it, or call it")
 
     def objects(self, comp: Component, *kinds: str) -> list[Any]:
         """The component's class or function, then the learner's other components of `kinds`, then

@@ -48,17 +48,32 @@ class Learner:
     """Calls into the learner's code, turning their exceptions into `LearnerFailure`."""
 
     path: str
+    calls: int = 0  # calls of the component being checked (reset by the runner of each one)
+    nan_calls: int = 0  # of them, those whose output had a NaN (-inf is a filter's fill: not counted)
 
     def call(self, where: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
         except (LearnerFailure, DiscoveryError):
             raise  # ours: their constructor's arguments could not be matched
-        except Exception as err:  # their code: any exception is a finding, never a crash of ours
+        except (Exception, SystemExit) as err:  # their code (sys.exit too): a finding, never a crash of ours
             raise LearnerFailure(learner_error(err, self.path, where)) from err
+        self.calls += 1
+        if _has_nan(out):
+            self.nan_calls += 1
+        return out
 
     def fail(self, where: str, message: str) -> LearnerFailure:
         return LearnerFailure(LearnerError("exception", message, where))
+
+
+def _has_nan(value: Any) -> bool:
+    """Whether a returned tensor (or one in a returned tuple or list) has a NaN."""
+    if isinstance(value, Tensor):
+        return value.is_floating_point() and bool(torch.isnan(value).any())
+    if isinstance(value, (tuple, list)):
+        return any(_has_nan(v) for v in value[:8])
+    return False
 
 
 def first_tensor(value: Any, ndim: int | None = None) -> Tensor | None:
@@ -90,7 +105,7 @@ def max_error(a: Tensor | None, b: Tensor | None, rows: Tensor | None = None) ->
         return math.inf
     diff = (a.double() - b.double()).abs()
     both = torch.isnan(a) & torch.isnan(b)  # a variant that reproduces the NaN reproduces the output
-    diff = torch.where(torch.isnan(diff) & ~both, math.inf, diff.nan_to_num(0.0)).amax(-1)
+    diff = torch.where(torch.isnan(diff) & ~both, math.inf, diff.nan_to_num(0.0, posinf=math.inf)).amax(-1)
     if rows is not None:
         if rows.dim() > diff.dim():
             rows = rows[:, 0]  # (B, 1, T) -> (B, T) for a (B, T, D) output

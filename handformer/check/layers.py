@@ -208,11 +208,11 @@ def _flags(layer: Layer, w: V.LayerWeights) -> tuple[str, ...]:
         flags += ("shared_norm:first", "shared_norm:last")
     if layer.n_kv_heads:
         flags += ("kv_repeat_order",)
-    if layer.decoder and not layer.stateful:
+    if layer.decoder:
         flags += ("decoder_masks_swapped",)
     if layer.masks and fp.is_lengths_name(layer.masks[0]):
         flags += ("mask_repeat_order",)
-    if layer.causal_block and not layer.takes_mask:
+    if layer.causal_block and not layer.takes_mask or layer.stateful:  # a layer that builds its causal mask
         flags += ("causal_off_by_one:no_self", "causal_off_by_one:sees_next")
     return flags
 
@@ -266,6 +266,9 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
         if causal_block and not layer.takes_mask:
             own = V.causal_keep(inp.T, flags)[None, None]
             return fp.visible_rows(V.applied_keep(own, flags), inp.B, inp.T)
+        if layer.stateful:  # d2l's decoder builds its causal mask from valid lengths
+            return _rows(layer, V.applied_keep(inp.src_keep, flags, H),
+                         V.applied_keep(V.causal_keep(inp.T, flags)[None, None], flags, H), inp.B, inp.T)
         return _rows(layer, V.applied_keep(inp.src_keep, flags, H), V.applied_keep(inp.tgt_keep, flags, H),
                      inp.B, inp.T)
 
@@ -402,7 +405,8 @@ def _rows(layer: Layer, src_keep: Tensor | None, tgt_keep: Tensor | None, B: int
 def _compute(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozenset[str],
              trace: list[Tensor] | None = None) -> Tensor:
     if layer.decoder:
-        return V.decoder_layer(w, inp.x, inp.memory, inp.src_keep, inp.tgt_keep, flags, trace)
+        tgt_keep = V.causal_keep(inp.T, flags)[None, None] if layer.stateful else inp.tgt_keep
+        return V.decoder_layer(w, inp.x, inp.memory, inp.src_keep, tgt_keep, flags, trace)
     if layer.causal_block:
         keep = inp.tgt_keep if layer.takes_mask else V.causal_keep(inp.x.size(1), flags)[None, None]
         return V.encoder_layer(w, inp.x, keep, flags, trace)

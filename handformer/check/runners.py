@@ -55,6 +55,7 @@ def import_learner(path: str) -> types.ModuleType:
 
 def check_component(comp: Component, ctx: Context) -> ComponentResult:
     ctx.partial = None
+    ctx.learner.calls = ctx.learner.nan_calls = 0
     try:
         with torch.no_grad():
             result = runner_for(comp.kind)(comp, ctx)
@@ -67,11 +68,21 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     except (MappingError, DiscoveryError) as err:
         result = ComponentResult(comp.kind, comp.name, ERROR,
                                  error=LearnerError("mapping", str(err), "__init__"))
+    except SystemExit as err:  # sys.exit in their code, called where the runner does not wrap the call
+        result = ComponentResult(comp.kind, comp.name, ERROR, error=learner_error(err, ctx.path, "check"))
     except Exception as err:  # a bug of the grader's: said so, never shown as the learner's traceback
         result = ComponentResult(comp.kind, comp.name, ERROR, error=internal_error(err, ctx.path))
     if not result.findings and result.status in (FAIL, ERROR) and (
             result.error is None or result.error.kind == "exception"):
         result.findings += inherited(comp, ctx)
+    if result.status in (FAIL, ERROR) and ctx.learner.nan_calls and not any(
+            f.name == "nan_on_masked_rows" for f in result.findings):
+        n, m = ctx.learner.nan_calls, ctx.learner.calls
+        result.notes.append(text(
+            f"your output had a NaN in {n} of {m} calls (0 / 0, inf - inf, the log or square root of a "
+            "negative number, or a softmax of a row that is all -inf?)",
+            f"你的输出在 {m} 次调用中有 {n} 次出现 NaN（0 / 0、inf - inf、对负数取 log 或开方，"
+            "还是对全为 -inf 的一行做了 softmax？）"))
     ctx.results[comp.name] = result
     return result
 
