@@ -7,6 +7,7 @@ child processes, so they share them (module-scoped) and exhaustive runs are mark
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import json
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from check_plants import CORRECT, COVERING_PAIRS, PLANTS, plant, planted_file, planted_source
+from check_plants import CORRECT, COVERING_PAIRS, PLANTS, correct_file, plant, planted_file, planted_source
 
 from handformer.check import variants as V
 from handformer.check.diagnoses import CATALOG, EXCLUSIVE, MASKING
@@ -72,10 +73,23 @@ def test_every_diagnosis_has_a_planted_file():
     assert planted == set(CATALOG), f"no plant for {set(CATALOG) - planted}, unknown {planted - set(CATALOG)}"
 
 
+def edited_lines(name: str) -> set[int]:
+    """The lines of a planted file that its edits wrote (for a deleted line, the two around it),
+    not counting the docstring's line that names the plant."""
+    p = PLANTS[name]
+    old = correct_file(p.family).read_text().splitlines()
+    new = planted_file(name).read_text().splitlines()
+    out: set[int] = set()
+    for tag, _, _, j1, j2 in difflib.SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes():
+        if tag != "equal":
+            out |= set(range(j1 + 1, j2 + 1)) or {j1, j1 + 1}
+    return {n for n in out if "planted mistake" not in new[n - 1]}
+
+
 @pytest.mark.parametrize("name", list(PLANTS))
 def test_planted_mistake_is_named(name):
     """Each planted mistake, its component checked alone (--component): its diagnosis and no other,
-    the likely line, a measured observation, and the report in English and Chinese from one result."""
+    the likely line (one the plant wrote), a measured observation, and the report in English and Chinese from one result."""
     p = PLANTS[name]
     result = check_file(str(planted_file(name)), only=[p.kind])
     assert_exactly(result, p.expected)
@@ -84,6 +98,7 @@ def test_planted_mistake_is_named(name):
     assert exit_code(result) == 1
     finding = next(f for c in result.components for f in c.findings if f.name == p.diagnosis)
     assert finding.line is not None and finding.code, "the likely line is named"
+    assert finding.line in edited_lines(name), ("not the planted line", finding.line, finding.code)
     assert any(ch.isdigit() for ch in finding.observed["en"]), "the observation has a number"
     d = CATALOG[p.diagnosis]
     en, zh = format_report(result, "en"), format_report(result, "zh")

@@ -89,7 +89,8 @@ DIAGNOSES: list[Diagnosis] = [
       "交叉注意力用了目标端掩码",
       "self-attention takes tgt_mask (causal + padding), cross-attention takes src_mask",
       "自注意力使用 tgt_mask（因果 + 填充），交叉注意力使用 src_mask",
-      r"src_mask|tgt_mask", r"attention1\(.*enc_valid|attention2\(.*dec_valid"),
+      r"self_?att\w*\([^)]*src_mask", r"cross\w*\([^)]*tgt_mask",
+      r"attention1\(.*enc_valid|attention2\(.*dec_valid", r"src_mask|tgt_mask"),
     d("causal_off_by_one", "the causal mask is off by one", "因果掩码差了一位",
       "query t must see keys 0..t: torch.tril(torch.ones(T, T)) (diagonal=0), or "
       "torch.triu(torch.ones(T, T), diagonal=1) == 0 (d2l's valid lengths: torch.arange(1, T + 1))",

@@ -106,7 +106,8 @@ DIAGNOSES: list[Diagnosis] = [
       "put the key axis last: mask[:, None, None, :] of shape (B, 1, 1, S), so every query hides the "
       "same padded keys",
       "把键的维度放在最后：mask[:, None, None, :]，形状 (B, 1, 1, S)，这样每个查询都屏蔽同样的填充键",
-      r"unsqueeze\(-1\)|\[:,\s*None,\s*:,\s*None\]|transpose\(-[12],\s*-[12]\)", r"unsqueeze|None\]",
+      r"\[:,\s*None,\s*:,\s*None\]", r"mask\w*\.unsqueeze\(-1\)", r"mask\w*\.transpose\(-[12],\s*-[12]\)",
+      r"unsqueeze|None\]",
       r"mask"),
     d("causal_mask_not_cropped", "the causal mask is built once for the maximum length and not cropped to T",
       "因果掩码按最大长度建好，却没有裁剪到当前长度 T",

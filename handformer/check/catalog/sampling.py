@@ -43,7 +43,7 @@ DIAGNOSES: list[Diagnosis] = [
       "p = 1 keeps every token: return the logits unchanged when p >= 1 (float rounding can push the "
       "cumulative sum past 1)",
       "p = 1 应保留所有 token：p >= 1 时直接返回 logits（浮点舍入会让累计和超过 1）",
-      r"cumsum", r"top_p|\bp\b"),
+      r"def \w*(top_p|nucleus)\w*\(", r"cumsum", r"top_p|\bp\b"),
     d("top_p_empty_set", "top-p can remove every token (when the most likely one alone is above p)",
       "top-p 可能把所有 token 都去掉（最可能的 token 自己的概率就超过 p 时）",
       "always keep the most likely token: sorted_to_remove[..., 0] = False",
@@ -79,7 +79,7 @@ DIAGNOSES: list[Diagnosis] = [
       "after the prompt, feed only the new token, with the cache the previous step returned, at position "
       "= the number of tokens already seen",
       "处理完提示词之后，每一步只输入新 token，带上上一步返回的缓存，位置等于已经看过的 token 数",
-      r"past|cache|start_pos|position", r"model\(|self\("),
+      r"model\(\s*(next|new|last|tok)\w*(?![^)]*past)", r"past|cache|start_pos|position", r"model\(|self\("),
     d("generate_does_not_stop", "generate calls the model more times than max_new_tokens asks for",
       "generate 调用模型的次数超过了 max_new_tokens",
       "run the loop exactly max_new_tokens times: for _ in range(max_new_tokens)",
