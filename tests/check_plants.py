@@ -43,7 +43,7 @@ class Plant:
 
 FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
             "d2l": FIXTURES / "learners_d2l", "nanogpt": FIXTURES / "learners_nanogpt",
-            "sampling": FIXTURES / "learners_sampling"}
+            "sampling": FIXTURES / "learners_sampling", "training": FIXTURES / "learners_training"}
 
 TUTORIAL_PLANTS: dict[str, Plant] = {
     "no_scaling": Plant("no_scaling", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
@@ -246,7 +246,29 @@ SAMPLING_PLANTS: dict[str, Plant] = {
         (GEN_LOOP, GEN_LOOP.replace("for _ in range(max_new_tokens):", "while idx.size(1) < 10**6:"))], "sampling"),
 }
 
-PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS}
+COSINE = "    progress = (it - warmup_iters) / (cosine_cycle_iters - warmup_iters)\n"
+
+TRAINING_PLANTS: dict[str, Plant] = {
+    "schedule_step_zero": Plant("schedule_step_zero", "schedule", [
+        ("    # LambdaLR calls this with step 0 first: count it as step 1\n    if step == 0:\n        step = 1\n", "")],
+        "training"),
+    "schedule_exponent_sign": Plant("schedule_exponent_sign", "schedule", [
+        ("min(step ** (-0.5), step", "min(step ** (0.5), step")], "training"),
+    "schedule_no_d_model": Plant("schedule_no_d_model", "schedule", [
+        ("return factor * (model_size ** (-0.5) * min(", "return factor * (min(")], "training"),
+    "schedule_warmup_off_by_one": Plant("schedule_warmup_off_by_one", "schedule", [
+        ("    if it < warmup_iters:\n", "    warmup_iters = warmup_iters - 1  # the index of the last warmup step\n"
+                                      "    if it < warmup_iters:\n")], "training"),
+    "cosine_from_step_zero": Plant("cosine_from_step_zero", "schedule", [
+        (COSINE, "    progress = it / cosine_cycle_iters\n")], "training"),
+    "cosine_no_floor": Plant("cosine_no_floor", "schedule", [
+        ("    if it > cosine_cycle_iters:\n        return min_learning_rate\n", "")], "training"),
+    "cosine_min_lr_ignored": Plant("cosine_min_lr_ignored", "schedule", [
+        ("return min_learning_rate + 0.5 * (1 + math.cos(math.pi * progress)) * (max_learning_rate - min_learning_rate)",
+         "return 0.5 * (1 + math.cos(math.pi * progress)) * max_learning_rate")], "training"),
+}
+
+PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS}
 
 # A covering set of pairs, run by default: every diagnosis in one pair at least, preferring two
 # mistakes in one component (tests/test_check.py runs every pair of one family, marked slow).
@@ -268,6 +290,8 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("top_p_extra_at_equality", "sampling_softmax_wrong_dim"), ("top_p_empty_set", "generate_no_crop"),
     ("top_p_one_not_noop", "generate_not_appended"), ("sampling_from_logits", "generate_cache_mismatch"),
     ("generate_not_appended", "generate_does_not_stop"),
+    ("schedule_step_zero", "cosine_from_step_zero"), ("schedule_exponent_sign", "cosine_no_floor"),
+    ("schedule_no_d_model", "schedule_warmup_off_by_one"), ("cosine_min_lr_ignored", "schedule_step_zero"),
 ]
 
 

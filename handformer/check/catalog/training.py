@@ -1,0 +1,44 @@
+"""The diagnoses of the training chapter: the learning-rate schedule (the paper's warmup schedule
+and cosine with warmup)."""
+
+from handformer.check.catalog.base import Diagnosis, d
+
+DIAGNOSES: list[Diagnosis] = [
+    d("schedule_step_zero", "the schedule divides by zero, or gives 0, at step 0",
+      "调度在第 0 步除以零，或者得到 0",
+      "step 0 is where LambdaLR starts: use max(step, 1) (the Annotated Transformer's `if step == 0: "
+      "step = 1`), or count from 1 with step + 1",
+      "LambdaLR 从第 0 步开始：用 max(step, 1)（Annotated Transformer 的 `if step == 0: step = 1`），"
+      "或者用 step + 1 从 1 开始数",
+      r"\*\*\s*\(?\s*-\s*0?\.5", r"min\(", r"return"),
+    d("schedule_warmup_off_by_one", "the warmup is off by one: the peak is one step early or late",
+      "预热差了一步：峰值早了或晚了一步",
+      "the learning rate peaks at step warmup: min(step^-0.5, step * warmup^-1.5) has its two terms "
+      "equal there; with cosine, the warmup ends and the decay starts at the same warmup",
+      "学习率应在第 warmup 步达到峰值：min(step^-0.5, step * warmup^-1.5) 的两项在那里相等；"
+      "余弦调度的预热结束和衰减开始都用同一个 warmup",
+      r"warmup\w*\s*=\s*warmup\w*\s*[-+]", r"warmup\w*\s*[-+]\s*1", r"warmup"),
+    d("schedule_exponent_sign", "an exponent of the schedule has the wrong sign",
+      "调度里某个指数的符号反了",
+      "lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5): every exponent is negative",
+      "lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)：每个指数都是负的",
+      r"\*\*\s*\(?\s*\+?\s*[01]?\.5\b", r"\*\*"),
+    d("schedule_no_d_model", "the d_model^-0.5 factor is missing", "缺少 d_model^-0.5 这个因子",
+      "multiply by d_model ** -0.5: the peak learning rate shrinks as the model grows",
+      "乘上 d_model ** -0.5：模型越宽，峰值学习率越小",
+      r"min\(", r"return"),
+    d("cosine_from_step_zero", "the cosine counts from step 0, not from the end of the warmup",
+      "余弦从第 0 步开始算，而不是从预热结束开始",
+      "progress = (t - warmup) / (total - warmup), so the decay starts at max_lr right after the warmup",
+      "progress = (t - warmup) / (total - warmup)，这样预热一结束就从 max_lr 开始衰减",
+      r"(progress|ratio|decay_ratio)\s*=", r"cos\(", r"math\.pi"),
+    d("cosine_no_floor", "past the end of the cosine the learning rate rises again",
+      "余弦结束之后学习率又升了回去",
+      "after step total return min_lr (the cosine's second half would climb back to max_lr)",
+      "超过 total 步之后返回 min_lr（余弦的后半段会重新升回 max_lr）",
+      r"(progress|ratio|decay_ratio)\s*=", r"cos\(", r"return"),
+    d("cosine_min_lr_ignored", "the cosine decays to 0, not to min_lr", "余弦衰减到了 0，而不是 min_lr",
+      "min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * progress))",
+      "min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * progress))",
+      r"cos\(", r"return"),
+]

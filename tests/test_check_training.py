@@ -1,0 +1,106 @@
+"""`handformer check` on the training chapter's learning-rate schedule: the paper's warmup schedule
+and cosine with warmup, as functions of the step and as scheduler factories, in the conventions
+learners count steps in (each planted mistake is named in tests/test_check.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from check_plants import correct_file
+
+from handformer.check.report import exit_code, format_report
+from handformer.check.runners import check_file
+from handformer.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_correct_file_passes():
+    result = check_file(str(correct_file("training")))
+    assert [(c.name, c.kind, c.status) for c in result.components] == [
+        ("rate", "schedule", "pass"), ("get_lr_cosine_schedule", "schedule", "pass"),
+        ("make_scheduler", "schedule", "pass")], format_report(result)
+    rate, cosine, factory = result.components
+    assert rate.convention["en"].startswith("steps counted from 1")
+    assert factory.convention["en"].startswith("steps counted from 0")
+    assert cosine.convention["en"].startswith("warmup t / T_w")
+    assert any("0 at step 0" in n["en"] for n in cosine.notes)
+    assert any("stepped on an SGD" in n["en"] for n in factory.notes)
+    assert exit_code(result) == 0
+
+
+OTHER_SCHEDULES = '''
+import math
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+
+def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters):
+    # nanoGPT's, with its constants as arguments
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+    return min_lr + coeff * (learning_rate - min_lr)
+
+
+def get_cosine_schedule_with_warmup(optimizer, num_warmup_steps, num_training_steps):
+    # Hugging Face's: a multiplier of the optimizer's lr, from 0 to 1 and down to 0
+    def lr_lambda(current_step):
+        if current_step < num_warmup_steps:
+            return current_step / max(1, num_warmup_steps)
+        progress = (current_step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
+        progress = min(1.0, progress)  # Hugging Face's climbs back after num_training_steps
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return LambdaLR(optimizer, lr_lambda)
+
+
+def noam_schedule(step, d_model, warmup_steps):
+    # counted from 0, as a tensor
+    n = torch.tensor(step + 1.0)
+    return d_model ** -0.5 * torch.minimum(n ** -0.5, n * warmup_steps ** -1.5)
+'''
+
+
+def test_schedules_written_as_nanogpt_hugging_face_and_with_tensors_pass(tmp_path):
+    path = tmp_path / "schedules.py"
+    path.write_text(OTHER_SCHEDULES)
+    result = check_file(str(path))
+    assert [(c.name, c.status) for c in result.components] == [
+        ("noam_schedule", "pass"), ("get_lr", "pass"), ("get_cosine_schedule_with_warmup", "pass")], (
+        format_report(result))
+    conventions = [c.convention["en"] for c in result.components]
+    assert conventions[0].startswith("steps counted from 0") and "(nanoGPT)" in conventions[1]
+    path.write_text(OTHER_SCHEDULES.replace("        progress = min(1.0, progress)", "        pass"))
+    (hf,) = check_file(str(path), overrides={"schedule": "get_cosine_schedule_with_warmup"},
+                       only=["schedule"]).components
+    assert [f.name for f in hf.findings] == ["cosine_no_floor"], hf.findings
+
+
+def test_a_learners_broken_schedule_fails_never_the_grader(tmp_path, capsys):
+    """Globals instead of arguments (nanoGPT's get_lr(it)), a string returned, an exception after
+    step 0: an error or a failure of the learner's, with what to change; never an internal error."""
+    path = tmp_path / "broken.py"
+    path.write_text("WARMUP = 10\n\n\ndef get_lr(it):\n    return it / WARMUP\n\n\n"
+                    "def rate(step, d_model, warmup):\n    return 'fast'\n\n\n"
+                    "def cosine_schedule(it, max_lr, min_lr, warmup, total_steps):\n"
+                    "    if it > 50:\n        raise ValueError('not written yet')\n    return max_lr\n")
+    code = main(["check", str(path), "--json"])
+    comps = {c["name"]: c for c in json.loads(capsys.readouterr().out)["components"]}
+    assert code == 1 and set(comps) == {"get_lr", "rate", "cosine_schedule"}
+    assert comps["get_lr"]["error"]["kind"] == "mapping"
+    assert "cannot tell which schedule" in comps["get_lr"]["error"]["message"]
+    assert "returned str at step 1" in comps["rate"]["error"]["message"]
+    err = comps["cosine_schedule"]["error"]
+    assert err["kind"] == "exception" and err["traceback"] == [
+        "line 14, in cosine_schedule: raise ValueError('not written yet')"]
+
+
+def test_the_schedule_is_reported_in_chinese_from_the_same_result():
+    result = check_file(str(correct_file("training")), only=["schedule"])
+    zh = format_report(result, "zh")
+    assert "rate（学习率调度）：通过" in zh and "步数从 1 开始数" in zh and "第 0 步学习率为 0" in zh
