@@ -249,6 +249,17 @@ SAMPLING_PLANTS: dict[str, Plant] = {
 COSINE = "    progress = (it - warmup_iters) / (cosine_cycle_iters - warmup_iters)\n"
 
 TRAINING_PLANTS: dict[str, Plant] = {
+    "loss_counts_padding": Plant("loss_counts_padding", "loss", [
+        ("return (nll * real).sum() / real.sum()", "return (nll * real).sum() / targets.numel()")], "training"),
+    "loss_counts_padding_in_the_loss": Plant("loss_counts_padding", "loss", [
+        ("return (nll * real).sum() / real.sum()", "return nll.mean()")], "training"),
+    "loss_mean_over_batch": Plant("loss_mean_over_batch", "loss", [
+        ("return (nll * real).sum() / real.sum()", "return (nll * real).sum() / targets.size(0)")], "training"),
+    "smoothing_on_pad": Plant("smoothing_on_pad", "loss", [("        smoothed[:, self.padding_idx] = 0.0\n", "")],
+                              "training"),
+    "loss_log_zero": Plant("loss_log_zero", "loss", [
+        ("return self.criterion(x, smoothed.detach())", "return (smoothed * (smoothed.log() - x)).sum()")],
+        "training"),
     "schedule_step_zero": Plant("schedule_step_zero", "schedule", [
         ("    # LambdaLR calls this with step 0 first: count it as step 1\n    if step == 0:\n        step = 1\n", "")],
         "training"),
@@ -292,6 +303,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("generate_not_appended", "generate_does_not_stop"),
     ("schedule_step_zero", "cosine_from_step_zero"), ("schedule_exponent_sign", "cosine_no_floor"),
     ("schedule_no_d_model", "schedule_warmup_off_by_one"), ("cosine_min_lr_ignored", "schedule_step_zero"),
+    ("loss_counts_padding", "smoothing_on_pad"), ("loss_mean_over_batch", "loss_log_zero"),
 ]
 
 

@@ -20,8 +20,12 @@ def test_the_correct_file_passes():
     result = check_file(str(correct_file("training")))
     assert [(c.name, c.kind, c.status) for c in result.components] == [
         ("rate", "schedule", "pass"), ("get_lr_cosine_schedule", "schedule", "pass"),
-        ("make_scheduler", "schedule", "pass")], format_report(result)
-    rate, cosine, factory = result.components
+        ("make_scheduler", "schedule", "pass"), ("masked_cross_entropy", "loss", "pass"),
+        ("LabelSmoothing", "loss", "pass")], format_report(result)
+    rate, cosine, factory, ce, smoothing = result.components
+    assert ce.convention["en"] == "cross-entropy; a mean over the real tokens"
+    assert smoothing.convention["en"].startswith("KL divergence") and "V - 2" in smoothing.convention["en"]
+    assert any("flattened (B * T, V)" in n["en"] for n in smoothing.notes)
     assert rate.convention["en"].startswith("steps counted from 1")
     assert factory.convention["en"].startswith("steps counted from 0")
     assert cosine.convention["en"].startswith("warmup t / T_w")
@@ -104,3 +108,16 @@ def test_the_schedule_is_reported_in_chinese_from_the_same_result():
     result = check_file(str(correct_file("training")), only=["schedule"])
     zh = format_report(result, "zh")
     assert "rate（学习率调度）：通过" in zh and "步数从 1 开始数" in zh and "第 0 步学习率为 0" in zh
+
+
+def test_a_loss_that_returns_no_number_or_takes_unknown_arguments_is_told_what_to_change(tmp_path):
+    path = tmp_path / "losses.py"
+    path.write_text("import torch.nn.functional as F\n\n\n"
+                    "def masked_cross_entropy(logits, targets, pad_idx):\n"
+                    "    return F.cross_entropy(logits.transpose(1, 2), targets, reduction='none')\n\n\n"
+                    "def compute_loss(logits, targets, model):\n    return 0.0\n")
+    result = check_file(str(path), only=["loss"])
+    per_token, unknown = result.components
+    assert per_token.error.kind == "exception" and "returned a tensor of shape (3, 5)" in per_token.error.message
+    assert "a loss returns one number" in per_token.error.message
+    assert unknown.error.kind == "mapping" and "cannot fill the argument 'model'" in unknown.error.message

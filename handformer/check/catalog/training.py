@@ -1,9 +1,33 @@
-"""The diagnoses of the training chapter: the learning-rate schedule (the paper's warmup schedule
-and cosine with warmup)."""
+"""The diagnoses of the training chapter: the loss (cross-entropy with padding, label smoothing)
+and the learning-rate schedule (the paper's warmup schedule and cosine with warmup)."""
 
 from handformer.check.catalog.base import Diagnosis, d
 
 DIAGNOSES: list[Diagnosis] = [
+    d("loss_counts_padding", "padding is counted in the loss, or in the number it is divided by",
+      "填充算进了损失，或者算进了除数",
+      "leave the pad targets out of both: F.cross_entropy(..., ignore_index=pad_idx), or a mask "
+      "real = targets != pad_idx with (loss * real).sum() / real.sum()",
+      "损失和除数里都不要算填充：F.cross_entropy(..., ignore_index=pad_idx)，或者用掩码 "
+      "real = targets != pad_idx，再算 (loss * real).sum() / real.sum()",
+      r"numel\(\)", r"\.mean\(\)", r"cross_entropy\((?!.*ignore_index)", r"return"),
+    d("loss_mean_over_batch", "the loss is divided by the batch size, not by the number of tokens",
+      "损失除以的是 batch 大小，而不是 token 数",
+      "divide the summed loss by the number of real tokens, so long and short batches weigh each token "
+      "the same", "把求和后的损失除以真实 token 的个数，这样长短不同的 batch 里每个 token 的权重一样",
+      r"size\(0\)|shape\[0\]|len\(", r"return"),
+    d("smoothing_on_pad", "label smoothing puts probability on the pad token",
+      "标签平滑把概率分给了填充 token",
+      "with the smoothing spread over V - 2 tokens, set the pad token's column to 0: "
+      "true_dist[:, padding_idx] = 0 (else the distribution sums to more than 1)",
+      "平滑的概率分给 V - 2 个 token 时，要把填充 token 那一列置 0：true_dist[:, padding_idx] = 0"
+      "（否则分布之和大于 1）",
+      r"scatter_?\(", r"fill_?\(|full_like|/\s*\(?\s*(self\.)?size\s*-\s*2", r"smooth"),
+    d("loss_log_zero", "log(0) in a hand-written KL divergence gives NaN (0 * log 0)",
+      "手写的 KL 散度里出现 log(0)，得到 NaN（0 * log 0）",
+      "use nn.KLDivLoss (it takes 0 * log 0 as 0), or torch.xlogy(q, q) for q * log q",
+      "用 nn.KLDivLoss（它把 0 * log 0 当作 0），或者用 torch.xlogy(q, q) 计算 q * log q",
+      r"\.log\(\)|torch\.log\(", r"log"),
     d("schedule_step_zero", "the schedule divides by zero, or gives 0, at step 0",
       "调度在第 0 步除以零，或者得到 0",
       "step 0 is where LambdaLR starts: use max(step, 1) (the Annotated Transformer's `if step == 0: "
