@@ -281,6 +281,17 @@ TRAINING_PLANTS: dict[str, Plant] = {
 
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS}
 
+# Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
+# a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
+# same attention that is more than the search's pairs (docs/check.md lists them).
+THREE_MISTAKES: list[tuple[str, str]] = [
+    ("nanogpt_no_scaling", "nanogpt_softmax_wrong_dim"), ("nanogpt_kv_swapped", "nanogpt_softmax_wrong_dim"),
+    ("nanogpt_softmax_wrong_dim", "nanogpt_concat_no_transpose"),
+    ("nanogpt_softmax_wrong_dim", "nanogpt_no_output_projection"),
+    ("nanogpt_softmax_wrong_dim", "nanogpt_causal_sees_next"), ("mask_hides_queries", "nanogpt_softmax_wrong_dim"),
+    ("mask_hides_queries", "nanogpt_concat_no_transpose"),
+]
+
 # A covering set of pairs, run by default: every diagnosis in one pair at least, preferring two
 # mistakes in one component (tests/test_check.py runs every pair of one family, marked slow).
 COVERING_PAIRS: list[tuple[str, str]] = [

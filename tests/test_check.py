@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from check_plants import CORRECT, COVERING_PAIRS, PLANTS, correct_file, plant, planted_file, planted_source
+from check_plants import (
+    CORRECT,
+    COVERING_PAIRS,
+    PLANTS,
+    THREE_MISTAKES,
+    correct_file,
+    plant,
+    planted_file,
+    planted_source,
+)
 
 from handformer.check import variants as V
 from handformer.check.diagnoses import CATALOG, EXCLUSIVE, MASKING
@@ -121,7 +130,8 @@ def pairs() -> list[tuple[str, str]]:
     out = []
     for a, b in itertools.combinations([n for n in PLANTS if PLANTS[n].diagnosis], 2):
         da, db = PLANTS[a].diagnosis, PLANTS[b].diagnosis
-        if PLANTS[a].family == PLANTS[b].family and da != db and frozenset({da, db}) not in EXCLUSIVE | MASKING.keys():
+        if PLANTS[a].family == PLANTS[b].family and da != db and frozenset({da, db}) not in EXCLUSIVE | MASKING.keys() \
+                and frozenset({a, b}) not in {frozenset(p) for p in THREE_MISTAKES}:
             out.append((a, b))
     return out
 
@@ -158,6 +168,8 @@ def test_exclusive_and_masking_pairs_are_documented():
         assert f"`{a}` + `{b}`" in doc, f"docs/check.md must list {a} + {b}"
     for name in CATALOG:
         assert f"### `{name}`" in doc, f"docs/check.md must describe {name}"
+    for a, b in THREE_MISTAKES:
+        assert f"`{a}` + `{b}`" in doc, f"docs/check.md must list the plants {a} + {b}"
 
 
 def test_the_readmes_count_of_diagnoses_is_the_catalogues():

@@ -50,6 +50,12 @@ MASKING: dict[frozenset[str], str] = {
         "than the block size, so the padding mask is never applied",
     frozenset({"causal_mask_not_cropped", "no_scaling"}): "the same: the forward cannot run, so its scores "
         "are never seen",
+    **{frozenset({"causal_mask_not_cropped", other}): "the same: the forward cannot run, so nothing else "
+       "in it is seen" for other in ("kv_swapped", "softmax_wrong_dim", "concat_no_transpose",
+                                     "no_output_projection", "no_residual", "causal_off_by_one")},
+    frozenset({"mask_repeat_order", "decoder_masks_swapped"}): "d2l's valid_lens.repeat(num_heads) raises on "
+        "the decoder's (B, T) valid lengths, so the decoder never runs",
+    frozenset({"mask_repeat_order", "causal_off_by_one"}): "the same: the decoder never runs",
     frozenset({"temperature_after_softmax", "sampling_from_logits"}): "after the softmax the logits are "
         "probabilities: sampling from them is right",
     frozenset({"top_p_drops_crossing", "top_p_one_not_noop"}): "with that rule p = 1 keeps every token: the "

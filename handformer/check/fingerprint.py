@@ -145,7 +145,10 @@ def search(target: Tensor, compute: Callable[[frozenset[str]], Tensor], universe
                 out = compute(frozenset(combo))
             except RuntimeError:
                 continue  # this variant cannot run on these shapes; it cannot be the learner's
-            err = max_error(target, out, rows_for(rows, frozenset(combo)))
+            visible = rows_for(rows, frozenset(combo))
+            if visible is not None and not bool(visible.any()):
+                continue  # a variant that hides every query matches anything: it explains nothing
+            err = max_error(target, out, visible)
             if err < TOL:
                 return frozenset(combo), err
     return None

@@ -210,7 +210,7 @@ def _flags(layer: Layer, w: V.LayerWeights) -> tuple[str, ...]:
         flags += ("kv_repeat_order",)
     if layer.decoder:
         flags += ("decoder_masks_swapped",)
-    if layer.masks and fp.is_lengths_name(layer.masks[0]):
+    if layer.stateful or layer.masks and fp.is_lengths_name(layer.masks[0]):  # valid lengths (d2l)
         flags += ("mask_repeat_order",)
     if layer.causal_block and not layer.takes_mask or layer.stateful:  # a layer that builds its causal mask
         flags += ("causal_off_by_one:no_self", "causal_off_by_one:sees_next")
