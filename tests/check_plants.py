@@ -43,7 +43,8 @@ class Plant:
 
 FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
             "d2l": FIXTURES / "learners_d2l", "nanogpt": FIXTURES / "learners_nanogpt",
-            "sampling": FIXTURES / "learners_sampling", "training": FIXTURES / "learners_training"}
+            "sampling": FIXTURES / "learners_sampling", "training": FIXTURES / "learners_training",
+            "assembly": FIXTURES / "learners_assembly"}
 
 TUTORIAL_PLANTS: dict[str, Plant] = {
     "no_scaling": Plant("no_scaling", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
@@ -279,7 +280,21 @@ TRAINING_PLANTS: dict[str, Plant] = {
          "return 0.5 * (1 + math.cos(math.pi * progress)) * max_learning_rate")], "training"),
 }
 
-PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS}
+ASSEMBLY_PLANTS: dict[str, Plant] = {
+    "mask_pad_id": Plant("mask_pad_id", "mask_helper", [
+        ("return (src != pad_idx).unsqueeze(1)", "return (src != 0).unsqueeze(1)")], "assembly"),
+    "mask_pad_wrong_sequence": Plant("mask_pad_wrong_sequence", "mask_helper", [
+        ("src_mask = (src != pad_idx)[:, None, None, :]", "src_mask = (tgt != pad_idx)[:, None, None, :]")],
+        "assembly"),
+    "mask_combined_with_or": Plant("mask_combined_with_or", "mask_helper", [
+        ("return pad_mask & causal", "return pad_mask | causal")], "assembly"),
+    "mask_helper_causal_sees_next": Plant("causal_off_by_one", "mask_helper", [
+        ("causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=tgt.device))",
+         "causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=tgt.device), diagonal=1)")], "assembly"),
+}
+
+PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
+                            **ASSEMBLY_PLANTS}
 
 # Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
 # a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
@@ -315,6 +330,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("schedule_step_zero", "cosine_from_step_zero"), ("schedule_exponent_sign", "cosine_no_floor"),
     ("schedule_no_d_model", "schedule_warmup_off_by_one"), ("cosine_min_lr_ignored", "schedule_step_zero"),
     ("loss_counts_padding", "smoothing_on_pad"), ("loss_mean_over_batch", "loss_log_zero"),
+    ("mask_pad_id", "mask_combined_with_or"), ("mask_pad_wrong_sequence", "mask_helper_causal_sees_next"),
 ]
 
 

@@ -121,3 +121,50 @@ def test_a_loss_that_returns_no_number_or_takes_unknown_arguments_is_told_what_t
     assert per_token.error.kind == "exception" and "returned a tensor of shape (3, 5)" in per_token.error.message
     assert "a loss returns one number" in per_token.error.message
     assert unknown.error.kind == "mapping" and "cannot fill the argument 'model'" in unknown.error.message
+
+
+def test_the_mask_helpers_pass():
+    result = check_file(str(correct_file("assembly")))
+    assert [(c.name, c.kind, c.status) for c in result.components] == [
+        ("make_src_mask", "mask_helper", "pass"), ("make_tgt_mask", "mask_helper", "pass"),
+        ("create_masks", "mask_helper", "pass")], format_report(result)
+    assert len(result.components[2].checks) == 2  # the source mask and the target mask
+
+
+OTHER_MASKS = '''
+import torch
+
+
+def make_pad_mask(src):
+    # torch.nn's polarity: True = masked, (B, S), pad id 0
+    return src == 0
+
+
+def make_tgt_mask(tgt, pad_idx):
+    # torch.nn's polarity, masked if padding or future
+    T = tgt.size(1)
+    future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    return (tgt == pad_idx)[:, None, None, :] | future
+
+
+def make_trg_mask(trg, pad_idx):
+    # additive, causal only (the padding is at the end)
+    T = trg.size(1)
+    return torch.triu(torch.full((T, T), float("-inf")), diagonal=1).expand(trg.size(0), 1, T, T)
+'''
+
+
+def test_mask_helpers_in_other_polarities_and_shapes_pass_and_a_masked_and_is_named(tmp_path):
+    path = tmp_path / "masks.py"
+    path.write_text(OTHER_MASKS)
+    result = check_file(str(path))
+    assert [(c.name, c.status) for c in result.components] == [
+        ("make_tgt_mask", "pass"), ("make_trg_mask", "pass"), ("make_pad_mask", "pass")], format_report(result)
+    tgt, trg, pad = result.components
+    assert tgt.convention["en"].startswith("True = masked") and trg.convention["en"].startswith("additive")
+    assert any("causal only" in n["en"] for n in trg.notes)
+    assert any("takes no pad id" in n["en"] for n in pad.notes)
+    path.write_text(OTHER_MASKS.replace("(tgt == pad_idx)[:, None, None, :] | future",
+                                        "(tgt == pad_idx)[:, None, None, :] & future"))
+    (tgt,) = check_file(str(path), only=["mask_helper"]).components[:1]
+    assert [(f.name, f.form) for f in tgt.findings] == [("mask_combined_with_or", "and")]

@@ -91,6 +91,22 @@ DIAGNOSES: list[Diagnosis] = [
       "自注意力使用 tgt_mask（因果 + 填充），交叉注意力使用 src_mask",
       r"self_?att\w*\([^)]*src_mask", r"cross\w*\([^)]*tgt_mask",
       r"attention1\(.*enc_valid|attention2\(.*dec_valid", r"src_mask|tgt_mask"),
+    d("mask_pad_wrong_sequence", "the padding mask is built from the other sequence (the source's "
+      "mask from the target, or the other way)", "填充掩码用错了序列（源端掩码用了目标序列，或者反过来）",
+      "build each mask from its own ids: src_mask from src, tgt_mask from tgt",
+      "每个掩码用自己的 id 构造：src_mask 用 src，tgt_mask 用 tgt",
+      r"src_mask\s*=.*\btgt\b|tgt_mask\s*=.*\bsrc\b", r"mask"),
+    d("mask_pad_id", "the padding mask assumes the pad id is 0", "填充掩码默认填充 id 是 0",
+      "compare with the pad id you are given: (ids != pad_idx), not (ids != 0)",
+      "和传入的填充 id 比较：(ids != pad_idx)，而不是 (ids != 0)",
+      r"[!=]=\s*0\b", r"mask"),
+    d("mask_combined_with_or", "padding and the causal part are combined the wrong way",
+      "填充掩码和因果掩码组合错了",
+      "a key is seen only when it is real and not in the future: pad_keep & causal_keep (with torch.nn's "
+      "True = masked: pad_masked | future_masked)",
+      "只有既是真实 token、又不在未来的键才可见：pad_keep & causal_keep（torch.nn 的 True 表示屏蔽时："
+      "pad_masked | future_masked）",
+      r"\|", r"&", r"mask"),
     d("causal_off_by_one", "the causal mask is off by one", "因果掩码差了一位",
       "query t must see keys 0..t: torch.tril(torch.ones(T, T)) (diagonal=0), or "
       "torch.triu(torch.ones(T, T), diagonal=1) == 0 (d2l's valid lengths: torch.arange(1, T + 1))",
