@@ -250,6 +250,15 @@ SAMPLING_PLANTS: dict[str, Plant] = {
 COSINE = "    progress = (it - warmup_iters) / (cosine_cycle_iters - warmup_iters)\n"
 
 TRAINING_PLANTS: dict[str, Plant] = {
+    "train_step_no_zero_grad": Plant("train_step_no_zero_grad", "train_step", [
+        ("    optimizer.zero_grad()\n    loss.backward()\n", "    loss.backward()\n")], "training"),
+    "train_step_clip_after_step": Plant("train_step_clip_after_step", "train_step", [
+        ("    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)\n    optimizer.step()\n",
+         "    optimizer.step()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)\n")], "training"),
+    "train_step_eval_mode": Plant("train_step_eval_mode", "train_step", [("    model.train()\n", "")], "training"),
+    "train_step_no_shift": Plant("train_step_no_shift", "train_step", [
+        ("logits = model(src, tgt_in)", "logits = model(src, tgt)"),
+        ("tgt_out.reshape(-1))", "tgt.reshape(-1))")], "training"),
     "loss_counts_padding": Plant("loss_counts_padding", "loss", [
         ("return (nll * real).sum() / real.sum()", "return (nll * real).sum() / targets.numel()")], "training"),
     "loss_counts_padding_in_the_loss": Plant("loss_counts_padding", "loss", [
@@ -330,6 +339,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("schedule_step_zero", "cosine_from_step_zero"), ("schedule_exponent_sign", "cosine_no_floor"),
     ("schedule_no_d_model", "schedule_warmup_off_by_one"), ("cosine_min_lr_ignored", "schedule_step_zero"),
     ("loss_counts_padding", "smoothing_on_pad"), ("loss_mean_over_batch", "loss_log_zero"),
+    ("train_step_no_zero_grad", "train_step_eval_mode"), ("train_step_clip_after_step", "train_step_no_shift"),
     ("mask_pad_id", "mask_combined_with_or"), ("mask_pad_wrong_sequence", "mask_helper_causal_sees_next"),
 ]
 

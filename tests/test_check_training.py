@@ -21,8 +21,8 @@ def test_the_correct_file_passes():
     assert [(c.name, c.kind, c.status) for c in result.components] == [
         ("rate", "schedule", "pass"), ("get_lr_cosine_schedule", "schedule", "pass"),
         ("make_scheduler", "schedule", "pass"), ("masked_cross_entropy", "loss", "pass"),
-        ("LabelSmoothing", "loss", "pass")], format_report(result)
-    rate, cosine, factory, ce, smoothing = result.components
+        ("LabelSmoothing", "loss", "pass"), ("train_step", "train_step", "pass")], format_report(result)
+    rate, cosine, factory, ce, smoothing, step = result.components
     assert ce.convention["en"] == "cross-entropy; a mean over the real tokens"
     assert smoothing.convention["en"].startswith("KL divergence") and "V - 2" in smoothing.convention["en"]
     assert any("flattened (B * T, V)" in n["en"] for n in smoothing.notes)
@@ -168,3 +168,43 @@ def test_mask_helpers_in_other_polarities_and_shapes_pass_and_a_masked_and_is_na
                                         "(tgt == pad_idx)[:, None, None, :] & future"))
     (tgt,) = check_file(str(path), only=["mask_helper"]).components[:1]
     assert [(f.name, f.form) for f in tgt.findings] == [("mask_combined_with_or", "and")]
+
+
+STEP_STYLES = '''
+import torch
+
+
+def train_step(model, batch, optimizer, criterion):
+    # the batch as an object with fields, no clipping
+    model.train()
+    logits = model(batch.src, batch.tgt[:, :-1], None, None)  # masks: the model builds its own
+    loss = criterion(logits.reshape(-1, logits.size(-1)), batch.tgt[:, 1:].reshape(-1))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def training_step(model, optimizer, src, tgt):
+    # src and tgt themselves, a criterion of its own, clipping at 1.0
+    model.train()
+    logits = model(src, tgt[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tgt[:, 1:], ignore_index=0)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    optimizer.step()
+'''
+
+
+def test_training_steps_of_other_shapes_pass(tmp_path):
+    path = tmp_path / "steps.py"
+    path.write_text(STEP_STYLES)
+    result = check_file(str(path))
+    assert [(c.name, c.status) for c in result.components] == [("train_step", "pass"), ("training_step", "pass")], (
+        format_report(result))
+    assert any("clips the gradient norm at 1" in n["en"] for n in result.components[1].notes)
+    path.write_text(STEP_STYLES.replace(
+        "def train_step(model, batch, optimizer, criterion):", "def train_step(model, batch, optimizer, scaler):"))
+    (comp,) = check_file(str(path), only=["train_step"]).components[:1]
+    assert comp.error.kind == "mapping" and "cannot fill the argument 'scaler'" in comp.error.message

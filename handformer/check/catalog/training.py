@@ -1,5 +1,6 @@
-"""The diagnoses of the training chapter: the loss (cross-entropy with padding, label smoothing)
-and the learning-rate schedule (the paper's warmup schedule and cosine with warmup)."""
+"""The diagnoses of the training chapter: the loss (cross-entropy with padding, label smoothing),
+the learning-rate schedule (the paper's warmup schedule and cosine with warmup) and a training
+step."""
 
 from handformer.check.catalog.base import Diagnosis, d
 
@@ -65,4 +66,27 @@ DIAGNOSES: list[Diagnosis] = [
       "min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * progress))",
       "min_lr + 0.5 * (max_lr - min_lr) * (1 + cos(pi * progress))",
       r"cos\(", r"return"),
+    d("train_step_no_zero_grad", "the gradients are never zeroed, so each step adds the ones before it",
+      "梯度从不清零，每一步都叠加了之前的梯度",
+      "call optimizer.zero_grad() before loss.backward() in every step",
+      "每一步在 loss.backward() 之前调用 optimizer.zero_grad()",
+      r"backward\(", r"step\("),
+    d("train_step_clip_after_step", "the gradient is clipped after optimizer.step(), so it clips nothing",
+      "梯度裁剪放在了 optimizer.step() 之后，什么也没裁剪到",
+      "clip between loss.backward() and optimizer.step(): "
+      "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
+      "在 loss.backward() 和 optimizer.step() 之间裁剪："
+      "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
+      r"clip_grad", r"step\("),
+    d("train_step_eval_mode", "model.train() is never called, so a model left in eval mode trains without "
+      "dropout", "从没调用 model.train()，停在 eval 模式的模型训练时没有 dropout",
+      "call model.train() at the start of the step (or of the epoch); evaluation calls model.eval()",
+      "在一步（或一个 epoch）开始时调用 model.train()；评估时才调用 model.eval()",
+      r"=\s*batch\b", r"def ", r"model\("),
+    d("train_step_no_shift", "the decoder is fed the whole target: input and label are the same positions",
+      "解码器的输入是完整的目标序列：输入和标签是同一组位置",
+      "shift right: feed tgt[:, :-1] and compare the logits with tgt[:, 1:], so each position predicts "
+      "the next token",
+      "右移一位：输入 tgt[:, :-1]，用 tgt[:, 1:] 和 logits 比较，这样每个位置预测的是下一个 token",
+      r"model\(", r"tgt"),
 ]
