@@ -35,6 +35,8 @@ EXCLUSIVE: dict[frozenset[str], str] = {
         "two rules for the same comparison (cum > p is the other form of dropping the crossing token)",
     frozenset({"top_p_drops_crossing", "top_p_empty_set"}):
         "the plants rewrite the same rule; written together (cum > p with no guard) both are named",
+    frozenset({"loss_counts_padding", "loss_mean_over_batch"}): "both rewrite the one line that divides the "
+        "loss",
     frozenset({"top_p_extra_at_equality", "top_p_empty_set"}):
         "the plants rewrite the same rule; written together (a shifted cum > p with no guard) both are "
         "named",
@@ -56,6 +58,8 @@ MASKING: dict[frozenset[str], str] = {
     frozenset({"mask_repeat_order", "decoder_masks_swapped"}): "d2l's valid_lens.repeat(num_heads) raises on "
         "the decoder's (B, T) valid lengths, so the decoder never runs",
     frozenset({"mask_repeat_order", "causal_off_by_one"}): "the same: the decoder never runs",
+    frozenset({"loss_log_zero", "smoothing_on_pad"}): "the NaN of log(0) is the whole loss, so nothing "
+        "else in it can be seen",
     frozenset({"temperature_after_softmax", "sampling_from_logits"}): "after the softmax the logits are "
         "probabilities: sampling from them is right",
     frozenset({"top_p_drops_crossing", "top_p_one_not_noop"}): "with that rule p = 1 keeps every token: the "

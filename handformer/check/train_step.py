@@ -92,6 +92,8 @@ def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tg
     if clip is not None and not clip_after:
         nn.utils.clip_grad_norm_(model.parameters(), clip)
     opt.step()
+    if clip is not None and clip_after:  # clips the gradients already used (kept, without zero_grad)
+        nn.utils.clip_grad_norm_(model.parameters(), clip)
 
 
 def _params(model: nn.Module) -> list[Tensor]:
