@@ -208,3 +208,24 @@ def test_training_steps_of_other_shapes_pass(tmp_path):
         "def train_step(model, batch, optimizer, criterion):", "def train_step(model, batch, optimizer, scaler):"))
     (comp,) = check_file(str(path), only=["train_step"]).components[:1]
     assert comp.error.kind == "mapping" and "cannot fill the argument 'scaler'" in comp.error.message
+
+
+FAIRSEQ_STYLE = '''
+def label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index):
+    # as fairseq returns it: (smoothed loss, plain nll), both summed over the real tokens; the
+    # smoothing goes to the V - 1 tokens that are not the target
+    real = (target != ignore_index).to(lprobs.dtype)
+    picked = lprobs.gather(-1, target[..., None])[..., 0]
+    others = lprobs.sum(-1) - picked
+    share = epsilon / (lprobs.size(-1) - 1)
+    nll = -(picked * real).sum()
+    return -(((1.0 - epsilon) * picked + share * others) * real).sum(), nll
+'''
+
+
+def test_a_fairseq_style_loss_that_returns_a_pair_is_read_as_its_first(tmp_path):
+    path = tmp_path / "fairseq.py"
+    path.write_text(FAIRSEQ_STYLE)
+    (comp,) = check_file(str(path)).components
+    assert comp.status == "pass", comp
+    assert "V - 1 other tokens" in comp.convention["en"] and "a sum over the real tokens" in comp.convention["en"]

@@ -196,6 +196,8 @@ def _find(names: list[str], aliases: tuple[str, ...]) -> str | None:
 
 
 def _value(ctx: Context, comp: Component, out: Any) -> float:
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], (Tensor, int, float)):
+        out = out[0]  # fairseq's (loss, nll_loss): the loss first
     if isinstance(out, Tensor) and out.numel() == 1:
         return float(out.double())
     if isinstance(out, (int, float)):
