@@ -290,6 +290,13 @@ TRAINING_PLANTS: dict[str, Plant] = {
 }
 
 ASSEMBLY_PLANTS: dict[str, Plant] = {
+    "greedy_no_stop_at_eos": Plant("greedy_no_stop_at_eos", "greedy_decode", [
+        ("        if next_word == end_symbol:\n            break\n", "")], "assembly"),
+    "greedy_eos_not_emitted": Plant("greedy_eos_not_emitted", "greedy_decode", [
+        ("        ys = torch.cat([ys, torch.full((1, 1), next_word, dtype=src.dtype)], dim=1)\n"
+         "        if next_word == end_symbol:\n            break\n",
+         "        if next_word == end_symbol:\n            break\n"
+         "        ys = torch.cat([ys, torch.full((1, 1), next_word, dtype=src.dtype)], dim=1)\n")], "assembly"),
     "mask_pad_id": Plant("mask_pad_id", "mask_helper", [
         ("return (src != pad_idx).unsqueeze(1)", "return (src != 0).unsqueeze(1)")], "assembly"),
     "mask_pad_wrong_sequence": Plant("mask_pad_wrong_sequence", "mask_helper", [
@@ -340,7 +347,8 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("schedule_no_d_model", "schedule_warmup_off_by_one"), ("cosine_min_lr_ignored", "schedule_step_zero"),
     ("loss_counts_padding", "smoothing_on_pad"), ("loss_mean_over_batch", "loss_log_zero"),
     ("train_step_no_zero_grad", "train_step_eval_mode"), ("train_step_clip_after_step", "train_step_no_shift"),
-    ("mask_pad_id", "mask_combined_with_or"), ("mask_pad_wrong_sequence", "mask_helper_causal_sees_next"),
+    ("mask_pad_id", "greedy_no_stop_at_eos"), ("mask_combined_with_or", "greedy_eos_not_emitted"),
+    ("mask_pad_wrong_sequence", "mask_helper_causal_sees_next"),
 ]
 
 

@@ -127,7 +127,7 @@ def test_the_mask_helpers_pass():
     result = check_file(str(correct_file("assembly")))
     assert [(c.name, c.kind, c.status) for c in result.components] == [
         ("make_src_mask", "mask_helper", "pass"), ("make_tgt_mask", "mask_helper", "pass"),
-        ("create_masks", "mask_helper", "pass")], format_report(result)
+        ("create_masks", "mask_helper", "pass"), ("greedy_decode", "greedy_decode", "pass")], format_report(result)
     assert len(result.components[2].checks) == 2  # the source mask and the target mask
 
 
@@ -229,3 +229,33 @@ def test_a_fairseq_style_loss_that_returns_a_pair_is_read_as_its_first(tmp_path)
     (comp,) = check_file(str(path)).components
     assert comp.status == "pass", comp
     assert "V - 1 other tokens" in comp.convention["en"] and "a sum over the real tokens" in comp.convention["en"]
+
+
+ANNOTATED_GREEDY = '''
+import torch
+
+
+def greedy_decode(model, src, src_mask, max_len, start_symbol):
+    # no end symbol: max_len tokens, the start symbol included; the model called directly
+    ys = torch.ones(1, 1, dtype=src.dtype) * start_symbol
+    for _ in range(max_len - 1):
+        logits = model(src, ys)
+        best = logits[0, -1].max(dim=-1).indices.view(1, 1).to(src.dtype)
+        ys = torch.cat([ys, best], dim=1)
+    return ys
+'''
+
+
+def test_greedy_decoding_without_an_end_symbol_is_compared_over_max_len(tmp_path):
+    path = tmp_path / "greedy.py"
+    path.write_text(ANNOTATED_GREEDY)
+    (comp,) = check_file(str(path)).components
+    assert comp.status == "pass", comp
+    assert any("cannot stop at EOS" in n["en"] for n in comp.notes)
+
+
+def test_greedy_decoding_passes_and_its_report_is_chinese_too():
+    result = check_file(str(correct_file("assembly")), only=["greedy_decode"])
+    (comp,) = result.components
+    assert comp.status == "pass" and "1 3 10 10 2" in comp.checks[0].name["en"]
+    assert "greedy_decode（贪心解码（编码器-解码器））：通过" in format_report(result, "zh")

@@ -35,6 +35,8 @@ EXCLUSIVE: dict[frozenset[str], str] = {
         "two rules for the same comparison (cum > p is the other form of dropping the crossing token)",
     frozenset({"top_p_drops_crossing", "top_p_empty_set"}):
         "the plants rewrite the same rule; written together (cum > p with no guard) both are named",
+    frozenset({"greedy_no_stop_at_eos", "greedy_eos_not_emitted"}): "both rewrite the lines that end the "
+        "loop at EOS",
     frozenset({"loss_counts_padding", "loss_mean_over_batch"}): "both rewrite the one line that divides the "
         "loss",
     frozenset({"top_p_extra_at_equality", "top_p_empty_set"}):

@@ -91,6 +91,17 @@ DIAGNOSES: list[Diagnosis] = [
       "自注意力使用 tgt_mask（因果 + 填充），交叉注意力使用 src_mask",
       r"self_?att\w*\([^)]*src_mask", r"cross\w*\([^)]*tgt_mask",
       r"attention1\(.*enc_valid|attention2\(.*dec_valid", r"src_mask|tgt_mask"),
+    d("greedy_no_stop_at_eos", "greedy decoding goes on after the end symbol", "贪心解码在结束符之后还在继续",
+      "stop once EOS is emitted: if next_word == end_symbol: break (in a batch: stop when every row has "
+      "emitted it, and pad the rows that ended)",
+      "输出 EOS 后就停下：if next_word == end_symbol: break"
+      "（批量时等每一行都输出了 EOS 再停，已结束的行补填充）",
+      r"cat\(", r"for .* in range\(|while "),
+    d("greedy_eos_not_emitted", "greedy decoding stops at the end symbol but leaves it out",
+      "贪心解码在结束符处停下了，但没有输出结束符",
+      "append the next token before checking for EOS, so the output ends with it",
+      "先把下一个 token 接上，再判断是否是 EOS，这样输出以 EOS 结尾",
+      r"cat\(", r"break"),
     d("mask_pad_wrong_sequence", "the padding mask is built from the other sequence (the source's "
       "mask from the target, or the other way)", "填充掩码用错了序列（源端掩码用了目标序列，或者反过来）",
       "build each mask from its own ids: src_mask from src, tgt_mask from tgt",
