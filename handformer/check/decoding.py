@@ -145,6 +145,10 @@ def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
     got = _tokens(ctx, comp, ctx.learner.call("forward", comp.obj, **kwargs))
     stop = arg["end"] is not None
     right = reference(stop)
+    res.notes.append(text("checked with handformer's tiny Seq2SeqTransformer wrapped as the Annotated "
+                          "Transformer's model (encode, decode, generator), not with your own model",
+                          "用 handformer 的小 Seq2SeqTransformer 检查，它包装成 Annotated Transformer "
+                          "的模型接口（encode、decode、generator），不是用你自己的模型"))
     if got[:1] != [BOS]:  # some loops return the new tokens only
         right = right[1:]
         res.notes.append(text("it returns the new tokens, without the start symbol",
