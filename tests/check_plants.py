@@ -1,18 +1,19 @@
-"""The planted mistakes of `handformer check`'s proof: each is a text edit of
-tests/fixtures/learners/correct.py (a learner's code in the tutorials' style), and
-tests/fixtures/learners/<name>.py is that edit applied (`python tests/check_plants.py` rewrites them;
-a test keeps them in sync).
+"""The planted mistakes of `handformer check`'s proof: each is a text edit of the correct.py of one
+fixture family (tests/fixtures/learners*/: the tutorials' style, the LLM chapter's modern block,
+d2l's and nanoGPT's styles), and <family folder>/<name>.py is that edit applied (`python
+tests/check_plants.py` rewrites them; a test keeps them in sync).
 
-PLANTS[name] = (the diagnosis it must produce, [(old text, new text), ...]); each old text must occur
-in the file, and only its first occurrence is replaced.
+PLANTS[name] = Plant(the diagnosis it must produce, the kind that names it, [(old text, new text),
+...], family); each old text must occur in the file, and only its first occurrence is replaced.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-FIXTURES = Path(__file__).parent / "fixtures" / "learners"
-CORRECT = FIXTURES / "correct.py"
+FIXTURES = Path(__file__).parent / "fixtures"
+CORRECT = FIXTURES / "learners" / "correct.py"
 
 ENC_ATTN = """        attn_output, _ = self.self_attention(x, x, x, mask)
         x = self.norm1(x + self.dropout(attn_output))
@@ -22,69 +23,363 @@ ENC_FFN = """        ffn_output = self.ffn(x)
 """
 SPLIT = ".view(batch_size, -1, self.n_heads, self.d_k).transpose(1, 2)"
 
-PLANTS: dict[str, tuple[str | None, list[tuple[str, str]]]] = {
-    "no_scaling": ("no_scaling", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
-    "scale_by_dk": ("scale_by_dk", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1)) / d_k")]),
-    "softmax_wrong_dim": ("softmax_wrong_dim", [("F.softmax(scores, dim=-1)", "F.softmax(scores, dim=-2)")]),
-    "mask_after_softmax": ("mask_after_softmax", [
+
+@dataclass(frozen=True)
+class Plant:
+    """A planted mistake: the diagnosis it must produce (None: a difference by design), the kind of
+    component that names it (checked alone with --component), the edits, and the fixture family
+    whose correct.py it edits."""
+
+    diagnosis: str | None
+    kind: str
+    edits: list[tuple[str, str]]
+    family: str = "tutorial"
+    also: tuple[str, ...] = ()  # diagnoses the mistake brings with it, named too
+
+    @property
+    def expected(self) -> set[str]:
+        return ({self.diagnosis} if self.diagnosis else set()) | set(self.also)
+
+
+FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
+            "d2l": FIXTURES / "learners_d2l", "nanogpt": FIXTURES / "learners_nanogpt",
+            "sampling": FIXTURES / "learners_sampling", "training": FIXTURES / "learners_training",
+            "assembly": FIXTURES / "learners_assembly"}
+
+TUTORIAL_PLANTS: dict[str, Plant] = {
+    "no_scaling": Plant("no_scaling", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
+    "scale_by_dk": Plant("scale_by_dk", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1)) / d_k")]),
+    "softmax_wrong_dim": Plant("softmax_wrong_dim", "sdpa", [("F.softmax(scores, dim=-1)", "F.softmax(scores, dim=-2)")]),
+    "mask_after_softmax": Plant("mask_after_softmax", "sdpa", [
         ("    if mask is not None:\n        scores = scores.masked_fill(mask == 0, -1e9)\n", ""),
         ("    return torch.matmul(attn, v), attn", "    if mask is not None:\n        attn = attn.masked_fill(mask == 0, 0)\n"
                                                  "    return torch.matmul(attn, v), attn")]),
-    "mask_inverted": ("mask_inverted", [("mask == 0", "mask == 1")]),
-    "split_no_transpose": ("split_no_transpose", [(SPLIT, ".view(batch_size, self.n_heads, -1, self.d_k)")] * 3),
-    "concat_no_transpose": ("concat_no_transpose", [("context.transpose(1, 2).contiguous()", "context.contiguous()")]),
-    "no_output_projection": ("no_output_projection", [("return self.fc(context), attn", "return context, attn")]),
-    "kv_swapped": ("kv_swapped", [("K = self.w_k(k)", "K = self.w_v(k)"), ("V = self.w_v(v)", "V = self.w_k(v)")]),
-    "no_residual": ("no_residual", [(ENC_FFN, """        ffn_output = self.ffn(x)
+    "mask_inverted": Plant("mask_inverted", "sdpa", [("mask == 0", "mask == 1")]),
+    "split_no_transpose": Plant("split_no_transpose", "mha", [(SPLIT, ".view(batch_size, self.n_heads, -1, self.d_k)")] * 3),
+    "concat_no_transpose": Plant("concat_no_transpose", "mha", [("context.transpose(1, 2).contiguous()", "context.contiguous()")]),
+    "no_output_projection": Plant("no_output_projection", "mha", [("return self.fc(context), attn", "return context, attn")]),
+    "kv_swapped": Plant("kv_swapped", "mha", [("K = self.w_k(k)", "K = self.w_v(k)"), ("V = self.w_v(v)", "V = self.w_k(v)")]),
+    "no_residual": Plant("no_residual", "encoder_layer", [(ENC_FFN, """        ffn_output = self.ffn(x)
         x = self.norm2(self.dropout(ffn_output))
 """)]),
-    "pre_norm": ("pre_norm", [(ENC_ATTN, """        h = self.norm1(x)
+    "pre_norm": Plant("pre_norm", "encoder_layer", [(ENC_ATTN, """        h = self.norm1(x)
         attn_output, _ = self.self_attention(h, h, h, mask)
         x = x + self.dropout(attn_output)
 """)]),
-    "ffn_no_activation": ("ffn_no_activation", [("(F.relu(self.linear1(x))))", "(self.linear1(x)))")]),
-    "dropout_in_eval": ("dropout_in_eval", [("return self.linear2(self.dropout(", "return self.linear2(F.dropout(")]),
-    "pe_sin_cos_swapped": ("pe_sin_cos_swapped", [("pe[:, 0::2] = torch.sin(", "pe[:, 0::2] = torch.cos("),
+    "ffn_no_activation": Plant("ffn_no_activation", "ffn", [("(F.relu(self.linear1(x))))", "(self.linear1(x)))")]),
+    "dropout_in_eval": Plant("dropout_in_eval", "ffn", [("return self.linear2(self.dropout(", "return self.linear2(F.dropout(")]),
+    "pe_sin_cos_swapped": Plant("pe_sin_cos_swapped", "positional_encoding", [("pe[:, 0::2] = torch.sin(", "pe[:, 0::2] = torch.cos("),
                                                   ("pe[:, 1::2] = torch.cos(", "pe[:, 1::2] = torch.sin(")]),
-    "pe_wrong_frequency": ("pe_wrong_frequency", [("torch.arange(0, d_model, 2).float() * (-math",
+    "pe_wrong_frequency": Plant("pe_wrong_frequency", "positional_encoding", [("torch.arange(0, d_model, 2).float() * (-math",
                                                    "torch.arange(0, d_model // 2).float() * (-math")]),
-    "decoder_masks_swapped": ("decoder_masks_swapped", [
+    "decoder_masks_swapped": Plant("decoder_masks_swapped", "decoder_layer", [
         ("self.self_attention(x, x, x, tgt_mask)", "self.self_attention(x, x, x, src_mask)"),
         ("enc_output, enc_output, src_mask)", "enc_output, enc_output, tgt_mask)")]),
-    "causal_no_self": ("causal_off_by_one", [("diagonal=0)", "diagonal=-1)")]),
-    "causal_sees_next": ("causal_off_by_one", [("diagonal=0)", "diagonal=1)")]),
-    "nan_on_masked_rows": ("nan_on_masked_rows", [(", -1e9)", ", float('-inf'))")]),
-    "layernorm_unbiased_std": ("layernorm_unbiased_std", [
+    "causal_no_self": Plant("causal_off_by_one", "causal_mask", [("diagonal=0)", "diagonal=-1)")]),
+    "causal_sees_next": Plant("causal_off_by_one", "causal_mask", [("diagonal=0)", "diagonal=1)")]),
+    "nan_on_masked_rows": Plant("nan_on_masked_rows", "sdpa", [(", -1e9)", ", float('-inf'))")]),
+    "layernorm_unbiased_std": Plant("layernorm_unbiased_std", "layernorm", [
         ("(x - mean) / torch.sqrt(var + self.eps)", "(x - mean) / (x.std(dim=-1, keepdim=True) + self.eps)")]),
     # consistently pre-norm: a difference by design, not a mistake
-    "pre_norm_consistent": (None, [(ENC_ATTN, """        h = self.norm1(x)
+    "pre_norm_consistent": Plant(None, "encoder_layer", [(ENC_ATTN, """        h = self.norm1(x)
         attn_output, _ = self.self_attention(h, h, h, mask)
         x = x + self.dropout(attn_output)
 """), (ENC_FFN, """        x = x + self.dropout(self.ffn(self.norm2(x)))
 """)]),
 }
 
+RMS = "        x_hat = x * torch.rsqrt(mean_square + self.eps)\n"
+BLOCK_ATTN = "        x = x + self.dropout(self.attn(self.attn_norm(x), mask))\n"
+GATE = "F.silu(self.gate_proj(x)) * self.up_proj(x)"
+
+LLM_PLANTS: dict[str, Plant] = {
+    "rmsnorm_sum_squares": Plant("rmsnorm_sum_squares", "rmsnorm", [("x.pow(2).mean(", "x.pow(2).sum(")], "llm"),
+    "rmsnorm_no_sqrt": Plant("rmsnorm_no_sqrt", "rmsnorm", [
+        (RMS, "        x_hat = x / (mean_square + self.eps)\n")], "llm"),
+    "norm_eps_outside_sqrt": Plant("norm_eps_outside_sqrt", "rmsnorm", [
+        (RMS, "        x_hat = x / (torch.sqrt(mean_square) + self.eps)\n")], "llm"),
+    "norm_no_gain": Plant("norm_no_gain", "rmsnorm", [("        return self.weight * x_hat\n", "        return x_hat\n")],
+                          "llm"),
+    "norm_wrong_dim": Plant("norm_wrong_dim", "rmsnorm", [
+        ("(dim=-1, keepdim=True)\n        x_hat", "(dim=1, keepdim=True)\n        x_hat")], "llm"),
+    "gated_act_after_product": Plant("gated_act_after_product", "ffn", [
+        (GATE, "F.silu(self.gate_proj(x) * self.up_proj(x))")], "llm"),
+    "gated_activation_wrong_branch": Plant("gated_activation_wrong_branch", "ffn", [
+        (GATE, "self.gate_proj(x) * F.silu(self.up_proj(x))")], "llm"),
+    "ffn_wrong_activation": Plant("ffn_wrong_activation", "ffn", [("F.silu(", "F.gelu(")], "llm"),
+    "ffn_no_down_projection": Plant("ffn_no_down_projection", "ffn", [
+        ("        return self.down_proj(hidden)\n", "        return hidden\n")], "llm"),
+    "residual_from_normed": Plant("residual_from_normed", "block", [
+        (BLOCK_ATTN, "        h = self.attn_norm(x)\n        x = h + self.dropout(self.attn(h, mask))\n")], "llm"),
+    "shared_norm": Plant("shared_norm", "block", [("self.ffn(self.ffn_norm(x))", "self.ffn(self.attn_norm(x))")],
+                         "llm"),
+    "dropout_on_residual": Plant("dropout_on_residual", "block", [
+        ("x = x + self.dropout(self.ffn(", "x = self.dropout(x + self.ffn(")], "llm"),
+    "rope_wrong_base": Plant("rope_wrong_base", "rope", [
+        ("torch.arange(0, dim, 2).float() / dim", "torch.arange(0, dim // 2).float() / dim")], "llm"),
+    "rope_no_offset": Plant("rope_no_offset", "rope", [
+        ("self.cos_cached[offset:offset + seq_len], self.sin_cached[offset:offset + seq_len]",
+         "self.cos_cached[:seq_len], self.sin_cached[:seq_len]")], "llm"),
+    "rope_rotation_sign": Plant("rope_rotation_sign", "rope", [
+        ("torch.cat((-x2, x1), dim=-1)", "torch.cat((x2, -x1), dim=-1)")], "llm"),
+    "kv_repeat_order": Plant("kv_repeat_order", "gqa", [
+        ("    b, h, t, d = x.shape\n    return x[:, :, None, :, :].expand(b, h, n_rep, t, d).reshape(b, h * n_rep, t, d)",
+         "    return x.repeat(1, n_rep, 1, 1)")], "llm"),
+    "mask_not_applied": Plant("mask_not_applied", "gqa", [
+        ("scores = scores.masked_fill(mask == 0, -1e9)", "scores.masked_fill(mask == 0, -1e9)")], "llm"),
+}
+
+STYLE_PLANTS: dict[str, Plant] = {
+    "causal_mask_not_cropped": Plant("causal_mask_not_cropped", "causal_attention", [
+        ("self.bias[:, :, :T, :T] == 0", "self.bias == 0")], "nanogpt"),
+    # with -inf, a padded query row that is hidden whole comes out NaN: named too
+    "mask_hides_queries": Plant("mask_hides_queries", "causal_attention", [
+        ("attention_mask[:, None, None, :] == 0", "attention_mask[:, None, :, None] == 0")], "nanogpt",
+        ("nan_on_masked_rows",)),
+    "mask_repeat_order": Plant("mask_repeat_order", "mha", [
+        ("torch.repeat_interleave(valid_lens, repeats=self.num_heads, dim=0)", "valid_lens.repeat(self.num_heads)")],
+        "d2l"),
+    # diagnoses of the tutorials' style planted in the other styles too (the covering pairs need two
+    # mistakes of one file)
+    "d2l_add_norm_no_residual": Plant("no_residual", "add_norm", [
+        ("return self.ln(self.dropout(Y) + X)", "return self.ln(self.dropout(Y))")], "d2l"),
+    "nanogpt_no_scaling": Plant("no_scaling", "causal_attention", [
+        ("att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))", "att = q @ k.transpose(-2, -1)")],
+        "nanogpt"),
+    "nanogpt_mlp_no_activation": Plant("ffn_no_activation", "ffn", [
+        ("self.c_proj(self.gelu(self.c_fc(x)))", "self.c_proj(self.c_fc(x))")], "nanogpt"),
+    **{f"d2l_{name}": Plant(p.diagnosis, p.kind, p.edits, "d2l", p.also) for name, p in {
+        "no_scaling": Plant("no_scaling", "sdpa", [("keys.transpose(1, 2)) / math.sqrt(d)", "keys.transpose(1, 2))")]),
+        "scale_by_dk": Plant("scale_by_dk", "sdpa", [("keys.transpose(1, 2)) / math.sqrt(d)",
+                                                      "keys.transpose(1, 2)) / d")]),
+        "softmax_wrong_dim": Plant("softmax_wrong_dim", "masked_softmax", [
+            ("return nn.functional.softmax(X, dim=-1)", "return nn.functional.softmax(X, dim=-2)"),
+            ("softmax(X.reshape(shape), dim=-1)", "softmax(X.reshape(shape), dim=-2)")]),
+        "mask_inverted": Plant("mask_inverted", "masked_softmax", [("X[~keep] = value", "X[keep] = value")]),
+        "kv_swapped": Plant("kv_swapped", "mha", [
+            ("self.transpose_qkv(self.W_k(keys))", "self.transpose_qkv(self.W_v(keys))"),
+            ("self.transpose_qkv(self.W_v(values))", "self.transpose_qkv(self.W_k(values))")]),
+        "split_no_transpose": Plant("split_no_transpose", "mha", [
+            ("        X = X.permute(0, 2, 1, 3)\n        return X.reshape(-1, X.shape[2], X.shape[3])",
+             "        return X.reshape(-1, X.shape[1], X.shape[3])")]),
+        "concat_no_transpose": Plant("concat_no_transpose", "mha", [
+            ("        X = X.permute(0, 2, 1, 3)\n        return X.reshape(X.shape[0], X.shape[1], -1)",
+             "        return X.reshape(X.shape[0], X.shape[2], -1)")]),
+        # W_o, a LazyLinear the forward never calls, gets its (n, n) shape from the grader
+        "no_output_projection": Plant("no_output_projection", "mha", [
+            ("return self.W_o(self.transpose_output(output))", "return self.transpose_output(output)")]),
+        "ffn_no_activation": Plant("ffn_no_activation", "ffn", [
+            ("self.dense2(self.relu(self.dense1(X)))", "self.dense2(self.dense1(X))")]),
+        "pe_sin_cos_swapped": Plant("pe_sin_cos_swapped", "positional_encoding", [
+            ("self.P[:, :, 0::2] = torch.sin(angles)", "self.P[:, :, 0::2] = torch.cos(angles)"),
+            ("self.P[:, :, 1::2] = torch.cos(angles)", "self.P[:, :, 1::2] = torch.sin(angles)")]),
+        "pe_wrong_frequency": Plant("pe_wrong_frequency", "positional_encoding", [
+            ("torch.arange(0, num_hiddens, 2, dtype=torch.float32) / num_hiddens",
+             "torch.arange(0, num_hiddens // 2, dtype=torch.float32) / num_hiddens")]),
+        "decoder_masks_swapped": Plant("decoder_masks_swapped", "decoder_layer", [
+            ("self.attention1(X, key_values, key_values, dec_valid_lens)",
+             "self.attention1(X, key_values, key_values, enc_valid_lens)"),
+            ("self.attention2(Y, enc_outputs, enc_outputs, enc_valid_lens)",
+             "self.attention2(Y, enc_outputs, enc_outputs, dec_valid_lens)")]),
+        # the decoder builds its causal mask from valid lengths: 0..T-1 (no self), 2..T+1 (sees next)
+        "causal_no_self": Plant("causal_off_by_one", "decoder_layer", [
+            ("torch.arange(1, num_steps + 1", "torch.arange(0, num_steps")]),
+        "causal_sees_next": Plant("causal_off_by_one", "decoder_layer", [
+            ("torch.arange(1, num_steps + 1", "torch.arange(2, num_steps + 2")]),
+    }.items()},
+    **{f"nanogpt_{name}": plant for name, plant in {
+        "kv_swapped": Plant("kv_swapped", "causal_attention", [
+            ("q, k, v = self.c_attn(x).split(", "q, v, k = self.c_attn(x).split(")], "nanogpt"),
+        # nanoGPT fills with -inf: a padded query row hidden whole by the softmax over queries is NaN
+        "softmax_wrong_dim": Plant("softmax_wrong_dim", "causal_attention", [
+            ("att = F.softmax(att, dim=-1)", "att = F.softmax(att, dim=-2)")], "nanogpt", ("nan_on_masked_rows",)),
+        "concat_no_transpose": Plant("concat_no_transpose", "causal_attention", [
+            ("y = y.transpose(1, 2).contiguous().view(B, T, C)", "y = y.contiguous().view(B, T, C)")], "nanogpt"),
+        "no_output_projection": Plant("no_output_projection", "causal_attention", [
+            ("return self.resid_dropout(self.c_proj(y))", "return self.resid_dropout(y)")], "nanogpt"),
+        "no_residual": Plant("no_residual", "block", [
+            ("x = x + self.mlp(self.ln_2(x))", "x = self.mlp(self.ln_2(x))")], "nanogpt"),
+        "causal_sees_next": Plant("causal_off_by_one", "causal_attention", [
+            ("mask = torch.tril(torch.ones(config.block_size, config.block_size))",
+             "mask = torch.tril(torch.ones(config.block_size, config.block_size), diagonal=1)")], "nanogpt"),
+    }.items()},
+}
+
+TOP_P_RULE = "    mass_above = torch.cumsum(probs, dim=-1) - probs\n    remove = mass_above >= p\n"
+GEN_LOOP = "    for _ in range(max_new_tokens):\n        block_size = model.config.block_size\n"
+
+SAMPLING_PLANTS: dict[str, Plant] = {
+    "temperature_multiplied": Plant("temperature_multiplied", "temperature", [
+        ("return logits / temperature", "return logits * temperature")], "sampling"),
+    "temperature_after_softmax": Plant("temperature_after_softmax", "temperature", [
+        ("return logits / temperature", "return F.softmax(logits, dim=-1) / temperature")], "sampling"),
+    "filter_fill_finite": Plant("filter_fill_finite", "top_k", [
+        ('logits.masked_fill(logits < kth, float("-inf"))', "logits.masked_fill(logits < kth, 1e-10)")], "sampling"),
+    "top_k_off_by_one": Plant("top_k_off_by_one", "top_k", [("logits < kth", "logits <= kth")], "sampling"),
+    "top_k_exceeds_vocab": Plant("top_k_exceeds_vocab", "top_k", [("    k = min(k, logits.size(-1))\n", "")],
+                                 "sampling"),
+    "top_p_drops_crossing": Plant("top_p_drops_crossing", "top_p", [
+        (TOP_P_RULE, "    remove = torch.cumsum(probs, dim=-1) > p\n")], "sampling"),
+    "top_p_extra_at_equality": Plant("top_p_extra_at_equality", "top_p", [("remove = mass_above >= p",
+                                                                            "remove = mass_above > p")], "sampling"),
+    "top_p_empty_set": Plant("top_p_empty_set", "top_p", [
+        (TOP_P_RULE + "    remove[..., 0] = False\n",
+         "    remove = torch.cumsum(probs, dim=-1) >= p\n    remove[..., 1:] = remove[..., :-1].clone()\n")],
+        "sampling"),
+    "top_p_one_not_noop": Plant("top_p_one_not_noop", "top_p", [("    if p >= 1.0:\n        return logits\n", "")],
+                                "sampling"),
+    "sampling_softmax_wrong_dim": Plant("sampling_softmax_wrong_dim", "sample", [
+        ("    probs = F.softmax(logits, dim=-1)\n    return torch.multinomial",
+         "    probs = F.softmax(logits, dim=0)\n    return torch.multinomial")], "sampling"),
+    "sampling_from_logits": Plant("sampling_from_logits", "sample", [
+        ("torch.multinomial(probs, num_samples=1)", "torch.multinomial(logits, num_samples=1)")], "sampling"),
+    "argmax_wrong_dim": Plant("argmax_wrong_dim", "greedy", [("logits.argmax(dim=-1)", "logits.argmax(dim=0)")],
+                              "sampling"),
+    "generate_not_appended": Plant("generate_not_appended", "generate", [
+        ("        idx = torch.cat((idx, idx_next), dim=1)\n", "        idx_new = torch.cat((idx, idx_next), dim=1)\n")],
+        "sampling"),
+    "generate_no_crop": Plant("generate_no_crop", "generate", [
+        ("idx_cond = idx if idx.size(1) <= block_size else idx[:, -block_size:]", "idx_cond = idx")], "sampling"),
+    "generate_cache_mismatch": Plant("generate_cache_mismatch", "generate", [
+        ("out = model(next_id, past_key_values=past, use_cache=True)", "out = model(next_id, use_cache=True)")],
+        "sampling"),
+    "generate_does_not_stop": Plant("generate_does_not_stop", "generate", [
+        (GEN_LOOP, GEN_LOOP.replace("for _ in range(max_new_tokens):", "while idx.size(1) < 10**6:"))], "sampling"),
+}
+
+COSINE = "    progress = (it - warmup_iters) / (cosine_cycle_iters - warmup_iters)\n"
+
+TRAINING_PLANTS: dict[str, Plant] = {
+    "train_step_no_zero_grad": Plant("train_step_no_zero_grad", "train_step", [
+        ("    optimizer.zero_grad()\n    loss.backward()\n", "    loss.backward()\n")], "training"),
+    "train_step_clip_after_step": Plant("train_step_clip_after_step", "train_step", [
+        ("    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)\n    optimizer.step()\n",
+         "    optimizer.step()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)\n")], "training"),
+    "train_step_eval_mode": Plant("train_step_eval_mode", "train_step", [("    model.train()\n", "")], "training"),
+    "train_step_no_shift": Plant("train_step_no_shift", "train_step", [
+        ("logits = model(src, tgt_in)", "logits = model(src, tgt)"),
+        ("tgt_out.reshape(-1))", "tgt.reshape(-1))")], "training"),
+    "loss_counts_padding": Plant("loss_counts_padding", "loss", [
+        ("return (nll * real).sum() / real.sum()", "return (nll * real).sum() / targets.numel()")], "training"),
+    "loss_counts_padding_in_the_loss": Plant("loss_counts_padding", "loss", [
+        ("return (nll * real).sum() / real.sum()", "return nll.mean()")], "training"),
+    "loss_mean_over_batch": Plant("loss_mean_over_batch", "loss", [
+        ("return (nll * real).sum() / real.sum()", "return (nll * real).sum() / targets.size(0)")], "training"),
+    "smoothing_on_pad": Plant("smoothing_on_pad", "loss", [("        smoothed[:, self.padding_idx] = 0.0\n", "")],
+                              "training"),
+    "loss_log_zero": Plant("loss_log_zero", "loss", [
+        ("return self.criterion(x, smoothed.detach())", "return (smoothed * (smoothed.log() - x)).sum()")],
+        "training"),
+    "schedule_step_zero": Plant("schedule_step_zero", "schedule", [
+        ("    # LambdaLR calls this with step 0 first: count it as step 1\n    if step == 0:\n        step = 1\n", "")],
+        "training"),
+    "schedule_exponent_sign": Plant("schedule_exponent_sign", "schedule", [
+        ("min(step ** (-0.5), step", "min(step ** (0.5), step")], "training"),
+    "schedule_no_d_model": Plant("schedule_no_d_model", "schedule", [
+        ("return factor * (model_size ** (-0.5) * min(", "return factor * (min(")], "training"),
+    "schedule_warmup_off_by_one": Plant("schedule_warmup_off_by_one", "schedule", [
+        ("    if it < warmup_iters:\n", "    warmup_iters = warmup_iters - 1  # the index of the last warmup step\n"
+                                      "    if it < warmup_iters:\n")], "training"),
+    "cosine_from_step_zero": Plant("cosine_from_step_zero", "schedule", [
+        (COSINE, "    progress = it / cosine_cycle_iters\n")], "training"),
+    "cosine_no_floor": Plant("cosine_no_floor", "schedule", [
+        ("    if it > cosine_cycle_iters:\n        return min_learning_rate\n", "")], "training"),
+    "cosine_min_lr_ignored": Plant("cosine_min_lr_ignored", "schedule", [
+        ("return min_learning_rate + 0.5 * (1 + math.cos(math.pi * progress)) * (max_learning_rate - min_learning_rate)",
+         "return 0.5 * (1 + math.cos(math.pi * progress)) * max_learning_rate")], "training"),
+}
+
+ASSEMBLY_PLANTS: dict[str, Plant] = {
+    "greedy_no_stop_at_eos": Plant("greedy_no_stop_at_eos", "greedy_decode", [
+        ("        if next_word == end_symbol:\n            break\n", "")], "assembly"),
+    "greedy_eos_not_emitted": Plant("greedy_eos_not_emitted", "greedy_decode", [
+        ("        ys = torch.cat([ys, torch.full((1, 1), next_word, dtype=src.dtype)], dim=1)\n"
+         "        if next_word == end_symbol:\n            break\n",
+         "        if next_word == end_symbol:\n            break\n"
+         "        ys = torch.cat([ys, torch.full((1, 1), next_word, dtype=src.dtype)], dim=1)\n")], "assembly"),
+    "mask_pad_id": Plant("mask_pad_id", "mask_helper", [
+        ("return (src != pad_idx).unsqueeze(1)", "return (src != 0).unsqueeze(1)")], "assembly"),
+    "mask_pad_wrong_sequence": Plant("mask_pad_wrong_sequence", "mask_helper", [
+        ("src_mask = (src != pad_idx)[:, None, None, :]", "src_mask = (tgt != pad_idx)[:, None, None, :]")],
+        "assembly"),
+    "mask_combined_with_or": Plant("mask_combined_with_or", "mask_helper", [
+        ("return pad_mask & causal", "return pad_mask | causal")], "assembly"),
+    "mask_helper_causal_sees_next": Plant("causal_off_by_one", "mask_helper", [
+        ("causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=tgt.device))",
+         "causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=tgt.device), diagonal=1)")], "assembly"),
+}
+
+PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
+                            **ASSEMBLY_PLANTS}
+
+# Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
+# a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
+# same attention that is more than the search's pairs (docs/check.md lists them).
+THREE_MISTAKES: list[tuple[str, str]] = [
+    ("nanogpt_no_scaling", "nanogpt_softmax_wrong_dim"), ("nanogpt_kv_swapped", "nanogpt_softmax_wrong_dim"),
+    ("nanogpt_softmax_wrong_dim", "nanogpt_concat_no_transpose"),
+    ("nanogpt_softmax_wrong_dim", "nanogpt_no_output_projection"),
+    ("nanogpt_softmax_wrong_dim", "nanogpt_causal_sees_next"), ("mask_hides_queries", "nanogpt_softmax_wrong_dim"),
+    ("mask_hides_queries", "nanogpt_concat_no_transpose"),
+]
+
+# A covering set of pairs, run by default: every diagnosis in one pair at least, preferring two
+# mistakes in one component (tests/test_check.py runs every pair of one family, marked slow).
+COVERING_PAIRS: list[tuple[str, str]] = [
+    ("no_scaling", "kv_swapped"), ("scale_by_dk", "split_no_transpose"), ("softmax_wrong_dim", "nan_on_masked_rows"),
+    ("mask_after_softmax", "mask_inverted"), ("concat_no_transpose", "no_residual"),
+    ("no_output_projection", "decoder_masks_swapped"), ("pre_norm", "ffn_no_activation"),
+    ("dropout_in_eval", "layernorm_unbiased_std"), ("pe_sin_cos_swapped", "pe_wrong_frequency"),
+    ("causal_sees_next", "dropout_in_eval"),
+    ("rmsnorm_sum_squares", "norm_wrong_dim"), ("rmsnorm_no_sqrt", "norm_no_gain"),
+    ("norm_eps_outside_sqrt", "residual_from_normed"), ("gated_act_after_product", "ffn_wrong_activation"),
+    ("gated_activation_wrong_branch", "shared_norm"), ("ffn_no_down_projection", "kv_repeat_order"),
+    ("dropout_on_residual", "rope_rotation_sign"), ("rope_wrong_base", "rope_no_offset"),
+    ("kv_repeat_order", "mask_not_applied"),
+    ("mask_repeat_order", "d2l_add_norm_no_residual"), ("causal_mask_not_cropped", "nanogpt_mlp_no_activation"),
+    ("mask_hides_queries", "nanogpt_no_scaling"),
+    ("temperature_multiplied", "top_k_off_by_one"), ("temperature_after_softmax", "generate_cache_mismatch"),
+    ("filter_fill_finite", "top_k_exceeds_vocab"), ("top_p_drops_crossing", "argmax_wrong_dim"),
+    ("top_p_extra_at_equality", "sampling_softmax_wrong_dim"), ("top_p_empty_set", "generate_no_crop"),
+    ("top_p_one_not_noop", "generate_not_appended"), ("sampling_from_logits", "generate_cache_mismatch"),
+    ("generate_not_appended", "generate_does_not_stop"),
+    ("schedule_step_zero", "cosine_from_step_zero"), ("schedule_exponent_sign", "cosine_no_floor"),
+    ("schedule_no_d_model", "schedule_warmup_off_by_one"), ("cosine_min_lr_ignored", "schedule_step_zero"),
+    ("loss_counts_padding", "smoothing_on_pad"), ("loss_mean_over_batch", "loss_log_zero"),
+    ("train_step_no_zero_grad", "train_step_eval_mode"), ("train_step_clip_after_step", "train_step_no_shift"),
+    ("mask_pad_id", "greedy_no_stop_at_eos"), ("mask_combined_with_or", "greedy_eos_not_emitted"),
+    ("mask_pad_wrong_sequence", "mask_helper_causal_sees_next"),
+]
+
+
+def correct_file(family: str) -> Path:
+    return FAMILIES[family] / "correct.py"
+
 
 def plant(source: str, names: list[str]) -> str:
-    """`source` with the edits of every plant in `names`, applied in the order of PLANTS."""
+    """`source` with the edits of every plant in `names` (one family), applied in the order of PLANTS."""
     for name in sorted(names, key=list(PLANTS).index):
-        for old, new in PLANTS[name][1]:
+        for old, new in PLANTS[name].edits:
             if old not in source:
                 raise ValueError(f"plant {name}: {old!r} is not in the source (another plant edited it)")
             source = source.replace(old, new, 1)
     return source
 
 
+def planted_source(names: list[str]) -> str:
+    (family,) = {PLANTS[n].family for n in names}
+    return plant(correct_file(family).read_text(), names).replace(
+        "with no mistake.", f"with {'one planted mistake' if len(names) == 1 else 'planted mistakes'}: "
+        f"{', '.join(names)}.", 1)
+
+
 def planted_file(name: str) -> Path:
-    return FIXTURES / f"{name}.py"
+    return FAMILIES[PLANTS[name].family] / f"{name}.py"
 
 
 def write_all() -> None:
-    source = CORRECT.read_text()
     for name in PLANTS:
-        text = plant(source, [name]).replace(
-            "with no mistake.", f"with one planted mistake: {name}.", 1)
-        planted_file(name).write_text(text)
+        planted_file(name).write_text(planted_source([name]))
 
 
 if __name__ == "__main__":

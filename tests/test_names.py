@@ -88,6 +88,16 @@ def test_model_names():
         assert callable(getattr(module, name)), name
 
 
+def test_the_sampling_names():
+    """docs/names.md's rows from logits to tokens name these functions with these parameters."""
+    assert params(sampling.apply_temperature) == ["logits", "temperature"]
+    assert params(sampling.top_k_filter) == ["logits", "k"] and params(sampling.top_p_filter) == ["logits", "p"]
+    assert params(sampling.filter_logits) == ["logits", "temperature", "top_k", "top_p"]
+    assert params(sampling.next_tokens) == ["logits", "temperature", "top_k", "top_p", "generator"]
+    assert params(generate.generate)[:3] == ["model", "prompts", "max_new_tokens"]
+    assert {"temperature", "top_k", "top_p", "seed"} <= set(params(generate.generate))
+
+
 def test_minus_1e9_does_not_fit_in_float16():
     scores = torch.zeros(1, 2, dtype=torch.float16)
     with pytest.raises(RuntimeError, match="overflow"):

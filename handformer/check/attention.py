@@ -1,18 +1,22 @@
-"""Runners for attention: the scaled dot-product function, multi-head attention (self and cross),
-and causal self-attention that builds its own mask.
+"""Runners for attention: the scaled dot-product function, d2l's masked softmax, multi-head attention
+(self and cross, grouped-query, with rotary positions inside), and causal self-attention that builds
+its own mask.
 
 Each compares the learner's output (and returned weights, and gradients) with handformer's own
 component on several shapes and masks, runs the reference-free checks (causality, padding
 invariance, heads one by one, no NaN on fully masked rows, eval determinism, the tutorials' shapes),
 and names mistakes by fingerprint search over `handformer.check.variants`.
 
-Shape legend: B batch, T query length, S key length, D d_model, H heads, Dh head dim.
+Shape legend: B batch, T query length, S key length, D d_model, H heads, Hkv key/value heads,
+Dh head dim.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,6 +27,8 @@ from handformer.check import variants as V
 from handformer.check.context import (
     ATTENTION_FLAGS,
     HEAD_FLAGS,
+    MAX_LEN,
+    ROPE_FLAGS,
     TUTORIAL,
     Context,
     D,
@@ -38,6 +44,7 @@ from handformer.check.context import (
     is_mask_name,
     masked_rows,
     nan_on_hidden_rows,
+    not_cropped,
     outputs_by_convention,
     positions,
     shape_of,
@@ -54,36 +61,77 @@ from handformer.check.weights import (
     mha_weights,
 )
 from handformer.nn.attention import MultiHeadAttention, scaled_dot_product_attention
+from handformer.nn.masks import causal_mask
+from handformer.nn.positions import RotaryEmbedding
 
 Call = Callable[[Tensor, Tensor, Tensor, Tensor | None], Any]
+ROPE_WORDS = ("rotary", "rope", "freqs_cis", "rotate_half", "apply_rotary")
 
 
-def caller(fn: Any) -> tuple[Call, int, bool]:
-    """A uniform (xq, xk, xv, mask) call into the learner's forward or function; also how many
-    inputs it takes (1: self-attention only) and whether it takes a mask."""
+@dataclass
+class Caller:
+    """A uniform (xq, xk, xv, mask) call into the learner's forward or function."""
+
+    call: Call
+    n_inputs: int  # 1: self-attention only; 3: query, key, value
+    mask_name: str | None  # the name of its mask (or valid_lens) parameter, None if it takes none
+    rope_table: bool  # it is handed Meta's freqs_cis (complex rotary table) by its caller
+
+    @property
+    def takes_mask(self) -> bool:
+        return self.mask_name is not None
+
+
+def caller(fn: Any, head_dim: int = D // H) -> Caller:
+    """How to call the learner's attention: its inputs by position, its mask by name (None when
+    there is no mask: d2l's `valid_lens` has no default), and the rotary table or positions a
+    Llama-style forward(x, freqs_cis, mask) or forward(x, start_pos, ...) asks for."""
     params = forward_parameters(fn)
-    inputs = [p for p in params if not is_mask_name(p.name)]
+    extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos"}
+    inputs = [p for p in params if not is_mask_name(p.name) and p.name not in extra]
     masks = [p for p in params if is_mask_name(p.name)]
+    named = {p.name for p in params} & extra
     n = 3 if len(inputs) >= 3 else len(inputs)
 
     def call(xq: Tensor, xk: Tensor, xv: Tensor, mask: Tensor | None) -> Any:
         args = [xq, xk, xv][:n]
-        kwargs = {masks[0].name: mask} if masks and mask is not None else {}
+        kwargs: dict[str, Any] = {masks[0].name: mask} if masks else {}
+        B, T = xq.shape[:2]
+        for name in named:
+            if name == "freqs_cis":
+                angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
+                kwargs[name] = torch.polar(torch.ones_like(angles), angles)
+            elif name == "start_pos":
+                kwargs[name] = 0
+            else:
+                kwargs[name] = torch.arange(T)[None].expand(B, T)
         return fn(*args, **kwargs)
 
-    return call, n, bool(masks)
+    return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named)
 
 
-def detect(ctx: Context, run: Callable[[str], Tensor | None], compute: Callable[[frozenset[str]], Tensor],
-           universe: tuple[str, ...], rows: fp.Rows,
+def run_mask(keep: Tensor | None, conv: str, batch: int) -> Tensor | None:
+    return fp.encode_mask(keep, conv, batch) if keep is not None else None
+
+
+Compute = Callable[[frozenset[str], str], Tensor]
+RowsOf = Callable[[frozenset[str], str], Tensor | None]
+
+
+def detect(ctx: Context, run: Callable[[str], Tensor | None], compute: Compute, universe: tuple[str, ...],
+           rows: RowsOf, conventions: tuple[str, ...],
            ) -> tuple[str | None, tuple[frozenset[str], float] | None, fp.LearnerFailure | None]:
     """The mask convention that explains the learner's output with the fewest mistakes, and those
-    mistakes. Returns (convention, (flags, error) or None, the first learner failure)."""
-    outputs, failure = outputs_by_convention(run, ctx.conventions())
+    mistakes. compute and rows take the convention too (a key padding mask cannot carry the causal
+    part, so such conventions are searched with a padding mask). Returns (convention, (flags, error)
+    or None, the first learner failure)."""
+    outputs, failure = outputs_by_convention(run, conventions)
+    universe = responsive(outputs, universe)
     for min_flags, max_flags in ((0, 1), (2, 2)):  # pairs only once no smaller set matched
         best = None
         for conv, out in outputs.items():
-            found = fp.search(out, compute, universe, rows, max_flags, min_flags)
+            found = fp.search(out, lambda fl, conv=conv: compute(fl, conv), universe,
+                              lambda fl, conv=conv: rows(fl, conv), max_flags, min_flags)
             if found is not None and (best is None or len(found[0]) < len(best[1][0])):
                 best = (conv, found)
             if found is not None and not found[0]:
@@ -93,59 +141,177 @@ def detect(ctx: Context, run: Callable[[str], Tensor | None], compute: Callable[
     return (next(iter(outputs), None), None, failure)
 
 
+def responsive(outputs: dict[str, Tensor], universe: tuple[str, ...]) -> tuple[str, ...]:
+    """The mistakes to search for, given the outputs under each mask convention: when they differ,
+    the code reads its mask (in one of the conventions at least), so it is not a mask never applied
+    (under a convention its comparisons never fire, e.g. `mask == 1` on an additive mask, it would
+    look like one)."""
+    distinct = []
+    for out in outputs.values():
+        if not any(out.shape == seen.shape and torch.equal(out, seen) for seen in distinct):
+            distinct.append(out)
+    return tuple(f for f in universe if f != "mask_not_applied") if len(distinct) > 1 else universe
+
+
+def keeps_for(keep: Tensor | None, fallback: Tensor | None, conventions: tuple[str, ...],
+              ) -> dict[str, Tensor | None]:
+    """The mask each convention is searched with: `keep`, or `fallback` (padding only) where the
+    convention cannot write `keep`."""
+    return {c: keep if fp.encodable(keep, c) else fallback for c in conventions}
+
+
+# --- scaled dot-product attention and masked softmax -------------------------------------------
+
 def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     fn = comp.obj
     if isinstance(fn, type):
         fn = ctx.learner.call("__init__", lambda: comp.obj(**_dropout_kwargs(comp.obj)))
         if isinstance(fn, nn.Module):
             fn = fn.double().eval()
-    call, _, takes_mask = caller(fn)
+    c = caller(fn)
+    convs = ctx.conventions(c.mask_name)
     B, T, S, Dh = 2, 6, 6, 8
     q, k, v = fp.randn(B, H, T, Dh, seed=1), fp.randn(B, H, S, Dh, seed=2), fp.randn(B, H, S, Dh, seed=3)
-    keep = causal(T) & positions(B, S, [0, 2])  # (B, 1, T, S)
+    keeps = keeps_for(causal(T) & positions(B, S, [0, 2]), positions(B, S, [0, 2]), convs)
+    layout = _layout(ctx, c, convs, keeps)
 
     def run(conv: str) -> Tensor | None:
-        return fp.first_tensor(ctx.learner.call("forward", call, q, k, v, fp.encode_mask(keep, conv)), 4)
+        return layout.run(ctx, c, q, k, v, keeps[conv] if c.takes_mask else None, conv)
 
-    working = first_working(ctx, run)
+    working = first_working(ctx, run, convs)
     check_determinism(res, ctx, comp, lambda: run(working))
 
-    def search_rows(flags: frozenset[str]) -> Tensor | None:
-        return fp.visible_rows(V.applied_keep(keep, flags), B, T)  # an inverted mask hides other rows
+    def search_rows(flags: frozenset[str], conv: str) -> Tensor | None:
+        return fp.visible_rows(V.applied_keep(keeps[conv], flags, H), B, T)  # inverted: other rows hidden
 
     with fp.dropout_off():
-        conv, found, failure = detect(ctx, run, lambda fl: V.attention(q, k, v, keep, fl)[0],
-                                      ATTENTION_FLAGS, search_rows)
+        conv, found, failure = detect(ctx, run, lambda fl, conv: V.attention(q, k, v, keeps[conv], fl)[0],
+                                      ATTENTION_FLAGS, search_rows, convs)
         if conv is None:
             raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, H, T, Dh) tensor")
-        res.convention = fp.describe_convention(conv)
-        correct = V.attention(q, k, v, keep)[0]
+        if c.takes_mask:
+            res.convention = fp.describe_convention(conv)
+        correct = V.attention(q, k, v, keeps[conv])[0]
         if found and found[0]:
-            res.findings += ctx.findings(found[0], found[1],
-                                         fp.max_error(run(conv), correct, search_rows(found[0])), comp, "mha")
+            off = fp.max_error(run(conv), correct, search_rows(found[0], conv))
+            res.findings += ctx.findings(found[0], found[1], off, comp, "mha")
         if found:
-            nan_on_hidden_rows(res, run(conv), search_rows(found[0]), comp, ctx)
+            nan_on_hidden_rows(res, run(conv), search_rows(found[0], conv), comp, ctx)
         errors = []
         cases = [("no mask", 2, 5, 5, None), ("padding", 3, 4, 7, positions(3, 7, [0, 2, 7])),
-                 ("causal + padding", 2, 6, 6, keep), ("cross, T != S", 2, 3, 5, positions(2, 5, [0, 1]))]
+                 ("causal + padding", 2, 6, 6, causal(6) & positions(2, 6, [0, 2])),
+                 ("cross, T != S", 2, 3, 5, positions(2, 5, [0, 1]))]
         for _label, b, t, s, mask in cases:
-            mask = mask if takes_mask else None
-            q, k, v = (fp.randn(b, H, t, Dh, seed=4), fp.randn(b, H, s, Dh, seed=5),
-                       fp.randn(b, H, s, Dh, seed=6))
-            raw = ctx.learner.call("forward", call, q, k, v, fp.encode_mask(mask, conv))
-            ref, ref_w = scaled_dot_product_attention(q, k, v, mask, need_weights=True)
+            mask = mask if c.takes_mask else None
+            if not fp.encodable(mask, conv):
+                continue
+            qc, kc, vc = (fp.randn(b, H, t, Dh, seed=4), fp.randn(b, H, s, Dh, seed=5),
+                          fp.randn(b, H, s, Dh, seed=6))
+            raw = layout.raw(ctx, c, qc, kc, vc, mask, conv)
+            ref, ref_w = scaled_dot_product_attention(qc, kc, vc, mask, need_weights=True)
             rows = fp.visible_rows(mask, b, t)
-            out = fp.first_tensor(raw, 4)
+            out = layout.output(raw, qc.shape)
             errors.append(fp.max_error(out, ref, rows))
             weights = fp.weights_of(raw)
-            if weights is not None:
+            if weights is not None and weights.shape == ref_w.shape:
                 errors.append(fp.max_error(weights, ref_w, rows))
             masked_rows(res, out, rows, comp, ctx)
         res.max_abs_error = max(errors)
-        res.checks.append(Check(text("matches handformer's scaled_dot_product_attention on 4 cases",
-                                     "在 4 组输入上与 handformer 的 scaled_dot_product_attention 一致"),
+        n = len(errors)
+        res.checks.append(Check(text(f"matches handformer's scaled_dot_product_attention on {n} cases",
+                                     f"在 {n} 组输入上与 handformer 的 scaled_dot_product_attention 一致"),
                                 res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
+    return finish(res)
+
+
+@dataclass
+class Layout:
+    """How the learner's attention function takes its inputs: (B, H, T, Dh) tensors, or d2l's
+    (B * H, T, Dh) with the mask (or valid lengths) repeated for each head."""
+
+    flat: bool
+
+    def raw(self, ctx: Context, c: Caller, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
+            conv: str) -> Any:
+        B, heads = q.shape[:2]
+        if self.flat:
+            q, k, v = (t.reshape(B * heads, *t.shape[2:]) for t in (q, k, v))  # (B * H, T, Dh)
+            if keep is not None:
+                keep = keep.expand(B, heads, *keep.shape[2:]).reshape(B * heads, 1, *keep.shape[2:])
+        mask = run_mask(keep, conv, q.size(0)) if c.takes_mask else None
+        return ctx.learner.call("forward", c.call, q, k, v, mask)
+
+    def output(self, raw: Any, shape: torch.Size) -> Tensor | None:
+        out = fp.first_tensor(raw, 3 if self.flat else 4)
+        if self.flat and out is not None and out.numel() == math.prod(shape):
+            return out.reshape(shape)  # (B, H, T, Dh)
+        return out
+
+    def run(self, ctx: Context, c: Caller, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
+            conv: str) -> Tensor | None:
+        return self.output(self.raw(ctx, c, q, k, v, keep, conv), q.shape)
+
+
+def _layout(ctx: Context, c: Caller, convs: tuple[str, ...], keeps: dict[str, Tensor | None]) -> Layout:
+    """(B, H, T, Dh) if the learner's function runs on it and returns a 4-D tensor, else d2l's
+    (B * H, T, Dh)."""
+    q = fp.randn(2, H, 6, 8, seed=0)
+    for layout in (Layout(False), Layout(True)):
+        for conv in convs:
+            try:
+                if layout.run(ctx, c, q, q, q, keeps[conv], conv) is not None:
+                    return layout
+            except fp.LearnerFailure:
+                continue
+    return Layout(False)
+
+
+def check_masked_softmax(comp: Component, ctx: Context) -> ComponentResult:
+    """d2l's masked_softmax(X, valid_lens): softmax over the last axis of X (B, T, S), keys at or
+    past each row's valid length masked (-1e6)."""
+    res = ctx.result(comp)
+    params = forward_parameters(comp.obj)
+    mask_name = next((p.name for p in params if is_mask_name(p.name)),
+                     params[-1].name if len(params) > 1 else None)
+    convs = ctx.conventions(mask_name)
+    B, T, S = 3, 5, 6
+    scores = fp.randn(B, T, S, seed=1) * 2
+    keeps = keeps_for(causal_mask(T, S) & positions(B, S, [0, 2, 1]), positions(B, S, [0, 2, 1]), convs)
+
+    def run(conv: str, keep: Tensor | None = None) -> Tensor | None:
+        mask = run_mask(keeps[conv] if keep is None else keep, conv, B)
+        return fp.first_tensor(ctx.learner.call("forward", comp.obj, scores.clone(), mask), 3)
+
+    def compute(flags: frozenset[str], conv: str) -> Tensor:
+        return V.masked_softmax(scores[:, None], keeps[conv], flags)[:, 0]
+
+    def rows(flags: frozenset[str], conv: str) -> Tensor | None:
+        return fp.visible_rows(V.applied_keep(keeps[conv], flags), B, T)
+
+    universe = ("softmax_wrong_dim:-2", "mask_inverted", "mask_after_softmax:zero", "mask_after_softmax:neg",
+                "mask_not_applied")
+    conv, found, failure = detect(ctx, run, compute, universe, rows, convs)
+    if conv is None:
+        raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, T, S) tensor for scores "
+                                          f"of shape {(B, T, S)}")
+    res.convention = fp.describe_convention(conv)
+    if found and found[0]:
+        off = fp.max_error(run(conv), compute(frozenset(), conv), rows(found[0], conv))
+        res.findings += ctx.findings(found[0], found[1], off, comp)
+    errors = []
+    for keep in (positions(B, S, [0, 6, 3]), causal_mask(T, S) & positions(B, S, [1, 0, 2]), None):
+        if not fp.encodable(keep, conv):
+            continue
+        out = run(conv, keep) if keep is not None else fp.first_tensor(
+            ctx.learner.call("forward", comp.obj, scores.clone(), None), 3)
+        ref = torch.softmax(scores if keep is None else scores.masked_fill(~keep[:, 0], -1e6), dim=-1)
+        errors.append(fp.max_error(out, ref, fp.visible_rows(keep, B, T)))
+    res.max_abs_error = max(errors)
+    n = len(errors)
+    res.checks.append(Check(text(f"equals the softmax over the visible keys on {n} masks (None included)",
+                                 f"在 {n} 组掩码上（含 None）与只对可见键做的 softmax 一致"),
+                            res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
     return finish(res)
 
 
@@ -154,123 +320,225 @@ def _dropout_kwargs(cls: type) -> dict[str, float]:
     return {p.name: 0.1 for p in params if "drop" in p.name.lower() and p.default is p.empty}
 
 
-def _hf_attention(slots: list[Slot]) -> MultiHeadAttention:
-    hf = MultiHeadAttention(D, H).double().eval()
+# --- multi-head attention -----------------------------------------------------------------------
+
+def _hf_attention(slots: list[Slot], n_kv_heads: int | None = None, rope: str | None = None,
+                  ) -> MultiHeadAttention:
+    """handformer's attention with the learner's weights. Interleaved rotary pairs (Meta's) become
+    handformer's half-split ones by permuting each head's rows of W_Q and W_K: q.k is unchanged."""
+    hf = MultiHeadAttention(D, H, n_kv_heads).double().eval()
     copy_attention(hf, slots)
+    if rope == "interleaved":
+        Dh = D // H
+        order = torch.cat([torch.arange(0, Dh, 2), torch.arange(1, Dh, 2)])  # (Dh,): evens, then odds
+        with torch.no_grad():
+            for proj in (hf.q_proj, hf.k_proj):
+                heads = proj.weight.size(0) // Dh
+                rows = (torch.arange(heads)[:, None] * Dh + order).reshape(-1)
+                proj.weight.copy_(proj.weight[rows])
+                if proj.bias is not None:
+                    proj.bias.copy_(proj.bias[rows])
     return hf
 
 
-def check_mha(comp: Component, ctx: Context, causal_inside: bool = False) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
-    module = ctx.build(comp)
+def _rope_tables(T: int) -> tuple[Tensor, Tensor]:
+    rotary = RotaryEmbedding(D // H, MAX_LEN)
+    cos, sin = rotary(torch.arange(T)[None])  # (1, 1, T, Dh) each
+    return cos.double(), sin.double()
+
+
+def rope_settings(comp: Component, c: Caller) -> tuple[str | None, ...]:
+    """Where the learner's attention may apply rotary positions: given Meta's freqs_cis, pairs are
+    interleaved; otherwise, if its source speaks of rotary positions, either layout (or none)."""
+    if c.rope_table:
+        return ("interleaved",)
+    try:
+        source = inspect.getsource(comp.obj).lower()
+    except (OSError, TypeError):
+        return (None,)
+    return (None, "half", "interleaved") if any(w in source for w in ROPE_WORDS) else (None,)
+
+
+def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_heads: int | None = None,
+              ) -> ComponentResult:
+    res = ctx.result(comp)
+    sizes = {**ctx_sizes(), **({"n_kv_heads": n_kv_heads} if n_kv_heads else {})}
+    x = fp.randn(2, 6, D, seed=1)
+    module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
     linears = [leaf for leaf in leaves(module) if leaf.kind == "linear"]
-    slots = attention_slots(linears, D, 1, comp.name)[0]
+    kv_width = (n_kv_heads or H) * (D // H)
+    slots = attention_slots(linears, D, 1, comp.name, kv_width)[0]
     res.mapping = [s.describe() for s in slots]
-    w = mha_weights(slots, H)
-    call, n_inputs, takes_mask = caller(module)
-    if not takes_mask and not causal_inside:
+    c = caller(module)
+    if not c.takes_mask and not causal_inside:
         res.notes.append(text("its forward takes no mask: the masked cases were skipped",
                               "它的 forward 不接收掩码：跳过了带掩码的用例"))
-    universe = ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection" or w.o)
-    if causal_inside:
-        universe = tuple(f for f in universe if f.split(":")[0] not in ("mask_after_softmax",))
-        universe += ("causal_off_by_one:no_self", "causal_off_by_one:sees_next")
-    if w.o is None:
+    has_o = any(s.role.endswith("W_O") for s in slots)
+    if not has_o:
         number, code = locate("no_output_projection", source_lines([comp.obj]))
         res.findings.append(Finding("no_output_projection", text(
-            f"{comp.name} has 3 nn.Linear(d_model, d_model) layers ({', '.join(res.mapping)}), no "
-            "fourth one for W_O", f"{comp.name} 只有 3 个 nn.Linear(d_model, d_model)（"
-            f"{', '.join(res.mapping)}），没有用于 W_O 的第四个"), number, code))
-    B, T = 2, 6
-    x = fp.randn(B, T, D, seed=1)
-    keep = (causal(T) & positions(B, T, [0, 2])) if takes_mask else None
+            f"{comp.name} has 3 projections ({', '.join(res.mapping)}), no nn.Linear(d_model, d_model) "
+            f"for W_O", f"{comp.name} 只有 3 个投影（{', '.join(res.mapping)}），没有用于 W_O 的 "
+            "nn.Linear(d_model, d_model)"), number, code))
+    convs = ctx.conventions(c.mask_name)
+    universe = ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection" or has_o)
+    if c.mask_name and fp.is_lengths_name(c.mask_name):
+        universe += ("mask_repeat_order",)
+    if n_kv_heads:
+        universe += ("kv_repeat_order",)
     if causal_inside:
-        keep = causal(T)[None, None]
+        dropped = ("mask_after_softmax",) + (() if c.takes_mask else ("mask_hides_queries",))
+        universe = tuple(f for f in universe if f.split(":")[0] not in dropped)
+        universe += ("causal_off_by_one:no_self", "causal_off_by_one:sees_next")
+    B, T = 2, 6
+    pad = positions(B, T, [0, 2]) if c.takes_mask else None
+    keeps = {cv: pad for cv in convs} if causal_inside else keeps_for(
+        causal(T) & pad if pad is not None else None, pad, convs)
 
     def run(conv: str, x: Tensor = x) -> Tensor | None:
-        mask = fp.encode_mask(keep, conv) if takes_mask else None
-        return fp.first_tensor(ctx.learner.call("forward", call, x, x, x, mask), 3)
+        mask = run_mask(keeps[conv], conv, B) if c.takes_mask else None
+        return fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, mask), 3)
 
-    def keep_for(flags: frozenset[str]) -> Tensor | None:
-        return V.causal_keep(T, flags)[None, None] if causal_inside else keep  # an off-by-one is theirs
+    def applied(flags: frozenset[str], conv: str) -> Tensor | None:
+        """The mask as the learner's attention with these mistakes applies it: the one it is given,
+        or (causal inside) its own causal mask, off by one if so, & the padding it is given."""
+        if not causal_inside:
+            return V.applied_keep(keeps[conv], flags, H)
+        own = V.causal_keep(T, flags)[None, None]
+        if pad is None:
+            return V.applied_keep(own, flags, H)
+        given = V.applied_keep(pad, flags, H)
+        return own if given is None else own & given
 
-    def compute(flags: frozenset[str]) -> Tensor:
-        return V.multi_head_attention(w, x, x, x, keep_for(flags), flags)[0]
+    def search_rows(flags: frozenset[str], conv: str) -> Tensor | None:
+        return fp.visible_rows(applied(flags, conv), B, T)
 
-    def search_rows(flags: frozenset[str]) -> Tensor | None:
-        return fp.visible_rows(V.applied_keep(keep_for(flags), flags), B, T)
-
-    working = first_working(ctx, run)
+    try:
+        working = first_working(ctx, run, convs)
+    except fp.LearnerFailure as failure:
+        if causal_inside and not_cropped(res, ctx, comp, module, failure, T):
+            return finish(res)
+        raise
     check_determinism(res, ctx, comp, lambda: run(working), "sdpa")
+    def computer(rope: str | None) -> Callable[[frozenset[str], str], Tensor]:
+        w = mha_weights(slots, H, n_kv_heads, rope)
+        return lambda flags, conv: V.multi_head_attention(w, x, x, x, applied(flags, conv),
+                                                          flags - V.MASK_TRANSFORMS)[0]
+
     with fp.dropout_off():
-        conv, found, failure = detect(ctx, run, compute, universe, search_rows)
-        if conv is None:
-            got = shape_of(ctx.learner.call("forward", call, x, x, x, fp.encode_mask(keep, working)))
-            raise failure or ctx.learner.fail("forward", f"{comp.name} returned {got} for inputs of shape "
-                                              f"{tuple(x.shape)}; expected a (B, T, D) tensor (and the "
-                                              "weights (B, H, T, S) if you return them)")
-        if takes_mask:
+        best, first_conv, failure = None, None, None
+        for rope in rope_settings(comp, c):
+            compute = computer(rope)
+            flags = universe + (ROPE_FLAGS if rope else ())
+            conv, found, fail = detect(ctx, run, compute, flags, search_rows, convs)
+            first_conv, failure = first_conv or conv, failure or fail
+            if found is not None and (best is None or len(found[0]) < len(best[2][0])):
+                best = (rope, conv, found, compute)
+            if found is not None and not found[0]:
+                break
+        if best is None:
+            if first_conv is None:
+                mask = run_mask(keeps[working], working, B)
+                got = shape_of(ctx.learner.call("forward", c.call, x, x, x, mask))
+                raise failure or ctx.learner.fail(
+                    "forward", f"{comp.name} returned {got} for inputs of shape {tuple(x.shape)}; expected a "
+                    "(B, T, D) tensor (and the weights (B, H, T, S) if you return them)")
+            best = (None, first_conv, None, computer(None))
+        rope, conv, found, compute = best
+        if c.takes_mask:
             res.convention = fp.describe_convention(conv)
+        if rope:
+            res.notes.append(_rope_note(rope))
         if found and found[0]:
-            correct = fp.max_error(run(conv), compute(frozenset()), search_rows(found[0]))
+            correct = fp.max_error(run(conv), compute(frozenset(), conv), search_rows(found[0], conv))
             res.findings += ctx.findings(found[0], found[1], correct, comp, "sdpa")
         if found:
-            nan_on_hidden_rows(res, run(conv), search_rows(found[0]), comp, ctx)
-        guarded(res, lambda: _compare_mha(res, ctx, comp, module, slots, call, conv, n_inputs, takes_mask,
-                                          causal_inside))
-        guarded(res, lambda: _properties(res, ctx, comp, module, slots, call, conv, takes_mask,
-                                         causal_inside))
-    guarded(res, lambda: _tutorial_shapes(res, ctx, comp, n_inputs, takes_mask))
+            nan_on_hidden_rows(res, run(conv), search_rows(found[0], conv), comp, ctx)
+        setup = Setup(module, slots, c, conv, causal_inside, n_kv_heads, rope)
+        guarded(res, lambda: _compare_mha(res, ctx, comp, setup))
+        guarded(res, lambda: _properties(res, ctx, comp, setup))
+    guarded(res, lambda: _tutorial_shapes(res, ctx, comp, c, sizes))
     return finish(res)
 
 
-def _cases(n_inputs: int, takes_mask: bool, causal_inside: bool) -> list[tuple[str, int, int, int, Any]]:
-    cases = [("self-attention, no mask", 2, 5, 5, None)]
-    if takes_mask:
-        cases += [("self-attention, padding (one row fully padded)", 3, 7, 7, positions(3, 7, [0, 2, 7])),
-                  ("self-attention, causal + padding", 2, 6, 6, causal(6) & positions(2, 6, [0, 2]))]
-        if n_inputs >= 2:
-            cases.append(("cross-attention, T=4, S=9, padding", 2, 4, 9, positions(2, 9, [0, 3])))
-    elif n_inputs >= 2 and not causal_inside:
-        cases.append(("cross-attention, T=4, S=9", 2, 4, 9, None))
-    if causal_inside:
-        cases = [("causal self-attention", 2, 5, 5, "causal"), ("causal self-attention", 3, 8, 8, "causal")]
-    return cases
+def ctx_sizes() -> dict[str, Any]:
+    from handformer.check.context import SIZES
+
+    return dict(SIZES)
 
 
-def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module,
-                 slots: list[Slot], call: Call, conv: str, n_inputs: int, takes_mask: bool,
-                 causal_inside: bool) -> None:
-    hf = _hf_attention(slots)
+def _rope_note(rope: str) -> dict[str, str]:
+    if rope == "interleaved":
+        return text("rotary positions inside, interleaved pairs (2j, 2j+1) as Meta's complex freqs_cis: a "
+                    "convention, not an error; handformer pairs j with j + d/2 (as Hugging Face), so it was "
+                    "compared with W_Q and W_K permuted accordingly",
+                    "内部使用旋转位置编码，按 (2j, 2j+1) 交错配对（Meta 的复数 freqs_cis）："
+                    "这是约定不同，不是错误；handformer 把 j 与 j + d/2 配对（与 Hugging Face 一致），"
+                    "比较时已相应重排 W_Q 和 W_K 的行")
+    return text("rotary positions inside, pairs (j, j + d/2) as Hugging Face and handformer",
+                "内部使用旋转位置编码，按 (j, j + d/2) 配对，与 Hugging Face 和 handformer 一致")
+
+
+@dataclass
+class Setup:
+    """What the search found about the learner's attention, for the comparisons after it."""
+
+    module: nn.Module
+    slots: list[Slot]
+    c: Caller
+    conv: str
+    causal_inside: bool
+    n_kv_heads: int | None
+    rope: str | None
+
+
+def _cases(s: Setup) -> list[tuple[str, int, int, int, Tensor | None, Tensor | None]]:
+    """(label, B, T, S, the mask handed over, the mask applied): a causal attention is handed only
+    the padding, if it takes a mask at all."""
+    takes_mask = s.c.takes_mask
+    cross = s.c.n_inputs >= 2 and not s.causal_inside and s.rope is None
+    if s.causal_inside:
+        cases = [("causal self-attention", 2, 5, 5, None, causal(5)[None, None]),
+                 ("causal self-attention", 3, 8, 8, None, causal(8)[None, None])]
+        if takes_mask:
+            pad = positions(3, 7, [0, 2, 5])
+            cases.append(("causal self-attention, padding", 3, 7, 7, pad, causal(7) & pad))
+    else:
+        cases = [("self-attention, no mask", 2, 5, 5, None, None)]
+        if takes_mask:
+            pad, both = positions(3, 7, [0, 2, 7]), causal(6) & positions(2, 6, [0, 2])
+            cases += [("self-attention, padding (one row fully padded)", 3, 7, 7, pad, pad),
+                      ("self-attention, causal + padding", 2, 6, 6, both, both)]
+        if cross:
+            keep = positions(2, 9, [0, 3]) if takes_mask else None
+            label = "cross-attention, T=4, S=9" + (", padding" if takes_mask else "")
+            cases.append((label, 2, 4, 9, keep, keep))
+    return [case for case in cases if fp.encodable(case[4], s.conv)]
+
+
+def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -> None:
+    hf = _hf_attention(s.slots, s.n_kv_heads, s.rope)
     errors, grad_errors = [], []
-    for i, (label, B, T, S, keep) in enumerate(_cases(n_inputs, takes_mask, causal_inside)):
+    cases = _cases(s)
+    for i, (label, B, T, S, given, mask) in enumerate(cases):
         xq = fp.randn(B, T, D, seed=10 + i).requires_grad_()
         xkv = xq if S == T and "cross" not in label else fp.randn(B, S, D, seed=20 + i).requires_grad_()
-        inside = isinstance(keep, str)
-        mask = causal(T)[None, None] if inside else keep
+        rope = _rope_tables(T) if s.rope else None
         with torch.enable_grad():
-            raw = ctx.learner.call("forward", call, xq, xkv, xkv,
-                                   None if inside else fp.encode_mask(mask, conv))
+            raw = ctx.learner.call("forward", s.c.call, xq, xkv, xkv, run_mask(given, s.conv, B))
             out = fp.first_tensor(raw, 3)
             if out is None:
                 raise ctx.learner.fail("forward", f"{comp.name} returned {shape_of(raw)}, not a (B, T, D) "
                                        f"tensor, for inputs of shape {tuple(xq.shape)}")
-            ref, ref_w = hf(xq, xkv, xkv, mask, need_weights=True)
+            ref, ref_w = hf(xq, xkv, xkv, mask, need_weights=True, rope=rope)
             rows = fp.visible_rows(mask, B, T)
             errors.append(fp.max_error(out, ref, rows))
             weights = fp.weights_of(raw)
-            if weights is not None:
+            if weights is not None and weights.shape == ref_w.shape:
                 errors.append(fp.max_error(weights, ref_w, rows))
             masked_rows(res, out, rows, comp, ctx)
-            if out.shape == ref.shape and i == len(_cases(n_inputs, takes_mask, causal_inside)) - 1:
-                g = fp.randn(*out.shape, seed=99)
-                sel = rows.reshape(B, T, 1) if rows is not None else 1.0
-                mine = torch.autograd.grad((out * g * sel).sum(), [xq] + [s.leaf.weight for s in slots],
-                                           allow_unused=True)
-                hf_params = [attention_parameters(hf)[s.role].weight for s in slots]
-                theirs = torch.autograd.grad((ref * g * sel).sum(), [xq] + hf_params, allow_unused=True)
-                grad_errors.append(grads_error(list(zip(
-                    [mine[0]] + [_rows(m, s) for m, s in zip(mine[1:], slots)], theirs))))
+            if out.shape == ref.shape and i == len(cases) - 1:
+                grad_errors.append(_grads(out, ref, xq, rows, s, hf))
     res.max_abs_error = max(errors)
     res.checks.append(Check(text(f"matches handformer's MultiHeadAttention on {len(errors)} outputs",
                                  f"在 {len(errors)} 组输出上与 handformer 的 MultiHeadAttention 一致"),
@@ -281,49 +549,78 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, module: nn
                                 max(grad_errors) < 1e-5, error_text(max(grad_errors))))
 
 
+def _grads(out: Tensor, ref: Tensor, xq: Tensor, rows: Tensor | None, s: Setup, hf: nn.Module) -> float:
+    """The largest difference of the input's and the projections' gradients (the input's only when
+    handformer's W_Q and W_K rows were permuted for interleaved rotary pairs)."""
+    B, T = xq.shape[:2]
+    g = fp.randn(*out.shape, seed=99)
+    sel = rows.reshape(B, T, 1) if rows is not None else 1.0
+    params = [xq] + [sl.leaf.weight for sl in s.slots]
+    mine = torch.autograd.grad((out * g * sel).sum(), params, allow_unused=True)
+    hf_params = [attention_parameters(hf)[sl.role.split(" ")[-1]].weight for sl in s.slots]
+    theirs = torch.autograd.grad((ref * g * sel).sum(), [xq] + hf_params, allow_unused=True)
+    if s.rope == "interleaved":
+        return grads_error([(mine[0], theirs[0])])
+    return grads_error(list(zip([mine[0]] + [_rows(m, sl) for m, sl in zip(mine[1:], s.slots)], theirs)))
+
+
 def _rows(grad: Tensor | None, slot: Slot) -> Tensor | None:
     if grad is None or slot.rows is None:
         return grad
     return grad[slot.rows]
 
 
-def _properties(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module,
-                slots: list[Slot], call: Call, conv: str, takes_mask: bool, causal_inside: bool) -> None:
+def _properties(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -> None:
     """Reference-free checks: causality, padding invariance, heads one by one."""
     B, T, j = 2, 7, 3
     x = fp.randn(B, T, D, seed=30)
     bumped = x.clone()
     bumped[:, j] += 1.0
-    if takes_mask or causal_inside:
-        mask = None if causal_inside else fp.encode_mask(causal(T)[None, None], conv)
-        a = fp.first_tensor(ctx.learner.call("forward", call, x, x, x, mask), 3)
-        b = fp.first_tensor(ctx.learner.call("forward", call, bumped, bumped, bumped, mask), 3)
-        moved = (a - b).abs().amax(-1).amax(0)  # (T,)
-        past = moved[:j].max().item()
+    causal_keep = causal(T)[None, None]
+    if s.causal_inside or (s.c.takes_mask and fp.encodable(causal_keep, s.conv)):
+        mask = None if s.causal_inside else run_mask(causal_keep, s.conv, B)  # (causal inside: no padding)
+        a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, mask), 3)
+        b = fp.first_tensor(ctx.learner.call("forward", s.c.call, bumped, bumped, bumped, mask), 3)
+        past = _moved(a, b, slice(0, j))
         res.checks.append(Check(text(f"causality: changing token {j} leaves outputs 0..{j - 1} unchanged",
                                      f"因果性：改变第 {j} 个 token 不影响输出 0..{j - 1}"),
                                 past < 1e-9, text(f"outputs before it moved by {past:.3g}",
                                                   f"之前位置的输出变化了 {past:.3g}")))
-    if takes_mask:
+    if s.c.takes_mask and s.rope is None:
         keep = positions(B, T, [0, 3])
-        xkv = fp.randn(B, T, D, seed=31)
-        other = xkv.clone()
-        other[1, T - 3:] += 5.0
-        mask = fp.encode_mask(keep, conv)
-        a = fp.first_tensor(ctx.learner.call("forward", call, x, xkv, xkv, mask), 3)
-        b = fp.first_tensor(ctx.learner.call("forward", call, x, other, other, mask), 3)
-        moved = (a - b).abs().max().item()
+        mask = run_mask(keep, s.conv, B)
+        if s.c.n_inputs == 1:  # self-attention only: move the padded positions of x, compare the real ones
+            other = x.clone()
+            other[1, T - 3:] += 5.0
+            a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, mask), 3)
+            b = fp.first_tensor(ctx.learner.call("forward", s.c.call, other, other, other, mask), 3)
+            moved = _moved(a, b, slice(0, T - 3))
+        else:
+            xkv = fp.randn(B, T, D, seed=31)
+            other = xkv.clone()
+            other[1, T - 3:] += 5.0
+            a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, xkv, xkv, mask), 3)
+            b = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, other, other, mask), 3)
+            moved = _moved(a, b, slice(None))
         res.checks.append(Check(text("padding invariance: changing padded keys/values changes nothing",
                                      "填充不变性：改变被填充的键/值不影响输出"), moved < 1e-9,
                                 text(f"outputs moved by {moved:.3g}", f"输出变化了 {moved:.3g}")))
-    w = mha_weights(slots, H)
-    if w.o is not None and not causal_inside:
-        out = fp.first_tensor(ctx.learner.call("forward", call, x, x, x, None), 3)
+    has_o = any(sl.role.endswith("W_O") for sl in s.slots)
+    if has_o and not s.causal_inside and s.n_kv_heads is None and s.rope is None:
+        w = mha_weights(s.slots, H)
+        out = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, None), 3)
         heads = one_head_at_a_time(w, x)
         err = fp.max_error(out, heads)
         res.checks.append(Check(text("split + concat of heads equals the heads computed one by one",
                                      "拆分再拼接多头，与逐个头单独计算的结果一致"), err < 1e-5,
                                 error_text(err)))
+
+
+def _moved(a: Tensor | None, b: Tensor | None, positions: slice) -> float:
+    """How far outputs at `positions` moved between two runs (inf when a run gave no (B, T, D) output)."""
+    if a is None or b is None or a.shape != b.shape or a.dim() != 3:
+        return math.inf
+    return (a - b).abs()[:, positions].max().item() if a[:, positions].numel() else 0.0
 
 
 def one_head_at_a_time(w: V.MHAWeights, x: Tensor) -> Tensor:
@@ -341,14 +638,15 @@ def one_head_at_a_time(w: V.MHAWeights, x: Tensor) -> Tensor:
     return V.linear(torch.cat(heads, dim=-1), w.o)  # (B, T, D)
 
 
-def _tutorial_shapes(res: ComponentResult, ctx: Context, comp: Component, n_inputs: int,
-                     takes_mask: bool) -> None:
+def _tutorial_shapes(res: ComponentResult, ctx: Context, comp: Component, c: Caller, sizes: dict[str, Any],
+                     ) -> None:
     """The tutorial's own example: (2, 10, 512) in, (2, 10, 512) out, weights (2, 8, 10, 10)."""
-    module = ctx.build(comp, TUTORIAL, checked=False)
-    call, _, _ = caller(module)
     x = torch.randn(2, 10, 512)
+    tutorial = {**TUTORIAL, **({"n_kv_heads": 2} if "n_kv_heads" in sizes else {})}
+    dh = TUTORIAL["d_model"] // TUTORIAL["n_heads"]
+    module = ctx.build(comp, tutorial, checked=False, warmup=lambda m: caller(m, dh).call(x, x, x, None))
     with torch.no_grad():
-        raw = ctx.learner.call("forward", call, x, x, x, None)
+        raw = ctx.learner.call("forward", caller(module, dh).call, x, x, x, None)
     out, weights = fp.first_tensor(raw, 3), fp.weights_of(raw)
     ok = out is not None and tuple(out.shape) == (2, 10, 512) and (
         weights is None or tuple(weights.shape) == (2, 8, 10, 10))
@@ -360,4 +658,3 @@ def _tutorial_shapes(res: ComponentResult, ctx: Context, comp: Component, n_inpu
 
 def check_causal_attention(comp: Component, ctx: Context) -> ComponentResult:
     return check_mha(comp, ctx, causal_inside=True)
-

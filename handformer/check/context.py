@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
+from handformer.check.conventions import conventions_for, is_lengths_name
 from handformer.check.discovery import Component, build, own_objects
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
@@ -28,9 +29,10 @@ SIZES = {"d_model": D, "n_heads": H, "d_ff": F_WIDTH, "dropout": DROPOUT, "max_l
 TUTORIAL = {"d_model": 512, "n_heads": 8, "d_ff": 2048, "dropout": DROPOUT, "max_len": 128}
 
 ATTENTION_FLAGS = ("no_scaling", "scale_by_dk", "softmax_wrong_dim:-2", "softmax_wrong_dim:1",
-                   "mask_inverted", "mask_after_softmax:zero", "mask_after_softmax:neg")
+                   "mask_inverted", "mask_after_softmax:zero", "mask_after_softmax:neg", "mask_not_applied",
+                   "mask_hides_queries", "nan_on_masked_rows")
 HEAD_FLAGS = ("split_no_transpose", "concat_no_transpose", "no_output_projection", "kv_swapped")
-MASK_FLAGS = ("mask_inverted", "mask_after_softmax")
+ROPE_FLAGS = ("rope_rotation_sign", "rope_wrong_base:exponent")  # searched when rotary positions are inside
 
 
 @dataclass
@@ -40,14 +42,21 @@ class Context:
     components: dict[str, Component]
     convention: str | None = None  # forced by --mask-convention; None = detect
     learner: fp.Learner = field(init=False)
+    partial: ComponentResult | None = None  # the result in progress
+    results: dict[str, ComponentResult] = field(default_factory=dict)  # the components checked so far
 
     def __post_init__(self) -> None:
         self.learner = fp.Learner(self.path)
 
-    def conventions(self) -> tuple[str, ...]:
-        if self.convention:
-            return (self.convention, self.convention + "3")
-        return fp.AUTO + tuple(c + "3" for c in fp.AUTO)
+    def result(self, comp: Component) -> ComponentResult:
+        """A new result for `comp`, kept as the one in progress: when the learner's code raises later,
+        what was already found (a missing projection, a mask buffer) stays in the report."""
+        self.partial = ComponentResult(comp.kind, comp.name)
+        return self.partial
+
+    def conventions(self, mask_name: str | None = None) -> tuple[str, ...]:
+        """The mask conventions to try for a mask parameter of this name (see conventions.py)."""
+        return conventions_for(mask_name, self.convention)
 
     def parts(self, sizes: dict[str, Any]) -> dict[str, Callable[[], Any]]:
         """Factories for the learner's own attention and FFN, for layers that take them as
@@ -60,16 +69,39 @@ class Context:
         return out
 
     def build(self, comp: Component, sizes: dict[str, Any] = SIZES, seed: int = 0,
-              checked: bool = True) -> nn.Module:
+              checked: bool = True, warmup: Callable[[nn.Module], Any] | None = None) -> nn.Module:
         """The learner's module, built with matched arguments, eval mode; `checked`: scrambled and
-        float64 (for comparisons), else as built (for the tutorial-size shape check)."""
+        float64 (for comparisons), else as built (for the tutorial-size shape check). A module with
+        lazy layers (d2l's nn.LazyLinear) is first run once by `warmup`, which gives them shapes."""
         module = self.learner.call("__init__", build, comp.obj, sizes, self.parts(sizes))
         if not isinstance(module, nn.Module):
             raise self.learner.fail("__init__", f"{comp.name}(...) is not an nn.Module")
+        if is_lazy(module):
+            if warmup is None:
+                raise self.learner.fail("__init__", f"{comp.name} has lazy layers (nn.LazyLinear) that "
+                                        "handformer cannot give shapes to here; use nn.Linear(in, out)")
+            with torch.no_grad():
+                self.learner.call("forward", warmup, module.eval())
+            self._shape_unused_lazy(comp, module)
         if not checked:
             return module.eval()
         scramble_(module, seed)
         return module.double().eval()
+
+    def _shape_unused_lazy(self, comp: Component, module: nn.Module) -> None:
+        """A lazy layer that the first forward never called has no shape: a LazyLinear(n) gets
+        (n, n) (d2l's W_o is num_hiddens to num_hiddens), so that a projection the forward forgot is
+        mapped, and named, as a written-out nn.Linear would be; any other lazy layer is an error."""
+        for name, sub in module.named_modules():
+            own = sub.parameters(recurse=False)
+            if not any(isinstance(p, nn.parameter.UninitializedParameter) for p in own):
+                continue
+            if isinstance(sub, nn.LazyLinear):
+                with torch.no_grad():
+                    sub.initialize_parameters(torch.zeros(1, sub.out_features))
+                continue
+            raise self.learner.fail("forward", f"{comp.name}.{name} ({type(sub).__name__}) is never called "
+                                    "by forward, so it has no shape; remove it, or call it")
 
     def objects(self, comp: Component, *kinds: str) -> list[Any]:
         """The component's class or function, then the learner's other components of `kinds`, then
@@ -89,29 +121,53 @@ class Context:
         return out
 
 
+def is_lazy(module: nn.Module) -> bool:
+    """Whether some parameter has no shape yet (nn.LazyLinear before its first forward)."""
+    return any(isinstance(p, nn.parameter.UninitializedParameter) for p in module.parameters())
+
+
+SUBLAYER = {"attn": ("the attention sublayer", "注意力子层"), "cross": ("the cross-attention sublayer",
+                                                                   "交叉注意力子层"),
+            "ffn": ("the FFN sublayer", "前馈子层"), "add_norm": ("AddNorm", "AddNorm"),
+            "all": ("every sublayer", "所有子层")}
+FORMS: dict[str, dict[str, tuple[str, str]]] = {
+    "causal_off_by_one": {"no_self": ("a token does not see itself", "token 看不到自己"),
+                          "sees_next": ("a token sees the next one", "token 看到了下一个位置")},
+    "mask_after_softmax": {"zero": ("weights zeroed after the softmax", "softmax 之后把权重置零"),
+                           "neg": ("-1e9 written into the weights", "把 -1e9 写进了权重")},
+    "pe_wrong_frequency": {"pair_index": ("10000^(i/d) instead of 10000^(2i/d)",
+                                          "用了 10000^(i/d) 而不是 10000^(2i/d)"),
+                           "dim_index": ("each column j uses 10000^(j/d)", "第 j 列用了 10000^(j/d)"),
+                           "positive": ("pos * 10000^(2i/d): the exponent's sign is flipped",
+                                        "pos * 10000^(2i/d)：指数符号反了")},
+    "layernorm_unbiased_std": {"std": ("(x - mean) / (x.std() + eps)", "(x - mean) / (x.std() + eps)"),
+                               "var": ("(x - mean) / sqrt(x.var() + eps), the unbiased variance",
+                                       "(x - mean) / sqrt(x.var() + eps)，用了无偏方差")},
+    "norm_no_gain": {"gain": ("the weight (gain) is not applied", "没有乘权重（gain）"),
+                     "bias": ("the bias is not added", "没有加偏置")},
+    "norm_wrong_dim": {"-2": ("statistics over dim -2 (the positions)", "统计量沿 dim -2（位置）计算"),
+                       "all": ("statistics over every dimension at once", "统计量对所有维度一起计算")},
+    "shared_norm": {"first": ("the first norm is used for every sublayer", "每个子层都用了第一个归一化层"),
+                    "last": ("the last norm is used for every sublayer", "每个子层都用了最后一个归一化层")},
+}
+
+
+def form_text(name: str, form: str) -> tuple[str, str]:
+    """The words for one form of a diagnosis ("" when it has none), English and Chinese."""
+    if name == "softmax_wrong_dim" and form:
+        return f"softmax over dim {form}", f"softmax 作用在 dim {form}"
+    if name in ("no_residual", "pre_norm", "residual_from_normed") and form in SUBLAYER:
+        en, zh = SUBLAYER[form]
+        return ((f"{en} is pre-norm", f"{zh}是 pre-norm") if name == "pre_norm" else (en, zh))
+    return FORMS.get(name, {}).get(form, ("", ""))
+
+
 def observed_match(name: str, form: str, matched: float, correct: float) -> dict[str, str]:
-    what = {"softmax_wrong_dim": (f" (softmax over dim {form})", f"（softmax 作用在 dim {form}）"),
-            "no_residual": (f" (the {form} sublayer)", f"（{form} 子层）"),
-            "pre_norm": (f" (the {form} sublayer is pre-norm)", f"（{form} 子层是 pre-norm）"),
-            "causal_off_by_one": ({"no_self": " (a token does not see itself)",
-                                   "sees_next": " (a token sees the next one)"}.get(form, ""),
-                                  {"no_self": "（token 看不到自己）",
-                                   "sees_next": "（token 看到了下一个位置）"}.get(form, "")),
-            "mask_after_softmax": ({"zero": " (weights zeroed after the softmax)",
-                                    "neg": " (-1e9 written into the weights)"}.get(form, ""),
-                                   {"zero": "（softmax 之后把权重置零）",
-                                    "neg": "（把 -1e9 写进了权重）"}.get(form, "")),
-            "pe_wrong_frequency": ({"pair_index": " (10000^(i/d) instead of 10000^(2i/d))",
-                                    "dim_index": " (each column j uses 10000^(j/d))",
-                                    "positive": " (pos * 10000^(2i/d): the exponent's sign is flipped)",
-                                    }.get(form, ""),
-                                   {"pair_index": "（用了 10000^(i/d) 而不是 10000^(2i/d)）",
-                                    "dim_index": "（第 j 列用了 10000^(j/d)）",
-                                    "positive": "（pos * 10000^(2i/d)：指数符号反了）"}.get(form, "")),
-            }.get(name, ("", ""))
-    return text(f"your output equals the computation with this mistake{what[0]} (max abs difference "
+    en, zh = form_text(name, form)
+    en, zh = (f" ({en})", f"（{zh}）") if en else ("", "")
+    return text(f"your output equals the computation with this mistake{en} (max abs difference "
                 f"{matched:.1e}); it differs from the correct one by {correct:.3g}",
-                f"你的输出与带有这个错误的计算结果一致{what[1]}（最大绝对误差 {matched:.1e}），与正确结果"
+                f"你的输出与带有这个错误的计算结果一致{zh}（最大绝对误差 {matched:.1e}），与正确结果"
                 f"相差 {correct:.3g}")
 
 
@@ -123,7 +179,33 @@ def forward_parameters(module: Any) -> list[inspect.Parameter]:
 
 
 def is_mask_name(name: str) -> bool:
-    return "mask" in name.lower()
+    """A parameter that takes the mask: its name says mask, or valid lengths (d2l's valid_lens)."""
+    return "mask" in name.lower() or is_lengths_name(name)
+
+
+SIZE_MISMATCH = ("must match the size", "size of tensor", "expanded size", "shape mismatch",
+                 "does not match the shape", "cannot be broadcast", "not broadcastable")
+
+
+def not_cropped(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module,
+                failure: fp.LearnerFailure, T: int) -> bool:
+    """causal_mask_not_cropped, when the learner's forward failed on T tokens with a size mismatch
+    and the module holds a square (L, L) buffer, L > T: a causal mask built once for the maximum
+    length (nanoGPT's `self.bias`) and used without `[:T, :T]`."""
+    message = failure.error.message
+    squares = [(name, b.size(-1)) for name, b in module.named_buffers()
+               if b.dim() >= 2 and b.size(-1) == b.size(-2) and b.size(-1) > T]
+    if not squares or not any(m in message for m in SIZE_MISMATCH):
+        return False
+    name, L = max(squares, key=lambda s: s[1])
+    number, code = locate("causal_mask_not_cropped", source_lines(ctx.objects(comp)))
+    res.findings.append(Finding("causal_mask_not_cropped", text(
+        f"the buffer {name} is ({L}, {L}), built for the longest input; on {T} tokens your forward raised "
+        f"{message}", f"缓冲区 {name} 的形状是 ({L}, {L})，按最大长度建好；输入 {T} 个 token 时 "
+        f"forward 报错：{message}"), number, code))
+    res.checks.append(Check(text(f"runs on {T} tokens (fewer than the maximum length {L})",
+                                 f"能在 {T} 个 token（少于最大长度 {L}）上运行"), False))
+    return True
 
 
 def deterministic(run: Callable[[], Tensor | None]) -> bool:
@@ -168,11 +250,36 @@ def check_determinism(res: ComponentResult, ctx: Context, comp: Component,
         res.findings.append(drop)
 
 
+def dropout_on_residual(res: ComponentResult, ctx: Context, comp: Component, run: Callable[[], Any],
+                        reference: Callable[[list[Tensor]], Any]) -> None:
+    """dropout_on_residual when a tensor the learner's code hands to dropout (recorded in eval mode,
+    where dropout is the identity) is the residual stream itself: the input of a sublayer, or the sum
+    x + f(x); `reference(trace)` fills `trace` with those values as the correct layer computes them."""
+    trace: list[Tensor] = []
+    reference(trace)
+    with fp.dropout_recorder() as seen:
+        run()
+    hits = [t for t in seen if any(t.shape == r.shape and fp.max_error(t, r) < fp.TOL for r in trace)]
+    if not hits or any(f.name == "dropout_on_residual" for f in res.findings):
+        return
+    number, code = locate("dropout_on_residual", source_lines(ctx.objects(comp, "add_norm")))
+    n = len(hits)
+    res.findings.append(Finding("dropout_on_residual", text(
+        f"{n} tensor{'s' if n > 1 else ''} that your code hands to dropout {'are' if n > 1 else 'is'} the "
+        "residual stream itself (a sublayer's input, or x + f(x)): in training, the residual path is "
+        "dropped too", f"你的代码交给 dropout 的张量中有 {n} 个就是残差流本身（子层的输入，或 x + f(x)）："
+        "训练时残差通路也被 dropout 了"), number, code))
+
+
 def hidden_rows(out: Tensor | None, rows: Tensor | None) -> Tensor | None:
     """The learner's output on the query rows whose keys are all masked; None when there are none."""
-    if out is None or rows is None or bool(rows.all()):
+    if out is None or rows is None or bool(rows.all()) or out.dim() not in (3, 4):
         return None
-    hidden = ~rows[:, 0] if out.dim() == 3 else (~rows).expand(out.shape[:-1])  # (B, T) or (B, H, T)
+    hidden = ~rows[:, 0] if out.dim() == 3 else ~rows  # (B, T), or (B, 1, T) for (B, H, T, Dh)
+    try:
+        hidden = hidden.expand(out.shape[:-1])
+    except RuntimeError:  # an output of another shape than the rows: compared (and failed) elsewhere
+        return None
     return out[hidden]  # (rows, D) or (rows, Dh)
 
 
@@ -289,11 +396,12 @@ def outputs_by_convention(run: Callable[[str], Tensor | None], conventions: tupl
     return outputs, failure
 
 
-def first_working(ctx: Context, run: Callable[[str], Any]) -> str:
+def first_working(ctx: Context, run: Callable[[str], Any], conventions: tuple[str, ...] | None = None,
+                  ) -> str:
     """The first mask convention the learner's code runs with (torch.nn-style code raises on a 0/1
     int mask); their first exception if none does."""
     failure = None
-    for conv in ctx.conventions():
+    for conv in conventions or ctx.conventions():
         try:
             run(conv)
             return conv

@@ -12,125 +12,11 @@ pair equals the output of something else). docs/check.md lists both with the rea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from handformer.check.catalog import components, llm, sampling, training
+from handformer.check.catalog.base import Diagnosis
 
-
-@dataclass(frozen=True)
-class Diagnosis:
-    name: str
-    title: dict[str, str]  # {"en": ..., "zh": ...}: what is wrong, in one line
-    fix: dict[str, str]  # how to fix it
-    patterns: tuple[str, ...]  # regexes matched against the learner's source lines, first hit wins
-
-
-def _d(name: str, en: str, zh: str, fix_en: str, fix_zh: str, *patterns: str) -> Diagnosis:
-    return Diagnosis(name, {"en": en, "zh": zh}, {"en": fix_en, "zh": fix_zh}, patterns)
-
-
-CATALOG: dict[str, Diagnosis] = {d.name: d for d in [
-    _d("no_scaling", "the scores are not scaled by 1/sqrt(d_k)", "注意力分数没有除以 sqrt(d_k)",
-       "divide the scores by math.sqrt(d_k) before the softmax: scores = Q @ K^T / math.sqrt(d_k)",
-       "在 softmax 之前把分数除以 math.sqrt(d_k)：scores = Q @ K^T / math.sqrt(d_k)",
-       r"(matmul|@).*transpose", r"transpose\(-2, ?-1\)", r"scores\s*="),
-    _d("scale_by_dk", "the scores are divided by d_k instead of sqrt(d_k)",
-       "注意力分数除以了 d_k，而不是 sqrt(d_k)",
-       "divide by math.sqrt(d_k), not by d_k", "应除以 math.sqrt(d_k)，而不是 d_k",
-       r"/\s*\(?\s*(self\.)?d_k\b", r"/\s*\w*d_k", r"scores\s*="),
-    _d("softmax_wrong_dim", "the softmax runs over the wrong dimension",
-       "softmax 作用在了错误的维度上",
-       "take the softmax over the keys, the last dimension: F.softmax(scores, dim=-1)",
-       "softmax 应沿键（key）所在的最后一维：F.softmax(scores, dim=-1)",
-       r"softmax"),
-    _d("mask_inverted", "the mask is inverted: masked positions are attended, visible ones hidden",
-       "掩码用反了：本应屏蔽的位置被关注，可见的位置反而被屏蔽",
-       "hide the positions where the mask is 0: scores.masked_fill(mask == 0, -1e9) (with a torch.nn "
-       "style bool mask, True = masked, run again with --mask-convention torch)",
-       "屏蔽掩码为 0 的位置：scores.masked_fill(mask == 0, -1e9)（若使用 torch.nn 的布尔掩码约定，"
-       "True 表示屏蔽，请加 --mask-convention torch 重新检查）",
-       r"masked_fill", r"mask"),
-    _d("mask_after_softmax", "the mask is applied after the softmax, so the weights no longer sum to 1",
-       "掩码在 softmax 之后才应用，注意力权重之和不再为 1",
-       "apply masked_fill to the scores before F.softmax, not to the weights after it",
-       "在 F.softmax 之前对分数做 masked_fill，而不是在之后对权重做",
-       r"masked_fill", r"mask"),
-    _d("split_no_transpose", "heads are split with view(B, h, T, d_k) and no transpose, "
-       "so positions are mixed across heads", "拆分多头时直接 view(B, h, T, d_k) 而没有 transpose，"
-       "不同位置的特征被混进了不同的头",
-       "split as x.view(B, T, h, d_k).transpose(1, 2)",
-       "应写成 x.view(B, T, h, d_k).transpose(1, 2)",
-       r"\.view\(.*(n_heads|num_heads|\bh\b|heads).*\)(?!.*(transpose|permute))", r"\.view\("),
-    _d("concat_no_transpose", "heads are concatenated with view(B, T, d_model) without transposing "
-       "back first", "拼接多头时没有先 transpose 回来就直接 view(B, T, d_model)",
-       "concatenate as x.transpose(1, 2).contiguous().view(B, T, d_model)",
-       "应写成 x.transpose(1, 2).contiguous().view(B, T, d_model)",
-       r"(view|reshape)\(.*d_model", r"(view|reshape)\(.*-1\)", r"contiguous"),
-    _d("no_output_projection", "W_O is missing: the concatenated heads are returned without the "
-       "output projection", "缺少输出投影 W_O：多头拼接后直接返回了",
-       "define self.w_o = nn.Linear(d_model, d_model) and return self.w_o(concat)",
-       "定义 self.w_o = nn.Linear(d_model, d_model)，并返回 self.w_o(拼接结果)",
-       r"^\s*return\b"),
-    _d("kv_swapped", "the K and V projections are swapped (keys use W_V, values use W_K)",
-       "K 与 V 的投影用反了（键用了 W_V，值用了 W_K）",
-       "compute K = w_k(k) and V = w_v(v)", "应为 K = w_k(k)，V = w_v(v)",
-       r"\bK\b\s*=.*w_?v|\bk\b\s*=.*w_?v|key.*=.*(w_v|v_proj|value)", r"w_?v\("),
-    _d("no_residual", "a residual connection is missing", "缺少残差连接",
-       "add the sublayer's input back: x = norm(x + dropout(sublayer(x)))",
-       "把子层输入加回来：x = norm(x + dropout(sublayer(x)))",
-       r"norm\w*\((?!.*\bx\s*\+)", r"norm"),
-    _d("pre_norm", "the norm placement is mixed: one sublayer is pre-norm, another post-norm",
-       "层归一化的位置前后不一致：有的子层是 pre-norm，有的是 post-norm",
-       "use one placement for every sublayer: post-norm x = norm(x + f(x)) (the paper) or pre-norm "
-       "x = x + f(norm(x))", "所有子层使用同一种位置：post-norm x = norm(x + f(x))（论文）或 "
-       "pre-norm x = x + f(norm(x))",
-       r"norm\w*\("),
-    _d("ffn_no_activation", "the feed-forward network has no activation between its two linear layers",
-       "前馈网络的两个线性层之间缺少激活函数",
-       "apply the activation between the layers: linear2(dropout(F.relu(linear1(x))))",
-       "在两个线性层之间加上激活函数：linear2(dropout(F.relu(linear1(x))))",
-       r"linear\w*\(.*linear\w*\(", r"^\s*return\b"),
-    _d("dropout_in_eval", "dropout is active in eval mode: two runs on the same input differ",
-       "eval 模式下 dropout 仍然生效：同一输入两次运行结果不同",
-       "use nn.Dropout (it is off after model.eval()) or F.dropout(x, p, training=self.training)",
-       "使用 nn.Dropout（model.eval() 后自动关闭），或 F.dropout(x, p, training=self.training)",
-       r"F\.dropout|functional\.dropout|torch\.dropout", r"Dropout\(", r"dropout"),
-    _d("pe_sin_cos_swapped", "sin and cos are swapped in the positional encoding",
-       "位置编码中 sin 和 cos 放反了", "even dimensions get sin, odd ones cos: pe[:, 0::2] = sin, "
-       "pe[:, 1::2] = cos", "偶数维用 sin，奇数维用 cos：pe[:, 0::2] = sin，pe[:, 1::2] = cos",
-       r"0::2.*cos|1::2.*sin", r"cos\(", r"sin\("),
-    _d("pe_wrong_frequency", "the positional encoding uses the wrong frequency exponent",
-       "位置编码的频率指数写错了",
-       "use angle = pos / 10000^(2i/d_model) for the pair (2i, 2i+1): div_term = "
-       "exp(arange(0, d_model, 2) * (-log(10000) / d_model))",
-       "第 (2i, 2i+1) 维的角度为 pos / 10000^(2i/d_model)：div_term = "
-       "exp(arange(0, d_model, 2) * (-log(10000) / d_model))",
-       r"div\w*\s*=", r"10000", r"exp\("),
-    _d("decoder_masks_swapped", "the decoder's two masks are swapped: self-attention gets the source "
-       "mask, cross-attention the target mask", "解码器的两个掩码用反了：自注意力用了源端掩码，"
-       "交叉注意力用了目标端掩码",
-       "self-attention takes tgt_mask (causal + padding), cross-attention takes src_mask",
-       "自注意力使用 tgt_mask（因果 + 填充），交叉注意力使用 src_mask",
-       r"src_mask|tgt_mask"),
-    _d("causal_off_by_one", "the causal mask is off by one", "因果掩码差了一位",
-       "query t must see keys 0..t: torch.tril(torch.ones(T, T)) (diagonal=0), or "
-       "torch.triu(torch.ones(T, T), diagonal=1) == 0",
-       "位置 t 应能看到 0..t：torch.tril(torch.ones(T, T))（diagonal=0），或 "
-       "torch.triu(torch.ones(T, T), diagonal=1) == 0",
-       r"tril|triu", r"diagonal"),
-    _d("layernorm_unbiased_std", "the LayerNorm divides by the unbiased std plus eps (x.std() + eps)",
-       "LayerNorm 除以了无偏标准差再加 eps（x.std() + eps）",
-       "use the biased variance with eps inside the square root: (x - mean) / torch.sqrt(x.var(-1, "
-       "unbiased=False, keepdim=True) + eps), as nn.LayerNorm and the paper do",
-       "使用有偏方差并把 eps 放进根号：(x - mean) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True)"
-       " + eps)，与 nn.LayerNorm 和论文一致",
-       r"\.std\(", r"eps"),
-    _d("nan_on_masked_rows", "a query whose keys are all masked gives NaN",
-       "所有键都被屏蔽的查询输出了 NaN",
-       "fill masked scores with -1e9 (the tutorials' way), or keep -inf as handformer does and set "
-       "the output of rows whose keys are all masked to zero",
-       "用 -1e9 填充被屏蔽的分数（教程的写法）；或者像 handformer 那样用 -inf，"
-       "再把所有键都被屏蔽的行的输出置零",
-       r"-inf|float\(.-inf.\)|masked_fill"),
-]}
+CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in (components, llm, sampling, training)
+                                 for d in chapter.DIAGNOSES}
 
 
 # Pairs that cannot both be planted (they rewrite the same expression) or whose sum is not
@@ -139,5 +25,56 @@ EXCLUSIVE: dict[frozenset[str], str] = {
     frozenset({"no_scaling", "scale_by_dk"}): "both rewrite the divisor of the scores",
     frozenset({"mask_after_softmax", "nan_on_masked_rows"}):
         "after the softmax there are no scores to fill with -inf",
+    frozenset({"rmsnorm_no_sqrt", "norm_eps_outside_sqrt"}):
+        "without the square root, eps is neither inside nor outside it",
+    frozenset({"gated_act_after_product", "gated_activation_wrong_branch"}):
+        "after the product there is no branch to put the activation on",
+    frozenset({"temperature_multiplied", "temperature_after_softmax"}):
+        "both rewrite the one line of the temperature",
+    frozenset({"top_p_drops_crossing", "top_p_extra_at_equality"}):
+        "two rules for the same comparison (cum > p is the other form of dropping the crossing token)",
+    frozenset({"top_p_drops_crossing", "top_p_empty_set"}):
+        "the plants rewrite the same rule; written together (cum > p with no guard) both are named",
+    frozenset({"greedy_no_stop_at_eos", "greedy_eos_not_emitted"}): "both rewrite the lines that end the "
+        "loop at EOS",
+    frozenset({"loss_counts_padding", "loss_mean_over_batch"}): "both rewrite the one line that divides the "
+        "loss",
+    frozenset({"top_p_extra_at_equality", "top_p_empty_set"}):
+        "the plants rewrite the same rule; written together (a shifted cum > p with no guard) both are "
+        "named",
 }
-MASKING: dict[frozenset[str], str] = {}
+MASKING: dict[frozenset[str], str] = {
+    frozenset({"ffn_no_down_projection", "residual_from_normed"}): "without the down projection the block "
+        "cannot run (its FFN returns d_ff features), so nothing else in it can be seen",
+    frozenset({"ffn_no_down_projection", "shared_norm"}): "the same: the block cannot run",
+    frozenset({"ffn_no_down_projection", "dropout_on_residual"}): "the same: the block cannot run",
+    frozenset({"norm_no_gain", "shared_norm"}): "without their gains the two norms compute the same, so "
+        "which one is used cannot be seen",
+    frozenset({"causal_mask_not_cropped", "mask_hides_queries"}): "the forward cannot run on fewer tokens "
+        "than the block size, so the padding mask is never applied",
+    frozenset({"causal_mask_not_cropped", "no_scaling"}): "the same: the forward cannot run, so its scores "
+        "are never seen",
+    **{frozenset({"causal_mask_not_cropped", other}): "the same: the forward cannot run, so nothing else "
+       "in it is seen" for other in ("kv_swapped", "softmax_wrong_dim", "concat_no_transpose",
+                                     "no_output_projection", "no_residual", "causal_off_by_one")},
+    frozenset({"mask_repeat_order", "decoder_masks_swapped"}): "d2l's valid_lens.repeat(num_heads) raises on "
+        "the decoder's (B, T) valid lengths, so the decoder never runs",
+    frozenset({"mask_repeat_order", "causal_off_by_one"}): "the same: the decoder never runs",
+    frozenset({"loss_log_zero", "smoothing_on_pad"}): "the NaN of log(0) is the whole loss, so nothing "
+        "else in it can be seen",
+    frozenset({"temperature_after_softmax", "sampling_from_logits"}): "after the softmax the logits are "
+        "probabilities: sampling from them is right",
+    frozenset({"top_p_drops_crossing", "top_p_one_not_noop"}): "with that rule p = 1 keeps every token: the "
+        "missing early return loses nothing",
+    frozenset({"top_p_extra_at_equality", "top_p_one_not_noop"}): "the same: p = 1 keeps every token",
+    frozenset({"sampling_softmax_wrong_dim", "sampling_from_logits"}): "sampling from the logits uses no "
+        "softmax at all",
+    frozenset({"generate_not_appended", "generate_no_crop"}): "the context never grows, so it never needs "
+        "cropping",
+    frozenset({"generate_no_crop", "generate_does_not_stop"}): "the model refuses the overlong context "
+        "before the loop runs past max_new_tokens",
+    frozenset({"sampling_from_logits", "generate_not_appended"}): "the loop's sampling step raises at the "
+        "first token, so the loop never runs",
+    frozenset({"sampling_from_logits", "generate_no_crop"}): "the same: the loop never runs",
+    frozenset({"sampling_from_logits", "generate_does_not_stop"}): "the same: the loop never runs",
+}

@@ -21,24 +21,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from handformer.check.conventions import (  # noqa: F401  (the runners' one import of them)
+    AUTO,
+    CONVENTIONS,
+    describe_convention,
+    encodable,
+    encode_mask,
+    is_lengths_name,
+)
 from handformer.check.discovery import DiscoveryError
-from handformer.check.result import LearnerError, Text, text
+from handformer.check.result import LearnerError
 from handformer.check.source import learner_error
 
 TOL = 1e-6  # float64: a correct component agrees to ~1e-14, a mistake differs by ~0.1
-
-# name -> (description, encode(keep) -> the mask the learner's code receives)
-CONVENTIONS: dict[str, tuple[Text, Callable[[Tensor], Tensor]]] = {
-    "int": (text("0/1 int, 0 = masked (the tutorials')", "0/1 整数，0 = 屏蔽（教程的约定）"),
-            lambda keep: keep.long()),
-    "bool": (text("bool, True = keep", "布尔值，True = 保留"), lambda keep: keep),
-    "additive": (text("additive float, 0 = keep, -1e9 = masked", "加性浮点掩码，0 = 保留，-1e9 = 屏蔽"),
-                 lambda keep: torch.zeros(keep.shape, dtype=torch.float64).masked_fill(~keep, -1e9)),
-    "torch": (text("bool, True = masked (torch.nn's)", "布尔值，True = 屏蔽（torch.nn 的约定）"),
-              lambda keep: ~keep),
-}
-AUTO = ("int", "bool", "additive")
-
 
 class LearnerFailure(Exception):
     """The learner's code raised (or returned something unusable); carries the report."""
@@ -53,34 +48,32 @@ class Learner:
     """Calls into the learner's code, turning their exceptions into `LearnerFailure`."""
 
     path: str
+    calls: int = 0  # calls of the component being checked (reset by the runner of each one)
+    nan_calls: int = 0  # of them, those whose output had a NaN (-inf is a filter's fill: not counted)
 
     def call(self, where: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
         except (LearnerFailure, DiscoveryError):
             raise  # ours: their constructor's arguments could not be matched
-        except Exception as err:  # their code: any exception is a finding, never a crash of ours
+        except (Exception, SystemExit) as err:  # their code (sys.exit too): a finding, never a crash of ours
             raise LearnerFailure(learner_error(err, self.path, where)) from err
+        self.calls += 1
+        if _has_nan(out):
+            self.nan_calls += 1
+        return out
 
     def fail(self, where: str, message: str) -> LearnerFailure:
         return LearnerFailure(LearnerError("exception", message, where))
 
 
-def encode_mask(keep: Tensor | None, convention: str) -> Tensor | None:
-    """keep: bool (B, 1, T|1, S), True = may attend; "name" or "name3" (a rank-3 (B, T|1, S) mask)."""
-    if keep is None:
-        return None
-    name = convention.rstrip("3")
-    mask = CONVENTIONS[name][1](keep)
-    return mask[:, 0] if convention.endswith("3") else mask
-
-
-def describe_convention(convention: str) -> Text:
-    name = convention.rstrip("3")
-    en, zh = CONVENTIONS[name][0]["en"], CONVENTIONS[name][0]["zh"]
-    if convention.endswith("3"):
-        return text(en + ", rank 3: (B, T, S)", zh + "，三维：(B, T, S)")
-    return text(en, zh)
+def _has_nan(value: Any) -> bool:
+    """Whether a returned tensor (or one in a returned tuple or list) has a NaN."""
+    if isinstance(value, Tensor):
+        return value.is_floating_point() and bool(torch.isnan(value).any())
+    if isinstance(value, (tuple, list)):
+        return any(_has_nan(v) for v in value[:8])
+    return False
 
 
 def first_tensor(value: Any, ndim: int | None = None) -> Tensor | None:
@@ -111,7 +104,8 @@ def max_error(a: Tensor | None, b: Tensor | None, rows: Tensor | None = None) ->
     if a is None or b is None or a.shape != b.shape:
         return math.inf
     diff = (a.double() - b.double()).abs()
-    diff = torch.where(torch.isnan(diff), torch.full_like(diff, math.inf), diff).amax(-1)
+    both = torch.isnan(a) & torch.isnan(b)  # a variant that reproduces the NaN reproduces the output
+    diff = torch.where(torch.isnan(diff) & ~both, math.inf, diff.nan_to_num(0.0, posinf=math.inf)).amax(-1)
     if rows is not None:
         if rows.dim() > diff.dim():
             rows = rows[:, 0]  # (B, 1, T) -> (B, T) for a (B, T, D) output
@@ -123,7 +117,8 @@ def visible_rows(keep: Tensor | None, batch: int, length: int) -> Tensor | None:
     """(B, 1, T) or (B, T): True for queries that see at least one key. None when no mask."""
     if keep is None:
         return None
-    return keep.expand(batch, 1, length, keep.size(-1)).any(-1)  # (B, 1, T)
+    keep = keep.expand(batch, keep.size(1), length, keep.size(-1))  # (B, H|1, T, S)
+    return keep.any(-1).all(1, keepdim=True)  # (B, 1, T): a query row sees a key in every head
 
 
 Rows = Tensor | None | Callable[[frozenset[str]], Tensor | None]
@@ -150,7 +145,10 @@ def search(target: Tensor, compute: Callable[[frozenset[str]], Tensor], universe
                 out = compute(frozenset(combo))
             except RuntimeError:
                 continue  # this variant cannot run on these shapes; it cannot be the learner's
-            err = max_error(target, out, rows_for(rows, frozenset(combo)))
+            visible = rows_for(rows, frozenset(combo))
+            if visible is not None and not bool(visible.any()):
+                continue  # a variant that hides every query matches anything: it explains nothing
+            err = max_error(target, out, visible)
             if err < TOL:
                 return frozenset(combo), err
     return None
@@ -168,6 +166,23 @@ def dropout_off() -> Iterator[None]:
     F.dropout, torch.dropout = identity, identity
     try:
         yield
+    finally:
+        F.dropout, torch.dropout = saved
+
+
+@contextlib.contextmanager
+def dropout_recorder() -> Iterator[list[Tensor]]:
+    """Like dropout_off, and every tensor handed to dropout is recorded (detached) in the list."""
+    saved = F.dropout, torch.dropout
+    seen: list[Tensor] = []
+
+    def record(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        seen.append(x.detach().clone())
+        return x
+
+    F.dropout, torch.dropout = record, record
+    try:
+        yield seen
     finally:
         F.dropout, torch.dropout = saved
 

@@ -46,7 +46,7 @@ def _caller(module: torch.nn.Module) -> Any:
 
 
 def check_model(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     module = ctx.build(comp, MODEL_SIZES)
     call = _caller(module)
     g = torch.Generator().manual_seed(0)

@@ -6,6 +6,8 @@ Shape legend: B batch, T length, D d_model, F FFN width.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -20,19 +22,24 @@ from handformer.check.context import (
     error_text,
     finish,
     grads_error,
+    shape_of,
 )
 from handformer.check.discovery import Component
 from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
+    Slot,
     copy_ffn,
     copy_weights,
     ffn_parameters,
     ffn_slots,
     ffn_weights,
+    has_down_projection,
+    is_gated,
     leaves,
+    norm_eps,
+    norm_probe,
     norm_slots,
-    norm_weights,
 )
 from handformer.nn.feed_forward import FeedForward
 from handformer.nn.masks import causal_mask
@@ -52,7 +59,7 @@ def _as_keep(mask: Tensor, convention: str | None) -> tuple[Tensor, str]:
 
 
 def check_causal_mask(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     worst = 0.0
     for T in (1, 5, 8):
         raw = ctx.learner.call("forward", comp.obj, T)
@@ -100,15 +107,19 @@ def _mask_observed(name: str, form: str, T: int, keep: Tensor) -> dict[str, str]
 FFN_ACTIVATIONS = {False: ("relu", "gelu", "gelu_tanh"), True: ("silu", "gelu")}
 HF_NAME = {(False, "relu"): "relu", (False, "gelu"): "gelu", (False, "gelu_tanh"): "gelu_tanh",
            (True, "silu"): "swiglu", (True, "gelu"): "geglu"}
+# what a gated FFN's class name promises: SwiGLU is SiLU-gated, GEGLU GELU-gated
+NAMED_ACTIVATION = (("swiglu", "silu"), ("silu", "silu"), ("swish", "silu"), ("geglu", "gelu"),
+                    ("gelu", "gelu"))
 
 
 def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
-    module = ctx.build(comp)
+    res = ctx.result(comp)
+    x = fp.randn(2, 5, D, seed=1)
+    module = ctx.build(comp, warmup=lambda m: m(x.float()))
     candidates = ffn_slots([leaf for leaf in leaves(module) if leaf.kind == "linear"], D, F_WIDTH,
                            comp.name)
-    gated = len(candidates[0]) == 3
-    x = fp.randn(2, 5, D, seed=1)
+    gated, has_down = is_gated(candidates[0]), has_down_projection(candidates[0])
+    width = candidates[0][0].leaf.weight.size(0)  # F
 
     def run(x: Tensor = x) -> Tensor | None:
         return fp.first_tensor(ctx.learner.call("forward", module, x), 3)
@@ -116,106 +127,160 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
     check_determinism(res, ctx, comp, run)
     with fp.dropout_off():
         out = run()
-        if out is None or out.shape != x.shape:
+        if out is None or out.shape[:-1] != x.shape[:-1] or out.size(-1) not in (D, width):
             raise ctx.learner.fail("forward", f"{comp.name} returned {getattr(out, 'shape', out)} for an "
                                    f"input of shape {tuple(x.shape)}; a FFN keeps the shape (B, T, d_model)")
+        universe = ("ffn_no_activation",) + (("gated_act_after_product",) if gated else ()) + (
+            ("ffn_no_down_projection",) if has_down else ())
         best = None
         for slots in candidates:
             for act in FFN_ACTIVATIONS[gated]:
                 w = ffn_weights(slots, act)
-                found = fp.search(out, lambda fl, w=w: V.feed_forward(w, x, fl), ("ffn_no_activation",),
-                                  None, 1)
+                found = fp.search(out, lambda fl, w=w: V.feed_forward(w, x, fl), universe, None, 2)
                 if found is not None and (best is None or len(found[0]) < len(best[2][0])):
                     best = (slots, act, found)
         slots, act = (best[0], best[1]) if best else (candidates[0], FFN_ACTIVATIONS[gated][0])
         res.mapping = [s.describe() for s in slots]
+        if not has_down:
+            number, code = locate("ffn_no_down_projection", source_lines(ctx.objects(comp)))
+            res.findings.append(Finding("ffn_no_down_projection", text(
+                f"{comp.name} has no nn.Linear(d_ff, d_model): its output is (B, T, d_ff) = "
+                f"{tuple(out.shape)}", f"{comp.name} 没有 nn.Linear(d_ff, d_model)：输出是 (B, T, d_ff) = "
+                f"{tuple(out.shape)}"),
+                number, code))
         if best and best[2][0]:
             correct = fp.max_error(out, V.feed_forward(ffn_weights(slots, act), x))
             res.findings += ctx.findings(best[2][0], best[2][1], correct, comp)
+        if best:
+            res.findings += ffn_name_findings(ctx, comp, type(module).__name__, slots, act, best[2][1])
         name = HF_NAME[(gated, act)]
         if not (best and best[2][0]):
             res.notes.append(text(f"activation: {name}", f"激活函数：{name}"))
-        hf = FeedForward(D, F_WIDTH, name).double()
-        copy_ffn(hf, slots)
-        errors, grad_err = [], 0.0
-        for i, (B, T) in enumerate([(2, 5), (1, 1), (3, 9)]):
-            xi = fp.randn(B, T, D, seed=10 + i).requires_grad_()
-            with torch.enable_grad():
-                mine, ref = run(xi), hf(xi)
-                errors.append(fp.max_error(mine, ref))
-                if i == 0 and mine is not None:
-                    g = fp.randn(*ref.shape, seed=5)
-                    params = [s.leaf.weight for s in slots]
-                    a = torch.autograd.grad((mine * g).sum(), [xi] + params)
-                    hf_params = [ffn_parameters(hf)[s.role].weight for s in slots]
-                    b = torch.autograd.grad((ref * g).sum(), [xi] + hf_params)
-                    grad_err = grads_error(list(zip(a, b)))
-        res.max_abs_error = max(errors)
-        res.checks.append(Check(text(f"matches handformer's FeedForward ({name}) on 3 shapes",
-                                     f"在 3 种形状上与 handformer 的 FeedForward（{name}）一致"),
-                                res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
-        res.checks.append(Check(text("gradients match handformer's", "梯度与 handformer 一致"),
-                                grad_err < 1e-5, error_text(grad_err)))
+        if has_down:
+            _compare_ffn(res, ctx, run, slots, name, width)
         bumped = x.clone()
         bumped[:, 2] += 1.0
-        moved = (run(bumped) - out).abs().amax(-1)
-        moved[:, 2] = 0
+        moved = _position_moved(run(bumped), out)
         res.checks.append(Check(text("position-wise: changing one position changes no other",
-                                     "逐位置：改变一个位置不影响其他位置"), moved.max().item() < 1e-12,
-                                text(f"other positions moved by {moved.max().item():.3g}",
-                                     f"其他位置变化了 {moved.max().item():.3g}")))
+                                     "逐位置：改变一个位置不影响其他位置"), moved < 1e-12,
+                                text(f"other positions moved by {moved:.3g}",
+                                     f"其他位置变化了 {moved:.3g}")))
     return finish(res)
 
 
+def _position_moved(bumped: Tensor | None, out: Tensor) -> float:
+    if bumped is None or bumped.shape != out.shape:
+        return float("inf")
+    moved = (bumped - out).abs().amax(-1)
+    moved[:, 2] = 0
+    return moved.max().item()
+
+
+def _compare_ffn(res: ComponentResult, ctx: Context, run: Callable[[Tensor], Tensor | None],
+                 slots: list[Slot], name: str, width: int) -> None:
+    hf = FeedForward(D, width, name).double()
+    copy_ffn(hf, slots)
+    errors, grad_err = [], 0.0
+    for i, (B, T) in enumerate([(2, 5), (1, 1), (3, 9)]):
+        xi = fp.randn(B, T, D, seed=10 + i).requires_grad_()
+        with torch.enable_grad():
+            mine, ref = run(xi), hf(xi)
+            errors.append(fp.max_error(mine, ref))
+            if i == 0 and mine is not None and mine.shape == ref.shape:
+                g = fp.randn(*ref.shape, seed=5)
+                params = [s.leaf.weight for s in slots]
+                a = torch.autograd.grad((mine * g).sum(), [xi] + params, allow_unused=True)
+                hf_params = [ffn_parameters(hf)[s.role].weight for s in slots]
+                b = torch.autograd.grad((ref * g).sum(), [xi] + hf_params)
+                grad_err = grads_error(list(zip(a, b)))
+    res.max_abs_error = max(errors)
+    res.checks.append(Check(text(f"matches handformer's FeedForward ({name}) on 3 shapes",
+                                 f"在 3 种形状上与 handformer 的 FeedForward（{name}）一致"),
+                            res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
+    res.checks.append(Check(text("gradients match handformer's", "梯度与 handformer 一致"),
+                            grad_err < 1e-5, error_text(grad_err)))
+
+
+def ffn_name_findings(ctx: Context, comp: Component, class_name: str, slots: list[Slot], act: str,
+                      matched: float) -> list[Finding]:
+    """The gated FFN's mistakes that only names tell: the activation its class name promises
+    (SwiGLU: SiLU; GEGLU: GELU), and the activation on the branch named up (or Meta's w3) while the
+    one named gate (w1) is not activated."""
+    out = []
+    if not is_gated(slots):
+        return out
+    lines = source_lines(ctx.objects(comp, "ffn"))
+    promised = next((a for word, a in NAMED_ACTIVATION if word in class_name.lower()), None)
+    if promised and promised != act:
+        number, code = locate("ffn_wrong_activation", lines)
+        out.append(Finding("ffn_wrong_activation", text(
+            f"{class_name} computes the gate with {act.upper()}: your output equals {act}(gate(x)) * up(x) "
+            f"(to {matched:.1e}), where its name promises {promised.upper()}",
+            f"{class_name} 的门控用的是 {act.upper()}：你的输出等于 {act}(gate(x)) * up(x)"
+            f"（误差 {matched:.1e}），而它的名字意味着 {promised.upper()}"), number, code,
+            f"{act}_for_{promised}"))
+    by = {s.role: s.leaf.name.split(".")[-1].lower() for s in slots}
+    gate, up = by["FFN W_gate"], by["FFN W_up"]
+    swapped = ("up" in gate and "gate" not in gate) or ("gate" in up and "gate" not in gate)
+    if swapped or (gate, up) == ("w3", "w1"):
+        number, code = locate("gated_activation_wrong_branch", lines)
+        out.append(Finding("gated_activation_wrong_branch", text(
+            f"your output equals down(act({gate}(x)) * {up}(x)) (to {matched:.1e}): the activation is on "
+            f"{gate}, the branch named as the up projection, and {up} (named as the gate) is not activated",
+            f"你的输出等于 down(act({gate}(x)) * {up}(x))（误差 {matched:.1e}）：激活函数作用在了 {gate}"
+            f"（名字表明它是 up 投影）上，而名为门控的 {up} 没有经过激活"), number, code))
+    return out
+
+
 def check_norm(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     module = ctx.build(comp)
     norms = [leaf for leaf in leaves(module) if leaf.kind == "norm"]
     slot = norm_slots(norms, 1, [comp.kind], comp.name)[0]
     res.mapping = [f"{slot.leaf.name}: weight" + (", bias" if slot.leaf.bias is not None else "")]
-    w = norm_weights(slot)
     kind = comp.kind
-    hf = (LayerNorm(D, w.eps) if kind == "layernorm" else RMSNorm(D, w.eps)).double()
+    bias = slot.bias() if kind == "layernorm" else None
+    w = V.NormWeights(slot.weight(), bias, norm_eps(slot.leaf.module, kind), kind)
+    hf = (LayerNorm(D, w.eps, bias=bias is not None) if kind == "layernorm" else RMSNorm(D, w.eps)).double()
     copy_weights(hf, slot)
     res.notes.append(text(f"eps = {w.eps:g} (read from your module)", f"eps = {w.eps:g}（从你的模块读取）"))
-    errors, grad_err = [], 0.0
-    for i, (B, T, scale) in enumerate([(2, 5, 1.0), (1, 1, 3.0), (3, 7, 0.1)]):
-        x = (fp.randn(B, T, D, seed=10 + i) * scale + 0.5 * scale).requires_grad_()
-        with torch.enable_grad():
-            mine = fp.first_tensor(ctx.learner.call("forward", module, x), 3)
-            ref = hf(x)
-            errors.append(fp.max_error(mine, ref))
-            if i == 0 and mine is not None:
-                g = fp.randn(*ref.shape, seed=5)
-                params = [slot.leaf.weight] + ([slot.leaf.bias] if slot.leaf.bias is not None else [])
-                hf_params = [hf.weight] + ([hf.bias] if slot.leaf.bias is not None else [])
-                grad_err = grads_error(list(zip(torch.autograd.grad((mine * g).sum(), [x] + params),
-                                                torch.autograd.grad((ref * g).sum(), [x] + hf_params))))
-    res.max_abs_error = max(errors)
+
+    def run(x: Tensor) -> Tensor | None:
+        return fp.first_tensor(ctx.learner.call("forward", module, x), x.dim())
+
+    probe = norm_probe(D, w.eps, torch.float64)
+    check_determinism(res, ctx, comp, lambda: run(probe))
+    with fp.dropout_off():
+        out = run(probe)
+        if out is None or out.shape != probe.shape:
+            got = shape_of(ctx.learner.call("forward", module, probe))
+            raise ctx.learner.fail("forward", f"{comp.name} returned {got} for x of shape "
+                                   f"{tuple(probe.shape)}; a norm keeps the shape")
+        found = fp.search(out, lambda fl: V.norm(w, probe, fl), V.norm_flags(kind, bias is not None), None, 2)
+        if found and found[0]:
+            res.findings += ctx.findings(found[0], found[1], fp.max_error(out, V.norm(w, probe)), comp)
+        errors, grad_err = [], 0.0
+        cases = [(2, 5, 1.0), (1, 1, 3.0), (3, 7, 0.1), (2, 4, max(w.eps, 1e-12) ** 0.5)]
+        for i, (B, T, scale) in enumerate(cases):
+            x = (fp.randn(B, T, D, seed=10 + i) * scale + 0.5 * scale).requires_grad_()
+            with torch.enable_grad():
+                mine, ref = run(x), hf(x)
+                errors.append(fp.max_error(mine, ref) / max(1.0, float(ref.detach().abs().max())))
+                if i == 0 and mine is not None and mine.shape == ref.shape:
+                    g = fp.randn(*ref.shape, seed=5)
+                    params = [slot.leaf.weight] + ([slot.leaf.bias] if bias is not None else [])
+                    hf_params = [hf.weight] + ([hf.bias] if bias is not None else [])
+                    grad_err = grads_error(list(zip(
+                        torch.autograd.grad((mine * g).sum(), [x] + params, allow_unused=True),
+                        torch.autograd.grad((ref * g).sum(), [x] + hf_params))))
+        res.max_abs_error = max(errors)
     label = "LayerNorm" if kind == "layernorm" else "RMSNorm"
-    res.checks.append(Check(text(f"matches handformer's {label} on 3 inputs (scales 1, 3, 0.1)",
-                                 f"在 3 组输入（尺度 1、3、0.1）上与 handformer 的 {label} 一致"),
+    res.checks.append(Check(text(f"matches handformer's {label} on 4 inputs (scales 1, 3, 0.1, sqrt(eps))",
+                                 f"在 4 组输入（尺度 1、3、0.1、sqrt(eps)）上与 handformer 的 {label} 一致"),
                             res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
     res.checks.append(Check(text("gradients match handformer's", "梯度与 handformer 一致"), grad_err < 1e-5,
                             error_text(grad_err)))
-    if kind == "layernorm" and res.max_abs_error >= 1e-5:
-        _unbiased_std(res, module, ctx, comp, w)
     return finish(res)
-
-
-def _unbiased_std(res: ComponentResult, module: torch.nn.Module, ctx: Context, comp: Component,
-                  w: V.NormWeights) -> None:
-    x = fp.randn(2, 5, D, seed=10) + 0.5
-    out = fp.first_tensor(ctx.learner.call("forward", module, x), 3)
-    std = x.std(-1, keepdim=True)  # unbiased, as torch.std defaults to
-    alt = w.weight * (x - x.mean(-1, keepdim=True)) / (std + w.eps) + (w.bias if w.bias is not None else 0)
-    if fp.max_error(out, alt) < 1e-6:
-        number, code = locate("layernorm_unbiased_std", source_lines(ctx.objects(comp)))
-        res.findings.append(Finding("layernorm_unbiased_std", text(
-            f"your output equals w * (x - mean) / (x.std() + eps) + b to {fp.max_error(out, alt):.1e}; "
-            f"it differs from nn.LayerNorm's by {res.max_abs_error:.3g}",
-            f"你的输出与 w * (x - mean) / (x.std() + eps) + b 一致（误差 {fp.max_error(out, alt):.1e}），"
-            f"与 nn.LayerNorm 相差 {res.max_abs_error:.3g}"), number, code))
 
 
 PE_FLAGS = ("pe_sin_cos_swapped", "pe_wrong_frequency:pair_index", "pe_wrong_frequency:dim_index",
@@ -223,7 +288,7 @@ PE_FLAGS = ("pe_sin_cos_swapped", "pe_wrong_frequency:pair_index", "pe_wrong_fre
 
 
 def check_positional_encoding(comp: Component, ctx: Context) -> ComponentResult:
-    res = ComponentResult(comp.kind, comp.name)
+    res = ctx.result(comp)
     module = ctx.build(comp)
     B, T = 2, 12
 

@@ -12,24 +12,25 @@ import os
 
 from handformer.check.diagnoses import CATALOG
 from handformer.check.discovery import DESCRIPTIONS
+from handformer.check.kinds import KINDS_TABLE
 from handformer.check.result import DIFFERS, ERROR, FAIL, PASS, ComponentResult, FileResult, LearnerError
 
 STATUS = {"en": {PASS: "PASS", FAIL: "FAIL", DIFFERS: "DIFFERS", ERROR: "ERROR"},
           "zh": {PASS: "通过", FAIL: "未通过", DIFFERS: "设计不同（允许）", ERROR: "出错"}}
-KIND_ZH = {"causal_mask": "因果掩码函数", "sdpa": "缩放点积注意力", "mha": "多头注意力",
-           "causal_attention": "因果自注意力", "ffn": "逐位置前馈网络", "layernorm": "层归一化 LayerNorm",
-           "rmsnorm": "RMSNorm", "positional_encoding": "正弦位置编码", "encoder_layer": "编码器层",
-           "decoder_layer": "解码器层", "block": "decoder-only 块",
-           "transformer": "编码器-解码器模型"}
+KIND_ZH = {k.name: k.zh for k in KINDS_TABLE}
+MASK_KINDS = ("causal_mask", "masked_softmax", "sdpa", "mha", "gqa", "causal_attention", "encoder_layer",
+              "decoder_layer", "block")
 WORDS = {
-    "en": {":": ": ", "weights": "weights", "mask": "mask convention", "line": "line", "fix": "fix",
+    "en": {":": ": ", "weights": "weights", "mask": "mask convention", "convention": "convention",
+           "line": "line", "fix": "fix",
            "observed": "observed", "checks_ok": "passed ({n})", "failed": "failed check",
            "note": "note", "error": "error", "in": "in", "max": "max abs error",
            "summary": "{p} passed, {d} differ by design, {f} failed, {e} raised, of {n} components",
            "sandbox": "(your code ran in a child process: {t:g} s and {m} MiB per step)",
            "memory": "ran out of memory", "nothing": "nothing to check"},
-    "zh": {":": "：", "weights": "权重映射", "mask": "掩码约定", "line": "第", "fix": "修改建议",
-           "observed": "观察到", "checks_ok": "满足的要求（{n}）", "failed": "未满足的要求",
+    "zh": {":": "：", "weights": "权重映射", "mask": "掩码约定", "convention": "约定", "line": "第",
+           "fix": "修改建议", "observed": "观察到", "checks_ok": "满足的要求（{n}）",
+           "failed": "未满足的要求",
            "note": "说明", "error": "错误", "in": "位置", "max": "最大绝对误差",
            "summary": "共 {n} 个组件：{p} 个通过，{d} 个属于设计差异（不算错），{f} 个未通过，{e} 个出错",
            "sandbox": "（你的代码在子进程中运行：每一步限时 {t:g} 秒、内存 {m} MiB）",
@@ -93,7 +94,8 @@ def format_component(c: ComponentResult, lang: str) -> list[str]:
     if c.mapping:
         lines.append(f"  {w['weights']}{w[':']}{', '.join(c.mapping)}")
     if c.convention:
-        lines.append(f"  {w['mask']}{w[':']}{c.convention[lang]}")
+        label = w["mask"] if c.kind in MASK_KINDS else w["convention"]
+        lines.append(f"  {label}{w[':']}{c.convention[lang]}")
     if c.error:
         lines += format_error(c.error, lang)
     for f in c.findings:

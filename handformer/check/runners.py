@@ -3,7 +3,10 @@ a child process). `check_module` streams one `ComponentResult` per component to 
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import inspect
+import re
 import sys
 import types
 from collections.abc import Callable
@@ -13,26 +16,26 @@ from typing import TYPE_CHECKING
 import torch
 
 from handformer.check import fingerprint as fp
-from handformer.check.discovery import NAMES, Component, DiscoveryError, defined_names, find_components
-from handformer.check.result import ERROR, ComponentResult, FileResult, LearnerError
+from handformer.check.discovery import (
+    NAMES,
+    Component,
+    DiscoveryError,
+    defined_names,
+    find_components,
+    own_objects,
+)
+from handformer.check.kinds import KINDS_BY_NAME
+from handformer.check.result import ERROR, FAIL, ComponentResult, FileResult, Finding, LearnerError, text
 from handformer.check.source import learner_error
 from handformer.check.weights import MappingError
 
 if TYPE_CHECKING:
     from handformer.check.context import Context
 
-def runners() -> dict[str, Callable[[Component, Context], ComponentResult]]:
-    from handformer.check import attention, layers, model, pieces
-
-    table = {
-        "causal_mask": pieces.check_causal_mask, "sdpa": attention.check_sdpa,
-        "mha": attention.check_mha, "causal_attention": attention.check_causal_attention,
-        "ffn": pieces.check_ffn, "layernorm": pieces.check_norm, "rmsnorm": pieces.check_norm,
-        "positional_encoding": pieces.check_positional_encoding,
-        "encoder_layer": layers.check_encoder_layer, "decoder_layer": layers.check_decoder_layer,
-        "block": layers.check_block, "transformer": model.check_model,
-    }
-    return table
+def runner_for(kind: str) -> Callable[[Component, Context], ComponentResult]:
+    """The runner of a kind, from the table in handformer.check.kinds."""
+    module, _, function = KINDS_BY_NAME[kind].runner.partition(":")
+    return getattr(importlib.import_module(f"handformer.check.{module}"), function)
 
 
 def import_learner(path: str) -> types.ModuleType:
@@ -51,14 +54,77 @@ def import_learner(path: str) -> types.ModuleType:
 
 
 def check_component(comp: Component, ctx: Context) -> ComponentResult:
+    ctx.partial = None
+    ctx.learner.calls = ctx.learner.nan_calls = 0
     try:
         with torch.no_grad():
-            return runners()[comp.kind](comp, ctx)
+            result = runner_for(comp.kind)(comp, ctx)
     except fp.LearnerFailure as failure:
-        return ComponentResult(comp.kind, comp.name, ERROR, error=failure.error)
+        result = ComponentResult(comp.kind, comp.name, ERROR, error=failure.error)
+        partial = ctx.partial
+        if partial is not None and partial.name == comp.name and partial.findings:  # found before it raised
+            partial.status, partial.error = ERROR, failure.error
+            result = partial
     except (MappingError, DiscoveryError) as err:
-        return ComponentResult(comp.kind, comp.name, ERROR,
-                               error=LearnerError("mapping", str(err), "__init__"))
+        result = ComponentResult(comp.kind, comp.name, ERROR,
+                                 error=LearnerError("mapping", str(err), "__init__"))
+    except SystemExit as err:  # sys.exit in their code, called where the runner does not wrap the call
+        result = ComponentResult(comp.kind, comp.name, ERROR, error=learner_error(err, ctx.path, "check"))
+    except Exception as err:  # a bug of the grader's: said so, never shown as the learner's traceback
+        result = ComponentResult(comp.kind, comp.name, ERROR, error=internal_error(err, ctx.path))
+    if not result.findings and result.status in (FAIL, ERROR) and (
+            result.error is None or result.error.kind == "exception"):
+        result.findings += inherited(comp, ctx)
+    if result.status in (FAIL, ERROR) and ctx.learner.nan_calls and not any(
+            f.name == "nan_on_masked_rows" for f in result.findings):
+        n, m = ctx.learner.nan_calls, ctx.learner.calls
+        result.notes.append(text(
+            f"your output had a NaN in {n} of {m} calls (0 / 0, inf - inf, the log or square root of a "
+            "negative number, or a softmax of a row that is all -inf?)",
+            f"你的输出在 {m} 次调用中有 {n} 次出现 NaN（0 / 0、inf - inf、对负数取 log 或开方，"
+            "还是对全为 -inf 的一行做了 softmax？）"))
+    ctx.results[comp.name] = result
+    return result
+
+
+def inherited(comp: Component, ctx: Context) -> list[Finding]:
+    """The mistakes of the learner's other components that this one uses (its source calls them,
+    directly or through their other functions), for a component that fails with none of its own: a
+    block whose FFN has no down projection, a generate loop whose sampling step is wrong."""
+    own = {n: o for n, o in own_objects(ctx.module).items() if "." not in n}
+    sources = {}
+    for name, obj in own.items():
+        try:
+            sources[name] = inspect.getsource(obj)
+        except (OSError, TypeError):
+            sources[name] = ""
+    reached, todo = set(), [comp.name.split(".")[0]]
+    while todo:
+        name = todo.pop()
+        for other in own:
+            calls = re.search(rf"\b{re.escape(other)}\s*\(", sources.get(name, ""))
+            if other not in reached and other != name and calls:
+                reached.add(other)
+                todo.append(other)
+    out = []
+    for name in sorted(reached):
+        for f in ctx.results.get(name, ComponentResult("", "")).findings:
+            if f.name not in {g.name for g in out}:
+                out.append(Finding(f.name, text(
+                    f"{comp.name} uses {name}, which has this mistake (its own check names it: "
+                    f"{f.observed['en']})",
+                    f"{comp.name} 用到了 {name}，它有这个错误（它自己的检查给出了诊断：{f.observed['zh']}）"),
+                    f.line, f.code, f.form))
+    return out
+
+
+def internal_error(err: Exception, path: str) -> LearnerError:
+    """An exception of handformer's own code while checking: the report says it is handformer's bug,
+    with the learner's line it was running, if any (tests require that this never happens)."""
+    theirs = learner_error(err, path, "check").traceback
+    return LearnerError("internal", f"handformer could not check this component: {type(err).__name__}: "
+                        f"{str(err).splitlines()[0][:300] if str(err) else ''} (a bug in handformer's "
+                        "grader, not in your code; please report it with your file)", "check", theirs)
 
 
 def check_file(path: str, overrides: dict[str, str] | None = None, only: list[str] | None = None,

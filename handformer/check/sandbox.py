@@ -52,7 +52,7 @@ def check_in_child(path: str, overrides: dict[str, str] | None = None, only: lis
         if any("done" in line for line in lines):
             return result
         step, kind = phase if phase else (None, "")
-        error = _stopped(reason, step, stack, path, time_limit, memory_limit)
+        error = _stopped(reason, step, stack, path, time_limit, memory_limit, kind)
         if step in (None, "ready", "import"):
             result.error = error
             return result
@@ -86,12 +86,13 @@ def _run_child(request: dict[str, Any], time_limit: float,
         stderr = _read(files["stderr"])
         phase = _progress(files["progress"])
         stack = _read(files["stack"])
+        lines = [json.loads(line) for line in _read(files["results"]).splitlines() if line.strip()]
         if reason != "timeout":
             code = proc.returncode
-            reason = "done" if code == 0 else f"signal {-code}" if code < 0 else f"exit {code}"
+            finished = code == 0 and any("done" in line for line in lines)
+            reason = "done" if finished else f"signal {-code}" if code < 0 else f"exit {code}"
             if stack.strip():
                 reason = "timeout"
-        lines = [json.loads(line) for line in _read(files["results"]).splitlines() if line.strip()]
         if reason not in ("done", "timeout") and not stack:
             stack = stderr[-2000:]
         return lines, phase, stack, reason
@@ -112,18 +113,24 @@ def _progress(path: Path) -> tuple[str, str] | None:
 
 
 def _stopped(reason: str, phase: str | None, stack: str, path: str, time_limit: float,
-             memory_limit: int) -> LearnerError:
+             memory_limit: int, kind: str = "") -> LearnerError:
     where = phase or "startup"
     frames = _learner_frames(stack, path)
     if reason == "timeout":
-        return LearnerError("timeout", f"stopped after {time_limit:g} s in {where}: an infinite loop, or "
-                            "far too slow for tensors of a few dozen numbers (raise the limit with "
-                            "--time-limit)", where, frames)
+        why = ("a generation loop that does not end (is it bounded by max_new_tokens?), or one far too "
+               "slow for a model of a few thousand weights" if kind == "generate" else
+               "an infinite loop, or far too slow for tensors of a few dozen numbers")
+        return LearnerError("timeout", f"stopped after {time_limit:g} s in {where}: {why} (raise the limit "
+                            "with --time-limit)", where, frames)
     if reason == "signal 9":
         return LearnerError("memory", f"killed in {where}, most likely for using more than the "
                             f"{memory_limit} MiB memory limit", where, frames)
-    return LearnerError("crash", f"the check process ended ({reason}) in {where}: "
-                        f"{stack.strip().splitlines()[-1] if stack.strip() else 'no message'}", where, frames)
+    last = stack.strip().splitlines()[-1] if stack.strip() else ""
+    if reason.startswith("exit ") and not last:
+        last = ("your code ended the process (os._exit, or a library it called that exits); a component "
+                "returns its result, it does not end the program")
+    return LearnerError("crash", f"the check process ended ({reason}) in {where}: {last or 'no message'}",
+                        where, frames)
 
 
 def _learner_frames(stack: str, path: str) -> list[str]:

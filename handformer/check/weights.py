@@ -115,19 +115,24 @@ def _shapes(found: list[Leaf]) -> str:
     return ", ".join(f"{leaf.name} {tuple(leaf.weight.shape)}" for leaf in found) or "none"
 
 
-def attention_slots(linears: list[Leaf], D: int, count: int, what: str) -> list[list[Slot]]:
-    """`count` attentions from (D, D) linears in order W_Q, W_K, W_V, W_O (or a fused (3D, D) qkv
-    projection then W_O). An attention of three (D, D) linears has no W_O; its list has 3 slots."""
+def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width: int | None = None,
+                    ) -> list[list[Slot]]:
+    """`count` attentions from linears in order W_Q, W_K, W_V, W_O (or a fused qkv projection then
+    W_O). W_Q and W_O are (D, D); W_K and W_V (kv_width, D), kv_width < D for grouped-query
+    attention. An attention of three projections and no W_O has 3 slots."""
+    kv = kv_width or D
+    fused_rows = D + 2 * kv
     square = [leaf for leaf in linears if tuple(leaf.weight.shape) == (D, D)]
-    fused = [leaf for leaf in linears if tuple(leaf.weight.shape) == (3 * D, D)]
-    prefixes = ["", "cross-attention "] if count == 2 else [""]
-    if count == 2:
-        prefixes[0] = "self-attention "
+    fused = [leaf for leaf in linears if tuple(leaf.weight.shape) == (fused_rows, D)]
+    prefixes = ["self-attention ", "cross-attention "] if count == 2 else [""]
     if fused and len(fused) == count:
         outs = square if len(square) == count else [None] * count
-        return [[Slot(f"{p}W_{r}", f, slice(i * D, (i + 1) * D)) for i, r in enumerate("QKV")]
+        cuts = [(0, D), (D, D + kv), (D + kv, D + 2 * kv)]
+        return [[Slot(f"{p}W_{r}", f, slice(a, b)) for r, (a, b) in zip("QKV", cuts)]
                 + ([Slot(f"{p}W_O", o)] if o is not None else [])
                 for p, f, o in zip(prefixes, fused, outs)]
+    if kv != D:
+        return _grouped_slots(linears, D, kv, count, prefixes, what)
     per = 4 if len(square) == 4 * count else 3 if len(square) == 3 * count else 0
     if not per:
         raise MappingError(
@@ -139,32 +144,71 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str) -> list[
             for p, group in zip(prefixes, groups)]
 
 
-def mha_weights(slots: list[Slot], n_heads: int) -> V.MHAWeights:
+def _grouped_slots(linears: list[Leaf], D: int, kv: int, count: int, prefixes: list[str], what: str,
+                   ) -> list[list[Slot]]:
+    """Grouped-query attention: (D, D) W_Q and W_O, (kv, D) W_K and W_V, in definition order."""
+    square = [leaf for leaf in linears if tuple(leaf.weight.shape) == (D, D)]
+    narrow = [leaf for leaf in linears if tuple(leaf.weight.shape) == (kv, D)]
+    if len(narrow) != 2 * count or len(square) not in (count, 2 * count):
+        raise MappingError(
+            f"{what}: expected W_Q and W_O as nn.Linear(d_model, d_model) and W_K, W_V as "
+            f"nn.Linear(d_model, n_kv_heads * head_dim) (d_model={D}, n_kv_heads * head_dim={kv}); "
+            f"its parameterised layers are: {_shapes(linears)}")
+    per = len(square) // count
+    return [[Slot(f"{p}W_Q", square[i * per]), Slot(f"{p}W_K", narrow[2 * i]),
+             Slot(f"{p}W_V", narrow[2 * i + 1])]
+            + ([Slot(f"{p}W_O", square[i * per + 1])] if per == 2 else [])
+            for i, p in enumerate(prefixes)]
+
+
+def mha_weights(slots: list[Slot], n_heads: int, n_kv_heads: int | None = None, rope: str | None = None,
+                ) -> V.MHAWeights:
     by = {s.role[-3:]: s.linear() for s in slots}
-    return V.MHAWeights(by["W_Q"], by["W_K"], by["W_V"], by.get("W_O"), n_heads)
+    return V.MHAWeights(by["W_Q"], by["W_K"], by["W_V"], by.get("W_O"), n_heads, n_kv_heads, rope)
 
 
-def ffn_slots(linears: list[Leaf], D: int, F: int, what: str) -> list[list[Slot]]:
+def ffn_slots(linears: list[Leaf], D: int, F: int | None, what: str) -> list[list[Slot]]:
     """The FFN's matrices: (F, D) up then (D, F) down; gated: two (F, D) (gate, up: both orders
-    are returned, the runner keeps the one that matches) and (D, F) down."""
-    ups = [leaf for leaf in linears if tuple(leaf.weight.shape) == (F, D)]
-    downs = [leaf for leaf in linears if tuple(leaf.weight.shape) == (D, F)]
-    if len(downs) == 1 and len(ups) == 1:
-        return [[Slot("FFN W_1", ups[0]), Slot("FFN W_2", downs[0])]]
-    if len(downs) == 1 and len(ups) == 2:
-        a, b = ups
-        return [[Slot("FFN W_gate", a), Slot("FFN W_up", b), Slot("FFN W_down", downs[0])],
-                [Slot("FFN W_gate", b), Slot("FFN W_up", a), Slot("FFN W_down", downs[0])]]
+    are returned, the runner keeps the one that matches) and (D, F) down. F is read from the shapes
+    when None or when no layer has it (nanoGPT's MLP is 4 * n_embd wide whatever d_ff says). An FFN
+    without a down projection gets slots without one."""
+    widths = [F] if F else []
+    widths += sorted({leaf.weight.size(0) for leaf in linears if leaf.weight.size(1) == D
+                      and leaf.weight.size(0) != D} - set(widths))
+    for width in widths:
+        ups = [leaf for leaf in linears if tuple(leaf.weight.shape) == (width, D)]
+        downs = [leaf for leaf in linears if tuple(leaf.weight.shape) == (D, width)]
+        if len(downs) == 1 and len(ups) == 1:
+            return [[Slot("FFN W_1", ups[0]), Slot("FFN W_2", downs[0])]]
+        if len(downs) == 1 and len(ups) == 2:
+            a, b = ups
+            return [[Slot("FFN W_gate", a), Slot("FFN W_up", b), Slot("FFN W_down", downs[0])],
+                    [Slot("FFN W_gate", b), Slot("FFN W_up", a), Slot("FFN W_down", downs[0])]]
+    for width in widths:  # no (D, F) layer at all: an FFN that forgot its down projection
+        ups = [leaf for leaf in linears if tuple(leaf.weight.shape) == (width, D)]
+        if len(ups) == 1 and not any(leaf.weight.size(1) == width for leaf in linears):
+            return [[Slot("FFN W_1", ups[0])]]
+        if len(ups) == 2 and not any(leaf.weight.size(1) == width for leaf in linears):
+            return [[Slot("FFN W_gate", ups[0]), Slot("FFN W_up", ups[1])],
+                    [Slot("FFN W_gate", ups[1]), Slot("FFN W_up", ups[0])]]
     raise MappingError(f"{what}: expected nn.Linear(d_model, d_ff) then nn.Linear(d_ff, d_model) "
                        f"(d_model={D}, d_ff={F}; gated FFNs have two nn.Linear(d_model, d_ff)), "
                        f"found: {_shapes(linears)}")
 
 
+def is_gated(slots: list[Slot]) -> bool:
+    return any(s.role == "FFN W_gate" for s in slots)
+
+
+def has_down_projection(slots: list[Slot]) -> bool:
+    return any(s.role in ("FFN W_2", "FFN W_down") for s in slots)
+
+
 def ffn_weights(slots: list[Slot], activation: str) -> V.FFNWeights:
     by = {s.role: s.linear() for s in slots}
     if "FFN W_gate" in by:
-        return V.FFNWeights(by["FFN W_up"], by["FFN W_down"], by["FFN W_gate"], activation)
-    return V.FFNWeights(by["FFN W_1"], by["FFN W_2"], None, activation)
+        return V.FFNWeights(by["FFN W_up"], by.get("FFN W_down"), by["FFN W_gate"], activation)
+    return V.FFNWeights(by["FFN W_1"], by.get("FFN W_2"), None, activation)
 
 
 def norm_eps(module: nn.Module, kind: str) -> float:
@@ -179,27 +223,44 @@ def norm_eps(module: nn.Module, kind: str) -> float:
 
 def norm_kind(leaf: Leaf) -> str:
     name = type(leaf.module).__name__.lower()
-    if "rms" in name or (leaf.bias is None and not isinstance(leaf.module, nn.LayerNorm)):
+    if "rms" in name or (leaf.bias is None and not isinstance(leaf.module, nn.LayerNorm)
+                         and "layer" not in name):
         return "rmsnorm"
     return "layernorm"
 
 
+def norm_probe(D: int, eps: float, dtype: torch.dtype) -> Tensor:
+    """(2, 3, D) inputs off-centre at scales 1, 3 and sqrt(eps): where eps matters as much as the
+    squares, so its place (inside or outside the square root) shows."""
+    scales = torch.tensor([1.0, 3.0, max(eps, 1e-12) ** 0.5], dtype=dtype)[None, :, None]  # (1, 3, 1)
+    x = torch.randn(2, 3, D, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    return (x + 0.5) * scales
+
+
 def norm_weights(slot: Slot) -> V.NormWeights:
-    """The norm as the learner's module computes it: a hand-written LayerNorm that divides by the
-    unbiased std + eps is recognised by running it (the layer runners then name that mistake)."""
+    """The norm as the learner's module computes it: a hand-written norm is run alone on a probe and
+    its mistakes (unbiased std, eps outside the root, RMSNorm's sum of squares, ...) are searched
+    for, so that a layer built from it is compared with what it computes (the layer runners then
+    name those mistakes on the layer too)."""
+    from handformer.check import fingerprint as fp
+
     kind = norm_kind(slot.leaf)
     w = V.NormWeights(slot.weight(), slot.bias(), norm_eps(slot.leaf.module, kind), kind)
-    if kind == "layernorm" and not isinstance(slot.leaf.module, nn.LayerNorm):
-        x = torch.randn(2, 3, w.weight.numel(), generator=torch.Generator().manual_seed(0),
-                        dtype=w.weight.dtype)
-        try:
-            out = slot.leaf.module(x)
-        except Exception:  # their code; the norm's own runner reports it
-            return w
-        unbiased = V.NormWeights(w.weight, w.bias, w.eps, "layernorm_unbiased_std")
-        if isinstance(out, Tensor) and out.shape == x.shape and torch.allclose(out, V.norm(unbiased, x),
-                                                                               atol=1e-9, rtol=0):
-            return unbiased
+    if type(slot.leaf.module).__module__.startswith("torch."):  # nn.LayerNorm, nn.RMSNorm
+        return w
+    x = norm_probe(w.weight.numel(), w.eps, w.weight.dtype)
+    try:
+        out = slot.leaf.module(x)
+    except Exception:  # their code; the norm's own runner reports it
+        return w
+    if not isinstance(out, Tensor) or out.shape != x.shape:
+        return w
+    for k in (kind, "layernorm" if kind == "rmsnorm" else "rmsnorm"):
+        base = V.NormWeights(w.weight, w.bias if k == "layernorm" else None, w.eps, k)
+        found = fp.search(out, lambda fl, base=base: V.norm(base, x, fl),
+                          V.norm_flags(k, base.bias is not None), None, 2)
+        if found is not None:
+            return V.NormWeights(base.weight, base.bias, base.eps, k, found[0])
     return w
 
 
@@ -245,7 +306,8 @@ def ffn_parameters(target: nn.Module) -> dict[str, nn.Linear]:
 
 
 def copy_ffn(target: nn.Module, slots: list[Slot]) -> None:
-    """The learner's FFN matrices (two, or three when gated) into handformer's FeedForward."""
+    """The learner's FFN matrices (two, or three when gated) into handformer's FeedForward (a missing
+    down projection stays as it is: that FFN is compared to fail)."""
     projections = ffn_parameters(target)
     for slot in slots:
         copy_weights(projections[slot.role], slot)

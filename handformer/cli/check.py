@@ -43,23 +43,25 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
+    from handformer.check.discovery import KINDS
     from handformer.check.sandbox import MEMORY_LIMIT, TIME_LIMIT
 
     p = sub.add_parser(
         "check", help="grade your own hand-written Transformer components against handformer's",
         description="Import PATH (its code runs, as pytest runs a test file: in a child process with "
-        "a time and a memory limit), find the components it defines (attention, multi-head "
-        "attention, FFN, LayerNorm, RMSNorm, positional encoding, encoder/decoder layers, "
-        "decoder-only blocks, the causal mask, the encoder-decoder model), copy weights between "
-        "them and handformer's, and compare outputs, attention weights and gradients; name classic "
-        "mistakes and the line they are on. Exit code 0: every component passes (or differs by "
-        "design, e.g. pre-norm); 1: any fails.")
+        "a time and a memory limit), find the components it defines (attention, multi-head and "
+        "grouped-query attention, RoPE, FFN and SwiGLU, LayerNorm, RMSNorm, positional encoding, "
+        "encoder/decoder layers, decoder-only blocks, the causal mask, the encoder-decoder model; "
+        "temperature, top-k, top-p, greedy, a sampling step, generate; in the tutorials', the "
+        "Annotated Transformer's, d2l's or nanoGPT's style), copy weights between them and "
+        "handformer's, and compare outputs, attention weights and gradients; name classic mistakes "
+        "and the line they are on. Exit code 0: every component passes (or differs by design, e.g. "
+        "pre-norm); 1: any fails.")
     p.add_argument("path", help="your Python file")
     p.add_argument("--component", action="extend", nargs="+", default=[], metavar="KIND[=NAME]",
                    help="check only these kinds (one or more, repeatable); KIND=NAME checks your "
                    "class or function NAME as that kind, e.g. --component mha=MyAttention. Kinds: "
-                   "causal_mask, sdpa, mha, causal_attention, ffn, layernorm, rmsnorm, positional_encoding, "
-                   "encoder_layer, decoder_layer, block, transformer")
+                   + ", ".join(KINDS))
     p.add_argument("--lang", choices=["en", "zh"], default=None,
                    help="report language (default: from the locale, zh for a Chinese one)")
     p.add_argument("--json", action="store_true", help="print JSON (for an autograder) instead of text")

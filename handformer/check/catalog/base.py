@@ -1,0 +1,18 @@
+"""A diagnosis: its name, what is wrong and how to fix it (English and Chinese), and the patterns
+that find its likely line in the learner's source."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    name: str
+    title: dict[str, str]  # {"en": ..., "zh": ...}: what is wrong, in one line
+    fix: dict[str, str]  # how to fix it
+    patterns: tuple[str, ...]  # regexes matched against the learner's source lines, first hit wins
+
+
+def d(name: str, en: str, zh: str, fix_en: str, fix_zh: str, *patterns: str) -> Diagnosis:
+    return Diagnosis(name, {"en": en, "zh": zh}, {"en": fix_en, "zh": fix_zh}, patterns)

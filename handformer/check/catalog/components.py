@@ -1,0 +1,141 @@
+"""The diagnoses of the tutorials' components: attention, multi-head attention, the FFN, LayerNorm,
+positional encoding, the encoder and decoder layers, the causal mask."""
+
+from handformer.check.catalog.base import Diagnosis, d
+
+DIAGNOSES: list[Diagnosis] = [
+    d("no_scaling", "the scores are not scaled by 1/sqrt(d_k)", "注意力分数没有除以 sqrt(d_k)",
+      "divide the scores by math.sqrt(d_k) before the softmax: scores = Q @ K^T / math.sqrt(d_k)",
+      "在 softmax 之前把分数除以 math.sqrt(d_k)：scores = Q @ K^T / math.sqrt(d_k)",
+      r"(matmul|@).*transpose", r"transpose\(-2, ?-1\)", r"scores\s*="),
+    d("scale_by_dk", "the scores are divided by d_k instead of sqrt(d_k)",
+      "注意力分数除以了 d_k，而不是 sqrt(d_k)",
+      "divide by math.sqrt(d_k), not by d_k", "应除以 math.sqrt(d_k)，而不是 d_k",
+      r"/\s*\(?\s*(self\.)?d_k\b", r"/\s*\w*d_k", r"scores\s*="),
+    d("softmax_wrong_dim", "the softmax runs over the wrong dimension",
+      "softmax 作用在了错误的维度上",
+      "take the softmax over the keys, the last dimension: F.softmax(scores, dim=-1)",
+      "softmax 应沿键（key）所在的最后一维：F.softmax(scores, dim=-1)",
+      r"softmax\(.*dim\s*=\s*(?!-1\b)", r"softmax"),
+    d("mask_inverted", "the mask is inverted: masked positions are attended, visible ones hidden",
+      "掩码用反了：本应屏蔽的位置被关注，可见的位置反而被屏蔽",
+      "hide the positions where the mask is 0: scores.masked_fill(mask == 0, -1e9) (with a torch.nn "
+      "style bool mask, True = masked, run again with --mask-convention torch)",
+      "屏蔽掩码为 0 的位置：scores.masked_fill(mask == 0, -1e9)（若使用 torch.nn 的布尔掩码约定，"
+      "True 表示屏蔽，请加 --mask-convention torch 重新检查）",
+      r"masked_fill", r"\w+\[\s*~?\s*keep\s*\]\s*=", r"mask"),
+    d("mask_after_softmax", "the mask is applied after the softmax, so the weights no longer sum to 1",
+      "掩码在 softmax 之后才应用，注意力权重之和不再为 1",
+      "apply masked_fill to the scores before F.softmax, not to the weights after it",
+      "在 F.softmax 之前对分数做 masked_fill，而不是在之后对权重做",
+      r"masked_fill", r"mask"),
+    d("split_no_transpose", "heads are split with view(B, h, T, d_k) and no transpose, "
+      "so positions are mixed across heads", "拆分多头时直接 view(B, h, T, d_k) 而没有 transpose，"
+      "不同位置的特征被混进了不同的头",
+      "split as x.view(B, T, h, d_k).transpose(1, 2)",
+      "应写成 x.view(B, T, h, d_k).transpose(1, 2)",
+      r"\.view\(.*(n_heads|num_heads|\bh\b|heads).*\)(?!.*(transpose|permute))", r"\.view\(",
+      r"reshape\(-1, X\.shape\[\d\], X\.shape\[\d\]\)"),
+    d("concat_no_transpose", "heads are concatenated with view(B, T, d_model) without transposing "
+      "back first", "拼接多头时没有先 transpose 回来就直接 view(B, T, d_model)",
+      "concatenate as x.transpose(1, 2).contiguous().view(B, T, d_model)",
+      "应写成 x.transpose(1, 2).contiguous().view(B, T, d_model)",
+      r"^(?!.*transpose).*contiguous\(\)\.(view|reshape)\(", r"(view|reshape)\(.*d_model",
+      r"reshape\(X\.shape\[0\], X\.shape\[2\]", r"(view|reshape)\(.*-1\)", r"contiguous"),
+    d("no_output_projection", "W_O is missing: the concatenated heads are returned without the "
+      "output projection", "缺少输出投影 W_O：多头拼接后直接返回了",
+      "define self.w_o = nn.Linear(d_model, d_model) and return self.w_o(concat)",
+      "定义 self.w_o = nn.Linear(d_model, d_model)，并返回 self.w_o(拼接结果)",
+      r"return (self\.)?\w*(transpose|concat|combine|merge)\w*\(", r"^\s*return\b"),
+    d("kv_swapped", "the K and V projections are swapped (keys use W_V, values use W_K)",
+      "K 与 V 的投影用反了（键用了 W_V，值用了 W_K）",
+      "compute K = w_k(k) and V = w_v(v)", "应为 K = w_k(k)，V = w_v(v)",
+      r"\bK\b\s*=.*w_?v|\bk\b\s*=.*w_?v|key.*=.*(w_v|v_proj|value)", r"(?i)keys\s*=.*\bw_v\(",
+      r"\bv\s*,\s*k\s*=.*split", r"w_?v\("),
+    d("no_residual", "a residual connection is missing", "缺少残差连接",
+      "add the sublayer's input back: x = norm(x + dropout(sublayer(x)))",
+      "把子层输入加回来：x = norm(x + dropout(sublayer(x)))",
+      r"^\s*x\s*=\s*(self\.)?(mlp|attn|ffn|feed_forward|self_attn|attention)\w*\(",
+      r"(ln|norm)\w*\((?!.*\+).*dropout\(", r"norm\w*\((?!.*\bx\s*\+)", r"norm"),
+    d("pre_norm", "the norm placement is mixed: one sublayer is pre-norm, another post-norm",
+      "层归一化的位置前后不一致：有的子层是 pre-norm，有的是 post-norm",
+      "use one placement for every sublayer: post-norm x = norm(x + f(x)) (the paper) or pre-norm "
+      "x = x + f(norm(x))", "所有子层使用同一种位置：post-norm x = norm(x + f(x))（论文）或 "
+      "pre-norm x = x + f(norm(x))",
+      r"norm\w*\("),
+    d("ffn_no_activation", "the feed-forward network has no activation between its two linear layers",
+      "前馈网络的两个线性层之间缺少激活函数",
+      "apply the activation between the layers: linear2(dropout(F.relu(linear1(x))))",
+      "在两个线性层之间加上激活函数：linear2(dropout(F.relu(linear1(x))))",
+      r"linear\w*\(.*linear\w*\(", r"^\s*return\b"),
+    d("dropout_in_eval", "dropout is active in eval mode: two runs on the same input differ",
+      "eval 模式下 dropout 仍然生效：同一输入两次运行结果不同",
+      "use nn.Dropout (it is off after model.eval()) or F.dropout(x, p, training=self.training)",
+      "使用 nn.Dropout（model.eval() 后自动关闭），或 F.dropout(x, p, training=self.training)",
+      r"F\.dropout|functional\.dropout|torch\.dropout", r"Dropout\(", r"dropout"),
+    d("pe_sin_cos_swapped", "sin and cos are swapped in the positional encoding",
+      "位置编码中 sin 和 cos 放反了", "even dimensions get sin, odd ones cos: pe[:, 0::2] = sin, "
+      "pe[:, 1::2] = cos", "偶数维用 sin，奇数维用 cos：pe[:, 0::2] = sin，pe[:, 1::2] = cos",
+      r"0::2.*cos|1::2.*sin", r"cos\(", r"sin\("),
+    d("pe_wrong_frequency", "the positional encoding uses the wrong frequency exponent",
+      "位置编码的频率指数写错了",
+      "use angle = pos / 10000^(2i/d_model) for the pair (2i, 2i+1): div_term = "
+      "exp(arange(0, d_model, 2) * (-log(10000) / d_model))",
+      "第 (2i, 2i+1) 维的角度为 pos / 10000^(2i/d_model)：div_term = "
+      "exp(arange(0, d_model, 2) * (-log(10000) / d_model))",
+      r"div\w*\s*=", r"10000", r"exp\("),
+    d("decoder_masks_swapped", "the decoder's two masks are swapped: self-attention gets the source "
+      "mask, cross-attention the target mask", "解码器的两个掩码用反了：自注意力用了源端掩码，"
+      "交叉注意力用了目标端掩码",
+      "self-attention takes tgt_mask (causal + padding), cross-attention takes src_mask",
+      "自注意力使用 tgt_mask（因果 + 填充），交叉注意力使用 src_mask",
+      r"self_?att\w*\([^)]*src_mask", r"cross\w*\([^)]*tgt_mask",
+      r"attention1\(.*enc_valid|attention2\(.*dec_valid", r"src_mask|tgt_mask"),
+    d("greedy_no_stop_at_eos", "greedy decoding goes on after the end symbol", "贪心解码在结束符之后还在继续",
+      "stop once EOS is emitted: if next_word == end_symbol: break (in a batch: stop when every row has "
+      "emitted it, and pad the rows that ended)",
+      "输出 EOS 后就停下：if next_word == end_symbol: break"
+      "（批量时等每一行都输出了 EOS 再停，已结束的行补填充）",
+      r"cat\(", r"for .* in range\(|while "),
+    d("greedy_eos_not_emitted", "greedy decoding stops at the end symbol but leaves it out",
+      "贪心解码在结束符处停下了，但没有输出结束符",
+      "append the next token before checking for EOS, so the output ends with it",
+      "先把下一个 token 接上，再判断是否是 EOS，这样输出以 EOS 结尾",
+      r"cat\(", r"break"),
+    d("mask_pad_wrong_sequence", "the padding mask is built from the other sequence (the source's "
+      "mask from the target, or the other way)", "填充掩码用错了序列（源端掩码用了目标序列，或者反过来）",
+      "build each mask from its own ids: src_mask from src, tgt_mask from tgt",
+      "每个掩码用自己的 id 构造：src_mask 用 src，tgt_mask 用 tgt",
+      r"src_mask\s*=.*\btgt\b|tgt_mask\s*=.*\bsrc\b", r"mask"),
+    d("mask_pad_id", "the padding mask assumes the pad id is 0", "填充掩码默认填充 id 是 0",
+      "compare with the pad id you are given: (ids != pad_idx), not (ids != 0)",
+      "和传入的填充 id 比较：(ids != pad_idx)，而不是 (ids != 0)",
+      r"[!=]=\s*0\b", r"mask"),
+    d("mask_combined_with_or", "padding and the causal part are combined the wrong way",
+      "填充掩码和因果掩码组合错了",
+      "a key is seen only when it is real and not in the future: pad_keep & causal_keep (with torch.nn's "
+      "True = masked: pad_masked | future_masked)",
+      "只有既是真实 token、又不在未来的键才可见：pad_keep & causal_keep（torch.nn 的 True 表示屏蔽时："
+      "pad_masked | future_masked）",
+      r"\|", r"&", r"mask"),
+    d("causal_off_by_one", "the causal mask is off by one", "因果掩码差了一位",
+      "query t must see keys 0..t: torch.tril(torch.ones(T, T)) (diagonal=0), or "
+      "torch.triu(torch.ones(T, T), diagonal=1) == 0 (d2l's valid lengths: torch.arange(1, T + 1))",
+      "位置 t 应能看到 0..t：torch.tril(torch.ones(T, T))（diagonal=0），或 "
+      "torch.triu(torch.ones(T, T), diagonal=1) == 0（d2l 的有效长度：torch.arange(1, T + 1)）",
+      r"tril|triu", r"diagonal", r"valid_lens?\s*=\s*torch\.arange"),
+    d("layernorm_unbiased_std", "the LayerNorm divides by the unbiased std plus eps (x.std() + eps)",
+      "LayerNorm 除以了无偏标准差再加 eps（x.std() + eps）",
+      "use the biased variance with eps inside the square root: (x - mean) / torch.sqrt(x.var(-1, "
+      "unbiased=False, keepdim=True) + eps), as nn.LayerNorm and the paper do",
+      "使用有偏方差并把 eps 放进根号：(x - mean) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True)"
+      " + eps)，与 nn.LayerNorm 和论文一致",
+      r"\.std\(", r"eps"),
+    d("nan_on_masked_rows", "a query whose keys are all masked gives NaN",
+      "所有键都被屏蔽的查询输出了 NaN",
+      "fill masked scores with -1e9 (the tutorials' way), or keep -inf as handformer does and set "
+      "the output of rows whose keys are all masked to zero",
+      "用 -1e9 填充被屏蔽的分数（教程的写法）；或者像 handformer 那样用 -inf，"
+      "再把所有键都被屏蔽的行的输出置零",
+      r"-inf|float\(.-inf.\)|masked_fill"),
+]

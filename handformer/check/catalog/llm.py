@@ -1,0 +1,125 @@
+"""The diagnoses of the LLM chapter's components (RMSNorm, gated FFNs, the pre-norm block, rotary
+positions, grouped-query attention) and of masks as attention applies them."""
+
+from handformer.check.catalog.base import Diagnosis, d
+
+DIAGNOSES: list[Diagnosis] = [
+    d("rmsnorm_sum_squares", "RMSNorm sums the squares instead of averaging them",
+      "RMSNorm 对平方求了和，而不是求平均",
+      "use the mean of the squares: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)",
+      "应对平方求平均：x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)",
+      r"(pow\(2\)|\*\* ?2\)?|square\(\))\.sum", r"\.sum\(", r"sum"),
+    d("rmsnorm_no_sqrt", "RMSNorm divides by the mean square, without the square root",
+      "RMSNorm 除以的是均方，没有开平方",
+      "divide by the root of the mean square: x / torch.sqrt(ms + eps), or x * torch.rsqrt(ms + eps)",
+      "应除以均方的平方根：x / torch.sqrt(ms + eps)，或 x * torch.rsqrt(ms + eps)",
+      r"/\s*\(\s*\w+\s*\+\s*(self\.)?eps", r"mean\(", r"eps"),
+    d("norm_eps_outside_sqrt", "eps is added outside the square root",
+      "eps 加在了平方根外面",
+      "put eps inside the root, as nn.RMSNorm and nn.LayerNorm do: torch.sqrt(ms + eps) or "
+      "torch.sqrt(var + eps)",
+      "把 eps 放进根号里，与 nn.RMSNorm、nn.LayerNorm 一致：torch.sqrt(ms + eps) 或 torch.sqrt(var + eps)",
+      r"(sqrt\([^()]*(\([^()]*\))?[^()]*\)|\.std\([^)]*\))\s*\+\s*(self\.)?eps",
+      r"\+\s*(self\.)?eps", r"eps"),
+    d("norm_no_gain", "the norm's weight (or bias) is not applied", "归一化层的权重（或偏置）没有用上",
+      "scale by the learned weight (and, for LayerNorm, add the bias): return self.weight * x_hat "
+      "(+ self.bias)",
+      "乘上可学习的权重（LayerNorm 还要加偏置）：return self.weight * x_hat（+ self.bias）",
+      r"^\s*return\b"),
+    d("norm_wrong_dim", "the norm's statistics are taken over the wrong dimension",
+      "归一化的统计量沿错误的维度计算",
+      "normalise each token over its features, the last dimension: x.pow(2).mean(-1, keepdim=True)",
+      "每个 token 沿自己的特征维度（最后一维）归一化：x.pow(2).mean(-1, keepdim=True)",
+      r"(mean|var|std|sum)\((dim\s*=\s*)?(-2|0|1)\b|(mean|var|std)\(\)", r"mean\(", r"var\(|std\("),
+    d("gated_act_after_product", "the activation is applied after the gate's product: act(gate(x) * up(x))",
+      "激活函数放在了门控乘积之后：act(gate(x) * up(x))",
+      "activate the gate alone, then multiply: down(F.silu(gate(x)) * up(x))",
+      "只对门控分支做激活，再相乘：down(F.silu(gate(x)) * up(x))",
+      r"(silu|gelu|swish|act\w*)\(.*\*", r"\*"),
+    d("gated_activation_wrong_branch", "the activation is on the up branch, not on the gate",
+      "激活函数用在了 up 分支上，而不是门控分支",
+      "the gate is the activated branch: down(act(gate(x)) * up(x)) (Llama: w2(F.silu(w1(x)) * w3(x)))",
+      "门控分支才是做激活的那一支：down(act(gate(x)) * up(x))（Llama：w2(F.silu(w1(x)) * w3(x))）",
+      r"(silu|gelu|swish|act\w*)\(", r"\*"),
+    d("ffn_wrong_activation", "the gated FFN uses another activation than its name says (SiLU for SwiGLU, "
+      "GELU for GEGLU)", "门控前馈网络用的激活函数和名字不符（SwiGLU 用 SiLU，GEGLU 用 GELU）",
+      "SwiGLU: F.silu(gate(x)) * up(x); GEGLU: F.gelu(gate(x)) * up(x)",
+      "SwiGLU：F.silu(gate(x)) * up(x)；GEGLU：F.gelu(gate(x)) * up(x)",
+      r"(silu|gelu|swish)\(", r"act"),
+    d("ffn_no_down_projection", "the FFN has no down projection back to d_model",
+      "前馈网络缺少投影回 d_model 的 down 投影",
+      "define self.down_proj = nn.Linear(d_ff, d_model) and return self.down_proj(hidden)",
+      "定义 self.down_proj = nn.Linear(d_ff, d_model)，并返回 self.down_proj(hidden)",
+      r"^\s*return\b"),
+    d("residual_from_normed", "the residual starts from the normed input: h = norm(x); x = h + f(h)",
+      "残差从归一化之后的输入开始：h = norm(x); x = h + f(h)",
+      "add the sublayer to the un-normed input: x = x + f(norm(x))",
+      "把子层输出加到归一化之前的输入上：x = x + f(norm(x))",
+      r"=\s*(h|hn|normed|y|z)\s*\+", r"\+\s*self\.\w*(attn|attention|ffn|mlp|feed)"),
+    d("shared_norm", "one norm is shared by the sublayers", "多个子层共用了同一个归一化层",
+      "give each sublayer its own norm: self.attn_norm = RMSNorm(d_model); self.ffn_norm = "
+      "RMSNorm(d_model)",
+      "每个子层用自己的归一化层：self.attn_norm = RMSNorm(d_model)；self.ffn_norm = RMSNorm(d_model)",
+      r"(ffn|mlp|feed_forward)\w*\(\s*self\.(attn\w*norm|norm_?1|ln_?1|input_layernorm)",
+      r"(attn|attention)\w*\(\s*self\.(ffn\w*norm|norm_?2|ln_?2|post_attention_layernorm)",
+      r"self\.\w*norm\w*\s*=", r"norm"),
+    d("dropout_on_residual", "dropout is applied to the residual path", "dropout 用在了残差通路上",
+      "drop only the sublayer's output: x = x + dropout(f(norm(x))) (pre-norm) or x = norm(x + "
+      "dropout(f(x))) (post-norm)",
+      "只对子层输出做 dropout：x = x + dropout(f(norm(x)))（pre-norm）或 x = norm(x + dropout(f(x)))"
+      "（post-norm）",
+      r"dropout\w*\(\s*(x|X)\s*[),+]", r"dropout\w*\([^)]*\+", r"dropout"),
+    d("rope_wrong_base", "the rotary frequencies use the wrong base or exponent",
+      "旋转位置编码的频率用错了底数或指数",
+      "inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)), with the base you are given "
+      "(10000 by default)",
+      "inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim))，底数用传进来的 base"
+      "（默认 10000）",
+      r"\*\*", r"10000|theta|base"),
+    d("rope_no_offset", "the rotary positions do not start at the offset (the tokens already in the cache)",
+      "旋转位置没有从偏移量（缓存里已有的 token 数）开始",
+      "rotate positions offset .. offset + T - 1: freqs_cis[start_pos : start_pos + T] (Meta), "
+      "cos[offset : offset + T]",
+      "应旋转位置 offset .. offset + T - 1：freqs_cis[start_pos : start_pos + T]（Meta），"
+      "cos[offset : offset + T]",
+      r"\[\s*:\s*(\w+\.)?(seq_len|seqlen|T|t|n|length)\b", r"\[\s*:", r"offset|start"),
+    d("rope_rotation_sign", "the rotation goes the wrong way (rotate_half's minus sign on the wrong half)",
+      "旋转方向反了（rotate_half 的负号放错了一半）",
+      "rotate_half(x) = torch.cat((-x2, x1), dim=-1), with x1, x2 = x.chunk(2, dim=-1)",
+      "rotate_half(x) = torch.cat((-x2, x1), dim=-1)，其中 x1, x2 = x.chunk(2, dim=-1)",
+      r"cat\(\s*[\(\[]\s*x2\s*,\s*-\s*x1", r"stack\(", r"cat\("),
+    d("kv_repeat_order", "the key/value heads are repeated in the wrong order (repeat where "
+      "repeat_interleave is meant)", "键/值头的复制顺序错了（该用 repeat_interleave 的地方用了 repeat）",
+      "each key/value head serves consecutive query heads: k.repeat_interleave(n_rep, dim=1), or "
+      "k[:, :, None].expand(B, Hkv, n_rep, S, Dh).reshape(B, H, S, Dh)",
+      "每个键/值头服务相邻的若干个查询头：k.repeat_interleave(n_rep, dim=1)，或 "
+      "k[:, :, None].expand(B, Hkv, n_rep, S, Dh).reshape(B, H, S, Dh)",
+      r"\.repeat\(", r"expand|repeat"),
+    d("mask_not_applied", "the mask is never applied: the result of masked_fill is thrown away",
+      "掩码没有生效：masked_fill 的结果被丢掉了",
+      "masked_fill returns a new tensor: scores = scores.masked_fill(mask == 0, -1e9) (or masked_fill_ "
+      "in place)",
+      "masked_fill 返回一个新张量：scores = scores.masked_fill(mask == 0, -1e9)（或原地的 masked_fill_）",
+      r"^\s*[\w.]+\.masked_fill\(", r"masked_fill", r"mask"),
+    d("mask_hides_queries", "the mask hides queries instead of keys: shape (B, 1, S, 1) where (B, 1, 1, S) "
+      "is meant", "掩码屏蔽了查询而不是键：形状是 (B, 1, S, 1)，应为 (B, 1, 1, S)",
+      "put the key axis last: mask[:, None, None, :] of shape (B, 1, 1, S), so every query hides the "
+      "same padded keys",
+      "把键的维度放在最后：mask[:, None, None, :]，形状 (B, 1, 1, S)，这样每个查询都屏蔽同样的填充键",
+      r"\[:,\s*None,\s*:,\s*None\]", r"mask\w*\.unsqueeze\(-1\)", r"mask\w*\.transpose\(-[12],\s*-[12]\)",
+      r"unsqueeze|None\]",
+      r"mask"),
+    d("causal_mask_not_cropped", "the causal mask is built once for the maximum length and not cropped to T",
+      "因果掩码按最大长度建好，却没有裁剪到当前长度 T",
+      "crop it to the input: self.mask[:T, :T] (nanoGPT: self.bias[:, :, :T, :T])",
+      "裁剪到当前输入长度：self.mask[:T, :T]（nanoGPT：self.bias[:, :, :T, :T]）",
+      r"masked_fill\([^,]*self\.\w+\s*==", r"masked_fill\(", r"register_buffer"),
+    d("mask_repeat_order", "the mask is repeated over the heads in the wrong order (repeat where "
+      "repeat_interleave is meant)",
+      "掩码在多个头上的复制顺序错了（该用 repeat_interleave 的地方用了 repeat）",
+      "valid_lens = torch.repeat_interleave(valid_lens, repeats=num_heads, dim=0): row b * num_heads + h "
+      "of the (B * num_heads) layout belongs to batch row b",
+      "valid_lens = torch.repeat_interleave(valid_lens, repeats=num_heads, dim=0)：(B * num_heads) 排布中"
+      "第 b * num_heads + h 行属于第 b 个样本",
+      r"\.repeat\(", r"repeat"),
+]

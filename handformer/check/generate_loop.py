@@ -1,0 +1,407 @@
+"""Runner for a learner's generation loop: nanoGPT's `generate(model, idx, max_new_tokens,
+temperature=1.0, top_k=None)` (a function, or a method of their model class) and
+`generate(model, prompt_ids, max_new_tokens)` variants.
+
+The learner's `generate` is handed a handformer CausalLM on known weights, wrapped as their code
+expects it (`LanguageModel`): called on token ids it returns a (B, T, V) tensor, a `(logits, loss)`
+tuple or an object with `.logits` (detected from their source, then tried in that order), it has
+`config.block_size` (and `block_size`, `max_len`), and it understands a KV cache passed as
+`past_key_values=` (Hugging Face) or positions as `start_pos` (Meta). Its logits are scaled so that
+the most likely token has all of the probability: a loop that samples is as deterministic as greedy
+decoding, and its tokens are compared with handformer's greedy continuation, so that a learner's
+`generate` is checked even when their own model is wrong. Every call is recorded, which names the
+mistakes: the new token not appended, the context not cropped to the block size, a cache not passed
+back or positions not offset by it, a loop that calls the model more than max_new_tokens times.
+
+Shape legend: B batch, T tokens so far, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from handformer.check import fingerprint as fp
+from handformer.check.context import Context, finish, forward_parameters
+from handformer.check.discovery import Component
+from handformer.check.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.source import locate, source_lines
+from handformer.config import CausalLMConfig
+from handformer.generation.generate import generate as hf_generate
+from handformer.models.causal_lm import CausalLM
+
+VOCAB, BLOCK, SEED = 24, 8, 82
+PEAK = 1e4  # logits scale: the most likely token gets all of the probability
+SHORT, LONG = 4, 7  # new tokens after a prompt of 3: within the block size, and past it
+MODEL_NAMES = ("model", "self", "net", "m", "lm", "gpt")
+PROMPT_NAMES = ("idx", "input_ids", "prompt", "prompt_ids", "tokens", "context", "ids", "x", "input",
+                "prompt_tokens", "start_ids", "inputs")
+COUNT_NAMES = ("max_new_tokens", "max_tokens", "n_new", "num_tokens", "new_tokens", "steps", "length",
+               "max_length", "n", "num_new_tokens", "max_gen_len", "n_tokens")
+CACHE_NAMES = ("past_key_values", "past", "cache", "kv_cache", "layer_past", "past_kv", "kv")
+POSITION_NAMES = ("start_pos", "pos", "offset", "start", "position")
+
+
+class ContextTooLong(RuntimeError):
+    """What nanoGPT's model raises on more tokens than its block size."""
+
+
+class TooManyCalls(RuntimeError):
+    """The learner's loop called the model far more often than max_new_tokens asks for."""
+
+
+@dataclass(frozen=True)
+class CacheToken:
+    """The KV cache the wrapper hands out: the token ids and positions it has seen (B, S) each;
+    passing it back continues from there, as a real cache would."""
+
+    ids: Tensor
+    positions: Tensor
+
+    @property
+    def length(self) -> int:
+        return self.ids.size(1)
+
+
+@dataclass
+class Call:
+    ids: Tensor  # (B, T) the new tokens handed over
+    seen: int  # tokens before them: in the cache handed back, or up to start_pos
+    positions: Tensor  # (B, T) the positions they were computed at
+    cached: bool  # a cache (or start_pos) was passed
+    start: int | None = None  # Meta's start_pos, when given
+
+
+class LanguageModel(nn.Module):
+    """handformer's CausalLM as the learner's `generate` expects its model. style: what a call
+    returns (tensor | tuple | object); budget: calls allowed before TooManyCalls."""
+
+    def __init__(self, lm: CausalLM, block_size: int, style: str, budget: int) -> None:
+        super().__init__()
+        self.model = lm
+        self.block_size = self.max_len = self.max_seq_len = block_size
+        self.style, self.budget, self.vocab_size = style, budget, VOCAB
+        self.calls: list[Call] = []
+        self.stream: Tensor | None = None  # Meta's style: the tokens fed so far, by position
+        self.config = types.SimpleNamespace(block_size=block_size, max_len=block_size, max_seq_len=block_size,
+                                            n_positions=block_size, vocab_size=VOCAB,
+                                            max_position_embeddings=block_size)
+
+    def new_cache(self, *args: Any, **kwargs: Any) -> CacheToken:
+        empty = torch.zeros(1, 0, dtype=torch.long)
+        return CacheToken(empty, empty)
+
+    init_cache = new_cache
+
+    def forward(self, idx: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(self.calls) >= self.budget:
+            raise TooManyCalls(f"generate called the model {len(self.calls) + 1} times")
+        ids = torch.as_tensor(idx).long()
+        ids = ids[None] if ids.dim() == 1 else ids  # (B, T)
+        cache, start, positions = _cache_arguments(args, kwargs)
+        B, T = ids.shape
+        if cache is not None:
+            prior_ids, prior_pos = cache.ids.expand(B, -1), cache.positions.expand(B, -1)
+        elif start is not None:  # Meta: the tokens at positions 0 .. start_pos - 1 are the ones fed before
+            stream = self.stream if self.stream is not None else ids[:, :0]
+            prior_ids = stream[:, :start]
+            prior_pos = torch.arange(prior_ids.size(1))[None].expand(B, -1)
+        else:
+            prior_ids = prior_pos = ids[:, :0]
+        if positions is None:
+            first = start if start is not None else prior_ids.size(1)
+            positions = torch.arange(first, first + T)[None].expand(B, T)
+        full_ids, full_pos = torch.cat([prior_ids, ids], 1), torch.cat([prior_pos, positions.long()], 1)
+        cached = cache is not None or start is not None
+        self.calls.append(Call(ids, prior_ids.size(1), positions.long(), cached, start))
+        if full_ids.size(1) > self.block_size or int(full_pos.max()) >= self.block_size:
+            raise ContextTooLong(f"Cannot forward sequence of length {full_ids.size(1)}, block size is only "
+                                 f"{self.block_size}")
+        if start is not None:
+            self.stream = full_ids
+        with torch.no_grad():
+            logits = self.model(full_ids, position_ids=full_pos).logits[:, -T:]  # (B, T, V)
+        logits = (logits - logits.amax(-1, keepdim=True)) * PEAK
+        new_cache = CacheToken(full_ids, full_pos) if cache is not None or kwargs.get("use_cache") else None
+        if self.style == "object":
+            return types.SimpleNamespace(logits=logits, past_key_values=new_cache, loss=None)
+        if self.style == "tuple":
+            return logits, new_cache
+        return logits
+
+
+def _cache_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[CacheToken | None, int | None,
+                                                                             Tensor | None]:
+    """(the cache handed back, Meta's start_pos, position_ids) from a call's extra arguments."""
+    cache = next((v for v in list(args) + list(kwargs.values()) if isinstance(v, CacheToken)), None)
+    start = next((v for k, v in kwargs.items() if k in POSITION_NAMES and isinstance(v, int)), None)
+    if start is None:
+        start = next((v for v in args if isinstance(v, int) and not isinstance(v, bool)), None)
+    positions = kwargs.get("position_ids")
+    return cache, start, positions if isinstance(positions, Tensor) else None
+
+
+def known_model() -> CausalLM:
+    """A one-block GPT-2 style model on constructed weights whose greedy choice depends on the last
+    token and its position, with a clear margin: the blocks add nothing (zero weights), a token is
+    one-hot in the first 24 dimensions and its position (mod the block size) in the last 8, and the
+    head is random. On the checks' prompts its greedy tokens vary and every step's two most likely
+    tokens are more than 1 apart."""
+    cfg = CausalLMConfig.gpt2_style(vocab_size=VOCAB, d_model=VOCAB + BLOCK, n_layers=1, n_heads=2, d_ff=32,
+                                    max_positions=2 * BLOCK, dropout=0.0, tie_embeddings=False)
+    model = CausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
+        model.embed.weight[:, :VOCAB] = 3.0 * torch.eye(VOCAB)
+        model.positions.weight[:, VOCAB:] = 3.0 * torch.eye(BLOCK).repeat(2, 1)
+        head = torch.randn(VOCAB, VOCAB + BLOCK, generator=torch.Generator().manual_seed(SEED))
+        model.lm_head.weight.copy_(head)
+    return model
+
+
+def prompts(B: int) -> Tensor:
+    return torch.tensor([[3, 17, 9], [11, 2, 20]])[:B]  # (B, 3)
+
+
+def greedy(model: CausalLM, ids: Tensor, n: int) -> Tensor:
+    """n greedy tokens, each from the last BLOCK tokens (nanoGPT's cropping), recomputed in full."""
+    for _ in range(n):
+        with torch.no_grad():
+            logits = model(ids[:, -BLOCK:]).logits[:, -1]  # (B, V)
+        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
+    return ids
+
+
+# --- calling the learner's generate ---------------------------------------------------------------
+
+def _style(fn: Any) -> tuple[str, ...]:
+    """What the learner's loop unpacks: a (logits, loss) tuple, `.logits`, or a tensor; the one their
+    source shows first, then the others."""
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        source = ""
+    order = ["tensor", "tuple", "object"]
+    if re.search(r"\.logits\b", source):
+        order.remove("object")
+        order.insert(0, "object")
+    elif re.search(r"\w+\s*,\s*\w+\s*=\s*(self|model|\w+)\s*\(", source):
+        order.remove("tuple")
+        order.insert(0, "tuple")
+    return tuple(order)
+
+
+def _call(ctx: Context, comp: Component, model: LanguageModel, ids: Tensor, n: int) -> Any:
+    """generate(model, ids, n): the learner's parameters filled by name, or else by position (by
+    position up to the first one left to its default: `self` of a method cannot go by name)."""
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for i, p in enumerate(forward_parameters(comp.obj)):
+        name = p.name.lower()
+        value = (model if name in MODEL_NAMES else ids if name in PROMPT_NAMES else n if name in COUNT_NAMES
+                 else None)
+        if value is None and p.default is not p.empty:
+            continue
+        if value is None and i >= 3:
+            raise ctx.learner.fail("forward", f"cannot fill the argument {p.name!r} of {comp.name}: "
+                                   "handformer calls generate(model, idx, max_new_tokens)")
+        value = (model, ids, n)[i] if value is None else value
+        if kwargs or len(args) != i:
+            kwargs[p.name] = value
+        else:
+            args.append(value)
+    return ctx.learner.call("forward", comp.obj, *args, **kwargs)
+
+
+def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
+    """The tokens a generate returned after the prompt, (B, n'), from (B, T + n) ids (nanoGPT), (B, n)
+    new ones, or lists of them."""
+    B, T = prompt.shape
+    if isinstance(out, (list, tuple)) and out and all(isinstance(v, int) for v in out):
+        out = [out]
+    if isinstance(out, (list, tuple)) and out and all(isinstance(v, (list, tuple, Tensor)) for v in out):
+        try:
+            out = torch.stack([torch.as_tensor(v).reshape(-1).long() for v in out])
+        except RuntimeError:
+            return None
+    if not isinstance(out, Tensor) or out.is_floating_point() or out.dim() not in (1, 2):
+        return None
+    out = out.reshape(B, -1).long() if out.numel() % B == 0 else None
+    if out is None:
+        return None
+    if out.size(1) >= T and torch.equal(out[:, :T], prompt):
+        return out[:, T:]
+    return out
+
+
+@dataclass
+class Run:
+    label: Text
+    model: LanguageModel
+    prompt: Tensor
+    n: int
+    out: Tensor | None = None  # the new tokens
+    failure: fp.LearnerFailure | None = None
+    as_list: bool = False  # the prompt was handed over as a list of ints
+
+
+def run_generate(ctx: Context, comp: Component, n: int, B: int, as_list: bool = False) -> Run:
+    """The learner's generate on B prompts of 3 tokens (a (B, 3) tensor, or one prompt as a list of
+    ints) for n new tokens, each return style tried in turn (their first failure kept), with a fresh
+    model for each try."""
+    first: Run | None = None
+    for style in _style(comp.obj):
+        model = LanguageModel(known_model(), BLOCK, style, budget=n + 3)
+        prompt = prompts(B)
+        label = text(f"{B} prompt{'s' if B > 1 else ''}, {n} new tokens", f"{B} 个提示词、{n} 个新 token")
+        run = Run(label, model, prompt, n, as_list=as_list)
+        try:
+            raw = _call(ctx, comp, model, prompt[0].tolist() if as_list else prompt.clone(), n)
+        except fp.LearnerFailure as failure:
+            run.failure = failure
+            if model.calls and (_overflowed(model) or _runaway(model)):
+                return run
+            first = first or run
+            continue
+        run.out = new_tokens(raw, prompt, n)
+        if run.out is not None:
+            return run
+        first = first or run
+    assert first is not None
+    return first
+
+
+def _overflowed(model: LanguageModel) -> bool:
+    if not model.calls:
+        return False
+    last = model.calls[-1]
+    return last.seen + last.ids.size(1) > model.block_size or int(last.positions.max()) >= model.block_size
+
+
+def _runaway(model: LanguageModel) -> bool:
+    return len(model.calls) >= model.budget
+
+
+# --- the check ---------------------------------------------------------------------------------------
+
+def check_generate(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    model = known_model()
+    reference = hf_generate(model, prompts(2).tolist(), SHORT, temperature=0.0, threads=None)
+    assert torch.equal(torch.tensor(reference), greedy(model, prompts(2), SHORT)[:, 3:])  # the same greedy
+    short = run_generate(ctx, comp, SHORT, 2)
+    for B, as_list in ((1, False), (1, True)):  # a loop written for one prompt, maybe a list of ints
+        if short.out is not None or _named(short):
+            break
+        short = run_generate(ctx, comp, SHORT, B, as_list)
+    if short.out is None and short.failure is None:
+        raise ctx.learner.fail("forward", f"{comp.name} returned no token ids for a prompt of 3 tokens and "
+                               f"max_new_tokens={SHORT}")
+    B = short.prompt.size(0)
+    if B == 1:
+        res.notes.append(text("it generates for one prompt at a time (a batch of 2 failed)"
+                              + (", given as a list of ints" if short.as_list else ""),
+                              "它一次只能为一个提示词生成（2 个一批时失败了）"
+                              + ("，提示词是整数列表" if short.as_list else "")))
+    _judge(res, ctx, comp, short, torch.tensor(reference)[:B])
+    cached = any(c.cached for c in short.model.calls)
+    if cached:
+        res.notes.append(text("it decodes with a KV cache: after the prompt it feeds one token at a time",
+                              "它用 KV 缓存解码：处理完提示词之后每次只输入一个 token"))
+    elif not any(f.name in ("generate_not_appended", "generate_does_not_stop") for f in res.findings):
+        long = run_generate(ctx, comp, LONG, B, short.as_list)
+        _judge(res, ctx, comp, long, greedy(model, prompts(B), LONG)[:, 3:])
+    if short.failure and not res.findings and short.out is None:
+        raise short.failure
+    return finish(res)
+
+
+def _named(run: Run) -> bool:
+    return bool(run.model.calls) and (_overflowed(run.model) or _runaway(run.model))
+
+
+def _judge(res: ComponentResult, ctx: Context, comp: Component, run: Run, expected: Tensor) -> None:
+    """The check of one run against handformer's greedy tokens, and the finding that explains a
+    difference (from the calls the loop made)."""
+    ok = run.out is not None and torch.equal(run.out, expected)
+    got = run.out.tolist() if run.out is not None else (run.failure.error.message if run.failure else None)
+    want = expected.tolist()
+    res.checks.append(Check(text(f"{run.label['en']}: the tokens of handformer's greedy decoding {want}",
+                                 f"{run.label['zh']}：与 handformer 贪心解码的 token 相同 {want}"), ok,
+                            text(f"got {got}", f"实际得到 {got}")))
+    if ok:
+        return
+    lines = source_lines(ctx.objects(comp, "sample", "top_k", "top_p", "temperature"))
+    for name, observed, form in _explain(run, expected):
+        if not any(f.name == name for f in res.findings):
+            number, code = locate(name, lines)
+            res.findings.append(Finding(name, observed, number, code, form))
+
+
+def _explain(run: Run, expected: Tensor) -> list[tuple[str, Text, str]]:
+    """The findings the calls of a run explain its tokens by: a loop that does not stop (and whose
+    calls all saw the prompt alone), else the first other mistake the calls show."""
+    calls, T = run.model.calls, run.prompt.size(1)
+    same = len(calls) > 1 and all(c.ids.size(1) == T and c.seen == 0 and torch.equal(c.ids, run.prompt)
+                                  for c in calls)
+    not_appended = ("generate_not_appended", text(
+        f"each of its {len(calls)} calls fed the model the same {T} prompt tokens",
+        f"它的 {len(calls)} 次调用输入的都是同样的 {T} 个提示词 token"), "")
+    if _runaway(run.model):
+        runaway = ("generate_does_not_stop", text(
+            f"asked for {run.n} new tokens, it called the model {len(calls)} times and went on",
+            f"要求 {run.n} 个新 token，它调用了模型 {len(calls)} 次还没有停"), "")
+        return [runaway] + ([not_appended] if same else [])
+    if same:
+        return [not_appended]
+    found = _explain_calls(run, expected)
+    return [found] if found else []
+
+
+def _explain_calls(run: Run, expected: Tensor) -> tuple[str, Text, str] | None:
+    calls, model, prompt = run.model.calls, run.model, run.prompt
+    T = prompt.size(1)
+    if _overflowed(model):
+        steps, fed = len(calls) - 1, calls[-1].seen + calls[-1].ids.size(1)
+        return "generate_no_crop", text(
+            f"after {steps} steps it fed the model {fed} tokens; the block size is {model.block_size}",
+            f"第 {steps} 步之后它给模型输入了 {fed} 个 token；block_size 是 {model.block_size}"), \
+            "not_cropped"
+    stream = torch.cat([prompt, expected], 1)
+    for i, c in enumerate(calls):
+        fed = c.seen + c.ids.size(1)
+        if not c.cached and c.ids.size(1) == model.block_size and fed < stream.size(1) and torch.equal(
+                c.ids, stream[:, :model.block_size]) and i > 0 and T + i > model.block_size:
+            return "generate_no_crop", text(
+                f"past the block size it feeds the first {model.block_size} tokens, not the last ones",
+                f"超过 block_size 之后它输入的是前 {model.block_size} 个 token，而不是最后的"), "first_tokens"
+    for i, c in enumerate(calls[1:], start=1):
+        before = T + i - 1  # tokens the model had seen before this call, in a cached loop
+        if c.ids.size(1) == 1 and c.start is not None and c.start != before:
+            return "generate_cache_mismatch", text(
+                f"at step {i} it passed start_pos = {c.start} for a new token after {before} tokens",
+                f"第 {i} 步新 token 前已有 {before} 个 token，它却传了 start_pos = {c.start}"), \
+                "positions_not_offset"
+        if c.ids.size(1) == 1 and c.seen != before and c.cached:
+            return "generate_cache_mismatch", text(
+                f"at step {i} it fed one token with a cache of {c.seen} tokens where {before} were seen",
+                f"第 {i} 步输入一个 token 时缓存里只有 {c.seen} 个 token，应为 {before} 个"), \
+                "cache_not_passed"
+        if c.ids.size(1) == 1 and not c.cached and c.seen == 0:
+            return "generate_cache_mismatch", text(
+                f"at step {i} it fed one token and no cache: the model saw that token alone",
+                f"第 {i} 步只输入了一个 token 却没有带缓存：模型只看到了这一个 token"), "cache_not_passed"
+        if c.ids.size(1) == 1 and int(c.positions[0, 0]) != c.seen:
+            position = int(c.positions[0, 0])
+            return "generate_cache_mismatch", text(
+                f"at step {i} the new token got position {position}, after {c.seen} cached tokens",
+                f"第 {i} 步新 token 的位置是 {position}，而缓存里已有 {c.seen} 个 token"), \
+                "positions_not_offset"
+    return None

@@ -1,0 +1,74 @@
+"""The grader never breaks: a learner's mistake may fail a check, never handformer's own code.
+Random mutations of every correct learner file (tests/check_mutants.py: swap two arguments of a
+call, delete a statement, change a dim, drop a return's value) each get a report in which every
+component passes, fails, or raised in the learner's code; never an internal error, and both
+languages and the JSON render. A seeded sample runs by default, every mutant in the slow run.
+(The planted mistakes and their pairs, tests/test_check.py, are the rest of the catalogue.)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from check_mutants import Mutant, mutants, sample
+from check_plants import FAMILIES, correct_file
+
+from handformer.check.report import format_report, to_json
+from handformer.check.result import ERROR
+from handformer.check.runners import check_file
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parents[1]
+FILES = [correct_file(f) for f in FAMILIES]
+DEFAULT = 120  # mutants in the default run (every file's in turn)
+
+
+def _id(m: Mutant) -> str:
+    return f"{m.path.parent.name}:{m.site}"
+
+
+def check_mutant(tmp_path: Path, mutant: Mutant) -> None:
+    path = tmp_path / f"{mutant.path.parent.name}_{mutant.site}.py"
+    path.write_text(mutant.source())
+    result = check_file(str(path))
+    report = format_report(result, "en")
+    format_report(result, "zh")
+    json.loads(to_json(result))
+    where = f"{mutant.path.parent.name}/correct.py, {mutant.what}"
+    assert result.error is None or result.error.kind != "internal", (where, report)
+    for c in result.components:
+        assert c.status in ("pass", "fail", "differs", ERROR), (where, report)
+        assert c.error is None or c.error.kind != "internal", (where, report)
+        if c.error is not None and c.error.kind == "exception" and c.error.traceback:
+            assert all(line.startswith("line ") for line in c.error.traceback), (where, report)
+
+
+def test_there_are_mutants_of_every_kind():
+    seen = set()
+    for path in FILES:
+        kinds = {m.kind for m in mutants(path)}
+        assert {"return", "delete"} <= kinds and kinds & {"swap", "dim"}, (path, kinds)
+        seen |= kinds
+    assert seen == {"swap", "dim", "return", "delete"}
+
+
+def test_the_docs_count_of_mutants_is_the_mutants():
+    total = sum(len(mutants(path)) for path in FILES)
+    en = (ROOT / "docs" / "check.md").read_text(encoding="utf-8")
+    zh = (ROOT / "docs" / "zh" / "check.md").read_text(encoding="utf-8")
+    words = {5: ("five", "五"), 6: ("six", "六"), 7: ("seven", "七"), 8: ("eight", "八")}[len(FILES)]
+    assert f"{total} mutants of the\n{words[0]} files, a seeded {DEFAULT} of them in the default run" in en
+    assert f"{words[1]}个文件共 {total} 个变异体，默认测试里按固定种子抽 {DEFAULT} 个" in zh
+
+
+@pytest.mark.parametrize("mutant", sample(FILES, DEFAULT, seed=0), ids=_id)
+def test_a_mutant_gets_a_report_not_an_internal_error(tmp_path, mutant):
+    check_mutant(tmp_path, mutant)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant", [m for path in FILES for m in mutants(path)], ids=_id)
+def test_every_mutant_gets_a_report_not_an_internal_error(tmp_path, mutant):
+    check_mutant(tmp_path, mutant)

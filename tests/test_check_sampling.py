@@ -1,0 +1,145 @@
+"""`handformer check` on the next chapter, from logits to tokens: the filters compared
+deterministically, the sampling step by a chi-square test whose power against every named mistake
+is computed, and generation loops of several shapes run on a wrapped handformer CausalLM."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from check_plants import correct_file, plant
+
+from handformer.check import generate_loop, sampling, stats
+from handformer.check.report import exit_code, format_report
+from handformer.check.runners import check_file
+from handformer.check.sandbox import check_in_child
+from handformer.generation.generate import generate
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_correct_file_passes():
+    result = check_file(str(correct_file("sampling")))
+    assert [(c.name, c.kind) for c in result.components] == [
+        ("apply_temperature", "temperature"), ("top_k_filter", "top_k"), ("top_p_filter", "top_p"),
+        ("greedy", "greedy"), ("sample_next_token", "sample"), ("generate", "generate"),
+        ("generate_cached", "generate")]
+    assert all(c.status == "pass" for c in result.components), format_report(result)
+    assert exit_code(result) == 0
+
+
+def test_the_chi_square_test_rejects_at_one_in_a_million():
+    for df in (1, 2, 3, 7):
+        crit = stats.critical_value(df)
+        assert abs(stats.survival(crit, df) - 1e-6) < 1e-9
+    assert abs(stats.critical_value(7) - 40.52) < 0.05  # chi-square(7) table, alpha = 1e-6
+
+
+def test_every_named_sampling_mistake_moves_the_distribution_far_past_what_the_test_can_miss():
+    """For each setting of the sampling step and each mistake the runner names there, 20,000 draws
+    from the mistake's distribution pass the chi-square test against the right one with a
+    probability below 1e-12 (the noncentral chi-square's lower tail)."""
+    class Everything:  # a sampling step with every option
+        names = ["logits", "temperature", "top_k", "top_p"]
+
+        def find(self, names):
+            return next((n for n in self.names if n in names), None)
+
+    settings = sampling._settings(Everything())
+    assert [s[0]["en"] for s in settings] == ["plain", "temperature 0.5", "top_k 3", "top_p 0.8"]
+    for label, _, right, mistakes in settings:
+        for name, q in mistakes:
+            miss = stats.miss_probability(right, q, sampling.DRAWS)
+            assert miss < 1e-12, (label, name, miss)
+
+
+def test_the_test_keeps_its_false_alarm_rate_on_handformers_own_sampler():
+    """handformer's next_tokens, drawn as the runner draws, passes (p-values well above 1e-6)."""
+    from handformer.generation.sampling import filter_logits, next_tokens
+
+    row = sampling.SAMPLE_ROW
+    for i, options in enumerate([{}, {"temperature": 0.5}, {"top_k": 3}, {"top_p": 0.8}]):
+        g = torch.Generator().manual_seed(1000 + i)
+        tokens = next_tokens(row.expand(sampling.DRAWS, -1).float(), generator=g, **options)
+        probs = torch.softmax(filter_logits(row, **options), -1)
+        test = stats.chi_square(torch.bincount(tokens, minlength=8).double(), probs)
+        assert not test.rejected and test.p_value > 1e-3, (options, test)
+
+
+def test_handformers_generate_is_the_reference_of_the_loop_checks():
+    model = generate_loop.known_model()
+    ours = generate_loop.greedy(model, generate_loop.prompts(2), generate_loop.LONG)[:, 3:]
+    short = generate(model, generate_loop.prompts(2).tolist(), generate_loop.SHORT, temperature=0.0)
+    assert torch.equal(ours[:, :generate_loop.SHORT], torch.tensor(short))
+    assert all(len(set(row)) >= 4 for row in ours.tolist()), "the greedy tokens vary"
+
+
+LOOPS = '''
+import torch
+
+
+def generate(model, prompt_ids, max_new_tokens):
+    ids = list(prompt_ids)
+    for _ in range(max_new_tokens):
+        logits = model(torch.tensor([ids[-model.max_len:]]))
+        ids.append(int(logits[0, -1].argmax()))
+    return ids[len(prompt_ids):]
+
+
+def greedy_generate(model, tokens, max_new_tokens, start_pos_fixed=False):
+    # Meta's style: the model keeps the cache, positions are passed as start_pos
+    logits = model(tokens, 0)
+    out = []
+    pos = tokens.size(1)
+    for _ in range(max_new_tokens):
+        next_id = logits[:, -1].argmax(-1, keepdim=True)
+        out.append(next_id)
+        logits = model(next_id, 0 if start_pos_fixed else pos)
+        pos += 1
+    return torch.cat(out, dim=1)
+'''
+
+
+def test_loops_of_other_shapes(tmp_path):
+    """A list prompt for one row at a time, and Meta's start_pos with the cache kept by the model;
+    start_pos left at 0 is named: positions not offset by the cache."""
+    path = tmp_path / "loops.py"
+    path.write_text(LOOPS)
+    result = check_file(str(path))
+    assert [c.status for c in result.components] == ["pass", "pass"], format_report(result)
+    assert any("one prompt at a time" in n["en"] for n in result.components[0].notes)
+    path.write_text(LOOPS.replace("start_pos_fixed=False", "start_pos_fixed=True"))
+    (_, meta) = check_file(str(path)).components
+    assert [(f.name, f.form) for f in meta.findings] == [("generate_cache_mismatch", "positions_not_offset")]
+
+
+def test_top_p_with_neither_the_shift_nor_the_guard_names_both_mistakes(tmp_path):
+    """remove = cumsum > p, no guard for the first token (the two plants rewrite the same rule, so
+    this pair is written here): the crossing token dropped, and an empty set for p below the top
+    probability."""
+    source = plant(correct_file("sampling").read_text(), ["top_p_drops_crossing"]).replace(
+        "    remove[..., 0] = False\n", "")
+    path = tmp_path / "top_p.py"
+    path.write_text(source)
+    (comp,) = check_file(str(path), only=["top_p"]).components
+    assert {f.name for f in comp.findings} == {"top_p_drops_crossing", "top_p_empty_set"}
+
+
+def test_top_k_that_keeps_exactly_k_of_tied_tokens_is_a_convention(tmp_path):
+    path = tmp_path / "top_k.py"
+    path.write_text(correct_file("sampling").read_text().replace(
+        'return logits.masked_fill(logits < kth, float("-inf"))',
+        'keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, torch.topk(logits, k, dim=-1).indices, True)\n'
+        '    return logits.masked_fill(~keep, float("-inf"))'))
+    (comp,) = check_file(str(path), only=["top_k"]).components
+    assert comp.status == "pass" and any("keeps exactly k" in n["en"] for n in comp.notes)
+
+
+def test_a_generate_that_never_returns_ends_at_the_time_limit(tmp_path):
+    """In the child process: the report names generate, the time limit and the line it loops on."""
+    path = tmp_path / "forever.py"
+    path.write_text("def generate(model, idx, max_new_tokens):\n    while True:\n        pass\n")
+    result = check_in_child(str(path), time_limit=2)
+    (comp,) = result.components
+    assert (comp.kind, comp.status, comp.error.kind) == ("generate", "error", "timeout")
+    assert "stopped after 2 s in generate" in comp.error.message and "max_new_tokens" in comp.error.message
+    assert comp.error.traceback == ["line 3, in generate: pass"] or comp.error.traceback[-1].startswith("line 2")

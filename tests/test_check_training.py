@@ -1,0 +1,262 @@
+"""`handformer check` on the training chapter's learning-rate schedule: the paper's warmup schedule
+and cosine with warmup, as functions of the step and as scheduler factories, in the conventions
+learners count steps in (each planted mistake is named in tests/test_check.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from check_plants import correct_file
+
+from handformer.check.report import exit_code, format_report
+from handformer.check.runners import check_file
+from handformer.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_correct_file_passes():
+    result = check_file(str(correct_file("training")))
+    assert [(c.name, c.kind, c.status) for c in result.components] == [
+        ("rate", "schedule", "pass"), ("get_lr_cosine_schedule", "schedule", "pass"),
+        ("make_scheduler", "schedule", "pass"), ("masked_cross_entropy", "loss", "pass"),
+        ("LabelSmoothing", "loss", "pass"), ("train_step", "train_step", "pass")], format_report(result)
+    rate, cosine, factory, ce, smoothing, step = result.components
+    assert ce.convention["en"] == "cross-entropy; a mean over the real tokens"
+    assert smoothing.convention["en"].startswith("KL divergence") and "V - 2" in smoothing.convention["en"]
+    assert any("flattened (B * T, V)" in n["en"] for n in smoothing.notes)
+    assert rate.convention["en"].startswith("steps counted from 1")
+    assert factory.convention["en"].startswith("steps counted from 0")
+    assert cosine.convention["en"].startswith("warmup t / T_w")
+    assert any("0 at step 0" in n["en"] for n in cosine.notes)
+    assert any("stepped on an SGD" in n["en"] for n in factory.notes)
+    assert exit_code(result) == 0
+
+
+OTHER_SCHEDULES = '''
+import math
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+
+def get_lr(it, learning_rate, min_lr, warmup_iters, lr_decay_iters):
+    # nanoGPT's, with its constants as arguments
+    if it < warmup_iters:
+        return learning_rate * (it + 1) / (warmup_iters + 1)
+    if it > lr_decay_iters:
+        return min_lr
+    decay_ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+    return min_lr + coeff * (learning_rate - min_lr)
+
+
+def get_cosine_schedule_with_warmup(optimizer, num_warmup_steps, num_training_steps):
+    # Hugging Face's: a multiplier of the optimizer's lr, from 0 to 1 and down to 0
+    def lr_lambda(current_step):
+        if current_step < num_warmup_steps:
+            return current_step / max(1, num_warmup_steps)
+        progress = (current_step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
+        progress = min(1.0, progress)  # Hugging Face's climbs back after num_training_steps
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return LambdaLR(optimizer, lr_lambda)
+
+
+def noam_schedule(step, d_model, warmup_steps):
+    # counted from 0, as a tensor
+    n = torch.tensor(step + 1.0)
+    return d_model ** -0.5 * torch.minimum(n ** -0.5, n * warmup_steps ** -1.5)
+'''
+
+
+def test_schedules_written_as_nanogpt_hugging_face_and_with_tensors_pass(tmp_path):
+    path = tmp_path / "schedules.py"
+    path.write_text(OTHER_SCHEDULES)
+    result = check_file(str(path))
+    assert [(c.name, c.status) for c in result.components] == [
+        ("noam_schedule", "pass"), ("get_lr", "pass"), ("get_cosine_schedule_with_warmup", "pass")], (
+        format_report(result))
+    conventions = [c.convention["en"] for c in result.components]
+    assert conventions[0].startswith("steps counted from 0") and "(nanoGPT)" in conventions[1]
+    path.write_text(OTHER_SCHEDULES.replace("        progress = min(1.0, progress)", "        pass"))
+    (hf,) = check_file(str(path), overrides={"schedule": "get_cosine_schedule_with_warmup"},
+                       only=["schedule"]).components
+    assert [f.name for f in hf.findings] == ["cosine_no_floor"], hf.findings
+
+
+def test_a_learners_broken_schedule_fails_never_the_grader(tmp_path, capsys):
+    """Globals instead of arguments (nanoGPT's get_lr(it)), a string returned, an exception after
+    step 0: an error or a failure of the learner's, with what to change; never an internal error."""
+    path = tmp_path / "broken.py"
+    path.write_text("WARMUP = 10\n\n\ndef get_lr(it):\n    return it / WARMUP\n\n\n"
+                    "def rate(step, d_model, warmup):\n    return 'fast'\n\n\n"
+                    "def cosine_schedule(it, max_lr, min_lr, warmup, total_steps):\n"
+                    "    if it > 50:\n        raise ValueError('not written yet')\n    return max_lr\n")
+    code = main(["check", str(path), "--json"])
+    comps = {c["name"]: c for c in json.loads(capsys.readouterr().out)["components"]}
+    assert code == 1 and set(comps) == {"get_lr", "rate", "cosine_schedule"}
+    assert comps["get_lr"]["error"]["kind"] == "mapping"
+    assert "cannot tell which schedule" in comps["get_lr"]["error"]["message"]
+    assert "returned str at step 1" in comps["rate"]["error"]["message"]
+    err = comps["cosine_schedule"]["error"]
+    assert err["kind"] == "exception" and err["traceback"] == [
+        "line 14, in cosine_schedule: raise ValueError('not written yet')"]
+
+
+def test_the_schedule_is_reported_in_chinese_from_the_same_result():
+    result = check_file(str(correct_file("training")), only=["schedule"])
+    zh = format_report(result, "zh")
+    assert "rate（学习率调度）：通过" in zh and "步数从 1 开始数" in zh and "第 0 步学习率为 0" in zh
+
+
+def test_a_loss_that_returns_no_number_or_takes_unknown_arguments_is_told_what_to_change(tmp_path):
+    path = tmp_path / "losses.py"
+    path.write_text("import torch.nn.functional as F\n\n\n"
+                    "def masked_cross_entropy(logits, targets, pad_idx):\n"
+                    "    return F.cross_entropy(logits.transpose(1, 2), targets, reduction='none')\n\n\n"
+                    "def compute_loss(logits, targets, model):\n    return 0.0\n")
+    result = check_file(str(path), only=["loss"])
+    per_token, unknown = result.components
+    assert per_token.error.kind == "exception" and "returned a tensor of shape (3, 5)" in per_token.error.message
+    assert "a loss returns one number" in per_token.error.message
+    assert unknown.error.kind == "mapping" and "cannot fill the argument 'model'" in unknown.error.message
+
+
+def test_the_mask_helpers_pass():
+    result = check_file(str(correct_file("assembly")))
+    assert [(c.name, c.kind, c.status) for c in result.components] == [
+        ("make_src_mask", "mask_helper", "pass"), ("make_tgt_mask", "mask_helper", "pass"),
+        ("create_masks", "mask_helper", "pass"), ("greedy_decode", "greedy_decode", "pass")], format_report(result)
+    assert len(result.components[2].checks) == 2  # the source mask and the target mask
+
+
+OTHER_MASKS = '''
+import torch
+
+
+def make_pad_mask(src):
+    # torch.nn's polarity: True = masked, (B, S), pad id 0
+    return src == 0
+
+
+def make_tgt_mask(tgt, pad_idx):
+    # torch.nn's polarity, masked if padding or future
+    T = tgt.size(1)
+    future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    return (tgt == pad_idx)[:, None, None, :] | future
+
+
+def make_trg_mask(trg, pad_idx):
+    # additive, causal only (the padding is at the end)
+    T = trg.size(1)
+    return torch.triu(torch.full((T, T), float("-inf")), diagonal=1).expand(trg.size(0), 1, T, T)
+'''
+
+
+def test_mask_helpers_in_other_polarities_and_shapes_pass_and_a_masked_and_is_named(tmp_path):
+    path = tmp_path / "masks.py"
+    path.write_text(OTHER_MASKS)
+    result = check_file(str(path))
+    assert [(c.name, c.status) for c in result.components] == [
+        ("make_tgt_mask", "pass"), ("make_trg_mask", "pass"), ("make_pad_mask", "pass")], format_report(result)
+    tgt, trg, pad = result.components
+    assert tgt.convention["en"].startswith("True = masked") and trg.convention["en"].startswith("additive")
+    assert any("causal only" in n["en"] for n in trg.notes)
+    assert any("takes no pad id" in n["en"] for n in pad.notes)
+    path.write_text(OTHER_MASKS.replace("(tgt == pad_idx)[:, None, None, :] | future",
+                                        "(tgt == pad_idx)[:, None, None, :] & future"))
+    (tgt,) = check_file(str(path), only=["mask_helper"]).components[:1]
+    assert [(f.name, f.form) for f in tgt.findings] == [("mask_combined_with_or", "and")]
+
+
+STEP_STYLES = '''
+import torch
+
+
+def train_step(model, batch, optimizer, criterion):
+    # the batch as an object with fields, no clipping
+    model.train()
+    logits = model(batch.src, batch.tgt[:, :-1], None, None)  # masks: the model builds its own
+    loss = criterion(logits.reshape(-1, logits.size(-1)), batch.tgt[:, 1:].reshape(-1))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def training_step(model, optimizer, src, tgt):
+    # src and tgt themselves, a criterion of its own, clipping at 1.0
+    model.train()
+    logits = model(src, tgt[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tgt[:, 1:], ignore_index=0)
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+    optimizer.step()
+'''
+
+
+def test_training_steps_of_other_shapes_pass(tmp_path):
+    path = tmp_path / "steps.py"
+    path.write_text(STEP_STYLES)
+    result = check_file(str(path))
+    assert [(c.name, c.status) for c in result.components] == [("train_step", "pass"), ("training_step", "pass")], (
+        format_report(result))
+    assert any("clips the gradient norm at 1" in n["en"] for n in result.components[1].notes)
+    path.write_text(STEP_STYLES.replace(
+        "def train_step(model, batch, optimizer, criterion):", "def train_step(model, batch, optimizer, scaler):"))
+    (comp,) = check_file(str(path), only=["train_step"]).components[:1]
+    assert comp.error.kind == "mapping" and "cannot fill the argument 'scaler'" in comp.error.message
+
+
+FAIRSEQ_STYLE = '''
+def label_smoothed_nll_loss(lprobs, target, epsilon, ignore_index):
+    # as fairseq returns it: (smoothed loss, plain nll), both summed over the real tokens; the
+    # smoothing goes to the V - 1 tokens that are not the target
+    real = (target != ignore_index).to(lprobs.dtype)
+    picked = lprobs.gather(-1, target[..., None])[..., 0]
+    others = lprobs.sum(-1) - picked
+    share = epsilon / (lprobs.size(-1) - 1)
+    nll = -(picked * real).sum()
+    return -(((1.0 - epsilon) * picked + share * others) * real).sum(), nll
+'''
+
+
+def test_a_fairseq_style_loss_that_returns_a_pair_is_read_as_its_first(tmp_path):
+    path = tmp_path / "fairseq.py"
+    path.write_text(FAIRSEQ_STYLE)
+    (comp,) = check_file(str(path)).components
+    assert comp.status == "pass", comp
+    assert "V - 1 other tokens" in comp.convention["en"] and "a sum over the real tokens" in comp.convention["en"]
+
+
+ANNOTATED_GREEDY = '''
+import torch
+
+
+def greedy_decode(model, src, src_mask, max_len, start_symbol):
+    # no end symbol: max_len tokens, the start symbol included; the model called directly
+    ys = torch.ones(1, 1, dtype=src.dtype) * start_symbol
+    for _ in range(max_len - 1):
+        logits = model(src, ys)
+        best = logits[0, -1].max(dim=-1).indices.view(1, 1).to(src.dtype)
+        ys = torch.cat([ys, best], dim=1)
+    return ys
+'''
+
+
+def test_greedy_decoding_without_an_end_symbol_is_compared_over_max_len(tmp_path):
+    path = tmp_path / "greedy.py"
+    path.write_text(ANNOTATED_GREEDY)
+    (comp,) = check_file(str(path)).components
+    assert comp.status == "pass", comp
+    assert any("cannot stop at EOS" in n["en"] for n in comp.notes)
+
+
+def test_greedy_decoding_passes_and_its_report_is_chinese_too():
+    result = check_file(str(correct_file("assembly")), only=["greedy_decode"])
+    (comp,) = result.components
+    assert comp.status == "pass" and "1 3 10 10 2" in comp.checks[0].name["en"]
+    assert any("not with your own model" in n["en"] for n in comp.notes)
+    assert "greedy_decode（贪心解码（编码器-解码器））：通过" in format_report(result, "zh")
