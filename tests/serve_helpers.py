@@ -21,7 +21,8 @@ from handformer.tasks.lm.run import save_lm_run
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-TEXT = "the quick brown fox jumps over the lazy dog. Hello, who are you? I am a model! 0123456789"
+TEXT = ("the quick brown fox jumps over the lazy dog. Hello, who are you? I am a model! 0123456789"
+        ' {"name": [true, false, null], "x": -1.5E+3}_<>/\\\n')  # JSON and tool-call markup can be written
 
 
 def make_lm_run(run_dir: Path, chat: bool = True, max_positions: int = 96, seed: int = 0) -> Path:
