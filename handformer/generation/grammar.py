@@ -43,8 +43,7 @@ class GrammarEngineMissing(RuntimeError):
 
 def llguidance() -> Any:
     try:
-        import llguidance
-        import llguidance.torch  # noqa: F401
+        import llguidance  # not llguidance.torch: importing it compiles a kernel (seconds)
     except ImportError:
         raise GrammarEngineMissing(f"structured output needs the grammar engine llguidance: {INSTALL}") \
             from None
@@ -159,7 +158,7 @@ class Constraint:
     def allowed(self) -> Tensor:
         """(V,) True for each token that may come next."""
         v = self.vocabulary
-        llguidance().torch.fill_next_token_bitmask(self.matcher, self.bitmask[None])
+        self.matcher.unsafe_compute_mask_ptr(self.bitmask.data_ptr(), self.bitmask.numel() * 4)  # (W,) int32
         bits = (self.bitmask[:, None] >> v.shifts) & 1  # (W, 32): bit j of word w is token 32w + j
         allowed = bits.view(-1)[:v.size].bool() & v.is_text  # (V,)
         allowed[self.stop_ids] = self.matcher.is_accepting()  # a row ends only where its text may
