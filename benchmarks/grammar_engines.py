@@ -8,7 +8,8 @@ engine:
 
 - compile: the time from the schema to a matcher ready for its first mask (the tokenizer itself
   is prepared once per engine, timed apart: `setup`);
-- mask: the time of one next-token mask (the bitmask of the vocabulary), the mean over every step
+- mask: the time of one next-token mask (the engine filling the bitmask of the vocabulary; reading
+  it into token ids is not counted), the mean over every step
   of --walks constrained random walks (at each step a token drawn uniformly among the allowed
   ones, the end token as soon as it is allowed; a walk stops after --max-steps);
 - correct: of the walks that ended, how many texts parse as JSON and validate against the schema
@@ -78,7 +79,6 @@ class LLGuidance:
 
     def __init__(self, tok: Tokenizer, pieces: list[bytes | None]) -> None:
         import llguidance
-        import llguidance.torch
 
         class Wrapper:
             eos_token_id, bos_token_id = tok.eos_id, tok.bos_id
@@ -88,10 +88,10 @@ class LLGuidance:
             def __call__(self, text):
                 return tok.encode(text.decode("utf-8", "replace") if isinstance(text, bytes) else text)
 
-        self.lg, self.torch_ = llguidance, llguidance.torch
+        self.lg = llguidance
         self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(Wrapper()))
         self.vocab = len(pieces)
-        self.bitmask = llguidance.torch.allocate_token_bitmask(1, self.vocab)
+        self.bitmask = torch.zeros((self.vocab + 31) // 32, dtype=torch.int32)
 
     def compile(self, schema: dict):
         grammar = self.lg.LLMatcher.grammar_from_json_schema(
@@ -100,9 +100,9 @@ class LLGuidance:
         assert not matcher.is_error(), matcher.get_error()
         return matcher
 
-    def mask(self, matcher) -> list[int]:
-        self.torch_.fill_next_token_bitmask(matcher, self.bitmask)
-        return allowed_ids(self.bitmask, self.vocab)
+    def mask(self, matcher) -> torch.Tensor:
+        matcher.unsafe_compute_mask_ptr(self.bitmask.data_ptr(), self.bitmask.numel() * 4)
+        return self.bitmask
 
     def consume(self, matcher, token: int) -> None:
         assert matcher.consume_token(token), matcher.get_error()
@@ -127,9 +127,9 @@ class XGrammar:
                                                      separators=(", ", ": "))
         return self.xgr.GrammarMatcher(compiled)
 
-    def mask(self, matcher) -> list[int]:
+    def mask(self, matcher) -> torch.Tensor:
         matcher.fill_next_token_bitmask(self.bitmask)
-        return allowed_ids(self.bitmask, self.vocab)
+        return self.bitmask
 
     def consume(self, matcher, token: int) -> None:
         assert matcher.accept_token(token)
@@ -154,9 +154,9 @@ class OutlinesCore:
         regex = self.oc.json_schema.build_regex_from_schema(json.dumps(schema), whitespace_pattern="")
         return self.oc.Guide(self.oc.Index(regex, self.vocabulary))
 
-    def mask(self, guide) -> list[int]:
+    def mask(self, guide) -> torch.Tensor:
         guide.write_mask_into(self.bitmask.data_ptr(), self.bitmask.numel(), 4)
-        return allowed_ids(self.bitmask, self.vocab)
+        return self.bitmask
 
     def consume(self, guide, token: int) -> None:
         guide.advance(token, return_tokens=False)
@@ -167,8 +167,9 @@ def walk(engine, schema: dict, pieces: list, eos: int, rng: random.Random, max_s
     matcher, times, out = engine.compile(schema), [], []
     for _ in range(max_steps):
         t0 = time.perf_counter()
-        allowed = engine.mask(matcher)
+        bitmask = engine.mask(matcher)
         times.append(time.perf_counter() - t0)
+        allowed = allowed_ids(bitmask, engine.vocab)
         if not allowed:
             raise AssertionError(f"{engine.name}: no token allowed after {b''.join(out)!r}")
         token = eos if eos in allowed else rng.choice(allowed)

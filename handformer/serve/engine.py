@@ -136,6 +136,9 @@ class BatchEngine:
         with torch.inference_mode():
             while not self._closing:
                 try:
+                    if self.engine.rows and not self.engine.live:  # rows their sinks ended (a stop
+                        with self.lock:  # string, a complete grammar) leave the cache now
+                            self.engine.step()
                     self._collect(block=not self.engine.live and not self.waiting)
                     if self._closing:
                         break

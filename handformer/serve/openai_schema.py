@@ -102,6 +102,11 @@ def parse_json(body: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}",
                        code="invalid_json")
+    try:  # "\ud800" escapes parse to a lone surrogate, which is no text a tokenizer can read
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(400, "the request body holds a lone UTF-16 surrogate escape (such as \\ud800), "
+                       "which is not a character; send valid Unicode", code="invalid_json") from None
     return data
 
 
