@@ -7,6 +7,7 @@ And the incremental text: stop strings held back and cut, partial UTF-8 held bac
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -35,6 +36,14 @@ def tiny_model(preset: str) -> CausalLM:
             if p.dim() >= 2:
                 p.mul_(3)
     return model
+
+
+def wait_until(condition, timeout: float = 10.0) -> None:
+    """Wait for another thread to make `condition()` true; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
 
 
 class Collect:
@@ -113,9 +122,9 @@ def test_stopping_the_engine_fails_what_is_left():
         engine.submit(running)
         stopper = threading.Thread(target=engine.stop)
         stopper.start()
-        while not engine._closing:
-            pass
+        wait_until(lambda: engine._closing)
     stopper.join(10)
+    assert not stopper.is_alive()
     assert running.sink.reason == "failed: the server is shutting down" and running.generated <= 2
     late = Sequence([1], 5, SamplingOptions(), frozenset(), Collect())
     engine.submit(late)
