@@ -26,6 +26,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -86,7 +87,6 @@ class Vocabulary:
 
         self.tokenizer = lg.LLTokenizer(lg.TokenizerWrapper(Tokens()), n_vocab=vocab_size,
                                         eos_token=self.end_ids)
-        self.shifts = torch.arange(32, dtype=torch.int32)
 
 
 class Grammar:
@@ -159,8 +159,10 @@ class Constraint:
         """(V,) True for each token that may come next."""
         v = self.vocabulary
         self.matcher.unsafe_compute_mask_ptr(self.bitmask.data_ptr(), self.bitmask.numel() * 4)  # (W,) int32
-        bits = (self.bitmask[:, None] >> v.shifts) & 1  # (W, 32): bit j of word w is token 32w + j
-        allowed = bits.view(-1)[:v.size].bool() & v.is_text  # (V,)
+        # bit j of word w is token 32w + j: as little-endian bytes, bit b of byte i is token 8i + b
+        words = self.bitmask.numpy().astype("<i4")  # little-endian whatever the machine's order
+        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:v.size]  # (V,)
+        allowed = torch.from_numpy(bits).bool() & v.is_text  # (V,)
         allowed[self.stop_ids] = self.matcher.is_accepting()  # a row ends only where its text may
         return allowed
 
