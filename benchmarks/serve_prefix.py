@@ -60,7 +60,8 @@ class Sink:
 
 def ask(engine: BatchEngine, prompt: list[int], max_tokens: int, seed: int) -> Sink:
     sink = Sink()
-    engine.submit(Sequence(prompt, max_tokens, SamplingOptions(temperature=1.0, seed=seed), frozenset(), sink))
+    options = SamplingOptions(temperature=1.0, seed=seed)
+    engine.submit(Sequence(prompt, max_tokens, options, frozenset(), sink))
     return sink
 
 
@@ -90,7 +91,8 @@ def shared_tokens_per_s(model: CausalLM, mb: float, rng: random.Random, clients:
         system = [rng.randrange(VOCAB) for _ in range(1000)]
         ask(engine, system + [1], 1, 0).ended.wait()  # the system prompt has been seen once
         start = time.perf_counter()
-        sinks = [ask(engine, system + [rng.randrange(VOCAB) for _ in range(20)], 32, c) for c in range(clients)]
+        questions = [[rng.randrange(VOCAB) for _ in range(20)] for _ in range(clients)]
+        sinks = [ask(engine, system + q, 32, c) for c, q in enumerate(questions)]
         for sink in sinks:
             sink.ended.wait()
         return sum(s.tokens for s in sinks) / (time.perf_counter() - start)
@@ -119,14 +121,16 @@ def main() -> None:
                 ttft[name].append(turn5_ttft(model, mb, random.Random(r)))
                 rate[name].append(shared_tokens_per_s(model, mb, random.Random(r), args.clients))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-    print(f"\nserve prefix cache: GPT-2-124M-shaped model (max_positions {cfg.max_positions}), {args.threads} threads, "
+    print(f"\nserve prefix cache: GPT-2-124M-shaped model (max_positions {cfg.max_positions}), "
+          f"{args.threads} threads, "
           f"medians of {args.rounds} rounds\n")
     print(f"{'prefix cache':<16} {'turn-5 TTFT s':>14} {f'{args.clients} clients tok/s':>17}")
     for name in cases:
         print(f"{name:<16} {statistics.median(ttft[name]):>14.3f} {statistics.median(rate[name]):>17.1f}")
     a, b = (statistics.median(ttft[n]) for n in cases)
     c, d = (statistics.median(rate[n]) for n in cases)
-    print(f"\nturn-5 time to first token: {a / b:.1f}x faster with the cache; {args.clients} clients: {d / c:.2f}x "
+    print(f"\nturn-5 time to first token: {a / b:.1f}x faster with the cache; "
+          f"{args.clients} clients: {d / c:.2f}x "
           "the tokens/s")
 
 

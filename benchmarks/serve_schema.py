@@ -134,8 +134,9 @@ def main() -> None:
                     results.setdefault((batch, name), []).append(
                         measure(model, prompt, batch, args.max_tokens, args.tokens, g, stop))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
-    print(f"\nserve with a JSON schema: GPT-2-124M-shaped model, vocabulary {tok.vocab_size}, {args.tokens} tokens "
-          f"a measurement, <= {args.max_tokens} a sequence, {args.threads} threads, medians of {args.rounds} rounds "
+    print(f"\nserve with a JSON schema: GPT-2-124M-shaped model, vocabulary {tok.vocab_size}, "
+          f"{args.tokens} tokens a measurement, <= {args.max_tokens} a sequence, {args.threads} threads, "
+          f"medians of {args.rounds} rounds "
           f"(vocabulary and grammar prepared in {prepared:.2f} s)\n")
     print(f"{'batch':>5} {'without tok/s':>14} {'with schema tok/s':>18} {'ratio':>6}")
     for batch in (1, 8):

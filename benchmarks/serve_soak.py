@@ -42,7 +42,8 @@ from handformer.tasks.lm.run import save_lm_run  # noqa: E402
 DATA = ROOT / ".." / "shared" / "data" / "tinyshakespeare" / "input.txt"
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "name": {"type": "string", "maxLength": 8}},
+SCHEMA = {"type": "object",
+          "properties": {"ok": {"type": "boolean"}, "name": {"type": "string", "maxLength": 8}},
           "required": ["ok", "name"], "additionalProperties": False}
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
@@ -51,11 +52,12 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
 
 def make_run(run_dir: Path) -> Path:
     tok = Tokenizer.train_bpe([DATA.read_text()], 2000)
-    tok.hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<|im_start|>", "<|im_end|>")])
+    markup = ("<|im_start|>", "<|im_end|>")
+    tok.hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in markup])
     tok = Tokenizer(tok.hf)
     torch.manual_seed(0)
-    cfg = CausalLMConfig.llama_style(vocab_size=tok.vocab_size, d_model=128, n_heads=4, n_kv_heads=2, d_ff=256,
-                                     n_layers=4, max_positions=2048)
+    cfg = CausalLMConfig.llama_style(vocab_size=tok.vocab_size, d_model=128, n_heads=4, n_kv_heads=2,
+                                     d_ff=256, n_layers=4, max_positions=2048)
     save_lm_run(run_dir, CausalLM(cfg).eval(), tok, SpecialTokens(bos_id=tok.bos_id, eos_id=tok.eos_id,
                                                                    pad_id=tok.pad_id))
     (run_dir / "chat_template.jinja").write_text(CHATML)
@@ -69,21 +71,23 @@ def rss_mb(pid: int) -> float:
 
 
 def request(rng: random.Random, i: int) -> tuple[str, dict]:
-    kind = i % 5
+    kind, chat = i % 5, "/v1/chat/completions"
     if kind == 0:
-        return "/v1/completions", {"model": "m", "prompt": "ROMEO: " * rng.randint(1, 30), "max_tokens": 16, "seed": i}
+        return "/v1/completions", {"model": "m", "prompt": "ROMEO: " * rng.randint(1, 30), "max_tokens": 16,
+                                   "seed": i}
     if kind == 1:
-        return "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": f"Who are you {i}?"}],
-                                        "max_tokens": 40, "seed": i, "response_format": {
-                                            "type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA}}}
+        return chat, {"model": "m", "messages": [{"role": "user", "content": f"Who are you {i}?"}],
+                      "max_tokens": 40, "seed": i,
+                      "response_format": {"type": "json_schema",
+                                          "json_schema": {"name": "r", "schema": SCHEMA}}}
     if kind == 2:
-        return "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "Weather?"}],
-                                        "max_tokens": 60, "seed": i, "tools": [TOOL], "tool_choice": "required"}
+        return chat, {"model": "m", "messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 60,
+                      "seed": i, "tools": [TOOL], "tool_choice": "required"}
     if kind == 3:
         return "/v1/embeddings", {"model": "m", "input": ["To be, or not to be"] * rng.randint(1, 4)}
-    return "/v1/chat/completions", {"model": "m", "messages": [
-        {"role": "system", "content": "You are a player in a play. " * 10}, {"role": "user", "content": f"Line {i}"}],
-        "max_tokens": 24, "seed": i}
+    system = {"role": "system", "content": "You are a player in a play. " * 10}
+    return chat, {"model": "m", "messages": [system, {"role": "user", "content": f"Line {i}"}],
+                  "max_tokens": 24, "seed": i}
 
 
 def main() -> None:
@@ -98,8 +102,9 @@ def main() -> None:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
-        proc = subprocess.Popen([sys.executable, "-m", "handformer", "serve", f"m={run_dir}", "--port", str(port),
-                                 "--log-level", "warning"], env=env, cwd=ROOT)
+        command = [sys.executable, "-m", "handformer", "serve", f"m={run_dir}", "--port", str(port),
+                   "--log-level", "warning"]
+        proc = subprocess.Popen(command, env=env, cwd=ROOT)
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:
