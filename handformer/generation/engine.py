@@ -33,13 +33,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor
 
 from handformer.generation.cache import DecodingCache
-from handformer.generation.prefix_cache import PrefixCache
+from handformer.generation.prefix_cache import Hit, PrefixCache
 from handformer.generation.sampling import check_sampling_options, filter_logits, next_tokens
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.kv_cache import KVCache
@@ -189,7 +188,7 @@ class Engine:
                 self.prefix_cache.insert(p, cache, r)
         return torch.stack(logits), sources
 
-    def _continue(self, prompt: tuple[int, ...], hit: Any, rows: list[Row]) -> tuple[Tensor, KVCache]:
+    def _continue(self, prompt: tuple[int, ...], hit: Hit, rows: list[Row]) -> tuple[Tensor, KVCache]:
         """One prompt whose first hit.length positions the prefix cache holds: ((V,) logits, its
         one-row cache)."""
         longest = max(row.max_new_tokens for row in rows if tuple(row.prompt) == prompt)
