@@ -127,7 +127,7 @@ class Engine:
         if prefix_cache is not None and prefix_cache.sliding_window != model.cfg.sliding_window:
             raise ValueError("the prefix cache was made for another sliding window than the model's; "
                              "make it with PrefixCache(..., sliding_window=model.cfg.sliding_window)")
-        self.step_model = step_model or model
+        self.step_model = step_model if step_model is not None else model
         self.device = next(model.parameters()).device
         self.rows: list[Row] = []
         self.cache: KVCache | None = None
