@@ -33,6 +33,7 @@ from handformer.generation.json_schema import MAX_SCHEMA_BYTES, SchemaError, che
 from handformer.generation.tool_calls import CHATML, LLAMA3, TEMPLATES, Tool
 from handformer.serve.app import create_app
 from handformer.serve.registry import load_served_models
+from handformer.tasks.lm.chat import chat
 
 INSTALL = "pip install -e '.[dev]' (structured output's grammar engine and its test tools are dev dependencies)"
 require_module("llguidance", INSTALL)
@@ -330,22 +331,55 @@ def test_the_tool_call_formats_render_and_read_back(models, runs):
     assert parser.feed("<tool_call>\nnot json\n</tool_call>") == ("<tool_call>\nnot json\n</tool_call>", [])
 
 
-def test_a_tool_round_trip_with_the_openai_client(client):
+def expected_answer(models, runs, name: str, body: dict) -> tuple[str, list[int], tuple[str | None, list, str]]:
+    """What serve must answer to a chat `body` with tools and tool_choice "auto" (no grammar): its
+    prompt rendered by the run's tool template, sampled by `generate` with the body's seed, read
+    back by the format's parser -> (prompt, its ids, (content, [(name, arguments)], finish_reason))."""
+    from handformer.generation.chat import stop_ids_for
+    from handformer.generation.chat_template import load_chat_template
+    from handformer.generation.generate import generate
+    from handformer.generation.tool_calls import tool_template
+    from handformer.serve.openai_schema import parse_chat
+
+    run = models[name].lm
+    req = parse_chat({"model": name, **body})
+    fmt, template = tool_template(load_chat_template(runs[name]), run.tokenizer)
+    prompt = template.render(req.messages, True, [t.as_template_data() for t in req.tools])
+    ids = run.tokenizer.encode_with_special_tokens(prompt)
+    stop = stop_ids_for(run.tokenizer, run.tokens.eos_ids, template)
+    new = generate(run.model, [ids], req.max_tokens, temperature=body.get("temperature", 1.0),
+                   seed=body["seed"], stop_tokens=stop)[0]
+    stopped = new[-1] in stop
+    parser = fmt.parser(req.tools, req.parallel_tool_calls)
+    text, calls = parser.feed(run.tokenizer.hf.decode(new[:-1] if stopped else new, skip_special_tokens=True))
+    rest, more = parser.finish()
+    calls = [(c.name, c.arguments) for c in calls + more]
+    reason = "tool_calls" if calls and stopped else "stop" if stopped else "length"
+    return prompt, ids, ((text + rest) or (None if calls else ""), calls, reason)
+
+
+def test_a_tool_round_trip_with_the_openai_client(client, models, runs):
     first = client.chat.completions.create(model="story", messages=USER, tools=[WEATHER], tool_choice="required",
                                            seed=2, max_tokens=300).choices[0].message
     (call,) = first.tool_calls
     history = USER + [first.model_dump(exclude_none=True),
                       {"role": "tool", "tool_call_id": call.id, "content": "5 C and sunny"}]
     answer = client.chat.completions.create(model="story", messages=history, tools=[WEATHER], seed=2, max_tokens=30)
-    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    assert answer.usage.prompt_tokens > client.chat.completions.create(
-        model="story", messages=USER, tools=[WEATHER], max_tokens=1).usage.prompt_tokens + len("5 C and sunny")
+    prompt, ids, want = expected_answer(models, runs, "story", {"messages": history, "tools": [WEATHER], "seed": 2,
+                                                        "max_tokens": 30})
+    got = answer.choices[0]
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in got.message.tool_calls or []]
+    assert (got.message.content, calls, got.finish_reason) == want
+    assert answer.usage.prompt_tokens == len(ids)
+    assert "<tool_response>\n5 C and sunny\n</tool_response>" in prompt  # the result was rendered
+    assert json.dumps({"name": "get_weather", "arguments": json.loads(call.function.arguments)}) in prompt
     auto = client.chat.completions.create(model="story", messages=USER, tools=[WEATHER], tool_choice="none",
                                           seed=2, max_tokens=5)
-    assert auto.choices[0].message.tool_calls is None and auto.usage.prompt_tokens < 100  # no tools rendered
+    plain = chat(models["story"].lm, run_dir=runs["story"]).encode(USER)  # the run's own template, no tools
+    assert auto.choices[0].message.tool_calls is None and auto.usage.prompt_tokens == len(plain)
 
 
-def test_a_round_trip_with_langchain(server, monkeypatch):
+def test_a_round_trip_with_langchain(server, models, runs, monkeypatch):
     """An agent framework's client: ChatOpenAI(...).bind_tools, forced call -> tool result -> answer."""
     langchain_openai = require_module("langchain_openai", INSTALL)
     from langchain_core.messages import HumanMessage, ToolMessage
@@ -369,8 +403,14 @@ def test_a_round_trip_with_langchain(server, monkeypatch):
         """The weather in a city."""
         return f"sunny in {city}"
 
+    sent = []  # the bodies langchain sends
+
+    def record(request: httpx.Request) -> None:
+        sent.append(json.loads(request.read()))
+
     llm = langchain_openai.ChatOpenAI(model="story", base_url=server.url + "/v1", api_key="unused", seed=3,
-                                      max_tokens=200, max_retries=0)
+                                      max_tokens=200, max_retries=0,
+                                      http_client=httpx.Client(event_hooks={"request": [record]}))
     forced = llm.bind_tools([get_weather], tool_choice="get_weather", strict=True)
     messages = [HumanMessage("What is the weather in Oslo?")]
     ai = forced.invoke(messages)
@@ -378,7 +418,10 @@ def test_a_round_trip_with_langchain(server, monkeypatch):
     assert call["name"] == "get_weather" and len(call["args"]["city"]) <= 8
     messages += [ai, ToolMessage(get_weather.invoke(call["args"]), tool_call_id=call["id"])]
     answer = llm.bind_tools([get_weather], strict=True).invoke(messages)
-    assert answer.response_metadata["finish_reason"] in ("stop", "length", "tool_calls")
+    prompt, _, (content, calls, reason) = expected_answer(models, runs, "story", sent[-1])
+    assert "<tool_response>\nsunny in " + call["args"]["city"] in prompt  # the tool's result went back
+    assert (answer.content, [(c["name"], c["args"]) for c in answer.tool_calls]) == (content or "", calls)
+    assert answer.response_metadata["finish_reason"] == reason
     chunks = list(forced.stream([HumanMessage("What is the weather in Oslo?")]))
     whole = chunks[0]
     for chunk in chunks[1:]:
