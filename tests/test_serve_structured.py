@@ -271,6 +271,30 @@ def test_a_schema_the_vocabulary_cannot_write_fails_its_request_with_a_400(serve
     assert post(server, "/v1/chat/completions", {**body, "response_format": None}).status_code == 200
 
 
+def test_the_largest_schema_admitted_decodes_and_one_over_the_engines_limits_is_a_400(server, models, monkeypatch):
+    run = models["story"].lm
+    vocab = Vocabulary(run.tokenizer, run.model.cfg.vocab_size, run.tokens.eos_ids)
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(1999)}}  # 2,000 subschemas
+    constraint = Grammar.json_schema(vocab, wide).constraint(run.tokens.eos_ids)
+    start = run.tokenizer.encode('{"p1')
+    for i, token in enumerate(start):  # every alternative at the first key is held in the parser's row
+        assert constraint(start[:i], torch.zeros(vocab.size))[token].isfinite(), (i, constraint.error)
+    constraint(start, torch.zeros(vocab.size))
+    assert constraint.error is None
+    monkeypatch.setitem(grammar_module.LIMITS, "max_items_in_row", 100)
+    body = {"model": "story", "messages": USER, "max_tokens": 20, "seed": 0, "response_format": _schema_format(
+        {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(60)}})}
+    r = post(server, "/v1/chat/completions", body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"].startswith("the schema is over the grammar engine's limits (Current row has ")
+    assert "send a smaller schema" in r.json()["error"]["message"] and r.json()["error"]["code"] == "schema_over_limits"
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True}, timeout=30) as s:
+        events = [json.loads(line.removeprefix("data: ")) for line in s.iter_lines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+    assert events[-1]["error"]["code"] == "schema_over_limits"  # the stream ends with the error
+    assert all(e["choices"][0]["finish_reason"] is None for e in events[:-1])  # never a "stop"
+
+
 # --- tool calls -------------------------------------------------------------------------------
 
 def _arguments(call) -> dict:

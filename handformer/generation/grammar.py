@@ -52,11 +52,16 @@ def llguidance() -> Any:
 
 
 def limits() -> Any:
-    """Bounds on one grammar's size and the work its compile and each mask may take; a schema
-    over them is refused when it compiles."""
-    return llguidance().LLParserLimits(max_grammar_size=200_000, initial_lexer_fuel=1_000_000,
-                                       step_lexer_fuel=200_000, max_lexer_states=100_000,
-                                       verbose_errors=False)
+    """Bounds on one grammar's size and the work its compile and each step may take. A schema
+    over the size is refused when it compiles; one whose parsing needs more than a step may do
+    ends its request with a 400 that says so. max_items_in_row: the parser's alternatives at one
+    position (an object's properties, about 4 each): 10,000 lets the largest schema check_schema
+    admits (2,000 subschemas) decode; llguidance's own default of 2,000 stops at ~500 properties."""
+    return llguidance().LLParserLimits(**LIMITS, verbose_errors=False)
+
+
+LIMITS = {"max_grammar_size": 200_000, "initial_lexer_fuel": 1_000_000, "step_lexer_fuel": 200_000,
+          "max_lexer_states": 100_000, "max_items_in_row": 10_000}
 
 
 class Vocabulary:
@@ -119,12 +124,20 @@ class Grammar:
         return Constraint(self, self.matcher.deep_copy(), stop_ids)
 
 
+LIMIT_WORDS = ("max is", "fuel", "too many", "limit")  # how llguidance words a limit it reached
+OVER_LIMITS = "the schema is over the grammar engine's limits"
+
+
 def engine_message(error: str) -> str:
     """llguidance's error, without its internal prefixes; its "Unimplemented keys" is named as
-    check_schema names keywords it cannot enforce."""
+    check_schema names keywords it cannot enforce, a limit it reached as the schema's size."""
     error = error.strip().splitlines()[0] if error.strip() else "the grammar engine refused it"
     if "Unimplemented keys" in error:
         return f"it uses keyword(s) that structured output cannot enforce: {error.split(':', 1)[-1].strip()}"
+    if any(word in error.lower() for word in LIMIT_WORDS):
+        detail = error.removeprefix("Parser Error:").split(";")[0].strip()
+        return (f"{OVER_LIMITS} ({detail}); send a smaller schema "
+                "(fewer properties, anyOf branches or enum values)")
     return error
 
 
@@ -134,7 +147,8 @@ class Constraint:
 
     `complete`: no more text can follow (the row should end); `error`: set when no token of the
     vocabulary can continue the text (a schema asking for characters this vocabulary cannot
-    write): the step then leaves only the stop tokens, and the caller ends the row with the error."""
+    write) or the parse needs more than the engine's limits allow: the step then leaves only the
+    stop tokens, and the caller ends the row with the error."""
 
     def __init__(self, grammar: Grammar, matcher: Any, stop_ids: Sequence[int]) -> None:
         self.vocabulary, self.matcher = grammar.vocabulary, matcher
@@ -148,12 +162,14 @@ class Constraint:
         """Give the matcher the tokens chosen since the last call (a stop token ends the text)."""
         for token in tokens[self.consumed:]:
             if self.error is None and token not in self.stop_set and not self.matcher.consume_token(token):
-                self.error = f"the grammar refused token {token}: {engine_message(self.matcher.get_error())}"
+                message = engine_message(self.matcher.get_error())
+                self.error = message if message.startswith(OVER_LIMITS) else \
+                    f"the grammar refused token {token}: {message}"
         self.consumed = len(tokens)
 
     @property
     def complete(self) -> bool:
-        return self.matcher.is_stopped()
+        return self.error is None and self.matcher.is_stopped()  # a matcher in error is stopped too
 
     def allowed(self) -> Tensor:
         """(V,) True for each token that may come next."""
@@ -170,6 +186,9 @@ class Constraint:
         self.sync(tokens)
         if self.error is None:
             allowed = self.allowed()
+            if self.matcher.is_error():  # a limit reached while computing the mask
+                self.error = engine_message(self.matcher.get_error())
+                allowed[:] = False
         else:
             allowed = torch.zeros(self.vocabulary.size, dtype=torch.bool)
         if not bool(allowed.any()):

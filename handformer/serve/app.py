@@ -33,6 +33,7 @@ from handformer.generation.chat import stop_ids_for
 from handformer.generation.chat_template import ChatTemplate, load_chat_template
 from handformer.generation.engine import SamplingOptions
 from handformer.generation.generate import max_new_tokens_for, positions_needed
+from handformer.generation.grammar import OVER_LIMITS
 from handformer.generation.prefix_cache import default_prefix_cache_mb
 from handformer.generation.tool_calls import ToolFormat, tool_template
 from handformer.serve.choices import Choices, ChoiceSink, Event
@@ -325,8 +326,7 @@ class Routes:
                         return JSONResponse(error_body(499, "the client went away"), 499)
                     continue
                 if event.kind == "error":
-                    raise APIError(event.status, event.reason, code="generation_failed" if event.status >= 500
-                                   else "schema_unreachable")
+                    raise APIError(event.status, event.reason, code=error_code(event.status, event.reason))
                 choices.add(event)
                 pending -= event.kind == "finish"
         finally:
@@ -345,7 +345,8 @@ class Routes:
             while pending:
                 event: Event = await queue.get()
                 if event.kind == "error":
-                    yield f"data: {json.dumps(error_body(event.status, event.reason))}\n\n"
+                    body = error_body(event.status, event.reason, code=error_code(event.status, event.reason))
+                    yield f"data: {json.dumps(body)}\n\n"
                     return
                 pending -= event.kind == "finish"
                 choices.add(event)
@@ -377,6 +378,13 @@ class Routes:
                 "beam_size": req.beam_size or translator.job.decode.beam,
                 "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                           "total_tokens": prompt + completion}}
+
+
+def error_code(status: int, message: str) -> str:
+    """The code of an error that ended a sequence (serve/engine.py: TokenSink.fail)."""
+    if status >= 500:
+        return "generation_failed"
+    return "schema_over_limits" if message.startswith(OVER_LIMITS) else "schema_unreachable"
 
 
 __all__ = ["MAX_BODY_BYTES", "create_app"]

@@ -226,6 +226,10 @@ class BatchEngine:
                 seq.row.finish("stop")  # a stop string: the text ends there
             if constraint is not None and seq.row.finish_reason in (None, "length"):
                 constraint.sync(seq.row.tokens)
+                if constraint.error is not None:  # the grammar engine reached a limit on this token
+                    seq.row.finish("failed")
+                    seq.sink.fail(constraint.error, 400)
+                    continue
                 if constraint.complete:  # nothing can follow: end now rather than sample an end token
                     seq.row.finish_reason = "stop"
             if seq.done:
