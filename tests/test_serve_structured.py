@@ -215,6 +215,30 @@ def test_response_format_on_chat_and_completions_whole_and_streamed(client):
     assert text.finish_reason == "stop" and isinstance(json.loads(text.text), dict)
 
 
+def test_a_schema_sent_again_is_not_compiled_again(client, server, monkeypatch):
+    from handformer.serve import structured
+
+    compiled = []
+    build = Grammar.json_schema.__func__
+    monkeypatch.setattr(Grammar, "json_schema",
+                        classmethod(lambda cls, *args, **kw: (compiled.append(args[1]), build(cls, *args, **kw))[1]))
+    again = {"type": "object", "properties": {"again": {"type": "boolean"}}, "required": ["again"],
+             "additionalProperties": False}
+    replies = [client.chat.completions.create(model="story", messages=USER, response_format=_schema_format(again),
+                                              seed=seed, max_tokens=30).choices[0].message.content
+               for seed in (0, 1, 0)]
+    assert compiled == [again]  # once for the three requests
+    assert replies[0] == replies[2]  # the same seed: the same reply from the kept grammar
+    for reply in replies:
+        jsonschema.validate(json.loads(reply), again)
+    monkeypatch.setattr(structured, "GRAMMARS_KEPT", 2)
+    kept = server.app.state.structured["story"]._grammars
+    for i in range(3):
+        client.chat.completions.create(model="story", messages=USER, max_tokens=30, seed=0, response_format=(
+            _schema_format({"type": "object", "properties": {f"k{i}": {"type": "null"}}, "required": [f"k{i}"]})))
+    assert [json.loads(text)["properties"] for _, text in kept] == [{"k1": {"type": "null"}}, {"k2": {"type": "null"}}]
+
+
 def test_a_reply_cut_by_max_tokens_is_a_prefix_the_grammar_accepts(client, models):
     run = models["story"].lm
     out = client.completions.create(model="story", prompt="the", max_tokens=12, seed=0,
@@ -254,8 +278,9 @@ def test_a_missing_grammar_engine_is_a_400_naming_the_pip_command(server, monkey
         raise grammar_module.GrammarEngineMissing(f"structured output needs llguidance: {grammar_module.INSTALL}")
 
     monkeypatch.setattr(grammar_module, "llguidance", missing)
+    fresh = {"type": "object", "properties": {"never_compiled": {"type": "null"}}}  # no kept grammar serves it
     r = post(server, "/v1/chat/completions", {"model": "story", "messages": USER,
-                                              "response_format": {"type": "json_object"}})
+                                              "response_format": _schema_format(fresh)})
     assert r.status_code == 400 and "pip install 'handformer[serve]'" in r.json()["error"]["message"]
     assert r.json()["error"]["code"] == "grammar_engine_missing"
 

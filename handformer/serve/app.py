@@ -88,6 +88,7 @@ def create_app(models: Mapping[str, ServedModel], *, api_key: str | None = None,
                            allow_headers=["Authorization", "Content-Type"])
     api = APIRouter(prefix="/v1", dependencies=[Depends(key_checker(api_key))])
     routes = Routes(dict(models), engines, templates, max_body_bytes)
+    app.state.structured = routes.structured  # each model's grammars (tests read them)
     api.add_api_route("/models", routes.list_models, methods=["GET"])
     api.add_api_route("/models/{model_id}", routes.get_model, methods=["GET"])
     api.add_api_route("/completions", routes.completions, methods=["POST"])

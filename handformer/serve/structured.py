@@ -11,13 +11,16 @@ error naming what is wrong.
     tool_choice "auto" without it           no grammar: the model writes freely, its calls are read back
 
 The vocabulary is prepared on the first request that needs it (in a worker thread; about a second
-for 50k tokens) and kept; grammars are compiled per request, in a worker thread.
+for 50k tokens) and kept; a grammar is compiled in a worker thread the first time its schema (or
+tools) comes, and the latest 64 are kept.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+from collections import OrderedDict
 from typing import Any
 
 from handformer.generation.chat import stop_ids_for
@@ -30,6 +33,7 @@ from handformer.serve.openai_schema import ChatRequest, ResponseFormat
 from handformer.tasks.lm.run import LMRun
 
 SCHEMA_PARAM = "response_format.json_schema.schema"
+GRAMMARS_KEPT = 64
 
 
 class Structured:
@@ -37,6 +41,7 @@ class Structured:
         self.run, self.template = run, template
         self._vocabulary: Vocabulary | None = None
         self._lock = threading.Lock()
+        self._grammars: OrderedDict[tuple[str, str], Grammar] = OrderedDict()  # the latest compiled
 
     def vocabulary(self) -> Vocabulary:
         with self._lock:
@@ -52,7 +57,8 @@ class Structured:
         if fmt is None:
             return None
         schema = answer_schema(fmt)
-        return await self._compile(lambda v: Grammar.json_schema(v, schema, param(fmt)), param(fmt))
+        return await self._compile(("schema", json.dumps(schema, sort_keys=True)),
+                                   lambda v: Grammar.json_schema(v, schema, param(fmt)), param(fmt))
 
     async def chat_grammar(self, req: ChatRequest, fmt: ToolFormat | None) -> Grammar | None:
         """The grammar of a chat reply (see the module docstring), or None for free text."""
@@ -75,20 +81,33 @@ class Structured:
             except SchemaError as err:
                 raise APIError(400, err.message, param(req.response_format), "invalid_schema") from None
         text = fmt.grammar(tools, req.parallel_tool_calls, answer)
-        return await self._compile(lambda v: Grammar.lark(v, text), "tools")
+        return await self._compile(("lark", text), lambda v: Grammar.lark(v, text), "tools")
 
-    async def _compile(self, build: Any, param_name: str) -> Grammar:
+    async def _compile(self, key: tuple[str, str], build: Any, param_name: str) -> Grammar:
+        """The grammar `build` makes, compiled in a worker thread; the last GRAMMARS_KEPT are kept
+        (an agent sends the same tools and schema with every request), each row getting its own
+        matcher from one (Grammar.constraint)."""
+        with self._lock:
+            if key in self._grammars:
+                self._grammars.move_to_end(key)
+                return self._grammars[key]
+
         def compile_() -> Grammar:
             return build(self.vocabulary())
 
         try:
-            return await asyncio.to_thread(compile_)
+            grammar = await asyncio.to_thread(compile_)
         except GrammarEngineMissing as err:
             raise APIError(400, str(err), param_name, "grammar_engine_missing") from None
         except SchemaError as err:
             raise APIError(400, err.message, param_name, "invalid_schema") from None
         except ValueError as err:  # a run that lists no end token
             raise APIError(400, f"structured output is not possible here: {err}", param_name) from None
+        with self._lock:
+            self._grammars[key] = grammar
+            while len(self._grammars) > GRAMMARS_KEPT:
+                self._grammars.popitem(last=False)
+        return grammar
 
 
 def answer_schema(fmt: ResponseFormat) -> dict[str, Any]:
