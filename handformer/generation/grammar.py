@@ -3,8 +3,8 @@ tokens must follow, enforced token by token as a logit processor of the decoding
 (generation/engine.py: Row.processors), so each row of a batch carries its own.
 
 The grammar engine is llguidance (chosen against xgrammar and outlines-core by
-benchmarks/grammar_engines.py; docs/serve.md gives the figures): it compiles a schema in 1 to 7
-ms, computes a next-token mask over a GPT-2-sized vocabulary in tens to hundreds of microseconds,
+benchmarks/grammar_engines.py; docs/serve.md gives the figures): it compiles a schema in about a
+millisecond, computes a next-token mask over a GPT-2-sized vocabulary in tens to hundreds of microseconds,
 enforces the most JSON Schema (number bounds included) and needs nothing but its own wheel.
 
     Vocabulary(tokenizer, vocab_size, end_ids)   the run's own tokens as bytes (data/token_bytes.py),
