@@ -21,15 +21,24 @@ from handformer.tasks.lm.run import save_lm_run
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-TEXT = "the quick brown fox jumps over the lazy dog. Hello, who are you? I am a model! 0123456789"
+TEXT = ("the quick brown fox jumps over the lazy dog. Hello, who are you? I am a model! 0123456789"
+        ' {"name": [true, false, null], "x": -1.5E+3}_<>/\\\n')  # JSON and tool-call markup can be written
 
 
-def make_lm_run(run_dir: Path, chat: bool = True, max_positions: int = 96, seed: int = 0) -> Path:
+LLAMA3 = ("{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n'"
+          " + m['content'] + '<|eot_id|>' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+MARKUP = {"chatml": ("<|im_start|>", "<|im_end|>"),
+          "llama3": ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")}
+
+
+def make_lm_run(run_dir: Path, chat: bool = True, max_positions: int = 96, seed: int = 0,
+                markup: str = "chatml", template: str | None = None) -> Path:
     """A random Llama-style run on a character tokenizer (BOS and EOS set), its matrices scaled up
-    so next-token distributions are far from flat; with `chat`, a ChatML template."""
+    so next-token distributions are far from flat; with `chat`, a ChatML template (or Llama 3's,
+    with `markup="llama3"`; or `template`)."""
     tok = Tokenizer.train_char([TEXT])
-    tok.hf.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                               for t in ("<|im_start|>", "<|im_end|>")])
+    tok.hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in MARKUP[markup]])
     tok = Tokenizer(tok.hf)
     torch.manual_seed(seed)
     cfg = CausalLMConfig.llama_style(vocab_size=tok.vocab_size, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64,
@@ -41,8 +50,10 @@ def make_lm_run(run_dir: Path, chat: bool = True, max_positions: int = 96, seed:
                 p.mul_(8)
     save_lm_run(run_dir, model, tok, SpecialTokens(bos_id=tok.bos_id, eos_id=tok.eos_id, pad_id=tok.pad_id))
     if chat:
-        (run_dir / "chat_template.jinja").write_text(CHATML)
-        (run_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+        (run_dir / "chat_template.jinja").write_text(template or (CHATML if markup == "chatml" else LLAMA3))
+        config = {"eos_token": "<|im_end|>"} if markup == "chatml" else {
+            "eos_token": "<|eot_id|>", "bos_token": "<|begin_of_text|>"}
+        (run_dir / "tokenizer_config.json").write_text(json.dumps(config))
     return run_dir
 
 
@@ -61,7 +72,9 @@ class Server:
     """The app under a real uvicorn server on a free port of 127.0.0.1, in a thread."""
 
     def __init__(self, app) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP named, so that asyncio sets TCP_NODELAY on the connections it accepts (it
+        # checks the protocol; with 0 it does not, and every response waits ~40 ms for an ACK)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]

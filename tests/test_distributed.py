@@ -5,7 +5,6 @@ and the data shards are disjoint. The torchrun CLI runs of the tiny configs are 
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -31,20 +30,22 @@ ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(fn, *args) -> None:
-    mp.spawn(fn, args=(_free_port(), *args), nprocs=WORLD, join=True)
+    """Run fn(rank, port, *args) in WORLD processes. The rendezvous store is served from this
+    process on a port the system picks (port 0) and held open while they run, so no other
+    program can take the port between choosing it and using it."""
+    store = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False)
+    try:
+        mp.spawn(fn, args=(store.port, *args), nprocs=WORLD, join=True)
+    finally:
+        del store
 
 
 def _join(rank: int, port: int) -> None:
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=False)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # for code that reads them
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
 
 
 def _model() -> CausalLM:

@@ -279,7 +279,7 @@ def test_every_python_block_runs(block, tmp_path, monkeypatch):
             from handformer.serve.app import create_app
             from handformer.serve.registry import load_served_models
 
-            specs = [f"{name}={make_lm_run(tmp_path / name, max_positions=256)}" for name in names]
+            specs = [f"{name}={make_lm_run(tmp_path / name, max_positions=1024)}" for name in names]
             server = Server(create_app(load_served_models(specs)))
             assert "http://127.0.0.1:8000" in code, f"{block.where}: a server block talks to 127.0.0.1:8000"
             code = code.replace("http://127.0.0.1:8000", server.url)

@@ -248,47 +248,75 @@ def test_bad_input_gets_a_json_error_naming_the_problem(client, route, body, sta
 
 
 def test_a_client_that_goes_away_stops_its_generation(models, monkeypatch):
-    """The real server (uvicorn on a free port): after the client closes the stream, no more steps run;
-    and a step in progress does not hold up other requests (it runs in a worker thread)."""
-    import socket
+    """The real server (uvicorn on a port it was handed): after the client closes the stream, no
+    more steps start; and a step in progress does not hold up other requests (it runs in a worker
+    thread). The steps are paced by the test, so nothing depends on how fast the machine is."""
     import threading
     import time
 
     import httpx
-    import uvicorn
+    from serve_helpers import Server
 
-    steps = []
+    from handformer.serve import playground
+
+    def wait(condition) -> None:
+        deadline = time.monotonic() + 20
+        while not condition():
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.002)
+
+    permits, steps = threading.Semaphore(0), []
     step = lookups.Generation.step
 
-    def slow_step(self):
-        steps.append(time.monotonic())
-        time.sleep(0.05)
+    def paced_step(self):
+        steps.append(self)
+        assert permits.acquire(timeout=30)
         return step(self)
 
-    monkeypatch.setattr(lookups.Generation, "step", slow_step)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(models), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
+    monkeypatch.setattr(lookups.Generation, "step", paced_step)
+    ended = threading.Event()  # the server's event stream has finished
+    stream = playground.stream
+
+    async def watched(*args):
+        try:
+            async for event in stream(*args):
+                yield event
+        finally:
+            ended.set()
+
+    monkeypatch.setattr(playground, "stream", watched)
+    app = create_app(models)
+    left = threading.Event()  # the server has read the client's disconnect
+
+    async def watching_app(scope, receive, send):
+        async def watched_receive():
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                left.set()
+            return message
+
+        await app(scope, watched_receive, send)
+
+    server = Server(watching_app)
+    server.app = app
     try:
-        while not server.started:
-            time.sleep(0.01)
         body = {"model": "story", "prompt": "a", "max_tokens": 40, "temperature": 0}
-        with httpx.stream("POST", f"http://127.0.0.1:{port}/playground/api/generate", json=body) as r:
-            lines = r.iter_lines()
+        with httpx.stream("POST", f"{server.url}/playground/api/generate", json=body, timeout=30) as r:
+            lines = (line for line in r.iter_lines() if line)
             assert json.loads(next(lines).removeprefix("data: "))["type"] == "start"
-            while len(steps) < 3:
-                next(lines)
-            listed = httpx.get(f"http://127.0.0.1:{port}/playground/api/models", timeout=1)  # not queued
+            permits.release(3)
+            for _ in range(3):
+                assert json.loads(next(lines).removeprefix("data: "))["type"] == "token"
+            wait(lambda: len(steps) == 4)  # the fourth step waits for its permit, in a worker thread
+            listed = httpx.get(f"{server.url}/playground/api/models", timeout=10)  # not queued behind it
             assert listed.status_code == 200
-        closed = len(steps)
-        time.sleep(0.5)
-        assert len(steps) <= closed + 1 < 40
+        wait(left.is_set)  # the client has gone; only now may the step in progress finish
+        permits.release(1)
+        wait(ended.is_set)
+        assert len(steps) == 4  # no step began after the client left
     finally:
-        server.should_exit = True
-        thread.join(10)
+        permits.release(100)
+        server.stop()
 
 
 def test_with_an_api_key_every_route_but_the_page_needs_it(models):

@@ -1,21 +1,20 @@
 """The playground page in a real headless browser (Debian's chromium driven by Playwright) against the
-real server (uvicorn on a free port, in a thread): it loads, generates (chips appear, equal to
-`generate` for the seed), the sliders re-filter the bars exactly as generation/sampling.py does, a
-click shows the attention, the translation tab translates and shows the cross-attention, token text
-stays text, the console stays clean and nothing but the server is asked for anything.
+real server (uvicorn in a thread, on a socket bound to port 0 and handed to it): it loads, generates
+(chips appear, equal to `generate` for the seed), the sliders re-filter the bars exactly as
+generation/sampling.py does, a click shows the attention, the translation tab translates and shows
+the cross-attention, token text stays text, the console stays clean and nothing but the server is
+asked for anything.
 
 Skipped when Playwright or chromium is missing, a failure in CI (HANDFORMER_REQUIRE_REFERENCES=1)."""
 
 import shutil
-import socket
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from helpers import missing, require_module
+from serve_helpers import Server
 from test_playground import make_lm_run, make_translation_run
 
 from handformer.generation.generate import generate
@@ -40,21 +39,6 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def start(app) -> tuple[str, object, threading.Thread]:
-    """uvicorn serving `app` on a free port, in a thread: (base url, server, thread)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    return f"http://127.0.0.1:{port}", server, thread
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The app on a free port, and the playground alone behind an API key on another:
@@ -65,11 +49,10 @@ def server(tmp_path_factory):
     models = load_served_models([f"story={root / 'tiny'}", str(root / "dates")])
     keyed = FastAPI()
     keyed.include_router(playground_router(models, api_key=KEY))
-    running = [start(create_app(models)), start(keyed)]
-    yield running[0][0], models, running[1][0]
-    for _, server, thread in running:
-        server.should_exit = True
-        thread.join(10)
+    running = [Server(create_app(models)), Server(keyed)]  # each on a socket bound to port 0, handed over
+    yield running[0].url, models, running[1].url
+    for s in running:
+        s.stop()
 
 
 @pytest.fixture(scope="module")

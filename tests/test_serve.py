@@ -20,7 +20,7 @@ from helpers import require_module
 from serve_helpers import Server, make_lm_run, make_translation_run
 
 from handformer import cli
-from handformer.generation.generate import generate
+from handformer.generation.generate import generate, max_new_tokens_for
 from handformer.serve.app import create_app
 from handformer.serve.registry import load_served_models
 from handformer.tasks.lm.chat import chat
@@ -110,14 +110,29 @@ def test_chat_equals_handformer_chat_for_the_same_seed(client, models, runs):
     assert chunks[-1].choices[0].finish_reason == reply.choices[0].finish_reason
 
 
-def test_chat_max_tokens_defaults_to_the_end_token_or_the_context(client, models):
-    messages = [{"role": "user", "content": "hi"}]
-    reply = client.chat.completions.create(model="story", messages=messages, temperature=2.0, seed=0)
+def test_chat_max_tokens_defaults_to_the_end_token_or_the_context(client, models, runs):
+    """Without max_tokens a reply runs until an end token or the end of the context: one seed of
+    each kind (found with generate, which the server must equal), each reply's text, finish_reason
+    and usage exact."""
     run = models["story"].lm
-    if reply.choices[0].finish_reason == "length":  # ran to the end of the context
-        assert reply.usage.total_tokens == run.model.cfg.max_positions + 1
-    else:
-        assert reply.choices[0].finish_reason == "stop"
+    messages = [{"role": "user", "content": "hi"}]
+    session = chat(run, run_dir=runs["story"], temperature=2.0)  # its template and end tokens
+    ids = session.encode(messages)
+    room = max_new_tokens_for(len(ids), run.model.cfg.max_positions)
+    found: dict[str, tuple[int, list[int]]] = {}
+    for seed in range(200):
+        new = generate(run.model, [ids], room, temperature=2.0, seed=seed, stop_tokens=session.stop_ids)[0]
+        found.setdefault("stop" if new[-1] in session.stop_ids else "length", (seed, new))
+        if len(found) == 2:
+            break
+    assert set(found) == {"stop", "length"}, found.keys()
+    for reason, (seed, new) in found.items():
+        reply = client.chat.completions.create(model="story", messages=messages, temperature=2.0, seed=seed)
+        text = session.decode(new[:-1] if reason == "stop" else new)
+        assert (reply.choices[0].finish_reason, reply.choices[0].message.content) == (reason, text)
+        assert reply.usage.completion_tokens == len(new) and reply.usage.prompt_tokens == len(ids)
+        if reason == "length":  # ran to the end of the context: the last token is never fed back
+            assert len(ids) + len(new) == run.model.cfg.max_positions + 1
 
 
 def test_completion_max_tokens_defaults_to_16_and_usage_counts_tokens(client, models):
@@ -193,32 +208,41 @@ def test_logprobs_come_from_the_sampled_distribution(client, models):
 # --- load: 16 concurrent clients, disconnects, a free event loop ---------------------------------
 
 
-def test_16_concurrent_streaming_clients_get_what_each_gets_alone(client, server, models):
+def test_16_concurrent_streaming_clients_get_what_each_gets_alone(client, server, models, monkeypatch):
     run = models["story"].lm
     prompts = [("the quick brown fox", "Hello", "I am", "who are you")[i % 4] + str(i) for i in range(16)]
     settings = [dict(temperature=(0.0, 0.8, 1.2, 1.0)[i % 4], seed=100 + i, max_tokens=20 + i) for i in range(16)]
-    expected = [run.tokenizer.decode(
-        [t for t in generate(run.model, [[run.tokens.bos_id] + run.tokenizer.encode(p)], s["max_tokens"],
-                             temperature=s["temperature"], seed=s["seed"], stop_tokens=run.tokens.eos_ids)[0]])
-        for p, s in zip(prompts, settings)]
+    alone = [generate(run.model, [[run.tokens.bos_id] + run.tokenizer.encode(p)], s["max_tokens"],
+                      temperature=s["temperature"], seed=s["seed"], stop_tokens=run.tokens.eos_ids)[0]
+             for p, s in zip(prompts, settings)]
+    expected = [run.tokenizer.decode(new) for new in alone]
+    # Every request runs 3 tokens or more, so none has ended before the last ones join the batch
+    # (the first admitted get their first token and one step before the others are prefilled).
+    assert min(map(len, alone)) >= 3
     engine = server.app.state.engines["story"]
     largest = engine.largest_batch
     engine.engine.largest_batch = 0  # counted by the decoding engine it drives
     results: list[str | None] = [None] * 16
-    start = threading.Barrier(16)
+    # The engine's forward passes wait until all 16 requests are in, so they are batched
+    # together however the 16 threads happen to be scheduled.
+    gate, submitted = threading.Lock(), []
+    submit = engine.submit
+    monkeypatch.setattr(engine, "submit", lambda seq: (submit(seq), submitted.append(seq)))  # once queued
+    monkeypatch.setattr(engine, "lock", gate)
 
     def one(i: int) -> None:
-        start.wait()
         stream = client.completions.create(model="story", prompt=prompts[i], stream=True, **settings[i])
         results[i] = "".join(c.choices[0].text for c in stream)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
-    for t in threads:
-        t.start()
+    with gate:
+        for t in threads:
+            t.start()
+        _wait(lambda: len(submitted) == 16)
     for t in threads:
         t.join(60)
     assert results == expected
-    assert engine.largest_batch >= 4  # they were decoded together, not one after another
+    assert engine.largest_batch == 16  # decoded together, not one after another
     engine.engine.largest_batch = max(largest, engine.largest_batch)
 
 
@@ -287,11 +311,16 @@ def test_a_client_that_disconnects_mid_stream_leaves_the_batch(server, long_seed
 
 
 def test_an_abandoned_non_streaming_request_leaves_the_batch(server, paced):
+    import socket
+
     engine, lock, submitted = paced
-    body = {"model": "story", "prompt": "the", "max_tokens": 80, "seed": 0}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json=body, timeout=0.5)
-    _wait(lambda: submitted and submitted[0].cancelled)  # the server noticed that the client left
+    body = json.dumps({"model": "story", "prompt": "the", "max_tokens": 80, "seed": 0}).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as raw:
+        raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        _wait(lambda: submitted)  # the request is in the engine, waiting for its forward pass
+    # the client has gone away without an answer
+    _wait(lambda: submitted[0].cancelled)  # the server noticed that the client left
     lock.permits.release(1)
     _wait(lambda: not engine.rows and not engine.waiting)
     assert submitted[0].generated <= 1
@@ -366,12 +395,16 @@ def test_a_body_over_the_limit_without_a_length_header_is_cut_off(server):
     assert response.status_code == 413
 
 
-def test_the_openai_client_raises_its_own_errors(client):
+def test_the_openai_client_raises_its_own_errors(client, models):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="missing", prompt="x")
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.chat.completions.create(model="story", messages=[{"role": "user", "content": "x"}], temperature=-1)
-    assert client.completions.create(model="story", prompt="x", max_tokens=1).choices[0].finish_reason
+    run = models["story"].lm  # and the same client is answered normally after its errors
+    (token,) = generate(run.model, [[run.tokens.bos_id] + run.tokenizer.encode("x")], 1, temperature=0)[0]
+    out = client.completions.create(model="story", prompt="x", max_tokens=1, temperature=0).choices[0]
+    stopped = token in run.tokens.eos_ids
+    assert (out.finish_reason, out.text) == (("stop", "") if stopped else ("length", run.tokenizer.decode([token])))
 
 
 # --- security -----------------------------------------------------------------------------------
@@ -466,13 +499,17 @@ def test_the_serve_command_runs_a_real_server_and_stops_cleanly(runs):
 
     from serve_helpers import free_port
 
-    port = free_port()
     env = {**os.environ, "HANDFORMER_API_KEY": "k3y", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "handformer", "serve", f"tiny={runs['story']}", "--port",
-                             str(port), "--log-level", "warning"], env=env, stderr=subprocess.PIPE, text=True)
-    try:
+    for _ in range(5):  # a free port can be taken by another program before the server binds it: retry
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "handformer", "serve", f"tiny={runs['story']}", "--port",
+                                 str(port), "--log-level", "warning"], env=env, stderr=subprocess.PIPE, text=True)
         url = f"http://127.0.0.1:{port}"
-        _wait(lambda: proc.poll() is not None or _answers(url), timeout=60)
+        _wait(lambda proc=proc, url=url: proc.poll() is not None or _answers(url), timeout=60)
+        if proc.poll() is None:
+            break
+        assert "address already in use" in proc.stderr.read().lower()
+    try:
         assert httpx.get(url + "/v1/models").status_code == 401
         api = openai.OpenAI(base_url=url + "/v1", api_key="k3y", max_retries=0)
         assert [m.id for m in api.models.list()] == ["tiny"]

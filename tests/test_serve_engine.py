@@ -7,6 +7,7 @@ And the incremental text: stop strings held back and cut, partial UTF-8 held bac
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -37,6 +38,30 @@ def tiny_model(preset: str) -> CausalLM:
     return model
 
 
+def wait_until(condition, timeout: float = 10.0) -> None:
+    """Wait for another thread to make `condition()` true; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+class Gate:
+    """Stands in for the model's lock: each forward pass of the engine (a prefill or a step)
+    waits for a permit from the test, so the test knows where the engine is."""
+
+    def __init__(self) -> None:
+        self.permits = threading.Semaphore(0)
+        self.entered = 0  # forward passes begun, the one waiting for its permit included
+
+    def __enter__(self) -> None:
+        self.entered += 1
+        assert self.permits.acquire(timeout=30)
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
 class Collect:
     def __init__(self) -> None:
         self.tokens, self.reason, self.ended = [], None, threading.Event()
@@ -65,16 +90,20 @@ def test_batched_tokens_equal_each_sequence_alone(preset):
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, VOCAB, (int(torch.randint(1, 15, (1,), generator=g)),), generator=g).tolist()
                for _ in range(12)]
-    engine = BatchEngine(model, threading.Lock(), max_batch=8)
+    gate = Gate()
+    engine = BatchEngine(model, gate, max_batch=8)
     seqs = [Sequence(p, 8 + 2 * i, _options(i), frozenset({3}), Collect()) for i, p in enumerate(prompts)]
-    # half before the engine starts, the rest while it runs: they join at different steps, and
-    # four wait for room (max_batch 8)
+    # half before the engine starts (prefilled together), the rest after its first step: two join
+    # at the second step, and four wait for room (max_batch 8) and join as rows end
     for seq in seqs[:6]:
         engine.submit(seq)
     engine.start()
-    assert seqs[0].sink.ended.wait(10)
+    wait_until(lambda: gate.entered == 1)  # at the first six's prefill
+    gate.permits.release(1)
+    wait_until(lambda: gate.entered == 2)  # at the first step
     for seq in seqs[6:]:
         engine.submit(seq)
+    gate.permits.release(10_000)
     for seq in seqs:
         assert seq.sink.ended.wait(20)
     engine.stop()
@@ -84,7 +113,28 @@ def test_batched_tokens_equal_each_sequence_alone(preset):
                          top_p=o.top_p, seed=o.seed, stop_tokens=[3])[0]
         assert seq.sink.tokens == alone, i
         assert seq.sink.reason == ("stop" if alone[-1] == 3 else "length")
-    assert 1 < engine.largest_batch <= 8
+    lengths = [len(seq.sink.tokens) for seq in seqs]
+    assert engine.largest_batch == largest_batch(lengths, first=6, max_batch=8)
+
+
+def largest_batch(lengths: list[int], first: int, max_batch: int) -> int:
+    """The most rows one step decodes when sequences that get `lengths` tokens (an end token
+    included) join as in the test above: the first `first` prefilled together, one step, then the
+    rest admitted oldest first before each later step, as many as the batch has room for."""
+    made = dict.fromkeys(range(first), 1)  # tokens each admitted sequence has; a prefill gives one
+    waiting, largest, step = list(range(first, len(lengths))), 0, 0
+    while True:
+        if step > 0:
+            room = max_batch - sum(made[i] < lengths[i] for i in made)
+            made.update(dict.fromkeys(waiting[:max(room, 0)], 1))
+            waiting = waiting[max(room, 0):]
+        live = [i for i in made if made[i] < lengths[i]]
+        if not live and not waiting:
+            return largest
+        largest = max(largest, len(live))
+        for i in live:
+            made[i] += 1
+        step += 1
 
 
 def test_cancelled_rows_leave_and_a_failing_step_fails_only_its_sequences():
@@ -105,18 +155,21 @@ def test_cancelled_rows_leave_and_a_failing_step_fails_only_its_sequences():
 
 
 def test_stopping_the_engine_fails_what_is_left():
-    lock = threading.Lock()
-    engine = BatchEngine(tiny_model("gpt2"), lock)
+    gate = Gate()
+    engine = BatchEngine(tiny_model("gpt2"), gate)
     engine.start()
     running = Sequence([1], 50, SamplingOptions(), frozenset(), Collect())
-    with lock:  # the engine waits at the prompt's forward pass while it is asked to stop
-        engine.submit(running)
-        stopper = threading.Thread(target=engine.stop)
-        stopper.start()
-        while not engine._closing:
-            pass
+    engine.submit(running)
+    wait_until(lambda: gate.entered == 1)  # the engine waits at the prompt's forward pass
+    stopper = threading.Thread(target=engine.stop)
+    stopper.start()
+    wait_until(lambda: engine._closing)  # asked to stop while it waits
+    gate.permits.release(10_000)
     stopper.join(10)
-    assert running.sink.reason == "failed: the server is shutting down" and running.generated <= 2
+    assert not stopper.is_alive()
+    # the prefill and the step after it finish (two tokens); no further step begins
+    assert running.sink.reason == "failed: the server is shutting down"
+    assert running.generated == 2 and gate.entered == 2
     late = Sequence([1], 5, SamplingOptions(), frozenset(), Collect())
     engine.submit(late)
     assert late.sink.reason == "failed: the server is shutting down"

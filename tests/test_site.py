@@ -9,7 +9,6 @@ import functools
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -80,11 +79,9 @@ def browser_page(site, tmp_path_factory):
     sync_api = require_module("playwright.sync_api", "pip install -e '.[dev]'")
     if CHROMIUM is None:
         missing("no chromium browser installed (Debian: apt-get install chromium; scripts/install.sh does it)")
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    httpd = ThreadingHTTPServer(("127.0.0.1", port), functools.partial(Quiet, directory=str(site)))
+    # bound to port 0 by the server itself: the system's free port, with no moment for another to take it
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    port = httpd.server_address[1]
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     base = f"http://127.0.0.1:{port}"

@@ -20,6 +20,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be from 0 to 65535, got {args.port}")
+    if args.prefix_cache_mb is not None and not args.prefix_cache_mb >= 0:
+        raise ValueError(f"--prefix-cache-mb must be >= 0 (0 turns the prefix cache off), "
+                         f"got {args.prefix_cache_mb}")
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     if api_key is not None and not api_key.strip():
         raise ValueError("--api-key is empty; give a key, or leave the option out")
@@ -29,7 +32,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
               f"{'' if api_key else ' by anyone: set --api-key (or ' + API_KEY_ENV + ')'}; "
               "the default 127.0.0.1 is reachable from this machine only", file=sys.stderr)
     app = create_app(models, api_key=api_key, cors_origins=args.cors_origin or None,
-                     max_batch=args.max_batch)
+                     max_batch=args.max_batch, prefix_cache_mb=args.prefix_cache_mb)
     ids = ", ".join(f"{m.id} ({m.task})" for m in models.values())
     print(f"serving {ids} on http://{args.host}:{args.port}/v1"
           f"{' (API key required)' if api_key else ''}", file=sys.stderr, flush=True)
@@ -53,6 +56,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="let web pages from ORIGIN call the API (repeatable; default: none)")
     p.add_argument("--max-batch", type=positive_int, default=32,
                    help="most sequences a model decodes together (default 32; more wait their turn)")
+    p.add_argument("--prefix-cache-mb", type=float, default=None, metavar="MB",
+                   help="keys and values of prompt prefixes kept for reuse, per model (default: 256 or 10%% "
+                   "of RAM, whichever is smaller; 0 turns it off)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=cmd_serve)

@@ -79,6 +79,23 @@ class DecodingCache(KVCache):
         out.length = width
         return out
 
+    @classmethod
+    def from_columns(cls, keys: Sequence[Tensor], values: Sequence[Tensor], capacity: int,
+                     window: int | None = None) -> DecodingCache:
+        """A one-row cache of `capacity` positions holding columns 0..n-1: per layer (Hkv, n, Dh)
+        keys and values (n at most the window, so column c sits in slot c)."""
+        out = cls(len(keys), capacity, window)
+        n = keys[0].size(1)
+        if n > out.slots:
+            raise ValueError(f"{n} columns do not fit in a cache of {out.slots} slots")
+        for layer, (k, v) in enumerate(zip(keys, values)):
+            out.keys[layer] = k.new_zeros(1, k.size(0), out.slots, k.size(2))  # (1, Hkv, slots, Dh)
+            out.values[layer] = out.keys[layer].clone()
+            out.keys[layer][0, :, :n] = k
+            out.values[layer][0, :, :n] = v
+        out.length = n
+        return out
+
     def reorder(self, index: Tensor, cross: bool | Tensor = True, capacity: int | None = None) -> None:
         """Select batch rows (beam search keeps the surviving hypotheses): row r becomes row
         index[r]. cross=False leaves the cross-attention keys/values alone, for a caller whose

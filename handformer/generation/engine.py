@@ -22,6 +22,10 @@ from the mask, so a padded row sees the positions it would see alone. Joining ro
 together, then regrouped with the rows that stay. `compact=True` (serve) drops finished rows at
 the next step; otherwise they stay, fed padding that the mask hides, until every row is done.
 
+With a `prefix_cache` (generation/prefix_cache.py), a prompt whose beginning an earlier prefill
+stored is prefilled on its own: a copy of the cached positions, then a forward over the rest;
+the other prompts are prefilled together as above, and every prompt's positions are stored.
+
 Shape legend: B rows, S columns (the longest row so far), C capacity, V vocabulary.
 """
 
@@ -34,6 +38,7 @@ import torch
 from torch import Tensor
 
 from handformer.generation.cache import DecodingCache
+from handformer.generation.prefix_cache import Hit, PrefixCache
 from handformer.generation.sampling import check_sampling_options, filter_logits, next_tokens
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.kv_cache import KVCache
@@ -111,11 +116,17 @@ class Engine:
     (serve's engine thread, under the model's lock)."""
 
     def __init__(self, model: CausalLM, *, pad_id: int = 0, compact: bool = False,
-                 use_cache: bool = True, step_model: Callable[..., object] | None = None) -> None:
+                 use_cache: bool = True, step_model: Callable[..., object] | None = None,
+                 prefix_cache: PrefixCache | None = None) -> None:
         """pad_id: fed to finished rows that stay in the batch. use_cache=False recomputes every
         position at each step (slow; for testing the cache). step_model: what runs the one-token
-        steps (the model itself, or its torch.compile'd version)."""
+        steps (the model itself, or its torch.compile'd version). prefix_cache: kept across
+        batches (serve's), whose prefixes prefills reuse."""
         self.model, self.pad_id, self.compact, self.use_cache = model, pad_id, compact, use_cache
+        self.prefix_cache = prefix_cache if use_cache else None
+        if prefix_cache is not None and prefix_cache.sliding_window != model.cfg.sliding_window:
+            raise ValueError("the prefix cache was made for another sliding window than the model's; "
+                             "make it with PrefixCache(..., sliding_window=model.cfg.sliding_window)")
         self.step_model = step_model if step_model is not None else model
         self.device = next(model.parameters()).device
         self.rows: list[Row] = []
@@ -148,14 +159,44 @@ class Engine:
             row.generator = row.generator or row.options.generator(self.device, row.choice)
         prompts = list(dict.fromkeys(tuple(row.prompt) for row in rows))
         if cache is not None:
-            logits, prefill = self._resume(rows, cache)
+            logits, sources = self._resume(rows, cache)
         else:
-            logits, prefill = self._prefill(prompts, rows)
+            logits, sources = self._prefill_all(prompts, rows)
         by_prompt = {p: i for i, p in enumerate(prompts)}
         which = [by_prompt[tuple(row.prompt)] for row in rows]
         choices = self._choose(rows, logits[which])
-        self._join(rows, which, prefill, [len(p) for p in prompts])
+        self._join(rows, which, sources, [len(p) for p in prompts])
         return choices
+
+    def _prefill_all(self, prompts: list[tuple[int, ...]], rows: list[Row]) -> tuple[Tensor, list]:
+        """The prompts' last logits (P, V) and where each prompt's keys and values are: (cache,
+        row) pairs. Prompts with a cached prefix are run one by one on a copy of it; the others
+        together."""
+        hits = {} if self.prefix_cache is None else {
+            i: hit for i, p in enumerate(prompts) if (hit := self.prefix_cache.lookup(p)) is not None}
+        rest = [i for i in range(len(prompts)) if i not in hits]
+        logits: list[Tensor | None] = [None] * len(prompts)
+        sources: list[tuple[KVCache | None, int]] = [(None, 0)] * len(prompts)
+        if rest:
+            out, prefill = self._prefill([prompts[i] for i in rest], rows)
+            for r, i in enumerate(rest):
+                logits[i], sources[i] = out[r], (prefill, r)
+        for i, hit in hits.items():
+            logits[i], cache = self._continue(prompts[i], hit, rows)
+            sources[i] = (cache, 0)
+        if self.prefix_cache is not None:
+            for p, (cache, r) in zip(prompts, sources):
+                self.prefix_cache.insert(p, cache, r)
+        return torch.stack(logits), sources
+
+    def _continue(self, prompt: tuple[int, ...], hit: Hit, rows: list[Row]) -> tuple[Tensor, KVCache]:
+        """One prompt whose first hit.length positions the prefix cache holds: ((V,) logits, its
+        one-row cache)."""
+        longest = max(row.max_new_tokens for row in rows if tuple(row.prompt) == prompt)
+        room = len(prompt) + longest - 1 if not self.rows else len(prompt)
+        cache = self.prefix_cache.materialize(hit, max(room, len(prompt)))
+        ids = torch.tensor([prompt[hit.length:]], device=self.device)  # (1, T): the rest
+        return self.model(ids, cache=cache, logits_to_keep=1).logits[0, -1], cache  # (V,)
 
     def _prefill(self, prompts: list[tuple[int, ...]], rows: list[Row]) -> tuple[Tensor, KVCache | None]:
         """One forward over the distinct prompts, left-padded: ((P, V) last logits, their cache)."""
@@ -175,7 +216,7 @@ class Engine:
         out = self.model(ids, mask if padded else None, cache=cache, logits_to_keep=1)
         return out.logits[:, -1], cache  # (P, V)
 
-    def _resume(self, rows: list[Row], cache: KVCache) -> tuple[Tensor, KVCache]:
+    def _resume(self, rows: list[Row], cache: KVCache) -> tuple[Tensor, list]:
         """A single row continuing `cache` (which holds its prompt's first cache.length tokens)."""
         if len(rows) != 1 or self.rows or not self.use_cache:
             raise ValueError("a cache to continue is for one row alone, in an empty engine, with a cache")
@@ -183,11 +224,11 @@ class Engine:
         if not new:
             raise ValueError("the cache holds the whole prompt; leave at least one token to run")
         ids = torch.tensor([new], device=self.device)  # (1, T)
-        return self.model(ids, cache=cache, logits_to_keep=1).logits[:, -1], cache  # (1, V)
+        return self.model(ids, cache=cache, logits_to_keep=1).logits[:, -1], [(cache, 0)]  # (1, V)
 
-    def _join(self, rows: list[Row], which: list[int], prefill: KVCache | None, lengths: list[int]) -> None:
+    def _join(self, rows: list[Row], which: list[int], sources: list, lengths: list[int]) -> None:
         """The next batch: the rows that stay (all but the finished ones, in a compact engine) and
-        the new rows that are not done, each with its prefill's cache row."""
+        the new rows that are not done, each with its prompt's cache row (`sources[prompt]`)."""
         stay = [i for i, row in enumerate(self.rows) if not (self.compact and (row.done or row.cancelled))]
         joining = [(row, w) for row, w in zip(rows, which) if not row.done]
         if not joining and len(stay) == len(self.rows):
@@ -200,18 +241,23 @@ class Engine:
         width = max(lengths)
         capacity = width + max(1, max(row.max_new_tokens - len(row.tokens) for row in rows_after))
         if self.use_cache:
-            self.cache = self._cache_for(stay, [w for _, w in joining], prefill, width, capacity)
+            self.cache = self._cache_for(stay, [sources[w] for _, w in joining], width, capacity)
         self._layout(rows_after, lengths, width, capacity)
 
-    def _cache_for(self, stay: list[int], joining: list[int], prefill: KVCache | None, width: int,
+    def _cache_for(self, stay: list[int], joining: list[tuple[KVCache, int]], width: int,
                    capacity: int) -> KVCache:
-        """The batch's cache: the prefill's own when its rows are the whole batch and it has room,
-        else the rows that stay and the joining ones regrouped into a new one."""
-        prefill_rows = 0 if prefill is None or prefill.keys[0] is None else prefill.keys[0].size(0)
-        if not stay and joining == list(range(prefill_rows)) and prefill.max_length >= capacity:
-            return prefill  # nothing to copy
+        """The batch's cache: a prefill's own when its rows, in order, are the whole batch and it
+        has room; else the rows that stay and the joining ones regrouped into a new one."""
+        first = joining[0][0] if joining else None
+        if (not stay and first is not None and all(c is first for c, _ in joining)
+                and [r for _, r in joining] == list(range(rows_of(first))) and first.max_length >= capacity):
+            return first  # nothing to copy
         blocks = [(self.cache, torch.tensor(stay))] if stay else []
-        blocks += [(prefill, torch.tensor(joining))] if joining else []
+        for cache, r in joining:  # consecutive rows of one cache make one block
+            if blocks and blocks[-1][0] is cache and len(blocks) > bool(stay):
+                blocks[-1] = (cache, torch.cat([blocks[-1][1], torch.tensor([r])]))
+            else:
+                blocks.append((cache, torch.tensor([r])))
         return DecodingCache.regroup(blocks, width, capacity, self.model.cfg.sliding_window)
 
     def _layout(self, rows: list[Row], lengths: list[int], width: int, capacity: int) -> None:
@@ -242,7 +288,7 @@ class Engine:
             if row.cancelled and not row.done:
                 row.finish("cancelled")
         if self.compact and any(row.done for row in self.rows):
-            self._join([], [], None, [])
+            self._join([], [], [], [])
         live = [not row.done for row in self.rows]
         rows = [row for row, alive in zip(self.rows, live) if alive]
         if not rows:
@@ -310,6 +356,10 @@ class Engine:
             if on_choice is not None:
                 for choice in choices:
                     on_choice(choice)
+
+
+def rows_of(cache: KVCache) -> int:
+    return 0 if cache.keys[0] is None else cache.keys[0].size(0)
 
 
 def check_row(row: Row, max_positions: int) -> None:

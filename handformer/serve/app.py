@@ -2,16 +2,19 @@
 
     GET  /v1/models                the served model ids
     POST /v1/completions           continue a prompt (language-model runs)
-    POST /v1/chat/completions      reply to messages with the run's chat template
+    POST /v1/chat/completions      reply to messages with the run's chat template (tools too)
+    POST /v1/embeddings            pooled last hidden states of texts (language-model runs)
     POST /v1/translations          translate texts with beam search (translation runs; not OpenAI's)
 
-Language models decode in their `BatchEngine` thread (continuous batching); translations run in a
-worker thread under the model's lock. The event loop only parses, checks and forwards.
+Language models decode in their `BatchEngine` thread (continuous batching); embeddings and
+translations run in a worker thread under the model's lock. The event loop only parses, checks
+and forwards; compiling a grammar (structured output, forced tool calls) runs in a worker thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
 import json
 import time
@@ -30,18 +33,24 @@ from handformer.generation.chat import stop_ids_for
 from handformer.generation.chat_template import ChatTemplate, load_chat_template
 from handformer.generation.engine import SamplingOptions
 from handformer.generation.generate import max_new_tokens_for, positions_needed
+from handformer.generation.grammar import OVER_LIMITS
+from handformer.generation.prefix_cache import default_prefix_cache_mb
+from handformer.generation.tool_calls import ToolFormat, tool_template
 from handformer.serve.choices import Choices, ChoiceSink, Event
 from handformer.serve.engine import BatchEngine, Sequence
 from handformer.serve.errors import APIError, add_error_handlers, error_body, read_capped
 from handformer.serve.openai_schema import (
+    ChatRequest,
     GenerationRequest,
     parse_chat,
     parse_completion,
+    parse_embeddings,
     parse_json,
     parse_translation,
 )
 from handformer.serve.playground import playground_router
 from handformer.serve.registry import ServedModel
+from handformer.serve.structured import Structured
 from handformer.serve.text import IncrementalText, chat_decoder, completion_decoder
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any prompt a served context can hold
@@ -50,10 +59,14 @@ DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its cl
 
 def create_app(models: Mapping[str, ServedModel], *, api_key: str | None = None,
                cors_origins: list[str] | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-               max_batch: int = 32) -> FastAPI:
+               max_batch: int = 32, prefix_cache_mb: float | None = None) -> FastAPI:
     """The server's application. `api_key`: every /v1 route needs `Authorization: Bearer KEY`.
-    `cors_origins`: origins allowed to call the API from a browser (none by default)."""
-    engines = {name: BatchEngine(m.lm.model, m.lock, max_batch)
+    `cors_origins`: origins allowed to call the API from a browser (none by default).
+    `prefix_cache_mb`: each model's prefix cache (None: 256 MiB or 10 % of RAM, the smaller; 0: off)."""
+    mb = default_prefix_cache_mb() if prefix_cache_mb is None else prefix_cache_mb
+    if mb < 0:
+        raise ValueError(f"prefix_cache_mb must be >= 0 (0 turns the prefix cache off), got {mb}")
+    engines = {name: BatchEngine(m.lm.model, m.lock, max_batch, mb)
                for name, m in models.items() if m.task == "lm"}
     templates = {name: load_chat_template(m.run_dir) for name, m in models.items() if m.task == "lm"}
 
@@ -75,10 +88,12 @@ def create_app(models: Mapping[str, ServedModel], *, api_key: str | None = None,
                            allow_headers=["Authorization", "Content-Type"])
     api = APIRouter(prefix="/v1", dependencies=[Depends(key_checker(api_key))])
     routes = Routes(dict(models), engines, templates, max_body_bytes)
+    app.state.structured = routes.structured  # each model's grammars (tests read them)
     api.add_api_route("/models", routes.list_models, methods=["GET"])
     api.add_api_route("/models/{model_id}", routes.get_model, methods=["GET"])
     api.add_api_route("/completions", routes.completions, methods=["POST"])
     api.add_api_route("/chat/completions", routes.chat_completions, methods=["POST"])
+    api.add_api_route("/embeddings", routes.embeddings, methods=["POST"])
     api.add_api_route("/translations", routes.translations, methods=["POST"])
     app.include_router(api)
     app.include_router(playground_router(models, api_key=api_key))
@@ -123,6 +138,8 @@ class Routes:
         # thread's decoding (the Rust object refuses a change while it is borrowed).
         self.encoders = {name: Tokenizer(HFTokenizer.from_str(m.lm.tokenizer.hf.to_str()))
                          for name, m in models.items() if m.task == "lm"}
+        self.structured = {name: Structured(m.lm, templates[name])
+                           for name, m in models.items() if m.task == "lm"}
 
     # --- models ---------------------------------------------------------------------------
     def _model_card(self, m: ServedModel) -> dict[str, Any]:
@@ -169,8 +186,9 @@ class Routes:
             self._check_length(served, len(ids), req.max_tokens, "prompt")
             prompts.append(ids)
         stop_ids = frozenset(run.tokens.eos_ids)
+        grammar = await self.structured[served.id].response_grammar(req.response_format)
         plans = [(ids, req.max_tokens, completion_decoder(run.tokenizer, ids)) for ids in prompts]
-        return await self._generate(request, served, req, plans, stop_ids, "text")
+        return await self._generate(request, served, req, plans, stop_ids, "text", grammar)
 
     async def chat_completions(self, request: Request) -> Any:
         req = parse_chat(await read_body(request, self.max_body_bytes))
@@ -181,8 +199,11 @@ class Routes:
                            "in tokenizer_config.json), so it cannot chat; use /v1/completions", "model",
                            "no_chat_template")
         run = served.lm
+        fmt, template = self._tool_template(served, req, template)
+        tools = [t.as_template_data() for t in req.tools] if fmt is not None else None
         try:
-            ids = self.encoders[served.id].encode_with_special_tokens(template.render(req.messages, True))
+            text = template.render(req.messages, True, tools)
+            ids = self.encoders[served.id].encode_with_special_tokens(text)
         except ValueError as err:
             raise APIError(400, str(err), "messages") from None
         stop_ids = frozenset(stop_ids_for(run.tokenizer, run.tokens.eos_ids, template))
@@ -192,8 +213,60 @@ class Routes:
         if max_tokens is None:  # until an end token or the end of the context
             max_tokens = max_new_tokens_for(len(ids), run.model.cfg.max_positions)
         self._check_length(served, len(ids), max(max_tokens, 1), "messages")
+        grammar = await self.structured[served.id].chat_grammar(req, fmt)
+        parser = None if fmt is None else (lambda: fmt.parser(req.tools, req.parallel_tool_calls))
         plans = [(ids, max_tokens, chat_decoder(run.tokenizer))]
-        return await self._generate(request, served, req, plans, stop_ids, "chat")
+        return await self._generate(request, served, req, plans, stop_ids, "chat", grammar, parser)
+
+    def _tool_template(self, served: ServedModel, req: ChatRequest,
+                       own: ChatTemplate) -> tuple[ToolFormat | None, ChatTemplate]:
+        """The tool format and the template that renders the tools, when the request has tools
+        (and tool_choice is not "none"); else no format and the run's own template."""
+        if not req.tools or req.tool_choice == "none":
+            return None, own
+        try:
+            return tool_template(own, served.lm.tokenizer)
+        except ValueError as err:
+            raise APIError(400, f"{served.id!r} cannot take tools: {err}", "tools") from None
+
+    # --- embeddings -----------------------------------------------------------------------
+    async def embeddings(self, request: Request) -> dict[str, Any]:
+        req = parse_embeddings(await read_body(request, self.max_body_bytes))
+        served = self._model(req.model, "lm")
+        run = served.lm
+        cfg = run.model.cfg
+        if req.dimensions is not None and req.dimensions > cfg.d_model:
+            raise APIError(400, f"dimensions={req.dimensions} is over the model's width of {cfg.d_model}; "
+                           f"ask for at most {cfg.d_model}", "dimensions")
+        texts = []
+        for i, item in enumerate(req.inputs):
+            where = "input" if len(req.inputs) == 1 else f"input[{i}]"
+            if isinstance(item, str):
+                bos = [run.tokens.bos_id] if run.tokens.bos_id is not None else []
+                ids = bos + self.encoders[served.id].encode(item)
+            else:
+                ids = list(item)
+                if any(not 0 <= t < cfg.vocab_size for t in ids):
+                    raise APIError(400, f"{where} holds a token id outside the vocabulary "
+                                   f"[0, {cfg.vocab_size})", "input")
+            if len(ids) > cfg.max_positions:
+                raise APIError(400, f"{where} is {len(ids)} tokens, longer than the model's context of "
+                               f"{cfg.max_positions} tokens; shorten it", "input", "context_length_exceeded")
+            texts.append(ids)
+
+        def run_model() -> Any:
+            from handformer.tasks.lm.embeddings import embed
+
+            with served.lock:
+                return embed(run.model, texts, req.pooling, dimensions=req.dimensions)
+
+        vectors = (await asyncio.to_thread(run_model)).cpu()
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.numpy().astype("<f4").tobytes()).decode("ascii")
+                 if req.encoding_format == "base64" else v.tolist()} for i, v in enumerate(vectors)]
+        tokens = sum(len(t) for t in texts)
+        return {"object": "list", "data": data, "model": served.id,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
 
     def _check_length(self, served: ServedModel, prompt_length: int, max_tokens: int, param: str) -> None:
         context = served.lm.model.cfg.max_positions
@@ -207,9 +280,11 @@ class Routes:
                            "context_length_exceeded")
 
     async def _generate(self, request: Request, served: ServedModel, req: GenerationRequest,
-                        plans: list, stop_ids: frozenset[int], schema: str) -> Any:
+                        plans: list, stop_ids: frozenset[int], schema: str, grammar: Any = None,
+                        parser: Any = None) -> Any:
         """Submit n sequences per prompt to the model's engine; answer whole or as a stream.
-        Choice i of a prompt is seeded with seed + i, so each prompt gets what it would alone."""
+        Choice i of a prompt is seeded with seed + i, so each prompt gets what it would alone.
+        `grammar`: each choice's text follows it; `parser()`: a tool-call parser per choice."""
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         tokenizer = served.lm.tokenizer
 
@@ -221,8 +296,10 @@ class Routes:
             for i in range(req.n):
                 options = SamplingOptions(req.temperature, req.top_k, req.top_p,
                                           None if req.seed is None else req.seed + i, req.top_logprobs)
-                sink = ChoiceSink(loop, queue, len(seqs), IncrementalText(decode, req.stop), token_text)
-                seqs.append(Sequence(ids, max_tokens, options, stop_ids, sink))
+                sink = ChoiceSink(loop, queue, len(seqs), IncrementalText(decode, req.stop), token_text,
+                                  parser() if parser is not None else None)
+                constraint = grammar.constraint(stop_ids) if grammar is not None else None
+                seqs.append(Sequence(ids, max_tokens, options, stop_ids, sink, constraint))
         for seq in seqs:
             self.engines[served.id].submit(seq)
         choices = Choices(schema, len(seqs), req.top_logprobs is not None)
@@ -250,7 +327,7 @@ class Routes:
                         return JSONResponse(error_body(499, "the client went away"), 499)
                     continue
                 if event.kind == "error":
-                    raise APIError(500, event.reason)
+                    raise APIError(event.status, event.reason, code=error_code(event.status, event.reason))
                 choices.add(event)
                 pending -= event.kind == "finish"
         finally:
@@ -269,9 +346,11 @@ class Routes:
             while pending:
                 event: Event = await queue.get()
                 if event.kind == "error":
-                    yield f"data: {json.dumps(error_body(500, event.reason))}\n\n"
+                    body = error_body(event.status, event.reason, code=error_code(event.status, event.reason))
+                    yield f"data: {json.dumps(body)}\n\n"
                     return
                 pending -= event.kind == "finish"
+                choices.add(event)
                 chunk = choices.chunk(event, first=not started[event.index])
                 started[event.index] = True
                 yield f"data: {json.dumps({**head, 'choices': [chunk]})}\n\n"
@@ -300,6 +379,13 @@ class Routes:
                 "beam_size": req.beam_size or translator.job.decode.beam,
                 "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                           "total_tokens": prompt + completion}}
+
+
+def error_code(status: int, message: str) -> str:
+    """The code of an error that ended a sequence (serve/engine.py: TokenSink.fail)."""
+    if status >= 500:
+        return "generation_failed"
+    return "schema_over_limits" if message.startswith(OVER_LIMITS) else "schema_unreachable"
 
 
 __all__ = ["MAX_BODY_BYTES", "create_app"]

@@ -1,16 +1,20 @@
 """From engine tokens to OpenAI choices: a `ChoiceSink` per choice turns tokens into text deltas
 on the engine thread and hands them to the request's asyncio queue (never blocking the event
 loop); `Choices` gathers them into a whole response or into stream chunks, in the completions or
-the chat schema.
+the chat schema. A chat choice with tools reads its text through a `ToolCallParser`: the calls
+come out as `tool_calls` (streamed as OpenAI streams them: each call in one delta with its id,
+name and arguments) and the rest as content.
 """
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from handformer.generation.tool_calls import Call, ToolCallParser
 from handformer.serve.text import IncrementalText
 
 
@@ -29,15 +33,18 @@ class Event:
     text: str = ""
     logprob: TokenLogprob | None = None
     reason: str | None = None  # finish: "stop" or "length"; error: the message
+    calls: list[Call] = field(default_factory=list)  # tool calls completed with this event
+    status: int = 500  # error: the HTTP status it stands for
 
 
 class ChoiceSink:
     """The engine's `TokenSink` for one choice; every call runs on the engine thread."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, index: int,
-                 text: IncrementalText, token_text: Callable[[int], str]) -> None:
+                 text: IncrementalText, token_text: Callable[[int], str],
+                 tools: ToolCallParser | None = None) -> None:
         self.loop, self.queue, self.index = loop, queue, index
-        self.text, self.token_text = text, token_text
+        self.text, self.token_text, self.tools = text, token_text, tools
 
     def token(self, token_id: int, logprob: float | None, top: list[tuple[int, float]] | None,
               is_stop_token: bool) -> bool:
@@ -45,19 +52,27 @@ class ChoiceSink:
             return False
         offset = len(self.text.text)
         delta, stopped = self.text.push(token_id)
+        calls: list[Call] = []
+        if self.tools is not None:
+            delta, calls = self.tools.feed(delta)
         entry = None
         if logprob is not None:
             entry = TokenLogprob(self.token_text(token_id), logprob,
                                  [(self.token_text(i), lp) for i, lp in top or []], offset)
-        if delta or entry is not None:
-            self._put(Event("token", self.index, delta, entry))
+        if delta or entry is not None or calls:
+            self._put(Event("token", self.index, delta, entry, calls=calls))
         return stopped
 
     def finish(self, reason: str) -> None:
-        self._put(Event("finish", self.index, self.text.flush(), reason=reason))
+        text, calls = self.text.flush(), []
+        if self.tools is not None:
+            text, calls = self.tools.feed(text)
+            rest, more = self.tools.finish()
+            text, calls = text + rest, calls + more
+        self._put(Event("finish", self.index, text, reason=reason, calls=calls))
 
-    def fail(self, message: str) -> None:
-        self._put(Event("error", self.index, reason=message))
+    def fail(self, message: str, status: int = 500) -> None:
+        self._put(Event("error", self.index, reason=message, status=status))
 
     def _put(self, event: Event) -> None:
         try:
@@ -84,6 +99,17 @@ class ChoiceState:
     text: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's tool_calls entries
+
+
+def tool_call(call: Call) -> dict[str, Any]:
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments_json}}
+
+
+def finish_reason(reason: str | None, calls: list) -> str | None:
+    """A reply that ends after its tool calls finishes with "tool_calls", as OpenAI's."""
+    return "tool_calls" if calls and reason == "stop" else reason
 
 
 class Choices:
@@ -93,13 +119,17 @@ class Choices:
         self.schema, self.want_logprobs = schema, want_logprobs
         self.states = [ChoiceState() for _ in range(count)]
 
-    def add(self, event: Event) -> None:
+    def add(self, event: Event) -> list[dict[str, Any]]:
+        """Take in an event; returns its tool calls as OpenAI's entries."""
         state = self.states[event.index]
         state.text.append(event.text)
         if event.logprob is not None:
             state.logprobs.append(event.logprob)
+        calls = [tool_call(c) for c in event.calls]
+        state.calls += calls
         if event.kind == "finish":
             state.finish_reason = event.reason
+        return calls
 
     def _logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any] | None:
         if not self.want_logprobs:
@@ -111,22 +141,32 @@ class Choices:
         out = []
         for i, s in enumerate(self.states):
             text = "".join(s.text)
-            body = {"text": text} if self.schema == "text" else {
-                "message": {"role": "assistant", "content": text}}
+            if self.schema == "text":
+                body: dict[str, Any] = {"text": text}
+            else:
+                message = {"role": "assistant", "content": text if text or not s.calls else None}
+                body = {"message": message | ({"tool_calls": s.calls} if s.calls else {})}
             out.append({"index": i, **body, "logprobs": self._logprobs(s.logprobs),
-                        "finish_reason": s.finish_reason})
+                        "finish_reason": finish_reason(s.finish_reason, s.calls)})
         return out
 
     def chunk(self, event: Event, first: bool) -> dict[str, Any]:
-        """One choice of a stream chunk for `event` (`first`: the choice's first chunk)."""
+        """One choice of a stream chunk for `event`, after `add` (`first`: the choice's first
+        chunk)."""
+        state = self.states[event.index]
         entries = [event.logprob] if event.logprob is not None else []
         if self.schema == "text":
             body: dict[str, Any] = {"text": event.text}
         else:
-            body = {"delta": ({"role": "assistant"} if first else {}) | (
-                {"content": event.text} if event.text or first else {})}
+            delta = ({"role": "assistant"} if first else {}) | (
+                {"content": event.text} if event.text or (first and not event.calls) else {})
+            if event.calls:
+                start = len(state.calls) - len(event.calls)
+                delta["tool_calls"] = [{"index": start + k, **c} for k, c in enumerate(state.calls[start:])]
+            body = {"delta": delta}
+        reason = finish_reason(event.reason, state.calls) if event.kind == "finish" else None
         return {"index": event.index, **body, "logprobs": self._logprobs(entries) if entries else None,
-                "finish_reason": event.reason if event.kind == "finish" else None}
+                "finish_reason": reason}
 
 
 __all__ = ["ChoiceSink", "Choices", "Event", "TokenLogprob", "chat_logprobs", "completion_logprobs"]

@@ -11,6 +11,12 @@ and its own seeded torch.Generator, exactly as `generate` samples a single promp
 request gives the same tokens alone or among others. The model is shared, never copied;
 `ServedModel.lock` is held around every forward pass. Tokens go to each sequence's `TokenSink`,
 called on the engine thread (the HTTP layer forwards them to its event loop).
+
+A sequence may carry a grammar constraint (structured output, forced tool calls;
+generation/grammar.py): it is the row's logit processor, and the sequence ends with "stop" as soon
+as its text is complete, or fails (status 400) when the model's vocabulary cannot continue it.
+The engine's prefix cache (`prefix_cache_mb`; generation/prefix_cache.py) lets prompts that share
+a prefix with earlier ones reuse its keys and values.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from typing import Protocol
 import torch
 
 from handformer.generation.engine import Choice, Engine, Row, SamplingOptions
+from handformer.generation.grammar import Constraint
+from handformer.generation.prefix_cache import PrefixCache
 from handformer.models.causal_lm import CausalLM
 
 log = logging.getLogger("handformer.serve")
@@ -40,8 +48,9 @@ class TokenSink(Protocol):
     def finish(self, reason: str) -> None:
         """The sequence is done: "stop" (a stop token or stop string) or "length" (max_tokens)."""
 
-    def fail(self, message: str) -> None:
-        """The sequence could not be finished (a failed forward pass, or the server stopping)."""
+    def fail(self, message: str, status: int = 500) -> None:
+        """The sequence could not be finished: a failed forward pass or the server stopping (500),
+        or a constraint the vocabulary cannot follow (400)."""
 
 
 @dataclass(eq=False)
@@ -53,10 +62,12 @@ class Sequence:
     options: SamplingOptions
     stop_ids: frozenset[int]  # tokens that end the sequence (kept out of the text by the sink)
     sink: TokenSink
+    constraint: Constraint | None = None  # the grammar its text must follow
     row: Row = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.row = Row(self.prompt, self.max_tokens, self.options, self.stop_ids)
+        processors = (self.constraint,) if self.constraint is not None else ()
+        self.row = Row(self.prompt, self.max_tokens, self.options, self.stop_ids, processors=processors)
 
     @property
     def generated(self) -> int:
@@ -79,11 +90,14 @@ class Sequence:
 class BatchEngine:
     """The decoding thread of one model. `submit` from any thread; `start` / `stop` once."""
 
-    def __init__(self, model: CausalLM, lock: threading.Lock, max_batch: int = 32) -> None:
+    def __init__(self, model: CausalLM, lock: threading.Lock, max_batch: int = 32,
+                 prefix_cache_mb: float = 0) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model, self.lock, self.max_batch = model, lock, max_batch
-        self.engine = Engine(model, compact=True)
+        self.prefix_cache = (PrefixCache(int(prefix_cache_mb * 2**20), model.cfg.sliding_window)
+                             if prefix_cache_mb > 0 else None)
+        self.engine = self._new_engine()
         self.sequences: dict[int, Sequence] = {}  # id(row) -> its sequence, for the rows in the engine
         self.waiting: deque[Sequence] = deque()  # submitted, not yet admitted (the batch was full)
         self.inbox: queue.Queue[Sequence | None] = queue.Queue()
@@ -122,6 +136,9 @@ class BatchEngine:
         with torch.inference_mode():
             while not self._closing:
                 try:
+                    if self.engine.rows and not self.engine.live:  # rows their sinks ended (a stop
+                        with self.lock:  # string, a complete grammar) leave the cache now
+                            self.engine.step()
                     self._collect(block=not self.engine.live and not self.waiting)
                     if self._closing:
                         break
@@ -134,8 +151,11 @@ class BatchEngine:
                     log.exception("decoding failed")
                     message = f"generation failed: {type(err).__name__}: {err}"
                     self._fail(list(self.sequences.values()), message)
-                    self.engine, self.sequences = Engine(self.model, compact=True), {}
+                    self.engine, self.sequences = self._new_engine(), {}
         self._fail([*self.sequences.values(), *self.waiting, *self._drain()], "the server is shutting down")
+
+    def _new_engine(self) -> Engine:
+        return Engine(self.model, compact=True, prefix_cache=self.prefix_cache)
 
     @staticmethod
     def _fail(seqs: list[Sequence], message: str) -> None:
@@ -196,9 +216,22 @@ class BatchEngine:
         """Each choice to its sequence's sink; a sink that reaches a stop string ends the row."""
         for choice in choices:
             seq = self.sequences[id(choice.row)]
+            constraint = seq.constraint
+            if constraint is not None and constraint.error is not None:  # this token is not the text's
+                seq.row.finish("failed")
+                seq.sink.fail(constraint.error, 400)
+                continue
             is_stop = choice.token in seq.stop_ids
             if seq.sink.token(choice.token, choice.logprob, choice.top, is_stop) and not seq.done:
                 seq.row.finish("stop")  # a stop string: the text ends there
+            if constraint is not None and seq.row.finish_reason in (None, "length"):
+                constraint.sync(seq.row.tokens)
+                if constraint.error is not None:  # the grammar engine reached a limit on this token
+                    seq.row.finish("failed")
+                    seq.sink.fail(constraint.error, 400)
+                    continue
+                if constraint.complete:  # nothing can follow: end now rather than sample an end token
+                    seq.row.finish_reason = "stop"
             if seq.done:
                 seq.sink.finish(seq.row.finish_reason)
         live = {id(row) for row in self.engine.rows}

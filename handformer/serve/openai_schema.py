@@ -2,17 +2,21 @@
 
 Every field is checked by hand so that each error names the field (`param`) and says what to send
 instead, as OpenAI's do. Options the server cannot honour are refused rather than ignored when
-they would change the answer (a non-zero penalty, logit_bias, tools, echo); options that change
-nothing here (`user`, a zero penalty, `stream_options` without streaming...) are accepted.
+they would change the answer (a non-zero penalty, logit_bias, echo); options that change nothing
+here (`user`, a zero penalty, `stream_options` without streaming...) are accepted. A schema's
+own checks (JSON pointers, unsupported keywords) are generation/json_schema.py's, made when the
+route compiles it; request_schemas.py writes every body out as a JSON schema.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from handformer.generation.tool_calls import Tool
 from handformer.serve.errors import APIError
 
 MAX_N = 64  # choices per prompt
@@ -20,6 +24,18 @@ MAX_STOP = 16  # stop strings
 MAX_TOP_LOGPROBS = 20
 MAX_INPUTS = 64  # prompts per completion request, texts per translation request
 MAX_BEAM = 16
+MAX_TOOLS = 128
+MAX_EMBED_INPUTS = 256
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
+
+
+@dataclass
+class ResponseFormat:
+    """`response_format`: "json_object" (any JSON object) or "json_schema" (`schema`)."""
+
+    type: str
+    schema: dict[str, Any] | None = None
+    name: str | None = None
 
 
 @dataclass
@@ -37,6 +53,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     top_logprobs: int | None = None  # None: no logprobs
+    response_format: ResponseFormat | None = None  # None: free text
 
 
 @dataclass
@@ -47,6 +64,18 @@ class CompletionRequest(GenerationRequest):
 @dataclass
 class ChatRequest(GenerationRequest):
     messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: str = "auto"  # "auto", "none", "required", or the name of the function to call
+    parallel_tool_calls: bool = True
+
+
+@dataclass
+class EmbeddingRequest:
+    model: str
+    inputs: list[str | list[int]]
+    encoding_format: str = "float"  # or "base64": little-endian float32
+    dimensions: int | None = None  # None: the model's width
+    pooling: str = "mean"  # an extension: "mean" or "last"
 
 
 @dataclass
@@ -67,9 +96,17 @@ def parse_json(body: bytes) -> dict[str, Any]:
         raise APIError(400, "the request body is not UTF-8 text; send JSON", code="invalid_json") from None
     except ValueError as err:
         raise APIError(400, f"the request body is not valid JSON: {err}", code="invalid_json") from None
+    except RecursionError:
+        raise APIError(400, "the request body nests JSON too deeply; send flatter JSON",
+                       code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}",
                        code="invalid_json")
+    try:  # "\ud800" escapes parse to a lone surrogate, which is no text a tokenizer can read
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(400, "the request body holds a lone UTF-16 surrogate escape (such as \\ud800), "
+                       "which is not a character; send valid Unicode", code="invalid_json") from None
     return data
 
 
@@ -135,7 +172,7 @@ class Fields:
 
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop",
-          "seed", "user", "presence_penalty", "frequency_penalty", "logit_bias"}
+          "seed", "user", "presence_penalty", "frequency_penalty", "logit_bias", "response_format"}
 
 
 def _common(f: Fields, request: GenerationRequest) -> None:
@@ -162,6 +199,41 @@ def _common(f: Fields, request: GenerationRequest) -> None:
         f.number(name, 0.0, lambda v: True, "a number")
         f.unsupported(name, lambda v: v == 0)
     f.unsupported("logit_bias", lambda v: v == {})
+    request.response_format = _response_format(f)
+
+
+def _response_format(f: Fields) -> ResponseFormat | None:
+    """OpenAI's three forms; the schema itself is checked when it is compiled (its errors name
+    JSON pointers inside response_format.json_schema.schema)."""
+    value = f.body.get("response_format")
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text" and set(value) == {"type"}:
+        return None
+    if kind == "json_object" and set(value) == {"type"}:
+        return ResponseFormat("json_object")
+    if kind == "json_schema" and set(value) == {"type", "json_schema"}:
+        spec = value["json_schema"]
+        where = "response_format.json_schema"
+        if not isinstance(spec, dict) or set(spec) - {"name", "schema", "strict", "description"}:
+            raise APIError(400, f'{where} must be an object {{"name", "schema", "strict", "description"}}, '
+                           f"got {_show(spec)}", where)
+        name = spec.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise APIError(400, f"{where}.name must be a name of 1 to 64 letters, digits, _ or -, got "
+                           f"{_show(name)}", f"{where}.name")
+        if not isinstance(spec.get("schema"), dict):
+            raise APIError(400, f"{where}.schema must be a JSON schema (an object), got "
+                           f"{_show(spec.get('schema'))}", f"{where}.schema")
+        for key in ("strict",):
+            if key in spec and not isinstance(spec[key], (bool, type(None))):
+                raise APIError(400, f"{where}.{key} must be true or false", f"{where}.{key}")
+        if "description" in spec and not isinstance(spec["description"], str):
+            raise APIError(400, f"{where}.description must be a string", f"{where}.description")
+        return ResponseFormat("json_schema", spec["schema"], name)
+    raise f.fail("response_format", '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+                 '"json_schema": {"name": ..., "schema": {...}}}')
 
 
 def _stop(f: Fields) -> list[str]:
@@ -222,14 +294,78 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     if top is not None and not logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     request.top_logprobs = (top or 0) if logprobs else None
-    f.unsupported("response_format", lambda v: v == {"type": "text"})
-    f.unsupported("tools", lambda v: v == [])
-    f.unsupported("tool_choice", lambda v: v == "none")
-    f.unsupported("parallel_tool_calls", lambda v: isinstance(v, bool))
+    request.tools = _tools(f)
+    request.tool_choice = _tool_choice(f, request.tools)
+    request.parallel_tool_calls = f.boolean("parallel_tool_calls", default=True)
     return request
 
 
+def _tools(f: Fields) -> list[Tool]:
+    """OpenAI's function tools: each {"type": "function", "function": {"name", "description",
+    "parameters", "strict"}}; names unique; every tool with a parameters schema."""
+    value = f.body.get("tools")
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > MAX_TOOLS:
+        raise f.fail("tools", f"a list of at most {MAX_TOOLS} tools")
+    tools: list[Tool] = []
+    for i, tool in enumerate(value):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function" or set(tool) != {"type", "function"} \
+                or not isinstance(tool["function"], dict):
+            raise APIError(400, f'{where} must be {{"type": "function", "function": {{"name", "parameters", '
+                           f'...}}}}, got {_show(tool)}', where)
+        function = tool["function"]
+        extra = sorted(set(function) - {"name", "description", "parameters", "strict"})
+        if extra:
+            raise APIError(400, f"{where}.function has unknown field(s) {', '.join(extra)}",
+                           f"{where}.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise APIError(400, f"{where}.function.name must be a name of 1 to 64 letters, digits, _ or -, "
+                           f"got {_show(name)}", f"{where}.function.name")
+        if any(t.name == name for t in tools):
+            raise APIError(400, f"tools holds two functions named {name!r}; give each tool its own name",
+                           f"{where}.function.name")
+        if not isinstance(function.get("parameters"), dict):
+            raise APIError(400, f"{where}.function.parameters must be the JSON schema of the function's "
+                           f'arguments (an object, e.g. {{"type": "object", "properties": {{}}}}), got '
+                           f"{_show(function.get('parameters'))}", f"{where}.function.parameters")
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise APIError(400, f"{where}.function.description must be a string",
+                           f"{where}.function.description")
+        if not isinstance(function.get("strict", False), (bool, type(None))):
+            raise APIError(400, f"{where}.function.strict must be true or false", f"{where}.function.strict")
+        tools.append(Tool(name, description, function["parameters"]))
+    return tools
+
+
+def _tool_choice(f: Fields, tools: list[Tool]) -> str:
+    value = f.body.get("tool_choice")
+    if value is None:
+        return "auto" if tools else "none"
+    if value in ("auto", "none", "required"):
+        choice = value
+    elif isinstance(value, dict) and set(value) == {"type", "function"} and value["type"] == "function" \
+            and isinstance(value["function"], dict) and isinstance(value["function"].get("name"), str):
+        choice = value["function"]["name"]
+        if choice not in {t.name for t in tools}:
+            raise APIError(400, f"tool_choice names the function {choice!r}, which is not among tools "
+                           f"({', '.join(t.name for t in tools) or 'none given'})", "tool_choice")
+    else:
+        raise f.fail("tool_choice",
+                     '"auto", "none", "required" or {"type": "function", "function": {"name": ...}}')
+    if not tools and choice != "none":
+        raise APIError(400, f"tool_choice {_show(value)} needs tools; give tools or leave tool_choice out",
+                       "tool_choice")
+    return choice
+
+
 def _messages(f: Fields) -> list[dict[str, Any]]:
+    """Each message as the chat template sees it: role and content (text parts joined), plus an
+    assistant's tool_calls (their arguments parsed into objects, as templates take them) and a
+    tool message's tool_call_id and name."""
     value = f.body.get("messages")
     if not isinstance(value, list) or not value:
         raise APIError(400, 'messages must be a non-empty list of {"role": ..., "content": ...} objects, got '
@@ -249,12 +385,78 @@ def _messages(f: Fields) -> list[dict[str, Any]]:
             content = "".join(p["text"] for p in content)
         elif content is not None and not isinstance(content, str):
             raise APIError(400, f"{where}.content must be a string, got {_show(content)}", f"{where}.content")
-        extra = {k: v for k, v in message.items() if k not in ("role", "content")}
+        extra = {k: v for k, v in message.items() if k not in ("role", "content", "tool_calls")}
         if not all(isinstance(v, (str, type(None))) for v in extra.values()):
-            raise APIError(400, f"{where} may hold only text fields besides role and content "
-                           f"(tool calls are not supported), got {_show(message)}", where)
-        out.append({**extra, "role": message["role"], "content": content if content is not None else ""})
+            raise APIError(400, f"{where} may hold only text fields besides role, content and tool_calls, "
+                           f"got {_show(message)}", where)
+        parsed = {**extra, "role": message["role"], "content": content if content is not None else ""}
+        if message.get("tool_calls") is not None:
+            if message["role"] != "assistant":
+                raise APIError(400, f"{where}.tool_calls: only an assistant message holds tool calls",
+                               f"{where}.tool_calls")
+            parsed["tool_calls"] = _tool_calls(message["tool_calls"], f"{where}.tool_calls")
+        out.append(parsed)
     return out
+
+
+def _tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's tool calls, OpenAI's form, with `arguments` (a JSON string) parsed."""
+    if not isinstance(value, list) or not value:
+        raise APIError(400, f"{where} must be a non-empty list of tool calls", where)
+    calls = []
+    for j, call in enumerate(value):
+        at = f"{where}[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or call.get("type", "function") != "function" \
+                or not isinstance(function.get("name"), str) \
+                or not isinstance(function.get("arguments"), str) \
+                or not isinstance(call.get("id", ""), str):
+            raise APIError(400, f'{at} must be {{"id": ..., "type": "function", "function": {{"name": ..., '
+                           f'"arguments": "<JSON text>"}}}}, got {_show(call)}', at)
+        try:
+            arguments = json.loads(function["arguments"])
+        except (ValueError, RecursionError):
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise APIError(400, f"{at}.function.arguments must be a JSON object written as a string, got "
+                           f"{_show(function['arguments'])}", f"{at}.function.arguments")
+        calls.append({"id": call.get("id", ""), "type": "function",
+                      "function": {"name": function["name"], "arguments": arguments}})
+    return calls
+
+
+def parse_embeddings(body: dict[str, Any]) -> EmbeddingRequest:
+    f = Fields(body, {"model", "input", "encoding_format", "dimensions", "user", "pooling"})
+    model = f.string("model", required=True)
+    value = f.body.get("input")
+    wanted = "a non-empty string, a list of them, a list of token ids or a list of lists of token ids"
+
+    def token_list(v: Any) -> bool:
+        return isinstance(v, list) and bool(v) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+    if isinstance(value, str) or token_list(value):
+        inputs = [value]
+    elif isinstance(value, list) and value and all((isinstance(v, str)) or token_list(v) for v in value):
+        inputs = list(value)
+    elif isinstance(value, list) and not value:
+        raise APIError(400, "input is an empty list; give at least one text", "input")
+    else:
+        raise f.fail("input", wanted)
+    if len(inputs) > MAX_EMBED_INPUTS:
+        raise APIError(400, f"input holds {len(inputs)} items; send at most {MAX_EMBED_INPUTS} a request",
+                       "input")
+    if any(isinstance(v, str) and not v for v in inputs):
+        raise APIError(400, "input holds an empty string; every text must have at least one character",
+                       "input")
+    encoding = f.body.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise f.fail("encoding_format", '"float" or "base64"')
+    pooling = f.body.get("pooling", "mean")
+    if pooling not in ("mean", "last"):
+        raise f.fail("pooling", '"mean" or "last"')
+    f.string("user")
+    return EmbeddingRequest(model, inputs, encoding, f.integer("dimensions", 1), pooling)
 
 
 def parse_translation(body: dict[str, Any]) -> TranslationRequest:
@@ -269,5 +471,6 @@ def parse_translation(body: dict[str, Any]) -> TranslationRequest:
     return TranslationRequest(model, inputs, f.integer("beam_size", 1, MAX_BEAM))
 
 
-__all__ = ["ChatRequest", "CompletionRequest", "GenerationRequest", "TranslationRequest", "parse_chat",
+__all__ = ["ChatRequest", "CompletionRequest", "EmbeddingRequest", "GenerationRequest", "ResponseFormat",
+           "TranslationRequest", "parse_chat", "parse_embeddings",
            "parse_completion", "parse_json", "parse_translation"]
