@@ -39,12 +39,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from handformer.config import CausalLMConfig  # noqa: E402
-from handformer.tasks.lm.exports import export_hf  # noqa: E402
-from handformer.tasks.lm.imports import import_llama2c  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.inference.packed_linear import pack_linears  # noqa: E402
 from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
+from handformer.tasks.lm.exports import export_hf  # noqa: E402
+from handformer.tasks.lm.imports import import_llama2c  # noqa: E402
 from handformer.tasks.lm.run import load_lm  # noqa: E402
 
 STORIES = ROOT.parent / "shared" / "data" / "stories260K"

@@ -216,7 +216,8 @@ def test_trl_sft_trainer_masks_the_same_positions_and_gets_the_same_first_batch_
     hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").float()
     args = trl.SFTConfig(output_dir=str(tmp_path / "trl"), assistant_only_loss=True, packing=False, max_length=96,
-                         per_device_train_batch_size=4, report_to="none", use_cpu=True, shuffle_dataset=False)
+                         per_device_train_batch_size=4, report_to="none", use_cpu=True, shuffle_dataset=False,
+                         bf16=False)  # TRL defaults to bf16 autocast; the proof is float32 to float32
     trainer = trl.SFTTrainer(model=hf_model, args=args, train_dataset=datasets.Dataset.from_list(records),
                              processing_class=hf_tok)
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])  # TRL's first batch, in order
