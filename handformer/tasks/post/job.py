@@ -75,7 +75,8 @@ class PostDataConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], task: str) -> PostDataConfig:
         for name, owner in ONLY_FOR.items():  # set to other than its default (a run's config.json has all)
-            if isinstance(data, dict) and data.get(name, getattr(cls, name)) != getattr(cls, name) and task != owner:
+            default = getattr(cls, name)
+            if isinstance(data, dict) and data.get(name, default) != default and task != owner:
                 raise ValueError(f"[data] {name} is a setting of task = \"{owner}\", not of \"{task}\"; "
                                  "remove it")
         return dataclass_from_dict(cls, data, "data")
