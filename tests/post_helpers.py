@@ -86,3 +86,28 @@ def conversations(n: int, seed: int = 0) -> list[dict]:
 
 def quiet_sets(*pairs: str) -> list[str]:
     return [arg for pair in ("train.progress=false", "train.device=cpu", *pairs) for arg in ("--set", pair)]
+
+
+def post_run(run_dir: Path):
+    """The tokenizer, template, tokens and renderer of a chat run, as a post-training job sees them."""
+    from handformer.generation.chat import stop_ids_for
+    from handformer.generation.chat_template import load_chat_template
+    from handformer.tasks.lm.run import load_lm
+    from handformer.tasks.post.rendering import ConversationRenderer
+    from handformer.tasks.post.setup import PostRun
+
+    run = load_lm(run_dir)
+    template = load_chat_template(run_dir)
+    stops = stop_ids_for(run.tokenizer, run.tokens.eos_ids, template)
+    return PostRun(run.tokenizer, template, run.tokens, stops, ConversationRenderer(template, run.tokenizer, stops))
+
+
+def length_reward(prompts, completions, **columns):
+    """A reward for tests, in TRL's form (a completion is text here, a list of messages in TRL's
+    conversational data): longer replies are better, up to 6 characters."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [min(len(t), 6) / 6 for t in texts]
+
+
+def answer_reward(prompts, completions, answer, **columns):
+    return [1.0 if c.strip() == a else 0.0 for c, a in zip(completions, answer)]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import require_module
-from post_helpers import CHATML, CHATML_MARKED, make_chat_base, quiet_sets, sums, write_jsonl
+from post_helpers import CHATML, CHATML_MARKED, make_chat_base, post_run, quiet_sets, sums, write_jsonl
 
 from handformer.cli import main
 from handformer.convert.hf_export import export_state_dict
@@ -19,7 +19,6 @@ from handformer.tasks.lm.run import load_lm, save_lm_run
 from handformer.tasks.post import dpo
 from handformer.tasks.post.job import DPOConfig
 from handformer.tasks.post.records import read_preferences
-from handformer.tasks.post.setup import PostRun
 from handformer.training.checkpoint import read_safetensors
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -28,16 +27,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def preference_lines(n: int, seed: int = 0) -> list[dict]:
     """The chosen reply answers with the sum; the rejected one does not answer."""
     return [{"prompt": q, "chosen": a, "rejected": "i do not know"} for q, a in sums(n, seed)]
-
-
-def post_run(run) -> PostRun:
-    from handformer.generation.chat import stop_ids_for
-    from handformer.generation.chat_template import load_chat_template
-    from handformer.tasks.post.rendering import ConversationRenderer
-
-    template = load_chat_template(run.path)
-    stops = stop_ids_for(run.tokenizer, run.tokens.eos_ids, template)
-    return PostRun(run.tokenizer, template, run.tokens, stops, ConversationRenderer(template, run.tokenizer, stops))
 
 
 def perturbed_copy(base: Path, out: Path, seed: int = 7) -> Path:
@@ -81,9 +70,8 @@ def test_loss_and_gradients_equal_trl_dpo_trainer(tmp_path, loss_type):
     trl_loss.backward()
 
     policy = load_lm(policy_dir)
-    policy.path = policy_dir
     path = write_jsonl(tmp_path / "pairs.jsonl", lines)
-    pairs, _ = dpo.encode_pairs(read_preferences(path), post_run(policy).renderer, 96, "truncate")
+    pairs, _ = dpo.encode_pairs(read_preferences(path), post_run(policy_dir).renderer, 96, "truncate")
     for pair, ex in zip(pairs, examples):  # TRL's split of prompt and replies
         assert (pair.prompt, pair.chosen, pair.rejected) == (ex["prompt_ids"], ex["chosen_ids"], ex["rejected_ids"])
     reference = load_lm(base).model
@@ -143,8 +131,7 @@ def test_the_cached_reference_equals_the_live_one_and_resumes_a_cut_computation(
                                                                                  monkeypatch):
     tmp, base, train, _ = dpo_inputs
     run = load_lm(base)
-    run.path = base
-    pairs, _ = dpo.encode_pairs(read_preferences(train), post_run(run).renderer, 96, "truncate")
+    pairs, _ = dpo.encode_pairs(read_preferences(train), post_run(base).renderer, 96, "truncate")
     path = tmp_path / dpo.REFERENCE_FILE
     full = dpo.cached_reference(path, {"train": pairs}, lambda: run.model, 0, 8, "sha")["train"]
     assert full.shape == (48, 2)

@@ -17,7 +17,8 @@ sampled it; the same weights unless `iterations` > 1 reuses the rollouts for sev
     KL = exp(ref - logp) - (ref - logp) - 1, times the ratio (TRL's k3 estimate with its
          importance-sampling correction), ref the base run's log-probability of the token
 
-averaged as `loss_type` says: grpo (over each completion's tokens, then over completions), bnpo
+with every log-probability taken of the distribution the tokens were sampled from (the logits
+divided by the temperature, as TRL does), averaged as `loss_type` says: grpo (over each completion's tokens, then over completions), bnpo
 and dapo (over all completion tokens of the step), dr_grpo (over completions x max_new_tokens).
 Logged: the mean reward, its spread within groups, the share of groups whose rewards are all
 equal, the completion length and the KL term.
@@ -142,7 +143,7 @@ def grpo_loss(model: nn.Module, batch: GRPOBatch, cfg: GRPOConfig) -> tuple[Tens
     """The loop's objective: the per-token losses summed as `loss_type` averages them (the loop
     divides by batch.n_tokens), and the rollout's statistics."""
     logits = model(batch.x, batch.attention_mask).logits  # (N, T, V)
-    logps = token_logprobs(logits, batch.y)  # (N, T)
+    logps = token_logprobs(logits / cfg.temperature, batch.y)  # (N, T), of what was sampled from
     mask = (batch.y != IGNORE).to(logps.dtype)
     losses, kl = per_token_losses(logps, batch, cfg)
     if cfg.loss_type == "grpo":  # each completion's mean, summed over completions
@@ -188,7 +189,8 @@ class Sampler:
         x, y, mask = completion_targets(rows, self.post.pad_id)
         device = next(model.parameters()).device
         with torch.no_grad(), eval_mode(model):
-            logps = token_logprobs(model(x.to(device), mask.to(device)).logits, y.to(device)).cpu()
+            logits = model(x.to(device), mask.to(device)).logits / self.cfg.temperature
+            logps = token_logprobs(logits, y.to(device)).cpu()
         return [logps[i, n - 1:len(ids) - 1].tolist() for i, (ids, n) in enumerate(rows)]
 
     def sample(self, prompts: list[Prompt], seed: int) -> Rollout:
