@@ -18,8 +18,9 @@ sampled it; the same weights unless `iterations` > 1 reuses the rollouts for sev
          importance-sampling correction), ref the base run's log-probability of the token
 
 with every log-probability taken of the distribution the tokens were sampled from (the logits
-divided by the temperature, as TRL does), averaged as `loss_type` says: grpo (over each completion's tokens, then over completions), bnpo
-and dapo (over all completion tokens of the step), dr_grpo (over completions x max_new_tokens).
+divided by the temperature, as TRL does), averaged as `loss_type` says: grpo (over each
+completion's tokens, then over completions), bnpo and dapo (over all completion tokens of the
+step), dr_grpo (over completions x max_new_tokens).
 Logged: the mean reward, its spread within groups, the share of groups whose rewards are all
 equal, the completion length and the KL term.
 
