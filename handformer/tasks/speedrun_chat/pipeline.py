@@ -322,7 +322,8 @@ def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print) -> dict[st
                       "seconds": round(time.perf_counter() - start, 1), **notes}
             atomic_write_text(run_dir / DONE, json.dumps(result, indent=2) + "\n")
             kinds = ", ".join(f"{k} {v:.0%}" for k, v in result["per_kind"].items())
-            log(f"[{stage}] held-out accuracy {result['accuracy']:.1%} ({kinds}) in {result['seconds']:.0f} s")
+            log(f"[{stage}] held-out accuracy {result['accuracy']:.1%} ({kinds}) in "
+                f"{result['seconds']:.0f} s")
         report["stages"][stage] = result
         previous = run_dir
     atomic_write_text(out / "report.json", json.dumps(report, indent=2) + "\n")
