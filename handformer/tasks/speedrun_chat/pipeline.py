@@ -61,13 +61,13 @@ class SpeedrunChatConfig:
     threads: int = 0  # torch's threads while training; 0 = one per core
     # the base model and its pretraining
     vocab_size: int = 2048  # BPE vocabulary (the role tokens come on top)
-    d_model: int = 192
-    n_layers: int = 6
-    n_heads: int = 6
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
     block_size: int = 128  # the context: every stage's conversations fit it
     pretrain_facts: int = 120_000  # task statements in the pretraining text
     pretrain_pydoc_chars: int = 600_000  # characters of the pydoc corpus beside them
-    pretrain_steps: int = 2400
+    pretrain_steps: int = 1500
     pretrain_batch: int = 32
     pretrain_lr: float = 3e-3
     # supervised fine-tuning

@@ -1,0 +1,73 @@
+"""`handformer speedrun chat`, end to end on its smoke preset (seconds): every stage trains and is
+scored on held-out questions that no stage's data holds, the table and plot are written, a second
+call skips the finished stages, and the result chats. The measured full run is in
+docs/benchmarks.md."""
+
+import json
+
+import pytest
+
+from handformer.cli import main
+from handformer.tasks.speedrun_chat.pipeline import STAGES, SpeedrunChatConfig, config_for
+from handformer.tasks.speedrun_chat.problems import KINDS, ProblemSet, exact_answer, held_out, is_correct
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_smoke_run_goes_from_nothing_to_a_chat_model(tmp_path, capsys):
+    out = tmp_path / "speedrun"
+    assert main(["speedrun", "chat", "--preset", "smoke", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert list(report["stages"]) == list(STAGES)
+    for stage in STAGES:
+        result = report["stages"][stage]
+        assert 0 <= result["accuracy"] <= 1 and set(result["per_kind"]) == set(KINDS)
+        assert (out / stage / "config.json").is_file()
+    table = (out / "accuracy.md").read_text()
+    assert table in printed and "| + GRPO |" in table and "held-out accuracy" in table
+    assert (out / "accuracy.png").stat().st_size > 1000
+    assert json.loads((out / "grpo" / "config.json").read_text())["post_training"]["task"] == "grpo"
+
+    # no held-out question in any stage's data
+    problems = ProblemSet(0)
+    held = problems.sample(3 * len(KINDS), "held_out", "eval")
+    texts = "".join((out / "data" / name).read_text() for name in ("sft.jsonl", "dpo.jsonl", "grpo.jsonl"))
+    for p in held:
+        assert json.dumps(p.question)[1:-1] not in texts
+    # a second call resumes: every stage is done
+    assert main(["speedrun", "chat", "--preset", "smoke", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.count("done earlier") == len(STAGES)
+
+    from handformer.tasks.lm.chat import chat
+
+    assert isinstance(chat(out / "grpo", temperature=0, max_new_tokens=4).send("What is 2 plus 2?"), str)
+
+
+def test_held_out_keys_are_never_drawn_for_training():
+    problems = ProblemSet(0)
+    train = problems.sample(400, "train", "sft")
+    held = problems.sample(40, "held_out", "eval")
+    assert not {(p.kind, p.key) for p in train} & {(p.kind, p.key) for p in held}
+    assert all(held_out(p.kind, p.key, 0) for p in held) and not any(held_out(p.kind, p.key, 0) for p in train)
+    assert problems.sample(8, "train", "sft") == ProblemSet(0).sample(8, "train", "sft")  # deterministic
+    assert {p.kind for p in held} == set(KINDS)
+
+
+def test_the_reward_is_the_exact_answer():
+    assert exact_answer(None, ["85", " 85.", "86", [{"role": "assistant", "content": "85"}]], ["85"] * 4) == \
+        [1.0, 1.0, 0.0, 1.0]
+    assert is_correct("g a r d e n", "g a r d e n") and not is_correct("garden", "g a r d e n")
+
+
+@pytest.mark.parametrize("overrides, message", [({"sft_steps": 0}, "sft_steps=0 is invalid"),
+                                                ({"d_model": 30}, "multiple of n_heads"),
+                                                ({"sft_lr": -1.0}, "sft_lr=-1.0 is invalid"),
+                                                ({"steps": 3}, "unknown field(s) steps")])
+def test_bad_settings_are_one_clear_error(overrides, message, tmp_path, capsys):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        config_for("full", overrides)
+    sets = [a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]
+    assert main(["speedrun", "chat", "--out", str(tmp_path / "x"), *sets]) == 2
+    assert message in capsys.readouterr().err
+    assert SpeedrunChatConfig().d_model % SpeedrunChatConfig().n_heads == 0
