@@ -342,3 +342,37 @@ def test_sft_needs_a_base_run_and_a_template(sft_inputs, tmp_path, capsys):
     assert main(["train", "--config", str(sft_config(tmp_path, bare, data, chat_template=str(tmp_path / "mine.jinja"))),
                  "--out", str(tmp_path / "c"), *quiet_sets(*SFT_SETS, "train.steps=2")]) == 0
     assert (tmp_path / "c" / "chat_template.jinja").read_text() == CHATML
+
+
+STORY_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ m['role'] + ': ' + m['content'] }}"
+                  "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\n' }}{% endfor %}"
+                  "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
+
+
+def test_an_imported_llama2c_base_learns_to_chat_with_a_template_written_for_it(tmp_path, capsys):
+    """stories260K (imported from llama2.c, no chat template): [data] chat_template gives it one that
+    ends the assistant's turn with its EOS; SFT lowers the loss on held-out conversations and the
+    run chats in that template."""
+    from helpers import missing
+
+    data = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "stories260K"
+    if not (data / "stories260K.bin").is_file():
+        missing(f"the stories260K checkpoint is not at {data} (this project's CI has it in ../shared/data)")
+    imported = tmp_path / "stories260K"
+    assert main(["import-llama2c", str(data / "stories260K.bin"), str(data / "tok512.bin"), str(imported)]) == 0
+    (tmp_path / "story.jinja").write_text(STORY_TEMPLATE)
+    lines = [{"messages": [{"role": "user", "content": f"Who is friend number {i % 7}?"},
+                           {"role": "assistant", "content": ["Tim", "Lily", "Sam", "Ben", "Sue", "Max", "Mia"][i % 7]}]}
+             for i in range(60)]
+    path = write_jsonl(tmp_path / "friends.jsonl", lines)
+    config = sft_config(tmp_path, imported, path, chat_template=str(tmp_path / "story.jinja"), val_fraction=0.1)
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "sft"),
+                 *quiet_sets("train.steps=12", "train.lr=3e-3", "train.warmup=1", "train.eval_every=6",
+                             "data.batch_size=4", "data.block_size=128")]) == 0
+    rows = metric_rows(tmp_path / "sft")
+    vals = [r["val_loss"] for r in rows if "val_loss" in r]
+    assert vals[-1] < vals[0]
+    assert (tmp_path / "sft" / "chat_template.jinja").read_text() == STORY_TEMPLATE
+    from handformer.tasks.lm.chat import chat
+
+    assert isinstance(chat(tmp_path / "sft", temperature=0, max_new_tokens=4).send("Who is friend number 1?"), str)
