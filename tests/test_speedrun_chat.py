@@ -71,3 +71,32 @@ def test_bad_settings_are_one_clear_error(overrides, message, tmp_path, capsys):
     assert main(["speedrun", "chat", "--out", str(tmp_path / "x"), *sets]) == 2
     assert message in capsys.readouterr().err
     assert SpeedrunChatConfig().d_model % SpeedrunChatConfig().n_heads == 0
+
+
+def test_added_role_tokens_grow_the_embeddings_and_keep_the_old_logits(tmp_path):
+    import torch
+    from post_helpers import CORPUS, model_config
+
+    from handformer.data.special_tokens import SpecialTokens
+    from handformer.data.tokenizer import Tokenizer
+    from handformer.models.causal_lm import CausalLM
+    from handformer.tasks.lm.run import load_lm, save_lm_run
+    from handformer.tasks.lm.vocabulary import add_special_tokens
+
+    tok = Tokenizer.train_bpe(CORPUS, 300)
+    for position in ("rope", "learned"):  # untied and tied heads
+        torch.manual_seed(0)
+        model = CausalLM(model_config(tok.vocab_size, position))
+        base = tmp_path / f"base_{position}"
+        save_lm_run(base, model, tok, SpecialTokens(bos_id=1, eos_id=2, pad_id=0))
+        ids = add_special_tokens(base, tmp_path / f"grown_{position}", ["<|im_start|>", "<|im_end|>"],
+                                 end_of_turn="<|im_end|>")
+        grown = load_lm(tmp_path / f"grown_{position}")
+        assert ids == [tok.vocab_size, tok.vocab_size + 1] and grown.model.cfg.vocab_size == tok.vocab_size + 2
+        assert grown.tokens.eos_ids == [2, ids[1]] and grown.tokens.bos_id == 1
+        x = torch.tensor([tok.encode("what is two plus three?")])
+        with torch.no_grad():
+            old, new = load_lm(base).model(x).logits, grown.model(x).logits
+        torch.testing.assert_close(new[..., :tok.vocab_size], old)
+        torch.testing.assert_close(grown.model.embed.weight[ids[0]], load_lm(base).model.embed.weight.mean(0))
+        assert grown.tokenizer.encode_with_special_tokens("<|im_end|>") == [ids[1]]

@@ -16,7 +16,7 @@ def cmd_speedrun_chat(args: argparse.Namespace) -> int:
 
     cfg = config_for(args.preset, parse_overrides(args.set))
     out = Path(args.out)
-    report = run_speedrun(cfg, out)
+    report = run_speedrun(cfg, out, base=args.base)
     table = accuracy_table(report)
     (out / "accuracy.md").write_text(table + "\n")
     plot = plot_stage_accuracy(report, out / "accuracy.png")
@@ -31,6 +31,8 @@ def add_target(targets: argparse._SubParsersAction) -> None:
                    "runs/speedrun-chat); run again to resume")
     p.add_argument("--preset", default="full", choices=["full", "smoke"],
                    help="full (under an hour on a 2-core CPU) or smoke (seconds, for tests)")
+    p.add_argument("--base", metavar="RUN_DIR", help="start from this run (e.g. an imported stories260K) "
+                   "instead of pretraining one: the role tokens are added, its embeddings grown")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change a setting, e.g. --set sft_steps=300 (SpeedrunChatConfig's fields)")
     p.set_defaults(func=cmd_speedrun_chat)

@@ -300,14 +300,17 @@ def dpo_records(cfg: SpeedrunChatConfig, problems: ProblemSet, sft_dir: Path) ->
     return out, wrong / len(pool)
 
 
-def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print) -> dict[str, Any]:
+def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print, base: str | Path | None = None,
+                 ) -> dict[str, Any]:
     """Every stage in turn (finished ones skipped), each evaluated on the held-out questions;
-    returns the report (also written to OUT/report.json)."""
+    returns the report (also written to OUT/report.json). `base`: start from this run instead of
+    pretraining one (its vocabulary gains the role tokens, its embeddings a row each)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     problems = ProblemSet(cfg.seed)
     held = problems.sample(cfg.eval_per_kind * len(KINDS), "held_out", "eval")
-    report: dict[str, Any] = {"config": asdict(cfg), "stages": {}}
+    report: dict[str, Any] = {"config": asdict(cfg), "base": None if base is None else str(base),
+                              "stages": {}}
     previous = None
     for stage in STAGES:
         run_dir = out / stage
@@ -317,7 +320,7 @@ def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print) -> dict[st
         else:
             start = time.perf_counter()
             log(f"[{stage}] training")
-            notes = run_stage(stage, cfg, problems, out, previous, log)
+            notes = run_stage(stage, cfg, problems, out, previous, log, base)
             result = {**accuracy(stage, run_dir, held, cfg.grpo_max_new_tokens),
                       "seconds": round(time.perf_counter() - start, 1), **notes}
             atomic_write_text(run_dir / DONE, json.dumps(result, indent=2) + "\n")
@@ -331,10 +334,18 @@ def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print) -> dict[st
 
 
 def run_stage(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet, out: Path, previous: Path | None,
-              log) -> dict[str, Any]:
+              log, base: str | Path | None = None) -> dict[str, Any]:
     """Train one stage from the previous stage's run; returns notes for the report."""
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
+    if stage == "base" and base is not None:
+        from handformer.tasks.lm.vocabulary import add_special_tokens
+
+        _fresh(out / "base")
+        ids = add_special_tokens(base, out / "base", list(ROLE_TOKENS), end_of_turn="<|im_end|>")
+        atomic_write_text(out / "base" / TEMPLATE_FILE, CHAT_TEMPLATE)
+        log(f"[base] {base} with the role tokens added (ids {ids}), its embeddings grown to match")
+        return {"from": str(base)}
     if stage == "base":
         train_base(cfg, problems, out, log)
         return {}

@@ -17,9 +17,12 @@ def accuracy_table(report: dict[str, Any]) -> str:
     before = None
     for stage, result in report["stages"].items():
         acc = result["accuracy"]
+        label = LABELS.get(stage, stage)
+        if stage == "base" and result.get("from"):
+            label = f"base ({result['from'].rstrip('/').split('/')[-1]}, asked as text)"
         change = "" if before is None or stage == "sft" else f"{100 * (acc - before):+.1f} points"
         kinds = " | ".join(f"{100 * result['per_kind'][k]:.0f}%" for k in KINDS)
-        rows.append(f"| {LABELS.get(stage, stage)} | {100 * acc:.1f}% | {change} | {kinds} | "
+        rows.append(f"| {label} | {100 * acc:.1f}% | {change} | {kinds} | "
                     f"{result.get('seconds', 0):.0f} |")
         before = acc
     return "\n".join(rows)
