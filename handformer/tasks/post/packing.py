@@ -97,7 +97,10 @@ def examples_from(rendered: Sequence[Rendered], block_size: int, overlong: str,
     return out, counts
 
 
-def pack_windows(examples: Sequence[SFTExample], block_size: int, pad_id: int) -> list[SFTExample | tuple]:
+Window = tuple[list[int], list[int], list[int], list[int]]  # x, y, positions, document ids
+
+
+def pack_windows(examples: Sequence[SFTExample], block_size: int, pad_id: int) -> list[Window]:
     """Whole conversations into windows of block_size, in order: a window is closed when the next
     conversation does not fit. Returns (x, y, positions, documents) lists per window."""
     windows, current = [], None
@@ -123,7 +126,7 @@ def pack_windows(examples: Sequence[SFTExample], block_size: int, pad_id: int) -
     return windows
 
 
-def packed_batch(windows: Sequence[tuple]) -> SFTBatch:
+def packed_batch(windows: Sequence[Window]) -> SFTBatch:
     x, y, positions, documents = (torch.tensor([w[i] for w in windows]) for i in range(4))  # (B, T) each
     return SFTBatch(x, y, positions, documents, None, int((y != IGNORE).sum()))
 
