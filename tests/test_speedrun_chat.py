@@ -54,6 +54,16 @@ def test_held_out_keys_are_never_drawn_for_training():
     assert {p.kind for p in held} == set(KINDS)
 
 
+def test_the_full_presets_held_out_questions_exist_and_too_many_is_a_clear_error():
+    problems = ProblemSet(0)
+    n = SpeedrunChatConfig().eval_per_kind
+    held = problems.sample(n * len(KINDS), "held_out", "eval")
+    assert all(sum(p.kind == k for p in held) == n for k in KINDS)
+    assert len({(p.kind, p.key) for p in held}) == len(held)
+    with pytest.raises(ValueError, match=r"spelling: only 92 distinct held-out questions .* lower eval_per_kind"):
+        problems.sample(100 * len(KINDS), "held_out", "eval")
+
+
 def test_the_reward_is_the_exact_answer():
     assert exact_answer(None, ["85", " 85.", "86", [{"role": "assistant", "content": "85"}]], ["85"] * 4) == \
         [1.0, 1.0, 0.0, 1.0]

@@ -10,6 +10,7 @@ from handformer.cli.common import parse_overrides
 
 
 def cmd_speedrun_chat(args: argparse.Namespace) -> int:
+    from handformer.io import atomic_write_text
     from handformer.see.plots import plot_stage_accuracy
     from handformer.tasks.speedrun_chat.pipeline import config_for, run_speedrun
     from handformer.tasks.speedrun_chat.report import accuracy_table
@@ -18,7 +19,7 @@ def cmd_speedrun_chat(args: argparse.Namespace) -> int:
     out = Path(args.out)
     report = run_speedrun(cfg, out, base=args.base)
     table = accuracy_table(report)
-    (out / "accuracy.md").write_text(table + "\n")
+    atomic_write_text(out / "accuracy.md", table + "\n")
     plot = plot_stage_accuracy(report, out / "accuracy.png")
     print(f"\n{table}\n\nplot: {plot}\nreport: {out / 'report.json'}")
     print(f"chat with it: handformer chat {out / 'grpo'}    serve it: handformer serve {out / 'grpo'}")

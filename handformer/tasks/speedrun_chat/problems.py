@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from handformer.data.dates import FIRST, N_DAYS, N_STYLES, render
 
 KINDS = ("dates", "arithmetic", "spelling", "counting")
+MAX_MISSES = 100_000  # draws in a row without a new problem: the split is used up
 
 
 @dataclass(frozen=True)
@@ -115,14 +116,20 @@ class ProblemSet:
         """`n` problems of `split` ("train" | "held_out"), the kinds in turn, from the named
         `stream` (each stage draws its own). Held-out problems are distinct."""
         rng = random.Random(f"{self.seed}:{split}:{stream}")
-        out, seen = [], set()
+        out, seen, misses = [], set(), 0
         while len(out) < n:
             kind = kinds[len(out) % len(kinds)]
             problem = draw(kind, rng, self.words)
-            if held_out(kind, problem.key, self.seed) != (split == "held_out"):
+            wrong_split = held_out(kind, problem.key, self.seed) != (split == "held_out")
+            if wrong_split or (split == "held_out" and (kind, problem.key) in seen):
+                misses += 1
+                if misses > MAX_MISSES:
+                    have = sum(p.kind == kind for p in out)
+                    raise ValueError(f"{kind}: only {have} distinct held-out questions exist for seed "
+                                     f"{self.seed}, fewer than the {n // len(kinds)} asked; ask for fewer "
+                                     "(speedrun chat: lower eval_per_kind)")
                 continue
-            if split == "held_out" and (kind, problem.key) in seen:
-                continue
+            misses = 0
             seen.add((kind, problem.key))
             out.append(problem)
         return out
