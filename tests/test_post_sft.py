@@ -313,6 +313,30 @@ def test_lora_sft_holds_adapters_and_loads_with_its_base(sft_inputs, tmp_path):
     assert any("lora" in name for name, _ in loaded.model.named_parameters())
 
 
+@pytest.mark.parametrize("route", ["hf", "gguf"])
+def test_sft_starts_from_an_imported_base_and_chats(sft_inputs, tmp_path, route):
+    """A base exported and imported back (import-hf, import-gguf): SFT learns from it and the result
+    chats in the template it learned."""
+    tmp, base, data = sft_inputs
+    imported = tmp_path / "imported"
+    if route == "hf":
+        assert main(["export-hf", str(base), str(tmp_path / "hf")]) == 0
+        assert main(["import-hf", str(tmp_path / "hf"), str(imported)]) == 0
+    else:
+        assert main(["export-gguf", str(base), str(tmp_path / "base.gguf")]) == 0
+        assert main(["import-gguf", str(tmp_path / "base.gguf"), str(imported)]) == 0
+    (tmp_path / "chatml.jinja").write_text(CHATML)
+    config = sft_config(tmp_path, imported, data, chat_template=str(tmp_path / "chatml.jinja"))
+    run = tmp_path / "sft"
+    assert main(["train", "--config", str(config), "--out", str(run), *quiet_sets(*SFT_SETS, "train.steps=4")]) == 0
+    rows = metric_rows(run)
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+    assert (run / "chat_template.jinja").read_text() == CHATML
+    from handformer.tasks.lm.chat import chat
+
+    assert isinstance(chat(run, temperature=0, max_new_tokens=4).send("what is 1 plus 2?"), str)
+
+
 @pytest.mark.parametrize("extra, message", [
     ({"chat_template": "missing.jinja"}, "chat_template='missing.jinja': no such file"),
     ({"format": "dialogue"}, "format='dialogue' is invalid"),
