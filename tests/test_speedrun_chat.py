@@ -8,7 +8,7 @@ import json
 import pytest
 
 from handformer.cli import main
-from handformer.tasks.speedrun_chat.pipeline import STAGES, SpeedrunChatConfig, config_for
+from handformer.tasks.speedrun_chat.pipeline import STAGES, SpeedrunChatConfig, config_for, text_reply
 from handformer.tasks.speedrun_chat.problems import KINDS, ProblemSet, exact_answer, held_out, is_correct
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -62,6 +62,15 @@ def test_the_full_presets_held_out_questions_exist_and_too_many_is_a_clear_error
     assert len({(p.kind, p.key) for p in held}) == len(held)
     with pytest.raises(ValueError, match=r"spelling: only 92 distinct held-out questions .* lower eval_per_kind"):
         problems.sample(100 * len(KINDS), "held_out", "eval")
+
+
+def test_a_base_model_that_continues_each_statement_right_is_scored_right():
+    """The base model is asked with the statement's beginning; the statement's own continuation
+    must count as the right answer in every task (counting's ends with " times")."""
+    for p in ProblemSet(0).sample(4 * len(KINDS), "held_out", "eval"):
+        continuation = p.statement[len(p.prefix):]
+        assert is_correct(text_reply(continuation + "\n\"other\" is", p), p.answer), (p.kind, continuation)
+        assert not is_correct(text_reply(" x" + continuation, p), p.answer)
 
 
 def test_the_reward_is_the_exact_answer():

@@ -200,19 +200,26 @@ def chat_answers(run_dir: Path, questions: list[str], max_new_tokens: int = 24) 
 
 
 def text_answers(run_dir: Path, prefixes: list[str], max_new_tokens: int = 24) -> list[str]:
-    """A base model's greedy continuations of statement beginnings, up to the full stop."""
+    """A base model's greedy continuations of statement beginnings (text_reply reads them)."""
     run = load_lm(run_dir, decoding=True)
     stops = list(run.tokens.eos_ids)
     pad = run.tokens.pad_id if run.tokens.pad_id is not None else 0
     outs = greedy(run.model, [run.tokenizer.encode(p) for p in prefixes], stops, max_new_tokens, pad)
-    texts = [run.tokenizer.decode(o) for o in outs]
-    return [t.split("\n")[0].split(". ")[0].strip() for t in texts]
+    return [run.tokenizer.decode(o) for o in outs]
+
+
+def text_reply(continuation: str, problem: Problem) -> str:
+    """A base model's answer in its continuation of the statement's beginning: the first line up
+    to the full stop, without what the statement has after the answer (" times")."""
+    reply = continuation.split("\n")[0].split(". ")[0].strip().rstrip(".")
+    return reply.removesuffix(problem.after).strip()
 
 
 def accuracy(stage: str, run_dir: Path, held: list[Problem], max_new_tokens: int) -> dict[str, Any]:
     """Held-out accuracy of a stage's run, overall and per task, and a few of its answers."""
     if stage == "base":
-        replies = text_answers(run_dir, [p.prefix for p in held], max_new_tokens)
+        texts = text_answers(run_dir, [p.prefix for p in held], max_new_tokens)
+        replies = [text_reply(t, p) for t, p in zip(texts, held)]
     else:
         replies = chat_answers(run_dir, [p.question for p in held], max_new_tokens)
     right = [is_correct(r, p.answer) for r, p in zip(replies, held)]

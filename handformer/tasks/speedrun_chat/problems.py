@@ -36,6 +36,7 @@ class Problem:
     statement: str  # the same fact as plain text (pretraining)
     prefix: str  # the statement up to the answer (how a base model is asked)
     key: str  # what the held-out split is decided on
+    after: str = ""  # what follows the answer in the statement (" times"): cut from a base model's reply
 
 
 def held_out(kind: str, key: str, seed: int) -> bool:
@@ -94,7 +95,7 @@ def _counting(rng: random.Random, words: Sequence[str]) -> Problem:
                       f'Count the letter "{letter}" in "{word}".',
                       f'How many "{letter}" are there in "{word}"?'])
     return Problem("counting", ask, str(count), f'"{word}" has the letter "{letter}" {count} times.',
-                   f'"{word}" has the letter "{letter}"', f"{word}:{letter}")
+                   f'"{word}" has the letter "{letter}"', f"{word}:{letter}", " times")
 
 
 def draw(kind: str, rng: random.Random, words: Sequence[str]) -> Problem:
