@@ -43,9 +43,9 @@ from handformer.training.loop import clip_gradients, make_optimizer  # noqa: E40
 from handformer.training.losses import token_cross_entropy  # noqa: E402
 
 
-def full_logits_loss(model: Seq2SeqTransformer, batch, label_smoothing: float) -> torch.Tensor:
+def full_logits_loss(model: Seq2SeqTransformer, batch, label_smoothing: float) -> tuple[torch.Tensor, dict]:
     logits = model(batch.src, batch.tgt_in).logits  # (B, T, V), padded rows included
-    return token_cross_entropy(logits, batch.tgt_out, model.cfg.pad_id, label_smoothing)
+    return token_cross_entropy(logits, batch.tgt_out, model.cfg.pad_id, label_smoothing), {}
 
 
 def main() -> None:
@@ -76,7 +76,7 @@ def main() -> None:
     for i, batch in enumerate(batches[: args.steps + 2]):
         if i == 2:
             start = time.perf_counter()
-        loss = loss_fn(model, batch, job.train.label_smoothing) / batch.n_tokens
+        loss = loss_fn(model, batch, job.train.label_smoothing)[0] / batch.n_tokens
         loss.backward()
         clip_gradients(model, job.train.clip_grad, torch.device("cpu"))
         optimizer.step()

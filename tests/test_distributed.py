@@ -101,13 +101,13 @@ def _grad_worker(rank: int, port: int, out: str) -> None:
         # The loop's sharding: rank r takes batches r, r + W, ... of the global list.
         micro = list(distributed.Shard(_split(_global_batch(), per_rank), rank, WORLD))
         assert len(micro) == accumulation
-        loss, tokens = forward_backward(ddp, micro, lm_loss, torch.device("cpu"), cfg, ctx)
+        loss, tokens, _ = forward_backward(ddp, micro, lm_loss, torch.device("cpu"), cfg, ctx)
         results[f"{per_rank}x{accumulation}"] = (loss, tokens, _grads(model))
     # Padded seq2seq batches whose real tokens differ between ranks: rank 0 gets 0 and 2.
     model = _seq2seq()
     ddp = distributed.wrap(model, ctx, torch.device("cpu"))
     micro = list(distributed.Shard(_padded_batches(), rank, WORLD))
-    loss, tokens = forward_backward(ddp, micro, seq2seq_loss, torch.device("cpu"), cfg, ctx)
+    loss, tokens, _ = forward_backward(ddp, micro, seq2seq_loss, torch.device("cpu"), cfg, ctx)
     results["seq2seq"] = (loss, tokens, _grads(model))
     if rank == 0:
         torch.save(results, out)
@@ -117,11 +117,11 @@ def _grad_worker(rank: int, port: int, out: str) -> None:
 def test_gradients_do_not_depend_on_the_split_over_ranks_and_micro_steps(tmp_path):
     model = _model()
     batch = _global_batch()
-    loss, tokens = forward_backward(model, [batch], lm_loss, torch.device("cpu"),
+    loss, tokens, _ = forward_backward(model, [batch], lm_loss, torch.device("cpu"),
                                     TrainConfig(label_smoothing=0.0))
     expected = _grads(model)
     model = _seq2seq()
-    s2s_loss, s2s_tokens = forward_backward(model, _padded_batches(), seq2seq_loss,
+    s2s_loss, s2s_tokens, _ = forward_backward(model, _padded_batches(), seq2seq_loss,
                                             torch.device("cpu"), TrainConfig(label_smoothing=0.0))
     s2s_expected = _grads(model)
     _spawn(_grad_worker, str(tmp_path / "grads.pt"))
@@ -292,7 +292,7 @@ def test_activation_checkpointing_keeps_gradients_and_names():
     assert list(plain.state_dict()) == list(ckpt.state_dict())
     batch = _global_batch()
     for m in (plain, ckpt):
-        lm_loss(m, batch, 0.0).backward()
+        lm_loss(m, batch, 0.0)[0].backward()
     for (name, a), b in zip(_grads(plain).items(), _grads(ckpt).values()):
         torch.testing.assert_close(a, b, msg=name)
 

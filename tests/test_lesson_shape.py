@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import lesson_shape  # noqa: E402
 
-LESSON_BRANCHES = 40  # the lesson as the tutorials write it (raised by: -)
+LESSON_BRANCHES = 41  # the lesson as the tutorials write it (raised by: packed documents, an
+# AttentionMask the caller builds passed to CausalLM.forward)
 FORWARD_LINES, FORWARD_BRANCHES, CAUSAL_LM_FORWARD_LINES = 40, 3, 25
 
 # What a lesson module may import from the package: the config, the models' starting weights, and

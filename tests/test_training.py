@@ -292,9 +292,9 @@ def test_evaluate_turns_dropout_off_and_restores_training_mode():
     assert losses[0] == losses[1]
     assert model.training
     torch.manual_seed(0)
-    a = translation.seq2seq_loss(model, batches[0], 0.0)
+    a, _ = translation.seq2seq_loss(model, batches[0], 0.0)
     torch.manual_seed(1)
-    b = translation.seq2seq_loss(model, batches[0], 0.0)
+    b, _ = translation.seq2seq_loss(model, batches[0], 0.0)
     assert a != b  # dropout really is active in training mode, so the check above means something
 
 
@@ -309,7 +309,7 @@ def test_the_training_loss_skips_padded_rows_and_equals_the_full_logits_loss():
     for fast in (True, False):
         model = tiny_model(seed=3)
         if fast:
-            loss = translation.seq2seq_loss(model, batch, 0.1)
+            loss, _ = translation.seq2seq_loss(model, batch, 0.1)
         else:
             logits = model(batch.src, batch.tgt_in).logits  # (B, T, V)
             loss = token_cross_entropy(logits, batch.tgt_out, PAD, 0.1)
@@ -460,7 +460,7 @@ def test_checkpoint_round_trip_restores_weights_optimizer_and_rng(tmp_path):
     model = tiny_model(seed=0, dropout=0.3)
     optimizer = make_optimizer(model, TrainConfig(), torch.device("cpu"))
     batch = collate([[4, 5, 6, 2], [7, 2]], [[5, 6], [8, 9, 10]], PAD, 1, 2)
-    translation.seq2seq_loss(model, batch, 0.1).backward()
+    translation.seq2seq_loss(model, batch, 0.1)[0].backward()
     optimizer.step()
     path = tmp_path / "checkpoint.safetensors"
     torch.manual_seed(123)

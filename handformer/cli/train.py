@@ -36,6 +36,13 @@ def resumed_job(args: argparse.Namespace) -> tuple[Path, dict]:
     saved = read_run_config(run_dir)
     run_model_config(run_dir, saved, Seq2SeqConfig if saved["task"] == "translation" else CausalLMConfig)
     job_dict = {k: v for k, v in saved.items() if k in ("task", "train", "data", "decode")}
+    post = saved.get("post_training")
+    if isinstance(post, dict):  # sft, dpo, grpo: the base stays needed (LoRA, the reference)
+        job_dict["task"] = post.get("task")
+        if post.get("settings"):
+            job_dict[post.get("task")] = post["settings"]
+        job_dict["model"] = {}
+        return run_dir, apply_set(job_dict, args.set)
     job_dict["model"] = {k: v for k, v in saved["model"].items()  # sizes come from tokenizers
                          if k not in ("family", "src_vocab_size", "tgt_vocab_size", "vocab_size",
                                       "pad_id")}
@@ -65,6 +72,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from handformer.tasks.lm.finetune import ADAPTERS_FILE
     from handformer.tasks.lm.job import LMJob
     from handformer.tasks.lm.train import run_train_lm
+    from handformer.tasks.post.job import POST_TASKS, PostJob
+    from handformer.tasks.post.train import run_post
     from handformer.tasks.translation.job import TranslationJob
     from handformer.tasks.translation.train import run_train
     from handformer.training.distributed import env_rank
@@ -78,15 +87,19 @@ def cmd_train(args: argparse.Namespace) -> int:
                                   or "lora" in job_dict.get("train", {})):
         raise ValueError("[train] init_from and [train.lora] fine-tune language models (task = \"lm\"); "
                          "a translation job trains from scratch")
-    if task not in ("translation", "lm"):
-        raise SystemExit(f"error: unknown task {task!r} in the config; use translation or lm")
+    if task not in ("translation", "lm", *POST_TASKS):
+        raise SystemExit(f"error: unknown task {task!r} in the config; use translation, lm, "
+                         f"{', '.join(POST_TASKS)}")
     try:
-        job = (TranslationJob if task == "translation" else LMJob).from_dict(job_dict)
+        if task in POST_TASKS:
+            job = PostJob.from_dict({**job_dict, "task": task})
+        else:
+            job = (TranslationJob if task == "translation" else LMJob).from_dict(job_dict)
     except ValueError as err:  # a resumed run's config.json, or --config with --set
         raise ValueError(f"{run_dir / 'config.json'}: {err}" if args.resume else str(err)) from None
     # One `handformer train` a run directory at a time (under torchrun, rank 0 holds the lock).
     with run_lock(run_dir, enabled=env_rank() == 0):
-        run = run_train if task == "translation" else run_train_lm
+        run = {"translation": run_train, "lm": run_train_lm}.get(task, run_post)
         _, result = run(job, run_dir, resume=bool(args.resume))
         if env_rank() != 0:  # under torchrun, rank 0 alone writes the plot and reports
             return 0

@@ -101,6 +101,16 @@ class Tokenizer:
         finally:
             self.hf.encode_special_tokens = True
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """`encode_with_special_tokens`, and the (start, end) characters of `text` that each token
+        came from: what tells which tokens a span of rendered text (an assistant's reply) holds."""
+        self.hf.encode_special_tokens = False
+        try:
+            encoding = self.hf.encode(text, add_special_tokens=False)
+        finally:
+            self.hf.encode_special_tokens = True
+        return encoding.ids, encoding.offsets
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         if self._char_ids is not None:
             return [self.encode(text) for text in texts]

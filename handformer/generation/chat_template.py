@@ -11,11 +11,12 @@ directory, else tokenizer_config.json's "chat_template" (a string, or a list of 
 The environment matches transformers' (facts checked against transformers 5.x): Jinja's
 *immutable sandbox* (templates come from the internet: no attribute access to internals, no
 mutating the messages), `trim_blocks` and `lstrip_blocks`, the `loopcontrols` extension
-(`{% break %}`), a `{% generation %}` block tag that renders its body (transformers uses it to
-mark assistant tokens), `tojson` as `json.dumps` without ASCII escaping (and with `indent`,
-`separators`, `sort_keys`), `raise_exception(msg)`, `strftime_now(fmt)`, `dict` and a `namespace`
-that refuses names starting with "_". Messages are copied as plain JSON data and keys whose value
-is None are dropped, as transformers does.
+(`{% break %}`), a `{% generation %}` block tag that renders its body and, in
+`render_with_spans`, records where each such block's text starts and ends (transformers uses the
+same tag to mark the assistant's tokens for training), `tojson` as `json.dumps` without ASCII
+escaping (and with `indent`, `separators`, `sort_keys`), `raise_exception(msg)`,
+`strftime_now(fmt)`, `dict` and a `namespace` that refuses names starting with "_". Messages are
+copied as plain JSON data and keys whose value is None are dropped, as transformers does.
 
 Every failure (no template, a syntax error, `raise_exception`, a sandbox violation, an undefined
 operation) is one `ValueError` that says which template and what went wrong.
@@ -25,24 +26,30 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 TEMPLATE_FILE, TOKENIZER_CONFIG = "chat_template.jinja", "tokenizer_config.json"
+# Private-use characters that bracket a {% generation %} block's text while spans are recorded
+# (render_with_spans), then removed; text that holds them cannot be rendered with spans.
+GENERATION_START, GENERATION_END = "\ue000", "\ue001"
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                        "mask_token")
 
 
-def _environment() -> Any:
-    """A fresh sandboxed Jinja environment with the globals and filters templates rely on."""
+def _environment(record_generation: bool = False) -> Any:
+    """A fresh sandboxed Jinja environment with the globals and filters templates rely on;
+    `record_generation`: {% generation %} blocks bracket their text with GENERATION_START/END."""
     import jinja2
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class GenerationBlock(jinja2.ext.Extension):
-        """`{% generation %}...{% endgeneration %}`: rendered as its body."""
+        """`{% generation %}...{% endgeneration %}`: rendered as its body (bracketed, when spans
+        are recorded)."""
 
         tags = {"generation"}
 
@@ -52,6 +59,8 @@ def _environment() -> Any:
             return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
         def _body(self, caller: Any) -> str:
+            if record_generation:
+                return GENERATION_START + caller() + GENERATION_END
             return caller()
 
     class SafeNamespace(jinja2.utils.Namespace):
@@ -144,6 +153,48 @@ class ChatTemplate:
         except jinja2.TemplateSyntaxError as err:
             raise ValueError(f"{origin} is not a valid Jinja template: line {err.lineno}: "
                              f"{err.message}") from None
+        self._recording: Any = None  # the same template compiled to record generation spans
+
+    @property
+    def has_generation_blocks(self) -> bool:
+        """Whether the template marks the assistant's text with {% generation %} blocks."""
+        return re.search(r"\{%-?\s*generation\s*-?%\}", self.source) is not None
+
+    def render_with_spans(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = False,
+                          tools: Sequence[Mapping[str, Any]] | None = None,
+                          documents: Sequence[Mapping[str, Any]] | None = None, **kwargs: Any,
+                          ) -> tuple[str, list[tuple[int, int]]]:
+        """The text `render` gives, and the (start, end) character spans of its {% generation %}
+        blocks, in order (none when the template has no such block)."""
+        for where, value in (("messages", messages), ("tools", tools), ("documents", documents),
+                             ("keyword arguments", kwargs)):
+            if GENERATION_START in repr(value) or GENERATION_END in repr(value):
+                raise ValueError(f"the {where} hold the private-use character U+E000 or U+E001, which "
+                                 "marks generation blocks while they are recorded; remove it")
+        if self._recording is None:
+            self._recording = _environment(record_generation=True).from_string(self.source)
+        marked = self.render(messages, add_generation_prompt, tools, documents, _template=self._recording,
+                             **kwargs)
+        return self._unmark(marked)
+
+    def _unmark(self, marked: str) -> tuple[str, list[tuple[int, int]]]:
+        """`marked` without the generation brackets, and where each bracketed text lies in it."""
+        pieces = re.split(f"([{GENERATION_START}{GENERATION_END}])", marked)
+        text: list[str] = []
+        spans: list[tuple[int, int]] = []
+        length, start = 0, None
+        for piece in pieces:
+            if piece == GENERATION_START:
+                if start is not None:
+                    raise ValueError(f"{self.origin} nests a generation block inside another")
+                start = length
+            elif piece == GENERATION_END:
+                spans.append((start, length))
+                start = None
+            else:
+                text.append(piece)
+                length += len(piece)
+        return "".join(text), [(a, b) for a, b in spans if b > a]
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                tools: Sequence[Mapping[str, Any]] | None = None,
@@ -152,9 +203,10 @@ class ChatTemplate:
         assistant turn, so the model's continuation is the reply."""
         import jinja2
 
+        template = kwargs.pop("_template", self._template)
         context = {**self.special_tokens, **plain_data(kwargs, "keyword arguments")}
         try:
-            return self._template.render(
+            return template.render(
                 messages=check_messages(messages), add_generation_prompt=add_generation_prompt,
                 tools=plain_data(tools, "tools"), documents=plain_data(documents, "documents"), **context)
         except jinja2.exceptions.SecurityError as err:
@@ -208,4 +260,5 @@ def load_chat_template(directory: str | os.PathLike) -> ChatTemplate | None:
     return ChatTemplate(source, tokens, origin)
 
 
-__all__ = ["ChatTemplate", "check_messages", "load_chat_template", "plain_data"]
+__all__ = ["GENERATION_END", "GENERATION_START", "ChatTemplate", "check_messages", "load_chat_template",
+           "plain_data"]

@@ -21,6 +21,7 @@ from handformer.initialization import gpt2_init
 from handformer.nn.blocks import DecoderOnlyBlock, collect
 from handformer.nn.embedding import TokenEmbedding
 from handformer.nn.inputs import (
+    check_caller_mask,
     check_length,
     check_mask,
     check_position_ids,
@@ -64,12 +65,13 @@ class CausalLM(nn.Module):
         window, a rolling one of sliding_window slots that never fills."""
         return KVCache(self.cfg.n_layers, max_length or self.cfg.max_positions, self.cfg.sliding_window)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | AttentionMask | None = None,
                 position_ids: Tensor | None = None, cache: KVCache | None = None,
                 need_weights: bool = False, logits_to_keep: int = 0) -> CausalLMOutput:
         """input_ids: (B, T) new tokens. attention_mask: (B, S) 1 = real token, 0 = padding, over
-        the cached and new positions. position_ids: (B, T); by default counted from the mask (so
-        left padding works) or from the cache length. cache: a `KVCache` to read and extend.
+        the cached and new positions; or a mask object the caller built (documents packed in a row:
+        `nn.masks.packed_mask`), with position_ids. position_ids: (B, T); by default counted from
+        the mask (so left padding works) or from the cache length. cache: a `KVCache` to read and extend.
         logits_to_keep: logits for the last that many positions only (1: all that generation
         needs); 0 = every position.
         """
@@ -86,13 +88,16 @@ class CausalLM(nn.Module):
         x = self.norm(x[:, -logits_to_keep:])  # (B, T, D), or (B, logits_to_keep, D)
         return CausalLMOutput(self.lm_head(x), collect(attentions, need_weights))  # logits (B, T, V)
 
-    def prepare_inputs(self, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None,
-                       cache: KVCache | NoCache) -> tuple[Tensor, AttentionMask]:
+    def prepare_inputs(self, input_ids: Tensor, attention_mask: Tensor | AttentionMask | None,
+                       position_ids: Tensor | None, cache: KVCache | NoCache) -> tuple[Tensor, AttentionMask]:
         """The inputs checked, then what every layer needs: the position of each new token
         (B|1, T), after the cache's, and the one attention mask."""
         check_token_ids(input_ids, self.cfg.vocab_size)
         B, T = input_ids.shape
         offset = cache.length
+        if isinstance(attention_mask, AttentionMask):  # the caller's own: documents packed in a row
+            check_caller_mask(position_ids, offset)
+            return self.position_ids(input_ids, None, position_ids, offset), attention_mask
         check_mask(attention_mask, (B, offset + T), "attention_mask")
         position_ids = self.position_ids(input_ids, attention_mask, position_ids, offset)
         if cache is not None and cache.window not in (None, self.cfg.sliding_window):

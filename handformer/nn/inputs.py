@@ -63,3 +63,14 @@ def check_position_ids(position_ids: Tensor, batch: int, length: int) -> None:
         raise TypeError(f"position_ids must hold integer positions, got dtype {position_ids.dtype}")
     if not torch.compiler.is_compiling() and int(position_ids.min()) < 0:  # a graph break to read
         raise ValueError(f"position_ids must be >= 0, got {int(position_ids.min())}")
+
+
+def check_caller_mask(position_ids: Tensor | None, offset: int) -> None:
+    """A mask object the caller built (packed documents) comes with the position of every token,
+    which the model cannot count from it, and only for a forward without cached positions."""
+    if position_ids is None:
+        raise ValueError("an AttentionMask passed as attention_mask needs position_ids too (packed "
+                         "documents: positions restart at 0 in each document)")
+    if offset:
+        raise ValueError("an AttentionMask passed as attention_mask is for a forward without a KV "
+                         "cache holding earlier positions; pass a (batch, length) 0/1 mask instead")

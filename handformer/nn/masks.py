@@ -55,6 +55,15 @@ def document_mask(document_ids: Tensor) -> Tensor:
     return (document_ids[:, :, None] == document_ids[:, None, :])[:, None]  # (B, 1, T, T)
 
 
+def packed_mask(document_ids: Tensor, window: int | None = None) -> AttentionMask:
+    """(B, T) document ids of several sequences packed into each row -> the self-attention mask of
+    a decoder-only model over them: causal (within the sliding window, if any) and inside each
+    document, (B, 1, T, T). Every query sees at least itself, so no row is empty."""
+    T = document_ids.size(1)
+    causal = causal_mask(T, device=document_ids.device, window=window)  # (T, T)
+    return AttentionMask(causal & document_mask(document_ids))  # (B, 1, T, T)
+
+
 def has_empty_rows(mask: Tensor) -> bool:
     """Whether some query row of a (..., T, S) mask sees no key at all (left padding: a padding
     query before the first real token). Softmax over no key is 0/0, so attention must handle

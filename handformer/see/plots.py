@@ -211,3 +211,27 @@ def plot_attention_heads(weights: np.ndarray, x_labels: Sequence[str], y_labels:
         save_figure(fig, out, dpi=dpi)
     plt.close(fig)
     return Path(out)
+
+
+def plot_stage_accuracy(report: dict, out: str | os.PathLike) -> Path:
+    """`handformer speedrun chat`'s plot: held-out accuracy after each stage, overall and per task."""
+    stages = list(report["stages"])
+    kinds = list(next(iter(report["stages"].values()))["per_kind"])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = range(len(stages))
+    for kind in kinds:
+        ax.plot(x, [100 * report["stages"][s]["per_kind"][kind] for s in stages], marker="o", alpha=0.6,
+                label=kind)
+    ax.plot(x, [100 * report["stages"][s]["accuracy"] for s in stages], marker="o", color="black",
+            linewidth=2.5, label="all tasks")
+    ax.set_xticks(list(x), stages)
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("held-out accuracy (%)")
+    ax.set_title("zero to chat: held-out accuracy after each stage")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = Path(out)
+    save_figure(fig, out, dpi=120)
+    plt.close(fig)
+    return out

@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("model", "train", "data", "decode")
+SECTIONS = ("model", "train", "data", "decode", "dpo", "grpo")
 
 
 def builtin_configs() -> list[str]:

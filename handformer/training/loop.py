@@ -3,6 +3,13 @@
 Read it top to bottom like nanoGPT's train.py: build the optimizer, maybe resume, then for each step
 gather micro-batches, forward under optional bf16 autocast, backward with the loss normalized by the
 real tokens of the whole step, clip, set the learning rate, step, log, evaluate, checkpoint.
+
+What is learned is the objective's: `loss_fn(model, batch) -> (loss, metrics)`, where `loss` is
+summed over the batch's `n_tokens` units (target tokens for language modeling and SFT, pairs for
+DPO, completions or completion tokens for GRPO) and `metrics` are sums over the same units. The
+loop divides both by the units of the whole step (every micro-batch, every rank), so the gradient
+is that of the step's mean loss whatever the batch, accumulation and world sizes; metrics.jsonl gets
+`train_loss` and each metric as means over the units since the last logged step.
 """
 
 from __future__ import annotations
@@ -111,7 +118,8 @@ class BatchSource(Protocol):
         ...
 
 
-LossFn = Callable[[nn.Module, Any, float], Tensor]  # (model, batch, label_smoothing) -> summed loss
+# (model, batch) -> (loss summed over batch.n_tokens units, {name: value summed over the same units})
+LossFn = Callable[[nn.Module, Any], tuple[Tensor, dict[str, float]]]
 
 
 def pick_device(name: str) -> torch.device:
@@ -156,25 +164,49 @@ def cpu_has_fast_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
+def add_metrics(total: dict[str, float], metrics: dict[str, Any]) -> dict[str, float]:
+    """`total` with each of `metrics` (floats or 0-d tensors) added to it."""
+    for name, value in metrics.items():
+        total[name] = total.get(name, 0.0) + float(value)
+    return total
+
+
+def all_sum_metrics(ctx: distributed.DistContext, metrics: dict[str, float], device: torch.device,
+                    ) -> dict[str, float]:
+    """The metrics summed over every rank (every rank reports the same names)."""
+    names = sorted(metrics)
+    return dict(zip(names, distributed.all_sum(ctx, *(metrics[n] for n in names), device=device)))
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: list, loss_fn: LossFn, device: torch.device,
-             bf16: bool = False, ctx: distributed.DistContext | None = None) -> float:
-    """Mean cross-entropy per real token (no label smoothing) over `batches`. Under torchrun
-    (`ctx`) each rank scores batches rank, rank + W, ... and the sums are all-reduced, so every
-    batch counts exactly once."""
+def evaluate_with_metrics(model: nn.Module, batches: list, loss_fn: LossFn, device: torch.device,
+                          bf16: bool = False, ctx: distributed.DistContext | None = None,
+                          ) -> tuple[float, dict[str, float]]:
+    """The mean loss per unit over `batches`, in eval mode (no dropout, no label smoothing), and
+    the mean of each metric. Under torchrun (`ctx`) each rank scores batches rank, rank + W, ...
+    and the sums are all-reduced, so every batch counts exactly once."""
     ctx = ctx or distributed.DistContext()
-    total, tokens = 0.0, 0
+    total, tokens, metrics = 0.0, 0, {}
     mine = batches[ctx.rank::ctx.world]
     with eval_mode(model):
         for i in range(math.ceil(len(batches) / ctx.world)):
             # A rank short of batches still runs a forward (discarded): FSDP's gathers need every rank.
             batch = (mine[i] if i < len(mine) else batches[0]).to(device)
             with autocast(device, bf16):
-                loss = float(loss_fn(model, batch, 0.0))
+                loss, batch_metrics = loss_fn(model, batch)
             if i < len(mine):
-                total, tokens = total + loss, tokens + batch.n_tokens
+                total, tokens = total + float(loss), tokens + batch.n_tokens
+                add_metrics(metrics, batch_metrics)
     total, tokens = distributed.all_sum(ctx, total, tokens, device=device)
-    return total / max(tokens, 1)
+    metrics = all_sum_metrics(ctx, metrics, device)
+    return total / max(tokens, 1), {k: v / max(tokens, 1) for k, v in metrics.items()}
+
+
+def evaluate(model: nn.Module, batches: list, loss_fn: LossFn, device: torch.device,
+             bf16: bool = False, ctx: distributed.DistContext | None = None) -> float:
+    """The mean loss per unit over `batches` (cross-entropy per real token for a language model),
+    in eval mode: `evaluate_with_metrics` without the metrics."""
+    return evaluate_with_metrics(model, batches, loss_fn, device, bf16, ctx)[0]
 
 
 class MetricsLog:
@@ -237,24 +269,26 @@ def _batches(source: BatchSource, epoch: int, position: int) -> Iterator[tuple[i
 
 def forward_backward(forward_model: nn.Module, micro: list, loss_fn: LossFn, device: torch.device,
                      cfg: TrainConfig, ctx: distributed.DistContext | None = None,
-                     ) -> tuple[float, int]:
+                     ) -> tuple[float, int, dict[str, float]]:
     """Accumulate the gradient of one step: the summed loss of the micro-batches divided by their
-    real tokens. Returns (summed loss, real tokens), both over all ranks under torchrun."""
+    units (real tokens). Returns (summed loss, units, summed metrics), all over every rank under
+    torchrun."""
     ctx = ctx or distributed.DistContext()
     step_tokens = sum(b.n_tokens for b in micro)
     # Under torchrun: the tokens of every rank's micro-batches; DDP averages gradients over ranks,
     # so scale by the world size to get the gradient of the global batch's mean loss.
     step_tokens = int(distributed.all_sum(ctx, step_tokens, device=device)[0])
-    step_loss = 0.0
+    step_loss, step_metrics = 0.0, {}
     for i, batch in enumerate(micro):
         batch = batch.to(device)
         with distributed.grad_sync(forward_model, ctx, last=i == len(micro) - 1):
             with autocast(device, cfg.bf16):
-                loss_sum = loss_fn(forward_model, batch, cfg.label_smoothing)
-            (loss_sum * ctx.world / step_tokens).backward()
+                loss_sum, metrics = loss_fn(forward_model, batch)
+            (loss_sum * ctx.world / max(step_tokens, 1)).backward()
         step_loss += loss_sum.item()
+        add_metrics(step_metrics, metrics)
     (step_loss,) = distributed.all_sum(ctx, step_loss, device=device)
-    return step_loss, step_tokens
+    return step_loss, step_tokens, all_sum_metrics(ctx, step_metrics, device)
 
 
 def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batches: list | None,
@@ -304,6 +338,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
     start = time.perf_counter()
     # The loss window since the last logged step, restored so a resumed run logs the same means.
     window_loss, window_tokens = state.get("window_loss", 0.0), state.get("window_tokens", 0)
+    window_metrics = dict(state.get("window_metrics", {}))
     window_start = start
 
     bar = None
@@ -321,7 +356,8 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
         position += 1  # the next batch to read after this step
 
         # 2. Forward and backward.
-        step_loss, step_tokens = forward_backward(forward_model, micro, loss_fn, device, cfg, ctx)
+        step_loss, step_tokens, step_metrics = forward_backward(forward_model, micro, loss_fn, device,
+                                                                cfg, ctx)
 
         # 3. Clip, set the learning rate, update.
         if cfg.clip_grad > 0:
@@ -339,26 +375,29 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
         # 4. Log.
         window_loss += step_loss
         window_tokens += step_tokens
+        add_metrics(window_metrics, step_metrics)
         now = time.perf_counter()
         if bar is not None:
             bar.update(1)
-            bar.set_postfix(loss=f"{step_loss / step_tokens:.3f}", lr=f"{lr:.2e}",
+            bar.set_postfix(loss=f"{step_loss / max(step_tokens, 1):.3f}", lr=f"{lr:.2e}",
                             tok_s=f"{window_tokens / max(now - window_start, 1e-9):,.0f}")
         record: dict[str, Any] | None = None
         if step % cfg.log_every == 0 or step == cfg.steps:
             record = {"step": step, "elapsed_s": round(elapsed_before + now - start, 3), "lr": lr,
-                      "train_loss": window_loss / window_tokens,
+                      "train_loss": window_loss / max(window_tokens, 1),
+                      **{k: v / max(window_tokens, 1) for k, v in window_metrics.items()},
                       "tokens_per_s": window_tokens / max(now - window_start, 1e-9), "epoch": epoch}
-            window_loss, window_tokens, window_start = 0.0, 0, now
+            window_loss, window_tokens, window_metrics, window_start = 0.0, 0, {}, now
 
         # 5. Evaluate, keep the best weights, write a resumable checkpoint.
         evaluating = val_batches is not None and (step % cfg.eval_every == 0 or step == cfg.steps)
         if evaluating:
             eval_set = val_batches[: cfg.eval_batches] if cfg.eval_batches else val_batches
-            last_val = evaluate(model, eval_set, loss_fn, device, cfg.bf16, ctx)
+            last_val, val_metrics = evaluate_with_metrics(model, eval_set, loss_fn, device, cfg.bf16, ctx)
             record = record or {"step": step, "elapsed_s": round(elapsed_before + now - start, 3),
                                 "lr": lr}
             record["val_loss"] = last_val
+            record.update({f"val_{k}": v for k, v in val_metrics.items()})
             if best is None or last_val < best:
                 best = last_val
                 with explain_write_errors(run_dir / weights_file, run_dir, resumable_step):
@@ -382,6 +421,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
                                      "position": distributed.global_position(ctx, position),
                                      "best_val_loss": best, "elapsed_s": elapsed,
                                      "window_loss": window_loss, "window_tokens": window_tokens,
+                                     "window_metrics": window_metrics,
                                      "train_config": asdict(cfg)}, full_state, full_optim)
             resumable_step = step
     if bar is not None:

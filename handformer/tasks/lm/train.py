@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import asdict
@@ -32,10 +33,19 @@ from handformer.training.loop import TrainResult, train_new_model
 from handformer.training.losses import token_cross_entropy
 
 
-def lm_loss(model: torch.nn.Module, batch: LMBatch, label_smoothing: float) -> torch.Tensor:
-    """Summed next-token cross-entropy over every position (windows have no padding)."""
+def lm_loss(model: torch.nn.Module, batch: LMBatch, label_smoothing: float = 0.0,
+            ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loop's objective for language modeling: the summed next-token cross-entropy over every
+    position (windows have no padding), and no other metrics. Label smoothing applies in training
+    mode only, so evaluation reports the plain cross-entropy."""
     logits = model(batch.x).logits  # (B, T, V)
-    return token_cross_entropy(logits, batch.y, None, label_smoothing)
+    smoothing = label_smoothing if model.training else 0.0
+    return token_cross_entropy(logits, batch.y, None, smoothing), {}
+
+
+def lm_objective(job_train) -> functools.partial:
+    """lm_loss with the run's label smoothing, as the loop calls it: (model, batch)."""
+    return functools.partial(lm_loss, label_smoothing=job_train.label_smoothing)
 
 
 def train_tokens(tokenizer: Tokenizer) -> SpecialTokens:
@@ -139,8 +149,8 @@ def run_train_lm_shards(job: LMJob, run_dir: Path, resume: bool, log) -> tuple[C
         else:
             log("no tokenizer: the run will have no tokenizer.json (generate needs one)")
         write_lm_run_config(run_dir, model_cfg, tokens, train=asdict(job.train), data=asdict(data))
-    return train_new_model(lambda: CausalLM(model_cfg), job.train, windows, val_batches, lm_loss,
-                           run_dir, resume=resume, log=log)
+    return train_new_model(lambda: CausalLM(model_cfg), job.train, windows, val_batches,
+                           lm_objective(job.train), run_dir, resume=resume, log=log)
 
 
 def run_train_lm(job: LMJob, run_dir: str | os.PathLike, resume: bool = False,
@@ -177,7 +187,7 @@ def run_train_lm(job: LMJob, run_dir: str | os.PathLike, resume: bool = False,
             finetune.copy_chat_files(base.path, run_dir)
 
     return train_new_model(_builder(job, model_cfg, run_dir, resume), job.train, windows, val_batches,
-                           lm_loss, run_dir, resume=resume, log=log,
+                           lm_objective(job.train), run_dir, resume=resume, log=log,
                            weights_file=finetune.ADAPTERS_FILE if job.lora else "model.safetensors")
 
 

@@ -12,6 +12,7 @@ A run directory holds:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import asdict
@@ -36,11 +37,15 @@ from handformer.training.loop import TrainResult, train_new_model
 from handformer.training.losses import token_cross_entropy
 
 
-def seq2seq_loss(model: torch.nn.Module, batch: Seq2SeqBatch, label_smoothing: float) -> torch.Tensor:
+def seq2seq_loss(model: torch.nn.Module, batch: Seq2SeqBatch, label_smoothing: float = 0.0,
+                 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loop's objective for translation: summed cross-entropy over the real target tokens (label
+    smoothing in training mode only: evaluation reports the plain cross-entropy), no other metrics."""
     pad_id = model_pad_id(model)
     real = batch.tgt_out != pad_id  # (B, T): logits only where there is a target to score
     logits = model(batch.src, batch.tgt_in, logits_at=real).logits  # (N, V)
-    return token_cross_entropy(logits, batch.tgt_out[real], pad_id, label_smoothing)
+    smoothing = label_smoothing if model.training else 0.0
+    return token_cross_entropy(logits, batch.tgt_out[real], pad_id, smoothing), {}
 
 
 def model_pad_id(model: torch.nn.Module) -> int:
@@ -79,8 +84,9 @@ def run_train(job: TranslationJob, run_dir: str | os.PathLike, resume: bool = Fa
     if val_pairs is not None:
         val_batches = batched_pairs(job, val_pairs.pairs, src_tok, tgt_tok, max_len, shuffle=False).epoch(0)
 
+    loss_fn = functools.partial(seq2seq_loss, label_smoothing=job.train.label_smoothing)
     return train_new_model(lambda: Seq2SeqTransformer(model_cfg), job.train, train_data, val_batches,
-                           seq2seq_loss, run_dir, resume=resume, log=log)
+                           loss_fn, run_dir, resume=resume, log=log)
 
 
 def save_run_config(run_dir: Path, model_cfg: Seq2SeqConfig, job: TranslationJob) -> None:

@@ -1,0 +1,171 @@
+"""Conversations into training batches: packed several to a window, or one to a row with padding.
+
+Each conversation becomes x = ids[:-1] and y = ids[1:], with y = -100 where the loss learns
+nothing (not the assistant's token). Shifting within the conversation means its last token never
+predicts the next conversation's first.
+
+    packed   windows of block_size positions, filled with whole conversations in order; a batch
+             carries each position's document id, attention never crosses a conversation (the
+             mask object's document mask, nn/masks.py: packed_mask) and positions restart at 0 in
+             each, so the loss is the one each conversation would get alone. The window's tail is
+             padding: a document of its own, learned nothing.
+    padded   batch_size conversations a batch, right-padded to the longest (an attention mask hides
+             the padding).
+
+A conversation longer than the block is truncated to it (its start kept) or dropped
+(`overlong`); one left with nothing to learn is dropped. `SFTBatches.epoch(e)` shuffles the
+conversations with seed + e, so every epoch sees them in a new order and a run resumes exactly.
+
+Shape legend: B rows, T positions.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from handformer.tasks.post.rendering import Rendered
+
+IGNORE = -100  # a target the loss skips (F.cross_entropy's ignore_index)
+
+
+@dataclass
+class SFTExample:
+    x: list[int]  # ids[:-1]
+    y: list[int]  # ids[1:], IGNORE where not learned
+
+
+@dataclass
+class SFTBatch:
+    x: Tensor  # (B, T) input ids
+    y: Tensor  # (B, T) targets, IGNORE where nothing is learned
+    position_ids: Tensor  # (B, T): from 0 in each conversation
+    document_ids: Tensor | None  # (B, T) packed windows: which conversation each position holds
+    attention_mask: Tensor | None  # (B, T) padded rows: 1 = real token
+    n_tokens: int  # learned targets
+
+    def to(self, device: torch.device | str) -> SFTBatch:
+        def move(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(device, non_blocking=True)
+
+        return SFTBatch(move(self.x), move(self.y), move(self.position_ids), move(self.document_ids),
+                        move(self.attention_mask), self.n_tokens)
+
+
+@dataclass
+class Counts:
+    """What became of the conversations, reported by the run."""
+
+    kept: int = 0
+    truncated: int = 0
+    dropped_long: int = 0  # over the block, with overlong = "drop"
+    dropped_empty: int = 0  # nothing left to learn after truncation
+
+    def report(self, block_size: int) -> str:
+        parts = [f"{self.kept:,} conversations"]
+        if self.truncated:
+            parts.append(f"{self.truncated:,} truncated to block_size={block_size}")
+        if self.dropped_long:
+            parts.append(f"{self.dropped_long:,} dropped: longer than block_size={block_size}")
+        if self.dropped_empty:
+            parts.append(f"{self.dropped_empty:,} dropped: nothing to learn within the block")
+        return ", ".join(parts)
+
+
+def examples_from(rendered: Sequence[Rendered], block_size: int, overlong: str,
+                  ) -> tuple[list[SFTExample], Counts]:
+    """The training examples of the rendered conversations, each at most block_size positions."""
+    counts, out = Counts(), []
+    for r in rendered:
+        ids, learned = r.ids, r.learned
+        if len(ids) - 1 > block_size:
+            if overlong == "drop":
+                counts.dropped_long += 1
+                continue
+            ids, learned = ids[:block_size + 1], learned[:block_size + 1]
+            counts.truncated += 1
+        y = [t if keep else IGNORE for t, keep in zip(ids[1:], learned[1:])]
+        if all(t == IGNORE for t in y):
+            counts.dropped_empty += 1
+            continue
+        out.append(SFTExample(ids[:-1], y))
+        counts.kept += 1
+    return out, counts
+
+
+Window = tuple[list[int], list[int], list[int], list[int]]  # x, y, positions, document ids
+
+
+def pack_windows(examples: Sequence[SFTExample], block_size: int, pad_id: int) -> list[Window]:
+    """Whole conversations into windows of block_size, in order: a window is closed when the next
+    conversation does not fit. Returns (x, y, positions, documents) lists per window."""
+    windows, current = [], None
+    for ex in examples:
+        if current is None or len(current[0]) + len(ex.x) > block_size:
+            if current is not None:
+                windows.append(current)
+            current = ([], [], [], [])
+        doc = current[3][-1] + 1 if current[3] else 0
+        current[0].extend(ex.x)
+        current[1].extend(ex.y)
+        current[2].extend(range(len(ex.x)))
+        current[3].extend([doc] * len(ex.x))
+    if current is not None:
+        windows.append(current)
+    for x, y, positions, documents in windows:  # the tail: padding, a document of its own
+        n = block_size - len(x)
+        tail_doc = documents[-1] + 1
+        x.extend([pad_id] * n)
+        y.extend([IGNORE] * n)
+        positions.extend(range(n))
+        documents.extend([tail_doc] * n)
+    return windows
+
+
+def packed_batch(windows: Sequence[Window]) -> SFTBatch:
+    x, y, positions, documents = (torch.tensor([w[i] for w in windows]) for i in range(4))  # (B, T) each
+    return SFTBatch(x, y, positions, documents, None, int((y != IGNORE).sum()))
+
+
+def padded_batch(examples: Sequence[SFTExample], pad_id: int) -> SFTBatch:
+    T = max(len(ex.x) for ex in examples)
+    x = torch.full((len(examples), T), pad_id, dtype=torch.long)  # (B, T)
+    y = torch.full((len(examples), T), IGNORE, dtype=torch.long)
+    mask = torch.zeros(len(examples), T, dtype=torch.long)
+    for i, ex in enumerate(examples):
+        x[i, :len(ex.x)] = torch.tensor(ex.x)
+        y[i, :len(ex.y)] = torch.tensor(ex.y)
+        mask[i, :len(ex.x)] = 1
+    positions = torch.arange(T).expand(len(examples), T)  # (B, T); padding follows the real tokens
+    return SFTBatch(x, y, positions, None, mask, int((y != IGNORE).sum()))
+
+
+class SFTBatches:
+    """The batches of an SFT run, one epoch at a time (the loop's BatchSource)."""
+
+    def __init__(self, examples: Sequence[SFTExample], batch_size: int, block_size: int, pad_id: int,
+                 packing: bool, shuffle: bool = True, seed: int = 0) -> None:
+        if not examples:
+            raise ValueError("no conversations are left to train on (all were dropped); raise "
+                             "data.block_size or set data.overlong = \"truncate\"")
+        self.examples, self.batch_size, self.block_size = list(examples), batch_size, block_size
+        self.pad_id, self.packing, self.shuffle, self.seed = pad_id, packing, shuffle, seed
+
+    def epoch(self, epoch: int) -> list[SFTBatch]:
+        order = list(range(len(self.examples)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        examples = [self.examples[i] for i in order]
+        B = self.batch_size
+        if self.packing:
+            windows = pack_windows(examples, self.block_size, self.pad_id)
+            return [packed_batch(windows[i:i + B]) for i in range(0, len(windows), B)]
+        return [padded_batch(examples[i:i + B], self.pad_id) for i in range(0, len(examples), B)]
+
+
+__all__ = ["IGNORE", "Counts", "SFTBatch", "SFTBatches", "SFTExample", "examples_from", "pack_windows",
+           "packed_batch", "padded_batch"]

@@ -1,0 +1,383 @@
+"""Zero to chat on a CPU: `handformer speedrun chat` builds a small assistant from nothing.
+
+    1. base   a BPE tokenizer (with ChatML's role tokens reserved) and a Llama-style model
+              pretrained on the tasks' facts as plain text ("37 plus 48 is 85.") and on the
+              embedded pydoc corpus; the chat template written here (ChatML, replies marked)
+    2. sft    supervised fine-tuning on conversations of the tasks (one to three turns, some with
+              a system message), the loss on the assistant's replies only, packed
+    3. dpo    preference pairs on other training questions: the right answer over the SFT
+              model's own wrong one (or a near miss where it was right)
+    4. grpo   completions sampled for further questions, rewarded 1 for the exact answer
+
+After each stage the model answers the same held-out questions (problems.py: never seen in any
+stage) greedily; the base model is asked with the statement's beginning ('37 plus 48 is') as
+plain text, the others in the chat template. Each stage is a run directory under the output
+folder (base/, sft/, dpo/, grpo/); a finished stage is skipped when the command runs again and an
+interrupted one resumes from its checkpoint. `handformer chat OUT/grpo` talks to the result.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from handformer.config import dataclass_from_dict
+from handformer.data.tokenizer import Tokenizer
+from handformer.generation.chat_template import TEMPLATE_FILE, load_chat_template
+from handformer.generation.engine import Engine, Row, SamplingOptions
+from handformer.io import atomic_write_text
+from handformer.modes import eval_mode
+from handformer.tasks.lm.job import LMJob
+from handformer.tasks.lm.run import load_lm
+from handformer.tasks.lm.train import run_train_lm
+from handformer.tasks.post.job import PostJob
+from handformer.tasks.post.train import run_post
+from handformer.tasks.speedrun_chat.problems import KINDS, Problem, ProblemSet, is_correct, wrong_answers
+
+ROLE_TOKENS = ("<|im_start|>", "<|im_end|>")
+# ChatML, the assistant's reply and its end token marked for the loss.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' }}"
+    "{% generation %}{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+    "{% else %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+SYSTEM_PROMPTS = ("You are a careful assistant. Answer with the answer only.", "Answer briefly.")
+REWARD = "handformer.tasks.speedrun_chat.problems:exact_answer"
+STAGES = ("base", "sft", "dpo", "grpo")
+DONE = "speedrun_stage.json"
+
+
+@dataclass
+class SpeedrunChatConfig:
+    seed: int = 0  # fixes the problems, the held-out split, initialization and data order
+    threads: int = 0  # torch's threads while training; 0 = one per core
+    # the base model and its pretraining
+    vocab_size: int = 2048  # BPE vocabulary (the role tokens come on top)
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    block_size: int = 128  # the context: every stage's conversations fit it
+    pretrain_facts: int = 120_000  # task statements in the pretraining text
+    pretrain_pydoc_chars: int = 600_000  # characters of the pydoc corpus beside them
+    pretrain_steps: int = 1500
+    pretrain_batch: int = 32
+    pretrain_lr: float = 3e-3
+    # supervised fine-tuning
+    sft_conversations: int = 8000
+    sft_steps: int = 600
+    sft_batch: int = 16  # windows of block_size, several conversations each
+    sft_lr: float = 1e-3
+    # preferences
+    dpo_pairs: int = 2000
+    dpo_steps: int = 150
+    dpo_batch: int = 16
+    dpo_lr: float = 5e-5  # 2e-4 lowered the held-out accuracy (docs/benchmarks.md)
+    dpo_beta: float = 0.1
+    # reinforcement learning with the exact-answer reward
+    grpo_prompts: int = 2000
+    grpo_steps: int = 60
+    grpo_batch: int = 16  # prompts a step
+    grpo_group: int = 8  # completions a prompt
+    grpo_lr: float = 1e-4
+    grpo_max_new_tokens: int = 24
+    # evaluation
+    eval_per_kind: int = 80  # held-out questions of each task (seed 0 holds out 92 words to spell)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "float":
+                if not value > 0:
+                    raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be > 0")
+                continue
+            low = 0 if f.name in ("seed", "threads", "pretrain_pydoc_chars") else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be an integer "
+                                 f">= {low}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"speedrun chat: d_model={self.d_model} must be a multiple of "
+                             f"n_heads={self.n_heads}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpeedrunChatConfig:
+        return dataclass_from_dict(cls, data, "speedrun chat")
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "full": {},
+    # a few seconds a stage: the test suite runs the whole pipeline with it
+    "smoke": {"vocab_size": 300, "d_model": 32, "n_layers": 2, "n_heads": 2, "block_size": 96,
+              "pretrain_facts": 400, "pretrain_pydoc_chars": 2000, "pretrain_steps": 20, "pretrain_batch": 8,
+              "sft_conversations": 60, "sft_steps": 6, "sft_batch": 4, "dpo_pairs": 16, "dpo_steps": 4,
+              "dpo_batch": 4, "grpo_prompts": 8, "grpo_steps": 3, "grpo_batch": 2, "grpo_group": 3,
+              "grpo_max_new_tokens": 8, "eval_per_kind": 3},
+}
+
+
+def config_for(preset: str, overrides: dict[str, Any]) -> SpeedrunChatConfig:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose {' or '.join(PRESETS)}")
+    return SpeedrunChatConfig.from_dict({**PRESETS[preset], **overrides})
+
+
+# --- data ---------------------------------------------------------------------------------------
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def pretraining_text(cfg: SpeedrunChatConfig, problems: ProblemSet) -> str:
+    """Documents (separated by blank lines) of eight statements each, with pydoc paragraphs
+    between them."""
+    from handformer.data.text import pydoc_corpus
+
+    facts = [p.statement for p in problems.sample(cfg.pretrain_facts, "train", "pretrain")]
+    docs = ["\n".join(facts[i:i + 8]) for i in range(0, len(facts), 8)]
+    prose = [p.strip() for p in pydoc_corpus()[:cfg.pretrain_pydoc_chars].split("\n\n") if p.strip()]
+    rng = random.Random(cfg.seed)
+    mixed = docs + prose
+    rng.shuffle(mixed)
+    return "\n\n".join(mixed) + "\n"
+
+
+def conversation(problems: list[Problem], rng: random.Random) -> dict:
+    messages = [{"role": "system", "content": rng.choice(SYSTEM_PROMPTS)}] if rng.random() < 0.3 else []
+    for p in problems:
+        messages += [{"role": "user", "content": p.question}, {"role": "assistant", "content": p.answer}]
+    return {"messages": messages}
+
+
+def sft_records(cfg: SpeedrunChatConfig, problems: ProblemSet) -> list[dict]:
+    pool = problems.sample(cfg.sft_conversations * 2, "train", "sft")
+    rng, out, i = random.Random(cfg.seed + 1), [], 0
+    while len(out) < cfg.sft_conversations:
+        turns = rng.choice([1, 1, 2, 3])
+        out.append(conversation(pool[i:i + turns], rng))
+        i = (i + turns) % (len(pool) - 3)
+    return out
+
+
+# --- answering ----------------------------------------------------------------------------------
+
+@torch.inference_mode()
+def greedy(model, prompts: list[list[int]], stop_ids: list[int], max_new_tokens: int, pad_id: int,
+           chunk: int = 64) -> list[list[int]]:
+    """Each prompt's greedy continuation through the engine, in batches of `chunk`."""
+    out = []
+    with eval_mode(model):
+        for i in range(0, len(prompts), chunk):
+            rows = [Row(p, max_new_tokens, SamplingOptions(temperature=0), frozenset(stop_ids))
+                    for p in prompts[i:i + chunk]]
+            engine = Engine(model, pad_id=pad_id)
+            engine.add(rows)
+            engine.run()
+            out += [row.tokens for row in rows]
+    return out
+
+
+def chat_answers(run_dir: Path, questions: list[str], max_new_tokens: int = 24) -> list[str]:
+    """The run's greedy replies to single user messages, in its chat template."""
+    from handformer.generation.chat import stop_ids_for
+
+    run = load_lm(run_dir, decoding=True)
+    template = load_chat_template(run_dir)
+    stops = stop_ids_for(run.tokenizer, run.tokens.eos_ids, template)
+    encode = run.tokenizer.encode_with_special_tokens
+    prompts = [encode(template.render([{"role": "user", "content": q}], True)) for q in questions]
+    pad = run.tokens.pad_id if run.tokens.pad_id is not None else 0
+    replies = greedy(run.model, prompts, stops, max_new_tokens, pad)
+    decode = run.tokenizer.hf.decode
+    return [decode([t for t in r if t not in stops], skip_special_tokens=True) for r in replies]
+
+
+def text_answers(run_dir: Path, prefixes: list[str], max_new_tokens: int = 24) -> list[str]:
+    """A base model's greedy continuations of statement beginnings (text_reply reads them)."""
+    run = load_lm(run_dir, decoding=True)
+    stops = list(run.tokens.eos_ids)
+    pad = run.tokens.pad_id if run.tokens.pad_id is not None else 0
+    outs = greedy(run.model, [run.tokenizer.encode(p) for p in prefixes], stops, max_new_tokens, pad)
+    return [run.tokenizer.decode(o) for o in outs]
+
+
+def text_reply(continuation: str, problem: Problem) -> str:
+    """A base model's answer in its continuation of the statement's beginning: the first line up
+    to the full stop, without what the statement has after the answer (" times")."""
+    reply = continuation.split("\n")[0].split(". ")[0].strip().rstrip(".")
+    return reply.removesuffix(problem.after).strip()
+
+
+def accuracy(stage: str, run_dir: Path, held: list[Problem], max_new_tokens: int) -> dict[str, Any]:
+    """Held-out accuracy of a stage's run, overall and per task, and a few of its answers."""
+    if stage == "base":
+        texts = text_answers(run_dir, [p.prefix for p in held], max_new_tokens)
+        replies = [text_reply(t, p) for t, p in zip(texts, held)]
+    else:
+        replies = chat_answers(run_dir, [p.question for p in held], max_new_tokens)
+    right = [is_correct(r, p.answer) for r, p in zip(replies, held)]
+    per_kind = {k: sum(c for c, p in zip(right, held) if p.kind == k) / max(1, sum(p.kind == k for p in held))
+                for k in KINDS}
+    examples = [{"question": p.question if stage != "base" else p.prefix, "reply": r, "answer": p.answer}
+                for p, r in list(zip(held, replies))[:: max(1, len(held) // 8)]]
+    return {"accuracy": sum(right) / len(right), "per_kind": per_kind, "examples": examples}
+
+
+# --- stages -------------------------------------------------------------------------------------
+
+def _stage_state(run_dir: Path) -> str:
+    """done (finished earlier), resume (a checkpoint to continue) or new."""
+    if (run_dir / DONE).is_file():
+        return "done"
+    return "resume" if (run_dir / "checkpoint.safetensors").is_file() else "new"
+
+
+def _fresh(run_dir: Path) -> None:
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+
+
+def train_base(cfg: SpeedrunChatConfig, problems: ProblemSet, out: Path, log) -> Path:
+    from tokenizers import AddedToken
+
+    from handformer.data.prepare import prepare
+
+    run_dir, data = out / "base", out / "data"
+    state = _stage_state(run_dir)
+    if state == "new":
+        _fresh(run_dir)
+        data.mkdir(parents=True, exist_ok=True)
+        text = pretraining_text(cfg, problems)
+        atomic_write_text(data / "pretrain.txt", text)
+        tok = Tokenizer.train_bpe([text], cfg.vocab_size)
+        tok.hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ROLE_TOKENS])
+        tok.save(data / "tokenizer.json")
+        prepare(data / "pretrain.txt", data / "shards", str(data / "tokenizer.json"), val_fraction=0.02,
+                progress=False, log=log)
+    job = LMJob.from_dict({
+        "model": {"preset": "llama", "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
+                  "n_kv_heads": cfg.n_heads, "d_ff": 4 * cfg.d_model, "max_positions": cfg.block_size,
+                  "dropout": 0.0},
+        "train": _train(cfg, cfg.pretrain_steps, cfg.pretrain_lr, warmup=min(100, cfg.pretrain_steps // 10)),
+        "data": {"shards": str(data / "shards"), "tokenizer": str(data / "tokenizer.json"),
+                 "block_size": cfg.block_size, "batch_size": cfg.pretrain_batch, "eval_batches": 8}})
+    run_train_lm(job, run_dir, resume=state == "resume", log=log)
+    atomic_write_text(run_dir / TEMPLATE_FILE, CHAT_TEMPLATE)
+    return run_dir
+
+
+def _train(cfg: SpeedrunChatConfig, steps: int, lr: float, warmup: int) -> dict[str, Any]:
+    every = max(1, steps // 4)
+    return {"steps": steps, "lr": lr, "warmup": warmup, "schedule": "cosine", "min_lr": lr / 10,
+            "eval_every": every, "log_every": max(1, steps // 40), "progress": False, "seed": cfg.seed,
+            "threads": cfg.threads, "weight_decay": 0.0, "beta2": 0.99}
+
+
+def post_stage(task: str, cfg: SpeedrunChatConfig, base: Path, out: Path, data: dict[str, Any],
+               section: dict[str, Any], steps: int, lr: float, log) -> Path:
+    run_dir = out / task
+    state = _stage_state(run_dir)
+    if state == "new":
+        _fresh(run_dir)
+    train = {"init_from": str(base), **_train(cfg, steps, lr, steps // 10)}
+    job = PostJob.from_dict({"task": task, "train": train, "data": {"block_size": cfg.block_size, **data},
+                             **section})
+    run_post(job, run_dir, resume=state == "resume", log=log)
+    return run_dir
+
+
+def dpo_records(cfg: SpeedrunChatConfig, problems: ProblemSet, sft_dir: Path) -> tuple[list[dict], float]:
+    """Pairs: the right answer over the SFT model's own wrong one, or a near miss where it was
+    right. Returns them and the share of questions the SFT model got wrong."""
+    pool = problems.sample(cfg.dpo_pairs, "train", "dpo")
+    replies = chat_answers(sft_dir, [p.question for p in pool], cfg.grpo_max_new_tokens)
+    rng, out, wrong = random.Random(cfg.seed + 2), [], 0
+    for p, reply in zip(pool, replies):
+        mistaken = not is_correct(reply, p.answer) and reply.strip()
+        wrong += bool(mistaken)
+        rejected = reply.strip() if mistaken else wrong_answers(p, rng)
+        out.append({"prompt": p.question, "chosen": p.answer, "rejected": rejected})
+    return out, wrong / len(pool)
+
+
+def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print, base: str | Path | None = None,
+                 ) -> dict[str, Any]:
+    """Every stage in turn (finished ones skipped), each evaluated on the held-out questions;
+    returns the report (also written to OUT/report.json). `base`: start from this run instead of
+    pretraining one (its vocabulary gains the role tokens, its embeddings a row each)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    problems = ProblemSet(cfg.seed)
+    held = problems.sample(cfg.eval_per_kind * len(KINDS), "held_out", "eval")
+    report: dict[str, Any] = {"config": asdict(cfg), "base": None if base is None else str(base),
+                              "stages": {}}
+    previous = None
+    for stage in STAGES:
+        run_dir = out / stage
+        if _stage_state(run_dir) == "done":
+            result = json.loads((run_dir / DONE).read_text())
+            log(f"[{stage}] done earlier: held-out accuracy {result['accuracy']:.1%}")
+        else:
+            start = time.perf_counter()
+            log(f"[{stage}] training")
+            notes = run_stage(stage, cfg, problems, out, previous, log, base)
+            result = {**accuracy(stage, run_dir, held, cfg.grpo_max_new_tokens),
+                      "seconds": round(time.perf_counter() - start, 1), **notes}
+            atomic_write_text(run_dir / DONE, json.dumps(result, indent=2) + "\n")
+            kinds = ", ".join(f"{k} {v:.0%}" for k, v in result["per_kind"].items())
+            log(f"[{stage}] held-out accuracy {result['accuracy']:.1%} ({kinds}) in "
+                f"{result['seconds']:.0f} s")
+        report["stages"][stage] = result
+        previous = run_dir
+    atomic_write_text(out / "report.json", json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def run_stage(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet, out: Path, previous: Path | None,
+              log, base: str | Path | None = None) -> dict[str, Any]:
+    """Train one stage from the previous stage's run; returns notes for the report."""
+    data = out / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    if stage == "base" and base is not None:
+        from handformer.tasks.lm.vocabulary import add_special_tokens
+
+        _fresh(out / "base")
+        ids = add_special_tokens(base, out / "base", list(ROLE_TOKENS), end_of_turn="<|im_end|>")
+        atomic_write_text(out / "base" / TEMPLATE_FILE, CHAT_TEMPLATE)
+        log(f"[base] {base} with the role tokens added (ids {ids}), its embeddings grown to match")
+        return {"from": str(base)}
+    if stage == "base":
+        train_base(cfg, problems, out, log)
+        return {}
+    if stage == "sft":
+        path = write_jsonl(data / "sft.jsonl", sft_records(cfg, problems))
+        post_stage("sft", cfg, previous, out, {"path": str(path), "batch_size": cfg.sft_batch,
+                                               "val_fraction": 0.02}, {}, cfg.sft_steps, cfg.sft_lr, log)
+        return {}
+    if stage == "dpo":
+        records, wrong = dpo_records(cfg, problems, previous)
+        path = write_jsonl(data / "dpo.jsonl", records)
+        post_stage("dpo", cfg, previous, out, {"path": str(path), "batch_size": cfg.dpo_batch,
+                                               "val_fraction": 0.05},
+                   {"dpo": {"beta": cfg.dpo_beta}}, cfg.dpo_steps, cfg.dpo_lr, log)
+        return {"rejected_from_the_model": round(wrong, 3)}
+    prompts = [{"prompt": p.question, "answer": p.answer}
+               for p in problems.sample(cfg.grpo_prompts, "train", "grpo")]
+    path = write_jsonl(data / "grpo.jsonl", prompts)
+    post_stage("grpo", cfg, previous, out, {"path": str(path), "batch_size": cfg.grpo_batch,
+                                            "val_fraction": 0},
+               {"grpo": {"reward": REWARD, "group_size": cfg.grpo_group,
+                         "max_new_tokens": cfg.grpo_max_new_tokens}}, cfg.grpo_steps, cfg.grpo_lr, log)
+    return {}
+
+
+__all__ = ["CHAT_TEMPLATE", "PRESETS", "STAGES", "SpeedrunChatConfig", "accuracy", "config_for",
+           "run_speedrun"]
+

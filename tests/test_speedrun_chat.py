@@ -1,0 +1,121 @@
+"""`handformer speedrun chat`, end to end on its smoke preset (seconds): every stage trains and is
+scored on held-out questions that no stage's data holds, the table and plot are written, a second
+call skips the finished stages, and the result chats. The measured full run is in
+docs/benchmarks.md."""
+
+import json
+
+import pytest
+
+from handformer.cli import main
+from handformer.tasks.speedrun_chat.pipeline import STAGES, SpeedrunChatConfig, config_for, text_reply
+from handformer.tasks.speedrun_chat.problems import KINDS, ProblemSet, exact_answer, held_out, is_correct
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_smoke_run_goes_from_nothing_to_a_chat_model(tmp_path, capsys):
+    out = tmp_path / "speedrun"
+    assert main(["speedrun", "chat", "--preset", "smoke", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert list(report["stages"]) == list(STAGES)
+    for stage in STAGES:
+        result = report["stages"][stage]
+        assert 0 <= result["accuracy"] <= 1 and set(result["per_kind"]) == set(KINDS)
+        assert (out / stage / "config.json").is_file()
+    table = (out / "accuracy.md").read_text()
+    assert table in printed and "| + GRPO |" in table and "held-out accuracy" in table
+    assert (out / "accuracy.png").stat().st_size > 1000
+    assert json.loads((out / "grpo" / "config.json").read_text())["post_training"]["task"] == "grpo"
+
+    # no held-out question in any stage's data
+    problems = ProblemSet(0)
+    held = problems.sample(3 * len(KINDS), "held_out", "eval")
+    texts = "".join((out / "data" / name).read_text() for name in ("sft.jsonl", "dpo.jsonl", "grpo.jsonl"))
+    for p in held:
+        assert json.dumps(p.question)[1:-1] not in texts
+    # a second call resumes: every stage is done
+    assert main(["speedrun", "chat", "--preset", "smoke", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.count("done earlier") == len(STAGES)
+
+    from handformer.tasks.lm.chat import chat
+
+    assert isinstance(chat(out / "grpo", temperature=0, max_new_tokens=4).send("What is 2 plus 2?"), str)
+
+
+def test_held_out_keys_are_never_drawn_for_training():
+    problems = ProblemSet(0)
+    train = problems.sample(400, "train", "sft")
+    held = problems.sample(40, "held_out", "eval")
+    assert not {(p.kind, p.key) for p in train} & {(p.kind, p.key) for p in held}
+    assert all(held_out(p.kind, p.key, 0) for p in held) and not any(held_out(p.kind, p.key, 0) for p in train)
+    assert problems.sample(8, "train", "sft") == ProblemSet(0).sample(8, "train", "sft")  # deterministic
+    assert {p.kind for p in held} == set(KINDS)
+
+
+def test_the_full_presets_held_out_questions_exist_and_too_many_is_a_clear_error():
+    problems = ProblemSet(0)
+    n = SpeedrunChatConfig().eval_per_kind
+    held = problems.sample(n * len(KINDS), "held_out", "eval")
+    assert all(sum(p.kind == k for p in held) == n for k in KINDS)
+    assert len({(p.kind, p.key) for p in held}) == len(held)
+    with pytest.raises(ValueError, match=r"spelling: only 92 distinct held-out questions .* lower eval_per_kind"):
+        problems.sample(100 * len(KINDS), "held_out", "eval")
+
+
+def test_a_base_model_that_continues_each_statement_right_is_scored_right():
+    """The base model is asked with the statement's beginning; the statement's own continuation
+    must count as the right answer in every task (counting's ends with " times")."""
+    for p in ProblemSet(0).sample(4 * len(KINDS), "held_out", "eval"):
+        continuation = p.statement[len(p.prefix):]
+        assert is_correct(text_reply(continuation + "\n\"other\" is", p), p.answer), (p.kind, continuation)
+        assert not is_correct(text_reply(" x" + continuation, p), p.answer)
+
+
+def test_the_reward_is_the_exact_answer():
+    assert exact_answer(None, ["85", " 85.", "86", [{"role": "assistant", "content": "85"}]], ["85"] * 4) == \
+        [1.0, 1.0, 0.0, 1.0]
+    assert is_correct("g a r d e n", "g a r d e n") and not is_correct("garden", "g a r d e n")
+
+
+@pytest.mark.parametrize("overrides, message", [({"sft_steps": 0}, "sft_steps=0 is invalid"),
+                                                ({"d_model": 30}, "multiple of n_heads"),
+                                                ({"sft_lr": -1.0}, "sft_lr=-1.0 is invalid"),
+                                                ({"steps": 3}, "unknown field(s) steps")])
+def test_bad_settings_are_one_clear_error(overrides, message, tmp_path, capsys):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        config_for("full", overrides)
+    sets = [a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]
+    assert main(["speedrun", "chat", "--out", str(tmp_path / "x"), *sets]) == 2
+    assert message in capsys.readouterr().err
+    assert SpeedrunChatConfig().d_model % SpeedrunChatConfig().n_heads == 0
+
+
+def test_added_role_tokens_grow_the_embeddings_and_keep_the_old_logits(tmp_path):
+    import torch
+    from post_helpers import CORPUS, model_config
+
+    from handformer.data.special_tokens import SpecialTokens
+    from handformer.data.tokenizer import Tokenizer
+    from handformer.models.causal_lm import CausalLM
+    from handformer.tasks.lm.run import load_lm, save_lm_run
+    from handformer.tasks.lm.vocabulary import add_special_tokens
+
+    tok = Tokenizer.train_bpe(CORPUS, 300)
+    for position in ("rope", "learned"):  # untied and tied heads
+        torch.manual_seed(0)
+        model = CausalLM(model_config(tok.vocab_size, position))
+        base = tmp_path / f"base_{position}"
+        save_lm_run(base, model, tok, SpecialTokens(bos_id=1, eos_id=2, pad_id=0))
+        ids = add_special_tokens(base, tmp_path / f"grown_{position}", ["<|im_start|>", "<|im_end|>"],
+                                 end_of_turn="<|im_end|>")
+        grown = load_lm(tmp_path / f"grown_{position}")
+        assert ids == [tok.vocab_size, tok.vocab_size + 1] and grown.model.cfg.vocab_size == tok.vocab_size + 2
+        assert grown.tokens.eos_ids == [2, ids[1]] and grown.tokens.bos_id == 1
+        x = torch.tensor([tok.encode("what is two plus three?")])
+        with torch.no_grad():
+            old, new = load_lm(base).model(x).logits, grown.model(x).logits
+        torch.testing.assert_close(new[..., :tok.vocab_size], old)
+        torch.testing.assert_close(grown.model.embed.weight[ids[0]], load_lm(base).model.embed.weight.mean(0))
+        assert grown.tokenizer.encode_with_special_tokens("<|im_end|>") == [ids[1]]
