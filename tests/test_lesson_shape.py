@@ -16,7 +16,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import lesson_shape  # noqa: E402
 
-LESSON_BRANCHES = 40  # the lesson as the tutorials write it (raised by: -)
+# The lesson as the tutorials write it: 40, raised by: partial RoPE (Phi-4-mini) 1, LongRoPE's short
+# and long factors 1, a mixture of experts in place of the FFN 1, the router's renormalized top-k 1,
+# a shared expert 1, a layer taking its kind's mask (sliding or global, Gemma 2/3) 1, both kinds of
+# mask for a model that mixes them 1, global layers' full-length KV cache beside rolling ones 1.
+LESSON_BRANCHES = 48
 FORWARD_LINES, FORWARD_BRANCHES, CAUSAL_LM_FORWARD_LINES = 40, 3, 25
 
 # What a lesson module may import from the package: the config, the models' starting weights, and

@@ -27,6 +27,7 @@ import torch
 from handformer.adapters.lora import LoRAConfig
 from handformer.config import CausalLMConfig
 from handformer.data.tokenizer import Tokenizer
+from handformer.families import build_causal_lm
 from handformer.io import atomic_write_text
 from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm.finetune import ADAPTERS_FILE, base_model, verified_base
@@ -110,7 +111,7 @@ def load_lm(run_dir: str | os.PathLike, device: str | torch.device = "cpu") -> L
     if "lora" in config:  # the base run's weights, checked, then the adapters on top
         model = base_model(model_cfg, verified_base(run_dir, config), LoRAConfig.from_dict(config["lora"]))
     else:
-        model = CausalLM(model_cfg)
+        model = build_causal_lm(model_cfg)
     if "quantization" in config:  # written by `handformer quantize` (tasks/lm/quantize.py)
         model = Quantization.from_dict(config["quantization"], str(run_dir / "config.json")).prepare(model)
     if "lora" in config:

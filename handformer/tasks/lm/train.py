@@ -22,6 +22,7 @@ from handformer.data.text import (
     validation_batches,
 )
 from handformer.data.tokenizer import Tokenizer
+from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm import finetune
 from handformer.tasks.lm.job import LMDataConfig, LMJob
@@ -138,7 +139,7 @@ def run_train_lm_shards(job: LMJob, run_dir: Path, resume: bool, log) -> tuple[C
         else:
             log("no tokenizer: the run will have no tokenizer.json (generate needs one)")
         write_lm_run_config(run_dir, model_cfg, tokens, train=asdict(job.train), data=asdict(data))
-    return train_new_model(lambda: CausalLM(model_cfg), job.train, windows, val_batches, lm_loss,
+    return train_new_model(lambda: build_causal_lm(model_cfg), job.train, windows, val_batches, lm_loss,
                            run_dir, resume=resume, log=log)
 
 
@@ -199,7 +200,7 @@ def _builder(job: LMJob, model_cfg, run_dir: Path, resume: bool):
     a full fine-tune needs no base weights (the checkpoint has them all); resuming LoRA needs the
     base, unchanged since the adapters began."""
     if job.base is None or (resume and job.lora is None):
-        return lambda: CausalLM(model_cfg)
+        return lambda: build_causal_lm(model_cfg)
     if resume:
         config = json.loads((run_dir / "config.json").read_text())
         base_dir = finetune.verified_base(run_dir, config)
