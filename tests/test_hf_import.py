@@ -294,8 +294,8 @@ def test_unimplemented_settings_are_refused_before_anything_is_written(broken, c
           "(Gemma 2) is not implemented in handformer", capsys)
     _edit_json(hf_dir / "config.json", final_logit_softcapping=None, layer_types=["sliding_attention", "full_attention"])
     fails(hf_dir, "layer_types=['sliding_attention', 'full_attention']: layers that alternate", capsys)
-    _edit_json(hf_dir / "config.json", model_type="qwen3", layer_types=None, architectures=["Qwen3ForCausalLM"])
-    fails(hf_dir, "unsupported model_type 'qwen3' (Qwen3 normalises queries and keys per head", capsys)
+    _edit_json(hf_dir / "config.json", model_type="phi", layer_types=None, architectures=["PhiForCausalLM"])
+    fails(hf_dir, "unsupported model_type 'phi' (Phi-1/2 run attention and the MLP in parallel", capsys)
     _edit_json(hf_dir / "config.json", model_type="llama", architectures=["LlamaForCausalLM"],
                rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
     fails(hf_dir, "rope scaling type 'yarn' is not implemented", capsys)

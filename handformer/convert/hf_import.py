@@ -1,4 +1,5 @@
-"""Import a Hugging Face checkpoint directory (GPT-2, Llama, Qwen2, Mistral, Gemma, Phi-3) as a
+"""Import a Hugging Face checkpoint directory (GPT-2, Llama, Qwen2/3, Mistral, Gemma 1/2/3, SmolLM3,
+OLMo 2, Phi-3/Phi-4-mini, and the mixtures of experts Mixtral, Qwen3-MoE, Qwen2-MoE, OLMoE) as a
 handformer language-model run.
 
     import_hf("path/to/hf-model", "runs/gpt2")   # then: handformer generate runs/gpt2 --prompt ...
@@ -9,11 +10,14 @@ imported: config.json is read as JSON, the tensors with `safetensors`, and the w
 by `handformer.convert.hf_weights` (strictly: missing, unexpected and wrong-shaped tensors are all named).
 Pickle files (pytorch_model.bin) are never read.
 
-The checkpoint is read into memory once. The model that writes the run is built on the meta device
-and takes the converted tensors as its parameters (no second copy, no random init; only GPT-2's
-Conv1D weights are copied, to transpose them), so the run's model.safetensors keeps the
-checkpoint's dtype (e.g. bfloat16); `load_lm` casts to the model's. (Writing the file serializes
-it in memory once more, as `save_weights` always does.)
+A checkpoint of a few GB streams through, shard by shard: each safetensors file is memory-mapped
+and its tensors are views of the mapping (`map_safetensors`: no copy is read into memory), the
+weight map splits them into views again (Phi-3's fused projections, stacked experts), and the run's
+model.safetensors is written one tensor at a time from those views (`write_safetensors`), so no
+second copy of the weights is ever held; GPT-2's Conv1D weights are transposed one tensor at a
+time as they are written. Peak memory grows by about the checkpoint's size (its pages as they are
+read) and stays within 1.25 x that + 300 MB (benchmarks/import_memory.py measures it). The run
+keeps the checkpoint's dtype (e.g. bfloat16); `load_lm` casts to the model's.
 
 chat_template.jinja and tokenizer_config.json, when the checkpoint has them, are copied into the run
 as they are: `handformer chat` renders the checkpoint's chat template from them.
@@ -37,6 +41,7 @@ Special tokens (`SpecialTokens` in the run's config.json):
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,9 +60,10 @@ from handformer.convert.hf_weights import (
     other_family,
 )
 from handformer.data.tokenizer import Tokenizer
-from handformer.io import atomic_write_bytes
+from handformer.families import build_causal_lm
+from handformer.io import atomic_write, atomic_write_bytes
 from handformer.models.causal_lm import CausalLM
-from handformer.tasks.lm.run import SpecialTokens, save_lm_run
+from handformer.tasks.lm.run import SpecialTokens, write_lm_run_config
 from handformer.training.checkpoint import safetensors_problem
 
 # The chat template and its special-token strings, copied into the run for `handformer chat`
@@ -65,7 +71,11 @@ from handformer.training.checkpoint import safetensors_problem
 CHAT_FILES = ("chat_template.jinja", "tokenizer_config.json")
 # model_type -> the Hugging Face class whose checkpoints `hf_weights` maps.
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "mistral": "MistralForCausalLM", "gemma": "GemmaForCausalLM", "phi3": "Phi3ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "gemma": "GemmaForCausalLM",
+                 "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+                 "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "phi3": "Phi3ForCausalLM",
+                 "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                 "qwen2_moe": "Qwen2MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 
 
@@ -123,20 +133,85 @@ def _architecture(hf_config: dict[str, Any], path: Path) -> tuple[str, str]:
 
 # --- weights ---------------------------------------------------------------------------------------
 
-def _read_file(path: Path) -> dict[str, Tensor]:
+# safetensors dtype names -> torch dtypes (the header names each tensor's)
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+def map_safetensors(path: Path) -> dict[str, Tensor]:
+    """Every tensor of a safetensors file as a view of the file mapped into memory: nothing is read
+    until a tensor is used, and then only its pages (which the system may drop again). The mapping
+    is private (copy on write): the file never changes. The header is checked by safetensors first."""
     try:
         with safe_open(str(path), framework="pt") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}
+            names = list(f.keys())
     except Exception as err:  # safetensors raises its own error types on malformed files
         raise ValueError(f"{path} is not a readable safetensors file: {safetensors_problem(path, err)}; "
                          "download or save the checkpoint again") from None
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if names else None
+    start = 8 + size
+    tensors = {}
+    for name in names:
+        info = header[name]
+        dtype, shape = _DTYPES.get(info["dtype"]), info["shape"]
+        begin, end = info["data_offsets"]
+        if dtype is None:  # a dtype torch cannot view (fp8 and the like): read it as safetensors does
+            with safe_open(str(path), framework="pt") as f:
+                tensors[name] = f.get_tensor(name)
+        elif begin == end:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+        elif (start + begin) % dtype.itemsize:  # never in files safetensors writes (it aligns them)
+            data = bytearray(mapped[start + begin:start + end])
+            tensors[name] = torch.frombuffer(data, dtype=dtype).view(shape)
+        else:
+            count = (end - begin) // dtype.itemsize
+            view = torch.frombuffer(mapped, dtype=dtype, count=count, offset=start + begin)
+            tensors[name] = view.view(shape)
+    return tensors
+
+
+def write_safetensors(path: str | os.PathLike, tensors: dict[str, Tensor],
+                      metadata: dict[str, str] | None = None) -> None:
+    """Write `tensors` as a safetensors file, atomically, one tensor at a time: the header, then each
+    tensor's bytes straight from its memory (a strided view is made contiguous alone, then
+    dropped). Nothing holds the whole file in memory, as `safetensors.torch.save` would."""
+    order = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))  # aligned: widest first
+    entries: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name in order:
+        t = tensors[name]
+        if t.dtype not in _NAMES:
+            raise ValueError(f"cannot write {name}: dtype {t.dtype} has no safetensors name here")
+        n = t.numel() * t.element_size()
+        entries[name] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape),
+                         "data_offsets": [offset, offset + n]}
+        offset += n
+    head = json.dumps(entries, separators=(",", ":")).encode("utf-8")
+    head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(len(head).to_bytes(8, "little"))
+            f.write(head)
+            for name in order:
+                t = tensors[name].detach().cpu().contiguous()  # a view of the mapping stays a view
+                if t.numel():
+                    f.write(t.reshape(-1).view(torch.uint8).numpy().data)
+
+    atomic_write(path, write)
 
 
 def read_hf_weights(hf_dir: str | os.PathLike) -> tuple[dict[str, Tensor], str]:
-    """Every tensor of the checkpoint in `hf_dir` (single file or shards), and the files' names."""
+    """Every tensor of the checkpoint in `hf_dir` (single file or shards), memory-mapped, and the
+    files' names."""
     hf_dir = Path(hf_dir)
     if (hf_dir / SINGLE_FILE).exists():
-        return _read_file(hf_dir / SINGLE_FILE), SINGLE_FILE
+        return map_safetensors(hf_dir / SINGLE_FILE), SINGLE_FILE
     if not (hf_dir / INDEX_FILE).is_file():
         pickles = sorted(p.name for p in hf_dir.glob("*.bin"))
         found = (f"; found {', '.join(pickles)}, but handformer reads only safetensors, never pickle "
@@ -152,7 +227,7 @@ def read_hf_weights(hf_dir: str | os.PathLike) -> tuple[dict[str, Tensor], str]:
                                 f"{INDEX_FILE} lists: {', '.join(missing)}")
     state: dict[str, Tensor] = {}
     for shard in shards:
-        tensors = _read_file(hf_dir / shard)
+        tensors = map_safetensors(hf_dir / shard)
         absent = [k for k, s in weight_map.items() if s == shard and k not in tensors]
         twice = [k for k in tensors if k in state]
         if absent or twice:
@@ -243,14 +318,14 @@ def special_tokens(hf_dir: Path, hf_config: dict[str, Any], tokenizer: Tokenizer
 # --- the import ------------------------------------------------------------------------------------
 
 def model_from_state(cfg: CausalLMConfig, state: dict[str, Tensor]) -> CausalLM:
-    """`CausalLM(cfg)` whose parameters are `state`'s tensors: built on the meta device (no memory,
-    no random init, no copy) and loaded strictly. A tied model's head is its embedding, so a state
-    without "lm_head.weight" (llama2.c's shared classifier) is complete."""
+    """The model of `cfg` (`build_causal_lm`) whose parameters are `state`'s tensors: built on the
+    meta device (no memory, no random init, no copy) and loaded strictly. A tied model's head is its
+    embedding, so a state without "lm_head.weight" (llama2.c's shared classifier) is complete."""
     if cfg.tie_embeddings:
         state = {**state, HEAD: state["embed.weight"]}
     with torch.device("meta"):
-        model = CausalLM(cfg)
-    model.load_state_dict(state, strict=True, assign=True)
+        model = build_causal_lm(cfg)
+    model.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=True, assign=True)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.embed.weight  # assign=True gave the head its own Parameter
     return model
@@ -284,18 +359,23 @@ def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
     tokens, eos_ids = special_tokens(hf_dir, hf_config, tokenizer, cfg.vocab_size, notes)
 
     hf_state, weights = read_hf_weights(hf_dir)
-    state = convert_hf_state_dict(hf_state, cfg, model_type)
-    del hf_state  # the converted tensors keep what they share with it; GPT-2's transposed originals go
-    model = model_from_state(cfg, state)
+    state = convert_hf_state_dict(hf_state, cfg, model_type)  # views of the mapped files
+    del hf_state
+    if cfg.tie_embeddings:
+        del state[HEAD]  # the embedding, stored once (as save_weights stores a tied model)
     source = {"hf_dir": str(hf_dir.resolve()), "model_type": model_type, "architecture": architecture,
               "weights": weights, "eos_ids": eos_ids, "notes": notes}
-    save_lm_run(run_dir, model, tokenizer, tokens, source=source)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(run_dir / "tokenizer.json")
+    write_safetensors(run_dir / "model.safetensors", state)
+    write_lm_run_config(run_dir, cfg, tokens, source=source)  # last: the run is complete
     for name in CHAT_FILES:
         if (hf_dir / name).is_file():
             atomic_write_bytes(run_dir / name, (hf_dir / name).read_bytes())
-    return ImportedLM(run_dir, model_type, architecture, model.num_parameters(), cfg.n_layers,
-                      cfg.vocab_size, tokens, notes)
+    n_parameters = sum(t.numel() for t in state.values())
+    return ImportedLM(run_dir, model_type, architecture, n_parameters, cfg.n_layers, cfg.vocab_size,
+                      tokens, notes)
 
 
-__all__ = ["ARCHITECTURES", "ImportedLM", "import_hf", "model_from_state", "prepended_id", "read_hf_weights",
-           "special_tokens"]
+__all__ = ["ARCHITECTURES", "ImportedLM", "import_hf", "map_safetensors", "model_from_state", "prepended_id",
+           "read_hf_weights", "special_tokens", "write_safetensors"]

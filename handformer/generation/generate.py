@@ -21,6 +21,7 @@ from handformer.generation.sampling import check_sampling_options, next_tokens
 from handformer.inference.threads import default_threads, intra_op_threads
 from handformer.models.causal_lm import CausalLM, CausalLMOutput
 from handformer.modes import eval_mode
+from handformer.nn.positions import LongRotaryEmbedding
 
 # import default_threads, intra_op_threads
 
@@ -117,7 +118,9 @@ def _generate(model: CausalLM, step: Callable[..., CausalLMOutput], prompts: Seq
     else:
         generator.manual_seed(seed)
 
-    cache = model.new_cache(positions_needed(L, max_new_tokens)) if use_cache and max_new_tokens else None
+    capacity = positions_needed(L, max_new_tokens)
+    cache = model.new_cache(capacity) if use_cache and max_new_tokens else None
+    restart = long_rope_start(model)
     outputs: list[list[int]] = [[] for _ in range(B)]
     done = [False] * B  # rows that have emitted a stop token
     # A single row is never padded: without a mask the model builds none at each step.
@@ -126,7 +129,8 @@ def _generate(model: CausalLM, step: Callable[..., CausalLMOutput], prompts: Seq
     inputs = ids[:, :L]  # with a cache: the positions not yet seen by the model
     for i in range(max_new_tokens):
         seen = mask[:, :S] if padded else None  # (B, S)
-        forward = step if i > 0 and cache is not None else model  # the prompt is not one token
+        one_token = i > 0 and cache is not None and inputs.size(1) == 1  # not the prompt, not a restart
+        forward = step if one_token else model
         logits = forward(inputs, seen, cache=cache, logits_to_keep=1).logits[:, -1]  # (B, V)
         token = next_tokens(logits, temperature, top_k, top_p, generator)  # (B,)
         finished_before = torch.tensor(done, device=device) if padded and any(done) else None
@@ -144,9 +148,16 @@ def _generate(model: CausalLM, step: Callable[..., CausalLMOutput], prompts: Seq
         if padded:
             mask[:, S] = torch.tensor([not d for d in done], device=device)  # a stop token is not attended
         S += 1
-        if cache is not None:
-            inputs = token[:, None]  # (B, 1): the cache holds everything before
-        else:
-            ids[:, S - 1] = token
-            inputs = ids[:, :S]  # (B, S)
+        ids[:, S - 1] = token
+        inputs = token[:, None] if cache is not None else ids[:, :S]  # (B, 1): the cache holds the rest
+        if cache is not None and restart is not None and S - 1 >= restart >= cache.length:
+            cache, inputs = model.new_cache(capacity), ids[:, :S]  # LongRoPE's long factors: every position
     return outputs
+
+
+def long_rope_start(model: CausalLM) -> int | None:
+    """Where a LongRoPE model (Phi-3.5, Phi-4-mini) turns to its long factors: the keys a cache
+    holds from before were turned with the short ones, so the first step there runs every position
+    again, with the long factors (as transformers' generate does); None for other models."""
+    rotary = getattr(model, "rotary", None)
+    return rotary.original if isinstance(rotary, LongRotaryEmbedding) else None
