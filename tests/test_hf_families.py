@@ -285,10 +285,10 @@ def test_configs_carry_each_familys_variation(pair):
         "smollm3": dict(nope_layers=[3], tie_embeddings=True, rope_theta=2e6),
         "olmo2": dict(norm_placement="reordered", qk_norm="width", norm_eps=1e-5, tie_embeddings=False),
         "phi4_mini": dict(rope_fraction=0.75, tie_embeddings=True),
-        "mixtral": dict(moe=MoEConfig(4, 2, 96, True, 0, 0.001), n_kv_heads=2),
+        "mixtral": dict(moe=MoEConfig(4, 2, None, True, 0, 0.001), n_kv_heads=2, d_ff=96),
         "qwen3_moe": dict(moe=MoEConfig(4, 2, 32, True, 0, 0.001), qk_norm="head"),
         "qwen2_moe": dict(moe=MoEConfig(4, 2, 32, False, 48, 0.001), qkv_bias=True),
-        "olmoe": dict(moe=MoEConfig(4, 2, 96, False, 0, 0.01), qk_norm="width"),
+        "olmoe": dict(moe=MoEConfig(4, 2, None, False, 0, 0.01), qk_norm="width", d_ff=96),
     }[name]
     assert {k: getattr(cfg, k) for k in expected} == expected
     if name == "smollm":

@@ -554,7 +554,7 @@ def _olmo2_config(c: dict[str, Any]) -> CausalLMConfig:
     return _rope_decoder(c, norm_placement="reordered", qk_norm="width", norm_eps=c.get("rms_norm_eps", 1e-5))
 
 
-def _experts(c: dict[str, Any], d_expert: int, normalize: bool, d_shared: int = 0) -> MoEConfig:
+def _experts(c: dict[str, Any], d_expert: int | None, normalize: bool, d_shared: int = 0) -> MoEConfig:
     """The mixture of a MoE config: every layer sparse (decoder_sparse_step 1, no mlp_only_layers)."""
     if c.get("decoder_sparse_step", 1) != 1:
         _unsupported(c, "decoder_sparse_step", c["decoder_sparse_step"],
@@ -573,7 +573,7 @@ def _mixtral_config(c: dict[str, Any]) -> CausalLMConfig:
     """Mixtral: Mistral's block with a mixture of experts (SwiGLU, intermediate_size wide), top-k
     weights renormalized."""
     _silu_only(c)
-    return _rope_decoder(c, moe=_experts(c, _require(c, "intermediate_size"), True),
+    return _rope_decoder(c, moe=_experts(c, None, True),  # the experts are d_ff (intermediate_size) wide
                          norm_eps=c.get("rms_norm_eps", 1e-5), **_window_settings(c, c.get("sliding_window")))
 
 
@@ -600,7 +600,7 @@ def _olmoe_config(c: dict[str, Any]) -> CausalLMConfig:
     not renormalized by default."""
     _silu_only(c)
     _no_attention_bias(c)
-    moe = _experts(c, _require(c, "intermediate_size"), c.get("norm_topk_prob", False))
+    moe = _experts(c, None, c.get("norm_topk_prob", False))  # experts of intermediate_size, the d_ff
     return _rope_decoder(c, qk_norm="width", moe=moe, norm_eps=c.get("rms_norm_eps", 1e-5))
 
 
