@@ -27,6 +27,7 @@ from handformer.modes import eval_mode
 from handformer.training import distributed
 from handformer.training.checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights
 from handformer.training.cpu_memory import keep_freed_memory
+from handformer.training.losses import Loss, loss_total
 from handformer.training.schedules import SCHEDULES, learning_rate
 
 
@@ -111,7 +112,8 @@ class BatchSource(Protocol):
         ...
 
 
-LossFn = Callable[[nn.Module, Any, float], Tensor]  # (model, batch, label_smoothing) -> summed loss
+# (model, batch, label_smoothing) -> summed loss, or a Loss with parts to log beside it
+LossFn = Callable[[nn.Module, Any, float], "Tensor | Loss"]
 
 
 def pick_device(name: str) -> torch.device:
@@ -170,7 +172,7 @@ def evaluate(model: nn.Module, batches: list, loss_fn: LossFn, device: torch.dev
             # A rank short of batches still runs a forward (discarded): FSDP's gathers need every rank.
             batch = (mine[i] if i < len(mine) else batches[0]).to(device)
             with autocast(device, bf16):
-                loss = float(loss_fn(model, batch, 0.0))
+                loss = float(loss_total(loss_fn(model, batch, 0.0)))
             if i < len(mine):
                 total, tokens = total + loss, tokens + batch.n_tokens
     total, tokens = distributed.all_sum(ctx, total, tokens, device=device)
@@ -237,23 +239,31 @@ def _batches(source: BatchSource, epoch: int, position: int) -> Iterator[tuple[i
 
 def forward_backward(forward_model: nn.Module, micro: list, loss_fn: LossFn, device: torch.device,
                      cfg: TrainConfig, ctx: distributed.DistContext | None = None,
-                     ) -> tuple[float, int]:
+                     parts: dict[str, float] | None = None) -> tuple[float, int]:
     """Accumulate the gradient of one step: the summed loss of the micro-batches divided by their
-    real tokens. Returns (summed loss, real tokens), both over all ranks under torchrun."""
+    real tokens. Returns (summed loss, real tokens), both over all ranks under torchrun; the summed
+    parts a `Loss` names are added to `parts`."""
     ctx = ctx or distributed.DistContext()
     step_tokens = sum(b.n_tokens for b in micro)
     # Under torchrun: the tokens of every rank's micro-batches; DDP averages gradients over ranks,
     # so scale by the world size to get the gradient of the global batch's mean loss.
     step_tokens = int(distributed.all_sum(ctx, step_tokens, device=device)[0])
-    step_loss = 0.0
+    step_loss, step_parts = 0.0, {}
     for i, batch in enumerate(micro):
         batch = batch.to(device)
         with distributed.grad_sync(forward_model, ctx, last=i == len(micro) - 1):
             with autocast(device, cfg.bf16):
-                loss_sum = loss_fn(forward_model, batch, cfg.label_smoothing)
+                loss = loss_fn(forward_model, batch, cfg.label_smoothing)
+            loss_sum = loss_total(loss)
             (loss_sum * ctx.world / step_tokens).backward()
         step_loss += loss_sum.item()
+        for name, value in (loss.parts.items() if isinstance(loss, Loss) else ()):
+            step_parts[name] = step_parts.get(name, 0.0) + float(value)
     (step_loss,) = distributed.all_sum(ctx, step_loss, device=device)
+    for name, value in step_parts.items():  # every rank's loss names the same parts
+        (total,) = distributed.all_sum(ctx, value, device=device)
+        if parts is not None:
+            parts[name] = parts.get(name, 0.0) + total
     return step_loss, step_tokens
 
 
@@ -304,6 +314,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
     start = time.perf_counter()
     # The loss window since the last logged step, restored so a resumed run logs the same means.
     window_loss, window_tokens = state.get("window_loss", 0.0), state.get("window_tokens", 0)
+    window_parts: dict[str, float] = dict(state.get("window_parts", {}))  # a Loss's parts (MoE: aux loss)
     window_start = start
 
     bar = None
@@ -321,7 +332,8 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
         position += 1  # the next batch to read after this step
 
         # 2. Forward and backward.
-        step_loss, step_tokens = forward_backward(forward_model, micro, loss_fn, device, cfg, ctx)
+        step_loss, step_tokens = forward_backward(forward_model, micro, loss_fn, device, cfg, ctx,
+                                                  parts=window_parts)
 
         # 3. Clip, set the learning rate, update.
         if cfg.clip_grad > 0:
@@ -348,8 +360,9 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
         if step % cfg.log_every == 0 or step == cfg.steps:
             record = {"step": step, "elapsed_s": round(elapsed_before + now - start, 3), "lr": lr,
                       "train_loss": window_loss / window_tokens,
-                      "tokens_per_s": window_tokens / max(now - window_start, 1e-9), "epoch": epoch}
-            window_loss, window_tokens, window_start = 0.0, 0, now
+                      "tokens_per_s": window_tokens / max(now - window_start, 1e-9), "epoch": epoch,
+                      **{name: value / window_tokens for name, value in window_parts.items()}}
+            window_loss, window_tokens, window_start, window_parts = 0.0, 0, now, {}
 
         # 5. Evaluate, keep the best weights, write a resumable checkpoint.
         evaluating = val_batches is not None and (step % cfg.eval_every == 0 or step == cfg.steps)
@@ -382,6 +395,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
                                      "position": distributed.global_position(ctx, position),
                                      "best_val_loss": best, "elapsed_s": elapsed,
                                      "window_loss": window_loss, "window_tokens": window_tokens,
+                                     "window_parts": window_parts,
                                      "train_config": asdict(cfg)}, full_state, full_optim)
             resumable_step = step
     if bar is not None:

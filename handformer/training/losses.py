@@ -8,8 +8,25 @@ Shape legend: B batch, T length, V vocabulary.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch.nn.functional as F
 from torch import Tensor
+
+
+@dataclass
+class Loss:
+    """What a loss function may return instead of a bare sum: the summed loss to train on, and
+    parts of it to log beside train_loss (each summed over the batch's real tokens too, so the loop
+    logs it per token). A mixture of experts logs its load-balancing loss so."""
+
+    total: Tensor  # the summed loss, backpropagated
+    parts: dict[str, Tensor] = field(default_factory=dict)  # name -> summed value, logged only
+
+
+def loss_total(loss: Tensor | Loss) -> Tensor:
+    """The summed loss of what a loss function returned."""
+    return loss.total if isinstance(loss, Loss) else loss
 
 
 def token_cross_entropy(logits: Tensor, targets: Tensor, pad_id: int | None,

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from handformer.config import CausalLMConfig, MoEConfig
 from handformer.data.shards import LazyBatches, ShardSet, ShardWindows, shard_validation_batches
 from handformer.data.text import (
     PYDOC,
@@ -29,13 +31,34 @@ from handformer.tasks.lm.job import LMDataConfig, LMJob
 from handformer.tasks.lm.run import SpecialTokens, write_lm_run_config
 from handformer.training import distributed
 from handformer.training.loop import TrainResult, train_new_model
-from handformer.training.losses import token_cross_entropy
+from handformer.training.losses import Loss, token_cross_entropy
+from handformer.training.moe_loss import RouterLogits, load_balancing_loss
 
 
 def lm_loss(model: torch.nn.Module, batch: LMBatch, label_smoothing: float) -> torch.Tensor:
     """Summed next-token cross-entropy over every position (windows have no padding)."""
     logits = model(batch.x).logits  # (B, T, V)
     return token_cross_entropy(logits, batch.y, None, label_smoothing)
+
+
+def moe_lm_loss(moe: MoEConfig) -> Callable[[torch.nn.Module, LMBatch, float], torch.Tensor | Loss]:
+    """`lm_loss` plus, in training, moe.aux_loss_coef times the load-balancing loss of the routers
+    (handformer/training/moe_loss.py), per token as the loop divides by them; the loss itself is
+    logged as moe_aux_loss. Evaluation scores the cross-entropy alone."""
+    def loss(model: torch.nn.Module, batch: LMBatch, label_smoothing: float) -> torch.Tensor | Loss:
+        with RouterLogits(model) as routers:
+            ce = lm_loss(model, batch, label_smoothing)
+        if not model.training or not routers.logits:
+            return ce
+        aux = load_balancing_loss(routers.logits, moe.n_experts, moe.top_k)
+        tokens = batch.n_tokens
+        return Loss(ce + moe.aux_loss_coef * aux * tokens, {"moe_aux_loss": aux.detach() * tokens})
+    return loss
+
+
+def loss_for(model_cfg: CausalLMConfig) -> Callable[[torch.nn.Module, LMBatch, float], torch.Tensor | Loss]:
+    """The training loss of a model: next-token cross-entropy, and the experts' balance for a mixture."""
+    return lm_loss if model_cfg.moe is None else moe_lm_loss(model_cfg.moe)
 
 
 def train_tokens(tokenizer: Tokenizer) -> SpecialTokens:
@@ -139,8 +162,8 @@ def run_train_lm_shards(job: LMJob, run_dir: Path, resume: bool, log) -> tuple[C
         else:
             log("no tokenizer: the run will have no tokenizer.json (generate needs one)")
         write_lm_run_config(run_dir, model_cfg, tokens, train=asdict(job.train), data=asdict(data))
-    return train_new_model(lambda: build_causal_lm(model_cfg), job.train, windows, val_batches, lm_loss,
-                           run_dir, resume=resume, log=log)
+    return train_new_model(lambda: build_causal_lm(model_cfg), job.train, windows, val_batches,
+                           loss_for(model_cfg), run_dir, resume=resume, log=log)
 
 
 def run_train_lm(job: LMJob, run_dir: str | os.PathLike, resume: bool = False,
@@ -177,7 +200,7 @@ def run_train_lm(job: LMJob, run_dir: str | os.PathLike, resume: bool = False,
             finetune.copy_chat_files(base.path, run_dir)
 
     return train_new_model(_builder(job, model_cfg, run_dir, resume), job.train, windows, val_batches,
-                           lm_loss, run_dir, resume=resume, log=log,
+                           loss_for(model_cfg), run_dir, resume=resume, log=log,
                            weights_file=finetune.ADAPTERS_FILE if job.lora else "model.safetensors")
 
 
