@@ -15,6 +15,7 @@ Phi-4-mini's generation crosses its original context, where LongRoPE changes fac
 """
 
 import copy
+import math
 
 import pytest
 import torch
@@ -317,6 +318,40 @@ def test_gemma3_attention_paths_equal_transformers_bit_for_bit(name):
     assert torch.equal(ours(ids, need_weights=True).logits, hf_model(ids).logits)
 
 
+def test_longrope_and_partial_rope_frequencies_equal_hugging_faces():
+    """Phi-4-mini's RoPE: transformers' longrope inverse frequencies of both sets (short within the
+    original context, long past it) and its attention factor, bit for bit; the tables turn 12 of
+    each head's 16 dims."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf_config = _phi4_mini().config
+    short, factor = ROPE_INIT_FUNCTIONS["longrope"](hf_config, "cpu")
+    long, _ = ROPE_INIT_FUNCTIONS["longrope"](hf_config, "cpu", seq_len=PHI4_ORIGINAL + 1)
+    assert factor == math.sqrt(1 + math.log(64 / 16) / math.log(16))  # max / original positions
+    ours = model_from_hf(hf_config.to_dict(), randomize_hf(_phi4_mini(), 0.1).state_dict())
+    rotary = ours.rotary
+    assert rotary.cos.shape == (PHI4_ORIGINAL, 12) and rotary.long_cos.shape == (64, 12)
+    for table, inv_freq, positions in ((rotary.cos, short, PHI4_ORIGINAL), (rotary.long_cos, long, 64)):
+        angles = torch.outer(torch.arange(positions).float(), inv_freq)  # (P, 6)
+        assert torch.equal(table, torch.cat([angles, angles], dim=-1).cos() * factor)
+    assert not torch.equal(short, long)
+    within, past = rotary(torch.arange(16)[None]), rotary(torch.arange(17)[None])
+    assert torch.equal(within[0][0, 0, 5], rotary.cos[5]) and torch.equal(past[0][0, 0, 5], rotary.long_cos[5])
+
+
+def test_gemma3_frequencies_equal_hugging_faces():
+    """Gemma 3's two RoPEs: the sliding layers' base 1e4, the global layers' 1e6 divided by the
+    linear factor 8, as transformers computes them per layer type, bit for bit."""
+    hf_model = _gemma3_scaled()
+    ours = model_from_hf(hf_model.config.to_dict(), randomize_hf(_gemma3_scaled(), 0.1).state_dict())
+    hf_rotary = hf_model.model.rotary_emb
+    for kind, module in (("sliding_attention", ours.rotary.sliding_rope), ("full_attention", ours.rotary.global_rope)):
+        inv_freq = getattr(hf_rotary, f"{kind}_inv_freq")
+        angles = torch.outer(torch.arange(64).float(), inv_freq)
+        assert torch.equal(module.cos, torch.cat([angles, angles], dim=-1).cos()), kind
+    assert not torch.equal(ours.rotary.sliding_rope.cos, ours.rotary.global_rope.cos)
+
+
 def test_llama3_frequencies_equal_hugging_faces():
     """The rotary frequencies themselves: Hugging Face's llama3 inverse frequencies, bit for bit."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -422,18 +457,45 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
                      "intermediate_size": 8192, "num_hidden_layers": 16, "vocab_size": 128256,
                      "tie_word_embeddings": True, "max_position_embeddings": 1024,
                      "rope_parameters": {**LLAMA3_ROPE, "factor": 32.0, "original_max_position_embeddings": 8192}}),
+
+    ("Qwen3Config", {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+                     "intermediate_size": 3072, "num_hidden_layers": 28, "vocab_size": 151936,
+                     "tie_word_embeddings": True}),  # Qwen3 0.6B
+    ("Gemma2Config", {}),  # Gemma 2 2B
+    ("Gemma3TextConfig", {"hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
+                          "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+                          "vocab_size": 262144, "sliding_window": 512}),  # Gemma 3 270M
+    ("Gemma3TextConfig", {"hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
+                          "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+                          "vocab_size": 262144, "sliding_window": 512}),  # Gemma 3 1B
+    ("SmolLM3Config", {}),  # SmolLM3 3B
+    ("Olmo2Config", {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                     "num_attention_heads": 16, "vocab_size": 100352}),  # OLMo 2 1B
+    ("Phi3Config", {"hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+                    "num_attention_heads": 24, "num_key_value_heads": 8, "vocab_size": 200064,
+                    "tie_word_embeddings": True, "max_position_embeddings": 131072,
+                    "original_max_position_embeddings": 4096, "partial_rotary_factor": 0.75,
+                    "rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
+                                        "short_factor": [1.0] * 48, "long_factor": [2.0] * 48}}),  # Phi-4-mini
+    ("MixtralConfig", {"num_hidden_layers": 2}),  # Mixtral 8x7B's layers, two of them
+    ("Qwen3MoeConfig", {"num_hidden_layers": 2, "num_experts": 128, "num_experts_per_tok": 8,
+                        "moe_intermediate_size": 768, "num_attention_heads": 32, "num_key_value_heads": 4,
+                        "head_dim": 128}),  # Qwen3-30B-A3B's layers, two of them
+    ("Qwen2MoeConfig", {"num_hidden_layers": 2}),  # Qwen1.5-MoE-A2.7B's layers, two of them
+    ("OlmoeConfig", {"num_hidden_layers": 2}),  # OLMoE-1B-7B's layers, two of them
 ])
 def test_full_size_configs_give_the_same_parameter_count(config_class, overrides):
     """The families at their released sizes (transformers' defaults), built on the meta device: no
     memory, but every shape. Same parameter count as Hugging Face's model, and the weight map fits."""
-    from handformer import CausalLM
     from handformer.convert.hf_weights import convert_hf_state_dict
+    from handformer.families import build_causal_lm
 
     hf_config = getattr(transformers, config_class)(**overrides)
     cfg = config_from_hf(hf_config.to_dict())
     with torch.device("meta"):
-        hf_model = getattr(transformers, config_class.replace("Config", "ForCausalLM"))(hf_config)
-        ours = CausalLM(cfg)
+        hf_model = getattr(transformers, config_class.replace("TextConfig", "Config").replace(
+            "Config", "ForCausalLM"))(hf_config)
+        ours = build_causal_lm(cfg)
     assert ours.num_parameters() == sum(p.numel() for p in hf_model.parameters())
     state = {k: v for k, v in hf_model.state_dict().items() if not (cfg.tie_embeddings and k == "lm_head.weight")}
     assert convert_hf_state_dict(state, cfg, hf_config.model_type).keys() == ours.state_dict().keys()

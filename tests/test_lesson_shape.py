@@ -88,3 +88,23 @@ def test_the_practitioner_rooms_reach_the_model_only_from_outside():
     assert not (ROOT / "handformer" / "nn" / "lora.py").exists()
     assert {"handformer.inference.fuse", "handformer.inference.packed_linear", "handformer.inference.quant",
             "handformer.inference.quant_int4", "handformer.adapters.lora"} <= set(graph)
+
+
+def test_the_families_room_sits_on_the_lesson_and_every_model_is_built_through_it():
+    """handformer/families imports the lesson (and replace.py) only, nothing imports it from below,
+    and no module of the package builds `CausalLM(cfg)` itself: a family's variants would be
+    missing (families.build_causal_lm is the one place)."""
+    import ast
+
+    graph = lesson_shape.import_graph()
+    room = {m: deps for m, deps in graph.items() if m.startswith("handformer.families")}
+    allowed = LESSON_MAY_IMPORT + ("handformer.families", "handformer.replace")
+    assert room and all(d.startswith(allowed) for deps in room.values() for d in deps), room
+    builders = []
+    for path in (ROOT / "handformer").rglob("*.py"):
+        if path.parts[-2:] in (("models", "causal_lm.py"), ("families", "__init__.py")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "CausalLM":
+                builders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not builders, builders
