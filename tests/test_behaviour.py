@@ -58,7 +58,7 @@ def test_models_compute_what_was_recorded(recorded, computed, section):
     assert not differences, "\n".join(differences[:20])
 
 
-@pytest.mark.parametrize("config", ["tiny_lm", "tiny_seq2seq"])
+@pytest.mark.parametrize("config", ["tiny_lm", "tiny_seq2seq", "tiny_moe"])
 def test_training_losses_are_the_recorded_ones(recorded, computed, config):
     want, got = recorded["training"][config], computed["training"][config]
     assert len(want) == len(got) == 20
