@@ -184,3 +184,31 @@ def test_lora_on_attention_and_experts_trains_adapters_only_and_merges(tmp_path,
         torch.testing.assert_close(load_lm(merged).model(ids).logits, run.model(ids).logits, atol=1e-5, rtol=1e-5)
         assert not torch.allclose(load_lm(base).model(ids).logits, run.model(ids).logits)
     capsys.readouterr()
+
+
+def test_experts_command_shows_where_the_router_sends_each_token(tmp_path, capsys):
+    """`handformer experts RUN TEXT`: every token's top-k choices counted per layer (k x T in all),
+    drawn in both languages; a run without experts is one clear error."""
+    from handformer.see.experts import expert_choices
+
+    run = tmp_path / "run"
+    assert main(["train", "--config", TINY_MOE, "--out", str(run), *sets(*QUIET, "train.steps=5")]) == 0
+    capsys.readouterr()
+    text = "def f(x): return x"
+    choices = expert_choices(run, text)
+    assert len(choices.tokens) == len(text) and choices.counts.shape == (2, 4)
+    assert choices.counts.sum(dim=1).tolist() == [2 * len(text)] * 2
+    for lang in ("en", "zh"):
+        out = tmp_path / f"experts_{lang}.png"
+        assert main(["experts", str(run), text, "--layer", "1", "--lang", lang, "--out", str(out)]) == 0
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr().out
+    assert "2 mixture layers of 4 experts, top 2" in printed and "layer 1: tokens per expert" in printed
+    assert main(["experts", str(run), text, "--layer", "2"]) == 2
+    assert "--layer 2 is out of range: the run has 2 mixture layers (0..1)" in capsys.readouterr().err
+    dense = tmp_path / "dense"
+    assert main(["train", "--config", str(ROOT / "configs" / "tiny_lm.toml"), "--out", str(dense),
+                 *sets(*QUIET, "train.steps=2")]) == 0
+    capsys.readouterr()
+    assert main(["experts", str(dense), text]) == 2
+    assert "is not a mixture of experts" in capsys.readouterr().err
