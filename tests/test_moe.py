@@ -78,7 +78,7 @@ def test_load_balancing_loss_equals_transformers():
     mask[1, :4] = 0  # left padding of the second row
     expected = load_balancing_loss_func(logits, 6, 2, mask)
     torch.testing.assert_close(load_balancing_loss(logits, 6, 2, mask), expected, atol=1e-6, rtol=1e-6)
-    even = (torch.zeros(12, 4),)  # a router that favours no expert: the loss is its floor, top_k
+    even = (torch.zeros(12, 4),)  # a router that favours no expert (uniform p): the loss is top_k
     assert abs(float(load_balancing_loss(even, 4, 2)) - 2.0) < 1e-6
 
 
@@ -136,7 +136,7 @@ def test_the_training_loss_adds_the_weighted_aux_loss_and_trains_the_routers():
     aux = loss.parts["moe_aux_loss"] / batch.n_tokens
     plain = moe_lm_loss(MoEConfig(n_experts=4, top_k=2, d_expert=16, aux_loss_coef=0.0))(model, batch, 0.0)
     torch.testing.assert_close(loss.total - plain.total, moe.aux_loss_coef * aux * batch.n_tokens)
-    assert 2.0 <= float(aux) < 4.0  # at least top_k, the balanced floor
+    assert 1.5 < float(aux) < 4.0  # near top_k, what a balanced router gives
     router = model.layers[0].ffn.router.weight
     (loss.total - plain.total).backward()  # the aux term alone reaches the routers
     assert router.grad is not None and router.grad.abs().sum() > 0
@@ -151,7 +151,7 @@ def test_training_a_mixture_from_scratch_logs_its_balance(tmp_path, capsys):
     assert main(["train", "--config", TINY_MOE, "--out", str(run), *sets(*QUIET)]) == 0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     logged = [r for r in rows if "train_loss" in r]
-    assert len(logged) == 4 and all(2.0 <= r["moe_aux_loss"] < 4.0 for r in logged)
+    assert len(logged) == 4 and all(1.5 < r["moe_aux_loss"] < 4.0 for r in logged)
     assert logged[-1]["train_loss"] < logged[0]["train_loss"] - 0.5
     model = load_lm(run).model
     assert model.cfg.moe == MoEConfig(n_experts=4, top_k=2, d_expert=32, normalize=True, aux_loss_coef=0.01)

@@ -47,6 +47,9 @@ def cmd_experts(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path(args.run_dir) / "experts.png"
     figure_experts(choices, out, args.lang, args.layer)
     L, E = choices.counts.shape
+    if choices.dropped:
+        print(f"TEXT is {len(choices.tokens) + choices.dropped} tokens; the model's context holds "
+              f"{len(choices.tokens)}: the first {len(choices.tokens)} are shown")
     print(f"{len(choices.tokens)} tokens, {L} mixture layers of {E} experts, top {choices.top_k}:")
     for i, counts in enumerate(choices.counts.tolist()):
         print(f"  layer {i}: tokens per expert {counts}")

@@ -10,14 +10,14 @@ imported: config.json is read as JSON, the tensors with `safetensors`, and the w
 by `handformer.convert.hf_weights` (strictly: missing, unexpected and wrong-shaped tensors are all named).
 Pickle files (pytorch_model.bin) are never read.
 
-A checkpoint of a few GB streams through, shard by shard: each safetensors file is memory-mapped
-and its tensors are views of the mapping (`map_safetensors`: no copy is read into memory), the
-weight map splits them into views again (Phi-3's fused projections, stacked experts), and the run's
-model.safetensors is written one tensor at a time from those views (`write_safetensors`), so no
-second copy of the weights is ever held; GPT-2's Conv1D weights are transposed one tensor at a
-time as they are written. Peak memory grows by about the checkpoint's size (its pages as they are
-read) and stays within 1.25 x that + 300 MB (benchmarks/import_memory.py measures it). The run
-keeps the checkpoint's dtype (e.g. bfloat16); `load_lm` casts to the model's.
+A checkpoint of a few GB streams through: each safetensors file is memory-mapped and its tensors
+are views of the mapping (`map_safetensors`: nothing is read into memory), the weight map splits
+them into views again (Phi-3's fused projections, stacked experts), and the run's
+model.safetensors is written one tensor at a time from those views (`write_safetensors`), each
+tensor's pages let go once written (`MappedFiles.release`). No second copy of the weights is held,
+and at most a tensor's pages are (GPT-2's Conv1D weights are transposed one at a time as they are
+written); benchmarks/import_memory.py measures the peak, within 1.25 x the checkpoint + 300 MB.
+The run keeps the checkpoint's dtype (e.g. bfloat16); `load_lm` casts to the model's.
 
 chat_template.jinja and tokenizer_config.json, when the checkpoint has them, are copied into the run
 as they are: `handformer chat` renders the checkpoint's chat template from them.
@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,10 +141,40 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF
 _NAMES = {v: k for k, v in _DTYPES.items()}
 
 
-def map_safetensors(path: Path) -> dict[str, Tensor]:
+class MappedFiles:
+    """The files a checkpoint's tensors are memory-mapped views of. `release(t)` drops the pages a
+    tensor lies on from this process's memory once it has been used (written out): they stay in
+    the file, and touching the tensor again reads them again. So an import holds one tensor's pages
+    at a time, not the whole checkpoint's."""
+
+    def __init__(self) -> None:
+        self.maps: list[tuple[int, int, mmap.mmap]] = []  # (address, length, mapping)
+
+    def map(self, f: Any) -> mmap.mmap:
+        """A private (copy-on-write) mapping of the open file `f`: the file never changes."""
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        address = torch.frombuffer(mapped, dtype=torch.uint8, count=1).data_ptr()
+        self.maps.append((address, len(mapped), mapped))
+        return mapped
+
+    def release(self, t: Tensor) -> None:
+        """Let the system drop the pages under `t` (a view of one of these files; others: nothing)."""
+        if not hasattr(mmap, "MADV_DONTNEED") or not t.numel():
+            return
+        span = 1 + sum((n - 1) * stride for n, stride in zip(t.shape, t.stride()))  # elements, strided
+        begin, end = t.data_ptr(), t.data_ptr() + span * t.element_size()
+        for address, length, mapped in self.maps:
+            if address <= begin and end <= address + length:
+                first = (begin - address) // mmap.PAGESIZE * mmap.PAGESIZE
+                mapped.madvise(mmap.MADV_DONTNEED, first, end - address - first)
+                return
+
+
+def map_safetensors(path: Path, files: MappedFiles | None = None) -> dict[str, Tensor]:
     """Every tensor of a safetensors file as a view of the file mapped into memory: nothing is read
-    until a tensor is used, and then only its pages (which the system may drop again). The mapping
-    is private (copy on write): the file never changes. The header is checked by safetensors first."""
+    until a tensor is used, and then only its pages (`files.release` lets them go again). The
+    mapping is private (copy on write): the file never changes. The header is checked by
+    safetensors first."""
     try:
         with safe_open(str(path), framework="pt") as f:
             names = list(f.keys())
@@ -153,7 +184,7 @@ def map_safetensors(path: Path) -> dict[str, Tensor]:
     with open(path, "rb") as f:
         size = int.from_bytes(f.read(8), "little")
         header = json.loads(f.read(size))
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if names else None
+        mapped = (files or MappedFiles()).map(f) if names else None
     start = 8 + size
     tensors = {}
     for name in names:
@@ -176,10 +207,12 @@ def map_safetensors(path: Path) -> dict[str, Tensor]:
 
 
 def write_safetensors(path: str | os.PathLike, tensors: dict[str, Tensor],
-                      metadata: dict[str, str] | None = None) -> None:
+                      metadata: dict[str, str] | None = None,
+                      release: Callable[[Tensor], None] | None = None) -> None:
     """Write `tensors` as a safetensors file, atomically, one tensor at a time: the header, then each
     tensor's bytes straight from its memory (a strided view is made contiguous alone, then
-    dropped). Nothing holds the whole file in memory, as `safetensors.torch.save` would."""
+    dropped), then `release(tensor)` (MappedFiles.release: its pages may go). Nothing holds the
+    whole file in memory, as `safetensors.torch.save` would."""
     order = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))  # aligned: widest first
     entries: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     offset = 0
@@ -202,16 +235,19 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, Tensor],
                 t = tensors[name].detach().cpu().contiguous()  # a view of the mapping stays a view
                 if t.numel():
                     f.write(t.reshape(-1).view(torch.uint8).numpy().data)
+                if release is not None:
+                    release(tensors[name])
 
     atomic_write(path, write)
 
 
-def read_hf_weights(hf_dir: str | os.PathLike) -> tuple[dict[str, Tensor], str]:
-    """Every tensor of the checkpoint in `hf_dir` (single file or shards), memory-mapped, and the
-    files' names."""
+def read_hf_weights(hf_dir: str | os.PathLike, files: MappedFiles | None = None,
+                    ) -> tuple[dict[str, Tensor], str]:
+    """Every tensor of the checkpoint in `hf_dir` (single file or shards), memory-mapped (into
+    `files`, when given), and the files' names."""
     hf_dir = Path(hf_dir)
     if (hf_dir / SINGLE_FILE).exists():
-        return map_safetensors(hf_dir / SINGLE_FILE), SINGLE_FILE
+        return map_safetensors(hf_dir / SINGLE_FILE, files), SINGLE_FILE
     if not (hf_dir / INDEX_FILE).is_file():
         pickles = sorted(p.name for p in hf_dir.glob("*.bin"))
         found = (f"; found {', '.join(pickles)}, but handformer reads only safetensors, never pickle "
@@ -227,7 +263,7 @@ def read_hf_weights(hf_dir: str | os.PathLike) -> tuple[dict[str, Tensor], str]:
                                 f"{INDEX_FILE} lists: {', '.join(missing)}")
     state: dict[str, Tensor] = {}
     for shard in shards:
-        tensors = map_safetensors(hf_dir / shard)
+        tensors = map_safetensors(hf_dir / shard, files)
         absent = [k for k, s in weight_map.items() if s == shard and k not in tensors]
         twice = [k for k in tensors if k in state]
         if absent or twice:
@@ -358,7 +394,8 @@ def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
                      f"{cfg.vocab_size}; ids from {cfg.vocab_size} on cannot be fed to the model")
     tokens, eos_ids = special_tokens(hf_dir, hf_config, tokenizer, cfg.vocab_size, notes)
 
-    hf_state, weights = read_hf_weights(hf_dir)
+    files = MappedFiles()
+    hf_state, weights = read_hf_weights(hf_dir, files)
     state = convert_hf_state_dict(hf_state, cfg, model_type)  # views of the mapped files
     del hf_state
     if cfg.tie_embeddings:
@@ -367,7 +404,7 @@ def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
               "weights": weights, "eos_ids": eos_ids, "notes": notes}
     run_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save(run_dir / "tokenizer.json")
-    write_safetensors(run_dir / "model.safetensors", state)
+    write_safetensors(run_dir / "model.safetensors", state, release=files.release)  # tensor by tensor
     write_lm_run_config(run_dir, cfg, tokens, source=source)  # last: the run is complete
     for name in CHAT_FILES:
         if (hf_dir / name).is_file():
@@ -377,5 +414,5 @@ def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
                       tokens, notes)
 
 
-__all__ = ["ARCHITECTURES", "ImportedLM", "import_hf", "map_safetensors", "model_from_state", "prepended_id",
-           "read_hf_weights", "special_tokens", "write_safetensors"]
+__all__ = ["ARCHITECTURES", "ImportedLM", "MappedFiles", "import_hf", "map_safetensors", "model_from_state",
+           "prepended_id", "read_hf_weights", "special_tokens", "write_safetensors"]

@@ -39,6 +39,7 @@ class ExpertChoices:
     chosen: list[torch.Tensor]  # per layer (T, k): the experts each token goes through
     counts: torch.Tensor  # (L, E): tokens that chose each expert, per layer
     top_k: int
+    dropped: int = 0  # tokens of TEXT past the model's max_positions, left out
 
 
 @torch.no_grad()
@@ -52,6 +53,7 @@ def expert_choices(run_dir: str | os.PathLike, text: str, device: str = "cpu") -
     ids = ([run.tokens.bos_id] if run.tokens.bos_id is not None else []) + run.tokenizer.encode(text)
     if not ids:
         raise ValueError("TEXT encodes to no tokens; give some text")
+    dropped = max(0, len(ids) - run.model.cfg.max_positions)
     ids = ids[: run.model.cfg.max_positions]
     with RouterLogits(run.model) as routers:
         run.model(torch.tensor([ids], device=device))
@@ -59,7 +61,7 @@ def expert_choices(run_dir: str | os.PathLike, text: str, device: str = "cpu") -
     probs = [torch.softmax(logits.float(), dim=-1).cpu() for logits in routers.logits]  # (T, E) each
     chosen = [p.topk(top_k, dim=-1).indices for p in probs]  # (T, k) each
     counts = torch.stack([torch.bincount(c.reshape(-1), minlength=E) for c in chosen])  # (L, E)
-    return ExpertChoices([run.tokenizer.decode([i]) for i in ids], probs, chosen, counts, top_k)
+    return ExpertChoices([run.tokenizer.decode([i]) for i in ids], probs, chosen, counts, top_k, dropped)
 
 
 def figure_experts(choices: ExpertChoices, out: str | os.PathLike, lang: str = "en", layer: int = 0) -> Path:
@@ -69,7 +71,7 @@ def figure_experts(choices: ExpertChoices, out: str | os.PathLike, lang: str = "
     T = len(choices.tokens)
     if not 0 <= layer < L:
         raise ValueError(f"--layer {layer} is out of range: the run has {L} mixture layers (0..{L - 1})")
-    shown = [repr(t)[1:-1] or " " for t in choices.tokens]
+    shown = [repr(t)[1:-1].replace(" ", "\u2423") or "\u2423" for t in choices.tokens]  # a space shows as ␣
     with label_fonts([text("experts.title"), *shown]):
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, max(3.5, 0.28 * T + 1.5)),
                                           gridspec_kw={"width_ratios": [1.2, 1]})

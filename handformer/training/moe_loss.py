@@ -11,8 +11,8 @@ is smallest when the tokens spread evenly:
     P_e = mean over tokens of softmax(router logits)_e   the router's mean probability for e
 
 over all N tokens of all layers (padding left out, with an attention mask). With tokens spread
-evenly f_e = k / E and P_e = 1 / E, and the loss is k; it grows as the router favours a few
-experts. Only P_e has a gradient (f_e counts choices), which pushes probability away from the
+evenly (f_e = k / E) or a router without preference (P_e = 1 / E) the loss is k; it grows as the
+router crowds tokens onto a few experts and gives them most of its probability. Only P_e has a gradient (f_e counts choices), which pushes probability away from the
 experts that get too many tokens. Training adds `aux_loss_coef` times it (`MoEConfig`).
 
 The router logits are taken with forward hooks on each `MixtureOfExperts.router` while the model
