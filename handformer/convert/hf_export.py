@@ -10,9 +10,12 @@ Which architecture (a model_type `import-hf` reads, so import(export(run)) is th
 - an imported run goes back to the model_type recorded at import; a fine-tuned or merged run to its
   base run's (followed through "init_from" / "merged_from" while the base run is there);
 - any other run (trained here, imported from llama2.c) goes where its settings point: learned
-  positions to GPT-2; RoPE to Gemma with Gemma's norm, GeGLU and scaled embeddings, to Qwen2 with
-  biases on q/k/v only, to Mistral with a sliding window, else to Llama (GQA, tied or untied head,
-  rope_theta and Llama 3 rope scaling as set).
+  positions to GPT-2; a mixture of experts to Qwen2-MoE (a shared expert), Qwen3-MoE (q/k norms per
+  head), OLMoE (q/k norms over the width) or Mixtral; Gemma 2's block to Gemma 3 (with q/k norms)
+  or Gemma 2; OLMo 2's to OLMo 2; layers without RoPE to SmolLM3; partial RoPE or LongRoPE to
+  Phi-3; q/k norms to Qwen3; RoPE to Gemma with Gemma's norm, GeGLU and scaled embeddings, to
+  Qwen2 with biases on q/k/v only, to Mistral with a sliding window, else to Llama (GQA, tied or
+  untied head, rope_theta and Llama 3 rope scaling as set).
 Every setting must then match that architecture (`_FIXED`); one `ValueError` names each setting that
 does not and what the architecture has instead.
 

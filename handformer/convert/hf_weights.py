@@ -1,4 +1,5 @@
-"""Import Hugging Face GPT-2, Llama, Qwen2, Mistral, Gemma and Phi-3 checkpoints into `CausalLM`.
+"""Import Hugging Face checkpoints into `CausalLM`: GPT-2, Llama, Qwen2, Qwen3, Mistral, Gemma 1/2/3,
+SmolLM3, OLMo 2, Phi-3 (Phi-4-mini), and the mixtures of experts Mixtral, Qwen3-MoE, Qwen2-MoE, OLMoE.
 
 This is the one place where Hugging Face parameter names meet handformer's plain names. Each
 architecture is a declarative map from a Hugging Face key template to handformer key(s), applied
@@ -20,6 +21,11 @@ permuting. Qwen2, Mistral and Gemma name their tensors as Llama does (the variat
 config: see the `_*_config` builders). Phi-3 fuses q, k, v into `qkv_proj` (rows q, then k, then v)
 and the SwiGLU's gate and up projections into `gate_up_proj` (rows gate, then up); both are split
 at import into handformer's separate projections, so one model class serves every family.
+Gemma 2/3 have four norms a block (input, post-attention, pre- and post-feedforward) and OLMo 2 two
+after the sublayers (its post_attention_layernorm is handformer's attn_norm, on the attention's
+output). A mixture's experts are stored one by one (Mixtral: block_sparse_moe.experts.{e}.w1/w3/w2;
+the others mlp.experts.{e}.gate_proj/up_proj/down_proj, the router mlp.gate); transformers 5 stacks
+them in memory (`Architecture.in_memory`), which is read as well.
 Shape legend: D d_model, H heads, Hkv key/value heads, Dh head dim, F d_ff, V vocab.
 """
 

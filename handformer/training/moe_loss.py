@@ -12,8 +12,9 @@ is smallest when the tokens spread evenly:
 
 over all N tokens of all layers (padding left out, with an attention mask). With tokens spread
 evenly (f_e = k / E) or a router without preference (P_e = 1 / E) the loss is k; it grows as the
-router crowds tokens onto a few experts and gives them most of its probability. Only P_e has a gradient (f_e counts choices), which pushes probability away from the
-experts that get too many tokens. Training adds `aux_loss_coef` times it (`MoEConfig`).
+router crowds tokens onto a few experts and gives them most of its probability. Only P_e has a
+gradient (f_e counts choices), which pushes probability away from the experts that get too many
+tokens. Training adds `aux_loss_coef` times it (`MoEConfig`).
 
 The router logits are taken with forward hooks on each `MixtureOfExperts.router` while the model
 runs (`RouterLogits`): the model is unchanged, and returns its logits as before.
