@@ -2,7 +2,7 @@
 
 The run is exported with `handformer export-hf` (MarianMTModel, same weights) and both models get
 the same source token ids, in the same batches (sorted by length, padded on the right). Prints
-sentences/s of each (median of --rounds interleaved rounds), their ratio (issue 16's target:
+sentences/s of each (median of --rounds interleaved rounds), their ratio (target:
 >= 1.5x), and how many outputs agree token for token. Where they differ, the two searches differ
 by design: handformer scores a hypothesis as sum log p / length^lp and stops a sentence when no
 live beam can still beat its best finished one; HF's default (`early_stopping=False`) stops with
@@ -25,8 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from handformer.convert.marian_export import export_marian  # noqa: E402
 from handformer.generation.decoding import beam_search  # noqa: E402
+from handformer.tasks.translation.exports import export_marian  # noqa: E402
 from handformer.tasks.translation.job import load_pairs  # noqa: E402
 from handformer.tasks.translation.translator import Translator  # noqa: E402
 

@@ -1,5 +1,5 @@
 """Benchmark: what one decoding step of a tiny model's layer costs in handformer's modules, against the
-same layer written as one Python function of raw torch calls (issue 16: where the tiny model's time goes).
+same layer written as one Python function of raw torch calls (where the tiny model's time goes).
 
 The layer is the first block of the 5-layer, 64-wide Llama of benchmarks/decode_limit.py after
 `fuse_projections` (one Q/K/V and one gate/up matrix), one new token at cache length 64. The raw

@@ -1,4 +1,4 @@
-"""Benchmark: decoding speed against the memory-bandwidth limit, handformer vs Hugging Face (issue 16).
+"""Benchmark: decoding speed against the memory-bandwidth limit, handformer vs Hugging Face.
 
 In one run, on the machine at hand:
 
@@ -22,8 +22,8 @@ In one run, on the machine at hand:
 7. with --compile: `generate(compile_step=True)`, its compile time and after how many tokens it
    pays for itself.
 
-Every figure is the median of --rounds interleaved rounds (default 5). The targets of issue 16 are
-printed beside the ratios. Other jobs on a shared machine make every figure noisy.
+Every figure is the median of --rounds interleaved rounds (default 5). The targets are printed
+beside the ratios. Other jobs on a shared machine make every figure noisy.
 
     python benchmarks/decode_limit.py                       # everything, ~15 min on 2 cores
     python benchmarks/decode_limit.py --models tiny --rounds 1 --new-tokens 8   # a smoke run

@@ -1,4 +1,4 @@
-"""Profile: where a decoding step's time goes, handformer and Hugging Face side by side (issue 16).
+"""Profile: where a decoding step's time goes, handformer and Hugging Face side by side.
 
 For a model shape of benchmarks/decode_limit.py and a batch of left-padded prompts (batch 1: one
 64-token prompt), runs `generate` and HF `generate` (greedy, --new-tokens tokens) under

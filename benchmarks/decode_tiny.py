@@ -1,4 +1,5 @@
-"""Benchmark: decoding a tiny model, where per-operation overhead rules (issue 16), before and after.
+"""Benchmark: decoding a tiny model, where per-operation overhead rules, beside other
+implementations.
 
 Two models, batch 1, greedy, 256 new tokens, `generate` as `handformer generate` runs it (one
 intra-op thread for a model this small, `default_threads`):
@@ -12,8 +13,8 @@ Cases, each timed once per round, rounds interleaved, medians reported (the CPU 
 - "default": this checkout, the model after `prepare_for_decoding` (fused projections, large weights
   packed: what `handformer generate` runs);
 - "unfused": this checkout, the model as loaded, large weights packed (`pack_linears` only);
-- "baseline": with --baseline DIR, another checkout of handformer (e.g. `git archive` of main before
-  this work, unpacked), the same weights and prompt, in a worker process that imports from DIR.
+- "baseline": with --baseline DIR, another checkout of handformer (e.g. `git archive` of a branch,
+  unpacked), the same weights and prompt, in a worker process that imports from DIR.
 The tokens of every case are compared with the default's.
 
     python benchmarks/decode_tiny.py --baseline /tmp/main_src --run-c /tmp/l2c/run
@@ -38,12 +39,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from handformer.config import CausalLMConfig  # noqa: E402
-from handformer.convert.hf_export import export_hf  # noqa: E402
-from handformer.convert.llama2c_import import import_llama2c  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.inference.packed_linear import pack_linears  # noqa: E402
 from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
+from handformer.tasks.lm.exports import export_hf  # noqa: E402
+from handformer.tasks.lm.imports import import_llama2c  # noqa: E402
 from handformer.tasks.lm.run import load_lm  # noqa: E402
 
 STORIES = ROOT.parent / "shared" / "data" / "stories260K"

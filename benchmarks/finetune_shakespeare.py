@@ -21,7 +21,7 @@ then samples of the bases before and after. Every run trains with `--threads` to
 (train.threads; default 1: on a machine shared with other jobs a second thread makes every step
 wait for a descheduled thread, see the README).
 
-    flock /tmp/hf-cpu.lock python benchmarks/finetune_shakespeare.py --out runs/finetune
+    python benchmarks/finetune_shakespeare.py --out runs/finetune
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ fresh Python process that first imports what it needs, resets its peak resident 
 The target for handformer is peak growth <= 1.25 x the checkpoint size + 300 MB; the script prints
 each growth, its ratio to the checkpoint size, the bound and whether it holds.
 
-    flock /tmp/handformer-cpu.lock python benchmarks/import_memory.py
-    flock /tmp/handformer-cpu.lock python benchmarks/import_memory.py --layers 24   # ~1.8 GB
+    python benchmarks/import_memory.py
+    python benchmarks/import_memory.py --layers 24   # ~1.8 GB
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from handformer.convert.memory import checkpoint_bytes, peak_growth, within_bound  # noqa: E402
+from handformer.tasks.lm.import_memory import checkpoint_bytes, peak_growth, within_bound  # noqa: E402
 
 TRANSFORMERS_LOAD = ("from transformers import AutoModelForCausalLM\n"
                      "AutoModelForCausalLM.from_pretrained({hf_dir!r})")

@@ -1,6 +1,6 @@
 """Benchmark: `DecodingCache.reorder` (beam search's per-step row selection), copying only the filled
 positions and leaving the shared cross-attention keys/values alone, against selecting the whole
-preallocated buffers (self and cross) as before (issue 16).
+preallocated buffers (self and cross).
 
 A beam search's caches: --sentences x --beam rows, --layers decoder layers of --heads x --head-dim,
 capacity --steps positions, a --source-long source; one reorder per step as the cache fills.
@@ -26,7 +26,7 @@ from handformer.nn.kv_cache import KVCache  # noqa: E402
 
 
 def whole_buffers(cache: KVCache, index: torch.Tensor) -> None:
-    """The reorder before issue 16: every preallocated buffer selected in full, cross included."""
+    """The simple reorder: every preallocated buffer selected in full, cross included."""
     for store in (cache.keys, cache.values):
         for i, t in enumerate(store):
             store[i] = t.index_select(0, index)

@@ -35,9 +35,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from handformer.convert.hf_export import export_hf  # noqa: E402
-from handformer.convert.llama2c_import import import_llama2c  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
+from handformer.tasks.lm.exports import export_hf  # noqa: E402
+from handformer.tasks.lm.imports import import_llama2c  # noqa: E402
 from handformer.tasks.lm.run import LMRun, load_lm  # noqa: E402
 
 DATA = ROOT / ".." / "shared" / "data" / "stories260K"

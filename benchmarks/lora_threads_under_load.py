@@ -13,7 +13,7 @@ linear layers runs about 2.5x the matmuls of full fine-tuning per step (each ada
 frozen product, A, B forward; x's gradient through W, then the gradients of A, B and their inputs
 backward), so it pays this wait more often.
 
-    flock /tmp/hf-cpu.lock python benchmarks/lora_threads_under_load.py
+    python benchmarks/lora_threads_under_load.py
 """
 
 from __future__ import annotations

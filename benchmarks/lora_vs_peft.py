@@ -16,7 +16,7 @@ fp32 noise: the two are the same computation).
 
     python benchmarks/lora_vs_peft.py                               # defaults below
     python benchmarks/lora_vs_peft.py --targets all-linear --rank 16
-    flock /tmp/hf-cpu.lock python benchmarks/lora_vs_peft.py --threads 1   # on a shared machine
+    python benchmarks/lora_vs_peft.py --threads 1   # on a shared machine
 
 Needs `transformers` and `peft` (dev dependencies of handformer). Nothing is downloaded.
 """

@@ -5,8 +5,8 @@ sentence), repeated. Each size runs `python -m handformer prepare` in a fresh pr
 its peak RSS (the child's own resource.getrusage); the corpus files are hard links to one 100 MB file,
 so the 1 GB corpus costs 100 MB of disk (its pages are read ten times, from the page cache).
 
-    flock /tmp/hf-cpu.lock python benchmarks/prepare_throughput.py --tokenizer bpe:8000
-    flock /tmp/hf-cpu.lock python benchmarks/prepare_throughput.py --tokenizer char
+    python benchmarks/prepare_throughput.py --tokenizer bpe:8000
+    python benchmarks/prepare_throughput.py --tokenizer char
 """
 
 from __future__ import annotations

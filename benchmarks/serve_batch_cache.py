@@ -1,8 +1,9 @@
-"""Benchmark: how `handformer serve` keeps a continuous batch's KV cache (issue 17), two designs
+"""Benchmark: how `handformer serve` keeps a continuous batch's KV cache, two designs
 measured side by side on one decoding step of 16 rows of different lengths:
 
-- padded batch cache (what serve uses, handformer/serve/batch.py): the rows live in one
-  left-padded cache; a step appends one column; rows are copied only when one joins or leaves;
+- padded batch cache (what serve uses: the decoding engine, handformer/generation/engine.py): the
+  rows live in one left-padded cache; a step appends one column; rows are copied only when one
+  joins or leaves (`DecodingCache.regroup`);
 - one cache per sequence, stacked every step: each step copies every row's cache into a padded
   batch, runs the same forward, and copies the new keys/values back into each row's own cache.
 
@@ -27,9 +28,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from handformer.config import CausalLMConfig  # noqa: E402
+from handformer.generation.cache import DecodingCache  # noqa: E402
+from handformer.generation.engine import Engine, Row, SamplingOptions  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 from handformer.nn.kv_cache import KVCache  # noqa: E402
-from handformer.serve.batch import PaddedBatch  # noqa: E402
 
 SHAPES = {
     "stories260K": dict(vocab_size=512, d_model=64, n_heads=8, n_kv_heads=4, d_ff=172, n_layers=5),
@@ -37,45 +39,38 @@ SHAPES = {
 }
 
 
-def prefilled(model: CausalLM, lengths: list[int]) -> list[KVCache]:
+def prefilled(model: CausalLM, prompts: list[list[int]], extra: int) -> list[KVCache]:
     caches = []
-    for n in lengths:
-        cache = KVCache(model.cfg.n_layers, model.cfg.max_positions)
-        model(torch.randint(0, model.cfg.vocab_size, (1, n)), cache=cache, logits_to_keep=1)
+    for prompt in prompts:
+        cache = KVCache(model.cfg.n_layers, len(prompt) + extra)
+        model(torch.tensor([prompt]), cache=cache, logits_to_keep=1)
         caches.append(cache)
     return caches
 
 
-def padded_steps(model: CausalLM, caches: list[KVCache], steps: int) -> float:
-    batch = PaddedBatch(model.cfg.n_layers)
-    batch.regroup([], caches, [steps + 1] * len(caches))
-    ids = torch.zeros(len(caches), 1, dtype=torch.long)
+def padded_steps(model: CausalLM, prompts: list[list[int]], steps: int) -> float:
+    engine = Engine(model, compact=True)
+    engine.add([Row(p, steps + 2, SamplingOptions(temperature=0)) for p in prompts])  # prefill: untimed
     start = time.perf_counter()
     for _ in range(steps):
-        mask = batch.grow()
-        model(ids, mask, cache=batch.cache, logits_to_keep=1)
+        engine.step()
     return (time.perf_counter() - start) / steps
 
 
-def stacked_steps(model: CausalLM, caches: list[KVCache], steps: int) -> float:
-    own = [KVCache(model.cfg.n_layers, c.length + steps + 1) for c in caches]
-    for o, c in zip(own, caches):
-        o.keys = [k[:, :, :o.max_length].clone() for k in c.keys]  # (1, Hkv, C, Dh)
-        o.values = [v[:, :, :o.max_length].clone() for v in c.values]
-        o.length = c.length
-    ids = torch.zeros(len(caches), 1, dtype=torch.long)
+def stacked_steps(model: CausalLM, prompts: list[list[int]], steps: int) -> float:
+    own = prefilled(model, prompts, steps + 1)
+    ids = torch.zeros(len(own), 1, dtype=torch.long)
     start = time.perf_counter()
     for _ in range(steps):
-        batch = PaddedBatch(model.cfg.n_layers)
-        batch.regroup([], own, [1] * len(own))  # every row's cache copied into one padded batch
-        mask = batch.grow()
-        model(ids, mask, cache=batch.cache, logits_to_keep=1)
-        S = batch.cache.length
+        width = max(c.length for c in own)
+        batch = DecodingCache.regroup([(c, torch.tensor([0])) for c in own], width, width + 1)  # copies
+        mask = torch.stack([torch.arange(width + 1) >= width - c.length for c in own])  # (B, S + 1)
+        model(ids, mask, cache=batch, logits_to_keep=1)
         for row, o in enumerate(own):  # the new column back into each row's own cache
             for layer in range(model.cfg.n_layers):
-                o.keys[layer][:, :, o.length] = batch.cache.keys[layer][row, :, S - 1]
-                o.values[layer][:, :, o.length] = batch.cache.values[layer][row, :, S - 1]
-            o.length += 1
+                keys, values = batch.columns(layer)
+                o.layer(layer).update(keys[row:row + 1, :, -1:], values[row:row + 1, :, -1:])
+            o.advance(1)
     return (time.perf_counter() - start) / steps
 
 
@@ -95,11 +90,11 @@ def main() -> None:
             cfg = CausalLMConfig.llama_style(**shape, max_positions=args.max_length + args.steps + 8)
             model = CausalLM(cfg).eval()
             lengths = torch.randint(32, args.max_length + 1, (16,)).tolist()
-            caches = prefilled(model, lengths)
+            prompts = [torch.randint(0, cfg.vocab_size, (n,)).tolist() for n in lengths]
             padded, stacked = [], []
             for _ in range(args.rounds):
-                padded.append(padded_steps(model, caches, args.steps))
-                stacked.append(stacked_steps(model, caches, args.steps))
+                padded.append(padded_steps(model, prompts, args.steps))
+                stacked.append(stacked_steps(model, prompts, args.steps))
             p, s = statistics.median(padded) * 1e3, statistics.median(stacked) * 1e3
             print(f"{name:<12} {p:>15.2f} {s:>20.2f} {s / p:>15.2f}x")
 

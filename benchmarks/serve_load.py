@@ -1,4 +1,4 @@
-"""Benchmark: `handformer serve` under load (issue 17): throughput (requests/s, tokens/s) and
+"""Benchmark: `handformer serve` under load: throughput (requests/s, tokens/s) and
 p50 / p95 request latency at 1, 4 and 16 concurrent clients, on a small model.
 
 The model is llama2.c's stories260K (../shared/data/stories260K, imported to a temporary run),
@@ -111,7 +111,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = args.run
         if run_dir is None:
-            from handformer.convert.llama2c_import import import_llama2c
+            from handformer.tasks.lm.imports import import_llama2c
 
             run_dir = Path(tmp) / "stories260K"
             import_llama2c(DATA / "stories260K.bin", DATA / "tok512.bin", run_dir)

@@ -8,8 +8,8 @@ through `LMWindows` (what a `data.path` job uses). For each, the same model (nan
 AdamW, clipping, no evaluation), rounds interleaved; the script prints the median seconds per
 step of each, their ratio, and the time to draw one batch alone.
 
-    flock /tmp/hf-cpu.lock python benchmarks/shards_vs_memory.py
-    flock /tmp/hf-cpu.lock python benchmarks/shards_vs_memory.py --shards OUT_DIR   # any prepared folder
+    python benchmarks/shards_vs_memory.py
+    python benchmarks/shards_vs_memory.py --shards OUT_DIR   # any prepared folder
 """
 
 from __future__ import annotations

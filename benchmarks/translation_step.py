@@ -6,7 +6,7 @@ two warm-up steps, and prints seconds per step, the implied seconds per epoch an
 Run it once per setting, on an otherwise idle machine:
 
     python benchmarks/translation_step.py          # configs/multi30k_de_en.toml as it is
-    # the earlier recipe (d_ff 1024, 4,096-token batches) without and with the two speed-ups:
+    # d_ff 1024 and 4,096-token batches, without and with the two speed-ups:
     python benchmarks/translation_step.py --full-logits --no-keep-cpu-memory \
         --set model.d_ff=1024 --set data.max_tokens=4096
     python benchmarks/translation_step.py --set model.d_ff=1024 --set data.max_tokens=4096

@@ -86,3 +86,12 @@ def read_log_records(path: str | os.PathLike) -> list[tuple[str, dict[str, Any]]
             raise ValueError(f"{path} line {i + 1} is not a JSON object ({line[:40]!r}); only the "
                              "last line can be torn by a crash: delete or fix that line")
     return records
+
+
+def check_export_target(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
+    """Refuse to export a run onto itself, or over an existing export unless `overwrite`."""
+    if out_dir.exists() and out_dir.resolve() == run_dir.resolve():
+        raise ValueError(f"OUT_DIR must differ from RUN_DIR {run_dir}")
+    if (out_dir / "config.json").exists() and not overwrite:
+        raise ValueError(f"{out_dir} already holds a config.json; choose another directory or "
+                         "pass --overwrite")

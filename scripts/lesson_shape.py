@@ -153,5 +153,15 @@ def report(paths: list[Path]) -> None:
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        print(__doc__)
+        sys.exit(0)
     given = [Path(a).resolve() for a in sys.argv[1:]]
-    report(given or lesson_files())
+    for path in given:
+        if not path.is_file() or path.suffix != ".py":
+            sys.exit(f"error: {path} is not a Python file; give paths of .py files, or none for "
+                     "handformer's lesson files")
+    try:
+        report(given or lesson_files())
+    except SyntaxError as err:
+        sys.exit(f"error: {err.filename}:{err.lineno}: not valid Python ({err.msg})")

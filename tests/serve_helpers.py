@@ -14,9 +14,10 @@ import uvicorn
 from tokenizers import AddedToken
 
 from handformer.config import CausalLMConfig
+from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.models.causal_lm import CausalLM
-from handformer.tasks.lm.run import SpecialTokens, save_lm_run
+from handformer.tasks.lm.run import save_lm_run
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")

@@ -58,6 +58,33 @@ def test_models_compute_what_was_recorded(recorded, computed, section):
     assert not differences, "\n".join(differences[:20])
 
 
+def test_the_other_decoding_callers_give_what_they_gave(recorded, computed):
+    """Chat, the playground and serve, recorded before they drove the one decoding engine: the same
+    tokens and texts; the logits and log-probabilities to CHECKSUM_TOLERANCE (serve now prefills
+    the rows that join together, left-padded, which moves the last bits)."""
+    differences = _compare("callers", recorded["callers"], computed["callers"])
+    assert not differences, "\n".join(differences[:20])
+
+
+def test_a_seeded_batch_samples_each_prompt_as_alone():
+    """generate seeds prompt i with seed + i (as serve seeds choice i): each row of a seeded,
+    sampled batch is that prompt's own generation, whatever else is in the batch."""
+    import torch
+
+    from handformer.config import CausalLMConfig
+    from handformer.generation.generate import generate
+    from handformer.models.causal_lm import CausalLM
+
+    model = behaviour._fill(CausalLM(CausalLMConfig.llama_style(vocab_size=61, d_model=32, n_heads=4, n_kv_heads=2,
+                                                                d_ff=48, n_layers=2, max_positions=64)), 7)
+    prompts = [[5, 6, 7], [8], [9, 10, 11, 12, 13]]
+    options = dict(temperature=0.9, top_k=20, top_p=0.9, seed=3)
+    batch = generate(model, prompts, 10, **options)
+    for i, prompt in enumerate(prompts):
+        assert batch[i] == generate(model, [prompt], 10, **{**options, "seed": 3 + i})[0], i
+    assert len({tuple(row) for row in batch}) == 3 and torch.get_num_threads() >= 1
+
+
 @pytest.mark.parametrize("config", ["tiny_lm", "tiny_seq2seq", "tiny_moe"])
 def test_training_losses_are_the_recorded_ones(recorded, computed, config):
     want, got = recorded["training"][config], computed["training"][config]

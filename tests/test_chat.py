@@ -16,12 +16,13 @@ from tokenizers import AddedToken
 import handformer
 from handformer import cli
 from handformer.config import CausalLMConfig
+from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat import ChatSession, common_prefix, stop_ids_for
 from handformer.generation.chat_template import ChatTemplate
 from handformer.generation.generate import generate
 from handformer.models.causal_lm import CausalLM
-from handformer.tasks.lm.run import SpecialTokens, load_lm, save_lm_run
+from handformer.tasks.lm.run import load_lm, save_lm_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -125,6 +125,17 @@ def test_explain_lang_on_the_command_line(tmp_path, monkeypatch, capsys):
     assert "invalid choice: 'fr'" in capsys.readouterr().err
 
 
+def test_explain_writes_under_runs_by_default_never_over_the_committed_figures(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs" / "figures").mkdir(parents=True)  # as in a checkout of the repository
+    monkeypatch.setattr(explain, "FIGURES", {"top_k_top_p": explain.figure_top_k_top_p})
+    assert main(["explain"]) == 0 and main(["explain", "--lang", "zh"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"wrote {Path('runs/explain/top_k_top_p.png')}", f"wrote {Path('runs/explain/zh/top_k_top_p.png')}"]
+    assert (tmp_path / "runs/explain/zh/top_k_top_p.png").is_file()
+    assert not any((tmp_path / "docs").rglob("*.png"))
+
+
 def test_explain_into_a_file_is_one_clear_error(tmp_path, capsys):
     target = tmp_path / "figures.png"
     target.write_text("not a folder")

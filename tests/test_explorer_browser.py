@@ -16,11 +16,12 @@ import torch
 from helpers import make_translation_run, missing, require_module
 
 from handformer.config import CausalLMConfig
+from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.models.causal_lm import CausalLM
 from handformer.see.explorer import write_explorer
 from handformer.see.viz import attention_report, visualize
-from handformer.tasks.lm.run import SpecialTokens, save_lm_run
+from handformer.tasks.lm.run import save_lm_run
 
 sync_api = require_module("playwright.sync_api", "pip install -e '.[dev]'")
 CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and Path(p).is_file()),

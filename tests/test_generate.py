@@ -11,6 +11,7 @@ from torch import nn
 
 from handformer import cli
 from handformer.config import CausalLMConfig
+from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.generate import generate
 from handformer.generation.sampling import (
@@ -22,7 +23,7 @@ from handformer.generation.sampling import (
 )
 from handformer.generation.stream import TextStream
 from handformer.models.causal_lm import CausalLM
-from handformer.tasks.lm.run import SpecialTokens, load_lm, save_lm_run
+from handformer.tasks.lm.run import load_lm, save_lm_run
 
 VOCAB = 23
 PRESETS = ["gpt2", "llama"]

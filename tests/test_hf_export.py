@@ -22,12 +22,13 @@ transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.cli import main  # noqa: E402
 from handformer.config import CausalLMConfig, Llama3RopeScaling, MoEConfig  # noqa: E402
-from handformer.convert.hf_import import import_hf  # noqa: E402
+from handformer.data.special_tokens import SpecialTokens  # noqa: E402
 from handformer.data.tokenizer import Tokenizer  # noqa: E402
 from handformer.families import build_causal_lm  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
-from handformer.tasks.lm.run import SpecialTokens, load_lm, save_lm_run  # noqa: E402
+from handformer.tasks.lm.imports import import_hf  # noqa: E402
+from handformer.tasks.lm.run import load_lm, save_lm_run  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TEXT = "to be or not to be, that is the question: whether 'tis nobler in the mind to suffer\n"

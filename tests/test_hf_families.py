@@ -25,6 +25,7 @@ transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.config import LinearRopeScaling, MoEConfig  # noqa: E402
 from handformer.convert.hf_weights import config_from_hf, model_from_hf  # noqa: E402
+from handformer.generation.engine import Engine, Row, SamplingOptions  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.inference.fuse import FusedSelfAttention  # noqa: E402
 from handformer.inference.packed_linear import pack_linears  # noqa: E402
@@ -256,6 +257,98 @@ def test_prepared_model_generates_the_same(pair):
     # heads of 256 over seven layers move the last bits of logits near 8 by up to 3e-5)
     torch.testing.assert_close(prepared(ids, attention_mask=mask).logits[mask.bool()], plain,
                                atol=1e-5 * max(1.0, float(plain.abs().max())), rtol=1e-5)
+
+
+def _imported(name):
+    torch.manual_seed(sorted(BUILDERS).index(name))
+    hf_model = randomize_hf(BUILDERS[name](), 0.15)
+    hf_model.generation_config.eos_token_id = None  # no early stop: compare every token
+    return hf_model, model_from_hf(hf_model.config.to_dict(), hf_model.state_dict()).eval()
+
+
+def _serve(model, rows, engine=None):
+    """Rows joining serve's engine (compact: a finished row leaves at the next step) two and four
+    steps after the first ones, the cache regrouped at every join and leave."""
+    engine = engine or Engine(model, compact=True)
+    engine.add(rows[:2])
+    engine.step()
+    engine.step()
+    engine.add(rows[2:3])
+    engine.step()
+    engine.step()
+    engine.add(rows[3:])
+    engine.run()
+    return engine
+
+
+SERVED = ((9, 10), (4, 12), (14, 4), (6, 10))  # (prompt length, new tokens) of each row
+GREEDY = SamplingOptions(temperature=0)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3"])
+def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(name):
+    """serve's batch (rows join and leave, the KV cache regrouped each time) of a model whose
+    sliding layers roll over the window while its global layers keep every column: each row's
+    greedy tokens are transformers' for its prompt alone."""
+    hf_model, ours = _imported(name)
+    g = torch.Generator().manual_seed(5)
+    rows = [Row(torch.randint(3, VOCAB, (n,), generator=g).tolist(), new, GREEDY) for n, new in SERVED]
+    engine = _serve(ours, rows)
+    assert engine.rows == [] and engine.largest_batch >= 3
+    for row in rows:
+        out = hf_model.generate(torch.tensor([row.prompt]), do_sample=False, max_new_tokens=row.max_new_tokens,
+                                pad_token_id=0)
+        assert row.tokens == out[0, len(row.prompt):].tolist()
+
+
+@torch.no_grad()
+def test_served_longrope_rows_run_every_position_again_when_the_factors_change():
+    """Phi-4-mini in serve's batch: the longest row passes the original context (16) while others
+    join and leave, so the batch turns to the long factors, and back to the short ones once the
+    long rows have left. Each change runs every position again: the cached batch gives the tokens
+    of the same batch recomputed from scratch at every step."""
+    _, ours = _imported("phi4_mini")
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n, _ in SERVED]
+    tokens, sets = {}, []
+
+    class Recording(Engine):
+        def step(self):
+            choices = super().step()
+            sets.append(self.long_keys)  # the set the cached keys were turned with
+            return choices
+
+    for use_cache in (True, False):
+        rows = [Row(p, new, GREEDY) for p, (_, new) in zip(prompts, SERVED)]
+        _serve(ours, rows, engine=Recording(ours, compact=True, use_cache=use_cache))
+        tokens[use_cache] = [row.tokens for row in rows]
+    assert tokens[True] == tokens[False]
+    sets = sets[:len(sets) // 2]  # the cached run's
+    assert sets[0] is False and True in sets and False in sets[sets.index(True):]  # there and back
+
+
+@torch.no_grad()
+def test_a_longrope_chat_runs_every_position_again_when_the_factors_change():
+    """A chat's KV cache lives across turns: a turn whose prompt passes the original context runs
+    the whole prompt again with the long factors, and a later, shorter one (a conversation cut to
+    fit) with the short ones; each turn's tokens are those of its prompt generated alone."""
+    from handformer.data.tokenizer import Tokenizer
+    from handformer.generation.chat import ChatSession
+    from handformer.generation.chat_template import ChatTemplate
+
+    _, ours = _imported("phi4_mini")
+    tokenizer = Tokenizer.train_char(["abc"])
+    session = ChatSession(ours, tokenizer, ChatTemplate("{{ messages }}", {}), [2], temperature=0,
+                          max_new_tokens=6)
+    g = torch.Generator().manual_seed(7)
+    first = torch.randint(3, VOCAB, (10,), generator=g).tolist()
+    second = first + torch.randint(3, VOCAB, (9,), generator=g).tolist()  # 19 > 16: the long factors
+    third = second[:5] + torch.randint(3, VOCAB, (6,), generator=g).tolist()  # 11: the short ones again
+    for prompt in (first, second, third):
+        tokens = session._generate(prompt, None)
+        assert tokens == generate(ours, [prompt], 6, temperature=0, stop_tokens=[2])[0]
+    assert session.cache.length == len(third) + 5
 
 
 def test_configs_carry_each_familys_variation(pair):

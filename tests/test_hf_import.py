@@ -19,10 +19,12 @@ from tokenizers import models, pre_tokenizers, processors
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.cli import main  # noqa: E402
-from handformer.convert.hf_import import import_hf, special_tokens  # noqa: E402
+from handformer.convert.hf_import import special_tokens  # noqa: E402
+from handformer.data.special_tokens import SpecialTokens  # noqa: E402
 from handformer.data.tokenizer import Tokenizer  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
-from handformer.tasks.lm.run import SpecialTokens, load_lm  # noqa: E402
+from handformer.tasks.lm.imports import import_hf  # noqa: E402
+from handformer.tasks.lm.run import load_lm  # noqa: E402
 
 VOCAB = 101
 PROMPT_LEN, NEW_TOKENS = 10, 8

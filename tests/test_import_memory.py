@@ -1,6 +1,6 @@
 """import-hf streams a sharded checkpoint: a fresh process importing a 52 MB checkpoint (three
 shards saved by transformers) grows its peak resident memory by at most 1.25 x the checkpoint +
-300 MB (handformer/convert/memory.py measures it; benchmarks/import_memory.py does the same for
+300 MB (handformer/tasks/lm/import_memory.py measures it; benchmarks/import_memory.py does the same for
 ~1 GB beside transformers' own loading), and the run it writes holds the checkpoint's tensors."""
 
 import sys
@@ -10,8 +10,8 @@ import torch
 from helpers import require_module
 from safetensors.torch import load_file
 
-from handformer.convert.memory import checkpoint_bytes, peak_growth, within_bound
 from handformer.data.tokenizer import Tokenizer
+from handformer.tasks.lm.import_memory import checkpoint_bytes, peak_growth, within_bound
 
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 

@@ -78,6 +78,47 @@ def test_no_module_imports_itself_through_a_circle():
     assert lesson_shape.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def diagram_rooms() -> list[set[str]]:
+    """The rooms of docs/architecture.md's diagram, lowest first: each group between two `v`
+    arrows, as the package's module prefixes it names (`nn/` -> handformer.nn, `config.py` ->
+    handformer.config)."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    diagram = text.split("## The rooms and the direction of imports", 1)[1].split("```", 2)[1]
+    groups = []
+    for group in diagram.split("\n    |\n    v\n"):
+        names = set()
+        for line in group.splitlines():
+            for word in line.split():
+                if word.endswith("/") and not line.startswith(" "):
+                    names.add("handformer." + word.rstrip("/"))
+                    break
+            names |= {"handformer." + w[:-3] for w in line.split() if w.endswith(".py") and line[:1] != " "
+                      and not line.split()[0].endswith("/")}
+        groups.append(names)
+    return groups
+
+
+def test_imports_go_one_way_through_the_rooms_of_the_architecture_page():
+    """A module imports only modules of its own room or of rooms below it, in the order
+    docs/architecture.md draws them (the package root and __main__ sit above them all)."""
+    rooms = diagram_rooms()
+    assert [sorted(r)[:1] for r in rooms[:3]] == [["handformer.config"], ["handformer.nn"], ["handformer.models"]]
+    assert {"handformer.tasks"} in rooms and {"handformer.cli"} in rooms
+
+    def rank(module: str) -> int | None:
+        for i, room in enumerate(rooms):
+            if any(module == name or module.startswith(name + ".") for name in room):
+                return i
+        return None
+
+    graph = lesson_shape.import_graph()
+    unplaced = sorted(m for m in graph if rank(m) is None and m not in ("handformer", "handformer.__main__"))
+    assert not unplaced, f"modules in no room of the diagram: {unplaced}"
+    upward = [f"{m} -> {d}" for m, deps in graph.items() for d in deps
+              if rank(m) is not None and rank(d) is not None and rank(d) > rank(m)]
+    assert not upward, upward
+
+
 def test_the_practitioner_rooms_reach_the_model_only_from_outside():
     """LoRA lives in handformer/adapters, fusion, packing and quantization in handformer/inference;
     training and generation do not import them to do their own work (the checkpoint asks a

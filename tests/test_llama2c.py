@@ -25,10 +25,10 @@ import transformers
 from helpers import missing
 
 from handformer.cli import main
-from handformer.convert.llama2c_import import import_llama2c
 from handformer.convert.llama2c_tokenizer import llama2c_tokenizer
 from handformer.convert.llama2c_weights import read_header
 from handformer.generation.generate import generate
+from handformer.tasks.lm.imports import import_llama2c
 from handformer.tasks.lm.run import load_lm
 
 DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "stories260K"

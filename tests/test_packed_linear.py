@@ -14,6 +14,7 @@ from torch import nn
 
 from handformer.cli import main
 from handformer.config import CausalLMConfig
+from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.generate import generate
 from handformer.inference.packed_linear import PackedLinear, pack_linears, packing_available, unpack_linears
@@ -21,7 +22,7 @@ from handformer.inference.prepare import PLAIN_ENV, prepare_for_decoding
 from handformer.inference.quant import Int8Linear, quantize_linears
 from handformer.inference.threads import default_threads
 from handformer.models.causal_lm import CausalLM
-from handformer.tasks.lm.run import SpecialTokens, load_lm, save_lm_run
+from handformer.tasks.lm.run import load_lm, save_lm_run
 from handformer.tasks.translation.translator import Translator
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -11,6 +11,7 @@ import torch
 from helpers import make_translation_run
 
 from handformer.config import CausalLMConfig
+from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.generate import generate
 from handformer.generation.sampling import filter_logits
@@ -18,7 +19,7 @@ from handformer.models.causal_lm import CausalLM
 from handformer.serve import playground_lookups as lookups
 from handformer.serve.app import create_app
 from handformer.serve.registry import load_served_models
-from handformer.tasks.lm.run import SpecialTokens, save_lm_run
+from handformer.tasks.lm.run import save_lm_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

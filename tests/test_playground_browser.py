@@ -196,6 +196,52 @@ def test_the_page_generates_filters_shows_attention_and_translates(server, page)
     assert all("status of 400" in e for e in seen["errors"]), seen["errors"]  # the browser logs the 400
 
 
+def test_the_page_speaks_chinese_on_its_own_switch(server, page):
+    """After a generation and a translation (the test above): every word of the page switches to
+    Chinese and back, the dynamic lines (summary, titles, menus, status) with it; ?lang=zh opens in
+    Chinese."""
+    base, _, _ = server
+    page, seen = page
+    errors = len(seen["errors"])
+    page.click("#tab-generate")
+    english = page.eval_on_selector_all("[data-i18n]", "es => es.map(e => e.textContent)")
+    page.click("#lang button[data-lang=zh]")
+    page.wait_for_selector("body[data-lang=zh]", state="attached")
+    assert page.get_attribute("html", "lang") == "zh-CN"
+    chinese = page.eval_on_selector_all("[data-i18n]", "es => es.map(e => e.textContent)")
+    assert len(chinese) == len(english) > 30
+    assert all(c != e for c, e in zip(chinese, english)), [e for c, e in zip(chinese, english) if c == e]
+    assert page.text_content("#go") == "生成" and page.text_content("#tab-translate") == "翻译"
+    assert page.get_attribute("#prompt", "placeholder") == "输入提示词"
+    summary = page.text_content("#summary")
+    assert summary.startswith("温度 2.00") and "top-p 0.95，保留" in summary and "个 token 中采样" in summary
+    assert page.text_content("#dist-title").startswith("位置 ")
+    assert "注意力" in page.text_content("#attn-title")
+    assert page.eval_on_selector_all("#attn-head option", "os => os.map(o => o.textContent)")[:2] == ["各头平均", "头 0"]
+    assert page.text_content("#attn-grid th:nth-child(2)") == "头 0"
+    assert page.text_content("#attn-info").startswith("最强：")
+    set_range(page, "#top-k", 0)
+    assert page.text_content("#top-k-value") == "关" and "top-k 关" in page.text_content("#summary")
+    page.click("#tab-translate")
+    assert "text is empty" in page.text_content("#tr-status")  # the server's message stays as it came
+    assert page.text_content("#tr-info").endswith(tuple("0123456789")) and "看了：" in page.text_content("#tr-info")
+
+    page.click("#lang button[data-lang=en]")
+    page.wait_for_selector("body[data-lang=en]", state="attached")
+    page.click("#tab-generate")
+    assert page.eval_on_selector_all("[data-i18n]", "es => es.map(e => e.textContent)") == english
+    assert page.text_content("#summary").startswith("temperature 2.00") and "top-k off of" in page.text_content("#summary")
+
+    page.goto(base + "/?lang=zh")
+    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=10_000)
+    assert page.get_attribute("body", "data-lang") == "zh" and page.text_content("#go") == "生成"
+    assert page.text_content("#summary") == "先生成，再点击一个生成的 token。"
+    page.goto(base + "/?lang=en")  # the language is remembered: leave the page in English
+    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=10_000)
+    assert page.text_content("#go") == "Generate"
+    assert len(seen["errors"]) == errors, seen["errors"][errors:]
+
+
 def test_the_pages_filters_equal_sampling_py_on_known_distributions(page):
     """The page's filterDistribution against filter_logits: ties at the top-k boundary, equal
     probabilities at the top-p boundary, -inf logits, greedy, every slider setting on a grid."""

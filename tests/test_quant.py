@@ -14,6 +14,7 @@ from safetensors import safe_open
 
 from handformer.cli import main
 from handformer.config import CausalLMConfig
+from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.generate import generate
 from handformer.inference.quant import (
@@ -34,7 +35,7 @@ from handformer.inference.quant_int4 import (
 )
 from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm.quantize import native_bf16
-from handformer.tasks.lm.run import SpecialTokens, load_lm, save_lm_run
+from handformer.tasks.lm.run import load_lm, save_lm_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TEXT = "the quick brown fox jumps over the lazy dog. " * 20

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from handformer.config import CausalLMConfig
+from handformer.generation.engine import SamplingOptions
 from handformer.generation.generate import generate
 from handformer.models.causal_lm import CausalLM
-from handformer.serve.engine import BatchEngine, SamplingOptions, Sequence
+from handformer.serve.engine import BatchEngine, Sequence
 from handformer.serve.text import IncrementalText
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,13 +15,14 @@ from matplotlib import font_manager
 
 from handformer.cli import main
 from handformer.config import CausalLMConfig
+from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.models.causal_lm import CausalLM
 from handformer.see import fonts
 from handformer.see.explorer import explorer_html
 from handformer.see.plots import plot_attention, plot_attention_heads, plot_runs
 from handformer.see.viz import attention_report, visualize
-from handformer.tasks.lm.run import SpecialTokens, save_lm_run
+from handformer.tasks.lm.run import save_lm_run
 
 TINY_TRANSLATION = ["train.steps=3", "data.n_train=200", "data.n_heldout=10", "data.vocab_size=300",
                     "data.max_tokens=512", "model.d_model=32", "model.n_heads=2", "model.d_ff=64",

@@ -125,8 +125,10 @@ CATALOG: dict[str, Diagnosis] = {d.name: d for d in [
        r"\.std\(", r"eps"),
     _d("nan_on_masked_rows", "a query whose keys are all masked gives NaN",
        "所有键都被屏蔽的查询输出了 NaN",
-       "fill masked scores with a large finite number (-1e9) instead of -inf, or zero those rows",
-       "用一个很大的有限负数（-1e9）而不是 -inf 填充被屏蔽的分数，或把这些行置零",
+       "fill masked scores with -1e9 (the tutorials' way), or keep -inf as handformer does and set "
+       "the output of rows whose keys are all masked to zero",
+       "用 -1e9 填充被屏蔽的分数（教程的写法）；或者像 handformer 那样用 -inf，"
+       "再把所有键都被屏蔽的行的输出置零",
        r"-inf|float\(.-inf.\)|masked_fill"),
 ]}
 

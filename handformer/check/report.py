@@ -15,7 +15,7 @@ from handformer.check.discovery import DESCRIPTIONS
 from handformer.check.result import DIFFERS, ERROR, FAIL, PASS, ComponentResult, FileResult, LearnerError
 
 STATUS = {"en": {PASS: "PASS", FAIL: "FAIL", DIFFERS: "DIFFERS", ERROR: "ERROR"},
-          "zh": {PASS: "通过", FAIL: "未通过", DIFFERS: "有差异", ERROR: "出错"}}
+          "zh": {PASS: "通过", FAIL: "未通过", DIFFERS: "设计不同（允许）", ERROR: "出错"}}
 KIND_ZH = {"causal_mask": "因果掩码函数", "sdpa": "缩放点积注意力", "mha": "多头注意力",
            "causal_attention": "因果自注意力", "ffn": "逐位置前馈网络", "layernorm": "层归一化 LayerNorm",
            "rmsnorm": "RMSNorm", "positional_encoding": "正弦位置编码", "encoder_layer": "编码器层",
@@ -29,9 +29,9 @@ WORDS = {
            "sandbox": "(your code ran in a child process: {t:g} s and {m} MiB per step)",
            "memory": "ran out of memory", "nothing": "nothing to check"},
     "zh": {":": "：", "weights": "权重映射", "mask": "掩码约定", "line": "第", "fix": "修改建议",
-           "observed": "观察到", "checks_ok": "通过的检查（{n}）", "failed": "未通过的检查",
+           "observed": "观察到", "checks_ok": "满足的要求（{n}）", "failed": "未满足的要求",
            "note": "说明", "error": "错误", "in": "位置", "max": "最大绝对误差",
-           "summary": "共 {n} 个组件：{p} 个通过，{d} 个与设计不同（不算错），{f} 个未通过，{e} 个出错",
+           "summary": "共 {n} 个组件：{p} 个通过，{d} 个属于设计差异（不算错），{f} 个未通过，{e} 个出错",
            "sandbox": "（你的代码在子进程中运行：每一步限时 {t:g} 秒、内存 {m} MiB）",
            "memory": "内存不足", "nothing": "没有可检查的内容"},
 }

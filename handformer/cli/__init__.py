@@ -12,8 +12,10 @@ from handformer.cli import (
     check,
     evaluate,
     experiment,
+    export_gguf,
     export_hf,
     generate,
+    import_gguf,
     import_hf,
     import_llama2c,
     merge,
@@ -26,8 +28,8 @@ from handformer.cli import (
     translate,
 )
 
-COMMANDS = [trace, train, translate, generate, chat, evaluate, import_hf, import_llama2c, see, check, prepare,
-            quantize, export_hf, experiment, merge, serve]
+COMMANDS = [trace, train, translate, generate, chat, evaluate, import_hf, import_llama2c, import_gguf, see,
+            check, prepare, quantize, export_hf, export_gguf, experiment, merge, serve]
 
 
 def build_parser() -> argparse.ArgumentParser:

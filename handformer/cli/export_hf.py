@@ -10,7 +10,7 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     from handformer.cli.common import run_task
 
     if run_task(args.run_dir) == "translation":
-        from handformer.convert.marian_export import export_marian
+        from handformer.tasks.translation.exports import export_marian
 
         notes = export_marian(args.run_dir, args.out_dir, overwrite=args.overwrite)
         print(f"exported MarianMTModel (marian) -> {args.out_dir}")
@@ -19,7 +19,7 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
         print(f"next: MarianMTModel.from_pretrained({str(args.out_dir)!r}); encode with the run's "
               "tokenizer.json (sources end with </s>)")
         return 0
-    from handformer.convert.hf_export import export_hf
+    from handformer.tasks.lm.exports import export_hf
 
     result = export_hf(args.run_dir, args.out_dir, overwrite=args.overwrite)
     print(f"exported {result.summary()}")

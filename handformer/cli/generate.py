@@ -11,13 +11,11 @@ from handformer.generation.stream import TextStream
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from handformer.generation.generate import generate, max_new_tokens_for
-    from handformer.inference.prepare import prepare_for_decoding
     from handformer.tasks.lm.run import load_lm
 
     if args.prompt == "":
         raise ValueError("empty prompt: give --prompt TEXT with at least one character")
-    run = load_lm(args.run_dir, args.device)
-    prepare_for_decoding(run.model)
+    run = load_lm(args.run_dir, args.device, decoding=True)
     bos = run.tokens.bos_id
     max_positions = run.model.cfg.max_positions
     # stdin is read line by line, so each prompt is answered as soon as it is typed.

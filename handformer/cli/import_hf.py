@@ -7,7 +7,7 @@ import argparse
 
 def cmd_import_hf(args: argparse.Namespace) -> int:
     from handformer.cli.common import report_import
-    from handformer.convert.hf_import import import_hf
+    from handformer.tasks.lm.imports import import_hf
 
     result = import_hf(args.hf_dir, args.run_dir, overwrite=args.overwrite)
     return report_import(result, args.run_dir)

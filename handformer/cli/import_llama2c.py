@@ -7,7 +7,7 @@ import argparse
 
 def cmd_import_llama2c(args: argparse.Namespace) -> int:
     from handformer.cli.common import report_import
-    from handformer.convert.llama2c_import import import_llama2c
+    from handformer.tasks.lm.imports import import_llama2c
 
     result = import_llama2c(args.model, args.tokenizer, args.run_dir, overwrite=args.overwrite)
     return report_import(result, args.run_dir)

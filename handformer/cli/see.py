@@ -1,4 +1,5 @@
-"""`handformer viz`, `plot` and `explain`: attention maps, training curves, the tutorials' figures."""
+"""`handformer viz`, `plot` and `explain`: attention maps, training curves, and figures on the
+tutorials' topics."""
 
 from __future__ import annotations
 
@@ -87,11 +88,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "one run, runs_comparison.png for several)")
     p.set_defaults(func=cmd_plot)
 
-    p = sub.add_parser("explain", help="redraw the tutorials' figures (softmax, scaling, positions, "
+    p = sub.add_parser("explain", help="draw figures on the tutorials' topics (softmax, scaling, positions, "
                        "top-k/top-p, masks, data flow) from handformer's code")
     p.add_argument("--lang", choices=("en", "zh"), default="en",
                    help="language of titles and labels: en, or zh (Chinese; needs a CJK font, else "
                    "a warning and English labels)")
     p.add_argument("--out", default=None,
-                   help="output directory (default docs/figures, or docs/zh/figures with --lang zh)")
+                   help="output directory (default runs/explain, or runs/explain/zh with --lang zh; "
+                   "docs/figures and docs/zh/figures hold the committed ones)")
     p.set_defaults(func=cmd_explain)

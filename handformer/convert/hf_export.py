@@ -28,25 +28,16 @@ No `transformers` import is needed to write.
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save as st_save
-from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import processors
 from torch import Tensor
 
 from handformer.config import CausalLMConfig, LinearRopeScaling, Llama3RopeScaling, LongRopeScaling
 from handformer.convert.hf_import import ARCHITECTURES as HF_CLASSES
-from handformer.convert.hf_import import CHAT_FILES, prepended_id
 from handformer.convert.hf_weights import ARCHITECTURES, HEAD, instances
-from handformer.io import atomic_write_bytes, atomic_write_text
-from handformer.tasks.lm.run import LMRun, load_lm
 
 _GPT2_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 _NAMES = {"gpt2": "GPT-2", "llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral",
@@ -103,23 +94,11 @@ _FAMILY_SETTINGS: dict[str, tuple[Any, tuple[str, ...], str]] = {
     "attn_softcap": (None, ("gemma2", "gemma3_text"), "soft-capped attention scores"),
     "logit_softcap": (None, ("gemma2", "gemma3_text"), "soft-capped logits"),
 }
-_BASE_HOPS = 8  # fine-tunes of fine-tunes followed back to an imported run, at most this deep
-
-
-@dataclass
-class ExportedLM:
-    out_dir: Path
-    model_type: str  # a key of HF_CLASSES: "gpt2", "llama", "qwen2", "mistral", "gemma", "phi3"
-    architecture: str  # the Hugging Face class name
-    notes: list[str] = field(default_factory=list)  # what the export chose that the run left open
-
-    def summary(self) -> str:
-        return f"{self.architecture} ({self.model_type}) -> {self.out_dir}"
 
 
 # --- which architecture, and whether every setting maps --------------------------------------------
 
-def _mismatches(cfg: CausalLMConfig, model_type: str) -> list[str]:
+def hf_mismatches(cfg: CausalLMConfig, model_type: str) -> list[str]:
     """The settings of `cfg` that `model_type` cannot express, each with what it would need."""
     family, position = _NAMES[model_type], "learned" if model_type == "gpt2" else "rope"
     fixed = {"norm_placement": ("pre", "is pre-norm"),
@@ -161,40 +140,7 @@ def _scaling_and_experts(cfg: CausalLMConfig, model_type: str, family: str) -> l
     return problems
 
 
-def _base_run_dirs(run_dir: Path, config: dict[str, Any]) -> list[Path]:
-    """Where the base run of a fine-tuned ("init_from") or merged ("merged_from") run may be."""
-    info = config.get("init_from")
-    if isinstance(info, dict) and info.get("path"):
-        nearby = [run_dir / info["relative"]] if info.get("relative") else []  # moved along with the run
-        return nearby + [Path(info["path"])]
-    merged = config.get("merged_from")
-    if isinstance(merged, dict) and isinstance(merged.get("init_from"), dict):
-        return [Path(merged["init_from"]["path"])]
-    return []
-
-
-def _recorded_model_type(run_dir: Path, config: dict[str, Any], notes: list[str]) -> str | None:
-    """The model_type recorded at import, for this run or the base run it was fine-tuned from."""
-    for _ in range(_BASE_HOPS):
-        recorded = (config.get("source") or {}).get("model_type")
-        candidates = _base_run_dirs(run_dir, config)
-        if recorded is not None or not candidates:
-            return recorded
-        found = [p for p in candidates if (p / "config.json").is_file()]
-        if not found:
-            notes.append(f"the base run {candidates[-1]} is gone, so the architecture follows the settings")
-            return None
-        run_dir = found[0]
-        try:
-            config = json.loads((run_dir / "config.json").read_text())
-        except (ValueError, UnicodeDecodeError):
-            notes.append(f"the base run's {run_dir / 'config.json'} is unreadable, so the architecture "
-                         "follows the settings")
-            return None
-    return None
-
-
-def _model_type_for(cfg: CausalLMConfig) -> str:
+def model_type_for(cfg: CausalLMConfig) -> str:
     """Where a run's settings point (see the module docstring)."""
     if cfg.position == "learned":
         return "gpt2"
@@ -222,26 +168,6 @@ def _model_type_for(cfg: CausalLMConfig) -> str:
     if cfg.global_layers:
         return "smollm3"  # Llama's block whose layer_types mix sliding and global layers
     return "mistral" if cfg.sliding_window is not None else "llama"
-
-
-def export_model_type(run: LMRun, run_dir: str | os.PathLike = ".", notes: list[str] | None = None) -> str:
-    """The model_type this run exports to, or `ValueError` naming the settings that do not map."""
-    cfg = run.model.cfg
-    if "quantization" in run.config:
-        raise ValueError(f"this run is quantized ({run.config['quantization'].get('weights')}); "
-                         "export the float run it came from (its source_run)")
-    if "lora" in run.config:
-        raise ValueError("this run holds LoRA adapters on a base run; fold them in first with "
-                         "`handformer merge RUN MERGED` and export MERGED")
-    recorded = _recorded_model_type(Path(run_dir), run.config, [] if notes is None else notes)
-    if recorded is not None and recorded not in HF_CLASSES:
-        raise ValueError(f"this run was imported from model_type {recorded!r}; export-hf writes "
-                         f"{', '.join(HF_CLASSES)} only")
-    model_type = recorded or _model_type_for(cfg)
-    problems = _mismatches(cfg, model_type)
-    if problems:
-        raise ValueError(f"cannot export to {HF_CLASSES[model_type]}: " + "; ".join(problems))
-    return model_type
 
 
 # --- config.json -----------------------------------------------------------------------------------
@@ -393,86 +319,8 @@ def stored_dtype(weights: Path) -> torch.dtype:
 
 # --- tokenizer and special tokens ------------------------------------------------------------------
 
-def _tokenizer_json(run: LMRun, run_dir: Path, notes: list[str]) -> bytes:
-    """The run's tokenizer.json; where the run prompts with BOS but the tokenizer adds none (runs
-    trained here, llama2.c imports), a post-processor that prepends it, so that the exported
-    tokenizer encodes prompts as `handformer generate` feeds them."""
-    raw = (run_dir / "tokenizer.json").read_bytes()
-    bos = run.tokens.bos_id
-    if bos is None or prepended_id(run.tokenizer) is not None:
-        return raw
-    hf = HFTokenizer.from_str(raw.decode("utf-8"))
-    name = hf.id_to_token(bos)
-    template = processors.TemplateProcessing(single=f"{name} $A", pair=f"{name} $A {name}:1 $B:1",
-                                             special_tokens=[(name, bos)])
-    hf.post_processor = template if hf.post_processor is None else processors.Sequence(
-        [hf.post_processor, template])
-    notes.append(f"the run starts prompts with BOS {name!r} (id {bos}); the exported tokenizer.json "
-                 "prepends it, as `handformer generate` does")
-    return hf.to_str(pretty=True).encode("utf-8")
-
-
-def _token_files(run: LMRun, run_dir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(ids for config.json, generation_config.json, tokenizer_config.json). Every id that stops
-    generation in handformer (tokens.eos_ids: Llama 3's three, llama2.c's EOS and BOS) is an
-    eos_token_id, so transformers' `generate` stops where handformer's does."""
-    tokens = run.tokens
-    eos = tokens.eos_ids[0] if len(tokens.eos_ids) == 1 else (tokens.eos_ids or None)
-    ids = {"bos_token_id": tokens.bos_id, "eos_token_id": eos, "pad_token_id": tokens.pad_id}
-    generation = {**ids, "_from_model_config": False}
-    tok_config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
-                                  "model_max_length": run.model.cfg.max_positions,
-                                  "add_bos_token": tokens.bos_id is not None, "add_eos_token": False}
-    for kind, token_id in (("bos", tokens.bos_id), ("eos", tokens.eos_id), ("pad", tokens.pad_id)):
-        if token_id is not None:
-            tok_config[f"{kind}_token"] = run.tokenizer.hf.id_to_token(token_id)
-    imported = run_dir / "tokenizer_config.json"  # an imported checkpoint's: keep its chat template
-    if imported.is_file():
-        template = json.loads(imported.read_text()).get("chat_template")
-        if template is not None:
-            tok_config["chat_template"] = template
-    return ids, generation, tok_config
-
 
 # --- the export ------------------------------------------------------------------------------------
 
-def check_export_target(run_dir: Path, out_dir: Path, overwrite: bool) -> None:
-    """Refuse to export a run onto itself, or over an existing export unless `overwrite`."""
-    if out_dir.exists() and out_dir.resolve() == run_dir.resolve():
-        raise ValueError(f"OUT_DIR must differ from RUN_DIR {run_dir}")
-    if (out_dir / "config.json").exists() and not overwrite:
-        raise ValueError(f"{out_dir} already holds a config.json; choose another directory or "
-                         "pass --overwrite")
 
-
-def export_hf(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite: bool = False) -> ExportedLM:
-    """Write the language-model run in `run_dir` as a Hugging Face directory `out_dir`."""
-    run_dir, out_dir = Path(run_dir), Path(out_dir)
-    check_export_target(run_dir, out_dir, overwrite)
-    run = load_lm(run_dir)
-    notes: list[str] = []
-    model_type = export_model_type(run, run_dir, notes)
-    cfg = run.model.cfg
-    if model_type == "gpt2" and not cfg.bias:
-        notes.append("the run has no biases (bias=false); GPT-2 always has them, so they are written as "
-                     "zeros (the same function)")
-    if model_type != "gpt2" and cfg.dropout:
-        notes.append(f"{HF_CLASSES[model_type]} has no residual dropout; dropout={cfg.dropout} is left out "
-                     "(training only)")
-    ids, generation, tok_config = _token_files(run, run_dir)
-    tokenizer_json = _tokenizer_json(run, run_dir, notes)
-    dtype = stored_dtype(run_dir / "model.safetensors")
-    tensors = {k: v.to(dtype) for k, v in export_state_dict(run.model.state_dict(), cfg, model_type).items()}
-    config = {**hf_config(cfg, model_type, ids), "dtype": str(dtype).removeprefix("torch.")}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out_dir / "model.safetensors", st_save(tensors, metadata={"format": "pt"}))
-    atomic_write_bytes(out_dir / "tokenizer.json", tokenizer_json)
-    if (run_dir / CHAT_FILES[0]).is_file():  # chat_template.jinja, as the checkpoint had it
-        atomic_write_bytes(out_dir / CHAT_FILES[0], (run_dir / CHAT_FILES[0]).read_bytes())
-    for name, data in (("tokenizer_config.json", tok_config), ("generation_config.json", generation),
-                       ("config.json", config)):  # config.json last: complete
-        atomic_write_text(out_dir / name, json.dumps(data, indent=2) + "\n")
-    return ExportedLM(out_dir, model_type, HF_CLASSES[model_type], notes)
-
-
-__all__ = ["ExportedLM", "HF_CLASSES", "export_hf", "export_model_type", "export_state_dict", "hf_config"]
+__all__ = ["HF_CLASSES", "export_state_dict", "hf_config", "hf_mismatches", "model_type_for", "stored_dtype"]

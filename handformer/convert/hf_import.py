@@ -44,7 +44,6 @@ import json
 import mmap
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,15 +55,13 @@ from handformer.config import CausalLMConfig
 from handformer.convert.hf_weights import (
     HEAD,
     check_implemented,
-    config_from_hf,
-    convert_hf_state_dict,
     other_family,
 )
+from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.families import build_causal_lm
-from handformer.io import atomic_write, atomic_write_bytes
+from handformer.io import atomic_write
 from handformer.models.causal_lm import CausalLM
-from handformer.tasks.lm.run import SpecialTokens, write_lm_run_config
 from handformer.training.checkpoint import safetensors_problem
 
 # The chat template and its special-token strings, copied into the run for `handformer chat`
@@ -80,25 +77,7 @@ ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2"
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 
 
-@dataclass
-class ImportedLM:
-    """What `import_hf` wrote: enough for a one-line summary without loading the run again."""
-
-    run_dir: Path
-    model_type: str  # a key of ARCHITECTURES: "gpt2", "llama", "qwen2", ...
-    architecture: str  # the Hugging Face class name
-    n_parameters: int  # tied weights counted once
-    n_layers: int
-    vocab_size: int
-    tokens: SpecialTokens
-    notes: list[str] = field(default_factory=list)  # choices the checkpoint's files left open
-
-    def summary(self) -> str:
-        return (f"{self.architecture} ({self.model_type}): {self.n_parameters:,} parameters, "
-                f"{self.n_layers} layers, vocab {self.vocab_size:,} -> {self.run_dir}")
-
-
-def _read_json(path: Path, required: bool = False) -> dict[str, Any]:
+def read_json(path: Path, required: bool = False) -> dict[str, Any]:
     if path.is_dir():
         raise ValueError(f"{path} is a directory, not a JSON file")
     if not path.is_file():
@@ -114,7 +93,7 @@ def _read_json(path: Path, required: bool = False) -> dict[str, Any]:
     return data
 
 
-def _architecture(hf_config: dict[str, Any], path: Path) -> tuple[str, str]:
+def architecture_of(hf_config: dict[str, Any], path: Path) -> tuple[str, str]:
     """(model_type, class name), refusing what `hf_weights` does not map or implement."""
     model_type = hf_config.get("model_type")
     try:
@@ -253,7 +232,7 @@ def read_hf_weights(hf_dir: str | os.PathLike, files: MappedFiles | None = None,
         found = (f"; found {', '.join(pickles)}, but handformer reads only safetensors, never pickle "
                  "(re-save the model with save_pretrained(..., safe_serialization=True))") if pickles else ""
         raise FileNotFoundError(f"{hf_dir} has no {SINGLE_FILE} or {INDEX_FILE}{found}")
-    weight_map = _read_json(hf_dir / INDEX_FILE).get("weight_map")
+    weight_map = read_json(hf_dir / INDEX_FILE).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise ValueError(f"{hf_dir / INDEX_FILE} has no 'weight_map' of tensor name -> shard file")
     shards = sorted(set(weight_map.values()))
@@ -319,8 +298,8 @@ def prepended_id(tokenizer: Tokenizer) -> int | None:
 def special_tokens(hf_dir: Path, hf_config: dict[str, Any], tokenizer: Tokenizer, vocab_size: int,
                    notes: list[str]) -> tuple[SpecialTokens, list[int]]:
     """The run's `SpecialTokens` and every EOS id the files list (see the module docstring)."""
-    tokenizer_config = _read_json(hf_dir / "tokenizer_config.json")
-    files = [("generation_config.json", _read_json(hf_dir / "generation_config.json")),
+    tokenizer_config = read_json(hf_dir / "tokenizer_config.json")
+    files = [("generation_config.json", read_json(hf_dir / "generation_config.json")),
              ("config.json", hf_config), ("tokenizer_config.json", tokenizer_config)]
     found = {}
     for kind in ("bos", "eos", "pad"):
@@ -367,52 +346,6 @@ def model_from_state(cfg: CausalLMConfig, state: dict[str, Tensor]) -> CausalLM:
     return model
 
 
-def _check_paths(hf_dir: Path, run_dir: Path, overwrite: bool) -> None:
-    if not hf_dir.is_dir():
-        raise FileNotFoundError(f"no Hugging Face checkpoint directory at {hf_dir}")
-    if run_dir.resolve() == hf_dir.resolve():
-        raise ValueError(f"the run directory must differ from the checkpoint directory {hf_dir}")
-    if (run_dir / "config.json").exists() and not overwrite:
-        raise ValueError(f"{run_dir} already holds a run; choose another directory or overwrite it")
-
-
-def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: bool = False) -> ImportedLM:
-    """Convert the checkpoint in `hf_dir` (model_type one of ARCHITECTURES) into a run directory
-    (tasks/lm/run.py). Nothing is written unless every check passes."""
-    hf_dir, run_dir = Path(hf_dir), Path(run_dir)
-    _check_paths(hf_dir, run_dir, overwrite)
-    hf_config = _read_json(hf_dir / "config.json", required=True)
-    model_type, architecture = _architecture(hf_config, hf_dir / "config.json")
-    try:
-        cfg = config_from_hf(hf_config)
-    except (ValueError, TypeError, KeyError) as err:  # a field missing or of the wrong type
-        raise ValueError(f"{hf_dir / 'config.json'}: {err}") from None
-    tokenizer = Tokenizer.load(hf_dir / "tokenizer.json")  # checked before the (big) weights
-    notes: list[str] = []
-    if tokenizer.vocab_size > cfg.vocab_size:
-        notes.append(f"the tokenizer has {tokenizer.vocab_size} ids but the model only "
-                     f"{cfg.vocab_size}; ids from {cfg.vocab_size} on cannot be fed to the model")
-    tokens, eos_ids = special_tokens(hf_dir, hf_config, tokenizer, cfg.vocab_size, notes)
-
-    files = MappedFiles()
-    hf_state, weights = read_hf_weights(hf_dir, files)
-    state = convert_hf_state_dict(hf_state, cfg, model_type)  # views of the mapped files
-    del hf_state
-    if cfg.tie_embeddings:
-        del state[HEAD]  # the embedding, stored once (as save_weights stores a tied model)
-    source = {"hf_dir": str(hf_dir.resolve()), "model_type": model_type, "architecture": architecture,
-              "weights": weights, "eos_ids": eos_ids, "notes": notes}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(run_dir / "tokenizer.json")
-    write_safetensors(run_dir / "model.safetensors", state, release=files.release)  # tensor by tensor
-    write_lm_run_config(run_dir, cfg, tokens, source=source)  # last: the run is complete
-    for name in CHAT_FILES:
-        if (hf_dir / name).is_file():
-            atomic_write_bytes(run_dir / name, (hf_dir / name).read_bytes())
-    n_parameters = sum(t.numel() for t in state.values())
-    return ImportedLM(run_dir, model_type, architecture, n_parameters, cfg.n_layers, cfg.vocab_size,
-                      tokens, notes)
-
-
-__all__ = ["ARCHITECTURES", "ImportedLM", "MappedFiles", "import_hf", "map_safetensors", "model_from_state",
-           "prepended_id", "read_hf_weights", "special_tokens", "write_safetensors"]
+__all__ = ["ARCHITECTURES", "CHAT_FILES", "MappedFiles", "architecture_of", "map_safetensors",
+           "model_from_state", "prepended_id", "read_hf_weights", "read_json", "special_tokens",
+           "write_safetensors"]

@@ -1,13 +1,26 @@
 """The KV cache as the decoders use it: a `KVCache` (handformer.nn.kv_cache, the lesson's) whose rows
-can be selected and reordered, written only through these methods.
+can be selected, reordered and regrouped, written only through these methods.
 
-Beam search keeps, at every step, the hypotheses that survive: row r of the next step continues
-row index[r] of this one, so the cached keys and values of every layer follow the same index.
+- Beam search keeps, at every step, the hypotheses that survive: row r of the next step continues
+  row index[r] of this one, so the cached keys and values of every layer follow the same index
+  (`reorder`).
+- The decoding engine (engine.py) keeps a batch of rows in one cache, each row right-aligned with
+  padding on its left that the attention mask hides: a row's last position is at column S - 1 for
+  every row. Rows join and leave between steps: `regroup` builds the next batch's cache from the
+  rows that stay and the rows that join (blocks of other caches), as wide as the longest row, so
+  padding no row needs any more is dropped.
+- A sliding-window model's cache rolls (the lesson's KVCache, `window`): column c is kept in slot
+  c % W, only the last W columns are held, and a regrouped cache rolls too, so its memory stays W
+  slots however long the rows grow. A model that mixes sliding and global layers (Gemma 2/3, Qwen's
+  layer_types) rolls its sliding layers only: a global layer holds every column (`layer_slots`).
 
-Shape legend: B batch rows, Hkv key/value heads, S_max cache capacity (slots), Dh head dim.
+Shape legend: B batch rows, Hkv key/value heads, S columns (the longest row), C capacity,
+W window slots, Dh head dim.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -16,12 +29,58 @@ from handformer.nn.kv_cache import KVCache
 
 
 class DecodingCache(KVCache):
-    """A KVCache with `reorder`; it keeps the buffers each reorder replaced, so that the next one
-    writes into them and a decoding step allocates nothing."""
+    """A KVCache with `reorder` and `regroup`; it keeps the buffers each reorder replaced, so that
+    the next one writes into them and a beam-search step allocates nothing."""
 
-    def __init__(self, n_layers: int, max_length: int, window: int | None = None) -> None:
-        super().__init__(n_layers, max_length, window)
+    def __init__(self, n_layers: int, max_length: int, window: int | None = None,
+                 global_layers: tuple[int, ...] | list[int] | frozenset[int] = ()) -> None:
+        super().__init__(n_layers, max_length, window, tuple(global_layers))
         self._spare: dict[str, list[Tensor | None]] = {"keys": [None] * n_layers, "values": [None] * n_layers}
+
+    @property
+    def rows(self) -> int:
+        """Batch rows held (0 before the first forward)."""
+        return 0 if self.keys[0] is None else self.keys[0].size(0)
+
+    def columns(self, layer: int) -> tuple[Tensor, Tensor]:
+        """The keys and values a layer holds, oldest column first: (B, Hkv, min(length, slots), Dh).
+        A rolling cache that has wrapped holds its last W columns in slot order; they come back
+        in column order."""
+        keys, values = self.keys[layer], self.values[layer]
+        slots = KVCache.layer_slots(self, layer)  # a global layer's: every column
+        held = min(self.length, slots)
+        if self.length <= slots:
+            return keys[:, :, :held], values[:, :, :held]
+        oldest = self.length % slots  # the slot of column length - W
+        return keys.roll(-oldest, dims=2), values.roll(-oldest, dims=2)
+
+    @classmethod
+    def regroup(cls, blocks: Sequence[tuple[KVCache, Tensor]], width: int, capacity: int,
+                window: int | None = None) -> DecodingCache:
+        """A new cache of `width` columns (each row right-aligned at column width - 1) and room for
+        `capacity` in all, whose rows are the selected rows of `blocks`: (cache, row index) pairs,
+        each cache's rows right-aligned at its own length. A block longer than `width` loses its
+        leftmost columns (padding no row needs any more). With a window no larger than the
+        capacity, the new cache rolls over W slots and holds only the last W columns."""
+        first = next(c for c, _ in blocks if c.keys[0] is not None)
+        out = cls(len(first.keys), capacity, window, first.global_layers)
+        for layer in range(len(first.keys)):
+            k0, slots = first.keys[layer], out.layer_slots(layer)
+            held = min(width, slots)  # columns width - held .. width - 1 are kept
+            B = sum(index.numel() for _, index in blocks)
+            keys = k0.new_zeros(B, k0.size(1), slots, k0.size(3))  # (B, Hkv, C or W, Dh)
+            values = keys.clone()
+            row = 0
+            for cache, index in blocks:
+                k, v = (t.index_select(0, index.to(t.device)) for t in columns_of(cache, layer))
+                n = min(k.size(2), held)  # this block's columns that the new cache keeps
+                at = torch.arange(width - n, width, device=k.device) % slots
+                keys[row:row + index.numel(), :, at] = k[:, :, k.size(2) - n:]
+                values[row:row + index.numel(), :, at] = v[:, :, v.size(2) - n:]
+                row += index.numel()
+            out.keys[layer], out.values[layer] = keys, values
+        out.length = width
+        return out
 
     def reorder(self, index: Tensor, cross: bool | Tensor = True, capacity: int | None = None) -> None:
         """Select batch rows (beam search keeps the surviving hypotheses): row r becomes row
@@ -46,11 +105,13 @@ class DecodingCache(KVCache):
                 if t is None:
                     continue
                 _, Hkv, _, Dh = t.shape
+                slots = self.layer_slots(i)  # a global layer of a rolling cache holds every column
+                filled = min(self.length, slots)
                 spare = spares[i]
-                if spare is not None and spare.shape[0] >= n and spare.shape[1:] == (Hkv, self.slots, Dh):
+                if spare is not None and spare.shape[0] >= n and spare.shape[1:] == (Hkv, slots, Dh):
                     moved = spare[:n]  # (B', Hkv, slots, Dh)
                 else:
-                    moved = t.new_empty((n, Hkv, self.slots, Dh))  # (B', Hkv, slots, Dh)
+                    moved = t.new_empty((n, Hkv, slots, Dh))  # (B', Hkv, slots, Dh)
                 torch.index_select(t[:, :, :filled], 0, index, out=moved[:, :, :filled])
                 store[i], spares[i] = moved, t
         if cross is False:
@@ -61,4 +122,9 @@ class DecodingCache(KVCache):
                 self.cross[i] = (kv[0].index_select(0, cross_index), kv[1].index_select(0, cross_index))
 
 
-__all__ = ["DecodingCache"]
+def columns_of(cache: KVCache, layer: int) -> tuple[Tensor, Tensor]:
+    """`DecodingCache.columns` for any KVCache (a prefill's cache is a plain one)."""
+    return DecodingCache.columns(cache, layer)  # type: ignore[arg-type]
+
+
+__all__ = ["DecodingCache", "columns_of"]

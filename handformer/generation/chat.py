@@ -25,7 +25,8 @@ import torch
 
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat_template import ChatTemplate
-from handformer.generation.sampling import check_sampling_options, next_tokens
+from handformer.generation.engine import Choice, Engine, Row, SamplingOptions, long_rope_start
+from handformer.generation.sampling import check_sampling_options
 from handformer.generation.stream import TextStream
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
@@ -71,18 +72,14 @@ class ChatSession:
             raise ValueError("a chat needs at least one stop token (an EOS or end-of-turn id)")
         self.model, self.tokenizer, self.template = model, tokenizer, template
         self.stop_ids = sorted(set(stop_ids))
-        self.options = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+        self.options = SamplingOptions(temperature, top_k, top_p, seed)
         self.max_new_tokens = max_new_tokens
         self.notify = notify or (lambda message: None)
         self.messages: list[dict[str, Any]] = []
         if system is not None:
             self.messages.append({"role": "system", "content": system})
         self.device = next(model.parameters()).device
-        self.generator = torch.Generator(device=self.device)
-        if seed is None:
-            self.generator.seed()
-        else:
-            self.generator.manual_seed(seed)
+        self.generator = self.options.generator(self.device)  # one for every turn
         self.cache = model.new_cache(model.cfg.max_positions)
         self.context: list[int] = []  # the tokens whose keys and values the cache holds, in order
         self.processed = 0  # tokens run through the model so far, all turns together
@@ -146,27 +143,29 @@ class ChatSession:
     @torch.inference_mode()
     def _generate(self, prompt: list[int], on_text: Callable[[str], None] | None) -> list[int]:
         keep = min(common_prefix(self.context, prompt), len(prompt) - 1)  # run >= 1 token for logits
+        long_from = long_rope_start(self.model)
+        if long_from is not None and self.cache.length > long_from >= keep:
+            keep = 0  # the cached keys took LongRoPE's long factors; a shorter context takes the short ones
         self.cache.truncate(keep)
-        self.context = self.context[:keep]
-        inputs = prompt[keep:]
-        new: list[int] = []
+        row = Row(prompt, self.max_new_tokens, self.options, frozenset(self.stop_ids),
+                  generator=self.generator)  # one generator for the whole conversation
         stream = None if on_text is None else TextStream(self.tokenizer, out=on_text, decode=self.decode)
+
+        def show(choice: Choice) -> None:
+            if stream is not None and choice.token not in self.stop_ids:  # holds back a partial character
+                stream.push(choice.token)
+
         with eval_mode(self.model):
-            for _ in range(self.max_new_tokens):
-                ids = torch.tensor([inputs], device=self.device)  # (1, T)
-                logits = self.model(ids, cache=self.cache, logits_to_keep=1).logits[:, -1]  # (1, V)
-                self.context += inputs
-                self.processed += len(inputs)
-                token = int(next_tokens(logits, generator=self.generator, **self.options)[0])
-                new.append(token)
-                if token in self.stop_ids:
-                    break
-                if stream is not None:  # holds back a partial UTF-8 character
-                    stream.push(token)
-                inputs = [token]
+            engine = Engine(self.model)
+            for choice in engine.add([row], cache=self.cache):
+                show(choice)
+            engine.run(show)
         if stream is not None:
             stream.close()
-        return new
+        fed = prompt[keep:] + row.tokens[:-1]  # the last token is chosen, never fed
+        self.context = prompt[:keep] + fed
+        self.processed += len(fed)
+        return row.tokens
 
 
 def stop_ids_for(tokenizer: Tokenizer, eos_ids: Sequence[int], template: ChatTemplate) -> list[int]:

@@ -86,7 +86,7 @@ class AttentionMask:
     def __post_init__(self) -> None:
         if self.is_causal and self.allowed is not None:
             raise ValueError("is_causal=True stands for the causal mask, so `allowed` must be None; "
-                             "combine the masks into one instead (handformer.nn.masks.combine)")
+                             "combine the masks into one with & instead")
 
     def dense(self, T: int, S: int, device: torch.device) -> Tensor | None:
         """The bool mask as a tensor (the causal triangle built if it stands for it), or None."""

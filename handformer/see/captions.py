@@ -23,7 +23,7 @@ TEXTS: dict[str, dict[str, str]] = {
                    "zh": "softmax(分数 / T)：温度低分布变尖，温度高分布变平"},
     # scaling.png
     "scale.raw": {"en": "raw q·k", "zh": "未缩放的 q·k"},
-    "scale.spread": {"en": "spread (std) of the scores", "zh": "分数的离散程度（标准差）"},
+    "scale.spread": {"en": "spread (std) of the scores", "zh": "分数的标准差"},
     "scale.std": {"en": "std over random q, k", "zh": "随机 q、k 上的标准差"},
     "scale.max": {"en": "largest attention weight in a row", "zh": "一行中最大的注意力权重"},
     "scale.entropy": {"en": "entropy of a row (nats)", "zh": "一行的熵（nat）"},
@@ -51,14 +51,14 @@ TEXTS: dict[str, dict[str, str]] = {
     "mask.key": {"en": "key (column)", "zh": "键（列）"},
     "mask.title": {"en": "masks in handformer: True (green) = may attend; padding hides <pad> keys, "
                          "causal hides the future",
-                   "zh": "handformer 的掩码：True（绿色）= 可以看；padding 掩码遮住 <pad> 键，"
-                         "因果掩码遮住未来"},
+                   "zh": "handformer 的掩码：True（绿色）= 可以看；padding 掩码屏蔽 <pad> 键，"
+                         "因果掩码屏蔽未来位置"},
     # top_k_top_p.png
     "sample.full": {"en": "softmax(logits): all {n} tokens", "zh": "softmax(logits)：全部 {n} 个 token"},
     "sample.top_k": {"en": "top-k, k = {k}: {kept} tokens kept",
                      "zh": "top-k，k = {k}：保留 {kept} 个 token"},
     "sample.top_p": {"en": "top-p, p = {p}: {kept} tokens kept (nucleus)",
-                     "zh": "top-p，p = {p}：保留 {kept} 个 token（核）"},
+                     "zh": "top-p，p = {p}：保留 {kept} 个 token（核采样）"},
     "sample.token": {"en": "token (most likely first)", "zh": "token（按概率从高到低）"},
     "sample.prob": {"en": "probability", "zh": "概率"},
     "sample.before": {"en": "before filtering", "zh": "过滤前"},
@@ -82,7 +82,11 @@ TEXTS: dict[str, dict[str, str]] = {
     "flow.memory": {"en": "memory (encoder output)", "zh": "memory（编码器输出）"},
     "flow.generator": {"en": "generator (Linear to the vocabulary)", "zh": "generator（线性层映射到词表）"},
     "flow.prompt": {"en": "token ids (prompt)", "zh": "token id（提示词）"},
-    "flow.lm_embed": {"en": "embed + {position} positions", "zh": "embed + {position} 位置编码"},
+    "flow.lm_embed": {"en": "embed + {position} positions", "zh": "词嵌入 + {position}位置编码"},
+    "pos.sinusoidal": {"en": "sinusoidal", "zh": "正弦"},
+    "pos.learned": {"en": "learned", "zh": "可学习"},
+    "pos.rope": {"en": "rotary", "zh": "旋转"},
+    "pos.none": {"en": "no", "zh": "无"},
     "flow.block": {"en": "{n} × DecoderOnlyBlock ({placement}-norm)\n\ncausal self-attention\nweights {w}"
                          "\n\nfeed-forward\n{f} inside\n\nout {o}",
                    "zh": "{n} × DecoderOnlyBlock（{placement}-norm）\n\n因果自注意力\n权重 {w}"

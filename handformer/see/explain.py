@@ -302,7 +302,8 @@ def _draw_decoder_only(ax: plt.Axes, text: Captions) -> None:
     s, cfg = traced_shapes("gpt2")
     block = "layers.0"
     _box(ax, 2.0, 0.3, 6.0, 0.9, f"{text('flow.prompt')}\n{s['embed'][0][0]}", "#ddf4ff")
-    _box(ax, 2.0, 1.8, 6.0, 0.9, f"{text('flow.lm_embed', position=cfg.position)}\n{s['embed'][1][0]}",
+    embed = text("flow.lm_embed", position=text(f"pos.{cfg.position}"))
+    _box(ax, 2.0, 1.8, 6.0, 0.9, f"{embed}\n{s['embed'][1][0]}",
          "#fff8c5")
     _box(ax, 2.0, 3.3, 6.0, 3.2, text("flow.block", n=cfg.n_layers, placement=cfg.norm_placement,
                                       w=s[block + ".self_attn"][1][1], f=s[block + ".ffn.up_proj"][1][0],
@@ -339,7 +340,9 @@ FIGURES: dict[str, Callable[[Path, Captions], Path]] = {
 }
 
 
-OUT_DIRS = {"en": "docs/figures", "zh": "docs/zh/figures"}  # where each language's figures are committed
+# Under the current directory, like every run's output; the committed figures (docs/figures,
+# docs/zh/figures) are redrawn only when asked: `handformer explain --out docs/figures`
+OUT_DIRS = {"en": "runs/explain", "zh": "runs/explain/zh"}
 
 
 def explain(out_dir: str | os.PathLike | None = None, lang: str = "en") -> list[Path]:

@@ -28,9 +28,10 @@ from tokenizers import Tokenizer as HFTokenizer
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat import stop_ids_for
 from handformer.generation.chat_template import ChatTemplate, load_chat_template
+from handformer.generation.engine import SamplingOptions
 from handformer.generation.generate import max_new_tokens_for, positions_needed
 from handformer.serve.choices import Choices, ChoiceSink, Event
-from handformer.serve.engine import BatchEngine, SamplingOptions, Sequence
+from handformer.serve.engine import BatchEngine, Sequence
 from handformer.serve.errors import APIError, add_error_handlers, error_body, read_capped
 from handformer.serve.openai_schema import (
     GenerationRequest,

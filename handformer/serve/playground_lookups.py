@@ -27,8 +27,9 @@ import torch
 from torch import Tensor
 
 from handformer.generation.chat_template import ChatTemplate
-from handformer.generation.generate import max_new_tokens_for, positions_needed
-from handformer.generation.sampling import check_sampling_options, filter_logits, next_tokens
+from handformer.generation.engine import Engine, Row, SamplingOptions
+from handformer.generation.generate import max_new_tokens_for
+from handformer.generation.sampling import check_sampling_options, filter_logits
 from handformer.modes import eval_mode
 from handformer.see.explorer import explorer_html
 from handformer.see.viz import AttentionReport, AttentionView, translation_views
@@ -104,10 +105,9 @@ def sorted_logits(dist: dict[str, Any]) -> Tensor:
 
 @dataclass
 class Generation:
-    """`generate` for one prompt, one step at a time, keeping each step's logits.
-
-    The same model calls, KV cache, sampling and random draws as generation/generate.py's `generate`
-    for a single prompt, so a seed gives the same tokens (a test pins it)."""
+    """`generate` for one prompt, one step at a time, keeping each step's logits: a row of the
+    decoding engine (generation/engine.py), as `generate` runs a single prompt, so a seed gives
+    the same tokens (a test pins it)."""
 
     run: LMRun
     ids: list[int]  # the prompt's ids
@@ -128,28 +128,22 @@ class Generation:
             raise ValueError(f"max_tokens must be between 1 and {limit} for this prompt of {len(self.ids)} "
                              f"tokens (the model's context is {self.run.model.cfg.max_positions}), "
                              f"got {self.max_new_tokens}")
-        device = next(self.run.model.parameters()).device
-        self.generator = torch.Generator(device=device).manual_seed(self.seed)
-        self.cache = self.run.model.new_cache(positions_needed(len(self.ids), self.max_new_tokens))
-        self.inputs = torch.tensor([self.ids], device=device)  # (1, T): the prompt, then one token
-        self.stop = set(self.run.tokens.eos_ids if self.stop_tokens is None else self.stop_tokens)
+        stop = self.run.tokens.eos_ids if self.stop_tokens is None else self.stop_tokens
+        options = SamplingOptions(self.temperature, self.top_k, self.top_p, self.seed)
+        self.row = Row(list(self.ids), self.max_new_tokens, options, frozenset(stop), keep_logits=True)
+        self.engine = Engine(self.run.model)
 
     @torch.inference_mode()
     def step(self) -> tuple[int, Tensor]:
         """Sample the next token: (its id, the (V,) logits it was sampled from)."""
         if self.done:
             raise RuntimeError("the generation is finished")
-        model = self.run.model
-        with eval_mode(model):
-            logits = model(self.inputs, None, cache=self.cache, logits_to_keep=1).logits[:, -1]  # (1, V)
-        token = int(next_tokens(logits, self.temperature, self.top_k, self.top_p, self.generator)[0])
-        self.new.append(token)
-        self.inputs = torch.tensor([[token]], device=self.inputs.device)  # (1, 1)
-        if token in self.stop:
-            self.done, self.finish_reason = True, "stop"
-        elif len(self.new) == self.max_new_tokens:
-            self.done, self.finish_reason = True, "length"
-        return token, logits[0]
+        with eval_mode(self.run.model):
+            (choice,) = self.engine.add([self.row]) if not self.new else self.engine.step()
+        self.new = self.row.tokens
+        if self.row.done:
+            self.done, self.finish_reason = True, self.row.finish_reason
+        return choice.token, choice.logits
 
     def text(self) -> str:
         """The continuation decoded so far, without the token that ended it (decoded with the

@@ -52,11 +52,11 @@ def load_served_models(specs: list[str], device: str = "cpu") -> dict[str, Serve
                              "name one of them with NAME=RUN_DIR")
         seen[name] = spec
         task = read_run_config(run_dir)["task"]
-        if task == "lm":
-            served = ServedModel(name, run_dir, task, lm=load_lm(run_dir, device))
+        if task == "lm":  # loaded through its pipeline, prepared for decoding (tasks/lm/pipeline.py)
+            served = ServedModel(name, run_dir, task, lm=load_lm(run_dir, device, decoding=True))
         else:
             served = ServedModel(name, run_dir, task, translator=Translator.load(run_dir, device))
-        prepare_for_decoding((served.lm or served.translator).model)
+            prepare_for_decoding(served.translator.model)
         models[name] = served
     return models
 

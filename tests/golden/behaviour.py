@@ -178,6 +178,88 @@ def _seq2seq_record(seed: int, **overrides: Any) -> dict[str, Any]:
     }
 
 
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+CHAT_TEXT = "the quick brown fox jumps over the lazy dog. Hello, who are you? I am a model!"
+
+
+def _callers() -> dict[str, Any]:
+    """What the other decoding callers give on a seeded tiny model: a chat of three turns (one
+    generator for the conversation), the playground's step-by-step Generation (its tokens and the
+    logits it shows) and serve's continuous batching (rows of different prompts, options and
+    seeds that join at different steps)."""
+    import threading
+
+    from tokenizers import AddedToken
+
+    from handformer.config import CausalLMConfig
+    from handformer.data.special_tokens import SpecialTokens
+    from handformer.data.tokenizer import Tokenizer
+    from handformer.generation.chat import ChatSession
+    from handformer.generation.chat_template import ChatTemplate
+    from handformer.generation.engine import SamplingOptions
+    from handformer.models.causal_lm import CausalLM
+    from handformer.serve.engine import BatchEngine, Sequence
+    from handformer.serve.playground_lookups import Generation
+    from handformer.tasks.lm.run import LMRun
+
+    tok = Tokenizer.train_char([CHAT_TEXT])
+    tok.hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ("<|im_start|>", "<|im_end|>")])
+    tok = Tokenizer(tok.hf)
+    cfg = CausalLMConfig.llama_style(vocab_size=tok.vocab_size, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64,
+                                     n_layers=2, max_positions=256)
+    model = _fill(CausalLM(cfg), 300)
+    end = tok.hf.token_to_id("<|im_end|>")
+    result: dict[str, Any] = {}
+    chat = ChatSession(model, tok, ChatTemplate(CHATML, {"eos_token": "<|im_end|>"}), [end],
+                       temperature=0.9, top_k=12, seed=5, max_new_tokens=12)
+    result["chat"] = [chat.send(text) for text in ("Hello", "who are you?", "I am a fox")]
+    result["chat_processed"] = chat.processed
+    run = LMRun(model, tok, SpecialTokens(eos_ids=[end]), {})
+    gen = Generation(run, tok.encode("the lazy dog"), 16, temperature=0.8, top_p=0.9, seed=11)
+    shown = []
+    while not gen.done:
+        token, logits = gen.step()
+        shown.append(_checksum(logits))
+    result["playground"] = {"tokens": gen.new, "logits": shown, "finish": gen.finish_reason}
+
+    class Sink:
+        def __init__(self) -> None:
+            self.tokens, self.logprobs, self.reason, self.ended = [], [], None, threading.Event()
+
+        def token(self, token_id, logprob, top, is_stop_token) -> bool:
+            self.tokens.append(token_id)
+            self.logprobs.append(None if logprob is None else [logprob, top])
+            return False
+
+        def finish(self, reason: str) -> None:
+            self.reason = reason
+            self.ended.set()
+
+        def fail(self, message: str) -> None:
+            self.reason = "failed: " + message
+            self.ended.set()
+
+    prompts = ["the", "quick brown", "Hello, who are", "I", "a lazy dog jumps", "model"]
+    seqs = [Sequence(tok.encode(p), 6 + 3 * i, SamplingOptions((0.0, 1.0, 0.7)[i % 3], (None, 8)[i % 2],
+                                                                (None, None, 0.9)[i % 3], 40 + i,
+                                                                2 if i % 2 else None),
+                     frozenset({end}), Sink()) for i, p in enumerate(prompts)]
+    engine = BatchEngine(model, threading.Lock(), max_batch=4)
+    for seq in seqs[:3]:
+        engine.submit(seq)
+    engine.start()
+    seqs[0].sink.ended.wait(30)
+    for seq in seqs[3:]:
+        engine.submit(seq)
+    for seq in seqs:
+        seq.sink.ended.wait(30)
+    engine.stop()
+    result["serve"] = [{"tokens": q.sink.tokens, "logprobs": q.sink.logprobs, "finish": q.sink.reason}
+                       for q in seqs]
+    return result
+
+
 def _train_losses(config: str) -> list[float]:
     from handformer.cli import main
 
@@ -217,6 +299,7 @@ def collect() -> dict[str, Any]:
             model = CausalLM(header.config())  # on the CPU: model_from_state's is on the meta device
             model.load_state_dict(model_from_state(header.config(), state).state_dict())
             result["families"]["llama2c_stories260K"] = _lm_record(model.eval(), 7)
+        result["callers"] = _callers()
         result["seq2seq"]["paper_post_norm"] = _seq2seq_record(0)
         result["seq2seq"]["pre_norm_learned_shared"] = _seq2seq_record(
             1, norm_placement="pre", position="learned", src_vocab_size=43, share_embeddings=True)

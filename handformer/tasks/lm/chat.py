@@ -17,7 +17,6 @@ import torch
 
 from handformer.generation.chat import ChatSession, check_chat_options, stop_ids_for
 from handformer.generation.chat_template import load_chat_template
-from handformer.inference.prepare import prepare_for_decoding
 from handformer.tasks.lm.run import LMRun, load_lm
 from handformer.tasks.run_config import read_run_config
 
@@ -44,8 +43,7 @@ def chat(run: str | os.PathLike | LMRun, *, system: str | None = None, temperatu
                          "imported with `handformer import-hf`, or `handformer generate` to continue text")
     check_chat_options(template, system, temperature, top_k, top_p, max_new_tokens)
     if not isinstance(run, LMRun):
-        run = load_lm(run_dir, device)
-        prepare_for_decoding(run.model)  # our own copy: pack it for speed
+        run = load_lm(run_dir, device, decoding=True)  # our own copy: prepared for speed
     stop_ids = stop_ids_for(run.tokenizer, run.tokens.eos_ids, template)
     if not stop_ids:
         raise ValueError(f"{Path(run_dir) / 'config.json'} lists no EOS ids and the vocabulary has no "

@@ -14,6 +14,7 @@ import torch
 
 from handformer.config import CausalLMConfig, MoEConfig
 from handformer.data.shards import LazyBatches, ShardSet, ShardWindows, shard_validation_batches
+from handformer.data.special_tokens import SpecialTokens
 from handformer.data.text import (
     PYDOC,
     LMBatch,
@@ -28,7 +29,7 @@ from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm import finetune
 from handformer.tasks.lm.job import LMDataConfig, LMJob
-from handformer.tasks.lm.run import SpecialTokens, write_lm_run_config
+from handformer.tasks.lm.run import write_lm_run_config
 from handformer.training import distributed
 from handformer.training.loop import TrainResult, train_new_model
 from handformer.training.losses import Loss, token_cross_entropy

@@ -19,12 +19,12 @@ from pathlib import Path
 
 BOUND_FACTOR, BOUND_SLACK = 1.25, 300 * 2**20  # peak growth <= 1.25 x the checkpoint + 300 MiB
 
-IMPORT = ("from handformer.convert.hf_import import import_hf\n"
+IMPORT = ("from handformer.tasks.lm.imports import import_hf\n"
           "import_hf({hf_dir!r}, {run_dir!r}, overwrite=True)")
 
 _MEASURE = """
 import json, sys
-import torch, handformer.convert.hf_import  # imported before the measurement
+import torch, handformer.tasks.lm.imports  # imported before the measurement
 def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key + ":"):
@@ -49,7 +49,7 @@ def peak_growth(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, code: str
         raise OSError("measuring peak memory needs Linux's /proc/self/clear_refs")
     script = _MEASURE.format(code=code.format(hf_dir=str(hf_dir), run_dir=str(run_dir)))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+        [str(Path(__file__).resolve().parents[3]), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
                           check=False)
     if done.returncode:

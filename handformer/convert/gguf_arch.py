@@ -1,0 +1,476 @@
+"""The llama.cpp architectures handformer writes and reads as GGUF: one `Family` entry each.
+
+An entry says, declaratively, what llama.cpp's model of that name is:
+- `tensors`: GGUF tensor name ({i} = block) -> the handformer key(s) it holds; several keys are
+  joined along dim 0 in that order (Phi-3's attn_qkv is q, k, v; its ffn_up is gate, then up;
+  GPT-2's attn_qkv likewise). The names are llama.cpp's (gguf.TENSOR_NAMES); the map is applied
+  strictly both ways: every handformer tensor is written, every GGUF tensor is read.
+- `settings`: the CausalLMConfig settings the architecture fixes, each with why. An export checks
+  them (one ValueError lists every one that differs); an import builds the config with them.
+- the layout differences: `rope="pairs"` (llama.cpp's Llama rotates adjacent pairs, so the query
+  and key rows of each head are permuted from handformer's half-split order, as llama.cpp's
+  convert_hf_to_gguf.py does for Hugging Face weights), `norm_offset` (Gemma: GGUF holds the gain
+  1 + w, handformer stores w), `zero_biases` (GPT-2: llama.cpp needs every bias, so a run without
+  biases writes zeros, and an import reads all-zero biases as none).
+The hyperparameters go in the usual keys ({arch}.context_length, .embedding_length, ...).
+
+A newer family (Qwen3, Gemma 2/3, OLMo 2, ...) is one more entry here once handformer's model has
+what it needs (q/k norms, soft-capping, alternating windows).
+Shape legend: D d_model, H heads, Hkv key/value heads, Dh head dim, F d_ff, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import gguf
+import torch
+from torch import Tensor
+
+from handformer.config import CausalLMConfig, Llama3RopeScaling
+
+ATTN, FFN = "layers.{i}.self_attn", "layers.{i}.ffn"
+
+
+def _with_bias(gguf_name: str, *keys: str) -> dict[str, tuple[str, ...]]:
+    """A Linear's weight and bias: {"X.weight": (k.weight, ...), "X.bias": (k.bias, ...)}."""
+    return {f"{gguf_name}.{p}": tuple(f"{k}.{p}" for k in keys) for p in ("weight", "bias")}
+
+
+_EMBED_AND_HEAD = {
+    "token_embd.weight": ("embed.weight",),  # (V, D)
+    "output_norm.weight": ("norm.weight",),
+    "output.weight": ("lm_head.weight",),  # (V, D); absent when tied
+}
+_NORMS = {
+    "blk.{i}.attn_norm.weight": ("layers.{i}.attn_norm.weight",),
+    "blk.{i}.ffn_norm.weight": ("layers.{i}.ffn_norm.weight",),
+}
+_LLAMA_TENSORS = {
+    **_EMBED_AND_HEAD, **_NORMS,
+    **_with_bias("blk.{i}.attn_q", f"{ATTN}.q_proj"),  # (H*Dh, D)
+    **_with_bias("blk.{i}.attn_k", f"{ATTN}.k_proj"),  # (Hkv*Dh, D)
+    **_with_bias("blk.{i}.attn_v", f"{ATTN}.v_proj"),  # (Hkv*Dh, D)
+    **_with_bias("blk.{i}.attn_output", f"{ATTN}.o_proj"),  # (D, H*Dh)
+    **_with_bias("blk.{i}.ffn_gate", f"{FFN}.gate_proj"),  # (F, D)
+    **_with_bias("blk.{i}.ffn_up", f"{FFN}.up_proj"),  # (F, D)
+    **_with_bias("blk.{i}.ffn_down", f"{FFN}.down_proj"),  # (D, F)
+}
+_GEMMA_TENSORS = {name: keys for name, keys in _LLAMA_TENSORS.items() if name != "output.weight"}  # tied
+_PHI3_TENSORS = {
+    **_EMBED_AND_HEAD, **_NORMS,
+    "blk.{i}.attn_qkv.weight": (f"{ATTN}.q_proj.weight", f"{ATTN}.k_proj.weight",
+                                f"{ATTN}.v_proj.weight"),  # (H*Dh + 2*Hkv*Dh, D)
+    "blk.{i}.attn_output.weight": (f"{ATTN}.o_proj.weight",),
+    "blk.{i}.ffn_up.weight": (f"{FFN}.gate_proj.weight", f"{FFN}.up_proj.weight"),  # (2F, D)
+    "blk.{i}.ffn_down.weight": (f"{FFN}.down_proj.weight",),
+}
+_GPT2_TENSORS = {
+    **_with_bias("token_embd", "embed"), "position_embd.weight": ("positions.weight",),  # (P, D)
+    **_with_bias("output_norm", "norm"), "output.weight": ("lm_head.weight",),
+    **_with_bias("blk.{i}.attn_norm", "layers.{i}.attn_norm"),
+    **_with_bias("blk.{i}.attn_qkv", f"{ATTN}.q_proj", f"{ATTN}.k_proj", f"{ATTN}.v_proj"),  # (3D, D)
+    **_with_bias("blk.{i}.attn_output", f"{ATTN}.o_proj"),
+    **_with_bias("blk.{i}.ffn_norm", "layers.{i}.ffn_norm"),
+    **_with_bias("blk.{i}.ffn_up", f"{FFN}.up_proj"),  # (F, D)
+    **_with_bias("blk.{i}.ffn_down", f"{FFN}.down_proj"),  # (D, F)
+}
+del _GPT2_TENSORS["token_embd.bias"]  # the embedding has no bias
+
+_PRE = {"norm_placement": ("pre", "is pre-norm"), "scale_embeddings": (False, "does not scale embeddings")}
+_LLAMA_BLOCK = {**_PRE, "position": ("rope", "has rotary positions"), "norm": ("rmsnorm", "uses RMSNorm"),
+                "activation": ("swiglu", "has a SwiGLU feed-forward")}
+
+
+@dataclass(frozen=True)
+class Family:
+    arch: str  # general.architecture, llama.cpp's name
+    model_type: str  # the Hugging Face model_type an imported run records ("source"), for export-hf
+    name: str  # for messages
+    tensors: dict[str, tuple[str, ...]]
+    settings: dict[str, tuple[Any, str]]  # CausalLMConfig field -> (value, why)
+    rope: str | None = "halves"  # "pairs": q/k rows permuted for llama.cpp's Llama; None: no RoPE
+    norm_offset: bool = False
+    zero_biases: bool = False
+    rope_freqs: bool = False  # reads Llama 3's per-frequency factors (rope_freqs.weight)
+    writes_window: bool = False  # {arch}.attention.sliding_window exists for this family
+    full_width_heads: bool = False  # llama.cpp sizes attention as D wide: H * Dh must equal D
+    tied_only: bool = False  # the output head is always the embedding
+    biases: tuple[str, ...] = field(default=("bias", "qkv_bias"))  # bias settings read from tensors
+
+    @property
+    def rms(self) -> bool:
+        return self.settings.get("norm", ("rmsnorm",))[0] != "layernorm"
+
+
+LLAMA = Family("llama", "llama", "Llama", _LLAMA_TENSORS,
+               {**_LLAMA_BLOCK, "sliding_window": (None, "has no sliding-window attention")},
+               rope="pairs", rope_freqs=True)
+QWEN2 = Family("qwen2", "qwen2", "Qwen2", _LLAMA_TENSORS,
+               {**_LLAMA_BLOCK, "bias": (False, "has biases on q/k/v only"),
+                "sliding_window": (None, "has no sliding-window attention in llama.cpp"),
+                "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
+               full_width_heads=True)
+GEMMA = Family("gemma", "gemma", "Gemma", _GEMMA_TENSORS,
+               {**_LLAMA_BLOCK, "norm": ("rmsnorm_offset", "has RMSNorm with gain 1 + w"),
+                "activation": ("geglu_tanh", "has a GeGLU feed-forward with the tanh GELU"),
+                "scale_embeddings": (True, "scales embeddings by sqrt(d_model)"),
+                "tie_embeddings": (True, "always ties the output head to the embedding in llama.cpp"),
+                "bias": (False, "has no biases"), "qkv_bias": (False, "has no biases"),
+                "sliding_window": (None, "has no sliding-window attention (Gemma 2 has)"),
+                "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
+               norm_offset=True, tied_only=True, biases=())
+PHI3 = Family("phi3", "phi3", "Phi-3", _PHI3_TENSORS,
+              {**_LLAMA_BLOCK, "bias": (False, "has no biases"), "qkv_bias": (False, "has no biases"),
+               "rope_scaling": (None, "takes only 'longrope' scaling, not Llama 3's")},
+              writes_window=True, full_width_heads=True, biases=())
+GPT2 = Family("gpt2", "gpt2", "GPT-2", _GPT2_TENSORS,
+              {**_PRE, "position": ("learned", "has learned positions"),
+               "norm": ("layernorm", "uses LayerNorm"),
+               "activation": ("gelu_tanh", "uses the tanh GELU in llama.cpp: train with activation="
+                              "'gelu_tanh', GPT-2's own"),
+               "n_kv_heads": (None, "has one key/value head per query head"),
+               "sliding_window": (None, "has no sliding-window attention")},
+              rope=None, zero_biases=True, full_width_heads=True)
+
+# general.architecture -> the family; model_type (Hugging Face's, as runs record it) -> the family.
+# Mistral without a window is Llama's computation, and llama.cpp's convert writes it as "llama".
+FAMILIES = {f.arch: f for f in (LLAMA, QWEN2, GEMMA, PHI3, GPT2)}
+BY_MODEL_TYPE = {**{f.model_type: f for f in FAMILIES.values()}, "mistral": LLAMA}
+# Architectures llama.cpp has that handformer's model cannot run yet, and what they would need.
+NOT_YET = {
+    "qwen3": "Qwen3 normalises queries and keys per head (q_norm, k_norm)",
+    "gemma2": "Gemma 2 soft-caps logits and alternates sliding-window and global layers",
+    "gemma3": "Gemma 3 normalises queries and keys and alternates sliding-window and global layers",
+    "olmo2": "OLMo 2 normalises queries and keys and puts its norms after each sublayer",
+    "smollm3": "SmolLM3 leaves out the rotary embedding on every fourth layer",
+    "phi2": "Phi-2 runs attention and the feed-forward in parallel with partial rotary embeddings",
+}
+
+
+def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:
+    """The family a run exports to: the model_type recorded at import (a fine-tune's base run's),
+    else where its settings point, as export-hf chooses."""
+    if recorded is not None:
+        if recorded not in BY_MODEL_TYPE:
+            raise ValueError(f"this run was imported from model_type {recorded!r}; export-gguf writes "
+                             f"{', '.join(BY_MODEL_TYPE)}")
+        return BY_MODEL_TYPE[recorded]
+    if cfg.position == "learned":
+        return GPT2
+    if cfg.position != "rope":
+        raise ValueError(f"position={cfg.position!r} maps to no llama.cpp architecture: GPT-2 has "
+                         "position='learned', the Llama family position='rope'")
+    if cfg.norm == "rmsnorm_offset" or cfg.scale_embeddings or cfg.activation.startswith("geglu"):
+        return GEMMA
+    return QWEN2 if cfg.qkv_bias and not cfg.bias else LLAMA
+
+
+def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
+    """Every setting of `cfg` that llama.cpp's `family` cannot express, each with why."""
+    settings = dict(family.settings)
+    if family is GPT2 and cfg.n_kv_heads == cfg.n_heads:
+        settings.pop("n_kv_heads")  # stated, but the same as None
+    if cfg.sliding_window is not None and cfg.sliding_window >= cfg.max_positions:
+        settings.pop("sliding_window", None)  # a window as long as the context: no window (noted)
+    problems = [f"{name}={getattr(cfg, name)!r} ({family.name} {why})"
+                for name, (value, why) in settings.items() if getattr(cfg, name) != value]
+    if family.full_width_heads and cfg.n_heads * cfg.head_dim != cfg.d_model:
+        problems.append(f"head_dim={cfg.head_dim} (llama.cpp's {family.name} needs n_heads * head_dim = "
+                        f"d_model = {cfg.d_model})")
+    return problems
+
+
+# --- weights ---------------------------------------------------------------------------------------
+
+def _pairs(w: Tensor, heads: int) -> Tensor:
+    """Half-split RoPE rows (handformer, Hugging Face) -> adjacent pairs (llama.cpp's Llama), per head:
+    rows (x_0..x_{Dh/2-1}, y_0..y_{Dh/2-1}) become (x_0, y_0, x_1, y_1, ...)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _halves(w: Tensor, heads: int) -> Tensor:
+    """The inverse of `_pairs`."""
+    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _is_norm_weight(key: str) -> bool:
+    return key.endswith("norm.weight")
+
+
+def to_gguf_layout(key: str, tensor: Tensor, cfg: CausalLMConfig, family: Family) -> Tensor:
+    """One handformer tensor as the family stores it in GGUF."""
+    if family.rope == "pairs" and ".q_proj." in key:
+        return _pairs(tensor, cfg.n_heads)
+    if family.rope == "pairs" and ".k_proj." in key:
+        return _pairs(tensor, cfg.kv_heads)
+    if family.norm_offset and _is_norm_weight(key):
+        return 1.0 + tensor.float()  # GGUF holds the gain; 1 + w is exact in float32 both ways
+    return tensor
+
+
+def from_gguf_layout(key: str, tensor: Tensor, cfg: CausalLMConfig, family: Family) -> Tensor:
+    """The inverse of `to_gguf_layout`. Gemma's gains come back as fl(1 + w) - 1, whose 1 + w is
+    the exported gain exactly: the imported model computes the same bits."""
+    if family.rope == "pairs" and ".q_proj." in key:
+        return _halves(tensor, cfg.n_heads)
+    if family.rope == "pairs" and ".k_proj." in key:
+        return _halves(tensor, cfg.kv_heads)
+    if family.norm_offset and _is_norm_weight(key):
+        return tensor - 1.0
+    return tensor
+
+
+def _concrete(family: Family, n_layers: int) -> list[tuple[str, tuple[str, ...]]]:
+    return [(name.format(i=i), tuple(k.format(i=i) for k in keys))
+            for name, keys in family.tensors.items()
+            for i in (range(n_layers) if "{i}" in name else [None])]
+
+
+def export_tensors(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family) -> list[tuple[str, Tensor]]:
+    """`CausalLM(cfg).state_dict()` -> (GGUF name, float32 tensor) in llama.cpp's layout. A tied
+    head is left out; GPT-2's missing biases become zeros. Every handformer tensor must be written:
+    a ValueError names any the map does not cover."""
+    out, used = [], {"lm_head.weight"} if cfg.tie_embeddings else set()  # a tied head is the embedding
+    for name, keys in _concrete(family, cfg.n_layers):
+        if name == "output.weight" and cfg.tie_embeddings:
+            continue
+        if all(k in state for k in keys):
+            parts = [to_gguf_layout(k, state[k].float(), cfg, family) for k in keys]
+            out.append((name, torch.cat(parts, dim=0).contiguous()))
+            used.update(keys)
+        elif family.zero_biases and name.endswith(".bias"):  # llama.cpp's GPT-2 needs every bias
+            weights = [state[k.removesuffix(".bias") + ".weight"] for k in keys]
+            out.append((name, torch.zeros(sum(w.shape[0] for w in weights))))
+    left = sorted(set(state) - used)
+    if left:
+        raise ValueError(f"{family.name} in GGUF has no place for {', '.join(left)}; handformer's "
+                         "model has tensors this exporter does not know")
+    return out
+
+
+def import_plan(cfg: CausalLMConfig, family: Family, expected: dict[str, tuple[int, ...]]
+                ) -> dict[str, tuple[str, ...]]:
+    """GGUF name -> handformer keys, for every map entry whose keys `CausalLM(cfg)` has."""
+    plan = {name: keys for name, keys in _concrete(family, cfg.n_layers) if all(k in expected for k in keys)}
+    if cfg.tie_embeddings:
+        plan.pop("output.weight", None)
+    return plan
+
+
+def split_tensor(name: str, tensor: Tensor, keys: tuple[str, ...], cfg: CausalLMConfig, family: Family,
+                 expected: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
+    """One GGUF tensor -> its handformer tensors (split along dim 0 by the expected shapes)."""
+    parts = tensor.split([expected[k][0] for k in keys], dim=0)
+    return {k: from_gguf_layout(k, p.contiguous(), cfg, family) for k, p in zip(keys, parts)}
+
+
+def source_shape(keys: tuple[str, ...], expected: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+    shapes = [expected[k] for k in keys]
+    return (sum(s[0] for s in shapes), *shapes[0][1:])
+
+
+# --- hyperparameters -------------------------------------------------------------------------------
+
+def rope_factors(cfg: CausalLMConfig) -> Tensor:
+    """Llama 3's scaling as llama.cpp applies it: a factor per rotary frequency (Dh/2,) that
+    divides the frequency: 1 for short wavelengths, `factor` for long ones, blended in between.
+    The same numbers llama.cpp's convert_hf_to_gguf.py writes to rope_freqs.weight."""
+    s = cfg.rope_scaling
+    assert s is not None
+    dim = cfg.head_dim
+    freqs = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    low_wavelen, high_wavelen = s.original_max_positions / s.low_freq_factor, \
+        s.original_max_positions / s.high_freq_factor
+    factors = []
+    for freq in freqs.tolist():
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(s.factor)
+        else:
+            smooth = ((s.original_max_positions / wavelen - s.low_freq_factor)
+                      / (s.high_freq_factor - s.low_freq_factor))
+            factors.append(1 / ((1 - smooth) / s.factor + smooth))
+    return torch.tensor(factors, dtype=torch.float32)
+
+
+# The four numbers behind rope_freqs.weight, which GGUF has no keys for: written so that an import
+# gives the run's settings back (llama.cpp ignores keys it does not know). A file without them
+# (from convert_hf_to_gguf.py) has them fitted from the factors.
+SCALING_KEYS = {"factor": "handformer.rope_scaling.factor",
+                "low_freq_factor": "handformer.rope_scaling.low_freq_factor",
+                "high_freq_factor": "handformer.rope_scaling.high_freq_factor",
+                "original_max_positions": "handformer.rope_scaling.original_context_length"}
+
+
+def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
+    """The family's hyperparameter keys ({arch}.context_length, ...)."""
+    writer.add_context_length(cfg.max_positions)
+    writer.add_embedding_length(cfg.d_model)
+    writer.add_block_count(cfg.n_layers)
+    writer.add_feed_forward_length(cfg.d_ff)
+    writer.add_head_count(cfg.n_heads)
+    writer.add_head_count_kv(cfg.kv_heads)
+    writer.add_vocab_size(cfg.vocab_size)
+    if family.rms:
+        writer.add_layer_norm_rms_eps(cfg.norm_eps)
+    else:
+        writer.add_layer_norm_eps(cfg.norm_eps)
+    if family.rope is not None:
+        writer.add_rope_dimension_count(cfg.head_dim)
+        writer.add_rope_freq_base(cfg.rope_theta)
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
+    if family.writes_window:  # Phi-3: 0 = none, as convert_hf_to_gguf.py writes it
+        window = cfg.sliding_window if cfg.sliding_window and cfg.sliding_window < cfg.max_positions else 0
+        writer.add_sliding_window(window)
+        writer.add_rope_scaling_orig_ctx_len(cfg.max_positions)
+    if cfg.rope_scaling is not None:
+        for name, key in SCALING_KEYS.items():
+            value = getattr(cfg.rope_scaling, name)
+            (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(key, value)
+
+
+def _key(family: Family, template: str) -> str:
+    return template.format(arch=family.arch)
+
+
+# Keys that ask for something handformer's model does not do: key template -> (is the value
+# harmless?, what it asks for). Checked on import, before the weights are read.
+_NOT_IMPLEMENTED = {
+    gguf.Keys.LLM.EXPERT_COUNT: (lambda v: not v, "a mixture-of-experts feed-forward"),
+    gguf.Keys.Rope.SCALING_TYPE: (lambda v: v in (None, "none"), "rope scaling of that type (handformer "
+                                  "has Llama 3's, from rope_freqs.weight)"),
+    gguf.Keys.Rope.SCALING_FACTOR: (lambda v: v in (None, 0, 1, 0.0, 1.0), "linear rope scaling"),
+    gguf.Keys.LLM.ATTN_LOGIT_SOFTCAPPING: (lambda v: not v, "soft-capped attention scores"),
+    gguf.Keys.LLM.FINAL_LOGIT_SOFTCAPPING: (lambda v: not v, "soft-capped logits"),
+    gguf.Keys.LLM.LOGIT_SCALE: (lambda v: v in (None, 1, 1.0), "scaled logits"),
+    gguf.Keys.LLM.EMBEDDING_SCALE: (lambda v: v in (None, 1, 1.0), "scaled embeddings"),
+    gguf.Keys.LLM.RESIDUAL_SCALE: (lambda v: v in (None, 1, 1.0), "scaled residuals"),
+    gguf.Keys.Attention.SCALE: (lambda v: not v, "a custom attention scale"),
+    gguf.Keys.Attention.CAUSAL: (lambda v: v in (None, True), "non-causal attention"),
+}
+
+
+def _int(metadata: dict[str, Any], key: str, where: str, default: Any = ...) -> int:
+    value = metadata.get(key, default)
+    if value is ...:
+        raise ValueError(f"{where} lacks {key}, which handformer needs")
+    if isinstance(value, list):  # per-layer values: llama.cpp allows them, handformer has one
+        if len(set(value)) != 1:
+            raise ValueError(f"{where}: {key} differs between layers ({value[:8]}...); handformer's "
+                             "layers are all the same size")
+        value = value[0]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{where}: {key}={value!r} must be a positive integer")
+    return value
+
+
+def _float(metadata: dict[str, Any], key: str, where: str, default: Any = ...) -> float:
+    value = metadata.get(key, default)
+    if value is ...:
+        raise ValueError(f"{where} lacks {key}, which handformer needs")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{where}: {key}={value!r} must be a number > 0")
+    return float(value)
+
+
+def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[str, Any]:
+    """CausalLMConfig settings from the family's hyperparameter keys (vocab, biases, tying and
+    Llama 3 scaling come from the tensors; see gguf_import)."""
+    for template, (harmless, what) in _NOT_IMPLEMENTED.items():
+        key = _key(family, template)
+        if key in metadata and not harmless(metadata[key]):
+            raise ValueError(f"{where} has {key}={metadata[key]!r}: {what}, which handformer's model "
+                             "does not implement")
+    k = lambda template: _key(family, template)  # noqa: E731
+    d_model = _int(metadata, k(gguf.Keys.LLM.EMBEDDING_LENGTH), where)
+    n_heads = _int(metadata, k(gguf.Keys.Attention.HEAD_COUNT), where)
+    settings: dict[str, Any] = dict(
+        d_model=d_model, n_heads=n_heads, n_layers=_int(metadata, k(gguf.Keys.LLM.BLOCK_COUNT), where),
+        n_kv_heads=_int(metadata, k(gguf.Keys.Attention.HEAD_COUNT_KV), where, n_heads),
+        d_ff=_int(metadata, k(gguf.Keys.LLM.FEED_FORWARD_LENGTH), where),
+        max_positions=_int(metadata, k(gguf.Keys.LLM.CONTEXT_LENGTH), where),
+        norm_eps=_float(metadata, k(gguf.Keys.Attention.LAYERNORM_RMS_EPS if family.rms
+                                    else gguf.Keys.Attention.LAYERNORM_EPS), where),
+        dropout=0.0, attention_dropout=0.0)
+    if family.rope is not None:
+        head_dim = _int(metadata, k(gguf.Keys.Attention.KEY_LENGTH), where, d_model // n_heads)
+        value_dim = _int(metadata, k(gguf.Keys.Attention.VALUE_LENGTH), where, head_dim)
+        rotary = _int(metadata, k(gguf.Keys.Rope.DIMENSION_COUNT), where, head_dim)
+        if value_dim != head_dim:
+            raise ValueError(f"{where}: value heads {value_dim} wide and key heads {head_dim} wide; "
+                             "handformer's heads are one width")
+        if rotary != head_dim:
+            raise ValueError(f"{where}: {k(gguf.Keys.Rope.DIMENSION_COUNT)}={rotary} rotates part of "
+                             f"each {head_dim}-wide head; handformer rotates whole heads")
+        settings.update(head_dim=head_dim,
+                        rope_theta=_float(metadata, k(gguf.Keys.Rope.FREQ_BASE), where, 10000.0))
+    if family.writes_window:  # 0 or absent: no window
+        window_key = k(gguf.Keys.Attention.SLIDING_WINDOW)
+        settings["sliding_window"] = _int(metadata, window_key, where) if metadata.get(window_key) else None
+    settings.update({name: value for name, (value, _) in family.settings.items() if name != "n_kv_heads"})
+    if "n_kv_heads" in family.settings and settings["n_kv_heads"] == n_heads:
+        settings["n_kv_heads"] = None  # GPT-2's config says so by leaving it out
+    return settings
+
+
+def read_rope_scaling(metadata: dict[str, Any], factors: Tensor | None, cfg: CausalLMConfig,
+                      where: str) -> Llama3RopeScaling | None:
+    """Llama 3's scaling from rope_freqs.weight (and the handformer.rope_scaling.* keys when
+    written by export-gguf; otherwise fitted from the factors), checked against the factors."""
+    if factors is None:
+        return None
+    factors = factors.float().reshape(-1)
+    if factors.numel() != cfg.head_dim // 2:
+        raise ValueError(f"{where}: rope_freqs.weight has {factors.numel()} factors; the heads "
+                         f"({cfg.head_dim} wide) have {cfg.head_dim // 2} rotary frequencies")
+    if torch.all(factors == 1):
+        return None
+    not_llama3 = (f"{where}: rope_freqs.weight is not Llama 3's frequency scaling, the only one handformer "
+                  "implements")
+    if all(key in metadata for key in SCALING_KEYS.values()):
+        scaling = Llama3RopeScaling(**{name: metadata[key] for name, key in SCALING_KEYS.items()})
+    else:
+        scaling = _fit_llama3(factors, cfg, where)
+    try:
+        expected = rope_factors(dataclasses.replace(cfg, rope_scaling=scaling))
+    except ValueError:  # the fit gave settings no Llama 3 scaling has (a wavelength band upside down)
+        raise ValueError(not_llama3) from None
+    if not torch.allclose(expected, factors, rtol=1e-5, atol=0):
+        raise ValueError(f"{not_llama3} (the closest, {scaling}, gives other factors)")
+    return scaling
+
+
+def _fit_llama3(factors: Tensor, cfg: CausalLMConfig, where: str) -> Llama3RopeScaling:
+    """(factor, low_freq_factor, high_freq_factor, original_max_positions) behind the factors.
+    Only the two wavelength thresholds matter, so low_freq_factor is taken as 1 (Llama 3.1's);
+    the blended frequencies (at least two) fix the rest."""
+    factor = float(factors.max())
+    freqs = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim))
+    wavelen = 2 * math.pi / freqs
+    f = factors.double()
+    blended = (f > 1 + 1e-6) & (f < factor * (1 - 1e-6))
+    if int(blended.sum()) < 2:
+        raise ValueError(f"{where}: rope_freqs.weight blends fewer than two frequencies, too few to "
+                         "recover Llama 3's scaling settings; export the model with handformer or "
+                         "convert_hf_to_gguf.py from its Hugging Face checkpoint")
+    # 1/f = (1 - s)/factor + s  =>  s = (1/f - 1/factor) / (1 - 1/factor);  s = A / wavelen - B
+    s = (1 / f[blended] - 1 / factor) / (1 - 1 / factor)
+    x = 1 / wavelen[blended]
+    A, B = torch.linalg.lstsq(torch.stack([x, -torch.ones_like(x)], dim=1), s[:, None]).solution.flatten()
+    high = 1 + 1 / float(B)  # with low_freq_factor = 1: B = 1 / (high - 1), A = context / (high - 1)
+    context = round(float(A) * (high - 1))
+    # The factors are float32: the fit is good to about 6 digits (4.0000005 for Llama 3.1's 4)
+    return Llama3RopeScaling(factor=factor, low_freq_factor=1.0, high_freq_factor=float(f"{high:.6g}"),
+                             original_max_positions=context)
+
+
+__all__ = ["BY_MODEL_TYPE", "FAMILIES", "Family", "NOT_YET", "export_tensors", "family_for", "import_plan",
+           "mismatches", "read_hparams", "read_rope_scaling", "rope_factors", "split_tensor",
+           "write_hparams"]

@@ -1,0 +1,380 @@
+"""The one decoding engine of the decoder-only model: prefill, step, sample, stop, for a batch of rows
+that join and leave.
+
+Every caller drives it: `generate` (a batch of prompts), `ChatSession` (one row whose KV cache lives
+across turns), the playground's `Generation` (one row, one step at a time, each step's logits kept)
+and serve's continuous batching (rows join and leave between steps). Only the engine chooses
+tokens (it is the one caller of `next_tokens`).
+
+    add(rows)  prefill: the new rows' prompts in one left-padded forward; each row's first token
+    step()     one forward over every row's newest token; each row chooses its next
+    a row ends at a stop token or at max_new_tokens (or when its caller finishes or cancels it)
+
+A row samples with its own options and its own torch.Generator seeded from `options.seed` (choice
+i of one request: seed + i), so a seeded row gives the same tokens alone or among others. A row
+may carry logit processors (called with the tokens it has chosen and the (V,) logits; the hook
+constrained decoding uses) and asks for the log-probabilities of its tokens (`top_logprobs`: of
+the distribution it samples from).
+
+The rows live in one KV cache (generation/cache.py: DecodingCache), each right-aligned with padding
+on its left that the attention mask hides (True = a real position); the model counts positions
+from the mask, so a padded row sees the positions it would see alone. Joining rows are prefilled
+together, then regrouped with the rows that stay. `compact=True` (serve) drops finished rows at
+the next step; otherwise they stay, fed padding that the mask hides, until every row is done.
+
+LongRoPE models (Phi-3.5, Phi-4-mini) turn queries and keys with one set of factors while every
+position of a forward is within the pre-training context and with the other set once one is past
+it. The keys in the cache were turned with the set of the forward that wrote them, so the first
+step that changes set runs every position again, into the same cache, with the new set (as
+transformers' generate does when Phi-3 passes its original context).
+
+Shape legend: B rows, S columns (the longest row so far), C capacity, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from handformer.generation.cache import DecodingCache
+from handformer.generation.sampling import check_sampling_options, filter_logits, next_tokens
+from handformer.models.causal_lm import CausalLM
+from handformer.nn.kv_cache import KVCache
+from handformer.nn.positions import LongRotaryEmbedding
+
+LogitProcessor = Callable[[Sequence[int], Tensor], Tensor]  # (tokens chosen so far, (V,) logits) -> (V,)
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How a row chooses its tokens."""
+
+    temperature: float = 1.0  # 0 = greedy (argmax)
+    top_k: int | None = None  # keep the k most likely tokens
+    top_p: float | None = None  # keep the smallest set whose probability reaches p
+    seed: int | None = None  # None: a random seed
+    top_logprobs: int | None = None  # None: no log-probabilities; n >= 0: the token's and n others'
+
+    def __post_init__(self) -> None:
+        check_sampling_options(self.temperature, self.top_k, self.top_p)
+        n = self.top_logprobs
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ValueError(f"top_logprobs must be None or an integer >= 0, got {n!r}")
+
+    def generator(self, device: torch.device, choice: int = 0) -> torch.Generator:
+        """The row's own generator: seeded with seed + choice, or randomly."""
+        generator = torch.Generator(device=device)
+        if self.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(self.seed + choice)
+        return generator
+
+
+@dataclass(eq=False)
+class Row:
+    """One sequence being generated: its prompt, limits and options, and what it has chosen."""
+
+    prompt: list[int]
+    max_new_tokens: int  # >= 1
+    options: SamplingOptions = SamplingOptions()
+    stop_ids: frozenset[int] = frozenset()  # tokens that end the row (the stop token is kept)
+    choice: int = 0  # the seed offset: choice i of a request samples with seed + i
+    processors: tuple[LogitProcessor, ...] = ()
+    keep_logits: bool = False  # hand each step's (V,) logits back (the playground shows them)
+    tokens: list[int] = field(default_factory=list)  # chosen so far
+    finish_reason: str | None = None  # "stop", "length" or "cancelled" once done
+    cancelled: bool = False  # set from any thread: the row leaves at the next step
+    generator: torch.Generator | None = field(default=None, repr=False)  # given, or made by the engine
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def finish(self, reason: str) -> None:
+        """End the row (a caller's own stop rule: serve's stop strings)."""
+        self.finish_reason = self.finish_reason or reason
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclass
+class Choice:
+    """A row's token at one step, and what it was chosen from."""
+
+    row: Row
+    token: int
+    logprob: float | None = None  # log-probability of the token (when top_logprobs is set)
+    top: list[tuple[int, float]] | None = None  # the top_logprobs likeliest (id, log-probability)
+    logits: Tensor | None = None  # (V,), when the row keeps them
+
+
+class Engine:
+    """Decodes the rows given to `add`, one `step` at a time. Not thread-safe: one caller drives it
+    (serve's engine thread, under the model's lock)."""
+
+    def __init__(self, model: CausalLM, *, pad_id: int = 0, compact: bool = False,
+                 use_cache: bool = True, step_model: Callable[..., object] | None = None) -> None:
+        """pad_id: fed to finished rows that stay in the batch. use_cache=False recomputes every
+        position at each step (slow; for testing the cache). step_model: what runs the one-token
+        steps (the model itself, or its torch.compile'd version)."""
+        self.model, self.pad_id, self.compact, self.use_cache = model, pad_id, compact, use_cache
+        self.step_model = step_model if step_model is not None else model
+        self.device = next(model.parameters()).device
+        self.rows: list[Row] = []
+        self.cache: KVCache | None = None
+        self.lengths: list[int] = []  # real positions of each row
+        self.mask: Tensor | None = None  # (B, C) True = a real position; columns < width in use
+        self.ids: Tensor | None = None  # (B, C) every position's token (without a cache only)
+        self.width = 0  # S: columns in use
+        self.steps = 0  # decoding steps run (prefills not counted)
+        self.largest_batch = 0  # the most rows one step has decoded
+        self.long_from = long_rope_start(model)  # LongRoPE: forwards past this position use the long set
+        self.long_keys: bool | None = False  # the set the cached keys were turned with (None: both)
+
+    @property
+    def live(self) -> list[Row]:
+        return [row for row in self.rows if not row.done]
+
+    # --- joining ------------------------------------------------------------------------------
+    def add(self, rows: Sequence[Row], cache: KVCache | None = None) -> list[Choice]:
+        """Prefill the new rows and choose each one's first token. Rows with the same prompt share
+        one prefill. `cache`: for a single row only, a one-row cache already holding the first
+        `cache.length` positions of its prompt (a chat's earlier turns): only the rest is run.
+        Returns the first choices; rows that are not done join the batch."""
+        if self.rows and not self.compact:
+            raise ValueError("rows join a running batch only in a compact engine (Engine(..., compact=True))")
+        rows = [row for row in rows if not row.cancelled]
+        if not rows:
+            return []
+        for row in rows:
+            check_row(row, self.model.cfg.max_positions)
+            row.generator = row.generator or row.options.generator(self.device, row.choice)
+        prompts = list(dict.fromkeys(tuple(row.prompt) for row in rows))
+        if cache is not None:
+            logits, prefill = self._resume(rows, cache)
+        else:
+            logits, prefill = self._prefill(prompts, rows)
+        by_prompt = {p: i for i, p in enumerate(prompts)}
+        which = [by_prompt[tuple(row.prompt)] for row in rows]
+        choices = self._choose(rows, logits[which])
+        had_rows, long_keys = bool(self.rows), self._long(max(len(p) for p in prompts))
+        self._join(rows, which, prefill, [len(p) for p in prompts])
+        if self.rows and any(not row.done for row in rows):  # the joining rows' keys are in the cache
+            self.long_keys = long_keys if not had_rows or self.long_keys == long_keys else None
+        return choices
+
+    def _prefill(self, prompts: list[tuple[int, ...]], rows: list[Row]) -> tuple[Tensor, KVCache | None]:
+        """One forward over the distinct prompts, left-padded: ((P, V) last logits, their cache)."""
+        L = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), L), self.pad_id, dtype=torch.long, device=self.device)  # (P, L)
+        mask = torch.zeros(len(prompts), L, dtype=torch.bool, device=self.device)
+        for i, prompt in enumerate(prompts):
+            ids[i, L - len(prompt):] = torch.tensor(prompt)
+            mask[i, L - len(prompt):] = True
+        padded = len(prompts) > 1 and not bool(mask.all())
+        if not self.use_cache:
+            out = self.model(ids, mask if padded else None, logits_to_keep=1)
+            return out.logits[:, -1], None
+        # Room for the new tokens when these rows are the whole batch (no regroup copies them).
+        room = L + max(row.max_new_tokens for row in rows) - 1 if not self.rows else L
+        cache = self.model.new_cache(max(room, 1))
+        out = self.model(ids, mask if padded else None, cache=cache, logits_to_keep=1)
+        return out.logits[:, -1], cache  # (P, V)
+
+    def _resume(self, rows: list[Row], cache: KVCache) -> tuple[Tensor, KVCache]:
+        """A single row continuing `cache` (which holds its prompt's first cache.length tokens)."""
+        if len(rows) != 1 or self.rows or not self.use_cache:
+            raise ValueError("a cache to continue is for one row alone, in an empty engine, with a cache")
+        if cache.length and self._long(cache.length) != self._long(len(rows[0].prompt)):
+            cache.truncate(0)  # LongRoPE changes set: every position again, with the new one
+        new = rows[0].prompt[cache.length:]
+        if not new:
+            raise ValueError("the cache holds the whole prompt; leave at least one token to run")
+        ids = torch.tensor([new], device=self.device)  # (1, T)
+        return self.model(ids, cache=cache, logits_to_keep=1).logits[:, -1], cache  # (1, V)
+
+    def _join(self, rows: list[Row], which: list[int], prefill: KVCache | None, lengths: list[int]) -> None:
+        """The next batch: the rows that stay (all but the finished ones, in a compact engine) and
+        the new rows that are not done, each with its prefill's cache row."""
+        stay = [i for i, row in enumerate(self.rows) if not (self.compact and (row.done or row.cancelled))]
+        joining = [(row, w) for row, w in zip(rows, which) if not row.done]
+        if not joining and len(stay) == len(self.rows):
+            return
+        rows_after = [self.rows[i] for i in stay] + [row for row, _ in joining]
+        if not rows_after:
+            self._reset()
+            return
+        lengths = [self.lengths[i] for i in stay] + [lengths[w] for _, w in joining]
+        width = max(lengths)
+        capacity = width + max(1, max(row.max_new_tokens - len(row.tokens) for row in rows_after))
+        if self.use_cache:
+            self.cache = self._cache_for(stay, [w for _, w in joining], prefill, width, capacity)
+        self._layout(rows_after, lengths, width, capacity)
+
+    def _cache_for(self, stay: list[int], joining: list[int], prefill: KVCache | None, width: int,
+                   capacity: int) -> KVCache:
+        """The batch's cache: the prefill's own when its rows are the whole batch and it has room,
+        else the rows that stay and the joining ones regrouped into a new one."""
+        prefill_rows = 0 if prefill is None or prefill.keys[0] is None else prefill.keys[0].size(0)
+        if not stay and joining == list(range(prefill_rows)) and prefill.max_length >= capacity:
+            return prefill  # nothing to copy
+        blocks = [(self.cache, torch.tensor(stay))] if stay else []
+        blocks += [(prefill, torch.tensor(joining))] if joining else []
+        return DecodingCache.regroup(blocks, width, capacity, self.model.cfg.sliding_window)
+
+    def _layout(self, rows: list[Row], lengths: list[int], width: int, capacity: int) -> None:
+        """The batch's mask (and, without a cache, every position's token), rows right-aligned."""
+        B = len(rows)
+        mask = torch.zeros(B, capacity, dtype=torch.bool, device=self.device)  # (B, C)
+        for r, n in enumerate(lengths):
+            mask[r, width - n:width] = True
+        ids = None
+        if not self.use_cache:
+            ids = torch.full((B, capacity), self.pad_id, dtype=torch.long, device=self.device)  # (B, C)
+            for r, row in enumerate(rows):
+                fed = row.prompt + row.tokens[:-1]  # every position fed so far
+                ids[r, width - len(fed):width] = torch.tensor(fed)
+        self.rows, self.lengths, self.mask, self.ids, self.width = rows, lengths, mask, ids, width
+
+    def _reset(self) -> None:
+        self.rows, self.lengths, self.cache, self.mask, self.ids, self.width = [], [], None, None, None, 0
+
+    # --- decoding -----------------------------------------------------------------------------
+    def step(self) -> list[Choice]:
+        """One forward over every row's newest token; each live row chooses its next. Rows that
+        are done leave first (compact engines), or are fed padding that the mask hides."""
+        for row in self.rows:
+            if row.cancelled and not row.done:
+                row.finish("cancelled")
+        if self.compact and any(row.done for row in self.rows):
+            self._join([], [], None, [])
+        live = [not row.done for row in self.rows]
+        if not any(live):
+            return []
+        B, S = len(self.rows), self.width
+        if S >= self.mask.size(1):
+            raise ValueError(f"the batch is full ({S} positions); a row asked for more than it said")
+        tokens = [row.tokens[-1] if alive else self.pad_id for row, alive in zip(self.rows, live)]
+        self.mask[:, S] = torch.tensor(live, device=self.device)  # a finished row's column is hidden
+        self.lengths = [n + alive for n, alive in zip(self.lengths, live)]
+        self.width = S + 1
+        padded = B > 1 and min(self.lengths) < self.width
+        mask = self.mask[:, :self.width] if padded else None  # (B, S + 1)
+        long_now = self._long(max(self.lengths))
+        if self.use_cache and long_now != self.long_keys:  # LongRoPE changes set: every position again
+            logits, self.long_keys = self._rerun(mask), long_now
+        elif self.use_cache:
+            ids = torch.tensor(tokens, device=self.device)[:, None]  # (B, 1): the cache holds the rest
+            logits = self.step_model(ids, mask, cache=self.cache, logits_to_keep=1).logits[:, -1]  # (B, V)
+        else:
+            self.ids[:, S] = torch.tensor(tokens, device=self.device)
+            logits = self.model(self.ids[:, :self.width], mask, logits_to_keep=1).logits[:, -1]
+        self.steps += 1
+        self.largest_batch = max(self.largest_batch, sum(live))
+        rows = [row for row, alive in zip(self.rows, live) if alive]
+        if not all(live):
+            logits = logits[torch.tensor(live, device=self.device)]  # (live rows, V)
+        choices = self._choose(rows, logits)
+        if self.compact and not self.live:
+            self._reset()  # the last rows are done: nothing left to keep
+        return choices
+
+    def _long(self, positions: int) -> bool:
+        """Whether a forward whose longest row has `positions` positions turns queries and keys with
+        LongRoPE's long factors (the model chooses by its largest position id)."""
+        return self.long_from is not None and positions > self.long_from
+
+    def _rerun(self, mask: Tensor | None) -> Tensor:
+        """Every position of every row run again into the emptied cache: (B, V) last logits. A row's
+        real positions are where its mask is True, holding its prompt and the tokens fed since."""
+        B, S = len(self.rows), self.width
+        ids = torch.full((B, S), self.pad_id, dtype=torch.long, device=self.device)  # (B, S)
+        for r, (row, n) in enumerate(zip(self.rows, self.lengths)):
+            fed = (row.prompt + row.tokens)[:n]  # a finished row's stop token was never fed
+            ids[r, self.mask[r, :S]] = torch.tensor(fed, device=self.device)
+        self.cache.truncate(0)
+        return self.model(ids, mask, cache=self.cache, logits_to_keep=1).logits[:, -1]  # (B, V)
+
+    def _choose(self, rows: list[Row], logits: Tensor) -> list[Choice]:
+        """Each row's next token from its (V,) logits row: processors, then its own sampling."""
+        plain = all(r.options.temperature == 0 and not r.processors and r.options.top_logprobs is None
+                    and not r.keep_logits for r in rows)
+        if plain:  # greedy rows that need nothing else: one argmax for the batch
+            choices = [Choice(row, t) for row, t in zip(rows, logits.argmax(-1).tolist())]
+        else:
+            choices = [self._choose_one(row, logits[i]) for i, row in enumerate(rows)]
+        for choice in choices:
+            row = choice.row
+            row.tokens.append(choice.token)
+            if choice.token in row.stop_ids:
+                row.finish("stop")
+            elif len(row.tokens) >= row.max_new_tokens:
+                row.finish("length")
+        return choices
+
+    @staticmethod
+    def _choose_one(row: Row, logits: Tensor) -> Choice:
+        for process in row.processors:
+            logits = process(row.tokens, logits)
+        o = row.options
+        token = int(next_tokens(logits[None], o.temperature, o.top_k, o.top_p, row.generator)[0])
+        logprob, top = (None, None) if o.top_logprobs is None else token_logprobs(logits, token, o)
+        return Choice(row, token, logprob, top, logits if row.keep_logits else None)
+
+    def run(self, on_choice: Callable[[Choice], None] | None = None) -> None:
+        """Step until every row is done, handing each choice to `on_choice`."""
+        while self.live:
+            for choice in self.step():
+                if on_choice is not None:
+                    on_choice(choice)
+
+
+def long_rope_start(model: CausalLM) -> int | None:
+    """The pre-training context of a LongRoPE model (forwards past it use the long factors); None
+    for other models."""
+    rotary = getattr(model, "rotary", None)
+    return rotary.original if isinstance(rotary, LongRotaryEmbedding) else None
+
+
+def check_row(row: Row, max_positions: int) -> None:
+    """A row's prompt and limit: prompt + max_new_tokens - 1 positions fit in the context (the
+    last token is returned, never fed back)."""
+    if not row.prompt:
+        raise ValueError("a prompt is empty; give at least one token (e.g. the BOS id)")
+    n = row.max_new_tokens
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {row.max_new_tokens!r}")
+    if len(row.prompt) + row.max_new_tokens - 1 > max_positions:
+        raise ValueError(f"a prompt of {len(row.prompt)} tokens plus {row.max_new_tokens} new tokens needs "
+                         f"{len(row.prompt) + row.max_new_tokens - 1} positions but the model has "
+                         f"max_positions={max_positions}")
+
+
+def sampled_distribution(logits: Tensor, options: SamplingOptions) -> Tensor:
+    """(V,) log-probabilities of the distribution a token is drawn from: after temperature, top-k
+    and top-p (filtered-out tokens are -inf). With temperature 0 (greedy) that distribution is a
+    single certain token, so the model's own distribution (temperature 1, unfiltered) is given."""
+    if options.temperature == 0:
+        return torch.log_softmax(logits.float(), dim=-1)
+    filtered = filter_logits(logits.float(), options.temperature, options.top_k, options.top_p)
+    return torch.log_softmax(filtered, dim=-1)
+
+
+def token_logprobs(logits: Tensor, token: int, options: SamplingOptions,
+                   ) -> tuple[float, list[tuple[int, float]]]:
+    """The chosen token's log-probability and the `top_logprobs` most likely (id, log-probability)
+    pairs of the sampled distribution (never a filtered-out token)."""
+    logprobs = sampled_distribution(logits, options)  # (V,)
+    k = min(options.top_logprobs or 0, logprobs.numel())
+    values, ids = torch.topk(logprobs, k) if k else (logprobs[:0], logprobs[:0].long())
+    top = [(int(i), float(v)) for i, v in zip(ids, values) if v > float("-inf")]
+    return float(logprobs[token]), top
+
+
+__all__ = ["Choice", "Engine", "LogitProcessor", "Row", "SamplingOptions", "check_row", "long_rope_start",
+           "sampled_distribution", "token_logprobs"]

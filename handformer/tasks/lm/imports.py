@@ -1,0 +1,170 @@
+"""Checkpoints of other projects made into language-model runs (tasks/lm/run.py): a Hugging Face
+checkpoint directory (`import-hf`), a llama2.c checkpoint and tokenizer (`import-llama2c`) and a
+GGUF file (`import-gguf`). The conversions themselves (config keys, weight names and layouts,
+tokenizers, GGUF's tensors) are handformer/convert's; this module reads their inputs, checks them
+all before writing anything, and writes the run directory."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from handformer.convert.gguf_file import check_types, read_gguf
+from handformer.convert.gguf_import import config_from_gguf, family_of_file, state_from_gguf
+from handformer.convert.gguf_tokenizer import special_tokens_from_gguf, tokenizer_from_gguf
+from handformer.convert.hf_import import (
+    CHAT_FILES,
+    MappedFiles,
+    architecture_of,
+    model_from_state,
+    read_hf_weights,
+    read_json,
+    special_tokens,
+    write_safetensors,
+)
+from handformer.convert.hf_weights import (
+    HEAD,
+    config_from_hf,
+    convert_hf_state_dict,
+)
+from handformer.convert.llama2c_tokenizer import llama2c_tokenizer
+from handformer.convert.llama2c_weights import read_llama2c
+from handformer.data.special_tokens import SpecialTokens
+from handformer.data.tokenizer import Tokenizer
+from handformer.io import atomic_write_bytes, atomic_write_text
+from handformer.tasks.lm.run import save_lm_run, write_lm_run_config
+
+BOS_ID, EOS_ID = 1, 2  # hard-wired in run.c
+
+
+@dataclass
+class ImportedLM:
+    """What `import_hf` wrote: enough for a one-line summary without loading the run again."""
+
+    run_dir: Path
+    model_type: str  # a key of ARCHITECTURES: "gpt2", "llama", "qwen2", ...
+    architecture: str  # the Hugging Face class name
+    n_parameters: int  # tied weights counted once
+    n_layers: int
+    vocab_size: int
+    tokens: SpecialTokens
+    notes: list[str] = field(default_factory=list)  # choices the checkpoint's files left open
+
+    def summary(self) -> str:
+        return (f"{self.architecture} ({self.model_type}): {self.n_parameters:,} parameters, "
+                f"{self.n_layers} layers, vocab {self.vocab_size:,} -> {self.run_dir}")
+
+
+def _check_paths(hf_dir: Path, run_dir: Path, overwrite: bool) -> None:
+    if not hf_dir.is_dir():
+        raise FileNotFoundError(f"no Hugging Face checkpoint directory at {hf_dir}")
+    if run_dir.resolve() == hf_dir.resolve():
+        raise ValueError(f"the run directory must differ from the checkpoint directory {hf_dir}")
+    if (run_dir / "config.json").exists() and not overwrite:
+        raise ValueError(f"{run_dir} already holds a run; choose another directory or overwrite it")
+
+
+def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: bool = False) -> ImportedLM:
+    """Convert the checkpoint in `hf_dir` (model_type one of ARCHITECTURES) into a run directory
+    (tasks/lm/run.py). Nothing is written unless every check passes."""
+    hf_dir, run_dir = Path(hf_dir), Path(run_dir)
+    _check_paths(hf_dir, run_dir, overwrite)
+    hf_config = read_json(hf_dir / "config.json", required=True)
+    model_type, architecture = architecture_of(hf_config, hf_dir / "config.json")
+    try:
+        cfg = config_from_hf(hf_config)
+    except (ValueError, TypeError, KeyError) as err:  # a field missing or of the wrong type
+        raise ValueError(f"{hf_dir / 'config.json'}: {err}") from None
+    tokenizer = Tokenizer.load(hf_dir / "tokenizer.json")  # checked before the (big) weights
+    notes: list[str] = []
+    if tokenizer.vocab_size > cfg.vocab_size:
+        notes.append(f"the tokenizer has {tokenizer.vocab_size} ids but the model only "
+                     f"{cfg.vocab_size}; ids from {cfg.vocab_size} on cannot be fed to the model")
+    tokens, eos_ids = special_tokens(hf_dir, hf_config, tokenizer, cfg.vocab_size, notes)
+
+    files = MappedFiles()
+    hf_state, weights = read_hf_weights(hf_dir, files)
+    state = convert_hf_state_dict(hf_state, cfg, model_type)  # views of the mapped files
+    del hf_state
+    if cfg.tie_embeddings:
+        del state[HEAD]  # the embedding, stored once (as save_weights stores a tied model)
+    source = {"hf_dir": str(hf_dir.resolve()), "model_type": model_type, "architecture": architecture,
+              "weights": weights, "eos_ids": eos_ids, "notes": notes}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(run_dir / "tokenizer.json")
+    write_safetensors(run_dir / "model.safetensors", state, release=files.release)  # tensor by tensor
+    write_lm_run_config(run_dir, cfg, tokens, source=source)  # last: the run is complete
+    for name in CHAT_FILES:
+        if (hf_dir / name).is_file():
+            atomic_write_bytes(run_dir / name, (hf_dir / name).read_bytes())
+    n_parameters = sum(t.numel() for t in state.values())
+    return ImportedLM(run_dir, model_type, architecture, n_parameters, cfg.n_layers, cfg.vocab_size,
+                      tokens, notes)
+
+
+def import_llama2c(model_path: str | os.PathLike, tokenizer_path: str | os.PathLike,
+                   run_dir: str | os.PathLike, overwrite: bool = False) -> ImportedLM:
+    """Convert llama2.c's `model_path` + `tokenizer_path` into a run directory (tasks/lm/run.py)."""
+    model_path, tokenizer_path, run_dir = Path(model_path), Path(tokenizer_path), Path(run_dir)
+    if (run_dir / "config.json").exists() and not overwrite:
+        raise ValueError(f"{run_dir} already holds a run; choose another directory or overwrite it")
+    header, state = read_llama2c(model_path)
+    tokenizer = llama2c_tokenizer(tokenizer_path, header.vocab_size)  # both read before writing
+    cfg = header.config()
+    model = model_from_state(cfg, state)  # the file's tensors become its parameters: no random init
+    notes = ["generation also stops at BOS (id 1), as llama2.c's run.c does: its TinyStories "
+             "models begin every story with BOS"]
+    tokens = SpecialTokens(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=None, eos_ids=[EOS_ID, BOS_ID])
+    source = {"llama2c_model": str(model_path.resolve()), "llama2c_tokenizer": str(tokenizer_path.resolve()),
+              "format": header.format_name, "shared_classifier": header.shared_classifier, "notes": notes}
+    save_lm_run(run_dir, model, tokenizer, tokens, source=source)
+    return ImportedLM(run_dir, header.format_name, "Llama", model.num_parameters(), cfg.n_layers,
+                      cfg.vocab_size, tokens, notes)
+
+
+def _chat_files(run_dir: Path, metadata: dict[str, Any], tokenizer: Any, tokens: Any) -> None:
+    """chat_template.jinja and the special-token strings, when the file has a chat template (a run
+    overwritten by a file without one loses the old run's)."""
+    template = metadata.get("tokenizer.chat_template")
+    if not isinstance(template, str) or not template.strip():
+        for name in CHAT_FILES:
+            (run_dir / name).unlink(missing_ok=True)
+        return
+    bos = tokens.bos_id if tokens.bos_id is not None else metadata.get("tokenizer.ggml.bos_token_id")
+    names = {"bos_token": bos, "eos_token": tokens.eos_id, "unk_token": tokenizer.unk_id,
+             "pad_token": tokens.pad_id}
+    config = {name: tokenizer.hf.id_to_token(i) for name, i in names.items()
+              if isinstance(i, int) and tokenizer.hf.id_to_token(i) is not None}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "chat_template.jinja", template)
+    atomic_write_text(run_dir / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
+
+
+def import_gguf(path: str | os.PathLike, run_dir: str | os.PathLike, overwrite: bool = False,
+                ) -> ImportedLM:
+    """Convert the GGUF file at `path` into a run directory. Nothing is written unless every
+    check passes."""
+    path, run_dir = Path(path), Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ValueError(f"{run_dir} is a file; give a directory for the run")
+    if (run_dir / "config.json").exists() and not overwrite:
+        raise ValueError(f"{run_dir} already holds a run; choose another directory or pass --overwrite")
+    file = read_gguf(path)
+    family = family_of_file(file)
+    check_types(file)
+    notes: list[str] = []
+    cfg, zeros = config_from_gguf(file, family, notes)
+    tokenizer = tokenizer_from_gguf(file.metadata, cfg.vocab_size, str(path))
+    tokens = special_tokens_from_gguf(file.metadata, cfg.vocab_size, notes)
+    model = model_from_state(cfg, state_from_gguf(file, cfg, family, zeros))
+    types = Counter(t.type_name for t in file.tensors.values())
+    source = {"gguf": str(path.resolve()), "architecture": family.arch, "model_type": family.model_type,
+              "tensor_types": dict(sorted(types.items())), "notes": notes}
+    _chat_files(run_dir, file.metadata, tokenizer, tokens)
+    save_lm_run(run_dir, model, tokenizer, tokens, source=source)
+    return ImportedLM(run_dir, family.arch, f"GGUF {family.name}", model.num_parameters(), cfg.n_layers,
+                      cfg.vocab_size, tokens, notes)

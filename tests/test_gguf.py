@@ -1,0 +1,576 @@
+"""GGUF both ways: `handformer export-gguf` and `handformer import-gguf`, checked by the `gguf` package
+(llama.cpp's own Python library) and by transformers' GGUF loader.
+
+- handformer's Q8_0 blocks are the same bytes as `gguf.quants.quantize`; its decoding of F16, BF16,
+  Q8_0, Q4_0, Q4_K, Q5_K and Q6_K the same float32 bits as `gguf.quants.dequantize`.
+- import(export(run)) at f32 is the run again for every architecture (random weights, norm gains
+  and biases randomized so a swapped tensor shows): the same tensors bit for bit (Gemma: the same
+  gains 1 + w), settings, tokenizer and special tokens, and the same logits bit for bit.
+- transformers loads the exports of the architectures its GGUF loader reads (Llama, Mistral as
+  Llama, Qwen2, Phi-3, GPT-2) and gives handformer's logits: f32 within 1e-5; f16 within 1e-2 and
+  q8_0 within 5e-2 for trained models (the measured values are printed).
+- a tokenizer rebuilt from the vocabulary keys alone (a file from llama.cpp's converter carries no
+  tokenizer.json) encodes as the run's: characters (with some beyond ASCII), byte-level BPE,
+  llama2.c's SentencePiece.
+- LoRA runs export merged, quantized runs from their weights, chat templates and stop ids travel;
+  files with K-quant tensors import decoded; every refusal is one line and exit code 2.
+llama.cpp itself runs the exports in tests/test_gguf_llamacpp.py (slow: it needs llama-cpp-python).
+"""
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import missing, require_module
+
+gguf = require_module("gguf", "pip install -e '.[dev]'")
+transformers = require_module("transformers", "pip install -e '.[dev]'")
+
+from handformer.cli import main  # noqa: E402
+from handformer.config import CausalLMConfig, Llama3RopeScaling  # noqa: E402
+from handformer.convert.gguf_arch import FAMILIES, rope_factors  # noqa: E402
+from handformer.convert.gguf_file import read_gguf  # noqa: E402
+from handformer.convert.gguf_quants import BLOCKS, dequantize, quantize_q8_0  # noqa: E402
+from handformer.convert.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
+from handformer.data.special_tokens import SpecialTokens  # noqa: E402
+from handformer.data.tokenizer import Tokenizer  # noqa: E402
+from handformer.models.causal_lm import CausalLM  # noqa: E402
+from handformer.tasks.lm.imports import import_hf  # noqa: E402
+from handformer.tasks.lm.run import load_lm, save_lm_run  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parents[1]
+STORIES = ROOT.parent / "shared" / "data" / "stories260K"
+TEXT = "to be or not to be, that is the question: whether 'tis nobler in the mind to suffer\n"
+QT = gguf.GGMLQuantizationType
+
+
+# --- GGML's block formats ----------------------------------------------------------------------------
+
+def test_q8_0_blocks_are_the_bytes_gguf_writes():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(8, 4, 96, generator=g) * 3
+    w[0, 0, :32] = 0  # an all-zero block: scale 0
+    w[0, 1, :32] = (torch.arange(32) - 15.5) / 31 * 127  # exact halves after scaling
+    w[0, 2, :32] = torch.tensor([1e-30, -6e4, 0.5] * 10 + [2.5, -2.5])  # tiny, huge, ties
+    ours = quantize_q8_0(w).numpy()
+    assert ours.dtype == np.uint8 and ours.shape == (8, 4, 96 // 32 * 34)
+    assert np.array_equal(ours, gguf.quants.quantize(w.numpy(), QT.Q8_0))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_q8_0(torch.zeros(2, 48))
+
+
+@pytest.mark.parametrize("type_name", [t for t in BLOCKS if t != "F32"])
+def test_decoding_gives_the_bits_gguf_gives(type_name):
+    """Random block bytes (the float16 scales kept finite): handformer's float32 equals gguf's."""
+    per_block, size = BLOCKS[type_name]
+    rng = np.random.default_rng(len(type_name))
+    raw = rng.integers(0, 256, size=(6, 512 // per_block * size), dtype=np.uint8)
+    blocks = raw.reshape(-1, 2 if per_block == 1 else size)
+    scale_high_bytes = {1: [1], 32: [1], 256: [1, 3]}[per_block] if type_name != "Q6_K" else [209]
+    for b in scale_high_bytes:
+        blocks[:, b] &= 0x3F  # clears the top exponent bits: no inf / NaN scales
+    expected = gguf.quants.dequantize(raw, getattr(QT, type_name))
+    got = dequantize(torch.from_numpy(raw), type_name, (6, 512)).numpy()
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+    with pytest.raises(ValueError, match="needs"):
+        dequantize(torch.from_numpy(raw[:, 1:]), type_name, (6, 512))
+
+
+# --- runs built here ---------------------------------------------------------------------------------
+
+def _llama(v, **overrides):
+    return CausalLMConfig.llama_style(**{**dict(vocab_size=v, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64,
+                                                n_layers=2, max_positions=48, rope_theta=500.0), **overrides})
+
+
+def _gpt2(v, **overrides):
+    return CausalLMConfig.gpt2_style(**{**dict(vocab_size=v, d_model=32, n_heads=4, d_ff=128, n_layers=2,
+                                               max_positions=48), **overrides})
+
+
+SCALING = Llama3RopeScaling(factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=16)
+# preset -> (config, GGUF architecture)
+PRESETS = {
+    "gpt2": (_gpt2, "gpt2"),
+    "gpt2_no_bias": (lambda v: _gpt2(v, bias=False), "gpt2"),
+    "gpt2_qkv_bias_only": (lambda v: _gpt2(v, bias=False, qkv_bias=True), "gpt2"),
+    "llama_gqa": (_llama, "llama"),
+    "llama_bias": (lambda v: _llama(v, bias=True), "llama"),
+    "llama3_tied": (lambda v: _llama(v, tie_embeddings=True, rope_scaling=SCALING), "llama"),
+    "qwen2": (lambda v: _llama(v, qkv_bias=True, tie_embeddings=True), "qwen2"),
+    "gemma": (lambda v: _llama(v, norm="rmsnorm_offset", activation="geglu_tanh", scale_embeddings=True,
+                               tie_embeddings=True, head_dim=16, n_kv_heads=1), "gemma"),
+}
+
+
+def _randomize(model, scale=0.3):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_((1 if name.endswith("weight") else 0) + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(scale * torch.randn_like(p))
+    return model.eval()
+
+
+def _run(path, cfg, tokenizer, tokens=None, seed=0):
+    torch.manual_seed(seed)
+    save_lm_run(path, _randomize(CausalLM(cfg)), tokenizer, tokens or SpecialTokens(eos_id=2, pad_id=0))
+    return path
+
+
+def _logits(run, ids):
+    with torch.no_grad():
+        return run.model(torch.tensor([ids, ids[::-1]])).logits
+
+
+def _same_run(a_dir, b_dir, norm_offset=False):
+    """Two runs with the same weights (Gemma: the same gains 1 + w), settings, tokenizer, tokens and
+    logits, bit for bit. Dropout acts only in training: GGUF has no place for it."""
+    a, b = load_lm(a_dir), load_lm(b_dir)
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    assert set(sa) == set(sb)
+    for key in sa:
+        if norm_offset and key.endswith("norm.weight"):
+            assert torch.equal(1 + sa[key], 1 + sb[key]), key
+        else:
+            assert torch.equal(sa[key], sb[key]), key
+    assert b.model.cfg == replace(a.model.cfg, dropout=0.0, attention_dropout=0.0)
+    assert b.tokenizer.hf.to_str() == a.tokenizer.hf.to_str()
+    assert b.tokens == a.tokens
+    ids = a.tokenizer.encode(TEXT[:24])
+    assert torch.equal(_logits(a, ids), _logits(b, ids))
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_import_of_the_f32_export_is_the_run_again(preset, tmp_path, capsys):
+    tok = Tokenizer.train_char([TEXT])
+    run_dir = _run(tmp_path / "run", PRESETS[preset][0](tok.vocab_size), tok,
+                   SpecialTokens(bos_id=1 if "llama" in preset else None, eos_id=2, pad_id=0),
+                   seed=sorted(PRESETS).index(preset))
+    out = tmp_path / "model.gguf"
+    assert main(["export-gguf", str(run_dir), str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"({PRESETS[preset][1]}), f32" in printed and "next: llama-completion -m" in printed
+    file = read_gguf(out)
+    assert file.architecture == PRESETS[preset][1]
+    assert all(t.type_name == "F32" for t in file.tensors.values())
+    assert ("output.weight" in file.tensors) == (not load_lm(run_dir).model.cfg.tie_embeddings)
+    assert ("rope_freqs.weight" in file.tensors) == (preset == "llama3_tied")
+    assert main(["import-gguf", str(out), str(tmp_path / "back")]) == 0
+    assert "imported GGUF" in capsys.readouterr().out
+    _same_run(run_dir, tmp_path / "back", norm_offset=preset == "gemma")
+
+
+def test_llama_rows_are_permuted_to_pairs_and_rope_freqs_are_llama_3s_factors(tmp_path):
+    """llama.cpp's Llama rotates adjacent pairs: q/k rows (x_0..x_{Dh/2-1}, y_0..) go to (x_0, y_0, ...),
+    per head; Qwen2 keeps handformer's half-split rows. rope_freqs holds 1 / 4 / blended factors."""
+    tok = Tokenizer.train_char([TEXT])
+    for preset, permuted in (("llama3_tied", True), ("qwen2", False)):
+        run_dir = _run(tmp_path / preset, PRESETS[preset][0](tok.vocab_size), tok)
+        assert main(["export-gguf", str(run_dir), str(tmp_path / f"{preset}.gguf")]) == 0
+        file = read_gguf(tmp_path / f"{preset}.gguf")
+        k = load_lm(run_dir).model.state_dict()["layers.0.self_attn.k_proj.weight"]  # (Hkv*Dh, D)
+        stored = file.tensors["blk.0.attn_k.weight"].to_torch()
+        heads = k.view(2, 8, 32)  # Hkv = 2 heads of Dh = 8 rows
+        pairs = torch.stack([heads[:, :4], heads[:, 4:]], dim=2).reshape(16, 32)
+        assert torch.equal(stored, pairs if permuted else k)
+    factors = read_gguf(tmp_path / "llama3_tied.gguf").tensors["rope_freqs.weight"].to_torch()
+    assert factors.tolist()[1:] == [4.0, 4.0, 4.0] and 1 < factors[0] < 4  # wavelengths 6.3 | 30, 140, 660
+    assert torch.equal(factors, rope_factors(_llama(tok.vocab_size, rope_scaling=SCALING)))
+
+
+def test_llama_3_scaling_is_fitted_from_rope_freqs_in_a_file_without_handformers_keys(tmp_path, capsys):
+    """convert_hf_to_gguf.py writes only rope_freqs.weight: the settings behind it are recovered
+    (low_freq_factor taken as 1, which with the thresholds fixes the rest) and checked against it."""
+    tok = Tokenizer.train_char([TEXT])
+    scaling = Llama3RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=16)
+    cfg = _llama(tok.vocab_size, d_model=128, n_heads=2, n_kv_heads=1, rope_theta=1e4, rope_scaling=scaling)
+    run_dir = _run(tmp_path / "run", cfg, tok)  # heads 64 wide: 5 of 32 frequencies blended
+    assert main(["export-gguf", str(run_dir), str(tmp_path / "m.gguf")]) == 0
+    keys = [k for k in read_gguf(tmp_path / "m.gguf").metadata if k.startswith("handformer.rope_scaling.")]
+    assert len(keys) == 4
+    _rewrite(tmp_path / "m.gguf", tmp_path / "converted.gguf", drop=keys)
+    assert main(["import-gguf", str(tmp_path / "converted.gguf"), str(tmp_path / "back")]) == 0
+    assert load_lm(tmp_path / "back").model.cfg.rope_scaling == scaling
+    _rewrite(tmp_path / "m.gguf", tmp_path / "other.gguf", drop=keys, types={  # not Llama 3's curve
+        "rope_freqs.weight": (QT.F32, np.linspace(1, 8, 32, dtype=np.float32))})
+    _fails(capsys, ["import-gguf", str(tmp_path / "other.gguf"), str(tmp_path / "other")],
+           "rope_freqs.weight is not Llama 3's frequency scaling")
+
+
+# --- runs imported from Hugging Face -----------------------------------------------------------------
+
+SIZE = dict(vocab_size=40, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+            num_hidden_layers=2, max_position_embeddings=48, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+ROPE = {"rope_type": "default", "rope_theta": 1e4}
+HF_FAMILIES = {  # family -> (tiny Hugging Face model, GGUF architecture)
+    "mistral": (lambda: transformers.MistralForCausalLM(transformers.MistralConfig(
+        **SIZE, sliding_window=None, rope_parameters=ROPE)), "llama"),
+    "phi3": (lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        **SIZE, tie_word_embeddings=False, rope_parameters=ROPE)), "phi3"),
+    "qwen2": (lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        **SIZE, tie_word_embeddings=True, use_sliding_window=False, rope_parameters={**ROPE, "rope_theta": 1e6})),
+              "qwen2"),
+    "llama_tied": (lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **SIZE, tie_word_embeddings=True, rope_parameters=ROPE)), "llama"),
+    "gpt2": (lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(  # transformers' GGUF GPT-2 needs
+        vocab_size=40, n_embd=32, n_head=4, n_layer=2, n_positions=1024, bos_token_id=1, eos_token_id=2)),
+             "gpt2"),  # 1024 positions and d_ff = 4 d_model: it reads neither key
+}
+CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+
+
+def _hf_run(family, tmp_path, make=None):
+    torch.manual_seed(sorted(HF_FAMILIES).index(family) if family in HF_FAMILIES else 99)
+    hf_model = (make or HF_FAMILIES[family][0])()
+    with torch.no_grad():
+        for p in hf_model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    hf_model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    Tokenizer.train_char([TEXT]).save(tmp_path / "hf" / "tokenizer.json")  # 26 of the model's 40 ids
+    (tmp_path / "hf" / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    (tmp_path / "hf" / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    import_hf(tmp_path / "hf", tmp_path / "run")
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize("family", list(HF_FAMILIES))
+def test_transformers_reads_the_export_with_handformers_logits(family, tmp_path, capsys):
+    run_dir = _hf_run(family, tmp_path)
+    assert main(["export-gguf", str(run_dir), str(tmp_path / "model.gguf")]) == 0
+    assert f"({HF_FAMILIES[family][1]}), f32" in capsys.readouterr().out
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="model.gguf",
+                                                           dtype=torch.float32).eval()
+    run = load_lm(run_dir)
+    ids = run.tokenizer.encode(TEXT[:30])
+    with torch.no_grad():
+        expected = _logits(run, ids)
+        assert expected.std() > 0.5  # far from trivial
+        torch.testing.assert_close(hf(torch.tensor([ids, ids[::-1]])).logits, expected, atol=1e-5, rtol=1e-5)
+    assert main(["import-gguf", str(tmp_path / "model.gguf"), str(tmp_path / "back")]) == 0
+    _same_run(run_dir, tmp_path / "back")
+    back = load_lm(tmp_path / "back")
+    assert back.config["source"]["model_type"] == {"mistral": "llama", "llama_tied": "llama"}.get(family, family)
+    assert (tmp_path / "back" / "chat_template.jinja").read_text() == CHAT_TEMPLATE
+    from handformer.generation.chat_template import load_chat_template
+
+    rendered = load_chat_template(tmp_path / "back").render([{"role": "user", "content": "hi"}])
+    assert rendered == "<s>user: hi\n"
+
+
+def test_a_phi3_window_is_written_and_read_back(tmp_path, capsys):
+    """llama.cpp's Phi-3 has the key (0 = none), though the pinned version runs without the window."""
+    run_dir = _hf_run("phi3_window", tmp_path, lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        **SIZE, sliding_window=5, tie_word_embeddings=False, rope_parameters=ROPE)))
+    assert main(["export-gguf", str(run_dir), str(tmp_path / "m.gguf")]) == 0
+    assert "the sliding window (5) is written" in capsys.readouterr().out
+    assert read_gguf(tmp_path / "m.gguf").metadata["phi3.attention.sliding_window"] == 5
+    assert main(["import-gguf", str(tmp_path / "m.gguf"), str(tmp_path / "back")]) == 0
+    _same_run(run_dir, tmp_path / "back")
+    assert load_lm(tmp_path / "back").model.cfg.sliding_window == 5
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, one_thread):
+    """Two tiny character models trained for 40 steps on the embedded corpus: GPT-2 (1024 positions
+    and d_ff = 4 d_model, as transformers' GGUF GPT-2 needs) and Llama."""
+    root = tmp_path_factory.mktemp("trained")
+    base = ["train", "--config", str(ROOT / "configs" / "tiny_lm.toml"), "--set", "train.progress=false",
+            "--set", "train.device=cpu", "--set", "train.steps=40"]
+    assert main([*base, "--out", str(root / "gpt2"), "--set", "model.d_ff=128",
+                 "--set", "model.max_positions=1024"]) == 0
+    assert main([*base, "--out", str(root / "llama"), "--set", "model.preset=llama",
+                 "--set", "model.n_kv_heads=1", "--set", "model.d_ff=64"]) == 0
+    return root
+
+
+LIMITS = {"f32": 1e-5, "f16": 1e-2, "q8_0": 5e-2}  # max |delta logit| against handformer's float32
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_f16_and_q8_0_exports_stay_close_in_transformers(trained, name, tmp_path, capsys):
+    run = load_lm(trained / name)
+    ids = run.tokenizer.encode("The Python Tutorial: an informal introduction to the language")[:30]
+    expected = _logits(run, ids)
+    for type_name, limit in LIMITS.items():
+        assert main(["export-gguf", str(trained / name), str(tmp_path / f"{type_name}.gguf"), "--type", type_name]) == 0
+        types = {t.type_name for t in read_gguf(tmp_path / f"{type_name}.gguf").tensors.values()}
+        assert types == {"f32": {"F32"}, "f16": {"F32", "F16"}, "q8_0": {"F32", "Q8_0"}}[type_name]
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=f"{type_name}.gguf",
+                                                               dtype=torch.float32).eval()
+        with torch.no_grad():
+            delta = (hf(torch.tensor([ids, ids[::-1]])).logits - expected).abs().max().item()
+        with capsys.disabled():
+            print(f"\n  {name} {type_name}: max |delta logit| = {delta:.2e} (limit {limit:g})", end="")
+        assert delta <= limit, (type_name, delta)
+
+
+# --- tokenizers rebuilt from the vocabulary keys -----------------------------------------------------
+
+def _tokenizers():
+    text = TEXT * 3 + "naïve café — 𝄞 déjà"
+    found = {"char": Tokenizer.train_char([text]), "bpe": Tokenizer.train_bpe([text * 20], 300)}
+    if (STORIES / "tok512.bin").is_file():
+        from handformer.convert.llama2c_tokenizer import llama2c_tokenizer
+
+        found["llama2c"] = llama2c_tokenizer(STORIES / "tok512.bin", 512)
+    return found
+
+
+@pytest.mark.parametrize("kind", ["char", "bpe", "llama2c"])
+def test_a_tokenizer_rebuilt_from_the_vocabulary_encodes_as_the_runs(kind, tmp_path):
+    tokenizers = _tokenizers()
+    if kind not in tokenizers:
+        missing(f"stories260K's tok512.bin is not at {STORIES}")
+    tok = tokenizers[kind]
+    run_dir = _run(tmp_path / "run", _llama(tok.vocab_size + 3), tok, SpecialTokens(bos_id=1, eos_id=2))
+    assert main(["export-gguf", str(run_dir), str(tmp_path / "m.gguf")]) == 0
+    metadata = read_gguf(tmp_path / "m.gguf").metadata
+    assert metadata["tokenizer.ggml.model"] == ("llama" if kind == "llama2c" else "gpt2")
+    assert len(metadata["tokenizer.ggml.tokens"]) == tok.vocab_size + 3  # padded to the model's vocabulary
+    assert metadata["tokenizer.ggml.tokens"][-1] == f"[PAD{tok.vocab_size + 2}]"
+    if kind == "char":
+        assert metadata["tokenizer.ggml.tokens"][tok.encode(" ")[0]] == "Ġ"  # byte-level form
+        assert len(metadata["tokenizer.ggml.merges"]) == 3 + 2 + 3  # ï é à: 2 bytes, —: 3, 𝄞: 4
+    del metadata["tokenizer.huggingface.json"]
+    rebuilt = tokenizer_from_gguf(metadata, tok.vocab_size + 3, "m.gguf")
+    sample = TEXT + " Once upon a time, there was a little girl named Lily. déjà 𝄞 — naïve\n"
+    assert rebuilt.encode(sample) == tok.encode(sample)
+    assert rebuilt.decode(tok.encode(sample)) == tok.decode(tok.encode(sample))
+    assert rebuilt.is_char == tok.is_char
+
+
+def test_stories260k_goes_to_gguf_and_back(tmp_path):
+    if not (STORIES / "stories260K.bin").is_file():
+        missing(f"stories260K is not at {STORIES}")
+    assert main(["import-llama2c", str(STORIES / "stories260K.bin"), str(STORIES / "tok512.bin"),
+                 str(tmp_path / "run")]) == 0
+    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "s.gguf")]) == 0
+    metadata = read_gguf(tmp_path / "s.gguf").metadata
+    assert (metadata["tokenizer.ggml.eos_token_id"], metadata["tokenizer.ggml.eot_token_id"]) == (2, 1)
+    assert metadata["tokenizer.ggml.add_bos_token"] and metadata["tokenizer.ggml.add_space_prefix"]
+    assert main(["import-gguf", str(tmp_path / "s.gguf"), str(tmp_path / "back")]) == 0
+    _same_run(tmp_path / "run", tmp_path / "back")
+    assert load_lm(tmp_path / "back").tokens.eos_ids == [2, 1]  # llama2.c stops at BOS too
+
+
+# --- what else a run can be --------------------------------------------------------------------------
+
+def test_a_lora_run_exports_merged_and_a_quantized_run_from_its_weights(trained, tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT * 40)
+    sets = ["train.progress=false", "train.device=cpu", f"data.path={text}", "data.block_size=16",
+            "data.batch_size=4", "data.eval_batches=1", "train.steps=4", "train.eval_every=4", "train.warmup=1",
+            "train.lr=1e-2", "train.lora.rank=4", "train.lora.alpha=8"]
+    assert main(["train", "--init-from", str(trained / "llama"), "--out", str(tmp_path / "lora"),
+                 *[a for p in sets for a in ("--set", p)]]) == 0
+    assert main(["export-gguf", str(tmp_path / "lora"), str(tmp_path / "lora.gguf")]) == 0
+    assert "LoRA adapters are merged" in capsys.readouterr().out
+    assert main(["import-gguf", str(tmp_path / "lora.gguf"), str(tmp_path / "lora-back")]) == 0
+    lora, back = load_lm(tmp_path / "lora"), load_lm(tmp_path / "lora-back")
+    ids = lora.tokenizer.encode("The tutorial")
+    torch.testing.assert_close(_logits(back, ids), _logits(lora, ids), atol=1e-5, rtol=1e-5)
+
+    from handformer.inference.quant import dequantize_int8
+    from handformer.inference.quant_int4 import dequantize_int4, unpack_nibbles
+
+    for kind in ("int8", "int4", "bf16"):
+        assert main(["quantize", str(trained / "llama"), str(tmp_path / kind), f"--{kind}"]) == 0
+        assert main(["export-gguf", str(tmp_path / kind), str(tmp_path / f"{kind}.gguf"), "--overwrite"]) == 0
+        assert f"the run is quantized ({kind})" in capsys.readouterr().out
+        assert main(["import-gguf", str(tmp_path / f"{kind}.gguf"), str(tmp_path / f"{kind}-back")]) == 0
+        state = load_lm(tmp_path / kind).model.state_dict()
+        layer = "layers.0.ffn.up_proj"
+        weight = load_lm(tmp_path / f"{kind}-back").model.state_dict()[f"{layer}.weight"]
+        if kind == "int8":
+            expected = dequantize_int8(state[f"{layer}.weight"], state[f"{layer}.scales"])
+        elif kind == "int4":
+            expected = dequantize_int4(unpack_nibbles(state[f"{layer}.weight"]), state[f"{layer}.scales"],
+                                       state[f"{layer}.zeros"])
+        else:
+            expected = state[f"{layer}.weight"].float()
+        assert torch.equal(weight, expected), kind
+        quantized, exported = load_lm(tmp_path / kind), load_lm(tmp_path / f"{kind}-back")
+        delta = (_logits(quantized, ids) - _logits(exported, ids)).abs().max().item()
+        assert delta < 0.05, (kind, delta)  # the quantized kernels compute in bf16
+
+
+def _rewrite(src, dst, drop=(), values=None, types=None, arch=None, drop_tensor=None):
+    """A copy of a GGUF file with keys dropped or set, tensors re-encoded (`types`: name -> (GGML
+    type, raw bytes or None to quantize with gguf)) or another architecture named, written with the
+    gguf package alone: a file as another tool would write it."""
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dst, arch or reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in drop:
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        if sub == gguf.GGUFValueType.ARRAY:  # an empty array (a character vocabulary's merges), which
+            continue  # the gguf writer refuses; handformer's importer reads the missing key as empty
+        writer.add_key_value(name, field.contents(), field.types[0], sub)
+    for name, (value, vtype) in (values or {}).items():
+        writer.add_key_value(name, value, vtype)
+    for t in reader.tensors:
+        if t.name == drop_tensor:
+            continue
+        array = np.array(t.data)
+        shape = [int(n) for n in reversed(t.shape.tolist())]
+        if types and t.name in types:
+            qtype, raw = types[t.name]
+            raw = raw if raw is not None else gguf.quants.quantize(array.reshape(shape).astype(np.float32), qtype)
+            writer.add_tensor(t.name, raw, raw_dtype=qtype)
+        else:
+            writer.add_tensor(t.name, array.reshape(shape))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _k_quant_bytes(shape, qtype, seed):
+    per_block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = np.random.default_rng(seed).integers(0, 256, size=(shape[0], shape[1] // per_block * size), dtype=np.uint8)
+    blocks = raw.reshape(-1, size)
+    for b in ([209] if qtype == QT.Q6_K else [1, 3]):
+        blocks[:, b] &= 0x1F  # small finite scales
+    return raw
+
+
+def test_a_file_from_elsewhere_imports_with_its_tensors_decoded(tmp_path, capsys):
+    """A 256-wide Llama whose matrices are F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K, without
+    tokenizer.json or handformer's keys, as llama.cpp's tools write them: every tensor comes back
+    as gguf.quants.dequantize decodes it, the tokenizer from the vocabulary."""
+    tok = Tokenizer.train_bpe([TEXT * 40], 300)
+    cfg = _llama(tok.vocab_size, d_model=256, n_heads=4, n_kv_heads=4, d_ff=256, n_layers=1)
+    run_dir = _run(tmp_path / "run", cfg, tok, SpecialTokens(bos_id=1, eos_id=2), seed=3)
+    assert main(["export-gguf", str(run_dir), str(tmp_path / "m.gguf")]) == 0
+    chosen = {"blk.0.attn_q.weight": QT.Q4_K, "blk.0.attn_k.weight": QT.Q5_K, "blk.0.attn_v.weight": QT.Q6_K,
+              "blk.0.attn_output.weight": QT.Q4_0, "blk.0.ffn_gate.weight": QT.Q8_0,
+              "blk.0.ffn_up.weight": QT.F16, "blk.0.ffn_down.weight": QT.BF16}
+    types = {n: (q, _k_quant_bytes((256, 256), q, i) if "K" in q.name else None)
+             for i, (n, q) in enumerate(chosen.items())}
+    _rewrite(tmp_path / "m.gguf", tmp_path / "other.gguf", types=types,
+             drop=("tokenizer.huggingface.json",))
+    assert main(["import-gguf", str(tmp_path / "other.gguf"), str(tmp_path / "back")]) == 0
+    reader = gguf.GGUFReader(tmp_path / "other.gguf")
+    state = load_lm(tmp_path / "back").model.state_dict()
+    names = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "ffn_gate": "ffn.gate_proj", "ffn_up": "ffn.up_proj",
+             "ffn_down": "ffn.down_proj"}
+    for t in reader.tensors:
+        part = t.name.split(".")[2] if t.name.startswith("blk.") else None
+        if part in names and t.name.endswith(".weight"):
+            w = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy()).reshape(256, 256)
+            if part in ("attn_q", "attn_k"):  # back from llama.cpp's pairs to half-split rows
+                w = w.view(4, 32, 2, 256).transpose(1, 2).reshape(256, 256)
+            assert torch.equal(state[f"layers.0.{names[part]}.weight"], w), t.name
+    sample = TEXT + "whether to be"
+    assert load_lm(tmp_path / "back").tokenizer.encode(sample) == tok.encode(sample)
+    counted = json.loads((tmp_path / "back" / "config.json").read_text())["source"]["tensor_types"]
+    assert counted == {**{q.name: 1 for q in chosen.values()}, "F32": len(reader.tensors) - len(chosen)}
+
+
+# --- refusals ----------------------------------------------------------------------------------------
+
+def _fails(capsys, argv, *expected):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
+    for text in expected:
+        assert re.search(text, err), (text, err)
+    return err
+
+
+def test_every_refusal_is_one_line(tmp_path, capsys):
+    tok = Tokenizer.train_char([TEXT])
+    v = tok.vocab_size
+    runs = {
+        "post_norm": CausalLMConfig.gpt2_style(vocab_size=v, d_model=32, n_heads=4, d_ff=64, n_layers=1,
+                                               norm_placement="post"),
+        "baby_gpt": _gpt2(v, activation="gelu", bias=False),  # configs/shakespeare_char.toml's exact GELU
+        "sinusoidal": _gpt2(v, position="sinusoidal"),
+        "window": _llama(v, sliding_window=5),
+        "gemma_untied": replace(PRESETS["gemma"][0](v), tie_embeddings=False),
+    }
+    for name, cfg in runs.items():
+        _run(tmp_path / name, cfg, tok)
+    out = str(tmp_path / "x.gguf")
+    _fails(capsys, ["export-gguf", str(tmp_path / "post_norm"), out], "norm_placement='post'")
+    _fails(capsys, ["export-gguf", str(tmp_path / "baby_gpt"), out], r"activation='gelu' \(GPT-2 uses the tanh GELU")
+    _fails(capsys, ["export-gguf", str(tmp_path / "sinusoidal"), out], "position='sinusoidal' maps to no llama.cpp")
+    _fails(capsys, ["export-gguf", str(tmp_path / "window"), out], "sliding_window=5 .Llama has no sliding-window")
+    _fails(capsys, ["export-gguf", str(tmp_path / "gemma_untied"), out], "tie_embeddings=False")
+    from helpers import make_translation_run
+
+    _fails(capsys, ["export-gguf", str(make_translation_run(tmp_path / "translation")), out],
+           "is a translation run .*decoder-only")
+    _fails(capsys, ["export-gguf", str(tmp_path / "nothing"), out], "nothing")
+    run_dir = _run(tmp_path / "ok", _llama(v), tok)
+    assert main(["export-gguf", str(run_dir), out]) == 0
+    capsys.readouterr()
+    _fails(capsys, ["export-gguf", str(run_dir), out], "exists; choose another file or pass --overwrite")
+    _fails(capsys, ["export-gguf", str(run_dir), str(tmp_path)], "is a directory")
+    with pytest.raises(SystemExit) as exit_info:  # argparse: exit 2 with the choices named
+        main(["export-gguf", str(run_dir), out, "--type", "q4_0"])
+    assert exit_info.value.code == 2 and "invalid choice: 'q4_0'" in capsys.readouterr().err
+
+    # import: broken files, other architectures, tensor types and settings handformer lacks
+    good = Path(out).read_bytes()
+    broken = {"empty": b"", "garbage": b"not a gguf file at all" * 10, "truncated": good[: len(good) // 2],
+              "header_only": good[:24]}
+    for name, data in broken.items():
+        (tmp_path / f"{name}.gguf").write_bytes(data)
+        _fails(capsys, ["import-gguf", str(tmp_path / f"{name}.gguf"), str(tmp_path / name)],
+               r"(is truncated|is not a readable GGUF file)")
+        assert not (tmp_path / name).exists()
+    _fails(capsys, ["import-gguf", str(tmp_path / "absent.gguf"), str(tmp_path / "r")], "no GGUF file at")
+    string, uint32 = gguf.GGUFValueType.STRING, gguf.GGUFValueType.UINT32
+    bpe = str(tmp_path / "bpe.gguf")
+    variants = {  # name -> (rewrite arguments, the message)
+        "qwen3": (dict(arch="qwen3"), "'qwen3' model: Qwen3 normalises queries and keys per head .q_norm, k_norm., which handformer's"),
+        "mamba": (dict(arch="mamba"), "'mamba' model; import-gguf reads llama, qwen2, gemma, phi3, gpt2"),
+        "yarn": (dict(values={"llama.rope.scaling.type": ("yarn", string)}), "'yarn': rope scaling of that type"),
+        "experts": (dict(values={"llama.expert_count": (8, uint32)}), "mixture-of-experts"),
+        "q4_1": (dict(types={"blk.0.attn_q.weight": (QT.Q4_1, None)}), r"blk\.0\.attn_q\.weight \(Q4_1\)"),
+        "no_attn_q": (dict(drop_tensor="blk.0.attn_q.weight"), r"missing tensors \(1\): blk\.0\.attn_q\.weight"),
+        "heads": (dict(values={"llama.attention.head_count": (8, uint32)}), "shape mismatches"),
+        "pre": (dict(drop=("tokenizer.huggingface.json",), values={"tokenizer.ggml.pre": ("tekken", string)},
+                     src=bpe), "tokenizer.ggml.pre = 'tekken'"),
+    }
+    bpe_tok = Tokenizer.train_bpe([TEXT * 30], 280)
+    _run(tmp_path / "bpe", _llama(bpe_tok.vocab_size), bpe_tok)
+    assert main(["export-gguf", str(tmp_path / "bpe"), bpe]) == 0
+    for name, (rewrite, expected) in variants.items():
+        _rewrite(rewrite.pop("src", out), tmp_path / f"{name}.gguf", **rewrite)
+        _fails(capsys, ["import-gguf", str(tmp_path / f"{name}.gguf"), str(tmp_path / name)], expected)
+        assert not (tmp_path / name).exists()
+    assert main(["import-gguf", out, str(tmp_path / "imported")]) == 0
+    capsys.readouterr()
+    _fails(capsys, ["import-gguf", out, str(tmp_path / "imported")], "already holds a run")
+
+
+def test_a_crash_while_writing_leaves_no_file(tmp_path, monkeypatch):
+    tok = Tokenizer.train_char([TEXT])
+    run_dir = _run(tmp_path / "run", _llama(tok.vocab_size), tok)
+
+    def crash(self, *args, **kwargs):
+        raise KeyboardInterrupt  # as a kill in the middle of the tensor data would
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", crash)
+    with pytest.raises(KeyboardInterrupt):
+        main(["export-gguf", str(run_dir), str(tmp_path / "m.gguf")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no m.gguf, no temporary file
+
+
+def test_the_architecture_table_names_llama_cpps_tensors():
+    """Every tensor name in the table is one llama.cpp's gguf package knows for that architecture."""
+    for arch, family in FAMILIES.items():
+        known = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH[arch.upper()]]}
+        for name in family.tensors:
+            assert name.rsplit(".", 1)[0].replace("{i}", "{bid}") in known, (arch, name)

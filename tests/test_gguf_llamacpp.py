@@ -1,0 +1,193 @@
+"""llama.cpp runs handformer's GGUF exports: llama-cpp-python 0.3.36 (which fixes llama.cpp's commit),
+fed token ids, generates greedily the same tokens as `handformer generate` for a model trained
+here on tiny Shakespeare, for imported Hugging Face models of every family (Llama with Llama 3
+scaling, Mistral, Qwen2, Gemma, Phi-3, GPT-2) and for llama2.c's stories260K; and its tokenizer
+gives handformer's ids for a fixture text (characters, byte-level BPE, stories260K's SentencePiece).
+
+Slow: llama-cpp-python builds from source (about 4 minutes on 2 cores), so it is not installed by
+scripts/install.sh. Run with
+    CMAKE_ARGS="-DGGML_BLAS=OFF -DLLAVA_BUILD=OFF" pip install llama-cpp-python==0.3.36
+    python3 -m pytest -m slow tests/test_gguf_llamacpp.py
+llama.cpp runs with a float32 KV cache (its default is float16) so that greedy choices are not
+flipped by rounding the cache.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import missing, require_module
+
+from handformer.cli import main
+from handformer.data.tokenizer import Tokenizer
+from handformer.generation.generate import generate
+from handformer.tasks.lm.run import load_lm
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread", "llama_cpp")]
+transformers = require_module("transformers", "pip install -e '.[dev]'")
+LLAMA_CPP = None  # the module, imported by the fixture: only when these (slow) tests are selected
+
+
+@pytest.fixture(scope="module")
+def llama_cpp():
+    """llama-cpp-python, or a skip (a failure under HANDFORMER_REQUIRE_REFERENCES=1) saying how to
+    install it. Imported here, not at collection, so that the default run (-m 'not slow') does
+    not need it."""
+    global LLAMA_CPP
+    LLAMA_CPP = require_module("llama_cpp", 'CMAKE_ARGS="-DGGML_BLAS=OFF -DLLAVA_BUILD=OFF" pip install '
+                                            "llama-cpp-python==0.3.36 (a source build, about 4 minutes)")
+    return LLAMA_CPP
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+SHAKESPEARE = DATA / "tinyshakespeare" / "input.txt"
+STORIES = DATA / "stories260K"
+F32 = 0  # GGML_TYPE_F32, for llama.cpp's KV cache
+NEW_TOKENS = 48
+
+
+def _llama_cpp(path, n_ctx):
+    return LLAMA_CPP.Llama(str(path), n_ctx=n_ctx, n_threads=1, verbose=False, type_k=F32, type_v=F32)
+
+
+def _llama_cpp_greedy(path, ids, n, stops, n_ctx):
+    """llama.cpp's own sampling loop at temperature 0 (top-k 1), stopped as handformer stops."""
+    llm = _llama_cpp(path, n_ctx)
+    out = []
+    for token in llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+        out.append(int(token))
+        if token in stops or len(out) == n:
+            break
+    llm.close()
+    return out
+
+
+def _same_greedy(run_dir, gguf_path, prompt, n=NEW_TOKENS):
+    run = load_lm(run_dir)
+    ids = ([run.tokens.bos_id] if run.tokens.bos_id is not None else []) + run.tokenizer.encode(prompt)
+    n = min(n, run.model.cfg.max_positions - len(ids))
+    expected = generate(run.model, [ids], n, temperature=0, stop_tokens=run.tokens.eos_ids)[0]
+    got = _llama_cpp_greedy(gguf_path, ids, n, set(run.tokens.eos_ids), run.model.cfg.max_positions)
+    assert got == expected, (run.tokenizer.decode(got), run.tokenizer.decode(expected))
+    return expected
+
+
+def _same_tokens(gguf_path, tokenizer, text):
+    llm = _llama_cpp(gguf_path, 64)
+    got = llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+    llm.close()
+    assert got == tokenizer.encode(text)
+
+
+def _train(out, config, *pairs):
+    sets = ["train.progress=false", "train.device=cpu", "train.eval_every=100", *pairs]
+    assert main(["train", "--config", str(ROOT / "configs" / config), "--out", str(out),
+                 *[a for p in sets for a in ("--set", p)]]) == 0
+
+
+@pytest.mark.parametrize("config, pairs", [
+    ("shakespeare_char_modern.toml", []),
+    ("shakespeare_char.toml", ["model.activation=gelu_tanh"]),  # llama.cpp's GPT-2 has the tanh GELU
+], ids=["llama", "gpt2"])
+def test_a_model_trained_here_on_shakespeare_generates_the_same_in_llama_cpp(config, pairs, tmp_path, capsys):
+    if not SHAKESPEARE.is_file():
+        missing(f"tiny Shakespeare is not at {SHAKESPEARE}")
+    _train(tmp_path / "run", config, "train.steps=300", f"data.path={SHAKESPEARE}", *pairs)
+    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")]) == 0
+    capsys.readouterr()
+    tokens = _same_greedy(tmp_path / "run", tmp_path / "m.gguf", "ROMEO:\n")
+    assert len(set(tokens)) > 3  # a trained model's text, not one repeated token
+    run = load_lm(tmp_path / "run")
+    _same_tokens(tmp_path / "m.gguf", run.tokenizer, SHAKESPEARE.read_text()[:2000])
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "ROMEO:\n", "--temperature", "0",
+                 "--max-new-tokens", str(len(tokens))]) == 0
+    text = run.tokenizer.decode(tokens)
+    assert capsys.readouterr().out.rstrip("\n") == "ROMEO:\n" + text
+    # llama.cpp from text, as docs/gguf.md shows it: its tokenizer, its sampler at temperature 0, its
+    # default (float16) KV cache
+    llm = LLAMA_CPP.Llama(str(tmp_path / "m.gguf"), n_ctx=64, verbose=False)
+    out = llm("ROMEO:\n", max_tokens=len(tokens), temperature=0)
+    assert out["choices"][0]["text"] == text
+
+
+SIZE = dict(vocab_size=40, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+            num_hidden_layers=2, max_position_embeddings=96, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+ROPE = {"rope_type": "default", "rope_theta": 1e4}
+HF = {
+    "llama3": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZE, rope_parameters={
+        "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16})),
+    "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(
+        **SIZE, sliding_window=None, rope_parameters=ROPE)),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        **SIZE, tie_word_embeddings=True, use_sliding_window=False, rope_parameters={**ROPE, "rope_theta": 1e6})),
+    "gemma": lambda: transformers.GemmaForCausalLM(transformers.GemmaConfig(
+        **{**SIZE, "num_key_value_heads": 1}, head_dim=32, hidden_act="gelu_pytorch_tanh", rope_parameters=ROPE)),
+    "phi3": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        **SIZE, tie_word_embeddings=False, rope_parameters=ROPE)),
+    "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=40, n_embd=64, n_head=4, n_layer=2, n_positions=96, bos_token_id=1, eos_token_id=2)),
+}
+TEXT = "to be or not to be, that is the question: whether 'tis nobler in the mind to suffer\n"
+
+
+@pytest.mark.parametrize("family", list(HF))
+def test_an_imported_model_generates_the_same_in_llama_cpp(family, tmp_path):
+    torch.manual_seed(sorted(HF).index(family))
+    hf_model = HF[family]()
+    with torch.no_grad():
+        for p in hf_model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    hf_model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    Tokenizer.train_char([TEXT]).save(tmp_path / "hf" / "tokenizer.json")
+    assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "run")]) == 0
+    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")]) == 0
+    _same_greedy(tmp_path / "run", tmp_path / "m.gguf", "to be or", n=32)
+
+
+def test_stories260k_generates_and_tokenizes_the_same_in_llama_cpp(tmp_path):
+    if not (STORIES / "stories260K.bin").is_file():
+        missing(f"stories260K is not at {STORIES}")
+    assert main(["import-llama2c", str(STORIES / "stories260K.bin"), str(STORIES / "tok512.bin"),
+                 str(tmp_path / "run")]) == 0
+    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "s.gguf")]) == 0
+    tokens = _same_greedy(tmp_path / "run", tmp_path / "s.gguf", "Once upon a time", n=200)
+    run = load_lm(tmp_path / "run")
+    assert run.tokenizer.decode(tokens).startswith(", there was a little girl")
+    _same_tokens(tmp_path / "s.gguf", run.tokenizer, "Once upon a time, there was a little girl named Lily. "
+                 "She loved to play outside in the park. One day, she saw a big, red ball.\nDéjà vu, 123!")
+
+
+def test_a_trained_bpe_tokenizer_tokenizes_the_same_in_llama_cpp(tmp_path):
+    if not SHAKESPEARE.is_file():
+        missing(f"tiny Shakespeare is not at {SHAKESPEARE}")
+    text = SHAKESPEARE.read_text()
+    _train(tmp_path / "run", "shakespeare_char_modern.toml", "train.steps=2", "data.tokenizer=bpe",
+           "data.vocab_size=400", f"data.path={SHAKESPEARE}")
+    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")]) == 0
+    _same_tokens(tmp_path / "m.gguf", load_lm(tmp_path / "run").tokenizer, text[:3000] + " 12345 naïve  \n\n x")
+
+
+@pytest.mark.parametrize("page", ["docs/gguf.md", "docs/zh/gguf.md"])
+def test_the_docs_llama_cpp_snippet_prints_what_handformer_generates(page, tmp_path, monkeypatch, capsys):
+    """The `# needs: llama.cpp` python block of the page, run as written in a folder holding
+    shakespeare.gguf: llama.cpp's text equals `handformer generate`'s."""
+    import contextlib
+    import io
+    import re
+
+    if not SHAKESPEARE.is_file():
+        missing(f"tiny Shakespeare is not at {SHAKESPEARE}")
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(encoding="utf-8"), re.S)
+               if b.startswith("# needs: llama.cpp")]
+    _train(tmp_path / "run", "shakespeare_char_modern.toml", "train.steps=300", f"data.path={SHAKESPEARE}")
+    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "shakespeare.gguf")]) == 0
+    capsys.readouterr()  # training's and export's lines
+    assert main(["generate", str(tmp_path / "run"), "--prompt", "ROMEO:\n", "--temperature", "0",
+                 "--max-new-tokens", "50"]) == 0
+    expected = capsys.readouterr().out.rstrip("\n").removeprefix("ROMEO:\n")
+    monkeypatch.chdir(tmp_path)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(code, page, "exec"), {"__name__": "docs"})
+    assert printed.getvalue().rstrip("\n") == expected
