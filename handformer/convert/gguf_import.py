@@ -25,6 +25,7 @@ from torch import Tensor
 from handformer.config import CausalLMConfig
 from handformer.convert.gguf_arch import (
     FAMILIES,
+    FROM_HF,
     GPT2,
     NOT_YET,
     Family,
@@ -44,7 +45,9 @@ def family_of_file(file: GGUFFile) -> Family:
     arch = file.architecture
     if arch in FAMILIES:
         return FAMILIES[arch]
-    why = f": {NOT_YET[arch]}, which handformer's model does not do yet" if arch in NOT_YET else ""
+    why = f": {NOT_YET[arch]}, which import-gguf does not read yet" if arch in NOT_YET else ""
+    if arch in FROM_HF:
+        why += f" (`handformer import-hf` reads its Hugging Face checkpoint, model_type {FROM_HF[arch]!r})"
     raise ValueError(f"{file.path} is a {arch!r} model{why}; import-gguf reads {', '.join(FAMILIES)}")
 
 
