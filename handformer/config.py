@@ -3,7 +3,10 @@
 Two families share one set of block settings (`BlockConfig`):
 - `Seq2SeqConfig`: the encoder-decoder model of "Attention Is All You Need"; defaults are the
   paper's base model.
-- `CausalLMConfig`: the decoder-only language model, with GPT-2 and Llama style presets.
+- `CausalLMConfig`: the decoder-only language model, with GPT-2 and Llama style presets, and the
+  settings of today's families (q/k norms, soft-capping, layers that mix sliding-window and global
+  attention, partial and long-context RoPE, mixtures of experts); `handformer.families` builds the
+  variants some of them need.
 
 Every invalid value raises `ValueError` naming the field and how to fix it.
 """
@@ -12,9 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -23,11 +27,23 @@ GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
 PLAIN_ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_offset")
 NORM_PLACEMENTS = ("post", "pre")
+# The decoder-only model also has Gemma 2/3's norms before and after each sublayer ("sandwich") and
+# OLMo 2's norms on each sublayer's output ("reordered"); both are blocks of handformer.families.
+CAUSAL_NORM_PLACEMENTS = NORM_PLACEMENTS + ("sandwich", "reordered")
 POSITIONS = ("sinusoidal", "learned", "rope", "none")
+QK_NORMS = ("none", "head", "width")
 
 
 def _fail(cls_name: str, name: str, value: Any, fix: str) -> None:
     raise ValueError(f"{cls_name}.{name}={value!r} is invalid: {fix}")
+
+
+def _positive_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
+
+
+def _positive_int(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and value > 0
 
 
 @dataclass
@@ -43,19 +59,115 @@ class Llama3RopeScaling:
     low_freq_factor: float = 1.0  # wavelengths above original_max_positions / this are scaled
     high_freq_factor: float = 4.0  # wavelengths below original_max_positions / this are kept
     original_max_positions: int = 8192  # the context length the model was pre-trained with
+    type: str = "llama3"  # which scaling (saved configs without it are Llama 3's)
 
     def validate(self, owner: str) -> None:
         name = f"{owner}.rope_scaling"
         for f in ("factor", "low_freq_factor", "high_freq_factor"):
-            value = getattr(self, f)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                _fail(name, f, value, "it must be a number > 0")
+            if not _positive_number(getattr(self, f)):
+                _fail(name, f, getattr(self, f), "it must be a number > 0")
         if self.high_freq_factor <= self.low_freq_factor:
             _fail(name, "high_freq_factor", self.high_freq_factor,
                   f"it must be larger than low_freq_factor={self.low_freq_factor}")
-        value = self.original_max_positions
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            _fail(name, "original_max_positions", value, "it must be a positive integer")
+        if not _positive_int(self.original_max_positions):
+            _fail(name, "original_max_positions", self.original_max_positions,
+                  "it must be a positive integer")
+
+
+@dataclass
+class LinearRopeScaling:
+    """Position interpolation (rope_type "linear"; Gemma 3's global layers): every rotary frequency
+    divided by `factor`, so `factor` times as many positions fit the angles trained on."""
+
+    factor: float = 8.0  # how much slower every frequency turns
+    type: str = "linear"
+
+    def validate(self, owner: str) -> None:
+        if not _positive_number(self.factor):
+            _fail(f"{owner}.rope_scaling", "factor", self.factor, "it must be a number > 0")
+
+
+@dataclass
+class LongRopeScaling:
+    """LongRoPE (rope_type "longrope"; Phi-3.5, Phi-4-mini): each rotary frequency divided by a
+    factor of its own, one list while the positions stay within original_max_positions, another
+    past it, and cos and sin multiplied by attention_factor; see
+    `handformer.nn.positions.LongRotaryEmbedding`."""
+
+    short_factor: list[float] = field(default_factory=list)  # one per frequency: within the original context
+    long_factor: list[float] = field(default_factory=list)  # one per frequency: past it
+    original_max_positions: int = 4096  # the context length the model was pre-trained with
+    # cos and sin times this; None: sqrt(1 + ln(s) / ln(original_max_positions)) with s = factor, or
+    # max_positions / original_max_positions without one (as transformers)
+    attention_factor: float | None = None
+    factor: float | None = None
+    type: str = "longrope"
+
+    def cos_sin_factor(self, max_positions: int) -> float:
+        """What cos and sin are multiplied by: attention_factor, else as transformers computes it."""
+        factor = self.factor or max_positions / self.original_max_positions
+        if self.attention_factor is not None or factor <= 1.0:
+            return self.attention_factor or 1.0
+        return math.sqrt(1 + math.log(factor) / math.log(self.original_max_positions))
+
+    def validate(self, owner: str) -> None:
+        name = f"{owner}.rope_scaling"
+        for f in ("short_factor", "long_factor"):
+            values = getattr(self, f)
+            if not isinstance(values, list) or not values or not all(_positive_number(v) for v in values):
+                _fail(name, f, values, "it must be a non-empty list of numbers > 0, one per rotary frequency")
+        if not _positive_int(self.original_max_positions):
+            _fail(name, "original_max_positions", self.original_max_positions,
+                  "it must be a positive integer")
+        for f in ("attention_factor", "factor"):
+            if getattr(self, f) is not None and not _positive_number(getattr(self, f)):
+                _fail(name, f, getattr(self, f), "it must be a number > 0 or null")
+
+
+ROPE_SCALINGS = {"llama3": Llama3RopeScaling, "linear": LinearRopeScaling, "longrope": LongRopeScaling}
+RopeScaling = Llama3RopeScaling | LinearRopeScaling | LongRopeScaling
+
+
+def rope_scaling_from_dict(data: dict[str, Any], section: str) -> RopeScaling:
+    """A saved `rope_scaling` table: its "type" picks the class (none given: Llama 3's)."""
+    kind = data.get("type", "llama3")
+    if kind not in ROPE_SCALINGS:
+        raise ValueError(f"[{section}] type={kind!r} is invalid: choose one of {', '.join(ROPE_SCALINGS)}")
+    return dataclass_from_dict(ROPE_SCALINGS[kind], data, section)
+
+
+@dataclass
+class MoEConfig:
+    """A mixture of experts in place of each block's feed-forward network (Mixtral, Qwen3-MoE): a
+    router scores the experts for every token, the token goes through its top_k, and their outputs
+    are summed with the router's weights (`handformer.nn.moe`)."""
+
+    n_experts: int = 8  # experts per layer, each a gated feed-forward network
+    top_k: int = 2  # experts each token goes through
+    d_expert: int | None = None  # hidden width of each expert; None = the model's d_ff
+    normalize: bool = True  # the top_k weights rescaled to sum to 1 (Mixtral; Qwen3-MoE's norm_topk_prob)
+    # A shared expert of this width that every token goes through, gated by a sigmoid of its own
+    # (Qwen2-MoE); 0 = none
+    d_shared: int = 0
+    # Weight of the load-balancing loss added to the training loss (Switch Transformer, eq. 4)
+    aux_loss_coef: float = 0.01
+
+    def validate(self, owner: str) -> None:
+        name = f"{owner}.moe"
+        for f in ("n_experts", "top_k"):
+            if not _positive_int(getattr(self, f)):
+                _fail(name, f, getattr(self, f), "it must be a positive integer")
+        if self.top_k > self.n_experts:
+            _fail(name, "top_k", self.top_k, f"it must be at most n_experts={self.n_experts}")
+        if self.d_expert is not None and not _positive_int(self.d_expert):
+            _fail(name, "d_expert", self.d_expert, "it must be a positive integer or null (= d_ff)")
+        if isinstance(self.d_shared, bool) or not isinstance(self.d_shared, int) or self.d_shared < 0:
+            _fail(name, "d_shared", self.d_shared, "it must be an integer >= 0 (0 = no shared expert)")
+        if not isinstance(self.normalize, bool):
+            _fail(name, "normalize", self.normalize, "it must be true or false")
+        value = self.aux_loss_coef
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            _fail(name, "aux_loss_coef", value, "it must be a number >= 0 (0 = no load-balancing loss)")
 
 
 @dataclass
@@ -78,17 +190,29 @@ class BlockConfig:
     position: str = "sinusoidal"  # sinusoidal | learned | rope | none
     max_positions: int = 512  # longest sequence the position encoding covers
     rope_theta: float = 10000.0  # base of the rotary frequencies (position="rope" only)
-    rope_scaling: Llama3RopeScaling | None = None  # Llama 3.1's long-context frequency scaling
+    # Long-context scaling of the rotary frequencies: Llama 3.1's, linear (Gemma 3), LongRoPE (Phi-4-mini)
+    rope_scaling: RopeScaling | None = None
     bias: bool = True  # biases in every Linear and in LayerNorm
     qkv_bias: bool = False  # biases on the query/key/value projections even when bias=False (Qwen2)
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) as in the paper
+    # Queries and keys normalized (with `norm`) before RoPE: none | head: each head on its own
+    # (Qwen3, Gemma 3) | width: all heads at once, before the split (OLMo 2)
+    qk_norm: str = "none"
+    rope_fraction: float = 1.0  # the share of each head's dims RoPE turns, the first ones (Phi-4-mini: 0.75)
+    moe: MoEConfig | None = None  # a mixture of experts instead of one feed-forward network (Mixtral)
 
     family: ClassVar[str] = "block"
+    norm_placements: ClassVar[tuple[str, ...]] = NORM_PLACEMENTS
+    # Saved configs leave these out while they hold their defaults: a config file names only the
+    # settings its model uses (and runs saved before they existed read the same).
+    optional_fields: ClassVar[tuple[str, ...]] = ("qk_norm", "rope_fraction", "moe")
 
     def __post_init__(self) -> None:
         if isinstance(self.rope_scaling, dict):
-            self.rope_scaling = dataclass_from_dict(Llama3RopeScaling, self.rope_scaling,
-                                                    f"{type(self).__name__}.rope_scaling")
+            section = f"{type(self).__name__}.rope_scaling"
+            self.rope_scaling = rope_scaling_from_dict(self.rope_scaling, section)
+        if isinstance(self.moe, dict):
+            self.moe = dataclass_from_dict(MoEConfig, self.moe, f"{type(self).__name__}.moe")
         if (self.head_dim is None and isinstance(self.d_model, int) and isinstance(self.n_heads, int)
                 and self.n_heads > 0 and self.d_model % self.n_heads == 0):
             self.head_dim = self.d_model // self.n_heads
@@ -102,6 +226,16 @@ class BlockConfig:
     @property
     def kv_heads(self) -> int:
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims of each head that RoPE turns (all of head_dim unless rope_fraction < 1)."""
+        return int(self.head_dim * self.rope_fraction)
+
+    @property
+    def head_qk_norm(self) -> str:
+        """The norm each query and key head gets inside attention ("none" unless qk_norm="head")."""
+        return self.norm if self.qk_norm == "head" else "none"
 
     def validate(self) -> None:
         name = type(self).__name__
@@ -126,8 +260,8 @@ class BlockConfig:
             value = getattr(self, f)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 _fail(name, f, value, "it must be a probability in [0, 1)")
-        choices = {"activation": ACTIVATIONS, "norm": NORMS, "norm_placement": NORM_PLACEMENTS,
-                   "position": POSITIONS}
+        choices = {"activation": ACTIVATIONS, "norm": NORMS, "norm_placement": self.norm_placements,
+                   "position": POSITIONS, "qk_norm": QK_NORMS}
         for f, allowed in choices.items():
             if getattr(self, f) not in allowed:
                 _fail(name, f, getattr(self, f), f"choose one of {', '.join(allowed)}")
@@ -142,19 +276,50 @@ class BlockConfig:
             if not isinstance(self.rope_theta, (int, float)) or self.rope_theta <= 0:
                 _fail(name, "rope_theta", self.rope_theta, "it must be a number > 0")
         if self.rope_scaling is not None:
-            if not isinstance(self.rope_scaling, Llama3RopeScaling):
-                _fail(name, "rope_scaling", self.rope_scaling, "it must be a Llama3RopeScaling or None")
+            if not isinstance(self.rope_scaling, tuple(ROPE_SCALINGS.values())):
+                _fail(name, "rope_scaling", self.rope_scaling,
+                      "it must be a Llama3RopeScaling, LinearRopeScaling, LongRopeScaling or None")
             if self.position != "rope":
                 _fail(name, "rope_scaling", self.rope_scaling, 'it needs position="rope"')
             self.rope_scaling.validate(name)
+        self._validate_rotary_share(name)
+        if self.moe is not None:
+            if not isinstance(self.moe, MoEConfig):
+                _fail(name, "moe", self.moe, "it must be a MoEConfig (n_experts, top_k, ...) or None")
+            if self.activation not in GATED_ACTIVATIONS:
+                _fail(name, "activation", self.activation, "experts are gated feed-forward networks: "
+                      f"choose one of {', '.join(GATED_ACTIVATIONS)} with moe")
+            self.moe.validate(name)
         if self.position == "sinusoidal" and self.d_model % 2:
             _fail(name, "d_model", self.d_model, "sinusoidal positions need an even d_model")
+
+    def _validate_rotary_share(self, name: str) -> None:
+        """rope_fraction leaves an even number of dims to turn; LongRoPE lists a factor per frequency."""
+        value = self.rope_fraction
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            _fail(name, "rope_fraction", value, "it must be a number in (0, 1] (1 = RoPE on every dim)")
+        if value != 1 and self.position != "rope":
+            _fail(name, "rope_fraction", value, 'it needs position="rope"')
+        if self.position == "rope" and (self.rotary_dim < 2 or self.rotary_dim % 2):
+            _fail(name, "rope_fraction", value, f"head_dim * rope_fraction = {self.head_dim * value:g} must "
+                  "be an even number of dims (at least 2)")
+        if isinstance(self.rope_scaling, LongRopeScaling):
+            for f in ("short_factor", "long_factor"):
+                if len(getattr(self.rope_scaling, f)) != self.rotary_dim // 2:
+                    _fail(f"{name}.rope_scaling", f, f"<{len(getattr(self.rope_scaling, f))} numbers>",
+                          f"it must hold one factor per rotary frequency: {self.rotary_dim // 2} "
+                          f"(head_dim * rope_fraction / 2)")
 
     # --- JSON -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         if self.derived_head_dim:
             data["head_dim"] = None  # derived again on loading, so an edited d_model or n_heads wins
+        defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                    for f in dataclasses.fields(self)}
+        for name in self.optional_fields:
+            if data[name] == defaults[name]:
+                del data[name]
         return {"family": self.family, **data}
 
     @classmethod
@@ -204,6 +369,11 @@ class Seq2SeqConfig(BlockConfig):
         if self.position == "rope":
             _fail(name, "position", self.position, "the encoder-decoder model supports sinusoidal, "
                   "learned or none (rotary positions are for CausalLM)")
+        if self.qk_norm == "width":
+            _fail(name, "qk_norm", self.qk_norm, 'the encoder-decoder model supports "none" or "head" '
+                  '(OLMo 2\'s norm over all heads is a CausalLM variant)')
+        if self.moe is not None:
+            _fail(name, "moe", self.moe, "mixtures of experts are for CausalLM; leave moe unset")
 
 
 @dataclass
@@ -217,6 +387,15 @@ class CausalLMConfig(BlockConfig):
     # positions before it, and the KV cache becomes a rolling buffer of that many positions.
     # None = every earlier position.
     sliding_window: int | None = None
+    # With a sliding_window: the layers that see every earlier position all the same ("global",
+    # Gemma 2: every second layer, Gemma 3: every sixth); the others slide. Empty: all slide.
+    global_layers: list[int] = field(default_factory=list)
+    rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3); None = rope_theta
+    nope_layers: list[int] = field(default_factory=list)  # layers whose attention has no RoPE (SmolLM3)
+    # Attention scores divided by sqrt(this) instead of sqrt(head_dim) (Gemma 2/3's query_pre_attn_scalar)
+    attn_scale_dim: float | None = None
+    attn_softcap: float | None = None  # scores -> c * tanh(scores / c) before the softmax (Gemma 2)
+    logit_softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2)
     # GPT-2 style by default; see the presets below.
     d_model: int = 768
     n_heads: int = 12
@@ -228,6 +407,18 @@ class CausalLMConfig(BlockConfig):
     scale_embeddings: bool = False
 
     family: ClassVar[str] = "causal_lm"
+    norm_placements: ClassVar[tuple[str, ...]] = CAUSAL_NORM_PLACEMENTS
+    optional_fields: ClassVar[tuple[str, ...]] = BlockConfig.optional_fields + (
+        "global_layers", "rope_local_theta", "nope_layers", "attn_scale_dim", "attn_softcap", "logit_softcap")
+
+    @property
+    def mixes_windows(self) -> bool:
+        """Whether some layers slide and others are global (one mask and one cache geometry each)."""
+        return self.sliding_window is not None and bool(self.global_layers)
+
+    def layer_slides(self, i: int) -> bool:
+        """Whether layer i takes the sliding-window mask of a model that mixes the two kinds."""
+        return self.mixes_windows and i not in self.global_layers
 
     def validate(self) -> None:
         super().validate()
@@ -239,6 +430,24 @@ class CausalLMConfig(BlockConfig):
         window = self.sliding_window
         if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window <= 0):
             _fail(name, "sliding_window", window, "it must be a positive integer or None")
+        for f in ("global_layers", "nope_layers"):
+            layers = getattr(self, f)
+            indices = isinstance(layers, list) and all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.n_layers for i in layers)
+            if not indices or len(set(layers)) != len(layers):
+                _fail(name, f, layers, f"it must be a list of distinct layer indices 0..{self.n_layers - 1}")
+        if self.global_layers and window is None:
+            _fail(name, "global_layers", self.global_layers,
+                  "it needs a sliding_window (the window of the other layers)")
+        if self.nope_layers and self.position != "rope":
+            _fail(name, "nope_layers", self.nope_layers, 'it needs position="rope"')
+        for f in ("rope_local_theta", "attn_scale_dim", "attn_softcap", "logit_softcap"):
+            if getattr(self, f) is not None and not _positive_number(getattr(self, f)):
+                _fail(name, f, getattr(self, f), "it must be a number > 0 or None")
+        gemma3 = self.mixes_windows and self.norm_placement == "sandwich"
+        if self.rope_local_theta is not None and not gemma3:
+            _fail(name, "rope_local_theta", self.rope_local_theta, "a RoPE base of its own for the sliding "
+                  'layers is Gemma 3\'s: it needs global_layers and norm_placement="sandwich"')
 
     @classmethod
     def gpt2_style(cls, **overrides: Any) -> CausalLMConfig:
@@ -291,8 +500,8 @@ def load_config(path: str | os.PathLike) -> BlockConfig:
         raise ValueError(f"{path}: {err}") from None
 
 
-__all__ = ["BlockConfig", "Seq2SeqConfig", "CausalLMConfig", "Llama3RopeScaling", "load_config",
-           "config_from_dict"]
+__all__ = ["BlockConfig", "Seq2SeqConfig", "CausalLMConfig", "Llama3RopeScaling", "LinearRopeScaling",
+           "LongRopeScaling", "MoEConfig", "load_config", "config_from_dict"]
 
 
 def dataclass_from_dict(cls: type, data: dict[str, Any], section: str) -> Any:

@@ -85,7 +85,7 @@ def test_a_seeded_batch_samples_each_prompt_as_alone():
     assert len({tuple(row) for row in batch}) == 3 and torch.get_num_threads() >= 1
 
 
-@pytest.mark.parametrize("config", ["tiny_lm", "tiny_seq2seq"])
+@pytest.mark.parametrize("config", ["tiny_lm", "tiny_seq2seq", "tiny_moe"])
 def test_training_losses_are_the_recorded_ones(recorded, computed, config):
     want, got = recorded["training"][config], computed["training"][config]
     assert len(want) == len(got) == 20

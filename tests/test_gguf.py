@@ -31,13 +31,14 @@ gguf = require_module("gguf", "pip install -e '.[dev]'")
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.cli import main  # noqa: E402
-from handformer.config import CausalLMConfig, Llama3RopeScaling  # noqa: E402
+from handformer.config import CausalLMConfig, LinearRopeScaling, Llama3RopeScaling, MoEConfig  # noqa: E402
 from handformer.convert.gguf_arch import FAMILIES, rope_factors  # noqa: E402
 from handformer.convert.gguf_file import read_gguf  # noqa: E402
 from handformer.convert.gguf_quants import BLOCKS, dequantize, quantize_q8_0  # noqa: E402
 from handformer.convert.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
 from handformer.data.special_tokens import SpecialTokens  # noqa: E402
 from handformer.data.tokenizer import Tokenizer  # noqa: E402
+from handformer.families import build_causal_lm  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 from handformer.tasks.lm.imports import import_hf  # noqa: E402
 from handformer.tasks.lm.run import load_lm, save_lm_run  # noqa: E402
@@ -533,7 +534,7 @@ def test_every_refusal_is_one_line(tmp_path, capsys):
     string, uint32 = gguf.GGUFValueType.STRING, gguf.GGUFValueType.UINT32
     bpe = str(tmp_path / "bpe.gguf")
     variants = {  # name -> (rewrite arguments, the message)
-        "qwen3": (dict(arch="qwen3"), "'qwen3' model: Qwen3 normalises queries and keys per head .q_norm, k_norm., which handformer's"),
+        "qwen3": (dict(arch="qwen3"), "'qwen3' model: Qwen3 normalises queries and keys per head .q_norm, k_norm., which import-gguf does not read yet .`handformer import-hf` reads its Hugging Face checkpoint, model_type 'qwen3'."),
         "mamba": (dict(arch="mamba"), "'mamba' model; import-gguf reads llama, qwen2, gemma, phi3, gpt2"),
         "yarn": (dict(values={"llama.rope.scaling.type": ("yarn", string)}), "'yarn': rope scaling of that type"),
         "experts": (dict(values={"llama.expert_count": (8, uint32)}), "mixture-of-experts"),
@@ -574,3 +575,25 @@ def test_the_architecture_table_names_llama_cpps_tensors():
         known = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH[arch.upper()]]}
         for name in family.tensors:
             assert name.rsplit(".", 1)[0].replace("{i}", "{bid}") in known, (arch, name)
+
+
+@pytest.mark.parametrize("overrides, setting", [
+    (dict(qk_norm="head"), "qk_norm='head'"),
+    (dict(moe=MoEConfig(4, 2)), r"moe=MoEConfig\(n_experts=4"),
+    (dict(rope_fraction=0.5), "rope_fraction=0.5"),
+    (dict(nope_layers=[1]), r"nope_layers=\[1\]"),
+    (dict(sliding_window=4, global_layers=[1]), r"global_layers=\[1\]"),
+    (dict(rope_scaling=LinearRopeScaling(2.0)), r"rope_scaling=LinearRopeScaling\(factor=2.0"),
+    (dict(logit_softcap=30.0), "logit_softcap=30.0"),
+])
+def test_todays_family_settings_are_refused_by_name(tmp_path, capsys, overrides, setting):
+    """A run with a setting of today's families that export-gguf writes no tensor or key for yet (q/k
+    norms, experts, partial RoPE, layers without RoPE, ...) is refused by that setting before
+    anything is written: never written as a Llama that llama.cpp would run wrong."""
+    tok = Tokenizer.train_char([TEXT])
+    torch.manual_seed(0)
+    model = build_causal_lm(_llama(tok.vocab_size, **overrides))
+    save_lm_run(tmp_path / "run", model, tok, SpecialTokens(eos_id=2, pad_id=0))
+    _fails(capsys, ["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")], setting,
+           "export-hf writes this run for transformers")
+    assert not (tmp_path / "m.gguf").exists()

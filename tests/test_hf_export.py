@@ -21,9 +21,10 @@ from safetensors.torch import load_file
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.cli import main  # noqa: E402
-from handformer.config import CausalLMConfig, Llama3RopeScaling  # noqa: E402
+from handformer.config import CausalLMConfig, Llama3RopeScaling, MoEConfig  # noqa: E402
 from handformer.data.special_tokens import SpecialTokens  # noqa: E402
 from handformer.data.tokenizer import Tokenizer  # noqa: E402
+from handformer.families import build_causal_lm  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 from handformer.tasks.lm.imports import import_hf  # noqa: E402
@@ -61,6 +62,17 @@ PRESETS = {
     "mistral_style": (lambda v: _llama(v, sliding_window=WINDOW, rope_scaling=SCALING), "MistralForCausalLM"),
     "gemma_style": (lambda v: _llama(v, norm="rmsnorm_offset", activation="geglu_tanh", scale_embeddings=True,
                                      tie_embeddings=True, head_dim=16, n_kv_heads=1), "GemmaForCausalLM"),
+    # today's families, from settings a run trained here may have
+    "qwen3_style": (lambda v: _llama(v, qk_norm="head", tie_embeddings=True), "Qwen3ForCausalLM"),
+    "gemma2_style": (lambda v: _llama(v, norm="rmsnorm_offset", activation="geglu_tanh", scale_embeddings=True,
+                                      tie_embeddings=True, norm_placement="sandwich", attn_scale_dim=12,
+                                      attn_softcap=20.0, logit_softcap=10.0, sliding_window=WINDOW,
+                                      global_layers=[1]), "Gemma2ForCausalLM"),
+    "olmo2_style": (lambda v: _llama(v, norm_placement="reordered", qk_norm="width"), "Olmo2ForCausalLM"),
+    "mixtral_style": (lambda v: _llama(v, moe=MoEConfig(n_experts=4, top_k=2)), "MixtralForCausalLM"),
+    "qwen3_moe_style": (lambda v: _llama(v, qk_norm="head", moe=MoEConfig(n_experts=4, top_k=2, d_expert=24,
+                                                                          normalize=False)),
+                        "Qwen3MoeForCausalLM"),
 }
 ZERO_BIASES = ("gpt2_nobias_gelu", "gpt2_qkv_bias_only")  # GPT-2 gets the missing biases as zeros
 
@@ -78,7 +90,7 @@ def _randomize(model):
 def _run(tmp_path, preset, tokens=None):
     tok = Tokenizer.train_char([TEXT])
     torch.manual_seed(sorted(PRESETS).index(preset))
-    model = _randomize(CausalLM(PRESETS[preset][0](tok.vocab_size)))
+    model = _randomize(build_causal_lm(PRESETS[preset][0](tok.vocab_size)))
     save_lm_run(tmp_path / preset, model, tok, tokens or SpecialTokens())
     return tmp_path / preset
 
@@ -192,6 +204,33 @@ FAMILIES = {
         **{**SIZE, "num_key_value_heads": 1}, head_dim=16, hidden_act="gelu_pytorch_tanh", rope_parameters=ROPE)),
     "phi3": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
         **SIZE, sliding_window=WINDOW, tie_word_embeddings=False, rope_parameters=ROPE)),
+    "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        **{**SIZE, "num_hidden_layers": 3}, head_dim=16, tie_word_embeddings=True, use_sliding_window=True,
+        sliding_window=WINDOW, max_window_layers=1, rope_parameters=ROPE)),
+    "gemma2": lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+        **SIZE, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=12, rope_parameters=ROPE)),
+    "gemma3_text": lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(
+        **{**SIZE, "num_key_value_heads": 1}, head_dim=256, sliding_window=WINDOW, sliding_window_pattern=2,
+        query_pre_attn_scalar=256, attn_implementation="sdpa",
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+                         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})),
+    "smollm3": lambda: transformers.SmolLM3ForCausalLM(transformers.SmolLM3Config(
+        **{**SIZE, "num_hidden_layers": 4}, rope_parameters=ROPE)),
+    "olmo2": lambda: transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**SIZE, rope_parameters=ROPE)),
+    "phi4_mini": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        **SIZE, tie_word_embeddings=True, original_max_position_embeddings=16, partial_rotary_factor=0.75,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
+                         "short_factor": [1.0, 1.1, 1.2], "long_factor": [2.0, 2.5, 3.0]})),
+    "mixtral": lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        **SIZE, num_local_experts=4, num_experts_per_tok=2, rope_parameters=ROPE)),
+    "qwen3_moe": lambda: transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+        **SIZE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=True,
+        rope_parameters=ROPE)),
+    "qwen2_moe": lambda: transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
+        **SIZE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, shared_expert_intermediate_size=40,
+        rope_parameters=ROPE)),
+    "olmoe": lambda: transformers.OlmoeForCausalLM(transformers.OlmoeConfig(
+        **SIZE, num_experts=4, num_experts_per_tok=2, rope_parameters=ROPE)),
 }
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
@@ -231,9 +270,22 @@ def test_every_family_import_reads_goes_back_to_its_architecture(family, tmp_pat
     run, exported = _check_equal(tmp_path / "run", tmp_path / "again", "not to be, or")
     ours, theirs = exported.config.to_dict(), hf_model.config.to_dict()
     compared = {"sliding_window", "use_sliding_window", "layer_types", "rope_parameters", "tie_word_embeddings",
-                "head_dim", "num_key_value_heads", "hidden_act", "attention_bias"} & ours.keys() & theirs.keys()
+                "head_dim", "num_key_value_heads", "hidden_act", "attention_bias", "query_pre_attn_scalar",
+                "attn_logit_softcapping", "final_logit_softcapping", "no_rope_layers", "partial_rotary_factor",
+                "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+                "shared_expert_intermediate_size", "norm_topk_prob", "intermediate_size",
+                "router_aux_loss_coef"} & ours.keys() & theirs.keys()
     assert {"rope_parameters", "tie_word_embeddings"} <= compared or family == "gpt2"
-    assert {k: ours[k] for k in compared} == {k: theirs[k] for k in compared}
+
+    def same_meaning(config, key):  # what a default stands for, written out
+        value = config[key]
+        if key == "head_dim" and value is None:
+            return config["hidden_size"] // config["num_attention_heads"]
+        if key == "rope_parameters" and value.get("partial_rotary_factor") == 1.0:
+            return {k: v for k, v in value.items() if k != "partial_rotary_factor"}
+        return value
+
+    assert {k: same_meaning(ours, k) for k in compared} == {k: same_meaning(theirs, k) for k in compared}
     generation = json.loads((tmp_path / "again" / "generation_config.json").read_text())
     if family == "llama3":
         assert (generation["eos_token_id"], generation["bos_token_id"]) == ([2, 3], 1)

@@ -68,6 +68,9 @@ def _family(name):
 
 
 LLAMA_TOKENS = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(3, VOCAB)]
+# Today's families (test_hf_families.py's tiny models): imported, generated from the run directory
+NEW_FAMILIES = ("qwen3", "qwen3_window", "gemma2", "gemma3", "gemma3_scaled", "smollm3", "olmo2", "phi4_mini",
+                "mixtral", "qwen3_moe", "qwen2_moe", "olmoe")
 GPT2_TOKENS = [f"w{i}" for i in range(VOCAB - 1)] + ["<|endoftext|>"]
 
 # name -> (model builder, save_pretrained kwargs, tokenizer.json, tokenizer_config.json or None,
@@ -87,7 +90,7 @@ CASES = {
     # The other families: no BOS in prompts (as Qwen2's and Phi-3's tokenizers), pad 0 from config.json.
     **{name: (lambda name=name: _family(name)(), {}, lambda: _tokenizer(LLAMA_TOKENS), None,
               SpecialTokens(bos_id=None, eos_id=2, pad_id=0))
-       for name in ("qwen2", "mistral_window", "gemma", "phi3", "smollm", "llama3")},
+       for name in ("qwen2", "mistral_window", "gemma", "phi3", "smollm", "llama3", *NEW_FAMILIES)},
 }
 
 
@@ -124,7 +127,9 @@ def test_import_matches_hugging_face(name, checkpoints, tmp_path, capsys):
     out = capsys.readouterr().out
     arch = type(hf_model).__name__
     n_params = sum(p.numel() for p in hf_model.parameters())
-    assert f"imported {arch} ({hf_model.config.model_type}): {n_params:,} parameters, 2 layers, vocab {VOCAB}" in out
+    layers = hf_model.config.num_hidden_layers
+    assert f"imported {arch} ({hf_model.config.model_type}): {n_params:,} parameters, {layers} layers, " \
+           f"vocab {VOCAB}" in out
     assert f"handformer generate {run_dir} --prompt" in out
 
     run = load_lm(run_dir)
@@ -180,6 +185,24 @@ def test_generate_command_on_an_imported_run(checkpoints, tmp_path, capsys):
                  "--max-new-tokens", str(NEW_TOKENS)]) == 0
     expected = _hf_greedy(hf_model, torch.tensor([[1, 5, 6, 7]]))  # 1 = <s>
     assert capsys.readouterr().out.strip() == "w5 w6 w7 " + " ".join(f"w{i}" for i in expected)
+
+
+@pytest.mark.parametrize("name", NEW_FAMILIES)
+@torch.no_grad()
+def test_generate_command_from_the_run_of_each_new_family(name, checkpoints, tmp_path, capsys):
+    """import-hf, then `handformer generate RUN` (the model prepared for decoding as the CLI does):
+    Hugging Face's greedy continuation, word for word; 14 positions run past the sliding windows
+    (5) and Phi-4-mini's original context (16)."""
+    hf_dir, hf_model = checkpoints[name]
+    assert main(["import-hf", str(hf_dir), str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+    assert main(["generate", str(tmp_path / "run"), "--prompt", " ".join(f"w{i}" for i in prompt),
+                 "--temperature", "0", "--max-new-tokens", "10"]) == 0
+    out = hf_model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=10, pad_token_id=0)
+    tokens = out[0].tolist()
+    tokens = tokens[:tokens.index(2, len(prompt))] if 2 in tokens[len(prompt):] else tokens  # to EOS, as the run
+    assert capsys.readouterr().out.strip() == load_lm(tmp_path / "run").tokenizer.decode(tokens)
 
 
 def test_special_tokens_follow_the_files(checkpoints, tmp_path):
@@ -296,8 +319,8 @@ def test_unimplemented_settings_are_refused_before_anything_is_written(broken, c
           "(Gemma 2) is not implemented in handformer", capsys)
     _edit_json(hf_dir / "config.json", final_logit_softcapping=None, layer_types=["sliding_attention", "full_attention"])
     fails(hf_dir, "layer_types=['sliding_attention', 'full_attention']: layers that alternate", capsys)
-    _edit_json(hf_dir / "config.json", model_type="qwen3", layer_types=None, architectures=["Qwen3ForCausalLM"])
-    fails(hf_dir, "unsupported model_type 'qwen3' (Qwen3 normalises queries and keys per head", capsys)
+    _edit_json(hf_dir / "config.json", model_type="phi", layer_types=None, architectures=["PhiForCausalLM"])
+    fails(hf_dir, "unsupported model_type 'phi' (Phi-1/2 run attention and the MLP in parallel", capsys)
     _edit_json(hf_dir / "config.json", model_type="llama", architectures=["LlamaForCausalLM"],
                rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4})
     fails(hf_dir, "rope scaling type 'yarn' is not implemented", capsys)

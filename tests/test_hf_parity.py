@@ -14,6 +14,7 @@ from helpers import randomize_hf, require_module
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer import CausalLM  # noqa: E402
+from handformer.config import LinearRopeScaling  # noqa: E402
 from handformer.convert.hf_weights import (  # noqa: E402
     config_from_hf,
     convert_hf_state_dict,
@@ -144,8 +145,10 @@ def test_config_from_hf_llama():
                              "original_max_position_embeddings": 32}}).rope_scaling
     assert (llama3.factor, llama3.low_freq_factor, llama3.high_freq_factor, llama3.original_max_positions) \
         == (8.0, 1.0, 4.0, 32)
-    with pytest.raises(ValueError, match="rope scaling type 'linear' is not implemented"):
-        config_from_hf({**hf, "rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}})
+    linear = config_from_hf({**hf, "rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}})
+    assert linear.rope_scaling == LinearRopeScaling(factor=2.0) and linear.rope_theta == 1e4
+    with pytest.raises(ValueError, match="rope scaling type 'yarn' is not implemented"):
+        config_from_hf({**hf, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}})
     with pytest.raises(ValueError, match="rope scaling type 'dynamic' is not implemented"):
         config_from_hf({**legacy, "rope_scaling": {"type": "dynamic", "factor": 2.0}})
     assert config_from_hf({**hf, "head_dim": 32}).head_dim == 32  # wider heads (q_proj: 4 x 32 rows)

@@ -16,8 +16,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import lesson_shape  # noqa: E402
 
-LESSON_BRANCHES = 41  # the lesson as the tutorials write it (raised by: packed documents, an
-# AttentionMask the caller builds passed to CausalLM.forward)
+# The lesson as the tutorials write it: 40, raised by: packed documents, an AttentionMask the caller
+# builds passed to CausalLM.forward 1; partial RoPE (Phi-4-mini) 1, LongRoPE's short and long
+# factors 1, a mixture of experts in place of the FFN 1, the router's renormalized top-k 1, a shared
+# expert 1, a layer taking its kind's mask (sliding or global, Gemma 2/3) 1, both kinds of mask for a
+# model that mixes them 1, global layers' full-length KV cache beside rolling ones 1.
+LESSON_BRANCHES = 49
 FORWARD_LINES, FORWARD_BRANCHES, CAUSAL_LM_FORWARD_LINES = 40, 3, 25
 
 # What a lesson module may import from the package: the config, the models' starting weights, and
@@ -126,3 +130,23 @@ def test_the_practitioner_rooms_reach_the_model_only_from_outside():
     assert not (ROOT / "handformer" / "nn" / "lora.py").exists()
     assert {"handformer.inference.fuse", "handformer.inference.packed_linear", "handformer.inference.quant",
             "handformer.inference.quant_int4", "handformer.adapters.lora"} <= set(graph)
+
+
+def test_the_families_room_sits_on_the_lesson_and_every_model_is_built_through_it():
+    """handformer/families imports the lesson (and replace.py) only, nothing imports it from below,
+    and no module of the package builds `CausalLM(cfg)` itself: a family's variants would be
+    missing (families.build_causal_lm is the one place)."""
+    import ast
+
+    graph = lesson_shape.import_graph()
+    room = {m: deps for m, deps in graph.items() if m.startswith("handformer.families")}
+    allowed = LESSON_MAY_IMPORT + ("handformer.families", "handformer.replace")
+    assert room and all(d.startswith(allowed) for deps in room.values() for d in deps), room
+    builders = []
+    for path in (ROOT / "handformer").rglob("*.py"):
+        if path.parts[-2:] in (("models", "causal_lm.py"), ("families", "__init__.py")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "CausalLM":
+                builders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not builders, builders

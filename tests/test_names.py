@@ -41,7 +41,7 @@ def test_attention_names():
         assert hasattr(mha, name), name
     assert mha.n_heads == 4 and mha.head_dim == 16 == BlockConfig(d_model=64, n_heads=4).head_dim
     assert params(MultiHeadAttention.__init__) == ["d_model", "n_heads", "n_kv_heads", "bias", "dropout",
-                                                   "head_dim", "qkv_bias"]
+                                                   "head_dim", "qkv_bias", "qk_norm", "norm_eps"]
     assert params(mha.forward)[:4] == ["query", "key", "value", "mask"] and "need_weights" in params(mha.forward)
     out, weights = mha(torch.randn(1, 3, 64))
     assert weights is None  # only with need_weights=True

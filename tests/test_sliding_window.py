@@ -134,8 +134,10 @@ def test_rope_scaling_field():
     assert config_from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match=r"rope_scaling\.high_freq_factor=1\.0 is invalid: it must be larger"):
         CausalLMConfig.llama_style(rope_scaling={**scaling, "high_freq_factor": 1.0})
-    with pytest.raises(ValueError, match=r"rope_scaling\] unknown field\(s\) type"):
-        CausalLMConfig.llama_style(rope_scaling={**scaling, "type": "llama3"})
+    assert CausalLMConfig.llama_style(rope_scaling={**scaling, "type": "llama3"}) == cfg.__class__.llama_style(
+        rope_scaling=scaling)  # saved configs name the type; older ones (without) are Llama 3's
+    with pytest.raises(ValueError, match=r"rope_scaling\] type='yarn' is invalid: choose one of llama3, linear"):
+        CausalLMConfig.llama_style(rope_scaling={**scaling, "type": "yarn"})
     with pytest.raises(ValueError, match=r"CausalLMConfig\.rope_scaling=.* needs position=\"rope\""):
         CausalLMConfig.gpt2_style(rope_scaling=Llama3RopeScaling())
 

@@ -33,6 +33,7 @@ from handformer.check.discovery import Component
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
 from handformer.config import CausalLMConfig
+from handformer.families import build_causal_lm
 from handformer.generation.generate import generate as hf_generate
 from handformer.models.causal_lm import CausalLM
 
@@ -155,7 +156,7 @@ def known_model() -> CausalLM:
     tokens are more than 1 apart."""
     cfg = CausalLMConfig.gpt2_style(vocab_size=VOCAB, d_model=VOCAB + BLOCK, n_layers=1, n_heads=2, d_ff=32,
                                     max_positions=2 * BLOCK, dropout=0.0, tie_embeddings=False)
-    model = CausalLM(cfg).eval()
+    model = build_causal_lm(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.fill_(1.0 if name.endswith("norm.weight") else 0.0)

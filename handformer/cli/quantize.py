@@ -25,7 +25,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     if weights == "bf16":
         print(f"bf16: every weight in bfloat16 -> {args.out_dir}")
     else:
-        head = "included" if spec.head else "kept in fp32"
+        head = "included" if "lm_head" in names else "kept in fp32"  # a soft-capped head (Gemma 2) stays
         groups = f", groups of {spec.group_size}" if weights == "int4" else ""
         print(f"{weights}: {len(names)} linear layers quantized (output head {head}{groups}) "
               f"-> {args.out_dir}")

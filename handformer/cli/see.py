@@ -41,6 +41,23 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_experts(args: argparse.Namespace) -> int:
+    from handformer.see.experts import expert_choices, figure_experts
+
+    choices = expert_choices(args.run_dir, args.text, args.device)
+    out = Path(args.out) if args.out else Path(args.run_dir) / "experts.png"
+    figure_experts(choices, out, args.lang, args.layer)
+    L, E = choices.counts.shape
+    if choices.dropped:
+        print(f"TEXT is {len(choices.tokens) + choices.dropped} tokens; the model's context holds "
+              f"{len(choices.tokens)}: the first {len(choices.tokens)} are shown")
+    print(f"{len(choices.tokens)} tokens, {L} mixture layers of {E} experts, top {choices.top_k}:")
+    for i, counts in enumerate(choices.counts.tolist()):
+        print(f"  layer {i}: tokens per expert {counts}")
+    print(f"wrote {out}")
+    return 0
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("viz", help="attention heatmaps and an HTML explorer for TEXT run through a "
                        "trained run (translation or language model)")
@@ -54,6 +71,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="language models: tokens to generate greedily after TEXT (default 8)")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_viz)
+
+    p = sub.add_parser("experts", help="where a mixture of experts' routers send each token of TEXT: "
+                       "tokens per expert in every layer, and one layer's router weights (a PNG)")
+    p.add_argument("run_dir", help="a language-model run with [model] moe (trained or imported)")
+    p.add_argument("text", help="the text to run through the model")
+    p.add_argument("--layer", type=int, default=0, help="the layer whose router weights are drawn (from 0)")
+    p.add_argument("--lang", default="en", choices=["en", "zh"], help="language of titles and labels")
+    p.add_argument("--out", default=None, help="PNG to write (default RUN_DIR/experts.png)")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=cmd_experts)
 
     p = sub.add_parser("plot", help="loss and learning rate against step and wall time, runs overlaid")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories with metrics.jsonl")

@@ -14,8 +14,10 @@ An entry says, declaratively, what llama.cpp's model of that name is:
   biases writes zeros, and an import reads all-zero biases as none).
 The hyperparameters go in the usual keys ({arch}.context_length, .embedding_length, ...).
 
-A newer family (Qwen3, Gemma 2/3, OLMo 2, ...) is one more entry here once handformer's model has
-what it needs (q/k norms, soft-capping, alternating windows).
+Today's families (Qwen3, Gemma 2/3, OLMo 2, SmolLM3, Phi-4-mini's partial RoPE, the mixtures of
+experts) run in handformer from their Hugging Face checkpoints (import-hf, export-hf); each is one
+more entry here, with its tensors (q/k norms, experts) and keys. Until then a run with any of their
+settings is refused by export-gguf, by name, and such a GGUF file by import-gguf.
 Shape legend: D d_model, H heads, Hkv key/value heads, Dh head dim, F d_ff, V vocab.
 """
 
@@ -140,15 +142,30 @@ GPT2 = Family("gpt2", "gpt2", "GPT-2", _GPT2_TENSORS,
 # Mistral without a window is Llama's computation, and llama.cpp's convert writes it as "llama".
 FAMILIES = {f.arch: f for f in (LLAMA, QWEN2, GEMMA, PHI3, GPT2)}
 BY_MODEL_TYPE = {**{f.model_type: f for f in FAMILIES.values()}, "mistral": LLAMA}
-# Architectures llama.cpp has that handformer's model cannot run yet, and what they would need.
+# Architectures llama.cpp has that import-gguf does not read yet, and what they would need.
 NOT_YET = {
     "qwen3": "Qwen3 normalises queries and keys per head (q_norm, k_norm)",
     "gemma2": "Gemma 2 soft-caps logits and alternates sliding-window and global layers",
     "gemma3": "Gemma 3 normalises queries and keys and alternates sliding-window and global layers",
     "olmo2": "OLMo 2 normalises queries and keys and puts its norms after each sublayer",
     "smollm3": "SmolLM3 leaves out the rotary embedding on every fourth layer",
+    "qwen3moe": "Qwen3-MoE has a mixture of experts and q/k norms",
+    "qwen2moe": "Qwen2-MoE has a mixture of experts and a shared expert",
+    "olmoe": "OLMoE has a mixture of experts and q/k norms",
     "phi2": "Phi-2 runs attention and the feed-forward in parallel with partial rotary embeddings",
 }
+# Of those, the ones handformer runs from their Hugging Face checkpoints: arch -> model_type.
+FROM_HF = {"qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text", "olmo2": "olmo2",
+           "smollm3": "smollm3", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe"}
+# Settings of today's families that no architecture here writes: name -> (the value without it,
+# what it is). A run with one exports to Hugging Face only (export-hf).
+_NOT_WRITTEN = {"qk_norm": ("none", "q/k norms"), "moe": (None, "mixture of experts"),
+                "rope_fraction": (1.0, "partial rotary embeddings"),
+                "global_layers": ([], "global layers beside sliding-window ones"),
+                "nope_layers": ([], "layers without RoPE"), "rope_local_theta": (None, "second RoPE base"),
+                "attn_scale_dim": (None, "query scale of its own"),
+                "attn_softcap": (None, "soft-capped attention scores"),
+                "logit_softcap": (None, "soft-capped logits")}
 
 
 def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:
@@ -178,6 +195,12 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
         settings.pop("sliding_window", None)  # a window as long as the context: no window (noted)
     problems = [f"{name}={getattr(cfg, name)!r} ({family.name} {why})"
                 for name, (value, why) in settings.items() if getattr(cfg, name) != value]
+    problems += [f"{name}={getattr(cfg, name)!r} (export-gguf writes no {what} yet; export-hf writes "
+                 "this run for transformers)" for name, (value, what) in _NOT_WRITTEN.items()
+                 if getattr(cfg, name) != value]
+    if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, Llama3RopeScaling):
+        problems.append(f"rope_scaling={cfg.rope_scaling!r} (export-gguf writes Llama 3's rope scaling only; "
+                        "export-hf writes this run for transformers)")
     if family.full_width_heads and cfg.n_heads * cfg.head_dim != cfg.d_model:
         problems.append(f"head_dim={cfg.head_dim} (llama.cpp's {family.name} needs n_heads * head_dim = "
                         f"d_model = {cfg.d_model})")
@@ -386,8 +409,8 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     for template, (harmless, what) in _NOT_IMPLEMENTED.items():
         key = _key(family, template)
         if key in metadata and not harmless(metadata[key]):
-            raise ValueError(f"{where} has {key}={metadata[key]!r}: {what}, which handformer's model "
-                             "does not implement")
+            raise ValueError(f"{where} has {key}={metadata[key]!r}: {what}, which import-gguf "
+                             "does not read")
     k = lambda template: _key(family, template)  # noqa: E731
     d_model = _int(metadata, k(gguf.Keys.LLM.EMBEDDING_LENGTH), where)
     n_heads = _int(metadata, k(gguf.Keys.Attention.HEAD_COUNT), where)
@@ -471,6 +494,7 @@ def _fit_llama3(factors: Tensor, cfg: CausalLMConfig, where: str) -> Llama3RopeS
                              original_max_positions=context)
 
 
-__all__ = ["BY_MODEL_TYPE", "FAMILIES", "Family", "NOT_YET", "export_tensors", "family_for", "import_plan",
+__all__ = ["BY_MODEL_TYPE", "FAMILIES", "FROM_HF", "Family", "NOT_YET", "export_tensors", "family_for",
+           "import_plan",
            "mismatches", "read_hparams", "read_rope_scaling", "rope_factors", "split_tensor",
            "write_hparams"]

@@ -25,6 +25,7 @@ from torch import Tensor
 from handformer.config import CausalLMConfig
 from handformer.convert.gguf_arch import (
     FAMILIES,
+    FROM_HF,
     GPT2,
     NOT_YET,
     Family,
@@ -35,7 +36,7 @@ from handformer.convert.gguf_arch import (
     split_tensor,
 )
 from handformer.convert.gguf_file import GGUFFile
-from handformer.models.causal_lm import CausalLM
+from handformer.families import build_causal_lm
 
 ROPE_FREQS = "rope_freqs.weight"
 
@@ -44,7 +45,9 @@ def family_of_file(file: GGUFFile) -> Family:
     arch = file.architecture
     if arch in FAMILIES:
         return FAMILIES[arch]
-    why = f": {NOT_YET[arch]}, which handformer's model does not do yet" if arch in NOT_YET else ""
+    why = f": {NOT_YET[arch]}, which import-gguf does not read yet" if arch in NOT_YET else ""
+    if arch in FROM_HF:
+        why += f" (`handformer import-hf` reads its Hugging Face checkpoint, model_type {FROM_HF[arch]!r})"
     raise ValueError(f"{file.path} is a {arch!r} model{why}; import-gguf reads {', '.join(FAMILIES)}")
 
 
@@ -98,7 +101,7 @@ def config_from_gguf(file: GGUFFile, family: Family, notes: list[str]) -> tuple[
 
 def _expected_shapes(cfg: CausalLMConfig) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = build_causal_lm(cfg)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 

@@ -1,4 +1,5 @@
-"""Import a Hugging Face checkpoint directory (GPT-2, Llama, Qwen2, Mistral, Gemma, Phi-3) as a
+"""Import a Hugging Face checkpoint directory (GPT-2, Llama, Qwen2/3, Mistral, Gemma 1/2/3, SmolLM3,
+OLMo 2, Phi-3/Phi-4-mini, and the mixtures of experts Mixtral, Qwen3-MoE, Qwen2-MoE, OLMoE) as a
 handformer language-model run.
 
     import_hf("path/to/hf-model", "runs/gpt2")   # then: handformer generate runs/gpt2 --prompt ...
@@ -9,11 +10,14 @@ imported: config.json is read as JSON, the tensors with `safetensors`, and the w
 by `handformer.convert.hf_weights` (strictly: missing, unexpected and wrong-shaped tensors are all named).
 Pickle files (pytorch_model.bin) are never read.
 
-The checkpoint is read into memory once. The model that writes the run is built on the meta device
-and takes the converted tensors as its parameters (no second copy, no random init; only GPT-2's
-Conv1D weights are copied, to transpose them), so the run's model.safetensors keeps the
-checkpoint's dtype (e.g. bfloat16); `load_lm` casts to the model's. (Writing the file serializes
-it in memory once more, as `save_weights` always does.)
+A checkpoint of a few GB streams through: each safetensors file is memory-mapped and its tensors
+are views of the mapping (`map_safetensors`: nothing is read into memory), the weight map splits
+them into views again (Phi-3's fused projections, stacked experts), and the run's
+model.safetensors is written one tensor at a time from those views (`write_safetensors`), each
+tensor's pages let go once written (`MappedFiles.release`). No second copy of the weights is held,
+and at most a tensor's pages are (GPT-2's Conv1D weights are transposed one at a time as they are
+written); benchmarks/import_memory.py measures the peak, within 1.25 x the checkpoint + 300 MB.
+The run keeps the checkpoint's dtype (e.g. bfloat16); `load_lm` casts to the model's.
 
 chat_template.jinja and tokenizer_config.json, when the checkpoint has them, are copied into the run
 as they are: `handformer chat` renders the checkpoint's chat template from them.
@@ -37,7 +41,9 @@ Special tokens (`SpecialTokens` in the run's config.json):
 from __future__ import annotations
 
 import json
+import mmap
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +59,8 @@ from handformer.convert.hf_weights import (
 )
 from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
+from handformer.families import build_causal_lm
+from handformer.io import atomic_write
 from handformer.models.causal_lm import CausalLM
 from handformer.training.checkpoint import safetensors_problem
 
@@ -61,7 +69,11 @@ from handformer.training.checkpoint import safetensors_problem
 CHAT_FILES = ("chat_template.jinja", "tokenizer_config.json")
 # model_type -> the Hugging Face class whose checkpoints `hf_weights` maps.
 ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "mistral": "MistralForCausalLM", "gemma": "GemmaForCausalLM", "phi3": "Phi3ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "gemma": "GemmaForCausalLM",
+                 "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+                 "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "phi3": "Phi3ForCausalLM",
+                 "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                 "qwen2_moe": "Qwen2MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 
 
@@ -101,20 +113,120 @@ def architecture_of(hf_config: dict[str, Any], path: Path) -> tuple[str, str]:
 
 # --- weights ---------------------------------------------------------------------------------------
 
-def _read_file(path: Path) -> dict[str, Tensor]:
+# safetensors dtype names -> torch dtypes (the header names each tensor's)
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+class MappedFiles:
+    """The files a checkpoint's tensors are memory-mapped views of. `release(t)` drops the pages a
+    tensor lies on from this process's memory once it has been used (written out): they stay in
+    the file, and touching the tensor again reads them again. So an import holds one tensor's pages
+    at a time, not the whole checkpoint's."""
+
+    def __init__(self) -> None:
+        self.maps: list[tuple[int, int, mmap.mmap]] = []  # (address, length, mapping)
+
+    def map(self, f: Any) -> mmap.mmap:
+        """A private (copy-on-write) mapping of the open file `f`: the file never changes."""
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        address = torch.frombuffer(mapped, dtype=torch.uint8, count=1).data_ptr()
+        self.maps.append((address, len(mapped), mapped))
+        return mapped
+
+    def release(self, t: Tensor) -> None:
+        """Let the system drop the pages under `t` (a view of one of these files; others: nothing)."""
+        if not hasattr(mmap, "MADV_DONTNEED") or not t.numel():
+            return
+        span = 1 + sum((n - 1) * stride for n, stride in zip(t.shape, t.stride()))  # elements, strided
+        begin, end = t.data_ptr(), t.data_ptr() + span * t.element_size()
+        for address, length, mapped in self.maps:
+            if address <= begin and end <= address + length:
+                first = (begin - address) // mmap.PAGESIZE * mmap.PAGESIZE
+                mapped.madvise(mmap.MADV_DONTNEED, first, end - address - first)
+                return
+
+
+def map_safetensors(path: Path, files: MappedFiles | None = None) -> dict[str, Tensor]:
+    """Every tensor of a safetensors file as a view of the file mapped into memory: nothing is read
+    until a tensor is used, and then only its pages (`files.release` lets them go again). The
+    mapping is private (copy on write): the file never changes. The header is checked by
+    safetensors first."""
     try:
         with safe_open(str(path), framework="pt") as f:
-            return {k: f.get_tensor(k) for k in f.keys()}
+            names = list(f.keys())
     except Exception as err:  # safetensors raises its own error types on malformed files
         raise ValueError(f"{path} is not a readable safetensors file: {safetensors_problem(path, err)}; "
                          "download or save the checkpoint again") from None
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+        mapped = (files or MappedFiles()).map(f) if names else None
+    start = 8 + size
+    tensors = {}
+    for name in names:
+        info = header[name]
+        dtype, shape = _DTYPES.get(info["dtype"]), info["shape"]
+        begin, end = info["data_offsets"]
+        if dtype is None:  # a dtype torch cannot view (fp8 and the like): read it as safetensors does
+            with safe_open(str(path), framework="pt") as f:
+                tensors[name] = f.get_tensor(name)
+        elif begin == end:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+        elif (start + begin) % dtype.itemsize:  # never in files safetensors writes (it aligns them)
+            data = bytearray(mapped[start + begin:start + end])
+            tensors[name] = torch.frombuffer(data, dtype=dtype).view(shape)
+        else:
+            count = (end - begin) // dtype.itemsize
+            view = torch.frombuffer(mapped, dtype=dtype, count=count, offset=start + begin)
+            tensors[name] = view.view(shape)
+    return tensors
 
 
-def read_hf_weights(hf_dir: str | os.PathLike) -> tuple[dict[str, Tensor], str]:
-    """Every tensor of the checkpoint in `hf_dir` (single file or shards), and the files' names."""
+def write_safetensors(path: str | os.PathLike, tensors: dict[str, Tensor],
+                      metadata: dict[str, str] | None = None,
+                      release: Callable[[Tensor], None] | None = None) -> None:
+    """Write `tensors` as a safetensors file, atomically, one tensor at a time: the header, then each
+    tensor's bytes straight from its memory (a strided view is made contiguous alone, then
+    dropped), then `release(tensor)` (MappedFiles.release: its pages may go). Nothing holds the
+    whole file in memory, as `safetensors.torch.save` would."""
+    order = sorted(tensors, key=lambda k: (-tensors[k].element_size(), k))  # aligned: widest first
+    entries: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name in order:
+        t = tensors[name]
+        if t.dtype not in _NAMES:
+            raise ValueError(f"cannot write {name}: dtype {t.dtype} has no safetensors name here")
+        n = t.numel() * t.element_size()
+        entries[name] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape),
+                         "data_offsets": [offset, offset + n]}
+        offset += n
+    head = json.dumps(entries, separators=(",", ":")).encode("utf-8")
+    head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(len(head).to_bytes(8, "little"))
+            f.write(head)
+            for name in order:
+                t = tensors[name].detach().cpu().contiguous()  # a view of the mapping stays a view
+                if t.numel():
+                    f.write(t.reshape(-1).view(torch.uint8).numpy().data)
+                if release is not None:
+                    release(tensors[name])
+
+    atomic_write(path, write)
+
+
+def read_hf_weights(hf_dir: str | os.PathLike, files: MappedFiles | None = None,
+                    ) -> tuple[dict[str, Tensor], str]:
+    """Every tensor of the checkpoint in `hf_dir` (single file or shards), memory-mapped (into
+    `files`, when given), and the files' names."""
     hf_dir = Path(hf_dir)
     if (hf_dir / SINGLE_FILE).exists():
-        return _read_file(hf_dir / SINGLE_FILE), SINGLE_FILE
+        return map_safetensors(hf_dir / SINGLE_FILE, files), SINGLE_FILE
     if not (hf_dir / INDEX_FILE).is_file():
         pickles = sorted(p.name for p in hf_dir.glob("*.bin"))
         found = (f"; found {', '.join(pickles)}, but handformer reads only safetensors, never pickle "
@@ -130,7 +242,7 @@ def read_hf_weights(hf_dir: str | os.PathLike) -> tuple[dict[str, Tensor], str]:
                                 f"{INDEX_FILE} lists: {', '.join(missing)}")
     state: dict[str, Tensor] = {}
     for shard in shards:
-        tensors = _read_file(hf_dir / shard)
+        tensors = map_safetensors(hf_dir / shard, files)
         absent = [k for k, s in weight_map.items() if s == shard and k not in tensors]
         twice = [k for k in tensors if k in state]
         if absent or twice:
@@ -221,18 +333,19 @@ def special_tokens(hf_dir: Path, hf_config: dict[str, Any], tokenizer: Tokenizer
 # --- the import ------------------------------------------------------------------------------------
 
 def model_from_state(cfg: CausalLMConfig, state: dict[str, Tensor]) -> CausalLM:
-    """`CausalLM(cfg)` whose parameters are `state`'s tensors: built on the meta device (no memory,
-    no random init, no copy) and loaded strictly. A tied model's head is its embedding, so a state
-    without "lm_head.weight" (llama2.c's shared classifier) is complete."""
+    """The model of `cfg` (`build_causal_lm`) whose parameters are `state`'s tensors: built on the
+    meta device (no memory, no random init, no copy) and loaded strictly. A tied model's head is its
+    embedding, so a state without "lm_head.weight" (llama2.c's shared classifier) is complete."""
     if cfg.tie_embeddings:
         state = {**state, HEAD: state["embed.weight"]}
     with torch.device("meta"):
-        model = CausalLM(cfg)
-    model.load_state_dict(state, strict=True, assign=True)
+        model = build_causal_lm(cfg)
+    model.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=True, assign=True)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.embed.weight  # assign=True gave the head its own Parameter
     return model
 
 
-__all__ = ["ARCHITECTURES", "CHAT_FILES", "architecture_of", "model_from_state", "prepended_id",
-           "read_hf_weights", "read_json", "special_tokens"]
+__all__ = ["ARCHITECTURES", "CHAT_FILES", "MappedFiles", "architecture_of", "map_safetensors",
+           "model_from_state", "prepended_id", "read_hf_weights", "read_json", "special_tokens",
+           "write_safetensors"]

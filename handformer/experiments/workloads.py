@@ -29,6 +29,7 @@ from handformer.data.batching import EncodedPairs, Seq2SeqData, collate, encode_
 from handformer.data.dates import date_pairs
 from handformer.data.text import LMWindows, as_token_tensor, pydoc_corpus, split_text, validation_batches
 from handformer.data.tokenizer import Tokenizer
+from handformer.families import build_causal_lm
 from handformer.generation.decoding import DecodeLimits, greedy_decode
 from handformer.models.causal_lm import CausalLM
 from handformer.models.seq2seq import Seq2SeqTransformer
@@ -255,7 +256,7 @@ def lm_model(s: LMSettings, vocab_size: int, seed: int) -> CausalLM:
     cfg = CausalLMConfig(vocab_size=vocab_size, d_model=s.d_model, n_heads=s.n_heads, d_ff=s.d_ff,
                          n_layers=s.n_layers, activation=s.activation, norm=s.norm, position=s.position,
                          max_positions=s.max_positions, dropout=0.0, bias=False)
-    return CausalLM(cfg)
+    return build_causal_lm(cfg)
 
 
 def lm_loss_sum(model: nn.Module, batch) -> Tensor:

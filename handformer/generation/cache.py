@@ -11,7 +11,8 @@ can be selected, reordered and regrouped, written only through these methods.
   padding no row needs any more is dropped.
 - A sliding-window model's cache rolls (the lesson's KVCache, `window`): column c is kept in slot
   c % W, only the last W columns are held, and a regrouped cache rolls too, so its memory stays W
-  slots however long the rows grow.
+  slots however long the rows grow. A model that mixes sliding and global layers (Gemma 2/3, Qwen's
+  layer_types) rolls its sliding layers only: a global layer holds every column (`layer_slots`).
 
 Shape legend: B batch rows, Hkv key/value heads, S columns (the longest row), C capacity,
 W window slots, Dh head dim.
@@ -31,8 +32,9 @@ class DecodingCache(KVCache):
     """A KVCache with `reorder` and `regroup`; it keeps the buffers each reorder replaced, so that
     the next one writes into them and a beam-search step allocates nothing."""
 
-    def __init__(self, n_layers: int, max_length: int, window: int | None = None) -> None:
-        super().__init__(n_layers, max_length, window)
+    def __init__(self, n_layers: int, max_length: int, window: int | None = None,
+                 global_layers: tuple[int, ...] | list[int] | frozenset[int] = ()) -> None:
+        super().__init__(n_layers, max_length, window, tuple(global_layers))
         self._spare: dict[str, list[Tensor | None]] = {"keys": [None] * n_layers, "values": [None] * n_layers}
 
     @property
@@ -45,10 +47,11 @@ class DecodingCache(KVCache):
         A rolling cache that has wrapped holds its last W columns in slot order; they come back
         in column order."""
         keys, values = self.keys[layer], self.values[layer]
-        held = min(self.length, self.slots)
-        if self.length <= self.slots:
+        slots = KVCache.layer_slots(self, layer)  # a global layer's: every column
+        held = min(self.length, slots)
+        if self.length <= slots:
             return keys[:, :, :held], values[:, :, :held]
-        oldest = self.length % self.slots  # the slot of column length - W
+        oldest = self.length % slots  # the slot of column length - W
         return keys.roll(-oldest, dims=2), values.roll(-oldest, dims=2)
 
     @classmethod
@@ -60,20 +63,20 @@ class DecodingCache(KVCache):
         leftmost columns (padding no row needs any more). With a window no larger than the
         capacity, the new cache rolls over W slots and holds only the last W columns."""
         first = next(c for c, _ in blocks if c.keys[0] is not None)
-        out = cls(len(first.keys), capacity, window)
-        held = min(width, out.slots)  # columns width - held .. width - 1 are kept
+        out = cls(len(first.keys), capacity, window, first.global_layers)
         for layer in range(len(first.keys)):
-            k0 = first.keys[layer]
+            k0, slots = first.keys[layer], out.layer_slots(layer)
+            held = min(width, slots)  # columns width - held .. width - 1 are kept
             B = sum(index.numel() for _, index in blocks)
-            keys = k0.new_zeros(B, k0.size(1), out.slots, k0.size(3))  # (B, Hkv, C or W, Dh)
+            keys = k0.new_zeros(B, k0.size(1), slots, k0.size(3))  # (B, Hkv, C or W, Dh)
             values = keys.clone()
             row = 0
             for cache, index in blocks:
                 k, v = (t.index_select(0, index.to(t.device)) for t in columns_of(cache, layer))
                 n = min(k.size(2), held)  # this block's columns that the new cache keeps
-                slots = torch.arange(width - n, width, device=k.device) % out.slots
-                keys[row:row + index.numel(), :, slots] = k[:, :, k.size(2) - n:]
-                values[row:row + index.numel(), :, slots] = v[:, :, v.size(2) - n:]
+                at = torch.arange(width - n, width, device=k.device) % slots
+                keys[row:row + index.numel(), :, at] = k[:, :, k.size(2) - n:]
+                values[row:row + index.numel(), :, at] = v[:, :, v.size(2) - n:]
                 row += index.numel()
             out.keys[layer], out.values[layer] = keys, values
         out.length = width
@@ -119,11 +122,13 @@ class DecodingCache(KVCache):
                 if t is None:
                     continue
                 _, Hkv, _, Dh = t.shape
+                slots = self.layer_slots(i)  # a global layer of a rolling cache holds every column
+                filled = min(self.length, slots)
                 spare = spares[i]
-                if spare is not None and spare.shape[0] >= n and spare.shape[1:] == (Hkv, self.slots, Dh):
+                if spare is not None and spare.shape[0] >= n and spare.shape[1:] == (Hkv, slots, Dh):
                     moved = spare[:n]  # (B', Hkv, slots, Dh)
                 else:
-                    moved = t.new_empty((n, Hkv, self.slots, Dh))  # (B', Hkv, slots, Dh)
+                    moved = t.new_empty((n, Hkv, slots, Dh))  # (B', Hkv, slots, Dh)
                 torch.index_select(t[:, :, :filled], 0, index, out=moved[:, :, :filled])
                 store[i], spares[i] = moved, t
         if cross is False:

@@ -25,7 +25,7 @@ import torch
 
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat_template import ChatTemplate
-from handformer.generation.engine import Choice, Engine, Row, SamplingOptions
+from handformer.generation.engine import Choice, Engine, Row, SamplingOptions, long_rope_start
 from handformer.generation.sampling import check_sampling_options
 from handformer.generation.stream import TextStream
 from handformer.models.causal_lm import CausalLM
@@ -143,6 +143,9 @@ class ChatSession:
     @torch.inference_mode()
     def _generate(self, prompt: list[int], on_text: Callable[[str], None] | None) -> list[int]:
         keep = min(common_prefix(self.context, prompt), len(prompt) - 1)  # run >= 1 token for logits
+        long_from = long_rope_start(self.model)
+        if long_from is not None and self.cache.length > long_from >= keep:
+            keep = 0  # the cached keys took LongRoPE's long factors; a shorter context takes the short ones
         self.cache.truncate(keep)
         row = Row(prompt, self.max_new_tokens, self.options, frozenset(self.stop_ids),
                   generator=self.generator)  # one generator for the whole conversation

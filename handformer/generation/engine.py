@@ -24,7 +24,14 @@ the next step; otherwise they stay, fed padding that the mask hides, until every
 
 With a `prefix_cache` (generation/prefix_cache.py), a prompt whose beginning an earlier prefill
 stored is prefilled on its own: a copy of the cached positions, then a forward over the rest;
-the other prompts are prefilled together as above, and every prompt's positions are stored.
+the other prompts are prefilled together as above, and every prompt's positions are stored
+(not for a LongRoPE model, below: a stored prefix's keys are turned with one set of factors).
+
+LongRoPE models (Phi-3.5, Phi-4-mini) turn queries and keys with one set of factors while every
+position of a forward is within the pre-training context and with the other set once one is past
+it. The keys in the cache were turned with the set of the forward that wrote them, so the first
+step that changes set runs every position again, into the same cache, with the new set (as
+transformers' generate does when Phi-3 passes its original context).
 
 Shape legend: B rows, S columns (the longest row so far), C capacity, V vocabulary.
 """
@@ -42,6 +49,7 @@ from handformer.generation.prefix_cache import Hit, PrefixCache
 from handformer.generation.sampling import check_sampling_options, filter_logits, next_tokens
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.kv_cache import KVCache
+from handformer.nn.positions import LongRotaryEmbedding
 
 LogitProcessor = Callable[[Sequence[int], Tensor], Tensor]  # (tokens chosen so far, (V,) logits) -> (V,)
 
@@ -138,6 +146,10 @@ class Engine:
         self.steps = 0  # decoding steps run (prefills not counted)
         self.largest_batch = 0  # the most rows one step has decoded
         self._chosen: Tensor | None = None  # (B,) the last step's argmax, while it is every row's token
+        self.long_from = long_rope_start(model)  # LongRoPE: forwards past this position use the long set
+        self.long_keys: bool | None = False  # the set the cached keys were turned with (None: both)
+        if self.long_from is not None:  # a stored prefix's keys were turned with one set or the other
+            self.prefix_cache = None
 
     @property
     def live(self) -> list[Row]:
@@ -165,7 +177,10 @@ class Engine:
         by_prompt = {p: i for i, p in enumerate(prompts)}
         which = [by_prompt[tuple(row.prompt)] for row in rows]
         choices = self._choose(rows, logits[which])
+        had_rows, long_keys = bool(self.rows), self._long(max(len(p) for p in prompts))
         self._join(rows, which, sources, [len(p) for p in prompts])
+        if self.rows and any(not row.done for row in rows):  # the joining rows' keys are in the cache
+            self.long_keys = long_keys if not had_rows or self.long_keys == long_keys else None
         return choices
 
     def _prefill_all(self, prompts: list[tuple[int, ...]], rows: list[Row]) -> tuple[Tensor, list]:
@@ -220,6 +235,8 @@ class Engine:
         """A single row continuing `cache` (which holds its prompt's first cache.length tokens)."""
         if len(rows) != 1 or self.rows or not self.use_cache:
             raise ValueError("a cache to continue is for one row alone, in an empty engine, with a cache")
+        if cache.length and self._long(cache.length) != self._long(len(rows[0].prompt)):
+            cache.truncate(0)  # LongRoPE changes set: every position again, with the new one
         new = rows[0].prompt[cache.length:]
         if not new:
             raise ValueError("the cache holds the whole prompt; leave at least one token to run")
@@ -304,7 +321,10 @@ class Engine:
         padded = B > 1 and min(self.lengths) < self.width
         mask = self.mask[:, :self.width] if padded else None  # (B, S + 1)
         chosen, self._chosen = self._chosen, None
-        if self.use_cache:
+        long_now = self._long(max(self.lengths))
+        if self.use_cache and long_now != self.long_keys:  # LongRoPE changes set: every position again
+            logits, self.long_keys = self._rerun(mask), long_now
+        elif self.use_cache:
             # (B, 1): the cache holds the rest. Every row's last step chose by one argmax: its result
             # is these tokens already (no tensor built from a list).
             fed = chosen if all_live and chosen is not None else torch.tensor(tokens, device=self.device)
@@ -321,6 +341,22 @@ class Engine:
         if self.compact and not self.live:
             self._reset()  # the last rows are done: nothing left to keep
         return choices
+
+    def _long(self, positions: int) -> bool:
+        """Whether a forward whose longest row has `positions` positions turns queries and keys with
+        LongRoPE's long factors (the model chooses by its largest position id)."""
+        return self.long_from is not None and positions > self.long_from
+
+    def _rerun(self, mask: Tensor | None) -> Tensor:
+        """Every position of every row run again into the emptied cache: (B, V) last logits. A row's
+        real positions are where its mask is True, holding its prompt and the tokens fed since."""
+        B, S = len(self.rows), self.width
+        ids = torch.full((B, S), self.pad_id, dtype=torch.long, device=self.device)  # (B, S)
+        for r, (row, n) in enumerate(zip(self.rows, self.lengths)):
+            fed = (row.prompt + row.tokens)[:n]  # a finished row's stop token was never fed
+            ids[r, self.mask[r, :S]] = torch.tensor(fed, device=self.device)
+        self.cache.truncate(0)
+        return self.model(ids, mask, cache=self.cache, logits_to_keep=1).logits[:, -1]  # (B, V)
 
     def _choose(self, rows: list[Row], logits: Tensor) -> list[Choice]:
         """Each row's next token from its (V,) logits row: processors, then its own sampling."""
@@ -362,6 +398,13 @@ def rows_of(cache: KVCache) -> int:
     return 0 if cache.keys[0] is None else cache.keys[0].size(0)
 
 
+def long_rope_start(model: CausalLM) -> int | None:
+    """The pre-training context of a LongRoPE model (forwards past it use the long factors); None
+    for other models."""
+    rotary = getattr(model, "rotary", None)
+    return rotary.original if isinstance(rotary, LongRotaryEmbedding) else None
+
+
 def check_row(row: Row, max_positions: int) -> None:
     """A row's prompt and limit: prompt + max_new_tokens - 1 positions fit in the context (the
     last token is returned, never fed back)."""
@@ -397,5 +440,5 @@ def token_logprobs(logits: Tensor, token: int, options: SamplingOptions,
     return float(logprobs[token]), top
 
 
-__all__ = ["Choice", "Engine", "LogitProcessor", "Row", "SamplingOptions", "check_row",
+__all__ = ["Choice", "Engine", "LogitProcessor", "Row", "SamplingOptions", "check_row", "long_rope_start",
            "sampled_distribution", "token_logprobs"]

@@ -4,7 +4,13 @@
     self-attention with optional RoPE and KV cache, FFN) -> final norm -> lm_head -> logits
 
 With `sliding_window` (Mistral, Phi-3) the causal mask also hides keys more than sliding_window - 1
-positions back, and `new_cache` makes a rolling KV cache of that many slots.
+positions back, and `new_cache` makes a rolling KV cache of that many slots; with `global_layers`
+too (Gemma 2/3) those layers see every position, and only the others slide.
+
+`CausalLM(cfg)` is the lesson's model. A few families differ by more than a setting (Gemma's norms
+around each sublayer, OLMo 2's, soft-capping, layers without RoPE): `handformer.families.
+build_causal_lm(cfg)` builds this model and puts their variants in place, and everything that
+builds a model from a config calls it.
 
 Shape legend: B batch, T new positions, S all positions (cache + new), D d_model, H heads, V vocab.
 """
@@ -29,7 +35,7 @@ from handformer.nn.inputs import (
     check_token_ids,
 )
 from handformer.nn.kv_cache import KVCache, NoCache, as_cache
-from handformer.nn.masks import AttentionMask, decoder_mask
+from handformer.nn.masks import AttentionMask, decoder_mask, mixed_mask
 from handformer.nn.norms import final_norm
 from handformer.nn.positions import make_positions, make_rotary
 
@@ -53,7 +59,7 @@ class CausalLM(nn.Module):
         self.positions = make_positions(cfg)  # added to the embeddings (GPT-2); nothing for RoPE
         self.rotary = make_rotary(cfg)  # rotates queries and keys in attention (Llama); or nothing
         self.dropout = nn.Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(DecoderOnlyBlock(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(DecoderOnlyBlock(cfg, cfg.layer_slides(i)) for i in range(cfg.n_layers))
         self.norm = final_norm(cfg)  # after the last block of a pre-norm stack
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # (B, T, D) -> (B, T, V)
         gpt2_init(self, cfg, cfg.n_layers)  # GPT-2's (handformer/initialization.py)
@@ -62,8 +68,9 @@ class CausalLM(nn.Module):
 
     def new_cache(self, max_length: int | None = None) -> KVCache:
         """A KV cache for up to `max_length` positions (default: max_positions); with a sliding
-        window, a rolling one of sliding_window slots that never fills."""
-        return KVCache(self.cfg.n_layers, max_length or self.cfg.max_positions, self.cfg.sliding_window)
+        window, a rolling one of sliding_window slots that never fills (global layers: full)."""
+        cfg = self.cfg
+        return KVCache(cfg.n_layers, max_length or cfg.max_positions, cfg.sliding_window, cfg.global_layers)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | AttentionMask | None = None,
                 position_ids: Tensor | None = None, cache: KVCache | None = None,
@@ -103,6 +110,9 @@ class CausalLM(nn.Module):
         if cache is not None and cache.window not in (None, self.cfg.sliding_window):
             raise ValueError(f"the KV cache rolls over a window of {cache.window} positions but the "
                              f"model's sliding_window is {self.cfg.sliding_window}; use model.new_cache()")
+        if cache.window is not None and cache.global_layers != set(self.cfg.global_layers):
+            raise ValueError(f"the KV cache keeps layers {sorted(cache.global_layers)} global but the "
+                             f"model's global_layers are {self.cfg.global_layers}; use model.new_cache()")
         mask = self.build_mask(T, offset, attention_mask, cache, input_ids.device)
         return position_ids, mask
 
@@ -124,7 +134,10 @@ class CausalLM(nn.Module):
     def build_mask(self, T: int, offset: int, attention_mask: Tensor | None, cache: KVCache | NoCache,
                    device: torch.device) -> AttentionMask:
         """The one mask every layer gets: causal (offset by the cache), within the sliding window if
-        any, hiding padding (`handformer.nn.masks.decoder_mask` has the cases)."""
+        any, hiding padding (`handformer.nn.masks.decoder_mask` has the cases); for a model that
+        mixes sliding and global layers, both kinds in one (`mixed_mask`)."""
+        if self.cfg.mixes_windows:
+            return mixed_mask(T, offset, attention_mask, self.cfg.sliding_window, cache, device)
         return decoder_mask(T, offset, attention_mask, self.cfg.sliding_window, cache, device)
 
     def num_parameters(self) -> int:

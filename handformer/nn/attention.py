@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from handformer.nn.kv_cache import NO_CACHE, LayerCache, as_cache
 from handformer.nn.masks import AttentionMask, as_attention_mask
+from handformer.nn.norms import make_norm
 from handformer.nn.positions import apply_rotary
 
 
@@ -95,15 +96,17 @@ class MultiHeadAttention(nn.Module):
     Self-attention by default (queries, keys and values all from one input); cross-attention when
     keys and values come from another (the encoder output, in the decoder). `n_kv_heads < n_heads`
     gives grouped-query attention. With bias=True and n_kv_heads == n_heads it has 4 * D^2 weights
-    + 4 * D biases.
+    + 4 * D biases. `qk_norm` normalizes each query and key head before RoPE (Qwen3, Gemma 3),
+    which keeps the scores from growing with the weights.
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None,
                  bias: bool = True, dropout: float = 0.0, *, head_dim: int | None = None,
-                 qkv_bias: bool = False) -> None:
+                 qkv_bias: bool = False, qk_norm: str = "none", norm_eps: float = 1e-6) -> None:
         """bias: biases on every projection. head_dim: width of each head, d_model // n_heads by
         default (Gemma sets it wider). qkv_bias: biases on W_Q, W_K, W_V even when bias=False
-        (Qwen2 has only these)."""
+        (Qwen2 has only these). qk_norm: the norm of each query and key head ("rmsnorm" in Qwen3,
+        "rmsnorm_offset" in Gemma 3; "none": no norm), with epsilon norm_eps."""
         super().__init__()
         if head_dim is None and d_model % n_heads:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads} (or give head_dim)")
@@ -118,6 +121,8 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=qkv_bias)  # W_K
         self.v_proj = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=qkv_bias)  # W_V
         self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)  # W_O
+        self.q_norm = make_norm(qk_norm, self.head_dim, norm_eps)  # nn.Identity for "none"
+        self.k_norm = make_norm(qk_norm, self.head_dim, norm_eps)
 
     def split_heads(self, x: Tensor, n_heads: int) -> Tensor:
         B, T, _ = x.shape
@@ -126,13 +131,13 @@ class MultiHeadAttention(nn.Module):
     def project(self, query: Tensor, key: Tensor, value: Tensor, rope: tuple[Tensor, Tensor] | None = None,
                 cache: LayerCache = NO_CACHE) -> tuple[Tensor, Tensor, Tensor]:
         """Q = query W_Q, K = key W_K, V = value W_V, each split into heads: (B, H, T, Dh) and
-        (B, Hkv, S, Dh) twice; with RoPE, queries and keys turned by their positions' angles. In
-        cross-attention while decoding, the memory's keys and values are projected at the first
-        step only: the cache hands them out afterwards."""
-        q = self.split_heads(self.q_proj(query), self.n_heads)  # (B, H, T, Dh)
+        (B, Hkv, S, Dh) twice; with q/k norms, each head normalized; with RoPE, queries and keys
+        turned by their positions' angles. In cross-attention while decoding, the memory's keys and
+        values are projected at the first step only: the cache hands them out afterwards."""
+        q = self.q_norm(self.split_heads(self.q_proj(query), self.n_heads))  # (B, H, T, Dh)
         if cache.memory_kv is not None:  # cross-attention, decoding: projected at the first step
             return q, *cache.memory_kv  # (B, Hkv, S, Dh) twice
-        k = self.split_heads(self.k_proj(key), self.n_kv_heads)  # (B, Hkv, S, Dh)
+        k = self.k_norm(self.split_heads(self.k_proj(key), self.n_kv_heads))  # (B, Hkv, S, Dh)
         v = self.split_heads(self.v_proj(value), self.n_kv_heads)  # (B, Hkv, S, Dh)
         if rope is not None:  # rotary positions (self-attention)
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
@@ -155,10 +160,16 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = query.shape
         q, k, v = self.project(query, key, value, rope, cache)  # (B, H, T, Dh), (B, Hkv, S, Dh) twice
         k, v = cache.update(k, v)  # with a KV cache (decoding): every position so far, (B, Hkv, S, Dh)
-        out, weights = scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights,
-                                                    dropout_p=self.dropout * self.training)  # (B, H, T, Dh)
+        out, weights = self.attend(q, k, v, mask, need_weights)  # (B, H, T, Dh)
         out = out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, T, H * Dh): concat
         return self.o_proj(out), weights
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | Tensor | None,
+               need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """softmax(q k^T / sqrt(Dh)) v, the one attention function (a family that scores otherwise,
+        Gemma's soft-capping, replaces this method: handformer.families)."""
+        return scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights,
+                                            dropout_p=self.dropout * self.training)
 
 
 def check_not_a_mask(key: Tensor | None, value: Tensor | None) -> None:

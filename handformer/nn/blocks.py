@@ -22,7 +22,8 @@ from handformer.config import BlockConfig
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.feed_forward import FeedForward
 from handformer.nn.kv_cache import LayerKVCache, as_cache
-from handformer.nn.masks import AttentionMask
+from handformer.nn.masks import AttentionMask, as_attention_mask
+from handformer.nn.moe import MixtureOfExperts
 from handformer.nn.norms import make_norm
 
 Mask = AttentionMask | Tensor | None  # see handformer.nn.masks
@@ -30,7 +31,17 @@ Mask = AttentionMask | Tensor | None  # see handformer.nn.masks
 
 def _attention(cfg: BlockConfig) -> MultiHeadAttention:
     return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, bias=cfg.bias,
-                              dropout=cfg.attention_dropout, head_dim=cfg.head_dim, qkv_bias=cfg.qkv_bias)
+                              dropout=cfg.attention_dropout, head_dim=cfg.head_dim, qkv_bias=cfg.qkv_bias,
+                              qk_norm=cfg.head_qk_norm, norm_eps=cfg.norm_eps)
+
+
+def feed_forward(cfg: BlockConfig) -> nn.Module:
+    """A decoder-only block's FFN: one network, or a mixture of experts (`cfg.moe`: Mixtral)."""
+    if cfg.moe is None:
+        return FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
+    m = cfg.moe
+    return MixtureOfExperts(cfg.d_model, m.n_experts, m.top_k, m.d_expert or cfg.d_ff, cfg.activation,
+                            m.normalize, m.d_shared)
 
 
 def collect(weights: list[Tensor | None], need_weights: bool) -> tuple[Tensor, ...] | None:
@@ -124,15 +135,17 @@ class DecoderOnlyBlock(nn.Module):
     """The block of GPT-style language models: causal self-attention, then the feed-forward network,
     each with Add & Norm. Pre-norm (GPT-2, Llama) reads norm -> attention -> add -> norm -> FFN ->
     add. What makes it a decoder is the mask it is given: causal, so position t only sees 0..t.
-    rope: rotary positions (Llama); cache: the KV cache while generating."""
+    rope: rotary positions (Llama); cache: the KV cache while generating. sliding: this layer
+    attends within the window of a model whose other layers are global (the mask's `sliding` kind)."""
 
-    def __init__(self, cfg: BlockConfig) -> None:
+    def __init__(self, cfg: BlockConfig, sliding: bool = False) -> None:
         require_config("DecoderOnlyBlock", cfg, ())
         super().__init__()
-        self.pre_norm = cfg.norm_placement == "pre"
+        self.pre_norm = cfg.norm_placement != "post"  # (sandwich and reordered: handformer.families)
+        self.sliding = sliding
         self.self_attn = _attention(cfg)
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
+        self.ffn = feed_forward(cfg)  # (B, T, D) -> (B, T, D)
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
 
@@ -141,6 +154,7 @@ class DecoderOnlyBlock(nn.Module):
                 ) -> tuple[Tensor, Tensor | None]:
         """x: (B, T, D), mask: causal (the model's AttentionMask) -> ((B, T, D), weights (B, H, T, S)
         or None); S counts the cached positions too."""
+        mask = as_attention_mask(mask).of_layer(self.sliding)  # this layer's kind: sliding or global
         if self.pre_norm:
             h, weights = self.self_attn(self.attn_norm(x), mask=mask, rope=rope, cache=cache,
                                         need_weights=need_weights)

@@ -6,6 +6,8 @@ included) the cache is a rolling buffer of `window` slots: position p is stored 
 over the position that left the window, so its memory does not grow with the generated length.
 Attention does not care in which order the keys come (softmax is over a set), only that the mask
 follows the same order: `KVCache.in_slot_order` puts a mask's key axis in the order of the slots.
+A model that mixes sliding and global layers (Gemma 2/3) rolls the sliding layers' buffers only:
+the global layers' hold every position (`global_layers`).
 
 Shape legend: L layers, B batch, Hkv key/value heads, S_max cache capacity (slots), Dh head dim,
 T new positions, W window.
@@ -28,17 +30,20 @@ class KVCache:
 
     window: the attention window of a sliding-window model. When it is at most `max_length`, the
     buffers have `window` slots and roll (they never fill up); otherwise they hold `max_length`
-    positions, as without a window.
+    positions, as without a window. global_layers: the layers of such a model that attend to
+    every position; their buffers hold `max_length` positions and never roll.
     """
 
-    def __init__(self, n_layers: int, max_length: int, window: int | None = None) -> None:
+    def __init__(self, n_layers: int, max_length: int, window: int | None = None,
+                 global_layers: tuple[int, ...] | list[int] = ()) -> None:
         if max_length <= 0:
             raise ValueError(f"KVCache max_length must be positive, got {max_length}")
         if window is not None and window <= 0:
             raise ValueError(f"KVCache window must be positive or None, got {window}")
         self.max_length = max_length
         self.window = window if window is not None and window <= max_length else None  # rolling
-        self.slots = self.window or max_length  # S_max
+        self.slots = self.window or max_length  # S_max of the sliding layers
+        self.global_layers = frozenset(global_layers)
         self.length = 0
         self.keys: list[Tensor | None] = [None] * n_layers  # each (B, Hkv, S_max, Dh)
         self.values: list[Tensor | None] = [None] * n_layers
@@ -59,9 +64,15 @@ class KVCache:
         self.length = length
 
     # --- the rolling window --------------------------------------------------------------------
-    def rolls(self, n_new: int) -> bool:
-        """Whether appending `n_new` positions overwrites a slot (the keys then come out of order)."""
-        return self.window is not None and self.length + n_new > self.window
+    def rolls(self, n_new: int, layer: int | None = None) -> bool:
+        """Whether appending `n_new` positions overwrites a slot (the keys then come out of order)
+        of the sliding layers, or of `layer` (never a global one)."""
+        rolling = self.window is not None and layer not in self.global_layers
+        return rolling and self.length + n_new > self.window
+
+    def layer_slots(self, layer: int) -> int:
+        """How many positions `layer`'s buffers hold: max_length for a global layer."""
+        return self.max_length if layer in self.global_layers else self.slots
 
     def key_positions(self, n_new: int) -> Tensor:
         """The absolute position of each key that attention gets when `n_new` positions are
@@ -136,14 +147,15 @@ class LayerKVCache:
         c, i = self.cache, self.index
         start, T = c.length, k.size(2)
         end = start + T
-        if end > c.slots and c.window is None:
+        slots = c.layer_slots(i)
+        if end > slots and (c.window is None or i in c.global_layers):
             raise ValueError(f"KV cache is full: {end} positions needed, capacity {c.max_length}; "
                              "create the cache with a larger max_length")
         if c.keys[i] is None:
             B, Hkv, _, Dh = k.shape
-            c.keys[i] = torch.empty(B, Hkv, c.slots, Dh, dtype=k.dtype, device=k.device)
-            c.values[i] = torch.empty(B, Hkv, c.slots, Dh, dtype=v.dtype, device=v.device)
-        if c.rolls(T):
+            c.keys[i] = torch.empty(B, Hkv, slots, Dh, dtype=k.dtype, device=k.device)
+            c.values[i] = torch.empty(B, Hkv, slots, Dh, dtype=v.dtype, device=v.device)
+        if c.rolls(T, i):
             return roll_in(c.keys[i], c.values[i], k, v, start)
         c.keys[i][:, :, start:end] = k
         c.values[i][:, :, start:end] = v

@@ -14,12 +14,13 @@ Shape legend: B batch, H heads, T query length, S key length.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from handformer.nn.kv_cache import KVCache, NoCache
+from handformer.nn.kv_cache import NO_CACHE, KVCache, NoCache
 
 
 def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
@@ -104,6 +105,11 @@ class AttentionMask:
         """(..., T, *) outputs or weights with the rows of queries that see no key set to zero."""
         return x if self.visible_rows is None else x * self.visible_rows
 
+    def of_layer(self, sliding: bool) -> AttentionMask:
+        """The mask of a layer: the sliding-window one for a sliding layer of a model that mixes
+        the two kinds (Gemma 2/3), else this one."""
+        return self.sliding if sliding and self.sliding is not None else self
+
 
 def as_attention_mask(mask: AttentionMask | Tensor | None) -> AttentionMask:
     """An AttentionMask as it is; a bool tensor (True = may attend) or a 0/1 integer tensor (1 =
@@ -123,6 +129,16 @@ def as_attention_mask(mask: AttentionMask | Tensor | None) -> AttentionMask:
         return AttentionMask(allowed)
     visible = allowed.any(dim=-1, keepdim=True)  # (B|1, H|1, T, 1)
     return AttentionMask(allowed | ~visible, visible_rows=visible)
+
+
+def mixed_mask(T: int, offset: int, attention_mask: Tensor | None, window: int,
+               cache: KVCache | NoCache, device: torch.device) -> AttentionMask:
+    """The masks of a model whose layers mix sliding-window and global attention (Gemma 2/3): the
+    global layers' mask, carrying the sliding layers' as its `sliding` kind. Only the sliding layers
+    roll their cache, so only their mask follows the cache's slots."""
+    sliding = decoder_mask(T, offset, attention_mask, window, cache, device)
+    full = decoder_mask(T, offset, attention_mask, None, NO_CACHE, device)  # never rolls
+    return dataclasses.replace(full, sliding=sliding)
 
 
 def decoder_mask(T: int, offset: int, attention_mask: Tensor | None, window: int | None,

@@ -2,7 +2,9 @@
 
 Sinusoidal and learned encodings are added to the token embeddings; rotary embeddings rotate the
 queries and keys inside attention instead. All take explicit position ids, so cached decoding and
-left-padded batches get the right positions.
+left-padded batches get the right positions. Long-context variants of RoPE change its frequencies
+(Llama 3.1's scaling, linear interpolation, LongRoPE); partial RoPE (Phi-4-mini) turns only the
+first dims of each head.
 
 Shape legend: B batch, T length, D d_model, Dh head dim, P max positions.
 """
@@ -15,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from handformer.config import BlockConfig, Llama3RopeScaling
+from handformer.config import BlockConfig, LinearRopeScaling, Llama3RopeScaling, LongRopeScaling
 
 
 def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
@@ -79,8 +81,10 @@ def llama3_inv_freq(inv_freq: Tensor, scaling: Llama3RopeScaling) -> Tensor:
     return torch.where(medium, blended, scaled)
 
 
-# Each kind of long-context scaling of the rotary frequencies, by the type of its settings.
-ROPE_SCALING = {type(None): lambda inv_freq, scaling: inv_freq, Llama3RopeScaling: llama3_inv_freq}
+# Each kind of long-context scaling of the rotary frequencies, by the type of its settings
+# (LongRoPE has two sets of frequencies: LongRotaryEmbedding).
+ROPE_SCALING = {type(None): lambda inv_freq, scaling: inv_freq, Llama3RopeScaling: llama3_inv_freq,
+                LinearRopeScaling: lambda inv_freq, scaling: inv_freq / scaling.factor}
 
 
 class RotaryEmbedding(nn.Module):
@@ -92,19 +96,47 @@ class RotaryEmbedding(nn.Module):
     """
 
     def __init__(self, head_dim: int, max_positions: int, theta: float = 10000.0,
-                 scaling: Llama3RopeScaling | None = None) -> None:
+                 scaling: Llama3RopeScaling | LinearRopeScaling | None = None) -> None:
+        """head_dim: the dims turned (all of each head's, or the first rope_fraction of them)."""
         super().__init__()
         inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
         inv_freq = ROPE_SCALING[type(scaling)](inv_freq, scaling)  # (Dh/2,)
-        angles = torch.outer(torch.arange(max_positions).float(), inv_freq)  # (P, Dh/2)
+        self.register_tables("", inv_freq, max_positions)
+
+    def register_tables(self, prefix: str, inv_freq: Tensor, positions: int, factor: float = 1.0) -> None:
+        """cos and sin of every position's angles, (P, Dh) each, times `factor` (LongRoPE's)."""
+        angles = torch.outer(torch.arange(positions).float(), inv_freq)  # (P, Dh/2)
         angles = torch.cat([angles, angles], dim=-1)  # (P, Dh)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.register_buffer(prefix + "cos", angles.cos() * factor, persistent=False)
+        self.register_buffer(prefix + "sin", angles.sin() * factor, persistent=False)
 
     def forward(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
         """(B, T) position ids -> (cos, sin), each (B, 1, T, Dh), broadcast over heads."""
         return self.cos[position_ids][:, None], self.sin[position_ids][:, None]
 
+
+class LongRotaryEmbedding(RotaryEmbedding):
+    """LongRoPE (Phi-3.5, Phi-4-mini): frequency j is theta^(-2j/Dh) / factor_j, with the short
+    factors while every position of a forward is within original_max_positions and the long
+    factors once one is past it (transformers chooses so, per forward, by the largest position
+    id); cos and sin are multiplied by the attention factor. Same float32 arithmetic as
+    transformers' rope_type "longrope", so the angles are its own."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: LongRopeScaling) -> None:
+        nn.Module.__init__(self)
+        self.original = scaling.original_max_positions
+        attention_factor = scaling.cos_sin_factor(max_positions)
+        shape = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim  # (Dh/2,)
+        short = 1.0 / (torch.tensor(scaling.short_factor, dtype=torch.float32) * theta ** shape)
+        long = 1.0 / (torch.tensor(scaling.long_factor, dtype=torch.float32) * theta ** shape)
+        self.register_tables("", short, min(self.original, max_positions), attention_factor)
+        self.register_tables("long_", long, max_positions, attention_factor)
+
+    def forward(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, T) position ids -> (cos, sin), each (B, 1, T, Dh), of the short or long factors."""
+        if int(position_ids.max()) >= self.original:  # past the pre-training context: the long set
+            return self.long_cos[position_ids][:, None], self.long_sin[position_ids][:, None]
+        return self.cos[position_ids][:, None], self.sin[position_ids][:, None]
 
 
 class NoRotary(nn.Module):
@@ -121,8 +153,12 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate (B, H, T, Dh) queries or keys by their positions' angles."""
+    """Rotate (B, H, T, Dh) queries or keys by their positions' angles; tables narrower than Dh
+    (partial RoPE, Phi-4-mini) turn the first cos.size(-1) dims and leave the others as they are."""
     cos, sin = cos.type_as(x), sin.type_as(x)  # float32 tables; bf16 queries and keys under autocast
+    turned = cos.size(-1)
+    if turned < x.size(-1):  # partial RoPE: the first dims turn, the rest pass through
+        return torch.cat([apply_rotary(x[..., :turned], cos, sin), x[..., turned:]], dim=-1)
     return (x * cos) + (rotate_half(x) * sin)
 
 
@@ -134,7 +170,10 @@ def make_positions(cfg: BlockConfig) -> nn.Module:
     return ADDED_POSITIONS.get(cfg.position, lambda *_: NoPositions())(cfg.max_positions, cfg.d_model)
 
 
-ROTARY = {"rope": lambda c: RotaryEmbedding(c.head_dim, c.max_positions, c.rope_theta, c.rope_scaling)}
+# RoPE of a config, by its kind of scaling: LongRoPE has two sets of tables, the others one.
+ROTARY_CLASSES = {LongRopeScaling: LongRotaryEmbedding}
+ROTARY = {"rope": lambda c: ROTARY_CLASSES.get(type(c.rope_scaling), RotaryEmbedding)(
+    c.rotary_dim, c.max_positions, c.rope_theta, c.rope_scaling)}
 
 
 def make_rotary(cfg: BlockConfig) -> nn.Module:

@@ -102,6 +102,16 @@ TEXTS: dict[str, dict[str, str]] = {
                          "(source/prompt length 10, target length 5)",
                    "zh": "数据流，形状由 handformer.see.trace 在一个 batch 上记录"
                          "（batch 2，源句/提示词长 10，目标长 5）"},
+    "experts.title": {"en": "where the router sends each token (handformer experts)",
+                      "zh": "路由器把每个 token 送往哪些专家（handformer experts）"},
+    "experts.layer": {"en": "layer {layer}", "zh": "第 {layer} 层"},
+    "experts.balanced": {"en": "balanced: k T / E = {k} x {T} / {E}",
+                         "zh": "均衡时：k T / E = {k} × {T} / {E}"},
+    "experts.expert": {"en": "expert", "zh": "专家"},
+    "experts.tokens": {"en": "tokens routed to the expert", "zh": "送到该专家的 token 数"},
+    "experts.counts": {"en": "tokens per expert (top-k choices)", "zh": "每个专家收到的 token（top-k 选择）"},
+    "experts.weights": {"en": "router weights, layer {layer} (top-{k} outlined)",
+                        "zh": "路由权重，第 {layer} 层（框出的是 top-{k}）"},
 }
 
 

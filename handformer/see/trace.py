@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.config import BlockConfig, CausalLMConfig, Seq2SeqConfig
+from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 from handformer.models.seq2seq import Seq2SeqTransformer
 from handformer.modes import eval_mode
@@ -105,7 +106,7 @@ def build_model(cfg: BlockConfig) -> nn.Module:
     if isinstance(cfg, Seq2SeqConfig):
         return Seq2SeqTransformer(cfg)
     if isinstance(cfg, CausalLMConfig):
-        return CausalLM(cfg)
+        return build_causal_lm(cfg)
     raise TypeError(f"no model for config type {type(cfg).__name__}")
 
 

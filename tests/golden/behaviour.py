@@ -50,7 +50,7 @@ def _checksum(t: torch.Tensor) -> list[float]:
 
 
 def _causal_lm_cases() -> dict[str, Any]:
-    from handformer.config import CausalLMConfig, Llama3RopeScaling
+    from handformer.config import CausalLMConfig, Llama3RopeScaling, MoEConfig
 
     tiny = dict(vocab_size=61, d_model=32, n_heads=4, d_ff=48, n_layers=2, max_positions=64, dropout=0.0)
     cases = {
@@ -65,6 +65,8 @@ def _causal_lm_cases() -> dict[str, Any]:
         "qwen_like": CausalLMConfig.llama_style(**tiny, qkv_bias=True, rope_theta=1e6),
         "llama3_scaling": CausalLMConfig.llama_style(**{**tiny, "max_positions": 128}, rope_theta=5e5,
                                                      rope_scaling=Llama3RopeScaling(original_max_positions=16)),
+        "llama_moe": CausalLMConfig.llama_style(**{**tiny, "n_kv_heads": 2},
+                                                moe=MoEConfig(n_experts=4, top_k=2, d_expert=24)),
     }
     return cases
 
@@ -119,6 +121,29 @@ def _families() -> dict[str, Any]:
                                           hidden_act="gelu", rope_parameters=rope),
         "phi3": transformers.Phi3Config(**size, sliding_window=5, tie_word_embeddings=False,
                                         rope_parameters=rope),
+        # today's families
+        "qwen3_window": transformers.Qwen3Config(**{**size, "num_hidden_layers": 3}, head_dim=12,
+                                                 use_sliding_window=True, sliding_window=5, max_window_layers=1,
+                                                 rope_parameters=rope),
+        "gemma2": transformers.Gemma2Config(**{**size, "num_hidden_layers": 3}, head_dim=8, sliding_window=5,
+                                            query_pre_attn_scalar=12, rope_parameters=rope),
+        "gemma3_text": transformers.Gemma3TextConfig(
+            **{**size, "num_hidden_layers": 3, "num_key_value_heads": 1}, head_dim=32, sliding_window=5,
+            sliding_window_pattern=3, query_pre_attn_scalar=32,
+            rope_parameters={"sliding_attention": rope, "full_attention": {"rope_type": "linear", "factor": 4.0,
+                                                                           "rope_theta": 1e6}}),
+        "smollm3": transformers.SmolLM3Config(**{**size, "num_hidden_layers": 4}, rope_parameters=rope),
+        "olmo2": transformers.Olmo2Config(**size, rope_parameters=rope),
+        "phi3_longrope": transformers.Phi3Config(
+            **size, tie_word_embeddings=True, original_max_position_embeddings=16, partial_rotary_factor=0.75,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
+                             "short_factor": [1.0, 1.2, 1.4], "long_factor": [2.0, 3.0, 4.0]}),
+        "mixtral": transformers.MixtralConfig(**size, num_local_experts=4, num_experts_per_tok=2, rope_parameters=rope),
+        "qwen3_moe": transformers.Qwen3MoeConfig(**size, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                                                 norm_topk_prob=True, rope_parameters=rope),
+        "qwen2_moe": transformers.Qwen2MoeConfig(**size, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                                                 shared_expert_intermediate_size=32, rope_parameters=rope),
+        "olmoe": transformers.OlmoeConfig(**size, num_experts=4, num_experts_per_tok=2, rope_parameters=rope),
     }
 
 
@@ -252,6 +277,7 @@ def _train_losses(config: str) -> list[float]:
 def collect() -> dict[str, Any]:
     """Everything recorded but the fault messages (see the module docstring)."""
     from handformer.convert.hf_weights import config_from_hf
+    from handformer.families import build_causal_lm
     from handformer.models.causal_lm import CausalLM
 
     before = torch.get_num_threads()
@@ -260,11 +286,11 @@ def collect() -> dict[str, Any]:
         result: dict[str, Any] = {"presets": {}, "families": {}, "seq2seq": {}}
         for i, (name, cfg) in enumerate(_causal_lm_cases().items()):
             torch.manual_seed(i)
-            result["presets"][name] = _lm_record(_fill(CausalLM(cfg), 100 + i), i)
+            result["presets"][name] = _lm_record(_fill(build_causal_lm(cfg), 100 + i), i)
         for i, (name, hf_cfg) in enumerate(_families().items()):
             cfg = config_from_hf(hf_cfg.to_dict())
             torch.manual_seed(i)
-            result["families"][name] = _lm_record(_fill(CausalLM(cfg), 200 + i), i)
+            result["families"][name] = _lm_record(_fill(build_causal_lm(cfg), 200 + i), i)
         if (STORIES / "stories260K.bin").is_file():
             from handformer.convert.hf_import import model_from_state
             from handformer.convert.llama2c_weights import read_llama2c
@@ -280,7 +306,8 @@ def collect() -> dict[str, Any]:
         result["seq2seq"]["rmsnorm_swiglu_gqa"] = _seq2seq_record(
             2, norm="rmsnorm", activation="swiglu", n_kv_heads=2, bias=False, tie_output=False)
         result["training"] = {"tiny_lm": _train_losses("tiny_lm.toml"),
-                              "tiny_seq2seq": _train_losses("tiny_seq2seq.toml")}
+                              "tiny_seq2seq": _train_losses("tiny_seq2seq.toml"),
+                              "tiny_moe": _train_losses("tiny_moe.toml")}
         return result
     finally:
         torch.set_num_threads(before)

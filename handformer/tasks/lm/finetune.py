@@ -26,6 +26,7 @@ import torch
 from handformer.adapters.lora import LoRAConfig, add_lora, select_targets
 from handformer.config import CausalLMConfig
 from handformer.data.tokenizer import Tokenizer
+from handformer.families import build_causal_lm
 from handformer.generation.chat_template import TEMPLATE_FILE, TOKENIZER_CONFIG
 from handformer.io import atomic_write_bytes
 from handformer.models.causal_lm import CausalLM
@@ -92,7 +93,7 @@ def model_config_from_base(section: dict[str, tuple[Any, str | None]], base: Bas
 def check_lora_targets(model_cfg: CausalLMConfig, lora: LoRAConfig) -> None:
     """Target names and ranks checked on a model without memory (meta device), before any work."""
     with torch.device("meta"):
-        select_targets(CausalLM(model_cfg), lora)
+        select_targets(build_causal_lm(model_cfg), lora)
 
 
 def weights_sha256(path: str | os.PathLike) -> str:
@@ -139,7 +140,7 @@ def copy_chat_files(source: Path, run_dir: Path) -> None:
 def base_model(model_cfg: CausalLMConfig, base_dir: Path, lora: LoRAConfig | None) -> CausalLM:
     """The model a fine-tuning job starts from: the base run's weights, plus fresh adapters (B = 0)
     with everything else frozen when `lora` is given."""
-    model = CausalLM(model_cfg)
+    model = build_causal_lm(model_cfg)
     load_weights(model, base_dir / "model.safetensors")
     if lora is not None:
         add_lora(model, lora)

@@ -18,13 +18,16 @@ from handformer.convert.gguf_import import config_from_gguf, family_of_file, sta
 from handformer.convert.gguf_tokenizer import special_tokens_from_gguf, tokenizer_from_gguf
 from handformer.convert.hf_import import (
     CHAT_FILES,
+    MappedFiles,
     architecture_of,
     model_from_state,
     read_hf_weights,
     read_json,
     special_tokens,
+    write_safetensors,
 )
 from handformer.convert.hf_weights import (
+    HEAD,
     config_from_hf,
     convert_hf_state_dict,
 )
@@ -33,7 +36,7 @@ from handformer.convert.llama2c_weights import read_llama2c
 from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.io import atomic_write_bytes, atomic_write_text
-from handformer.tasks.lm.run import save_lm_run
+from handformer.tasks.lm.run import save_lm_run, write_lm_run_config
 
 BOS_ID, EOS_ID = 1, 2  # hard-wired in run.c
 
@@ -83,18 +86,24 @@ def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
                      f"{cfg.vocab_size}; ids from {cfg.vocab_size} on cannot be fed to the model")
     tokens, eos_ids = special_tokens(hf_dir, hf_config, tokenizer, cfg.vocab_size, notes)
 
-    hf_state, weights = read_hf_weights(hf_dir)
-    state = convert_hf_state_dict(hf_state, cfg, model_type)
-    del hf_state  # the converted tensors keep what they share with it; GPT-2's transposed originals go
-    model = model_from_state(cfg, state)
+    files = MappedFiles()
+    hf_state, weights = read_hf_weights(hf_dir, files)
+    state = convert_hf_state_dict(hf_state, cfg, model_type)  # views of the mapped files
+    del hf_state
+    if cfg.tie_embeddings:
+        del state[HEAD]  # the embedding, stored once (as save_weights stores a tied model)
     source = {"hf_dir": str(hf_dir.resolve()), "model_type": model_type, "architecture": architecture,
               "weights": weights, "eos_ids": eos_ids, "notes": notes}
-    save_lm_run(run_dir, model, tokenizer, tokens, source=source)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(run_dir / "tokenizer.json")
+    write_safetensors(run_dir / "model.safetensors", state, release=files.release)  # tensor by tensor
+    write_lm_run_config(run_dir, cfg, tokens, source=source)  # last: the run is complete
     for name in CHAT_FILES:
         if (hf_dir / name).is_file():
             atomic_write_bytes(run_dir / name, (hf_dir / name).read_bytes())
-    return ImportedLM(run_dir, model_type, architecture, model.num_parameters(), cfg.n_layers,
-                      cfg.vocab_size, tokens, notes)
+    n_parameters = sum(t.numel() for t in state.values())
+    return ImportedLM(run_dir, model_type, architecture, n_parameters, cfg.n_layers, cfg.vocab_size,
+                      tokens, notes)
 
 
 def import_llama2c(model_path: str | os.PathLike, tokenizer_path: str | os.PathLike,

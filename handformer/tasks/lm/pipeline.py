@@ -1,6 +1,6 @@
 """Loading a language-model run is one pipeline, read top to bottom.
 
-    model     CausalLM(config.json's "model" section)        the right shapes, weights to come
+    model     build_causal_lm(config.json's "model" section)  the right shapes, weights to come
     steps     config.json's "pipeline", in order, each {"step": NAME, "settings": {...}}:
       quantize   the layers the run's weights were quantized in (int8 / int4 / bf16; the
                  "quantization" section, tasks/lm/quantization.py): put in before the weights,
@@ -33,6 +33,7 @@ from torch import nn
 
 from handformer.adapters.lora import LoRAConfig, add_lora
 from handformer.config import CausalLMConfig
+from handformer.families import build_causal_lm
 from handformer.inference.prepare import prepare_for_decoding
 from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm.finetune import ADAPTERS_FILE, verified_base
@@ -144,7 +145,7 @@ def load_model(run_dir: str | os.PathLike, config: dict[str, Any], device: str |
     for name in files_needed(run_dir, steps):
         if not (run_dir / name).exists():
             raise FileNotFoundError(f"{run_dir} has no {name}")
-    model: nn.Module = CausalLM(run_model_config(run_dir, config, CausalLMConfig))
+    model: nn.Module = build_causal_lm(run_model_config(run_dir, config, CausalLMConfig))
     for s in steps:
         if s["step"] == "prepare":
             model = model.to(device)  # packed weights are packed where they are

@@ -7,11 +7,13 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from handformer.config import CausalLMConfig, MoEConfig
 from handformer.data.shards import LazyBatches, ShardSet, ShardWindows, shard_validation_batches
 from handformer.data.special_tokens import SpecialTokens
 from handformer.data.text import (
@@ -24,6 +26,7 @@ from handformer.data.text import (
     validation_batches,
 )
 from handformer.data.tokenizer import Tokenizer
+from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm import finetune
 from handformer.tasks.lm.job import LMDataConfig, LMJob
@@ -31,6 +34,7 @@ from handformer.tasks.lm.run import write_lm_run_config
 from handformer.training import distributed
 from handformer.training.loop import TrainResult, train_new_model
 from handformer.training.losses import token_cross_entropy
+from handformer.training.moe_loss import RouterLogits, load_balancing_loss
 
 
 def lm_loss(model: torch.nn.Module, batch: LMBatch, label_smoothing: float = 0.0,
@@ -43,9 +47,31 @@ def lm_loss(model: torch.nn.Module, batch: LMBatch, label_smoothing: float = 0.0
     return token_cross_entropy(logits, batch.y, None, smoothing), {}
 
 
-def lm_objective(job_train) -> functools.partial:
-    """lm_loss with the run's label smoothing, as the loop calls it: (model, batch)."""
-    return functools.partial(lm_loss, label_smoothing=job_train.label_smoothing)
+LMObjective = Callable[[torch.nn.Module, LMBatch], tuple[torch.Tensor, dict[str, float]]]
+
+
+def lm_objective(job_train, model_cfg: CausalLMConfig) -> LMObjective:
+    """The loop's objective for a model, as the loop calls it, (model, batch): lm_loss with the
+    run's label smoothing, and the experts' balance for a mixture."""
+    if model_cfg.moe is None:
+        return functools.partial(lm_loss, label_smoothing=job_train.label_smoothing)
+    return moe_lm_loss(model_cfg.moe, job_train.label_smoothing)
+
+
+def moe_lm_loss(moe: MoEConfig, label_smoothing: float = 0.0) -> LMObjective:
+    """`lm_loss` plus, in training, moe.aux_loss_coef times the load-balancing loss of the routers
+    (handformer/training/moe_loss.py), per token as the loop divides by them; the loss itself is
+    logged as moe_aux_loss. Evaluation scores the cross-entropy alone."""
+    def loss(model: torch.nn.Module, batch: LMBatch) -> tuple[torch.Tensor, dict[str, float]]:
+        with RouterLogits(model) as routers:
+            ce, metrics = lm_loss(model, batch, label_smoothing)
+        if not model.training or not routers.logits:
+            return ce, metrics
+        aux = load_balancing_loss(routers.logits, moe.n_experts, moe.top_k)
+        tokens = batch.n_tokens
+        metrics = {**metrics, "moe_aux_loss": float(aux.detach()) * tokens}  # logged per token
+        return ce + moe.aux_loss_coef * aux * tokens, metrics
+    return loss
 
 
 def train_tokens(tokenizer: Tokenizer) -> SpecialTokens:
@@ -149,8 +175,8 @@ def run_train_lm_shards(job: LMJob, run_dir: Path, resume: bool, log) -> tuple[C
         else:
             log("no tokenizer: the run will have no tokenizer.json (generate needs one)")
         write_lm_run_config(run_dir, model_cfg, tokens, train=asdict(job.train), data=asdict(data))
-    return train_new_model(lambda: CausalLM(model_cfg), job.train, windows, val_batches,
-                           lm_objective(job.train), run_dir, resume=resume, log=log)
+    return train_new_model(lambda: build_causal_lm(model_cfg), job.train, windows, val_batches,
+                           lm_objective(job.train, model_cfg), run_dir, resume=resume, log=log)
 
 
 def run_train_lm(job: LMJob, run_dir: str | os.PathLike, resume: bool = False,
@@ -187,7 +213,7 @@ def run_train_lm(job: LMJob, run_dir: str | os.PathLike, resume: bool = False,
             finetune.copy_chat_files(base.path, run_dir)
 
     return train_new_model(_builder(job, model_cfg, run_dir, resume), job.train, windows, val_batches,
-                           lm_objective(job.train), run_dir, resume=resume, log=log,
+                           lm_objective(job.train, model_cfg), run_dir, resume=resume, log=log,
                            weights_file=finetune.ADAPTERS_FILE if job.lora else "model.safetensors")
 
 
@@ -210,7 +236,7 @@ def _builder(job: LMJob, model_cfg, run_dir: Path, resume: bool):
     a full fine-tune needs no base weights (the checkpoint has them all); resuming LoRA needs the
     base, unchanged since the adapters began."""
     if job.base is None or (resume and job.lora is None):
-        return lambda: CausalLM(model_cfg)
+        return lambda: build_causal_lm(model_cfg)
     if resume:
         config = json.loads((run_dir / "config.json").read_text())
         base_dir = finetune.verified_base(run_dir, config)

@@ -15,7 +15,7 @@ import torch
 from tokenizers import AddedToken
 
 from handformer.config import CausalLMConfig
-from handformer.models.causal_lm import CausalLM
+from handformer.families import build_causal_lm
 from handformer.tasks.lm.finetune import copy_chat_files
 from handformer.tasks.lm.run import load_lm, save_lm_run
 
@@ -33,7 +33,7 @@ def add_special_tokens(run_dir: str | os.PathLike, out_dir: str | os.PathLike, t
     tok.hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
     old, new = run.model.cfg.vocab_size, max(tok.vocab_size, run.model.cfg.vocab_size)
     cfg = CausalLMConfig.from_dict({**run.model.cfg.to_dict(), "vocab_size": new}, "model")
-    model = CausalLM(cfg)
+    model = build_causal_lm(cfg)
     state = run.model.state_dict()
     with torch.no_grad():
         for name, param in model.state_dict().items():

@@ -1,0 +1,98 @@
+"""The families room: variants of lesson modules that some model families need, and the one
+builder that puts them in place.
+
+    model = build_causal_lm(cfg)   # CausalLM(cfg), then each variant cfg asks for
+
+`CausalLM(cfg)` (handformer/models) is the lesson's model: what every family shares, with each
+difference of a line or two a config field there (q/k norms per head, partial RoPE, LongRoPE,
+sliding and global layers, mixtures of experts). Where a family differs by more, a variant here
+takes the lesson module's place after the model is built (`handformer.replace.replace_layers`, as
+torchtune's builders do), reusing its weights:
+
+| setting                          | family              | variant                                   |
+|----------------------------------|---------------------|-------------------------------------------|
+| norm_placement = "sandwich"      | Gemma 2, Gemma 3    | gemma.SandwichBlock                       |
+| attn_scale_dim, attn_softcap     | Gemma 2, Gemma 3    | gemma.GemmaAttention                      |
+| logit_softcap                    | Gemma 2             | gemma.SoftcappedHead                      |
+| rope_local_theta                 | Gemma 3             | gemma.LocalGlobalRotary                   |
+| norm_placement = "reordered"     | OLMo 2              | olmo.ReorderedNormBlock                   |
+| qk_norm = "width"                | OLMo 2              | olmo.WidthQKNormAttention                 |
+| nope_layers                      | SmolLM3             | NoRopeAttention                           |
+
+Everything that builds a model from a config (runs, imports, training, tracing) calls
+`build_causal_lm`; the variants' modules keep the lesson's parameter names, so state dicts,
+LoRA targets and quantization see the same layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor, nn
+
+from handformer.config import CausalLMConfig
+from handformer.families.adopt import adopt_attention
+from handformer.families.gemma import GemmaAttention, LocalGlobalRotary, SandwichBlock, SoftcappedHead
+from handformer.families.olmo import ReorderedNormBlock, WidthQKNormAttention
+from handformer.models.causal_lm import CausalLM
+from handformer.nn.attention import MultiHeadAttention
+from handformer.nn.kv_cache import NO_CACHE, LayerCache
+from handformer.replace import replace_layers
+
+
+class NoRopeAttention(MultiHeadAttention):
+    """Attention without rotary positions, in a model whose other layers have them (SmolLM3's
+    every fourth layer, "NoPE"): the causal mask alone tells it the order. Only `project` differs."""
+
+    def __init__(self, attn: MultiHeadAttention) -> None:
+        adopt_attention(self, attn)
+
+    def project(self, query: Tensor, key: Tensor, value: Tensor, rope: tuple[Tensor, Tensor] | None = None,
+                cache: LayerCache = NO_CACHE) -> tuple[Tensor, Tensor, Tensor]:
+        return super().project(query, key, value, None, cache)  # the rotation is not applied
+
+
+def _layers(model: CausalLM, part: str, which: Callable[[int], bool] = lambda i: True,
+            ) -> dict[str, nn.Module]:
+    """{full name: module} of `part` ("" = the block itself, "self_attn") of the chosen layers."""
+    return {f"layers.{i}{'.' + part if part else ''}": layer.get_submodule(part)
+            for i, layer in enumerate(model.layers) if which(i)}
+
+
+def _blocks(model: CausalLM, cfg: CausalLMConfig) -> None:
+    variant = {"sandwich": lambda block: SandwichBlock(block, cfg), "reordered": ReorderedNormBlock}
+    replace_layers(model, _layers(model, ""), variant[cfg.norm_placement])
+
+
+# (does the config ask for it?, put it in place), applied in this order: blocks before attention.
+VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, CausalLMConfig], object]]] = [
+    (lambda c: c.norm_placement in ("sandwich", "reordered"), _blocks),
+    (lambda c: c.attn_scale_dim is not None or c.attn_softcap is not None,
+     lambda m, c: replace_layers(m, _layers(m, "self_attn"), lambda a: GemmaAttention(
+         a, c.attn_scale_dim or c.head_dim, c.attn_softcap))),
+    (lambda c: c.qk_norm == "width",
+     lambda m, c: replace_layers(m, _layers(m, "self_attn"), lambda a: WidthQKNormAttention(a, c))),
+    (lambda c: bool(c.nope_layers),
+     lambda m, c: replace_layers(m, _layers(m, "self_attn", lambda i: i in c.nope_layers), NoRopeAttention)),
+    (lambda c: c.logit_softcap is not None,
+     lambda m, c: replace_layers(m, {"lm_head": m.lm_head}, lambda h: SoftcappedHead(h, c.logit_softcap))),
+    (lambda c: c.rope_local_theta is not None,
+     lambda m, c: replace_layers(m, {"rotary": m.rotary}, lambda r: LocalGlobalRotary(c))),
+]
+
+
+def build_causal_lm(cfg: CausalLMConfig) -> CausalLM:
+    """`CausalLM(cfg)` with every variant its settings ask for in place (see the module docstring)."""
+    model = CausalLM(cfg)
+    for applies, put_in_place in VARIANTS:
+        if applies(cfg):
+            put_in_place(model, cfg)
+    return model
+
+
+def family_variants(cfg: CausalLMConfig) -> bool:
+    """Whether `cfg` needs a variant of this room (so `CausalLM(cfg)` alone is not its model)."""
+    return any(applies(cfg) for applies, _ in VARIANTS)
+
+
+__all__ = ["NoRopeAttention", "VARIANTS", "build_causal_lm", "family_variants"]
