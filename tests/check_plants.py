@@ -322,6 +322,10 @@ THREE_MISTAKES: list[tuple[str, str]] = [
     ("nanogpt_softmax_wrong_dim", "nanogpt_causal_sees_next"), ("mask_hides_queries", "nanogpt_softmax_wrong_dim"),
     ("mask_hides_queries", "nanogpt_concat_no_transpose"),
 ]
+# Pairs of plants that hide every key of every query on the check's inputs (d2l's valid lengths
+# inverted and repeated in the wrong order): nothing is left to compare, so the search takes no
+# set of mistakes as the explanation (docs/check.md lists them).
+HIDE_EVERY_QUERY: list[tuple[str, str]] = [("mask_repeat_order", "d2l_mask_inverted")]
 
 # A covering set of pairs, run by default: every diagnosis in one pair at least, preferring two
 # mistakes in one component (tests/test_check.py runs every pair of one family, marked slow).
