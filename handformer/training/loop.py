@@ -27,8 +27,11 @@ from handformer.modes import eval_mode
 from handformer.training import distributed
 from handformer.training.checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights
 from handformer.training.cpu_memory import keep_freed_memory
+from handformer.training.muon import MuonAdamW, muon_params
 from handformer.training.schedules import SCHEDULES, learning_rate
 from handformer.training.tensorboard import TensorBoardLog, check_loggers
+
+OPTIMIZERS = ("adamw", "muon")
 
 
 @dataclass
@@ -41,6 +44,12 @@ class TrainConfig:
     beta1: float = 0.9  # AdamW betas (the paper: 0.9, 0.98)
     beta2: float = 0.98
     weight_decay: float = 0.0  # AdamW decay, applied to matrices only
+    # adamw: AdamW for every parameter | muon: Muon for the blocks' matrices, AdamW for the
+    # embeddings, head and norms (training/muon.py)
+    optimizer: str = "adamw"
+    muon_lr: float = 0.02  # Muon's peak learning rate; the schedule scales it as it scales lr
+    muon_momentum: float = 0.95  # Muon's momentum (Nesterov)
+    muon_weight_decay: float = 0.0  # Muon's decoupled weight decay (times its learning rate)
     label_smoothing: float = 0.1  # the paper: 0.1
     clip_grad: float = 1.0  # max gradient norm; 0 = no clipping
     accumulation: int = 1  # micro-batches per optimizer step
@@ -93,6 +102,17 @@ class TrainConfig:
             fail("min_lr", f"it must be in [0, lr={self.lr}]")
         if self.weight_decay < 0:
             fail("weight_decay", "it must be >= 0")
+        if self.optimizer not in OPTIMIZERS:
+            fail("optimizer", f"choose {' or '.join(OPTIMIZERS)}")
+        if not self.muon_lr > 0:
+            fail("muon_lr", "it must be > 0")
+        if not 0 <= self.muon_momentum < 1:
+            fail("muon_momentum", "it must be in [0, 1)")
+        if self.muon_weight_decay < 0:
+            fail("muon_weight_decay", "it must be >= 0")
+        if self.optimizer == "muon" and self.parallel == "fsdp":
+            fail("optimizer", "Muon orthogonalizes whole matrices and FSDP shards them; use "
+                 "parallel=ddp with Muon, or optimizer=adamw")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             fail("seed", "it must be an integer")
         if not isinstance(self.device, str) or not (self.device in ("auto", "cpu", "cuda", "mps")
@@ -127,15 +147,25 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices (dim >= 2) only, never on biases, norms or gains."""
+def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices (dim >= 2) only, never on biases, norms or gains; with
+    `cfg.optimizer == "muon"`, the blocks' matrices step with Muon instead (training/muon.py)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
+    matrices = muon_params(model) if cfg.optimizer == "muon" else []
+    taken = {id(p) for p in matrices}
+    decay = [p for p in params if p.dim() >= 2 and id(p) not in taken]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8,
-                             fused=device.type in ("cpu", "cuda"))
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8,
+                                 fused=device.type in ("cpu", "cuda"))
+    groups.append({"params": matrices, "weight_decay": cfg.muon_weight_decay, "muon": True,
+                   "lr_ratio": cfg.muon_lr / cfg.lr})
+    # Newton-Schulz in bf16 (as published) where bf16 matmuls are native; fp32 on other CPUs
+    ns_dtype = torch.bfloat16 if device.type != "cpu" or cpu_has_fast_bf16() else torch.float32
+    return MuonAdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                     momentum=cfg.muon_momentum, ns_dtype=ns_dtype)
 
 
 def clip_gradients(model: nn.Module, max_norm: float, device: torch.device) -> Tensor:
@@ -353,7 +383,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
             grad_norm = gradient_norm(model)
         lr = learning_rate(step, cfg.schedule, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_ratio", 1.0)  # Muon's matrices: their own peak
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
