@@ -23,13 +23,15 @@ from handformer.cli import (
     quantize,
     see,
     serve,
+    speedrun,
     trace,
     train,
     translate,
 )
 
 COMMANDS = [trace, train, translate, generate, chat, evaluate, import_hf, import_llama2c, import_gguf, see,
-            check, prepare, quantize, export_hf, export_gguf, experiment, merge, serve]
+            check, prepare, quantize, export_hf, export_gguf, experiment, speedrun,
+            merge, serve]
 
 
 def build_parser() -> argparse.ArgumentParser:
