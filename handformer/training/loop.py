@@ -38,9 +38,10 @@ OPTIMIZERS = ("adamw", "muon")
 class TrainConfig:
     steps: int = 1000  # optimizer steps
     lr: float = 1e-3  # peak learning rate
-    schedule: str = "inverse_sqrt"  # inverse_sqrt (the paper) | cosine | constant
+    schedule: str = "inverse_sqrt"  # inverse_sqrt (the paper) | cosine | constant | trapezoid
     warmup: int = 100  # warmup steps
-    min_lr: float = 0.0  # floor of the cosine schedule
+    min_lr: float = 0.0  # floor of the cosine and trapezoid schedules
+    cooldown: float = 0.2  # trapezoid: the last fraction of the steps, a straight line to min_lr
     beta1: float = 0.9  # AdamW betas (the paper: 0.9, 0.98)
     beta2: float = 0.98
     weight_decay: float = 0.0  # AdamW decay, applied to matrices only
@@ -89,6 +90,8 @@ class TrainConfig:
             fail("lr", "it must be > 0")
         if self.schedule not in SCHEDULES:
             fail("schedule", f"choose one of {', '.join(SCHEDULES)}")
+        if not 0 < self.cooldown <= 1:
+            fail("cooldown", "it must be in (0, 1]: the fraction of the steps spent decaying")
         if not 0 <= self.label_smoothing < 1:
             fail("label_smoothing", "it must be in [0, 1)")
         if self.clip_grad < 0:
@@ -381,7 +384,7 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
             grad_norm = clip_gradients(model, cfg.clip_grad, device)
         elif logging and not distributed.is_sharded(model):
             grad_norm = gradient_norm(model)
-        lr = learning_rate(step, cfg.schedule, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr)
+        lr = learning_rate(step, cfg.schedule, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr, cfg.cooldown)
         for group in optimizer.param_groups:
             group["lr"] = lr * group.get("lr_ratio", 1.0)  # Muon's matrices: their own peak
         optimizer.step()
