@@ -284,8 +284,13 @@ def test_templates_render_as_transformers(name, tokenizer_file, tmp_path):
     assert rendered >= 4
     # strftime_now: today's date, as transformers renders it
     if name == "llama3":
-        assert ours.render(CONVERSATIONS["one_user"]) == hf.apply_chat_template(
-            CONVERSATIONS["one_user"], tokenize=False, add_generation_prompt=True)
+        for _ in range(2):  # a second try if the two renders straddled midnight
+            got = ours.render(CONVERSATIONS["one_user"])
+            expected = hf.apply_chat_template(CONVERSATIONS["one_user"], tokenize=False,
+                                              add_generation_prompt=True)
+            if got == expected:
+                break
+        assert got == expected
 
 
 def test_template_sources_and_priority(tmp_path):

@@ -94,6 +94,8 @@ def test_fusing_twice_changes_nothing_and_cross_attention_is_never_fused():
     state = {k: v.clone() for k, v in fused.state_dict().items()}
     fuse_projections(fused)
     assert fused.state_dict().keys() == state.keys()
+    for key, value in fused.state_dict().items():
+        assert torch.equal(value, state[key]), key
     assert "layers.0.self_attn.qkv_proj.weight" in state and "layers.0.ffn.gate_up_proj.weight" in state
 
     torch.manual_seed(0)

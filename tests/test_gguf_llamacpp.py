@@ -182,6 +182,7 @@ def test_the_docs_llama_cpp_snippet_prints_what_handformer_generates(page, tmp_p
                if b.startswith("# needs: llama.cpp")]
     _train(tmp_path / "run", "shakespeare_char_modern.toml", "train.steps=300", f"data.path={SHAKESPEARE}")
     assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "shakespeare.gguf")]) == 0
+    capsys.readouterr()  # training's and export's lines
     assert main(["generate", str(tmp_path / "run"), "--prompt", "ROMEO:\n", "--temperature", "0",
                  "--max-new-tokens", "50"]) == 0
     expected = capsys.readouterr().out.rstrip("\n").removeprefix("ROMEO:\n")

@@ -250,4 +250,7 @@ def test_old_checkpoint_layouts_load(gpt2_state):
         convert_hf_state_dict({k: v for k, v in base.items() if k != "h.1.ln_2.bias"}, cfg, "gpt2")
     llama = _llama(tied=False)
     inv_freq = {f"model.layers.{i}.self_attn.rotary_emb.inv_freq": torch.zeros(8) for i in range(2)}
-    load_hf_into(CausalLM(config_from_hf(llama.config.to_dict())), {**llama.state_dict(), **inv_freq}, "llama")
+    ours = CausalLM(config_from_hf(llama.config.to_dict()))
+    load_hf_into(ours, {**llama.state_dict(), **inv_freq}, "llama")
+    assert torch.equal(ours.layers[1].self_attn.q_proj.weight,  # the rotary buffers were ignored, the rest loaded
+                       llama.state_dict()["model.layers.1.self_attn.q_proj.weight"])

@@ -12,7 +12,6 @@ from handformer import cli
 from handformer.config import CausalLMConfig
 from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
-from handformer.generation.generate import generate
 from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm.run import load_lm, save_lm_run
 
@@ -44,15 +43,9 @@ def run_dir(tmp_path):
     return tmp_path / "run"
 
 
-def _greedy_ids(run_dir, n=20):
-    run = load_lm(run_dir)
-    return generate(run.model, [[run.tokens.bos_id]], n, temperature=0)[0]
-
-
 def test_old_format_config_loads_and_every_recorded_eos_stops_the_cli(run_dir, capsys):
     config = json.loads((run_dir / "config.json").read_text())
     assert config["tokens"]["eos_ids"] == [config["tokens"]["eos_id"]]
-    free = _greedy_ids(run_dir)
     # A run written before eos_ids existed: no such key. It loads with eos_ids = [eos_id].
     del config["tokens"]["eos_ids"]
     config["tokens"]["eos_id"] = None
@@ -62,13 +55,21 @@ def test_old_format_config_loads_and_every_recorded_eos_stops_the_cli(run_dir, c
                      "--temperature", "0"]) == 0
     full = capsys.readouterr().out
 
-    # Three stop ids, the third being the one greedy decoding meets first: generation ends there.
-    stop = next(t for t in free[3:] if t not in free[:3])
-    config["tokens"]["eos_ids"] = [free[0] + 100, free[0] + 101, stop]
-    config["tokens"]["eos_id"] = free[0] + 100
-    (run_dir / "config.json").write_text(json.dumps(config))
-    assert load_lm(run_dir).tokens.eos_ids == [free[0] + 100, free[0] + 101, stop]
-    assert cli.main(["generate", str(run_dir), "--prompt", "a", "--max-new-tokens", "20",
-                     "--temperature", "0"]) == 0
-    short = capsys.readouterr().out
-    assert len(short) < len(full) and full.startswith(short.rstrip("\n"))
+    # The output is the prompt "a", then greedy text (one character a token). Three characters it
+    # meets first at generated positions p1 < p2 < p3 become stop ids, listed last-met first: each
+    # list stops at the earliest of its ids met, whichever place that id has in the list (the stop
+    # token is the last one generated; an ordinary character here, so it is printed).
+    text = full.rstrip("\n")[1:]
+    tok = load_lm(run_dir).tokenizer
+    firsts = sorted((text.index(c), c) for c in set(text) if text.index(c) > 0)[:3]
+    assert len(firsts) == 3, f"greedy text {text!r} meets fewer than four characters"
+    ids = [tok.encode(c)[0] for _, c in firsts]
+    (p1, _), (p2, _), (p3, _) = firsts
+    for listed, stop_at in [(ids[::-1], p1), (ids[:0:-1], p2), (ids[2:], p3)]:
+        config["tokens"]["eos_ids"] = listed
+        config["tokens"]["eos_id"] = listed[0]
+        (run_dir / "config.json").write_text(json.dumps(config))
+        assert load_lm(run_dir).tokens.eos_ids == listed
+        assert cli.main(["generate", str(run_dir), "--prompt", "a", "--max-new-tokens", "20",
+                         "--temperature", "0"]) == 0
+        assert capsys.readouterr().out.rstrip("\n") == "a" + text[:stop_at + 1], listed

@@ -116,7 +116,7 @@ class Engine:
         position at each step (slow; for testing the cache). step_model: what runs the one-token
         steps (the model itself, or its torch.compile'd version)."""
         self.model, self.pad_id, self.compact, self.use_cache = model, pad_id, compact, use_cache
-        self.step_model = step_model or model
+        self.step_model = step_model if step_model is not None else model
         self.device = next(model.parameters()).device
         self.rows: list[Row] = []
         self.cache: KVCache | None = None
