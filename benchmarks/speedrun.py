@@ -19,8 +19,8 @@ nanoGPT's and mean wall time <= 0.30x nanoGPT's. Rows in bf16 run only on a CPU 
 (AVX512-BF16 or AMX) and are compared with the fp32 rows before them; fp32 rows only with fp32.
 
 nanoGPT is not part of handformer: bring a checkout of its public repository and pass its path
-(its data folder gets the character files its prepare.py would download). Tens of minutes: under
-the project's CPU lock, never in CI.
+(its data folder gets the character files its prepare.py would download). Tens of minutes: on an
+otherwise idle machine, never in CI.
 
     python benchmarks/speedrun.py --nanogpt /path/to/nanoGPT                       # 5 seeds
     python benchmarks/speedrun.py --nanogpt PATH --configs configs/speedrun_shakespeare_2*.toml
