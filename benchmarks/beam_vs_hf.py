@@ -10,6 +10,12 @@ a heuristic on the current best score.
 
     python benchmarks/beam_vs_hf.py RUN                     # a post-norm translation run (dates task)
     python benchmarks/beam_vs_hf.py RUN --source FILE --limit 200   # sentences from a file
+    python benchmarks/beam_vs_hf.py RUN --baseline DIR --rounds 5   # and another checkout's search
+
+With --baseline DIR (`git worktree add DIR <commit>`), DIR's own `Translator.load` and `beam_search`
+run in a worker process that imports only from DIR (benchmarks/baseline.py), on the same batches in
+the same interleaved rounds (every other round in reverse order); a table gives the two medians,
+their ratio and whether every hypothesis is the same.
 """
 
 from __future__ import annotations
@@ -19,11 +25,15 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from baseline import BaselineWorker, Reply, comparison_table  # noqa: E402
 
 from handformer.generation.decoding import beam_search  # noqa: E402
 from handformer.tasks.translation.exports import export_marian  # noqa: E402
@@ -52,6 +62,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--baseline", type=Path, help="another handformer checkout to time beside this one")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -82,14 +93,25 @@ def main() -> None:
             out += [[t for t in row[1:] if t != pad] for row in ids.tolist()]  # drop the start token
         return out
 
-    times: dict[str, list[float]] = {"handformer": [], "HF": []}
+    cases: dict[str, Callable[[], object]] = {"handformer": ours, "HF": theirs}
+    baseline = BaselineWorker(args.baseline) if args.baseline else None  # after --threads: the same count
+    if baseline is not None:
+        baseline.translator(args.run_dir, src_batches)
+        cases = {"handformer": ours, "handformer [baseline]": lambda: baseline.beam(args.beam, lp),
+                 "HF": theirs}
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    outputs: dict[str, list] = {name: [] for name in cases}
     with torch.no_grad():
         a, b = ours(), theirs()  # warm-up, and the outputs compared
-        for _ in range(args.rounds):
-            for name, fn in (("handformer", ours), ("HF", theirs)):
+        for r in range(args.rounds):  # every other round in reverse order
+            for name, fn in (reversed if r % 2 else list)(cases.items()):
                 start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
+                out = fn()
+                seconds = time.perf_counter() - start
+                if isinstance(out, Reply):  # the baseline's seconds, measured around its search alone
+                    seconds, out = out
+                times[name].append(seconds)
+                outputs[name].append(out)
     eos = translator.tgt_tok.eos_id
     same = sum(x[: x.index(eos) + 1 if eos in x else len(x)] == y[: y.index(eos) + 1 if eos in y else len(y)]
                for x, y in zip(a, b))
@@ -98,6 +120,12 @@ def main() -> None:
           f"{torch.get_num_threads()} threads, medians of {args.rounds} interleaved rounds")
     print(f"handformer {ours_s:.1f} sentences/s, HF generate {hf_s:.1f}: {ours_s / hf_s:.2f}x "
           f"(target >= 1.5x); identical outputs: {same}/{len(texts)}")
+    if baseline is not None:
+        twin = "handformer [baseline]"
+        same_as_baseline = all(x == y for x, y in zip(outputs["handformer"], outputs[twin], strict=True))
+        row = ("beam search, every batch", times["handformer"], times[twin], same_as_baseline)
+        print(comparison_table("beam search", [row], baseline.label))
+        baseline.close()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,13 @@ In one run, on the machine at hand:
    and the head once, one row, the model's own weights), their GB/s (torch's practical ceiling for
    a decoding step) and their share of a decoding step;
 7. with --compile: `generate(compile_step=True)`, its compile time and after how many tokens it
-   pays for itself.
+   pays for itself;
+8. with --baseline DIR: every handformer case of 2 to 5 (each fp32, int8, int4 and bf16 case of
+   batch 1, the time to first token, batch 8 and 32) also run by another handformer checkout
+   (`git worktree add DIR <commit>`) in a worker process that imports only from DIR
+   (benchmarks/baseline.py): the same weights, prompts and thread count, prepared the same way with
+   DIR's own code, timed in the same interleaved rounds; a table per model gives each pair's
+   medians, their ratio and whether the tokens agree.
 
 Every figure is the median of --rounds interleaved rounds (default 5). The targets are printed
 beside the ratios. Other jobs on a shared machine make every figure noisy.
@@ -28,6 +34,7 @@ beside the ratios. Other jobs on a shared machine make every figure noisy.
     python benchmarks/decode_limit.py                       # everything, ~15 min on 2 cores
     python benchmarks/decode_limit.py --models tiny --rounds 1 --new-tokens 8   # a smoke run
     python benchmarks/decode_limit.py --run-c /path/to/llama2.c/run --compile
+    python benchmarks/decode_limit.py --baseline /tmp/other    # beside another checkout
 
 Needs `transformers` (a test dependency of handformer). Nothing is downloaded.
 """
@@ -46,6 +53,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from baseline import BaselineWorker, Reply, comparison_table, resolved_threads  # noqa: E402
 
 from handformer.config import CausalLMConfig  # noqa: E402
 from handformer.convert.hf_export import export_state_dict, hf_config  # noqa: E402
@@ -131,17 +141,27 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def rounds(cases: dict[str, Callable[[], object]], n: int, data: torch.Tensor | None = None,
-           ) -> dict[str, float]:
-    """Median seconds of each case over `n` interleaved rounds (bandwidth in bytes/s under "bw")."""
+           runs: dict[str, list[tuple[float, object]]] | None = None) -> dict[str, float]:
+    """Median seconds of each case over `n` interleaved rounds, every other one in reverse order
+    (bandwidth in bytes/s under "bw"). A case that returns a baseline `Reply` counts the seconds the
+    worker measured around its call. `runs`, if given, receives each case's (seconds, result) of
+    every round."""
     for fn in cases.values():
         fn()  # warm-up
     times: dict[str, list[float]] = {k: [] for k in cases}
     bws = []
-    for _ in range(n):
+    for r in range(n):
         if data is not None:
             bws.append(bandwidth(data))
-        for name, fn in cases.items():
-            times[name].append(timed(fn))
+        for name, fn in (reversed if r % 2 else list)(cases.items()):
+            start = time.perf_counter()
+            out = fn()
+            seconds = time.perf_counter() - start
+            if isinstance(out, Reply):
+                seconds, out = out
+            times[name].append(seconds)
+            if runs is not None:
+                runs.setdefault(name, []).append((seconds, out))
     medians = {k: statistics.median(v) for k, v in times.items()}
     if bws:
         medians["bw"] = statistics.median(bws)
@@ -203,7 +223,35 @@ def variant(model: CausalLM, skip: tuple[str, ...] = (), bits: int | None = None
     return copy
 
 
-def batch1(name: str, args: argparse.Namespace, data: torch.Tensor) -> None:
+TWIN = " [baseline]"  # the name of a case's twin in the baseline checkout: the case's name + TWIN
+
+
+def with_twins(cases: dict[str, Callable[[], object]], twins: dict[str, Callable[[], Reply]],
+               ) -> dict[str, Callable[[], object]]:
+    """`cases` with each case's baseline twin (from `twins`, by case name) right after it."""
+    out: dict[str, Callable[[], object]] = {}
+    for case, fn in cases.items():
+        out[case] = fn
+        if case in twins:
+            out[case + TWIN] = twins[case]
+    return out
+
+
+def twin_rows(runs: dict[str, list[tuple[float, object]]], prefix: str = "",
+              ) -> list[tuple[str, list[float], list[float], bool]]:
+    """comparison_table rows of every case in `runs` that has a twin: seconds of each round, and
+    whether the twin's tokens equal the case's in every round."""
+    rows = []
+    for case, ours in runs.items():
+        theirs = runs.get(case + TWIN)
+        if theirs is not None:
+            same = all(a[1] == b[1] for a, b in zip(ours, theirs, strict=True))
+            rows.append((prefix + case, [t for t, _ in ours], [t for t, _ in theirs], same))
+    return rows
+
+
+def batch1(name: str, args: argparse.Namespace, data: torch.Tensor,
+           baseline: BaselineWorker | None = None) -> None:
     torch.manual_seed(0)
     plain = CausalLM(SHAPES[name]()).eval()  # plain nn.Linear layers: F.linear (MKL on x86)
     hf = hf_twin(plain)
@@ -217,6 +265,32 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor) -> None:
         prepare_for_decoding(m)
     prompt = torch.randint(0, model.cfg.vocab_size, (args.prompt,)).tolist()
     n = args.new_tokens
+    # the baseline checkout's twin of each case: plain's weights prepared the same way, run with
+    # the thread count this checkout's case runs with (threads="auto": default_threads)
+    auto = {case: resolved_threads(default_threads(m)) for case, m in (
+        ("handformer fp32", model), ("handformer fp32, plain nn.Linear", plain), ("handformer int8", int8),
+        ("handformer int8, head fp32", int8_body), ("handformer int4 (groups of 32)", int4),
+        ("handformer bf16 weights", bf16))}
+    auto["handformer fp32, torch's threads"] = torch.get_num_threads()
+    twin_models = {"handformer fp32": "prepare_for_decoding", "handformer fp32, plain nn.Linear": "as loaded",
+                   "handformer fp32, torch's threads": "prepare_for_decoding", "handformer int8": "int8",
+                   "handformer int8, head fp32": "int8, head fp32",
+                   "handformer int4 (groups of 32)": "int4 groups of 32",
+                   "handformer bf16 weights": "bf16 weights"}
+    twins: dict[str, Callable[[], Reply]] = {}
+    if baseline is not None:
+        for how in sorted(set(twin_models.values())):
+            baseline.load(how, plain, how)
+        twins = {case: lambda how=how, t=auto[case]: baseline.generate(how, [prompt], n, t)
+                 for case, how in twin_models.items()}
+
+    def fp32_twin(prompts: list[list[int]], new_tokens: int) -> dict[str, Callable[[], Reply]]:
+        """The baseline twin of this checkout's prepared fp32 model on `prompts`, if any."""
+        threads = auto["handformer fp32"]
+        return {"handformer": lambda: baseline.generate("prepare_for_decoding", prompts, new_tokens, threads)
+                } if baseline is not None else {}
+
+    comparison: list[tuple[str, list[float], list[float], bool]] = []
     with torch.no_grad():
         ours, theirs = generate(model, [prompt], n, temperature=0), hf_generate(hf, [prompt], n)
         cases = {"handformer fp32": lambda: generate(model, [prompt], n, temperature=0),
@@ -230,7 +304,9 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor) -> None:
                  "handformer int8, head fp32": lambda: generate(int8_body, [prompt], n, temperature=0),
                  "handformer int4 (groups of 32)": lambda: generate(int4, [prompt], n, temperature=0),
                  "handformer bf16 weights": lambda: generate(bf16, [prompt], n, temperature=0)}
-        med = rounds(cases, args.rounds, data)
+        runs: dict[str, list[tuple[float, object]]] = {}
+        med = rounds(with_twins(cases, twins), args.rounds, data, runs)
+        comparison += twin_rows(runs, "batch 1: ")
     base = n / med["handformer fp32"]
     print(f"\n{name}: batch 1, prompt {args.prompt}, {n} new tokens, bandwidth "
           f"{med['bw'] / 1e9:.1f} GB/s (same tokens as HF: {ours[0] == theirs[0]})")
@@ -255,8 +331,12 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor) -> None:
     if name != "tiny":
         long_prompt = torch.randint(0, model.cfg.vocab_size, (args.ttft_prompt,)).tolist()
         with torch.no_grad():
-            ttft = rounds({"handformer": lambda: generate(model, [long_prompt], 1, temperature=0),
-                           "HF": lambda: hf_generate(hf, [long_prompt], 1)}, args.rounds)
+            runs = {}
+            ttft = rounds(with_twins(
+                {"handformer": lambda: generate(model, [long_prompt], 1, temperature=0),
+                 "HF": lambda: hf_generate(hf, [long_prompt], 1)},
+                fp32_twin([long_prompt], 1)), args.rounds, runs=runs)
+            comparison += twin_rows(runs, f"time to first token, {args.ttft_prompt}: ")
         print(f"  time to first token, {args.ttft_prompt}-token prompt: handformer "
               f"{ttft['handformer']:.3f} s, HF {ttft['HF']:.3f} s ({ttft['HF'] / ttft['handformer']:.2f}x)")
         nb = args.batch_new_tokens
@@ -266,8 +346,12 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor) -> None:
             prompts = [torch.randint(0, model.cfg.vocab_size, (length,), generator=gen).tolist()
                        for length in lengths]
             with torch.no_grad():
-                med_b = rounds({"handformer": lambda p=prompts: generate(model, p, nb, temperature=0),
-                                "HF": lambda p=prompts: hf_generate(hf, p, nb)}, args.rounds)
+                runs = {}
+                med_b = rounds(with_twins(
+                    {"handformer": lambda p=prompts: generate(model, p, nb, temperature=0),
+                     "HF": lambda p=prompts: hf_generate(hf, p, nb)},
+                    fp32_twin(prompts, nb)), args.rounds, runs=runs)
+                comparison += twin_rows(runs, f"batch {batch}, {nb} new tokens: ")
             ours_tps, hf_tps = batch * nb / med_b["handformer"], batch * nb / med_b["HF"]
             print(f"  batch {batch}, {nb} new tokens: handformer {ours_tps:.1f} tokens/s, HF {hf_tps:.1f} "
                   f"({ours_tps / hf_tps:.2f}x, target >= 1.2x)")
@@ -275,6 +359,8 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor) -> None:
         c = llama2c(args.run_c, n, args.rounds, args.stories)
         ratio = f" ({c / base:.1f}x handformer fp32)" if c else " (no 'achieved tok/s' line)"
         print(f"  llama2.c run.c on stories260K: {c} tokens/s{ratio}")
+    if baseline is not None:
+        print(comparison_table(name, comparison, baseline.label))
 
 
 def main() -> None:
@@ -292,6 +378,7 @@ def main() -> None:
                         help="folder with llama2.c's stories260K.bin and tok512.bin")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--compile", action="store_true", help="also time generate(compile_step=True)")
+    parser.add_argument("--baseline", type=Path, help="another handformer checkout to time beside this one")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # each line as soon as it is measured
     if args.threads:
@@ -299,8 +386,11 @@ def main() -> None:
     data = torch.ones(args.bandwidth_mib * 2**20 // 4)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}; medians of {args.rounds} interleaved rounds")
+    baseline = BaselineWorker(args.baseline) if args.baseline else None  # after --threads: the same count
     for name in args.models:
-        batch1(name, args, data)
+        batch1(name, args, data, baseline)
+    if baseline is not None:
+        baseline.close()
 
 
 if __name__ == "__main__":

@@ -9,13 +9,16 @@ intra-op thread for a model this small, `default_threads`):
   from BOS, beside Hugging Face's LlamaForCausalLM on the same weights (`export-hf`) and, with
   --run-c, llama2.c's own run.c.
 
-Cases, each timed once per round, rounds interleaved, medians reported (the CPU is shared):
-- "default": this checkout, the model after `prepare_for_decoding` (fused projections, large weights
-  packed: what `handformer generate` runs);
+Cases, each timed once per round, rounds interleaved (every other one in reverse order), medians
+reported (the CPU is shared):
+- "default": this checkout, the model after `prepare_for_decoding` (fused projections, dropout
+  removed, large weights packed: what `handformer generate` runs);
 - "unfused": this checkout, the model as loaded, large weights packed (`pack_linears` only);
-- "baseline": with --baseline DIR, another checkout of handformer (e.g. `git archive` of a branch,
-  unpacked), the same weights and prompt, in a worker process that imports from DIR.
-The tokens of every case are compared with the default's.
+- "baseline default" and "baseline unfused": with --baseline DIR, another checkout of handformer
+  (`git worktree add DIR <commit>`), the same weights, prompt and thread count, prepared the same two
+  ways with DIR's own code, in a worker process that imports only from DIR (benchmarks/baseline.py).
+The tokens of every case are compared with the default's, and each baseline case's with its twin's;
+a table gives each twin pair's medians and their ratio.
 
     python benchmarks/decode_tiny.py --baseline /tmp/main_src --run-c /tmp/l2c/run
 """
@@ -23,8 +26,6 @@ The tokens of every case are compared with the default's.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
 import statistics
 import subprocess
@@ -37,62 +38,22 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from baseline import BaselineWorker, comparison_table, resolved_threads  # noqa: E402
 
 from handformer.config import CausalLMConfig  # noqa: E402
-from handformer.tasks.lm.exports import export_hf  # noqa: E402
-from handformer.tasks.lm.imports import import_llama2c  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.inference.packed_linear import pack_linears  # noqa: E402
 from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
+from handformer.inference.threads import default_threads  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
+from handformer.tasks.lm.exports import export_hf  # noqa: E402
+from handformer.tasks.lm.imports import import_llama2c  # noqa: E402
 from handformer.tasks.lm.run import load_lm  # noqa: E402
 
 STORIES = ROOT.parent / "shared" / "data" / "stories260K"
 TINY = dict(vocab_size=512, d_model=64, n_heads=8, n_kv_heads=4, d_ff=172, n_layers=5, max_positions=2048)
-
-# The worker: loads the same models from another checkout, then answers "NAME" lines with the
-# seconds and tokens of one generate call, as JSON. It never imports this checkout's code.
-WORKER = """
-import json, sys, torch
-from handformer.config import CausalLMConfig
-from handformer.generation.generate import generate
-from handformer.models.causal_lm import CausalLM
-from handformer.tasks.lm.run import load_lm
-import time
-spec = json.loads(sys.argv[1])
-tiny = CausalLM(CausalLMConfig.llama_style(**spec["tiny_config"])).eval()
-tiny.load_state_dict(torch.load(spec["tiny_weights"]))
-models = {"tiny": tiny, "stories260K": load_lm(spec["stories_run"]).model}
-for line in sys.stdin:
-    name = line.strip()
-    prompt, n = spec["prompts"][name], spec["new_tokens"]
-    start = time.perf_counter()
-    out = generate(models[name], [prompt], n, temperature=0)[0]
-    print(json.dumps({"seconds": time.perf_counter() - start, "tokens": out}), flush=True)
-"""
-
-
-class Baseline:
-    """generate() of another handformer checkout, in a worker process."""
-
-    def __init__(self, source: Path, spec: dict) -> None:
-        env = {**os.environ, "PYTHONPATH": str(source)}
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER, json.dumps(spec)], cwd=source, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-
-    def run(self, name: str) -> tuple[float, list[int]]:
-        self.proc.stdin.write(name + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError("the baseline worker stopped; run it by hand to see its error")
-        reply = json.loads(line)
-        return reply["seconds"], reply["tokens"]
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-
 
 def timed_generate(model: CausalLM, prompt: list[int], n: int) -> tuple[float, list[int]]:
     start = time.perf_counter()
@@ -133,7 +94,6 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
         tiny = CausalLM(CausalLMConfig.llama_style(**TINY)).eval()
-        torch.save(tiny.state_dict(), Path(tmp) / "tiny.pt")
         import_llama2c(args.stories / "stories260K.bin", args.stories / "tok512.bin", Path(tmp) / "stories")
         stories = load_lm(Path(tmp) / "stories").model
         import transformers
@@ -141,37 +101,49 @@ def main() -> None:
         export_hf(Path(tmp) / "stories", Path(tmp) / "hf")
         hf = transformers.LlamaForCausalLM.from_pretrained(Path(tmp) / "hf").eval()
         prompts = {"tiny": torch.randint(0, 512, (64,)).tolist(), "stories260K": [1]}
+        baseline = BaselineWorker(args.baseline, threads=1) if args.baseline else None
         models = {}
         for name, model in (("tiny", tiny), ("stories260K", stories)):
             fused = CausalLM(model.cfg).eval()
             fused.load_state_dict(model.state_dict())
+            if baseline:  # the twins of the two cases below, from the same weights
+                baseline.load(f"{name} default", model, "prepare_for_decoding")
+                baseline.load(f"{name} unfused", model, "pack_linears")
             pack_linears(model.eval())
             models[name] = {"default": prepare_for_decoding(fused), "unfused": model}
-        spec = {"tiny_config": TINY, "tiny_weights": str(Path(tmp) / "tiny.pt"),
-                "stories_run": str(Path(tmp) / "stories"), "prompts": prompts, "new_tokens": n}
-        baseline = Baseline(args.baseline.resolve(), spec) if args.baseline else None
         cases = {}
         for name in models:
             for kind in ("default", "unfused"):
                 cases[name, kind] = lambda m=models[name][kind], p=prompts[name]: timed_generate(m, p, n)
-            if baseline:
-                cases[name, "baseline"] = lambda name=name: baseline.run(name)
+                if baseline:  # the twin right after its case
+                    # the thread count this checkout's case runs with ("auto": default_threads)
+                    threads = resolved_threads(default_threads(models[name][kind]))
+
+                    def twin(name: str = name, kind: str = kind, threads: int = threads,
+                             ) -> tuple[float, list[int]]:
+                        reply = baseline.generate(f"{name} {kind}", [prompts[name]], n, threads)
+                        return reply.seconds, reply.result[0]
+
+                    cases[name, f"baseline {kind}"] = twin
         cases["stories260K", "HF generate"] = lambda: hf_generate(hf, [1], n)
         if args.run_c:
             cases["stories260K", "llama2.c run.c"] = lambda: run_c(args.run_c, n, args.stories)
         times: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
         same: dict[tuple[str, str], bool] = {}
+        twin_same: dict[tuple[str, str], bool] = {}
         for fn in cases.values():
             fn()  # warm-up
-        for _ in range(args.rounds):
-            reference = {}
-            for case, fn in cases.items():
-                seconds, tokens = fn()
+        for r in range(args.rounds):
+            outputs = {}
+            for case, fn in (reversed if r % 2 else list)(cases.items()):  # every other round backwards
+                seconds, outputs[case] = fn()
                 times[case].append(seconds)
-                if case[1] == "default":
-                    reference[case[0]] = tokens
-                elif tokens is not None:
-                    same[case] = same.get(case, True) and tokens == reference[case[0]]
+            for (name, kind), tokens in outputs.items():
+                if kind != "default" and tokens is not None:
+                    same[name, kind] = same.get((name, kind), True) and tokens == outputs[name, "default"]
+                if kind.startswith("baseline "):
+                    ours = outputs[name, kind.removeprefix("baseline ")]
+                    twin_same[name, kind] = twin_same.get((name, kind), True) and tokens == ours
         if baseline:
             baseline.close()
     print(f"torch {torch.__version__}, batch 1, greedy, {n} new tokens, 1 thread, medians of {args.rounds} "
@@ -188,6 +160,10 @@ def main() -> None:
                 "  same tokens" if same[model_name, case] else "  DIFFERENT tokens")
             print(f"  {case:16s} {n / median:9.1f} tokens/s  default / this {median / base:5.2f}x  "
                   f"rounds: {', '.join(f'{n / v:.0f}' for v in values)}{tokens}")
+        if baseline:
+            rows = [(kind, times[name, kind], times[name, f"baseline {kind}"],
+                     twin_same[name, f"baseline {kind}"]) for kind in ("default", "unfused")]
+            print(comparison_table(name, rows, baseline.label))
 
 
 if __name__ == "__main__":

@@ -11,11 +11,19 @@ One run measures, on this machine:
    `generate` (with its cache) on the same weights, and handformer without a cache, at 256 and
    1024 new tokens; tokens/s, ratios, and whether the tokens agree.
 
+With --baseline DIR, another handformer checkout (`git worktree add DIR <commit>`) runs beside this
+one in a worker process that imports only from DIR (benchmarks/baseline.py): its CausalLM, from the
+same starting weights, trained in the same loop on the same batches inside the same interleaved
+rounds, and its cached generation on this checkout's trained weights with the same prompt and thread
+count; a table per section gives each pair's medians, their ratio and whether the final losses
+(training) or the tokens (generation) agree.
+
 Targets of the project: training tokens/s >= Hugging Face's, cached generation >= Hugging Face's.
 
     python benchmarks/lm_vs_hf.py                 # the defaults below, about 5 minutes on 2 cores
     python benchmarks/lm_vs_hf.py --keep-cpu-memory   # with the allocator setting of training
     python benchmarks/lm_vs_hf.py --d-model 512 --layers 8 --heads 8 --bf16
+    python benchmarks/lm_vs_hf.py --baseline /tmp/other --rounds 5 --gen-rounds 5
 
 Needs `transformers` (a test dependency of handformer). Nothing is downloaded.
 """
@@ -33,10 +41,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from baseline import BaselineWorker, comparison_table, resolved_threads  # noqa: E402
 
 from handformer.config import CausalLMConfig  # noqa: E402
 from handformer.convert.hf_weights import load_hf_into  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
+from handformer.inference.threads import default_threads  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 from handformer.training.cpu_memory import keep_freed_memory  # noqa: E402
 
@@ -88,13 +100,23 @@ def flops_per_token(model: CausalLM, T: int) -> float:
     return 6 * n + 12 * cfg.n_layers * T * cfg.d_model
 
 
+BASELINE = "handformer [baseline]"  # the baseline checkout's CausalLM, in the results
+LOSS_TOLERANCE = 1e-6  # two checkouts' losses "agree" within this (the golden losses' tolerance)
+
+
 def train_throughput(args: argparse.Namespace, hf: torch.nn.Module, ours: CausalLM,
+                     baseline: BaselineWorker | None = None, seconds: dict[str, list[float]] | None = None,
                      ) -> dict[str, tuple[float, float]]:
-    """Median tokens/s and last loss of each model in the same loop, rounds interleaved."""
+    """Median tokens/s and last loss of each model in the same loop, rounds interleaved; with a
+    baseline worker, its CausalLM from `ours`' starting weights too (under BASELINE). `seconds`,
+    if given, receives each model's timed seconds of every round."""
     gen = torch.Generator().manual_seed(args.seed)
     n_batches = args.warmup + args.steps
     data = [torch.randint(0, args.vocab, (args.batch, args.block + 1), generator=gen)
             for _ in range(n_batches)]
+    if baseline is not None:
+        baseline.load("training", ours, "as loaded")  # before the first step: the same start
+        baseline.batches("training", data)
     logits_of: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "huggingface": lambda x: hf(input_ids=x).logits,
         "handformer": lambda x: ours(x).logits,
@@ -102,11 +124,20 @@ def train_throughput(args: argparse.Namespace, hf: torch.nn.Module, ours: Causal
     models = {"huggingface": hf, "handformer": ours}
     optims = {k: torch.optim.AdamW(m.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
               for k, m in models.items()}
-    speeds: dict[str, list[float]] = {k: [] for k in models}
+    speeds: dict[str, list[float]] = {k: [] for k in (*models, *([BASELINE] if baseline else []))}
     last_loss: dict[str, float] = {}
     tokens = args.batch * args.block
-    for _ in range(args.rounds):
-        for name, model in models.items():
+    seconds = {} if seconds is None else seconds
+
+    def baseline_round() -> None:  # the same loop in the baseline checkout (benchmarks/baseline.py)
+        elapsed, last_loss[BASELINE] = baseline.train("training", "training", args.warmup, args.bf16)
+        speeds[BASELINE].append(args.steps * tokens / elapsed)
+        seconds.setdefault(BASELINE, []).append(elapsed)
+
+    for r in range(args.rounds):  # every other round in reverse order: the baseline next to ours
+        if baseline is not None and r % 2:
+            baseline_round()
+        for name, model in (reversed if r % 2 else list)(models.items()):
             model.train()
             elapsed = 0.0
             for i, batch in enumerate(data):
@@ -123,6 +154,9 @@ def train_throughput(args: argparse.Namespace, hf: torch.nn.Module, ours: Causal
                     elapsed += time.perf_counter() - start
                 last_loss[name] = loss.item()
             speeds[name].append(args.steps * tokens / elapsed)
+            seconds.setdefault(name, []).append(elapsed)
+        if baseline is not None and not r % 2:
+            baseline_round()
     return {k: (statistics.median(v), last_loss[k]) for k, v in speeds.items()}
 
 
@@ -134,7 +168,10 @@ def time_generation(fn: Callable[[], list[int]]) -> tuple[float, list[int]]:
 
 @torch.no_grad()
 def generation_throughput(args: argparse.Namespace, hf: torch.nn.Module, ours: CausalLM,
-                          new_tokens: int) -> None:
+                          new_tokens: int, baseline: BaselineWorker | None = None) -> None:
+    """Tokens/s of each way to generate (best of --gen-rounds interleaved rounds), tokens compared;
+    with a baseline worker (holding `ours`' weights as "generation"), its cached generation too, and
+    the medians of this checkout's and the baseline's cached generation side by side."""
     gen = torch.Generator().manual_seed(args.seed + new_tokens)
     prompt = torch.randint(0, args.vocab, (1, args.prompt), generator=gen)  # (1, P)
     hf.eval()
@@ -150,15 +187,31 @@ def generation_throughput(args: argparse.Namespace, hf: torch.nn.Module, ours: C
         return lambda: generate(ours, prompt.tolist(), new_tokens, temperature=0.0,
                                 use_cache=use_cache)[0]
 
-    runs = {"handformer (cache)": ours_generate(True), "huggingface generate": hf_generate}
+    runs: dict[str, Callable[[], tuple[float, list[int]]]] = {
+        "handformer (cache)": lambda: time_generation(ours_generate(True))}
+    twin = BASELINE + " (cache)"
+    if baseline is not None:  # right after its twin
+        threads = resolved_threads(default_threads(ours))  # what "handformer (cache)" runs with
+
+        def baseline_generate() -> tuple[float, list[int]]:
+            reply = baseline.generate("generation", prompt.tolist(), new_tokens, threads, use_cache=True)
+            return reply.seconds, reply.result[0]  # the seconds the worker measured around generate
+
+        runs[twin] = baseline_generate
+    runs["huggingface generate"] = lambda: time_generation(hf_generate)
     best: dict[str, float] = {}
+    every: dict[str, list[float]] = {}
     outputs: dict[str, list[int]] = {}
-    time_generation(runs["handformer (cache)"])  # warm-up of both paths
-    time_generation(runs["huggingface generate"])
-    for _ in range(args.gen_rounds):
-        for name, fn in runs.items():
-            seconds, outputs[name] = time_generation(fn)
+    same_every_round = True
+    for fn in runs.values():  # warm-up of every path
+        fn()
+    for r in range(args.gen_rounds):
+        for name, fn in (reversed if r % 2 else list)(runs.items()):  # every other round backwards
+            seconds, outputs[name] = fn()
             best[name] = min(best.get(name, float("inf")), seconds)
+            every.setdefault(name, []).append(seconds)
+        if baseline is not None:
+            same_every_round &= outputs[twin] == outputs["handformer (cache)"]
     seconds, outputs["handformer (no cache)"] = time_generation(ours_generate(False))
     best["handformer (no cache)"] = seconds  # one run: it is slow, and there is no warm-up effect
 
@@ -166,12 +219,15 @@ def generation_throughput(args: argparse.Namespace, hf: torch.nn.Module, ours: C
     ref = outputs["handformer (cache)"]
     for name, seconds in best.items():
         same = sum(a == b for a, b in zip(outputs[name], ref, strict=True))
-        print(f"  {name:22s} {new_tokens / seconds:9.1f} tokens/s  ({seconds:6.2f} s)  "
+        print(f"  {name:29s} {new_tokens / seconds:9.1f} tokens/s  ({seconds:6.2f} s)  "
               f"tokens equal to handformer (cache): {same}/{new_tokens}")
     hf_ratio = best["huggingface generate"] / best["handformer (cache)"]
     cache_ratio = best["handformer (no cache)"] / best["handformer (cache)"]
     print(f"  handformer cached vs huggingface generate: {hf_ratio:.2f}x the speed (target >= 1.0)")
     print(f"  handformer cached vs handformer without a cache: {cache_ratio:.2f}x the speed")
+    if baseline is not None:
+        row = ("handformer (cache)", every["handformer (cache)"], every[twin], same_every_round)
+        print(comparison_table(f"generation, {new_tokens} new tokens", [row], baseline.label))
 
 
 def main() -> None:
@@ -192,6 +248,7 @@ def main() -> None:
     p.add_argument("--bf16", action="store_true", help="train under bf16 autocast")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-generation", action="store_true")
+    p.add_argument("--baseline", type=Path, help="another handformer checkout to time beside this one")
     p.add_argument("--keep-cpu-memory", action="store_true",
                    help="tune glibc malloc as `handformer train` does (cpu_memory.py), for both")
     args = p.parse_args()
@@ -209,6 +266,7 @@ def main() -> None:
         print(f"matmul peak {str(dtype)[6:]:8s} {peaks[dtype] / 1e9:8.1f} GFLOP/s ({n}x{n}, best of 5)")
 
     hf, ours = build_models(args)
+    baseline = BaselineWorker(args.baseline) if args.baseline else None
     x = torch.randint(0, args.vocab, (2, 32))
     with torch.no_grad():
         diff = (hf.eval()(input_ids=x).logits - ours.eval()(x).logits).abs().max().item()
@@ -216,20 +274,31 @@ def main() -> None:
           f"vocab {args.vocab}, {ours.num_parameters() / 1e6:.2f}M parameters; same weights in both "
           f"(max logit difference {diff:.1e})")
 
-    results = train_throughput(args, hf, ours)
+    seconds: dict[str, list[float]] = {}
+    results = train_throughput(args, hf, ours, baseline, seconds)
     peak = peaks[torch.bfloat16 if args.bf16 else torch.float32]
     fpt = flops_per_token(ours, args.block)
     print(f"\ntraining, batch {args.batch} x {args.block} tokens, {args.steps} timed steps x "
           f"{args.rounds} interleaved rounds, {'bf16 autocast' if args.bf16 else 'fp32'}:")
     for name, (speed, loss) in results.items():
-        print(f"  {name:12s} {speed:9.0f} tokens/s  MFU {speed * fpt / peak:6.1%}  "
+        print(f"  {name:21s} {speed:9.0f} tokens/s  MFU {speed * fpt / peak:6.1%}  "
               f"final loss {loss:.4f}")
     ratio = results["handformer"][0] / results["huggingface"][0]
     print(f"  handformer vs huggingface: {ratio:.2f}x the tokens/s (target >= 1.0)")
+    if baseline is not None:
+        losses = results["handformer"][1], results[BASELINE][1]
+        agree = abs(losses[0] - losses[1]) <= LOSS_TOLERANCE
+        print(comparison_table("training", [("handformer", seconds["handformer"], seconds[BASELINE],
+                                             f"final losses {'agree' if agree else 'DIFFER'}: "
+                                             f"{losses[0]:.7f} vs {losses[1]:.7f}")], baseline.label))
 
     if not args.skip_generation:
+        if baseline is not None:
+            baseline.load("generation", ours, "as loaded")  # this checkout's trained weights
         for n in args.gen_tokens:
-            generation_throughput(args, hf, ours, n)
+            generation_throughput(args, hf, ours, n, baseline)
+    if baseline is not None:
+        baseline.close()
 
 
 if __name__ == "__main__":

@@ -219,6 +219,7 @@ class Engine:
         mask = torch.zeros(B, capacity, dtype=torch.bool, device=self.device)  # (B, C)
         for r, n in enumerate(lengths):
             mask[r, width - n:width] = True
+        mask[:, width:] = True  # the positions to come are real until their row is done (step)
         ids = None
         if not self.use_cache:
             ids = torch.full((B, capacity), self.pad_id, dtype=torch.long, device=self.device)  # (B, C)
@@ -246,7 +247,8 @@ class Engine:
         if S >= self.mask.size(1):
             raise ValueError(f"the batch is full ({S} positions); a row asked for more than it said")
         tokens = [row.tokens[-1] if alive else self.pad_id for row, alive in zip(self.rows, live)]
-        self.mask[:, S] = torch.tensor(live, device=self.device)  # a finished row's column is hidden
+        if not all(live):
+            self.mask[:, S] = torch.tensor(live, device=self.device)  # a finished row's column is hidden
         self.lengths = [n + alive for n, alive in zip(self.lengths, live)]
         self.width = S + 1
         padded = B > 1 and min(self.lengths) < self.width

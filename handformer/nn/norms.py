@@ -26,7 +26,7 @@ class LayerNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         bias = None if self.bias is None else self.bias.float()
         out = F.layer_norm(x.float(), (x.size(-1),), self.weight.float(), bias, self.eps)
-        return out.to(x.dtype)
+        return out.type_as(x)
 
 
 class RMSNorm(nn.Module):
@@ -38,7 +38,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return self.weight * x32.type_as(x)
 
 
 class OffsetRMSNorm(nn.Module):
@@ -52,7 +52,7 @@ class OffsetRMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + self.eps)
-        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+        return (x32 * (1.0 + self.weight.float())).type_as(x)
 
 
 NORMS = {

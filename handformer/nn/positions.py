@@ -122,7 +122,7 @@ def rotate_half(x: Tensor) -> Tensor:
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate (B, H, T, Dh) queries or keys by their positions' angles."""
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # float32 tables; bf16 queries and keys under autocast
+    cos, sin = cos.type_as(x), sin.type_as(x)  # float32 tables; bf16 queries and keys under autocast
     return (x * cos) + (rotate_half(x) * sin)
 
 
