@@ -132,3 +132,35 @@ def test_a_row_is_a_record_when_every_seed_beats_the_last_records_mean_at_its_lo
     assert [r["record"] for r in summary] == [True, True, False, False, True]
     assert summary[1]["ratio"] == pytest.approx(50.4 / 100)
     assert re.search(r"\| faster \| fp32 \| 5 \| 50\.4 ± 1\.1 \| 0\.50x \| 1\.8920 ± 0\.0084 \| record \|", text)
+
+
+RESULTS = ROOT / "docs" / "figures" / "speedrun" / "shakespeare.json"
+PAGES = {"en": ROOT / "docs" / "speedrun.md", "zh": ROOT / "docs" / "zh" / "speedrun.md"}
+ZH_WORDS = {"record": "是", "no": "否"}  # the record column, as the Chinese page writes it
+
+
+def committed_table() -> tuple[str, list[dict]]:
+    data = json.loads(RESULTS.read_text())
+    rows = {r["name"]: r["runs"] for r in data["rows"]}
+    return load_benchmark().table(rows, {r["name"]: r["bf16"] for r in data["rows"]})
+
+
+@pytest.mark.parametrize("lang", list(PAGES))
+def test_the_record_table_on_each_page_is_the_committed_runs(lang):
+    """Every row of the docs' record table is what benchmarks/speedrun.py's table() makes of the
+    committed runs (docs/figures/speedrun/shakespeare.json): means, spreads, ratios, records."""
+    text, _ = committed_table()
+    ours = [line for line in text.splitlines()[2:] if line.startswith("|")]
+    if lang == "zh":
+        ours = [re.sub(r"\| (record|no) \|$", lambda m: f"| {ZH_WORDS[m.group(1)]} |", line) for line in ours]
+    page = PAGES[lang].read_text(encoding="utf-8")
+    for line in ours:
+        assert line in page, f"{PAGES[lang].name}: the committed runs give the row {line!r}"
+
+
+def test_the_default_record_is_the_last_fp32_record_of_the_committed_runs():
+    _, summary = committed_table()
+    fp32_records = [r["name"] for r in summary[1:] if r["record"] and not r["bf16"]]
+    assert fp32_records and fp32_records[-1] == RECORD
+    data = json.loads(RESULTS.read_text())
+    assert data["machine"]["cpu"] and data["machine"]["threads"] >= 1

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from handformer.speedrun.common import SpeedrunResult, Target, seconds_since_process_start
 
-RECORD = "configs/speedrun_shakespeare_0_modern.toml"  # the fp32 record: the default
+RECORD = "configs/speedrun_shakespeare_1_muon.toml"  # the fp32 record: the default
 DATA = "../shared/data/tinyshakespeare/input.txt"
 VAL_FRACTION = 0.1  # nanoGPT's split: the first 90% trains, the last 10% validates
 
