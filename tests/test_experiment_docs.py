@@ -26,6 +26,7 @@ COLUMNS = {
     "activations": ["val_loss", "train_loss", "ffn_params", "step_ms"],
     "no-causal-mask": ["train_loss", "val_as_trained", "val_causal"],
     "positions": ["train_loss", "val_1B", "val_2B", "val_4B"],
+    "muon": ["val_loss", "train_loss", "step_ms"],
 }
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?")
 
