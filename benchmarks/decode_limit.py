@@ -16,6 +16,7 @@ In one run, on the machine at hand:
 5. a tiny Llama shaped like stories260K (5 layers, 64 wide, 8 / 4 heads, vocab 512), batch 1,
    beside llama2.c's `run.c` on stories260K itself when --run-c gives its path; `generate` decodes
    it with one thread (`default_threads`), also shown with torch's thread count for comparison;
+   Hugging Face runs on the thread count of handformer's fp32 case, whatever the model;
 6. where the batch-1 fp32 time goes: the model's matrix-vector products alone (every linear layer
    and the head once, one row, the model's own weights), their GB/s (torch's practical ceiling for
    a decoding step) and their share of a decoding step;
@@ -27,6 +28,11 @@ In one run, on the machine at hand:
    (benchmarks/baseline.py): the same weights, prompts and thread count, prepared the same way with
    DIR's own code, timed in the same interleaved rounds; a table per model gives each pair's
    medians, their ratio and whether the tokens agree.
+
+Every case's tokens are compared with Hugging Face's fp32 tokens on the same prompts: batch 1
+(fp32, int8, int4, bf16), the first token after the long prompt, batch 8 and 32. The fp32 cases
+must agree: where one differs, the script says so and exits with status 1. The quantized cases are
+reported as measured (how many tokens agree before each row's first difference).
 
 Every figure is the median of --rounds interleaved rounds (default 5). The targets are printed
 beside the ratios. Other jobs on a shared machine make every figure noisy.
@@ -214,6 +220,31 @@ def llama2c(run_c: str, new_tokens: int, n: int, stories: Path = STORIES) -> flo
     return statistics.median(figures) if figures else None
 
 
+FP32 = ("handformer fp32", "handformer fp32, plain nn.Linear", "handformer fp32, torch's threads")
+
+
+def agreement(ours: list[list[int]], theirs: list[list[int]]) -> tuple[bool, str]:
+    """Whether `ours` equals `theirs` row for row, and in words: "same", or how many rows differ
+    and how many tokens agree before each row's first difference."""
+    if ours == theirs:
+        return True, "same"
+    agree = sum(next((i for i, (a, b) in enumerate(zip(o, t)) if a != b), min(len(o), len(t)))
+                for o, t in zip(ours, theirs))
+    rows = sum(o != t for o, t in zip(ours, theirs))
+    return False, (f"differs in {rows} of {len(theirs)} row(s); {agree} of {sum(map(len, theirs))} "
+                   "tokens agree before each row's first difference")
+
+
+def compare_tokens(label: str, ours: dict[str, list[list[int]]], theirs: list[list[int]],
+                   mismatches: list[str]) -> None:
+    """Print each case's agreement with HF's tokens; an fp32 case that differs joins `mismatches`."""
+    for case, tokens in ours.items():
+        same, words = agreement(tokens, theirs)
+        print(f"  tokens against HF fp32, {label}, {case}: {words}")
+        if not same and (case in FP32 or case == "handformer"):
+            mismatches.append(f"{label}, {case}: {words}")
+
+
 def variant(model: CausalLM, skip: tuple[str, ...] = (), bits: int | None = None) -> CausalLM:
     """A copy of `model`, quantized to `bits` (except the layers in `skip`) if bits is given."""
     copy = CausalLM(model.cfg).eval()
@@ -251,7 +282,10 @@ def twin_rows(runs: dict[str, list[tuple[float, object]]], prefix: str = "",
 
 
 def batch1(name: str, args: argparse.Namespace, data: torch.Tensor,
-           baseline: BaselineWorker | None = None) -> None:
+           baseline: BaselineWorker | None = None) -> list[str]:
+    """Time and compare every case of one model; returns the fp32 cases whose tokens differ
+    from Hugging Face's."""
+    mismatches: list[str] = []
     torch.manual_seed(0)
     plain = CausalLM(SHAPES[name]()).eval()  # plain nn.Linear layers: F.linear (MKL on x86)
     hf = hf_twin(plain)
@@ -291,15 +325,21 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor,
                 } if baseline is not None else {}
 
     comparison: list[tuple[str, list[float], list[float], bool]] = []
+    hf_threads = auto["handformer fp32"]  # HF on handformer's thread count, not torch's default
+
+    def hf_call(prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+        with intra_op_threads(hf_threads):
+            return hf_generate(hf, prompts, new_tokens)
+
     with torch.no_grad():
-        ours, theirs = generate(model, [prompt], n, temperature=0), hf_generate(hf, [prompt], n)
+        ours, theirs = generate(model, [prompt], n, temperature=0), hf_call([prompt], n)
         cases = {"handformer fp32": lambda: generate(model, [prompt], n, temperature=0),
                  **({"handformer fp32, plain nn.Linear": lambda: generate(plain, [prompt], n, temperature=0)}
                     if any(isinstance(m, PackedLinear) for m in model.modules()) else {}),
                  **({"handformer fp32, torch's threads": lambda: generate(model, [prompt], n, temperature=0,
                                                                           threads=None)}
                     if default_threads(model) is not None else {}),
-                 "HF generate fp32": lambda: hf_generate(hf, [prompt], n),
+                 "HF generate fp32": lambda: hf_call([prompt], n),
                  "handformer int8": lambda: generate(int8, [prompt], n, temperature=0),
                  "handformer int8, head fp32": lambda: generate(int8_body, [prompt], n, temperature=0),
                  "handformer int4 (groups of 32)": lambda: generate(int4, [prompt], n, temperature=0),
@@ -309,7 +349,11 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor,
         comparison += twin_rows(runs, "batch 1: ")
     base = n / med["handformer fp32"]
     print(f"\n{name}: batch 1, prompt {args.prompt}, {n} new tokens, bandwidth "
-          f"{med['bw'] / 1e9:.1f} GB/s (same tokens as HF: {ours[0] == theirs[0]})")
+          f"{med['bw'] / 1e9:.1f} GB/s (same tokens as HF: {ours[0] == theirs[0]}); threads: "
+          f"handformer fp32 and HF {hf_threads}, " + ", ".join(
+              f"{case} {auto[case]}" for case in cases if case in auto and case != "handformer fp32"))
+    compare_tokens("batch 1", {case: runs[case][0][1] for case in cases if case != "HF generate fp32"},
+                   runs["HF generate fp32"][0][1], mismatches)
     print(f"  {'':33} {'tokens/s':>9} {'bound':>8} {'of bound':>9} {'vs fp32':>8}")
     shown = [("handformer fp32", model)] + [(c, model) for c in med if c.endswith(("threads", "nn.Linear"))]
     for case, m in (*shown, ("HF generate fp32", model), ("handformer int8", int8),
@@ -334,9 +378,11 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor,
             runs = {}
             ttft = rounds(with_twins(
                 {"handformer": lambda: generate(model, [long_prompt], 1, temperature=0),
-                 "HF": lambda: hf_generate(hf, [long_prompt], 1)},
+                 "HF": lambda: hf_call([long_prompt], 1)},
                 fp32_twin([long_prompt], 1)), args.rounds, runs=runs)
             comparison += twin_rows(runs, f"time to first token, {args.ttft_prompt}: ")
+        compare_tokens(f"first token after {args.ttft_prompt}", {"handformer": runs["handformer"][0][1]},
+                       runs["HF"][0][1], mismatches)
         print(f"  time to first token, {args.ttft_prompt}-token prompt: handformer "
               f"{ttft['handformer']:.3f} s, HF {ttft['HF']:.3f} s ({ttft['HF'] / ttft['handformer']:.2f}x)")
         nb = args.batch_new_tokens
@@ -349,9 +395,11 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor,
                 runs = {}
                 med_b = rounds(with_twins(
                     {"handformer": lambda p=prompts: generate(model, p, nb, temperature=0),
-                     "HF": lambda p=prompts: hf_generate(hf, p, nb)},
+                     "HF": lambda p=prompts: hf_call(p, nb)},
                     fp32_twin(prompts, nb)), args.rounds, runs=runs)
                 comparison += twin_rows(runs, f"batch {batch}, {nb} new tokens: ")
+            compare_tokens(f"batch {batch}", {"handformer": runs["handformer"][0][1]}, runs["HF"][0][1],
+                           mismatches)
             ours_tps, hf_tps = batch * nb / med_b["handformer"], batch * nb / med_b["HF"]
             print(f"  batch {batch}, {nb} new tokens: handformer {ours_tps:.1f} tokens/s, HF {hf_tps:.1f} "
                   f"({ours_tps / hf_tps:.2f}x, target >= 1.2x)")
@@ -361,6 +409,7 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor,
         print(f"  llama2.c run.c on stories260K: {c} tokens/s{ratio}")
     if baseline is not None:
         print(comparison_table(name, comparison, baseline.label))
+    return mismatches
 
 
 def main() -> None:
@@ -387,10 +436,14 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}; medians of {args.rounds} interleaved rounds")
     baseline = BaselineWorker(args.baseline) if args.baseline else None  # after --threads: the same count
+    mismatches = []
     for name in args.models:
-        batch1(name, args, data, baseline)
+        mismatches += [f"{name}: {m}" for m in batch1(name, args, data, baseline)]
     if baseline is not None:
         baseline.close()
+    if mismatches:
+        print("fp32 tokens differ from Hugging Face's:\n  " + "\n  ".join(mismatches))
+        sys.exit(1)
 
 
 if __name__ == "__main__":

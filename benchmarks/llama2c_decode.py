@@ -9,7 +9,10 @@ Each round, in turn (rounds interleaved, medians reported, because this machine'
   weights (the run exported with `handformer export-hf`), its cache on;
 - run.c (with --run-c PATH, a binary built from karpathy/llama2.c outside this project):
   `run MODEL -z TOKENIZER -t 0 -n 257`; its own "achieved tok/s" (timed from the second token).
-The tokens of handformer and transformers are compared.
+The tokens of handformer and transformers are compared. Threads are matched: handformer and
+transformers share this process's `--threads` torch threads; run.c gets OMP_NUM_THREADS=--threads
+(a plain `make run` build is single-threaded whatever it is given: pass `--threads 1` beside it,
+or build `make runomp`).
 
 Target of the project: 256 tokens in at most 0.5 s (start-up aside).
 
@@ -22,6 +25,7 @@ Reads ../shared/data/stories260K (see the README there); needs `transformers`.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -69,10 +73,11 @@ def time_hf(hf: torch.nn.Module) -> tuple[float, list[int]]:
     return seconds, out[0, 1:].tolist()
 
 
-def time_run_c(binary: str) -> float:
-    """Seconds for 256 tokens at run.c's own reported rate."""
+def time_run_c(binary: str, threads: int) -> float:
+    """Seconds for 256 tokens at run.c's own reported rate, on `threads` OpenMP threads."""
     out = subprocess.run([binary, str(DATA / "stories260K.bin"), "-z", str(DATA / "tok512.bin"), "-t", "0",
-                          "-n", str(N_NEW + 1)], capture_output=True, text=True, check=True)
+                          "-n", str(N_NEW + 1)], capture_output=True, text=True, check=True,
+                         env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     rate = float(re.search(r"achieved tok/s: ([0-9.]+)", out.stderr).group(1))
     return N_NEW / rate
 
@@ -98,8 +103,9 @@ def main() -> None:
         times["transformers"].append(seconds)
         same &= ours == theirs
         if args.run_c:
-            times["run.c"].append(time_run_c(args.run_c))
-    print(f"stories260K, greedy, {N_NEW} new tokens from BOS, batch 1, {args.threads} thread(s), "
+            times["run.c"].append(time_run_c(args.run_c, args.threads))
+    print(f"stories260K, greedy, {N_NEW} new tokens from BOS, batch 1, {torch.get_num_threads()} "
+          f"thread(s) for every side (run.c: OMP_NUM_THREADS={args.threads}), "
           f"{args.rounds} interleaved rounds (medians; the CPU is shared, so rounds vary)")
     base = statistics.median(times["handformer"])
     for name, values in times.items():

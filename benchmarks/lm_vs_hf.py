@@ -48,7 +48,7 @@ from baseline import BaselineWorker, comparison_table, resolved_threads  # noqa:
 from handformer.config import CausalLMConfig  # noqa: E402
 from handformer.convert.hf_weights import load_hf_into  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
-from handformer.inference.threads import default_threads  # noqa: E402
+from handformer.inference.threads import default_threads, intra_op_threads  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 from handformer.training.cpu_memory import keep_freed_memory  # noqa: E402
 
@@ -177,10 +177,14 @@ def generation_throughput(args: argparse.Namespace, hf: torch.nn.Module, ours: C
     hf.eval()
     ours.eval()
 
+    threads = resolved_threads(default_threads(ours))  # what "handformer (cache)" runs with
+    print(f"generation: handformer and Hugging Face on {threads} thread(s)")
+
     def hf_generate() -> list[int]:
-        out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
-                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, use_cache=True,
-                          pad_token_id=0, eos_token_id=None)
+        with intra_op_threads(threads):  # the same thread count as handformer's generate
+            out = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                              max_new_tokens=new_tokens, min_new_tokens=new_tokens, use_cache=True,
+                              pad_token_id=0, eos_token_id=None)
         return out[0, args.prompt:].tolist()
 
     def ours_generate(use_cache: bool) -> Callable[[], list[int]]:
@@ -191,8 +195,6 @@ def generation_throughput(args: argparse.Namespace, hf: torch.nn.Module, ours: C
         "handformer (cache)": lambda: time_generation(ours_generate(True))}
     twin = BASELINE + " (cache)"
     if baseline is not None:  # right after its twin
-        threads = resolved_threads(default_threads(ours))  # what "handformer (cache)" runs with
-
         def baseline_generate() -> tuple[float, list[int]]:
             reply = baseline.generate("generation", prompt.tolist(), new_tokens, threads, use_cache=True)
             return reply.seconds, reply.result[0]  # the seconds the worker measured around generate

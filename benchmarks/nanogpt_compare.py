@@ -9,6 +9,10 @@ validation losses and the ratios the project targets:
     same recipe:      val loss <= 1.90 and wall time <= 0.85x nanoGPT's
     time to quality:  modern preset reaches val loss <= 1.88 in <= 0.6x nanoGPT's wall time
 
+Threads are matched: both trainings run as child processes with OMP_NUM_THREADS=--threads (default:
+this machine's cores, torch's own default), which fixes torch's intra-op threads in each; the
+in-process step timing (--steps-only) runs both models on the same torch threads.
+
 nanoGPT is not part of handformer: bring a checkout of its public repository and pass its path.
 
     python benchmarks/nanogpt_compare.py --nanogpt /path/to/nanoGPT
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
 import re
 import statistics
@@ -53,13 +58,18 @@ def prepare_nanogpt_data(nanogpt: Path, text_path: Path) -> None:
         pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, f)
 
 
-def run_nanogpt(nanogpt: Path, out_dir: Path) -> tuple[float, float]:
+def child_env(threads: int) -> dict[str, str]:
+    """The environment of a training child process: torch's intra-op threads fixed at `threads`."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads)}
+
+
+def run_nanogpt(nanogpt: Path, out_dir: Path, threads: int) -> tuple[float, float]:
     cmd = [sys.executable, "train.py", "config/train_shakespeare_char.py", "--device=cpu",
            "--compile=False", "--eval_iters=20", "--log_interval=1", "--block_size=64",
            "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128", "--max_iters=2000",
            "--lr_decay_iters=2000", "--dropout=0.0", f"--out_dir={out_dir}"]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=nanogpt, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=nanogpt, capture_output=True, text=True, env=child_env(threads))
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"nanoGPT failed:\n{proc.stderr[-2000:]}")
@@ -171,7 +181,7 @@ def step_times(nanogpt: Path, rounds: int = 6, steps: int = 50) -> dict[str, dic
     return result
 
 
-def run_handformer(config: str, out_dir: Path, text_path: Path, seed: int | None = None,
+def run_handformer(config: str, out_dir: Path, text_path: Path, threads: int, seed: int | None = None,
                    ) -> tuple[float, float, float | None]:
     """(wall time, final val loss, elapsed_s when val loss first <= 1.88)."""
     cmd = [sys.executable, "-m", "handformer", "train", "--config", config, "--out", str(out_dir),
@@ -179,7 +189,7 @@ def run_handformer(config: str, out_dir: Path, text_path: Path, seed: int | None
     if seed is not None:
         cmd += ["--set", f"train.seed={seed}"]
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=child_env(threads))
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"handformer failed:\n{proc.stderr[-2000:]}")
@@ -198,7 +208,11 @@ def main() -> None:
                         help="only time one training step of each model, in this process")
     parser.add_argument("--seeds", type=int, default=1,
                         help="also train the same recipe with seeds 1..N-1 (the loss's spread)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="torch threads of every side (default: the machine's cores)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} thread(s) for every side")
     if not (args.nanogpt / "train.py").is_file():
         raise SystemExit(f"{args.nanogpt} has no train.py: pass the path of a nanoGPT checkout")
     if args.steps_only:
@@ -212,9 +226,10 @@ def main() -> None:
     prepare_nanogpt_data(args.nanogpt, args.data)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        ng_wall, ng_val = run_nanogpt(args.nanogpt, tmp / "nanogpt")
+        ng_wall, ng_val = run_nanogpt(args.nanogpt, tmp / "nanogpt", args.threads)
         print(f"nanoGPT                  wall {ng_wall:6.1f} s   final val loss {ng_val:.3f}", flush=True)
-        hf_wall, hf_val, _ = run_handformer("configs/shakespeare_char.toml", tmp / "hf", args.data)
+        hf_wall, hf_val, _ = run_handformer("configs/shakespeare_char.toml", tmp / "hf", args.data,
+                                         args.threads)
         print(f"handformer (same recipe) wall {hf_wall:6.1f} s   final val loss {hf_val:.3f}   "
               f"ratio {hf_wall / ng_wall:.2f}x (target <= 0.85x, val <= 1.90)", flush=True)
         # Each tool's own val loss is an estimate on 20 batches (nanoGPT's are random, ours fixed);
@@ -224,7 +239,7 @@ def main() -> None:
         print(f"whole validation split, same windows: nanoGPT {ng_full:.3f}   "
               f"handformer (same recipe) {hf_full:.3f}", flush=True)
         md_wall, md_val, reached = run_handformer("configs/shakespeare_char_modern.toml", tmp / "modern",
-                                                  args.data)
+                                                  args.data, args.threads)
         print(f"handformer (modern)      wall {md_wall:6.1f} s   final val loss {md_val:.3f}   "
               f"ratio {md_wall / ng_wall:.2f}x (target: val <= 1.88 in <= 0.6x)", flush=True)
         md_full = handformer_full_val(tmp / "modern", args.data)
@@ -234,7 +249,8 @@ def main() -> None:
                   f"({reached / ng_wall:.2f}x nanoGPT's wall time)", flush=True)
         for seed in range(1, args.seeds):
             run_dir = tmp / f"seed{seed}"
-            wall, val, _ = run_handformer("configs/shakespeare_char.toml", run_dir, args.data, seed)
+            wall, val, _ = run_handformer("configs/shakespeare_char.toml", run_dir, args.data, args.threads,
+                                          seed)
             full = handformer_full_val(run_dir, args.data)
             print(f"handformer (same recipe, seed {seed}) wall {wall:6.1f} s ({wall / ng_wall:.2f}x)   "
                   f"final val loss {val:.3f}   whole split {full:.3f}", flush=True)

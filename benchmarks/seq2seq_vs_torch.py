@@ -2,11 +2,20 @@
 
 Same config, same embeddings (token embedding * sqrt(d) + sinusoidal positions), same data, same
 optimizer (AdamW) and loss (label-smoothed cross-entropy), trained for the same number of steps,
-both in this one run and interleaved in rounds so machine noise hits both alike. Prints each
-model's median step time, their ratio (handformer / reference; target <= 1.0) and final losses.
+both in this one run and interleaved in rounds so machine noise hits both alike, on the same
+number of torch threads (one process). Prints each model's median step time, their ratio
+(handformer / reference; target <= 1.0) and final losses.
+
+Like for like: the same dropout in the same places on both sides. `nn.Transformer(dropout=p)`
+drops on each sublayer's output, on the attention weights and inside the feed-forward network
+(between its two linear layers); handformer has no dropout inside its feed-forward network, so the
+reference's is removed, and handformer gets `attention_dropout = p` for the weights. Both then drop
+on the embeddings, each sublayer's output and the attention weights. `nn.Transformer` also ends each
+stack with a LayerNorm that a post-norm handformer stack does not have; those two norms are removed.
 
     python benchmarks/seq2seq_vs_torch.py                   # Multi30k de-en batches if present
     python benchmarks/seq2seq_vs_torch.py --data dates      # the embedded task
+    python benchmarks/seq2seq_vs_torch.py --dropout 0       # no dropout anywhere, on both sides
     python benchmarks/seq2seq_vs_torch.py --keep-cpu-memory # with the allocator setting of training
 """
 
@@ -34,7 +43,8 @@ MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
 
 class TorchReference(nn.Module):
-    """The same architecture from torch.nn building blocks (post-norm, ReLU, tied generator)."""
+    """The same architecture from torch.nn building blocks (post-norm, ReLU, tied generator), with
+    dropout where handformer has it and nowhere else."""
 
     def __init__(self, cfg: Seq2SeqConfig) -> None:
         super().__init__()
@@ -45,6 +55,11 @@ class TorchReference(nn.Module):
         self.transformer = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.n_encoder_layers,
                                           cfg.n_decoder_layers, cfg.d_ff, cfg.dropout,
                                           batch_first=True)
+        for layer in (*self.transformer.encoder.layers, *self.transformer.decoder.layers):
+            layer.dropout = nn.Identity()  # inside the FFN: handformer has none there
+        # handformer's post-norm stacks end with their last layer's norm, no extra one
+        self.transformer.encoder.norm = None
+        self.transformer.decoder.norm = None
         self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
         self.generator.weight = self.tgt_embed.weight
         self.drop = nn.Dropout(cfg.dropout)
@@ -85,17 +100,25 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--dropout", type=float, default=0.1,
+                        help="dropout on embeddings, sublayer outputs and attention weights, both sides")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast for both")
     parser.add_argument("--keep-cpu-memory", action="store_true",
                         help="tune glibc malloc as `handformer train` does (cpu_memory.py), for both")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads for both, dropout "
+          f"{args.dropout} on both")
     if args.keep_cpu_memory:
         print(f"glibc malloc keeps freed memory: {keep_freed_memory()}")
 
     batches, vocab, pad = load_batches(args.data, args.max_tokens, args.steps)
     cfg = Seq2SeqConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=args.d_model, n_heads=8,
                         d_ff=4 * args.d_model, n_encoder_layers=args.layers,
-                        n_decoder_layers=args.layers, dropout=0.1, pad_id=pad, max_positions=256)
+                        n_decoder_layers=args.layers, dropout=args.dropout,
+                        attention_dropout=args.dropout, pad_id=pad, max_positions=256)
     torch.manual_seed(0)
     models = {"handformer": Seq2SeqTransformer(cfg), "torch.nn.Transformer": TorchReference(cfg)}
     optims = {k: torch.optim.AdamW(m.parameters(), lr=5e-4, betas=(0.9, 0.98)) for k, m in models.items()}

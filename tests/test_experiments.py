@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,12 +18,21 @@ from handformer.experiments.activations import hidden_width
 from handformer.experiments.no_causal_mask import logits_without_mask
 from handformer.experiments.no_positions import permutation_gap
 from handformer.experiments.no_scaling import remove_scaling
-from handformer.experiments.runner import Experiment, Metric, Plot, Trial, run_experiment, summarize
+from handformer.experiments.runner import (
+    Experiment,
+    Metric,
+    Plot,
+    SmokeClaim,
+    Trial,
+    run_experiment,
+    summarize,
+)
 from handformer.experiments.workloads import DatesSettings, dates_data, dates_model
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.attention import MultiHeadAttention
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "figures" / "experiments"
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:
@@ -34,6 +44,7 @@ def run_cli(*argv: str) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("name", list(EXPERIMENTS))
 def test_each_experiment_runs_in_its_smoke_configuration(name, tmp_path):
+    """Seed 0 of the smoke configuration: the files, and each declared smoke claim's direction."""
     exp = EXPERIMENTS[name]
     summary = run_experiment(exp, tmp_path, seeds=1, smoke=True, log=lambda _: None)
     assert list(summary) == list(exp.variants)
@@ -47,15 +58,32 @@ def test_each_experiment_runs_in_its_smoke_configuration(name, tmp_path):
     for variant in exp.variants:
         assert f"| {variant} |" in table
     assert (out / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+    for claim in exp.smoke_claims:
+        low, high = (summary[v][claim.metric]["mean"] for v in (claim.lower, claim.higher))
+        assert low < high, f"{name}: {claim.describe(exp)} failed on seed 0: {low} >= {high}"
+    assert exp.smoke_claims or len(exp.no_smoke_claim) > 20
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(EXPERIMENTS))
-def test_each_experiment_full_run(name, tmp_path):
-    """The full configuration with three seeds, as the committed results were made (minutes each)."""
-    summary = run_experiment(EXPERIMENTS[name], tmp_path, seeds=3, log=lambda _: None)
-    for stats in summary.values():
-        assert all(s["n"] + s["failed"] == 3 for s in stats.values())
+def test_each_experiment_full_run_reproduces_its_committed_results(name, tmp_path):
+    """The full configuration with three seeds, as the committed results were made (minutes each):
+    no seed diverges, and every metric that is not a time lands within a seed's spread (one
+    standard deviation, at least 1%) of the committed mean."""
+    exp = EXPERIMENTS[name]
+    summary = run_experiment(exp, tmp_path, seeds=3, log=lambda _: None, workers=2)
+    committed = json.loads((RESULTS / name / "results.json").read_text())["summary"]
+    problems = []
+    for variant in exp.variants:
+        for metric in exp.metrics:
+            ours, theirs = summary[variant][metric.key], committed[variant][metric.key]
+            if ours["n"] != 3 or ours["failed"]:
+                problems.append(f"{variant}, {metric.key}: {ours['failed']} of 3 seeds failed")
+            elif not metric.timing and abs(ours["mean"] - theirs["mean"]) > max(
+                    theirs["std"], 0.01 * abs(theirs["mean"]), 1e-9):
+                problems.append(f"{variant}, {metric.key}: mean {ours['mean']:.6g}, committed "
+                                f"{theirs['mean']:.6g} ± {theirs['std']:.3g}")
+    assert not problems, f"{name}:\n" + "\n".join(problems)
 
 
 def test_the_greedy_samples_fit_in_the_models_positions():
@@ -109,12 +137,25 @@ def test_runner_writes_strict_json_and_marks_failed_runs(tmp_path):
 
     exp = Experiment("fake", "a fake experiment", "a claim", ["fine", "diverges"],
                      [Metric("loss", "loss")], [Plot("train", "training loss")], run_trial,
-                     {"full": Settings(), "smoke": Settings()})
+                     {"full": Settings(), "smoke": Settings()}, no_smoke_claim="a fake shows nothing")
     summary = run_experiment(exp, tmp_path, seeds=3, log=lambda _: None)
     assert summary["fine"]["loss"]["mean"] == 2.0 and summary["diverges"]["loss"]["failed"] == 3
     data = json.loads((tmp_path / "fake" / "results.json").read_text())
     assert data["trials"][1]["metrics"]["loss"] is None
     assert "| diverges | 3 | failed (3) |" in (tmp_path / "fake" / "results.md").read_text()
+
+
+@pytest.mark.parametrize("declared, message", [
+    ({}, "declare smoke_claims, or no_smoke_claim"),
+    ({"smoke_claims": [SmokeClaim("loss", "a", "b", held=10)], "no_smoke_claim": "why"}, "not both"),
+    ({"smoke_claims": [SmokeClaim("accuracy", "a", "b", held=10)]}, "unknown metric or variant"),
+    ({"smoke_claims": [SmokeClaim("loss", "a", "c", held=10)]}, "unknown metric or variant"),
+    ({"smoke_claims": [SmokeClaim("loss", "a", "b", held=8)]}, "held in 8 of 10 seeds"),
+])
+def test_a_smoke_claim_is_declared_only_as_measured(declared, message):
+    with pytest.raises(ValueError, match=message):
+        Experiment("fake", "a fake experiment", "a claim", ["a", "b"], [Metric("loss", "loss")], [],
+                   lambda *_: None, {}, **declared)
 
 
 def test_remove_scaling_gives_softmax_of_unscaled_scores():

@@ -249,9 +249,31 @@ def test_decode_limit_counts_the_bytes_a_step_reads(capsys):
 
     args = argparse.Namespace(prompt=4, new_tokens=2, rounds=1, run_c=None, ttft_prompt=8, batches=[],
                               batch_new_tokens=2)
-    bench.batch1("tiny", args, torch.ones(1000))
+    assert bench.batch1("tiny", args, torch.ones(1000)) == []  # no fp32 case differs from HF
     out = capsys.readouterr().out
     assert "same tokens as HF: True" in out and "handformer int8, head fp32" in out
+    assert "threads: handformer fp32 and HF 1" in out  # the tiny model decodes on one thread: HF too
+    for case in ("handformer fp32", "handformer int8", "handformer int4 (groups of 32)",
+                 "handformer bf16 weights"):
+        assert f"tokens against HF fp32, batch 1, {case}: " in out
+
+
+def test_decode_limit_reports_token_agreement_and_exits_1_where_fp32_differs(monkeypatch, capsys):
+    bench = _decode_limit()
+    assert bench.agreement([[1, 2, 3]], [[1, 2, 3]]) == (True, "same")
+    assert bench.agreement([[1, 2, 9], [4, 5, 6]], [[1, 2, 3], [4, 5, 6]]) == (
+        False, "differs in 1 of 2 row(s); 5 of 6 tokens agree before each row's first difference")
+    real = bench.hf_generate
+    monkeypatch.setattr(bench, "hf_generate", lambda hf, p, n: [[(t + 1) % 512 for t in row]
+                                                                for row in real(hf, p, n)])
+    monkeypatch.setattr("sys.argv", ["decode_limit.py", "--models", "tiny", "--rounds", "1",
+                                     "--new-tokens", "2", "--prompt", "4", "--bandwidth-mib", "1"])
+    with pytest.raises(SystemExit) as stop:
+        bench.main()
+    assert stop.value.code == 1
+    out = capsys.readouterr().out
+    assert "fp32 tokens differ from Hugging Face's:" in out
+    assert "tiny: batch 1, handformer fp32: differs in 1 of 1 row(s); 0 of 2 tokens agree" in out
 
 
 # --- int4 -----------------------------------------------------------------------------------------

@@ -136,6 +136,18 @@ def test_cosine_without_warmup_decays_from_the_first_step():
     assert lrs[-1] == pytest.approx(2e-4)
 
 
+@pytest.mark.parametrize("warmup, total, cooldown", [(10, 100, 0.2), (0, 50, 0.5), (5, 20, 0.75)])
+def test_trapezoid_warms_up_holds_the_peak_then_falls_straight_to_min_lr(warmup, total, cooldown):
+    lrs = [learning_rate(s, "trapezoid", 1.0, warmup, total, 0.1, cooldown) for s in range(total)]
+    decay = round(cooldown * total)
+    assert lrs[: warmup] == pytest.approx([(s + 1) / warmup for s in range(warmup)])
+    assert lrs[warmup: total - decay] == pytest.approx([1.0] * (total - decay - warmup))
+    tail = lrs[total - decay:]  # a straight line ending at min_lr on the last step
+    assert tail[-1] == pytest.approx(0.1) and all(a > b for a, b in zip(tail, tail[1:]))
+    steps = [b - a for a, b in zip(tail, tail[1:])]
+    assert steps == pytest.approx([steps[0]] * len(steps))
+
+
 def test_constant_schedule_and_unknown_name():
     assert [learning_rate(s, "constant", 1.0, 4, 10) for s in range(6)] == [0.25, 0.5, 0.75, 1, 1, 1]
     with pytest.raises(ValueError, match="unknown schedule 'linear'"):

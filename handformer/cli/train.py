@@ -78,6 +78,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from handformer.tasks.translation.train import run_train
     from handformer.training.distributed import env_rank
     from handformer.training.run_lock import run_lock
+    from handformer.training.tensorboard import check_loggers
 
     run_dir, job_dict = resumed_job(args) if args.resume else new_job(args)
     if args.tokenizer:  # shards that carry none (llm.c, nanoGPT): the tokenizer they were made with
@@ -97,6 +98,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             job = (TranslationJob if task == "translation" else LMJob).from_dict(job_dict)
     except ValueError as err:  # a resumed run's config.json, or --config with --set
         raise ValueError(f"{run_dir / 'config.json'}: {err}" if args.resume else str(err)) from None
+    check_loggers(job.train.log)  # before any data is read: tensorboard asked for and missing
     # One `handformer train` a run directory at a time (under torchrun, rank 0 holds the lock).
     with run_lock(run_dir, enabled=env_rank() == 0):
         run = {"translation": run_train, "lm": run_train_lm}.get(task, run_post)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from handformer.experiments import (
     activations,
     layernorm_vs_rmsnorm,
+    muon,
     no_causal_mask,
     no_positions,
     no_scaling,
@@ -21,7 +22,7 @@ from handformer.experiments.runner import Experiment
 
 EXPERIMENTS: dict[str, Experiment] = {m.EXPERIMENT.name: m.EXPERIMENT for m in (
     post_vs_pre_norm, layernorm_vs_rmsnorm, activations, no_scaling, no_positions, no_causal_mask,
-    positions)}
+    positions, muon)}
 
 
 def get_experiment(name: str) -> Experiment:

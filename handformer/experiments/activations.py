@@ -55,8 +55,10 @@ EXPERIMENT = Experiment(
     metrics=[Metric("val_loss", "held-out loss"), Metric("train_loss", "final training loss"),
              Metric("d_ff", "hidden width", "{:.0f}"), Metric("ffn_params", "FFN parameters", "{:.0f}"),
              Metric("params", "all parameters", "{:.0f}"),
-             Metric("step_ms", "training step (ms, median)", "{:.1f}")],
+             Metric("step_ms", "training step (ms, median)", "{:.1f}", timing=True)],
     plots=[Plot("train", "training loss")],
     run_trial=run_trial,
     settings={"full": FULL, "smoke": SMOKE},
+    no_smoke_claim=("3 steps of a 16-wide model order the three losses at random: no direction held "
+                    "in more than 8 of 10 seeds (GELU below ReLU in training loss, 8)"),
 )

@@ -65,10 +65,14 @@ EXPERIMENT = Experiment(
     title="LayerNorm vs RMSNorm (character LM on the pydoc corpus)",
     claim="RMSNorm is cheaper than LayerNorm (no mean, no bias) and trains as well",
     variants=list(VARIANTS),
-    metrics=[Metric("val_loss", "held-out loss"), Metric("step_ms", "training step (ms, median)", "{:.1f}"),
-             Metric("norm_us", "norm alone, fwd+bwd (us, median)", "{:.0f}"),
+    metrics=[Metric("val_loss", "held-out loss"),
+             Metric("step_ms", "training step (ms, median)", "{:.1f}", timing=True),
+             Metric("norm_us", "norm alone, fwd+bwd (us, median)", "{:.0f}", timing=True),
              Metric("params", "parameters", "{:.0f}")],
     plots=[Plot("train", "training loss")],
     run_trial=run_trial,
     settings={"full": FULL, "smoke": SMOKE},
+    no_smoke_claim=("3 steps of a 16-wide model order the two losses at random (RMSNorm lower in 7 of "
+                    "10 seeds); the one direction that held in all 10, LayerNorm's fused kernel "
+                    "being faster, is a time, and the test run asserts no times"),
 )

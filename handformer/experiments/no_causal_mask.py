@@ -118,4 +118,6 @@ EXPERIMENT = Experiment(
     plots=[Plot("train", "training loss (as trained)")],
     run_trial=run_trial,
     settings={"full": FULL, "smoke": SMOKE},
+    no_smoke_claim=("3 steps are too few for the unmasked model to learn to copy the next character: "
+                    "its losses are lower in only 6 or 7 of 10 seeds"),
 )

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from handformer.data.dates import FIRST, N_DAYS, N_STYLES, render
-from handformer.experiments.runner import Experiment, Metric, Plot, Trial
+from handformer.experiments.runner import Experiment, Metric, Plot, SmokeClaim, Trial
 from handformer.experiments.workloads import (
     DatesData,
     DatesSettings,
@@ -118,4 +118,5 @@ EXPERIMENT = Experiment(
     plots=[Plot("train", "training loss", log_y=True)],
     run_trial=run_trial,
     settings={"full": FULL, "smoke": SMOKE},
+    smoke_claims=[SmokeClaim("permutation_gap", "no positions", "sinusoidal positions", held=10)],
 )

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from handformer.experiments.runner import Experiment, Metric, Plot, Trial
+from handformer.experiments.runner import Experiment, Metric, Plot, SmokeClaim, Trial
 from handformer.experiments.workloads import (
     DatesData,
     DatesSettings,
@@ -110,4 +110,6 @@ EXPERIMENT = Experiment(
     plots=[Plot("train", "training loss", log_y=True)],
     run_trial=run_trial,
     settings={"full": FULL, "smoke": SMOKE},
+    smoke_claims=[SmokeClaim("entropy_init", "unscaled", "scaled (1/sqrt(d_k))", held=10),
+                  SmokeClaim("saturated_init", "scaled (1/sqrt(d_k))", "unscaled", held=10)],
 )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from handformer.experiments.runner import Experiment, Metric, Plot, Trial
+from handformer.experiments.runner import Experiment, Metric, Plot, SmokeClaim, Trial
 from handformer.experiments.workloads import LMSettings, lm_data, lm_loss_by_position, lm_model, train_lm
 
 
@@ -63,4 +63,5 @@ EXPERIMENT = Experiment(
                 x_marker=FULL.model.block_size)],
     run_trial=run_trial,
     settings={"full": FULL, "smoke": SMOKE},
+    smoke_claims=[SmokeClaim("train_loss", "learned", "sinusoidal", held=10)],
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from handformer.experiments.runner import Experiment, Metric, Plot, Trial
+from handformer.experiments.runner import Experiment, Metric, Plot, SmokeClaim, Trial
 from handformer.experiments.workloads import DatesSettings, dates_data, dates_model, dates_scores, train_dates
 
 
@@ -63,4 +63,5 @@ EXPERIMENT = Experiment(
            Plot("deep", "training loss, 6 + 6 = 12 layers (the paper's depth), d_model 32", log_y=True)],
     run_trial=run_trial,
     settings={"full": FULL, "smoke": SMOKE},
+    smoke_claims=[SmokeClaim("val_loss", "post, 6+6, warmup", "post, 6+6, no warmup", held=10)],
 )

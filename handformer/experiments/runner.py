@@ -38,6 +38,7 @@ class Metric:
     label: str  # the table's column header
     fmt: str = "{:.3f}"  # how one value prints
     percent: bool = False  # stored as a fraction, printed as a percentage
+    timing: bool = False  # a time: it varies with the machine and its load, not with the seed
 
 
 @dataclass
@@ -63,6 +64,31 @@ class Trial:
 
 
 @dataclass
+class SmokeClaim:
+    """A direction the seconds-long smoke configuration already shows: `metric` is lower for the
+    variant `lower` than for `higher`. Declared only where it held in at least 9 of 10 seeds when
+    measured (`python scripts/smoke_claims.py NAME`); `held` keeps that figure. The default test
+    run asserts it on seed 0."""
+
+    metric: str
+    lower: str
+    higher: str
+    held: int  # of SMOKE_CLAIM_SEEDS seeds, when measured
+
+    def formula(self) -> str:
+        """The claim as both languages' pages print it: `metric`: `lower` < `higher` (held/seeds)."""
+        return f"`{self.metric}`: `{self.lower}` < `{self.higher}` ({self.held}/{SMOKE_CLAIM_SEEDS})"
+
+    def describe(self, exp: Experiment) -> str:
+        label = next(m.label for m in exp.metrics if m.key == self.metric)
+        return f"{label}: {self.lower} < {self.higher} (held in {self.held} of {SMOKE_CLAIM_SEEDS} seeds)"
+
+
+SMOKE_CLAIM_SEEDS = 10
+SMOKE_CLAIM_FLOOR = 9  # of SMOKE_CLAIM_SEEDS: below it, a direction is noise at the smoke scale
+
+
+@dataclass
 class Experiment:
     name: str  # the command's argument: handformer experiment NAME
     title: str
@@ -72,6 +98,24 @@ class Experiment:
     plots: Sequence[Plot]
     run_trial: Callable[[str, int, Any], Trial]  # (variant, seed, settings) -> Trial
     settings: dict[str, Any]  # "full" and "smoke": the experiment's own settings dataclass
+    # What the smoke configuration shows (asserted by the default test run), or, with none, why
+    # it shows nothing reliable (docs/experiments.md prints the one or the other)
+    smoke_claims: Sequence[SmokeClaim] = ()
+    no_smoke_claim: str = ""
+
+    def __post_init__(self) -> None:
+        if bool(self.smoke_claims) == bool(self.no_smoke_claim):
+            raise ValueError(f"experiment {self.name}: declare smoke_claims, or no_smoke_claim with the "
+                             "reason the smoke configuration shows nothing reliable (not both)")
+        keys = {m.key for m in self.metrics}
+        for c in self.smoke_claims:
+            if c.metric not in keys or not {c.lower, c.higher} <= set(self.variants):
+                raise ValueError(f"experiment {self.name}: smoke claim {c} names an unknown metric "
+                                 "or variant")
+            if not SMOKE_CLAIM_FLOOR <= c.held <= SMOKE_CLAIM_SEEDS:
+                raise ValueError(f"experiment {self.name}: smoke claim {c} held in {c.held} of "
+                                 f"{SMOKE_CLAIM_SEEDS} seeds; declare only those that held in at "
+                                 f"least {SMOKE_CLAIM_FLOOR}")
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:

@@ -20,6 +20,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -35,7 +36,7 @@ from handformer.models.causal_lm import CausalLM
 from handformer.models.seq2seq import Seq2SeqTransformer
 from handformer.modes import eval_mode
 from handformer.training.cpu_memory import keep_freed_memory
-from handformer.training.loop import TrainConfig, clip_gradients, make_optimizer
+from handformer.training.loop import TrainConfig, autocast, clip_gradients, make_optimizer
 from handformer.training.losses import token_cross_entropy
 from handformer.training.schedules import learning_rate
 
@@ -62,13 +63,14 @@ class TrainLog:
 
 def train_steps(model: nn.Module, batches: Iterator, loss_sum: Callable[[nn.Module, object], Tensor],
                 steps: int, lr: float, warmup: int, log_every: int = 10, clip: float = 1.0,
-                ) -> TrainLog:
+                **train: Any) -> TrainLog:
     """AdamW with linear warmup then cosine decay to lr/10, gradient clipping, loss normalised by
     the batch's real tokens. `loss_sum(model, batch)` returns the summed loss of one batch.
+    `train`: other TrainConfig fields (optimizer="muon", schedule="trapezoid", bf16=True, ...).
     Stops at the first non-finite loss (recorded in `diverged_at`)."""
     keep_freed_memory()
-    cfg = TrainConfig(steps=steps, lr=lr, warmup=warmup, schedule="cosine", min_lr=lr / 10,
-                      label_smoothing=0.0, clip_grad=clip, progress=False)
+    cfg = TrainConfig(**{"schedule": "cosine", **train, "steps": steps, "lr": lr, "warmup": warmup,
+                         "min_lr": lr / 10, "label_smoothing": 0.0, "clip_grad": clip, "progress": False})
     optimizer = make_optimizer(model, cfg, CPU)
     log = TrainLog()
     window = 0.0
@@ -76,12 +78,14 @@ def train_steps(model: nn.Module, batches: Iterator, loss_sum: Callable[[nn.Modu
     for step in range(steps):
         start = time.perf_counter()
         batch = next(batches)
-        loss = loss_sum(model, batch) / batch.n_tokens
+        with autocast(CPU, cfg.bf16):
+            loss = loss_sum(model, batch) / batch.n_tokens
         loss.backward()
         if clip > 0:
             clip_gradients(model, clip, CPU)
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, cfg.schedule, lr, warmup, steps, cfg.min_lr)
+        for group in optimizer.param_groups:  # Muon's matrices have their own peak (lr_ratio)
+            group["lr"] = group.get("lr_ratio", 1.0) * learning_rate(
+                step, cfg.schedule, lr, warmup, steps, cfg.min_lr, cfg.cooldown)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         log.step_s.append(time.perf_counter() - start)
@@ -232,6 +236,7 @@ class LMSettings:
     warmup: int = 30
     eval_batches: int = 8  # held-out batches of block_size windows
     log_every: int = 10
+    train: dict[str, Any] = field(default_factory=dict)  # other TrainConfig fields (optimizer, ...)
 
 
 @dataclass
@@ -267,7 +272,8 @@ def lm_loss_sum(model: nn.Module, batch) -> Tensor:
 def train_lm(model: nn.Module, s: LMSettings, data: LMData, seed: int,
              loss_sum: Callable[[nn.Module, object], Tensor] = lm_loss_sum) -> TrainLog:
     windows = LMWindows(data.train_ids, s.block_size, s.batch_size, batches_per_epoch=1000, seed=seed)
-    return train_steps(model, endless(windows.epoch), loss_sum, s.steps, s.lr, s.warmup, s.log_every)
+    return train_steps(model, endless(windows.epoch), loss_sum, s.steps, s.lr, s.warmup, s.log_every,
+                       **s.train)
 
 
 @torch.no_grad()

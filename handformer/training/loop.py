@@ -21,7 +21,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,19 +34,30 @@ from handformer.modes import eval_mode
 from handformer.training import distributed
 from handformer.training.checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights
 from handformer.training.cpu_memory import keep_freed_memory
+from handformer.training.muon import MuonAdamW, muon_params
 from handformer.training.schedules import SCHEDULES, learning_rate
+from handformer.training.tensorboard import TensorBoardLog, check_loggers
+
+OPTIMIZERS = ("adamw", "muon")
 
 
 @dataclass
 class TrainConfig:
     steps: int = 1000  # optimizer steps
     lr: float = 1e-3  # peak learning rate
-    schedule: str = "inverse_sqrt"  # inverse_sqrt (the paper) | cosine | constant
+    schedule: str = "inverse_sqrt"  # inverse_sqrt (the paper) | cosine | constant | trapezoid
     warmup: int = 100  # warmup steps
-    min_lr: float = 0.0  # floor of the cosine schedule
+    min_lr: float = 0.0  # floor of the cosine and trapezoid schedules
+    cooldown: float = 0.2  # trapezoid: the last fraction of the steps, a straight line to min_lr
     beta1: float = 0.9  # AdamW betas (the paper: 0.9, 0.98)
     beta2: float = 0.98
     weight_decay: float = 0.0  # AdamW decay, applied to matrices only
+    # adamw: AdamW for every parameter | muon: Muon for the blocks' matrices, AdamW for the
+    # embeddings, head and norms (training/muon.py)
+    optimizer: str = "adamw"
+    muon_lr: float = 0.02  # Muon's peak learning rate; the schedule scales it as it scales lr
+    muon_momentum: float = 0.95  # Muon's momentum (Nesterov)
+    muon_weight_decay: float = 0.0  # Muon's decoupled weight decay (times its learning rate)
     label_smoothing: float = 0.1  # the paper: 0.1
     clip_grad: float = 1.0  # max gradient norm; 0 = no clipping
     accumulation: int = 1  # micro-batches per optimizer step
@@ -68,6 +79,9 @@ class TrainConfig:
     # machine busy with other jobs, 1 avoids waiting at every parallel kernel for a descheduled
     # thread (several times slower; see the README's fine-tuning section)
     threads: int = 0
+    # Where the records go: "jsonl" (metrics.jsonl, always: the run's record) and optionally
+    # "tensorboard" (event files in RUN/tensorboard/, best-effort; training/tensorboard.py)
+    log: list[str] = field(default_factory=lambda: ["jsonl"])
 
     def __post_init__(self) -> None:
         def fail(name: str, fix: str) -> None:
@@ -83,6 +97,8 @@ class TrainConfig:
             fail("lr", "it must be > 0")
         if self.schedule not in SCHEDULES:
             fail("schedule", f"choose one of {', '.join(SCHEDULES)}")
+        if not 0 < self.cooldown <= 1:
+            fail("cooldown", "it must be in (0, 1]: the fraction of the steps spent decaying")
         if not 0 <= self.label_smoothing < 1:
             fail("label_smoothing", "it must be in [0, 1)")
         if self.clip_grad < 0:
@@ -96,11 +112,23 @@ class TrainConfig:
             fail("min_lr", f"it must be in [0, lr={self.lr}]")
         if self.weight_decay < 0:
             fail("weight_decay", "it must be >= 0")
+        if self.optimizer not in OPTIMIZERS:
+            fail("optimizer", f"choose {' or '.join(OPTIMIZERS)}")
+        if not self.muon_lr > 0:
+            fail("muon_lr", "it must be > 0")
+        if not 0 <= self.muon_momentum < 1:
+            fail("muon_momentum", "it must be in [0, 1)")
+        if self.muon_weight_decay < 0:
+            fail("muon_weight_decay", "it must be >= 0")
+        if self.optimizer == "muon" and self.parallel == "fsdp":
+            fail("optimizer", "Muon orthogonalizes whole matrices and FSDP shards them; use "
+                 "parallel=ddp with Muon, or optimizer=adamw")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             fail("seed", "it must be an integer")
         if not isinstance(self.device, str) or not (self.device in ("auto", "cpu", "cuda", "mps")
                                                     or self.device.startswith("cuda:")):
             fail("device", "choose auto, cpu, cuda or cuda:N")
+        check_loggers(self.log, installed=False)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
@@ -120,6 +148,8 @@ class BatchSource(Protocol):
 
 # (model, batch) -> (loss summed over batch.n_tokens units, {name: value summed over the same units})
 LossFn = Callable[[nn.Module, Any], tuple[Tensor, dict[str, float]]]
+# A task's pictures of the model at each evaluation, for TensorBoard: tag -> (3, H, W) in [0, 1]
+EvalImages = Callable[[nn.Module], dict[str, Any]]
 
 
 def pick_device(name: str) -> torch.device:
@@ -128,22 +158,39 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices (dim >= 2) only, never on biases, norms or gains."""
+def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW with weight decay on matrices (dim >= 2) only, never on biases, norms or gains; with
+    `cfg.optimizer == "muon"`, the blocks' matrices step with Muon instead (training/muon.py)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
+    matrices = muon_params(model) if cfg.optimizer == "muon" else []
+    taken = {id(p) for p in matrices}
+    decay = [p for p in params if p.dim() >= 2 and id(p) not in taken]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8,
-                             fused=device.type in ("cpu", "cuda"))
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8,
+                                 fused=device.type in ("cpu", "cuda"))
+    groups.append({"params": matrices, "weight_decay": cfg.muon_weight_decay, "muon": True,
+                   "lr_ratio": cfg.muon_lr / cfg.lr})
+    # Newton-Schulz in bf16 (as published) where bf16 matmuls are native; fp32 on other CPUs
+    ns_dtype = torch.bfloat16 if device.type != "cpu" or cpu_has_fast_bf16() else torch.float32
+    return MuonAdamW([g for g in groups if g["params"]], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                     momentum=cfg.muon_momentum, ns_dtype=ns_dtype)
 
 
-def clip_gradients(model: nn.Module, max_norm: float, device: torch.device) -> None:
-    """Scale the gradients so their global norm is at most `max_norm`. On CPU too with torch's
-    one-call foreach kernels (torch picks them by itself only on GPUs)."""
-    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm,
-                                   foreach=True if device.type == "cpu" else None)
+def clip_gradients(model: nn.Module, max_norm: float, device: torch.device) -> Tensor:
+    """Scale the gradients so their global norm is at most `max_norm`; returns the norm before
+    clipping. On CPU too with torch's one-call foreach kernels (torch picks them by itself only on
+    GPUs)."""
+    return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm,
+                                          foreach=True if device.type == "cpu" else None)
+
+
+def gradient_norm(model: nn.Module) -> float:
+    """The global L2 norm of the gradients, without changing them (for the log when not clipping)."""
+    norms = [p.grad.detach().norm() for p in model.parameters() if p.grad is not None]
+    return float(torch.stack(norms).norm()) if norms else 0.0
 
 
 def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
@@ -294,11 +341,15 @@ def forward_backward(forward_model: nn.Module, micro: list, loss_fn: LossFn, dev
 def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batches: list | None,
           loss_fn: LossFn, run_dir: str | os.PathLike, resume: bool = False,
           on_eval: Callable[[int, float], None] | None = None,
-          weights_file: str = "model.safetensors") -> TrainResult:
+          weights_file: str = "model.safetensors", eval_images: EvalImages | None = None,
+          ) -> TrainResult:
     """Train `model` in place. Writes metrics.jsonl, checkpoint.safetensors (resumable) and
     `weights_file` (the best weights by validation loss, or the last without validation). Only
     parameters with requires_grad train and get optimizer state; a LoRA model saves its adapters only.
-    Under torchrun every rank calls this; rank 0 alone logs and writes files (distributed.py)."""
+    With `cfg.log` holding "tensorboard", the records also go to RUN/tensorboard/, with
+    `eval_images(model)` at each evaluation. Under torchrun every rank calls this; rank 0 alone logs
+    and writes files (distributed.py)."""
+    check_loggers(cfg.log)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ctx, device_name = distributed.setup(cfg.device, cfg.parallel)
@@ -322,9 +373,12 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
         loaded, optimizer = optimizer.state_dict(), make_optimizer(model, cfg, device)
         if resume:
             distributed.load_full_optimizer_state(model, optimizer, loaded, ctx)
-    metrics = None  # rank 0 alone writes metrics.jsonl
+    metrics = None  # rank 0 alone writes metrics.jsonl (and the TensorBoard events)
+    board = None
     if ctx.is_main:
         metrics = MetricsLog(run_dir / "metrics.jsonl", state["step"] if resume else None)
+        if "tensorboard" in cfg.log:
+            board = TensorBoardLog(run_dir, state["step"] if resume else None)
     forward_model = torch.compile(forward_model) if cfg.compile else forward_model
     train_data = distributed.shard_source(train_data, ctx)
 
@@ -360,11 +414,15 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
                                                                 cfg, ctx)
 
         # 3. Clip, set the learning rate, update.
+        logging = step + 1 == cfg.steps or (step + 1) % cfg.log_every == 0
+        grad_norm: Tensor | float | None = None
         if cfg.clip_grad > 0:
-            clip_gradients(model, cfg.clip_grad, device)
-        lr = learning_rate(step, cfg.schedule, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr)
+            grad_norm = clip_gradients(model, cfg.clip_grad, device)
+        elif logging and not distributed.is_sharded(model):
+            grad_norm = gradient_norm(model)
+        lr = learning_rate(step, cfg.schedule, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr, cfg.cooldown)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_ratio", 1.0)  # Muon's matrices: their own peak
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
@@ -382,11 +440,13 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
             bar.set_postfix(loss=f"{step_loss / max(step_tokens, 1):.3f}", lr=f"{lr:.2e}",
                             tok_s=f"{window_tokens / max(now - window_start, 1e-9):,.0f}")
         record: dict[str, Any] | None = None
-        if step % cfg.log_every == 0 or step == cfg.steps:
+        if logging:
             record = {"step": step, "elapsed_s": round(elapsed_before + now - start, 3), "lr": lr,
                       "train_loss": window_loss / max(window_tokens, 1),
                       **{k: v / max(window_tokens, 1) for k, v in window_metrics.items()},
                       "tokens_per_s": window_tokens / max(now - window_start, 1e-9), "epoch": epoch}
+            if grad_norm is not None:  # this step's, before clipping
+                record["grad_norm"] = float(grad_norm)
             window_loss, window_tokens, window_metrics, window_start = 0.0, 0, {}, now
 
         # 5. Evaluate, keep the best weights, write a resumable checkpoint.
@@ -404,11 +464,16 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
                     _save_weights(model, run_dir / weights_file, ctx)
             if on_eval is not None:
                 on_eval(step, last_val)
+            if board is not None and eval_images is not None and not distributed.is_sharded(model):
+                for tag, image in eval_images(model).items():
+                    board.image(tag, image, step)
             if bar is not None:
                 bar.write(f"step {step}: val_loss {last_val:.4f} (best {best:.4f})")
         if record is not None and metrics is not None:
             with explain_write_errors(metrics.path, run_dir, resumable_step):
                 metrics.write(record)
+            if board is not None:
+                board.write(record)
         every = cfg.checkpoint_every or cfg.eval_every
         if step % every == 0 or step == cfg.steps:
             elapsed = elapsed_before + time.perf_counter() - start
@@ -426,6 +491,8 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
             resumable_step = step
     if bar is not None:
         bar.close()
+    if board is not None:
+        board.close()
     if val_batches is None:
         _save_weights(model, run_dir / weights_file, ctx)
     distributed.teardown(ctx)
@@ -435,7 +502,8 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
 def train_new_model(build: Callable[[], nn.Module], cfg: TrainConfig, train_data: BatchSource,
                     val_batches: list | None, loss_fn: LossFn, run_dir: str | os.PathLike,
                     resume: bool = False, log: Callable[[str], None] = print,
-                    weights_file: str = "model.safetensors") -> tuple[nn.Module, TrainResult]:
+                    weights_file: str = "model.safetensors", eval_images: EvalImages | None = None,
+                    ) -> tuple[nn.Module, TrainResult]:
     """Seed, build a model with `build()`, `train` it (or resume), and return it holding the best
     weights (`weights_file`). The tasks (translation, lm) call this after preparing data."""
     torch.manual_seed(cfg.seed)
@@ -451,7 +519,7 @@ def train_new_model(build: Callable[[], nn.Module], cfg: TrainConfig, train_data
         torch.set_num_threads(cfg.threads)
     try:
         result = train(model, cfg, train_data, val_batches, loss_fn, run_dir, resume=resume,
-                       weights_file=weights_file)
+                       weights_file=weights_file, eval_images=eval_images)
     finally:
         torch.set_num_threads(previous_threads)
     if distributed.is_sharded(model):  # FSDP left shards: the best weights go into a plain model

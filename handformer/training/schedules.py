@@ -5,17 +5,20 @@
   lr * min(n / warmup, sqrt(warmup / n)). With lr = (d_model * warmup)^-0.5 it is the paper's formula.
 - cosine: linear warmup to `lr`, then half a cosine down to `min_lr` at `total_steps`.
 - constant: linear warmup, then `lr`.
+- trapezoid (warmup-stable-decay, the modded-nanogpt speedrun's): linear warmup, `lr` held, then a
+  straight line down to `min_lr` over the last `cooldown` fraction of the steps. It spends longer
+  at the peak than cosine does, and a run can be extended by moving only its cooldown.
 """
 
 from __future__ import annotations
 
 import math
 
-SCHEDULES = ("inverse_sqrt", "cosine", "constant")
+SCHEDULES = ("inverse_sqrt", "cosine", "constant", "trapezoid")
 
 
 def learning_rate(step: int, schedule: str, lr: float, warmup: int, total_steps: int,
-                  min_lr: float = 0.0) -> float:
+                  min_lr: float = 0.0, cooldown: float = 0.2) -> float:
     n = step + 1  # so the very first step already has lr > 0
     warm = min(1.0, n / warmup) if warmup > 0 else 1.0
     if schedule == "inverse_sqrt":
@@ -27,6 +30,12 @@ def learning_rate(step: int, schedule: str, lr: float, warmup: int, total_steps:
             return lr * warm
         progress = min(1.0, (n - warmup) / max(1, total_steps - warmup))
         return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * progress))
+    if schedule == "trapezoid":
+        decay_steps = max(1, round(cooldown * total_steps))
+        left = total_steps - n  # optimizer steps after this one
+        if n <= warmup or left >= decay_steps:
+            return lr * warm
+        return min_lr + (lr - min_lr) * left / decay_steps  # the last step: min_lr
     raise ValueError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
 
 

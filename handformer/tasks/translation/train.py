@@ -24,6 +24,7 @@ from handformer.config import Seq2SeqConfig
 from handformer.data.batching import Seq2SeqBatch
 from handformer.io import atomic_write_text
 from handformer.models.seq2seq import Seq2SeqTransformer
+from handformer.modes import eval_mode
 from handformer.tasks.translation.job import (
     TranslationJob,
     batched_pairs,
@@ -33,8 +34,9 @@ from handformer.tasks.translation.job import (
 )
 from handformer.tasks.translation.translator import load_tokenizers
 from handformer.training import distributed
-from handformer.training.loop import TrainResult, train_new_model
+from handformer.training.loop import EvalImages, TrainResult, train_new_model
 from handformer.training.losses import token_cross_entropy
+from handformer.training.tensorboard import heatmap_image
 
 
 def seq2seq_loss(model: torch.nn.Module, batch: Seq2SeqBatch, label_smoothing: float = 0.0,
@@ -84,9 +86,27 @@ def run_train(job: TranslationJob, run_dir: str | os.PathLike, resume: bool = Fa
     if val_pairs is not None:
         val_batches = batched_pairs(job, val_pairs.pairs, src_tok, tgt_tok, max_len, shuffle=False).epoch(0)
 
+    images = cross_attention_images(val_batches[0], model_cfg.pad_id) if val_batches else None
     loss_fn = functools.partial(seq2seq_loss, label_smoothing=job.train.label_smoothing)
     return train_new_model(lambda: Seq2SeqTransformer(model_cfg), job.train, train_data, val_batches,
-                           loss_fn, run_dir, resume=resume, log=log)
+                           loss_fn, run_dir, resume=resume, log=log, eval_images=images)
+
+
+def cross_attention_images(batch: Seq2SeqBatch, pad_id: int) -> EvalImages:
+    """For TensorBoard at each evaluation: the cross-attention of the first validation pair,
+    teacher-forced on its reference, in the last decoder layer, mean of the heads (rows: target
+    positions, columns: source tokens)."""
+    src = batch.src[:1, : int((batch.src[0] != pad_id).sum())]  # (1, S) without padding
+    tgt = batch.tgt_in[:1, : int((batch.tgt_in[0] != pad_id).sum())]  # (1, T)
+
+    def images(model: torch.nn.Module) -> dict[str, object]:
+        device = next(model.parameters()).device
+        with torch.no_grad(), eval_mode(model):
+            out = model(src.to(device), tgt.to(device), need_weights=True)
+        weights = out.cross_attentions[-1][0].float().mean(0).cpu().numpy()  # (T, S)
+        return {"cross_attention/last_layer": heatmap_image(weights)}
+
+    return images
 
 
 def save_run_config(run_dir: Path, model_cfg: Seq2SeqConfig, job: TranslationJob) -> None:
