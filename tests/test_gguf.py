@@ -39,7 +39,6 @@ from handformer.convert.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
 from handformer.data.special_tokens import SpecialTokens  # noqa: E402
 from handformer.data.tokenizer import Tokenizer  # noqa: E402
 from handformer.families import build_causal_lm  # noqa: E402
-from handformer.models.causal_lm import CausalLM  # noqa: E402
 from handformer.tasks.lm.imports import import_hf  # noqa: E402
 from handformer.tasks.lm.run import load_lm, save_lm_run  # noqa: E402
 
@@ -104,9 +103,27 @@ PRESETS = {
     "llama_bias": (lambda v: _llama(v, bias=True), "llama"),
     "llama3_tied": (lambda v: _llama(v, tie_embeddings=True, rope_scaling=SCALING), "llama"),
     "qwen2": (lambda v: _llama(v, qkv_bias=True, tie_embeddings=True), "qwen2"),
-    "gemma": (lambda v: _llama(v, norm="rmsnorm_offset", activation="geglu_tanh", scale_embeddings=True,
-                               tie_embeddings=True, head_dim=16, n_kv_heads=1), "gemma"),
+    "gemma": (lambda v, **kw: _llama(v, norm="rmsnorm_offset", activation="geglu_tanh", scale_embeddings=True,
+                               tie_embeddings=True, head_dim=16, n_kv_heads=1, **kw), "gemma"),
+    "qwen3": (lambda v: _llama(v, qk_norm="head", head_dim=16), "qwen3"),
+    "gemma2": (lambda v: _gemma2(v), "gemma2"),
+    "gemma2_no_window": (lambda v: _gemma2(v, sliding_window=None, global_layers=[]), "gemma2"),
+    "gemma3": (lambda v: _gemma3(v), "gemma3"),
 }
+
+
+def _gemma2(v, **overrides):
+    # llama.cpp's Gemma 2: layer 1 of 2 global, scores scaled by head_dim, both soft-caps
+    return PRESETS["gemma"][0](v, **{**dict(norm_placement="sandwich", sliding_window=4, global_layers=[1],
+                                             attn_scale_dim=16, attn_softcap=50.0, logit_softcap=30.0),
+                                     **overrides})
+
+
+def _gemma3(v, **overrides):
+    # llama.cpp's Gemma 3: five sliding layers to one global, the sliding ones with RoPE base 10000
+    return PRESETS["gemma"][0](v, **{**dict(norm_placement="sandwich", qk_norm="head", n_layers=6,
+                                             sliding_window=4, global_layers=[5], rope_local_theta=10000.0,
+                                             attn_scale_dim=16), **overrides})
 
 
 def _randomize(model, scale=0.3):
@@ -121,7 +138,7 @@ def _randomize(model, scale=0.3):
 
 def _run(path, cfg, tokenizer, tokens=None, seed=0):
     torch.manual_seed(seed)
-    save_lm_run(path, _randomize(CausalLM(cfg)), tokenizer, tokens or SpecialTokens(eos_id=2, pad_id=0))
+    save_lm_run(path, _randomize(build_causal_lm(cfg)), tokenizer, tokens or SpecialTokens(eos_id=2, pad_id=0))
     return path
 
 
@@ -163,9 +180,15 @@ def test_import_of_the_f32_export_is_the_run_again(preset, tmp_path, capsys):
     assert all(t.type_name == "F32" for t in file.tensors.values())
     assert ("output.weight" in file.tensors) == (not load_lm(run_dir).model.cfg.tie_embeddings)
     assert ("rope_freqs.weight" in file.tensors) == (preset == "llama3_tied")
+    if preset.startswith("gemma2"):  # llama.cpp's Gemma 2 always slides: no window = the context
+        window = file.metadata["gemma2.attention.sliding_window"]
+        assert window == (48 if preset == "gemma2_no_window" else 4)
+        assert ("always slides" in printed) == (preset == "gemma2_no_window")
+        assert (file.metadata["gemma2.attn_logit_softcapping"], file.metadata["gemma2.final_logit_softcapping"]) \
+            == (50.0, 30.0)
     assert main(["import-gguf", str(out), str(tmp_path / "back")]) == 0
     assert "imported GGUF" in capsys.readouterr().out
-    _same_run(run_dir, tmp_path / "back", norm_offset=preset == "gemma")
+    _same_run(run_dir, tmp_path / "back", norm_offset=preset.startswith("gemma"))
 
 
 def test_llama_rows_are_permuted_to_pairs_and_rope_freqs_are_llama_3s_factors(tmp_path):
@@ -223,7 +246,20 @@ HF_FAMILIES = {  # family -> (tiny Hugging Face model, GGUF architecture)
     "gpt2": (lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(  # transformers' GGUF GPT-2 needs
         vocab_size=40, n_embd=32, n_head=4, n_layer=2, n_positions=1024, bos_token_id=1, eos_token_id=2)),
              "gpt2"),  # 1024 positions and d_ff = 4 d_model: it reads neither key
+    # transformers' GGUF loader reads no head width for Qwen3 (it takes Qwen3's 128), nor Gemma's
+    # query scale (256), soft-caps (50, 30), Gemma 3's layer pattern (6) and local RoPE base (1e4):
+    # the tiny models have those values, which are llama.cpp's too
+    "qwen3": (lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        **SIZE, head_dim=128, tie_word_embeddings=False, rope_parameters={**ROPE, "rope_theta": 1e6})), "qwen3"),
+    "gemma2": (lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(  # layer 1 of 3 global
+        **{**SIZE, "num_hidden_layers": 3}, head_dim=256, sliding_window=5, query_pre_attn_scalar=256,
+        rope_parameters=ROPE)), "gemma2"),
+    "gemma3": (lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(  # layer 5 of 7 global
+        **{**SIZE, "num_hidden_layers": 7, "num_key_value_heads": 1}, head_dim=256, sliding_window=5,
+        sliding_window_pattern=6, query_pre_attn_scalar=256,
+        rope_parameters={"sliding_attention": ROPE, "full_attention": {**ROPE, "rope_theta": 1e6}})), "gemma3"),
 }
+WINDOWED = ("gemma2", "gemma3")  # the text below runs 6 windows of 5 past them
 CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
 
@@ -255,9 +291,12 @@ def test_transformers_reads_the_export_with_handformers_logits(family, tmp_path,
         assert expected.std() > 0.5  # far from trivial
         torch.testing.assert_close(hf(torch.tensor([ids, ids[::-1]])).logits, expected, atol=1e-5, rtol=1e-5)
     assert main(["import-gguf", str(tmp_path / "model.gguf"), str(tmp_path / "back")]) == 0
-    _same_run(run_dir, tmp_path / "back")
+    _same_run(run_dir, tmp_path / "back", norm_offset=family.startswith("gemma"))
     back = load_lm(tmp_path / "back")
-    assert back.config["source"]["model_type"] == {"mistral": "llama", "llama_tied": "llama"}.get(family, family)
+    assert back.config["source"]["model_type"] == {"mistral": "llama", "llama_tied": "llama",
+                                                   "gemma3": "gemma3_text"}.get(family, family)
+    if family in WINDOWED:
+        assert (back.model.cfg.sliding_window, back.model.cfg.global_layers) == (5, [1] if family == "gemma2" else [5])
     assert (tmp_path / "back" / "chat_template.jinja").read_text() == CHAT_TEMPLATE
     from handformer.generation.chat_template import load_chat_template
 
@@ -534,8 +573,8 @@ def test_every_refusal_is_one_line(tmp_path, capsys):
     string, uint32 = gguf.GGUFValueType.STRING, gguf.GGUFValueType.UINT32
     bpe = str(tmp_path / "bpe.gguf")
     variants = {  # name -> (rewrite arguments, the message)
-        "qwen3": (dict(arch="qwen3"), "'qwen3' model: Qwen3 normalises queries and keys per head .q_norm, k_norm., which import-gguf does not read yet .`handformer import-hf` reads its Hugging Face checkpoint, model_type 'qwen3'."),
-        "mamba": (dict(arch="mamba"), "'mamba' model; import-gguf reads llama, qwen2, gemma, phi3, gpt2"),
+        "olmo2": (dict(arch="olmo2"), "'olmo2' model: OLMo 2 normalises queries and keys and puts its norms after each sublayer, which import-gguf does not read yet .`handformer import-hf` reads its Hugging Face checkpoint, model_type 'olmo2'."),
+        "mamba": (dict(arch="mamba"), "'mamba' model; import-gguf reads llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, gpt2"),
         "yarn": (dict(values={"llama.rope.scaling.type": ("yarn", string)}), "'yarn': rope scaling of that type"),
         "experts": (dict(values={"llama.expert_count": (8, uint32)}), "mixture-of-experts"),
         "q4_1": (dict(types={"blk.0.attn_q.weight": (QT.Q4_1, None)}), r"blk\.0\.attn_q\.weight \(Q4_1\)"),
@@ -578,7 +617,7 @@ def test_the_architecture_table_names_llama_cpps_tensors():
 
 
 @pytest.mark.parametrize("overrides, setting", [
-    (dict(qk_norm="head"), "qk_norm='head'"),
+    (dict(qk_norm="width"), "qk_norm='width'"),
     (dict(moe=MoEConfig(4, 2)), r"moe=MoEConfig\(n_experts=4"),
     (dict(rope_fraction=0.5), "rope_fraction=0.5"),
     (dict(nope_layers=[1]), r"nope_layers=\[1\]"),
@@ -596,4 +635,25 @@ def test_todays_family_settings_are_refused_by_name(tmp_path, capsys, overrides,
     save_lm_run(tmp_path / "run", model, tok, SpecialTokens(eos_id=2, pad_id=0))
     _fails(capsys, ["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")], setting,
            "export-hf writes this run for transformers")
+    assert not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.parametrize("preset, overrides, message", [
+    ("qwen3", dict(sliding_window=4), r"sliding_window=4 \(Qwen3 has no sliding-window attention in llama.cpp\)"),
+    ("gemma2", dict(global_layers=[0]), r"global_layers=\[0\] \(llama.cpp's Gemma 2 makes layer i global when "
+               r"i % 2 = 1: \[1\] for 2 layers\)"),
+    ("gemma2", dict(attn_scale_dim=24), r"attn_scale_dim=24 \(llama.cpp's Gemma 2 divides scores by sqrt\(head_dim\)"),
+    ("gemma2", dict(attn_softcap=None), "attn_softcap=None .llama.cpp's Gemma 2 always soft-caps scores"),
+    ("gemma2", dict(logit_softcap=None), "logit_softcap=None .llama.cpp's Gemma 2 always soft-caps logits"),
+    ("gemma3", dict(rope_local_theta=5e4), r"rope_local_theta=50000.0 \(llama.cpp's Gemma 3 turns the sliding "
+               "layers' RoPE with base 10000"),
+    ("gemma3", dict(global_layers=[2, 5]), r"global_layers=\[2, 5\] .*\[5\] for 6 layers"),
+    ("gemma3", dict(logit_softcap=30.0), "logit_softcap=30.0 .export-gguf writes no soft-capped logits for Gemma 3"),
+])
+def test_what_llama_cpps_qwen3_and_gemmas_fix_is_refused_by_name(tmp_path, capsys, preset, overrides, message):
+    """llama.cpp fixes Gemma 2/3's layer pattern, query scale and local RoPE base, and Gemma 2's
+    soft-caps are always on: a run with other values is refused by the setting, nothing written."""
+    tok = Tokenizer.train_char([TEXT])
+    _run(tmp_path / "run", replace(PRESETS[preset][0](tok.vocab_size), **overrides), tok)
+    _fails(capsys, ["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")], message)
     assert not (tmp_path / "m.gguf").exists()

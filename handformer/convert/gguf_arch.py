@@ -14,10 +14,13 @@ An entry says, declaratively, what llama.cpp's model of that name is:
   biases writes zeros, and an import reads all-zero biases as none).
 The hyperparameters go in the usual keys ({arch}.context_length, .embedding_length, ...).
 
-Today's families (Qwen3, Gemma 2/3, OLMo 2, SmolLM3, Phi-4-mini's partial RoPE, the mixtures of
-experts) run in handformer from their Hugging Face checkpoints (import-hf, export-hf); each is one
-more entry here, with its tensors (q/k norms, experts) and keys. Until then a run with any of their
-settings is refused by export-gguf, by name, and such a GGUF file by import-gguf.
+Qwen3 (q/k norms per head), Gemma 2 (the sandwich norms, soft-capping, every second layer global)
+and Gemma 3 (q/k norms, the sandwich norms, every sixth layer global, the sliding layers' RoPE base
+10000) are entries too; llama.cpp fixes their layer pattern, query scale (1 / sqrt(head_dim)) and
+local RoPE base, so a run with other values is refused by the setting. The other families of today
+(OLMo 2, SmolLM3, Phi-4-mini's partial RoPE, the mixtures of experts) run in handformer from their
+Hugging Face checkpoints (import-hf, export-hf); a run with their settings is refused by
+export-gguf, by name, and such a GGUF file by import-gguf.
 Shape legend: D d_model, H heads, Hkv key/value heads, Dh head dim, F d_ff, V vocab.
 """
 
@@ -81,6 +84,17 @@ _GPT2_TENSORS = {
     **_with_bias("blk.{i}.ffn_down", f"{FFN}.down_proj"),  # (D, F)
 }
 del _GPT2_TENSORS["token_embd.bias"]  # the embedding has no bias
+_QK_NORMS = {  # RMSNorm over each query / key head (Dh,), before RoPE
+    "blk.{i}.attn_q_norm.weight": (f"{ATTN}.q_norm.weight",),
+    "blk.{i}.attn_k_norm.weight": (f"{ATTN}.k_norm.weight",),
+}
+_POST_NORMS = {  # Gemma 2/3's norms after each sublayer, before the residual sum (D,)
+    "blk.{i}.post_attention_norm.weight": ("layers.{i}.post_attn_norm.weight",),
+    "blk.{i}.post_ffw_norm.weight": ("layers.{i}.post_ffn_norm.weight",),
+}
+_QWEN3_TENSORS = {**_LLAMA_TENSORS, **_QK_NORMS}
+_GEMMA2_TENSORS = {**_GEMMA_TENSORS, **_POST_NORMS}
+_GEMMA3_TENSORS = {**_GEMMA2_TENSORS, **_QK_NORMS}
 
 _PRE = {"norm_placement": ("pre", "is pre-norm"), "scale_embeddings": (False, "does not scale embeddings")}
 _LLAMA_BLOCK = {**_PRE, "position": ("rope", "has rotary positions"), "norm": ("rmsnorm", "uses RMSNorm"),
@@ -102,6 +116,12 @@ class Family:
     full_width_heads: bool = False  # llama.cpp sizes attention as D wide: H * Dh must equal D
     tied_only: bool = False  # the output head is always the embedding
     biases: tuple[str, ...] = field(default=("bias", "qkv_bias"))  # bias settings read from tensors
+    # Gemma 2/3: llama.cpp fixes which layers slide: with a window, layer i is global when
+    # i % swa_pattern == swa_pattern - 1 (Gemma 2: every second layer, Gemma 3: every sixth)
+    swa_pattern: int = 0
+    softcaps: bool = False  # Gemma 2: {arch}.attn_logit_softcapping and .final_logit_softcapping
+    local_rope_theta: float | None = None  # Gemma 3: the sliding layers' RoPE base, fixed in llama.cpp
+    writes: frozenset[str] = frozenset()  # today's family settings (_NOT_WRITTEN) the family expresses
 
     @property
     def rms(self) -> bool:
@@ -137,16 +157,31 @@ GPT2 = Family("gpt2", "gpt2", "GPT-2", _GPT2_TENSORS,
                "n_kv_heads": (None, "has one key/value head per query head"),
                "sliding_window": (None, "has no sliding-window attention")},
               rope=None, zero_biases=True, full_width_heads=True)
+_NO_BIASES = {"bias": (False, "has no biases"), "qkv_bias": (False, "has no biases")}
+QWEN3 = Family("qwen3", "qwen3", "Qwen3", _QWEN3_TENSORS,
+               {**_LLAMA_BLOCK, **_NO_BIASES, "qk_norm": ("head", "normalises each query and key head"),
+                "sliding_window": (None, "has no sliding-window attention in llama.cpp"),
+                "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
+               biases=(), writes=frozenset({"qk_norm"}))
+_GEMMA_BLOCK = {name: value for name, value in GEMMA.settings.items() if name != "sliding_window"}
+_SANDWICH = ("sandwich", "has norms before and after each sublayer")
+GEMMA2 = Family("gemma2", "gemma2", "Gemma 2", _GEMMA2_TENSORS,
+                {**_GEMMA_BLOCK, "norm_placement": _SANDWICH,
+                 "qk_norm": ("none", "has no q/k norms (Gemma 3 has)")},
+                norm_offset=True, tied_only=True, biases=(), swa_pattern=2, softcaps=True,
+                writes=frozenset({"global_layers", "attn_scale_dim", "attn_softcap", "logit_softcap"}))
+GEMMA3 = Family("gemma3", "gemma3_text", "Gemma 3", _GEMMA3_TENSORS,
+                {**_GEMMA_BLOCK, "norm_placement": _SANDWICH,
+                 "qk_norm": ("head", "normalises each query and key head")},
+                norm_offset=True, tied_only=True, biases=(), swa_pattern=6, local_rope_theta=10000.0,
+                writes=frozenset({"qk_norm", "global_layers", "rope_local_theta", "attn_scale_dim"}))
 
 # general.architecture -> the family; model_type (Hugging Face's, as runs record it) -> the family.
 # Mistral without a window is Llama's computation, and llama.cpp's convert writes it as "llama".
-FAMILIES = {f.arch: f for f in (LLAMA, QWEN2, GEMMA, PHI3, GPT2)}
-BY_MODEL_TYPE = {**{f.model_type: f for f in FAMILIES.values()}, "mistral": LLAMA}
+FAMILIES = {f.arch: f for f in (LLAMA, QWEN2, QWEN3, GEMMA, GEMMA2, GEMMA3, PHI3, GPT2)}
+BY_MODEL_TYPE = {**{f.model_type: f for f in FAMILIES.values()}, "mistral": LLAMA, "gemma3": GEMMA3}
 # Architectures llama.cpp has that import-gguf does not read yet, and what they would need.
 NOT_YET = {
-    "qwen3": "Qwen3 normalises queries and keys per head (q_norm, k_norm)",
-    "gemma2": "Gemma 2 soft-caps logits and alternates sliding-window and global layers",
-    "gemma3": "Gemma 3 normalises queries and keys and alternates sliding-window and global layers",
     "olmo2": "OLMo 2 normalises queries and keys and puts its norms after each sublayer",
     "smollm3": "SmolLM3 leaves out the rotary embedding on every fourth layer",
     "qwen3moe": "Qwen3-MoE has a mixture of experts and q/k norms",
@@ -155,8 +190,8 @@ NOT_YET = {
     "phi2": "Phi-2 runs attention and the feed-forward in parallel with partial rotary embeddings",
 }
 # Of those, the ones handformer runs from their Hugging Face checkpoints: arch -> model_type.
-FROM_HF = {"qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text", "olmo2": "olmo2",
-           "smollm3": "smollm3", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe"}
+FROM_HF = {"olmo2": "olmo2", "smollm3": "smollm3", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
+           "olmoe": "olmoe"}
 # Settings of today's families that no architecture here writes: name -> (the value without it,
 # what it is). A run with one exports to Hugging Face only (export-hf).
 _NOT_WRITTEN = {"qk_norm": ("none", "q/k norms"), "moe": (None, "mixture of experts"),
@@ -170,20 +205,66 @@ _NOT_WRITTEN = {"qk_norm": ("none", "q/k norms"), "moe": (None, "mixture of expe
 
 def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:
     """The family a run exports to: the model_type recorded at import (a fine-tune's base run's),
-    else where its settings point, as export-hf chooses."""
+    else the one export-hf chooses from its settings; a run whose settings point to a family no
+    entry here writes goes to the closest one, whose `mismatches` then name those settings."""
     if recorded is not None:
         if recorded not in BY_MODEL_TYPE:
             raise ValueError(f"this run was imported from model_type {recorded!r}; export-gguf writes "
                              f"{', '.join(BY_MODEL_TYPE)}")
         return BY_MODEL_TYPE[recorded]
+    from handformer.convert.hf_export import model_type_for
+
     if cfg.position == "learned":
         return GPT2
     if cfg.position != "rope":
         raise ValueError(f"position={cfg.position!r} maps to no llama.cpp architecture: GPT-2 has "
                          "position='learned', the Llama family position='rope'")
+    found = BY_MODEL_TYPE.get(model_type_for(cfg))
+    if found is not None:
+        return found
     if cfg.norm == "rmsnorm_offset" or cfg.scale_embeddings or cfg.activation.startswith("geglu"):
         return GEMMA
     return QWEN2 if cfg.qkv_bias and not cfg.bias else LLAMA
+
+
+def _global_layers(family: Family, n_layers: int) -> list[int]:
+    """The layers llama.cpp's Gemma 2/3 run without the window."""
+    p = family.swa_pattern
+    return [i for i in range(n_layers) if i % p == p - 1]
+
+
+def _window(cfg: CausalLMConfig) -> int | None:
+    """The run's sliding window, or None when there is none or it spans the whole context."""
+    window = cfg.sliding_window
+    return window if window is not None and window < cfg.max_positions else None
+
+
+def _layer_problems(cfg: CausalLMConfig, family: Family) -> list[str]:
+    """Gemma 2/3's settings llama.cpp fixes: which layers slide, the query scale, soft-capping and
+    Gemma 3's local RoPE base."""
+    problems = []
+    name = family.name
+    if family.swa_pattern and _window(cfg) is not None:
+        expected = _global_layers(family, cfg.n_layers)
+        if list(cfg.global_layers) != expected:
+            problems.append(f"global_layers={cfg.global_layers!r} (llama.cpp's {name} makes layer i global "
+                            f"when i % {family.swa_pattern} = {family.swa_pattern - 1}: {expected} for "
+                            f"{cfg.n_layers} layers)")
+        local = cfg.rope_local_theta if cfg.rope_local_theta is not None else cfg.rope_theta
+        if family.local_rope_theta is not None and local != family.local_rope_theta:
+            setting = "rope_local_theta" if cfg.rope_local_theta is not None else "rope_theta"
+            problems.append(f"{setting}={local!r} (llama.cpp's {name} turns the sliding layers' RoPE with "
+                            f"base {family.local_rope_theta:g})")
+    if cfg.attn_scale_dim is not None and cfg.attn_scale_dim != cfg.head_dim:
+        problems.append(f"attn_scale_dim={cfg.attn_scale_dim!r} (llama.cpp's {name} divides scores by "
+                        f"sqrt(head_dim) = sqrt({cfg.head_dim}))")
+    if family.softcaps:
+        for setting in ("attn_softcap", "logit_softcap"):
+            if getattr(cfg, setting) is None:
+                problems.append(f"{setting}=None (llama.cpp's {name} always soft-caps "
+                                f"{'scores' if setting == 'attn_softcap' else 'logits'}; Gemma 2's are 50 "
+                                "and 30)")
+    return problems
 
 
 def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
@@ -195,9 +276,10 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
         settings.pop("sliding_window", None)  # a window as long as the context: no window (noted)
     problems = [f"{name}={getattr(cfg, name)!r} ({family.name} {why})"
                 for name, (value, why) in settings.items() if getattr(cfg, name) != value]
-    problems += [f"{name}={getattr(cfg, name)!r} (export-gguf writes no {what} yet; export-hf writes "
-                 "this run for transformers)" for name, (value, what) in _NOT_WRITTEN.items()
-                 if getattr(cfg, name) != value]
+    problems += [f"{name}={getattr(cfg, name)!r} (export-gguf writes no {what} for {family.name}; export-hf "
+                 "writes this run for transformers)" for name, (value, what) in _NOT_WRITTEN.items()
+                 if name not in family.writes and name not in settings and getattr(cfg, name) != value]
+    problems += _layer_problems(cfg, family)
     if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, Llama3RopeScaling):
         problems.append(f"rope_scaling={cfg.rope_scaling!r} (export-gguf writes Llama 3's rope scaling only; "
                         "export-hf writes this run for transformers)")
@@ -353,6 +435,13 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
         window = cfg.sliding_window if cfg.sliding_window and cfg.sliding_window < cfg.max_positions else 0
         writer.add_sliding_window(window)
         writer.add_rope_scaling_orig_ctx_len(cfg.max_positions)
+    if family.swa_pattern:  # Gemma 2 always slides (4096 without the key): no window = the context
+        window = _window(cfg)
+        if window is not None or family.softcaps:
+            writer.add_sliding_window(window or cfg.max_positions)
+    if family.softcaps:
+        writer.add_attn_logit_softcapping(cfg.attn_softcap)
+        writer.add_final_logit_softcapping(cfg.logit_softcap)
     if cfg.rope_scaling is not None:
         for name, key in SCALING_KEYS.items():
             value = getattr(cfg.rope_scaling, name)
@@ -408,6 +497,8 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     Llama 3 scaling come from the tensors; see gguf_import)."""
     for template, (harmless, what) in _NOT_IMPLEMENTED.items():
         key = _key(family, template)
+        if family.softcaps and template in _SOFTCAPS:
+            continue
         if key in metadata and not harmless(metadata[key]):
             raise ValueError(f"{where} has {key}={metadata[key]!r}: {what}, which import-gguf "
                              "does not read")
@@ -437,10 +528,37 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     if family.writes_window:  # 0 or absent: no window
         window_key = k(gguf.Keys.Attention.SLIDING_WINDOW)
         settings["sliding_window"] = _int(metadata, window_key, where) if metadata.get(window_key) else None
+    if family.swa_pattern:
+        settings.update(_read_layers(metadata, family, settings, where))
     settings.update({name: value for name, (value, _) in family.settings.items() if name != "n_kv_heads"})
     if "n_kv_heads" in family.settings and settings["n_kv_heads"] == n_heads:
         settings["n_kv_heads"] = None  # GPT-2's config says so by leaving it out
     return settings
+
+
+_SOFTCAPS = {gguf.Keys.LLM.ATTN_LOGIT_SOFTCAPPING: ("attn_softcap", 50.0),  # llama.cpp's defaults
+             gguf.Keys.LLM.FINAL_LOGIT_SOFTCAPPING: ("logit_softcap", 30.0)}
+
+
+def _read_layers(metadata: dict[str, Any], family: Family, settings: dict[str, Any], where: str
+                 ) -> dict[str, Any]:
+    """Gemma 2/3's window, global layers, query scale, soft-capping and local RoPE base, as
+    llama.cpp runs them (Gemma 2 slides with a 4096 window when the file has no key; Gemma 3
+    without the key does not slide)."""
+    key = _key(family, gguf.Keys.Attention.SLIDING_WINDOW)
+    window = (_int(metadata, key, where) if metadata.get(key) else 4096 if family.softcaps else None)
+    out: dict[str, Any] = {"attn_scale_dim": settings["head_dim"]}  # 1/sqrt(head_dim) in llama.cpp
+    if window is not None and window < settings["max_positions"]:
+        out.update(sliding_window=window, global_layers=_global_layers(family, settings["n_layers"]))
+        if family.local_rope_theta is not None:
+            if out["global_layers"]:
+                out["rope_local_theta"] = family.local_rope_theta
+            else:  # every layer slides: all turn with the local base
+                out["rope_theta"] = family.local_rope_theta
+    if family.softcaps:
+        for template, (name, default) in _SOFTCAPS.items():
+            out[name] = _float(metadata, _key(family, template), where, default)
+    return out
 
 
 def read_rope_scaling(metadata: dict[str, Any], factors: Tensor | None, cfg: CausalLMConfig,
@@ -494,7 +612,6 @@ def _fit_llama3(factors: Tensor, cfg: CausalLMConfig, where: str) -> Llama3RopeS
                              original_max_positions=context)
 
 
-__all__ = ["BY_MODEL_TYPE", "FAMILIES", "FROM_HF", "Family", "NOT_YET", "export_tensors", "family_for",
-           "import_plan",
-           "mismatches", "read_hparams", "read_rope_scaling", "rope_factors", "split_tensor",
-           "write_hparams"]
+__all__ = ["BY_MODEL_TYPE", "FAMILIES", "FROM_HF", "GEMMA2", "GEMMA3", "NOT_YET", "QWEN3", "Family",
+           "export_tensors", "family_for", "import_plan", "mismatches", "read_hparams", "read_rope_scaling",
+           "rope_factors", "split_tensor", "write_hparams"]

@@ -5,8 +5,8 @@
 
 What goes in (gguf_arch.py has the architectures, gguf_tokenizer.py the vocabulary):
 - the architecture the run's settings point to, as export-hf chooses it (an imported run goes
-  back to its family): llama (also Mistral without a window, llama2.c models), qwen2, gemma, phi3,
-  gpt2; every setting the architecture cannot express is named in one ValueError;
+  back to its family): llama (also Mistral without a window, llama2.c models), qwen2, qwen3, gemma,
+  gemma2, gemma3, phi3, gpt2; every setting the architecture cannot express is named in one ValueError;
 - the tensors in llama.cpp's names and layouts, and Llama 3's rope scaling as rope_freqs.weight;
 - the hyperparameters, the tokenizer with its special ids, the chat template, and the run's
   tokenizer.json.
@@ -90,6 +90,9 @@ def _family_notes(cfg: CausalLMConfig, family: Family, notes: list[str]) -> None
     elif window is not None and family.writes_window:
         notes.append(f"the sliding window ({window}) is written, but the pinned llama.cpp runs Phi-3 without "
                      f"it: its outputs agree with handformer's for sequences up to {window} tokens")
+    if family.softcaps and (window is None or window >= cfg.max_positions):
+        notes.append(f"llama.cpp's {family.name} always slides: the window is written as the whole context "
+                     f"({cfg.max_positions}), which keeps every layer global up to that length")
     if family.zero_biases and not cfg.bias:
         notes.append(f"the run has no biases (bias=false); llama.cpp's {family.name} needs them, so they are "
                      "written as zeros (the same function)")
