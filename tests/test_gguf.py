@@ -327,13 +327,28 @@ def trained(tmp_path_factory, one_thread):
                  "--set", "model.max_positions=1024"]) == 0
     assert main([*base, "--out", str(root / "llama"), "--set", "model.preset=llama",
                  "--set", "model.n_kv_heads=1", "--set", "model.d_ff=64"]) == 0
+    for name, settings in TODAYS.items():
+        assert main([*base, "--out", str(root / name), "--set", "model.preset=llama", "--set", "model.n_kv_heads=1",
+                     *[a for pair in settings for a in ("--set", f"model.{pair}")]]) == 0
     return root
+
+
+# Today's families trained here with the values transformers' GGUF loader assumes (it reads no head
+# width for Qwen3, nor Gemma's query scale, soft-caps, layer pattern or local RoPE base)
+_GEMMA_SETTINGS = ["norm=rmsnorm_offset", "activation=geglu_tanh", "scale_embeddings=true", "tie_embeddings=true",
+                   "norm_placement=sandwich", "head_dim=256", "attn_scale_dim=256", "sliding_window=8"]
+TODAYS = {
+    "qwen3": ["qk_norm=head", "head_dim=128", "rope_theta=1e6"],
+    "gemma2": [*_GEMMA_SETTINGS, "n_layers=2", "global_layers=[1]", "attn_softcap=50.0", "logit_softcap=30.0"],
+    "gemma3": [*_GEMMA_SETTINGS, "qk_norm=head", "n_layers=6", "global_layers=[5]", "rope_theta=1e6",
+               "rope_local_theta=1e4"],
+}
 
 
 LIMITS = {"f32": 1e-5, "f16": 1e-2, "q8_0": 5e-2}  # max |delta logit| against handformer's float32
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", *TODAYS])
 def test_f16_and_q8_0_exports_stay_close_in_transformers(trained, name, tmp_path, capsys):
     run = load_lm(trained / name)
     ids = run.tokenizer.encode("The Python Tutorial: an informal introduction to the language")[:30]
