@@ -1,7 +1,9 @@
 """llama.cpp runs handformer's GGUF exports: llama-cpp-python 0.3.36 (which fixes llama.cpp's commit),
 fed token ids, generates greedily the same tokens as `handformer generate` for a model trained
 here on tiny Shakespeare, for imported Hugging Face models of every family (Llama with Llama 3
-scaling, Mistral, Qwen2, Gemma, Phi-3, GPT-2) and for llama2.c's stories260K; and its tokenizer
+scaling, Mistral, Qwen2, Qwen3, Gemma, Gemma 2 and Gemma 3 with sliding and global layers, Phi-3,
+GPT-2; Qwen3's and the Gemmas' with head widths, soft-caps and query scales other than the ones
+transformers' GGUF loader assumes, which llama.cpp reads from the file) and for llama2.c's stories260K; and its tokenizer
 gives handformer's ids for a fixture text (characters, byte-level BPE, stories260K's SentencePiece).
 
 Slow: llama-cpp-python builds from source (about 4 minutes on 2 cores), so it is not installed by
@@ -127,6 +129,16 @@ HF = {
         **SIZE, tie_word_embeddings=False, rope_parameters=ROPE)),
     "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=40, n_embd=64, n_head=4, n_layer=2, n_positions=96, bos_token_id=1, eos_token_id=2)),
+    "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(  # heads 24 wide, not 64 / 4
+        **SIZE, head_dim=24, tie_word_embeddings=True, rope_parameters={**ROPE, "rope_theta": 1e6})),
+    # windows of 5: the 32 generated tokens run 6 windows past them
+    "gemma2": lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(  # layer 1 of 3 global
+        **{**SIZE, "num_hidden_layers": 3}, head_dim=32, sliding_window=5, query_pre_attn_scalar=32,
+        attn_logit_softcapping=20.0, final_logit_softcapping=10.0, rope_parameters=ROPE)),
+    "gemma3": lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(  # layer 5 of 7 global
+        **{**SIZE, "num_hidden_layers": 7, "num_key_value_heads": 1}, head_dim=32, sliding_window=5,
+        sliding_window_pattern=6, query_pre_attn_scalar=32,
+        rope_parameters={"sliding_attention": ROPE, "full_attention": {**ROPE, "rope_theta": 1e6}})),
 }
 TEXT = "to be or not to be, that is the question: whether 'tis nobler in the mind to suffer\n"
 
