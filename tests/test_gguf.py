@@ -106,6 +106,8 @@ PRESETS = {
     "gemma": (lambda v, **kw: _llama(v, norm="rmsnorm_offset", activation="geglu_tanh", scale_embeddings=True,
                                tie_embeddings=True, head_dim=16, n_kv_heads=1, **kw), "gemma"),
     "qwen3": (lambda v: _llama(v, qk_norm="head", head_dim=16), "qwen3"),
+    "qwen3moe": (lambda v: _llama(v, qk_norm="head", moe=MoEConfig(4, 2, d_expert=24, aux_loss_coef=0.001)),
+                 "qwen3moe"),
     "gemma2": (lambda v: _gemma2(v), "gemma2"),
     "gemma2_no_window": (lambda v: _gemma2(v, sliding_window=None, global_layers=[]), "gemma2"),
     "gemma3": (lambda v: _gemma3(v), "gemma3"),
@@ -180,6 +182,11 @@ def test_import_of_the_f32_export_is_the_run_again(preset, tmp_path, capsys):
     assert all(t.type_name == "F32" for t in file.tensors.values())
     assert ("output.weight" in file.tensors) == (not load_lm(run_dir).model.cfg.tie_embeddings)
     assert ("rope_freqs.weight" in file.tensors) == (preset == "llama3_tied")
+    if preset == "qwen3moe":  # the experts stacked, as llama.cpp reads them
+        assert file.tensors["blk.0.ffn_gate_exps.weight"].shape == (4, 24, 32)
+        assert file.tensors["blk.1.ffn_down_exps.weight"].shape == (4, 32, 24)
+        assert (file.metadata["qwen3moe.expert_count"], file.metadata["qwen3moe.expert_used_count"],
+                file.metadata["qwen3moe.expert_feed_forward_length"]) == (4, 2, 24)
     if preset.startswith("gemma2"):  # llama.cpp's Gemma 2 always slides: no window = the context
         window = file.metadata["gemma2.attention.sliding_window"]
         assert window == (48 if preset == "gemma2_no_window" else 4)
@@ -258,6 +265,9 @@ HF_FAMILIES = {  # family -> (tiny Hugging Face model, GGUF architecture)
         **{**SIZE, "num_hidden_layers": 7, "num_key_value_heads": 1}, head_dim=256, sliding_window=5,
         sliding_window_pattern=6, query_pre_attn_scalar=256,
         rope_parameters={"sliding_attention": ROPE, "full_attention": {**ROPE, "rope_theta": 1e6}})), "gemma3"),
+    "qwen3_moe": (lambda: transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(  # experts 768 wide:
+        **SIZE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=768,  # the loader reads no width
+        norm_topk_prob=True, rope_parameters=ROPE)), "qwen3moe"),
 }
 WINDOWED = ("gemma2", "gemma3")  # the text below runs 6 windows of 5 past them
 CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -334,11 +344,13 @@ def trained(tmp_path_factory, one_thread):
 
 
 # Today's families trained here with the values transformers' GGUF loader assumes (it reads no head
-# width for Qwen3, nor Gemma's query scale, soft-caps, layer pattern or local RoPE base)
+# width for Qwen3, no expert width for Qwen3-MoE, nor Gemma's query scale, soft-caps, layer pattern
+# or local RoPE base)
 _GEMMA_SETTINGS = ["norm=rmsnorm_offset", "activation=geglu_tanh", "scale_embeddings=true", "tie_embeddings=true",
                    "norm_placement=sandwich", "head_dim=256", "attn_scale_dim=256", "sliding_window=8"]
 TODAYS = {
     "qwen3": ["qk_norm=head", "head_dim=128", "rope_theta=1e6"],
+    "qwen3moe": ["qk_norm=head", 'moe={"n_experts": 4, "top_k": 2, "d_expert": 768}'],  # the loader's width
     "gemma2": [*_GEMMA_SETTINGS, "n_layers=2", "global_layers=[1]", "attn_softcap=50.0", "logit_softcap=30.0"],
     "gemma3": [*_GEMMA_SETTINGS, "qk_norm=head", "n_layers=6", "global_layers=[5]", "rope_theta=1e6",
                "rope_local_theta=1e4"],
@@ -589,7 +601,7 @@ def test_every_refusal_is_one_line(tmp_path, capsys):
     bpe = str(tmp_path / "bpe.gguf")
     variants = {  # name -> (rewrite arguments, the message)
         "olmo2": (dict(arch="olmo2"), "'olmo2' model: OLMo 2 normalises queries and keys and puts its norms after each sublayer, which import-gguf does not read yet .`handformer import-hf` reads its Hugging Face checkpoint, model_type 'olmo2'."),
-        "mamba": (dict(arch="mamba"), "'mamba' model; import-gguf reads llama, qwen2, qwen3, gemma, gemma2, gemma3, phi3, gpt2"),
+        "mamba": (dict(arch="mamba"), "'mamba' model; import-gguf reads llama, qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, phi3, gpt2"),
         "yarn": (dict(values={"llama.rope.scaling.type": ("yarn", string)}), "'yarn': rope scaling of that type"),
         "experts": (dict(values={"llama.expert_count": (8, uint32)}), "mixture-of-experts"),
         "q4_1": (dict(types={"blk.0.attn_q.weight": (QT.Q4_1, None)}), r"blk\.0\.attn_q\.weight \(Q4_1\)"),
@@ -663,6 +675,7 @@ def test_todays_family_settings_are_refused_by_name(tmp_path, capsys, overrides,
     ("gemma3", dict(rope_local_theta=5e4), r"rope_local_theta=50000.0 \(llama.cpp's Gemma 3 turns the sliding "
                "layers' RoPE with base 10000"),
     ("gemma3", dict(global_layers=[2, 5]), r"global_layers=\[2, 5\] .*\[5\] for 6 layers"),
+    ("qwen3moe", dict(moe=MoEConfig(4, 2, normalize=False)), "moe.normalize=False .llama.cpp's Qwen3-MoE rescales"),
     ("gemma3", dict(logit_softcap=30.0), "logit_softcap=30.0 .export-gguf writes no soft-capped logits for Gemma 3"),
 ])
 def test_what_llama_cpps_qwen3_and_gemmas_fix_is_refused_by_name(tmp_path, capsys, preset, overrides, message):

@@ -14,13 +14,15 @@ An entry says, declaratively, what llama.cpp's model of that name is:
   biases writes zeros, and an import reads all-zero biases as none).
 The hyperparameters go in the usual keys ({arch}.context_length, .embedding_length, ...).
 
-Qwen3 (q/k norms per head), Gemma 2 (the sandwich norms, soft-capping, every second layer global)
-and Gemma 3 (q/k norms, the sandwich norms, every sixth layer global, the sliding layers' RoPE base
-10000) are entries too; llama.cpp fixes their layer pattern, query scale (1 / sqrt(head_dim)) and
-local RoPE base, so a run with other values is refused by the setting. The other families of today
-(OLMo 2, SmolLM3, Phi-4-mini's partial RoPE, the mixtures of experts) run in handformer from their
-Hugging Face checkpoints (import-hf, export-hf); a run with their settings is refused by
-export-gguf, by name, and such a GGUF file by import-gguf.
+Qwen3 (q/k norms per head), Qwen3-MoE (Qwen3 with a mixture of experts, each layer's experts stacked
+into one 3-D tensor per projection, the top-k weights always rescaled), Gemma 2 (the sandwich norms,
+soft-capping, every second layer global) and Gemma 3 (q/k norms, the sandwich norms, every sixth
+layer global, the sliding layers' RoPE base 10000) are entries too; llama.cpp fixes their layer
+pattern, query scale (1 / sqrt(head_dim)) and local RoPE base, so a run with other values is refused
+by the setting. The other families of today (OLMo 2, SmolLM3, Phi-4-mini's partial RoPE, the other
+mixtures of experts) run in handformer from their Hugging Face checkpoints (import-hf, export-hf); a
+run with their settings is refused by export-gguf, by name, and such a GGUF file by import-gguf.
+
 Shape legend: D d_model, H heads, Hkv key/value heads, Dh head dim, F d_ff, V vocab.
 """
 
@@ -35,7 +37,7 @@ import gguf
 import torch
 from torch import Tensor
 
-from handformer.config import CausalLMConfig, Llama3RopeScaling
+from handformer.config import CausalLMConfig, Llama3RopeScaling, MoEConfig
 
 ATTN, FFN = "layers.{i}.self_attn", "layers.{i}.ffn"
 
@@ -93,6 +95,16 @@ _POST_NORMS = {  # Gemma 2/3's norms after each sublayer, before the residual su
     "blk.{i}.post_ffw_norm.weight": ("layers.{i}.post_ffn_norm.weight",),
 }
 _QWEN3_TENSORS = {**_LLAMA_TENSORS, **_QK_NORMS}
+# A mixture of experts: the router (E, D) and each layer's experts stacked ({e} = expert) into one
+# 3-D tensor per projection: gate and up (E, F, D), down (E, D, F)
+EXPERT = FFN + ".experts.{e}"
+_QWEN3MOE_TENSORS = {
+    **{name: keys for name, keys in _QWEN3_TENSORS.items() if ".ffn_" not in name or "_norm" in name},
+    "blk.{i}.ffn_gate_inp.weight": (f"{FFN}.router.weight",),
+    "blk.{i}.ffn_gate_exps.weight": (f"{EXPERT}.gate_proj.weight",),
+    "blk.{i}.ffn_up_exps.weight": (f"{EXPERT}.up_proj.weight",),
+    "blk.{i}.ffn_down_exps.weight": (f"{EXPERT}.down_proj.weight",),
+}
 _GEMMA2_TENSORS = {**_GEMMA_TENSORS, **_POST_NORMS}
 _GEMMA3_TENSORS = {**_GEMMA2_TENSORS, **_QK_NORMS}
 
@@ -122,6 +134,7 @@ class Family:
     softcaps: bool = False  # Gemma 2: {arch}.attn_logit_softcapping and .final_logit_softcapping
     local_rope_theta: float | None = None  # Gemma 3: the sliding layers' RoPE base, fixed in llama.cpp
     writes: frozenset[str] = frozenset()  # today's family settings (_NOT_WRITTEN) the family expresses
+    experts: bool = False  # a mixture of experts in every layer ({arch}.expert_count, ...)
 
     @property
     def rms(self) -> bool:
@@ -163,6 +176,8 @@ QWEN3 = Family("qwen3", "qwen3", "Qwen3", _QWEN3_TENSORS,
                 "sliding_window": (None, "has no sliding-window attention in llama.cpp"),
                 "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
                biases=(), writes=frozenset({"qk_norm"}))
+QWEN3MOE = Family("qwen3moe", "qwen3_moe", "Qwen3-MoE", _QWEN3MOE_TENSORS, QWEN3.settings, biases=(),
+                  experts=True, writes=frozenset({"qk_norm", "moe"}))
 _GEMMA_BLOCK = {name: value for name, value in GEMMA.settings.items() if name != "sliding_window"}
 _SANDWICH = ("sandwich", "has norms before and after each sublayer")
 GEMMA2 = Family("gemma2", "gemma2", "Gemma 2", _GEMMA2_TENSORS,
@@ -178,19 +193,18 @@ GEMMA3 = Family("gemma3", "gemma3_text", "Gemma 3", _GEMMA3_TENSORS,
 
 # general.architecture -> the family; model_type (Hugging Face's, as runs record it) -> the family.
 # Mistral without a window is Llama's computation, and llama.cpp's convert writes it as "llama".
-FAMILIES = {f.arch: f for f in (LLAMA, QWEN2, QWEN3, GEMMA, GEMMA2, GEMMA3, PHI3, GPT2)}
+FAMILIES = {f.arch: f for f in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, PHI3, GPT2)}
 BY_MODEL_TYPE = {**{f.model_type: f for f in FAMILIES.values()}, "mistral": LLAMA, "gemma3": GEMMA3}
 # Architectures llama.cpp has that import-gguf does not read yet, and what they would need.
 NOT_YET = {
     "olmo2": "OLMo 2 normalises queries and keys and puts its norms after each sublayer",
     "smollm3": "SmolLM3 leaves out the rotary embedding on every fourth layer",
-    "qwen3moe": "Qwen3-MoE has a mixture of experts and q/k norms",
     "qwen2moe": "Qwen2-MoE has a mixture of experts and a shared expert",
     "olmoe": "OLMoE has a mixture of experts and q/k norms",
     "phi2": "Phi-2 runs attention and the feed-forward in parallel with partial rotary embeddings",
 }
 # Of those, the ones handformer runs from their Hugging Face checkpoints: arch -> model_type.
-FROM_HF = {"olmo2": "olmo2", "smollm3": "smollm3", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe",
+FROM_HF = {"olmo2": "olmo2", "smollm3": "smollm3", "qwen2moe": "qwen2_moe",
            "olmoe": "olmoe"}
 # Settings of today's families that no architecture here writes: name -> (the value without it,
 # what it is). A run with one exports to Hugging Face only (export-hf).
@@ -267,6 +281,20 @@ def _layer_problems(cfg: CausalLMConfig, family: Family) -> list[str]:
     return problems
 
 
+def _expert_problems(cfg: CausalLMConfig, family: Family) -> list[str]:
+    moe = cfg.moe
+    if moe is None:
+        return [f"moe=None (llama.cpp's {family.name} has a mixture of experts in every layer)"]
+    problems = []
+    if not moe.normalize:
+        problems.append(f"moe.normalize=False (llama.cpp's {family.name} rescales the top-k weights to "
+                        "sum to 1)")
+    if moe.d_shared:
+        problems.append(f"moe.d_shared={moe.d_shared} (llama.cpp's {family.name} has no shared expert; "
+                        "Qwen2-MoE has one)")
+    return problems
+
+
 def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
     """Every setting of `cfg` that llama.cpp's `family` cannot express, each with why."""
     settings = dict(family.settings)
@@ -280,6 +308,8 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
                  "writes this run for transformers)" for name, (value, what) in _NOT_WRITTEN.items()
                  if name not in family.writes and name not in settings and getattr(cfg, name) != value]
     problems += _layer_problems(cfg, family)
+    if family.experts:
+        problems += _expert_problems(cfg, family)
     if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, Llama3RopeScaling):
         problems.append(f"rope_scaling={cfg.rope_scaling!r} (export-gguf writes Llama 3's rope scaling only; "
                         "export-hf writes this run for transformers)")
@@ -329,10 +359,18 @@ def from_gguf_layout(key: str, tensor: Tensor, cfg: CausalLMConfig, family: Fami
     return tensor
 
 
-def _concrete(family: Family, n_layers: int) -> list[tuple[str, tuple[str, ...]]]:
-    return [(name.format(i=i), tuple(k.format(i=i) for k in keys))
+def _concrete(family: Family, cfg: CausalLMConfig) -> list[tuple[str, tuple[str, ...]]]:
+    """(GGUF name, handformer keys) for every layer; a stacked experts' tensor lists every expert."""
+    experts = range(cfg.moe.n_experts if cfg.moe is not None else 0)
+    return [(name.format(i=i), tuple(k.format(i=i, e=e) for k in keys
+                                     for e in (experts if "{e}" in k else [None])))
             for name, keys in family.tensors.items()
-            for i in (range(n_layers) if "{i}" in name else [None])]
+            for i in (range(cfg.n_layers) if "{i}" in name else [None])]
+
+
+def stacked(name: str) -> bool:
+    """A mixture's experts, one 3-D tensor (E, rows, columns) joined along a new first dim."""
+    return name.endswith("_exps.weight")
 
 
 def export_tensors(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family) -> list[tuple[str, Tensor]]:
@@ -340,12 +378,12 @@ def export_tensors(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family
     head is left out; GPT-2's missing biases become zeros. Every handformer tensor must be written:
     a ValueError names any the map does not cover."""
     out, used = [], {"lm_head.weight"} if cfg.tie_embeddings else set()  # a tied head is the embedding
-    for name, keys in _concrete(family, cfg.n_layers):
+    for name, keys in _concrete(family, cfg):
         if name == "output.weight" and cfg.tie_embeddings:
             continue
         if all(k in state for k in keys):
             parts = [to_gguf_layout(k, state[k].float(), cfg, family) for k in keys]
-            out.append((name, torch.cat(parts, dim=0).contiguous()))
+            out.append((name, (torch.stack if stacked(name) else torch.cat)(parts, dim=0).contiguous()))
             used.update(keys)
         elif family.zero_biases and name.endswith(".bias"):  # llama.cpp's GPT-2 needs every bias
             weights = [state[k.removesuffix(".bias") + ".weight"] for k in keys]
@@ -360,7 +398,7 @@ def export_tensors(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family
 def import_plan(cfg: CausalLMConfig, family: Family, expected: dict[str, tuple[int, ...]]
                 ) -> dict[str, tuple[str, ...]]:
     """GGUF name -> handformer keys, for every map entry whose keys `CausalLM(cfg)` has."""
-    plan = {name: keys for name, keys in _concrete(family, cfg.n_layers) if all(k in expected for k in keys)}
+    plan = {name: keys for name, keys in _concrete(family, cfg) if all(k in expected for k in keys)}
     if cfg.tie_embeddings:
         plan.pop("output.weight", None)
     return plan
@@ -369,12 +407,15 @@ def import_plan(cfg: CausalLMConfig, family: Family, expected: dict[str, tuple[i
 def split_tensor(name: str, tensor: Tensor, keys: tuple[str, ...], cfg: CausalLMConfig, family: Family,
                  expected: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
     """One GGUF tensor -> its handformer tensors (split along dim 0 by the expected shapes)."""
-    parts = tensor.split([expected[k][0] for k in keys], dim=0)
+    parts = tensor.unbind(0) if stacked(name) else tensor.split([expected[k][0] for k in keys], dim=0)
     return {k: from_gguf_layout(k, p.contiguous(), cfg, family) for k, p in zip(keys, parts)}
 
 
-def source_shape(keys: tuple[str, ...], expected: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+def source_shape(name: str, keys: tuple[str, ...], expected: dict[str, tuple[int, ...]]
+                 ) -> tuple[int, ...]:
     shapes = [expected[k] for k in keys]
+    if stacked(name):
+        return (len(keys), *shapes[0])
     return (sum(s[0] for s in shapes), *shapes[0][1:])
 
 
@@ -413,6 +454,10 @@ SCALING_KEYS = {"factor": "handformer.rope_scaling.factor",
                 "original_max_positions": "handformer.rope_scaling.original_context_length"}
 
 
+# The load-balancing loss's weight acts only in training; written so that an import gives it back
+AUX_LOSS_KEY = "handformer.moe.aux_loss_coef"
+
+
 def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
     """The family's hyperparameter keys ({arch}.context_length, ...)."""
     writer.add_context_length(cfg.max_positions)
@@ -439,6 +484,12 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
         window = _window(cfg)
         if window is not None or family.softcaps:
             writer.add_sliding_window(window or cfg.max_positions)
+    if family.experts:
+        assert cfg.moe is not None
+        writer.add_expert_count(cfg.moe.n_experts)
+        writer.add_expert_used_count(cfg.moe.top_k)
+        writer.add_expert_feed_forward_length(cfg.moe.d_expert or cfg.d_ff)
+        writer.add_float64(AUX_LOSS_KEY, cfg.moe.aux_loss_coef)
     if family.softcaps:
         writer.add_attn_logit_softcapping(cfg.attn_softcap)
         writer.add_final_logit_softcapping(cfg.logit_softcap)
@@ -497,7 +548,8 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     Llama 3 scaling come from the tensors; see gguf_import)."""
     for template, (harmless, what) in _NOT_IMPLEMENTED.items():
         key = _key(family, template)
-        if family.softcaps and template in _SOFTCAPS:
+        if ((family.softcaps and template in _SOFTCAPS)
+                or (family.experts and template == gguf.Keys.LLM.EXPERT_COUNT)):
             continue
         if key in metadata and not harmless(metadata[key]):
             raise ValueError(f"{where} has {key}={metadata[key]!r}: {what}, which import-gguf "
@@ -530,6 +582,12 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
         settings["sliding_window"] = _int(metadata, window_key, where) if metadata.get(window_key) else None
     if family.swa_pattern:
         settings.update(_read_layers(metadata, family, settings, where))
+    if family.experts:
+        settings["moe"] = MoEConfig(
+            n_experts=_int(metadata, k(gguf.Keys.LLM.EXPERT_COUNT), where),
+            top_k=_int(metadata, k(gguf.Keys.LLM.EXPERT_USED_COUNT), where),
+            d_expert=_int(metadata, k(gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH), where, settings["d_ff"]),
+            aux_loss_coef=metadata.get(AUX_LOSS_KEY, MoEConfig.aux_loss_coef))
     settings.update({name: value for name, (value, _) in family.settings.items() if name != "n_kv_heads"})
     if "n_kv_heads" in family.settings and settings["n_kv_heads"] == n_heads:
         settings["n_kv_heads"] = None  # GPT-2's config says so by leaving it out
@@ -612,6 +670,6 @@ def _fit_llama3(factors: Tensor, cfg: CausalLMConfig, where: str) -> Llama3RopeS
                              original_max_positions=context)
 
 
-__all__ = ["BY_MODEL_TYPE", "FAMILIES", "FROM_HF", "GEMMA2", "GEMMA3", "NOT_YET", "QWEN3", "Family",
-           "export_tensors", "family_for", "import_plan", "mismatches", "read_hparams", "read_rope_scaling",
-           "rope_factors", "split_tensor", "write_hparams"]
+__all__ = ["BY_MODEL_TYPE", "FAMILIES", "FROM_HF", "GEMMA2", "GEMMA3", "NOT_YET", "QWEN3", "QWEN3MOE",
+           "Family", "export_tensors", "family_for", "import_plan", "mismatches", "read_hparams",
+           "read_rope_scaling", "rope_factors", "split_tensor", "stacked", "write_hparams"]

@@ -54,10 +54,10 @@ _FILE_TYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOST
 # --- which tensor type each tensor gets ------------------------------------------------------------
 
 def _stays_f32(name: str, tensor: Tensor) -> bool:
-    """Norms, biases, 1-D tensors and position embeddings stay float32 (as llama.cpp's converter
-    keeps them)."""
+    """Norms, biases, 1-D tensors, position embeddings and a mixture's router stay float32 (as
+    llama.cpp's converter keeps them)."""
     return (tensor.dim() <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
-            or name.startswith("position_embd."))
+            or name.startswith("position_embd.") or name.endswith("ffn_gate_inp.weight"))  # the router
 
 
 def encode(name: str, tensor: Tensor, type_name: str,

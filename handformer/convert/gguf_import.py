@@ -114,12 +114,12 @@ def state_from_gguf(file: GGUFFile, cfg: CausalLMConfig, family: Family, zeros: 
     plan = import_plan(cfg, family, expected)
     known = set(plan) | zeros | ({ROPE_FREQS} if family.rope_freqs else set())
     head = {"lm_head.weight"} if cfg.tie_embeddings else set()
+    shapes = {n: source_shape(n, keys, expected) for n, keys in plan.items()}
     problems = {
         "missing tensors": [n for n in plan if n not in file.tensors],
         "unexpected tensors": [n for n in file.tensors if n not in known],
-        "shape mismatches": [f"{n} is {file.tensors[n].shape}, expected {source_shape(keys, expected)}"
-                             for n, keys in plan.items()
-                             if n in file.tensors and file.tensors[n].shape != source_shape(keys, expected)],
+        "shape mismatches": [f"{n} is {file.tensors[n].shape}, expected {shapes[n]}" for n in plan
+                             if n in file.tensors and file.tensors[n].shape != shapes[n]],
         "model tensors no GGUF tensor fills": sorted(
             set(expected) - head - {k for ks in plan.values() for k in ks}),
     }
