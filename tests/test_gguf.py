@@ -106,6 +106,8 @@ PRESETS = {
     "gemma": (lambda v, **kw: _llama(v, norm="rmsnorm_offset", activation="geglu_tanh", scale_embeddings=True,
                                tie_embeddings=True, head_dim=16, n_kv_heads=1, **kw), "gemma"),
     "qwen3": (lambda v: _llama(v, qk_norm="head", head_dim=16), "qwen3"),
+    "olmo2": (lambda v: _llama(v, norm_placement="reordered", qk_norm="width"), "olmo2"),
+    "smollm3": (lambda v: _llama(v, n_layers=4, nope_layers=[3], tie_embeddings=True), "smollm3"),
     "qwen3moe": (lambda v: _llama(v, qk_norm="head", moe=MoEConfig(4, 2, d_expert=24, aux_loss_coef=0.001)),
                  "qwen3moe"),
     "gemma2": (lambda v: _gemma2(v), "gemma2"),
@@ -312,6 +314,27 @@ def test_transformers_reads_the_export_with_handformers_logits(family, tmp_path,
 
     rendered = load_chat_template(tmp_path / "back").render([{"role": "user", "content": "hi"}])
     assert rendered == "<s>user: hi\n"
+
+
+LLAMA_CPP_ONLY = {  # families transformers' GGUF loader does not read: llama.cpp's slow test runs them
+    "olmo2": lambda: transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**SIZE, rope_parameters=ROPE)),
+    "smollm3": lambda: transformers.SmolLM3ForCausalLM(transformers.SmolLM3Config(  # layers 3 and 7 without RoPE
+        **{**SIZE, "num_hidden_layers": 8}, rope_parameters={**ROPE, "rope_theta": 2e6})),
+}
+
+
+@pytest.mark.parametrize("family", list(LLAMA_CPP_ONLY))
+def test_an_imported_olmo2_and_smollm3_go_to_gguf_and_back(family, tmp_path, capsys):
+    run_dir = _hf_run(family, tmp_path, LLAMA_CPP_ONLY[family])
+    assert main(["export-gguf", str(run_dir), str(tmp_path / "model.gguf")]) == 0
+    assert f"({family}), f32" in capsys.readouterr().out
+    names = set(read_gguf(tmp_path / "model.gguf").tensors)
+    assert ("blk.0.attn_q_norm.weight" in names) == ("blk.0.post_ffw_norm.weight" in names) == (family == "olmo2")
+    assert main(["import-gguf", str(tmp_path / "model.gguf"), str(tmp_path / "back")]) == 0
+    _same_run(run_dir, tmp_path / "back")
+    back = load_lm(tmp_path / "back")
+    assert back.config["source"]["model_type"] == family
+    assert back.model.cfg.nope_layers == ([3, 7] if family == "smollm3" else [])
 
 
 def test_a_phi3_window_is_written_and_read_back(tmp_path, capsys):
@@ -600,8 +623,8 @@ def test_every_refusal_is_one_line(tmp_path, capsys):
     string, uint32 = gguf.GGUFValueType.STRING, gguf.GGUFValueType.UINT32
     bpe = str(tmp_path / "bpe.gguf")
     variants = {  # name -> (rewrite arguments, the message)
-        "olmo2": (dict(arch="olmo2"), "'olmo2' model: OLMo 2 normalises queries and keys and puts its norms after each sublayer, which import-gguf does not read yet .`handformer import-hf` reads its Hugging Face checkpoint, model_type 'olmo2'."),
-        "mamba": (dict(arch="mamba"), "'mamba' model; import-gguf reads llama, qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, phi3, gpt2"),
+        "qwen2moe": (dict(arch="qwen2moe"), "'qwen2moe' model: Qwen2-MoE has a mixture of experts and a shared expert, which import-gguf does not read yet .`handformer import-hf` reads its Hugging Face checkpoint, model_type 'qwen2_moe'."),
+        "mamba": (dict(arch="mamba"), "'mamba' model; import-gguf reads llama, qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, olmo2, smollm3, phi3, gpt2"),
         "yarn": (dict(values={"llama.rope.scaling.type": ("yarn", string)}), "'yarn': rope scaling of that type"),
         "experts": (dict(values={"llama.expert_count": (8, uint32)}), "mixture-of-experts"),
         "q4_1": (dict(types={"blk.0.attn_q.weight": (QT.Q4_1, None)}), r"blk\.0\.attn_q\.weight \(Q4_1\)"),
@@ -644,10 +667,9 @@ def test_the_architecture_table_names_llama_cpps_tensors():
 
 
 @pytest.mark.parametrize("overrides, setting", [
-    (dict(qk_norm="width"), "qk_norm='width'"),
+    (dict(moe=MoEConfig(4, 2, d_shared=16)), r"moe=MoEConfig\(.*d_shared=16"),  # Qwen2-MoE's shared expert
     (dict(moe=MoEConfig(4, 2)), r"moe=MoEConfig\(n_experts=4"),
     (dict(rope_fraction=0.5), "rope_fraction=0.5"),
-    (dict(nope_layers=[1]), r"nope_layers=\[1\]"),
     (dict(sliding_window=4, global_layers=[1]), r"global_layers=\[1\]"),
     (dict(rope_scaling=LinearRopeScaling(2.0)), r"rope_scaling=LinearRopeScaling\(factor=2.0"),
     (dict(logit_softcap=30.0), "logit_softcap=30.0"),
@@ -676,6 +698,9 @@ def test_todays_family_settings_are_refused_by_name(tmp_path, capsys, overrides,
                "layers' RoPE with base 10000"),
     ("gemma3", dict(global_layers=[2, 5]), r"global_layers=\[2, 5\] .*\[5\] for 6 layers"),
     ("qwen3moe", dict(moe=MoEConfig(4, 2, normalize=False)), "moe.normalize=False .llama.cpp's Qwen3-MoE rescales"),
+    ("smollm3", dict(nope_layers=[1]), r"nope_layers=\[1\] \(llama.cpp's SmolLM3 leaves RoPE out of layer i when "
+                r"\(i \+ 1\) % 4 = 0: \[3\] for 4 layers\)"),
+    ("olmo2", dict(qk_norm="head"), "qk_norm='head' .OLMo 2 normalises queries and keys over their whole width"),
     ("gemma3", dict(logit_softcap=30.0), "logit_softcap=30.0 .export-gguf writes no soft-capped logits for Gemma 3"),
 ])
 def test_what_llama_cpps_qwen3_and_gemmas_fix_is_refused_by_name(tmp_path, capsys, preset, overrides, message):

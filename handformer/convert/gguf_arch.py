@@ -95,6 +95,11 @@ _POST_NORMS = {  # Gemma 2/3's norms after each sublayer, before the residual su
     "blk.{i}.post_ffw_norm.weight": ("layers.{i}.post_ffn_norm.weight",),
 }
 _QWEN3_TENSORS = {**_LLAMA_TENSORS, **_QK_NORMS}
+_OLMO2_TENSORS = {  # OLMo 2's norms come after each sublayer, and its q/k norms span the width
+    **{name: keys for name, keys in _LLAMA_TENSORS.items() if name not in _NORMS}, **_QK_NORMS,
+    "blk.{i}.post_attention_norm.weight": ("layers.{i}.attn_norm.weight",),  # handformer's "reordered"
+    "blk.{i}.post_ffw_norm.weight": ("layers.{i}.ffn_norm.weight",),
+}
 # A mixture of experts: the router (E, D) and each layer's experts stacked ({e} = expert) into one
 # 3-D tensor per projection: gate and up (E, F, D), down (E, D, F)
 EXPERT = FFN + ".experts.{e}"
@@ -135,6 +140,7 @@ class Family:
     local_rope_theta: float | None = None  # Gemma 3: the sliding layers' RoPE base, fixed in llama.cpp
     writes: frozenset[str] = frozenset()  # today's family settings (_NOT_WRITTEN) the family expresses
     experts: bool = False  # a mixture of experts in every layer ({arch}.expert_count, ...)
+    nope_step: int = 0  # SmolLM3: llama.cpp leaves RoPE out of layer i when (i + 1) % nope_step == 0
 
     @property
     def rms(self) -> bool:
@@ -178,6 +184,17 @@ QWEN3 = Family("qwen3", "qwen3", "Qwen3", _QWEN3_TENSORS,
                biases=(), writes=frozenset({"qk_norm"}))
 QWEN3MOE = Family("qwen3moe", "qwen3_moe", "Qwen3-MoE", _QWEN3MOE_TENSORS, QWEN3.settings, biases=(),
                   experts=True, writes=frozenset({"qk_norm", "moe"}))
+OLMO2 = Family("olmo2", "olmo2", "OLMo 2", _OLMO2_TENSORS,
+               {**_LLAMA_BLOCK, **_NO_BIASES,
+                "norm_placement": ("reordered", "puts its norms after each sublayer"),
+                "qk_norm": ("width", "normalises queries and keys over their whole width"),
+                "sliding_window": (None, "has no sliding-window attention"),
+                "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
+               biases=())
+SMOLLM3 = Family("smollm3", "smollm3", "SmolLM3", _LLAMA_TENSORS,
+                 {**_LLAMA_BLOCK, **_NO_BIASES, "sliding_window": (None, "has no sliding-window attention"),
+                  "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
+                 rope="pairs", biases=(), nope_step=4, writes=frozenset({"nope_layers"}))
 _GEMMA_BLOCK = {name: value for name, value in GEMMA.settings.items() if name != "sliding_window"}
 _SANDWICH = ("sandwich", "has norms before and after each sublayer")
 GEMMA2 = Family("gemma2", "gemma2", "Gemma 2", _GEMMA2_TENSORS,
@@ -193,18 +210,17 @@ GEMMA3 = Family("gemma3", "gemma3_text", "Gemma 3", _GEMMA3_TENSORS,
 
 # general.architecture -> the family; model_type (Hugging Face's, as runs record it) -> the family.
 # Mistral without a window is Llama's computation, and llama.cpp's convert writes it as "llama".
-FAMILIES = {f.arch: f for f in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, PHI3, GPT2)}
+FAMILIES = {f.arch: f for f in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, OLMO2, SMOLLM3, PHI3,
+                                GPT2)}
 BY_MODEL_TYPE = {**{f.model_type: f for f in FAMILIES.values()}, "mistral": LLAMA, "gemma3": GEMMA3}
 # Architectures llama.cpp has that import-gguf does not read yet, and what they would need.
 NOT_YET = {
-    "olmo2": "OLMo 2 normalises queries and keys and puts its norms after each sublayer",
-    "smollm3": "SmolLM3 leaves out the rotary embedding on every fourth layer",
     "qwen2moe": "Qwen2-MoE has a mixture of experts and a shared expert",
     "olmoe": "OLMoE has a mixture of experts and q/k norms",
     "phi2": "Phi-2 runs attention and the feed-forward in parallel with partial rotary embeddings",
 }
 # Of those, the ones handformer runs from their Hugging Face checkpoints: arch -> model_type.
-FROM_HF = {"olmo2": "olmo2", "smollm3": "smollm3", "qwen2moe": "qwen2_moe",
+FROM_HF = {"qwen2moe": "qwen2_moe",
            "olmoe": "olmoe"}
 # Settings of today's families that no architecture here writes: name -> (the value without it,
 # what it is). A run with one exports to Hugging Face only (export-hf).
@@ -245,6 +261,10 @@ def _global_layers(family: Family, n_layers: int) -> list[int]:
     """The layers llama.cpp's Gemma 2/3 run without the window."""
     p = family.swa_pattern
     return [i for i in range(n_layers) if i % p == p - 1]
+
+
+def _nope_layers(family: Family, n_layers: int) -> list[int]:
+    return [i for i in range(n_layers) if (i + 1) % family.nope_step == 0]
 
 
 def _window(cfg: CausalLMConfig) -> int | None:
@@ -310,6 +330,10 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
     problems += _layer_problems(cfg, family)
     if family.experts:
         problems += _expert_problems(cfg, family)
+    nope = _nope_layers(family, cfg.n_layers) if family.nope_step else []
+    if family.nope_step and list(cfg.nope_layers) != nope:
+        problems.append(f"nope_layers={cfg.nope_layers!r} (llama.cpp's {family.name} leaves RoPE out of "
+                        f"layer i when (i + 1) % {family.nope_step} = 0: {nope} for {cfg.n_layers} layers)")
     if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, Llama3RopeScaling):
         problems.append(f"rope_scaling={cfg.rope_scaling!r} (export-gguf writes Llama 3's rope scaling only; "
                         "export-hf writes this run for transformers)")
@@ -582,6 +606,8 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
         settings["sliding_window"] = _int(metadata, window_key, where) if metadata.get(window_key) else None
     if family.swa_pattern:
         settings.update(_read_layers(metadata, family, settings, where))
+    if family.nope_step:
+        settings["nope_layers"] = _nope_layers(family, settings["n_layers"])
     if family.experts:
         settings["moe"] = MoEConfig(
             n_experts=_int(metadata, k(gguf.Keys.LLM.EXPERT_COUNT), where),
