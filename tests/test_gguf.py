@@ -18,6 +18,7 @@ llama.cpp itself runs the exports in tests/test_gguf_llamacpp.py (slow: it needs
 """
 
 import json
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -31,7 +32,7 @@ gguf = require_module("gguf", "pip install -e '.[dev]'")
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.cli import main  # noqa: E402
-from handformer.config import CausalLMConfig, LinearRopeScaling, Llama3RopeScaling, MoEConfig  # noqa: E402
+from handformer.config import CausalLMConfig, LinearRopeScaling, Llama3RopeScaling, LongRopeScaling, MoEConfig  # noqa: E402
 from handformer.convert.gguf_arch import FAMILIES, rope_factors  # noqa: E402
 from handformer.convert.gguf_file import read_gguf  # noqa: E402
 from handformer.convert.gguf_quants import BLOCKS, dequantize, quantize_q8_0  # noqa: E402
@@ -93,6 +94,7 @@ def _gpt2(v, **overrides):
                                                max_positions=48), **overrides})
 
 
+LONGROPE = LongRopeScaling(short_factor=[1.0, 1.3], long_factor=[2.5, 7.1], original_max_positions=16)
 SCALING = Llama3RopeScaling(factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=16)
 # preset -> (config, GGUF architecture)
 PRESETS = {
@@ -106,6 +108,8 @@ PRESETS = {
     "gemma": (lambda v, **kw: _llama(v, norm="rmsnorm_offset", activation="geglu_tanh", scale_embeddings=True,
                                tie_embeddings=True, head_dim=16, n_kv_heads=1, **kw), "gemma"),
     "qwen3": (lambda v: _llama(v, qk_norm="head", head_dim=16), "qwen3"),
+    "phi4_mini": (lambda v: _llama(v, rope_fraction=0.5, head_dim=8, tie_embeddings=True, rope_scaling=LONGROPE),
+                  "phi3"),  # partial RoPE, LongRoPE
     "olmo2": (lambda v: _llama(v, norm_placement="reordered", qk_norm="width"), "olmo2"),
     "smollm3": (lambda v: _llama(v, n_layers=4, nope_layers=[3], tie_embeddings=True), "smollm3"),
     "qwen3moe": (lambda v: _llama(v, qk_norm="head", moe=MoEConfig(4, 2, d_expert=24, aux_loss_coef=0.001)),
@@ -316,7 +320,11 @@ def test_transformers_reads_the_export_with_handformers_logits(family, tmp_path,
     assert rendered == "<s>user: hi\n"
 
 
-LLAMA_CPP_ONLY = {  # families transformers' GGUF loader does not read: llama.cpp's slow test runs them
+LLAMA_CPP_ONLY = {  # what transformers' GGUF loader does not read: llama.cpp's slow test runs them
+    "phi4_mini": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(  # RoPE on 6 of 8 dims, LongRoPE
+        **SIZE, tie_word_embeddings=True, original_max_position_embeddings=16, partial_rotary_factor=0.75,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
+                         "short_factor": [1.0, 1.1, 1.2], "long_factor": [1.5, 2.2, 2.9]})),
     "olmo2": lambda: transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**SIZE, rope_parameters=ROPE)),
     "smollm3": lambda: transformers.SmolLM3ForCausalLM(transformers.SmolLM3Config(  # layers 3 and 7 without RoPE
         **{**SIZE, "num_hidden_layers": 8}, rope_parameters={**ROPE, "rope_theta": 2e6})),
@@ -324,16 +332,25 @@ LLAMA_CPP_ONLY = {  # families transformers' GGUF loader does not read: llama.cp
 
 
 @pytest.mark.parametrize("family", list(LLAMA_CPP_ONLY))
-def test_an_imported_olmo2_and_smollm3_go_to_gguf_and_back(family, tmp_path, capsys):
+def test_imported_phi4_mini_olmo2_and_smollm3_go_to_gguf_and_back(family, tmp_path, capsys):
     run_dir = _hf_run(family, tmp_path, LLAMA_CPP_ONLY[family])
     assert main(["export-gguf", str(run_dir), str(tmp_path / "model.gguf")]) == 0
-    assert f"({family}), f32" in capsys.readouterr().out
+    arch = {"phi4_mini": "phi3"}.get(family, family)
+    printed = capsys.readouterr().out
+    assert f"({arch}), f32" in printed
+    if family == "phi4_mini":  # the rotated dims, LongRoPE's factors and its attention factor
+        file = read_gguf(tmp_path / "model.gguf")
+        assert (file.metadata["phi3.rope.dimension_count"], file.metadata["phi3.attention.key_length"]) == (6, 8)
+        assert file.tensors["rope_factors_long.weight"].to_torch().tolist() == pytest.approx([1.5, 2.2, 2.9])
+        assert file.metadata["phi3.rope.scaling.original_context_length"] == 16
+        assert file.metadata["phi3.rope.scaling.attn_factor"] == pytest.approx(math.sqrt(1 + math.log(3) / math.log(16)))
+        assert "LongRoPE's long factors" in printed
     names = set(read_gguf(tmp_path / "model.gguf").tensors)
     assert ("blk.0.attn_q_norm.weight" in names) == ("blk.0.post_ffw_norm.weight" in names) == (family == "olmo2")
     assert main(["import-gguf", str(tmp_path / "model.gguf"), str(tmp_path / "back")]) == 0
     _same_run(run_dir, tmp_path / "back")
     back = load_lm(tmp_path / "back")
-    assert back.config["source"]["model_type"] == family
+    assert back.config["source"]["model_type"] == arch
     assert back.model.cfg.nope_layers == ([3, 7] if family == "smollm3" else [])
 
 
@@ -669,7 +686,6 @@ def test_the_architecture_table_names_llama_cpps_tensors():
 @pytest.mark.parametrize("overrides, setting", [
     (dict(moe=MoEConfig(4, 2, d_shared=16)), r"moe=MoEConfig\(.*d_shared=16"),  # Qwen2-MoE's shared expert
     (dict(moe=MoEConfig(4, 2)), r"moe=MoEConfig\(n_experts=4"),
-    (dict(rope_fraction=0.5), "rope_fraction=0.5"),
     (dict(sliding_window=4, global_layers=[1]), r"global_layers=\[1\]"),
     (dict(rope_scaling=LinearRopeScaling(2.0)), r"rope_scaling=LinearRopeScaling\(factor=2.0"),
     (dict(logit_softcap=30.0), "logit_softcap=30.0"),

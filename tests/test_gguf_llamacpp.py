@@ -65,12 +65,12 @@ def _llama_cpp_greedy(path, ids, n, stops, n_ctx):
     return out
 
 
-def _same_greedy(run_dir, gguf_path, prompt, n=NEW_TOKENS):
+def _same_greedy(run_dir, gguf_path, prompt, n=NEW_TOKENS, n_ctx=None):
     run = load_lm(run_dir)
     ids = ([run.tokens.bos_id] if run.tokens.bos_id is not None else []) + run.tokenizer.encode(prompt)
     n = min(n, run.model.cfg.max_positions - len(ids))
     expected = generate(run.model, [ids], n, temperature=0, stop_tokens=run.tokens.eos_ids)[0]
-    got = _llama_cpp_greedy(gguf_path, ids, n, set(run.tokens.eos_ids), run.model.cfg.max_positions)
+    got = _llama_cpp_greedy(gguf_path, ids, n, set(run.tokens.eos_ids), n_ctx or run.model.cfg.max_positions)
     assert got == expected, (run.tokenizer.decode(got), run.tokenizer.decode(expected))
     return expected
 
@@ -162,6 +162,33 @@ def test_an_imported_model_generates_the_same_in_llama_cpp(family, tmp_path):
     assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "run")]) == 0
     assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")]) == 0
     _same_greedy(tmp_path / "run", tmp_path / "m.gguf", "to be or", n=32)
+
+
+def _phi4_mini(original, max_positions):
+    # RoPE on 12 of each head's 16 dims, LongRoPE with 6 factors a set, tied
+    rope = {"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
+            "short_factor": [1.0 + 0.1 * i for i in range(6)], "long_factor": [1.5 + 0.7 * i for i in range(6)]}
+    return transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        **{**SIZE, "max_position_embeddings": max_positions}, tie_word_embeddings=True,
+        original_max_position_embeddings=original, partial_rotary_factor=0.75, rope_parameters=rope))
+
+
+@pytest.mark.parametrize("factors", ["short", "long"])
+def test_phi4_minis_partial_rope_and_longrope_generate_the_same_in_llama_cpp(factors, tmp_path):
+    """llama.cpp picks LongRoPE's factors by its context (rounded up to 256 positions), handformer by
+    the sequence: short factors with an original context of 256 and llama.cpp's context 256; long
+    ones with an original context of 16 and a prompt past it, so every generated token has them."""
+    torch.manual_seed(7)
+    hf_model = _phi4_mini(256, 512) if factors == "short" else _phi4_mini(16, 96)
+    with torch.no_grad():
+        for p in hf_model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    hf_model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    Tokenizer.train_char([TEXT]).save(tmp_path / "hf" / "tokenizer.json")
+    assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "run")]) == 0
+    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")]) == 0
+    prompt = "to be or" if factors == "short" else TEXT[:24]
+    _same_greedy(tmp_path / "run", tmp_path / "m.gguf", prompt, n=32, n_ctx=256 if factors == "short" else None)
 
 
 def test_stories260k_generates_and_tokenizes_the_same_in_llama_cpp(tmp_path):

@@ -37,7 +37,7 @@ import gguf
 import torch
 from torch import Tensor
 
-from handformer.config import CausalLMConfig, Llama3RopeScaling, MoEConfig
+from handformer.config import CausalLMConfig, Llama3RopeScaling, LongRopeScaling, MoEConfig
 
 ATTN, FFN = "layers.{i}.self_attn", "layers.{i}.ffn"
 
@@ -140,6 +140,7 @@ class Family:
     local_rope_theta: float | None = None  # Gemma 3: the sliding layers' RoPE base, fixed in llama.cpp
     writes: frozenset[str] = frozenset()  # today's family settings (_NOT_WRITTEN) the family expresses
     experts: bool = False  # a mixture of experts in every layer ({arch}.expert_count, ...)
+    longrope: bool = False  # Phi-3.5 / Phi-4-mini: LongRoPE as rope_factors_short / _long (Dr/2,)
     nope_step: int = 0  # SmolLM3: llama.cpp leaves RoPE out of layer i when (i + 1) % nope_step == 0
 
     @property
@@ -165,9 +166,9 @@ GEMMA = Family("gemma", "gemma", "Gemma", _GEMMA_TENSORS,
                 "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
                norm_offset=True, tied_only=True, biases=())
 PHI3 = Family("phi3", "phi3", "Phi-3", _PHI3_TENSORS,
-              {**_LLAMA_BLOCK, "bias": (False, "has no biases"), "qkv_bias": (False, "has no biases"),
-               "rope_scaling": (None, "takes only 'longrope' scaling, not Llama 3's")},
-              writes_window=True, full_width_heads=True, biases=())
+              {**_LLAMA_BLOCK, "bias": (False, "has no biases"), "qkv_bias": (False, "has no biases")},
+              writes_window=True, full_width_heads=True, biases=(), longrope=True,
+              writes=frozenset({"rope_fraction"}))
 GPT2 = Family("gpt2", "gpt2", "GPT-2", _GPT2_TENSORS,
               {**_PRE, "position": ("learned", "has learned positions"),
                "norm": ("layernorm", "uses LayerNorm"),
@@ -334,7 +335,11 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
     if family.nope_step and list(cfg.nope_layers) != nope:
         problems.append(f"nope_layers={cfg.nope_layers!r} (llama.cpp's {family.name} leaves RoPE out of "
                         f"layer i when (i + 1) % {family.nope_step} = 0: {nope} for {cfg.n_layers} layers)")
-    if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, Llama3RopeScaling):
+    if family.longrope:
+        if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, LongRopeScaling):
+            problems.append(f"rope_scaling={cfg.rope_scaling!r} (llama.cpp's {family.name} takes LongRoPE "
+                            "only)")
+    elif cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, Llama3RopeScaling):
         problems.append(f"rope_scaling={cfg.rope_scaling!r} (export-gguf writes Llama 3's rope scaling only; "
                         "export-hf writes this run for transformers)")
     if family.full_width_heads and cfg.n_heads * cfg.head_dim != cfg.d_model:
@@ -478,6 +483,43 @@ SCALING_KEYS = {"factor": "handformer.rope_scaling.factor",
                 "original_max_positions": "handformer.rope_scaling.original_context_length"}
 
 
+# LongRoPE's settings as the run has them (the tensors hold float32 factors; attention_factor and
+# factor may be left to be computed): written so that an import gives the run's settings back
+LONGROPE_KEYS = {name: f"handformer.longrope.{name}"
+                 for name in ("short_factor", "long_factor", "attention_factor", "factor")}
+
+
+def longrope_tensors(cfg: CausalLMConfig) -> list[tuple[str, Tensor]]:
+    """LongRoPE's two factor lists as llama.cpp's rope_factors_short / rope_factors_long (Dr/2,)."""
+    s = cfg.rope_scaling
+    if not isinstance(s, LongRopeScaling):
+        return []
+    return [("rope_factors_long.weight", torch.tensor(s.long_factor, dtype=torch.float32)),
+            ("rope_factors_short.weight", torch.tensor(s.short_factor, dtype=torch.float32))]
+
+
+def read_longrope(metadata: dict[str, Any], short: Tensor, long: Tensor, cfg: CausalLMConfig,
+                  where: str) -> LongRopeScaling:
+    """LongRoPE from rope_factors_short / _long and the original context (with the exact lists and
+    attention factor handformer writes, when the file has them and they agree with the tensors)."""
+    half = cfg.rotary_dim // 2
+    for name, t in (("rope_factors_short", short), ("rope_factors_long", long)):
+        if t.numel() != half:
+            raise ValueError(f"{where}: {name}.weight has {t.numel()} factors; the rotated dims "
+                             f"({cfg.rotary_dim}) have {half} frequencies")
+    values: dict[str, Any] = {"short_factor": short.double().flatten().tolist(),
+                              "long_factor": long.double().flatten().tolist()}
+    ours = {name: metadata[key] for name, key in LONGROPE_KEYS.items() if key in metadata}
+    if ours and all(torch.equal(torch.tensor(ours.get(n, []), dtype=torch.float32), t.float().flatten())
+                    for n, t in (("short_factor", short), ("long_factor", long))):
+        values = {**{"attention_factor": None, "factor": None}, **ours}
+    else:
+        key = _key(PHI3, gguf.Keys.Rope.SCALING_ATTN_FACTOR)
+        values["attention_factor"] = _float(metadata, key, where, 1.0)
+    original = _int(metadata, _key(PHI3, gguf.Keys.Rope.SCALING_ORIG_CTX_LEN), where, cfg.max_positions)
+    return LongRopeScaling(original_max_positions=original, **values)
+
+
 # The load-balancing loss's weight acts only in training; written so that an import gives it back
 AUX_LOSS_KEY = "handformer.moe.aux_loss_coef"
 
@@ -496,14 +538,25 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
     else:
         writer.add_layer_norm_eps(cfg.norm_eps)
     if family.rope is not None:
-        writer.add_rope_dimension_count(cfg.head_dim)
+        writer.add_rope_dimension_count(cfg.rotary_dim)
         writer.add_rope_freq_base(cfg.rope_theta)
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
     if family.writes_window:  # Phi-3: 0 = none, as convert_hf_to_gguf.py writes it
         window = cfg.sliding_window if cfg.sliding_window and cfg.sliding_window < cfg.max_positions else 0
         writer.add_sliding_window(window)
-        writer.add_rope_scaling_orig_ctx_len(cfg.max_positions)
+        longrope = cfg.rope_scaling if isinstance(cfg.rope_scaling, LongRopeScaling) else None
+        original = longrope.original_max_positions if longrope else cfg.max_positions
+        writer.add_rope_scaling_orig_ctx_len(original)
+        if longrope is not None:  # llama.cpp multiplies cos and sin by it
+            writer.add_rope_scaling_attn_factors(longrope.cos_sin_factor(cfg.max_positions))
+            for name in LONGROPE_KEYS:
+                value = getattr(longrope, name)
+                if isinstance(value, list):
+                    array, double = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.FLOAT64
+                    writer.add_key_value(LONGROPE_KEYS[name], [float(v) for v in value], array, double)
+                elif value is not None:
+                    writer.add_float64(LONGROPE_KEYS[name], value)
     if family.swa_pattern:  # Gemma 2 always slides (4096 without the key): no window = the context
         window = _window(cfg)
         if window is not None or family.softcaps:
@@ -517,7 +570,7 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
     if family.softcaps:
         writer.add_attn_logit_softcapping(cfg.attn_softcap)
         writer.add_final_logit_softcapping(cfg.logit_softcap)
-    if cfg.rope_scaling is not None:
+    if isinstance(cfg.rope_scaling, Llama3RopeScaling):
         for name, key in SCALING_KEYS.items():
             value = getattr(cfg.rope_scaling, name)
             (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(key, value)
@@ -596,7 +649,9 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
         if value_dim != head_dim:
             raise ValueError(f"{where}: value heads {value_dim} wide and key heads {head_dim} wide; "
                              "handformer's heads are one width")
-        if rotary != head_dim:
+        if rotary != head_dim and family.longrope and 0 < rotary < head_dim and rotary % 2 == 0:
+            settings["rope_fraction"] = rotary / head_dim  # Phi-4-mini: the first dims of each head
+        elif rotary != head_dim:
             raise ValueError(f"{where}: {k(gguf.Keys.Rope.DIMENSION_COUNT)}={rotary} rotates part of "
                              f"each {head_dim}-wide head; handformer rotates whole heads")
         settings.update(head_dim=head_dim,
@@ -696,6 +751,7 @@ def _fit_llama3(factors: Tensor, cfg: CausalLMConfig, where: str) -> Llama3RopeS
                              original_max_positions=context)
 
 
-__all__ = ["BY_MODEL_TYPE", "FAMILIES", "FROM_HF", "GEMMA2", "GEMMA3", "NOT_YET", "QWEN3", "QWEN3MOE",
-           "Family", "export_tensors", "family_for", "import_plan", "mismatches", "read_hparams",
-           "read_rope_scaling", "rope_factors", "split_tensor", "stacked", "write_hparams"]
+__all__ = ["BY_MODEL_TYPE", "FAMILIES", "FROM_HF", "Family", "GEMMA2", "GEMMA3", "NOT_YET", "QWEN3",
+           "QWEN3MOE", "export_tensors", "family_for", "import_plan", "longrope_tensors",
+           "mismatches", "read_hparams", "read_longrope", "read_rope_scaling", "rope_factors",
+           "split_tensor", "stacked", "write_hparams"]

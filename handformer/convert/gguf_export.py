@@ -31,10 +31,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from handformer.config import CausalLMConfig
+from handformer.config import CausalLMConfig, Llama3RopeScaling
 from handformer.convert.gguf_arch import (
     Family,
     export_tensors,
+    longrope_tensors,
     mismatches,
     rope_factors,
     write_hparams,
@@ -93,6 +94,11 @@ def _family_notes(cfg: CausalLMConfig, family: Family, notes: list[str]) -> None
     if family.softcaps and (window is None or window >= cfg.max_positions):
         notes.append(f"llama.cpp's {family.name} always slides: the window is written as the whole context "
                      f"({cfg.max_positions}), which keeps every layer global up to that length")
+    if family.longrope and cfg.rope_scaling is not None:
+        original = getattr(cfg.rope_scaling, "original_max_positions", None)
+        notes.append("llama.cpp turns to LongRoPE's long factors for every position when its context "
+                     f"(n_ctx, rounded up to a multiple of 256) exceeds {original}; handformer and "
+                     "transformers when the sequence does")
     if family.zero_biases and not cfg.bias:
         notes.append(f"the run has no biases (bias=false); llama.cpp's {family.name} needs them, so they are "
                      "written as zeros (the same function)")
@@ -115,8 +121,9 @@ def write_model_gguf(out: Path, state: dict[str, Tensor], cfg: CausalLMConfig, f
                          + "; ".join(problems))
     _family_notes(cfg, family, notes)
     tensors = export_tensors(state, cfg, family)
-    if cfg.rope_scaling is not None:
+    if isinstance(cfg.rope_scaling, Llama3RopeScaling):
         tensors.append(("rope_freqs.weight", rope_factors(cfg)))  # llama.cpp divides each frequency by it
+    tensors += longrope_tensors(cfg)  # Phi-3.5 / Phi-4-mini: rope_factors_short and _long
     _check_finite(tensors)
     encoded = [(name, *encode(name, t, type_name)) for name, t in tensors]
     if type_name == "q8_0":

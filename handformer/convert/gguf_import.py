@@ -32,6 +32,7 @@ from handformer.convert.gguf_arch import (
     Family,
     import_plan,
     read_hparams,
+    read_longrope,
     read_rope_scaling,
     source_shape,
     split_tensor,
@@ -40,6 +41,7 @@ from handformer.convert.gguf_file import GGUFFile
 from handformer.families import build_causal_lm
 
 ROPE_FREQS = "rope_freqs.weight"
+LONGROPE = ("rope_factors_short.weight", "rope_factors_long.weight")
 
 
 def family_of_file(file: GGUFFile) -> Family:
@@ -92,6 +94,10 @@ def config_from_gguf(file: GGUFFile, family: Family, notes: list[str]) -> tuple[
         if family.rope_freqs and ROPE_FREQS in file.tensors:
             scaling = read_rope_scaling(file.metadata, _tensor(file, ROPE_FREQS), cfg, where)
             cfg = preset(**{**settings, "rope_scaling": scaling})
+        if family.longrope and any(name in file.tensors for name in LONGROPE):
+            short, long = (_tensor(file, name) for name in LONGROPE)
+            longrope = read_longrope(file.metadata, short, long, cfg, where)
+            cfg = preset(**{**settings, "rope_scaling": longrope})
     except (TypeError, ValueError) as err:
         raise ValueError(f"{where}: {err}") from None
     if zeros:
@@ -112,7 +118,8 @@ def state_from_gguf(file: GGUFFile, cfg: CausalLMConfig, family: Family, zeros: 
     missing, unexpected and wrong-shaped tensor)."""
     expected = _expected_shapes(cfg)
     plan = import_plan(cfg, family, expected)
-    known = set(plan) | zeros | ({ROPE_FREQS} if family.rope_freqs else set())
+    known = (set(plan) | zeros | ({ROPE_FREQS} if family.rope_freqs else set())
+             | (set(LONGROPE) if family.longrope else set()))
     head = {"lm_head.weight"} if cfg.tie_embeddings else set()
     shapes = {n: source_shape(n, keys, expected) for n, keys in plan.items()}
     problems = {
