@@ -33,7 +33,7 @@ transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.cli import main  # noqa: E402
 from handformer.config import CausalLMConfig, LinearRopeScaling, Llama3RopeScaling, LongRopeScaling, MoEConfig  # noqa: E402
-from handformer.convert.gguf_arch import FAMILIES, rope_factors  # noqa: E402
+from handformer.convert.gguf_arch import FAMILIES, LONGROPE_KEYS, rope_factors  # noqa: E402
 from handformer.convert.gguf_file import read_gguf  # noqa: E402
 from handformer.convert.gguf_quants import BLOCKS, dequantize, quantize_q8_0  # noqa: E402
 from handformer.convert.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
@@ -726,3 +726,29 @@ def test_what_llama_cpps_qwen3_and_gemmas_fix_is_refused_by_name(tmp_path, capsy
     _run(tmp_path / "run", replace(PRESETS[preset][0](tok.vocab_size), **overrides), tok)
     _fails(capsys, ["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")], message)
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_gemma2_and_longrope_files_without_handformers_keys_import_as_llama_cpp_reads_them(tmp_path, capsys):
+    """A Gemma 2 file with no window or soft-cap keys reads llama.cpp's defaults (a 4096 window, caps
+    50 and 30); a LongRoPE file without handformer's exact lists takes the attention factor from
+    rope.scaling.attn_factor and computes what the run computes."""
+    tok = Tokenizer.train_char([TEXT])
+    run_dir = _run(tmp_path / "gemma2", _gemma2(tok.vocab_size, attn_softcap=20.0, logit_softcap=10.0), tok)
+    assert main(["export-gguf", str(run_dir), str(tmp_path / "g.gguf")]) == 0
+    _rewrite(tmp_path / "g.gguf", tmp_path / "g2.gguf", drop=("gemma2.attention.sliding_window",
+             "gemma2.attn_logit_softcapping", "gemma2.final_logit_softcapping"))
+    assert main(["import-gguf", str(tmp_path / "g2.gguf"), str(tmp_path / "g-back")]) == 0
+    cfg = load_lm(tmp_path / "g-back").model.cfg
+    assert (cfg.sliding_window, cfg.global_layers, cfg.attn_softcap, cfg.logit_softcap) == (None, [], 50.0, 30.0)
+
+    run_dir = _hf_run("phi4_mini", tmp_path, LLAMA_CPP_ONLY["phi4_mini"])
+    assert main(["export-gguf", str(run_dir), str(tmp_path / "p.gguf")]) == 0
+    _rewrite(tmp_path / "p.gguf", tmp_path / "p2.gguf", drop=tuple(LONGROPE_KEYS.values()))
+    capsys.readouterr()
+    assert main(["import-gguf", str(tmp_path / "p2.gguf"), str(tmp_path / "p-back")]) == 0
+    run, back = load_lm(run_dir), load_lm(tmp_path / "p-back")
+    factor = math.sqrt(1 + math.log(3) / math.log(16))
+    assert back.model.cfg.rope_scaling.attention_factor == pytest.approx(factor, rel=1e-7)
+    assert back.model.cfg.rope_scaling.long_factor == pytest.approx([1.5, 2.2, 2.9], rel=1e-7)
+    ids = run.tokenizer.encode(TEXT[:30])  # past the original context of 16: the long factors
+    torch.testing.assert_close(_logits(back, ids), _logits(run, ids), atol=1e-5, rtol=1e-5)
