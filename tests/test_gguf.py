@@ -112,6 +112,7 @@ PRESETS = {
                   "phi3"),  # partial RoPE, LongRoPE
     "olmo2": (lambda v: _llama(v, norm_placement="reordered", qk_norm="width"), "olmo2"),
     "smollm3": (lambda v: _llama(v, n_layers=4, nope_layers=[3], tie_embeddings=True), "smollm3"),
+    "mixtral": (lambda v: _llama(v, moe=MoEConfig(4, 2)), "llama"),  # llama.cpp's Llama with experts
     "qwen3moe": (lambda v: _llama(v, qk_norm="head", moe=MoEConfig(4, 2, d_expert=24, aux_loss_coef=0.001)),
                  "qwen3moe"),
     "gemma2": (lambda v: _gemma2(v), "gemma2"),
@@ -321,6 +322,9 @@ def test_transformers_reads_the_export_with_handformers_logits(family, tmp_path,
 
 
 LLAMA_CPP_ONLY = {  # what transformers' GGUF loader does not read: llama.cpp's slow test runs them
+    # transformers reads a Llama file with experts as a dense Llama: wrong, so not compared
+    "mixtral": lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        **SIZE, num_local_experts=4, num_experts_per_tok=2, rope_parameters=ROPE)),
     "phi4_mini": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(  # RoPE on 6 of 8 dims, LongRoPE
         **SIZE, tie_word_embeddings=True, original_max_position_embeddings=16, partial_rotary_factor=0.75,
         rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
@@ -332,10 +336,10 @@ LLAMA_CPP_ONLY = {  # what transformers' GGUF loader does not read: llama.cpp's 
 
 
 @pytest.mark.parametrize("family", list(LLAMA_CPP_ONLY))
-def test_imported_phi4_mini_olmo2_and_smollm3_go_to_gguf_and_back(family, tmp_path, capsys):
+def test_imported_mixtral_phi4_mini_olmo2_and_smollm3_go_to_gguf_and_back(family, tmp_path, capsys):
     run_dir = _hf_run(family, tmp_path, LLAMA_CPP_ONLY[family])
     assert main(["export-gguf", str(run_dir), str(tmp_path / "model.gguf")]) == 0
-    arch = {"phi4_mini": "phi3"}.get(family, family)
+    arch = {"phi4_mini": "phi3", "mixtral": "llama"}.get(family, family)
     printed = capsys.readouterr().out
     assert f"({arch}), f32" in printed
     if family == "phi4_mini":  # the rotated dims, LongRoPE's factors and its attention factor
@@ -350,7 +354,7 @@ def test_imported_phi4_mini_olmo2_and_smollm3_go_to_gguf_and_back(family, tmp_pa
     assert main(["import-gguf", str(tmp_path / "model.gguf"), str(tmp_path / "back")]) == 0
     _same_run(run_dir, tmp_path / "back")
     back = load_lm(tmp_path / "back")
-    assert back.config["source"]["model_type"] == arch
+    assert back.config["source"]["model_type"] == {"phi4_mini": "phi3"}.get(family, family)
     assert back.model.cfg.nope_layers == ([3, 7] if family == "smollm3" else [])
 
 
@@ -643,7 +647,10 @@ def test_every_refusal_is_one_line(tmp_path, capsys):
         "qwen2moe": (dict(arch="qwen2moe"), "'qwen2moe' model: Qwen2-MoE has a mixture of experts and a shared expert, which import-gguf does not read yet .`handformer import-hf` reads its Hugging Face checkpoint, model_type 'qwen2_moe'."),
         "mamba": (dict(arch="mamba"), "'mamba' model; import-gguf reads llama, qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, olmo2, smollm3, phi3, gpt2"),
         "yarn": (dict(values={"llama.rope.scaling.type": ("yarn", string)}), "'yarn': rope scaling of that type"),
-        "experts": (dict(values={"llama.expert_count": (8, uint32)}), "mixture-of-experts"),
+        "experts": (dict(values={"llama.expert_count": (8, uint32)}),  # Mixtral, without its experts
+                    "lacks llama.expert_used_count, which handformer needs"),
+        "qwen2_experts": (dict(values={"qwen2.expert_count": (8, uint32)}, src=str(tmp_path / "qwen2.gguf")),
+                          "qwen2.expert_count=8: a mixture-of-experts feed-forward"),
         "q4_1": (dict(types={"blk.0.attn_q.weight": (QT.Q4_1, None)}), r"blk\.0\.attn_q\.weight \(Q4_1\)"),
         "no_attn_q": (dict(drop_tensor="blk.0.attn_q.weight"), r"missing tensors \(1\): blk\.0\.attn_q\.weight"),
         "heads": (dict(values={"llama.attention.head_count": (8, uint32)}), "shape mismatches"),
@@ -652,6 +659,8 @@ def test_every_refusal_is_one_line(tmp_path, capsys):
     }
     bpe_tok = Tokenizer.train_bpe([TEXT * 30], 280)
     _run(tmp_path / "bpe", _llama(bpe_tok.vocab_size), bpe_tok)
+    _run(tmp_path / "qwen2", PRESETS["qwen2"][0](v), tok)
+    assert main(["export-gguf", str(tmp_path / "qwen2"), str(tmp_path / "qwen2.gguf")]) == 0
     assert main(["export-gguf", str(tmp_path / "bpe"), bpe]) == 0
     for name, (rewrite, expected) in variants.items():
         _rewrite(rewrite.pop("src", out), tmp_path / f"{name}.gguf", **rewrite)
@@ -685,7 +694,6 @@ def test_the_architecture_table_names_llama_cpps_tensors():
 
 @pytest.mark.parametrize("overrides, setting", [
     (dict(moe=MoEConfig(4, 2, d_shared=16)), r"moe=MoEConfig\(.*d_shared=16"),  # Qwen2-MoE's shared expert
-    (dict(moe=MoEConfig(4, 2)), r"moe=MoEConfig\(n_experts=4"),
     (dict(sliding_window=4, global_layers=[1]), r"global_layers=\[1\]"),
     (dict(rope_scaling=LinearRopeScaling(2.0)), r"rope_scaling=LinearRopeScaling\(factor=2.0"),
     (dict(logit_softcap=30.0), "logit_softcap=30.0"),

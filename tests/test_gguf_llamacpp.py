@@ -1,11 +1,11 @@
 """llama.cpp runs handformer's GGUF exports: llama-cpp-python 0.3.36 (which fixes llama.cpp's commit),
 fed token ids, generates greedily the same tokens as `handformer generate` for a model trained here
 on tiny Shakespeare, for imported Hugging Face models of every family (Llama with Llama 3 scaling,
-Mistral, Qwen2, Qwen3, Qwen3-MoE, Gemma, Gemma 2 and Gemma 3 with sliding and global layers, OLMo 2,
-SmolLM3, Phi-3, GPT-2; Qwen3's, Qwen3-MoE's and the Gemmas' with head and expert widths, soft-caps
-and query scales other than the ones transformers' GGUF loader assumes, which llama.cpp reads from
-the file) and for llama2.c's stories260K; and its tokenizer gives handformer's ids for a fixture
-text (characters, byte-level BPE, stories260K's SentencePiece).
+Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral, Gemma, Gemma 2 and Gemma 3 with sliding and global
+layers, OLMo 2, SmolLM3, Phi-3, GPT-2; Qwen3's, Qwen3-MoE's and the Gemmas' with head and expert
+widths, soft-caps and query scales other than the ones transformers' GGUF loader assumes, which
+llama.cpp reads from the file) and for llama2.c's stories260K; and its tokenizer gives handformer's
+ids for a fixture text (characters, byte-level BPE, stories260K's SentencePiece).
 
 Slow: llama-cpp-python builds from source (about 4 minutes on 2 cores), so it is not installed by
 scripts/install.sh. Run with
@@ -135,6 +135,8 @@ HF = {
     "qwen3_moe": lambda: transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(  # experts 48 wide
         **SIZE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True,
         rope_parameters=ROPE)),
+    "mixtral": lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(  # llama.cpp's Llama + experts
+        **SIZE, num_local_experts=4, num_experts_per_tok=2, rope_parameters=ROPE)),
     "olmo2": lambda: transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**SIZE, rope_parameters=ROPE)),
     "smollm3": lambda: transformers.SmolLM3ForCausalLM(transformers.SmolLM3Config(  # layers 3 and 7 without RoPE
         **{**SIZE, "num_hidden_layers": 8}, rope_parameters={**ROPE, "rope_theta": 2e6})),

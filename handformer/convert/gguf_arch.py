@@ -103,13 +103,18 @@ _OLMO2_TENSORS = {  # OLMo 2's norms come after each sublayer, and its q/k norms
 # A mixture of experts: the router (E, D) and each layer's experts stacked ({e} = expert) into one
 # 3-D tensor per projection: gate and up (E, F, D), down (E, D, F)
 EXPERT = FFN + ".experts.{e}"
-_QWEN3MOE_TENSORS = {
-    **{name: keys for name, keys in _QWEN3_TENSORS.items() if ".ffn_" not in name or "_norm" in name},
+_EXPERTS = {
     "blk.{i}.ffn_gate_inp.weight": (f"{FFN}.router.weight",),
     "blk.{i}.ffn_gate_exps.weight": (f"{EXPERT}.gate_proj.weight",),
     "blk.{i}.ffn_up_exps.weight": (f"{EXPERT}.up_proj.weight",),
     "blk.{i}.ffn_down_exps.weight": (f"{EXPERT}.down_proj.weight",),
 }
+_QWEN3MOE_TENSORS = {
+    **{name: keys for name, keys in _QWEN3_TENSORS.items() if ".ffn_" not in name or "_norm" in name},
+    **_EXPERTS}
+_MIXTRAL_TENSORS = {  # llama.cpp's Llama with experts: no biases
+    **{name: keys for name, keys in _LLAMA_TENSORS.items()
+       if (".ffn_" not in name or "_norm" in name) and not name.endswith(".bias")}, **_EXPERTS}
 _GEMMA2_TENSORS = {**_GEMMA_TENSORS, **_POST_NORMS}
 _GEMMA3_TENSORS = {**_GEMMA2_TENSORS, **_QK_NORMS}
 
@@ -183,6 +188,10 @@ QWEN3 = Family("qwen3", "qwen3", "Qwen3", _QWEN3_TENSORS,
                 "sliding_window": (None, "has no sliding-window attention in llama.cpp"),
                 "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
                biases=(), writes=frozenset({"qk_norm"}))
+# Mixtral is llama.cpp's Llama with {arch}.expert_count set (as its convert_hf_to_gguf.py writes it)
+MIXTRAL = Family("llama", "mixtral", "Mixtral", _MIXTRAL_TENSORS,
+                 {**LLAMA.settings, **_NO_BIASES}, rope="pairs", rope_freqs=True, biases=(), experts=True,
+                 writes=frozenset({"moe"}))
 QWEN3MOE = Family("qwen3moe", "qwen3_moe", "Qwen3-MoE", _QWEN3MOE_TENSORS, QWEN3.settings, biases=(),
                   experts=True, writes=frozenset({"qk_norm", "moe"}))
 OLMO2 = Family("olmo2", "olmo2", "OLMo 2", _OLMO2_TENSORS,
@@ -213,7 +222,8 @@ GEMMA3 = Family("gemma3", "gemma3_text", "Gemma 3", _GEMMA3_TENSORS,
 # Mistral without a window is Llama's computation, and llama.cpp's convert writes it as "llama".
 FAMILIES = {f.arch: f for f in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, OLMO2, SMOLLM3, PHI3,
                                 GPT2)}
-BY_MODEL_TYPE = {**{f.model_type: f for f in FAMILIES.values()}, "mistral": LLAMA, "gemma3": GEMMA3}
+BY_MODEL_TYPE = {**{f.model_type: f for f in FAMILIES.values()}, "mistral": LLAMA, "gemma3": GEMMA3,
+                 "mixtral": MIXTRAL}
 # Architectures llama.cpp has that import-gguf does not read yet, and what they would need.
 NOT_YET = {
     "qwen2moe": "Qwen2-MoE has a mixture of experts and a shared expert",
@@ -565,7 +575,8 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
         assert cfg.moe is not None
         writer.add_expert_count(cfg.moe.n_experts)
         writer.add_expert_used_count(cfg.moe.top_k)
-        writer.add_expert_feed_forward_length(cfg.moe.d_expert or cfg.d_ff)
+        if cfg.moe.d_expert is not None or family.arch != "llama":  # Mixtral's experts: d_ff wide
+            writer.add_expert_feed_forward_length(cfg.moe.d_expert or cfg.d_ff)
         writer.add_float64(AUX_LOSS_KEY, cfg.moe.aux_loss_coef)
     if family.softcaps:
         writer.add_attn_logit_softcapping(cfg.attn_softcap)
@@ -664,10 +675,12 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     if family.nope_step:
         settings["nope_layers"] = _nope_layers(family, settings["n_layers"])
     if family.experts:
+        width = k(gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)
         settings["moe"] = MoEConfig(
             n_experts=_int(metadata, k(gguf.Keys.LLM.EXPERT_COUNT), where),
             top_k=_int(metadata, k(gguf.Keys.LLM.EXPERT_USED_COUNT), where),
-            d_expert=_int(metadata, k(gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH), where, settings["d_ff"]),
+            d_expert=(_int(metadata, width, where, settings["d_ff"])
+                      if width in metadata or family.arch != "llama" else None),  # Mixtral: d_ff wide
             aux_loss_coef=metadata.get(AUX_LOSS_KEY, MoEConfig.aux_loss_coef))
     settings.update({name: value for name, (value, _) in family.settings.items() if name != "n_kv_heads"})
     if "n_kv_heads" in family.settings and settings["n_kv_heads"] == n_heads:
@@ -751,7 +764,8 @@ def _fit_llama3(factors: Tensor, cfg: CausalLMConfig, where: str) -> Llama3RopeS
                              original_max_positions=context)
 
 
-__all__ = ["BY_MODEL_TYPE", "FAMILIES", "FROM_HF", "Family", "GEMMA2", "GEMMA3", "NOT_YET", "QWEN3",
+__all__ = ["BY_MODEL_TYPE", "FAMILIES", "FROM_HF", "Family", "GEMMA2", "GEMMA3", "MIXTRAL", "NOT_YET",
+           "QWEN3",
            "QWEN3MOE", "export_tensors", "family_for", "import_plan", "longrope_tensors",
            "mismatches", "read_hparams", "read_longrope", "read_rope_scaling", "rope_factors",
            "split_tensor", "stacked", "write_hparams"]

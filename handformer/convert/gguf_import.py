@@ -28,6 +28,7 @@ from handformer.convert.gguf_arch import (
     FAMILIES,
     FROM_HF,
     GPT2,
+    MIXTRAL,
     NOT_YET,
     Family,
     import_plan,
@@ -46,6 +47,8 @@ LONGROPE = ("rope_factors_short.weight", "rope_factors_long.weight")
 
 def family_of_file(file: GGUFFile) -> Family:
     arch = file.architecture
+    if arch == "llama" and file.metadata.get("llama.expert_count"):
+        return MIXTRAL  # llama.cpp's Llama with experts
     if arch in FAMILIES:
         return FAMILIES[arch]
     why = f": {NOT_YET[arch]}, which import-gguf does not read yet" if arch in NOT_YET else ""
