@@ -18,6 +18,7 @@ llama.cpp itself runs the exports in tests/test_gguf_llamacpp.py (slow: it needs
 """
 
 import json
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -31,15 +32,14 @@ gguf = require_module("gguf", "pip install -e '.[dev]'")
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.cli import main  # noqa: E402
-from handformer.config import CausalLMConfig, LinearRopeScaling, Llama3RopeScaling, MoEConfig  # noqa: E402
-from handformer.convert.gguf_arch import FAMILIES, rope_factors  # noqa: E402
+from handformer.config import CausalLMConfig, LinearRopeScaling, Llama3RopeScaling, LongRopeScaling, MoEConfig  # noqa: E402
+from handformer.convert.gguf_arch import FAMILIES, LONGROPE_KEYS, rope_factors  # noqa: E402
 from handformer.convert.gguf_file import read_gguf  # noqa: E402
 from handformer.convert.gguf_quants import BLOCKS, dequantize, quantize_q8_0  # noqa: E402
 from handformer.convert.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
 from handformer.data.special_tokens import SpecialTokens  # noqa: E402
 from handformer.data.tokenizer import Tokenizer  # noqa: E402
 from handformer.families import build_causal_lm  # noqa: E402
-from handformer.models.causal_lm import CausalLM  # noqa: E402
 from handformer.tasks.lm.imports import import_hf  # noqa: E402
 from handformer.tasks.lm.run import load_lm, save_lm_run  # noqa: E402
 
@@ -94,6 +94,7 @@ def _gpt2(v, **overrides):
                                                max_positions=48), **overrides})
 
 
+LONGROPE = LongRopeScaling(short_factor=[1.0, 1.3], long_factor=[2.5, 7.1], original_max_positions=16)
 SCALING = Llama3RopeScaling(factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=16)
 # preset -> (config, GGUF architecture)
 PRESETS = {
@@ -104,9 +105,34 @@ PRESETS = {
     "llama_bias": (lambda v: _llama(v, bias=True), "llama"),
     "llama3_tied": (lambda v: _llama(v, tie_embeddings=True, rope_scaling=SCALING), "llama"),
     "qwen2": (lambda v: _llama(v, qkv_bias=True, tie_embeddings=True), "qwen2"),
-    "gemma": (lambda v: _llama(v, norm="rmsnorm_offset", activation="geglu_tanh", scale_embeddings=True,
-                               tie_embeddings=True, head_dim=16, n_kv_heads=1), "gemma"),
+    "gemma": (lambda v, **kw: _llama(v, norm="rmsnorm_offset", activation="geglu_tanh", scale_embeddings=True,
+                               tie_embeddings=True, head_dim=16, n_kv_heads=1, **kw), "gemma"),
+    "qwen3": (lambda v: _llama(v, qk_norm="head", head_dim=16), "qwen3"),
+    "phi4_mini": (lambda v: _llama(v, rope_fraction=0.5, head_dim=8, tie_embeddings=True, rope_scaling=LONGROPE),
+                  "phi3"),  # partial RoPE, LongRoPE
+    "olmo2": (lambda v: _llama(v, norm_placement="reordered", qk_norm="width"), "olmo2"),
+    "smollm3": (lambda v: _llama(v, n_layers=4, nope_layers=[3], tie_embeddings=True), "smollm3"),
+    "mixtral": (lambda v: _llama(v, moe=MoEConfig(4, 2)), "llama"),  # llama.cpp's Llama with experts
+    "qwen3moe": (lambda v: _llama(v, qk_norm="head", moe=MoEConfig(4, 2, d_expert=24, aux_loss_coef=0.001)),
+                 "qwen3moe"),
+    "gemma2": (lambda v: _gemma2(v), "gemma2"),
+    "gemma2_no_window": (lambda v: _gemma2(v, sliding_window=None, global_layers=[]), "gemma2"),
+    "gemma3": (lambda v: _gemma3(v), "gemma3"),
 }
+
+
+def _gemma2(v, **overrides):
+    # llama.cpp's Gemma 2: layer 1 of 2 global, scores scaled by head_dim, both soft-caps
+    return PRESETS["gemma"][0](v, **{**dict(norm_placement="sandwich", sliding_window=4, global_layers=[1],
+                                             attn_scale_dim=16, attn_softcap=50.0, logit_softcap=30.0),
+                                     **overrides})
+
+
+def _gemma3(v, **overrides):
+    # llama.cpp's Gemma 3: five sliding layers to one global, the sliding ones with RoPE base 10000
+    return PRESETS["gemma"][0](v, **{**dict(norm_placement="sandwich", qk_norm="head", n_layers=6,
+                                             sliding_window=4, global_layers=[5], rope_local_theta=10000.0,
+                                             attn_scale_dim=16), **overrides})
 
 
 def _randomize(model, scale=0.3):
@@ -121,7 +147,7 @@ def _randomize(model, scale=0.3):
 
 def _run(path, cfg, tokenizer, tokens=None, seed=0):
     torch.manual_seed(seed)
-    save_lm_run(path, _randomize(CausalLM(cfg)), tokenizer, tokens or SpecialTokens(eos_id=2, pad_id=0))
+    save_lm_run(path, _randomize(build_causal_lm(cfg)), tokenizer, tokens or SpecialTokens(eos_id=2, pad_id=0))
     return path
 
 
@@ -163,9 +189,20 @@ def test_import_of_the_f32_export_is_the_run_again(preset, tmp_path, capsys):
     assert all(t.type_name == "F32" for t in file.tensors.values())
     assert ("output.weight" in file.tensors) == (not load_lm(run_dir).model.cfg.tie_embeddings)
     assert ("rope_freqs.weight" in file.tensors) == (preset == "llama3_tied")
+    if preset == "qwen3moe":  # the experts stacked, as llama.cpp reads them
+        assert file.tensors["blk.0.ffn_gate_exps.weight"].shape == (4, 24, 32)
+        assert file.tensors["blk.1.ffn_down_exps.weight"].shape == (4, 32, 24)
+        assert (file.metadata["qwen3moe.expert_count"], file.metadata["qwen3moe.expert_used_count"],
+                file.metadata["qwen3moe.expert_feed_forward_length"]) == (4, 2, 24)
+    if preset.startswith("gemma2"):  # llama.cpp's Gemma 2 always slides: no window = the context
+        window = file.metadata["gemma2.attention.sliding_window"]
+        assert window == (48 if preset == "gemma2_no_window" else 4)
+        assert ("always slides" in printed) == (preset == "gemma2_no_window")
+        assert (file.metadata["gemma2.attn_logit_softcapping"], file.metadata["gemma2.final_logit_softcapping"]) \
+            == (50.0, 30.0)
     assert main(["import-gguf", str(out), str(tmp_path / "back")]) == 0
     assert "imported GGUF" in capsys.readouterr().out
-    _same_run(run_dir, tmp_path / "back", norm_offset=preset == "gemma")
+    _same_run(run_dir, tmp_path / "back", norm_offset=preset.startswith("gemma"))
 
 
 def test_llama_rows_are_permuted_to_pairs_and_rope_freqs_are_llama_3s_factors(tmp_path):
@@ -223,7 +260,23 @@ HF_FAMILIES = {  # family -> (tiny Hugging Face model, GGUF architecture)
     "gpt2": (lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(  # transformers' GGUF GPT-2 needs
         vocab_size=40, n_embd=32, n_head=4, n_layer=2, n_positions=1024, bos_token_id=1, eos_token_id=2)),
              "gpt2"),  # 1024 positions and d_ff = 4 d_model: it reads neither key
+    # transformers' GGUF loader reads no head width for Qwen3 (it takes Qwen3's 128), nor Gemma's
+    # query scale (256), soft-caps (50, 30), Gemma 3's layer pattern (6) and local RoPE base (1e4):
+    # the tiny models have those values, which are llama.cpp's too
+    "qwen3": (lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        **SIZE, head_dim=128, tie_word_embeddings=False, rope_parameters={**ROPE, "rope_theta": 1e6})), "qwen3"),
+    "gemma2": (lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(  # layer 1 of 3 global
+        **{**SIZE, "num_hidden_layers": 3}, head_dim=256, sliding_window=5, query_pre_attn_scalar=256,
+        rope_parameters=ROPE)), "gemma2"),
+    "gemma3": (lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(  # layer 5 of 7 global
+        **{**SIZE, "num_hidden_layers": 7, "num_key_value_heads": 1}, head_dim=256, sliding_window=5,
+        sliding_window_pattern=6, query_pre_attn_scalar=256,
+        rope_parameters={"sliding_attention": ROPE, "full_attention": {**ROPE, "rope_theta": 1e6}})), "gemma3"),
+    "qwen3_moe": (lambda: transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(  # experts 768 wide:
+        **SIZE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=768,  # the loader reads no width
+        norm_topk_prob=True, rope_parameters=ROPE)), "qwen3moe"),
 }
+WINDOWED = ("gemma2", "gemma3")  # the text below runs 6 windows of 5 past them
 CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
 
@@ -255,14 +308,54 @@ def test_transformers_reads_the_export_with_handformers_logits(family, tmp_path,
         assert expected.std() > 0.5  # far from trivial
         torch.testing.assert_close(hf(torch.tensor([ids, ids[::-1]])).logits, expected, atol=1e-5, rtol=1e-5)
     assert main(["import-gguf", str(tmp_path / "model.gguf"), str(tmp_path / "back")]) == 0
-    _same_run(run_dir, tmp_path / "back")
+    _same_run(run_dir, tmp_path / "back", norm_offset=family.startswith("gemma"))
     back = load_lm(tmp_path / "back")
-    assert back.config["source"]["model_type"] == {"mistral": "llama", "llama_tied": "llama"}.get(family, family)
+    assert back.config["source"]["model_type"] == {"mistral": "llama", "llama_tied": "llama",
+                                                   "gemma3": "gemma3_text"}.get(family, family)
+    if family in WINDOWED:
+        assert (back.model.cfg.sliding_window, back.model.cfg.global_layers) == (5, [1] if family == "gemma2" else [5])
     assert (tmp_path / "back" / "chat_template.jinja").read_text() == CHAT_TEMPLATE
     from handformer.generation.chat_template import load_chat_template
 
     rendered = load_chat_template(tmp_path / "back").render([{"role": "user", "content": "hi"}])
     assert rendered == "<s>user: hi\n"
+
+
+LLAMA_CPP_ONLY = {  # what transformers' GGUF loader does not read: llama.cpp's slow test runs them
+    # transformers reads a Llama file with experts as a dense Llama: wrong, so not compared
+    "mixtral": lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        **SIZE, num_local_experts=4, num_experts_per_tok=2, rope_parameters=ROPE)),
+    "phi4_mini": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(  # RoPE on 6 of 8 dims, LongRoPE
+        **SIZE, tie_word_embeddings=True, original_max_position_embeddings=16, partial_rotary_factor=0.75,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
+                         "short_factor": [1.0, 1.1, 1.2], "long_factor": [1.5, 2.2, 2.9]})),
+    "olmo2": lambda: transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**SIZE, rope_parameters=ROPE)),
+    "smollm3": lambda: transformers.SmolLM3ForCausalLM(transformers.SmolLM3Config(  # layers 3 and 7 without RoPE
+        **{**SIZE, "num_hidden_layers": 8}, rope_parameters={**ROPE, "rope_theta": 2e6})),
+}
+
+
+@pytest.mark.parametrize("family", list(LLAMA_CPP_ONLY))
+def test_imported_mixtral_phi4_mini_olmo2_and_smollm3_go_to_gguf_and_back(family, tmp_path, capsys):
+    run_dir = _hf_run(family, tmp_path, LLAMA_CPP_ONLY[family])
+    assert main(["export-gguf", str(run_dir), str(tmp_path / "model.gguf")]) == 0
+    arch = {"phi4_mini": "phi3", "mixtral": "llama"}.get(family, family)
+    printed = capsys.readouterr().out
+    assert f"({arch}), f32" in printed
+    if family == "phi4_mini":  # the rotated dims, LongRoPE's factors and its attention factor
+        file = read_gguf(tmp_path / "model.gguf")
+        assert (file.metadata["phi3.rope.dimension_count"], file.metadata["phi3.attention.key_length"]) == (6, 8)
+        assert file.tensors["rope_factors_long.weight"].to_torch().tolist() == pytest.approx([1.5, 2.2, 2.9])
+        assert file.metadata["phi3.rope.scaling.original_context_length"] == 16
+        assert file.metadata["phi3.rope.scaling.attn_factor"] == pytest.approx(math.sqrt(1 + math.log(3) / math.log(16)))
+        assert "LongRoPE's long factors" in printed
+    names = set(read_gguf(tmp_path / "model.gguf").tensors)
+    assert ("blk.0.attn_q_norm.weight" in names) == ("blk.0.post_ffw_norm.weight" in names) == (family == "olmo2")
+    assert main(["import-gguf", str(tmp_path / "model.gguf"), str(tmp_path / "back")]) == 0
+    _same_run(run_dir, tmp_path / "back")
+    back = load_lm(tmp_path / "back")
+    assert back.config["source"]["model_type"] == {"phi4_mini": "phi3"}.get(family, family)
+    assert back.model.cfg.nope_layers == ([3, 7] if family == "smollm3" else [])
 
 
 def test_a_phi3_window_is_written_and_read_back(tmp_path, capsys):
@@ -288,13 +381,30 @@ def trained(tmp_path_factory, one_thread):
                  "--set", "model.max_positions=1024"]) == 0
     assert main([*base, "--out", str(root / "llama"), "--set", "model.preset=llama",
                  "--set", "model.n_kv_heads=1", "--set", "model.d_ff=64"]) == 0
+    for name, settings in TODAYS.items():
+        assert main([*base, "--out", str(root / name), "--set", "model.preset=llama", "--set", "model.n_kv_heads=1",
+                     *[a for pair in settings for a in ("--set", f"model.{pair}")]]) == 0
     return root
+
+
+# Today's families trained here with the values transformers' GGUF loader assumes (it reads no head
+# width for Qwen3, no expert width for Qwen3-MoE, nor Gemma's query scale, soft-caps, layer pattern
+# or local RoPE base)
+_GEMMA_SETTINGS = ["norm=rmsnorm_offset", "activation=geglu_tanh", "scale_embeddings=true", "tie_embeddings=true",
+                   "norm_placement=sandwich", "head_dim=256", "attn_scale_dim=256", "sliding_window=8"]
+TODAYS = {
+    "qwen3": ["qk_norm=head", "head_dim=128", "rope_theta=1e6"],
+    "qwen3moe": ["qk_norm=head", 'moe={"n_experts": 4, "top_k": 2, "d_expert": 768}'],  # the loader's width
+    "gemma2": [*_GEMMA_SETTINGS, "n_layers=2", "global_layers=[1]", "attn_softcap=50.0", "logit_softcap=30.0"],
+    "gemma3": [*_GEMMA_SETTINGS, "qk_norm=head", "n_layers=6", "global_layers=[5]", "rope_theta=1e6",
+               "rope_local_theta=1e4"],
+}
 
 
 LIMITS = {"f32": 1e-5, "f16": 1e-2, "q8_0": 5e-2}  # max |delta logit| against handformer's float32
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", *TODAYS])
 def test_f16_and_q8_0_exports_stay_close_in_transformers(trained, name, tmp_path, capsys):
     run = load_lm(trained / name)
     ids = run.tokenizer.encode("The Python Tutorial: an informal introduction to the language")[:30]
@@ -534,10 +644,13 @@ def test_every_refusal_is_one_line(tmp_path, capsys):
     string, uint32 = gguf.GGUFValueType.STRING, gguf.GGUFValueType.UINT32
     bpe = str(tmp_path / "bpe.gguf")
     variants = {  # name -> (rewrite arguments, the message)
-        "qwen3": (dict(arch="qwen3"), "'qwen3' model: Qwen3 normalises queries and keys per head .q_norm, k_norm., which import-gguf does not read yet .`handformer import-hf` reads its Hugging Face checkpoint, model_type 'qwen3'."),
-        "mamba": (dict(arch="mamba"), "'mamba' model; import-gguf reads llama, qwen2, gemma, phi3, gpt2"),
+        "qwen2moe": (dict(arch="qwen2moe"), "'qwen2moe' model: Qwen2-MoE has a mixture of experts and a shared expert, which import-gguf does not read yet .`handformer import-hf` reads its Hugging Face checkpoint, model_type 'qwen2_moe'."),
+        "mamba": (dict(arch="mamba"), "'mamba' model; import-gguf reads llama, qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, olmo2, smollm3, phi3, gpt2"),
         "yarn": (dict(values={"llama.rope.scaling.type": ("yarn", string)}), "'yarn': rope scaling of that type"),
-        "experts": (dict(values={"llama.expert_count": (8, uint32)}), "mixture-of-experts"),
+        "experts": (dict(values={"llama.expert_count": (8, uint32)}),  # Mixtral, without its experts
+                    "lacks llama.expert_used_count, which handformer needs"),
+        "qwen2_experts": (dict(values={"qwen2.expert_count": (8, uint32)}, src=str(tmp_path / "qwen2.gguf")),
+                          "qwen2.expert_count=8: a mixture-of-experts feed-forward"),
         "q4_1": (dict(types={"blk.0.attn_q.weight": (QT.Q4_1, None)}), r"blk\.0\.attn_q\.weight \(Q4_1\)"),
         "no_attn_q": (dict(drop_tensor="blk.0.attn_q.weight"), r"missing tensors \(1\): blk\.0\.attn_q\.weight"),
         "heads": (dict(values={"llama.attention.head_count": (8, uint32)}), "shape mismatches"),
@@ -546,6 +659,8 @@ def test_every_refusal_is_one_line(tmp_path, capsys):
     }
     bpe_tok = Tokenizer.train_bpe([TEXT * 30], 280)
     _run(tmp_path / "bpe", _llama(bpe_tok.vocab_size), bpe_tok)
+    _run(tmp_path / "qwen2", PRESETS["qwen2"][0](v), tok)
+    assert main(["export-gguf", str(tmp_path / "qwen2"), str(tmp_path / "qwen2.gguf")]) == 0
     assert main(["export-gguf", str(tmp_path / "bpe"), bpe]) == 0
     for name, (rewrite, expected) in variants.items():
         _rewrite(rewrite.pop("src", out), tmp_path / f"{name}.gguf", **rewrite)
@@ -578,10 +693,7 @@ def test_the_architecture_table_names_llama_cpps_tensors():
 
 
 @pytest.mark.parametrize("overrides, setting", [
-    (dict(qk_norm="head"), "qk_norm='head'"),
-    (dict(moe=MoEConfig(4, 2)), r"moe=MoEConfig\(n_experts=4"),
-    (dict(rope_fraction=0.5), "rope_fraction=0.5"),
-    (dict(nope_layers=[1]), r"nope_layers=\[1\]"),
+    (dict(moe=MoEConfig(4, 2, d_shared=16)), r"moe=MoEConfig\(.*d_shared=16"),  # Qwen2-MoE's shared expert
     (dict(sliding_window=4, global_layers=[1]), r"global_layers=\[1\]"),
     (dict(rope_scaling=LinearRopeScaling(2.0)), r"rope_scaling=LinearRopeScaling\(factor=2.0"),
     (dict(logit_softcap=30.0), "logit_softcap=30.0"),
@@ -597,3 +709,54 @@ def test_todays_family_settings_are_refused_by_name(tmp_path, capsys, overrides,
     _fails(capsys, ["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")], setting,
            "export-hf writes this run for transformers")
     assert not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.parametrize("preset, overrides, message", [
+    ("qwen3", dict(sliding_window=4), r"sliding_window=4 \(Qwen3 has no sliding-window attention in llama.cpp\)"),
+    ("gemma2", dict(global_layers=[0]), r"global_layers=\[0\] \(llama.cpp's Gemma 2 makes layer i global when "
+               r"i % 2 = 1: \[1\] for 2 layers\)"),
+    ("gemma2", dict(attn_scale_dim=24), r"attn_scale_dim=24 \(llama.cpp's Gemma 2 divides scores by sqrt\(head_dim\)"),
+    ("gemma2", dict(attn_softcap=None), "attn_softcap=None .llama.cpp's Gemma 2 always soft-caps scores"),
+    ("gemma2", dict(logit_softcap=None), "logit_softcap=None .llama.cpp's Gemma 2 always soft-caps logits"),
+    ("gemma3", dict(rope_local_theta=5e4), r"rope_local_theta=50000.0 \(llama.cpp's Gemma 3 turns the sliding "
+               "layers' RoPE with base 10000"),
+    ("gemma3", dict(global_layers=[2, 5]), r"global_layers=\[2, 5\] .*\[5\] for 6 layers"),
+    ("qwen3moe", dict(moe=MoEConfig(4, 2, normalize=False)), "moe.normalize=False .llama.cpp's Qwen3-MoE rescales"),
+    ("smollm3", dict(nope_layers=[1]), r"nope_layers=\[1\] \(llama.cpp's SmolLM3 leaves RoPE out of layer i when "
+                r"\(i \+ 1\) % 4 = 0: \[3\] for 4 layers\)"),
+    ("olmo2", dict(qk_norm="head"), "qk_norm='head' .OLMo 2 normalises queries and keys over their whole width"),
+    ("gemma3", dict(logit_softcap=30.0), "logit_softcap=30.0 .export-gguf writes no soft-capped logits for Gemma 3"),
+])
+def test_what_llama_cpps_qwen3_and_gemmas_fix_is_refused_by_name(tmp_path, capsys, preset, overrides, message):
+    """llama.cpp fixes Gemma 2/3's layer pattern, query scale and local RoPE base, and Gemma 2's
+    soft-caps are always on: a run with other values is refused by the setting, nothing written."""
+    tok = Tokenizer.train_char([TEXT])
+    _run(tmp_path / "run", replace(PRESETS[preset][0](tok.vocab_size), **overrides), tok)
+    _fails(capsys, ["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")], message)
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_gemma2_and_longrope_files_without_handformers_keys_import_as_llama_cpp_reads_them(tmp_path, capsys):
+    """A Gemma 2 file with no window or soft-cap keys reads llama.cpp's defaults (a 4096 window, caps
+    50 and 30); a LongRoPE file without handformer's exact lists takes the attention factor from
+    rope.scaling.attn_factor and computes what the run computes."""
+    tok = Tokenizer.train_char([TEXT])
+    run_dir = _run(tmp_path / "gemma2", _gemma2(tok.vocab_size, attn_softcap=20.0, logit_softcap=10.0), tok)
+    assert main(["export-gguf", str(run_dir), str(tmp_path / "g.gguf")]) == 0
+    _rewrite(tmp_path / "g.gguf", tmp_path / "g2.gguf", drop=("gemma2.attention.sliding_window",
+             "gemma2.attn_logit_softcapping", "gemma2.final_logit_softcapping"))
+    assert main(["import-gguf", str(tmp_path / "g2.gguf"), str(tmp_path / "g-back")]) == 0
+    cfg = load_lm(tmp_path / "g-back").model.cfg
+    assert (cfg.sliding_window, cfg.global_layers, cfg.attn_softcap, cfg.logit_softcap) == (None, [], 50.0, 30.0)
+
+    run_dir = _hf_run("phi4_mini", tmp_path, LLAMA_CPP_ONLY["phi4_mini"])
+    assert main(["export-gguf", str(run_dir), str(tmp_path / "p.gguf")]) == 0
+    _rewrite(tmp_path / "p.gguf", tmp_path / "p2.gguf", drop=tuple(LONGROPE_KEYS.values()))
+    capsys.readouterr()
+    assert main(["import-gguf", str(tmp_path / "p2.gguf"), str(tmp_path / "p-back")]) == 0
+    run, back = load_lm(run_dir), load_lm(tmp_path / "p-back")
+    factor = math.sqrt(1 + math.log(3) / math.log(16))
+    assert back.model.cfg.rope_scaling.attention_factor == pytest.approx(factor, rel=1e-7)
+    assert back.model.cfg.rope_scaling.long_factor == pytest.approx([1.5, 2.2, 2.9], rel=1e-7)
+    ids = run.tokenizer.encode(TEXT[:30])  # past the original context of 16: the long factors
+    torch.testing.assert_close(_logits(back, ids), _logits(run, ids), atol=1e-5, rtol=1e-5)

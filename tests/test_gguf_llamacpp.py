@@ -1,8 +1,11 @@
 """llama.cpp runs handformer's GGUF exports: llama-cpp-python 0.3.36 (which fixes llama.cpp's commit),
-fed token ids, generates greedily the same tokens as `handformer generate` for a model trained
-here on tiny Shakespeare, for imported Hugging Face models of every family (Llama with Llama 3
-scaling, Mistral, Qwen2, Gemma, Phi-3, GPT-2) and for llama2.c's stories260K; and its tokenizer
-gives handformer's ids for a fixture text (characters, byte-level BPE, stories260K's SentencePiece).
+fed token ids, generates greedily the same tokens as `handformer generate` for a model trained here
+on tiny Shakespeare, for imported Hugging Face models of every family (Llama with Llama 3 scaling,
+Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral, Gemma, Gemma 2 and Gemma 3 with sliding and global
+layers, OLMo 2, SmolLM3, Phi-3, GPT-2; Qwen3's, Qwen3-MoE's and the Gemmas' with head and expert
+widths, soft-caps and query scales other than the ones transformers' GGUF loader assumes, which
+llama.cpp reads from the file) and for llama2.c's stories260K; and its tokenizer gives handformer's
+ids for a fixture text (characters, byte-level BPE, stories260K's SentencePiece).
 
 Slow: llama-cpp-python builds from source (about 4 minutes on 2 cores), so it is not installed by
 scripts/install.sh. Run with
@@ -62,12 +65,12 @@ def _llama_cpp_greedy(path, ids, n, stops, n_ctx):
     return out
 
 
-def _same_greedy(run_dir, gguf_path, prompt, n=NEW_TOKENS):
+def _same_greedy(run_dir, gguf_path, prompt, n=NEW_TOKENS, n_ctx=None):
     run = load_lm(run_dir)
     ids = ([run.tokens.bos_id] if run.tokens.bos_id is not None else []) + run.tokenizer.encode(prompt)
     n = min(n, run.model.cfg.max_positions - len(ids))
     expected = generate(run.model, [ids], n, temperature=0, stop_tokens=run.tokens.eos_ids)[0]
-    got = _llama_cpp_greedy(gguf_path, ids, n, set(run.tokens.eos_ids), run.model.cfg.max_positions)
+    got = _llama_cpp_greedy(gguf_path, ids, n, set(run.tokens.eos_ids), n_ctx or run.model.cfg.max_positions)
     assert got == expected, (run.tokenizer.decode(got), run.tokenizer.decode(expected))
     return expected
 
@@ -127,6 +130,24 @@ HF = {
         **SIZE, tie_word_embeddings=False, rope_parameters=ROPE)),
     "gpt2": lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=40, n_embd=64, n_head=4, n_layer=2, n_positions=96, bos_token_id=1, eos_token_id=2)),
+    "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(  # heads 24 wide, not 64 / 4
+        **SIZE, head_dim=24, tie_word_embeddings=True, rope_parameters={**ROPE, "rope_theta": 1e6})),
+    "qwen3_moe": lambda: transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(  # experts 48 wide
+        **SIZE, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True,
+        rope_parameters=ROPE)),
+    "mixtral": lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(  # llama.cpp's Llama + experts
+        **SIZE, num_local_experts=4, num_experts_per_tok=2, rope_parameters=ROPE)),
+    "olmo2": lambda: transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**SIZE, rope_parameters=ROPE)),
+    "smollm3": lambda: transformers.SmolLM3ForCausalLM(transformers.SmolLM3Config(  # layers 3 and 7 without RoPE
+        **{**SIZE, "num_hidden_layers": 8}, rope_parameters={**ROPE, "rope_theta": 2e6})),
+    # windows of 5: the 32 generated tokens run 6 windows past them
+    "gemma2": lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(  # layer 1 of 3 global
+        **{**SIZE, "num_hidden_layers": 3}, head_dim=32, sliding_window=5, query_pre_attn_scalar=32,
+        attn_logit_softcapping=20.0, final_logit_softcapping=10.0, rope_parameters=ROPE)),
+    "gemma3": lambda: transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(  # layer 5 of 7 global
+        **{**SIZE, "num_hidden_layers": 7, "num_key_value_heads": 1}, head_dim=32, sliding_window=5,
+        sliding_window_pattern=6, query_pre_attn_scalar=32,
+        rope_parameters={"sliding_attention": ROPE, "full_attention": {**ROPE, "rope_theta": 1e6}})),
 }
 TEXT = "to be or not to be, that is the question: whether 'tis nobler in the mind to suffer\n"
 
@@ -143,6 +164,33 @@ def test_an_imported_model_generates_the_same_in_llama_cpp(family, tmp_path):
     assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "run")]) == 0
     assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")]) == 0
     _same_greedy(tmp_path / "run", tmp_path / "m.gguf", "to be or", n=32)
+
+
+def _phi4_mini(original, max_positions):
+    # RoPE on 12 of each head's 16 dims, LongRoPE with 6 factors a set, tied
+    rope = {"rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
+            "short_factor": [1.0 + 0.1 * i for i in range(6)], "long_factor": [1.5 + 0.7 * i for i in range(6)]}
+    return transformers.Phi3ForCausalLM(transformers.Phi3Config(
+        **{**SIZE, "max_position_embeddings": max_positions}, tie_word_embeddings=True,
+        original_max_position_embeddings=original, partial_rotary_factor=0.75, rope_parameters=rope))
+
+
+@pytest.mark.parametrize("factors", ["short", "long"])
+def test_phi4_minis_partial_rope_and_longrope_generate_the_same_in_llama_cpp(factors, tmp_path):
+    """llama.cpp picks LongRoPE's factors by its context (rounded up to 256 positions), handformer by
+    the sequence: short factors with an original context of 256 and llama.cpp's context 256; long
+    ones with an original context of 16 and a prompt past it, so every generated token has them."""
+    torch.manual_seed(7)
+    hf_model = _phi4_mini(256, 512) if factors == "short" else _phi4_mini(16, 96)
+    with torch.no_grad():
+        for p in hf_model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    hf_model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    Tokenizer.train_char([TEXT]).save(tmp_path / "hf" / "tokenizer.json")
+    assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "run")]) == 0
+    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")]) == 0
+    prompt = "to be or" if factors == "short" else TEXT[:24]
+    _same_greedy(tmp_path / "run", tmp_path / "m.gguf", prompt, n=32, n_ctx=256 if factors == "short" else None)
 
 
 def test_stories260k_generates_and_tokenizes_the_same_in_llama_cpp(tmp_path):

@@ -22,7 +22,8 @@ TYPES = ("f32", "f16", "q8_0")  # gguf_export.TYPES, listed here so that buildin
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export-gguf", help="write a language-model run (trained, fine-tuned or imported) as "
-                       "a GGUF file that llama.cpp runs (Llama, Qwen2, Gemma, Phi-3, GPT-2)")
+                       "a GGUF file that llama.cpp runs (Llama, Qwen2, Qwen3, Qwen3-MoE, Gemma, Gemma 2, "
+                       "Gemma 3, OLMo 2, SmolLM3, Phi-3, GPT-2)")
     p.add_argument("run_dir", help="the language-model run to export")
     p.add_argument("out", help="the .gguf file to write")
     p.add_argument("--type", choices=TYPES, default="f32",

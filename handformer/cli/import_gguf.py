@@ -14,8 +14,9 @@ def cmd_import_gguf(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("import-gguf", help="convert a GGUF model file (Llama, Qwen2, Gemma, Phi-3, GPT-2; "
-                       "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K) into a language-model run directory")
+    p = sub.add_parser("import-gguf", help="convert a GGUF model file (Llama, Qwen2, Qwen3, Qwen3-MoE, "
+                       "Gemma, Gemma 2, Gemma 3, OLMo 2, SmolLM3, Phi-3, GPT-2; F32, F16, BF16, Q8_0, Q4_0, "
+                       "Q4_K, Q5_K, Q6_K) into a language-model run directory")
     p.add_argument("gguf_file", help="the .gguf file to read")
     p.add_argument("run_dir", help="run directory to write (for `handformer generate`)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in RUN_DIR")

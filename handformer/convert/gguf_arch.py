@@ -14,10 +14,15 @@ An entry says, declaratively, what llama.cpp's model of that name is:
   biases writes zeros, and an import reads all-zero biases as none).
 The hyperparameters go in the usual keys ({arch}.context_length, .embedding_length, ...).
 
-Today's families (Qwen3, Gemma 2/3, OLMo 2, SmolLM3, Phi-4-mini's partial RoPE, the mixtures of
-experts) run in handformer from their Hugging Face checkpoints (import-hf, export-hf); each is one
-more entry here, with its tensors (q/k norms, experts) and keys. Until then a run with any of their
-settings is refused by export-gguf, by name, and such a GGUF file by import-gguf.
+Qwen3 (q/k norms per head), Qwen3-MoE (Qwen3 with a mixture of experts, each layer's experts stacked
+into one 3-D tensor per projection, the top-k weights always rescaled), Gemma 2 (the sandwich norms,
+soft-capping, every second layer global) and Gemma 3 (q/k norms, the sandwich norms, every sixth
+layer global, the sliding layers' RoPE base 10000) are entries too; llama.cpp fixes their layer
+pattern, query scale (1 / sqrt(head_dim)) and local RoPE base, so a run with other values is refused
+by the setting. The other families of today (OLMo 2, SmolLM3, Phi-4-mini's partial RoPE, the other
+mixtures of experts) run in handformer from their Hugging Face checkpoints (import-hf, export-hf); a
+run with their settings is refused by export-gguf, by name, and such a GGUF file by import-gguf.
+
 Shape legend: D d_model, H heads, Hkv key/value heads, Dh head dim, F d_ff, V vocab.
 """
 
@@ -32,7 +37,7 @@ import gguf
 import torch
 from torch import Tensor
 
-from handformer.config import CausalLMConfig, Llama3RopeScaling
+from handformer.config import CausalLMConfig, Llama3RopeScaling, LongRopeScaling, MoEConfig
 
 ATTN, FFN = "layers.{i}.self_attn", "layers.{i}.ffn"
 
@@ -81,6 +86,37 @@ _GPT2_TENSORS = {
     **_with_bias("blk.{i}.ffn_down", f"{FFN}.down_proj"),  # (D, F)
 }
 del _GPT2_TENSORS["token_embd.bias"]  # the embedding has no bias
+_QK_NORMS = {  # RMSNorm over each query / key head (Dh,), before RoPE
+    "blk.{i}.attn_q_norm.weight": (f"{ATTN}.q_norm.weight",),
+    "blk.{i}.attn_k_norm.weight": (f"{ATTN}.k_norm.weight",),
+}
+_POST_NORMS = {  # Gemma 2/3's norms after each sublayer, before the residual sum (D,)
+    "blk.{i}.post_attention_norm.weight": ("layers.{i}.post_attn_norm.weight",),
+    "blk.{i}.post_ffw_norm.weight": ("layers.{i}.post_ffn_norm.weight",),
+}
+_QWEN3_TENSORS = {**_LLAMA_TENSORS, **_QK_NORMS}
+_OLMO2_TENSORS = {  # OLMo 2's norms come after each sublayer, and its q/k norms span the width
+    **{name: keys for name, keys in _LLAMA_TENSORS.items() if name not in _NORMS}, **_QK_NORMS,
+    "blk.{i}.post_attention_norm.weight": ("layers.{i}.attn_norm.weight",),  # handformer's "reordered"
+    "blk.{i}.post_ffw_norm.weight": ("layers.{i}.ffn_norm.weight",),
+}
+# A mixture of experts: the router (E, D) and each layer's experts stacked ({e} = expert) into one
+# 3-D tensor per projection: gate and up (E, F, D), down (E, D, F)
+EXPERT = FFN + ".experts.{e}"
+_EXPERTS = {
+    "blk.{i}.ffn_gate_inp.weight": (f"{FFN}.router.weight",),
+    "blk.{i}.ffn_gate_exps.weight": (f"{EXPERT}.gate_proj.weight",),
+    "blk.{i}.ffn_up_exps.weight": (f"{EXPERT}.up_proj.weight",),
+    "blk.{i}.ffn_down_exps.weight": (f"{EXPERT}.down_proj.weight",),
+}
+_QWEN3MOE_TENSORS = {
+    **{name: keys for name, keys in _QWEN3_TENSORS.items() if ".ffn_" not in name or "_norm" in name},
+    **_EXPERTS}
+_MIXTRAL_TENSORS = {  # llama.cpp's Llama with experts: no biases
+    **{name: keys for name, keys in _LLAMA_TENSORS.items()
+       if (".ffn_" not in name or "_norm" in name) and not name.endswith(".bias")}, **_EXPERTS}
+_GEMMA2_TENSORS = {**_GEMMA_TENSORS, **_POST_NORMS}
+_GEMMA3_TENSORS = {**_GEMMA2_TENSORS, **_QK_NORMS}
 
 _PRE = {"norm_placement": ("pre", "is pre-norm"), "scale_embeddings": (False, "does not scale embeddings")}
 _LLAMA_BLOCK = {**_PRE, "position": ("rope", "has rotary positions"), "norm": ("rmsnorm", "uses RMSNorm"),
@@ -102,6 +138,15 @@ class Family:
     full_width_heads: bool = False  # llama.cpp sizes attention as D wide: H * Dh must equal D
     tied_only: bool = False  # the output head is always the embedding
     biases: tuple[str, ...] = field(default=("bias", "qkv_bias"))  # bias settings read from tensors
+    # Gemma 2/3: llama.cpp fixes which layers slide: with a window, layer i is global when
+    # i % swa_pattern == swa_pattern - 1 (Gemma 2: every second layer, Gemma 3: every sixth)
+    swa_pattern: int = 0
+    softcaps: bool = False  # Gemma 2: {arch}.attn_logit_softcapping and .final_logit_softcapping
+    local_rope_theta: float | None = None  # Gemma 3: the sliding layers' RoPE base, fixed in llama.cpp
+    writes: frozenset[str] = frozenset()  # today's family settings (_NOT_WRITTEN) the family expresses
+    experts: bool = False  # a mixture of experts in every layer ({arch}.expert_count, ...)
+    longrope: bool = False  # Phi-3.5 / Phi-4-mini: LongRoPE as rope_factors_short / _long (Dr/2,)
+    nope_step: int = 0  # SmolLM3: llama.cpp leaves RoPE out of layer i when (i + 1) % nope_step == 0
 
     @property
     def rms(self) -> bool:
@@ -126,9 +171,9 @@ GEMMA = Family("gemma", "gemma", "Gemma", _GEMMA_TENSORS,
                 "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
                norm_offset=True, tied_only=True, biases=())
 PHI3 = Family("phi3", "phi3", "Phi-3", _PHI3_TENSORS,
-              {**_LLAMA_BLOCK, "bias": (False, "has no biases"), "qkv_bias": (False, "has no biases"),
-               "rope_scaling": (None, "takes only 'longrope' scaling, not Llama 3's")},
-              writes_window=True, full_width_heads=True, biases=())
+              {**_LLAMA_BLOCK, "bias": (False, "has no biases"), "qkv_bias": (False, "has no biases")},
+              writes_window=True, full_width_heads=True, biases=(), longrope=True,
+              writes=frozenset({"rope_fraction"}))
 GPT2 = Family("gpt2", "gpt2", "GPT-2", _GPT2_TENSORS,
               {**_PRE, "position": ("learned", "has learned positions"),
                "norm": ("layernorm", "uses LayerNorm"),
@@ -137,26 +182,57 @@ GPT2 = Family("gpt2", "gpt2", "GPT-2", _GPT2_TENSORS,
                "n_kv_heads": (None, "has one key/value head per query head"),
                "sliding_window": (None, "has no sliding-window attention")},
               rope=None, zero_biases=True, full_width_heads=True)
+_NO_BIASES = {"bias": (False, "has no biases"), "qkv_bias": (False, "has no biases")}
+QWEN3 = Family("qwen3", "qwen3", "Qwen3", _QWEN3_TENSORS,
+               {**_LLAMA_BLOCK, **_NO_BIASES, "qk_norm": ("head", "normalises each query and key head"),
+                "sliding_window": (None, "has no sliding-window attention in llama.cpp"),
+                "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
+               biases=(), writes=frozenset({"qk_norm"}))
+# Mixtral is llama.cpp's Llama with {arch}.expert_count set (as its convert_hf_to_gguf.py writes it)
+MIXTRAL = Family("llama", "mixtral", "Mixtral", _MIXTRAL_TENSORS,
+                 {**LLAMA.settings, **_NO_BIASES}, rope="pairs", rope_freqs=True, biases=(), experts=True,
+                 writes=frozenset({"moe"}))
+QWEN3MOE = Family("qwen3moe", "qwen3_moe", "Qwen3-MoE", _QWEN3MOE_TENSORS, QWEN3.settings, biases=(),
+                  experts=True, writes=frozenset({"qk_norm", "moe"}))
+OLMO2 = Family("olmo2", "olmo2", "OLMo 2", _OLMO2_TENSORS,
+               {**_LLAMA_BLOCK, **_NO_BIASES,
+                "norm_placement": ("reordered", "puts its norms after each sublayer"),
+                "qk_norm": ("width", "normalises queries and keys over their whole width"),
+                "sliding_window": (None, "has no sliding-window attention"),
+                "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
+               biases=())
+SMOLLM3 = Family("smollm3", "smollm3", "SmolLM3", _LLAMA_TENSORS,
+                 {**_LLAMA_BLOCK, **_NO_BIASES, "sliding_window": (None, "has no sliding-window attention"),
+                  "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
+                 rope="pairs", biases=(), nope_step=4, writes=frozenset({"nope_layers"}))
+_GEMMA_BLOCK = {name: value for name, value in GEMMA.settings.items() if name != "sliding_window"}
+_SANDWICH = ("sandwich", "has norms before and after each sublayer")
+GEMMA2 = Family("gemma2", "gemma2", "Gemma 2", _GEMMA2_TENSORS,
+                {**_GEMMA_BLOCK, "norm_placement": _SANDWICH,
+                 "qk_norm": ("none", "has no q/k norms (Gemma 3 has)")},
+                norm_offset=True, tied_only=True, biases=(), swa_pattern=2, softcaps=True,
+                writes=frozenset({"global_layers", "attn_scale_dim", "attn_softcap", "logit_softcap"}))
+GEMMA3 = Family("gemma3", "gemma3_text", "Gemma 3", _GEMMA3_TENSORS,
+                {**_GEMMA_BLOCK, "norm_placement": _SANDWICH,
+                 "qk_norm": ("head", "normalises each query and key head")},
+                norm_offset=True, tied_only=True, biases=(), swa_pattern=6, local_rope_theta=10000.0,
+                writes=frozenset({"qk_norm", "global_layers", "rope_local_theta", "attn_scale_dim"}))
 
 # general.architecture -> the family; model_type (Hugging Face's, as runs record it) -> the family.
 # Mistral without a window is Llama's computation, and llama.cpp's convert writes it as "llama".
-FAMILIES = {f.arch: f for f in (LLAMA, QWEN2, GEMMA, PHI3, GPT2)}
-BY_MODEL_TYPE = {**{f.model_type: f for f in FAMILIES.values()}, "mistral": LLAMA}
+FAMILIES = {f.arch: f for f in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, OLMO2, SMOLLM3, PHI3,
+                                GPT2)}
+BY_MODEL_TYPE = {**{f.model_type: f for f in FAMILIES.values()}, "mistral": LLAMA, "gemma3": GEMMA3,
+                 "mixtral": MIXTRAL}
 # Architectures llama.cpp has that import-gguf does not read yet, and what they would need.
 NOT_YET = {
-    "qwen3": "Qwen3 normalises queries and keys per head (q_norm, k_norm)",
-    "gemma2": "Gemma 2 soft-caps logits and alternates sliding-window and global layers",
-    "gemma3": "Gemma 3 normalises queries and keys and alternates sliding-window and global layers",
-    "olmo2": "OLMo 2 normalises queries and keys and puts its norms after each sublayer",
-    "smollm3": "SmolLM3 leaves out the rotary embedding on every fourth layer",
-    "qwen3moe": "Qwen3-MoE has a mixture of experts and q/k norms",
     "qwen2moe": "Qwen2-MoE has a mixture of experts and a shared expert",
     "olmoe": "OLMoE has a mixture of experts and q/k norms",
     "phi2": "Phi-2 runs attention and the feed-forward in parallel with partial rotary embeddings",
 }
 # Of those, the ones handformer runs from their Hugging Face checkpoints: arch -> model_type.
-FROM_HF = {"qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3_text", "olmo2": "olmo2",
-           "smollm3": "smollm3", "qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "olmoe": "olmoe"}
+FROM_HF = {"qwen2moe": "qwen2_moe",
+           "olmoe": "olmoe"}
 # Settings of today's families that no architecture here writes: name -> (the value without it,
 # what it is). A run with one exports to Hugging Face only (export-hf).
 _NOT_WRITTEN = {"qk_norm": ("none", "q/k norms"), "moe": (None, "mixture of experts"),
@@ -170,20 +246,84 @@ _NOT_WRITTEN = {"qk_norm": ("none", "q/k norms"), "moe": (None, "mixture of expe
 
 def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:
     """The family a run exports to: the model_type recorded at import (a fine-tune's base run's),
-    else where its settings point, as export-hf chooses."""
+    else the one export-hf chooses from its settings; a run whose settings point to a family no
+    entry here writes goes to the closest one, whose `mismatches` then name those settings."""
     if recorded is not None:
         if recorded not in BY_MODEL_TYPE:
             raise ValueError(f"this run was imported from model_type {recorded!r}; export-gguf writes "
                              f"{', '.join(BY_MODEL_TYPE)}")
         return BY_MODEL_TYPE[recorded]
+    from handformer.convert.hf_export import model_type_for
+
     if cfg.position == "learned":
         return GPT2
     if cfg.position != "rope":
         raise ValueError(f"position={cfg.position!r} maps to no llama.cpp architecture: GPT-2 has "
                          "position='learned', the Llama family position='rope'")
+    found = BY_MODEL_TYPE.get(model_type_for(cfg))
+    if found is not None:
+        return found
     if cfg.norm == "rmsnorm_offset" or cfg.scale_embeddings or cfg.activation.startswith("geglu"):
         return GEMMA
     return QWEN2 if cfg.qkv_bias and not cfg.bias else LLAMA
+
+
+def _global_layers(family: Family, n_layers: int) -> list[int]:
+    """The layers llama.cpp's Gemma 2/3 run without the window."""
+    p = family.swa_pattern
+    return [i for i in range(n_layers) if i % p == p - 1]
+
+
+def _nope_layers(family: Family, n_layers: int) -> list[int]:
+    return [i for i in range(n_layers) if (i + 1) % family.nope_step == 0]
+
+
+def _window(cfg: CausalLMConfig) -> int | None:
+    """The run's sliding window, or None when there is none or it spans the whole context."""
+    window = cfg.sliding_window
+    return window if window is not None and window < cfg.max_positions else None
+
+
+def _layer_problems(cfg: CausalLMConfig, family: Family) -> list[str]:
+    """Gemma 2/3's settings llama.cpp fixes: which layers slide, the query scale, soft-capping and
+    Gemma 3's local RoPE base."""
+    problems = []
+    name = family.name
+    if family.swa_pattern and _window(cfg) is not None:
+        expected = _global_layers(family, cfg.n_layers)
+        if list(cfg.global_layers) != expected:
+            problems.append(f"global_layers={cfg.global_layers!r} (llama.cpp's {name} makes layer i global "
+                            f"when i % {family.swa_pattern} = {family.swa_pattern - 1}: {expected} for "
+                            f"{cfg.n_layers} layers)")
+        local = cfg.rope_local_theta if cfg.rope_local_theta is not None else cfg.rope_theta
+        if family.local_rope_theta is not None and local != family.local_rope_theta:
+            setting = "rope_local_theta" if cfg.rope_local_theta is not None else "rope_theta"
+            problems.append(f"{setting}={local!r} (llama.cpp's {name} turns the sliding layers' RoPE with "
+                            f"base {family.local_rope_theta:g})")
+    if cfg.attn_scale_dim is not None and cfg.attn_scale_dim != cfg.head_dim:
+        problems.append(f"attn_scale_dim={cfg.attn_scale_dim!r} (llama.cpp's {name} divides scores by "
+                        f"sqrt(head_dim) = sqrt({cfg.head_dim}))")
+    if family.softcaps:
+        for setting in ("attn_softcap", "logit_softcap"):
+            if getattr(cfg, setting) is None:
+                problems.append(f"{setting}=None (llama.cpp's {name} always soft-caps "
+                                f"{'scores' if setting == 'attn_softcap' else 'logits'}; Gemma 2's are 50 "
+                                "and 30)")
+    return problems
+
+
+def _expert_problems(cfg: CausalLMConfig, family: Family) -> list[str]:
+    moe = cfg.moe
+    if moe is None:
+        return [f"moe=None (llama.cpp's {family.name} has a mixture of experts in every layer)"]
+    problems = []
+    if not moe.normalize:
+        problems.append(f"moe.normalize=False (llama.cpp's {family.name} rescales the top-k weights to "
+                        "sum to 1)")
+    if moe.d_shared:
+        problems.append(f"moe.d_shared={moe.d_shared} (llama.cpp's {family.name} has no shared expert; "
+                        "Qwen2-MoE has one)")
+    return problems
 
 
 def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
@@ -195,10 +335,21 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
         settings.pop("sliding_window", None)  # a window as long as the context: no window (noted)
     problems = [f"{name}={getattr(cfg, name)!r} ({family.name} {why})"
                 for name, (value, why) in settings.items() if getattr(cfg, name) != value]
-    problems += [f"{name}={getattr(cfg, name)!r} (export-gguf writes no {what} yet; export-hf writes "
-                 "this run for transformers)" for name, (value, what) in _NOT_WRITTEN.items()
-                 if getattr(cfg, name) != value]
-    if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, Llama3RopeScaling):
+    problems += [f"{name}={getattr(cfg, name)!r} (export-gguf writes no {what} for {family.name}; export-hf "
+                 "writes this run for transformers)" for name, (value, what) in _NOT_WRITTEN.items()
+                 if name not in family.writes and name not in settings and getattr(cfg, name) != value]
+    problems += _layer_problems(cfg, family)
+    if family.experts:
+        problems += _expert_problems(cfg, family)
+    nope = _nope_layers(family, cfg.n_layers) if family.nope_step else []
+    if family.nope_step and list(cfg.nope_layers) != nope:
+        problems.append(f"nope_layers={cfg.nope_layers!r} (llama.cpp's {family.name} leaves RoPE out of "
+                        f"layer i when (i + 1) % {family.nope_step} = 0: {nope} for {cfg.n_layers} layers)")
+    if family.longrope:
+        if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, LongRopeScaling):
+            problems.append(f"rope_scaling={cfg.rope_scaling!r} (llama.cpp's {family.name} takes LongRoPE "
+                            "only)")
+    elif cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, Llama3RopeScaling):
         problems.append(f"rope_scaling={cfg.rope_scaling!r} (export-gguf writes Llama 3's rope scaling only; "
                         "export-hf writes this run for transformers)")
     if family.full_width_heads and cfg.n_heads * cfg.head_dim != cfg.d_model:
@@ -247,10 +398,18 @@ def from_gguf_layout(key: str, tensor: Tensor, cfg: CausalLMConfig, family: Fami
     return tensor
 
 
-def _concrete(family: Family, n_layers: int) -> list[tuple[str, tuple[str, ...]]]:
-    return [(name.format(i=i), tuple(k.format(i=i) for k in keys))
+def _concrete(family: Family, cfg: CausalLMConfig) -> list[tuple[str, tuple[str, ...]]]:
+    """(GGUF name, handformer keys) for every layer; a stacked experts' tensor lists every expert."""
+    experts = range(cfg.moe.n_experts if cfg.moe is not None else 0)
+    return [(name.format(i=i), tuple(k.format(i=i, e=e) for k in keys
+                                     for e in (experts if "{e}" in k else [None])))
             for name, keys in family.tensors.items()
-            for i in (range(n_layers) if "{i}" in name else [None])]
+            for i in (range(cfg.n_layers) if "{i}" in name else [None])]
+
+
+def stacked(name: str) -> bool:
+    """A mixture's experts, one 3-D tensor (E, rows, columns) joined along a new first dim."""
+    return name.endswith("_exps.weight")
 
 
 def export_tensors(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family) -> list[tuple[str, Tensor]]:
@@ -258,12 +417,12 @@ def export_tensors(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family
     head is left out; GPT-2's missing biases become zeros. Every handformer tensor must be written:
     a ValueError names any the map does not cover."""
     out, used = [], {"lm_head.weight"} if cfg.tie_embeddings else set()  # a tied head is the embedding
-    for name, keys in _concrete(family, cfg.n_layers):
+    for name, keys in _concrete(family, cfg):
         if name == "output.weight" and cfg.tie_embeddings:
             continue
         if all(k in state for k in keys):
             parts = [to_gguf_layout(k, state[k].float(), cfg, family) for k in keys]
-            out.append((name, torch.cat(parts, dim=0).contiguous()))
+            out.append((name, (torch.stack if stacked(name) else torch.cat)(parts, dim=0).contiguous()))
             used.update(keys)
         elif family.zero_biases and name.endswith(".bias"):  # llama.cpp's GPT-2 needs every bias
             weights = [state[k.removesuffix(".bias") + ".weight"] for k in keys]
@@ -278,7 +437,7 @@ def export_tensors(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family
 def import_plan(cfg: CausalLMConfig, family: Family, expected: dict[str, tuple[int, ...]]
                 ) -> dict[str, tuple[str, ...]]:
     """GGUF name -> handformer keys, for every map entry whose keys `CausalLM(cfg)` has."""
-    plan = {name: keys for name, keys in _concrete(family, cfg.n_layers) if all(k in expected for k in keys)}
+    plan = {name: keys for name, keys in _concrete(family, cfg) if all(k in expected for k in keys)}
     if cfg.tie_embeddings:
         plan.pop("output.weight", None)
     return plan
@@ -287,12 +446,15 @@ def import_plan(cfg: CausalLMConfig, family: Family, expected: dict[str, tuple[i
 def split_tensor(name: str, tensor: Tensor, keys: tuple[str, ...], cfg: CausalLMConfig, family: Family,
                  expected: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
     """One GGUF tensor -> its handformer tensors (split along dim 0 by the expected shapes)."""
-    parts = tensor.split([expected[k][0] for k in keys], dim=0)
+    parts = tensor.unbind(0) if stacked(name) else tensor.split([expected[k][0] for k in keys], dim=0)
     return {k: from_gguf_layout(k, p.contiguous(), cfg, family) for k, p in zip(keys, parts)}
 
 
-def source_shape(keys: tuple[str, ...], expected: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+def source_shape(name: str, keys: tuple[str, ...], expected: dict[str, tuple[int, ...]]
+                 ) -> tuple[int, ...]:
     shapes = [expected[k] for k in keys]
+    if stacked(name):
+        return (len(keys), *shapes[0])
     return (sum(s[0] for s in shapes), *shapes[0][1:])
 
 
@@ -331,6 +493,47 @@ SCALING_KEYS = {"factor": "handformer.rope_scaling.factor",
                 "original_max_positions": "handformer.rope_scaling.original_context_length"}
 
 
+# LongRoPE's settings as the run has them (the tensors hold float32 factors; attention_factor and
+# factor may be left to be computed): written so that an import gives the run's settings back
+LONGROPE_KEYS = {name: f"handformer.longrope.{name}"
+                 for name in ("short_factor", "long_factor", "attention_factor", "factor")}
+
+
+def longrope_tensors(cfg: CausalLMConfig) -> list[tuple[str, Tensor]]:
+    """LongRoPE's two factor lists as llama.cpp's rope_factors_short / rope_factors_long (Dr/2,)."""
+    s = cfg.rope_scaling
+    if not isinstance(s, LongRopeScaling):
+        return []
+    return [("rope_factors_long.weight", torch.tensor(s.long_factor, dtype=torch.float32)),
+            ("rope_factors_short.weight", torch.tensor(s.short_factor, dtype=torch.float32))]
+
+
+def read_longrope(metadata: dict[str, Any], short: Tensor, long: Tensor, cfg: CausalLMConfig,
+                  where: str) -> LongRopeScaling:
+    """LongRoPE from rope_factors_short / _long and the original context (with the exact lists and
+    attention factor handformer writes, when the file has them and they agree with the tensors)."""
+    half = cfg.rotary_dim // 2
+    for name, t in (("rope_factors_short", short), ("rope_factors_long", long)):
+        if t.numel() != half:
+            raise ValueError(f"{where}: {name}.weight has {t.numel()} factors; the rotated dims "
+                             f"({cfg.rotary_dim}) have {half} frequencies")
+    values: dict[str, Any] = {"short_factor": short.double().flatten().tolist(),
+                              "long_factor": long.double().flatten().tolist()}
+    ours = {name: metadata[key] for name, key in LONGROPE_KEYS.items() if key in metadata}
+    if ours and all(torch.equal(torch.tensor(ours.get(n, []), dtype=torch.float32), t.float().flatten())
+                    for n, t in (("short_factor", short), ("long_factor", long))):
+        values = {**{"attention_factor": None, "factor": None}, **ours}
+    else:
+        key = _key(PHI3, gguf.Keys.Rope.SCALING_ATTN_FACTOR)
+        values["attention_factor"] = _float(metadata, key, where, 1.0)
+    original = _int(metadata, _key(PHI3, gguf.Keys.Rope.SCALING_ORIG_CTX_LEN), where, cfg.max_positions)
+    return LongRopeScaling(original_max_positions=original, **values)
+
+
+# The load-balancing loss's weight acts only in training; written so that an import gives it back
+AUX_LOSS_KEY = "handformer.moe.aux_loss_coef"
+
+
 def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
     """The family's hyperparameter keys ({arch}.context_length, ...)."""
     writer.add_context_length(cfg.max_positions)
@@ -345,15 +548,40 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
     else:
         writer.add_layer_norm_eps(cfg.norm_eps)
     if family.rope is not None:
-        writer.add_rope_dimension_count(cfg.head_dim)
+        writer.add_rope_dimension_count(cfg.rotary_dim)
         writer.add_rope_freq_base(cfg.rope_theta)
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
     if family.writes_window:  # Phi-3: 0 = none, as convert_hf_to_gguf.py writes it
         window = cfg.sliding_window if cfg.sliding_window and cfg.sliding_window < cfg.max_positions else 0
         writer.add_sliding_window(window)
-        writer.add_rope_scaling_orig_ctx_len(cfg.max_positions)
-    if cfg.rope_scaling is not None:
+        longrope = cfg.rope_scaling if isinstance(cfg.rope_scaling, LongRopeScaling) else None
+        original = longrope.original_max_positions if longrope else cfg.max_positions
+        writer.add_rope_scaling_orig_ctx_len(original)
+        if longrope is not None:  # llama.cpp multiplies cos and sin by it
+            writer.add_rope_scaling_attn_factors(longrope.cos_sin_factor(cfg.max_positions))
+            for name in LONGROPE_KEYS:
+                value = getattr(longrope, name)
+                if isinstance(value, list):
+                    array, double = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.FLOAT64
+                    writer.add_key_value(LONGROPE_KEYS[name], [float(v) for v in value], array, double)
+                elif value is not None:
+                    writer.add_float64(LONGROPE_KEYS[name], value)
+    if family.swa_pattern:  # Gemma 2 always slides (4096 without the key): no window = the context
+        window = _window(cfg)
+        if window is not None or family.softcaps:
+            writer.add_sliding_window(window or cfg.max_positions)
+    if family.experts:
+        assert cfg.moe is not None
+        writer.add_expert_count(cfg.moe.n_experts)
+        writer.add_expert_used_count(cfg.moe.top_k)
+        if cfg.moe.d_expert is not None or family.arch != "llama":  # Mixtral's experts: d_ff wide
+            writer.add_expert_feed_forward_length(cfg.moe.d_expert or cfg.d_ff)
+        writer.add_float64(AUX_LOSS_KEY, cfg.moe.aux_loss_coef)
+    if family.softcaps:
+        writer.add_attn_logit_softcapping(cfg.attn_softcap)
+        writer.add_final_logit_softcapping(cfg.logit_softcap)
+    if isinstance(cfg.rope_scaling, Llama3RopeScaling):
         for name, key in SCALING_KEYS.items():
             value = getattr(cfg.rope_scaling, name)
             (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(key, value)
@@ -408,6 +636,9 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     Llama 3 scaling come from the tensors; see gguf_import)."""
     for template, (harmless, what) in _NOT_IMPLEMENTED.items():
         key = _key(family, template)
+        if ((family.softcaps and template in _SOFTCAPS)
+                or (family.experts and template == gguf.Keys.LLM.EXPERT_COUNT)):
+            continue
         if key in metadata and not harmless(metadata[key]):
             raise ValueError(f"{where} has {key}={metadata[key]!r}: {what}, which import-gguf "
                              "does not read")
@@ -429,7 +660,9 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
         if value_dim != head_dim:
             raise ValueError(f"{where}: value heads {value_dim} wide and key heads {head_dim} wide; "
                              "handformer's heads are one width")
-        if rotary != head_dim:
+        if rotary != head_dim and family.longrope and 0 < rotary < head_dim and rotary % 2 == 0:
+            settings["rope_fraction"] = rotary / head_dim  # Phi-4-mini: the first dims of each head
+        elif rotary != head_dim:
             raise ValueError(f"{where}: {k(gguf.Keys.Rope.DIMENSION_COUNT)}={rotary} rotates part of "
                              f"each {head_dim}-wide head; handformer rotates whole heads")
         settings.update(head_dim=head_dim,
@@ -437,10 +670,47 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     if family.writes_window:  # 0 or absent: no window
         window_key = k(gguf.Keys.Attention.SLIDING_WINDOW)
         settings["sliding_window"] = _int(metadata, window_key, where) if metadata.get(window_key) else None
+    if family.swa_pattern:
+        settings.update(_read_layers(metadata, family, settings, where))
+    if family.nope_step:
+        settings["nope_layers"] = _nope_layers(family, settings["n_layers"])
+    if family.experts:
+        width = k(gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)
+        settings["moe"] = MoEConfig(
+            n_experts=_int(metadata, k(gguf.Keys.LLM.EXPERT_COUNT), where),
+            top_k=_int(metadata, k(gguf.Keys.LLM.EXPERT_USED_COUNT), where),
+            d_expert=(_int(metadata, width, where, settings["d_ff"])
+                      if width in metadata or family.arch != "llama" else None),  # Mixtral: d_ff wide
+            aux_loss_coef=metadata.get(AUX_LOSS_KEY, MoEConfig.aux_loss_coef))
     settings.update({name: value for name, (value, _) in family.settings.items() if name != "n_kv_heads"})
     if "n_kv_heads" in family.settings and settings["n_kv_heads"] == n_heads:
         settings["n_kv_heads"] = None  # GPT-2's config says so by leaving it out
     return settings
+
+
+_SOFTCAPS = {gguf.Keys.LLM.ATTN_LOGIT_SOFTCAPPING: ("attn_softcap", 50.0),  # llama.cpp's defaults
+             gguf.Keys.LLM.FINAL_LOGIT_SOFTCAPPING: ("logit_softcap", 30.0)}
+
+
+def _read_layers(metadata: dict[str, Any], family: Family, settings: dict[str, Any], where: str
+                 ) -> dict[str, Any]:
+    """Gemma 2/3's window, global layers, query scale, soft-capping and local RoPE base, as
+    llama.cpp runs them (Gemma 2 slides with a 4096 window when the file has no key; Gemma 3
+    without the key does not slide)."""
+    key = _key(family, gguf.Keys.Attention.SLIDING_WINDOW)
+    window = (_int(metadata, key, where) if metadata.get(key) else 4096 if family.softcaps else None)
+    out: dict[str, Any] = {"attn_scale_dim": settings["head_dim"]}  # 1/sqrt(head_dim) in llama.cpp
+    if window is not None and window < settings["max_positions"]:
+        out.update(sliding_window=window, global_layers=_global_layers(family, settings["n_layers"]))
+        if family.local_rope_theta is not None:
+            if out["global_layers"]:
+                out["rope_local_theta"] = family.local_rope_theta
+            else:  # every layer slides: all turn with the local base
+                out["rope_theta"] = family.local_rope_theta
+    if family.softcaps:
+        for template, (name, default) in _SOFTCAPS.items():
+            out[name] = _float(metadata, _key(family, template), where, default)
+    return out
 
 
 def read_rope_scaling(metadata: dict[str, Any], factors: Tensor | None, cfg: CausalLMConfig,
@@ -494,7 +764,8 @@ def _fit_llama3(factors: Tensor, cfg: CausalLMConfig, where: str) -> Llama3RopeS
                              original_max_positions=context)
 
 
-__all__ = ["BY_MODEL_TYPE", "FAMILIES", "FROM_HF", "Family", "NOT_YET", "export_tensors", "family_for",
-           "import_plan",
-           "mismatches", "read_hparams", "read_rope_scaling", "rope_factors", "split_tensor",
-           "write_hparams"]
+__all__ = ["BY_MODEL_TYPE", "FAMILIES", "FROM_HF", "Family", "GEMMA2", "GEMMA3", "MIXTRAL", "NOT_YET",
+           "QWEN3",
+           "QWEN3MOE", "export_tensors", "family_for", "import_plan", "longrope_tensors",
+           "mismatches", "read_hparams", "read_longrope", "read_rope_scaling", "rope_factors",
+           "split_tensor", "stacked", "write_hparams"]

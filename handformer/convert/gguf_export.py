@@ -5,9 +5,11 @@
 
 What goes in (gguf_arch.py has the architectures, gguf_tokenizer.py the vocabulary):
 - the architecture the run's settings point to, as export-hf chooses it (an imported run goes
-  back to its family): llama (also Mistral without a window, llama2.c models), qwen2, gemma, phi3,
-  gpt2; every setting the architecture cannot express is named in one ValueError;
-- the tensors in llama.cpp's names and layouts, and Llama 3's rope scaling as rope_freqs.weight;
+  back to its family): llama (also Mistral without a window, llama2.c models), qwen2, qwen3,
+  qwen3moe, gemma, gemma2, gemma3, olmo2, smollm3, phi3 (also Phi-4-mini's partial RoPE and
+  LongRoPE), gpt2; every setting the architecture cannot express is named in one ValueError;
+- the tensors in llama.cpp's names and layouts, Llama 3's rope scaling as rope_freqs.weight and
+  LongRoPE as rope_factors_short / rope_factors_long;
 - the hyperparameters, the tokenizer with its special ids, the chat template, and the run's
   tokenizer.json.
 A LoRA run is exported merged (W + B A * alpha / r). A quantized run is exported from its weights
@@ -31,10 +33,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from handformer.config import CausalLMConfig
+from handformer.config import CausalLMConfig, Llama3RopeScaling
 from handformer.convert.gguf_arch import (
     Family,
     export_tensors,
+    longrope_tensors,
     mismatches,
     rope_factors,
     write_hparams,
@@ -54,10 +57,10 @@ _FILE_TYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOST
 # --- which tensor type each tensor gets ------------------------------------------------------------
 
 def _stays_f32(name: str, tensor: Tensor) -> bool:
-    """Norms, biases, 1-D tensors and position embeddings stay float32 (as llama.cpp's converter
-    keeps them)."""
+    """Norms, biases, 1-D tensors, position embeddings and a mixture's router stay float32 (as
+    llama.cpp's converter keeps them)."""
     return (tensor.dim() <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
-            or name.startswith("position_embd."))
+            or name.startswith("position_embd.") or name.endswith("ffn_gate_inp.weight"))  # the router
 
 
 def encode(name: str, tensor: Tensor, type_name: str,
@@ -90,6 +93,14 @@ def _family_notes(cfg: CausalLMConfig, family: Family, notes: list[str]) -> None
     elif window is not None and family.writes_window:
         notes.append(f"the sliding window ({window}) is written, but the pinned llama.cpp runs Phi-3 without "
                      f"it: its outputs agree with handformer's for sequences up to {window} tokens")
+    if family.softcaps and (window is None or window >= cfg.max_positions):
+        notes.append(f"llama.cpp's {family.name} always slides: the window is written as the whole context "
+                     f"({cfg.max_positions}), which keeps every layer global up to that length")
+    if family.longrope and cfg.rope_scaling is not None:
+        original = getattr(cfg.rope_scaling, "original_max_positions", None)
+        notes.append("llama.cpp turns to LongRoPE's long factors for every position when its context "
+                     f"(n_ctx, rounded up to a multiple of 256) exceeds {original}; handformer and "
+                     "transformers when the sequence does")
     if family.zero_biases and not cfg.bias:
         notes.append(f"the run has no biases (bias=false); llama.cpp's {family.name} needs them, so they are "
                      "written as zeros (the same function)")
@@ -112,8 +123,9 @@ def write_model_gguf(out: Path, state: dict[str, Tensor], cfg: CausalLMConfig, f
                          + "; ".join(problems))
     _family_notes(cfg, family, notes)
     tensors = export_tensors(state, cfg, family)
-    if cfg.rope_scaling is not None:
+    if isinstance(cfg.rope_scaling, Llama3RopeScaling):
         tensors.append(("rope_freqs.weight", rope_factors(cfg)))  # llama.cpp divides each frequency by it
+    tensors += longrope_tensors(cfg)  # Phi-3.5 / Phi-4-mini: rope_factors_short and _long
     _check_finite(tensors)
     encoded = [(name, *encode(name, t, type_name)) for name, t in tensors]
     if type_name == "q8_0":

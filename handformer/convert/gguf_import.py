@@ -3,11 +3,12 @@
     import_gguf("qwen2.5-0.5b-instruct-q8_0.gguf", "runs/qwen")
     # then: handformer generate runs/qwen --prompt "Once upon a time" --temperature 0
 
-The architectures are gguf_arch.py's (llama, qwen2, gemma, phi3, gpt2); the file's settings that
-handformer's model does not implement (experts, other rope scalings, soft-capping, ...) are
-refused by key, before any weight is read. Every tensor is decoded to float32 by handformer's own
-gguf_quants.py: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K (any other type is refused by
-name), then mapped strictly: every GGUF tensor used, every model tensor filled, every shape equal.
+The architectures are gguf_arch.py's (llama, qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, olmo2,
+smollm3, phi3, gpt2); the file's settings that handformer's model does not implement (experts
+outside Qwen3-MoE, other rope scalings, soft-capping outside Gemma 2, ...) are refused by key,
+before any weight is read. Every tensor is decoded to float32 by handformer's own gguf_quants.py:
+F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K (any other type is refused by name), then mapped
+strictly: every GGUF tensor used, every model tensor filled, every shape equal.
 
 From the tensors: the vocabulary size (token_embd's rows), a tied head (no output.weight), the
 biases (present, or for GPT-2 all zero = none, as export-gguf writes a run without biases) and
@@ -27,10 +28,12 @@ from handformer.convert.gguf_arch import (
     FAMILIES,
     FROM_HF,
     GPT2,
+    MIXTRAL,
     NOT_YET,
     Family,
     import_plan,
     read_hparams,
+    read_longrope,
     read_rope_scaling,
     source_shape,
     split_tensor,
@@ -39,10 +42,13 @@ from handformer.convert.gguf_file import GGUFFile
 from handformer.families import build_causal_lm
 
 ROPE_FREQS = "rope_freqs.weight"
+LONGROPE = ("rope_factors_short.weight", "rope_factors_long.weight")
 
 
 def family_of_file(file: GGUFFile) -> Family:
     arch = file.architecture
+    if arch == "llama" and file.metadata.get("llama.expert_count"):
+        return MIXTRAL  # llama.cpp's Llama with experts
     if arch in FAMILIES:
         return FAMILIES[arch]
     why = f": {NOT_YET[arch]}, which import-gguf does not read yet" if arch in NOT_YET else ""
@@ -91,6 +97,10 @@ def config_from_gguf(file: GGUFFile, family: Family, notes: list[str]) -> tuple[
         if family.rope_freqs and ROPE_FREQS in file.tensors:
             scaling = read_rope_scaling(file.metadata, _tensor(file, ROPE_FREQS), cfg, where)
             cfg = preset(**{**settings, "rope_scaling": scaling})
+        if family.longrope and any(name in file.tensors for name in LONGROPE):
+            short, long = (_tensor(file, name) for name in LONGROPE)
+            longrope = read_longrope(file.metadata, short, long, cfg, where)
+            cfg = preset(**{**settings, "rope_scaling": longrope})
     except (TypeError, ValueError) as err:
         raise ValueError(f"{where}: {err}") from None
     if zeros:
@@ -111,14 +121,15 @@ def state_from_gguf(file: GGUFFile, cfg: CausalLMConfig, family: Family, zeros: 
     missing, unexpected and wrong-shaped tensor)."""
     expected = _expected_shapes(cfg)
     plan = import_plan(cfg, family, expected)
-    known = set(plan) | zeros | ({ROPE_FREQS} if family.rope_freqs else set())
+    known = (set(plan) | zeros | ({ROPE_FREQS} if family.rope_freqs else set())
+             | (set(LONGROPE) if family.longrope else set()))
     head = {"lm_head.weight"} if cfg.tie_embeddings else set()
+    shapes = {n: source_shape(n, keys, expected) for n, keys in plan.items()}
     problems = {
         "missing tensors": [n for n in plan if n not in file.tensors],
         "unexpected tensors": [n for n in file.tensors if n not in known],
-        "shape mismatches": [f"{n} is {file.tensors[n].shape}, expected {source_shape(keys, expected)}"
-                             for n, keys in plan.items()
-                             if n in file.tensors and file.tensors[n].shape != source_shape(keys, expected)],
+        "shape mismatches": [f"{n} is {file.tensors[n].shape}, expected {shapes[n]}" for n in plan
+                             if n in file.tensors and file.tensors[n].shape != shapes[n]],
         "model tensors no GGUF tensor fills": sorted(
             set(expected) - head - {k for ks in plan.values() for k in ks}),
     }
