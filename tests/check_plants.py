@@ -44,7 +44,7 @@ class Plant:
 FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
             "d2l": FIXTURES / "learners_d2l", "nanogpt": FIXTURES / "learners_nanogpt",
             "sampling": FIXTURES / "learners_sampling", "training": FIXTURES / "learners_training",
-            "assembly": FIXTURES / "learners_assembly"}
+            "assembly": FIXTURES / "learners_assembly", "model": FIXTURES / "learners_model"}
 
 TUTORIAL_PLANTS: dict[str, Plant] = {
     "no_scaling": Plant("no_scaling", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
@@ -309,8 +309,22 @@ ASSEMBLY_PLANTS: dict[str, Plant] = {
          "causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=tgt.device), diagonal=1)")], "assembly"),
 }
 
+MODEL_PLANTS: dict[str, Plant] = {
+    "pe_missing": Plant("pe_missing", "transformer", [
+        ("x = self.pos(self.src_embed(src))", "x = self.src_embed(src)")], "model"),
+    "pe_after_dropout": Plant("pe_after_dropout", "transformer", [
+        ("return self.dropout(x + self.pe[:, : x.size(1)])", "return self.dropout(x) + self.pe[:, : x.size(1)]")],
+        "model"),
+    "embedding_scale_unused": Plant("embedding_scale_unused", "transformer", [
+        ("return self.lut(x) * self.scale", "return self.lut(x)")], "model"),
+    "final_norm_missing": Plant("final_norm_missing", "transformer", [
+        ("        return self.encoder_norm(x)\n", "        return x\n")], "model"),
+    "model_mask_wrong_sequence": Plant("mask_pad_wrong_sequence", "transformer", [
+        ("src_mask = self.make_src_mask(src)", "src_mask = self.make_src_mask(tgt)")], "model"),
+}
+
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
-                            **ASSEMBLY_PLANTS}
+                            **ASSEMBLY_PLANTS, **MODEL_PLANTS}
 
 # Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
 # a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
@@ -353,6 +367,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("train_step_no_zero_grad", "train_step_eval_mode"), ("train_step_clip_after_step", "train_step_no_shift"),
     ("mask_pad_id", "greedy_no_stop_at_eos"), ("mask_combined_with_or", "greedy_eos_not_emitted"),
     ("mask_pad_wrong_sequence", "mask_helper_causal_sees_next"),
+    ("pe_missing", "final_norm_missing"), ("pe_after_dropout", "embedding_scale_unused"),
 ]
 
 

@@ -12,10 +12,10 @@ pair equals the output of something else). docs/check.md lists both with the rea
 
 from __future__ import annotations
 
-from handformer.check.catalog import components, llm, sampling, training
+from handformer.check.catalog import assembly, components, llm, sampling, training
 from handformer.check.catalog.base import Diagnosis
 
-CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in (components, llm, sampling, training)
+CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in (components, llm, sampling, training, assembly)
                                  for d in chapter.DIAGNOSES}
 
 

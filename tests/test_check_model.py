@@ -1,0 +1,67 @@
+"""`handformer check` on the assembled models: the encoder-decoder Transformer against handformer's
+Seq2SeqTransformer on the learner's weights, its choices reported as choices (each planted mistake
+is named in tests/test_check.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from check_plants import correct_file
+
+from handformer.check.report import exit_code, format_report, to_json
+from handformer.check.runners import check_file
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_the_assembled_model_passes_against_seq2seq_transformer():
+    result = check_file(str(correct_file("model")), only=["transformer"])
+    (comp,) = result.components
+    assert comp.status == "pass" and comp.max_abs_error < 1e-9, format_report(result)
+    assert comp.mapping[:2] == ["src_embed.lut -> source embedding", "tgt_embed.lut -> target embedding"]
+    assert "encoder_norm -> encoder final norm" in comp.mapping and "out -> output layer" in comp.mapping
+    assert comp.convention["en"] == ("embeddings scaled by sqrt(d_model); output layer separate, with a bias; "
+                                     "pre-norm layers; sinusoidal positions; forward returns logits")
+    assert "嵌入乘以 sqrt(d_model)" in comp.convention["zh"]
+    assert exit_code(result) == 0
+
+
+CHOICES = [("self.scale = math.sqrt(d_model)", "self.scale = 1.0"),
+           ("        self.out = nn.Linear(d_model, tgt_vocab)\n",
+            "        self.out = nn.Linear(d_model, tgt_vocab, bias=False)\n"
+            "        self.out.weight = self.tgt_embed.lut.weight\n"),
+           ("return self.out(self.decode(memory, src_mask, tgt, tgt_mask))",
+            "return F.log_softmax(self.out(self.decode(memory, src_mask, tgt, tgt_mask)), dim=-1)")]
+
+
+def test_unscaled_tied_embeddings_without_bias_and_log_probabilities_are_choices(tmp_path):
+    source = correct_file("model").read_text()
+    for old, new in CHOICES:
+        assert old in source
+        source = source.replace(old, new)
+    path = tmp_path / "choices.py"
+    path.write_text(source)
+    result = check_file(str(path), only=["transformer"])
+    (comp,) = result.components
+    assert comp.status == "pass" and not comp.findings, format_report(result)
+    assert comp.convention["en"] == ("embeddings not scaled; output layer tied to the target embedding, no bias; "
+                                     "pre-norm layers; sinusoidal positions; forward returns log-probabilities")
+    assert "out -> output layer (tied to the target embedding)" in comp.mapping
+
+
+def test_a_planted_model_mistake_in_json_and_a_model_that_exits_is_an_error(tmp_path):
+    source = correct_file("model").read_text()
+    path = tmp_path / "model.py"
+    path.write_text(source.replace("x = self.pos(self.src_embed(src))", "x = self.src_embed(src)"))
+    data = json.loads(to_json(check_file(str(path), only=["transformer"])))
+    (comp,) = data["components"]
+    assert comp["status"] == "fail" and [f["name"] for f in comp["findings"]] == ["pe_missing"]
+    assert comp["findings"][0]["form"] == "src"
+    path.write_text(source.replace("        memory = self.encode(src, src_mask)\n",
+                                   "        import sys\n        sys.exit(3)\n"))
+    (comp,) = check_file(str(path), only=["transformer"]).components
+    assert comp.status == "error" and "sys.exit(3)" in comp.error.message
+    path.write_text(source.replace("return self.out(self.decode(", "return float('nan') * self.out(self.decode("))
+    (comp,) = check_file(str(path), only=["transformer"]).components
+    assert comp.status == "fail" and not comp.findings
