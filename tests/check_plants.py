@@ -309,6 +309,12 @@ ASSEMBLY_PLANTS: dict[str, Plant] = {
          "causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=tgt.device), diagonal=1)")], "assembly"),
 }
 
+BEAM_ENDS = """            if tokens[-1] == end_symbol:
+                if rank < beam_size:  # among the best: it ends here and leaves the beam
+                    finished.append((score / (len(tokens) - 1) ** alpha, tokens))
+            elif len(beams) < beam_size:
+"""
+
 MODEL_PLANTS: dict[str, Plant] = {
     "pe_missing": Plant("pe_missing", "transformer", [
         ("x = self.pos(self.src_embed(src))", "x = self.src_embed(src)")], "model"),
@@ -321,6 +327,21 @@ MODEL_PLANTS: dict[str, Plant] = {
         ("        return self.encoder_norm(x)\n", "        return x\n")], "model"),
     "model_mask_wrong_sequence": Plant("mask_pad_wrong_sequence", "transformer", [
         ("src_mask = self.make_src_mask(src)", "src_mask = self.make_src_mask(tgt)")], "model"),
+    "beam_no_stop_at_eos": Plant("beam_no_stop_at_eos", "beam_search", [(BEAM_ENDS, "            if len(beams) < beam_size:\n")],
+                                 "model"),
+    "beam_eos_not_emitted": Plant("beam_eos_not_emitted", "beam_search", [
+        ("finished.append((score / (len(tokens) - 1) ** alpha, tokens))",
+         "finished.append((score / (len(tokens) - 1) ** alpha, tokens[:-1]))")], "model"),
+    "beam_finished_extended": Plant("beam_finished_extended", "beam_search", [
+        ("            elif len(beams) < beam_size:\n", "            if len(beams) < beam_size:\n")], "model"),
+    "beam_shortest_returned": Plant("beam_shortest_returned", "beam_search", [
+        ("    return max(finished, key=lambda f: f[0])[1]\n", "    return finished[0][1]\n")], "model"),
+    "beam_length_penalty_per_step": Plant("beam_length_penalty_per_step", "beam_search", [
+        ("candidates.append((score + log_prob, tokens + [token]))",
+         "candidates.append(((score + log_prob) / len(tokens) ** alpha, tokens + [token]))")], "model"),
+    "beam_one_not_greedy": Plant("beam_one_not_greedy", "beam_search", [
+        ("model.generator(out[:, -1])", "model.generator(out[:, 0])")],
+        "model"),
 }
 
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
@@ -368,6 +389,8 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("mask_pad_id", "greedy_no_stop_at_eos"), ("mask_combined_with_or", "greedy_eos_not_emitted"),
     ("mask_pad_wrong_sequence", "mask_helper_causal_sees_next"),
     ("pe_missing", "final_norm_missing"), ("pe_after_dropout", "embedding_scale_unused"),
+    ("beam_no_stop_at_eos", "beam_length_penalty_per_step"), ("beam_eos_not_emitted", "beam_shortest_returned"),
+    ("beam_finished_extended", "beam_eos_not_emitted"), ("beam_one_not_greedy", "pe_missing"),
 ]
 
 

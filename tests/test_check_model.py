@@ -65,3 +65,65 @@ def test_a_planted_model_mistake_in_json_and_a_model_that_exits_is_an_error(tmp_
     path.write_text(source.replace("return self.out(self.decode(", "return float('nan') * self.out(self.decode("))
     (comp,) = check_file(str(path), only=["transformer"]).components
     assert comp.status == "fail" and not comp.findings
+
+
+class _Context:
+    """What the steered model needs of a check's context: a way to call (here: handformer's) code."""
+
+    def __init__(self) -> None:
+        from handformer.check.fingerprint import Learner
+
+        self.learner = Learner("handformer")
+
+
+def test_the_beam_reference_is_handformers_beam_search():
+    """check/beam.py's reference follows handformer.generation.decoding.beam_search: both give the
+    same best hypothesis on every scenario of the steered model."""
+    import torch
+    from torch import nn
+
+    from handformer.check.beam import BOS, EOS, MAX_LEN, PAD, SCENARIOS, HandformerModel, Steered, reference
+    from handformer.generation.decoding import DecodeLimits, beam_search
+
+    base, src = HandformerModel(), torch.tensor([[5, 7, 9, 11, 3, 6]])
+    for table in SCENARIOS.values():
+        steered = Steered(base, table, _Context())
+
+        class Adapter(nn.Module):  # handformer's call convention on the steered model
+            cfg = base.inner.cfg
+
+            def encode(self, src):
+                return base.inner.encode(src)
+
+            def decode(self, ys, memory, src_mask, cache=None):
+                return steered.decode(memory, None, ys, None), None, None
+
+            def generator(self, h):
+                return steered.generator(h)
+
+        limits = DecodeLimits(BOS, EOS, PAD, max_len_a=0, max_len_b=MAX_LEN - 1)
+        (theirs,) = beam_search(Adapter(), src, limits, beam_size=2, length_penalty=1.0, use_cache=False)
+        ours = reference(steered, base.encode(src), 2, MAX_LEN - 1, 1.0, "eos")
+        assert ours[1:] == theirs and ours[-1] == EOS
+
+
+def test_beam_search_without_a_transformer_of_its_own_runs_on_handformers_model(tmp_path):
+    source = correct_file("model").read_text()
+    path = tmp_path / "beam.py"
+    path.write_text("import torch\nimport torch.nn.functional as F\n\n\n" + source[source.index("def beam_search("):])
+    result = check_file(str(path))
+    (comp,) = result.components
+    assert comp.kind == "beam_search" and comp.status == "pass", format_report(result)
+    assert any("handformer's tiny Seq2SeqTransformer" in n["en"] for n in comp.notes)
+    assert comp.convention["en"] == "score / length^alpha; the length counts the new tokens and EOS"
+    (comp,) = check_file(str(correct_file("model")), only=["beam_search"]).components
+    assert comp.status == "pass" and any("your own Transformer" in n["en"] for n in comp.notes)
+    path.write_text(source.replace("finished.append((score / (len(tokens) - 1) ** alpha, tokens))",
+                                   "finished.append((score / (len(tokens) - 2) ** alpha, tokens))"))
+    (comp,) = check_file(str(path), only=["beam_search"]).components
+    assert comp.status == "pass" and not comp.findings, format_report(check_file(str(path), only=["beam_search"]))
+    assert comp.convention["en"] == "score / length^alpha; the length counts the new tokens without EOS"
+    path.write_text(source.replace("finished.append((score / (len(tokens) - 1) ** alpha, tokens))",
+                                   "finished.append((score / len(tokens) ** alpha, tokens))"))
+    (comp,) = check_file(str(path), only=["beam_search"]).components
+    assert comp.status == "pass" and comp.convention["en"].endswith("every token, BOS and EOS included")

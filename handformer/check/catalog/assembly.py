@@ -30,4 +30,36 @@ DIAGNOSES: list[Diagnosis] = [
       "pre-norm 堆栈中每层的输出都没有归一化：编码器和解码器最后都要接一个归一化层，return self.norm(x)"
       "（nanoGPT 的 ln_f）",
       r"^\s*return\s+[a-z_]\w*\s*$", r"ln_f|norm"),
+    d("beam_no_stop_at_eos", "in the beam search EOS never ends a hypothesis",
+      "束搜索里 EOS 不会结束假设",
+      "a candidate that ends with EOS is finished: take it out of the beam, score it by score / "
+      "length ** alpha and keep it with the finished ones",
+      "以 EOS 结尾的候选就结束了：把它移出束，用 score / length ** alpha 打分，放进已结束的假设里",
+      r"^\s*if len\(\w+\) < \w+:", r"end_symbol|eos", r"for .* in .*candidates"),
+    d("beam_eos_not_emitted", "the beam search returns the best hypothesis without its EOS",
+      "束搜索返回的最优假设没有 EOS", "keep EOS in the finished hypothesis: finished.append((score, tokens))",
+      "已结束的假设要保留 EOS：finished.append((score, tokens))",
+      r"\[:-1\]", r"finished\w*\.append", r"return"),
+    d("beam_finished_extended", "finished hypotheses stay in the beam and are extended",
+      "已结束的假设还留在束里，继续被扩展",
+      "a hypothesis that emitted EOS leaves the beam: only the other candidates (elif) become live beams",
+      "输出了 EOS 的假设要离开束：只有其他候选（elif）才进入新的束",
+      r"^\s*if len\(\w+\) < \w+:", r"\w+\.append\(\(score", r"beams"),
+    d("beam_shortest_returned", "the beam search returns the first finished (shortest) hypothesis, not the "
+      "best normalised one", "束搜索返回的是最先结束（最短）的假设，而不是归一化得分最高的",
+      "return the finished hypothesis with the best score / length ** alpha: max(finished, key=...)",
+      "返回 score / length ** alpha 最高的已结束假设：max(finished, key=...)",
+      r"return\s+finished\w*\[0\]", r"\[0\]", r"return"),
+    d("beam_length_penalty_per_step", "the length penalty divides the running score at every step",
+      "长度惩罚在每一步都除一次累计得分",
+      "keep the running score a plain sum of log-probabilities; divide by length ** alpha once, when a "
+      "hypothesis finishes", "累计得分就是对数概率之和；只在假设结束时除一次 length ** alpha",
+      r"\*\*\s*\(?alpha|\*\*\s*\(?length_penalty", r"alpha"),
+    d("beam_one_not_greedy", "with beam size 1 and no length penalty the beam search is not greedy decoding",
+      "beam 为 1、没有长度惩罚时，束搜索与贪心解码不一致",
+      "each step scores the next token from the last position (out[:, -1]), adds log-probabilities and keeps "
+      "the best: with one beam that is greedy decoding",
+      "每一步用最后一个位置（out[:, -1]）给下一个 token 打分，累加对数概率，保留最好的："
+      "只有一个束时就是贪心解码",
+      r"\[:, 0\]", r"generator\(", r"decode\("),
 ]
