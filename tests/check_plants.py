@@ -44,7 +44,8 @@ class Plant:
 FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
             "d2l": FIXTURES / "learners_d2l", "nanogpt": FIXTURES / "learners_nanogpt",
             "sampling": FIXTURES / "learners_sampling", "training": FIXTURES / "learners_training",
-            "assembly": FIXTURES / "learners_assembly", "model": FIXTURES / "learners_model"}
+            "assembly": FIXTURES / "learners_assembly", "model": FIXTURES / "learners_model",
+            "gpt": FIXTURES / "learners_gpt"}
 
 TUTORIAL_PLANTS: dict[str, Plant] = {
     "no_scaling": Plant("no_scaling", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
@@ -344,8 +345,19 @@ MODEL_PLANTS: dict[str, Plant] = {
         "model"),
 }
 
+GPT_PLANTS: dict[str, Plant] = {
+    "gpt_causal_mask_missing": Plant("causal_mask_missing", "gpt", [
+        ('        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))\n', "")], "gpt"),
+    "gpt_causal_sees_next": Plant("causal_off_by_one", "gpt", [
+        ("torch.tril(torch.ones(config.block_size, config.block_size))",
+         "torch.tril(torch.ones(config.block_size, config.block_size), diagonal=1)")], "gpt"),
+    "gpt_pe_missing": Plant("pe_missing", "gpt", [("self.transformer.drop(tok_emb + pos_emb)", "self.transformer.drop(tok_emb)")],
+                            "gpt"),
+    "gpt_final_norm_missing": Plant("final_norm_missing", "gpt", [("        x = self.transformer.ln_f(x)\n", "")], "gpt"),
+}
+
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
-                            **ASSEMBLY_PLANTS, **MODEL_PLANTS}
+                            **ASSEMBLY_PLANTS, **MODEL_PLANTS, **GPT_PLANTS}
 
 # Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
 # a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
@@ -391,6 +403,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("pe_missing", "final_norm_missing"), ("pe_after_dropout", "embedding_scale_unused"),
     ("beam_no_stop_at_eos", "beam_length_penalty_per_step"), ("beam_eos_not_emitted", "beam_shortest_returned"),
     ("beam_finished_extended", "beam_eos_not_emitted"), ("beam_one_not_greedy", "pe_missing"),
+    ("gpt_causal_mask_missing", "gpt_final_norm_missing"), ("gpt_causal_sees_next", "gpt_pe_missing"),
 ]
 
 

@@ -95,10 +95,10 @@ def test_the_beam_reference_is_handformers_beam_search():
             def encode(self, src):
                 return base.inner.encode(src)
 
-            def decode(self, ys, memory, src_mask, cache=None):
+            def decode(self, ys, memory, src_mask, cache=None, steered=steered):
                 return steered.decode(memory, None, ys, None), None, None
 
-            def generator(self, h):
+            def generator(self, h, steered=steered):
                 return steered.generator(h)
 
         limits = DecodeLimits(BOS, EOS, PAD, max_len_a=0, max_len_b=MAX_LEN - 1)
@@ -127,3 +127,25 @@ def test_beam_search_without_a_transformer_of_its_own_runs_on_handformers_model(
                                    "finished.append((score / len(tokens) ** alpha, tokens))"))
     (comp,) = check_file(str(path), only=["beam_search"]).components
     assert comp.status == "pass" and comp.convention["en"].endswith("every token, BOS and EOS included")
+
+
+def test_the_gpt_passes_against_causal_lm_and_its_inference_forward_is_compared_at_the_last_position(tmp_path):
+    result = check_file(str(correct_file("gpt")), only=["gpt"])
+    (comp,) = result.components
+    assert comp.status == "pass" and comp.max_abs_error < 1e-9, format_report(result)
+    assert comp.mapping[-1] == "lm_head -> output head (tied to the token embedding)"
+    assert comp.convention["en"] == ("output head tied to the token embedding; pre-norm blocks; gelu FFN; "
+                                     "learned positions")
+    assert [c.name["en"] for c in comp.checks][-2:] == ["the loss equals the cross-entropy of handformer's logits",
+                                                          "causality: changing token 5 leaves logits 0..4 unchanged"]
+    source = correct_file("gpt").read_text()
+    path = tmp_path / "gpt.py"
+    path.write_text(source.replace("def forward(self, idx, targets=None):",
+                                   "def forward(self, idx):\n        targets = None").replace(
+        "        self.transformer.wte.weight = self.lm_head.weight  # weight tying\n", "").replace(
+        "nn.GELU()", "nn.GELU(approximate='tanh')"))
+    result = check_file(str(path), only=["gpt"])
+    (comp,) = result.components
+    assert comp.status == "pass", format_report(result)
+    assert comp.convention["en"].startswith("output head separate; pre-norm blocks; gelu_tanh FFN")
+    assert any("last position's logits only" in n["en"] for n in comp.notes)

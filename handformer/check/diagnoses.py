@@ -89,6 +89,7 @@ MASKING: dict[frozenset[str], str] = {
         "hypothesis, the search never compares scores, so how they are divided cannot be seen",
     frozenset({"beam_finished_extended", "beam_length_penalty_per_step"}): "with the penalty compounded "
         "the extended hypotheses give the same answers as a search where EOS never ends one",
+    frozenset({"causal_mask_missing", "causal_off_by_one"}): "without the mask its diagonal cannot be seen",
     **{frozenset({"beam_one_not_greedy", other}): "scoring the first position instead of the last, the "
        "search follows none of the scenarios' paths, so nothing else in it can be seen"
        for other in ("beam_no_stop_at_eos", "beam_eos_not_emitted", "beam_finished_extended",

@@ -6,11 +6,12 @@ from handformer.check.catalog.base import Diagnosis, d
 DIAGNOSES: list[Diagnosis] = [
     d("pe_missing", "the positional encoding is never added to the embeddings",
       "位置编码没有加到嵌入上",
-      "pass the embeddings through the positional encoding on both sides: x = self.pos(self.src_embed(src)), "
-      "y = self.pos(self.tgt_embed(tgt)); without it attention sees a bag of tokens",
-      "两端的嵌入都要经过位置编码：x = self.pos(self.src_embed(src))，y = self.pos(self.tgt_embed(tgt))；"
-      "没有它，注意力看到的只是一袋 token",
-      r"=\s*self\.\w*(embed|emb|lut|wte)\w*\(\w+\)\s*$", r"embed|emb"),
+      "add the positions to the token embeddings, on both sides of an encoder-decoder: "
+      "x = self.pos(self.src_embed(src)), y = self.pos(self.tgt_embed(tgt)); nanoGPT: tok_emb + pos_emb. "
+      "Without them attention sees a bag of tokens",
+      "把位置编码加到词嵌入上，编码器-解码器的两端都要加：x = self.pos(self.src_embed(src))，"
+      "y = self.pos(self.tgt_embed(tgt))；nanoGPT 是 tok_emb + pos_emb。没有它，注意力看到的只是一袋 token",
+      r"=\s*self\.\w*(embed|emb|lut|wte)\w*\(\w+\)\s*$", r"drop\w*\(\s*\w*emb\w*\s*\)", r"embed|emb"),
     d("pe_after_dropout", "the positional encoding is added after the dropout",
       "位置编码是在 dropout 之后才加上的",
       "add the positions first, then drop out the sum: dropout(embed(x) + pe), as the paper applies dropout "
@@ -29,7 +30,15 @@ DIAGNOSES: list[Diagnosis] = [
       "return self.norm(x) (nanoGPT's ln_f)",
       "pre-norm 堆栈中每层的输出都没有归一化：编码器和解码器最后都要接一个归一化层，return self.norm(x)"
       "（nanoGPT 的 ln_f）",
-      r"^\s*return\s+[a-z_]\w*\s*$", r"ln_f|norm"),
+      r"^\s*\w+\s*=\s*block\(\w+\)\s*$", r"^\s*return\s+[a-z_]\w*\s*$", r"ln_f|norm"),
+    d("causal_mask_missing", "the decoder-only model has no causal mask: every position sees the future",
+      "decoder-only 模型没有因果掩码：每个位置都看得到后面的 token",
+      "mask the scores before the softmax: att = att.masked_fill(self.bias[:, :, :T, :T] == 0, "
+      "float('-inf')) (or F.scaled_dot_product_attention(q, k, v, is_causal=True)); without it training "
+      "learns to copy the next token",
+      "softmax 之前屏蔽得分：att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))"
+      "（或 F.scaled_dot_product_attention(q, k, v, is_causal=True)）；没有它，训练学会的是照抄下一个 token",
+      r"(att|scores|attn|weights)\s*=.*(@|matmul).*transpose", r"softmax\("),
     d("beam_no_stop_at_eos", "in the beam search EOS never ends a hypothesis",
       "束搜索里 EOS 不会结束假设",
       "a candidate that ends with EOS is finished: take it out of the beam, score it by score / "
