@@ -45,7 +45,7 @@ FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
             "d2l": FIXTURES / "learners_d2l", "nanogpt": FIXTURES / "learners_nanogpt",
             "sampling": FIXTURES / "learners_sampling", "training": FIXTURES / "learners_training",
             "assembly": FIXTURES / "learners_assembly", "model": FIXTURES / "learners_model",
-            "gpt": FIXTURES / "learners_gpt"}
+            "gpt": FIXTURES / "learners_gpt", "loop": FIXTURES / "learners_loop"}
 
 TUTORIAL_PLANTS: dict[str, Plant] = {
     "no_scaling": Plant("no_scaling", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
@@ -356,8 +356,17 @@ GPT_PLANTS: dict[str, Plant] = {
     "gpt_final_norm_missing": Plant("final_norm_missing", "gpt", [("        x = self.transformer.ln_f(x)\n", "")], "gpt"),
 }
 
+LOOP_PLANTS: dict[str, Plant] = {
+    "train_step_loss_not_divided": Plant("train_step_loss_not_divided", "train_step", [
+        ("        (loss / accum_steps).backward()\n", "        loss.backward()\n")], "loop"),
+    "epoch_no_zero_grad": Plant("train_step_no_zero_grad", "train_epoch", [
+        ("        optimizer.zero_grad()\n        loss.backward()\n", "        loss.backward()\n")], "loop"),
+    "epoch_eval_mode": Plant("train_step_eval_mode", "train_epoch", [
+        ("    model.train()\n    total = 0.0\n", "    total = 0.0\n")], "loop"),
+}
+
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
-                            **ASSEMBLY_PLANTS, **MODEL_PLANTS, **GPT_PLANTS}
+                            **ASSEMBLY_PLANTS, **MODEL_PLANTS, **GPT_PLANTS, **LOOP_PLANTS}
 
 # Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
 # a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
@@ -404,6 +413,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("beam_no_stop_at_eos", "beam_length_penalty_per_step"), ("beam_eos_not_emitted", "beam_shortest_returned"),
     ("beam_finished_extended", "beam_eos_not_emitted"), ("beam_one_not_greedy", "pe_missing"),
     ("gpt_causal_mask_missing", "gpt_final_norm_missing"), ("gpt_causal_sees_next", "gpt_pe_missing"),
+    ("train_step_loss_not_divided", "epoch_no_zero_grad"),
 ]
 
 

@@ -71,4 +71,11 @@ DIAGNOSES: list[Diagnosis] = [
       "每一步用最后一个位置（out[:, -1]）给下一个 token 打分，累加对数概率，保留最好的："
       "只有一个束时就是贪心解码",
       r"\[:, 0\]", r"generator\(", r"decode\("),
+    d("train_step_loss_not_divided", "under gradient accumulation the micro-batches' losses are not divided "
+      "by their number", "梯度累加时，各 micro-batch 的损失没有除以它们的个数",
+      "backward() adds the gradients of every micro-batch: divide each loss by the number of them, "
+      "(loss / accum_steps).backward(), so the update is the one of the whole batch",
+      "backward() 会把每个 micro-batch 的梯度加起来：每个损失都要除以 micro-batch 的个数，"
+      "(loss / accum_steps).backward()，这样更新才和整个 batch 的一样",
+      r"\.backward\(\)", r"loss"),
 ]
