@@ -12,10 +12,11 @@ pair equals the output of something else). docs/check.md lists both with the rea
 
 from __future__ import annotations
 
-from handformer.check.catalog import components, llm, sampling, training
+from handformer.check.catalog import components, llm, sampling, tokenizer, training
 from handformer.check.catalog.base import Diagnosis
 
-CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in (components, llm, sampling, training)
+CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in (components, llm, sampling, training,
+                                                                    tokenizer)
                                  for d in chapter.DIAGNOSES}
 
 
@@ -39,6 +40,9 @@ EXCLUSIVE: dict[frozenset[str], str] = {
         "loop at EOS",
     frozenset({"loss_counts_padding", "loss_mean_over_batch"}): "both rewrite the one line that divides the "
         "loss",
+    frozenset({"bpe_counts_not_updated", "bpe_quadratic_trainer"}): "both rewrite the line that updates the "
+        "counts after a merge",
+    frozenset({"bpe_decode_per_token", "bpe_decode_strict"}): "both rewrite the line that decodes the bytes",
     frozenset({"top_p_extra_at_equality", "top_p_empty_set"}):
         "the plants rewrite the same rule; written together (a shifted cum > p with no guard) both are "
         "named",
@@ -62,6 +66,10 @@ MASKING: dict[frozenset[str], str] = {
     frozenset({"mask_repeat_order", "causal_off_by_one"}): "the same: the decoder never runs",
     frozenset({"loss_log_zero", "smoothing_on_pad"}): "the NaN of log(0) is the whole loss, so nothing "
         "else in it can be seen",
+    **{frozenset({"bpe_quadratic_trainer", cut}): "with the pre-tokens cut wrong the words are longer, so "
+       "the trainer is not timed" for cut in ("bpe_merges_across_pretokens", "bpe_special_tokens_merged")},
+    frozenset({"bpe_overlapping_specials", "bpe_special_token_split"}): "with the special tokens ignored, "
+        "which one wins cannot be seen",
     frozenset({"temperature_after_softmax", "sampling_from_logits"}): "after the softmax the logits are "
         "probabilities: sampling from them is right",
     frozenset({"top_p_drops_crossing", "top_p_one_not_noop"}): "with that rule p = 1 keeps every token: the "
