@@ -126,19 +126,22 @@ def test_a_runaway_trainer_is_stopped_in_the_sandbox_and_named(tmp_path):
     sandbox's step limit is the backstop), named, and the JSON says so."""
     path = tmp_path / "runaway.py"
     path.write_text("def train_bpe(input_path, vocab_size, special_tokens):\n    while True:\n"
-                    "        counts = {}\n")
+                    "        counts = {}\n\n\nclass Tokenizer:\n    def __init__(self, vocab, merges, special_tokens):\n"
+                    "        pass\n\n    def encode(self, text):\n        while text:\n            pass\n\n"
+                    "    def decode(self, ids):\n        return ''\n")
     import handformer.check.bpe as bpe
 
     old = bpe.FIXTURE_LIMIT
-    bpe.FIXTURE_LIMIT = 1.0
+    bpe.FIXTURE_LIMIT = bpe.CODEC_LIMIT = 1.0
     try:
         result = check_file(str(path))
     finally:
-        bpe.FIXTURE_LIMIT = old
-    (trainer,) = result.components
+        bpe.FIXTURE_LIMIT = bpe.CODEC_LIMIT = old
+    trainer, codec = result.components
     assert [f.name for f in trainer.findings] == ["bpe_quadratic_trainer"] and trainer.status == "fail"
+    assert codec.status == "error" and codec.error.kind == "timeout", format_report(result)
     assert "did not end within 1 s" in trainer.findings[0].observed["en"]
-    child = check_in_child(str(path), time_limit=3)
+    child = check_in_child(str(path), only=["bpe"], time_limit=3)
     (comp,) = child.components
     assert comp.status == "error" and comp.error.kind == "timeout" and comp.kind == "bpe"
     assert "quadratic" in comp.error.message
@@ -158,3 +161,23 @@ def test_a_named_trainer_and_function_encoders_are_found(tmp_path):
     result = check_file(str(path), overrides={"bpe": "my_trainer"})
     assert [(c.name, c.kind, c.status) for c in result.components] == [
         ("my_trainer", "bpe", "pass"), ("encode", "bpe_tokenizer", "pass")], format_report(result)
+
+
+def test_the_vocabularys_layout_is_reported_as_a_convention(tmp_path):
+    """The 256 bytes first and the special tokens after the merges (GPT-2's layout) passes too; the
+    report names the layout."""
+    source = correct_file("bpe").read_text()
+    source = source.replace('''    vocab = {i: token.encode("utf-8") for i, token in enumerate(special_tokens)}
+    for b in range(256):
+        vocab[len(vocab)] = bytes([b])
+''', "    vocab = {b: bytes([b]) for b in range(256)}\n").replace(
+        "    while len(vocab) < vocab_size and counts:",
+        "    while len(vocab) < vocab_size - len(special_tokens) and counts:").replace(
+        "    return vocab, merges",
+        '    for token in special_tokens:\n        vocab[len(vocab)] = token.encode("utf-8")\n    return vocab, merges')
+    path = tmp_path / "gpt2_layout.py"
+    path.write_text(source)
+    result = check_file(str(path), only=["bpe"])
+    (trainer,) = result.components
+    assert trainer.status == "pass", format_report(result)
+    assert trainer.convention["en"].endswith("special token last (id 436); the 256 bytes in byte order from id 0")

@@ -38,7 +38,7 @@ from handformer.check import fingerprint as fp
 from handformer.check.bpe_corpus import CORPUS, SPECIAL, TIMING_VOCAB_SIZE, VOCAB_SIZE, timing_corpus
 from handformer.check.context import Context, finish
 from handformer.check.discovery import Component, DiscoveryError, own_objects
-from handformer.check.result import DIFFERS, Check, ComponentResult, Finding, Text, text
+from handformer.check.result import DIFFERS, Check, ComponentResult, Finding, LearnerError, Text, text
 from handformer.check.source import locate, source_lines
 
 PATH_NAMES = (
@@ -69,7 +69,8 @@ VOCAB_SIZE_NAMES = (
 MERGES_NAMES = ("num_merges", "n_merges", "merges", "number_of_merges")
 SPECIAL_NAMES = ("special_tokens", "specials", "special", "special_token_list", "reserved_tokens")
 DECODE_NAMES = ("decode", "bpe_decode", "decode_bpe", "detokenize", "decode_ids")
-FIXTURE_LIMIT = 20.0  # seconds for the fixture corpus (2 KB): only a runaway trainer comes near it
+FIXTURE_LIMIT = 10.0  # seconds for the fixture corpus (2 KB): only a runaway trainer comes near it
+CODEC_LIMIT = 10.0  # seconds for all of encode and decode on the six texts
 FACTOR, FLOOR, CEILING = 8.0, 3.0, 12.0  # the timing limit: FACTOR x the reference, within these
 # the pre-tokens as each mistake cuts them, tried in this order
 CUTS = (
@@ -702,7 +703,18 @@ class Codec:
 
 
 def check_bpe_tokenizer(comp: Component, ctx: Context) -> ComponentResult:
-    """encode and decode against the reference, on the reference's vocabulary and merges."""
+    """encode and decode against the reference, on the reference's vocabulary and merges; a loop
+    that never ends is stopped after CODEC_LIMIT seconds."""
+    try:
+        with deadline(CODEC_LIMIT):
+            return _check_codec(comp, ctx)
+    except TrainerTimeout:
+        raise fp.LearnerFailure(LearnerError(
+            "timeout", f"encode and decode did not finish six short texts within {CODEC_LIMIT:g} s: a loop "
+            "that never ends (a merge loop whose word never gets shorter?)", "encode")) from None
+
+
+def _check_codec(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     codec = Codec(comp, ctx)
     vocab, merges, specials = tokenizer_inputs()
