@@ -10,7 +10,7 @@ import pytest
 from check_plants import correct_file, planted_file
 
 from handformer.check import bpe_reference as R
-from handformer.check.bpe import TEXTS, tokenizer_inputs
+from handformer.check.bpe_codec import TEXTS, tokenizer_inputs
 from handformer.check.bpe_corpus import CORPUS, SPECIAL, VOCAB_SIZE, timing_corpus
 from handformer.check.report import exit_code, format_report, to_json
 from handformer.check.runners import check_file
@@ -130,13 +130,14 @@ def test_a_runaway_trainer_is_stopped_in_the_sandbox_and_named(tmp_path):
                     "        pass\n\n    def encode(self, text):\n        while text:\n            pass\n\n"
                     "    def decode(self, ids):\n        return ''\n")
     import handformer.check.bpe as bpe
+    import handformer.check.bpe_codec as codec_module
 
     old = bpe.FIXTURE_LIMIT
-    bpe.FIXTURE_LIMIT = bpe.CODEC_LIMIT = 1.0
+    bpe.FIXTURE_LIMIT = codec_module.CODEC_LIMIT = 1.0
     try:
         result = check_file(str(path))
     finally:
-        bpe.FIXTURE_LIMIT = bpe.CODEC_LIMIT = old
+        bpe.FIXTURE_LIMIT = codec_module.CODEC_LIMIT = old
     trainer, codec = result.components
     assert [f.name for f in trainer.findings] == ["bpe_quadratic_trainer"] and trainer.status == "fail"
     assert codec.status == "error" and codec.error.kind == "timeout", format_report(result)
