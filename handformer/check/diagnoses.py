@@ -15,8 +15,8 @@ from __future__ import annotations
 from handformer.check.catalog import assembly, components, llm, sampling, tokenizer, training
 from handformer.check.catalog.base import Diagnosis
 
-CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in (components, llm, sampling, training, assembly, tokenizer)
-                                 for d in chapter.DIAGNOSES}
+CHAPTERS = (components, llm, sampling, training, assembly, tokenizer)
+CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in CHAPTERS for d in chapter.DIAGNOSES}
 
 
 # Pairs that cannot both be planted (they rewrite the same expression) or whose sum is not

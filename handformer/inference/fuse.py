@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.feed_forward import GatedFeedForward
 from handformer.nn.kv_cache import NO_CACHE, LayerCache
+from handformer.nn.norms import NoNorm
 from handformer.nn.positions import apply_rotary
 
 
@@ -60,7 +61,7 @@ class FusedSelfAttention(MultiHeadAttention):
         self.dropout = attn.dropout
         self.qkv_proj = stack_linears(attn.q_proj, attn.k_proj, attn.v_proj)  # (H + 2 Hkv) Dh x D
         self.o_proj = attn.o_proj
-        self.q_norm, self.k_norm = attn.q_norm, attn.k_norm  # per-head q/k norms (Qwen3), or nn.Identity
+        self.q_norm, self.k_norm = attn.q_norm, attn.k_norm  # per-head q/k norms (Qwen3), or NoNorm
         self.train(attn.training)  # a new module starts in training mode; keep the model's mode
 
     def project(self, query: Tensor, key: Tensor, value: Tensor, rope: tuple[Tensor, Tensor] | None = None,
@@ -73,7 +74,7 @@ class FusedSelfAttention(MultiHeadAttention):
         H, Hkv, Dh = self.n_heads, self.n_kv_heads, self.head_dim
         qkv = self.qkv_proj(query).view(B, T, H + 2 * Hkv, Dh).transpose(1, 2)  # (B, H + 2 Hkv, T, Dh)
         qk = qkv[:, :H + Hkv]  # (B, H + Hkv, T, Dh): queries, then keys
-        if not isinstance(self.q_norm, nn.Identity):  # q/k norms per head (Qwen3): each its own weights
+        if not isinstance(self.q_norm, NoNorm):  # q/k norms per head (Qwen3): each its own weights
             qk = torch.cat([self.q_norm(qk[:, :H]), self.k_norm(qk[:, H:])], dim=1)
         if rope is not None:
             qk = apply_rotary(qk, *rope)  # every query and key head in one call

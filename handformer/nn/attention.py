@@ -121,7 +121,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=qkv_bias)  # W_K
         self.v_proj = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=qkv_bias)  # W_V
         self.o_proj = nn.Linear(n_heads * self.head_dim, d_model, bias=bias)  # W_O
-        self.q_norm = make_norm(qk_norm, self.head_dim, norm_eps)  # nn.Identity for "none"
+        self.q_norm = make_norm(qk_norm, self.head_dim, norm_eps)  # NoNorm for "none"
         self.k_norm = make_norm(qk_norm, self.head_dim, norm_eps)
 
     def split_heads(self, x: Tensor, n_heads: int) -> Tensor:

@@ -55,11 +55,20 @@ class OffsetRMSNorm(nn.Module):
         return (x32 * (1.0 + self.weight.float())).type_as(x)
 
 
+class NoNorm(nn.Module):
+    """Where a model has no norm (most models' per-head q/k norms; after a post-norm stack)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+    __call__ = forward  # a plain call, without nn.Module's hooks: a norm that is not there costs nothing
+
+
 NORMS = {
     "layernorm": LayerNorm,
     "rmsnorm": lambda d_model, eps, bias: RMSNorm(d_model, eps),  # no bias to have
     "rmsnorm_offset": lambda d_model, eps, bias: OffsetRMSNorm(d_model, eps),
-    "none": lambda d_model, eps, bias: nn.Identity(),  # where a model has no norm (q/k norms, mostly)
+    "none": lambda d_model, eps, bias: NoNorm(),  # where a model has no norm (q/k norms, mostly)
 }
 
 
@@ -73,6 +82,6 @@ def make_norm(kind: str, d_model: int, eps: float, bias: bool = True) -> nn.Modu
 def final_norm(cfg: BlockConfig) -> nn.Module:
     """The norm after the last layer of a pre-norm stack (its layers' outputs are not normed; so
     too Gemma's and OLMo 2's, whose residual stream is never normed in place); nothing
-    (nn.Identity) after a post-norm stack, whose every layer ends with a norm."""
+    (NoNorm) after a post-norm stack, whose every layer ends with a norm."""
     norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
-    return norm if cfg.norm_placement != "post" else nn.Identity()
+    return norm if cfg.norm_placement != "post" else NoNorm()

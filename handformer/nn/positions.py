@@ -60,6 +60,8 @@ class NoPositions(nn.Module):
     def forward(self, position_ids: Tensor) -> float:
         return 0.0
 
+    __call__ = forward  # a plain call, without nn.Module's hooks: nothing to add costs nothing
+
 
 def llama3_inv_freq(inv_freq: Tensor, scaling: Llama3RopeScaling) -> Tensor:
     """Llama 3.1's frequency-dependent scaling of the rotary frequencies (Dh/2,).
@@ -145,6 +147,8 @@ class NoRotary(nn.Module):
 
     def forward(self, position_ids: Tensor) -> None:
         return None
+
+    __call__ = forward  # a plain call, without nn.Module's hooks
 
 
 def rotate_half(x: Tensor) -> Tensor:
