@@ -112,20 +112,23 @@ def test_beam_search_without_a_transformer_of_its_own_runs_on_handformers_model(
     path = tmp_path / "beam.py"
     path.write_text("import torch\nimport torch.nn.functional as F\n\n\n" + source[source.index("def beam_search("):])
     result = check_file(str(path))
-    (comp,) = result.components
-    assert comp.kind == "beam_search" and comp.status == "pass", format_report(result)
+    comp, batched = result.components
+    assert [c.kind for c in result.components] == ["beam_search"] * 2, format_report(result)
+    assert comp.status == batched.status == "pass", format_report(result)
     assert any("handformer's tiny Seq2SeqTransformer" in n["en"] for n in comp.notes)
+    assert any("does not take a batch" in n["en"] for n in comp.notes)
+    assert batched.checks[-1].name["en"].startswith("a batch of 2 sentences gives what each gives alone")
     assert comp.convention["en"] == "score / length^alpha; the length counts the new tokens and EOS"
-    (comp,) = check_file(str(correct_file("model")), only=["beam_search"]).components
+    comp, _ = check_file(str(correct_file("model")), only=["beam_search"]).components
     assert comp.status == "pass" and any("your own Transformer" in n["en"] for n in comp.notes)
     path.write_text(source.replace("finished.append((score / (len(tokens) - 1) ** alpha, tokens))",
                                    "finished.append((score / (len(tokens) - 2) ** alpha, tokens))"))
-    (comp,) = check_file(str(path), only=["beam_search"]).components
+    comp, _ = check_file(str(path), only=["beam_search"]).components
     assert comp.status == "pass" and not comp.findings, format_report(check_file(str(path), only=["beam_search"]))
     assert comp.convention["en"] == "score / length^alpha; the length counts the new tokens without EOS"
     path.write_text(source.replace("finished.append((score / (len(tokens) - 1) ** alpha, tokens))",
                                    "finished.append((score / len(tokens) ** alpha, tokens))"))
-    (comp,) = check_file(str(path), only=["beam_search"]).components
+    comp, _ = check_file(str(path), only=["beam_search"]).components
     assert comp.status == "pass" and comp.convention["en"].endswith("every token, BOS and EOS included")
 
 
