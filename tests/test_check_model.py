@@ -152,3 +152,196 @@ def test_the_gpt_passes_against_causal_lm_and_its_inference_forward_is_compared_
     assert comp.status == "pass", format_report(result)
     assert comp.convention["en"].startswith("output head separate; pre-norm blocks; gelu_tanh FFN")
     assert any("last position's logits only" in n["en"] for n in comp.notes)
+
+
+ANNOTATED_MODEL = '''
+import copy
+import math
+
+import torch
+import torch.nn as nn
+
+
+def clones(module, n):
+    return nn.ModuleList([copy.deepcopy(module) for _ in range(n)])
+
+
+def attention(query, key, value, mask=None, dropout=None):
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(mask == 0, -1e9)
+    weights = scores.softmax(dim=-1)
+    if dropout is not None:
+        weights = dropout(weights)
+    return weights @ value, weights
+
+
+class MultiHeadedAttention(nn.Module):
+    def __init__(self, h, d_model, dropout=0.1):
+        super().__init__()
+        self.h, self.d_k = h, d_model // h
+        self.linears = clones(nn.Linear(d_model, d_model), 4)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, query, key, value, mask=None):
+        if mask is not None:
+            mask = mask.unsqueeze(1)
+        n = query.size(0)
+        q, k, v = [lin(x).view(n, -1, self.h, self.d_k).transpose(1, 2)
+                   for lin, x in zip(self.linears, (query, key, value))]
+        x, _ = attention(q, k, v, mask, self.dropout)
+        return self.linears[3](x.transpose(1, 2).contiguous().view(n, -1, self.h * self.d_k))
+
+
+class PositionwiseFeedForward(nn.Module):
+    def __init__(self, d_model, d_ff, dropout=0.1):
+        super().__init__()
+        self.w_1, self.w_2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.w_2(self.dropout(self.w_1(x).relu()))
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, features, eps=1e-6):
+        super().__init__()
+        self.a_2, self.b_2, self.eps = nn.Parameter(torch.ones(features)), nn.Parameter(torch.zeros(features)), eps
+
+    def forward(self, x):
+        return self.a_2 * (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + self.eps) + self.b_2
+
+
+class SublayerConnection(nn.Module):
+    def __init__(self, size, dropout):
+        super().__init__()
+        self.norm, self.dropout = LayerNorm(size), nn.Dropout(dropout)
+
+    def forward(self, x, sublayer):
+        return x + self.dropout(sublayer(self.norm(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, size, self_attn, feed_forward, dropout):
+        super().__init__()
+        self.self_attn, self.feed_forward, self.size = self_attn, feed_forward, size
+        self.sublayer = clones(SublayerConnection(size, dropout), 2)
+
+    def forward(self, x, mask):
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, mask))
+        return self.sublayer[1](x, self.feed_forward)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, size, self_attn, src_attn, feed_forward, dropout):
+        super().__init__()
+        self.self_attn, self.src_attn, self.feed_forward, self.size = self_attn, src_attn, feed_forward, size
+        self.sublayer = clones(SublayerConnection(size, dropout), 3)
+
+    def forward(self, x, memory, src_mask, tgt_mask):
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask))
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, memory, memory, src_mask))
+        return self.sublayer[2](x, self.feed_forward)
+
+
+class Encoder(nn.Module):
+    def __init__(self, layer, N):
+        super().__init__()
+        self.layers, self.norm = clones(layer, N), LayerNorm(layer.size)
+
+    def forward(self, x, mask):
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)
+
+
+class Decoder(nn.Module):
+    def __init__(self, layer, N):
+        super().__init__()
+        self.layers, self.norm = clones(layer, N), LayerNorm(layer.size)
+
+    def forward(self, x, memory, src_mask, tgt_mask):
+        for layer in self.layers:
+            x = layer(x, memory, src_mask, tgt_mask)
+        return self.norm(x)
+
+
+class Embeddings(nn.Module):
+    def __init__(self, d_model, vocab):
+        super().__init__()
+        self.lut, self.d_model = nn.Embedding(vocab, d_model), d_model
+
+    def forward(self, x):
+        return self.lut(x) * math.sqrt(self.d_model)
+
+
+class PositionalEncoding(nn.Module):
+    def __init__(self, d_model, dropout, max_len=5000):
+        super().__init__()
+        self.dropout = nn.Dropout(p=dropout)
+        pe = torch.zeros(max_len, d_model)
+        position = torch.arange(0, max_len).unsqueeze(1)
+        div_term = torch.exp(torch.arange(0, d_model, 2) * -(math.log(10000.0) / d_model))
+        pe[:, 0::2] = torch.sin(position * div_term)
+        pe[:, 1::2] = torch.cos(position * div_term)
+        self.register_buffer("pe", pe.unsqueeze(0))
+
+    def forward(self, x):
+        return self.dropout(x + self.pe[:, : x.size(1)].requires_grad_(False))
+
+
+class Generator(nn.Module):
+    def __init__(self, d_model, vocab):
+        super().__init__()
+        self.proj = nn.Linear(d_model, vocab)
+
+    def forward(self, x):
+        return self.proj(x).log_softmax(dim=-1)
+
+
+class EncoderDecoder(nn.Module):
+    def __init__(self, encoder, decoder, src_embed, tgt_embed, generator):
+        super().__init__()
+        self.encoder, self.decoder = encoder, decoder
+        self.src_embed, self.tgt_embed, self.generator = src_embed, tgt_embed, generator
+
+    def forward(self, src, tgt, src_mask, tgt_mask):
+        return self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask)
+
+    def encode(self, src, src_mask):
+        return self.encoder(self.src_embed(src), src_mask)
+
+    def decode(self, memory, src_mask, tgt, tgt_mask):
+        return self.decoder(self.tgt_embed(tgt), memory, src_mask, tgt_mask)
+
+
+def make_model(src_vocab, tgt_vocab, N=6, d_model=512, d_ff=2048, h=8, dropout=0.1):
+    c = copy.deepcopy
+    attn = MultiHeadedAttention(h, d_model)
+    ff = PositionwiseFeedForward(d_model, d_ff, dropout)
+    position = PositionalEncoding(d_model, dropout)
+    return EncoderDecoder(Encoder(EncoderLayer(d_model, c(attn), c(ff), dropout), N),
+                          Decoder(DecoderLayer(d_model, c(attn), c(attn), c(ff), dropout), N),
+                          nn.Sequential(Embeddings(d_model, src_vocab), c(position)),
+                          nn.Sequential(Embeddings(d_model, tgt_vocab), c(position)), Generator(d_model, tgt_vocab))
+'''
+
+
+def test_the_annotated_transformers_model_is_built_by_make_model_and_compared(tmp_path):
+    """EncoderDecoder(encoder, decoder, src_embed, tgt_embed, generator) built by make_model, rank-3
+    masks, a forward that returns the decoder's states (the generator's log-probabilities are
+    compared), and its LayerNorm over the unbiased std compared as it computes (named on the
+    LayerNorm itself)."""
+    path = tmp_path / "annotated.py"
+    path.write_text(ANNOTATED_MODEL)
+    result = check_file(str(path), only=["transformer", "layernorm"])
+    status = {c.name: (c.status, sorted(f.name for f in c.findings)) for c in result.components}
+    assert status == {"LayerNorm": ("fail", ["layernorm_unbiased_std"]), "EncoderDecoder": ("pass", [])}, (
+        format_report(result))
+    model = next(c for c in result.components if c.kind == "transformer")
+    assert any("make_model" in n["en"] for n in model.notes)
+    assert model.convention["en"] == ("embeddings scaled by sqrt(d_model); output layer separate, with a bias; "
+                                      "pre-norm layers; sinusoidal positions; forward returns log-probabilities")
+    path.write_text(ANNOTATED_MODEL.replace("return self.norm(x)\n\n\nclass Decoder", "return x\n\n\nclass Decoder"))
+    (model,) = check_file(str(path), only=["transformer"]).components
+    assert [(f.name, f.form) for f in model.findings] == [("final_norm_missing", "encoder")], model.notes

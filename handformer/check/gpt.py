@@ -36,7 +36,7 @@ from handformer.check.context import (
     forward_parameters,
 )
 from handformer.check.discovery import Component
-from handformer.check.model import _layer_modules, _map_layer, exact_norms_
+from handformer.check.model import _layer_modules, _map_layer, as_written_, exact_norms_
 from handformer.check.pieces import FFN_ACTIVATIONS, HF_NAME
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
@@ -148,11 +148,16 @@ def reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     for target, block in zip(hf.layers, m.blocks):
         copy_attention(target.self_attn, block.attn[0])
         copy_ffn(target.ffn, block.ffn)
-        for norm, slot in zip((target.attn_norm, target.ffn_norm), block.norms):
-            copy_weights(norm, slot)
+    written = []
+    for target, block in zip(hf.layers, m.blocks):
+        for name, slot in zip(("attn_norm", "ffn_norm"), block.norms):
+            copy_weights(getattr(target, name), slot)
+            written.append((target, name, slot))
     if m.ln_f is not None and hasattr(hf.norm, "weight"):
         copy_weights(hf.norm, m.ln_f)
+        written.append((hf, "norm", m.ln_f))
     exact_norms_(hf)
+    as_written_(written)
     return hf
 
 

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
+from handformer.check import variants as V
 from handformer.check.context import (
     MAX_LEN,
     SIZES,
@@ -46,7 +47,7 @@ from handformer.check.context import (
     forward_parameters,
     guarded,
 )
-from handformer.check.discovery import Component
+from handformer.check.discovery import ARGUMENTS, Component, DiscoveryError, own_objects
 from handformer.check.pieces import FFN_ACTIVATIONS, HF_NAME
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
@@ -63,6 +64,7 @@ from handformer.check.weights import (
     leaves,
     norm_slots,
     norm_weights,
+    scramble_,
 )
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
@@ -275,15 +277,46 @@ def reference_model(m: ModelMap, ch: Choices, final: bool = True) -> Seq2SeqTran
         if layer.decoder:
             copy_attention(target.cross_attn, layer.attn[1])
         copy_ffn(target.ffn, layer.ffn)
-        norms = [target.attn_norm] + ([target.cross_attn_norm] if layer.decoder else []) + [target.ffn_norm]
-        for norm, slot in zip(norms, layer.norms):
-            copy_weights(norm, slot)
+        names = ["attn_norm"] + (["cross_attn_norm"] if layer.decoder else []) + ["ffn_norm"]
+        for name, slot in zip(names, layer.norms):
+            copy_weights(getattr(target, name), slot)
+    written = []
+    stacks = itertools.chain(zip(hf.encoder.layers, m.encoder), zip(hf.decoder.layers, m.decoder))
+    for target, layer in stacks:
+        names = ["attn_norm"] + (["cross_attn_norm"] if layer.decoder else []) + ["ffn_norm"]
+        written += [(target, name, slot) for name, slot in zip(names, layer.norms)]
     for stack, slot in m.final.items():
         norm = getattr(hf, stack).norm
         if final and isinstance(norm, nn.Module) and hasattr(norm, "weight"):
             copy_weights(norm, slot)
+            written.append((getattr(hf, stack), "norm", slot))
     exact_norms_(hf)
+    as_written_(written)
     return hf
+
+
+class AsWritten(nn.Module):
+    """A learner's hand-written norm as it computes, its own mistakes included (the Annotated
+    Transformer's unbiased std): the norm's own check names them, the model is compared with what
+    it computes."""
+
+    def __init__(self, w: V.NormWeights) -> None:
+        super().__init__()
+        self.w = w
+
+    def forward(self, x: Tensor) -> Tensor:
+        return V.norm(self.w, x)
+
+
+def as_written_(written: list[tuple[nn.Module, str, Slot]]) -> None:
+    """The norms whose learner's module computes something else than the standard norm, replaced by
+    what it computes (found once a mapped leaf)."""
+    for parent, name, slot in written:
+        w = getattr(slot.leaf, "computes", None)
+        if w is None:
+            w = slot.leaf.computes = norm_weights(slot)  # type: ignore[attr-defined]
+        if w.flags:
+            setattr(parent, name, AsWritten(w))
 
 
 def exact_norms_(model: nn.Module) -> None:
@@ -344,8 +377,11 @@ class Caller:
     def __init__(self, module: nn.Module, ctx: Context) -> None:
         self.module, self.ctx = module, ctx
         self.masks = [p.name for p in forward_parameters(module) if "mask" in p.name.lower()]
+        self.rank: int | None = None if self.masks else 4  # of the masks: found on the first call
 
-    def raw(self, src: Tensor, tgt: Tensor) -> Any:
+    def raw(self, src: Tensor, tgt: Tensor, rank: int = 4) -> Any:
+        """Rank 4: (B, 1, 1, S) and (B, 1, T, T); rank 3 (the Annotated Transformer's, whose attention
+        adds the head axis): (B, 1, S) and (B, T, T)."""
         kwargs = {}
         for name in self.masks:
             if any(t in name.lower() for t in ("src", "enc", "memory", "source")):
@@ -353,10 +389,24 @@ class Caller:
             else:
                 keep = causal(tgt.size(1))[None, None] & (tgt != PAD)[:, None, None, :]  # (B, 1, T, T)
                 kwargs[name] = keep.long()
+            if rank == 3:
+                kwargs[name] = kwargs[name][:, 0]  # (B, 1, S) or (B, T, T)
         return self.module(src, tgt, **kwargs)
 
     def __call__(self, src: Tensor, tgt: Tensor) -> Tensor | None:
-        out = fp.first_tensor(self.ctx.learner.call("forward", self.raw, src, tgt), 3)
+        if self.rank is None:
+            try:
+                out = self._call(src, tgt, 4)
+                if out is not None and tuple(out.shape[:2]) == tuple(tgt.shape):
+                    self.rank = 4
+                    return out
+            except fp.LearnerFailure:
+                pass
+            self.rank = 3
+        return self._call(src, tgt, self.rank)
+
+    def _call(self, src: Tensor, tgt: Tensor, rank: int) -> Tensor | None:
+        out = fp.first_tensor(self.ctx.learner.call("forward", self.raw, src, tgt, rank), 3)
         generator = getattr(self.module, "generator", None)
         if out is not None and out.size(-1) == D and D != TGT_V and callable(generator):
             out = fp.first_tensor(self.ctx.learner.call("forward", generator, out), 3)
@@ -485,9 +535,36 @@ def _pe_after_dropout(res: ComponentResult, ctx: Context, comp: Component, call:
         f"（eval 模式下记录了 {len(seen)} 次 dropout 调用）：训练时位置编码不会被 dropout")))
 
 
+def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
+    """The learner's model built from its constructor, or (the Annotated Transformer's
+    EncoderDecoder(encoder, decoder, src_embed, tgt_embed, generator)) by the file's `make_model`."""
+    try:
+        return ctx.build(comp, MODEL_SIZES), False
+    except DiscoveryError:
+        factory = own_objects(ctx.module).get("make_model")
+        if factory is None or not inspect.isfunction(factory):
+            raise
+    kwargs = {}
+    for p in inspect.signature(factory).parameters.values():
+        key = next((k for k, aliases in ARGUMENTS.items() if p.name.lower() in aliases), None)
+        if key in MODEL_SIZES:
+            kwargs[p.name] = MODEL_SIZES[key]
+        elif p.default is p.empty:
+            raise DiscoveryError(f"make_model: cannot fill the argument {p.name!r}; it takes (src_vocab, "
+                                 "tgt_vocab, N, d_model, d_ff, h, dropout)")
+    module = ctx.learner.call("__init__", factory, **kwargs)
+    if not isinstance(module, nn.Module):
+        raise ctx.learner.fail("__init__", "make_model(...) did not return an nn.Module")
+    scramble_(module, 0)
+    return module.double().eval(), True
+
+
 def check_model(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
-    module = ctx.build(comp, MODEL_SIZES)
+    module, by_factory = build_model(comp, ctx)
+    if by_factory:
+        res.notes.append(text(f"{comp.name} takes modules: built with your make_model(...)",
+                              f"{comp.name} 的参数是模块：用你的 make_model(...) 构造"))
     call = Caller(module, ctx)
     builds_masks = not call.masks
     src, tgt = inputs(6, 6, [0, 2], [1, 0], seed=0)  # S == T: a mask from the other side still runs
