@@ -50,6 +50,16 @@ def test_unscaled_tied_embeddings_without_bias_and_log_probabilities_are_choices
     assert "out -> output layer (tied to the target embedding)" in comp.mapping
 
 
+def test_an_output_layer_defined_but_the_target_embedding_used_is_reported_as_tied(tmp_path):
+    source = correct_file("model").read_text().replace(
+        "return self.out(self.decode(memory, src_mask, tgt, tgt_mask))",
+        "return self.decode(memory, src_mask, tgt, tgt_mask) @ self.tgt_embed.lut.weight.T")
+    path = tmp_path / "tied.py"
+    path.write_text(source)
+    (comp,) = check_file(str(path), only=["transformer"]).components
+    assert comp.status == "pass" and "output layer tied to the target embedding, no bias" in comp.convention["en"]
+
+
 def test_a_planted_model_mistake_in_json_and_a_model_that_exits_is_an_error(tmp_path):
     source = correct_file("model").read_text()
     path = tmp_path / "model.py"

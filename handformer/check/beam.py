@@ -209,6 +209,7 @@ def own_model(ctx: Context) -> Any | None:
             return None
         finally:
             ctx.partial = partial
+        ctx.results[comp.name] = result  # checked once for every search in the file
     if result.status != PASS:
         return None
     model = ctx.build(comp, MODEL_SIZES)

@@ -16,7 +16,7 @@ Shape legend: B batch, T length, D d_model, V vocabulary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -71,6 +71,7 @@ class GPTMap:
     head: Leaf | None
     tied: bool
     bias: bool
+    built: dict[Any, CausalLM] = field(default_factory=dict)  # handformer's, by choices
 
     def describe(self) -> list[str]:
         rows = [f"{self.wte.name} -> token embedding"]
@@ -124,7 +125,13 @@ class Choices:
 
 def reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     """handformer's CausalLM with the learner's weights and choices (a final norm of weight 1 and
-    bias 0 where the learner has none)."""
+    bias 0 where the learner has none); built once for each set of choices."""
+    if ch not in m.built:
+        m.built[ch] = _reference_model(m, ch)
+    return m.built[ch]
+
+
+def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     first = learner_norm(m.blocks[0].norms[0])
     gated = is_gated(m.blocks[0].ffn)
     cfg = CausalLMConfig.gpt2_style(

@@ -22,6 +22,7 @@ Shape legend: B batch, S source length, T target length, D d_model, V target voc
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import re
@@ -107,6 +108,7 @@ class ModelMap:
     tied: bool = False
     bias: bool = False
     table: Tensor | None = None  # the learner's sinusoidal table (L, D), when it is the paper's to 1e-5
+    built: dict[Any, Seq2SeqTransformer] = field(default_factory=dict)  # handformer's, by choices
 
     def describe(self) -> list[str]:
         rows = [f"{self.src_embed.name} -> source embedding", f"{self.tgt_embed.name} -> target embedding"]
@@ -228,13 +230,21 @@ class Choices:
     activation: str
     scale: bool  # embeddings times sqrt(d_model)
     log_probs: bool  # forward returns log_softmax of the logits
+    tied_by_use: bool = False  # forward multiplies by the target embedding, not by its output layer
+
+    def tied(self, m: ModelMap) -> bool:
+        return m.tied or self.tied_by_use
+
+    def bias(self, m: ModelMap) -> bool:
+        return m.bias and not self.tied_by_use
 
     def describe(self, m: ModelMap) -> Text:
         scale_en = "scaled by sqrt(d_model)" if self.scale else "not scaled"
         scale_zh = "乘以 sqrt(d_model)" if self.scale else "不缩放"
-        out_en = ("tied to the target embedding" if m.tied else "separate") + (", with a bias" if m.bias else
-                                                                               ", no bias")
-        out_zh = ("与目标端嵌入共享权重" if m.tied else "独立的权重") + ("，有偏置" if m.bias else "，无偏置")
+        tied, bias = self.tied(m), self.bias(m)
+        out_en = ("tied to the target embedding" if tied else "separate") + (", with a bias" if bias else
+                                                                             ", no bias")
+        out_zh = ("与目标端嵌入共享权重" if tied else "独立的权重") + ("，有偏置" if bias else "，无偏置")
         pos_en, pos_zh = ("learned", "可学习的") if m.positions is not None else ("sinusoidal", "正弦")
         what_en, what_zh = ("log-probabilities", "对数概率") if self.log_probs else ("logits", "logits")
         return text(f"embeddings {scale_en}; output layer {out_en}; {self.placement}-norm layers; "
@@ -243,9 +253,15 @@ class Choices:
                     f"forward 返回 {what_zh}")
 
 
-def reference_model(m: ModelMap, ch: Choices, final: bool = True) -> Seq2SeqTransformer:
+def reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
     """handformer's Seq2SeqTransformer with the learner's weights and choices (its final norms at
-    their defaults where the learner has none)."""
+    their defaults where the learner has none); built once for each set of choices."""
+    if ch not in m.built:
+        m.built[ch] = _reference_model(m, ch)
+    return m.built[ch]
+
+
+def _reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
     first = norm_weights(m.encoder[0].norms[0])
     gated = is_gated(m.encoder[0].ffn)
     cfg = Seq2SeqConfig(
@@ -255,11 +271,11 @@ def reference_model(m: ModelMap, ch: Choices, final: bool = True) -> Seq2SeqTran
         norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm", norm_placement=ch.placement,
         norm_eps=first.eps, position="learned" if m.positions is not None else "sinusoidal",
         max_positions=m.positions.weight.size(0) if m.positions is not None else MAX_LEN,
-        scale_embeddings=ch.scale, tie_output=m.tied, pad_id=PAD, bias=True)
+        scale_embeddings=ch.scale, tie_output=ch.tied(m), pad_id=PAD, bias=True)
     hf = Seq2SeqTransformer(cfg)
-    if m.bias:
+    if ch.bias(m):
         hf.generator = nn.Linear(D, TGT_V, bias=True)
-        if m.tied:
+        if ch.tied(m):
             hf.generator.weight = hf.tgt_embed.weight
     hf = hf.double().eval()
     with torch.no_grad():
@@ -269,7 +285,7 @@ def reference_model(m: ModelMap, ch: Choices, final: bool = True) -> Seq2SeqTran
             hf.positions.weight.copy_(m.positions.weight)
         elif m.table is not None:
             hf.positions.table.copy_(m.table)
-        if m.out is not None:
+        if m.out is not None and not ch.tied_by_use:
             copy_weights(hf.generator, Slot("output", m.out))
     pairs = itertools.chain(zip(hf.encoder.layers, m.encoder), zip(hf.decoder.layers, m.decoder))
     for target, layer in pairs:
@@ -287,7 +303,7 @@ def reference_model(m: ModelMap, ch: Choices, final: bool = True) -> Seq2SeqTran
         written += [(target, name, slot) for name, slot in zip(names, layer.norms)]
     for stack, slot in m.final.items():
         norm = getattr(hf, stack).norm
-        if final and isinstance(norm, nn.Module) and hasattr(norm, "weight"):
+        if isinstance(norm, nn.Module) and hasattr(norm, "weight"):
             copy_weights(norm, slot)
             written.append((getattr(hf, stack), "norm", slot))
     exact_norms_(hf)
@@ -448,7 +464,8 @@ Found = tuple[Choices, frozenset[str], float]
 def _search(m: ModelMap, out: Tensor, src: Tensor, tgt: Tensor, builds_masks: bool) -> Found | None:
     log_probs = bool(((out.exp().sum(-1) - 1).abs() < 1e-6).all())
     gated = is_gated(m.encoder[0].ffn)
-    settings = [Choices(p, a, s, log_probs) for p in ("post", "pre") for s in (True, False)
+    ties = (False, True) if m.out is not None and not m.tied else (False,)
+    settings = [Choices(p, a, s, log_probs, t) for t in ties for p in ("post", "pre") for s in (True, False)
                 for a in FFN_ACTIVATIONS[gated]]
     rows = real_rows(tgt)
     for lo, hi in ((0, 1), (2, 2)):
@@ -579,7 +596,10 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
                                 text(f"got {got}", f"实际得到 {got}")))
         if not ok:
             return finish(res)
-        res.checks.append(Check(text("no NaN or inf", "没有 NaN 或 inf"), bool(torch.isfinite(out).all())))
+        finite = bool(torch.isfinite(out).all())
+        res.checks.append(Check(text("no NaN or inf", "没有 NaN 或 inf"), finite))
+        if not finite:  # no variant computes NaN: nothing to search
+            return finish(res)
         try:
             m = map_model(module, SIZES["d_ff"])
         except MappingError as err:
@@ -621,8 +641,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, module: nn.Mod
                                       f"没有找到{'、'.join(missing)}的最后归一化层"))
         if not ch.scale and _computes_sqrt(_embedding_sources(module, m)):
             objs = _embedding_sources(module, m) + ctx.objects(comp)
-            scaled = fp.max_error(out, variant(reference_model(m, Choices(ch.placement, ch.activation, True,
-                                                                          ch.log_probs)),
+            scaled = fp.max_error(out, variant(reference_model(m, dataclasses.replace(ch, scale=True)),
                                                src, tgt, flags, ch.log_probs), rows)
             res.findings.append(_finding(ctx, comp, "embedding_scale_unused", text(
                 f"your code computes sqrt( for the embeddings, but your logits are those of unscaled "
