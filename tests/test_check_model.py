@@ -355,3 +355,19 @@ def test_the_annotated_transformers_model_is_built_by_make_model_and_compared(tm
     path.write_text(ANNOTATED_MODEL.replace("return self.norm(x)\n\n\nclass Decoder", "return x\n\n\nclass Decoder"))
     (model,) = check_file(str(path), only=["transformer"]).components
     assert [(f.name, f.form) for f in model.findings] == [("final_norm_missing", "encoder")], model.notes
+
+
+def test_the_new_kinds_are_pointed_at_other_names_with_component(tmp_path, capsys):
+    from handformer.cli import main
+
+    path = tmp_path / "lm.py"
+    path.write_text(correct_file("gpt").read_text().replace("class GPT(nn.Module):", "class TinyLM(nn.Module):"))
+    code = main(["check", str(path), "--component", "gpt=TinyLM", "--json", "--time-limit", "20"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and [(c["name"], c["kind"], c["status"]) for c in data["components"]] == [
+        ("TinyLM", "gpt", "pass")]
+    source = correct_file("model").read_text()
+    path = tmp_path / "search.py"
+    path.write_text(source.replace("def beam_search(", "def search(").replace("return [beam_search(", "return [search("))
+    result = check_file(str(path), overrides={"beam_search": "search"}, only=["beam_search"])
+    assert [(c.name, c.status) for c in result.components] == [("search", "pass")], format_report(result)
