@@ -355,6 +355,9 @@ GPT_PLANTS: dict[str, Plant] = {
          "torch.tril(torch.ones(config.block_size, config.block_size), diagonal=1)")], "gpt"),
     "gpt_pe_missing": Plant("pe_missing", "gpt", [("self.transformer.drop(tok_emb + pos_emb)", "self.transformer.drop(tok_emb)")],
                             "gpt"),
+    "head_tied_despite_config": Plant("head_tied_despite_config", "gpt", [
+        ("        if config.tie_weights:\n            self.transformer.wte.weight = self.lm_head.weight\n",
+         "        self.transformer.wte.weight = self.lm_head.weight\n")], "gpt"),
     "gpt_final_norm_missing": Plant("final_norm_missing", "gpt", [("        x = self.transformer.ln_f(x)\n", "")], "gpt"),
 }
 
@@ -416,7 +419,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("beam_finished_extended", "beam_eos_not_emitted"), ("beam_one_not_greedy", "pe_missing"),
     ("beam_batched_differs", "embedding_scale_unused"),
     ("gpt_causal_mask_missing", "gpt_final_norm_missing"), ("gpt_causal_sees_next", "gpt_pe_missing"),
-    ("train_step_loss_not_divided", "epoch_no_zero_grad"),
+    ("train_step_loss_not_divided", "epoch_no_zero_grad"), ("head_tied_despite_config", "gpt_pe_missing"),
 ]
 
 

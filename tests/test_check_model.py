@@ -146,21 +146,24 @@ def test_the_gpt_passes_against_causal_lm_and_its_inference_forward_is_compared_
     result = check_file(str(correct_file("gpt")), only=["gpt"])
     (comp,) = result.components
     assert comp.status == "pass" and comp.max_abs_error < 1e-9, format_report(result)
-    assert comp.mapping[-1] == "lm_head -> output head (tied to the token embedding)"
-    assert comp.convention["en"] == ("output head tied to the token embedding; pre-norm blocks; gelu FFN; "
-                                     "learned positions")
+    assert comp.mapping[-1] == "lm_head -> output head"
+    assert comp.convention["en"] == "output head separate; pre-norm blocks; gelu FFN; learned positions"
+    assert "built with config.tie_weights = False" in [n["en"] for n in comp.notes]
     assert [c.name["en"] for c in comp.checks][-2:] == ["the loss equals the cross-entropy of handformer's logits",
                                                           "causality: changing token 5 leaves logits 0..4 unchanged"]
     source = correct_file("gpt").read_text()
     path = tmp_path / "gpt.py"
     path.write_text(source.replace("def forward(self, idx, targets=None):",
                                    "def forward(self, idx):\n        targets = None").replace(
-        "        self.transformer.wte.weight = self.lm_head.weight  # weight tying\n", "").replace(
+        "        if config.tie_weights:\n            self.transformer.wte.weight = self.lm_head.weight\n",
+        "        self.transformer.wte.weight = self.lm_head.weight  # nanoGPT's: always tied\n").replace(
+        "    tie_weights: bool = True  # the output head shares the token embedding's matrix\n", "").replace(
         "nn.GELU()", "nn.GELU(approximate='tanh')"))
     result = check_file(str(path), only=["gpt"])
     (comp,) = result.components
     assert comp.status == "pass", format_report(result)
-    assert comp.convention["en"].startswith("output head separate; pre-norm blocks; gelu_tanh FFN")
+    assert comp.convention["en"].startswith("output head tied to the token embedding; pre-norm blocks; gelu_tanh FFN")
+    assert comp.mapping[-1] == "lm_head -> output head (tied to the token embedding)"
     assert any("last position's logits only" in n["en"] for n in comp.notes)
 
 

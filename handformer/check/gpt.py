@@ -16,6 +16,8 @@ Shape legend: B batch, T length, D d_model, V vocabulary.
 
 from __future__ import annotations
 
+import inspect
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,6 +240,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
                                   f"没有与 handformer 的 CausalLM 比较：{err}"))
             return finish(res)
         res.mapping = m.describe()
+        _tied_despite_config(res, ctx, comp, m)
         _compare(res, ctx, comp, m, call, out, loss, idx, targets, last_only)
     return finish(res)
 
@@ -301,6 +304,30 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
         res.checks.append(Check(text("the loss equals the cross-entropy of handformer's logits",
                                      "损失等于 handformer 的 logits 的交叉熵"), err < 1e-6, error_text(err)))
     _causality(res, call, idx)
+
+
+TIE_FIELD = re.compile(r"\b(tie_weights|tie_word_embeddings|tie_embeddings)\b")
+
+
+def _tied_despite_config(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap) -> None:
+    """head_tied_despite_config: the file's config (or the GPT) has a tying field, the GPT was
+    built with it False, and its head is the token embedding all the same."""
+    try:
+        source = inspect.getsource(ctx.module)
+    except (OSError, TypeError):
+        return
+    field_name = TIE_FIELD.search(source)
+    if field_name is None:
+        return
+    res.notes.append(text(f"built with config.{field_name.group(1)} = False",
+                          f"构造时 config.{field_name.group(1)} = False"))
+    if m.head is not None and m.head.weight is m.wte.weight:
+        number, code = locate("head_tied_despite_config", source_lines(ctx.objects(comp)))
+        res.findings.append(Finding("head_tied_despite_config", text(
+            f"config.{field_name.group(1)} is False, yet {m.head.name}.weight is {m.wte.name}.weight (one "
+            f"{tuple(m.wte.weight.shape)} matrix)", f"config.{field_name.group(1)} 为 False，"
+            f"{m.head.name}.weight 却就是 {m.wte.name}.weight（同一个 {tuple(m.wte.weight.shape)} 矩阵）"),
+            number, code))
 
 
 def _causality(res: ComponentResult, call: Caller, idx: Tensor) -> None:

@@ -85,4 +85,10 @@ DIAGNOSES: list[Diagnosis] = [
       "每句的搜索只能看到自己的源句（src[i:i + 1]、src_mask[i:i + 1]）和自己的束：候选只在一句之内排序，"
       "不能跨 batch 排序",
       r"\[:1\]|\[0\]", r"for .* in range\(", r"src"),
+    d("head_tied_despite_config", "the output head is tied to the token embedding though the config says not",
+      "配置说不共享权重，输出层却与词嵌入共享了权重",
+      "tie only when the config asks: if config.tie_weights: "
+      "self.transformer.wte.weight = self.lm_head.weight",
+      "只在配置要求时共享：if config.tie_weights: self.transformer.wte.weight = self.lm_head.weight",
+      r"\.weight\s*=\s*self\.[\w.]+\.weight", r"tie"),
 ]
