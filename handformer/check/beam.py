@@ -288,7 +288,6 @@ class Call:
     comp: Component
     ctx: Context
     arg: dict[str, str | None]
-    alpha_default: float | None
     steps_from_max: int  # max_len counts BOS (1) or only the new tokens (0)
 
     def __call__(self, model: Steered, src: Tensor, K: int, alpha: float) -> list[int]:
@@ -329,11 +328,8 @@ def _call(comp: Component, ctx: Context) -> Call:
                              "src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha), the beam "
                              "size as beam_size (beam_width, k, num_beams) and the length penalty as alpha "
                              "(length_penalty)")
-    default = None
-    if not arg["alpha"]:
-        default = 0.0
     steps_from_max = 0 if arg["max_len"] == "max_new_tokens" else 1
-    return Call(comp, ctx, arg, default, steps_from_max)
+    return Call(comp, ctx, arg, steps_from_max)
 
 
 def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
