@@ -54,6 +54,7 @@ from handformer.check.weights import (
 )
 from handformer.check.weights import norm_weights as learner_norm
 from handformer.config import CausalLMConfig
+from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.masks import as_attention_mask
 
@@ -142,7 +143,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         norm_placement=ch.placement, norm_eps=first.eps,
         position="learned" if m.wpe is not None else "none",
         max_positions=m.wpe.weight.size(0) if m.wpe is not None else BLOCK, tie_embeddings=m.tied)
-    hf = CausalLM(cfg)
+    hf = build_causal_lm(cfg)  # (a GPT-2 style config: the plain CausalLM)
     if m.bias:
         hf.lm_head = nn.Linear(D, VOCAB, bias=True)
         if m.tied:
