@@ -340,6 +340,8 @@ MODEL_PLANTS: dict[str, Plant] = {
     "beam_length_penalty_per_step": Plant("beam_length_penalty_per_step", "beam_search", [
         ("candidates.append((score + log_prob, tokens + [token]))",
          "candidates.append(((score + log_prob) / len(tokens) ** alpha, tokens + [token]))")], "model"),
+    "beam_batched_differs": Plant("beam_batched_differs", "beam_search", [
+        ("return [beam_search(model, src[i:i + 1],", "return [beam_search(model, src[:1],")], "model"),
     "beam_one_not_greedy": Plant("beam_one_not_greedy", "beam_search", [
         ("model.generator(out[:, -1])", "model.generator(out[:, 0])")],
         "model"),
@@ -353,6 +355,9 @@ GPT_PLANTS: dict[str, Plant] = {
          "torch.tril(torch.ones(config.block_size, config.block_size), diagonal=1)")], "gpt"),
     "gpt_pe_missing": Plant("pe_missing", "gpt", [("self.transformer.drop(tok_emb + pos_emb)", "self.transformer.drop(tok_emb)")],
                             "gpt"),
+    "head_tied_despite_config": Plant("head_tied_despite_config", "gpt", [
+        ("        if config.tie_weights:\n            self.transformer.wte.weight = self.lm_head.weight\n",
+         "        self.transformer.wte.weight = self.lm_head.weight\n")], "gpt"),
     "gpt_final_norm_missing": Plant("final_norm_missing", "gpt", [("        x = self.transformer.ln_f(x)\n", "")], "gpt"),
 }
 
@@ -455,8 +460,9 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("pe_missing", "final_norm_missing"), ("pe_after_dropout", "embedding_scale_unused"),
     ("beam_no_stop_at_eos", "beam_length_penalty_per_step"), ("beam_eos_not_emitted", "beam_shortest_returned"),
     ("beam_finished_extended", "beam_eos_not_emitted"), ("beam_one_not_greedy", "pe_missing"),
+    ("beam_batched_differs", "embedding_scale_unused"),
     ("gpt_causal_mask_missing", "gpt_final_norm_missing"), ("gpt_causal_sees_next", "gpt_pe_missing"),
-    ("train_step_loss_not_divided", "epoch_no_zero_grad"),
+    ("train_step_loss_not_divided", "epoch_no_zero_grad"), ("head_tied_despite_config", "gpt_pe_missing"),
     ("bpe_merges_across_pretokens", "bpe_special_token_split"), ("bpe_special_tokens_merged", "bpe_encode_merge_order"),
     ("bpe_ties_not_by_bytes", "bpe_decode_per_token"), ("bpe_counts_not_updated", "bpe_decode_strict"),
     ("bpe_quadratic_trainer", "bpe_overlapping_specials"), ("bpe_vocab_size_ignores_specials", "bpe_encode_across_pretokens"),

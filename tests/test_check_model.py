@@ -50,6 +50,16 @@ def test_unscaled_tied_embeddings_without_bias_and_log_probabilities_are_choices
     assert "out -> output layer (tied to the target embedding)" in comp.mapping
 
 
+def test_an_output_layer_defined_but_the_target_embedding_used_is_reported_as_tied(tmp_path):
+    source = correct_file("model").read_text().replace(
+        "return self.out(self.decode(memory, src_mask, tgt, tgt_mask))",
+        "return self.decode(memory, src_mask, tgt, tgt_mask) @ self.tgt_embed.lut.weight.T")
+    path = tmp_path / "tied.py"
+    path.write_text(source)
+    (comp,) = check_file(str(path), only=["transformer"]).components
+    assert comp.status == "pass" and "output layer tied to the target embedding, no bias" in comp.convention["en"]
+
+
 def test_a_planted_model_mistake_in_json_and_a_model_that_exits_is_an_error(tmp_path):
     source = correct_file("model").read_text()
     path = tmp_path / "model.py"
@@ -112,20 +122,23 @@ def test_beam_search_without_a_transformer_of_its_own_runs_on_handformers_model(
     path = tmp_path / "beam.py"
     path.write_text("import torch\nimport torch.nn.functional as F\n\n\n" + source[source.index("def beam_search("):])
     result = check_file(str(path))
-    (comp,) = result.components
-    assert comp.kind == "beam_search" and comp.status == "pass", format_report(result)
+    comp, batched = result.components
+    assert [c.kind for c in result.components] == ["beam_search"] * 2, format_report(result)
+    assert comp.status == batched.status == "pass", format_report(result)
     assert any("handformer's tiny Seq2SeqTransformer" in n["en"] for n in comp.notes)
+    assert any("does not take a batch" in n["en"] for n in comp.notes)
+    assert batched.checks[-1].name["en"].startswith("a batch of 2 sentences gives what each gives alone")
     assert comp.convention["en"] == "score / length^alpha; the length counts the new tokens and EOS"
-    (comp,) = check_file(str(correct_file("model")), only=["beam_search"]).components
+    comp, _ = check_file(str(correct_file("model")), only=["beam_search"]).components
     assert comp.status == "pass" and any("your own Transformer" in n["en"] for n in comp.notes)
     path.write_text(source.replace("finished.append((score / (len(tokens) - 1) ** alpha, tokens))",
                                    "finished.append((score / (len(tokens) - 2) ** alpha, tokens))"))
-    (comp,) = check_file(str(path), only=["beam_search"]).components
+    comp, _ = check_file(str(path), only=["beam_search"]).components
     assert comp.status == "pass" and not comp.findings, format_report(check_file(str(path), only=["beam_search"]))
     assert comp.convention["en"] == "score / length^alpha; the length counts the new tokens without EOS"
     path.write_text(source.replace("finished.append((score / (len(tokens) - 1) ** alpha, tokens))",
                                    "finished.append((score / len(tokens) ** alpha, tokens))"))
-    (comp,) = check_file(str(path), only=["beam_search"]).components
+    comp, _ = check_file(str(path), only=["beam_search"]).components
     assert comp.status == "pass" and comp.convention["en"].endswith("every token, BOS and EOS included")
 
 
@@ -133,19 +146,231 @@ def test_the_gpt_passes_against_causal_lm_and_its_inference_forward_is_compared_
     result = check_file(str(correct_file("gpt")), only=["gpt"])
     (comp,) = result.components
     assert comp.status == "pass" and comp.max_abs_error < 1e-9, format_report(result)
-    assert comp.mapping[-1] == "lm_head -> output head (tied to the token embedding)"
-    assert comp.convention["en"] == ("output head tied to the token embedding; pre-norm blocks; gelu FFN; "
-                                     "learned positions")
+    assert comp.mapping[-1] == "lm_head -> output head"
+    assert comp.convention["en"] == "output head separate; pre-norm blocks; gelu FFN; learned positions"
+    assert "built with config.tie_weights = False" in [n["en"] for n in comp.notes]
     assert [c.name["en"] for c in comp.checks][-2:] == ["the loss equals the cross-entropy of handformer's logits",
                                                           "causality: changing token 5 leaves logits 0..4 unchanged"]
     source = correct_file("gpt").read_text()
     path = tmp_path / "gpt.py"
     path.write_text(source.replace("def forward(self, idx, targets=None):",
                                    "def forward(self, idx):\n        targets = None").replace(
-        "        self.transformer.wte.weight = self.lm_head.weight  # weight tying\n", "").replace(
+        "        if config.tie_weights:\n            self.transformer.wte.weight = self.lm_head.weight\n",
+        "        self.transformer.wte.weight = self.lm_head.weight  # nanoGPT's: always tied\n").replace(
+        "    tie_weights: bool = True  # the output head shares the token embedding's matrix\n", "").replace(
         "nn.GELU()", "nn.GELU(approximate='tanh')"))
     result = check_file(str(path), only=["gpt"])
     (comp,) = result.components
     assert comp.status == "pass", format_report(result)
-    assert comp.convention["en"].startswith("output head separate; pre-norm blocks; gelu_tanh FFN")
+    assert comp.convention["en"].startswith("output head tied to the token embedding; pre-norm blocks; gelu_tanh FFN")
+    assert comp.mapping[-1] == "lm_head -> output head (tied to the token embedding)"
     assert any("last position's logits only" in n["en"] for n in comp.notes)
+
+
+ANNOTATED_MODEL = '''
+import copy
+import math
+
+import torch
+import torch.nn as nn
+
+
+def clones(module, n):
+    return nn.ModuleList([copy.deepcopy(module) for _ in range(n)])
+
+
+def attention(query, key, value, mask=None, dropout=None):
+    scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(mask == 0, -1e9)
+    weights = scores.softmax(dim=-1)
+    if dropout is not None:
+        weights = dropout(weights)
+    return weights @ value, weights
+
+
+class MultiHeadedAttention(nn.Module):
+    def __init__(self, h, d_model, dropout=0.1):
+        super().__init__()
+        self.h, self.d_k = h, d_model // h
+        self.linears = clones(nn.Linear(d_model, d_model), 4)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, query, key, value, mask=None):
+        if mask is not None:
+            mask = mask.unsqueeze(1)
+        n = query.size(0)
+        q, k, v = [lin(x).view(n, -1, self.h, self.d_k).transpose(1, 2)
+                   for lin, x in zip(self.linears, (query, key, value))]
+        x, _ = attention(q, k, v, mask, self.dropout)
+        return self.linears[3](x.transpose(1, 2).contiguous().view(n, -1, self.h * self.d_k))
+
+
+class PositionwiseFeedForward(nn.Module):
+    def __init__(self, d_model, d_ff, dropout=0.1):
+        super().__init__()
+        self.w_1, self.w_2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.w_2(self.dropout(self.w_1(x).relu()))
+
+
+class LayerNorm(nn.Module):
+    def __init__(self, features, eps=1e-6):
+        super().__init__()
+        self.a_2, self.b_2, self.eps = nn.Parameter(torch.ones(features)), nn.Parameter(torch.zeros(features)), eps
+
+    def forward(self, x):
+        return self.a_2 * (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + self.eps) + self.b_2
+
+
+class SublayerConnection(nn.Module):
+    def __init__(self, size, dropout):
+        super().__init__()
+        self.norm, self.dropout = LayerNorm(size), nn.Dropout(dropout)
+
+    def forward(self, x, sublayer):
+        return x + self.dropout(sublayer(self.norm(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, size, self_attn, feed_forward, dropout):
+        super().__init__()
+        self.self_attn, self.feed_forward, self.size = self_attn, feed_forward, size
+        self.sublayer = clones(SublayerConnection(size, dropout), 2)
+
+    def forward(self, x, mask):
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, mask))
+        return self.sublayer[1](x, self.feed_forward)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, size, self_attn, src_attn, feed_forward, dropout):
+        super().__init__()
+        self.self_attn, self.src_attn, self.feed_forward, self.size = self_attn, src_attn, feed_forward, size
+        self.sublayer = clones(SublayerConnection(size, dropout), 3)
+
+    def forward(self, x, memory, src_mask, tgt_mask):
+        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask))
+        x = self.sublayer[1](x, lambda x: self.src_attn(x, memory, memory, src_mask))
+        return self.sublayer[2](x, self.feed_forward)
+
+
+class Encoder(nn.Module):
+    def __init__(self, layer, N):
+        super().__init__()
+        self.layers, self.norm = clones(layer, N), LayerNorm(layer.size)
+
+    def forward(self, x, mask):
+        for layer in self.layers:
+            x = layer(x, mask)
+        return self.norm(x)
+
+
+class Decoder(nn.Module):
+    def __init__(self, layer, N):
+        super().__init__()
+        self.layers, self.norm = clones(layer, N), LayerNorm(layer.size)
+
+    def forward(self, x, memory, src_mask, tgt_mask):
+        for layer in self.layers:
+            x = layer(x, memory, src_mask, tgt_mask)
+        return self.norm(x)
+
+
+class Embeddings(nn.Module):
+    def __init__(self, d_model, vocab):
+        super().__init__()
+        self.lut, self.d_model = nn.Embedding(vocab, d_model), d_model
+
+    def forward(self, x):
+        return self.lut(x) * math.sqrt(self.d_model)
+
+
+class PositionalEncoding(nn.Module):
+    def __init__(self, d_model, dropout, max_len=5000):
+        super().__init__()
+        self.dropout = nn.Dropout(p=dropout)
+        pe = torch.zeros(max_len, d_model)
+        position = torch.arange(0, max_len).unsqueeze(1)
+        div_term = torch.exp(torch.arange(0, d_model, 2) * -(math.log(10000.0) / d_model))
+        pe[:, 0::2] = torch.sin(position * div_term)
+        pe[:, 1::2] = torch.cos(position * div_term)
+        self.register_buffer("pe", pe.unsqueeze(0))
+
+    def forward(self, x):
+        return self.dropout(x + self.pe[:, : x.size(1)].requires_grad_(False))
+
+
+class Generator(nn.Module):
+    def __init__(self, d_model, vocab):
+        super().__init__()
+        self.proj = nn.Linear(d_model, vocab)
+
+    def forward(self, x):
+        return self.proj(x).log_softmax(dim=-1)
+
+
+class EncoderDecoder(nn.Module):
+    def __init__(self, encoder, decoder, src_embed, tgt_embed, generator):
+        super().__init__()
+        self.encoder, self.decoder = encoder, decoder
+        self.src_embed, self.tgt_embed, self.generator = src_embed, tgt_embed, generator
+
+    def forward(self, src, tgt, src_mask, tgt_mask):
+        return self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask)
+
+    def encode(self, src, src_mask):
+        return self.encoder(self.src_embed(src), src_mask)
+
+    def decode(self, memory, src_mask, tgt, tgt_mask):
+        return self.decoder(self.tgt_embed(tgt), memory, src_mask, tgt_mask)
+
+
+def make_model(src_vocab, tgt_vocab, N=6, d_model=512, d_ff=2048, h=8, dropout=0.1):
+    c = copy.deepcopy
+    attn = MultiHeadedAttention(h, d_model)
+    ff = PositionwiseFeedForward(d_model, d_ff, dropout)
+    position = PositionalEncoding(d_model, dropout)
+    return EncoderDecoder(Encoder(EncoderLayer(d_model, c(attn), c(ff), dropout), N),
+                          Decoder(DecoderLayer(d_model, c(attn), c(attn), c(ff), dropout), N),
+                          nn.Sequential(Embeddings(d_model, src_vocab), c(position)),
+                          nn.Sequential(Embeddings(d_model, tgt_vocab), c(position)), Generator(d_model, tgt_vocab))
+'''
+
+
+def test_the_annotated_transformers_model_is_built_by_make_model_and_compared(tmp_path):
+    """EncoderDecoder(encoder, decoder, src_embed, tgt_embed, generator) built by make_model, rank-3
+    masks, a forward that returns the decoder's states (the generator's log-probabilities are
+    compared), and its LayerNorm over the unbiased std compared as it computes (named on the
+    LayerNorm itself)."""
+    path = tmp_path / "annotated.py"
+    path.write_text(ANNOTATED_MODEL)
+    result = check_file(str(path), only=["transformer", "layernorm"])
+    status = {c.name: (c.status, sorted(f.name for f in c.findings)) for c in result.components}
+    assert status == {"LayerNorm": ("fail", ["layernorm_unbiased_std"]), "EncoderDecoder": ("pass", [])}, (
+        format_report(result))
+    model = next(c for c in result.components if c.kind == "transformer")
+    assert any("make_model" in n["en"] for n in model.notes)
+    assert model.convention["en"] == ("embeddings scaled by sqrt(d_model); output layer separate, with a bias; "
+                                      "pre-norm layers; sinusoidal positions; forward returns log-probabilities")
+    path.write_text(ANNOTATED_MODEL.replace("return self.norm(x)\n\n\nclass Decoder", "return x\n\n\nclass Decoder"))
+    (model,) = check_file(str(path), only=["transformer"]).components
+    assert [(f.name, f.form) for f in model.findings] == [("final_norm_missing", "encoder")], model.notes
+
+
+def test_the_new_kinds_are_pointed_at_other_names_with_component(tmp_path, capsys):
+    from handformer.cli import main
+
+    path = tmp_path / "lm.py"
+    path.write_text(correct_file("gpt").read_text().replace("class GPT(nn.Module):", "class TinyLM(nn.Module):"))
+    code = main(["check", str(path), "--component", "gpt=TinyLM", "--json", "--time-limit", "20"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and [(c["name"], c["kind"], c["status"]) for c in data["components"]] == [
+        ("TinyLM", "gpt", "pass")]
+    source = correct_file("model").read_text()
+    path = tmp_path / "search.py"
+    path.write_text(source.replace("def beam_search(", "def search(").replace("return [beam_search(", "return [search("))
+    result = check_file(str(path), overrides={"beam_search": "search"}, only=["beam_search"])
+    assert [(c.name, c.status) for c in result.components] == [("search", "pass")], format_report(result)

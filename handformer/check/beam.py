@@ -24,7 +24,8 @@ length conventions tutorials use (the length counting EOS, not counting it, or c
 reported as a convention). Named: EOS never ends a hypothesis, EOS left out of the output,
 finished hypotheses extended, the shortest finished hypothesis returned instead of the best
 normalised one, the length penalty compounded at every step; beam size 1 without a length penalty
-must be greedy decoding.
+must be greedy decoding; a search that takes a batch must give each sentence what it gives that
+sentence alone (the two sentences steered by different tables).
 
 Shape legend: B batch (1), S source length, L hypothesis length, D d_model, V vocabulary.
 """
@@ -40,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from handformer.check import fingerprint as fp
 from handformer.check.context import Context, finish, forward_parameters
 from handformer.check.discovery import Component, DiscoveryError
 from handformer.check.result import PASS, Check, ComponentResult, Finding, Text, text
@@ -61,7 +63,8 @@ NAMES = {
     "alpha": ("alpha", "length_penalty", "lp", "len_penalty", "length_alpha", "penalty"),
 }
 MAX_LEN = 12  # tokens a hypothesis may hold, the start symbol included
-SCENARIOS: dict[str, dict[tuple[int, ...], dict[int, float]]] = {
+Table = dict[tuple[int, ...], dict[int, float]]  # prefix -> next-token probabilities
+SCENARIOS: dict[str, Table] = {
     # prefix (after BOS) -> next-token probabilities; the rest of the mass goes to a sink token,
     # whose continuations are EOS or the sink again, half and half
     "long": {(): {TOK_A: 0.5, TOK_B: 0.45}, (TOK_A,): {EOS: 0.6}, (TOK_B,): {TOK_C: 0.7},
@@ -113,16 +116,23 @@ class Steered(nn.Module):
     """The model the search is handed: the base model's log-probabilities scaled down, plus the
     scenario's table by prefix; every prefix the search decodes is recorded."""
 
-    def __init__(self, base: Any, table: dict[tuple[int, ...], dict[int, float]], ctx: Context) -> None:
+    def __init__(self, base: Any, table: dict[tuple[int, ...], dict[int, float]], ctx: Context,
+                 by_source: dict[tuple[int, ...], Table] | None = None) -> None:
         super().__init__()
         self.base, self.table, self.ctx = base, table, ctx
+        self.by_source = by_source or {}  # a table per source sentence (a batch of them)
+        self.memories: list[tuple[tuple[int, ...], Tensor]] = []  # (source ids, its encoder output)
+        self.row_tables: list[Table] = []
         self.ys: Tensor | None = None
         self.out: Tensor | None = None
         self.decoded: list[list[int]] = []
         self.cache: dict[tuple[int, ...], list[float]] = {}  # the reference's log-probabilities by prefix
 
     def encode(self, src: Tensor, src_mask: Any = None) -> Tensor:
-        return self.ctx.learner.call("forward", self.base.encode, src, src_mask)
+        memory = self.ctx.learner.call("forward", self.base.encode, src, src_mask)
+        if self.by_source and isinstance(memory, Tensor):
+            self.memories += [(tuple(row.tolist()), m) for row, m in zip(src, memory)]
+        return memory
 
     def decode(self, memory: Tensor, src_mask: Any, ys: Tensor, tgt_mask: Any = None) -> Tensor:
         if memory.size(0) != ys.size(0) and memory.size(0) == 1:
@@ -130,17 +140,27 @@ class Steered(nn.Module):
         out = self.ctx.learner.call("forward", self.base.decode, memory, src_mask, ys, tgt_mask)
         self.ys, self.out = ys.long(), out
         self.decoded += [row.tolist() for row in ys.long()]
+        self.row_tables = [self._table_of(m) for m in memory] if self.by_source else []
         return out
+
+    def _table_of(self, memory_row: Tensor) -> Table:
+        """The table of the source sentence whose encoder output this row of memory is."""
+        for ids, m in reversed(self.memories):
+            if m.shape == memory_row.shape and bool((m - memory_row).abs().max() < 1e-12):
+                return self.by_source.get(ids, self.table)
+        return self.table
 
     def generator(self, x: Tensor) -> Tensor:
         raw = self.ctx.learner.call("forward", self.base.generator, x)
         V = raw.size(-1)
         if x.dim() == 3:  # (N, L, D): every position; position l predicts after ys[:, :l + 1]
             assert self.ys is not None, "decode first"
-            bias = torch.stack([torch.stack([self.steer(row[1:l + 1].tolist(), V) for l in range(x.size(1))])
-                                for row in self.ys])  # (N, L, V)
+            bias = torch.stack([torch.stack([self.steer(row[1:l + 1].tolist(), V, self._row_table(n))
+                                             for l in range(x.size(1))])
+                                for n, row in enumerate(self.ys)])  # (N, L, V)
         else:  # (N, D): the position of the decoder's output that x is
-            bias = torch.stack([self.steer(self._prefix(i, x[i]), V) for i in range(x.size(0))])  # (N, V)
+            bias = torch.stack([self.steer(self._prefix(i, x[i]), V, self._row_table(i))
+                                for i in range(x.size(0))])  # (N, V)
         return F.log_softmax(0.001 * raw + bias.to(raw.dtype), dim=-1)
 
     def _prefix(self, i: int, row: Tensor) -> list[int]:
@@ -149,9 +169,12 @@ class Steered(nn.Module):
         l = int((self.out[n] - row).abs().amax(-1).argmin())  # which decoder position this row is
         return self.ys[n, 1:l + 1].tolist()
 
-    def steer(self, prefix: list[int], V: int) -> Tensor:
+    def _row_table(self, i: int) -> Table:
+        return self.row_tables[i] if i < len(self.row_tables) else self.table
+
+    def steer(self, prefix: list[int], V: int, table: Table | None = None) -> Tensor:
         """The scenario's log-probabilities after BOS + prefix (V,)."""
-        probs = self.table.get(tuple(prefix), {EOS: 0.5})
+        probs = (table or self.table).get(tuple(prefix), {EOS: 0.5})
         out = torch.full((V,), math.log(1e-6), dtype=torch.float64)
         for token, p in probs.items():
             out[token] = math.log(p)
@@ -186,6 +209,7 @@ def own_model(ctx: Context) -> Any | None:
             return None
         finally:
             ctx.partial = partial
+        ctx.results[comp.name] = result  # checked once for every search in the file
     if result.status != PASS:
         return None
     model = ctx.build(comp, MODEL_SIZES)
@@ -264,16 +288,19 @@ class Call:
     comp: Component
     ctx: Context
     arg: dict[str, str | None]
-    alpha_default: float | None
     steps_from_max: int  # max_len counts BOS (1) or only the new tokens (0)
 
     def __call__(self, model: Steered, src: Tensor, K: int, alpha: float) -> list[int]:
+        return _tokens(self.ctx, self.comp, self.raw(model, src, K, alpha))
+
+    def raw(self, model: Steered, src: Tensor, K: int, alpha: float) -> Any:
+        """What the search returns, as it is (a batch of sentences)."""
         values = {"model": model, "src": src, "src_mask": (src != PAD).unsqueeze(-2), "max_len": MAX_LEN,
                   "start": BOS, "end": EOS, "beam": K, "alpha": alpha}
         if self.steps_from_max == 0:
             values["max_len"] = MAX_LEN - 1
         kwargs = {name: values[key] for key, name in self.arg.items() if name}
-        return _tokens(self.ctx, self.comp, self.ctx.learner.call("forward", self.comp.obj, **kwargs))
+        return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
 
 
 def _tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
@@ -301,11 +328,8 @@ def _call(comp: Component, ctx: Context) -> Call:
                              "src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha), the beam "
                              "size as beam_size (beam_width, k, num_beams) and the length penalty as alpha "
                              "(length_penalty)")
-    default = None
-    if not arg["alpha"]:
-        default = 0.0
     steps_from_max = 0 if arg["max_len"] == "max_new_tokens" else 1
-    return Call(comp, ctx, arg, default, steps_from_max)
+    return Call(comp, ctx, arg, steps_from_max)
 
 
 def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
@@ -371,6 +395,7 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
             f"你的最优假设（{show(got)}）与带这个错误的 handformer 束搜索一致；"
             f"正确的是 {show(right)}")))
     _beam_one(res, ctx, comp, call, base, src, steps)
+    _batched(res, ctx, comp, call, base, steps)
     return finish(res)
 
 
@@ -399,6 +424,56 @@ def _search(outcomes: dict[str, tuple[Steered, Tensor, list[int]]], steps: int, 
 
 def _combos(n: int) -> list[frozenset[str]]:
     return [frozenset(c) for c in itertools.combinations(FLAGS, n)]
+
+
+def _batched(res: ComponentResult, ctx: Context, comp: Component, call: Call, base: Any, steps: int) -> None:
+    """A search that takes a batch gives each sentence what it gives that sentence alone: two
+    sources, steered by the "long" and the "compounded" tables."""
+    srcs = torch.tensor([[5, 7, 9, 11, 3, 6], [4, 8, 10, 3, 5, 9]])  # (2, S)
+    tables = {tuple(srcs[0].tolist()): SCENARIOS["long"], tuple(srcs[1].tolist()): SCENARIOS["compounded"]}
+    model = Steered(base, SCENARIOS["long"], ctx, tables)
+    try:
+        raw = call.raw(model, srcs, 2, 1.0)
+    except fp.LearnerFailure:
+        raw = None
+    rows = _rows(raw, 2)
+    if rows is None:
+        res.notes.append(text(f"{comp.name} does not take a batch of 2 sentences (it raised, or returned "
+                              "one hypothesis): it is checked one sentence at a time",
+                              f"{comp.name} 不接受 2 句组成的 batch（报错，或只返回一个假设）："
+                              "只按一次一句检查"))
+        return
+    alone = []
+    for i in range(2):
+        single = Steered(base, SCENARIOS["long"], ctx, tables)
+        alone.append(call(single, srcs[i:i + 1], 2, 1.0))
+    same = all(_same(a, b if b[:1] == [BOS] else [BOS] + b) for a, b in zip(rows, alone))
+    shown, want = " | ".join(map(show, rows)), " | ".join(map(show, alone))
+    res.checks.append(Check(text(f"a batch of 2 sentences gives what each gives alone ({want})",
+                                 f"2 句组成的 batch 与每句单独搜索的结果相同（{want}）"), same,
+                            text(f"batched: {shown}", f"批量：{shown}")))
+    if not same:
+        res.findings.append(_finding(ctx, comp, "beam_batched_differs", text(
+            f"searched as a batch your hypotheses are {shown}; each sentence alone gives {want}",
+            f"按 batch 搜索时你的假设是 {shown}；每句单独搜索得到 {want}")))
+
+
+def _rows(raw: Any, n: int) -> list[list[int]] | None:
+    """The n hypotheses of a batched search (a list of lists or tensors, or an (n, L) tensor)."""
+    if isinstance(raw, tuple) and raw and not isinstance(raw[0], int):
+        raw = raw[0]
+    if isinstance(raw, Tensor) and raw.dim() == 2 and raw.size(0) == n:
+        return [[int(t) for t in row.tolist()] for row in raw]
+    if isinstance(raw, (list, tuple)) and len(raw) == n and all(
+            isinstance(r, (list, tuple, Tensor)) for r in raw):
+        out = []
+        for r in raw:
+            r = r.reshape(-1).tolist() if isinstance(r, Tensor) else list(r)
+            if not all(isinstance(t, int) for t in r):
+                return None
+            out.append([int(t) for t in r])
+        return out
+    return None
 
 
 def _beam_one(res: ComponentResult, ctx: Context, comp: Component, call: Call, base: Any, src: Tensor,

@@ -96,6 +96,9 @@ MASKING: dict[frozenset[str], str] = {
         "hypothesis, the search never compares scores, so how they are divided cannot be seen",
     frozenset({"beam_finished_extended", "beam_length_penalty_per_step"}): "with the penalty compounded "
         "the extended hypotheses give the same answers as a search where EOS never ends one",
+    **{frozenset({"beam_batched_differs", other}): "with this mistake both sentences of the batch get the "
+       "same answer whichever source the search sees, so a search of the wrong sentence cannot be seen"
+       for other in ("beam_shortest_returned", "beam_length_penalty_per_step", "beam_one_not_greedy")},
     frozenset({"causal_mask_missing", "causal_off_by_one"}): "without the mask its diagonal cannot be seen",
     **{frozenset({"beam_one_not_greedy", other}): "scoring the first position instead of the last, the "
        "search follows none of the scenarios' paths, so nothing else in it can be seen"

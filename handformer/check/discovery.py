@@ -52,7 +52,10 @@ HIDDEN_WHEN_PAIRED = ("hidden_dim", "hidden_size", "hidden")
 # arguments with one sensible value here whatever the component: a layer's index (d2l's
 # TransformerDecoderBlock(..., i)), Llama's rounding of the FFN width, nanoGPT's LayerNorm(ndim, bias)
 FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0, "multiple_of": 1,
-                         "ffn_dim_multiplier": None, "bias": True, "use_bias": False}
+                         "ffn_dim_multiplier": None, "bias": True, "use_bias": False,
+                         # a GPT's config that says whether to tie the head: it says no (a head tied
+                         # anyway is a finding of the gpt runner)
+                         "tie_weights": False, "tie_word_embeddings": False, "tie_embeddings": False}
 CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "conf")
 
 

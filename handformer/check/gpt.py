@@ -16,7 +16,9 @@ Shape legend: B batch, T length, D d_model, V vocabulary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import inspect
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,7 +38,7 @@ from handformer.check.context import (
     forward_parameters,
 )
 from handformer.check.discovery import Component
-from handformer.check.model import _layer_modules, _map_layer, exact_norms_
+from handformer.check.model import _layer_modules, _map_layer, as_written_, exact_norms_
 from handformer.check.pieces import FFN_ACTIVATIONS, HF_NAME
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
@@ -72,6 +74,7 @@ class GPTMap:
     head: Leaf | None
     tied: bool
     bias: bool
+    built: dict[Any, CausalLM] = field(default_factory=dict)  # handformer's, by choices
 
     def describe(self) -> list[str]:
         rows = [f"{self.wte.name} -> token embedding"]
@@ -125,7 +128,13 @@ class Choices:
 
 def reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     """handformer's CausalLM with the learner's weights and choices (a final norm of weight 1 and
-    bias 0 where the learner has none)."""
+    bias 0 where the learner has none); built once for each set of choices."""
+    if ch not in m.built:
+        m.built[ch] = _reference_model(m, ch)
+    return m.built[ch]
+
+
+def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     first = learner_norm(m.blocks[0].norms[0])
     gated = is_gated(m.blocks[0].ffn)
     cfg = CausalLMConfig.gpt2_style(
@@ -134,7 +143,7 @@ def reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         norm_placement=ch.placement, norm_eps=first.eps,
         position="learned" if m.wpe is not None else "none",
         max_positions=m.wpe.weight.size(0) if m.wpe is not None else BLOCK, tie_embeddings=m.tied)
-    hf = build_causal_lm(cfg)
+    hf = build_causal_lm(cfg)  # (a GPT-2 style config: the plain CausalLM)
     if m.bias:
         hf.lm_head = nn.Linear(D, VOCAB, bias=True)
         if m.tied:
@@ -149,11 +158,16 @@ def reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     for target, block in zip(hf.layers, m.blocks):
         copy_attention(target.self_attn, block.attn[0])
         copy_ffn(target.ffn, block.ffn)
-        for norm, slot in zip((target.attn_norm, target.ffn_norm), block.norms):
-            copy_weights(norm, slot)
+    written = []
+    for target, block in zip(hf.layers, m.blocks):
+        for name, slot in zip(("attn_norm", "ffn_norm"), block.norms):
+            copy_weights(getattr(target, name), slot)
+            written.append((target, name, slot))
     if m.ln_f is not None and hasattr(hf.norm, "weight"):
         copy_weights(hf.norm, m.ln_f)
+        written.append((hf, "norm", m.ln_f))
     exact_norms_(hf)
+    as_written_(written)
     return hf
 
 
@@ -227,6 +241,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
                                   f"没有与 handformer 的 CausalLM 比较：{err}"))
             return finish(res)
         res.mapping = m.describe()
+        _tied_despite_config(res, ctx, comp, m)
         _compare(res, ctx, comp, m, call, out, loss, idx, targets, last_only)
     return finish(res)
 
@@ -290,6 +305,30 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
         res.checks.append(Check(text("the loss equals the cross-entropy of handformer's logits",
                                      "损失等于 handformer 的 logits 的交叉熵"), err < 1e-6, error_text(err)))
     _causality(res, call, idx)
+
+
+TIE_FIELD = re.compile(r"\b(tie_weights|tie_word_embeddings|tie_embeddings)\b")
+
+
+def _tied_despite_config(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap) -> None:
+    """head_tied_despite_config: the file's config (or the GPT) has a tying field, the GPT was
+    built with it False, and its head is the token embedding all the same."""
+    try:
+        source = inspect.getsource(ctx.module)
+    except (OSError, TypeError):
+        return
+    field_name = TIE_FIELD.search(source)
+    if field_name is None:
+        return
+    res.notes.append(text(f"built with config.{field_name.group(1)} = False",
+                          f"构造时 config.{field_name.group(1)} = False"))
+    if m.head is not None and m.head.weight is m.wte.weight:
+        number, code = locate("head_tied_despite_config", source_lines(ctx.objects(comp)))
+        res.findings.append(Finding("head_tied_despite_config", text(
+            f"config.{field_name.group(1)} is False, yet {m.head.name}.weight is {m.wte.name}.weight (one "
+            f"{tuple(m.wte.weight.shape)} matrix)", f"config.{field_name.group(1)} 为 False，"
+            f"{m.head.name}.weight 却就是 {m.wte.name}.weight（同一个 {tuple(m.wte.weight.shape)} 矩阵）"),
+            number, code))
 
 
 def _causality(res: ComponentResult, call: Caller, idx: Tensor) -> None:

@@ -22,6 +22,7 @@ Shape legend: B batch, S source length, T target length, D d_model, V target voc
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import re
@@ -33,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
+from handformer.check import variants as V
 from handformer.check.context import (
     MAX_LEN,
     SIZES,
@@ -46,7 +48,7 @@ from handformer.check.context import (
     forward_parameters,
     guarded,
 )
-from handformer.check.discovery import Component
+from handformer.check.discovery import ARGUMENTS, Component, DiscoveryError, own_objects
 from handformer.check.pieces import FFN_ACTIVATIONS, HF_NAME
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
@@ -63,6 +65,7 @@ from handformer.check.weights import (
     leaves,
     norm_slots,
     norm_weights,
+    scramble_,
 )
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
@@ -105,6 +108,7 @@ class ModelMap:
     tied: bool = False
     bias: bool = False
     table: Tensor | None = None  # the learner's sinusoidal table (L, D), when it is the paper's to 1e-5
+    built: dict[Any, Seq2SeqTransformer] = field(default_factory=dict)  # handformer's, by choices
 
     def describe(self) -> list[str]:
         rows = [f"{self.src_embed.name} -> source embedding", f"{self.tgt_embed.name} -> target embedding"]
@@ -226,13 +230,21 @@ class Choices:
     activation: str
     scale: bool  # embeddings times sqrt(d_model)
     log_probs: bool  # forward returns log_softmax of the logits
+    tied_by_use: bool = False  # forward multiplies by the target embedding, not by its output layer
+
+    def tied(self, m: ModelMap) -> bool:
+        return m.tied or self.tied_by_use
+
+    def bias(self, m: ModelMap) -> bool:
+        return m.bias and not self.tied_by_use
 
     def describe(self, m: ModelMap) -> Text:
         scale_en = "scaled by sqrt(d_model)" if self.scale else "not scaled"
         scale_zh = "乘以 sqrt(d_model)" if self.scale else "不缩放"
-        out_en = ("tied to the target embedding" if m.tied else "separate") + (", with a bias" if m.bias else
-                                                                               ", no bias")
-        out_zh = ("与目标端嵌入共享权重" if m.tied else "独立的权重") + ("，有偏置" if m.bias else "，无偏置")
+        tied, bias = self.tied(m), self.bias(m)
+        out_en = ("tied to the target embedding" if tied else "separate") + (", with a bias" if bias else
+                                                                             ", no bias")
+        out_zh = ("与目标端嵌入共享权重" if tied else "独立的权重") + ("，有偏置" if bias else "，无偏置")
         pos_en, pos_zh = ("learned", "可学习的") if m.positions is not None else ("sinusoidal", "正弦")
         what_en, what_zh = ("log-probabilities", "对数概率") if self.log_probs else ("logits", "logits")
         return text(f"embeddings {scale_en}; output layer {out_en}; {self.placement}-norm layers; "
@@ -241,9 +253,15 @@ class Choices:
                     f"forward 返回 {what_zh}")
 
 
-def reference_model(m: ModelMap, ch: Choices, final: bool = True) -> Seq2SeqTransformer:
+def reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
     """handformer's Seq2SeqTransformer with the learner's weights and choices (its final norms at
-    their defaults where the learner has none)."""
+    their defaults where the learner has none); built once for each set of choices."""
+    if ch not in m.built:
+        m.built[ch] = _reference_model(m, ch)
+    return m.built[ch]
+
+
+def _reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
     first = norm_weights(m.encoder[0].norms[0])
     gated = is_gated(m.encoder[0].ffn)
     cfg = Seq2SeqConfig(
@@ -253,11 +271,11 @@ def reference_model(m: ModelMap, ch: Choices, final: bool = True) -> Seq2SeqTran
         norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm", norm_placement=ch.placement,
         norm_eps=first.eps, position="learned" if m.positions is not None else "sinusoidal",
         max_positions=m.positions.weight.size(0) if m.positions is not None else MAX_LEN,
-        scale_embeddings=ch.scale, tie_output=m.tied, pad_id=PAD, bias=True)
+        scale_embeddings=ch.scale, tie_output=ch.tied(m), pad_id=PAD, bias=True)
     hf = Seq2SeqTransformer(cfg)
-    if m.bias:
+    if ch.bias(m):
         hf.generator = nn.Linear(D, TGT_V, bias=True)
-        if m.tied:
+        if ch.tied(m):
             hf.generator.weight = hf.tgt_embed.weight
     hf = hf.double().eval()
     with torch.no_grad():
@@ -267,7 +285,7 @@ def reference_model(m: ModelMap, ch: Choices, final: bool = True) -> Seq2SeqTran
             hf.positions.weight.copy_(m.positions.weight)
         elif m.table is not None:
             hf.positions.table.copy_(m.table)
-        if m.out is not None:
+        if m.out is not None and not ch.tied_by_use:
             copy_weights(hf.generator, Slot("output", m.out))
     pairs = itertools.chain(zip(hf.encoder.layers, m.encoder), zip(hf.decoder.layers, m.decoder))
     for target, layer in pairs:
@@ -275,15 +293,46 @@ def reference_model(m: ModelMap, ch: Choices, final: bool = True) -> Seq2SeqTran
         if layer.decoder:
             copy_attention(target.cross_attn, layer.attn[1])
         copy_ffn(target.ffn, layer.ffn)
-        norms = [target.attn_norm] + ([target.cross_attn_norm] if layer.decoder else []) + [target.ffn_norm]
-        for norm, slot in zip(norms, layer.norms):
-            copy_weights(norm, slot)
+        names = ["attn_norm"] + (["cross_attn_norm"] if layer.decoder else []) + ["ffn_norm"]
+        for name, slot in zip(names, layer.norms):
+            copy_weights(getattr(target, name), slot)
+    written = []
+    stacks = itertools.chain(zip(hf.encoder.layers, m.encoder), zip(hf.decoder.layers, m.decoder))
+    for target, layer in stacks:
+        names = ["attn_norm"] + (["cross_attn_norm"] if layer.decoder else []) + ["ffn_norm"]
+        written += [(target, name, slot) for name, slot in zip(names, layer.norms)]
     for stack, slot in m.final.items():
         norm = getattr(hf, stack).norm
-        if final and isinstance(norm, nn.Module) and hasattr(norm, "weight"):
+        if isinstance(norm, nn.Module) and hasattr(norm, "weight"):
             copy_weights(norm, slot)
+            written.append((getattr(hf, stack), "norm", slot))
     exact_norms_(hf)
+    as_written_(written)
     return hf
+
+
+class AsWritten(nn.Module):
+    """A learner's hand-written norm as it computes, its own mistakes included (the Annotated
+    Transformer's unbiased std): the norm's own check names them, the model is compared with what
+    it computes."""
+
+    def __init__(self, w: V.NormWeights) -> None:
+        super().__init__()
+        self.w = w
+
+    def forward(self, x: Tensor) -> Tensor:
+        return V.norm(self.w, x)
+
+
+def as_written_(written: list[tuple[nn.Module, str, Slot]]) -> None:
+    """The norms whose learner's module computes something else than the standard norm, replaced by
+    what it computes (found once a mapped leaf)."""
+    for parent, name, slot in written:
+        w = getattr(slot.leaf, "computes", None)
+        if w is None:
+            w = slot.leaf.computes = norm_weights(slot)  # type: ignore[attr-defined]
+        if w.flags:
+            setattr(parent, name, AsWritten(w))
 
 
 def exact_norms_(model: nn.Module) -> None:
@@ -344,8 +393,11 @@ class Caller:
     def __init__(self, module: nn.Module, ctx: Context) -> None:
         self.module, self.ctx = module, ctx
         self.masks = [p.name for p in forward_parameters(module) if "mask" in p.name.lower()]
+        self.rank: int | None = None if self.masks else 4  # of the masks: found on the first call
 
-    def raw(self, src: Tensor, tgt: Tensor) -> Any:
+    def raw(self, src: Tensor, tgt: Tensor, rank: int = 4) -> Any:
+        """Rank 4: (B, 1, 1, S) and (B, 1, T, T); rank 3 (the Annotated Transformer's, whose attention
+        adds the head axis): (B, 1, S) and (B, T, T)."""
         kwargs = {}
         for name in self.masks:
             if any(t in name.lower() for t in ("src", "enc", "memory", "source")):
@@ -353,10 +405,24 @@ class Caller:
             else:
                 keep = causal(tgt.size(1))[None, None] & (tgt != PAD)[:, None, None, :]  # (B, 1, T, T)
                 kwargs[name] = keep.long()
+            if rank == 3:
+                kwargs[name] = kwargs[name][:, 0]  # (B, 1, S) or (B, T, T)
         return self.module(src, tgt, **kwargs)
 
     def __call__(self, src: Tensor, tgt: Tensor) -> Tensor | None:
-        out = fp.first_tensor(self.ctx.learner.call("forward", self.raw, src, tgt), 3)
+        if self.rank is None:
+            try:
+                out = self._call(src, tgt, 4)
+                if out is not None and tuple(out.shape[:2]) == tuple(tgt.shape):
+                    self.rank = 4
+                    return out
+            except fp.LearnerFailure:
+                pass
+            self.rank = 3
+        return self._call(src, tgt, self.rank)
+
+    def _call(self, src: Tensor, tgt: Tensor, rank: int) -> Tensor | None:
+        out = fp.first_tensor(self.ctx.learner.call("forward", self.raw, src, tgt, rank), 3)
         generator = getattr(self.module, "generator", None)
         if out is not None and out.size(-1) == D and D != TGT_V and callable(generator):
             out = fp.first_tensor(self.ctx.learner.call("forward", generator, out), 3)
@@ -398,7 +464,8 @@ Found = tuple[Choices, frozenset[str], float]
 def _search(m: ModelMap, out: Tensor, src: Tensor, tgt: Tensor, builds_masks: bool) -> Found | None:
     log_probs = bool(((out.exp().sum(-1) - 1).abs() < 1e-6).all())
     gated = is_gated(m.encoder[0].ffn)
-    settings = [Choices(p, a, s, log_probs) for p in ("post", "pre") for s in (True, False)
+    ties = (False, True) if m.out is not None and not m.tied else (False,)
+    settings = [Choices(p, a, s, log_probs, t) for t in ties for p in ("post", "pre") for s in (True, False)
                 for a in FFN_ACTIVATIONS[gated]]
     rows = real_rows(tgt)
     for lo, hi in ((0, 1), (2, 2)):
@@ -485,9 +552,36 @@ def _pe_after_dropout(res: ComponentResult, ctx: Context, comp: Component, call:
         f"（eval 模式下记录了 {len(seen)} 次 dropout 调用）：训练时位置编码不会被 dropout")))
 
 
+def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
+    """The learner's model built from its constructor, or (the Annotated Transformer's
+    EncoderDecoder(encoder, decoder, src_embed, tgt_embed, generator)) by the file's `make_model`."""
+    try:
+        return ctx.build(comp, MODEL_SIZES), False
+    except DiscoveryError:
+        factory = own_objects(ctx.module).get("make_model")
+        if factory is None or not inspect.isfunction(factory):
+            raise
+    kwargs = {}
+    for p in inspect.signature(factory).parameters.values():
+        key = next((k for k, aliases in ARGUMENTS.items() if p.name.lower() in aliases), None)
+        if key in MODEL_SIZES:
+            kwargs[p.name] = MODEL_SIZES[key]
+        elif p.default is p.empty:
+            raise DiscoveryError(f"make_model: cannot fill the argument {p.name!r}; it takes (src_vocab, "
+                                 "tgt_vocab, N, d_model, d_ff, h, dropout)")
+    module = ctx.learner.call("__init__", factory, **kwargs)
+    if not isinstance(module, nn.Module):
+        raise ctx.learner.fail("__init__", "make_model(...) did not return an nn.Module")
+    scramble_(module, 0)
+    return module.double().eval(), True
+
+
 def check_model(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
-    module = ctx.build(comp, MODEL_SIZES)
+    module, by_factory = build_model(comp, ctx)
+    if by_factory:
+        res.notes.append(text(f"{comp.name} takes modules: built with your make_model(...)",
+                              f"{comp.name} 的参数是模块：用你的 make_model(...) 构造"))
     call = Caller(module, ctx)
     builds_masks = not call.masks
     src, tgt = inputs(6, 6, [0, 2], [1, 0], seed=0)  # S == T: a mask from the other side still runs
@@ -502,7 +596,10 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
                                 text(f"got {got}", f"实际得到 {got}")))
         if not ok:
             return finish(res)
-        res.checks.append(Check(text("no NaN or inf", "没有 NaN 或 inf"), bool(torch.isfinite(out).all())))
+        finite = bool(torch.isfinite(out).all())
+        res.checks.append(Check(text("no NaN or inf", "没有 NaN 或 inf"), finite))
+        if not finite:  # no variant computes NaN: nothing to search
+            return finish(res)
         try:
             m = map_model(module, SIZES["d_ff"])
         except MappingError as err:
@@ -544,8 +641,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, module: nn.Mod
                                       f"没有找到{'、'.join(missing)}的最后归一化层"))
         if not ch.scale and _computes_sqrt(_embedding_sources(module, m)):
             objs = _embedding_sources(module, m) + ctx.objects(comp)
-            scaled = fp.max_error(out, variant(reference_model(m, Choices(ch.placement, ch.activation, True,
-                                                                          ch.log_probs)),
+            scaled = fp.max_error(out, variant(reference_model(m, dataclasses.replace(ch, scale=True)),
                                                src, tgt, flags, ch.log_probs), rows)
             res.findings.append(_finding(ctx, comp, "embedding_scale_unused", text(
                 f"your code computes sqrt( for the embeddings, but your logits are those of unscaled "

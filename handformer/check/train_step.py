@@ -227,6 +227,7 @@ def learner_criterion(ctx: Context) -> tuple[Any, str | None]:
             return fallback
         finally:
             ctx.partial = partial
+        ctx.results[comp.name] = result
     try:
         spec = Loss(comp, ctx)
     except DiscoveryError:

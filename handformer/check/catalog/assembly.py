@@ -78,4 +78,17 @@ DIAGNOSES: list[Diagnosis] = [
       "backward() 会把每个 micro-batch 的梯度加起来：每个损失都要除以 micro-batch 的个数，"
       "(loss / accum_steps).backward()，这样更新才和整个 batch 的一样",
       r"\.backward\(\)", r"loss"),
+    d("beam_batched_differs", "the beam search of a batch differs from searching each sentence alone",
+      "批量束搜索的结果与逐句单独搜索不同",
+      "each sentence's search must see its own source (src[i:i + 1], src_mask[i:i + 1]) and its own beams "
+      "only: candidates are ranked within a sentence, never across the batch",
+      "每句的搜索只能看到自己的源句（src[i:i + 1]、src_mask[i:i + 1]）和自己的束：候选只在一句之内排序，"
+      "不能跨 batch 排序",
+      r"\[:1\]|\[0\]", r"for .* in range\(", r"src"),
+    d("head_tied_despite_config", "the output head is tied to the token embedding though the config says not",
+      "配置说不共享权重，输出层却与词嵌入共享了权重",
+      "tie only when the config asks: if config.tie_weights: "
+      "self.transformer.wte.weight = self.lm_head.weight",
+      "只在配置要求时共享：if config.tie_weights: self.transformer.wte.weight = self.lm_head.weight",
+      r"\.weight\s*=\s*self\.[\w.]+\.weight", r"tie"),
 ]
