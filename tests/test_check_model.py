@@ -167,6 +167,30 @@ def test_the_gpt_passes_against_causal_lm_and_its_inference_forward_is_compared_
     assert any("last position's logits only" in n["en"] for n in comp.notes)
 
 
+def test_a_gpt_of_rmsnorm_and_swiglu_blocks_without_biases_passes(tmp_path):
+    """The LLM chapter's choices in nanoGPT's GPT: the reference takes the learner's norm (RMSNorm
+    here, by what it computes) and gated FFN, so a correct model of them passes."""
+    source = correct_file("gpt").read_text()
+    source = source.replace("        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None\n",
+                            "        self.eps = 1e-6\n").replace(
+        "        return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)",
+        "        return input * torch.rsqrt(input.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight")
+    source = source.replace("class LayerNorm(nn.Module):", "class RMSNorm(nn.Module):").replace(
+        "LayerNorm(config.n_embd", "RMSNorm(config.n_embd").replace("bias: bool = True", "bias: bool = False")
+    source = source.replace(
+        "        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)\n        self.gelu = nn.GELU()\n",
+        "        self.w1 = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)\n"
+        "        self.w3 = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)\n").replace(
+        "return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))",
+        "return self.dropout(self.c_proj(F.silu(self.w1(x)) * self.w3(x)))")
+    assert "F.silu(self.w1(x))" in source and "class RMSNorm" in source and "self.eps" in source
+    path = tmp_path / "gpt_rms.py"
+    path.write_text(source)
+    result = check_file(str(path), only=["gpt"])
+    (comp,) = result.components
+    assert comp.status == "pass" and comp.max_abs_error < 1e-9, format_report(result)
+
+
 ANNOTATED_MODEL = '''
 import copy
 import math

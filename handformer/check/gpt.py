@@ -140,7 +140,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     cfg = CausalLMConfig.gpt2_style(
         vocab_size=VOCAB, d_model=D, n_heads=H, d_ff=m.blocks[0].ffn[0].leaf.weight.size(0),
         n_layers=len(m.blocks), dropout=0.0, activation=HF_NAME[(gated, ch.activation)],
-        norm_placement=ch.placement, norm_eps=first.eps,
+        norm_placement=ch.placement, norm=first.kind, norm_eps=first.eps,  # LayerNorm or RMSNorm, as theirs
         position="learned" if m.wpe is not None else "none",
         max_positions=m.wpe.weight.size(0) if m.wpe is not None else BLOCK, tie_embeddings=m.tied)
     hf = build_causal_lm(cfg)  # (a GPT-2 style config: the plain CausalLM)
