@@ -159,7 +159,7 @@ def test_status_shows_which_chapters_pass(tmp_path, capsys):
     assert code == 0 and len(lines) == len(CHAPTERS)
     assert "pass" in lines["ch01_inputs.py"] and "not started" in lines["ch02_attention.py"]
     assert "fail" in lines["ch07_loss_schedule.py"] and "masked_cross_entropy" in lines["ch07_loss_schedule.py"]
-    assert out.strip().endswith("1 of 11 chapters pass")
+    assert out.strip().endswith(f"1 of {len(CHAPTERS)} chapters pass")
 
 
 def test_notebooks_are_stripped_and_the_same_code_in_both_languages():
