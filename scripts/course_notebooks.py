@@ -30,9 +30,10 @@ for batch in task.batches(lesson.batch_size(64), lesson.steps(1500)):
 print(f"{len(losses)} steps, last loss {losses[-1]:.3f}")'''
 
 
-def check_cell(stem: str) -> str:
-    plots = "" if stem == "ch09_decoding" else "import matplotlib.pyplot as plt\n"
-    return f"{plots}import torch\n\nfrom handformer.course import lesson\n\nok = lesson.check(\"{stem}\")"
+def check_cell(stem: str, plot: str) -> str:
+    """The first code cell: the imports the chapter's plot cell uses, then the check."""
+    imports = "import matplotlib.pyplot as plt\n" * ("plt." in plot) + "import torch\n" * ("torch." in plot)
+    return f"{imports}\nfrom handformer.course import lesson\n\nok = lesson.check(\"{stem}\")"
 
 
 CHAPTERS = {
@@ -280,7 +281,7 @@ def notebook(cells: list[tuple[str, str]]) -> dict:
 def main() -> None:
     for stem, (intro, after, plot) in CHAPTERS.items():
         for i, lang in enumerate(("en", "zh")):
-            cells = [("markdown", intro[i]), ("code", check_cell(stem)), ("markdown", after[i]), ("code", plot)]
+            cells = [("markdown", intro[i]), ("code", check_cell(stem, plot)), ("markdown", after[i]), ("code", plot)]
             nb = notebook(cells)
             for n, cell in enumerate(nb["cells"]):
                 cell["id"] = f"{stem}-{n}"
