@@ -86,7 +86,7 @@ def test_one_chapter_in_chinese(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--lang", "fr"], "--lang fr: the course is written in en (English) and zh (Chinese)"),
-    (["12"], "unknown chapter '12'; the chapters are: 1 (ch01_inputs)"),
+    (["99"], "unknown chapter '99'; the chapters are: 1 (ch01_inputs)"),
     (["--reset", "attention_maps"], "unknown chapter 'attention_maps'"),
     (["--status", "--dir", "{tmp}/other"], "is not a course folder (it has no course.json)"),
     (["--dir", "{tmp}/other"], "is not a course folder (it has no course.json and is not empty)"),
