@@ -18,10 +18,8 @@ model = Transformer(V_SRC, V_TGT, d_model=D, num_heads=4, num_layers=2, d_ff=128
 optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate(step, D, 1.0, 200))
 
-
 def criterion(logits, targets):
     return masked_cross_entropy(logits, targets, task.pad)
-
 
 losses = []
 for batch in task.batches(lesson.batch_size(64), lesson.steps(1500)):
