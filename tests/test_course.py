@@ -92,11 +92,14 @@ def test_one_chapter_in_chinese(tmp_path):
     (["--dir", "{tmp}/other"], "is not a course folder (it has no course.json and is not empty)"),
     (["--dir", "{tmp}/course", "--lang", "zh"], "is a course in English (--lang en); for one in Chinese"),
     (["--status", "--dir", "{tmp}/nowhere"], "no such folder"),
+    (["--status", "--dir", "{tmp}/broken"], "course.json: not a course manifest"),
 ])
 def test_bad_input_is_one_clear_error(tmp_path, capsys, args, message):
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
     learn(tmp_path / "course", "en", "1")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "course.json").write_bytes(b'{"course": "handf')  # cut short
     capsys.readouterr()
     code, out, err = run_cli(capsys, *[a.replace("{tmp}", str(tmp_path)) for a in args])
     assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err
