@@ -44,7 +44,8 @@ class Plant:
 FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
             "d2l": FIXTURES / "learners_d2l", "nanogpt": FIXTURES / "learners_nanogpt",
             "sampling": FIXTURES / "learners_sampling", "training": FIXTURES / "learners_training",
-            "assembly": FIXTURES / "learners_assembly"}
+            "assembly": FIXTURES / "learners_assembly", "model": FIXTURES / "learners_model",
+            "gpt": FIXTURES / "learners_gpt", "loop": FIXTURES / "learners_loop"}
 
 TUTORIAL_PLANTS: dict[str, Plant] = {
     "no_scaling": Plant("no_scaling", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
@@ -309,8 +310,63 @@ ASSEMBLY_PLANTS: dict[str, Plant] = {
          "causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=tgt.device), diagonal=1)")], "assembly"),
 }
 
+BEAM_ENDS = """            if tokens[-1] == end_symbol:
+                if rank < beam_size:  # among the best: it ends here and leaves the beam
+                    finished.append((score / (len(tokens) - 1) ** alpha, tokens))
+            elif len(beams) < beam_size:
+"""
+
+MODEL_PLANTS: dict[str, Plant] = {
+    "pe_missing": Plant("pe_missing", "transformer", [
+        ("x = self.pos(self.src_embed(src))", "x = self.src_embed(src)")], "model"),
+    "pe_after_dropout": Plant("pe_after_dropout", "transformer", [
+        ("return self.dropout(x + self.pe[:, : x.size(1)])", "return self.dropout(x) + self.pe[:, : x.size(1)]")],
+        "model"),
+    "embedding_scale_unused": Plant("embedding_scale_unused", "transformer", [
+        ("return self.lut(x) * self.scale", "return self.lut(x)")], "model"),
+    "final_norm_missing": Plant("final_norm_missing", "transformer", [
+        ("        return self.encoder_norm(x)\n", "        return x\n")], "model"),
+    "model_mask_wrong_sequence": Plant("mask_pad_wrong_sequence", "transformer", [
+        ("src_mask = self.make_src_mask(src)", "src_mask = self.make_src_mask(tgt)")], "model"),
+    "beam_no_stop_at_eos": Plant("beam_no_stop_at_eos", "beam_search", [(BEAM_ENDS, "            if len(beams) < beam_size:\n")],
+                                 "model"),
+    "beam_eos_not_emitted": Plant("beam_eos_not_emitted", "beam_search", [
+        ("finished.append((score / (len(tokens) - 1) ** alpha, tokens))",
+         "finished.append((score / (len(tokens) - 1) ** alpha, tokens[:-1]))")], "model"),
+    "beam_finished_extended": Plant("beam_finished_extended", "beam_search", [
+        ("            elif len(beams) < beam_size:\n", "            if len(beams) < beam_size:\n")], "model"),
+    "beam_shortest_returned": Plant("beam_shortest_returned", "beam_search", [
+        ("    return max(finished, key=lambda f: f[0])[1]\n", "    return finished[0][1]\n")], "model"),
+    "beam_length_penalty_per_step": Plant("beam_length_penalty_per_step", "beam_search", [
+        ("candidates.append((score + log_prob, tokens + [token]))",
+         "candidates.append(((score + log_prob) / len(tokens) ** alpha, tokens + [token]))")], "model"),
+    "beam_one_not_greedy": Plant("beam_one_not_greedy", "beam_search", [
+        ("model.generator(out[:, -1])", "model.generator(out[:, 0])")],
+        "model"),
+}
+
+GPT_PLANTS: dict[str, Plant] = {
+    "gpt_causal_mask_missing": Plant("causal_mask_missing", "gpt", [
+        ('        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))\n', "")], "gpt"),
+    "gpt_causal_sees_next": Plant("causal_off_by_one", "gpt", [
+        ("torch.tril(torch.ones(config.block_size, config.block_size))",
+         "torch.tril(torch.ones(config.block_size, config.block_size), diagonal=1)")], "gpt"),
+    "gpt_pe_missing": Plant("pe_missing", "gpt", [("self.transformer.drop(tok_emb + pos_emb)", "self.transformer.drop(tok_emb)")],
+                            "gpt"),
+    "gpt_final_norm_missing": Plant("final_norm_missing", "gpt", [("        x = self.transformer.ln_f(x)\n", "")], "gpt"),
+}
+
+LOOP_PLANTS: dict[str, Plant] = {
+    "train_step_loss_not_divided": Plant("train_step_loss_not_divided", "train_step", [
+        ("        (loss / accum_steps).backward()\n", "        loss.backward()\n")], "loop"),
+    "epoch_no_zero_grad": Plant("train_step_no_zero_grad", "train_epoch", [
+        ("        optimizer.zero_grad()\n        loss.backward()\n", "        loss.backward()\n")], "loop"),
+    "epoch_eval_mode": Plant("train_step_eval_mode", "train_epoch", [
+        ("    model.train()\n    total = 0.0\n", "    total = 0.0\n")], "loop"),
+}
+
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
-                            **ASSEMBLY_PLANTS}
+                            **ASSEMBLY_PLANTS, **MODEL_PLANTS, **GPT_PLANTS, **LOOP_PLANTS}
 
 # Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
 # a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
@@ -353,6 +409,11 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("train_step_no_zero_grad", "train_step_eval_mode"), ("train_step_clip_after_step", "train_step_no_shift"),
     ("mask_pad_id", "greedy_no_stop_at_eos"), ("mask_combined_with_or", "greedy_eos_not_emitted"),
     ("mask_pad_wrong_sequence", "mask_helper_causal_sees_next"),
+    ("pe_missing", "final_norm_missing"), ("pe_after_dropout", "embedding_scale_unused"),
+    ("beam_no_stop_at_eos", "beam_length_penalty_per_step"), ("beam_eos_not_emitted", "beam_shortest_returned"),
+    ("beam_finished_extended", "beam_eos_not_emitted"), ("beam_one_not_greedy", "pe_missing"),
+    ("gpt_causal_mask_missing", "gpt_final_norm_missing"), ("gpt_causal_sees_next", "gpt_pe_missing"),
+    ("train_step_loss_not_divided", "epoch_no_zero_grad"),
 ]
 
 

@@ -596,15 +596,19 @@ class Transformer(nn.Module):
 '''
 
 
-def test_full_model_reference_free_checks(tmp_path):
+def test_full_model_against_handformer_and_reference_free_checks(tmp_path):
     path = tmp_path / "model.py"
     path.write_text(CORRECT.read_text() + MODEL)
     result = check_file(str(path), only=["transformer"])
     (comp,) = result.components
-    assert comp.status == "pass" and len(comp.checks) == 6, format_report(result)
+    assert comp.status == "pass" and len(comp.checks) == 7, format_report(result)
+    assert any(c.name["en"].startswith("matches handformer's Seq2SeqTransformer") for c in comp.checks)
+    assert comp.convention["en"].startswith("embeddings scaled by sqrt(d_model); output layer separate, with a bias; "
+                                            "post-norm layers")
     path.write_text(plant(CORRECT.read_text(), ["causal_sees_next"]) + MODEL)
     (comp,) = check_file(str(path), only=["transformer"]).components
-    assert [c.name["en"].split(":")[0] for c in comp.checks if not c.ok] == ["causality"]
+    assert [c.name["en"].split(":")[0] for c in comp.checks if not c.ok] == [
+        "matches handformer's Seq2SeqTransformer on your weights and choices (post-norm) on 3 shapes", "causality"]
 
 
 ANNOTATED_STYLE = '''

@@ -27,7 +27,7 @@ KINDS = {
             ("PositionWiseFFN", "ffn"), ("PositionalEncoding", "positional_encoding"), ("AddNorm", "add_norm"),
             ("TransformerEncoderBlock", "encoder_layer"), ("TransformerDecoderBlock", "decoder_layer")],
     "nanogpt": [("CausalSelfAttention", "causal_attention"), ("MLP", "ffn"), ("LayerNorm", "layernorm"),
-                ("Block", "block"), ("GPT.generate", "generate")],
+                ("Block", "block"), ("GPT", "gpt"), ("GPT.generate", "generate")],
 }
 
 

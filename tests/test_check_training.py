@@ -260,3 +260,26 @@ def test_greedy_decoding_passes_and_its_report_is_chinese_too():
     assert comp.status == "pass" and "1 3 10 10 2" in comp.checks[0].name["en"]
     assert any("not with your own model" in n["en"] for n in comp.notes)
     assert "greedy_decode（贪心解码（编码器-解码器））：通过" in format_report(result, "zh")
+
+
+def test_an_accumulating_step_and_an_epoch_pass_with_the_learners_own_criterion():
+    result = check_file(str(correct_file("loop")))
+    assert [(c.name, c.kind, c.status) for c in result.components] == [
+        ("LabelSmoothing", "loss", "pass"), ("train_step", "train_step", "pass"),
+        ("train_epoch", "train_epoch", "pass")], format_report(result)
+    _, step, epoch = result.components
+    assert any(n["en"].startswith("accum_steps=2: each batch") for n in step.notes)
+    for comp in (step, epoch):
+        assert any("your own LabelSmoothing" in n["en"] for n in comp.notes)
+    assert "你自己的 LabelSmoothing" in format_report(result, "zh")
+
+
+def test_a_step_with_handformers_criterion_differs_from_one_with_a_smoothed_criterion(tmp_path):
+    """The criterion matters: the same step, its file without a loss of its own, is handed
+    handformer's cross-entropy, and its parameters still match handformer's step."""
+    source = correct_file("loop").read_text()
+    path = tmp_path / "no_loss.py"
+    path.write_text(source.replace("class LabelSmoothing(nn.Module):", "class Smoother(nn.Module):"))
+    result = check_file(str(path), only=["train_step", "train_epoch"])
+    assert [c.status for c in result.components] == ["pass", "pass"], format_report(result)
+    assert not any("your own" in n["en"] for c in result.components for n in c.notes)

@@ -12,10 +12,10 @@ pair equals the output of something else). docs/check.md lists both with the rea
 
 from __future__ import annotations
 
-from handformer.check.catalog import components, llm, sampling, training
+from handformer.check.catalog import assembly, components, llm, sampling, training
 from handformer.check.catalog.base import Diagnosis
 
-CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in (components, llm, sampling, training)
+CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in (components, llm, sampling, training, assembly)
                                  for d in chapter.DIAGNOSES}
 
 
@@ -39,6 +39,10 @@ EXCLUSIVE: dict[frozenset[str], str] = {
         "loop at EOS",
     frozenset({"loss_counts_padding", "loss_mean_over_batch"}): "both rewrite the one line that divides the "
         "loss",
+    frozenset({"beam_no_stop_at_eos", "beam_eos_not_emitted"}): "both rewrite the lines that finish a "
+        "hypothesis at EOS",
+    frozenset({"beam_no_stop_at_eos", "beam_finished_extended"}): "both rewrite the branch that keeps an "
+        "ended hypothesis out of the beam",
     frozenset({"top_p_extra_at_equality", "top_p_empty_set"}):
         "the plants rewrite the same rule; written together (a shifted cum > p with no guard) both are "
         "named",
@@ -77,4 +81,17 @@ MASKING: dict[frozenset[str], str] = {
         "first token, so the loop never runs",
     frozenset({"sampling_from_logits", "generate_no_crop"}): "the same: the loop never runs",
     frozenset({"sampling_from_logits", "generate_does_not_stop"}): "the same: the loop never runs",
+    frozenset({"beam_no_stop_at_eos", "beam_shortest_returned"}): "no hypothesis ever finishes, so there is "
+        "no first finished one to return",
+    frozenset({"beam_finished_extended", "beam_shortest_returned"}): "the first hypothesis to finish is the "
+        "same whether or not finished ones are extended",
+    frozenset({"beam_shortest_returned", "beam_length_penalty_per_step"}): "returning the first finished "
+        "hypothesis, the search never compares scores, so how they are divided cannot be seen",
+    frozenset({"beam_finished_extended", "beam_length_penalty_per_step"}): "with the penalty compounded "
+        "the extended hypotheses give the same answers as a search where EOS never ends one",
+    frozenset({"causal_mask_missing", "causal_off_by_one"}): "without the mask its diagonal cannot be seen",
+    **{frozenset({"beam_one_not_greedy", other}): "scoring the first position instead of the last, the "
+       "search follows none of the scenarios' paths, so nothing else in it can be seen"
+       for other in ("beam_no_stop_at_eos", "beam_eos_not_emitted", "beam_finished_extended",
+                     "beam_shortest_returned", "beam_length_penalty_per_step")},
 }

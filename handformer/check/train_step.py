@@ -1,6 +1,10 @@
-"""The runner of a training step: `train_step(model, batch, optimizer, criterion)` (or with `src`
-and `tgt` in place of the batch) on a tiny handformer `Seq2SeqTransformer` handed over in eval mode,
-an SGD optimizer and a cross-entropy criterion that ignores the pad id.
+"""The runners of a training step, `train_step(model, batch, optimizer, criterion)` (or with `src`
+and `tgt` in place of the batch, and optionally a number of micro-batches to accumulate), and of a
+training epoch, `train_epoch(model, loader, optimizer, criterion)`, on a tiny handformer
+`Seq2SeqTransformer` handed over in eval mode and an SGD optimizer. The criterion handed in is the
+learner's own when the file defines a loss that passes its check (called with the pad id, and a
+smoothing of 0.1 when it takes one), else a cross-entropy that ignores the pad id; handformer's step
+uses the same one.
 
 The learner's step runs twice, on two batches, and the parameters after each step are compared with
 handformer's step from the same start: the decoder fed the target shifted right (`tgt[:, :-1]`),
@@ -8,7 +12,9 @@ the loss against `tgt[:, 1:]`, `zero_grad`, `backward`, the gradient clipped (wh
 clips, at the norm it writes) and `step`. The model records each call: the mode it was in and the
 target it was fed. Named: `zero_grad` missing (gradients of step 1 still in step 2), clipping after
 `step()` (the update is the unclipped one), `model.train()` forgotten (the model ran in eval mode),
-the decoder fed the unshifted target (input and label at the same positions).
+the decoder fed the unshifted target (input and label at the same positions), and with
+accumulation the micro-batches' losses not divided by their number (the update is that many times
+too large). An epoch runs once over the same two batches and is compared after it.
 
 Shape legend: B batch, S source length, T target length, V vocabulary.
 """
@@ -39,6 +45,11 @@ OPTIMIZER_NAMES = ("optimizer", "opt", "optim")
 CRITERION_NAMES = ("criterion", "loss_fn", "loss_func", "loss_compute", "compute_loss", "loss_function",
                    "criteria")
 BATCH_NAMES = ("batch", "data", "sample", "b", "example")
+LOADER_NAMES = ("loader", "data_loader", "dataloader", "batches", "data_iter", "train_loader", "iterator",
+                "dataset", "train_data", "data")
+ACCUM_NAMES = ("accum_steps", "accumulation_steps", "grad_accum_steps", "gradient_accumulation_steps",
+               "accum_iter", "accumulate", "n_accum", "grad_accum", "micro_batches", "accum")
+ACCUM = 2  # micro-batches a step is asked to accumulate, when it takes their number
 SRC_NAMES = ("src", "source", "x", "src_ids", "inputs", "input_ids")
 TGT_NAMES = ("tgt", "trg", "target", "y", "tgt_ids", "targets", "labels")
 
@@ -80,15 +91,21 @@ class Recorded(nn.Module):
 
 def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor,
                    clip: float | None, *, zero_grad: bool = True, clip_after: bool = False,
-                   shift: bool = True) -> None:
-    """handformer's step, with the named mistakes on request."""
-    criterion = nn.CrossEntropyLoss(ignore_index=PAD)
-    tgt_in, tgt_out = (tgt[:, :-1], tgt[:, 1:]) if shift else (tgt, tgt)
-    logits = model(src, tgt_in)
-    loss = criterion(logits.reshape(-1, V), tgt_out.reshape(-1))
+                   shift: bool = True, accum: int = 1, divide: bool = True,
+                   criterion: Any = None) -> None:
+    """handformer's step, with the named mistakes on request: with accum > 1 the batch is split in
+    that many micro-batches along the batch, each loss divided by accum (unless `divide` is off)
+    and backpropagated, then one update."""
+    criterion = criterion or nn.CrossEntropyLoss(ignore_index=PAD)
     if zero_grad:
         opt.zero_grad()
-    loss.backward()
+    for src_part, tgt_part in zip(src.chunk(accum), tgt.chunk(accum)):
+        tgt_in, tgt_out = (tgt_part[:, :-1], tgt_part[:, 1:]) if shift else (tgt_part, tgt_part)
+        logits = model(src_part, tgt_in)
+        # log-probabilities: what the Annotated LabelSmoothing takes, and the same loss for a
+        # cross-entropy (log_softmax of log-probabilities changes nothing)
+        loss = criterion(logits.log_softmax(-1).reshape(-1, V), tgt_out.reshape(-1))
+        (loss / accum if divide else loss).backward()
     if clip is not None and not clip_after:
         nn.utils.clip_grad_norm_(model.parameters(), clip)
     opt.step()
@@ -105,30 +122,43 @@ def _diff(a: list[Tensor], b: list[Tensor]) -> float:
 
 
 class Step:
-    """How to call the learner's step: its model, batch (a tuple, an object with fields, or a dict,
-    as its source reads it), optimizer and criterion arguments, by name."""
+    """How to call the learner's step (or epoch): its model, batch (a tuple, an object with fields, or a
+    dict, as its source reads it), optimizer, criterion and accumulation arguments, by name."""
 
-    def __init__(self, comp: Component, ctx: Context) -> None:
-        self.comp, self.ctx = comp, ctx
+    def __init__(self, comp: Component, ctx: Context, epoch: bool = False) -> None:
+        self.comp, self.ctx, self.epoch = comp, ctx, epoch
         params = forward_parameters(comp.obj)
         self.names = [p.name for p in params]
         find = lambda aliases: next((n for n in self.names if n.lower() in aliases), None)  # noqa: E731
         self.model, self.opt = find(MODEL_NAMES), find(OPTIMIZER_NAMES)
-        self.criterion, self.batch = find(CRITERION_NAMES), find(BATCH_NAMES)
-        self.src, self.tgt = find(SRC_NAMES), find(TGT_NAMES)
-        known = {self.model, self.opt, self.criterion, self.batch, self.src, self.tgt}
+        self.criterion = find(CRITERION_NAMES)
+        self.accum = find(ACCUM_NAMES)
+        self.loader = find(LOADER_NAMES) if epoch else None
+        self.batch = None if epoch else find(BATCH_NAMES)
+        self.src, self.tgt = (None, None) if epoch else (find(SRC_NAMES), find(TGT_NAMES))
+        known = {self.model, self.opt, self.criterion, self.batch, self.src, self.tgt, self.accum,
+                 self.loader}
         unknown = [p.name for p in params if p.default is p.empty and p.name not in known]
-        if unknown or not self.model or not self.opt or not (self.batch or (self.src and self.tgt)):
+        data = self.loader if epoch else (self.batch or (self.src and self.tgt))
+        if unknown or not self.model or not self.opt or not data:
+            what = "(model, loader, optimizer, criterion)" if epoch else (
+                "(model, batch, optimizer, criterion), the batch as (src, tgt), batch.src / batch.tgt or a "
+                "dict, or src and tgt themselves")
             raise DiscoveryError(
                 f"{comp.name}: cannot fill the argument {(unknown or ['model / optimizer / batch'])[0]!r}; "
-                "a training step takes (model, batch, optimizer, criterion), the batch as (src, tgt), "
-                "batch.src / batch.tgt or a dict, or src and tgt themselves")
+                f"a training {'epoch' if epoch else 'step'} takes {what}, and optionally the number of "
+                "micro-batches to accumulate (accum_steps, ...)")
         try:
             self.source = inspect.getsource(comp.obj)
         except (OSError, TypeError):
             self.source = ""
         match = re.search(r"clip_grad_norm_?\([^,]+,\s*(?:max_norm\s*=\s*)?([0-9.eE+-]+)", self.source)
         self.clip = float(match.group(1)) if match else (1.0 if "clip_grad" in self.source else None)
+        if epoch:  # the loop's variable is what a batch is called
+            loader = re.escape(self.loader or "")
+            loop = re.search(rf"for\s+(\w+)\s+in\s+(?:enumerate\()?\s*{loader}\b", self.source)
+            self.batch = loop.group(1) if loop else None
+        self.make_criterion, self.criterion_name = learner_criterion(ctx)
 
     def _batch(self, src: Tensor, tgt: Tensor) -> Any:
         name = re.escape(self.batch or "")
@@ -146,51 +176,134 @@ class Step:
     def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor) -> Any:
         kwargs: dict[str, Any] = {self.model: model, self.opt: opt}
         if self.criterion:
-            kwargs[self.criterion] = nn.CrossEntropyLoss(ignore_index=PAD)
+            kwargs[self.criterion] = self.make_criterion()
+        if self.accum:
+            kwargs[self.accum] = ACCUM
         if self.batch:
             kwargs[self.batch] = self._batch(src, tgt)
         else:
             kwargs[self.src], kwargs[self.tgt] = src.clone(), tgt.clone()
         return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
 
+    def run_epoch(self, model: nn.Module, opt: torch.optim.Optimizer, data: list[tuple[Tensor, Tensor]],
+                  ) -> Any:
+        kwargs: dict[str, Any] = {self.model: model, self.opt: opt,
+                                  self.loader: [self._batch(src, tgt) for src, tgt in data]}
+        if self.criterion:
+            kwargs[self.criterion] = self.make_criterion()
+        if self.accum:
+            kwargs[self.accum] = ACCUM
+        return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+
+    def uses_own_criterion(self) -> bool:
+        """The learner's loss is handed in, or (no criterion argument) the step calls it by name."""
+        name = self.criterion_name
+        return bool(self.criterion) or bool(name and re.search(rf"\b{name}\s*\(", self.source))
+
+    def reference_criterion(self) -> Any:
+        """The criterion handformer's step uses: the one handed to the learner, or (a step without a
+        criterion argument) the learner's loss when its step calls it by name, else cross-entropy."""
+        if self.uses_own_criterion():
+            return self.make_criterion()
+        return nn.CrossEntropyLoss(ignore_index=PAD)
+
+
+def learner_criterion(ctx: Context) -> tuple[Any, str | None]:
+    """A factory of the learner's loss as a criterion(input, target) when the file defines one that
+    passes its own check, with the name it has; else of handformer's cross-entropy."""
+    from handformer.check.loss import Loss, check_loss
+    from handformer.check.result import PASS
+
+    fallback = (lambda: nn.CrossEntropyLoss(ignore_index=PAD)), None
+    comp = ctx.components.get("loss")
+    if comp is None:
+        return fallback
+    result = ctx.results.get(comp.name)
+    if result is None:
+        partial = ctx.partial
+        try:
+            result = check_loss(comp, ctx)
+        except Exception:  # their loss raises: handformer's criterion is handed in
+            return fallback
+        finally:
+            ctx.partial = partial
+    try:
+        spec = Loss(comp, ctx)
+    except DiscoveryError:
+        return fallback
+    if result.status != PASS:
+        return fallback
+
+    def make() -> Any:
+        init: dict[str, Any] = {}
+        fixed: dict[str, Any] = {}
+        for name, value in ((spec.pad, PAD), (spec.smoothing, 0.1), (spec.size, V)):
+            if name is not None:
+                (init if name in spec.init_names else fixed)[name] = value
+        fn = ctx.learner.call("__init__", lambda: comp.obj(**init)) if spec.is_class else comp.obj
+
+        def criterion(input: Tensor, target: Tensor) -> Any:
+            return ctx.learner.call("forward", fn, **{spec.input: input, spec.target: target, **fixed})
+        return criterion
+
+    return make, comp.name
+
 
 def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
-    number, code = locate(name, source_lines(ctx.objects(comp, "train_step")))
+    """The finding, with the likely line in the step (or epoch) itself, else in the rest of the file."""
+    number, code = locate(name, source_lines([comp.obj]))
+    if number is None:
+        number, code = locate(name, source_lines(ctx.objects(comp, "train_step", "train_epoch")))
     return Finding(name, observed, number, code, form)
 
 
-def _run(step_fn: Any, base: Seq2SeqTransformer, clip: float | None, **mistakes: bool) -> list[list[Tensor]]:
+def _run(step: Step, base: Seq2SeqTransformer, **mistakes: Any) -> list[list[Tensor]]:
+    """handformer's steps (with the mistakes asked for) from the same start: the parameters after
+    each batch (one list for an epoch, after both)."""
     model = Recorded(copy.deepcopy(base))
     opt = torch.optim.SGD(model.parameters(), lr=LR)
+    accum = ACCUM if step.accum else 1
     out = []
     for src, tgt in batches():
-        step_fn(model, opt, src, tgt, clip, **mistakes)
+        reference_step(model, opt, src, tgt, step.clip, accum=accum, criterion=step.reference_criterion(),
+                       **mistakes)
         out.append(_params(model))
-    return out
+    return out[-1:] if step.epoch else out
 
 
 def check_train_step(comp: Component, ctx: Context) -> ComponentResult:
+    return _check(comp, ctx, epoch=False)
+
+
+def check_train_epoch(comp: Component, ctx: Context) -> ComponentResult:
+    return _check(comp, ctx, epoch=True)
+
+
+def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
     res = ctx.result(comp)
-    step = Step(comp, ctx)
+    step = Step(comp, ctx, epoch)
     base = tiny_model()
     model = Recorded(copy.deepcopy(base)).eval()  # handed in eval mode, as after an evaluation
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     got = []
     with torch.enable_grad():
-        for src, tgt in batches():
-            step(model, opt, src, tgt)
+        if epoch:
+            step.run_epoch(model, opt, batches())
             got.append(_params(model))
-        right = _run(reference_step, base, step.clip)
+        else:
+            for src, tgt in batches():
+                step(model, opt, src, tgt)
+                got.append(_params(model))
+        right = _run(step, base)
         errs = [_diff(g, r) for g, r in zip(got, right)]
         res.max_abs_error = max(errs)
-        res.checks.append(Check(text("the parameters after one and after two steps equal handformer's step "
-                                     "on the same batches",
-                                     "一步和两步之后的参数与 handformer 在同样的 batch 上走一步的结果一致"),
-                                max(errs) < 1e-9, error_text(max(errs))))
-        if step.clip is not None:
-            res.notes.append(text(f"your step clips the gradient norm at {step.clip:g}; handformer's step "
-                                  "clipped at the same norm", f"你的一步把梯度范数裁剪到 {step.clip:g}；"
-                                  "handformer 的一步按同样的范数裁剪"))
+        what = ("the parameters after an epoch of two batches equal handformer's two steps on them",
+                "一个 epoch（两个 batch）之后的参数与 handformer 在这两个 batch 上走两步的结果一致",
+                ) if epoch else (
+            "the parameters after one and after two steps equal handformer's step on the same batches",
+            "一步和两步之后的参数与 handformer 在同样的 batch 上走一步的结果一致")
+        res.checks.append(Check(text(*what), max(errs) < 1e-9, error_text(max(errs))))
+        _notes(res, step)
         trained = [t for t, _ in model.calls]
         lengths = {n for _, n in model.calls}
         if model.calls and not any(trained):
@@ -200,33 +313,54 @@ def check_train_step(comp: Component, ctx: Context) -> ComponentResult:
                 f"模型交给你时处于 eval 模式，你的一步在全部 {len(trained)} 次调用里都这样运行它："
                 "训练时 dropout 一直关着")))
         if max(errs) >= 1e-9:
-            variants = {"train_step_no_zero_grad": {"zero_grad": False},
-                        "train_step_clip_after_step": {"clip_after": True},
-                        "train_step_no_shift": {"shift": False}}
-            if step.clip is None:
-                del variants["train_step_clip_after_step"]
-            if lengths != {batches()[0][1].size(1)}:
-                del variants["train_step_no_shift"]
-            combos = [c for n in (1, 2) for c in itertools.combinations(variants, n)]
-            for combo in combos:
-                mistakes = {k: v for name in combo for k, v in variants[name].items()}
-                theirs = _run(reference_step, base, step.clip, **mistakes)
-                if _diff(theirs[0], right[0]) < 1e-12 and _diff(theirs[1], right[1]) < 1e-12:
-                    continue  # these mistakes change nothing on these batches
-                off = max(_diff(g, t) for g, t in zip(got, theirs))
-                if off >= 1e-9:
-                    continue
-                for name in combo:
-                    res.findings.append(_finding(ctx, comp, name, text(
-                        f"your parameters equal those of a step with this mistake (max abs difference "
-                        f"{off:.1e}); after step 1 they differ from handformer's by {errs[0]:.3g}, after "
-                        f"step 2 by {errs[1]:.3g}",
-                        f"你的参数与带这个错误的一步结果一致（最大绝对误差 {off:.1e}）；"
-                        f"与 handformer 的相比，第 1 步之后相差 {errs[0]:.3g}，"
-                        f"第 2 步之后相差 {errs[1]:.3g}")))
-                break
-            else:
-                res.notes.append(text("no known mistake (or pair of them) reproduces your parameters; see "
-                                      "the checks",
-                                      "没有任何已知错误（或两个错误的组合）能复现你的参数；请看检查项"))
+            _search(res, ctx, comp, step, base, got, right, errs, lengths)
     return finish(res)
+
+
+def _notes(res: ComponentResult, step: Step) -> None:
+    if step.clip is not None:
+        res.notes.append(text(f"your step clips the gradient norm at {step.clip:g}; handformer's step "
+                              "clipped at the same norm", f"你的一步把梯度范数裁剪到 {step.clip:g}；"
+                              "handformer 的一步按同样的范数裁剪"))
+    if step.accum:
+        res.notes.append(text(f"{step.accum}={ACCUM}: each batch of 2 sentences in {ACCUM} micro-batches, "
+                              "their gradients accumulated before one update",
+                              f"{step.accum}={ACCUM}：每个 2 句的 batch 分成 {ACCUM} 个 micro-batch，"
+                              "梯度累加后更新一次"))
+    if step.criterion_name and step.uses_own_criterion():
+        res.notes.append(text(f"the criterion is your own {step.criterion_name} (it passes its check), in "
+                              "your step and in handformer's", f"损失用的是你自己的 {step.criterion_name}"
+                              "（它通过了自己的检查），你的一步和 handformer 的一步都用它"))
+
+
+def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, base: Seq2SeqTransformer,
+            got: list[list[Tensor]], right: list[list[Tensor]], errs: list[float], lengths: set[int]) -> None:
+    variants: dict[str, dict[str, Any]] = {
+        "train_step_no_zero_grad": {"zero_grad": False}, "train_step_clip_after_step": {"clip_after": True},
+        "train_step_no_shift": {"shift": False}, "train_step_loss_not_divided": {"divide": False}}
+    if step.clip is None:
+        del variants["train_step_clip_after_step"]
+    if lengths != {batches()[0][1].size(1)}:
+        del variants["train_step_no_shift"]
+    if not step.accum:
+        del variants["train_step_loss_not_divided"]
+    combos = [c for n in (1, 2) for c in itertools.combinations(variants, n)]
+    for combo in combos:
+        mistakes = {k: v for name in combo for k, v in variants[name].items()}
+        theirs = _run(step, base, **mistakes)
+        if all(_diff(t, r) < 1e-12 for t, r in zip(theirs, right)):
+            continue  # these mistakes change nothing on these batches
+        off = max(_diff(g, t) for g, t in zip(got, theirs))
+        if off >= 1e-9:
+            continue
+        after = (f"after the epoch they differ from handformer's by {errs[0]:.3g}", f"与 handformer 的相比，"
+                 f"epoch 之后相差 {errs[0]:.3g}") if step.epoch else (
+            f"after step 1 they differ from handformer's by {errs[0]:.3g}, after step 2 by {errs[1]:.3g}",
+            f"与 handformer 的相比，第 1 步之后相差 {errs[0]:.3g}，第 2 步之后相差 {errs[1]:.3g}")
+        for name in combo:
+            res.findings.append(_finding(ctx, comp, name, text(
+                f"your parameters equal those of a step with this mistake (max abs difference {off:.1e}); "
+                f"{after[0]}", f"你的参数与带这个错误的一步结果一致（最大绝对误差 {off:.1e}）；{after[1]}")))
+        return
+    res.notes.append(text("no known mistake (or pair of them) reproduces your parameters; see the checks",
+                          "没有任何已知错误（或两个错误的组合）能复现你的参数；请看检查项"))

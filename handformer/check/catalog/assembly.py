@@ -1,0 +1,81 @@
+"""The diagnoses of the assembled models: the encoder-decoder Transformer (its embeddings,
+positional encoding, final norms) and nanoGPT's decoder-only `GPT(config)`."""
+
+from handformer.check.catalog.base import Diagnosis, d
+
+DIAGNOSES: list[Diagnosis] = [
+    d("pe_missing", "the positional encoding is never added to the embeddings",
+      "位置编码没有加到嵌入上",
+      "add the positions to the token embeddings, on both sides of an encoder-decoder: "
+      "x = self.pos(self.src_embed(src)), y = self.pos(self.tgt_embed(tgt)); nanoGPT: tok_emb + pos_emb. "
+      "Without them attention sees a bag of tokens",
+      "把位置编码加到词嵌入上，编码器-解码器的两端都要加：x = self.pos(self.src_embed(src))，"
+      "y = self.pos(self.tgt_embed(tgt))；nanoGPT 是 tok_emb + pos_emb。没有它，注意力看到的只是一袋 token",
+      r"=\s*self\.\w*(embed|emb|lut|wte)\w*\(\w+\)\s*$", r"drop\w*\(\s*\w*emb\w*\s*\)", r"embed|emb"),
+    d("pe_after_dropout", "the positional encoding is added after the dropout",
+      "位置编码是在 dropout 之后才加上的",
+      "add the positions first, then drop out the sum: dropout(embed(x) + pe), as the paper applies dropout "
+      "to the sums of the embeddings and the positional encodings",
+      "先加位置编码，再对和做 dropout：dropout(embed(x) + pe)，论文是对嵌入与位置编码之和做 dropout",
+      r"dropout\(\s*[\w.]+(\([^)]*\))?\s*\)\s*\+", r"\+\s*self\.(pe|pos)", r"dropout"),
+    d("embedding_scale_unused", "the embedding's sqrt(d_model) is computed but never applied",
+      "嵌入的 sqrt(d_model) 算了，却没有乘上",
+      "multiply the embedding by it: return self.lut(x) * math.sqrt(self.d_model) (or drop the factor on "
+      "purpose: GPT-2 and Llama do not scale)",
+      "把它乘到嵌入上：return self.lut(x) * math.sqrt(self.d_model)（或者有意不缩放：GPT-2 和 Llama 都不乘）",
+      r"return\s+self\.\w+\(\w+\)\s*$", r"=\s*self\.\w*(embed|emb|lut)\w*\(\w+\)\s*$", r"sqrt\("),
+    d("final_norm_missing", "a pre-norm stack ends without its final norm",
+      "pre-norm 的堆栈最后没有归一化层",
+      "in a pre-norm stack each layer's output is not normed: end the encoder and the decoder with a norm, "
+      "return self.norm(x) (nanoGPT's ln_f)",
+      "pre-norm 堆栈中每层的输出都没有归一化：编码器和解码器最后都要接一个归一化层，return self.norm(x)"
+      "（nanoGPT 的 ln_f）",
+      r"^\s*\w+\s*=\s*block\(\w+\)\s*$", r"^\s*return\s+[a-z_]\w*\s*$", r"ln_f|norm"),
+    d("causal_mask_missing", "the decoder-only model has no causal mask: every position sees the future",
+      "decoder-only 模型没有因果掩码：每个位置都看得到后面的 token",
+      "mask the scores before the softmax: att = att.masked_fill(self.bias[:, :, :T, :T] == 0, "
+      "float('-inf')) (or F.scaled_dot_product_attention(q, k, v, is_causal=True)); without it training "
+      "learns to copy the next token",
+      "softmax 之前屏蔽得分：att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))"
+      "（或 F.scaled_dot_product_attention(q, k, v, is_causal=True)）；没有它，训练学会的是照抄下一个 token",
+      r"(att|scores|attn|weights)\s*=.*(@|matmul).*transpose", r"softmax\("),
+    d("beam_no_stop_at_eos", "in the beam search EOS never ends a hypothesis",
+      "束搜索里 EOS 不会结束假设",
+      "a candidate that ends with EOS is finished: take it out of the beam, score it by score / "
+      "length ** alpha and keep it with the finished ones",
+      "以 EOS 结尾的候选就结束了：把它移出束，用 score / length ** alpha 打分，放进已结束的假设里",
+      r"^\s*if len\(\w+\) < \w+:", r"end_symbol|eos", r"for .* in .*candidates"),
+    d("beam_eos_not_emitted", "the beam search returns the best hypothesis without its EOS",
+      "束搜索返回的最优假设没有 EOS", "keep EOS in the finished hypothesis: finished.append((score, tokens))",
+      "已结束的假设要保留 EOS：finished.append((score, tokens))",
+      r"\[:-1\]", r"finished\w*\.append", r"return"),
+    d("beam_finished_extended", "finished hypotheses stay in the beam and are extended",
+      "已结束的假设还留在束里，继续被扩展",
+      "a hypothesis that emitted EOS leaves the beam: only the other candidates (elif) become live beams",
+      "输出了 EOS 的假设要离开束：只有其他候选（elif）才进入新的束",
+      r"^\s*if len\(\w+\) < \w+:", r"\w+\.append\(\(score", r"beams"),
+    d("beam_shortest_returned", "the beam search returns the first finished (shortest) hypothesis, not the "
+      "best normalised one", "束搜索返回的是最先结束（最短）的假设，而不是归一化得分最高的",
+      "return the finished hypothesis with the best score / length ** alpha: max(finished, key=...)",
+      "返回 score / length ** alpha 最高的已结束假设：max(finished, key=...)",
+      r"return\s+finished\w*\[0\]", r"\[0\]", r"return"),
+    d("beam_length_penalty_per_step", "the length penalty divides the running score at every step",
+      "长度惩罚在每一步都除一次累计得分",
+      "keep the running score a plain sum of log-probabilities; divide by length ** alpha once, when a "
+      "hypothesis finishes", "累计得分就是对数概率之和；只在假设结束时除一次 length ** alpha",
+      r"\*\*\s*\(?alpha|\*\*\s*\(?length_penalty", r"alpha"),
+    d("beam_one_not_greedy", "with beam size 1 and no length penalty the beam search is not greedy decoding",
+      "beam 为 1、没有长度惩罚时，束搜索与贪心解码不一致",
+      "each step scores the next token from the last position (out[:, -1]), adds log-probabilities and keeps "
+      "the best: with one beam that is greedy decoding",
+      "每一步用最后一个位置（out[:, -1]）给下一个 token 打分，累加对数概率，保留最好的："
+      "只有一个束时就是贪心解码",
+      r"\[:, 0\]", r"generator\(", r"decode\("),
+    d("train_step_loss_not_divided", "under gradient accumulation the micro-batches' losses are not divided "
+      "by their number", "梯度累加时，各 micro-batch 的损失没有除以它们的个数",
+      "backward() adds the gradients of every micro-batch: divide each loss by the number of them, "
+      "(loss / accum_steps).backward(), so the update is the one of the whole batch",
+      "backward() 会把每个 micro-batch 的梯度加起来：每个损失都要除以 micro-batch 的个数，"
+      "(loss / accum_steps).backward()，这样更新才和整个 batch 的一样",
+      r"\.backward\(\)", r"loss"),
+]
