@@ -192,18 +192,18 @@ CHAPTERS = {
     plt.yscale("log")
     plt.show()'''),
     "ch09_decoding": (
-        ("# Chapter 9: greedy decoding\n\nFill in `greedy_decode` in `ch09_decoding.py`. Once it passes, "
+        ("# Chapter 9: greedy and beam decoding\n\nFill in `greedy_decode` and `beam_search` in `ch09_decoding.py`. Once they pass, "
          "your model (trained in chapter 8, or now) translates dates it has never seen.",
-         "# 第 9 章：贪心解码\n\n在 `ch09_decoding.py` 里写完 `greedy_decode`。通过之后，你的模型（第 8 章训练的，"
+         "# 第 9 章：贪心解码与束搜索\n\n在 `ch09_decoding.py` 里写完 `greedy_decode` 和 `beam_search`。通过之后，你的模型（第 8 章训练的，"
          "或者现在训练）翻译它没见过的日期。"),
-        ("Your model, your decoder: held-out dates and how many come out right.",
-         "你的模型、你的解码：没见过的日期，以及翻译对了多少。"),
+        ("Your model, your decoders: held-out dates and how many come out right, greedy and with a beam of 4.",
+         "你的模型、你的解码：没见过的日期，以及贪心解码和束宽 4 的束搜索各翻译对了多少。"),
         f'''if ok:
     Transformer = lesson.fresh("ch06_model").Transformer
     loss_schedule = lesson.fresh("ch07_loss_schedule")
     masked_cross_entropy, rate = loss_schedule.masked_cross_entropy, loss_schedule.rate
     train_step = lesson.fresh("ch08_training").train_step
-    greedy_decode = lesson.fresh("ch09_decoding").greedy_decode
+    decoding = lesson.fresh("ch09_decoding")
     from pathlib import Path
 
     if Path("dates_model.pt").exists():  # saved by chapter 8
@@ -214,17 +214,20 @@ CHAPTERS = {
     else:
 {chr(10).join("        " + line if line else "" for line in TRAIN.splitlines())}
     model.eval()
-    right = 0
+    right = {{"greedy": 0, "beam": 0}}
     tests = task.test[: lesson.sentences(200)]
-    for source, target in tests:
+    for n, (source, target) in enumerate(tests):
         src = torch.tensor([task.encode_src(source)])
+        src_mask = src != task.pad
         with torch.no_grad():
-            ys = greedy_decode(model, src, src != task.pad, 16, task.bos, task.eos)
-        guess = task.decode_tgt(ys[0].tolist())
-        right += guess == target
-        if len(tests) <= 10 or right < 5:
-            print(f"{{source!r:45}} -> {{guess}}  ({{'right' if guess == target else 'expected ' + target}})")
-    print(f"{{right}} of {{len(tests)}} right")'''),
+            greedy = decoding.greedy_decode(model, src, src_mask, 16, task.bos, task.eos)
+            beam = decoding.beam_search(model, src, src_mask, 16, task.bos, task.eos, beam_size=4)
+        guesses = {{"greedy": task.decode_tgt(greedy[0].tolist()), "beam": task.decode_tgt(beam[0].tolist())}}
+        for name, guess in guesses.items():
+            right[name] += guess == target
+        if n < 5:
+            print(f"{{source!r:45}} -> greedy {{guesses['greedy']}}, beam {{guesses['beam']}} (expected {{target}})")
+    print(f"greedy: {{right['greedy']}} of {{len(tests)}} right, beam: {{right['beam']}} of {{len(tests)}} right")'''),
     "ch10_decoder_only": (
         ("# Chapter 10: the decoder-only block\n\nFill in `RMSNorm`, `SwiGLU` and `DecoderOnlyBlock` in "
          "`ch10_decoder_only.py`.",
