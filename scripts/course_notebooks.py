@@ -21,10 +21,8 @@ scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate(step,
 def criterion(logits, targets):
     return masked_cross_entropy(logits, targets, task.pad)
 
-losses = []
-for batch in task.batches(lesson.batch_size(64), lesson.steps(1500)):
-    losses.append(train_step(model, batch, optimizer, criterion))
-    scheduler.step()
+batches = task.batches(lesson.batch_size(64), lesson.steps(1500))
+losses = train_epoch(model, batches, optimizer, criterion, scheduler)
 print(f"{len(losses)} steps, last loss {losses[-1]:.3f}")'''
 
 
@@ -173,9 +171,9 @@ CHAPTERS = {
     logits, targets = torch.randn(4, 10), torch.tensor([3, 1, 0, 0])  # the last two are padding
     print("loss over the two real tokens:", float(chapter.masked_cross_entropy(logits, targets, 0)))'''),
     "ch08_training": (
-        ("# Chapter 8: training\n\nFill in `train_step` in `ch08_training.py`. Once it passes, the notebook "
+        ("# Chapter 8: training\n\nFill in `train_step` and `train_epoch` in `ch08_training.py`. Once they pass, the notebook "
          "trains your own model (chapters 1-7) on the dates task: dates in words -> ISO dates.",
-         "# 第 8 章：训练\n\n在 `ch08_training.py` 里写完 `train_step`。通过之后，notebook 在日期任务上训练你自己的模型"
+         "# 第 8 章：训练\n\n在 `ch08_training.py` 里写完 `train_step` 和 `train_epoch`。通过之后，notebook 在日期任务上训练你自己的模型"
          "（第 1-7 章）：把用英文单词写的日期翻译成 ISO 日期。"),
         ("Training your model; the loss should fall well below 1 (the model is saved for chapter 9).",
          "训练你的模型；损失应该降到 1 以下很多（模型会保存下来，第 9 章接着用）。"),
@@ -183,7 +181,7 @@ CHAPTERS = {
     Transformer = lesson.fresh("ch06_model").Transformer
     loss_schedule = lesson.fresh("ch07_loss_schedule")
     masked_cross_entropy, rate = loss_schedule.masked_cross_entropy, loss_schedule.rate
-    train_step = lesson.fresh("ch08_training").train_step
+    train_epoch = lesson.fresh("ch08_training").train_epoch
 {chr(10).join("    " + line if line else "" for line in TRAIN.splitlines())}
     torch.save(model.state_dict(), "dates_model.pt")
     plt.plot(losses)
@@ -202,7 +200,7 @@ CHAPTERS = {
     Transformer = lesson.fresh("ch06_model").Transformer
     loss_schedule = lesson.fresh("ch07_loss_schedule")
     masked_cross_entropy, rate = loss_schedule.masked_cross_entropy, loss_schedule.rate
-    train_step = lesson.fresh("ch08_training").train_step
+    train_epoch = lesson.fresh("ch08_training").train_epoch
     decoding = lesson.fresh("ch09_decoding")
     from pathlib import Path
 

@@ -33,7 +33,7 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter(6, "ch06_model", "The assembled model and masks", "组装模型与掩码",
             ("mask_helper", "transformer")),
     Chapter(7, "ch07_loss_schedule", "Loss and schedule", "损失函数与学习率调度", ("loss", "schedule")),
-    Chapter(8, "ch08_training", "Training", "训练", ("train_step",)),
+    Chapter(8, "ch08_training", "Training", "训练", ("train_step", "train_epoch")),
     Chapter(9, "ch09_decoding", "Greedy and beam decoding", "贪心解码与束搜索",
             ("greedy_decode", "beam_search")),
     Chapter(10, "ch10_decoder_only", "The decoder-only block", "decoder-only 块",
