@@ -100,31 +100,56 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = make_run(Path(tmp) / "m")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
+        proc, url = start_server(run_dir, args)
+        try:
+            soak(url, proc.pid, args)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(run_dir: Path, args: argparse.Namespace, tries: int = 5) -> tuple[subprocess.Popen, str]:
+    """`handformer serve` on a free port, and its URL. A port found free can be taken by another
+    process before the server binds it: then the server exits (address in use) and a new port is
+    tried. The server is ours when it answers and lists the model "m" while its process runs."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(ROOT)}
+    for _ in range(tries):
+        port = free_port()
         command = [sys.executable, "-m", "handformer", "serve", f"m={run_dir}", "--port", str(port),
                    "--log-level", "warning"]
         if args.prefix_cache_mb is not None:
             command += ["--prefix-cache-mb", str(args.prefix_cache_mb)]
         proc = subprocess.Popen(command, env=env, cwd=ROOT)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(url + "/v1/models", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the server did not start")
-            time.sleep(0.2)
+        if wait_ready(proc, url):
+            return proc, url
+        if proc.poll() is None:  # it runs but never answered: not a lost port
+            proc.kill()
+            raise SystemExit("the server did not start within 120 s")
+    raise SystemExit(f"the server could not bind a free port in {tries} tries")
+
+
+def wait_ready(proc: subprocess.Popen, url: str, timeout: float = 120.0) -> bool:
+    """Whether the server answers /v1/models with the model "m"; False once its process ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         try:
-            soak(url, proc.pid, args)
-        finally:
-            proc.terminate()
-            proc.wait(30)
+            r = httpx.get(url + "/v1/models", timeout=1)
+            if proc.poll() is None and r.status_code == 200 and any(
+                    m.get("id") == "m" for m in r.json().get("data", [])):
+                return True
+        except (httpx.HTTPError, ValueError):
+            pass
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.2)
+    return False
 
 
 def soak(url: str, pid: int, args: argparse.Namespace) -> None:

@@ -45,7 +45,7 @@ FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
             "d2l": FIXTURES / "learners_d2l", "nanogpt": FIXTURES / "learners_nanogpt",
             "sampling": FIXTURES / "learners_sampling", "training": FIXTURES / "learners_training",
             "assembly": FIXTURES / "learners_assembly", "model": FIXTURES / "learners_model",
-            "gpt": FIXTURES / "learners_gpt", "loop": FIXTURES / "learners_loop"}
+            "gpt": FIXTURES / "learners_gpt", "loop": FIXTURES / "learners_loop", "bpe": FIXTURES / "learners_bpe"}
 
 TUTORIAL_PLANTS: dict[str, Plant] = {
     "no_scaling": Plant("no_scaling", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
@@ -365,8 +365,51 @@ LOOP_PLANTS: dict[str, Plant] = {
         ("    model.train()\n    total = 0.0\n", "    total = 0.0\n")], "loop"),
 }
 
+UPDATE = "        update_counts(words, counts, where, best)\n"
+SPLIT_SPECIALS = ('        if self.special_tokens:\n            parts = re.split("(" + "|".join(re.escape(t) for t in '
+                  'self.special_tokens) + ")", text)\n        else:\n            parts = [text]\n')
+
+BPE_PLANTS: dict[str, Plant] = {
+    "bpe_merges_across_pretokens": Plant("bpe_merges_across_pretokens", "bpe", [
+        ('        for match in re.finditer(PAT, chunk):\n            words[tuple(bytes([b]) for b in '
+         'match.group().encode("utf-8"))] += 1\n',
+         '        words[tuple(bytes([b]) for b in chunk.encode("utf-8"))] += 1\n')], "bpe"),
+    "bpe_special_tokens_merged": Plant("bpe_special_tokens_merged", "bpe", [
+        ('    chunks = re.split("|".join(re.escape(t) for t in special_tokens), text) if special_tokens else [text]\n',
+         "    chunks = [text]\n")], "bpe"),
+    "bpe_ties_not_by_bytes": Plant("bpe_ties_not_by_bytes", "bpe", [
+        ("best = max(counts, key=lambda pair: (counts[pair], pair))", "best = max(counts, key=counts.get)")], "bpe"),
+    # ties to the smaller pair: a convention, not a mistake
+    "bpe_ties_smaller": Plant(None, "bpe", [
+        ("best = max(counts, key=lambda pair: (counts[pair], pair))",
+         "best = min(counts, key=lambda pair: (-counts[pair], pair))")], "bpe"),
+    "bpe_counts_not_updated": Plant("bpe_counts_not_updated", "bpe", [(UPDATE, "        del counts[best]\n")], "bpe"),
+    "bpe_quadratic_trainer": Plant("bpe_quadratic_trainer", "bpe", [
+        (UPDATE, "        words = Counter({merge_word(w, best): n for w, n in words.items()})\n"
+                 "        counts, where = count_pairs(words)\n")], "bpe"),
+    "bpe_vocab_size_ignores_specials": Plant("bpe_vocab_size_ignores_specials", "bpe", [
+        ("while len(vocab) < vocab_size and counts:", "while len(merges) < vocab_size - 256 and counts:")], "bpe"),
+    "bpe_special_token_split": Plant("bpe_special_token_split", "bpe_tokenizer", [
+        (SPLIT_SPECIALS, "        parts = [text]\n")], "bpe"),
+    "bpe_overlapping_specials": Plant("bpe_overlapping_specials", "bpe_tokenizer", [
+        ("self.special_tokens = sorted(special_tokens or [], key=len, reverse=True)",
+         "self.special_tokens = list(special_tokens or [])")], "bpe"),
+    "bpe_encode_merge_order": Plant("bpe_encode_merge_order", "bpe_tokenizer", [
+        ("best = min(pairs, key=lambda pair: self.ranks[pair])", "best = pairs[0]")], "bpe"),
+    "bpe_encode_across_pretokens": Plant("bpe_merges_across_pretokens", "bpe_tokenizer", [
+        ("            for match in re.finditer(PAT, part):\n                word = tuple(bytes([b]) for b in "
+         'match.group().encode("utf-8"))\n                ids.extend',
+         '            for word in [tuple(bytes([b]) for b in part.encode("utf-8"))]:\n                ids.extend')],
+        "bpe"),
+    "bpe_decode_per_token": Plant("bpe_decode_per_token", "bpe_tokenizer", [
+        ('        data = b"".join(self.vocab[i] for i in ids)\n        return data.decode("utf-8", errors="replace")\n',
+         '        return "".join(self.vocab[i].decode("utf-8", errors="replace") for i in ids)\n')], "bpe"),
+    "bpe_decode_strict": Plant("bpe_decode_strict", "bpe_tokenizer", [
+        ('return data.decode("utf-8", errors="replace")', 'return data.decode("utf-8")')], "bpe"),
+}
+
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
-                            **ASSEMBLY_PLANTS, **MODEL_PLANTS, **GPT_PLANTS, **LOOP_PLANTS}
+                            **ASSEMBLY_PLANTS, **MODEL_PLANTS, **GPT_PLANTS, **LOOP_PLANTS, **BPE_PLANTS}
 
 # Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
 # a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
@@ -414,6 +457,9 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("beam_finished_extended", "beam_eos_not_emitted"), ("beam_one_not_greedy", "pe_missing"),
     ("gpt_causal_mask_missing", "gpt_final_norm_missing"), ("gpt_causal_sees_next", "gpt_pe_missing"),
     ("train_step_loss_not_divided", "epoch_no_zero_grad"),
+    ("bpe_merges_across_pretokens", "bpe_special_token_split"), ("bpe_special_tokens_merged", "bpe_encode_merge_order"),
+    ("bpe_ties_not_by_bytes", "bpe_decode_per_token"), ("bpe_counts_not_updated", "bpe_decode_strict"),
+    ("bpe_quadratic_trainer", "bpe_overlapping_specials"), ("bpe_vocab_size_ignores_specials", "bpe_encode_across_pretokens"),
 ]
 
 

@@ -12,10 +12,10 @@ pair equals the output of something else). docs/check.md lists both with the rea
 
 from __future__ import annotations
 
-from handformer.check.catalog import assembly, components, llm, sampling, training
+from handformer.check.catalog import assembly, components, llm, sampling, tokenizer, training
 from handformer.check.catalog.base import Diagnosis
 
-CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in (components, llm, sampling, training, assembly)
+CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in (components, llm, sampling, training, assembly, tokenizer)
                                  for d in chapter.DIAGNOSES}
 
 
@@ -43,6 +43,9 @@ EXCLUSIVE: dict[frozenset[str], str] = {
         "hypothesis at EOS",
     frozenset({"beam_no_stop_at_eos", "beam_finished_extended"}): "both rewrite the branch that keeps an "
         "ended hypothesis out of the beam",
+    frozenset({"bpe_counts_not_updated", "bpe_quadratic_trainer"}): "both rewrite the line that updates the "
+        "counts after a merge",
+    frozenset({"bpe_decode_per_token", "bpe_decode_strict"}): "both rewrite the line that decodes the bytes",
     frozenset({"top_p_extra_at_equality", "top_p_empty_set"}):
         "the plants rewrite the same rule; written together (a shifted cum > p with no guard) both are "
         "named",
@@ -66,6 +69,10 @@ MASKING: dict[frozenset[str], str] = {
     frozenset({"mask_repeat_order", "causal_off_by_one"}): "the same: the decoder never runs",
     frozenset({"loss_log_zero", "smoothing_on_pad"}): "the NaN of log(0) is the whole loss, so nothing "
         "else in it can be seen",
+    **{frozenset({"bpe_quadratic_trainer", cut}): "with the pre-tokens cut wrong the words are longer, so "
+       "the trainer is not timed" for cut in ("bpe_merges_across_pretokens", "bpe_special_tokens_merged")},
+    frozenset({"bpe_overlapping_specials", "bpe_special_token_split"}): "with the special tokens ignored, "
+        "which one wins cannot be seen",
     frozenset({"temperature_after_softmax", "sampling_from_logits"}): "after the softmax the logits are "
         "probabilities: sampling from them is right",
     frozenset({"top_p_drops_crossing", "top_p_one_not_noop"}): "with that rule p = 1 keeps every token: the "

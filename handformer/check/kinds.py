@@ -118,6 +118,12 @@ KINDS_TABLE: tuple[Kind, ...] = (
                       "autoregressive_generate", "generate_cached", "generate_with_cache", "cached_generate",
                       ".generate"),
          "generation loop", "生成循环", "generate_loop:check_generate"),
+    Kind("bpe", ("train_bpe", "bpe_train", "train_bpe_tokenizer", "train_tokenizer", "run_train_bpe",
+                 "learn_bpe", "train_byte_level_bpe"),
+         "BPE trainer", "BPE 训练", "bpe:check_bpe"),
+    Kind("bpe_tokenizer", ("Tokenizer", "BPETokenizer", "BpeTokenizer", "ByteLevelBPETokenizer",
+                           "BPE", "bpe_encode", "encode_bpe", "encode"),
+         "BPE encoder and decoder", "BPE 编码与解码", "bpe_codec:check_bpe_tokenizer"),
 )
 
 KINDS_BY_NAME = {k.name: k for k in KINDS_TABLE}

@@ -119,6 +119,8 @@ def _stopped(reason: str, phase: str | None, stack: str, path: str, time_limit: 
     if reason == "timeout":
         why = ("a generation loop that does not end (is it bounded by max_new_tokens?), or one far too "
                "slow for a model of a few thousand weights" if kind == "generate" else
+               "a BPE trainer that never ends, or a quadratic one (bpe_quadratic_trainer: it recounts "
+               "every pair of the corpus after every merge)" if kind == "bpe" else
                "an infinite loop, or far too slow for tensors of a few dozen numbers")
         return LearnerError("timeout", f"stopped after {time_limit:g} s in {where}: {why} (raise the limit "
                             "with --time-limit)", where, frames)

@@ -1,0 +1,574 @@
+"""The runner of the BPE trainer: `train_bpe(input_path | text, vocab_size, special_tokens) ->
+(vocab, merges)`, the shape of Stanford CS336's first assignment (its encoder and decoder are
+graded by bpe_codec.py).
+
+The trainer is trained on the fixture corpus (handformer/check/bpe_corpus.py) and its merges are
+compared, in order, with handformer's reference (handformer/check/bpe_reference.py: GPT-2's
+pre-tokenizer pattern, ties to the lexicographically greater pair). A difference is explained by
+replaying the learner's merges: when each is a most frequent pair of the pre-tokens as some
+mistake cuts them (across pre-token boundaries, special tokens trained on), that mistake is named,
+and the rule of their ties is read off (the smaller pair is a convention; the order pairs were
+counted in is a mistake); merges that are the first counts, never updated, are named too. Then the
+trainer is timed on a larger generated corpus against the reference on the same machine: past
+eight times the reference's time, measured just before (at least 3 s), a timer stops it and it is
+named a quadratic trainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from functools import cache
+from typing import Any
+
+from handformer.check import bpe_reference as R
+from handformer.check.bpe_corpus import CORPUS, SPECIAL, TIMING_VOCAB_SIZE, VOCAB_SIZE, timing_corpus
+from handformer.check.context import Context, finish
+from handformer.check.discovery import Component, DiscoveryError
+from handformer.check.result import DIFFERS, Check, ComponentResult, Finding, Text, text
+from handformer.check.source import locate, source_lines
+
+PATH_NAMES = (
+    "input_path",
+    "path",
+    "file",
+    "filename",
+    "file_path",
+    "filepath",
+    "corpus_path",
+    "data_path",
+    "input_file",
+    "train_file",
+    "fname",
+    "text_path",
+    "training_file",
+)
+TEXT_NAMES = ("text", "corpus", "data", "training_text", "train_text", "s", "txt", "input_text", "string")
+VOCAB_SIZE_NAMES = (
+    "vocab_size",
+    "size",
+    "n_vocab",
+    "target_vocab_size",
+    "vocabulary_size",
+    "num_tokens",
+    "max_vocab_size",
+)
+MERGES_NAMES = ("num_merges", "n_merges", "merges", "number_of_merges")
+SPECIAL_NAMES = ("special_tokens", "specials", "special", "special_token_list", "reserved_tokens")
+FIXTURE_LIMIT = 10.0  # seconds for the fixture corpus (2 KB): only a runaway trainer comes near it
+FACTOR, FLOOR, CEILING = 8.0, 3.0, 12.0  # the timing limit: FACTOR x the reference, within these
+# the pre-tokens as each mistake cuts them, tried in this order
+CUTS = (
+    frozenset(),
+    frozenset({"specials_trained"}),
+    frozenset({"across_pretokens"}),
+    frozenset({"specials_trained", "across_pretokens"}),
+)
+CUT_DIAGNOSES = {
+    "specials_trained": "bpe_special_tokens_merged",
+    "across_pretokens": "bpe_merges_across_pretokens",
+}
+
+
+class TrainerTimeout(BaseException):  # noqa: N818  (not an Exception: their `except Exception` cannot eat it)
+    """The learner's trainer ran past its limit."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise TrainerTimeout in the learner's code after `seconds` (a timer signal; in a thread other
+    than the main one there is no timer, and the sandbox's limit of the whole step is what stops
+    a runaway trainer)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise TrainerTimeout
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@cache
+def reference_fixture() -> tuple[dict[int, bytes], list[R.Pair]]:
+    return R.train(CORPUS, VOCAB_SIZE, [SPECIAL])
+
+
+def reference_timing() -> tuple[float, list[R.Pair]]:
+    """The reference's seconds on the timing corpus and its merges (measured each time, right before
+    the learner's run, so both see the same load on the machine)."""
+    corpus = timing_corpus()
+    start = time.perf_counter()
+    _, merges = R.train(corpus, TIMING_VOCAB_SIZE, [SPECIAL])
+    return time.perf_counter() - start, merges
+
+
+def show(pair: R.Pair) -> str:
+    return f"({pair[0]!r}, {pair[1]!r})"
+
+
+class Trainer:
+    """The learner's trainer, called as its signature says: a path or the text, the vocabulary size
+    (or the number of merges) and the special tokens, by name."""
+
+    def __init__(self, comp: Component, ctx: Context) -> None:
+        self.comp, self.ctx = comp, ctx
+        params = [
+            p
+            for p in inspect.signature(comp.obj).parameters.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        if not params:
+            raise DiscoveryError(
+                f"{comp.name}{inspect.signature(comp.obj)} takes no corpus; write "
+                f"{comp.name}(input_path, vocab_size, special_tokens)"
+            )
+        self.roles: dict[str, str] = {}
+        for i, p in enumerate(params):
+            role = argument_role(p.name, first=i == 0)
+            if role:
+                self.roles[p.name] = role
+            elif p.default is p.empty:
+                raise DiscoveryError(
+                    f"cannot fill the argument {p.name!r} of {comp.name}{inspect.signature(comp.obj)}: "
+                    f"handformer passes the corpus ({', '.join(PATH_NAMES[:2])} or "
+                    f"{', '.join(TEXT_NAMES[:2])}), "
+                    f"{VOCAB_SIZE_NAMES[0]} (or {MERGES_NAMES[0]}) and {SPECIAL_NAMES[0]}; rename it or "
+                    "give it a default"
+                )
+        if not {"vocab_size", "merges"} & set(self.roles.values()):
+            raise DiscoveryError(
+                f"{comp.name}{inspect.signature(comp.obj)} takes no vocabulary size; "
+                "add vocab_size (or num_merges)"
+            )
+
+    def takes_specials(self) -> bool:
+        return "special" in self.roles.values()
+
+    def run(self, corpus: str, vocab_size: int, limit: float) -> tuple[dict[int, bytes] | None, list[R.Pair]]:
+        """(vocab or None, merges as pairs of bytes); TrainerTimeout past `limit` seconds."""
+        with tempfile.TemporaryDirectory(prefix="handformer-bpe-") as tmp:
+            path = os.path.join(tmp, "corpus.txt")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(corpus)
+            specials = [SPECIAL] if self.takes_specials() else []
+            vocab_size -= 1 - len(specials)  # without the special token: one token less, the same merges
+            values = {
+                "path": path,
+                "text": corpus,
+                "vocab_size": vocab_size,
+                "special": specials,
+                "merges": vocab_size - 256 - len(specials),
+            }
+            kwargs = {name: values[role] for name, role in self.roles.items()}
+            with deadline(limit):
+                out = self.ctx.learner.call("train", self.comp.obj, **kwargs)
+        return self.parse(out)
+
+    def parse(self, out: Any) -> tuple[dict[int, bytes] | None, list[R.Pair]]:
+        vocab = merges = None
+        for value in out if isinstance(out, (tuple, list)) and len(out) == 2 and not _is_pair(out) else [out]:
+            if isinstance(value, dict):
+                vocab = value
+            elif isinstance(value, (list, tuple)):
+                merges = list(value)
+        if merges is None:
+            raise self.ctx.learner.fail(
+                "train",
+                f"{self.comp.name} returned {type(out).__name__}; return "
+                "(vocab, merges): vocab a dict[int, bytes], merges a list of "
+                "(bytes, bytes) pairs",
+            )
+        if vocab is not None and not all(
+            isinstance(k, int) and isinstance(v, bytes) for k, v in vocab.items()
+        ):
+            if all(isinstance(k, bytes) and isinstance(v, int) for k, v in vocab.items()):
+                vocab = {v: k for k, v in vocab.items()}  # bytes -> id, the other way round
+            else:
+                raise self.ctx.learner.fail(
+                    "train",
+                    "the vocab is not a dict[int, bytes]: map each id to "
+                    "its token's bytes, e.g. {0: b'<|endoftext|>', 1: b'\\x00', ...}",
+                )
+        return vocab, [self._pair(m, vocab) for m in merges]
+
+    def _pair(self, merge: Any, vocab: dict[int, bytes] | None) -> R.Pair:
+        if _is_pair(merge) and all(isinstance(t, bytes) for t in merge):
+            return bytes(merge[0]), bytes(merge[1])
+        if _is_pair(merge) and all(isinstance(t, int) for t in merge) and vocab is not None:
+            return vocab[merge[0]], vocab[merge[1]]  # GPT-2 style: pairs of ids
+        raise self.ctx.learner.fail(
+            "train", f"a merge is {merge!r}; each merge is a pair of bytes, e.g. (b' t', b'he')"
+        )
+
+
+def argument_role(name: str, first: bool) -> str:
+    """What the trainer's argument `name` takes: path, text, vocab_size, merges, special or ""."""
+    name = name.lower()
+    if name in PATH_NAMES or "path" in name or "file" in name:
+        return "path"
+    if name in TEXT_NAMES:
+        return "text"
+    for role, names, part in (("vocab_size", VOCAB_SIZE_NAMES, "vocab"), ("merges", MERGES_NAMES, "merge"),
+                              ("special", SPECIAL_NAMES, "special")):
+        if name in names or part in name:
+            return role
+    return "text" if first else ""  # the first argument is the corpus, whatever its name
+
+
+def _is_pair(value: Any) -> bool:
+    return (
+        isinstance(value, (tuple, list)) and len(value) == 2 and not isinstance(value[0], (list, tuple, dict))
+    )
+
+
+def check_bpe(comp: Component, ctx: Context) -> ComponentResult:
+    """The trainer: merges on the fixture corpus, the vocabulary's ids, and the time on a larger one."""
+    res = ctx.result(comp)
+    trainer = Trainer(comp, ctx)
+    lines = source_lines(ctx.objects(comp))
+    ref_vocab, ref_merges = reference_fixture()
+    try:
+        vocab, merges = trainer.run(CORPUS, VOCAB_SIZE, FIXTURE_LIMIT)
+    except TrainerTimeout:
+        _quadratic(
+            res,
+            lines,
+            text(
+                f"training on the fixture corpus ({len(CORPUS.encode())} bytes, "
+                f"{len(ref_merges)} merges) did not end within {FIXTURE_LIMIT:g} s",
+                f"在测试语料（{len(CORPUS.encode())} 字节，{len(ref_merges)} 次合并）上"
+                f"训练，{FIXTURE_LIMIT:g} 秒内没有结束",
+            ),
+        )
+        return finish(res)
+    if not trainer.takes_specials():
+        res.notes.append(
+            text(
+                "your trainer takes no special tokens, so it was trained without <|endoftext|>",
+                "你的训练函数不接收特殊 token，所以训练时没有 <|endoftext|>",
+            )
+        )
+        ref_vocab, ref_merges = R.train(CORPUS, VOCAB_SIZE - 1, [])
+    specials = [SPECIAL] if trainer.takes_specials() else []
+    extra = len(merges) - len(ref_merges)
+    if extra and extra == len(specials) and (vocab is None or len(vocab) == VOCAB_SIZE + extra):
+        res.findings.append(
+            Finding(
+                "bpe_vocab_size_ignores_specials",
+                text(
+                    f"asked for {VOCAB_SIZE} tokens, your trainer made {len(merges)} merges "
+                    f"({len(merges) + 256 + extra} "
+                    f"tokens): {256 + extra} + {len(ref_merges)} merges is {VOCAB_SIZE}",
+                    f"要求 {VOCAB_SIZE} 个 token，你的训练做了 {len(merges)} 次合并（共 "
+                    f"{len(merges) + 256 + extra} 个 "
+                    f"token）：{256 + extra} + {len(ref_merges)} 次合并才是 {VOCAB_SIZE}",
+                ),
+                *locate("bpe_vocab_size_ignores_specials", lines),
+            )
+        )
+    _compare_merges(res, merges, ref_merges, specials, lines)
+    if vocab is not None:
+        _check_vocab(res, vocab, merges, specials)
+    else:
+        res.notes.append(
+            text(
+                "your trainer returned the merges only; the vocabulary's ids were not checked",
+                "你的训练只返回了合并规则，词表的 id 没有检查",
+            )
+        )
+    if any(f.name in CUT_DIAGNOSES.values() for f in res.findings):
+        res.notes.append(
+            text(
+                "not timed: with the pre-tokens cut wrong the words are longer, so the time says "
+                "nothing about the trainer",
+                "没有计时：预分词切错了，词更长，计时说明不了训练本身",
+            )
+        )
+    else:
+        _time(res, trainer, lines, exact=merges == ref_merges)
+    return finish(res)
+
+
+def _compare_merges(
+    res: ComponentResult,
+    merges: list[R.Pair],
+    ref: list[R.Pair],
+    specials: list[str],
+    lines: list[tuple[int, str]],
+) -> None:
+    same = merges == ref
+    n = len(ref)
+    res.checks.append(
+        Check(
+            text(
+                f"the {n} merges on the fixture corpus equal the reference's, in order",
+                f"测试语料上的 {n} 次合并与参考实现一致，顺序也一致",
+            ),
+            same,
+        )
+    )
+    if same:
+        res.convention = text(
+            "ties broken by the lexicographically greater pair (the reference's rule)",
+            "出现并列时选字节序更大的一对（参考实现的规则）",
+        )
+        return
+    first = next((i for i, (a, b) in enumerate(zip(merges, ref)) if a != b), min(len(merges), n))
+    yours = show(merges[first]) if first < len(merges) else "none"
+    theirs = show(ref[first]) if first < n else "none"
+    res.checks[-1].detail = text(
+        f"first difference at merge {first}: yours {yours}, the reference's {theirs}",
+        f"第一处不同在第 {first} 次合并：你的是 {yours}，参考实现是 {theirs}",
+    )
+    kept = merges[:n]
+    for cut in CUTS:
+        words = R.pretokenize(CORPUS, specials, cut)
+        step, rule = R.replay(words, kept)
+        once = R.counted_once(words, kept) if step is not None else None
+        if step is not None and once is None:
+            continue
+        for flag in sorted(cut):
+            name = CUT_DIAGNOSES[flag]
+            res.findings.append(Finding(name, _explained(name, kept, words, first), *locate(name, lines)))
+        if once is not None:
+            res.findings.append(
+                Finding(
+                    "bpe_counts_not_updated",
+                    text(
+                        f"your {len(kept)} merges are the pairs counted before the first merge, "
+                        "most frequent first; "
+                        f"merge {first} {yours} is an old count (the reference recounts and merges {theirs})",
+                        f"你的 {len(kept)} 次合并就是第一次合并前数出的各对，"
+                        f"按次数从多到少；第 {first} 次合并 {yours} "
+                        ""
+                        f"用的是旧的次数（参考实现重新计数后合并的是 {theirs}）",
+                    ),
+                    *locate("bpe_counts_not_updated", lines),
+                )
+            )
+            rule = once
+        if rule == "other":
+            res.findings.append(
+                Finding(
+                    "bpe_ties_not_by_bytes",
+                    text(
+                        f"each of your {len(kept)} merges is a most frequent pair, but the ties "
+                        "among them go neither "
+                        f"to the greater nor to the smaller pair of bytes (merge {first}: yours {yours}, the "
+                        f"reference's {theirs})",
+                        f"你的 {len(kept)} 次合并每次都是出现最多的一对，但并列时既不是选字节序更大的，"
+                        "也不是更小的"
+                        f"（第 {first} 次合并：你的是 {yours}，参考实现是 {theirs}）",
+                    ),
+                    *locate("bpe_ties_not_by_bytes", lines),
+                )
+            )
+        elif rule == "smaller":
+            res.convention = text(
+                "ties broken by the lexicographically smaller pair (the reference, like "
+                "CS336, takes the greater: the merges differ from the first tie on)",
+                "出现并列时选字节序更小的一对（参考实现和 CS336 选更大的一对："
+                "从第一次并列起合并规则就不同了）",
+            )
+            if not res.findings:
+                res.checks[-1].ok = True
+                res.status = DIFFERS
+                res.notes.append(
+                    text(
+                        f"with ties to the smaller pair your {len(kept)} merges are right; first "
+                        f"tie at merge {first}: yours {yours}, the reference's {theirs}",
+                        f"按并列选更小的一对，你的 {len(kept)} 次合并都对；第一次并列在第 {first} "
+                        f"次合并：你的是 {yours}，参考实现是 {theirs}",
+                    )
+                )
+        return
+
+
+def _explained(name: str, merges: list[R.Pair], words: Any, first: int) -> Text:
+    bad = next(
+        (
+            m
+            for m in merges
+            if name == "bpe_special_tokens_merged"
+            and any(t in SPECIAL.encode() for t in (m[0] + m[1],) if len(t) > 1)
+        ),
+        None,
+    )
+    across = next(
+        (
+            m
+            for m in merges
+            if name == "bpe_merges_across_pretokens"
+            and not R.PRETOKEN.fullmatch((m[0] + m[1]).decode("utf-8", "replace"))
+        ),
+        None,
+    )
+    example = bad or across or merges[first]
+    what_en = (
+        "the special token's text is trained on"
+        if name == "bpe_special_tokens_merged"
+        else "the text is not cut into pre-tokens"
+    )
+    what_zh = "特殊 token 的文本也参与了训练" if name == "bpe_special_tokens_merged" else "文本没有切成预分词"
+    return text(
+        f"your {len(merges)} merges are the ones trained when {what_en} (from merge {first} on they "
+        f"differ from the reference's; e.g. {show(example)})",
+        f"你的 {len(merges)} 次合并与{what_zh}时训练出的一致（从第 {first} 次起与参考实现不同；"
+        f"例如 {show(example)}）",
+    )
+
+
+def _check_vocab(
+    res: ComponentResult, vocab: dict[int, bytes], merges: list[R.Pair], specials: list[str]
+) -> None:
+    """Sizes, the ids 0..n-1, every byte and special token once, each merge's token; the ids'
+    layout as a convention."""
+    n = len(vocab)
+    values = list(vocab.values())
+    wanted = VOCAB_SIZE - (0 if specials else 1)
+    res.checks.append(
+        Check(
+            text(
+                f"the vocabulary has vocab_size = {wanted} tokens", f"词表有 vocab_size = {wanted} 个 token"
+            ),
+            n == wanted,
+            None if n == wanted else text(f"it has {n}", f"实际有 {n} 个"),
+        )
+    )
+    res.checks.append(
+        Check(text("the ids are 0 .. n - 1", "id 是 0 .. n - 1"), sorted(vocab) == list(range(n)))
+    )
+    single = {v: k for k, v in vocab.items() if len(v) == 1}
+    res.checks.append(
+        Check(
+            text("each of the 256 bytes is a token", "256 个字节各是一个 token"),
+            len(single) == 256,
+            None
+            if len(single) == 256
+            else text(f"{256 - len(single)} missing", f"缺了 {256 - len(single)} 个"),
+        )
+    )
+    special_ids = [k for k, v in vocab.items() if v == SPECIAL.encode()]
+    if specials:
+        res.checks.append(
+            Check(text("<|endoftext|> is one token", "<|endoftext|> 是一个 token"), len(special_ids) == 1)
+        )
+    made = [m[0] + m[1] for m in merges]
+    missing = [t for t in made if t not in values]
+    res.checks.append(
+        Check(
+            text("each merge's token is in the vocabulary", "每次合并得到的 token 都在词表里"),
+            not missing,
+            text(
+                f"{len(missing)} missing, e.g. {missing[0]!r}", f"缺了 {len(missing)} 个，例如 {missing[0]!r}"
+            )
+            if missing
+            else None,
+        )
+    )
+    if len(single) != 256:
+        return
+    start = min(single.values())
+    order = (
+        "in byte order" if all(single[bytes([b])] == start + b for b in range(256)) else "in another order"
+    )
+    where = (
+        "none"
+        if not special_ids
+        else "first"
+        if special_ids[0] < start
+        else "last"
+        if special_ids[0] == n - 1
+        else "after the bytes"
+    )
+    words = {
+        "first": ("special token first (id {i})", "特殊 token 在最前（id {i}）"),
+        "last": ("special token last (id {i})", "特殊 token 在最后（id {i}）"),
+        "after the bytes": (
+            "special token right after the bytes (id {i})",
+            "特殊 token 紧跟在字节之后（id {i}）",
+        ),
+        "none": ("no special token", "没有特殊 token"),
+    }
+    en, zh = (w.format(i=special_ids[0] if special_ids else "") for w in words[where])
+    order_zh = "按字节顺序" if order == "in byte order" else "换了顺序"
+    layout = text(
+        f"{en}; the 256 bytes {order} from id {start}", f"{zh}；256 个字节{order_zh}，从 id {start} 开始"
+    )
+    ids = [next((k for k, v in vocab.items() if v == t), None) for t in made]
+    if ids and ids != sorted(i for i in ids if i is not None):
+        res.notes.append(
+            text(
+                "the merges' ids are not in the order of the merges",
+                "合并得到的 token 的 id 没有按合并顺序排",
+            )
+        )
+    convention = res.convention or text("", "")
+    res.convention = text(
+        f"{convention['en']}; {layout['en']}".strip("; "), f"{convention['zh']}；{layout['zh']}".strip("；")
+    )
+
+
+def _time(res: ComponentResult, trainer: Trainer, lines: list[tuple[int, str]], exact: bool) -> None:
+    seconds, ref_merges = reference_timing()
+    limit = min(max(FACTOR * seconds, FLOOR), CEILING)
+    corpus = timing_corpus()
+    size = len(corpus.encode())
+    start = time.perf_counter()
+    try:
+        _, merges = trainer.run(corpus, TIMING_VOCAB_SIZE, limit)
+    except TrainerTimeout:
+        _quadratic(
+            res,
+            lines,
+            text(
+                f"stopped after {limit:.1f} s on the timing corpus ({size} bytes, {len(ref_merges)} merges); "
+                f"the reference trains it in {seconds:.2f} s on this machine",
+                f"在计时语料（{size} 字节，{len(ref_merges)} 次合并）上训练 {limit:.1f} 秒后被停下；"
+                f"参考实现在这台机器上只要 {seconds:.2f} 秒",
+            ),
+        )
+        return
+    took = time.perf_counter() - start
+    res.checks.append(
+        Check(
+            text(
+                f"trains {size} bytes into {len(ref_merges)} merges within {FACTOR:g} x the reference's time",
+                f"{size} 字节训练 {len(ref_merges)} 次合并，用时不超过参考实现的 {FACTOR:g} 倍",
+            ),
+            True,
+        )
+    )
+    res.notes.append(
+        text(
+            f"timing corpus: yours {took:.2f} s, the reference {seconds:.2f} s (limit {limit:.1f} s)",
+            f"计时语料：你的 {took:.2f} 秒，参考实现 {seconds:.2f} 秒（上限 {limit:.1f} 秒）",
+        )
+    )
+    if exact and trainer.takes_specials():
+        res.checks.append(
+            Check(
+                text(
+                    "its merges on the timing corpus equal the reference's too",
+                    "计时语料上的合并也与参考实现一致",
+                ),
+                merges == ref_merges,
+            )
+        )
+
+
+def _quadratic(res: ComponentResult, lines: list[tuple[int, str]], observed: Text) -> None:
+    res.findings.append(Finding("bpe_quadratic_trainer", observed, *locate("bpe_quadratic_trainer", lines)))
