@@ -15,7 +15,8 @@ from __future__ import annotations
 from handformer.check.catalog import assembly, components, llm, sampling, tokenizer, training
 from handformer.check.catalog.base import Diagnosis
 
-CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in (components, llm, sampling, training, assembly, tokenizer)
+CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in (components, llm, sampling, training, assembly,
+                                                            tokenizer)
                                  for d in chapter.DIAGNOSES}
 
 
