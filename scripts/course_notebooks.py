@@ -265,6 +265,31 @@ CHAPTERS = {
     for temperature in (0.5, 1.0, 2.0):
         out = chapter.generate(lm, lm.encode("abc"), 20, temperature=temperature)
         print(f"temperature {temperature}: {lm.decode(out)}")'''),
+    "ch12_bpe": (
+        ("# Chapter 12: a BPE tokenizer\n\nFill in `train_bpe` and `Tokenizer` in `ch12_bpe.py`.",
+         "# 第 12 章：BPE 分词器\n\n在 `ch12_bpe.py` 里写完 `train_bpe` 和 `Tokenizer`。"),
+        ("Your tokenizer on a corpus of dates and a few Chinese sentences: the more merges, the more bytes a "
+         "token holds; then the tokens of one sentence, and the round trip.",
+         "在一个由日期和几句中文组成的语料上跑你的分词器：合并越多，一个 token 装的字节越多；"
+         "再看一句话切成的 token，以及编码再解码能不能还原。"),
+        '''if ok:
+    chapter = lesson.fresh("ch12_bpe")
+    special = ["<|endoftext|>"]
+    text = lesson.write_corpus("corpus.txt", lesson.sentences(2000))
+    sizes, ratios = (300, 400, 600, 800), []
+    for vocab_size in sizes:
+        vocab, merges = chapter.train_bpe("corpus.txt", vocab_size, special)
+        tokenizer = chapter.Tokenizer(vocab, merges, special)
+        ratios.append(len(text.encode("utf-8")) / len(tokenizer.encode(text)))
+    print("the first merges:", merges[:8])
+    sample = "the twenty-third of march, nineteen ninety-seven<|endoftext|>分词器把文本切成 token"
+    ids = tokenizer.encode(sample)
+    print([vocab[i].decode("utf-8", errors="replace") for i in ids])
+    print("round trip:", tokenizer.decode(ids) == sample)
+    plt.plot(sizes, ratios, marker="o")
+    plt.xlabel("vocab_size")
+    plt.ylabel("bytes per token")
+    plt.show()'''),
 }
 
 

@@ -245,6 +245,7 @@ def test_every_notebook_runs_top_to_bottom_in_smoke_mode(tmp_path):
     assert "50 steps, last loss" in texts(cells["ch08_training.ipynb"][1])
     assert "greedy: " in texts(cells["ch09_decoding.ipynb"][1]) and texts(cells["ch09_decoding.ipynb"][1]).strip().endswith("of 5 right")
     assert (tmp_path / "en" / "dates_model.pt").exists()
+    assert "round trip: True" in texts(cells["ch12_bpe.ipynb"][1])
     zh = run_notebooks(tmp_path / "zh", ["ch01_inputs.ipynb"], smoke=True)
     assert "共 1 个组件：1 个通过" in texts(zh["ch01_inputs.ipynb"][0]) and images(zh["ch01_inputs.ipynb"][1])
     print(f"\n{len(names)} notebooks in smoke mode: {seconds:.1f} s")

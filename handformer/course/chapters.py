@@ -40,6 +40,7 @@ CHAPTERS: tuple[Chapter, ...] = (
             ("rmsnorm", "ffn", "block")),
     Chapter(11, "ch11_sampling", "Sampling and generate", "采样与 generate",
             ("temperature", "top_k", "top_p", "sample", "generate")),
+    Chapter(12, "ch12_bpe", "A BPE tokenizer", "BPE 分词器", ("bpe", "bpe_tokenizer")),
 )
 
 

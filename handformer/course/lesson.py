@@ -136,6 +136,19 @@ def dates_task(n_train: int = 20000, n_test: int = 500, seed: int = 0) -> DatesT
     return DatesTask(train, test, specials + src_chars, specials + tgt_chars)
 
 
+CHINESE = ["我们从第一个张量写起，一直写到一个训练好的模型。", "每一章都先写代码，再检查，最后画图。",
+           "注意力让每个 token 去看别的 token。", "分词器把文本切成 token，再把 token 变成 id。"]
+
+
+def write_corpus(path: str | Path, n: int, special: str = "<|endoftext|>") -> str:
+    """A small corpus for the BPE chapter: n dates in words and a few Chinese sentences, one document
+    each, joined by the special token; written to path and returned."""
+    train, _ = date_pairs(n, 10, seed=1)
+    text = special.join([source for source, _ in train] + CHINESE)
+    Path(path).write_text(text, encoding="utf-8")
+    return text
+
+
 class CycleLM(torch.nn.Module):
     """A toy language model for the sampling chapter: it predicts the next character of TEXT after
     the last token with logit `confidence` (the others 0), so sampling at a higher temperature or
