@@ -63,7 +63,7 @@ def test_learn_writes_what_is_missing_and_never_overwrites(tmp_path, capsys):
     assert mine.read_text() == "# my attention\n"  # never overwritten
     assert (folder / "ch02_attention.py").read_text() == starter_text(find_chapter("2"), "en")
     code, out, _ = run_cli(capsys, "--dir", str(folder), "--reset", "3")
-    assert code == 0 and "ch03_multi_head.py.bak" in out
+    assert code == 0 and "ch03_multi_head.py.bak" in out and "open " + str(folder / "ch03_multi_head.ipynb") in out
     assert (folder / "ch03_multi_head.py.bak").read_text() == "# my attention\n"
     assert mine.read_text() == starter_text(find_chapter("3"), "en")
     mine.write_text("# again\n")
@@ -93,6 +93,7 @@ def test_one_chapter_in_chinese(tmp_path):
     (["--dir", "{tmp}/course", "--lang", "zh"], "is a course in English (--lang en); for one in Chinese"),
     (["--status", "--dir", "{tmp}/nowhere"], "no such folder"),
     (["--status", "--dir", "{tmp}/broken"], "course.json: not a course manifest"),
+    (["3", "--status", "--dir", "{tmp}/course"], "chapter 3 with --status: --status takes no chapter"),
 ])
 def test_bad_input_is_one_clear_error(tmp_path, capsys, args, message):
     (tmp_path / "other").mkdir()

@@ -18,8 +18,8 @@ def cmd_learn(args: argparse.Namespace) -> int:
         check_lang(args.lang)
     if args.status or args.reset:
         if args.chapter is not None:
-            raise ValueError(f"{args.chapter}: give a chapter either alone or to --reset, not with "
-                             f"{'--status' if args.status else '--reset'}")
+            raise ValueError(f"chapter {args.chapter} with {'--status' if args.status else '--reset'}: "
+                             "--status takes no chapter, --reset takes its own (--reset 3)")
     if args.status:
         lang, states = status(folder)
         for s in states:
@@ -32,6 +32,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
               else f"共 {len(states)} 章，{passed} 章通过")
         return 0
     done = reset(folder, args.reset) if args.reset else learn(folder, args.lang, args.chapter)
+    from handformer.course.chapters import find_chapter
     from handformer.course.folder import read_manifest
 
     lang = read_manifest(folder)["lang"]
@@ -39,11 +40,11 @@ def cmd_learn(args: argparse.Namespace) -> int:
         if lang == "zh":
             action = ACTIONS.get(action, action.replace("reset, yours kept as", "已重置，你的旧文件保存为"))
         print(f"{action:<28} {folder / name}")
-    first = folder / "ch01_inputs.ipynb"
-    print(f"next: open {first} in Jupyter, or fill in {folder / 'ch01_inputs.py'} and run "
-          f"`handformer check {folder / 'ch01_inputs.py'}`" if lang == "en" else
-          f"下一步：用 Jupyter 打开 {first}，或者写完 {folder / 'ch01_inputs.py'} 再运行 "
-          f"`handformer check {folder / 'ch01_inputs.py'}`")
+    ch = find_chapter(args.reset or args.chapter or "1")
+    notebook, file = folder / ch.notebook, folder / ch.file
+    print(f"next: open {notebook} in Jupyter, or fill in {file} and run `handformer check {file}`"
+          if lang == "en" else
+          f"下一步：用 Jupyter 打开 {notebook}，或者写完 {file} 再运行 `handformer check {file}`")
     return 0
 
 
