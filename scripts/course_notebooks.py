@@ -21,7 +21,7 @@ scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate(step,
 def criterion(logits, targets):
     return masked_cross_entropy(logits, targets, task.pad)
 
-batches = task.batches(lesson.batch_size(64), lesson.steps(1500))
+batches = task.batches(lesson.batch_size(64), lesson.steps(3000))
 losses = train_epoch(model, batches, optimizer, criterion, scheduler)
 print(f"{len(losses)} steps, last loss {losses[-1]:.3f}")'''
 

@@ -260,11 +260,12 @@ def test_starter_notebooks_run_and_say_what_to_do(tmp_path):
 
 @pytest.mark.slow
 def test_the_full_course_trains_and_translates(tmp_path):
-    """Chapters 8 and 9 at full size: 1500 steps on the dates task, 200 held-out dates translated."""
+    """Chapters 8 and 9 at full size: 3000 steps on the dates task, 200 held-out dates translated."""
     names = course_with_solutions(tmp_path, "en")
     start = time.perf_counter()
     cells = run_notebooks(tmp_path, [n for n in names if n.startswith(("ch08", "ch09"))], smoke=False)
     result = texts(cells["ch09_decoding.ipynb"][1]).strip().splitlines()[-1]
     print(f"\nfull size, chapters 8 and 9: {time.perf_counter() - start:.0f} s; {result}")
     words = result.replace(",", "").split()  # greedy: N of 200 right beam: M of 200 right
-    assert words[3] == words[8] == "200" and int(words[1]) >= 80  # measured: 97 of 200 greedy
+    # measured: 97 of 200 greedy after 1500 steps; 67 of the first 100 after 3000
+    assert words[3] == words[8] == "200" and int(words[1]) >= 80
