@@ -182,9 +182,9 @@ def test_fused_layers_can_be_packed_afterwards():
 
 
 def test_removing_dropout_changes_no_output_and_prepare_does_it():
-    """In eval mode dropout returns its input: nn.Identity computes the same, and decoding
-    preparation puts one in the place of every nn.Dropout."""
-    from handformer.inference.dropout import remove_dropout
+    """In eval mode dropout returns its input: NoDropout computes the same (called plainly, without
+    nn.Module's hooks), and decoding preparation puts one in the place of every nn.Dropout."""
+    from handformer.inference.dropout import NoDropout, remove_dropout
     from handformer.inference.prepare import prepare_for_decoding
 
     torch.manual_seed(0)
@@ -197,6 +197,9 @@ def test_removing_dropout_changes_no_output_and_prepare_does_it():
     assert n_dropouts == 1 + cfg.n_layers  # the embeddings', and one a block (used after each sublayer)
     remove_dropout(model)
     assert not any(isinstance(m, torch.nn.Dropout) for m in model.modules())
+    assert sum(isinstance(m, NoDropout) for m in model.modules()) == n_dropouts
+    x = torch.randn(3, 4)
+    assert NoDropout()(x) is x
     assert torch.equal(model(ids).logits, before)
     prepared = prepare_for_decoding(CausalLM(cfg))
     assert not any(isinstance(m, torch.nn.Dropout) for m in prepared.modules())

@@ -85,4 +85,4 @@ def timing_corpus(n_bytes: int = 40_000, seed: int = 0, lexicon: int = 6000) -> 
     return SPECIAL.join(out)
 
 
-TIMING_VOCAB_SIZE = 256 + 1 + 1500  # 1500 merges
+TIMING_VOCAB_SIZE = 256 + 1 + 2500  # 2500 merges

@@ -3,8 +3,8 @@ apply after loading a run (never during training, and never to a model a caller 
 
 1. `fuse_projections` (`handformer.inference.fuse`): W_Q, W_K, W_V stacked into one matrix, W_gate
    and W_up into another: fewer, larger products, which is what a small model's decoding step needs.
-2. `remove_dropout` (`handformer.inference.dropout`): every nn.Dropout becomes nn.Identity (the
-   same function in eval mode, one cheap call instead of a few microseconds at every layer).
+2. `remove_dropout` (`handformer.inference.dropout`): every nn.Dropout becomes NoDropout (the
+   same function in eval mode, a plain call instead of nn.Module's hook machinery at every layer).
 3. `pack_linears` (`handformer.inference.packed_linear`): fp32 and bf16 weights of 1 MiB and more
    packed for oneDNN, 1.6x to 2x `F.linear`'s speed on a CPU; tiny models keep plain layers.
 
