@@ -52,6 +52,7 @@ from handformer.check.weights import (
 )
 from handformer.check.weights import norm_weights as learner_norm
 from handformer.config import CausalLMConfig
+from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.masks import as_attention_mask
 
@@ -133,7 +134,7 @@ def reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         norm_placement=ch.placement, norm_eps=first.eps,
         position="learned" if m.wpe is not None else "none",
         max_positions=m.wpe.weight.size(0) if m.wpe is not None else BLOCK, tie_embeddings=m.tied)
-    hf = CausalLM(cfg)
+    hf = build_causal_lm(cfg)
     if m.bias:
         hf.lm_head = nn.Linear(D, VOCAB, bias=True)
         if m.tied:
