@@ -13,10 +13,19 @@ import os
 from handformer.check.diagnoses import CATALOG
 from handformer.check.discovery import DESCRIPTIONS
 from handformer.check.kinds import KINDS_TABLE
-from handformer.check.result import DIFFERS, ERROR, FAIL, PASS, ComponentResult, FileResult, LearnerError
+from handformer.check.result import (
+    DIFFERS,
+    ERROR,
+    FAIL,
+    PASS,
+    TODO,
+    ComponentResult,
+    FileResult,
+    LearnerError,
+)
 
-STATUS = {"en": {PASS: "PASS", FAIL: "FAIL", DIFFERS: "DIFFERS", ERROR: "ERROR"},
-          "zh": {PASS: "通过", FAIL: "未通过", DIFFERS: "设计不同（允许）", ERROR: "出错"}}
+STATUS = {"en": {PASS: "PASS", FAIL: "FAIL", DIFFERS: "DIFFERS", ERROR: "ERROR", TODO: "NOT IMPLEMENTED YET"},
+          "zh": {PASS: "通过", FAIL: "未通过", DIFFERS: "设计不同（允许）", ERROR: "出错", TODO: "尚未实现"}}
 KIND_ZH = {k.name: k.zh for k in KINDS_TABLE}
 MASK_KINDS = ("causal_mask", "masked_softmax", "sdpa", "mha", "gqa", "causal_attention", "encoder_layer",
               "decoder_layer", "block")
@@ -27,14 +36,16 @@ WORDS = {
            "note": "note", "error": "error", "in": "in", "max": "max abs error",
            "summary": "{p} passed, {d} differ by design, {f} failed, {e} raised, of {n} components",
            "sandbox": "(your code ran in a child process: {t:g} s and {m} MiB per step)",
-           "memory": "ran out of memory", "nothing": "nothing to check"},
+           "memory": "ran out of memory", "nothing": "nothing to check",
+           "todo": ", {t} not implemented yet (fill in their TODOs)"},
     "zh": {":": "：", "weights": "权重映射", "mask": "掩码约定", "convention": "约定", "line": "第",
            "fix": "修改建议", "observed": "观察到", "checks_ok": "满足的要求（{n}）",
            "failed": "未满足的要求",
            "note": "说明", "error": "错误", "in": "位置", "max": "最大绝对误差",
            "summary": "共 {n} 个组件：{p} 个通过，{d} 个属于设计差异（不算错），{f} 个未通过，{e} 个出错",
            "sandbox": "（你的代码在子进程中运行：每一步限时 {t:g} 秒、内存 {m} MiB）",
-           "memory": "内存不足", "nothing": "没有可检查的内容"},
+           "memory": "内存不足", "nothing": "没有可检查的内容",
+           "todo": "，{t} 个尚未实现（把其中的 TODO 写完）"},
 }
 
 
@@ -131,6 +142,8 @@ def format_report(result: FileResult, lang: str = "en", time_limit: float | None
     for c in result.components:
         out += format_component(c, lang) + [""]
     counts = {s: sum(c.status == s for c in result.components) for s in (PASS, DIFFERS, FAIL, ERROR)}
-    out.append(w["summary"].format(p=counts[PASS], d=counts[DIFFERS], f=counts[FAIL], e=counts[ERROR],
-                                   n=len(result.components)))
+    summary = w["summary"].format(p=counts[PASS], d=counts[DIFFERS], f=counts[FAIL], e=counts[ERROR],
+                                  n=len(result.components))
+    todo = sum(c.status == TODO for c in result.components)
+    out.append(summary + (w["todo"].format(t=todo) if todo else ""))
     return "\n".join(out) + "\n"

@@ -12,6 +12,7 @@ from typing import Any
 Text = dict[str, str]  # {"en": ..., "zh": ...}
 
 PASS, FAIL, DIFFERS, ERROR = "pass", "fail", "differs", "error"
+TODO = "todo"  # the learner's code raises NotImplementedError: a starter file not filled in yet
 
 
 def text(en: str, zh: str) -> Text:
@@ -42,7 +43,8 @@ class Check:
 class LearnerError:
     """An exception (or a limit) in the learner's code, its traceback trimmed to their file."""
 
-    kind: str  # exception | syntax | timeout | memory | nothing_found | discovery | mapping | crash
+    kind: str  # exception | not_implemented | syntax | timeout | memory | nothing_found | discovery | mapping
+    # | crash
     message: str
     where: str = ""  # "import", "__init__", "forward", ...
     traceback: list[str] = field(default_factory=list)  # "line N: code" of the learner's frames
@@ -52,7 +54,7 @@ class LearnerError:
 class ComponentResult:
     kind: str
     name: str  # the learner's name for it
-    status: str = PASS  # pass | fail | differs | error
+    status: str = PASS  # pass | fail | differs | error | todo
     max_abs_error: float | None = None
     mapping: list[str] = field(default_factory=list)  # "learner.param -> W_Q"
     convention: Text | None = None  # the mask convention detected

@@ -33,7 +33,7 @@ import torch.nn as nn
 from torch import Tensor
 
 from handformer.check.context import Context, error_text, finish, forward_parameters
-from handformer.check.discovery import Component, DiscoveryError
+from handformer.check.discovery import Component, DiscoveryError, own_objects
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
 from handformer.config import Seq2SeqConfig
@@ -121,6 +121,19 @@ def _diff(a: list[Tensor], b: list[Tensor]) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b))
 
 
+def _called_sources(ctx: Context, source: str) -> list[str]:
+    """The sources of the file's own functions that SOURCE calls by name (a `train_epoch` that calls
+    the learner's `train_step`)."""
+    out = []
+    for name, obj in own_objects(ctx.module).items():
+        if "." not in name and inspect.isfunction(obj) and re.search(rf"\b{re.escape(name)}\s*\(", source):
+            try:
+                out.append(inspect.getsource(obj))
+            except (OSError, TypeError):
+                pass
+    return out
+
+
 class Step:
     """How to call the learner's step (or epoch): its model, batch (a tuple, an object with fields, or a
     dict, as its source reads it), optimizer, criterion and accumulation arguments, by name."""
@@ -152,8 +165,9 @@ class Step:
             self.source = inspect.getsource(comp.obj)
         except (OSError, TypeError):
             self.source = ""
-        match = re.search(r"clip_grad_norm_?\([^,]+,\s*(?:max_norm\s*=\s*)?([0-9.eE+-]+)", self.source)
-        self.clip = float(match.group(1)) if match else (1.0 if "clip_grad" in self.source else None)
+        clipping = self.source + "".join(_called_sources(ctx, self.source))  # an epoch calling their step
+        match = re.search(r"clip_grad_norm_?\([^,]+,\s*(?:max_norm\s*=\s*)?([0-9.eE+-]+)", clipping)
+        self.clip = float(match.group(1)) if match else (1.0 if "clip_grad" in clipping else None)
         if epoch:  # the loop's variable is what a batch is called
             loader = re.escape(self.loader or "")
             loop = re.search(rf"for\s+(\w+)\s+in\s+(?:enumerate\()?\s*{loader}\b", self.source)

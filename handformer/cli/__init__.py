@@ -18,6 +18,7 @@ from handformer.cli import (
     import_gguf,
     import_hf,
     import_llama2c,
+    learn,
     merge,
     prepare,
     quantize,
@@ -30,7 +31,7 @@ from handformer.cli import (
 )
 
 COMMANDS = [trace, train, translate, generate, chat, evaluate, import_hf, import_llama2c, import_gguf, see,
-            check, prepare, quantize, export_hf, export_gguf, experiment, merge, serve, speedrun]
+            check, learn, prepare, quantize, export_hf, export_gguf, experiment, merge, serve, speedrun]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,173 @@
+"""What the course's notebooks call: grade a chapter's file with `handformer check` (in the notebook's
+own process, in the course's language), import the learner's freshly edited files, and the dates
+task (dates written out in words -> ISO dates) as tensors for training their own model.
+
+HANDFORMER_COURSE_SMOKE=1 (set by the tests) makes the notebooks small: at most 50 training steps
+(`steps`) of at most 16 sentences (`batch_size`), and 5 sentences to translate (`sentences`).
+
+Shape legend: B batch, S source length, T target length.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import random
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from torch import Tensor
+
+from handformer.course.chapters import CHAPTERS, find_chapter
+from handformer.data.dates import date_pairs
+
+SMOKE_STEPS, SMOKE_SENTENCES, SMOKE_BATCH = 50, 5, 16
+PAD, BOS, EOS = 0, 1, 2
+
+
+def smoke() -> bool:
+    return os.environ.get("HANDFORMER_COURSE_SMOKE", "0") not in ("", "0")
+
+
+def steps(n: int) -> int:
+    """n training steps, or at most 50 in smoke mode."""
+    return min(n, SMOKE_STEPS) if smoke() else n
+
+
+def batch_size(n: int) -> int:
+    """n sentences a training batch, or at most 16 in smoke mode."""
+    return min(n, SMOKE_BATCH) if smoke() else n
+
+
+def sentences(n: int) -> int:
+    """n sentences to translate, or at most 5 in smoke mode."""
+    return min(n, SMOKE_SENTENCES) if smoke() else n
+
+
+def course_dir() -> Path:
+    """The folder of the notebook (Jupyter starts the kernel there)."""
+    return Path.cwd()
+
+
+def language() -> str:
+    try:
+        return json.loads((course_dir() / "course.json").read_text("utf-8"))["lang"]
+    except (OSError, ValueError, KeyError):
+        return "en"
+
+
+def fresh(stem: str) -> ModuleType:
+    """Import the learner's chapter file anew (and the chapters it imports), so an edit shows."""
+    for ch in CHAPTERS:
+        sys.modules.pop(ch.stem, None)
+    folder = str(course_dir())
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    importlib.invalidate_caches()
+    return importlib.import_module(stem)
+
+
+def check(chapter: str) -> bool:
+    """Grade the chapter's file with `handformer check`, print the report; True when it passes."""
+    from handformer.check.report import format_report
+    from handformer.check.runners import check_file
+
+    ch = find_chapter(chapter)
+    for c in CHAPTERS:  # their neighbours, imported by the file, as they are now
+        sys.modules.pop(c.stem, None)
+    result = check_file(str(course_dir() / ch.file))
+    result.path = ch.file
+    print(format_report(result, language()))
+    if not result.ok:
+        print("Fill in the TODOs (or fix what the report names), then run this cell again."
+              if language() == "en" else "把 TODO 写完（或者改掉报告里指出的问题），再运行这个单元格。")
+    return result.ok
+
+
+@dataclass
+class DatesTask:
+    """Dates in words -> ISO dates, one character a token. Ids: 0 pad, 1 BOS, 2 EOS."""
+
+    train: list[tuple[str, str]]
+    test: list[tuple[str, str]]
+    src_vocab: list[str]
+    tgt_vocab: list[str]
+    pad: int = PAD
+    bos: int = BOS
+    eos: int = EOS
+
+    def encode_src(self, text: str) -> list[int]:
+        return [self.src_vocab.index(c) for c in text]
+
+    def encode_tgt(self, text: str) -> list[int]:
+        return [BOS] + [self.tgt_vocab.index(c) for c in text] + [EOS]
+
+    def decode_tgt(self, ids: list[int]) -> str:
+        return "".join(self.tgt_vocab[i] for i in ids if i > EOS)
+
+    def batch(self, pairs: list[tuple[str, str]]) -> tuple[Tensor, Tensor]:
+        """(src (B, S), tgt (B, T)) padded with 0; tgt starts with BOS and ends with EOS."""
+        srcs = [self.encode_src(s) for s, _ in pairs]
+        tgts = [self.encode_tgt(t) for _, t in pairs]
+        src = torch.zeros(len(pairs), max(map(len, srcs)), dtype=torch.long)
+        tgt = torch.zeros(len(pairs), max(map(len, tgts)), dtype=torch.long)
+        for i, (s, t) in enumerate(zip(srcs, tgts)):
+            src[i, : len(s)] = torch.tensor(s)
+            tgt[i, : len(t)] = torch.tensor(t)
+        return src, tgt
+
+    def batches(self, batch_size: int, n: int, seed: int = 0) -> Iterator[tuple[Tensor, Tensor]]:
+        """n random training batches."""
+        rng = random.Random(seed)
+        for _ in range(n):
+            yield self.batch(rng.sample(self.train, batch_size))
+
+
+def dates_task(n_train: int = 20000, n_test: int = 500, seed: int = 0) -> DatesTask:
+    train, test = date_pairs(n_train, n_test, seed)
+    specials = ["<pad>", "<s>", "</s>"]
+    src_chars = sorted({c for s, _ in train + test for c in s})
+    tgt_chars = sorted({c for _, t in train + test for c in t})
+    return DatesTask(train, test, specials + src_chars, specials + tgt_chars)
+
+
+CHINESE = ["我们从第一个张量写起，一直写到一个训练好的模型。", "每一章都先写代码，再检查，最后画图。",
+           "注意力让每个 token 去看别的 token。", "分词器把文本切成 token，再把 token 变成 id。"]
+
+
+def write_corpus(path: str | Path, n: int, special: str = "<|endoftext|>") -> str:
+    """A small corpus for the BPE chapter: n dates in words and a few Chinese sentences, one document
+    each, joined by the special token; written to path and returned."""
+    train, _ = date_pairs(n, 10, seed=1)
+    text = special.join([source for source, _ in train] + CHINESE)
+    Path(path).write_text(text, encoding="utf-8")
+    return text
+
+
+class CycleLM(torch.nn.Module):
+    """A toy language model for the sampling chapter: it predicts the next character of TEXT after
+    the last token with logit `confidence` (the others 0), so sampling at a higher temperature or
+    with a wider filter visibly leaves the text. `model(idx (B, T))` -> logits (B, T, V)."""
+
+    def __init__(self, text: str = "abcdefghij", confidence: float = 4.0, block_size: int = 16) -> None:
+        super().__init__()
+        self.vocab = sorted(set(text))
+        following = [text[(text.index(c) + 1) % len(text)] for c in self.vocab]
+        self.next = torch.tensor([self.vocab.index(c) for c in following])
+        self.confidence = confidence
+        self.config = type("Config", (), {"block_size": block_size, "vocab_size": len(self.vocab)})()
+
+    def forward(self, idx: Tensor) -> Tensor:
+        logits = torch.zeros(*idx.shape, len(self.vocab))
+        return logits.scatter(-1, self.next[idx].unsqueeze(-1), self.confidence)
+
+    def encode(self, text: str) -> Tensor:
+        return torch.tensor([[self.vocab.index(c) for c in text]])
+
+    def decode(self, idx: Tensor) -> str:
+        return "".join(self.vocab[i] for i in idx[0].tolist())

@@ -1,0 +1,318 @@
+"""Write the course's notebooks (handformer/course/notebooks/{en,zh}/*.ipynb) from the cells below:
+the code cells are shared, the markdown cells are in each language, outputs are empty.
+
+    python3 scripts/course_notebooks.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent.parent / "handformer" / "course" / "notebooks"
+
+TRAIN = '''task = lesson.dates_task()
+V_SRC, V_TGT, D = len(task.src_vocab), len(task.tgt_vocab), 64
+torch.manual_seed(0)
+model = Transformer(V_SRC, V_TGT, d_model=D, num_heads=4, num_layers=2, d_ff=128, max_len=64)
+optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate(step, D, 1.0, 200))
+
+def criterion(logits, targets):
+    return masked_cross_entropy(logits, targets, task.pad)
+
+batches = task.batches(lesson.batch_size(64), lesson.steps(3000))
+losses = train_epoch(model, batches, optimizer, criterion, scheduler)
+print(f"{len(losses)} steps, last loss {losses[-1]:.3f}")'''
+
+
+def check_cell(stem: str, plot: str) -> str:
+    """The first code cell: the imports the chapter's plot cell uses, then the check."""
+    imports = "import matplotlib.pyplot as plt\n" * ("plt." in plot) + "import torch\n" * ("torch." in plot)
+    return f"{imports}\nfrom handformer.course import lesson\n\nok = lesson.check(\"{stem}\")"
+
+
+CHAPTERS = {
+    "ch01_inputs": (
+        ("# Chapter 1: inputs and positions\n\nFill in `PositionalEncoding` in `ch01_inputs.py`, then run "
+         "the cells below. The first grades your file with `handformer check`; once it passes, the second "
+         "draws your position table.",
+         "# 第 1 章：输入与位置编码\n\n在 `ch01_inputs.py` 里写完 `PositionalEncoding`，然后运行下面的单元格。"
+         "第一个用 `handformer check` 检查你的文件；通过之后，第二个画出你的位置编码表。"),
+        ("Each row is a position, each column a dimension: low dimensions turn fast, high ones slowly.",
+         "每一行是一个位置，每一列是一个维度：低维转得快，高维转得慢。"),
+        '''if ok:
+    PositionalEncoding = lesson.fresh("ch01_inputs").PositionalEncoding
+    pe = PositionalEncoding(d_model=64, max_len=100, dropout=0.0).eval()
+    table = pe(torch.zeros(1, 100, 64))[0]  # (T, D): the table itself, added to zeros
+    plt.figure(figsize=(8, 4))
+    plt.imshow(table.T, aspect="auto", cmap="RdBu")
+    plt.xlabel("position")
+    plt.ylabel("dimension")
+    plt.colorbar()
+    plt.show()'''),
+    "ch02_attention": (
+        ("# Chapter 2: attention\n\nFill in `scaled_dot_product_attention` and `subsequent_mask` in "
+         "`ch02_attention.py`.",
+         "# 第 2 章：注意力\n\n在 `ch02_attention.py` 里写完 `scaled_dot_product_attention` 和 `subsequent_mask`。"),
+        ("Your attention weights with and without the causal mask: with it, nothing above the diagonal.",
+         "你的注意力权重，加因果掩码和不加：加了之后，对角线上方全是 0。"),
+        '''if ok:
+    chapter = lesson.fresh("ch02_attention")
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 1, 8, 16).unbind(0)  # (B, T, d_k)
+    _, plain = chapter.scaled_dot_product_attention(q, k, v)
+    _, causal = chapter.scaled_dot_product_attention(q, k, v, chapter.subsequent_mask(8))
+    fig, axes = plt.subplots(1, 2, figsize=(8, 4))
+    for ax, weights, title in zip(axes, (plain, causal), ("no mask", "causal mask")):
+        ax.imshow(weights[0], cmap="viridis", vmin=0)
+        ax.set_title(title)
+        ax.set_xlabel("key")
+        ax.set_ylabel("query")
+    plt.show()'''),
+    "ch03_multi_head": (
+        ("# Chapter 3: multi-head attention\n\nFill in `MultiHeadAttention` in `ch03_multi_head.py` "
+         "(it uses your attention of chapter 2).",
+         "# 第 3 章：多头注意力\n\n在 `ch03_multi_head.py` 里写完 `MultiHeadAttention`（它用第 2 章你写的注意力）。"),
+        ("Each head has its own W_Q and W_K, so each looks at the same sentence differently.",
+         "每个头有自己的 W_Q 和 W_K，所以同一句话每个头看的地方都不一样。"),
+        '''if ok:
+    MultiHeadAttention = lesson.fresh("ch03_multi_head").MultiHeadAttention
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(d_model=32, num_heads=4).eval()
+    x = torch.randn(1, 10, 32)  # (B, T, D)
+    out, weights = mha(x, x, x)  # weights: (B, H, T, T)
+    print("output", tuple(out.shape), "weights", tuple(weights.shape))
+    fig, axes = plt.subplots(1, 4, figsize=(12, 3))
+    for h, ax in enumerate(axes):
+        ax.imshow(weights[0, h].detach(), cmap="viridis", vmin=0)
+        ax.set_title(f"head {h}")
+    plt.show()'''),
+    "ch04_ffn_norm": (
+        ("# Chapter 4: FFN, residual and norm\n\nFill in `PositionwiseFeedForward` and `LayerNorm` in "
+         "`ch04_ffn_norm.py`.",
+         "# 第 4 章：前馈网络、残差与归一化\n\n在 `ch04_ffn_norm.py` 里写完 `PositionwiseFeedForward` 和 `LayerNorm`。"),
+        ("A residual adds the FFN's output to its input; your LayerNorm then brings every position back to "
+         "mean 0 and standard deviation 1.",
+         "残差把 FFN 的输出加回它的输入；然后你的 LayerNorm 把每个位置拉回均值 0、标准差 1。"),
+        '''if ok:
+    chapter = lesson.fresh("ch04_ffn_norm")
+    torch.manual_seed(0)
+    ffn = chapter.PositionwiseFeedForward(d_model=64, d_ff=256, dropout=0.0).eval()
+    norm = chapter.LayerNorm(64)
+    x = 3 * torch.randn(1, 50, 64) + 2  # (B, T, D)
+    residual = x + ffn(x)
+    normed = norm(residual)
+    print(f"before the norm: mean {residual.mean():.2f}, std {residual.std():.2f}")
+    print(f"after the norm:  mean {normed.mean():.2f}, std {normed.std():.2f}")
+    plt.hist(residual.flatten().detach(), bins=50, alpha=0.5, label="x + FFN(x)")
+    plt.hist(normed.flatten().detach(), bins=50, alpha=0.5, label="LayerNorm(x + FFN(x))")
+    plt.legend()
+    plt.show()'''),
+    "ch05_layers": (
+        ("# Chapter 5: encoder and decoder layers\n\nFill in `EncoderLayer` and `DecoderLayer` in "
+         "`ch05_layers.py` (they use your chapters 3 and 4).",
+         "# 第 5 章：编码器层与解码器层\n\n在 `ch05_layers.py` 里写完 `EncoderLayer` 和 `DecoderLayer`"
+         "（它们用第 3、4 章你写的模块）。"),
+        ("The decoder layer's cross-attention: each target position (a row) looks at the source (columns); "
+         "the source's last two tokens are padding, so no row looks at them.",
+         "解码器层的交叉注意力：目标端每个位置（一行）去看源端（列）；源端最后两个 token 是填充，所以没有一行看它们。"),
+        '''if ok:
+    chapter = lesson.fresh("ch05_layers")
+    torch.manual_seed(0)
+    encoder = chapter.EncoderLayer(d_model=32, num_heads=4, d_ff=64, dropout=0.0).eval()
+    decoder = chapter.DecoderLayer(d_model=32, num_heads=4, d_ff=64, dropout=0.0).eval()
+    src, tgt = torch.randn(1, 9, 32), torch.randn(1, 6, 32)  # (B, S, D), (B, T, D)
+    src_mask = torch.ones(1, 1, 1, 9, dtype=torch.bool)
+    src_mask[..., 7:] = False  # the last two source tokens are padding
+    tgt_mask = torch.tril(torch.ones(6, 6, dtype=torch.bool))
+    memory = encoder(src, src_mask)
+    out, cross = decoder(tgt, memory, src_mask, tgt_mask)  # cross: (B, H, T, S)
+    plt.imshow(cross[0].mean(0).detach(), cmap="viridis", vmin=0)
+    plt.xlabel("source position")
+    plt.ylabel("target position")
+    plt.colorbar()
+    plt.show()'''),
+    "ch06_model": (
+        ("# Chapter 6: the assembled model and masks\n\nFill in `make_src_mask`, `make_tgt_mask` and "
+         "`Transformer` in `ch06_model.py`.",
+         "# 第 6 章：组装模型与掩码\n\n在 `ch06_model.py` 里写完 `make_src_mask`、`make_tgt_mask` 和 `Transformer`。"),
+        ("Your masks for a padded batch (white = may attend), and your model's logits for it.",
+         "一个带填充的批次的掩码（白色 = 可以看），以及你的模型对它算出的 logits。"),
+        '''if ok:
+    chapter = lesson.fresh("ch06_model")
+    src = torch.tensor([[5, 6, 7, 8, 0, 0]])  # 0 is padding
+    tgt = torch.tensor([[1, 9, 10, 11, 0]])
+    src_mask, tgt_mask = chapter.make_src_mask(src, 0), chapter.make_tgt_mask(tgt, 0)
+    model = chapter.Transformer(20, 20, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=16).eval()
+    logits = model(src, tgt)
+    print("src_mask", tuple(src_mask.shape), "tgt_mask", tuple(tgt_mask.shape), "logits", tuple(logits.shape))
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    axes[0].imshow(src_mask[0, 0].expand(5, -1), cmap="gray", vmin=0, vmax=1)
+    axes[0].set_title("src_mask (broadcast over the queries)")
+    axes[1].imshow(tgt_mask[0, 0], cmap="gray", vmin=0, vmax=1)
+    axes[1].set_title("tgt_mask")
+    plt.show()'''),
+    "ch07_loss_schedule": (
+        ("# Chapter 7: loss and schedule\n\nFill in `masked_cross_entropy` and `rate` in "
+         "`ch07_loss_schedule.py`.",
+         "# 第 7 章：损失函数与学习率调度\n\n在 `ch07_loss_schedule.py` 里写完 `masked_cross_entropy` 和 `rate`。"),
+        ("Your schedule: a linear warmup, then a decay as 1 / sqrt(step); a larger warmup peaks later and lower.",
+         "你的调度：先线性 warmup，再按 1 / sqrt(step) 衰减；warmup 越大，峰值越晚、越低。"),
+        '''if ok:
+    chapter = lesson.fresh("ch07_loss_schedule")
+    for warmup in (1000, 4000, 8000):
+        values = [chapter.rate(step, 512, 1.0, warmup) for step in range(1, 20000, 50)]
+        plt.plot(values, label=f"warmup {warmup}")
+    plt.xlabel("step / 50")
+    plt.ylabel("learning rate")
+    plt.legend()
+    plt.show()
+    logits, targets = torch.randn(4, 10), torch.tensor([3, 1, 0, 0])  # the last two are padding
+    print("loss over the two real tokens:", float(chapter.masked_cross_entropy(logits, targets, 0)))'''),
+    "ch08_training": (
+        ("# Chapter 8: training\n\nFill in `train_step` and `train_epoch` in `ch08_training.py`. Once they pass, the notebook "
+         "trains your own model (chapters 1-7) on the dates task: dates in words -> ISO dates.",
+         "# 第 8 章：训练\n\n在 `ch08_training.py` 里写完 `train_step` 和 `train_epoch`。通过之后，notebook 在日期任务上训练你自己的模型"
+         "（第 1-7 章）：把用英文单词写的日期翻译成 ISO 日期。"),
+        ("Training your model; the loss should fall well below 1 (the model is saved for chapter 9).",
+         "训练你的模型；损失应该降到 1 以下很多（模型会保存下来，第 9 章接着用）。"),
+        f'''if ok:
+    Transformer = lesson.fresh("ch06_model").Transformer
+    loss_schedule = lesson.fresh("ch07_loss_schedule")
+    masked_cross_entropy, rate = loss_schedule.masked_cross_entropy, loss_schedule.rate
+    train_epoch = lesson.fresh("ch08_training").train_epoch
+{chr(10).join("    " + line if line else "" for line in TRAIN.splitlines())}
+    torch.save(model.state_dict(), "dates_model.pt")
+    plt.plot(losses)
+    plt.xlabel("step")
+    plt.ylabel("loss")
+    plt.yscale("log")
+    plt.show()'''),
+    "ch09_decoding": (
+        ("# Chapter 9: greedy and beam decoding\n\nFill in `greedy_decode` and `beam_search` in `ch09_decoding.py`. Once they pass, "
+         "your model (trained in chapter 8, or now) translates dates it has never seen.",
+         "# 第 9 章：贪心解码与束搜索\n\n在 `ch09_decoding.py` 里写完 `greedy_decode` 和 `beam_search`。通过之后，你的模型（第 8 章训练的，"
+         "或者现在训练）翻译它没见过的日期。"),
+        ("Your model, your decoders: held-out dates and how many come out right, greedy and with a beam of 4.",
+         "你的模型、你的解码：没见过的日期，以及贪心解码和束宽 4 的束搜索各翻译对了多少。"),
+        f'''if ok:
+    Transformer = lesson.fresh("ch06_model").Transformer
+    loss_schedule = lesson.fresh("ch07_loss_schedule")
+    masked_cross_entropy, rate = loss_schedule.masked_cross_entropy, loss_schedule.rate
+    train_epoch = lesson.fresh("ch08_training").train_epoch
+    decoding = lesson.fresh("ch09_decoding")
+    from pathlib import Path
+
+    if Path("dates_model.pt").exists():  # saved by chapter 8
+        task = lesson.dates_task()
+        model = Transformer(len(task.src_vocab), len(task.tgt_vocab), d_model=64, num_heads=4, num_layers=2,
+                            d_ff=128, max_len=64)
+        model.load_state_dict(torch.load("dates_model.pt"))
+    else:
+{chr(10).join("        " + line if line else "" for line in TRAIN.splitlines())}
+    model.eval()
+    right = {{"greedy": 0, "beam": 0}}
+    tests = task.test[: lesson.sentences(200)]
+    for n, (source, target) in enumerate(tests):
+        src = torch.tensor([task.encode_src(source)])
+        src_mask = src != task.pad
+        with torch.no_grad():
+            greedy = decoding.greedy_decode(model, src, src_mask, 16, task.bos, task.eos)
+            beam = decoding.beam_search(model, src, src_mask, 16, task.bos, task.eos, beam_size=4)
+        guesses = {{"greedy": task.decode_tgt(greedy[0].tolist()), "beam": task.decode_tgt(beam[0].tolist())}}
+        for name, guess in guesses.items():
+            right[name] += guess == target
+        if n < 5:
+            print(f"{{source!r:45}} -> greedy {{guesses['greedy']}}, beam {{guesses['beam']}} (expected {{target}})")
+    print(f"greedy: {{right['greedy']}} of {{len(tests)}} right, beam: {{right['beam']}} of {{len(tests)}} right")'''),
+    "ch10_decoder_only": (
+        ("# Chapter 10: the decoder-only block\n\nFill in `RMSNorm`, `SwiGLU` and `DecoderOnlyBlock` in "
+         "`ch10_decoder_only.py`.",
+         "# 第 10 章：decoder-only 块\n\n在 `ch10_decoder_only.py` 里写完 `RMSNorm`、`SwiGLU` 和 `DecoderOnlyBlock`。"),
+        ("Causality, measured on your block: changing token 5 leaves every output before it unchanged.",
+         "在你的块上量一下因果性：改动第 5 个 token，它前面的输出一点都不变。"),
+        '''if ok:
+    DecoderOnlyBlock = lesson.fresh("ch10_decoder_only").DecoderOnlyBlock
+    torch.manual_seed(0)
+    block = DecoderOnlyBlock(d_model=32, num_heads=4, d_ff=64, dropout=0.0).eval()
+    x = torch.randn(1, 10, 32)  # (B, T, D)
+    bumped = x.clone()
+    bumped[0, 5] += 1.0
+    moved = (block(bumped) - block(x)).abs().amax(dim=-1)[0].detach()  # (T,)
+    plt.bar(range(10), moved)
+    plt.xlabel("position")
+    plt.ylabel("largest change of the output")
+    plt.show()'''),
+    "ch11_sampling": (
+        ("# Chapter 11: sampling and generate\n\nFill in the functions of `ch11_sampling.py`.",
+         "# 第 11 章：采样与 generate\n\n在 `ch11_sampling.py` 里写完各个函数。"),
+        ("What your filters keep of one distribution, and your `generate` on a toy model that knows one "
+         "sentence: at a higher temperature it wanders off it.",
+         "你的过滤从一个分布里留下了什么；再在一个只会一句话的玩具模型上跑你的 `generate`：温度越高，越容易跑偏。"),
+        '''if ok:
+    chapter = lesson.fresh("ch11_sampling")
+    logits = torch.tensor([[3.0, 2.5, 2.0, 1.0, 0.5, 0.0, -1.0, -2.0]])  # (B, V)
+    shown = {"T = 1": logits, "T = 0.5": chapter.apply_temperature(logits, 0.5),
+             "top-k 3": chapter.top_k_filter(logits, 3), "top-p 0.9": chapter.top_p_filter(logits, 0.9)}
+    fig, axes = plt.subplots(1, 4, figsize=(12, 3), sharey=True)
+    for ax, (title, values) in zip(axes, shown.items()):
+        ax.bar(range(8), torch.softmax(values, dim=-1)[0])
+        ax.set_title(title)
+    plt.show()
+    lm = lesson.CycleLM()
+    torch.manual_seed(0)
+    for temperature in (0.5, 1.0, 2.0):
+        out = chapter.generate(lm, lm.encode("abc"), 20, temperature=temperature)
+        print(f"temperature {temperature}: {lm.decode(out)}")'''),
+    "ch12_bpe": (
+        ("# Chapter 12: a BPE tokenizer\n\nFill in `train_bpe` and `Tokenizer` in `ch12_bpe.py`.",
+         "# 第 12 章：BPE 分词器\n\n在 `ch12_bpe.py` 里写完 `train_bpe` 和 `Tokenizer`。"),
+        ("Your tokenizer on a corpus of dates and a few Chinese sentences: the more merges, the more bytes a "
+         "token holds; then the tokens of one sentence, and the round trip.",
+         "在一个由日期和几句中文组成的语料上跑你的分词器：合并越多，一个 token 装的字节越多；"
+         "再看一句话切成的 token，以及编码再解码能不能还原。"),
+        '''if ok:
+    chapter = lesson.fresh("ch12_bpe")
+    special = ["<|endoftext|>"]
+    text = lesson.write_corpus("corpus.txt", lesson.sentences(2000))
+    sizes, ratios = (300, 400, 600, 800), []
+    for vocab_size in sizes:
+        vocab, merges = chapter.train_bpe("corpus.txt", vocab_size, special)
+        tokenizer = chapter.Tokenizer(vocab, merges, special)
+        ratios.append(len(text.encode("utf-8")) / len(tokenizer.encode(text)))
+    print("the first merges:", merges[:8])
+    sample = "the twenty-third of march, nineteen ninety-seven<|endoftext|>分词器把文本切成 token"
+    ids = tokenizer.encode(sample)
+    print([vocab[i].decode("utf-8", errors="replace") for i in ids])
+    print("round trip:", tokenizer.decode(ids) == sample)
+    plt.plot(sizes, ratios, marker="o")
+    plt.xlabel("vocab_size")
+    plt.ylabel("bytes per token")
+    plt.show()'''),
+}
+
+
+def notebook(cells: list[tuple[str, str]]) -> dict:
+    return {"cells": [{"cell_type": kind, "metadata": {}, "source": text.splitlines(keepends=True),
+                       **({"execution_count": None, "outputs": []} if kind == "code" else {})}
+                      for kind, text in cells],
+            "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                         "language_info": {"name": "python"}},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
+def main() -> None:
+    for stem, (intro, after, plot) in CHAPTERS.items():
+        for i, lang in enumerate(("en", "zh")):
+            cells = [("markdown", intro[i]), ("code", check_cell(stem, plot)), ("markdown", after[i]), ("code", plot)]
+            nb = notebook(cells)
+            for n, cell in enumerate(nb["cells"]):
+                cell["id"] = f"{stem}-{n}"
+            path = OUT / lang / f"{stem}.ipynb"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,271 @@
+"""The course (`handformer learn`): the folder it writes and never overwrites, the starter files
+that `handformer check` reports as not implemented yet, the solutions (tests/fixtures/course/) that
+pass every chapter, and the notebooks: stripped, the same code in English and Chinese, and run top
+to bottom in smoke mode on the solutions."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import runpy
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import missing, require_module
+
+from handformer.check.result import TODO
+from handformer.check.runners import check_file
+from handformer.cli import main
+from handformer.course.chapters import CHAPTERS, find_chapter
+from handformer.course.folder import learn, notebook_text, reset, starter_text
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = Path(__file__).parent / "fixtures" / "course"
+
+
+def check_chapter(path: Path):
+    """check_file in this process, the chapter's neighbours imported from its own folder."""
+    for ch in CHAPTERS:
+        sys.modules.pop(ch.stem, None)
+    folder = str(path.parent.resolve())
+    while folder in sys.path:
+        sys.path.remove(folder)
+    sys.path.insert(0, folder)
+    try:
+        return check_file(str(path))
+    finally:
+        sys.path.remove(folder)
+        for ch in CHAPTERS:
+            sys.modules.pop(ch.stem, None)
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["learn", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_learn_writes_what_is_missing_and_never_overwrites(tmp_path, capsys):
+    folder = tmp_path / "course"
+    code, out, _ = run_cli(capsys, "--dir", str(folder))
+    assert code == 0 and out.count("written") == 2 * len(CHAPTERS)
+    names = {p.name for p in folder.iterdir()}
+    assert names == {"course.json"} | {c.file for c in CHAPTERS} | {c.notebook for c in CHAPTERS}
+    mine = folder / "ch03_multi_head.py"
+    mine.write_text("# my attention\n")
+    (folder / "ch02_attention.py").unlink()
+    code, out, _ = run_cli(capsys, "--dir", str(folder))
+    assert code == 0 and "kept, changed by you" in out and out.count("written") == 1
+    assert mine.read_text() == "# my attention\n"  # never overwritten
+    assert (folder / "ch02_attention.py").read_text() == starter_text(find_chapter("2"), "en")
+    code, out, _ = run_cli(capsys, "--dir", str(folder), "--reset", "3")
+    assert code == 0 and "ch03_multi_head.py.bak" in out and "open " + str(folder / "ch03_multi_head.ipynb") in out
+    assert (folder / "ch03_multi_head.py.bak").read_text() == "# my attention\n"
+    assert mine.read_text() == starter_text(find_chapter("3"), "en")
+    mine.write_text("# again\n")
+    reset(folder, "multi_head")
+    assert (folder / "ch03_multi_head.py.2.bak").read_text() == "# again\n"  # the first .bak is kept
+
+
+def test_one_chapter_in_chinese(tmp_path):
+    folder = tmp_path / "zh"
+    done = learn(folder, "zh", "ch07_loss_schedule")
+    assert [name for name, _ in done] == ["ch07_loss_schedule.py", "ch07_loss_schedule.ipynb"]
+    done = learn(folder, None, "5")  # and the chapters it builds on
+    assert [name for name, _ in done][::2] == ["ch02_attention.py", "ch03_multi_head.py", "ch04_ffn_norm.py",
+                                               "ch05_layers.py"]
+    text = (folder / "ch07_loss_schedule.py").read_text("utf-8")
+    assert "损失函数" in text and "#@" not in text and "Fill in" not in text
+    assert "学习率" in (folder / "ch07_loss_schedule.ipynb").read_text("utf-8")
+    assert json.loads((folder / "course.json").read_text())["lang"] == "zh"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lang", "fr"], "--lang fr: the course is written in en (English) and zh (Chinese)"),
+    (["99"], "unknown chapter '99'; the chapters are: 1 (ch01_inputs)"),
+    (["--reset", "attention_maps"], "unknown chapter 'attention_maps'"),
+    (["--status", "--dir", "{tmp}/other"], "is not a course folder (it has no course.json)"),
+    (["--dir", "{tmp}/other"], "is not a course folder (it has no course.json and is not empty)"),
+    (["--dir", "{tmp}/course", "--lang", "zh"], "is a course in English (--lang en); for one in Chinese"),
+    (["--status", "--dir", "{tmp}/nowhere"], "no such folder"),
+    (["--status", "--dir", "{tmp}/broken"], "course.json: not a course manifest"),
+    (["3", "--status", "--dir", "{tmp}/course"], "chapter 3 with --status: --status takes no chapter"),
+])
+def test_bad_input_is_one_clear_error(tmp_path, capsys, args, message):
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    learn(tmp_path / "course", "en", "1")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "course.json").write_bytes(b'{"course": "handf')  # cut short
+    capsys.readouterr()
+    code, out, err = run_cli(capsys, *[a.replace("{tmp}", str(tmp_path)) for a in args])
+    assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+
+
+def code_of(source: str) -> str:
+    """The code of a file without its docstrings (comments are gone after parsing)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(
+                getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def test_starters_are_not_implemented_yet_in_both_languages(tmp_path):
+    """Every starter's components are found as the chapter's kinds and reported as not implemented
+    yet, never as an error; the Chinese starters are the same code."""
+    learn(tmp_path, "en")
+    for ch in CHAPTERS:
+        en, zh = starter_text(ch, "en"), starter_text(ch, "zh")
+        assert code_of(en) == code_of(zh), ch.stem
+        assert "TODO" in en and "TODO" in zh and any("\u4e00" <= c <= "\u9fff" for c in zh)
+        result = check_chapter(tmp_path / ch.file)
+        assert result.error is None, (ch.stem, result.error)
+        assert {c.kind for c in result.components} == set(ch.kinds), ch.stem
+        for c in result.components:
+            assert c.status == TODO and c.error.kind == "not_implemented", (ch.stem, c.name, c.error)
+            assert c.error.message.startswith("not implemented yet")
+
+
+def test_the_report_says_not_implemented_yet(tmp_path, capsys):
+    learn(tmp_path, "en", "3")
+    from handformer.check.report import format_report
+
+    result = check_chapter(tmp_path / "ch03_multi_head.py")
+    assert "MultiHeadAttention (multi-head attention): NOT IMPLEMENTED YET" in format_report(result, "en")
+    assert "1 not implemented yet" in format_report(result, "en")
+    assert "MultiHeadAttention（多头注意力）：尚未实现" in format_report(result, "zh")
+
+
+def test_every_chapter_passes_with_the_solutions():
+    for ch in CHAPTERS:
+        result = check_chapter(SOLUTIONS / ch.file)
+        assert result.ok, (ch.stem, [(c.name, c.status, c.findings, c.error) for c in result.components])
+        assert {c.kind for c in result.components} == set(ch.kinds), ch.stem
+
+
+def test_status_shows_which_chapters_pass(tmp_path, capsys):
+    learn(tmp_path, "en")
+    shutil.copy(SOLUTIONS / "ch01_inputs.py", tmp_path)
+    half = starter_text(find_chapter("7"), "en").replace(
+        '    raise NotImplementedError("masked_cross_entropy")',
+        "    return torch.nn.functional.cross_entropy(logits, targets)")  # counts the padding
+    (tmp_path / "ch07_loss_schedule.py").write_text(half)
+    code, out, _ = run_cli(capsys, "--status", "--dir", str(tmp_path))
+    lines = {line.split()[1]: line for line in out.splitlines() if ".py " in line}
+    assert code == 0 and len(lines) == len(CHAPTERS)
+    assert "pass" in lines["ch01_inputs.py"] and "not started" in lines["ch02_attention.py"]
+    assert "fail" in lines["ch07_loss_schedule.py"] and "masked_cross_entropy" in lines["ch07_loss_schedule.py"]
+    assert out.strip().endswith(f"1 of {len(CHAPTERS)} chapters pass")
+
+
+def test_notebooks_are_stripped_and_the_same_code_in_both_languages():
+    builder = runpy.run_path(str(ROOT / "scripts" / "course_notebooks.py"))
+    for ch in CHAPTERS:
+        en, zh = (json.loads(notebook_text(ch, lang)) for lang in ("en", "zh"))
+        code = [[c["source"] for c in nb["cells"] if c["cell_type"] == "code"] for nb in (en, zh)]
+        assert code[0] == code[1] and len(code[0]) == 2, ch.stem
+        for nb in (en, zh):
+            for cell in nb["cells"]:
+                assert cell.get("outputs", []) == [] and cell.get("execution_count") is None, ch.stem
+        assert f'lesson.check("{ch.stem}")' in "".join(code[0][0])
+        assert [c["source"] for c in en["cells"]][0] != [c["source"] for c in zh["cells"]][0]
+        intro, after, plot = builder["CHAPTERS"][ch.stem]  # the committed notebooks are the builder's
+        assert "".join(code[0][1]) == plot and "".join(en["cells"][0]["source"]) == intro[0]
+
+
+def kernel_or_missing() -> str:
+    require_module("nbclient", "pip install nbclient nbformat ipykernel (scripts/install.sh does)")
+    require_module("ipykernel", "pip install ipykernel (scripts/install.sh does)")
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec("python3")
+    except NoSuchKernel:
+        missing("no Jupyter kernel python3 is registered; run python3 -m ipykernel install --user")
+    return "python3"
+
+
+def run_notebooks(folder: Path, names: list[str], smoke: bool) -> dict[str, list[dict]]:
+    """Run the notebooks one after another in one kernel (its namespace reset before each), in the
+    course folder; returns each notebook's code cells with their outputs."""
+    import nbformat
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    env = {**os.environ, "HANDFORMER_COURSE_SMOKE": "1" if smoke else "0", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(ROOT), "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+    km = KernelManager(kernel_name=kernel_or_missing())
+    km.start_kernel(cwd=str(folder), env=env)
+    out = {}
+    try:
+        for name in names:
+            nb = nbformat.read(folder / name, as_version=4)
+            nb.cells.insert(0, nbformat.v4.new_code_cell("%reset -f"))
+            NotebookClient(nb, km=km, timeout=600, resources={"metadata": {"path": str(folder)}}).execute()
+            out[name] = [c for c in nb.cells[1:] if c.cell_type == "code"]
+    finally:
+        km.shutdown_kernel(now=True)
+    return out
+
+
+def texts(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+
+
+def images(cell) -> int:
+    return sum("image/png" in o.get("data", {}) for o in cell.outputs if o.output_type == "display_data")
+
+
+def course_with_solutions(folder: Path, lang: str) -> list[str]:
+    learn(folder, lang)
+    for ch in CHAPTERS:
+        shutil.copy(SOLUTIONS / ch.file, folder)
+    return [ch.notebook for ch in CHAPTERS]
+
+
+def test_every_notebook_runs_top_to_bottom_in_smoke_mode(tmp_path):
+    """English and Chinese, on the solutions: each grades its file (it passes) and plots or prints
+    what the chapter is about; chapter 8 trains the learner's model on the dates task for 50 steps
+    and chapter 9 translates 5 held-out dates with it."""
+    names = course_with_solutions(tmp_path / "en", "en")
+    course_with_solutions(tmp_path / "zh", "zh")
+    start = time.perf_counter()
+    cells = run_notebooks(tmp_path / "en", names, smoke=True)
+    seconds = time.perf_counter() - start
+    for name, (graded, shown) in cells.items():
+        assert "0 failed, 0 raised" in texts(graded) and "not implemented" not in texts(graded), name
+        assert images(shown) or name == "ch09_decoding.ipynb", name
+    assert "50 steps, last loss" in texts(cells["ch08_training.ipynb"][1])
+    assert "greedy: " in texts(cells["ch09_decoding.ipynb"][1]) and texts(cells["ch09_decoding.ipynb"][1]).strip().endswith("of 5 right")
+    assert (tmp_path / "en" / "dates_model.pt").exists()
+    assert "round trip: True" in texts(cells["ch12_bpe.ipynb"][1])
+    zh = run_notebooks(tmp_path / "zh", ["ch01_inputs.ipynb"], smoke=True)
+    assert "共 1 个组件：1 个通过" in texts(zh["ch01_inputs.ipynb"][0]) and images(zh["ch01_inputs.ipynb"][1])
+    print(f"\n{len(names)} notebooks in smoke mode: {seconds:.1f} s")
+
+
+def test_starter_notebooks_run_and_say_what_to_do(tmp_path):
+    learn(tmp_path, "zh", "4")
+    cells = run_notebooks(tmp_path, ["ch04_ffn_norm.ipynb"], smoke=True)["ch04_ffn_norm.ipynb"]
+    assert "尚未实现" in texts(cells[0]) and "把 TODO 写完" in texts(cells[0]) and not images(cells[1])
+
+
+@pytest.mark.slow
+def test_the_full_course_trains_and_translates(tmp_path):
+    """Chapters 8 and 9 at full size: 3000 steps on the dates task, 200 held-out dates translated."""
+    names = course_with_solutions(tmp_path, "en")
+    start = time.perf_counter()
+    cells = run_notebooks(tmp_path, [n for n in names if n.startswith(("ch08", "ch09"))], smoke=False)
+    result = texts(cells["ch09_decoding.ipynb"][1]).strip().splitlines()[-1]
+    print(f"\nfull size, chapters 8 and 9: {time.perf_counter() - start:.0f} s; {result}")
+    words = result.replace(",", "").split()  # greedy: N of 200 right beam: M of 200 right
+    # measured: 97 of 200 greedy after 1500 steps; 67 of the first 100 after 3000
+    assert words[3] == words[8] == "200" and int(words[1]) >= 80
