@@ -25,6 +25,12 @@ otherwise idle machine, never in CI.
     python benchmarks/speedrun.py --nanogpt /path/to/nanoGPT                       # 5 seeds
     python benchmarks/speedrun.py --nanogpt PATH --configs configs/speedrun_shakespeare_2*.toml
     python benchmarks/speedrun.py --nanogpt PATH --device cuda --seeds 3            # on a GPU
+    python benchmarks/speedrun.py --nanogpt PATH --seeds 3 --json R.json             # rounds 0-2, then
+    python benchmarks/speedrun.py --nanogpt PATH --first-seed 3 --seeds 2 --add-to R.json --json R.json
+
+`--add-to` adds the runs of an earlier invocation (its --json file, on the same machine and thread
+count, with the same configs) to this one's, so the rounds of a long table can run in several
+sittings; each sitting interleaves nanoGPT and every config as one run does.
 """
 
 from __future__ import annotations
@@ -125,6 +131,28 @@ def table(rows: dict[str, list[dict]], bf16: dict[str, bool]) -> tuple[str, list
     return head + "\n" + "\n".join(out) + "\n", summary
 
 
+def earlier_runs(path: Path, configs: list[str], info: dict, device: str,
+                 seeds: range) -> dict[str, list[dict]]:
+    """The runs of an earlier --json file, checked to be of the same table: one error otherwise."""
+    try:
+        data = json.loads(path.read_text())
+        rows = {r["name"]: list(r["runs"]) for r in data["rows"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--add-to {path}: not a results file of this benchmark ({e})") from None
+    keys = ("cpu", "threads")
+    same = {k: data.get("machine", {}).get(k) for k in keys} == {k: info[k] for k in keys}
+    if not same or data.get("device") != device:
+        raise SystemExit(f"--add-to {path}: its runs are from another machine, thread count or device "
+                         f"({data.get('machine')}, {data.get('device')}); add only runs measured alike")
+    if list(rows) != [NANOGPT, *configs]:
+        raise SystemExit(f"--add-to {path}: it holds {', '.join(rows)}; pass the same --configs")
+    repeated = sorted({r["seed"] for c in configs for r in rows[c]} & set(seeds))
+    if repeated:
+        raise SystemExit(f"--add-to {path}: it already has seed(s) {repeated}; start at --first-seed "
+                         f"{max(r['seed'] for c in configs for r in rows[c]) + 1}")
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -132,8 +160,11 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=None, metavar="TOML",
                         help="record configs, in the table's order (default: "
                              "configs/speedrun_shakespeare_*.toml, sorted)")
-    parser.add_argument("--seeds", type=int, default=5, help="rounds: seeds 0..N-1 of every config")
+    parser.add_argument("--seeds", type=int, default=5, help="rounds: N seeds of every config")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first round's seed (default 0)")
     parser.add_argument("--nanogpt-runs", type=int, default=3, help="nanoGPT in the first N rounds")
+    parser.add_argument("--add-to", type=Path, default=None, metavar="JSON",
+                        help="an earlier --json file whose runs this one's are added to")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="torch threads of every run (OMP_NUM_THREADS; default: the machine's cores)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU")
@@ -153,11 +184,14 @@ def main() -> None:
     info["threads"] = args.threads
     print(f"machine: {info['cpu']}, {info['cores']} cores, flags {' '.join(info['flags'])}; torch "
           f"{info['torch']}, {args.threads} thread(s) for every run; device {args.device}", flush=True)
-    prepare_nanogpt_data(args.nanogpt, DATA)
     rows: dict[str, list[dict]] = {NANOGPT: [], **{c: [] for c in configs}}
+    if args.add_to is not None:
+        rows = earlier_runs(args.add_to, configs, info, args.device, range(args.first_seed,
+                                                                        args.first_seed + args.seeds))
+    prepare_nanogpt_data(args.nanogpt, DATA)
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(args.seeds):
-            if seed < args.nanogpt_runs:
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            if seed - args.first_seed < args.nanogpt_runs:
                 r = run_nanogpt(args.nanogpt, Path(tmp) / f"nanogpt{seed}", args.threads, args.device)
                 rows[NANOGPT].append(r)
                 print(f"round {seed}: {NANOGPT:48} wall {r['wall_s']:6.1f} s  loss {r['loss']:.4f}",

@@ -164,3 +164,21 @@ def test_the_default_record_is_the_last_fp32_record_of_the_committed_runs():
     assert fp32_records and fp32_records[-1] == RECORD
     data = json.loads(RESULTS.read_text())
     assert data["machine"]["cpu"] and data["machine"]["threads"] >= 1
+
+
+def test_rounds_measured_in_several_sittings_add_up_only_when_measured_alike(tmp_path):
+    bench = load_benchmark()
+    info = {"cpu": "a CPU", "threads": 1}
+    runs = {bench.NANOGPT: [{"wall_s": 100.0, "loss": 1.9, "seed": 1337}],
+            "c.toml": [{"wall_s": 30.0, "loss": 1.8, "seed": s} for s in (0, 1, 2)]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"machine": info, "device": "cpu",
+                                "rows": [{"name": n, "runs": r} for n, r in runs.items()]}))
+    assert bench.earlier_runs(path, ["c.toml"], info, "cpu", range(3, 5)) == runs
+    for args, message in ((({**info, "threads": 2}, "cpu", range(3, 5)), "another machine, thread count"),
+                          ((info, "cuda", range(3, 5)), "another machine, thread count or device"),
+                          ((info, "cpu", range(2, 4)), r"already has seed\(s\) \[2\]; start at --first-seed 3")):
+        with pytest.raises(SystemExit, match=message):
+            bench.earlier_runs(path, ["c.toml"], *args)
+    with pytest.raises(SystemExit, match="pass the same --configs"):
+        bench.earlier_runs(path, ["other.toml"], info, "cpu", range(3, 5))
