@@ -205,6 +205,9 @@ def main() -> None:
                 r = run_handformer(c, seed, Path(tmp) / f"{Path(c).stem}_{seed}", args.threads, args.device)
                 rows[c].append(r)
                 print(f"round {seed}: {c:48} wall {r['wall_s']:6.1f} s  loss {r['loss']:.4f}", flush=True)
+            if args.json and all(rows.values()):  # every round kept, should a later one be cut short
+                atomic_write_text(args.json, json.dumps({"machine": info, "device": args.device,
+                                                         "rows": table(rows, bf16)[1]}, indent=1) + "\n")
     text, summary = table(rows, bf16)
     print("\n" + text)
     base = summary[0]
