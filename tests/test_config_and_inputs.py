@@ -105,7 +105,7 @@ def test_invalid_causal_lm_settings_name_the_field(bad, field):
 def test_config_errors_say_how_to_fix():
     with pytest.raises(ValueError, match=r"divisible by n_heads=4"):
         BlockConfig(d_model=30, n_heads=4)
-    with pytest.raises(ValueError, match=r"choose one of relu, gelu, gelu_tanh, swiglu, geglu"):
+    with pytest.raises(ValueError, match=r"choose one of relu, relu2, gelu, gelu_tanh, swiglu, geglu"):
         BlockConfig(activation="swish")
     with pytest.raises(ValueError, match=r"probability in \[0, 1\)"):
         BlockConfig(dropout=-0.1)

@@ -27,6 +27,7 @@ COLUMNS = {
     "no-causal-mask": ["train_loss", "val_as_trained", "val_causal"],
     "positions": ["train_loss", "val_1B", "val_2B", "val_4B"],
     "muon": ["val_loss", "train_loss", "step_ms"],
+    "qk-norm": ["val_loss", "train_loss", "step_ms"],
 }
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:e-?\d+)?")
 

@@ -114,6 +114,12 @@ def test_full_fine_tuning_starts_from_the_runs_weights_and_records_where_it_came
     assert val[-1] < val[0]
 
 
+def test_zero_init_projections_with_a_fine_tune_is_one_error(base, tmp_path, capsys):
+    assert main(["train", "--config", TINY_LM, "--init-from", str(base), "--out", str(tmp_path / "ft"),
+                 *sets(*QUIET, "train.zero_init_projections=true")]) == 2
+    assert "zero_init_projections=true would erase the base run's" in capsys.readouterr().err
+
+
 def test_the_model_section_may_restate_the_base_but_not_change_it(base, text, tmp_path, capsys):
     config = tmp_path / "job.toml"
     config.write_text(f'task = "lm"\n[model]\nd_model = 32\nn_layers = 2\n[train]\ninit_from = "{base}"\n')

@@ -17,12 +17,13 @@ from handformer.experiments import (
     no_scaling,
     positions,
     post_vs_pre_norm,
+    qk_norm,
 )
 from handformer.experiments.runner import Experiment
 
 EXPERIMENTS: dict[str, Experiment] = {m.EXPERIMENT.name: m.EXPERIMENT for m in (
     post_vs_pre_norm, layernorm_vs_rmsnorm, activations, no_scaling, no_positions, no_causal_mask,
-    positions, muon)}
+    positions, muon, qk_norm)}
 
 
 def get_experiment(name: str) -> Experiment:

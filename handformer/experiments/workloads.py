@@ -228,6 +228,7 @@ class LMSettings:
     activation: str = "gelu"
     norm: str = "layernorm"
     position: str = "learned"
+    qk_norm: str = "none"  # none | head: each query and key head normalized (with `norm`)
     block_size: int = 64  # training window, in characters
     max_positions: int = 64  # positions the model can encode (>= the longest evaluated window)
     batch_size: int = 16
@@ -260,7 +261,7 @@ def lm_model(s: LMSettings, vocab_size: int, seed: int) -> CausalLM:
     torch.manual_seed(seed)
     cfg = CausalLMConfig(vocab_size=vocab_size, d_model=s.d_model, n_heads=s.n_heads, d_ff=s.d_ff,
                          n_layers=s.n_layers, activation=s.activation, norm=s.norm, position=s.position,
-                         max_positions=s.max_positions, dropout=0.0, bias=False)
+                         max_positions=s.max_positions, dropout=0.0, bias=False, qk_norm=s.qk_norm)
     return build_causal_lm(cfg)
 
 

@@ -1,6 +1,7 @@
 """The position-wise feed-forward network (section 3.3 of the paper) and its gated variants.
 
-Plain (`FeedForward`):  down_proj(act(up_proj(x)))              act = ReLU (paper), GELU, GELU-tanh (GPT-2)
+Plain (`FeedForward`):  down_proj(act(up_proj(x)))       act = ReLU (paper), GELU, GELU-tanh (GPT-2),
+                                                          ReLU² = relu(x)^2 (Primer; modded-nanogpt)
 Gated (`GatedFeedForward`):  down_proj(act(gate_proj(x)) * up_proj(x))
                         SwiGLU (act = SiLU, Llama), GEGLU (GELU), GEGLU-tanh (tanh-approximated GELU: Gemma)
 
@@ -18,6 +19,7 @@ from handformer.config import GATED_ACTIVATIONS, PLAIN_ACTIVATIONS
 
 ACT = {
     "relu": F.relu,
+    "relu2": lambda x: F.relu(x).square(),  # ReLU squared (Primer; the modded-nanogpt speedrun's)
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "swiglu": F.silu,

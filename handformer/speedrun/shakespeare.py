@@ -19,14 +19,16 @@ from pathlib import Path
 
 from handformer.speedrun.common import SpeedrunResult, Target, seconds_since_process_start
 
-RECORD = "configs/speedrun_shakespeare_1_muon.toml"  # the fp32 record: the default
+# The default: the latest sitting's fp32 record, or its fastest fp32 row at nanoGPT's loss while it
+# has none (tests/test_speedrun.py holds it to the committed results)
+RECORD = "configs/speedrun_shakespeare_4_qk_norm.toml"
 DATA = "../shared/data/tinyshakespeare/input.txt"
 VAL_FRACTION = 0.1  # nanoGPT's split: the first 90% trains, the last 10% validates
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=RECORD, help="a record config (default: %(default)s, the fp32 "
-                   "record; configs/speedrun_shakespeare_*.toml are the rows of the record table)")
+    p.add_argument("--config", default=RECORD, help="a record config (default: %(default)s, the best "
+                   "fp32 row; configs/speedrun_shakespeare_*.toml are the rows of the record table)")
     p.add_argument("--out", default="runs/speedrun_shakespeare", help="run directory (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="train.seed (initialization and data order)")
     p.add_argument("--data", default=None,
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> SpeedrunResult:
     if job.train.bf16 and pick_device(job.train.device).type == "cpu" and not cpu_has_fast_bf16():
         raise ValueError(f"{args.config} trains in bf16, and this CPU has no native bf16 (neither "
                          f"AVX512-BF16 nor AMX): bf16 is emulated here and slower than fp32; run the "
-                         f"fp32 record ({RECORD}) instead")
+                         f"fp32 default ({RECORD}) instead")
     out = Path(args.out)
     if (out / "checkpoint.safetensors").exists() and not args.overwrite:
         raise ValueError(f"{out} already holds a run; use --overwrite to start over, or another --out")

@@ -37,6 +37,7 @@ from handformer.training.cpu_memory import keep_freed_memory
 from handformer.training.muon import MuonAdamW, muon_params
 from handformer.training.schedules import SCHEDULES, learning_rate
 from handformer.training.tensorboard import TensorBoardLog, check_loggers
+from handformer.training.zero_init import zero_output_projections
 
 OPTIMIZERS = ("adamw", "muon")
 
@@ -75,6 +76,9 @@ class TrainConfig:
     parallel: str = "ddp"  # under torchrun: ddp (a replica per rank) | fsdp (FSDP2, sharded weights)
     activation_checkpointing: bool = False  # recompute each block's activations in backward
     keep_cpu_memory: bool = True  # CPU: glibc keeps freed memory for reuse (cpu_memory.py)
+    # Start every block's o_proj and down_proj at zero, so each block begins as the identity
+    # (the modded-nanogpt speedrun's; training/zero_init.py). New models only, never a fine-tune.
+    zero_init_projections: bool = False
     # CPU: torch's intra-op threads while training; 0 = torch's default (one per core). On a
     # machine busy with other jobs, 1 avoids waiting at every parallel kernel for a descheduled
     # thread (several times slower; see the README's fine-tuning section)
@@ -508,6 +512,8 @@ def train_new_model(build: Callable[[], nn.Module], cfg: TrainConfig, train_data
     weights (`weights_file`). The tasks (translation, lm) call this after preparing data."""
     torch.manual_seed(cfg.seed)
     model = build()
+    if cfg.zero_init_projections and not resume:  # a resumed run loads its weights over these
+        zero_output_projections(model)
     n_params = sum(p.numel() for p in model.parameters())
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     trainable = f" ({n_trainable:,} trainable)" if n_trainable < n_params else ""

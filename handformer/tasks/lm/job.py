@@ -119,6 +119,9 @@ class LMJob:
             job.model_config(vocab_size=1)
             return job
         cfg = job.model_config(vocab_size=base.model_cfg.vocab_size)
+        if job.train.zero_init_projections:
+            raise ValueError("[train] zero_init_projections=true would erase the base run's o_proj and "
+                             "down_proj weights; it is for new models: leave it out with init_from")
         if job.lora is not None:
             check_lora_targets(cfg, job.lora)
         return job
