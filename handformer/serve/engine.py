@@ -34,6 +34,7 @@ from handformer.generation.engine import Choice, Engine, Row, SamplingOptions
 from handformer.generation.grammar import Constraint
 from handformer.generation.prefix_cache import PrefixCache
 from handformer.models.causal_lm import CausalLM
+from handformer.training.cpu_memory import give_back_freed_memory
 
 log = logging.getLogger("handformer.serve")
 
@@ -102,6 +103,7 @@ class BatchEngine:
         self.waiting: deque[Sequence] = deque()  # submitted, not yet admitted (the batch was full)
         self.inbox: queue.Queue[Sequence | None] = queue.Queue()
         self._closing = False
+        self._decoded = False  # a step ran since the engine was last idle
         self._thread = threading.Thread(target=self._run, name="handformer-engine", daemon=True)
 
     @property
@@ -139,7 +141,11 @@ class BatchEngine:
                     if self.engine.rows and not self.engine.live:  # rows their sinks ended (a stop
                         with self.lock:  # string, a complete grammar) leave the cache now
                             self.engine.step()
-                    self._collect(block=not self.engine.live and not self.waiting)
+                    idle = not self.engine.live and not self.waiting and self.inbox.empty()
+                    if idle and self._decoded:  # nothing to decode: the memory freed goes back
+                        give_back_freed_memory()
+                        self._decoded = False
+                    self._collect(block=idle)
                     if self._closing:
                         break
                     self._join(self._admit())
@@ -147,6 +153,7 @@ class BatchEngine:
                         with self.lock:
                             choices = self.engine.step()
                         self._deliver(choices)
+                        self._decoded = True
                 except Exception as err:  # never a dead engine: the batch fails, later requests run
                     log.exception("decoding failed")
                     message = f"generation failed: {type(err).__name__}: {err}"
