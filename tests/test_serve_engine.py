@@ -201,6 +201,7 @@ def test_the_engine_gives_freed_memory_back_each_time_it_goes_idle(monkeypatch):
 
     trims = []
     monkeypatch.setattr(engine_module, "give_back_freed_memory", lambda: trims.append(1) or True)
+    monkeypatch.setattr(engine_module, "GIVE_BACK_EVERY_S", 3600.0)  # only when idle
     gate = Gate()
     engine = BatchEngine(tiny_model("llama"), gate)
     engine.start()
@@ -214,6 +215,26 @@ def test_the_engine_gives_freed_memory_back_each_time_it_goes_idle(monkeypatch):
         wait_until(lambda spell=spell: len(trims) == spell)
     engine.stop()
     assert len(trims) == 2 and gate.entered == 8
+
+
+def test_under_a_load_that_never_lets_up_freed_memory_is_given_back_every_so_often(monkeypatch):
+    from handformer.serve import engine as engine_module
+
+    trims = []
+    monkeypatch.setattr(engine_module, "give_back_freed_memory", lambda: trims.append(1) or True)
+    monkeypatch.setattr(engine_module, "GIVE_BACK_EVERY_S", 0.0)  # after every step
+    gate = Gate()
+    engine = BatchEngine(tiny_model("llama"), gate)
+    engine.start()
+    seq = Sequence([1, 2, 3], 6, SamplingOptions(seed=0), frozenset(), Collect())
+    engine.submit(seq)
+    wait_until(lambda: gate.entered == 1)
+    gate.permits.release(3)  # the prefill and two steps
+    wait_until(lambda: gate.entered == 4)  # at the third step: the rows still decoding
+    assert len(trims) == 2  # one after each step
+    gate.permits.release(10)
+    assert seq.sink.ended.wait(10)
+    engine.stop()
 
 
 def test_freed_memory_given_back_leaves_the_process():
