@@ -102,6 +102,37 @@ def test_rows_that_join_and_leave_get_what_they_get_alone():
     assert engine.rows == [] and engine.cache is None and engine.largest_batch >= 4  # all left
 
 
+def test_a_cache_the_engine_drops_is_freed_at_once_not_by_the_cycle_collector(monkeypatch):
+    """Rows that join and leave replace the batch's cache (regroup) again and again: each dropped
+    cache, its keys and values with it, is freed when its last reference goes (a cache and its
+    layer views form no cycle), so a server's memory does not pile up dropped caches between two
+    runs of Python's cycle collector."""
+    import gc
+    import weakref
+
+    from handformer.nn.kv_cache import KVCache
+
+    made = []
+    init = KVCache.__init__
+    monkeypatch.setattr(KVCache, "__init__", lambda self, *a, **k: (init(self, *a, **k),
+                                                                      made.append(weakref.ref(self)))[0])
+    model = tiny()
+    rows = [Row([1 + i, 2, 3][: 1 + i % 3], 3 + i % 4, SamplingOptions(temperature=0)) for i in range(8)]
+    engine = Engine(model, compact=True)
+    gc.collect()
+    gc.disable()
+    try:
+        with torch.inference_mode():
+            for i in range(0, 8, 2):
+                engine.add(rows[i:i + 2])
+                engine.step()
+            engine.run()
+        alive = sum(ref() is not None for ref in made)
+    finally:
+        gc.enable()
+    assert len(made) >= 8 and alive == 0
+
+
 def test_a_row_may_be_cancelled_or_finished_by_its_caller():
     model = tiny()
     a, b = Row([1, 2, 3], 20, SamplingOptions(temperature=0)), Row([4, 5], 20, SamplingOptions(temperature=0))

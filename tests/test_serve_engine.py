@@ -191,3 +191,79 @@ def test_partial_utf8_is_held_back_until_complete():
     assert text.push(0) == ("", False)
     assert text.push(1) == ("é", False)
     assert text.flush() == ""
+
+
+def test_the_engine_gives_freed_memory_back_each_time_it_goes_idle(monkeypatch):
+    """A server's batches free their KV caches into glibc's heap, which keeps the pages: the
+    engine returns them to the kernel when nothing is left to decode (once per busy spell, never
+    while a sequence is decoding, never before the first)."""
+    from handformer.serve import engine as engine_module
+
+    trims = []
+    monkeypatch.setattr(engine_module, "give_back_freed_memory", lambda: trims.append(1) or True)
+    monkeypatch.setattr(engine_module, "GIVE_BACK_EVERY_S", 3600.0)  # only when idle
+    gate = Gate()
+    engine = BatchEngine(tiny_model("llama"), gate)
+    engine.start()
+    for spell in (1, 2):
+        seq = Sequence([1, 2, 3], 4, SamplingOptions(seed=spell), frozenset(), Collect())
+        engine.submit(seq)
+        wait_until(lambda spell=spell: gate.entered == 4 * (spell - 1) + 1)  # at its prefill
+        assert len(trims) == spell - 1
+        gate.permits.release(4)  # the prefill and three steps
+        assert seq.sink.ended.wait(10) and seq.sink.reason == "length"
+        wait_until(lambda spell=spell: len(trims) == spell)
+    engine.stop()
+    assert len(trims) == 2 and gate.entered == 8
+
+
+def test_under_a_load_that_never_lets_up_freed_memory_is_given_back_every_so_often(monkeypatch):
+    from handformer.serve import engine as engine_module
+
+    trims = []
+    monkeypatch.setattr(engine_module, "give_back_freed_memory", lambda: trims.append(1) or True)
+    monkeypatch.setattr(engine_module, "GIVE_BACK_EVERY_S", 0.0)  # after every step
+    gate = Gate()
+    engine = BatchEngine(tiny_model("llama"), gate)
+    engine.start()
+    seq = Sequence([1, 2, 3], 6, SamplingOptions(seed=0), frozenset(), Collect())
+    engine.submit(seq)
+    wait_until(lambda: gate.entered == 1)
+    gate.permits.release(3)  # the prefill and two steps
+    wait_until(lambda: gate.entered == 4)  # at the third step: the rows still decoding
+    assert len(trims) == 2  # one after each step
+    gate.permits.release(10)
+    assert seq.sink.ended.wait(10)
+    engine.stop()
+
+
+def test_freed_memory_given_back_leaves_the_process():
+    """give_back_freed_memory (malloc_trim): pages freed in the middle of the heap, which glibc
+    keeps, are returned to the kernel."""
+    import ctypes
+    import sys
+
+    from handformer.training.cpu_memory import give_back_freed_memory
+
+    if not sys.platform.startswith("linux"):
+        assert not give_back_freed_memory()
+        return
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def anon_mb() -> float:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:")) / 1024
+
+    blocks = [libc.malloc(64 << 10) for _ in range(800)]  # 50 MB below the mmap threshold: the heap
+    for b in blocks:
+        ctypes.memset(b, 1, 64 << 10)
+    pin = libc.malloc(64 << 10)  # above them, so the heap's top cannot simply shrink
+    for b in blocks:
+        libc.free(b)
+    held = anon_mb()
+    assert give_back_freed_memory()
+    given_back = held - anon_mb()
+    libc.free(pin)
+    assert given_back > 30, given_back

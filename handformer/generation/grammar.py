@@ -75,6 +75,7 @@ class Vocabulary:
         pieces += [None] * (vocab_size - len(pieces))
         self.size = vocab_size
         self.is_text = torch.tensor([p is not None for p in pieces])  # (V,)
+        self.text_words = pack_bits(self.is_text)  # (W,) the same, one bit a token
         self.end_ids = sorted({i for i in end_ids if 0 <= i < vocab_size})
         if not self.end_ids:
             raise ValueError("the run lists no end token, so a constrained reply could never end")
@@ -154,6 +155,10 @@ class Constraint:
         self.vocabulary, self.matcher = grammar.vocabulary, matcher
         self.stop_set = frozenset(stop_ids)
         self.stop_ids = torch.tensor(sorted(self.stop_set), dtype=torch.long)
+        is_stop = torch.zeros(grammar.vocabulary.size, dtype=torch.bool)
+        is_stop[self.stop_ids] = True
+        self.stop_words = pack_bits(is_stop)  # (W,)
+        self.text_not_stop = grammar.vocabulary.text_words & ~self.stop_words  # (W,)
         self.consumed = 0  # tokens of the row given to the matcher
         self.bitmask = torch.zeros((grammar.vocabulary.size + 31) // 32, dtype=torch.int32)  # (W,)
         self.error: str | None = None
@@ -171,35 +176,47 @@ class Constraint:
     def complete(self) -> bool:
         return self.error is None and self.matcher.is_stopped()  # a matcher in error is stopped too
 
+    def allowed_words(self) -> np.ndarray:
+        """(W,) int32, bit j of word w set when token 32w + j may come next: llguidance's mask
+        over the text tokens, and the row's stop tokens where its text may end."""
+        self.matcher.unsafe_compute_mask_ptr(self.bitmask.data_ptr(), self.bitmask.numel() * 4)  # (W,) int32
+        words = self.bitmask.numpy() & self.text_not_stop  # (W,)
+        return words | self.stop_words if self.matcher.is_accepting() else words
+
     def allowed(self) -> Tensor:
         """(V,) True for each token that may come next."""
-        v = self.vocabulary
-        self.matcher.unsafe_compute_mask_ptr(self.bitmask.data_ptr(), self.bitmask.numel() * 4)  # (W,) int32
-        # bit j of word w is token 32w + j: as little-endian bytes, bit b of byte i is token 8i + b
-        words = self.bitmask.numpy().astype("<i4")  # little-endian whatever the machine's order
-        bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:v.size]  # (V,)
-        allowed = torch.from_numpy(bits).bool() & v.is_text  # (V,)
-        allowed[self.stop_ids] = self.matcher.is_accepting()  # a row ends only where its text may
-        return allowed
+        return torch.from_numpy(unpack_bits(self.allowed_words(), self.vocabulary.size))
 
     def __call__(self, tokens: Sequence[int], logits: Tensor) -> Tensor:
         self.sync(tokens)
-        if self.error is None:
-            allowed = self.allowed()
-            if self.matcher.is_error():  # a limit reached while computing the mask
-                self.error = engine_message(self.matcher.get_error())
-                allowed[:] = False
-        else:
-            allowed = torch.zeros(self.vocabulary.size, dtype=torch.bool)
-        if not bool(allowed.any()):
-            text = self.vocabulary.tokenizer.decode_str(list(tokens))
-            self.error = self.error or (f"no token of this model's vocabulary can continue {text[-40:]!r} "
-                                        "as the schema requires; the vocabulary cannot write what the "
-                                        "schema asks for")
-            allowed[self.stop_ids] = True  # the row ends here; its caller reports the error
-            if not len(self.stop_ids):
-                allowed[:] = True
+        words = self.allowed_words() if self.error is None else None
+        if words is not None and self.matcher.is_error():  # a limit reached while computing the mask
+            self.error, words = engine_message(self.matcher.get_error()), None
+        if words is not None and words.any():  # the usual case: one pass over the packed mask
+            refused = unpack_bits(~words, self.vocabulary.size)  # (V,)
+            return logits.masked_fill(torch.from_numpy(refused).to(logits.device), float("-inf"))
+        text = self.vocabulary.tokenizer.decode_str(list(tokens))
+        self.error = self.error or (f"no token of this model's vocabulary can continue {text[-40:]!r} "
+                                    "as the schema requires; the vocabulary cannot write what the "
+                                    "schema asks for")
+        allowed = torch.zeros(self.vocabulary.size, dtype=torch.bool)
+        allowed[self.stop_ids] = True  # the row ends here; its caller reports the error
+        if not len(self.stop_ids):
+            allowed[:] = True
         return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+
+
+def pack_bits(flags: Tensor) -> np.ndarray:
+    """(V,) bools -> (W,) int32 words, llguidance's layout: bit j of word w is token 32w + j."""
+    padded = np.zeros(((flags.numel() + 31) // 32) * 32, dtype=bool)
+    padded[:flags.numel()] = flags.numpy()
+    return np.packbits(padded, bitorder="little").view("<i4").astype(np.int32)  # (W,)
+
+
+def unpack_bits(words: np.ndarray, size: int) -> np.ndarray:
+    """(W,) int32 words -> (V,) bools (the inverse of pack_bits)."""
+    # as little-endian bytes, bit b of byte i is token 8i + b, whatever the machine's order
+    return np.unpackbits(words.astype("<i4", copy=False).view(np.uint8), bitorder="little")[:size].view(bool)
 
 
 def json_object_schema() -> dict[str, Any]:

@@ -15,6 +15,7 @@ T new positions, W window.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -137,7 +138,9 @@ class LayerKVCache:
     memory_kv = None  # self-attention's keys and values change with every step (see MemoryKVCache)
 
     def __init__(self, cache: KVCache, index: int) -> None:
-        self.cache = cache
+        # weak: the cache holds its views, and a strong reference back would be a cycle, which
+        # keeps a dropped cache's tensors alive until Python's cycle collector happens to run
+        self.cache = weakref.proxy(cache)
         self.index = index
         self.memory = MemoryKVCache(cache, index)  # the same layer's cross-attention, if it has one
 
@@ -190,7 +193,7 @@ class MemoryKVCache:
     the encoder output, the same at every decoding step, so computed at the first one and kept."""
 
     def __init__(self, cache: KVCache, index: int) -> None:
-        self.cache = cache
+        self.cache = weakref.proxy(cache)  # weak, as LayerKVCache's
         self.index = index
 
     @property

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -34,8 +35,10 @@ from handformer.generation.engine import Choice, Engine, Row, SamplingOptions
 from handformer.generation.grammar import Constraint
 from handformer.generation.prefix_cache import PrefixCache
 from handformer.models.causal_lm import CausalLM
+from handformer.training.cpu_memory import give_back_freed_memory
 
 log = logging.getLogger("handformer.serve")
+GIVE_BACK_EVERY_S = 1.0  # under load, freed memory is given back this often (see BatchEngine._give_back)
 
 
 class TokenSink(Protocol):
@@ -102,6 +105,8 @@ class BatchEngine:
         self.waiting: deque[Sequence] = deque()  # submitted, not yet admitted (the batch was full)
         self.inbox: queue.Queue[Sequence | None] = queue.Queue()
         self._closing = False
+        self._decoded = False  # a step ran since freed memory was last given back
+        self._given_back = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="handformer-engine", daemon=True)
 
     @property
@@ -139,7 +144,9 @@ class BatchEngine:
                     if self.engine.rows and not self.engine.live:  # rows their sinks ended (a stop
                         with self.lock:  # string, a complete grammar) leave the cache now
                             self.engine.step()
-                    self._collect(block=not self.engine.live and not self.waiting)
+                    idle = not self.engine.live and not self.waiting and self.inbox.empty()
+                    self._give_back(idle)
+                    self._collect(block=idle)
                     if self._closing:
                         break
                     self._join(self._admit())
@@ -147,12 +154,23 @@ class BatchEngine:
                         with self.lock:
                             choices = self.engine.step()
                         self._deliver(choices)
+                        self._decoded = True
                 except Exception as err:  # never a dead engine: the batch fails, later requests run
                     log.exception("decoding failed")
                     message = f"generation failed: {type(err).__name__}: {err}"
                     self._fail(list(self.sequences.values()), message)
                     self.engine, self.sequences = self._new_engine(), {}
         self._fail([*self.sequences.values(), *self.waiting, *self._drain()], "the server is shutting down")
+
+    def _give_back(self, idle: bool) -> None:
+        """Freed memory back to the kernel when there is nothing to decode, and every
+        GIVE_BACK_EVERY_S seconds under a load that never lets up: glibc keeps the pages of the
+        dropped KV caches otherwise, and the process stays at the peak of its busiest moment.
+        The price: the next batches fault those pages in again."""
+        now = time.monotonic()
+        if self._decoded and (idle or now - self._given_back >= GIVE_BACK_EVERY_S):
+            give_back_freed_memory()
+            self._decoded, self._given_back = False, now
 
     def _new_engine(self) -> Engine:
         return Engine(self.model, compact=True, prefix_cache=self.prefix_cache)

@@ -11,6 +11,11 @@ the README).
 
 Only glibc (Linux) is tuned; elsewhere this does nothing. Set `train.keep_cpu_memory = false` to
 leave the allocator alone.
+
+A server wants the opposite once a burst of requests is over: its batches' KV caches (megabytes
+each, replaced whenever a request joins or leaves) were freed into the heap, and glibc keeps those
+pages, so the process stays at the peak of its busiest moment. `give_back_freed_memory`
+(malloc_trim) returns them; serve's engine calls it each time it has nothing left to decode.
 """
 
 from __future__ import annotations
@@ -27,6 +32,27 @@ KEEP_BYTES = 1 << 30  # allocations up to 1 GiB come from the reusable heap
 # holds (2 GiB - 1), so up to two 1 GiB blocks stay in the process.
 TRIM_BYTES = C_INT_MAX
 _done = False
+
+
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+def give_back_freed_memory() -> bool:
+    """Return the free pages glibc holds (in every arena, the heap's middle included) to the
+    kernel: malloc_trim(0). Returns whether that was possible (False on non-glibc platforms)."""
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is None:
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
 
 
 def keep_freed_memory() -> bool:
