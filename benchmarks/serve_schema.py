@@ -7,11 +7,19 @@ tokens trained on ../shared/data (as benchmarks/grammar_engines.py builds it). T
 serve's own (serve/engine.py: BatchEngine, its thread, its sinks), driven in process: `--batch`
 sequences stay in flight (a finished one is replaced at once, as clients that send again), each
 sampling at temperature 1 with its own seed, up to --max-tokens new tokens; with the schema each
-carries a grammar constraint (generation/grammar.py), so it may end sooner (its JSON complete).
-tokens/s counts every generated token over the wall time. Without and with alternate, --rounds
-rounds; the median of each is printed, and the ratio. Target: with >= 0.9x without.
+carries a grammar constraint (generation/grammar.py), so it ends as soon as its JSON is complete.
+tokens/s counts every generated token over the wall time.
 
-    python benchmarks/serve_schema.py                  # ~4 min on 2 shared cores
+Like with like: a reply with the schema ends sooner than a free one (its JSON complete, about 40
+tokens against --max-tokens), and shorter replies mean more prefills for the same tokens. So the
+run without the schema that the target is held to ("same lengths") generates, sequence by
+sequence, as many tokens as the run with the schema just did (its max_tokens set to them, no stop
+token): the same prompts, the same sequence lengths, the same prefills, the same batches; only
+the constraint differs. The free run (every sequence up to --max-tokens or its end token) is
+printed beside it. With and without alternate, --rounds rounds; the medians are printed, and the
+ratio. Target: with >= 0.9x without (same lengths).
+
+    python benchmarks/serve_schema.py                  # ~6 min on 2 shared cores
     python benchmarks/serve_schema.py --tokens 64 --rounds 1    # a smoke run
 """
 
@@ -54,16 +62,19 @@ def gpt2_124m(vocab_size: int) -> CausalLM:
 
 
 class Count:
-    """A sink that counts tokens and, when its sequence ends, starts the next one."""
+    """A sink that counts tokens and, when its sequence ends, records its length and starts the
+    next one."""
 
-    def __init__(self, bench: Bench) -> None:
-        self.bench = bench
+    def __init__(self, bench: Bench, index: int) -> None:
+        self.bench, self.index, self.tokens = bench, index, 0
 
     def token(self, token_id, logprob, top, is_stop_token) -> bool:
         self.bench.tokens += 1
+        self.tokens += 1
         return False
 
     def finish(self, reason: str) -> None:
+        self.bench.lengths[self.index] = self.tokens
         self.bench.next()
 
     def fail(self, message: str, status: int = 500) -> None:
@@ -73,31 +84,40 @@ class Count:
 
 
 class Bench:
+    """`total` tokens from sequences kept in flight. `lengths`: when given, sequence k generates
+    exactly lengths[k] tokens (max_tokens, no stop token); the lengths of this run's sequences
+    are recorded in `self.lengths`."""
+
     def __init__(self, engine: BatchEngine, prompt: list[int], max_tokens: int, grammar: Grammar | None,
-                 stop: list[int], total: int) -> None:
+                 stop: list[int], total: int, lengths: dict[int, int] | None = None) -> None:
         self.engine, self.prompt, self.max_tokens, self.grammar = engine, prompt, max_tokens, grammar
-        self.stop, self.total = stop, total
+        self.stop, self.total, self.replay = stop, total, lengths
         self.tokens = self.started = 0
         self.done = threading.Event()
         self.counted = 0  # tokens when `total` was reached
         self.failed: str | None = None
+        self.lengths: dict[int, int] = {}
 
     def next(self) -> None:
         if self.tokens >= self.total:
             self.counted = self.counted or self.tokens
             self.done.set()
             return
-        self.started += 1
+        index, self.started = self.started, self.started + 1
         constraint = self.grammar.constraint(self.stop) if self.grammar is not None else None
         options = SamplingOptions(temperature=1.0, seed=self.started)
-        self.engine.submit(Sequence(self.prompt, self.max_tokens, options, frozenset(self.stop), Count(self),
-                                    constraint))
+        max_tokens, stop = self.max_tokens, frozenset(self.stop)
+        if self.replay is not None and index in self.replay:
+            max_tokens, stop = self.replay[index], frozenset()
+        self.engine.submit(Sequence(self.prompt, max_tokens, options, stop, Count(self, index), constraint))
 
 
 def measure(model: CausalLM, prompt: list[int], batch: int, max_tokens: int, total: int,
-            grammar: Grammar | None, stop: list[int]) -> float:
+            grammar: Grammar | None, stop: list[int], lengths: dict[int, int] | None = None,
+            ) -> tuple[float, dict[int, int]]:
+    """tokens/s, and the length of each sequence that ended (by the order they started in)."""
     engine = BatchEngine(model, threading.Lock(), max_batch=batch)
-    bench = Bench(engine, prompt, max_tokens, grammar, stop, total)
+    bench = Bench(engine, prompt, max_tokens, grammar, stop, total, lengths)
     engine.start()
     start = time.perf_counter()
     for _ in range(batch):
@@ -107,7 +127,7 @@ def measure(model: CausalLM, prompt: list[int], batch: int, max_tokens: int, tot
     engine.stop()
     if bench.failed:
         raise SystemExit(f"a sequence failed: {bench.failed}")
-    return bench.counted / seconds
+    return bench.counted / seconds, bench.lengths
 
 
 def main() -> None:
@@ -126,23 +146,30 @@ def main() -> None:
     prepared = time.perf_counter() - t0
     prompt = [tok.bos_id] + tok.encode("Write the person as JSON: ")
     results: dict[tuple[int, str], list[float]] = {}
+    lengths: dict[int, list[float]] = {}
     with torch.inference_mode():
         measure(model, prompt, 1, 8, 8, None, stop)  # warm-up
         for r in range(args.rounds):
             for batch in (1, 8):
-                for name, g in (("without", None), ("with schema", grammar)):
-                    results.setdefault((batch, name), []).append(
-                        measure(model, prompt, batch, args.max_tokens, args.tokens, g, stop))
+                with_schema, made = measure(model, prompt, batch, args.max_tokens, args.tokens, grammar, stop)
+                same, _ = measure(model, prompt, batch, args.max_tokens, args.tokens, None, stop, made)
+                free, _ = measure(model, prompt, batch, args.max_tokens, args.tokens, None, stop)
+                for name, value in (("with schema", with_schema), ("same lengths", same), ("free", free)):
+                    results.setdefault((batch, name), []).append(value)
+                lengths.setdefault(batch, []).append(statistics.mean(made.values()))
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     print(f"\nserve with a JSON schema: GPT-2-124M-shaped model, vocabulary {tok.vocab_size}, "
           f"{args.tokens} tokens a measurement, <= {args.max_tokens} a sequence, {args.threads} threads, "
           f"medians of {args.rounds} rounds "
           f"(vocabulary and grammar prepared in {prepared:.2f} s)\n")
-    print(f"{'batch':>5} {'without tok/s':>14} {'with schema tok/s':>18} {'ratio':>6}")
+    print(f"{'batch':>5} {'reply tokens':>12} {'with schema':>12} {'without, same lengths':>22} {'ratio':>6}"
+          f" {'without, free':>14} {'ratio':>6}   (tokens/s)")
     for batch in (1, 8):
-        without = statistics.median(results[(batch, "without")])
-        with_schema = statistics.median(results[(batch, "with schema")])
-        print(f"{batch:>5} {without:>14.1f} {with_schema:>18.1f} {with_schema / without:>5.2f}x")
+        m = {name: statistics.median(results[(batch, name)])
+             for name in ("with schema", "same lengths", "free")}
+        print(f"{batch:>5} {statistics.mean(lengths[batch]):>12.1f} {m['with schema']:>12.1f} "
+              f"{m['same lengths']:>22.1f} {m['with schema'] / m['same lengths']:>5.2f}x {m['free']:>14.1f} "
+              f"{m['with schema'] / m['free']:>5.2f}x")
 
 
 if __name__ == "__main__":

@@ -164,6 +164,12 @@ def test_status_shows_which_chapters_pass(tmp_path, capsys):
     assert "pass" in lines["ch01_inputs.py"] and "not started" in lines["ch02_attention.py"]
     assert "fail" in lines["ch07_loss_schedule.py"] and "masked_cross_entropy" in lines["ch07_loss_schedule.py"]
     assert out.strip().endswith(f"1 of {len(CHAPTERS)} chapters pass")
+    assert "(1 components)" in lines["ch01_inputs.py"]
+    zh = tmp_path / "zh"
+    learn(zh, "zh")
+    shutil.copy(SOLUTIONS / "ch01_inputs.py", zh)
+    code, out, _ = run_cli(capsys, "--status", "--dir", str(zh))
+    assert code == 0 and "（1 个组件）" in out and "components" not in out
 
 
 def test_notebooks_are_stripped_and_the_same_code_in_both_languages():

@@ -179,7 +179,8 @@ def status(folder: Path, time_limit: float | None = None) -> tuple[str, list[Cha
     for ch in CHAPTERS:
         path = folder / ch.file
         if not path.exists():
-            out.append(ChapterStatus(ch, "missing", f"`handformer learn {ch.number}` writes it"))
+            hint = "writes it" if data["lang"] == "en" else "会写出它"
+            out.append(ChapterStatus(ch, "missing", f"`handformer learn {ch.number}` {hint}"))
             continue
         if path.read_text("utf-8", errors="replace") == starter_text(ch, data["lang"]):
             out.append(ChapterStatus(ch, "not started"))
@@ -188,7 +189,8 @@ def status(folder: Path, time_limit: float | None = None) -> tuple[str, list[Cha
         if result.error is not None:
             out.append(ChapterStatus(ch, "fail", result.error.message))
         elif result.ok:
-            out.append(ChapterStatus(ch, "pass", f"{len(result.components)} components"))
+            n, zh = len(result.components), data["lang"] == "zh"
+            out.append(ChapterStatus(ch, "pass", f"{n} 个组件" if zh else f"{n} components"))
         else:
             todo = [c.name for c in result.components if c.status == TODO]
             bad = [c.name for c in result.components if c.status not in (PASS, DIFFERS, TODO)]
