@@ -118,10 +118,10 @@ def measure(model: CausalLM, prompt: list[int], batch: int, max_tokens: int, tot
     """tokens/s, and the length of each sequence that ended (by the order they started in)."""
     engine = BatchEngine(model, threading.Lock(), max_batch=batch)
     bench = Bench(engine, prompt, max_tokens, grammar, stop, total, lengths)
-    engine.start()
-    start = time.perf_counter()
-    for _ in range(batch):
+    for _ in range(batch):  # all queued before the engine starts: one prefill for the first batch
         bench.next()
+    start = time.perf_counter()
+    engine.start()
     bench.done.wait()
     seconds = time.perf_counter() - start
     engine.stop()

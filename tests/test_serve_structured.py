@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import threading
 
 import httpx
 import pytest
@@ -32,6 +33,7 @@ from handformer.generation.grammar import Grammar, Vocabulary
 from handformer.generation.json_schema import MAX_SCHEMA_BYTES, SchemaError, check_schema
 from handformer.generation.tool_calls import CHATML, LLAMA3, TEMPLATES, Tool
 from handformer.serve.app import create_app
+from handformer.serve.engine import BatchEngine, Sequence
 from handformer.serve.registry import load_served_models
 from handformer.tasks.lm.chat import chat
 
@@ -192,6 +194,72 @@ def test_logprobs_are_those_of_the_constrained_distribution(models):
     expected = torch.log_softmax((logits / 0.8).masked_fill(~allowed, float("-inf")), -1)
     assert math.isclose(choice.logprob, float(expected[choice.token]), abs_tol=1e-5) and choice.logprob == 0.0
     assert [t for t, _ in choice.top] == [choice.token]  # the masked-out tokens have no probability
+
+
+class Collect:
+    """A serve sink that keeps a sequence's tokens and how it ended."""
+
+    def __init__(self) -> None:
+        self.tokens, self.reason, self.ended = [], None, threading.Event()
+
+    def token(self, token_id, logprob, top, is_stop_token) -> bool:
+        self.tokens.append((token_id, logprob))
+        return False
+
+    def finish(self, reason: str) -> None:
+        self.reason = reason
+        self.ended.set()
+
+    def fail(self, message: str, status: int = 500) -> None:
+        self.reason = f"failed {status}: {message}"
+        self.ended.set()
+
+
+def _served_tokens(run, grammars) -> list[tuple[list, str]]:
+    """Six seeded sequences through serve's engine, batched, four of them constrained."""
+    stop = frozenset(run.tokens.eos_ids)
+    sinks = [Collect() for _ in range(6)]
+    engine = BatchEngine(run.model, threading.Lock(), max_batch=4)
+    for i, sink in enumerate(sinks):
+        constraint = grammars[i % 2].constraint(stop) if i < 4 else None
+        options = SamplingOptions(temperature=1.0, seed=i, top_logprobs=0 if i == 1 else None)
+        engine.submit(Sequence([run.tokens.bos_id, 5 + i], (200, 9)[i % 2], options, stop, sink, constraint))
+    engine.start()
+    try:
+        assert all(sink.ended.wait(60) for sink in sinks)
+    finally:
+        engine.stop()
+    return [(sink.tokens, sink.reason) for sink in sinks]
+
+
+def test_masks_prepared_in_the_background_give_the_same_tokens(models, monkeypatch):
+    """Constraint.prepare computes the next mask on the grammar thread while the other rows sample;
+    the tokens, log-probabilities and endings are those of masks computed in the step."""
+    run = models["story"].lm
+    vocab = Vocabulary(run.tokenizer, run.model.cfg.vocab_size, run.tokens.eos_ids)
+    grammars = [Grammar.json_schema(vocab, s) for s in (PERSON, FLAGS)]
+    threads, words = set(), grammar_module.Constraint._words
+    monkeypatch.setattr(grammar_module.Constraint, "_words",
+                        lambda self: (threads.add(threading.current_thread().name), words(self))[1])
+    prepared = _served_tokens(run, grammars)
+    assert any(name.startswith("handformer-grammar") for name in threads)  # the masks were prepared
+    monkeypatch.setattr(grammar_module.Constraint, "prepare", None)  # the engine then never calls it
+    threads.clear()
+    assert _served_tokens(run, grammars) == prepared
+    assert threads == {"handformer-engine"}  # every mask computed in its step
+    assert {reason for _, reason in prepared} == {"stop", "length"}
+    for i, (tokens, reason) in enumerate(prepared[:4]):
+        if reason == "stop":
+            jsonschema.validate(json.loads(run.tokenizer.decode([t for t, _ in tokens])), (PERSON, FLAGS)[i % 2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_the_refused_tokens_are_masked_as_masked_fill_masks_them(dtype):
+    logits = torch.randn(1000).to(dtype)
+    refused = torch.rand(1000) < 0.7
+    out = grammar_module.refuse(logits, refused.numpy())
+    assert out.dtype == dtype and torch.equal(out, logits.masked_fill(refused, float("-inf")))
+    assert not torch.equal(logits, out)  # a copy: the logits given are left as they were
 
 
 # --- response_format over HTTP ----------------------------------------------------------------

@@ -13,8 +13,9 @@ tokens (it is the one caller of `next_tokens`).
 A row samples with its own options and its own torch.Generator seeded from `options.seed` (choice
 i of one request: seed + i), so a seeded row gives the same tokens alone or among others. A row
 may carry logit processors (called with the tokens it has chosen and the (V,) logits; the hook
-constrained decoding uses) and asks for the log-probabilities of its tokens (`top_logprobs`: of
-the distribution it samples from).
+constrained decoding uses; one with a `prepare(tokens)` method is also told each token as soon as
+it is chosen, to start on the next step's work) and asks for the log-probabilities of its tokens
+(`top_logprobs`: of the distribution it samples from).
 
 The rows live in one KV cache (generation/cache.py: DecodingCache), each right-aligned with padding
 on its left that the attention mask hides (True = a real position); the model counts positions
@@ -366,15 +367,10 @@ class Engine:
             chosen = logits.argmax(-1)  # (rows,)
             choices = [Choice(row, t) for row, t in zip(rows, chosen.tolist())]
             self._chosen = chosen if len(rows) == len(self.rows) else None  # what the next step feeds
-        else:
-            choices = [self._choose_one(row, logits[i]) for i, row in enumerate(rows)]
-        for choice in choices:
-            row = choice.row
-            row.tokens.append(choice.token)
-            if choice.token in row.stop_ids:
-                row.finish("stop")
-            elif len(row.tokens) >= row.max_new_tokens:
-                row.finish("length")
+            for choice in choices:
+                record(choice)
+        else:  # row by row; each row's processors hear of its token at once (record)
+            choices = [record(self._choose_one(row, logits[i])) for i, row in enumerate(rows)]
         return choices
 
     @staticmethod
@@ -392,6 +388,23 @@ class Engine:
             if on_choice is not None:
                 for choice in choices:
                     on_choice(choice)
+
+
+def record(choice: Choice) -> Choice:
+    """The chosen token appended to its row, which ends at a stop token or its limit; a row that
+    goes on tells its processors that have a `prepare(tokens)` method, so they may start on the
+    next step's work while the other rows choose and the next forward runs (a grammar's mask)."""
+    row = choice.row
+    row.tokens.append(choice.token)
+    if choice.token in row.stop_ids:
+        row.finish("stop")
+    elif len(row.tokens) >= row.max_new_tokens:
+        row.finish("length")
+    else:
+        for process in row.processors:
+            if (prepare := getattr(process, "prepare", None)) is not None:
+                prepare(row.tokens)
+    return choice
 
 
 def rows_of(cache: KVCache) -> int:
