@@ -448,6 +448,32 @@ def test_the_tool_call_formats_render_and_read_back(models, runs):
     assert parser.feed("<tool_call>\nnot json\n</tool_call>") == ("<tool_call>\nnot json\n</tool_call>", [])
 
 
+def test_the_tool_template_is_found_once_per_model(server, monkeypatch):
+    """Finding a model's tool template reads its vocabulary and compiles Jinja: done on its first
+    request with tools and kept, whether it found one or why there is none."""
+    from handformer.serve import app as app_module
+
+    found, calls = app_module.tool_template, []
+    monkeypatch.setattr(app_module, "tool_template", lambda *a: (calls.append(a), found(*a))[1])
+    kept = server.app.state.tool_templates
+    kept.pop("story", None)
+    body = {"model": "story", "messages": USER, "tools": [WEATHER], "max_tokens": 2, "seed": 0}
+    assert [post(server, "/v1/chat/completions", body).status_code for _ in range(3)] == [200] * 3
+    assert len(calls) == 1 and kept["story"][1].source == found(*calls[0])[1].source
+
+    def refuse(own, tokenizer):
+        calls.append(own)
+        raise ValueError("no tool format here")
+
+    monkeypatch.setattr(app_module, "tool_template", refuse)
+    kept.pop("story")
+    for _ in range(2):
+        error = post(server, "/v1/chat/completions", body).json()["error"]
+        assert error["param"] == "tools" and error["message"] == "'story' cannot take tools: no tool format here"
+    assert len(calls) == 2  # once more for the refusal, kept too
+    kept.pop("story")
+
+
 def expected_answer(models, runs, name: str, body: dict) -> tuple[str, list[int], tuple[str | None, list, str]]:
     """What serve must answer to a chat `body` with tools and tool_choice "auto" (no grammar): its
     prompt rendered by the run's tool template, sampled by `generate` with the body's seed, read

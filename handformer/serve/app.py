@@ -89,6 +89,7 @@ def create_app(models: Mapping[str, ServedModel], *, api_key: str | None = None,
     api = APIRouter(prefix="/v1", dependencies=[Depends(key_checker(api_key))])
     routes = Routes(dict(models), engines, templates, max_body_bytes)
     app.state.structured = routes.structured  # each model's grammars (tests read them)
+    app.state.tool_templates = routes.tool_templates  # each model's tool template, once found
     api.add_api_route("/models", routes.list_models, methods=["GET"])
     api.add_api_route("/models/{model_id}", routes.get_model, methods=["GET"])
     api.add_api_route("/completions", routes.completions, methods=["POST"])
@@ -140,6 +141,9 @@ class Routes:
                          for name, m in models.items() if m.task == "lm"}
         self.structured = {name: Structured(m.lm, templates[name])
                            for name, m in models.items() if m.task == "lm"}
+        # Each model's tool format and template (or why it has none), found on its first request
+        # with tools: finding it reads the vocabulary (50k entries) and compiles a Jinja template.
+        self.tool_templates: dict[str, tuple[ToolFormat, ChatTemplate] | str] = {}
 
     # --- models ---------------------------------------------------------------------------
     def _model_card(self, m: ServedModel) -> dict[str, Any]:
@@ -224,10 +228,15 @@ class Routes:
         (and tool_choice is not "none"); else no format and the run's own template."""
         if not req.tools or req.tool_choice == "none":
             return None, own
-        try:
-            return tool_template(own, served.lm.tokenizer)
-        except ValueError as err:
-            raise APIError(400, f"{served.id!r} cannot take tools: {err}", "tools") from None
+        if served.id not in self.tool_templates:  # one entry per served model, kept for the run
+            try:
+                self.tool_templates[served.id] = tool_template(own, served.lm.tokenizer)
+            except ValueError as err:
+                self.tool_templates[served.id] = str(err)
+        found = self.tool_templates[served.id]
+        if isinstance(found, str):
+            raise APIError(400, f"{served.id!r} cannot take tools: {found}", "tools")
+        return found
 
     # --- embeddings -----------------------------------------------------------------------
     async def embeddings(self, request: Request) -> dict[str, Any]:
