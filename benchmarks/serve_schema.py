@@ -16,10 +16,12 @@ run without the schema that the target is held to ("same lengths") generates, se
 sequence, as many tokens as the run with the schema just did (its max_tokens set to them, no stop
 token): the same prompts, the same sequence lengths, the same prefills, the same batches; only
 the constraint differs. The free run (every sequence up to --max-tokens or its end token) is
-printed beside it. With and without alternate, --rounds rounds; the medians are printed, and the
-ratio. Target: with >= 0.9x without (same lengths).
+printed beside it. With and without alternate, --rounds rounds; the medians of the tokens/s are
+printed, and each ratio is the median of the rounds' own ratios (runs side by side, so a load that
+comes and goes on a shared machine moves both sides of a ratio alike). Target: with >= 0.9x without
+(same lengths).
 
-    python benchmarks/serve_schema.py                  # ~6 min on 2 shared cores
+    python benchmarks/serve_schema.py                  # ~8 min on 2 shared cores
     python benchmarks/serve_schema.py --tokens 64 --rounds 1    # a smoke run
 """
 
@@ -132,7 +134,7 @@ def measure(model: CausalLM, prompt: list[int], batch: int, max_tokens: int, tot
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=256, help="tokens generated per measurement")
     parser.add_argument("--max-tokens", type=int, default=64, help="most new tokens of one sequence")
     parser.add_argument("--threads", type=int, default=2)
@@ -167,9 +169,12 @@ def main() -> None:
     for batch in (1, 8):
         m = {name: statistics.median(results[(batch, name)])
              for name in ("with schema", "same lengths", "free")}
+        with_schema = results[(batch, "with schema")]
+        ratio = {name: statistics.median(w / o for w, o in zip(with_schema, results[(batch, name)]))
+                 for name in ("same lengths", "free")}  # each round's own ratio, then their median
         print(f"{batch:>5} {statistics.mean(lengths[batch]):>12.1f} {m['with schema']:>12.1f} "
-              f"{m['same lengths']:>22.1f} {m['with schema'] / m['same lengths']:>5.2f}x {m['free']:>14.1f} "
-              f"{m['with schema'] / m['free']:>5.2f}x")
+              f"{m['same lengths']:>22.1f} {ratio['same lengths']:>5.2f}x {m['free']:>14.1f} "
+              f"{ratio['free']:>5.2f}x")
 
 
 if __name__ == "__main__":
