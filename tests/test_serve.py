@@ -7,11 +7,13 @@ disconnects mid-stream, every bad input, the API key, CORS, translations and the
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import math
 import threading
 import time
+import weakref
 
 import httpx
 import pytest
@@ -308,6 +310,30 @@ def test_a_client_that_disconnects_mid_stream_leaves_the_batch(server, long_seed
     lock.permits.release(1)
     _wait(lambda: not engine.rows)  # gone at the next step, without another token
     assert submitted[0].generated == 3 and not submitted[0].done
+
+
+def test_a_dropped_stream_lets_go_of_its_sequence_without_the_cycle_collector(server, long_seed, paced):
+    """A stream the client drops ends in a CancelledError that anyio keeps in a reference cycle
+    with the stream's frames; the stream's frame holds none of its sequences, so a sequence (its
+    row, grammar and sink) is freed as soon as the engine drops it, the collector off."""
+    engine, lock, submitted = paced
+    body = {"model": "story", "prompt": "the", "max_tokens": 80, "stream": True, "seed": long_seed}
+    gc.collect()
+    gc.disable()
+    try:
+        with httpx.Client(timeout=10) as http:
+            with http.stream("POST", server.url + "/v1/completions", json=body) as response:
+                lock.permits.release(3)
+                assert next(line for line in response.iter_lines() if line.startswith("data: "))
+                _wait(lambda: submitted and submitted[0].generated == 3)
+                response.close()  # the client goes away mid-stream
+                _wait(lambda: submitted[0].cancelled)
+        sequence = weakref.ref(submitted.pop())
+        lock.permits.release(1)
+        _wait(lambda: not engine.rows)  # the engine has dropped the row
+        _wait(lambda: sequence() is None)
+    finally:
+        gc.enable()
 
 
 def test_an_abandoned_non_streaming_request_leaves_the_batch(server, paced):

@@ -367,8 +367,12 @@ class Routes:
                 yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage()})}\n\n"
             yield "data: [DONE]\n\n"
         finally:
-            for seq in seqs:
-                seq.cancel()
+            # A dropped stream ends in a CancelledError that anyio keeps in a reference cycle (its
+            # frame holds the error, whose traceback holds that frame and this one), so this frame
+            # lives until the cycle collector runs: it is left holding none of the sequences (no
+            # loop variable either), and their rows, grammars and sinks are freed at once
+            while seqs:
+                seqs.pop().cancel()
 
     # --- translations ---------------------------------------------------------------------
     async def translations(self, request: Request) -> dict[str, Any]:
