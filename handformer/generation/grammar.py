@@ -13,6 +13,8 @@ enforces the most JSON Schema (number bounds included) and needs nothing but its
     grammar.constraint(stop_ids)                 one row's processor: at every step the tokens that
                                                  keep the text a prefix the grammar accepts; the
                                                  row's stop tokens once the text is complete
+    constraint.prepare(tokens)                   the engine's hook as soon as the row's token is
+                                                 chosen: the next mask starts on the grammar thread
 
 Replies are laid out compactly: ", " between items, ": " after keys, no other whitespace (an
 untrained or small model given free whitespace tends to write it until max_tokens).
