@@ -17,6 +17,8 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
+import signal
 import threading
 
 import httpx
@@ -251,6 +253,18 @@ def test_masks_prepared_in_the_background_give_the_same_tokens(models, monkeypat
     for i, (tokens, reason) in enumerate(prepared[:4]):
         if reason == "stop":
             jsonschema.validate(json.loads(run.tokenizer.decode([t for t, _ in tokens])), (PERSON, FLAGS)[i % 2])
+
+
+def test_a_forked_child_starts_its_own_grammar_thread():
+    """The parent's grammar thread is not in a forked child: a mask job there runs on a new one
+    instead of waiting for ever."""
+    assert grammar_module.grammar_thread().submit(int).result() == 0  # the parent's thread runs
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(10)  # never hang the test run
+        os._exit(grammar_module.grammar_thread().submit(lambda: 7).result())
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 7
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -25,6 +25,7 @@ Shape legend: V vocabulary (the model's logits), W = ceil(V / 32) words of the b
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -155,6 +156,15 @@ def grammar_thread() -> ThreadPoolExecutor:
         if _grammar_thread is None:
             _grammar_thread = ThreadPoolExecutor(1, thread_name_prefix="handformer-grammar")
         return _grammar_thread
+
+
+def _forget_grammar_thread() -> None:
+    """In a forked child: the parent's worker thread is not there, so a new one starts on first use."""
+    global _grammar_thread, _grammar_thread_lock
+    _grammar_thread, _grammar_thread_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_grammar_thread)
 
 
 LIMIT_WORDS = ("max is", "fuel", "too many", "limit")  # how llguidance words a limit it reached
