@@ -235,7 +235,7 @@ def _served_tokens(run, grammars) -> list[tuple[list, str]]:
 
 
 def test_masks_prepared_in_the_background_give_the_same_tokens(models, monkeypatch):
-    """Constraint.prepare computes the next mask on the grammar thread while the other rows sample;
+    """Constraint.prepare computes the next mask on the grammar thread while the next forward runs;
     the tokens, log-probabilities and endings are those of masks computed in the step."""
     run = models["story"].lm
     vocab = Vocabulary(run.tokenizer, run.model.cfg.vocab_size, run.tokens.eos_ids)

@@ -13,9 +13,9 @@ tokens (it is the one caller of `next_tokens`).
 A row samples with its own options and its own torch.Generator seeded from `options.seed` (choice
 i of one request: seed + i), so a seeded row gives the same tokens alone or among others. A row
 may carry logit processors (called with the tokens it has chosen and the (V,) logits; the hook
-constrained decoding uses; one with a `prepare(tokens)` method is also told each token as soon as
-it is chosen, to start on the next step's work) and asks for the log-probabilities of its tokens
-(`top_logprobs`: of the distribution it samples from).
+constrained decoding uses; one with a `prepare(tokens)` method is also told its row's tokens once
+the whole batch has chosen, to start on the next step's work) and asks for the log-probabilities
+of its tokens (`top_logprobs`: of the distribution it samples from).
 
 The rows live in one KV cache (generation/cache.py: DecodingCache), each right-aligned with padding
 on its left that the attention mask hides (True = a real position); the model counts positions
@@ -369,8 +369,9 @@ class Engine:
             self._chosen = chosen if len(rows) == len(self.rows) else None  # what the next step feeds
             for choice in choices:
                 record(choice)
-        else:  # row by row; each row's processors hear of its token at once (record)
+        else:
             choices = [record(self._choose_one(row, logits[i])) for i, row in enumerate(rows)]
+            prepare_next(rows)
         return choices
 
     @staticmethod
@@ -391,20 +392,26 @@ class Engine:
 
 
 def record(choice: Choice) -> Choice:
-    """The chosen token appended to its row, which ends at a stop token or its limit; a row that
-    goes on tells its processors that have a `prepare(tokens)` method, so they may start on the
-    next step's work while the other rows choose and the next forward runs (a grammar's mask)."""
+    """The chosen token appended to its row, which ends at a stop token or its limit."""
     row = choice.row
     row.tokens.append(choice.token)
     if choice.token in row.stop_ids:
         row.finish("stop")
     elif len(row.tokens) >= row.max_new_tokens:
         row.finish("length")
-    else:
-        for process in row.processors:
-            if (prepare := getattr(process, "prepare", None)) is not None:
-                prepare(row.tokens)
     return choice
+
+
+def prepare_next(rows: list[Row]) -> None:
+    """Every row has its token: the processors of the rows that go on that have a
+    `prepare(tokens)` method may start on the next step's work (a grammar's next mask, on a worker
+    thread) while the next forward runs. Called after the whole batch has chosen, so that work
+    does not compete with the other rows' sampling."""
+    for row in rows:
+        if not row.done:
+            for process in row.processors:
+                if (prepare := getattr(process, "prepare", None)) is not None:
+                    prepare(row.tokens)
 
 
 def rows_of(cache: KVCache) -> int:

@@ -13,8 +13,8 @@ enforces the most JSON Schema (number bounds included) and needs nothing but its
     grammar.constraint(stop_ids)                 one row's processor: at every step the tokens that
                                                  keep the text a prefix the grammar accepts; the
                                                  row's stop tokens once the text is complete
-    constraint.prepare(tokens)                   the engine's hook as soon as the row's token is
-                                                 chosen: the next mask starts on the grammar thread
+    constraint.prepare(tokens)                   the engine's hook once the batch has chosen: the
+                                                 next mask starts on the grammar thread
 
 Replies are laid out compactly: ", " between items, ": " after keys, no other whitespace (an
 untrained or small model given free whitespace tends to write it until max_tokens).
@@ -193,11 +193,11 @@ class Constraint:
     write) or the parse needs more than the engine's limits allow: the step then leaves only the
     stop tokens, and the caller ends the row with the error.
 
-    `prepare` (the engine calls it as soon as the row's token is chosen) gives the matcher that
-    token and starts the next mask on the grammar thread, where llguidance works without the GIL
-    while the other rows sample and the next forward runs; the next call collects it. The mask is
-    the same as one computed in the call, so the tokens are too. While a mask is being computed
-    nothing else touches the matcher (every method waits for it first)."""
+    `prepare` (the engine calls it once every row of the batch has its token) gives the matcher
+    the row's new token and starts the next mask on the grammar thread, where llguidance works
+    without the GIL while the next forward runs; the next call collects it. The mask is the same
+    as one computed in the call, so the tokens are too. While a mask is being computed nothing
+    else touches the matcher (every method waits for it first)."""
 
     def __init__(self, grammar: Grammar, matcher: Any, stop_ids: Sequence[int]) -> None:
         self.vocabulary, self.matcher = grammar.vocabulary, matcher
@@ -221,8 +221,8 @@ class Constraint:
         self.consumed = len(tokens)
 
     def prepare(self, tokens: Sequence[int]) -> None:
-        """The row's tokens, as soon as the last one is chosen: the matcher takes it now, and the
-        next mask is computed on the grammar thread (see the class docstring)."""
+        """The row's tokens, its newest just chosen: the matcher takes it now, and the next mask
+        is computed on the grammar thread (see the class docstring)."""
         self.sync(tokens)
         self._collect()
         if self.error is None and not self.matcher.is_stopped():
