@@ -16,10 +16,14 @@ reported (the CPU is shared):
 - "unfused": this checkout, the model as loaded, large weights packed (`pack_linears` only);
 - "baseline default" and "baseline unfused": with --baseline DIR, another checkout of handformer
   (`git worktree add DIR <commit>`), the same weights, prompt and thread count, prepared the same two
-  ways with DIR's own code, in a worker process that imports only from DIR (benchmarks/baseline.py).
+  ways with DIR's own code, in a worker process that imports only from DIR (benchmarks/baseline.py);
+- "worker default" and "worker unfused": with --baseline, this checkout's twins of those, run in a
+  worker process of the same kind, so that the two checkouts are compared in like processes (the
+  benchmark's own process also holds Hugging Face's model and the other cases' models).
 The tokens of every case are compared with the default's, and each baseline case's with its twin's;
-a table gives each twin pair's medians and their ratio, in wall seconds and in the CPU seconds of
-each process (one intra-op thread: the work itself, which a neighbour's load disturbs much less).
+a table gives each twin pair (worker of this checkout, worker of DIR) its medians and their ratio,
+in wall seconds and in the CPU seconds of each process (one intra-op thread: the work itself, which
+a neighbour's load disturbs much less).
 
     python benchmarks/decode_tiny.py --baseline /tmp/main_src --run-c /tmp/l2c/run
 """
@@ -104,29 +108,30 @@ def main() -> None:
         hf = transformers.LlamaForCausalLM.from_pretrained(Path(tmp) / "hf").eval()
         prompts = {"tiny": torch.randint(0, 512, (64,)).tolist(), "stories260K": [1]}
         baseline = BaselineWorker(args.baseline, threads=1) if args.baseline else None
+        this = BaselineWorker(ROOT, threads=1) if args.baseline else None  # its twins, in a like process
         models = {}
         for name, model in (("tiny", tiny), ("stories260K", stories)):
             fused = CausalLM(model.cfg).eval()
             fused.load_state_dict(model.state_dict())
-            if baseline:  # the twins of the two cases below, from the same weights
-                baseline.load(f"{name} default", model, "prepare_for_decoding")
-                baseline.load(f"{name} unfused", model, "pack_linears")
+            for worker in filter(None, (baseline, this)):  # the twins of the two cases below, same weights
+                worker.load(f"{name} default", model, "prepare_for_decoding")
+                worker.load(f"{name} unfused", model, "pack_linears")
             pack_linears(model.eval())
             models[name] = {"default": prepare_for_decoding(fused), "unfused": model}
         cases = {}
         for name in models:
             for kind in ("default", "unfused"):
                 cases[name, kind] = lambda m=models[name][kind], p=prompts[name]: timed_generate(m, p, n)
-                if baseline:  # the twin right after its case
+                if baseline:  # the twins right after their case
                     # the thread count this checkout's case runs with ("auto": default_threads)
                     threads = resolved_threads(default_threads(models[name][kind]))
+                    for label, worker in (("worker", this), ("baseline", baseline)):
+                        def twin(name: str = name, kind: str = kind, threads: int = threads,
+                                 worker: BaselineWorker = worker) -> tuple[float, list[int], float]:
+                            reply = worker.generate(f"{name} {kind}", [prompts[name]], n, threads)
+                            return reply.seconds, reply.result[0], reply.cpu_seconds
 
-                    def twin(name: str = name, kind: str = kind, threads: int = threads,
-                             ) -> tuple[float, list[int], float]:
-                        reply = baseline.generate(f"{name} {kind}", [prompts[name]], n, threads)
-                        return reply.seconds, reply.result[0], reply.cpu_seconds
-
-                    cases[name, f"baseline {kind}"] = twin
+                        cases[name, f"{label} {kind}"] = twin
         cases["stories260K", "HF generate"] = lambda: hf_generate(hf, [1], n)
         if args.run_c:
             cases["stories260K", "llama2.c run.c"] = lambda: run_c(args.run_c, n, args.stories)
@@ -146,10 +151,10 @@ def main() -> None:
                 if kind != "default" and tokens is not None:
                     same[name, kind] = same.get((name, kind), True) and tokens == outputs[name, "default"]
                 if kind.startswith("baseline "):
-                    ours = outputs[name, kind.removeprefix("baseline ")]
+                    ours = outputs[name, kind.replace("baseline ", "worker ")]
                     twin_same[name, kind] = twin_same.get((name, kind), True) and tokens == ours
-        if baseline:
-            baseline.close()
+        for worker in filter(None, (baseline, this)):
+            worker.close()
     print(f"torch {torch.__version__}, batch 1, greedy, {n} new tokens, 1 thread, medians of {args.rounds} "
           "interleaved rounds (shared CPU: other jobs make rounds vary)")
     for name in models:
@@ -164,11 +169,11 @@ def main() -> None:
                 "  same tokens" if same[model_name, case] else "  DIFFERENT tokens")
             print(f"  {case:16s} {n / median:9.1f} tokens/s  default / this {median / base:5.2f}x  "
                   f"rounds: {', '.join(f'{n / v:.0f}' for v in values)}{tokens}")
-        if baseline:
-            rows = [(kind, times[name, kind], times[name, f"baseline {kind}"],
+        if baseline:  # this checkout's worker against the baseline's
+            rows = [(kind, times[name, f"worker {kind}"], times[name, f"baseline {kind}"],
                      twin_same[name, f"baseline {kind}"]) for kind in ("default", "unfused")]
             print(comparison_table(name, rows, baseline.label))
-            rows = [(kind, cpu_times[name, kind], cpu_times[name, f"baseline {kind}"],
+            rows = [(kind, cpu_times[name, f"worker {kind}"], cpu_times[name, f"baseline {kind}"],
                      twin_same[name, f"baseline {kind}"]) for kind in ("default", "unfused")]
             print(comparison_table(f"{name}, CPU seconds (less disturbed)", rows, baseline.label))
 

@@ -20,8 +20,9 @@ import lesson_shape  # noqa: E402
 # builds passed to CausalLM.forward 1; partial RoPE (Phi-4-mini) 1, LongRoPE's short and long
 # factors 1, a mixture of experts in place of the FFN 1, the router's renormalized top-k 1, a shared
 # expert 1, a layer taking its kind's mask (sliding or global, Gemma 2/3) 1, both kinds of mask for a
-# model that mixes them 1, global layers' full-length KV cache beside rolling ones 1.
-LESSON_BRANCHES = 49
+# model that mixes them 1, global layers' full-length KV cache beside rolling ones 1, a model
+# without dropout built with NoDropout (no module call a layer and step for nothing to drop) 1.
+LESSON_BRANCHES = 50
 FORWARD_LINES, FORWARD_BRANCHES, CAUSAL_LM_FORWARD_LINES = 40, 3, 25
 
 # What a lesson module may import from the package: the config, the models' starting weights, and

@@ -1,26 +1,19 @@
 """Dropout out of a model that only decodes: every `nn.Dropout` becomes `NoDropout`.
 
-In eval mode dropout already returns its input unchanged, but each `nn.Dropout` is still a module
-call at every layer of every decoding step: `nn.Module.__call__` looks for hooks before it runs
-`forward`, about a microsecond each time, three times a layer. `NoDropout` returns its input from a
-plain method call (its `__call__` is its `forward`, so no hooks run on it: it has nothing to
-observe). Inference only: the model no longer drops anything when trained.
+In eval mode dropout already returns its input unchanged, but each `nn.Dropout` of a model trained
+with dropout is still a module call at every layer of every decoding step: `nn.Module.__call__`
+looks for hooks before it runs `forward`, then the dropout operator runs, a few microseconds each
+time, three times a layer. `NoDropout` (handformer.nn.dropout, what a model without dropout is
+built with) returns its input from a plain method call. Inference only: the model no longer drops
+anything when trained.
 """
 
 from __future__ import annotations
 
-from torch import Tensor, nn
+from torch import nn
 
+from handformer.nn.dropout import NoDropout
 from handformer.replace import replace_layers
-
-
-class NoDropout(nn.Module):
-    """Dropout at inference: the input itself, called without `nn.Module`'s hook machinery."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x
-
-    __call__ = forward  # a plain call: nothing to hook, nothing to dispatch
 
 
 def remove_dropout(model: nn.Module) -> nn.Module:

@@ -32,7 +32,7 @@ from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.feed_forward import GatedFeedForward
 from handformer.nn.kv_cache import NO_CACHE, LayerCache
 from handformer.nn.norms import NoNorm
-from handformer.nn.positions import apply_rotary
+from handformer.nn.positions import apply_rotary, rotate
 
 
 def stack_linears(*linears: nn.Linear) -> nn.Linear:
@@ -76,8 +76,10 @@ class FusedSelfAttention(MultiHeadAttention):
         qk = qkv[:, :H + Hkv]  # (B, H + Hkv, T, Dh): queries, then keys
         if not isinstance(self.q_norm, NoNorm):  # q/k norms per head (Qwen3): each its own weights
             qk = torch.cat([self.q_norm(qk[:, :H]), self.k_norm(qk[:, H:])], dim=1)
-        if rope is not None:
-            qk = apply_rotary(qk, *rope)  # every query and key head in one call
+        if rope is not None:  # every query and key head in one call
+            cos, sin = rope
+            turn = rotate if cos.dtype == qk.dtype else apply_rotary  # no cast where there is none to do
+            qk = turn(qk, cos, sin)
         return qk[:, :H], qk[:, H:], qkv[:, H + Hkv:]  # (B, H, T, Dh), (B, Hkv, T, Dh) twice
 
 

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from handformer.config import CausalLMConfig
 from handformer.initialization import gpt2_init
 from handformer.nn.blocks import DecoderOnlyBlock, collect
+from handformer.nn.dropout import make_dropout
 from handformer.nn.embedding import TokenEmbedding
 from handformer.nn.inputs import (
     check_caller_mask,
@@ -58,7 +59,7 @@ class CausalLM(nn.Module):
         self.embed = TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.scale_embeddings)
         self.positions = make_positions(cfg)  # added to the embeddings (GPT-2); nothing for RoPE
         self.rotary = make_rotary(cfg)  # rotates queries and keys in attention (Llama); or nothing
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = make_dropout(cfg.dropout)
         self.layers = nn.ModuleList(DecoderOnlyBlock(cfg, cfg.layer_slides(i)) for i in range(cfg.n_layers))
         self.norm = final_norm(cfg)  # after the last block of a pre-norm stack
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # (B, T, D) -> (B, T, V)

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from handformer.config import Seq2SeqConfig
 from handformer.initialization import paper_init
 from handformer.nn.blocks import DecoderLayer, EncoderLayer, collect
+from handformer.nn.dropout import make_dropout
 from handformer.nn.embedding import TokenEmbedding
 from handformer.nn.inputs import check_length, check_token_ids
 from handformer.nn.kv_cache import KVCache, as_cache
@@ -85,7 +86,7 @@ class Seq2SeqTransformer(nn.Module):
         self.tgt_embed = (self.src_embed if cfg.share_embeddings else
                           TokenEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.scale_embeddings))
         self.positions = make_positions(cfg)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = make_dropout(cfg.dropout)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
         self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)  # (B, T, D) -> (B, T, V)

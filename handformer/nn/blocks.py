@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from handformer.config import BlockConfig
 from handformer.nn.attention import MultiHeadAttention
+from handformer.nn.dropout import make_dropout
 from handformer.nn.feed_forward import FeedForward
 from handformer.nn.kv_cache import LayerKVCache, as_cache
 from handformer.nn.masks import AttentionMask, as_attention_mask
@@ -74,7 +75,7 @@ class EncoderLayer(nn.Module):
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = make_dropout(cfg.dropout)
 
     def forward(self, x: Tensor, mask: Mask = None, *, need_weights: bool = False,
                 ) -> tuple[Tensor, Tensor | None]:
@@ -103,7 +104,7 @@ class DecoderLayer(nn.Module):
         self.cross_attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.bias)
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = make_dropout(cfg.dropout)
 
     def forward(self, x: Tensor, memory: Tensor, memory_mask: Mask = None, self_mask: Mask = None, *,
                 cache: LayerKVCache | None = None, need_weights: bool = False,
@@ -147,7 +148,7 @@ class DecoderOnlyBlock(nn.Module):
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
         self.ffn = feed_forward(cfg)  # (B, T, D) -> (B, T, D)
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = make_dropout(cfg.dropout)
 
     def forward(self, x: Tensor, mask: Mask = None, *, rope: tuple[Tensor, Tensor] | None = None,
                 cache: LayerKVCache | None = None, need_weights: bool = False,

@@ -140,14 +140,14 @@ class LayerKVCache:
     def __init__(self, cache: KVCache, index: int) -> None:
         # weak: the cache holds its views, and a strong reference back would be a cycle, which
         # keeps a dropped cache's tensors alive until Python's cycle collector happens to run
-        self.cache = weakref.proxy(cache)
+        self.cache = weakref.ref(cache)  # self.cache() is the cache
         self.index = index
         self.memory = MemoryKVCache(cache, index)  # the same layer's cross-attention, if it has one
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store (B, Hkv, T, Dh) keys/values at the current offset; return the keys/values that
         attention sees, (B, Hkv, S, Dh): every position so far (a rolling cache's in slot order)."""
-        c, i = self.cache, self.index
+        c, i = self.cache(), self.index
         start, T = c.length, k.size(2)
         end = start + T
         slots = c.layer_slots(i)
@@ -193,17 +193,17 @@ class MemoryKVCache:
     the encoder output, the same at every decoding step, so computed at the first one and kept."""
 
     def __init__(self, cache: KVCache, index: int) -> None:
-        self.cache = weakref.proxy(cache)  # weak, as LayerKVCache's
+        self.cache = weakref.ref(cache)  # weak, as LayerKVCache's
         self.index = index
 
     @property
     def memory_kv(self) -> tuple[Tensor, Tensor] | None:
         """The kept (B, Hkv, S, Dh) keys and values, None before the first step."""
-        return self.cache.cross[self.index]
+        return self.cache().cross[self.index]
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Keep the memory's keys and values (the first step computes them); returns them."""
-        self.cache.cross[self.index] = (k, v)
+        self.cache().cross[self.index] = (k, v)
         return k, v
 
 

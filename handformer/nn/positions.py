@@ -159,10 +159,14 @@ def rotate_half(x: Tensor) -> Tensor:
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate (B, H, T, Dh) queries or keys by their positions' angles; tables narrower than Dh
     (partial RoPE, Phi-4-mini) turn the first cos.size(-1) dims and leave the others as they are."""
-    cos, sin = cos.type_as(x), sin.type_as(x)  # float32 tables; bf16 queries and keys under autocast
+    return rotate(x, cos.type_as(x), sin.type_as(x))  # float32 tables; bf16 queries and keys under autocast
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """`apply_rotary` with tables already in x's dtype."""
     turned = cos.size(-1)
     if turned < x.size(-1):  # partial RoPE: the first dims turn, the rest pass through
-        return torch.cat([apply_rotary(x[..., :turned], cos, sin), x[..., turned:]], dim=-1)
+        return torch.cat([rotate(x[..., :turned], cos, sin), x[..., turned:]], dim=-1)
     return (x * cos) + (rotate_half(x) * sin)
 
 

@@ -1,0 +1,64 @@
+"""Norms for decoding: the lesson's RMSNorm and LayerNorm as plain calls.
+
+A decoding step calls two norms a layer and one at the end. Each is a module call
+(`nn.Module.__call__` looks for hooks before it runs `forward`), and the lesson's norms compute in
+float32 and cast the result back with `type_as`, an operator call even when the input is float32
+already and the cast does nothing. `plain_norms(model)` puts in place of each `RMSNorm` and
+`LayerNorm` its decoding twin, which holds the same weights and computes the same numbers
+(tests/test_inference_norms.py), called as a plain method, and skips the cast of a float32 input.
+Inference only, as fusion is: hooks registered on a norm no longer run.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from handformer.nn.norms import LayerNorm, RMSNorm
+from handformer.replace import replace_layers
+
+
+class DecodingRMSNorm(nn.Module):
+    """`RMSNorm` for decoding: x / sqrt(mean(x^2) + eps) * weight, on the norm's own weight."""
+
+    def __init__(self, norm: RMSNorm) -> None:
+        super().__init__()
+        self.eps, self.weight = norm.eps, norm.weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + self.eps)
+        return self.weight * (x32 if x.dtype == torch.float32 else x32.type_as(x))
+
+    __call__ = forward  # a plain call: no hooks
+
+
+class DecodingLayerNorm(nn.Module):
+    """`LayerNorm` for decoding: (x - mean) / sqrt(var + eps) * weight + bias, on the norm's own
+    weight and bias."""
+
+    def __init__(self, norm: LayerNorm) -> None:
+        super().__init__()
+        self.eps, self.weight, self.bias = norm.eps, norm.weight, norm.bias
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == self.weight.dtype == torch.float32:  # nothing to cast
+            return F.layer_norm(x, (x.size(-1),), self.weight, self.bias, self.eps)
+        bias = None if self.bias is None else self.bias.float()
+        return F.layer_norm(x.float(), (x.size(-1),), self.weight.float(), bias, self.eps).type_as(x)
+
+    __call__ = forward  # a plain call: no hooks
+
+
+TWINS = {RMSNorm: DecodingRMSNorm, LayerNorm: DecodingLayerNorm}
+
+
+def plain_norms(model: nn.Module) -> nn.Module:
+    """Replace, in place, every RMSNorm and LayerNorm of `model` by its decoding twin; returns `model`."""
+    norms = {name: m for name, m in model.named_modules() if type(m) in TWINS}
+    replace_layers(model, norms, lambda norm: TWINS[type(norm)](norm))
+    return model
+
+
+__all__ = ["DecodingLayerNorm", "DecodingRMSNorm", "plain_norms"]
