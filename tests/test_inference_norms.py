@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from handformer.config import CausalLMConfig
-from handformer.inference.norms import DecodingLayerNorm, DecodingRMSNorm, plain_norms
+from handformer.inference.norms import DecodingLayerNorm, DecodingOffsetRMSNorm, DecodingRMSNorm, plain_norms
 from handformer.inference.prepare import prepare_for_decoding
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.dropout import NoDropout, make_dropout
@@ -23,12 +23,13 @@ def trained_like(norm: nn.Module) -> nn.Module:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("lesson", [lambda: RMSNorm(16), lambda: LayerNorm(16), lambda: LayerNorm(16, bias=False)])
+@pytest.mark.parametrize("lesson", [lambda: RMSNorm(16), lambda: LayerNorm(16), lambda: LayerNorm(16, bias=False),
+                                    lambda: OffsetRMSNorm(16)])
 def test_a_decoding_norm_computes_what_its_lesson_norm_does(lesson, dtype):
     torch.manual_seed(0)
     norm = trained_like(lesson()).to(dtype)
     twin = plain_norms(nn.Sequential(norm))[0]
-    assert type(twin) in (DecodingRMSNorm, DecodingLayerNorm)
+    assert type(twin) in (DecodingRMSNorm, DecodingLayerNorm, DecodingOffsetRMSNorm)
     assert twin.weight is norm.weight  # the same parameters, not copies
     for x in (torch.randn(2, 3, 16, dtype=dtype), torch.randn(2, 3, 16)):
         expected = norm(x)
@@ -42,6 +43,7 @@ def test_a_float32_input_is_not_cast(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "type_as", lambda self, other: calls.append(1) or self)
     DecodingRMSNorm(RMSNorm(8))(torch.randn(2, 8))
     DecodingLayerNorm(LayerNorm(8))(torch.randn(2, 8))
+    DecodingOffsetRMSNorm(OffsetRMSNorm(8))(torch.randn(2, 8))
     assert calls == []
     RMSNorm(8)(torch.randn(2, 8))  # the lesson's norm casts back always
     assert calls == [1]
@@ -69,9 +71,9 @@ def test_prepare_for_decoding_swaps_the_norms_and_keeps_the_tokens():
 
 
 def test_other_norms_are_left_as_they_are():
-    model = nn.Sequential(OffsetRMSNorm(8), nn.LayerNorm(8))
+    model = nn.Sequential(nn.LayerNorm(8), nn.RMSNorm(8))  # torch's own: not the lesson's
     plain_norms(model)
-    assert [type(m) for m in model] == [OffsetRMSNorm, nn.LayerNorm]
+    assert [type(m) for m in model] == [nn.LayerNorm, nn.RMSNorm]
 
 
 def test_a_model_without_dropout_has_no_dropout_modules_and_one_with_it_drops():

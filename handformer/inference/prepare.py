@@ -5,7 +5,7 @@ apply after loading a run (never during training, and never to a model a caller 
    and W_up into another: fewer, larger products, which is what a small model's decoding step needs.
 2. `remove_dropout` (`handformer.inference.dropout`): every nn.Dropout becomes NoDropout (the
    same function in eval mode, a plain call instead of nn.Module's hook machinery at every layer).
-3. `plain_norms` (`handformer.inference.norms`): every RMSNorm and LayerNorm becomes its decoding
+3. `plain_norms` (`handformer.inference.norms`): every lesson norm becomes its decoding
    twin (the same weights and numbers, a plain call, no cast of a float32 input).
 4. `pack_linears` (`handformer.inference.packed_linear`): fp32 and bf16 weights of 1 MiB and more
    packed for oneDNN, 1.6x to 2x `F.linear`'s speed on a CPU; tiny models keep plain layers.
