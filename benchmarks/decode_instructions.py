@@ -32,32 +32,28 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The process valgrind counts: it imports handformer from its cwd only (see benchmarks/baseline.py).
+# The process valgrind counts: it imports handformer from the checkout only, as baseline.py's worker.
 DRIVER = '''
-import importlib, os, sys
-sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
-sys.path_hooks[:] = [h for h in sys.path_hooks if not getattr(h, "__module__", "").startswith("__editable__")]
-sys.path_importer_cache.clear()
-import torch
+import os, sys
+sys.path.insert(0, os.environ["BENCHMARKS"])
+from baseline import _check_provenance, _import, _only_this_checkout  # the worker's import rules
 
-def load(new, old, name):
-    try:
-        return getattr(importlib.import_module(new), name)
-    except ModuleNotFoundError:
-        return getattr(importlib.import_module(old), name)
+_only_this_checkout()
+import torch
 
 from handformer.config import CausalLMConfig
 from handformer.generation.generate import generate
 from handformer.models.causal_lm import CausalLM
 
+_check_provenance()  # every handformer module from the checkout (the cwd)
 torch.manual_seed(0)
 TINY = dict(vocab_size=512, d_model=64, n_heads=8, n_kv_heads=4, d_ff=172, n_layers=5, max_positions=2048)
 model = CausalLM(CausalLMConfig.llama_style(**TINY)).eval()
 prompt = torch.randint(0, 512, (64,)).tolist()
 if os.environ["CASE"] == "unfused":
-    load("handformer.inference.packed_linear", "handformer.nn.packed_linear", "pack_linears")(model)
+    _import("handformer.inference.packed_linear", "handformer.nn.packed_linear", "pack_linears")(model)
 else:
-    load("handformer.inference.prepare", "handformer.generation.prepare", "prepare_for_decoding")(model)
+    _import("handformer.inference.prepare", "handformer.generation.prepare", "prepare_for_decoding")(model)
 torch.set_num_threads(1)
 generate(model, [prompt], 20, temperature=0, threads=1)  # the warm-up, in both counts
 n = int(os.environ["TOKENS"])
@@ -71,7 +67,8 @@ COUNTS = {"I   refs": "instructions", "I1  misses": "I1 misses", "D1  misses": "
 def count(checkout: Path, case: str, tokens: int, cache_sim: bool, driver: Path) -> dict[str, int]:
     """cachegrind's totals for one driver run of `checkout`'s code."""
     env = {**os.environ, "PYTHONPATH": str(checkout), "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1", "CASE": case, "TOKENS": str(tokens)}
+           "MKL_NUM_THREADS": "1", "CASE": case, "TOKENS": str(tokens),
+           "BENCHMARKS": str(ROOT / "benchmarks")}
     command = ["valgrind", "--tool=cachegrind", f"--cache-sim={'yes' if cache_sim else 'no'}",
                "--cachegrind-out-file=/dev/null", sys.executable, "-P", str(driver)]
     if shutil.which("setarch"):  # the same addresses every run

@@ -4,8 +4,9 @@ A decoding step calls two norms a layer and one at the end. Each is a module cal
 (`nn.Module.__call__` looks for hooks before it runs `forward`), and the lesson's norms compute in
 float32 and cast the result back with `type_as`, an operator call even when the input is float32
 already and the cast does nothing. `plain_norms(model)` puts in place of each `RMSNorm`,
-`LayerNorm` and `OffsetRMSNorm` its decoding twin, which holds the same weights and computes the same numbers
-(tests/test_inference_norms.py), called as a plain method, and skips the cast of a float32 input.
+`LayerNorm` and `OffsetRMSNorm` its decoding twin, which holds the same weights and computes the
+same numbers (tests/test_inference_norms.py), called as a plain method, and skips the cast of a
+float32 input (`cast_back`).
 Inference only, as fusion is: hooks registered on a norm no longer run.
 """
 
@@ -19,6 +20,11 @@ from handformer.nn.norms import LayerNorm, OffsetRMSNorm, RMSNorm
 from handformer.replace import replace_layers
 
 
+def cast_back(out: Tensor, x: Tensor) -> Tensor:
+    """A norm's float32 result in its input's dtype: itself for a float32 input (no operator call)."""
+    return out if x.dtype == torch.float32 else out.type_as(x)
+
+
 class DecodingRMSNorm(nn.Module):
     """`RMSNorm` for decoding: x / sqrt(mean(x^2) + eps) * weight, on the norm's own weight."""
 
@@ -29,7 +35,7 @@ class DecodingRMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + self.eps)
-        return self.weight * (x32 if x.dtype == torch.float32 else x32.type_as(x))
+        return self.weight * cast_back(x32, x)
 
     __call__ = forward  # a plain call: no hooks
 
@@ -62,8 +68,7 @@ class DecodingOffsetRMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + self.eps)
-        out = x32 * (1.0 + self.weight.float())
-        return out if x.dtype == torch.float32 else out.type_as(x)
+        return cast_back(x32 * (1.0 + self.weight.float()), x)
 
     __call__ = forward  # a plain call: no hooks
 
