@@ -25,8 +25,8 @@ import torch
 import handformer.io as hf_io
 from handformer.cli import main
 from handformer.training import checkpoint as checkpoint_module
-from handformer.training import loop as loop_module
 from handformer.training.checkpoint import read_safetensors
+from handformer.training.loggers import MetricsLog
 from handformer.training.run_lock import LOCK_NAME, run_lock
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -74,7 +74,7 @@ def straight(tmp_path_factory, one_thread):
     """The uninterrupted run, and how many times it wrote each file (atomic writes; metrics lines)."""
     run_dir = tmp_path_factory.mktemp("straight") / "run"
     writes: dict[str, int] = {}
-    real_replace, real_write = os.replace, loop_module.MetricsLog.write
+    real_replace, real_write = os.replace, MetricsLog.write
 
     def count_replace(src, dst):
         writes[Path(dst).name] = writes.get(Path(dst).name, 0) + 1
@@ -86,7 +86,7 @@ def straight(tmp_path_factory, one_thread):
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(hf_io.os, "replace", count_replace)
-        m.setattr(loop_module.MetricsLog, "write", count_line)
+        m.setattr(MetricsLog, "write", count_line)
         assert train(run_dir) == 0
     assert set(FILES) <= set(writes), writes
     return run_dir, writes
@@ -98,7 +98,7 @@ def crash_in_last_write(monkeypatch, run_dir: Path, name: str, nth: int) -> byte
     file is left empty (`leave_partial` then fills it to a chosen length)."""
     seen = {"n": 0}
     caught: dict[str, object] = {}
-    real_replace, real_write = os.replace, loop_module.MetricsLog.write
+    real_replace, real_write = os.replace, MetricsLog.write
 
     def replace(src, dst):
         if Path(dst).name == name:
@@ -117,7 +117,7 @@ def crash_in_last_write(monkeypatch, run_dir: Path, name: str, nth: int) -> byte
 
     with monkeypatch.context() as m:
         if name == "metrics.jsonl":
-            m.setattr(loop_module.MetricsLog, "write", write)
+            m.setattr(MetricsLog, "write", write)
         else:
             m.setattr(hf_io.os, "replace", replace)
         with pytest.raises(Crash):

@@ -1,8 +1,11 @@
 """The training loop: one plain function that serves both model families.
 
-Read it top to bottom like nanoGPT's train.py: build the optimizer, maybe resume, then for each step
-gather micro-batches, forward under optional bf16 autocast, backward with the loss normalized by the
-real tokens of the whole step, clip, set the learning rate, step, log, evaluate, checkpoint.
+Read `train` top to bottom like nanoGPT's train.py. `setup` places the model, builds the optimizer
+and maybe resumes; then each step is four named functions: `train_step` (gather micro-batches,
+forward under optional bf16 autocast, backward with the loss normalized by the real tokens of the
+whole step, clip, set the learning rate, update), `log_step` (the record: one `Loggers` fan-out to
+metrics.jsonl, TensorBoard and the progress bar, loggers.py), `evaluate_and_keep_best` and
+`write_checkpoint`. What they carry from step to step is one `LoopState`, which the checkpoint saves.
 
 What is learned is the objective's: `loss_fn(model, batch) -> (loss, metrics)`, where `loss` is
 summed over the batch's `n_tokens` units (target tokens for language modeling and SFT, pairs for
@@ -15,7 +18,6 @@ is that of the step's mean loss whatever the batch, accumulation and world sizes
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import time
@@ -23,23 +25,24 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from handformer.config import dataclass_from_dict
-from handformer.io import atomic_write_text, read_log_records
 from handformer.modes import eval_mode
 from handformer.training import distributed
 from handformer.training.checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights
 from handformer.training.cpu_memory import keep_freed_memory
+from handformer.training.loggers import METRICS_FILE, Loggers
 from handformer.training.muon import MuonAdamW, muon_params
 from handformer.training.schedules import SCHEDULES, learning_rate
-from handformer.training.tensorboard import TensorBoardLog, check_loggers
+from handformer.training.tensorboard import check_loggers
 from handformer.training.zero_init import zero_output_projections
 
 OPTIMIZERS = ("adamw", "muon")
+CHECKPOINT_FILE = "checkpoint.safetensors"  # in the run directory: the resumable state
 
 
 @dataclass
@@ -88,50 +91,66 @@ class TrainConfig:
     log: list[str] = field(default_factory=lambda: ["jsonl"])
 
     def __post_init__(self) -> None:
-        def fail(name: str, fix: str) -> None:
-            raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r} is invalid: {fix}")
+        self._check_counts()
+        self._check_schedule()
+        self._check_optimizer()
+        self._check_placement()
 
+    def _fail(self, name: str, fix: str) -> None:
+        raise ValueError(f"TrainConfig.{name}={getattr(self, name)!r} is invalid: {fix}")
+
+    def _check_counts(self) -> None:
+        """Steps, batches and intervals."""
         for name in ("steps", "accumulation", "eval_every", "log_every"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                fail(name, "it must be a positive integer")
+                self._fail(name, "it must be a positive integer")
         for name in ("warmup", "eval_batches", "checkpoint_every", "threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                fail(name, "it must be an integer >= 0")
+                self._fail(name, "it must be an integer >= 0")
+
+    def _check_schedule(self) -> None:
+        """The learning rate and its schedule, the loss's smoothing, the clipping."""
         if not self.lr > 0:
-            fail("lr", "it must be > 0")
+            self._fail("lr", "it must be > 0")
         if self.schedule not in SCHEDULES:
-            fail("schedule", f"choose one of {', '.join(SCHEDULES)}")
+            self._fail("schedule", f"choose one of {', '.join(SCHEDULES)}")
         if not 0 < self.cooldown <= 1:
-            fail("cooldown", "it must be in (0, 1]: the fraction of the steps spent decaying")
+            self._fail("cooldown", "it must be in (0, 1]: the fraction of the steps spent decaying")
         if not 0 <= self.label_smoothing < 1:
-            fail("label_smoothing", "it must be in [0, 1)")
+            self._fail("label_smoothing", "it must be in [0, 1)")
         if self.clip_grad < 0:
-            fail("clip_grad", "it must be >= 0 (0 disables clipping)")
+            self._fail("clip_grad", "it must be >= 0 (0 disables clipping)")
+        if not 0 <= self.min_lr <= self.lr:
+            self._fail("min_lr", f"it must be in [0, lr={self.lr}]")
+
+    def _check_optimizer(self) -> None:
+        """The optimizer's settings, and that it fits the parallel mode."""
+        if self.parallel not in ("ddp", "fsdp"):
+            self._fail("parallel", "choose ddp or fsdp")
         for name in ("beta1", "beta2"):
             if not 0 <= getattr(self, name) < 1:
-                fail(name, "it must be in [0, 1)")
-        if self.parallel not in ("ddp", "fsdp"):
-            fail("parallel", "choose ddp or fsdp")
-        if not 0 <= self.min_lr <= self.lr:
-            fail("min_lr", f"it must be in [0, lr={self.lr}]")
+                self._fail(name, "it must be in [0, 1)")
         if self.weight_decay < 0:
-            fail("weight_decay", "it must be >= 0")
+            self._fail("weight_decay", "it must be >= 0")
         if self.optimizer not in OPTIMIZERS:
-            fail("optimizer", f"choose {' or '.join(OPTIMIZERS)}")
+            self._fail("optimizer", f"choose {' or '.join(OPTIMIZERS)}")
         if not self.muon_lr > 0:
-            fail("muon_lr", "it must be > 0")
+            self._fail("muon_lr", "it must be > 0")
         if not 0 <= self.muon_momentum < 1:
-            fail("muon_momentum", "it must be in [0, 1)")
+            self._fail("muon_momentum", "it must be in [0, 1)")
         if self.muon_weight_decay < 0:
-            fail("muon_weight_decay", "it must be >= 0")
+            self._fail("muon_weight_decay", "it must be >= 0")
         if self.optimizer == "muon" and self.parallel == "fsdp":
-            fail("optimizer", "Muon orthogonalizes whole matrices and FSDP shards them; use "
-                 "parallel=ddp with Muon, or optimizer=adamw")
+            self._fail("optimizer", "Muon orthogonalizes whole matrices and FSDP shards them; use "
+                       "parallel=ddp with Muon, or optimizer=adamw")
+
+    def _check_placement(self) -> None:
+        """The seed, the device and the loggers."""
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            fail("seed", "it must be an integer")
+            self._fail("seed", "it must be an integer")
         if not isinstance(self.device, str) or not (self.device in ("auto", "cpu", "cuda", "mps")
                                                     or self.device.startswith("cuda:")):
-            fail("device", "choose auto, cpu, cuda or cuda:N")
+            self._fail("device", "choose auto, cpu, cuda or cuda:N")
         check_loggers(self.log, installed=False)
 
     @classmethod
@@ -260,25 +279,6 @@ def evaluate(model: nn.Module, batches: list, loss_fn: LossFn, device: torch.dev
     return evaluate_with_metrics(model, batches, loss_fn, device, bf16, ctx)[0]
 
 
-class MetricsLog:
-    """metrics.jsonl: one JSON object a line, appended (not rewritten) as training goes. A crash can
-    cut the last line anywhere; on resume that torn line is dropped, and so are lines past the
-    resumed step, so the file reads as one uninterrupted run (rewritten atomically)."""
-
-    def __init__(self, path: Path, resume_step: int | None) -> None:
-        self.path = path
-        if resume_step is not None and path.exists():
-            kept = [line for line, record in read_log_records(path) if record.get("step", 0) <= resume_step]
-            atomic_write_text(path, "".join(line + "\n" for line in kept))
-        elif resume_step is None and path.exists():
-            path.unlink()
-
-    def write(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-
-
 @dataclass
 class TrainResult:
     step: int
@@ -342,6 +342,98 @@ def forward_backward(forward_model: nn.Module, micro: list, loss_fn: LossFn, dev
     return step_loss, step_tokens, all_sum_metrics(ctx, step_metrics, device)
 
 
+# --- the loop's state and its steps -------------------------------------------------------------
+
+@dataclass
+class Window:
+    """The training loss and metrics summed since the last logged step: the next record's means."""
+
+    loss: float = 0.0
+    tokens: int = 0  # the units the sums are over
+    metrics: dict[str, float] = field(default_factory=dict)
+    start: float = 0.0  # time.perf_counter() when the window opened
+
+    def add(self, loss: float, tokens: int, metrics: dict[str, float]) -> None:
+        self.loss, self.tokens = self.loss + loss, self.tokens + tokens
+        add_metrics(self.metrics, metrics)
+
+    def tokens_per_s(self, now: float) -> float:
+        return self.tokens / max(now - self.start, 1e-9)
+
+    def means(self) -> dict[str, float]:
+        """`train_loss` and each metric, per unit."""
+        units = max(self.tokens, 1)
+        return {"train_loss": self.loss / units, **{k: v / units for k, v in self.metrics.items()}}
+
+
+@dataclass
+class LoopState:
+    """Where training stands. A checkpoint saves it (the window too, so a resumed run logs the same
+    means as one that never stopped)."""
+
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    position: int = 0  # this rank's next batch in the epoch's list
+    best_val_loss: float | None = None
+    last_val_loss: float | None = None
+    resumable_step: int | None = None  # the step checkpoint.safetensors holds
+    window: Window = field(default_factory=Window)
+    elapsed_before: float = 0.0  # seconds trained by the runs this one resumes
+    start: float = 0.0  # time.perf_counter() when this run's first step began
+
+    @classmethod
+    def resumed(cls, saved: dict[str, Any], ctx: distributed.DistContext) -> LoopState:
+        """The state `saved` by `saved_state` (a checkpoint's), for this run's world size."""
+        window = Window(saved.get("window_loss", 0.0), saved.get("window_tokens", 0),
+                        dict(saved.get("window_metrics", {})))
+        # Checkpoints count batches of the global list, so a run resumes under another world size.
+        return cls(step=saved["step"], epoch=saved["epoch"],
+                   position=distributed.local_position(ctx, saved["position"]),
+                   best_val_loss=saved["best_val_loss"], resumable_step=saved["step"], window=window,
+                   elapsed_before=saved["elapsed_s"])
+
+    def saved_state(self, ctx: distributed.DistContext, cfg: TrainConfig) -> dict[str, Any]:
+        """What a checkpoint records (JSON), `resumed`'s input."""
+        return {"step": self.step, "epoch": self.epoch,
+                "position": distributed.global_position(ctx, self.position),
+                "best_val_loss": self.best_val_loss, "elapsed_s": self.elapsed(),
+                "window_loss": self.window.loss, "window_tokens": self.window.tokens,
+                "window_metrics": self.window.metrics, "train_config": asdict(cfg)}
+
+    def start_clock(self) -> None:
+        self.start = self.window.start = time.perf_counter()
+
+    def elapsed(self, now: float | None = None) -> float:
+        """Seconds of training, the resumed runs' included."""
+        return self.elapsed_before + (time.perf_counter() if now is None else now) - self.start
+
+
+@dataclass
+class Run:
+    """What `setup` prepares: where the loop runs, what it trains, with what, and where it writes."""
+
+    cfg: TrainConfig
+    ctx: distributed.DistContext
+    device: torch.device
+    model: nn.Module  # the model whose weights are saved
+    forward_model: nn.Module  # the model as trained: wrapped for DDP or FSDP, maybe compiled
+    optimizer: torch.optim.Optimizer
+    loss_fn: LossFn
+    run_dir: Path
+    weights_path: Path  # the best weights by validation loss (the last without validation)
+    loggers: Loggers
+
+
+class StepDone(NamedTuple):
+    """One optimizer step's outcome."""
+
+    loss: float  # summed over the step's units, every rank's
+    tokens: int  # the units
+    metrics: dict[str, float]  # sums over the same units
+    lr: float
+    grad_norm: Tensor | float | None  # before clipping; None when neither clipped nor logged
+
+
 def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batches: list | None,
           loss_fn: LossFn, run_dir: str | os.PathLike, resume: bool = False,
           on_eval: Callable[[int, float], None] | None = None,
@@ -353,154 +445,150 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
     With `cfg.log` holding "tensorboard", the records also go to RUN/tensorboard/, with
     `eval_images(model)` at each evaluation. Under torchrun every rank calls this; rank 0 alone logs
     and writes files (distributed.py)."""
+    run, state = setup(model, cfg, Path(run_dir), resume, loss_fn, weights_file)
+    stream = _batches(distributed.shard_source(train_data, run.ctx), state.epoch, state.position)
+    state.start_clock()
+    model.train()
+    while state.step < cfg.steps:
+        micro = next_micro_batches(stream, state, cfg.accumulation)
+        logging = state.step + 1 == cfg.steps or (state.step + 1) % cfg.log_every == 0
+        done = train_step(run, state, micro, logging)
+        record = log_step(run, state, done, logging)
+        evaluating = val_batches is not None and (state.step % cfg.eval_every == 0 or state.step == cfg.steps)
+        if evaluating:
+            evaluate_and_keep_best(run, state, val_batches, record, on_eval, eval_images)
+        if logging or evaluating:
+            with explain_write_errors(run.run_dir / METRICS_FILE, run.run_dir, state.resumable_step):
+                run.loggers.write(record)
+        if state.step % (cfg.checkpoint_every or cfg.eval_every) == 0 or state.step == cfg.steps:
+            write_checkpoint(run, state)
+    run.loggers.close()
+    if val_batches is None:
+        _save_weights(model, run.weights_path, run.ctx)
+    distributed.teardown(run.ctx)
+    return TrainResult(state.step, state.best_val_loss, state.last_val_loss, state.elapsed())
+
+
+def setup(model: nn.Module, cfg: TrainConfig, run_dir: Path, resume: bool, loss_fn: LossFn,
+          weights_file: str) -> tuple[Run, LoopState]:
+    """Everything before the first step: the process group under torchrun, the device and the model
+    on it, the optimizer, the state a resumed run starts from, and the loggers."""
     check_loggers(cfg.log)
-    run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ctx, device_name = distributed.setup(cfg.device, cfg.parallel)
     device = pick_device(device_name)
-    if cfg.bf16 and device.type == "cpu" and not cpu_has_fast_bf16():
-        warnings.warn("bf16 autocast on a CPU without AMX or AVX512-BF16 is very slow (bf16 matmuls "
-                      "fall back to generic code); set train.bf16=false on this machine", stacklevel=2)
-    if cfg.keep_cpu_memory and device.type == "cpu":
-        keep_freed_memory()
-    model.to(device)
-    if cfg.activation_checkpointing:
-        distributed.enable_activation_checkpointing(model)
+    _place_model(model, cfg, device)
     optimizer = make_optimizer(model, cfg, device)
-    ckpt_path = run_dir / "checkpoint.safetensors"
-
-    state = {"step": 0, "epoch": 0, "position": 0, "best_val_loss": None, "elapsed_s": 0.0}
+    state = LoopState()
     if resume:
-        state = load_checkpoint(ckpt_path, model, optimizer)
+        state = LoopState.resumed(load_checkpoint(run_dir / CHECKPOINT_FILE, model, optimizer), ctx)
     forward_model = distributed.wrap(model, ctx, device)
     if ctx.enabled and ctx.parallel == "fsdp":  # the weights are sharded now: a new optimizer
         loaded, optimizer = optimizer.state_dict(), make_optimizer(model, cfg, device)
         if resume:
             distributed.load_full_optimizer_state(model, optimizer, loaded, ctx)
-    metrics = None  # rank 0 alone writes metrics.jsonl (and the TensorBoard events)
-    board = None
-    if ctx.is_main:
-        metrics = MetricsLog(run_dir / "metrics.jsonl", state["step"] if resume else None)
-        if "tensorboard" in cfg.log:
-            board = TensorBoardLog(run_dir, state["step"] if resume else None)
+    loggers = Loggers.open(run_dir, cfg.log, cfg.progress, cfg.steps, state.resumable_step, ctx.is_main)
     forward_model = torch.compile(forward_model) if cfg.compile else forward_model
-    train_data = distributed.shard_source(train_data, ctx)
+    return Run(cfg, ctx, device, model, forward_model, optimizer, loss_fn, run_dir,
+               run_dir / weights_file, loggers), state
 
-    step = state["step"]
-    resumable_step = step if resume else None  # the step checkpoint.safetensors holds
-    # Checkpoints count batches of the global list, so a run resumes under another world size.
-    epoch, position = state["epoch"], distributed.local_position(ctx, state["position"])
-    stream = _batches(train_data, epoch, position)
-    best, last_val = state["best_val_loss"], None
-    elapsed_before = state["elapsed_s"]
-    start = time.perf_counter()
-    # The loss window since the last logged step, restored so a resumed run logs the same means.
-    window_loss, window_tokens = state.get("window_loss", 0.0), state.get("window_tokens", 0)
-    window_metrics = dict(state.get("window_metrics", {}))
-    window_start = start
 
-    bar = None
-    if cfg.progress and ctx.is_main:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=cfg.steps, initial=step, dynamic_ncols=True, unit="step")
+def _place_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> None:
+    """Move the model to `device`, with the CPU memory policy and activation checkpointing asked for."""
+    if cfg.bf16 and device.type == "cpu" and not cpu_has_fast_bf16():
+        warnings.warn("bf16 autocast on a CPU without AMX or AVX512-BF16 is very slow (bf16 matmuls "
+                      "fall back to generic code); set train.bf16=false on this machine",
+                      stacklevel=4)  # the caller of train
+    if cfg.keep_cpu_memory and device.type == "cpu":
+        keep_freed_memory()
+    model.to(device)
+    if cfg.activation_checkpointing:
+        distributed.enable_activation_checkpointing(model)
 
-    model.train()
-    while step < cfg.steps:
-        # 1. Gather this step's micro-batches; normalize by all their real tokens.
-        micro = []
-        for _ in range(cfg.accumulation):
-            epoch, position, batch = next(stream)
-            micro.append(batch)
-        position += 1  # the next batch to read after this step
 
-        # 2. Forward and backward.
-        step_loss, step_tokens, step_metrics = forward_backward(forward_model, micro, loss_fn, device,
-                                                                cfg, ctx)
+def next_micro_batches(stream: Iterator[tuple[int, int, Any]], state: LoopState, n: int) -> list:
+    """The next step's `n` micro-batches; `state` then points at the batch after them."""
+    micro = []
+    for _ in range(n):
+        state.epoch, state.position, batch = next(stream)
+        micro.append(batch)
+    state.position += 1
+    return micro
 
-        # 3. Clip, set the learning rate, update.
-        logging = step + 1 == cfg.steps or (step + 1) % cfg.log_every == 0
-        grad_norm: Tensor | float | None = None
-        if cfg.clip_grad > 0:
-            grad_norm = clip_gradients(model, cfg.clip_grad, device)
-        elif logging and not distributed.is_sharded(model):
-            grad_norm = gradient_norm(model)
-        lr = learning_rate(step, cfg.schedule, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr, cfg.cooldown)
-        for group in optimizer.param_groups:
-            group["lr"] = lr * group.get("lr_ratio", 1.0)  # Muon's matrices: their own peak
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        if not math.isfinite(step_loss):
-            raise FloatingPointError(f"loss became {step_loss} at step {step}; lower the learning "
-                                     "rate or enable clipping (the last checkpoint is intact)")
 
-        # 4. Log.
-        window_loss += step_loss
-        window_tokens += step_tokens
-        add_metrics(window_metrics, step_metrics)
-        now = time.perf_counter()
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{step_loss / max(step_tokens, 1):.3f}", lr=f"{lr:.2e}",
-                            tok_s=f"{window_tokens / max(now - window_start, 1e-9):,.0f}")
-        record: dict[str, Any] | None = None
-        if logging:
-            record = {"step": step, "elapsed_s": round(elapsed_before + now - start, 3), "lr": lr,
-                      "train_loss": window_loss / max(window_tokens, 1),
-                      **{k: v / max(window_tokens, 1) for k, v in window_metrics.items()},
-                      "tokens_per_s": window_tokens / max(now - window_start, 1e-9), "epoch": epoch}
-            if grad_norm is not None:  # this step's, before clipping
-                record["grad_norm"] = float(grad_norm)
-            window_loss, window_tokens, window_metrics, window_start = 0.0, 0, {}, now
+def train_step(run: Run, state: LoopState, micro: list, logging: bool) -> StepDone:
+    """One optimizer step: forward and backward over the micro-batches, clip, set the learning rate,
+    update. The gradient norm is measured when clipping, or for the log at a logging step."""
+    cfg, model = run.cfg, run.model
+    loss, tokens, metrics = forward_backward(run.forward_model, micro, run.loss_fn, run.device, cfg,
+                                             run.ctx)
+    grad_norm: Tensor | float | None = None
+    if cfg.clip_grad > 0:
+        grad_norm = clip_gradients(model, cfg.clip_grad, run.device)
+    elif logging and not distributed.is_sharded(model):
+        grad_norm = gradient_norm(model)
+    lr = learning_rate(state.step, cfg.schedule, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr, cfg.cooldown)
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_ratio", 1.0)  # Muon's matrices: their own peak
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"loss became {loss} at step {state.step}; lower the learning "
+                                 "rate or enable clipping (the last checkpoint is intact)")
+    return StepDone(loss, tokens, metrics, lr, grad_norm)
 
-        # 5. Evaluate, keep the best weights, write a resumable checkpoint.
-        evaluating = val_batches is not None and (step % cfg.eval_every == 0 or step == cfg.steps)
-        if evaluating:
-            eval_set = val_batches[: cfg.eval_batches] if cfg.eval_batches else val_batches
-            last_val, val_metrics = evaluate_with_metrics(model, eval_set, loss_fn, device, cfg.bf16, ctx)
-            record = record or {"step": step, "elapsed_s": round(elapsed_before + now - start, 3),
-                                "lr": lr}
-            record["val_loss"] = last_val
-            record.update({f"val_{k}": v for k, v in val_metrics.items()})
-            if best is None or last_val < best:
-                best = last_val
-                with explain_write_errors(run_dir / weights_file, run_dir, resumable_step):
-                    _save_weights(model, run_dir / weights_file, ctx)
-            if on_eval is not None:
-                on_eval(step, last_val)
-            if board is not None and eval_images is not None and not distributed.is_sharded(model):
-                for tag, image in eval_images(model).items():
-                    board.image(tag, image, step)
-            if bar is not None:
-                bar.write(f"step {step}: val_loss {last_val:.4f} (best {best:.4f})")
-        if record is not None and metrics is not None:
-            with explain_write_errors(metrics.path, run_dir, resumable_step):
-                metrics.write(record)
-            if board is not None:
-                board.write(record)
-        every = cfg.checkpoint_every or cfg.eval_every
-        if step % every == 0 or step == cfg.steps:
-            elapsed = elapsed_before + time.perf_counter() - start
-            full_state = distributed.full_model_state(model, ctx)  # collectives: every rank
-            full_optim = distributed.full_optimizer_state(model, optimizer, ctx)
-            if ctx.is_main:
-                with explain_write_errors(ckpt_path, run_dir, resumable_step):
-                    save_checkpoint(ckpt_path, model, optimizer,
-                                    {"step": step, "epoch": epoch,
-                                     "position": distributed.global_position(ctx, position),
-                                     "best_val_loss": best, "elapsed_s": elapsed,
-                                     "window_loss": window_loss, "window_tokens": window_tokens,
-                                     "window_metrics": window_metrics,
-                                     "train_config": asdict(cfg)}, full_state, full_optim)
-            resumable_step = step
-    if bar is not None:
-        bar.close()
-    if board is not None:
-        board.close()
-    if val_batches is None:
-        _save_weights(model, run_dir / weights_file, ctx)
-    distributed.teardown(ctx)
-    return TrainResult(step, best, last_val, elapsed_before + time.perf_counter() - start)
+
+def log_step(run: Run, state: LoopState, done: StepDone, logging: bool) -> dict[str, Any]:
+    """Add the step to the window and move the progress bar. Returns the step's record: the step,
+    seconds and learning rate and, at a logging step, the window's means (a new window opens)."""
+    window = state.window
+    window.add(done.loss, done.tokens, done.metrics)
+    now = time.perf_counter()
+    run.loggers.tick(done.loss / max(done.tokens, 1), done.lr, window.tokens_per_s(now))
+    record: dict[str, Any] = {"step": state.step, "elapsed_s": round(state.elapsed(now), 3), "lr": done.lr}
+    if logging:
+        record.update(window.means())
+        record.update(tokens_per_s=window.tokens_per_s(now), epoch=state.epoch)
+        if done.grad_norm is not None:  # this step's, before clipping
+            record["grad_norm"] = float(done.grad_norm)
+        state.window = Window(start=now)
+    return record
+
+
+def evaluate_and_keep_best(run: Run, state: LoopState, val_batches: list, record: dict[str, Any],
+                           on_eval: Callable[[int, float], None] | None,
+                           eval_images: EvalImages | None) -> None:
+    """Score the validation batches into `record`; save the weights when they are the best so far;
+    then the task's hooks (`on_eval`, pictures for TensorBoard) and a line above the progress bar."""
+    cfg, model = run.cfg, run.model
+    eval_set = val_batches[: cfg.eval_batches] if cfg.eval_batches else val_batches
+    val_loss, val_metrics = evaluate_with_metrics(model, eval_set, run.loss_fn, run.device, cfg.bf16, run.ctx)
+    state.last_val_loss = record["val_loss"] = val_loss
+    record.update({f"val_{k}": v for k, v in val_metrics.items()})
+    if state.best_val_loss is None or val_loss < state.best_val_loss:
+        state.best_val_loss = val_loss
+        with explain_write_errors(run.weights_path, run.run_dir, state.resumable_step):
+            _save_weights(model, run.weights_path, run.ctx)
+    if on_eval is not None:
+        on_eval(state.step, val_loss)
+    if eval_images is not None and run.loggers.wants_images and not distributed.is_sharded(model):
+        for tag, image in eval_images(model).items():
+            run.loggers.image(tag, image, state.step)
+    run.loggers.say(f"step {state.step}: val_loss {val_loss:.4f} (best {state.best_val_loss:.4f})")
+
+
+def write_checkpoint(run: Run, state: LoopState) -> None:
+    """checkpoint.safetensors: the weights, the optimizer state, the RNG and `state`, so the run can
+    resume here. Rank 0 writes it (FSDP first gathers the shards from every rank)."""
+    saved = state.saved_state(run.ctx, run.cfg)
+    full_state = distributed.full_model_state(run.model, run.ctx)  # collectives: every rank
+    full_optim = distributed.full_optimizer_state(run.model, run.optimizer, run.ctx)
+    if run.ctx.is_main:
+        path = run.run_dir / CHECKPOINT_FILE
+        with explain_write_errors(path, run.run_dir, state.resumable_step):
+            save_checkpoint(path, run.model, run.optimizer, saved, full_state, full_optim)
+    state.resumable_step = state.step
 
 
 def train_new_model(build: Callable[[], nn.Module], cfg: TrainConfig, train_data: BatchSource,
