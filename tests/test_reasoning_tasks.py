@@ -1,0 +1,164 @@
+"""The reasoning tasks of `speedrun chat` (tasks/speedrun_chat/reasoning.py) and their evaluation
+harness (scoring.py): the worked solutions are right step by step, the three splits never share a
+problem, a reply is read and checked as the docs say (Countdown by evaluating the expression), the
+reward scores form and answer, and the harness counts greedy accuracy, pass@k, the replies' form and
+95 % intervals from replies, and decodes reproducibly through the engine."""
+
+import random
+import re
+
+import pytest
+from post_helpers import make_chat_base
+
+from handformer.tasks.speedrun_chat import scoring
+from handformer.tasks.speedrun_chat.reasoning import (
+    DRAW,
+    REASONING_KINDS,
+    ReasoningSet,
+    Task,
+    is_right,
+    parse_reply,
+    reasoning_reward,
+    split_of,
+)
+from handformer.tasks.speedrun_chat.scoring import Reply, score, wilson_interval
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def drawn(n: int, seed: int = 1) -> list[Task]:
+    rng = random.Random(seed)
+    return [DRAW[REASONING_KINDS[i % 3]](rng) for i in range(n)]
+
+
+def test_every_worked_solution_is_right_line_by_line():
+    for task in drawn(3000):
+        for think in (True, False):
+            reading = parse_reply(task.reply(think), task.kind)
+            assert reading.well_formed and reading.thought == think and is_right(task.kind, task.key, reading.answer)
+        lines = task.thinking.split("\n")
+        for line in lines[:-1]:  # each written operation is true
+            for left, right in re.findall(r"(\d+(?: ?[-+*] ?\d+)+) ?= ?(\d+)", line):
+                assert eval(left) == int(right), (task, line)
+        if task.kind == "addition":
+            a, b = map(int, task.key.split("+"))
+            digits = "".join(re.findall(r"write (\d)", task.thinking))[::-1]  # the written digits
+            digits = ("1" if "carry 1 is the first digit" in task.thinking else "") + digits
+            assert int(digits) == a + b, task
+        if task.kind == "days":
+            assert lines[-1] == f"so {task.answer}"
+            assert lines[0].startswith(f"{int(task.key[8:10])} + ")
+
+
+def test_the_three_splits_share_no_problem_and_are_deterministic():
+    tasks = ReasoningSet(0)
+    train = tasks.sample(900, "train", "sft")
+    search = tasks.sample(300, "search", "eval")
+    report = tasks.sample(300, "report", "eval")
+    keys = [{(t.kind, t.key) for t in split} for split in (train, search, report)]
+    assert not (keys[0] & keys[1] or keys[0] & keys[2] or keys[1] & keys[2])
+    assert len(keys[1]) == len(keys[2]) == 300  # distinct within a split
+    assert all(split_of(t.kind, t.key, 0) == "report" for t in report)
+    assert tasks.sample(9, "report", "eval") == ReasoningSet(0).sample(9, "report", "eval")
+    assert ReasoningSet(1).sample(9, "report", "eval") != report[:9]  # the seed moves the split
+    shares = [split_of("addition", f"{i}+7", 0) for i in range(5000)]
+    assert 0.08 < shares.count("search") / 5000 < 0.12 and 0.08 < shares.count("report") / 5000 < 0.12
+    with pytest.raises(ValueError, match="choose train, search, report"):
+        tasks.sample(1, "held_out", "eval")
+
+
+def test_a_countdown_answer_is_checked_by_evaluating_it():
+    key = "3,6,7,8=24"  # 3, 6, 7, 8 make 24
+    assert is_right("countdown", key, "(8 - 7 + 3) * 6")
+    assert is_right("countdown", key, "6*(3+8-7)")  # another expression, the same numbers
+    assert not is_right("countdown", key, "(8 - 7 + 3) * 6 + 0")  # a number not given
+    assert not is_right("countdown", key, "3 * 8")  # numbers left out
+    assert not is_right("countdown", key, "(8 - 7 + 3) * 7")  # wrong numbers
+    assert parse_reply("__import__('os')", "countdown").answer is None
+    assert parse_reply("8 / 2 * 6", "countdown").answer is None
+    assert not is_right("addition", "12+30", "43") and is_right("addition", "12+30", "42")
+    assert is_right("days", "2024-02-27+3", "2024-03-01")  # a leap year
+    assert not is_right("days", "2023-02-27+3", "2023-03-01") and is_right("days", "2023-02-27+3", "2023-03-02")
+
+
+def test_a_reply_is_read_after_its_thinking_and_in_the_kinds_form():
+    assert parse_reply("<think>\n2+2=4\n</think>\n4.", "addition").answer == "4"
+    assert parse_reply("<think>\n2+2=4\n</think>\nfour", "addition").answer is None
+    unclosed = parse_reply("<think>\n2+2=4\n4", "addition")
+    assert not unclosed.well_formed and unclosed.answer is None
+    assert not parse_reply("4</think>", "addition").well_formed
+    assert parse_reply(" 2024-03-01 ", "days").answer == "2024-03-01"
+    assert parse_reply("2024-02-30", "days").answer is None
+
+
+def test_the_reward_pays_for_the_answer_and_the_form_within_the_length():
+    task = Task("addition", "What is 12 + 30?", "42", "2+0=2, write 2\n1+3=4, write 4\nso 12 + 30 = 42", "12+30")
+    replies = [task.reply(True), task.reply(False), "<think>\n...\n</think>\n41", "<think>\n2+0=2", "forty-two"]
+    n = len(replies)
+    assert reasoning_reward([None] * n, replies, kind=["addition"] * n, key=["12+30"] * n) == [1.0, 1.0, 0.1, 0.0, 0.0]
+    long = reasoning_reward([None] * 2, replies[:2], kind=["addition"] * 2, key=["12+30"] * 2, max_chars=[10, 10])
+    assert long == [0.0, 1.0]  # the worked reply is past 10 characters
+
+
+def test_the_wilson_interval_matches_its_formula_at_known_points():
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson_interval(1000, 1000)[1] == 1.0 and wilson_interval(1000, 1000)[0] > 0.996
+    low, high = wilson_interval(600, 1000)
+    assert high - low == pytest.approx(2 * 1.96 * (0.6 * 0.4 / 1000) ** 0.5, rel=0.01)  # ~ the normal one
+
+
+def test_score_counts_greedy_pass_at_k_and_the_replies_form():
+    tasks = ReasoningSet(0).sample(4, "search", "eval", kinds=("addition", "days"))
+    right = [Reply(t.reply(True), True) for t in tasks]
+    wrong = Reply("<think>\n</think>\n0", True)
+    greedy = [right[0], Reply(tasks[1].answer, False), wrong, Reply("<think>\nno end", False)]
+    sampled = [[wrong, wrong], [wrong, right[1]], [wrong, wrong], [right[3], right[3]]]
+    result = score(tasks, greedy, sampled)
+    assert result["greedy"]["right"] == 2 and result["greedy"]["n"] == 4
+    assert result["pass@2"]["right"] == 2  # questions 1 and 3 have a right sample
+    assert result["sampled"]["right"] == 3 and result["sampled"]["n"] == 8
+    assert result["ended"]["right"] == 2 and result["parsed"]["right"] == 3
+    assert result["ended_and_parsed"]["right"] == 2
+    # tasks 0 and 2 are additions (greedy: 0 right), 1 and 3 dates (greedy: 1 right, samples: both)
+    assert result["per_kind"]["addition"]["greedy"]["right"] == 1
+    assert result["per_kind"]["days"]["greedy"]["right"] == 1
+    assert result["per_kind"]["days"]["pass@2"]["right"] == 2
+    low, high = result["greedy"]["interval_95"]
+    assert low < 0.5 < high
+    assert "greedy 50.0% [" in scoring.figure_line(result) and "pass@2 50.0%" in scoring.figure_line(result)
+    with pytest.raises(ValueError, match="one of each per task"):
+        score(tasks, greedy[:3], sampled)
+
+
+def test_replies_decode_through_the_engine_reproducibly(tmp_path):
+    run = make_chat_base(tmp_path / "run")
+    tasks = ReasoningSet(0).sample(3, "search", "eval")
+    greedy, sampled = scoring.replies(run, tasks, k=3, max_new_tokens=6, seed=5)
+    assert len(greedy) == 3 and [len(s) for s in sampled] == [3, 3, 3]
+    assert not any(r.ended for r in greedy)  # random weights: each reply runs to the limit
+    assert (greedy, sampled) == scoring.replies(run, tasks, k=3, max_new_tokens=6, seed=5)
+    assert sampled != scoring.replies(run, tasks, k=3, max_new_tokens=6, seed=6)[1]
+    assert len({r.text for s in sampled for r in s}) > 3  # temperature 1 samples differ
+
+
+def test_a_reply_ended_by_the_end_of_turn_token_counts_as_ended(tmp_path, monkeypatch):
+    """The engine replaced by a script: a right reply that ends with <|im_end|>, one cut by the
+    limit and one that stops at the plain end-of-text token."""
+    from handformer.data.tokenizer import Tokenizer
+
+    run = make_chat_base(tmp_path / "run")
+    tok = Tokenizer.load(run / "tokenizer.json")
+    end = tok.hf.token_to_id("<|im_end|>")
+    tasks = ReasoningSet(0).sample(3, "search", "eval", kinds=("addition",))
+    scripts = [(tasks[0].answer, [end], "stop"), (tasks[1].answer, [], "length"), (tasks[2].answer, [tok.eos_id], "stop")]
+
+    def run_rows(model, rows, pad_id, chunk=64):
+        for i, row in enumerate(rows):
+            text, stop, reason = scripts[i % 3] if i < 3 else ("", [end], "stop")
+            row.tokens, row.finish_reason = tok.encode(text) + stop, reason
+
+    monkeypatch.setattr(scoring, "_run_rows", run_rows)
+    greedy, _ = scoring.replies(run, tasks, k=1, max_new_tokens=8)
+    assert [r.ended for r in greedy] == [True, False, False]
+    assert [r.text.strip() for r in greedy] == [t.answer for t in tasks]
