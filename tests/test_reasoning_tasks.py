@@ -26,6 +26,17 @@ from handformer.tasks.speedrun_chat.scoring import Reply, score, wilson_interval
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+def kind_and_key(question: str) -> tuple[str, str]:
+    """A question's kind and key, read back from its words (to check which split it is in)."""
+    numbers = [int(n) for n in re.findall(r"(?<![-\d])\d+(?![-\d])", question)]
+    if date := re.search(r"\d{4}-\d{2}-\d{2}", question):
+        return "days", f"{date.group()}+{numbers[0]}"
+    if question.startswith(("Make", "Using")):
+        target, given = (numbers[0], numbers[1:]) if question.startswith("Make") else (numbers[-1], numbers[:-1])
+        return "countdown", f"{','.join(map(str, sorted(given)))}={target}"
+    return "addition", f"{numbers[0]}+{numbers[1]}"
+
+
 def drawn(n: int, seed: int = 1) -> list[Task]:
     rng = random.Random(seed)
     return [DRAW[REASONING_KINDS[i % 3]](rng) for i in range(n)]
@@ -33,6 +44,7 @@ def drawn(n: int, seed: int = 1) -> list[Task]:
 
 def test_every_worked_solution_is_right_line_by_line():
     for task in drawn(3000):
+        assert kind_and_key(task.question) == (task.kind, task.key)  # the tests' reader is right
         for think in (True, False):
             reading = parse_reply(task.reply(think), task.kind)
             assert reading.well_formed and reading.thought == think and is_right(task.kind, task.key, reading.answer)
@@ -102,6 +114,7 @@ def test_the_reward_pays_for_the_answer_and_the_form_within_the_length():
 
 def test_the_wilson_interval_matches_its_formula_at_known_points():
     assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(0, 6)[0] == 0.0 and wilson_interval(6, 6)[1] == 1.0  # exact at the ends
     assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
     assert wilson_interval(1000, 1000)[1] == 1.0 and wilson_interval(1000, 1000)[0] > 0.996
     low, high = wilson_interval(600, 1000)
@@ -162,3 +175,52 @@ def test_a_reply_ended_by_the_end_of_turn_token_counts_as_ended(tmp_path, monkey
     greedy, _ = scoring.replies(run, tasks, k=1, max_new_tokens=8)
     assert [r.ended for r in greedy] == [True, False, False]
     assert [r.text.strip() for r in greedy] == [t.answer for t in tasks]
+
+
+def test_a_rejected_worked_reply_is_well_formed_and_wrong():
+    from handformer.tasks.speedrun_chat.reasoning_stages import wrong_reply
+
+    for task in drawn(600, seed=2):
+        reading = parse_reply(wrong_reply(task), task.kind)
+        assert reading.well_formed and reading.answer is not None
+        assert not is_right(task.kind, task.key, reading.answer), task
+
+
+def test_the_smoke_reasoning_run_trains_every_stage_and_scores_it(tmp_path, capsys):
+    """`speedrun chat --preset smoke-reasoning`: each stage learns from the train split only and is
+    scored on the search split, greedy and pass@k with intervals; the table shows them."""
+    import json
+
+    from handformer.cli import main
+    from handformer.tasks.speedrun_chat.pipeline import STAGES, config_for
+
+    out = tmp_path / "speedrun"
+    assert main(["speedrun", "chat", "--preset", "smoke-reasoning", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert list(report["stages"]) == list(STAGES)
+    for stage in STAGES:
+        figures = report["stages"][stage]["reasoning"]
+        assert figures["greedy"]["n"] == 6 and set(figures["per_kind"]) == set(REASONING_KINDS)
+        low, high = figures["greedy"]["interval_95"]
+        assert low <= figures["greedy"]["value"] <= high
+        assert ("pass@2" in figures) == (stage != "base") and figures["settings"]["k"] == (0 if stage == "base" else 2)
+    assert "pass@k" in (out / "accuracy.md").read_text() and "search split: greedy" in printed
+
+    data = {name: (out / "data" / name).read_text() for name in ("pretrain.txt", "sft.jsonl", "dpo.jsonl", "grpo.jsonl")}
+    documents = [d.split("\n")[0] for d in data["pretrain.txt"].split("\n\n") if "<think>" in d]
+    sft = [json.loads(line) for line in data["sft.jsonl"].splitlines()]
+    dpo = [json.loads(line) for line in data["dpo.jsonl"].splitlines()]
+    questions = documents + [c["messages"][-2]["content"] for c in sft] + [p["prompt"] for p in dpo]
+    assert len(documents) == 400 and all(split_of(*kind_and_key(q), 0) == "train" for q in questions)
+    asked = [e["question"] for stage in STAGES for e in report["stages"][stage]["examples"]]
+    assert asked and all(split_of(*kind_and_key(q), 0) == "search" for q in asked)
+    thinking = [c["messages"][-1]["content"].startswith("<think>") for c in sft]
+    assert any(thinking) and not all(thinking)
+    assert all(c["messages"][0]["role"] == "system" for c, t in zip(sft, thinking) if not t)
+    grpo = [json.loads(line) for line in data["grpo.jsonl"].splitlines()]
+    assert all(split_of(p["kind"], p["key"], 0) == "train" for p in grpo)
+    with pytest.raises(ValueError, match="tasks='sums' is invalid: choose facts or reasoning"):
+        config_for("smoke", {"tasks": "sums"})
+    with pytest.raises(ValueError, match="eval_split='train' is invalid: choose search or report"):
+        config_for("smoke", {"eval_split": "train"})

@@ -9,6 +9,11 @@
               model's own wrong one (or a near miss where it was right)
     4. grpo   completions sampled for further questions, rewarded 1 for the exact answer
 
+With `tasks = "reasoning"` the stages learn multi-step problems instead (reasoning.py: addition,
+Countdown, date arithmetic, each with a worked solution inside <think>...</think>), from the data
+of reasoning_stages.py, and each stage is scored greedily and by pass@k with 95 % intervals
+(scoring.py) on the `search` split, or on the `report` split once at the end (`eval_split`).
+
 After each stage the model answers the same held-out questions (problems.py: never seen in any
 stage) greedily; the base model is asked with the statement's beginning ('37 plus 48 is') as
 plain text, the others in the chat template. Each stage is a run directory under the output
@@ -39,7 +44,10 @@ from handformer.tasks.lm.run import load_lm
 from handformer.tasks.lm.train import run_train_lm
 from handformer.tasks.post.job import PostJob
 from handformer.tasks.post.train import run_post
+from handformer.tasks.speedrun_chat import reasoning_stages
 from handformer.tasks.speedrun_chat.problems import KINDS, Problem, ProblemSet, is_correct, wrong_answers
+from handformer.tasks.speedrun_chat.reasoning import REASONING_KINDS, SPLITS, ReasoningSet
+from handformer.tasks.speedrun_chat.scoring import figure_line
 
 ROLE_TOKENS = ("<|im_start|>", "<|im_end|>")
 # ChatML, the assistant's reply and its end token marked for the loss.
@@ -52,12 +60,17 @@ CHAT_TEMPLATE = (
 SYSTEM_PROMPTS = ("You are a careful assistant. Answer with the answer only.", "Answer briefly.")
 REWARD = "handformer.tasks.speedrun_chat.problems:exact_answer"
 STAGES = ("base", "sft", "dpo", "grpo")
+TASKS = ("facts", "reasoning")
+CHOICES = {"tasks": TASKS, "eval_split": SPLITS[1:]}  # the settings that are words
 DONE = "speedrun_stage.json"
 
 
 @dataclass
 class SpeedrunChatConfig:
     seed: int = 0  # fixes the problems, the held-out split, initialization and data order
+    # facts: the four tasks of problems.py | reasoning: multi-step problems with worked solutions
+    # (reasoning.py)
+    tasks: str = "facts"
     threads: int = 0  # torch's threads while training; 0 = one per core
     # the base model and its pretraining
     vocab_size: int = 2048  # BPE vocabulary (the role tokens come on top)
@@ -90,10 +103,19 @@ class SpeedrunChatConfig:
     grpo_max_new_tokens: int = 24
     # evaluation
     eval_per_kind: int = 80  # held-out questions of each task (seed 0 holds out 92 words to spell)
+    # reasoning: samples a question at temperature 1 (pass@k), and which held-out split is asked:
+    # search (while choosing the recipe) or report (once, for the figures that are reported)
+    eval_samples: int = 8
+    eval_split: str = "search"
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in CHOICES:
+                if value not in CHOICES[f.name]:
+                    raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: choose "
+                                     f"{' or '.join(CHOICES[f.name])}")
+                continue
             if f.type == "float":
                 if not value > 0:
                     raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be > 0")
@@ -120,6 +142,9 @@ PRESETS: dict[str, dict[str, Any]] = {
               "dpo_batch": 4, "grpo_prompts": 8, "grpo_steps": 3, "grpo_batch": 2, "grpo_group": 3,
               "grpo_max_new_tokens": 8, "eval_per_kind": 3},
 }
+# the smoke preset on the reasoning tasks: every stage and the pass@k evaluation in seconds
+PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_size": 160,
+                              "grpo_max_new_tokens": 12, "eval_per_kind": 2, "eval_samples": 2}
 
 
 def config_for(preset: str, overrides: dict[str, Any]) -> SpeedrunChatConfig:
@@ -135,13 +160,16 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
     return path
 
 
-def pretraining_text(cfg: SpeedrunChatConfig, problems: ProblemSet) -> str:
+def pretraining_text(cfg: SpeedrunChatConfig, problems: ProblemSet | ReasoningSet) -> str:
     """Documents (separated by blank lines) of eight statements each, with pydoc paragraphs
     between them."""
     from handformer.data.text import pydoc_corpus
 
-    facts = [p.statement for p in problems.sample(cfg.pretrain_facts, "train", "pretrain")]
-    docs = ["\n".join(facts[i:i + 8]) for i in range(0, len(facts), 8)]
+    if isinstance(problems, ReasoningSet):
+        docs = reasoning_stages.pretraining_documents(cfg.pretrain_facts, problems)
+    else:
+        facts = [p.statement for p in problems.sample(cfg.pretrain_facts, "train", "pretrain")]
+        docs = ["\n".join(facts[i:i + 8]) for i in range(0, len(facts), 8)]
     prose = [p.strip() for p in pydoc_corpus()[:cfg.pretrain_pydoc_chars].split("\n\n") if p.strip()]
     rng = random.Random(cfg.seed)
     mixed = docs + prose
@@ -244,7 +272,7 @@ def _fresh(run_dir: Path) -> None:
         shutil.rmtree(run_dir)
 
 
-def train_base(cfg: SpeedrunChatConfig, problems: ProblemSet, out: Path, log) -> Path:
+def train_base(cfg: SpeedrunChatConfig, problems: ProblemSet | ReasoningSet, out: Path, log) -> Path:
     from tokenizers import AddedToken
 
     from handformer.data.prepare import prepare
@@ -314,8 +342,8 @@ def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print, base: str 
     pretraining one (its vocabulary gains the role tokens, its embeddings a row each)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    problems = ProblemSet(cfg.seed)
-    held = problems.sample(cfg.eval_per_kind * len(KINDS), "held_out", "eval")
+    problems = ProblemSet(cfg.seed) if cfg.tasks == "facts" else ReasoningSet(cfg.seed)
+    held = held_out_questions(cfg, problems)
     report: dict[str, Any] = {"config": asdict(cfg), "base": None if base is None else str(base),
                               "stages": {}}
     previous = None
@@ -328,20 +356,37 @@ def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print, base: str 
             start = time.perf_counter()
             log(f"[{stage}] training")
             notes = run_stage(stage, cfg, problems, out, previous, log, base)
-            result = {**accuracy(stage, run_dir, held, cfg.grpo_max_new_tokens),
+            result = {**stage_accuracy(cfg, stage, run_dir, held),
                       "seconds": round(time.perf_counter() - start, 1), **notes}
             atomic_write_text(run_dir / DONE, json.dumps(result, indent=2) + "\n")
             kinds = ", ".join(f"{k} {v:.0%}" for k, v in result["per_kind"].items())
             log(f"[{stage}] held-out accuracy {result['accuracy']:.1%} ({kinds}) in "
                 f"{result['seconds']:.0f} s")
+            if "reasoning" in result:
+                log(f"[{stage}] {cfg.eval_split} split: {figure_line(result['reasoning'])}")
         report["stages"][stage] = result
         previous = run_dir
     atomic_write_text(out / "report.json", json.dumps(report, indent=2) + "\n")
     return report
 
 
-def run_stage(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet, out: Path, previous: Path | None,
-              log, base: str | Path | None = None) -> dict[str, Any]:
+def held_out_questions(cfg: SpeedrunChatConfig, problems: ProblemSet | ReasoningSet) -> list:
+    """The questions every stage is scored on: the facts' held-out tenth, or the reasoning tasks'
+    `eval_split`."""
+    if isinstance(problems, ReasoningSet):
+        return problems.sample(cfg.eval_per_kind * len(REASONING_KINDS), cfg.eval_split, "eval")
+    return problems.sample(cfg.eval_per_kind * len(KINDS), "held_out", "eval")
+
+
+def stage_accuracy(cfg: SpeedrunChatConfig, stage: str, run_dir: Path, held: list) -> dict[str, Any]:
+    if cfg.tasks == "reasoning":
+        return reasoning_stages.stage_result(stage, run_dir, held, cfg.eval_samples, cfg.grpo_max_new_tokens,
+                                             cfg.seed)
+    return accuracy(stage, run_dir, held, cfg.grpo_max_new_tokens)
+
+
+def run_stage(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet | ReasoningSet, out: Path,
+              previous: Path | None, log, base: str | Path | None = None) -> dict[str, Any]:
     """Train one stage from the previous stage's run; returns notes for the report."""
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
@@ -356,24 +401,35 @@ def run_stage(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet, out: Pa
     if stage == "base":
         train_base(cfg, problems, out, log)
         return {}
+    reasoning = isinstance(problems, ReasoningSet)
     if stage == "sft":
-        path = write_jsonl(data / "sft.jsonl", sft_records(cfg, problems))
+        records = reasoning_stages.sft_records(cfg.sft_conversations, problems) if reasoning else \
+            sft_records(cfg, problems)
+        path = write_jsonl(data / "sft.jsonl", records)
         post_stage("sft", cfg, previous, out, {"path": str(path), "batch_size": cfg.sft_batch,
                                                "val_fraction": 0.02}, {}, cfg.sft_steps, cfg.sft_lr, log)
         return {}
     if stage == "dpo":
-        records, wrong = dpo_records(cfg, problems, previous)
+        if reasoning:
+            records, wrong = reasoning_stages.dpo_records(cfg.dpo_pairs, problems, previous,
+                                                          cfg.grpo_max_new_tokens)
+        else:
+            records, wrong = dpo_records(cfg, problems, previous)
         path = write_jsonl(data / "dpo.jsonl", records)
         post_stage("dpo", cfg, previous, out, {"path": str(path), "batch_size": cfg.dpo_batch,
                                                "val_fraction": 0.05},
                    {"dpo": {"beta": cfg.dpo_beta}}, cfg.dpo_steps, cfg.dpo_lr, log)
         return {"rejected_from_the_model": round(wrong, 3)}
-    prompts = [{"prompt": p.question, "answer": p.answer}
-               for p in problems.sample(cfg.grpo_prompts, "train", "grpo")]
+    if reasoning:
+        prompts, reward = reasoning_stages.grpo_prompts(cfg.grpo_prompts, problems), reasoning_stages.REWARD
+    else:
+        prompts = [{"prompt": p.question, "answer": p.answer}
+                   for p in problems.sample(cfg.grpo_prompts, "train", "grpo")]
+        reward = REWARD
     path = write_jsonl(data / "grpo.jsonl", prompts)
     post_stage("grpo", cfg, previous, out, {"path": str(path), "batch_size": cfg.grpo_batch,
                                             "val_fraction": 0},
-               {"grpo": {"reward": REWARD, "group_size": cfg.grpo_group,
+               {"grpo": {"reward": reward, "group_size": cfg.grpo_group,
                          "max_new_tokens": cfg.grpo_max_new_tokens}}, cfg.grpo_steps, cfg.grpo_lr, log)
     return {}
 

@@ -42,7 +42,9 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # exactly 0 and 1 at the ends (the formula leaves rounding dust there)
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    return low, 1.0 if successes == n else min(1.0, centre + half)
 
 
 def _share(successes: int, n: int) -> dict[str, Any]:

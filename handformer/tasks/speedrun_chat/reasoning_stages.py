@@ -1,0 +1,130 @@
+"""Each stage's data and evaluation when `speedrun chat` runs the reasoning tasks (`tasks =
+"reasoning"`, reasoning.py): what pretraining, SFT, DPO and GRPO learn from, and how a stage's
+run is scored on held-out questions.
+
+    pretraining  worked solutions as text (question, <think> steps </think>, answer), with the
+                 facts the steps use (the days of each month, sums of two digits)
+    sft          one-turn conversations: half with the worked steps inside <think>...</think>,
+                 half answered directly after a system message that asks for the answer only
+    dpo          the worked reply over the SFT model's own wrong reply (or, where it was right,
+                 over a worked reply whose last step went wrong)
+    grpo         the questions with their kind and key: reasoning_reward checks the answer, the
+                 form and the length
+
+Every stage draws from the `train` split; the evaluation asks the `search` split (the recipe
+search looks at it) or, once at the end, the `report` split (`eval_split`).
+"""
+
+from __future__ import annotations
+
+import calendar
+import random
+from pathlib import Path
+from typing import Any
+
+from handformer.tasks.speedrun_chat.reasoning import REASONING_KINDS, ReasoningSet, Task, parse_reply
+from handformer.tasks.speedrun_chat.scoring import Reply, replies, score
+
+REWARD = "handformer.tasks.speedrun_chat.reasoning:reasoning_reward"
+NO_THINK = "Answer with the answer only, without thinking."
+THINK_SHARE = 0.5  # SFT conversations with the worked steps
+
+
+def facts_text(seed: int) -> list[str]:
+    """The facts the worked steps stand on, as documents: the days of every month of the years the
+    dates span, and every sum of two digits with a carry of 0 or 1."""
+    months = [f"{calendar.month_name[m]} {y} has {calendar.monthrange(y, m)[1]} days."
+              for y in range(2000, 2040) for m in range(1, 13)]
+    sums = [f"{a}+{b}={a + b}" + (f"\n{a}+{b}+1={a + b + 1}") for a in range(10) for b in range(10)]
+    rng = random.Random(seed)
+    rng.shuffle(months)
+    rng.shuffle(sums)
+    return ["\n".join(months[i:i + 12]) for i in range(0, len(months), 12)] + \
+        ["\n".join(sums[i:i + 10]) for i in range(0, len(sums), 10)]
+
+
+def document(task: Task) -> str:
+    """A worked solution as pretraining text; a base model is asked with its first line."""
+    return f"{task.question}\n{task.reply(think=True)}"
+
+
+def pretraining_documents(n: int, tasks: ReasoningSet) -> list[str]:
+    return [document(t) for t in tasks.sample(n, "train", "pretrain")] + facts_text(tasks.seed)
+
+
+def sft_records(n: int, tasks: ReasoningSet) -> list[dict]:
+    rng = random.Random(f"{tasks.seed}:sft-think")
+    out = []
+    for task in tasks.sample(n, "train", "sft"):
+        think = rng.random() < THINK_SHARE
+        system = [] if think else [{"role": "system", "content": NO_THINK}]
+        out.append({"messages": [*system, {"role": "user", "content": task.question},
+                                 {"role": "assistant", "content": task.reply(think)}]})
+    return out
+
+
+def wrong_reply(task: Task) -> str:
+    """A worked reply whose last step went wrong: the answer off by one (a day, a unit), Countdown's
+    expression with its last number changed."""
+    if task.kind == "countdown":
+        head, _, last = task.answer.rpartition(" ")
+        answer = f"{head} {int(last) + 1}"
+    elif task.kind == "addition":
+        answer = str(int(task.answer) + 1)
+    else:
+        year, month, day = task.answer.split("-")
+        answer = f"{year}-{month}-{int(day) % 28 + 1:02d}"
+    lines = task.thinking.split("\n")
+    steps = "\n".join(lines[:-1] + [f"so {answer}"])
+    return Task(task.kind, task.question, answer, steps, task.key).reply(True)
+
+
+def dpo_records(n: int, tasks: ReasoningSet, sft_dir: Path, max_new_tokens: int) -> tuple[list[dict], float]:
+    """Pairs and the share of questions the SFT model got wrong (its reply is then the rejected)."""
+    pool = tasks.sample(n, "train", "dpo")
+    greedy, _ = replies(sft_dir, pool, k=0, max_new_tokens=max_new_tokens)
+    out, wrong = [], 0
+    for task, reply in zip(pool, greedy):
+        right = score([task], [reply], [[]])["greedy"]["right"]
+        mistaken = not right and reply.text.strip()
+        wrong += bool(mistaken)
+        out.append({"prompt": task.question, "chosen": task.reply(True),
+                    "rejected": reply.text.strip() if mistaken else wrong_reply(task)})
+    return out, wrong / len(pool)
+
+
+def grpo_prompts(n: int, tasks: ReasoningSet) -> list[dict]:
+    return [{"prompt": t.question, "kind": t.kind, "key": t.key} for t in tasks.sample(n, "train", "grpo")]
+
+
+def base_replies(run_dir: Path, held: list[Task], max_new_tokens: int) -> list[Reply]:
+    """A base model asked as text: each question's first line, its continuation up to the blank
+    line that ends a document (`ended` when it got there)."""
+    from handformer.tasks.speedrun_chat.pipeline import text_answers
+
+    texts = text_answers(run_dir, [f"{t.question}\n" for t in held], max_new_tokens)
+    return [Reply(t.split("\n\n")[0], "\n\n" in t) for t in texts]
+
+
+def stage_result(stage: str, run_dir: Path, held: list[Task], k: int, max_new_tokens: int, seed: int,
+                 ) -> dict[str, Any]:
+    """A stage's figures on the held-out questions: `accuracy` and `per_kind` (greedy, what the
+    table and plot show) and `reasoning`, the whole of `score` (intervals, pass@k, the form)."""
+    if stage == "base":
+        greedy, sampled = base_replies(run_dir, held, max_new_tokens), [[] for _ in held]
+    else:
+        greedy, sampled = replies(run_dir, held, k, 1.0, max_new_tokens, seed)
+    settings = {"k": len(sampled[0]) if sampled else 0, "temperature": 1.0, "max_new_tokens": max_new_tokens,
+                "seed": seed}
+    result = {**score(held, greedy, sampled), "settings": settings}
+    per_kind = {kind: result["per_kind"][kind]["greedy"]["value"]
+                for kind in REASONING_KINDS if kind in result["per_kind"]}
+    examples = [{"question": t.question, "reply": r.text, "answer": t.answer,
+                 "read": parse_reply(r.text, t.kind).answer}
+                for t, r in list(zip(held, greedy))[:: max(1, len(held) // 6)]]
+    return {"accuracy": result["greedy"]["value"], "per_kind": per_kind, "reasoning": result,
+            "examples": examples}
+
+
+__all__ = ["NO_THINK", "REWARD", "dpo_records", "grpo_prompts", "pretraining_documents", "sft_records",
+           "stage_result"]
