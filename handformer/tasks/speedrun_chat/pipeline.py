@@ -401,37 +401,43 @@ def run_stage(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet | Reason
     if stage == "base":
         train_base(cfg, problems, out, log)
         return {}
-    reasoning = isinstance(problems, ReasoningSet)
+    records, notes = stage_records(stage, cfg, problems, previous)
+    path = str(write_jsonl(data / f"{stage}.jsonl", records))
     if stage == "sft":
-        records = reasoning_stages.sft_records(cfg.sft_conversations, problems) if reasoning else \
-            sft_records(cfg, problems)
-        path = write_jsonl(data / "sft.jsonl", records)
-        post_stage("sft", cfg, previous, out, {"path": str(path), "batch_size": cfg.sft_batch,
+        post_stage("sft", cfg, previous, out, {"path": path, "batch_size": cfg.sft_batch,
                                                "val_fraction": 0.02}, {}, cfg.sft_steps, cfg.sft_lr, log)
-        return {}
-    if stage == "dpo":
-        if reasoning:
-            records, wrong = reasoning_stages.dpo_records(cfg.dpo_pairs, problems, previous,
-                                                          cfg.grpo_max_new_tokens)
-        else:
-            records, wrong = dpo_records(cfg, problems, previous)
-        path = write_jsonl(data / "dpo.jsonl", records)
-        post_stage("dpo", cfg, previous, out, {"path": str(path), "batch_size": cfg.dpo_batch,
+    elif stage == "dpo":
+        post_stage("dpo", cfg, previous, out, {"path": path, "batch_size": cfg.dpo_batch,
                                                "val_fraction": 0.05},
                    {"dpo": {"beta": cfg.dpo_beta}}, cfg.dpo_steps, cfg.dpo_lr, log)
-        return {"rejected_from_the_model": round(wrong, 3)}
-    if reasoning:
-        prompts, reward = reasoning_stages.grpo_prompts(cfg.grpo_prompts, problems), reasoning_stages.REWARD
     else:
-        prompts = [{"prompt": p.question, "answer": p.answer}
-                   for p in problems.sample(cfg.grpo_prompts, "train", "grpo")]
-        reward = REWARD
-    path = write_jsonl(data / "grpo.jsonl", prompts)
-    post_stage("grpo", cfg, previous, out, {"path": str(path), "batch_size": cfg.grpo_batch,
-                                            "val_fraction": 0},
-               {"grpo": {"reward": reward, "group_size": cfg.grpo_group,
-                         "max_new_tokens": cfg.grpo_max_new_tokens}}, cfg.grpo_steps, cfg.grpo_lr, log)
-    return {}
+        reward = reasoning_stages.REWARD if isinstance(problems, ReasoningSet) else REWARD
+        post_stage("grpo", cfg, previous, out, {"path": path, "batch_size": cfg.grpo_batch,
+                                                "val_fraction": 0},
+                   {"grpo": {"reward": reward, "group_size": cfg.grpo_group,
+                             "max_new_tokens": cfg.grpo_max_new_tokens}}, cfg.grpo_steps, cfg.grpo_lr, log)
+    return notes
+
+
+def stage_records(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet | ReasoningSet,
+                  previous: Path | None) -> tuple[list[dict], dict[str, Any]]:
+    """A post-training stage's data (sft, dpo or grpo) from the tasks `problems` draws, and notes
+    for the report."""
+    if isinstance(problems, ReasoningSet):
+        if stage == "sft":
+            return reasoning_stages.sft_records(cfg.sft_conversations, problems), {}
+        if stage == "dpo":
+            records, wrong = reasoning_stages.dpo_records(cfg.dpo_pairs, problems, previous,
+                                                          cfg.grpo_max_new_tokens)
+            return records, {"rejected_from_the_model": round(wrong, 3)}
+        return reasoning_stages.grpo_prompts(cfg.grpo_prompts, problems), {}
+    if stage == "sft":
+        return sft_records(cfg, problems), {}
+    if stage == "dpo":
+        records, wrong = dpo_records(cfg, problems, previous)
+        return records, {"rejected_from_the_model": round(wrong, 3)}
+    return [{"prompt": p.question, "answer": p.answer}
+            for p in problems.sample(cfg.grpo_prompts, "train", "grpo")], {}
 
 
 __all__ = ["CHAT_TEMPLATE", "PRESETS", "STAGES", "SpeedrunChatConfig", "accuracy", "config_for",
