@@ -28,6 +28,7 @@ from handformer.convert.hf_export import (
 )
 from handformer.convert.hf_import import ARCHITECTURES as HF_CLASSES
 from handformer.convert.hf_import import CHAT_FILES, prepended_id
+from handformer.families.catalogue import SPECS
 from handformer.generation.chat_template import load_chat_template
 from handformer.io import atomic_write_bytes, atomic_write_text, check_export_target
 from handformer.tasks.lm.run import LMRun, load_lm
@@ -39,7 +40,7 @@ _BASE_HOPS = 8  # fine-tunes of fine-tunes followed back to an imported run, at 
 @dataclass
 class ExportedLM:
     out_dir: Path
-    model_type: str  # a key of HF_CLASSES: "gpt2", "llama", "qwen2", "mistral", "gemma", "phi3"
+    model_type: str  # a key of the catalogue (handformer/families/catalogue.py)
     architecture: str  # the Hugging Face class name
     notes: list[str] = field(default_factory=list)  # what the export chose that the run left open
 
@@ -149,10 +150,12 @@ def export_hf(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite:
     notes: list[str] = []
     model_type = export_model_type(run, run_dir, notes)
     cfg = run.model.cfg
-    if model_type == "gpt2" and not cfg.bias:
-        notes.append("the run has no biases (bias=false); GPT-2 always has them, so they are written as "
+    spec = SPECS[model_type]
+    if spec.tensors.zero_biases and not cfg.bias:
+        notes.append(f"the run has no biases (bias=false); {spec.name} always has them, so they are "
+                     "written as "
                      "zeros (the same function)")
-    if model_type != "gpt2" and cfg.dropout:
+    if not spec.residual_dropout and cfg.dropout:
         notes.append(f"{HF_CLASSES[model_type]} has no residual dropout; dropout={cfg.dropout} is left out "
                      "(training only)")
     ids, generation, tok_config = _token_files(run, run_dir)
