@@ -84,3 +84,12 @@ def test_starcoder2_matches_transformers_both_ways(tmp_path):
     back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
     with torch.no_grad():
         torch.testing.assert_close(back(ids).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_families_pages_list_every_spec_file():
+    """docs/families.md (both languages): a row for each model_type naming its spec file."""
+    for page in (ROOT / "docs" / "families.md", ROOT / "docs" / "zh" / "families.md"):
+        rows = {line for line in page.read_text(encoding="utf-8").splitlines() if line.startswith("|")}
+        for model_type in SPECS:
+            spec_file = f"`families/{_home(model_type).name}`"
+            assert any(f"`{model_type}`" in row and spec_file in row for row in rows), (page.name, model_type)

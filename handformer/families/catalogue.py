@@ -50,6 +50,18 @@ def spec_of(cfg: CausalLMConfig, among: tuple[FamilySpec, ...] | None = None) ->
     raise ValueError("no family claims this configuration")  # Llama claims every RoPE model
 
 
+def table() -> list[dict[str, str]]:
+    """One row a family: its name, model_type, spec file, llama.cpp architecture, module variants
+    and how its block differs from the lesson's (what `handformer families` prints)."""
+    rows = []
+    for spec in SPECS.values():
+        path = spec.from_hf_config.__module__.replace(".", "/") + ".py"
+        rows.append({"family": spec.name, "model_type": spec.model_type, "spec": path,
+                     "llama.cpp": spec.gguf.arch if spec.gguf else "-",
+                     "variants": ", ".join(spec.variants) or "-", "differences": spec.differences})
+    return rows
+
+
 def look_alike(model_type: object) -> str:
     """Why a known but unsupported model_type is not imported, as " (...)", or ""."""
     for spec in SPECS.values():
@@ -58,4 +70,5 @@ def look_alike(model_type: object) -> str:
     return ""
 
 
-__all__ = ["BYTE_LEVEL_BPE", "GGUF_ENTRIES", "QWEN2_PRE", "SENTENCEPIECE", "SPECS", "look_alike", "spec_of"]
+__all__ = ["BYTE_LEVEL_BPE", "GGUF_ENTRIES", "QWEN2_PRE", "SENTENCEPIECE", "SPECS", "look_alike", "spec_of",
+           "table"]
