@@ -93,3 +93,13 @@ def test_the_families_pages_list_every_spec_file():
         for model_type in SPECS:
             spec_file = f"`families/{_home(model_type).name}`"
             assert any(f"`{model_type}`" in row and spec_file in row for row in rows), (page.name, model_type)
+
+
+def test_decoding_and_serving_know_no_family():
+    """generation/ and serve/ name no family's module: LongRoPE's change of frequencies is the
+    rotary module's answer (`factor_set`), asked through `generation.engine.frequency_set`."""
+    forbidden = re.compile(r"LongRotaryEmbedding|long_rope_start|handformer\.families|from handformer import families")
+    found = [f"{path.relative_to(ROOT)}: {m.group(0)}" for room in ("generation", "serve")
+             for path in (PACKAGE / room).rglob("*.py")
+             for m in [forbidden.search(path.read_text(encoding="utf-8"))] if m]
+    assert not found, found
