@@ -32,7 +32,7 @@ from handformer.families.catalogue import SPECS
 from handformer.generation.chat_template import load_chat_template
 from handformer.io import atomic_write_bytes, atomic_write_text, check_export_target
 from handformer.tasks.lm.run import LMRun, load_lm
-from handformer.tasks.run_config import read_run_config
+from handformer.tasks.run_config import RunDir
 
 _BASE_HOPS = 8  # fine-tunes of fine-tunes followed back to an imported run, at most this deep
 
@@ -217,15 +217,16 @@ def float_state(run: LMRun, notes: list[str]) -> dict[str, Tensor]:
     return state
 
 
-def _check_paths(run_dir: Path, out: Path, overwrite: bool) -> None:
+def _check_paths(run_dir: Path, out: Path, overwrite: bool) -> RunDir:
     if out.is_dir():
         raise ValueError(f"{out} is a directory; give the GGUF file to write, e.g. {out / 'model.gguf'}")
     if out.exists() and not overwrite:
         raise ValueError(f"{out} exists; choose another file or pass --overwrite")
-    config = read_run_config(run_dir)
-    if config.get("task") == "translation":
+    run = RunDir.read(run_dir)
+    if run.task == "translation":
         raise ValueError(f"{run_dir} is a translation run (an encoder-decoder Transformer); llama.cpp runs "
                          "decoder-only language models. `handformer export-hf` writes it as MarianMTModel")
+    return run
 
 
 def export_gguf(run_dir: str | os.PathLike, out: str | os.PathLike, type_name: str = "f32",
@@ -235,8 +236,7 @@ def export_gguf(run_dir: str | os.PathLike, out: str | os.PathLike, type_name: s
     run_dir, out = Path(run_dir), Path(out)
     if type_name not in TYPES:
         raise ValueError(f"--type {type_name!r} is unknown; choose one of {', '.join(TYPES)}")
-    _check_paths(run_dir, out, overwrite)
-    run = load_lm(run_dir)
+    run = load_lm(_check_paths(run_dir, out, overwrite))
     notes: list[str] = []
     family = family_for(run.model.cfg, recorded_model_type(run_dir, run.config, notes))
     state = float_state(run, notes)
