@@ -6,15 +6,16 @@ import argparse
 
 
 def cmd_families(args: argparse.Namespace) -> int:
-    from handformer.families.catalogue import table
+    from handformer.families.catalogue import PARTS, table
 
     rows = table()
-    columns = ["family", "model_type", "spec", "llama.cpp"]
-    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in columns}
-    print("  ".join(c.ljust(widths[c]) for c in columns) + "  differences from the lesson's block")
+    heads = ["family", "model_type", "spec", "llama.cpp"]
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in heads}
+    print("  ".join(c.ljust(widths[c]) for c in heads) + "  differences from the lesson's block")
     for r in rows:
+        parts = " | ".join(f"{part}: {r[part]}" for part in PARTS if r[part] != "-") or "(the lesson's block)"
         variants = f" (variants: {r['variants']})" if r["variants"] != "-" else ""
-        print("  ".join(r[c].ljust(widths[c]) for c in columns) + f"  {r['differences']}{variants}")
+        print("  ".join(r[c].ljust(widths[c]) for c in heads) + f"  {parts}{variants}")
     return 0
 
 

@@ -50,15 +50,20 @@ def spec_of(cfg: CausalLMConfig, among: tuple[FamilySpec, ...] | None = None) ->
     raise ValueError("no family claims this configuration")  # Llama claims every RoPE model
 
 
+PARTS = ("norm", "positions", "attention", "ffn", "embedding", "cache")  # the columns of `table`
+
+
 def table() -> list[dict[str, str]]:
     """One row a family: its name, model_type, spec file, llama.cpp architecture, module variants
-    and how its block differs from the lesson's (what `handformer families` prints)."""
+    and, part by part (`PARTS`), how its model differs from the lesson's block (what `handformer
+    families` prints; "-": as the lesson's)."""
     rows = []
     for spec in SPECS.values():
         path = spec.from_hf_config.__module__.replace(".", "/") + ".py"
         rows.append({"family": spec.name, "model_type": spec.model_type, "spec": path,
                      "llama.cpp": spec.gguf.arch if spec.gguf else "-",
-                     "variants": ", ".join(spec.variants) or "-", "differences": spec.differences})
+                     "variants": ", ".join(spec.variants) or "-",
+                     **{part: getattr(spec.differences, part) for part in PARTS}})
     return rows
 
 
@@ -70,5 +75,5 @@ def look_alike(model_type: object) -> str:
     return ""
 
 
-__all__ = ["BYTE_LEVEL_BPE", "GGUF_ENTRIES", "QWEN2_PRE", "SENTENCEPIECE", "SPECS", "look_alike", "spec_of",
-           "table"]
+__all__ = ["BYTE_LEVEL_BPE", "GGUF_ENTRIES", "PARTS", "QWEN2_PRE", "SENTENCEPIECE", "SPECS", "look_alike",
+           "spec_of", "table"]

@@ -43,7 +43,7 @@ from handformer.families.hf_config import (
     unsupported,
     window_settings,
 )
-from handformer.families.spec import FamilySpec, GgufEntry
+from handformer.families.spec import Differences, FamilySpec, GgufEntry
 from handformer.nn.attention import SDPA_SHARES_KV_HEADS, MultiHeadAttention, repeat_kv
 from handformer.nn.blocks import DecoderOnlyBlock
 from handformer.nn.kv_cache import LayerKVCache
@@ -212,7 +212,8 @@ GEMMA = FamilySpec(
                     "sliding_window": (None, "has no sliding-window attention (Gemma 2 has)"),
                     "rope_scaling": llama.NO_SCALING_IN_LLAMA_CPP},
                    norm_offset=True, tied_only=True, biases=()),
-    gguf_fallback=True, differences="RMSNorm gain 1 + w; GeGLU; embeddings times sqrt(d_model); tied head",
+    gguf_fallback=True, differences=Differences(norm="RMSNorm with gain 1 + w", ffn="GeGLU (tanh GELU)",
+                            embedding="times sqrt(d_model); tied head"),
     claims=((70,
         lambda c: c.norm == "rmsnorm_offset" or c.scale_embeddings or c.activation.startswith("geglu")),))
 
@@ -260,8 +261,10 @@ GEMMA2 = FamilySpec(
                        writes=_GEMMA2_SETTINGS),
     may_set=_GEMMA2_SETTINGS, hf_keys=_SOFTCAP_KEYS, layer_types=True,
     claims=((21, lambda c: c.norm_placement == "sandwich"),), variants=_VARIANTS,
-    differences="Gemma with norms after each sublayer too; scores scaled and soft-capped; "
-                "soft-capped logits; sliding and global layers")
+    differences=Differences(norm="Gemma's, before and after each sublayer",
+                            attention="scores scaled by query_pre_attn_scalar, soft-capped",
+                            ffn="GeGLU (tanh GELU)", embedding="as Gemma's; logits soft-capped",
+                            cache="sliding and global layers alternate"))
 
 
 def _gemma3_rope(c: dict[str, Any], window: int | None, global_layers: list[int]) -> dict[str, Any]:
@@ -323,7 +326,10 @@ GEMMA3_TEXT = FamilySpec(
     look_alikes={"gemma3": "a Gemma 3 with vision (Gemma3ForConditionalGeneration); handformer imports "
                            "the text "
                            "models (model_type 'gemma3_text': Gemma 3 270M and 1B)"},
-    differences="Gemma 2 with q/k norms per head; the sliding layers' RoPE base of their own")
+    differences=Differences(norm="Gemma's, before and after each sublayer",
+                            positions="a RoPE base of their own in the sliding layers",
+                            attention="q/k norms per head; scores scaled", ffn="GeGLU (tanh GELU)",
+                            embedding="as Gemma's", cache="five sliding layers to one global"))
 
 __all__ = ["GEMMA", "GEMMA2", "GEMMA3_TEXT", "GemmaAttention", "LocalGlobalRotary", "SandwichBlock",
     "SoftcappedHead",

@@ -10,7 +10,7 @@ from typing import Any
 
 from handformer.config import CausalLMConfig
 from handformer.families.hf_config import require, unsupported
-from handformer.families.spec import FamilySpec, GgufEntry, HFTensors, conv1d, to
+from handformer.families.spec import Differences, FamilySpec, GgufEntry, HFTensors, conv1d, to
 
 HEAD = "lm_head.weight"  # the output head's key, in Hugging Face and in handformer alike
 ATTN, FFN = "layers.{i}.self_attn", "layers.{i}.ffn"
@@ -115,8 +115,10 @@ GPT2 = FamilySpec(
            "scale_embeddings": (False, "does not scale embeddings by sqrt(d_model)"),
            "sliding_window": _NO_WINDOW, "n_kv_heads": _ONE_KV_HEAD},
     from_hf_config=from_hf_config, to_hf_config=to_hf_config, tensors=TENSORS, gguf=GGUF,
-    position="learned", problems=problems, residual_dropout=True, claims=((0,
-        lambda c: c.position == "learned"),),
-    differences="learned positions; LayerNorm; GELU MLP; biases everywhere; Conv1D weights")
+    position="learned", problems=problems, residual_dropout=True,
+    claims=((0, lambda c: c.position == "learned"),),
+    differences=Differences(norm="LayerNorm", positions="learned", ffn="GELU MLP; biases",
+                            attention="one key/value head a query head; biases",
+                            embedding="Conv1D weights (in, out)"))
 
 __all__ = ["GPT2", "HEAD"]

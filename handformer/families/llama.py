@@ -15,7 +15,7 @@ from typing import Any
 
 from handformer.config import CausalLMConfig
 from handformer.families.hf_config import rope_decoder, rope_decoder_keys, silu_only, unsupported
-from handformer.families.spec import FamilySpec, Fixed, GgufEntry, HFTensors, Target, to
+from handformer.families.spec import Differences, FamilySpec, Fixed, GgufEntry, HFTensors, Target, to
 
 HEAD = "lm_head.weight"  # the output head's key, in Hugging Face and in handformer alike
 ATTN, FFN = "layers.{i}.self_attn", "layers.{i}.ffn"
@@ -146,6 +146,6 @@ LLAMA = FamilySpec(
     fixed={**LLAMA_BLOCK, "sliding_window": (None, "has no sliding-window attention (Mistral has)")},
     from_hf_config=from_hf_config, to_hf_config=to_hf_config, tensors=TENSORS, gguf=GGUF,
     problems=problems, claims=((110, lambda c: True),), gguf_fallback=True,
-    differences="the lesson's pre-norm block: RMSNorm, RoPE, SwiGLU, grouped-query attention")
+    differences=Differences())
 
 __all__ = ["LLAMA"]

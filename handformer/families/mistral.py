@@ -8,7 +8,7 @@ from typing import Any
 import handformer.families.llama as llama
 from handformer.config import CausalLMConfig
 from handformer.families.hf_config import rope_decoder, rope_decoder_keys, silu_only, window_settings
-from handformer.families.spec import FamilySpec
+from handformer.families.spec import Differences, FamilySpec
 
 
 def from_hf_config(c: dict[str, Any]) -> CausalLMConfig:
@@ -26,6 +26,6 @@ MISTRAL = FamilySpec(
     fixed={**llama.LLAMA_BLOCK, **llama.NO_BIASES},
     from_hf_config=from_hf_config, to_hf_config=to_hf_config, tensors=llama.TENSORS, gguf=llama.GGUF,
     claims=((100, lambda c: c.sliding_window is not None),),
-    differences="Llama with a sliding window on every layer")
+    differences=Differences(cache="a sliding window on every layer"))
 
 __all__ = ["MISTRAL"]

@@ -21,7 +21,7 @@ from handformer.families.hf_config import (
     silu_only,
     window_settings,
 )
-from handformer.families.spec import FamilySpec, GgufEntry, to
+from handformer.families.spec import Differences, FamilySpec, GgufEntry, to
 
 EXPERT = "layers.{i}.ffn.experts.{e}"
 ROUTER = {"model.layers.{i}.mlp.gate.weight": to("layers.{i}.ffn.router.weight")}  # (E, D)
@@ -105,7 +105,8 @@ MIXTRAL = FamilySpec(
     may_set=frozenset({"moe"}), hf_keys=EXPERT_KEYS, problems=problems,
     claims=((13, lambda c: c.moe is not None),),
     look_alikes={"deepseek_v3": "DeepSeek-V3 uses multi-head latent attention"},
-    differences="a mixture of experts in every layer (top-k renormalized); a sliding window when set")
+    differences=Differences(ffn="a mixture of experts (top-k renormalized)",
+                            cache="a sliding window when set"))
 
 __all__ = ["EXPERTS", "EXPERT_KEYS", "GGUF_EXPERTS", "MIXTRAL", "ROUTER", "STACKED_EXPERTS", "dense_free",
            "expert_problems"]

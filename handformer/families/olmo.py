@@ -34,7 +34,7 @@ from handformer.families.hf_config import (
 )
 from handformer.families.mixtral import EXPERT_KEYS, expert_problems
 from handformer.families.qwen import MOE_TENSORS
-from handformer.families.spec import FamilySpec, GgufEntry
+from handformer.families.spec import Differences, FamilySpec, GgufEntry
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.blocks import DecoderOnlyBlock
 from handformer.nn.kv_cache import NO_CACHE, LayerCache, LayerKVCache
@@ -122,7 +122,7 @@ OLMO2 = FamilySpec(
     claims=((30, lambda c: c.norm_placement == "reordered" or c.qk_norm == "width"),),
     look_alikes={"olmo": "OLMo (1) uses LayerNorm without parameters; OLMo 2 (model_type 'olmo2') "
                          "is imported"},
-    differences="norms on each sublayer's output; q/k norms over the whole width")
+    differences=Differences(norm="on each sublayer's output", attention="q/k norms over the whole width"))
 
 
 def _olmoe(c: dict[str, Any]) -> CausalLMConfig:
@@ -148,5 +148,5 @@ OLMOE = FamilySpec(
     problems=lambda cfg: expert_problems(cfg, "OLMoE", shared=False),
     claims=((12, lambda c: c.moe is not None and c.qk_norm == "width"),),
     gguf_unread={"olmoe": "OLMoE has a mixture of experts and q/k norms"},
-    differences="a mixture of experts; q/k norms over the whole width")
+    differences=Differences(attention="q/k norms over the whole width", ffn="a mixture of experts"))
 

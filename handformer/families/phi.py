@@ -12,7 +12,7 @@ from typing import Any
 import handformer.families.llama as llama
 from handformer.config import CausalLMConfig, LongRopeScaling
 from handformer.families.hf_config import rope_decoder, rope_decoder_keys, silu_only, window_settings
-from handformer.families.spec import FamilySpec, GgufEntry, to
+from handformer.families.spec import Differences, FamilySpec, GgufEntry, to
 
 ATTN, FFN = llama.ATTN, llama.FFN
 TENSORS = llama.llama_like(llama.PRE_NORMS, {
@@ -66,6 +66,7 @@ PHI3 = FamilySpec(
                         "embeddings"},
     gguf_unread={"phi2": "Phi-2 runs attention and the feed-forward in parallel with partial rotary "
                          "embeddings"},
-    differences="fused q/k/v and gate/up projections; partial RoPE; LongRoPE scaling")
+    differences=Differences(positions="partial RoPE; LongRoPE", attention="fused q/k/v in the checkpoint",
+                            ffn="fused gate/up in the checkpoint", cache="a sliding window when set"))
 
 __all__ = ["PHI3"]

@@ -35,7 +35,7 @@ from handformer.families.mixtral import (
     dense_free,
     expert_problems,
 )
-from handformer.families.spec import FamilySpec, GgufEntry, to
+from handformer.families.spec import Differences, FamilySpec, GgufEntry, to
 
 _LLAMA_CPP = {"sliding_window": llama.NO_WINDOW_IN_LLAMA_CPP, "rope_scaling": llama.NO_SCALING_IN_LLAMA_CPP}
 _QWEN3 = {**llama.LLAMA_BLOCK, **llama.NO_BIASES, "qk_norm": llama.HEAD_QK_NORM}
@@ -66,7 +66,8 @@ QWEN2 = FamilySpec(
                    {**llama.GGUF_BLOCK, "bias": llama.QKV_BIAS_ONLY["bias"], **_LLAMA_CPP},
                    full_width_heads=True, pre_tokenizer="qwen2"),
     may_set=frozenset({"global_layers"}), layer_types=True, gguf_fallback=True,
-    claims=((80, lambda c: c.qkv_bias and not c.bias),), differences="biases on q, k, v only")
+    claims=((80, lambda c: c.qkv_bias and not c.bias),),
+    differences=Differences(attention="biases on q, k, v", cache="sliding layers when asked"))
 
 QWEN3 = FamilySpec(
     model_type="qwen3", name="Qwen3", hf_class="Qwen3ForCausalLM", fixed=_QWEN3,
@@ -75,7 +76,8 @@ QWEN3 = FamilySpec(
                    {**llama.GGUF_BLOCK, **llama.NO_BIASES, "qk_norm": llama.HEAD_QK_NORM, **_LLAMA_CPP},
                    biases=(), writes=frozenset({"qk_norm"})),
     may_set=frozenset({"qk_norm", "global_layers"}), layer_types=True,
-    claims=((60, lambda c: c.qk_norm == "head"),), variants=(), differences="RMSNorm on each q/k head")
+    claims=((60, lambda c: c.qk_norm == "head"),),
+    differences=Differences(attention="q/k norms per head", cache="sliding layers when asked"))
 
 
 def _moe_keys(cfg: CausalLMConfig) -> dict[str, Any]:
@@ -114,7 +116,7 @@ QWEN3_MOE = FamilySpec(
     may_set=frozenset({"qk_norm", "moe"}), hf_keys=EXPERT_KEYS,
     problems=lambda cfg: expert_problems(cfg, "Qwen3-MoE", shared=False),
     claims=((11, lambda c: c.moe is not None and c.qk_norm == "head"),),
-    differences="Qwen3 with a mixture of experts")
+    differences=Differences(attention="q/k norms per head", ffn="a mixture of experts"))
 
 
 def _qwen2_moe(c: dict[str, Any]) -> CausalLMConfig:
@@ -146,6 +148,6 @@ QWEN2_MOE = FamilySpec(
     problems=lambda cfg: expert_problems(cfg, "Qwen2-MoE", shared=True),
     claims=((10, lambda c: c.moe is not None and c.moe.d_shared > 0),),
     gguf_unread={"qwen2moe": "Qwen2-MoE has a mixture of experts and a shared expert"},
-    differences="Qwen2 with a mixture of experts and a shared expert")
+    differences=Differences(attention="biases on q, k, v", ffn="a mixture of experts and a shared expert"))
 
 __all__ = ["MOE_TENSORS", "QWEN2", "QWEN2_MOE", "QWEN3", "QWEN3_MOE"]

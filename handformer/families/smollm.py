@@ -12,7 +12,7 @@ import handformer.families.llama as llama
 from handformer.config import CausalLMConfig
 from handformer.families.adopt import adopt_attention
 from handformer.families.hf_config import qwen_window_keys, qwen_windows, rope_decoder_keys
-from handformer.families.spec import FamilySpec, GgufEntry
+from handformer.families.spec import Differences, FamilySpec, GgufEntry
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.kv_cache import NO_CACHE, LayerCache
 
@@ -54,6 +54,6 @@ SMOLLM3 = FamilySpec(
         layer_types=True,
     # layers without RoPE; else Llama's block whose layer_types mix sliding and global layers
     claims=((40, lambda c: bool(c.nope_layers)), (90, lambda c: bool(c.global_layers))),
-    variants=("NoRopeAttention",), differences="no RoPE in every fourth layer (NoPE)")
+    variants=("NoRopeAttention",), differences=Differences(positions="no RoPE in every fourth layer (NoPE)"))
 
 __all__ = ["NoRopeAttention", "SMOLLM3"]

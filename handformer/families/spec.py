@@ -104,6 +104,19 @@ Claim = tuple[int, Callable[[CausalLMConfig], bool]]
 
 
 @dataclass(frozen=True)
+class Differences:
+    """How a family's model differs from the lesson's decoder-only block, part by part ("-": as
+    the lesson's pre-norm RMSNorm, RoPE, grouped-query attention, SwiGLU and plain KV cache)."""
+
+    norm: str = "-"
+    positions: str = "-"
+    attention: str = "-"
+    ffn: str = "-"
+    embedding: str = "-"  # the embedding and the output head
+    cache: str = "-"  # which positions each layer keeps (sliding windows)
+
+
+@dataclass(frozen=True)
 class FamilySpec:
     """One model family: its names, what its architecture fixes, its config and tensors both ways,
     its llama.cpp entry and its module variants."""
@@ -130,7 +143,8 @@ class FamilySpec:
     gguf_unread: dict[str, str] = field(default_factory=dict)  # llama.cpp archs import-gguf refuses: why
     residual_dropout: bool = False  # its config.json carries the residual dropout (resid_pdrop)
     variants: tuple[str, ...] = ()  # module variants of handformer/families its models use
-    differences: str = ""  # how its block differs from the lesson's, for `handformer families`
+    differences: Differences = field(default_factory=Differences)  # for `handformer families`
 
 
-__all__ = ["Claim", "FamilySpec", "Fixed", "GgufEntry", "HFTensors", "Target", "conv1d", "no_problems", "to"]
+__all__ = ["Claim", "Differences", "FamilySpec", "Fixed", "GgufEntry", "HFTensors", "Target", "conv1d",
+           "no_problems", "to"]

@@ -9,7 +9,7 @@ from typing import Any
 import handformer.families.llama as llama
 from handformer.config import CausalLMConfig
 from handformer.families.hf_config import rope_decoder, rope_decoder_keys, unsupported, window_settings
-from handformer.families.spec import FamilySpec, to
+from handformer.families.spec import Differences, FamilySpec, to
 
 _NAMES = {"mlp.c_fc": "ffn.up_proj", "mlp.c_proj": "ffn.down_proj",  # (F, D), (D, F)
           "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}  # (D,) each, with biases
@@ -39,6 +39,7 @@ STARCODER2 = FamilySpec(
            "qkv_bias": (False, "has one bias setting for every layer")},
     from_hf_config=from_hf_config, to_hf_config=to_hf_config, tensors=TENSORS,
     claims=((85, lambda c: c.norm == "layernorm" and c.activation == "gelu_tanh"),),
-    differences="LayerNorm; a plain GELU MLP (c_fc, c_proj); biases everywhere; a sliding window when set")
+    differences=Differences(norm="LayerNorm", attention="biases", ffn="a GELU MLP (c_fc, c_proj), biases",
+                            cache="a sliding window when set"))
 
 __all__ = ["STARCODER2"]
