@@ -10,10 +10,12 @@ from collections.abc import Sequence
 from handformer.cli import (
     chat,
     check,
+    compare,
     evaluate,
     experiment,
     export_gguf,
     export_hf,
+    families,
     generate,
     import_gguf,
     import_hf,
@@ -31,7 +33,8 @@ from handformer.cli import (
 )
 
 COMMANDS = [trace, train, translate, generate, chat, evaluate, import_hf, import_llama2c, import_gguf, see,
-            check, learn, prepare, quantize, export_hf, export_gguf, experiment, merge, serve, speedrun]
+            check, learn, prepare, quantize, export_hf, export_gguf, experiment, merge, serve, speedrun,
+            families, compare]
 
 
 def build_parser() -> argparse.ArgumentParser:

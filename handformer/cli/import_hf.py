@@ -14,8 +14,8 @@ def cmd_import_hf(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("import-hf", help="convert a Hugging Face checkpoint directory (safetensors; GPT-2, "
-                       "Llama, Qwen2, Mistral, Gemma, Phi-3) into a language-model run directory")
+    p = sub.add_parser("import-hf", help="convert a Hugging Face checkpoint directory (safetensors; any "
+                       "family `handformer families` lists) into a language-model run directory")
     p.add_argument("hf_dir", help="directory with config.json, tokenizer.json and model.safetensors "
                    "(or shards with model.safetensors.index.json)")
     p.add_argument("run_dir", help="run directory to write (for `handformer generate`)")

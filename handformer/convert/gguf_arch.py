@@ -1,4 +1,5 @@
-"""The llama.cpp architectures handformer writes and reads as GGUF: one `Family` entry each.
+"""The llama.cpp architectures handformer writes and reads as GGUF: the engine that reads each
+family's `GgufEntry` (its spec's `gguf`, handformer/families); it knows no family by name.
 
 An entry says, declaratively, what llama.cpp's model of that name is:
 - `tensors`: GGUF tensor name ({i} = block) -> the handformer key(s) it holds; several keys are
@@ -14,14 +15,11 @@ An entry says, declaratively, what llama.cpp's model of that name is:
   biases writes zeros, and an import reads all-zero biases as none).
 The hyperparameters go in the usual keys ({arch}.context_length, .embedding_length, ...).
 
-Qwen3 (q/k norms per head), Qwen3-MoE (Qwen3 with a mixture of experts, each layer's experts stacked
-into one 3-D tensor per projection, the top-k weights always rescaled), Gemma 2 (the sandwich norms,
-soft-capping, every second layer global) and Gemma 3 (q/k norms, the sandwich norms, every sixth
-layer global, the sliding layers' RoPE base 10000) are entries too; llama.cpp fixes their layer
-pattern, query scale (1 / sqrt(head_dim)) and local RoPE base, so a run with other values is refused
-by the setting. The other families of today (OLMo 2, SmolLM3, Phi-4-mini's partial RoPE, the other
-mixtures of experts) run in handformer from their Hugging Face checkpoints (import-hf, export-hf); a
-run with their settings is refused by export-gguf, by name, and such a GGUF file by import-gguf.
+What llama.cpp fixes beyond the Hugging Face architecture (Gemma 2/3's layer pattern, query scale
+and local RoPE base; SmolLM3's every-fourth NoPE layer) is in the entry's flags, so a run with
+other values is refused by the setting. A family without an entry (the other mixtures of experts)
+runs in handformer from its Hugging Face checkpoint (import-hf, export-hf); a run with its settings
+is refused by export-gguf, by name, and such a GGUF file by import-gguf (the spec's `gguf_unread`).
 
 Shape legend: D d_model, H heads, Hkv key/value heads, Dh head dim, F d_ff, V vocab.
 """
@@ -30,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import gguf
@@ -38,201 +35,35 @@ import torch
 from torch import Tensor
 
 from handformer.config import CausalLMConfig, Llama3RopeScaling, LongRopeScaling, MoEConfig
+from handformer.families.catalogue import GGUF_ENTRIES, SPECS, spec_of
+from handformer.families.spec import GgufEntry
 
-ATTN, FFN = "layers.{i}.self_attn", "layers.{i}.ffn"
+Family = GgufEntry  # a family's llama.cpp entry (families/spec.py)
 
-
-def _with_bias(gguf_name: str, *keys: str) -> dict[str, tuple[str, ...]]:
-    """A Linear's weight and bias: {"X.weight": (k.weight, ...), "X.bias": (k.bias, ...)}."""
-    return {f"{gguf_name}.{p}": tuple(f"{k}.{p}" for k in keys) for p in ("weight", "bias")}
-
-
-_EMBED_AND_HEAD = {
-    "token_embd.weight": ("embed.weight",),  # (V, D)
-    "output_norm.weight": ("norm.weight",),
-    "output.weight": ("lm_head.weight",),  # (V, D); absent when tied
-}
-_NORMS = {
-    "blk.{i}.attn_norm.weight": ("layers.{i}.attn_norm.weight",),
-    "blk.{i}.ffn_norm.weight": ("layers.{i}.ffn_norm.weight",),
-}
-_LLAMA_TENSORS = {
-    **_EMBED_AND_HEAD, **_NORMS,
-    **_with_bias("blk.{i}.attn_q", f"{ATTN}.q_proj"),  # (H*Dh, D)
-    **_with_bias("blk.{i}.attn_k", f"{ATTN}.k_proj"),  # (Hkv*Dh, D)
-    **_with_bias("blk.{i}.attn_v", f"{ATTN}.v_proj"),  # (Hkv*Dh, D)
-    **_with_bias("blk.{i}.attn_output", f"{ATTN}.o_proj"),  # (D, H*Dh)
-    **_with_bias("blk.{i}.ffn_gate", f"{FFN}.gate_proj"),  # (F, D)
-    **_with_bias("blk.{i}.ffn_up", f"{FFN}.up_proj"),  # (F, D)
-    **_with_bias("blk.{i}.ffn_down", f"{FFN}.down_proj"),  # (D, F)
-}
-_GEMMA_TENSORS = {name: keys for name, keys in _LLAMA_TENSORS.items() if name != "output.weight"}  # tied
-_PHI3_TENSORS = {
-    **_EMBED_AND_HEAD, **_NORMS,
-    "blk.{i}.attn_qkv.weight": (f"{ATTN}.q_proj.weight", f"{ATTN}.k_proj.weight",
-                                f"{ATTN}.v_proj.weight"),  # (H*Dh + 2*Hkv*Dh, D)
-    "blk.{i}.attn_output.weight": (f"{ATTN}.o_proj.weight",),
-    "blk.{i}.ffn_up.weight": (f"{FFN}.gate_proj.weight", f"{FFN}.up_proj.weight"),  # (2F, D)
-    "blk.{i}.ffn_down.weight": (f"{FFN}.down_proj.weight",),
-}
-_GPT2_TENSORS = {
-    **_with_bias("token_embd", "embed"), "position_embd.weight": ("positions.weight",),  # (P, D)
-    **_with_bias("output_norm", "norm"), "output.weight": ("lm_head.weight",),
-    **_with_bias("blk.{i}.attn_norm", "layers.{i}.attn_norm"),
-    **_with_bias("blk.{i}.attn_qkv", f"{ATTN}.q_proj", f"{ATTN}.k_proj", f"{ATTN}.v_proj"),  # (3D, D)
-    **_with_bias("blk.{i}.attn_output", f"{ATTN}.o_proj"),
-    **_with_bias("blk.{i}.ffn_norm", "layers.{i}.ffn_norm"),
-    **_with_bias("blk.{i}.ffn_up", f"{FFN}.up_proj"),  # (F, D)
-    **_with_bias("blk.{i}.ffn_down", f"{FFN}.down_proj"),  # (D, F)
-}
-del _GPT2_TENSORS["token_embd.bias"]  # the embedding has no bias
-_QK_NORMS = {  # RMSNorm over each query / key head (Dh,), before RoPE
-    "blk.{i}.attn_q_norm.weight": (f"{ATTN}.q_norm.weight",),
-    "blk.{i}.attn_k_norm.weight": (f"{ATTN}.k_norm.weight",),
-}
-_POST_NORMS = {  # Gemma 2/3's norms after each sublayer, before the residual sum (D,)
-    "blk.{i}.post_attention_norm.weight": ("layers.{i}.post_attn_norm.weight",),
-    "blk.{i}.post_ffw_norm.weight": ("layers.{i}.post_ffn_norm.weight",),
-}
-_QWEN3_TENSORS = {**_LLAMA_TENSORS, **_QK_NORMS}
-_OLMO2_TENSORS = {  # OLMo 2's norms come after each sublayer, and its q/k norms span the width
-    **{name: keys for name, keys in _LLAMA_TENSORS.items() if name not in _NORMS}, **_QK_NORMS,
-    "blk.{i}.post_attention_norm.weight": ("layers.{i}.attn_norm.weight",),  # handformer's "reordered"
-    "blk.{i}.post_ffw_norm.weight": ("layers.{i}.ffn_norm.weight",),
-}
-# A mixture of experts: the router (E, D) and each layer's experts stacked ({e} = expert) into one
-# 3-D tensor per projection: gate and up (E, F, D), down (E, D, F)
-EXPERT = FFN + ".experts.{e}"
-_EXPERTS = {
-    "blk.{i}.ffn_gate_inp.weight": (f"{FFN}.router.weight",),
-    "blk.{i}.ffn_gate_exps.weight": (f"{EXPERT}.gate_proj.weight",),
-    "blk.{i}.ffn_up_exps.weight": (f"{EXPERT}.up_proj.weight",),
-    "blk.{i}.ffn_down_exps.weight": (f"{EXPERT}.down_proj.weight",),
-}
-_QWEN3MOE_TENSORS = {
-    **{name: keys for name, keys in _QWEN3_TENSORS.items() if ".ffn_" not in name or "_norm" in name},
-    **_EXPERTS}
-_MIXTRAL_TENSORS = {  # llama.cpp's Llama with experts: no biases
-    **{name: keys for name, keys in _LLAMA_TENSORS.items()
-       if (".ffn_" not in name or "_norm" in name) and not name.endswith(".bias")}, **_EXPERTS}
-_GEMMA2_TENSORS = {**_GEMMA_TENSORS, **_POST_NORMS}
-_GEMMA3_TENSORS = {**_GEMMA2_TENSORS, **_QK_NORMS}
-
-_PRE = {"norm_placement": ("pre", "is pre-norm"), "scale_embeddings": (False, "does not scale embeddings")}
-_LLAMA_BLOCK = {**_PRE, "position": ("rope", "has rotary positions"), "norm": ("rmsnorm", "uses RMSNorm"),
-                "activation": ("swiglu", "has a SwiGLU feed-forward")}
-
-
-@dataclass(frozen=True)
-class Family:
-    arch: str  # general.architecture, llama.cpp's name
-    model_type: str  # the Hugging Face model_type an imported run records ("source"), for export-hf
-    name: str  # for messages
-    tensors: dict[str, tuple[str, ...]]
-    settings: dict[str, tuple[Any, str]]  # CausalLMConfig field -> (value, why)
-    rope: str | None = "halves"  # "pairs": q/k rows permuted for llama.cpp's Llama; None: no RoPE
-    norm_offset: bool = False
-    zero_biases: bool = False
-    rope_freqs: bool = False  # reads Llama 3's per-frequency factors (rope_freqs.weight)
-    writes_window: bool = False  # {arch}.attention.sliding_window exists for this family
-    full_width_heads: bool = False  # llama.cpp sizes attention as D wide: H * Dh must equal D
-    tied_only: bool = False  # the output head is always the embedding
-    biases: tuple[str, ...] = field(default=("bias", "qkv_bias"))  # bias settings read from tensors
-    # Gemma 2/3: llama.cpp fixes which layers slide: with a window, layer i is global when
-    # i % swa_pattern == swa_pattern - 1 (Gemma 2: every second layer, Gemma 3: every sixth)
-    swa_pattern: int = 0
-    softcaps: bool = False  # Gemma 2: {arch}.attn_logit_softcapping and .final_logit_softcapping
-    local_rope_theta: float | None = None  # Gemma 3: the sliding layers' RoPE base, fixed in llama.cpp
-    writes: frozenset[str] = frozenset()  # today's family settings (_NOT_WRITTEN) the family expresses
-    experts: bool = False  # a mixture of experts in every layer ({arch}.expert_count, ...)
-    longrope: bool = False  # Phi-3.5 / Phi-4-mini: LongRoPE as rope_factors_short / _long (Dr/2,)
-    nope_step: int = 0  # SmolLM3: llama.cpp leaves RoPE out of layer i when (i + 1) % nope_step == 0
-
-    @property
-    def rms(self) -> bool:
-        return self.settings.get("norm", ("rmsnorm",))[0] != "layernorm"
-
-
-LLAMA = Family("llama", "llama", "Llama", _LLAMA_TENSORS,
-               {**_LLAMA_BLOCK, "sliding_window": (None, "has no sliding-window attention")},
-               rope="pairs", rope_freqs=True)
-QWEN2 = Family("qwen2", "qwen2", "Qwen2", _LLAMA_TENSORS,
-               {**_LLAMA_BLOCK, "bias": (False, "has biases on q/k/v only"),
-                "sliding_window": (None, "has no sliding-window attention in llama.cpp"),
-                "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
-               full_width_heads=True)
-GEMMA = Family("gemma", "gemma", "Gemma", _GEMMA_TENSORS,
-               {**_LLAMA_BLOCK, "norm": ("rmsnorm_offset", "has RMSNorm with gain 1 + w"),
-                "activation": ("geglu_tanh", "has a GeGLU feed-forward with the tanh GELU"),
-                "scale_embeddings": (True, "scales embeddings by sqrt(d_model)"),
-                "tie_embeddings": (True, "always ties the output head to the embedding in llama.cpp"),
-                "bias": (False, "has no biases"), "qkv_bias": (False, "has no biases"),
-                "sliding_window": (None, "has no sliding-window attention (Gemma 2 has)"),
-                "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
-               norm_offset=True, tied_only=True, biases=())
-PHI3 = Family("phi3", "phi3", "Phi-3", _PHI3_TENSORS,
-              {**_LLAMA_BLOCK, "bias": (False, "has no biases"), "qkv_bias": (False, "has no biases")},
-              writes_window=True, full_width_heads=True, biases=(), longrope=True,
-              writes=frozenset({"rope_fraction"}))
-GPT2 = Family("gpt2", "gpt2", "GPT-2", _GPT2_TENSORS,
-              {**_PRE, "position": ("learned", "has learned positions"),
-               "norm": ("layernorm", "uses LayerNorm"),
-               "activation": ("gelu_tanh", "uses the tanh GELU in llama.cpp: train with activation="
-                              "'gelu_tanh', GPT-2's own"),
-               "n_kv_heads": (None, "has one key/value head per query head"),
-               "sliding_window": (None, "has no sliding-window attention")},
-              rope=None, zero_biases=True, full_width_heads=True)
-_NO_BIASES = {"bias": (False, "has no biases"), "qkv_bias": (False, "has no biases")}
-QWEN3 = Family("qwen3", "qwen3", "Qwen3", _QWEN3_TENSORS,
-               {**_LLAMA_BLOCK, **_NO_BIASES, "qk_norm": ("head", "normalises each query and key head"),
-                "sliding_window": (None, "has no sliding-window attention in llama.cpp"),
-                "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
-               biases=(), writes=frozenset({"qk_norm"}))
-# Mixtral is llama.cpp's Llama with {arch}.expert_count set (as its convert_hf_to_gguf.py writes it)
-MIXTRAL = Family("llama", "mixtral", "Mixtral", _MIXTRAL_TENSORS,
-                 {**LLAMA.settings, **_NO_BIASES}, rope="pairs", rope_freqs=True, biases=(), experts=True,
-                 writes=frozenset({"moe"}))
-QWEN3MOE = Family("qwen3moe", "qwen3_moe", "Qwen3-MoE", _QWEN3MOE_TENSORS, QWEN3.settings, biases=(),
-                  experts=True, writes=frozenset({"qk_norm", "moe"}))
-OLMO2 = Family("olmo2", "olmo2", "OLMo 2", _OLMO2_TENSORS,
-               {**_LLAMA_BLOCK, **_NO_BIASES,
-                "norm_placement": ("reordered", "puts its norms after each sublayer"),
-                "qk_norm": ("width", "normalises queries and keys over their whole width"),
-                "sliding_window": (None, "has no sliding-window attention"),
-                "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
-               biases=())
-SMOLLM3 = Family("smollm3", "smollm3", "SmolLM3", _LLAMA_TENSORS,
-                 {**_LLAMA_BLOCK, **_NO_BIASES, "sliding_window": (None, "has no sliding-window attention"),
-                  "rope_scaling": (None, "reads no Llama 3 rope scaling in llama.cpp")},
-                 rope="pairs", biases=(), nope_step=4, writes=frozenset({"nope_layers"}))
-_GEMMA_BLOCK = {name: value for name, value in GEMMA.settings.items() if name != "sliding_window"}
-_SANDWICH = ("sandwich", "has norms before and after each sublayer")
-GEMMA2 = Family("gemma2", "gemma2", "Gemma 2", _GEMMA2_TENSORS,
-                {**_GEMMA_BLOCK, "norm_placement": _SANDWICH,
-                 "qk_norm": ("none", "has no q/k norms (Gemma 3 has)")},
-                norm_offset=True, tied_only=True, biases=(), swa_pattern=2, softcaps=True,
-                writes=frozenset({"global_layers", "attn_scale_dim", "attn_softcap", "logit_softcap"}))
-GEMMA3 = Family("gemma3", "gemma3_text", "Gemma 3", _GEMMA3_TENSORS,
-                {**_GEMMA_BLOCK, "norm_placement": _SANDWICH,
-                 "qk_norm": ("head", "normalises each query and key head")},
-                norm_offset=True, tied_only=True, biases=(), swa_pattern=6, local_rope_theta=10000.0,
-                writes=frozenset({"qk_norm", "global_layers", "rope_local_theta", "attn_scale_dim"}))
-
-# general.architecture -> the family; model_type (Hugging Face's, as runs record it) -> the family.
-# Mistral without a window is Llama's computation, and llama.cpp's convert writes it as "llama".
-FAMILIES = {f.arch: f for f in (LLAMA, QWEN2, QWEN3, QWEN3MOE, GEMMA, GEMMA2, GEMMA3, OLMO2, SMOLLM3, PHI3,
-                                GPT2)}
-BY_MODEL_TYPE = {**{f.model_type: f for f in FAMILIES.values()}, "mistral": LLAMA, "gemma3": GEMMA3,
-                 "mixtral": MIXTRAL}
+# general.architecture -> the entry import-gguf reads it with (Mixtral, llama.cpp's Llama with
+# experts, is told apart by its expert count: `entry_of`); model_type (Hugging Face's, as runs
+# record it) -> the entry export-gguf writes it as (Mistral without a window is Llama's
+# computation, and llama.cpp's convert writes it as Llama).
+FAMILIES: dict[str, GgufEntry] = {}
+for _entry in GGUF_ENTRIES:
+    FAMILIES.setdefault(_entry.arch, _entry)
+BY_MODEL_TYPE: dict[str, GgufEntry] = {
+    **{e.model_type: e for e in FAMILIES.values()},
+    **{spec.model_type: spec.gguf for spec in SPECS.values() if spec.gguf is not None},
+    **{alias: e for e in GGUF_ENTRIES for alias in e.also_recorded}}
 # Architectures llama.cpp has that import-gguf does not read yet, and what they would need.
-NOT_YET = {
-    "qwen2moe": "Qwen2-MoE has a mixture of experts and a shared expert",
-    "olmoe": "OLMoE has a mixture of experts and q/k norms",
-    "phi2": "Phi-2 runs attention and the feed-forward in parallel with partial rotary embeddings",
-}
+NOT_YET = {arch: why for spec in SPECS.values() for arch, why in spec.gguf_unread.items()}
 # Of those, the ones handformer runs from their Hugging Face checkpoints: arch -> model_type.
-FROM_HF = {"qwen2moe": "qwen2_moe",
-           "olmoe": "olmoe"}
+FROM_HF = {arch: spec.model_type for spec in SPECS.values() if spec.gguf is None for arch in spec.gguf_unread}
+_LONGROPE = next(e for e in GGUF_ENTRIES if e.longrope)  # the architecture that names LongRoPE's keys
+
+
+def entry_of(arch: str, experts: bool) -> GgufEntry | None:
+    """The entry for a file of architecture `arch` (with or without {arch}.expert_count)."""
+    entries = [e for e in GGUF_ENTRIES if e.arch == arch]
+    return next((e for e in entries if e.experts == experts), entries[0] if entries else None)
+
+
 # Settings of today's families that no architecture here writes: name -> (the value without it,
 # what it is). A run with one exports to Hugging Face only (export-hf).
 _NOT_WRITTEN = {"qk_norm": ("none", "q/k norms"), "moe": (None, "mixture of experts"),
@@ -255,17 +86,15 @@ def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:
         return BY_MODEL_TYPE[recorded]
     from handformer.convert.hf_export import model_type_for
 
-    if cfg.position == "learned":
-        return GPT2
-    if cfg.position != "rope":
+    if cfg.position not in ("learned", "rope"):
         raise ValueError(f"position={cfg.position!r} maps to no llama.cpp architecture: GPT-2 has "
                          "position='learned', the Llama family position='rope'")
     found = BY_MODEL_TYPE.get(model_type_for(cfg))
     if found is not None:
         return found
-    if cfg.norm == "rmsnorm_offset" or cfg.scale_embeddings or cfg.activation.startswith("geglu"):
-        return GEMMA
-    return QWEN2 if cfg.qkv_bias and not cfg.bias else LLAMA
+    fallback = spec_of(cfg, tuple(spec for spec in SPECS.values() if spec.gguf_fallback))
+    assert fallback.gguf is not None
+    return fallback.gguf
 
 
 def _global_layers(family: Family, n_layers: int) -> list[int]:
@@ -329,7 +158,7 @@ def _expert_problems(cfg: CausalLMConfig, family: Family) -> list[str]:
 def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
     """Every setting of `cfg` that llama.cpp's `family` cannot express, each with why."""
     settings = dict(family.settings)
-    if family is GPT2 and cfg.n_kv_heads == cfg.n_heads:
+    if settings.get("n_kv_heads", (0,))[0] is None and cfg.n_kv_heads == cfg.n_heads:
         settings.pop("n_kv_heads")  # stated, but the same as None
     if cfg.sliding_window is not None and cfg.sliding_window >= cfg.max_positions:
         settings.pop("sliding_window", None)  # a window as long as the context: no window (noted)
@@ -524,9 +353,9 @@ def read_longrope(metadata: dict[str, Any], short: Tensor, long: Tensor, cfg: Ca
                     for n, t in (("short_factor", short), ("long_factor", long))):
         values = {**{"attention_factor": None, "factor": None}, **ours}
     else:
-        key = _key(PHI3, gguf.Keys.Rope.SCALING_ATTN_FACTOR)
+        key = _key(_LONGROPE, gguf.Keys.Rope.SCALING_ATTN_FACTOR)
         values["attention_factor"] = _float(metadata, key, where, 1.0)
-    original = _int(metadata, _key(PHI3, gguf.Keys.Rope.SCALING_ORIG_CTX_LEN), where, cfg.max_positions)
+    original = _int(metadata, _key(_LONGROPE, gguf.Keys.Rope.SCALING_ORIG_CTX_LEN), where, cfg.max_positions)
     return LongRopeScaling(original_max_positions=original, **values)
 
 
@@ -575,7 +404,7 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
         assert cfg.moe is not None
         writer.add_expert_count(cfg.moe.n_experts)
         writer.add_expert_used_count(cfg.moe.top_k)
-        if cfg.moe.d_expert is not None or family.arch != "llama":  # Mixtral's experts: d_ff wide
+        if cfg.moe.d_expert is not None or not family.experts_d_ff:  # Mixtral's experts: d_ff wide
             writer.add_expert_feed_forward_length(cfg.moe.d_expert or cfg.d_ff)
         writer.add_float64(AUX_LOSS_KEY, cfg.moe.aux_loss_coef)
     if family.softcaps:
@@ -680,7 +509,7 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
             n_experts=_int(metadata, k(gguf.Keys.LLM.EXPERT_COUNT), where),
             top_k=_int(metadata, k(gguf.Keys.LLM.EXPERT_USED_COUNT), where),
             d_expert=(_int(metadata, width, where, settings["d_ff"])
-                      if width in metadata or family.arch != "llama" else None),  # Mixtral: d_ff wide
+                      if width in metadata or not family.experts_d_ff else None),  # Mixtral: d_ff wide
             aux_loss_coef=metadata.get(AUX_LOSS_KEY, MoEConfig.aux_loss_coef))
     settings.update({name: value for name, (value, _) in family.settings.items() if name != "n_kv_heads"})
     if "n_kv_heads" in family.settings and settings["n_kv_heads"] == n_heads:
@@ -764,8 +593,8 @@ def _fit_llama3(factors: Tensor, cfg: CausalLMConfig, where: str) -> Llama3RopeS
                              original_max_positions=context)
 
 
-__all__ = ["BY_MODEL_TYPE", "FAMILIES", "FROM_HF", "Family", "GEMMA2", "GEMMA3", "MIXTRAL", "NOT_YET",
-           "QWEN3",
-           "QWEN3MOE", "export_tensors", "family_for", "import_plan", "longrope_tensors",
-           "mismatches", "read_hparams", "read_longrope", "read_rope_scaling", "rope_factors",
-           "split_tensor", "stacked", "write_hparams"]
+__all__ = ["BY_MODEL_TYPE", "FAMILIES", "FROM_HF", "Family", "NOT_YET", "entry_of", "export_tensors",
+    "family_for",
+           "import_plan", "longrope_tensors", "mismatches", "read_hparams", "read_longrope",
+               "read_rope_scaling",
+           "rope_factors", "split_tensor", "stacked", "write_hparams"]

@@ -114,7 +114,7 @@ class _Writer(gguf.GGUFWriter):
     """GGUFWriter that also writes an empty array whose item type is given
     (`add_key_value(key, [], ARRAY, sub_type)`). GGUF allows zero-length arrays and llama.cpp reads
     them; the `gguf` writer refuses them, but a character vocabulary has no BPE merges and llama.cpp
-    requires the tokenizer.ggml.merges key of a "gpt2" vocabulary to exist."""
+    requires the tokenizer.ggml.merges key of a byte-level BPE vocabulary to exist."""
 
     def _pack_val(self, val: Any, vtype: Any, add_vtype: bool, sub_type: Any = None) -> bytes:
         if vtype == gguf.GGUFValueType.ARRAY and len(val) == 0 and sub_type is not None:

@@ -27,10 +27,9 @@ from handformer.config import CausalLMConfig
 from handformer.convert.gguf_arch import (
     FAMILIES,
     FROM_HF,
-    GPT2,
-    MIXTRAL,
     NOT_YET,
     Family,
+    entry_of,
     import_plan,
     read_hparams,
     read_longrope,
@@ -47,10 +46,9 @@ LONGROPE = ("rope_factors_short.weight", "rope_factors_long.weight")
 
 def family_of_file(file: GGUFFile) -> Family:
     arch = file.architecture
-    if arch == "llama" and file.metadata.get("llama.expert_count"):
-        return MIXTRAL  # llama.cpp's Llama with experts
-    if arch in FAMILIES:
-        return FAMILIES[arch]
+    found = entry_of(arch, bool(file.metadata.get(f"{arch}.expert_count")))  # Mixtral: Llama with experts
+    if found is not None:
+        return found
     why = f": {NOT_YET[arch]}, which import-gguf does not read yet" if arch in NOT_YET else ""
     if arch in FROM_HF:
         why += f" (`handformer import-hf` reads its Hugging Face checkpoint, model_type {FROM_HF[arch]!r})"
@@ -91,7 +89,7 @@ def config_from_gguf(file: GGUFFile, family: Family, notes: list[str]) -> tuple[
     settings.update(biases, vocab_size=embd.shape[0])
     if not family.tied_only:
         settings["tie_embeddings"] = "output.weight" not in file.tensors
-    preset = CausalLMConfig.gpt2_style if family is GPT2 else CausalLMConfig.llama_style
+    preset = CausalLMConfig.gpt2_style if family.rope is None else CausalLMConfig.llama_style
     try:
         cfg = preset(**settings)
         if family.rope_freqs and ROPE_FREQS in file.tensors:

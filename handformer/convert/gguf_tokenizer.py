@@ -1,14 +1,16 @@
 """Tokenizers in GGUF: handformer's tokenizer.json <-> llama.cpp's vocabulary keys (tokenizer.ggml.*).
 
 llama.cpp knows two kinds that handformer's runs have:
-- "gpt2": byte-level BPE. The tokens are byte-level strings (each byte shown as one printable
+- byte-level BPE (tokenizer.ggml.model `BYTE_LEVEL_BPE`,
+    named after GPT-2). The tokens are byte-level strings (each byte shown as one printable
   character: a space is "Ġ", a newline "Ċ"), the merges are "left right" strings ranked by
-  position, and `tokenizer.ggml.pre` names the split before BPE ("gpt-2", "llama-bpe", "qwen2",
-  "smollm": llama.cpp has one regex for each). handformer's trained BPE, GPT-2, Llama 3, Qwen2,
+  position, and `tokenizer.ggml.pre` names the split before BPE (`PRE_NAMES`: llama.cpp has one
+  regex for each). handformer's trained BPE, GPT-2, Llama 3, Qwen2,
   SmolLM. A character tokenizer is written as this kind too: one token per character (its UTF-8
   bytes in byte-level form) and merges only to join the bytes of characters beyond ASCII (none for
   ASCII text: an empty list).
-- "llama": SentencePiece. Tokens with "▁" for spaces, byte tokens <0x00>..<0xFF>, and a score per
+- SentencePiece (tokenizer.ggml.model `SENTENCEPIECE`, named after Llama). Tokens with "▁" for spaces,
+    byte tokens <0x00>..<0xFF>, and a score per
   token: llama.cpp merges the adjacent pair whose concatenation scores highest. llama2.c's
   tokenizer and the Hugging Face Llama 2 / Gemma ones are BPE with byte fallback whose merges were
   made from such scores; the scores written are the merges' ranks (-rank of the first merge that
@@ -31,6 +33,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
+from handformer.families.catalogue import BYTE_LEVEL_BPE, QWEN2_PRE, SENTENCEPIECE
 
 SPACE = "\u2581"  # SentencePiece's visible space
 T = gguf.TokenType
@@ -42,8 +45,8 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-SPLITS = {"llama-bpe": LLAMA3_SPLIT, "qwen2": QWEN2_SPLIT}
-PRE_NAMES = ("gpt-2", "llama-bpe", "qwen2", "smollm")
+SPLITS = {"llama-bpe": LLAMA3_SPLIT, QWEN2_PRE: QWEN2_SPLIT}
+PRE_NAMES = ("gpt-2", "llama-bpe", QWEN2_PRE, "smollm")
 _PRE_ALIASES = {"llama3": "llama-bpe", "llama-v3": "llama-bpe"}
 EOS_STANDS_IN = "handformer.eos_stands_in"  # the EOS id is a stand-in for a run without one
 
@@ -83,11 +86,11 @@ def from_byte_level(text: str) -> str | None:
 class Vocab:
     """A vocabulary as GGUF holds it (lists as long as the model's vocabulary)."""
 
-    model: str  # "gpt2" or "llama"
+    model: str  # BYTE_LEVEL_BPE or SENTENCEPIECE
     tokens: list[str]
     types: list[int]
-    pre: str | None = None  # gpt2
-    merges: list[str] = field(default_factory=list)  # gpt2
+    pre: str | None = None  # byte-level BPE
+    merges: list[str] = field(default_factory=list)  # byte-level BPE
     scores: list[float] = field(default_factory=list)  # llama
     add_space_prefix: bool = True  # llama
 
@@ -156,7 +159,7 @@ def _char_vocab(tokenizer: Tokenizer, spec: dict[str, Any], vocab_size: int) -> 
         tokens[i] = "".join(pieces)
         types.append(int(T.NORMAL))
     words, kinds = _fill(tokens, types)
-    return Vocab("gpt2", words, kinds, pre="gpt-2", merges=merges)
+    return Vocab(BYTE_LEVEL_BPE, words, kinds, pre="gpt-2", merges=merges)
 
 
 def _merge_strings(spec_merges: list[Any]) -> list[str]:
@@ -169,7 +172,8 @@ def _byte_level_vocab(tokenizer: Tokenizer, spec: dict[str, Any], vocab_size: in
     tokens = _padded(tokenizer.hf.get_vocab(with_added_tokens=True), vocab_size, "GGUF")
     types = [_added_type(added[i]) if i in added else int(T.NORMAL) for i in range(vocab_size)]
     words, kinds = _fill(tokens, types)
-    return Vocab("gpt2", words, kinds, pre=pre, merges=_merge_strings(spec["model"].get("merges", [])))
+    return Vocab(BYTE_LEVEL_BPE, words, kinds, pre=pre, merges=_merge_strings(spec["model"].get("merges",
+        [])))
 
 
 def _sentencepiece_vocab(tokenizer: Tokenizer, spec: dict[str, Any], vocab_size: int) -> Vocab:
@@ -197,7 +201,7 @@ def _sentencepiece_vocab(tokenizer: Tokenizer, spec: dict[str, Any], vocab_size:
         multi = text is not None and len(text) > 1 and types[-1] == T.NORMAL
         scores.append(-float(ranks[i]) if i in ranks else (-1e9 if multi else 0.0))
     words, kinds = _fill(tokens, types)
-    return Vocab("llama", words, kinds, scores=scores, add_space_prefix=_adds_space_prefix(spec))
+    return Vocab(SENTENCEPIECE, words, kinds, scores=scores, add_space_prefix=_adds_space_prefix(spec))
 
 
 def _adds_space_prefix(spec: dict[str, Any]) -> bool:
@@ -240,7 +244,7 @@ def write_tokenizer(writer: Any, tokenizer: Tokenizer, tokenizer_json: str, toke
     writer.add_tokenizer_model(vocab.model)
     writer.add_token_list(vocab.tokens)
     writer.add_token_types(vocab.types)
-    if vocab.model == "gpt2":
+    if vocab.model == BYTE_LEVEL_BPE:
         writer.add_tokenizer_pre(vocab.pre)
         writer.add_key_value(K.MERGES, vocab.merges, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)
     else:
@@ -272,7 +276,7 @@ def write_tokenizer(writer: Any, tokenizer: Tokenizer, tokenizer_json: str, toke
 
 def _stand_in_eos(tokenizer: Tokenizer, tokens: SpecialTokens, notes: list[str]) -> list[int]:
     """An EOS for a run that has none (trained here on raw text, it never saw one). Without the key
-    llama.cpp takes a default id (11 for "gpt2" vocabularies: a character or word of this one) and
+    llama.cpp takes a default id (11 for byte-level BPE vocabularies: a character or word of this one) and
     stops there; it stops at a token named </s> in any case, so that one stands in."""
     for token_id in (tokenizer.eos_id, tokens.pad_id, tokenizer.pad_id, tokenizer.unk_id):
         if token_id is not None:
@@ -344,7 +348,7 @@ def _byte_level_tokenizer(tokens: list[str], types: list[int], merges: list[str]
         hf.pre_tokenizer = pre_tokenizers.Sequence([digits, byte_level])
     else:
         hf.pre_tokenizer = byte_level
-    if pre == "qwen2":
+    if pre == QWEN2_PRE:
         hf.normalizer = normalizers.NFC()
     hf.decoder = decoders.ByteLevel()
     hf.add_special_tokens(_specials(tokens, types))
@@ -394,16 +398,17 @@ def tokenizer_from_gguf(metadata: dict[str, Any], vocab_size: int, where: str) -
     if len(tokens) > vocab_size:
         raise ValueError(f"{where}: the vocabulary lists {len(tokens)} tokens but the embedding has "
                          f"{vocab_size} rows")
-    if kind == "gpt2":
+    if kind == BYTE_LEVEL_BPE:
         merges = [str(m) for m in metadata.get(K.MERGES) or []]
         hf = _char_tokenizer(tokens, types, merges) or _byte_level_tokenizer(
             tokens, types, merges, str(metadata.get(K.PRE) or "gpt-2"), where)
-    elif kind == "llama":
+    elif kind == SENTENCEPIECE:
         scores = [float(s) for s in _list(metadata, K.SCORES, where, len(tokens))]
         hf = _sentencepiece_tokenizer(tokens, types, scores, bool(metadata.get(K.ADD_PREFIX, True)))
     else:
-        raise ValueError(f"{where} has tokenizer.ggml.model = {kind!r}; handformer reads 'gpt2' "
-                         "(byte-level BPE) and 'llama' (SentencePiece) vocabularies")
+        raise ValueError(f"{where} has tokenizer.ggml.model = {kind!r}; handformer reads "
+                         f"{BYTE_LEVEL_BPE!r} (byte-level BPE) and {SENTENCEPIECE!r} (SentencePiece) "
+                         "vocabularies")
     return Tokenizer(hf)
 
 
@@ -419,7 +424,7 @@ def special_tokens_from_gguf(metadata: dict[str, Any], vocab_size: int, notes: l
             return None
         return value
 
-    add_bos = metadata.get(K.ADD_BOS, metadata.get(K.MODEL) == "llama")
+    add_bos = metadata.get(K.ADD_BOS, metadata.get(K.MODEL) == SENTENCEPIECE)
     bos = token_id(K.BOS_ID) if add_bos else None
     stops = [i for i in (token_id(K.EOS_ID), token_id(K.EOT_ID), token_id(K.EOM_ID)) if i is not None]
     if metadata.get(EOS_STANDS_IN):

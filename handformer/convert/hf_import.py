@@ -1,5 +1,4 @@
-"""Import a Hugging Face checkpoint directory (GPT-2, Llama, Qwen2/3, Mistral, Gemma 1/2/3, SmolLM3,
-OLMo 2, Phi-3/Phi-4-mini, and the mixtures of experts Mixtral, Qwen3-MoE, Qwen2-MoE, OLMoE) as a
+"""Import a Hugging Face checkpoint directory (any family of the catalogue, handformer/families) as a
 handformer language-model run.
 
     import_hf("path/to/hf-model", "runs/gpt2")   # then: handformer generate runs/gpt2 --prompt ...
@@ -60,6 +59,7 @@ from handformer.convert.hf_weights import (
 from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.families import build_causal_lm
+from handformer.families.catalogue import SPECS
 from handformer.io import atomic_write
 from handformer.models.causal_lm import CausalLM
 from handformer.training.checkpoint import safetensors_problem
@@ -67,13 +67,8 @@ from handformer.training.checkpoint import safetensors_problem
 # The chat template and its special-token strings, copied into the run for `handformer chat`
 # (generation/chat_template.py reads them there as transformers reads them from a checkpoint).
 CHAT_FILES = ("chat_template.jinja", "tokenizer_config.json")
-# model_type -> the Hugging Face class whose checkpoints `hf_weights` maps.
-ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "gemma": "GemmaForCausalLM",
-                 "gemma2": "Gemma2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
-                 "smollm3": "SmolLM3ForCausalLM", "olmo2": "Olmo2ForCausalLM", "phi3": "Phi3ForCausalLM",
-                 "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                 "qwen2_moe": "Qwen2MoeForCausalLM", "olmoe": "OlmoeForCausalLM"}
+# model_type -> the Hugging Face class whose checkpoints `hf_weights` maps (each spec's `hf_class`).
+ARCHITECTURES = {model_type: spec.hf_class for model_type, spec in SPECS.items()}
 SINGLE_FILE, INDEX_FILE = "model.safetensors", "model.safetensors.index.json"
 
 

@@ -1,5 +1,5 @@
-"""The families room: variants of lesson modules that some model families need, and the one
-builder that puts them in place.
+"""The families room: the catalogue of model families (one `FamilySpec` each, catalogue.py), the
+variants of lesson modules that some of them need, and the one builder that puts those in place.
 
     model = build_causal_lm(cfg)   # CausalLM(cfg), then each variant cfg asks for
 
@@ -17,7 +17,7 @@ torchtune's builders do), reusing its weights:
 | rope_local_theta                 | Gemma 3             | gemma.LocalGlobalRotary                   |
 | norm_placement = "reordered"     | OLMo 2              | olmo.ReorderedNormBlock                   |
 | qk_norm = "width"                | OLMo 2              | olmo.WidthQKNormAttention                 |
-| nope_layers                      | SmolLM3             | NoRopeAttention                           |
+| nope_layers                      | SmolLM3             | smollm.NoRopeAttention                    |
 
 Everything that builds a model from a config (runs, imports, training, tracing) calls
 `build_causal_lm`; the variants' modules keep the lesson's parameter names, so state dicts,
@@ -28,28 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from torch import Tensor, nn
+from torch import nn
 
 from handformer.config import CausalLMConfig
-from handformer.families.adopt import adopt_attention
 from handformer.families.gemma import GemmaAttention, LocalGlobalRotary, SandwichBlock, SoftcappedHead
 from handformer.families.olmo import ReorderedNormBlock, WidthQKNormAttention
+from handformer.families.smollm import NoRopeAttention
 from handformer.models.causal_lm import CausalLM
-from handformer.nn.attention import MultiHeadAttention
-from handformer.nn.kv_cache import NO_CACHE, LayerCache
 from handformer.replace import replace_layers
-
-
-class NoRopeAttention(MultiHeadAttention):
-    """Attention without rotary positions, in a model whose other layers have them (SmolLM3's
-    every fourth layer, "NoPE"): the causal mask alone tells it the order. Only `project` differs."""
-
-    def __init__(self, attn: MultiHeadAttention) -> None:
-        adopt_attention(self, attn)
-
-    def project(self, query: Tensor, key: Tensor, value: Tensor, rope: tuple[Tensor, Tensor] | None = None,
-                cache: LayerCache = NO_CACHE) -> tuple[Tensor, Tensor, Tensor]:
-        return super().project(query, key, value, None, cache)  # the rotation is not applied
 
 
 def _layers(model: CausalLM, part: str, which: Callable[[int], bool] = lambda i: True,

@@ -25,7 +25,7 @@ import torch
 
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat_template import ChatTemplate
-from handformer.generation.engine import Choice, Engine, Row, SamplingOptions, long_rope_start
+from handformer.generation.engine import Choice, Engine, Row, SamplingOptions, frequency_set
 from handformer.generation.sampling import check_sampling_options
 from handformer.generation.stream import TextStream
 from handformer.models.causal_lm import CausalLM
@@ -143,9 +143,9 @@ class ChatSession:
     @torch.inference_mode()
     def _generate(self, prompt: list[int], on_text: Callable[[str], None] | None) -> list[int]:
         keep = min(common_prefix(self.context, prompt), len(prompt) - 1)  # run >= 1 token for logits
-        long_from = long_rope_start(self.model)
-        if long_from is not None and self.cache.length > long_from >= keep:
-            keep = 0  # the cached keys took LongRoPE's long factors; a shorter context takes the short ones
+        key_set = frequency_set(self.model)
+        if key_set(self.cache.length) != key_set(keep):
+            keep = 0  # the cached keys took other frequencies (LongRoPE's long factors) than these will
         self.cache.truncate(keep)
         row = Row(prompt, self.max_new_tokens, self.options, frozenset(self.stop_ids),
                   generator=self.generator)  # one generator for the whole conversation

@@ -50,7 +50,6 @@ from handformer.generation.prefix_cache import Hit, PrefixCache
 from handformer.generation.sampling import check_sampling_options, filter_logits, next_tokens
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.kv_cache import KVCache
-from handformer.nn.positions import LongRotaryEmbedding
 
 LogitProcessor = Callable[[Sequence[int], Tensor], Tensor]  # (tokens chosen so far, (V,) logits) -> (V,)
 
@@ -147,10 +146,18 @@ class Engine:
         self.steps = 0  # decoding steps run (prefills not counted)
         self.largest_batch = 0  # the most rows one step has decoded
         self._chosen: Tensor | None = None  # (B,) the last step's argmax, while it is every row's token
-        self.long_from = long_rope_start(model)  # LongRoPE: forwards past this position use the long set
-        self.long_keys: bool | None = False  # the set the cached keys were turned with (None: both)
-        if self.long_from is not None:  # a stored prefix's keys were turned with one set or the other
+        # the frequencies a forward of n positions turns keys with (one set, unless the rotary
+        # module's change with the length): cached keys of another set are stale
+        self.key_set = frequency_set(model)
+        self.cached_set: int | None = self.key_set(0)  # the set of the cached keys (None: mixed)
+        if self.key_set(1) != self.key_set(model.cfg.max_positions):  # a stored prefix's could be either
             self.prefix_cache = None
+
+    @property
+    def long_keys(self) -> bool | None:
+        """Whether the cached keys were turned with the second set of frequencies (LongRoPE's long
+        factors); None: rows of both sets."""
+        return None if self.cached_set is None else bool(self.cached_set)
 
     @property
     def live(self) -> list[Row]:
@@ -178,10 +185,10 @@ class Engine:
         by_prompt = {p: i for i, p in enumerate(prompts)}
         which = [by_prompt[tuple(row.prompt)] for row in rows]
         choices = self._choose(rows, logits[which])
-        had_rows, long_keys = bool(self.rows), self._long(max(len(p) for p in prompts))
+        had_rows, joining_set = bool(self.rows), self.key_set(max(len(p) for p in prompts))
         self._join(rows, which, sources, [len(p) for p in prompts])
         if self.rows and any(not row.done for row in rows):  # the joining rows' keys are in the cache
-            self.long_keys = long_keys if not had_rows or self.long_keys == long_keys else None
+            self.cached_set = joining_set if not had_rows or self.cached_set == joining_set else None
         return choices
 
     def _prefill_all(self, prompts: list[tuple[int, ...]], rows: list[Row]) -> tuple[Tensor, list]:
@@ -236,8 +243,8 @@ class Engine:
         """A single row continuing `cache` (which holds its prompt's first cache.length tokens)."""
         if len(rows) != 1 or self.rows or not self.use_cache:
             raise ValueError("a cache to continue is for one row alone, in an empty engine, with a cache")
-        if cache.length and self._long(cache.length) != self._long(len(rows[0].prompt)):
-            cache.truncate(0)  # LongRoPE changes set: every position again, with the new one
+        if cache.length and self.key_set(cache.length) != self.key_set(len(rows[0].prompt)):
+            cache.truncate(0)  # the frequencies change (LongRoPE): every position again, with the new ones
         new = rows[0].prompt[cache.length:]
         if not new:
             raise ValueError("the cache holds the whole prompt; leave at least one token to run")
@@ -322,9 +329,9 @@ class Engine:
         padded = B > 1 and min(self.lengths) < self.width
         mask = self.mask[:, :self.width] if padded else None  # (B, S + 1)
         chosen, self._chosen = self._chosen, None
-        long_now = self._long(max(self.lengths))
-        if self.use_cache and long_now != self.long_keys:  # LongRoPE changes set: every position again
-            logits, self.long_keys = self._rerun(mask), long_now
+        key_set = self.key_set(max(self.lengths))
+        if self.use_cache and key_set != self.cached_set:  # the frequencies change: every position again
+            logits, self.cached_set = self._rerun(mask), key_set
         elif self.use_cache:
             # (B, 1): the cache holds the rest. Every row's last step chose by one argmax: its result
             # is these tokens already (no tensor built from a list).
@@ -342,11 +349,6 @@ class Engine:
         if self.compact and not self.live:
             self._reset()  # the last rows are done: nothing left to keep
         return choices
-
-    def _long(self, positions: int) -> bool:
-        """Whether a forward whose longest row has `positions` positions turns queries and keys with
-        LongRoPE's long factors (the model chooses by its largest position id)."""
-        return self.long_from is not None and positions > self.long_from
 
     def _rerun(self, mask: Tensor | None) -> Tensor:
         """Every position of every row run again into the emptied cache: (B, V) last logits. A row's
@@ -418,11 +420,15 @@ def rows_of(cache: KVCache) -> int:
     return 0 if cache.keys[0] is None else cache.keys[0].size(0)
 
 
-def long_rope_start(model: CausalLM) -> int | None:
-    """The pre-training context of a LongRoPE model (forwards past it use the long factors); None
-    for other models."""
-    rotary = getattr(model, "rotary", None)
-    return rotary.original if isinstance(rotary, LongRotaryEmbedding) else None
+def _one_set(positions: int) -> int:
+    return 0
+
+
+def frequency_set(model: CausalLM) -> Callable[[int], int]:
+    """positions -> which frequencies a forward of the model whose longest row has that many
+    positions turns keys with: the rotary module's `factor_set` where its frequencies change with
+    the length (LongRoPE), else one set for every length."""
+    return getattr(getattr(model, "rotary", None), "factor_set", _one_set)
 
 
 def check_row(row: Row, max_positions: int) -> None:
@@ -460,5 +466,5 @@ def token_logprobs(logits: Tensor, token: int, options: SamplingOptions,
     return float(logprobs[token]), top
 
 
-__all__ = ["Choice", "Engine", "LogitProcessor", "Row", "SamplingOptions", "check_row", "long_rope_start",
+__all__ = ["Choice", "Engine", "LogitProcessor", "Row", "SamplingOptions", "check_row", "frequency_set",
            "sampled_distribution", "token_logprobs"]

@@ -134,6 +134,12 @@ class LongRotaryEmbedding(RotaryEmbedding):
         self.register_tables("", short, min(self.original, max_positions), attention_factor)
         self.register_tables("long_", long, max_positions, attention_factor)
 
+    def factor_set(self, positions: int) -> int:
+        """Which factors a forward whose longest row has `positions` positions turns queries and
+        keys with: 0 short, 1 long. Keys cached under the other set are stale (a decoding engine
+        asks, before it reuses them)."""
+        return int(positions > self.original)
+
     def forward(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
         """(B, T) position ids -> (cos, sin), each (B, 1, T, Dh), of the short or long factors."""
         if int(position_ids.max()) >= self.original:  # past the pre-training context: the long set

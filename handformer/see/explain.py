@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.patches import FancyBboxPatch  # noqa: E402
 
+from handformer.families.gpt2 import GPT2  # noqa: E402
 from handformer.generation.sampling import apply_temperature, top_k_filter, top_p_filter  # noqa: E402
 from handformer.nn.attention import scaled_dot_product_attention  # noqa: E402
 from handformer.nn.masks import causal_mask, padding_mask  # noqa: E402
@@ -299,7 +300,7 @@ def _draw_seq2seq(ax: plt.Axes, text: Captions) -> None:
 
 
 def _draw_decoder_only(ax: plt.Axes, text: Captions) -> None:
-    s, cfg = traced_shapes("gpt2")
+    s, cfg = traced_shapes(GPT2.model_type)
     block = "layers.0"
     _box(ax, 2.0, 0.3, 6.0, 0.9, f"{text('flow.prompt')}\n{s['embed'][0][0]}", "#ddf4ff")
     embed = text("flow.lm_embed", position=text(f"pos.{cfg.position}"))

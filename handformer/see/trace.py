@@ -22,6 +22,8 @@ from torch import Tensor, nn
 
 from handformer.config import BlockConfig, CausalLMConfig, Seq2SeqConfig
 from handformer.families import build_causal_lm
+from handformer.families.gpt2 import GPT2
+from handformer.families.llama import LLAMA
 from handformer.models.causal_lm import CausalLM
 from handformer.models.seq2seq import Seq2SeqTransformer
 from handformer.modes import eval_mode
@@ -29,8 +31,8 @@ from handformer.nn.masks import AttentionMask
 
 PRESETS: dict[str, Callable[[], BlockConfig]] = {
     "paper-base": lambda: Seq2SeqConfig(),
-    "gpt2": lambda: CausalLMConfig.gpt2_style(),
-    "llama": lambda: CausalLMConfig.llama_style(),
+    GPT2.model_type: lambda: CausalLMConfig.gpt2_style(),
+    LLAMA.model_type: lambda: CausalLMConfig.llama_style(),
 }
 
 

@@ -39,7 +39,7 @@ def load_served_models(specs: list[str], device: str = "cpu") -> dict[str, Serve
     """Load every run once; a model id given twice is an error naming both specs."""
     from handformer.inference.prepare import prepare_for_decoding
     from handformer.tasks.lm.run import load_lm
-    from handformer.tasks.run_config import read_run_config
+    from handformer.tasks.run_config import RunDir
 
     if not specs:
         raise ValueError("give at least one run directory to serve")
@@ -51,9 +51,10 @@ def load_served_models(specs: list[str], device: str = "cpu") -> dict[str, Serve
             raise ValueError(f"model id {name!r} is given twice ({seen[name]!r} and {spec!r}); "
                              "name one of them with NAME=RUN_DIR")
         seen[name] = spec
-        task = read_run_config(run_dir)["task"]
+        run = RunDir.read(run_dir)  # read once, here and by load_lm
+        task = run.task
         if task == "lm":  # loaded through its pipeline, prepared for decoding (tasks/lm/pipeline.py)
-            served = ServedModel(name, run_dir, task, lm=load_lm(run_dir, device, decoding=True))
+            served = ServedModel(name, run_dir, task, lm=load_lm(run, device, decoding=True))
         else:
             served = ServedModel(name, run_dir, task, translator=Translator.load(run_dir, device))
             prepare_for_decoding(served.translator.model)

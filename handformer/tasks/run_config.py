@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,38 @@ def read_run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
             raise ValueError(f"{path}: \"{name}\" must be an object, got "
                              f"{type(config[name]).__name__}; {FIX}")
     return config
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run directory read once: its path and its checked config.json. `load_lm`, `chat`, the
+    exports and serve's registry take one, so a run's config.json is read once on their way.
+
+        run = RunDir.read("runs/smollm2")   # FileNotFoundError / ValueError: one line each
+    """
+
+    path: Path
+    config: dict[str, Any]  # the whole config.json, checked by `read_run_config`
+
+    @classmethod
+    def read(cls, run_dir: str | os.PathLike | RunDir) -> RunDir:
+        """`run_dir` read (a RunDir already read is returned as it is)."""
+        if isinstance(run_dir, RunDir):
+            return run_dir
+        return cls(Path(run_dir), read_run_config(run_dir))
+
+    @property
+    def task(self) -> str:
+        return self.config["task"]
+
+    def model_config(self, cls: type[BlockConfig]) -> BlockConfig:
+        return run_model_config(self.path, self.config, cls)
+
+    def __fspath__(self) -> str:  # where a path is wanted, a RunDir is its directory
+        return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
 
 
 def run_model_config(run_dir: str | os.PathLike, config: dict[str, Any], cls: type[BlockConfig],

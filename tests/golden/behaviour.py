@@ -144,6 +144,7 @@ def _families() -> dict[str, Any]:
         "qwen2_moe": transformers.Qwen2MoeConfig(**size, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
                                                  shared_expert_intermediate_size=32, rope_parameters=rope),
         "olmoe": transformers.OlmoeConfig(**size, num_experts=4, num_experts_per_tok=2, rope_parameters=rope),
+        "starcoder2": transformers.Starcoder2Config(**size, sliding_window=5, rope_parameters=rope),
     }
 
 

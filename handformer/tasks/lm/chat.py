@@ -18,7 +18,7 @@ import torch
 from handformer.generation.chat import ChatSession, check_chat_options, stop_ids_for
 from handformer.generation.chat_template import load_chat_template
 from handformer.tasks.lm.run import LMRun, load_lm
-from handformer.tasks.run_config import read_run_config
+from handformer.tasks.run_config import RunDir
 
 
 def chat(run: str | os.PathLike | LMRun, *, system: str | None = None, temperature: float = 1.0,
@@ -33,8 +33,7 @@ def chat(run: str | os.PathLike | LMRun, *, system: str | None = None, temperatu
         if run_dir is None:
             raise ValueError("chat(run: LMRun) needs run_dir=, the directory it was loaded from")
     else:
-        run_dir = run
-        read_run_config(run_dir)  # not a run at all: say so, before looking for a template
+        run_dir = RunDir.read(run)  # not a run at all: say so, before looking for a template
     # refusals that need no model come before loading it
     template = load_chat_template(run_dir)
     if template is None:

@@ -28,10 +28,11 @@ from handformer.convert.hf_export import (
 )
 from handformer.convert.hf_import import ARCHITECTURES as HF_CLASSES
 from handformer.convert.hf_import import CHAT_FILES, prepended_id
+from handformer.families.catalogue import SPECS
 from handformer.generation.chat_template import load_chat_template
 from handformer.io import atomic_write_bytes, atomic_write_text, check_export_target
 from handformer.tasks.lm.run import LMRun, load_lm
-from handformer.tasks.run_config import read_run_config
+from handformer.tasks.run_config import RunDir
 
 _BASE_HOPS = 8  # fine-tunes of fine-tunes followed back to an imported run, at most this deep
 
@@ -39,7 +40,7 @@ _BASE_HOPS = 8  # fine-tunes of fine-tunes followed back to an imported run, at 
 @dataclass
 class ExportedLM:
     out_dir: Path
-    model_type: str  # a key of HF_CLASSES: "gpt2", "llama", "qwen2", "mistral", "gemma", "phi3"
+    model_type: str  # a key of the catalogue (handformer/families/catalogue.py)
     architecture: str  # the Hugging Face class name
     notes: list[str] = field(default_factory=list)  # what the export chose that the run left open
 
@@ -149,10 +150,12 @@ def export_hf(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwrite:
     notes: list[str] = []
     model_type = export_model_type(run, run_dir, notes)
     cfg = run.model.cfg
-    if model_type == "gpt2" and not cfg.bias:
-        notes.append("the run has no biases (bias=false); GPT-2 always has them, so they are written as "
+    spec = SPECS[model_type]
+    if spec.tensors.zero_biases and not cfg.bias:
+        notes.append(f"the run has no biases (bias=false); {spec.name} always has them, so they are "
+                     "written as "
                      "zeros (the same function)")
-    if model_type != "gpt2" and cfg.dropout:
+    if not spec.residual_dropout and cfg.dropout:
         notes.append(f"{HF_CLASSES[model_type]} has no residual dropout; dropout={cfg.dropout} is left out "
                      "(training only)")
     ids, generation, tok_config = _token_files(run, run_dir)
@@ -214,15 +217,16 @@ def float_state(run: LMRun, notes: list[str]) -> dict[str, Tensor]:
     return state
 
 
-def _check_paths(run_dir: Path, out: Path, overwrite: bool) -> None:
+def _check_paths(run_dir: Path, out: Path, overwrite: bool) -> RunDir:
     if out.is_dir():
         raise ValueError(f"{out} is a directory; give the GGUF file to write, e.g. {out / 'model.gguf'}")
     if out.exists() and not overwrite:
         raise ValueError(f"{out} exists; choose another file or pass --overwrite")
-    config = read_run_config(run_dir)
-    if config.get("task") == "translation":
+    run = RunDir.read(run_dir)
+    if run.task == "translation":
         raise ValueError(f"{run_dir} is a translation run (an encoder-decoder Transformer); llama.cpp runs "
                          "decoder-only language models. `handformer export-hf` writes it as MarianMTModel")
+    return run
 
 
 def export_gguf(run_dir: str | os.PathLike, out: str | os.PathLike, type_name: str = "f32",
@@ -232,8 +236,7 @@ def export_gguf(run_dir: str | os.PathLike, out: str | os.PathLike, type_name: s
     run_dir, out = Path(run_dir), Path(out)
     if type_name not in TYPES:
         raise ValueError(f"--type {type_name!r} is unknown; choose one of {', '.join(TYPES)}")
-    _check_paths(run_dir, out, overwrite)
-    run = load_lm(run_dir)
+    run = load_lm(_check_paths(run_dir, out, overwrite))
     notes: list[str] = []
     family = family_for(run.model.cfg, recorded_model_type(run_dir, run.config, notes))
     state = float_state(run, notes)

@@ -46,7 +46,7 @@ class ImportedLM:
     """What `import_hf` wrote: enough for a one-line summary without loading the run again."""
 
     run_dir: Path
-    model_type: str  # a key of ARCHITECTURES: "gpt2", "llama", "qwen2", ...
+    model_type: str  # a key of the catalogue (handformer/families/catalogue.py)
     architecture: str  # the Hugging Face class name
     n_parameters: int  # tied weights counted once
     n_layers: int

@@ -12,6 +12,8 @@ from handformer.config import CausalLMConfig, dataclass_from_dict
 from handformer.data.text import (
     PYDOC,
 )
+from handformer.families.gpt2 import GPT2
+from handformer.families.llama import LLAMA
 from handformer.tasks.lm.finetune import BaseRun, check_lora_targets, model_config_from_base, read_base_run
 from handformer.training.loop import TrainConfig
 
@@ -63,7 +65,7 @@ class LMDataConfig:
         return dataclass_from_dict(cls, data, "data")
 
 
-MODEL_PRESETS = {"gpt2": CausalLMConfig.gpt2_style, "llama": CausalLMConfig.llama_style}
+MODEL_PRESETS = {GPT2.model_type: CausalLMConfig.gpt2_style, LLAMA.model_type: CausalLMConfig.llama_style}
 
 # Where a language model's usual practice differs from TrainConfig's (the translation paper's)
 # defaults; a [train] section overrides them like any other default.
@@ -72,7 +74,8 @@ LM_TRAIN_DEFAULTS = {"label_smoothing": 0.0, "schedule": "cosine"}
 
 @dataclass
 class LMJob:
-    # CausalLMConfig fields, plus `preset = "gpt2" | "llama"` to start from that style before the
+    # CausalLMConfig fields, plus a `preset` of MODEL_PRESETS (GPT-2's or Llama's) to start from that style
+    # before the
     # other fields apply. vocab_size comes from the tokenizer; max_positions defaults to block_size.
     model: dict[str, Any] = field(default_factory=dict)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(**LM_TRAIN_DEFAULTS))

@@ -30,7 +30,7 @@ from handformer.data.tokenizer import Tokenizer
 from handformer.io import atomic_write_text
 from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm.pipeline import load_model, pipeline_for
-from handformer.tasks.run_config import read_run_config
+from handformer.tasks.run_config import RunDir
 from handformer.training.checkpoint import save_weights
 
 
@@ -62,11 +62,13 @@ def save_lm_run(run_dir: str | os.PathLike, model: CausalLM, tokenizer: Tokenize
     write_lm_run_config(run_dir, model.cfg, tokens, **sections)
 
 
-def load_lm(run_dir: str | os.PathLike, device: str | torch.device = "cpu", decoding: bool = False) -> LMRun:
+def load_lm(run_dir: str | os.PathLike | RunDir, device: str | torch.device = "cpu",
+            decoding: bool = False) -> LMRun:
     """Load a language-model run directory (model in eval mode) through its pipeline
-    (tasks/lm/pipeline.py); `decoding`: prepared for decoding too (fused, packed)."""
-    run_dir = Path(run_dir)
-    config = read_run_config(run_dir)
+    (tasks/lm/pipeline.py); `decoding`: prepared for decoding too (fused, packed). A `RunDir`
+    already read is not read again."""
+    run = RunDir.read(run_dir)
+    run_dir, config = run.path, run.config
     if config.get("task") != "lm":
         raise ValueError(f"{run_dir} holds a {config.get('task')!r} run, not a language model "
                          "(task 'lm'); use `handformer translate` for translation runs")

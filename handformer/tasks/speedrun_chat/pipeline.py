@@ -35,6 +35,7 @@ import torch
 
 from handformer.config import dataclass_from_dict
 from handformer.data.tokenizer import Tokenizer
+from handformer.families.llama import LLAMA
 from handformer.generation.chat_template import TEMPLATE_FILE, load_chat_template
 from handformer.generation.engine import Engine, Row, SamplingOptions
 from handformer.io import atomic_write_text
@@ -290,7 +291,8 @@ def train_base(cfg: SpeedrunChatConfig, problems: ProblemSet | ReasoningSet, out
         prepare(data / "pretrain.txt", data / "shards", str(data / "tokenizer.json"), val_fraction=0.02,
                 progress=False, log=log)
     job = LMJob.from_dict({
-        "model": {"preset": "llama", "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
+        "model": {"preset": LLAMA.model_type, "d_model": cfg.d_model, "n_layers": cfg.n_layers,
+            "n_heads": cfg.n_heads,
                   "n_kv_heads": cfg.n_heads, "d_ff": 4 * cfg.d_model, "max_positions": cfg.block_size,
                   "dropout": 0.0},
         "train": _train(cfg, cfg.pretrain_steps, cfg.pretrain_lr, warmup=min(100, cfg.pretrain_steps // 10)),
