@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from handformer.cli import (
     chat,
     check,
+    data,
     evaluate,
     experiment,
     export_gguf,
@@ -31,7 +32,7 @@ from handformer.cli import (
 )
 
 COMMANDS = [trace, train, translate, generate, chat, evaluate, import_hf, import_llama2c, import_gguf, see,
-            check, learn, prepare, quantize, export_hf, export_gguf, experiment, merge, serve, speedrun]
+            check, learn, data, prepare, quantize, export_hf, export_gguf, experiment, merge, serve, speedrun]
 
 
 def build_parser() -> argparse.ArgumentParser:
