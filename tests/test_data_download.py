@@ -227,3 +227,16 @@ def test_a_translation_config_takes_a_parallel_datasets_splits(places, monkeypat
                                                     [("ein Hund val", "a dog val")], [("ein Hund test", "a dog test")])
     with pytest.raises(ValueError, match=r"\[data\] languages=\['de', 'xx'\] is invalid: give \[source, target\], two of de, en"):
         TranslationDataConfig.from_dict({"dataset": "pairs", "languages": ["de", "xx"]})
+
+
+def test_no_shipped_config_reads_a_folder_only_this_projects_machines_have():
+    """configs/ and the built-in configs name public datasets (found or downloaded), never ../shared."""
+    from handformer.tasks.job_file import load_job_file
+
+    root = Path(__file__).resolve().parents[1]
+    files = sorted((root / "configs").glob("*.toml")) + sorted((root / "handformer" / "configs").glob("*.toml"))
+    named = set()
+    for path in files:
+        assert "shared/" not in path.read_text(), path.name
+        named.add(load_job_file(path).get("data", {}).get("dataset"))
+    assert {"tinyshakespeare", "multi30k"} <= named <= {None, *sources.DATASETS}
