@@ -184,6 +184,8 @@ def test_data_get_downloads_and_data_list_says_where_each_dataset_is(places, mon
     rc, out, err = run_cli("data", "get", "tiny")
     assert rc == 0 and (places["cache"] / "tiny" / "f.txt").read_bytes() == BODY, err
     assert f"tiny             here: {places['cache'] / 'tiny'} (the user's cache)" in run_cli("data", "list")[1]
+    assert run_cli("data", "path", "tiny")[1] == f"{places['cache'] / 'tiny'}\n"
+    assert run_cli("data", "path", "tiny", "f.txt")[1] == f"{places['cache'] / 'tiny' / 'f.txt'}\n"
 
 
 def test_offline_data_get_and_train_print_one_error_line(places, monkeypatch, refused, tmp_path):

@@ -1,5 +1,6 @@
-"""`handformer data list` and `handformer data get NAME`: the public datasets the configs name, where
-each is found on this machine, and their download into the user's cache (docs/data.md)."""
+"""`handformer data list`, `handformer data get NAME` and `handformer data path NAME`: the public
+datasets the configs name, where each is found on this machine, and their download into the user's
+cache (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,20 @@ def cmd_get(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_path(args: argparse.Namespace) -> int:
+    """Print where a dataset (or one of its files) is, for scripts: `--data "$(handformer data path ...)"`."""
+    from handformer.data.lookup import DataUnavailable, find_folder, locate
+    if args.file:
+        print(locate(args.name, args.file, download=False))
+        return 0
+    folder = find_folder(args.name)
+    if folder is None:
+        raise DataUnavailable(f"{args.name} is not on this machine (every one of its files in one folder): "
+                              f"run `handformer data get {args.name}`")
+    print(folder)
+    return 0
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     from handformer.data.sources import DATASETS
 
@@ -59,3 +74,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     get.add_argument("names", nargs="+", metavar="NAME", choices=[*DATASETS, "all"],
                      help=f"{', '.join(DATASETS)}, or all")
     get.set_defaults(func=cmd_get)
+    path = actions.add_parser("path", help="print where a dataset or one of its files is (no download)")
+    path.add_argument("name", metavar="NAME", choices=list(DATASETS), help=", ".join(DATASETS))
+    path.add_argument("file", nargs="?", default=None, help="one of its files (default: its folder)")
+    path.set_defaults(func=cmd_path)
