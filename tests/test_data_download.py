@@ -242,3 +242,26 @@ def test_no_shipped_config_reads_a_folder_only_this_projects_machines_have():
         assert "shared/" not in path.read_text(), path.name
         named.add(load_job_file(path).get("data", {}).get("dataset"))
     assert {"tinyshakespeare", "multi30k"} <= named <= {None, *sources.DATASETS}
+
+
+def test_a_run_trained_on_a_dataset_records_its_name_and_eval_finds_the_text_again(places, monkeypatch, refused,
+                                                                                   tmp_path):
+    import json
+
+    tiny(monkeypatch, refused)
+    put(places["env"])
+    config = tmp_path / "job.toml"
+    config.write_text('task = "lm"\n[data]\ndataset = "tiny"\nblock_size = 16\nbatch_size = 4\n'
+                      "[model]\nd_model = 16\nn_heads = 2\nd_ff = 32\nn_layers = 1\n"
+                      "[train]\nsteps = 2\neval_every = 2\nprogress = false\ndevice = \"cpu\"\n")
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run_cli("train", "--config", str(config), "--out", "run")
+    assert rc == 0, err
+    assert f"characters from {places['env'] / 'tiny' / 'f.txt'}" in out
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["data"]["dataset"] == "tiny"
+    (places["env"] / "tiny" / "f.txt").unlink()  # eval looks the text up again: gone, then in the cache
+    rc, _, err = run_cli("eval", "run", "--data", "val")
+    assert rc == 2 and err.count("\n") == 1 and "tiny/f.txt is not on this machine" in err
+    put(places["cache"])
+    rc, out, err = run_cli("eval", "run", "--data", "val")
+    assert rc == 0 and "loss" in out, err
