@@ -229,6 +229,14 @@ def test_a_translation_config_takes_a_parallel_datasets_splits(places, monkeypat
                                                     [("ein Hund val", "a dog val")], [("ein Hund test", "a dog test")])
     with pytest.raises(ValueError, match=r"\[data\] languages=\['de', 'xx'\] is invalid: give \[source, target\], two of de, en"):
         TranslationDataConfig.from_dict({"dataset": "pairs", "languages": ["de", "xx"]})
+    (places["env"] / "my.de").write_text("mein Hund\n")
+    (places["env"] / "my.en").write_text("my dog\n")
+    mine = [str(places["env"] / "my.de"), str(places["env"] / "my.en")]
+    _, val, test = load_pairs(TranslationDataConfig.from_dict({"dataset": "pairs", "languages": ["de", "en"],
+                                                                "val": mine}))
+    assert (val.pairs, test.pairs) == ([("mein Hund", "my dog")], [("ein Hund test", "a dog test")])
+    with pytest.raises(ValueError, match="give a dataset or train files"):
+        TranslationDataConfig.from_dict({"dataset": "pairs", "languages": ["de", "en"], "train": mine})
 
 
 def test_no_shipped_config_reads_a_folder_only_this_projects_machines_have():

@@ -21,9 +21,6 @@ class DownloadError(OSError):
     """A download that did not give the published file: no network, an HTTP error, a connection
     closed early, or other bytes than the digest says."""
 
-    def __str__(self) -> str:
-        return str(self.args[0])
-
 
 def _reason(err: BaseException) -> str:
     """A short reason for a failed request: 'Connection refused', 'HTTP 404 Not Found', ..."""

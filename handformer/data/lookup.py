@@ -25,9 +25,6 @@ ENV = "HANDFORMER_DATA"
 class DataUnavailable(FileNotFoundError):
     """A dataset file that is on this machine nowhere and could not be downloaded."""
 
-    def __str__(self) -> str:
-        return str(self.args[0])
-
 
 def cache_dir() -> Path:
     """The user's data cache: $XDG_CACHE_HOME/handformer, else ~/.cache/handformer."""

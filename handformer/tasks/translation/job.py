@@ -5,6 +5,7 @@ sections, the data they name, the tokenizers trained on it and the batches built
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +70,7 @@ class TranslationDataConfig:
                 fail(name, "choose bpe or char" + (" (or leave it out: same as tokenizer)"
                                                    if name == "target_tokenizer" else ""))
 
-    def _check_dataset(self, fail) -> None:
+    def _check_dataset(self, fail: Callable[[str, str], None]) -> None:
         """A dataset is a known parallel one, with two of its languages; train is then not given."""
         corpora = [name for name, d in DATASETS.items() if d.splits]
         if self.dataset not in corpora:
