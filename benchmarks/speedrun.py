@@ -26,7 +26,7 @@ nanoGPT is not part of handformer: bring a checkout of its public repository and
 otherwise idle machine, never in CI.
 
     python benchmarks/speedrun.py --nanogpt /path/to/nanoGPT                       # 5 seeds
-    python benchmarks/speedrun.py --nanogpt PATH --configs configs/speedrun_shakespeare_2*.toml
+    python benchmarks/speedrun.py --nanogpt PATH --configs handformer/configs/speedrun_shakespeare_2*.toml
     python benchmarks/speedrun.py --nanogpt PATH --device cuda --seeds 3            # on a GPU
     python benchmarks/speedrun.py --nanogpt PATH --seeds 3 --json R.json             # rounds 0-2, then
     python benchmarks/speedrun.py --nanogpt PATH --first-seed 3 --seeds 2 --add-to R.json --json R.json
@@ -60,6 +60,7 @@ from handformer.io import atomic_write_text  # noqa: E402
 from handformer.speedrun.common import machine  # noqa: E402
 from handformer.training.loop import cpu_has_fast_bf16  # noqa: E402
 
+RECORDS = ROOT / "handformer" / "configs"  # the built-in configs: speedrun_shakespeare_*.toml
 NANOGPT = "nanoGPT"
 TARGET_RATIO = 0.30
 RECORD_SEEDS = 5  # a row with fewer seeds is measured, but never a record
@@ -101,6 +102,14 @@ def stats(values: list[float]) -> dict[str, float]:
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return {"mean": statistics.fmean(values), "std": sd, "se": sd / math.sqrt(len(values)),
             "min": min(values), "max": max(values), "n": len(values)}
+
+
+def record_name(config: str) -> str:
+    """A built-in record config by its name (speedrun_shakespeare_1_muon), any other by its path."""
+    path = Path(config).resolve()
+    if path.parent == RECORDS:
+        return path.stem
+    return os.path.relpath(path, ROOT) if path.is_file() else config
 
 
 def is_bf16(config: str) -> bool:
@@ -168,7 +177,7 @@ def main() -> None:
     parser.add_argument("--nanogpt", required=True, type=Path, help="path to a nanoGPT checkout")
     parser.add_argument("--configs", nargs="+", default=None, metavar="TOML",
                         help="record configs, in the table's order (default: "
-                             "configs/speedrun_shakespeare_*.toml, sorted)")
+                             "the built-in speedrun_shakespeare_* configs, sorted)")
     parser.add_argument("--seeds", type=int, default=5, help="rounds: N seeds of every config")
     parser.add_argument("--first-seed", type=int, default=0, help="the first round's seed (default 0)")
     parser.add_argument("--nanogpt-runs", type=int, default=3, help="nanoGPT in N rounds: the first N, "
@@ -186,8 +195,8 @@ def main() -> None:
         raise SystemExit("--nanogpt-every and --nanogpt-runs must be >= 1: every table needs nanoGPT")
     if not (args.nanogpt / "train.py").is_file():
         raise SystemExit(f"{args.nanogpt} has no train.py: pass the path of a nanoGPT checkout")
-    configs = args.configs or sorted(glob.glob(str(ROOT / "configs" / "speedrun_shakespeare_*.toml")))
-    configs = [os.path.relpath(c, ROOT) for c in configs]
+    configs = [record_name(c) for c in
+               args.configs or sorted(glob.glob(str(RECORDS / "speedrun_shakespeare_*.toml")))]
     bf16 = {c: is_bf16(c) for c in configs}
     if args.device == "cpu" and not cpu_has_fast_bf16():
         skipped = [c for c in configs if bf16[c]]

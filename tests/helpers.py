@@ -21,6 +21,19 @@ def missing(reason: str) -> None:
     pytest.skip(reason, allow_module_level=True)
 
 
+def dataset_file(name: str, file: str = ""):
+    """A public dataset's file (or, with no file, its folder) through handformer's lookup
+    ($HANDFORMER_DATA, the user's cache, ../shared/data beside the clone; never a download), or
+    fail/skip (see `missing`) saying how to get it."""
+    from handformer.data.lookup import ENV, find, find_folder
+
+    found = find(name, file) if file else find_folder(name)
+    if found is None:
+        missing(f"the {name} dataset is not on this machine: run `handformer data get {name}`, or set "
+                f"{ENV} to a folder holding {name}/ (docs/data.md)")
+    return found
+
+
 def require_module(name: str, install: str):
     """Import a reference library, or fail/skip (see `missing`) saying how to install it."""
     try:

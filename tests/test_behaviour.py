@@ -29,10 +29,9 @@ def recorded():
 
 @pytest.fixture(scope="module")
 def computed():
-    if not (behaviour.STORIES / "stories260K.bin").is_file():
-        from helpers import missing
+    from helpers import dataset_file
 
-        missing(f"stories260K is not at {behaviour.STORIES} (the golden file records it)")
+    dataset_file("stories260K")  # the golden file records it
     return behaviour.collect()
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from helpers import kill_9_after_first_checkpoint, missing, randomize_hf
+from helpers import dataset_file, kill_9_after_first_checkpoint, randomize_hf
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models, pre_tokenizers, processors
 
@@ -361,9 +361,7 @@ def test_the_llama2c_stories260K_import_fine_tunes_full_and_with_lora(tmp_path, 
     """The real stories260K (llama2.c's format, a sentencepiece tokenizer with byte fallback):
     new text with characters it never saw still has no unknown tokens; both kinds of fine-tune keep
     its BOS and stop ids and lower the loss on the new text."""
-    data = ROOT / ".." / "shared" / "data" / "stories260K"
-    if not (data / "stories260K.bin").is_file():
-        missing(f"the stories260K checkpoint is not at {data} (this project's CI has it in ../shared/data)")
+    data = dataset_file("stories260K")
     imported = tmp_path / "stories260K"
     assert main(["import-llama2c", str(data / "stories260K.bin"), str(data / "tok512.bin"), str(imported)]) == 0
     text = tmp_path / "verse.txt"

@@ -26,7 +26,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import missing, require_module
+from helpers import dataset_file, require_module
+
+from handformer.data.lookup import find_folder
 
 gguf = require_module("gguf", "pip install -e '.[dev]'")
 transformers = require_module("transformers", "pip install -e '.[dev]'")
@@ -45,7 +47,7 @@ from handformer.tasks.lm.run import load_lm, save_lm_run  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
-STORIES = ROOT.parent / "shared" / "data" / "stories260K"
+STORIES = find_folder("stories260K")  # through the data lookup; None when it is not on this machine
 TEXT = "to be or not to be, that is the question: whether 'tis nobler in the mind to suffer\n"
 QT = gguf.GGMLQuantizationType
 
@@ -427,7 +429,7 @@ def test_f16_and_q8_0_exports_stay_close_in_transformers(trained, name, tmp_path
 def _tokenizers():
     text = TEXT * 3 + "naïve café — 𝄞 déjà"
     found = {"char": Tokenizer.train_char([text]), "bpe": Tokenizer.train_bpe([text * 20], 300)}
-    if (STORIES / "tok512.bin").is_file():
+    if STORIES is not None:
         from handformer.convert.llama2c_tokenizer import llama2c_tokenizer
 
         found["llama2c"] = llama2c_tokenizer(STORIES / "tok512.bin", 512)
@@ -438,7 +440,7 @@ def _tokenizers():
 def test_a_tokenizer_rebuilt_from_the_vocabulary_encodes_as_the_runs(kind, tmp_path):
     tokenizers = _tokenizers()
     if kind not in tokenizers:
-        missing(f"stories260K's tok512.bin is not at {STORIES}")
+        dataset_file("stories260K")
     tok = tokenizers[kind]
     run_dir = _run(tmp_path / "run", _llama(tok.vocab_size + 3), tok, SpecialTokens(bos_id=1, eos_id=2))
     assert main(["export-gguf", str(run_dir), str(tmp_path / "m.gguf")]) == 0
@@ -458,9 +460,8 @@ def test_a_tokenizer_rebuilt_from_the_vocabulary_encodes_as_the_runs(kind, tmp_p
 
 
 def test_stories260k_goes_to_gguf_and_back(tmp_path):
-    if not (STORIES / "stories260K.bin").is_file():
-        missing(f"stories260K is not at {STORIES}")
-    assert main(["import-llama2c", str(STORIES / "stories260K.bin"), str(STORIES / "tok512.bin"),
+    stories = dataset_file("stories260K")
+    assert main(["import-llama2c", str(stories / "stories260K.bin"), str(stories / "tok512.bin"),
                  str(tmp_path / "run")]) == 0
     assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "s.gguf")]) == 0
     metadata = read_gguf(tmp_path / "s.gguf").metadata

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import missing, require_module
+from helpers import dataset_file, require_module
 
 from handformer.cli import main
 from handformer.data.tokenizer import Tokenizer
@@ -42,9 +42,6 @@ def llama_cpp():
     return LLAMA_CPP
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
-SHAKESPEARE = DATA / "tinyshakespeare" / "input.txt"
-STORIES = DATA / "stories260K"
 F32 = 0  # GGML_TYPE_F32, for llama.cpp's KV cache
 NEW_TOKENS = 48
 
@@ -93,15 +90,14 @@ def _train(out, config, *pairs):
     ("shakespeare_char.toml", ["model.activation=gelu_tanh"]),  # llama.cpp's GPT-2 has the tanh GELU
 ], ids=["llama", "gpt2"])
 def test_a_model_trained_here_on_shakespeare_generates_the_same_in_llama_cpp(config, pairs, tmp_path, capsys):
-    if not SHAKESPEARE.is_file():
-        missing(f"tiny Shakespeare is not at {SHAKESPEARE}")
-    _train(tmp_path / "run", config, "train.steps=300", f"data.path={SHAKESPEARE}", *pairs)
+    shakespeare = dataset_file("tinyshakespeare", "input.txt")
+    _train(tmp_path / "run", config, "train.steps=300", *pairs)
     assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")]) == 0
     capsys.readouterr()
     tokens = _same_greedy(tmp_path / "run", tmp_path / "m.gguf", "ROMEO:\n")
     assert len(set(tokens)) > 3  # a trained model's text, not one repeated token
     run = load_lm(tmp_path / "run")
-    _same_tokens(tmp_path / "m.gguf", run.tokenizer, SHAKESPEARE.read_text()[:2000])
+    _same_tokens(tmp_path / "m.gguf", run.tokenizer, shakespeare.read_text()[:2000])
     assert main(["generate", str(tmp_path / "run"), "--prompt", "ROMEO:\n", "--temperature", "0",
                  "--max-new-tokens", str(len(tokens))]) == 0
     text = run.tokenizer.decode(tokens)
@@ -194,9 +190,8 @@ def test_phi4_minis_partial_rope_and_longrope_generate_the_same_in_llama_cpp(fac
 
 
 def test_stories260k_generates_and_tokenizes_the_same_in_llama_cpp(tmp_path):
-    if not (STORIES / "stories260K.bin").is_file():
-        missing(f"stories260K is not at {STORIES}")
-    assert main(["import-llama2c", str(STORIES / "stories260K.bin"), str(STORIES / "tok512.bin"),
+    stories = dataset_file("stories260K")
+    assert main(["import-llama2c", str(stories / "stories260K.bin"), str(stories / "tok512.bin"),
                  str(tmp_path / "run")]) == 0
     assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "s.gguf")]) == 0
     tokens = _same_greedy(tmp_path / "run", tmp_path / "s.gguf", "Once upon a time", n=200)
@@ -207,11 +202,9 @@ def test_stories260k_generates_and_tokenizes_the_same_in_llama_cpp(tmp_path):
 
 
 def test_a_trained_bpe_tokenizer_tokenizes_the_same_in_llama_cpp(tmp_path):
-    if not SHAKESPEARE.is_file():
-        missing(f"tiny Shakespeare is not at {SHAKESPEARE}")
-    text = SHAKESPEARE.read_text()
+    text = dataset_file("tinyshakespeare", "input.txt").read_text()
     _train(tmp_path / "run", "shakespeare_char_modern.toml", "train.steps=2", "data.tokenizer=bpe",
-           "data.vocab_size=400", f"data.path={SHAKESPEARE}")
+           "data.vocab_size=400")
     assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")]) == 0
     _same_tokens(tmp_path / "m.gguf", load_lm(tmp_path / "run").tokenizer, text[:3000] + " 12345 naïve  \n\n x")
 
@@ -224,11 +217,10 @@ def test_the_docs_llama_cpp_snippet_prints_what_handformer_generates(page, tmp_p
     import io
     import re
 
-    if not SHAKESPEARE.is_file():
-        missing(f"tiny Shakespeare is not at {SHAKESPEARE}")
+    dataset_file("tinyshakespeare", "input.txt")
     (code,) = [b for b in re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(encoding="utf-8"), re.S)
                if b.startswith("# needs: llama.cpp")]
-    _train(tmp_path / "run", "shakespeare_char_modern.toml", "train.steps=300", f"data.path={SHAKESPEARE}")
+    _train(tmp_path / "run", "shakespeare_char_modern.toml", "train.steps=300")
     assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "shakespeare.gguf")]) == 0
     capsys.readouterr()  # training's and export's lines
     assert main(["generate", str(tmp_path / "run"), "--prompt", "ROMEO:\n", "--temperature", "0",

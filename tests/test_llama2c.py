@@ -10,19 +10,19 @@ format) and its tok512 tokenizer, checked against two references that share no c
 - transformers' LlamaForCausalLM, given the same weights converted to Hugging Face's layout here,
   from the raw file, as Hugging Face's own Llama conversion permutes q/k.
 
-The checkpoint is not ours and is never committed: it is read from ../shared/data/stories260K.
+The checkpoint is not ours and is never committed: it is found by the data lookup
+(`handformer data get stories260K`, $HANDFORMER_DATA, or ../shared/data beside the clone).
 """
 
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import transformers
-from helpers import missing
+from helpers import dataset_file
 
 from handformer.cli import main
 from handformer.convert.llama2c_tokenizer import llama2c_tokenizer
@@ -31,11 +31,8 @@ from handformer.generation.generate import generate
 from handformer.tasks.lm.imports import import_llama2c
 from handformer.tasks.lm.run import load_lm
 
-DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "stories260K"
+DATA = dataset_file("stories260K")  # a failure in CI (HANDFORMER_REQUIRE_REFERENCES), else a skip
 MODEL, TOKENIZER = DATA / "stories260K.bin", DATA / "tok512.bin"
-if not MODEL.is_file() or not TOKENIZER.is_file():  # a failure in CI (HANDFORMER_REQUIRE_REFERENCES)
-    missing(f"the stories260K checkpoint is not at {DATA} (this project's CI has it in ../shared/data; "
-            "see the README there)")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 RUN_C_STORY = (

@@ -377,11 +377,9 @@ def test_an_imported_llama2c_base_learns_to_chat_with_a_template_written_for_it(
     """stories260K (imported from llama2.c, no chat template): [data] chat_template gives it one that
     ends the assistant's turn with its EOS; SFT lowers the loss on held-out conversations and the
     run chats in that template."""
-    from helpers import missing
+    from helpers import dataset_file
 
-    data = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "stories260K"
-    if not (data / "stories260K.bin").is_file():
-        missing(f"the stories260K checkpoint is not at {data} (this project's CI has it in ../shared/data)")
+    data = dataset_file("stories260K")
     imported = tmp_path / "stories260K"
     assert main(["import-llama2c", str(data / "stories260K.bin"), str(data / "tok512.bin"), str(imported)]) == 0
     (tmp_path / "story.jinja").write_text(STORY_TEMPLATE)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import dataset_file
 
 from handformer.generation.generate import generate
 from handformer.tasks.lm.run import load_lm
@@ -56,7 +57,9 @@ def test_the_fixtures_are_tiny_and_every_kind_is_there():
 
 @pytest.fixture(scope="module")
 def fresh(tmp_path_factory) -> tuple[Path, dict]:
-    """Every kind written by today's code (make_runs.py in a temporary folder), and its tokens."""
+    """Every kind written by today's code (make_runs.py in a temporary folder), and its tokens; the
+    llama2c kind needs stories260K's tokenizer (skipped, saying why, where it is missing)."""
+    dataset_file("stories260K", "tok512.bin")
     root = tmp_path_factory.mktemp("fresh")
     return root, make_runs.make(root)
 

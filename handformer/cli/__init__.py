@@ -11,6 +11,7 @@ from handformer.cli import (
     chat,
     check,
     compare,
+    data,
     evaluate,
     experiment,
     export_gguf,
@@ -33,7 +34,7 @@ from handformer.cli import (
 )
 
 COMMANDS = [trace, train, translate, generate, chat, evaluate, import_hf, import_llama2c, import_gguf, see,
-            check, learn, prepare, quantize, export_hf, export_gguf, experiment, merge, serve, speedrun,
+            check, learn, data, prepare, quantize, export_hf, export_gguf, experiment, merge, serve, speedrun,
             families, compare]
 
 

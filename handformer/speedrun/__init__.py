@@ -2,8 +2,9 @@
 
 Each target is one file here (its data, its definition of done, how one run goes) registered in
 `TARGETS`; `handformer/cli/speedrun.py` gives each its own subcommand. The record configs of a
-target are `configs/speedrun_<target>_*.toml`, one change a record; `benchmarks/speedrun.py` runs
-them beside their peer and prints the record table (docs/speedrun.md).
+target are built-in configs (`handformer/configs/speedrun_<target>_*.toml`, read by name from any
+folder), one change a record; `benchmarks/speedrun.py` runs them beside their peer and prints the
+record table (docs/speedrun.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """`handformer speedrun shakespeare`: tiny Shakespeare, one token a character, nanoGPT's split.
 
 The definition, the same for every record and for nanoGPT beside them (benchmarks/speedrun.py):
-- a record config (`configs/speedrun_shakespeare_*.toml`) trains a fixed number of steps, never
+- a record config (`handformer/configs/speedrun_shakespeare_*.toml`, shipped in the package, so
+  `--config speedrun_shakespeare_1_muon` works from any folder) trains a fixed number of steps, never
   stopping early on validation;
 - wall time runs from the process's start to its final checkpoint written: imports, data,
   compilation and evaluations included;
@@ -21,18 +22,19 @@ from handformer.speedrun.common import SpeedrunResult, Target, seconds_since_pro
 
 # The default: the latest sitting's fp32 record, or its fastest fp32 row at nanoGPT's loss while it
 # has none (tests/test_speedrun.py holds it to the committed results)
-RECORD = "configs/speedrun_shakespeare_4_qk_norm.toml"
-DATA = "../shared/data/tinyshakespeare/input.txt"
+RECORD = "speedrun_shakespeare_4_qk_norm"
 VAL_FRACTION = 0.1  # nanoGPT's split: the first 90% trains, the last 10% validates
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=RECORD, help="a record config (default: %(default)s, the best "
-                   "fp32 row; configs/speedrun_shakespeare_*.toml are the rows of the record table)")
+                   "fp32 row; the built-in speedrun_shakespeare_* configs are the rows of the record table, "
+                   "or a TOML path)")
     p.add_argument("--out", default="runs/speedrun_shakespeare", help="run directory (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="train.seed (initialization and data order)")
     p.add_argument("--data", default=None,
-                   help=f"tiny Shakespeare's input.txt (default: the config's, {DATA})")
+                   help="tiny Shakespeare's input.txt (default: the config's dataset, tinyshakespeare, "
+                        "found on this machine or downloaded once: docs/data.md)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change a field of the config (the run is then not that record)")
     p.add_argument("--overwrite", action="store_true", help="start over in an existing run directory")

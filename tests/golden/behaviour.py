@@ -26,9 +26,11 @@ from typing import Any
 
 import torch
 
+from handformer.data.lookup import find_folder
+
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("behaviour.json")
-STORIES = ROOT.parent / "shared" / "data" / "stories260K"
+STORIES = find_folder("stories260K")  # through the data lookup; None when it is not on this machine
 
 
 def _fill(model: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -292,7 +294,7 @@ def collect() -> dict[str, Any]:
             cfg = config_from_hf(hf_cfg.to_dict())
             torch.manual_seed(i)
             result["families"][name] = _lm_record(_fill(build_causal_lm(cfg), 200 + i), i)
-        if (STORIES / "stories260K.bin").is_file():
+        if STORIES is not None:
             from handformer.convert.hf_import import model_from_state
             from handformer.convert.llama2c_weights import read_llama2c
 

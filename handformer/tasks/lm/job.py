@@ -9,6 +9,8 @@ from typing import Any
 
 from handformer.adapters.lora import LoRAConfig
 from handformer.config import CausalLMConfig, dataclass_from_dict
+from handformer.data.lookup import text_file
+from handformer.data.sources import DATASETS
 from handformer.data.text import (
     PYDOC,
 )
@@ -21,6 +23,9 @@ from handformer.training.loop import TrainConfig
 @dataclass
 class LMDataConfig:
     path: str = PYDOC  # "pydoc" (the embedded corpus) or a text file or folder (plain or .gz)
+    # A public dataset by name instead of `path` (`handformer data list`): found on this machine
+    # or downloaded once (data/lookup.py); a `path` given beside it wins
+    dataset: str = ""
     tokenizer: str = "char"  # char | bpe, trained on the training split only
     vocab_size: int = 8000  # BPE vocabulary size (char: the characters of the training split)
     block_size: int = 256  # tokens per training window: the context length the model learns
@@ -42,6 +47,11 @@ class LMDataConfig:
 
         if not isinstance(self.path, str) or not self.path:
             fail("path", f'give a text file, a folder, or "{PYDOC}" for the embedded corpus')
+        texts = [name for name, d in DATASETS.items() if d.text]
+        if not isinstance(self.dataset, str) or self.dataset and self.dataset not in texts:
+            fail("dataset", f"give one of {', '.join(texts)} (`handformer data list`), or a file as path")
+        if self.dataset and self.path != PYDOC:
+            fail("dataset", f"give a dataset or a path ({self.path!r}), not both")
         if self.tokenizer not in ("char", "bpe") and not self.shards:
             fail("tokenizer", "choose char or bpe (with data.shards: also a tokenizer.json or run directory)")
         if not isinstance(self.shards, str):
@@ -62,7 +72,14 @@ class LMDataConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LMDataConfig:
+        if isinstance(data, dict) and "path" in data and "dataset" in data:
+            # --set data.path=FILE on a config that names a dataset: the file replaces it
+            data = {k: v for k, v in data.items() if k != "dataset"}
         return dataclass_from_dict(cls, data, "data")
+
+    def text_path(self) -> str:
+        """The text to train on: the dataset's file (downloaded if it is nowhere here), else `path`."""
+        return str(text_file(self.dataset)) if self.dataset else self.path
 
 
 MODEL_PRESETS = {GPT2.model_type: CausalLMConfig.gpt2_style, LLAMA.model_type: CausalLMConfig.llama_style}

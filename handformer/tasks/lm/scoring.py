@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from handformer.data.lookup import text_file
 from handformer.data.text import (
     as_token_tensor,
     load_text,
@@ -69,7 +70,7 @@ def eval_text(run: LMRun, source: str) -> str:
         raise ValueError("this run was trained without a validation split (data.val_fraction = 0); "
                          "pass --data PATH to score a text")
     try:
-        text = load_text(data["path"])
+        text = load_text(text_file(data["dataset"]) if data.get("dataset") else data["path"])
     except FileNotFoundError as err:
         raise FileNotFoundError(f"{err} (the run's training text, from its config.json); run from "
                                 "the directory it was trained in, or pass --data PATH") from None

@@ -188,9 +188,10 @@ def run_train_lm(job: LMJob, run_dir: str | os.PathLike, resume: bool = False,
     if job.data.shards:
         return run_train_lm_shards(job, run_dir, resume, log)
     data = job.data
-    text = load_text(data.path)
+    path = data.text_path()
+    text = load_text(path)
     train_text, val_text = split_text(text, data.val_fraction)
-    source = "the embedded pydoc corpus" if data.path == PYDOC else data.path
+    source = "the embedded pydoc corpus" if path == PYDOC else path
     log(f"{len(text):,} characters from {source}: {len(train_text):,} for training, "
         f"{len(val_text):,} for validation")
     base = job.base

@@ -5,13 +5,16 @@ sections, the data they name, the tokenizers trained on it and the batches built
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from handformer.config import Seq2SeqConfig, dataclass_from_dict
 from handformer.data.batching import Seq2SeqData, encode_pairs
 from handformer.data.dates import date_pairs
+from handformer.data.lookup import parallel_files
 from handformer.data.parallel import ParallelData, read_parallel
+from handformer.data.sources import DATASETS
 from handformer.data.tokenizer import Tokenizer
 from handformer.training.loop import TrainConfig
 
@@ -21,6 +24,10 @@ class TranslationDataConfig:
     train: str | list[str] = "dates"  # "dates" (embedded task), a TSV path, or [source, target] paths
     val: str | list[str] | None = None  # same forms; with "dates" the held-out split is used
     test: str | list[str] | None = None
+    # A public parallel dataset by name (`handformer data list`) in place of train/val/test, found
+    # on this machine or downloaded once (data/lookup.py), with its [source, target] languages
+    dataset: str = ""
+    languages: list[str] | None = None  # with dataset: [source, target], e.g. ["de", "en"]
     n_train: int = 20000  # embedded task only: training pairs
     n_heldout: int = 500  # embedded task only: held-out pairs (val = test)
     tokenizer: str = "bpe"  # bpe | char (source, or both when joint)
@@ -45,6 +52,8 @@ class TranslationDataConfig:
                     fail(name, "give a TSV path or exactly two paths [source, target]")
             elif not isinstance(value, str) or not value:
                 fail(name, 'give "dates", a TSV path, or [source, target] paths')
+        if self.dataset or self.languages is not None:
+            self._check_dataset(fail)
         for name in ("n_train", "n_heldout", "vocab_size", "max_tokens"):
             if not _is_int(getattr(self, name)) or getattr(self, name) <= 0:
                 fail(name, "it must be a positive integer")
@@ -61,9 +70,33 @@ class TranslationDataConfig:
                 fail(name, "choose bpe or char" + (" (or leave it out: same as tokenizer)"
                                                    if name == "target_tokenizer" else ""))
 
+    def _check_dataset(self, fail: Callable[[str, str], None]) -> None:
+        """A dataset is a known parallel one, with two of its languages; train is then not given."""
+        corpora = [name for name, d in DATASETS.items() if d.splits]
+        if self.dataset not in corpora:
+            fail("dataset", f"give one of {', '.join(corpora)} (`handformer data list`) with "
+                            "languages = [source, target], or files as train/val/test")
+        splits = DATASETS[self.dataset].splits
+        names = {f.name for f in DATASETS[self.dataset].files}
+        if (not isinstance(self.languages, list) or len(self.languages) != 2
+                or not all(isinstance(x, str) and p.format(lang=x) in names
+                           for x in self.languages for p in splits.values())):
+            langs = sorted({f.name.split(".")[-2] for f in DATASETS[self.dataset].files})
+            fail("languages", f"give [source, target], two of {', '.join(langs)}")
+        if self.train != "dates":
+            fail("dataset", f"give a dataset or train files ({self.train!r}), not both")
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TranslationDataConfig:
         return dataclass_from_dict(cls, data, "data")
+
+    def split(self, name: str) -> str | list[str] | None:
+        """Split `name` (train, val, test): the config's own files when given, else the dataset's
+        (downloaded if they are nowhere here)."""
+        given = getattr(self, name)
+        if not self.dataset or (given is not None and name != "train"):
+            return given
+        return parallel_files(self.dataset, name, self.languages or [])
 
 
 def _is_int(value: Any) -> bool:
@@ -135,12 +168,12 @@ def load_split(spec: str | list[str] | None, lowercase: bool) -> ParallelData | 
 
 def load_pairs(cfg: TranslationDataConfig) -> tuple[ParallelData, ParallelData | None, ParallelData | None]:
     """(train, val, test) pairs for a data config."""
-    if cfg.train == "dates":
+    if cfg.train == "dates" and not cfg.dataset:
         train, heldout = date_pairs(cfg.n_train, cfg.n_heldout, cfg.seed)
         held = ParallelData(heldout, "the embedded dates task (held-out)")
         return ParallelData(train, "the embedded dates task"), held, held
-    return (load_split(cfg.train, cfg.lowercase), load_split(cfg.val, cfg.lowercase),
-            load_split(cfg.test, cfg.lowercase))
+    return (load_split(cfg.split("train"), cfg.lowercase), load_split(cfg.split("val"), cfg.lowercase),
+            load_split(cfg.split("test"), cfg.lowercase))
 
 
 def build_tokenizers(cfg: TranslationDataConfig, pairs: list[tuple[str, str]]) -> tuple[Tokenizer, Tokenizer]:
