@@ -1,9 +1,17 @@
-"""Shared test fixtures and the run's policies (threads under xdist)."""
+"""Shared test fixtures and the run's policies: threads under xdist, no leaked settings, no skip in CI
+outside run_policy.ALLOWED_SKIPS."""
 
 import os
 
 import pytest
 import torch
+from run_policy import (  # noqa: F401 (hooks)
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+    refuse_golden_writes_when_required,
+)
+
+pytest_plugins = ["pytester"]  # test_references_required runs probe suites in process
 
 # The children a test starts (servers, CLI runs, sandboxes) inherit these.
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -15,6 +23,7 @@ SET_BY_LIBRARIES = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", 
 def pytest_configure(config):
     """Under pytest-xdist (the default run: two workers on a 2-core machine) each worker and every
     process it starts computes on one thread, so the workers never ask for more cores than there are."""
+    refuse_golden_writes_when_required()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
         os.environ.update({name: "1" for name in THREAD_VARS})
