@@ -16,8 +16,8 @@ pytest_plugins = ["pytester"]  # test_references_required runs probe suites in p
 # The children a test starts (servers, CLI runs, sandboxes) inherit these.
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # set by pytest and by libraries the tests use (not by the tests themselves): not counted as a leak
-SET_BY_LIBRARIES = frozenset({"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "TOKENIZERS_PARALLELISM",
-                              "CUDA_MODULE_LOADING"})
+SET_BY_LIBRARIES = frozenset({"PYTEST_CURRENT_TEST", "TOKENIZERS_PARALLELISM", "CUDA_MODULE_LOADING"})
+SET_BY_LIBRARIES_PREFIXES = ("TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_")  # torch.compile's own
 
 
 def pytest_configure(config):
@@ -47,7 +47,8 @@ def leaves_threads_and_environment_as_found(request):
     threads, env = torch.get_num_threads(), dict(os.environ)
     yield
     changed = sorted(k for k in set(env) | set(os.environ)
-                     if env.get(k) != os.environ.get(k) and k not in SET_BY_LIBRARIES)
+                     if env.get(k) != os.environ.get(k) and k not in SET_BY_LIBRARIES
+                     and not k.startswith(SET_BY_LIBRARIES_PREFIXES))
     left = [f"${k}: {env.get(k)!r} -> {os.environ.get(k)!r}" for k in changed]
     if torch.get_num_threads() != threads:
         left.append(f"torch threads {threads} -> {torch.get_num_threads()}")
