@@ -1,7 +1,32 @@
-"""Shared test fixtures."""
+"""Shared test fixtures and the run's policies: threads under xdist, no leaked settings, no skip in CI
+outside run_policy.ALLOWED_SKIPS."""
+
+import os
 
 import pytest
 import torch
+from run_policy import (  # noqa: F401 (hooks)
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+    refuse_golden_writes_when_required,
+)
+
+pytest_plugins = ["pytester"]  # test_references_required runs probe suites in process
+
+# The children a test starts (servers, CLI runs, sandboxes) inherit these.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# set by pytest and by libraries the tests use (not by the tests themselves): not counted as a leak
+SET_BY_LIBRARIES = frozenset({"PYTEST_CURRENT_TEST", "TOKENIZERS_PARALLELISM", "CUDA_MODULE_LOADING"})
+SET_BY_LIBRARIES_PREFIXES = ("TORCHINDUCTOR_", "_TORCHINDUCTOR_", "TRITON_")  # torch.compile's own
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (the default run: two workers on a 2-core machine) each worker and every
+    process it starts computes on one thread, so the workers never ask for more cores than there are."""
+    refuse_golden_writes_when_required()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+        os.environ.update({name: "1" for name in THREAD_VARS})
 
 
 @pytest.fixture(scope="module")
@@ -12,3 +37,27 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def leaves_threads_and_environment_as_found(request):
+    """A module that changes the torch thread count or an environment variable for good would
+    change every module run after it in the same process (which ones depends on -k and on the
+    xdist worker): it fails here, naming what it left, and the setting is put back."""
+    threads, env = torch.get_num_threads(), dict(os.environ)
+    yield
+    changed = sorted(k for k in set(env) | set(os.environ)
+                     if env.get(k) != os.environ.get(k) and k not in SET_BY_LIBRARIES
+                     and not k.startswith(SET_BY_LIBRARIES_PREFIXES))
+    left = [f"${k}: {env.get(k)!r} -> {os.environ.get(k)!r}" for k in changed]
+    if torch.get_num_threads() != threads:
+        left.append(f"torch threads {threads} -> {torch.get_num_threads()}")
+        torch.set_num_threads(threads)
+    for k in changed:
+        if k in env:
+            os.environ[k] = env[k]
+        else:
+            del os.environ[k]
+    if left:
+        pytest.fail(f"{request.module.__name__} left {'; '.join(left)} (use monkeypatch or restore it)",
+                    pytrace=False)

@@ -138,3 +138,30 @@ def random_sources(seed: int, lengths: list[int], vocab: int, pad: int = 0, eos:
         src[i, : n - 1] = torch.randint(first, vocab, (n - 1,), generator=g)
         src[i, n - 1] = eos
     return src
+
+
+def spawn_ranks(fn, *args, world: int = 2) -> None:
+    """Run fn(rank, port, *args) in `world` processes (torch.multiprocessing.spawn). The rendezvous
+    store is served from this process on a port the system picks (port 0) and held open while they
+    run, so no other program (or another pytest worker) can take the port between choosing it and
+    using it. The ranks join with `join_ranks`."""
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+
+    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
+    try:
+        mp.spawn(fn, args=(store.port, *args), nprocs=world, join=True)
+    finally:
+        del store
+
+
+def join_ranks(rank: int, port: int, world: int = 2) -> None:
+    """In a rank started by `spawn_ranks`: one torch thread, then join the gloo group through the
+    parent's store."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # for code that reads them
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)

@@ -68,7 +68,6 @@ def test_the_other_decoding_callers_give_what_they_gave(recorded, computed):
 def test_a_seeded_batch_samples_each_prompt_as_alone():
     """generate seeds prompt i with seed + i (as serve seeds choice i): each row of a seeded,
     sampled batch is that prompt's own generation, whatever else is in the batch."""
-    import torch
 
     from handformer.config import CausalLMConfig
     from handformer.generation.generate import generate
@@ -81,7 +80,7 @@ def test_a_seeded_batch_samples_each_prompt_as_alone():
     batch = generate(model, prompts, 10, **options)
     for i, prompt in enumerate(prompts):
         assert batch[i] == generate(model, [prompt], 10, **{**options, "seed": 3 + i})[0], i
-    assert len({tuple(row) for row in batch}) == 3 and torch.get_num_threads() >= 1
+    assert len({tuple(row) for row in batch}) == 3
 
 
 @pytest.mark.parametrize("config", ["tiny_lm", "tiny_seq2seq", "tiny_moe"])

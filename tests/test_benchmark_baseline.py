@@ -30,6 +30,14 @@ def copy_of_checkout(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def worker(copy_of_checkout):
+    """One worker process for the module (each start imports torch): the tests load their models
+    under their own names."""
+    with BaselineWorker(copy_of_checkout, threads=1) as worker:
+        yield worker
+
+
 def tiny_model() -> CausalLM:
     torch.manual_seed(0)
     cfg = CausalLMConfig.llama_style(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64, n_layers=2,
@@ -37,28 +45,26 @@ def tiny_model() -> CausalLM:
     return CausalLM(cfg).eval()
 
 
-def test_worker_imports_only_its_checkout_and_generates_the_same_tokens(copy_of_checkout):
+def test_worker_imports_only_its_checkout_and_generates_the_same_tokens(copy_of_checkout, worker):
     model = tiny_model()
     prompts = [[1, 2, 3, 4], [5, 6]]
-    with BaselineWorker(copy_of_checkout, threads=1) as worker:
-        assert Path(worker.handformer_file).is_relative_to(copy_of_checkout.resolve())
-        for how in ("as loaded", "prepare_for_decoding", "int8"):
-            worker.load(how, model, how)
-        seconds, tokens, cpu_seconds = worker.generate("as loaded", prompts, 8, threads=1)
-        assert seconds > 0 and cpu_seconds > 0
-        assert tokens == generate(model, prompts, 8, temperature=0)
-        assert worker.generate("prepare_for_decoding", prompts, 8, threads=1).result == tokens
-        assert len(worker.generate("int8", prompts, 8, threads=1).result[0]) == 8
+    assert Path(worker.handformer_file).is_relative_to(copy_of_checkout.resolve())
+    for how in ("as loaded", "prepare_for_decoding", "int8"):
+        worker.load(how, model, how)
+    seconds, tokens, cpu_seconds = worker.generate("as loaded", prompts, 8, threads=1)
+    assert seconds > 0 and cpu_seconds > 0
+    assert tokens == generate(model, prompts, 8, temperature=0)
+    assert worker.generate("prepare_for_decoding", prompts, 8, threads=1).result == tokens
+    assert len(worker.generate("int8", prompts, 8, threads=1).result[0]) == 8
 
 
-def test_worker_trains_from_the_same_weights_to_the_same_loss(copy_of_checkout):
+def test_worker_trains_from_the_same_weights_to_the_same_loss(worker):
     model = tiny_model()
     gen = torch.Generator().manual_seed(1)
     batches = [torch.randint(0, 64, (2, 9), generator=gen) for _ in range(3)]  # (B, T + 1)
-    with BaselineWorker(copy_of_checkout, threads=1) as worker:
-        worker.load("training", model, "as loaded")
-        worker.batches("training", batches)
-        _, loss, _ = worker.train("training", "training", warmup=1)
+    worker.load("training", model, "as loaded")
+    worker.batches("training", batches)
+    _, loss, _ = worker.train("training", "training", warmup=1)
     optim = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
     model.train()
     for batch in batches:  # the worker's loop, here
@@ -71,22 +77,23 @@ def test_worker_trains_from_the_same_weights_to_the_same_loss(copy_of_checkout):
     assert loss == pytest.approx(ours.item(), abs=1e-6)
 
 
-def test_worker_beam_search_gives_this_checkouts_hypotheses(copy_of_checkout, tmp_path):
+def test_worker_beam_search_gives_this_checkouts_hypotheses(worker, tmp_path):
     run = tmp_path / "run"
     make_translation_run(run)
     translator = Translator.load(run)
     src = [torch.tensor([[4, 5, 6, 2], [7, 8, 2, 0]])]  # (B, S), right-padded
     ours = beam_search(translator.model, src[0], translator.limits(), 3, 0.6)
-    with BaselineWorker(copy_of_checkout, threads=1) as worker:
-        worker.translator(run, src)
-        assert worker.beam(3, 0.6).result == ours
+    worker.translator(run, src)
+    assert worker.beam(3, 0.6).result == ours
 
 
-def test_bad_baseline_and_bad_preparation_are_one_clear_error(tmp_path, copy_of_checkout):
+def test_bad_baseline_and_bad_preparation_are_one_clear_error(tmp_path, worker):
     with pytest.raises(SystemExit, match="no handformer/__init__.py there"):
         BaselineWorker(tmp_path)
-    with BaselineWorker(copy_of_checkout, threads=1) as worker, pytest.raises(ValueError, match="choose one of"):
+    with pytest.raises(ValueError, match="choose one of"):
         worker.load("x", tiny_model(), "int3")
+    worker.load("after the error", tiny_model(), "as loaded")  # the worker goes on
+    assert worker.generate("after the error", [[1, 2]], 1, threads=1).result
 
 
 def test_comparison_table_gives_ratio_and_verdict():

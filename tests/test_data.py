@@ -167,7 +167,7 @@ def test_collate_shifts_targets_and_counts_real_tokens():
     assert batch.n_tokens == 7 == int((batch.tgt_out != 0).sum())
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)  # the same draws in every run (CI has no database)
 @given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=120),
        extra=st.integers(0, 200), shuffle=st.booleans(), seed=st.integers(0, 5))
 def test_token_budget_batches_respect_the_budget_and_cover_every_example_once(lengths, extra, shuffle,
@@ -299,7 +299,7 @@ def test_char_tokenizer_maps_unseen_characters_to_unk():
     assert tok.decode(tok.encode("abz")) == "ab<unk>"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)  # the same draws in every run
 @given(st.text(alphabet=st.sampled_from(list("ab <>/spadunké\n\r\t\u0301😀\x00z")), max_size=40))
 def test_char_fast_path_gives_the_librarys_ids(text):
     """encode() of a character tokenizer skips the library for a dict lookup: same ids, including

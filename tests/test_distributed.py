@@ -4,7 +4,6 @@ follows the single-process loss curve, checkpoints from DDP and FSDP2 runs load 
 and the data shards are disjoint. The torchrun CLI runs of the tiny configs are marked slow."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from helpers import join_ranks, spawn_ranks
 
 from handformer.adapters.lora import LoRAConfig, add_lora
 from handformer.config import CausalLMConfig, Seq2SeqConfig
@@ -28,24 +27,6 @@ from handformer.training.loop import TrainConfig, forward_backward, make_optimiz
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
-
-
-def _spawn(fn, *args) -> None:
-    """Run fn(rank, port, *args) in WORLD processes. The rendezvous store is served from this
-    process on a port the system picks (port 0) and held open while they run, so no other
-    program can take the port between choosing it and using it."""
-    store = dist.TCPStore("127.0.0.1", 0, WORLD, is_master=True, wait_for_workers=False)
-    try:
-        mp.spawn(fn, args=(store.port, *args), nprocs=WORLD, join=True)
-    finally:
-        del store
-
-
-def _join(rank: int, port: int) -> None:
-    torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, WORLD, is_master=False)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # for code that reads them
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=WORLD)
 
 
 def _model() -> CausalLM:
@@ -90,8 +71,7 @@ def _grads(model) -> dict[str, torch.Tensor]:
 
 # --- gradients --------------------------------------------------------------------------------
 
-def _grad_worker(rank: int, port: int, out: str) -> None:
-    _join(rank, port)
+def _grad_worker(rank: int, out: str) -> None:
     ctx = distributed.DistContext(rank, WORLD)
     cfg = TrainConfig(label_smoothing=0.0)
     results = {}
@@ -111,10 +91,9 @@ def _grad_worker(rank: int, port: int, out: str) -> None:
     results["seq2seq"] = (loss, tokens, _grads(model))
     if rank == 0:
         torch.save(results, out)
-    dist.destroy_process_group()
 
 
-def test_gradients_do_not_depend_on_the_split_over_ranks_and_micro_steps(tmp_path):
+def test_gradients_do_not_depend_on_the_split_over_ranks_and_micro_steps(ranked):
     model = _model()
     batch = _global_batch()
     loss, tokens, _ = forward_backward(model, [batch], lm_loss, torch.device("cpu"),
@@ -124,8 +103,7 @@ def test_gradients_do_not_depend_on_the_split_over_ranks_and_micro_steps(tmp_pat
     s2s_loss, s2s_tokens, _ = forward_backward(model, _padded_batches(), seq2seq_loss,
                                             torch.device("cpu"), TrainConfig(label_smoothing=0.0))
     s2s_expected = _grads(model)
-    _spawn(_grad_worker, str(tmp_path / "grads.pt"))
-    results = torch.load(tmp_path / "grads.pt")
+    results = torch.load(ranked / "grads.pt")
     d_loss, d_tokens, grads = results.pop("seq2seq")
     assert d_tokens == s2s_tokens and d_loss == pytest.approx(s2s_loss, rel=1e-6)
     for key, g in s2s_expected.items():
@@ -152,12 +130,10 @@ def _cfg(**kw) -> TrainConfig:
                           "clip_grad": 1.0, **kw})
 
 
-def _train_worker(rank: int, port: int, run_dir: str, parallel: str) -> None:
-    _join(rank, port)
+def _train_worker(rank: int, run_dir: str, parallel: str) -> None:
     windows, val = _data(batch_size=4)
     train(_model(), _cfg(parallel=parallel, activation_checkpointing=parallel == "fsdp"),
           windows, val, lm_loss, run_dir)
-    dist.destroy_process_group()
 
 
 def _curve(run_dir: Path) -> list[tuple[float, float | None]]:
@@ -176,9 +152,9 @@ def single_run(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_processes_follow_the_single_process_curve_and_write_plain_checkpoints(
-        parallel, single_run, tmp_path):
-    _spawn(_train_worker, str(tmp_path), parallel)
-    expected, got = _curve(single_run), _curve(tmp_path)
+        parallel, single_run, ranked):
+    run_dir = ranked / parallel
+    expected, got = _curve(single_run), _curve(run_dir)
     assert len(got) == len(expected) == 6
     for (e_train, e_val), (g_train, g_val) in zip(expected, got):
         assert g_train == pytest.approx(e_train, rel=1e-5)
@@ -188,10 +164,10 @@ def test_two_processes_follow_the_single_process_curve_and_write_plain_checkpoin
 
     # Strict key matching into a plain model: no "module." or "_orig_mod." prefixes.
     model = _model()
-    tensors, _ = read_safetensors(tmp_path / "model.safetensors")
+    tensors, _ = read_safetensors(run_dir / "model.safetensors")
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in tensors)
-    load_weights(model, tmp_path / "model.safetensors")
-    state = load_checkpoint(tmp_path / "checkpoint.safetensors", model,
+    load_weights(model, run_dir / "model.safetensors")
+    state = load_checkpoint(run_dir / "checkpoint.safetensors", model,
                             make_optimizer(model, _cfg(), torch.device("cpu")))
     assert state["step"] == 6 and state["position"] == 6 * 2  # global batches read this epoch
     reference = _model()
@@ -200,22 +176,19 @@ def test_two_processes_follow_the_single_process_curve_and_write_plain_checkpoin
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
 
 
-def _resume_worker(rank: int, port: int, run_dir: str) -> None:
-    _join(rank, port)
+def _resume_worker(rank: int, run_dir: str) -> None:
     windows, val = _data(batch_size=4)
     train(_model(), _cfg(steps=3, schedule="constant"), windows, val, lm_loss, run_dir)
-    dist.destroy_process_group()
 
 
-def test_a_two_process_run_resumes_in_one_process_with_the_same_global_batch(tmp_path):
+def test_a_two_process_run_resumes_in_one_process_with_the_same_global_batch(ranked, tmp_path):
     """Steps 1-3 on 2 ranks (4 windows each), steps 4-6 resumed in one process with accumulation
     2: the curve of one uninterrupted single-process run, because the checkpoint counts global
     batches."""
     windows, val = _data(batch_size=4)
     reference = tmp_path / "reference"
     train(_model(), _cfg(schedule="constant", accumulation=2), windows, val, lm_loss, reference)
-    resumed = tmp_path / "resumed"
-    _spawn(_resume_worker, str(resumed))
+    resumed = ranked / "resumed"
     train(_model(), _cfg(schedule="constant", accumulation=2), windows, val, lm_loss, resumed,
           resume=True)
     for (e_train, e_val), (g_train, g_val) in zip(_curve(reference), _curve(resumed), strict=True):
@@ -231,37 +204,65 @@ def _lora_model() -> CausalLM:
     return model
 
 
-def _lora_worker(rank: int, port: int, run_dir: str, parallel: str) -> None:
-    _join(rank, port)
+def _lora_worker(rank: int, run_dir: str, parallel: str) -> None:
     windows, val = _data(batch_size=4)
     train(_lora_model(), _cfg(parallel=parallel), windows, val, lm_loss, run_dir,
           weights_file="adapters.safetensors")
+
+
+# --- every 2-rank job of the default run in one spawn -----------------------------------------
+
+# (job, its arguments after rank; the first is the output path under the module's folder)
+JOBS = {"grads": (_grad_worker, "grads.pt"), "ddp": (_train_worker, "ddp", "ddp"),
+        "fsdp": (_train_worker, "fsdp", "fsdp"), "resumed": (_resume_worker, "resumed"),
+        "lora-ddp": (_lora_worker, "lora-ddp", "ddp"), "lora-fsdp": (_lora_worker, "lora-fsdp", "fsdp")}
+DEFAULT_JOBS = ["grads", "ddp", "fsdp", "resumed", "lora-ddp"]  # lora-fsdp: slow, spawned by its test
+
+
+def _jobs(rank: int, port: int, root: str, names: list[str]) -> None:
+    """The jobs in turn in one process group: the ranks start (and import torch) once a module."""
+    join_ranks(rank, port)
+    for name in names:
+        fn, out, *args = JOBS[name]
+        fn(rank, str(Path(root) / out), *args)
     dist.destroy_process_group()
 
 
+@pytest.fixture(scope="module")
+def ranked(tmp_path_factory) -> Path:
+    """The folder where every job of JOBS wrote its output (one spawn of 2 ranks for the module)."""
+    root = tmp_path_factory.mktemp("ranked")
+    spawn_ranks(_jobs, str(root), DEFAULT_JOBS)
+    return root
+
+
 @pytest.mark.parametrize("parallel", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
-def test_lora_on_two_processes_follows_the_single_process_curve(parallel, tmp_path):
+def test_lora_on_two_processes_follows_the_single_process_curve(parallel, ranked, tmp_path):
     """Only the adapters train and are saved; the frozen base is replicated (DDP) or sharded
     (FSDP2) and never updated; the adapters equal a single process's."""
     windows, val = _data(batch_size=4)
     single = tmp_path / "single"
     train(_lora_model(), _cfg(accumulation=2), windows, val, lm_loss, single,
           weights_file="adapters.safetensors")
-    _spawn(_lora_worker, str(tmp_path / parallel), parallel)
-    expected, got = _curve(single), _curve(tmp_path / parallel)
+    if parallel == "ddp":
+        two = ranked / "lora-ddp"
+    else:  # slow: a spawn of its own
+        spawn_ranks(_jobs, str(tmp_path), ["lora-fsdp"])
+        two = tmp_path / "lora-fsdp"
+    expected, got = _curve(single), _curve(two)
     assert len(got) == len(expected) == 6
     for (e_train, e_val), (g_train, g_val) in zip(expected, got):
         assert g_train == pytest.approx(e_train, rel=1e-5)
         assert g_val == pytest.approx(e_val, rel=1e-5) if e_val is not None else g_val is None
     a, _ = read_safetensors(single / "adapters.safetensors")
-    b, _ = read_safetensors(tmp_path / parallel / "adapters.safetensors")
+    b, _ = read_safetensors(two / "adapters.safetensors")
     assert sorted(a) == sorted(b) and all("lora_" in k for k in a) and len(a) == 2 * 2 * 6
     for key in a:
         torch.testing.assert_close(b[key], a[key], atol=1e-5, rtol=1e-4, msg=key)
-    state, _ = read_safetensors(tmp_path / parallel / "checkpoint.safetensors")
+    state, _ = read_safetensors(two / "checkpoint.safetensors")
     assert {k.split("/")[1] for k in state if k.startswith("optim/")} == {str(i) for i in range(len(a))}
     model = _lora_model()  # the checkpoint loads back into a single-process LoRA model
-    load_checkpoint(tmp_path / parallel / "checkpoint.safetensors", model,
+    load_checkpoint(two / "checkpoint.safetensors", model,
                     make_optimizer(model, _cfg(), torch.device("cpu")))
 
 

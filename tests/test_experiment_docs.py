@@ -132,3 +132,34 @@ def test_each_section_prints_its_smoke_claim_or_the_reason_it_has_none(page):
         if not exp.smoke_claims:
             reason = exp.no_smoke_claim[0].upper() + exp.no_smoke_claim[1:]
             assert ("无。" in claim_lines[0]) if zh else (f"none. {reason}." in claim_lines[0]), name
+
+
+def readme_row(readme: Path, name: str) -> str:
+    return next(line for line in readme.read_text(encoding="utf-8").splitlines()
+                if line.startswith(f"| `{name}` |"))
+
+
+@pytest.mark.parametrize("readme", [ROOT / "README.md", ROOT / "README.zh.md"], ids=["en", "zh"])
+def test_the_readme_experiment_table_is_the_committed_results(readme):
+    """The README's summary of three experiments, number by number, from the committed results."""
+    def mean(name: str, variant: str, key: str) -> float:
+        return 100 * results(name)["summary"][variant][key]["mean"]
+
+    def percents(row: str) -> list[float]:
+        return [float(n) for n in re.findall(r"(\d+)%", row)]
+
+    post = [100 * results("post-vs-pre-norm")["summary"][f"post, 6+6, {w}"]["exact_match"][end]
+            for w in ("warmup", "no warmup") for end in ("min", "max")]  # every seed's
+    pre = [mean("post-vs-pre-norm", f"pre, 6+6, {w}", "exact_match") for w in ("warmup", "no warmup")]
+    row = readme_row(readme, "post-vs-pre-norm")
+    assert "12" in row and re.search(r"0-2%", row) and re.search(r"54-65%", row), row
+    assert all(0 <= m <= 2.5 for m in post) and abs(min(pre) - 54) <= 0.5 and abs(max(pre) - 65) <= 0.5, (post, pre)
+    row = readme_row(readme, "no-scaling")
+    saturated = mean("no-scaling", "unscaled", "saturated_init")
+    exact = [mean("no-scaling", v, "exact_match") for v in ("unscaled", "scaled (1/sqrt(d_k))")]
+    for shown, value in zip(percents(row), [saturated, *exact]):
+        assert abs(shown - value) <= 0.5, (row, shown, value)
+    assert len(percents(row)) == 3
+    norms = results("layernorm-vs-rmsnorm")["summary"]
+    assert abs(norms["RMSNorm"]["val_loss"]["mean"] - norms["LayerNorm"]["val_loss"]["mean"]) < 0.01  # the same loss
+    assert norms["RMSNorm"]["step_ms"]["mean"] > norms["LayerNorm"]["step_ms"]["mean"]  # slower here

@@ -31,17 +31,29 @@ ZH_TRAINED_FIGURES = ("moe_experts.png",)
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
+def texts_of(fig) -> list[str]:
+    return [t.get_text() for t in fig.findobj(matplotlib.text.Text) if t.get_text()]
+
+
 @pytest.fixture(scope="module")
 def drawn(tmp_path_factory):
+    """`handformer explain` once for the module: its exit code, what it printed, the folder, and
+    every text each figure drew (kept as it is saved), and what it printed on stderr."""
     out = tmp_path_factory.mktemp("figures")
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    buf, err, texts, save = io.StringIO(), io.StringIO(), {}, explain._save
+
+    def keep_texts_and_save(fig, path):
+        texts[Path(path).stem] = texts_of(fig)
+        return save(fig, path)
+
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
+        mp.setattr(explain, "_save", keep_texts_and_save)
         rc = main(["explain", "--out", str(out)])
-    return rc, buf.getvalue(), out
+    return rc, buf.getvalue(), out, texts, err.getvalue()
 
 
 def test_explain_writes_every_figure(drawn):
-    rc, stdout, out = drawn
+    rc, stdout, out, _, _ = drawn
     assert rc == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(f"{name}.png" for name in FIGURES)
     assert stdout.splitlines() == [f"wrote {out / name}.png" for name in FIGURES]
@@ -64,7 +76,7 @@ def drawn_texts(monkeypatch, lang: str) -> tuple[dict[str, list[str]], str]:
     texts: dict[str, list[str]] = {}
 
     def keep_texts(fig, out):
-        texts[Path(out).stem] = [t.get_text() for t in fig.findobj(matplotlib.text.Text) if t.get_text()]
+        texts[Path(out).stem] = texts_of(fig)
         matplotlib.pyplot.close(fig)
         return out
 
@@ -86,11 +98,9 @@ def test_chinese_titles_and_labels(monkeypatch, tmp_path):
     assert "概率" in texts["top_k_top_p"] and "因果掩码，句子 0" in texts["masks"]
 
 
-def test_english_stays_english(monkeypatch, tmp_path):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(explain, "FIGURES", {k: FIGURES[k] for k in ("masks", "top_k_top_p")})
-    texts, err = drawn_texts(monkeypatch, "en")
-    assert err == "" and sorted(texts) == ["masks", "top_k_top_p"]
+def test_english_stays_english(drawn):
+    texts, err = drawn[3:]
+    assert err == "" and sorted(texts) == sorted(FIGURES)
     assert not any(CJK.search(t) for found in texts.values() for t in found)
     assert "causal mask, sentence 0" in texts["masks"]
 

@@ -9,12 +9,19 @@ Counted by scripts/lesson_shape.py (its docstring defines a branch and a functio
   itself back through a circle of imports.
 """
 
+import functools
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import lesson_shape  # noqa: E402
+
+
+@functools.cache
+def package_graph() -> dict[str, frozenset[str]]:
+    """The package's import graph (2.6 s to compute), once for this module's tests; read only."""
+    return {m: frozenset(deps) for m, deps in lesson_shape.import_graph().items()}
 
 # The lesson as the tutorials write it: 40, raised by: packed documents, an AttentionMask the caller
 # builds passed to CausalLM.forward 1; partial RoPE (Phi-4-mini) 1, LongRoPE's short and long
@@ -65,7 +72,7 @@ def test_the_counter_counts_what_it_says(tmp_path):
 
 
 def test_the_lesson_imports_only_the_lesson():
-    graph = lesson_shape.import_graph()
+    graph = package_graph()
     lesson = {m: deps for m, deps in graph.items() if m.startswith(("handformer.nn", "handformer.models"))}
     assert "handformer.nn.attention" in lesson and "handformer.models.causal_lm" in lesson
     for module, deps in lesson.items():
@@ -74,7 +81,7 @@ def test_the_lesson_imports_only_the_lesson():
 
 
 def test_no_module_imports_itself_through_a_circle():
-    graph = lesson_shape.import_graph()
+    graph = package_graph()
     assert len(graph) > 100
     assert lesson_shape.cycles(graph) == []
     assert lesson_shape.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
@@ -113,7 +120,7 @@ def test_imports_go_one_way_through_the_rooms_of_the_architecture_page():
                 return i
         return None
 
-    graph = lesson_shape.import_graph()
+    graph = package_graph()
     unplaced = sorted(m for m in graph if rank(m) is None and m not in ("handformer", "handformer.__main__"))
     assert not unplaced, f"modules in no room of the diagram: {unplaced}"
     upward = [f"{m} -> {d}" for m, deps in graph.items() for d in deps
@@ -125,7 +132,7 @@ def test_the_practitioner_rooms_reach_the_model_only_from_outside():
     """LoRA lives in handformer/adapters, fusion, packing and quantization in handformer/inference;
     training and generation do not import them to do their own work (the checkpoint asks a
     module whether it adapts a frozen base; generate's thread choice is inference's)."""
-    graph = lesson_shape.import_graph()
+    graph = package_graph()
     rooms = ("handformer.adapters", "handformer.inference")
     assert not [d for d in graph["handformer.training.checkpoint"] if d.startswith(rooms)]
     assert not (ROOT / "handformer" / "nn" / "lora.py").exists()
@@ -139,7 +146,7 @@ def test_the_families_room_sits_on_the_lesson_and_every_model_is_built_through_i
     missing (families.build_causal_lm is the one place)."""
     import ast
 
-    graph = lesson_shape.import_graph()
+    graph = package_graph()
     room = {m: deps for m, deps in graph.items() if m.startswith("handformer.families")}
     allowed = LESSON_MAY_IMPORT + ("handformer.families", "handformer.replace")
     assert room and all(d.startswith(allowed) for deps in room.values() for d in deps), room

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from helpers import missing
 
 from handformer.cli import main
 from handformer.config import CausalLMConfig, Seq2SeqConfig
@@ -16,7 +17,6 @@ from handformer.training import loop
 from handformer.training.checkpoint import read_safetensors
 from handformer.training.loop import TrainConfig, make_optimizer
 from handformer.training.muon import MuonAdamW, muon_params, newton_schulz
-from tests.helpers import missing
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CPU = torch.device("cpu")

@@ -175,13 +175,14 @@ def test_generate_streams_each_token_with_its_distribution(client, models):
 
 
 def test_generate_without_a_seed_sends_the_seed_it_drew(client):
-    start, *_ = events(client.post("/playground/api/generate", json={"model": "story", "prompt": "a",
-                                                                    "max_tokens": 2}))
-    replay = events(client.post("/playground/api/generate", json={"model": "story", "prompt": "a",
-                                                                  "max_tokens": 2, "seed": start["seed"]}))
-    first = events(client.post("/playground/api/generate", json={"model": "story", "prompt": "a",
-                                                                 "max_tokens": 2, "seed": start["seed"]}))
-    assert isinstance(start["seed"], int) and replay == first
+    """The seed in the start event of an unseeded request is the one it sampled with: sent back, it
+    replays that very stream (tokens, distributions, text)."""
+    body = {"model": "story", "prompt": "a", "max_tokens": 8, "temperature": 1.0}
+    unseeded = events(client.post("/playground/api/generate", json=body))
+    drawn = unseeded[0]["seed"]
+    replay = events(client.post("/playground/api/generate", json={**body, "seed": drawn}))
+    assert isinstance(drawn, int) and len(unseeded) == len(replay) > 2
+    assert replay == unseeded
 
 
 def test_attention_explorer_and_translate_routes(client, models):
@@ -376,14 +377,18 @@ def test_a_run_with_a_chat_template_can_take_the_prompt_as_a_user_message(models
     assert listed == {"chatty": True, "story": False}
     run, template = chat_models["chatty"].lm, load_chat_template(tmp_path / "chat")
     stop = stop_ids_for(run.tokenizer, run.tokens.eos_ids, template)
-    body = {"model": "chatty", "prompt": "who are you?", "chat": True, "max_tokens": 12, "temperature": 0.7, "seed": 2}
-    start, *tokens, done = events(client.post("/playground/api/generate", json=body))
     ids = run.tokenizer.encode_with_special_tokens(template.render([{"role": "user", "content": "who are you?"}]))
+    # a seed whose reply ends with the template's end token before the limit (the reference decides)
+    seed = next(seed for seed in range(500)
+                if generate(run.model, [ids], 12, temperature=0.7, seed=seed, stop_tokens=stop)[0][-1] in stop)
+    body = {"model": "chatty", "prompt": "who are you?", "chat": True, "max_tokens": 12, "temperature": 0.7,
+            "seed": seed}
+    start, *tokens, done = events(client.post("/playground/api/generate", json=body))
     assert start["ids"] == ids and start["tokens"][:2] == ["<|im_start|>", "u"]
-    expected = generate(run.model, [ids], 12, temperature=0.7, seed=2, stop_tokens=stop)[0]
+    expected = generate(run.model, [ids], 12, temperature=0.7, seed=seed, stop_tokens=stop)[0]
     assert [e["id"] for e in tokens] == expected
-    if done["finish_reason"] == "stop":
-        assert tokens[-1]["token"] == "<|im_end|>" and "<|im_end|>" not in done["text"]
+    assert done["finish_reason"] == "stop" and len(tokens) < 12
+    assert tokens[-1]["token"] == "<|im_end|>" and "<|im_end|>" not in done["text"]
     plain = events(client.post("/playground/api/generate", json={**body, "chat": False}))
     assert plain[0]["ids"] == run.tokenizer.encode("who are you?")
     for bad, message in [({"model": "story", "chat": True}, "model 'story' has no chat template"),

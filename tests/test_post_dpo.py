@@ -4,7 +4,6 @@ reference's, a toy preference task raises the held-out log-probability margin of
 by at least 0.5 nats in each of 3 seeds, and `handformer train` runs, logs and resumes it."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -42,11 +41,11 @@ def perturbed_copy(base: Path, out: Path, seed: int = 7) -> Path:
 
 
 @pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
-def test_loss_and_gradients_equal_trl_dpo_trainer(tmp_path, loss_type):
+def test_loss_and_gradients_equal_trl_dpo_trainer(tmp_path, loss_type, monkeypatch):
     trl = require_module("trl", "pip install -e .[dev] (TRL is a pinned dev dependency)")
     datasets = require_module("datasets", "pip install -e .[dev]")
     transformers = require_module("transformers", "pip install -e .[dev]")
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     base = make_chat_base(tmp_path / "base", CHATML, seed=2)
     policy_dir = perturbed_copy(base, tmp_path / "policy")
     export_hf(base, tmp_path / "hf_ref")

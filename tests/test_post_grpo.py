@@ -4,7 +4,6 @@ reward function's failures are clear errors naming it; rollouts are written befo
 learned from and a resumed run reads them back to the straight run's curve."""
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ CASES = [("dapo", "group", 0.04, 0.2, 2, 1.0), ("grpo", "batch", 0.0, 0.1, 2, 0.
 
 @pytest.mark.parametrize("loss_type, scale_rewards, beta, epsilon, iterations, temperature", CASES)
 def test_the_loss_equals_trl_grpo_trainer_on_the_same_completions(tmp_path, loss_type, scale_rewards, beta,
-                                                                 epsilon, iterations, temperature):
+                                                                 epsilon, iterations, temperature, monkeypatch):
     """Our engine samples G completions of 2 prompts and our reward scores them; TRL gets the same
     completions from its rollout_func and runs GRPOTrainer._generate_and_score_completions (its
     rewards, advantages, old and reference log-probabilities) and GRPOTrainer.compute_loss, after
@@ -42,7 +41,7 @@ def test_the_loss_equals_trl_grpo_trainer_on_the_same_completions(tmp_path, loss
     trl = require_module("trl", "pip install -e .[dev] (TRL is a pinned dev dependency)")
     datasets = require_module("datasets", "pip install -e .[dev]")
     transformers = require_module("transformers", "pip install -e .[dev]")
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     G, max_new = 4, 6
     base = make_chat_base(tmp_path / "base", CHATML, seed=4)
     export_hf(base, tmp_path / "hf")

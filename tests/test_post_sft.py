@@ -5,7 +5,6 @@ unpacked training, TRL's SFTTrainer masks the same positions and computes the sa
 loss on the first batch, and `handformer train` runs, resumes and chats with the result."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -203,13 +202,13 @@ def test_packed_windows_give_the_per_token_loss_of_unpacked_training(position, w
 
 # --- against TRL's SFTTrainer ---------------------------------------------------------------------
 
-def test_trl_sft_trainer_masks_the_same_positions_and_gets_the_same_first_batch_loss(tmp_path):
+def test_trl_sft_trainer_masks_the_same_positions_and_gets_the_same_first_batch_loss(tmp_path, monkeypatch):
     """The same exported model and data: TRL's assistant_only_loss labels sit on exactly our learned
     tokens, and its per-token and mean losses on the first batch equal ours (1e-5)."""
     trl = require_module("trl", "pip install -e .[dev] (TRL is a pinned dev dependency)")
     datasets = require_module("datasets", "pip install -e .[dev]")
     transformers = require_module("transformers", "pip install -e .[dev]")
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     base = make_chat_base(tmp_path / "base", CHATML_MARKED, seed=3)
     export_hf(base, tmp_path / "hf")
     records = conversations(8, seed=5)[:4]

@@ -1,16 +1,17 @@
 """The reference suite cannot vanish silently: under HANDFORMER_REQUIRE_REFERENCES=1 (set by
-.ci/run) a missing reference library, browser or font fails the run; without it, the tests that need
-it are skipped and counted."""
+.ci/run) a missing reference library, browser or font fails the run, and so does any other skip
+outside run_policy.ALLOWED_SKIPS; without it, the tests that need it are skipped and counted. The
+probes run in this process (pytester) with the suite's skip hooks."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import run_policy
+from helpers import REQUIRE_ENV
 
 TESTS = Path(__file__).resolve().parent
 
+HOOKS = "from run_policy import pytest_make_collect_report, pytest_runtest_makereport\n"
 PROBE = '''
 from helpers import missing, require_module
 
@@ -29,24 +30,101 @@ missing("no chromium browser installed")
 def test_uses_it():
     pass
 '''
+PROBE_SKIPS = '''
+import pytest
+
+
+def test_skips():
+    pytest.skip("no GPU here")
+
+
+def test_allowed():
+    pytest.skip("allowed, with its reason")
+
+
+@pytest.mark.xfail(reason="expected", strict=True)
+def test_expected_failure():
+    assert False
+
+
+def test_passes():
+    pass
+'''
+
+
+def run_probe(pytester, monkeypatch, source: str, required: bool):
+    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    if required:
+        monkeypatch.setenv(REQUIRE_ENV, "1")
+    pytester.makeconftest(HOOKS)
+    pytester.makepyfile(test_probe=source)
+    return pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider")
 
 
 @pytest.mark.parametrize("probe, required", [(PROBE, True), (PROBE_BROWSER, False)],
                          ids=["library-required", "browser-local"])
-def test_a_missing_reference_fails_only_when_required(tmp_path, probe, required):
-    (tmp_path / "test_probe.py").write_text(probe)
-    env = {k: v for k, v in os.environ.items() if k != "HANDFORMER_REQUIRE_REFERENCES"}
+def test_a_missing_reference_fails_only_when_required(pytester, monkeypatch, probe, required):
+    result = run_probe(pytester, monkeypatch, probe, required)
+    out = result.stdout.str()
     if required:
-        env["HANDFORMER_REQUIRE_REFERENCES"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env.get("PYTHONPATH", "")])
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             str(tmp_path / "test_probe.py")], capture_output=True, text=True,
-                            env=env, cwd=tmp_path)
-    out = result.stdout + result.stderr
-    if required:
-        assert result.returncode != 0 and "references are required" in out, out
+        assert result.ret != 0 and "references are required" in out, out
     else:
-        assert result.returncode in (0, 5) and "1 skipped" in out, out  # 5: nothing left to run
+        assert result.ret in (0, 5) and "1 skipped" in out, out  # 5: nothing left to run
+
+
+def test_a_skip_outside_the_allow_list_fails_when_required(pytester, monkeypatch):
+    monkeypatch.setitem(run_policy.ALLOWED_SKIPS, "test_probe.py::test_allowed", "the probe's own reason")
+    result = run_probe(pytester, monkeypatch, PROBE_SKIPS, required=True)
+    result.assert_outcomes(passed=1, failed=1, skipped=1, xfailed=1)
+    result.stdout.fnmatch_lines(["_* test_skips _*", "skipped, but * allows no skip outside *ALLOWED_SKIPS: no GPU here *"])
+    local = run_probe(pytester, monkeypatch, PROBE_SKIPS, required=False)
+    local.assert_outcomes(passed=1, skipped=2, xfailed=1)
+
+
+def test_a_module_skipped_outside_the_allow_list_fails_when_required(pytester, monkeypatch):
+    result = run_probe(pytester, monkeypatch, PROBE_BROWSER, required=True)
+    assert result.ret != 0 and "references are required" in result.stdout.str()
+    skipped_module = "import pytest\n\npytest.skip('no data', allow_module_level=True)\n\n\ndef test_x():\n    pass\n"
+    result = run_probe(pytester, monkeypatch, skipped_module, required=True)
+    assert result.ret != 0 and "ALLOWED_SKIPS: no data" in result.stdout.str(), result.stdout.str()
+
+
+def test_every_allowed_skip_names_a_test_of_the_suite_and_says_why():
+    assert run_policy.ALLOWED_SKIPS
+    for key, reason in run_policy.ALLOWED_SKIPS.items():
+        path, _, name = key.partition("::")
+        source = (TESTS.parent / path).read_text()
+        assert not name or f"def {name.split('[')[0]}(" in source, key
+        assert len(reason.split()) >= 5, f"{key}: say why it may skip in CI"
+
+
+def test_golden_files_are_not_rewritten_in_a_run_that_must_prove(pytester, monkeypatch):
+    monkeypatch.setenv(run_policy.WRITE_GOLDEN_ENV, "1")
+    monkeypatch.setenv(REQUIRE_ENV, "1")
+    with pytest.raises(pytest.UsageError, match="unset one of them"):
+        run_policy.refuse_golden_writes_when_required()
+    pytester.makeconftest("from run_policy import refuse_golden_writes_when_required\n\n\n"
+                          "def pytest_configure(config):\n    refuse_golden_writes_when_required()\n")
+    pytester.makepyfile(test_probe="def test_passes():\n    pass\n")
+    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR and "unset one of them" in result.stderr.str()
+    monkeypatch.delenv(REQUIRE_ENV)
+    run_policy.refuse_golden_writes_when_required()  # regenerating locally is allowed
+
+
+def test_an_empty_parameter_list_fails_at_collection(pytester):
+    """With the suite's own setting (pyproject.toml): a glob that matches nothing is an error."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    options = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    pytester.makepyfile(test_probe="import pytest\n\n\n@pytest.mark.parametrize('config', [])\n"
+                                   "def test_config(config):\n    pass\n")
+    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "-o",
+                                          f"empty_parameter_set_mark={options['empty_parameter_set_mark']}")
+    assert result.ret == pytest.ExitCode.INTERRUPTED and "Empty parameter set" in result.stdout.str()
 
 
 def test_ci_requires_the_references():

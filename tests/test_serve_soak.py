@@ -4,6 +4,7 @@ is tried; an answer from that other program is never taken for the server's (the
 API key is asked for)."""
 
 import http.server
+import itertools
 import socket
 import sys
 import threading
@@ -51,7 +52,7 @@ def test_a_port_taken_before_the_server_binds_it_is_given_up_for_another():
     other = http.server.HTTPServer(("127.0.0.1", 0), AnswersEverything)
     threading.Thread(target=other.serve_forever, daemon=True).start()
     taken = other.server_address[1]
-    ports = iter([taken, free_port()])
+    ports = itertools.chain([taken], iter(free_port, None))  # then a fresh free port at every try
     try:
         proc, url = start_server(lambda port: [sys.executable, "-c", FAKE_SERVER, str(port), "k3y"], {},
                                  "k3y", ports=lambda: next(ports), timeout=30)

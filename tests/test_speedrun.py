@@ -61,9 +61,17 @@ def test_a_run_is_timed_from_process_start_and_scored_as_eval_val(tmp_path, text
 
 
 def test_the_clock_counts_the_whole_process():
-    # pytest imported for seconds before this test ran: the clock saw them
-    assert seconds_since_process_start() > 0.5
+    """A child that waits 0.6 s before it imports the clock: the clock still counts that wait."""
+    import subprocess
+    import sys
 
+    code = ("import time; time.sleep(0.6)\n"
+            "from handformer.speedrun.common import seconds_since_process_start\n"
+            "print(seconds_since_process_start())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=ROOT, timeout=60)
+    assert float(done.stdout) >= 0.6
+    assert seconds_since_process_start() > 0
 
 @pytest.mark.parametrize("override, message", [
     ("data.tokenizer=bpe", "tokenizer='bpe' (must be 'char')"),

@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import require_module
 
 from handformer.cli import main
-from tests.helpers import require_module
 
 event_accumulator = require_module("tensorboard.backend.event_processing.event_accumulator",
                                    "pip install 'handformer[tensorboard]'")

@@ -1,6 +1,6 @@
 """How much memory an import takes: the peak resident memory a fresh process gains while it runs
-(benchmarks/import_memory.py reports it for a ~1 GB checkpoint; tests/test_import_memory.py holds
-a 50 MB one to the same bound).
+(benchmarks/import_memory.py reports it for a ~1 GB checkpoint; tests/test_import_memory.py checks
+that it does not grow from a 50 MB checkpoint to a 100 MB one, where a loader holding a copy does).
 
 The process imports torch and handformer first, then resets its peak (writing 5 to
 /proc/self/clear_refs, Linux) and runs the import: the growth is VmHWM (the peak) minus VmRSS
