@@ -60,7 +60,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("chapter", nargs="?", default=None,
                    help="write only this chapter (a number such as 3, or its file's name); default: all")
     p.add_argument("--lang", default=None, metavar="{en,zh}",
-                   help="language of the starter files and notebooks (default en; a course keeps its own)")
+                   help="language of the starter files and notebooks (default: the system's, zh under a "
+                   "Chinese locale, else en; a course keeps its own)")
     p.add_argument("--dir", default=DEFAULT_DIR, help=f"the course folder (default {DEFAULT_DIR})")
     p.add_argument("--status", action="store_true", help="show which chapters pass (runs handformer check)")
     p.add_argument("--reset", metavar="CHAPTER", default=None,
