@@ -67,6 +67,7 @@ def test_learn_writes_what_is_missing_and_never_overwrites(tmp_path, capsys):
     folder = tmp_path / "course"
     code, out, _ = run_cli(capsys, "--dir", str(folder))
     assert code == 0 and out.count("written") == 2 * len(CHAPTERS)
+    assert "the chapters and the tutorials they follow:" in out and "手写Transformer 03 §5-7" in out
     names = {p.name for p in folder.iterdir()}
     assert names == {"course.json"} | {c.file for c in CHAPTERS} | {c.notebook for c in CHAPTERS}
     mine = folder / "ch03_multi_head.py"
@@ -77,7 +78,7 @@ def test_learn_writes_what_is_missing_and_never_overwrites(tmp_path, capsys):
     assert mine.read_text() == "# my attention\n"  # never overwritten
     assert (folder / "ch02_attention.py").read_text() == starter_text(find_chapter("2"), "en")
     code, out, _ = run_cli(capsys, "--dir", str(folder), "--reset", "3")
-    assert code == 0 and "ch03_multi_head.py.bak" in out and "open " + str(folder / "ch03_multi_head.ipynb") in out
+    assert code == 0 and "ch03_multi_head.py.bak" in out and f"`jupyter lab {folder / 'ch03_multi_head.ipynb'}`" in out
     assert (folder / "ch03_multi_head.py.bak").read_text() == "# my attention\n"
     assert mine.read_text() == starter_text(find_chapter("3"), "en")
     mine.write_text("# again\n")
@@ -218,6 +219,11 @@ def test_notebooks_are_stripped_and_the_same_code_in_both_languages():
         for lang, nb in (("en", en), ("zh", zh)):  # the committed notebooks are the builder's
             assert ["".join(c["source"]) for c in nb["cells"]] == [text for _, text in builder["cells"](ch.stem, lang)]
         assert ch.tutorial[1] in "".join(zh["cells"][0]["source"]), ch.stem
+    for doc, lang in (("course.md", 0), ("zh/course.md", 1)):  # the docs' table of chapters and tutorials
+        text = (ROOT / "docs" / doc).read_text("utf-8")
+        for ch in CHAPTERS:
+            title = (ch.en, ch.zh)[lang]
+            assert f"| {ch.number} {title} | {ch.tutorial[lang]} | " in text, (doc, ch.stem)
 
 
 def kernel_or_missing() -> str:
