@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from handformer.course.chapters import find_chapter
+
 OUT = Path(__file__).resolve().parent.parent / "handformer" / "course" / "notebooks"
 
 TRAIN = '''task = lesson.dates_task()
@@ -23,38 +25,39 @@ def criterion(logits, targets):
 
 batches = task.batches(lesson.batch_size(64), lesson.steps(3000))
 losses = train_epoch(model, batches, optimizer, criterion, scheduler)
-print(f"{len(losses)} steps, last loss {losses[-1]:.3f}")'''
+print(tr("{n} steps, last loss {loss:.3f}", n=len(losses), loss=losses[-1]))'''
 
 
 def check_cell(stem: str, plot: str) -> str:
     """The first code cell: the imports the chapter's plot cell uses, then the check."""
     imports = "import matplotlib.pyplot as plt\n" * ("plt." in plot) + "import torch\n" * ("torch." in plot)
-    return f"{imports}\nfrom handformer.course import lesson\n\nok = lesson.check(\"{stem}\")"
+    tr = "from handformer.course.lesson import tr  # printed lines and labels in the course's language\n"
+    return f"{imports}\nfrom handformer.course import lesson\n{tr}\nok = lesson.check(\"{stem}\")"
 
 
 CHAPTERS = {
     "ch01_inputs": (
-        ("# Chapter 1: inputs and positions\n\nFill in `PositionalEncoding` in `ch01_inputs.py`, then run "
+        ("Fill in `PositionalEncoding` in `ch01_inputs.py`, then run "
          "the cells below. The first grades your file with `handformer check`; once it passes, the second "
          "draws your position table.",
-         "# 第 1 章：输入与位置编码\n\n在 `ch01_inputs.py` 里写完 `PositionalEncoding`，然后运行下面的单元格。"
+         "在 `ch01_inputs.py` 里写完 `PositionalEncoding`，然后运行下面的单元格。"
          "第一个用 `handformer check` 检查你的文件；通过之后，第二个画出你的位置编码表。"),
-        ("Each row is a position, each column a dimension: low dimensions turn fast, high ones slowly.",
-         "每一行是一个位置，每一列是一个维度：低维转得快，高维转得慢。"),
+        ("Each column is a position, each row a dimension: low dimensions change fast (high frequency), high ones slowly.",
+         "图里每一列是一个位置，每一行是一个维度：低维变化快（频率高），高维变化慢。"),
         '''if ok:
     PositionalEncoding = lesson.fresh("ch01_inputs").PositionalEncoding
     pe = PositionalEncoding(d_model=64, max_len=100, dropout=0.0).eval()
     table = pe(torch.zeros(1, 100, 64))[0]  # (T, D): the table itself, added to zeros
     plt.figure(figsize=(8, 4))
     plt.imshow(table.T, aspect="auto", cmap="RdBu")
-    plt.xlabel("position")
-    plt.ylabel("dimension")
+    plt.xlabel(tr("position"))
+    plt.ylabel(tr("dimension"))
     plt.colorbar()
     plt.show()'''),
     "ch02_attention": (
-        ("# Chapter 2: attention\n\nFill in `scaled_dot_product_attention` and `subsequent_mask` in "
+        ("Fill in `scaled_dot_product_attention` and `subsequent_mask` in "
          "`ch02_attention.py`.",
-         "# 第 2 章：注意力\n\n在 `ch02_attention.py` 里写完 `scaled_dot_product_attention` 和 `subsequent_mask`。"),
+         "在 `ch02_attention.py` 里写完 `scaled_dot_product_attention` 和 `subsequent_mask`。"),
         ("Your attention weights with and without the causal mask: with it, nothing above the diagonal.",
          "你的注意力权重，加因果掩码和不加：加了之后，对角线上方全是 0。"),
         '''if ok:
@@ -64,16 +67,16 @@ CHAPTERS = {
     _, plain = chapter.scaled_dot_product_attention(q, k, v)
     _, causal = chapter.scaled_dot_product_attention(q, k, v, chapter.subsequent_mask(8))
     fig, axes = plt.subplots(1, 2, figsize=(8, 4))
-    for ax, weights, title in zip(axes, (plain, causal), ("no mask", "causal mask")):
+    for ax, weights, title in zip(axes, (plain, causal), (tr("no mask"), tr("causal mask"))):
         ax.imshow(weights[0], cmap="viridis", vmin=0)
         ax.set_title(title)
-        ax.set_xlabel("key")
-        ax.set_ylabel("query")
+        ax.set_xlabel(tr("key"))
+        ax.set_ylabel(tr("query"))
     plt.show()'''),
     "ch03_multi_head": (
-        ("# Chapter 3: multi-head attention\n\nFill in `MultiHeadAttention` in `ch03_multi_head.py` "
+        ("Fill in `MultiHeadAttention` in `ch03_multi_head.py` "
          "(it uses your attention of chapter 2).",
-         "# 第 3 章：多头注意力\n\n在 `ch03_multi_head.py` 里写完 `MultiHeadAttention`（它用第 2 章你写的注意力）。"),
+         "在 `ch03_multi_head.py` 里写完 `MultiHeadAttention`（它用第 2 章你写的注意力）。"),
         ("Each head has its own W_Q and W_K, so each looks at the same sentence differently.",
          "每个头有自己的 W_Q 和 W_K，所以同一句话每个头看的地方都不一样。"),
         '''if ok:
@@ -82,16 +85,16 @@ CHAPTERS = {
     mha = MultiHeadAttention(d_model=32, num_heads=4).eval()
     x = torch.randn(1, 10, 32)  # (B, T, D)
     out, weights = mha(x, x, x)  # weights: (B, H, T, T)
-    print("output", tuple(out.shape), "weights", tuple(weights.shape))
+    print(tr("output {out}, attention weights {weights}", out=tuple(out.shape), weights=tuple(weights.shape)))
     fig, axes = plt.subplots(1, 4, figsize=(12, 3))
     for h, ax in enumerate(axes):
         ax.imshow(weights[0, h].detach(), cmap="viridis", vmin=0)
-        ax.set_title(f"head {h}")
+        ax.set_title(tr("head {h}", h=h))
     plt.show()'''),
     "ch04_ffn_norm": (
-        ("# Chapter 4: FFN, residual and norm\n\nFill in `PositionwiseFeedForward` and `LayerNorm` in "
+        ("Fill in `PositionwiseFeedForward` and `LayerNorm` in "
          "`ch04_ffn_norm.py`.",
-         "# 第 4 章：前馈网络、残差与归一化\n\n在 `ch04_ffn_norm.py` 里写完 `PositionwiseFeedForward` 和 `LayerNorm`。"),
+         "在 `ch04_ffn_norm.py` 里写完 `PositionwiseFeedForward` 和 `LayerNorm`。"),
         ("A residual adds the FFN's output to its input; your LayerNorm then brings every position back to "
          "mean 0 and standard deviation 1.",
          "残差把 FFN 的输出加回它的输入；然后你的 LayerNorm 把每个位置拉回均值 0、标准差 1。"),
@@ -103,16 +106,18 @@ CHAPTERS = {
     x = 3 * torch.randn(1, 50, 64) + 2  # (B, T, D)
     residual = x + ffn(x)
     normed = norm(residual)
-    print(f"before the norm: mean {residual.mean():.2f}, std {residual.std():.2f}")
-    print(f"after the norm:  mean {normed.mean():.2f}, std {normed.std():.2f}")
+    print(tr("before the norm: mean {mean:.2f}, std {std:.2f}", mean=residual.mean(), std=residual.std()))
+    print(tr("after the norm:  mean {mean:.2f}, std {std:.2f}", mean=normed.mean(), std=normed.std()))
     plt.hist(residual.flatten().detach(), bins=50, alpha=0.5, label="x + FFN(x)")
     plt.hist(normed.flatten().detach(), bins=50, alpha=0.5, label="LayerNorm(x + FFN(x))")
+    plt.xlabel(tr("value"))
+    plt.ylabel(tr("count"))
     plt.legend()
     plt.show()'''),
     "ch05_layers": (
-        ("# Chapter 5: encoder and decoder layers\n\nFill in `EncoderLayer` and `DecoderLayer` in "
+        ("Fill in `EncoderLayer` and `DecoderLayer` in "
          "`ch05_layers.py` (they use your chapters 3 and 4).",
-         "# 第 5 章：编码器层与解码器层\n\n在 `ch05_layers.py` 里写完 `EncoderLayer` 和 `DecoderLayer`"
+         "在 `ch05_layers.py` 里写完 `EncoderLayer` 和 `DecoderLayer`"
          "（它们用第 3、4 章你写的模块）。"),
         ("The decoder layer's cross-attention: each target position (a row) looks at the source (columns); "
          "the source's last two tokens are padding, so no row looks at them.",
@@ -129,16 +134,17 @@ CHAPTERS = {
     memory = encoder(src, src_mask)
     out, cross = decoder(tgt, memory, src_mask, tgt_mask)  # cross: (B, H, T, S)
     plt.imshow(cross[0].mean(0).detach(), cmap="viridis", vmin=0)
-    plt.xlabel("source position")
-    plt.ylabel("target position")
+    plt.title(tr("cross-attention, averaged over the heads"))
+    plt.xlabel(tr("source position"))
+    plt.ylabel(tr("target position"))
     plt.colorbar()
     plt.show()'''),
     "ch06_model": (
-        ("# Chapter 6: the assembled model and masks\n\nFill in `make_src_mask`, `make_tgt_mask` and "
+        ("Fill in `make_src_mask`, `make_tgt_mask` and "
          "`Transformer` in `ch06_model.py`.",
-         "# 第 6 章：组装模型与掩码\n\n在 `ch06_model.py` 里写完 `make_src_mask`、`make_tgt_mask` 和 `Transformer`。"),
-        ("Your masks for a padded batch (white = may attend), and your model's logits for it.",
-         "一个带填充的批次的掩码（白色 = 可以看），以及你的模型对它算出的 logits。"),
+         "在 `ch06_model.py` 里写完 `make_src_mask`、`make_tgt_mask` 和 `Transformer`。"),
+        ("Your masks for a padded batch (white = may attend), and the shape of your model's logits for it.",
+         "一个带填充的 batch 的掩码（白色 = 可以看），以及你的模型对它算出的 logits 的形状。"),
         '''if ok:
     chapter = lesson.fresh("ch06_model")
     src = torch.tensor([[5, 6, 7, 8, 0, 0]])  # 0 is padding
@@ -146,37 +152,39 @@ CHAPTERS = {
     src_mask, tgt_mask = chapter.make_src_mask(src, 0), chapter.make_tgt_mask(tgt, 0)
     model = chapter.Transformer(20, 20, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=16).eval()
     logits = model(src, tgt)
-    print("src_mask", tuple(src_mask.shape), "tgt_mask", tuple(tgt_mask.shape), "logits", tuple(logits.shape))
+    print(tr("shapes: src_mask {src}, tgt_mask {tgt}, logits {logits}", src=tuple(src_mask.shape),
+             tgt=tuple(tgt_mask.shape), logits=tuple(logits.shape)))
     fig, axes = plt.subplots(1, 2, figsize=(8, 3))
     axes[0].imshow(src_mask[0, 0].expand(5, -1), cmap="gray", vmin=0, vmax=1)
-    axes[0].set_title("src_mask (broadcast over the queries)")
+    axes[0].set_title(tr("src_mask (the same for every query)"))
     axes[1].imshow(tgt_mask[0, 0], cmap="gray", vmin=0, vmax=1)
-    axes[1].set_title("tgt_mask")
+    axes[1].set_title(tr("tgt_mask (causal and padding)"))
     plt.show()'''),
     "ch07_loss_schedule": (
-        ("# Chapter 7: loss and schedule\n\nFill in `masked_cross_entropy` and `rate` in "
+        ("Fill in `masked_cross_entropy` and `rate` in "
          "`ch07_loss_schedule.py`.",
-         "# 第 7 章：损失函数与学习率调度\n\n在 `ch07_loss_schedule.py` 里写完 `masked_cross_entropy` 和 `rate`。"),
+         "在 `ch07_loss_schedule.py` 里写完 `masked_cross_entropy` 和 `rate`。"),
         ("Your schedule: a linear warmup, then a decay as 1 / sqrt(step); a larger warmup peaks later and lower.",
-         "你的调度：先线性 warmup，再按 1 / sqrt(step) 衰减；warmup 越大，峰值越晚、越低。"),
+         "你的调度：先线性预热（warmup），再按 1 / sqrt(step) 衰减；预热步数越多，峰值越晚、越低。"),
         '''if ok:
     chapter = lesson.fresh("ch07_loss_schedule")
     for warmup in (1000, 4000, 8000):
         values = [chapter.rate(step, 512, 1.0, warmup) for step in range(1, 20000, 50)]
-        plt.plot(values, label=f"warmup {warmup}")
-    plt.xlabel("step / 50")
-    plt.ylabel("learning rate")
+        plt.plot(values, label=tr("warmup {warmup}", warmup=warmup))
+    plt.xlabel(tr("step / 50"))
+    plt.ylabel(tr("learning rate"))
     plt.legend()
     plt.show()
     logits, targets = torch.randn(4, 10), torch.tensor([3, 1, 0, 0])  # the last two are padding
-    print("loss over the two real tokens:", float(chapter.masked_cross_entropy(logits, targets, 0)))'''),
+    loss = chapter.masked_cross_entropy(logits, targets, 0)
+    print(tr("loss over the two real tokens: {loss:.4f}", loss=float(loss)))'''),
     "ch08_training": (
-        ("# Chapter 8: training\n\nFill in `train_step` and `train_epoch` in `ch08_training.py`. Once they pass, the notebook "
+        ("Fill in `train_step` and `train_epoch` in `ch08_training.py`. Once they pass, the notebook "
          "trains your own model (chapters 1-7) on the dates task: dates in words -> ISO dates.",
-         "# 第 8 章：训练\n\n在 `ch08_training.py` 里写完 `train_step` 和 `train_epoch`。通过之后，notebook 在日期任务上训练你自己的模型"
+         "在 `ch08_training.py` 里写完 `train_step` 和 `train_epoch`。通过之后，notebook 在日期任务上训练你自己的模型"
          "（第 1-7 章）：把用英文单词写的日期翻译成 ISO 日期。"),
         ("Training your model; the loss should fall well below 1 (the model is saved for chapter 9).",
-         "训练你的模型；损失应该降到 1 以下很多（模型会保存下来，第 9 章接着用）。"),
+         "训练你的模型；损失应当降到远低于 1（模型会保存下来，第 9 章接着用）。"),
         f'''if ok:
     Transformer = lesson.fresh("ch06_model").Transformer
     loss_schedule = lesson.fresh("ch07_loss_schedule")
@@ -185,14 +193,14 @@ CHAPTERS = {
 {chr(10).join("    " + line if line else "" for line in TRAIN.splitlines())}
     torch.save(model.state_dict(), "dates_model.pt")
     plt.plot(losses)
-    plt.xlabel("step")
-    plt.ylabel("loss")
+    plt.xlabel(tr("step"))
+    plt.ylabel(tr("loss"))
     plt.yscale("log")
     plt.show()'''),
     "ch09_decoding": (
-        ("# Chapter 9: greedy and beam decoding\n\nFill in `greedy_decode` and `beam_search` in `ch09_decoding.py`. Once they pass, "
+        ("Fill in `greedy_decode` and `beam_search` in `ch09_decoding.py`. Once they pass, "
          "your model (trained in chapter 8, or now) translates dates it has never seen.",
-         "# 第 9 章：贪心解码与束搜索\n\n在 `ch09_decoding.py` 里写完 `greedy_decode` 和 `beam_search`。通过之后，你的模型（第 8 章训练的，"
+         "在 `ch09_decoding.py` 里写完 `greedy_decode` 和 `beam_search`。通过之后，你的模型（第 8 章训练的，"
          "或者现在训练）翻译它没见过的日期。"),
         ("Your model, your decoders: held-out dates and how many come out right, greedy and with a beam of 4.",
          "你的模型、你的解码：没见过的日期，以及贪心解码和束宽 4 的束搜索各翻译对了多少。"),
@@ -224,14 +232,15 @@ CHAPTERS = {
         for name, guess in guesses.items():
             right[name] += guess == target
         if n < 5:
-            print(f"{{source!r:45}} -> greedy {{guesses['greedy']}}, beam {{guesses['beam']}} (expected {{target}})")
-    print(f"greedy: {{right['greedy']}} of {{len(tests)}} right, beam: {{right['beam']}} of {{len(tests)}} right")'''),
+            print(tr("{{source:45}} -> greedy {{greedy}}, beam {{beam}} (expected {{target}})", source=repr(source),
+                     greedy=guesses["greedy"], beam=guesses["beam"], target=target))
+    print(tr("greedy: {{greedy}} of {{n}} right, beam: {{beam}} of {{n}} right", n=len(tests), **right))'''),
     "ch10_decoder_only": (
-        ("# Chapter 10: the decoder-only block\n\nFill in `RMSNorm`, `SwiGLU` and `DecoderOnlyBlock` in "
+        ("Fill in `RMSNorm`, `SwiGLU` and `DecoderOnlyBlock` in "
          "`ch10_decoder_only.py`.",
-         "# 第 10 章：decoder-only 块\n\n在 `ch10_decoder_only.py` 里写完 `RMSNorm`、`SwiGLU` 和 `DecoderOnlyBlock`。"),
-        ("Causality, measured on your block: changing token 5 leaves every output before it unchanged.",
-         "在你的块上量一下因果性：改动第 5 个 token，它前面的输出一点都不变。"),
+         "在 `ch10_decoder_only.py` 里写完 `RMSNorm`、`SwiGLU` 和 `DecoderOnlyBlock`。"),
+        ("Causality, measured on your Block: changing the token at position 5 (0-based) leaves the outputs at positions 0-4 unchanged.",
+         "在你的 Block 上实测因果性：改动位置 5 的 token（第 6 个；位置从 0 数起），位置 0-4 的输出一点都不变。"),
         '''if ok:
     DecoderOnlyBlock = lesson.fresh("ch10_decoder_only").DecoderOnlyBlock
     torch.manual_seed(0)
@@ -241,33 +250,38 @@ CHAPTERS = {
     bumped[0, 5] += 1.0
     moved = (block(bumped) - block(x)).abs().amax(dim=-1)[0].detach()  # (T,)
     plt.bar(range(10), moved)
-    plt.xlabel("position")
-    plt.ylabel("largest change of the output")
+    plt.title(tr("the token at position 5 changed"))
+    plt.xlabel(tr("position"))
+    plt.ylabel(tr("largest change of the output"))
     plt.show()'''),
     "ch11_sampling": (
-        ("# Chapter 11: sampling and generate\n\nFill in the functions of `ch11_sampling.py`.",
-         "# 第 11 章：采样与 generate\n\n在 `ch11_sampling.py` 里写完各个函数。"),
+        ("Fill in the functions of `ch11_sampling.py`.",
+         "在 `ch11_sampling.py` 里写完各个函数。"),
         ("What your filters keep of one distribution, and your `generate` on a toy model that knows one "
          "sentence: at a higher temperature it wanders off it.",
          "你的过滤从一个分布里留下了什么；再在一个只会一句话的玩具模型上跑你的 `generate`：温度越高，越容易跑偏。"),
         '''if ok:
     chapter = lesson.fresh("ch11_sampling")
     logits = torch.tensor([[3.0, 2.5, 2.0, 1.0, 0.5, 0.0, -1.0, -2.0]])  # (B, V)
-    shown = {"T = 1": logits, "T = 0.5": chapter.apply_temperature(logits, 0.5),
-             "top-k 3": chapter.top_k_filter(logits, 3), "top-p 0.9": chapter.top_p_filter(logits, 0.9)}
+    shown = {tr("temperature {t:g}", t=1): logits,
+             tr("temperature {t:g}", t=0.5): chapter.apply_temperature(logits, 0.5),
+             tr("top-k (k = {k})", k=3): chapter.top_k_filter(logits, 3),
+             tr("top-p (p = {p:g})", p=0.9): chapter.top_p_filter(logits, 0.9)}
     fig, axes = plt.subplots(1, 4, figsize=(12, 3), sharey=True)
     for ax, (title, values) in zip(axes, shown.items()):
         ax.bar(range(8), torch.softmax(values, dim=-1)[0])
         ax.set_title(title)
+        ax.set_xlabel(tr("token id"))
+    axes[0].set_ylabel(tr("probability"))
     plt.show()
     lm = lesson.CycleLM()
     torch.manual_seed(0)
     for temperature in (0.5, 1.0, 2.0):
         out = chapter.generate(lm, lm.encode("abc"), 20, temperature=temperature)
-        print(f"temperature {temperature}: {lm.decode(out)}")'''),
+        print(tr("temperature {t:g}: {text}", t=temperature, text=lm.decode(out)))'''),
     "ch12_bpe": (
-        ("# Chapter 12: a BPE tokenizer\n\nFill in `train_bpe` and `Tokenizer` in `ch12_bpe.py`.",
-         "# 第 12 章：BPE 分词器\n\n在 `ch12_bpe.py` 里写完 `train_bpe` 和 `Tokenizer`。"),
+        ("Fill in `train_bpe` and `Tokenizer` in `ch12_bpe.py`.",
+         "在 `ch12_bpe.py` 里写完 `train_bpe` 和 `Tokenizer`。"),
         ("Your tokenizer on a corpus of dates and a few Chinese sentences: the more merges, the more bytes a "
          "token holds; then the tokens of one sentence, and the round trip.",
          "在一个由日期和几句中文组成的语料上跑你的分词器：合并越多，一个 token 装的字节越多；"
@@ -281,16 +295,46 @@ CHAPTERS = {
         vocab, merges = chapter.train_bpe("corpus.txt", vocab_size, special)
         tokenizer = chapter.Tokenizer(vocab, merges, special)
         ratios.append(len(text.encode("utf-8")) / len(tokenizer.encode(text)))
-    print("the first merges:", merges[:8])
+    print(tr("the first merges: {merges}", merges=merges[:8]))
     sample = "the twenty-third of march, nineteen ninety-seven<|endoftext|>分词器把文本切成 token"
     ids = tokenizer.encode(sample)
-    print([vocab[i].decode("utf-8", errors="replace") for i in ids])
-    print("round trip:", tokenizer.decode(ids) == sample)
+    tokens = [vocab[i].decode("utf-8", errors="replace") for i in ids]
+    print(tr("one sentence's tokens: {tokens}", tokens=tokens))
+    print(tr("round trip: {same}", same=tokenizer.decode(ids) == sample))
     plt.plot(sizes, ratios, marker="o")
-    plt.xlabel("vocab_size")
-    plt.ylabel("bytes per token")
+    plt.xlabel(tr("vocab_size (tokens in the vocabulary)"))
+    plt.ylabel(tr("bytes per token"))
     plt.show()'''),
 }
+
+
+NOTE = {
+    "en": "Run the cells from the top (Shift+Enter). The code cells are the same in the English and the Chinese "
+          "course; what they print and the labels of their plots come from `tr(...)`, in the course's language.",
+    "zh": "从上往下运行各个单元格（Shift+Enter）。代码单元格在中英文课程里完全一样；打印出来的内容和图上的文字"
+          "由 `tr(...)` 按课程的语言给出（中文放在 `handformer/course/texts.py` 里）。",
+}
+
+
+def intro_text(stem: str, lang: str) -> str:
+    """The first markdown cell: the chapter's title, the tutorials' chapters it follows and the tour's
+    section with the same code, what to fill in, and how the cells work."""
+    ch = find_chapter(stem)
+    body = CHAPTERS[stem][0][lang == "zh"]
+    if lang == "zh":
+        head = (f"# 第 {ch.number} 章：{ch.zh}\n\n> 对应教程：{ch.tutorial[1]}。"
+                f"handformer 里同样的代码：导览第 {ch.tour} 节（`docs/zh/tour.md`）。")
+    else:
+        head = (f"# Chapter {ch.number}: {ch.en}\n\n> Tutorial: {ch.tutorial[0]}. "
+                f"The same code in handformer: the tour, section {ch.tour} (`docs/tour.md`).")
+    return f"{head}\n\n{body}\n\n{NOTE[lang]}"
+
+
+def cells(stem: str, lang: str) -> list[tuple[str, str]]:
+    """A chapter's notebook in one language: (kind, source) of each cell."""
+    _, after, plot = CHAPTERS[stem]
+    return [("markdown", intro_text(stem, lang)), ("code", check_cell(stem, plot)),
+            ("markdown", after[lang == "zh"]), ("code", plot)]
 
 
 def notebook(cells: list[tuple[str, str]]) -> dict:
@@ -303,10 +347,9 @@ def notebook(cells: list[tuple[str, str]]) -> dict:
 
 
 def main() -> None:
-    for stem, (intro, after, plot) in CHAPTERS.items():
-        for i, lang in enumerate(("en", "zh")):
-            cells = [("markdown", intro[i]), ("code", check_cell(stem, plot)), ("markdown", after[i]), ("code", plot)]
-            nb = notebook(cells)
+    for stem in CHAPTERS:
+        for lang in ("en", "zh"):
+            nb = notebook(cells(stem, lang))
             for n, cell in enumerate(nb["cells"]):
                 cell["id"] = f"{stem}-{n}"
             path = OUT / lang / f"{stem}.ipynb"

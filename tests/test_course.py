@@ -6,8 +6,11 @@ to bottom in smoke mode on the solutions."""
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
 import json
 import os
+import re
 import runpy
 import shutil
 import sys
@@ -25,6 +28,17 @@ from handformer.course.folder import learn, notebook_text, reset, starter_text
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = Path(__file__).parent / "fixtures" / "course"
+
+
+LOCALE_VARS = ("LC_ALL", "LC_MESSAGES", "LANG", "LANGUAGE")
+
+
+@pytest.fixture(autouse=True)
+def english_locale(monkeypatch):
+    """The tests that give no --lang expect English, whatever the machine's locale."""
+    for var in LOCALE_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("LANG", "C.UTF-8")
 
 
 def check_chapter(path: Path):
@@ -53,6 +67,7 @@ def test_learn_writes_what_is_missing_and_never_overwrites(tmp_path, capsys):
     folder = tmp_path / "course"
     code, out, _ = run_cli(capsys, "--dir", str(folder))
     assert code == 0 and out.count("written") == 2 * len(CHAPTERS)
+    assert "the chapters and the tutorials they follow:" in out and "手写Transformer 03 §5-7" in out
     names = {p.name for p in folder.iterdir()}
     assert names == {"course.json"} | {c.file for c in CHAPTERS} | {c.notebook for c in CHAPTERS}
     mine = folder / "ch03_multi_head.py"
@@ -63,7 +78,7 @@ def test_learn_writes_what_is_missing_and_never_overwrites(tmp_path, capsys):
     assert mine.read_text() == "# my attention\n"  # never overwritten
     assert (folder / "ch02_attention.py").read_text() == starter_text(find_chapter("2"), "en")
     code, out, _ = run_cli(capsys, "--dir", str(folder), "--reset", "3")
-    assert code == 0 and "ch03_multi_head.py.bak" in out and "open " + str(folder / "ch03_multi_head.ipynb") in out
+    assert code == 0 and "ch03_multi_head.py.bak" in out and f"`jupyter lab {folder / 'ch03_multi_head.ipynb'}`" in out
     assert (folder / "ch03_multi_head.py.bak").read_text() == "# my attention\n"
     assert mine.read_text() == starter_text(find_chapter("3"), "en")
     mine.write_text("# again\n")
@@ -82,6 +97,24 @@ def test_one_chapter_in_chinese(tmp_path):
     assert "损失函数" in text and "#@" not in text and "Fill in" not in text
     assert "学习率" in (folder / "ch07_loss_schedule.ipynb").read_text("utf-8")
     assert json.loads((folder / "course.json").read_text())["lang"] == "zh"
+
+
+def test_learn_follows_the_system_language(tmp_path, capsys, monkeypatch):
+    """Without --lang a new course is in the system's language, by check's rule (LC_ALL, then
+    LC_MESSAGES, then LANG); --lang en still forces English."""
+    monkeypatch.setenv("LANG", "zh_CN.UTF-8")
+    code, out, _ = run_cli(capsys, "1", "--dir", str(tmp_path / "课程"))
+    assert code == 0 and "写入" in out and "下一步" in out
+    assert json.loads((tmp_path / "课程" / "course.json").read_text())["lang"] == "zh"
+    assert "位置编码" in (tmp_path / "课程" / "ch01_inputs.py").read_text("utf-8")
+    code, out, _ = run_cli(capsys, "1", "--dir", str(tmp_path / "en"), "--lang", "en")
+    assert code == 0 and "written" in out and json.loads((tmp_path / "en" / "course.json").read_text())["lang"] == "en"
+    monkeypatch.setenv("LC_MESSAGES", "en_US.UTF-8")  # LC_MESSAGES before LANG, as check reads them
+    learn(tmp_path / "messages", None, "1")
+    assert json.loads((tmp_path / "messages" / "course.json").read_text())["lang"] == "en"
+    monkeypatch.setenv("LC_ALL", "zh_TW.UTF-8")
+    learn(tmp_path / "all", None, "1")
+    assert json.loads((tmp_path / "all" / "course.json").read_text())["lang"] == "zh"
 
 
 @pytest.mark.parametrize("args, message", [
@@ -183,8 +216,14 @@ def test_notebooks_are_stripped_and_the_same_code_in_both_languages():
                 assert cell.get("outputs", []) == [] and cell.get("execution_count") is None, ch.stem
         assert f'lesson.check("{ch.stem}")' in "".join(code[0][0])
         assert [c["source"] for c in en["cells"]][0] != [c["source"] for c in zh["cells"]][0]
-        intro, after, plot = builder["CHAPTERS"][ch.stem]  # the committed notebooks are the builder's
-        assert "".join(code[0][1]) == plot and "".join(en["cells"][0]["source"]) == intro[0]
+        for lang, nb in (("en", en), ("zh", zh)):  # the committed notebooks are the builder's
+            assert ["".join(c["source"]) for c in nb["cells"]] == [text for _, text in builder["cells"](ch.stem, lang)]
+        assert ch.tutorial[1] in "".join(zh["cells"][0]["source"]), ch.stem
+    for doc, lang in (("course.md", 0), ("zh/course.md", 1)):  # the docs' table of chapters and tutorials
+        text = (ROOT / "docs" / doc).read_text("utf-8")
+        for ch in CHAPTERS:
+            title = (ch.en, ch.zh)[lang]
+            assert f"| {ch.number} {title} | {ch.tutorial[lang]} | " in text, (doc, ch.stem)
 
 
 def kernel_or_missing() -> str:
@@ -273,3 +312,75 @@ def test_the_full_course_trains_and_translates(tmp_path):
     words = result.replace(",", "").split()  # greedy: N of 200 right beam: M of 200 right
     # measured: 97 of 200 greedy after 1500 steps; 67 of the first 100 after 3000
     assert words[3] == words[8] == "200" and int(words[1]) >= 80
+
+
+def test_every_text_the_cells_print_or_label_is_in_the_chinese_table():
+    """Every `tr("...")` of the notebooks' code has its Chinese in handformer/course/texts.py, and the
+    table holds nothing the notebooks do not use."""
+    from handformer.course.texts import ZH
+
+    used = set()
+    for ch in CHAPTERS:
+        code = "\n".join("".join(c["source"]) for c in json.loads(notebook_text(ch, "en"))["cells"]
+                          if c["cell_type"] == "code")
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "tr":
+                assert isinstance(node.args[0], ast.Constant), (ch.stem, ast.unparse(node))
+                used.add(node.args[0].value)
+    assert used - ZH.keys() == set() and ZH.keys() - used == set()
+
+
+CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
+SAME_IN_BOTH = {"x + FFN(x)", "LayerNorm(x + FFN(x))"}  # formulas, not words
+
+
+def run_in_process(folder: Path, notebook: str) -> tuple[list[str], list[str]]:
+    """A notebook's code cells run in this process, in its folder: what each prints, and the titles,
+    axis labels and legend entries of every figure they show."""
+    import matplotlib.pyplot as plt
+
+    labels: list[str] = []
+
+    def show(*_, **__) -> None:
+        for num in plt.get_fignums():
+            for ax in plt.figure(num).axes:
+                legend = ax.get_legend()
+                labels.extend([ax.get_title(), ax.get_xlabel(), ax.get_ylabel()]
+                              + [t.get_text() for t in (legend.get_texts() if legend else [])])
+            plt.close(num)
+
+    nb = json.loads((folder / notebook).read_text("utf-8"))
+    printed, namespace = [], {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plt, "show", show)
+        for cell in nb["cells"]:
+            if cell["cell_type"] == "code":
+                with contextlib.redirect_stdout(io.StringIO()) as out:
+                    exec("".join(cell["source"]), namespace)
+                printed.append(out.getvalue())
+    return printed, [label for label in labels if label]
+
+
+def test_the_chinese_notebooks_print_and_label_in_chinese(tmp_path, monkeypatch):
+    """The Chinese course's notebooks, run on the solutions: every line the chapter's cells print and
+    every label of their plots is Chinese, and the plots draw with the CJK font."""
+    import matplotlib
+
+    from handformer.see.fonts import cjk_font
+
+    course_with_solutions(tmp_path, "zh")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HANDFORMER_COURSE_SMOKE", "1")
+    monkeypatch.setattr(sys, "path", list(sys.path))  # lesson.fresh puts the course folder on it
+    with matplotlib.rc_context({"backend": "Agg"}):
+        for ch in CHAPTERS:
+            (report, shown), labels = run_in_process(tmp_path, ch.notebook)
+            assert "个通过" in report, (ch.stem, report)
+            lines = [line for line in shown.splitlines() if line.strip()]
+            assert all(CJK.search(line) for line in lines), (ch.stem, lines)
+            assert labels or ch.stem == "ch09_decoding", ch.stem
+            assert all(CJK.search(label) or label in SAME_IN_BOTH for label in labels), (ch.stem, labels)
+            if cjk_font():
+                assert cjk_font() in matplotlib.rcParams["font.family"], ch.stem
+    for ch in CHAPTERS:
+        sys.modules.pop(ch.stem, None)

@@ -64,12 +64,15 @@ def is_command(words: list[str]) -> bool:
 
 
 def without_lang_zh(words: list[str]) -> list[str]:
-    return [w for i, w in enumerate(words) if not (w == "--lang" or (i and words[i - 1] == "--lang" and w == "zh"))]
+    """The words without `--lang zh` and without `--dir FOLDER` (a page may name the course's folder
+    in its own language: `handformer learn --dir 课程`)."""
+    return [w for i, w in enumerate(words) if not (w in ("--lang", "--dir") or (i and words[i - 1] == "--lang"
+                                                   and w == "zh") or (i and words[i - 1] == "--dir"))]
 
 
 def block_shape(block: Block) -> object:
     """What must agree between twins: a python block's code (comments dropped), other blocks'
-    commands (comments after # dropped; the Chinese page may add --lang zh)."""
+    commands (comments after # dropped; the Chinese page may add --lang zh and name another --dir)."""
     if block.lang == "python":
         return ("python", ast.dump(ast.parse(block.code)))
     return (block.lang, [without_lang_zh(words) for _, words in commands(block) if is_command(words)])

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import unicodedata
 from pathlib import Path
 
 STATES = {"en": {}, "zh": {"missing": "缺少文件", "not started": "还没开始", "pass": "通过",
                            "not implemented yet": "尚未实现", "fail": "未通过"}}
 ACTIONS = {"written": "写入", "kept": "保留", "kept, changed by you": "保留（你改过）", "reset": "已重置"}
+
+
+def padded(text: str, width: int) -> str:
+    """TEXT padded to WIDTH columns of a terminal, where a Chinese character takes two."""
+    columns = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+    return text + " " * max(0, width - columns)
 
 
 def cmd_learn(args: argparse.Namespace) -> int:
@@ -26,7 +33,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
             title = s.chapter.en if lang == "en" else s.chapter.zh
             state = STATES[lang].get(s.state, s.state)
             detail = "" if not s.detail else f"  ({s.detail})" if lang == "en" else f"（{s.detail}）"
-            print(f"{s.chapter.number:>2}  {s.chapter.file:<24} {title:<32} {state}{detail}")
+            print(f"{s.chapter.number:>2}  {s.chapter.file:<24} {padded(title, 32)} {state}{detail}")
         passed = sum(s.state == "pass" for s in states)
         print(f"{passed} of {len(states)} chapters pass" if lang == "en"
               else f"共 {len(states)} 章，{passed} 章通过")
@@ -40,12 +47,25 @@ def cmd_learn(args: argparse.Namespace) -> int:
         if lang == "zh":
             action = ACTIONS.get(action, action.replace("reset, yours kept as", "已重置，你的旧文件保存为"))
         print(f"{action:<28} {folder / name}")
+    if not (args.reset or args.chapter):
+        print_tutorials(lang)
     ch = find_chapter(args.reset or args.chapter or "1")
     notebook, file = folder / ch.notebook, folder / ch.file
-    print(f"next: open {notebook} in Jupyter, or fill in {file} and run `handformer check {file}`"
-          if lang == "en" else
-          f"下一步：用 Jupyter 打开 {notebook}，或者写完 {file} 再运行 `handformer check {file}`")
+    print(f"next: `jupyter lab {notebook}` (or open it in VS Code), or fill in {file} and run "
+          f"`handformer check {file}`" if lang == "en" else
+          f"下一步：`jupyter lab {notebook}`（或者用 VS Code 打开），"
+          f"或者写完 {file} 再运行 `handformer check {file}`")
     return 0
+
+
+def print_tutorials(lang: str) -> None:
+    """The course's chapters against the tutorials' chapters they follow."""
+    from handformer.course.chapters import CHAPTERS
+
+    print("the chapters and the tutorials they follow:" if lang == "en" else "各章对应的教程章节：")
+    for ch in CHAPTERS:
+        title, tutorial = (ch.en, ch.tutorial[0]) if lang == "en" else (ch.zh, ch.tutorial[1])
+        print(f"{ch.number:>4}  {padded(title, 32)} {tutorial}")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -60,7 +80,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("chapter", nargs="?", default=None,
                    help="write only this chapter (a number such as 3, or its file's name); default: all")
     p.add_argument("--lang", default=None, metavar="{en,zh}",
-                   help="language of the starter files and notebooks (default en; a course keeps its own)")
+                   help="language of the starter files and notebooks (default: the system's, zh under a "
+                   "Chinese locale, else en; a course keeps its own)")
     p.add_argument("--dir", default=DEFAULT_DIR, help=f"the course folder (default {DEFAULT_DIR})")
     p.add_argument("--status", action="store_true", help="show which chapters pass (runs handformer check)")
     p.add_argument("--reset", metavar="CHAPTER", default=None,

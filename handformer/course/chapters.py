@@ -13,6 +13,8 @@ class Chapter:
     en: str  # the title
     zh: str
     kinds: tuple[str, ...]  # the kinds of handformer check its components are graded as
+    tutorial: tuple[str, str]  # the tutorials' chapters it follows (en, zh)
+    tour: int  # the section of docs/tour.md (docs/zh/tour.md) that reads the same code in handformer
 
     @property
     def file(self) -> str:
@@ -23,24 +25,41 @@ class Chapter:
         return f"{self.stem}.ipynb"
 
 
+H3, T3 = "手写Transformer 03", "图解Transformer 03"
+NEXT_EN = "the chapter 图解Transformer 03 announces"
+NEXT_ZH = "图解Transformer 03 预告的下一章"
+
 CHAPTERS: tuple[Chapter, ...] = (
-    Chapter(1, "ch01_inputs", "Inputs and positions", "输入与位置编码", ("positional_encoding",)),
-    Chapter(2, "ch02_attention", "Attention", "注意力", ("sdpa", "causal_mask")),
-    Chapter(3, "ch03_multi_head", "Multi-head attention", "多头注意力", ("mha",)),
-    Chapter(4, "ch04_ffn_norm", "FFN, residual and norm", "前馈网络、残差与归一化", ("ffn", "layernorm")),
+    Chapter(1, "ch01_inputs", "Inputs and positional encoding", "输入与位置编码", ("positional_encoding",),
+            ("手写Transformer 02 (the input layer)", "手写Transformer 02（输入层）"), 3),
+    Chapter(2, "ch02_attention", "Attention", "注意力", ("sdpa", "causal_mask"),
+            (f"{H3} §1; the causal mask: {NEXT_EN}", f"{H3} 第 1 节；因果掩码：{NEXT_ZH}"), 4),
+    Chapter(3, "ch03_multi_head", "Multi-head attention", "多头注意力", ("mha",),
+            (f"{H3} §1.4 and §2; {T3} §2-9", f"{H3} 第 1.4、2 节；{T3} 第 2-9 节"), 7),
+    Chapter(4, "ch04_ffn_norm", "FFN, residual and norm", "前馈网络、残差与归一化", ("ffn", "layernorm"),
+            (f"{H3} §3 and §4; {T3} §10, 12, 13", f"{H3} 第 3、4 节；{T3} 第 10、12、13 节"), 8),
     Chapter(5, "ch05_layers", "Encoder and decoder layers", "编码器层与解码器层",
-            ("encoder_layer", "decoder_layer")),
+            ("encoder_layer", "decoder_layer"), (f"{H3} §5-7", f"{H3} 第 5-7 节"), 10),
     Chapter(6, "ch06_model", "The assembled model and masks", "组装模型与掩码",
-            ("mask_helper", "transformer")),
-    Chapter(7, "ch07_loss_schedule", "Loss and schedule", "损失函数与学习率调度", ("loss", "schedule")),
-    Chapter(8, "ch08_training", "Training", "训练", ("train_step", "train_epoch")),
+            ("mask_helper", "transformer"),
+            ("手写Transformer 04 (assembling the model)", "手写Transformer 04（模型组装）"), 12),
+    Chapter(7, "ch07_loss_schedule", "Loss and schedule", "损失函数与学习率调度", ("loss", "schedule"),
+            ("手写Transformer 05 (training)", "手写Transformer 05（训练）"), 13),
+    Chapter(8, "ch08_training", "Training", "训练", ("train_step", "train_epoch"),
+            ("手写Transformer 05 (training)", "手写Transformer 05（训练）"), 13),
     Chapter(9, "ch09_decoding", "Greedy and beam decoding", "贪心解码与束搜索",
-            ("greedy_decode", "beam_search")),
-    Chapter(10, "ch10_decoder_only", "The decoder-only block", "decoder-only 块",
-            ("rmsnorm", "ffn", "block")),
+            ("greedy_decode", "beam_search"),
+            ("手写Transformer 05 (inference); beam search goes past it",
+             "手写Transformer 05（推理）；束搜索是教程之外的一步"), 13),
+    Chapter(10, "ch10_decoder_only", "The decoder-only Block", "decoder-only Block",
+            ("rmsnorm", "ffn", "block"),
+            (f"{T3} §11, 13, 14 (SwiGLU, RMSNorm, the Block); decoder-only: {NEXT_EN}",
+             f"{T3} 第 11、13、14 节（SwiGLU、RMSNorm、Block）；decoder-only：{NEXT_ZH}"), 14),
     Chapter(11, "ch11_sampling", "Sampling and generate", "采样与 generate",
-            ("temperature", "top_k", "top_p", "sample", "generate")),
-    Chapter(12, "ch12_bpe", "A BPE tokenizer", "BPE 分词器", ("bpe", "bpe_tokenizer")),
+            ("temperature", "top_k", "top_p", "sample", "generate"),
+            (f"{NEXT_EN} (generation, logits, sampling)", f"{NEXT_ZH}（自回归生成、logits、采样）"), 18),
+    Chapter(12, "ch12_bpe", "A BPE tokenizer", "BPE 分词器", ("bpe", "bpe_tokenizer"),
+            ("past the tutorials (a tokenizer of your own)", "教程之外（自己写一个分词器）"), 2),
 )
 
 

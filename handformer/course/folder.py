@@ -34,6 +34,14 @@ def check_lang(lang: str) -> str:
     return lang
 
 
+def system_language() -> str:
+    """A new course's language without --lang: the system's, by the rule `handformer check` follows
+    (zh when LC_ALL, LC_MESSAGES or LANG says Chinese, else en)."""
+    from handformer.check.report import default_language
+
+    return default_language()
+
+
 def starter_text(ch: Chapter, lang: str) -> str:
     """The chapter's starter file in one language: the template's lines tagged `#@en` or `#@zh`
     are kept for that language (the tag removed), the untagged lines for both."""
@@ -83,7 +91,8 @@ def read_manifest(folder: Path) -> dict:
 
 
 def open_course(folder: Path, lang: str | None) -> dict:
-    """The manifest of the course at FOLDER, a new one when the folder is new or empty."""
+    """The manifest of the course at FOLDER, a new one when the folder is new or empty (in LANG, or
+    in the system's language)."""
     if folder.exists() and not folder.is_dir():
         raise CourseError(f"{folder} is a file, not a folder; pick another --dir")
     if folder.is_dir() and (folder / MANIFEST).exists():
@@ -95,7 +104,7 @@ def open_course(folder: Path, lang: str | None) -> dict:
     if folder.is_dir() and any(folder.iterdir()):
         raise CourseError(f"{folder} is not a course folder (it has no {MANIFEST} and is not empty); "
                           "pick a new or empty folder with --dir")
-    return {"course": "handformer", "lang": check_lang(lang or "en"), "written": {}}
+    return {"course": "handformer", "lang": check_lang(lang or system_language()), "written": {}}
 
 
 def save_manifest(folder: Path, data: dict) -> None:
@@ -179,8 +188,9 @@ def status(folder: Path, time_limit: float | None = None) -> tuple[str, list[Cha
     for ch in CHAPTERS:
         path = folder / ch.file
         if not path.exists():
-            hint = "writes it" if data["lang"] == "en" else "会写出它"
-            out.append(ChapterStatus(ch, "missing", f"`handformer learn {ch.number}` {hint}"))
+            hint = (f"`handformer learn {ch.number}` writes it" if data["lang"] == "en"
+                    else f"运行 `handformer learn {ch.number}` 生成它")
+            out.append(ChapterStatus(ch, "missing", hint))
             continue
         if path.read_text("utf-8", errors="replace") == starter_text(ch, data["lang"]):
             out.append(ChapterStatus(ch, "not started"))

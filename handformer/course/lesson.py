@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from handformer.course.chapters import CHAPTERS, find_chapter
+from handformer.course.texts import ZH
 from handformer.data.dates import date_pairs
 
 SMOKE_STEPS, SMOKE_SENTENCES, SMOKE_BATCH = 50, 5, 16
@@ -61,6 +62,30 @@ def language() -> str:
         return "en"
 
 
+def tr(text: str, /, **values: object) -> str:
+    """What a notebook prints or writes on a plot, in the course's language: TEXT (English) itself, or
+    its Chinese from handformer/course/texts.py in a Chinese course; VALUES are filled in as
+    `str.format` fills them. The code cells stay the same in both languages."""
+    if language() == "zh":
+        text = ZH.get(text, text)
+    return text.format(**values)
+
+
+def use_course_fonts() -> None:
+    """In a Chinese course, matplotlib draws with the project's font list (a CJK font after the base
+    font), so the Chinese labels are not empty boxes; without a CJK font, one line says how to get one."""
+    if language() != "zh":
+        return
+    import matplotlib
+
+    from handformer.see.fonts import cjk_font, font_families
+
+    matplotlib.rcParams["font.family"] = font_families()
+    if cjk_font() is None:
+        print("没有找到中文字体，图上的中文会显示成方框；"
+              "安装一个再重启内核（apt-get install fonts-noto-cjk）", file=sys.stderr)
+
+
 def fresh(stem: str) -> ModuleType:
     """Import the learner's chapter file anew (and the chapters it imports), so an edit shows."""
     for ch in CHAPTERS:
@@ -73,11 +98,13 @@ def fresh(stem: str) -> ModuleType:
 
 
 def check(chapter: str) -> bool:
-    """Grade the chapter's file with `handformer check`, print the report; True when it passes."""
+    """Grade the chapter's file with `handformer check`, print the report; True when it passes. In a
+    Chinese course it also sets matplotlib's fonts for the chapter's plots (`use_course_fonts`)."""
     from handformer.check.report import format_report
     from handformer.check.runners import check_file
 
     ch = find_chapter(chapter)
+    use_course_fonts()
     for c in CHAPTERS:  # their neighbours, imported by the file, as they are now
         sys.modules.pop(c.stem, None)
     result = check_file(str(course_dir() / ch.file))

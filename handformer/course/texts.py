@@ -1,0 +1,62 @@
+"""What the course's notebooks print and write on their plots, in Chinese: the code cells are the same
+in both languages and call `lesson.tr("english text", **values)`, which looks the text up here in a
+Chinese course (its language is in course.json) and fills in the values as `str.format` does."""
+
+from __future__ import annotations
+
+ZH: dict[str, str] = {
+    # chapter 1
+    "position": "位置",
+    "dimension": "维度",
+    # chapter 2
+    "no mask": "不加掩码",
+    "causal mask": "因果掩码",
+    "key": "键",
+    "query": "查询",
+    # chapter 3
+    "output {out}, attention weights {weights}": "输出 {out}，注意力权重 {weights}",
+    "head {h}": "头 {h}",
+    # chapter 4
+    "before the norm: mean {mean:.2f}, std {std:.2f}": "归一化之前：均值 {mean:.2f}，标准差 {std:.2f}",
+    "after the norm:  mean {mean:.2f}, std {std:.2f}": "归一化之后：均值 {mean:.2f}，标准差 {std:.2f}",
+    "value": "数值",
+    "count": "个数",
+    # chapter 5
+    "source position": "源端位置",
+    "target position": "目标端位置",
+    "cross-attention, averaged over the heads": "交叉注意力（各头平均）",
+    # chapter 6
+    "shapes: src_mask {src}, tgt_mask {tgt}, logits {logits}":
+        "形状：src_mask {src}，tgt_mask {tgt}，logits {logits}",
+    "src_mask (the same for every query)": "src_mask（每个查询都一样）",
+    "tgt_mask (causal and padding)": "tgt_mask（因果 + 填充）",
+    # chapter 7
+    "warmup {warmup}": "预热 {warmup} 步",
+    "step / 50": "步数 / 50",
+    "learning rate": "学习率",
+    "loss over the two real tokens: {loss:.4f}": "两个真实 token 上的损失：{loss:.4f}",
+    # chapters 8 and 9
+    "{n} steps, last loss {loss:.3f}": "训练了 {n} 步，最后的损失 {loss:.3f}",
+    "step": "步数",
+    "loss": "损失",
+    "{source:45} -> greedy {greedy}, beam {beam} (expected {target})":
+        "{source:45} -> 贪心 {greedy}，束搜索 {beam}（应为 {target}）",
+    "greedy: {greedy} of {n} right, beam: {beam} of {n} right":
+        "{n} 个日期：贪心解码对了 {greedy} 个，束搜索对了 {beam} 个",
+    # chapter 10
+    "the token at position 5 changed": "改动位置 5 的 token",
+    "largest change of the output": "输出的最大变化",
+    # chapter 11
+    "temperature {t:g}": "温度 {t:g}",
+    "top-k (k = {k})": "top-k（k = {k}）",
+    "top-p (p = {p:g})": "top-p（p = {p:g}）",
+    "token id": "token id（编号）",
+    "probability": "概率",
+    "temperature {t:g}: {text}": "温度 {t:g}：{text}",
+    # chapter 12
+    "the first merges: {merges}": "最早的几次合并：{merges}",
+    "one sentence's tokens: {tokens}": "一句话切成的 token：{tokens}",
+    "round trip: {same}": "编码再解码能还原：{same}",
+    "vocab_size (tokens in the vocabulary)": "vocab_size（词表里的 token 数）",
+    "bytes per token": "每个 token 平均几个字节",
+}
