@@ -21,13 +21,12 @@ from handformer.generation.sampling import check_sampling_options
 from handformer.inference.threads import default_threads, intra_op_threads
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
-from handformer.settings import is_int
+from handformer.settings import is_int, non_negative_int
 
 
 def _check_args(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                 temperature: float, top_k: int | None, top_p: float | None, pad_id: int) -> None:
-    if not is_int(max_new_tokens) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    non_negative_int("max_new_tokens", max_new_tokens)
     check_sampling_options(temperature, top_k, top_p)
     if isinstance(prompts, (str, Tensor)) or not prompts or isinstance(prompts[0], int):
         raise ValueError("prompts must be a non-empty list of token-id lists, e.g. [[1, 17, 4]]")

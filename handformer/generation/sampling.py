@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from handformer.settings import is_int, is_number
+from handformer.settings import is_int, is_number, positive_int
 
 # Cumulative probabilities this close to top_p count as reaching it, so float rounding of e.g.
 # 0.5 + 0.3 does not pull one more token into the nucleus at p = 0.8.
@@ -48,8 +48,7 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
     Ties at the boundary are all kept: every token whose logit equals the k-th largest survives,
     so more than k tokens remain when several share that value (which one would be dropped is
     otherwise arbitrary). k >= V keeps everything."""
-    if not is_int(k) or k < 1:
-        raise ValueError(f"top_k must be a positive integer, got {k!r}")
+    positive_int("top_k", k)
     if k >= logits.size(-1):
         return logits
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (..., 1)
