@@ -14,6 +14,7 @@ from handformer.nn.feed_forward import FeedForward, GatedFeedForward
 from handformer.nn.kv_cache import KVCache
 from handformer.nn.masks import causal_mask, padding_mask
 from handformer.nn.norms import LayerNorm, RMSNorm
+from handformer.nn.rolling_kv_cache import RollingKVCache
 
 if TYPE_CHECKING:
     from handformer.generation.chat import ChatSession
@@ -33,7 +34,7 @@ def chat(run_dir: str | os.PathLike, **options: Any) -> ChatSession:
 __all__ = [
     "BlockConfig", "CausalLM", "CausalLMConfig", "CausalLMOutput", "DecoderLayer",
     "DecoderOnlyBlock", "EncoderLayer", "FeedForward", "GatedFeedForward", "KVCache", "LayerNorm",
-    "MultiHeadAttention",
-    "RMSNorm", "Seq2SeqConfig", "Seq2SeqOutput", "Seq2SeqTransformer", "causal_mask", "load_config",
+    "MultiHeadAttention", "RMSNorm", "RollingKVCache",
+    "Seq2SeqConfig", "Seq2SeqOutput", "Seq2SeqTransformer", "causal_mask", "load_config",
     "chat", "padding_mask", "scaled_dot_product_attention",
 ]

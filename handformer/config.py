@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from handformer.settings import is_int, is_number
+
 ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
 PLAIN_ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh")
@@ -161,12 +163,12 @@ class MoEConfig:
             _fail(name, "top_k", self.top_k, f"it must be at most n_experts={self.n_experts}")
         if self.d_expert is not None and not _positive_int(self.d_expert):
             _fail(name, "d_expert", self.d_expert, "it must be a positive integer or null (= d_ff)")
-        if isinstance(self.d_shared, bool) or not isinstance(self.d_shared, int) or self.d_shared < 0:
+        if not is_int(self.d_shared) or self.d_shared < 0:
             _fail(name, "d_shared", self.d_shared, "it must be an integer >= 0 (0 = no shared expert)")
         if not isinstance(self.normalize, bool):
             _fail(name, "normalize", self.normalize, "it must be true or false")
         value = self.aux_loss_coef
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        if not is_number(value) or value < 0:
             _fail(name, "aux_loss_coef", value, "it must be a number >= 0 (0 = no load-balancing loss)")
 
 
@@ -296,7 +298,7 @@ class BlockConfig:
     def _validate_rotary_share(self, name: str) -> None:
         """rope_fraction leaves an even number of dims to turn; LongRoPE lists a factor per frequency."""
         value = self.rope_fraction
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        if not is_number(value) or not 0 < value <= 1:
             _fail(name, "rope_fraction", value, "it must be a number in (0, 1] (1 = RoPE on every dim)")
         if value != 1 and self.position != "rope":
             _fail(name, "rope_fraction", value, 'it needs position="rope"')

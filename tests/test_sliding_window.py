@@ -14,6 +14,7 @@ from handformer.nn.embedding import TokenEmbedding
 from handformer.nn.kv_cache import KVCache
 from handformer.nn.masks import causal_mask
 from handformer.nn.norms import OffsetRMSNorm
+from handformer.nn.rolling_kv_cache import RollingKVCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -37,7 +38,7 @@ def test_window_mask_is_a_band():
 def test_rolling_cache_hands_out_the_positions_it_says(chunks):
     """Keys whose values are their own positions come back in `key_positions` order, the buffer
     holds W slots, and every key a query may see (the last W positions) is among them."""
-    cache = KVCache(n_layers=1, max_length=64, window=W)
+    cache = RollingKVCache(n_layers=1, max_length=64, window=W)
     layer = cache.layer(0)
     for T in chunks:
         start = cache.length
@@ -95,10 +96,10 @@ def test_generation_memory_does_not_grow_with_length():
 def test_cache_window_must_match_the_model():
     model = _model()
     with pytest.raises(ValueError, match="rolls over a window of 3 positions but the model's sliding_window is 4"):
-        model(torch.tensor([[1, 2]]), cache=KVCache(2, 16, window=3))
+        model(torch.tensor([[1, 2]]), cache=RollingKVCache(2, 16, window=3))
     plain = _model(window=None)
     with pytest.raises(ValueError, match="sliding_window is None"):
-        plain(torch.tensor([[1, 2]]), cache=KVCache(2, 16, window=3))
+        plain(torch.tensor([[1, 2]]), cache=RollingKVCache(2, 16, window=3))
     ids = torch.randint(0, 50, (1, 10), generator=torch.Generator().manual_seed(3))
     big = KVCache(2, 16)  # a plain cache is allowed: it keeps everything, the mask still slides
     torch.testing.assert_close(torch.cat([model(ids[:, :6], cache=big).logits, model(ids[:, 6:], cache=big).logits], 1),

@@ -37,6 +37,7 @@ from torch import Tensor
 from handformer.config import CausalLMConfig, Llama3RopeScaling, LongRopeScaling, MoEConfig
 from handformer.families.catalogue import GGUF_ENTRIES, SPECS, spec_of
 from handformer.families.spec import GgufEntry
+from handformer.settings import is_int, is_number
 
 Family = GgufEntry  # a family's llama.cpp entry (families/spec.py)
 
@@ -446,7 +447,7 @@ def _int(metadata: dict[str, Any], key: str, where: str, default: Any = ...) -> 
             raise ValueError(f"{where}: {key} differs between layers ({value[:8]}...); handformer's "
                              "layers are all the same size")
         value = value[0]
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ValueError(f"{where}: {key}={value!r} must be a positive integer")
     return value
 
@@ -455,7 +456,7 @@ def _float(metadata: dict[str, Any], key: str, where: str, default: Any = ...) -
     value = metadata.get(key, default)
     if value is ...:
         raise ValueError(f"{where} lacks {key}, which handformer needs")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if not is_number(value) or not value > 0:
         raise ValueError(f"{where}: {key}={value!r} must be a number > 0")
     return float(value)
 

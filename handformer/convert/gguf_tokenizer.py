@@ -34,6 +34,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.families.catalogue import BYTE_LEVEL_BPE, QWEN2_PRE, SENTENCEPIECE
+from handformer.settings import is_int
 
 SPACE = "\u2581"  # SentencePiece's visible space
 T = gguf.TokenType
@@ -419,7 +420,7 @@ def special_tokens_from_gguf(metadata: dict[str, Any], vocab_size: int, notes: l
         value = metadata.get(key)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+        if not is_int(value) or not 0 <= value < vocab_size:
             notes.append(f"{key} = {value!r} is outside the vocabulary (0..{vocab_size - 1}); ignored")
             return None
         return value

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from handformer.settings import is_int
+
 
 @dataclass
 class SpecialTokens:
@@ -19,10 +21,10 @@ class SpecialTokens:
     def __post_init__(self) -> None:
         for name in ("bos_id", "eos_id", "pad_id"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            if value is not None and (not is_int(value) or value < 0):
                 raise ValueError(f"tokens.{name} must be a token id (an integer >= 0) or null, got {value!r}")
         if not isinstance(self.eos_ids, (list, tuple)) or any(
-                isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in self.eos_ids):
+                not is_int(i) or i < 0 for i in self.eos_ids):
             raise ValueError("tokens.eos_ids must be a list of token ids (integers >= 0), "
                              f"got {self.eos_ids!r}")
         ids = ([self.eos_id] if self.eos_id is not None else []) + list(self.eos_ids)

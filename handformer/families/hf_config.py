@@ -19,6 +19,7 @@ from handformer.config import (
     MoEConfig,
     RopeScaling,
 )
+from handformer.settings import is_int
 
 # --- config.json -> CausalLMConfig ----------------------------------------------------------------
 
@@ -40,7 +41,7 @@ def windows(c: dict[str, Any], window: Any) -> tuple[int | None, list[int]]:
     import engine's check (`hf_weights.check_implemented`)."""
     if window is None:
         return None, []
-    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+    if not is_int(window) or window <= 0:
         unsupported(c, "sliding_window", window, "it must be a positive integer or null")
     kinds = c.get("layer_types") or ["sliding_attention"] * c.get("num_hidden_layers", 1)
     unknown = sorted(set(kinds) - {"sliding_attention", "full_attention"})

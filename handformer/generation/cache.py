@@ -9,7 +9,7 @@ can be selected, reordered and regrouped, written only through these methods.
   every row. Rows join and leave between steps: `regroup` builds the next batch's cache from the
   rows that stay and the rows that join (blocks of other caches), as wide as the longest row, so
   padding no row needs any more is dropped.
-- A sliding-window model's cache rolls (the lesson's KVCache, `window`): column c is kept in slot
+- A sliding-window model's cache rolls (handformer.nn.rolling_kv_cache, `window`): column c is kept in slot
   c % W, only the last W columns are held, and a regrouped cache rolls too, so its memory stays W
   slots however long the rows grow. A model that mixes sliding and global layers (Gemma 2/3, Qwen's
   layer_types) rolls its sliding layers only: a global layer holds every column (`layer_slots`).
@@ -26,15 +26,17 @@ import torch
 from torch import Tensor
 
 from handformer.nn.kv_cache import KVCache
+from handformer.nn.rolling_kv_cache import RollingKVCache
 
 
-class DecodingCache(KVCache):
-    """A KVCache with `reorder` and `regroup`; it keeps the buffers each reorder replaced, so that
-    the next one writes into them and a beam-search step allocates nothing."""
+class DecodingCache(RollingKVCache):
+    """A KVCache (rolling when given a window) with `reorder` and `regroup`; it keeps the buffers
+    each reorder replaced, so that the next one writes into them and a beam-search step allocates
+    nothing."""
 
     def __init__(self, n_layers: int, max_length: int, window: int | None = None,
                  global_layers: tuple[int, ...] | list[int] | frozenset[int] = ()) -> None:
-        super().__init__(n_layers, max_length, window, tuple(global_layers))
+        super().__init__(n_layers, max_length, window, global_layers)
         self._spare: dict[str, list[Tensor | None]] = {"keys": [None] * n_layers, "values": [None] * n_layers}
 
     @property
@@ -47,7 +49,7 @@ class DecodingCache(KVCache):
         A rolling cache that has wrapped holds its last W columns in slot order; they come back
         in column order."""
         keys, values = self.keys[layer], self.values[layer]
-        slots = KVCache.layer_slots(self, layer)  # a global layer's: every column
+        slots = self.layer_slots(layer)  # a global layer's: every column
         held = min(self.length, slots)
         if self.length <= slots:
             return keys[:, :, :held], values[:, :, :held]

@@ -30,6 +30,7 @@ from handformer.generation.sampling import check_sampling_options
 from handformer.generation.stream import TextStream
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
+from handformer.settings import is_int
 
 # Tokens that end an assistant turn in the chat formats of common instruction-tuned families
 # (Llama 3, ChatML (Qwen2, SmolLM2), Gemma, Phi-3), where the checkpoint's EOS ids may not list them.
@@ -50,7 +51,7 @@ def check_chat_options(template: ChatTemplate, system: str | None, temperature: 
     """What a chat can refuse before any model is loaded: the sampling options, max_new_tokens
     (None: the caller's default), and a template that fails on a first exchange."""
     check_sampling_options(temperature, top_k, top_p)
-    if max_new_tokens is not None and (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
+    if max_new_tokens is not None and (not is_int(max_new_tokens)
                                        or max_new_tokens < 1):
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     opening = [] if system is None else [{"role": "system", "content": system}]

@@ -22,6 +22,7 @@ from handformer.config import _fail
 from handformer.generation.cache import DecodingCache
 from handformer.models.seq2seq import Seq2SeqTransformer
 from handformer.modes import eval_mode
+from handformer.settings import is_int
 
 
 @dataclass
@@ -38,7 +39,7 @@ class DecodeLimits:
 
         for name in ("bos_id", "eos_id", "pad_id", "max_len_b"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_int(value) or value < 0:
                 fail(name, "it must be an integer >= 0")
         if not (isinstance(self.max_len_a, (int, float)) and math.isfinite(self.max_len_a)
                 and self.max_len_a >= 0):
@@ -226,7 +227,7 @@ def beam_search(model: Seq2SeqTransformer, src: Tensor, limits: DecodeLimits, be
     steps decode only the sentences still searching. Rows are sentence-major: row b * K + k holds
     beam k of sentence b.
     """
-    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+    if not is_int(beam_size) or beam_size < 1:
         raise ValueError(f"beam_size={beam_size!r} is invalid: it must be an integer >= 1")
     if not (isinstance(length_penalty, (int, float)) and math.isfinite(length_penalty)):
         raise ValueError(f"length_penalty={length_penalty!r} is invalid: it must be a finite number")

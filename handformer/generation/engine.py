@@ -50,6 +50,7 @@ from handformer.generation.prefix_cache import Hit, PrefixCache
 from handformer.generation.sampling import check_sampling_options, filter_logits, next_tokens
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.kv_cache import KVCache
+from handformer.settings import int_at_least, is_int
 
 LogitProcessor = Callable[[Sequence[int], Tensor], Tensor]  # (tokens chosen so far, (V,) logits) -> (V,)
 
@@ -67,7 +68,7 @@ class SamplingOptions:
     def __post_init__(self) -> None:
         check_sampling_options(self.temperature, self.top_k, self.top_p)
         n = self.top_logprobs
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        if n is not None and (not is_int(n) or n < 0):
             raise ValueError(f"top_logprobs must be None or an integer >= 0, got {n!r}")
 
     def generator(self, device: torch.device, choice: int = 0) -> torch.Generator:
@@ -436,9 +437,7 @@ def check_row(row: Row, max_positions: int) -> None:
     last token is returned, never fed back)."""
     if not row.prompt:
         raise ValueError("a prompt is empty; give at least one token (e.g. the BOS id)")
-    n = row.max_new_tokens
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {row.max_new_tokens!r}")
+    int_at_least("max_new_tokens", row.max_new_tokens, 1)
     if len(row.prompt) + row.max_new_tokens - 1 > max_positions:
         raise ValueError(f"a prompt of {len(row.prompt)} tokens plus {row.max_new_tokens} new tokens needs "
                          f"{len(row.prompt) + row.max_new_tokens - 1} positions but the model has "

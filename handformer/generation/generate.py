@@ -21,12 +21,12 @@ from handformer.generation.sampling import check_sampling_options
 from handformer.inference.threads import default_threads, intra_op_threads
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
+from handformer.settings import is_int, non_negative_int
 
 
 def _check_args(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                 temperature: float, top_k: int | None, top_p: float | None, pad_id: int) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    non_negative_int("max_new_tokens", max_new_tokens)
     check_sampling_options(temperature, top_k, top_p)
     if isinstance(prompts, (str, Tensor)) or not prompts or isinstance(prompts[0], int):
         raise ValueError("prompts must be a non-empty list of token-id lists, e.g. [[1, 17, 4]]")
@@ -85,7 +85,7 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
     exceeds the model's max_positions.
     """
     _check_args(model, prompts, max_new_tokens, temperature, top_k, top_p, pad_id)
-    if threads not in (None, "auto") and (isinstance(threads, bool) or not isinstance(threads, int)
+    if threads not in (None, "auto") and (not is_int(threads)
                                           or threads < 1):
         raise ValueError(f"threads must be a positive integer, 'auto' or None, got {threads!r}")
     if max_new_tokens == 0:

@@ -21,6 +21,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from handformer.settings import is_int, is_number
+
 MAX_SCHEMA_BYTES = 64 * 1024  # as JSON text
 MAX_SCHEMA_DEPTH = 32  # subschemas inside subschemas
 MAX_SUBSCHEMAS = 2000
@@ -129,16 +131,16 @@ def check_keywords(schema: Any, pointer: str, where: str) -> None:
             raise fail(key, f"{key} must be a schema (an object or a boolean){tuples}")
     for key in NUMBERS:
         value = schema.get(key)
-        if key in schema and (isinstance(value, bool) or not isinstance(value, (int, float))
+        if key in schema and (not is_number(value)
                               or not math.isfinite(value)):
             raise fail(key, f"{key} must be a number")
     multiple = schema.get("multipleOf")
-    if "multipleOf" in schema and (isinstance(multiple, bool) or not isinstance(multiple, (int, float))
+    if "multipleOf" in schema and (not is_number(multiple)
                                    or not multiple > 0):
         raise fail("multipleOf", "multipleOf must be a number > 0")
     for key in COUNTS:
         value = schema.get(key)
-        if key in schema and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        if key in schema and (not is_int(value) or value < 0):
             raise fail(key, f"{key} must be an integer >= 0")
     for key in STRINGS:
         if key in schema and not isinstance(schema[key], str):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from handformer.settings import is_int, is_number, positive_int
+
 # Cumulative probabilities this close to top_p count as reaching it, so float rounding of e.g.
 # 0.5 + 0.3 does not pull one more token into the nucleus at p = 0.8.
 TOP_P_TOLERANCE = 1e-6
@@ -17,11 +19,11 @@ TOP_P_TOLERANCE = 1e-6
 
 def check_sampling_options(temperature: float, top_k: int | None, top_p: float | None) -> None:
     """Raise ValueError naming the first sampling option that is out of range."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+    if not is_number(temperature) or not temperature >= 0:
         raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+    if top_k is not None and (not is_int(top_k) or top_k < 1):
         raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
+    if top_p is not None and (not is_number(top_p)
                               or not 0 < top_p <= 1):
         raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
 
@@ -46,8 +48,7 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
     Ties at the boundary are all kept: every token whose logit equals the k-th largest survives,
     so more than k tokens remain when several share that value (which one would be dropped is
     otherwise arbitrary). k >= V keeps everything."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"top_k must be a positive integer, got {k!r}")
+    positive_int("top_k", k)
     if k >= logits.size(-1):
         return logits
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (..., 1)
@@ -61,7 +62,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     A token is kept when the probability of the tokens ranked above it is still below p, so the
     most likely token is always kept and the set is never empty. p = 1 keeps everything. Tokens
     with equal probability are ranked by index (a stable sort)."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+    if not is_number(p) or not 0 < p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {p!r}")
     if p >= 1:
         return logits

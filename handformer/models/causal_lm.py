@@ -39,6 +39,7 @@ from handformer.nn.kv_cache import KVCache, NoCache, as_cache
 from handformer.nn.masks import AttentionMask, decoder_mask, mixed_mask
 from handformer.nn.norms import final_norm
 from handformer.nn.positions import make_positions, make_rotary
+from handformer.nn.rolling_kv_cache import RollingKVCache
 
 
 @dataclass
@@ -70,8 +71,10 @@ class CausalLM(nn.Module):
     def new_cache(self, max_length: int | None = None) -> KVCache:
         """A KV cache for up to `max_length` positions (default: max_positions); with a sliding
         window, a rolling one of sliding_window slots that never fills (global layers: full)."""
-        cfg = self.cfg
-        return KVCache(cfg.n_layers, max_length or cfg.max_positions, cfg.sliding_window, cfg.global_layers)
+        cfg, max_length = self.cfg, max_length or self.cfg.max_positions
+        if cfg.sliding_window is None:
+            return KVCache(cfg.n_layers, max_length)
+        return RollingKVCache(cfg.n_layers, max_length, cfg.sliding_window, cfg.global_layers)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | AttentionMask | None = None,
                 position_ids: Tensor | None = None, cache: KVCache | None = None,

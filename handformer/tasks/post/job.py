@@ -20,6 +20,7 @@ from typing import Any
 
 from handformer.adapters.lora import LoRAConfig
 from handformer.config import CausalLMConfig, dataclass_from_dict
+from handformer.settings import is_int
 from handformer.tasks.lm.finetune import BaseRun, check_lora_targets, model_config_from_base, read_base_run
 from handformer.tasks.lm.job import LM_TRAIN_DEFAULTS
 from handformer.tasks.post.records import FORMATS
@@ -37,7 +38,7 @@ def _fail(section: str, obj: Any, name: str, fix: str) -> None:
 def _positive_int(section: str, obj: Any, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        if not is_int(value) or value <= 0:
             _fail(section, obj, name, "it must be a positive integer")
 
 
@@ -69,7 +70,7 @@ class PostDataConfig:
         _positive_int("data", self, "batch_size")
         for name in ("block_size", "eval_batches"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_int(value) or value < 0:
                 _fail("data", self, name, "it must be an integer >= 0")
 
     @classmethod
@@ -130,11 +131,11 @@ class GRPOConfig:
         if not isinstance(self.reward_timeout, (int, float)) or not self.reward_timeout > 0:
             _fail("grpo", self, "reward_timeout", "it must be a number of seconds > 0")
         _positive_int("grpo", self, "max_new_tokens", "iterations")
-        if isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size < 2:
+        if not is_int(self.group_size) or self.group_size < 2:
             _fail("grpo", self, "group_size", "it must be an integer >= 2 (advantages compare a group)")
         if not isinstance(self.temperature, (int, float)) or not self.temperature > 0:
             _fail("grpo", self, "temperature", "it must be > 0 (completions are sampled)")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+        if not is_int(self.top_k) or self.top_k < 0:
             _fail("grpo", self, "top_k", "it must be an integer >= 0 (0 = off)")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             _fail("grpo", self, "top_p", "it must be in (0, 1] (1 = off)")

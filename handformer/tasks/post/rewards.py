@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from handformer.settings import is_number
+
 RewardFn = Callable[..., Sequence[float]]
 
 
@@ -88,7 +90,7 @@ def call_reward(fn: RewardFn, spec: str, prompts: list, completions: list[str], 
     if len(rewards) != len(completions):
         raise ValueError(f"{where} returned {len(rewards)} rewards for {len(completions)} completions")
     for i, r in enumerate(rewards):
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
+        if not is_number(r) or not math.isfinite(r):
             raise ValueError(f"{where} returned {r!r} for completion {i} ({completions[i][:40]!r}); each "
                              "reward must be a finite number")
     return [float(r) for r in rewards]

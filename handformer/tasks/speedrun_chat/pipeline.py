@@ -40,6 +40,7 @@ from handformer.generation.chat_template import TEMPLATE_FILE, load_chat_templat
 from handformer.generation.engine import Engine, Row, SamplingOptions
 from handformer.io import atomic_write_text
 from handformer.modes import eval_mode
+from handformer.settings import is_int
 from handformer.tasks.lm.job import LMJob
 from handformer.tasks.lm.run import load_lm
 from handformer.tasks.lm.train import run_train_lm
@@ -122,7 +123,7 @@ class SpeedrunChatConfig:
                     raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be > 0")
                 continue
             low = 0 if f.name in ("seed", "threads", "pretrain_pydoc_chars") else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            if not is_int(value) or value < low:
                 raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be an integer "
                                  f">= {low}")
         if self.d_model % self.n_heads:
