@@ -31,15 +31,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from handformer.config import dataclass_from_dict
 from handformer.data.tokenizer import Tokenizer
 from handformer.families.llama import LLAMA
 from handformer.generation.chat_template import TEMPLATE_FILE, load_chat_template
-from handformer.generation.engine import Engine, Row, SamplingOptions
 from handformer.io import atomic_write_text
-from handformer.modes import eval_mode
 from handformer.settings import is_int
 from handformer.tasks.lm.job import LMJob
 from handformer.tasks.lm.run import load_lm
@@ -49,7 +45,7 @@ from handformer.tasks.post.train import run_post
 from handformer.tasks.speedrun_chat import reasoning_stages
 from handformer.tasks.speedrun_chat.problems import KINDS, Problem, ProblemSet, is_correct, wrong_answers
 from handformer.tasks.speedrun_chat.reasoning import REASONING_KINDS, SPLITS, ReasoningSet
-from handformer.tasks.speedrun_chat.scoring import figure_line
+from handformer.tasks.speedrun_chat.scoring import figure_line, greedy, text_answers
 
 ROLE_TOKENS = ("<|im_start|>", "<|im_end|>")
 # ChatML, the assistant's reply and its end token marked for the loss.
@@ -198,22 +194,6 @@ def sft_records(cfg: SpeedrunChatConfig, problems: ProblemSet) -> list[dict]:
 
 # --- answering ----------------------------------------------------------------------------------
 
-@torch.inference_mode()
-def greedy(model, prompts: list[list[int]], stop_ids: list[int], max_new_tokens: int, pad_id: int,
-           chunk: int = 64) -> list[list[int]]:
-    """Each prompt's greedy continuation through the engine, in batches of `chunk`."""
-    out = []
-    with eval_mode(model):
-        for i in range(0, len(prompts), chunk):
-            rows = [Row(p, max_new_tokens, SamplingOptions(temperature=0), frozenset(stop_ids))
-                    for p in prompts[i:i + chunk]]
-            engine = Engine(model, pad_id=pad_id)
-            engine.add(rows)
-            engine.run()
-            out += [row.tokens for row in rows]
-    return out
-
-
 def chat_answers(run_dir: Path, questions: list[str], max_new_tokens: int = 24) -> list[str]:
     """The run's greedy replies to single user messages, in its chat template."""
     from handformer.generation.chat import stop_ids_for
@@ -227,15 +207,6 @@ def chat_answers(run_dir: Path, questions: list[str], max_new_tokens: int = 24) 
     replies = greedy(run.model, prompts, stops, max_new_tokens, pad)
     decode = run.tokenizer.hf.decode
     return [decode([t for t in r if t not in stops], skip_special_tokens=True) for r in replies]
-
-
-def text_answers(run_dir: Path, prefixes: list[str], max_new_tokens: int = 24) -> list[str]:
-    """A base model's greedy continuations of statement beginnings (text_reply reads them)."""
-    run = load_lm(run_dir, decoding=True)
-    stops = list(run.tokens.eos_ids)
-    pad = run.tokens.pad_id if run.tokens.pad_id is not None else 0
-    outs = greedy(run.model, [run.tokenizer.encode(p) for p in prefixes], stops, max_new_tokens, pad)
-    return [run.tokenizer.decode(o) for o in outs]
 
 
 def text_reply(continuation: str, problem: Problem) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from handformer.tasks.speedrun_chat.reasoning import REASONING_KINDS, ReasoningSet, Task, parse_reply
-from handformer.tasks.speedrun_chat.scoring import Reply, replies, score
+from handformer.tasks.speedrun_chat.scoring import Reply, replies, score, text_answers
 
 REWARD = "handformer.tasks.speedrun_chat.reasoning:reasoning_reward"
 NO_THINK = "Answer with the answer only, without thinking."
@@ -100,8 +100,6 @@ def grpo_prompts(n: int, tasks: ReasoningSet) -> list[dict]:
 def base_replies(run_dir: Path, held: list[Task], max_new_tokens: int) -> list[Reply]:
     """A base model asked as text: each question's first line, its continuation up to the blank
     line that ends a document (`ended` when it got there)."""
-    from handformer.tasks.speedrun_chat.pipeline import text_answers
-
     texts = text_answers(run_dir, [f"{t.question}\n" for t in held], max_new_tokens)
     return [Reply(t.split("\n\n")[0], "\n\n" in t) for t in texts]
 

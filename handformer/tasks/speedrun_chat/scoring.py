@@ -24,6 +24,7 @@ import torch
 
 from handformer.generation.engine import Engine, Row, SamplingOptions
 from handformer.modes import eval_mode
+from handformer.tasks.lm.run import load_lm
 from handformer.tasks.speedrun_chat.reasoning import Task, is_right, parse_reply
 
 Z_95 = 1.959963984540054  # the standard normal's 97.5 % quantile: a two-sided 95 % interval
@@ -153,3 +154,28 @@ def figure_line(result: dict[str, Any]) -> str:
 
 
 __all__ = ["Reply", "evaluate_reasoning", "figure_line", "replies", "score", "wilson_interval"]
+
+
+@torch.inference_mode()
+def greedy(model, prompts: list[list[int]], stop_ids: list[int], max_new_tokens: int, pad_id: int,
+           chunk: int = 64) -> list[list[int]]:
+    """Each prompt's greedy continuation through the engine, in batches of `chunk`."""
+    out = []
+    with eval_mode(model):
+        for i in range(0, len(prompts), chunk):
+            rows = [Row(p, max_new_tokens, SamplingOptions(temperature=0), frozenset(stop_ids))
+                    for p in prompts[i:i + chunk]]
+            engine = Engine(model, pad_id=pad_id)
+            engine.add(rows)
+            engine.run()
+            out += [row.tokens for row in rows]
+    return out
+
+
+def text_answers(run_dir: Path, prefixes: list[str], max_new_tokens: int = 24) -> list[str]:
+    """A base model's greedy continuations of statement beginnings (text_reply reads them)."""
+    run = load_lm(run_dir, decoding=True)
+    stops = list(run.tokens.eos_ids)
+    pad = run.tokens.pad_id if run.tokens.pad_id is not None else 0
+    outs = greedy(run.model, [run.tokenizer.encode(p) for p in prefixes], stops, max_new_tokens, pad)
+    return [run.tokenizer.decode(o) for o in outs]
