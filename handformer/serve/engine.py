@@ -31,7 +31,7 @@ from typing import Protocol
 
 import torch
 
-from handformer.generation.engine import Choice, Engine, Row, SamplingOptions
+from handformer.generation.engine import Choice, Engine, LogitProcessor, Row, SamplingOptions
 from handformer.generation.grammar import Constraint
 from handformer.generation.prefix_cache import PrefixCache
 from handformer.models.causal_lm import CausalLM
@@ -66,10 +66,11 @@ class Sequence:
     stop_ids: frozenset[int]  # tokens that end the sequence (kept out of the text by the sink)
     sink: TokenSink
     constraint: Constraint | None = None  # the grammar its text must follow
+    processors: tuple[LogitProcessor, ...] = ()  # others (a thinking budget: serve/thinking.py)
     row: Row = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        processors = (self.constraint,) if self.constraint is not None else ()
+        processors = ((self.constraint,) if self.constraint is not None else ()) + self.processors
         self.row = Row(self.prompt, self.max_tokens, self.options, self.stop_ids, processors=processors)
 
     @property

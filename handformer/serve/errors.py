@@ -15,6 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from handformer.generation.grammar import OVER_LIMITS
+
 log = logging.getLogger("handformer.serve")
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -36,6 +38,13 @@ async def read_capped(request: Request, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
+def error_code(status: int, message: str) -> str:
+    """The code of an error that ended a sequence (serve/engine.py: TokenSink.fail)."""
+    if status >= 500:
+        return "generation_failed"
+    return "schema_over_limits" if message.startswith(OVER_LIMITS) else "schema_unreachable"
+
+
 class APIError(Exception):
     """An error answered as OpenAI's error JSON; `param` names the request field at fault."""
 
@@ -49,10 +58,22 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
                       "param": param, "code": code}}
 
 
-def error_response(err: APIError) -> JSONResponse:
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                   500: "api_error", 503: "overloaded_error"}
+
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    """An error as Anthropic's API writes it (the routes under /v1/messages)."""
+    kind = ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error_response(err: APIError, path: str = "") -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if err.status == 401 else None
-    return JSONResponse(error_body(err.status, err.message, err.param, err.code), err.status,
-                        headers=headers)
+    body = anthropic_error_body(err.status, err.message) if path.startswith("/v1/messages") else \
+        error_body(err.status, err.message, err.param, err.code)
+    return JSONResponse(body, err.status, headers=headers)
 
 
 def add_error_handlers(app: FastAPI) -> None:
@@ -60,24 +81,25 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, err: APIError) -> JSONResponse:
-        return error_response(err)
+        return error_response(err, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
         first = err.errors()[0] if err.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         message = f"{where or 'the request'}: {first.get('msg', 'invalid')}"
-        return error_response(APIError(400, message, where))
+        return error_response(APIError(400, message, where), request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
         if not request.url.path.startswith("/v1"):
             return JSONResponse({"detail": err.detail}, err.status_code, headers=err.headers)
         message = {404: f"no route {request.url.path}; the API has /v1/models, /v1/completions, "
-                        "/v1/chat/completions and /v1/translations",
+                        "/v1/chat/completions, /v1/responses, /v1/messages, "
+                        "/v1/messages/count_tokens, /v1/embeddings and /v1/translations",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(
             err.status_code, str(err.detail))
-        return error_response(APIError(err.status_code, message))
+        return error_response(APIError(err.status_code, message), request.url.path)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, err: Exception) -> JSONResponse:
@@ -85,4 +107,5 @@ def add_error_handlers(app: FastAPI) -> None:
         return error_response(APIError(500, f"the server failed: {type(err).__name__}: {err}"))
 
 
-__all__ = ["APIError", "add_error_handlers", "error_body", "error_response"]
+__all__ = ["APIError", "add_error_handlers", "anthropic_error_body", "error_body", "error_code",
+           "error_response"]

@@ -18,6 +18,7 @@ from typing import Any
 
 from handformer.generation.tool_calls import Tool
 from handformer.serve.errors import APIError
+from handformer.serve.thinking import EFFORTS, Thinking, effort_thinking
 
 MAX_N = 64  # choices per prompt
 MAX_STOP = 16  # stop strings
@@ -67,6 +68,8 @@ class ChatRequest(GenerationRequest):
     tools: list[Tool] = field(default_factory=list)
     tool_choice: str = "auto"  # "auto", "none", "required", or the name of the function to call
     parallel_tool_calls: bool = True
+    thinking: Thinking = field(default_factory=Thinking)  # reasoning_effort (serve/thinking.py)
+    fit_context: bool = False  # max_tokens past the context is cut to it (Responses and Messages)
 
 
 @dataclass
@@ -284,7 +287,8 @@ def _prompts(f: Fields) -> list[str | list[int]]:
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
     f = Fields(body, COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens",
-                               "response_format", "tools", "tool_choice", "parallel_tool_calls"})
+                               "response_format", "tools", "tool_choice", "parallel_tool_calls",
+                               "reasoning_effort"})
     request = ChatRequest(model="")
     _common(f, request)
     request.max_tokens = f.integer("max_completion_tokens", 1, default=request.max_tokens)
@@ -297,6 +301,10 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
     request.tools = _tools(f)
     request.tool_choice = _tool_choice(f, request.tools)
     request.parallel_tool_calls = f.boolean("parallel_tool_calls", default=True)
+    effort = f.body.get("reasoning_effort")
+    if effort is not None and effort not in EFFORTS:
+        raise f.fail("reasoning_effort", " or ".join(f'"{e}"' for e in EFFORTS))
+    request.thinking = effort_thinking(effort)
     return request
 
 
