@@ -36,7 +36,7 @@ BLOCK_EXTRAS = {"cache_control", "citations"}
 def parse_messages(body: dict[str, Any]) -> ChatRequest:
     f = Fields(body, PROMPT | SAMPLING)
     chat = _prompt(f)
-    if "max_tokens" not in body:
+    if body.get("max_tokens") is None:
         raise APIError(400, "max_tokens: Field required (the most tokens the reply may have)", "max_tokens")
     chat.max_tokens = f.integer("max_tokens", 1)
     chat.temperature = f.number("temperature", 1.0, lambda v: 0 <= v <= 1,
@@ -45,19 +45,21 @@ def parse_messages(body: dict[str, Any]) -> ChatRequest:
     chat.top_p = None if top_p == 1 else top_p
     chat.top_k = f.integer("top_k", 1)
     chat.stream = f.boolean("stream")
-    stops = body.get("stop_sequences") or []
+    stops = body.get("stop_sequences")
+    stops = [] if stops is None else stops
     if not isinstance(stops, list) or len(stops) > MAX_STOP or not all(isinstance(s,
                                                                                   str) and s for s in stops):
         raise f.fail("stop_sequences", f"a list of at most {MAX_STOP} non-empty strings")
     chat.stop = stops
     for name in ("metadata", "cache_control"):
-        if not isinstance(body.get(name) or {}, dict):
+        if not isinstance(body.get(name), (dict, type(None))):
             raise f.fail(name, "an object")
     for name in ("service_tier", "inference_geo", "speed"):
         if body.get(name) is not None and not isinstance(body[name], str):
             raise f.fail(name, "a string")
-    if chat.thinking.budget is not None and chat.thinking.budget >= chat.max_tokens:
-        raise APIError(400, f"thinking.budget_tokens ({chat.thinking.budget}) must be less than max_tokens "
+    budget = body["thinking"].get("budget_tokens") if isinstance(body.get("thinking"), dict) else None
+    if budget is not None and budget >= chat.max_tokens:  # an explicit budget (an effort's is capped)
+        raise APIError(400, f"thinking.budget_tokens ({budget}) must be less than max_tokens "
                        f"({chat.max_tokens})", "thinking.budget_tokens")
     return chat
 
@@ -199,8 +201,8 @@ def _tools(value: Any) -> list[Tool]:
         if not isinstance(name, str) or not TOOL_NAME.fullmatch(name) or any(t.name == name for t in tools):
             raise APIError(400, f"{where}.name must be a new name of 1 to 64 letters, digits, _ or -, got "
                            f"{_show(name)}", f"{where}.name")
-        if not isinstance(tool.get("input_schema"), dict) or not isinstance(tool.get("description") or "",
-                                                                            str):
+        description = tool.get("description")
+        if not isinstance(tool.get("input_schema"), dict) or not isinstance(description, (str, type(None))):
             raise APIError(400,
                            f"{where}.input_schema must be a JSON schema (an object) and description a string",
                            f"{where}.input_schema")

@@ -179,7 +179,7 @@ class ResponsesRoutes:
         conversation = history + req.chat.messages
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         req.chat.messages = system + conversation
-        if not req.chat.messages:
+        if not conversation:
             raise APIError(400, "input is empty and there is no previous_response_id; give some input",
                            "input")
         plan = await self.routes.prepare_chat(req.chat)

@@ -66,21 +66,19 @@ def parse_responses(body: dict[str, Any]) -> ResponsesRequest:
     _check_ignored(f)
     request = ResponsesRequest(chat, f.string("instructions"), f.boolean("store", default=True),
                                f.string("previous_response_id"), effort)
-    request.metadata = body.get("metadata") or {}
+    request.metadata = body.get("metadata") or {}  # checked: an object or null
     return request
 
 
 def _check_ignored(f: Fields) -> None:
     """The ignored fields still hold what their names say (a 400 otherwise)."""
-    if not isinstance(f.body.get("metadata") or {}, dict):
-        raise f.fail("metadata", "an object of strings")
-    if not isinstance(f.body.get("include") or [], list):
-        raise f.fail("include", "a list of strings")
+    for name, kind, wanted in (("metadata", dict, "an object of strings"), ("include", list, "a list"),
+                               ("stream_options", dict, "an object")):
+        if not isinstance(f.body.get(name, kind()), (kind, type(None))):
+            raise f.fail(name, wanted)
     for name in ("truncation", "service_tier", "user", "prompt_cache_key", "safety_identifier"):
         if f.body.get(name) is not None and not isinstance(f.body[name], str):
             raise f.fail(name, "a string")
-    if not isinstance(f.body.get("stream_options") or {}, dict):
-        raise f.fail("stream_options", "an object")
     f.integer("top_logprobs", 0, 0)
     f.unsupported("background", lambda v: v is False)
 
@@ -97,6 +95,8 @@ def _effort(value: Any) -> str | None:
 
 def input_messages(value: Any) -> list[dict[str, Any]]:
     """`input` as chat messages (a function_call joins the assistant message before it)."""
+    if value is None:  # previous_response_id's conversation alone
+        return []
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list):
@@ -183,9 +183,11 @@ def _tools(value: Any) -> list[Tool]:
         if not isinstance(name, str) or not TOOL_NAME.fullmatch(name) or any(t.name == name for t in tools):
             raise APIError(400, f"{where}.name must be a new name of 1 to 64 letters, digits, _ or -, got "
                            f"{_show(name)}", f"{where}.name")
-        parameters = tool.get("parameters") or {"type": "object", "properties": {}}
-        if not isinstance(parameters, dict) or not isinstance(tool.get("description") or "", str) \
-                or not isinstance(tool.get("strict") or False, bool):
+        parameters = tool.get("parameters")
+        parameters = {"type": "object", "properties": {}} if parameters is None else parameters
+        text, strict = tool.get("description"), tool.get("strict")
+        if not isinstance(parameters, dict) or not isinstance(text, (str, type(None))) \
+                or not isinstance(strict, (bool, type(None))):
             raise APIError(400, f"{where}: parameters must be a JSON schema (an object), description a "
                            "string, strict true or false", where)
         tools.append(Tool(name, tool.get("description"), parameters))
@@ -209,28 +211,26 @@ def _tool_choice(value: Any, tools: list[Tool]) -> str:
 
 
 def _text_format(value: Any) -> ResponseFormat | None:
+    """text: {"format": ..., "verbosity": ...} (verbosity changes nothing here)."""
     if value is None:
         return None
-    fmt = value.get("format") if isinstance(value, dict) and not set(value) - {"format",
-                                                                               "verbosity"} else None
+    known = isinstance(value, dict) and not set(value) - {"format", "verbosity"}
+    fmt = value.get("format") if known else False
+    if fmt is None:
+        return None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if value == {} or (isinstance(value, dict) and "format" not in value and not set(value) - {"verbosity"}):
-        return None
-    if kind == "text" and set(fmt) == {"type"}:
-        return None
-    if kind == "json_object" and set(fmt) == {"type"}:
-        return ResponseFormat("json_object")
-    if kind == "json_schema" and {"name", "schema"} <= set(fmt) <= {"type", "name", "schema", "strict",
-                                                                    "description"}:
-        if isinstance(fmt["name"], str) and TOOL_NAME.fullmatch(fmt["name"]) and isinstance(fmt["schema"],
-                                                                                            dict) \
-                and isinstance(fmt.get("strict") or False,
-                               bool) and isinstance(fmt.get("description") or "", str):
-            return ResponseFormat("json_schema", fmt["schema"], fmt["name"])
-    raise APIError(400,
-                   'text.format must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
-                   f'"name": ..., "schema": {{...}}}}, got {_show(fmt if fmt is not None else value)}',
-                   "text.format")
+    if kind in ("text", "json_object") and set(fmt) == {"type"}:
+        return None if kind == "text" else ResponseFormat("json_object")
+    keys = set(fmt) if isinstance(fmt, dict) else set()
+    if kind == "json_schema" and {"type", "name", "schema"} <= keys <= {"type", "name", "schema", "strict",
+                                                                        "description"} \
+            and isinstance(fmt["name"], str) and TOOL_NAME.fullmatch(fmt["name"]) \
+            and isinstance(fmt["schema"], dict) and isinstance(fmt.get("strict"), (bool, type(None))) \
+            and isinstance(fmt.get("description"), (str, type(None))):
+        return ResponseFormat("json_schema", fmt["schema"], fmt["name"])
+    raise APIError(400, 'text must be {"format": {"type": "text"}}, {"format": {"type": "json_object"}} or '
+                   '{"format": {"type": "json_schema", "name": ..., "schema": {...}}}, got '
+                   f"{_show(value)}", "text.format")
 
 
 __all__ = ["ResponsesRequest", "input_messages", "parse_responses"]
