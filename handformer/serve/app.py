@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hmac
 import json
 import time
 import uuid
@@ -31,21 +30,20 @@ from tokenizers import Tokenizer as HFTokenizer
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat import stop_ids_for
 from handformer.generation.chat_template import ChatTemplate, load_chat_template
-from handformer.generation.engine import SamplingOptions
 from handformer.generation.generate import max_new_tokens_for, positions_needed
 from handformer.generation.grammar import OVER_LIMITS
 from handformer.generation.prefix_cache import default_prefix_cache_mb
 from handformer.generation.tool_calls import ToolFormat, tool_template
 from handformer.serve.choices import Choices, ChoiceSink, Event
+from handformer.serve.door import APIError, auth, error_body, read_json
 from handformer.serve.engine import BatchEngine, Sequence
-from handformer.serve.errors import APIError, add_error_handlers, error_body, read_capped
+from handformer.serve.errors import add_error_handlers
 from handformer.serve.openai_schema import (
     ChatRequest,
     GenerationRequest,
     parse_chat,
     parse_completion,
     parse_embeddings,
-    parse_json,
     parse_translation,
 )
 from handformer.serve.playground import playground_router
@@ -60,7 +58,8 @@ DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its cl
 def create_app(models: Mapping[str, ServedModel], *, api_key: str | None = None,
                cors_origins: list[str] | None = None, max_body_bytes: int = MAX_BODY_BYTES,
                max_batch: int = 32, prefix_cache_mb: float | None = None) -> FastAPI:
-    """The server's application. `api_key`: every /v1 route needs `Authorization: Bearer KEY`.
+    """The server's application. `api_key`: every route but the page at `/` needs it, sent as
+    `Authorization: Bearer KEY` or `x-api-key: KEY` (door.auth).
     `cors_origins`: origins allowed to call the API from a browser (none by default).
     `prefix_cache_mb`: each model's prefix cache (None: 256 MiB or 10 % of RAM, the smaller; 0: off)."""
     mb = default_prefix_cache_mb() if prefix_cache_mb is None else prefix_cache_mb
@@ -86,7 +85,7 @@ def create_app(models: Mapping[str, ServedModel], *, api_key: str | None = None,
     if cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
-    api = APIRouter(prefix="/v1", dependencies=[Depends(key_checker(api_key))])
+    api = APIRouter(prefix="/v1", dependencies=[Depends(auth(api_key))])
     routes = Routes(dict(models), engines, templates, max_body_bytes)
     app.state.structured = routes.structured  # each model's grammars (tests read them)
     app.state.tool_templates = routes.tool_templates  # each model's tool template, once found
@@ -99,33 +98,6 @@ def create_app(models: Mapping[str, ServedModel], *, api_key: str | None = None,
     app.include_router(api)
     app.include_router(playground_router(models, api_key=api_key))
     return app
-
-
-def key_checker(api_key: str | None) -> Any:
-    """A dependency: with a key, the request must carry `Authorization: Bearer KEY` (compared in
-    constant time, so the time taken does not tell how much of a guess was right)."""
-    expected = None if api_key is None else api_key.encode("utf-8")
-
-    async def check(request: Request) -> None:
-        if expected is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise APIError(401, "this server needs an API key: send the header 'Authorization: Bearer KEY'",
-                           code="invalid_api_key")
-        if not hmac.compare_digest(token.strip().encode("utf-8"), expected):
-            raise APIError(401, "incorrect API key", code="invalid_api_key")
-
-    return check
-
-
-async def read_body(request: Request, limit: int) -> dict[str, Any]:
-    """The JSON object of the body, refused with 413 as soon as it passes `limit` bytes."""
-    body = await read_capped(request, limit)
-    if body is None:
-        raise APIError(413, f"the request body is over the limit of {limit} bytes; send less",
-                       code="request_too_large")
-    return parse_json(body)
 
 
 class Routes:
@@ -170,7 +142,7 @@ class Routes:
 
     # --- completions ----------------------------------------------------------------------
     async def completions(self, request: Request) -> Any:
-        req = parse_completion(await read_body(request, self.max_body_bytes))
+        req = parse_completion(await read_json(request, self.max_body_bytes))
         served = self._model(req.model, "lm")
         run = served.lm
         prompts = []
@@ -195,7 +167,7 @@ class Routes:
         return await self._generate(request, served, req, plans, stop_ids, "text", grammar)
 
     async def chat_completions(self, request: Request) -> Any:
-        req = parse_chat(await read_body(request, self.max_body_bytes))
+        req = parse_chat(await read_json(request, self.max_body_bytes))
         served = self._model(req.model, "lm")
         template = self.templates[served.id]
         if template is None:
@@ -240,7 +212,7 @@ class Routes:
 
     # --- embeddings -----------------------------------------------------------------------
     async def embeddings(self, request: Request) -> dict[str, Any]:
-        req = parse_embeddings(await read_body(request, self.max_body_bytes))
+        req = parse_embeddings(await read_json(request, self.max_body_bytes))
         served = self._model(req.model, "lm")
         run = served.lm
         cfg = run.model.cfg
@@ -303,15 +275,13 @@ class Routes:
         seqs = []
         for ids, max_tokens, decode in plans:
             for i in range(req.n):
-                options = SamplingOptions(req.temperature, req.top_k, req.top_p,
-                                          None if req.seed is None else req.seed + i, req.top_logprobs)
                 sink = ChoiceSink(loop, queue, len(seqs), IncrementalText(decode, req.stop), token_text,
                                   parser() if parser is not None else None)
                 constraint = grammar.constraint(stop_ids) if grammar is not None else None
-                seqs.append(Sequence(ids, max_tokens, options, stop_ids, sink, constraint))
+                seqs.append(Sequence(ids, max_tokens, req.sampling, stop_ids, sink, constraint, choice=i))
         for seq in seqs:
             self.engines[served.id].submit(seq)
-        choices = Choices(schema, len(seqs), req.top_logprobs is not None)
+        choices = Choices(schema, len(seqs), req.sampling.top_logprobs is not None)
         head = {"id": f"{'cmpl' if schema == 'text' else 'chatcmpl'}-{uuid.uuid4().hex}",
                 "object": "text_completion" if schema == "text" else "chat.completion",
                 "created": int(time.time()), "model": served.id}
@@ -376,7 +346,7 @@ class Routes:
 
     # --- translations ---------------------------------------------------------------------
     async def translations(self, request: Request) -> dict[str, Any]:
-        req = parse_translation(await read_body(request, self.max_body_bytes))
+        req = parse_translation(await read_json(request, self.max_body_bytes))
         served = self._model(req.model, "translation")
         translator = served.translator
 

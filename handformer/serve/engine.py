@@ -31,9 +31,10 @@ from typing import Protocol
 
 import torch
 
-from handformer.generation.engine import Choice, Engine, Row, SamplingOptions
+from handformer.generation.engine import Choice, Engine, Row
 from handformer.generation.grammar import Constraint
 from handformer.generation.prefix_cache import PrefixCache
+from handformer.generation.sampling import SamplingOptions
 from handformer.models.causal_lm import CausalLM
 from handformer.training.cpu_memory import give_back_freed_memory
 
@@ -66,11 +67,13 @@ class Sequence:
     stop_ids: frozenset[int]  # tokens that end the sequence (kept out of the text by the sink)
     sink: TokenSink
     constraint: Constraint | None = None  # the grammar its text must follow
+    choice: int = 0  # choice i of a request samples with the options' seed + i
     row: Row = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         processors = (self.constraint,) if self.constraint is not None else ()
-        self.row = Row(self.prompt, self.max_tokens, self.options, self.stop_ids, processors=processors)
+        self.row = Row(self.prompt, self.max_tokens, self.options, self.stop_ids, self.choice,
+                       processors=processors)
 
     @property
     def generated(self) -> int:
