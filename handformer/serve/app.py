@@ -5,6 +5,7 @@
     POST /v1/chat/completions      reply to messages with the run's chat template (tools too)
     POST /v1/embeddings            pooled last hidden states of texts (language-model runs)
     POST /v1/translations          translate texts with beam search (translation runs; not OpenAI's)
+    GET  /health, GET /metrics     for probes and Prometheus (operations.py)
 
 Language models decode in their `BatchEngine` thread (continuous batching); embeddings and
 translations run in a worker thread under the model's lock. The event loop only parses, checks
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -34,10 +36,11 @@ from handformer.generation.generate import max_new_tokens_for, positions_needed
 from handformer.generation.grammar import OVER_LIMITS
 from handformer.generation.prefix_cache import default_prefix_cache_mb
 from handformer.generation.tool_calls import ToolFormat, tool_template
-from handformer.serve.choices import Choices, ChoiceSink, Event
+from handformer.serve.choices import Choices, ChoiceSink, Event, watch_client
 from handformer.serve.door import APIError, auth, error_body, read_json
 from handformer.serve.engine import BatchEngine, Sequence
 from handformer.serve.errors import add_error_handlers
+from handformer.serve.metrics import Metrics, MetricsMiddleware
 from handformer.serve.openai_schema import (
     ChatRequest,
     GenerationRequest,
@@ -46,13 +49,14 @@ from handformer.serve.openai_schema import (
     parse_embeddings,
     parse_translation,
 )
+from handformer.serve.operations import Lifecycle, operations_router
 from handformer.serve.playground import playground_router
 from handformer.serve.registry import ServedModel
 from handformer.serve.structured import Structured
 from handformer.serve.text import IncrementalText, chat_decoder, completion_decoder
 
+log = logging.getLogger("handformer.serve")
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any prompt a served context can hold
-DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 
 
 def create_app(models: Mapping[str, ServedModel], *, api_key: str | None = None,
@@ -65,26 +69,30 @@ def create_app(models: Mapping[str, ServedModel], *, api_key: str | None = None,
     mb = default_prefix_cache_mb() if prefix_cache_mb is None else prefix_cache_mb
     if mb < 0:
         raise ValueError(f"prefix_cache_mb must be >= 0 (0 turns the prefix cache off), got {mb}")
-    engines = {name: BatchEngine(m.lm.model, m.lock, max_batch, mb)
-               for name, m in models.items() if m.task == "lm"}
-    templates = {name: load_chat_template(m.run_dir) for name, m in models.items() if m.task == "lm"}
+    lms = [name for name, m in models.items() if m.task == "lm"]
+    metrics, lifecycle = Metrics(lms), Lifecycle()
+    engines = {name: BatchEngine(models[name].lm.model, models[name].lock, max_batch, mb,
+                                 metrics.models[name]) for name in lms}
+    templates = {name: load_chat_template(models[name].run_dir) for name in lms}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for engine in engines.values():
             engine.start()
         yield
+        lifecycle.draining = True  # /health answers 503 from here on
         for engine in engines.values():
             await asyncio.to_thread(engine.stop)
 
     # No /docs or /redoc: they load their scripts from a CDN.
     app = FastAPI(title="handformer", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.models = dict(models)
-    app.state.engines = engines
+    app.state.engines, app.state.metrics, app.state.lifecycle = engines, metrics, lifecycle
     add_error_handlers(app)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
     if cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
+                           allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"])
     api = APIRouter(prefix="/v1", dependencies=[Depends(auth(api_key))])
     routes = Routes(dict(models), engines, templates, max_body_bytes)
     app.state.structured = routes.structured  # each model's grammars (tests read them)
@@ -97,6 +105,7 @@ def create_app(models: Mapping[str, ServedModel], *, api_key: str | None = None,
     api.add_api_route("/translations", routes.translations, methods=["POST"])
     app.include_router(api)
     app.include_router(playground_router(models, api_key=api_key))
+    app.include_router(operations_router(engines, metrics, lifecycle, api_key))
     return app
 
 
@@ -190,7 +199,8 @@ class Routes:
             max_tokens = max_new_tokens_for(len(ids), run.model.cfg.max_positions)
         self._check_length(served, len(ids), max(max_tokens, 1), "messages")
         grammar = await self.structured[served.id].chat_grammar(req, fmt)
-        parser = None if fmt is None else (lambda: fmt.parser(req.tools, req.parallel_tool_calls))
+        forced = fmt is not None and req.tool_choice != "auto"
+        parser = None if fmt is None else (lambda: fmt.parser(req.tools, req.parallel_tool_calls, forced))
         plans = [(ids, max_tokens, chat_decoder(run.tokenizer))]
         return await self._generate(request, served, req, plans, stop_ids, "chat", grammar, parser)
 
@@ -281,7 +291,8 @@ class Routes:
                 seqs.append(Sequence(ids, max_tokens, req.sampling, stop_ids, sink, constraint, choice=i))
         for seq in seqs:
             self.engines[served.id].submit(seq)
-        choices = Choices(schema, len(seqs), req.sampling.top_logprobs is not None)
+        forced = schema == "chat" and parser is not None and req.tool_choice != "auto"
+        choices = Choices(schema, len(seqs), req.sampling.top_logprobs is not None, forced)
         head = {"id": f"{'cmpl' if schema == 'text' else 'chatcmpl'}-{uuid.uuid4().hex}",
                 "object": "text_completion" if schema == "text" else "chat.completion",
                 "created": int(time.time()), "model": served.id}
@@ -296,20 +307,21 @@ class Routes:
             return StreamingResponse(self._stream(seqs, queue, choices, head, usage, req.include_usage),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        watch = asyncio.create_task(watch_client(request, queue, lambda: [seq.cancel() for seq in seqs]))
         try:
             pending = len(seqs)
             while pending:
-                try:
-                    event = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        return JSONResponse(error_body(499, "the client went away"), 499)
-                    continue
+                event = await queue.get()
+                if event.kind == "gone":  # cancelled while its tokens flowed; nobody reads this answer
+                    log.info("%s: the client went away after %d generated tokens; its %d sequence(s) are "
+                             "cancelled (499)", request.url.path, usage()["completion_tokens"], len(seqs))
+                    return JSONResponse(error_body(499, "the client went away"), 499)
                 if event.kind == "error":
                     raise APIError(event.status, event.reason, code=error_code(event.status, event.reason))
                 choices.add(event)
                 pending -= event.kind == "finish"
         finally:
+            watch.cancel()
             for seq in seqs:
                 seq.cancel()  # no-op for finished ones; a client gone mid-way frees its rows
         return {**head, "choices": choices.whole(), "usage": usage()}

@@ -17,7 +17,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Route
 
 log = logging.getLogger("handformer.serve")
 
@@ -80,13 +79,12 @@ async def read_capped(request: Request, limit: int) -> bytes | None:
 
 
 def route_list(app: Any) -> str:
-    """Every route the app answers, as `METHOD /path` (the 404 of an unknown path lists them)."""
-    seen = []
-    for route in app.routes:
-        if isinstance(route, Route):
-            methods = sorted((getattr(route, "methods", None) or {"GET"}) - {"HEAD"})
-            seen.append(f"{'/'.join(methods)} {route.path}")
-    return ", ".join(seen)
+    """Every route the app answers, as `METHOD /path` (the 404 of an unknown path lists them),
+    read from its OpenAPI description, so a route added anywhere is listed; and the page at `/`."""
+    paths = app.openapi()["paths"]
+    listed = ["GET /"] + [f"{'/'.join(m.upper() for m in sorted(item))} {path}"
+                          for path, item in paths.items()]
+    return ", ".join(listed)
 
 
 def add_error_handlers(app: FastAPI) -> None:

@@ -236,7 +236,7 @@ def _callers() -> dict[str, Any]:
             self.reason = reason
             self.ended.set()
 
-        def fail(self, message: str) -> None:
+        def fail(self, message: str, status: int = 500) -> None:
             self.reason = "failed: " + message
             self.ended.set()
 
