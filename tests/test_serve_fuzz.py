@@ -217,12 +217,14 @@ def test_the_schemas_refuse_what_the_routes_refuse():
     chat = REQUEST_SCHEMAS["/v1/chat/completions"]
     ok = {"model": "story", "messages": [{"role": "user", "content": "hi"}]}
     for body in (ok, {**ok, "top_logprobs": 2, "logprobs": True}, {**ok, "tools": [TOOL], "tool_choice": "required"},
-                 {**ok, "max_tokens": None, "stop": ["a"], "seed": -(2 ** 63)}):
+                 {**ok, "max_tokens": None, "stop": ["a"], "seed": -(2 ** 63)},
+                 {**ok, "messages": [{"role": "developer", "content": "x"}], "store": True, "metadata": {"a": "b"}}):
         assert Validator(chat).is_valid(body), body
     for body in ({**ok, "top_logprobs": 2}, {**ok, "n": 65}, {**ok, "max_tokens": 1.0}, {**ok, "temperature": True},
                  {**ok, "messages": [{"role": "user", "content": "x", "tool_calls": [
                      {"function": {"name": "f", "arguments": "{}"}}]}]}, {**ok, "extra": 1},
-                 {**ok, "messages": [{"role": "", "content": "x"}]}, {**ok, "stop": []}):
+                 {**ok, "messages": [{"role": "", "content": "x"}]}, {**ok, "stop": []},
+                 {**ok, "messages": [{"role": "wizard", "content": "x"}]}, {**ok, "messages": [{"role": "user"}]}):
         assert not Validator(chat).is_valid(body), body
 
 

@@ -30,7 +30,7 @@ class TokenLogprob:
 
 @dataclass
 class Event:
-    kind: str  # "token", "finish" or "error"
+    kind: str  # "token", "finish", "error", or "gone" (the client went away: watch_client)
     index: int  # the choice
     text: str = ""
     logprob: TokenLogprob | None = None
@@ -76,7 +76,7 @@ class ChoiceSink:
             reasoning, text = reasoning + more_reasoning, text + rest
         if self.tools is not None:
             text, calls = self.tools.feed(text)
-            rest, more = self.tools.finish()
+            rest, more = self.tools.finish(cut=reason == "length")
             text, calls = text + rest, calls + more
         self._put(Event("finish", self.index, text, reason=reason, calls=calls, reasoning=reasoning,
                         stop=self.text.matched))
@@ -89,6 +89,18 @@ class ChoiceSink:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
         except RuntimeError:  # the event loop is closed: the server has stopped
             pass
+
+
+async def watch_client(request: Any, queue: asyncio.Queue, cancel: Callable[[], None]) -> None:
+    """When the request's client disconnects: `cancel()` (its sequences leave the batch at the
+    engine's next step), then a "gone" event in `queue`. A non-streaming route runs it as a task
+    beside its wait for the engine's events, and cancels it when done, so a request ends the
+    moment its client leaves, however fast its tokens flow. (A streamed response needs none:
+    Starlette cancels its generator when the client leaves.)"""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass  # the body is read already: the server has nothing else to hand over
+    cancel()
+    queue.put_nowait(Event("gone", -1))
 
 
 def completion_logprobs(entries: list[TokenLogprob]) -> dict[str, Any]:
@@ -126,8 +138,10 @@ def finish_reason(reason: str | None, calls: list) -> str | None:
 class Choices:
     """The choices of one request, in the completions ("text") or chat ("chat") schema."""
 
-    def __init__(self, schema: str, count: int, want_logprobs: bool) -> None:
-        self.schema, self.want_logprobs = schema, want_logprobs
+    def __init__(self, schema: str, count: int, want_logprobs: bool, forced_calls: bool = False) -> None:
+        """`forced_calls`: the replies are tool calls only (a reply cut before its call is whole
+        has `content` null and no `tool_calls`)."""
+        self.schema, self.want_logprobs, self.forced_calls = schema, want_logprobs, forced_calls
         self.states = [ChoiceState() for _ in range(count)]
 
     def add(self, event: Event) -> list[dict[str, Any]]:
@@ -156,7 +170,8 @@ class Choices:
             if self.schema == "text":
                 body: dict[str, Any] = {"text": text}
             else:
-                message = {"role": "assistant", "content": text if text or not s.calls else None}
+                empty = s.calls or self.forced_calls
+                message = {"role": "assistant", "content": text if text or not empty else None}
                 if any(s.reasoning):
                     message["reasoning_content"] = "".join(s.reasoning)
                 body = {"message": message | ({"tool_calls": s.calls} if s.calls else {})}
@@ -184,4 +199,5 @@ class Choices:
                 "finish_reason": reason}
 
 
-__all__ = ["ChoiceSink", "Choices", "Event", "TokenLogprob", "chat_logprobs", "completion_logprobs"]
+__all__ = ["ChoiceSink", "Choices", "Event", "TokenLogprob", "chat_logprobs", "completion_logprobs",
+           "watch_client"]

@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from handformer.serve.errors import APIError, anthropic_error_body
+from handformer.serve.door import APIError, error_body
 from handformer.serve.messages_request import parse_count_tokens, parse_messages
 from handformer.serve.reply_parts import Part, ReplyParts, Step, events
 
@@ -100,7 +100,7 @@ class MessagesRoutes:
                 for step in parts.feed(event):
                     yield sse(step_event(step))
         except APIError as err:
-            yield sse(anthropic_error_body(err.status, err.message))
+            yield sse(error_body(err.status, err.message, path="/v1/messages"))
             return
         yield sse({"type": "message_delta", "delta": {"stop_reason": stop_reason(last.reason, last.stop,
                                                                                  parts),

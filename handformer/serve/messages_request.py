@@ -22,8 +22,9 @@ from __future__ import annotations
 from typing import Any
 
 from handformer.generation.tool_calls import Tool
-from handformer.serve.errors import APIError
-from handformer.serve.openai_schema import MAX_STOP, TOOL_NAME, ChatRequest, Fields, ResponseFormat, _show
+from handformer.serve.door import APIError, Fields, read_sampling
+from handformer.serve.door import show as _show
+from handformer.serve.openai_schema import MAX_STOP, TOOL_NAME, ChatRequest, ResponseFormat
 from handformer.serve.thinking import EFFORT_BUDGETS, Thinking
 
 IGNORED = {"metadata", "service_tier", "cache_control", "inference_geo", "speed"}
@@ -39,16 +40,12 @@ def parse_messages(body: dict[str, Any]) -> ChatRequest:
     if body.get("max_tokens") is None:
         raise APIError(400, "max_tokens: Field required (the most tokens the reply may have)", "max_tokens")
     chat.max_tokens = f.integer("max_tokens", 1)
-    chat.temperature = f.number("temperature", 1.0, lambda v: 0 <= v <= 1,
-                                "a number from 0 to 1 (0 = greedy)")
-    top_p = f.number("top_p", 1.0, lambda v: 0 < v <= 1, "a number in (0, 1]")
-    chat.top_p = None if top_p == 1 else top_p
-    chat.top_k = f.integer("top_k", 1)
+    chat.sampling = read_sampling(f, max_temperature=1)  # Anthropic's range
     chat.stream = f.boolean("stream")
     stops = body.get("stop_sequences")
     stops = [] if stops is None else stops
-    if not isinstance(stops, list) or len(stops) > MAX_STOP or not all(isinstance(s,
-                                                                                  str) and s for s in stops):
+    if not isinstance(stops, list) or len(stops) > MAX_STOP or not all(isinstance(s, str) and s
+                                                                        for s in stops):
         raise f.fail("stop_sequences", f"a list of at most {MAX_STOP} non-empty strings")
     chat.stop = stops
     for name in ("metadata", "cache_control"):

@@ -12,17 +12,17 @@ items, Anthropic's Messages API content blocks; both routes read one choice's `E
 from __future__ import annotations
 
 import asyncio
-import time
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import Request
 
-from handformer.serve.choices import Event
+from handformer.serve.choices import Event, watch_client
 from handformer.serve.errors import APIError, error_code
 
-DISCONNECT_POLL_S = 0.25  # how often a whole (not streamed) reply checks that its client is still there
+log = logging.getLogger("handformer.serve")
 
 
 @dataclass
@@ -89,28 +89,24 @@ class ReplyParts:
 
 async def events(request: Request, seqs: list, queue: asyncio.Queue, watch: bool) -> AsyncIterator[Event]:
     """One choice's events until it finishes; an error event raises its APIError. `watch`: a whole
-    reply checks every DISCONNECT_POLL_S, tokens flowing or not, that its client is still there (a
-    stream's generator is cancelled when its client leaves). However it ends, its sequence leaves
-    the batch."""
-    checked = time.monotonic()
+    reply is cancelled the moment its client leaves (choices.watch_client; a stream's generator is
+    cancelled by Starlette). However it ends, its sequence leaves the batch."""
+    watcher = asyncio.create_task(watch_client(request, queue, lambda: [s.cancel() for s in seqs])) \
+        if watch else None
     try:
         while True:
-            try:
-                event = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S) if watch else await queue.get()
-            except asyncio.TimeoutError:
-                event = None
-            if watch and time.monotonic() - checked >= DISCONNECT_POLL_S:
-                checked = time.monotonic()
-                if await request.is_disconnected():
-                    raise APIError(499, "the client went away")
-            if event is None:
-                continue
+            event = await queue.get()
+            if event.kind == "gone":
+                log.info("%s: the client went away; its sequence is cancelled (499)", request.url.path)
+                raise APIError(499, "the client went away")
             if event.kind == "error":
                 raise APIError(event.status, event.reason, code=error_code(event.status, event.reason))
             yield event
             if event.kind == "finish":
                 return
     finally:
+        if watcher is not None:
+            watcher.cancel()
         while seqs:
             seqs.pop().cancel()
 

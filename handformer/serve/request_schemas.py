@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from handformer.serve.door import SDK_FIELDS
 from handformer.serve.openai_schema import (
     MAX_BEAM,
     MAX_EMBED_INPUTS,
@@ -20,6 +21,7 @@ from handformer.serve.openai_schema import (
     MAX_STOP,
     MAX_TOOLS,
     MAX_TOP_LOGPROBS,
+    ROLES,
 )
 from handformer.serve.thinking import EFFORT_BUDGETS, EFFORTS
 
@@ -65,7 +67,7 @@ COMMON: dict[str, Any] = {
     "frequency_penalty": nullable(NO_CHANGE),
     "logit_bias": nullable({"type": "object", "maxProperties": 0}),
     "response_format": RESPONSE_FORMAT,
-}
+} | {name: True for name in sorted(SDK_FIELDS)}  # accepted whatever they hold, never read
 
 COMPLETIONS = {
     "type": "object", "required": ["model", "prompt"], "additionalProperties": False,
@@ -82,7 +84,7 @@ COMPLETIONS = {
 MESSAGE = {
     "type": "object", "required": ["role"],
     "properties": {
-        "role": TEXT,
+        "role": {"enum": list(ROLES)},
         "content": {"anyOf": [{"type": "null"}, {"type": "string"}, {"type": "array", "items": {
             "type": "object", "required": ["type", "text"],
             "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}]},
@@ -96,6 +98,8 @@ MESSAGE = {
     "additionalProperties": {"type": ["string", "null"]},  # name, tool_call_id, ...
     "if": {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array"}}},
     "then": {"properties": {"role": {"const": "assistant"}}},
+    # without tool calls, a message needs its content
+    "else": {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
 }
 
 TOOL = {"type": "object", "required": ["type", "function"], "additionalProperties": False, "properties": {
@@ -136,7 +140,7 @@ EMBEDDINGS = {
         "dimensions": nullable(integer(1)),  # at most the model's width
         "pooling": {"enum": ["mean", "last"]},
         "user": nullable(TEXT),
-    }}
+    } | {name: True for name in sorted(SDK_FIELDS)}}
 
 TRANSLATIONS = {
     "type": "object", "required": ["model", "input"], "additionalProperties": False,

@@ -26,7 +26,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
-from handformer.serve.errors import APIError, error_body
+from handformer.serve.door import APIError, error_body
 from handformer.serve.reply_parts import Part, ReplyParts, Step, events
 from handformer.serve.responses_request import ResponsesRequest, parse_responses
 
@@ -108,8 +108,8 @@ class ResponseBuilder:
             "usage": usage, "error": None,
             "incomplete_details": {"reason": reason} if status == "incomplete" else None,
             "instructions": req.instructions, "max_output_tokens": chat.max_tokens,
-            "previous_response_id": req.previous_response_id, "temperature": chat.temperature,
-            "top_p": chat.top_p if chat.top_p is not None else 1.0,
+            "previous_response_id": req.previous_response_id, "temperature": chat.sampling.temperature,
+            "top_p": chat.sampling.top_p if chat.sampling.top_p is not None else 1.0,
             "parallel_tool_calls": chat.parallel_tool_calls,
             "tool_choice": chat.tool_choice if chat.tool_choice in ("auto", "none", "required")
             else {"type": "function", "name": chat.tool_choice},

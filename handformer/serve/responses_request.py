@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from handformer.generation.tool_calls import Tool
-from handformer.serve.errors import APIError
-from handformer.serve.openai_schema import TOOL_NAME, ChatRequest, Fields, ResponseFormat, _show
+from handformer.serve.door import APIError, Fields, read_sampling
+from handformer.serve.door import show as _show
+from handformer.serve.openai_schema import TOOL_NAME, ChatRequest, ResponseFormat
 from handformer.serve.thinking import EFFORTS, effort_thinking
 
 IGNORED = {"include", "metadata", "truncation", "service_tier", "user", "prompt_cache_key",
@@ -51,10 +52,7 @@ def parse_responses(body: dict[str, Any]) -> ResponsesRequest:
     f = Fields(body, KNOWN)
     chat = ChatRequest(model=f.string("model", required=True), fit_context=True)
     chat.max_tokens = f.integer("max_output_tokens", 1)
-    chat.temperature = f.number("temperature", 1.0, lambda v: 0 <= v <= 2,
-                                "a number from 0 to 2 (0 = greedy)")
-    top_p = f.number("top_p", 1.0, lambda v: 0 < v <= 1, "a number in (0, 1]")
-    chat.top_p = None if top_p == 1 else top_p
+    chat.sampling = read_sampling(f, max_temperature=2)
     chat.stream = f.boolean("stream")
     chat.messages = input_messages(body.get("input"))
     chat.tools = _tools(body.get("tools"))

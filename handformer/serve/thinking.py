@@ -7,9 +7,10 @@ text after `</think>` the answer. The section is open when the prompt ends with 
 that always think) or when the reply starts with it (Qwen3's).
 
 A budget ends the section: after `budget` reasoning tokens the closing `\\n</think>\\n\\n` is forced,
-one token a step, and the answer follows. While the section is open the reply's end tokens are
-masked, so a reply is never all thinking and no answer; the budget is capped so that a quarter of
-the reply's tokens (at least one) is left for the answer.
+one token a step, and the answer follows. While the section is open, and for the answer's first
+token after a forced closing, the reply's end tokens are masked, so a reply is never all thinking
+and no answer; the budget is capped so that a quarter of the reply's tokens (at least one) is left
+for the answer.
 
     reasoning effort    budget (tokens)
     "none"              no thinking (the template's enable_thinking=False)
@@ -109,7 +110,9 @@ class ThinkingBudget:
         if len(thought) < self.budget:
             return logits.index_fill(0, self.stop_ids.to(logits.device), float("-inf"))
         forced = len(thought) - self.budget
-        if forced >= len(self.fmt.closing):
+        if forced == len(self.fmt.closing):  # the answer's first token: the reply does not end here
+            return logits.index_fill(0, self.stop_ids.to(logits.device), float("-inf"))
+        if forced > len(self.fmt.closing):
             return logits
         out = torch.full_like(logits, float("-inf"))
         token = self.fmt.closing[forced]
