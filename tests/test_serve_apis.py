@@ -343,3 +343,36 @@ def test_a_budget_spent_ends_the_section_and_the_answer_follows(client, server):
     tokenizer = server.app.state.models["qwen3"].lm.tokenizer
     assert len(tokenizer.encode_with_special_tokens(chat.choices[0].message.reasoning_content)) == budget
     assert chat.choices[0].message.content
+
+
+# --- a client that leaves -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("route,body", [
+    ("/v1/responses", {"input": USER, "max_output_tokens": 1500}),
+    ("/v1/messages", {"messages": MESSAGES, "max_tokens": 1500}),
+    ("/v1/messages", {"messages": MESSAGES, "max_tokens": 1500, "stream": True})])
+def test_a_request_whose_client_leaves_leaves_the_batch(server, monkeypatch, route, body):
+    engine = server.app.state.engines["story"]
+    step = engine.engine.step
+
+    def paced():  # a step as slow as a real model's, so "a few steps" is the same on any machine
+        time.sleep(0.005)
+        return step()
+
+    monkeypatch.setattr(engine.engine, "step", paced)
+    # greedy from this prompt does not write the end token: the row decodes until the client leaves
+    data = json.dumps({"model": "story", "temperature": 0, **body}).encode()
+    before = engine.steps
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(f"POST {route} HTTP/1.1\r\nHost: x\r\nx-api-key: {KEY}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    start = time.monotonic()
+    while not (engine.running == 1 and engine.steps > before + 5):  # its tokens are flowing
+        assert time.monotonic() - start < 20, "the request never decoded"
+        time.sleep(0.002)
+    sock.close()
+    closed_at = engine.steps
+    while engine.running or engine.sequences:
+        assert time.monotonic() - start < 20, "the row stayed in the batch after its client left"
+        time.sleep(0.002)
+    assert engine.steps - closed_at <= 10
