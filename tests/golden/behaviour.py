@@ -212,7 +212,7 @@ def _callers() -> dict[str, Any]:
     end = tok.hf.token_to_id("<|im_end|>")
     result: dict[str, Any] = {}
     chat = ChatSession(model, tok, ChatTemplate(CHATML, {"eos_token": "<|im_end|>"}), [end],
-                       temperature=0.9, top_k=12, seed=5, max_new_tokens=12)
+                       sampling=SamplingOptions(temperature=0.9, top_k=12, seed=5), max_new_tokens=12)
     result["chat"] = [chat.send(text) for text in ("Hello", "who are you?", "I am a fox")]
     result["chat_processed"] = chat.processed
     run = LMRun(model, tok, SpecialTokens(eos_ids=[end]), {})
