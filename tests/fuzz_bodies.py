@@ -128,6 +128,8 @@ def mutate(body: dict, rng: random.Random) -> dict | bytes:
 
 def walk(value: Any, path: tuple = ()) -> Any:
     yield path, value
+    if len(path) >= 50:  # a body nested deeper (deep(500), put by an earlier mutation) is not walked past it
+        return
     if isinstance(value, dict):
         for k, v in value.items():
             yield from walk(v, path + (k,))

@@ -32,13 +32,30 @@ MARKUP = {"chatml": ("<|im_start|>", "<|im_end|>"),
           "llama3": ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")}
 
 
+def qwen3_template() -> str:
+    """A Qwen3-style template: handformer's ChatML template with tools, whose generation prompt
+    opens a `<think>` section, or writes an empty one when `enable_thinking` is false (as Qwen3's
+    does); an assistant turn's earlier reasoning is not shown."""
+    from handformer.generation.tool_calls import TEMPLATES
+
+    source = (TEMPLATES / "chatml_tools.jinja").read_text()
+    prompt = "{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\\n' }}\n{%- endif -%}"
+    assert prompt in source
+    return source.replace(prompt, "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' }}"
+                          "{%- if enable_thinking is defined and not enable_thinking -%}{{- '<think>\\n\\n</think>\\n\\n' }}"
+                          "{%- else -%}{{- '<think>\\n' }}{%- endif -%}{%- endif -%}")
+
+
 def make_lm_run(run_dir: Path, chat: bool = True, max_positions: int = 96, seed: int = 0,
-                markup: str = "chatml", template: str | None = None) -> Path:
+                markup: str = "chatml", template: str | None = None, thinking: bool = False) -> Path:
     """A random Llama-style run on a character tokenizer (BOS and EOS set), its matrices scaled up
     so next-token distributions are far from flat; with `chat`, a ChatML template (or Llama 3's,
-    with `markup="llama3"`; or `template`)."""
+    with `markup="llama3"`; or `template`). `thinking`: `<think>` and `</think>` are tokens of
+    their own (added, not special: a reply's text keeps them, as Qwen3's vocabulary does)."""
     tok = Tokenizer.train_char([TEXT])
     tok.hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in MARKUP[markup]])
+    if thinking:
+        tok.hf.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>")])
     tok = Tokenizer(tok.hf)
     torch.manual_seed(seed)
     cfg = CausalLMConfig.llama_style(vocab_size=tok.vocab_size, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64,

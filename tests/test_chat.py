@@ -21,6 +21,7 @@ from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat import ChatSession, common_prefix, stop_ids_for
 from handformer.generation.chat_template import ChatTemplate
 from handformer.generation.generate import generate
+from handformer.generation.sampling import SamplingOptions
 from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm.run import load_lm, save_lm_run
 
@@ -59,7 +60,8 @@ def _session(parts, **options):
     model, tok, template = parts
     options = {"temperature": 0, "max_new_tokens": 6, **options}
     stop = options.pop("stop_ids", [tok.hf.token_to_id("<|im_end|>")])
-    return ChatSession(model, tok, template, stop, **options)
+    sampling = SamplingOptions(**{k: options.pop(k) for k in ("temperature", "top_k", "top_p", "seed") if k in options})
+    return ChatSession(model, tok, template, stop, sampling=sampling, **options)
 
 
 def test_cache_carries_over_and_the_model_sees_the_reencoded_conversation(parts):
@@ -103,7 +105,7 @@ def test_context_overflow_drops_oldest_turns_after_system_and_reruns(parts):
     model = _model(tok.vocab_size, max_positions=120)
     notes = []
     session = ChatSession(model, tok, template, [tok.hf.token_to_id("<|im_end|>")], system="Be brief.",
-                          temperature=0, max_new_tokens=10, notify=notes.append)
+                          sampling=SamplingOptions(temperature=0), max_new_tokens=10, notify=notes.append)
     for text in ["the quick brown fox", "jumps over the lazy", "dog. Hello, who", "are you? I am"]:
         session.send(text)
         prompt = session.encode(session.messages[:-1])

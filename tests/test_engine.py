@@ -234,7 +234,7 @@ def test_a_served_sliding_window_model_keeps_a_rolling_cache_and_transformers_to
         def finish(self, reason: str) -> None:
             self.ended.set()
 
-        def fail(self, message: str) -> None:
+        def fail(self, message: str, status: int = 500) -> None:
             self.ended.set()
 
     seqs = [Sequence(p, 30, SamplingOptions(temperature=0), frozenset(), Sink()) for p in prompts]

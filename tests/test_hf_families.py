@@ -339,7 +339,7 @@ def test_a_longrope_chat_runs_every_position_again_when_the_factors_change():
 
     _, ours = _imported("phi4_mini")
     tokenizer = Tokenizer.train_char(["abc"])
-    session = ChatSession(ours, tokenizer, ChatTemplate("{{ messages }}", {}), [2], temperature=0,
+    session = ChatSession(ours, tokenizer, ChatTemplate("{{ messages }}", {}), [2], sampling=GREEDY,
                           max_new_tokens=6)
     g = torch.Generator().manual_seed(7)
     first = torch.randint(3, VOCAB, (10,), generator=g).tolist()

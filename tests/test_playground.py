@@ -14,7 +14,7 @@ from handformer.config import CausalLMConfig
 from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.generate import generate
-from handformer.generation.sampling import filter_logits
+from handformer.generation.sampling import SamplingOptions, filter_logits
 from handformer.models.causal_lm import CausalLM
 from handformer.serve import playground_lookups as lookups
 from handformer.serve.app import create_app
@@ -73,7 +73,7 @@ def test_a_generation_is_generate_for_the_same_seed_and_keeps_the_logits_it_samp
     ids = lookups.prompt_ids(run, "once upon")
     seed = settings.pop("seed", 0)
     expected = generate(run.model, [ids], 12, seed=seed, stop_tokens=run.tokens.eos_ids, **settings)[0]
-    gen = lookups.Generation(run, ids, 12, seed=seed, **settings)
+    gen = lookups.Generation(run, ids, 12, SamplingOptions(seed=seed, **settings))
     steps = []
     while not gen.done:
         steps.append(gen.step())
@@ -215,16 +215,17 @@ def test_attention_explorer_and_translate_routes(client, models):
     ("generate", {"model": "story", "prompt": 3}, 400, "prompt must be a string"),
     ("generate", {"model": "story", "prompt": ""}, 400, "prompt is empty"),
     ("generate", {"model": "story", "prompt": "a" * 49}, 400, "prompt is 49 tokens but the model's context is 48"),
-    ("generate", {"model": "story", "prompt": "a", "max_tokens": 49}, 400, "max_tokens must be between 1 and 48"),
-    ("generate", {"model": "story", "prompt": "a", "max_tokens": 0}, 400, "max_tokens must be between 1 and 48"),
+    ("generate", {"model": "story", "prompt": "a", "max_tokens": 49}, 400, "max_tokens must be an integer from 1 to 48"),
+    ("generate", {"model": "story", "prompt": "a", "max_tokens": 0}, 400, "max_tokens must be an integer from 1 to 48"),
     ("generate", {"model": "story", "prompt": "a", "max_tokens": "5"}, 400, "max_tokens must be an integer"),
     ("generate", {"model": "story", "prompt": "a", "temperature": -1}, 400, "temperature must be a number >= 0"),
     ("generate", {"model": "story", "prompt": "a", "temperature": "hot"}, 400, "temperature must be a number"),
     ("generate", {"model": "story", "prompt": "a", "temperature": True}, 400, "temperature must be a number"),
-    ("generate", {"model": "story", "prompt": "a", "top_k": 0}, 400, "top_k must be a positive integer"),
-    ("generate", {"model": "story", "prompt": "a", "top_p": 0}, 400, "top_p must be in (0, 1]"),
-    ("generate", {"model": "story", "prompt": "a", "top_p": 1.5}, 400, "top_p must be in (0, 1]"),
-    ("generate", {"model": "story", "prompt": "a", "seed": -1}, 400, "seed must be an integer in [0,"),
+    ("generate", {"model": "story", "prompt": "a", "top_k": 0}, 400, "top_k must be an integer >= 1"),
+    ("generate", {"model": "story", "prompt": "a", "top_p": 0}, 400, "top_p must be a number in (0, 1]"),
+    ("generate", {"model": "story", "prompt": "a", "top_p": 1.5}, 400, "top_p must be a number in (0, 1]"),
+    ("generate", {"model": "story", "prompt": "a", "seed": 1.5}, 400, "seed must be an integer"),
+    ("generate", {"model": "story", "prompt": "a", "temp": 1}, 400, "unrecognized request argument(s): temp"),
     ("attention", {"model": "story", "ids": []}, 400, "ids must be a non-empty list"),
     ("attention", {"model": "story", "ids": [1, "2"]}, 400, "ids must be a non-empty list"),
     ("attention", {"model": "story", "ids": [1, 30]}, 400, "ids holds 30, outside the vocabulary [0, 30)"),
@@ -321,14 +322,9 @@ def test_a_client_that_goes_away_stops_its_generation(models, monkeypatch):
 
 
 def test_with_an_api_key_every_route_but_the_page_needs_it(models):
-    from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from handformer.serve.playground import playground_router
-
-    app = FastAPI()
-    app.include_router(playground_router(models, api_key="s3cret"))
-    client = TestClient(app)
+    client = TestClient(create_app(models, api_key="s3cret"))
     assert client.get("/").status_code == 200  # the page holds no model data; it asks for the key
     body = {"model": "story", "ids": [1, 2]}
     for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic s3cret"},

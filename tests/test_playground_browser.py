@@ -18,14 +18,13 @@ from serve_helpers import Server
 from test_playground import make_lm_run, make_translation_run
 
 from handformer.generation.generate import generate
-from handformer.generation.sampling import filter_logits
+from handformer.generation.sampling import SamplingOptions, filter_logits
 from handformer.serve import playground_lookups as lookups
 from handformer.serve.app import create_app
-from handformer.serve.playground import playground_router
 from handformer.serve.registry import load_served_models
 
 sync_api = require_module("playwright.sync_api", "pip install -e '.[dev]'")
-FastAPI = require_module("fastapi", "pip install -e .").FastAPI
+require_module("fastapi", "pip install -e .")
 uvicorn = require_module("uvicorn", "pip install -e .")
 CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and Path(p).is_file()),
                 None)
@@ -41,15 +40,13 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-f
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """The app on a free port, and the playground alone behind an API key on another:
+    """The app on a free port, and the app behind an API key on another:
     (base url, served models, keyed base url)."""
     root = tmp_path_factory.mktemp("playground")
     make_lm_run(root / "tiny")
     make_translation_run(root / "dates")
     models = load_served_models([f"story={root / 'tiny'}", str(root / "dates")])
-    keyed = FastAPI()
-    keyed.include_router(playground_router(models, api_key=KEY))
-    running = [Server(create_app(models)), Server(keyed)]  # each on a socket bound to port 0, handed over
+    running = [Server(create_app(models)), Server(create_app(models, api_key=KEY))]  # each on a socket bound to port 0, handed over
     yield running[0].url, models, running[1].url
     for s in running:
         s.stop()
@@ -116,7 +113,7 @@ def test_the_page_generates_filters_shows_attention_and_translates(server, page)
     assert "<b>" in "".join(c[1] for c in chips)
 
     # the steps' logits, as the server computed them
-    gen = lookups.Generation(run, ids, 8, temperature=0.9, seed=4)
+    gen = lookups.Generation(run, ids, 8, SamplingOptions(temperature=0.9, seed=4))
     steps = [gen.step()[1] for _ in expected]
 
     # click the third generated token: its bars, re-filtered by the sliders as sampling.py filters

@@ -74,7 +74,7 @@ class Collect:
         self.reason = reason
         self.ended.set()
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, status: int = 500) -> None:
         self.reason = "failed: " + message
         self.ended.set()
 

@@ -4,8 +4,10 @@
   bodies drawn from it are answered, bodies it refuses are 400s;
 - a fuzz run: 2,000 bodies (20,000 in the slow test) drawn from the schemas and mutated outside
   them (wrong types, huge and negative numbers, odd unicode, deep nesting, missing and extra
-  fields, broken JSON): every answer a JSON error with a 4xx or a valid reply, never a 5xx or a
-  traceback, and the server answers as before afterwards;
+  fields, broken JSON): every answer a JSON error with a 4xx (in Anthropic's shape under
+  /v1/messages) or a valid reply, never a 5xx or a traceback, and the server answers as before
+  afterwards; the Responses and Messages routes get at least 300 bodies each, half of them on a
+  run that thinks;
 - a soak: 200 requests from 16 clients, streamed and whole, with schemas and tools, a third of
   the streams dropped mid-way: no 5xx, and every request gets its own text (each request's
   expected text, seeded, is known beforehand)."""
@@ -21,7 +23,7 @@ import httpx
 import pytest
 from fuzz_bodies import Draw, is_valid, mutate
 from helpers import require_module
-from serve_helpers import Server, make_lm_run, make_translation_run
+from serve_helpers import Server, make_lm_run, make_translation_run, qwen3_template
 
 from handformer.serve.app import create_app
 from handformer.serve.registry import load_served_models
@@ -63,7 +65,19 @@ CAPS = {
                        "input": lambda rng: rng.choice(["the fox", ["a", "b c"], [1, 2, 3], [[4, 5], "x"]])},
     "/v1/translations": {"model": "dates", "beam_size": small(1, 2),
                          "input": lambda rng: rng.choice(["the first of may", ["one", "two"]])},
+    "/v1/responses": {
+        "model": lambda rng: rng.choice(["story", "thinks"]), "max_output_tokens": small(1, 3),
+        "previous_response_id": None, "tool_choice": None, "parameters": TOOL["function"]["parameters"],
+        "schema": SMALL_SCHEMA, "arguments": '{"city": "a"}',
+        "tools": lambda rng: rng.choice([None, [{"type": "function", "name": "get_weather"}]])},
 }
+PROMPT_CAPS = {
+    "model": lambda rng: rng.choice(["story", "thinks"]), "tool_choice": None, "thinking": None,
+    "input_schema": TOOL["function"]["parameters"], "schema": SMALL_SCHEMA, "input": {"city": "a"},
+    "tools": lambda rng: rng.choice([None, [{"name": "get_weather", "input_schema": TOOL["function"]["parameters"]}]])}
+CAPS["/v1/messages"] = PROMPT_CAPS | {"max_tokens": small(1, 3)}
+CAPS["/v1/messages/count_tokens"] = PROMPT_CAPS
+NEW_ROUTES = ("/v1/responses", "/v1/messages", "/v1/messages/count_tokens")
 
 
 def draw_valid(route: str, rng: random.Random) -> dict:
@@ -74,6 +88,15 @@ def draw_valid(route: str, rng: random.Random) -> dict:
             "name": "get_weather"}}])
     if route == "/v1/chat/completions" and body.get("logprobs") and rng.random() < 0.5:
         body["top_logprobs"] = rng.randint(0, 3)
+    if route == "/v1/responses" and body.get("tools") and rng.random() < 0.5:
+        body["tool_choice"] = rng.choice(["auto", "none", "required", {"type": "function", "name": "get_weather"}])
+    if route.startswith("/v1/messages") and rng.random() < 0.5:
+        body["thinking"] = rng.choice([{"type": "disabled"}, {"type": "adaptive"}, {"type": "enabled", "budget_tokens": 1}])
+        if body["thinking"]["type"] == "enabled" and "max_tokens" in body:
+            body["max_tokens"] = max(body["max_tokens"], 2)  # the budget is below max_tokens
+    if route.startswith("/v1/messages") and body.get("tools") and rng.random() < 0.5:
+        body["tool_choice"] = rng.choice([{"type": "auto"}, {"type": "any"}, {"type": "none"},
+                                          {"type": "tool", "name": "get_weather"}])
     assert is_valid(REQUEST_SCHEMAS[route], body), body
     return body
 
@@ -82,23 +105,42 @@ def draw_valid(route: str, rng: random.Random) -> dict:
 def server(tmp_path_factory, one_thread):
     root = tmp_path_factory.mktemp("fuzz")
     models = load_served_models([str(make_lm_run(root / "story", max_positions=1024)),
+                                 str(make_lm_run(root / "thinks", max_positions=1024, template=qwen3_template(),
+                                                 thinking=True)),
                                  str(make_translation_run(root / "dates"))])
     s = Server(create_app(models, max_body_bytes=256 * 1024))
     yield s
     s.stop()
 
 
-def check_answer(response: httpx.Response, stream: bool) -> None:
-    """A 4xx with OpenAI's error JSON, or a 200 with a reply (a stream of chunks ending [DONE])."""
+LAST_EVENTS = {"/v1/responses": ("response.completed", "error"), "/v1/messages": ("message_stop", "error")}
+
+
+def check_answer(route: str, response: httpx.Response, stream: bool) -> None:
+    """A 4xx with OpenAI's error JSON (Anthropic's under /v1/messages), or a 200 with a reply (a
+    stream of chunks ending [DONE], or the route's last event)."""
     assert response.status_code < 500 and "Traceback" not in response.text, response.text[:500]
+    anthropic = route.startswith("/v1/messages")
     if response.status_code != 200:
-        error = response.json()["error"]
-        assert set(error) == {"message", "type", "param", "code"} and error["message"]
+        body = response.json()
+        error = body["error"]
+        assert set(error) == ({"type", "message"} if anthropic else {"message", "type", "param", "code"})
+        assert error["message"] and (body["type"] == "error" if anthropic else True)
         return
     if not stream:
-        assert response.json()["object"] in ("text_completion", "chat.completion", "list"), response.text[:300]
+        kinds = {"/v1/responses": "response", "/v1/messages": "message"}
+        if route == "/v1/messages/count_tokens":
+            assert isinstance(response.json()["input_tokens"], int)
+        elif route in kinds:
+            assert response.json()[{"/v1/responses": "object", "/v1/messages": "type"}[route]] == kinds[route]
+        else:
+            assert response.json()["object"] in ("text_completion", "chat.completion", "list"), response.text[:300]
         return
     events = [line.removeprefix("data: ") for line in response.text.splitlines() if line.startswith("data: ")]
+    if route in LAST_EVENTS:
+        assert json.loads(events[-1])["type"] in LAST_EVENTS[route], events[-3:]
+        assert all(json.loads(e)["type"] != "error" for e in events[:-1])
+        return
     assert events[-1] == "[DONE]" or "error" in json.loads(events[-1]), events[-3:]
     for event in events[:-1]:
         chunk = json.loads(event)
@@ -111,12 +153,22 @@ def send(http: httpx.Client, server: Server, route: str, body: dict | bytes) -> 
     return http.post(server.url + route, content=content, headers={"Content-Type": "application/json"}), stream
 
 
-def few_tokens(body: dict | bytes) -> dict | bytes:
+def few_tokens(route: str, body: dict | bytes) -> dict | bytes:
     """A chat body whose mutation left it without a token limit runs to the end of the context:
-    valid, and slow; it gets 3 tokens."""
-    if isinstance(body, dict) and "messages" in body and body.get("max_tokens") is None \
+    valid, and slow; it gets 3 tokens. So does a Responses or Messages body with a limit above 3,
+    which these routes cut to the context rather than refuse."""
+    if route == "/v1/chat/completions" and isinstance(body, dict) and body.get("max_tokens") is None \
             and body.get("max_completion_tokens") is None:
         body["max_tokens"] = 3
+    name = {"/v1/responses": "max_output_tokens", "/v1/messages": "max_tokens"}.get(route)
+    if name and isinstance(body, dict):
+        value = body.get(name)
+        if value is None and name == "max_output_tokens" or isinstance(value, int) and not isinstance(
+                value, bool) and value > 3:
+            body[name] = 3
+            thinking = body.get("thinking")
+            if isinstance(thinking, dict) and isinstance(thinking.get("budget_tokens"), int):
+                thinking["budget_tokens"] = min(thinking["budget_tokens"], 2)
     return body
 
 
@@ -128,31 +180,33 @@ def reference(http: httpx.Client, server: Server) -> str:
 def fuzz(server: Server, count: int, seed: int) -> dict[str, int]:
     rng = random.Random(seed)
     routes = sorted(REQUEST_SCHEMAS)
-    seen = {"valid": 0, "refused": 0, "mutated": 0}
+    weights = [1.4 if route in NEW_ROUTES else 1.0 for route in routes]  # >= 300 of 2,000 each
+    seen = {"valid": 0, "refused": 0, "mutated": 0} | dict.fromkeys(routes, 0)
     with httpx.Client(timeout=60) as http:
         before = reference(http, server)
         for _ in range(count):
-            route = rng.choice(routes)
+            route = rng.choices(routes, weights)[0]
+            seen[route] += 1
             body = draw_valid(route, rng)
             if rng.random() < 0.35:
                 response, stream = send(http, server, route, body)
                 assert response.status_code == 200, (route, body, response.text[:300])  # the schema's bodies
                 seen["valid"] += 1
             else:
-                body = few_tokens(mutate(body, rng))
+                body = few_tokens(route, mutate(body, rng))
                 response, stream = send(http, server, route, body)
                 if not is_valid(REQUEST_SCHEMAS[route], body if not isinstance(body, bytes) else None):
                     assert response.status_code in (400, 413), (route, body, response.text[:300])
                     seen["refused"] += 1
                 seen["mutated"] += 1
-            check_answer(response, stream)
+            check_answer(route, response, stream)
         assert http.get(server.url + "/v1/models").status_code == 200
         assert reference(http, server) == before  # alive and answering as before
-    engine = server.app.state.engines["story"]
     deadline = time.monotonic() + 10
-    while engine.rows or engine.waiting:
-        assert time.monotonic() < deadline, "rows were left in the batch"
-        time.sleep(0.01)
+    for engine in server.app.state.engines.values():
+        while engine.rows or engine.waiting:
+            assert time.monotonic() < deadline, "rows were left in the batch"
+            time.sleep(0.01)
     return seen
 
 
@@ -163,18 +217,21 @@ def test_the_schemas_refuse_what_the_routes_refuse():
     chat = REQUEST_SCHEMAS["/v1/chat/completions"]
     ok = {"model": "story", "messages": [{"role": "user", "content": "hi"}]}
     for body in (ok, {**ok, "top_logprobs": 2, "logprobs": True}, {**ok, "tools": [TOOL], "tool_choice": "required"},
-                 {**ok, "max_tokens": None, "stop": ["a"], "seed": -(2 ** 63)}):
+                 {**ok, "max_tokens": None, "stop": ["a"], "seed": -(2 ** 63)},
+                 {**ok, "messages": [{"role": "developer", "content": "x"}], "store": True, "metadata": {"a": "b"}}):
         assert Validator(chat).is_valid(body), body
     for body in ({**ok, "top_logprobs": 2}, {**ok, "n": 65}, {**ok, "max_tokens": 1.0}, {**ok, "temperature": True},
                  {**ok, "messages": [{"role": "user", "content": "x", "tool_calls": [
                      {"function": {"name": "f", "arguments": "{}"}}]}]}, {**ok, "extra": 1},
-                 {**ok, "messages": [{"role": "", "content": "x"}]}, {**ok, "stop": []}):
+                 {**ok, "messages": [{"role": "", "content": "x"}]}, {**ok, "stop": []},
+                 {**ok, "messages": [{"role": "wizard", "content": "x"}]}, {**ok, "messages": [{"role": "user"}]}):
         assert not Validator(chat).is_valid(body), body
 
 
 def test_2000_fuzzed_bodies_get_a_4xx_json_error_or_a_valid_reply(server):
     seen = fuzz(server, 2000, seed=0)
     assert seen["valid"] > 500 and seen["refused"] > 800, seen
+    assert all(seen[route] >= 300 for route in NEW_ROUTES), seen
 
 
 @pytest.mark.slow

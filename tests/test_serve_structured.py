@@ -433,6 +433,30 @@ def test_a_forced_tool_call_is_valid_for_its_parameters(client, model):
         assert stream[-1].choices[0].finish_reason == "tool_calls"
 
 
+@pytest.mark.parametrize("model", ["story", "llama"])
+def test_a_forced_tool_call_cut_by_max_tokens_is_a_call_when_whole_else_nothing(client, model):
+    """Cut after its JSON (only the closing marker missing): the call, finish_reason "length".
+    Cut inside its JSON: no tool_calls and content null, never the markup as text."""
+    def ask(max_tokens: int, stream: bool = False):
+        return client.chat.completions.create(model=model, messages=USER, tools=[WEATHER], tool_choice="required",
+                                              seed=1, max_tokens=max_tokens, stream=stream)
+
+    whole = ask(300)
+    (call,) = whole.choices[0].message.tool_calls
+    closing = len("\n</tool_call>") if model == "story" else 0  # one token a character
+    cuts = ([(whole.usage.completion_tokens - closing, [call.function.arguments])] if closing else []) + [
+        (whole.usage.completion_tokens - closing - 2, [])]
+    for max_tokens, arguments in cuts:
+        out = ask(max_tokens).choices[0]
+        assert out.finish_reason == "length" and out.message.content is None, out
+        assert [c.function.arguments for c in out.message.tool_calls or []] == arguments
+        chunks = list(ask(max_tokens, stream=True))
+        deltas = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or []]
+        assert [d.function.arguments for d in deltas] == arguments
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == ""
+        assert chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_the_tool_call_formats_render_and_read_back(models, runs):
     from handformer.generation.chat_template import load_chat_template
     from handformer.generation.tool_calls import tool_template

@@ -9,7 +9,7 @@ Each turn:
 2. the longest common prefix of that prompt and the tokens in the cache is kept; the cache is cut
    back to it and only the rest of the prompt is run (usually: the end of the last reply and the
    new message; after dropped turns: everything after the system message, the prompt re-run);
-3. tokens are sampled (temperature, top-k, top-p, seeded) until a stop token (any EOS or
+3. tokens are sampled (one SamplingOptions: temperature, top-k, top-p, seeded) until a stop token (any EOS or
    end-of-turn id), streamed as text; the reply's text is appended as the assistant's message.
 So the model always sees exactly the tokens of the re-encoded conversation, as a fresh run would.
 
@@ -25,8 +25,8 @@ import torch
 
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat_template import ChatTemplate
-from handformer.generation.engine import Choice, Engine, Row, SamplingOptions, frequency_set
-from handformer.generation.sampling import check_sampling_options
+from handformer.generation.engine import Choice, Engine, Row, frequency_set
+from handformer.generation.sampling import SamplingOptions
 from handformer.generation.stream import TextStream
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
@@ -46,26 +46,31 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def check_chat_options(template: ChatTemplate, system: str | None, temperature: float, top_k: int | None,
-                       top_p: float | None, max_new_tokens: int | None) -> None:
-    """What a chat can refuse before any model is loaded: the sampling options, max_new_tokens
-    (None: the caller's default), and a template that fails on a first exchange."""
-    check_sampling_options(temperature, top_k, top_p)
-    if max_new_tokens is not None and (not is_int(max_new_tokens)
-                                       or max_new_tokens < 1):
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+def check_chat_options(template: ChatTemplate, system: str | None, max_new_tokens: int | None) -> None:
+    """What a chat can refuse before any model is loaded (its sampling options are a
+    SamplingOptions, checked when it was made): max_new_tokens (None: the caller's default), and a
+    template that fails on a first exchange."""
+    _check_max_new_tokens(max_new_tokens)
     opening = [] if system is None else [{"role": "system", "content": system}]
     template.render(opening + [{"role": "user", "content": "hi"}])  # fail early, clearly
 
 
+def _check_max_new_tokens(max_new_tokens: int | None) -> None:
+    if max_new_tokens is not None and (not is_int(max_new_tokens) or max_new_tokens < 1):
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+
+
 class ChatSession:
-    """A conversation with `model`. `send(text)` returns the reply (streamed to `on_text`)."""
+    """A conversation with `model`, sampling with `sampling` (None: temperature 1, unseeded), one
+    generator seeded once for the whole conversation. `send(text)` returns the reply (streamed to
+    `on_text`). A template that cannot render the conversation fails its first `send`
+    (`check_chat_options` finds it sooner, before a model is loaded)."""
 
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, template: ChatTemplate,
-                 stop_ids: Sequence[int], *, system: str | None = None, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 max_new_tokens: int = 256, notify: Callable[[str], None] | None = None) -> None:
-        check_chat_options(template, system, temperature, top_k, top_p, max_new_tokens)
+                 stop_ids: Sequence[int], *, system: str | None = None,
+                 sampling: SamplingOptions | None = None, max_new_tokens: int = 256,
+                 notify: Callable[[str], None] | None = None) -> None:
+        _check_max_new_tokens(max_new_tokens)
         if max_new_tokens >= model.cfg.max_positions:
             raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
                              f"context of {model.cfg.max_positions} tokens (max_positions); lower it")
@@ -73,7 +78,7 @@ class ChatSession:
             raise ValueError("a chat needs at least one stop token (an EOS or end-of-turn id)")
         self.model, self.tokenizer, self.template = model, tokenizer, template
         self.stop_ids = sorted(set(stop_ids))
-        self.options = SamplingOptions(temperature, top_k, top_p, seed)
+        self.options = sampling if sampling is not None else SamplingOptions()
         self.max_new_tokens = max_new_tokens
         self.notify = notify or (lambda message: None)
         self.messages: list[dict[str, Any]] = []

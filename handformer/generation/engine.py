@@ -47,38 +47,12 @@ from torch import Tensor
 
 from handformer.generation.cache import DecodingCache
 from handformer.generation.prefix_cache import Hit, PrefixCache
-from handformer.generation.sampling import check_sampling_options, filter_logits, next_tokens
+from handformer.generation.sampling import SamplingOptions, filter_logits, next_tokens
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.kv_cache import KVCache
-from handformer.settings import int_at_least, is_int
+from handformer.settings import int_at_least
 
 LogitProcessor = Callable[[Sequence[int], Tensor], Tensor]  # (tokens chosen so far, (V,) logits) -> (V,)
-
-
-@dataclass(frozen=True)
-class SamplingOptions:
-    """How a row chooses its tokens."""
-
-    temperature: float = 1.0  # 0 = greedy (argmax)
-    top_k: int | None = None  # keep the k most likely tokens
-    top_p: float | None = None  # keep the smallest set whose probability reaches p
-    seed: int | None = None  # None: a random seed
-    top_logprobs: int | None = None  # None: no log-probabilities; n >= 0: the token's and n others'
-
-    def __post_init__(self) -> None:
-        check_sampling_options(self.temperature, self.top_k, self.top_p)
-        n = self.top_logprobs
-        if n is not None and (not is_int(n) or n < 0):
-            raise ValueError(f"top_logprobs must be None or an integer >= 0, got {n!r}")
-
-    def generator(self, device: torch.device, choice: int = 0) -> torch.Generator:
-        """The row's own generator: seeded with seed + choice, or randomly."""
-        generator = torch.Generator(device=device)
-        if self.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(self.seed + choice)
-        return generator
 
 
 @dataclass(eq=False)

@@ -16,18 +16,16 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from handformer.generation.engine import Choice, Engine, Row, SamplingOptions
-from handformer.generation.sampling import check_sampling_options
+from handformer.generation.engine import Choice, Engine, Row
+from handformer.generation.sampling import SamplingOptions
 from handformer.inference.threads import default_threads, intra_op_threads
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
 from handformer.settings import is_int, non_negative_int
 
 
-def _check_args(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                temperature: float, top_k: int | None, top_p: float | None, pad_id: int) -> None:
+def _check_args(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int) -> None:
     non_negative_int("max_new_tokens", max_new_tokens)
-    check_sampling_options(temperature, top_k, top_p)
     if isinstance(prompts, (str, Tensor)) or not prompts or isinstance(prompts[0], int):
         raise ValueError("prompts must be a non-empty list of token-id lists, e.g. [[1, 17, 4]]")
     for i, prompt in enumerate(prompts):
@@ -84,13 +82,13 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
     Raises ValueError when a prompt plus max_new_tokens - 1 (the last token is never fed back)
     exceeds the model's max_positions.
     """
-    _check_args(model, prompts, max_new_tokens, temperature, top_k, top_p, pad_id)
+    options = SamplingOptions(temperature, top_k, top_p, seed)  # the one value the engine takes; checked
+    _check_args(model, prompts, max_new_tokens, pad_id)
     if threads not in (None, "auto") and (not is_int(threads)
                                           or threads < 1):
         raise ValueError(f"threads must be a positive integer, 'auto' or None, got {threads!r}")
     if max_new_tokens == 0:
         return [[] for _ in prompts]
-    options = SamplingOptions(temperature, top_k, top_p, seed)
     stop = frozenset(operator.index(t) for t in stop_tokens)
     rows = [Row([operator.index(t) for t in prompt], max_new_tokens, options, stop, choice=i)
             for i, prompt in enumerate(prompts)]

@@ -2,10 +2,16 @@
 
     logits -> apply_temperature -> top_k_filter -> top_p_filter -> sample (or argmax when t = 0)
 
+`SamplingOptions` is how one sequence chooses its tokens: every door (`generate`, a chat, the
+server's routes, GRPO's rollouts) builds one, checked once when it is made, and hands it to the
+decoding engine as it is.
+
 Shape legend: B batch, V vocabulary.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -26,6 +32,34 @@ def check_sampling_options(temperature: float, top_k: int | None, top_p: float |
     if top_p is not None and (not is_number(top_p)
                               or not 0 < top_p <= 1):
         raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How a row chooses its tokens; checked when it is made (a ValueError names the field)."""
+
+    temperature: float = 1.0  # 0 = greedy (argmax)
+    top_k: int | None = None  # keep the k most likely tokens
+    top_p: float | None = None  # keep the smallest set whose probability reaches p
+    seed: int | None = None  # None: a random seed
+    top_logprobs: int | None = None  # None: no log-probabilities; n >= 0: the token's and n others'
+
+    def __post_init__(self) -> None:
+        check_sampling_options(self.temperature, self.top_k, self.top_p)
+        if self.seed is not None and not is_int(self.seed):
+            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        n = self.top_logprobs
+        if n is not None and (not is_int(n) or n < 0):
+            raise ValueError(f"top_logprobs must be None or an integer >= 0, got {n!r}")
+
+    def generator(self, device: torch.device, choice: int = 0) -> torch.Generator:
+        """The row's own generator: seeded with seed + choice, or randomly."""
+        generator = torch.Generator(device=device)
+        if self.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(self.seed + choice)
+        return generator
 
 
 def apply_temperature(logits: Tensor, temperature: float) -> Tensor:

@@ -82,8 +82,8 @@ class ToolFormat:
         answer_rule = f"answer: %json {json.dumps({'x-guidance': LAYOUT, **answer})}"
         return "\n".join(["start: calls | answer", *lines, answer_rule])
 
-    def parser(self, tools: list[Tool], parallel: bool) -> ToolCallParser:
-        return ToolCallParser(self, {t.name for t in tools}, parallel)
+    def parser(self, tools: list[Tool], parallel: bool, forced: bool = False) -> ToolCallParser:
+        return ToolCallParser(self, {t.name for t in tools}, parallel, forced)
 
 
 CHATML = ToolFormat("chatml", "arguments", "<tool_call>\n", "\n</tool_call>", "\n")
@@ -116,10 +116,15 @@ def tool_template(own: ChatTemplate | None, tokenizer: Tokenizer) -> tuple[ToolF
 class ToolCallParser:
     """A reply's text as it arrives -> its content and its calls. `feed(text)` and `finish()`
     return (content that is final, calls completed); text that may still turn out to be part of a
-    call is held back. A block that does not read as a call to one of the tools stays content."""
+    call is held back. A block that does not read as a call to one of the tools stays content.
 
-    def __init__(self, fmt: ToolFormat, names: set[str], parallel: bool) -> None:
-        self.fmt, self.names, self.parallel = fmt, names, parallel
+    A `forced` reply (tool_choice "required" or a named function: the grammar lets the model
+    write nothing but calls) cut by its token limit (`finish(cut=True)`) inside a call keeps that
+    call when what was written of it is already a whole call in JSON (only the closing marker is
+    missing), and drops it when it is not: it is never shown as content."""
+
+    def __init__(self, fmt: ToolFormat, names: set[str], parallel: bool, forced: bool = False) -> None:
+        self.fmt, self.names, self.parallel, self.forced = fmt, names, parallel, forced
         self.buffer = ""
         self.calls = 0  # calls returned so far
         self.whole = fmt.open == ""  # llama3: the reply is a call or it is content
@@ -130,12 +135,32 @@ class ToolCallParser:
         self.buffer += text
         return self._whole_feed() if self.whole else self._blocks(final=False)
 
-    def finish(self) -> tuple[str, list[Call]]:
+    def finish(self, cut: bool = False) -> tuple[str, list[Call]]:
+        """The rest of the reply; `cut`: it ended at its token limit, perhaps inside a call."""
+        if cut and self.forced:  # the grammar let the model write calls only: the rest is one, or part of one
+            start = self.buffer.find(self.fmt.open.strip()) if self.fmt.open else 0
+            rest, self.buffer = ("" if start < 0 else self.buffer[start + len(self.fmt.open.strip()):]), ""
+            return "", self._keep(self._whole_calls(rest))
         if self.whole:
             content, calls = self._read_whole(self.buffer)
             self.buffer = ""
             return content, self._keep(calls)
         return self._blocks(final=True)
+
+    def _whole_calls(self, text: str) -> list[Call]:
+        """The calls written out whole at the start of `text` (JSON objects, one after another)."""
+        decoder, calls, i = json.JSONDecoder(), [], 0
+        while True:
+            while i < len(text) and text[i] in " \n\t;":
+                i += 1
+            try:
+                value, i = decoder.raw_decode(text, i)
+            except ValueError:
+                return calls
+            call = self._call(value)
+            if call is None:
+                return calls
+            calls.append(call)
 
     # --- llama3: the whole reply ----------------------------------------------------------------
     def _whole_feed(self) -> tuple[str, list[Call]]:

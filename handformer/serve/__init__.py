@@ -2,8 +2,9 @@
 with a playground page at `/`.
 
     registry.py     which runs are served, under which model ids, loaded once and shared
-    app.py          the FastAPI application: OpenAI routes, errors, API key, CORS
-    openai_schema.py  the request bodies, checked field by field; errors.py: OpenAI's error JSON
+    door.py         the one way in for every route: API key, body parser, sampling options, errors
+    app.py          the FastAPI application: OpenAI routes, CORS
+    openai_schema.py  the request bodies, checked field by field; errors.py: the error type, per API shape
     engine.py       continuous batching: one decoding thread per language model
     batch.py        the batch's rows in one left-padded KV cache
     choices.py      engine tokens -> OpenAI choices and stream chunks; text.py: incremental text, stop

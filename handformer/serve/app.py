@@ -5,6 +5,7 @@
     POST /v1/chat/completions      reply to messages with the run's chat template (tools too)
     POST /v1/embeddings            pooled last hidden states of texts (language-model runs)
     POST /v1/translations          translate texts with beam search (translation runs; not OpenAI's)
+    GET  /health, GET /metrics     for probes and Prometheus (operations.py)
 
 Language models decode in their `BatchEngine` thread (continuous batching); embeddings and
 translations run in a worker thread under the model's lock. The event loop only parses, checks
@@ -15,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hmac
 import json
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -31,62 +33,119 @@ from tokenizers import Tokenizer as HFTokenizer
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat import stop_ids_for
 from handformer.generation.chat_template import ChatTemplate, load_chat_template
-from handformer.generation.engine import SamplingOptions
 from handformer.generation.generate import max_new_tokens_for, positions_needed
-from handformer.generation.grammar import OVER_LIMITS
 from handformer.generation.prefix_cache import default_prefix_cache_mb
-from handformer.generation.tool_calls import ToolFormat, tool_template
-from handformer.serve.choices import Choices, ChoiceSink, Event
+from handformer.generation.tool_calls import ToolCallParser, ToolFormat, tool_template
+from handformer.serve.choices import Choices, ChoiceSink, Event, watch_client
+from handformer.serve.door import APIError, auth, error_body, read_json
 from handformer.serve.engine import BatchEngine, Sequence
-from handformer.serve.errors import APIError, add_error_handlers, error_body, read_capped
+from handformer.serve.errors import add_error_handlers, error_code
+from handformer.serve.messages import add_messages_routes
+from handformer.serve.metrics import Metrics, MetricsMiddleware
 from handformer.serve.openai_schema import (
     ChatRequest,
     GenerationRequest,
     parse_chat,
     parse_completion,
     parse_embeddings,
-    parse_json,
     parse_translation,
 )
+from handformer.serve.operations import Lifecycle, operations_router
 from handformer.serve.playground import playground_router
 from handformer.serve.registry import ServedModel
+from handformer.serve.responses import add_responses_routes
 from handformer.serve.structured import Structured
 from handformer.serve.text import IncrementalText, chat_decoder, completion_decoder
+from handformer.serve.thinking import (
+    ThinkingBudget,
+    ThinkingFormat,
+    ThinkingSplitter,
+    capped_budget,
+    opens_thinking,
+    reasoning_tokens,
+    thinking_format,
+)
 
+
+@dataclass
+class ThinkingPlan:
+    """A chat request's thinking: the run's tokens, whether the prompt opened the section, the budget."""
+
+    fmt: ThinkingFormat
+    opened: bool
+    asked: int | None  # the budget asked for (None: only the answer's room)
+    max_tokens: int
+
+    def splitter(self) -> ThinkingSplitter:
+        return ThinkingSplitter(self.opened)
+
+    def budget(self, stop_ids: frozenset[int]) -> ThinkingBudget:
+        spend = capped_budget(self.asked, self.max_tokens, len(self.fmt.closing))
+        return ThinkingBudget(self.fmt, spend, self.opened, stop_ids)
+
+    def reasoning_tokens(self, tokens: list[int]) -> int:
+        return reasoning_tokens(tokens, self.fmt, self.opened)
+
+
+@dataclass
+class ChatPlan:
+    """What a chat request decodes: its prompt's ids, limits, end tokens, grammar, parsers."""
+
+    served: ServedModel
+    ids: list[int]
+    max_tokens: int
+    stop_ids: frozenset[int]
+    decode: Callable[[list[int]], str]
+    grammar: Any = None  # Grammar or None
+    parser: Callable[[], ToolCallParser] | None = None
+    thinking: ThinkingPlan | None = None
+
+
+class Submitted(NamedTuple):
+    seqs: list[Sequence]
+    queue: asyncio.Queue  # the choices' Events
+    usage: Callable[[], dict[str, Any]]
+
+
+log = logging.getLogger("handformer.serve")
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any prompt a served context can hold
-DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is still there
 
 
 def create_app(models: Mapping[str, ServedModel], *, api_key: str | None = None,
                cors_origins: list[str] | None = None, max_body_bytes: int = MAX_BODY_BYTES,
                max_batch: int = 32, prefix_cache_mb: float | None = None) -> FastAPI:
-    """The server's application. `api_key`: every /v1 route needs `Authorization: Bearer KEY`.
+    """The server's application. `api_key`: every route but the page at `/` needs it, sent as
+    `Authorization: Bearer KEY` or `x-api-key: KEY` (door.auth).
     `cors_origins`: origins allowed to call the API from a browser (none by default).
     `prefix_cache_mb`: each model's prefix cache (None: 256 MiB or 10 % of RAM, the smaller; 0: off)."""
     mb = default_prefix_cache_mb() if prefix_cache_mb is None else prefix_cache_mb
     if mb < 0:
         raise ValueError(f"prefix_cache_mb must be >= 0 (0 turns the prefix cache off), got {mb}")
-    engines = {name: BatchEngine(m.lm.model, m.lock, max_batch, mb)
-               for name, m in models.items() if m.task == "lm"}
-    templates = {name: load_chat_template(m.run_dir) for name, m in models.items() if m.task == "lm"}
+    lms = [name for name, m in models.items() if m.task == "lm"]
+    metrics, lifecycle = Metrics(lms), Lifecycle()
+    engines = {name: BatchEngine(models[name].lm.model, models[name].lock, max_batch, mb,
+                                 metrics.models[name]) for name in lms}
+    templates = {name: load_chat_template(models[name].run_dir) for name in lms}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for engine in engines.values():
             engine.start()
         yield
+        lifecycle.draining = True  # /health answers 503 from here on
         for engine in engines.values():
             await asyncio.to_thread(engine.stop)
 
     # No /docs or /redoc: they load their scripts from a CDN.
     app = FastAPI(title="handformer", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.models = dict(models)
-    app.state.engines = engines
+    app.state.engines, app.state.metrics, app.state.lifecycle = engines, metrics, lifecycle
     add_error_handlers(app)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
     if cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
-    api = APIRouter(prefix="/v1", dependencies=[Depends(key_checker(api_key))])
+                           allow_headers=["Authorization", "Content-Type", "x-api-key", "anthropic-version"])
+    api = APIRouter(prefix="/v1", dependencies=[Depends(auth(api_key))])
     routes = Routes(dict(models), engines, templates, max_body_bytes)
     app.state.structured = routes.structured  # each model's grammars (tests read them)
     app.state.tool_templates = routes.tool_templates  # each model's tool template, once found
@@ -96,36 +155,12 @@ def create_app(models: Mapping[str, ServedModel], *, api_key: str | None = None,
     api.add_api_route("/chat/completions", routes.chat_completions, methods=["POST"])
     api.add_api_route("/embeddings", routes.embeddings, methods=["POST"])
     api.add_api_route("/translations", routes.translations, methods=["POST"])
+    app.state.responses = add_responses_routes(api, routes)
+    add_messages_routes(api, routes)
     app.include_router(api)
     app.include_router(playground_router(models, api_key=api_key))
+    app.include_router(operations_router(engines, metrics, lifecycle, api_key))
     return app
-
-
-def key_checker(api_key: str | None) -> Any:
-    """A dependency: with a key, the request must carry `Authorization: Bearer KEY` (compared in
-    constant time, so the time taken does not tell how much of a guess was right)."""
-    expected = None if api_key is None else api_key.encode("utf-8")
-
-    async def check(request: Request) -> None:
-        if expected is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise APIError(401, "this server needs an API key: send the header 'Authorization: Bearer KEY'",
-                           code="invalid_api_key")
-        if not hmac.compare_digest(token.strip().encode("utf-8"), expected):
-            raise APIError(401, "incorrect API key", code="invalid_api_key")
-
-    return check
-
-
-async def read_body(request: Request, limit: int) -> dict[str, Any]:
-    """The JSON object of the body, refused with 413 as soon as it passes `limit` bytes."""
-    body = await read_capped(request, limit)
-    if body is None:
-        raise APIError(413, f"the request body is over the limit of {limit} bytes; send less",
-                       code="request_too_large")
-    return parse_json(body)
 
 
 class Routes:
@@ -144,6 +179,11 @@ class Routes:
         # Each model's tool format and template (or why it has none), found on its first request
         # with tools: finding it reads the vocabulary (50k entries) and compiles a Jinja template.
         self.tool_templates: dict[str, tuple[ToolFormat, ChatTemplate] | str] = {}
+        self.thinking = {name: thinking_format(templates[name], m.lm.tokenizer)  # None: it does not think
+                         for name, m in models.items() if m.task == "lm"}
+
+    async def body(self, request: Request) -> dict[str, Any]:
+        return await read_json(request, self.max_body_bytes)
 
     # --- models ---------------------------------------------------------------------------
     def _model_card(self, m: ServedModel) -> dict[str, Any]:
@@ -170,7 +210,7 @@ class Routes:
 
     # --- completions ----------------------------------------------------------------------
     async def completions(self, request: Request) -> Any:
-        req = parse_completion(await read_body(request, self.max_body_bytes))
+        req = parse_completion(await read_json(request, self.max_body_bytes))
         served = self._model(req.model, "lm")
         run = served.lm
         prompts = []
@@ -195,32 +235,70 @@ class Routes:
         return await self._generate(request, served, req, plans, stop_ids, "text", grammar)
 
     async def chat_completions(self, request: Request) -> Any:
-        req = parse_chat(await read_body(request, self.max_body_bytes))
+        req = parse_chat(await read_json(request, self.max_body_bytes))
+        plan = await self.prepare_chat(req)
+        return await self._generate(request, plan.served, req, [(plan.ids, plan.max_tokens, plan.decode)],
+                                    plan.stop_ids, "chat", plan.grammar, plan.parser, plan.thinking)
+
+    async def prepare_chat(self, req: ChatRequest) -> ChatPlan:
+        """A chat request's prompt, limits, grammar, tool parser and thinking (every chat-like route)."""
+        served, template, fmt, text, ids = self.render_chat(req)
+        run = served.lm
+        stop_ids = frozenset(stop_ids_for(run.tokenizer, run.tokens.eos_ids, template))
+        if not stop_ids:
+            raise APIError(400, f"{served.id!r} lists no end token, so a reply would never end", "model")
+        max_tokens = self._max_tokens(served, len(ids), req)
+        grammar = await self.structured[served.id].chat_grammar(req, fmt)
+        forced = fmt is not None and req.tool_choice != "auto"
+        parser = None if fmt is None else (lambda: fmt.parser(req.tools, req.parallel_tool_calls, forced))
+        plan = ChatPlan(served, ids, max_tokens, stop_ids, chat_decoder(run.tokenizer), grammar, parser)
+        if self._thinks(served, req, fmt):
+            plan.thinking = ThinkingPlan(self.thinking[served.id], opens_thinking(text), req.thinking.budget,
+                                         max_tokens)
+        return plan
+
+    def render_chat(self, req: ChatRequest) -> tuple[ServedModel, ChatTemplate, ToolFormat | None, str,
+                                                    list[int]]:
+        """The served model, the template that renders the request (with its tools), its tool
+        format, the prompt and its ids."""
         served = self._model(req.model, "lm")
         template = self.templates[served.id]
         if template is None:
             raise APIError(400, f"{served.id!r} has no chat template (chat_template.jinja or a chat_template "
                            "in tokenizer_config.json), so it cannot chat; use /v1/completions", "model",
                            "no_chat_template")
-        run = served.lm
         fmt, template = self._tool_template(served, req, template)
         tools = [t.as_template_data() for t in req.tools] if fmt is not None else None
+        thinks = {"enable_thinking": self._thinks(served, req, fmt)} if self.thinking[served.id] else {}
         try:
-            text = template.render(req.messages, True, tools)
+            text = template.render(req.messages, True, tools, **thinks)
             ids = self.encoders[served.id].encode_with_special_tokens(text)
         except ValueError as err:
             raise APIError(400, str(err), "messages") from None
-        stop_ids = frozenset(stop_ids_for(run.tokenizer, run.tokens.eos_ids, template))
-        if not stop_ids:
-            raise APIError(400, f"{served.id!r} lists no end token, so a reply would never end", "model")
+        return served, template, fmt, text, ids
+
+    def _thinks(self, served: ServedModel, req: ChatRequest, fmt: ToolFormat | None) -> bool:
+        """Whether the reply thinks: a run that can, asked to, and no grammar shaping the answer."""
+        forced = fmt is not None and req.tool_choice != "auto"
+        return self.thinking[served.id] is not None and req.thinking.enabled and not forced \
+            and req.response_format is None
+
+    def _max_tokens(self, served: ServedModel, prompt_length: int, req: ChatRequest) -> int:
+        """The request's max_tokens; None: until an end token or the end of the context. With
+        `req.fit_context` (the Responses and Messages routes, whose clients ask for more tokens than a
+        small model's context), a max_tokens past the context is cut to what fits."""
+        room = max_new_tokens_for(prompt_length, served.lm.model.cfg.max_positions)
         max_tokens = req.max_tokens
-        if max_tokens is None:  # until an end token or the end of the context
-            max_tokens = max_new_tokens_for(len(ids), run.model.cfg.max_positions)
-        self._check_length(served, len(ids), max(max_tokens, 1), "messages")
-        grammar = await self.structured[served.id].chat_grammar(req, fmt)
-        parser = None if fmt is None else (lambda: fmt.parser(req.tools, req.parallel_tool_calls))
-        plans = [(ids, max_tokens, chat_decoder(run.tokenizer))]
-        return await self._generate(request, served, req, plans, stop_ids, "chat", grammar, parser)
+        if max_tokens is None or (req.fit_context and room >= 1):
+            max_tokens = room if max_tokens is None else min(max_tokens, room)
+        self._check_length(served, prompt_length, max(max_tokens, 1), "messages")
+        return max_tokens
+
+    def submit(self, request: Request, plan: ChatPlan, req: GenerationRequest) -> Submitted:
+        """One choice of a chat plan, submitted: its sequence and the queue of its events (the
+        Responses and Messages routes read them)."""
+        return self._submit(plan.served, req, [(plan.ids, plan.max_tokens, plan.decode)], plan.stop_ids,
+                            plan.grammar, plan.parser, plan.thinking)
 
     def _tool_template(self, served: ServedModel, req: ChatRequest,
                        own: ChatTemplate) -> tuple[ToolFormat | None, ChatTemplate]:
@@ -240,7 +318,7 @@ class Routes:
 
     # --- embeddings -----------------------------------------------------------------------
     async def embeddings(self, request: Request) -> dict[str, Any]:
-        req = parse_embeddings(await read_body(request, self.max_body_bytes))
+        req = parse_embeddings(await read_json(request, self.max_body_bytes))
         served = self._model(req.model, "lm")
         run = served.lm
         cfg = run.model.cfg
@@ -290,10 +368,42 @@ class Routes:
 
     async def _generate(self, request: Request, served: ServedModel, req: GenerationRequest,
                         plans: list, stop_ids: frozenset[int], schema: str, grammar: Any = None,
-                        parser: Any = None) -> Any:
-        """Submit n sequences per prompt to the model's engine; answer whole or as a stream.
-        Choice i of a prompt is seeded with seed + i, so each prompt gets what it would alone.
-        `grammar`: each choice's text follows it; `parser()`: a tool-call parser per choice."""
+                        parser: Any = None, thinking: ThinkingPlan | None = None) -> Any:
+        """Submit n sequences per prompt to the model's engine; answer whole or as a stream."""
+        seqs, queue, usage = self._submit(served, req, plans, stop_ids, grammar, parser, thinking)
+        forced = schema == "chat" and parser is not None and req.tool_choice != "auto"
+        choices = Choices(schema, len(seqs), req.sampling.top_logprobs is not None, forced)
+        head = {"id": f"{'cmpl' if schema == 'text' else 'chatcmpl'}-{uuid.uuid4().hex}",
+                "object": "text_completion" if schema == "text" else "chat.completion",
+                "created": int(time.time()), "model": served.id}
+        if req.stream:
+            return StreamingResponse(self._stream(seqs, queue, choices, head, usage, req.include_usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        watch = asyncio.create_task(watch_client(request, queue, lambda: [seq.cancel() for seq in seqs]))
+        try:
+            pending = len(seqs)
+            while pending:
+                event = await queue.get()
+                if event.kind == "gone":  # cancelled while its tokens flowed; nobody reads this answer
+                    log.info("%s: the client went away after %d generated tokens; its %d sequence(s) are "
+                             "cancelled (499)", request.url.path, usage()["completion_tokens"], len(seqs))
+                    return JSONResponse(error_body(499, "the client went away"), 499)
+                if event.kind == "error":
+                    raise APIError(event.status, event.reason, code=error_code(event.status, event.reason))
+                choices.add(event)
+                pending -= event.kind == "finish"
+        finally:
+            watch.cancel()
+            for seq in seqs:
+                seq.cancel()  # no-op for finished ones; a client gone mid-way frees its rows
+        return {**head, "choices": choices.whole(), "usage": usage()}
+
+    def _submit(self, served: ServedModel, req: GenerationRequest, plans: list, stop_ids: frozenset[int],
+                grammar: Any, parser: Any, thinking: ThinkingPlan | None) -> Submitted:
+        """n sequences per prompt, submitted to the model's engine. Choice i of a prompt is seeded
+        with seed + i, so each prompt gets what it would alone. `grammar`: each choice's text
+        follows it; `parser()`: a tool-call parser per choice; `thinking`: each choice's budget."""
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
         tokenizer = served.lm.tokenizer
 
@@ -303,46 +413,24 @@ class Routes:
         seqs = []
         for ids, max_tokens, decode in plans:
             for i in range(req.n):
-                options = SamplingOptions(req.temperature, req.top_k, req.top_p,
-                                          None if req.seed is None else req.seed + i, req.top_logprobs)
                 sink = ChoiceSink(loop, queue, len(seqs), IncrementalText(decode, req.stop), token_text,
-                                  parser() if parser is not None else None)
+                                  parser() if parser is not None else None,
+                                  thinking.splitter() if thinking is not None else None)
                 constraint = grammar.constraint(stop_ids) if grammar is not None else None
-                seqs.append(Sequence(ids, max_tokens, options, stop_ids, sink, constraint))
+                budget = (thinking.budget(stop_ids),) if thinking is not None else ()
+                seqs.append(Sequence(ids, max_tokens, req.sampling, stop_ids, sink, constraint, i, budget))
         for seq in seqs:
             self.engines[served.id].submit(seq)
-        choices = Choices(schema, len(seqs), req.top_logprobs is not None)
-        head = {"id": f"{'cmpl' if schema == 'text' else 'chatcmpl'}-{uuid.uuid4().hex}",
-                "object": "text_completion" if schema == "text" else "chat.completion",
-                "created": int(time.time()), "model": served.id}
         prompt_tokens = sum(len(ids) for ids, _, _ in plans)
 
         def usage() -> dict[str, int]:
             completion = sum(seq.generated for seq in seqs)
+            reasoning = sum(thinking.reasoning_tokens(seq.row.tokens) for seq in seqs) if thinking else 0
             return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                    "total_tokens": prompt_tokens + completion}
+                    "total_tokens": prompt_tokens + completion} | (
+                {"completion_tokens_details": {"reasoning_tokens": reasoning}} if thinking else {})
 
-        if req.stream:
-            return StreamingResponse(self._stream(seqs, queue, choices, head, usage, req.include_usage),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        try:
-            pending = len(seqs)
-            while pending:
-                try:
-                    event = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
-                except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        return JSONResponse(error_body(499, "the client went away"), 499)
-                    continue
-                if event.kind == "error":
-                    raise APIError(event.status, event.reason, code=error_code(event.status, event.reason))
-                choices.add(event)
-                pending -= event.kind == "finish"
-        finally:
-            for seq in seqs:
-                seq.cancel()  # no-op for finished ones; a client gone mid-way frees its rows
-        return {**head, "choices": choices.whole(), "usage": usage()}
+        return Submitted(seqs, queue, usage)
 
     async def _stream(self, seqs: list[Sequence], queue: asyncio.Queue, choices: Choices, head: dict,
                       usage: Any, include_usage: bool) -> AsyncIterator[str]:
@@ -376,7 +464,7 @@ class Routes:
 
     # --- translations ---------------------------------------------------------------------
     async def translations(self, request: Request) -> dict[str, Any]:
-        req = parse_translation(await read_body(request, self.max_body_bytes))
+        req = parse_translation(await read_json(request, self.max_body_bytes))
         served = self._model(req.model, "translation")
         translator = served.translator
 
@@ -392,13 +480,6 @@ class Routes:
                 "beam_size": req.beam_size or translator.job.decode.beam,
                 "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                           "total_tokens": prompt + completion}}
-
-
-def error_code(status: int, message: str) -> str:
-    """The code of an error that ended a sequence (serve/engine.py: TokenSink.fail)."""
-    if status >= 500:
-        return "generation_failed"
-    return "schema_over_limits" if message.startswith(OVER_LIMITS) else "schema_unreachable"
 
 
 __all__ = ["MAX_BODY_BYTES", "create_app"]

@@ -31,10 +31,12 @@ from typing import Protocol
 
 import torch
 
-from handformer.generation.engine import Choice, Engine, Row, SamplingOptions
+from handformer.generation.engine import Choice, Engine, LogitProcessor, Row
 from handformer.generation.grammar import Constraint
 from handformer.generation.prefix_cache import PrefixCache
+from handformer.generation.sampling import SamplingOptions
 from handformer.models.causal_lm import CausalLM
+from handformer.serve.metrics import ModelMetrics
 from handformer.training.cpu_memory import give_back_freed_memory
 
 log = logging.getLogger("handformer.serve")
@@ -66,11 +68,15 @@ class Sequence:
     stop_ids: frozenset[int]  # tokens that end the sequence (kept out of the text by the sink)
     sink: TokenSink
     constraint: Constraint | None = None  # the grammar its text must follow
+    choice: int = 0  # choice i of a request samples with the options' seed + i
+    processors: tuple[LogitProcessor, ...] = ()  # others (a thinking budget: serve/thinking.py)
     row: Row = field(init=False, repr=False)
+    last_at: float = field(default=0.0, init=False, repr=False)  # when it was submitted, then its last token
 
     def __post_init__(self) -> None:
-        processors = (self.constraint,) if self.constraint is not None else ()
-        self.row = Row(self.prompt, self.max_tokens, self.options, self.stop_ids, processors=processors)
+        processors = ((self.constraint,) if self.constraint is not None else ()) + self.processors
+        self.row = Row(self.prompt, self.max_tokens, self.options, self.stop_ids, self.choice,
+                       processors=processors)
 
     @property
     def generated(self) -> int:
@@ -94,10 +100,11 @@ class BatchEngine:
     """The decoding thread of one model. `submit` from any thread; `start` / `stop` once."""
 
     def __init__(self, model: CausalLM, lock: threading.Lock, max_batch: int = 32,
-                 prefix_cache_mb: float = 0) -> None:
+                 prefix_cache_mb: float = 0, metrics: ModelMetrics | None = None) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model, self.lock, self.max_batch = model, lock, max_batch
+        self.metrics = metrics if metrics is not None else ModelMetrics()  # /metrics reads it
         self.prefix_cache = (PrefixCache(int(prefix_cache_mb * 2**20), model.cfg.sliding_window)
                              if prefix_cache_mb > 0 else None)
         self.engine = self._new_engine()
@@ -113,6 +120,21 @@ class BatchEngine:
     def rows(self) -> list[Sequence]:
         """The sequences in the batch, in the order of its rows."""
         return [self.sequences[id(row)] for row in self.engine.rows if id(row) in self.sequences]
+
+    @property
+    def running(self) -> int:
+        """Sequences in the batch (read from any thread: a snapshot)."""
+        return sum(not row.done for row in list(self.engine.rows))
+
+    @property
+    def queued(self) -> int:
+        """Sequences submitted and not yet in the batch (a snapshot)."""
+        return len(self.waiting) + self.inbox.qsize()
+
+    @property
+    def alive(self) -> bool:
+        """The decoding thread runs and takes new sequences."""
+        return self._thread.is_alive() and not self._closing
 
     @property
     def steps(self) -> int:
@@ -132,8 +154,9 @@ class BatchEngine:
 
     def submit(self, seq: Sequence) -> None:
         if self._closing:
-            seq.sink.fail("the server is shutting down")
+            seq.sink.fail("the server is shutting down", 503)
             return
+        seq.last_at = time.monotonic()
         self.inbox.put(seq)
 
     # --- the thread ---------------------------------------------------------------------
@@ -160,7 +183,8 @@ class BatchEngine:
                     message = f"generation failed: {type(err).__name__}: {err}"
                     self._fail(list(self.sequences.values()), message)
                     self.engine, self.sequences = self._new_engine(), {}
-        self._fail([*self.sequences.values(), *self.waiting, *self._drain()], "the server is shutting down")
+        left = [*self.sequences.values(), *self.waiting, *self._drain()]
+        self._fail(left, "the server is shutting down", 503)
 
     def _give_back(self, idle: bool) -> None:
         """Freed memory back to the kernel when there is nothing to decode, and every
@@ -176,11 +200,11 @@ class BatchEngine:
         return Engine(self.model, compact=True, prefix_cache=self.prefix_cache)
 
     @staticmethod
-    def _fail(seqs: list[Sequence], message: str) -> None:
+    def _fail(seqs: list[Sequence], message: str, status: int = 500) -> None:
         for seq in seqs:
             if not seq.done:
                 seq.row.finish("failed")
-                seq.sink.fail(message)
+                seq.sink.fail(message, status)
 
     def _drain(self) -> list[Sequence]:
         out = []
@@ -228,12 +252,16 @@ class BatchEngine:
         with self.lock:
             choices = self.engine.add([seq.row for seq in seqs])
         self.sequences.update({id(seq.row): seq for seq in seqs})
+        self.metrics.admitted(sum(len(seq.prompt) for seq in seqs if seq.choice == 0))
         self._deliver(choices)
 
     def _deliver(self, choices: list[Choice]) -> None:
         """Each choice to its sequence's sink; a sink that reaches a stop string ends the row."""
+        now = time.monotonic()
         for choice in choices:
             seq = self.sequences[id(choice.row)]
+            self.metrics.token(len(seq.row.tokens) == 1, now - seq.last_at)
+            seq.last_at = now
             constraint = seq.constraint
             if constraint is not None and constraint.error is not None:  # this token is not the text's
                 seq.row.finish("failed")

@@ -3,7 +3,8 @@
 Every field is checked by hand so that each error names the field (`param`) and says what to send
 instead, as OpenAI's do. Options the server cannot honour are refused rather than ignored when
 they would change the answer (a non-zero penalty, logit_bias, echo); options that change nothing
-here (`user`, a zero penalty, `stream_options` without streaming...) are accepted. A schema's
+here (`user`, a zero penalty, `stream_options` without streaming, and the official SDKs' `store`,
+`metadata`, `include`, `truncation` and `service_tier`: door.SDK_FIELDS) are accepted. A schema's
 own checks (JSON pointers, unsupported keywords) are generation/json_schema.py's, made when the
 route compiles it; request_schemas.py writes every body out as a JSON schema.
 """
@@ -11,13 +12,15 @@ route compiles it; request_schemas.py writes every body out as a JSON schema.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from handformer.generation.sampling import SamplingOptions
 from handformer.generation.tool_calls import Tool
-from handformer.serve.errors import APIError
+from handformer.serve.door import SDK_FIELDS, APIError, Fields, read_sampling
+from handformer.serve.door import show as _show
+from handformer.serve.thinking import EFFORTS, Thinking, effort_thinking
 
 MAX_N = 64  # choices per prompt
 MAX_STOP = 16  # stop strings
@@ -44,15 +47,13 @@ class GenerationRequest:
 
     model: str
     max_tokens: int | None = None  # None: the endpoint's default
-    temperature: float = 1.0
-    top_p: float | None = None
-    top_k: int | None = None  # an extension (vLLM's name)
+    # temperature, top_p, top_k (an extension, vLLM's name), seed and top_logprobs (None: no
+    # logprobs) as the engine takes them; choice i of n samples with seed + i
+    sampling: SamplingOptions = SamplingOptions()
     n: int = 1
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
     stop: list[str] = field(default_factory=list)
-    seed: int | None = None
-    top_logprobs: int | None = None  # None: no logprobs
     response_format: ResponseFormat | None = None  # None: free text
 
 
@@ -67,6 +68,8 @@ class ChatRequest(GenerationRequest):
     tools: list[Tool] = field(default_factory=list)
     tool_choice: str = "auto"  # "auto", "none", "required", or the name of the function to call
     parallel_tool_calls: bool = True
+    thinking: Thinking = field(default_factory=Thinking)  # reasoning_effort (serve/thinking.py)
+    fit_context: bool = False  # max_tokens past the context is cut to it (Responses and Messages)
 
 
 @dataclass
@@ -85,103 +88,14 @@ class TranslationRequest:
     beam_size: int | None = None  # None: the run's own (its config's decode.beam)
 
 
-def parse_json(body: bytes) -> dict[str, Any]:
-    """The body as a JSON object; NaN and Infinity are refused (they are not JSON)."""
-    def no_constants(name: str) -> Any:
-        raise ValueError(f"{name} is not a JSON number")
-
-    try:
-        data = json.loads(body.decode("utf-8"), parse_constant=no_constants)
-    except UnicodeDecodeError:
-        raise APIError(400, "the request body is not UTF-8 text; send JSON", code="invalid_json") from None
-    except ValueError as err:
-        raise APIError(400, f"the request body is not valid JSON: {err}", code="invalid_json") from None
-    except RecursionError:
-        raise APIError(400, "the request body nests JSON too deeply; send flatter JSON",
-                       code="invalid_json") from None
-    if not isinstance(data, dict):
-        raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}",
-                       code="invalid_json")
-    try:  # "\ud800" escapes parse to a lone surrogate, which is no text a tokenizer can read
-        json.dumps(data, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise APIError(400, "the request body holds a lone UTF-16 surrogate escape (such as \\ud800), "
-                       "which is not a character; send valid Unicode", code="invalid_json") from None
-    return data
-
-
-def _show(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-class Fields:
-    """Typed reads of a request body's fields; each error names the field."""
-
-    def __init__(self, body: dict[str, Any], known: set[str]) -> None:
-        unknown = sorted(set(body) - known)
-        if unknown:
-            raise APIError(400, f"unrecognized request argument(s): {', '.join(unknown)}; this endpoint "
-                           f"takes {', '.join(sorted(known))}", unknown[0])
-        self.body = body
-
-    def fail(self, name: str, wanted: str) -> APIError:
-        return APIError(400, f"{name} must be {wanted}, got {_show(self.body.get(name))}", name)
-
-    def string(self, name: str, required: bool = False) -> str | None:
-        value = self.body.get(name)
-        if value is None and not required:
-            return None
-        if not isinstance(value, str) or not value:
-            raise self.fail(name, "a non-empty string")
-        return value
-
-    def boolean(self, name: str, default: bool = False) -> bool:
-        value = self.body.get(name)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.fail(name, "true or false")
-        return value
-
-    def integer(self, name: str, low: int, high: int | None = None, default: int | None = None) -> int | None:
-        value = self.body.get(name)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None
-                                                                                    and value > high):
-            bound = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
-            raise self.fail(name, bound)
-        return value
-
-    def number(self, name: str, default: float, ok: Any, wanted: str) -> float:
-        value = self.body.get(name)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or not ok(value):
-            raise self.fail(name, wanted)
-        return float(value)
-
-    def unsupported(self, name: str, harmless: Any) -> None:
-        """Accept `name` only when it changes nothing (`harmless(value)`)."""
-        value = self.body.get(name)
-        if value is not None and not harmless(value):
-            raise APIError(400, f"{name}={_show(value)} is not supported by this server; leave it out",
-                           name)
-
-
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream", "stream_options", "stop",
           "seed", "user", "presence_penalty", "frequency_penalty", "logit_bias", "response_format"}
 
 
-def _common(f: Fields, request: GenerationRequest) -> None:
+def _common(f: Fields, request: GenerationRequest, top_logprobs: int | None) -> None:
     request.model = f.string("model", required=True)
     request.max_tokens = f.integer("max_tokens", 1)
-    request.temperature = f.number("temperature", 1.0, lambda v: v >= 0, "a number >= 0 (0 = greedy)")
-    top_p = f.number("top_p", 1.0, lambda v: 0 < v <= 1, "a number in (0, 1]")
-    request.top_p = None if top_p == 1 else top_p
-    request.top_k = f.integer("top_k", 1)
+    request.sampling = read_sampling(f, top_logprobs=top_logprobs, seed_below=2 ** 63 - MAX_N)
     request.n = f.integer("n", 1, MAX_N, default=1)
     request.stream = f.boolean("stream")
     options = f.body.get("stream_options")
@@ -191,9 +105,6 @@ def _common(f: Fields, request: GenerationRequest) -> None:
             raise f.fail("stream_options", 'an object like {"include_usage": true}')
         request.include_usage = request.stream and options.get("include_usage", False)
     request.stop = _stop(f)
-    request.seed = f.integer("seed", -(2 ** 63))
-    if request.seed is not None and request.seed >= 2 ** 63 - MAX_N:
-        raise f.fail("seed", f"an integer below {2 ** 63 - MAX_N}")
     f.string("user")
     for name in ("presence_penalty", "frequency_penalty"):
         f.number(name, 0.0, lambda v: True, "a number")
@@ -248,11 +159,10 @@ def _stop(f: Fields) -> list[str]:
 
 
 def parse_completion(body: dict[str, Any]) -> CompletionRequest:
-    f = Fields(body, COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"})
+    f = Fields(body, COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}, ignored=SDK_FIELDS)
     request = CompletionRequest(model="")
-    _common(f, request)
+    _common(f, request, f.integer("logprobs", 0, MAX_TOP_LOGPROBS))
     request.prompts = _prompts(f)
-    request.top_logprobs = f.integer("logprobs", 0, MAX_TOP_LOGPROBS)
     f.unsupported("echo", lambda v: v is False)
     f.unsupported("suffix", lambda v: v == "")
     f.unsupported("best_of", lambda v: v == request.n)
@@ -284,19 +194,24 @@ def _prompts(f: Fields) -> list[str | list[int]]:
 
 def parse_chat(body: dict[str, Any]) -> ChatRequest:
     f = Fields(body, COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens",
-                               "response_format", "tools", "tool_choice", "parallel_tool_calls"})
-    request = ChatRequest(model="")
-    _common(f, request)
-    request.max_tokens = f.integer("max_completion_tokens", 1, default=request.max_tokens)
-    request.messages = _messages(f)
+                               "response_format", "tools", "tool_choice", "parallel_tool_calls",
+                               "reasoning_effort"},
+               ignored=SDK_FIELDS)
     logprobs = f.boolean("logprobs")
     top = f.integer("top_logprobs", 0, MAX_TOP_LOGPROBS)
     if top is not None and not logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-    request.top_logprobs = (top or 0) if logprobs else None
+    request = ChatRequest(model="")
+    _common(f, request, (top or 0) if logprobs else None)
+    request.max_tokens = f.integer("max_completion_tokens", 1, default=request.max_tokens)
+    request.messages = _messages(f)
     request.tools = _tools(f)
     request.tool_choice = _tool_choice(f, request.tools)
     request.parallel_tool_calls = f.boolean("parallel_tool_calls", default=True)
+    effort = f.body.get("reasoning_effort")
+    if effort is not None and effort not in EFFORTS:
+        raise f.fail("reasoning_effort", " or ".join(f'"{e}"' for e in EFFORTS))
+    request.thinking = effort_thinking(effort)
     return request
 
 
@@ -362,10 +277,14 @@ def _tool_choice(f: Fields, tools: list[Tool]) -> str:
     return choice
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool")  # developer: OpenAI's newer name for system
+
+
 def _messages(f: Fields) -> list[dict[str, Any]]:
-    """Each message as the chat template sees it: role and content (text parts joined), plus an
-    assistant's tool_calls (their arguments parsed into objects, as templates take them) and a
-    tool message's tool_call_id and name."""
+    """Each message as the chat template sees it: role (`developer` becomes `system`, as OpenAI
+    maps it) and content (text parts joined), plus an assistant's tool_calls (their arguments
+    parsed into objects, as templates take them) and a tool message's tool_call_id and name. Only
+    an assistant message with tool calls may leave its content out."""
     value = f.body.get("messages")
     if not isinstance(value, list) or not value:
         raise APIError(400, 'messages must be a non-empty list of {"role": ..., "content": ...} objects, got '
@@ -373,30 +292,42 @@ def _messages(f: Fields) -> list[dict[str, Any]]:
     out = []
     for i, message in enumerate(value):
         where = f"messages[{i}]"
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or not message["role"]:
-            raise APIError(400, f'{where} must be an object with a "role" string, got {_show(message)}',
-                           where)
-        content = message.get("content")
-        if isinstance(content, list):  # content parts: only text can be shown to this model
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise APIError(400, f'{where}.content parts must all be {{"type": "text", "text": ...}}; '
-                               "this model reads text only", f"{where}.content")
-            content = "".join(p["text"] for p in content)
-        elif content is not None and not isinstance(content, str):
-            raise APIError(400, f"{where}.content must be a string, got {_show(content)}", f"{where}.content")
+        if not isinstance(message, dict):
+            raise APIError(400, f'{where} must be an object {{"role": ..., "content": ...}}, got '
+                           f"{_show(message)}", where)
+        if message.get("role") not in ROLES:
+            raise APIError(400, f"{where}.role must be one of {', '.join(ROLES)}, got "
+                           f"{_show(message.get('role'))}", f"{where}.role")
+        content = _content(message.get("content"), f"{where}.content")
         extra = {k: v for k, v in message.items() if k not in ("role", "content", "tool_calls")}
         if not all(isinstance(v, (str, type(None))) for v in extra.values()):
             raise APIError(400, f"{where} may hold only text fields besides role, content and tool_calls, "
                            f"got {_show(message)}", where)
-        parsed = {**extra, "role": message["role"], "content": content if content is not None else ""}
+        parsed = {**extra, "role": "system" if message["role"] == "developer" else message["role"],
+                  "content": content if content is not None else ""}
         if message.get("tool_calls") is not None:
-            if message["role"] != "assistant":
+            if parsed["role"] != "assistant":
                 raise APIError(400, f"{where}.tool_calls: only an assistant message holds tool calls",
                                f"{where}.tool_calls")
             parsed["tool_calls"] = _tool_calls(message["tool_calls"], f"{where}.tool_calls")
+        elif content is None:
+            raise APIError(400, f"{where}.content is required: a {message['role']} message needs its text "
+                           "(only an assistant message with tool_calls may leave it out)", f"{where}.content")
         out.append(parsed)
     return out
+
+
+def _content(content: Any, where: str) -> str | None:
+    """A message's text: a string, or text content parts joined; None when it is missing."""
+    if isinstance(content, list):  # content parts: only text can be shown to this model
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                   for p in content):
+            raise APIError(400, f'{where} parts must all be {{"type": "text", "text": ...}}; '
+                           "this model reads text only", where)
+        return "".join(p["text"] for p in content)
+    if content is not None and not isinstance(content, str):
+        raise APIError(400, f"{where} must be a string, got {_show(content)}", where)
+    return content
 
 
 def _tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
@@ -426,7 +357,8 @@ def _tool_calls(value: Any, where: str) -> list[dict[str, Any]]:
 
 
 def parse_embeddings(body: dict[str, Any]) -> EmbeddingRequest:
-    f = Fields(body, {"model", "input", "encoding_format", "dimensions", "user", "pooling"})
+    f = Fields(body, {"model", "input", "encoding_format", "dimensions", "user", "pooling"},
+               ignored=SDK_FIELDS)
     model = f.string("model", required=True)
     value = f.body.get("input")
     wanted = "a non-empty string, a list of them, a list of token ids or a list of lists of token ids"
@@ -472,5 +404,4 @@ def parse_translation(body: dict[str, Any]) -> TranslationRequest:
 
 
 __all__ = ["ChatRequest", "CompletionRequest", "EmbeddingRequest", "GenerationRequest", "ResponseFormat",
-           "TranslationRequest", "parse_chat", "parse_embeddings",
-           "parse_completion", "parse_json", "parse_translation"]
+           "TranslationRequest", "parse_chat", "parse_completion", "parse_embeddings", "parse_translation"]

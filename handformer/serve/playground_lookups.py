@@ -19,6 +19,7 @@ Shape legend: T positions so far, V vocabulary, L layers, H heads, S source leng
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,9 +28,9 @@ import torch
 from torch import Tensor
 
 from handformer.generation.chat_template import ChatTemplate
-from handformer.generation.engine import Engine, Row, SamplingOptions
+from handformer.generation.engine import Engine, Row, sampled_distribution
 from handformer.generation.generate import max_new_tokens_for
-from handformer.generation.sampling import check_sampling_options, filter_logits
+from handformer.generation.sampling import SamplingOptions
 from handformer.modes import eval_mode
 from handformer.see.explorer import explorer_html
 from handformer.see.viz import AttentionReport, AttentionView, translation_views
@@ -83,12 +84,11 @@ def distribution(logits: Tensor, tokenizer: Any) -> dict[str, Any]:
             "tail": groups}
 
 
-def sampled_probability(logits: Tensor, token: int, temperature: float, top_k: int | None,
-                        top_p: float | None) -> float:
+def sampled_probability(logits: Tensor, token: int, sampling: SamplingOptions) -> float:
     """The probability `token` had in the distribution it was drawn from (1 when greedy)."""
-    if temperature == 0:
+    if sampling.temperature == 0:
         return 1.0
-    return float(torch.softmax(filter_logits(logits.float(), temperature, top_k, top_p), dim=-1)[token])
+    return math.exp(float(sampled_distribution(logits, sampling)[token]))
 
 
 def _json_floats(values: Tensor) -> list[float | None]:
@@ -112,25 +112,20 @@ class Generation:
     run: LMRun
     ids: list[int]  # the prompt's ids
     max_new_tokens: int
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int = 0
+    sampling: SamplingOptions = SamplingOptions(seed=0)
     stop_tokens: Sequence[int] | None = None  # ids that end it (None: the run's EOS ids)
     new: list[int] = field(default_factory=list)
     done: bool = False
     finish_reason: str = ""
 
     def __post_init__(self) -> None:
-        check_sampling_options(self.temperature, self.top_k, self.top_p)
         limit = max_new_tokens_for(len(self.ids), self.run.model.cfg.max_positions)
         if not 1 <= self.max_new_tokens <= limit:
             raise ValueError(f"max_tokens must be between 1 and {limit} for this prompt of {len(self.ids)} "
                              f"tokens (the model's context is {self.run.model.cfg.max_positions}), "
                              f"got {self.max_new_tokens}")
         stop = self.run.tokens.eos_ids if self.stop_tokens is None else self.stop_tokens
-        options = SamplingOptions(self.temperature, self.top_k, self.top_p, self.seed)
-        self.row = Row(list(self.ids), self.max_new_tokens, options, frozenset(stop), keep_logits=True)
+        self.row = Row(list(self.ids), self.max_new_tokens, self.sampling, frozenset(stop), keep_logits=True)
         self.engine = Engine(self.run.model)
 
     @torch.inference_mode()

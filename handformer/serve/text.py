@@ -43,12 +43,14 @@ class IncrementalText:
         self.text = ""  # the text so far (cut before a stop string once one is found)
         self.sent = 0  # characters of `text` already handed out
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def push(self, token_id: int) -> tuple[str, bool]:
         self.ids.append(token_id)
         text = self.decode(self.ids)
-        cut = min((i for i in (text.find(s, self.sent) for s in self.stop) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self.stop if (i := text.find(s, self.sent)) >= 0]
+        if found:
+            cut, self.matched = min(found)
             self.text, self.stopped = text[:cut], True
             return self._take(cut), True
         self.text = text

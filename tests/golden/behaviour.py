@@ -215,11 +215,11 @@ def _callers() -> dict[str, Any]:
     end = tok.hf.token_to_id("<|im_end|>")
     result: dict[str, Any] = {}
     chat = ChatSession(model, tok, ChatTemplate(CHATML, {"eos_token": "<|im_end|>"}), [end],
-                       temperature=0.9, top_k=12, seed=5, max_new_tokens=12)
+                       sampling=SamplingOptions(temperature=0.9, top_k=12, seed=5), max_new_tokens=12)
     result["chat"] = [chat.send(text) for text in ("Hello", "who are you?", "I am a fox")]
     result["chat_processed"] = chat.processed
     run = LMRun(model, tok, SpecialTokens(eos_ids=[end]), {})
-    gen = Generation(run, tok.encode("the lazy dog"), 16, temperature=0.8, top_p=0.9, seed=11)
+    gen = Generation(run, tok.encode("the lazy dog"), 16, SamplingOptions(temperature=0.8, top_p=0.9, seed=11))
     shown = []
     while not gen.done:
         token, logits = gen.step()
@@ -239,7 +239,7 @@ def _callers() -> dict[str, Any]:
             self.reason = reason
             self.ended.set()
 
-        def fail(self, message: str) -> None:
+        def fail(self, message: str, status: int = 500) -> None:
             self.reason = "failed: " + message
             self.ended.set()
 

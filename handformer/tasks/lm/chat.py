@@ -17,6 +17,7 @@ import torch
 
 from handformer.generation.chat import ChatSession, check_chat_options, stop_ids_for
 from handformer.generation.chat_template import load_chat_template
+from handformer.generation.sampling import SamplingOptions
 from handformer.tasks.lm.run import LMRun, load_lm
 from handformer.tasks.run_config import RunDir
 
@@ -28,7 +29,9 @@ def chat(run: str | os.PathLike | LMRun, *, system: str | None = None, temperatu
          ) -> ChatSession:
     """A `ChatSession` with the run in `run` (a run directory, or an `LMRun` already loaded from
     `run_dir`). Refuses a run without a chat template: base models have none. max_new_tokens
-    None: 256, or half the context when that is shorter."""
+    None: 256, or half the context when that is shorter. temperature, top_k, top_p and seed make
+    the session's one SamplingOptions (checked here, before any model is loaded)."""
+    sampling = SamplingOptions(temperature, top_k, top_p, seed)
     if isinstance(run, LMRun):
         if run_dir is None:
             raise ValueError("chat(run: LMRun) needs run_dir=, the directory it was loaded from")
@@ -40,7 +43,7 @@ def chat(run: str | os.PathLike | LMRun, *, system: str | None = None, temperatu
         raise ValueError(f"{run_dir} has no chat template (chat_template.jinja, or a chat_template in "
                          "tokenizer_config.json), so it cannot chat: use an instruction-tuned checkpoint "
                          "imported with `handformer import-hf`, or `handformer generate` to continue text")
-    check_chat_options(template, system, temperature, top_k, top_p, max_new_tokens)
+    check_chat_options(template, system, max_new_tokens)
     if not isinstance(run, LMRun):
         run = load_lm(run_dir, device, decoding=True)  # our own copy: prepared for speed
     stop_ids = stop_ids_for(run.tokenizer, run.tokens.eos_ids, template)
@@ -49,8 +52,8 @@ def chat(run: str | os.PathLike | LMRun, *, system: str | None = None, temperatu
                          "end-of-turn token, so a reply would never end")
     if max_new_tokens is None:
         max_new_tokens = min(256, run.model.cfg.max_positions // 2)
-    return ChatSession(run.model, run.tokenizer, template, stop_ids, system=system, temperature=temperature,
-                       top_k=top_k, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens, notify=notify)
+    return ChatSession(run.model, run.tokenizer, template, stop_ids, system=system, sampling=sampling,
+                       max_new_tokens=max_new_tokens, notify=notify)
 
 
 __all__ = ["chat"]

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from handformer.generation.engine import Engine, Row, SamplingOptions
+from handformer.generation.engine import Engine, Row
 from handformer.io import atomic_write_text
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
@@ -197,8 +197,7 @@ class Sampler:
     def sample(self, prompts: list[Prompt], seed: int) -> Rollout:
         """G completions for each prompt through the engine, in one batch, and their rewards."""
         cfg, post, model = self.cfg, self.post, self.model
-        options = SamplingOptions(cfg.temperature, cfg.top_k or None, cfg.top_p if cfg.top_p < 1 else None,
-                                  seed=seed)
+        options = cfg.sampling(seed)
         row_prompts = [post.renderer.prompt(p.prompt) for p in prompts for _ in range(cfg.group_size)]
         rows = [Row(ids, min(cfg.max_new_tokens, self.max_positions - len(ids) + 1), options,
                     frozenset(post.stop_ids), choice=i) for i, ids in enumerate(row_prompts)]

@@ -20,6 +20,7 @@ from typing import Any
 
 from handformer.adapters.lora import LoRAConfig
 from handformer.config import CausalLMConfig, dataclass_from_dict
+from handformer.generation.sampling import SamplingOptions
 from handformer.settings import is_int
 from handformer.tasks.lm.finetune import BaseRun, check_lora_targets, model_config_from_base, read_base_run
 from handformer.tasks.lm.job import LM_TRAIN_DEFAULTS
@@ -151,6 +152,11 @@ class GRPOConfig:
     @property
     def clip_high(self) -> float:
         return self.epsilon_high or self.epsilon
+
+    def sampling(self, seed: int) -> SamplingOptions:
+        """How the completions are sampled: one value for the engine (top_k 0 and top_p 1 are off)."""
+        top_p = self.top_p if self.top_p < 1 else None
+        return SamplingOptions(self.temperature, self.top_k or None, top_p, seed)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GRPOConfig:
