@@ -50,8 +50,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this "
                    "machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--api-key", default=None, help=f"require 'Authorization: Bearer KEY' on every API "
-                   f"route (default: ${API_KEY_ENV} if set)")
+    p.add_argument("--api-key", default=None, help=f"require the key ('Authorization: Bearer KEY' or "
+                   f"'x-api-key: KEY') on every route but / and /health (default: ${API_KEY_ENV} if set)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN call the API (repeatable; default: none)")
     p.add_argument("--max-batch", type=positive_int, default=32,
