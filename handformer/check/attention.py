@@ -87,8 +87,10 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     there is no mask: d2l's `valid_lens` has no default), and the rotary table or positions a
     Llama-style forward(x, freqs_cis, mask) or forward(x, start_pos, ...) asks for."""
     params = forward_parameters(fn)
-    extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos"}
-    inputs = [p for p in params if not is_mask_name(p.name) and p.name not in extra]
+    extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings"}
+    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra),
+                       len(params))
+    inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
     masks = [p for p in params if is_mask_name(p.name)]
     named = {p.name for p in params} & extra
     n = 3 if len(inputs) >= 3 else len(inputs)
@@ -101,6 +103,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
             if name == "freqs_cis":
                 angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
                 kwargs[name] = torch.polar(torch.ones_like(angles), angles)
+            elif name == "position_embeddings":
+                kwargs[name] = tuple(t.to(xq.dtype) for t in cos_sin(T, head_dim))
             elif name == "start_pos":
                 kwargs[name] = 0
             else:
@@ -108,6 +112,14 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         return fn(*args, **kwargs)
 
     return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named)
+
+
+def cos_sin(T: int, head_dim: int) -> tuple[Tensor, Tensor]:
+    """Hugging Face's (and minimind's) position_embeddings: (cos, sin), each (T, Dh), the angles
+    repeated over the two halves."""
+    angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (T, Dh)
+    return angles.cos(), angles.sin()
 
 
 def run_mask(keep: Tensor | None, conv: str, batch: int) -> Tensor | None:
@@ -457,7 +469,11 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
         setup = Setup(module, slots, c, conv, causal_inside, n_kv_heads, rope)
         guarded(res, lambda: _compare_mha(res, ctx, comp, setup))
         guarded(res, lambda: _properties(res, ctx, comp, setup))
-    guarded(res, lambda: _tutorial_shapes(res, ctx, comp, c, sizes))
+    def shapes() -> None:
+        with ctx.hyperparameters(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
+            _tutorial_shapes(res, ctx, comp, c, sizes)
+
+    guarded(res, shapes)
     return finish(res)
 
 
@@ -555,8 +571,14 @@ def _grads(out: Tensor, ref: Tensor, xq: Tensor, rows: Tensor | None, s: Setup, 
     B, T = xq.shape[:2]
     g = fp.randn(*out.shape, seed=99)
     sel = rows.reshape(B, T, 1) if rows is not None else 1.0
-    params = [xq] + [sl.leaf.weight for sl in s.slots]
-    mine = torch.autograd.grad((out * g * sel).sum(), params, allow_unused=True)
+    params = [xq] + [p for sl in s.slots for p in (sl.leaf.parts or [sl.leaf.weight])]
+    flat = torch.autograd.grad((out * g * sel).sum(), params, allow_unused=True)
+    mine, i = [flat[0]], 1
+    for sl in s.slots:  # heads kept as single-head modules: their gradients stacked as their weights are
+        n = len(sl.leaf.parts or [sl.leaf.weight])
+        grads = flat[i:i + n]
+        i += n
+        mine.append(grads[0] if n == 1 else None if any(x is None for x in grads) else torch.cat(grads))
     hf_params = [attention_parameters(hf)[sl.role.split(" ")[-1]].weight for sl in s.slots]
     theirs = torch.autograd.grad((ref * g * sel).sum(), [xq] + hf_params, allow_unused=True)
     if s.rope == "interleaved":

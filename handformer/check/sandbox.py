@@ -33,26 +33,37 @@ STARTUP_LIMIT = 120.0  # seconds for the child to import torch and handformer on
 
 def check_in_child(path: str, overrides: dict[str, str] | None = None, only: list[str] | None = None,
                    convention: str | None = None, time_limit: float = TIME_LIMIT,
-                   memory_limit: int = MEMORY_LIMIT) -> FileResult:
-    """Check the learner's file in child processes; never hangs, never raises for their code."""
+                   memory_limit: int = MEMORY_LIMIT, adapters: str | None = None) -> FileResult:
+    """Check the learner's file in child processes; never hangs, never raises for their code. A file
+    whose top level outlives the time limit (a training loop at module level) has its definitions
+    checked without it."""
     path = str(Path(path).resolve())
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    result, skip = FileResult(path), []
+    if adapters is not None and not Path(adapters).is_file():
+        raise FileNotFoundError(f"--adapters {adapters}: no such file")
+    result, skip, definitions_only = FileResult(path), [], False
     while True:
         lines, phase, stack, reason = _run_child(
             {"path": path, "overrides": overrides or {}, "only": only or [], "convention": convention,
-             "memory_limit": memory_limit, "time_limit": time_limit, "skip": skip}, time_limit)
+             "memory_limit": memory_limit, "time_limit": time_limit, "skip": skip,
+             "adapters": str(Path(adapters).resolve()) if adapters else None,
+             "definitions_only": definitions_only}, time_limit)
         for line in lines:
             if "component" in line:
                 result.components.append(ComponentResult.from_dict(line["component"]))
                 skip.append(line["component"]["name"])
             elif "file_error" in line:
                 result.error = LearnerError(**line["file_error"])
+            elif "skipped" in line:
+                result.skipped = line["skipped"]
         if any("done" in line for line in lines):
             return result
         step, kind = phase if phase else (None, "")
         error = _stopped(reason, step, stack, path, time_limit, memory_limit, kind)
+        if step == "import" and reason == "timeout" and not definitions_only:
+            definitions_only = True  # their top level runs too long: the definitions without it
+            continue
         if step in (None, "ready", "import"):
             result.error = error
             return result
@@ -171,8 +182,12 @@ def _child(request: dict[str, Any]) -> None:
 
     Path(request["progress"]).write_text("ready")
     result = check_file(request["path"], request["overrides"], request["only"] or None,
-                        request["convention"], emit=emit, started=started, skip=request["skip"])
+                        request["convention"], emit=emit, started=started, skip=request["skip"],
+                        adapters=request.get("adapters"),
+                        definitions_only=request.get("definitions_only", False))
     faulthandler.cancel_dump_traceback_later()
+    if result.skipped:
+        results.write(json.dumps({"skipped": result.skipped}) + "\n")
     if result.error:
         from dataclasses import asdict
 
