@@ -53,6 +53,7 @@ from handformer.check.discovery import Component
 from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
+    MappingError,
     Slot,
     attention_parameters,
     attention_slots,
@@ -371,17 +372,45 @@ def rope_settings(comp: Component, c: Caller) -> tuple[str | None, ...]:
     return (None, "half", "interleaved") if any(w in source for w in ROPE_WORDS) else (None,)
 
 
+def behaves_causal(ctx: Context, c: Caller, width: int) -> bool:
+    """Whether the learner's self-attention, given no mask, is causal: what it does, not its name or
+    its parameters (minimind's takes an attention_mask and applies is_causal=True without one)."""
+    x = fp.randn(1, 5, width, seed=7)
+    bumped = x.clone()
+    bumped[:, 3] += 1.0
+    try:
+        a = fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, None), 3)
+        b = fp.first_tensor(ctx.learner.call("forward", c.call, bumped, bumped, bumped, None), 3)
+    except fp.LearnerFailure:
+        return False
+    if a is None or b is None or a.shape != b.shape:
+        return False
+    return bool(torch.allclose(a[:, :3], b[:, :3], atol=1e-9)) and not torch.allclose(a[:, 3:], b[:, 3:])
+
+
 def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_heads: int | None = None,
               ) -> ComponentResult:
     res = ctx.result(comp)
     sizes = {**ctx_sizes(), **({"n_kv_heads": n_kv_heads} if n_kv_heads else {})}
     x = fp.randn(2, 6, D, seed=1)
     module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
-    linears = [leaf for leaf in leaves(module) if leaf.kind == "linear"]
+    found = leaves(module)
+    linears = [leaf for leaf in found if leaf.kind == "linear"]
+    extra = [leaf for leaf in found if leaf.kind != "linear"]
+    if extra:  # a norm on the queries and keys (QK-norm): not in handformer's reference attention
+        raise MappingError(f"{comp.name} has parameters besides its projections ("
+                           + ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra)
+                           + "); handformer's reference attention has none (no QK-norm)")
     kv_width = (n_kv_heads or H) * (D // H)
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0]
     res.mapping = [s.describe() for s in slots]
     c = caller(module)
+    if not causal_inside and c.n_inputs == 1 and behaves_causal(ctx, c, D):
+        causal_inside = True  # a self-attention that is causal without a mask (minimind's is_causal=True)
+        res.notes.append(text("with no mask it is causal (changing token 3 leaves outputs 0..2 "
+                              "unchanged): checked as causal self-attention",
+                              "不给掩码时它是因果的（改变位置 3 的 token，位置 0..2 的输出不变）："
+                              "按因果自注意力检查"))
     if not c.takes_mask and not causal_inside:
         res.notes.append(text("its forward takes no mask: the masked cases were skipped",
                               "它的 forward 不接收掩码：跳过了带掩码的用例"))

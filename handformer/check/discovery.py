@@ -300,10 +300,13 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
             config = own(**{n: values[n] for n in names if n in values})
         else:
             params = inspect.signature(own).parameters
-            config = own(**{n: values[n] for n in params if n in values})
-        for attr in attrs:
-            if attr in values and not callable(getattr(config, attr, None)):
-                setattr(config, attr, values[attr])
+            takes_any = any(q.kind is q.VAR_KEYWORD for q in params.values())
+            source = _source(own)  # kwargs.get("vocab_size", 6400): the names its code reads
+            config = own(**{n: v for n, v in values.items()
+                            if n in params or (takes_any and re.search(rf"\b{n}\b", source))})
+        for attr, value in values.items():  # what the learner's code reads, at check's sizes
+            if (attr in attrs or hasattr(config, attr)) and not callable(getattr(config, attr, None)):
+                setattr(config, attr, value)
         return config
     return types.SimpleNamespace(**values)
 

@@ -296,6 +296,12 @@ def _runaway(model: LanguageModel) -> bool:
 
 def check_generate(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
+    res.driven = text("a stand-in: handformer's one-block GPT on known weights, its most likely token "
+                      "made certain, so that a sampling loop is as deterministic as greedy decoding; it "
+                      "is called as your loop calls a model (tokens -> logits, a (logits, loss) tuple or "
+                      ".logits)", "替身：handformer 的单层 GPT，权重已知，最可能的 token 概率为 1，所以采样"
+                      "循环和贪心解码一样确定；按你的循环调用模型的方式调用它（token -> logits、"
+                      "(logits, loss) 元组或 .logits）")
     model = known_model()
     reference = hf_generate(model, prompts(2).tolist(), SHORT, temperature=0.0, threads=None)
     assert torch.equal(torch.tensor(reference), greedy(model, prompts(2), SHORT)[:, 3:])  # the same greedy

@@ -218,6 +218,8 @@ class Caller:
         if self.start:
             kwargs[self.start] = 0
         raw = self.ctx.learner.call("forward", self.module, idx, **kwargs)
+        if not isinstance(raw, (Tensor, tuple, list)) and isinstance(getattr(raw, "logits", None), Tensor):
+            raw = (raw.logits, getattr(raw, "loss", None))  # Hugging Face's output object (minimind's)
         logits = fp.first_tensor(raw, 3)
         first = raw[0] if isinstance(raw, (tuple, list)) and raw else raw
         if logits is None and isinstance(first, Tensor) and first.dim() == 2 and first.size(0) == idx.numel():

@@ -107,13 +107,13 @@ def _paren(inner: str, lang: str) -> str:
     return f" ({inner})" if lang == "en" else f"（{inner}）"
 
 
-def format_error(err: LearnerError, lang: str, indent: str = "  ") -> list[str]:
+def format_error(err: LearnerError, lang: str, indent: str = "  ", unchecked: bool = False) -> list[str]:
     w = WORDS[lang]
     where = _paren(f"{w['in']} {err.where}", lang) if err.where else ""
     memory = err.kind == "memory" and "memory" not in err.message.split(":")[0]
     head = f"{w['memory']}{w[':']}" if memory else ""
     message = err.message_zh if lang == "zh" and err.message_zh else err.message
-    label = w["why"] if err.kind in CANNOT else w["error"]
+    label = w["why"] if unchecked or err.kind in CANNOT else w["error"]
     lines = [f"{indent}{label}{where}{w[':']}{head}{message}"]
     lines += [f"{indent}  {frame}" for frame in err.traceback]
     return lines
@@ -133,7 +133,7 @@ def format_component(c: ComponentResult, lang: str) -> list[str]:
     if c.driven:
         lines.append(f"  {w['driven']}{w[':']}{c.driven[lang]}")
     if c.error:
-        lines += format_error(c.error, lang)
+        lines += format_error(c.error, lang, unchecked=c.status == NOT_CHECKED)
     if c.adapter:
         lines.append(f"  {w['adapter']}{w[':']}")
         lines += [f"      {row}" for row in c.adapter.splitlines()]
