@@ -337,6 +337,7 @@ def test_exception_in_init(broken):
 def test_infinite_loop_stops_at_the_limit_and_the_rest_still_runs(broken):
     err = broken["RMSNorm"]["error"]
     assert err["kind"] == "timeout" and "6 s" in err["message"]
+    assert err["message_zh"].startswith("在 RMSNorm 运行 6 秒后被停止：死循环")  # --lang zh prints it
     assert err["traceback"] == ["line 46, in forward: x = x + 1"]
 
 

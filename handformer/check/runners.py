@@ -295,7 +295,8 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
         components = find_components(module, overrides, only, found)
         everything = find_components(module, overrides, None, found)  # a layer may be built from theirs
     except DiscoveryError as err:  # --component names something the file does not define
-        result.error = LearnerError("discovery", str(err), "discovery")
+        result.error = LearnerError("discovery", str(err), "discovery",
+                                    message_zh=f"--component 有误：{err}")
         return result
     todo = [c for c in components if c.name not in (skip or [])]
     if not components:
@@ -303,7 +304,10 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
         result.error = LearnerError(
             "nothing_found", f"found no component to check; the file defines: {names}. handformer "
             f"looks for names such as {', '.join(n for ns in NAMES.values() for n in ns[:2])}; point "
-            "a kind at your name with --component mha=MyAttention", "discovery")
+            "a kind at your name with --component mha=MyAttention", "discovery",
+            message_zh=f"没有找到可检查的组件；文件里定义了：{names}。handformer 按名字找组件，例如 "
+            f"{', '.join(n for ns in NAMES.values() for n in ns[:2])}；可以用 --component mha=MyAttention "
+            "把某类组件指向你起的名字，或者写适配函数（见 docs/zh/check.md）")
         return result
     ctx = Context(path, module, {c.kind: c for c in reversed(everything)}, convention)
     ctx.skipped = result.skipped

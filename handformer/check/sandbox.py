@@ -133,17 +133,27 @@ def _stopped(reason: str, phase: str | None, stack: str, path: str, time_limit: 
                "a BPE trainer that never ends, or a quadratic one (bpe_quadratic_trainer: it recounts "
                "every pair of the corpus after every merge)" if kind == "bpe" else
                "an infinite loop, or far too slow for tensors of a few dozen numbers")
+        why_zh = ("生成循环停不下来（它受 max_new_tokens 限制吗？），或者对只有几千个权重的模型来说慢得离谱"
+                  if kind == "generate" else
+                  "BPE 训练停不下来，或者是平方复杂度的（bpe_quadratic_trainer："
+                  "每次合并后都重新统计整个语料的所有字节对）"
+                  if kind == "bpe" else "死循环，或者对只有几十个数的张量来说慢得离谱")
         return LearnerError("timeout", f"stopped after {time_limit:g} s in {where}: {why} (raise the limit "
-                            "with --time-limit)", where, frames)
+                            "with --time-limit)", where, frames,
+                            f"在 {where} 运行 {time_limit:g} 秒后被停止：{why_zh}"
+                            "（可以用 --time-limit 放宽限制）")
     if reason == "signal 9":
         return LearnerError("memory", f"killed in {where}, most likely for using more than the "
-                            f"{memory_limit} MiB memory limit", where, frames)
+                            f"{memory_limit} MiB memory limit", where, frames,
+                            f"在 {where} 被终止，很可能是用了超过 {memory_limit} MiB 的内存上限")
     last = stack.strip().splitlines()[-1] if stack.strip() else ""
+    last_zh = last
     if reason.startswith("exit ") and not last:
         last = ("your code ended the process (os._exit, or a library it called that exits); a component "
                 "returns its result, it does not end the program")
+        last_zh = "你的代码结束了进程（os._exit，或者它调用的库退出了）；组件应该返回结果，而不是结束程序"
     return LearnerError("crash", f"the check process ended ({reason}) in {where}: {last or 'no message'}",
-                        where, frames)
+                        where, frames, f"检查进程在 {where} 结束了（{reason}）：{last_zh or '没有消息'}")
 
 
 def _learner_frames(stack: str, path: str) -> list[str]:

@@ -45,7 +45,8 @@ def learner_error(err: BaseException, path: str, where: str) -> LearnerError:
     """The exception as a report: message, and the frames that are in the learner's file."""
     if isinstance(err, SyntaxError) and err.filename and _same(err.filename, path):
         frames = [f"line {err.lineno}: {(err.text or '').strip()}"]
-        return LearnerError("syntax", f"SyntaxError: {err.msg}", where, frames)
+        return LearnerError("syntax", f"SyntaxError: {err.msg}", where, frames,
+                            f"语法错误（SyntaxError）：{err.msg}")
     stack = traceback.extract_tb(err.__traceback__)
     frames = [f"line {f.lineno}, in {f.name}: {(f.line or '').strip()}"
               for f in stack if _same(f.filename, path)]
