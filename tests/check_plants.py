@@ -469,6 +469,49 @@ COVERING_PAIRS: list[tuple[str, str]] = [
 ]
 
 
+# Learner files written here in the styles learners copy (each one's correct.py is code of this
+# project's, written in that style, never copied): Karpathy's "Let's build GPT" lecture, Raschka's
+# LLMs from scratch, Meta's llama model.py, minimind, and the first tutorial's code carried on into
+# the assembled model, label smoothing, the Noam rate and greedy decoding. Their plants are checked
+# by tests/test_check_styles.py, one kind each.
+WRITTEN = {"karpathy": FIXTURES / "learners_karpathy", "raschka": FIXTURES / "learners_raschka",
+           "llama": FIXTURES / "learners_llama", "minimind": FIXTURES / "learners_minimind",
+           "carried": FIXTURES / "learners_carried"}
+WRITTEN_PLANTS: dict[str, Plant] = {
+    "karpathy_no_scaling": Plant("no_scaling", "causal_attention", [(" * k.shape[-1] ** -0.5", "")], "karpathy"),
+    "karpathy_generate_no_crop": Plant("generate_no_crop", "generate", [
+        ("idx_cond = idx[:, -block_size:]", "idx_cond = idx")], "karpathy"),
+    "raschka_softmax_wrong_dim": Plant("softmax_wrong_dim", "causal_attention", [
+        ("keys.shape[-1] ** 0.5, dim=-1)", "keys.shape[-1] ** 0.5, dim=-2)")], "raschka"),
+    "raschka_layernorm_unbiased": Plant("layernorm_unbiased_std", "layernorm", [
+        ("unbiased=False", "unbiased=True")], "raschka"),
+    "llama_kv_repeat_order": Plant("kv_repeat_order", "gqa", [
+        ("x[:, :, :, None, :].expand(bs, slen, n_kv_heads, n_rep, head_dim)",
+         "x[:, :, None, :, :].expand(bs, slen, n_rep, n_kv_heads, head_dim)")], "llama"),
+    "llama_ffn_no_activation": Plant("ffn_no_activation", "ffn", [
+        ("self.w2(F.silu(self.w1(x)) * self.w3(x))", "self.w2(self.w1(x) * self.w3(x))")], "llama"),
+    "minimind_rope_rotation_sign": Plant("rope_rotation_sign", "rope", [
+        ("torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)",
+         "torch.cat((x[..., x.shape[-1] // 2:], -x[..., : x.shape[-1] // 2]), dim=-1)")], "minimind"),
+    "carried_greedy_no_stop_at_eos": Plant("greedy_no_stop_at_eos", "greedy_decode", [
+        ("        if next_word == end_symbol:\n            break\n", "")], "carried"),
+}
+
+
+def written_file(name: str) -> Path:
+    return WRITTEN[WRITTEN_PLANTS[name].family] / f"{name.split('_', 1)[1]}.py"
+
+
+def written_source(name: str) -> str:
+    p = WRITTEN_PLANTS[name]
+    source = (WRITTEN[p.family] / "correct.py").read_text()
+    for old, new in p.edits:
+        if old not in source:
+            raise ValueError(f"plant {name}: {old!r} is not in the source")
+        source = source.replace(old, new, 1)
+    return source
+
+
 def correct_file(family: str) -> Path:
     return FAMILIES[family] / "correct.py"
 
@@ -497,6 +540,8 @@ def planted_file(name: str) -> Path:
 def write_all() -> None:
     for name in PLANTS:
         planted_file(name).write_text(planted_source([name]))
+    for name in WRITTEN_PLANTS:
+        written_file(name).write_text(written_source(name))
 
 
 if __name__ == "__main__":

@@ -326,8 +326,9 @@ def test_wrong_shape_is_reported(broken):
 
 
 def test_exception_in_init(broken):
-    comp = broken["FFN"]
-    assert comp["status"] == "error" and comp["error"]["where"] == "__init__"
+    comp = broken["FFN"]  # their constructor raised on the arguments check gave it: not charged to them
+    assert comp["status"] == "not_checked" and comp["error"]["where"] == "__init__"
+    assert comp["adapter"] == "def make_ffn(d_model, d_ff):\n    return FFN(d_model=d_model, d_ff=d_ff)"
     assert comp["error"]["message"] == "RuntimeError: not finished"
     assert comp["error"]["traceback"] == ["line 27, in __init__: raise RuntimeError(\"not finished\")"]
     assert broken["FeedForward"]["status"] == "pass"
@@ -336,6 +337,7 @@ def test_exception_in_init(broken):
 def test_infinite_loop_stops_at_the_limit_and_the_rest_still_runs(broken):
     err = broken["RMSNorm"]["error"]
     assert err["kind"] == "timeout" and "6 s" in err["message"]
+    assert err["message_zh"].startswith("在 RMSNorm 运行 6 秒后被停止：死循环")  # --lang zh prints it
     assert err["traceback"] == ["line 46, in forward: x = x + 1"]
 
 
@@ -720,7 +722,10 @@ def test_unmatched_constructor_argument_gets_help(tmp_path):
         "assert d_model % num_heads == 0", "d_model = width"))
     result = check_file(str(path), only=["mha"])
     err = result.components[0].error
-    assert result.components[0].status == "error" and err.kind == "mapping"
+    assert result.components[0].status == "not_checked" and err.kind == "mapping"
+    assert exit_code(result) == 3
+    assert result.components[0].adapter == ("def make_mha(n_heads):\n"
+                                            "    return MultiHeadAttention(width=..., num_heads=n_heads)")
     assert "cannot fill the argument 'width' of MultiHeadAttention(width, num_heads)" in err.message
     assert "d_model: d_model, dim, embed_dim, hidden_size" in err.message
 

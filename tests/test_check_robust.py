@@ -1,7 +1,8 @@
 """The grader never breaks: a learner's mistake may fail a check, never handformer's own code.
 Random mutations of every correct learner file (tests/check_mutants.py: swap two arguments of a
 call, delete a statement, change a dim, drop a return's value) each get a report in which every
-component passes, fails, or raised in the learner's code; never an internal error, and both
+component passes, fails, raised in the learner's code, or is NOT CHECKED with the adapter that would
+let check build it; never an internal error, and both
 languages and the JSON render. A seeded sample runs by default, every mutant in the slow run.
 (The planted mistakes and their pairs, tests/test_check.py, are the rest of the catalogue.)
 """
@@ -16,7 +17,7 @@ from check_mutants import Mutant, mutants, sample
 from check_plants import FAMILIES, correct_file
 
 from handformer.check.report import format_report, to_json
-from handformer.check.result import ERROR
+from handformer.check.result import ERROR, NOT_CHECKED
 from handformer.check.runners import check_file
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -39,7 +40,8 @@ def check_mutant(tmp_path: Path, mutant: Mutant) -> None:
     where = f"{mutant.path.parent.name}/correct.py, {mutant.what}"
     assert result.error is None or result.error.kind != "internal", (where, report)
     for c in result.components:
-        assert c.status in ("pass", "fail", "differs", ERROR), (where, report)
+        assert c.status in ("pass", "fail", "differs", ERROR, NOT_CHECKED), (where, report)
+        assert c.status != NOT_CHECKED or c.adapter, (where, report)  # the way to make it checkable
         assert c.error is None or c.error.kind != "internal", (where, report)
         if c.error is not None and c.error.kind == "exception" and c.error.traceback:
             assert all(line.startswith("line ") for line in c.error.traceback), (where, report)

@@ -7,13 +7,14 @@ the tutorial at test time. Each correct file passes component by component.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from check_plants import correct_file
+from check_plants import WRITTEN, WRITTEN_PLANTS, correct_file, written_file, written_source
 from helpers import missing
 
-from handformer.check.report import exit_code, format_report
+from handformer.check.report import exit_code, format_report, to_json
 from handformer.check.runners import check_file
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -229,3 +230,151 @@ def test_the_tutorials_own_code_passes(tmp_path):
         ("MultiHeadAttention", "mha"), ("FFN", "ffn"), ("EncoderLayer", "encoder_layer"),
         ("DecoderLayer", "decoder_layer")], format_report(result)
     assert all(c.status == "pass" for c in result.components), format_report(result)
+
+
+# --- learner files written here in the styles learners copy (tests/check_plants.py: WRITTEN) -------
+
+WRITTEN_KINDS = {
+    "karpathy": [("MultiHeadAttention", "causal_attention", "pass"), ("Block", "block", "pass"),
+                 ("GPTLanguageModel", "gpt", "pass"), ("GPTLanguageModel.generate", "generate", "pass")],
+    "raschka": [("MultiHeadAttention", "causal_attention", "pass"), ("FeedForward", "ffn", "pass"),
+                ("LayerNorm", "layernorm", "pass"), ("TransformerBlock", "block", "pass"), ("GPTModel", "gpt", "pass"),
+                ("generate", "generate", "pass")],
+    "llama": [("Attention", "gqa", "pass"), ("repeat_kv", "gqa", "pass"), ("apply_rotary_emb", "rope", "pass"),
+              ("precompute_freqs_cis", "rope", "pass"), ("FeedForward", "ffn", "pass"), ("RMSNorm", "rmsnorm", "pass"),
+              ("TransformerBlock", "block", "pass"), ("Transformer", "gpt", "not_checked")],
+    "minimind": [("repeat_kv", "gqa", "pass"), ("Attention", "causal_attention", "pass"),
+                 ("apply_rotary_pos_emb", "rope", "pass"), ("precompute_freqs_cis", "rope", "pass"),
+                 ("FeedForward", "ffn", "pass"), ("RMSNorm", "rmsnorm", "pass"), ("MiniMindBlock", "block", "pass"),
+                 ("MiniMindForCausalLM", "gpt", "not_checked")],
+    "carried": [("make_src_mask", "mask_helper", "pass"), ("make_tgt_mask", "mask_helper", "pass"),
+                ("scaled_dot_product_attention", "sdpa", "pass"), ("MultiHeadAttention", "mha", "pass"),
+                ("FFN", "ffn", "pass"), ("PositionalEncoding", "positional_encoding", "pass"),
+                ("EncoderLayer", "encoder_layer", "pass"), ("DecoderLayer", "decoder_layer", "pass"),
+                ("Transformer", "transformer", "pass"), ("rate", "schedule", "pass"), ("LabelSmoothing", "loss", "pass"),
+                ("greedy_decode", "greedy_decode", "pass")],
+}
+
+
+@pytest.mark.parametrize("family", list(WRITTEN_KINDS))
+def test_a_written_style_is_built_and_driven_and_never_failed(family):
+    """Configs as dicts, dataclasses and config classes; module-level hyperparameters; heads as a
+    list of single heads; a model with no arguments; generation as a free function with
+    context_size; Meta's decoder-only `Transformer`; minimind's (cos, sin). What check cannot
+    compare (a whole model with rotary positions) is NOT CHECKED (exit 3), never a failure."""
+    result = check_file(str(WRITTEN[family] / "correct.py"))
+    assert [(c.name, c.kind, c.status) for c in result.components] == WRITTEN_KINDS[family], format_report(result)
+    unchecked = [c for c in result.components if c.status == "not_checked"]
+    assert exit_code(result) == (3 if unchecked else 0)
+    assert all(c.error.message.startswith("not compared with handformer's CausalLM") for c in unchecked)
+
+
+def test_a_file_whose_top_level_cannot_run_has_its_definitions_graded_and_its_sizes_set():
+    """Karpathy's lecture file reads input.txt and trains at module level: those statements are
+    skipped and listed; its module-level n_embd, n_head, block_size are set for each check (and
+    put back), and said so; heads kept as a list of single heads map to W_Q, W_K, W_V."""
+    result = check_file(str(WRITTEN["karpathy"] / "correct.py"), only=["causal_attention", "generate"])
+    assert any(s.startswith('line 22: with open("input.txt"') for s in result.skipped), result.skipped
+    assert any("for it in range(max_iters)" in s and "the script's work" in s for s in result.skipped)
+    mha, gen = result.components
+    assert mha.mapping[:3] == ["heads[*].query -> W_Q", "heads[*].key -> W_K", "heads[*].value -> W_V"]
+    assert any("n_embd=16" in n["en"] and "n_embd=128" in n["en"] for n in mha.notes)
+    assert any("block_size=8" in n["en"] for n in gen.notes)  # the generate stand-in's block size
+    assert "没有运行的顶层语句" in format_report(result, "zh")
+
+
+@pytest.mark.parametrize("name", list(WRITTEN_PLANTS))
+def test_a_planted_mistake_in_a_written_style_is_named(name):
+    p = WRITTEN_PLANTS[name]
+    assert written_file(name).read_text() == written_source(name)  # the fixture is the plant applied
+    result = check_file(str(written_file(name)), only=[p.kind])
+    named = {f.name for c in result.components for f in c.findings}
+    assert p.diagnosis in named and exit_code(result) == 1, format_report(result)
+
+
+def test_greedy_decoding_is_driven_through_the_learners_own_model_when_it_passed():
+    """The tutorial's own model, with decode(tgt, memory, ...) in its own order, drives the learner's
+    greedy decoding (a stand-in of another interface would refuse their call); EOS is steered
+    through the model's output layer."""
+    result = check_file(str(WRITTEN["carried"] / "correct.py"), only=["transformer", "greedy_decode"])
+    model, greedy = result.components
+    assert model.status == greedy.status == "pass", format_report(result)
+    assert greedy.driven["en"].startswith("your own Transformer (it passed its check)")
+    assert "调用方式：你自己的 Transformer" in format_report(result, "zh")
+
+
+GREEDY_ONLY = '''
+import torch
+
+
+def greedy_decode(model, src, src_mask, max_len, start_symbol, end_symbol):
+    memory = model.encode(src, src_mask)
+    ys = torch.full((1, 1), start_symbol, dtype=src.dtype)
+    for _ in range(max_len - 1):
+        out = model.decode(ys, memory, src_mask, None)  # their own model's order, not the Annotated one
+        next_word = model.fc_out(out[:, -1]).argmax(dim=-1).item()
+        ys = torch.cat([ys, torch.full((1, 1), next_word, dtype=src.dtype)], dim=1)
+        if next_word == end_symbol:
+            break
+    return ys
+'''
+
+
+def test_a_stand_ins_error_is_never_the_learners(tmp_path):
+    """Without their model, the stand-in refuses their decode(ys, memory, ...) call: NOT CHECKED,
+    with the adapter to write, exit code 3; never ERROR."""
+    path = tmp_path / "greedy.py"
+    path.write_text(GREEDY_ONLY)
+    result = check_file(str(path))
+    (comp,) = result.components
+    assert comp.status == "not_checked" and comp.error.kind == "stand_in", format_report(result)
+    assert comp.driven["en"].startswith("a stand-in")
+    assert comp.adapter.startswith("def greedy_decode(model, src, src_mask, max_len, start_symbol, end_symbol):")
+    assert exit_code(result) == 3
+    report = format_report(result)
+    assert "greedy_decode (greedy decoding (encoder-decoder)): NOT CHECKED" in report
+    assert "why not checked (in forward)" in report and "1 not checked" in report
+    assert json.loads(to_json(result))["components"][0]["status"] == "not_checked"
+    assert "未检查" in format_report(result, "zh")
+
+
+ODD_ATTENTION = '''
+import math
+
+import torch
+import torch.nn as nn
+
+
+class Attn(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.h, self.d = heads, width // heads
+        self.q, self.k, self.v, self.o = (nn.Linear(width, width) for _ in range(4))
+
+    def forward(self, q, k, v, mask=None):
+        B = q.size(0)
+        Q, K, V = (f(x).view(B, -1, self.h, self.d).transpose(1, 2) for f, x in ((self.q, q), (self.k, k), (self.v, v)))
+        s = Q @ K.transpose(-2, -1) / math.sqrt(self.d)
+        if mask is not None:
+            s = s.masked_fill(mask == 0, -1e9)
+        return self.o((s.softmax(-1) @ V).transpose(1, 2).reshape(B, -1, self.h * self.d))
+'''
+
+
+def test_the_adapters_file_builds_what_check_cannot_infer(tmp_path):
+    """`width` is no name check knows: NOT CHECKED with the adapter; the adapter (given with
+    --adapters, found beside the file, or in the file with the handformer_ prefix) makes it PASS."""
+    path = tmp_path / "odd.py"
+    path.write_text(ODD_ATTENTION)
+    (comp,) = check_file(str(path), {"mha": "Attn"}).components
+    assert comp.status == "not_checked" and comp.adapter == (
+        "def make_mha(n_heads):\n    return Attn(width=..., heads=n_heads)")
+    adapter = "from odd import Attn\n\n\ndef make_mha(d_model, n_heads):\n    return Attn(d_model, n_heads)\n"
+    (tmp_path / "mine.py").write_text(adapter)
+    result = check_file(str(path), adapters=str(tmp_path / "mine.py"))
+    assert [(c.name, c.kind, c.status) for c in result.components] == [("Attn", "mha", "pass")], format_report(result)
+    (tmp_path / "handformer_adapters.py").write_text(adapter)
+    assert [c.status for c in check_file(str(path)).components] == ["pass"]
+    (tmp_path / "handformer_adapters.py").unlink()
+    path.write_text(ODD_ATTENTION + "\n\ndef handformer_make_mha(d_model, n_heads):\n    return Attn(d_model, n_heads)\n")
+    assert [c.status for c in check_file(str(path)).components] == ["pass"]

@@ -53,6 +53,7 @@ from handformer.check.discovery import Component
 from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
+    MappingError,
     Slot,
     attention_parameters,
     attention_slots,
@@ -87,8 +88,10 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     there is no mask: d2l's `valid_lens` has no default), and the rotary table or positions a
     Llama-style forward(x, freqs_cis, mask) or forward(x, start_pos, ...) asks for."""
     params = forward_parameters(fn)
-    extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos"}
-    inputs = [p for p in params if not is_mask_name(p.name) and p.name not in extra]
+    extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings"}
+    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra),
+                       len(params))
+    inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
     masks = [p for p in params if is_mask_name(p.name)]
     named = {p.name for p in params} & extra
     n = 3 if len(inputs) >= 3 else len(inputs)
@@ -101,6 +104,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
             if name == "freqs_cis":
                 angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
                 kwargs[name] = torch.polar(torch.ones_like(angles), angles)
+            elif name == "position_embeddings":
+                kwargs[name] = tuple(t.to(xq.dtype) for t in cos_sin(T, head_dim))
             elif name == "start_pos":
                 kwargs[name] = 0
             else:
@@ -108,6 +113,14 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         return fn(*args, **kwargs)
 
     return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named)
+
+
+def cos_sin(T: int, head_dim: int) -> tuple[Tensor, Tensor]:
+    """Hugging Face's (and minimind's) position_embeddings: (cos, sin), each (T, Dh), the angles
+    repeated over the two halves."""
+    angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (T, Dh)
+    return angles.cos(), angles.sin()
 
 
 def run_mask(keep: Tensor | None, conv: str, batch: int) -> Tensor | None:
@@ -359,17 +372,45 @@ def rope_settings(comp: Component, c: Caller) -> tuple[str | None, ...]:
     return (None, "half", "interleaved") if any(w in source for w in ROPE_WORDS) else (None,)
 
 
+def behaves_causal(ctx: Context, c: Caller, width: int) -> bool:
+    """Whether the learner's self-attention, given no mask, is causal: what it does, not its name or
+    its parameters (minimind's takes an attention_mask and applies is_causal=True without one)."""
+    x = fp.randn(1, 5, width, seed=7)
+    bumped = x.clone()
+    bumped[:, 3] += 1.0
+    try:
+        a = fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, None), 3)
+        b = fp.first_tensor(ctx.learner.call("forward", c.call, bumped, bumped, bumped, None), 3)
+    except fp.LearnerFailure:
+        return False
+    if a is None or b is None or a.shape != b.shape:
+        return False
+    return bool(torch.allclose(a[:, :3], b[:, :3], atol=1e-9)) and not torch.allclose(a[:, 3:], b[:, 3:])
+
+
 def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_heads: int | None = None,
               ) -> ComponentResult:
     res = ctx.result(comp)
     sizes = {**ctx_sizes(), **({"n_kv_heads": n_kv_heads} if n_kv_heads else {})}
     x = fp.randn(2, 6, D, seed=1)
     module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
-    linears = [leaf for leaf in leaves(module) if leaf.kind == "linear"]
+    found = leaves(module)
+    linears = [leaf for leaf in found if leaf.kind == "linear"]
+    extra = [leaf for leaf in found if leaf.kind != "linear"]
+    if extra:  # a norm on the queries and keys (QK-norm): not in handformer's reference attention
+        raise MappingError(f"{comp.name} has parameters besides its projections ("
+                           + ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra)
+                           + "); handformer's reference attention has none (no QK-norm)")
     kv_width = (n_kv_heads or H) * (D // H)
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0]
     res.mapping = [s.describe() for s in slots]
     c = caller(module)
+    if not causal_inside and c.n_inputs == 1 and behaves_causal(ctx, c, D):
+        causal_inside = True  # a self-attention that is causal without a mask (minimind's is_causal=True)
+        res.notes.append(text("with no mask it is causal (changing token 3 leaves outputs 0..2 "
+                              "unchanged): checked as causal self-attention",
+                              "不给掩码时它是因果的（改变位置 3 的 token，位置 0..2 的输出不变）："
+                              "按因果自注意力检查"))
     if not c.takes_mask and not causal_inside:
         res.notes.append(text("its forward takes no mask: the masked cases were skipped",
                               "它的 forward 不接收掩码：跳过了带掩码的用例"))
@@ -457,7 +498,11 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
         setup = Setup(module, slots, c, conv, causal_inside, n_kv_heads, rope)
         guarded(res, lambda: _compare_mha(res, ctx, comp, setup))
         guarded(res, lambda: _properties(res, ctx, comp, setup))
-    guarded(res, lambda: _tutorial_shapes(res, ctx, comp, c, sizes))
+    def shapes() -> None:
+        with ctx.hyperparameters(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
+            _tutorial_shapes(res, ctx, comp, c, sizes)
+
+    guarded(res, shapes)
     return finish(res)
 
 
@@ -555,8 +600,14 @@ def _grads(out: Tensor, ref: Tensor, xq: Tensor, rows: Tensor | None, s: Setup, 
     B, T = xq.shape[:2]
     g = fp.randn(*out.shape, seed=99)
     sel = rows.reshape(B, T, 1) if rows is not None else 1.0
-    params = [xq] + [sl.leaf.weight for sl in s.slots]
-    mine = torch.autograd.grad((out * g * sel).sum(), params, allow_unused=True)
+    params = [xq] + [p for sl in s.slots for p in (sl.leaf.parts or [sl.leaf.weight])]
+    flat = torch.autograd.grad((out * g * sel).sum(), params, allow_unused=True)
+    mine, i = [flat[0]], 1
+    for sl in s.slots:  # heads kept as single-head modules: their gradients stacked as their weights are
+        n = len(sl.leaf.parts or [sl.leaf.weight])
+        grads = flat[i:i + n]
+        i += n
+        mine.append(grads[0] if n == 1 else None if any(x is None for x in grads) else torch.cat(grads))
     hf_params = [attention_parameters(hf)[sl.role.split(" ")[-1]].weight for sl in s.slots]
     theirs = torch.autograd.grad((ref * g * sel).sum(), [xq] + hf_params, allow_unused=True)
     if s.rope == "interleaved":

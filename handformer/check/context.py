@@ -6,10 +6,12 @@ Shape legend: B batch, T query length, S key length, D d_model, H heads, F FFN w
 
 from __future__ import annotations
 
+import contextlib
+import dis
 import inspect
 import math
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +20,7 @@ from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
 from handformer.check.conventions import conventions_for, is_lengths_name
-from handformer.check.discovery import Component, build, own_objects
+from handformer.check.discovery import ARGUMENTS, Component, build, own_objects, with_head_size
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import scramble_
@@ -44,9 +46,43 @@ class Context:
     learner: fp.Learner = field(init=False)
     partial: ComponentResult | None = None  # the result in progress
     results: dict[str, ComponentResult] = field(default_factory=dict)  # the components checked so far
+    hyperparameter_note: Text | None = None  # the learner's module-level sizes set for this component
+    skipped: list[str] = field(default_factory=list)  # top-level statements of their file not run
 
     def __post_init__(self) -> None:
         self.learner = fp.Learner(self.path)
+
+    @contextlib.contextmanager
+    def hyperparameters(self, comp: Component, sizes: dict[str, Any] | None = None) -> Iterator[None]:
+        """The learner's module-level hyperparameters that `comp` reads (Karpathy's n_embd, n_head,
+        block_size, vocab_size), set to the sizes its runner builds with (or `sizes`: the tutorial's,
+        for the shape check) for the length of its check, then put back; the report says so
+        (`hyperparameter_note`)."""
+        nested = sizes is not None
+        wanted = module_sizes(self.module, comp, sizes or KIND_SIZES.get(comp.kind, SIZES))
+        if nested:
+            wanted = {k: v for k, v in wanted.items() if k in vars(self.module)}
+        else:
+            self.hyperparameter_note = None
+        old = {name: vars(self.module).get(name, _UNSET) for name in wanted}
+        vars(self.module).update(wanted)
+        if wanted and not nested:
+            were = ", ".join(f"{n}={old[n]!r}" if old[n] is not _UNSET else f"{n} (not defined)"
+                             for n in wanted)
+            now = ", ".join(f"{n}={v}" for n, v in wanted.items())
+            self.hyperparameter_note = text(
+                f"your module-level hyperparameters were set to {now} for this check (they were "
+                f"{were}): the sizes check builds and compares this kind at",
+                f"检查这个组件时，你在模块顶层定义的超参数被设成了 {now}（原来是 {were}）："
+                "这是检查这类组件用的尺寸")
+        try:
+            yield
+        finally:
+            for name, value in old.items():
+                if value is _UNSET:
+                    vars(self.module).pop(name, None)
+                else:
+                    vars(self.module)[name] = value
 
     def result(self, comp: Component) -> ComponentResult:
         """A new result for `comp`, kept as the one in progress: when the learner's code raises later,
@@ -119,6 +155,57 @@ class Context:
             out.append(Finding(name, observed_match(name, form, matched, correct), number, code,
                                form))
         return out
+
+
+_UNSET = object()
+# the sizes each kind's runner builds with, for the learner's module-level hyperparameters
+KIND_SIZES: dict[str, dict[str, Any]] = {
+    "gpt": {**SIZES, "src_vocab": 29, "n_layers": 2, "max_len": 16},
+    "generate": {"max_len": 8, "src_vocab": 24},
+    "block": {**SIZES, "src_vocab": 29, "n_layers": 2},
+}
+GLOBAL_SIZES = ("d_model", "n_heads", "n_kv_heads", "d_ff", "dropout", "max_len", "src_vocab", "n_layers",
+                "d_head")
+
+
+def module_sizes(module: types.ModuleType, comp: Component, sizes: dict[str, Any]) -> dict[str, Any]:
+    """The learner's module-level names that `comp` (or a class or function of theirs it uses) reads
+    as globals and that stand for a size (n_embd, n_head, block_size, vocab_size, head_size, ...),
+    each with the value `sizes` gives it; names their code never reads are left alone."""
+    sizes = with_head_size(sizes)
+    own = {n: o for n, o in own_objects(module).items() if "." not in n}
+    reads, todo, seen = set(), [comp.obj], set()
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        names = global_reads(obj)
+        reads |= names
+        todo += [own[n] for n in names if n in own]
+    out = {}
+    for name in sorted(reads):
+        key = next((k for k, aliases in ARGUMENTS.items() if name.lower() in aliases), None)
+        value = vars(module).get(name, _UNSET)
+        numeric = value is _UNSET or (isinstance(value, (int, float)) and not isinstance(value, bool))
+        if key in GLOBAL_SIZES and key in sizes and numeric:
+            out[name] = sizes[key]
+    return out
+
+
+def global_reads(obj: Any) -> set[str]:
+    """The global names a function, or any method of a class, reads (from their code objects)."""
+    codes = []
+    if inspect.isclass(obj):
+        codes = [f.__code__ for f in vars(obj).values() if inspect.isfunction(f)]
+    elif inspect.isfunction(obj):
+        codes = [obj.__code__]
+    names: set[str] = set()
+    while codes:
+        code = codes.pop()
+        names |= {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return names
 
 
 def is_lazy(module: nn.Module) -> bool:
@@ -342,9 +429,9 @@ def causal(length: int) -> Tensor:
 
 def finish(res: ComponentResult) -> ComponentResult:
     """The status from what was found: fail on any finding or failed check or a large error."""
-    from handformer.check.result import DIFFERS, ERROR, FAIL
+    from handformer.check.result import DIFFERS, ERROR, FAIL, NOT_CHECKED
 
-    if res.status in (ERROR, FAIL):
+    if res.status in (ERROR, FAIL) or (res.status == NOT_CHECKED and not res.findings):
         return res
     failed = [c for c in res.checks if not c.ok]
     big = res.max_abs_error is not None and not res.max_abs_error < 1e-5

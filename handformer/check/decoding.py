@@ -23,9 +23,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from handformer.check import fingerprint as fp
 from handformer.check.context import Context, finish, forward_parameters
 from handformer.check.discovery import Component, DiscoveryError
-from handformer.check.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.result import DIFFERS, PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
@@ -127,6 +128,59 @@ def _tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
                            "a (1, T) tensor (or a list of ints)")
 
 
+def own_seq2seq(ctx: Context) -> tuple[nn.Module, Any] | None:
+    """The learner's encoder-decoder when it passed its own check: (the model, a call (src, tgt) ->
+    logits); None when there is none or it did not pass."""
+    from handformer.check.model import Caller, build_model, check_model
+
+    comp = ctx.components.get("transformer")
+    if comp is None:
+        return None
+    result = ctx.results.get(comp.name)
+    if result is None:  # checked here (once a file) when --component asked for the decoder only
+        partial = ctx.partial
+        try:
+            result = ctx.results[comp.name] = check_model(comp, ctx)
+        except Exception:  # noqa: BLE001  (their model raises, or cannot be built: the stand-in drives it)
+            return None
+        finally:
+            ctx.partial = partial
+    if result.status not in (PASS, DIFFERS):
+        return None
+    module, _ = build_model(comp, ctx)
+    return module, Caller(module, ctx)
+
+
+def steer(module: nn.Module, column: int, first: float, later: float) -> Any:
+    """Add `first` to one column of the learner's output layer (every nn.Linear to TGT_V) at its
+    first call, `later` at every other: EOS impossible throughout, or certain at the first step and
+    impossible after it (a loop that runs on past EOS then emits other tokens, which no padding
+    explains). Returns the hooks' handles."""
+    from handformer.check.model import TGT_V
+
+    calls = [0]
+
+    def hook(_mod: nn.Module, _inp: Any, out: Tensor) -> Tensor:
+        out = out.clone()
+        out[..., column] += first if calls[0] == 0 else later
+        calls[0] += 1
+        return out
+
+    return [m.register_forward_hook(hook) for m in module.modules()
+            if isinstance(m, nn.Linear) and m.out_features == TGT_V]
+
+
+def own_reference(call: Any, src: Tensor, stop: bool) -> list[int]:
+    """Greedy tokens of the learner's own model through its forward (which passed its check)."""
+    ys = torch.tensor([[BOS]])
+    while ys.size(1) < MAX_LEN:
+        nxt = int(call(src, ys)[:, -1].argmax(-1))
+        ys = torch.cat([ys, torch.tensor([[nxt]])], dim=1)
+        if stop and nxt == EOS:
+            break
+    return ys[0].tolist()
+
+
 def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     params = forward_parameters(comp.obj)
@@ -138,26 +192,59 @@ def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
         raise DiscoveryError(f"{comp.name}: cannot fill the argument {first!r}; greedy decoding takes "
                              "(model, src, src_mask, max_len, start_symbol), and optionally an end symbol "
                              "(end_symbol, eos_idx, ...)")
-    model = AnnotatedModel()
+    stop = arg["end"] is not None
+    own = own_seq2seq(ctx)
+    if own is None:
+        res.driven = text("a stand-in: handformer's tiny Seq2SeqTransformer wrapped as the Annotated "
+                          "Transformer's model (encode, decode, generator); your own model has no passing "
+                          "check",
+                          "替身：handformer 的小 Seq2SeqTransformer，包装成 Annotated Transformer 的模型接口"
+                          "（encode、decode、generator）；你自己的模型没有通过检查")
+        model: Any = AnnotatedModel()
+        scenarios = [(model, [], reference(stop))]
+    else:
+        model, call = own
+        name = ctx.components["transformer"].name
+        res.driven = text(f"your own {name} (it passed its check), its output layer steered: EOS ({EOS}) "
+                          "never, then at the first step only",
+                          f"你自己的 {name}（它通过了检查），输出层被调整：先让 EOS（{EOS}）从不出现，"
+                          "再让它只在第一步出现")
+        scenarios = []
+        for bias in ((-1e4, -1e4), (1e4, -1e4)):
+            handles = steer(model, EOS, *bias)
+            with fp.dropout_off():
+                scenarios.append((model, bias, own_reference(call, source(), stop)))
+            for h in handles:
+                h.remove()
+    for model, bias, right in scenarios:
+        handles = steer(model, EOS, *bias) if bias else []
+        try:
+            _compare_tokens(res, ctx, comp, arg, model, right, stop)
+        finally:
+            for h in handles:
+                h.remove()
+    return finish(res)
+
+
+def _compare_tokens(res: ComponentResult, ctx: Context, comp: Component, arg: dict[str, str | None],
+                    model: Any, right: list[int], stop: bool) -> None:
     values = {"model": model, "src": source(), "src_mask": (source() != PAD)[:, None, :], "max_len": MAX_LEN,
               "start": BOS, "end": EOS}
     kwargs = {name: values[key] for key, name in arg.items() if name}
     got = _tokens(ctx, comp, ctx.learner.call("forward", comp.obj, **kwargs))
-    stop = arg["end"] is not None
-    right = reference(stop)
-    res.notes.append(text("checked with handformer's tiny Seq2SeqTransformer wrapped as the Annotated "
-                          "Transformer's model (encode, decode, generator), not with your own model",
-                          "用 handformer 的小 Seq2SeqTransformer 检查，它包装成 Annotated Transformer "
-                          "的模型接口（encode、decode、generator），不是用你自己的模型"))
     if got[:1] != [BOS]:  # some loops return the new tokens only
         right = right[1:]
-        res.notes.append(text("it returns the new tokens, without the start symbol",
-                              "它返回的是新生成的 token，不含起始符号"))
+        note = text("it returns the new tokens, without the start symbol",
+                    "它返回的是新生成的 token，不含起始符号")
+        if note not in res.notes:
+            res.notes.append(note)
     if not stop:
-        res.notes.append(text(f"{comp.name} takes no end symbol, so it cannot stop at EOS (the Annotated "
-                              "Transformer's): compared with max_len tokens",
-                              f"{comp.name} 没有结束符参数，所以不能在 EOS 处停下"
-                              "（Annotated Transformer 的写法）：按 max_len 个 token 比较"))
+        note = text(f"{comp.name} takes no end symbol, so it cannot stop at EOS (the Annotated "
+                    "Transformer's): compared with max_len tokens",
+                    f"{comp.name} 没有结束符参数，所以不能在 EOS 处停下"
+                    "（Annotated Transformer 的写法）：按 max_len 个 token 比较")
+        if note not in res.notes:
+            res.notes.append(note)
     trimmed = got
     if stop and EOS in got:  # padding after EOS (a batch-style loop) is fine
         end = got.index(EOS) + 1
@@ -169,14 +256,13 @@ def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
     res.checks.append(Check(text(f"the tokens equal handformer's greedy choice on the same model ({want})",
                                  f"生成的 token 与 handformer 在同一模型上的贪心选择一致（{want}）"),
                             ok, text(f"yours: {shown}", f"你的：{shown}")))
-    if stop and not ok:
+    if stop and not ok and not res.findings:
         upto = right  # ends with EOS
         if got[:len(upto)] == upto and len(got) > len(upto):
             res.findings.append(_finding(ctx, comp, "greedy_no_stop_at_eos", text(
                 f"your tokens go on after EOS ({EOS}) at position {len(upto) - 1}: {shown}",
-                f"你的输出在第 {len(upto) - 1} 个位置的 EOS（{EOS}）之后还在继续：{shown}")))
+                f"你的输出在位置 {len(upto) - 1} 的 EOS（{EOS}）之后还在继续：{shown}")))
         elif got == upto[:-1]:
             res.findings.append(_finding(ctx, comp, "greedy_eos_not_emitted", text(
                 f"your tokens stop where EOS ({EOS}) comes but leave it out: {shown}",
                 f"你的输出在该出现 EOS（{EOS}）的位置停下了，但没有输出它：{shown}")))
-    return finish(res)

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
 from handformer.check.context import Context, finish, forward_parameters
-from handformer.check.discovery import Component
+from handformer.check.discovery import Component, DiscoveryError
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
 from handformer.config import CausalLMConfig
@@ -45,6 +45,7 @@ PROMPT_NAMES = ("idx", "input_ids", "prompt", "prompt_ids", "tokens", "context",
                 "prompt_tokens", "start_ids", "inputs")
 COUNT_NAMES = ("max_new_tokens", "max_tokens", "n_new", "num_tokens", "new_tokens", "steps", "length",
                "max_length", "n", "num_new_tokens", "max_gen_len", "n_tokens")
+CONTEXT_NAMES = ("context_size", "block_size", "context_length", "max_seq_len", "max_context", "ctx_len")
 CACHE_NAMES = ("past_key_values", "past", "cache", "kv_cache", "layer_past", "past_kv", "kv")
 POSITION_NAMES = ("start_pos", "pos", "offset", "start", "position")
 
@@ -207,12 +208,13 @@ def _call(ctx: Context, comp: Component, model: LanguageModel, ids: Tensor, n: i
     for i, p in enumerate(forward_parameters(comp.obj)):
         name = p.name.lower()
         value = (model if name in MODEL_NAMES else ids if name in PROMPT_NAMES else n if name in COUNT_NAMES
-                 else None)
+                 else model.block_size if name in CONTEXT_NAMES else None)
         if value is None and p.default is not p.empty:
             continue
         if value is None and i >= 3:
-            raise ctx.learner.fail("forward", f"cannot fill the argument {p.name!r} of {comp.name}: "
-                                   "handformer calls generate(model, idx, max_new_tokens)")
+            raise DiscoveryError(f"cannot fill the argument {p.name!r} of {comp.name}: handformer calls "
+                                 "generate(model, idx, max_new_tokens) (and fills context_size or block_size "
+                                 "with the model's block size)")
         value = (model, ids, n)[i] if value is None else value
         if kwargs or len(args) != i:
             kwargs[p.name] = value
@@ -294,6 +296,12 @@ def _runaway(model: LanguageModel) -> bool:
 
 def check_generate(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
+    res.driven = text("a stand-in: handformer's one-block GPT on known weights, its most likely token "
+                      "made certain, so that a sampling loop is as deterministic as greedy decoding; it "
+                      "is called as your loop calls a model (tokens -> logits, a (logits, loss) tuple or "
+                      ".logits)", "替身：handformer 的单层 GPT，权重已知，最可能的 token 概率为 1，所以采样"
+                      "循环和贪心解码一样确定；按你的循环调用模型的方式调用它（token -> logits、"
+                      "(logits, loss) 元组或 .logits）")
     model = known_model()
     reference = hf_generate(model, prompts(2).tolist(), SHORT, temperature=0.0, threads=None)
     assert torch.equal(torch.tensor(reference), greedy(model, prompts(2), SHORT)[:, 3:])  # the same greedy

@@ -40,7 +40,7 @@ from handformer.check.context import (
 from handformer.check.discovery import Component
 from handformer.check.model import _layer_modules, _map_layer, as_written_, exact_norms_
 from handformer.check.pieces import FFN_ACTIVATIONS, HF_NAME
-from handformer.check.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.result import NOT_CHECKED, Check, ComponentResult, Finding, LearnerError, Text, text
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
     Leaf,
@@ -126,6 +126,17 @@ class Choices:
                     f"输出层{head_zh}；{self.placement}-norm 块；{self.activation} 前馈网络；{pos_zh}")
 
 
+def comparable(m: GPTMap, module: nn.Module) -> None:
+    """MappingError when the reference, a GPT-2 style CausalLM, cannot hold the learner's model:
+    rotary positions (a model without a position embedding whose classes speak of them)."""
+    from handformer.check.layers import _rope_settings
+
+    if m.wpe is None and _rope_settings(module, False) != (None,):
+        raise MappingError("the whole model's reference is GPT-2 style (learned positions) and your model "
+                           "applies rotary positions inside its attention; its blocks, attention, norms "
+                           "and FFN are checked one by one")
+
+
 def reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     """handformer's CausalLM with the learner's weights and choices (a final norm of weight 1 and
     bias 0 where the learner has none); built once for each set of choices."""
@@ -197,12 +208,22 @@ class Caller:
 
     def __init__(self, module: nn.Module, ctx: Context) -> None:
         self.module, self.ctx = module, ctx
-        self.target = next((p.name for p in forward_parameters(module) if p.name in TARGET_NAMES), None)
+        params = forward_parameters(module)
+        self.target = next((p.name for p in params if p.name in TARGET_NAMES), None)
+        # Meta's forward(tokens, start_pos): the whole sequence from position 0
+        self.start = next((p.name for p in params if p.name == "start_pos" and p.default is p.empty), None)
 
     def __call__(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
-        kwargs = {self.target: targets} if self.target and targets is not None else {}
+        kwargs: dict[str, Any] = {self.target: targets} if self.target and targets is not None else {}
+        if self.start:
+            kwargs[self.start] = 0
         raw = self.ctx.learner.call("forward", self.module, idx, **kwargs)
+        if not isinstance(raw, (Tensor, tuple, list)) and isinstance(getattr(raw, "logits", None), Tensor):
+            raw = (raw.logits, getattr(raw, "loss", None))  # Hugging Face's output object (minimind's)
         logits = fp.first_tensor(raw, 3)
+        first = raw[0] if isinstance(raw, (tuple, list)) and raw else raw
+        if logits is None and isinstance(first, Tensor) and first.dim() == 2 and first.size(0) == idx.numel():
+            logits = first.view(*idx.shape, -1)  # Karpathy's: (B * T, V) when given targets
         pair = isinstance(raw, (tuple, list)) and len(raw) > 1
         loss = raw[1] if pair and isinstance(raw[1], Tensor) else None
         return logits, loss
@@ -236,9 +257,11 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
                                   "forward 只返回最后一个位置的 logits：只比较这一个位置"))
         try:
             m = map_gpt(module)
-        except MappingError as err:
-            res.notes.append(text(f"not compared with handformer's CausalLM: {err}",
-                                  f"没有与 handformer 的 CausalLM 比较：{err}"))
+            comparable(m, module)
+        except MappingError as err:  # the checks above ran; the comparison could not: NOT CHECKED
+            res.status = NOT_CHECKED
+            res.error = LearnerError("mapping", f"not compared with handformer's CausalLM: {err}", "__init__",
+                                     message_zh=f"没有与 handformer 的 CausalLM 比较：{err}")
             return finish(res)
         res.mapping = m.describe()
         _tied_despite_config(res, ctx, comp, m)

@@ -14,7 +14,7 @@ from handformer.check import fingerprint as fp
 from handformer.check import variants as V
 from handformer.check.attention import check_mha
 from handformer.check.context import Context, error_text, finish
-from handformer.check.discovery import Component
+from handformer.check.discovery import Component, causal_inside
 from handformer.check.result import Check, ComponentResult, text
 from handformer.nn.attention import repeat_kv
 
@@ -23,7 +23,7 @@ KV_HEADS, N_REP = 2, 3  # a function is checked on 2 key/value heads shared by 3
 
 def check_gqa(comp: Component, ctx: Context) -> ComponentResult:
     if inspect.isclass(comp.obj):
-        return check_mha(comp, ctx, n_kv_heads=KV_HEADS)
+        return check_mha(comp, ctx, causal_inside=causal_inside(comp.obj), n_kv_heads=KV_HEADS)
     return check_repeat_kv(comp, ctx)
 
 

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
 from handformer.check import variants as V
-from handformer.check.attention import ROPE_WORDS, _rope_tables, responsive
+from handformer.check.attention import ROPE_WORDS, _rope_tables, cos_sin, responsive
 from handformer.check.context import (
     ATTENTION_FLAGS,
     HEAD_FLAGS,
@@ -89,7 +89,8 @@ class Layer:
         self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
         self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
         self.masks = [] if self.stateful else [p.name for p in params if is_mask_name(p.name)]
-        self.extra = {p.name for p in params} & {"freqs_cis", "start_pos", "position_ids"}
+        self.extra = {p.name for p in params} & {"freqs_cis", "start_pos", "position_ids",
+                                                 "position_embeddings"}
         self.takes_mask = bool(self.masks)
         self.sizes = layer_sizes(comp.obj)
         x = torch.randn(2, 3, D)
@@ -106,7 +107,8 @@ class Layer:
                                       for n in names], comp.name)
         self.norm_ws = [norm_weights(s) for s in self.norm_slots]
         self.sublayers = names
-        self.ropes = _rope_settings(self.module, "freqs_cis" in self.extra)
+        self.ropes = _rope_settings(self.module, "freqs_cis" in self.extra,
+                                    "position_embeddings" in self.extra)
 
     def _warmup(self, module: nn.Module, x: Tensor) -> Any:
         self.module = module
@@ -138,6 +140,8 @@ class Layer:
             if name == "freqs_cis":
                 angles = V.rope_angles(T, self.head_dim)
                 out[name] = torch.polar(torch.ones_like(angles), angles)  # (T, Dh/2), Meta's table
+            elif name == "position_embeddings":
+                out[name] = tuple(t.to(x.dtype) for t in cos_sin(T, self.head_dim))
             elif name == "start_pos":
                 out[name] = 0
             else:
@@ -171,11 +175,15 @@ def _attentions(linears: list[Any], count: int, what: str) -> tuple[int | None, 
         raise
 
 
-def _rope_settings(module: nn.Module, given_table: bool) -> tuple[str | None, ...]:
+def _rope_settings(module: nn.Module, given_table: bool, given_cos_sin: bool = False,
+                   ) -> tuple[str | None, ...]:
     """Rotary positions inside the attention: interleaved when the block is handed Meta's freqs_cis,
-    either layout when the source of one of its classes speaks of them, else none."""
+    half-split when it is handed Hugging Face's (cos, sin), either layout when the source of one of
+    its classes speaks of them, else none."""
     if given_table:
         return ("interleaved",)
+    if given_cos_sin:
+        return ("half",)
     for sub in module.modules():
         try:
             source = inspect.getsource(type(sub)).lower()
@@ -328,7 +336,12 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
                 res.status = DIFFERS
         guarded(res, lambda: _compare(res, layer, ctx, conv, slots, act, placement, rope))
         guarded(res, lambda: _properties(res, layer, ctx, conv))
-    guarded(res, lambda: _tutorial_shapes(res, layer, ctx))
+
+    def shapes() -> None:
+        with ctx.hyperparameters(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
+            _tutorial_shapes(res, layer, ctx)
+
+    guarded(res, shapes)
     return finish(res)
 
 

@@ -1,7 +1,9 @@
 """The report of `handformer check`: readable text in English or Chinese, or JSON for an autograder.
 
-Exit code: 0 when every component passes or differs by design (a consistently pre-norm layer), 1
-when any fails, raises, or nothing could be checked.
+Exit code: 0 when every component was checked and passes or differs by design (a consistently
+pre-norm layer); 1 when any fails or raises (or the file cannot be imported, or defines nothing to
+check); 3 when nothing failed but some component was NOT CHECKED (check could not build or drive
+it: the report prints the adapter that lets it). 2 is the command line's usage error.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import json
 import locale
 import os
 
+from handformer.check.adapters import CANNOT
 from handformer.check.diagnoses import CATALOG
 from handformer.check.discovery import DESCRIPTIONS
 from handformer.check.kinds import KINDS_TABLE
@@ -17,6 +20,7 @@ from handformer.check.result import (
     DIFFERS,
     ERROR,
     FAIL,
+    NOT_CHECKED,
     PASS,
     TODO,
     ComponentResult,
@@ -24,8 +28,10 @@ from handformer.check.result import (
     LearnerError,
 )
 
-STATUS = {"en": {PASS: "PASS", FAIL: "FAIL", DIFFERS: "DIFFERS", ERROR: "ERROR", TODO: "NOT IMPLEMENTED YET"},
-          "zh": {PASS: "通过", FAIL: "未通过", DIFFERS: "设计不同（允许）", ERROR: "出错", TODO: "尚未实现"}}
+STATUS = {"en": {PASS: "PASS", FAIL: "FAIL", DIFFERS: "DIFFERS", ERROR: "ERROR", TODO: "NOT IMPLEMENTED YET",
+                 NOT_CHECKED: "NOT CHECKED"},
+          "zh": {PASS: "通过", FAIL: "未通过", DIFFERS: "设计差异（允许）", ERROR: "出错", TODO: "尚未实现",
+                 NOT_CHECKED: "未检查"}}
 KIND_ZH = {k.name: k.zh for k in KINDS_TABLE}
 MASK_KINDS = ("causal_mask", "masked_softmax", "sdpa", "mha", "gqa", "causal_attention", "encoder_layer",
               "decoder_layer", "block")
@@ -37,7 +43,11 @@ WORDS = {
            "summary": "{p} passed, {d} differ by design, {f} failed, {e} raised, of {n} components",
            "sandbox": "(your code ran in a child process: {t:g} s and {m} MiB per step)",
            "memory": "ran out of memory", "nothing": "nothing to check",
-           "todo": ", {t} not implemented yet (fill in their TODOs)"},
+           "todo": ", {t} not implemented yet (fill in their TODOs)",
+           "not_checked": ", {c} not checked (check could not build or drive them: write the adapters shown)",
+           "why": "why not checked", "adapter": "the adapter that lets check build or drive it (in "
+           "handformer_adapters.py beside your file, or --adapters FILE)", "driven": "driven through",
+           "skipped": "top-level statements not run (your definitions were graded without them)"},
     "zh": {":": "：", "weights": "权重映射", "mask": "掩码约定", "convention": "约定", "line": "第",
            "fix": "修改建议", "observed": "观察到", "checks_ok": "满足的要求（{n}）",
            "failed": "未满足的要求",
@@ -45,7 +55,11 @@ WORDS = {
            "summary": "共 {n} 个组件：{p} 个通过，{d} 个属于设计差异（不算错），{f} 个未通过，{e} 个出错",
            "sandbox": "（你的代码在子进程中运行：每一步限时 {t:g} 秒、内存 {m} MiB）",
            "memory": "内存不足", "nothing": "没有可检查的内容",
-           "todo": "，{t} 个尚未实现（把其中的 TODO 写完）"},
+           "todo": "，{t} 个尚未实现（把其中的 TODO 写完）",
+           "not_checked": "，{c} 个未检查（检查程序无法构建或调用它们：按提示写适配函数）",
+           "why": "未检查的原因", "adapter": "写上这个适配函数，检查程序就能构建或调用它（放在你的文件旁边的 "
+           "handformer_adapters.py 里，或者用 --adapters 文件）", "driven": "调用方式",
+           "skipped": "没有运行的顶层语句（只检查了你的定义）"},
 }
 
 
@@ -63,7 +77,14 @@ def default_language() -> str:
 
 
 def exit_code(result: FileResult) -> int:
-    return 0 if result.ok else 1
+    """0 all checked and passed, 1 a failure (or the file could not be checked at all), 3 nothing
+    failed but something was NOT CHECKED."""
+    if result.ok:
+        return 0
+    if result.error is None and result.components and all(
+            c.status in (PASS, DIFFERS, NOT_CHECKED) for c in result.components):
+        return 3
+    return 1
 
 
 def to_json(result: FileResult) -> str:
@@ -86,12 +107,14 @@ def _paren(inner: str, lang: str) -> str:
     return f" ({inner})" if lang == "en" else f"（{inner}）"
 
 
-def format_error(err: LearnerError, lang: str, indent: str = "  ") -> list[str]:
+def format_error(err: LearnerError, lang: str, indent: str = "  ", unchecked: bool = False) -> list[str]:
     w = WORDS[lang]
     where = _paren(f"{w['in']} {err.where}", lang) if err.where else ""
     memory = err.kind == "memory" and "memory" not in err.message.split(":")[0]
     head = f"{w['memory']}{w[':']}" if memory else ""
-    lines = [f"{indent}{w['error']}{where}{w[':']}{head}{err.message}"]
+    message = err.message_zh if lang == "zh" and err.message_zh else err.message
+    label = w["why"] if unchecked or err.kind in CANNOT else w["error"]
+    lines = [f"{indent}{label}{where}{w[':']}{head}{message}"]
     lines += [f"{indent}  {frame}" for frame in err.traceback]
     return lines
 
@@ -107,8 +130,13 @@ def format_component(c: ComponentResult, lang: str) -> list[str]:
     if c.convention:
         label = w["mask"] if c.kind in MASK_KINDS else w["convention"]
         lines.append(f"  {label}{w[':']}{c.convention[lang]}")
+    if c.driven:
+        lines.append(f"  {w['driven']}{w[':']}{c.driven[lang]}")
     if c.error:
-        lines += format_error(c.error, lang)
+        lines += format_error(c.error, lang, unchecked=c.status == NOT_CHECKED)
+    if c.adapter:
+        lines.append(f"  {w['adapter']}{w[':']}")
+        lines += [f"      {row}" for row in c.adapter.splitlines()]
     for f in c.findings:
         d = CATALOG[f.name]
         lines.append(f"  x {f.name}{w[':']}{d.title[lang]}")
@@ -135,6 +163,8 @@ def format_report(result: FileResult, lang: str = "en", time_limit: float | None
     out = [f"handformer check {result.path}"]
     if time_limit is not None:
         out.append(w["sandbox"].format(t=time_limit, m=memory_limit))
+    if result.skipped:
+        out.append(f"{w['skipped']}{w[':']}" + ("; " if lang == "en" else "；").join(result.skipped))
     out.append("")
     if result.error:
         out += format_error(result.error, lang, indent="")
@@ -145,5 +175,7 @@ def format_report(result: FileResult, lang: str = "en", time_limit: float | None
     summary = w["summary"].format(p=counts[PASS], d=counts[DIFFERS], f=counts[FAIL], e=counts[ERROR],
                                   n=len(result.components))
     todo = sum(c.status == TODO for c in result.components)
-    out.append(summary + (w["todo"].format(t=todo) if todo else ""))
+    unchecked = sum(c.status == NOT_CHECKED for c in result.components)
+    out.append(summary + (w["todo"].format(t=todo) if todo else "")
+               + (w["not_checked"].format(c=unchecked) if unchecked else ""))
     return "\n".join(out) + "\n"

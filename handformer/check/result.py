@@ -13,6 +13,9 @@ Text = dict[str, str]  # {"en": ..., "zh": ...}
 
 PASS, FAIL, DIFFERS, ERROR = "pass", "fail", "differs", "error"
 TODO = "todo"  # the learner's code raises NotImplementedError: a starter file not filled in yet
+# check could not build or drive the component (its constructor's arguments, its call, a stand-in's
+# interface, a bug of handformer's): nothing is said about the learner's code; an adapter makes it checkable
+NOT_CHECKED = "not_checked"
 
 
 def text(en: str, zh: str) -> Text:
@@ -44,17 +47,18 @@ class LearnerError:
     """An exception (or a limit) in the learner's code, its traceback trimmed to their file."""
 
     kind: str  # exception | not_implemented | syntax | timeout | memory | nothing_found | discovery | mapping
-    # | crash
+    # | crash | internal | stand_in | cannot_build | cannot_call
     message: str
     where: str = ""  # "import", "__init__", "forward", ...
     traceback: list[str] = field(default_factory=list)  # "line N: code" of the learner's frames
+    message_zh: str = ""  # the message in Chinese ("" where the message is the learner's own exception)
 
 
 @dataclass
 class ComponentResult:
     kind: str
     name: str  # the learner's name for it
-    status: str = PASS  # pass | fail | differs | error | todo
+    status: str = PASS  # pass | fail | differs | error | todo | not_checked
     max_abs_error: float | None = None
     mapping: list[str] = field(default_factory=list)  # "learner.param -> W_Q"
     convention: Text | None = None  # the mask convention detected
@@ -62,6 +66,8 @@ class ComponentResult:
     checks: list[Check] = field(default_factory=list)
     notes: list[Text] = field(default_factory=list)
     error: LearnerError | None = None
+    driven: Text | None = None  # what model drove it: the learner's own, or a stand-in (and why)
+    adapter: str = ""  # for NOT CHECKED: the adapter function that lets check build it
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,6 +88,7 @@ class FileResult:
     path: str
     components: list[ComponentResult] = field(default_factory=list)
     error: LearnerError | None = None  # syntax error, exception at import, nothing recognisable
+    skipped: list[str] = field(default_factory=list)  # top-level statements not run (definitions graded)
 
     @property
     def ok(self) -> bool:
@@ -90,4 +97,4 @@ class FileResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "ok": self.ok, "error": asdict(self.error) if self.error else None,
-                "components": [c.to_dict() for c in self.components]}
+                "skipped": self.skipped, "components": [c.to_dict() for c in self.components]}

@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from handformer.check import fingerprint as fp
+from handformer.check.adapters import adapter_hint, cannot_check
+from handformer.check.adapters import functions as adapter_functions
+from handformer.check.adapters import load as load_adapters
 from handformer.check.discovery import (
     NAMES,
     Component,
@@ -28,6 +31,7 @@ from handformer.check.kinds import KINDS_BY_NAME
 from handformer.check.result import (
     ERROR,
     FAIL,
+    NOT_CHECKED,
     TODO,
     ComponentResult,
     FileResult,
@@ -62,11 +66,45 @@ def import_learner(path: str) -> types.ModuleType:
     return module
 
 
+def import_definitions(path: str) -> tuple[types.ModuleType, list[str]]:
+    """The learner's file run one top-level statement at a time, for a file whose top level cannot
+    run as written (a training loop at module level, a data file or package that is not there):
+    imports, definitions and assignments run, each on its own, and one that raises is skipped; loops,
+    `with` blocks and bare calls (the script's work) are skipped without running. The file itself is
+    never edited. Returns the module and the statements skipped, "line N: code (why)"."""
+    import ast
+
+    source = Path(path).read_text(encoding="utf-8")
+    tree = ast.parse(source, path)
+    name = "learner_" + "".join(c if c.isalnum() else "_" for c in Path(path).stem)
+    module = types.ModuleType(name)
+    module.__file__ = path
+    sys.modules[name] = module
+    folder = str(Path(path).resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    lines, skipped = source.splitlines(), []
+    for node in tree.body:
+        first = f"line {node.lineno}: {lines[node.lineno - 1].strip()[:80]}"
+        script = isinstance(node, (ast.For, ast.While, ast.With, ast.AsyncFor, ast.AsyncWith)) or (
+            isinstance(node, ast.Expr) and not isinstance(node.value, ast.Constant)) or (
+            isinstance(node, ast.If) and "__name__" in ast.unparse(node.test))
+        if script:
+            skipped.append(f"{first} (the script's work, not a definition)")
+            continue
+        code = compile(ast.Module([node], []), path, "exec")
+        try:
+            exec(code, vars(module))  # noqa: S102  (the learner's own file, as their import would run it)
+        except Exception as err:  # a statement that cannot run here: skipped, said so
+            skipped.append(f"{first} ({type(err).__name__}: {str(err)[:120]})")
+    return module, skipped
+
+
 def check_component(comp: Component, ctx: Context) -> ComponentResult:
     ctx.partial = None
     ctx.learner.calls = ctx.learner.nan_calls = 0
     try:
-        with torch.no_grad():
+        with torch.no_grad(), ctx.hyperparameters(comp):
             result = runner_for(comp.kind)(comp, ctx)
     except fp.LearnerFailure as failure:
         result = ComponentResult(comp.kind, comp.name, ERROR, error=failure.error)
@@ -74,6 +112,8 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
         if partial is not None and partial.name == comp.name and partial.findings:  # found before it raised
             partial.status, partial.error = ERROR, failure.error
             result = partial
+        elif partial is not None and partial.name == comp.name:
+            result.driven = partial.driven  # what drove it (their model, or a stand-in that refused the call)
     except (MappingError, DiscoveryError) as err:
         result = ComponentResult(comp.kind, comp.name, ERROR,
                                  error=LearnerError("mapping", str(err), "__init__"))
@@ -83,6 +123,18 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
         result = ComponentResult(comp.kind, comp.name, ERROR, error=internal_error(err, ctx.path))
     if result.status == ERROR and not result.findings and not_implemented(comp, result.error):
         result.status = TODO
+    if result.status == ERROR and not result.findings and (cannot_check(result.error) or needs_skipped(
+            result.error, ctx.skipped) or method_on_stand_in(comp, result)):
+        theirs = None
+        if result.error and result.error.kind == "mapping":
+            with ctx.hyperparameters(comp):
+                theirs = raises_alone(comp, ctx)
+        if theirs is not None:  # their forward raises on a plain input it accepts: their exception
+            result.error = theirs
+        else:
+            result.status, result.adapter = NOT_CHECKED, adapter_hint(comp)
+    if ctx.hyperparameter_note is not None:
+        result.notes.append(ctx.hyperparameter_note)
     if not result.findings and result.status in (FAIL, ERROR) and (
             result.error is None or result.error.kind == "exception"):
         result.findings += inherited(comp, ctx)
@@ -96,6 +148,57 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
             "还是对全为 -inf 的一行做了 softmax？）"))
     ctx.results[comp.name] = result
     return result
+
+
+SMOKED = ("mha", "gqa", "causal_attention", "ffn", "layernorm", "rmsnorm", "block", "encoder_layer")
+
+
+def raises_alone(comp: Component, ctx: Context) -> LearnerError | None:
+    """For a component whose weights could not be mapped: its exception when, built at check's sizes,
+    its own forward raises on a plain (2, 5, d_model) input (q = k = v, no mask): then the learner's
+    code fails on an input it accepts (an nn.Linear with its sizes swapped), which is theirs to fix;
+    None when it runs (or cannot be built or called), and the component stays NOT CHECKED."""
+    from handformer.check.attention import caller
+    from handformer.check.context import SIZES, D
+    from handformer.check.discovery import build
+
+    if comp.kind not in SMOKED or not inspect.isclass(comp.obj):
+        return None
+    try:
+        module = build(comp.obj, SIZES, ctx.parts(SIZES))
+    except Exception:  # noqa: BLE001  (cannot be built: nothing to say about it)
+        return None
+    x = torch.randn(2, 5, D)
+    call = caller(module).call if comp.kind in ("mha", "gqa", "causal_attention") else None
+    try:
+        with torch.no_grad():
+            call(x, x, x, None) if call else module(x)
+    except Exception as err:  # noqa: BLE001
+        error = learner_error(err, ctx.path, "forward")
+        return error if error.kind == "exception" and error.traceback else None
+    return None
+
+
+def method_on_stand_in(comp: Component, result: ComponentResult) -> bool:
+    """A class's own method (minimind's `MiniMindForCausalLM.generate`) driven with a stand-in
+    as its model raised: it may read attributes only its own class has."""
+    error, driven = result.error, result.driven
+    if "." not in comp.name or error is None or error.kind != "exception" or driven is None:
+        return False
+    if not driven["en"].startswith("a stand-in"):
+        return False
+    result.error.kind = "stand_in"
+    return True
+
+
+def needs_skipped(error: LearnerError | None, skipped: list[str]) -> bool:
+    """An exception that a top-level statement that was not run explains: a NameError of a name it
+    defines (Karpathy's stoi, built from the data file)."""
+    if error is None or not skipped or not error.message.startswith("NameError"):
+        return False
+    error.kind = "cannot_call"
+    error.message += " (defined by a top-level statement that was not run; see the skipped statements)"
+    return True
 
 
 def not_implemented(comp: Component, error: LearnerError | None) -> bool:
@@ -153,16 +256,18 @@ def internal_error(err: Exception, path: str) -> LearnerError:
     """An exception of handformer's own code while checking: the report says it is handformer's bug,
     with the learner's line it was running, if any (tests require that this never happens)."""
     theirs = learner_error(err, path, "check").traceback
-    return LearnerError("internal", f"handformer could not check this component: {type(err).__name__}: "
-                        f"{str(err).splitlines()[0][:300] if str(err) else ''} (a bug in handformer's "
-                        "grader, not in your code; please report it with your file)", "check", theirs)
+    detail = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
+    return LearnerError("internal", f"handformer could not check this component: {detail} (a bug in "
+                        "handformer's grader, not in your code; please report it with your file)", "check",
+                        theirs, f"handformer 检查不了这个组件：{detail}（这是 handformer 检查程序的 bug，"
+                        "不是你的代码的问题；请连同你的文件一起报告）")
 
 
 def check_file(path: str, overrides: dict[str, str] | None = None, only: list[str] | None = None,
                convention: str | None = None,
                emit: Callable[[ComponentResult], None] | None = None,
                started: Callable[[str, str], None] | None = None, skip: list[str] | None = None,
-               ) -> FileResult:
+               adapters: str | None = None, definitions_only: bool = False) -> FileResult:
     """Import the learner's file and check each component it defines. `started(step, kind)` is told
     each step before it runs: "import", then each component's name and the kind it is checked as."""
     from handformer.check.context import Context
@@ -173,17 +278,25 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
     if started:
         started("import", "")
     try:
-        module = import_learner(path)
+        if definitions_only:
+            module, result.skipped = import_definitions(path)
+        else:
+            module = import_learner(path)
     except BaseException as err:  # their module body: anything it raises is reported
         if isinstance(err, KeyboardInterrupt):
             raise
-        result.error = learner_error(err, path, "import")
-        return result
+        error = learner_error(err, path, "import")
+        if definitions_only or isinstance(err, (SyntaxError, SystemExit)) or error.kind != "exception":
+            result.error = error
+            return result
+        module, result.skipped = import_definitions(path)  # their definitions, without the top level
     try:
-        components = find_components(module, overrides, only)
-        everything = find_components(module, overrides)  # a layer may be built from their attention
+        found = adapter_functions(load_adapters(adapters, path), module)
+        components = find_components(module, overrides, only, found)
+        everything = find_components(module, overrides, None, found)  # a layer may be built from theirs
     except DiscoveryError as err:  # --component names something the file does not define
-        result.error = LearnerError("discovery", str(err), "discovery")
+        result.error = LearnerError("discovery", str(err), "discovery",
+                                    message_zh=f"--component 有误：{err}")
         return result
     todo = [c for c in components if c.name not in (skip or [])]
     if not components:
@@ -191,9 +304,13 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
         result.error = LearnerError(
             "nothing_found", f"found no component to check; the file defines: {names}. handformer "
             f"looks for names such as {', '.join(n for ns in NAMES.values() for n in ns[:2])}; point "
-            "a kind at your name with --component mha=MyAttention", "discovery")
+            "a kind at your name with --component mha=MyAttention", "discovery",
+            message_zh=f"没有找到可检查的组件；文件里定义了：{names}。handformer 按名字找组件，例如 "
+            f"{', '.join(n for ns in NAMES.values() for n in ns[:2])}；可以用 --component mha=MyAttention "
+            "把某类组件指向你起的名字，或者写适配函数（见 docs/zh/check.md）")
         return result
     ctx = Context(path, module, {c.kind: c for c in reversed(everything)}, convention)
+    ctx.skipped = result.skipped
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: a second thread costs more than it saves
     try:

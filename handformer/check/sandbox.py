@@ -33,26 +33,37 @@ STARTUP_LIMIT = 120.0  # seconds for the child to import torch and handformer on
 
 def check_in_child(path: str, overrides: dict[str, str] | None = None, only: list[str] | None = None,
                    convention: str | None = None, time_limit: float = TIME_LIMIT,
-                   memory_limit: int = MEMORY_LIMIT) -> FileResult:
-    """Check the learner's file in child processes; never hangs, never raises for their code."""
+                   memory_limit: int = MEMORY_LIMIT, adapters: str | None = None) -> FileResult:
+    """Check the learner's file in child processes; never hangs, never raises for their code. A file
+    whose top level outlives the time limit (a training loop at module level) has its definitions
+    checked without it."""
     path = str(Path(path).resolve())
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    result, skip = FileResult(path), []
+    if adapters is not None and not Path(adapters).is_file():
+        raise FileNotFoundError(f"--adapters {adapters}: no such file")
+    result, skip, definitions_only = FileResult(path), [], False
     while True:
         lines, phase, stack, reason = _run_child(
             {"path": path, "overrides": overrides or {}, "only": only or [], "convention": convention,
-             "memory_limit": memory_limit, "time_limit": time_limit, "skip": skip}, time_limit)
+             "memory_limit": memory_limit, "time_limit": time_limit, "skip": skip,
+             "adapters": str(Path(adapters).resolve()) if adapters else None,
+             "definitions_only": definitions_only}, time_limit)
         for line in lines:
             if "component" in line:
                 result.components.append(ComponentResult.from_dict(line["component"]))
                 skip.append(line["component"]["name"])
             elif "file_error" in line:
                 result.error = LearnerError(**line["file_error"])
+            elif "skipped" in line:
+                result.skipped = line["skipped"]
         if any("done" in line for line in lines):
             return result
         step, kind = phase if phase else (None, "")
         error = _stopped(reason, step, stack, path, time_limit, memory_limit, kind)
+        if step == "import" and reason == "timeout" and not definitions_only:
+            definitions_only = True  # their top level runs too long: the definitions without it
+            continue
         if step in (None, "ready", "import"):
             result.error = error
             return result
@@ -122,17 +133,27 @@ def _stopped(reason: str, phase: str | None, stack: str, path: str, time_limit: 
                "a BPE trainer that never ends, or a quadratic one (bpe_quadratic_trainer: it recounts "
                "every pair of the corpus after every merge)" if kind == "bpe" else
                "an infinite loop, or far too slow for tensors of a few dozen numbers")
+        why_zh = ("生成循环停不下来（它受 max_new_tokens 限制吗？），或者对只有几千个权重的模型来说慢得离谱"
+                  if kind == "generate" else
+                  "BPE 训练停不下来，或者是平方复杂度的（bpe_quadratic_trainer："
+                  "每次合并后都重新统计整个语料的所有字节对）"
+                  if kind == "bpe" else "死循环，或者对只有几十个数的张量来说慢得离谱")
         return LearnerError("timeout", f"stopped after {time_limit:g} s in {where}: {why} (raise the limit "
-                            "with --time-limit)", where, frames)
+                            "with --time-limit)", where, frames,
+                            f"在 {where} 运行 {time_limit:g} 秒后被停止：{why_zh}"
+                            "（可以用 --time-limit 放宽限制）")
     if reason == "signal 9":
         return LearnerError("memory", f"killed in {where}, most likely for using more than the "
-                            f"{memory_limit} MiB memory limit", where, frames)
+                            f"{memory_limit} MiB memory limit", where, frames,
+                            f"在 {where} 被终止，很可能是用了超过 {memory_limit} MiB 的内存上限")
     last = stack.strip().splitlines()[-1] if stack.strip() else ""
+    last_zh = last
     if reason.startswith("exit ") and not last:
         last = ("your code ended the process (os._exit, or a library it called that exits); a component "
                 "returns its result, it does not end the program")
+        last_zh = "你的代码结束了进程（os._exit，或者它调用的库退出了）；组件应该返回结果，而不是结束程序"
     return LearnerError("crash", f"the check process ended ({reason}) in {where}: {last or 'no message'}",
-                        where, frames)
+                        where, frames, f"检查进程在 {where} 结束了（{reason}）：{last_zh or '没有消息'}")
 
 
 def _learner_frames(stack: str, path: str) -> list[str]:
@@ -171,8 +192,12 @@ def _child(request: dict[str, Any]) -> None:
 
     Path(request["progress"]).write_text("ready")
     result = check_file(request["path"], request["overrides"], request["only"] or None,
-                        request["convention"], emit=emit, started=started, skip=request["skip"])
+                        request["convention"], emit=emit, started=started, skip=request["skip"],
+                        adapters=request.get("adapters"),
+                        definitions_only=request.get("definitions_only", False))
     faulthandler.cancel_dump_traceback_later()
+    if result.skipped:
+        results.write(json.dumps({"skipped": result.skipped}) + "\n")
     if result.error:
         from dataclasses import asdict
 

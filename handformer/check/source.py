@@ -45,10 +45,12 @@ def learner_error(err: BaseException, path: str, where: str) -> LearnerError:
     """The exception as a report: message, and the frames that are in the learner's file."""
     if isinstance(err, SyntaxError) and err.filename and _same(err.filename, path):
         frames = [f"line {err.lineno}: {(err.text or '').strip()}"]
-        return LearnerError("syntax", f"SyntaxError: {err.msg}", where, frames)
+        return LearnerError("syntax", f"SyntaxError: {err.msg}", where, frames,
+                            f"语法错误（SyntaxError）：{err.msg}")
+    stack = traceback.extract_tb(err.__traceback__)
     frames = [f"line {f.lineno}, in {f.name}: {(f.line or '').strip()}"
-              for f in traceback.extract_tb(err.__traceback__) if _same(f.filename, path)]
-    kind = "memory" if _is_memory(err) else "exception"
+              for f in stack if _same(f.filename, path)]
+    kind = "memory" if _is_memory(err) else "stand_in" if raised_by_stand_in(stack, path) else "exception"
     message = f"{type(err).__name__}: {err}".strip()
     if isinstance(err, NotImplementedError):  # a starter file's TODO, not a bug
         kind, message = "not_implemented", f"not implemented yet ({message.rstrip(':')})"
@@ -57,6 +59,21 @@ def learner_error(err: BaseException, path: str, where: str) -> LearnerError:
                    "returns its result, it does not end the program")
     return LearnerError(kind, message.splitlines()[0][:400] if message else type(err).__name__, where,
                         frames)
+
+
+def raised_by_stand_in(stack: traceback.StackSummary, path: str) -> bool:
+    """Whether the innermost frame that is neither torch's nor Python's own is handformer's: the
+    learner's code called a stand-in (a model check built for it) that would not take the call, so
+    the exception is the stand-in's, never shown as theirs."""
+    import os
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for frame in reversed(stack):
+        if _same(frame.filename, path):
+            return False
+        if os.path.abspath(frame.filename).startswith(package + os.sep):
+            return True
+    return False
 
 
 def _same(a: str, b: str) -> bool:

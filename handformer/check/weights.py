@@ -31,6 +31,7 @@ class Leaf:
     module: nn.Module
     weight: nn.Parameter
     bias: nn.Parameter | None
+    parts: list[nn.Parameter] | None = None  # heads kept as a list of single heads: one per head
 
 
 @dataclass
@@ -66,10 +67,56 @@ def _bias_like(params: dict[str, nn.Parameter]) -> str | None:
     return list(params)[1]
 
 
-def leaves(module: nn.Module) -> list[Leaf]:
-    """The learner's linear layers, norms and embeddings in definition order."""
-    found = []
+ROLE_ORDER = (("query", "q"), ("key", "k"), ("value", "v"))
+
+
+def _role_word(name: str) -> str:
+    """query, key, value, q, k, v or wq from a projection's name (q_proj, W_query, key, ...)."""
+    return name.lower().replace("_proj", "").replace("proj", "").removeprefix("w_").strip("_")
+
+
+def single_heads(name: str, sub: nn.Module) -> list[Leaf] | None:
+    """Heads kept as an nn.ModuleList of single-head modules (Karpathy's `Head(head_size)`, each with
+    its own key, query and value nn.Linear(n_embd, head_size)): three leaves, W_Q, W_K and W_V, each
+    the heads' weights stacked in head order (what one (d_model, d_model) projection split into heads
+    holds), named by their roles; None for any other module."""
+    heads = list(sub.children()) if isinstance(sub, nn.ModuleList) else []
+    if not heads or len({type(h) for h in heads}) != 1:
+        return None
+    per = [[(n, m) for n, m in h.named_children() if isinstance(m, nn.Linear)] for h in heads]
+    if any(len(p) != 3 or len(list(h.parameters())) != sum(len(list(m.parameters())) for _, m in p)
+           for p, h in zip(per, heads)):
+        return None
+    names = [n for n, _ in per[0]]
+    order = []
+    for word, letter in ROLE_ORDER:
+        hit = next((n for n in names if _role_word(n) in (word, letter, "w" + letter)), None)
+        if hit is None or hit in order:
+            return None
+        order.append(hit)
+    out = []
+    for role in order:
+        mods = [dict(p)[role] for p in per]
+        weight = torch.cat([m.weight for m in mods]).detach()  # (H * Dh, D)
+        bias = torch.cat([m.bias for m in mods]).detach() if mods[0].bias is not None else None
+        label = f"{name or '(self)'}[*].{role}"
+        out.append(Leaf(label, "linear", sub, weight, bias, [m.weight for m in mods]))
+    return out
+
+
+def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
+    """The learner's linear layers, norms and embeddings in definition order; heads kept as a list of
+    single heads are stacked into W_Q, W_K, W_V (`single_heads`) unless `stack_heads` is False."""
+    found: list[Leaf] = []
+    inside: set[int] = set()
     for name, sub in module.named_modules():
+        if id(sub) in inside:
+            continue
+        stacked = single_heads(name, sub) if stack_heads else None
+        if stacked:
+            found += stacked
+            inside |= {id(m) for m in sub.modules()}
+            continue
         params = dict(sub.named_parameters(recurse=False))
         if not params:
             continue
@@ -97,7 +144,7 @@ def scramble_(module: nn.Module, seed: int = 0) -> None:
     biases N(0, 0.2^2)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for leaf in leaves(module):
+        for leaf in leaves(module, stack_heads=False):
             w = leaf.weight
             noise = torch.randn(w.shape, generator=g, dtype=torch.float64).to(w.dtype)
             if leaf.kind == "norm":

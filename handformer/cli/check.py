@@ -32,7 +32,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise ValueError("--time-limit must be > 0 seconds and --memory-limit at least 1024 MiB "
                          "(torch itself needs about 1 GiB of address space)")
     convention = None if args.mask_convention == "auto" else args.mask_convention
-    result = check_in_child(args.path, overrides, only, convention, args.time_limit, args.memory_limit)
+    result = check_in_child(args.path, overrides, only, convention, args.time_limit, args.memory_limit,
+                            args.adapters)
     result.path = args.path  # as the learner typed it
     if args.json:
         sys.stdout.write(to_json(result) + "\n")
@@ -55,8 +56,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "temperature, top-k, top-p, greedy, a sampling step, generate; in the tutorials', the "
         "Annotated Transformer's, d2l's or nanoGPT's style), copy weights between them and "
         "handformer's, and compare outputs, attention weights and gradients; name classic mistakes "
-        "and the line they are on. Exit code 0: every component passes (or differs by design, e.g. "
-        "pre-norm); 1: any fails.")
+        "and the line they are on. Exit code 0: every component was checked and passes (or differs by "
+        "design, e.g. pre-norm); 1: any fails; 3: nothing failed but some component was NOT CHECKED "
+        "(check could not build or drive it; the report prints the adapter that lets it).")
     p.add_argument("path", help="your Python file")
     p.add_argument("--component", action="extend", nargs="+", default=[], metavar="KIND[=NAME]",
                    help="check only these kinds (one or more, repeatable); KIND=NAME checks your "
@@ -69,6 +71,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    default="auto", help="how your code reads masks: auto detects 0/1 int (0 = masked), "
                    "bool True = keep, and additive float masks; torch = bool True = masked (torch.nn's "
                    "convention, which auto reports as an inverted mask)")
+    p.add_argument("--adapters", metavar="FILE", default=None,
+                   help="a Python file of adapter functions for what check cannot infer: "
+                   "make_<kind>(d_model, n_heads, ...) returns your module of that kind, <kind>(...) "
+                   "calls your function as check calls it (default: handformer_adapters.py beside your "
+                   "file, when there is one); a NOT "
+                   "CHECKED component prints the adapter to write")
     p.add_argument("--time-limit", type=float, default=TIME_LIMIT,
                    help=f"seconds for each step of your code (default {TIME_LIMIT:g})")
     p.add_argument("--memory-limit", type=int, default=MEMORY_LIMIT,

@@ -7,7 +7,7 @@ import unicodedata
 from pathlib import Path
 
 STATES = {"en": {}, "zh": {"missing": "缺少文件", "not started": "还没开始", "pass": "通过",
-                           "not implemented yet": "尚未实现", "fail": "未通过"}}
+                           "not implemented yet": "尚未实现", "fail": "未通过", "NOT CHECKED": "未检查"}}
 ACTIONS = {"written": "写入", "kept": "保留", "kept, changed by you": "保留（你改过）", "reset": "已重置"}
 
 

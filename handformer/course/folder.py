@@ -173,14 +173,14 @@ def reset(folder: Path, chapter: str) -> list[tuple[str, str]]:
 @dataclass
 class ChapterStatus:
     chapter: Chapter
-    state: str  # missing | not started | pass | not implemented yet | fail
+    state: str  # missing | not started | pass | not implemented yet | fail | NOT CHECKED
     detail: str = ""
 
 
 def status(folder: Path, time_limit: float | None = None) -> tuple[str, list[ChapterStatus]]:
     """(the course's language, the state of each chapter): a file still equal to its starter is
     "not started"; every other file is graded by `handformer check` in a child process."""
-    from handformer.check.result import DIFFERS, PASS, TODO
+    from handformer.check.result import DIFFERS, NOT_CHECKED, PASS, TODO
     from handformer.check.sandbox import TIME_LIMIT, check_in_child
 
     data = read_manifest(folder)
@@ -203,9 +203,15 @@ def status(folder: Path, time_limit: float | None = None) -> tuple[str, list[Cha
             out.append(ChapterStatus(ch, "pass", f"{n} 个组件" if zh else f"{n} components"))
         else:
             todo = [c.name for c in result.components if c.status == TODO]
-            bad = [c.name for c in result.components if c.status not in (PASS, DIFFERS, TODO)]
+            unchecked = [c for c in result.components if c.status == NOT_CHECKED]
+            bad = [c.name for c in result.components if c.status not in (PASS, DIFFERS, TODO, NOT_CHECKED)]
             if bad:
                 out.append(ChapterStatus(ch, "fail", ", ".join(bad)))
-            else:
+            elif todo:
                 out.append(ChapterStatus(ch, "not implemented yet", ", ".join(todo)))
+            else:  # nothing failed, but check could not build or drive some component: the reason
+                zh = data["lang"] == "zh"
+                why = [(c.name, c.error.message_zh if c.error and zh and c.error.message_zh
+                        else c.error.message if c.error else "") for c in unchecked]
+                out.append(ChapterStatus(ch, "NOT CHECKED", "; ".join(f"{n}: {m[:160]}" for n, m in why)))
     return data["lang"], out
