@@ -205,7 +205,9 @@ def test_bad_responses_bodies_are_400s_naming_the_field(server):
     for extra, param in (({"input": 3}, "input"), ({"input": [{"role": "wizard", "content": "x"}]}, "input[0].role"),
                          ({"tools": [{"type": "web_search"}]}, "tools[0]"), ({"temperature": 3}, "temperature"),
                          ({"reasoning": {"effort": "huge"}}, "reasoning"), ({"frobnicate": 1}, "frobnicate"),
-                         ({"text": {"format": {"type": "xml"}}}, "text.format"), ({"background": True}, "background")):
+                         ({"text": {"format": {"type": "xml"}}}, "text.format"), ({"background": True}, "background"),
+                         ({"text": {"format": {"type": "json_schema", "name": "r", "schema": {"type": "strin"}}}},
+                          "text.format.schema")):
         response = httpx.post(server.url + "/v1/responses", json={**ok, **extra},
                               headers={"Authorization": f"Bearer {KEY}"})
         assert response.status_code == 400 and response.json()["error"]["param"] == param, (extra, response.text)

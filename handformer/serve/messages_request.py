@@ -89,7 +89,9 @@ def _output_config(value: Any) -> tuple[str | None, ResponseFormat | None]:
         raise APIError(400, 'output_config must be {"effort": "low" | "medium" | "high" | "xhigh" | "max", '
                        f'"format": {{"type": "json_schema", "schema": {{...}}}}}}, got {_show(value)}',
                        "output_config")
-    return value.get("effort"), ResponseFormat("json_schema", fmt["schema"], "output") if fmt else None
+    answer = None if fmt is None else ResponseFormat("json_schema", fmt["schema"], "output",
+                                                     "output_config.format", "output_config.format.schema")
+    return value.get("effort"), answer
 
 
 def _system(value: Any) -> list[dict[str, Any]]:

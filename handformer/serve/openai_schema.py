@@ -39,6 +39,10 @@ class ResponseFormat:
     type: str
     schema: dict[str, Any] | None = None
     name: str | None = None
+    # where the request gave it, for the `param` of its errors: chat completions' names by default;
+    # the Responses API's `text.format`, the Messages API's `output_config.format`
+    field: str = "response_format"
+    schema_field: str = "response_format.json_schema.schema"
 
 
 @dataclass

@@ -218,14 +218,14 @@ def _text_format(value: Any) -> ResponseFormat | None:
         return None
     kind = fmt.get("type") if isinstance(fmt, dict) else None
     if kind in ("text", "json_object") and set(fmt) == {"type"}:
-        return None if kind == "text" else ResponseFormat("json_object")
+        return None if kind == "text" else ResponseFormat("json_object", field="text.format")
     keys = set(fmt) if isinstance(fmt, dict) else set()
     if kind == "json_schema" and {"type", "name", "schema"} <= keys <= {"type", "name", "schema", "strict",
                                                                         "description"} \
             and isinstance(fmt["name"], str) and TOOL_NAME.fullmatch(fmt["name"]) \
             and isinstance(fmt["schema"], dict) and isinstance(fmt.get("strict"), (bool, type(None))) \
             and isinstance(fmt.get("description"), (str, type(None))):
-        return ResponseFormat("json_schema", fmt["schema"], fmt["name"])
+        return ResponseFormat("json_schema", fmt["schema"], fmt["name"], "text.format", "text.format.schema")
     raise APIError(400, 'text must be {"format": {"type": "text"}}, {"format": {"type": "json_object"}} or '
                    '{"format": {"type": "json_schema", "name": ..., "schema": {...}}}, got '
                    f"{_show(value)}", "text.format")

@@ -32,7 +32,6 @@ from handformer.serve.errors import APIError
 from handformer.serve.openai_schema import ChatRequest, ResponseFormat
 from handformer.tasks.lm.run import LMRun
 
-SCHEMA_PARAM = "response_format.json_schema.schema"
 GRAMMARS_KEPT = 64
 
 
@@ -115,7 +114,7 @@ def answer_schema(fmt: ResponseFormat) -> dict[str, Any]:
 
 
 def param(fmt: ResponseFormat) -> str:
-    return SCHEMA_PARAM if fmt.type == "json_schema" else "response_format"
+    return fmt.schema_field if fmt.type == "json_schema" else fmt.field
 
 
 __all__ = ["Structured"]
