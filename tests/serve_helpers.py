@@ -79,6 +79,19 @@ def make_translation_run(run_dir: Path) -> Path:
     return helpers.make_translation_run(run_dir, layers=1, max_len_b=8)
 
 
+def pace_steps(monkeypatch, server, model: str = "story", seconds: float = 0.005) -> None:
+    """Make each decoding step of `model` as slow as a real model's, so that "a few steps" after a
+    client leaves means the same on any machine."""
+    engine = server.app.state.engines[model].engine
+    step = engine.step
+
+    def paced():
+        time.sleep(seconds)
+        return step()
+
+    monkeypatch.setattr(engine, "step", paced)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -24,7 +24,7 @@ import httpx
 import pytest
 import torch
 from helpers import require_module
-from serve_helpers import Server, make_lm_run, qwen3_template
+from serve_helpers import Server, make_lm_run, pace_steps, qwen3_template
 
 from handformer.serve.app import create_app
 from handformer.serve.registry import load_served_models
@@ -355,13 +355,7 @@ def test_a_budget_spent_ends_the_section_and_the_answer_follows(client, server):
     ("/v1/messages", {"messages": MESSAGES, "max_tokens": 1500, "stream": True})])
 def test_a_request_whose_client_leaves_leaves_the_batch(server, monkeypatch, route, body):
     engine = server.app.state.engines["story"]
-    step = engine.engine.step
-
-    def paced():  # a step as slow as a real model's, so "a few steps" is the same on any machine
-        time.sleep(0.005)
-        return step()
-
-    monkeypatch.setattr(engine.engine, "step", paced)
+    pace_steps(monkeypatch, server)
     # greedy from this prompt does not write the end token: the row decodes until the client leaves
     data = json.dumps({"model": "story", "temperature": 0, **body}).encode()
     before = engine.steps

@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 from helpers import require_module
-from serve_helpers import Server, make_lm_run
+from serve_helpers import Server, make_lm_run, pace_steps
 
 from handformer.serve.app import create_app
 from handformer.serve.errors import error_body
@@ -71,13 +71,7 @@ def sample(samples, name: str, **labels) -> float:
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_a_client_that_leaves_mid_decode_frees_its_rows_within_a_few_steps(server, monkeypatch, caplog, stream):
     engine = server.app.state.engines["story"]
-    step = engine.engine.step
-
-    def paced():  # a step as slow as a real model's, so "a few steps" is the same on any machine
-        time.sleep(0.005)
-        return step()
-
-    monkeypatch.setattr(engine.engine, "step", paced)
+    pace_steps(monkeypatch, server)
     before = sample(scrape(server), "handformer_requests_total", route="/v1/completions", method="POST",
                     status="499")
     # greedy from this prompt never writes the end token: the rows decode until the client leaves

@@ -24,7 +24,7 @@ from typing import Any
 from handformer.generation.tool_calls import Tool
 from handformer.serve.door import APIError, Fields, read_sampling
 from handformer.serve.door import show as _show
-from handformer.serve.openai_schema import MAX_STOP, TOOL_NAME, ChatRequest, ResponseFormat
+from handformer.serve.openai_schema import MAX_STOP, ChatRequest, ResponseFormat, check_tool_name
 from handformer.serve.thinking import EFFORT_BUDGETS, Thinking
 
 IGNORED = {"metadata", "service_tier", "cache_control", "inference_geo", "speed"}
@@ -196,10 +196,7 @@ def _tools(value: Any) -> list[Tool]:
             raise APIError(400,
                            f'{where} must be a client tool {{"name", "description", "input_schema"}} (no '
                            f"server tools here), got {_show(tool)}", where)
-        name = tool.get("name")
-        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name) or any(t.name == name for t in tools):
-            raise APIError(400, f"{where}.name must be a new name of 1 to 64 letters, digits, _ or -, got "
-                           f"{_show(name)}", f"{where}.name")
+        name = check_tool_name(tool.get("name"), tools, f"{where}.name")
         description = tool.get("description")
         if not isinstance(tool.get("input_schema"), dict) or not isinstance(description, (str, type(None))):
             raise APIError(400,

@@ -32,6 +32,14 @@ MAX_EMBED_INPUTS = 256
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name
 
 
+def check_tool_name(name: Any, tools: list[Tool], where: str) -> str:
+    """A tool's `name` at `where`: OpenAI's rule for a function's name, and not one `tools` has."""
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name) or any(t.name == name for t in tools):
+        raise APIError(400, f"{where} must be a new name of 1 to 64 letters, digits, _ or -, "
+                            f"got {_show(name)}", where)
+    return name
+
+
 @dataclass
 class ResponseFormat:
     """`response_format`: "json_object" (any JSON object) or "json_schema" (`schema`)."""

@@ -25,7 +25,7 @@ from typing import Any
 from handformer.generation.tool_calls import Tool
 from handformer.serve.door import APIError, Fields, read_sampling
 from handformer.serve.door import show as _show
-from handformer.serve.openai_schema import TOOL_NAME, ChatRequest, ResponseFormat
+from handformer.serve.openai_schema import TOOL_NAME, ChatRequest, ResponseFormat, check_tool_name
 from handformer.serve.thinking import EFFORTS, effort_thinking
 
 IGNORED = {"include", "metadata", "truncation", "service_tier", "user", "prompt_cache_key",
@@ -177,10 +177,7 @@ def _tools(value: Any) -> list[Tool]:
             raise APIError(400,
                            f'{where} must be a function tool {{"type": "function", "name", "parameters", '
                            f'"description", "strict"}} (no other kind is served), got {_show(tool)}', where)
-        name = tool.get("name")
-        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name) or any(t.name == name for t in tools):
-            raise APIError(400, f"{where}.name must be a new name of 1 to 64 letters, digits, _ or -, got "
-                           f"{_show(name)}", f"{where}.name")
+        name = check_tool_name(tool.get("name"), tools, f"{where}.name")
         parameters = tool.get("parameters")
         parameters = {"type": "object", "properties": {}} if parameters is None else parameters
         text, strict = tool.get("description"), tool.get("strict")
