@@ -41,11 +41,11 @@ def _fail(cls_name: str, name: str, value: Any, fix: str) -> None:
 
 
 def _positive_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
+    return is_number(value) and value > 0
 
 
 def _positive_int(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, int) and value > 0
+    return is_int(value) and value > 0
 
 
 @dataclass

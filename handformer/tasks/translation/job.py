@@ -16,6 +16,7 @@ from handformer.data.lookup import parallel_files
 from handformer.data.parallel import ParallelData, read_parallel
 from handformer.data.sources import DATASETS
 from handformer.data.tokenizer import Tokenizer
+from handformer.settings import is_int, is_number
 from handformer.training.loop import TrainConfig
 
 
@@ -55,14 +56,14 @@ class TranslationDataConfig:
         if self.dataset or self.languages is not None:
             self._check_dataset(fail)
         for name in ("n_train", "n_heldout", "vocab_size", "max_tokens"):
-            if not _is_int(getattr(self, name)) or getattr(self, name) <= 0:
+            if not is_int(getattr(self, name)) or getattr(self, name) <= 0:
                 fail(name, "it must be a positive integer")
-        if not _is_int(self.max_length) or self.max_length < 2:
+        if not is_int(self.max_length) or self.max_length < 2:
             fail("max_length", "it must be an integer >= 2 (a token and EOS)")
         if self.max_tokens < self.max_length:
             fail("max_tokens", f"a batch must hold at least one example of max_length={self.max_length} "
                  "tokens: raise max_tokens or lower max_length")
-        if not _is_int(self.seed):
+        if not is_int(self.seed):
             fail("seed", "it must be an integer")
         for name in ("tokenizer", "target_tokenizer"):
             if getattr(self, name) not in ("bpe", "char") and not (name == "target_tokenizer"
@@ -99,12 +100,8 @@ class TranslationDataConfig:
         return parallel_files(self.dataset, name, self.languages or [])
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return is_number(value) and math.isfinite(value)
 
 
 @dataclass
@@ -118,14 +115,14 @@ class DecodeConfig:
         def fail(name: str, fix: str) -> None:
             raise ValueError(f"[decode] {name}={getattr(self, name)!r} is invalid: {fix}")
 
-        if not _is_int(self.beam) or self.beam < 1:
+        if not is_int(self.beam) or self.beam < 1:
             fail("beam", "it must be an integer >= 1 (1 = greedy)")
         if not _is_number(self.length_penalty):
             fail("length_penalty", "it must be a finite number (0 = none; > 0 favours longer outputs, "
                  "< 0 shorter ones)")
         if not _is_number(self.max_len_a) or self.max_len_a < 0:
             fail("max_len_a", "it must be a number >= 0")
-        if not _is_int(self.max_len_b) or self.max_len_b < 0:
+        if not is_int(self.max_len_b) or self.max_len_b < 0:
             fail("max_len_b", "it must be an integer >= 0")
         if self.max_len_a == 0 and self.max_len_b == 0:
             fail("max_len_b", "with max_len_a = 0 it must be >= 1, or every output is empty")
