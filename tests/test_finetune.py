@@ -427,5 +427,5 @@ def test_a_jobs_model_section_may_give_family_settings_flat_or_nested(section, a
     if agrees:
         assert model_config_from_base(given, base, "base") == base.model_cfg
     else:
-        with pytest.raises(ValueError, match=r"base has family(\.logit_softcap=None|=\{\}); a fine-tuning job keeps"):
+        with pytest.raises(ValueError, match=r"base has family(\.logit_softcap=None|=\{\})\); a fine-tuning job keeps"):
             model_config_from_base(given, base, "base")
