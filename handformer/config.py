@@ -190,6 +190,13 @@ class FamilyConfig:
     attn_scale_dim: float | None = None
     attn_softcap: float | None = None  # scores -> c * tanh(scores / c) before the softmax (Gemma 2)
     logit_softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2)
+    # Granite's four constants (muP): the embeddings times embedding_multiplier, scores times
+    # attention_multiplier (in place of 1/sqrt(head_dim)), each sublayer's output times
+    # residual_multiplier before the add, the logits divided by logits_scaling. None: not scaled.
+    embedding_multiplier: float | None = None
+    attention_multiplier: float | None = None
+    residual_multiplier: float | None = None
+    logits_scaling: float | None = None
 
     def validate(self, owner: str, cfg: CausalLMConfig) -> None:
         """Each field checked, and against the model it belongs to (`cfg`); errors name
@@ -202,7 +209,8 @@ class FamilyConfig:
                   f"it must be a list of distinct layer indices 0..{cfg.n_layers - 1}")
         if layers and cfg.position != "rope":
             _fail(name, "nope_layers", layers, 'it needs position="rope"')
-        for f in ("rope_local_theta", "attn_scale_dim", "attn_softcap", "logit_softcap"):
+        for f in ("rope_local_theta", "attn_scale_dim", "attn_softcap", "logit_softcap",
+                  "embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"):
             if getattr(self, f) is not None and not _positive_number(getattr(self, f)):
                 _fail(name, f, getattr(self, f), "it must be a number > 0 or None")
         gemma3 = cfg.mixes_windows and cfg.norm_placement == "sandwich"
@@ -557,7 +565,15 @@ for _name in FAMILY_FIELDS:  # cfg.attn_softcap reads cfg.family.attn_softcap (t
 
 def setting_name(name: str) -> str:
     """Where a setting lives in a saved config: `family.<name>` for a family setting."""
-    return f"family.{name}" if name in FAMILY_FIELDS else name
+    return f"family.{name}" if name in _FAMILY_SECTION else name
+
+
+def setting_value(cfg: CausalLMConfig, name: str) -> Any:
+    """A setting of `cfg` by name, a family setting read from its section."""
+    return getattr(cfg.family, name) if name in _FAMILY_SECTION else getattr(cfg, name)
+
+
+_FAMILY_SECTION = frozenset(f.name for f in dataclasses.fields(FamilyConfig))
 
 
 def saved_kind(data: dict[str, Any], pop: bool = False) -> str | None:

@@ -34,7 +34,14 @@ import gguf
 import torch
 from torch import Tensor
 
-from handformer.config import CausalLMConfig, Llama3RopeScaling, LongRopeScaling, MoEConfig, setting_name
+from handformer.config import (
+    CausalLMConfig,
+    Llama3RopeScaling,
+    LongRopeScaling,
+    MoEConfig,
+    setting_name,
+    setting_value,
+)
 from handformer.families.catalogue import GGUF_ENTRIES, SPECS, spec_of
 from handformer.families.spec import GgufEntry
 from handformer.settings import is_int, is_number
@@ -73,7 +80,11 @@ _NOT_WRITTEN = {"qk_norm": ("none", "q/k norms"), "moe": (None, "mixture of expe
                 "nope_layers": ([], "layers without RoPE"), "rope_local_theta": (None, "second RoPE base"),
                 "attn_scale_dim": (None, "query scale of its own"),
                 "attn_softcap": (None, "soft-capped attention scores"),
-                "logit_softcap": (None, "soft-capped logits")}
+                "logit_softcap": (None, "soft-capped logits"),
+                "embedding_multiplier": (None, "embedding multiplier"),
+                "attention_multiplier": (None, "attention multiplier"),
+                "residual_multiplier": (None, "residual multiplier"),
+                "logits_scaling": (None, "logits scaling")}
 
 
 def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:
@@ -164,12 +175,12 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
         settings.pop("n_kv_heads")  # stated, but the same as None
     if cfg.sliding_window is not None and cfg.sliding_window >= cfg.max_positions:
         settings.pop("sliding_window", None)  # a window as long as the context: no window (noted)
-    problems = [f"{setting_name(name)}={getattr(cfg, name)!r} ({family.name} {why})"
-                for name, (value, why) in settings.items() if getattr(cfg, name) != value]
-    problems += [f"{setting_name(name)}={getattr(cfg, name)!r} (export-gguf writes no {what} for "
+    problems = [f"{setting_name(name)}={setting_value(cfg, name)!r} ({family.name} {why})"
+                for name, (value, why) in settings.items() if setting_value(cfg, name) != value]
+    problems += [f"{setting_name(name)}={setting_value(cfg, name)!r} (export-gguf writes no {what} for "
                  f"{family.name}; export-hf writes this run for transformers)"
                  for name, (value, what) in _NOT_WRITTEN.items()
-                 if name not in family.writes and name not in settings and getattr(cfg, name) != value]
+                 if name not in family.writes and name not in settings and setting_value(cfg, name) != value]
     problems += _layer_problems(cfg, family)
     if family.experts:
         problems += _expert_problems(cfg, family)
