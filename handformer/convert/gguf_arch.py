@@ -36,6 +36,7 @@ from torch import Tensor
 
 from handformer.config import (
     CausalLMConfig,
+    FamilyConfig,
     Llama3RopeScaling,
     LongRopeScaling,
     MoEConfig,
@@ -422,6 +423,12 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
         if cfg.moe.d_expert is not None or not family.experts_d_ff:  # Mixtral's experts: d_ff wide
             writer.add_expert_feed_forward_length(cfg.moe.d_expert or cfg.d_ff)
         writer.add_float64(AUX_LOSS_KEY, cfg.moe.aux_loss_coef)
+    if family.multipliers:  # llama.cpp reads all four: none set is 1 (scores: 1/sqrt(head_dim))
+        f = cfg.family
+        writer.add_embedding_scale(f.embedding_multiplier or 1.0)
+        writer.add_attention_scale(f.attention_multiplier or cfg.head_dim ** -0.5)
+        writer.add_residual_scale(f.residual_multiplier or 1.0)
+        writer.add_logit_scale(f.logits_scaling or 1.0)
     if family.softcaps:
         writer.add_attn_logit_softcapping(cfg.family.attn_softcap)
         writer.add_final_logit_softcapping(cfg.family.logit_softcap)
@@ -480,7 +487,7 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     Llama 3 scaling come from the tensors; see gguf_import)."""
     for template, (harmless, what) in _NOT_IMPLEMENTED.items():
         key = _key(family, template)
-        if ((family.softcaps and template in _SOFTCAPS)
+        if ((family.softcaps and template in _SOFTCAPS) or (family.multipliers and template in _MULTIPLIERS)
                 or (family.experts and template == gguf.Keys.LLM.EXPERT_COUNT)):
             continue
         if key in metadata and not harmless(metadata[key]):
@@ -526,12 +533,19 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
             d_expert=(_int(metadata, width, where, settings["d_ff"])
                       if width in metadata or not family.experts_d_ff else None),  # Mixtral: d_ff wide
             aux_loss_coef=metadata.get(AUX_LOSS_KEY, MoEConfig.aux_loss_coef))
+    if family.multipliers:
+        settings["family"] = FamilyConfig(**{name: _float(metadata, k(template), where, 1.0)
+                                             for template, name in _MULTIPLIERS.items()})
     settings.update({name: value for name, (value, _) in family.settings.items() if name != "n_kv_heads"})
     if "n_kv_heads" in family.settings and settings["n_kv_heads"] == n_heads:
         settings["n_kv_heads"] = None  # GPT-2's config says so by leaving it out
     return settings
 
 
+_MULTIPLIERS = {gguf.Keys.LLM.EMBEDDING_SCALE: "embedding_multiplier",  # Granite's, into its family section
+                gguf.Keys.Attention.SCALE: "attention_multiplier",
+                gguf.Keys.LLM.RESIDUAL_SCALE: "residual_multiplier",
+                gguf.Keys.LLM.LOGIT_SCALE: "logits_scaling"}
 _SOFTCAPS = {gguf.Keys.LLM.ATTN_LOGIT_SOFTCAPPING: ("attn_softcap", 50.0),  # llama.cpp's defaults
              gguf.Keys.LLM.FINAL_LOGIT_SOFTCAPPING: ("logit_softcap", 30.0)}
 

@@ -21,7 +21,7 @@ import handformer.families.llama as llama
 from handformer.config import CausalLMConfig, FamilyConfig
 from handformer.families.gemma import GemmaAttention
 from handformer.families.hf_config import rope_decoder
-from handformer.families.spec import Differences, FamilySpec
+from handformer.families.spec import Differences, FamilySpec, GgufEntry
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.blocks import DecoderOnlyBlock
 from handformer.nn.embedding import TokenEmbedding
@@ -101,10 +101,15 @@ def to_hf_config(cfg: CausalLMConfig) -> dict[str, Any]:
             "residual_multiplier": f.residual_multiplier or 1.0, "logits_scaling": f.logits_scaling or 1.0}
 
 
+GGUF = GgufEntry("granite", "granite", "Granite", llama.GGUF_TENSORS,
+                 {**llama.GGUF_BLOCK, "sliding_window": llama.NO_WINDOW}, rope="pairs", multipliers=True,
+                 writes=frozenset(MULTIPLIERS))
+
 GRANITE = FamilySpec(
     model_type="granite", name="Granite", hf_class="GraniteForCausalLM",
     fixed={**llama.LLAMA_BLOCK, "sliding_window": llama.NO_WINDOW},
     from_hf_config=from_hf_config, to_hf_config=to_hf_config, tensors=llama.TENSORS, problems=llama.problems,
+    gguf=GGUF,
     may_set=frozenset(MULTIPLIERS), hf_keys=frozenset(MULTIPLIERS),
     claims=((30, lambda c: any(getattr(c.family, name) is not None for name in MULTIPLIERS)),),
     variants=("ScaledEmbedding", "GraniteAttention", "GraniteBlock", "ScaledHead"),
