@@ -65,6 +65,7 @@ from baseline import BaselineWorker, Reply, comparison_table, resolved_threads  
 
 from handformer.config import CausalLMConfig  # noqa: E402
 from handformer.convert.hf_export import export_state_dict, hf_config  # noqa: E402
+from handformer.data.lookup import folder  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.inference.packed_linear import PackedLinear  # noqa: E402
 from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
@@ -72,7 +73,6 @@ from handformer.inference.quant import quantize_linears  # noqa: E402
 from handformer.inference.threads import default_threads, intra_op_threads  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 
-STORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "stories260K"
 SHAPES = {
     "gpt2-124M": lambda: CausalLMConfig.gpt2_style(vocab_size=50257, d_model=768, n_heads=12, d_ff=3072,
                                                    n_layers=12, max_positions=2048, dropout=0.0),
@@ -205,8 +205,9 @@ def compile_line(model: CausalLM, prompt: list[int], n: int, eager_seconds: floa
             f"eager), compile {first - steady:.1f} s, {pays}")
 
 
-def llama2c(run_c: str, new_tokens: int, n: int, stories: Path = STORIES) -> float | None:
+def llama2c(run_c: str, new_tokens: int, n: int, stories: Path | None = None) -> float | None:
     """run.c's own tokens/s on stories260K, median of `n` runs (greedy)."""
+    stories = stories or folder("stories260K")
     model, tok = stories / "stories260K.bin", stories / "tok512.bin"
     if not model.is_file() or not tok.is_file():
         raise FileNotFoundError(f"no stories260K.bin and tok512.bin in {stories}; give --stories DIR")
@@ -423,8 +424,8 @@ def main() -> None:
     parser.add_argument("--batch-new-tokens", type=int, default=64)
     parser.add_argument("--bandwidth-mib", type=int, default=1024, help="size of the streamed tensor")
     parser.add_argument("--run-c", help="path of a compiled llama2.c `run` binary (for the tiny model)")
-    parser.add_argument("--stories", type=Path, default=STORIES,
-                        help="folder with llama2.c's stories260K.bin and tok512.bin")
+    parser.add_argument("--stories", type=Path, default=None,
+                        help="folder with llama2.c's stories260K.bin and tok512.bin (default: the dataset)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--compile", action="store_true", help="also time generate(compile_step=True)")
     parser.add_argument("--baseline", type=Path, help="another handformer checkout to time beside this one")

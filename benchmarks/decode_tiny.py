@@ -5,7 +5,7 @@ Two models, batch 1, greedy, 256 new tokens, `generate` as `handformer generate`
 intra-op thread for a model this small, `default_threads`):
 - "tiny": the 5-layer, 64-wide Llama of benchmarks/decode_limit.py (8 / 4 heads, vocab 512, random
   weights), a 64-token prompt;
-- "stories260K": llama2.c's trained stories260K (`import-llama2c` of ../shared/data/stories260K),
+- "stories260K": llama2.c's trained stories260K (`import-llama2c` of the stories260K dataset, docs/data.md),
   from BOS, beside Hugging Face's LlamaForCausalLM on the same weights (`export-hf`) and, with
   --run-c, llama2.c's own run.c.
 
@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from baseline import BaselineWorker, comparison_table, resolved_threads  # noqa: E402
 
 from handformer.config import CausalLMConfig  # noqa: E402
+from handformer.data.lookup import folder  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.inference.packed_linear import pack_linears  # noqa: E402
 from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
@@ -57,7 +58,6 @@ from handformer.tasks.lm.exports import export_hf  # noqa: E402
 from handformer.tasks.lm.imports import import_llama2c  # noqa: E402
 from handformer.tasks.lm.run import load_lm  # noqa: E402
 
-STORIES = ROOT.parent / "shared" / "data" / "stories260K"
 TINY = dict(vocab_size=512, d_model=64, n_heads=8, n_kv_heads=4, d_ff=172, n_layers=5, max_positions=2048)
 
 def timed_generate(model: CausalLM, prompt: list[int], n: int) -> tuple[float, list[int], float]:
@@ -92,9 +92,10 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--baseline", type=Path, help="another handformer checkout to time beside this one")
     parser.add_argument("--run-c", help="path of a compiled llama2.c `run` binary")
-    parser.add_argument("--stories", type=Path, default=STORIES,
-                        help="folder with stories260K.bin and tok512.bin")
+    parser.add_argument("--stories", type=Path, default=None,
+                        help="folder with stories260K.bin and tok512.bin (default: the dataset)")
     args = parser.parse_args()
+    args.stories = args.stories or folder("stories260K")
     torch.set_num_threads(1)  # Hugging Face and run.c on one thread too, as `generate` for these models
     n = args.new_tokens
     with tempfile.TemporaryDirectory() as tmp:

@@ -15,7 +15,7 @@ Shakespeare with configs/shakespeare_char_modern.toml) and each export type (f32
     python benchmarks/gguf_llamacpp.py --run runs/shakespeare_char_modern --rounds 5
 
 Needs llama-cpp-python (CMAKE_ARGS="-DGGML_BLAS=OFF -DLLAVA_BUILD=OFF" pip install
-llama-cpp-python==0.3.36, a source build) and ../shared/data (tinyshakespeare, stories260K).
+llama-cpp-python==0.3.36, a source build) and the tinyshakespeare and stories260K datasets (docs/data.md).
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ sys.path.insert(0, str(ROOT))
 
 from handformer.cli import main as handformer  # noqa: E402
 from handformer.convert.gguf_export import TYPES  # noqa: E402
+from handformer.data.lookup import locate  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.tasks.lm.exports import export_gguf  # noqa: E402
 from handformer.tasks.lm.run import LMRun, load_lm  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data"
 N_NEW = 200
 F32 = 0  # GGML_TYPE_F32: llama.cpp's KV cache in float32
 
@@ -118,13 +118,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         stories = folder / "stories260K"
-        handformer(["import-llama2c", str(DATA / "stories260K" / "stories260K.bin"),
-                    str(DATA / "stories260K" / "tok512.bin"), str(stories)])
+        handformer(["import-llama2c", str(folder("stories260K") / "stories260K.bin"),
+                    str(folder("stories260K") / "tok512.bin"), str(stories)])
         shakespeare = args.run
         if shakespeare is None:
             shakespeare = folder / "shakespeare"
             handformer(["train", "--config", str(ROOT / "configs" / "shakespeare_char_modern.toml"), "--out",
-                        str(shakespeare), "--set", f"data.path={DATA / 'tinyshakespeare' / 'input.txt'}",
+                        str(shakespeare), "--set", f"data.path={locate('tinyshakespeare', 'input.txt')}",
                         "--set", f"train.steps={args.steps}", "--set", "train.progress=false"])
         text = load_lm(shakespeare).tokenizer.encode("ROMEO:\n")
         rows = (measure("stories260K", stories, [1] + load_lm(stories).tokenizer.encode("Once upon a time"),

@@ -19,7 +19,7 @@ Target of the project: 256 tokens in at most 0.5 s (start-up aside).
     python benchmarks/llama2c_decode.py                       # 7 rounds, 1 thread
     python benchmarks/llama2c_decode.py --run-c /tmp/llama2.c/run --threads 2
 
-Reads ../shared/data/stories260K (see the README there); needs `transformers`.
+Reads the stories260K dataset (docs/data.md: where it is looked for); needs `transformers`.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from handformer.data.lookup import folder  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.tasks.lm.exports import export_hf  # noqa: E402
 from handformer.tasks.lm.imports import import_llama2c  # noqa: E402
 from handformer.tasks.lm.run import LMRun, load_lm  # noqa: E402
 
-DATA = ROOT / ".." / "shared" / "data" / "stories260K"
 N_NEW = 256
 
 
@@ -75,7 +75,8 @@ def time_hf(hf: torch.nn.Module) -> tuple[float, list[int]]:
 
 def time_run_c(binary: str, threads: int) -> float:
     """Seconds for 256 tokens at run.c's own reported rate, on `threads` OpenMP threads."""
-    out = subprocess.run([binary, str(DATA / "stories260K.bin"), "-z", str(DATA / "tok512.bin"), "-t", "0",
+    data = folder("stories260K")
+    out = subprocess.run([binary, str(data / "stories260K.bin"), "-z", str(data / "tok512.bin"), "-t", "0",
                           "-n", str(N_NEW + 1)], capture_output=True, text=True, check=True,
                          env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     rate = float(re.search(r"achieved tok/s: ([0-9.]+)", out.stderr).group(1))
@@ -90,7 +91,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        import_llama2c(DATA / "stories260K.bin", DATA / "tok512.bin", Path(tmp) / "run")
+        import_llama2c(folder("stories260K") / "stories260K.bin", folder("stories260K") / "tok512.bin",
+                      Path(tmp) / "run")
         run = load_lm(Path(tmp) / "run")
         hf = hf_model(Path(tmp) / "run")
     time_handformer(run), time_hf(hf)  # warm-up
