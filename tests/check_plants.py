@@ -493,6 +493,15 @@ WRITTEN_PLANTS: dict[str, Plant] = {
     "minimind_rope_rotation_sign": Plant("rope_rotation_sign", "rope", [
         ("torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)",
          "torch.cat((x[..., x.shape[-1] // 2:], -x[..., : x.shape[-1] // 2]), dim=-1)")], "minimind"),
+    "llama_rope_no_offset": Plant("rope_no_offset", "gpt", [
+        ("freqs_cis = self.freqs_cis[start_pos: start_pos + seqlen]", "freqs_cis = self.freqs_cis[:seqlen]")], "llama"),
+    "llama_causal_off_by_one": Plant("causal_off_by_one", "gpt", [
+        ("mask = torch.triu(mask, diagonal=1)", "mask = torch.triu(mask, diagonal=2)")], "llama"),
+    "minimind_rope_wrong_base": Plant("rope_wrong_base", "gpt", [
+        ("end=config.max_position_embeddings, theta=config.rope_theta)",
+         "end=config.max_position_embeddings, theta=10000.0)")], "minimind"),
+    "minimind_final_norm_missing": Plant("final_norm_missing", "gpt", [
+        ("self.lm_head(self.norm(hidden_states))", "self.lm_head(hidden_states)")], "minimind"),
     "carried_greedy_no_stop_at_eos": Plant("greedy_no_stop_at_eos", "greedy_decode", [
         ("        if next_word == end_symbol:\n            break\n", "")], "carried"),
 }

@@ -342,16 +342,22 @@ def _hf_attention(slots: list[Slot], n_kv_heads: int | None = None, rope: str | 
     hf = MultiHeadAttention(D, H, n_kv_heads).double().eval()
     copy_attention(hf, slots)
     if rope == "interleaved":
-        Dh = D // H
-        order = torch.cat([torch.arange(0, Dh, 2), torch.arange(1, Dh, 2)])  # (Dh,): evens, then odds
-        with torch.no_grad():
-            for proj in (hf.q_proj, hf.k_proj):
-                heads = proj.weight.size(0) // Dh
-                rows = (torch.arange(heads)[:, None] * Dh + order).reshape(-1)
-                proj.weight.copy_(proj.weight[rows])
-                if proj.bias is not None:
-                    proj.bias.copy_(proj.bias[rows])
+        interleaved_to_half_(hf)
     return hf
+
+
+def interleaved_to_half_(hf: nn.Module) -> None:
+    """Meta's interleaved rotary pairs (2j, 2j+1) as handformer's half-split (j, j + Dh/2): each head's
+    rows of W_Q and W_K permuted, evens then odds (q.k is unchanged)."""
+    Dh = D // H
+    order = torch.cat([torch.arange(0, Dh, 2), torch.arange(1, Dh, 2)])  # (Dh,): evens, then odds
+    with torch.no_grad():
+        for proj in (hf.q_proj, hf.k_proj):
+            heads = proj.weight.size(0) // Dh
+            rows = (torch.arange(heads)[:, None] * Dh + order).reshape(-1)  # (heads * Dh,)
+            proj.weight.copy_(proj.weight[rows])
+            if proj.bias is not None:
+                proj.bias.copy_(proj.bias[rows])
 
 
 def _rope_tables(T: int) -> tuple[Tensor, Tensor]:
