@@ -242,11 +242,16 @@ WRITTEN_KINDS = {
                 ("generate", "generate", "pass")],
     "llama": [("Attention", "gqa", "pass"), ("repeat_kv", "gqa", "pass"), ("apply_rotary_emb", "rope", "pass"),
               ("precompute_freqs_cis", "rope", "pass"), ("FeedForward", "ffn", "pass"), ("RMSNorm", "rmsnorm", "pass"),
-              ("TransformerBlock", "block", "pass"), ("Transformer", "gpt", "pass")],
+              ("TransformerBlock", "block", "pass"), ("Transformer", "gpt", "pass"), ("sample_top_p", "sample", "pass")],
     "minimind": [("repeat_kv", "gqa", "pass"), ("Attention", "causal_attention", "pass"),
                  ("apply_rotary_pos_emb", "rope", "pass"), ("precompute_freqs_cis", "rope", "pass"),
                  ("FeedForward", "ffn", "pass"), ("RMSNorm", "rmsnorm", "pass"), ("MiniMindBlock", "block", "pass"),
                  ("MiniMindForCausalLM", "gpt", "pass")],
+    "hf": [("LlamaAttention", "gqa", "pass"), ("apply_rotary_pos_emb", "rope", "pass"),
+           ("LlamaRotaryEmbedding", "rope", "pass"), ("LlamaMLP", "ffn", "pass"), ("LlamaRMSNorm", "rmsnorm", "pass"),
+           ("LlamaDecoderLayer", "block", "pass"), ("LlamaForCausalLM", "gpt", "pass")],
+    "decoding": [("top_k_top_p_filtering", "top_p", "pass"), ("sample_top_p", "sample", "pass"),
+                 ("train_step", "train_step", "pass")],
     "carried": [("make_src_mask", "mask_helper", "pass"), ("make_tgt_mask", "mask_helper", "pass"),
                 ("scaled_dot_product_attention", "sdpa", "pass"), ("MultiHeadAttention", "mha", "pass"),
                 ("FFN", "ffn", "pass"), ("PositionalEncoding", "positional_encoding", "pass"),
@@ -260,8 +265,9 @@ WRITTEN_KINDS = {
 def test_a_written_style_is_built_and_driven_and_never_failed(family):
     """Configs as dicts, dataclasses and config classes; module-level hyperparameters; heads as a
     list of single heads; a model with no arguments; generation as a free function with
-    context_size; Meta's decoder-only `Transformer`; minimind's (cos, sin). What check cannot
-    compare (a whole model with rotary positions) is NOT CHECKED (exit 3), never a failure."""
+    context_size; Meta's decoder-only `Transformer` with its start_pos cache; minimind's (cos, sin);
+    Hugging Face's (B, T, Dh) tables and output object; filters on probabilities and combined ones; a
+    clipped training step. Every component is built, driven and passes (exit 0)."""
     result = check_file(str(WRITTEN[family] / "correct.py"))
     assert [(c.name, c.kind, c.status) for c in result.components] == WRITTEN_KINDS[family], format_report(result)
     unchecked = [c for c in result.components if c.status == "not_checked"]
