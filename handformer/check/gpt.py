@@ -510,6 +510,6 @@ def _causality(res: ComponentResult, call: Caller, idx: Tensor) -> None:
         return
     moved = (a - b)[:, :5].abs().nan_to_num(float("inf")).max().item()
     res.checks.append(Check(text("causality: changing token 5 leaves logits 0..4 unchanged",
-                                 "因果性：改变第 5 个 token 不影响位置 0..4 的 logits"), moved < 1e-9,
+                                 "因果性：改变位置 5 的 token，不影响位置 0..4 的 logits"), moved < 1e-9,
                             text(f"moved by {moved:.3g}", f"变化了 {moved:.3g}")))
 

@@ -579,7 +579,8 @@ def _properties(res: ComponentResult, layer: Layer, ctx: Context, conv: str) -> 
         b = fp.first_tensor(ctx.learner.call("forward", layer.call, bumped, memory, src, tgt), 3)
         past = _moved(a, b, (slice(None), slice(0, j)))
         res.checks.append(Check(text(f"causality: changing token {j} leaves outputs 0..{j - 1} unchanged",
-                                     f"因果性：改变第 {j} 个 token 不影响输出 0..{j - 1}"), past < 1e-9,
+                                     f"因果性：改变位置 {j} 的 token，不影响位置 0..{j - 1} 的输出"),
+                                past < 1e-9,
                                 text(f"outputs before it moved by {past:.3g}",
                                      f"之前位置的输出变化了 {past:.3g}")))
         if layer.stateful:

@@ -296,7 +296,8 @@ def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
             res.findings.append(_finding(ctx, comp, name, _top_p_observed(flag, cases, kept_all), form))
     wrong = int((mine != compute(frozenset())).sum())
     res.checks.append(Check(text("keeps the smallest set of most likely tokens reaching p (5 cases, equality "
-                                 "at p = 0.75 included)", "保留累计概率达到 p 的最小一组最可能的 token"
+                                 "at p = 0.75 included)",
+                                 "把 token 按概率从大到小排列，保留累计概率刚好达到 p 的前几个"
                                  "（5 种情况，含 p = 0.75 时恰好相等）"), wrong == 0,
                             _wrong_tokens(wrong)))
     _p_one(res, ctx, comp, call)
@@ -423,7 +424,7 @@ def _draw(ctx: Context, call: Caller, options: dict[str, Any], seed: int) -> Ten
     return torch.cat(draws)
 
 
-PLAIN = text("plain", "不加选项")
+PLAIN = text("plain", "不加过滤")
 
 
 def _settings(call: Caller) -> list[tuple[Text, dict[str, Any], Tensor, list[tuple[str, Tensor]]]]:
