@@ -164,7 +164,8 @@ def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | N
     if ropes == (None,):
         return ropes, 10000.0, None
     tables = [t for sub in module.modules() for t in [*sub.buffers(recurse=False), *vars(sub).values()]
-              if isinstance(t, Tensor) and t.dim() == 2 and t.size(0) > 1]
+              if isinstance(t, Tensor) and t.dim() == 2 and t.size(0) > 1
+              and (t.is_complex() or t.is_floating_point())]  # not a bool mask buffer
     if any(t.is_complex() for t in tables):
         ropes = ("interleaved", "half", None)
     else:
