@@ -49,7 +49,8 @@ def models():
 
 def test_prompt_lookup_takes_what_followed_the_latest_match():
     assert prompt_lookup([1, 2, 3, 4, 1, 2, 5, 6, 1, 2], 3, 2) == [5, 6, 1]  # the latest "1 2"
-    assert prompt_lookup([1, 2, 3, 9, 3], 4, 3) == [9, 3]  # no "9 3" or "2 3 9 3" before: "3"
+    assert prompt_lookup([1, 2, 3, 9, 3], 4, 3) == [9, 3, 9, 3]  # only "3" occurred before: "9 3", repeated
+    assert prompt_lookup([7, 1, 1, 1], 3, 3) == [1, 1, 1]  # "1 1" one back: copies its own copy
     assert prompt_lookup([1, 2, 3], 4, 3) == []
 
 

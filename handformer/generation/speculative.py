@@ -89,13 +89,17 @@ def accept_draft(target: Tensor, draft: Sequence[int], proposal: Tensor | None,
 
 
 def prompt_lookup(context: Sequence[int], k: int, ngram: int) -> list[int]:
-    """Up to k tokens that followed the latest earlier occurrence of the context's last n tokens,
-    trying n = ngram first, down to 1; [] when none occurs."""
+    """k tokens that followed the latest earlier occurrence of the context's last n tokens, trying
+    n = ngram first, down to 1; [] when none occurs. A copy that reaches the end of the context
+    goes on copying what it has just copied (text repeating with a period shorter than k)."""
     for n in range(min(ngram, len(context) - 1), 0, -1):
         tail = list(context[-n:])
         for start in range(len(context) - n - 1, -1, -1):  # the latest occurrence first
             if context[start] == tail[0] and list(context[start:start + n]) == tail:
-                return list(context[start + n:start + n + k])
+                copied = list(context[start + n:])  # what followed, up to the end of the context
+                while len(copied) < k:
+                    copied.append(copied[len(copied) - (len(context) - start - n)])  # one period back
+                return copied[:k]
     return []
 
 
