@@ -17,6 +17,11 @@ constrained decoding uses; one with a `prepare(tokens)` method is also told its 
 the whole batch has chosen, to start on the next step's work) and asks for the log-probabilities
 of its tokens (`top_logprobs`: of the distribution it samples from).
 
+A row whose options speculate (`SamplingOptions.speculate`; speculative.py), while it is the
+engine's only row, takes speculative steps: its drafter guesses K tokens, one forward checks them,
+the acceptance rule keeps some and adds one, and the cache is cut back (`truncate`) to the
+positions fed; such a step hands back several choices. With other rows it steps plainly.
+
 The rows live in one KV cache (generation/cache.py: DecodingCache), each right-aligned with padding
 on its left that the attention mask hides (True = a real position); the model counts positions
 from the mask, so a padded row sees the positions it would see alone. Joining rows are prefilled
