@@ -26,7 +26,8 @@ in wall seconds and in the CPU seconds of each process (one intra-op thread: the
 a neighbour's load disturbs much less).
 
 Each model's bandwidth bound and every case's MBU (handformer/inference/roofline.py, one thread):
-the weights fit in the cache, so MBU passes 1 and means little; run.c is the yardstick here.
+the weights sit in the cache and each step is per-operation overhead, so MBU is a few percent and
+means little; run.c is the yardstick here.
 
     python benchmarks/decode_tiny.py --baseline /tmp/main_src --run-c /tmp/l2c/run
 """

@@ -10,8 +10,8 @@ Shakespeare with configs/shakespeare_char_modern.toml) and each export type (f32
 - decoding speed, one thread, rounds interleaved, medians: handformer `generate` (KV cache,
   greedy, stop tokens off) and llama.cpp's `generate` loop for the same N_NEW tokens; the ratio
   llama.cpp / handformer in tokens per second; the bandwidth bound and MBU of each
-  (handformer/inference/roofline.py, the fp32 weights' bytes, one thread; both models fit in the
-  cache, so MBU can pass 1).
+  (handformer/inference/roofline.py, the fp32 weights' bytes, one thread; both models sit in the
+  cache, so the bound means little).
 
     python benchmarks/gguf_llamacpp.py                     # trains the Shakespeare model first
     python benchmarks/gguf_llamacpp.py --run runs/shakespeare_char_modern --rounds 5

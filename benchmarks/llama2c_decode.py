@@ -13,8 +13,8 @@ The tokens of handformer and transformers are compared. Threads are matched: han
 transformers share this process's `--threads` torch threads; run.c gets OMP_NUM_THREADS=--threads
 (a plain `make run` build is single-threaded whatever it is given: pass `--threads 1` beside it,
 or build `make runomp`). Each line has tokens/s, the bandwidth bound and MBU
-(handformer/inference/roofline.py); stories260K's 1 MB of weights sit in the cache, so MBU passes 1
-and run.c is the yardstick.
+(handformer/inference/roofline.py); stories260K's 1 MB of weights sit in the cache, so the bound
+means little (MBU is a few percent: each step is operator overhead) and run.c is the yardstick.
 
 Target of the project: 256 tokens in at most 0.5 s (start-up aside).
 
@@ -111,7 +111,7 @@ def main() -> None:
           f"thread(s) for every side (run.c: OMP_NUM_THREADS={args.threads}), "
           f"{args.rounds} interleaved rounds (medians; the CPU is shared, so rounds vary)")
     base = statistics.median(times["handformer"])
-    limit = bound(read_bandwidth(args.threads), run.model, 1 + N_NEW / 2)  # in the cache: MBU passes 1
+    limit = bound(read_bandwidth(args.threads), run.model, 1 + N_NEW / 2)  # in the cache: means little
     for name, values in times.items():
         if values:
             median = statistics.median(values)

@@ -12,7 +12,7 @@ stream those bytes from memory. So:
     MBU             = achieved tokens/s / bound                     (memory-bandwidth utilisation)
 
 MBU means something only when the weights exceed the last-level cache (GPT-2-124M's 0.5 GB do;
-a model of a few MB is served from the cache and can pass 1).
+a model of a few MB is served from the cache, where the bound means little).
 """
 
 from __future__ import annotations
