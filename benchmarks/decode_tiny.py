@@ -25,6 +25,10 @@ a table gives each twin pair (worker of this checkout, worker of DIR) its median
 in wall seconds and in the CPU seconds of each process (one intra-op thread: the work itself, which
 a neighbour's load disturbs much less).
 
+Each model's bandwidth bound and every case's MBU (handformer/inference/roofline.py, one thread):
+the weights sit in the cache and each step is per-operation overhead, so MBU is a few percent and
+means little; run.c is the yardstick here.
+
     python benchmarks/decode_tiny.py --baseline /tmp/main_src --run-c /tmp/l2c/run
 """
 
@@ -52,6 +56,7 @@ from handformer.data.lookup import folder  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.inference.packed_linear import pack_linears  # noqa: E402
 from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
+from handformer.inference.roofline import bound, read_bandwidth  # noqa: E402
 from handformer.inference.threads import default_threads  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 from handformer.tasks.lm.exports import export_hf  # noqa: E402
@@ -156,19 +161,23 @@ def main() -> None:
                     twin_same[name, kind] = twin_same.get((name, kind), True) and tokens == ours
         for worker in filter(None, (baseline, this)):
             worker.close()
+    bandwidth = read_bandwidth(1)
     print(f"torch {torch.__version__}, batch 1, greedy, {n} new tokens, 1 thread, medians of {args.rounds} "
-          "interleaved rounds (shared CPU: other jobs make rounds vary)")
+          f"interleaved rounds (shared CPU: other jobs make rounds vary), read bandwidth "
+          f"{bandwidth / 1e9:.1f} GB/s")
     for name in models:
         base = statistics.median(times[name, "default"])
         about = "prompt: BOS" if name == "stories260K" else "random weights, 64-token prompt"
-        print(f"\n{name} ({about})")
+        limit = bound(bandwidth, models[name]["default"], len(prompts[name]) + n / 2)
+        print(f"\n{name} ({about}), bound {limit:.0f} tokens/s")
         for (model_name, case), values in times.items():
             if model_name != name:
                 continue
             median = statistics.median(values)
             tokens = "" if (model_name, case) not in same else (
                 "  same tokens" if same[model_name, case] else "  DIFFERENT tokens")
-            print(f"  {case:16s} {n / median:9.1f} tokens/s  default / this {median / base:5.2f}x  "
+            print(f"  {case:16s} {n / median:9.1f} tokens/s  MBU {n / median / limit:5.2f}  "
+                  f"default / this {median / base:5.2f}x  "
                   f"rounds: {', '.join(f'{n / v:.0f}' for v in values)}{tokens}")
         if baseline:  # this checkout's worker against the baseline's
             rows = [(kind, times[name, f"worker {kind}"], times[name, f"baseline {kind}"],

@@ -12,7 +12,9 @@ Each round, in turn (rounds interleaved, medians reported, because this machine'
 The tokens of handformer and transformers are compared. Threads are matched: handformer and
 transformers share this process's `--threads` torch threads; run.c gets OMP_NUM_THREADS=--threads
 (a plain `make run` build is single-threaded whatever it is given: pass `--threads 1` beside it,
-or build `make runomp`).
+or build `make runomp`). Each line has tokens/s, the bandwidth bound and MBU
+(handformer/inference/roofline.py); stories260K's 1 MB of weights sit in the cache, so the bound
+means little (MBU is a few percent: each step is operator overhead) and run.c is the yardstick.
 
 Target of the project: 256 tokens in at most 0.5 s (start-up aside).
 
@@ -41,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from handformer.data.lookup import folder  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
+from handformer.inference.roofline import bound, read_bandwidth, roofline_line  # noqa: E402
 from handformer.tasks.lm.exports import export_hf  # noqa: E402
 from handformer.tasks.lm.imports import import_llama2c  # noqa: E402
 from handformer.tasks.lm.run import LMRun, load_lm  # noqa: E402
@@ -110,11 +113,12 @@ def main() -> None:
           f"thread(s) for every side (run.c: OMP_NUM_THREADS={args.threads}), "
           f"{args.rounds} interleaved rounds (medians; the CPU is shared, so rounds vary)")
     base = statistics.median(times["handformer"])
+    limit = bound(read_bandwidth(args.threads), run.model, 1 + N_NEW / 2)  # in the cache: means little
     for name, values in times.items():
         if values:
             median = statistics.median(values)
             rounds = ", ".join(f"{v:.3f}" for v in values)
-            print(f"  {name:12s} {median:7.3f} s  {N_NEW / median:8.1f} tokens/s  time = "
+            print(f"  {name:12s} {median:7.3f} s  {roofline_line(N_NEW / median, limit)}  time = "
                   f"{median / base:5.2f}x handformer's  rounds: {rounds}")
     print(f"  target: <= 0.5 s -> {'met' if base <= 0.5 else 'NOT met'}; "
           f"handformer and transformers tokens {'equal' if same else 'DIFFER'}")
