@@ -18,6 +18,8 @@ torchtune's builders do), reusing its weights:
 | norm_placement = "reordered"     | OLMo 2              | olmo.ReorderedNormBlock                   |
 | qk_norm = "width"                | OLMo 2              | olmo.WidthQKNormAttention                 |
 | nope_layers                      | SmolLM3             | smollm.NoRopeAttention                    |
+| attn_sinks                       | gpt-oss             | gpt_oss.SinkAttention                     |
+| swiglu_limit                     | gpt-oss             | gpt_oss.GptOssMoE, gpt_oss.ClampedSwiGLU  |
 
 Everything that builds a model from a config (runs, imports, training, tracing) calls
 `build_causal_lm`; the variants' modules keep the lesson's parameter names, so state dicts,
@@ -32,6 +34,7 @@ from torch import nn
 
 from handformer.config import CausalLMConfig
 from handformer.families.gemma import GemmaAttention, LocalGlobalRotary, SandwichBlock, SoftcappedHead
+from handformer.families.gpt_oss import GptOssMoE, SinkAttention
 from handformer.families.olmo import ReorderedNormBlock, WidthQKNormAttention
 from handformer.families.smollm import NoRopeAttention
 from handformer.models.causal_lm import CausalLM
@@ -64,6 +67,9 @@ VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, Causa
      lambda m, c: replace_layers(m, {"lm_head": m.lm_head}, lambda h: SoftcappedHead(h, c.logit_softcap))),
     (lambda c: c.rope_local_theta is not None,
      lambda m, c: replace_layers(m, {"rotary": m.rotary}, lambda r: LocalGlobalRotary(c))),
+    (lambda c: c.attn_sinks, lambda m, c: replace_layers(m, _layers(m, "self_attn"), SinkAttention)),
+    (lambda c: c.swiglu_limit is not None, lambda m, c: replace_layers(
+        m, _layers(m, "ffn"), lambda moe: GptOssMoE(moe, c.swiglu_limit, c.swiglu_alpha))),
 ]
 
 
