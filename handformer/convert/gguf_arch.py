@@ -73,7 +73,8 @@ _NOT_WRITTEN = {"qk_norm": ("none", "q/k norms"), "moe": (None, "mixture of expe
                 "nope_layers": ([], "layers without RoPE"), "rope_local_theta": (None, "second RoPE base"),
                 "attn_scale_dim": (None, "query scale of its own"),
                 "attn_softcap": (None, "soft-capped attention scores"),
-                "logit_softcap": (None, "soft-capped logits")}
+                "logit_softcap": (None, "soft-capped logits"),
+                "attn_sinks": (False, "attention sinks"), "swiglu_limit": (None, "clamped SwiGLU experts")}
 
 
 def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:

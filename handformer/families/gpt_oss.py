@@ -186,7 +186,7 @@ GPT_OSS = FamilySpec(
     may_set=frozenset({"moe", "global_layers", "attn_sinks", "swiglu_limit", "swiglu_alpha"}),
     hf_keys=EXPERT_KEYS, layer_types=True, rope_scalings=(YarnRopeScaling,), problems=problems,
     claims=((5, lambda c: c.attn_sinks or c.swiglu_limit is not None),),
-    gguf_unread={"gpt-oss": "gpt-oss's GGUF files are read by llama.cpp only"},
+    gguf_unread={"gpt-oss": "gpt-oss has attention sinks and experts with biases and a clamped SwiGLU"},
     variants=("SinkAttention", "GptOssMoE", "ClampedSwiGLU"),
     differences=Differences(positions="YaRN", attention="a learned sink logit per head; biases",
                             ffn="a mixture of clamped-SwiGLU experts with biases (top-k softmaxed)",
