@@ -70,21 +70,21 @@ def test_an_mxfp4_checkpoint_imports_as_its_dequantized_weights():
 
 @pytest.mark.parametrize("truncate", [False, True])
 def test_yarn_frequencies_and_factor_equal_transformers(truncate):
-    """YaRN's inverse frequencies (gpt-oss's truncate false, and the default true) bit for bit, and
-    cos and sin times transformers' attention factor 0.1 ln(4) + 1."""
+    """The released YaRN (32 times over 4096 positions, base 150 000, heads of 64; truncate false,
+    and the default true, which rounds the ramp's ends 8.1 and 17.4 to whole dims): transformers'
+    inverse frequencies bit for bit, and cos and sin times its attention factor 0.1 ln(32) + 1."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     from handformer.nn.positions import yarn_inv_freq
 
-    config = transformers.GptOssConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=12,
-                                       max_position_embeddings=64,
-                                       rope_parameters={**YARN, "truncate": truncate})
+    config = transformers.GptOssConfig()
+    config.rope_parameters["truncate"] = truncate
     expected, factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
     cfg = config_from_hf(config.to_dict())
-    assert torch.equal(yarn_inv_freq(12, 1e4, cfg.rope_scaling), expected)
-    assert cfg.rope_scaling.cos_sin_factor() == factor == 0.1 * math.log(4) + 1
-    plain = 1.0 / 1e4 ** (torch.arange(0, 12, 2).float() / 12)
-    assert expected[0] == plain[0] and expected[-1] == plain[-1] / 4  # kept, and slowed by factor
+    assert torch.equal(yarn_inv_freq(64, 150000.0, cfg.rope_scaling), expected)
+    assert cfg.rope_scaling.cos_sin_factor() == factor == 0.1 * math.log(32) + 1
+    plain = 1.0 / 150000.0 ** (torch.arange(0, 64, 2).float() / 64)
+    assert expected[0] == plain[0] and expected[-1] == plain[-1] / 32  # kept, and slowed by factor
 
 
 @pytest.mark.parametrize("size, layers, experts, total", [

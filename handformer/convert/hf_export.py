@@ -56,6 +56,8 @@ FAMILY_SETTINGS: dict[str, tuple[Any, str]] = {
     "attn_scale_dim": (None, "a query scale of its own"),
     "attn_softcap": (None, "soft-capped attention scores"),
     "logit_softcap": (None, "soft-capped logits"),
+    "attn_sinks": (False, "attention sinks"),
+    "swiglu_limit": (None, "clamped SwiGLU experts"),
 }
 
 

@@ -58,8 +58,9 @@ class SinkAttention(MultiHeadAttention):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | Tensor | None,
                need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        return scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights,
-                                            dropout_p=self.dropout * self.training, sinks=self.sinks)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights,
+                                                    dropout_p=self.dropout * self.training, sinks=self.sinks)
+        return out, weights if need_weights else None
 
 
 def with_bias(linear: nn.Linear) -> nn.Linear:

@@ -83,7 +83,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor,
     mask: an `AttentionMask`, or a bool / 0-1 tensor broadcasting to (B, H, T, S), True = may
     attend. A query row whose keys are all hidden gives zeros (and zero weights), never NaN.
     sinks: (H,) attention sinks (see `attention`); no fused kernel takes them, so the formula runs.
-    Returns (out (B, H, T, Dh), weights (B, H, T, S) if need_weights else None).
+    Returns (out (B, H, T, Dh), weights (B, H, T, S) where the formula ran (need_weights or sinks),
+    else None).
     """
     mask = as_attention_mask(mask)  # a model hands over its own, built once per forward
     if mask.is_causal and q.size(-2) != k.size(-2):
@@ -93,7 +94,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor,
         n_rep = q.size(1) // k.size(1)
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, S, Dh)
         out, weights = attention(q, k, v, mask.dense(q.size(-2), k.size(-2), q.device), dropout_p, sinks)
-        return mask.zero_empty_rows(out), mask.zero_empty_rows(weights) if need_weights else None
+        return mask.zero_empty_rows(out), mask.zero_empty_rows(weights)
     out = fused_attention(q, k, v, mask, dropout_p)  # (B, H, T, Dh)
     return mask.zero_empty_rows(out), None
 
