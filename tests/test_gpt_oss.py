@@ -145,3 +145,24 @@ def test_gguf_is_refused_by_name_both_ways(tmp_path):
         family_for(cfg, "gpt_oss")
     problems = " ".join(mismatches(cfg, family_for(cfg, None)))
     assert "attention sinks" in problems and "clamped SwiGLU" in problems
+
+
+@torch.no_grad()
+def test_int8_model_is_gpt_oss_on_its_int8_weights():
+    """`handformer quantize`'s int8 layers reach every linear layer of gpt-oss (attention, router,
+    each expert's biased projections, head): the quantized model's logits are those of the float
+    model whose weights are replaced by what the int8 values and scales stand for."""
+    import copy
+
+    from handformer.inference.quant import dequantize_int8, quantize_int8, quantize_linears
+
+    hf_model = _tiny()
+    ours = model_from_hf(hf_model.config.to_dict(), hf_model.state_dict()).eval()
+    rounded = copy.deepcopy(ours)
+    for module in rounded.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.weight.copy_(dequantize_int8(*quantize_int8(module.weight)))
+    names = quantize_linears(ours, kernel="int8pack-fp32")  # exact sums (the default rounds to bf16)
+    assert len(names) == 2 * (4 + 1 + 3 * 3) + 1 and "layers.0.ffn.experts.1.down_proj" in names
+    ids = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(3))
+    torch.testing.assert_close(ours(ids).logits, rounded(ids).logits, atol=1e-5, rtol=1e-5)
