@@ -126,8 +126,43 @@ class LongRopeScaling:
                 _fail(name, f, getattr(self, f), "it must be a number > 0 or null")
 
 
-ROPE_SCALINGS = {"llama3": Llama3RopeScaling, "linear": LinearRopeScaling, "longrope": LongRopeScaling}
-RopeScaling = Llama3RopeScaling | LinearRopeScaling | LongRopeScaling
+@dataclass
+class YarnRopeScaling:
+    """YaRN (rope_type "yarn"; gpt-oss): the frequencies that turn fewer than beta_slow times over
+    the original context are divided by `factor`, those that turn more than beta_fast times are
+    kept, a linear ramp blends the ones between; cos and sin are multiplied by attention_factor
+    (None: 0.1 ln(factor) + 1). See `handformer.nn.positions.yarn_inv_freq`."""
+
+    factor: float = 32.0  # how much slower the low frequencies turn
+    original_max_positions: int = 4096  # the context length the model was pre-trained with
+    beta_fast: float = 32.0  # rotations over the original context above which a frequency is kept
+    beta_slow: float = 1.0  # rotations below which it is divided by factor
+    truncate: bool = True  # the ramp's ends rounded to whole dims (gpt-oss: false)
+    attention_factor: float | None = None  # cos and sin times this; None: 0.1 ln(factor) + 1
+    type: str = "yarn"
+
+    def cos_sin_factor(self) -> float:
+        if self.attention_factor is not None:
+            return self.attention_factor
+        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
+
+    def validate(self, owner: str) -> None:
+        name = f"{owner}.rope_scaling"
+        for f in ("factor", "beta_fast", "beta_slow"):
+            if not _positive_number(getattr(self, f)):
+                _fail(name, f, getattr(self, f), "it must be a number > 0")
+        if not _positive_int(self.original_max_positions):
+            _fail(name, "original_max_positions", self.original_max_positions,
+                  "it must be a positive integer")
+        if not isinstance(self.truncate, bool):
+            _fail(name, "truncate", self.truncate, "it must be true or false")
+        if self.attention_factor is not None and not _positive_number(self.attention_factor):
+            _fail(name, "attention_factor", self.attention_factor, "it must be a number > 0 or null")
+
+
+ROPE_SCALINGS = {"llama3": Llama3RopeScaling, "linear": LinearRopeScaling, "longrope": LongRopeScaling,
+                 "yarn": YarnRopeScaling}
+RopeScaling = Llama3RopeScaling | LinearRopeScaling | LongRopeScaling | YarnRopeScaling
 
 
 def rope_scaling_from_dict(data: dict[str, Any], section: str) -> RopeScaling:
@@ -175,7 +210,8 @@ class MoEConfig:
 # The settings only some model families have, each read by that family's variant modules
 # (`handformer.families`); saved under a run's "family" section, and accepted flat (as runs saved
 # before the section existed hold them) by `CausalLMConfig` and its `from_dict`.
-FAMILY_FIELDS = ("rope_local_theta", "nope_layers", "attn_scale_dim", "attn_softcap", "logit_softcap")
+FAMILY_FIELDS = ("rope_local_theta", "nope_layers", "attn_scale_dim", "attn_softcap", "logit_softcap",
+                 "attn_sinks", "swiglu_limit", "swiglu_alpha")
 _UNSET: Any = object()  # a flat keyword not given (None is a value: "no soft-capping")
 
 
@@ -197,6 +233,11 @@ class FamilyConfig:
     attention_multiplier: float | None = None
     residual_multiplier: float | None = None
     logits_scaling: float | None = None
+    attn_sinks: bool = False  # a learned logit per head joins each softmax, a key of value zero (gpt-oss)
+    # The experts' SwiGLU clamped (gpt-oss): gate <= limit, |up| <= limit, then
+    # (up + 1) * gate * sigmoid(swiglu_alpha * gate); None = the lesson's SwiGLU
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702  # the sigmoid's gain in the clamped SwiGLU
 
     def validate(self, owner: str, cfg: CausalLMConfig) -> None:
         """Each field checked, and against the model it belongs to (`cfg`); errors name
@@ -217,6 +258,18 @@ class FamilyConfig:
         if self.rope_local_theta is not None and not gemma3:
             _fail(name, "rope_local_theta", self.rope_local_theta, "a RoPE base of its own for the sliding "
                   'layers is Gemma 3\'s: it needs global_layers and norm_placement="sandwich"')
+        self._validate_gpt_oss(name, cfg)
+
+    def _validate_gpt_oss(self, name: str, cfg: CausalLMConfig) -> None:
+        if not isinstance(self.attn_sinks, bool):
+            _fail(name, "attn_sinks", self.attn_sinks, "it must be true or false")
+        if self.swiglu_limit is not None and not _positive_number(self.swiglu_limit):
+            _fail(name, "swiglu_limit", self.swiglu_limit, "it must be a number > 0 or None")
+        if not _positive_number(self.swiglu_alpha):
+            _fail(name, "swiglu_alpha", self.swiglu_alpha, "it must be a number > 0")
+        if self.swiglu_limit is not None and (cfg.moe is None or cfg.activation != "swiglu"):
+            _fail(name, "swiglu_limit", self.swiglu_limit, "the clamped SwiGLU is gpt-oss's experts': it "
+                  'needs moe and activation="swiglu"')
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that differ from their defaults (a saved section names only what is used)."""
@@ -333,7 +386,8 @@ class BlockConfig:
         if self.rope_scaling is not None:
             if not isinstance(self.rope_scaling, tuple(ROPE_SCALINGS.values())):
                 _fail(name, "rope_scaling", self.rope_scaling,
-                      "it must be a Llama3RopeScaling, LinearRopeScaling, LongRopeScaling or None")
+                      "it must be a Llama3RopeScaling, LinearRopeScaling, LongRopeScaling, YarnRopeScaling "
+                      "or None")
             if self.position != "rope":
                 _fail(name, "rope_scaling", self.rope_scaling, 'it needs position="rope"')
             self.rope_scaling.validate(name)
@@ -468,6 +522,9 @@ class CausalLMConfig(BlockConfig):
     attn_scale_dim: InitVar[float | None] = _UNSET  # type: ignore[assignment]
     attn_softcap: InitVar[float | None] = _UNSET  # type: ignore[assignment]
     logit_softcap: InitVar[float | None] = _UNSET  # type: ignore[assignment]
+    attn_sinks: InitVar[bool] = _UNSET  # type: ignore[assignment]
+    swiglu_limit: InitVar[float | None] = _UNSET  # type: ignore[assignment]
+    swiglu_alpha: InitVar[float] = _UNSET  # type: ignore[assignment]
 
     kind: ClassVar[str] = "causal_lm"
     norm_placements: ClassVar[tuple[str, ...]] = CAUSAL_NORM_PLACEMENTS
@@ -536,6 +593,17 @@ class CausalLMConfig(BlockConfig):
         if not isinstance(self.family, FamilyConfig):
             _fail(name, "family", self.family, "it must be a FamilyConfig or a table of settings")
         self.family.validate(name, self)
+
+    def _validate_gpt_oss(self, name: str) -> None:
+        if not isinstance(self.attn_sinks, bool):
+            _fail(name, "attn_sinks", self.attn_sinks, "it must be true or false")
+        for f in ("swiglu_limit", "swiglu_alpha"):
+            value = getattr(self, f)
+            if not (value is None and f == "swiglu_limit") and not _positive_number(value):
+                _fail(name, f, value, "it must be a number > 0" + (" or None" if f == "swiglu_limit" else ""))
+        if self.swiglu_limit is not None and (self.moe is None or self.activation != "swiglu"):
+            _fail(name, "swiglu_limit", self.swiglu_limit, "the clamped SwiGLU is gpt-oss's experts': it "
+                  'needs moe and activation="swiglu"')
 
     @classmethod
     def gpt2_style(cls, **overrides: Any) -> CausalLMConfig:
@@ -620,7 +688,8 @@ def load_config(path: str | os.PathLike) -> BlockConfig:
 
 
 __all__ = ["BlockConfig", "Seq2SeqConfig", "CausalLMConfig", "Llama3RopeScaling", "LinearRopeScaling",
-           "LongRopeScaling", "MoEConfig", "FamilyConfig", "load_config", "config_from_dict"]
+           "LongRopeScaling", "YarnRopeScaling", "MoEConfig", "FamilyConfig", "load_config",
+           "config_from_dict"]
 
 
 def dataclass_from_dict(cls: type, data: dict[str, Any], section: str) -> Any:

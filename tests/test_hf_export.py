@@ -234,6 +234,11 @@ FAMILIES = {
         rope_parameters=ROPE)),
     "olmoe": lambda: transformers.OlmoeForCausalLM(transformers.OlmoeConfig(
         **SIZE, num_experts=4, num_experts_per_tok=2, rope_parameters=ROPE)),
+    "gpt_oss": lambda: transformers.GptOssForCausalLM(transformers.GptOssConfig(
+        **{**SIZE, "num_hidden_layers": 3}, head_dim=12, num_local_experts=3, num_experts_per_tok=2,
+        sliding_window=WINDOW, swiglu_limit=1.5,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "truncate": False, "original_max_position_embeddings": 16})),
 }
 FAMILIES["granite"] = lambda: transformers.GraniteForCausalLM(transformers.GraniteConfig(
     **{**SIZE, "hidden_size": 60, "num_attention_heads": 6, "intermediate_size": 86}, **GRANITE, rope_parameters=ROPE))
@@ -279,7 +284,7 @@ def test_every_family_import_reads_goes_back_to_its_architecture(family, tmp_pat
                 "attn_logit_softcapping", "final_logit_softcapping", "no_rope_layers", "partial_rotary_factor",
                 "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
                 "shared_expert_intermediate_size", "norm_topk_prob", "intermediate_size",
-                "router_aux_loss_coef"} & ours.keys() & theirs.keys()
+                "router_aux_loss_coef", "swiglu_limit", "swiglu_alpha"} & ours.keys() & theirs.keys()
     assert {"rope_parameters", "tie_word_embeddings"} <= compared or family == "gpt2"
 
     def same_meaning(config, key):  # what a default stands for, written out

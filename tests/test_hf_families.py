@@ -23,7 +23,7 @@ from helpers import randomize_hf, require_module
 
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
-from handformer.config import FamilyConfig, LinearRopeScaling, MoEConfig  # noqa: E402
+from handformer.config import FamilyConfig, LinearRopeScaling, MoEConfig, YarnRopeScaling  # noqa: E402
 from handformer.convert.hf_weights import config_from_hf, model_from_hf  # noqa: E402
 from handformer.generation.engine import Engine, Row, SamplingOptions  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
@@ -169,13 +169,27 @@ def _olmoe():
     return transformers.OlmoeForCausalLM(transformers.OlmoeConfig(**SIZE, num_experts=4, **MOE))
 
 
+# YaRN 4 times over an original context of 16 (gpt-oss: 32 times over 4096), truncate false as gpt-oss's
+GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 16}
+
+
+def _gpt_oss():
+    # layers 0 and 2 slide, 1 is global; heads of 12; 5 experts, 2 a token; the SwiGLU clamped at 1.5
+    # (released: 7) so that the clamp bites at these weights
+    return transformers.GptOssForCausalLM(transformers.GptOssConfig(
+        **{**SIZE, "num_hidden_layers": 3}, head_dim=12, num_local_experts=5, num_experts_per_tok=2,
+        sliding_window=WINDOW, swiglu_limit=1.5, rope_parameters=GPT_OSS_ROPE))
+
+
 BUILDERS = {"qwen2": _qwen2, "mistral_window": lambda: _mistral(WINDOW), "mistral_no_window": lambda: _mistral(None),
             "gemma": _gemma, "phi3": _phi3, "smollm": _smollm, "llama3": _llama3,
             "qwen3": _qwen3, "qwen3_window": lambda: _qwen3(window=True), "gemma2": _gemma2, "gemma3": _gemma3,
             "gemma3_scaled": _gemma3_scaled, "smollm3": _smollm3, "olmo2": _olmo2, "phi4_mini": _phi4_mini,
-            "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe, "olmoe": _olmoe}
+            "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe, "olmoe": _olmoe,
+            "gpt_oss": _gpt_oss}
 # The families whose attention is a variant of the lesson's (handformer.families), never fused
-VARIANT_ATTENTION = ("gemma2", "gemma3", "gemma3_scaled", "olmo2", "olmoe")
+VARIANT_ATTENTION = ("gemma2", "gemma3", "gemma3_scaled", "olmo2", "olmoe", "gpt_oss")
 
 # The open families of 2025-26, on odd sizes: 6 heads of 10 over a width of 60, 3 layers.
 ODD = {**SIZE, "hidden_size": 60, "num_attention_heads": 6, "num_key_value_heads": 2, "intermediate_size": 86,
@@ -299,7 +313,7 @@ GREEDY = SamplingOptions(temperature=0)
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "gpt_oss"])
 def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(name):
     """serve's batch (rows join and leave, the KV cache regrouped each time) of a model whose
     sliding layers roll over the window while its global layers keep every column: each row's
@@ -397,6 +411,9 @@ def test_configs_carry_each_familys_variation(pair):
         "qwen2_moe": dict(moe=MoEConfig(4, 2, 32, False, 48, 0.001), qkv_bias=True),
         "olmoe": dict(moe=MoEConfig(4, 2, None, False, 0, 0.01), qk_norm="width", d_ff=96),
         "granite": dict(family=FamilyConfig(**GRANITE), d_model=60, head_dim=10, n_kv_heads=2, d_ff=86),
+        "gpt_oss": dict(moe=MoEConfig(5, 2, None, True, 0, 0.001), attn_sinks=True, swiglu_limit=1.5,
+                        swiglu_alpha=1.702, bias=True, head_dim=12, sliding_window=WINDOW, global_layers=[1],
+                        rope_scaling=YarnRopeScaling(4.0, 16, 32.0, 1.0, False)),
     }[name]
     assert {k: getattr(cfg, k) for k in expected} == expected
     if name == "smollm":

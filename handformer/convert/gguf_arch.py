@@ -85,7 +85,8 @@ _NOT_WRITTEN = {"qk_norm": ("none", "q/k norms"), "moe": (None, "mixture of expe
                 "embedding_multiplier": (None, "embedding multiplier"),
                 "attention_multiplier": (None, "attention multiplier"),
                 "residual_multiplier": (None, "residual multiplier"),
-                "logits_scaling": (None, "logits scaling")}
+                "logits_scaling": (None, "logits scaling"),
+                "attn_sinks": (False, "attention sinks"), "swiglu_limit": (None, "clamped SwiGLU experts")}
 
 
 def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:

@@ -39,8 +39,9 @@ from torch import Tensor
 
 from handformer.config import CausalLMConfig, setting_name, setting_value
 from handformer.convert.hf_import import ARCHITECTURES as HF_CLASSES
-from handformer.convert.hf_weights import HEAD, instances
+from handformer.convert.hf_weights import HEAD, concrete, expert_groups
 from handformer.families.catalogue import SPECS, spec_of
+from handformer.families.spec import Target
 
 # The settings only some families have: name -> (its value in a model without it, what it is). A
 # family that may set one lists it in its spec's `may_set`; a run recorded as another family is
@@ -59,6 +60,8 @@ FAMILY_SETTINGS: dict[str, tuple[Any, str]] = {
     "attention_multiplier": (None, "attention multiplier"),
     "residual_multiplier": (None, "residual multiplier"),
     "logits_scaling": (None, "logits scaling"),
+    "attn_sinks": (False, "attention sinks"),
+    "swiglu_limit": (None, "clamped SwiGLU experts"),
 }
 
 
@@ -115,16 +118,28 @@ def export_state_dict(state: dict[str, Tensor], cfg: CausalLMConfig, model_type:
     for template, target in arch.weights.items():
         if template == HEAD and cfg.tie_embeddings:
             continue
-        for at in instances(template, cfg):
-            keys = [k.format(**at) for k in target.keys]
-            if all(k in state for k in keys):
-                tensor = torch.cat([state[k] for k in keys], dim=0)  # split projections, rejoined
-                out[template.format(**at)] = (tensor.t() if target.transpose else tensor).contiguous()
-            elif arch.zero_biases and template.endswith(".bias"):  # bias=false: zeros are exact
+        for key, concrete_target in concrete(template, target, cfg):
+            keys = concrete_target.keys
+            if keys and all(k in state for k in keys):
+                out[key] = _joined(state, concrete_target, cfg)
+            elif keys and arch.zero_biases and template.endswith(".bias"):  # bias=false: zeros are exact
                 weights = [state[k.removesuffix(".bias") + ".weight"] for k in keys]
-                out[template.format(**at)] = torch.zeros(sum(w.shape[0] for w in weights),
-                                                         dtype=weights[0].dtype)
+                out[key] = torch.zeros(sum(w.shape[0] for w in weights), dtype=weights[0].dtype)
     return out  # torch.cat copies: nothing shares memory with the model
+
+
+def _joined(state: dict[str, Tensor], target: Target, cfg: CausalLMConfig) -> Tensor:
+    """The checkpoint tensor of `target`'s keys: split projections rejoined (their rows alternating
+    where interleaved), a Conv1D weight transposed, a layer's experts stacked (E, ...)."""
+    parts = []
+    for keys in expert_groups(target, cfg):
+        tensors = [state[k] for k in keys]
+        if target.interleaved:  # (rows, ...) each -> (n * rows, ...), row r from tensor r % n
+            joined = torch.stack(tensors, dim=1).flatten(0, 1)
+        else:
+            joined = torch.cat(tensors, dim=0)
+        parts.append(joined.t() if target.transpose else joined)
+    return (torch.stack(parts) if target.stacked else parts[0]).contiguous()
 
 
 _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}

@@ -22,6 +22,8 @@ torchtune's builders do), reusing its weights:
 | family.attention_multiplier      | Granite             | granite.GraniteAttention                  |
 | family.embedding_multiplier      | Granite             | granite.ScaledEmbedding                   |
 | family.logits_scaling            | Granite             | granite.ScaledHead                        |
+| attn_sinks                       | gpt-oss             | gpt_oss.SinkAttention                     |
+| swiglu_limit                     | gpt-oss             | gpt_oss.GptOssMoE, gpt_oss.ClampedSwiGLU  |
 
 Everything that builds a model from a config (runs, imports, training, tracing) calls
 `build_causal_lm`; the variants' modules keep the lesson's parameter names, so state dicts,
@@ -36,6 +38,7 @@ from torch import nn
 
 from handformer.config import CausalLMConfig
 from handformer.families.gemma import GemmaAttention, LocalGlobalRotary, SandwichBlock, SoftcappedHead
+from handformer.families.gpt_oss import GptOssMoE, SinkAttention
 from handformer.families.granite import GraniteAttention, GraniteBlock, ScaledEmbedding, ScaledHead
 from handformer.families.olmo import ReorderedNormBlock, WidthQKNormAttention
 from handformer.families.smollm import NoRopeAttention
@@ -82,6 +85,9 @@ VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, Causa
     (lambda c: c.family.logits_scaling is not None,
      lambda m, c: replace_layers(m, {"lm_head": m.lm_head},
                                  lambda h: ScaledHead(h, c.family.logits_scaling))),
+    (lambda c: c.attn_sinks, lambda m, c: replace_layers(m, _layers(m, "self_attn"), SinkAttention)),
+    (lambda c: c.swiglu_limit is not None, lambda m, c: replace_layers(
+        m, _layers(m, "ffn"), lambda moe: GptOssMoE(moe, c.swiglu_limit, c.swiglu_alpha))),
 ]
 
 

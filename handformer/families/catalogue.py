@@ -11,6 +11,7 @@ from __future__ import annotations
 from handformer.config import CausalLMConfig
 from handformer.families.gemma import GEMMA, GEMMA2, GEMMA3_TEXT
 from handformer.families.gpt2 import GPT2
+from handformer.families.gpt_oss import GPT_OSS
 from handformer.families.granite import GRANITE
 from handformer.families.llama import LLAMA
 from handformer.families.mistral import MISTRAL
@@ -26,7 +27,7 @@ from handformer.families.starcoder2 import STARCODER2
 SPECS: dict[str, FamilySpec] = {s.model_type: s for s in (
     GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, GEMMA, GEMMA2, GEMMA3_TEXT, SMOLLM3, OLMO2, PHI3, MIXTRAL, QWEN3_MOE,
     QWEN2_MOE, OLMOE, STARCODER2,
-    GRANITE)}
+    GRANITE, GPT_OSS)}
 
 # llama.cpp's architectures import-gguf reads, in the order messages list them (Mixtral shares
 # Llama's architecture and is told apart by its expert count).

@@ -27,14 +27,24 @@ Fixed = dict[str, tuple[Any, str]]
 @dataclass(frozen=True)
 class Target:
     """Where one checkpoint tensor goes. Several keys = split along dim 0 in the listed order,
-    with sizes taken from the target shapes. transpose: the source is a Conv1D (in, out) weight."""
+    with sizes taken from the target shapes. transpose: the source is a Conv1D (in, out) weight.
+    stacked: the source holds a layer's experts, (E, ...), and the keys ({e} = expert) take each
+    expert's slice (transposed first with `transpose`); interleaved: the keys' rows alternate
+    (row r goes to key r % len(keys)) instead of following each other."""
 
     keys: tuple[str, ...]
     transpose: bool = False
+    stacked: bool = False
+    interleaved: bool = False
 
 
 def to(*keys: str) -> Target:
     return Target(keys)
+
+
+def stacked(*keys: str, transpose: bool = False, interleaved: bool = False) -> Target:
+    """A tensor of every expert of a layer (gpt-oss's), dealt out to each expert's `keys`."""
+    return Target(keys, transpose, stacked=True, interleaved=interleaved)
 
 
 def conv1d(*keys: str) -> Target:
@@ -54,6 +64,9 @@ class HFTensors:
     # (each expert's slice split along its dim 0 in the listed order; one template: a rename).
     in_memory: dict[str, tuple[str, ...]] = field(default_factory=dict)
     zero_biases: bool = False  # the architecture always has biases: a run without writes zeros
+    # key templates that released checkpoints store as MXFP4 (gpt-oss): `{key}_blocks` (uint8, two
+    # 4-bit values a byte) and `{key}_scales` (uint8 exponents), dequantized on import (convert/mxfp4.py)
+    mxfp4: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -150,4 +163,4 @@ class FamilySpec:
 
 
 __all__ = ["Claim", "Differences", "FamilySpec", "Fixed", "GgufEntry", "HFTensors", "Target", "conv1d",
-           "no_problems", "to"]
+           "no_problems", "stacked", "to"]
