@@ -335,6 +335,10 @@ LLAMA_CPP_ONLY = {  # what transformers' GGUF loader does not read: llama.cpp's 
     "smollm3": lambda: transformers.SmolLM3ForCausalLM(transformers.SmolLM3Config(  # layers 3 and 7 without RoPE
         **{**SIZE, "num_hidden_layers": 8}, rope_parameters={**ROPE, "rope_theta": 2e6})),
 }
+LLAMA_CPP_ONLY.update(  # today's open families at odd sizes: 6 heads of 12, width 42
+    seed_oss=lambda: transformers.SeedOssForCausalLM(transformers.SeedOssConfig(  # q/k/v biases
+        **{**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12}, rope_parameters=ROPE)),
+)
 
 
 @pytest.mark.parametrize("family", list(LLAMA_CPP_ONLY))

@@ -232,6 +232,11 @@ FAMILIES = {
     "olmoe": lambda: transformers.OlmoeForCausalLM(transformers.OlmoeConfig(
         **SIZE, num_experts=4, num_experts_per_tok=2, rope_parameters=ROPE)),
 }
+# today's open families, at odd sizes: 6 heads of 12 over a width of 42 (Seed-OSS: q/k/v biases)
+ODD = {**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12, "intermediate_size": 38}
+FAMILIES.update(
+    seed_oss=lambda: transformers.SeedOssForCausalLM(transformers.SeedOssConfig(**ODD, rope_parameters=ROPE)),
+)
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
 

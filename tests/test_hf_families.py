@@ -169,11 +169,22 @@ def _olmoe():
     return transformers.OlmoeForCausalLM(transformers.OlmoeConfig(**SIZE, num_experts=4, **MOE))
 
 
+# Today's open families at odd sizes: 6 heads of 12 (2 key/value heads) over a width of 78
+ODD = {**SIZE, "hidden_size": 78, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 12,
+       "intermediate_size": 86, "num_hidden_layers": 3}
+
+
+def _seed_oss():  # biases on q, k, v only (Seed-OSS-36B's)
+    return transformers.SeedOssForCausalLM(transformers.SeedOssConfig(
+        **ODD, attention_bias=True, attention_out_bias=False, mlp_bias=False, rope_parameters=ROPE))
+
+
 BUILDERS = {"qwen2": _qwen2, "mistral_window": lambda: _mistral(WINDOW), "mistral_no_window": lambda: _mistral(None),
             "gemma": _gemma, "phi3": _phi3, "smollm": _smollm, "llama3": _llama3,
             "qwen3": _qwen3, "qwen3_window": lambda: _qwen3(window=True), "gemma2": _gemma2, "gemma3": _gemma3,
             "gemma3_scaled": _gemma3_scaled, "smollm3": _smollm3, "olmo2": _olmo2, "phi4_mini": _phi4_mini,
             "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe, "olmoe": _olmoe}
+BUILDERS.update(seed_oss=_seed_oss)
 # The families whose attention is a variant of the lesson's (handformer.families), never fused
 VARIANT_ATTENTION = ("gemma2", "gemma3", "gemma3_scaled", "olmo2", "olmoe")
 
@@ -383,6 +394,7 @@ def test_configs_carry_each_familys_variation(pair):
         "qwen3_moe": dict(moe=MoEConfig(4, 2, 32, True, 0, 0.001), qk_norm="head"),
         "qwen2_moe": dict(moe=MoEConfig(4, 2, 32, False, 48, 0.001), qkv_bias=True),
         "olmoe": dict(moe=MoEConfig(4, 2, None, False, 0, 0.01), qk_norm="width", d_ff=96),
+        "seed_oss": dict(qkv_bias=True, bias=False, head_dim=12, d_model=78, tie_embeddings=False),
     }[name]
     assert {k: getattr(cfg, k) for k in expected} == expected
     if name == "smollm":
@@ -576,6 +588,9 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
                         "head_dim": 128}),  # Qwen3-30B-A3B's layers, two of them
     ("Qwen2MoeConfig", {"num_hidden_layers": 2}),  # Qwen1.5-MoE-A2.7B's layers, two of them
     ("OlmoeConfig", {"num_hidden_layers": 2}),  # OLMoE-1B-7B's layers, two of them
+    ("SeedOssConfig", {"hidden_size": 5120, "intermediate_size": 27648, "num_hidden_layers": 64,
+                       "num_attention_heads": 80, "num_key_value_heads": 8, "head_dim": 128,
+                       "vocab_size": 155136}),  # Seed-OSS-36B
 ])
 def test_full_size_configs_give_the_same_parameter_count(config_class, overrides):
     """The families at their released sizes (transformers' defaults), built on the meta device: no

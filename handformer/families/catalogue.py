@@ -17,6 +17,7 @@ from handformer.families.mixtral import MIXTRAL
 from handformer.families.olmo import OLMO2, OLMOE
 from handformer.families.phi import PHI3
 from handformer.families.qwen import QWEN2, QWEN2_MOE, QWEN3, QWEN3_MOE
+from handformer.families.seed_oss import SEED_OSS
 from handformer.families.smollm import SMOLLM3
 from handformer.families.spec import FamilySpec, GgufEntry
 from handformer.families.starcoder2 import STARCODER2
@@ -25,12 +26,14 @@ from handformer.families.starcoder2 import STARCODER2
 SPECS: dict[str, FamilySpec] = {s.model_type: s for s in (
     GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, GEMMA, GEMMA2, GEMMA3_TEXT, SMOLLM3, OLMO2, PHI3, MIXTRAL, QWEN3_MOE,
     QWEN2_MOE, OLMOE, STARCODER2)}
+SPECS.update({s.model_type: s for s in (SEED_OSS,)})
 
 # llama.cpp's architectures import-gguf reads, in the order messages list them (Mixtral shares
 # Llama's architecture and is told apart by its expert count).
 GGUF_ENTRIES: tuple[GgufEntry, ...] = tuple(s.gguf for s in (
     LLAMA, QWEN2, QWEN3, QWEN3_MOE, GEMMA, GEMMA2, GEMMA3_TEXT, OLMO2, SMOLLM3, PHI3, GPT2,
         MIXTRAL) if s.gguf)
+GGUF_ENTRIES += tuple(s.gguf for s in (SEED_OSS,) if s.gguf)
 
 # llama.cpp's names that came from a family: the tokenizer.ggml.model of byte-level BPE (GPT-2's)
 # and of SentencePiece (Llama's), and Qwen2's tokenizer.ggml.pre
