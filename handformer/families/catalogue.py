@@ -15,6 +15,7 @@ from handformer.families.llama import LLAMA
 from handformer.families.mistral import MISTRAL
 from handformer.families.mixtral import MIXTRAL
 from handformer.families.olmo import OLMO2, OLMOE
+from handformer.families.olmo3 import OLMO3
 from handformer.families.phi import PHI3
 from handformer.families.qwen import QWEN2, QWEN2_MOE, QWEN3, QWEN3_MOE
 from handformer.families.seed_oss import SEED_OSS
@@ -26,7 +27,7 @@ from handformer.families.starcoder2 import STARCODER2
 SPECS: dict[str, FamilySpec] = {s.model_type: s for s in (
     GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, GEMMA, GEMMA2, GEMMA3_TEXT, SMOLLM3, OLMO2, PHI3, MIXTRAL, QWEN3_MOE,
     QWEN2_MOE, OLMOE, STARCODER2)}
-SPECS.update({s.model_type: s for s in (SEED_OSS,)})
+SPECS.update({s.model_type: s for s in (SEED_OSS, OLMO3)})
 
 # llama.cpp's architectures import-gguf reads, in the order messages list them (Mixtral shares
 # Llama's architecture and is told apart by its expert count).
