@@ -338,6 +338,8 @@ LLAMA_CPP_ONLY = {  # what transformers' GGUF loader does not read: llama.cpp's 
 LLAMA_CPP_ONLY.update(  # today's open families at odd sizes: 6 heads of 12, width 42
     seed_oss=lambda: transformers.SeedOssForCausalLM(transformers.SeedOssConfig(  # q/k/v biases
         **{**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12}, rope_parameters=ROPE)),
+    hunyuan=lambda: transformers.HunYuanDenseV1ForCausalLM(transformers.HunYuanDenseV1Config(  # norms after RoPE
+        **{**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12}, rope_parameters=ROPE)),
 )
 
 
@@ -345,7 +347,7 @@ LLAMA_CPP_ONLY.update(  # today's open families at odd sizes: 6 heads of 12, wid
 def test_imported_mixtral_phi4_mini_olmo2_and_smollm3_go_to_gguf_and_back(family, tmp_path, capsys):
     run_dir = _hf_run(family, tmp_path, LLAMA_CPP_ONLY[family])
     assert main(["export-gguf", str(run_dir), str(tmp_path / "model.gguf")]) == 0
-    arch = {"phi4_mini": "phi3", "mixtral": "llama"}.get(family, family)
+    arch = {"phi4_mini": "phi3", "mixtral": "llama", "hunyuan": "hunyuan-dense"}.get(family, family)
     printed = capsys.readouterr().out
     assert f"({arch}), f32" in printed
     if family == "phi4_mini":  # the rotated dims, LongRoPE's factors and its attention factor
@@ -356,11 +358,12 @@ def test_imported_mixtral_phi4_mini_olmo2_and_smollm3_go_to_gguf_and_back(family
         assert file.metadata["phi3.rope.scaling.attn_factor"] == pytest.approx(math.sqrt(1 + math.log(3) / math.log(16)))
         assert "LongRoPE's long factors" in printed
     names = set(read_gguf(tmp_path / "model.gguf").tensors)
-    assert ("blk.0.attn_q_norm.weight" in names) == ("blk.0.post_ffw_norm.weight" in names) == (family == "olmo2")
+    assert ("blk.0.attn_q_norm.weight" in names) == (family in ("olmo2", "hunyuan"))
+    assert ("blk.0.post_ffw_norm.weight" in names) == (family == "olmo2")
     assert main(["import-gguf", str(tmp_path / "model.gguf"), str(tmp_path / "back")]) == 0
     _same_run(run_dir, tmp_path / "back")
     back = load_lm(tmp_path / "back")
-    assert back.config["source"]["model_type"] == {"phi4_mini": "phi3"}.get(family, family)
+    assert back.config["source"]["model_type"] == {"phi4_mini": "phi3", "hunyuan": "hunyuan_v1_dense"}.get(family, family)
     assert back.model.cfg.nope_layers == ([3, 7] if family == "smollm3" else [])
 
 

@@ -236,6 +236,8 @@ FAMILIES = {
 ODD = {**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12, "intermediate_size": 38}
 FAMILIES.update(
     seed_oss=lambda: transformers.SeedOssForCausalLM(transformers.SeedOssConfig(**ODD, rope_parameters=ROPE)),
+    hunyuan=lambda: transformers.HunYuanDenseV1ForCausalLM(transformers.HunYuanDenseV1Config(  # NTK alpha
+        **ODD, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 1000.0, "factor": 1.0})),
     olmo3=lambda: transformers.Olmo3ForCausalLM(transformers.Olmo3Config(  # layers 0-2, 4 slide
         **{**ODD, "num_hidden_layers": 5}, sliding_window=5, rope_parameters={
             "sliding_attention": {**ROPE, "rope_theta": 5e5}, "full_attention": {**ROPE, "rope_theta": 5e5}})),
@@ -289,6 +291,9 @@ def test_every_family_import_reads_goes_back_to_its_architecture(family, tmp_pat
         value = config[key]
         if key == "head_dim" and value is None:
             return config["hidden_size"] // config["num_attention_heads"]
+        if key == "rope_parameters" and value.get("alpha"):  # Hunyuan's NTK alpha: a base of its own
+            dim = config["head_dim"]
+            return {"rope_type": "default", "rope_theta": value["rope_theta"] * value["alpha"] ** (dim / (dim - 2))}
         if key == "rope_parameters" and value.get("partial_rotary_factor") == 1.0:
             return {k: v for k, v in value.items() if k != "partial_rotary_factor"}
         return value

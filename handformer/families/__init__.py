@@ -18,6 +18,7 @@ torchtune's builders do), reusing its weights:
 | norm_placement = "reordered"     | OLMo 2              | olmo.ReorderedNormBlock                   |
 | qk_norm = "width"                | OLMo 2              | olmo.WidthQKNormAttention                 |
 | nope_layers                      | SmolLM3             | smollm.NoRopeAttention                    |
+| qk_norm = "head_after_rope"      | Hunyuan             | hunyuan.RotatedQKNormAttention            |
 
 Everything that builds a model from a config (runs, imports, training, tracing) calls
 `build_causal_lm`; the variants' modules keep the lesson's parameter names, so state dicts,
@@ -32,6 +33,7 @@ from torch import nn
 
 from handformer.config import CausalLMConfig
 from handformer.families.gemma import GemmaAttention, LocalGlobalRotary, SandwichBlock, SoftcappedHead
+from handformer.families.hunyuan import RotatedQKNormAttention
 from handformer.families.olmo import ReorderedNormBlock, WidthQKNormAttention
 from handformer.families.smollm import NoRopeAttention
 from handformer.models.causal_lm import CausalLM
@@ -58,6 +60,8 @@ VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, Causa
          a, c.attn_scale_dim or c.head_dim, c.attn_softcap))),
     (lambda c: c.qk_norm == "width",
      lambda m, c: replace_layers(m, _layers(m, "self_attn"), lambda a: WidthQKNormAttention(a, c))),
+    (lambda c: c.qk_norm == "head_after_rope",
+     lambda m, c: replace_layers(m, _layers(m, "self_attn"), lambda a: RotatedQKNormAttention(a, c))),
     (lambda c: bool(c.nope_layers),
      lambda m, c: replace_layers(m, _layers(m, "self_attn", lambda i: i in c.nope_layers), NoRopeAttention)),
     (lambda c: c.logit_softcap is not None,

@@ -8,7 +8,13 @@ import dataclasses
 from typing import Any
 
 from handformer.config import CausalLMConfig
-from handformer.families.hf_config import layer_types_keys, rope_parameters, unsupported, window_settings
+from handformer.families.hf_config import (
+    layer_types_keys,
+    require,
+    rope_parameters,
+    unsupported,
+    window_settings,
+)
 from handformer.families.olmo import OLMO2
 from handformer.families.spec import Differences, FamilySpec
 
@@ -30,7 +36,7 @@ def from_hf_config(c: dict[str, Any]) -> CausalLMConfig:
     """OLMo 3: OLMo 2's block, sliding and global layers as layer_types says (by default every
     fourth layer global)."""
     if not c.get("layer_types"):
-        n_layers = c["num_hidden_layers"]
+        n_layers = require(c, "num_hidden_layers")
         kinds = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(n_layers)]
         c = {**c, "layer_types": kinds}
     olmo2 = OLMO2.from_hf_config({**c, "rope_parameters": None, "rope_scaling": None})
