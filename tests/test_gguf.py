@@ -340,6 +340,8 @@ LLAMA_CPP_ONLY.update(  # today's open families at odd sizes: 6 heads of 12, wid
         **{**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12}, rope_parameters=ROPE)),
     hunyuan=lambda: transformers.HunYuanDenseV1ForCausalLM(transformers.HunYuanDenseV1Config(  # norms after RoPE
         **{**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12}, rope_parameters=ROPE)),
+    ernie4_5=lambda: transformers.Ernie4_5ForCausalLM(transformers.Ernie4_5Config(  # RoPE on pairs, biases
+        **{**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12}, use_bias=True, rope_parameters=ROPE)),
 )
 
 

@@ -236,6 +236,8 @@ FAMILIES = {
 ODD = {**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12, "intermediate_size": 38}
 FAMILIES.update(
     seed_oss=lambda: transformers.SeedOssForCausalLM(transformers.SeedOssConfig(**ODD, rope_parameters=ROPE)),
+    ernie4_5=lambda: transformers.Ernie4_5ForCausalLM(transformers.Ernie4_5Config(  # RoPE on pairs, biases
+        **ODD, use_bias=True, rope_parameters=ROPE)),
     hunyuan=lambda: transformers.HunYuanDenseV1ForCausalLM(transformers.HunYuanDenseV1Config(  # NTK alpha
         **ODD, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 1000.0, "factor": 1.0})),
     olmo3=lambda: transformers.Olmo3ForCausalLM(transformers.Olmo3Config(  # layers 0-2, 4 slide

@@ -191,12 +191,16 @@ def _hunyuan():  # q/k norms after RoPE; NTK RoPE with alpha 1000 (Hunyuan 7B's)
         **ODD, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 1000.0, "factor": 1.0}))
 
 
+def _ernie4_5():  # RoPE on adjacent pairs; biases on every linear layer (use_bias)
+    return transformers.Ernie4_5ForCausalLM(transformers.Ernie4_5Config(**ODD, use_bias=True, rope_parameters=ROPE))
+
+
 BUILDERS = {"qwen2": _qwen2, "mistral_window": lambda: _mistral(WINDOW), "mistral_no_window": lambda: _mistral(None),
             "gemma": _gemma, "phi3": _phi3, "smollm": _smollm, "llama3": _llama3,
             "qwen3": _qwen3, "qwen3_window": lambda: _qwen3(window=True), "gemma2": _gemma2, "gemma3": _gemma3,
             "gemma3_scaled": _gemma3_scaled, "smollm3": _smollm3, "olmo2": _olmo2, "phi4_mini": _phi4_mini,
             "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe, "olmoe": _olmoe}
-BUILDERS.update(seed_oss=_seed_oss, olmo3=_olmo3, hunyuan=_hunyuan)
+BUILDERS.update(seed_oss=_seed_oss, olmo3=_olmo3, hunyuan=_hunyuan, ernie4_5=_ernie4_5)
 # The families whose attention is a variant of the lesson's (handformer.families), never fused
 VARIANT_ATTENTION = ("gemma2", "gemma3", "gemma3_scaled", "olmo2", "olmoe", "olmo3", "hunyuan")
 
@@ -408,6 +412,7 @@ def test_configs_carry_each_familys_variation(pair):
         "olmoe": dict(moe=MoEConfig(4, 2, None, False, 0, 0.01), qk_norm="width", d_ff=96),
         "olmo3": dict(qk_norm="width", sliding_window=WINDOW, global_layers=[3], rope_theta=5e5, head_dim=12),
         "hunyuan": dict(qk_norm="head_after_rope", rope_theta=1e4 * 1000.0 ** (12 / 10), norm_eps=1e-5),
+        "ernie4_5": dict(bias=True, tie_embeddings=True, head_dim=12, norm_eps=1e-5),
         "seed_oss": dict(qkv_bias=True, bias=False, head_dim=12, d_model=78, tie_embeddings=False),
     }[name]
     assert {k: getattr(cfg, k) for k in expected} == expected
@@ -610,6 +615,7 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
     ("HunYuanDenseV1Config", {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
                               "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
                               "vocab_size": 128167, "tie_word_embeddings": True}),  # Hunyuan 7B
+    ("Ernie4_5Config", {}),  # ERNIE-4.5-0.3B
 ])
 def test_full_size_configs_give_the_same_parameter_count(config_class, overrides):
     """The families at their released sizes (transformers' defaults), built on the meta device: no

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from handformer.config import CausalLMConfig
 from handformer.convert.hf_import import ARCHITECTURES as HF_CLASSES
-from handformer.convert.hf_weights import HEAD, instances
+from handformer.convert.hf_weights import HEAD, halves_to_pairs, instances
 from handformer.families.catalogue import SPECS, spec_of
 
 # The settings only some families have: name -> (its value in a model without it, what it is). A
@@ -115,6 +115,8 @@ def export_state_dict(state: dict[str, Tensor], cfg: CausalLMConfig, model_type:
             keys = [k.format(**at) for k in target.keys]
             if all(k in state for k in keys):
                 tensor = torch.cat([state[k] for k in keys], dim=0)  # split projections, rejoined
+                if target.rope_pairs:  # back to the checkpoint's RoPE pairs
+                    tensor = halves_to_pairs(tensor, cfg.head_dim)
                 out[template.format(**at)] = (tensor.t() if target.transpose else tensor).contiguous()
             elif arch.zero_biases and template.endswith(".bias"):  # bias=false: zeros are exact
                 weights = [state[k.removesuffix(".bias") + ".weight"] for k in keys]

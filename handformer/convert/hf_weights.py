@@ -135,7 +135,7 @@ def _plan(arch: HFTensors, cfg: CausalLMConfig, expected: dict[str, tuple[int, .
         for at in instances(template, cfg):
             keys = tuple(k.format(**at) for k in target.keys)
             if all(k in expected for k in keys):
-                plan[template.format(**at)] = Target(keys, target.transpose)
+                plan[template.format(**at)] = Target(keys, target.transpose, target.rope_pairs)
     return plan
 
 
@@ -164,11 +164,26 @@ def _source_shape(target: Target, expected: dict[str, tuple[int, ...]]) -> tuple
     return shape[::-1] if target.transpose else shape
 
 
-def _apply(tensor: Tensor, target: Target, expected: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
+def pairs_to_halves(w: Tensor, head_dim: int) -> Tensor:
+    """Rows of RoPE's adjacent pairs (x0, y0, x1, y1, ...) per head -> half-split (x0, x1, ..., y0,
+    y1, ...), the order handformer's RoPE turns: (H*Dh, ...) -> (H*Dh, ...)."""
+    return w.reshape(-1, head_dim // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def halves_to_pairs(w: Tensor, head_dim: int) -> Tensor:
+    """The inverse of `pairs_to_halves`."""
+    return w.reshape(-1, 2, head_dim // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _apply(tensor: Tensor, target: Target, expected: dict[str, tuple[int, ...]], head_dim: int,
+           ) -> dict[str, Tensor]:
     """The target tensors, as views of `tensor` (a transposed Conv1D weight is a strided view:
-    whoever stores it makes it contiguous, one tensor at a time)."""
+    whoever stores it makes it contiguous, one tensor at a time; rows reordered from RoPE's pairs
+    are a copy)."""
     if target.transpose:
         tensor = tensor.t()  # Conv1D (in, out) -> Linear (out, in)
+    if target.rope_pairs:
+        tensor = pairs_to_halves(tensor, head_dim)
     parts = tensor.split([expected[k][0] for k in target.keys], dim=0)
     return dict(zip(target.keys, parts))
 
@@ -220,7 +235,7 @@ def convert_hf_state_dict(hf_state: dict[str, Tensor], cfg: CausalLMConfig,
             problems["shape mismatches"].append(f"{key}: checkpoint {tuple(state[key].shape)}, "
                                                 f"expected {shape} (-> {', '.join(target.keys)})")
         else:
-            out.update(_apply(state[key], target, expected))
+            out.update(_apply(state[key], target, expected, cfg.head_dim))
     _mismatch_error(model_type, cfg.n_layers, problems, note)
     if tied_head is not None:
         if HEAD in state and not torch.equal(state[HEAD], state[arch.embedding]):

@@ -31,6 +31,9 @@ class Target:
 
     keys: tuple[str, ...]
     transpose: bool = False
+    # the source rotates adjacent pairs (x0, y0, x1, y1, ...) of each head: its rows are reordered
+    # to handformer's half-split RoPE (x0, x1, ..., y0, y1, ...) on import, and back on export
+    rope_pairs: bool = False
 
 
 def to(*keys: str) -> Target:
@@ -39,6 +42,10 @@ def to(*keys: str) -> Target:
 
 def conv1d(*keys: str) -> Target:
     return Target(keys, transpose=True)
+
+
+def paired(*keys: str) -> Target:
+    return Target(keys, rope_pairs=True)
 
 
 @dataclass(frozen=True)
@@ -147,4 +154,4 @@ class FamilySpec:
 
 
 __all__ = ["Claim", "Differences", "FamilySpec", "Fixed", "GgufEntry", "HFTensors", "Target", "conv1d",
-           "no_problems", "to"]
+           "no_problems", "paired", "to"]
