@@ -313,7 +313,7 @@ GREEDY = SamplingOptions(temperature=0)
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "olmo3"])
 def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(name):
     """serve's batch (rows join and leave, the KV cache regrouped each time) of a model whose
     sliding layers roll over the window while its global layers keep every column: each row's
@@ -327,6 +327,21 @@ def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(
         out = hf_model.generate(torch.tensor([row.prompt]), do_sample=False, max_new_tokens=row.max_new_tokens,
                                 pad_token_id=0)
         assert row.tokens == out[0, len(row.prompt):].tolist()
+
+
+@pytest.mark.parametrize("name", ["seed_oss", "olmo3", "hunyuan", "ernie4_5"])
+def test_lora_targets_of_todays_families_are_their_checkpoints_projections(name):
+    """LoRA on every linear layer of a block (the variants' attention included) adapts the
+    projections the checkpoint names: a peft adapter's module names are handformer's."""
+    from handformer.adapters.lora import LoRAConfig, add_lora
+
+    hf_model, ours = _imported(name)
+    names = add_lora(ours, LoRAConfig(rank=2, targets="all-linear"))
+    assert {n.rsplit(".", 1)[-1] for n in names} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                     "up_proj", "down_proj"}
+    hf_names = {k.removeprefix("model.").replace(".mlp.", ".ffn.").removesuffix(".weight")
+                for k in hf_model.state_dict()}
+    assert len(names) == 7 * ours.cfg.n_layers and set(names) <= hf_names
 
 
 @torch.no_grad()
