@@ -55,18 +55,20 @@ def _blocks(model: CausalLM, cfg: CausalLMConfig) -> None:
 # (does the config ask for it?, put it in place), applied in this order: blocks before attention.
 VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, CausalLMConfig], object]]] = [
     (lambda c: c.norm_placement in ("sandwich", "reordered"), _blocks),
-    (lambda c: c.attn_scale_dim is not None or c.attn_softcap is not None,
+    (lambda c: c.family.attn_scale_dim is not None or c.family.attn_softcap is not None,
      lambda m, c: replace_layers(m, _layers(m, "self_attn"), lambda a: GemmaAttention(
-         a, c.attn_scale_dim or c.head_dim, c.attn_softcap))),
+         a, c.family.attn_scale_dim or c.head_dim, c.family.attn_softcap))),
     (lambda c: c.qk_norm == "width",
      lambda m, c: replace_layers(m, _layers(m, "self_attn"), lambda a: WidthQKNormAttention(a, c))),
     (lambda c: c.qk_norm == "head_after_rope",
      lambda m, c: replace_layers(m, _layers(m, "self_attn"), lambda a: RotatedQKNormAttention(a, c))),
-    (lambda c: bool(c.nope_layers),
-     lambda m, c: replace_layers(m, _layers(m, "self_attn", lambda i: i in c.nope_layers), NoRopeAttention)),
-    (lambda c: c.logit_softcap is not None,
-     lambda m, c: replace_layers(m, {"lm_head": m.lm_head}, lambda h: SoftcappedHead(h, c.logit_softcap))),
-    (lambda c: c.rope_local_theta is not None,
+    (lambda c: bool(c.family.nope_layers),
+     lambda m, c: replace_layers(m, _layers(m, "self_attn", lambda i: i in c.family.nope_layers),
+                                 NoRopeAttention)),
+    (lambda c: c.family.logit_softcap is not None,
+     lambda m, c: replace_layers(m, {"lm_head": m.lm_head},
+                                 lambda h: SoftcappedHead(h, c.family.logit_softcap))),
+    (lambda c: c.family.rope_local_theta is not None,
      lambda m, c: replace_layers(m, {"rotary": m.rotary}, lambda r: LocalGlobalRotary(c))),
 ]
 
