@@ -33,7 +33,7 @@ NORM_PLACEMENTS = ("post", "pre")
 # OLMo 2's norms on each sublayer's output ("reordered"); both are blocks of handformer.families.
 CAUSAL_NORM_PLACEMENTS = NORM_PLACEMENTS + ("sandwich", "reordered")
 POSITIONS = ("sinusoidal", "learned", "rope", "none")
-QK_NORMS = ("none", "head", "width")
+QK_NORMS = ("none", "head", "width", "head_after_rope")
 
 
 def _fail(cls_name: str, name: str, value: Any, fix: str) -> None:
@@ -304,7 +304,8 @@ class BlockConfig:
     qkv_bias: bool = False  # biases on the query/key/value projections even when bias=False (Qwen2)
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) as in the paper
     # Queries and keys normalized (with `norm`) before RoPE: none | head: each head on its own
-    # (Qwen3, Gemma 3) | width: all heads at once, before the split (OLMo 2)
+    # (Qwen3, Gemma 3) | width: all heads at once, before the split (OLMo 2) | head_after_rope: each
+    # head after RoPE (Hunyuan)
     qk_norm: str = "none"
     rope_fraction: float = 1.0  # the share of each head's dims RoPE turns, the first ones (Phi-4-mini: 0.75)
     moe: MoEConfig | None = None  # a mixture of experts instead of one feed-forward network (Mixtral)
@@ -483,9 +484,9 @@ class Seq2SeqConfig(BlockConfig):
         if self.position == "rope":
             _fail(name, "position", self.position, "the encoder-decoder model supports sinusoidal, "
                   "learned or none (rotary positions are for CausalLM)")
-        if self.qk_norm == "width":
+        if self.qk_norm in ("width", "head_after_rope"):
             _fail(name, "qk_norm", self.qk_norm, 'the encoder-decoder model supports "none" or "head" '
-                  '(OLMo 2\'s norm over all heads is a CausalLM variant)')
+                  '(OLMo 2\'s norm over all heads and Hunyuan\'s after RoPE are CausalLM variants)')
         if self.moe is not None:
             _fail(name, "moe", self.moe, "mixtures of experts are for CausalLM; leave moe unset")
 

@@ -242,6 +242,18 @@ FAMILIES = {
 }
 FAMILIES["granite"] = lambda: transformers.GraniteForCausalLM(transformers.GraniteConfig(
     **{**SIZE, "hidden_size": 60, "num_attention_heads": 6, "intermediate_size": 86}, **GRANITE, rope_parameters=ROPE))
+# today's open families, at odd sizes: 6 heads of 12 over a width of 42 (Seed-OSS: q/k/v biases)
+ODD = {**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12, "intermediate_size": 38}
+FAMILIES.update(
+    seed_oss=lambda: transformers.SeedOssForCausalLM(transformers.SeedOssConfig(**ODD, rope_parameters=ROPE)),
+    ernie4_5=lambda: transformers.Ernie4_5ForCausalLM(transformers.Ernie4_5Config(  # RoPE on pairs, biases
+        **ODD, use_bias=True, rope_parameters=ROPE)),
+    hunyuan=lambda: transformers.HunYuanDenseV1ForCausalLM(transformers.HunYuanDenseV1Config(  # NTK alpha
+        **ODD, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 1000.0, "factor": 1.0})),
+    olmo3=lambda: transformers.Olmo3ForCausalLM(transformers.Olmo3Config(  # layers 0-2, 4 slide
+        **{**ODD, "num_hidden_layers": 5}, sliding_window=5, rope_parameters={
+            "sliding_attention": {**ROPE, "rope_theta": 5e5}, "full_attention": {**ROPE, "rope_theta": 5e5}})),
+)
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
 
@@ -291,8 +303,13 @@ def test_every_family_import_reads_goes_back_to_its_architecture(family, tmp_pat
         value = config[key]
         if key == "head_dim" and value is None:
             return config["hidden_size"] // config["num_attention_heads"]
+        if key == "rope_parameters" and value.get("alpha"):  # Hunyuan's NTK alpha: a base of its own
+            dim = config["head_dim"]
+            return {"rope_type": "default", "rope_theta": value["rope_theta"] * value["alpha"] ** (dim / (dim - 2))}
         if key == "rope_parameters" and value.get("partial_rotary_factor") == 1.0:
             return {k: v for k, v in value.items() if k != "partial_rotary_factor"}
+        if key == "rope_parameters" and "full_attention" in value and "sliding_attention" in value:  # OLMo 3
+            return {kind: same_meaning({**config, key: value[kind]}, key) for kind in value}
         return value
 
     assert {k: same_meaning(ours, k) for k in compared} == {k: same_meaning(theirs, k) for k in compared}

@@ -182,14 +182,41 @@ def _gpt_oss():
         sliding_window=WINDOW, swiglu_limit=1.5, rope_parameters=GPT_OSS_ROPE))
 
 
+# Today's open families at odd sizes: 6 heads of 12 (2 key/value heads) over a width of 78
+ODD78 = {**SIZE, "hidden_size": 78, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 12,
+       "intermediate_size": 86, "num_hidden_layers": 3}
+
+
+def _seed_oss():  # biases on q, k, v only (Seed-OSS-36B's)
+    return transformers.SeedOssForCausalLM(transformers.SeedOssConfig(
+        **ODD78, attention_bias=True, attention_out_bias=False, mlp_bias=False, rope_parameters=ROPE))
+
+
+def _olmo3():  # layers 0-2 and 4 slide, 3 is global
+    return transformers.Olmo3ForCausalLM(transformers.Olmo3Config(
+        **{**ODD78, "num_hidden_layers": 5}, sliding_window=WINDOW,
+        rope_parameters={kind: {"rope_type": "default", "rope_theta": 5e5}
+                         for kind in ("sliding_attention", "full_attention")}))
+
+
+def _hunyuan():  # q/k norms after RoPE; NTK RoPE with alpha 1000 (Hunyuan 7B's): base 1e4 * 1000^(12/10)
+    return transformers.HunYuanDenseV1ForCausalLM(transformers.HunYuanDenseV1Config(
+        **ODD78, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 1000.0, "factor": 1.0}))
+
+
+def _ernie4_5():  # RoPE on adjacent pairs; biases on every linear layer (use_bias)
+    return transformers.Ernie4_5ForCausalLM(transformers.Ernie4_5Config(**ODD78, use_bias=True, rope_parameters=ROPE))
+
+
 BUILDERS = {"qwen2": _qwen2, "mistral_window": lambda: _mistral(WINDOW), "mistral_no_window": lambda: _mistral(None),
             "gemma": _gemma, "phi3": _phi3, "smollm": _smollm, "llama3": _llama3,
             "qwen3": _qwen3, "qwen3_window": lambda: _qwen3(window=True), "gemma2": _gemma2, "gemma3": _gemma3,
             "gemma3_scaled": _gemma3_scaled, "smollm3": _smollm3, "olmo2": _olmo2, "phi4_mini": _phi4_mini,
             "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe, "olmoe": _olmoe,
             "gpt_oss": _gpt_oss}
+BUILDERS.update(seed_oss=_seed_oss, olmo3=_olmo3, hunyuan=_hunyuan, ernie4_5=_ernie4_5)
 # The families whose attention is a variant of the lesson's (handformer.families), never fused
-VARIANT_ATTENTION = ("gemma2", "gemma3", "gemma3_scaled", "olmo2", "olmoe", "gpt_oss")
+VARIANT_ATTENTION = ("gemma2", "gemma3", "gemma3_scaled", "olmo2", "olmoe", "gpt_oss", "olmo3", "hunyuan")
 
 # The open families of 2025-26, on odd sizes: 6 heads of 10 over a width of 60, 3 layers.
 ODD = {**SIZE, "hidden_size": 60, "num_attention_heads": 6, "num_key_value_heads": 2, "intermediate_size": 86,
@@ -313,7 +340,7 @@ GREEDY = SamplingOptions(temperature=0)
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "gpt_oss"])
+@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "gpt_oss", "olmo3"])
 def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(name):
     """serve's batch (rows join and leave, the KV cache regrouped each time) of a model whose
     sliding layers roll over the window while its global layers keep every column: each row's
@@ -327,6 +354,21 @@ def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(
         out = hf_model.generate(torch.tensor([row.prompt]), do_sample=False, max_new_tokens=row.max_new_tokens,
                                 pad_token_id=0)
         assert row.tokens == out[0, len(row.prompt):].tolist()
+
+
+@pytest.mark.parametrize("name", ["seed_oss", "olmo3", "hunyuan", "ernie4_5"])
+def test_lora_targets_of_todays_families_are_their_checkpoints_projections(name):
+    """LoRA on every linear layer of a block (the variants' attention included) adapts the
+    projections the checkpoint names: a peft adapter's module names are handformer's."""
+    from handformer.adapters.lora import LoRAConfig, add_lora
+
+    hf_model, ours = _imported(name)
+    names = add_lora(ours, LoRAConfig(rank=2, targets="all-linear"))
+    assert {n.rsplit(".", 1)[-1] for n in names} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                     "up_proj", "down_proj"}
+    hf_names = {k.removeprefix("model.").replace(".mlp.", ".ffn.").removesuffix(".weight")
+                for k in hf_model.state_dict()}
+    assert len(names) == 7 * ours.cfg.n_layers and set(names) <= hf_names
 
 
 @torch.no_grad()
@@ -383,7 +425,7 @@ def test_configs_carry_each_familys_variation(pair):
     cfg = ours.cfg
     assert cfg.position == "rope" and cfg.dropout == 0.0
     assert cfg.norm_placement == {"gemma2": "sandwich", "gemma3": "sandwich", "gemma3_scaled": "sandwich",
-                                  "olmo2": "reordered"}.get(name, "pre")
+                                  "olmo2": "reordered", "olmo3": "reordered"}.get(name, "pre")
     expected = {
         "qwen2": dict(qkv_bias=True, bias=False, tie_embeddings=True, rope_theta=1e6, norm_eps=1e-6,
                       sliding_window=None),
@@ -414,6 +456,10 @@ def test_configs_carry_each_familys_variation(pair):
         "gpt_oss": dict(moe=MoEConfig(5, 2, None, True, 0, 0.001), attn_sinks=True, swiglu_limit=1.5,
                         swiglu_alpha=1.702, bias=True, head_dim=12, sliding_window=WINDOW, global_layers=[1],
                         rope_scaling=YarnRopeScaling(4.0, 16, 32.0, 1.0, False)),
+        "olmo3": dict(qk_norm="width", sliding_window=WINDOW, global_layers=[3], rope_theta=5e5, head_dim=12),
+        "hunyuan": dict(qk_norm="head_after_rope", rope_theta=1e4 * 1000.0 ** (12 / 10), norm_eps=1e-5),
+        "ernie4_5": dict(bias=True, tie_embeddings=True, head_dim=12, norm_eps=1e-5),
+        "seed_oss": dict(qkv_bias=True, bias=False, head_dim=12, d_model=78, tie_embeddings=False),
     }[name]
     assert {k: getattr(cfg, k) for k in expected} == expected
     if name == "smollm":
@@ -519,6 +565,7 @@ def _hf(builder):
      "rope scaling type 'longrope' is not implemented for mistral"),
     ({"model_type": "phi"}, "unsupported model_type 'phi' (Phi-1/2 run attention and the MLP in parallel"),
     ({"model_type": "gemma3"}, "unsupported model_type 'gemma3' (a Gemma 3 with vision"),
+    ({"model_type": "ministral3"}, "unsupported model_type 'ministral3' (Ministral 3 turns RoPE with YaRN"),
 ])
 def test_unimplemented_settings_are_named(change, message):
     with pytest.raises(ValueError) as err:
@@ -610,6 +657,15 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
     ("GraniteConfig", {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 40,
                        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 49155,
                        "tie_word_embeddings": True, **GRANITE, "attention_multiplier": 0.015625}),  # Granite 3.1 2B
+    ("SeedOssConfig", {"hidden_size": 5120, "intermediate_size": 27648, "num_hidden_layers": 64,
+                       "num_attention_heads": 80, "num_key_value_heads": 8, "head_dim": 128,
+                       "vocab_size": 155136}),  # Seed-OSS-36B
+    ("Olmo3Config", {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "vocab_size": 100278}),  # OLMo 3 7B
+    ("HunYuanDenseV1Config", {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                              "vocab_size": 128167, "tie_word_embeddings": True}),  # Hunyuan 7B
+    ("Ernie4_5Config", {}),  # ERNIE-4.5-0.3B
 ])
 def test_full_size_configs_give_the_same_parameter_count(config_class, overrides):
     """The families at their released sizes (transformers' defaults), built on the meta device: no

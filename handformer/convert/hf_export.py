@@ -39,7 +39,7 @@ from torch import Tensor
 
 from handformer.config import CausalLMConfig, setting_name, setting_value
 from handformer.convert.hf_import import ARCHITECTURES as HF_CLASSES
-from handformer.convert.hf_weights import HEAD, concrete, expert_groups
+from handformer.convert.hf_weights import HEAD, concrete, expert_groups, halves_to_pairs
 from handformer.families.catalogue import SPECS, spec_of
 from handformer.families.spec import Target
 
@@ -138,6 +138,8 @@ def _joined(state: dict[str, Tensor], target: Target, cfg: CausalLMConfig) -> Te
             joined = torch.stack(tensors, dim=1).flatten(0, 1)
         else:
             joined = torch.cat(tensors, dim=0)
+        if target.rope_pairs:  # back to the checkpoint's RoPE pairs
+            joined = halves_to_pairs(joined, cfg.head_dim)
         parts.append(joined.t() if target.transpose else joined)
     return (torch.stack(parts) if target.stacked else parts[0]).contiguous()
 

@@ -186,6 +186,17 @@ def _source_shape(target: Target, expected: dict[str, tuple[int, ...]],
     return (len(groups), *shape) if target.stacked else shape
 
 
+def pairs_to_halves(w: Tensor, head_dim: int) -> Tensor:
+    """Rows of RoPE's adjacent pairs (x0, y0, x1, y1, ...) per head -> half-split (x0, x1, ..., y0,
+    y1, ...), the order handformer's RoPE turns: (H*Dh, ...) -> (H*Dh, ...)."""
+    return w.reshape(-1, head_dim // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def halves_to_pairs(w: Tensor, head_dim: int) -> Tensor:
+    """The inverse of `pairs_to_halves`."""
+    return w.reshape(-1, 2, head_dim // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
 def _apply(tensor: Tensor, target: Target, expected: dict[str, tuple[int, ...]],
            cfg: CausalLMConfig) -> dict[str, Tensor]:
     """The target tensors, as views of `tensor` (a transposed Conv1D weight is a strided view:
@@ -195,6 +206,8 @@ def _apply(tensor: Tensor, target: Target, expected: dict[str, tuple[int, ...]],
     for keys, part in zip(groups, tensor if target.stacked else [tensor]):  # each expert's (rows, cols)
         if target.transpose:
             part = part.t()  # (in, out) -> Linear (out, in)
+        if target.rope_pairs:  # RoPE's adjacent pairs -> handformer's half-split rows (a copy)
+            part = pairs_to_halves(part, cfg.head_dim)
         if target.interleaved:  # row r of the source is row r // n of key r % n
             out.update({k: part[j::len(keys)] for j, k in enumerate(keys)})
         else:

@@ -24,6 +24,7 @@ torchtune's builders do), reusing its weights:
 | family.logits_scaling            | Granite             | granite.ScaledHead                        |
 | attn_sinks                       | gpt-oss             | gpt_oss.SinkAttention                     |
 | swiglu_limit                     | gpt-oss             | gpt_oss.GptOssMoE, gpt_oss.ClampedSwiGLU  |
+| qk_norm = "head_after_rope"      | Hunyuan             | hunyuan.RotatedQKNormAttention            |
 
 Everything that builds a model from a config (runs, imports, training, tracing) calls
 `build_causal_lm`; the variants' modules keep the lesson's parameter names, so state dicts,
@@ -40,6 +41,7 @@ from handformer.config import CausalLMConfig
 from handformer.families.gemma import GemmaAttention, LocalGlobalRotary, SandwichBlock, SoftcappedHead
 from handformer.families.gpt_oss import GptOssMoE, SinkAttention
 from handformer.families.granite import GraniteAttention, GraniteBlock, ScaledEmbedding, ScaledHead
+from handformer.families.hunyuan import RotatedQKNormAttention
 from handformer.families.olmo import ReorderedNormBlock, WidthQKNormAttention
 from handformer.families.smollm import NoRopeAttention
 from handformer.models.causal_lm import CausalLM
@@ -66,6 +68,8 @@ VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, Causa
          a, c.family.attn_scale_dim or c.head_dim, c.family.attn_softcap))),
     (lambda c: c.qk_norm == "width",
      lambda m, c: replace_layers(m, _layers(m, "self_attn"), lambda a: WidthQKNormAttention(a, c))),
+    (lambda c: c.qk_norm == "head_after_rope",
+     lambda m, c: replace_layers(m, _layers(m, "self_attn"), lambda a: RotatedQKNormAttention(a, c))),
     (lambda c: bool(c.family.nope_layers),
      lambda m, c: replace_layers(m, _layers(m, "self_attn", lambda i: i in c.family.nope_layers),
                                  NoRopeAttention)),

@@ -36,6 +36,9 @@ class Target:
     transpose: bool = False
     stacked: bool = False
     interleaved: bool = False
+    # the source rotates adjacent pairs (x0, y0, x1, y1, ...) of each head: its rows are reordered
+    # to handformer's half-split RoPE (x0, x1, ..., y0, y1, ...) on import, and back on export
+    rope_pairs: bool = False
 
 
 def to(*keys: str) -> Target:
@@ -49,6 +52,10 @@ def stacked(*keys: str, transpose: bool = False, interleaved: bool = False) -> T
 
 def conv1d(*keys: str) -> Target:
     return Target(keys, transpose=True)
+
+
+def paired(*keys: str) -> Target:
+    return Target(keys, rope_pairs=True)
 
 
 @dataclass(frozen=True)
@@ -163,4 +170,4 @@ class FamilySpec:
 
 
 __all__ = ["Claim", "Differences", "FamilySpec", "Fixed", "GgufEntry", "HFTensors", "Target", "conv1d",
-           "no_problems", "stacked", "to"]
+           "no_problems", "paired", "stacked", "to"]
