@@ -23,7 +23,7 @@ from helpers import randomize_hf, require_module
 
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
-from handformer.config import LinearRopeScaling, MoEConfig  # noqa: E402
+from handformer.config import LinearRopeScaling, MLAConfig, MoEConfig, YarnRopeScaling  # noqa: E402
 from handformer.convert.hf_weights import config_from_hf, model_from_hf  # noqa: E402
 from handformer.generation.engine import Engine, Row, SamplingOptions  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
@@ -169,13 +169,34 @@ def _olmoe():
     return transformers.OlmoeForCausalLM(transformers.OlmoeConfig(**SIZE, num_experts=4, **MOE))
 
 
+# DeepSeek-V3 at odd sizes: 3 heads of 10 + 6 dims (RoPE on the 6, interleaved), values 12 wide, a
+# key/value latent of 14 and a query latent of 18; layer 0 dense, then 8 experts in 4 groups, 3 of
+# them from the best 2 groups, 2 shared experts; YaRN with DeepSeek's mscale on the softmax scale
+DEEPSEEK_ROPE = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16,
+                 "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}
+
+
+def _deepseek_v3():
+    size = {**SIZE, "hidden_size": 60, "num_attention_heads": 3, "num_key_value_heads": 3, "intermediate_size": 88,
+            "num_hidden_layers": 3}
+    model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+        **size, moe_intermediate_size=20, first_k_dense_replace=1, n_routed_experts=8, n_group=4, topk_group=2,
+        num_experts_per_tok=3, n_shared_experts=2, routed_scaling_factor=2.5, kv_lora_rank=14, q_lora_rank=18,
+        qk_nope_head_dim=10, qk_rope_head_dim=6, v_head_dim=12, rope_parameters=DEEPSEEK_ROPE))
+    with torch.no_grad():  # the correction biases change which experts are chosen
+        for layer in model.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.normal_(0, 0.3)
+    return model
+
+
 BUILDERS = {"qwen2": _qwen2, "mistral_window": lambda: _mistral(WINDOW), "mistral_no_window": lambda: _mistral(None),
             "gemma": _gemma, "phi3": _phi3, "smollm": _smollm, "llama3": _llama3,
             "qwen3": _qwen3, "qwen3_window": lambda: _qwen3(window=True), "gemma2": _gemma2, "gemma3": _gemma3,
             "gemma3_scaled": _gemma3_scaled, "smollm3": _smollm3, "olmo2": _olmo2, "phi4_mini": _phi4_mini,
-            "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe, "olmoe": _olmoe}
+            "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe, "olmoe": _olmoe,
+            "deepseek_v3": _deepseek_v3}
 # The families whose attention is a variant of the lesson's (handformer.families), never fused
-VARIANT_ATTENTION = ("gemma2", "gemma3", "gemma3_scaled", "olmo2", "olmoe")
+VARIANT_ATTENTION = ("gemma2", "gemma3", "gemma3_scaled", "olmo2", "olmoe", "deepseek_v3")
 
 
 @pytest.fixture(scope="module", params=list(BUILDERS))
@@ -383,6 +404,9 @@ def test_configs_carry_each_familys_variation(pair):
         "qwen3_moe": dict(moe=MoEConfig(4, 2, 32, True, 0, 0.001), qk_norm="head"),
         "qwen2_moe": dict(moe=MoEConfig(4, 2, 32, False, 48, 0.001), qkv_bias=True),
         "olmoe": dict(moe=MoEConfig(4, 2, None, False, 0, 0.01), qk_norm="width", d_ff=96),
+        "deepseek_v3": dict(moe=MoEConfig(8, 3, 20, True, 40, 0.001, "sigmoid", 4, 2, 2.5, 1, False),
+                            mla=MLAConfig(14, 18, 10, 12, True), head_dim=6, n_kv_heads=None, d_ff=88,
+                            rope_scaling=YarnRopeScaling(4.0, 16, 32.0, 1.0, None, 0.707, 1.0)),
     }[name]
     assert {k: getattr(cfg, k) for k in expected} == expected
     if name == "smollm":

@@ -55,6 +55,7 @@ FAMILY_SETTINGS: dict[str, tuple[Any, str]] = {
     "attn_scale_dim": (None, "a query scale of its own"),
     "attn_softcap": (None, "soft-capped attention scores"),
     "logit_softcap": (None, "soft-capped logits"),
+    "mla": (None, "multi-head latent attention"),
 }
 
 

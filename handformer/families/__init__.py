@@ -18,6 +18,8 @@ torchtune's builders do), reusing its weights:
 | norm_placement = "reordered"     | OLMo 2              | olmo.ReorderedNormBlock                   |
 | qk_norm = "width"                | OLMo 2              | olmo.WidthQKNormAttention                 |
 | nope_layers                      | SmolLM3             | smollm.NoRopeAttention                    |
+| mla                              | DeepSeek-V3         | deepseek.LatentAttention                  |
+| moe.grouped (sigmoid, groups)    | DeepSeek-V3         | deepseek.GroupedMixture                   |
 
 Everything that builds a model from a config (runs, imports, training, tracing) calls
 `build_causal_lm`; the variants' modules keep the lesson's parameter names, so state dicts,
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from torch import nn
 
 from handformer.config import CausalLMConfig
+from handformer.families.deepseek import put_grouped_mixtures, put_latent_attention
 from handformer.families.gemma import GemmaAttention, LocalGlobalRotary, SandwichBlock, SoftcappedHead
 from handformer.families.olmo import ReorderedNormBlock, WidthQKNormAttention
 from handformer.families.smollm import NoRopeAttention
@@ -64,6 +67,8 @@ VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, Causa
      lambda m, c: replace_layers(m, {"lm_head": m.lm_head}, lambda h: SoftcappedHead(h, c.logit_softcap))),
     (lambda c: c.rope_local_theta is not None,
      lambda m, c: replace_layers(m, {"rotary": m.rotary}, lambda r: LocalGlobalRotary(c))),
+    (lambda c: c.mla is not None, put_latent_attention),
+    (lambda c: c.moe is not None and c.moe.grouped, put_grouped_mixtures),
 ]
 
 

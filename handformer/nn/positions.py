@@ -17,7 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from handformer.config import BlockConfig, LinearRopeScaling, Llama3RopeScaling, LongRopeScaling
+from handformer.config import (
+    BlockConfig,
+    LinearRopeScaling,
+    Llama3RopeScaling,
+    LongRopeScaling,
+    YarnRopeScaling,
+)
 
 
 def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
@@ -147,6 +153,35 @@ class LongRotaryEmbedding(RotaryEmbedding):
         return self.cos[position_ids][:, None], self.sin[position_ids][:, None]
 
 
+def yarn_inv_freq(theta: float, head_dim: int, scaling: YarnRopeScaling) -> Tensor:
+    """YaRN's rotary frequencies (Dh/2,): frequency j is theta^(-2j/Dh) where its wavelength fits the
+    original context beta_fast times or more, that divided by `factor` where it fits beta_slow times
+    or fewer, and a linear ramp in j between. Same float32 arithmetic as transformers' rope_type
+    "yarn", so imported models give the same angles."""
+    def dim_of(rotations: float) -> float:  # the j whose wavelength fits the original context so often
+        turns = scaling.original_max_positions / (rotations * 2 * math.pi)
+        return head_dim * math.log(turns) / (2 * math.log(theta))
+
+    low, high = dim_of(scaling.beta_fast), dim_of(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if low == high else high  # no division by zero
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)  # (Dh/2,)
+    kept = 1 - ramp  # 1 for the fast frequencies, 0 for the slow ones
+    pos_freqs = theta ** (torch.arange(0, head_dim, 2).float() / head_dim)  # (Dh/2,) wavelengths / 2 pi
+    return (1.0 / (scaling.factor * pos_freqs)) * (1 - kept) + (1.0 / pos_freqs) * kept
+
+
+class YarnRotaryEmbedding(RotaryEmbedding):
+    """RoPE with YaRN's frequencies (`yarn_inv_freq`), cos and sin times its attention factor."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: YarnRopeScaling) -> None:
+        nn.Module.__init__(self)
+        inv_freq = yarn_inv_freq(theta, head_dim, scaling)
+        self.register_tables("", inv_freq, max_positions, scaling.cos_sin_factor())
+
+
 class NoRotary(nn.Module):
     """No rotation of queries and keys: models whose positions are added to the embeddings, or
     that have none."""
@@ -185,7 +220,7 @@ def make_positions(cfg: BlockConfig) -> nn.Module:
 
 
 # RoPE of a config, by its kind of scaling: LongRoPE has two sets of tables, the others one.
-ROTARY_CLASSES = {LongRopeScaling: LongRotaryEmbedding}
+ROTARY_CLASSES = {LongRopeScaling: LongRotaryEmbedding, YarnRopeScaling: YarnRotaryEmbedding}
 ROTARY = {"rope": lambda c: ROTARY_CLASSES.get(type(c.rope_scaling), RotaryEmbedding)(
     c.rotary_dim, c.max_positions, c.rope_theta, c.rope_scaling)}
 
