@@ -168,13 +168,12 @@ def rope_parameters_keys(cfg: CausalLMConfig) -> dict[str, Any]:
         return {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if isinstance(s, LinearRopeScaling):
         return {"rope_type": "linear", "rope_theta": cfg.rope_theta, "factor": s.factor}
-    if isinstance(s, YarnRopeScaling):
-        optional = {k: getattr(s, k) for k in ("mscale", "mscale_all_dim", "attention_factor")
-                    if getattr(s, k) is not None}
+    if isinstance(s, YarnRopeScaling):  # what differs from transformers' defaults
+        defaults = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, "mscale": None,
+                    "mscale_all_dim": None, "attention_factor": None}
         return {"rope_type": "yarn", "rope_theta": cfg.rope_theta, "factor": s.factor,
-                "beta_fast": s.beta_fast, "beta_slow": s.beta_slow,
-                "original_max_position_embeddings": s.original_max_positions, "truncate": s.truncate,
-                **optional}
+                "original_max_position_embeddings": s.original_max_positions,
+                **{k: getattr(s, k) for k, default in defaults.items() if getattr(s, k) != default}}
     if isinstance(s, LongRopeScaling):
         optional = {k: getattr(s, k) for k in ("factor", "attention_factor") if getattr(s, k) is not None}
         return {"rope_type": "longrope", "rope_theta": cfg.rope_theta, "short_factor": s.short_factor,
