@@ -157,6 +157,12 @@ def _unstack(state: dict[str, Tensor], arch: HFTensors, cfg: CausalLMConfig) -> 
     return state
 
 
+def _past_last_layer(key: str, prefix: str, n_layers: int) -> bool:
+    """Whether `key` belongs to a layer from n_layers on ("model.layers.61.eh_proj.weight")."""
+    found = re.match(re.escape(prefix) + r"layers\.(\d+)\.", key)
+    return found is not None and int(found.group(1)) >= n_layers
+
+
 def _source_shape(target: Target, expected: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
     """The checkpoint shape the targets need: their shapes stacked along dim 0, transposed for Conv1D."""
     shapes = [expected[k] for k in target.keys]
@@ -199,6 +205,8 @@ def convert_hf_state_dict(hf_state: dict[str, Tensor], cfg: CausalLMConfig,
     arch = _spec(model_type).tensors
     state, note = _with_base_prefix(hf_state, arch.base_prefix)
     state = _unstack(state, arch, cfg)
+    if arch.extra_layers:
+        state = {k: v for k, v in state.items() if not _past_last_layer(k, arch.base_prefix, cfg.n_layers)}
     expected = _expected_shapes(cfg)
     plan = _plan(arch, cfg, expected)
     tied_head = plan.pop(HEAD) if cfg.tie_embeddings else None

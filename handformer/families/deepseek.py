@@ -295,7 +295,7 @@ TENSORS = llama.llama_like(
      "model.layers.{i}.mlp.gate.e_score_correction_bias": to("layers.{i}.ffn.correction_bias"),  # (E,)
      **{f"model.layers.{{i}}.mlp.shared_experts.{p}.weight": to(f"layers.{{i}}.ffn.shared_expert.{p}.weight")
         for p in ("gate_proj", "up_proj", "down_proj")}},
-    llama.PRE_NORMS, ROUTER, EXPERTS, in_memory=STACKED_EXPERTS)
+    llama.PRE_NORMS, ROUTER, EXPERTS, in_memory=STACKED_EXPERTS, extra_layers=True)  # the MTP layer skipped
 
 DEEPSEEK_V3 = FamilySpec(
     model_type="deepseek_v3", name="DeepSeek-V3", hf_class="DeepseekV3ForCausalLM",

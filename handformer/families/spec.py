@@ -54,6 +54,8 @@ class HFTensors:
     # (each expert's slice split along its dim 0 in the listed order; one template: a rename).
     in_memory: dict[str, tuple[str, ...]] = field(default_factory=dict)
     zero_biases: bool = False  # the architecture always has biases: a run without writes zeros
+    # the checkpoint may hold layers past num_hidden_layers, skipped (DeepSeek-V3's multi-token prediction)
+    extra_layers: bool = False
 
 
 @dataclass(frozen=True)
