@@ -31,7 +31,7 @@ def pair():
 
 
 @torch.no_grad()
-def test_the_cache_holds_latents_and_a_decoding_step_absorbs_them_to_the_same_logits(pair):
+def test_the_cache_holds_latents_and_a_decoding_step_absorbs_them_to_the_same_logits(pair, monkeypatch):
     """The cache of a left-padded batch holds, per layer, the latents (B, 1, S, 14) and one RoPE key
     (B, 1, S, 6), not the heads' keys and values; a decoding step that folds W_UK and W_UV into the
     query and output gives the logits of the step that expands every head's keys and values."""
@@ -44,19 +44,15 @@ def test_the_cache_holds_latents_and_a_decoding_step_absorbs_them_to_the_same_lo
     assert isinstance(cache, LatentKVCache) and len(cache.latents) == 3
     assert [t.shape for t in (cache.latents[2], cache.rope_keys[2])] == [(2, 1, 16, 14), (2, 1, 16, 6)]
     step = torch.tensor([[7], [8]])
+    calls, original = [], LatentAttention.attend_absorbed
+    monkeypatch.setattr(LatentAttention, "attend_absorbed", lambda self, *a: calls.append(1) or original(self, *a))
     absorbed = []
     for absorb in (True, False):
         for layer in ours.layers:
             layer.self_attn.absorb = absorb
         cache.truncate(9)
-        calls = []
-        original = LatentAttention.attend_absorbed
-        LatentAttention.attend_absorbed = lambda self, *a: calls.append(1) or original(self, *a)
-        try:
-            absorbed.append(ours(step, attention_mask=mask, cache=cache).logits)
-        finally:
-            LatentAttention.attend_absorbed = original
-        assert len(calls) == (3 if absorb else 0)
+        absorbed.append(ours(step, attention_mask=mask, cache=cache).logits)
+    assert len(calls) == 3  # each layer absorbed once, at the first step
     torch.testing.assert_close(absorbed[0], absorbed[1], atol=1e-5, rtol=1e-5)
     full = ours(torch.cat([ids, step], dim=1), attention_mask=mask).logits[:, -1:]
     torch.testing.assert_close(absorbed[0], full, atol=1e-5, rtol=1e-5)
