@@ -47,7 +47,7 @@ def test_the_cache_holds_latents_and_a_decoding_step_absorbs_them_to_the_same_lo
     calls, original = [], LatentAttention.attend_absorbed
     monkeypatch.setattr(LatentAttention, "attend_absorbed", lambda self, *a: calls.append(1) or original(self, *a))
     absorbed = []
-    for absorb in (True, False):
+    for absorb in (False, True):  # ends as the model decodes
         for layer in ours.layers:
             layer.self_attn.absorb = absorb
         cache.truncate(9)
@@ -158,3 +158,25 @@ def test_the_released_size_has_671b_parameters():
     dense, sparse = (sum(p.numel() for p in layer.parameters()) for layer in ours.layers)
     assert ours.num_parameters() + 2 * dense + 57 * sparse == 671_026_404_352
     assert (cfg.mla.kv_rank, cfg.mla.q_rank, cfg.moe.n_experts, cfg.moe.n_groups, cfg.head_dim) == (512, 1536, 256, 8, 64)
+
+
+@torch.no_grad()
+def test_the_prefix_cache_stores_and_reuses_latents(pair):
+    """serve's prefix cache copies the latents and RoPE keys of a prompt's beginning (columns of
+    two widths) and later prompts that share it continue from them, with the same greedy tokens."""
+    from handformer.generation.engine import Engine, Row, SamplingOptions
+    from handformer.generation.prefix_cache import PrefixCache
+
+    _, ours = pair
+    g = torch.Generator().manual_seed(5)
+    start = torch.randint(3, VOCAB, (8,), generator=g).tolist()
+    prompts = [start + torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (3, 5, 2)]
+    tokens = {}
+    for prefix_cache in (None, PrefixCache(10**7, min_tokens=2)):
+        engine, rows = Engine(ours, compact=True, prefix_cache=prefix_cache), []
+        for prompt in prompts:
+            rows.append(Row(prompt, 6, SamplingOptions(temperature=0)))
+            engine.add(rows[-1:])
+            engine.run()
+        tokens[prefix_cache is None] = [row.tokens for row in rows]
+    assert tokens[True] == tokens[False] and (prefix_cache.hits, prefix_cache.reused_tokens) == (2, 16)

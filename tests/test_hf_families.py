@@ -307,11 +307,12 @@ GREEDY = SamplingOptions(temperature=0)
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "deepseek_v3"])
 def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(name):
     """serve's batch (rows join and leave, the KV cache regrouped each time) of a model whose
-    sliding layers roll over the window while its global layers keep every column: each row's
-    greedy tokens are transformers' for its prompt alone."""
+    sliding layers roll over the window while its global layers keep every column, or (DeepSeek-V3)
+    whose cache holds latents and RoPE keys of two widths: each row's greedy tokens are
+    transformers' for its prompt alone."""
     hf_model, ours = _imported(name)
     g = torch.Generator().manual_seed(5)
     rows = [Row(torch.randint(3, VOCAB, (n,), generator=g).tolist(), new, GREEDY) for n, new in SERVED]
