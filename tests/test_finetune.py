@@ -415,3 +415,17 @@ def test_lora_fine_tunes_under_bf16_autocast_and_torch_compile(base, text, tmp_p
     adapters = tensors(tmp_path / "ft" / "adapters.safetensors")
     assert adapters and all("lora_" in k and torch.isfinite(v).all() for k, v in adapters.items())
     assert any(k.endswith("lora_B") and v.abs().sum() > 0 for k, v in adapters.items())  # they trained
+
+
+@pytest.mark.parametrize("section, agrees", [({"logit_softcap": 30.0}, False), ({"family": {"logit_softcap": 30.0}}, False),
+                                             ({"logit_softcap": None}, True), ({"family": {}}, True)])
+def test_a_jobs_model_section_may_give_family_settings_flat_or_nested(section, agrees):
+    from handformer.tasks.lm.finetune import model_config_from_base, read_base_run
+
+    base = read_base_run(str(Path(__file__).resolve().parent / "fixtures" / "runs" / "plain"))
+    given = {k: (v, None) for k, v in section.items()}
+    if agrees:
+        assert model_config_from_base(given, base, "base") == base.model_cfg
+    else:
+        with pytest.raises(ValueError, match=r"base has family(\.logit_softcap=None|=\{\})\); a fine-tuning job keeps"):
+            model_config_from_base(given, base, "base")
