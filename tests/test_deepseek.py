@@ -180,3 +180,16 @@ def test_the_prefix_cache_stores_and_reuses_latents(pair):
             engine.run()
         tokens[prefix_cache is None] = [row.tokens for row in rows]
     assert tokens[True] == tokens[False] and (prefix_cache.hits, prefix_cache.reused_tokens) == (2, 16)
+
+
+def test_gguf_refuses_deepseek_by_name(pair):
+    """llama.cpp's deepseek2 has no entry in export-gguf or import-gguf: an imported run is refused
+    naming it and why, a run trained with latent attention names the setting."""
+    from handformer.convert.gguf_arch import family_for, mismatches
+
+    _, ours = pair
+    with pytest.raises(ValueError, match=r"model_type 'deepseek_v3' \(llama.cpp's deepseek2: DeepSeek-V3 keeps "
+                                         r"latent attention .*which export-gguf does not write yet\)"):
+        family_for(ours.cfg, "deepseek_v3")
+    assert any(p.startswith("mla=MLAConfig(") and "multi-head latent attention" in p
+               for p in mismatches(ours.cfg, family_for(ours.cfg, None)))

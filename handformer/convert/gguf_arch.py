@@ -73,7 +73,8 @@ _NOT_WRITTEN = {"qk_norm": ("none", "q/k norms"), "moe": (None, "mixture of expe
                 "nope_layers": ([], "layers without RoPE"), "rope_local_theta": (None, "second RoPE base"),
                 "attn_scale_dim": (None, "query scale of its own"),
                 "attn_softcap": (None, "soft-capped attention scores"),
-                "logit_softcap": (None, "soft-capped logits")}
+                "logit_softcap": (None, "soft-capped logits"),
+                "mla": (None, "multi-head latent attention")}
 
 
 def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:
@@ -82,7 +83,10 @@ def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:
     entry here writes goes to the closest one, whose `mismatches` then name those settings."""
     if recorded is not None:
         if recorded not in BY_MODEL_TYPE:
-            raise ValueError(f"this run was imported from model_type {recorded!r}; export-gguf writes "
+            unread = SPECS[recorded].gguf_unread if recorded in SPECS else {}
+            why = "".join(f" (llama.cpp's {arch}: {reason}, which export-gguf does not write yet)"
+                          for arch, reason in unread.items())
+            raise ValueError(f"this run was imported from model_type {recorded!r}{why}; export-gguf writes "
                              f"{', '.join(BY_MODEL_TYPE)}")
         return BY_MODEL_TYPE[recorded]
     from handformer.convert.hf_export import model_type_for

@@ -304,8 +304,9 @@ DEEPSEEK_V3 = FamilySpec(
     may_set=frozenset({"moe", "mla"}), hf_keys=EXPERT_KEYS, rope_scalings=(YarnRopeScaling,),
     problems=problems, claims=((5, lambda c: c.mla is not None),),
     variants=("LatentAttention", "GroupedMixture"),
-    gguf_unread={"deepseek2": "llama.cpp's DeepSeek-V2/V3 splits kv_b_proj into per-head k_b and v_b "
-                              "and has no entry here"},
+    gguf_unread={"deepseek2": "DeepSeek-V3 keeps latent attention (kv_b_proj split per head into "
+                              "attn_k_b and attn_v_b), dense leading layers and grouped sigmoid routing "
+                              "(exp_probs_b)"},
     look_alikes={"deepseek_v2": "DeepSeek-V2 routes with a softmax over groups; DeepSeek-V3 "
                                 "(model_type 'deepseek_v3') is imported"},
     differences=Differences(
