@@ -36,7 +36,6 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 import handformer.families.llama as llama
@@ -190,7 +189,7 @@ class GroupedMixture(MixtureOfExperts):
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(N, D) tokens -> (weights (N, k) float32, experts (N, k))."""
-        logits = F.linear(x.float(), self.router.weight.float())  # (N, E), in float32 as DeepSeek
+        logits = self.router(x).float()  # (N, E), scored in float32
         scores = logits.sigmoid() if self.scoring == "sigmoid" else logits.softmax(dim=-1)  # (N, E)
         choice = scores if self.correction_bias is None else scores + self.correction_bias  # (N, E)
         if self.n_groups > 1:
