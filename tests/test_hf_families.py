@@ -407,7 +407,8 @@ def test_configs_carry_each_familys_variation(pair):
         "olmoe": dict(moe=MoEConfig(4, 2, None, False, 0, 0.01), qk_norm="width", d_ff=96),
         "deepseek_v3": dict(moe=MoEConfig(8, 3, 20, True, 40, 0.001, "sigmoid", 4, 2, 2.5, 1, False),
                             mla=MLAConfig(14, 18, 10, 12, True), head_dim=6, n_kv_heads=None, d_ff=88,
-                            rope_scaling=YarnRopeScaling(4.0, 16, 32.0, 1.0, None, 0.707, 1.0)),
+                            rope_scaling=YarnRopeScaling(factor=4.0, original_max_positions=16, mscale=0.707,
+                                                         mscale_all_dim=1.0)),
     }[name]
     assert {k: getattr(cfg, k) for k in expected} == expected
     if name == "smollm":
