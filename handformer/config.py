@@ -128,23 +128,35 @@ class LongRopeScaling:
 
 @dataclass
 class YarnRopeScaling:
-    """YaRN (rope_type "yarn"; gpt-oss): the frequencies that turn fewer than beta_slow times over
-    the original context are divided by `factor`, those that turn more than beta_fast times are
-    kept, a linear ramp blends the ones between; cos and sin are multiplied by attention_factor
-    (None: 0.1 ln(factor) + 1). See `handformer.nn.positions.yarn_inv_freq`."""
+    """YaRN (rope_type "yarn"; gpt-oss, DeepSeek-V3): the frequencies that turn fewer than beta_slow
+    times over the original context are divided by `factor`, those that turn more than beta_fast
+    times are kept, a linear ramp blends the ones between; cos and sin are multiplied by the
+    attention factor. See `handformer.nn.positions.yarn_inv_freq`."""
 
     factor: float = 32.0  # how much slower the low frequencies turn
     original_max_positions: int = 4096  # the context length the model was pre-trained with
     beta_fast: float = 32.0  # rotations over the original context above which a frequency is kept
     beta_slow: float = 1.0  # rotations below which it is divided by factor
     truncate: bool = True  # the ramp's ends rounded to whole dims (gpt-oss: false)
-    attention_factor: float | None = None  # cos and sin times this; None: 0.1 ln(factor) + 1
+    # cos and sin times this; None: mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both
+    # are set, else mscale(factor) = 0.1 ln(factor) + 1 (as transformers)
+    attention_factor: float | None = None
+    mscale: float | None = None
+    # DeepSeek: the softmax scale also times mscale(factor, mscale_all_dim) squared (its attention's own)
+    mscale_all_dim: float | None = None
     type: str = "yarn"
 
+    @staticmethod
+    def mscale_of(factor: float, mscale: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
     def cos_sin_factor(self) -> float:
+        """What cos and sin are multiplied by (transformers' attention_factor)."""
         if self.attention_factor is not None:
             return self.attention_factor
-        return 0.1 * math.log(self.factor) + 1.0 if self.factor > 1 else 1.0
+        if self.mscale and self.mscale_all_dim:
+            return self.mscale_of(self.factor, self.mscale) / self.mscale_of(self.factor, self.mscale_all_dim)
+        return self.mscale_of(self.factor)
 
     def validate(self, owner: str) -> None:
         name = f"{owner}.rope_scaling"
@@ -158,6 +170,9 @@ class YarnRopeScaling:
             _fail(name, "truncate", self.truncate, "it must be true or false")
         if self.attention_factor is not None and not _positive_number(self.attention_factor):
             _fail(name, "attention_factor", self.attention_factor, "it must be a number > 0 or null")
+        for f in ("mscale", "mscale_all_dim"):
+            if getattr(self, f) is not None and not _positive_number(getattr(self, f)):
+                _fail(name, f, getattr(self, f), "it must be a number > 0 or null")
 
 
 ROPE_SCALINGS = {"llama3": Llama3RopeScaling, "linear": LinearRopeScaling, "longrope": LongRopeScaling,
@@ -188,6 +203,20 @@ class MoEConfig:
     d_shared: int = 0
     # Weight of the load-balancing loss added to the training loss (Switch Transformer, eq. 4)
     aux_loss_coef: float = 0.01
+    # DeepSeek-V3's routing (a variant of handformer.families.deepseek): "sigmoid" scores each expert
+    # on its own, and a learned correction bias joins the scores when experts are chosen, not their weights
+    scoring: str = "softmax"
+    n_groups: int = 1  # experts in this many groups; a token's experts come from its top_groups best
+    top_groups: int = 1
+    routed_scale: float = 1.0  # the routed experts' weights times this (routed_scaling_factor)
+    dense_layers: int = 0  # the first layers keep one dense FFN d_ff wide (first_k_dense_replace)
+    shared_gate: bool = True  # the shared expert behind a sigmoid gate (Qwen2-MoE); False: added as is
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the routing or the layers are DeepSeek-V3's (any of the fields above it set)."""
+        return (self.scoring, self.n_groups, self.top_groups, self.routed_scale, self.dense_layers,
+                self.shared_gate) != ("softmax", 1, 1, 1.0, 0, True)
 
     def validate(self, owner: str) -> None:
         name = f"{owner}.moe"
@@ -205,6 +234,51 @@ class MoEConfig:
         value = self.aux_loss_coef
         if not is_number(value) or value < 0:
             _fail(name, "aux_loss_coef", value, "it must be a number >= 0 (0 = no load-balancing loss)")
+        self._validate_groups(name)
+
+    def _validate_groups(self, name: str) -> None:
+        if self.scoring not in ("softmax", "sigmoid"):
+            _fail(name, "scoring", self.scoring, "choose softmax or sigmoid")
+        for f in ("n_groups", "top_groups"):
+            if not _positive_int(getattr(self, f)):
+                _fail(name, f, getattr(self, f), "it must be a positive integer")
+        if self.n_experts % self.n_groups or (self.n_groups > 1 and self.n_experts // self.n_groups < 2):
+            _fail(name, "n_groups", self.n_groups, f"it must divide n_experts={self.n_experts} into groups "
+                  "of at least 2 (a group scores by its best two)")
+        if self.top_groups > self.n_groups:
+            _fail(name, "top_groups", self.top_groups, f"it must be at most n_groups={self.n_groups}")
+        if self.top_k > self.top_groups * self.n_experts // self.n_groups:
+            _fail(name, "top_k", self.top_k, "it must be at most the experts of the top_groups groups")
+        if not _positive_number(self.routed_scale):
+            _fail(name, "routed_scale", self.routed_scale, "it must be a number > 0")
+        if not is_int(self.dense_layers) or self.dense_layers < 0:
+            _fail(name, "dense_layers", self.dense_layers, "it must be an integer >= 0")
+        if not isinstance(self.shared_gate, bool):
+            _fail(name, "shared_gate", self.shared_gate, "it must be true or false")
+
+
+@dataclass
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3, handformer.families.deepseek): keys and values
+    come out of one compressed latent per position (kv_rank wide), which is all the KV cache holds
+    with one small RoPE key shared by every head. Each query and key head is nope_dim dims without
+    RoPE then rope_dim dims with it (rope_dim is the config's head_dim: the rotary tables' width)."""
+
+    kv_rank: int = 512  # width of the key/value latent (kv_lora_rank)
+    q_rank: int | None = 1536  # width of the query latent (q_lora_rank); None: queries projected directly
+    nope_dim: int = 128  # each query/key head's dims without RoPE (qk_nope_head_dim)
+    v_dim: int = 128  # each value head's width (v_head_dim)
+    interleave: bool = True  # RoPE turns dims (2j, 2j + 1) together (rope_interleave), not (j, j + Dr/2)
+
+    def validate(self, owner: str) -> None:
+        name = f"{owner}.mla"
+        for f in ("kv_rank", "nope_dim", "v_dim"):
+            if not _positive_int(getattr(self, f)):
+                _fail(name, f, getattr(self, f), "it must be a positive integer")
+        if self.q_rank is not None and not _positive_int(self.q_rank):
+            _fail(name, "q_rank", self.q_rank, "it must be a positive integer or null (no query latent)")
+        if not isinstance(self.interleave, bool):
+            _fail(name, "interleave", self.interleave, "it must be true or false")
 
 
 # The settings only some model families have, each read by that family's variant modules
@@ -507,6 +581,7 @@ class CausalLMConfig(BlockConfig):
     global_layers: list[int] = field(default_factory=list)
     # The settings only some families have (soft-capping, a second RoPE base, layers without RoPE...)
     family: FamilyConfig = field(default_factory=FamilyConfig)
+    mla: MLAConfig | None = None  # multi-head latent attention instead of q/k/v projections (DeepSeek-V3)
     # GPT-2 style by default; see the presets below.
     d_model: int = 768
     n_heads: int = 12
@@ -529,7 +604,7 @@ class CausalLMConfig(BlockConfig):
 
     kind: ClassVar[str] = "causal_lm"
     norm_placements: ClassVar[tuple[str, ...]] = CAUSAL_NORM_PLACEMENTS
-    optional_fields: ClassVar[tuple[str, ...]] = BlockConfig.optional_fields + ("global_layers",)
+    optional_fields: ClassVar[tuple[str, ...]] = BlockConfig.optional_fields + ("global_layers", "mla")
 
     def __post_init__(self, *flat: Any) -> None:  # type: ignore[override]
         if isinstance(self.family, dict):
@@ -594,6 +669,18 @@ class CausalLMConfig(BlockConfig):
         if not isinstance(self.family, FamilyConfig):
             _fail(name, "family", self.family, "it must be a FamilyConfig or a table of settings")
         self.family.validate(name, self)
+        self._validate_mla(name)
+
+    def _validate_mla(self, name: str) -> None:
+        if isinstance(self.mla, dict):
+            self.mla = dataclass_from_dict(MLAConfig, self.mla, f"{name}.mla")
+        if self.mla is None:
+            return
+        if not isinstance(self.mla, MLAConfig):
+            _fail(name, "mla", self.mla, "it must be an MLAConfig (kv_rank, q_rank, ...) or None")
+        self.mla.validate(name)
+        if self.position != "rope" or self.sliding_window is not None:
+            _fail(name, "mla", self.mla, 'latent attention needs position="rope" and no sliding_window')
 
     def _validate_gpt_oss(self, name: str) -> None:
         if not isinstance(self.attn_sinks, bool):
@@ -689,7 +776,7 @@ def load_config(path: str | os.PathLike) -> BlockConfig:
 
 
 __all__ = ["BlockConfig", "Seq2SeqConfig", "CausalLMConfig", "Llama3RopeScaling", "LinearRopeScaling",
-           "LongRopeScaling", "YarnRopeScaling", "MoEConfig", "FamilyConfig", "load_config",
+           "LongRopeScaling", "MLAConfig", "MoEConfig", "FamilyConfig", "YarnRopeScaling", "load_config",
            "config_from_dict"]
 
 

@@ -239,6 +239,12 @@ FAMILIES = {
         sliding_window=WINDOW, swiglu_limit=1.5,
         rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
                          "truncate": False, "original_max_position_embeddings": 16})),
+    "deepseek_v3": lambda: transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+        **{**SIZE, "num_key_value_heads": 4}, moe_intermediate_size=12, first_k_dense_replace=1, n_routed_experts=6,
+        n_group=3, topk_group=2, num_experts_per_tok=2, n_shared_experts=1, kv_lora_rank=10, q_lora_rank=None,
+        qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, rope_interleave=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 3.0,
+                         "original_max_position_embeddings": 16, "mscale_all_dim": 1.0})),
 }
 FAMILIES["granite"] = lambda: transformers.GraniteForCausalLM(transformers.GraniteConfig(
     **{**SIZE, "hidden_size": 60, "num_attention_heads": 6, "intermediate_size": 86}, **GRANITE, rope_parameters=ROPE))
@@ -296,7 +302,10 @@ def test_every_family_import_reads_goes_back_to_its_architecture(family, tmp_pat
                 "attn_logit_softcapping", "final_logit_softcapping", "no_rope_layers", "partial_rotary_factor",
                 "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
                 "shared_expert_intermediate_size", "norm_topk_prob", "intermediate_size",
-                "router_aux_loss_coef", "swiglu_limit", "swiglu_alpha"} & ours.keys() & theirs.keys()
+                "router_aux_loss_coef", "swiglu_limit", "swiglu_alpha", "kv_lora_rank", "q_lora_rank",
+                "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave", "n_routed_experts",
+                "n_group", "topk_group", "n_shared_experts", "routed_scaling_factor",
+                "first_k_dense_replace"} & ours.keys() & theirs.keys()
     assert {"rope_parameters", "tie_word_embeddings"} <= compared or family == "gpt2"
 
     def same_meaning(config, key):  # what a default stands for, written out

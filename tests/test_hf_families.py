@@ -23,7 +23,7 @@ from helpers import randomize_hf, require_module
 
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
-from handformer.config import FamilyConfig, LinearRopeScaling, MoEConfig, YarnRopeScaling  # noqa: E402
+from handformer.config import FamilyConfig, LinearRopeScaling, MLAConfig, MoEConfig, YarnRopeScaling  # noqa: E402
 from handformer.convert.hf_weights import config_from_hf, model_from_hf  # noqa: E402
 from handformer.generation.engine import Engine, Row, SamplingOptions  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
@@ -208,15 +208,36 @@ def _ernie4_5():  # RoPE on adjacent pairs; biases on every linear layer (use_bi
     return transformers.Ernie4_5ForCausalLM(transformers.Ernie4_5Config(**ODD78, use_bias=True, rope_parameters=ROPE))
 
 
+# DeepSeek-V3 at odd sizes: 3 heads of 10 + 6 dims (RoPE on the 6, interleaved), values 12 wide, a
+# key/value latent of 14 and a query latent of 18; layer 0 dense, then 8 experts in 4 groups, 3 of
+# them from the best 2 groups, 2 shared experts; YaRN with DeepSeek's mscale on the softmax scale
+DEEPSEEK_ROPE = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16,
+                 "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}
+
+
+def _deepseek_v3():
+    size = {**SIZE, "hidden_size": 60, "num_attention_heads": 3, "num_key_value_heads": 3, "intermediate_size": 88,
+            "num_hidden_layers": 3}
+    model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+        **size, moe_intermediate_size=20, first_k_dense_replace=1, n_routed_experts=8, n_group=4, topk_group=2,
+        num_experts_per_tok=3, n_shared_experts=2, routed_scaling_factor=2.5, kv_lora_rank=14, q_lora_rank=18,
+        qk_nope_head_dim=10, qk_rope_head_dim=6, v_head_dim=12, rope_parameters=DEEPSEEK_ROPE))
+    with torch.no_grad():  # the correction biases change which experts are chosen
+        for layer in model.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.normal_(0, 0.3)
+    return model
+
+
 BUILDERS = {"qwen2": _qwen2, "mistral_window": lambda: _mistral(WINDOW), "mistral_no_window": lambda: _mistral(None),
             "gemma": _gemma, "phi3": _phi3, "smollm": _smollm, "llama3": _llama3,
             "qwen3": _qwen3, "qwen3_window": lambda: _qwen3(window=True), "gemma2": _gemma2, "gemma3": _gemma3,
             "gemma3_scaled": _gemma3_scaled, "smollm3": _smollm3, "olmo2": _olmo2, "phi4_mini": _phi4_mini,
             "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe, "olmoe": _olmoe,
-            "gpt_oss": _gpt_oss}
+            "gpt_oss": _gpt_oss, "deepseek_v3": _deepseek_v3}
 BUILDERS.update(seed_oss=_seed_oss, olmo3=_olmo3, hunyuan=_hunyuan, ernie4_5=_ernie4_5)
 # The families whose attention is a variant of the lesson's (handformer.families), never fused
-VARIANT_ATTENTION = ("gemma2", "gemma3", "gemma3_scaled", "olmo2", "olmoe", "gpt_oss", "olmo3", "hunyuan")
+VARIANT_ATTENTION = ("gemma2", "gemma3", "gemma3_scaled", "olmo2", "olmoe", "gpt_oss", "olmo3", "hunyuan",
+                     "deepseek_v3")
 
 # The open families of 2025-26, on odd sizes: 6 heads of 10 over a width of 60, 3 layers.
 ODD = {**SIZE, "hidden_size": 60, "num_attention_heads": 6, "num_key_value_heads": 2, "intermediate_size": 86,
@@ -340,11 +361,12 @@ GREEDY = SamplingOptions(temperature=0)
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "gpt_oss", "olmo3"])
+@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "gpt_oss", "olmo3", "deepseek_v3"])
 def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(name):
     """serve's batch (rows join and leave, the KV cache regrouped each time) of a model whose
-    sliding layers roll over the window while its global layers keep every column: each row's
-    greedy tokens are transformers' for its prompt alone."""
+    sliding layers roll over the window while its global layers keep every column, or (DeepSeek-V3)
+    whose cache holds latents and RoPE keys of two widths: each row's greedy tokens are
+    transformers' for its prompt alone."""
     hf_model, ours = _imported(name)
     g = torch.Generator().manual_seed(5)
     rows = [Row(torch.randint(3, VOCAB, (n,), generator=g).tolist(), new, GREEDY) for n, new in SERVED]
@@ -460,6 +482,10 @@ def test_configs_carry_each_familys_variation(pair):
         "hunyuan": dict(qk_norm="head_after_rope", rope_theta=1e4 * 1000.0 ** (12 / 10), norm_eps=1e-5),
         "ernie4_5": dict(bias=True, tie_embeddings=True, head_dim=12, norm_eps=1e-5),
         "seed_oss": dict(qkv_bias=True, bias=False, head_dim=12, d_model=78, tie_embeddings=False),
+        "deepseek_v3": dict(moe=MoEConfig(8, 3, 20, True, 40, 0.001, "sigmoid", 4, 2, 2.5, 1, False),
+                            mla=MLAConfig(14, 18, 10, 12, True), head_dim=6, n_kv_heads=None, d_ff=88,
+                            rope_scaling=YarnRopeScaling(factor=4.0, original_max_positions=16, mscale=0.707,
+                                                         mscale_all_dim=1.0)),
     }[name]
     assert {k: getattr(cfg, k) for k in expected} == expected
     if name == "smollm":

@@ -86,7 +86,8 @@ _NOT_WRITTEN = {"qk_norm": ("none", "q/k norms"), "moe": (None, "mixture of expe
                 "attention_multiplier": (None, "attention multiplier"),
                 "residual_multiplier": (None, "residual multiplier"),
                 "logits_scaling": (None, "logits scaling"),
-                "attn_sinks": (False, "attention sinks"), "swiglu_limit": (None, "clamped SwiGLU experts")}
+                "attn_sinks": (False, "attention sinks"), "swiglu_limit": (None, "clamped SwiGLU experts"),
+                "mla": (None, "multi-head latent attention")}
 
 
 def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:
@@ -95,7 +96,10 @@ def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:
     entry here writes goes to the closest one, whose `mismatches` then name those settings."""
     if recorded is not None:
         if recorded not in BY_MODEL_TYPE:
-            raise ValueError(f"this run was imported from model_type {recorded!r}; export-gguf writes "
+            unread = SPECS[recorded].gguf_unread if recorded in SPECS else {}
+            why = "".join(f" (llama.cpp's {arch}: {reason}, which export-gguf does not write yet)"
+                          for arch, reason in unread.items())
+            raise ValueError(f"this run was imported from model_type {recorded!r}{why}; export-gguf writes "
                              f"{', '.join(BY_MODEL_TYPE)}")
         return BY_MODEL_TYPE[recorded]
     from handformer.convert.hf_export import model_type_for

@@ -62,6 +62,7 @@ FAMILY_SETTINGS: dict[str, tuple[Any, str]] = {
     "logits_scaling": (None, "logits scaling"),
     "attn_sinks": (False, "attention sinks"),
     "swiglu_limit": (None, "clamped SwiGLU experts"),
+    "mla": (None, "multi-head latent attention"),
 }
 
 

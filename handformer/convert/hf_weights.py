@@ -175,6 +175,12 @@ def expert_groups(target: Target, cfg: CausalLMConfig) -> list[tuple[str, ...]]:
     return [target.keys[j:j + n] for j in range(0, len(target.keys), n)]
 
 
+def _past_last_layer(key: str, prefix: str, n_layers: int) -> bool:
+    """Whether `key` belongs to a layer from n_layers on ("model.layers.61.eh_proj.weight")."""
+    found = re.match(re.escape(prefix) + r"layers\.(\d+)\.", key)
+    return found is not None and int(found.group(1)) >= n_layers
+
+
 def _source_shape(target: Target, expected: dict[str, tuple[int, ...]],
                   cfg: CausalLMConfig) -> tuple[int, ...]:
     """The checkpoint shape the targets need: their shapes stacked along dim 0, transposed for
@@ -242,6 +248,8 @@ def convert_hf_state_dict(hf_state: dict[str, Tensor], cfg: CausalLMConfig,
     state, note = _with_base_prefix(hf_state, arch.base_prefix)
     quantized = [t.format(**at) for t in arch.mxfp4 for at in instances(t, cfg)]
     state = dequantize_mxfp4(_unstack(state, arch, cfg), quantized)
+    if arch.extra_layers:
+        state = {k: v for k, v in state.items() if not _past_last_layer(k, arch.base_prefix, cfg.n_layers)}
     expected = _expected_shapes(cfg)
     plan = _plan(arch, cfg, expected)
     tied_head = plan.pop(HEAD) if cfg.tie_embeddings else None

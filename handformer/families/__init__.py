@@ -25,6 +25,8 @@ torchtune's builders do), reusing its weights:
 | attn_sinks                       | gpt-oss             | gpt_oss.SinkAttention                     |
 | swiglu_limit                     | gpt-oss             | gpt_oss.GptOssMoE, gpt_oss.ClampedSwiGLU  |
 | qk_norm = "head_after_rope"      | Hunyuan             | hunyuan.RotatedQKNormAttention            |
+| mla                              | DeepSeek-V3         | deepseek.LatentAttention                  |
+| moe.grouped (sigmoid, groups)    | DeepSeek-V3         | deepseek.GroupedMixture                   |
 
 Everything that builds a model from a config (runs, imports, training, tracing) calls
 `build_causal_lm`; the variants' modules keep the lesson's parameter names, so state dicts,
@@ -38,6 +40,7 @@ from collections.abc import Callable
 from torch import nn
 
 from handformer.config import CausalLMConfig
+from handformer.families.deepseek import put_grouped_mixtures, put_latent_attention
 from handformer.families.gemma import GemmaAttention, LocalGlobalRotary, SandwichBlock, SoftcappedHead
 from handformer.families.gpt_oss import GptOssMoE, SinkAttention
 from handformer.families.granite import GraniteAttention, GraniteBlock, ScaledEmbedding, ScaledHead
@@ -92,6 +95,8 @@ VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, Causa
     (lambda c: c.attn_sinks, lambda m, c: replace_layers(m, _layers(m, "self_attn"), SinkAttention)),
     (lambda c: c.swiglu_limit is not None, lambda m, c: replace_layers(
         m, _layers(m, "ffn"), lambda moe: GptOssMoE(moe, c.swiglu_limit, c.swiglu_alpha))),
+    (lambda c: c.mla is not None, put_latent_attention),
+    (lambda c: c.moe is not None and c.moe.grouped, put_grouped_mixtures),
 ]
 
 

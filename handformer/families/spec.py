@@ -74,6 +74,8 @@ class HFTensors:
     # key templates that released checkpoints store as MXFP4 (gpt-oss): `{key}_blocks` (uint8, two
     # 4-bit values a byte) and `{key}_scales` (uint8 exponents), dequantized on import (convert/mxfp4.py)
     mxfp4: tuple[str, ...] = ()
+    # the checkpoint may hold layers past num_hidden_layers, skipped (DeepSeek-V3's multi-token prediction)
+    extra_layers: bool = False
 
 
 @dataclass(frozen=True)
