@@ -137,8 +137,8 @@ def test_rope_scaling_field():
         CausalLMConfig.llama_style(rope_scaling={**scaling, "high_freq_factor": 1.0})
     assert CausalLMConfig.llama_style(rope_scaling={**scaling, "type": "llama3"}) == cfg.__class__.llama_style(
         rope_scaling=scaling)  # saved configs name the type; older ones (without) are Llama 3's
-    with pytest.raises(ValueError, match=r"rope_scaling\] type='yarn' is invalid: choose one of llama3, linear"):
-        CausalLMConfig.llama_style(rope_scaling={**scaling, "type": "yarn"})
+    with pytest.raises(ValueError, match=r"rope_scaling\] type='dynamic' is invalid: choose one of llama3, linear"):
+        CausalLMConfig.llama_style(rope_scaling={**scaling, "type": "dynamic"})
     with pytest.raises(ValueError, match=r"CausalLMConfig\.rope_scaling=.* needs position=\"rope\""):
         CausalLMConfig.gpt2_style(rope_scaling=Llama3RopeScaling())
 

@@ -147,6 +147,29 @@ def _families() -> dict[str, Any]:
                                                  shared_expert_intermediate_size=32, rope_parameters=rope),
         "olmoe": transformers.OlmoeConfig(**size, num_experts=4, num_experts_per_tok=2, rope_parameters=rope),
         "starcoder2": transformers.Starcoder2Config(**size, sliding_window=5, rope_parameters=rope),
+        # the open families of 2025-26
+        "granite": transformers.GraniteConfig(**size, embedding_multiplier=12.0, attention_multiplier=0.03125,
+                                              residual_multiplier=0.22, logits_scaling=1.5, rope_parameters=rope),
+        "gpt_oss": transformers.GptOssConfig(
+            **{**size, "num_hidden_layers": 3}, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+            sliding_window=5, swiglu_limit=1.5,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 16}),
+        "seed_oss": transformers.SeedOssConfig(**size, head_dim=8, attention_bias=True, attention_out_bias=False,
+                                               mlp_bias=False, rope_parameters=rope),
+        "olmo3": transformers.Olmo3Config(**{**size, "num_hidden_layers": 4}, sliding_window=5, rope_parameters={
+            kind: {"rope_type": "default", "rope_theta": 5e5} for kind in ("sliding_attention", "full_attention")}),
+        "hunyuan_v1_dense": transformers.HunYuanDenseV1Config(
+            **size, head_dim=8, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 1000.0,
+                                                 "factor": 1.0}),
+        "ernie4_5": transformers.Ernie4_5Config(**size, head_dim=8, use_bias=True, rope_parameters=rope),
+        "deepseek_v3": transformers.DeepseekV3Config(
+            **{**size, "num_key_value_heads": 4, "num_hidden_layers": 3}, moe_intermediate_size=12,
+            first_k_dense_replace=1, n_routed_experts=6, n_group=3, topk_group=2, num_experts_per_tok=2,
+            n_shared_experts=1, kv_lora_rank=10, q_lora_rank=12, qk_nope_head_dim=6, qk_rope_head_dim=4,
+            v_head_dim=5, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 3.0,
+                                           "original_max_position_embeddings": 16, "mscale": 0.707,
+                                           "mscale_all_dim": 1.0}),
     }
 
 
