@@ -12,10 +12,10 @@ pair equals the output of something else). docs/check.md lists both with the rea
 
 from __future__ import annotations
 
-from handformer.check.catalog import assembly, components, llm, sampling, tokenizer, training
+from handformer.check.catalog import assembly, cache, components, llm, sampling, tokenizer, training
 from handformer.check.catalog.base import Diagnosis
 
-CHAPTERS = (components, llm, sampling, training, assembly, tokenizer)
+CHAPTERS = (components, llm, sampling, training, assembly, tokenizer, cache)
 CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in CHAPTERS for d in chapter.DIAGNOSES}
 
 
