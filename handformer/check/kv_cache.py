@@ -81,11 +81,11 @@ def attend(w: V.MHAWeights, x: Tensor, start: int, cached: list[Tensor] | None, 
     k = V.split_heads(V.linear(x, w.k), w.n_kv_heads, frozenset())  # (B, Hkv, T, Dh)
     v = V.split_heads(V.linear(x, w.v), w.n_kv_heads, frozenset())
     q, k = V.rotary(q, w.rope, start), V.rotary(k, w.rope, start)
-    if V.has(flags, "kv_keys_rotated_twice") is not None:
-        k = V.rotary(k, w.rope, start)  # the cached keys rotated again by their positions on reading
     if cached is not None and V.has(flags, "kv_cache_not_advanced") is None:
         k, v = torch.cat([cached[0], k], 2), torch.cat([cached[1], v], 2)  # (B, Hkv, S, Dh)
     store[:] = [k, v]  # not advanced: each call overwrites the cache from position 0
+    if V.has(flags, "kv_keys_rotated_twice") is not None:
+        k = V.rotary(k, w.rope, 0)  # the cached keys, rotated already, rotated again at 0 .. S-1 on reading
     S = k.size(2)
     keep = torch.ones(T, S, dtype=torch.bool).tril(S - T)  # query t sees the keys up to its position
     n_rep = w.n_heads // w.n_kv_heads
