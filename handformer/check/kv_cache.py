@@ -73,9 +73,10 @@ class LlamaWeights:
 # --- the reference ---------------------------------------------------------------------------------
 
 def attend(w: V.MHAWeights, x: Tensor, start: int, cached: list[Tensor] | None, flags: V.Flags,
-           store: list[Tensor]) -> Tensor:
+           store: list[Tensor], window: int | None = None) -> Tensor:
     """One attention of the reference over (B, T, D) new tokens at positions start.., after the
-    cached [keys, values] (each (B, Hkv, S, Dh)) or none; what the cache then holds goes to store."""
+    cached [keys, values] (each (B, Hkv, S, Dh)) or none; what the cache then holds goes to store
+    (its last `window` positions only, for a cache that rolls)."""
     B_, T, _ = x.shape
     q = V.split_heads(V.linear(x, w.q), w.n_heads, frozenset())  # (B, H, T, Dh)
     k = V.split_heads(V.linear(x, w.k), w.n_kv_heads, frozenset())  # (B, Hkv, T, Dh)
@@ -83,6 +84,8 @@ def attend(w: V.MHAWeights, x: Tensor, start: int, cached: list[Tensor] | None, 
     q, k = V.rotary(q, w.rope, start), V.rotary(k, w.rope, start)
     if cached is not None and V.has(flags, "kv_cache_not_advanced") is None:
         k, v = torch.cat([cached[0], k], 2), torch.cat([cached[1], v], 2)  # (B, Hkv, S, Dh)
+    if window is not None:
+        k, v = k[:, :, -window:], v[:, :, -window:]  # (B, Hkv, S <= window, Dh)
     store[:] = [k, v]  # not advanced: each call overwrites the cache from position 0
     if V.has(flags, "kv_keys_rotated_twice") is not None:
         k = V.rotary(k, w.rope, 0)  # the cached keys, rotated already, rotated again at 0 .. S-1 on reading
@@ -95,16 +98,18 @@ def attend(w: V.MHAWeights, x: Tensor, start: int, cached: list[Tensor] | None, 
 
 
 def reference(w: LlamaWeights, idx: Tensor, schedule: tuple[int, ...], flags: V.Flags = frozenset(),
-              ) -> Tensor:
+              window: int | None = None) -> Tensor:
     """The logits (B, sum(schedule), V) of the reference fed idx in calls of schedule's sizes, with a
-    cache and these mistakes; a schedule of one call is the model without a cache."""
+    cache and these mistakes (rolled to its last `window` tokens); a schedule of one call is the model
+    without a cache."""
     caches: list[list[Tensor]] = [[] for _ in w.layers]  # [keys, values] of each layer, once fed
     fed, length, outs = 0, 0, []
     for n in schedule:
         start = 0 if V.has(flags, "rope_no_offset") is not None else length
         x = w.embed[idx[:, fed:fed + n]]  # (B, T, D)
         for layer, cache in zip(w.layers, caches):
-            x = x + attend(layer.self_attn, V.norm(layer.norms[0], x), start, cache or None, flags, cache)
+            x = x + attend(layer.self_attn, V.norm(layer.norms[0], x), start, cache or None, flags, cache,
+                           window)
             x = x + V.feed_forward(layer.ffn, V.norm(layer.norms[1], x))
         outs.append(V.norm(w.norm, x) @ w.head.T)  # (B, T, V)
         fed += n
@@ -254,8 +259,8 @@ def check_kv_cache(comp: Component, ctx: Context) -> ComponentResult:
                                          f"用缓存{zh}（位置 {a}..{b - 1}）：logits 与不用缓存时相同"),
                                     err < TOL, error_text(err)))
         res.max_abs_error = fp.max_error(cached, plain)
-        _diagnose(res, ctx, comp, module, idx[:, :N], plain, cached, lengths)
-        _limit(res, drive, idx)
+        w = _diagnose(res, ctx, comp, module, idx[:, :N], plain, cached, lengths)
+        _limit(res, drive, idx, w)
     return finish(res)
 
 
@@ -270,21 +275,21 @@ def _reader(module: nn.Module, idx: Tensor, plain: Tensor) -> tuple[LlamaWeights
 
 
 def _diagnose(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module, idx: Tensor,
-              plain: Tensor, cached: Tensor, lengths: list[int | None]) -> None:
+              plain: Tensor, cached: Tensor, lengths: list[int | None]) -> LlamaWeights | None:
     """The model without the cache against the reference on the learner's weights, then the named
-    mistakes that reproduce the cached logits."""
+    mistakes that reproduce the cached logits; returns the reference's reading of the weights."""
     try:
         w, base = _reader(module, idx, plain)
     except MappingError as err:
         res.notes.append(text(f"not compared with handformer's reference (a Llama with RoPE): {err}",
                               f"没有与 handformer 的参考实现（带 RoPE 的 Llama）比较：{err}"))
-        return
+        return None
     res.checks.append(Check(text("without the cache, the logits of handformer's reference on your weights",
                                  "不用缓存时，logits 与 handformer 的参考实现（用你的权重）一致"),
                             w is not None and not base, text("no reading of your weights gives them",
                                                              "换哪种方式读你的权重都对不上")))
     if w is None:
-        return
+        return None
     res.convention = text(f"rotary pairs {w.rope}", f"旋转配对方式：{w.rope}")
     correct = reference(w, idx, SCHEDULE)
     found = fp.search(cached, lambda fl: reference(w, idx, SCHEDULE, fl | base), MISTAKES, None, 2)
@@ -301,11 +306,12 @@ def _diagnose(res: ComponentResult, ctx: Context, comp: Component, module: nn.Mo
             f"{fp.max_error(cached, correct):.3g}",
             f"你用缓存算出的 logits 与带这个错误的参考实现一致（最大绝对误差 {found[1] if found else 0:.1e}），"
             f"与正确结果相差 {fp.max_error(cached, correct):.3g}"), number, code, form))
+    return w
 
 
-def _limit(res: ComponentResult, drive: Driver, idx: Tensor) -> None:
-    """Filled to max_len, then one token more: refused (an exception) or rolled (the logits of the
-    last max_len tokens without a cache) both pass."""
+def _limit(res: ComponentResult, drive: Driver, idx: Tensor, w: LlamaWeights | None) -> None:
+    """Filled to max_len, then one token more: refused (an exception) or rolled (the reference's
+    logits with a cache that keeps the last max_len tokens, positions going on) both pass."""
     cache = drive.new_cache()
     for a, b in ((0, MAX_LEN - 4), (MAX_LEN - 4, MAX_LEN)):
         _, cache = drive(idx[:, a:b], cache)
@@ -317,8 +323,12 @@ def _limit(res: ComponentResult, drive: Driver, idx: Tensor) -> None:
                               f"（{type(err).__name__}：{str(err)[:120]}）"))
         return
     out = fp.first_tensor(raw, 3)
-    window, _ = drive(idx[:, 1:MAX_LEN + 1])
-    err = fp.max_error(out.double() if out is not None else None, window[:, -1:] if window is not None else None)
-    res.checks.append(Check(text(f"past the limit ({MAX_LEN} tokens): refused, or rolled (the logits of the "
+    if w is None:
+        res.notes.append(text(f"token {MAX_LEN} past the cache's {MAX_LEN} was taken: not compared (no reference)",
+                              f"缓存满了之后位置 {MAX_LEN} 的 token 被收下了：没有参考实现，没有比较"))
+        return
+    rolled = reference(w, idx, (MAX_LEN - 4, 4, 1), window=MAX_LEN)[:, -1:]  # (B, 1, V)
+    err = fp.max_error(out.double() if out is not None else None, rolled)
+    res.checks.append(Check(text(f"past the limit ({MAX_LEN} tokens): refused, or rolled (the cache keeps the "
                                  f"last {MAX_LEN} tokens)", f"超过上限（{MAX_LEN} 个 token）：拒绝，或者滚动"
-                                 f"（等于最后 {MAX_LEN} 个 token 的 logits）"), err < TOL, error_text(err)))
+                                 f"（缓存只留最后 {MAX_LEN} 个 token）"), err < TOL, error_text(err)))
