@@ -7,8 +7,6 @@ The starters, the solutions and the notebooks of every chapter are tested by tes
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 import sys

@@ -51,8 +51,8 @@ EXCLUSIVE: dict[frozenset[str], str] = {
         "named",
 }
 MASKING: dict[frozenset[str], str] = {
-    frozenset({"kv_cache_not_advanced", "rope_no_offset"}): "a cache that never moves on starts every call at "
-        "position 0, which is what a missing offset does: only the cache is named",
+    frozenset({"kv_cache_not_advanced", "rope_no_offset"}): "a cache that never moves on starts every call "
+        "at position 0, which is what a missing offset does: only the cache is named",
     frozenset({"ffn_no_down_projection", "residual_from_normed"}): "without the down projection the block "
         "cannot run (its FFN returns d_ff features), so nothing else in it can be seen",
     frozenset({"ffn_no_down_projection", "shared_norm"}): "the same: the block cannot run",

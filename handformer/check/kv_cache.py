@@ -147,16 +147,18 @@ def llama_weights(module: nn.Module) -> list[LlamaWeights]:
     head = next((x for x in outer if x.kind == "linear" and tuple(x.weight.shape) == (VOCAB, D)), embed)
     norm = next((x for x in outer if x.kind == "norm"), None)
     if embed is None or head is None or norm is None:
-        raise MappingError(f"expected nn.Embedding({VOCAB}, {D}), a final norm and an output head outside the "
-                           "blocks; found " + ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in outer))
+        raise MappingError(f"expected nn.Embedding({VOCAB}, {D}), a final norm and an output head outside "
+                           "the blocks; found " + ", ".join(f"{x.name} {tuple(x.weight.shape)}"
+                                                            for x in outer))
     layers = [_layer_candidates(f"layers.{i}", b) for i, b in enumerate(blocks)]
     out = []
     for rope in ("interleaved", "half"):
         for order in range(len(layers[0][0])):
             ws = [V.LayerWeights(mha_weights(c[order][0], H, KV_HEADS, rope),
-                                 ffn_weights(c[order][1], "silu" if len(c) == 2 else "gelu"), norms, placement="pre")
-                  for c, norms in layers]
-            out.append(LlamaWeights(embed.weight, ws, norm_weights(Slot("final norm", norm)), head.weight, rope))
+                                 ffn_weights(c[order][1], "silu" if len(c) == 2 else "gelu"), norms,
+                                 placement="pre") for c, norms in layers]
+            final = norm_weights(Slot("final norm", norm))
+            out.append(LlamaWeights(embed.weight, ws, final, head.weight, rope))
     return out
 
 
@@ -178,12 +180,13 @@ class Driver:
     def missing(self) -> str | None:
         """Why the model cannot be driven with a cache, or None."""
         if self.arg is None:
-            return (f"{self.comp.name}.forward has no cache argument ({', '.join(CACHE_ARGS[:3])}): the cache "
-                    "must be an object passed into forward (caches kept inside the attention, as Meta's "
+            return (f"{self.comp.name}.forward has no cache argument ({', '.join(CACHE_ARGS[:3])}): the "
+                    "cache must be an object passed into forward (caches kept inside the attention, as "
+                    "Meta's "
                     "forward(tokens, start_pos), are not driven here)")
         if self.cache_class is None and self.method is None:
-            return (f"no cache to pass: define a class {CACHE_CLASSES[0]} (built with n_layers and max_len) or "
-                    f"a method {self.comp.name}.{CACHE_METHODS[0]}()")
+            return (f"no cache to pass: define a class {CACHE_CLASSES[0]} (built with n_layers and max_len) "
+                    f"or a method {self.comp.name}.{CACHE_METHODS[0]}()")
         return None
 
     def new_cache(self) -> Any:
@@ -197,7 +200,8 @@ class Driver:
     def __call__(self, idx: Tensor, cache: Any = None) -> tuple[Tensor | None, Any]:
         kwargs = {self.arg: cache} if cache is not None and self.arg else {}
         raw = self.ctx.learner.call("forward", self.module, idx, **kwargs)
-        if isinstance(raw, (tuple, list)) and len(raw) == 2 and not isinstance(raw[1], Tensor) and raw[1] is not None:
+        pair = isinstance(raw, (tuple, list)) and len(raw) == 2
+        if pair and raw[1] is not None and not isinstance(raw[1], Tensor):
             cache = raw[1]  # functional style: (logits, the new cache)
         logits = fp.first_tensor(raw, 3)
         return (logits.double() if logits is not None else None), cache
@@ -255,7 +259,8 @@ def check_kv_cache(comp: Component, ctx: Context) -> ComponentResult:
                                    f"({B}, T, {VOCAB}) for T new tokens, with and without its cache")
         for en, zh, a, b in PHASES:
             err = fp.max_error(cached[:, a:b], plain[:, a:b])
-            res.checks.append(Check(text(f"with the cache, {en} (positions {a}..{b - 1}): the logits without it",
+            res.checks.append(Check(text(f"with the cache, {en} (positions {a}..{b - 1}): the logits "
+                                         "without it",
                                          f"用缓存{zh}（位置 {a}..{b - 1}）：logits 与不用缓存时相同"),
                                     err < TOL, error_text(err)))
         res.max_abs_error = fp.max_error(cached, plain)
@@ -295,16 +300,16 @@ def _diagnose(res: ComponentResult, ctx: Context, comp: Component, module: nn.Mo
     found = fp.search(cached, lambda fl: reference(w, idx, SCHEDULE, fl | base), MISTAKES, None, 2)
     flags = set(base) | set(found[0] if found else ())
     if "rope_no_offset" in flags and lengths and lengths[0] == 0:
-        flags = (flags - {"rope_no_offset"}) | {"kv_cache_not_advanced:append"}  # positions from 0: never moved
-    lines = source_lines(ctx.objects(comp))
+        flags = (flags - {"rope_no_offset"}) | {"kv_cache_not_advanced:append"}  # its length never moved
+    lines, matched = source_lines(ctx.objects(comp)), found[1] if found else 0.0
     for flag in sorted(flags):
         name, _, form = flag.partition(":")
         number, code = locate(name, lines)
         res.findings.append(Finding(name, text(
             f"your cached logits equal the reference's with this mistake (max abs difference "
-            f"{found[1] if found else 0:.1e}); they differ from the correct ones by "
+            f"{matched:.1e}); they differ from the correct ones by "
             f"{fp.max_error(cached, correct):.3g}",
-            f"你用缓存算出的 logits 与带这个错误的参考实现一致（最大绝对误差 {found[1] if found else 0:.1e}），"
+            f"你用缓存算出的 logits 与带这个错误的参考实现一致（最大绝对误差 {matched:.1e}），"
             f"与正确结果相差 {fp.max_error(cached, correct):.3g}"), number, code, form))
     return w
 
@@ -318,17 +323,20 @@ def _limit(res: ComponentResult, drive: Driver, idx: Tensor, w: LlamaWeights | N
     try:
         raw = drive.module(idx[:, MAX_LEN:], **{drive.arg: cache})
     except Exception as err:  # their code refuses the token past the limit: what it should do
-        res.notes.append(text(f"token {MAX_LEN} past the cache's {MAX_LEN}: refused ({type(err).__name__}: "
-                              f"{str(err)[:120]})", f"缓存满 {MAX_LEN} 个之后再给位置 {MAX_LEN} 的 token：被拒绝"
-                              f"（{type(err).__name__}：{str(err)[:120]}）"))
+        why = f"{type(err).__name__}: {str(err)[:120]}"
+        res.notes.append(text(f"token {MAX_LEN} past the cache's {MAX_LEN}: refused ({why})",
+                              f"缓存满 {MAX_LEN} 个之后再给位置 {MAX_LEN} 的 token：被拒绝（{why}）"))
         return
     out = fp.first_tensor(raw, 3)
     if w is None:
-        res.notes.append(text(f"token {MAX_LEN} past the cache's {MAX_LEN} was taken: not compared (no reference)",
+        res.notes.append(text(f"token {MAX_LEN} past the cache's {MAX_LEN} was taken: not compared (no "
+                              "reference)",
                               f"缓存满了之后位置 {MAX_LEN} 的 token 被收下了：没有参考实现，没有比较"))
         return
     rolled = reference(w, idx, (MAX_LEN - 4, 4, 1), window=MAX_LEN)[:, -1:]  # (B, 1, V)
     err = fp.max_error(out.double() if out is not None else None, rolled)
-    res.checks.append(Check(text(f"past the limit ({MAX_LEN} tokens): refused, or rolled (the cache keeps the "
-                                 f"last {MAX_LEN} tokens)", f"超过上限（{MAX_LEN} 个 token）：拒绝，或者滚动"
-                                 f"（缓存只留最后 {MAX_LEN} 个 token）"), err < TOL, error_text(err)))
+    res.checks.append(Check(text(f"past the limit ({MAX_LEN} tokens): refused, or rolled (the cache keeps "
+                                 f"the last {MAX_LEN} tokens)",
+                                 f"超过上限（{MAX_LEN} 个 token）：拒绝，"
+                                 f"或者滚动（缓存只留最后 {MAX_LEN} 个 token）"),
+                            err < TOL, error_text(err)))

@@ -9,8 +9,8 @@ DIAGNOSES: list[Diagnosis] = [
       "after the layers have stored a call's keys and values, move the cache on by the new tokens: "
       "cache.length += T (or cache.advance(T))",
       "各层存好这次调用的键和值之后，把缓存前移新 token 的个数：cache.length += T（或 cache.advance(T)）",
-      r"=\s*\w+\.(length|pos|seq_len)\s*\+\s*\w+", r"\.advance\(|\.(length|pos)\s*\+=", r"start\s*=\s*.*cache",
-      r"cache"),
+      r"=\s*\w+\.(length|pos|seq_len)\s*\+\s*\w+", r"\.advance\(|\.(length|pos)\s*\+=",
+      r"start\s*=\s*.*cache", r"cache"),
     d("kv_keys_rotated_twice", "the keys are rotated twice: once before they are cached, again when read",
       "键被旋转了两次：存进缓存前转了一次，读出来又转了一次",
       "rotate each key once, at its own position: either cache the rotated keys and do not rotate what "
