@@ -18,7 +18,7 @@ import json
 import math
 import os
 import typing
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -172,6 +172,59 @@ class MoEConfig:
             _fail(name, "aux_loss_coef", value, "it must be a number >= 0 (0 = no load-balancing loss)")
 
 
+# The settings only some model families have, each read by that family's variant modules
+# (`handformer.families`); saved under a run's "family" section, and accepted flat (as runs saved
+# before the section existed hold them) by `CausalLMConfig` and its `from_dict`.
+FAMILY_FIELDS = ("rope_local_theta", "nope_layers", "attn_scale_dim", "attn_softcap", "logit_softcap")
+_UNSET: Any = object()  # a flat keyword not given (None is a value: "no soft-capping")
+
+
+@dataclass
+class FamilyConfig:
+    """What one model family changes in the lesson's decoder-only block, beyond the settings every
+    block has. Each field names its family; its default leaves the lesson's block as it is."""
+
+    rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3); None = rope_theta
+    nope_layers: list[int] = field(default_factory=list)  # layers whose attention has no RoPE (SmolLM3)
+    # Attention scores divided by sqrt(this) instead of sqrt(head_dim) (Gemma 2/3's query_pre_attn_scalar)
+    attn_scale_dim: float | None = None
+    attn_softcap: float | None = None  # scores -> c * tanh(scores / c) before the softmax (Gemma 2)
+    logit_softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2)
+    # Granite's four constants (muP): the embeddings times embedding_multiplier, scores times
+    # attention_multiplier (in place of 1/sqrt(head_dim)), each sublayer's output times
+    # residual_multiplier before the add, the logits divided by logits_scaling. None: not scaled.
+    embedding_multiplier: float | None = None
+    attention_multiplier: float | None = None
+    residual_multiplier: float | None = None
+    logits_scaling: float | None = None
+
+    def validate(self, owner: str, cfg: CausalLMConfig) -> None:
+        """Each field checked, and against the model it belongs to (`cfg`); errors name
+        `{owner}.family.<field>`."""
+        name = f"{owner}.family"
+        layers = self.nope_layers
+        indices = isinstance(layers, list) and all(is_int(i) and 0 <= i < cfg.n_layers for i in layers)
+        if not indices or len(set(layers)) != len(layers):
+            _fail(name, "nope_layers", layers,
+                  f"it must be a list of distinct layer indices 0..{cfg.n_layers - 1}")
+        if layers and cfg.position != "rope":
+            _fail(name, "nope_layers", layers, 'it needs position="rope"')
+        for f in ("rope_local_theta", "attn_scale_dim", "attn_softcap", "logit_softcap",
+                  "embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"):
+            if getattr(self, f) is not None and not _positive_number(getattr(self, f)):
+                _fail(name, f, getattr(self, f), "it must be a number > 0 or None")
+        gemma3 = cfg.mixes_windows and cfg.norm_placement == "sandwich"
+        if self.rope_local_theta is not None and not gemma3:
+            _fail(name, "rope_local_theta", self.rope_local_theta, "a RoPE base of its own for the sliding "
+                  'layers is Gemma 3\'s: it needs global_layers and norm_placement="sandwich"')
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that differ from their defaults (a saved section names only what is used)."""
+        default = FamilyConfig()
+        return {f.name: dataclasses.asdict(self)[f.name] for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(default, f.name)}
+
+
 @dataclass
 class BlockConfig:
     """Settings shared by every attention block of both model families."""
@@ -203,7 +256,7 @@ class BlockConfig:
     rope_fraction: float = 1.0  # the share of each head's dims RoPE turns, the first ones (Phi-4-mini: 0.75)
     moe: MoEConfig | None = None  # a mixture of experts instead of one feed-forward network (Mixtral)
 
-    family: ClassVar[str] = "block"
+    kind: ClassVar[str] = "block"  # which model a saved config is for ("kind" in its JSON)
     norm_placements: ClassVar[tuple[str, ...]] = NORM_PLACEMENTS
     # Saved configs leave these out while they hold their defaults: a config file names only the
     # settings its model uses (and runs saved before they existed read the same).
@@ -322,17 +375,22 @@ class BlockConfig:
         for name in self.optional_fields:
             if data[name] == defaults[name]:
                 del data[name]
-        return {"family": self.family, **data}
+        return {"kind": self.kind, **data}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], section: str | None = None) -> BlockConfig:
         """The config from `to_dict`'s output or a config file's section (named in errors;
         default: the class name)."""
         data = dict(data)
-        family = data.pop("family", cls.family)
-        if family != cls.family:
-            raise ValueError(f"config is for family {family!r}, not {cls.family!r} ({cls.__name__})")
-        return dataclass_from_dict(cls, data, section or cls.__name__)
+        kind = saved_kind(data, pop=True) or cls.kind
+        if kind != cls.kind:
+            raise ValueError(f"config is for kind {kind!r}, not {cls.kind!r} ({cls.__name__})")
+        return dataclass_from_dict(cls, cls.upgraded(data), section or cls.__name__)
+
+    @classmethod
+    def upgraded(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """A saved section in the layout of today's fields (configs of every age load the same)."""
+        return data
 
     def save(self, path: str | os.PathLike) -> None:
         from handformer.io import atomic_write_text
@@ -352,7 +410,7 @@ class Seq2SeqConfig(BlockConfig):
     tie_output: bool = True  # the generator reuses the target embedding matrix
     pad_id: int = 0  # padding token id, masked out of attention
 
-    family: ClassVar[str] = "seq2seq"
+    kind: ClassVar[str] = "seq2seq"
 
     def validate(self) -> None:
         super().validate()
@@ -392,12 +450,8 @@ class CausalLMConfig(BlockConfig):
     # With a sliding_window: the layers that see every earlier position all the same ("global",
     # Gemma 2: every second layer, Gemma 3: every sixth); the others slide. Empty: all slide.
     global_layers: list[int] = field(default_factory=list)
-    rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3); None = rope_theta
-    nope_layers: list[int] = field(default_factory=list)  # layers whose attention has no RoPE (SmolLM3)
-    # Attention scores divided by sqrt(this) instead of sqrt(head_dim) (Gemma 2/3's query_pre_attn_scalar)
-    attn_scale_dim: float | None = None
-    attn_softcap: float | None = None  # scores -> c * tanh(scores / c) before the softmax (Gemma 2)
-    logit_softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2)
+    # The settings only some families have (soft-capping, a second RoPE base, layers without RoPE...)
+    family: FamilyConfig = field(default_factory=FamilyConfig)
     # GPT-2 style by default; see the presets below.
     d_model: int = 768
     n_heads: int = 12
@@ -407,11 +461,50 @@ class CausalLMConfig(BlockConfig):
     position: str = "learned"
     max_positions: int = 1024
     scale_embeddings: bool = False
+    # The family settings spelled flat, as keywords (`llama_style(attn_softcap=50.0)`, `replace`):
+    # each given one moves into `family`; read them back as `cfg.family.<name>` (or `cfg.<name>`).
+    rope_local_theta: InitVar[float | None] = _UNSET  # type: ignore[assignment]
+    nope_layers: InitVar[list[int]] = _UNSET  # type: ignore[assignment]
+    attn_scale_dim: InitVar[float | None] = _UNSET  # type: ignore[assignment]
+    attn_softcap: InitVar[float | None] = _UNSET  # type: ignore[assignment]
+    logit_softcap: InitVar[float | None] = _UNSET  # type: ignore[assignment]
 
-    family: ClassVar[str] = "causal_lm"
+    kind: ClassVar[str] = "causal_lm"
     norm_placements: ClassVar[tuple[str, ...]] = CAUSAL_NORM_PLACEMENTS
-    optional_fields: ClassVar[tuple[str, ...]] = BlockConfig.optional_fields + (
-        "global_layers", "rope_local_theta", "nope_layers", "attn_scale_dim", "attn_softcap", "logit_softcap")
+    optional_fields: ClassVar[tuple[str, ...]] = BlockConfig.optional_fields + ("global_layers",)
+
+    def __post_init__(self, *flat: Any) -> None:  # type: ignore[override]
+        if isinstance(self.family, dict):
+            self.family = dataclass_from_dict(FamilyConfig, self.family, f"{type(self).__name__}.family")
+        given = {name: value for name, value in zip(FAMILY_FIELDS, flat) if value is not _UNSET}
+        if given:
+            if not isinstance(self.family, FamilyConfig):
+                _fail(type(self).__name__, "family", self.family,
+                      "it must be a FamilyConfig or a table of settings")
+            self.family = dataclasses.replace(self.family, **given)
+        super().__post_init__()
+
+    @classmethod
+    def upgraded(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """Family settings saved flat (runs written before the "family" section) moved into it."""
+        flat = {name: data.pop(name) for name in FAMILY_FIELDS if name in data}
+        if flat:
+            section = data.get("family", {})
+            if not isinstance(section, dict):
+                return data  # the section's own check names it
+            clash = sorted(name for name in flat if name in section and section[name] != flat[name])
+            if clash:
+                raise ValueError(f"{clash[0]} is set both flat and in the family section; "
+                                 f"keep family.{clash[0]}")
+            data["family"] = {**flat, **section}
+        return data
+
+    def to_dict(self) -> dict[str, Any]:
+        data = super().to_dict()
+        data["family"] = self.family.to_dict()
+        if not data["family"]:
+            del data["family"]  # a model of no family's settings saves none
+        return data
 
     @property
     def mixes_windows(self) -> bool:
@@ -432,24 +525,17 @@ class CausalLMConfig(BlockConfig):
         window = self.sliding_window
         if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window <= 0):
             _fail(name, "sliding_window", window, "it must be a positive integer or None")
-        for f in ("global_layers", "nope_layers"):
-            layers = getattr(self, f)
-            indices = isinstance(layers, list) and all(
-                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < self.n_layers for i in layers)
-            if not indices or len(set(layers)) != len(layers):
-                _fail(name, f, layers, f"it must be a list of distinct layer indices 0..{self.n_layers - 1}")
+        layers = self.global_layers
+        indices = isinstance(layers, list) and all(is_int(i) and 0 <= i < self.n_layers for i in layers)
+        if not indices or len(set(layers)) != len(layers):
+            _fail(name, "global_layers", layers,
+                  f"it must be a list of distinct layer indices 0..{self.n_layers - 1}")
         if self.global_layers and window is None:
             _fail(name, "global_layers", self.global_layers,
                   "it needs a sliding_window (the window of the other layers)")
-        if self.nope_layers and self.position != "rope":
-            _fail(name, "nope_layers", self.nope_layers, 'it needs position="rope"')
-        for f in ("rope_local_theta", "attn_scale_dim", "attn_softcap", "logit_softcap"):
-            if getattr(self, f) is not None and not _positive_number(getattr(self, f)):
-                _fail(name, f, getattr(self, f), "it must be a number > 0 or None")
-        gemma3 = self.mixes_windows and self.norm_placement == "sandwich"
-        if self.rope_local_theta is not None and not gemma3:
-            _fail(name, "rope_local_theta", self.rope_local_theta, "a RoPE base of its own for the sliding "
-                  'layers is Gemma 3\'s: it needs global_layers and norm_placement="sandwich"')
+        if not isinstance(self.family, FamilyConfig):
+            _fail(name, "family", self.family, "it must be a FamilyConfig or a table of settings")
+        self.family.validate(name, self)
 
     @classmethod
     def gpt2_style(cls, **overrides: Any) -> CausalLMConfig:
@@ -469,6 +555,37 @@ class CausalLMConfig(BlockConfig):
         return cls(**{**preset, **overrides})
 
 
+def _flat_reader(name: str) -> property:
+    return property(lambda self: getattr(self.family, name), doc=f"family.{name}, read flat")
+
+
+for _name in FAMILY_FIELDS:  # cfg.attn_softcap reads cfg.family.attn_softcap (the InitVar set it there)
+    setattr(CausalLMConfig, _name, _flat_reader(_name))
+
+
+def setting_name(name: str) -> str:
+    """Where a setting lives in a saved config: `family.<name>` for a family setting."""
+    return f"family.{name}" if name in _FAMILY_SECTION else name
+
+
+def setting_value(cfg: CausalLMConfig, name: str) -> Any:
+    """A setting of `cfg` by name, a family setting read from its section."""
+    return getattr(cfg.family, name) if name in _FAMILY_SECTION else getattr(cfg, name)
+
+
+_FAMILY_SECTION = frozenset(f.name for f in dataclasses.fields(FamilyConfig))
+
+
+def saved_kind(data: dict[str, Any], pop: bool = False) -> str | None:
+    """Which config class a saved dict is for: its "kind", or the "family" string of configs saved
+    before the family section took that name."""
+    kind = data.pop("kind", None) if pop else data.get("kind")
+    if isinstance(data.get("family"), str):
+        old = data.pop("family") if pop else data["family"]
+        kind = kind or old
+    return kind
+
+
 CONFIG_CLASSES: dict[str, type[BlockConfig]] = {
     "seq2seq": Seq2SeqConfig,
     "causal_lm": CausalLMConfig,
@@ -476,11 +593,11 @@ CONFIG_CLASSES: dict[str, type[BlockConfig]] = {
 
 
 def config_from_dict(data: dict[str, Any]) -> BlockConfig:
-    """Build the right config class from a dict carrying a `family` key."""
-    family = data.get("family")
-    if family not in CONFIG_CLASSES:
-        raise ValueError(f"config 'family' is {family!r}; expected one of {', '.join(CONFIG_CLASSES)}")
-    return CONFIG_CLASSES[family].from_dict(data)
+    """Build the right config class from a dict carrying a `kind` key ("family" in older files)."""
+    kind = saved_kind(data)
+    if kind not in CONFIG_CLASSES:
+        raise ValueError(f"config 'kind' is {kind!r}; expected one of {', '.join(CONFIG_CLASSES)}")
+    return CONFIG_CLASSES[kind].from_dict(data)
 
 
 def load_config(path: str | os.PathLike) -> BlockConfig:
@@ -503,7 +620,7 @@ def load_config(path: str | os.PathLike) -> BlockConfig:
 
 
 __all__ = ["BlockConfig", "Seq2SeqConfig", "CausalLMConfig", "Llama3RopeScaling", "LinearRopeScaling",
-           "LongRopeScaling", "MoEConfig", "load_config", "config_from_dict"]
+           "LongRopeScaling", "MoEConfig", "FamilyConfig", "load_config", "config_from_dict"]
 
 
 def dataclass_from_dict(cls: type, data: dict[str, Any], section: str) -> Any:

@@ -496,7 +496,8 @@ COVERING_PAIRS: list[tuple[str, str]] = [
 # by tests/test_check_styles.py, one kind each.
 WRITTEN = {"karpathy": FIXTURES / "learners_karpathy", "raschka": FIXTURES / "learners_raschka",
            "llama": FIXTURES / "learners_llama", "minimind": FIXTURES / "learners_minimind",
-           "carried": FIXTURES / "learners_carried"}
+           "carried": FIXTURES / "learners_carried", "hf": FIXTURES / "learners_hf",
+           "decoding": FIXTURES / "learners_decoding_zh"}
 WRITTEN_PLANTS: dict[str, Plant] = {
     "karpathy_no_scaling": Plant("no_scaling", "causal_attention", [(" * k.shape[-1] ** -0.5", "")], "karpathy"),
     "karpathy_generate_no_crop": Plant("generate_no_crop", "generate", [
@@ -513,6 +514,38 @@ WRITTEN_PLANTS: dict[str, Plant] = {
     "minimind_rope_rotation_sign": Plant("rope_rotation_sign", "rope", [
         ("torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)",
          "torch.cat((x[..., x.shape[-1] // 2:], -x[..., : x.shape[-1] // 2]), dim=-1)")], "minimind"),
+    "llama_rope_no_offset": Plant("rope_no_offset", "gpt", [
+        ("freqs_cis = self.freqs_cis[start_pos: start_pos + seqlen]", "freqs_cis = self.freqs_cis[:seqlen]")], "llama"),
+    "llama_causal_off_by_one": Plant("causal_off_by_one", "gpt", [
+        ("mask = torch.triu(mask, diagonal=1)", "mask = torch.triu(mask, diagonal=2)")], "llama"),
+    "minimind_rope_wrong_base": Plant("rope_wrong_base", "gpt", [
+        ("end=config.max_position_embeddings, theta=config.rope_theta)",
+         "end=config.max_position_embeddings, theta=10000.0)")], "minimind"),
+    "minimind_final_norm_missing": Plant("final_norm_missing", "gpt", [
+        ("self.lm_head(self.norm(hidden_states))", "self.lm_head(hidden_states)")], "minimind"),
+    "hf_rope_rotation_sign": Plant("rope_rotation_sign", "rope", [
+        ("return torch.cat((-x2, x1), dim=-1)", "return torch.cat((x2, -x1), dim=-1)")], "hf"),
+    "hf_final_norm_missing": Plant("final_norm_missing", "gpt", [
+        ("logits = self.lm_head(self.norm(hidden_states))", "logits = self.lm_head(hidden_states)")], "hf"),
+    "hf_kv_repeat_order": Plant("kv_repeat_order", "gqa", [
+        ("k = k.repeat_interleave(self.num_key_value_groups, dim=1)  # (B, heads, T, head_dim)\n"
+         "        v = v.repeat_interleave(self.num_key_value_groups, dim=1)",
+         "k = k.repeat(1, self.num_key_value_groups, 1, 1)  # (B, heads, T, head_dim)\n"
+         "        v = v.repeat(1, self.num_key_value_groups, 1, 1)")], "hf"),
+    "decoding_top_k_off_by_one": Plant("top_k_off_by_one", "top_p", [
+        ("logits = logits.masked_fill(logits < kth, filter_value)",
+         "logits = logits.masked_fill(logits <= kth, filter_value)")], "decoding"),
+    "decoding_top_k_exceeds_vocab": Plant("top_k_exceeds_vocab", "top_p", [
+        ("    top_k = min(top_k, logits.size(-1))  # k 比词表大时，等于不过滤\n", "")], "decoding"),
+    "decoding_top_p_drops_crossing": Plant("top_p_drops_crossing", "top_p", [
+        ("remove = above >= top_p", "remove = probs.cumsum(-1) > top_p")], "decoding"),
+    "decoding_sample_drops_crossing": Plant("top_p_drops_crossing", "sample", [
+        ("mask = probs_sum - probs_sort > p", "mask = probs_sum > p")], "decoding"),
+    "decoding_train_step_clip_after_step": Plant("train_step_clip_after_step", "train_step", [
+        ("    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # 先裁剪，再 step\n"
+         "    optimizer.step()\n",
+         "    optimizer.step()\n"
+         "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n")], "decoding"),
     "carried_greedy_no_stop_at_eos": Plant("greedy_no_stop_at_eos", "greedy_decode", [
         ("        if next_word == end_symbol:\n            break\n", "")], "carried"),
 }

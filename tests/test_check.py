@@ -307,7 +307,7 @@ def broken(tmp_path_factory):
     (two child processes: the infinite loop ends the first), shared by the tests below."""
     path = tmp_path_factory.mktemp("broken") / "broken.py"
     path.write_text(BROKEN)
-    proc = subprocess.run([sys.executable, "-m", "handformer", "check", str(path), "--json", "--time-limit", "6"],
+    proc = subprocess.run([sys.executable, "-m", "handformer", "check", str(path), "--json", "--time-limit", "3"],
                           capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 1, proc.stderr
     return {c["name"]: c for c in json.loads(proc.stdout)["components"]}
@@ -336,8 +336,8 @@ def test_exception_in_init(broken):
 
 def test_infinite_loop_stops_at_the_limit_and_the_rest_still_runs(broken):
     err = broken["RMSNorm"]["error"]
-    assert err["kind"] == "timeout" and "6 s" in err["message"]
-    assert err["message_zh"].startswith("在 RMSNorm 运行 6 秒后被停止：死循环")  # --lang zh prints it
+    assert err["kind"] == "timeout" and "3 s" in err["message"]
+    assert err["message_zh"].startswith("在 RMSNorm 运行 3 秒后被停止：死循环")  # --lang zh prints it
     assert err["traceback"] == ["line 46, in forward: x = x + 1"]
 
 

@@ -29,7 +29,7 @@ def test_the_correct_file_passes_in_english_and_chinese():
     assert any("timing corpus: yours" in n["en"] for n in trainer.notes)
     assert all(ch.ok for ch in tokenizer.checks) and len(tokenizer.checks) == 2 * len(TEXTS) + 1
     zh = format_report(result, "zh")
-    assert "train_bpe（BPE 训练）：通过" in zh and "出现并列时选字节序更大的一对" in zh
+    assert "train_bpe（BPE 训练）：通过" in zh and "出现并列时按字节的字典序，取更大的一对" in zh
     assert "Tokenizer（BPE 编码与解码）：通过" in zh and "decode(encode(text)) == text（中文）" in zh
     assert exit_code(result) == 0
 

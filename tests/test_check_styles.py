@@ -242,11 +242,16 @@ WRITTEN_KINDS = {
                 ("generate", "generate", "pass")],
     "llama": [("Attention", "gqa", "pass"), ("repeat_kv", "gqa", "pass"), ("apply_rotary_emb", "rope", "pass"),
               ("precompute_freqs_cis", "rope", "pass"), ("FeedForward", "ffn", "pass"), ("RMSNorm", "rmsnorm", "pass"),
-              ("TransformerBlock", "block", "pass"), ("Transformer", "gpt", "not_checked")],
+              ("TransformerBlock", "block", "pass"), ("Transformer", "gpt", "pass"), ("sample_top_p", "sample", "pass")],
     "minimind": [("repeat_kv", "gqa", "pass"), ("Attention", "causal_attention", "pass"),
                  ("apply_rotary_pos_emb", "rope", "pass"), ("precompute_freqs_cis", "rope", "pass"),
                  ("FeedForward", "ffn", "pass"), ("RMSNorm", "rmsnorm", "pass"), ("MiniMindBlock", "block", "pass"),
-                 ("MiniMindForCausalLM", "gpt", "not_checked")],
+                 ("MiniMindForCausalLM", "gpt", "pass")],
+    "hf": [("LlamaAttention", "gqa", "pass"), ("apply_rotary_pos_emb", "rope", "pass"),
+           ("LlamaRotaryEmbedding", "rope", "pass"), ("LlamaMLP", "ffn", "pass"), ("LlamaRMSNorm", "rmsnorm", "pass"),
+           ("LlamaDecoderLayer", "block", "pass"), ("LlamaForCausalLM", "gpt", "pass")],
+    "decoding": [("top_k_top_p_filtering", "top_p", "pass"), ("sample_top_p", "sample", "pass"),
+                 ("train_step", "train_step", "pass")],
     "carried": [("make_src_mask", "mask_helper", "pass"), ("make_tgt_mask", "mask_helper", "pass"),
                 ("scaled_dot_product_attention", "sdpa", "pass"), ("MultiHeadAttention", "mha", "pass"),
                 ("FFN", "ffn", "pass"), ("PositionalEncoding", "positional_encoding", "pass"),
@@ -260,8 +265,9 @@ WRITTEN_KINDS = {
 def test_a_written_style_is_built_and_driven_and_never_failed(family):
     """Configs as dicts, dataclasses and config classes; module-level hyperparameters; heads as a
     list of single heads; a model with no arguments; generation as a free function with
-    context_size; Meta's decoder-only `Transformer`; minimind's (cos, sin). What check cannot
-    compare (a whole model with rotary positions) is NOT CHECKED (exit 3), never a failure."""
+    context_size; Meta's decoder-only `Transformer` with its start_pos cache; minimind's (cos, sin);
+    Hugging Face's (B, T, Dh) tables and output object; filters on probabilities and combined ones; a
+    clipped training step. Every component is built, driven and passes (exit 0)."""
     result = check_file(str(WRITTEN[family] / "correct.py"))
     assert [(c.name, c.kind, c.status) for c in result.components] == WRITTEN_KINDS[family], format_report(result)
     unchecked = [c for c in result.components if c.status == "not_checked"]
@@ -378,3 +384,25 @@ def test_the_adapters_file_builds_what_check_cannot_infer(tmp_path):
     (tmp_path / "handformer_adapters.py").unlink()
     path.write_text(ODD_ATTENTION + "\n\ndef handformer_make_mha(d_model, n_heads):\n    return Attn(d_model, n_heads)\n")
     assert [c.status for c in check_file(str(path)).components] == ["pass"]
+
+
+def test_a_whole_llama_is_compared_with_rotary_positions_grouped_query_attention_and_its_cache():
+    """Meta's Transformer: interleaved rotary pairs at the base of its tables, 2 key/value heads, and
+    start_pos: tokens 5..7 after 0..4 give the whole sequence's logits; the report says so in Chinese."""
+    result = check_file(str(WRITTEN["llama"] / "correct.py"), only=["gpt"])
+    (model,) = result.components
+    assert model.status == "pass", format_report(result)
+    assert "rotary positions (interleaved pairs, base 10000); grouped-query attention (4 heads, 2 key/value " \
+           "heads)" in model.convention["en"]
+    assert any("KV cache" in c.name["en"] and c.ok for c in model.checks)
+    assert "因果性：改变位置 5 的 token，不影响位置 0..4 的 logits" in format_report(result, "zh")
+
+
+def test_an_error_written_in_english_only_has_a_chinese_sentence_under_lang_zh():
+    from handformer.check.report import format_error
+    from handformer.check.result import LearnerError
+
+    (line,) = format_error(LearnerError("mapping", "expected nn.Embedding(vocab_size=29, n_embd)", "__init__"), "zh")
+    assert "检查程序没能把你的参数对应到 handformer 的参数上（原文：expected nn.Embedding" in line
+    (line,) = format_error(LearnerError("exception", "ValueError: theirs", "forward"), "zh")
+    assert line.endswith("ValueError: theirs")  # the learner's own exception keeps its text

@@ -7,13 +7,16 @@ are ValueError/TypeError with a message, never an IndexError from deep inside to
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
 from handformer.config import (
+    FAMILY_FIELDS,
     BlockConfig,
     CausalLMConfig,
+    FamilyConfig,
     Seq2SeqConfig,
     config_from_dict,
     load_config,
@@ -150,7 +153,7 @@ def test_config_json_round_trip(cfg, tmp_path):
     path = tmp_path / "model.json"
     cfg.save(path)
     data = json.loads(path.read_text())
-    assert data["family"] == cfg.family
+    assert data["kind"] == cfg.kind
     loaded = load_config(path)
     assert type(loaded) is type(cfg)
     assert loaded == cfg
@@ -184,12 +187,50 @@ def test_invalid_value_in_json_names_the_field(tmp_path):
 
 
 def test_family_mismatch_and_missing_family_are_errors(tmp_path):
-    with pytest.raises(ValueError, match="family 'seq2seq'"):
+    with pytest.raises(ValueError, match="kind 'seq2seq'"):
         CausalLMConfig.from_dict(Seq2SeqConfig(**SMALL).to_dict())
-    with pytest.raises(ValueError, match="family"):
+    with pytest.raises(ValueError, match="kind"):
         config_from_dict({"d_model": 16})
-    with pytest.raises(ValueError, match="family"):
-        config_from_dict({"family": "vision", "d_model": 16})
+    with pytest.raises(ValueError, match="kind"):
+        config_from_dict({"kind": "vision", "d_model": 16})
+    with pytest.raises(ValueError, match="kind 'seq2seq'"):  # the name older files give it
+        CausalLMConfig.from_dict({"family": "seq2seq", "d_model": 16})
+
+
+GEMMA2_SETTINGS = dict(attn_scale_dim=12.0, attn_softcap=50.0, logit_softcap=30.0)
+
+
+def _gemma2_like(**family):
+    return CausalLMConfig.llama_style(**SMALL, n_kv_heads=2, vocab_size=99, n_layers=2, norm_placement="sandwich",
+                                      sliding_window=4, global_layers=[1], **family)
+
+
+def test_family_settings_live_in_the_family_section_and_flat_saved_configs_load_the_same():
+    cfg = _gemma2_like(**GEMMA2_SETTINGS)  # keywords spelled flat land in the section
+    assert cfg.family == FamilyConfig(**GEMMA2_SETTINGS) and cfg.attn_softcap == 50.0
+    saved = cfg.to_dict()
+    assert saved["kind"] == "causal_lm" and saved["family"] == GEMMA2_SETTINGS
+    assert not set(FAMILY_FIELDS) & set(saved)  # written nested, never flat
+    assert "family" not in CausalLMConfig.llama_style(**SMALL).to_dict()  # a model of none saves none
+    flat = {k: v for k, v in saved.items() if k not in ("kind", "family")}
+    old = {"family": "causal_lm", **flat, **GEMMA2_SETTINGS, "rope_local_theta": None, "nope_layers": []}
+    assert config_from_dict(old) == cfg and config_from_dict(old).to_dict() == saved
+    assert replace(cfg, logit_softcap=20.0).family.logit_softcap == 20.0  # replace takes the flat keywords
+    assert replace(cfg, logit_softcap=None).family == FamilyConfig(attn_scale_dim=12.0, attn_softcap=50.0)
+    with pytest.raises(ValueError, match="attn_softcap is set both flat and in the family section"):
+        CausalLMConfig.from_dict({**saved, "attn_softcap": 20.0})
+    with pytest.raises(ValueError, match=r"CausalLMConfig\.family\] attn_softcap='high' is invalid: it must be a"):
+        CausalLMConfig.from_dict({**saved, "family": {"attn_softcap": "high"}}, "model")
+
+
+@pytest.mark.parametrize("family, message", [
+    (dict(attn_softcap=-1.0), r"CausalLMConfig\.family\.attn_softcap=-1\.0 is invalid: it must be a number > 0"),
+    (dict(nope_layers=[2]), r"CausalLMConfig\.family\.nope_layers=\[2\] is invalid: it must be a list of distinct"),
+    (dict(rope_local_theta=1e4), r"CausalLMConfig\.family\.rope_local_theta=10000\.0 is invalid"),
+])
+def test_family_setting_errors_name_the_field_in_its_section(family, message):
+    with pytest.raises(ValueError, match=message):
+        CausalLMConfig.llama_style(**SMALL, n_layers=2, **family)
 
 
 def test_load_config_file_errors(tmp_path):

@@ -335,6 +335,9 @@ LLAMA_CPP_ONLY = {  # what transformers' GGUF loader does not read: llama.cpp's 
     "smollm3": lambda: transformers.SmolLM3ForCausalLM(transformers.SmolLM3Config(  # layers 3 and 7 without RoPE
         **{**SIZE, "num_hidden_layers": 8}, rope_parameters={**ROPE, "rope_theta": 2e6})),
 }
+LLAMA_CPP_ONLY["granite"] = lambda: transformers.GraniteForCausalLM(transformers.GraniteConfig(  # its four constants
+    **SIZE, embedding_multiplier=12.0, attention_multiplier=0.03125, residual_multiplier=0.22, logits_scaling=1.5,
+    rope_parameters=ROPE))
 
 
 @pytest.mark.parametrize("family", list(LLAMA_CPP_ONLY))
@@ -358,6 +361,7 @@ def test_imported_mixtral_phi4_mini_olmo2_and_smollm3_go_to_gguf_and_back(family
     back = load_lm(tmp_path / "back")
     assert back.config["source"]["model_type"] == {"phi4_mini": "phi3"}.get(family, family)
     assert back.model.cfg.nope_layers == ([3, 7] if family == "smollm3" else [])
+    assert family != "granite" or back.model.cfg.family == load_lm(run_dir).model.cfg.family  # the four constants
 
 
 def test_a_phi3_window_is_written_and_read_back(tmp_path, capsys):

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.cli import main  # noqa: E402
-from handformer.config import CausalLMConfig, Llama3RopeScaling, MoEConfig  # noqa: E402
+from handformer.config import CausalLMConfig, FamilyConfig, Llama3RopeScaling, MoEConfig  # noqa: E402
 from handformer.data.special_tokens import SpecialTokens  # noqa: E402
 from handformer.data.tokenizer import Tokenizer  # noqa: E402
 from handformer.families import build_causal_lm  # noqa: E402
@@ -74,6 +74,9 @@ PRESETS = {
                                                                           normalize=False)),
                         "Qwen3MoeForCausalLM"),
 }
+GRANITE = dict(embedding_multiplier=12.0, attention_multiplier=0.03125, residual_multiplier=0.22, logits_scaling=1.5)
+PRESETS["granite_style"] = (lambda v: _llama(v, tie_embeddings=True, family=FamilyConfig(**GRANITE)),
+                            "GraniteForCausalLM")
 ZERO_BIASES = ("gpt2_nobias_gelu", "gpt2_qkv_bias_only")  # GPT-2 gets the missing biases as zeros
 
 
@@ -232,6 +235,8 @@ FAMILIES = {
     "olmoe": lambda: transformers.OlmoeForCausalLM(transformers.OlmoeConfig(
         **SIZE, num_experts=4, num_experts_per_tok=2, rope_parameters=ROPE)),
 }
+FAMILIES["granite"] = lambda: transformers.GraniteForCausalLM(transformers.GraniteConfig(
+    **{**SIZE, "hidden_size": 60, "num_attention_heads": 6, "intermediate_size": 86}, **GRANITE, rope_parameters=ROPE))
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
 

@@ -23,7 +23,7 @@ from helpers import randomize_hf, require_module
 
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
-from handformer.config import LinearRopeScaling, MoEConfig  # noqa: E402
+from handformer.config import FamilyConfig, LinearRopeScaling, MoEConfig  # noqa: E402
 from handformer.convert.hf_weights import config_from_hf, model_from_hf  # noqa: E402
 from handformer.generation.engine import Engine, Row, SamplingOptions  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
@@ -176,6 +176,19 @@ BUILDERS = {"qwen2": _qwen2, "mistral_window": lambda: _mistral(WINDOW), "mistra
             "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe, "olmoe": _olmoe}
 # The families whose attention is a variant of the lesson's (handformer.families), never fused
 VARIANT_ATTENTION = ("gemma2", "gemma3", "gemma3_scaled", "olmo2", "olmoe")
+
+# The open families of 2025-26, on odd sizes: 6 heads of 10 over a width of 60, 3 layers.
+ODD = {**SIZE, "hidden_size": 60, "num_attention_heads": 6, "num_key_value_heads": 2, "intermediate_size": 86,
+       "num_hidden_layers": 3}
+GRANITE = dict(embedding_multiplier=12.0, attention_multiplier=0.03125, residual_multiplier=0.22, logits_scaling=1.5)
+
+
+def _granite():
+    return transformers.GraniteForCausalLM(transformers.GraniteConfig(**ODD, **GRANITE, rope_parameters=ROPE))
+
+
+BUILDERS["granite"] = _granite
+VARIANT_ATTENTION += ("granite",)
 
 
 @pytest.fixture(scope="module", params=list(BUILDERS))
@@ -383,6 +396,7 @@ def test_configs_carry_each_familys_variation(pair):
         "qwen3_moe": dict(moe=MoEConfig(4, 2, 32, True, 0, 0.001), qk_norm="head"),
         "qwen2_moe": dict(moe=MoEConfig(4, 2, 32, False, 48, 0.001), qkv_bias=True),
         "olmoe": dict(moe=MoEConfig(4, 2, None, False, 0, 0.01), qk_norm="width", d_ff=96),
+        "granite": dict(family=FamilyConfig(**GRANITE), d_model=60, head_dim=10, n_kv_heads=2, d_ff=86),
     }[name]
     assert {k: getattr(cfg, k) for k in expected} == expected
     if name == "smollm":
@@ -576,6 +590,9 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
                         "head_dim": 128}),  # Qwen3-30B-A3B's layers, two of them
     ("Qwen2MoeConfig", {"num_hidden_layers": 2}),  # Qwen1.5-MoE-A2.7B's layers, two of them
     ("OlmoeConfig", {"num_hidden_layers": 2}),  # OLMoE-1B-7B's layers, two of them
+    ("GraniteConfig", {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 40,
+                       "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 49155,
+                       "tie_word_embeddings": True, **GRANITE, "attention_multiplier": 0.015625}),  # Granite 3.1 2B
 ])
 def test_full_size_configs_give_the_same_parameter_count(config_class, overrides):
     """The families at their released sizes (transformers' defaults), built on the meta device: no
@@ -592,3 +609,23 @@ def test_full_size_configs_give_the_same_parameter_count(config_class, overrides
     assert ours.num_parameters() == sum(p.numel() for p in hf_model.parameters())
     state = {k: v for k, v in hf_model.state_dict().items() if not (cfg.tie_embeddings and k == "lm_head.weight")}
     assert convert_hf_state_dict(state, cfg, hf_config.model_type).keys() == ours.state_dict().keys()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", ["granite"])
+def test_served_rows_and_lora_targets_of_the_open_families(name):
+    """serve's batch (rows join and leave) gives each row transformers' greedy tokens for its
+    prompt alone; LoRA finds every projection of the family's attention and MLP by its name."""
+    from handformer.adapters.lora import LoRAConfig, add_lora
+
+    hf_model, ours = _imported(name)
+    g = torch.Generator().manual_seed(5)
+    rows = [Row(torch.randint(3, VOCAB, (n,), generator=g).tolist(), new, GREEDY) for n, new in SERVED]
+    _serve(ours, rows)
+    for row in rows:
+        out = hf_model.generate(torch.tensor([row.prompt]), do_sample=False, max_new_tokens=row.max_new_tokens,
+                                pad_token_id=0)
+        assert row.tokens == out[0, len(row.prompt):].tolist()
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    adapted = add_lora(copy.deepcopy(ours), LoRAConfig(rank=2, alpha=4, targets=targets))
+    assert len(adapted) == len(targets) * ours.cfg.n_layers

@@ -218,7 +218,7 @@ def test_tiny_config_writes_a_complete_lm_run(tiny_run):
                  "metrics.jsonl", "loss_curve.png"):
         assert (tiny_run / name).is_file(), name
     config = json.loads((tiny_run / "config.json").read_text())
-    assert config["task"] == "lm" and config["model"]["family"] == "causal_lm"
+    assert config["task"] == "lm" and config["model"]["kind"] == "causal_lm"
     assert config["tokens"] == {"bos_id": None, "eos_id": None, "pad_id": 0, "eos_ids": []}
     assert config["data"]["path"] == "pydoc" and config["model"]["max_positions"] == 32
     rows = metric_rows(tiny_run)

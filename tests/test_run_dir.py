@@ -4,7 +4,7 @@ from pathlib import Path
 
 import torch
 
-from handformer.config import CausalLMConfig
+from handformer.config import CausalLMConfig, Seq2SeqConfig
 from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.families import build_causal_lm
@@ -43,3 +43,31 @@ def test_chat_export_and_load_read_config_json_once(tmp_path, monkeypatch):
     reads.clear()
     run = RunDir.read(run_dir)
     assert RunDir.read(run) is run and load_lm(run).model.cfg == cfg and len(reads) == 1
+
+
+def test_quantize_merge_finetune_translation_and_serve_read_config_json_once(tmp_path, monkeypatch, capsys):
+    from argparse import Namespace
+
+    from helpers import make_translation_run
+
+    from handformer.cli.merge import cmd_merge
+    from handformer.serve.registry import load_served_models
+    from handformer.tasks.lm.finetune import read_base_run
+    from handformer.tasks.lm.quantize import quantize_run
+    from handformer.tasks.translation.translator import Translator
+
+    runs = Path(__file__).resolve().parent / "fixtures" / "runs"
+    translation = make_translation_run(tmp_path / "translation")
+    reads = _count_config_reads(monkeypatch)
+    quantize_run(runs / "plain", tmp_path / "int8")
+    assert reads == [str(runs / "plain" / "config.json")]
+    reads.clear()
+    cmd_merge(Namespace(run_dir=str(runs / "lora"), out_dir=str(tmp_path / "merged"), overwrite=False))
+    assert reads == [str(runs / "lora" / "config.json")]
+    reads.clear()
+    assert read_base_run(str(runs / "plain")).model_cfg.n_layers == 2 and len(reads) == 1
+    reads.clear()
+    run = RunDir.read(translation)
+    assert Translator.load(run).model.cfg == run.model_config(Seq2SeqConfig)
+    load_served_models([f"t={translation}"])
+    assert reads == [str(translation / "config.json")] * 2  # RunDir.read, then serve's own read

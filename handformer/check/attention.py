@@ -95,6 +95,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     masks = [p for p in params if is_mask_name(p.name)]
     named = {p.name for p in params} & extra
     n = 3 if len(inputs) >= 3 else len(inputs)
+    layout: dict[str, bool] = {}  # "batched": Hugging Face's (cos, sin) of (B, T, Dh), once known
 
     def call(xq: Tensor, xk: Tensor, xv: Tensor, mask: Tensor | None) -> Any:
         args = [xq, xk, xv][:n]
@@ -105,14 +106,42 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
                 angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
                 kwargs[name] = torch.polar(torch.ones_like(angles), angles)
             elif name == "position_embeddings":
-                kwargs[name] = tuple(t.to(xq.dtype) for t in cos_sin(T, head_dim))
+                kwargs[name] = batched_cos_sin(T, head_dim, B, layout.get("batched", False), xq.dtype)
             elif name == "start_pos":
                 kwargs[name] = 0
             else:
                 kwargs[name] = torch.arange(T)[None].expand(B, T)
-        return fn(*args, **kwargs)
+        if "position_embeddings" not in named or "batched" in layout:
+            return fn(*args, **kwargs)
+        return _either_layout(fn, args, kwargs, layout, (T, head_dim, B, xq.dtype))
 
     return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named)
+
+
+def _either_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool],
+                   sizes: tuple[int, int, int, torch.dtype]) -> Any:
+    """The first call of a forward handed (cos, sin): minimind's (T, Dh) tables, else Hugging Face's
+    (B, T, Dh); the layout that runs is kept. When neither runs, their error with the first is raised."""
+    try:
+        out = fn(*args, **kwargs)
+        layout["batched"] = False
+        return out
+    except Exception as first:  # noqa: BLE001 - theirs, unless the other layout runs
+        kwargs["position_embeddings"] = batched_cos_sin(*sizes[:3], True, sizes[3])
+        try:
+            out = fn(*args, **kwargs)
+        except Exception:  # noqa: BLE001
+            raise first from None
+        layout["batched"] = True
+        return out
+
+
+def batched_cos_sin(T: int, head_dim: int, B: int, batched: bool, dtype: torch.dtype) -> tuple[Tensor, ...]:
+    """(cos, sin), each (T, Dh), or (B, T, Dh) as Hugging Face's rotary module returns them."""
+    tables = cos_sin(T, head_dim)
+    if batched:
+        tables = tuple(t[None].expand(B, T, -1) for t in tables)  # (B, T, Dh) each
+    return tuple(t.to(dtype) for t in tables)
 
 
 def cos_sin(T: int, head_dim: int) -> tuple[Tensor, Tensor]:
@@ -342,16 +371,22 @@ def _hf_attention(slots: list[Slot], n_kv_heads: int | None = None, rope: str | 
     hf = MultiHeadAttention(D, H, n_kv_heads).double().eval()
     copy_attention(hf, slots)
     if rope == "interleaved":
-        Dh = D // H
-        order = torch.cat([torch.arange(0, Dh, 2), torch.arange(1, Dh, 2)])  # (Dh,): evens, then odds
-        with torch.no_grad():
-            for proj in (hf.q_proj, hf.k_proj):
-                heads = proj.weight.size(0) // Dh
-                rows = (torch.arange(heads)[:, None] * Dh + order).reshape(-1)
-                proj.weight.copy_(proj.weight[rows])
-                if proj.bias is not None:
-                    proj.bias.copy_(proj.bias[rows])
+        interleaved_to_half_(hf)
     return hf
+
+
+def interleaved_to_half_(hf: nn.Module) -> None:
+    """Meta's interleaved rotary pairs (2j, 2j+1) as handformer's half-split (j, j + Dh/2): each head's
+    rows of W_Q and W_K permuted, evens then odds (q.k is unchanged)."""
+    Dh = D // H
+    order = torch.cat([torch.arange(0, Dh, 2), torch.arange(1, Dh, 2)])  # (Dh,): evens, then odds
+    with torch.no_grad():
+        for proj in (hf.q_proj, hf.k_proj):
+            heads = proj.weight.size(0) // Dh
+            rows = (torch.arange(heads)[:, None] * Dh + order).reshape(-1)  # (heads * Dh,)
+            proj.weight.copy_(proj.weight[rows])
+            if proj.bias is not None:
+                proj.bias.copy_(proj.bias[rows])
 
 
 def _rope_tables(T: int) -> tuple[Tensor, Tensor]:
@@ -634,7 +669,7 @@ def _properties(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -
         b = fp.first_tensor(ctx.learner.call("forward", s.c.call, bumped, bumped, bumped, mask), 3)
         past = _moved(a, b, slice(0, j))
         res.checks.append(Check(text(f"causality: changing token {j} leaves outputs 0..{j - 1} unchanged",
-                                     f"因果性：改变第 {j} 个 token 不影响输出 0..{j - 1}"),
+                                     f"因果性：改变位置 {j} 的 token，不影响位置 0..{j - 1} 的输出"),
                                 past < 1e-9, text(f"outputs before it moved by {past:.3g}",
                                                   f"之前位置的输出变化了 {past:.3g}")))
     if s.c.takes_mask and s.rope is None:

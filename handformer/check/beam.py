@@ -375,7 +375,7 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
         same = _same(got, right)
         res.checks.append(Check(text(f"scenario {name!r} (beam 2, alpha {alpha:g}): the best hypothesis "
                                      f"equals handformer's beam search ({show(right)})",
-                                     f"场景 {name!r}（beam 2，alpha {alpha:g}）：最优假设与 handformer 的"
+                                     f"场景 {name!r}（束宽 2，alpha {alpha:g}）：最优假设与 handformer 的"
                                      f"束搜索一致（{show(right)}）"), same or ok,
                                 text(f"yours: {show(got)}", f"你的：{show(got)}")))
     if conv is not None:
@@ -486,7 +486,7 @@ def _beam_one(res: ComponentResult, ctx: Context, comp: Component, call: Call, b
     ok = _same(got, right)
     res.checks.append(Check(text(f"beam size 1 without a length penalty equals greedy decoding "
                                  f"({show(right)})",
-                                 f"beam 为 1、没有长度惩罚时等于贪心解码（{show(right)}）"), ok,
+                                 f"束宽为 1、没有长度惩罚时等于贪心解码（{show(right)}）"), ok,
                             text(f"yours: {show(got)}", f"你的：{show(got)}")))
     if not ok and not res.findings:
         res.findings.append(_finding(ctx, comp, "beam_one_not_greedy", text(

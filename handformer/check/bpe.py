@@ -323,7 +323,7 @@ def _compare_merges(
     if same:
         res.convention = text(
             "ties broken by the lexicographically greater pair (the reference's rule)",
-            "出现并列时选字节序更大的一对（参考实现的规则）",
+            "出现并列时按字节的字典序，取更大的一对（参考实现的规则）",
         )
         return
     first = next((i for i, (a, b) in enumerate(zip(merges, ref)) if a != b), min(len(merges), n))
@@ -369,8 +369,8 @@ def _compare_merges(
                         "among them go neither "
                         f"to the greater nor to the smaller pair of bytes (merge {first}: yours {yours}, the "
                         f"reference's {theirs})",
-                        f"你的 {len(kept)} 次合并每次都是出现最多的一对，但并列时既不是选字节序更大的，"
-                        "也不是更小的"
+                        f"你的 {len(kept)} 次合并每次都是出现最多的一对，"
+                        "但并列时既不是按字节的字典序取更大的，也不是更小的"
                         f"（第 {first} 次合并：你的是 {yours}，参考实现是 {theirs}）",
                     ),
                     *locate("bpe_ties_not_by_bytes", lines),
@@ -380,7 +380,7 @@ def _compare_merges(
             res.convention = text(
                 "ties broken by the lexicographically smaller pair (the reference, like "
                 "CS336, takes the greater: the merges differ from the first tie on)",
-                "出现并列时选字节序更小的一对（参考实现和 CS336 选更大的一对："
+                "出现并列时按字节的字典序，取更小的一对（参考实现和 CS336 选更大的一对："
                 "从第一次并列起合并规则就不同了）",
             )
             if not res.findings:

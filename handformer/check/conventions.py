@@ -24,7 +24,7 @@ from handformer.check.result import Text, text
 CONVENTIONS: dict[str, tuple[Text, Callable[[Tensor], Tensor]]] = {
     "int": (text("0/1 int, 0 = masked (the tutorials')", "0/1 整数，0 = 屏蔽（教程的约定）"),
             lambda keep: keep.long()),
-    "bool": (text("bool, True = keep", "布尔值，True = 保留"), lambda keep: keep),
+    "bool": (text("bool, True = keep", "布尔值，True = 可以看"), lambda keep: keep),
     "additive": (text("additive float, 0 = keep, -1e9 = masked", "加性浮点掩码，0 = 保留，-1e9 = 屏蔽"),
                  lambda keep: torch.zeros(keep.shape, dtype=torch.float64).masked_fill(~keep, -1e9)),
     "torch": (text("bool, True = masked (torch.nn's)", "布尔值，True = 屏蔽（torch.nn 的约定）"),

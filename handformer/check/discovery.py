@@ -131,7 +131,10 @@ def _by_name(module: types.ModuleType, overrides: dict[str, str] | None, only: l
 
 # classes found by how their name ends, after every exact name: minimind's MiniMindBlock and
 # MiniMindForCausalLM, Karpathy's GPTLanguageModel
-SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block",), "gpt": ("ForCausalLM", "LanguageModel", "LM")}
+# and Hugging Face's LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block",), "gpt": ("ForCausalLM", "LanguageModel", "LM"),
+                                        "mha": ("Attention",), "ffn": ("MLP", "FeedForward"),
+                                        "rmsnorm": ("RMSNorm",), "rope": ("RotaryEmbedding",)}
 NOT_SUFFIXED = ("Encoder", "Decoder", "Cross")  # an encoder's or decoder's block has its own kind
 
 

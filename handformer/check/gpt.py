@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
 from handformer.check import variants as V
+from handformer.check.attention import interleaved_to_half_
 from handformer.check.context import (
     SIZES,
     Context,
@@ -38,7 +39,7 @@ from handformer.check.context import (
     forward_parameters,
 )
 from handformer.check.discovery import Component
-from handformer.check.model import _layer_modules, _map_layer, as_written_, exact_norms_
+from handformer.check.model import LayerMap, _layer_modules, _map_layer, _prefixed, as_written_, exact_norms_
 from handformer.check.pieces import FFN_ACTIVATIONS, HF_NAME
 from handformer.check.result import NOT_CHECKED, Check, ComponentResult, Finding, LearnerError, Text, text
 from handformer.check.source import locate, source_lines
@@ -46,20 +47,25 @@ from handformer.check.weights import (
     Leaf,
     MappingError,
     Slot,
+    attention_slots,
     copy_attention,
     copy_ffn,
     copy_weights,
+    ffn_slots,
     is_gated,
     leaves,
+    norm_slots,
 )
 from handformer.check.weights import norm_weights as learner_norm
 from handformer.config import CausalLMConfig
 from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.masks import as_attention_mask
+from handformer.nn.positions import RotaryEmbedding
 
-VOCAB, BLOCK = 29, 16
+VOCAB, BLOCK, KV_HEADS = 29, 16, 2
 GPT_SIZES = {**SIZES, "src_vocab": VOCAB, "n_layers": 2, "max_len": BLOCK}
+THETA_NAMES = ("rope_theta", "theta", "rope_base", "base", "rotary_base")
 TARGET_NAMES = ("targets", "target", "labels", "y", "tgt")
 FLAGS = ("causal_mask_missing", "causal_off_by_one:no_self", "causal_off_by_one:sees_next", "pe_missing",
          "final_norm_missing")
@@ -74,6 +80,10 @@ class GPTMap:
     head: Leaf | None
     tied: bool
     bias: bool
+    n_kv_heads: int | None = None  # grouped-query attention (Llama's n_kv_heads)
+    ropes: tuple[str | None, ...] = (None,)  # rotary layouts to try: "half", "interleaved"
+    theta: float = 10000.0  # the rotary base read from the learner's model
+    table_theta: float | None = None  # the base of its tables, when it is not the one its config names
     built: dict[Any, CausalLM] = field(default_factory=dict)  # handformer's, by choices
 
     def describe(self) -> list[str]:
@@ -88,8 +98,11 @@ class GPTMap:
 
 
 def map_gpt(module: nn.Module) -> GPTMap:
-    layers = _layer_modules(module)
-    blocks = [_map_layer(path, child, SIZES["d_ff"]) for path, child in layers]
+    layers, n_kv = _layer_modules(module), None
+    if not layers:
+        layers, n_kv = _grouped_blocks(module), KV_HEADS
+    blocks = [_map_layer(path, child, SIZES["d_ff"]) if n_kv is None else _map_grouped(path, child)
+              for path, child in layers]
     if not blocks or any(b.decoder for b in blocks):
         raise MappingError("expected the blocks in an nn.ModuleList (nanoGPT's transformer.h), each with one "
                            "attention and an MLP")
@@ -107,34 +120,108 @@ def map_gpt(module: nn.Module) -> GPTMap:
     if extra:
         raise MappingError("parameters outside the blocks that a GPT does not have: "
                            + ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra))
-    return GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head,
-                  head is None or head.weight is wte.weight, head is not None and head.bias is not None)
+    m = GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head,
+               head is None or head.weight is wte.weight, head is not None and head.bias is not None, n_kv)
+    if wpe is None:
+        m.ropes, m.theta, m.table_theta = _rotary(module)
+    return m
+
+
+def _grouped_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The blocks of a model with grouped-query attention (Llama's, minimind's): the items of its
+    ModuleLists with two (D, D) projections (W_Q, W_O), two (KV_HEADS * Dh, D) ones and an FFN."""
+    kv = (KV_HEADS * (D // H), D)
+    out: list[tuple[str, nn.Module]] = []
+    for name, sub in module.named_modules():
+        if not isinstance(sub, (nn.ModuleList, nn.Sequential)):
+            continue
+        for child_name, child in sub.named_children():
+            path = f"{name}.{child_name}" if name else child_name
+            shapes = [tuple(leaf.weight.shape) for leaf in leaves(child) if leaf.kind == "linear"]
+            if (not any(path.startswith(p + ".") for p, _ in out) and shapes.count((D, D)) >= 2
+                    and shapes.count(kv) >= 2 and any(s[1] == D and s[0] > D for s in shapes)):
+                out.append((path, child))
+    return out
+
+
+def _map_grouped(path: str, child: nn.Module) -> LayerMap:
+    found = _prefixed(leaves(child), path)
+    linears = [leaf for leaf in found if leaf.kind == "linear"]
+    attn = attention_slots(linears, D, 1, path, KV_HEADS * (D // H))
+    ffn = ffn_slots(linears, D, SIZES["d_ff"], path)[0]
+    norms = [leaf for leaf in found if leaf.kind == "norm"]
+    norms = norms * 2 if len(norms) == 1 else norms
+    return LayerMap(path, False, attn, ffn, norm_slots(norms, 2, ["self-attention", "FFN"], path))
+
+
+def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | None]:
+    """The rotary layouts to try (Meta's complex freqs_cis: interleaved first), the base (the one the
+    learner's config names, rope_theta; else read back from its tables; else 10000), and the base of
+    its tables when that is another (rope_wrong_base: the config's base not handed to the tables)."""
+    from handformer.check.layers import _rope_settings
+
+    ropes = _rope_settings(module, False)
+    if ropes == (None,):
+        return ropes, 10000.0, None
+    tables = [t for sub in module.modules() for t in [*sub.buffers(recurse=False), *vars(sub).values()]
+              if isinstance(t, Tensor) and t.dim() == 2 and t.size(0) > 1
+              and (t.is_complex() or t.is_floating_point())]  # not a bool mask buffer
+    if any(t.is_complex() for t in tables):
+        ropes = ("interleaved", "half", None)
+    else:
+        ropes = ("half", "interleaved", None)
+    named = _named_theta(module)
+    table = _table_theta(tables)
+    if named is None:
+        return ropes, table or 10000.0, None
+    return ropes, named, table if table is not None and abs(table / named - 1) > 1e-3 else None
+
+
+def _named_theta(module: nn.Module) -> float | None:
+    """The rotary base a field of the model or of its config names (rope_theta, theta, base)."""
+    for sub in module.modules():
+        for obj in [sub, *(v for v in vars(sub).values() if not isinstance(v, (Tensor, nn.Module, dict)))]:
+            for name in THETA_NAMES:
+                value = getattr(obj, name, None)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
+                    return float(value)
+    return None
+
+
+def _table_theta(tables: list[Tensor]) -> float | None:
+    """The base of the learner's rotary tables, read back from position 1's angles."""
+    for t in tables:  # position 1's angles: a complex table, or a sine table (row 0 all zeros)
+        angles = t[1].angle() if t.is_complex() else t[1].double().asin() if t[0].abs().max() == 0 else None
+        if angles is None:
+            continue
+        distinct = sorted(set(angles.abs().tolist()), reverse=True)
+        if len(distinct) == (D // H) // 2 and abs(distinct[0] - 1) < 1e-4 and distinct[1] > 0:
+            return float(f"{distinct[1] ** -(D // H / 2):.3g}")  # pair j turns by theta^(-2j/Dh)
+    return None
 
 
 @dataclass(frozen=True)
 class Choices:
     placement: str
     activation: str
+    rope: str | None = None  # the rotary layout: "half", "interleaved", or none
 
     def describe(self, m: GPTMap) -> Text:
         head_en = ("tied to the token embedding" if m.tied else "separate") + (
             ", with a bias" if m.bias else "")
         head_zh = ("与词嵌入共享权重" if m.tied else "独立的权重") + ("，有偏置" if m.bias else "")
         pos_en, pos_zh = (("learned positions", "可学习的位置编码") if m.wpe is not None
-                          else ("no positions", "没有位置编码"))
+                          else ("no positions", "没有位置编码") if self.rope is None
+                          else (f"rotary positions ({self.rope} pairs, base {m.theta:.0f})",
+                                f"旋转位置编码（{ROPE_ZH[self.rope]}，底数 {m.theta:.0f}）"))
+        if m.n_kv_heads:
+            pos_en += f"; grouped-query attention ({H} heads, {m.n_kv_heads} key/value heads)"
+            pos_zh += f"；分组查询注意力（{H} 个头，{m.n_kv_heads} 个键/值头）"
         return text(f"output head {head_en}; {self.placement}-norm blocks; {self.activation} FFN; {pos_en}",
                     f"输出层{head_zh}；{self.placement}-norm 块；{self.activation} 前馈网络；{pos_zh}")
 
 
-def comparable(m: GPTMap, module: nn.Module) -> None:
-    """MappingError when the reference, a GPT-2 style CausalLM, cannot hold the learner's model:
-    rotary positions (a model without a position embedding whose classes speak of them)."""
-    from handformer.check.layers import _rope_settings
-
-    if m.wpe is None and _rope_settings(module, False) != (None,):
-        raise MappingError("the whole model's reference is GPT-2 style (learned positions) and your model "
-                           "applies rotary positions inside its attention; its blocks, attention, norms "
-                           "and FFN are checked one by one")
+ROPE_ZH = {"half": "前后两半配对", "interleaved": "相邻两维配对"}
 
 
 def reference_model(m: GPTMap, ch: Choices) -> CausalLM:
@@ -152,8 +239,9 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         vocab_size=VOCAB, d_model=D, n_heads=H, d_ff=m.blocks[0].ffn[0].leaf.weight.size(0),
         n_layers=len(m.blocks), dropout=0.0, activation=HF_NAME[(gated, ch.activation)],
         norm_placement=ch.placement, norm=first.kind, norm_eps=first.eps,  # LayerNorm or RMSNorm, as theirs
-        position="learned" if m.wpe is not None else "none",
-        max_positions=m.wpe.weight.size(0) if m.wpe is not None else BLOCK, tie_embeddings=m.tied)
+        position="learned" if m.wpe is not None else "rope" if ch.rope else "none", rope_theta=m.theta,
+        max_positions=m.wpe.weight.size(0) if m.wpe is not None else BLOCK, tie_embeddings=m.tied,
+        n_kv_heads=m.n_kv_heads)
     hf = build_causal_lm(cfg)  # (a GPT-2 style config: the plain CausalLM)
     if m.bias:
         hf.lm_head = nn.Linear(D, VOCAB, bias=True)
@@ -168,6 +256,8 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
             copy_weights(hf.lm_head, Slot("head", m.head))
     for target, block in zip(hf.layers, m.blocks):
         copy_attention(target.self_attn, block.attn[0])
+        if ch.rope == "interleaved":
+            interleaved_to_half_(target.self_attn)
         copy_ffn(target.ffn, block.ffn)
     written = []
     for target, block in zip(hf.layers, m.blocks):
@@ -189,15 +279,19 @@ def keep_of(T: int, flags: frozenset[str]) -> Tensor:
     return V.causal_keep(T, flags)
 
 
-def variant(hf: CausalLM, idx: Tensor, flags: frozenset[str]) -> Tensor:
-    """The logits (B, T, V) with the named mistakes."""
+def variant(hf: CausalLM, idx: Tensor, flags: frozenset[str], table_theta: float | None = None) -> Tensor:
+    """The logits (B, T, V) with the named mistakes (rope_wrong_base: the tables' base, not the config's)."""
     T = idx.size(1)
     x = hf.embed(idx)  # (B, T, D)
     if "pe_missing" not in flags:
         x = x + hf.positions(torch.arange(T)[None])
     mask = as_attention_mask(keep_of(T, flags)[None, None])
+    rotary = hf.rotary
+    if "rope_wrong_base" in flags and table_theta is not None:
+        rotary = RotaryEmbedding(D // H, BLOCK, table_theta).double()
+    rope = rotary(torch.arange(T)[None])  # (cos, sin), or None without rotary positions
     for layer in hf.layers:
-        x = layer(x, mask)[0]
+        x = layer(x, mask, rope=rope)[0]
     if "final_norm_missing" not in flags:
         x = hf.norm(x)
     return hf.lm_head(x)
@@ -213,10 +307,11 @@ class Caller:
         # Meta's forward(tokens, start_pos): the whole sequence from position 0
         self.start = next((p.name for p in params if p.name == "start_pos" and p.default is p.empty), None)
 
-    def __call__(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
+    def __call__(self, idx: Tensor, targets: Tensor | None = None, start: int = 0,
+                 ) -> tuple[Tensor | None, Tensor | None]:
         kwargs: dict[str, Any] = {self.target: targets} if self.target and targets is not None else {}
         if self.start:
-            kwargs[self.start] = 0
+            kwargs[self.start] = start
         raw = self.ctx.learner.call("forward", self.module, idx, **kwargs)
         if not isinstance(raw, (Tensor, tuple, list)) and isinstance(getattr(raw, "logits", None), Tensor):
             raw = (raw.logits, getattr(raw, "loss", None))  # Hugging Face's output object (minimind's)
@@ -233,9 +328,22 @@ def _rows(B: int, T: int, flags: frozenset[str]) -> Tensor:
     return keep_of(T, flags).any(-1)[None].expand(B, T)  # (B, T): queries that see a key
 
 
+def gpt_sizes(ctx: Context) -> dict[str, Any]:
+    """The model's sizes: with KV_HEADS key/value heads when the file has a field for them (Llama's
+    n_kv_heads, minimind's num_key_value_heads), so that grouped-query attention is what is checked."""
+    from handformer.check.discovery import ARGUMENTS
+
+    try:
+        source = inspect.getsource(ctx.module)
+    except (OSError, TypeError):
+        return GPT_SIZES
+    kv = any(re.search(rf"\b{name}\b", source) for name in ARGUMENTS["n_kv_heads"])
+    return {**GPT_SIZES, "n_kv_heads": KV_HEADS} if kv else GPT_SIZES
+
+
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
-    module = ctx.build(comp, GPT_SIZES)
+    module = ctx.build(comp, gpt_sizes(ctx))
     call = Caller(module, ctx)
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, VOCAB, (2, 8), generator=g)
@@ -257,7 +365,6 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
                                   "forward 只返回最后一个位置的 logits：只比较这一个位置"))
         try:
             m = map_gpt(module)
-            comparable(m, module)
         except MappingError as err:  # the checks above ran; the comparison could not: NOT CHECKED
             res.status = NOT_CHECKED
             res.error = LearnerError("mapping", f"not compared with handformer's CausalLM: {err}", "__init__",
@@ -275,13 +382,15 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
         return logits[:, -1:] if last_only else logits
 
     gated = is_gated(m.blocks[0].ffn)
-    settings = [Choices(p, a) for p in ("pre", "post") for a in FFN_ACTIVATIONS[gated]]
+    settings = [Choices(p, a, r) for r in m.ropes for p in ("pre", "post") for a in FFN_ACTIVATIONS[gated]]
+    flags = FLAGS if m.wpe is not None else tuple(f for f in FLAGS if f != "pe_missing")
+    flags += ("rope_wrong_base",) if m.table_theta is not None else ()
     B, T = idx.shape
     found = None
     for lo, hi in ((0, 1), (2, 2)):
         for ch in settings:
             hf = reference_model(m, ch)
-            hit = fp.search(out, lambda fl, hf=hf: view(variant(hf, idx, fl)), FLAGS,
+            hit = fp.search(out, lambda fl, hf=hf: view(variant(hf, idx, fl, m.table_theta)), flags,
                             lambda fl: view(_rows(B, T, fl)[..., None])[..., 0], hi, lo)
             if hit is not None:
                 found = (ch, hit[0], hit[1])
@@ -323,11 +432,49 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
                                  "在 3 种形状上与使用你的权重和写法的 handformer CausalLM 一致"),
                             max(errors) < 1e-5, error_text(max(errors))))
     if loss is not None and not last_only:
-        ref = F.cross_entropy(hf(idx).logits.reshape(-1, VOCAB), targets.reshape(-1))
-        err = abs(float(loss) - float(ref))
-        res.checks.append(Check(text("the loss equals the cross-entropy of handformer's logits",
-                                     "损失等于 handformer 的 logits 的交叉熵"), err < 1e-6, error_text(err)))
+        _loss(res, hf(idx).logits, loss, targets)
     _causality(res, call, idx)
+    if call.start:
+        _cached(res, ctx, comp, m, call, hf, idx)
+
+
+def _cached(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call: Caller, hf: CausalLM,
+            idx: Tensor) -> None:
+    """Meta's KV cache: tokens 5.. given after 0..4 with start_pos=5 give the logits of the whole
+    sequence; rotary positions counted from 0 again instead (rope_no_offset) are named."""
+    whole = call(idx)[0]
+    call(idx[:, :5])
+    step = call(idx[:, 5:], start=5)[0]
+    if whole is None or step is None or whole.size(1) != idx.size(1):
+        return
+    err = fp.max_error(step, whole[:, 5:])
+    res.checks.append(Check(text(f"the KV cache: tokens 5..7 given after 0..4 with {call.start}=5 give the "
+                                 "logits of the whole sequence",
+                                 f"KV 缓存：先给位置 0..4，再用 {call.start}=5 给位置 5..7，"
+                                 "logits 与整句一次算出的相同"),
+                            err < 1e-5, error_text(err)))
+    if err < 1e-5 or not m.ropes[0]:
+        return
+    cache = hf.new_cache(BLOCK)
+    hf(idx[:, :5], cache=cache)
+    restarted = hf(idx[:, 5:], cache=cache, position_ids=torch.arange(idx.size(1) - 5)[None]).logits
+    matched = fp.max_error(step, restarted)
+    if matched < 1e-5:
+        res.findings += ctx.findings(frozenset({"rope_no_offset"}), matched, err, comp, "rope")
+
+
+def _loss(res: ComponentResult, logits: Tensor, loss: Tensor, targets: Tensor) -> None:
+    """The loss against the cross-entropy of handformer's logits: the targets as given (nanoGPT's, already
+    shifted), or shifted inside as Hugging Face's labels are (position t predicts label t + 1)."""
+    plain = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+    shifted = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), targets[:, 1:].reshape(-1))
+    err, err_shifted = abs(float(loss) - float(plain)), abs(float(loss) - float(shifted))
+    if err_shifted < 1e-6 <= err:
+        res.notes.append(text("your forward shifts the labels itself (Hugging Face's labels): compared so",
+                              "你的 forward 自己移位 labels（Hugging Face 的 labels 写法）：按移位后比较"))
+        err = err_shifted
+    res.checks.append(Check(text("the loss equals the cross-entropy of handformer's logits",
+                                 "损失等于 handformer 的 logits 的交叉熵"), err < 1e-6, error_text(err)))
 
 
 TIE_FIELD = re.compile(r"\b(tie_weights|tie_word_embeddings|tie_embeddings)\b")
@@ -364,6 +511,6 @@ def _causality(res: ComponentResult, call: Caller, idx: Tensor) -> None:
         return
     moved = (a - b)[:, :5].abs().nan_to_num(float("inf")).max().item()
     res.checks.append(Check(text("causality: changing token 5 leaves logits 0..4 unchanged",
-                                 "因果性：改变第 5 个 token 不影响位置 0..4 的 logits"), moved < 1e-9,
+                                 "因果性：改变位置 5 的 token，不影响位置 0..4 的 logits"), moved < 1e-9,
                             text(f"moved by {moved:.3g}", f"变化了 {moved:.3g}")))
 

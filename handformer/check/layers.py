@@ -109,6 +109,25 @@ class Layer:
         self.sublayers = names
         self.ropes = _rope_settings(self.module, "freqs_cis" in self.extra,
                                     "position_embeddings" in self.extra)
+        self.batched_cos_sin = False  # Hugging Face's (cos, sin) are (B, T, Dh); minimind's (T, Dh)
+        if "position_embeddings" in self.extra:
+            self.batched_cos_sin = self._takes_batched(x.double())
+
+    def _takes_batched(self, x: Tensor) -> bool:
+        """Whether the layer refuses (T, Dh) tables and takes (B, T, Dh) ones (Hugging Face's layers
+        unsqueeze dim 1 for the heads); a layer that refuses both is reported on the first."""
+        try:
+            with torch.no_grad():
+                self.call(x, x, None, None)
+            return False
+        except Exception:  # noqa: BLE001 - their error: tried once more with the other layout
+            self.batched_cos_sin = True
+            try:
+                with torch.no_grad():
+                    self.call(x, x, None, None)
+                return True
+            except Exception:  # noqa: BLE001 - reported by the checks, with the first layout
+                return False
 
     def _warmup(self, module: nn.Module, x: Tensor) -> Any:
         self.module = module
@@ -141,7 +160,10 @@ class Layer:
                 angles = V.rope_angles(T, self.head_dim)
                 out[name] = torch.polar(torch.ones_like(angles), angles)  # (T, Dh/2), Meta's table
             elif name == "position_embeddings":
-                out[name] = tuple(t.to(x.dtype) for t in cos_sin(T, self.head_dim))
+                tables = cos_sin(T, self.head_dim)  # (T, Dh) each
+                if self.batched_cos_sin:
+                    tables = tuple(t[None].expand(B, T, -1) for t in tables)  # (B, T, Dh) each
+                out[name] = tuple(t.to(x.dtype) for t in tables)
             elif name == "start_pos":
                 out[name] = 0
             else:
@@ -557,7 +579,8 @@ def _properties(res: ComponentResult, layer: Layer, ctx: Context, conv: str) -> 
         b = fp.first_tensor(ctx.learner.call("forward", layer.call, bumped, memory, src, tgt), 3)
         past = _moved(a, b, (slice(None), slice(0, j)))
         res.checks.append(Check(text(f"causality: changing token {j} leaves outputs 0..{j - 1} unchanged",
-                                     f"因果性：改变第 {j} 个 token 不影响输出 0..{j - 1}"), past < 1e-9,
+                                     f"因果性：改变位置 {j} 的 token，不影响位置 0..{j - 1} 的输出"),
+                                past < 1e-9,
                                 text(f"outputs before it moved by {past:.3g}",
                                      f"之前位置的输出变化了 {past:.3g}")))
         if layer.stateful:

@@ -49,7 +49,7 @@ BOTH_HINTS = ("create_masks", "make_masks", "create_mask", "build_masks", "get_m
 FLAGS = ("mask_pad_wrong_sequence", "mask_pad_id", "mask_combined_with_or", "causal_off_by_one:no_self",
          "causal_off_by_one:sees_next")
 POLARITIES: dict[str, Text] = {
-    "keep": text("True (or 1) = may be seen", "True（或 1）表示可见"),
+    "keep": text("True (or 1) = may be seen", "True（或 1）= 可以看"),
     "masked": text("True = masked (torch.nn's)", "True 表示屏蔽（torch.nn 的约定）"),
     "additive": text("additive: 0 = seen, -inf (or a large negative) = masked",
                      "加性掩码：0 表示可见，-inf（或很大的负数）表示屏蔽"),

@@ -76,7 +76,7 @@ SRC_V, TGT_V, PAD = 23, 29, 0
 MODEL_SIZES = {**SIZES, "src_vocab": SRC_V, "tgt_vocab": TGT_V, "n_layers": 2, "pad_id": PAD}
 SIDES = {"src": ("the source", "源端"), "tgt": ("the target", "目标端"), "both": ("both sides", "两端")}
 STACKS = {"encoder": ("the encoder", "编码器"), "decoder": ("the decoder", "解码器"),
-          "both": ("both stacks", "两个堆栈")}
+          "both": ("both stacks", "两个堆叠")}
 MASK_SIDES = {"source": ("the source padding mask is built from the target",
                          "源端的填充掩码是用目标序列构造的"),
               "target": ("the target padding mask is built from the source",
@@ -679,7 +679,7 @@ def _properties(res: ComponentResult, call: Callable[[Tensor, Tensor], Tensor | 
     bumped[:, 3] = (bumped[:, 3] % (TGT_V - 1)) + 1
     moved = _moved(call(src, bumped), out, (slice(None), slice(0, 3)))
     res.checks.append(Check(text("causality: changing target token 3 leaves logits 0..2 unchanged",
-                                 "因果性：改变目标端第 3 个 token 不影响位置 0..2 的 logits"),
+                                 "因果性：改变目标端位置 3 的 token，不影响位置 0..2 的 logits"),
                             moved < 1e-9, text(f"moved by {moved:.3g}", f"变化了 {moved:.3g}")))
     longer = torch.cat([src, torch.full((2, 2), PAD)], dim=1)
     moved = _moved(call(longer, tgt), out, slice(None))
@@ -688,7 +688,8 @@ def _properties(res: ComponentResult, call: Callable[[Tensor, Tensor], Tensor | 
                             text(f"moved by {moved:.3g}", f"变化了 {moved:.3g}")))
     alone = _moved(call(src[:1], tgt[:1]), out[:1], slice(None))
     res.checks.append(Check(text("batch invariance: a sentence alone gives its logits in a batch",
-                                 "批次不变性：单独一句与放在批次中的 logits 相同"), alone < 1e-9,
+                                 "batch 不变性：一句话单独输入和放进 batch 里，得到的 logits 相同"),
+                            alone < 1e-9,
                             text(f"moved by {alone:.3g}", f"变化了 {alone:.3g}")))
 
 

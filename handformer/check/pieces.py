@@ -96,12 +96,12 @@ def _mask_observed(name: str, form: str, T: int, keep: Tensor) -> dict[str, str]
     row = "".join("1" if v else "0" for v in keep[min(2, T - 1)].tolist())
     if name == "mask_inverted":
         return text(f"your mask marks the future as visible and the past as hidden (row 2 reads {row})",
-                    f"你的掩码把未来标成可见、过去标成屏蔽（第 2 行为 {row}）")
+                    f"你的掩码把未来标成可见、过去标成屏蔽（行 2 为 {row}）")
     what = {"no_self": ("token t sees only 0..t-1, not itself", "位置 t 只看到 0..t-1，看不到自己"),
             "sees_next": ("token t sees 0..t+1, one position of the future",
                           "位置 t 看到了 0..t+1，多看了一个未来位置")}
     return text(f"{what[form][0]} (row 2 of the T={T} mask reads {row}, expected 111" + "0" * (T - 3) + ")",
-                f"{what[form][1]}（T={T} 时第 2 行为 {row}，应为 111" + "0" * (T - 3) + "）")
+                f"{what[form][1]}（T={T} 时行 2 为 {row}，应为 111" + "0" * (T - 3) + "）")
 
 
 FFN_ACTIVATIONS = {False: ("relu", "gelu", "gelu_tanh"), True: ("silu", "gelu")}

@@ -52,7 +52,7 @@ WORDS = {
            "fix": "修改建议", "observed": "观察到", "checks_ok": "满足的要求（{n}）",
            "failed": "未满足的要求",
            "note": "说明", "error": "错误", "in": "位置", "max": "最大绝对误差",
-           "summary": "共 {n} 个组件：{p} 个通过，{d} 个属于设计差异（不算错），{f} 个未通过，{e} 个出错",
+           "summary": "共 {n} 个组件：{p} 个通过，{d} 个属于设计差异（允许），{f} 个未通过，{e} 个出错",
            "sandbox": "（你的代码在子进程中运行：每一步限时 {t:g} 秒、内存 {m} MiB）",
            "memory": "内存不足", "nothing": "没有可检查的内容",
            "todo": "，{t} 个尚未实现（把其中的 TODO 写完）",
@@ -107,12 +107,24 @@ def _paren(inner: str, lang: str) -> str:
     return f" ({inner})" if lang == "en" else f"（{inner}）"
 
 
+# a Chinese sentence before a message that has no Chinese of its own (the learner's own exception,
+# "exception" from their Python, keeps its text: it is theirs)
+LEAD_ZH = {"mapping": "检查程序没能把你的参数对应到 handformer 的参数上",
+           "discovery": "没有找到要检查的组件",
+           "stand_in": "检查程序的替身模型调用不了你的代码",
+           "cannot_build": "检查程序构建不了这个组件", "cannot_call": "检查程序调用不了这个组件",
+           "timeout": "超过了时间限制", "memory": "内存不足", "crash": "运行你的代码的子进程崩溃了",
+           "syntax": "你的文件有语法错误", "internal": "这是 handformer 检查程序的 bug，不是你的代码的问题"}
+
+
 def format_error(err: LearnerError, lang: str, indent: str = "  ", unchecked: bool = False) -> list[str]:
     w = WORDS[lang]
     where = _paren(f"{w['in']} {err.where}", lang) if err.where else ""
     memory = err.kind == "memory" and "memory" not in err.message.split(":")[0]
     head = f"{w['memory']}{w[':']}" if memory else ""
     message = err.message_zh if lang == "zh" and err.message_zh else err.message
+    if lang == "zh" and not err.message_zh and err.kind in LEAD_ZH:  # a message written in English only
+        message = f"{LEAD_ZH[err.kind]}（原文：{err.message}）"
     label = w["why"] if unchecked or err.kind in CANNOT else w["error"]
     lines = [f"{indent}{label}{where}{w[':']}{head}{message}"]
     lines += [f"{indent}  {frame}" for frame in err.traceback]

@@ -12,6 +12,7 @@ Shape legend: B rows, V vocabulary.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -32,6 +33,8 @@ K_NAMES = ("k", "top_k", "topk")
 P_NAMES = ("p", "top_p", "topp", "nucleus")
 GENERATOR_NAMES = ("generator", "rng", "gen")
 LOGITS_NAMES = ("logits", "scores", "x", "logit", "z", "inputs", "input")
+# a first argument of probabilities (Meta's sample_top_p(probs, p)): given softmax(logits)
+PROBS_NAMES = ("probs", "probabilities", "prob", "p_dist", "dist", "distribution")
 SAMPLE_ROW = torch.tensor([2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6], dtype=torch.float64)  # (V,)
 
 
@@ -47,6 +50,13 @@ class Caller:
         self.comp, self.ctx = comp, ctx
         self.params = [p for p in forward_parameters(comp.obj)]
         self.names = [p.name for p in self.params]
+        self.probs = bool(self.names) and self.names[0].lower() in PROBS_NAMES  # given softmax(logits)
+        # the filters it takes with no default (a combined top_k_top_p_filtering(logits, top_k, top_p)):
+        # given their "off" value when a check sets another one
+        empty = {p.name for p in self.params if p.default is inspect.Parameter.empty}
+        self.required = {key: name for key, names in (("top_k", K_NAMES), ("top_p", P_NAMES),
+                                                      ("temperature", TEMPERATURE_NAMES))
+                         for name in [self.find(names)] if name in empty}
 
     def find(self, names: tuple[str, ...]) -> str | None:
         return next((n for n in self.names[1:] if n.lower() in names), None)
@@ -60,7 +70,11 @@ class Caller:
                 kwargs[name] = value
             elif key in ("top_k", "top_p", "temperature") and len(self.names) > 1 and not kwargs:
                 kwargs[self.names[1]] = value  # their second argument, whatever its name
-        return self.ctx.learner.call("forward", self.comp.obj, logits.clone(), **kwargs)
+        off = {"top_k": logits.size(-1), "top_p": 1.0, "temperature": 1.0}
+        for key, name in self.required.items():
+            kwargs.setdefault(name, off[key])
+        given = torch.softmax(logits, -1) if self.probs else logits.clone()
+        return self.ctx.learner.call("forward", self.comp.obj, given, **kwargs)
 
 
 def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
@@ -282,11 +296,22 @@ def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
             res.findings.append(_finding(ctx, comp, name, _top_p_observed(flag, cases, kept_all), form))
     wrong = int((mine != compute(frozenset())).sum())
     res.checks.append(Check(text("keeps the smallest set of most likely tokens reaching p (5 cases, equality "
-                                 "at p = 0.75 included)", "保留累计概率达到 p 的最小一组最可能的 token"
+                                 "at p = 0.75 included)",
+                                 "把 token 按概率从大到小排列，保留累计概率刚好达到 p 的前几个"
                                  "（5 种情况，含 p = 0.75 时恰好相等）"), wrong == 0,
                             _wrong_tokens(wrong)))
     _p_one(res, ctx, comp, call)
     res.max_abs_error = float(wrong)
+    if call.find(K_NAMES):  # a combined filter (top_k_top_p_filtering): its top-k too, top_p off
+        both = check_top_k(comp, ctx)
+        if any(f.name == "top_k_off_by_one" for f in both.findings):  # k = V drops a token at p = 1 too
+            res.findings = [f for f in res.findings if f.name != "top_p_one_not_noop"]
+        res.checks += both.checks
+        res.findings += [f for f in both.findings if f.name not in {g.name for g in res.findings}]
+        res.notes += both.notes
+        res.notes.append(text("a combined filter: top-p checked with top_k off, top-k with top_p = 1",
+                              "组合过滤：检查 top-p 时关掉 top_k，检查 top-k 时 top_p = 1"))
+        res.max_abs_error = max(res.max_abs_error, both.max_abs_error or 0.0)
     return finish(res)
 
 
@@ -399,7 +424,7 @@ def _draw(ctx: Context, call: Caller, options: dict[str, Any], seed: int) -> Ten
     return torch.cat(draws)
 
 
-PLAIN = text("plain", "不加选项")
+PLAIN = text("plain", "不加过滤")
 
 
 def _settings(call: Caller) -> list[tuple[Text, dict[str, Any], Tensor, list[tuple[str, Tensor]]]]:

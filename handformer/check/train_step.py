@@ -316,7 +316,7 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
                 "一个 epoch（两个 batch）之后的参数与 handformer 在这两个 batch 上走两步的结果一致",
                 ) if epoch else (
             "the parameters after one and after two steps equal handformer's step on the same batches",
-            "一步和两步之后的参数与 handformer 在同样的 batch 上走一步的结果一致")
+            "第 1 步、第 2 步之后的参数，都与 handformer 的训练一步在同样 batch 上的结果一致")
         res.checks.append(Check(text(*what), max(errs) < 1e-9, error_text(max(errs))))
         _notes(res, step)
         trained = [t for t, _ in model.calls]

@@ -10,10 +10,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from handformer.adapters.lora import merge_lora
     from handformer.tasks.lm.finetune import copy_chat_files
     from handformer.tasks.lm.run import load_lm, save_lm_run
-    from handformer.tasks.run_config import read_run_config
+    from handformer.tasks.run_config import RunDir
 
     run_dir, out = Path(args.run_dir), Path(args.out_dir)
-    config = read_run_config(run_dir)
+    base = RunDir.read(run_dir)  # read once: its checks here, then load_lm
+    config = base.config
     if "lora" not in config:
         raise ValueError(f"{run_dir} has no LoRA adapters to merge (its config.json has no \"lora\" "
                          "section): it is an ordinary run already, usable as it is")
@@ -21,7 +22,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         raise ValueError("OUT_DIR must differ from RUN_DIR: the merged run is a new run directory")
     if (out / "model.safetensors").exists() and not args.overwrite:
         raise ValueError(f"{out} already holds a model; pass --overwrite to replace it, or another OUT_DIR")
-    run = load_lm(run_dir)  # the base's weights (hash checked) + the adapters
+    run = load_lm(base)  # the base's weights (hash checked) + the adapters
     merge_lora(run.model)
     sections = {k: config[k] for k in ("data", "source") if k in config}
     sections["merged_from"] = {"run": str(run_dir.resolve()), "init_from": config["init_from"],

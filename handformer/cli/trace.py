@@ -38,7 +38,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     cfg = model_config_from_args(args.model, parse_overrides(args.set))
     model = build_model(cfg)
     rows = trace(model, args.batch_size, args.src_length, args.tgt_length)
-    print(f"{type(model).__name__} ({cfg.family}): {model.num_parameters():,} parameters")
+    print(f"{type(model).__name__} ({cfg.kind}): {model.num_parameters():,} parameters")
     print(format_trace(rows, args.depth))
     return 0
 

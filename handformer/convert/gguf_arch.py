@@ -34,7 +34,15 @@ import gguf
 import torch
 from torch import Tensor
 
-from handformer.config import CausalLMConfig, Llama3RopeScaling, LongRopeScaling, MoEConfig
+from handformer.config import (
+    CausalLMConfig,
+    FamilyConfig,
+    Llama3RopeScaling,
+    LongRopeScaling,
+    MoEConfig,
+    setting_name,
+    setting_value,
+)
 from handformer.families.catalogue import GGUF_ENTRIES, SPECS, spec_of
 from handformer.families.spec import GgufEntry
 from handformer.settings import is_int, is_number
@@ -73,7 +81,11 @@ _NOT_WRITTEN = {"qk_norm": ("none", "q/k norms"), "moe": (None, "mixture of expe
                 "nope_layers": ([], "layers without RoPE"), "rope_local_theta": (None, "second RoPE base"),
                 "attn_scale_dim": (None, "query scale of its own"),
                 "attn_softcap": (None, "soft-capped attention scores"),
-                "logit_softcap": (None, "soft-capped logits")}
+                "logit_softcap": (None, "soft-capped logits"),
+                "embedding_multiplier": (None, "embedding multiplier"),
+                "attention_multiplier": (None, "attention multiplier"),
+                "residual_multiplier": (None, "residual multiplier"),
+                "logits_scaling": (None, "logits scaling")}
 
 
 def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:
@@ -125,18 +137,19 @@ def _layer_problems(cfg: CausalLMConfig, family: Family) -> list[str]:
             problems.append(f"global_layers={cfg.global_layers!r} (llama.cpp's {name} makes layer i global "
                             f"when i % {family.swa_pattern} = {family.swa_pattern - 1}: {expected} for "
                             f"{cfg.n_layers} layers)")
-        local = cfg.rope_local_theta if cfg.rope_local_theta is not None else cfg.rope_theta
+        local = cfg.family.rope_local_theta if cfg.family.rope_local_theta is not None else cfg.rope_theta
         if family.local_rope_theta is not None and local != family.local_rope_theta:
-            setting = "rope_local_theta" if cfg.rope_local_theta is not None else "rope_theta"
+            setting = "family.rope_local_theta" if cfg.family.rope_local_theta is not None else "rope_theta"
             problems.append(f"{setting}={local!r} (llama.cpp's {name} turns the sliding layers' RoPE with "
                             f"base {family.local_rope_theta:g})")
-    if cfg.attn_scale_dim is not None and cfg.attn_scale_dim != cfg.head_dim:
-        problems.append(f"attn_scale_dim={cfg.attn_scale_dim!r} (llama.cpp's {name} divides scores by "
+    scale_dim = cfg.family.attn_scale_dim
+    if scale_dim is not None and scale_dim != cfg.head_dim:
+        problems.append(f"family.attn_scale_dim={scale_dim!r} (llama.cpp's {name} divides scores by "
                         f"sqrt(head_dim) = sqrt({cfg.head_dim}))")
     if family.softcaps:
         for setting in ("attn_softcap", "logit_softcap"):
-            if getattr(cfg, setting) is None:
-                problems.append(f"{setting}=None (llama.cpp's {name} always soft-caps "
+            if getattr(cfg.family, setting) is None:
+                problems.append(f"family.{setting}=None (llama.cpp's {name} always soft-caps "
                                 f"{'scores' if setting == 'attn_softcap' else 'logits'}; Gemma 2's are 50 "
                                 "and 30)")
     return problems
@@ -163,18 +176,20 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
         settings.pop("n_kv_heads")  # stated, but the same as None
     if cfg.sliding_window is not None and cfg.sliding_window >= cfg.max_positions:
         settings.pop("sliding_window", None)  # a window as long as the context: no window (noted)
-    problems = [f"{name}={getattr(cfg, name)!r} ({family.name} {why})"
-                for name, (value, why) in settings.items() if getattr(cfg, name) != value]
-    problems += [f"{name}={getattr(cfg, name)!r} (export-gguf writes no {what} for {family.name}; export-hf "
-                 "writes this run for transformers)" for name, (value, what) in _NOT_WRITTEN.items()
-                 if name not in family.writes and name not in settings and getattr(cfg, name) != value]
+    problems = [f"{setting_name(name)}={setting_value(cfg, name)!r} ({family.name} {why})"
+                for name, (value, why) in settings.items() if setting_value(cfg, name) != value]
+    problems += [f"{setting_name(name)}={setting_value(cfg, name)!r} (export-gguf writes no {what} for "
+                 f"{family.name}; export-hf writes this run for transformers)"
+                 for name, (value, what) in _NOT_WRITTEN.items()
+                 if name not in family.writes and name not in settings and setting_value(cfg, name) != value]
     problems += _layer_problems(cfg, family)
     if family.experts:
         problems += _expert_problems(cfg, family)
     nope = _nope_layers(family, cfg.n_layers) if family.nope_step else []
-    if family.nope_step and list(cfg.nope_layers) != nope:
-        problems.append(f"nope_layers={cfg.nope_layers!r} (llama.cpp's {family.name} leaves RoPE out of "
-                        f"layer i when (i + 1) % {family.nope_step} = 0: {nope} for {cfg.n_layers} layers)")
+    if family.nope_step and list(cfg.family.nope_layers) != nope:
+        problems.append(f"family.nope_layers={cfg.family.nope_layers!r} (llama.cpp's {family.name} leaves "
+                        f"RoPE out of layer i when (i + 1) % {family.nope_step} = 0: {nope} for "
+                        f"{cfg.n_layers} layers)")
     if family.longrope:
         if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, LongRopeScaling):
             problems.append(f"rope_scaling={cfg.rope_scaling!r} (llama.cpp's {family.name} takes LongRoPE "
@@ -408,9 +423,15 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
         if cfg.moe.d_expert is not None or not family.experts_d_ff:  # Mixtral's experts: d_ff wide
             writer.add_expert_feed_forward_length(cfg.moe.d_expert or cfg.d_ff)
         writer.add_float64(AUX_LOSS_KEY, cfg.moe.aux_loss_coef)
+    if family.multipliers:  # llama.cpp reads all four: none set is 1 (scores: 1/sqrt(head_dim))
+        f = cfg.family
+        writer.add_embedding_scale(f.embedding_multiplier or 1.0)
+        writer.add_attention_scale(f.attention_multiplier or cfg.head_dim ** -0.5)
+        writer.add_residual_scale(f.residual_multiplier or 1.0)
+        writer.add_logit_scale(f.logits_scaling or 1.0)
     if family.softcaps:
-        writer.add_attn_logit_softcapping(cfg.attn_softcap)
-        writer.add_final_logit_softcapping(cfg.logit_softcap)
+        writer.add_attn_logit_softcapping(cfg.family.attn_softcap)
+        writer.add_final_logit_softcapping(cfg.family.logit_softcap)
     if isinstance(cfg.rope_scaling, Llama3RopeScaling):
         for name, key in SCALING_KEYS.items():
             value = getattr(cfg.rope_scaling, name)
@@ -466,7 +487,7 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     Llama 3 scaling come from the tensors; see gguf_import)."""
     for template, (harmless, what) in _NOT_IMPLEMENTED.items():
         key = _key(family, template)
-        if ((family.softcaps and template in _SOFTCAPS)
+        if ((family.softcaps and template in _SOFTCAPS) or (family.multipliers and template in _MULTIPLIERS)
                 or (family.experts and template == gguf.Keys.LLM.EXPERT_COUNT)):
             continue
         if key in metadata and not harmless(metadata[key]):
@@ -512,12 +533,19 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
             d_expert=(_int(metadata, width, where, settings["d_ff"])
                       if width in metadata or not family.experts_d_ff else None),  # Mixtral: d_ff wide
             aux_loss_coef=metadata.get(AUX_LOSS_KEY, MoEConfig.aux_loss_coef))
+    if family.multipliers:
+        settings["family"] = FamilyConfig(**{name: _float(metadata, k(template), where, 1.0)
+                                             for template, name in _MULTIPLIERS.items()})
     settings.update({name: value for name, (value, _) in family.settings.items() if name != "n_kv_heads"})
     if "n_kv_heads" in family.settings and settings["n_kv_heads"] == n_heads:
         settings["n_kv_heads"] = None  # GPT-2's config says so by leaving it out
     return settings
 
 
+_MULTIPLIERS = {gguf.Keys.LLM.EMBEDDING_SCALE: "embedding_multiplier",  # Granite's, into its family section
+                gguf.Keys.Attention.SCALE: "attention_multiplier",
+                gguf.Keys.LLM.RESIDUAL_SCALE: "residual_multiplier",
+                gguf.Keys.LLM.LOGIT_SCALE: "logits_scaling"}
 _SOFTCAPS = {gguf.Keys.LLM.ATTN_LOGIT_SOFTCAPPING: ("attn_softcap", 50.0),  # llama.cpp's defaults
              gguf.Keys.LLM.FINAL_LOGIT_SOFTCAPPING: ("logit_softcap", 30.0)}
 

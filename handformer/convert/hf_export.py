@@ -37,7 +37,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from handformer.config import CausalLMConfig
+from handformer.config import CausalLMConfig, setting_name, setting_value
 from handformer.convert.hf_import import ARCHITECTURES as HF_CLASSES
 from handformer.convert.hf_weights import HEAD, instances
 from handformer.families.catalogue import SPECS, spec_of
@@ -55,6 +55,10 @@ FAMILY_SETTINGS: dict[str, tuple[Any, str]] = {
     "attn_scale_dim": (None, "a query scale of its own"),
     "attn_softcap": (None, "soft-capped attention scores"),
     "logit_softcap": (None, "soft-capped logits"),
+    "embedding_multiplier": (None, "embedding multiplier"),
+    "attention_multiplier": (None, "attention multiplier"),
+    "residual_multiplier": (None, "residual multiplier"),
+    "logits_scaling": (None, "logits scaling"),
 }
 
 
@@ -67,11 +71,11 @@ def hf_mismatches(cfg: CausalLMConfig, model_type: str) -> list[str]:
              "position": (spec.position, f"has {spec.position} positions"), **spec.fixed}
     if fixed.get("n_kv_heads", (0,))[0] is None and cfg.n_kv_heads == cfg.n_heads:
         fixed.pop("n_kv_heads")  # stated, but the same as None
-    problems = [f"{name}={getattr(cfg, name)!r} ({spec.name} {why})" for name, (value, why) in fixed.items()
-                if getattr(cfg, name) != value]
-    problems += [f"{name}={getattr(cfg, name)!r} ({spec.name} has no {what})"
+    problems = [f"{setting_name(name)}={setting_value(cfg, name)!r} ({spec.name} {why})"
+                for name, (value, why) in fixed.items() if setting_value(cfg, name) != value]
+    problems += [f"{setting_name(name)}={setting_value(cfg, name)!r} ({spec.name} has no {what})"
                  for name, (default, what) in FAMILY_SETTINGS.items()
-                 if name not in spec.may_set and getattr(cfg, name) != default]
+                 if name not in spec.may_set and setting_value(cfg, name) != default]
     scaling = cfg.rope_scaling
     if scaling is not None and not isinstance(scaling, spec.rope_scalings):
         what = " or ".join(f"'{c().type}'" for c in spec.rope_scalings)

@@ -18,6 +18,10 @@ torchtune's builders do), reusing its weights:
 | norm_placement = "reordered"     | OLMo 2              | olmo.ReorderedNormBlock                   |
 | qk_norm = "width"                | OLMo 2              | olmo.WidthQKNormAttention                 |
 | nope_layers                      | SmolLM3             | smollm.NoRopeAttention                    |
+| family.residual_multiplier       | Granite             | granite.GraniteBlock                      |
+| family.attention_multiplier      | Granite             | granite.GraniteAttention                  |
+| family.embedding_multiplier      | Granite             | granite.ScaledEmbedding                   |
+| family.logits_scaling            | Granite             | granite.ScaledHead                        |
 
 Everything that builds a model from a config (runs, imports, training, tracing) calls
 `build_causal_lm`; the variants' modules keep the lesson's parameter names, so state dicts,
@@ -32,6 +36,7 @@ from torch import nn
 
 from handformer.config import CausalLMConfig
 from handformer.families.gemma import GemmaAttention, LocalGlobalRotary, SandwichBlock, SoftcappedHead
+from handformer.families.granite import GraniteAttention, GraniteBlock, ScaledEmbedding, ScaledHead
 from handformer.families.olmo import ReorderedNormBlock, WidthQKNormAttention
 from handformer.families.smollm import NoRopeAttention
 from handformer.models.causal_lm import CausalLM
@@ -53,17 +58,30 @@ def _blocks(model: CausalLM, cfg: CausalLMConfig) -> None:
 # (does the config ask for it?, put it in place), applied in this order: blocks before attention.
 VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, CausalLMConfig], object]]] = [
     (lambda c: c.norm_placement in ("sandwich", "reordered"), _blocks),
-    (lambda c: c.attn_scale_dim is not None or c.attn_softcap is not None,
+    (lambda c: c.family.attn_scale_dim is not None or c.family.attn_softcap is not None,
      lambda m, c: replace_layers(m, _layers(m, "self_attn"), lambda a: GemmaAttention(
-         a, c.attn_scale_dim or c.head_dim, c.attn_softcap))),
+         a, c.family.attn_scale_dim or c.head_dim, c.family.attn_softcap))),
     (lambda c: c.qk_norm == "width",
      lambda m, c: replace_layers(m, _layers(m, "self_attn"), lambda a: WidthQKNormAttention(a, c))),
-    (lambda c: bool(c.nope_layers),
-     lambda m, c: replace_layers(m, _layers(m, "self_attn", lambda i: i in c.nope_layers), NoRopeAttention)),
-    (lambda c: c.logit_softcap is not None,
-     lambda m, c: replace_layers(m, {"lm_head": m.lm_head}, lambda h: SoftcappedHead(h, c.logit_softcap))),
-    (lambda c: c.rope_local_theta is not None,
+    (lambda c: bool(c.family.nope_layers),
+     lambda m, c: replace_layers(m, _layers(m, "self_attn", lambda i: i in c.family.nope_layers),
+                                 NoRopeAttention)),
+    (lambda c: c.family.logit_softcap is not None,
+     lambda m, c: replace_layers(m, {"lm_head": m.lm_head},
+                                 lambda h: SoftcappedHead(h, c.family.logit_softcap))),
+    (lambda c: c.family.rope_local_theta is not None,
      lambda m, c: replace_layers(m, {"rotary": m.rotary}, lambda r: LocalGlobalRotary(c))),
+    (lambda c: c.family.residual_multiplier is not None,
+     lambda m, c: replace_layers(m, _layers(m, ""), lambda b: GraniteBlock(b, c.family.residual_multiplier))),
+    (lambda c: c.family.attention_multiplier is not None,
+     lambda m, c: replace_layers(m, _layers(m, "self_attn"),
+                                 lambda a: GraniteAttention(a, c.family.attention_multiplier))),
+    (lambda c: c.family.embedding_multiplier is not None,
+     lambda m, c: replace_layers(m, {"embed": m.embed},
+                                 lambda e: ScaledEmbedding(e, c.family.embedding_multiplier))),
+    (lambda c: c.family.logits_scaling is not None,
+     lambda m, c: replace_layers(m, {"lm_head": m.lm_head},
+                                 lambda h: ScaledHead(h, c.family.logits_scaling))),
 ]
 
 

@@ -160,7 +160,7 @@ class LocalGlobalRotary(nn.Module):
         super().__init__()
         dims, positions = cfg.rotary_dim, cfg.max_positions
         self.global_rope = RotaryEmbedding(dims, positions, cfg.rope_theta, cfg.rope_scaling)
-        self.sliding_rope = RotaryEmbedding(dims, positions, cfg.rope_local_theta)
+        self.sliding_rope = RotaryEmbedding(dims, positions, cfg.family.rope_local_theta)
 
     def forward(self, position_ids: Tensor) -> dict[str, tuple[Tensor, Tensor]]:
         """(B, T) -> {"global": (cos, sin), "sliding": (cos, sin)}, each (B, 1, T, Dh)."""
@@ -239,8 +239,9 @@ def _gemma2(c: dict[str, Any]) -> CausalLMConfig:
 
 def _gemma2_keys(cfg: CausalLMConfig, rope_scaling: bool = True) -> dict[str, Any]:
     return {**rope_decoder_keys(cfg, rope_scaling), **_GELU,
-        "query_pre_attn_scalar": cfg.attn_scale_dim or cfg.head_dim,
-            "attn_logit_softcapping": cfg.attn_softcap, "final_logit_softcapping": cfg.logit_softcap,
+        "query_pre_attn_scalar": cfg.family.attn_scale_dim or cfg.head_dim,
+            "attn_logit_softcapping": cfg.family.attn_softcap,
+            "final_logit_softcapping": cfg.family.logit_softcap,
             "sliding_window": cfg.sliding_window, "layer_types": layer_types_keys(cfg)}
 
 
@@ -303,7 +304,7 @@ def _gemma3(c: dict[str, Any]) -> CausalLMConfig:
 
 def _gemma3_keys(cfg: CausalLMConfig) -> dict[str, Any]:
     """Gemma 2's keys with one RoPE per kind of layer."""
-    sliding = {"rope_type": "default", "rope_theta": cfg.rope_local_theta or cfg.rope_theta}
+    sliding = {"rope_type": "default", "rope_theta": cfg.family.rope_local_theta or cfg.rope_theta}
     return {**_gemma2_keys(cfg, rope_scaling=False),
             "rope_parameters": {"full_attention": rope_parameters_keys(cfg), "sliding_attention": sliding}}
 
@@ -322,7 +323,8 @@ GEMMA3_TEXT = FamilySpec(
     may_set=_GEMMA2_SETTINGS | {"qk_norm", "rope_local_theta"}, hf_keys=_SOFTCAP_KEYS, layer_types=True,
     rope_scalings=(LinearRopeScaling,), variants=(*_VARIANTS, "LocalGlobalRotary"),
     claims=((20,
-        lambda c: c.norm_placement == "sandwich" and (c.qk_norm == "head" or bool(c.rope_local_theta))),),
+        lambda c: c.norm_placement == "sandwich"
+        and (c.qk_norm == "head" or bool(c.family.rope_local_theta))),),
     look_alikes={"gemma3": "a Gemma 3 with vision (Gemma3ForConditionalGeneration); handformer imports "
                            "the text "
                            "models (model_type 'gemma3_text': Gemma 3 270M and 1B)"},

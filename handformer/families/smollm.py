@@ -39,7 +39,7 @@ def from_hf_config(c: dict[str, Any]) -> CausalLMConfig:
 def to_hf_config(cfg: CausalLMConfig) -> dict[str, Any]:
     return {**rope_decoder_keys(cfg), **qwen_window_keys(cfg), "attention_bias": cfg.bias,
         "mlp_bias": cfg.bias,
-            "no_rope_layers": [0 if i in cfg.nope_layers else 1 for i in range(cfg.n_layers)]}
+            "no_rope_layers": [0 if i in cfg.family.nope_layers else 1 for i in range(cfg.n_layers)]}
 
 
 GGUF = GgufEntry("smollm3", "smollm3", "SmolLM3", llama.GGUF_TENSORS,
@@ -53,7 +53,7 @@ SMOLLM3 = FamilySpec(
     may_set=frozenset({"global_layers", "nope_layers"}), hf_keys=frozenset({"no_rope_layers"}),
         layer_types=True,
     # layers without RoPE; else Llama's block whose layer_types mix sliding and global layers
-    claims=((40, lambda c: bool(c.nope_layers)), (90, lambda c: bool(c.global_layers))),
+    claims=((40, lambda c: bool(c.family.nope_layers)), (90, lambda c: bool(c.global_layers))),
     variants=("NoRopeAttention",), differences=Differences(positions="no RoPE in every fourth layer (NoPE)"))
 
 __all__ = ["NoRopeAttention", "SMOLLM3"]

@@ -87,6 +87,9 @@ class GgufEntry:
     experts_d_ff: bool = False  # the experts are d_ff wide unless the file says otherwise (Mixtral)
     longrope: bool = False  # Phi-3.5 / Phi-4-mini: LongRoPE as rope_factors_short / _long (Dr/2,)
     nope_step: int = 0  # SmolLM3: llama.cpp leaves RoPE out of layer i when (i + 1) % nope_step == 0
+    # Granite: {arch}.embedding_scale, .attention.scale, .residual_scale and .logit_scale hold the
+    # family section's four multipliers (gguf_arch writes and reads them)
+    multipliers: bool = False
     tokenizer_model: str | None = None  # a tokenizer.ggml.model llama.cpp named after this family
     pre_tokenizer: str | None = None  # a tokenizer.ggml.pre this family names
     also_recorded: tuple[str, ...] = ()  # other model_types a run exported here may have recorded

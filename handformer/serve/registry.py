@@ -56,7 +56,7 @@ def load_served_models(specs: list[str], device: str = "cpu") -> dict[str, Serve
         if task == "lm":  # loaded through its pipeline, prepared for decoding (tasks/lm/pipeline.py)
             served = ServedModel(name, run_dir, task, lm=load_lm(run, device, decoding=True))
         else:
-            served = ServedModel(name, run_dir, task, translator=Translator.load(run_dir, device))
+            served = ServedModel(name, run_dir, task, translator=Translator.load(run, device))
             prepare_for_decoding(served.translator.model)
         models[name] = served
     return models

@@ -89,7 +89,7 @@ def run_model_config(run_dir: str | os.PathLike, config: dict[str, Any], cls: ty
     section = config.get("model")
     if not isinstance(section, dict):
         raise ValueError(f"{path} lacks its \"model\" section (an object of model settings); {FIX}")
-    missing = [f for f in SIZE_FIELDS.get(cls.family, ()) if f not in section]
+    missing = [f for f in SIZE_FIELDS.get(cls.kind, ()) if f not in section]
     if missing:
         raise ValueError(f"{path}: the model section lacks {', '.join(missing)}, which fix the "
                          f"shapes of the weights; {FIX}")

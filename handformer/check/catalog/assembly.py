@@ -10,7 +10,8 @@ DIAGNOSES: list[Diagnosis] = [
       "x = self.pos(self.src_embed(src)), y = self.pos(self.tgt_embed(tgt)); nanoGPT: tok_emb + pos_emb. "
       "Without them attention sees a bag of tokens",
       "把位置编码加到词嵌入上，编码器-解码器的两端都要加：x = self.pos(self.src_embed(src))，"
-      "y = self.pos(self.tgt_embed(tgt))；nanoGPT 是 tok_emb + pos_emb。没有它，注意力看到的只是一袋 token",
+      "y = self.pos(self.tgt_embed(tgt))；nanoGPT 是 tok_emb + pos_emb。"
+      "没有它，注意力看到的只是一堆没有顺序的 token（词袋）",
       r"=\s*self\.\w*(embed|emb|lut|wte)\w*\(\w+\)\s*$", r"drop\w*\(\s*\w*emb\w*\s*\)", r"embed|emb"),
     d("pe_after_dropout", "the positional encoding is added after the dropout",
       "位置编码是在 dropout 之后才加上的",
@@ -25,10 +26,10 @@ DIAGNOSES: list[Diagnosis] = [
       "把它乘到嵌入上：return self.lut(x) * math.sqrt(self.d_model)（或者有意不缩放：GPT-2 和 Llama 都不乘）",
       r"return\s+self\.\w+\(\w+\)\s*$", r"=\s*self\.\w*(embed|emb|lut)\w*\(\w+\)\s*$", r"sqrt\("),
     d("final_norm_missing", "a pre-norm stack ends without its final norm",
-      "pre-norm 的堆栈最后没有归一化层",
+      "Pre-Norm 的层堆叠最后没有归一化层",
       "in a pre-norm stack each layer's output is not normed: end the encoder and the decoder with a norm, "
       "return self.norm(x) (nanoGPT's ln_f)",
-      "pre-norm 堆栈中每层的输出都没有归一化：编码器和解码器最后都要接一个归一化层，return self.norm(x)"
+      "Pre-Norm 堆叠中每层的输出都没有归一化：编码器和解码器最后都要接一个归一化层，return self.norm(x)"
       "（nanoGPT 的 ln_f）",
       r"^\s*\w+\s*=\s*block\(\w+\)\s*$", r"^\s*return\s+[a-z_]\w*\s*$", r"ln_f|norm"),
     d("causal_mask_missing", "the decoder-only model has no causal mask: every position sees the future",
@@ -60,16 +61,16 @@ DIAGNOSES: list[Diagnosis] = [
       "返回 score / length ** alpha 最高的已结束假设：max(finished, key=...)",
       r"return\s+finished\w*\[0\]", r"\[0\]", r"return"),
     d("beam_length_penalty_per_step", "the length penalty divides the running score at every step",
-      "长度惩罚在每一步都除一次累计得分",
+      "每一步都把累计得分除以一次长度惩罚",
       "keep the running score a plain sum of log-probabilities; divide by length ** alpha once, when a "
       "hypothesis finishes", "累计得分就是对数概率之和；只在假设结束时除一次 length ** alpha",
       r"\*\*\s*\(?alpha|\*\*\s*\(?length_penalty", r"alpha"),
     d("beam_one_not_greedy", "with beam size 1 and no length penalty the beam search is not greedy decoding",
-      "beam 为 1、没有长度惩罚时，束搜索与贪心解码不一致",
+      "束宽为 1（beam_size=1）、没有长度惩罚时，束搜索与贪心解码不一致",
       "each step scores the next token from the last position (out[:, -1]), adds log-probabilities and keeps "
       "the best: with one beam that is greedy decoding",
       "每一步用最后一个位置（out[:, -1]）给下一个 token 打分，累加对数概率，保留最好的："
-      "只有一个束时就是贪心解码",
+      "束宽为 1 时就是贪心解码",
       r"\[:, 0\]", r"generator\(", r"decode\("),
     d("train_step_loss_not_divided", "under gradient accumulation the micro-batches' losses are not divided "
       "by their number", "梯度累加时，各 micro-batch 的损失没有除以它们的个数",

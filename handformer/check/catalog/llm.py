@@ -84,7 +84,7 @@ DIAGNOSES: list[Diagnosis] = [
       "cos[offset : offset + T]",
       r"\[\s*:\s*(\w+\.)?(seq_len|seqlen|T|t|n|length)\b", r"\[\s*:", r"offset|start"),
     d("rope_rotation_sign", "the rotation goes the wrong way (rotate_half's minus sign on the wrong half)",
-      "旋转方向反了（rotate_half 的负号放错了一半）",
+      "旋转方向反了（rotate_half 的负号加在了另一半上）",
       "rotate_half(x) = torch.cat((-x2, x1), dim=-1), with x1, x2 = x.chunk(2, dim=-1)",
       "rotate_half(x) = torch.cat((-x2, x1), dim=-1)，其中 x1, x2 = x.chunk(2, dim=-1)",
       r"cat\(\s*[\(\[]\s*x2\s*,\s*-\s*x1", r"stack\(", r"cat\("),

@@ -34,7 +34,7 @@ DIAGNOSES: list[Diagnosis] = [
         "were counted in, not by their bytes",
         "出现次数相同的对，按被数到的先后选，而不是按字节比较",
         "break ties by the lexicographically greater pair: max(counts, key=lambda p: (counts[p], p))",
-        "并列时选字节序更大的一对：max(counts, key=lambda p: (counts[p], p))",
+        "并列时按字节的字典序，取更大的一对：max(counts, key=lambda p: (counts[p], p))",
         r"max\(.*key\s*=\s*\w+\.get",
         r"max\(|most_common\(",
         r"sorted\(",
@@ -65,7 +65,7 @@ DIAGNOSES: list[Diagnosis] = [
     d(
         "bpe_vocab_size_ignores_specials",
         "the number of merges leaves the special tokens out of vocab_size, so the vocabulary is too big",
-        "合并次数没有把特殊 token 算进 vocab_size，词表大了",
+        "合并次数没有把特殊 token 算进 vocab_size，词表超出了 vocab_size",
         "vocab_size counts everything: stop when len(vocab) == vocab_size, i.e. after vocab_size - 256 - "
         "len(special_tokens) merges",
         "vocab_size 包括全部 token：len(vocab) == vocab_size 时停下，也就是"

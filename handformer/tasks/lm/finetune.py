@@ -24,13 +24,13 @@ from typing import Any
 import torch
 
 from handformer.adapters.lora import LoRAConfig, add_lora, select_targets
-from handformer.config import CausalLMConfig
+from handformer.config import FAMILY_FIELDS, CausalLMConfig, setting_name
 from handformer.data.tokenizer import Tokenizer
 from handformer.families import build_causal_lm
 from handformer.generation.chat_template import TEMPLATE_FILE, TOKENIZER_CONFIG
 from handformer.io import atomic_write_bytes
 from handformer.models.causal_lm import CausalLM
-from handformer.tasks.run_config import read_run_config, run_model_config
+from handformer.tasks.run_config import RunDir
 from handformer.training.checkpoint import load_weights
 
 ADAPTERS_FILE = "adapters.safetensors"
@@ -40,9 +40,16 @@ FREE_MODEL_FIELDS = ("dropout", "attention_dropout")
 
 @dataclass
 class BaseRun:
-    path: Path  # the run directory, resolved
-    config: dict[str, Any]  # its config.json
+    run: RunDir  # the run directory and its config.json, read once
     model_cfg: CausalLMConfig
+
+    @property
+    def path(self) -> Path:  # resolved
+        return self.run.path.resolve()
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.run.config
 
 
 def read_base_run(init_from: str) -> BaseRun:
@@ -53,7 +60,8 @@ def read_base_run(init_from: str) -> BaseRun:
         raise FileNotFoundError(f"{where}: no such run directory; give a run trained with `handformer "
                                 "train` or imported with `handformer import-hf` or `import-llama2c`")
     try:
-        config = read_run_config(path)
+        run = RunDir.read(path)
+        config = run.config
         if config["task"] != "lm":
             raise ValueError(f"it holds a {config['task']!r} run; fine-tuning starts from a "
                              "language-model run (task 'lm')")
@@ -64,13 +72,13 @@ def read_base_run(init_from: str) -> BaseRun:
             source = config["quantization"].get("source_run", "the run it was quantized from")
             raise ValueError(f"it holds a model quantized to {config['quantization'].get('weights')}, whose "
                              f"weights cannot train; fine-tune the full-precision run ({source}) instead")
-        model_cfg = run_model_config(path, config, CausalLMConfig)
+        model_cfg = run.model_config(CausalLMConfig)
     except (ValueError, FileNotFoundError) as err:
         raise type(err)(f"{where}: {err}") from None
     for name in ("model.safetensors", "tokenizer.json"):
         if not (path / name).is_file():
             raise FileNotFoundError(f"{where} has no {name}")
-    return BaseRun(path.resolve(), config, model_cfg)
+    return BaseRun(run, model_cfg)
 
 
 def model_config_from_base(section: dict[str, tuple[Any, str | None]], base: BaseRun,
@@ -79,15 +87,28 @@ def model_config_from_base(section: dict[str, tuple[Any, str | None]], base: Bas
     (value, the preset it came from or None). Every field must agree with the base except
     FREE_MODEL_FIELDS, which a fine-tuning job may change; a disagreement names the field."""
     fields = base.model_cfg.to_dict()
-    CausalLMConfig.from_dict({**fields, **{k: v for k, (v, _) in section.items()}}, "model")  # unknown, bad
+    CausalLMConfig.from_dict(_with(fields, {k: v for k, (v, _) in section.items()}), "model")  # unknown, bad
     for key, (value, preset) in section.items():
-        if key not in FREE_MODEL_FIELDS and value != fields[key]:
+        ours = CausalLMConfig.from_dict(_with(fields, {key: value}), "model")
+        if key not in FREE_MODEL_FIELDS and ours != base.model_cfg:
             origin = f" (from preset {preset!r})" if preset else ""
+            theirs = fields.get(key, {}) if key == "family" or key in fields else getattr(base.model_cfg, key)
             raise ValueError(f"[model] {key}={value!r}{origin} disagrees with the run in [train] "
-                             f"init_from ({init_from} has {key}={fields[key]!r}); a fine-tuning job keeps "
-                             f"its base's architecture: remove [model] or make {key} agree")
+                             f"init_from ({init_from} has {setting_name(key)}={theirs!r}); a fine-tuning job "
+                             f"keeps its base's architecture: remove [model] or make {key} agree")
     free = {k: v for k, (v, preset) in section.items() if k in FREE_MODEL_FIELDS and preset is None}
     return CausalLMConfig.from_dict({**fields, **free}, "model")
+
+
+def _with(fields: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """A saved model section with `changes` made; family settings given flat go into its section."""
+    data = dict(fields)
+    for key, value in changes.items():
+        if key in FAMILY_FIELDS:
+            data["family"] = {**data.get("family", {}), key: value}
+        else:
+            data[key] = value
+    return data
 
 
 def check_lora_targets(model_cfg: CausalLMConfig, lora: LoRAConfig) -> None:

@@ -30,7 +30,7 @@ from handformer.inference.quant_int4 import check_group_size
 from handformer.io import atomic_write_bytes
 from handformer.tasks.lm.quantization import FORMATS, HEAD, Quantization
 from handformer.tasks.lm.run import load_lm, save_lm_run
-from handformer.tasks.run_config import read_run_config
+from handformer.tasks.run_config import RunDir
 
 
 def native_bf16(cpuinfo: str | None = None) -> tuple[bool, str]:
@@ -64,14 +64,15 @@ def quantize_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, weights
         raise ValueError(f"OUT_DIR must differ from RUN_DIR {run_dir}: the float run stays as it is")
     if (out_dir / "config.json").exists() and not overwrite:
         raise ValueError(f"{out_dir} already holds a run; choose another directory or pass --overwrite")
-    config = read_run_config(run_dir)  # refused from config.json alone, before loading the model
+    source = RunDir.read(run_dir)  # read once: refused from config.json alone, then loaded
+    config = source.config
     if "lora" in config:
         raise ValueError(f"{run_dir} holds LoRA adapters on a base run; fold them in first with "
                          f"`handformer merge {run_dir} MERGED` and quantize MERGED")
     if "quantization" in config:
         raise ValueError(f"{run_dir} is already quantized ({config['quantization']}); quantize "
                          "the float run it came from")
-    run = load_lm(run_dir)
+    run = load_lm(source)
     spec = Quantization(weights, head, group_size=group_size)
     names: list[str] = []
     model = run.model

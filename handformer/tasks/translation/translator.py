@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -15,19 +14,18 @@ from handformer.config import Seq2SeqConfig
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.decoding import DecodeLimits, beam_search, greedy_decode
 from handformer.models.seq2seq import Seq2SeqTransformer
-from handformer.tasks.run_config import read_run_config, run_model_config, weights_fix
+from handformer.tasks.run_config import RunDir, weights_fix
 from handformer.tasks.translation.job import TranslationJob, prep_text
 from handformer.training.checkpoint import load_weights
 
 
-def check_run_dir(run_dir: str | os.PathLike) -> tuple[Path, dict[str, Any]]:
-    """The run directory and its parsed config.json, once it has weights to load."""
-    run_dir = Path(run_dir)
-    config = read_run_config(run_dir)
-    if not (run_dir / "model.safetensors").exists():
-        raise FileNotFoundError(f"{run_dir} has no model.safetensors yet (training has not reached "
+def check_run_dir(run_dir: str | os.PathLike | RunDir) -> RunDir:
+    """The run directory read (once: a `RunDir` already read is kept), once it has weights to load."""
+    run = RunDir.read(run_dir)
+    if not (run.path / "model.safetensors").exists():
+        raise FileNotFoundError(f"{run.path} has no model.safetensors yet (training has not reached "
                                 "its first evaluation)")
-    return run_dir, config
+    return run
 
 
 def load_tokenizers(run_dir: Path) -> tuple[Tokenizer, Tokenizer]:
@@ -47,11 +45,13 @@ class Translator:
     device: torch.device
 
     @classmethod
-    def load(cls, run_dir: str | os.PathLike, device: str = "cpu") -> Translator:
-        run_dir, config = check_run_dir(run_dir)
+    def load(cls, run_dir: str | os.PathLike | RunDir, device: str = "cpu") -> Translator:
+        """The run in `run_dir` (a path, or a `RunDir` already read), ready to translate."""
+        run = check_run_dir(run_dir)
+        run_dir, config = run.path, run.config
         if config.get("task") != "translation":
             raise ValueError(f"{run_dir} holds a {config.get('task')!r} run, not a translation run")
-        model_cfg = run_model_config(run_dir, config, Seq2SeqConfig)
+        model_cfg = run.model_config(Seq2SeqConfig)
         try:
             job = TranslationJob.from_dict({k: v for k, v in config.items() if k != "model"})
         except ValueError as err:
