@@ -30,8 +30,9 @@ print(tr("{n} steps, last loss {loss:.3f}", n=len(losses), loss=losses[-1]))'''
 
 def check_cell(stem: str, plot: str) -> str:
     """The first code cell: the imports the chapter's plot cell uses, then the check."""
-    imports = ("import math\n" * ("math." in plot) + "import time\n" * ("time." in plot)
-               + "import matplotlib.pyplot as plt\n" * ("plt." in plot) + "import torch\n" * ("torch." in plot))
+    std = "import math\n" * ("math." in plot) + "import time\n" * ("time." in plot)
+    imports = "import matplotlib.pyplot as plt\n" * ("plt." in plot) + "import torch\n" * ("torch." in plot)
+    imports = f"{std}\n{imports}" if std else imports
     tr = "from handformer.course.lesson import tr  # printed lines and labels in the course's language\n"
     return f"{imports}\nfrom handformer.course import lesson\n{tr}\nok = lesson.check(\"{stem}\")"
 
