@@ -30,7 +30,9 @@ print(tr("{n} steps, last loss {loss:.3f}", n=len(losses), loss=losses[-1]))'''
 
 def check_cell(stem: str, plot: str) -> str:
     """The first code cell: the imports the chapter's plot cell uses, then the check."""
+    std = "import math\n" * ("math." in plot) + "import time\n" * ("time." in plot)
     imports = "import matplotlib.pyplot as plt\n" * ("plt." in plot) + "import torch\n" * ("torch." in plot)
+    imports = f"{std}\n{imports}" if std else imports
     tr = "from handformer.course.lesson import tr  # printed lines and labels in the course's language\n"
     return f"{imports}\nfrom handformer.course import lesson\n{tr}\nok = lesson.check(\"{stem}\")"
 
@@ -305,6 +307,96 @@ CHAPTERS = {
     plt.xlabel(tr("vocab_size (tokens in the vocabulary)"))
     plt.ylabel(tr("bytes per token"))
     plt.show()'''),
+    "ch13_gpt": (
+        ("Fill in `GPT` in `ch13_gpt.py`: your chapter-10 blocks between the embeddings and the head.",
+         "在 `ch13_gpt.py` 里写完 `GPT`：第 10 章的 Block 放在嵌入和输出头之间。"),
+        ("Your GPT before any training: its loss is close to ln(vocab_size), the loss of a uniform guess; and "
+         "changing the token at position 5 leaves the logits at positions 0-4 unchanged.",
+         "还没训练的 GPT：损失接近 ln(vocab_size)，也就是均匀乱猜的损失；改动位置 5 的 token，"
+         "位置 0-4 的 logits 一点都不变。"),
+        '''if ok:
+    chapter = lesson.fresh("ch13_gpt")
+    torch.manual_seed(0)
+    config = chapter.GPTConfig(vocab_size=65, block_size=64, n_layer=2, n_head=4, n_embd=64, d_ff=128)
+    model = chapter.GPT(config).eval()
+    idx = torch.randint(0, 65, (4, 32))  # (B, T)
+    logits = model(idx)  # (B, T, V)
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 65), idx[:, 1:].reshape(-1))
+    n = sum(p.numel() for p in model.parameters())
+    print(tr("{n} parameters; loss at initialisation {loss:.3f}, ln(vocab_size) = {ln:.3f}", n=n,
+             loss=loss.item(), ln=math.log(65)))
+    bumped = idx.clone()
+    bumped[:, 5] = (bumped[:, 5] + 1) % 65
+    moved = (model(bumped) - logits).abs().amax(dim=(0, 2)).detach()  # (T,)
+    plt.bar(range(32), moved)
+    plt.title(tr("the token at position 5 changed"))
+    plt.xlabel(tr("position"))
+    plt.ylabel(tr("largest change of the logits"))
+    plt.show()'''),
+    "ch14_llama": (
+        ("Fill in the functions and classes of `ch14_llama.py`: RoPE, `repeat_kv`, `GroupedQueryAttention`, "
+         "`LlamaBlock` and `Llama`.",
+         "在 `ch14_llama.py` 里写完 RoPE、`repeat_kv`、`GroupedQueryAttention`、`LlamaBlock` 和 `Llama`。"),
+        ("RoPE, measured with your functions: after the rotation the score of a query at position m and a key "
+         "at position n depends on m - n only, so the curves of different m lie on one another. Then what "
+         "grouped-query attention saves.",
+         "用你写的函数实测 RoPE：旋转之后，位置 m 的查询和位置 n 的键的得分只和 m - n 有关，"
+         "所以不同 m 的曲线叠在一起。再看分组查询注意力省了多少参数。"),
+        '''if ok:
+    chapter = lesson.fresh("ch14_llama")
+    torch.manual_seed(0)
+    freqs_cis = chapter.precompute_freqs_cis(16, 64)  # (P, Dh/2)
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)  # (B, T, H, Dh)
+    for m in (20, 40, 60):
+        scores = []
+        for n in range(m + 1):
+            qm, _ = chapter.apply_rotary_emb(q, q, freqs_cis[m:m + 1])
+            _, kn = chapter.apply_rotary_emb(k, k, freqs_cis[n:n + 1])
+            scores.append((qm * kn).sum().item())
+        plt.plot([m - n for n in range(m + 1)], scores, label=tr("query at position {m}", m=m))
+    plt.xlabel(tr("distance m - n"))
+    plt.ylabel(tr("score q·k after the rotation"))
+    plt.legend()
+    plt.show()
+    gqa = chapter.GroupedQueryAttention(d_model=64, n_heads=8, n_kv_heads=2)
+    mha = chapter.GroupedQueryAttention(d_model=64, n_heads=8, n_kv_heads=8)
+    print(tr("attention parameters: {gqa} with 2 key/value heads, {mha} with 8",
+             gqa=sum(p.numel() for p in gqa.parameters()), mha=sum(p.numel() for p in mha.parameters())))'''),
+    "ch15_kv_cache": (
+        ("Fill in `KVCache.update`, `attend`, `CachedLlama.forward` and `generate_with_cache` in "
+         "`ch15_kv_cache.py`.",
+         "在 `ch15_kv_cache.py` 里写完 `KVCache.update`、`attend`、`CachedLlama.forward` 和 "
+         "`generate_with_cache`。"),
+        ("The time of one new token, with your cache and without it: without it each token runs the whole "
+         "sequence again and the time grows with the position; with it, a call runs one token.",
+         "一个新 token 要花多少时间，用你的缓存和不用缓存对比：不用缓存时每个 token 都要把整个序列重算一遍，"
+         "时间随位置增长；用缓存时每次只算一个 token。"),
+        '''if ok:
+    chapter = lesson.fresh("ch15_kv_cache")
+    torch.manual_seed(0)
+    n = lesson.steps(256)
+    model = chapter.CachedLlama(vocab_size=65, d_model=128, n_layers=4, n_heads=8, n_kv_heads=2, d_ff=256,
+                                max_len=n).eval()
+    idx = torch.randint(0, 65, (1, n))  # (B, T)
+    cache, with_cache, without = model.new_cache(), [], []
+    with torch.no_grad():
+        for t in range(n):
+            start = time.perf_counter()
+            logits, cache = model(idx[:, t:t + 1], cache)
+            with_cache.append((time.perf_counter() - start) * 1000)
+            start = time.perf_counter()
+            full, _ = model(idx[:, :t + 1])
+            without.append((time.perf_counter() - start) * 1000)
+    err = (logits[:, -1] - full[:, -1]).abs().max().item()
+    print(tr("last position: logits with and without the cache differ by {err:.1e}", err=err))
+    plt.plot(without, label=tr("without the cache"))
+    plt.plot(with_cache, label=tr("with the cache"))
+    plt.xlabel(tr("position of the new token"))
+    plt.ylabel(tr("milliseconds"))
+    plt.legend()
+    plt.show()
+    out = chapter.generate_with_cache(model, idx[:, :4], 8)
+    print(tr("generated with the cache: {ids}", ids=out[0].tolist()))'''),
 }
 
 

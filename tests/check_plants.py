@@ -45,7 +45,8 @@ FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
             "d2l": FIXTURES / "learners_d2l", "nanogpt": FIXTURES / "learners_nanogpt",
             "sampling": FIXTURES / "learners_sampling", "training": FIXTURES / "learners_training",
             "assembly": FIXTURES / "learners_assembly", "model": FIXTURES / "learners_model",
-            "gpt": FIXTURES / "learners_gpt", "loop": FIXTURES / "learners_loop", "bpe": FIXTURES / "learners_bpe"}
+            "gpt": FIXTURES / "learners_gpt", "loop": FIXTURES / "learners_loop", "bpe": FIXTURES / "learners_bpe",
+            "cache": FIXTURES / "learners_cache"}
 
 TUTORIAL_PLANTS: dict[str, Plant] = {
     "no_scaling": Plant("no_scaling", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
@@ -413,8 +414,26 @@ BPE_PLANTS: dict[str, Plant] = {
         ('return data.decode("utf-8", errors="replace")', 'return data.decode("utf-8")')], "bpe"),
 }
 
+CACHE_UPDATE = "        k, v = cache.update(layer, k, v)  # (B, S, Hkv, Dh): the cached tokens, then these\n"
+CACHE_PLANTS: dict[str, Plant] = {
+    "kv_rope_no_offset": Plant("rope_no_offset", "kv_cache", [("freqs_cis[start:start + T])", "freqs_cis[:T])")],
+                               "cache"),
+    "kv_cache_not_advanced": Plant("kv_cache_not_advanced", "kv_cache", [
+        ("            cache.length += T\n", "            length = cache.length + T\n")], "cache"),
+    "kv_keys_rotated_twice": Plant("kv_keys_rotated_twice", "kv_cache", [
+        (CACHE_UPDATE, CACHE_UPDATE + "        _, k = apply_rotary_emb(k, k, freqs_cis[:k.size(1)])\n")], "cache"),
+    # the keys cached before RoPE, all of them rotated at their positions on reading: a convention
+    "kv_rotate_after_cache": Plant(None, "kv_cache", [
+        ("    q, k = apply_rotary_emb(q, k, freqs_cis[start:start + T])  # positions start .. start + T - 1\n"
+         + "    if cache is not None:\n" + CACHE_UPDATE,
+         "    if cache is not None:\n" + CACHE_UPDATE
+         + "    q, _ = apply_rotary_emb(q, q, freqs_cis[start:start + T])\n"
+         + "    _, k = apply_rotary_emb(k, k, freqs_cis[:k.size(1)])\n")], "cache"),
+}
+
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
-                            **ASSEMBLY_PLANTS, **MODEL_PLANTS, **GPT_PLANTS, **LOOP_PLANTS, **BPE_PLANTS}
+                            **ASSEMBLY_PLANTS, **MODEL_PLANTS, **GPT_PLANTS, **LOOP_PLANTS, **BPE_PLANTS,
+                            **CACHE_PLANTS}
 
 # Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
 # a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
@@ -466,6 +485,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("bpe_merges_across_pretokens", "bpe_special_token_split"), ("bpe_special_tokens_merged", "bpe_encode_merge_order"),
     ("bpe_ties_not_by_bytes", "bpe_decode_per_token"), ("bpe_counts_not_updated", "bpe_decode_strict"),
     ("bpe_quadratic_trainer", "bpe_overlapping_specials"), ("bpe_vocab_size_ignores_specials", "bpe_encode_across_pretokens"),
+    ("kv_rope_no_offset", "kv_keys_rotated_twice"), ("kv_cache_not_advanced", "kv_keys_rotated_twice"),
 ]
 
 

@@ -12,10 +12,10 @@ pair equals the output of something else). docs/check.md lists both with the rea
 
 from __future__ import annotations
 
-from handformer.check.catalog import assembly, components, llm, sampling, tokenizer, training
+from handformer.check.catalog import assembly, cache, components, llm, sampling, tokenizer, training
 from handformer.check.catalog.base import Diagnosis
 
-CHAPTERS = (components, llm, sampling, training, assembly, tokenizer)
+CHAPTERS = (components, llm, sampling, training, assembly, tokenizer, cache)
 CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in CHAPTERS for d in chapter.DIAGNOSES}
 
 
@@ -51,6 +51,8 @@ EXCLUSIVE: dict[frozenset[str], str] = {
         "named",
 }
 MASKING: dict[frozenset[str], str] = {
+    frozenset({"kv_cache_not_advanced", "rope_no_offset"}): "a cache that never moves on starts every call "
+        "at position 0, which is what a missing offset does: only the cache is named",
     frozenset({"ffn_no_down_projection", "residual_from_normed"}): "without the down projection the block "
         "cannot run (its FFN returns d_ff features), so nothing else in it can be seen",
     frozenset({"ffn_no_down_projection", "shared_norm"}): "the same: the block cannot run",

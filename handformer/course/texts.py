@@ -59,4 +59,22 @@ ZH: dict[str, str] = {
     "round trip: {same}": "编码再解码能还原：{same}",
     "vocab_size (tokens in the vocabulary)": "vocab_size（词表里的 token 数）",
     "bytes per token": "每个 token 平均几个字节",
+    # chapter 13
+    "{n} parameters; loss at initialisation {loss:.3f}, ln(vocab_size) = {ln:.3f}":
+        "参数 {n} 个；初始化时的损失 {loss:.3f}，ln(vocab_size) = {ln:.3f}",
+    "largest change of the logits": "logits 的最大变化",
+    # chapter 14
+    "distance m - n": "距离 m - n",
+    "query at position {m}": "查询在位置 {m}",
+    "score q·k after the rotation": "旋转之后的得分 q·k",
+    "attention parameters: {gqa} with 2 key/value heads, {mha} with 8":
+        "注意力的参数：2 个键/值头时 {gqa} 个，8 个时 {mha} 个",
+    # chapter 15
+    "last position: logits with and without the cache differ by {err:.1e}":
+        "最后一个位置：用缓存和不用缓存的 logits 相差 {err:.1e}",
+    "without the cache": "不用缓存",
+    "with the cache": "用缓存",
+    "position of the new token": "新 token 的位置",
+    "milliseconds": "毫秒",
+    "generated with the cache: {ids}": "用缓存生成的 token：{ids}",
 }
