@@ -2,8 +2,9 @@
 
 In one run, on the machine at hand:
 
-1. the memory read bandwidth: a streaming reduction over a tensor much larger than the caches,
-   timed in the same interleaved rounds as the decoding;
+1. the memory read bandwidth: a streaming reduction over a 1 GiB tensor, timed in the same
+   interleaved rounds as the decoding, the best round kept; the bound, bytes per token and MBU
+   (tokens/s over the bound) are handformer/inference/roofline.py's, as every decode benchmark's;
 2. a GPT-2-124M-shaped model (12 layers, 768 wide, 12 heads, vocab 50,257, tied head) and a
    Llama-style model of similar size (12 layers, 768 wide, 12 query / 4 key-value heads, SwiGLU
    2,048, vocab 32,000), random weights, greedy, batch 1, a 64-token prompt, 256 new tokens:
@@ -65,14 +66,15 @@ from baseline import BaselineWorker, Reply, comparison_table, resolved_threads  
 
 from handformer.config import CausalLMConfig  # noqa: E402
 from handformer.convert.hf_export import export_state_dict, hf_config  # noqa: E402
+from handformer.data.lookup import folder  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.inference.packed_linear import PackedLinear  # noqa: E402
 from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
 from handformer.inference.quant import quantize_linears  # noqa: E402
+from handformer.inference.roofline import bytes_per_token  # noqa: E402
 from handformer.inference.threads import default_threads, intra_op_threads  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 
-STORIES = Path(__file__).resolve().parents[2] / "shared" / "data" / "stories260K"
 SHAPES = {
     "gpt2-124M": lambda: CausalLMConfig.gpt2_style(vocab_size=50257, d_model=768, n_heads=12, d_ff=3072,
                                                    n_layers=12, max_positions=2048, dropout=0.0),
@@ -88,28 +90,6 @@ def bandwidth(data: torch.Tensor) -> float:
     start = time.perf_counter()
     data.sum()
     return data.numel() * data.element_size() / (time.perf_counter() - start)
-
-
-def bytes_per_token(model: CausalLM, kv_length: float) -> float:
-    """Bytes one decoding step reads: every weight as stored (parameters, and int8 weights with their
-    scales), except the lookup tables (token and learned-position embeddings) of which it reads one
-    row each, unless the token table is also the output head; plus the K and V cache of
-    `kv_length` positions (in the activations' dtype). Rotary cos/sin rows are a few hundred
-    bytes: not counted."""
-    cfg = model.cfg
-    head = getattr(model.lm_head, "weight", None)
-    lookups = {id(model.embed.weight)} | {id(p) for p in model.positions.parameters()}
-    total, seen = 0.0, set()
-    quantized = ("lm_head.weight", "proj.weight", "scales", "zeros")  # Int8Linear / Int4Linear buffers
-    stored = list(model.parameters()) + [b for name, b in model.named_buffers() if name.endswith(quantized)]
-    for t in stored:
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        rows = t.shape[1] * t.element_size() if id(t) in lookups and t is not head else None
-        total += rows if rows is not None else t.numel() * t.element_size()
-    cache_bytes = model.embed.weight.element_size()  # the activations' dtype: fp32, or bf16 for bf16 runs
-    return total + 2 * cfg.n_layers * cfg.kv_heads * cfg.head_dim * cache_bytes * kv_length
 
 
 def hf_twin(model: CausalLM):
@@ -149,7 +129,7 @@ def timed(fn: Callable[[], object]) -> float:
 def rounds(cases: dict[str, Callable[[], object]], n: int, data: torch.Tensor | None = None,
            runs: dict[str, list[tuple[float, object]]] | None = None) -> dict[str, float]:
     """Median seconds of each case over `n` interleaved rounds, every other one in reverse order
-    (bandwidth in bytes/s under "bw"). A case that returns a baseline `Reply` counts the seconds the
+    (the best bandwidth in bytes/s under "bw"). A case that returns a baseline `Reply` counts the seconds the
     worker measured around its call. `runs`, if given, receives each case's (seconds, result) of
     every round."""
     for fn in cases.values():
@@ -170,7 +150,7 @@ def rounds(cases: dict[str, Callable[[], object]], n: int, data: torch.Tensor | 
                 runs.setdefault(name, []).append((seconds, out))
     medians = {k: statistics.median(v) for k, v in times.items()}
     if bws:
-        medians["bw"] = statistics.median(bws)
+        medians["bw"] = max(bws)  # the read bandwidth: the best streaming read (inference/roofline.py)
     return medians
 
 
@@ -205,8 +185,9 @@ def compile_line(model: CausalLM, prompt: list[int], n: int, eager_seconds: floa
             f"eager), compile {first - steady:.1f} s, {pays}")
 
 
-def llama2c(run_c: str, new_tokens: int, n: int, stories: Path = STORIES) -> float | None:
+def llama2c(run_c: str, new_tokens: int, n: int, stories: Path | None = None) -> float | None:
     """run.c's own tokens/s on stories260K, median of `n` runs (greedy)."""
+    stories = stories or folder("stories260K")
     model, tok = stories / "stories260K.bin", stories / "tok512.bin"
     if not model.is_file() or not tok.is_file():
         raise FileNotFoundError(f"no stories260K.bin and tok512.bin in {stories}; give --stories DIR")
@@ -354,7 +335,7 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor,
               f"{case} {auto[case]}" for case in cases if case in auto and case != "handformer fp32"))
     compare_tokens("batch 1", {case: runs[case][0][1] for case in cases if case != "HF generate fp32"},
                    runs["HF generate fp32"][0][1], mismatches)
-    print(f"  {'':33} {'tokens/s':>9} {'bound':>8} {'of bound':>9} {'vs fp32':>8}")
+    print(f"  {'':33} {'tokens/s':>9} {'bound':>8} {'MBU':>9} {'vs fp32':>8}")
     shown = [("handformer fp32", model)] + [(c, model) for c in med if c.endswith(("threads", "nn.Linear"))]
     for case, m in (*shown, ("HF generate fp32", model), ("handformer int8", int8),
                     ("handformer int8, head fp32", int8_body), ("handformer int4 (groups of 32)", int4),
@@ -423,8 +404,8 @@ def main() -> None:
     parser.add_argument("--batch-new-tokens", type=int, default=64)
     parser.add_argument("--bandwidth-mib", type=int, default=1024, help="size of the streamed tensor")
     parser.add_argument("--run-c", help="path of a compiled llama2.c `run` binary (for the tiny model)")
-    parser.add_argument("--stories", type=Path, default=STORIES,
-                        help="folder with llama2.c's stories260K.bin and tok512.bin")
+    parser.add_argument("--stories", type=Path, default=None,
+                        help="folder with llama2.c's stories260K.bin and tok512.bin (default: the dataset)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--compile", action="store_true", help="also time generate(compile_step=True)")
     parser.add_argument("--baseline", type=Path, help="another handformer checkout to time beside this one")

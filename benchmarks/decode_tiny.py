@@ -5,7 +5,7 @@ Two models, batch 1, greedy, 256 new tokens, `generate` as `handformer generate`
 intra-op thread for a model this small, `default_threads`):
 - "tiny": the 5-layer, 64-wide Llama of benchmarks/decode_limit.py (8 / 4 heads, vocab 512, random
   weights), a 64-token prompt;
-- "stories260K": llama2.c's trained stories260K (`import-llama2c` of ../shared/data/stories260K),
+- "stories260K": llama2.c's trained stories260K (`import-llama2c` of the stories260K dataset, docs/data.md),
   from BOS, beside Hugging Face's LlamaForCausalLM on the same weights (`export-hf`) and, with
   --run-c, llama2.c's own run.c.
 
@@ -24,6 +24,10 @@ The tokens of every case are compared with the default's, and each baseline case
 a table gives each twin pair (worker of this checkout, worker of DIR) its medians and their ratio,
 in wall seconds and in the CPU seconds of each process (one intra-op thread: the work itself, which
 a neighbour's load disturbs much less).
+
+Each model's bandwidth bound and every case's MBU (handformer/inference/roofline.py, one thread):
+the weights sit in the cache and each step is per-operation overhead, so MBU is a few percent and
+means little; run.c is the yardstick here.
 
     python benchmarks/decode_tiny.py --baseline /tmp/main_src --run-c /tmp/l2c/run
 """
@@ -48,16 +52,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from baseline import BaselineWorker, comparison_table, resolved_threads  # noqa: E402
 
 from handformer.config import CausalLMConfig  # noqa: E402
+from handformer.data.lookup import folder  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.inference.packed_linear import pack_linears  # noqa: E402
 from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
+from handformer.inference.roofline import bound, read_bandwidth  # noqa: E402
 from handformer.inference.threads import default_threads  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 from handformer.tasks.lm.exports import export_hf  # noqa: E402
 from handformer.tasks.lm.imports import import_llama2c  # noqa: E402
 from handformer.tasks.lm.run import load_lm  # noqa: E402
 
-STORIES = ROOT.parent / "shared" / "data" / "stories260K"
 TINY = dict(vocab_size=512, d_model=64, n_heads=8, n_kv_heads=4, d_ff=172, n_layers=5, max_positions=2048)
 
 def timed_generate(model: CausalLM, prompt: list[int], n: int) -> tuple[float, list[int], float]:
@@ -92,9 +97,10 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--baseline", type=Path, help="another handformer checkout to time beside this one")
     parser.add_argument("--run-c", help="path of a compiled llama2.c `run` binary")
-    parser.add_argument("--stories", type=Path, default=STORIES,
-                        help="folder with stories260K.bin and tok512.bin")
+    parser.add_argument("--stories", type=Path, default=None,
+                        help="folder with stories260K.bin and tok512.bin (default: the dataset)")
     args = parser.parse_args()
+    args.stories = args.stories or folder("stories260K")
     torch.set_num_threads(1)  # Hugging Face and run.c on one thread too, as `generate` for these models
     n = args.new_tokens
     with tempfile.TemporaryDirectory() as tmp:
@@ -155,19 +161,23 @@ def main() -> None:
                     twin_same[name, kind] = twin_same.get((name, kind), True) and tokens == ours
         for worker in filter(None, (baseline, this)):
             worker.close()
+    bandwidth = read_bandwidth(1)
     print(f"torch {torch.__version__}, batch 1, greedy, {n} new tokens, 1 thread, medians of {args.rounds} "
-          "interleaved rounds (shared CPU: other jobs make rounds vary)")
+          f"interleaved rounds (shared CPU: other jobs make rounds vary), read bandwidth "
+          f"{bandwidth / 1e9:.1f} GB/s")
     for name in models:
         base = statistics.median(times[name, "default"])
         about = "prompt: BOS" if name == "stories260K" else "random weights, 64-token prompt"
-        print(f"\n{name} ({about})")
+        limit = bound(bandwidth, models[name]["default"], len(prompts[name]) + n / 2)
+        print(f"\n{name} ({about}), bound {limit:.0f} tokens/s")
         for (model_name, case), values in times.items():
             if model_name != name:
                 continue
             median = statistics.median(values)
             tokens = "" if (model_name, case) not in same else (
                 "  same tokens" if same[model_name, case] else "  DIFFERENT tokens")
-            print(f"  {case:16s} {n / median:9.1f} tokens/s  default / this {median / base:5.2f}x  "
+            print(f"  {case:16s} {n / median:9.1f} tokens/s  MBU {n / median / limit:5.2f}  "
+                  f"default / this {median / base:5.2f}x  "
                   f"rounds: {', '.join(f'{n / v:.0f}' for v in values)}{tokens}")
         if baseline:  # this checkout's worker against the baseline's
             rows = [(kind, times[name, f"worker {kind}"], times[name, f"baseline {kind}"],

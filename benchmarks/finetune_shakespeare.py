@@ -3,7 +3,7 @@
 Bases (built once, kept in OUT; `--bases` picks them):
 - `stories260K`: llama2.c's real model trained on TinyStories (260K parameters, a 512-token
   sentencepiece tokenizer with byte fallback), imported with `handformer import-llama2c` from
-  ../shared/data/stories260K;
+  the stories260K dataset (found or fetched as docs/data.md says);
 - `gpt2`: the baby GPT of configs/shakespeare_char.toml (GPT-2 style, 0.8M parameters) trained on
   Python's reference documentation (the embedded pydoc corpus) instead of Shakespeare, so that
   fine-tuning has a style to shift;
@@ -38,12 +38,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from handformer.data.lookup import folder, locate  # noqa: E402
 from handformer.data.text import load_text, split_text  # noqa: E402
 from handformer.tasks.lm.run import load_lm  # noqa: E402
 from handformer.tasks.lm.scoring import score_text  # noqa: E402
 
-SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
-STORIES = ROOT.parent / "shared" / "data" / "stories260K"
 BASES = ("stories260K", "gpt2", "llama")
 BLOCK = {"stories260K": 128, "gpt2": 64, "llama": 64}  # tokens per training and scoring window
 # Runs the command line in a child process and prints its peak resident memory at exit.
@@ -108,7 +107,8 @@ def build_bases(names: list[str], out: Path, args: argparse.Namespace) -> dict[s
     if "llama" in names and not (bases["llama"] / "model.safetensors").is_file():
         make_llama(bases["llama"], gpt2 / "tokenizer.json", args.seed)
     if "stories260K" in names and not (bases["stories260K"] / "model.safetensors").is_file():
-        handformer("import-llama2c", str(STORIES / "stories260K.bin"), str(STORIES / "tok512.bin"),
+        stories = folder("stories260K")
+        handformer("import-llama2c", str(stories / "stories260K.bin"), str(stories / "tok512.bin"),
                    str(bases["stories260K"]), "--overwrite")
     return bases
 
@@ -128,8 +128,9 @@ def main() -> None:
     out = (ROOT / args.out).resolve()
     bases = build_bases(args.bases, out, args)
 
-    val_text = split_text(load_text(str(SHAKESPEARE)), 0.1)[1]
-    common = ["--set", f"data.path={SHAKESPEARE}", "--set", "data.batch_size=12", "--set",
+    shakespeare = locate("tinyshakespeare", "input.txt")
+    val_text = split_text(load_text(str(shakespeare)), 0.1)[1]
+    common = ["--set", f"data.path={shakespeare}", "--set", "data.batch_size=12", "--set",
               f"train.threads={args.threads}", "--set", "data.eval_batches=20", "--set",
               f"train.steps={args.steps}",
               "--set", "train.warmup=50", "--set", f"train.eval_every={args.steps // 2}", "--set",

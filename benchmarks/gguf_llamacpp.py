@@ -9,13 +9,15 @@ Shakespeare with configs/shakespeare_char_modern.toml) and each export type (f32
   llama.cpp (float32 KV cache) and in transformers' GGUF loader;
 - decoding speed, one thread, rounds interleaved, medians: handformer `generate` (KV cache,
   greedy, stop tokens off) and llama.cpp's `generate` loop for the same N_NEW tokens; the ratio
-  llama.cpp / handformer in tokens per second.
+  llama.cpp / handformer in tokens per second; the bandwidth bound and MBU of each
+  (handformer/inference/roofline.py, the fp32 weights' bytes, one thread; both models sit in the
+  cache, so the bound means little).
 
     python benchmarks/gguf_llamacpp.py                     # trains the Shakespeare model first
     python benchmarks/gguf_llamacpp.py --run runs/shakespeare_char_modern --rounds 5
 
 Needs llama-cpp-python (CMAKE_ARGS="-DGGML_BLAS=OFF -DLLAVA_BUILD=OFF" pip install
-llama-cpp-python==0.3.36, a source build) and ../shared/data (tinyshakespeare, stories260K).
+llama-cpp-python==0.3.36, a source build) and the tinyshakespeare and stories260K datasets (docs/data.md).
 """
 
 from __future__ import annotations
@@ -35,11 +37,12 @@ sys.path.insert(0, str(ROOT))
 
 from handformer.cli import main as handformer  # noqa: E402
 from handformer.convert.gguf_export import TYPES  # noqa: E402
+from handformer.data.lookup import locate  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
+from handformer.inference.roofline import bound, read_bandwidth  # noqa: E402
 from handformer.tasks.lm.exports import export_gguf  # noqa: E402
 from handformer.tasks.lm.run import LMRun, load_lm  # noqa: E402
 
-DATA = ROOT.parent / "shared" / "data"
 N_NEW = 200
 F32 = 0  # GGML_TYPE_F32: llama.cpp's KV cache in float32
 
@@ -84,6 +87,7 @@ def measure(label: str, run_dir: Path, prompt_ids: list[int], rounds: int, folde
     with torch.no_grad():
         expected = run.model(torch.tensor([prompt_ids])).logits[0]
     reference = generate(run.model, [prompt_ids], n, temperature=0)[0]
+    limit = bound(read_bandwidth(1), run.model, len(prompt_ids) + n / 2)  # tokens/s
     rows = []
     for type_name in TYPES:
         path = folder / f"{label}.{type_name}.gguf"
@@ -104,7 +108,7 @@ def measure(label: str, run_dir: Path, prompt_ids: list[int], rounds: int, folde
         llm.close()
         hf_delta = transformers_delta(folder, path.name, prompt_ids, expected)
         rows.append((label, type_name, path.stat().st_size / 1e6, agreement(tokens, reference), n, cpp_delta,
-                     hf_delta, n / statistics.median(ours), n / statistics.median(theirs)))
+                     hf_delta, n / statistics.median(ours), n / statistics.median(theirs), limit))
     return rows
 
 
@@ -118,24 +122,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         stories = folder / "stories260K"
-        handformer(["import-llama2c", str(DATA / "stories260K" / "stories260K.bin"),
-                    str(DATA / "stories260K" / "tok512.bin"), str(stories)])
+        handformer(["import-llama2c", str(folder("stories260K") / "stories260K.bin"),
+                    str(folder("stories260K") / "tok512.bin"), str(stories)])
         shakespeare = args.run
         if shakespeare is None:
             shakespeare = folder / "shakespeare"
             handformer(["train", "--config", str(ROOT / "configs" / "shakespeare_char_modern.toml"), "--out",
-                        str(shakespeare), "--set", f"data.path={DATA / 'tinyshakespeare' / 'input.txt'}",
+                        str(shakespeare), "--set", f"data.path={locate('tinyshakespeare', 'input.txt')}",
                         "--set", f"train.steps={args.steps}", "--set", "train.progress=false"])
         text = load_lm(shakespeare).tokenizer.encode("ROMEO:\n")
         rows = (measure("stories260K", stories, [1] + load_lm(stories).tokenizer.encode("Once upon a time"),
                         args.rounds, folder)
                 + measure("shakespeare", shakespeare, text, args.rounds, folder))
     print(f"\n{'model':<12} {'type':<5} {'MB':>6} {'greedy agree':>13} {'max|dlogit| llama.cpp':>22} "
-          f"{'transformers':>13} {'handformer tok/s':>17} {'llama.cpp tok/s':>16} {'ratio':>6}")
-    for label, type_name, mb, agree, n, cpp, hf, ours, theirs in rows:
+          f"{'transformers':>13} {'handformer tok/s':>17} {'llama.cpp tok/s':>16} {'ratio':>6} {'bound':>7} "
+          f"{'MBU':>5} {'MBU cpp':>7}")
+    for label, type_name, mb, agree, n, cpp, hf, ours, theirs, limit in rows:
         hf_text = f"{hf:.2e}" if hf is not None else "n/a"
         print(f"{label:<12} {type_name:<5} {mb:>6.2f} {f'{agree}/{n}':>13} {cpp:>22.2e} {hf_text:>13} "
-              f"{ours:>17.0f} {theirs:>16.0f} {theirs / ours:>6.2f}")
+              f"{ours:>17.0f} {theirs:>16.0f} {theirs / ours:>6.2f} {limit:>7.0f} {ours / limit:>5.2f} "
+              f"{theirs / limit:>7.2f}")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Benchmark: the three grammar engines for JSON-schema decoding, side by side, on a GPT-2-sized
 vocabulary: llguidance, xgrammar and outlines-core (whichever are installed).
 
-The vocabulary: a byte-level BPE of 50,257 tokens (GPT-2's size) trained on ../shared/data
-(tinyshakespeare and Multi30k, ~7.5 M characters), its tokens' bytes read by
-handformer/data/token_bytes.py, as serve wires a run's own tokenizer. For each schema and each
-engine:
+The vocabulary: a byte-level BPE of 50,257 tokens (GPT-2's size) trained on
+tiny Shakespeare and Multi30k (~7.5 M characters; docs/data.md: where they are looked for), its
+tokens' bytes read by handformer/data/token_bytes.py, as serve wires a run's own tokenizer. For
+each schema and each engine:
 
 - compile: the time from the schema to a matcher ready for its first mask (the tokenizer itself
   is prepared once per engine, timed apart: `setup`);
@@ -36,10 +36,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from handformer.data.lookup import folder, locate  # noqa: E402
 from handformer.data.token_bytes import token_bytes  # noqa: E402
 from handformer.data.tokenizer import Tokenizer  # noqa: E402
 
-DATA = ROOT / ".." / "shared" / "data"
 SCHEMAS = {
     "flat": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
                                               "age": {"type": "integer", "minimum": 0, "maximum": 120}},
@@ -62,8 +62,8 @@ SCHEMAS = {
 
 
 def gpt2_sized_tokenizer() -> Tokenizer:
-    texts = [(DATA / "tinyshakespeare" / "input.txt").read_text()]
-    texts += [gzip.open(p, "rt", encoding="utf-8").read() for p in sorted((DATA / "multi30k").glob("*.gz"))]
+    texts = [locate("tinyshakespeare", "input.txt").read_text()]
+    texts += [gzip.open(p, "rt", encoding="utf-8").read() for p in sorted(folder("multi30k").glob("*.gz"))]
     tok = Tokenizer.train_bpe(texts, 50257, min_frequency=1)
     assert tok.vocab_size == 50257, tok.vocab_size
     return tok

@@ -12,14 +12,16 @@ Each round, in turn (rounds interleaved, medians reported, because this machine'
 The tokens of handformer and transformers are compared. Threads are matched: handformer and
 transformers share this process's `--threads` torch threads; run.c gets OMP_NUM_THREADS=--threads
 (a plain `make run` build is single-threaded whatever it is given: pass `--threads 1` beside it,
-or build `make runomp`).
+or build `make runomp`). Each line has tokens/s, the bandwidth bound and MBU
+(handformer/inference/roofline.py); stories260K's 1 MB of weights sit in the cache, so the bound
+means little (MBU is a few percent: each step is operator overhead) and run.c is the yardstick.
 
 Target of the project: 256 tokens in at most 0.5 s (start-up aside).
 
     python benchmarks/llama2c_decode.py                       # 7 rounds, 1 thread
     python benchmarks/llama2c_decode.py --run-c /tmp/llama2.c/run --threads 2
 
-Reads ../shared/data/stories260K (see the README there); needs `transformers`.
+Reads the stories260K dataset (docs/data.md: where it is looked for); needs `transformers`.
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from handformer.data.lookup import folder  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
+from handformer.inference.roofline import bound, read_bandwidth, roofline_line  # noqa: E402
 from handformer.tasks.lm.exports import export_hf  # noqa: E402
 from handformer.tasks.lm.imports import import_llama2c  # noqa: E402
 from handformer.tasks.lm.run import LMRun, load_lm  # noqa: E402
 
-DATA = ROOT / ".." / "shared" / "data" / "stories260K"
 N_NEW = 256
 
 
@@ -75,7 +78,8 @@ def time_hf(hf: torch.nn.Module) -> tuple[float, list[int]]:
 
 def time_run_c(binary: str, threads: int) -> float:
     """Seconds for 256 tokens at run.c's own reported rate, on `threads` OpenMP threads."""
-    out = subprocess.run([binary, str(DATA / "stories260K.bin"), "-z", str(DATA / "tok512.bin"), "-t", "0",
+    data = folder("stories260K")
+    out = subprocess.run([binary, str(data / "stories260K.bin"), "-z", str(data / "tok512.bin"), "-t", "0",
                           "-n", str(N_NEW + 1)], capture_output=True, text=True, check=True,
                          env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     rate = float(re.search(r"achieved tok/s: ([0-9.]+)", out.stderr).group(1))
@@ -90,7 +94,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        import_llama2c(DATA / "stories260K.bin", DATA / "tok512.bin", Path(tmp) / "run")
+        import_llama2c(folder("stories260K") / "stories260K.bin", folder("stories260K") / "tok512.bin",
+                      Path(tmp) / "run")
         run = load_lm(Path(tmp) / "run")
         hf = hf_model(Path(tmp) / "run")
     time_handformer(run), time_hf(hf)  # warm-up
@@ -108,11 +113,12 @@ def main() -> None:
           f"thread(s) for every side (run.c: OMP_NUM_THREADS={args.threads}), "
           f"{args.rounds} interleaved rounds (medians; the CPU is shared, so rounds vary)")
     base = statistics.median(times["handformer"])
+    limit = bound(read_bandwidth(args.threads), run.model, 1 + N_NEW / 2)  # in the cache: means little
     for name, values in times.items():
         if values:
             median = statistics.median(values)
             rounds = ", ".join(f"{v:.3f}" for v in values)
-            print(f"  {name:12s} {median:7.3f} s  {N_NEW / median:8.1f} tokens/s  time = "
+            print(f"  {name:12s} {median:7.3f} s  {roofline_line(N_NEW / median, limit)}  time = "
                   f"{median / base:5.2f}x handformer's  rounds: {rounds}")
     print(f"  target: <= 0.5 s -> {'met' if base <= 0.5 else 'NOT met'}; "
           f"handformer and transformers tokens {'equal' if same else 'DIFFER'}")

@@ -48,6 +48,7 @@ from baseline import BaselineWorker, comparison_table, resolved_threads  # noqa:
 from handformer.config import CausalLMConfig  # noqa: E402
 from handformer.convert.hf_weights import load_hf_into  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
+from handformer.inference.roofline import bound, read_bandwidth, roofline_line  # noqa: E402
 from handformer.inference.threads import default_threads, intra_op_threads  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 from handformer.training.cpu_memory import keep_freed_memory  # noqa: E402
@@ -217,11 +218,12 @@ def generation_throughput(args: argparse.Namespace, hf: torch.nn.Module, ours: C
     seconds, outputs["handformer (no cache)"] = time_generation(ours_generate(False))
     best["handformer (no cache)"] = seconds  # one run: it is slow, and there is no warm-up effect
 
+    limit = bound(read_bandwidth(threads), ours, args.prompt + new_tokens / 2)  # inference/roofline.py
     print(f"\ngeneration, greedy, batch 1, prompt {args.prompt} tokens, {new_tokens} new tokens:")
     ref = outputs["handformer (cache)"]
     for name, seconds in best.items():
         same = sum(a == b for a, b in zip(outputs[name], ref, strict=True))
-        print(f"  {name:29s} {new_tokens / seconds:9.1f} tokens/s  ({seconds:6.2f} s)  "
+        print(f"  {name:29s} {roofline_line(new_tokens / seconds, limit)}  ({seconds:6.2f} s)  "
               f"tokens equal to handformer (cache): {same}/{new_tokens}")
     hf_ratio = best["huggingface generate"] / best["handformer (cache)"]
     cache_ratio = best["handformer (no cache)"] / best["handformer (cache)"]

@@ -37,15 +37,15 @@ sys.path.insert(0, str(ROOT))
 
 from handformer.adapters.lora import LoRAConfig, LoRALinear, add_lora  # noqa: E402
 from handformer.convert.hf_weights import model_from_hf  # noqa: E402
-
-SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
+from handformer.data.lookup import find  # noqa: E402
 
 
 def batches(args: argparse.Namespace, n: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int, str]:
     """n batches of (x, y) windows and the vocabulary size."""
     gen = torch.Generator().manual_seed(args.seed)
-    if SHAKESPEARE.is_file():
-        text = SHAKESPEARE.read_text()
+    shakespeare = find("tinyshakespeare", "input.txt")  # on this machine (docs/data.md); never downloaded
+    if shakespeare is not None:
+        text = shakespeare.read_text()
         chars = sorted(set(text))
         ids = torch.tensor([chars.index(c) for c in text[:200_000]])
         vocab, source = len(chars), f"tiny Shakespeare characters ({len(chars)} symbols)"

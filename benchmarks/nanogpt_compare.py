@@ -39,7 +39,6 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 
 
 def prepare_nanogpt_data(nanogpt: Path, text_path: Path) -> None:
@@ -203,7 +202,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nanogpt", required=True, type=Path, help="path to a nanoGPT checkout")
-    parser.add_argument("--data", type=Path, default=DATA, help="tiny Shakespeare input.txt")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="tiny Shakespeare input.txt (default: the dataset, docs/data.md)")
     parser.add_argument("--steps-only", action="store_true",
                         help="only time one training step of each model, in this process")
     parser.add_argument("--seeds", type=int, default=1,
@@ -211,6 +211,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="torch threads of every side (default: the machine's cores)")
     args = parser.parse_args()
+    if args.data is None:
+        from handformer.data.lookup import locate
+
+        args.data = locate("tinyshakespeare", "input.txt")
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s) for every side")
     if not (args.nanogpt / "train.py").is_file():

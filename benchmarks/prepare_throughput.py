@@ -22,19 +22,19 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
 
 
 def build_corpus(work: Path) -> tuple[Path, Path]:
     sys.path.insert(0, str(ROOT))
+    from handformer.data.lookup import locate
     from handformer.data.text import pydoc_corpus
 
     small, large = work / "c100", work / "c1000"
     if (large / "part09.txt").exists():
         return small, large
-    parts = [(DATA / "tinyshakespeare" / "input.txt").read_text(), pydoc_corpus()]
+    parts = [locate("tinyshakespeare", "input.txt").read_text(), pydoc_corpus()]
     for side in ("en", "de"):  # one sentence a line: a document each
-        parts.append(gzip.open(DATA / "multi30k" / f"train.{side}.gz", "rt").read().replace("\n", "\n\n"))
+        parts.append(gzip.open(locate("multi30k", f"train.{side}.gz"), "rt").read().replace("\n", "\n\n"))
     block = "\n\n".join(parts) + "\n\n"
     small.mkdir(parents=True, exist_ok=True)
     large.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,6 @@ import argparse
 import math
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -33,13 +32,12 @@ from torch import nn
 from handformer import Seq2SeqConfig, Seq2SeqTransformer
 from handformer.data.batching import Seq2SeqData, encode_pairs
 from handformer.data.dates import date_pairs
+from handformer.data.lookup import find_folder
 from handformer.data.parallel import read_pair
 from handformer.data.tokenizer import Tokenizer
 from handformer.nn.positions import sinusoidal_table
 from handformer.training.cpu_memory import keep_freed_memory
 from handformer.training.losses import token_cross_entropy
-
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
 
 class TorchReference(nn.Module):
@@ -79,8 +77,9 @@ class TorchReference(nn.Module):
 
 
 def load_batches(which: str, max_tokens: int, n_batches: int) -> tuple[list, int, int]:
-    if which == "multi30k" and (MULTI30K / "train.de.gz").exists():
-        pairs = read_pair(MULTI30K / "train.de.gz", MULTI30K / "train.en.gz").pairs
+    multi30k = find_folder("multi30k") if which == "multi30k" else None  # on this machine; never downloaded
+    if multi30k is not None:
+        pairs = read_pair(multi30k / "train.de.gz", multi30k / "train.en.gz").pairs
     else:
         which = "dates"
         pairs = date_pairs(20000, 10)[0]

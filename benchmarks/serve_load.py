@@ -1,7 +1,7 @@
 """Benchmark: `handformer serve` under load: throughput (requests/s, tokens/s) and
 p50 / p95 request latency at 1, 4 and 16 concurrent clients, on a small model.
 
-The model is llama2.c's stories260K (../shared/data/stories260K, imported to a temporary run),
+The model is llama2.c's stories260K (the dataset stories260K, docs/data.md; imported to a temporary run),
 or any run given with --run. The server is the real command, `python -m handformer serve`, in its
 own process (OMP_NUM_THREADS=--threads); the clients are asyncio tasks over httpx in this process,
 each sending its requests one after another: POST /v1/completions, the prompt "Once upon a time",
@@ -45,7 +45,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from baseline import comparison_table, describe_checkout  # noqa: E402
 
-DATA = ROOT / ".." / "shared" / "data" / "stories260K"
+from handformer.data.lookup import folder  # noqa: E402
+
 CONCURRENCY = (1, 4, 16)
 
 
@@ -132,7 +133,8 @@ def main() -> None:
             from handformer.tasks.lm.imports import import_llama2c
 
             run_dir = Path(tmp) / "stories260K"
-            import_llama2c(DATA / "stories260K.bin", DATA / "tok512.bin", run_dir)
+            data = folder("stories260K")
+            import_llama2c(data / "stories260K.bin", data / "tok512.bin", run_dir)
         servers = {"batched": ServerProcess(run_dir, args.threads, 32),
                    "max-batch 1": ServerProcess(run_dir, args.threads, 1)}
         cases = [("batched", c) for c in CONCURRENCY] + [("max-batch 1", 16)]
@@ -187,9 +189,9 @@ def baseline_run(args: argparse.Namespace, run_dir: Path, tmp: Path) -> Path:
     or a copy of --run."""
     if args.run is not None:
         return args.run
-    out = tmp / "stories260K-baseline"
-    subprocess.run([sys.executable, "-m", "handformer", "import-llama2c", str(DATA / "stories260K.bin"),
-                    str(DATA / "tok512.bin"), str(out)], cwd=args.baseline.resolve(), check=True,
+    out, data = tmp / "stories260K-baseline", folder("stories260K")
+    subprocess.run([sys.executable, "-m", "handformer", "import-llama2c", str(data / "stories260K.bin"),
+                    str(data / "tok512.bin"), str(out)], cwd=args.baseline.resolve(), check=True,
                    env={**os.environ, "PYTHONPATH": str(args.baseline.resolve())}, stdout=subprocess.DEVNULL)
     return out
 

@@ -3,8 +3,8 @@ without, at batch 1 and batch 8, on a GPT-2-124M-shaped model.
 
 The model: GPT-2 124M's shape (12 layers, d_model 768, 12 heads, 1024 positions) with random
 weights, prepared for decoding as serve prepares it; its vocabulary a byte-level BPE of 50,257
-tokens trained on ../shared/data (as benchmarks/grammar_engines.py builds it). The engine is
-serve's own (serve/engine.py: BatchEngine, its thread, its sinks), driven in process: `--batch`
+tokens trained on tiny Shakespeare and Multi30k (as benchmarks/grammar_engines.py builds it). The
+engine is serve's own (serve/engine.py: BatchEngine, its thread, its sinks), driven in process: `--batch`
 sequences stay in flight (a finished one is replaced at once, as clients that send again), each
 sampling at temperature 1 with its own seed, up to --max-tokens new tokens; with the schema each
 carries a grammar constraint (generation/grammar.py), so it ends as soon as its JSON is complete.

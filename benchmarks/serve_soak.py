@@ -12,7 +12,7 @@ the first request and after every 400th is printed too, so the warm-up is seen, 
 
 The server is the real command, `python -m handformer serve`, in its own process, serving a small
 random run made here (Llama-style, 4 layers, d_model 128, a byte-level BPE of 2,000 tokens trained on
-../shared/data/tinyshakespeare, a ChatML template), on a port free when chosen (taken by another
+tiny Shakespeare, a ChatML template), on a port free when chosen (taken by another
 program before the server binds it, another is tried) and with an API key of its own (so that no
 other program's answers are taken for its); the clients are threads over httpx. Every answer must
 be a 200 (or a stream that was dropped); a 5xx stops the run.
@@ -45,12 +45,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from handformer.config import CausalLMConfig  # noqa: E402
+from handformer.data.lookup import locate  # noqa: E402
 from handformer.data.special_tokens import SpecialTokens  # noqa: E402
 from handformer.data.tokenizer import Tokenizer  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 from handformer.tasks.lm.run import save_lm_run  # noqa: E402
 
-DATA = ROOT / ".." / "shared" / "data" / "tinyshakespeare" / "input.txt"
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 SCHEMA = {"type": "object",
@@ -62,7 +62,7 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
 
 
 def make_run(run_dir: Path) -> Path:
-    tok = Tokenizer.train_bpe([DATA.read_text()], 2000)
+    tok = Tokenizer.train_bpe([locate("tinyshakespeare", "input.txt").read_text()], 2000)
     markup = ("<|im_start|>", "<|im_end|>")
     tok.hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in markup])
     tok = Tokenizer(tok.hf)

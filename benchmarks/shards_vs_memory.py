@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from handformer.config import CausalLMConfig  # noqa: E402
+from handformer.data.lookup import locate  # noqa: E402
 from handformer.data.prepare import prepare  # noqa: E402
 from handformer.data.shards import ShardSet, ShardWindows  # noqa: E402
 from handformer.data.text import LMWindows  # noqa: E402
@@ -68,7 +69,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="shards_vs_memory_"))
     folder = Path(args.shards) if args.shards else work / "shards"
     if not args.shards:
-        prepare(ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt", folder, "char",
+        prepare(locate("tinyshakespeare", "input.txt"), folder, "char",
                 shard_tokens=100_000, progress=False)
     shards = ShardSet.open(folder)
     vocab = shards.manifest["tokenizer"]["vocab_size"]

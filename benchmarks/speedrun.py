@@ -54,8 +54,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from nanogpt_compare import DATA, nanogpt_full_val, prepare_nanogpt_data  # noqa: E402
+from nanogpt_compare import nanogpt_full_val, prepare_nanogpt_data  # noqa: E402
 
+from handformer.data.lookup import locate  # noqa: E402
 from handformer.io import atomic_write_text  # noqa: E402
 from handformer.speedrun.common import machine  # noqa: E402
 from handformer.training.loop import cpu_has_fast_bf16  # noqa: E402
@@ -81,12 +82,13 @@ def run_nanogpt(nanogpt: Path, out_dir: Path, threads: int, device: str) -> dict
     if proc.returncode != 0:
         raise SystemExit(f"nanoGPT failed:\n{proc.stderr[-2000:]}")
     wall = (out_dir / "ckpt.pt").stat().st_mtime - start
-    return {"wall_s": wall, "loss": nanogpt_full_val(nanogpt, out_dir, DATA), "seed": 1337}
+    loss = nanogpt_full_val(nanogpt, out_dir, locate("tinyshakespeare", "input.txt"))
+    return {"wall_s": wall, "loss": loss, "seed": 1337}
 
 
 def run_handformer(config: str, seed: int, out_dir: Path, threads: int, device: str) -> dict:
     cmd = [sys.executable, "-m", "handformer", "speedrun", "shakespeare", "--config", config,
-           "--seed", str(seed), "--out", str(out_dir), "--data", str(DATA)]
+           "--seed", str(seed), "--out", str(out_dir), "--data", str(locate("tinyshakespeare", "input.txt"))]
     if device != "cpu":
         cmd += ["--set", f"train.device={device}"]
     start = time.time()
@@ -211,7 +213,7 @@ def main() -> None:
     if args.add_to is not None:
         rows = earlier_runs(args.add_to, configs, info, args.device, range(args.first_seed,
                                                                         args.first_seed + args.seeds))
-    prepare_nanogpt_data(args.nanogpt, DATA)
+    prepare_nanogpt_data(args.nanogpt, locate("tinyshakespeare", "input.txt"))
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.first_seed, args.first_seed + args.seeds):
             round_ = seed - args.first_seed

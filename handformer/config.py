@@ -33,7 +33,7 @@ NORM_PLACEMENTS = ("post", "pre")
 # OLMo 2's norms on each sublayer's output ("reordered"); both are blocks of handformer.families.
 CAUSAL_NORM_PLACEMENTS = NORM_PLACEMENTS + ("sandwich", "reordered")
 POSITIONS = ("sinusoidal", "learned", "rope", "none")
-QK_NORMS = ("none", "head", "width")
+QK_NORMS = ("none", "head", "width", "head_after_rope")
 
 
 def _fail(cls_name: str, name: str, value: Any, fix: str) -> None:
@@ -126,8 +126,58 @@ class LongRopeScaling:
                 _fail(name, f, getattr(self, f), "it must be a number > 0 or null")
 
 
-ROPE_SCALINGS = {"llama3": Llama3RopeScaling, "linear": LinearRopeScaling, "longrope": LongRopeScaling}
-RopeScaling = Llama3RopeScaling | LinearRopeScaling | LongRopeScaling
+@dataclass
+class YarnRopeScaling:
+    """YaRN (rope_type "yarn"; gpt-oss, DeepSeek-V3): the frequencies that turn fewer than beta_slow
+    times over the original context are divided by `factor`, those that turn more than beta_fast
+    times are kept, a linear ramp blends the ones between; cos and sin are multiplied by the
+    attention factor. See `handformer.nn.positions.yarn_inv_freq`."""
+
+    factor: float = 32.0  # how much slower the low frequencies turn
+    original_max_positions: int = 4096  # the context length the model was pre-trained with
+    beta_fast: float = 32.0  # rotations over the original context above which a frequency is kept
+    beta_slow: float = 1.0  # rotations below which it is divided by factor
+    truncate: bool = True  # the ramp's ends rounded to whole dims (gpt-oss: false)
+    # cos and sin times this; None: mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both
+    # are set, else mscale(factor) = 0.1 ln(factor) + 1 (as transformers)
+    attention_factor: float | None = None
+    mscale: float | None = None
+    # DeepSeek: the softmax scale also times mscale(factor, mscale_all_dim) squared (its attention's own)
+    mscale_all_dim: float | None = None
+    type: str = "yarn"
+
+    @staticmethod
+    def mscale_of(factor: float, mscale: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+    def cos_sin_factor(self) -> float:
+        """What cos and sin are multiplied by (transformers' attention_factor)."""
+        if self.attention_factor is not None:
+            return self.attention_factor
+        if self.mscale and self.mscale_all_dim:
+            return self.mscale_of(self.factor, self.mscale) / self.mscale_of(self.factor, self.mscale_all_dim)
+        return self.mscale_of(self.factor)
+
+    def validate(self, owner: str) -> None:
+        name = f"{owner}.rope_scaling"
+        for f in ("factor", "beta_fast", "beta_slow"):
+            if not _positive_number(getattr(self, f)):
+                _fail(name, f, getattr(self, f), "it must be a number > 0")
+        if not _positive_int(self.original_max_positions):
+            _fail(name, "original_max_positions", self.original_max_positions,
+                  "it must be a positive integer")
+        if not isinstance(self.truncate, bool):
+            _fail(name, "truncate", self.truncate, "it must be true or false")
+        if self.attention_factor is not None and not _positive_number(self.attention_factor):
+            _fail(name, "attention_factor", self.attention_factor, "it must be a number > 0 or null")
+        for f in ("mscale", "mscale_all_dim"):
+            if getattr(self, f) is not None and not _positive_number(getattr(self, f)):
+                _fail(name, f, getattr(self, f), "it must be a number > 0 or null")
+
+
+ROPE_SCALINGS = {"llama3": Llama3RopeScaling, "linear": LinearRopeScaling, "longrope": LongRopeScaling,
+                 "yarn": YarnRopeScaling}
+RopeScaling = Llama3RopeScaling | LinearRopeScaling | LongRopeScaling | YarnRopeScaling
 
 
 def rope_scaling_from_dict(data: dict[str, Any], section: str) -> RopeScaling:
@@ -153,6 +203,20 @@ class MoEConfig:
     d_shared: int = 0
     # Weight of the load-balancing loss added to the training loss (Switch Transformer, eq. 4)
     aux_loss_coef: float = 0.01
+    # DeepSeek-V3's routing (a variant of handformer.families.deepseek): "sigmoid" scores each expert
+    # on its own, and a learned correction bias joins the scores when experts are chosen, not their weights
+    scoring: str = "softmax"
+    n_groups: int = 1  # experts in this many groups; a token's experts come from its top_groups best
+    top_groups: int = 1
+    routed_scale: float = 1.0  # the routed experts' weights times this (routed_scaling_factor)
+    dense_layers: int = 0  # the first layers keep one dense FFN d_ff wide (first_k_dense_replace)
+    shared_gate: bool = True  # the shared expert behind a sigmoid gate (Qwen2-MoE); False: added as is
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the routing or the layers are DeepSeek-V3's (any of the fields above it set)."""
+        return (self.scoring, self.n_groups, self.top_groups, self.routed_scale, self.dense_layers,
+                self.shared_gate) != ("softmax", 1, 1, 1.0, 0, True)
 
     def validate(self, owner: str) -> None:
         name = f"{owner}.moe"
@@ -170,12 +234,58 @@ class MoEConfig:
         value = self.aux_loss_coef
         if not is_number(value) or value < 0:
             _fail(name, "aux_loss_coef", value, "it must be a number >= 0 (0 = no load-balancing loss)")
+        self._validate_groups(name)
+
+    def _validate_groups(self, name: str) -> None:
+        if self.scoring not in ("softmax", "sigmoid"):
+            _fail(name, "scoring", self.scoring, "choose softmax or sigmoid")
+        for f in ("n_groups", "top_groups"):
+            if not _positive_int(getattr(self, f)):
+                _fail(name, f, getattr(self, f), "it must be a positive integer")
+        if self.n_experts % self.n_groups or (self.n_groups > 1 and self.n_experts // self.n_groups < 2):
+            _fail(name, "n_groups", self.n_groups, f"it must divide n_experts={self.n_experts} into groups "
+                  "of at least 2 (a group scores by its best two)")
+        if self.top_groups > self.n_groups:
+            _fail(name, "top_groups", self.top_groups, f"it must be at most n_groups={self.n_groups}")
+        if self.top_k > self.top_groups * self.n_experts // self.n_groups:
+            _fail(name, "top_k", self.top_k, "it must be at most the experts of the top_groups groups")
+        if not _positive_number(self.routed_scale):
+            _fail(name, "routed_scale", self.routed_scale, "it must be a number > 0")
+        if not is_int(self.dense_layers) or self.dense_layers < 0:
+            _fail(name, "dense_layers", self.dense_layers, "it must be an integer >= 0")
+        if not isinstance(self.shared_gate, bool):
+            _fail(name, "shared_gate", self.shared_gate, "it must be true or false")
+
+
+@dataclass
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3, handformer.families.deepseek): keys and values
+    come out of one compressed latent per position (kv_rank wide), which is all the KV cache holds
+    with one small RoPE key shared by every head. Each query and key head is nope_dim dims without
+    RoPE then rope_dim dims with it (rope_dim is the config's head_dim: the rotary tables' width)."""
+
+    kv_rank: int = 512  # width of the key/value latent (kv_lora_rank)
+    q_rank: int | None = 1536  # width of the query latent (q_lora_rank); None: queries projected directly
+    nope_dim: int = 128  # each query/key head's dims without RoPE (qk_nope_head_dim)
+    v_dim: int = 128  # each value head's width (v_head_dim)
+    interleave: bool = True  # RoPE turns dims (2j, 2j + 1) together (rope_interleave), not (j, j + Dr/2)
+
+    def validate(self, owner: str) -> None:
+        name = f"{owner}.mla"
+        for f in ("kv_rank", "nope_dim", "v_dim"):
+            if not _positive_int(getattr(self, f)):
+                _fail(name, f, getattr(self, f), "it must be a positive integer")
+        if self.q_rank is not None and not _positive_int(self.q_rank):
+            _fail(name, "q_rank", self.q_rank, "it must be a positive integer or null (no query latent)")
+        if not isinstance(self.interleave, bool):
+            _fail(name, "interleave", self.interleave, "it must be true or false")
 
 
 # The settings only some model families have, each read by that family's variant modules
 # (`handformer.families`); saved under a run's "family" section, and accepted flat (as runs saved
 # before the section existed hold them) by `CausalLMConfig` and its `from_dict`.
-FAMILY_FIELDS = ("rope_local_theta", "nope_layers", "attn_scale_dim", "attn_softcap", "logit_softcap")
+FAMILY_FIELDS = ("rope_local_theta", "nope_layers", "attn_scale_dim", "attn_softcap", "logit_softcap",
+                 "attn_sinks", "swiglu_limit", "swiglu_alpha")
 _UNSET: Any = object()  # a flat keyword not given (None is a value: "no soft-capping")
 
 
@@ -190,6 +300,18 @@ class FamilyConfig:
     attn_scale_dim: float | None = None
     attn_softcap: float | None = None  # scores -> c * tanh(scores / c) before the softmax (Gemma 2)
     logit_softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2)
+    # Granite's four constants (muP): the embeddings times embedding_multiplier, scores times
+    # attention_multiplier (in place of 1/sqrt(head_dim)), each sublayer's output times
+    # residual_multiplier before the add, the logits divided by logits_scaling. None: not scaled.
+    embedding_multiplier: float | None = None
+    attention_multiplier: float | None = None
+    residual_multiplier: float | None = None
+    logits_scaling: float | None = None
+    attn_sinks: bool = False  # a learned logit per head joins each softmax, a key of value zero (gpt-oss)
+    # The experts' SwiGLU clamped (gpt-oss): gate <= limit, |up| <= limit, then
+    # (up + 1) * gate * sigmoid(swiglu_alpha * gate); None = the lesson's SwiGLU
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702  # the sigmoid's gain in the clamped SwiGLU
 
     def validate(self, owner: str, cfg: CausalLMConfig) -> None:
         """Each field checked, and against the model it belongs to (`cfg`); errors name
@@ -202,13 +324,26 @@ class FamilyConfig:
                   f"it must be a list of distinct layer indices 0..{cfg.n_layers - 1}")
         if layers and cfg.position != "rope":
             _fail(name, "nope_layers", layers, 'it needs position="rope"')
-        for f in ("rope_local_theta", "attn_scale_dim", "attn_softcap", "logit_softcap"):
+        for f in ("rope_local_theta", "attn_scale_dim", "attn_softcap", "logit_softcap",
+                  "embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"):
             if getattr(self, f) is not None and not _positive_number(getattr(self, f)):
                 _fail(name, f, getattr(self, f), "it must be a number > 0 or None")
         gemma3 = cfg.mixes_windows and cfg.norm_placement == "sandwich"
         if self.rope_local_theta is not None and not gemma3:
             _fail(name, "rope_local_theta", self.rope_local_theta, "a RoPE base of its own for the sliding "
                   'layers is Gemma 3\'s: it needs global_layers and norm_placement="sandwich"')
+        self._validate_gpt_oss(name, cfg)
+
+    def _validate_gpt_oss(self, name: str, cfg: CausalLMConfig) -> None:
+        if not isinstance(self.attn_sinks, bool):
+            _fail(name, "attn_sinks", self.attn_sinks, "it must be true or false")
+        if self.swiglu_limit is not None and not _positive_number(self.swiglu_limit):
+            _fail(name, "swiglu_limit", self.swiglu_limit, "it must be a number > 0 or None")
+        if not _positive_number(self.swiglu_alpha):
+            _fail(name, "swiglu_alpha", self.swiglu_alpha, "it must be a number > 0")
+        if self.swiglu_limit is not None and (cfg.moe is None or cfg.activation != "swiglu"):
+            _fail(name, "swiglu_limit", self.swiglu_limit, "the clamped SwiGLU is gpt-oss's experts': it "
+                  'needs moe and activation="swiglu"')
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that differ from their defaults (a saved section names only what is used)."""
@@ -243,7 +378,8 @@ class BlockConfig:
     qkv_bias: bool = False  # biases on the query/key/value projections even when bias=False (Qwen2)
     scale_embeddings: bool = True  # multiply token embeddings by sqrt(d_model) as in the paper
     # Queries and keys normalized (with `norm`) before RoPE: none | head: each head on its own
-    # (Qwen3, Gemma 3) | width: all heads at once, before the split (OLMo 2)
+    # (Qwen3, Gemma 3) | width: all heads at once, before the split (OLMo 2) | head_after_rope: each
+    # head after RoPE (Hunyuan)
     qk_norm: str = "none"
     rope_fraction: float = 1.0  # the share of each head's dims RoPE turns, the first ones (Phi-4-mini: 0.75)
     moe: MoEConfig | None = None  # a mixture of experts instead of one feed-forward network (Mixtral)
@@ -325,7 +461,8 @@ class BlockConfig:
         if self.rope_scaling is not None:
             if not isinstance(self.rope_scaling, tuple(ROPE_SCALINGS.values())):
                 _fail(name, "rope_scaling", self.rope_scaling,
-                      "it must be a Llama3RopeScaling, LinearRopeScaling, LongRopeScaling or None")
+                      "it must be a Llama3RopeScaling, LinearRopeScaling, LongRopeScaling, YarnRopeScaling "
+                      "or None")
             if self.position != "rope":
                 _fail(name, "rope_scaling", self.rope_scaling, 'it needs position="rope"')
             self.rope_scaling.validate(name)
@@ -421,9 +558,9 @@ class Seq2SeqConfig(BlockConfig):
         if self.position == "rope":
             _fail(name, "position", self.position, "the encoder-decoder model supports sinusoidal, "
                   "learned or none (rotary positions are for CausalLM)")
-        if self.qk_norm == "width":
+        if self.qk_norm in ("width", "head_after_rope"):
             _fail(name, "qk_norm", self.qk_norm, 'the encoder-decoder model supports "none" or "head" '
-                  '(OLMo 2\'s norm over all heads is a CausalLM variant)')
+                  '(OLMo 2\'s norm over all heads and Hunyuan\'s after RoPE are CausalLM variants)')
         if self.moe is not None:
             _fail(name, "moe", self.moe, "mixtures of experts are for CausalLM; leave moe unset")
 
@@ -444,6 +581,7 @@ class CausalLMConfig(BlockConfig):
     global_layers: list[int] = field(default_factory=list)
     # The settings only some families have (soft-capping, a second RoPE base, layers without RoPE...)
     family: FamilyConfig = field(default_factory=FamilyConfig)
+    mla: MLAConfig | None = None  # multi-head latent attention instead of q/k/v projections (DeepSeek-V3)
     # GPT-2 style by default; see the presets below.
     d_model: int = 768
     n_heads: int = 12
@@ -460,10 +598,13 @@ class CausalLMConfig(BlockConfig):
     attn_scale_dim: InitVar[float | None] = _UNSET  # type: ignore[assignment]
     attn_softcap: InitVar[float | None] = _UNSET  # type: ignore[assignment]
     logit_softcap: InitVar[float | None] = _UNSET  # type: ignore[assignment]
+    attn_sinks: InitVar[bool] = _UNSET  # type: ignore[assignment]
+    swiglu_limit: InitVar[float | None] = _UNSET  # type: ignore[assignment]
+    swiglu_alpha: InitVar[float] = _UNSET  # type: ignore[assignment]
 
     kind: ClassVar[str] = "causal_lm"
     norm_placements: ClassVar[tuple[str, ...]] = CAUSAL_NORM_PLACEMENTS
-    optional_fields: ClassVar[tuple[str, ...]] = BlockConfig.optional_fields + ("global_layers",)
+    optional_fields: ClassVar[tuple[str, ...]] = BlockConfig.optional_fields + ("global_layers", "mla")
 
     def __post_init__(self, *flat: Any) -> None:  # type: ignore[override]
         if isinstance(self.family, dict):
@@ -528,6 +669,29 @@ class CausalLMConfig(BlockConfig):
         if not isinstance(self.family, FamilyConfig):
             _fail(name, "family", self.family, "it must be a FamilyConfig or a table of settings")
         self.family.validate(name, self)
+        self._validate_mla(name)
+
+    def _validate_mla(self, name: str) -> None:
+        if isinstance(self.mla, dict):
+            self.mla = dataclass_from_dict(MLAConfig, self.mla, f"{name}.mla")
+        if self.mla is None:
+            return
+        if not isinstance(self.mla, MLAConfig):
+            _fail(name, "mla", self.mla, "it must be an MLAConfig (kv_rank, q_rank, ...) or None")
+        self.mla.validate(name)
+        if self.position != "rope" or self.sliding_window is not None:
+            _fail(name, "mla", self.mla, 'latent attention needs position="rope" and no sliding_window')
+
+    def _validate_gpt_oss(self, name: str) -> None:
+        if not isinstance(self.attn_sinks, bool):
+            _fail(name, "attn_sinks", self.attn_sinks, "it must be true or false")
+        for f in ("swiglu_limit", "swiglu_alpha"):
+            value = getattr(self, f)
+            if not (value is None and f == "swiglu_limit") and not _positive_number(value):
+                _fail(name, f, value, "it must be a number > 0" + (" or None" if f == "swiglu_limit" else ""))
+        if self.swiglu_limit is not None and (self.moe is None or self.activation != "swiglu"):
+            _fail(name, "swiglu_limit", self.swiglu_limit, "the clamped SwiGLU is gpt-oss's experts': it "
+                  'needs moe and activation="swiglu"')
 
     @classmethod
     def gpt2_style(cls, **overrides: Any) -> CausalLMConfig:
@@ -557,7 +721,15 @@ for _name in FAMILY_FIELDS:  # cfg.attn_softcap reads cfg.family.attn_softcap (t
 
 def setting_name(name: str) -> str:
     """Where a setting lives in a saved config: `family.<name>` for a family setting."""
-    return f"family.{name}" if name in FAMILY_FIELDS else name
+    return f"family.{name}" if name in _FAMILY_SECTION else name
+
+
+def setting_value(cfg: CausalLMConfig, name: str) -> Any:
+    """A setting of `cfg` by name, a family setting read from its section."""
+    return getattr(cfg.family, name) if name in _FAMILY_SECTION else getattr(cfg, name)
+
+
+_FAMILY_SECTION = frozenset(f.name for f in dataclasses.fields(FamilyConfig))
 
 
 def saved_kind(data: dict[str, Any], pop: bool = False) -> str | None:
@@ -604,7 +776,8 @@ def load_config(path: str | os.PathLike) -> BlockConfig:
 
 
 __all__ = ["BlockConfig", "Seq2SeqConfig", "CausalLMConfig", "Llama3RopeScaling", "LinearRopeScaling",
-           "LongRopeScaling", "MoEConfig", "FamilyConfig", "load_config", "config_from_dict"]
+           "LongRopeScaling", "MLAConfig", "MoEConfig", "FamilyConfig", "YarnRopeScaling", "load_config",
+           "config_from_dict"]
 
 
 def dataclass_from_dict(cls: type, data: dict[str, Any], section: str) -> Any:

@@ -286,12 +286,23 @@ def test_every_python_block_runs(block, tmp_path, monkeypatch):
             server = Server(create_app(load_served_models(specs)))
             assert "http://127.0.0.1:8000" in code, f"{block.where}: a server block talks to 127.0.0.1:8000"
             code = code.replace("http://127.0.0.1:8000", server.url)
+    printed: dict[int, str] = {}  # line of the block -> what its print calls printed there
+
+    def record(*args, sep=" ", end="\n", **_) -> None:  # the block's print
+        line = sys._getframe(1).f_lineno
+        printed[line] = printed.get(line, "") + sep.join(map(str, args)) + end
+
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            exec(compile(code, block.where, "exec"), {"__name__": "docs"})
+            exec(compile(code, block.where, "exec"), {"__name__": "docs", "print": record})
     finally:
         if server is not None:
             server.stop()
+    # every print of the block ran and showed the reader something (a reply, generated text, an
+    # embedding's size; a streamed reply's pieces together): an empty one means the call behind it
+    # returned nothing
+    lines = {i for i, text in enumerate(code.split("\n"), 1) if text.lstrip().startswith("print(")}
+    assert lines <= printed.keys() and all(text.strip() for text in printed.values()), (block.where, printed)
 
 
 def report_block(readme: Path) -> tuple[list[str], str]:

@@ -31,6 +31,9 @@ if CHROMIUM is None:
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# a wait returns as soon as the page is there; the limit only ends a hung page (generous: two busy
+# xdist workers and the browser share the cores)
+WAIT_MS = 60_000
 
 
 def make_lm_run(run_dir: Path) -> Path:
@@ -53,7 +56,7 @@ class Page:
         self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.goto(path.as_uri())
-        self.page.wait_for_selector("body[data-ready=true]", state="attached", timeout=10_000)
+        self.page.wait_for_selector("body[data-ready=true]", state="attached", timeout=WAIT_MS)
 
     def weights(self) -> np.ndarray:
         """The matrix shown now, read back from the cells' data-w attributes."""

@@ -39,7 +39,7 @@ def test_each_spec_is_whole():
     a GGUF entry records a model_type of the catalogue."""
     for model_type, spec in SPECS.items():
         assert spec.model_type == model_type and spec.hf_class.endswith(("ForCausalLM", "LMHeadModel"))
-        assert spec.tensors.weights and spec.claims
+        assert spec.tensors.weights  # claims may be empty: an import's recorded model_type leads there
     assert {e.model_type for e in GGUF_ENTRIES} <= set(SPECS)
 
 

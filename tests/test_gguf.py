@@ -335,13 +335,24 @@ LLAMA_CPP_ONLY = {  # what transformers' GGUF loader does not read: llama.cpp's 
     "smollm3": lambda: transformers.SmolLM3ForCausalLM(transformers.SmolLM3Config(  # layers 3 and 7 without RoPE
         **{**SIZE, "num_hidden_layers": 8}, rope_parameters={**ROPE, "rope_theta": 2e6})),
 }
+LLAMA_CPP_ONLY["granite"] = lambda: transformers.GraniteForCausalLM(transformers.GraniteConfig(  # its four constants
+    **SIZE, embedding_multiplier=12.0, attention_multiplier=0.03125, residual_multiplier=0.22, logits_scaling=1.5,
+    rope_parameters=ROPE))
+LLAMA_CPP_ONLY.update(  # today's open families at odd sizes: 6 heads of 12, width 42
+    seed_oss=lambda: transformers.SeedOssForCausalLM(transformers.SeedOssConfig(  # q/k/v biases
+        **{**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12}, rope_parameters=ROPE)),
+    hunyuan=lambda: transformers.HunYuanDenseV1ForCausalLM(transformers.HunYuanDenseV1Config(  # norms after RoPE
+        **{**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12}, rope_parameters=ROPE)),
+    ernie4_5=lambda: transformers.Ernie4_5ForCausalLM(transformers.Ernie4_5Config(  # RoPE on pairs, biases
+        **{**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12}, use_bias=True, rope_parameters=ROPE)),
+)
 
 
 @pytest.mark.parametrize("family", list(LLAMA_CPP_ONLY))
 def test_imported_mixtral_phi4_mini_olmo2_and_smollm3_go_to_gguf_and_back(family, tmp_path, capsys):
     run_dir = _hf_run(family, tmp_path, LLAMA_CPP_ONLY[family])
     assert main(["export-gguf", str(run_dir), str(tmp_path / "model.gguf")]) == 0
-    arch = {"phi4_mini": "phi3", "mixtral": "llama"}.get(family, family)
+    arch = {"phi4_mini": "phi3", "mixtral": "llama", "hunyuan": "hunyuan-dense"}.get(family, family)
     printed = capsys.readouterr().out
     assert f"({arch}), f32" in printed
     if family == "phi4_mini":  # the rotated dims, LongRoPE's factors and its attention factor
@@ -352,12 +363,14 @@ def test_imported_mixtral_phi4_mini_olmo2_and_smollm3_go_to_gguf_and_back(family
         assert file.metadata["phi3.rope.scaling.attn_factor"] == pytest.approx(math.sqrt(1 + math.log(3) / math.log(16)))
         assert "LongRoPE's long factors" in printed
     names = set(read_gguf(tmp_path / "model.gguf").tensors)
-    assert ("blk.0.attn_q_norm.weight" in names) == ("blk.0.post_ffw_norm.weight" in names) == (family == "olmo2")
+    assert ("blk.0.attn_q_norm.weight" in names) == (family in ("olmo2", "hunyuan"))
+    assert ("blk.0.post_ffw_norm.weight" in names) == (family == "olmo2")
     assert main(["import-gguf", str(tmp_path / "model.gguf"), str(tmp_path / "back")]) == 0
     _same_run(run_dir, tmp_path / "back")
     back = load_lm(tmp_path / "back")
-    assert back.config["source"]["model_type"] == {"phi4_mini": "phi3"}.get(family, family)
+    assert back.config["source"]["model_type"] == {"phi4_mini": "phi3", "hunyuan": "hunyuan_v1_dense"}.get(family, family)
     assert back.model.cfg.nope_layers == ([3, 7] if family == "smollm3" else [])
+    assert family != "granite" or back.model.cfg.family == load_lm(run_dir).model.cfg.family  # the four constants
 
 
 def test_a_phi3_window_is_written_and_read_back(tmp_path, capsys):
@@ -687,8 +700,9 @@ def test_a_crash_while_writing_leaves_no_file(tmp_path, monkeypatch):
 
 def test_the_architecture_table_names_llama_cpps_tensors():
     """Every tensor name in the table is one llama.cpp's gguf package knows for that architecture."""
+    arch_of = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}  # "hunyuan-dense" too
     for arch, family in FAMILIES.items():
-        known = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH[arch.upper()]]}
+        known = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[arch_of[arch]]}
         for name in family.tensors:
             assert name.rsplit(".", 1)[0].replace("{i}", "{bid}") in known, (arch, name)
 

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.cli import main  # noqa: E402
-from handformer.config import CausalLMConfig, Llama3RopeScaling, MoEConfig  # noqa: E402
+from handformer.config import CausalLMConfig, FamilyConfig, Llama3RopeScaling, MoEConfig  # noqa: E402
 from handformer.data.special_tokens import SpecialTokens  # noqa: E402
 from handformer.data.tokenizer import Tokenizer  # noqa: E402
 from handformer.families import build_causal_lm  # noqa: E402
@@ -74,6 +74,9 @@ PRESETS = {
                                                                           normalize=False)),
                         "Qwen3MoeForCausalLM"),
 }
+GRANITE = dict(embedding_multiplier=12.0, attention_multiplier=0.03125, residual_multiplier=0.22, logits_scaling=1.5)
+PRESETS["granite_style"] = (lambda v: _llama(v, tie_embeddings=True, family=FamilyConfig(**GRANITE)),
+                            "GraniteForCausalLM")
 ZERO_BIASES = ("gpt2_nobias_gelu", "gpt2_qkv_bias_only")  # GPT-2 gets the missing biases as zeros
 
 
@@ -231,7 +234,32 @@ FAMILIES = {
         rope_parameters=ROPE)),
     "olmoe": lambda: transformers.OlmoeForCausalLM(transformers.OlmoeConfig(
         **SIZE, num_experts=4, num_experts_per_tok=2, rope_parameters=ROPE)),
+    "gpt_oss": lambda: transformers.GptOssForCausalLM(transformers.GptOssConfig(
+        **{**SIZE, "num_hidden_layers": 3}, head_dim=12, num_local_experts=3, num_experts_per_tok=2,
+        sliding_window=WINDOW, swiglu_limit=1.5,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "truncate": False, "original_max_position_embeddings": 16})),
+    "deepseek_v3": lambda: transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+        **{**SIZE, "num_key_value_heads": 4}, moe_intermediate_size=12, first_k_dense_replace=1, n_routed_experts=6,
+        n_group=3, topk_group=2, num_experts_per_tok=2, n_shared_experts=1, kv_lora_rank=10, q_lora_rank=None,
+        qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, rope_interleave=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 3.0,
+                         "original_max_position_embeddings": 16, "mscale_all_dim": 1.0})),
 }
+FAMILIES["granite"] = lambda: transformers.GraniteForCausalLM(transformers.GraniteConfig(
+    **{**SIZE, "hidden_size": 60, "num_attention_heads": 6, "intermediate_size": 86}, **GRANITE, rope_parameters=ROPE))
+# today's open families, at odd sizes: 6 heads of 12 over a width of 42 (Seed-OSS: q/k/v biases)
+ODD = {**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12, "intermediate_size": 38}
+FAMILIES.update(
+    seed_oss=lambda: transformers.SeedOssForCausalLM(transformers.SeedOssConfig(**ODD, rope_parameters=ROPE)),
+    ernie4_5=lambda: transformers.Ernie4_5ForCausalLM(transformers.Ernie4_5Config(  # RoPE on pairs, biases
+        **ODD, use_bias=True, rope_parameters=ROPE)),
+    hunyuan=lambda: transformers.HunYuanDenseV1ForCausalLM(transformers.HunYuanDenseV1Config(  # NTK alpha
+        **ODD, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 1000.0, "factor": 1.0})),
+    olmo3=lambda: transformers.Olmo3ForCausalLM(transformers.Olmo3Config(  # layers 0-2, 4 slide
+        **{**ODD, "num_hidden_layers": 5}, sliding_window=5, rope_parameters={
+            "sliding_attention": {**ROPE, "rope_theta": 5e5}, "full_attention": {**ROPE, "rope_theta": 5e5}})),
+)
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
 
@@ -274,15 +302,23 @@ def test_every_family_import_reads_goes_back_to_its_architecture(family, tmp_pat
                 "attn_logit_softcapping", "final_logit_softcapping", "no_rope_layers", "partial_rotary_factor",
                 "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
                 "shared_expert_intermediate_size", "norm_topk_prob", "intermediate_size",
-                "router_aux_loss_coef"} & ours.keys() & theirs.keys()
+                "router_aux_loss_coef", "swiglu_limit", "swiglu_alpha", "kv_lora_rank", "q_lora_rank",
+                "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave", "n_routed_experts",
+                "n_group", "topk_group", "n_shared_experts", "routed_scaling_factor",
+                "first_k_dense_replace"} & ours.keys() & theirs.keys()
     assert {"rope_parameters", "tie_word_embeddings"} <= compared or family == "gpt2"
 
     def same_meaning(config, key):  # what a default stands for, written out
         value = config[key]
         if key == "head_dim" and value is None:
             return config["hidden_size"] // config["num_attention_heads"]
+        if key == "rope_parameters" and value.get("alpha"):  # Hunyuan's NTK alpha: a base of its own
+            dim = config["head_dim"]
+            return {"rope_type": "default", "rope_theta": value["rope_theta"] * value["alpha"] ** (dim / (dim - 2))}
         if key == "rope_parameters" and value.get("partial_rotary_factor") == 1.0:
             return {k: v for k, v in value.items() if k != "partial_rotary_factor"}
+        if key == "rope_parameters" and "full_attention" in value and "sliding_attention" in value:  # OLMo 3
+            return {kind: same_meaning({**config, key: value[kind]}, key) for kind in value}
         return value
 
     assert {k: same_meaning(ours, k) for k in compared} == {k: same_meaning(theirs, k) for k in compared}

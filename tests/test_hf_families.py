@@ -23,7 +23,7 @@ from helpers import randomize_hf, require_module
 
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
-from handformer.config import LinearRopeScaling, MoEConfig  # noqa: E402
+from handformer.config import FamilyConfig, LinearRopeScaling, MLAConfig, MoEConfig, YarnRopeScaling  # noqa: E402
 from handformer.convert.hf_weights import config_from_hf, model_from_hf  # noqa: E402
 from handformer.generation.engine import Engine, Row, SamplingOptions  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
@@ -169,13 +169,88 @@ def _olmoe():
     return transformers.OlmoeForCausalLM(transformers.OlmoeConfig(**SIZE, num_experts=4, **MOE))
 
 
+# YaRN 4 times over an original context of 16 (gpt-oss: 32 times over 4096), truncate false as gpt-oss's
+GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 16}
+
+
+def _gpt_oss():
+    # layers 0 and 2 slide, 1 is global; heads of 12; 5 experts, 2 a token; the SwiGLU clamped at 1.5
+    # (released: 7) so that the clamp bites at these weights
+    return transformers.GptOssForCausalLM(transformers.GptOssConfig(
+        **{**SIZE, "num_hidden_layers": 3}, head_dim=12, num_local_experts=5, num_experts_per_tok=2,
+        sliding_window=WINDOW, swiglu_limit=1.5, rope_parameters=GPT_OSS_ROPE))
+
+
+# Today's open families at odd sizes: 6 heads of 12 (2 key/value heads) over a width of 78
+ODD78 = {**SIZE, "hidden_size": 78, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 12,
+       "intermediate_size": 86, "num_hidden_layers": 3}
+
+
+def _seed_oss():  # biases on q, k, v only (Seed-OSS-36B's)
+    return transformers.SeedOssForCausalLM(transformers.SeedOssConfig(
+        **ODD78, attention_bias=True, attention_out_bias=False, mlp_bias=False, rope_parameters=ROPE))
+
+
+def _olmo3():  # layers 0-2 and 4 slide, 3 is global
+    return transformers.Olmo3ForCausalLM(transformers.Olmo3Config(
+        **{**ODD78, "num_hidden_layers": 5}, sliding_window=WINDOW,
+        rope_parameters={kind: {"rope_type": "default", "rope_theta": 5e5}
+                         for kind in ("sliding_attention", "full_attention")}))
+
+
+def _hunyuan():  # q/k norms after RoPE; NTK RoPE with alpha 1000 (Hunyuan 7B's): base 1e4 * 1000^(12/10)
+    return transformers.HunYuanDenseV1ForCausalLM(transformers.HunYuanDenseV1Config(
+        **ODD78, rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "alpha": 1000.0, "factor": 1.0}))
+
+
+def _ernie4_5():  # RoPE on adjacent pairs; biases on every linear layer (use_bias)
+    return transformers.Ernie4_5ForCausalLM(transformers.Ernie4_5Config(**ODD78, use_bias=True, rope_parameters=ROPE))
+
+
+# DeepSeek-V3 at odd sizes: 3 heads of 10 + 6 dims (RoPE on the 6, interleaved), values 12 wide, a
+# key/value latent of 14 and a query latent of 18; layer 0 dense, then 8 experts in 4 groups, 3 of
+# them from the best 2 groups, 2 shared experts; YaRN with DeepSeek's mscale on the softmax scale
+DEEPSEEK_ROPE = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 16,
+                 "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 32.0, "beta_slow": 1.0}
+
+
+def _deepseek_v3():
+    size = {**SIZE, "hidden_size": 60, "num_attention_heads": 3, "num_key_value_heads": 3, "intermediate_size": 88,
+            "num_hidden_layers": 3}
+    model = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(
+        **size, moe_intermediate_size=20, first_k_dense_replace=1, n_routed_experts=8, n_group=4, topk_group=2,
+        num_experts_per_tok=3, n_shared_experts=2, routed_scaling_factor=2.5, kv_lora_rank=14, q_lora_rank=18,
+        qk_nope_head_dim=10, qk_rope_head_dim=6, v_head_dim=12, rope_parameters=DEEPSEEK_ROPE))
+    with torch.no_grad():  # the correction biases change which experts are chosen
+        for layer in model.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.normal_(0, 0.3)
+    return model
+
+
 BUILDERS = {"qwen2": _qwen2, "mistral_window": lambda: _mistral(WINDOW), "mistral_no_window": lambda: _mistral(None),
             "gemma": _gemma, "phi3": _phi3, "smollm": _smollm, "llama3": _llama3,
             "qwen3": _qwen3, "qwen3_window": lambda: _qwen3(window=True), "gemma2": _gemma2, "gemma3": _gemma3,
             "gemma3_scaled": _gemma3_scaled, "smollm3": _smollm3, "olmo2": _olmo2, "phi4_mini": _phi4_mini,
-            "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe, "olmoe": _olmoe}
+            "mixtral": _mixtral, "qwen3_moe": _qwen3_moe, "qwen2_moe": _qwen2_moe, "olmoe": _olmoe,
+            "gpt_oss": _gpt_oss, "deepseek_v3": _deepseek_v3}
+BUILDERS.update(seed_oss=_seed_oss, olmo3=_olmo3, hunyuan=_hunyuan, ernie4_5=_ernie4_5)
 # The families whose attention is a variant of the lesson's (handformer.families), never fused
-VARIANT_ATTENTION = ("gemma2", "gemma3", "gemma3_scaled", "olmo2", "olmoe")
+VARIANT_ATTENTION = ("gemma2", "gemma3", "gemma3_scaled", "olmo2", "olmoe", "gpt_oss", "olmo3", "hunyuan",
+                     "deepseek_v3")
+
+# The open families of 2025-26, on odd sizes: 6 heads of 10 over a width of 60, 3 layers.
+ODD = {**SIZE, "hidden_size": 60, "num_attention_heads": 6, "num_key_value_heads": 2, "intermediate_size": 86,
+       "num_hidden_layers": 3}
+GRANITE = dict(embedding_multiplier=12.0, attention_multiplier=0.03125, residual_multiplier=0.22, logits_scaling=1.5)
+
+
+def _granite():
+    return transformers.GraniteForCausalLM(transformers.GraniteConfig(**ODD, **GRANITE, rope_parameters=ROPE))
+
+
+BUILDERS["granite"] = _granite
+VARIANT_ATTENTION += ("granite",)
 
 
 @pytest.fixture(scope="module", params=list(BUILDERS))
@@ -286,11 +361,12 @@ GREEDY = SamplingOptions(temperature=0)
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3"])
+@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "gpt_oss", "olmo3", "deepseek_v3"])
 def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(name):
     """serve's batch (rows join and leave, the KV cache regrouped each time) of a model whose
-    sliding layers roll over the window while its global layers keep every column: each row's
-    greedy tokens are transformers' for its prompt alone."""
+    sliding layers roll over the window while its global layers keep every column, or (DeepSeek-V3)
+    whose cache holds latents and RoPE keys of two widths: each row's greedy tokens are
+    transformers' for its prompt alone."""
     hf_model, ours = _imported(name)
     g = torch.Generator().manual_seed(5)
     rows = [Row(torch.randint(3, VOCAB, (n,), generator=g).tolist(), new, GREEDY) for n, new in SERVED]
@@ -300,6 +376,21 @@ def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(
         out = hf_model.generate(torch.tensor([row.prompt]), do_sample=False, max_new_tokens=row.max_new_tokens,
                                 pad_token_id=0)
         assert row.tokens == out[0, len(row.prompt):].tolist()
+
+
+@pytest.mark.parametrize("name", ["seed_oss", "olmo3", "hunyuan", "ernie4_5"])
+def test_lora_targets_of_todays_families_are_their_checkpoints_projections(name):
+    """LoRA on every linear layer of a block (the variants' attention included) adapts the
+    projections the checkpoint names: a peft adapter's module names are handformer's."""
+    from handformer.adapters.lora import LoRAConfig, add_lora
+
+    hf_model, ours = _imported(name)
+    names = add_lora(ours, LoRAConfig(rank=2, targets="all-linear"))
+    assert {n.rsplit(".", 1)[-1] for n in names} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                     "up_proj", "down_proj"}
+    hf_names = {k.removeprefix("model.").replace(".mlp.", ".ffn.").removesuffix(".weight")
+                for k in hf_model.state_dict()}
+    assert len(names) == 7 * ours.cfg.n_layers and set(names) <= hf_names
 
 
 @torch.no_grad()
@@ -356,7 +447,7 @@ def test_configs_carry_each_familys_variation(pair):
     cfg = ours.cfg
     assert cfg.position == "rope" and cfg.dropout == 0.0
     assert cfg.norm_placement == {"gemma2": "sandwich", "gemma3": "sandwich", "gemma3_scaled": "sandwich",
-                                  "olmo2": "reordered"}.get(name, "pre")
+                                  "olmo2": "reordered", "olmo3": "reordered"}.get(name, "pre")
     expected = {
         "qwen2": dict(qkv_bias=True, bias=False, tie_embeddings=True, rope_theta=1e6, norm_eps=1e-6,
                       sliding_window=None),
@@ -383,6 +474,18 @@ def test_configs_carry_each_familys_variation(pair):
         "qwen3_moe": dict(moe=MoEConfig(4, 2, 32, True, 0, 0.001), qk_norm="head"),
         "qwen2_moe": dict(moe=MoEConfig(4, 2, 32, False, 48, 0.001), qkv_bias=True),
         "olmoe": dict(moe=MoEConfig(4, 2, None, False, 0, 0.01), qk_norm="width", d_ff=96),
+        "granite": dict(family=FamilyConfig(**GRANITE), d_model=60, head_dim=10, n_kv_heads=2, d_ff=86),
+        "gpt_oss": dict(moe=MoEConfig(5, 2, None, True, 0, 0.001), attn_sinks=True, swiglu_limit=1.5,
+                        swiglu_alpha=1.702, bias=True, head_dim=12, sliding_window=WINDOW, global_layers=[1],
+                        rope_scaling=YarnRopeScaling(4.0, 16, 32.0, 1.0, False)),
+        "olmo3": dict(qk_norm="width", sliding_window=WINDOW, global_layers=[3], rope_theta=5e5, head_dim=12),
+        "hunyuan": dict(qk_norm="head_after_rope", rope_theta=1e4 * 1000.0 ** (12 / 10), norm_eps=1e-5),
+        "ernie4_5": dict(bias=True, tie_embeddings=True, head_dim=12, norm_eps=1e-5),
+        "seed_oss": dict(qkv_bias=True, bias=False, head_dim=12, d_model=78, tie_embeddings=False),
+        "deepseek_v3": dict(moe=MoEConfig(8, 3, 20, True, 40, 0.001, "sigmoid", 4, 2, 2.5, 1, False),
+                            mla=MLAConfig(14, 18, 10, 12, True), head_dim=6, n_kv_heads=None, d_ff=88,
+                            rope_scaling=YarnRopeScaling(factor=4.0, original_max_positions=16, mscale=0.707,
+                                                         mscale_all_dim=1.0)),
     }[name]
     assert {k: getattr(cfg, k) for k in expected} == expected
     if name == "smollm":
@@ -488,6 +591,7 @@ def _hf(builder):
      "rope scaling type 'longrope' is not implemented for mistral"),
     ({"model_type": "phi"}, "unsupported model_type 'phi' (Phi-1/2 run attention and the MLP in parallel"),
     ({"model_type": "gemma3"}, "unsupported model_type 'gemma3' (a Gemma 3 with vision"),
+    ({"model_type": "ministral3"}, "unsupported model_type 'ministral3' (Ministral 3 turns RoPE with YaRN"),
 ])
 def test_unimplemented_settings_are_named(change, message):
     with pytest.raises(ValueError) as err:
@@ -576,6 +680,18 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
                         "head_dim": 128}),  # Qwen3-30B-A3B's layers, two of them
     ("Qwen2MoeConfig", {"num_hidden_layers": 2}),  # Qwen1.5-MoE-A2.7B's layers, two of them
     ("OlmoeConfig", {"num_hidden_layers": 2}),  # OLMoE-1B-7B's layers, two of them
+    ("GraniteConfig", {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 40,
+                       "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 49155,
+                       "tie_word_embeddings": True, **GRANITE, "attention_multiplier": 0.015625}),  # Granite 3.1 2B
+    ("SeedOssConfig", {"hidden_size": 5120, "intermediate_size": 27648, "num_hidden_layers": 64,
+                       "num_attention_heads": 80, "num_key_value_heads": 8, "head_dim": 128,
+                       "vocab_size": 155136}),  # Seed-OSS-36B
+    ("Olmo3Config", {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "vocab_size": 100278}),  # OLMo 3 7B
+    ("HunYuanDenseV1Config", {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                              "vocab_size": 128167, "tie_word_embeddings": True}),  # Hunyuan 7B
+    ("Ernie4_5Config", {}),  # ERNIE-4.5-0.3B
 ])
 def test_full_size_configs_give_the_same_parameter_count(config_class, overrides):
     """The families at their released sizes (transformers' defaults), built on the meta device: no
@@ -592,3 +708,23 @@ def test_full_size_configs_give_the_same_parameter_count(config_class, overrides
     assert ours.num_parameters() == sum(p.numel() for p in hf_model.parameters())
     state = {k: v for k, v in hf_model.state_dict().items() if not (cfg.tie_embeddings and k == "lm_head.weight")}
     assert convert_hf_state_dict(state, cfg, hf_config.model_type).keys() == ours.state_dict().keys()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", ["granite"])
+def test_served_rows_and_lora_targets_of_the_open_families(name):
+    """serve's batch (rows join and leave) gives each row transformers' greedy tokens for its
+    prompt alone; LoRA finds every projection of the family's attention and MLP by its name."""
+    from handformer.adapters.lora import LoRAConfig, add_lora
+
+    hf_model, ours = _imported(name)
+    g = torch.Generator().manual_seed(5)
+    rows = [Row(torch.randint(3, VOCAB, (n,), generator=g).tolist(), new, GREEDY) for n, new in SERVED]
+    _serve(ours, rows)
+    for row in rows:
+        out = hf_model.generate(torch.tensor([row.prompt]), do_sample=False, max_new_tokens=row.max_new_tokens,
+                                pad_token_id=0)
+        assert row.tokens == out[0, len(row.prompt):].tolist()
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    adapted = add_lora(copy.deepcopy(ours), LoRAConfig(rank=2, alpha=4, targets=targets))
+    assert len(adapted) == len(targets) * ours.cfg.n_layers

@@ -36,6 +36,9 @@ KEY = "open sesame"
 
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# a wait returns as soon as the page is there; the limit only ends a hung page (generous: two busy
+# xdist workers and the browser share the cores)
+WAIT_MS = 60_000
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +72,7 @@ def page(server, tmp_path_factory):
         page.on("dialog", lambda d: (seen["errors"].append(f"dialog: {d.message}"), d.dismiss()))
         page.on("request", lambda r: seen["requests"].append(r.url))
         page.goto(base + "/")
-        page.wait_for_selector("body[data-ready=true]", state="attached", timeout=10_000)
+        page.wait_for_selector("body[data-ready=true]", state="attached", timeout=WAIT_MS)
         yield page, seen
         context.close()
 
@@ -99,10 +102,10 @@ def test_the_page_generates_filters_shows_attention_and_translates(server, page)
     page.fill("#seed", "4")
     set_range(page, "#temperature", 0.9)
     page.click("#go")
-    page.wait_for_selector("body[data-generated]", state="attached", timeout=10_000)
+    page.wait_for_selector("body[data-generated]", state="attached", timeout=WAIT_MS)
     ids = run.tokenizer.encode(prompt)
     last = len(ids) + int(page.get_attribute("body", "data-generated")) - 1
-    page.wait_for_selector(f"body[data-attention='{last}']", state="attached", timeout=10_000)  # followed
+    page.wait_for_selector(f"body[data-attention='{last}']", state="attached", timeout=WAIT_MS)  # followed
     expected = generate(run.model, [ids], 8, temperature=0.9, seed=4, stop_tokens=run.tokens.eos_ids)[0]
     chips = page.eval_on_selector_all("#chips .chip", "cs => cs.map(c => [Number(c.dataset.id), "
                                       "c.querySelector('.tt').textContent, c.classList.contains('gen')])")
@@ -119,7 +122,7 @@ def test_the_page_generates_filters_shows_attention_and_translates(server, page)
     # click the third generated token: its bars, re-filtered by the sliders as sampling.py filters
     pos = len(ids) + 2
     page.click(f"#chips .chip[data-pos='{pos}']")
-    page.wait_for_selector(f"body[data-attention='{pos}']", state="attached", timeout=10_000)
+    page.wait_for_selector(f"body[data-attention='{pos}']", state="attached", timeout=WAIT_MS)
     logits = steps[2]
     shown = [i for i, _, _ in bars(page)]
     assert shown == torch.sort(logits, descending=True, stable=True).indices[:20].tolist()
@@ -147,7 +150,7 @@ def test_the_page_generates_filters_shows_attention_and_translates(server, page)
     assert weights == pytest.approx(out.attentions[0][0, 1, -1].tolist(), abs=2e-5)
     page.click("#explorer-open")
     frame = page.frame_locator("#explorer")
-    frame.locator("body[data-ready=true]").wait_for(state="attached", timeout=10_000)
+    frame.locator("body[data-ready=true]").wait_for(state="attached", timeout=WAIT_MS)
     assert frame.locator("#queries .tok").count() == len(ids) + len(expected)
 
     # translate
@@ -155,7 +158,7 @@ def test_the_page_generates_filters_shows_attention_and_translates(server, page)
     page.fill("#source", "the first of may")
     page.fill("#beam", "2")
     page.click("#translate-go")
-    page.wait_for_selector("body[data-translated]", state="attached", timeout=10_000)
+    page.wait_for_selector("body[data-translated]", state="attached", timeout=WAIT_MS)
     translator = models["dates"].translator
     assert page.text_content("#tr-output") == translator.translate(["the first of may"], beam=2)[0]
     page.click("#tr-outputs .chip[data-pos='1']")
@@ -163,7 +166,7 @@ def test_the_page_generates_filters_shows_attention_and_translates(server, page)
     cross = page.eval_on_selector_all("#tr-source .chip", "cs => cs.map(c => Number(c.dataset.w))")
     last = torch.tensor(maps["cross"][-1])  # (H, T, S)
     assert cross == pytest.approx(last[:, 1].mean(0).tolist(), abs=2e-5)
-    page.frame_locator("#tr-explorer").locator("body[data-ready=true]").wait_for(state="attached", timeout=10_000)
+    page.frame_locator("#tr-explorer").locator("body[data-ready=true]").wait_for(state="attached", timeout=WAIT_MS)
 
     assert seen["errors"] == []
     assert all(url.startswith(base + "/") for url in seen["requests"]), seen["requests"]
@@ -171,7 +174,7 @@ def test_the_page_generates_filters_shows_attention_and_translates(server, page)
     # bad input gets its message on the page, not a broken page
     page.fill("#source", "   ")
     page.click("#translate-go")
-    page.wait_for_selector("#tr-status.error", timeout=10_000)
+    page.wait_for_selector("#tr-status.error", timeout=WAIT_MS)
     assert "text is empty" in page.text_content("#tr-status")
     assert all("status of 400" in e for e in seen["errors"]), seen["errors"]  # the browser logs the 400
 
@@ -213,11 +216,11 @@ def test_the_page_speaks_chinese_on_its_own_switch(server, page):
     assert page.text_content("#summary").startswith("temperature 2.00") and "top-k off of" in page.text_content("#summary")
 
     page.goto(base + "/?lang=zh")
-    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=10_000)
+    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=WAIT_MS)
     assert page.get_attribute("body", "data-lang") == "zh" and page.text_content("#go") == "生成"
     assert page.text_content("#summary") == "先生成，再点击一个生成的 token。"
     page.goto(base + "/?lang=en")  # the language is remembered: leave the page in English
-    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=10_000)
+    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=WAIT_MS)
     assert page.text_content("#go") == "Generate"
     assert len(seen["errors"]) == errors, seen["errors"][errors:]
 
@@ -255,17 +258,17 @@ def test_behind_an_api_key_the_page_asks_for_it_and_sends_it(server, page):
     page, seen = page
     seen["errors"].clear()
     page.goto(keyed + "/")
-    page.wait_for_selector("body[data-ready=key]", state="attached", timeout=10_000)
+    page.wait_for_selector("body[data-ready=key]", state="attached", timeout=WAIT_MS)
     assert page.is_visible("#key-form")
     page.fill("#api-key", "wrong")
     page.click("#key-form button")
     page.wait_for_function("document.querySelector('#key-status').textContent.includes('API key')")
     page.fill("#api-key", KEY)
     page.click("#key-form button")
-    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=10_000)
+    page.wait_for_selector("body[data-ready=true]", state="attached", timeout=WAIT_MS)
     assert not page.is_visible("#key-form")
     page.fill("#prompt", "once")
     page.fill("#max-tokens", "3")
     page.click("#go")
-    page.wait_for_selector("body[data-generated='3']", state="attached", timeout=10_000)
+    page.wait_for_selector("body[data-generated='3']", state="attached", timeout=WAIT_MS)
     assert len(seen["errors"]) == 2 and all("status of 401" in e for e in seen["errors"]), seen["errors"]

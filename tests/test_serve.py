@@ -248,7 +248,7 @@ def test_16_concurrent_streaming_clients_get_what_each_gets_alone(client, server
     engine.engine.largest_batch = max(largest, engine.largest_batch)
 
 
-def _wait(condition, timeout: float = 10.0) -> None:
+def _wait(condition, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "timed out"

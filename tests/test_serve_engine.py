@@ -38,7 +38,7 @@ def tiny_model(preset: str) -> CausalLM:
     return model
 
 
-def wait_until(condition, timeout: float = 10.0) -> None:
+def wait_until(condition, timeout: float = 60.0) -> None:
     """Wait for another thread to make `condition()` true; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while not condition():

@@ -182,20 +182,33 @@ def test_each_row_of_a_batch_follows_its_own_schema(models):
 
 
 def test_logprobs_are_those_of_the_constrained_distribution(models):
+    """At each step of a constrained sample the token's log-probability and the top ones are those of
+    softmax(logits / T) over the tokens the grammar allows there, recomputed from a plain forward and a
+    fresh matcher given the tokens before; the steps checked include one with several tokens allowed,
+    where temperature and renormalization show."""
     run = models["story"].lm
     vocab = Vocabulary(run.tokenizer, run.model.cfg.vocab_size, run.tokens.eos_ids)
     grammar = Grammar.json_schema(vocab, FLAGS)
-    prompt = [run.tokens.bos_id, 7]
-    row = Row(prompt, 1, SamplingOptions(temperature=0.8, seed=0, top_logprobs=3), processors=(
-        grammar.constraint(run.tokens.eos_ids),))
+    prompt, stop = [run.tokens.bos_id, 7], run.tokens.eos_ids
+    row = Row(prompt, 12, SamplingOptions(temperature=0.8, seed=0, top_logprobs=3), frozenset(stop),
+              processors=(grammar.constraint(stop),))
     with torch.inference_mode():
-        (choice,) = Engine(run.model).add([row])
-        logits = run.model(torch.tensor([prompt])).logits[0, -1]
-    allowed = grammar.constraint(run.tokens.eos_ids).allowed()
-    assert allowed.sum() == 1 and choice.token == run.tokenizer.encode("{")[0]  # an object starts with {
-    expected = torch.log_softmax((logits / 0.8).masked_fill(~allowed, float("-inf")), -1)
-    assert math.isclose(choice.logprob, float(expected[choice.token]), abs_tol=1e-5) and choice.logprob == 0.0
-    assert [t for t, _ in choice.top] == [choice.token]  # the masked-out tokens have no probability
+        engine = Engine(run.model)
+        choices = engine.add([row])
+        engine.run(choices.append)
+        logits = run.model(torch.tensor([prompt + row.tokens])).logits[0, len(prompt) - 1:]  # (steps+, V)
+    assert [c.token for c in choices] == row.tokens
+    several = 0
+    for i, choice in enumerate(choices):
+        state = grammar.constraint(stop)
+        state.sync(row.tokens[:i])
+        allowed = state.allowed()
+        expected = torch.log_softmax((logits[i] / 0.8).masked_fill(~allowed, float("-inf")), -1)
+        assert math.isclose(choice.logprob, float(expected[choice.token]), abs_tol=1e-4), (i, choice.token)
+        assert [t for t, _ in choice.top] == expected.topk(min(3, int(allowed.sum()))).indices.tolist(), i
+        assert all(allowed[t] for t, _ in choice.top)  # the masked-out tokens have no probability
+        several += int(allowed.sum()) >= 2
+    assert row.tokens[0] == run.tokenizer.encode("{")[0] and several >= 1, (several, row.tokens)
 
 
 class Collect:

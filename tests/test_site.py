@@ -104,9 +104,9 @@ def browser_page(site, tmp_path_factory):
 def search(page, query: str) -> list[str]:
     """Type `query` into the search box; the titles of the results."""
     box = page.locator("input[data-md-component=search-query]")
-    box.click(timeout=5_000)
+    box.click(timeout=60_000)
     box.fill(query)
-    page.wait_for_selector(".md-search-result__item", timeout=15_000)
+    page.wait_for_selector(".md-search-result__item", timeout=60_000)
     return page.locator(".md-search-result__item").all_inner_texts()
 
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 
+from handformer.cli.common import add_speculation_args, speculation_from_args
+
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from handformer.tasks.lm.chat import chat
 
+    speculate = speculation_from_args(args)
     session = chat(args.run_dir, system=args.system, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p, seed=args.seed, max_new_tokens=args.max_new_tokens,
-                   device=args.device, notify=lambda note: print(f"note: {note}", file=sys.stderr))
+                   device=args.device, notify=lambda note: print(f"note: {note}", file=sys.stderr),
+                   speculate=speculate)
     interactive = sys.stdin.isatty()
     failed = False
     while True:
@@ -30,6 +34,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
             failed = True
             continue
         print(flush=True)
+        if speculate is not None:
+            print(f"note: {session.speculation}", file=sys.stderr, flush=True)
     return 2 if failed else 0
 
 
@@ -46,4 +52,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="sample from the smallest set of tokens with total probability >= P")
     p.add_argument("--seed", type=int, default=None, help="random seed, for reproducible replies")
     p.add_argument("--device", default="cpu")
+    add_speculation_args(p)
     p.set_defaults(func=cmd_chat)

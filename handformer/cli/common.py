@@ -1,4 +1,4 @@
-"""Helpers the subcommands share: --set overrides, tables, stdin input."""
+"""Helpers the subcommands share: --set overrides, tables, stdin input, speculation flags."""
 
 from __future__ import annotations
 
@@ -92,3 +92,25 @@ def report_import(result: Any, run_dir: str) -> int:
         print(f"note: {note}")
     print(f'next: handformer generate {run_dir} --prompt "Once upon a time" --temperature 0')
     return 0
+
+
+def add_speculation_args(p: argparse.ArgumentParser) -> None:
+    """--speculate K and --draft RUN_DIR (generate, chat)."""
+    p.add_argument("--speculate", type=positive_int, default=None, metavar="K",
+                   help="speculative decoding: guess K tokens ahead and check them in one forward (same "
+                        "tokens when greedy, same distribution when sampling); guesses come from the "
+                        "context itself (prompt lookup) unless --draft is given")
+    p.add_argument("--draft", default=None, metavar="RUN_DIR",
+                   help="a smaller run with the same tokenizer that drafts the guesses "
+                        "(implies --speculate 4)")
+
+
+def speculation_from_args(args: argparse.Namespace) -> Any:
+    """The Speculation the flags ask for (loading the draft run), or None."""
+    if args.speculate is None and args.draft is None:
+        return None
+    from handformer.generation.sampling import Speculation
+    from handformer.tasks.lm.run import load_lm
+
+    draft = None if args.draft is None else load_lm(args.draft, args.device, decoding=True).model
+    return Speculation(tokens=args.speculate or 4, draft_model=draft)

@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from handformer.cli.common import non_negative_int, positive_int
+from handformer.cli.common import add_speculation_args, non_negative_int, positive_int, speculation_from_args
 from handformer.generation.stream import TextStream
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from handformer.generation.generate import generate, max_new_tokens_for
+    from handformer.generation.speculative import SpeculationStats
     from handformer.tasks.lm.run import load_lm
 
     if args.prompt == "":
         raise ValueError("empty prompt: give --prompt TEXT with at least one character")
     run = load_lm(args.run_dir, args.device, decoding=True)
+    speculate = speculation_from_args(args)
     bos = run.tokens.bos_id
     max_positions = run.model.cfg.max_positions
     # stdin is read line by line, so each prompt is answered as soon as it is typed.
@@ -27,12 +29,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         max_new = args.max_new_tokens
         if max_new is None:  # default: 100 tokens, or what fits in the context window
             max_new = max(1, min(100, max_new_tokens_for(len(ids), max_positions)))
-        stream = TextStream(run.tokenizer, ids, prefix=text)
+        stream, stats = TextStream(run.tokenizer, ids, prefix=text), SpeculationStats()
         generate(run.model, [ids], max_new, temperature=args.temperature, top_k=args.top_k,
                  top_p=args.top_p, seed=args.seed, stop_tokens=run.tokens.eos_ids,
-                 on_token=lambda _row, token, stream=stream: stream.push(token), compile_step=args.compile)
+                 on_token=lambda _row, token, stream=stream: stream.push(token), compile_step=args.compile,
+                 speculate=speculate, stats=stats)
         stream.close()
         print(flush=True)
+        if speculate is not None:
+            print(stats, file=sys.stderr, flush=True)
         done += 1
     if not done:
         raise ValueError("nothing to generate from: give --prompt TEXT or prompts on stdin, one a line")
@@ -53,4 +58,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the decoding step (tens of seconds first; pays only for long outputs)")
+    add_speculation_args(p)
     p.set_defaults(func=cmd_generate)

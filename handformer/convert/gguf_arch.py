@@ -34,7 +34,15 @@ import gguf
 import torch
 from torch import Tensor
 
-from handformer.config import CausalLMConfig, Llama3RopeScaling, LongRopeScaling, MoEConfig, setting_name
+from handformer.config import (
+    CausalLMConfig,
+    FamilyConfig,
+    Llama3RopeScaling,
+    LongRopeScaling,
+    MoEConfig,
+    setting_name,
+    setting_value,
+)
 from handformer.families.catalogue import GGUF_ENTRIES, SPECS, spec_of
 from handformer.families.spec import GgufEntry
 from handformer.settings import is_int, is_number
@@ -73,7 +81,13 @@ _NOT_WRITTEN = {"qk_norm": ("none", "q/k norms"), "moe": (None, "mixture of expe
                 "nope_layers": ([], "layers without RoPE"), "rope_local_theta": (None, "second RoPE base"),
                 "attn_scale_dim": (None, "query scale of its own"),
                 "attn_softcap": (None, "soft-capped attention scores"),
-                "logit_softcap": (None, "soft-capped logits")}
+                "logit_softcap": (None, "soft-capped logits"),
+                "embedding_multiplier": (None, "embedding multiplier"),
+                "attention_multiplier": (None, "attention multiplier"),
+                "residual_multiplier": (None, "residual multiplier"),
+                "logits_scaling": (None, "logits scaling"),
+                "attn_sinks": (False, "attention sinks"), "swiglu_limit": (None, "clamped SwiGLU experts"),
+                "mla": (None, "multi-head latent attention")}
 
 
 def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:
@@ -82,7 +96,10 @@ def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:
     entry here writes goes to the closest one, whose `mismatches` then name those settings."""
     if recorded is not None:
         if recorded not in BY_MODEL_TYPE:
-            raise ValueError(f"this run was imported from model_type {recorded!r}; export-gguf writes "
+            unread = SPECS[recorded].gguf_unread if recorded in SPECS else {}
+            why = "".join(f" (llama.cpp's {arch}: {reason}, which export-gguf does not write yet)"
+                          for arch, reason in unread.items())
+            raise ValueError(f"this run was imported from model_type {recorded!r}{why}; export-gguf writes "
                              f"{', '.join(BY_MODEL_TYPE)}")
         return BY_MODEL_TYPE[recorded]
     from handformer.convert.hf_export import model_type_for
@@ -164,12 +181,12 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
         settings.pop("n_kv_heads")  # stated, but the same as None
     if cfg.sliding_window is not None and cfg.sliding_window >= cfg.max_positions:
         settings.pop("sliding_window", None)  # a window as long as the context: no window (noted)
-    problems = [f"{setting_name(name)}={getattr(cfg, name)!r} ({family.name} {why})"
-                for name, (value, why) in settings.items() if getattr(cfg, name) != value]
-    problems += [f"{setting_name(name)}={getattr(cfg, name)!r} (export-gguf writes no {what} for "
+    problems = [f"{setting_name(name)}={setting_value(cfg, name)!r} ({family.name} {why})"
+                for name, (value, why) in settings.items() if setting_value(cfg, name) != value]
+    problems += [f"{setting_name(name)}={setting_value(cfg, name)!r} (export-gguf writes no {what} for "
                  f"{family.name}; export-hf writes this run for transformers)"
                  for name, (value, what) in _NOT_WRITTEN.items()
-                 if name not in family.writes and name not in settings and getattr(cfg, name) != value]
+                 if name not in family.writes and name not in settings and setting_value(cfg, name) != value]
     problems += _layer_problems(cfg, family)
     if family.experts:
         problems += _expert_problems(cfg, family)
@@ -411,6 +428,12 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
         if cfg.moe.d_expert is not None or not family.experts_d_ff:  # Mixtral's experts: d_ff wide
             writer.add_expert_feed_forward_length(cfg.moe.d_expert or cfg.d_ff)
         writer.add_float64(AUX_LOSS_KEY, cfg.moe.aux_loss_coef)
+    if family.multipliers:  # llama.cpp reads all four: none set is 1 (scores: 1/sqrt(head_dim))
+        f = cfg.family
+        writer.add_embedding_scale(f.embedding_multiplier or 1.0)
+        writer.add_attention_scale(f.attention_multiplier or cfg.head_dim ** -0.5)
+        writer.add_residual_scale(f.residual_multiplier or 1.0)
+        writer.add_logit_scale(f.logits_scaling or 1.0)
     if family.softcaps:
         writer.add_attn_logit_softcapping(cfg.family.attn_softcap)
         writer.add_final_logit_softcapping(cfg.family.logit_softcap)
@@ -469,7 +492,7 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     Llama 3 scaling come from the tensors; see gguf_import)."""
     for template, (harmless, what) in _NOT_IMPLEMENTED.items():
         key = _key(family, template)
-        if ((family.softcaps and template in _SOFTCAPS)
+        if ((family.softcaps and template in _SOFTCAPS) or (family.multipliers and template in _MULTIPLIERS)
                 or (family.experts and template == gguf.Keys.LLM.EXPERT_COUNT)):
             continue
         if key in metadata and not harmless(metadata[key]):
@@ -515,12 +538,19 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
             d_expert=(_int(metadata, width, where, settings["d_ff"])
                       if width in metadata or not family.experts_d_ff else None),  # Mixtral: d_ff wide
             aux_loss_coef=metadata.get(AUX_LOSS_KEY, MoEConfig.aux_loss_coef))
+    if family.multipliers:
+        settings["family"] = FamilyConfig(**{name: _float(metadata, k(template), where, 1.0)
+                                             for template, name in _MULTIPLIERS.items()})
     settings.update({name: value for name, (value, _) in family.settings.items() if name != "n_kv_heads"})
     if "n_kv_heads" in family.settings and settings["n_kv_heads"] == n_heads:
         settings["n_kv_heads"] = None  # GPT-2's config says so by leaving it out
     return settings
 
 
+_MULTIPLIERS = {gguf.Keys.LLM.EMBEDDING_SCALE: "embedding_multiplier",  # Granite's, into its family section
+                gguf.Keys.Attention.SCALE: "attention_multiplier",
+                gguf.Keys.LLM.RESIDUAL_SCALE: "residual_multiplier",
+                gguf.Keys.LLM.LOGIT_SCALE: "logits_scaling"}
 _SOFTCAPS = {gguf.Keys.LLM.ATTN_LOGIT_SOFTCAPPING: ("attn_softcap", 50.0),  # llama.cpp's defaults
              gguf.Keys.LLM.FINAL_LOGIT_SOFTCAPPING: ("logit_softcap", 30.0)}
 

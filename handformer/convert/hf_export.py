@@ -37,10 +37,11 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from handformer.config import CausalLMConfig, setting_name
+from handformer.config import CausalLMConfig, setting_name, setting_value
 from handformer.convert.hf_import import ARCHITECTURES as HF_CLASSES
-from handformer.convert.hf_weights import HEAD, instances
+from handformer.convert.hf_weights import HEAD, concrete, expert_groups, halves_to_pairs
 from handformer.families.catalogue import SPECS, spec_of
+from handformer.families.spec import Target
 
 # The settings only some families have: name -> (its value in a model without it, what it is). A
 # family that may set one lists it in its spec's `may_set`; a run recorded as another family is
@@ -55,6 +56,13 @@ FAMILY_SETTINGS: dict[str, tuple[Any, str]] = {
     "attn_scale_dim": (None, "a query scale of its own"),
     "attn_softcap": (None, "soft-capped attention scores"),
     "logit_softcap": (None, "soft-capped logits"),
+    "embedding_multiplier": (None, "embedding multiplier"),
+    "attention_multiplier": (None, "attention multiplier"),
+    "residual_multiplier": (None, "residual multiplier"),
+    "logits_scaling": (None, "logits scaling"),
+    "attn_sinks": (False, "attention sinks"),
+    "swiglu_limit": (None, "clamped SwiGLU experts"),
+    "mla": (None, "multi-head latent attention"),
 }
 
 
@@ -67,11 +75,11 @@ def hf_mismatches(cfg: CausalLMConfig, model_type: str) -> list[str]:
              "position": (spec.position, f"has {spec.position} positions"), **spec.fixed}
     if fixed.get("n_kv_heads", (0,))[0] is None and cfg.n_kv_heads == cfg.n_heads:
         fixed.pop("n_kv_heads")  # stated, but the same as None
-    problems = [f"{setting_name(name)}={getattr(cfg, name)!r} ({spec.name} {why})"
-                for name, (value, why) in fixed.items() if getattr(cfg, name) != value]
-    problems += [f"{setting_name(name)}={getattr(cfg, name)!r} ({spec.name} has no {what})"
+    problems = [f"{setting_name(name)}={setting_value(cfg, name)!r} ({spec.name} {why})"
+                for name, (value, why) in fixed.items() if setting_value(cfg, name) != value]
+    problems += [f"{setting_name(name)}={setting_value(cfg, name)!r} ({spec.name} has no {what})"
                  for name, (default, what) in FAMILY_SETTINGS.items()
-                 if name not in spec.may_set and getattr(cfg, name) != default]
+                 if name not in spec.may_set and setting_value(cfg, name) != default]
     scaling = cfg.rope_scaling
     if scaling is not None and not isinstance(scaling, spec.rope_scalings):
         what = " or ".join(f"'{c().type}'" for c in spec.rope_scalings)
@@ -111,16 +119,30 @@ def export_state_dict(state: dict[str, Tensor], cfg: CausalLMConfig, model_type:
     for template, target in arch.weights.items():
         if template == HEAD and cfg.tie_embeddings:
             continue
-        for at in instances(template, cfg):
-            keys = [k.format(**at) for k in target.keys]
-            if all(k in state for k in keys):
-                tensor = torch.cat([state[k] for k in keys], dim=0)  # split projections, rejoined
-                out[template.format(**at)] = (tensor.t() if target.transpose else tensor).contiguous()
-            elif arch.zero_biases and template.endswith(".bias"):  # bias=false: zeros are exact
+        for key, concrete_target in concrete(template, target, cfg):
+            keys = concrete_target.keys
+            if keys and all(k in state for k in keys):
+                out[key] = _joined(state, concrete_target, cfg)
+            elif keys and arch.zero_biases and template.endswith(".bias"):  # bias=false: zeros are exact
                 weights = [state[k.removesuffix(".bias") + ".weight"] for k in keys]
-                out[template.format(**at)] = torch.zeros(sum(w.shape[0] for w in weights),
-                                                         dtype=weights[0].dtype)
+                out[key] = torch.zeros(sum(w.shape[0] for w in weights), dtype=weights[0].dtype)
     return out  # torch.cat copies: nothing shares memory with the model
+
+
+def _joined(state: dict[str, Tensor], target: Target, cfg: CausalLMConfig) -> Tensor:
+    """The checkpoint tensor of `target`'s keys: split projections rejoined (their rows alternating
+    where interleaved), a Conv1D weight transposed, a layer's experts stacked (E, ...)."""
+    parts = []
+    for keys in expert_groups(target, cfg):
+        tensors = [state[k] for k in keys]
+        if target.interleaved:  # (rows, ...) each -> (n * rows, ...), row r from tensor r % n
+            joined = torch.stack(tensors, dim=1).flatten(0, 1)
+        else:
+            joined = torch.cat(tensors, dim=0)
+        if target.rope_pairs:  # back to the checkpoint's RoPE pairs
+            joined = halves_to_pairs(joined, cfg.head_dim)
+        parts.append(joined.t() if target.transpose else joined)
+    return (torch.stack(parts) if target.stacked else parts[0]).contiguous()
 
 
 _DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}

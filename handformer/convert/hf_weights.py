@@ -33,6 +33,7 @@ Shape legend: D d_model, H heads, Hkv key/value heads, Dh head dim, F d_ff, V vo
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +42,7 @@ import torch
 from torch import Tensor
 
 from handformer.config import CausalLMConfig
+from handformer.convert.mxfp4 import dequantize_mxfp4
 from handformer.families import build_causal_lm
 from handformer.families.catalogue import SPECS, look_alike
 from handformer.families.hf_config import unsupported, windows
@@ -128,14 +130,24 @@ def instances(template: str, cfg: CausalLMConfig) -> list[dict[str, int | None]]
     return [{"i": i, "e": e} for i in layers for e in experts]
 
 
+def concrete(template: str, target: Target, cfg: CausalLMConfig) -> list[tuple[str, Target]]:
+    """(checkpoint key, its targets) for each layer and expert a map entry covers; a stacked
+    target lists every expert's keys, expert by expert."""
+    found = []
+    for at in instances(template, cfg):
+        experts = range(cfg.moe.n_experts if cfg.moe else 0) if target.stacked else [at["e"]]
+        keys = tuple(k.format(i=at["i"], e=e) for e in experts for k in target.keys)
+        found.append((template.format(**at), dataclasses.replace(target, keys=keys)))
+    return found
+
+
 def _plan(arch: HFTensors, cfg: CausalLMConfig, expected: dict[str, tuple[int, ...]]) -> dict[str, Target]:
     """Checkpoint key -> concrete target, for each map entry whose targets the model has."""
     plan = {}
     for template, target in arch.weights.items():
-        for at in instances(template, cfg):
-            keys = tuple(k.format(**at) for k in target.keys)
-            if all(k in expected for k in keys):
-                plan[template.format(**at)] = Target(keys, target.transpose)
+        for key, concrete_target in concrete(template, target, cfg):
+            if concrete_target.keys and all(k in expected for k in concrete_target.keys):
+                plan[key] = concrete_target
     return plan
 
 
@@ -157,20 +169,56 @@ def _unstack(state: dict[str, Tensor], arch: HFTensors, cfg: CausalLMConfig) -> 
     return state
 
 
-def _source_shape(target: Target, expected: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
-    """The checkpoint shape the targets need: their shapes stacked along dim 0, transposed for Conv1D."""
-    shapes = [expected[k] for k in target.keys]
+def expert_groups(target: Target, cfg: CausalLMConfig) -> list[tuple[str, ...]]:
+    """A target's keys, one group a source slice: each expert's (stacked) or all of them."""
+    n = len(target.keys) // cfg.moe.n_experts if target.stacked and cfg.moe else len(target.keys)
+    return [target.keys[j:j + n] for j in range(0, len(target.keys), n)]
+
+
+def _past_last_layer(key: str, prefix: str, n_layers: int) -> bool:
+    """Whether `key` belongs to a layer from n_layers on ("model.layers.61.eh_proj.weight")."""
+    found = re.match(re.escape(prefix) + r"layers\.(\d+)\.", key)
+    return found is not None and int(found.group(1)) >= n_layers
+
+
+def _source_shape(target: Target, expected: dict[str, tuple[int, ...]],
+                  cfg: CausalLMConfig) -> tuple[int, ...]:
+    """The checkpoint shape the targets need: their shapes stacked along dim 0, transposed for
+    Conv1D; (E, ...) with each expert's slice so for stacked experts."""
+    groups = expert_groups(target, cfg)
+    shapes = [expected[k] for k in groups[0]]
     shape = (sum(s[0] for s in shapes), *shapes[0][1:])
-    return shape[::-1] if target.transpose else shape
+    shape = shape[::-1] if target.transpose else shape
+    return (len(groups), *shape) if target.stacked else shape
 
 
-def _apply(tensor: Tensor, target: Target, expected: dict[str, tuple[int, ...]]) -> dict[str, Tensor]:
+def pairs_to_halves(w: Tensor, head_dim: int) -> Tensor:
+    """Rows of RoPE's adjacent pairs (x0, y0, x1, y1, ...) per head -> half-split (x0, x1, ..., y0,
+    y1, ...), the order handformer's RoPE turns: (H*Dh, ...) -> (H*Dh, ...)."""
+    return w.reshape(-1, head_dim // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def halves_to_pairs(w: Tensor, head_dim: int) -> Tensor:
+    """The inverse of `pairs_to_halves`."""
+    return w.reshape(-1, 2, head_dim // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _apply(tensor: Tensor, target: Target, expected: dict[str, tuple[int, ...]],
+           cfg: CausalLMConfig) -> dict[str, Tensor]:
     """The target tensors, as views of `tensor` (a transposed Conv1D weight is a strided view:
     whoever stores it makes it contiguous, one tensor at a time)."""
-    if target.transpose:
-        tensor = tensor.t()  # Conv1D (in, out) -> Linear (out, in)
-    parts = tensor.split([expected[k][0] for k in target.keys], dim=0)
-    return dict(zip(target.keys, parts))
+    out = {}
+    groups = expert_groups(target, cfg)
+    for keys, part in zip(groups, tensor if target.stacked else [tensor]):  # each expert's (rows, cols)
+        if target.transpose:
+            part = part.t()  # (in, out) -> Linear (out, in)
+        if target.rope_pairs:  # RoPE's adjacent pairs -> handformer's half-split rows (a copy)
+            part = pairs_to_halves(part, cfg.head_dim)
+        if target.interleaved:  # row r of the source is row r // n of key r % n
+            out.update({k: part[j::len(keys)] for j, k in enumerate(keys)})
+        else:
+            out.update(zip(keys, part.split([expected[k][0] for k in keys], dim=0)))
+    return out
 
 
 def _with_base_prefix(hf_state: dict[str, Tensor], prefix: str) -> tuple[dict[str, Tensor], str]:
@@ -198,7 +246,10 @@ def convert_hf_state_dict(hf_state: dict[str, Tensor], cfg: CausalLMConfig,
     """
     arch = _spec(model_type).tensors
     state, note = _with_base_prefix(hf_state, arch.base_prefix)
-    state = _unstack(state, arch, cfg)
+    quantized = [t.format(**at) for t in arch.mxfp4 for at in instances(t, cfg)]
+    state = dequantize_mxfp4(_unstack(state, arch, cfg), quantized)
+    if arch.extra_layers:
+        state = {k: v for k, v in state.items() if not _past_last_layer(k, arch.base_prefix, cfg.n_layers)}
     expected = _expected_shapes(cfg)
     plan = _plan(arch, cfg, expected)
     tied_head = plan.pop(HEAD) if cfg.tie_embeddings else None
@@ -215,12 +266,12 @@ def convert_hf_state_dict(hf_state: dict[str, Tensor], cfg: CausalLMConfig,
     for key, target in plan.items():
         if key not in state:
             continue
-        shape = _source_shape(target, expected)
+        shape = _source_shape(target, expected, cfg)
         if tuple(state[key].shape) != shape:
             problems["shape mismatches"].append(f"{key}: checkpoint {tuple(state[key].shape)}, "
                                                 f"expected {shape} (-> {', '.join(target.keys)})")
         else:
-            out.update(_apply(state[key], target, expected))
+            out.update(_apply(state[key], target, expected, cfg))
     _mismatch_error(model_type, cfg.n_layers, problems, note)
     if tied_head is not None:
         if HEAD in state and not torch.equal(state[HEAD], state[arch.embedding]):
@@ -243,4 +294,4 @@ def model_from_hf(hf_config: dict[str, Any], hf_state: dict[str, Tensor]) -> Cau
 
 
 __all__ = ["ARCHITECTURES", "Architecture", "Target", "check_implemented", "config_from_hf",
-           "convert_hf_state_dict", "load_hf_into", "model_from_hf"]
+           "concrete", "convert_hf_state_dict", "expert_groups", "load_hf_into", "model_from_hf"]

@@ -102,6 +102,18 @@ def locate(name: str, file: str, download: bool = True, log: Callable[[str], Non
     return fetch(name, file, log)
 
 
+def folder(name: str, log: Callable[[str], None] = _stderr) -> Path:
+    """A folder holding every file of dataset `name`: the first in the lookup order that has them
+    all, else the cache, with the files it lacks downloaded."""
+    found = find_folder(name)
+    if found is not None:
+        return found
+    for f in dataset(name).files:
+        if not (cache_dir() / name / f.name).is_file():
+            fetch(name, f.name, log)
+    return cache_dir() / name
+
+
 def text_file(name: str) -> Path:
     """The text file a language model trains on for `[data] dataset = NAME`."""
     ds = dataset(name)

@@ -18,6 +18,15 @@ torchtune's builders do), reusing its weights:
 | norm_placement = "reordered"     | OLMo 2              | olmo.ReorderedNormBlock                   |
 | qk_norm = "width"                | OLMo 2              | olmo.WidthQKNormAttention                 |
 | nope_layers                      | SmolLM3             | smollm.NoRopeAttention                    |
+| family.residual_multiplier       | Granite             | granite.GraniteBlock                      |
+| family.attention_multiplier      | Granite             | granite.GraniteAttention                  |
+| family.embedding_multiplier      | Granite             | granite.ScaledEmbedding                   |
+| family.logits_scaling            | Granite             | granite.ScaledHead                        |
+| attn_sinks                       | gpt-oss             | gpt_oss.SinkAttention                     |
+| swiglu_limit                     | gpt-oss             | gpt_oss.GptOssMoE, gpt_oss.ClampedSwiGLU  |
+| qk_norm = "head_after_rope"      | Hunyuan             | hunyuan.RotatedQKNormAttention            |
+| mla                              | DeepSeek-V3         | deepseek.LatentAttention                  |
+| moe.grouped (sigmoid, groups)    | DeepSeek-V3         | deepseek.GroupedMixture                   |
 
 Everything that builds a model from a config (runs, imports, training, tracing) calls
 `build_causal_lm`; the variants' modules keep the lesson's parameter names, so state dicts,
@@ -31,7 +40,11 @@ from collections.abc import Callable
 from torch import nn
 
 from handformer.config import CausalLMConfig
+from handformer.families.deepseek import put_grouped_mixtures, put_latent_attention
 from handformer.families.gemma import GemmaAttention, LocalGlobalRotary, SandwichBlock, SoftcappedHead
+from handformer.families.gpt_oss import GptOssMoE, SinkAttention
+from handformer.families.granite import GraniteAttention, GraniteBlock, ScaledEmbedding, ScaledHead
+from handformer.families.hunyuan import RotatedQKNormAttention
 from handformer.families.olmo import ReorderedNormBlock, WidthQKNormAttention
 from handformer.families.smollm import NoRopeAttention
 from handformer.models.causal_lm import CausalLM
@@ -58,6 +71,8 @@ VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, Causa
          a, c.family.attn_scale_dim or c.head_dim, c.family.attn_softcap))),
     (lambda c: c.qk_norm == "width",
      lambda m, c: replace_layers(m, _layers(m, "self_attn"), lambda a: WidthQKNormAttention(a, c))),
+    (lambda c: c.qk_norm == "head_after_rope",
+     lambda m, c: replace_layers(m, _layers(m, "self_attn"), lambda a: RotatedQKNormAttention(a, c))),
     (lambda c: bool(c.family.nope_layers),
      lambda m, c: replace_layers(m, _layers(m, "self_attn", lambda i: i in c.family.nope_layers),
                                  NoRopeAttention)),
@@ -66,6 +81,22 @@ VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, Causa
                                  lambda h: SoftcappedHead(h, c.family.logit_softcap))),
     (lambda c: c.family.rope_local_theta is not None,
      lambda m, c: replace_layers(m, {"rotary": m.rotary}, lambda r: LocalGlobalRotary(c))),
+    (lambda c: c.family.residual_multiplier is not None,
+     lambda m, c: replace_layers(m, _layers(m, ""), lambda b: GraniteBlock(b, c.family.residual_multiplier))),
+    (lambda c: c.family.attention_multiplier is not None,
+     lambda m, c: replace_layers(m, _layers(m, "self_attn"),
+                                 lambda a: GraniteAttention(a, c.family.attention_multiplier))),
+    (lambda c: c.family.embedding_multiplier is not None,
+     lambda m, c: replace_layers(m, {"embed": m.embed},
+                                 lambda e: ScaledEmbedding(e, c.family.embedding_multiplier))),
+    (lambda c: c.family.logits_scaling is not None,
+     lambda m, c: replace_layers(m, {"lm_head": m.lm_head},
+                                 lambda h: ScaledHead(h, c.family.logits_scaling))),
+    (lambda c: c.attn_sinks, lambda m, c: replace_layers(m, _layers(m, "self_attn"), SinkAttention)),
+    (lambda c: c.swiglu_limit is not None, lambda m, c: replace_layers(
+        m, _layers(m, "ffn"), lambda moe: GptOssMoE(moe, c.swiglu_limit, c.swiglu_alpha))),
+    (lambda c: c.mla is not None, put_latent_attention),
+    (lambda c: c.moe is not None and c.moe.grouped, put_grouped_mixtures),
 ]
 
 

@@ -18,6 +18,7 @@ from handformer.config import (
     LongRopeScaling,
     MoEConfig,
     RopeScaling,
+    YarnRopeScaling,
 )
 from handformer.settings import is_int
 
@@ -79,7 +80,7 @@ def rope_parameters(c: dict[str, Any], key: str, params: dict[str, Any],
     original = c.get("original_max_position_embeddings") or params.get(
         "original_max_position_embeddings", c.get("max_position_embeddings"))
     needs = {"llama3": ("factor", "low_freq_factor", "high_freq_factor"), "linear": ("factor",),
-             "longrope": ("short_factor", "long_factor")}.get(rope_type, ())
+             "longrope": ("short_factor", "long_factor"), "yarn": ("factor",)}.get(rope_type, ())
     for needed in needs:
         if needed not in params:
             unsupported(c, key, params, f"rope_type {rope_type!r} needs {needed!r}")
@@ -90,6 +91,11 @@ def rope_parameters(c: dict[str, Any], key: str, params: dict[str, Any],
             high_freq_factor=float(params["high_freq_factor"]), original_max_positions=original)
     elif rope_type == "linear":
         scaling = LinearRopeScaling(factor=float(params["factor"]))
+    elif rope_type == "yarn":
+        scaling = YarnRopeScaling(
+            factor=float(params["factor"]), original_max_positions=original,
+            **{k: params[k] for k in ("beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+                                      "attention_factor", "truncate") if params.get(k) is not None})
     elif rope_type == "longrope":
         scaling = LongRopeScaling(
             short_factor=[float(f) for f in params["short_factor"]],
@@ -162,6 +168,12 @@ def rope_parameters_keys(cfg: CausalLMConfig) -> dict[str, Any]:
         return {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if isinstance(s, LinearRopeScaling):
         return {"rope_type": "linear", "rope_theta": cfg.rope_theta, "factor": s.factor}
+    if isinstance(s, YarnRopeScaling):  # what differs from transformers' defaults
+        defaults = {"beta_fast": 32.0, "beta_slow": 1.0, "truncate": True, "mscale": None,
+                    "mscale_all_dim": None, "attention_factor": None}
+        return {"rope_type": "yarn", "rope_theta": cfg.rope_theta, "factor": s.factor,
+                "original_max_position_embeddings": s.original_max_positions,
+                **{k: getattr(s, k) for k, default in defaults.items() if getattr(s, k) != default}}
     if isinstance(s, LongRopeScaling):
         optional = {k: getattr(s, k) for k in ("factor", "attention_factor") if getattr(s, k) is not None}
         return {"rope_type": "longrope", "rope_theta": cfg.rope_theta, "short_factor": s.short_factor,

@@ -52,6 +52,9 @@ def expert_problems(cfg: CausalLMConfig, name: str, shared: bool) -> list[str]:
     if cfg.moe is None:
         return [f"moe=None ({name} is a mixture of experts)"]
     found = []
+    if cfg.moe.grouped:
+        found.append(f"moe={cfg.moe!r} ({name} routes each token to its softmax top-k, without groups, "
+                     "sigmoid scores or dense layers)")
     if (cfg.moe.d_shared > 0) != shared:
         has = "has" if shared else "has no"
         found.append(f"moe.d_shared={cfg.moe.d_shared} ({name} {has} shared expert)")
@@ -104,7 +107,6 @@ MIXTRAL = FamilySpec(
     from_hf_config=from_hf_config, to_hf_config=to_hf_config, tensors=TENSORS, gguf=GGUF,
     may_set=frozenset({"moe"}), hf_keys=EXPERT_KEYS, problems=problems,
     claims=((13, lambda c: c.moe is not None),),
-    look_alikes={"deepseek_v3": "DeepSeek-V3 uses multi-head latent attention"},
     differences=Differences(ffn="a mixture of experts (top-k renormalized)",
                             cache="a sliding window when set"))
 

@@ -27,18 +27,35 @@ Fixed = dict[str, tuple[Any, str]]
 @dataclass(frozen=True)
 class Target:
     """Where one checkpoint tensor goes. Several keys = split along dim 0 in the listed order,
-    with sizes taken from the target shapes. transpose: the source is a Conv1D (in, out) weight."""
+    with sizes taken from the target shapes. transpose: the source is a Conv1D (in, out) weight.
+    stacked: the source holds a layer's experts, (E, ...), and the keys ({e} = expert) take each
+    expert's slice (transposed first with `transpose`); interleaved: the keys' rows alternate
+    (row r goes to key r % len(keys)) instead of following each other."""
 
     keys: tuple[str, ...]
     transpose: bool = False
+    stacked: bool = False
+    interleaved: bool = False
+    # the source rotates adjacent pairs (x0, y0, x1, y1, ...) of each head: its rows are reordered
+    # to handformer's half-split RoPE (x0, x1, ..., y0, y1, ...) on import, and back on export
+    rope_pairs: bool = False
 
 
 def to(*keys: str) -> Target:
     return Target(keys)
 
 
+def stacked(*keys: str, transpose: bool = False, interleaved: bool = False) -> Target:
+    """A tensor of every expert of a layer (gpt-oss's), dealt out to each expert's `keys`."""
+    return Target(keys, transpose, stacked=True, interleaved=interleaved)
+
+
 def conv1d(*keys: str) -> Target:
     return Target(keys, transpose=True)
+
+
+def paired(*keys: str) -> Target:
+    return Target(keys, rope_pairs=True)
 
 
 @dataclass(frozen=True)
@@ -54,6 +71,11 @@ class HFTensors:
     # (each expert's slice split along its dim 0 in the listed order; one template: a rename).
     in_memory: dict[str, tuple[str, ...]] = field(default_factory=dict)
     zero_biases: bool = False  # the architecture always has biases: a run without writes zeros
+    # key templates that released checkpoints store as MXFP4 (gpt-oss): `{key}_blocks` (uint8, two
+    # 4-bit values a byte) and `{key}_scales` (uint8 exponents), dequantized on import (convert/mxfp4.py)
+    mxfp4: tuple[str, ...] = ()
+    # the checkpoint may hold layers past num_hidden_layers, skipped (DeepSeek-V3's multi-token prediction)
+    extra_layers: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,6 +109,9 @@ class GgufEntry:
     experts_d_ff: bool = False  # the experts are d_ff wide unless the file says otherwise (Mixtral)
     longrope: bool = False  # Phi-3.5 / Phi-4-mini: LongRoPE as rope_factors_short / _long (Dr/2,)
     nope_step: int = 0  # SmolLM3: llama.cpp leaves RoPE out of layer i when (i + 1) % nope_step == 0
+    # Granite: {arch}.embedding_scale, .attention.scale, .residual_scale and .logit_scale hold the
+    # family section's four multipliers (gguf_arch writes and reads them)
+    multipliers: bool = False
     tokenizer_model: str | None = None  # a tokenizer.ggml.model llama.cpp named after this family
     pre_tokenizer: str | None = None  # a tokenizer.ggml.pre this family names
     also_recorded: tuple[str, ...] = ()  # other model_types a run exported here may have recorded
@@ -147,4 +172,4 @@ class FamilySpec:
 
 
 __all__ = ["Claim", "Differences", "FamilySpec", "Fixed", "GgufEntry", "HFTensors", "Target", "conv1d",
-           "no_problems", "to"]
+           "no_problems", "paired", "stacked", "to"]

@@ -67,11 +67,11 @@ class DecodingCache(RollingKVCache):
         first = next(c for c, _ in blocks if c.keys[0] is not None)
         out = cls(len(first.keys), capacity, window, first.global_layers)
         for layer in range(len(first.keys)):
-            k0, slots = first.keys[layer], out.layer_slots(layer)
+            k0, v0, slots = first.keys[layer], first.values[layer], out.layer_slots(layer)
             held = min(width, slots)  # columns width - held .. width - 1 are kept
             B = sum(index.numel() for _, index in blocks)
             keys = k0.new_zeros(B, k0.size(1), slots, k0.size(3))  # (B, Hkv, C or W, Dh)
-            values = keys.clone()
+            values = v0.new_zeros(B, v0.size(1), slots, v0.size(3))  # a latent cache's: its own width
             row = 0
             for cache, index in blocks:
                 k, v = (t.index_select(0, index.to(t.device)) for t in columns_of(cache, layer))
@@ -95,7 +95,7 @@ class DecodingCache(RollingKVCache):
             raise ValueError(f"{n} columns do not fit in a cache of {out.slots} slots")
         for layer, (k, v) in enumerate(zip(keys, values)):
             out.keys[layer] = k.new_zeros(1, k.size(0), out.slots, k.size(2))  # (1, Hkv, slots, Dh)
-            out.values[layer] = out.keys[layer].clone()
+            out.values[layer] = v.new_zeros(1, v.size(0), out.slots, v.size(2))
             out.keys[layer][0, :, :n] = k
             out.values[layer][0, :, :n] = v
         out.length = n

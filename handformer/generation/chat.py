@@ -9,8 +9,9 @@ Each turn:
 2. the longest common prefix of that prompt and the tokens in the cache is kept; the cache is cut
    back to it and only the rest of the prompt is run (usually: the end of the last reply and the
    new message; after dropped turns: everything after the system message, the prompt re-run);
-3. tokens are sampled (one SamplingOptions: temperature, top-k, top-p, seeded) until a stop token (any EOS or
-   end-of-turn id), streamed as text; the reply's text is appended as the assistant's message.
+3. tokens are sampled (one SamplingOptions: temperature, top-k, top-p, seeded; speculative when it
+   says so) until a stop token (any EOS or end-of-turn id), streamed as text; the reply's text is
+   appended as the assistant's message.
 So the model always sees exactly the tokens of the re-encoded conversation, as a fresh run would.
 
 Shape legend: T new positions, V vocabulary.
@@ -27,6 +28,7 @@ from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat_template import ChatTemplate
 from handformer.generation.engine import Choice, Engine, Row, frequency_set
 from handformer.generation.sampling import SamplingOptions
+from handformer.generation.speculative import SpeculationStats
 from handformer.generation.stream import TextStream
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
@@ -89,6 +91,7 @@ class ChatSession:
         self.cache = model.new_cache(model.cfg.max_positions)
         self.context: list[int] = []  # the tokens whose keys and values the cache holds, in order
         self.processed = 0  # tokens run through the model so far, all turns together
+        self.speculation = SpeculationStats()  # guesses drafted and accepted, all turns (with speculate)
 
     def encode(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         """The prompt for `messages`: rendered with the assistant header, then tokenized with the
@@ -154,7 +157,7 @@ class ChatSession:
             keep = 0  # the cached keys took other frequencies (LongRoPE's long factors) than these will
         self.cache.truncate(keep)
         row = Row(prompt, self.max_new_tokens, self.options, frozenset(self.stop_ids),
-                  generator=self.generator)  # one generator for the whole conversation
+                  generator=self.generator, speculation=self.speculation)  # one generator for every turn
         stream = None if on_text is None else TextStream(self.tokenizer, out=on_text, decode=self.decode)
 
         def show(choice: Choice) -> None:

@@ -136,6 +136,15 @@ def check_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
     return out
 
 
+# OpenAI's harmony chat format (gpt-oss): each assistant message goes to a channel (analysis,
+# commentary, final), and a tool call is a message addressed "to=functions.NAME" ending in <|call|>.
+HARMONY_MARK = "<|channel|>"
+HARMONY_REFUSED = ("{origin} is OpenAI's harmony format (gpt-oss): its channels (analysis, commentary, "
+                   "final) and its tool-call syntax (to=functions.NAME ... <|call|>) are not implemented in "
+                   "handformer's chat and serve; continue a prompt written in that format with `handformer "
+                   "generate`, or give the run a chat template of another format (chat_template.jinja)")
+
+
 class ChatTemplate:
     """A compiled chat template and the special-token strings it may use."""
 
@@ -154,6 +163,11 @@ class ChatTemplate:
             raise ValueError(f"{origin} is not a valid Jinja template: line {err.lineno}: "
                              f"{err.message}") from None
         self._recording: Any = None  # the same template compiled to record generation spans
+
+    @property
+    def harmony(self) -> bool:
+        """Whether this is OpenAI's harmony format (gpt-oss), whose turns carry a channel."""
+        return HARMONY_MARK in self.source
 
     @property
     def has_generation_blocks(self) -> bool:
@@ -203,6 +217,8 @@ class ChatTemplate:
         assistant turn, so the model's continuation is the reply."""
         import jinja2
 
+        if self.harmony:
+            raise ValueError(HARMONY_REFUSED.format(origin=self.origin))
         template = kwargs.pop("_template", self._template)
         context = {**self.special_tokens, **plain_data(kwargs, "keyword arguments")}
         try:

@@ -17,6 +17,11 @@ constrained decoding uses; one with a `prepare(tokens)` method is also told its 
 the whole batch has chosen, to start on the next step's work) and asks for the log-probabilities
 of its tokens (`top_logprobs`: of the distribution it samples from).
 
+A row whose options speculate (`SamplingOptions.speculate`; speculative.py), while it is the
+engine's only row, takes speculative steps: its drafter guesses K tokens, one forward checks them,
+the acceptance rule keeps some and adds one, and the cache is cut back (`truncate`) to the
+positions fed; such a step hands back several choices. With other rows it steps plainly.
+
 The rows live in one KV cache (generation/cache.py: DecodingCache), each right-aligned with padding
 on its left that the attention mask hides (True = a real position); the model counts positions
 from the mask, so a padded row sees the positions it would see alone. Joining rows are prefilled
@@ -48,6 +53,13 @@ from torch import Tensor
 from handformer.generation.cache import DecodingCache
 from handformer.generation.prefix_cache import Hit, PrefixCache
 from handformer.generation.sampling import SamplingOptions, filter_logits, next_tokens
+from handformer.generation.speculative import (
+    SpeculationStats,
+    accept_draft,
+    check_speculation,
+    drafter_for,
+    sampled_probabilities,
+)
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.kv_cache import KVCache
 from handformer.settings import int_at_least
@@ -70,6 +82,7 @@ class Row:
     finish_reason: str | None = None  # "stop", "length" or "cancelled" once done
     cancelled: bool = False  # set from any thread: the row leaves at the next step
     generator: torch.Generator | None = field(default=None, repr=False)  # given, or made by the engine
+    speculation: SpeculationStats | None = None  # with options.speculate: counts drafts (made if None)
 
     @property
     def done(self) -> bool:
@@ -121,6 +134,7 @@ class Engine:
         self.steps = 0  # decoding steps run (prefills not counted)
         self.largest_batch = 0  # the most rows one step has decoded
         self._chosen: Tensor | None = None  # (B,) the last step's argmax, while it is every row's token
+        self.drafters: dict[int, object] = {}  # id(row) -> its drafter, for rows that speculate
         # the frequencies a forward of n positions turns keys with (one set, unless the rotary
         # module's change with the length): cached keys of another set are stale
         self.key_set = frequency_set(model)
@@ -152,6 +166,10 @@ class Engine:
         for row in rows:
             check_row(row, self.model.cfg.max_positions)
             row.generator = row.generator or row.options.generator(self.device, row.choice)
+            if row.options.speculate is not None:
+                check_speculation(self.model, row.processors)
+                self.drafters[id(row)] = drafter_for(row.options.speculate, self.model)
+                row.speculation = row.speculation or SpeculationStats()
         prompts = list(dict.fromkeys(tuple(row.prompt) for row in rows))
         if cache is not None:
             logits, sources = self._resume(rows, cache)
@@ -274,11 +292,12 @@ class Engine:
                 fed = row.prompt + row.tokens[:-1]  # every position fed so far
                 ids[r, width - len(fed):width] = torch.tensor(fed)
         self.rows, self.lengths, self.mask, self.ids, self.width = rows, lengths, mask, ids, width
+        self.drafters = {id(row): self.drafters[id(row)] for row in rows if id(row) in self.drafters}
         self._chosen = None  # the rows changed: the next step builds its tokens from the rows
 
     def _reset(self) -> None:
         self.rows, self.lengths, self.cache, self.mask, self.ids, self.width = [], [], None, None, None, 0
-        self._chosen = None
+        self._chosen, self.drafters = None, {}
 
     # --- decoding -----------------------------------------------------------------------------
     def step(self) -> list[Choice]:
@@ -293,6 +312,9 @@ class Engine:
         rows = [row for row, alive in zip(self.rows, live) if alive]
         if not rows:
             return []
+        if len(self.rows) == 1 and id(rows[0]) in self.drafters and self.use_cache:
+            if (choices := self._speculate(rows[0])) is not None:
+                return choices
         B, S, all_live = len(self.rows), self.width, len(rows) == len(self.rows)
         if S >= self.mask.size(1):
             raise ValueError(f"the batch is full ({S} positions); a row asked for more than it said")
@@ -323,6 +345,37 @@ class Engine:
         choices = self._choose(rows, logits)
         if self.compact and not self.live:
             self._reset()  # the last rows are done: nothing left to keep
+        return choices
+
+    def _speculate(self, row: Row) -> list[Choice] | None:
+        """One speculative step of the engine's one row (speculative.py): K guesses, one forward
+        over the newest token and them, the tokens the acceptance rule keeps, and the cache cut
+        back to the positions fed. None when nothing is drafted: a plain step then."""
+        S, o = self.width, row.options
+        k = min(o.speculate.tokens, row.max_new_tokens - len(row.tokens) - 1, self.mask.size(1) - S - 1)
+        if k < 1 or self.key_set(S + k + 1) != self.cached_set:  # LongRoPE's switch: a plain step reruns
+            return None
+        draft, proposal = self.drafters[id(row)].propose(row.prompt + row.tokens, k, o, row.generator)
+        if not draft:
+            return None
+        ids = torch.tensor([[row.tokens[-1], *draft]], device=self.device)  # (1, K + 1)
+        logits = self.model(ids, cache=self.cache, logits_to_keep=len(draft) + 1).logits[0]  # (K + 1, V)
+        tokens = accept_draft(sampled_probabilities(logits, o), draft, proposal, row.generator)
+        choices = []
+        for i, token in enumerate(tokens):
+            logprob, top = (None, None) if o.top_logprobs is None else token_logprobs(logits[i], token, o)
+            choices.append(record(Choice(row, token, logprob, top, logits[i] if row.keep_logits else None)))
+            if row.done:
+                break
+        n = len(choices)  # positions S .. S + n - 1 were fed: the newest token and the kept guesses
+        self.cache.truncate(S + n)
+        self.width, self.lengths, self._chosen = S + n, [self.lengths[0] + n], None
+        stats = row.speculation
+        stats.drafted, stats.accepted = stats.drafted + len(draft), stats.accepted + len(tokens) - 1
+        stats.forwards, stats.tokens = stats.forwards + 1, stats.tokens + n
+        self.steps, self.largest_batch = self.steps + 1, max(self.largest_batch, 1)
+        if self.compact and row.done:
+            self._reset()
         return choices
 
     def _rerun(self, mask: Tensor | None) -> Tensor:

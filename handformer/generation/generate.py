@@ -17,7 +17,8 @@ import torch
 from torch import Tensor
 
 from handformer.generation.engine import Choice, Engine, Row
-from handformer.generation.sampling import SamplingOptions
+from handformer.generation.sampling import SamplingOptions, Speculation
+from handformer.generation.speculative import SpeculationStats
 from handformer.inference.threads import default_threads, intra_op_threads
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
@@ -60,6 +61,7 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
              seed: int | None = None, stop_tokens: Sequence[int] = (), pad_id: int = 0,
              use_cache: bool = True, on_token: Callable[[int, int], None] | None = None,
              threads: int | None | Literal["auto"] = "auto", compile_step: bool = False,
+             speculate: Speculation | None = None, stats: SpeculationStats | None = None,
              ) -> list[list[int]]:
     """Continue each prompt (a list of token ids) by up to `max_new_tokens` tokens.
 
@@ -77,21 +79,27 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
     one for a small model; None: torch's setting; the count is process-wide while `generate` runs,
     and restored afterwards). compile_step: run the one-token decoding steps through
     `torch.compile` (same tokens; the first call compiles for tens of seconds on a CPU, so it pays
-    only over tens of thousands of tokens: off by default).
+    only over tens of thousands of tokens: off by default). speculate: speculative decoding of a
+    single prompt (a `Speculation`: prompt lookup, or its draft_model): the same tokens when greedy,
+    the same distribution when sampling, in fewer forwards; `stats` (a SpeculationStats), when
+    given, counts the guesses drafted and accepted.
 
     Raises ValueError when a prompt plus max_new_tokens - 1 (the last token is never fed back)
     exceeds the model's max_positions.
     """
-    options = SamplingOptions(temperature, top_k, top_p, seed)  # the one value the engine takes; checked
+    options = SamplingOptions(temperature, top_k, top_p, seed, speculate=speculate)  # checked
     _check_args(model, prompts, max_new_tokens, pad_id)
+    if speculate is not None and len(prompts) != 1:
+        raise ValueError(f"speculative decoding runs one prompt at a time (a batch shares each forward "
+                         f"already); give one prompt, not {len(prompts)}, or leave out speculate")
     if threads not in (None, "auto") and (not is_int(threads)
                                           or threads < 1):
         raise ValueError(f"threads must be a positive integer, 'auto' or None, got {threads!r}")
     if max_new_tokens == 0:
         return [[] for _ in prompts]
     stop = frozenset(operator.index(t) for t in stop_tokens)
-    rows = [Row([operator.index(t) for t in prompt], max_new_tokens, options, stop, choice=i)
-            for i, prompt in enumerate(prompts)]
+    rows = [Row([operator.index(t) for t in prompt], max_new_tokens, options, stop, choice=i,
+                speculation=stats) for i, prompt in enumerate(prompts)]
     index = {id(row): i for i, row in enumerate(rows)}
 
     def streamed(choice: Choice) -> None:

@@ -4,7 +4,9 @@
 
 `SamplingOptions` is how one sequence chooses its tokens: every door (`generate`, a chat, the
 server's routes, GRPO's rollouts) builds one, checked once when it is made, and hands it to the
-decoding engine as it is.
+decoding engine as it is. Its `speculate` (a `Speculation`) asks the engine to draft tokens ahead
+and check them in one forward (speculative.py): the same tokens when greedy, the same distribution
+when sampling, fewer forwards.
 
 Shape legend: B batch, V vocabulary.
 """
@@ -12,6 +14,7 @@ Shape legend: B batch, V vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -35,6 +38,27 @@ def check_sampling_options(temperature: float, top_k: int | None, top_p: float |
 
 
 @dataclass(frozen=True)
+class Speculation:
+    """Speculative decoding of a row (generation/speculative.py): guess `tokens` ahead, check them
+    in one forward of the model, keep what the acceptance rule keeps."""
+
+    tokens: int = 4  # K: tokens drafted per forward of the model
+    ngram: int = 3  # prompt lookup: the last n tokens (n from this down to 1) are looked up earlier
+    draft_model: Any = None  # a smaller CausalLM with the same vocabulary; None: prompt lookup
+
+    def __post_init__(self) -> None:
+        if not is_int(self.tokens) or self.tokens < 1:
+            raise ValueError(f"speculate.tokens (tokens drafted per step) must be an integer >= 1, "
+                             f"got {self.tokens!r}")
+        if not is_int(self.ngram) or self.ngram < 1:
+            raise ValueError(f"speculate.ngram (the longest n-gram looked up) must be an integer >= 1, "
+                             f"got {self.ngram!r}")
+        if self.draft_model is not None and not hasattr(getattr(self.draft_model, "cfg", None), "vocab_size"):
+            raise ValueError("speculate.draft_model must be a decoder-only model (a CausalLM, e.g. "
+                             "load_lm(run_dir).model) or None for prompt lookup")
+
+
+@dataclass(frozen=True)
 class SamplingOptions:
     """How a row chooses its tokens; checked when it is made (a ValueError names the field)."""
 
@@ -43,6 +67,7 @@ class SamplingOptions:
     top_p: float | None = None  # keep the smallest set whose probability reaches p
     seed: int | None = None  # None: a random seed
     top_logprobs: int | None = None  # None: no log-probabilities; n >= 0: the token's and n others'
+    speculate: Speculation | None = None  # None: one token per forward
 
     def __post_init__(self) -> None:
         check_sampling_options(self.temperature, self.top_k, self.top_p)
@@ -51,6 +76,8 @@ class SamplingOptions:
         n = self.top_logprobs
         if n is not None and (not is_int(n) or n < 0):
             raise ValueError(f"top_logprobs must be None or an integer >= 0, got {n!r}")
+        if self.speculate is not None and not isinstance(self.speculate, Speculation):
+            raise ValueError(f"speculate must be a Speculation or None, got {type(self.speculate).__name__}")
 
     def generator(self, device: torch.device, choice: int = 0) -> torch.Generator:
         """The row's own generator: seeded with seed + choice, or randomly."""

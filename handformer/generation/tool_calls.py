@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from handformer.data.tokenizer import Tokenizer
-from handformer.generation.chat_template import ChatTemplate
+from handformer.generation.chat_template import HARMONY_REFUSED, ChatTemplate
 from handformer.generation.grammar import LAYOUT
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -93,6 +93,8 @@ LLAMA3 = ToolFormat("llama3", "parameters", "", "", "; ")
 def tool_template(own: ChatTemplate | None, tokenizer: Tokenizer) -> tuple[ToolFormat, ChatTemplate]:
     """The format and the template that render `tools` for a run (see the module docstring);
     ValueError when the run's chat markup is neither."""
+    if own is not None and own.harmony:
+        raise ValueError(HARMONY_REFUSED.format(origin=own.origin))
     if own is not None and re.search(r"\btools\b", own.source):
         if "<tool_call>" in own.source:
             return CHATML, own

@@ -36,6 +36,7 @@ from handformer.nn.inputs import (
     check_token_ids,
 )
 from handformer.nn.kv_cache import KVCache, NoCache, as_cache
+from handformer.nn.latent_kv_cache import LatentKVCache
 from handformer.nn.masks import AttentionMask, decoder_mask, mixed_mask
 from handformer.nn.norms import final_norm
 from handformer.nn.positions import make_positions, make_rotary
@@ -72,6 +73,8 @@ class CausalLM(nn.Module):
         """A KV cache for up to `max_length` positions (default: max_positions); with a sliding
         window, a rolling one of sliding_window slots that never fills (global layers: full)."""
         cfg, max_length = self.cfg, max_length or self.cfg.max_positions
+        if cfg.mla is not None:  # latent attention caches its latents (DeepSeek-V3)
+            return LatentKVCache(cfg.n_layers, max_length)
         if cfg.sliding_window is None:
             return KVCache(cfg.n_layers, max_length)
         return RollingKVCache(cfg.n_layers, max_length, cfg.sliding_window, cfg.global_layers)

@@ -28,15 +28,21 @@ from handformer.nn.positions import apply_rotary
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-              dropout_p: float = 0.0) -> tuple[Tensor, Tensor]:
+              dropout_p: float = 0.0, sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """softmax(q k^T / sqrt(d_k)) v for (B, H, T, Dh) queries and (B, H, S, Dh) keys and values,
-    step by step. mask: bool, broadcasts to (B, H, T, S), True = may attend.
-    Returns (out (B, H, T, Dh), weights (B, H, T, S)): each row of weights sums to 1."""
+    step by step. mask: bool, broadcasts to (B, H, T, S), True = may attend. sinks: (H,) logits
+    that join each head's softmax as a key whose value is zero (gpt-oss's attention sinks).
+    Returns (out (B, H, T, Dh), weights (B, H, T, S)): each row of weights sums to 1 (less what the
+    sink took)."""
     d_k = q.size(-1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, H, T, S)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))  # a hidden key gets weight exactly 0
-    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, T, S), softmax in float32
+    if sinks is not None:  # one more column, the sink's, dropped after the softmax
+        sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)  # (B, H, T, 1)
+        scores = torch.cat([scores, sink], dim=-1)  # (B, H, T, S + 1)
+    weights = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, T, S[+1]), softmax in float32
+    weights = weights[..., :k.size(-2)]  # (B, H, T, S): without the sink's column
     out = F.dropout(weights, p=dropout_p, training=dropout_p > 0) @ v  # (B, H, T, Dh)
     return out, weights
 
@@ -70,21 +76,24 @@ fused_attention = _fused_sharing_kv_heads if SDPA_SHARES_KV_HEADS else _fused_re
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor,
                                  mask: AttentionMask | Tensor | None = None, *, need_weights: bool = False,
-                                 dropout_p: float = 0.0) -> tuple[Tensor, Tensor | None]:
+                                 dropout_p: float = 0.0, sinks: Tensor | None = None,
+                                 ) -> tuple[Tensor, Tensor | None]:
     """softmax(q k^T / sqrt(Dh)) v over (B, H, T, Dh) queries and (B, Hkv, S, Dh) keys/values.
 
     mask: an `AttentionMask`, or a bool / 0-1 tensor broadcasting to (B, H, T, S), True = may
     attend. A query row whose keys are all hidden gives zeros (and zero weights), never NaN.
-    Returns (out (B, H, T, Dh), weights (B, H, T, S) if need_weights else None).
+    sinks: (H,) attention sinks (see `attention`); no fused kernel takes them, so the formula runs.
+    Returns (out (B, H, T, Dh), weights (B, H, T, S) where the formula ran (need_weights or sinks),
+    else None).
     """
     mask = as_attention_mask(mask)  # a model hands over its own, built once per forward
     if mask.is_causal and q.size(-2) != k.size(-2):
         raise ValueError("is_causal=True needs equal query and key lengths (nothing cached); pass an "
                          "explicit causal mask (handformer.nn.masks.causal_mask) instead")
-    if need_weights:  # the formula, step by step
+    if need_weights or sinks is not None:  # the formula, step by step
         n_rep = q.size(1) // k.size(1)
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, S, Dh)
-        out, weights = attention(q, k, v, mask.dense(q.size(-2), k.size(-2), q.device), dropout_p)
+        out, weights = attention(q, k, v, mask.dense(q.size(-2), k.size(-2), q.device), dropout_p, sinks)
         return mask.zero_empty_rows(out), mask.zero_empty_rows(weights)
     out = fused_attention(q, k, v, mask, dropout_p)  # (B, H, T, Dh)
     return mask.zero_empty_rows(out), None

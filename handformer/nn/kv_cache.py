@@ -122,10 +122,9 @@ class LayerKVCache:
     def buffers(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """This layer's (B, Hkv, S_max, Dh) buffers, allocated at the first update like `k`, `v`."""
         c, i = self.cache(), self.index
-        if c.keys[i] is None:
-            B, Hkv, _, Dh = k.shape
-            c.keys[i] = k.new_empty(B, Hkv, c.layer_slots(i), Dh)
-            c.values[i] = v.new_empty(B, Hkv, c.layer_slots(i), Dh)
+        if c.keys[i] is None:  # each its own heads and width (a latent cache's differ)
+            c.keys[i] = k.new_empty(k.size(0), k.size(1), c.layer_slots(i), k.size(3))  # (B, Hkv, S_max, Dh)
+            c.values[i] = v.new_empty(v.size(0), v.size(1), c.layer_slots(i), v.size(3))
         return c.keys[i], c.values[i]
 
 

@@ -3,7 +3,7 @@
 Sinusoidal and learned encodings are added to the token embeddings; rotary embeddings rotate the
 queries and keys inside attention instead. All take explicit position ids, so cached decoding and
 left-padded batches get the right positions. Long-context variants of RoPE change its frequencies
-(Llama 3.1's scaling, linear interpolation, LongRoPE); partial RoPE (Phi-4-mini) turns only the
+(Llama 3.1's scaling, linear interpolation, LongRoPE, YaRN); partial RoPE (Phi-4-mini) turns only the
 first dims of each head.
 
 Shape legend: B batch, T length, D d_model, Dh head dim, P max positions.
@@ -17,7 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from handformer.config import BlockConfig, LinearRopeScaling, Llama3RopeScaling, LongRopeScaling
+from handformer.config import (
+    BlockConfig,
+    LinearRopeScaling,
+    Llama3RopeScaling,
+    LongRopeScaling,
+    YarnRopeScaling,
+)
 
 
 def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
@@ -147,6 +153,35 @@ class LongRotaryEmbedding(RotaryEmbedding):
         return self.cos[position_ids][:, None], self.sin[position_ids][:, None]
 
 
+def yarn_inv_freq(head_dim: int, theta: float, scaling: YarnRopeScaling) -> Tensor:
+    """YaRN's rotary frequencies (Dh/2,) (Peng et al. 2023, "NTK-by-parts"): a frequency that turns
+    more than beta_fast times over the original context is kept (extrapolated), one that turns
+    fewer than beta_slow times is divided by factor (interpolated), and a linear ramp over the
+    dims between blends the two. Same float32 arithmetic as transformers' rope_type "yarn"."""
+    periods = theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)  # (Dh/2,)
+
+    def dim_of(rotations: float) -> float:  # the dim whose frequency turns `rotations` times
+        context = scaling.original_max_positions
+        return head_dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(scaling.beta_fast), dim_of(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    ramp = (torch.arange(head_dim // 2, dtype=torch.float32) - low) / max(high - low, 0.001)  # (Dh/2,)
+    kept = 1 - ramp.clamp(0, 1)  # (Dh/2,): 1 = kept, 0 = divided by factor
+    return 1.0 / (scaling.factor * periods) * (1 - kept) + 1.0 / periods * kept
+
+
+class YarnRotaryEmbedding(RotaryEmbedding):
+    """RoPE with YaRN's frequencies (`yarn_inv_freq`), cos and sin times its attention factor."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: YarnRopeScaling) -> None:
+        nn.Module.__init__(self)
+        inv_freq = yarn_inv_freq(head_dim, theta, scaling)  # (Dh/2,)
+        self.register_tables("", inv_freq, max_positions, scaling.cos_sin_factor())
+
+
 class NoRotary(nn.Module):
     """No rotation of queries and keys: models whose positions are added to the embeddings, or
     that have none."""
@@ -185,7 +220,7 @@ def make_positions(cfg: BlockConfig) -> nn.Module:
 
 
 # RoPE of a config, by its kind of scaling: LongRoPE has two sets of tables, the others one.
-ROTARY_CLASSES = {LongRopeScaling: LongRotaryEmbedding}
+ROTARY_CLASSES = {LongRopeScaling: LongRotaryEmbedding, YarnRopeScaling: YarnRotaryEmbedding}
 ROTARY = {"rope": lambda c: ROTARY_CLASSES.get(type(c.rope_scaling), RotaryEmbedding)(
     c.rotary_dim, c.max_positions, c.rope_theta, c.rope_scaling)}
 

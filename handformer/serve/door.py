@@ -15,7 +15,8 @@ reads its request the same way:
 
 - **The body**: `read_json` refuses a body over the limit (413, never read whole) and anything
   but a JSON object (400 `invalid_json`). `Fields(body, known, ignored=...)` refuses an unknown
-  field with a 400 naming it; the fields in `ignored` (the official SDKs' `store`, `metadata`,
+  field with a 400 naming it (`speculate` and `prediction`, speculative decoding, with a 400 that
+  says why); the fields in `ignored` (the official SDKs' `store`, `metadata`,
   `include`, `truncation`, `service_tier`, by default) are accepted and never read.
   `read_sampling` turns the sampling fields into one `SamplingOptions`, checked once, which the
   route hands to the engine as it is.
@@ -49,6 +50,7 @@ from handformer.serve.errors import APIError, error_body, read_capped
 # A route that honours one of them (the Responses API's `store`) leaves it out of its `ignored`.
 SDK_FIELDS = frozenset({"include", "store", "metadata", "truncation", "service_tier"})
 MAX_SEED = 2**63 - 1
+SPECULATION_FIELDS = frozenset({"speculate", "prediction"})  # refused with a reason (refuse_speculation)
 
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
@@ -97,6 +99,7 @@ class Fields:
 
     def __init__(self, body: dict[str, Any], known: set[str] | frozenset[str],
                  ignored: set[str] | frozenset[str] = frozenset()) -> None:
+        refuse_speculation(body)
         unknown = sorted(set(body) - set(known) - set(ignored))
         if unknown:
             raise APIError(400, f"unrecognized request argument(s): {', '.join(unknown)}; this endpoint "
@@ -149,6 +152,18 @@ class Fields:
                            name)
 
 
+def refuse_speculation(body: dict[str, Any]) -> None:
+    """A 400 that says why for a request asking for speculative decoding (`speculate`, handformer's
+    name, or `prediction`, OpenAI's predicted outputs): it checks one row's guesses in a forward of
+    its own, while the server decodes every request's row in one shared forward per step."""
+    asked = sorted(SPECULATION_FIELDS & set(body))
+    if asked:
+        raise APIError(400, f"{asked[0]}: speculative decoding is not served; it checks one row's guesses "
+                       "in a forward of its own, while this server decodes every request's row in one "
+                       f"shared forward per step; leave out {asked[0]}, or use `handformer generate "
+                       "--speculate` or `handformer chat --speculate` for one stream", asked[0])
+
+
 def read_sampling(f: Fields, *, top_logprobs: int | None = None, max_temperature: float | None = None,
                   seed_below: int = MAX_SEED) -> SamplingOptions:
     """The sampling fields (`temperature`, `top_p`, `top_k`, `seed`; each optional) as one value.
@@ -187,5 +202,5 @@ def auth(api_key: str | None) -> Callable[[Request], Any]:
     return check
 
 
-__all__ = ["SDK_FIELDS", "APIError", "Fields", "auth", "error_body", "parse_json", "read_json",
-           "read_sampling", "show"]
+__all__ = ["SDK_FIELDS", "SPECULATION_FIELDS", "APIError", "Fields", "auth", "error_body", "parse_json",
+           "read_json", "read_sampling", "refuse_speculation", "show"]

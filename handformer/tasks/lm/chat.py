@@ -17,7 +17,7 @@ import torch
 
 from handformer.generation.chat import ChatSession, check_chat_options, stop_ids_for
 from handformer.generation.chat_template import load_chat_template
-from handformer.generation.sampling import SamplingOptions
+from handformer.generation.sampling import SamplingOptions, Speculation
 from handformer.tasks.lm.run import LMRun, load_lm
 from handformer.tasks.run_config import RunDir
 
@@ -26,12 +26,13 @@ def chat(run: str | os.PathLike | LMRun, *, system: str | None = None, temperatu
          top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
          max_new_tokens: int | None = None, device: str | torch.device = "cpu",
          notify: Callable[[str], None] | None = None, run_dir: str | os.PathLike | None = None,
-         ) -> ChatSession:
+         speculate: Speculation | None = None) -> ChatSession:
     """A `ChatSession` with the run in `run` (a run directory, or an `LMRun` already loaded from
     `run_dir`). Refuses a run without a chat template: base models have none. max_new_tokens
     None: 256, or half the context when that is shorter. temperature, top_k, top_p and seed make
-    the session's one SamplingOptions (checked here, before any model is loaded)."""
-    sampling = SamplingOptions(temperature, top_k, top_p, seed)
+    the session's one SamplingOptions (checked here, before any model is loaded), with `speculate`
+    (speculative decoding: prompt lookup, or its draft_model; `session.speculation` counts it)."""
+    sampling = SamplingOptions(temperature, top_k, top_p, seed, speculate=speculate)
     if isinstance(run, LMRun):
         if run_dir is None:
             raise ValueError("chat(run: LMRun) needs run_dir=, the directory it was loaded from")

@@ -16,6 +16,7 @@ from typing import Any
 from handformer.convert.gguf_file import check_types, read_gguf
 from handformer.convert.gguf_import import config_from_gguf, family_of_file, state_from_gguf
 from handformer.convert.gguf_tokenizer import special_tokens_from_gguf, tokenizer_from_gguf
+from handformer.convert.hf_fp8 import dequantize_fp8, fp8_blocks
 from handformer.convert.hf_import import (
     CHAT_FILES,
     MappedFiles,
@@ -77,6 +78,7 @@ def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
     model_type, architecture = architecture_of(hf_config, hf_dir / "config.json")
     try:
         cfg = config_from_hf(hf_config)
+        blocks = fp8_blocks(hf_config)  # FP8 weights with block scales are read; other quantizations refused
     except (ValueError, TypeError, KeyError) as err:  # a field missing or of the wrong type
         raise ValueError(f"{hf_dir / 'config.json'}: {err}") from None
     tokenizer = Tokenizer.load(hf_dir / "tokenizer.json")  # checked before the (big) weights
@@ -88,6 +90,10 @@ def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
 
     files = MappedFiles()
     hf_state, weights = read_hf_weights(hf_dir, files)
+    if blocks is not None:
+        hf_state = dequantize_fp8(hf_state, blocks)
+        notes.append(f"the FP8 (e4m3) weights with {blocks[0]} x {blocks[1]} block scales were dequantized "
+                     "to bfloat16")
     state = convert_hf_state_dict(hf_state, cfg, model_type)  # views of the mapped files
     del hf_state
     if cfg.tie_embeddings:

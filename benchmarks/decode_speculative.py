@@ -1,0 +1,113 @@
+"""Benchmark: speculative decoding with prompt lookup (no draft model) beside plain decoding, in one run.
+
+A GPT-2-124M-shaped model (12 layers, 768 wide, 12 heads, vocab 50,257, tied head) with RANDOM
+weights (the model's own initialisation, seed 0; no trained GPT-2 is on the machine), prepared as
+`handformer generate` prepares a run, greedy, batch 1, on two prompts:
+
+- repetitive: a 48-token passage quoted four times (as code repeats its identifiers, or a reply
+  quotes a document), then its first 16 tokens again;
+- varied: 208 random tokens (nothing repeats: prompt lookup finds few drafts, the cost side).
+
+For each: plain `generate` and `generate(speculate=Speculation(tokens=K))`, the same threads,
+interleaved rounds (every other one in reverse order) after a warm-up call, medians; the tokens must
+be identical (exit status 1 otherwise); the acceptance rate; tokens/s, the bandwidth bound and MBU
+(handformer/inference/roofline.py) of plain decoding.
+
+A random model's greedy continuation settles into a short cycle of tokens, which prompt lookup
+drafts from the context once it has been seen: the acceptance rate here is that of such a
+continuation, not of a trained model on real text (which copies a quoted passage instead).
+
+    python benchmarks/decode_speculative.py                 # ~3 min on 2 cores
+    python benchmarks/decode_speculative.py --rounds 1 --new-tokens 16 --layers 2   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from handformer.config import CausalLMConfig  # noqa: E402
+from handformer.generation.generate import generate  # noqa: E402
+from handformer.generation.sampling import Speculation  # noqa: E402
+from handformer.generation.speculative import SpeculationStats  # noqa: E402
+from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
+from handformer.inference.roofline import bound, read_bandwidth, roofline_line  # noqa: E402
+from handformer.inference.threads import default_threads  # noqa: E402
+from handformer.models.causal_lm import CausalLM  # noqa: E402
+
+
+def prompts(vocab: int) -> dict[str, list[int]]:
+    g = torch.Generator().manual_seed(1)
+    passage = torch.randint(0, vocab, (48,), generator=g).tolist()
+    return {"repetitive": passage * 4 + passage[:16],
+            "varied": torch.randint(0, vocab, (208,), generator=g).tolist()}
+
+
+def timed_rounds(cases: dict, rounds: int) -> dict[str, tuple[float, list[int]]]:
+    """Median seconds and the tokens of each case over interleaved rounds, after a warm-up call."""
+    for fn in cases.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    out: dict[str, list[int]] = {}
+    for r in range(rounds):
+        for name, fn in (reversed if r % 2 else list)(list(cases.items())):
+            start = time.perf_counter()
+            out[name] = fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: (statistics.median(t), out[name]) for name, t in times.items()}
+
+
+def compare(model: CausalLM, name: str, prompt: list[int], args: argparse.Namespace, threads: int,
+            bandwidth: float) -> bool:
+    """Plain and speculative decoding of one prompt, timed side by side; whether the tokens agree."""
+    stats, spec = SpeculationStats(), Speculation(tokens=args.speculate)
+
+    def run(**speculation: object) -> list[int]:
+        return generate(model, [prompt], args.new_tokens, temperature=0, threads=threads, **speculation)[0]
+
+    with torch.inference_mode():
+        cases = {"plain": run, "speculative": lambda: run(speculate=spec, stats=stats)}
+        res = timed_rounds(cases, args.rounds)
+    (plain_s, plain_tokens), (spec_s, spec_tokens) = res["plain"], res["speculative"]
+    same = plain_tokens == spec_tokens
+    limit = bound(bandwidth, model, len(prompt) + args.new_tokens / 2)
+    print(f"\n{name} prompt ({len(prompt)} tokens):")
+    print(f"  plain        {roofline_line(args.new_tokens / plain_s, limit)}")
+    print(f"  speculative  {args.new_tokens / spec_s:.1f} tokens/s ({plain_s / spec_s:.2f}x plain, "
+          f"K={args.speculate}), tokens {'identical' if same else 'DIFFER'}")
+    print(f"  {stats} (all {args.rounds + 1} calls)")
+    return same
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--speculate", type=int, default=4, help="K: tokens drafted per forward")
+    parser.add_argument("--layers", type=int, default=12, help="12: GPT-2-124M's shape")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    cfg = CausalLMConfig.gpt2_style(vocab_size=50257, d_model=768, n_heads=12, d_ff=3072,
+                                    n_layers=args.layers, max_positions=1024, dropout=0.0)
+    model = prepare_for_decoding(CausalLM(cfg))
+    threads = default_threads(model) or torch.get_num_threads()
+    bandwidth = read_bandwidth(threads)
+    print(f"GPT-2-124M shape ({args.layers} layers), random weights, fp32, greedy, batch 1, "
+          f"{args.new_tokens} new tokens, {threads} threads, torch {torch.__version__}, "
+          f"read bandwidth {bandwidth / 1e9:.1f} GB/s")
+    failed = False
+    for name, prompt in prompts(cfg.vocab_size).items():
+        failed |= not compare(model, name, prompt, args, threads, bandwidth)
+    print("\ntarget: prompt lookup on the repetitive prompt >= 1.5x plain, identical tokens")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

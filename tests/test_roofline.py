@@ -1,0 +1,36 @@
+"""The bandwidth bound every decode benchmark prints (handformer/inference/roofline.py): a model's
+bytes per token do not change when its layers are packed for decoding, and the bound and MBU are
+the definitions' arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from handformer.config import CausalLMConfig
+from handformer.inference.packed_linear import PackedLinear, packing_available
+from handformer.inference.prepare import prepare_for_decoding
+from handformer.inference.roofline import bound, bytes_per_token, read_bandwidth, roofline_line
+from handformer.models.causal_lm import CausalLM
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.skipif(not packing_available(), reason="oneDNN packing is not available on this machine")
+def test_packing_for_decoding_leaves_the_bytes_a_step_reads_alone():
+    torch.manual_seed(0)
+    cfg = CausalLMConfig.gpt2_style(vocab_size=64, d_model=512, n_heads=8, d_ff=1024, n_layers=1,
+                                    max_positions=32, dropout=0.0)  # 1 MiB matrices: packed
+    model = CausalLM(cfg).eval()
+    plain = bytes_per_token(model, 10)
+    prepare_for_decoding(model)
+    assert any(isinstance(m, PackedLinear) for m in model.modules())
+    assert bytes_per_token(model, 10) == pytest.approx(plain, rel=1e-6)
+    kv = 2 * cfg.n_layers * cfg.kv_heads * cfg.head_dim * 4  # K and V of one position, fp32
+    assert bytes_per_token(model, 20) - bytes_per_token(model, 10) == 10 * kv
+    assert bound(1e9, model, 10) == 1e9 / plain
+
+
+def test_bound_and_mbu_lines():
+    assert roofline_line(28.0, 35.0) == "28.0 tokens/s, bound 35.0 tokens/s, MBU 0.80"
+    assert read_bandwidth(1, size=2**24, repeats=2) > 1e8  # bytes/s of a 16 MiB read: any machine
