@@ -46,6 +46,37 @@ def test_hugging_faces_classic_filter_passes_its_equality_rule_a_noted_conventio
     assert check_file(str(off), only=["top_p"]).components[0].status == "fail"
 
 
+EOS_LOOP = """import torch
+
+
+def generate(model, idx, max_new_tokens, eos_id=None):
+    for _ in range(max_new_tokens):
+        logits = model(idx[:, -model.config.block_size:])
+        next_id = logits[:, -1, :].argmax(dim=-1, keepdim=True)
+        idx = torch.cat((idx, next_id), dim=1)
+        if eos_id is not None and (next_id == eos_id).all():
+            break
+    return idx
+"""
+
+
+def test_generate_is_offered_an_eos_and_must_stop_there(tmp_path):
+    """A loop with an EOS parameter gets as EOS the token the model makes likeliest at a step: the
+    loop that stops there passes, the one that runs on is named; a loop without one is not charged
+    (the correct file's generate has none and passes, test_the_correct_file_passes)."""
+    good = tmp_path / "eos.py"
+    good.write_text(EOS_LOOP)
+    (comp,) = check_file(str(good)).components
+    assert comp.status == "pass" and any("eos_id=" in c.name["en"] for c in comp.checks), comp
+    bad = tmp_path / "no_stop.py"
+    bad.write_text(EOS_LOOP.replace("        if eos_id is not None and (next_id == eos_id).all():\n"
+                                    "            break\n", ""))
+    result = check_file(str(bad))
+    (comp,) = result.components
+    assert [f.name for f in comp.findings] == ["greedy_no_stop_at_eos"] and exit_code(result) == 1
+    assert "went on to 4 new tokens" in comp.findings[0].observed["en"], format_report(result)
+
+
 def test_the_chi_square_test_rejects_at_one_in_a_million():
     for df in (1, 2, 3, 7):
         crit = stats.critical_value(df)
