@@ -75,6 +75,11 @@ def test_generate_is_offered_an_eos_and_must_stop_there(tmp_path):
     (comp,) = result.components
     assert [f.name for f in comp.findings] == ["greedy_no_stop_at_eos"] and exit_code(result) == 1
     assert "went on to 4 new tokens" in comp.findings[0].observed["en"], format_report(result)
+    raschka = tmp_path / "eos_left_out.py"  # breaks before appending EOS: a convention, noted
+    raschka.write_text(EOS_LOOP.replace("        idx = torch.cat((idx, next_id), dim=1)\n", "").replace(
+        "            break\n", "            break\n        idx = torch.cat((idx, next_id), dim=1)\n"))
+    (comp,) = check_file(str(raschka)).components
+    assert comp.status == "pass" and any("without appending EOS" in n["en"] for n in comp.notes), comp
 
 
 def test_the_chi_square_test_rejects_at_one_in_a_million():

@@ -342,8 +342,8 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
 
 def _eos(res: ComponentResult, ctx: Context, comp: Component, short: Run, reference: Tensor) -> None:
     """A loop with an EOS parameter is given as EOS the token the model makes likeliest at a step
-    (the first new token not seen before it): it must stop there (EOS kept; EOS repeated after it
-    reads as padding). A loop with no EOS parameter is not charged."""
+    (the first new token not seen before it): it must stop there (EOS kept, EOS repeated after it
+    read as padding, or EOS left out). A loop with no EOS parameter is not charged."""
     eos_name = next((p.name for p in forward_parameters(comp.obj) if p.name.lower() in EOS_NAMES), None)
     if eos_name is None:
         return
@@ -355,7 +355,11 @@ def _eos(res: ComponentResult, ctx: Context, comp: Component, short: Run, refere
     run = run_generate(ctx, comp, SHORT, 1, short.as_list, {eos_name: eos})
     want = reference[:k + 1].tolist()
     got = run.out[0].tolist() if run.out is not None else None
-    stopped = got is not None and got[:k + 1] == want and all(t == eos for t in got[k + 1:])
+    dropped = got == want[:k]  # stopped before appending EOS (Raschka's loop): a convention
+    stopped = dropped or (got is not None and got[:k + 1] == want and all(t == eos for t in got[k + 1:]))
+    if dropped:
+        res.notes.append(text(f"at EOS ({eos_name}={eos}) it stops without appending EOS, a convention",
+                              f"遇到 EOS（{eos_name}={eos}）时它不把 EOS 加进结果就停下，这是一种约定"))
     res.checks.append(Check(text(f"with {eos_name}={eos}, the token the model makes likeliest at new token "
                                  f"{k}, it stops there: {want}",
                                  f"{eos_name}={eos}（模型在新 token 位置 {k} 最可能给出的 token）时"
