@@ -222,8 +222,9 @@ SAMPLING_PLANTS: dict[str, Plant] = {
                                  "sampling"),
     "top_p_drops_crossing": Plant("top_p_drops_crossing", "top_p", [
         (TOP_P_RULE, "    remove = torch.cumsum(probs, dim=-1) > p\n")], "sampling"),
-    "top_p_extra_at_equality": Plant("top_p_extra_at_equality", "top_p", [("remove = mass_above >= p",
-                                                                            "remove = mass_above > p")], "sampling"),
+    # keeping the token whose mass above equals p exactly (Hugging Face's classic rule): a convention
+    "top_p_keeps_at_equality": Plant(None, "top_p", [("remove = mass_above >= p", "remove = mass_above > p")],
+                                     "sampling"),
     "top_p_empty_set": Plant("top_p_empty_set", "top_p", [
         (TOP_P_RULE + "    remove[..., 0] = False\n",
          "    remove = torch.cumsum(probs, dim=-1) >= p\n    remove[..., 1:] = remove[..., :-1].clone()\n")],
@@ -390,7 +391,8 @@ BPE_PLANTS: dict[str, Plant] = {
         ("best = max(counts, key=lambda pair: (counts[pair], pair))",
          "best = min(counts, key=lambda pair: (-counts[pair], pair))")], "bpe"),
     "bpe_counts_not_updated": Plant("bpe_counts_not_updated", "bpe", [(UPDATE, "        del counts[best]\n")], "bpe"),
-    "bpe_quadratic_trainer": Plant("bpe_quadratic_trainer", "bpe", [
+    # recounting every pair after each merge (minbpe's): slow, not wrong; a note says how slow
+    "bpe_recounts_every_merge": Plant(None, "bpe", [
         (UPDATE, "        words = Counter({merge_word(w, best): n for w, n in words.items()})\n"
                  "        counts, where = count_pairs(words)\n")], "bpe"),
     "bpe_vocab_size_ignores_specials": Plant("bpe_vocab_size_ignores_specials", "bpe", [
@@ -467,7 +469,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("mask_hides_queries", "nanogpt_no_scaling"),
     ("temperature_multiplied", "top_k_off_by_one"), ("temperature_after_softmax", "generate_cache_mismatch"),
     ("filter_fill_finite", "top_k_exceeds_vocab"), ("top_p_drops_crossing", "argmax_wrong_dim"),
-    ("top_p_extra_at_equality", "sampling_softmax_wrong_dim"), ("top_p_empty_set", "generate_no_crop"),
+    ("top_k_off_by_one", "sampling_softmax_wrong_dim"), ("top_p_empty_set", "generate_no_crop"),
     ("top_p_one_not_noop", "generate_not_appended"), ("sampling_from_logits", "generate_cache_mismatch"),
     ("generate_not_appended", "generate_does_not_stop"),
     ("schedule_step_zero", "cosine_from_step_zero"), ("schedule_exponent_sign", "cosine_no_floor"),
@@ -484,7 +486,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("train_step_loss_not_divided", "epoch_no_zero_grad"), ("head_tied_despite_config", "gpt_pe_missing"),
     ("bpe_merges_across_pretokens", "bpe_special_token_split"), ("bpe_special_tokens_merged", "bpe_encode_merge_order"),
     ("bpe_ties_not_by_bytes", "bpe_decode_per_token"), ("bpe_counts_not_updated", "bpe_decode_strict"),
-    ("bpe_quadratic_trainer", "bpe_overlapping_specials"), ("bpe_vocab_size_ignores_specials", "bpe_encode_across_pretokens"),
+    ("bpe_counts_not_updated", "bpe_overlapping_specials"), ("bpe_vocab_size_ignores_specials", "bpe_encode_across_pretokens"),
     ("kv_rope_no_offset", "kv_keys_rotated_twice"), ("kv_cache_not_advanced", "kv_keys_rotated_twice"),
 ]
 

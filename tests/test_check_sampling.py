@@ -15,6 +15,7 @@ from handformer.check.sandbox import check_in_child
 from handformer.generation.generate import generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+FIXTURES = correct_file("sampling").parent
 
 
 def test_the_correct_file_passes():
@@ -25,6 +26,60 @@ def test_the_correct_file_passes():
         ("generate_cached", "generate")]
     assert all(c.status == "pass" for c in result.components), format_report(result)
     assert exit_code(result) == 0
+
+
+def test_hugging_faces_classic_filter_passes_its_equality_rule_a_noted_convention(tmp_path):
+    """HF's classic top_k_top_p_filtering (cum > p, shifted right) keeps the token whose mass above
+    equals p exactly: a convention, noted, never a failure; the real top-p mistakes still fail."""
+    hf = check_file(str(FIXTURES / "hf_top_k_top_p_filtering.py"))
+    (comp,) = hf.components
+    assert comp.status == "pass" and exit_code(hf) == 0, format_report(hf)
+    assert any("a convention" in n["en"] and "约定" in n["zh"] for n in comp.notes)
+    mine = check_file(str(correct_file("sampling")), only=["top_p"]).components[0]
+    assert not any("exactly" in n["en"] for n in mine.notes)
+    for name in ("top_p_drops_crossing", "top_p_empty_set"):
+        wrong = check_file(str(FIXTURES / f"{name}.py"), only=["top_p"])
+        assert [f.name for c in wrong.components for f in c.findings] == [name] and exit_code(wrong) == 1
+    # off by more than the equality case: the mass above compared with p + 0.1
+    off = tmp_path / "off.py"
+    off.write_text(correct_file("sampling").read_text().replace("mass_above >= p", "mass_above >= p + 0.1"))
+    assert check_file(str(off), only=["top_p"]).components[0].status == "fail"
+
+
+EOS_LOOP = """import torch
+
+
+def generate(model, idx, max_new_tokens, eos_id=None):
+    for _ in range(max_new_tokens):
+        logits = model(idx[:, -model.config.block_size:])
+        next_id = logits[:, -1, :].argmax(dim=-1, keepdim=True)
+        idx = torch.cat((idx, next_id), dim=1)
+        if eos_id is not None and (next_id == eos_id).all():
+            break
+    return idx
+"""
+
+
+def test_generate_is_offered_an_eos_and_must_stop_there(tmp_path):
+    """A loop with an EOS parameter gets as EOS the token the model makes likeliest at a step: the
+    loop that stops there passes, the one that runs on is named; a loop without one is not charged
+    (the correct file's generate has none and passes, test_the_correct_file_passes)."""
+    good = tmp_path / "eos.py"
+    good.write_text(EOS_LOOP)
+    (comp,) = check_file(str(good)).components
+    assert comp.status == "pass" and any("eos_id=" in c.name["en"] for c in comp.checks), comp
+    bad = tmp_path / "no_stop.py"
+    bad.write_text(EOS_LOOP.replace("        if eos_id is not None and (next_id == eos_id).all():\n"
+                                    "            break\n", ""))
+    result = check_file(str(bad))
+    (comp,) = result.components
+    assert [f.name for f in comp.findings] == ["greedy_no_stop_at_eos"] and exit_code(result) == 1
+    assert "went on to 4 new tokens" in comp.findings[0].observed["en"], format_report(result)
+    raschka = tmp_path / "eos_left_out.py"  # breaks before appending EOS: a convention, noted
+    raschka.write_text(EOS_LOOP.replace("        idx = torch.cat((idx, next_id), dim=1)\n", "").replace(
+        "            break\n", "            break\n        idx = torch.cat((idx, next_id), dim=1)\n"))
+    (comp,) = check_file(str(raschka)).components
+    assert comp.status == "pass" and any("without appending EOS" in n["en"] for n in comp.notes), comp
 
 
 def test_the_chi_square_test_rejects_at_one_in_a_million():

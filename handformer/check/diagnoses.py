@@ -31,8 +31,6 @@ EXCLUSIVE: dict[frozenset[str], str] = {
         "after the product there is no branch to put the activation on",
     frozenset({"temperature_multiplied", "temperature_after_softmax"}):
         "both rewrite the one line of the temperature",
-    frozenset({"top_p_drops_crossing", "top_p_extra_at_equality"}):
-        "two rules for the same comparison (cum > p is the other form of dropping the crossing token)",
     frozenset({"top_p_drops_crossing", "top_p_empty_set"}):
         "the plants rewrite the same rule; written together (cum > p with no guard) both are named",
     frozenset({"greedy_no_stop_at_eos", "greedy_eos_not_emitted"}): "both rewrite the lines that end the "
@@ -43,12 +41,7 @@ EXCLUSIVE: dict[frozenset[str], str] = {
         "hypothesis at EOS",
     frozenset({"beam_no_stop_at_eos", "beam_finished_extended"}): "both rewrite the branch that keeps an "
         "ended hypothesis out of the beam",
-    frozenset({"bpe_counts_not_updated", "bpe_quadratic_trainer"}): "both rewrite the line that updates the "
-        "counts after a merge",
     frozenset({"bpe_decode_per_token", "bpe_decode_strict"}): "both rewrite the line that decodes the bytes",
-    frozenset({"top_p_extra_at_equality", "top_p_empty_set"}):
-        "the plants rewrite the same rule; written together (a shifted cum > p with no guard) both are "
-        "named",
 }
 MASKING: dict[frozenset[str], str] = {
     frozenset({"kv_cache_not_advanced", "rope_no_offset"}): "a cache that never moves on starts every call "
@@ -71,15 +64,12 @@ MASKING: dict[frozenset[str], str] = {
     frozenset({"mask_repeat_order", "causal_off_by_one"}): "the same: the decoder never runs",
     frozenset({"loss_log_zero", "smoothing_on_pad"}): "the NaN of log(0) is the whole loss, so nothing "
         "else in it can be seen",
-    **{frozenset({"bpe_quadratic_trainer", cut}): "with the pre-tokens cut wrong the words are longer, so "
-       "the trainer is not timed" for cut in ("bpe_merges_across_pretokens", "bpe_special_tokens_merged")},
     frozenset({"bpe_overlapping_specials", "bpe_special_token_split"}): "with the special tokens ignored, "
         "which one wins cannot be seen",
     frozenset({"temperature_after_softmax", "sampling_from_logits"}): "after the softmax the logits are "
         "probabilities: sampling from them is right",
     frozenset({"top_p_drops_crossing", "top_p_one_not_noop"}): "with that rule p = 1 keeps every token: the "
         "missing early return loses nothing",
-    frozenset({"top_p_extra_at_equality", "top_p_one_not_noop"}): "the same: p = 1 keeps every token",
     frozenset({"sampling_softmax_wrong_dim", "sampling_from_logits"}): "sampling from the logits uses no "
         "softmax at all",
     frozenset({"generate_not_appended", "generate_no_crop"}): "the context never grows, so it never needs "

@@ -12,6 +12,8 @@ decoding, and its tokens are compared with handformer's greedy continuation, so 
 `generate` is checked even when their own model is wrong. Every call is recorded, which names the
 mistakes: the new token not appended, the context not cropped to the block size, a cache not passed
 back or positions not offset by it, a loop that calls the model more than max_new_tokens times.
+A loop with an EOS parameter is run once more with EOS set to the token the model makes likeliest
+at a step: it must stop there (greedy_no_stop_at_eos otherwise); a loop without one is not charged.
 
 Shape legend: B batch, T tokens so far, V vocabulary.
 """
@@ -48,6 +50,8 @@ COUNT_NAMES = ("max_new_tokens", "max_tokens", "n_new", "num_tokens", "new_token
 CONTEXT_NAMES = ("context_size", "block_size", "context_length", "max_seq_len", "max_context", "ctx_len")
 CACHE_NAMES = ("past_key_values", "past", "cache", "kv_cache", "layer_past", "past_kv", "kv")
 POSITION_NAMES = ("start_pos", "pos", "offset", "start", "position")
+EOS_NAMES = ("eos", "eos_id", "eos_token", "eos_token_id", "eos_idx", "end_token", "end_id", "stop_token",
+             "end_symbol", "stop_id")
 
 
 class ContextTooLong(RuntimeError):
@@ -200,7 +204,8 @@ def _style(fn: Any) -> tuple[str, ...]:
     return tuple(order)
 
 
-def _call(ctx: Context, comp: Component, model: LanguageModel, ids: Tensor, n: int) -> Any:
+def _call(ctx: Context, comp: Component, model: LanguageModel, ids: Tensor, n: int,
+          extra: dict[str, Any] | None = None) -> Any:
     """generate(model, ids, n): the learner's parameters filled by name, or else by position (by
     position up to the first one left to its default: `self` of a method cannot go by name)."""
     args: list[Any] = []
@@ -208,7 +213,7 @@ def _call(ctx: Context, comp: Component, model: LanguageModel, ids: Tensor, n: i
     for i, p in enumerate(forward_parameters(comp.obj)):
         name = p.name.lower()
         value = (model if name in MODEL_NAMES else ids if name in PROMPT_NAMES else n if name in COUNT_NAMES
-                 else model.block_size if name in CONTEXT_NAMES else None)
+                 else model.block_size if name in CONTEXT_NAMES else (extra or {}).get(p.name))
         if value is None and p.default is not p.empty:
             continue
         if value is None and i >= 3:
@@ -255,7 +260,8 @@ class Run:
     as_list: bool = False  # the prompt was handed over as a list of ints
 
 
-def run_generate(ctx: Context, comp: Component, n: int, B: int, as_list: bool = False) -> Run:
+def run_generate(ctx: Context, comp: Component, n: int, B: int, as_list: bool = False,
+                 extra: dict[str, Any] | None = None) -> Run:
     """The learner's generate on B prompts of 3 tokens (a (B, 3) tensor, or one prompt as a list of
     ints) for n new tokens, each return style tried in turn (their first failure kept), with a fresh
     model for each try."""
@@ -266,7 +272,7 @@ def run_generate(ctx: Context, comp: Component, n: int, B: int, as_list: bool = 
         label = text(f"{B} prompt{'s' if B > 1 else ''}, {n} new tokens", f"{B} 个提示词、{n} 个新 token")
         run = Run(label, model, prompt, n, as_list=as_list)
         try:
-            raw = _call(ctx, comp, model, prompt[0].tolist() if as_list else prompt.clone(), n)
+            raw = _call(ctx, comp, model, prompt[0].tolist() if as_list else prompt.clone(), n, extra)
         except fp.LearnerFailure as failure:
             run.failure = failure
             if model.calls and (_overflowed(model) or _runaway(model)):
@@ -329,7 +335,42 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
         _judge(res, ctx, comp, long, greedy(model, prompts(B), LONG)[:, 3:])
     if short.failure and not res.findings and short.out is None:
         raise short.failure
+    if short.out is not None and not res.findings:
+        _eos(res, ctx, comp, short, torch.tensor(reference)[0])
     return finish(res)
+
+
+def _eos(res: ComponentResult, ctx: Context, comp: Component, short: Run, reference: Tensor) -> None:
+    """A loop with an EOS parameter is given as EOS the token the model makes likeliest at a step
+    (the first new token not seen before it): it must stop there (EOS kept, EOS repeated after it
+    read as padding, or EOS left out). A loop with no EOS parameter is not charged."""
+    eos_name = next((p.name for p in forward_parameters(comp.obj) if p.name.lower() in EOS_NAMES), None)
+    if eos_name is None:
+        return
+    seen = reference.tolist()
+    k = next((i for i in range(1, len(seen) - 1) if seen[i] not in seen[:i]), None)
+    if k is None:
+        return
+    eos = int(reference[k])
+    run = run_generate(ctx, comp, SHORT, 1, short.as_list, {eos_name: eos})
+    want = reference[:k + 1].tolist()
+    got = run.out[0].tolist() if run.out is not None else None
+    dropped = got == want[:k]  # stopped before appending EOS (Raschka's loop): a convention
+    stopped = dropped or (got is not None and got[:k + 1] == want and all(t == eos for t in got[k + 1:]))
+    if dropped:
+        res.notes.append(text(f"at EOS ({eos_name}={eos}) it stops without appending EOS, a convention",
+                              f"遇到 EOS（{eos_name}={eos}）时它不把 EOS 加进结果就停下，这是一种约定"))
+    res.checks.append(Check(text(f"with {eos_name}={eos}, the token the model makes likeliest at new token "
+                                 f"{k}, it stops there: {want}",
+                                 f"{eos_name}={eos}（模型在新 token 位置 {k} 最可能给出的 token）时"
+                                 f"在那里停下：{want}"),
+                            stopped, text(f"got {got}", f"实际得到 {got}")))
+    if not stopped and got is not None and got[:k + 1] == want:
+        number, code = locate("greedy_no_stop_at_eos", source_lines(ctx.objects(comp)))
+        res.findings.append(Finding("greedy_no_stop_at_eos", text(
+            f"with {eos_name}={eos} emitted as new token {k}, it went on to {len(got)} new tokens: {got}",
+            f"{eos_name}={eos} 作为新 token {k} 输出之后，它继续生成到 {len(got)} 个新 token：{got}"),
+            number, code))
 
 
 def _named(run: Run) -> bool:

@@ -266,7 +266,8 @@ def top_p_keep(logits: Tensor, p: float, flags: frozenset[str] = frozenset()) ->
     return torch.zeros_like(keep).scatter(-1, order, keep)
 
 
-TOP_P_FLAGS = ("top_p_drops_crossing:le", "top_p_drops_crossing:lt", "top_p_extra_at_equality",
+EQUALITY = "top_p_extra_at_equality"  # a flag of the search only: a convention, never a finding
+TOP_P_FLAGS = ("top_p_drops_crossing:le", "top_p_drops_crossing:lt", EQUALITY,
                "top_p_empty_set")
 
 
@@ -290,11 +291,15 @@ def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
 
     mine = torch.cat(kept_all, 0).double()
     found = fp.search(mine, compute, TOP_P_FLAGS, None, 2)
+    rule = frozenset()  # the rule at exact equality: either is a convention (module docstring)
     if found and found[0]:
-        for flag in sorted(found[0]):
+        for flag in sorted(found[0] - {EQUALITY}):
             name, _, form = flag.partition(":")
             res.findings.append(_finding(ctx, comp, name, _top_p_observed(flag, cases, kept_all), form))
-    wrong = int((mine != compute(frozenset())).sum())
+        if EQUALITY in found[0]:
+            rule = frozenset({EQUALITY})
+            res.notes.append(_equality_note(kept_all))
+    wrong = int((mine != compute(rule)).sum())
     res.checks.append(Check(text("keeps the smallest set of most likely tokens reaching p (5 cases, equality "
                                  "at p = 0.75 included)",
                                  "把 token 按概率从大到小排列，保留累计概率刚好达到 p 的前几个"
@@ -324,15 +329,24 @@ def _top_p_observed(flag: str, cases: list[tuple[Tensor, float]], kept: list[Ten
                     "0.6, so 2 are kept",
                     f"{probs_zh}、p = 0.6 时你的过滤保留了 {counts[1]} 个 token；"
                     "只有 0.5 还不到 0.6，应保留 2 个")
-    if flag == "top_p_extra_at_equality":
-        return text(f"{probs} with p = 0.75: your filter keeps {counts[0]} tokens; 0.5 + 0.25 already "
-                    "reaches p, so 2 are kept",
-                    f"{probs_zh}、p = 0.75 时你的过滤保留了 {counts[0]} 个 token；"
-                    "0.5 + 0.25 已经达到 p，应保留 2 个")
     return text(f"{probs} with p = 0.3: your filter keeps {counts[2]} tokens, every logit is -inf (the "
                 "softmax of that row is NaN)",
                 f"{probs_zh}、p = 0.3 时你的过滤保留了 {counts[2]} 个 token，"
                 "所有 logit 都是 -inf（softmax 为 NaN）")
+
+
+def _equality_note(kept: list[Tensor]) -> Text:
+    """Where the probability ranked above a token equals p exactly, keeping that token too (remove
+    where cum > p, shifted right: Hugging Face's classic top_k_top_p_filtering, Meta's sample_top_p)
+    is a convention, not a mistake: handformer removes it (>= p)."""
+    n = int(kept[0][0].sum())
+    return text(f"where the probability ranked above a token equals p exactly (0.5 + 0.25 = 0.75 with "
+                f"p = 0.75) your filter keeps that token too ({n} tokens kept): the rule of Hugging Face's "
+                "classic top_k_top_p_filtering (cum > p, shifted right), a convention; handformer stops "
+                "at p (>= p, 2 kept)",
+                f"排在某个 token 前面的概率之和恰好等于 p 时（p = 0.75，0.5 + 0.25 = 0.75），你的过滤也保留了"
+                f"这个 token（保留 {n} 个）：这是 Hugging Face 经典的 top_k_top_p_filtering 的规则"
+                "（cum > p 再右移一位），属于约定，不算错；handformer 到 p 就停（>= p，保留 2 个）")
 
 
 def _wrong_tokens(n: int) -> Text:

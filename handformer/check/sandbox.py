@@ -130,13 +130,12 @@ def _stopped(reason: str, phase: str | None, stack: str, path: str, time_limit: 
     if reason == "timeout":
         why = ("a generation loop that does not end (is it bounded by max_new_tokens?), or one far too "
                "slow for a model of a few thousand weights" if kind == "generate" else
-               "a BPE trainer that never ends, or a quadratic one (bpe_quadratic_trainer: it recounts "
-               "every pair of the corpus after every merge)" if kind == "bpe" else
+               "a BPE trainer that never ends (a merge that never makes the words shorter?)"
+               if kind == "bpe" else
                "an infinite loop, or far too slow for tensors of a few dozen numbers")
         why_zh = ("生成循环停不下来（它受 max_new_tokens 限制吗？），或者对只有几千个权重的模型来说慢得离谱"
                   if kind == "generate" else
-                  "BPE 训练停不下来，或者是平方复杂度的（bpe_quadratic_trainer："
-                  "每次合并后都重新统计整个语料的所有字节对）"
+                  "BPE 训练停不下来（某次合并没有让词变短？）"
                   if kind == "bpe" else "死循环，或者对只有几十个数的张量来说慢得离谱")
         return LearnerError("timeout", f"stopped after {time_limit:g} s in {where}: {why} (raise the limit "
                             "with --time-limit)", where, frames,

@@ -34,11 +34,6 @@ DIAGNOSES: list[Diagnosis] = [
       "keep a token while the probability ranked above it is below p: remove = cumsum - probs >= p",
       "只要排在它前面的概率之和还小于 p，就保留这个 token：remove = cumsum - probs >= p",
       r"cumsum", r">|<"),
-    d("top_p_extra_at_equality", "top-p keeps one token too many when the probability above it equals p",
-      "排在前面的概率之和恰好等于 p 时，top-p 多保留了一个 token",
-      "remove a token once the probability ranked above it reaches p: >= p, not > p",
-      "排在前面的概率之和一达到 p 就去掉这个 token：用 >= p，而不是 > p",
-      r">\s*(self\.)?(top_)?p\b", r"cumsum"),
     d("top_p_one_not_noop", "top-p with p = 1 removes tokens", "p = 1 时 top-p 仍然去掉了 token",
       "p = 1 keeps every token: return the logits unchanged when p >= 1 (float rounding can push the "
       "cumulative sum past 1)",

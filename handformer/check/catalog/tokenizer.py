@@ -51,18 +51,6 @@ DIAGNOSES: list[Diagnosis] = [
         r"merges\.append\(",
     ),
     d(
-        "bpe_quadratic_trainer",
-        "the trainer is quadratic: it recounts every pair of the corpus after "
-        "every merge, so it hits the time limit",
-        "训练是平方级的：每次合并之后都把整个语料的对重新数一遍，所以超过了时间上限",
-        "count the pairs once, then after each merge update only the words that hold the merged pair "
-        "(keep a map from each pair to the words it is in)",
-        "只在开始时数一次，之后每次合并只更新含有这一对的词（维护一个从对到所在词的映射）",
-        r"^\s{8,}\S.*=\s*\w*(count|stats|pairs)\w*\(",
-        r"^\s{8,}\S.*=\s*Counter\(",
-        r"while |for .* in range\(",
-    ),
-    d(
         "bpe_vocab_size_ignores_specials",
         "the number of merges leaves the special tokens out of vocab_size, so the vocabulary is too big",
         "合并次数没有把特殊 token 算进 vocab_size，词表超出了 vocab_size",
