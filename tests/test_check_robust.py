@@ -20,7 +20,20 @@ from handformer.check.report import format_report, to_json
 from handformer.check.result import ERROR, NOT_CHECKED
 from handformer.check.runners import check_file
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "short_bpe_limits")
+
+
+@pytest.fixture
+def short_bpe_limits(monkeypatch):
+    """A BPE trainer or codec a mutation made endless is stopped after 2 s, not 10: the report is
+    what is tested here, the limits are tests/test_check_bpe.py's."""
+    import handformer.check.bpe as bpe
+    import handformer.check.bpe_codec as codec
+
+    monkeypatch.setattr(bpe, "FIXTURE_LIMIT", 2.0)
+    monkeypatch.setattr(bpe, "CEILING", 3.0)
+    monkeypatch.setattr(codec, "CODEC_LIMIT", 2.0)
+
 ROOT = Path(__file__).resolve().parents[1]
 FILES = [correct_file(f) for f in FAMILIES]
 DEFAULT = 120  # mutants in the default run (every file's in turn)
