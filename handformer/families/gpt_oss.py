@@ -34,7 +34,6 @@ from handformer.families.hf_config import (
     expert_width,
     experts,
     layer_types_keys,
-    require,
     rope_decoder,
     rope_decoder_keys,
     silu_only,
@@ -124,17 +123,11 @@ TENSORS = llama.llama_like(llama.linears(llama.ATTENTION), llama.PRE_NORMS, {
 # --- config.json -------------------------------------------------------------------------------
 
 
-def yarn(c: dict[str, Any]) -> YarnRopeScaling | None:
+def no_mscale(c: dict[str, Any]) -> None:
+    """gpt-oss's YaRN is read by the shared reader (hf_config.rope); DeepSeek's mscale is refused."""
     params = c.get("rope_parameters") or c.get("rope_scaling") or {}
-    if params.get("rope_type", params.get("type", "default")) != "yarn":
-        return None
     if params.get("mscale") or params.get("mscale_all_dim"):
         unsupported(c, "rope_parameters", params, "YaRN's mscale (DeepSeek's) is not implemented for gpt_oss")
-    return YarnRopeScaling(
-        factor=float(require(params, "factor")), beta_fast=float(params.get("beta_fast") or 32),
-        beta_slow=float(params.get("beta_slow") or 1), truncate=bool(params.get("truncate", True)),
-        original_max_positions=params.get("original_max_position_embeddings") or c["max_position_embeddings"],
-        attention_factor=params.get("attention_factor"))
 
 
 def from_hf_config(c: dict[str, Any]) -> CausalLMConfig:
@@ -142,10 +135,10 @@ def from_hf_config(c: dict[str, Any]) -> CausalLMConfig:
     silu_only(c)
     if not c.get("attention_bias", True):
         unsupported(c, "attention_bias", False, "gpt-oss has biases on q, k, v and o in handformer")
-    theta = (c.get("rope_parameters") or {}).get("rope_theta", c.get("rope_theta", 150000.0))
-    plain = {**c, "rope_parameters": {"rope_type": "default", "rope_theta": theta}}  # YaRN: read below
-    return rope_decoder(plain, moe=experts(c, None, True), bias=True, norm_eps=c.get("rms_norm_eps", 1e-5),
-                        rope_scaling=yarn(c), attn_sinks=True, swiglu_limit=float(c.get("swiglu_limit", 7.0)),
+    no_mscale(c)
+    return rope_decoder({"rope_theta": 150000.0, **c}, ("default", "yarn"), moe=experts(c, None, True),
+                        bias=True, norm_eps=c.get("rms_norm_eps", 1e-5), attn_sinks=True,
+                        swiglu_limit=float(c.get("swiglu_limit", 7.0)),
                         swiglu_alpha=float(c.get("swiglu_alpha", 1.702)),
                         **window_settings(c, c.get("sliding_window")))
 
