@@ -75,6 +75,7 @@ class Component:
     kind: str  # one of KINDS
     name: str  # the learner's name for it
     obj: Any  # the class or function
+    found_by: str = "name"  # "name", or "signature": a free function found by what it does (signatures.py)
 
 
 def find_components(module: types.ModuleType, overrides: dict[str, str] | None = None,
@@ -126,6 +127,22 @@ def _by_name(module: types.ModuleType, overrides: dict[str, str] | None, only: l
             if name not in taken and (not only or actual in only):
                 taken.add(name)
                 found.append(Component(actual, name, own[name]))
+    return found + _by_signature(own, taken | named, only)
+
+
+def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None) -> list[Component]:
+    """The learner's free functions that no name found, taken as the kind their signature and a call
+    say they are (signatures.py): Raschka's generate_text_simple, a filter called nucleus."""
+    from handformer.check.signatures import kind_of
+
+    found = []
+    for name, obj in own.items():
+        skip = name in taken or "." in name or name.startswith(("_", "handformer_"))  # adapters: no component
+        if skip or not inspect.isfunction(obj):
+            continue
+        kind = kind_of(obj)
+        if kind is not None and (not only or kind in only):
+            found.append(Component(kind, name, obj, "signature"))
     return found
 
 
@@ -155,6 +172,12 @@ def refine(kind: str, obj: Any) -> str:
     heads (Llama's `Attention(dim, n_heads, n_kv_heads)`) is grouped-query attention."""
     if kind == "mha" and inspect.isclass(obj) and "n_kv_heads" in argument_keys(obj).values():
         return "gqa"
+    if inspect.isfunction(obj) and any(kind in f for f in SAME_FAMILY):  # what it does over its name
+        from handformer.check.signatures import kind_of
+
+        said = kind_of(obj)
+        if said is not None and any(kind in f and said in f for f in SAME_FAMILY):
+            return said
     if kind == "transformer" and inspect.isclass(obj) and decoder_only(obj):
         return "gpt"
     if kind == "mha" and inspect.isclass(obj) and causal_inside(obj):  # Raschka's, Karpathy's: forward(x)
@@ -167,6 +190,12 @@ def refine(kind: str, obj: Any) -> str:
                 return "gqa"
     return kind
 
+
+# kinds whose functions are told apart by what they take and return, whatever their name: a
+# greedy_decode(model, idx, max_new_tokens) is a generation loop, a sample_top_p that returns
+# filtered logits is a filter
+SAME_FAMILY = (("greedy_decode", "beam_search", "generate"),
+               ("top_k", "top_p", "sample", "temperature", "greedy"))
 
 CAUSAL_WORDS = re.compile(r"\btril\b|\btriu\b|is_causal\s*=\s*True|causal")
 

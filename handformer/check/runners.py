@@ -135,6 +135,12 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
             result.status, result.adapter = NOT_CHECKED, adapter_hint(comp)
     if ctx.hyperparameter_note is not None:
         result.notes.append(ctx.hyperparameter_note)
+    if comp.found_by == "signature":
+        result.notes.append(text(
+            f"found as a {KINDS_BY_NAME[comp.kind].en} by what it does (the arguments it takes and, for a "
+            "function of logits, what a call returns), not by its name",
+            f"按它做的事认作{KINDS_BY_NAME[comp.kind].zh}（看它接受的参数；"
+            "作用于 logits 的函数还看一次调用的返回值），不是按名字"))
     if not result.findings and result.status in (FAIL, ERROR) and (
             result.error is None or result.error.kind == "exception"):
         result.findings += inherited(comp, ctx)
