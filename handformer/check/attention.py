@@ -231,7 +231,8 @@ def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
         conv, found, failure = detect(ctx, run, lambda fl, conv: V.attention(q, k, v, keeps[conv], fl)[0],
                                       ATTENTION_FLAGS, search_rows, convs)
         if conv is None:
-            raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, H, T, Dh) tensor")
+            raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, H, T, Dh) tensor",
+                                              f"{comp.name} 没有返回形状为 (B, H, T, Dh) 的张量")
         if c.takes_mask:
             res.convention = fp.describe_convention(conv)
         correct = V.attention(q, k, v, keeps[conv])[0]
@@ -336,7 +337,9 @@ def check_masked_softmax(comp: Component, ctx: Context) -> ComponentResult:
     conv, found, failure = detect(ctx, run, compute, universe, rows, convs)
     if conv is None:
         raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, T, S) tensor for scores "
-                                          f"of shape {(B, T, S)}")
+                                          f"of shape {(B, T, S)}",
+                                          f"对形状为 {(B, T, S)} 的分数，{comp.name} 没有返回形状为 (B, T, "
+                                          "S) 的张量")
     res.convention = fp.describe_convention(conv)
     if found and found[0]:
         off = fp.max_error(run(conv), compute(frozenset(), conv), rows(found[0], conv))
@@ -435,7 +438,11 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
     if extra:  # a norm on the queries and keys (QK-norm): not in handformer's reference attention
         raise MappingError(f"{comp.name} has parameters besides its projections ("
                            + ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra)
-                           + "); handformer's reference attention has none (no QK-norm)")
+                           + "); handformer's reference attention has none (no QK-norm)",
+                           zh=f"{comp.name} "
+                              "除了投影矩阵还有别的参数（"
+                              f"{', '.join(f'{x.name} {tuple(x.weight.shape)}' for x in extra)}）；"
+                              "handformer 的参考注意力没有这些参数（没有 QK-norm）")
     kv_width = (n_kv_heads or H) * (D // H)
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0]
     res.mapping = [s.describe() for s in slots]
@@ -518,7 +525,9 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
                 got = shape_of(ctx.learner.call("forward", c.call, x, x, x, mask))
                 raise failure or ctx.learner.fail(
                     "forward", f"{comp.name} returned {got} for inputs of shape {tuple(x.shape)}; expected a "
-                    "(B, T, D) tensor (and the weights (B, H, T, S) if you return them)")
+                    "(B, T, D) tensor (and the weights (B, H, T, S) if you return them)",
+                    f"输入形状为 {tuple(x.shape)} 时，{comp.name} 返回了 {got}；应当返回一个 (B, T, D) "
+                    "张量（如果返回权重，权重是 (B, H, T, S)）")
             best = (None, first_conv, None, computer(None))
         rope, conv, found, compute = best
         if c.takes_mask:
@@ -609,7 +618,9 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) 
             out = fp.first_tensor(raw, 3)
             if out is None:
                 raise ctx.learner.fail("forward", f"{comp.name} returned {shape_of(raw)}, not a (B, T, D) "
-                                       f"tensor, for inputs of shape {tuple(xq.shape)}")
+                                       f"tensor, for inputs of shape {tuple(xq.shape)}",
+                                       f"输入形状为 {tuple(xq.shape)} 时，{comp.name} 返回了 "
+                                       f"{shape_of(raw)}，不是 (B, T, D) 张量")
             ref, ref_w = hf(xq, xkv, xkv, mask, need_weights=True, rope=rope)
             rows = fp.visible_rows(mask, B, T)
             errors.append(fp.max_error(out, ref, rows))

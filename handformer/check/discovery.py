@@ -67,7 +67,11 @@ CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "con
 
 
 class DiscoveryError(ValueError):
-    """A component cannot be found or built; the message says what to change."""
+    """A component cannot be found or built; the message says what to change (`zh`: in Chinese)."""
+
+    def __init__(self, message: str, zh: str = "") -> None:
+        super().__init__(message)
+        self.zh = zh
 
 
 @dataclass
@@ -110,13 +114,18 @@ def _by_name(module: types.ModuleType, overrides: dict[str, str] | None, only: l
     for kind, name in overrides.items():
         if kind not in NAMES:
             raise DiscoveryError(f"--component {kind}={name}: unknown kind {kind!r}; kinds: "
-                                 f"{', '.join(KINDS)}")
+                                 f"{', '.join(KINDS)}",
+                                 zh=f"--component {kind}={name}：没有 {kind!r} 这类组件；可以检查的种类："
+                                    f"{', '.join(KINDS)}")
         if name not in own:
             raise DiscoveryError(f"--component {kind}={name}: the file defines no {name!r}; it defines "
-                                 f"{', '.join(sorted(own)) or 'no class or function'}")
+                                 f"{', '.join(sorted(own)) or 'no class or function'}",
+                                 zh=f"--component {kind}={name}：文件里没有定义 {name!r}；它定义了 "
+                                    f"{', '.join(sorted(own)) or '（没有类或函数）'}")
     for kind in only or []:
         if kind not in NAMES:
-            raise DiscoveryError(f"--component {kind}: unknown kind; kinds: {', '.join(KINDS)}")
+            raise DiscoveryError(f"--component {kind}: unknown kind; kinds: {', '.join(KINDS)}",
+                                 zh=f"--component {kind}：没有这类组件；可以检查的种类：{', '.join(KINDS)}")
     found, taken = [], set()
     named = set(overrides.values())  # a name given with --component is checked as that kind only
     for kind, names in NAMES.items():
@@ -127,21 +136,23 @@ def _by_name(module: types.ModuleType, overrides: dict[str, str] | None, only: l
             if name not in taken and (not only or actual in only):
                 taken.add(name)
                 found.append(Component(actual, name, own[name]))
-    return found + _by_signature(own, taken | named, only)
+    return found + _by_signature(own, taken | named, only, set(overrides))
 
 
-def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None) -> list[Component]:
-    """The learner's free functions that no name found, taken as the kind their signature and a call
-    say they are (signatures.py): Raschka's generate_text_simple, a filter called nucleus."""
+def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, pointed: set[str],
+                  ) -> list[Component]:
+    """The learner's free functions whose name is in no kind's table, taken as the kind their
+    signature and a call say they are (signatures.py): Raschka's generate_text_simple, a filter called
+    nucleus. A kind given with --component KIND=NAME is that name only."""
     from handformer.check.signatures import kind_of
 
-    found = []
+    found, tabled = [], {n for names in NAMES.values() for n in names}
     for name, obj in own.items():
-        skip = name in taken or "." in name or name.startswith(("_", "handformer_"))  # adapters: no component
+        skip = name in taken or name in tabled or "." in name or name.startswith(("_", "handformer_"))
         if skip or not inspect.isfunction(obj):
             continue
         kind = kind_of(obj)
-        if kind is not None and (not only or kind in only):
+        if kind is not None and (not only or kind in only) and kind not in pointed:
             found.append(Component(kind, name, obj, "signature"))
     return found
 
@@ -389,7 +400,9 @@ def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None)
             raise DiscoveryError(
                 f"cannot fill the argument {p.name!r} of {cls.__name__}{inspect.signature(cls)}: "
                 f"handformer knows these names ({known}); rename the argument, give it a default, or "
-                "write the adapter below")
+                "write the adapter below",
+                zh=f"填不了 {cls.__name__}{inspect.signature(cls)} 的参数 {p.name!r}：handformer "
+                   f"认识这些名字（{known}）；请给参数改名、给它一个默认值，或者写下面的适配函数")
     return target(**kwargs)
 
 

@@ -14,7 +14,9 @@ Shape legend: B rows, V vocabulary.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 from typing import Any
 
 import torch
@@ -104,11 +106,14 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
 
 
 def _call(fn: Any, rows: Tensor, options: dict[str, Any]) -> Tensor | None:
-    """fn(rows, **options) as a tensor, or None when it raises or returns something else."""
+    """fn(rows, **options) as a tensor, or None when it raises (sys.exit too) or returns something
+    else; its prints are not shown. A function that can end the process (os._exit) is not called."""
+    if "_exit" in _source(fn):
+        return None
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(io.StringIO()):
             out = fn(rows.clone(), **options)
-    except Exception:  # noqa: BLE001  (not a function of this kind)
+    except (Exception, SystemExit):  # noqa: BLE001  (not a function of this kind; its own check says why)
         return None
     if isinstance(out, tuple) and out and isinstance(out[0], Tensor):  # (filtered, indices)
         out = out[0]
@@ -135,3 +140,10 @@ def _scaled(rows: Tensor, out: Tensor) -> bool:
         return False
     factor = float((out * rows).sum() / rows.square().sum())
     return bool(((out - factor * rows).abs() < 1e-4 * max(1.0, abs(factor))).all()) and abs(factor - 1) > 1e-3
+
+
+def _source(fn: Any) -> str:
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return ""
