@@ -438,3 +438,43 @@ def test_a_component_check_cannot_build_is_said_in_chinese(tmp_path):
     zh = format_report(result, "zh")
     assert "填不了 Attn(width, heads) 的参数 'width'：handformer 认识这些名字" in zh, zh
     assert "cannot fill" not in zh
+
+
+ONE_HEAD = '''
+import torch
+import torch.nn as nn
+
+
+class CausalAttention(nn.Module):
+    """One head of causal self-attention, as the book's chapter 3 builds it before the multi-head one."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
+        super().__init__()
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
+
+    def forward(self, x):
+        n = x.shape[1]
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+        scores = q @ k.transpose(1, 2)
+        scores = scores.masked_fill(self.mask.bool()[:n, :n], float("-inf"))
+        weights = torch.softmax(scores{scale}, dim=-1)
+        return self.dropout(weights) @ v
+'''
+
+
+def test_a_single_head_attention_is_compared_with_one_head_and_no_output_projection(tmp_path):
+    """No number of heads and no W_O is one head, not a multi-head attention missing its projection;
+    a mistake in it is still named."""
+    right = tmp_path / "one_head.py"
+    right.write_text(ONE_HEAD.replace("{scale}", " / k.shape[-1] ** 0.5"))
+    (comp,) = check_file(str(right)).components
+    assert (comp.kind, comp.status) == ("causal_attention", "pass"), format_report(check_file(str(right)))
+    assert any(n["en"].startswith("one head") for n in comp.notes)
+    wrong = tmp_path / "one_head_unscaled.py"
+    wrong.write_text(ONE_HEAD.replace("{scale}", ""))
+    (comp,) = check_file(str(wrong)).components
+    assert comp.status == "fail" and [f.name for f in comp.findings] == ["no_scaling"]
