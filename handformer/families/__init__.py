@@ -27,6 +27,7 @@ torchtune's builders do), reusing its weights:
 | qk_norm = "head_after_rope"      | Hunyuan             | hunyuan.RotatedQKNormAttention            |
 | mla                              | DeepSeek-V3         | deepseek.LatentAttention                  |
 | moe.grouped (sigmoid, groups)    | DeepSeek-V3         | deepseek.GroupedMixture                   |
+| activation = "xielu"             | Apertus             | apertus.LearnedXIELU                      |
 
 Everything that builds a model from a config (runs, imports, training, tracing) calls
 `build_causal_lm`; the variants' modules keep the lesson's parameter names, so state dicts,
@@ -40,6 +41,7 @@ from collections.abc import Callable
 from torch import nn
 
 from handformer.config import CausalLMConfig
+from handformer.families.apertus import put_learned_xielu
 from handformer.families.deepseek import put_grouped_mixtures, put_latent_attention
 from handformer.families.gemma import GemmaAttention, LocalGlobalRotary, SandwichBlock, SoftcappedHead
 from handformer.families.gpt_oss import GptOssMoE, SinkAttention
@@ -97,6 +99,7 @@ VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, Causa
         m, _layers(m, "ffn"), lambda moe: GptOssMoE(moe, c.swiglu_limit, c.swiglu_alpha))),
     (lambda c: c.mla is not None, put_latent_attention),
     (lambda c: c.moe is not None and c.moe.grouped, put_grouped_mixtures),
+    (lambda c: c.activation == "xielu", put_learned_xielu),
 ]
 
 
