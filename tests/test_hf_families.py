@@ -23,7 +23,14 @@ from helpers import randomize_hf, require_module
 
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
-from handformer.config import FamilyConfig, LinearRopeScaling, MLAConfig, MoEConfig, YarnRopeScaling  # noqa: E402
+from handformer.config import (  # noqa: E402
+    DeltaNetConfig,
+    FamilyConfig,
+    LinearRopeScaling,
+    MLAConfig,
+    MoEConfig,
+    YarnRopeScaling,
+)
 from handformer.convert.hf_weights import config_from_hf, model_from_hf  # noqa: E402
 from handformer.generation.engine import Engine, Row, SamplingOptions  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
@@ -251,6 +258,22 @@ def _granite():
 
 BUILDERS["granite"] = _granite
 VARIANT_ATTENTION += ("granite",)
+
+
+
+
+def _qwen3_5():
+    # 3 heads of 24 (RoPE on 6 of them) and 1 key/value head; gated DeltaNet in layers 0, 2 and 3 with
+    # 2 query/key heads of 6, 4 value heads of 10 and a convolution over 3 positions
+    return transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(
+        **{**ODD, "num_attention_heads": 3, "num_key_value_heads": 1, "num_hidden_layers": 4}, head_dim=24,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=6, linear_value_head_dim=10,
+        linear_conv_kernel_dim=3, rope_parameters={**ROPE, "partial_rotary_factor": 0.25},
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"]))
+
+
+BUILDERS["qwen3_5"] = _qwen3_5
+VARIANT_ATTENTION += ("qwen3_5",)
 
 
 @pytest.fixture(scope="module", params=list(BUILDERS))
@@ -486,6 +509,8 @@ def test_configs_carry_each_familys_variation(pair):
                             mla=MLAConfig(14, 18, 10, 12, True), head_dim=6, n_kv_heads=None, d_ff=88,
                             rope_scaling=YarnRopeScaling(factor=4.0, original_max_positions=16, mscale=0.707,
                                                          mscale_all_dim=1.0)),
+        "qwen3_5": dict(norm="rmsnorm_offset", qk_norm="head", rope_fraction=0.25, head_dim=24, n_kv_heads=1,
+                        family=FamilyConfig(attn_output_gate=True), deltanet=DeltaNetConfig([0, 2, 3], 2, 4, 6, 10, 3)),
     }[name]
     assert {k: getattr(cfg, k) for k in expected} == expected
     if name == "smollm":
