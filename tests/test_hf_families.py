@@ -24,6 +24,7 @@ from helpers import randomize_hf, require_module
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.config import (  # noqa: E402
+    DeltaNetConfig,
     FamilyConfig,
     LinearRopeScaling,
     Llama3RopeScaling,
@@ -268,6 +269,20 @@ def _apertus():  # q/k norms per head, a plain xIELU MLP (its alphas randomized 
 BUILDERS["apertus"] = _apertus
 
 
+def _qwen3_5():
+    # 3 heads of 24 (RoPE on 6 of them) and 1 key/value head; gated DeltaNet in layers 0, 2 and 3 with
+    # 2 query/key heads of 6, 4 value heads of 10 and a convolution over 3 positions
+    return transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(
+        **{**ODD, "num_attention_heads": 3, "num_key_value_heads": 1, "num_hidden_layers": 4}, head_dim=24,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=6, linear_value_head_dim=10,
+        linear_conv_kernel_dim=3, rope_parameters={**ROPE, "partial_rotary_factor": 0.25},
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"]))
+
+
+BUILDERS["qwen3_5"] = _qwen3_5
+VARIANT_ATTENTION += ("qwen3_5",)
+
+
 @pytest.fixture(scope="module", params=list(BUILDERS))
 def pair(request):
     torch.manual_seed(sorted(BUILDERS).index(request.param))
@@ -503,6 +518,8 @@ def test_configs_carry_each_familys_variation(pair):
                                                          mscale_all_dim=1.0)),
         "apertus": dict(activation="xielu", qk_norm="head", head_dim=12, bias=False, norm_eps=1e-5,
                         rope_scaling=Llama3RopeScaling(8.0, 1.0, 4.0, 16)),
+        "qwen3_5": dict(norm="rmsnorm_offset", qk_norm="head", rope_fraction=0.25, head_dim=24, n_kv_heads=1,
+                        family=FamilyConfig(attn_output_gate=True), deltanet=DeltaNetConfig([0, 2, 3], 2, 4, 6, 10, 3)),
     }[name]
     assert {k: getattr(cfg, k) for k in expected} == expected
     if name == "smollm":

@@ -63,6 +63,8 @@ FAMILY_SETTINGS: dict[str, tuple[Any, str]] = {
     "attn_sinks": (False, "attention sinks"),
     "swiglu_limit": (None, "clamped SwiGLU experts"),
     "mla": (None, "multi-head latent attention"),
+    "attn_output_gate": (False, "gated attention output"),
+    "deltanet": (None, "gated DeltaNet linear attention"),
 }
 
 

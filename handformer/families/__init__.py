@@ -28,6 +28,8 @@ torchtune's builders do), reusing its weights:
 | mla                              | DeepSeek-V3         | deepseek.LatentAttention                  |
 | moe.grouped (sigmoid, groups)    | DeepSeek-V3         | deepseek.GroupedMixture                   |
 | activation = "xielu"             | Apertus             | apertus.LearnedXIELU                      |
+| family.attn_output_gate          | Qwen3.5             | qwen3_5.GatedAttention                    |
+| deltanet                         | Qwen3.5             | qwen3_5.GatedDeltaNet                     |
 
 Everything that builds a model from a config (runs, imports, training, tracing) calls
 `build_causal_lm`; the variants' modules keep the lesson's parameter names, so state dicts,
@@ -48,6 +50,7 @@ from handformer.families.gpt_oss import GptOssMoE, SinkAttention
 from handformer.families.granite import GraniteAttention, GraniteBlock, ScaledEmbedding, ScaledHead
 from handformer.families.hunyuan import RotatedQKNormAttention
 from handformer.families.olmo import ReorderedNormBlock, WidthQKNormAttention
+from handformer.families.qwen3_5 import put_deltanets, put_gated_attention
 from handformer.families.smollm import NoRopeAttention
 from handformer.models.causal_lm import CausalLM
 from handformer.replace import replace_layers
@@ -100,6 +103,8 @@ VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, Causa
     (lambda c: c.mla is not None, put_latent_attention),
     (lambda c: c.moe is not None and c.moe.grouped, put_grouped_mixtures),
     (lambda c: c.activation == "xielu", put_learned_xielu),
+    (lambda c: c.family.attn_output_gate, put_gated_attention),
+    (lambda c: c.deltanet is not None, put_deltanets),
 ]
 
 
