@@ -260,6 +260,9 @@ FAMILIES.update(
         **{**ODD, "num_hidden_layers": 5}, sliding_window=5, rope_parameters={
             "sliding_attention": {**ROPE, "rope_theta": 5e5}, "full_attention": {**ROPE, "rope_theta": 5e5}})),
 )
+FAMILIES["apertus"] = lambda: transformers.ApertusForCausalLM(transformers.ApertusConfig(  # xIELU, q/k norms
+    **ODD, rope_parameters={"rope_type": "llama3", "rope_theta": 1e4, "factor": 4.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}))
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
 
