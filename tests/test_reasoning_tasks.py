@@ -216,6 +216,7 @@ def test_the_smoke_reasoning_run_trains_every_stage_and_scores_it(smoke_run):
         assert low <= figures["greedy"]["value"] <= high
         assert ("pass@2" in figures) == (stage != "base") and figures["settings"]["k"] == (0 if stage == "base" else 2)
     assert "pass@k" in (out / "accuracy.md").read_text() and "search split: greedy" in printed
+    assert "note: grpo_max_new_tokens=12 " in printed  # too short for a worked reply: said, with the fix
 
     data = {name: (out / "data" / name).read_text() for name in ("pretrain.txt", "sft.jsonl", "dpo.jsonl", "grpo.jsonl")}
     documents = [d.split("\n")[0] for d in data["pretrain.txt"].split("\n\n") if "<think>" in d]

@@ -327,6 +327,8 @@ def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print, base: str 
     out.mkdir(parents=True, exist_ok=True)
     problems = ProblemSet(cfg.seed) if cfg.tasks == "facts" else ReasoningSet(cfg.seed)
     held = held_out_questions(cfg, problems)
+    if cfg.tasks == "reasoning" and (note := reasoning_stages.length_note(cfg.grpo_max_new_tokens)):
+        log(note)
     report: dict[str, Any] = {"config": asdict(cfg), "base": None if base is None else str(base),
                               "stages": {}}
     previous = None
