@@ -19,6 +19,7 @@ from torch import Tensor
 from handformer.generation.engine import Choice, Engine, Row
 from handformer.generation.sampling import SamplingOptions, Speculation
 from handformer.generation.speculative import SpeculationStats
+from handformer.inference.static_step import static_step_for
 from handformer.inference.threads import default_threads, intra_op_threads
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
@@ -107,10 +108,8 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
             on_token(index[id(choice.row)], choice.token)
 
     with intra_op_threads(default_threads(model) if threads == "auto" else threads), eval_mode(model):
-        # The one-token steps all have the same shapes but the cache length: compiled once for any
-        # length (dynamic), re-wrapping the same model reuses torch's compiled code.
-        step = torch.compile(model, dynamic=True) if compile_step and use_cache else model
-        engine = Engine(model, pad_id=pad_id, use_cache=use_cache, step_model=step)
+        static = static_step_for(model) if compile_step and use_cache else None  # kept per model
+        engine = Engine(model, pad_id=pad_id, use_cache=use_cache, static_step=static)
         for choice in engine.add(rows):
             streamed(choice)
         engine.run(streamed)
