@@ -78,12 +78,13 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
     (slow; for testing the cache). The model runs in eval mode and its training flag is restored
     afterwards. threads: torch intra-op threads while generating ("auto": `default_threads(model)`,
     one for a small model; None: torch's setting; the count is process-wide while `generate` runs,
-    and restored afterwards). compile_step: run the one-token decoding steps through
-    `torch.compile` (same tokens; the first call compiles for tens of seconds on a CPU, so it pays
-    only over tens of thousands of tokens: off by default). speculate: speculative decoding of a
-    single prompt (a `Speculation`: prompt lookup, or its draft_model): the same tokens when greedy,
-    the same distribution when sampling, in fewer forwards; `stats` (a SpeculationStats), when
-    given, counts the guesses drafted and accepted.
+    and restored afterwards). compile_step: run the one-token decoding steps as one compiled
+    step of fixed shapes (inference/static_step.py; the same tokens; the first call for a batch size
+    compiles for tens of seconds on a CPU, later calls reuse it; off by default: docs/benchmarks.md
+    has the figures; models and batches it does not serve decode eagerly). speculate: speculative
+    decoding of a single prompt (a `Speculation`: prompt lookup, or its draft_model): the same
+    tokens when greedy, the same distribution when sampling, in fewer forwards; `stats` (a
+    SpeculationStats), when given, counts the guesses drafted and accepted.
 
     Raises ValueError when a prompt plus max_new_tokens - 1 (the last token is never fed back)
     exceeds the model's max_positions.
