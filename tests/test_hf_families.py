@@ -391,7 +391,7 @@ GREEDY = SamplingOptions(temperature=0)
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "gpt_oss", "olmo3", "deepseek_v3"])
+@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "gpt_oss", "olmo3", "deepseek_v3", "qwen3_5"])
 def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(name):
     """serve's batch (rows join and leave, the KV cache regrouped each time) of a model whose
     sliding layers roll over the window while its global layers keep every column, or (DeepSeek-V3)
@@ -730,6 +730,9 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
                        "num_attention_heads": 32, "num_key_value_heads": 8}),  # Apertus-8B
     ("ApertusConfig", {"hidden_size": 8192, "intermediate_size": 43008, "num_hidden_layers": 80,
                        "num_attention_heads": 64, "num_key_value_heads": 8}),  # Apertus-70B
+    ("Qwen3_5TextConfig", {"hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 64,
+                           "num_attention_heads": 24, "linear_num_value_heads": 48, "vocab_size": 248320,
+                           "max_position_embeddings": 262144}),  # Qwen3.5-27B's text model
 ])
 def test_full_size_configs_give_the_same_parameter_count(config_class, overrides):
     """The families at their released sizes (transformers' defaults), built on the meta device: no

@@ -58,7 +58,7 @@ class KVCache:
         what the cache holds after that point); the next forward writes from there."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a KV cache of {self.length} positions to {length}")
-        if length < self.length and any(s is not None for s in self.states):
+        if length < self.length and self.keeps_states:
             if length:
                 raise ValueError(f"cannot truncate a cache of linear-attention states from {self.length} "
                                  f"positions to {length}: a state cannot forget positions; truncate to 0 "
@@ -69,6 +69,11 @@ class KVCache:
     def in_slot_order(self, mask: Tensor | None, n_new: int) -> Tensor | None:
         """`mask` with its key axis in the order the keys come out of the cache: position order."""
         return mask
+
+    @property
+    def keeps_states(self) -> bool:
+        """Whether it holds linear-attention states (then it truncates to 0 or its length only)."""
+        return any(s is not None for s in self.states)
 
 
 class NoCache:
