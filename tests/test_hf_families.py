@@ -253,6 +253,14 @@ BUILDERS["granite"] = _granite
 VARIANT_ATTENTION += ("granite",)
 
 
+def _glm4():  # four norms a block; RoPE on 6 of each head's 12 dims, adjacent pairs; q/k/v biases; fused gate/up
+    return transformers.Glm4ForCausalLM(transformers.Glm4Config(
+        **ODD78, attention_bias=True, rope_parameters={**ROPE, "partial_rotary_factor": 0.5}))
+
+
+BUILDERS["glm4"] = _glm4
+
+
 @pytest.fixture(scope="module", params=list(BUILDERS))
 def pair(request):
     torch.manual_seed(sorted(BUILDERS).index(request.param))
@@ -447,7 +455,7 @@ def test_configs_carry_each_familys_variation(pair):
     cfg = ours.cfg
     assert cfg.position == "rope" and cfg.dropout == 0.0
     assert cfg.norm_placement == {"gemma2": "sandwich", "gemma3": "sandwich", "gemma3_scaled": "sandwich",
-                                  "olmo2": "reordered", "olmo3": "reordered"}.get(name, "pre")
+                                  "olmo2": "reordered", "olmo3": "reordered", "glm4": "sandwich"}.get(name, "pre")
     expected = {
         "qwen2": dict(qkv_bias=True, bias=False, tie_embeddings=True, rope_theta=1e6, norm_eps=1e-6,
                       sliding_window=None),
@@ -486,6 +494,8 @@ def test_configs_carry_each_familys_variation(pair):
                             mla=MLAConfig(14, 18, 10, 12, True), head_dim=6, n_kv_heads=None, d_ff=88,
                             rope_scaling=YarnRopeScaling(factor=4.0, original_max_positions=16, mscale=0.707,
                                                          mscale_all_dim=1.0)),
+        "glm4": dict(norm_placement="sandwich", rope_fraction=0.5, qkv_bias=True, bias=False, head_dim=12,
+                     tie_embeddings=False),
     }[name]
     assert {k: getattr(cfg, k) for k in expected} == expected
     if name == "smollm":
@@ -692,6 +702,9 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
                               "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
                               "vocab_size": 128167, "tie_word_embeddings": True}),  # Hunyuan 7B
     ("Ernie4_5Config", {}),  # ERNIE-4.5-0.3B
+    ("Glm4Config", {"max_position_embeddings": 32768}),  # GLM-4-9B-0414
+    ("Glm4Config", {"hidden_size": 6144, "intermediate_size": 23040, "num_hidden_layers": 61,
+                    "num_attention_heads": 48, "attention_bias": False, "rms_norm_eps": 1e-5}),  # GLM-4-32B-0414
 ])
 def test_full_size_configs_give_the_same_parameter_count(config_class, overrides):
     """The families at their released sizes (transformers' defaults), built on the meta device: no
@@ -711,7 +724,7 @@ def test_full_size_configs_give_the_same_parameter_count(config_class, overrides
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["granite"])
+@pytest.mark.parametrize("name", ["granite", "glm4"])
 def test_served_rows_and_lora_targets_of_the_open_families(name):
     """serve's batch (rows join and leave) gives each row transformers' greedy tokens for its
     prompt alone; LoRA finds every projection of the family's attention and MLP by its name."""
