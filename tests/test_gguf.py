@@ -715,8 +715,8 @@ def test_every_refusal_is_one_line(tmp_path, capsys):
     _fails(capsys, ["export-gguf", str(run_dir), out], "exists; choose another file or pass --overwrite")
     _fails(capsys, ["export-gguf", str(run_dir), str(tmp_path)], "is a directory")
     with pytest.raises(SystemExit) as exit_info:  # argparse: exit 2 with the choices named
-        main(["export-gguf", str(run_dir), out, "--type", "q4_0"])
-    assert exit_info.value.code == 2 and "invalid choice: 'q4_0'" in capsys.readouterr().err
+        main(["export-gguf", str(run_dir), out, "--type", "q3_k"])
+    assert exit_info.value.code == 2 and "invalid choice: 'q3_k'" in capsys.readouterr().err
 
     # import: broken files, other architectures, tensor types and settings handformer lacks
     good = Path(out).read_bytes()

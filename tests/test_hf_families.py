@@ -763,8 +763,7 @@ def test_full_size_configs_give_the_same_parameter_count(config_class, overrides
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["granite", "apertus"])
-@pytest.mark.parametrize("name", ["granite", "glm4"])
+@pytest.mark.parametrize("name", ["granite", "apertus", "glm4"])
 def test_served_rows_and_lora_targets_of_the_open_families(name):
     """serve's batch (rows join and leave) gives each row transformers' greedy tokens for its
     prompt alone; LoRA finds every projection of the family's attention and MLP by its name."""
