@@ -301,7 +301,8 @@ class DeltaNetConfig:
             if not _positive_int(getattr(self, f)):
                 _fail(name, f, getattr(self, f), "it must be a positive integer")
         if self.value_heads % self.key_heads:
-            _fail(name, "value_heads", self.value_heads, f"it must be a multiple of key_heads={self.key_heads} "
+            _fail(name, "value_heads", self.value_heads,
+                  f"it must be a multiple of key_heads={self.key_heads} "
                   "(each query/key head serves value_heads / key_heads value heads)")
         layers = self.layers
         if not (isinstance(layers, list) and all(is_int(i) and 0 <= i < n_layers for i in layers)) \
@@ -460,10 +461,10 @@ class BlockConfig:
             value = getattr(self, f)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 _fail(name, f, value, "it must be a positive integer")
-        if self.d_model % self.n_heads:  # even where head_dim is set (true of every checkpoint)
+        if self.d_model % self.n_heads and self.head_dim is None:  # with head_dim set, no need (Qwen3.5 27B)
             _fail(name, "d_model", self.d_model,
                   f"it must be divisible by n_heads={self.n_heads} "
-                  f"(e.g. d_model={self.n_heads * max(1, self.d_model // self.n_heads)})")
+                  f"(e.g. d_model={self.n_heads * max(1, self.d_model // self.n_heads)}), or set head_dim")
         if not isinstance(self.head_dim, int) or isinstance(self.head_dim, bool) or self.head_dim <= 0:
             _fail(name, "head_dim", self.head_dim, "it must be a positive integer or None")
         if self.n_kv_heads is not None:
@@ -639,7 +640,8 @@ class CausalLMConfig(BlockConfig):
 
     kind: ClassVar[str] = "causal_lm"
     norm_placements: ClassVar[tuple[str, ...]] = CAUSAL_NORM_PLACEMENTS
-    optional_fields: ClassVar[tuple[str, ...]] = BlockConfig.optional_fields + ("global_layers", "mla", "deltanet")
+    optional_fields: ClassVar[tuple[str, ...]] = BlockConfig.optional_fields + (
+        "global_layers", "mla", "deltanet")
 
     def __post_init__(self, *flat: Any) -> None:  # type: ignore[override]
         if isinstance(self.family, dict):
@@ -713,7 +715,8 @@ class CausalLMConfig(BlockConfig):
         if self.deltanet is None:
             return
         if not isinstance(self.deltanet, DeltaNetConfig):
-            _fail(name, "deltanet", self.deltanet, "it must be a DeltaNetConfig (layers, key_heads, ...) or None")
+            _fail(name, "deltanet", self.deltanet,
+                  "it must be a DeltaNetConfig (layers, key_heads, ...) or None")
         self.deltanet.validate(name, self.n_layers)
         if self.sliding_window is not None or self.mla is not None:
             _fail(name, "deltanet", self.deltanet, "linear attention layers go with full softmax attention: "

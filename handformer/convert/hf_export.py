@@ -144,7 +144,7 @@ def _joined(state: dict[str, Tensor], target: Target, cfg: CausalLMConfig) -> Te
         else:
             joined = torch.cat(tensors, dim=0)
         if target.rope_pairs:  # back to the checkpoint's RoPE pairs
-            joined = halves_to_pairs(joined, cfg.head_dim)
+            joined = halves_to_pairs(joined, cfg.head_dim, cfg.rotary_dim)
         parts.append(joined.t() if target.transpose else joined)
     return (torch.stack(parts) if target.stacked else parts[0]).contiguous()
 

@@ -11,7 +11,7 @@ torchtune's builders do), reusing its weights:
 
 | setting                          | family              | variant                                   |
 |----------------------------------|---------------------|-------------------------------------------|
-| norm_placement = "sandwich"      | Gemma 2, Gemma 3    | gemma.SandwichBlock                       |
+| norm_placement = "sandwich"      | Gemma 2, 3; GLM-4   | gemma.SandwichBlock                       |
 | attn_scale_dim, attn_softcap     | Gemma 2, Gemma 3    | gemma.GemmaAttention                      |
 | logit_softcap                    | Gemma 2             | gemma.SoftcappedHead                      |
 | rope_local_theta                 | Gemma 3             | gemma.LocalGlobalRotary                   |

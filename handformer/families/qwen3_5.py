@@ -42,7 +42,13 @@ from torch import Tensor, nn
 import handformer.families.llama as llama
 from handformer.config import CausalLMConfig, DeltaNetConfig, FamilyConfig
 from handformer.families.adopt import adopt_attention
-from handformer.families.hf_config import no_attention_bias, require, rope_decoder, rope_decoder_keys, silu_only
+from handformer.families.hf_config import (
+    no_attention_bias,
+    require,
+    rope_decoder,
+    rope_decoder_keys,
+    silu_only,
+)
 from handformer.families.spec import Differences, FamilySpec, to
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.kv_cache import LayerCache, as_cache
@@ -97,15 +103,18 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
     q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))  # (B, Hv, N * L, Dk|Dv)
     g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))  # (B, Hv, N * L)
     k_beta, v_beta = k * beta[..., None], v * beta[..., None]
-    q, k, k_beta, v_beta = (t.reshape(B, Hv, -1, chunk, t.size(-1)) for t in (q, k, k_beta, v_beta))  # (B, Hv, N, L, *)
+    q, k, k_beta, v_beta = (t.reshape(B, Hv, -1, chunk, t.size(-1))  # (B, Hv, N, L, Dk|Dv)
+                            for t in (q, k, k_beta, v_beta))
     cum = g.reshape(B, Hv, -1, chunk).cumsum(dim=-1)  # (B, Hv, N, L): log decay since the chunk's start
     later = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)  # (L, L): key after query
-    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(later, float("-inf")).exp()  # (B, Hv, N, L, L)
+    # decay[i, j] = exp(cum_i - cum_j) for j <= i: (B, Hv, N, L, L)
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(later, float("-inf")).exp()
     system = (k_beta @ k.transpose(-1, -2)) * decay  # its strictly lower part; the diagonal is taken as 1
     u = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)  # (B, Hv, N, L, Dv)
     w = torch.linalg.solve_triangular(system, k_beta * cum.exp()[..., None], upper=False, unitriangular=True)
     scores = (q @ k.transpose(-1, -2)) * decay  # (B, Hv, N, L, L): within the chunk, causal
-    q, k = q * cum.exp()[..., None], k * (cum[..., -1:] - cum).exp()[..., None]  # decayed to and from the state
+    # queries decayed from the chunk's start, keys to its end: where the carried state meets them
+    q, k = q * cum.exp()[..., None], k * (cum[..., -1:] - cum).exp()[..., None]
     if state is None:
         state = q.new_zeros(B, Hv, Dk, v.size(-1))  # (B, Hv, Dk, Dv)
     out = torch.zeros_like(u)  # (B, Hv, N, L, Dv)
@@ -173,7 +182,8 @@ class GatedDeltaNet(nn.Module):
         conv_state, state = cache.state or (None, None)
         qkv, conv_state = self.convolve(self.qkv_proj(x), conv_state)  # (B, T, C)
         q, k, v = qkv.split([self.key_heads * self.key_dim] * 2 + [self.value_heads * self.value_dim], dim=-1)
-        q, k = (self.per_value_head(l2_normed(t.view(B, T, self.key_heads, -1))) for t in (q, k))  # (B, T, Hv, Dk)
+        q, k = (self.per_value_head(l2_normed(t.view(B, T, self.key_heads, -1)))  # (B, T, Hv, Dk)
+                for t in (q, k))
         v = v.view(B, T, self.value_heads, self.value_dim).float()  # (B, T, Hv, Dv)
         beta = self.beta_proj(x).float().sigmoid()  # (B, T, Hv)
         g = -self.A_log.float().exp() * F.softplus(self.decay_proj(x).float() + self.dt_bias)  # (B, T, Hv)
@@ -220,7 +230,8 @@ class GatedAttention(MultiHeadAttention):
         """x (B, T, D) -> (output (B, T, D), weights (B, H, T, S) or None)."""
         cache = as_cache(cache)
         B, T, _ = x.shape
-        q, gate = self.q_proj(x).view(B, T, self.n_heads, 2 * self.head_dim).chunk(2, dim=-1)  # (B, T, H, Dh) x2
+        qg = self.q_proj(x).view(B, T, self.n_heads, 2 * self.head_dim)  # (B, T, H, 2 Dh): [q_h ; gate_h]
+        q, gate = qg.chunk(2, dim=-1)  # (B, T, H, Dh) each
         q = self.q_norm(q.transpose(1, 2))  # (B, H, T, Dh)
         k = self.k_norm(self.split_heads(self.k_proj(x), self.n_kv_heads))  # (B, Hkv, T, Dh)
         v = self.split_heads(self.v_proj(x), self.n_kv_heads)  # (B, Hkv, T, Dh)
@@ -240,7 +251,8 @@ def put_gated_attention(model: nn.Module, cfg: CausalLMConfig) -> None:
 
 def put_deltanets(model: nn.Module, cfg: CausalLMConfig) -> None:
     """The linear-attention layers get `GatedDeltaNet` in place of attention."""
-    replace_layers(model, {f"layers.{i}.self_attn": model.layers[i].self_attn for i in sorted(cfg.linear_layers)},
+    linear = {f"layers.{i}.self_attn": model.layers[i].self_attn for i in sorted(cfg.linear_layers)}
+    replace_layers(model, linear,
                    lambda attn: GatedDeltaNet(cfg).train(attn.training))
 
 
@@ -284,7 +296,8 @@ def to_hf_config(cfg: CausalLMConfig) -> dict[str, Any]:
     keys = rope_decoder_keys(cfg)
     keys["rope_parameters"] = {**keys["rope_parameters"], "partial_rotary_factor": cfg.rope_fraction}
     return {**keys, "attention_bias": False,
-            "layer_types": ["linear_attention" if i in d.layers else "full_attention" for i in range(cfg.n_layers)],
+            "layer_types": ["linear_attention" if i in d.layers else "full_attention"
+                            for i in range(cfg.n_layers)],
             "linear_num_key_heads": d.key_heads, "linear_num_value_heads": d.value_heads,
             "linear_key_head_dim": d.key_dim, "linear_value_head_dim": d.value_dim,
             "linear_conv_kernel_dim": d.conv_kernel}
@@ -309,7 +322,8 @@ _DELTANET = {  # Hugging Face's linear_attn -> handformer's self_attn (the block
 }
 TENSORS = llama.llama_like(
     llama.linears({**llama.ATTENTION, **llama.MLP}), llama.QK_NORMS, llama.PRE_NORMS,  # q_proj (2 H Dh, D)
-    {f"model.layers.{{i}}.linear_attn.{hf}": to(f"layers.{{i}}.self_attn.{ours}") for hf, ours in _DELTANET.items()})
+    {f"model.layers.{{i}}.linear_attn.{hf}": to(f"layers.{{i}}.self_attn.{ours}")
+     for hf, ours in _DELTANET.items()})
 
 QWEN3_5 = FamilySpec(
     model_type="qwen3_5_text", name="Qwen3.5", hf_class="Qwen3_5ForCausalLM",
@@ -318,13 +332,14 @@ QWEN3_5 = FamilySpec(
            "rope_scaling": (None, "turns RoPE unscaled in handformer")},
     from_hf_config=from_hf_config, to_hf_config=to_hf_config, tensors=TENSORS,
     may_set=frozenset({"qk_norm", "rope_fraction", "attn_output_gate", "deltanet"}),
-    hf_keys=frozenset({"partial_rotary_factor"}), problems=problems, claims=((4, lambda c: c.deltanet is not None),),
+    hf_keys=frozenset({"partial_rotary_factor"}), problems=problems,
+    claims=((4, lambda c: c.deltanet is not None),),
     variants=("GatedDeltaNet", "GatedAttention"),
     gguf_unread={"qwen35": "Qwen3.5 keeps gated DeltaNet layers (ssm_conv1d, ssm_a, ssm_dt, a recurrent "
                            "state) beside gated attention"},
     look_alikes={"qwen3_5": "the multimodal Qwen3.5 checkpoint; import-hf reads its text model, model_type "
-                            "'qwen3_5_text': save it with transformers' Qwen3_5ForCausalLM.from_pretrained(path)"
-                            ".save_pretrained(out) first",
+                            "'qwen3_5_text': save it with transformers' "
+                            "Qwen3_5ForCausalLM.from_pretrained(path).save_pretrained(out) first",
                  "qwen3_next": "Qwen3-Next is Qwen3.5's hybrid with a mixture of experts, not implemented"},
     differences=Differences(
         norm="RMSNorm gain 1 + w", positions="RoPE on a quarter of each head",

@@ -164,6 +164,8 @@ class ChatSession:
         key_set = frequency_set(self.model)
         if key_set(self.cache.length) != key_set(keep):
             keep = 0  # the cached keys took other frequencies (LongRoPE's long factors) than these will
+        if self.cache.keeps_states and keep < self.cache.length:
+            keep = 0  # linear attention's state cannot forget the positions after `keep`: all again
         self.cache.truncate(keep)
         row = Row(prompt, self.max_new_tokens, self.options, frozenset(self.stop_ids),
                   generator=self.generator, speculation=self.speculation)  # one generator for every turn

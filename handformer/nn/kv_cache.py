@@ -58,7 +58,7 @@ class KVCache:
         what the cache holds after that point); the next forward writes from there."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a KV cache of {self.length} positions to {length}")
-        if length < self.length and any(s is not None for s in self.states):
+        if length < self.length and self.keeps_states:
             if length:
                 raise ValueError(f"cannot truncate a cache of linear-attention states from {self.length} "
                                  f"positions to {length}: a state cannot forget positions; truncate to 0 "
@@ -69,6 +69,11 @@ class KVCache:
     def in_slot_order(self, mask: Tensor | None, n_new: int) -> Tensor | None:
         """`mask` with its key axis in the order the keys come out of the cache: position order."""
         return mask
+
+    @property
+    def keeps_states(self) -> bool:
+        """Whether it holds linear-attention states (then it truncates to 0 or its length only)."""
+        return any(s is not None for s in self.states)
 
 
 class NoCache:
@@ -155,6 +160,24 @@ class LayerKVCache:
             c.keys[i] = k.new_empty(k.size(0), k.size(1), c.layer_slots(i), k.size(3))  # (B, Hkv, S_max, Dh)
             c.values[i] = v.new_empty(v.size(0), v.size(1), c.layer_slots(i), v.size(3))
         return c.keys[i], c.values[i]
+
+
+class IndexedLayerKVCache:
+    """One layer's view of a plain `KVCache` for a step whose shapes never change (a compiled step,
+    inference/static_step.py): the new keys and values are written at the column an index tensor
+    holds, and every slot is handed back. The columns not written yet are hidden by the step's
+    mask, so the result is the same attention as `LayerKVCache.update`'s over columns 0..length."""
+
+    memory_kv = None
+
+    def __init__(self, keys: Tensor, values: Tensor, index: Tensor) -> None:
+        self.keys, self.values = keys, values  # (B, Hkv, S_max, Dh), the cache's own buffers
+        self.index = index  # (T,) long: the columns the T new positions go to
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.keys.index_copy_(2, self.index, k)  # (B, Hkv, T, Dh) into column index
+        self.values.index_copy_(2, self.index, v)
+        return self.keys, self.values  # (B, Hkv, S_max, Dh)
 
 
 class MemoryKVCache:
