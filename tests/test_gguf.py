@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import dataset_file, require_module
+from safetensors.torch import load_file
 
 from handformer.data.lookup import find_folder
 
@@ -410,6 +411,9 @@ LLAMA_CPP_ONLY.update(  # today's open families at odd sizes: 6 heads of 12, wid
     ernie4_5=lambda: transformers.Ernie4_5ForCausalLM(transformers.Ernie4_5Config(  # RoPE on pairs, biases
         **{**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12}, use_bias=True, rope_parameters=ROPE)),
 )
+LLAMA_CPP_ONLY["glm4"] = lambda: transformers.Glm4ForCausalLM(transformers.Glm4Config(  # four norms, half RoPE
+    **{**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12}, attention_bias=True,
+    rope_parameters={**ROPE, "partial_rotary_factor": 0.5}))
 
 
 @pytest.mark.parametrize("family", list(LLAMA_CPP_ONLY))
@@ -428,7 +432,12 @@ def test_imported_mixtral_phi4_mini_olmo2_and_smollm3_go_to_gguf_and_back(family
         assert "LongRoPE's long factors" in printed
     names = set(read_gguf(tmp_path / "model.gguf").tensors)
     assert ("blk.0.attn_q_norm.weight" in names) == (family in ("olmo2", "hunyuan"))
-    assert ("blk.0.post_ffw_norm.weight" in names) == (family == "olmo2")
+    assert ("blk.0.post_ffw_norm.weight" in names) == (family in ("olmo2", "glm4"))
+    if family == "glm4":  # llama.cpp turns adjacent pairs of 6 dims a head: the checkpoint's rows, as they are
+        file, hf = read_gguf(tmp_path / "model.gguf"), load_file(tmp_path / "hf" / "model.safetensors")
+        assert file.metadata["glm4.rope.dimension_count"] == 6
+        for ours, theirs in (("attn_q.weight", "q_proj.weight"), ("attn_k.bias", "k_proj.bias")):
+            assert torch.equal(file.tensors[f"blk.1.{ours}"].to_torch(), hf[f"model.layers.1.self_attn.{theirs}"])
     assert main(["import-gguf", str(tmp_path / "model.gguf"), str(tmp_path / "back")]) == 0
     _same_run(run_dir, tmp_path / "back")
     back = load_lm(tmp_path / "back")
@@ -706,8 +715,8 @@ def test_every_refusal_is_one_line(tmp_path, capsys):
     _fails(capsys, ["export-gguf", str(run_dir), out], "exists; choose another file or pass --overwrite")
     _fails(capsys, ["export-gguf", str(run_dir), str(tmp_path)], "is a directory")
     with pytest.raises(SystemExit) as exit_info:  # argparse: exit 2 with the choices named
-        main(["export-gguf", str(run_dir), out, "--type", "q4_0"])
-    assert exit_info.value.code == 2 and "invalid choice: 'q4_0'" in capsys.readouterr().err
+        main(["export-gguf", str(run_dir), out, "--type", "q3_k"])
+    assert exit_info.value.code == 2 and "invalid choice: 'q3_k'" in capsys.readouterr().err
 
     # import: broken files, other architectures, tensor types and settings handformer lacks
     good = Path(out).read_bytes()

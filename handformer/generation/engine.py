@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from handformer.generation.cache import DecodingCache
+from handformer.generation.cache import DecodingCache, held_rows
 from handformer.generation.prefix_cache import Hit, PrefixCache
 from handformer.generation.sampling import SamplingOptions, filter_logits, next_tokens
 from handformer.generation.speculative import (
@@ -123,6 +123,9 @@ class Engine:
         prefills reuse."""
         self.model, self.pad_id, self.compact, self.use_cache = model, pad_id, compact, use_cache
         self.prefix_cache = prefix_cache if use_cache else None
+        if prefix_cache is not None and model.cfg.linear_layers:
+            raise ValueError("a prefix cache keeps keys and values of positions, but this model's linear-"
+                             "attention layers keep one state a row; decode it without a prefix cache")
         if prefix_cache is not None and prefix_cache.sliding_window != model.cfg.sliding_window:
             raise ValueError("the prefix cache was made for another sliding window than the model's; "
                              "make it with PrefixCache(..., sliding_window=model.cfg.sliding_window)")
@@ -359,6 +362,8 @@ class Engine:
         """One speculative step of the engine's one row (speculative.py): K guesses, one forward
         over the newest token and them, the tokens the acceptance rule keeps, and the cache cut
         back to the positions fed. None when nothing is drafted: a plain step then."""
+        if self.cache.keeps_states:
+            return None  # linear attention's state cannot forget rejected guesses: plain steps
         S, o = self.width, row.options
         k = min(o.speculate.tokens, row.max_new_tokens - len(row.tokens) - 1, self.mask.size(1) - S - 1)
         if k < 1 or self.key_set(S + k + 1) != self.cached_set:  # LongRoPE's switch: a plain step reruns
@@ -453,7 +458,7 @@ def prepare_next(rows: list[Row]) -> None:
 
 
 def rows_of(cache: KVCache) -> int:
-    return 0 if cache.keys[0] is None else cache.keys[0].size(0)
+    return held_rows(cache)
 
 
 def _one_set(positions: int) -> int:
