@@ -52,6 +52,7 @@ from handformer.check.context import (
 )
 from handformer.check.conventions import masks_where_true
 from handformer.check.discovery import Component
+from handformer.check.localize import note_attention_departure
 from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
@@ -569,6 +570,8 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
             nan_on_hidden_rows(res, run(conv), search_rows(found[0], conv), comp, ctx)
         setup = Setup(module, slots, c, conv, causal_inside, n_kv_heads, rope)
         guarded(res, lambda: _compare_mha(res, ctx, comp, setup))
+        w = mha_weights(slots, H, n_kv_heads, rope)
+        guarded(res, lambda: note_attention_departure(res, comp, c.call, w, causal_inside))
         guarded(res, lambda: _properties(res, ctx, comp, setup))
     def shapes() -> None:
         with ctx.hyperparameters(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
