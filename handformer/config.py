@@ -24,9 +24,9 @@ from typing import Any, ClassVar
 
 from handformer.settings import is_int, is_number
 
-ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
+ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh", "xielu")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
-PLAIN_ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh")
+PLAIN_ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "xielu")
 NORMS = ("layernorm", "rmsnorm", "rmsnorm_offset")
 NORM_PLACEMENTS = ("post", "pre")
 # The decoder-only model also has Gemma 2/3's norms before and after each sublayer ("sandwich") and
@@ -399,7 +399,8 @@ class BlockConfig:
     d_ff: int = 2048  # hidden width of the position-wise feed-forward network
     dropout: float = 0.1  # on embeddings and on every sublayer output before the residual add
     attention_dropout: float = 0.0  # on the attention weights
-    activation: str = "relu"  # relu | relu2 (ReLU squared) | gelu | gelu_tanh | swiglu | geglu | geglu_tanh
+    # relu | relu2 (ReLU squared) | gelu | gelu_tanh | swiglu | geglu | geglu_tanh | xielu (Apertus)
+    activation: str = "relu"
     norm: str = "layernorm"  # layernorm | rmsnorm | rmsnorm_offset: RMSNorm times (1 + w) (Gemma)
     norm_placement: str = "post"  # post: norm(x + f(x)) as in the paper; pre: x + f(norm(x))
     norm_eps: float = 1e-5  # epsilon inside the norm's square root

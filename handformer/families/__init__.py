@@ -11,7 +11,7 @@ torchtune's builders do), reusing its weights:
 
 | setting                          | family              | variant                                   |
 |----------------------------------|---------------------|-------------------------------------------|
-| norm_placement = "sandwich"      | Gemma 2, Gemma 3    | gemma.SandwichBlock                       |
+| norm_placement = "sandwich"      | Gemma 2, 3; GLM-4   | gemma.SandwichBlock                       |
 | attn_scale_dim, attn_softcap     | Gemma 2, Gemma 3    | gemma.GemmaAttention                      |
 | logit_softcap                    | Gemma 2             | gemma.SoftcappedHead                      |
 | rope_local_theta                 | Gemma 3             | gemma.LocalGlobalRotary                   |
@@ -27,6 +27,7 @@ torchtune's builders do), reusing its weights:
 | qk_norm = "head_after_rope"      | Hunyuan             | hunyuan.RotatedQKNormAttention            |
 | mla                              | DeepSeek-V3         | deepseek.LatentAttention                  |
 | moe.grouped (sigmoid, groups)    | DeepSeek-V3         | deepseek.GroupedMixture                   |
+| activation = "xielu"             | Apertus             | apertus.LearnedXIELU                      |
 | family.attn_output_gate          | Qwen3.5             | qwen3_5.GatedAttention                    |
 | deltanet                         | Qwen3.5             | qwen3_5.GatedDeltaNet                     |
 
@@ -42,6 +43,7 @@ from collections.abc import Callable
 from torch import nn
 
 from handformer.config import CausalLMConfig
+from handformer.families.apertus import put_learned_xielu
 from handformer.families.deepseek import put_grouped_mixtures, put_latent_attention
 from handformer.families.gemma import GemmaAttention, LocalGlobalRotary, SandwichBlock, SoftcappedHead
 from handformer.families.gpt_oss import GptOssMoE, SinkAttention
@@ -100,6 +102,7 @@ VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, Causa
         m, _layers(m, "ffn"), lambda moe: GptOssMoE(moe, c.swiglu_limit, c.swiglu_alpha))),
     (lambda c: c.mla is not None, put_latent_attention),
     (lambda c: c.moe is not None and c.moe.grouped, put_grouped_mixtures),
+    (lambda c: c.activation == "xielu", put_learned_xielu),
     (lambda c: c.family.attn_output_gate, put_gated_attention),
     (lambda c: c.deltanet is not None, put_deltanets),
 ]

@@ -162,6 +162,24 @@ class LayerKVCache:
         return c.keys[i], c.values[i]
 
 
+class IndexedLayerKVCache:
+    """One layer's view of a plain `KVCache` for a step whose shapes never change (a compiled step,
+    inference/static_step.py): the new keys and values are written at the column an index tensor
+    holds, and every slot is handed back. The columns not written yet are hidden by the step's
+    mask, so the result is the same attention as `LayerKVCache.update`'s over columns 0..length."""
+
+    memory_kv = None
+
+    def __init__(self, keys: Tensor, values: Tensor, index: Tensor) -> None:
+        self.keys, self.values = keys, values  # (B, Hkv, S_max, Dh), the cache's own buffers
+        self.index = index  # (T,) long: the columns the T new positions go to
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.keys.index_copy_(2, self.index, k)  # (B, Hkv, T, Dh) into column index
+        self.values.index_copy_(2, self.index, v)
+        return self.keys, self.values  # (B, Hkv, S_max, Dh)
+
+
 class MemoryKVCache:
     """One decoder layer's cross-attention view of a `KVCache`: the keys and values projected from
     the encoder output, the same at every decoding step, so computed at the first one and kept."""
