@@ -49,7 +49,8 @@ KINDS_TABLE: tuple[Kind, ...] = (
          "rotary position embedding (RoPE)", "旋转位置编码（RoPE）", "rope:check_rope"),
     Kind("ffn", ("PositionwiseFeedForward", "PositionWiseFeedForward", "FeedForward", "FFN",
                  "FeedForwardNetwork", "PositionwiseFFN", "PositionWiseFFN", "MLP", "SwiGLU",
-                 "SwiGLUFeedForward", "GatedFeedForward", "SwiGLUFFN", "GEGLU", "GeGLU"),
+                 "SwiGLUFeedForward", "GatedFeedForward", "SwiGLUFFN", "GEGLU", "GeGLU",
+                 "FeedFoward"),  # Karpathy's lecture spells it so
          "position-wise feed-forward network", "逐位置前馈网络", "pieces:check_ffn"),
     Kind("layernorm", ("LayerNorm", "LayerNormalization", "LayerNormalisation", "LayerNorm1d"),
          "LayerNorm", "层归一化 LayerNorm", "pieces:check_norm"),
