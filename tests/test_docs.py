@@ -261,7 +261,7 @@ def runnable_blocks() -> list[Block]:
 
 @pytest.mark.parametrize("block", runnable_blocks(), ids=lambda b: b.where)
 def test_every_python_block_runs(block, tmp_path, monkeypatch):
-    from serve_helpers import Server, make_lm_run
+    from serve_helpers import Server, make_lm_run, seed_by_default
 
     monkeypatch.chdir(tmp_path)
     code, needs = block.code, first_comment(block)
@@ -282,6 +282,7 @@ def test_every_python_block_runs(block, tmp_path, monkeypatch):
             from handformer.serve.app import create_app
             from handformer.serve.registry import load_served_models
 
+            seed_by_default(monkeypatch)
             specs = [f"{name}={make_lm_run(tmp_path / name, max_positions=1024)}" for name in names]
             server = Server(create_app(load_served_models(specs)))
             assert "http://127.0.0.1:8000" in code, f"{block.where}: a server block talks to 127.0.0.1:8000"

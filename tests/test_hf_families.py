@@ -23,7 +23,15 @@ from helpers import randomize_hf, require_module
 
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
-from handformer.config import FamilyConfig, LinearRopeScaling, MLAConfig, MoEConfig, YarnRopeScaling  # noqa: E402
+from handformer.config import (  # noqa: E402
+    DeltaNetConfig,
+    FamilyConfig,
+    LinearRopeScaling,
+    Llama3RopeScaling,
+    MLAConfig,
+    MoEConfig,
+    YarnRopeScaling,
+)
 from handformer.convert.hf_weights import config_from_hf, model_from_hf  # noqa: E402
 from handformer.generation.engine import Engine, Row, SamplingOptions  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
@@ -253,6 +261,26 @@ BUILDERS["granite"] = _granite
 VARIANT_ATTENTION += ("granite",)
 
 
+def _apertus():  # q/k norms per head, a plain xIELU MLP (its alphas randomized too), Llama 3 scaling
+    rope = {**LLAMA3_ROPE, "original_max_position_embeddings": 16}
+    return transformers.ApertusForCausalLM(transformers.ApertusConfig(**ODD78, rope_parameters=rope))
+
+
+BUILDERS["apertus"] = _apertus
+
+
+def _qwen3_5():
+    # 3 heads of 24 (RoPE on 6 of them) and 1 key/value head; gated DeltaNet in layers 0, 2 and 3 with
+    # 2 query/key heads of 6, 4 value heads of 10 and a convolution over 3 positions
+    return transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(
+        **{**ODD, "num_attention_heads": 3, "num_key_value_heads": 1, "num_hidden_layers": 4}, head_dim=24,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=6, linear_value_head_dim=10,
+        linear_conv_kernel_dim=3, rope_parameters={**ROPE, "partial_rotary_factor": 0.25},
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"]))
+
+
+BUILDERS["qwen3_5"] = _qwen3_5
+VARIANT_ATTENTION += ("qwen3_5",)
 def _glm4():  # four norms a block; RoPE on 6 of each head's 12 dims, adjacent pairs; q/k/v biases; fused gate/up
     return transformers.Glm4ForCausalLM(transformers.Glm4Config(
         **ODD78, attention_bias=True, rope_parameters={**ROPE, "partial_rotary_factor": 0.5}))
@@ -377,7 +405,8 @@ GREEDY = SamplingOptions(temperature=0)
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "gpt_oss", "olmo3", "deepseek_v3", "exaone4"])
+@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "gpt_oss", "olmo3", "deepseek_v3", "qwen3_5",
+                                  "exaone4"])
 def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(name):
     """serve's batch (rows join and leave, the KV cache regrouped each time) of a model whose
     sliding layers roll over the window while its global layers keep every column, or (DeepSeek-V3)
@@ -503,6 +532,10 @@ def test_configs_carry_each_familys_variation(pair):
                             mla=MLAConfig(14, 18, 10, 12, True), head_dim=6, n_kv_heads=None, d_ff=88,
                             rope_scaling=YarnRopeScaling(factor=4.0, original_max_positions=16, mscale=0.707,
                                                          mscale_all_dim=1.0)),
+        "apertus": dict(activation="xielu", qk_norm="head", head_dim=12, bias=False, norm_eps=1e-5,
+                        rope_scaling=Llama3RopeScaling(8.0, 1.0, 4.0, 16)),
+        "qwen3_5": dict(norm="rmsnorm_offset", qk_norm="head", rope_fraction=0.25, head_dim=24, n_kv_heads=1,
+                        family=FamilyConfig(attn_output_gate=True), deltanet=DeltaNetConfig([0, 2, 3], 2, 4, 6, 10, 3)),
         "glm4": dict(norm_placement="sandwich", rope_fraction=0.5, qkv_bias=True, bias=False, head_dim=12,
                      tie_embeddings=False),
         "exaone4": dict(qk_norm="head", sliding_window=WINDOW, global_layers=[3], nope_layers=[3], head_dim=12),
@@ -712,6 +745,13 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
                               "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
                               "vocab_size": 128167, "tie_word_embeddings": True}),  # Hunyuan 7B
     ("Ernie4_5Config", {}),  # ERNIE-4.5-0.3B
+    ("ApertusConfig", {"hidden_size": 4096, "intermediate_size": 21504, "num_hidden_layers": 32,
+                       "num_attention_heads": 32, "num_key_value_heads": 8}),  # Apertus-8B
+    ("ApertusConfig", {"hidden_size": 8192, "intermediate_size": 43008, "num_hidden_layers": 80,
+                       "num_attention_heads": 64, "num_key_value_heads": 8}),  # Apertus-70B
+    ("Qwen3_5TextConfig", {"hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 64,
+                           "num_attention_heads": 24, "linear_num_value_heads": 48, "vocab_size": 248320,
+                           "max_position_embeddings": 262144}),  # Qwen3.5-27B's text model
     ("Glm4Config", {"max_position_embeddings": 32768}),  # GLM-4-9B-0414
     ("Glm4Config", {"hidden_size": 6144, "intermediate_size": 23040, "num_hidden_layers": 61,
                     "num_attention_heads": 48, "attention_bias": False, "rms_norm_eps": 1e-5}),  # GLM-4-32B-0414
@@ -739,7 +779,7 @@ def test_full_size_configs_give_the_same_parameter_count(config_class, overrides
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["granite", "glm4"])
+@pytest.mark.parametrize("name", ["granite", "apertus", "glm4"])
 def test_served_rows_and_lora_targets_of_the_open_families(name):
     """serve's batch (rows join and leave) gives each row transformers' greedy tokens for its
     prompt alone; LoRA finds every projection of the family's attention and MLP by its name."""
@@ -754,5 +794,18 @@ def test_served_rows_and_lora_targets_of_the_open_families(name):
                                 pad_token_id=0)
         assert row.tokens == out[0, len(row.prompt):].tolist()
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    targets = [t for t in targets if t != "gate_proj" or ours.cfg.activation != "xielu"]  # Apertus: not gated
     adapted = add_lora(copy.deepcopy(ours), LoRAConfig(rank=2, alpha=4, targets=targets))
     assert len(adapted) == len(targets) * ours.cfg.n_layers
+    assert sorted(add_lora(copy.deepcopy(ours), LoRAConfig(rank=2, targets="all-linear"))) == sorted(adapted)
+
+
+def test_apertus_is_refused_by_gguf_by_name():
+    """llama.cpp's apertus keeps the xIELU alphas as per-layer metadata, which export-gguf does not
+    write yet: an imported run is refused naming it, a run trained with xIELU names the setting."""
+    from handformer.convert.gguf_arch import family_for, mismatches
+
+    cfg = config_from_hf(_hf(_apertus))
+    with pytest.raises(ValueError, match=r"model_type 'apertus' \(llama.cpp's apertus: .*xIELU"):
+        family_for(cfg, "apertus")
+    assert any(p.startswith("activation='xielu'") for p in mismatches(cfg, family_for(cfg, None)))

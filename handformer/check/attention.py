@@ -13,9 +13,10 @@ Dh head dim.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +50,9 @@ from handformer.check.context import (
     positions,
     shape_of,
 )
+from handformer.check.conventions import masks_where_true
 from handformer.check.discovery import Component
+from handformer.check.localize import note_attention_departure
 from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
@@ -77,6 +80,7 @@ class Caller:
     n_inputs: int  # 1: self-attention only; 3: query, key, value
     mask_name: str | None  # the name of its mask (or valid_lens) parameter, None if it takes none
     rope_table: bool  # it is handed Meta's freqs_cis (complex rotary table) by its caller
+    state: dict[str, Any]  # "visible": the convention of an all-visible mask handed where none is given
 
     @property
     def takes_mask(self) -> bool:
@@ -88,7 +92,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     there is no mask: d2l's `valid_lens` has no default), and the rotary table or positions a
     Llama-style forward(x, freqs_cis, mask) or forward(x, start_pos, ...) asks for."""
     params = forward_parameters(fn)
-    extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings"}
+    extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
+             "sin"}
     first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra),
                        len(params))
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
@@ -96,9 +101,14 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     named = {p.name for p in params} & extra
     n = 3 if len(inputs) >= 3 else len(inputs)
     layout: dict[str, bool] = {}  # "batched": Hugging Face's (cos, sin) of (B, T, Dh), once known
+    state: dict[str, Any] = {}
+    required = bool(masks) and masks[0].default is masks[0].empty
 
     def call(xq: Tensor, xk: Tensor, xv: Tensor, mask: Tensor | None) -> Any:
         args = [xq, xk, xv][:n]
+        if mask is None and required and "visible" in state:  # Raschka's forward(x, mask, cos, sin)
+            everything = torch.ones(xq.size(0), 1, xq.size(1), xk.size(1), dtype=torch.bool)
+            mask = run_mask(everything, state["visible"], xq.size(0))
         kwargs: dict[str, Any] = {masks[0].name: mask} if masks else {}
         B, T = xq.shape[:2]
         for name in named:
@@ -107,6 +117,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
                 kwargs[name] = torch.polar(torch.ones_like(angles), angles)
             elif name == "position_embeddings":
                 kwargs[name] = batched_cos_sin(T, head_dim, B, layout.get("batched", False), xq.dtype)
+            elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
+                kwargs[name] = cos_sin(T, head_dim)[name == "sin"].to(xq.dtype)
             elif name == "start_pos":
                 kwargs[name] = 0
             else:
@@ -115,7 +127,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
             return fn(*args, **kwargs)
         return _either_layout(fn, args, kwargs, layout, (T, head_dim, B, xq.dtype))
 
-    return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named)
+    return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state)
 
 
 def _either_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool],
@@ -231,7 +243,8 @@ def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
         conv, found, failure = detect(ctx, run, lambda fl, conv: V.attention(q, k, v, keeps[conv], fl)[0],
                                       ATTENTION_FLAGS, search_rows, convs)
         if conv is None:
-            raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, H, T, Dh) tensor")
+            raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, H, T, Dh) tensor",
+                                              f"{comp.name} 没有返回形状为 (B, H, T, Dh) 的张量")
         if c.takes_mask:
             res.convention = fp.describe_convention(conv)
         correct = V.attention(q, k, v, keeps[conv])[0]
@@ -336,7 +349,9 @@ def check_masked_softmax(comp: Component, ctx: Context) -> ComponentResult:
     conv, found, failure = detect(ctx, run, compute, universe, rows, convs)
     if conv is None:
         raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, T, S) tensor for scores "
-                                          f"of shape {(B, T, S)}")
+                                          f"of shape {(B, T, S)}",
+                                          f"对形状为 {(B, T, S)} 的分数，{comp.name} 没有返回形状为 (B, T, "
+                                          "S) 的张量")
     res.convention = fp.describe_convention(conv)
     if found and found[0]:
         off = fp.max_error(run(conv), compute(frozenset(), conv), rows(found[0], conv))
@@ -370,6 +385,11 @@ def _hf_attention(slots: list[Slot], n_kv_heads: int | None = None, rope: str | 
     handformer's half-split ones by permuting each head's rows of W_Q and W_K: q.k is unchanged."""
     hf = MultiHeadAttention(D, H, n_kv_heads).double().eval()
     copy_attention(hf, slots)
+    if H == 1 and not any(s.role.endswith("W_O") for s in slots):  # one head, no output projection
+        with torch.no_grad():
+            hf.o_proj.weight.copy_(torch.eye(D))
+            if hf.o_proj.bias is not None:
+                hf.o_proj.bias.zero_()
     if rope == "interleaved":
         interleaved_to_half_(hf)
     return hf
@@ -435,7 +455,14 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
     if extra:  # a norm on the queries and keys (QK-norm): not in handformer's reference attention
         raise MappingError(f"{comp.name} has parameters besides its projections ("
                            + ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra)
-                           + "); handformer's reference attention has none (no QK-norm)")
+                           + "); handformer's reference attention has none (no QK-norm)",
+                           zh=f"{comp.name} "
+                              "除了投影矩阵还有别的参数（"
+                              f"{', '.join(f'{x.name} {tuple(x.weight.shape)}' for x in extra)}）；"
+                              "handformer 的参考注意力没有这些参数（没有 QK-norm）")
+    if H != 1 and single_head(comp, linears, n_kv_heads):
+        with _one_head():
+            return check_mha(comp, ctx, causal_inside, n_kv_heads)
     kv_width = (n_kv_heads or H) * (D // H)
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0]
     res.mapping = [s.describe() for s in slots]
@@ -450,13 +477,21 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
         res.notes.append(text("its forward takes no mask: the masked cases were skipped",
                               "它的 forward 不接收掩码：跳过了带掩码的用例"))
     has_o = any(s.role.endswith("W_O") for s in slots)
-    if not has_o:
+    if H == 1:
+        res.notes.append(text(
+            "one head (its constructor takes no number of heads, and it has W_Q, W_K, W_V and no W_O): "
+            "compared with handformer's attention with one head and no output projection",
+            "单头注意力（构造函数不接受头数，只有 W_Q、W_K、W_V，没有 W_O）：与只有一个头、"
+            "没有输出投影的 handformer 注意力比较"))
+    elif not has_o:
         number, code = locate("no_output_projection", source_lines([comp.obj]))
         res.findings.append(Finding("no_output_projection", text(
             f"{comp.name} has 3 projections ({', '.join(res.mapping)}), no nn.Linear(d_model, d_model) "
             f"for W_O", f"{comp.name} 只有 3 个投影（{', '.join(res.mapping)}），没有用于 W_O 的 "
             "nn.Linear(d_model, d_model)"), number, code))
     convs = ctx.conventions(c.mask_name)
+    if ctx.convention is None and masks_where_true(_source_of(comp.obj), c.mask_name):
+        convs = tuple(n + r for r in ("", "3", "2") for n in ("torch",)) + convs
     universe = ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection" or has_o)
     if c.mask_name and fp.is_lengths_name(c.mask_name):
         universe += ("mask_repeat_order",)
@@ -491,6 +526,7 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
 
     try:
         working = first_working(ctx, run, convs)
+        c.state["visible"] = working  # a mask it requires, when a case has none: every key visible
     except fp.LearnerFailure as failure:
         if causal_inside and not_cropped(res, ctx, comp, module, failure, T):
             return finish(res)
@@ -518,7 +554,9 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
                 got = shape_of(ctx.learner.call("forward", c.call, x, x, x, mask))
                 raise failure or ctx.learner.fail(
                     "forward", f"{comp.name} returned {got} for inputs of shape {tuple(x.shape)}; expected a "
-                    "(B, T, D) tensor (and the weights (B, H, T, S) if you return them)")
+                    "(B, T, D) tensor (and the weights (B, H, T, S) if you return them)",
+                    f"输入形状为 {tuple(x.shape)} 时，{comp.name} 返回了 {got}；应当返回一个 (B, T, D) "
+                    "张量（如果返回权重，权重是 (B, H, T, S)）")
             best = (None, first_conv, None, computer(None))
         rope, conv, found, compute = best
         if c.takes_mask:
@@ -532,13 +570,61 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
             nan_on_hidden_rows(res, run(conv), search_rows(found[0], conv), comp, ctx)
         setup = Setup(module, slots, c, conv, causal_inside, n_kv_heads, rope)
         guarded(res, lambda: _compare_mha(res, ctx, comp, setup))
+        w = mha_weights(slots, H, n_kv_heads, rope)
+        guarded(res, lambda: note_attention_departure(res, comp, c.call, w, causal_inside))
         guarded(res, lambda: _properties(res, ctx, comp, setup))
     def shapes() -> None:
         with ctx.hyperparameters(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
             _tutorial_shapes(res, ctx, comp, c, sizes)
 
     guarded(res, shapes)
+    if conv and conv.startswith("torch"):
+        _nan_as_torch(res)
     return finish(res)
+
+
+def _nan_as_torch(res: ComponentResult) -> None:
+    """A fully masked query gives NaN with torch.nn's masks (True = masked, filled with -inf), as
+    torch.nn.MultiheadAttention's does: a convention of that mask, noted, not a mistake."""
+    if any(f.name == "nan_on_masked_rows" for f in res.findings):
+        res.findings = [f for f in res.findings if f.name != "nan_on_masked_rows"]
+        res.notes.append(text(
+            "a query whose keys are all masked gives NaN, as torch.nn.MultiheadAttention's does with its "
+            "masks (True = masked): a convention; handformer gives zeros there",
+            "所有键都被屏蔽的查询得到 NaN，和 torch.nn.MultiheadAttention 用它的掩码（True = 屏蔽）时一样："
+            "这是约定；handformer 在那里给出 0"))
+
+
+def single_head(comp: Component, linears: list[Any], n_kv_heads: int | None) -> bool:
+    """One head (Raschka's CausalAttention(d_in, d_out, context_length, dropout)): a class whose
+    constructor takes no number of heads (nor a config that could hold it), with three (D, D)
+    projections and nothing else."""
+    from handformer.check.discovery import CONFIG_NAMES, argument_keys
+
+    if n_kv_heads or len(linears) != 3 or not inspect.isclass(comp.obj):
+        return False
+    names = [p.lower() for p in inspect.signature(comp.obj.__init__).parameters]
+    if "n_heads" in argument_keys(comp.obj).values() or any(n in CONFIG_NAMES for n in names):
+        return False
+    return all(tuple(leaf.weight.shape) == (D, D) for leaf in linears)
+
+
+@contextlib.contextmanager
+def _one_head() -> Iterator[None]:
+    """The attention checks run with one head (this module's H) for a single-head attention."""
+    global H
+    saved, H = H, 1
+    try:
+        yield
+    finally:
+        H = saved
+
+
+def _source_of(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
 
 
 def ctx_sizes() -> dict[str, Any]:
@@ -609,7 +695,9 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) 
             out = fp.first_tensor(raw, 3)
             if out is None:
                 raise ctx.learner.fail("forward", f"{comp.name} returned {shape_of(raw)}, not a (B, T, D) "
-                                       f"tensor, for inputs of shape {tuple(xq.shape)}")
+                                       f"tensor, for inputs of shape {tuple(xq.shape)}",
+                                       f"输入形状为 {tuple(xq.shape)} 时，{comp.name} 返回了 "
+                                       f"{shape_of(raw)}，不是 (B, T, D) 张量")
             ref, ref_w = hf(xq, xkv, xkv, mask, need_weights=True, rope=rope)
             rows = fp.visible_rows(mask, B, T)
             errors.append(fp.max_error(out, ref, rows))
@@ -731,8 +819,10 @@ def _tutorial_shapes(res: ComponentResult, ctx: Context, comp: Component, c: Cal
     tutorial = {**TUTORIAL, **({"n_kv_heads": 2} if "n_kv_heads" in sizes else {})}
     dh = TUTORIAL["d_model"] // TUTORIAL["n_heads"]
     module = ctx.build(comp, tutorial, checked=False, warmup=lambda m: caller(m, dh).call(x, x, x, None))
+    tc = caller(module, dh)
+    tc.state.update(c.state)  # the convention of a mask it requires
     with torch.no_grad():
-        raw = ctx.learner.call("forward", caller(module, dh).call, x, x, x, None)
+        raw = ctx.learner.call("forward", tc.call, x, x, x, None)
     out, weights = fp.first_tensor(raw, 3), fp.weights_of(raw)
     ok = out is not None and tuple(out.shape) == (2, 10, 512) and (
         weights is None or tuple(weights.shape) == (2, 8, 10, 10))

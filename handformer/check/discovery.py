@@ -31,7 +31,8 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
     "n_heads": ("num_heads", "n_heads", "h", "heads", "n_head", "nhead", "num_head", "head_num",
                 "nheads", "num_attention_heads"),
     "n_kv_heads": ("n_kv_heads", "num_kv_heads", "num_key_value_heads", "kv_heads", "n_kv_head",
-                   "num_kv_head", "n_kv", "num_groups", "n_groups", "n_rep_heads"),
+                   "num_kv_head", "n_kv", "num_groups", "n_groups", "n_rep_heads",
+                   "num_kv_groups", "n_kv_groups"),
     "d_ff": ("d_ff", "ff_dim", "d_hidden", "dim_feedforward", "d_inner", "ffn_dim", "hidden",
              "d_ffn", "ffn_hidden", "intermediate_size", "dff", "ff_hidden", "mlp_dim", "inner_dim",
              "ffn_num_hiddens", "d_mlp", "mlp_hidden"),
@@ -62,12 +63,21 @@ FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0
                          # anyway is a finding of the gpt runner)
                          "tie_weights": False, "tie_word_embeddings": False, "tie_embeddings": False,
                          # Raschka's cfg["qkv_bias"]; Meta's KV cache sizes (max_seq_len is the block size)
-                         "qkv_bias": False, "max_batch_size": 4}
+                         "qkv_bias": False, "max_batch_size": 4,
+                         # Raschka's cfg["dtype"] (nn.Linear(..., dtype=None)) and cfg["rope_freq"] (None:
+                         # no Llama 3 frequency scaling)
+                         "dtype": None, "rope_freq": None, "rope_base": 10000.0,
+                         # Raschka's Qwen3 cfg: no QK-norm (handformer's reference has none), no experts
+                         "qk_norm": False, "num_experts": 0}
 CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "conf")
 
 
 class DiscoveryError(ValueError):
-    """A component cannot be found or built; the message says what to change."""
+    """A component cannot be found or built; the message says what to change (`zh`: in Chinese)."""
+
+    def __init__(self, message: str, zh: str = "") -> None:
+        super().__init__(message)
+        self.zh = zh
 
 
 @dataclass
@@ -75,6 +85,7 @@ class Component:
     kind: str  # one of KINDS
     name: str  # the learner's name for it
     obj: Any  # the class or function
+    found_by: str = "name"  # "name", or "signature": a free function found by what it does (signatures.py)
 
 
 def find_components(module: types.ModuleType, overrides: dict[str, str] | None = None,
@@ -109,13 +120,18 @@ def _by_name(module: types.ModuleType, overrides: dict[str, str] | None, only: l
     for kind, name in overrides.items():
         if kind not in NAMES:
             raise DiscoveryError(f"--component {kind}={name}: unknown kind {kind!r}; kinds: "
-                                 f"{', '.join(KINDS)}")
+                                 f"{', '.join(KINDS)}",
+                                 zh=f"--component {kind}={name}：没有 {kind!r} 这类组件；可以检查的种类："
+                                    f"{', '.join(KINDS)}")
         if name not in own:
             raise DiscoveryError(f"--component {kind}={name}: the file defines no {name!r}; it defines "
-                                 f"{', '.join(sorted(own)) or 'no class or function'}")
+                                 f"{', '.join(sorted(own)) or 'no class or function'}",
+                                 zh=f"--component {kind}={name}：文件里没有定义 {name!r}；它定义了 "
+                                    f"{', '.join(sorted(own)) or '（没有类或函数）'}")
     for kind in only or []:
         if kind not in NAMES:
-            raise DiscoveryError(f"--component {kind}: unknown kind; kinds: {', '.join(KINDS)}")
+            raise DiscoveryError(f"--component {kind}: unknown kind; kinds: {', '.join(KINDS)}",
+                                 zh=f"--component {kind}：没有这类组件；可以检查的种类：{', '.join(KINDS)}")
     found, taken = [], set()
     named = set(overrides.values())  # a name given with --component is checked as that kind only
     for kind, names in NAMES.items():
@@ -126,16 +142,36 @@ def _by_name(module: types.ModuleType, overrides: dict[str, str] | None, only: l
             if name not in taken and (not only or actual in only):
                 taken.add(name)
                 found.append(Component(actual, name, own[name]))
+    return found + _by_signature(own, taken | named, only, set(overrides))
+
+
+def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, pointed: set[str],
+                  ) -> list[Component]:
+    """The learner's free functions whose name is in no kind's table, taken as the kind their
+    signature and a call say they are (signatures.py): Raschka's generate_text_simple, a filter called
+    nucleus. A kind given with --component KIND=NAME is that name only."""
+    from handformer.check.signatures import kind_of
+
+    found, tabled = [], {n for names in NAMES.values() for n in names}
+    for name, obj in own.items():
+        skip = name in taken or name in tabled or "." in name or name.startswith(("_", "handformer_"))
+        if skip or not inspect.isfunction(obj):
+            continue
+        kind = kind_of(obj)
+        if kind is not None and (not only or kind in only) and kind not in pointed:
+            found.append(Component(kind, name, obj, "signature"))
     return found
 
 
 # classes found by how their name ends, after every exact name: minimind's MiniMindBlock and
 # MiniMindForCausalLM, Karpathy's GPTLanguageModel
 # and Hugging Face's LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
-SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block",), "gpt": ("ForCausalLM", "LanguageModel", "LM"),
+SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block",),
+                                        "gpt": ("ForCausalLM", "LanguageModel", "LM", "Model"),
                                         "mha": ("Attention",), "ffn": ("MLP", "FeedForward"),
                                         "rmsnorm": ("RMSNorm",), "rope": ("RotaryEmbedding",)}
-NOT_SUFFIXED = ("Encoder", "Decoder", "Cross")  # an encoder's or decoder's block has its own kind
+# an encoder's or decoder's block has its own kind; a mixture of experts is no FFN to compare
+NOT_SUFFIXED = ("Encoder", "Decoder", "Cross", "MoE")
 
 
 def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> list[str]:
@@ -146,7 +182,10 @@ def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> li
         out += sorted(n for n in own if n.endswith(name)) if name.startswith(".") else [name] * (name in own)
     exact = {n for ns in NAMES.values() for n in ns}
     out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in exact and n not in out
-                  and n.endswith(SUFFIXES.get(kind, ("\0",))) and not any(w in n for w in NOT_SUFFIXED))
+                  and n.endswith(SUFFIXES.get(kind, ("\0",)))
+                  and not any(w.lower() in n.lower() for w in NOT_SUFFIXED))
+    if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in own):  # Hugging Face's XModel is the backbone
+        out = [n for n in out if n in exact or not n.endswith("Model") or n.endswith("LanguageModel")]
     return out
 
 
@@ -155,8 +194,16 @@ def refine(kind: str, obj: Any) -> str:
     heads (Llama's `Attention(dim, n_heads, n_kv_heads)`) is grouped-query attention."""
     if kind == "mha" and inspect.isclass(obj) and "n_kv_heads" in argument_keys(obj).values():
         return "gqa"
+    if inspect.isfunction(obj) and any(kind in f for f in SAME_FAMILY):  # what it does over its name
+        from handformer.check.signatures import kind_of
+
+        said = kind_of(obj)
+        if said is not None and any(kind in f and said in f for f in SAME_FAMILY):
+            return said
     if kind == "transformer" and inspect.isclass(obj) and decoder_only(obj):
         return "gpt"
+    if kind == "gpt" and inspect.isclass(obj) and obj.__name__ not in NAMES["gpt"] and not decoder_only(obj):
+        return "transformer"  # found by its ending (Llama3Model's "Model"): what its forward takes says
     if kind == "mha" and inspect.isclass(obj) and causal_inside(obj):  # Raschka's, Karpathy's: forward(x)
         kind = "causal_attention"
     if kind == "mha" and inspect.isclass(obj):  # Meta's Attention(args): the config it reads says
@@ -167,6 +214,12 @@ def refine(kind: str, obj: Any) -> str:
                 return "gqa"
     return kind
 
+
+# kinds whose functions are told apart by what they take and return, whatever their name: a
+# greedy_decode(model, idx, max_new_tokens) is a generation loop, a sample_top_p that returns
+# filtered logits is a filter
+SAME_FAMILY = (("greedy_decode", "beam_search", "generate"),
+               ("top_k", "top_p", "sample", "temperature", "greedy"))
 
 CAUSAL_WORDS = re.compile(r"\btril\b|\btriu\b|is_causal\s*=\s*True|causal")
 
@@ -273,6 +326,12 @@ def config_reads(cls: Any, name: str) -> tuple[set[str], set[str]]:
     return keys, attrs
 
 
+def _dict_keys(cls: Any) -> set[str]:
+    """The string keys the learner's whole file subscripts (cfg["emb_dim"]), from its source."""
+    module = sys.modules.get(getattr(cls, "__module__", ""), None)
+    return set(re.findall(r"""\[["'](\w+)["']\]""", _source(module))) if module is not None else set()
+
+
 def _config_class(p: inspect.Parameter, cls: Any) -> Any:
     """The class a config argument is annotated with, when the learner's file defines it (Meta's
     ModelArgs, a minimind-style config class)."""
@@ -296,7 +355,10 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
     if own is None and not keys and p.name.lower() not in CONFIG_NAMES:
         return None
     if keys:
-        return {**values, **{k: values[k.lower()] for k in keys if k.lower() in values}}
+        config = {**values, **{k: values[k.lower()] for k in keys if k.lower() in values}}
+        if sizes.get("d_ff") and _dict_keys(cls) & {"emb_dim", "d_model", "dim", "n_embd"}:
+            config["hidden_dim"] = sizes["d_ff"]  # Raschka's cfg: emb_dim the width, hidden_dim the FFN's
+        return config
     if own is not None:
         if dataclasses.is_dataclass(own):
             names = {f.name for f in dataclasses.fields(own) if f.init}
@@ -360,7 +422,9 @@ def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None)
             raise DiscoveryError(
                 f"cannot fill the argument {p.name!r} of {cls.__name__}{inspect.signature(cls)}: "
                 f"handformer knows these names ({known}); rename the argument, give it a default, or "
-                "write the adapter below")
+                "write the adapter below",
+                zh=f"填不了 {cls.__name__}{inspect.signature(cls)} 的参数 {p.name!r}：handformer "
+                   f"认识这些名字（{known}）；请给参数改名、给它一个默认值，或者写下面的适配函数")
     return target(**kwargs)
 
 

@@ -47,7 +47,8 @@ PROMPT_NAMES = ("idx", "input_ids", "prompt", "prompt_ids", "tokens", "context",
                 "prompt_tokens", "start_ids", "inputs")
 COUNT_NAMES = ("max_new_tokens", "max_tokens", "n_new", "num_tokens", "new_tokens", "steps", "length",
                "max_length", "n", "num_new_tokens", "max_gen_len", "n_tokens")
-CONTEXT_NAMES = ("context_size", "block_size", "context_length", "max_seq_len", "max_context", "ctx_len")
+CONTEXT_NAMES = ("context_size", "block_size", "context_length", "max_seq_len", "max_context", "ctx_len",
+                 "window", "context_window", "ctx", "max_ctx", "context_len", "max_context_length")
 CACHE_NAMES = ("past_key_values", "past", "cache", "kv_cache", "layer_past", "past_kv", "kv")
 POSITION_NAMES = ("start_pos", "pos", "offset", "start", "position")
 EOS_NAMES = ("eos", "eos_id", "eos_token", "eos_token_id", "eos_idx", "end_token", "end_id", "stop_token",
@@ -219,7 +220,9 @@ def _call(ctx: Context, comp: Component, model: LanguageModel, ids: Tensor, n: i
         if value is None and i >= 3:
             raise DiscoveryError(f"cannot fill the argument {p.name!r} of {comp.name}: handformer calls "
                                  "generate(model, idx, max_new_tokens) (and fills context_size or block_size "
-                                 "with the model's block size)")
+                                 "with the model's block size)",
+                                 zh=f"填不了 {comp.name} 的参数 {p.name!r}：handformer 调用 generate(model, "
+                                    "idx, max_new_tokens)（context_size 或 block_size 填模型的 block size）")
         value = (model, ids, n)[i] if value is None else value
         if kwargs or len(args) != i:
             kwargs[p.name] = value
@@ -318,7 +321,8 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
         short = run_generate(ctx, comp, SHORT, B, as_list)
     if short.out is None and short.failure is None:
         raise ctx.learner.fail("forward", f"{comp.name} returned no token ids for a prompt of 3 tokens and "
-                               f"max_new_tokens={SHORT}")
+                               f"max_new_tokens={SHORT}",
+                               f"提示为 3 个 token、max_new_tokens={SHORT} 时，{comp.name} 没有返回 token id")
     B = short.prompt.size(0)
     if B == 1:
         res.notes.append(text("it generates for one prompt at a time (a batch of 2 failed)"

@@ -63,6 +63,8 @@ FAMILY_SETTINGS: dict[str, tuple[Any, str]] = {
     "attn_sinks": (False, "attention sinks"),
     "swiglu_limit": (None, "clamped SwiGLU experts"),
     "mla": (None, "multi-head latent attention"),
+    "attn_output_gate": (False, "gated attention output"),
+    "deltanet": (None, "gated DeltaNet linear attention"),
 }
 
 
@@ -137,6 +139,8 @@ def _joined(state: dict[str, Tensor], target: Target, cfg: CausalLMConfig) -> Te
         tensors = [state[k] for k in keys]
         if target.interleaved:  # (rows, ...) each -> (n * rows, ...), row r from tensor r % n
             joined = torch.stack(tensors, dim=1).flatten(0, 1)
+        elif len(tensors) == 1:  # as it is (a scalar has no dim 0 to join along)
+            joined = tensors[0].clone()
         else:
             joined = torch.cat(tensors, dim=0)
         if target.rope_pairs:  # back to the checkpoint's RoPE pairs

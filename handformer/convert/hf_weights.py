@@ -187,7 +187,7 @@ def _source_shape(target: Target, expected: dict[str, tuple[int, ...]],
     Conv1D; (E, ...) with each expert's slice so for stacked experts."""
     groups = expert_groups(target, cfg)
     shapes = [expected[k] for k in groups[0]]
-    shape = (sum(s[0] for s in shapes), *shapes[0][1:])
+    shape = shapes[0] if len(shapes) == 1 else (sum(s[0] for s in shapes), *shapes[0][1:])  # () for a scalar
     shape = shape[::-1] if target.transpose else shape
     return (len(groups), *shape) if target.stacked else shape
 
@@ -223,6 +223,8 @@ def _apply(tensor: Tensor, target: Target, expected: dict[str, tuple[int, ...]],
             part = pairs_to_halves(part, cfg.head_dim, cfg.rotary_dim)
         if target.interleaved:  # row r of the source is row r // n of key r % n
             out.update({k: part[j::len(keys)] for j, k in enumerate(keys)})
+        elif len(keys) == 1:  # the whole tensor (a scalar has no dim 0 to split)
+            out[keys[0]] = part
         else:
             out.update(zip(keys, part.split([expected[k][0] for k in keys], dim=0)))
     return out

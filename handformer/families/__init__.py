@@ -27,6 +27,9 @@ torchtune's builders do), reusing its weights:
 | qk_norm = "head_after_rope"      | Hunyuan             | hunyuan.RotatedQKNormAttention            |
 | mla                              | DeepSeek-V3         | deepseek.LatentAttention                  |
 | moe.grouped (sigmoid, groups)    | DeepSeek-V3         | deepseek.GroupedMixture                   |
+| activation = "xielu"             | Apertus             | apertus.LearnedXIELU                      |
+| family.attn_output_gate          | Qwen3.5             | qwen3_5.GatedAttention                    |
+| deltanet                         | Qwen3.5             | qwen3_5.GatedDeltaNet                     |
 
 Everything that builds a model from a config (runs, imports, training, tracing) calls
 `build_causal_lm`; the variants' modules keep the lesson's parameter names, so state dicts,
@@ -40,12 +43,14 @@ from collections.abc import Callable
 from torch import nn
 
 from handformer.config import CausalLMConfig
+from handformer.families.apertus import put_learned_xielu
 from handformer.families.deepseek import put_grouped_mixtures, put_latent_attention
 from handformer.families.gemma import GemmaAttention, LocalGlobalRotary, SandwichBlock, SoftcappedHead
 from handformer.families.gpt_oss import GptOssMoE, SinkAttention
 from handformer.families.granite import GraniteAttention, GraniteBlock, ScaledEmbedding, ScaledHead
 from handformer.families.hunyuan import RotatedQKNormAttention
 from handformer.families.olmo import ReorderedNormBlock, WidthQKNormAttention
+from handformer.families.qwen3_5 import put_deltanets, put_gated_attention
 from handformer.families.smollm import NoRopeAttention
 from handformer.models.causal_lm import CausalLM
 from handformer.replace import replace_layers
@@ -97,6 +102,9 @@ VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, Causa
         m, _layers(m, "ffn"), lambda moe: GptOssMoE(moe, c.swiglu_limit, c.swiglu_alpha))),
     (lambda c: c.mla is not None, put_latent_attention),
     (lambda c: c.moe is not None and c.moe.grouped, put_grouped_mixtures),
+    (lambda c: c.activation == "xielu", put_learned_xielu),
+    (lambda c: c.family.attn_output_gate, put_gated_attention),
+    (lambda c: c.deltanet is not None, put_deltanets),
 ]
 
 

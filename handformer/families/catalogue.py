@@ -9,6 +9,7 @@ Adding a family is adding its spec module (or a spec to its lineage's module) an
 from __future__ import annotations
 
 from handformer.config import CausalLMConfig
+from handformer.families.apertus import APERTUS
 from handformer.families.deepseek import DEEPSEEK_V3
 from handformer.families.ernie import ERNIE4_5
 from handformer.families.exaone4 import EXAONE4
@@ -25,6 +26,7 @@ from handformer.families.olmo import OLMO2, OLMOE
 from handformer.families.olmo3 import OLMO3
 from handformer.families.phi import PHI3
 from handformer.families.qwen import QWEN2, QWEN2_MOE, QWEN3, QWEN3_MOE
+from handformer.families.qwen3_5 import QWEN3_5
 from handformer.families.seed_oss import SEED_OSS
 from handformer.families.smollm import SMOLLM3
 from handformer.families.spec import FamilySpec, GgufEntry
@@ -34,7 +36,7 @@ from handformer.families.starcoder2 import STARCODER2
 SPECS: dict[str, FamilySpec] = {s.model_type: s for s in (
     GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, GEMMA, GEMMA2, GEMMA3_TEXT, SMOLLM3, OLMO2, PHI3, MIXTRAL, QWEN3_MOE,
     QWEN2_MOE, OLMOE, STARCODER2, GRANITE, GPT_OSS, SEED_OSS, OLMO3, HUNYUAN_DENSE, ERNIE4_5,
-    DEEPSEEK_V3, GLM4, EXAONE4)}
+    DEEPSEEK_V3, APERTUS, QWEN3_5, GLM4, EXAONE4)}
 
 # llama.cpp's architectures import-gguf reads, in the order messages list them (Mixtral shares
 # Llama's architecture and is told apart by its expert count).

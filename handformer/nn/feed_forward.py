@@ -1,7 +1,8 @@
 """The position-wise feed-forward network (section 3.3 of the paper) and its gated variants.
 
 Plain (`FeedForward`):  down_proj(act(up_proj(x)))       act = ReLU (paper), GELU, GELU-tanh (GPT-2),
-                                                          ReLU² = relu(x)^2 (Primer; modded-nanogpt)
+                                                          ReLU² = relu(x)^2 (Primer; modded-nanogpt),
+                                                          xIELU (Apertus: its alphas learned, families/)
 Gated (`GatedFeedForward`):  down_proj(act(gate_proj(x)) * up_proj(x))
                         SwiGLU (act = SiLU, Llama), GEGLU (GELU), GEGLU-tanh (tanh-approximated GELU: Gemma)
 
@@ -12,16 +13,30 @@ Shape legend: B batch, T length, D d_model, F hidden width (d_ff).
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.config import GATED_ACTIVATIONS, PLAIN_ACTIVATIONS
+
+
+def xielu(x: Tensor, alpha_p: float | Tensor = 0.8, alpha_n: float | Tensor = 0.8, beta: float | Tensor = 0.5,
+          eps: float | Tensor = -1e-6) -> Tensor:
+    """xIELU (Huang and Schlag, 2025): alpha_p x^2 + beta x for x > 0, else
+    alpha_n (e^min(x, eps) - 1 - x) + beta x: a quadratic positive side (as ReLU^2) and an
+    ELU-like negative one, both plus beta x. The defaults are the paper's starting values; Apertus learns
+    alpha_p and alpha_n per layer."""
+    positive = alpha_p * x * x + beta * x
+    negative = (torch.expm1(torch.clamp(x, max=eps)) - x) * alpha_n + beta * x
+    return torch.where(x > 0, positive, negative)
+
 
 ACT = {
     "relu": F.relu,
     "relu2": lambda x: F.relu(x).square(),  # ReLU squared (Primer; the modded-nanogpt speedrun's)
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "xielu": xielu,
     "swiglu": F.silu,
     "geglu": F.gelu,
     "geglu_tanh": lambda x: F.gelu(x, approximate="tanh"),
