@@ -449,6 +449,11 @@ def test_imported_mixtral_phi4_mini_olmo2_and_smollm3_go_to_gguf_and_back(family
     assert back.config["source"]["model_type"] == {"phi4_mini": "phi3", "hunyuan": "hunyuan_v1_dense"}.get(family, family)
     assert back.model.cfg.nope_layers == ([3, 7] if family == "smollm3" else [])
     assert family != "granite" or back.model.cfg.family == load_lm(run_dir).model.cfg.family  # the four constants
+    if family == "exaone4":  # at 64 layers (the 32B) llama.cpp slides: refused, never read without windows
+        _rewrite(tmp_path / "model.gguf", tmp_path / "deep.gguf", drop=["exaone4.block_count"],
+                 values={"exaone4.block_count": (64, gguf.GGUFValueType.UINT32)})
+        _fails(capsys, ["import-gguf", str(tmp_path / "deep.gguf"), str(tmp_path / "deep")],
+               "64 layers, where llama.cpp's EXAONE 4 slides three layers in four")
 
 
 def test_a_phi3_window_is_written_and_read_back(tmp_path, capsys):
@@ -820,6 +825,10 @@ def test_todays_family_settings_are_refused_by_name(tmp_path, capsys, overrides,
     # (norms after the sublayers with q/k norms per head are EXAONE 4's, which llama.cpp writes)
     ("olmo2", dict(qk_norm="none"), "qk_norm='none' .OLMo 2 normalises queries and keys over their whole width"),
     ("gemma3", dict(logit_softcap=30.0), "logit_softcap=30.0 .export-gguf writes no soft-capped logits for Gemma 3"),
+    # reordered norms with q/k norms per head are EXAONE 4's, which llama.cpp slides only at 64 layers
+    ("olmo2", dict(qk_norm="head", sliding_window=4, global_layers=[1], nope_layers=[1]),
+     r"sliding_window=4 \(EXAONE 4 slides only in its 64-layer model in llama.cpp"),
+    ("olmo2", dict(qk_norm="head", n_layers=64), r"n_layers=64 \(llama.cpp's EXAONE 4 slides three layers in four"),
 ])
 def test_what_llama_cpps_qwen3_and_gemmas_fix_is_refused_by_name(tmp_path, capsys, preset, overrides, message):
     """llama.cpp fixes Gemma 2/3's layer pattern, query scale and local RoPE base, and Gemma 2's
