@@ -29,6 +29,7 @@ from handformer.check.discovery import Component
 from handformer.check.result import Check, ComponentResult, text
 from handformer.convert.compare import first_divergence
 from handformer.convert.llama2c_weights import Llama2cHeader, read_llama2c
+from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 
 CONFIG = Llama2cHeader(version=0, dim=16, hidden_dim=40, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=29,
@@ -74,7 +75,7 @@ def write_checkpoint(path: Path, h: Llama2cHeader = CONFIG, seed: int = 0) -> No
 def handformer_import(path: Path) -> CausalLM:
     """handformer's import of the file (`handformer import-llama2c` reads it so), built on the CPU."""
     header, state = read_llama2c(path)
-    model = CausalLM(header.config())
+    model = build_causal_lm(header.config())
     model.load_state_dict(state, strict=not header.shared_classifier)  # a shared head is the embedding
     return model.eval()
 

@@ -35,6 +35,7 @@ from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
 from handformer.check.train_step import MODEL_NAMES, OPTIMIZER_NAMES
 from handformer.config import CausalLMConfig
+from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 
 VOCAB, D, LENGTH, BATCH = 13, 8, 6, 2
@@ -77,7 +78,7 @@ def tiny_model() -> Logits:
     torch.manual_seed(0)
     cfg = CausalLMConfig.llama_style(vocab_size=VOCAB, d_model=D, n_heads=2, n_kv_heads=1, d_ff=16,
                                      n_layers=1, max_positions=16)
-    return Logits(CausalLM(cfg)).double()
+    return Logits(build_causal_lm(cfg)).double()
 
 
 def optimizer(model: nn.Module) -> torch.optim.Optimizer:
