@@ -312,6 +312,11 @@ class FamilyConfig:
     # (up + 1) * gate * sigmoid(swiglu_alpha * gate); None = the lesson's SwiGLU
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.702  # the sigmoid's gain in the clamped SwiGLU
+    # Queries times 1 + query_scale_beta * ln(1 + floor(position / query_scale_positions)) after RoPE
+    # (Ministral 3's llama_4_scaling_beta over original_max_position_embeddings): a softmax
+    # temperature that grows with the position past the original context. None: not scaled.
+    query_scale_beta: float | None = None
+    query_scale_positions: int | None = None
 
     def validate(self, owner: str, cfg: CausalLMConfig) -> None:
         """Each field checked, and against the model it belongs to (`cfg`); errors name
@@ -333,6 +338,7 @@ class FamilyConfig:
             _fail(name, "rope_local_theta", self.rope_local_theta, "a RoPE base of its own for the sliding "
                   'layers is Gemma 3\'s: it needs global_layers and norm_placement="sandwich"')
         self._validate_gpt_oss(name, cfg)
+        self._validate_query_scale(name, cfg)
 
     def _validate_gpt_oss(self, name: str, cfg: CausalLMConfig) -> None:
         if not isinstance(self.attn_sinks, bool):
@@ -344,6 +350,18 @@ class FamilyConfig:
         if self.swiglu_limit is not None and (cfg.moe is None or cfg.activation != "swiglu"):
             _fail(name, "swiglu_limit", self.swiglu_limit, "the clamped SwiGLU is gpt-oss's experts': it "
                   'needs moe and activation="swiglu"')
+
+    def _validate_query_scale(self, name: str, cfg: CausalLMConfig) -> None:
+        beta, positions = self.query_scale_beta, self.query_scale_positions
+        if beta is not None and not _positive_number(beta):
+            _fail(name, "query_scale_beta", beta, "it must be a number > 0 or None")
+        if positions is not None and not _positive_int(positions):
+            _fail(name, "query_scale_positions", positions, "it must be a positive integer or None")
+        if (beta is None) != (positions is None):
+            _fail(name, "query_scale_beta" if beta is None else "query_scale_positions", None,
+                  "queries scaled by their position need both query_scale_beta and query_scale_positions")
+        if beta is not None and cfg.position != "rope":
+            _fail(name, "query_scale_beta", beta, 'queries are scaled after RoPE: it needs position="rope"')
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that differ from their defaults (a saved section names only what is used)."""

@@ -263,6 +263,10 @@ FAMILIES.update(
 FAMILIES["apertus"] = lambda: transformers.ApertusForCausalLM(transformers.ApertusConfig(  # xIELU, q/k norms
     **ODD, rope_parameters={"rope_type": "llama3", "rope_theta": 1e4, "factor": 4.0, "low_freq_factor": 1.0,
                             "high_freq_factor": 4.0, "original_max_position_embeddings": 16}))
+FAMILIES["ministral3"] = lambda: transformers.Ministral3ForCausalLM(transformers.Ministral3Config(  # queries scaled
+    **ODD, sliding_window=5, rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0, "mscale": 1.0,
+                                              "mscale_all_dim": 1.0, "original_max_position_embeddings": 8,
+                                              "llama_4_scaling_beta": 0.5}))
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
 

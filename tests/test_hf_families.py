@@ -16,6 +16,7 @@ Phi-4-mini's generation crosses its original context, where LongRoPE changes fac
 
 import copy
 import math
+import re
 
 import pytest
 import torch
@@ -267,6 +268,21 @@ def _apertus():  # q/k norms per head, a plain xIELU MLP (its alphas randomized 
 
 BUILDERS["apertus"] = _apertus
 
+# YaRN 8 times over an original context of 8 (Ministral 3: 16 times over 16,384), cos and sin unscaled
+# (mscale = mscale_all_dim = 1); queries times 1 + 0.5 ln(1 + floor(position / 8)) (released: beta 0.1)
+MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0, "original_max_position_embeddings": 8,
+                   "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                   "llama_4_scaling_beta": 0.5}
+
+
+def _ministral3():  # the query scale changes at positions 8, 16 and 24; a window on every layer
+    return transformers.Ministral3ForCausalLM(transformers.Ministral3Config(
+        **ODD78, sliding_window=WINDOW, rope_parameters=MINISTRAL3_ROPE))
+
+
+BUILDERS["ministral3"] = _ministral3
+VARIANT_ATTENTION += ("ministral3",)
+
 
 @pytest.fixture(scope="module", params=list(BUILDERS))
 def pair(request):
@@ -503,6 +519,8 @@ def test_configs_carry_each_familys_variation(pair):
                                                          mscale_all_dim=1.0)),
         "apertus": dict(activation="xielu", qk_norm="head", head_dim=12, bias=False, norm_eps=1e-5,
                         rope_scaling=Llama3RopeScaling(8.0, 1.0, 4.0, 16)),
+        "ministral3": dict(family=FamilyConfig(query_scale_beta=0.5, query_scale_positions=8), sliding_window=WINDOW,
+                           rope_scaling=YarnRopeScaling(8.0, 8, mscale=1.0, mscale_all_dim=1.0), rope_theta=1e6),
     }[name]
     assert {k: getattr(cfg, k) for k in expected} == expected
     if name == "smollm":
@@ -608,7 +626,8 @@ def _hf(builder):
      "rope scaling type 'longrope' is not implemented for mistral"),
     ({"model_type": "phi"}, "unsupported model_type 'phi' (Phi-1/2 run attention and the MLP in parallel"),
     ({"model_type": "gemma3"}, "unsupported model_type 'gemma3' (a Gemma 3 with vision"),
-    ({"model_type": "ministral3"}, "unsupported model_type 'ministral3' (Ministral 3 turns RoPE with YaRN"),
+    ({"model_type": "mistral3"}, "unsupported model_type 'mistral3' (Mistral3ForConditionalGeneration: Ministral 3 "
+     "with a vision tower; import its text model"),
 ])
 def test_unimplemented_settings_are_named(change, message):
     with pytest.raises(ValueError) as err:
@@ -713,6 +732,10 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
                        "num_attention_heads": 32, "num_key_value_heads": 8}),  # Apertus-8B
     ("ApertusConfig", {"hidden_size": 8192, "intermediate_size": 43008, "num_hidden_layers": 80,
                        "num_attention_heads": 64, "num_key_value_heads": 8}),  # Apertus-70B
+    ("Ministral3Config", {"hidden_size": 3072, "intermediate_size": 9216, "num_hidden_layers": 26,
+                          "tie_word_embeddings": True}),  # Ministral 3 3B's text model
+    ("Ministral3Config", {}),  # Ministral 3 8B's text model
+    ("Ministral3Config", {"hidden_size": 5120, "intermediate_size": 16384, "num_hidden_layers": 40}),  # 14B's
 ])
 def test_full_size_configs_give_the_same_parameter_count(config_class, overrides):
     """The families at their released sizes (transformers' defaults), built on the meta device: no
@@ -732,7 +755,7 @@ def test_full_size_configs_give_the_same_parameter_count(config_class, overrides
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["granite", "apertus"])
+@pytest.mark.parametrize("name", ["granite", "apertus", "ministral3"])
 def test_served_rows_and_lora_targets_of_the_open_families(name):
     """serve's batch (rows join and leave) gives each row transformers' greedy tokens for its
     prompt alone; LoRA finds every projection of the family's attention and MLP by its name."""
@@ -753,12 +776,28 @@ def test_served_rows_and_lora_targets_of_the_open_families(name):
     assert sorted(add_lora(copy.deepcopy(ours), LoRAConfig(rank=2, targets="all-linear"))) == sorted(adapted)
 
 
-def test_apertus_is_refused_by_gguf_by_name():
-    """llama.cpp's apertus keeps the xIELU alphas as per-layer metadata, which export-gguf does not
-    write yet: an imported run is refused naming it, a run trained with xIELU names the setting."""
+@pytest.mark.parametrize("name, arch, setting", [("apertus", "apertus", "activation='xielu'"),
+                                                  ("ministral3", "mistral3", "family.query_scale_beta=0.5")])
+def test_apertus_and_ministral3_are_refused_by_gguf_by_name(name, arch, setting):
+    """llama.cpp's apertus keeps the xIELU alphas as per-layer metadata and its mistral3 reads YaRN
+    and the query scale, which export-gguf does not write yet: an imported run is refused naming the
+    architecture, a run trained with the setting names the setting."""
     from handformer.convert.gguf_arch import family_for, mismatches
 
-    cfg = config_from_hf(_hf(_apertus))
-    with pytest.raises(ValueError, match=r"model_type 'apertus' \(llama.cpp's apertus: .*xIELU"):
-        family_for(cfg, "apertus")
-    assert any(p.startswith("activation='xielu'") for p in mismatches(cfg, family_for(cfg, None)))
+    cfg = config_from_hf(_hf(BUILDERS[name]))
+    with pytest.raises(ValueError, match=rf"model_type '{name}' \(llama.cpp's {arch}: "):
+        family_for(cfg, name)
+    assert any(p.startswith(setting) for p in mismatches(cfg, family_for(cfg, None)))
+
+
+@pytest.mark.parametrize("family, message", [
+    (dict(query_scale_beta=0.1), "family.query_scale_positions=None is invalid: queries scaled by their position need both"),
+    (dict(query_scale_beta=-1.0, query_scale_positions=8), "family.query_scale_beta=-1.0 is invalid: it must be a number > 0"),
+    (dict(query_scale_beta=0.1, query_scale_positions=0), "family.query_scale_positions=0 is invalid: it must be a positive"),
+])
+def test_query_scale_settings_are_checked_by_name(family, message):
+    from handformer.config import CausalLMConfig
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        CausalLMConfig.llama_style(vocab_size=11, d_model=16, n_heads=2, n_kv_heads=2, d_ff=24, n_layers=1,
+                                   family=FamilyConfig(**family))

@@ -87,7 +87,8 @@ _NOT_WRITTEN = {"qk_norm": ("none", "q/k norms"), "moe": (None, "mixture of expe
                 "residual_multiplier": (None, "residual multiplier"),
                 "logits_scaling": (None, "logits scaling"),
                 "attn_sinks": (False, "attention sinks"), "swiglu_limit": (None, "clamped SwiGLU experts"),
-                "mla": (None, "multi-head latent attention")}
+                "mla": (None, "multi-head latent attention"),
+                "query_scale_beta": (None, "queries scaled by their position")}
 
 
 def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:

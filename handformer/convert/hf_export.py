@@ -63,6 +63,7 @@ FAMILY_SETTINGS: dict[str, tuple[Any, str]] = {
     "attn_sinks": (False, "attention sinks"),
     "swiglu_limit": (None, "clamped SwiGLU experts"),
     "mla": (None, "multi-head latent attention"),
+    "query_scale_beta": (None, "queries scaled by their position"),
 }
 
 

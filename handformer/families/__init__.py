@@ -28,6 +28,8 @@ torchtune's builders do), reusing its weights:
 | mla                              | DeepSeek-V3         | deepseek.LatentAttention                  |
 | moe.grouped (sigmoid, groups)    | DeepSeek-V3         | deepseek.GroupedMixture                   |
 | activation = "xielu"             | Apertus             | apertus.LearnedXIELU                      |
+| family.query_scale_beta          | Ministral 3         | ministral.PositionScaledRotary and        |
+|                                  |                     | ministral.PositionScaledAttention         |
 
 Everything that builds a model from a config (runs, imports, training, tracing) calls
 `build_causal_lm`; the variants' modules keep the lesson's parameter names, so state dicts,
@@ -47,6 +49,7 @@ from handformer.families.gemma import GemmaAttention, LocalGlobalRotary, Sandwic
 from handformer.families.gpt_oss import GptOssMoE, SinkAttention
 from handformer.families.granite import GraniteAttention, GraniteBlock, ScaledEmbedding, ScaledHead
 from handformer.families.hunyuan import RotatedQKNormAttention
+from handformer.families.ministral import put_position_scaled_queries
 from handformer.families.olmo import ReorderedNormBlock, WidthQKNormAttention
 from handformer.families.smollm import NoRopeAttention
 from handformer.models.causal_lm import CausalLM
@@ -100,6 +103,7 @@ VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, Causa
     (lambda c: c.mla is not None, put_latent_attention),
     (lambda c: c.moe is not None and c.moe.grouped, put_grouped_mixtures),
     (lambda c: c.activation == "xielu", put_learned_xielu),
+    (lambda c: c.family.query_scale_beta is not None, put_position_scaled_queries),
 ]
 
 
