@@ -333,10 +333,11 @@ class FamilyConfig:
                   "embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"):
             if getattr(self, f) is not None and not _positive_number(getattr(self, f)):
                 _fail(name, f, getattr(self, f), "it must be a number > 0 or None")
-        gemma3 = cfg.mixes_windows and cfg.norm_placement == "sandwich"
-        if self.rope_local_theta is not None and not gemma3:
+        gemma3_or_olmo3 = cfg.mixes_windows and cfg.norm_placement in ("sandwich", "reordered")
+        if self.rope_local_theta is not None and not gemma3_or_olmo3:
             _fail(name, "rope_local_theta", self.rope_local_theta, "a RoPE base of its own for the sliding "
-                  'layers is Gemma 3\'s: it needs global_layers and norm_placement="sandwich"')
+                  'layers is Gemma 3\'s and OLMo 3\'s: it needs global_layers and norm_placement="sandwich" '
+                  'or "reordered"')
         self._validate_gpt_oss(name, cfg)
         self._validate_query_scale(name, cfg)
 

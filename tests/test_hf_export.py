@@ -267,6 +267,11 @@ FAMILIES["ministral3"] = lambda: transformers.Ministral3ForCausalLM(transformers
     **ODD, sliding_window=5, rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0, "mscale": 1.0,
                                               "mscale_all_dim": 1.0, "original_max_position_embeddings": 8,
                                               "llama_4_scaling_beta": 0.5}))
+FAMILIES["olmo3_yarn"] = lambda: transformers.Olmo3ForCausalLM(transformers.Olmo3Config(  # YaRN on the global layer
+    **{**ODD, "num_hidden_layers": 4}, sliding_window=5, rope_parameters={
+        "sliding_attention": {**ROPE, "rope_theta": 5e5},
+        "full_attention": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0, "original_max_position_embeddings": 8,
+                           "attention_factor": 1.2079441541679836}}))
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
 

@@ -284,6 +284,18 @@ BUILDERS["ministral3"] = _ministral3
 VARIANT_ATTENTION += ("ministral3",)
 
 
+def _olmo3_yarn():  # the long-context checkpoints': YaRN (8 over 8, attention factor 1.2) on the global layer only
+    full = {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0, "original_max_position_embeddings": 8,
+            "attention_factor": 1.2079441541679836, "beta_fast": 32.0, "beta_slow": 1.0}
+    return transformers.Olmo3ForCausalLM(transformers.Olmo3Config(
+        **{**ODD78, "num_hidden_layers": 4}, sliding_window=WINDOW,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 5e5}, "full_attention": full}))
+
+
+BUILDERS["olmo3_yarn"] = _olmo3_yarn
+VARIANT_ATTENTION += ("olmo3_yarn",)
+
+
 @pytest.fixture(scope="module", params=list(BUILDERS))
 def pair(request):
     torch.manual_seed(sorted(BUILDERS).index(request.param))
@@ -478,7 +490,8 @@ def test_configs_carry_each_familys_variation(pair):
     cfg = ours.cfg
     assert cfg.position == "rope" and cfg.dropout == 0.0
     assert cfg.norm_placement == {"gemma2": "sandwich", "gemma3": "sandwich", "gemma3_scaled": "sandwich",
-                                  "olmo2": "reordered", "olmo3": "reordered"}.get(name, "pre")
+                                  "olmo2": "reordered", "olmo3": "reordered",
+                                  "olmo3_yarn": "reordered"}.get(name, "pre")
     expected = {
         "qwen2": dict(qkv_bias=True, bias=False, tie_embeddings=True, rope_theta=1e6, norm_eps=1e-6,
                       sliding_window=None),
@@ -521,6 +534,8 @@ def test_configs_carry_each_familys_variation(pair):
                         rope_scaling=Llama3RopeScaling(8.0, 1.0, 4.0, 16)),
         "ministral3": dict(family=FamilyConfig(query_scale_beta=0.5, query_scale_positions=8), sliding_window=WINDOW,
                            rope_scaling=YarnRopeScaling(8.0, 8, mscale=1.0, mscale_all_dim=1.0), rope_theta=1e6),
+        "olmo3_yarn": dict(rope_theta=5e5, rope_local_theta=5e5, global_layers=[3], norm_placement="reordered",
+                           rope_scaling=YarnRopeScaling(8.0, 8, attention_factor=1.2079441541679836)),
     }[name]
     assert {k: getattr(cfg, k) for k in expected} == expected
     if name == "smollm":
@@ -755,7 +770,7 @@ def test_full_size_configs_give_the_same_parameter_count(config_class, overrides
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["granite", "apertus", "ministral3"])
+@pytest.mark.parametrize("name", ["granite", "apertus", "ministral3", "olmo3_yarn"])
 def test_served_rows_and_lora_targets_of_the_open_families(name):
     """serve's batch (rows join and leave) gives each row transformers' greedy tokens for its
     prompt alone; LoRA finds every projection of the family's attention and MLP by its name."""

@@ -14,7 +14,7 @@ torchtune's builders do), reusing its weights:
 | norm_placement = "sandwich"      | Gemma 2, Gemma 3    | gemma.SandwichBlock                       |
 | attn_scale_dim, attn_softcap     | Gemma 2, Gemma 3    | gemma.GemmaAttention                      |
 | logit_softcap                    | Gemma 2             | gemma.SoftcappedHead                      |
-| rope_local_theta                 | Gemma 3             | gemma.LocalGlobalRotary                   |
+| rope_local_theta                 | Gemma 3, OLMo 3     | gemma.LocalGlobalRotary                   |
 | norm_placement = "reordered"     | OLMo 2              | olmo.ReorderedNormBlock                   |
 | qk_norm = "width"                | OLMo 2              | olmo.WidthQKNormAttention                 |
 | nope_layers                      | SmolLM3             | smollm.NoRopeAttention                    |
