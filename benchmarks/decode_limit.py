@@ -21,8 +21,10 @@ In one run, on the machine at hand:
 6. where the batch-1 fp32 time goes: the model's matrix-vector products alone (every linear layer
    and the head once, one row, the model's own weights), their GB/s (torch's practical ceiling for
    a decoding step) and their share of a decoding step;
-7. with --compile: `generate(compile_step=True)`, its compile time and after how many tokens it
-   pays for itself;
+7. with --compile: `generate(compile_step=True)` (the static compiled step), on the prepared
+   model and on plain nn.Linear layers: the first call's compile seconds, tokens/s, bound and MBU
+   beside eager in the same interleaved rounds, and after how many tokens compiling pays;
+   --compile-only prints just that (and the bandwidth) for each model;
 8. with --baseline DIR: every handformer case of 2 to 5 (each fp32, int8, int4 and bf16 case of
    batch 1, the time to first token, batch 8 and 32) also run by another handformer checkout
    (`git worktree add DIR <commit>`) in a worker process that imports only from DIR
@@ -72,6 +74,7 @@ from handformer.inference.packed_linear import PackedLinear  # noqa: E402
 from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
 from handformer.inference.quant import quantize_linears  # noqa: E402
 from handformer.inference.roofline import bytes_per_token  # noqa: E402
+from handformer.inference.static_step import static_step_for  # noqa: E402
 from handformer.inference.threads import default_threads, intra_op_threads  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 
@@ -172,17 +175,36 @@ def matvec_share(model: CausalLM, seconds_per_token: float, n: int) -> str:
             f"decoding step ({seconds_per_token * 1e3:.2f} ms)")
 
 
-def compile_line(model: CausalLM, prompt: list[int], n: int, eager_seconds: float) -> str:
-    """One line: generate(compile_step=True): first call (compiling) and steady tokens/s, and the
-    number of tokens after which compiling has paid for itself."""
-    first = timed(lambda: generate(model, [prompt], n, temperature=0, compile_step=True))
-    steady = statistics.median(timed(lambda: generate(model, [prompt], n, temperature=0, compile_step=True))
-                               for _ in range(3))
-    saved_per_token = (eager_seconds - steady) / n
-    pays = (f"pays after {(first - steady) / saved_per_token:,.0f} tokens" if saved_per_token > 0
-            else "never pays")
-    return (f"  torch.compile of the decoding step: {n / steady:.1f} tokens/s ({eager_seconds / steady:.2f}x "
-            f"eager), compile {first - steady:.1f} s, {pays}")
+def compile_table(model: CausalLM, plain: CausalLM, prompt: list[int], n: int, n_rounds: int,
+                  data: torch.Tensor, stored_bytes: float) -> None:
+    """Print eager against `generate(compile_step=True)` (inference/static_step.py) at batch 1:
+    the first compiled call's compile seconds, then tokens/s, bound and MBU of each, in the same
+    interleaved rounds, and after how many tokens compiling pays for itself."""
+    cases = {"eager, prepared": lambda: generate(model, [prompt], n, temperature=0),
+             "compiled, prepared": lambda: generate(model, [prompt], n, temperature=0, compile_step=True),
+             "compiled, plain nn.Linear": lambda: generate(plain, [prompt], n, temperature=0,
+                                                           compile_step=True)}
+    eager_tokens = cases["eager, prepared"]()
+    for case in ("compiled, prepared", "compiled, plain nn.Linear"):
+        m = model if "prepared" in case else plain
+        start = time.perf_counter()
+        same = cases[case]() == eager_tokens
+        first = time.perf_counter() - start
+        compiled = static_step_for(m).compile_seconds
+        print(f"  {case}: first call {first:.1f} s (compiling {sum(compiled.values()):.1f} s), "
+              f"tokens the same as eager: {same}")
+    with torch.inference_mode():
+        med = rounds(cases, n_rounds, data)
+    bound = med["bw"] / stored_bytes
+    print(f"  {'compiled decoding step':33} {'tokens/s':>9} {'bound':>8} {'MBU':>9} {'vs eager':>8}")
+    for case in cases:
+        tps = n / med[case]
+        print(f"  {case:33} {tps:>9.1f} {bound:>8.1f} {tps / bound:>8.2f}  "
+              f"{med['eager, prepared'] / med[case]:>7.2f}x")
+    saved = (med["eager, prepared"] - med["compiled, prepared"]) / n
+    compile_s = sum(static_step_for(model).compile_seconds.values())
+    print(f"  compiling ({compile_s:.1f} s) pays after "
+          + (f"{compile_s / saved:,.0f} tokens" if saved > 0 else "never (no faster)"))
 
 
 def llama2c(run_c: str, new_tokens: int, n: int, stories: Path | None = None) -> float | None:
@@ -350,9 +372,7 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor,
             print(matvec_share(plain, med["handformer fp32, plain nn.Linear"] / n, args.rounds)
                   .replace("products alone", "products alone, plain nn.Linear"))
     if getattr(args, "compile", False):  # a Namespace built by hand (tests/test_quant.py) may lack it
-        eager = med.get("handformer fp32, plain nn.Linear", med["handformer fp32"])
-        line = compile_line(plain, prompt, n, eager)
-        print(line.replace("decoding step", "decoding step (plain nn.Linear)"))
+        compile_table(model, plain, prompt, n, args.rounds, data, stored_bytes[id(model)])
     if name != "tiny":
         long_prompt = torch.randint(0, model.cfg.vocab_size, (args.ttft_prompt,)).tolist()
         with torch.no_grad():
@@ -393,6 +413,17 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor,
     return mismatches
 
 
+def compile_only(name: str, args: argparse.Namespace, data: torch.Tensor) -> None:
+    """--compile-only: the compile table of one model (random weights, seed 0)."""
+    torch.manual_seed(0)
+    plain = CausalLM(SHAPES[name]()).eval()
+    stored = bytes_per_token(plain, args.prompt + args.new_tokens / 2)
+    model = prepare_for_decoding(variant(plain))
+    prompt = torch.randint(0, model.cfg.vocab_size, (args.prompt,)).tolist()
+    print(f"\n{name}: batch 1, prompt {args.prompt}, {args.new_tokens} new tokens, greedy")
+    compile_table(model, plain, prompt, args.new_tokens, args.rounds, data, stored)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
@@ -408,6 +439,7 @@ def main() -> None:
                         help="folder with llama2.c's stories260K.bin and tok512.bin (default: the dataset)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--compile", action="store_true", help="also time generate(compile_step=True)")
+    parser.add_argument("--compile-only", action="store_true", help="time only eager against compiled")
     parser.add_argument("--baseline", type=Path, help="another handformer checkout to time beside this one")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # each line as soon as it is measured
@@ -419,6 +451,9 @@ def main() -> None:
     baseline = BaselineWorker(args.baseline) if args.baseline else None  # after --threads: the same count
     mismatches = []
     for name in args.models:
+        if args.compile_only:
+            compile_only(name, args, data)
+            continue
         mismatches += [f"{name}: {m}" for m in batch1(name, args, data, baseline)]
     if baseline is not None:
         baseline.close()

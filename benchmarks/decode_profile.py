@@ -11,7 +11,9 @@ operators' time against the wall clock (the rest is Python).
     python benchmarks/decode_profile.py --model tiny --threads 1 --unfused   # Q/K/V, gate/up apart
 
 The model is prepared as `handformer generate` runs it: `prepare_for_decoding` (projections fused by
-handformer/inference/fuse.py, large weights packed for oneDNN); --unfused packs only.
+handformer/inference/fuse.py, large weights packed for oneDNN); --unfused packs only; --int8
+quantizes every linear layer and the head first (handformer/inference/quant.py); --compile
+profiles the compiled decoding step (inference/static_step.py).
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ from decode_limit import SHAPES, hf_generate, hf_twin  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.inference.packed_linear import pack_linears  # noqa: E402
 from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
+from handformer.inference.quant import quantize_linears  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 
-MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm")
+MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm", "mkldnn::_linear_pointwise",
+          "aten::_weight_int4pack_mm_for_cpu")
 ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math")
 
 
@@ -73,12 +77,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--top", type=int, default=0, help="also print the N most expensive operators")
     parser.add_argument("--unfused", action="store_true", help="leave Q/K/V and gate/up projections apart")
+    parser.add_argument("--int8", action="store_true", help="int8 weights, head included (handformer only)")
+    parser.add_argument("--compile", action="store_true", help="handformer's compiled step (compile_step)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = CausalLM(SHAPES[args.model]()).eval()
     hf = hf_twin(model)
+    if args.int8:
+        quantize_linears(model, bits=8)
     if args.unfused:  # large weights packed, projections apart
         pack_linears(model)
     else:  # as `handformer generate`: fused projections, large weights packed
@@ -87,10 +95,13 @@ def main() -> None:
     lengths = [64] if args.batch == 1 else torch.randint(32, 65, (args.batch,), generator=gen).tolist()
     prompts = [torch.randint(0, model.cfg.vocab_size, (n,), generator=gen).tolist() for n in lengths]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.model}, batch {args.batch}, "
-          f"{args.new_tokens} new tokens; projections {'apart' if args.unfused else 'fused'}")
+          f"{args.new_tokens} new tokens; projections {'apart' if args.unfused else 'fused'}"
+          f"{'; int8 weights' if args.int8 else ''}{'; compiled step' if args.compile else ''}")
     with torch.no_grad():
-        print("  handformer:", shares(lambda n: generate(model, prompts, n, temperature=0), args.new_tokens,
-                                     args.top))
+        def ours(n: int) -> list[list[int]]:
+            return generate(model, prompts, n, temperature=0, compile_step=args.compile)
+
+        print("  handformer:", shares(ours, args.new_tokens, args.top))
         print("  HF generate:", shares(lambda n: hf_generate(hf, prompts, n), args.new_tokens, args.top))
 
 

@@ -281,6 +281,35 @@ class MLAConfig:
             _fail(name, "interleave", self.interleave, "it must be true or false")
 
 
+@dataclass
+class DeltaNetConfig:
+    """Gated DeltaNet linear attention (Yang, Kautz and Hatamizadeh 2024; Qwen3.5's, handformer.families.
+    qwen3_5) in place of softmax attention in the listed layers: a recurrent state per value head
+    (key_dim x value_dim) that every position decays and writes into by the delta rule, read by
+    the queries, after a short causal convolution over the projected queries, keys and values."""
+
+    layers: list[int] = field(default_factory=list)  # the layers that are linear attention
+    key_heads: int = 16  # query/key heads (linear_num_key_heads)
+    value_heads: int = 32  # value heads, each with its own state (linear_num_value_heads)
+    key_dim: int = 128  # width of each query/key head (linear_key_head_dim)
+    value_dim: int = 128  # width of each value head (linear_value_head_dim)
+    conv_kernel: int = 4  # positions the causal convolution spans (linear_conv_kernel_dim)
+
+    def validate(self, owner: str, n_layers: int) -> None:
+        name = f"{owner}.deltanet"
+        for f in ("key_heads", "value_heads", "key_dim", "value_dim", "conv_kernel"):
+            if not _positive_int(getattr(self, f)):
+                _fail(name, f, getattr(self, f), "it must be a positive integer")
+        if self.value_heads % self.key_heads:
+            _fail(name, "value_heads", self.value_heads,
+                  f"it must be a multiple of key_heads={self.key_heads} "
+                  "(each query/key head serves value_heads / key_heads value heads)")
+        layers = self.layers
+        if not (isinstance(layers, list) and all(is_int(i) and 0 <= i < n_layers for i in layers)) \
+                or len(set(layers)) != len(layers):
+            _fail(name, "layers", layers, f"it must be a list of distinct layer indices 0..{n_layers - 1}")
+
+
 # The settings only some model families have, each read by that family's variant modules
 # (`handformer.families`); saved under a run's "family" section, and accepted flat (as runs saved
 # before the section existed hold them) by `CausalLMConfig` and its `from_dict`.
@@ -312,6 +341,9 @@ class FamilyConfig:
     # (up + 1) * gate * sigmoid(swiglu_alpha * gate); None = the lesson's SwiGLU
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.702  # the sigmoid's gain in the clamped SwiGLU
+    # Attention's output times sigmoid(gate) per head before W_O, the gate projected by W_Q beside
+    # each head's query (Qwen3.5)
+    attn_output_gate: bool = False
     # Queries times 1 + query_scale_beta * ln(1 + floor(position / query_scale_positions)) after RoPE
     # (Ministral 3's llama_4_scaling_beta over original_max_position_embeddings): a softmax
     # temperature that grows with the position past the original context. None: not scaled.
@@ -339,6 +371,8 @@ class FamilyConfig:
                   'layers is Gemma 3\'s and OLMo 3\'s: it needs global_layers and norm_placement="sandwich" '
                   'or "reordered"')
         self._validate_gpt_oss(name, cfg)
+        if not isinstance(self.attn_output_gate, bool):
+            _fail(name, "attn_output_gate", self.attn_output_gate, "it must be true or false")
         self._validate_query_scale(name, cfg)
 
     def _validate_gpt_oss(self, name: str, cfg: CausalLMConfig) -> None:
@@ -446,10 +480,10 @@ class BlockConfig:
             value = getattr(self, f)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 _fail(name, f, value, "it must be a positive integer")
-        if self.d_model % self.n_heads:  # even where head_dim is set (true of every checkpoint)
+        if self.d_model % self.n_heads and self.head_dim is None:  # with head_dim set, no need (Qwen3.5 27B)
             _fail(name, "d_model", self.d_model,
                   f"it must be divisible by n_heads={self.n_heads} "
-                  f"(e.g. d_model={self.n_heads * max(1, self.d_model // self.n_heads)})")
+                  f"(e.g. d_model={self.n_heads * max(1, self.d_model // self.n_heads)}), or set head_dim")
         if not isinstance(self.head_dim, int) or isinstance(self.head_dim, bool) or self.head_dim <= 0:
             _fail(name, "head_dim", self.head_dim, "it must be a positive integer or None")
         if self.n_kv_heads is not None:
@@ -602,6 +636,7 @@ class CausalLMConfig(BlockConfig):
     # The settings only some families have (soft-capping, a second RoPE base, layers without RoPE...)
     family: FamilyConfig = field(default_factory=FamilyConfig)
     mla: MLAConfig | None = None  # multi-head latent attention instead of q/k/v projections (DeepSeek-V3)
+    deltanet: DeltaNetConfig | None = None  # gated DeltaNet linear attention in some layers (Qwen3.5)
     # GPT-2 style by default; see the presets below.
     d_model: int = 768
     n_heads: int = 12
@@ -624,7 +659,8 @@ class CausalLMConfig(BlockConfig):
 
     kind: ClassVar[str] = "causal_lm"
     norm_placements: ClassVar[tuple[str, ...]] = CAUSAL_NORM_PLACEMENTS
-    optional_fields: ClassVar[tuple[str, ...]] = BlockConfig.optional_fields + ("global_layers", "mla")
+    optional_fields: ClassVar[tuple[str, ...]] = BlockConfig.optional_fields + (
+        "global_layers", "mla", "deltanet")
 
     def __post_init__(self, *flat: Any) -> None:  # type: ignore[override]
         if isinstance(self.family, dict):
@@ -690,6 +726,25 @@ class CausalLMConfig(BlockConfig):
             _fail(name, "family", self.family, "it must be a FamilyConfig or a table of settings")
         self.family.validate(name, self)
         self._validate_mla(name)
+        self._validate_deltanet(name)
+
+    def _validate_deltanet(self, name: str) -> None:
+        if isinstance(self.deltanet, dict):
+            self.deltanet = dataclass_from_dict(DeltaNetConfig, self.deltanet, f"{name}.deltanet")
+        if self.deltanet is None:
+            return
+        if not isinstance(self.deltanet, DeltaNetConfig):
+            _fail(name, "deltanet", self.deltanet,
+                  "it must be a DeltaNetConfig (layers, key_heads, ...) or None")
+        self.deltanet.validate(name, self.n_layers)
+        if self.sliding_window is not None or self.mla is not None:
+            _fail(name, "deltanet", self.deltanet, "linear attention layers go with full softmax attention: "
+                  "no sliding_window and no mla")
+
+    @property
+    def linear_layers(self) -> frozenset[int]:
+        """The layers that are linear attention (gated DeltaNet), whose cache is a state, not keys."""
+        return frozenset(self.deltanet.layers) if self.deltanet is not None else frozenset()
 
     def _validate_mla(self, name: str) -> None:
         if isinstance(self.mla, dict):

@@ -397,6 +397,85 @@ CHAPTERS = {
     plt.show()
     out = chapter.generate_with_cache(model, idx[:, :4], 8)
     print(tr("generated with the cache: {ids}", ids=out[0].tolist()))'''),
+    "ch16_train_gpt": (
+        ("Fill in `get_batch`, `lm_train_step`, `train` and `estimate_loss` in `ch16_train_gpt.py`: your "
+         "chapter-7 loss and schedule, `torch.optim.AdamW`, your loop.",
+         "在 `ch16_train_gpt.py` 里写完 `get_batch`、`lm_train_step`、`train` 和 `estimate_loss`："
+         "用第 7 章的损失和学习率调度、`torch.optim.AdamW`，再加上你的训练循环。"),
+        ("Your Llama of chapter 14 trained on tiny Shakespeare, one character a token, and beside it "
+         "handformer's own Llama of the same size trained by the same loop on the same batches; then a sample "
+         "with your `generate_with_cache` (chapter 15) from the trained weights. The first run downloads the "
+         "text (`handformer data get tinyshakespeare` does it ahead).",
+         "在 tiny Shakespeare 上（一个字符一个 token）训练你第 14 章的 Llama，旁边是同样大小的 handformer "
+         "自己的 Llama，用同一个训练循环、同样的 batch 训练；然后用训练好的权重和你的 `generate_with_cache`"
+         "（第 15 章）采样。第一次运行会下载这份文本（也可以先运行 `handformer data get tinyshakespeare`）。"),
+        '''if ok:
+    chapter = lesson.fresh("ch16_train_gpt")
+    llama, kv = lesson.fresh("ch14_llama"), lesson.fresh("ch15_kv_cache")
+    text = lesson.char_text(lesson.shakespeare())
+    sizes = dict(vocab_size=len(text.chars), d_model=lesson.small(128, 32), n_layers=lesson.small(4, 1),
+                 n_heads=4, n_kv_heads=2, d_ff=lesson.small(344, 64), max_len=lesson.small(64, 32))
+    run = dict(steps=lesson.small(1500, 20), batch_size=lesson.batch_size(32), block_size=sizes["max_len"],
+               d_model=sizes["d_model"], warmup=lesson.small(100, 5), factor=1.0)
+    curves, val = {}, {}
+    for name, make in ((tr("your Llama"), llama.Llama), (tr("handformer's Llama"), lesson.HandformerLM)):
+        torch.manual_seed(0)
+        model = make(**sizes)
+        start = time.perf_counter()
+        curves[name] = chapter.train(model, text.train, **run)  # the same seed: the same batches
+        seconds = time.perf_counter() - start
+        val[name] = chapter.estimate_loss(model, text.val, sizes["max_len"], run["batch_size"],
+                                          lesson.small(50, 2))
+        print(tr("{name}: {steps} steps in {s:.0f} s, validation loss {val:.3f}", name=name,
+                 steps=run["steps"], s=seconds, val=val[name]))
+        if make is llama.Llama:
+            mine = model
+    for name, losses in curves.items():
+        plt.plot(losses, label=name)
+    plt.xlabel(tr("step"))
+    plt.ylabel(tr("loss"))
+    plt.legend()
+    plt.show()
+    cached = kv.CachedLlama(**sizes).eval()
+    cached.load_state_dict(mine.state_dict())  # the same parameters; forward(idx, cache) -> (logits, cache)
+    torch.manual_seed(0)
+    out = kv.generate_with_cache(cached, torch.tensor([[text.chars.index("\\n")]]), sizes["max_len"] - 1,
+                                 temperature=0.8)
+    print(tr("sampled with your generate_with_cache: {text!r}", text=text.decode(out[0].tolist())))'''),
+    "ch17_stories": (
+        ("Fill in `read_llama2c`, `load_llama2c` and `greedy_with_cache` in `ch17_stories.py`: llama2.c's "
+         "stories260K in your own Llama, your RoPE, your cache.",
+         "在 `ch17_stories.py` 里写完 `read_llama2c`、`load_llama2c` 和 `greedy_with_cache`："
+         "把 llama2.c 的 stories260K 装进你自己的 Llama，用你的 RoPE、你的缓存。"),
+        ("A real model (260K parameters, trained by Karpathy on TinyStories) in your code: greedy from BOS, it "
+         "tells the story llama2.c's run.c tells at temperature 0, token for token. The plot shows how sure the "
+         "model was of each token it chose. The first run downloads the model (`handformer data get "
+         "stories260K` does it ahead).",
+         "一个真实的模型（26 万个参数，Karpathy 在 TinyStories 上训练的）跑在你的代码里：从 BOS 开始贪心解码，"
+         "它讲出的故事和 llama2.c 的 run.c 在温度 0 下讲的一模一样，一个 token 都不差。图上是模型对自己选的每个 "
+         "token 有多大把握。第一次运行会下载这个模型（也可以先运行 `handformer data get stories260K`）。"),
+        '''if ok:
+    chapter = lesson.fresh("ch17_stories")
+    folder = lesson.stories260k()
+    if folder is not None:
+        model = chapter.load_llama2c(folder / "stories260K.bin")
+        n = lesson.steps(256)
+        start = time.perf_counter()
+        ids = chapter.greedy_with_cache(model, torch.tensor([[1]]), n)[0].tolist()  # BOS is id 1
+        seconds = time.perf_counter() - start
+        story = lesson.story_tokenizer(folder).decode(ids)
+        print(tr("the story: {story!r}", story=story))
+        same = ids == lesson.handformer_story(folder, n)
+        print(tr("{n} tokens in {s:.2f} s; handformer's import chose the same: {same}", n=n, s=seconds,
+                 same=same))
+        print(tr("llama2.c's run.c tells the same story: {same}", same=lesson.RUN_C_STORY.startswith(story)))
+        with torch.no_grad():
+            logits, _ = model(torch.tensor([ids]))  # (1, T, V)
+        chosen = logits[0, :-1].softmax(-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]  # (T - 1,)
+        plt.plot(chosen)
+        plt.xlabel(tr("position"))
+        plt.ylabel(tr("probability of the chosen token"))
+        plt.show()'''),
 }
 
 

@@ -431,6 +431,15 @@ CACHE_PLANTS: dict[str, Plant] = {
          "    if cache is not None:\n" + CACHE_UPDATE
          + "    q, _ = apply_rotary_emb(q, q, freqs_cis[start:start + T])\n"
          + "    _, k = apply_rotary_emb(k, k, freqs_cis[:k.size(1)])\n")], "cache"),
+    # chapter 16's training step of a language model
+    "lm_train_step_lr_not_set": Plant("train_step_lr_not_set", "lm_train_step", [
+        ('    for group in optimizer.param_groups:\n        group["lr"] = lr\n', "")], "cache"),
+    "lm_train_step_no_zero_grad": Plant("train_step_no_zero_grad", "lm_train_step", [
+        ("    optimizer.zero_grad()\n", "")], "cache"),
+    "lm_train_step_clip_after_step": Plant("train_step_clip_after_step", "lm_train_step", [
+        ("    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n", ""),
+        ("    optimizer.step()\n", "    optimizer.step()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n")],
+        "cache"),
 }
 
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
@@ -488,6 +497,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("bpe_ties_not_by_bytes", "bpe_decode_per_token"), ("bpe_counts_not_updated", "bpe_decode_strict"),
     ("bpe_counts_not_updated", "bpe_overlapping_specials"), ("bpe_vocab_size_ignores_specials", "bpe_encode_across_pretokens"),
     ("kv_rope_no_offset", "kv_keys_rotated_twice"), ("kv_cache_not_advanced", "kv_keys_rotated_twice"),
+    ("lm_train_step_lr_not_set", "lm_train_step_clip_after_step"),
 ]
 
 

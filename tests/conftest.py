@@ -1,10 +1,11 @@
 """Shared test fixtures and the run's policies: threads under xdist, no leaked settings, no skip in CI
-outside run_policy.ALLOWED_SKIPS."""
+outside run_policy.ALLOWED_SKIPS, the costliest files first (run_order)."""
 
 import gc
 import os
 
 import pytest
+from run_order import pytest_collection_modifyitems  # noqa: F401 (hook)
 from run_policy import (  # noqa: F401 (hooks)
     pytest_make_collect_report,
     pytest_runtest_makereport,

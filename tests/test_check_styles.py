@@ -235,7 +235,7 @@ def test_the_tutorials_own_code_passes(tmp_path):
 # --- learner files written here in the styles learners copy (tests/check_plants.py: WRITTEN) -------
 
 WRITTEN_KINDS = {
-    "karpathy": [("MultiHeadAttention", "causal_attention", "pass"), ("Block", "block", "pass"),
+    "karpathy": [("MultiHeadAttention", "causal_attention", "pass"), ("FeedFoward", "ffn", "pass"), ("Block", "block", "pass"),
                  ("GPTLanguageModel", "gpt", "pass"), ("GPTLanguageModel.generate", "generate", "pass")],
     "raschka": [("MultiHeadAttention", "causal_attention", "pass"), ("FeedForward", "ffn", "pass"),
                 ("LayerNorm", "layernorm", "pass"), ("TransformerBlock", "block", "pass"), ("GPTModel", "gpt", "pass"),
@@ -406,3 +406,75 @@ def test_an_error_written_in_english_only_has_a_chinese_sentence_under_lang_zh()
     assert "检查程序没能把你的参数对应到 handformer 的参数上（原文：expected nn.Embedding" in line
     (line,) = format_error(LearnerError("exception", "ValueError: theirs", "forward"), "zh")
     assert line.endswith("ValueError: theirs")  # the learner's own exception keeps its text
+
+
+def test_every_message_check_writes_itself_has_its_chinese():
+    """Each `learner.fail(where, en, zh)`, DiscoveryError(en, zh=...) and MappingError(en, zh=...) in
+    handformer/check passes a Chinese text, so that nothing check says is English only under --lang zh."""
+    import ast
+
+    missing = []
+    for path in sorted((ROOT / "handformer" / "check").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+            if name == "fail" and len(node.args) >= 2:
+                zh = node.args[2] if len(node.args) > 2 else None
+            elif name in ("DiscoveryError", "MappingError") and node.args:
+                zh = next((k.value for k in node.keywords if k.arg == "zh"), None)
+            else:
+                continue
+            if zh is None or not any("\u4e00" <= c <= "\u9fff" for c in ast.unparse(zh)):
+                missing.append(f"{path.name}:{node.lineno}")
+    assert not missing, missing
+
+
+def test_a_component_check_cannot_build_is_said_in_chinese(tmp_path):
+    path = tmp_path / "odd.py"
+    path.write_text("import torch.nn as nn\n\n\nclass Attn(nn.Module):\n    def __init__(self, width, heads):\n"
+                    "        super().__init__()\n\n    def forward(self, q, k, v, mask=None):\n        return q\n")
+    result = check_file(str(path), overrides={"mha": "Attn"})
+    zh = format_report(result, "zh")
+    assert "填不了 Attn(width, heads) 的参数 'width'：handformer 认识这些名字" in zh, zh
+    assert "cannot fill" not in zh
+
+
+ONE_HEAD = '''
+import torch
+import torch.nn as nn
+
+
+class CausalAttention(nn.Module):
+    """One head of causal self-attention, as the book's chapter 3 builds it before the multi-head one."""
+
+    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
+        super().__init__()
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
+
+    def forward(self, x):
+        n = x.shape[1]
+        q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+        scores = q @ k.transpose(1, 2)
+        scores = scores.masked_fill(self.mask.bool()[:n, :n], float("-inf"))
+        weights = torch.softmax(scores{scale}, dim=-1)
+        return self.dropout(weights) @ v
+'''
+
+
+def test_a_single_head_attention_is_compared_with_one_head_and_no_output_projection(tmp_path):
+    """No number of heads and no W_O is one head, not a multi-head attention missing its projection;
+    a mistake in it is still named."""
+    right = tmp_path / "one_head.py"
+    right.write_text(ONE_HEAD.replace("{scale}", " / k.shape[-1] ** 0.5"))
+    (comp,) = check_file(str(right)).components
+    assert (comp.kind, comp.status) == ("causal_attention", "pass"), format_report(check_file(str(right)))
+    assert any(n["en"].startswith("one head") for n in comp.notes)
+    wrong = tmp_path / "one_head_unscaled.py"
+    wrong.write_text(ONE_HEAD.replace("{scale}", ""))
+    (comp,) = check_file(str(wrong)).components
+    assert comp.status == "fail" and [f.name for f in comp.findings] == ["no_scaling"]

@@ -131,7 +131,7 @@ def test_seq2seq_config_refuses_rope_naming_the_field():
 
 def test_assigning_an_invalid_value_is_caught_by_validate():
     cfg = BlockConfig(**SMALL)
-    cfg.n_heads = 5
+    cfg.d_model = -8
     with pytest.raises(ValueError, match=r"BlockConfig\.d_model="):
         cfg.validate()
 

@@ -136,29 +136,3 @@ def test_reorder_selects_the_filled_rows_and_keeps_the_capacity():
     assert torch.equal(cache.keys[0][:, :, :4], keys[0][[0], :, :4])
     k, v = cache.layer(0).update(torch.ones(1, 2, 1, 5), torch.ones(1, 2, 1, 5))
     assert k.shape == (1, 2, 5, 5) and torch.equal(k[:, :, :4], keys[0][[0], :, :4])
-
-
-def _compiled_equals_eager(batches):
-    from handformer.generation.generate import generate
-
-    torch._dynamo.reset()  # each test compiles anew, whatever ran before it in this process
-    torch.manual_seed(0)
-    model = CausalLM(CausalLMConfig.llama_style(vocab_size=50, d_model=32, n_heads=4, n_kv_heads=2, d_ff=64,
-                                                n_layers=1, max_positions=64))
-    for batch in batches:
-        eager = generate(model, batch, 8, temperature=0)
-        assert generate(model, batch, 8, temperature=0, compile_step=True) == eager
-
-
-def test_compiled_decoding_steps_give_the_same_tokens(monkeypatch):
-    """The decoding step as torch.compile captures it (dynamo's graph, guards and dynamic shapes over the
-    growing cache, AOT autograd's functionalized graph), run by the aot_eager backend: inductor's C++
-    code generation adds 25-35 s on a CPU with an empty cache and is the slow tests' below."""
-    compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda model, **kw: compile(model, backend="aot_eager", **kw))
-    _compiled_equals_eager([[[1, 2, 3]]])  # one prompt: one capture (about 5 s)
-
-
-@pytest.mark.slow
-def test_compiled_decoding_steps_give_the_same_tokens_with_inductor():
-    _compiled_equals_eager([[[1, 2, 3]], [[1, 2, 3], [4, 5, 6, 7, 8]]])

@@ -6,14 +6,13 @@ Skipped when Playwright or chromium is not installed (scripts/install.sh install
 is available), a failure in CI (HANDFORMER_REQUIRE_REFERENCES=1, set by .ci/run). Never
 `playwright install`: the browser is the system's."""
 
-import shutil
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import make_translation_run, missing, require_module
+from helpers import CHROMIUM, CHROMIUM_ARGS, make_translation_run, missing, require_module
 
 from handformer.config import CausalLMConfig
 from handformer.data.special_tokens import SpecialTokens
@@ -24,13 +23,9 @@ from handformer.see.viz import attention_report, visualize
 from handformer.tasks.lm.run import save_lm_run
 
 sync_api = require_module("playwright.sync_api", "pip install -e '.[dev]'")
-CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and Path(p).is_file()),
-                None)
 if CHROMIUM is None:
     missing("no chromium browser installed (Debian: apt-get install chromium; scripts/install.sh does it)")
 
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 # a wait returns as soon as the page is there; the limit only ends a hung page (generous: two busy
 # xdist workers and the browser share the cores)
 WAIT_MS = 60_000
@@ -77,7 +72,7 @@ def browser(tmp_path_factory):
     with sync_api.sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
             tempfile.mkdtemp(dir=tmp_path_factory.mktemp("profile")), executable_path=CHROMIUM,
-            headless=True, args=ARGS, viewport={"width": 1200, "height": 900})
+            headless=True, args=CHROMIUM_ARGS, viewport={"width": 1200, "height": 900})
         context.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
                       else route.abort())
         yield context

@@ -1,8 +1,11 @@
 """GGUF both ways: `handformer export-gguf` and `handformer import-gguf`, checked by the `gguf` package
 (llama.cpp's own Python library) and by transformers' GGUF loader.
 
-- handformer's Q8_0 blocks are the same bytes as `gguf.quants.quantize`; its decoding of F16, BF16,
-  Q8_0, Q4_0, Q4_K, Q5_K and Q6_K the same float32 bits as `gguf.quants.dequantize`.
+- handformer's Q8_0 and Q4_0 blocks are the same bytes as `gguf.quants.quantize`; its decoding of F16,
+  BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K the same float32 bits as `gguf.quants.dequantize`; Q4_0 read
+  kept 4-bit (Int4Linear's values and scales) stands for the same float32 bits.
+- a q4_0 export imported with --int4 is an int4 run (Llama's reordered q/k rows, GPT-2's split
+  q/k/v and tied head) whose logits are the float import's, bit for bit.
 - import(export(run)) at f32 is the run again for every architecture (random weights, norm gains
   and biases randomized so a swapped tensor shows): the same tensors bit for bit (Gemma: the same
   gains 1 + w), settings, tokenizer and special tokens, and the same logits bit for bit.
@@ -27,6 +30,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import dataset_file, require_module
+from safetensors.torch import load_file
 
 from handformer.data.lookup import find_folder
 
@@ -37,7 +41,7 @@ from handformer.cli import main  # noqa: E402
 from handformer.config import CausalLMConfig, LinearRopeScaling, Llama3RopeScaling, LongRopeScaling, MoEConfig  # noqa: E402
 from handformer.convert.gguf_arch import FAMILIES, LONGROPE_KEYS, rope_factors  # noqa: E402
 from handformer.convert.gguf_file import read_gguf  # noqa: E402
-from handformer.convert.gguf_quants import BLOCKS, dequantize, quantize_q8_0  # noqa: E402
+from handformer.convert.gguf_quants import BLOCKS, dequantize, q4_0_to_int4, quantize_q4_0, quantize_q8_0  # noqa: E402
 from handformer.convert.gguf_tokenizer import tokenizer_from_gguf  # noqa: E402
 from handformer.data.special_tokens import SpecialTokens  # noqa: E402
 from handformer.data.tokenizer import Tokenizer  # noqa: E402
@@ -65,6 +69,67 @@ def test_q8_0_blocks_are_the_bytes_gguf_writes():
     assert np.array_equal(ours, gguf.quants.quantize(w.numpy(), QT.Q8_0))
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize_q8_0(torch.zeros(2, 48))
+
+
+def test_q4_0_blocks_are_the_bytes_gguf_writes():
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(8, 4, 96, generator=g) * 3
+    w[0, 0, :32] = 0  # an all-zero block: scale 0
+    w[0, 1, :32] = torch.tensor([1.0, -1.0] * 16)  # the peak's sign decides: the first one wins
+    w[0, 2, :32] = (torch.arange(32) - 16) / 8 * 5  # values that land on q + 0.5 before truncation
+    ours = quantize_q4_0(w).numpy()
+    assert ours.dtype == np.uint8 and ours.shape == (8, 4, 96 // 32 * 18)
+    assert np.array_equal(ours, gguf.quants.quantize(w.numpy(), QT.Q4_0))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_q4_0(torch.zeros(2, 48))
+
+
+def test_q4_0_kept_4_bit_is_the_float_gguf_decodes():
+    """gguf's own Q4_0 bytes, read as Int4Linear's values and scales (zeros 0): its dequantization,
+    and the layer's output on the exact kernel, are gguf's float32 weight's."""
+    from handformer.inference.quant_int4 import Int4Linear, dequantize_int4, pack_nibbles
+
+    w = torch.randn(24, 96, generator=torch.Generator().manual_seed(2))
+    raw = gguf.quants.quantize(w.numpy(), QT.Q4_0)
+    expected = torch.from_numpy(gguf.quants.dequantize(raw, QT.Q4_0))
+    values, scales = q4_0_to_int4(torch.from_numpy(raw), (24, 96))
+    assert values.shape == (24, 96) and scales.shape == (24, 3) and int(values.max()) <= 15
+    assert torch.equal(dequantize_int4(values, scales, torch.zeros_like(scales)), expected)
+    layer = Int4Linear(96, 24, bias=False, kernel="dequant")
+    layer.weight.copy_(pack_nibbles(values))
+    layer.scales.copy_(scales)
+    x = torch.randn(3, 96)
+    assert torch.equal(layer(x), torch.nn.functional.linear(x, expected))
+    with pytest.raises(ValueError, match="needs"):
+        q4_0_to_int4(torch.from_numpy(raw[:, 1:]), (24, 96))
+
+
+@pytest.mark.parametrize("preset", ["llama_gqa", "gpt2"])
+def test_a_q4_0_export_imports_kept_4_bit(preset, tmp_path):
+    from handformer.inference.quant_int4 import Int4Linear
+    from handformer.tasks.lm.imports import import_gguf
+
+    tok = Tokenizer.train_char([TEXT])
+    run_dir = _run(tmp_path / "run", PRESETS[preset][0](tok.vocab_size), tok)
+    out = tmp_path / "model.gguf"
+    assert main(["export-gguf", str(run_dir), str(out), "--type", "q4_0"]) == 0
+    types = {t.type_name for t in read_gguf(out).tensors.values()}
+    assert types == {"F32", "Q4_0"}
+    import_gguf(out, tmp_path / "float")
+    import_gguf(out, tmp_path / "int4", int4=True)
+    floats, kept = load_lm(tmp_path / "float"), load_lm(tmp_path / "int4")
+    assert kept.config["quantization"]["weights"] == "int4"
+    layers = [m for m in kept.model.modules() if isinstance(m, Int4Linear)]
+    assert len(layers) == sum(isinstance(m, torch.nn.Linear) for m in floats.model.modules())
+    for layer in layers:
+        layer.kernel = "dequant"  # exact in float32; the default kernel computes in bf16
+    ids = floats.tokenizer.encode(TEXT[:24])
+    assert torch.equal(_logits(kept, ids), _logits(floats, ids))
+    if preset == "gpt2":  # a file whose matrices are not Q4_0 is refused by name, nothing written
+        assert main(["export-gguf", str(run_dir), str(out), "--overwrite"]) == 0
+        with pytest.raises(ValueError, match="another type in the file .*import without --int4"):
+            import_gguf(out, tmp_path / "f32-int4", int4=True)
+        assert not (tmp_path / "f32-int4").exists()
 
 
 @pytest.mark.parametrize("type_name", [t for t in BLOCKS if t != "F32"])
@@ -346,6 +411,9 @@ LLAMA_CPP_ONLY.update(  # today's open families at odd sizes: 6 heads of 12, wid
     ernie4_5=lambda: transformers.Ernie4_5ForCausalLM(transformers.Ernie4_5Config(  # RoPE on pairs, biases
         **{**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12}, use_bias=True, rope_parameters=ROPE)),
 )
+LLAMA_CPP_ONLY["glm4"] = lambda: transformers.Glm4ForCausalLM(transformers.Glm4Config(  # four norms, half RoPE
+    **{**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12}, attention_bias=True,
+    rope_parameters={**ROPE, "partial_rotary_factor": 0.5}))
 
 
 @pytest.mark.parametrize("family", list(LLAMA_CPP_ONLY))
@@ -364,7 +432,12 @@ def test_imported_mixtral_phi4_mini_olmo2_and_smollm3_go_to_gguf_and_back(family
         assert "LongRoPE's long factors" in printed
     names = set(read_gguf(tmp_path / "model.gguf").tensors)
     assert ("blk.0.attn_q_norm.weight" in names) == (family in ("olmo2", "hunyuan"))
-    assert ("blk.0.post_ffw_norm.weight" in names) == (family == "olmo2")
+    assert ("blk.0.post_ffw_norm.weight" in names) == (family in ("olmo2", "glm4"))
+    if family == "glm4":  # llama.cpp turns adjacent pairs of 6 dims a head: the checkpoint's rows, as they are
+        file, hf = read_gguf(tmp_path / "model.gguf"), load_file(tmp_path / "hf" / "model.safetensors")
+        assert file.metadata["glm4.rope.dimension_count"] == 6
+        for ours, theirs in (("attn_q.weight", "q_proj.weight"), ("attn_k.bias", "k_proj.bias")):
+            assert torch.equal(file.tensors[f"blk.1.{ours}"].to_torch(), hf[f"model.layers.1.self_attn.{theirs}"])
     assert main(["import-gguf", str(tmp_path / "model.gguf"), str(tmp_path / "back")]) == 0
     _same_run(run_dir, tmp_path / "back")
     back = load_lm(tmp_path / "back")
@@ -642,8 +715,8 @@ def test_every_refusal_is_one_line(tmp_path, capsys):
     _fails(capsys, ["export-gguf", str(run_dir), out], "exists; choose another file or pass --overwrite")
     _fails(capsys, ["export-gguf", str(run_dir), str(tmp_path)], "is a directory")
     with pytest.raises(SystemExit) as exit_info:  # argparse: exit 2 with the choices named
-        main(["export-gguf", str(run_dir), out, "--type", "q4_0"])
-    assert exit_info.value.code == 2 and "invalid choice: 'q4_0'" in capsys.readouterr().err
+        main(["export-gguf", str(run_dir), out, "--type", "q3_k"])
+    assert exit_info.value.code == 2 and "invalid choice: 'q3_k'" in capsys.readouterr().err
 
     # import: broken files, other architectures, tensor types and settings handformer lacks
     good = Path(out).read_bytes()

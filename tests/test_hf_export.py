@@ -77,6 +77,8 @@ PRESETS = {
 GRANITE = dict(embedding_multiplier=12.0, attention_multiplier=0.03125, residual_multiplier=0.22, logits_scaling=1.5)
 PRESETS["granite_style"] = (lambda v: _llama(v, tie_embeddings=True, family=FamilyConfig(**GRANITE)),
                             "GraniteForCausalLM")
+PRESETS["glm4_style"] = (lambda v: _llama(v, norm_placement="sandwich", bias=False, qkv_bias=True, rope_fraction=0.5),
+                         "Glm4ForCausalLM")
 ZERO_BIASES = ("gpt2_nobias_gelu", "gpt2_qkv_bias_only")  # GPT-2 gets the missing biases as zeros
 
 
@@ -263,6 +265,13 @@ FAMILIES.update(
 FAMILIES["apertus"] = lambda: transformers.ApertusForCausalLM(transformers.ApertusConfig(  # xIELU, q/k norms
     **ODD, rope_parameters={"rope_type": "llama3", "rope_theta": 1e4, "factor": 4.0, "low_freq_factor": 1.0,
                             "high_freq_factor": 4.0, "original_max_position_embeddings": 16}))
+FAMILIES["qwen3_5"] = lambda: transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(  # DeltaNet 0, 2
+    **{**ODD, "num_hidden_layers": 3, "num_key_value_heads": 2, "head_dim": 8}, linear_num_key_heads=2,
+    linear_num_value_heads=6, linear_key_head_dim=4, linear_value_head_dim=6, linear_conv_kernel_dim=3,
+    layer_types=["linear_attention", "full_attention", "linear_attention"],
+    rope_parameters={**ROPE, "partial_rotary_factor": 0.25}))
+FAMILIES["glm4"] = lambda: transformers.Glm4ForCausalLM(transformers.Glm4Config(  # GLM-4-32B's: no biases
+    **ODD, attention_bias=False, rope_parameters={**ROPE, "partial_rotary_factor": 0.5}))
 FAMILIES["ministral3"] = lambda: transformers.Ministral3ForCausalLM(transformers.Ministral3Config(  # queries scaled
     **ODD, sliding_window=5, rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0, "mscale": 1.0,
                                               "mscale_all_dim": 1.0, "original_max_position_embeddings": 8,
@@ -317,7 +326,8 @@ def test_every_family_import_reads_goes_back_to_its_architecture(family, tmp_pat
                 "router_aux_loss_coef", "swiglu_limit", "swiglu_alpha", "kv_lora_rank", "q_lora_rank",
                 "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_interleave", "n_routed_experts",
                 "n_group", "topk_group", "n_shared_experts", "routed_scaling_factor",
-                "first_k_dense_replace"} & ours.keys() & theirs.keys()
+                "first_k_dense_replace", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                "linear_value_head_dim", "linear_conv_kernel_dim"} & ours.keys() & theirs.keys()
     assert {"rope_parameters", "tie_word_embeddings"} <= compared or family == "gpt2"
 
     def same_meaning(config, key):  # what a default stands for, written out

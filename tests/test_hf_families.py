@@ -25,6 +25,7 @@ from helpers import randomize_hf, require_module
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.config import (  # noqa: E402
+    DeltaNetConfig,
     FamilyConfig,
     LinearRopeScaling,
     Llama3RopeScaling,
@@ -296,6 +297,26 @@ BUILDERS["olmo3_yarn"] = _olmo3_yarn
 VARIANT_ATTENTION += ("olmo3_yarn",)
 
 
+def _qwen3_5():
+    # 3 heads of 24 (RoPE on 6 of them) and 1 key/value head; gated DeltaNet in layers 0, 2 and 3 with
+    # 2 query/key heads of 6, 4 value heads of 10 and a convolution over 3 positions
+    return transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(
+        **{**ODD, "num_attention_heads": 3, "num_key_value_heads": 1, "num_hidden_layers": 4}, head_dim=24,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=6, linear_value_head_dim=10,
+        linear_conv_kernel_dim=3, rope_parameters={**ROPE, "partial_rotary_factor": 0.25},
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"]))
+
+
+BUILDERS["qwen3_5"] = _qwen3_5
+VARIANT_ATTENTION += ("qwen3_5",)
+def _glm4():  # four norms a block; RoPE on 6 of each head's 12 dims, adjacent pairs; q/k/v biases; fused gate/up
+    return transformers.Glm4ForCausalLM(transformers.Glm4Config(
+        **ODD78, attention_bias=True, rope_parameters={**ROPE, "partial_rotary_factor": 0.5}))
+
+
+BUILDERS["glm4"] = _glm4
+
+
 @pytest.fixture(scope="module", params=list(BUILDERS))
 def pair(request):
     torch.manual_seed(sorted(BUILDERS).index(request.param))
@@ -404,7 +425,7 @@ GREEDY = SamplingOptions(temperature=0)
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "gpt_oss", "olmo3", "deepseek_v3"])
+@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "gpt_oss", "olmo3", "deepseek_v3", "qwen3_5"])
 def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(name):
     """serve's batch (rows join and leave, the KV cache regrouped each time) of a model whose
     sliding layers roll over the window while its global layers keep every column, or (DeepSeek-V3)
@@ -490,7 +511,7 @@ def test_configs_carry_each_familys_variation(pair):
     cfg = ours.cfg
     assert cfg.position == "rope" and cfg.dropout == 0.0
     assert cfg.norm_placement == {"gemma2": "sandwich", "gemma3": "sandwich", "gemma3_scaled": "sandwich",
-                                  "olmo2": "reordered", "olmo3": "reordered",
+                                  "olmo2": "reordered", "olmo3": "reordered", "glm4": "sandwich",
                                   "olmo3_yarn": "reordered"}.get(name, "pre")
     expected = {
         "qwen2": dict(qkv_bias=True, bias=False, tie_embeddings=True, rope_theta=1e6, norm_eps=1e-6,
@@ -532,6 +553,10 @@ def test_configs_carry_each_familys_variation(pair):
                                                          mscale_all_dim=1.0)),
         "apertus": dict(activation="xielu", qk_norm="head", head_dim=12, bias=False, norm_eps=1e-5,
                         rope_scaling=Llama3RopeScaling(8.0, 1.0, 4.0, 16)),
+        "qwen3_5": dict(norm="rmsnorm_offset", qk_norm="head", rope_fraction=0.25, head_dim=24, n_kv_heads=1,
+                        family=FamilyConfig(attn_output_gate=True), deltanet=DeltaNetConfig([0, 2, 3], 2, 4, 6, 10, 3)),
+        "glm4": dict(norm_placement="sandwich", rope_fraction=0.5, qkv_bias=True, bias=False, head_dim=12,
+                     tie_embeddings=False),
         "ministral3": dict(family=FamilyConfig(query_scale_beta=0.5, query_scale_positions=8), sliding_window=WINDOW,
                            rope_scaling=YarnRopeScaling(8.0, 8, mscale=1.0, mscale_all_dim=1.0), rope_theta=1e6),
         "olmo3_yarn": dict(rope_theta=5e5, rope_local_theta=5e5, global_layers=[3], norm_placement="reordered",
@@ -747,6 +772,12 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
                        "num_attention_heads": 32, "num_key_value_heads": 8}),  # Apertus-8B
     ("ApertusConfig", {"hidden_size": 8192, "intermediate_size": 43008, "num_hidden_layers": 80,
                        "num_attention_heads": 64, "num_key_value_heads": 8}),  # Apertus-70B
+    ("Qwen3_5TextConfig", {"hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 64,
+                           "num_attention_heads": 24, "linear_num_value_heads": 48, "vocab_size": 248320,
+                           "max_position_embeddings": 262144}),  # Qwen3.5-27B's text model
+    ("Glm4Config", {"max_position_embeddings": 32768}),  # GLM-4-9B-0414
+    ("Glm4Config", {"hidden_size": 6144, "intermediate_size": 23040, "num_hidden_layers": 61,
+                    "num_attention_heads": 48, "attention_bias": False, "rms_norm_eps": 1e-5}),  # GLM-4-32B-0414
     ("Ministral3Config", {"hidden_size": 3072, "intermediate_size": 9216, "num_hidden_layers": 26,
                           "tie_word_embeddings": True}),  # Ministral 3 3B's text model
     ("Ministral3Config", {}),  # Ministral 3 8B's text model
@@ -770,7 +801,7 @@ def test_full_size_configs_give_the_same_parameter_count(config_class, overrides
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["granite", "apertus", "ministral3", "olmo3_yarn"])
+@pytest.mark.parametrize("name", ["granite", "apertus", "glm4", "ministral3", "olmo3_yarn"])
 def test_served_rows_and_lora_targets_of_the_open_families(name):
     """serve's batch (rows join and leave) gives each row transformers' greedy tokens for its
     prompt alone; LoRA finds every projection of the family's attention and MLP by its name."""

@@ -7,13 +7,11 @@ asked for anything.
 
 Skipped when Playwright or chromium is missing, a failure in CI (HANDFORMER_REQUIRE_REFERENCES=1)."""
 
-import shutil
 import tempfile
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import missing, require_module
+from helpers import CHROMIUM, CHROMIUM_ARGS, missing, require_module
 from serve_helpers import Server
 from test_playground import make_lm_run, make_translation_run
 
@@ -26,16 +24,12 @@ from handformer.serve.registry import load_served_models
 sync_api = require_module("playwright.sync_api", "pip install -e '.[dev]'")
 require_module("fastapi", "pip install -e .")
 uvicorn = require_module("uvicorn", "pip install -e .")
-CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and Path(p).is_file()),
-                None)
 if CHROMIUM is None:
     missing("no chromium browser installed (Debian: apt-get install chromium; scripts/install.sh does it)")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 KEY = "open sesame"
 
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 # a wait returns as soon as the page is there; the limit only ends a hung page (generous: two busy
 # xdist workers and the browser share the cores)
 WAIT_MS = 60_000
@@ -63,7 +57,7 @@ def page(server, tmp_path_factory):
     with sync_api.sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
             tempfile.mkdtemp(dir=tmp_path_factory.mktemp("profile")), executable_path=CHROMIUM,
-            headless=True, args=ARGS, viewport={"width": 1400, "height": 1000})
+            headless=True, args=CHROMIUM_ARGS, viewport={"width": 1400, "height": 1000})
         context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(
             (base + "/", keyed + "/")) else route.abort())
         page = context.new_page()

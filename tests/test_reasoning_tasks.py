@@ -4,13 +4,19 @@ problem, a reply is read and checked as the docs say (Countdown by evaluating th
 reward scores form and answer, and the harness counts greedy accuracy, pass@k, the replies' form and
 95 % intervals from replies, and decodes reproducibly through the engine."""
 
+import contextlib
+import io
+import json
 import random
 import re
 
 import pytest
 from post_helpers import make_chat_base
 
+from handformer.cli import main
+from handformer.generation.chat_template import ChatTemplate, load_chat_template
 from handformer.tasks.speedrun_chat import scoring
+from handformer.tasks.speedrun_chat.pipeline import STAGES, config_for
 from handformer.tasks.speedrun_chat.reasoning import (
     DRAW,
     REASONING_KINDS,
@@ -24,6 +30,7 @@ from handformer.tasks.speedrun_chat.reasoning import (
 from handformer.tasks.speedrun_chat.scoring import Reply, score, wilson_interval
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+QUESTION = [{"role": "user", "content": "What is 12 + 30?"}]
 
 
 def kind_and_key(question: str) -> tuple[str, str]:
@@ -186,17 +193,20 @@ def test_a_rejected_worked_reply_is_well_formed_and_wrong():
         assert not is_right(task.kind, task.key, reading.answer), task
 
 
-def test_the_smoke_reasoning_run_trains_every_stage_and_scores_it(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory, one_thread):
+    """`speedrun chat --preset smoke-reasoning`, run once: its output folder and what it printed."""
+    out = tmp_path_factory.mktemp("reasoning") / "speedrun"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["speedrun", "chat", "--preset", "smoke-reasoning", "--out", str(out)]) == 0
+    return out, printed.getvalue()
+
+
+def test_the_smoke_reasoning_run_trains_every_stage_and_scores_it(smoke_run):
     """`speedrun chat --preset smoke-reasoning`: each stage learns from the train split only and is
     scored on the search split, greedy and pass@k with intervals; the table shows them."""
-    import json
-
-    from handformer.cli import main
-    from handformer.tasks.speedrun_chat.pipeline import STAGES, config_for
-
-    out = tmp_path / "speedrun"
-    assert main(["speedrun", "chat", "--preset", "smoke-reasoning", "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
+    out, printed = smoke_run
     report = json.loads((out / "report.json").read_text())
     assert list(report["stages"]) == list(STAGES)
     for stage in STAGES:
@@ -206,6 +216,7 @@ def test_the_smoke_reasoning_run_trains_every_stage_and_scores_it(tmp_path, caps
         assert low <= figures["greedy"]["value"] <= high
         assert ("pass@2" in figures) == (stage != "base") and figures["settings"]["k"] == (0 if stage == "base" else 2)
     assert "pass@k" in (out / "accuracy.md").read_text() and "search split: greedy" in printed
+    assert "note: grpo_max_new_tokens=12 " in printed  # too short for a worked reply: said, with the fix
 
     data = {name: (out / "data" / name).read_text() for name in ("pretrain.txt", "sft.jsonl", "dpo.jsonl", "grpo.jsonl")}
     documents = [d.split("\n")[0] for d in data["pretrain.txt"].split("\n\n") if "<think>" in d]
@@ -217,10 +228,79 @@ def test_the_smoke_reasoning_run_trains_every_stage_and_scores_it(tmp_path, caps
     assert asked and all(split_of(*kind_and_key(q), 0) == "search" for q in asked)
     thinking = [c["messages"][-1]["content"].startswith("<think>") for c in sft]
     assert any(thinking) and not all(thinking)
-    assert all(c["messages"][0]["role"] == "system" for c, t in zip(sft, thinking) if not t)
+    for stage in STAGES[1:]:  # each chat stage is asked with thinking and without
+        assert report["stages"][stage]["reasoning"]["no_thinking"]["greedy"]["n"] == 6
+    assert "no thinking" in (out / "accuracy.md").read_text()
     grpo = [json.loads(line) for line in data["grpo.jsonl"].splitlines()]
     assert all(split_of(p["kind"], p["key"], 0) == "train" for p in grpo)
     with pytest.raises(ValueError, match="tasks='sums' is invalid: choose facts or reasoning"):
         config_for("smoke", {"tasks": "sums"})
     with pytest.raises(ValueError, match="eval_split='train' is invalid: choose search or report"):
         config_for("smoke", {"eval_split": "train"})
+
+
+def test_the_template_renders_both_ways_and_sft_learns_only_the_reply(smoke_run):
+    """The thinking switch: enable_thinking=False ends the prompt with an empty <think> section; a
+    reply without thinking is learned after that section (which the loss does not learn), a reply
+    with thinking from its <think> token on."""
+    from handformer.data.tokenizer import Tokenizer
+    from handformer.tasks.post.records import Conversation
+    from handformer.tasks.post.rendering import ConversationRenderer
+    from handformer.tasks.speedrun_chat.reasoning_stages import EMPTY_THINKING
+
+    out, _ = smoke_run
+    template = load_chat_template(out / "grpo")
+    header = "<|im_start|>assistant\n"
+    assert template.render(QUESTION, True).endswith(header)
+    assert template.render(QUESTION, True, enable_thinking=True).endswith(header)
+    assert template.render(QUESTION, True, enable_thinking=False).endswith(header + EMPTY_THINKING)
+    tok = Tokenizer.load(out / "base" / "tokenizer.json")
+    think, end = tok.hf.token_to_id("<think>"), tok.hf.token_to_id("<|im_end|>")
+    assert think is not None and tok.hf.token_to_id("</think>") is not None  # one token each
+    renderer = ConversationRenderer(template, tok, [end])
+    worked = "<think>\n2+0=2, write 2\n1+3=4, write 4\n</think>\n42"
+    for reply in (worked, "42"):
+        rendered = renderer.conversation(Conversation([*QUESTION, {"role": "assistant", "content": reply}]))
+        learned = [t for t, keep in zip(rendered.ids, rendered.learned) if keep]
+        assert tok.hf.decode(learned, skip_special_tokens=False) == reply + "<|im_end|>"
+        assert (think in rendered.ids) and ((think in learned) == (reply == worked))
+
+
+def test_the_think_flag_and_the_serve_request_reach_the_template(smoke_run, monkeypatch):
+    """`handformer chat --think/--no-think` and serve's reasoning_effort set the template's
+    enable_thinking: the prompt the model is given ends with the empty section only when it is off."""
+    from handformer.serve.app import Routes
+    from handformer.serve.openai_schema import parse_chat
+    from handformer.serve.registry import load_served_models
+    from handformer.tasks.speedrun_chat.reasoning_stages import EMPTY_THINKING
+
+    out, _ = smoke_run
+    prompts, render = [], ChatTemplate.render
+
+    def recording(self, *args, **kwargs):
+        prompts.append(render(self, *args, **kwargs))
+        return prompts[-1]
+
+    monkeypatch.setattr(ChatTemplate, "render", recording)
+    for flag, off in (("--no-think", True), ("--think", False), (None, False)):
+        monkeypatch.setattr("sys.stdin", io.StringIO("What is 12 + 30?\n"))
+        args = ["chat", str(out / "grpo"), "--temperature", "0", "--max-new-tokens", "4"]
+        assert main(args + ([flag] if flag else [])) == 0
+        assert prompts[-1].endswith(EMPTY_THINKING) == off, flag
+
+    models = load_served_models([f"m={out / 'grpo'}"])
+    routes = Routes(models, {}, {"m": load_chat_template(out / "grpo")}, 1 << 20)
+    assert routes.thinking["m"] is not None  # serve reads the run as one that thinks
+    for effort, off in (("none", True), ("low", False), (None, False)):
+        body = {"model": "m", "messages": QUESTION, **({"reasoning_effort": effort} if effort else {})}
+        assert routes.render_chat(parse_chat(body))[3].endswith(EMPTY_THINKING) == off, effort
+
+
+def test_a_template_without_the_switch_refuses_think_and_no_think(tmp_path):
+    from handformer.tasks.lm.chat import chat
+
+    run = make_chat_base(tmp_path / "run")
+    for thinking in (True, False):
+        with pytest.raises(ValueError, match="has no thinking switch"):
+            chat(run, thinking=thinking)
+    assert chat(run, thinking=None, max_new_tokens=2, temperature=0).send("hi") is not None

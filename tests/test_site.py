@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,7 +16,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from helpers import missing, require_module
+from helpers import CHROMIUM, CHROMIUM_ARGS, missing, require_module
 
 ROOT = Path(__file__).resolve().parent.parent
 for module in ("mkdocs", "material", "mkdocs_static_i18n", "jieba"):
@@ -63,10 +62,6 @@ def test_the_site_fetches_nothing_from_elsewhere(site):
     assert not found, "the site loads things from other hosts (it must work offline):\n" + "\n".join(found)
 
 
-CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and Path(p).is_file()),
-                None)
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
 
 
 class Quiet(SimpleHTTPRequestHandler):
@@ -91,7 +86,7 @@ def browser_page(site, tmp_path_factory):
     with sync_api.sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
             tempfile.mkdtemp(dir=tmp_path_factory.mktemp("profile")), executable_path=CHROMIUM, headless=True,
-            args=ARGS)
+            args=CHROMIUM_ARGS)
         context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(base + "/")
                       else (elsewhere.append(route.request.url), route.abort()))
         page = context.new_page()

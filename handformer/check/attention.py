@@ -13,9 +13,10 @@ Dh head dim.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,7 +232,8 @@ def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
         conv, found, failure = detect(ctx, run, lambda fl, conv: V.attention(q, k, v, keeps[conv], fl)[0],
                                       ATTENTION_FLAGS, search_rows, convs)
         if conv is None:
-            raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, H, T, Dh) tensor")
+            raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, H, T, Dh) tensor",
+                                              f"{comp.name} 没有返回形状为 (B, H, T, Dh) 的张量")
         if c.takes_mask:
             res.convention = fp.describe_convention(conv)
         correct = V.attention(q, k, v, keeps[conv])[0]
@@ -336,7 +338,9 @@ def check_masked_softmax(comp: Component, ctx: Context) -> ComponentResult:
     conv, found, failure = detect(ctx, run, compute, universe, rows, convs)
     if conv is None:
         raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, T, S) tensor for scores "
-                                          f"of shape {(B, T, S)}")
+                                          f"of shape {(B, T, S)}",
+                                          f"对形状为 {(B, T, S)} 的分数，{comp.name} 没有返回形状为 (B, T, "
+                                          "S) 的张量")
     res.convention = fp.describe_convention(conv)
     if found and found[0]:
         off = fp.max_error(run(conv), compute(frozenset(), conv), rows(found[0], conv))
@@ -370,6 +374,11 @@ def _hf_attention(slots: list[Slot], n_kv_heads: int | None = None, rope: str | 
     handformer's half-split ones by permuting each head's rows of W_Q and W_K: q.k is unchanged."""
     hf = MultiHeadAttention(D, H, n_kv_heads).double().eval()
     copy_attention(hf, slots)
+    if H == 1 and not any(s.role.endswith("W_O") for s in slots):  # one head, no output projection
+        with torch.no_grad():
+            hf.o_proj.weight.copy_(torch.eye(D))
+            if hf.o_proj.bias is not None:
+                hf.o_proj.bias.zero_()
     if rope == "interleaved":
         interleaved_to_half_(hf)
     return hf
@@ -435,7 +444,14 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
     if extra:  # a norm on the queries and keys (QK-norm): not in handformer's reference attention
         raise MappingError(f"{comp.name} has parameters besides its projections ("
                            + ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra)
-                           + "); handformer's reference attention has none (no QK-norm)")
+                           + "); handformer's reference attention has none (no QK-norm)",
+                           zh=f"{comp.name} "
+                              "除了投影矩阵还有别的参数（"
+                              f"{', '.join(f'{x.name} {tuple(x.weight.shape)}' for x in extra)}）；"
+                              "handformer 的参考注意力没有这些参数（没有 QK-norm）")
+    if H != 1 and single_head(comp, linears, n_kv_heads):
+        with _one_head():
+            return check_mha(comp, ctx, causal_inside, n_kv_heads)
     kv_width = (n_kv_heads or H) * (D // H)
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0]
     res.mapping = [s.describe() for s in slots]
@@ -450,7 +466,13 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
         res.notes.append(text("its forward takes no mask: the masked cases were skipped",
                               "它的 forward 不接收掩码：跳过了带掩码的用例"))
     has_o = any(s.role.endswith("W_O") for s in slots)
-    if not has_o:
+    if H == 1:
+        res.notes.append(text(
+            "one head (its constructor takes no number of heads, and it has W_Q, W_K, W_V and no W_O): "
+            "compared with handformer's attention with one head and no output projection",
+            "单头注意力（构造函数不接受头数，只有 W_Q、W_K、W_V，没有 W_O）：与只有一个头、"
+            "没有输出投影的 handformer 注意力比较"))
+    elif not has_o:
         number, code = locate("no_output_projection", source_lines([comp.obj]))
         res.findings.append(Finding("no_output_projection", text(
             f"{comp.name} has 3 projections ({', '.join(res.mapping)}), no nn.Linear(d_model, d_model) "
@@ -518,7 +540,9 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
                 got = shape_of(ctx.learner.call("forward", c.call, x, x, x, mask))
                 raise failure or ctx.learner.fail(
                     "forward", f"{comp.name} returned {got} for inputs of shape {tuple(x.shape)}; expected a "
-                    "(B, T, D) tensor (and the weights (B, H, T, S) if you return them)")
+                    "(B, T, D) tensor (and the weights (B, H, T, S) if you return them)",
+                    f"输入形状为 {tuple(x.shape)} 时，{comp.name} 返回了 {got}；应当返回一个 (B, T, D) "
+                    "张量（如果返回权重，权重是 (B, H, T, S)）")
             best = (None, first_conv, None, computer(None))
         rope, conv, found, compute = best
         if c.takes_mask:
@@ -539,6 +563,31 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
 
     guarded(res, shapes)
     return finish(res)
+
+
+def single_head(comp: Component, linears: list[Any], n_kv_heads: int | None) -> bool:
+    """One head (Raschka's CausalAttention(d_in, d_out, context_length, dropout)): a class whose
+    constructor takes no number of heads (nor a config that could hold it), with three (D, D)
+    projections and nothing else."""
+    from handformer.check.discovery import CONFIG_NAMES, argument_keys
+
+    if n_kv_heads or len(linears) != 3 or not inspect.isclass(comp.obj):
+        return False
+    names = [p.lower() for p in inspect.signature(comp.obj.__init__).parameters]
+    if "n_heads" in argument_keys(comp.obj).values() or any(n in CONFIG_NAMES for n in names):
+        return False
+    return all(tuple(leaf.weight.shape) == (D, D) for leaf in linears)
+
+
+@contextlib.contextmanager
+def _one_head() -> Iterator[None]:
+    """The attention checks run with one head (this module's H) for a single-head attention."""
+    global H
+    saved, H = H, 1
+    try:
+        yield
+    finally:
+        H = saved
 
 
 def ctx_sizes() -> dict[str, Any]:
@@ -609,7 +658,9 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) 
             out = fp.first_tensor(raw, 3)
             if out is None:
                 raise ctx.learner.fail("forward", f"{comp.name} returned {shape_of(raw)}, not a (B, T, D) "
-                                       f"tensor, for inputs of shape {tuple(xq.shape)}")
+                                       f"tensor, for inputs of shape {tuple(xq.shape)}",
+                                       f"输入形状为 {tuple(xq.shape)} 时，{comp.name} 返回了 "
+                                       f"{shape_of(raw)}，不是 (B, T, D) 张量")
             ref, ref_w = hf(xq, xkv, xkv, mask, need_weights=True, rope=rope)
             rows = fp.visible_rows(mask, B, T)
             errors.append(fp.max_error(out, ref, rows))

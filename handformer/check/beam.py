@@ -314,7 +314,9 @@ def _tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
         return list(out)
     raise ctx.learner.fail("forward", f"{comp.name} returned {type(out).__name__}; expected the best "
                            "hypothesis' token ids: a list of ints or a (1, L) tensor (or a (tokens, score) "
-                           "tuple)")
+                           "tuple)",
+                           f"{comp.name} 返回了 {type(out).__name__}；应当返回最好那条候选的 token id：int "
+                           "列表或 (1, L) 张量（或 (tokens, score) 元组）")
 
 
 def _call(comp: Component, ctx: Context) -> Call:
@@ -327,7 +329,10 @@ def _call(comp: Component, ctx: Context) -> Call:
         raise DiscoveryError(f"{comp.name}: cannot fill the argument {first!r}; beam search takes (model, "
                              "src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha), the beam "
                              "size as beam_size (beam_width, k, num_beams) and the length penalty as alpha "
-                             "(length_penalty)")
+                             "(length_penalty)",
+                             zh=f"{comp.name}：填不了参数 {first!r}；束搜索接受 (model, src, src_mask, "
+                                "max_len, start_symbol, end_symbol, beam_size, alpha)，束宽叫 "
+                                "beam_size（beam_width、k、num_beams），长度惩罚叫 alpha（length_penalty）")
     steps_from_max = 0 if arg["max_len"] == "max_new_tokens" else 1
     return Call(comp, ctx, arg, steps_from_max)
 

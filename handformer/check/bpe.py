@@ -135,7 +135,9 @@ class Trainer:
         if not params:
             raise DiscoveryError(
                 f"{comp.name}{inspect.signature(comp.obj)} takes no corpus; write "
-                f"{comp.name}(input_path, vocab_size, special_tokens)"
+                f"{comp.name}(input_path, vocab_size, special_tokens)",
+                zh=f"{comp.name}{inspect.signature(comp.obj)} 不接受语料；请写成 {comp.name}(input_path, "
+                   "vocab_size, special_tokens)"
             )
         self.roles: dict[str, str] = {}
         for i, p in enumerate(params):
@@ -148,12 +150,18 @@ class Trainer:
                     f"handformer passes the corpus ({', '.join(PATH_NAMES[:2])} or "
                     f"{', '.join(TEXT_NAMES[:2])}), "
                     f"{VOCAB_SIZE_NAMES[0]} (or {MERGES_NAMES[0]}) and {SPECIAL_NAMES[0]}; rename it or "
-                    "give it a default"
+                    "give it a default",
+                    zh=f"填不了 {comp.name}{inspect.signature(comp.obj)} 的参数 {p.name!r}：handformer "
+                       f"传入语料（{', '.join(PATH_NAMES[:2])} 或 {', '.join(TEXT_NAMES[:2])}）、"
+                       f"{VOCAB_SIZE_NAMES[0]}（或 {MERGES_NAMES[0]}）和 {SPECIAL_NAMES[0]}；请改名，"
+                       "或给它一个默认值"
                 )
         if not {"vocab_size", "merges"} & set(self.roles.values()):
             raise DiscoveryError(
                 f"{comp.name}{inspect.signature(comp.obj)} takes no vocabulary size; "
-                "add vocab_size (or num_merges)"
+                "add vocab_size (or num_merges)",
+                zh=f"{comp.name}{inspect.signature(comp.obj)} 不接受词表大小；请加上 vocab_size（或 "
+                   "num_merges）"
             )
 
     def takes_specials(self) -> bool:
@@ -192,6 +200,8 @@ class Trainer:
                 f"{self.comp.name} returned {type(out).__name__}; return "
                 "(vocab, merges): vocab a dict[int, bytes], merges a list of "
                 "(bytes, bytes) pairs",
+                f"{self.comp.name} 返回了 {type(out).__name__}；应当返回 (vocab, merges)：vocab 是 "
+                "dict[int, bytes]，merges 是 (bytes, bytes) 对的列表",
             )
         if vocab is not None and not all(
             isinstance(k, int) and isinstance(v, bytes) for k, v in vocab.items()
@@ -203,6 +213,8 @@ class Trainer:
                     "train",
                     "the vocab is not a dict[int, bytes]: map each id to "
                     "its token's bytes, e.g. {0: b'<|endoftext|>', 1: b'\\x00', ...}",
+                    "vocab 不是 dict[int, bytes]：把每个 id 对应到它的 token 的字节，例如 {0: "
+                    "b'<|endoftext|>', 1: b'\\x00', ...}",
                 )
         return vocab, [self._pair(m, vocab) for m in merges]
 
@@ -212,7 +224,8 @@ class Trainer:
         if _is_pair(merge) and all(isinstance(t, int) for t in merge) and vocab is not None:
             return vocab[merge[0]], vocab[merge[1]]  # GPT-2 style: pairs of ids
         raise self.ctx.learner.fail(
-            "train", f"a merge is {merge!r}; each merge is a pair of bytes, e.g. (b' t', b'he')"
+            "train", f"a merge is {merge!r}; each merge is a pair of bytes, e.g. (b' t', b'he')",
+            f"有一个合并是 {merge!r}；每个合并是一对 bytes，例如 (b' t', b'he')"
         )
 
 

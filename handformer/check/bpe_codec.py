@@ -87,6 +87,8 @@ class Codec:
                         "__init__",
                         f"{comp.name} has no {method} method; give it "
                         f"encode(self, text) -> list[int] and decode(self, ids) -> str",
+                        f"{comp.name} 没有 {method} 方法；请给它 encode(self, text) -> list[int] 和 "
+                        "decode(self, ids) -> str",
                     )
             self.encode_fn, self.decode_fn = obj.encode, obj.decode
         else:
@@ -95,7 +97,9 @@ class Codec:
             if decode is None:
                 raise DiscoveryError(
                     f"found {comp.name} but no decode function ({', '.join(DECODE_NAMES)}); "
-                    "write decode(ids, vocab) -> str"
+                    "write decode(ids, vocab) -> str",
+                    zh=f"找到了 {comp.name}，但没有解码函数（{', '.join(DECODE_NAMES)}）；请写 decode(ids, "
+                       "vocab) -> str"
                 )
             self.encode_fn = lambda s: comp.obj(**self._kwargs(comp.obj, first=s))
             self.decode_fn = lambda ids: decode(**self._kwargs(decode, first=ids))
@@ -128,7 +132,9 @@ class Codec:
                 raise DiscoveryError(
                     f"cannot fill the argument {p.name!r} of {getattr(fn, '__qualname__', fn)}"
                     f"{inspect.signature(fn)}: handformer passes vocab, merges and "
-                    "special_tokens by name; rename it or give it a default"
+                    "special_tokens by name; rename it or give it a default",
+                    zh=f"填不了 {getattr(fn, '__qualname__', fn)}{inspect.signature(fn)} 的参数 {p.name!r}："
+                       "handformer 按名字传入 vocab、merges 和 special_tokens；请改名，或给它一个默认值"
                 )
         return out
 
@@ -138,7 +144,8 @@ class Codec:
             return [int(i) for i in out]
         except (TypeError, ValueError):
             raise self.ctx.learner.fail(
-                "encode", f"encode returned {type(out).__name__}; return a list of int ids"
+                "encode", f"encode returned {type(out).__name__}; return a list of int ids",
+                f"encode 返回了 {type(out).__name__}；应当返回 int id 的列表"
             ) from None
 
     def decode(self, ids: list[int]) -> str:

@@ -72,7 +72,7 @@ class Context:
             now = ", ".join(f"{n}={v}" for n, v in wanted.items())
             self.hyperparameter_note = text(
                 f"your module-level hyperparameters were set to {now} for this check (they were "
-                f"{were}): the sizes check builds and compares this kind at",
+                f"{were}): the sizes at which check builds and compares this kind",
                 f"检查这个组件时，你在模块顶层定义的超参数被设成了 {now}（原来是 {were}）："
                 "这是检查这类组件用的尺寸")
         try:
@@ -111,11 +111,14 @@ class Context:
         lazy layers (d2l's nn.LazyLinear) is first run once by `warmup`, which gives them shapes."""
         module = self.learner.call("__init__", build, comp.obj, sizes, self.parts(sizes))
         if not isinstance(module, nn.Module):
-            raise self.learner.fail("__init__", f"{comp.name}(...) is not an nn.Module")
+            raise self.learner.fail("__init__", f"{comp.name}(...) is not an nn.Module",
+                                    f"{comp.name}(...) 不是 nn.Module")
         if is_lazy(module):
             if warmup is None:
                 raise self.learner.fail("__init__", f"{comp.name} has lazy layers (nn.LazyLinear) that "
-                                        "handformer cannot give shapes to here; use nn.Linear(in, out)")
+                                        "handformer cannot give shapes to here; use nn.Linear(in, out)",
+                                        f"{comp.name} 有惰性层（nn.LazyLinear），handformer "
+                                        "在这里给不了它们形状；请用 nn.Linear(in, out)")
             with torch.no_grad():
                 self.learner.call("forward", warmup, module.eval())
             self._shape_unused_lazy(comp, module)
@@ -137,7 +140,9 @@ class Context:
                     sub.initialize_parameters(torch.zeros(1, sub.out_features))
                 continue
             raise self.learner.fail("forward", f"{comp.name}.{name} ({type(sub).__name__}) is never called "
-                                    "by forward, so it has no shape; remove it, or call it")
+                                    "by forward, so it has no shape; remove it, or call it",
+                                    f"forward 从不调用 {comp.name}.{name}（{type(sub).__name__}），"
+                                    "所以它没有形状；删掉它，或者调用它")
 
     def objects(self, comp: Component, *kinds: str) -> list[Any]:
         """The component's class or function, then the learner's other components of `kinds`, then
@@ -245,7 +250,7 @@ def form_text(name: str, form: str) -> tuple[str, str]:
         return f"softmax over dim {form}", f"softmax 作用在 dim {form}"
     if name in ("no_residual", "pre_norm", "residual_from_normed") and form in SUBLAYER:
         en, zh = SUBLAYER[form]
-        return ((f"{en} is pre-norm", f"{zh}是 pre-norm") if name == "pre_norm" else (en, zh))
+        return ((f"{en} is pre-norm", f"{zh}是 Pre-Norm") if name == "pre_norm" else (en, zh))
     return FORMS.get(name, {}).get(form, ("", ""))
 
 

@@ -125,7 +125,9 @@ def _tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
     if isinstance(out, (list, tuple)) and all(isinstance(t, int) for t in out):
         return list(out)
     raise ctx.learner.fail("forward", f"{comp.name} returned {type(out).__name__}; expected the token ids, "
-                           "a (1, T) tensor (or a list of ints)")
+                           "a (1, T) tensor (or a list of ints)",
+                           f"{comp.name} 返回了 {type(out).__name__}；应当返回 token id：(1, T) 张量（或 "
+                           "int 列表）")
 
 
 def own_seq2seq(ctx: Context) -> tuple[nn.Module, Any] | None:
@@ -191,7 +193,9 @@ def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
         first = (unknown or ["model / src"])[0]
         raise DiscoveryError(f"{comp.name}: cannot fill the argument {first!r}; greedy decoding takes "
                              "(model, src, src_mask, max_len, start_symbol), and optionally an end symbol "
-                             "(end_symbol, eos_idx, ...)")
+                             "(end_symbol, eos_idx, ...)",
+                             zh=f"{comp.name}：填不了参数 {first!r}；贪心解码接受 (model, src, src_mask, "
+                                "max_len, start_symbol)，还可以有结束符（end_symbol、eos_idx 等）")
     stop = arg["end"] is not None
     own = own_seq2seq(ctx)
     if own is None:

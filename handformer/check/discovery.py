@@ -67,7 +67,11 @@ CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "con
 
 
 class DiscoveryError(ValueError):
-    """A component cannot be found or built; the message says what to change."""
+    """A component cannot be found or built; the message says what to change (`zh`: in Chinese)."""
+
+    def __init__(self, message: str, zh: str = "") -> None:
+        super().__init__(message)
+        self.zh = zh
 
 
 @dataclass
@@ -75,6 +79,7 @@ class Component:
     kind: str  # one of KINDS
     name: str  # the learner's name for it
     obj: Any  # the class or function
+    found_by: str = "name"  # "name", or "signature": a free function found by what it does (signatures.py)
 
 
 def find_components(module: types.ModuleType, overrides: dict[str, str] | None = None,
@@ -109,13 +114,18 @@ def _by_name(module: types.ModuleType, overrides: dict[str, str] | None, only: l
     for kind, name in overrides.items():
         if kind not in NAMES:
             raise DiscoveryError(f"--component {kind}={name}: unknown kind {kind!r}; kinds: "
-                                 f"{', '.join(KINDS)}")
+                                 f"{', '.join(KINDS)}",
+                                 zh=f"--component {kind}={name}：没有 {kind!r} 这类组件；可以检查的种类："
+                                    f"{', '.join(KINDS)}")
         if name not in own:
             raise DiscoveryError(f"--component {kind}={name}: the file defines no {name!r}; it defines "
-                                 f"{', '.join(sorted(own)) or 'no class or function'}")
+                                 f"{', '.join(sorted(own)) or 'no class or function'}",
+                                 zh=f"--component {kind}={name}：文件里没有定义 {name!r}；它定义了 "
+                                    f"{', '.join(sorted(own)) or '（没有类或函数）'}")
     for kind in only or []:
         if kind not in NAMES:
-            raise DiscoveryError(f"--component {kind}: unknown kind; kinds: {', '.join(KINDS)}")
+            raise DiscoveryError(f"--component {kind}: unknown kind; kinds: {', '.join(KINDS)}",
+                                 zh=f"--component {kind}：没有这类组件；可以检查的种类：{', '.join(KINDS)}")
     found, taken = [], set()
     named = set(overrides.values())  # a name given with --component is checked as that kind only
     for kind, names in NAMES.items():
@@ -126,6 +136,24 @@ def _by_name(module: types.ModuleType, overrides: dict[str, str] | None, only: l
             if name not in taken and (not only or actual in only):
                 taken.add(name)
                 found.append(Component(actual, name, own[name]))
+    return found + _by_signature(own, taken | named, only, set(overrides))
+
+
+def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, pointed: set[str],
+                  ) -> list[Component]:
+    """The learner's free functions whose name is in no kind's table, taken as the kind their
+    signature and a call say they are (signatures.py): Raschka's generate_text_simple, a filter called
+    nucleus. A kind given with --component KIND=NAME is that name only."""
+    from handformer.check.signatures import kind_of
+
+    found, tabled = [], {n for names in NAMES.values() for n in names}
+    for name, obj in own.items():
+        skip = name in taken or name in tabled or "." in name or name.startswith(("_", "handformer_"))
+        if skip or not inspect.isfunction(obj):
+            continue
+        kind = kind_of(obj)
+        if kind is not None and (not only or kind in only) and kind not in pointed:
+            found.append(Component(kind, name, obj, "signature"))
     return found
 
 
@@ -155,6 +183,12 @@ def refine(kind: str, obj: Any) -> str:
     heads (Llama's `Attention(dim, n_heads, n_kv_heads)`) is grouped-query attention."""
     if kind == "mha" and inspect.isclass(obj) and "n_kv_heads" in argument_keys(obj).values():
         return "gqa"
+    if inspect.isfunction(obj) and any(kind in f for f in SAME_FAMILY):  # what it does over its name
+        from handformer.check.signatures import kind_of
+
+        said = kind_of(obj)
+        if said is not None and any(kind in f and said in f for f in SAME_FAMILY):
+            return said
     if kind == "transformer" and inspect.isclass(obj) and decoder_only(obj):
         return "gpt"
     if kind == "mha" and inspect.isclass(obj) and causal_inside(obj):  # Raschka's, Karpathy's: forward(x)
@@ -167,6 +201,12 @@ def refine(kind: str, obj: Any) -> str:
                 return "gqa"
     return kind
 
+
+# kinds whose functions are told apart by what they take and return, whatever their name: a
+# greedy_decode(model, idx, max_new_tokens) is a generation loop, a sample_top_p that returns
+# filtered logits is a filter
+SAME_FAMILY = (("greedy_decode", "beam_search", "generate"),
+               ("top_k", "top_p", "sample", "temperature", "greedy"))
 
 CAUSAL_WORDS = re.compile(r"\btril\b|\btriu\b|is_causal\s*=\s*True|causal")
 
@@ -360,7 +400,9 @@ def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None)
             raise DiscoveryError(
                 f"cannot fill the argument {p.name!r} of {cls.__name__}{inspect.signature(cls)}: "
                 f"handformer knows these names ({known}); rename the argument, give it a default, or "
-                "write the adapter below")
+                "write the adapter below",
+                zh=f"填不了 {cls.__name__}{inspect.signature(cls)} 的参数 {p.name!r}：handformer "
+                   f"认识这些名字（{known}）；请给参数改名、给它一个默认值，或者写下面的适配函数")
     return target(**kwargs)
 
 

@@ -63,8 +63,9 @@ class Learner:
             self.nan_calls += 1
         return out
 
-    def fail(self, where: str, message: str) -> LearnerFailure:
-        return LearnerFailure(LearnerError("exception", message, where))
+    def fail(self, where: str, message: str, zh: str = "") -> LearnerFailure:
+        """A failure of the learner's code that check saw (a wrong return), said in English and `zh`."""
+        return LearnerFailure(LearnerError("exception", message, where, message_zh=zh))
 
 
 def _has_nan(value: Any) -> bool:

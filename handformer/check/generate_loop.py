@@ -219,7 +219,9 @@ def _call(ctx: Context, comp: Component, model: LanguageModel, ids: Tensor, n: i
         if value is None and i >= 3:
             raise DiscoveryError(f"cannot fill the argument {p.name!r} of {comp.name}: handformer calls "
                                  "generate(model, idx, max_new_tokens) (and fills context_size or block_size "
-                                 "with the model's block size)")
+                                 "with the model's block size)",
+                                 zh=f"填不了 {comp.name} 的参数 {p.name!r}：handformer 调用 generate(model, "
+                                    "idx, max_new_tokens)（context_size 或 block_size 填模型的 block size）")
         value = (model, ids, n)[i] if value is None else value
         if kwargs or len(args) != i:
             kwargs[p.name] = value
@@ -318,7 +320,8 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
         short = run_generate(ctx, comp, SHORT, B, as_list)
     if short.out is None and short.failure is None:
         raise ctx.learner.fail("forward", f"{comp.name} returned no token ids for a prompt of 3 tokens and "
-                               f"max_new_tokens={SHORT}")
+                               f"max_new_tokens={SHORT}",
+                               f"提示为 3 个 token、max_new_tokens={SHORT} 时，{comp.name} 没有返回 token id")
     B = short.prompt.size(0)
     if B == 1:
         res.notes.append(text("it generates for one prompt at a time (a batch of 2 failed)"

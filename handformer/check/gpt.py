@@ -105,21 +105,27 @@ def map_gpt(module: nn.Module) -> GPTMap:
               for path, child in layers]
     if not blocks or any(b.decoder for b in blocks):
         raise MappingError("expected the blocks in an nn.ModuleList (nanoGPT's transformer.h), each with one "
-                           "attention and an MLP")
+                           "attention and an MLP",
+                           zh="应当把块放在一个 nn.ModuleList 里（nanoGPT 的 transformer.h），"
+                              "每块有一个注意力和一个 MLP")
     inside = {id(m) for _, child in layers for m in child.modules()}
     outer = [leaf for leaf in leaves(module) if id(leaf.module) not in inside]
     embeds = [leaf for leaf in outer if leaf.kind == "embedding"]
     wte = next((e for e in embeds if e.weight.size(0) == VOCAB), None)
     if wte is None:
         raise MappingError(f"expected nn.Embedding(vocab_size={VOCAB}, n_embd); found "
-                           f"{[(e.name, tuple(e.weight.shape)) for e in embeds]}")
+                           f"{[(e.name, tuple(e.weight.shape)) for e in embeds]}",
+                           zh=f"应当有 nn.Embedding(vocab_size={VOCAB}, n_embd)；实际找到 "
+                              f"{[(e.name, tuple(e.weight.shape)) for e in embeds]}")
     wpe = next((e for e in embeds if e is not wte), None)
     head = next((x for x in outer if x.kind == "linear" and tuple(x.weight.shape) == (VOCAB, D)), None)
     norms = [x for x in outer if x.kind == "norm"]
     extra = [x for x in outer if x.kind == "linear" and x is not head] + norms[1:]
     if extra:
         raise MappingError("parameters outside the blocks that a GPT does not have: "
-                           + ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra))
+                           + ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra),
+                           zh="块之外有 GPT 没有的参数："
+                              f"{', '.join(f'{x.name} {tuple(x.weight.shape)}' for x in extra)}")
     m = GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head,
                head is None or head.weight is wte.weight, head is not None and head.bias is not None, n_kv)
     if wpe is None:
@@ -218,7 +224,8 @@ class Choices:
             pos_en += f"; grouped-query attention ({H} heads, {m.n_kv_heads} key/value heads)"
             pos_zh += f"；分组查询注意力（{H} 个头，{m.n_kv_heads} 个键/值头）"
         return text(f"output head {head_en}; {self.placement}-norm blocks; {self.activation} FFN; {pos_en}",
-                    f"输出层{head_zh}；{self.placement}-norm 块；{self.activation} 前馈网络；{pos_zh}")
+                    f"输出层{head_zh}；{self.placement.capitalize()}-Norm 块；{self.activation} 前馈网络；"
+                    f"{pos_zh}")
 
 
 ROPE_ZH = {"half": "前后两半配对", "interleaved": "相邻两维配对"}
@@ -368,7 +375,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
         except MappingError as err:  # the checks above ran; the comparison could not: NOT CHECKED
             res.status = NOT_CHECKED
             res.error = LearnerError("mapping", f"not compared with handformer's CausalLM: {err}", "__init__",
-                                     message_zh=f"没有与 handformer 的 CausalLM 比较：{err}")
+                                     message_zh=f"没有与 handformer 的 CausalLM 比较：{err.zh or err}")
             return finish(res)
         res.mapping = m.describe()
         _tied_despite_config(res, ctx, comp, m)

@@ -46,7 +46,9 @@ def check_repeat_kv(comp: Component, ctx: Context) -> ComponentResult:
             break
     else:
         raise ctx.learner.fail("forward", f"{comp.name}(x, {N_REP}) with x of shape {tuple(x.shape)} "
-                               f"returned no tensor of shape {(B, KV_HEADS * N_REP, S, Dh)}")
+                               f"returned no tensor of shape {(B, KV_HEADS * N_REP, S, Dh)}",
+                               f"x 的形状为 {tuple(x.shape)} 时，{comp.name}(x, {N_REP}) 没有返回形状为 "
+                               f"{(B, KV_HEADS * N_REP, S, Dh)} 的张量")
     as_heads_second = out if dim == 1 else out.transpose(1, 2)  # (B, H, S, Dh)
     if dim == 2:
         res.notes.append(text("layout (B, S, Hkv, Dh), heads third (Meta's)",

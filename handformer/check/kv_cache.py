@@ -124,7 +124,8 @@ def _blocks(module: nn.Module) -> nn.ModuleList:
     for sub in module.modules():
         if isinstance(sub, nn.ModuleList) and len(sub) == LAYERS:
             return sub
-    raise MappingError(f"expected the {LAYERS} blocks in an nn.ModuleList")
+    raise MappingError(f"expected the {LAYERS} blocks in an nn.ModuleList",
+                       zh=f"应当把 {LAYERS} 个块放在一个 nn.ModuleList 里")
 
 
 def _layer_candidates(name: str, block: nn.Module) -> list[tuple[list[Any], list[V.NormWeights]]]:
@@ -149,7 +150,9 @@ def llama_weights(module: nn.Module) -> list[LlamaWeights]:
     if embed is None or head is None or norm is None:
         raise MappingError(f"expected nn.Embedding({VOCAB}, {D}), a final norm and an output head outside "
                            "the blocks; found " + ", ".join(f"{x.name} {tuple(x.weight.shape)}"
-                                                            for x in outer))
+                                                            for x in outer),
+                           zh=f"应当在块之外有 nn.Embedding({VOCAB}, {D})、最后的归一化和输出头；实际找到 "
+                              f"{', '.join(f'{x.name} {tuple(x.weight.shape)}' for x in outer)}")
     layers = [_layer_candidates(f"layers.{i}", b) for i, b in enumerate(blocks)]
     out = []
     for rope in ("interleaved", "half"):
@@ -256,7 +259,9 @@ def check_kv_cache(comp: Component, ctx: Context) -> ComponentResult:
         cached, lengths = drive.run(idx, SCHEDULE)
         if plain is None or cached is None:
             raise ctx.learner.fail("forward", f"{comp.name} returned no logits of shape (B, T, vocab_size) = "
-                                   f"({B}, T, {VOCAB}) for T new tokens, with and without its cache")
+                                   f"({B}, T, {VOCAB}) for T new tokens, with and without its cache",
+                                   f"输入 T 个新 token 时，不论用不用缓存，{comp.name} 都应当返回形状为 (B, "
+                                   f"T, vocab_size) = ({B}, T, {VOCAB}) 的 logits，但它没有")
         for en, zh, a, b in PHASES:
             err = fp.max_error(cached[:, a:b], plain[:, a:b])
             res.checks.append(Check(text(f"with the cache, {en} (positions {a}..{b - 1}): the logits "
@@ -287,7 +292,7 @@ def _diagnose(res: ComponentResult, ctx: Context, comp: Component, module: nn.Mo
         w, base = _reader(module, idx, plain)
     except MappingError as err:
         res.notes.append(text(f"not compared with handformer's reference (a Llama with RoPE): {err}",
-                              f"没有与 handformer 的参考实现（带 RoPE 的 Llama）比较：{err}"))
+                              f"没有与 handformer 的参考实现（带 RoPE 的 Llama）比较：{err.zh or err}"))
         return None
     res.checks.append(Check(text("without the cache, the logits of handformer's reference on your weights",
                                  "不用缓存时，logits 与 handformer 的参考实现（用你的权重）一致"),

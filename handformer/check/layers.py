@@ -420,12 +420,12 @@ def _placement_note(placement: str, expected: str) -> dict[str, str]:
     if placement == "pre":
         return text("every sublayer is pre-norm, x = x + f(norm(x)), where the paper's layer is post-norm, "
                     "x = norm(x + f(x)): a difference by design, not an error; compared with handformer's "
-                    "pre-norm layer", "每个子层都是 pre-norm，x = x + f(norm(x))，而论文的层是 post-norm，"
-                    "x = norm(x + f(x))：这是设计上的差异，不是错误；已与 handformer 的 pre-norm 层比较")
+                    "pre-norm layer", "每个子层都是 Pre-Norm，x = x + f(norm(x))，而论文的层是 Post-Norm，"
+                    "x = norm(x + f(x))：这是设计上的差异，不是错误；已与 handformer 的 Pre-Norm 层比较")
     return text("every sublayer is post-norm, x = norm(x + f(x)), where modern decoder-only blocks are "
                 "pre-norm: a difference by design, not an error; compared with handformer's post-norm block",
-                "每个子层都是 post-norm，x = norm(x + f(x))，而现代 decoder-only 块是 pre-norm：这是设计上的"
-                "差异，不是错误；已与 handformer 的 post-norm 块比较")
+                "每个子层都是 Post-Norm，x = norm(x + f(x))，而现代 decoder-only 块是 Pre-Norm：这是设计上的"
+                "差异，不是错误；已与 handformer 的 Post-Norm 块比较")
 
 
 def _rows(layer: Layer, src_keep: Tensor | None, tgt_keep: Tensor | None, B: int, T: int) -> Tensor | None:
@@ -465,7 +465,9 @@ def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], inp
             raise failure
         out = run(conventions[0])
         raise layer.ctx.learner.fail("forward", f"{layer.comp.name} returned {shape_of(out)} for x of "
-                                     f"shape {tuple(inp.x.shape)}; a layer keeps the shape (B, T, d_model)")
+                                     f"shape {tuple(inp.x.shape)}; a layer keeps the shape (B, T, d_model)",
+                                     f"x 的形状为 {tuple(inp.x.shape)} 时，{layer.comp.name} 返回了 "
+                                     f"{shape_of(out)}；一层不改变形状 (B, T, d_model)")
     gated = is_gated(layer.ffn_candidates[0])
     placements = (expected, "pre" if expected == "post" else "post")
     settings = list(itertools.product(outputs, layer.ffn_candidates, FFN_ACTIVATIONS[gated], placements,
@@ -675,7 +677,9 @@ def check_add_norm(comp: Component, ctx: Context) -> ComponentResult:
         if out is None or out.shape != x.shape:
             got = shape_of(ctx.learner.call("forward", module, x, y))
             raise ctx.learner.fail("forward", f"{comp.name}(X, Y) returned {got} for X and Y of shape "
-                                   f"{tuple(x.shape)}; expected {tuple(x.shape)}")
+                                   f"{tuple(x.shape)}; expected {tuple(x.shape)}",
+                                   f"X 和 Y 的形状为 {tuple(x.shape)} 时，{comp.name}(X, Y) 返回了 {got}；"
+                                   f"应当是 {tuple(x.shape)}")
         found = fp.search(out, lambda fl: V.add_norm(w, x, y, fl), ("no_residual:add_norm",), None, 1)
         if found and found[0]:
             res.findings += ctx.findings(found[0], found[1], fp.max_error(out, V.add_norm(w, x, y)), comp)

@@ -162,7 +162,10 @@ class Loss:
                 f"{comp.name}: cannot fill the argument {(unknown or ['target'])[0]!r}; a loss takes "
                 "(logits, targets) and optionally a pad id (pad_idx, ignore_index, ...) and a smoothing "
                 "(smoothing, label_smoothing, ...); a criterion class takes (size, padding_idx, smoothing) "
-                "in its constructor")
+                "in its constructor",
+                zh=f"{comp.name}：填不了参数 {(unknown or ['target'])[0]!r}；损失函数接受 (logits, "
+                   "targets)，还可以有 pad id（pad_idx、ignore_index 等）和平滑系数（smoothing、"
+                   "label_smoothing 等）；criterion 类在构造函数里接受 (size, padding_idx, smoothing)")
         self.size = size
         self.flat = False
 
@@ -203,7 +206,8 @@ def _value(ctx: Context, comp: Component, out: Any) -> float:
     if isinstance(out, (int, float)):
         return float(out)
     raise ctx.learner.fail("forward", f"{comp.name} returned {_what(out)}; a loss returns one number "
-                           "(a scalar tensor)")
+                           "(a scalar tensor)",
+                           f"{comp.name} 返回了 {_what(out)}；损失函数返回一个数（标量张量）")
 
 
 def _what(out: Any) -> str:

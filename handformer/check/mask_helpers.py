@@ -107,7 +107,9 @@ class Helper:
         if unknown or missing:
             raise DiscoveryError(
                 f"{comp.name}: cannot fill the argument {(unknown or ['src'])[0]!r}; a mask helper takes the "
-                "token ids (src, tgt) and the pad id (pad_idx, pad_id, ...)")
+                "token ids (src, tgt) and the pad id (pad_idx, pad_id, ...)",
+                zh=f"{comp.name}：填不了参数 {(unknown or ['src'])[0]!r}；掩码辅助函数接受 token id（src、"
+                   "tgt）和 pad id（pad_idx、pad_id 等）")
 
     @property
     def pad_id(self) -> int:
@@ -176,7 +178,9 @@ def _check_one(res: ComponentResult, ctx: Context, comp: Component, out: Any, wh
         shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         want = "(B, 1, 1, S), (B, 1, S) or (B, S)" if which == "src" else "(B, 1, T, T) or (B, T, T)"
         raise ctx.learner.fail("forward", f"{comp.name} returned {shape} for the {what} mask; expected "
-                               f"{want}")
+                               f"{want}",
+                               f"{comp.name} 给{'源端' if which == 'src' else '目标端'}掩码返回了 {shape}；"
+                               f"应当是 {want}")
     right = expected_src(pad) if which == "src" else expected_tgt(pad)
     best: tuple[str, frozenset[str]] | None = None
     for polarity, keep in readings.items():
@@ -229,7 +233,8 @@ def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:
     if helper.makes == "both":
         if not isinstance(out, (tuple, list)) or len(out) < 2:
             raise ctx.learner.fail("forward", f"{comp.name} returned {type(out).__name__}; expected "
-                                   "(src_mask, tgt_mask)")
+                                   "(src_mask, tgt_mask)",
+                                   f"{comp.name} 返回了 {type(out).__name__}；应当返回 (src_mask, tgt_mask)")
         _check_one(res, ctx, comp, out[0], "src", helper.pad_id, True)
         _check_one(res, ctx, comp, out[1], "tgt", helper.pad_id, True)
     else:

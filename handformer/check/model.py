@@ -187,14 +187,20 @@ def map_model(module: nn.Module, F_width: int) -> ModelMap:
         raise MappingError(
             f"found {len(encoder)} encoder and {len(decoder)} decoder layers in nn.ModuleList or "
             "nn.Sequential containers; an encoder-decoder model keeps its layers in two lists "
-            "(nn.ModuleList([EncoderLayer(...) for _ in range(num_layers)]), and the same for the decoder)")
+            "(nn.ModuleList([EncoderLayer(...) for _ in range(num_layers)]), and the same for the decoder)",
+            zh=f"在 nn.ModuleList 或 nn.Sequential 里找到 {len(encoder)} 个编码器层和 {len(decoder)} "
+               "个解码器层；编码器-解码器模型把层放在两个列表里（nn.ModuleList([EncoderLayer(...) for _ in "
+               "range(num_layers)])，解码器也一样）")
     inside = {id(m) for _, child in layers for m in child.modules()}
     outer = [leaf for leaf in leaves(module) if id(leaf.module) not in inside]
     embeds = [leaf for leaf in outer if leaf.kind == "embedding"]
     by_rows = {leaf.weight.size(0): leaf for leaf in reversed(embeds)}
     if SRC_V not in by_rows or TGT_V not in by_rows:
         raise MappingError(f"expected nn.Embedding(src_vocab={SRC_V}, d_model) and nn.Embedding(tgt_vocab="
-                           f"{TGT_V}, d_model); found {[(e.name, tuple(e.weight.shape)) for e in embeds]}")
+                           f"{TGT_V}, d_model); found {[(e.name, tuple(e.weight.shape)) for e in embeds]}",
+                           zh=f"应当有 nn.Embedding(src_vocab={SRC_V}, d_model) 和 "
+                              f"nn.Embedding(tgt_vocab={TGT_V}, d_model)；实际找到 "
+                              f"{[(e.name, tuple(e.weight.shape)) for e in embeds]}")
     src, tgt = by_rows[SRC_V], by_rows[TGT_V]
     others = [e for e in embeds if e is not src and e is not tgt]
     out = next((leaf for leaf in outer if leaf.kind == "linear" and tuple(leaf.weight.shape) == (TGT_V, D)),
@@ -202,7 +208,9 @@ def map_model(module: nn.Module, F_width: int) -> ModelMap:
     extra = [leaf for leaf in outer if leaf.kind == "linear" and leaf is not out]
     if extra or len(others) > 1:
         raise MappingError("parameters outside the layers that an encoder-decoder model does not have: "
-                           + ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra + others[1:]))
+                           + ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra + others[1:]),
+                           zh="层之外有编码器-解码器模型没有的参数："
+                              f"{', '.join(f'{x.name} {tuple(x.weight.shape)}' for x in extra + others[1:])}")
     model = ModelMap(src, tgt, others[0] if others else None, encoder, decoder, out=out, table=_table(module),
                      tied=out is None or out.weight is tgt.weight,
                      bias=out is not None and out.bias is not None)
@@ -249,8 +257,8 @@ class Choices:
         what_en, what_zh = ("log-probabilities", "对数概率") if self.log_probs else ("logits", "logits")
         return text(f"embeddings {scale_en}; output layer {out_en}; {self.placement}-norm layers; "
                     f"{pos_en} positions; forward returns {what_en}",
-                    f"嵌入{scale_zh}；输出层{out_zh}；{self.placement}-norm 层；{pos_zh}位置编码；"
-                    f"forward 返回 {what_zh}")
+                    f"嵌入{scale_zh}；输出层{out_zh}；{self.placement.capitalize()}-Norm 层；"
+                    f"{pos_zh}位置编码；forward 返回 {what_zh}")
 
 
 def reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
@@ -568,10 +576,13 @@ def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
             kwargs[p.name] = MODEL_SIZES[key]
         elif p.default is p.empty:
             raise DiscoveryError(f"make_model: cannot fill the argument {p.name!r}; it takes (src_vocab, "
-                                 "tgt_vocab, N, d_model, d_ff, h, dropout)")
+                                 "tgt_vocab, N, d_model, d_ff, h, dropout)",
+                                 zh=f"make_model：填不了参数 {p.name!r}；它接受 (src_vocab, tgt_vocab, N, "
+                                    "d_model, d_ff, h, dropout)")
     module = ctx.learner.call("__init__", factory, **kwargs)
     if not isinstance(module, nn.Module):
-        raise ctx.learner.fail("__init__", "make_model(...) did not return an nn.Module")
+        raise ctx.learner.fail("__init__", "make_model(...) did not return an nn.Module",
+                               "make_model(...) 返回的不是 nn.Module")
     scramble_(module, 0)
     return module.double().eval(), True
 
@@ -604,7 +615,7 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
             m = map_model(module, SIZES["d_ff"])
         except MappingError as err:
             res.notes.append(text(f"not compared with handformer's Seq2SeqTransformer: {err}",
-                                  f"没有与 handformer 的 Seq2SeqTransformer 比较：{err}"))
+                                  f"没有与 handformer 的 Seq2SeqTransformer 比较：{err.zh or err}"))
             m = None
         if m is not None:
             res.mapping = m.describe()
@@ -666,7 +677,8 @@ def _against_handformer(res: ComponentResult, call: Caller, m: ModelMap, ch: Cho
     res.max_abs_error = max(errors)
     res.checks.append(Check(text(f"matches handformer's Seq2SeqTransformer on your weights and choices "
                                  f"({ch.placement}-norm) on 3 shapes",
-                                 f"在 3 种形状上与使用你的权重和写法（{ch.placement}-norm）的 handformer "
+                                 f"在 3 种形状上与使用你的权重和写法"
+                                 f"（{ch.placement.capitalize()}-Norm）的 handformer "
                                  "Seq2SeqTransformer 一致"), max(errors) < 1e-5, error_text(max(errors))))
 
 

@@ -66,7 +66,10 @@ def check_causal_mask(comp: Component, ctx: Context) -> ComponentResult:
         if not isinstance(raw, Tensor) or raw.numel() != T * T:
             raise ctx.learner.fail("forward", f"{comp.name}({T}) returned "
                                    f"{tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__},"
-                                   f" expected a ({T}, {T}) mask (or (1, {T}, {T}))")
+                                   f" expected a ({T}, {T}) mask (or (1, {T}, {T}))",
+                                   f"{comp.name}({T}) 返回了 "
+                                   f"{tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__}，"
+                                   f"应当是 ({T}, {T}) 的掩码（或 (1, {T}, {T})）")
         keep, conv = _as_keep(raw.reshape(T, T), ctx.convention)
         res.convention = fp.describe_convention(conv)
         expected = causal_mask(T)
@@ -129,7 +132,9 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
         out = run()
         if out is None or out.shape[:-1] != x.shape[:-1] or out.size(-1) not in (D, width):
             raise ctx.learner.fail("forward", f"{comp.name} returned {getattr(out, 'shape', out)} for an "
-                                   f"input of shape {tuple(x.shape)}; a FFN keeps the shape (B, T, d_model)")
+                                   f"input of shape {tuple(x.shape)}; a FFN keeps the shape (B, T, d_model)",
+                                   f"输入形状为 {tuple(x.shape)} 时，{comp.name} 返回了 "
+                                   f"{getattr(out, 'shape', out)}；FFN 不改变形状 (B, T, d_model)")
         universe = ("ffn_no_activation",) + (("gated_act_after_product",) if gated else ()) + (
             ("ffn_no_down_projection",) if has_down else ())
         best = None
@@ -255,7 +260,9 @@ def check_norm(comp: Component, ctx: Context) -> ComponentResult:
         if out is None or out.shape != probe.shape:
             got = shape_of(ctx.learner.call("forward", module, probe))
             raise ctx.learner.fail("forward", f"{comp.name} returned {got} for x of shape "
-                                   f"{tuple(probe.shape)}; a norm keeps the shape")
+                                   f"{tuple(probe.shape)}; a norm keeps the shape",
+                                   f"x 的形状为 {tuple(probe.shape)} 时，{comp.name} 返回了 {got}；"
+                                   "归一化不改变形状")
         found = fp.search(out, lambda fl: V.norm(w, probe, fl), V.norm_flags(kind, bias is not None), None, 2)
         if found and found[0]:
             res.findings += ctx.findings(found[0], found[1], fp.max_error(out, V.norm(w, probe)), comp)
@@ -301,7 +308,9 @@ def check_positional_encoding(comp: Component, ctx: Context) -> ComponentResult:
         table = run(zeros)
         if table is None or table.shape[-2:] != (T, D):
             raise ctx.learner.fail("forward", f"{comp.name} returned {getattr(table, 'shape', table)} for "
-                                   f"x of shape {(B, T, D)}; expected x + PE[:T], shape {(B, T, D)}")
+                                   f"x of shape {(B, T, D)}; expected x + PE[:T], shape {(B, T, D)}",
+                                   f"x 的形状为 {(B, T, D)} 时，{comp.name} 返回了 "
+                                   f"{getattr(table, 'shape', table)}；应当是 x + PE[:T]，形状 {(B, T, D)}")
         pe = table.reshape(-1, T, D)[0]  # (T, D)
         expected = sinusoidal_table(MAX_LEN, D).double()[:T]
         found = fp.search(pe, lambda fl: V.sinusoidal(T, D, fl), PE_FLAGS, None, 2)

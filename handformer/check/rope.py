@@ -161,7 +161,9 @@ def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
     if table is None:
         got = shape_of(call(THETA))
         raise ctx.learner.fail("forward", f"{comp.name}(dim={DH}, end={P}) returned {got}; expected Meta's "
-                               f"complex freqs_cis ({P}, {DH // 2}) or (cos, sin) of shape ({P}, {DH})")
+                               f"complex freqs_cis ({P}, {DH // 2}) or (cos, sin) of shape ({P}, {DH})",
+                               f"{comp.name}(dim={DH}, end={P}) 返回了 {got}；应当是 Meta 的复数 freqs_cis "
+                               f"({P}, {DH // 2})，或形状为 ({P}, {DH}) 的 (cos, sin)")
     _layout_convention(res, table.layout)
     _base_finding(res, ctx, comp, table, THETA)
     err = _table_error(table)
@@ -219,7 +221,9 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
         if failure is not None:
             raise failure
         raise ctx.learner.fail("forward", f"{comp.name} returned no rotated queries and keys of shape "
-                               f"{tuple(q.shape)} for any layout of the rotary table")
+                               f"{tuple(q.shape)} for any layout of the rotary table",
+                               f"不论旋转表怎样排布，{comp.name} 都没有返回形状为 {tuple(q.shape)} "
+                               "的旋转后的 query 和 key")
     layout, meta, shape, rot, out, found = best if best else (*first, None)
     _layout_convention(res, rot)
     if meta:
@@ -362,7 +366,9 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
     if tensors:
         return _rotated_module(res, ctx, comp, call, len(tensors), q, k, names)
     raise ctx.learner.fail("forward", f"{comp.name}'s forward returned {shape_of(raw)}: neither a rotary "
-                           "table (cos, sin) nor the rotated input")
+                           "table (cos, sin) nor the rotated input",
+                           f"{comp.name} 的 forward 返回了 {shape_of(raw)}：既不是旋转表 (cos, sin)，"
+                           "也不是旋转后的输入")
 
 
 def _rotated_module(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any], n: int,

@@ -116,7 +116,7 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
             result.driven = partial.driven  # what drove it (their model, or a stand-in that refused the call)
     except (MappingError, DiscoveryError) as err:
         result = ComponentResult(comp.kind, comp.name, ERROR,
-                                 error=LearnerError("mapping", str(err), "__init__"))
+                                 error=LearnerError("mapping", str(err), "__init__", message_zh=err.zh))
     except SystemExit as err:  # sys.exit in their code, called where the runner does not wrap the call
         result = ComponentResult(comp.kind, comp.name, ERROR, error=learner_error(err, ctx.path, "check"))
     except Exception as err:  # a bug of the grader's: said so, never shown as the learner's traceback
@@ -135,6 +135,12 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
             result.status, result.adapter = NOT_CHECKED, adapter_hint(comp)
     if ctx.hyperparameter_note is not None:
         result.notes.append(ctx.hyperparameter_note)
+    if comp.found_by == "signature":
+        result.notes.append(text(
+            f"found as a {KINDS_BY_NAME[comp.kind].en} by what it does (the arguments it takes and, for a "
+            "function of logits, what a call returns), not by its name",
+            f"按它做的事认作{KINDS_BY_NAME[comp.kind].zh}（看它接受的参数；"
+            "作用于 logits 的函数还看一次调用的返回值），不是按名字"))
     if not result.findings and result.status in (FAIL, ERROR) and (
             result.error is None or result.error.kind == "exception"):
         result.findings += inherited(comp, ctx)
@@ -296,7 +302,7 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
         everything = find_components(module, overrides, None, found)  # a layer may be built from theirs
     except DiscoveryError as err:  # --component names something the file does not define
         result.error = LearnerError("discovery", str(err), "discovery",
-                                    message_zh=f"--component 有误：{err}")
+                                    message_zh=f"--component 有误：{err.zh or err}")
         return result
     todo = [c for c in components if c.name not in (skip or [])]
     if not components:

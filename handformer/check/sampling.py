@@ -111,7 +111,9 @@ def check_temperature(comp: Component, ctx: Context) -> ComponentResult:
         if dist is None:
             raise ctx.learner.fail("forward", f"{comp.name}(logits, {t}) returned {shape_of(out)} for logits "
                                    f"of shape {tuple(logits.shape)}; expected logits (or probabilities) of "
-                                   "that shape")
+                                   "that shape",
+                                   f"logits 的形状为 {tuple(logits.shape)} 时，{comp.name}(logits, {t}) "
+                                   f"返回了 {shape_of(out)}；应当返回同样形状的 logits（或概率）")
         right = torch.softmax(apply_temperature(logits, t), -1)
         err = fp.max_error(dist, right)
         worst = max(worst, err)
@@ -179,7 +181,9 @@ def check_top_k(comp: Component, ctx: Context) -> ComponentResult:
         read = kept_tokens(out, logits)
         if read is None:
             raise ctx.learner.fail("forward", f"{comp.name}(logits, {k}) returned {shape_of(out)}; expected "
-                                   f"filtered logits of shape {tuple(logits.shape)}")
+                                   f"filtered logits of shape {tuple(logits.shape)}",
+                                   f"{comp.name}(logits, {k}) 返回了 {shape_of(out)}；应当返回形状为 "
+                                   f"{tuple(logits.shape)} 的过滤后的 logits")
         kept, fill = read
         right = torch.isfinite(top_k_filter(logits, k))
         wrong = int((kept != right).sum())
@@ -282,7 +286,9 @@ def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
         read = kept_tokens(out, logits)
         if read is None:
             raise ctx.learner.fail("forward", f"{comp.name}(logits, {p}) returned {shape_of(out)}; expected "
-                                   f"filtered logits of shape {tuple(logits.shape)}")
+                                   f"filtered logits of shape {tuple(logits.shape)}",
+                                   f"{comp.name}(logits, {p}) 返回了 {shape_of(out)}；应当返回形状为 "
+                                   f"{tuple(logits.shape)} 的过滤后的 logits")
         _fill_finding(res, ctx, comp, out, *read)
         kept_all.append(read[0])
 
@@ -405,7 +411,9 @@ def check_greedy(comp: Component, ctx: Context) -> ComponentResult:
         return finish(res)
     if tokens is None:
         raise ctx.learner.fail("forward", f"{comp.name}(logits) returned {shape_of(out)} for logits of shape "
-                               f"{tuple(logits.shape)}; expected one token id per row")
+                               f"{tuple(logits.shape)}; expected one token id per row",
+                               f"logits 的形状为 {tuple(logits.shape)} 时，{comp.name}(logits) 返回了 "
+                               f"{shape_of(out)}；应当每行返回一个 token id")
     wrong = int((tokens != logits.argmax(-1)).sum())
     res.max_abs_error = float(wrong)
     res.checks.append(Check(text(f"picks the most likely token of each of {logits.size(0)} rows",
@@ -429,12 +437,15 @@ def _draw(ctx: Context, call: Caller, options: dict[str, Any], seed: int) -> Ten
         return tokens
     if as_tokens(raw, 1) is None:  # not a step written for one row at a time either
         raise ctx.learner.fail("forward", f"{call.comp.name} returned {shape_of(raw)} for logits of shape "
-                               f"{tuple(batch.shape)}; expected one token id per row")
+                               f"{tuple(batch.shape)}; expected one token id per row",
+                               f"logits 的形状为 {tuple(batch.shape)} 时，{call.comp.name} 返回了 "
+                               f"{shape_of(raw)}；应当每行返回一个 token id")
     one = SAMPLE_ROW[None]
     draws = [as_tokens(call(one, **options), 1) for _ in range(DRAWS)]
     if any(d is None for d in draws):
         raise ctx.learner.fail("forward", f"{call.comp.name} returned no token id for logits of shape "
-                               f"(1, {V})")
+                               f"(1, {V})",
+                               f"logits 的形状为 (1, {V}) 时，{call.comp.name} 没有返回 token id")
     return torch.cat(draws)
 
 

@@ -217,7 +217,12 @@ class Schedule:
                 f"{comp.name}: {what}; name the arguments as the paper's rate(step, d_model, factor, "
                 "warmup) or cosine's get_lr_cosine_schedule(it, max_learning_rate, min_learning_rate, "
                 "warmup_iters, cosine_cycle_iters) do (or their common aliases: model_size, "
-                "warmup_steps, max_lr, min_lr, total_steps, ...)"
+                "warmup_steps, max_lr, min_lr, total_steps, ...)",
+                zh=f"{comp.name}：{('填不了参数 ' + repr(unknown[0])) if unknown else '看不出是哪种调度'}；"
+                   "请像论文的 rate(step, d_model, factor, warmup) 或余弦调度的 get_lr_cosine_schedule(it, "
+                   "max_learning_rate, min_learning_rate, warmup_iters, cosine_cycle_iters) "
+                   "那样给参数起名（或用常见的别名：model_size、warmup_steps、max_lr、min_lr、total_steps "
+                   "等）"
             )
         self.sizes = dict(PAPER if self.family == "paper" else COSINE)
         if self.family == "cosine" and not self.args["min_lr"]:
@@ -256,6 +261,7 @@ class Schedule:
                 "__init__",
                 f"{self.comp.name}(optimizer, ...) returned "
                 f"{type(sched).__name__}, not a scheduler with .step()",
+                f"{self.comp.name}(optimizer, ...) 返回了 {type(sched).__name__}，不是带 .step() 的调度器",
             )
         out: dict[int, float | BaseException] = {}
         for s in range(max(self.steps) + 1):
@@ -271,7 +277,8 @@ def _as_float(ctx: Context, comp: Component, out: Any, step: int) -> float:
         return float(out)
     except (TypeError, ValueError, RuntimeError):
         raise ctx.learner.fail(
-            "forward", f"{comp.name} returned {type(out).__name__} at step {step}, not a number"
+            "forward", f"{comp.name} returned {type(out).__name__} at step {step}, not a number",
+            f"{comp.name} 在 step {step} 返回了 {type(out).__name__}，不是一个数"
         ) from None
 
 

@@ -19,7 +19,12 @@ from handformer.check import variants as V
 
 
 class MappingError(ValueError):
-    """The learner's parameters do not fit the component; the message says what was found."""
+    """The learner's parameters do not fit the component; the message says what was found (`zh`:
+    in Chinese)."""
+
+    def __init__(self, message: str, zh: str = "") -> None:
+        super().__init__(message)
+        self.zh = zh
 
 
 @dataclass
@@ -135,7 +140,9 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
             shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
             raise MappingError(f"cannot tell what {label} ({type(sub).__name__}: {shapes}) is; "
                                "handformer maps nn.Linear layers, norms (1-D weight and bias) and "
-                               "embeddings")
+                               "embeddings",
+                               zh=f"看不出 {label}（{type(sub).__name__}：{shapes}）是什么；handformer "
+                                  "能对应的是 nn.Linear 层、归一化（一维的 weight 和 bias）和嵌入")
     return found
 
 
@@ -185,7 +192,9 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
         raise MappingError(
             f"{what}: expected {4 * count} nn.Linear(d_model, d_model) layers ({count} x W_Q, W_K, "
             f"W_V, W_O) with d_model={D}, found {len(square)}; its parameterised layers are: "
-            f"{_shapes(linears)}")
+            f"{_shapes(linears)}",
+            zh=f"{what}：d_model={D} 时应当有 {4 * count} 个 nn.Linear(d_model, d_model) 层（{count} 组 "
+               f"W_Q、W_K、W_V、W_O），实际找到 {len(square)} 个；它带参数的层是：{_shapes(linears)}")
     groups = [square[i * per:(i + 1) * per] for i in range(count)]
     return [[Slot(f"{p}W_{r}", leaf) for r, leaf in zip("QKVO", group)]
             for p, group in zip(prefixes, groups)]
@@ -200,7 +209,10 @@ def _grouped_slots(linears: list[Leaf], D: int, kv: int, count: int, prefixes: l
         raise MappingError(
             f"{what}: expected W_Q and W_O as nn.Linear(d_model, d_model) and W_K, W_V as "
             f"nn.Linear(d_model, n_kv_heads * head_dim) (d_model={D}, n_kv_heads * head_dim={kv}); "
-            f"its parameterised layers are: {_shapes(linears)}")
+            f"its parameterised layers are: {_shapes(linears)}",
+            zh=f"{what}：W_Q 和 W_O 应当是 nn.Linear(d_model, d_model)，W_K、W_V 应当是 nn.Linear(d_model, "
+               f"n_kv_heads * head_dim)（d_model={D}，n_kv_heads * head_dim={kv}）；它带参数的层是："
+               f"{_shapes(linears)}")
     per = len(square) // count
     return [[Slot(f"{p}W_Q", square[i * per]), Slot(f"{p}W_K", narrow[2 * i]),
              Slot(f"{p}W_V", narrow[2 * i + 1])]
@@ -240,7 +252,10 @@ def ffn_slots(linears: list[Leaf], D: int, F: int | None, what: str) -> list[lis
                     [Slot("FFN W_gate", ups[1]), Slot("FFN W_up", ups[0])]]
     raise MappingError(f"{what}: expected nn.Linear(d_model, d_ff) then nn.Linear(d_ff, d_model) "
                        f"(d_model={D}, d_ff={F}; gated FFNs have two nn.Linear(d_model, d_ff)), "
-                       f"found: {_shapes(linears)}")
+                       f"found: {_shapes(linears)}",
+                       zh=f"{what}：应当先是 nn.Linear(d_model, d_ff)，再是 nn.Linear(d_ff, "
+                          f"d_model)（d_model={D}，d_ff={F}；门控 FFN 有两个 nn.Linear(d_model, d_ff)），"
+                          f"实际找到：{_shapes(linears)}")
 
 
 def is_gated(slots: list[Slot]) -> bool:
@@ -314,7 +329,9 @@ def norm_weights(slot: Slot) -> V.NormWeights:
 def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str) -> list[Slot]:
     if len(norms) != count:
         raise MappingError(f"{what}: expected {count} norms ({', '.join(names)}), found "
-                           f"{len(norms)}: {_shapes(norms)}")
+                           f"{len(norms)}: {_shapes(norms)}",
+                           zh=f"{what}：应当有 {count} 个归一化（{', '.join(names)}），实际找到 "
+                              f"{len(norms)} 个：{_shapes(norms)}")
     return [Slot(f"norm {i + 1} ({n})", leaf) for i, (n, leaf) in enumerate(zip(names, norms))]
 
 

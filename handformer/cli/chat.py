@@ -15,7 +15,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     session = chat(args.run_dir, system=args.system, temperature=args.temperature, top_k=args.top_k,
                    top_p=args.top_p, seed=args.seed, max_new_tokens=args.max_new_tokens,
                    device=args.device, notify=lambda note: print(f"note: {note}", file=sys.stderr),
-                   speculate=speculate)
+                   speculate=speculate, thinking=args.think)
     interactive = sys.stdin.isatty()
     failed = False
     while True:
@@ -51,6 +51,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=None,
                    help="sample from the smallest set of tokens with total probability >= P")
     p.add_argument("--seed", type=int, default=None, help="random seed, for reproducible replies")
+    p.add_argument("--think", action=argparse.BooleanOptionalAction, default=None,
+                   help="the chat template's thinking switch (enable_thinking): --think reasons in "
+                   "<think>...</think> before the answer, --no-think answers at once (default: the "
+                   "template's own choice)")
     p.add_argument("--device", default="cpu")
     add_speculation_args(p)
     p.set_defaults(func=cmd_chat)

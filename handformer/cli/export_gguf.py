@@ -17,7 +17,7 @@ def cmd_export_gguf(args: argparse.Namespace) -> int:
     return 0
 
 
-TYPES = ("f32", "f16", "q8_0")  # gguf_export.TYPES, listed here so that building the parser imports nothing
+TYPES = ("f32", "f16", "q8_0", "q4_0")  # gguf_export.TYPES, here so that building the parser imports nothing
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +27,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", help="the language-model run to export")
     p.add_argument("out", help="the .gguf file to write")
     p.add_argument("--type", choices=TYPES, default="f32",
-                   help="tensor type of the matrices: f32 (exact), f16, or q8_0 (8-bit blocks); norms and "
+                   help="tensor type of the matrices: f32 (exact), f16, q8_0 (8-bit blocks) or q4_0 (4-bit "
+                   "blocks); norms and "
                    "biases stay f32 (default f32)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     p.set_defaults(func=cmd_export_gguf)

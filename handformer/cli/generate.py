@@ -57,6 +57,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None, help="random seed, for reproducible samples")
     p.add_argument("--device", default="cpu")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile the decoding step (tens of seconds first; pays only for long outputs)")
+                   help="run the decoding step compiled with fixed shapes (torch.compile; tens of seconds "
+                   "to compile first)")
     add_speculation_args(p)
     p.set_defaults(func=cmd_generate)

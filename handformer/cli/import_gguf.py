@@ -9,7 +9,7 @@ def cmd_import_gguf(args: argparse.Namespace) -> int:
     from handformer.cli.common import report_import
     from handformer.tasks.lm.imports import import_gguf
 
-    result = import_gguf(args.gguf_file, args.run_dir, overwrite=args.overwrite)
+    result = import_gguf(args.gguf_file, args.run_dir, overwrite=args.overwrite, int4=args.int4)
     return report_import(result, args.run_dir)
 
 
@@ -20,4 +20,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("gguf_file", help="the .gguf file to read")
     p.add_argument("run_dir", help="run directory to write (for `handformer generate`)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in RUN_DIR")
+    p.add_argument("--int4", action="store_true", help="keep the file's Q4_0 matrices 4-bit: an int4 run "
+                   "(groups of 32, the file's scales) instead of float32 weights")
     p.set_defaults(func=cmd_import_gguf)

@@ -23,8 +23,9 @@ from torch import Tensor, nn
 
 from handformer.models.causal_lm import CausalLM
 
-_ATTENTION = ("self_attn", "attn")  # the attention module of a transformers block (Llama-like, GPT-2)
-_FFN = ("mlp", "block_sparse_moe", "ffn")  # its feed-forward (dense, Mixtral's older name, ours)
+# the attention module of a block: transformers' Llama-like and GPT-2, Meta's and llama2.c's `attention`
+_ATTENTION = ("self_attn", "attn", "attention")
+_FFN = ("mlp", "block_sparse_moe", "ffn", "feed_forward")  # the FFN: dense, Mixtral, ours, Meta
 
 
 @dataclass
@@ -87,7 +88,8 @@ def _record(layers: nn.ModuleList, head: nn.Module) -> tuple[dict[str, Tensor], 
 def _run(model: nn.Module, layers: nn.ModuleList, head: nn.Module, input_ids: Tensor) -> dict[str, Tensor]:
     seen, handles = _record(layers, head)
     try:
-        seen["logits"] = model(input_ids).logits  # (B, T, V)
+        out = model(input_ids)
+        seen["logits"] = out.logits if hasattr(out, "logits") else _first_tensor(out)  # (B, T, V)
     finally:
         for handle in handles:
             handle.remove()
@@ -97,7 +99,9 @@ def _run(model: nn.Module, layers: nn.ModuleList, head: nn.Module, input_ids: Te
 def first_divergence(ours: CausalLM, hf_model: nn.Module, input_ids: Tensor,
                      atol: float = 1e-4) -> Divergence:
     """Run `input_ids` (B, T) through handformer's model and transformers' (both in eval mode) and
-    compare stage by stage: the largest absolute difference of each, and the first past `atol`."""
+    compare stage by stage: the largest absolute difference of each, and the first past `atol`.
+    The other model may be any Llama-like module with `model.layers` (or `transformer.h`) and
+    `get_output_embeddings()`, returning `.logits` or a logits tensor (a course learner's, wrapped)."""
     ours.eval()
     hf_model.eval()
     mine = _run(ours, ours.layers, ours.lm_head, input_ids)

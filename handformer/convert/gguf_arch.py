@@ -43,6 +43,7 @@ from handformer.config import (
     setting_name,
     setting_value,
 )
+from handformer.convert.hf_weights import halves_to_pairs, pairs_to_halves
 from handformer.families.catalogue import GGUF_ENTRIES, SPECS, spec_of
 from handformer.families.spec import GgufEntry
 from handformer.settings import is_int, is_number
@@ -211,15 +212,16 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
 
 # --- weights ---------------------------------------------------------------------------------------
 
-def _pairs(w: Tensor, heads: int) -> Tensor:
+def _pairs(w: Tensor, heads: int, rotary: int) -> Tensor:
     """Half-split RoPE rows (handformer, Hugging Face) -> adjacent pairs (llama.cpp's Llama), per head:
-    rows (x_0..x_{Dh/2-1}, y_0..y_{Dh/2-1}) become (x_0, y_0, x_1, y_1, ...)."""
-    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    rows (x_0..x_{r/2-1}, y_0..y_{r/2-1}) become (x_0, y_0, x_1, y_1, ...) for the `rotary` rows
+    RoPE turns (all of a head's but in GLM-4, which turns half)."""
+    return halves_to_pairs(w, w.shape[0] // heads, rotary)
 
 
-def _halves(w: Tensor, heads: int) -> Tensor:
+def _halves(w: Tensor, heads: int, rotary: int) -> Tensor:
     """The inverse of `_pairs`."""
-    return w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    return pairs_to_halves(w, w.shape[0] // heads, rotary)
 
 
 def _is_norm_weight(key: str) -> bool:
@@ -229,9 +231,9 @@ def _is_norm_weight(key: str) -> bool:
 def to_gguf_layout(key: str, tensor: Tensor, cfg: CausalLMConfig, family: Family) -> Tensor:
     """One handformer tensor as the family stores it in GGUF."""
     if family.rope == "pairs" and ".q_proj." in key:
-        return _pairs(tensor, cfg.n_heads)
+        return _pairs(tensor, cfg.n_heads, cfg.rotary_dim)
     if family.rope == "pairs" and ".k_proj." in key:
-        return _pairs(tensor, cfg.kv_heads)
+        return _pairs(tensor, cfg.kv_heads, cfg.rotary_dim)
     if family.norm_offset and _is_norm_weight(key):
         return 1.0 + tensor.float()  # GGUF holds the gain; 1 + w is exact in float32 both ways
     return tensor
@@ -241,9 +243,9 @@ def from_gguf_layout(key: str, tensor: Tensor, cfg: CausalLMConfig, family: Fami
     """The inverse of `to_gguf_layout`. Gemma's gains come back as fl(1 + w) - 1, whose 1 + w is
     the exported gain exactly: the imported model computes the same bits."""
     if family.rope == "pairs" and ".q_proj." in key:
-        return _halves(tensor, cfg.n_heads)
+        return _halves(tensor, cfg.n_heads, cfg.rotary_dim)
     if family.rope == "pairs" and ".k_proj." in key:
-        return _halves(tensor, cfg.kv_heads)
+        return _halves(tensor, cfg.kv_heads, cfg.rotary_dim)
     if family.norm_offset and _is_norm_weight(key):
         return tensor - 1.0
     return tensor
@@ -517,8 +519,9 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
         if value_dim != head_dim:
             raise ValueError(f"{where}: value heads {value_dim} wide and key heads {head_dim} wide; "
                              "handformer's heads are one width")
-        if rotary != head_dim and family.longrope and 0 < rotary < head_dim and rotary % 2 == 0:
-            settings["rope_fraction"] = rotary / head_dim  # Phi-4-mini: the first dims of each head
+        partial = "rope_fraction" in family.writes  # Phi-4-mini, GLM-4
+        if rotary != head_dim and partial and 0 < rotary < head_dim and rotary % 2 == 0:
+            settings["rope_fraction"] = rotary / head_dim  # the first dims of each head
         elif rotary != head_dim:
             raise ValueError(f"{where}: {k(gguf.Keys.Rope.DIMENSION_COUNT)}={rotary} rotates part of "
                              f"each {head_dim}-wide head; handformer rotates whole heads")

@@ -17,10 +17,12 @@ as the model computes with them: int8 and int4 values times their scales (and ze
 A translation run (encoder-decoder) is refused: llama.cpp runs decoder-only models.
 
 Tensor types (--type), as llama.cpp's convert_hf_to_gguf.py chooses them: f32 writes every tensor
-in float32; f16 and q8_0 write the matrices (embeddings, projections, the output head) in float16
-or Q8_0 and keep norms, biases, position embeddings and rope_freqs in float32. A matrix whose rows
-are not a multiple of 32 long cannot be Q8_0 and is written as float16 (noted). Q8_0 blocks are
-made by handformer's own gguf_quants.quantize_q8_0. The file is written atomically.
+in float32; f16, q8_0 and q4_0 write the matrices (embeddings, projections, the output head) in
+float16, Q8_0 or Q4_0 and keep norms, biases, position embeddings and rope_freqs in float32. A
+matrix whose rows are not a multiple of 32 long cannot be Q8_0 or Q4_0 and is written as float16
+(noted). The blocks are made by handformer's own gguf_quants.quantize_q8_0 and quantize_q4_0 (the
+same bytes as llama.cpp's reference quantizers; llama-quantize's Q4_0 would write the output head
+in Q6_K, this writes every matrix in Q4_0). The file is written atomically.
 """
 
 from __future__ import annotations
@@ -43,12 +45,14 @@ from handformer.convert.gguf_arch import (
     write_hparams,
 )
 from handformer.convert.gguf_file import write_gguf
-from handformer.convert.gguf_quants import QK8_0, quantize_q8_0
+from handformer.convert.gguf_quants import QK8_0, quantize_q4_0, quantize_q8_0
 from handformer.convert.gguf_tokenizer import write_tokenizer
 
-TYPES = ("f32", "f16", "q8_0")
+TYPES = ("f32", "f16", "q8_0", "q4_0")
 _FILE_TYPES = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-               "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+               "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0, "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}
+_BLOCKS = {"q8_0": (quantize_q8_0, gguf.GGMLQuantizationType.Q8_0),
+           "q4_0": (quantize_q4_0, gguf.GGMLQuantizationType.Q4_0)}  # QK8_0 = QK4_0 = 32 weights a block
 
 
 # --- the run's weights, as floats ------------------------------------------------------------------
@@ -68,9 +72,10 @@ def encode(name: str, tensor: Tensor, type_name: str,
     """(array for the writer, GGML type, or None for a float32 / float16 array) for one tensor."""
     if type_name == "f32" or _stays_f32(name, tensor):
         return tensor.to(torch.float32).numpy(), None
-    if type_name == "q8_0" and tensor.shape[-1] % QK8_0 == 0:
-        return quantize_q8_0(tensor).numpy(), gguf.GGMLQuantizationType.Q8_0
-    return tensor.to(torch.float16).numpy(), None  # f16, or a Q8_0 whose rows do not fit blocks of 32
+    if type_name in _BLOCKS and tensor.shape[-1] % QK8_0 == 0:
+        quantize, ggml_type = _BLOCKS[type_name]
+        return quantize(tensor).numpy(), ggml_type
+    return tensor.to(torch.float16).numpy(), None  # f16, or blocks whose rows do not fit 32 a block
 
 
 # --- checks ----------------------------------------------------------------------------------------
@@ -128,7 +133,7 @@ def write_model_gguf(out: Path, state: dict[str, Tensor], cfg: CausalLMConfig, f
     tensors += longrope_tensors(cfg)  # Phi-3.5 / Phi-4-mini: rope_factors_short and _long
     _check_finite(tensors)
     encoded = [(name, *encode(name, t, type_name)) for name, t in tensors]
-    if type_name == "q8_0":
+    if type_name in _BLOCKS:
         wide = sorted({t.shape[-1] for name, t in tensors if not _stays_f32(name, t) and t.shape[-1] % QK8_0})
         if wide:
             notes.append(f"matrices with rows {', '.join(map(str, wide))} long (not a multiple of {QK8_0}) "
@@ -138,7 +143,7 @@ def write_model_gguf(out: Path, state: dict[str, Tensor], cfg: CausalLMConfig, f
     def add_metadata(writer: gguf.GGUFWriter) -> None:
         writer.add_name(model_name)
         writer.add_file_type(_FILE_TYPES[type_name])
-        if type_name == "q8_0":
+        if type_name in _BLOCKS:
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         write_hparams(writer, cfg, family)
         write_tokenizer(writer, tokenizer, tokenizer_json, tokens, cfg.vocab_size, chat_template, notes)

@@ -16,10 +16,15 @@ Llama 3's rope scaling (rope_freqs.weight). The tokenizer (gguf_tokenizer.py), i
 and the chat template (written as chat_template.jinja, with the special-token strings in
 tokenizer_config.json, as `handformer chat` reads them) come along.
 import_gguf(export_gguf(run)) at f32 is the run again: the same weights, settings, tokenizer.
+
+`q4_0_blocks` reads the file's Q4_0 matrices kept 4-bit instead (values 0..15 and a float16 scale
+per 32 weights, split and reordered as the float tensors are), for an int4 run whose Int4Linear
+layers compute with exactly the file's weights (tasks/lm/imports.py, `import-gguf --int4`).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -38,6 +43,7 @@ from handformer.convert.gguf_arch import (
     split_tensor,
 )
 from handformer.convert.gguf_file import GGUFFile
+from handformer.convert.gguf_quants import q4_0_to_int4
 from handformer.families import build_causal_lm
 
 ROPE_FREQS = "rope_freqs.weight"
@@ -142,4 +148,22 @@ def state_from_gguf(file: GGUFFile, cfg: CausalLMConfig, family: Family, zeros: 
     return state
 
 
-__all__ = ["config_from_gguf", "family_of_file", "state_from_gguf"]
+def q4_0_blocks(file: GGUFFile, cfg: CausalLMConfig, family: Family) -> dict[str, tuple[Tensor, Tensor]]:
+    """Model weight key -> ((N, K) uint8 values 0..15, (N, K / 32) float32 scales) for every
+    matrix the file holds in Q4_0, in handformer's layout (the same split and row order as
+    `state_from_gguf`'s float tensors). Call after `state_from_gguf` has checked the shapes."""
+    expected = _expected_shapes(cfg)
+    out: dict[str, tuple[Tensor, Tensor]] = {}
+    for name, keys in import_plan(cfg, family, expected).items():
+        tensor = file.tensors[name]
+        if tensor.type_name != "Q4_0":
+            continue
+        q, scales = q4_0_to_int4(torch.from_numpy(np.array(tensor.raw)), tensor.shape)
+        # both split and reorder along rows only, so the scales follow their values
+        parts = zip(split_tensor(name, q, keys, cfg, family, expected).items(),
+                    split_tensor(name, scales, keys, cfg, family, expected).values())
+        out.update({key: (values, part_scales) for (key, values), part_scales in parts})
+    return out
+
+
+__all__ = ["config_from_gguf", "family_of_file", "q4_0_blocks", "state_from_gguf"]

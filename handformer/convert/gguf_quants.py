@@ -1,5 +1,5 @@
-"""GGML's tensor encodings, written out by hand: Q8_0 to write, and F32, F16, BF16, Q8_0, Q4_0,
-Q4_K, Q5_K and Q6_K to read back as float32.
+"""GGML's tensor encodings, written out by hand: Q8_0 and Q4_0 to write, F32, F16, BF16, Q8_0, Q4_0,
+Q4_K, Q5_K and Q6_K to read back as float32, and Q4_0 to read back kept 4-bit (for Int4Linear).
 
 GGML quantizes each row of a weight in blocks. Every block stores one or two float16 scales and a
 few bits per weight; the layouts are llama.cpp's `block_*` structs (ggml-common.h), read here
@@ -19,6 +19,12 @@ Quantizing to Q8_0 follows llama.cpp's reference `quantize_row_q8_0_ref`: d = ma
 float32, q = w / d rounded half away from zero (C's roundf), d stored as float16. The products
 are computed in the reference's order, in float32, so the results are the same bits as llama.cpp's
 own (tests/test_gguf.py checks both directions against the `gguf` package).
+
+Quantizing to Q4_0 follows `quantize_row_q4_0_ref`: the block's value of largest magnitude (the
+first, on a tie) is `peak`, d = peak / -8, q = min(15, trunc(w / d + 8.5)) in float32, so the peak
+itself becomes q = 0 and d keeps its sign. `q4_0_to_int4` hands the blocks to
+inference/quant_int4.py's Int4Linear as they are: its w = (Q - 8) * scale + zero with Q = q,
+scale = d and zero = 0 is Q4_0's w = d * (q - 8), the same float32 bits.
 """
 
 from __future__ import annotations
@@ -56,6 +62,36 @@ def quantize_q8_0(weight: Tensor) -> Tensor:
     q = round_half_away(blocks * inverse).to(torch.int8)  # (nb, 32), |q| <= 127
     packed = torch.cat([d.to(torch.float16).view(torch.uint8), q.view(torch.uint8)], dim=1)  # (nb, 34)
     return packed.reshape(*weight.shape[:-1], weight.shape[-1] // QK8_0 * 34)
+
+
+def quantize_q4_0(weight: Tensor) -> Tensor:
+    """A float tensor whose last dimension is a multiple of 32 -> its Q4_0 bytes, (..., K / 32 * 18)."""
+    if weight.shape[-1] % QK4_0:
+        raise ValueError(f"Q4_0 needs rows that are a multiple of {QK4_0} long, got {weight.shape[-1]}")
+    blocks = weight.detach().to(torch.float32).reshape(-1, QK4_0)  # (nb, 32)
+    peak = blocks.gather(1, blocks.abs().argmax(dim=1, keepdim=True))  # (nb, 1), signed
+    d = peak / -8
+    inverse = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    q = torch.trunc(blocks * inverse + 8.5).clamp(0, 15).to(torch.uint8)  # (nb, 32), 0..15
+    nibbles = q[:, :16] | (q[:, 16:] << 4)  # (nb, 16): weight j low, weight j + 16 high
+    packed = torch.cat([d.to(torch.float16).view(torch.uint8), nibbles], dim=1)  # (nb, 18)
+    return packed.reshape(*weight.shape[:-1], weight.shape[-1] // QK4_0 * 18)
+
+
+def q4_0_to_int4(raw: Tensor, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """A tensor's Q4_0 bytes and its (..., K) shape -> ((..., K) uint8 values 0..15, (..., K / 32)
+    float32 scales d): Int4Linear's values and scales in groups of 32 (its zeros are 0)."""
+    if not shape or shape[-1] % QK4_0:
+        raise ValueError(f"Q4_0 rows must be a multiple of {QK4_0} long, got shape {shape}")
+    n = 1
+    for size in shape:
+        n *= size
+    if raw.numel() != n // QK4_0 * 18:
+        raise ValueError(f"Q4_0 data of shape {shape} needs {n // QK4_0 * 18} bytes, got {raw.numel()}")
+    blocks = raw.reshape(-1, 18)  # (nb, 18)
+    qs = blocks[:, 2:]  # (nb, 16)
+    q = torch.cat([qs & 0x0F, qs >> 4], dim=1)  # (nb, 32): weights 0..15, then 16..31
+    return q.reshape(shape), _f16(blocks[:, :2]).reshape(*shape[:-1], shape[-1] // QK4_0)
 
 
 def _f16(raw: Tensor) -> Tensor:
@@ -146,4 +182,5 @@ def dequantize(raw: Tensor, type_name: str, shape: tuple[int, ...]) -> Tensor:
     return out.reshape(shape)
 
 
-__all__ = ["BLOCKS", "QK8_0", "QK_K", "dequantize", "quantize_q8_0", "round_half_away"]
+__all__ = ["BLOCKS", "QK4_0", "QK8_0", "QK_K", "dequantize", "q4_0_to_int4", "quantize_q4_0", "quantize_q8_0",
+           "round_half_away"]

@@ -63,6 +63,8 @@ FAMILY_SETTINGS: dict[str, tuple[Any, str]] = {
     "attn_sinks": (False, "attention sinks"),
     "swiglu_limit": (None, "clamped SwiGLU experts"),
     "mla": (None, "multi-head latent attention"),
+    "attn_output_gate": (False, "gated attention output"),
+    "deltanet": (None, "gated DeltaNet linear attention"),
     "query_scale_beta": (None, "queries scaled by their position"),
 }
 
@@ -143,7 +145,7 @@ def _joined(state: dict[str, Tensor], target: Target, cfg: CausalLMConfig) -> Te
         else:
             joined = torch.cat(tensors, dim=0)
         if target.rope_pairs:  # back to the checkpoint's RoPE pairs
-            joined = halves_to_pairs(joined, cfg.head_dim)
+            joined = halves_to_pairs(joined, cfg.head_dim, cfg.rotary_dim)
         parts.append(joined.t() if target.transpose else joined)
     return (torch.stack(parts) if target.stacked else parts[0]).contiguous()
 

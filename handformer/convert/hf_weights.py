@@ -192,15 +192,22 @@ def _source_shape(target: Target, expected: dict[str, tuple[int, ...]],
     return (len(groups), *shape) if target.stacked else shape
 
 
-def pairs_to_halves(w: Tensor, head_dim: int) -> Tensor:
+def pairs_to_halves(w: Tensor, head_dim: int, rotary_dim: int | None = None) -> Tensor:
     """Rows of RoPE's adjacent pairs (x0, y0, x1, y1, ...) per head -> half-split (x0, x1, ..., y0,
-    y1, ...), the order handformer's RoPE turns: (H*Dh, ...) -> (H*Dh, ...)."""
-    return w.reshape(-1, head_dim // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    y1, ...), the order handformer's RoPE turns: (H*Dh, ...) -> (H*Dh, ...). With partial RoPE only
+    each head's first `rotary_dim` rows move (GLM-4 turns half of them); the rest stay."""
+    r = rotary_dim or head_dim
+    heads = w.reshape(-1, head_dim, *w.shape[1:])  # (H, Dh, ...)
+    turned = heads[:, :r].reshape(-1, r // 2, 2, *w.shape[1:]).transpose(1, 2)  # (H, 2, r/2, ...)
+    return torch.cat([turned.reshape(-1, r, *w.shape[1:]), heads[:, r:]], dim=1).reshape(w.shape)
 
 
-def halves_to_pairs(w: Tensor, head_dim: int) -> Tensor:
+def halves_to_pairs(w: Tensor, head_dim: int, rotary_dim: int | None = None) -> Tensor:
     """The inverse of `pairs_to_halves`."""
-    return w.reshape(-1, 2, head_dim // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    r = rotary_dim or head_dim
+    heads = w.reshape(-1, head_dim, *w.shape[1:])  # (H, Dh, ...)
+    turned = heads[:, :r].reshape(-1, 2, r // 2, *w.shape[1:]).transpose(1, 2)  # (H, r/2, 2, ...)
+    return torch.cat([turned.reshape(-1, r, *w.shape[1:]), heads[:, r:]], dim=1).reshape(w.shape)
 
 
 def _apply(tensor: Tensor, target: Target, expected: dict[str, tuple[int, ...]],
@@ -213,7 +220,7 @@ def _apply(tensor: Tensor, target: Target, expected: dict[str, tuple[int, ...]],
         if target.transpose:
             part = part.t()  # (in, out) -> Linear (out, in)
         if target.rope_pairs:  # RoPE's adjacent pairs -> handformer's half-split rows (a copy)
-            part = pairs_to_halves(part, cfg.head_dim)
+            part = pairs_to_halves(part, cfg.head_dim, cfg.rotary_dim)
         if target.interleaved:  # row r of the source is row r // n of key r % n
             out.update({k: part[j::len(keys)] for j, k in enumerate(keys)})
         elif len(keys) == 1:  # the whole tensor (a scalar has no dim 0 to split)

@@ -67,6 +67,11 @@ CHAPTERS: tuple[Chapter, ...] = (
             ("past the tutorials (llama2.c's model)", "教程之外（llama2.c 的模型）"), 17),
     Chapter(15, "ch15_kv_cache", "The KV cache", "KV 缓存", ("kv_cache", "generate"),
             (f"{NEXT_EN} (generation), made fast", f"{NEXT_ZH}（自回归生成）的提速"), 18),
+    Chapter(16, "ch16_train_gpt", "Train your GPT on real text", "在真实文本上训练你的 GPT",
+            ("lm_train_step",), ("手写Transformer 05 (training), on a language model",
+                                 "手写Transformer 05（训练），换成语言模型"), 13),
+    Chapter(17, "ch17_stories", "A real model in your code", "真实的模型跑在你的代码里", ("llama2c",),
+            ("past the tutorials (llama2.c's stories260K)", "教程之外（llama2.c 的 stories260K）"), 17),
 )
 
 

@@ -3,7 +3,9 @@ own process, in the course's language), import the learner's freshly edited file
 task (dates written out in words -> ISO dates) as tensors for training their own model.
 
 HANDFORMER_COURSE_SMOKE=1 (set by the tests) makes the notebooks small: at most 50 training steps
-(`steps`) of at most 16 sentences (`batch_size`), and 5 sentences to translate (`sentences`).
+(`steps`) of at most 16 sentences (`batch_size`), and 5 sentences to translate (`sentences`); the
+LLM chapters' data (tiny Shakespeare, stories260K) is then never downloaded: found through the data
+lookup, or a small text in its place (`shakespeare`), or the cell says it is missing (`stories260k`).
 
 Shape legend: B batch, S source length, T target length.
 """
@@ -19,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -48,6 +51,11 @@ def batch_size(n: int) -> int:
 def sentences(n: int) -> int:
     """n sentences to translate, or at most 5 in smoke mode."""
     return min(n, SMOKE_SENTENCES) if smoke() else n
+
+
+def small(n: int, smoke_n: int) -> int:
+    """n, or smoke_n in smoke mode (a size of the LLM chapters' models and runs)."""
+    return smoke_n if smoke() else n
 
 
 def course_dir() -> Path:
@@ -198,3 +206,108 @@ class CycleLM(torch.nn.Module):
 
     def decode(self, idx: Tensor) -> str:
         return "".join(self.vocab[i] for i in idx[0].tolist())
+
+
+# --- chapters 16 and 17: real text, a real model ----------------------------------------------------
+
+SMOKE_CHARS = 20_000
+SMOKE_TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
+              "First Citizen:\nYou are all resolved rather to die than to famish?\n\n")
+RUN_C_STORY = (  # llama2.c's run.c: `./run stories260K.bin -z tok512.bin -t 0 -n 256` (tests/test_llama2c.py)
+    'Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, '
+    'she saw a big, red ball. She wanted to play with it, but it was too high.\nLily\'s mom said, "Lily, '
+    'let\'s go to the park." Lily was sad and didn\'t know what to do. She said, "I want to play with your '
+    'ball, but I can\'t find it."\nLily was sad and didn\'t know what to do. She said, "I\'m sorry, Lily. I '
+    'didn\'t know what to do."\nLily didn\'t want to help her mom, so she said, "I\'m sorry, mom. I didn\'t '
+    'know what to do." Her mom said, "Don\'t worry, Lily. We can help you.')
+
+
+def shakespeare() -> str:
+    """Tiny Shakespeare through handformer's data lookup (`handformer data get tinyshakespeare`;
+    downloaded into the cache when it is nowhere). In smoke mode: its first 20,000 characters when it
+    is on this machine, else a few of its lines repeated (nothing is downloaded)."""
+    from handformer.data import lookup
+
+    if not smoke():
+        return lookup.text_file("tinyshakespeare").read_text("utf-8")
+    found = lookup.find("tinyshakespeare", "input.txt")
+    if found is None:
+        print("tinyshakespeare is not on this machine: a few of its lines stand in (smoke mode)"
+              if language() == "en" else "本机没有 tinyshakespeare：用其中几行代替（smoke 模式）")
+        return SMOKE_TEXT * 40
+    return found.read_text("utf-8")[:SMOKE_CHARS]
+
+
+@dataclass
+class CharText:
+    """A text one character a token: the vocabulary, and the ids of its first 90% (train) and the
+    rest (val) as 1-D tensors."""
+
+    chars: list[str]
+    train: Tensor
+    val: Tensor
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+
+def char_text(text: str) -> CharText:
+    chars = sorted(set(text))
+    index = {c: i for i, c in enumerate(chars)}
+    data = torch.tensor([index[c] for c in text], dtype=torch.long)
+    n = int(0.9 * len(data))
+    return CharText(chars, data[:n], data[n:])
+
+
+class HandformerLM(torch.nn.Module):
+    """handformer's own Llama (`CausalLM`) of the sizes the course's Llama takes, its forward
+    returning the logits (B, T, V) as the learner's does: the model to set theirs beside."""
+
+    def __init__(self, vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, d_ff: int,
+                 max_len: int) -> None:
+        super().__init__()
+        from handformer.config import CausalLMConfig
+        from handformer.models.causal_lm import CausalLM
+
+        cfg = CausalLMConfig.llama_style(vocab_size=vocab_size, d_model=d_model, n_heads=n_heads,
+                                         n_kv_heads=n_kv_heads, d_ff=d_ff, n_layers=n_layers,
+                                         max_positions=max_len, norm_eps=1e-6, tie_embeddings=False)
+        self.model = CausalLM(cfg)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        return self.model(idx).logits
+
+
+def stories260k() -> Path | None:
+    """The folder of llama2.c's stories260K (the model and its tokenizer) through handformer's data
+    lookup, downloaded into the cache when it is nowhere; in smoke mode only when it is on this
+    machine (else None, and one line says so)."""
+    from handformer.data import lookup
+
+    if not smoke():
+        return lookup.folder("stories260K")
+    found = lookup.find_folder("stories260K")
+    if found is None:
+        print("stories260K is not on this machine (`handformer data get stories260K`): skipped in smoke "
+              "mode" if language() == "en" else "本机没有 stories260K（`handformer data get stories260K`）："
+              "smoke 模式下跳过")
+    return found
+
+
+def story_tokenizer(folder: Path) -> Any:
+    """stories260K's 512-token tokenizer (tok512.bin), read by handformer."""
+    from handformer.convert.llama2c_tokenizer import llama2c_tokenizer
+
+    return llama2c_tokenizer(folder / "tok512.bin", 512)
+
+
+@torch.no_grad()
+def handformer_story(folder: Path, n: int) -> list[int]:
+    """handformer's import of stories260K.bin, greedy from BOS (id 1) for n tokens: the ids."""
+    from handformer.check.llama2c import handformer_import
+
+    model = handformer_import(folder / "stories260K.bin")
+    idx = torch.tensor([[BOS]])
+    for _ in range(n):
+        idx = torch.cat([idx, model(idx).logits[:, -1].argmax(-1, keepdim=True)], dim=1)  # (1, T + 1)
+    return idx[0].tolist()

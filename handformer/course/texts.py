@@ -77,4 +77,16 @@ ZH: dict[str, str] = {
     "position of the new token": "新 token 的位置",
     "milliseconds": "毫秒",
     "generated with the cache: {ids}": "用缓存生成的 token：{ids}",
+    # chapter 16
+    "your Llama": "你的 Llama",
+    "handformer's Llama": "handformer 的 Llama",
+    "{name}: {steps} steps in {s:.0f} s, validation loss {val:.3f}":
+        "{name}：训练 {steps} 步，用时 {s:.0f} 秒，验证损失 {val:.3f}",
+    "sampled with your generate_with_cache: {text!r}": "用你的 generate_with_cache 采样：{text!r}",
+    # chapter 17
+    "the story: {story!r}": "讲出的故事：{story!r}",
+    "{n} tokens in {s:.2f} s; handformer's import chose the same: {same}":
+        "{n} 个 token，用时 {s:.2f} 秒；handformer 导入的模型选的 token 完全相同：{same}",
+    "llama2.c's run.c tells the same story: {same}": "和 llama2.c 的 run.c 讲的故事一样：{same}",
+    "probability of the chosen token": "选中的 token 的概率",
 }

@@ -11,7 +11,7 @@ torchtune's builders do), reusing its weights:
 
 | setting                          | family              | variant                                   |
 |----------------------------------|---------------------|-------------------------------------------|
-| norm_placement = "sandwich"      | Gemma 2, Gemma 3    | gemma.SandwichBlock                       |
+| norm_placement = "sandwich"      | Gemma 2, 3; GLM-4   | gemma.SandwichBlock                       |
 | attn_scale_dim, attn_softcap     | Gemma 2, Gemma 3    | gemma.GemmaAttention                      |
 | logit_softcap                    | Gemma 2             | gemma.SoftcappedHead                      |
 | rope_local_theta                 | Gemma 3, OLMo 3     | gemma.LocalGlobalRotary                   |
@@ -28,6 +28,8 @@ torchtune's builders do), reusing its weights:
 | mla                              | DeepSeek-V3         | deepseek.LatentAttention                  |
 | moe.grouped (sigmoid, groups)    | DeepSeek-V3         | deepseek.GroupedMixture                   |
 | activation = "xielu"             | Apertus             | apertus.LearnedXIELU                      |
+| family.attn_output_gate          | Qwen3.5             | qwen3_5.GatedAttention                    |
+| deltanet                         | Qwen3.5             | qwen3_5.GatedDeltaNet                     |
 | family.query_scale_beta          | Ministral 3         | ministral.PositionScaledRotary and        |
 |                                  |                     | ministral.PositionScaledAttention         |
 
@@ -51,6 +53,7 @@ from handformer.families.granite import GraniteAttention, GraniteBlock, ScaledEm
 from handformer.families.hunyuan import RotatedQKNormAttention
 from handformer.families.ministral import put_position_scaled_queries
 from handformer.families.olmo import ReorderedNormBlock, WidthQKNormAttention
+from handformer.families.qwen3_5 import put_deltanets, put_gated_attention
 from handformer.families.smollm import NoRopeAttention
 from handformer.models.causal_lm import CausalLM
 from handformer.replace import replace_layers
@@ -103,6 +106,8 @@ VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, Causa
     (lambda c: c.mla is not None, put_latent_attention),
     (lambda c: c.moe is not None and c.moe.grouped, put_grouped_mixtures),
     (lambda c: c.activation == "xielu", put_learned_xielu),
+    (lambda c: c.family.attn_output_gate, put_gated_attention),
+    (lambda c: c.deltanet is not None, put_deltanets),
     (lambda c: c.family.query_scale_beta is not None, put_position_scaled_queries),
 ]
 

@@ -13,6 +13,9 @@ can be selected, reordered and regrouped, written only through these methods.
   c % W, only the last W columns are held, and a regrouped cache rolls too, so its memory stays W
   slots however long the rows grow. A model that mixes sliding and global layers (Gemma 2/3, Qwen's
   layer_types) rolls its sliding layers only: a global layer holds every column (`layer_slots`).
+- A linear-attention layer (Qwen3.5) holds no columns but a state per row (`KVCache.states`): a
+  reorder or regroup selects the rows' states as it selects their keys; the columns that
+  right-aligning adds or drops are padding the state never saw.
 
 Shape legend: B batch rows, Hkv key/value heads, S columns (the longest row), C capacity,
 W window slots, Dh head dim.
@@ -42,7 +45,7 @@ class DecodingCache(RollingKVCache):
     @property
     def rows(self) -> int:
         """Batch rows held (0 before the first forward)."""
-        return 0 if self.keys[0] is None else self.keys[0].size(0)
+        return held_rows(self)
 
     def columns(self, layer: int) -> tuple[Tensor, Tensor]:
         """The keys and values a layer holds, oldest column first: (B, Hkv, min(length, slots), Dh).
@@ -64,9 +67,12 @@ class DecodingCache(RollingKVCache):
         each cache's rows right-aligned at its own length. A block longer than `width` loses its
         leftmost columns (padding no row needs any more). With a window no larger than the
         capacity, the new cache rolls over W slots and holds only the last W columns."""
-        first = next(c for c, _ in blocks if c.keys[0] is not None)
+        first = next(c for c, _ in blocks if held_rows(c))
         out = cls(len(first.keys), capacity, window, first.global_layers)
         for layer in range(len(first.keys)):
+            if first.states[layer] is not None:  # a linear-attention layer: each row's state
+                out.states[layer] = states_of(blocks, layer)
+                continue
             k0, v0, slots = first.keys[layer], first.values[layer], out.layer_slots(layer)
             held = min(width, slots)  # columns width - held .. width - 1 are kept
             B = sum(index.numel() for _, index in blocks)
@@ -133,6 +139,8 @@ class DecodingCache(RollingKVCache):
                     moved = t.new_empty((n, Hkv, slots, Dh))  # (B', Hkv, slots, Dh)
                 torch.index_select(t[:, :, :filled], 0, index, out=moved[:, :, :filled])
                 store[i], spares[i] = moved, t
+        self.states = [None if state is None else tuple(s.index_select(0, index) for s in state)
+                       for state in self.states]
         if cross is False:
             return
         cross_index = index if cross is True else cross
@@ -141,9 +149,25 @@ class DecodingCache(RollingKVCache):
                 self.cross[i] = (kv[0].index_select(0, cross_index), kv[1].index_select(0, cross_index))
 
 
+def states_of(blocks: Sequence[tuple[KVCache, Tensor]], layer: int) -> tuple[Tensor, ...]:
+    """A linear-attention layer's state of the selected rows of `blocks`, block after block."""
+    chosen = [tuple(s.index_select(0, index.to(s.device)) for s in cache.states[layer])
+              for cache, index in blocks]
+    return tuple(torch.cat(parts) for parts in zip(*chosen))  # each (B, ...)
+
+
+def held_rows(cache: KVCache) -> int:
+    """The batch rows a cache holds (0 before the first forward): its first layer's keys', or
+    states' (a linear-attention layer's)."""
+    for held in (*cache.keys, *(s[0] for s in cache.states if s is not None)):
+        if held is not None:
+            return held.size(0)
+    return 0
+
+
 def columns_of(cache: KVCache, layer: int) -> tuple[Tensor, Tensor]:
     """`DecodingCache.columns` for any KVCache (a prefill's cache is a plain one)."""
     return DecodingCache.columns(cache, layer)  # type: ignore[arg-type]
 
 
-__all__ = ["DecodingCache", "columns_of"]
+__all__ = ["DecodingCache", "columns_of", "held_rows"]

@@ -48,13 +48,18 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def check_chat_options(template: ChatTemplate, system: str | None, max_new_tokens: int | None) -> None:
+def check_chat_options(template: ChatTemplate, system: str | None, max_new_tokens: int | None,
+                       thinking: bool | None = None) -> None:
     """What a chat can refuse before any model is loaded (its sampling options are a
-    SamplingOptions, checked when it was made): max_new_tokens (None: the caller's default), and a
-    template that fails on a first exchange."""
+    SamplingOptions, checked when it was made): max_new_tokens (None: the caller's default), a
+    thinking switch the template does not have, and a template that fails on a first exchange."""
     _check_max_new_tokens(max_new_tokens)
+    if thinking is not None and "enable_thinking" not in template.source:
+        raise ValueError(f"{template.origin} has no thinking switch (it never reads enable_thinking), so "
+                         f"{'--think' if thinking else '--no-think'} would change nothing; leave it out")
     opening = [] if system is None else [{"role": "system", "content": system}]
-    template.render(opening + [{"role": "user", "content": "hi"}])  # fail early, clearly
+    options = {} if thinking is None else {"enable_thinking": thinking}
+    template.render(opening + [{"role": "user", "content": "hi"}], True, **options)  # fail early, clearly
 
 
 def _check_max_new_tokens(max_new_tokens: int | None) -> None:
@@ -64,14 +69,15 @@ def _check_max_new_tokens(max_new_tokens: int | None) -> None:
 
 class ChatSession:
     """A conversation with `model`, sampling with `sampling` (None: temperature 1, unseeded), one
-    generator seeded once for the whole conversation. `send(text)` returns the reply (streamed to
-    `on_text`). A template that cannot render the conversation fails its first `send`
+    generator seeded once for the whole conversation. `thinking` is the template's `enable_thinking`
+    (None: the template's default). `send(text)` returns the reply (streamed to `on_text`). A
+    template that cannot render the conversation fails its first `send`
     (`check_chat_options` finds it sooner, before a model is loaded)."""
 
     def __init__(self, model: CausalLM, tokenizer: Tokenizer, template: ChatTemplate,
                  stop_ids: Sequence[int], *, system: str | None = None,
                  sampling: SamplingOptions | None = None, max_new_tokens: int = 256,
-                 notify: Callable[[str], None] | None = None) -> None:
+                 notify: Callable[[str], None] | None = None, thinking: bool | None = None) -> None:
         _check_max_new_tokens(max_new_tokens)
         if max_new_tokens >= model.cfg.max_positions:
             raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in the model's "
@@ -82,6 +88,8 @@ class ChatSession:
         self.stop_ids = sorted(set(stop_ids))
         self.options = sampling if sampling is not None else SamplingOptions()
         self.max_new_tokens = max_new_tokens
+        # the template's enable_thinking (None: not passed, the template's default)
+        self.template_options = {} if thinking is None else {"enable_thinking": thinking}
         self.notify = notify or (lambda message: None)
         self.messages: list[dict[str, Any]] = []
         if system is not None:
@@ -96,7 +104,8 @@ class ChatSession:
     def encode(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         """The prompt for `messages`: rendered with the assistant header, then tokenized with the
         template's special-token text as special tokens (as transformers' apply_chat_template)."""
-        return self.tokenizer.encode_with_special_tokens(self.template.render(messages, True))
+        return self.tokenizer.encode_with_special_tokens(self.template.render(messages, True,
+                                                                              **self.template_options))
 
     def decode(self, ids: Sequence[int]) -> str:
         """A reply's text: special tokens (a stray end-of-turn marker) are not shown."""
@@ -155,6 +164,8 @@ class ChatSession:
         key_set = frequency_set(self.model)
         if key_set(self.cache.length) != key_set(keep):
             keep = 0  # the cached keys took other frequencies (LongRoPE's long factors) than these will
+        if self.cache.keeps_states and keep < self.cache.length:
+            keep = 0  # linear attention's state cannot forget the positions after `keep`: all again
         self.cache.truncate(keep)
         row = Row(prompt, self.max_new_tokens, self.options, frozenset(self.stop_ids),
                   generator=self.generator, speculation=self.speculation)  # one generator for every turn

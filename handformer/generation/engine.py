@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from handformer.generation.cache import DecodingCache
+from handformer.generation.cache import DecodingCache, held_rows
 from handformer.generation.prefix_cache import Hit, PrefixCache
 from handformer.generation.sampling import SamplingOptions, filter_logits, next_tokens
 from handformer.generation.speculative import (
@@ -60,6 +60,7 @@ from handformer.generation.speculative import (
     drafter_for,
     sampled_probabilities,
 )
+from handformer.inference.static_step import CAPACITY_STEP, StaticStep
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.kv_cache import KVCache
 from handformer.settings import int_at_least
@@ -112,18 +113,23 @@ class Engine:
     (serve's engine thread, under the model's lock)."""
 
     def __init__(self, model: CausalLM, *, pad_id: int = 0, compact: bool = False,
-                 use_cache: bool = True, step_model: Callable[..., object] | None = None,
+                 use_cache: bool = True, static_step: StaticStep | None = None,
                  prefix_cache: PrefixCache | None = None) -> None:
         """pad_id: fed to finished rows that stay in the batch. use_cache=False recomputes every
-        position at each step (slow; for testing the cache). step_model: what runs the one-token
-        steps (the model itself, or its torch.compile'd version). prefix_cache: kept across
-        batches (serve's), whose prefixes prefills reuse."""
+        position at each step (slow; for testing the cache). static_step: the model's compiled
+        one-token step (inference/static_step.py), run when the batch allows it (no padding, every
+        row live; else the model eagerly); the prefill's cache capacity is then rounded up to a
+        multiple of CAPACITY_STEP. prefix_cache: kept across batches (serve's), whose prefixes
+        prefills reuse."""
         self.model, self.pad_id, self.compact, self.use_cache = model, pad_id, compact, use_cache
         self.prefix_cache = prefix_cache if use_cache else None
+        if prefix_cache is not None and model.cfg.linear_layers:
+            raise ValueError("a prefix cache keeps keys and values of positions, but this model's linear-"
+                             "attention layers keep one state a row; decode it without a prefix cache")
         if prefix_cache is not None and prefix_cache.sliding_window != model.cfg.sliding_window:
             raise ValueError("the prefix cache was made for another sliding window than the model's; "
                              "make it with PrefixCache(..., sliding_window=model.cfg.sliding_window)")
-        self.step_model = step_model if step_model is not None else model
+        self.static = static_step if use_cache else None
         self.device = next(model.parameters()).device
         self.rows: list[Row] = []
         self.cache: KVCache | None = None
@@ -228,6 +234,8 @@ class Engine:
             return out.logits[:, -1], None
         # Room for the new tokens when these rows are the whole batch (no regroup copies them).
         room = L + max(row.max_new_tokens for row in rows) - 1 if not self.rows else L
+        if self.static is not None:  # one compiled step serves every capacity in a bucket
+            room = -(-room // CAPACITY_STEP) * CAPACITY_STEP
         cache = self.model.new_cache(max(room, 1))
         out = self.model(ids, mask if padded else None, cache=cache, logits_to_keep=1)
         return out.logits[:, -1], cache  # (P, V)
@@ -334,7 +342,10 @@ class Engine:
             # is these tokens already (no tensor built from a list).
             fed = chosen if all_live and chosen is not None else torch.tensor(tokens, device=self.device)
             ids = fed[:, None]
-            logits = self.step_model(ids, mask, cache=self.cache, logits_to_keep=1).logits[:, -1]  # (B, V)
+            if self.static is not None and all_live and self.static.usable(self.cache, mask):
+                logits = self.static(ids, self.cache)  # (B, V), compiled
+            else:
+                logits = self.model(ids, mask, cache=self.cache, logits_to_keep=1).logits[:, -1]  # (B, V)
         else:
             self.ids[:, S] = torch.tensor(tokens, device=self.device)
             logits = self.model(self.ids[:, :self.width], mask, logits_to_keep=1).logits[:, -1]
@@ -351,6 +362,8 @@ class Engine:
         """One speculative step of the engine's one row (speculative.py): K guesses, one forward
         over the newest token and them, the tokens the acceptance rule keeps, and the cache cut
         back to the positions fed. None when nothing is drafted: a plain step then."""
+        if self.cache.keeps_states:
+            return None  # linear attention's state cannot forget rejected guesses: plain steps
         S, o = self.width, row.options
         k = min(o.speculate.tokens, row.max_new_tokens - len(row.tokens) - 1, self.mask.size(1) - S - 1)
         if k < 1 or self.key_set(S + k + 1) != self.cached_set:  # LongRoPE's switch: a plain step reruns
@@ -445,7 +458,7 @@ def prepare_next(rows: list[Row]) -> None:
 
 
 def rows_of(cache: KVCache) -> int:
-    return 0 if cache.keys[0] is None else cache.keys[0].size(0)
+    return held_rows(cache)
 
 
 def _one_set(positions: int) -> int:

@@ -19,6 +19,7 @@ from torch import Tensor
 from handformer.generation.engine import Choice, Engine, Row
 from handformer.generation.sampling import SamplingOptions, Speculation
 from handformer.generation.speculative import SpeculationStats
+from handformer.inference.static_step import static_step_for
 from handformer.inference.threads import default_threads, intra_op_threads
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
@@ -77,12 +78,13 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
     (slow; for testing the cache). The model runs in eval mode and its training flag is restored
     afterwards. threads: torch intra-op threads while generating ("auto": `default_threads(model)`,
     one for a small model; None: torch's setting; the count is process-wide while `generate` runs,
-    and restored afterwards). compile_step: run the one-token decoding steps through
-    `torch.compile` (same tokens; the first call compiles for tens of seconds on a CPU, so it pays
-    only over tens of thousands of tokens: off by default). speculate: speculative decoding of a
-    single prompt (a `Speculation`: prompt lookup, or its draft_model): the same tokens when greedy,
-    the same distribution when sampling, in fewer forwards; `stats` (a SpeculationStats), when
-    given, counts the guesses drafted and accepted.
+    and restored afterwards). compile_step: run the one-token decoding steps as one compiled
+    step of fixed shapes (inference/static_step.py; the same tokens; the first call for a batch size
+    compiles for tens of seconds on a CPU, later calls reuse it; off by default: docs/benchmarks.md
+    has the figures; models and batches it does not serve decode eagerly). speculate: speculative
+    decoding of a single prompt (a `Speculation`: prompt lookup, or its draft_model): the same
+    tokens when greedy, the same distribution when sampling, in fewer forwards; `stats` (a
+    SpeculationStats), when given, counts the guesses drafted and accepted.
 
     Raises ValueError when a prompt plus max_new_tokens - 1 (the last token is never fed back)
     exceeds the model's max_positions.
@@ -107,10 +109,8 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int]], max_new_tokens: 
             on_token(index[id(choice.row)], choice.token)
 
     with intra_op_threads(default_threads(model) if threads == "auto" else threads), eval_mode(model):
-        # The one-token steps all have the same shapes but the cache length: compiled once for any
-        # length (dynamic), re-wrapping the same model reuses torch's compiled code.
-        step = torch.compile(model, dynamic=True) if compile_step and use_cache else model
-        engine = Engine(model, pad_id=pad_id, use_cache=use_cache, step_model=step)
+        static = static_step_for(model) if compile_step and use_cache else None  # kept per model
+        engine = Engine(model, pad_id=pad_id, use_cache=use_cache, static_step=static)
         for choice in engine.add(rows):
             streamed(choice)
         engine.run(streamed)

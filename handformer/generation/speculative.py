@@ -132,6 +132,8 @@ class DraftModel:
         if k < 1:
             return [], None
         keep = min(common_prefix(self.held, context), len(context) - 1)  # run >= 1 token for logits
+        if self.cache.keeps_states and keep < self.cache.length:
+            keep = 0  # linear attention's state cannot forget positions: the context all again
         self.cache.truncate(keep)
         fed, tokens, drawn = list(context[keep:]), [], []
         self.held = list(context[:keep])

@@ -5,6 +5,10 @@ A layer's buffer holds the positions in order: position p in column p. Each forw
 new keys and values at the current offset (`length`), and attention sees columns 0..length+T-1.
 A sliding-window model's rolling cache is a subclass beside this one (`rolling_kv_cache.py`).
 
+A linear-attention layer (Qwen3.5's gated DeltaNet) keeps no keys: each row's state, a fixed size
+however long the row, in `states` (`LayerKVCache.state`). A state cannot forget its last positions,
+so such a cache truncates to 0 (start again) or to its own length only.
+
 Shape legend: B batch, Hkv key/value heads, S_max cache capacity, Dh head dim, T new positions.
 """
 
@@ -35,6 +39,8 @@ class KVCache:
         self.keys: list[Tensor | None] = [None] * n_layers  # each (B, Hkv, S_max, Dh)
         self.values: list[Tensor | None] = [None] * n_layers
         self.cross: list[tuple[Tensor, Tensor] | None] = [None] * n_layers  # (B, Hkv, S_src, Dh)
+        # a linear-attention layer's state: per row, tensors whose first dim is B (Qwen3.5: conv, recurrent)
+        self.states: list[tuple[Tensor, ...] | None] = [None] * n_layers
         self._layers = [LayerKVCache(self, i) for i in range(n_layers)]  # made once, not per step
 
     def layer(self, i: int) -> LayerKVCache:
@@ -52,11 +58,22 @@ class KVCache:
         what the cache holds after that point); the next forward writes from there."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a KV cache of {self.length} positions to {length}")
+        if length < self.length and self.keeps_states:
+            if length:
+                raise ValueError(f"cannot truncate a cache of linear-attention states from {self.length} "
+                                 f"positions to {length}: a state cannot forget positions; truncate to 0 "
+                                 "and run the kept positions again")
+            self.states = [None] * len(self.states)
         self.length = length
 
     def in_slot_order(self, mask: Tensor | None, n_new: int) -> Tensor | None:
         """`mask` with its key axis in the order the keys come out of the cache: position order."""
         return mask
+
+    @property
+    def keeps_states(self) -> bool:
+        """Whether it holds linear-attention states (then it truncates to 0 or its length only)."""
+        return any(s is not None for s in self.states)
 
 
 class NoCache:
@@ -77,6 +94,14 @@ class NoCache:
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         return k, v  # (B, Hkv, T, Dh): the new positions are all there is
+
+    @property
+    def state(self) -> None:
+        return None  # a linear-attention layer starts from nothing
+
+    @state.setter
+    def state(self, value: tuple[Tensor, ...]) -> None:
+        pass  # and keeps nothing
 
     def advance(self, n: int) -> None:
         pass
@@ -119,6 +144,15 @@ class LayerKVCache:
         values[:, :, start:end] = v
         return keys[:, :, :end], values[:, :, :end]  # (B, Hkv, S, Dh)
 
+    @property
+    def state(self) -> tuple[Tensor, ...] | None:
+        """A linear-attention layer's state after the cached positions (None before the first)."""
+        return self.cache().states[self.index]
+
+    @state.setter
+    def state(self, value: tuple[Tensor, ...]) -> None:
+        self.cache().states[self.index] = value
+
     def buffers(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """This layer's (B, Hkv, S_max, Dh) buffers, allocated at the first update like `k`, `v`."""
         c, i = self.cache(), self.index
@@ -126,6 +160,24 @@ class LayerKVCache:
             c.keys[i] = k.new_empty(k.size(0), k.size(1), c.layer_slots(i), k.size(3))  # (B, Hkv, S_max, Dh)
             c.values[i] = v.new_empty(v.size(0), v.size(1), c.layer_slots(i), v.size(3))
         return c.keys[i], c.values[i]
+
+
+class IndexedLayerKVCache:
+    """One layer's view of a plain `KVCache` for a step whose shapes never change (a compiled step,
+    inference/static_step.py): the new keys and values are written at the column an index tensor
+    holds, and every slot is handed back. The columns not written yet are hidden by the step's
+    mask, so the result is the same attention as `LayerKVCache.update`'s over columns 0..length."""
+
+    memory_kv = None
+
+    def __init__(self, keys: Tensor, values: Tensor, index: Tensor) -> None:
+        self.keys, self.values = keys, values  # (B, Hkv, S_max, Dh), the cache's own buffers
+        self.index = index  # (T,) long: the columns the T new positions go to
+
+    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.keys.index_copy_(2, self.index, k)  # (B, Hkv, T, Dh) into column index
+        self.values.index_copy_(2, self.index, v)
+        return self.keys, self.values  # (B, Hkv, S_max, Dh)
 
 
 class MemoryKVCache:

@@ -105,8 +105,9 @@ class BatchEngine:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model, self.lock, self.max_batch = model, lock, max_batch
         self.metrics = metrics if metrics is not None else ModelMetrics()  # /metrics reads it
+        # off for a model of linear-attention layers (Qwen3.5): their cache is a state a row, not columns
         self.prefix_cache = (PrefixCache(int(prefix_cache_mb * 2**20), model.cfg.sliding_window)
-                             if prefix_cache_mb > 0 else None)
+                             if prefix_cache_mb > 0 and not model.cfg.linear_layers else None)
         self.engine = self._new_engine()
         self.sequences: dict[int, Sequence] = {}  # id(row) -> its sequence, for the rows in the engine
         self.waiting: deque[Sequence] = deque()  # submitted, not yet admitted (the batch was full)

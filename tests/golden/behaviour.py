@@ -170,6 +170,8 @@ def _families() -> dict[str, Any]:
             v_head_dim=5, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 3.0,
                                            "original_max_position_embeddings": 16, "mscale": 0.707,
                                            "mscale_all_dim": 1.0}),
+        "glm4": transformers.Glm4Config(**size, head_dim=12, attention_bias=True,
+                                        rope_parameters={**rope, "partial_rotary_factor": 0.5}),
     }
 
 

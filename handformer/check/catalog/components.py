@@ -58,10 +58,10 @@ DIAGNOSES: list[Diagnosis] = [
       r"^\s*x\s*=\s*(self\.)?(mlp|attn|ffn|feed_forward|self_attn|attention)\w*\(",
       r"(ln|norm)\w*\((?!.*\+).*dropout\(", r"norm\w*\((?!.*\bx\s*\+)", r"norm"),
     d("pre_norm", "the norm placement is mixed: one sublayer is pre-norm, another post-norm",
-      "层归一化的位置前后不一致：有的子层是 pre-norm，有的是 post-norm",
+      "层归一化的位置前后不一致：有的子层是 Pre-Norm，有的是 Post-Norm",
       "use one placement for every sublayer: post-norm x = norm(x + f(x)) (the paper) or pre-norm "
-      "x = x + f(norm(x))", "所有子层使用同一种位置：post-norm x = norm(x + f(x))（论文）或 "
-      "pre-norm x = x + f(norm(x))",
+      "x = x + f(norm(x))", "所有子层使用同一种位置：Post-Norm x = norm(x + f(x))（论文）或 "
+      "Pre-Norm x = x + f(norm(x))",
       r"norm\w*\("),
     d("ffn_no_activation", "the feed-forward network has no activation between its two linear layers",
       "前馈网络的两个线性层之间缺少激活函数",

@@ -66,7 +66,7 @@ DIAGNOSES: list[Diagnosis] = [
     d("dropout_on_residual", "dropout is applied to the residual path", "dropout 用在了残差通路上",
       "drop only the sublayer's output: x = x + dropout(f(norm(x))) (pre-norm) or x = norm(x + "
       "dropout(f(x))) (post-norm)",
-      "只对子层输出做 dropout：x = x + dropout(f(norm(x)))（pre-norm）或 x = norm(x + dropout(f(x)))"
+      "只对子层输出做 dropout：x = x + dropout(f(norm(x)))（Pre-Norm）或 x = norm(x + dropout(f(x)))"
       "（post-norm）",
       r"dropout\w*\(\s*(x|X)\s*[),+]", r"dropout\w*\([^)]*\+", r"dropout"),
     d("rope_wrong_base", "the rotary frequencies use the wrong base or exponent",

@@ -78,6 +78,12 @@ DIAGNOSES: list[Diagnosis] = [
       "在 loss.backward() 和 optimizer.step() 之间裁剪："
       "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
       r"clip_grad", r"step\("),
+    d("train_step_lr_not_set", "the schedule's learning rate is never given to the optimizer, so every step "
+      "updates at the rate the optimizer was built with", "调度给出的学习率从没交给优化器，每一步都按优化器"
+      "创建时的学习率更新",
+      "before optimizer.step(): for group in optimizer.param_groups: group[\"lr\"] = lr",
+      "在 optimizer.step() 之前：for group in optimizer.param_groups: group[\"lr\"] = lr",
+      r"\.step\(", r"def "),
     d("train_step_eval_mode", "model.train() is never called, so a model left in eval mode trains without "
       "dropout", "从没调用 model.train()，停在 eval 模式的模型训练时没有 dropout",
       "call model.train() at the start of the step (or of the epoch); evaluation calls model.eval()",

@@ -26,12 +26,14 @@ def chat(run: str | os.PathLike | LMRun, *, system: str | None = None, temperatu
          top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
          max_new_tokens: int | None = None, device: str | torch.device = "cpu",
          notify: Callable[[str], None] | None = None, run_dir: str | os.PathLike | None = None,
-         speculate: Speculation | None = None) -> ChatSession:
+         speculate: Speculation | None = None, thinking: bool | None = None) -> ChatSession:
     """A `ChatSession` with the run in `run` (a run directory, or an `LMRun` already loaded from
     `run_dir`). Refuses a run without a chat template: base models have none. max_new_tokens
     None: 256, or half the context when that is shorter. temperature, top_k, top_p and seed make
     the session's one SamplingOptions (checked here, before any model is loaded), with `speculate`
-    (speculative decoding: prompt lookup, or its draft_model; `session.speculation` counts it)."""
+    (speculative decoding: prompt lookup, or its draft_model; `session.speculation` counts it).
+    `thinking`: the template's `enable_thinking` (None: the template's default; a template without
+    the switch refuses True and False)."""
     sampling = SamplingOptions(temperature, top_k, top_p, seed, speculate=speculate)
     if isinstance(run, LMRun):
         if run_dir is None:
@@ -44,7 +46,7 @@ def chat(run: str | os.PathLike | LMRun, *, system: str | None = None, temperatu
         raise ValueError(f"{run_dir} has no chat template (chat_template.jinja, or a chat_template in "
                          "tokenizer_config.json), so it cannot chat: use an instruction-tuned checkpoint "
                          "imported with `handformer import-hf`, or `handformer generate` to continue text")
-    check_chat_options(template, system, max_new_tokens)
+    check_chat_options(template, system, max_new_tokens, thinking)
     if not isinstance(run, LMRun):
         run = load_lm(run_dir, device, decoding=True)  # our own copy: prepared for speed
     stop_ids = stop_ids_for(run.tokenizer, run.tokens.eos_ids, template)
@@ -54,7 +56,7 @@ def chat(run: str | os.PathLike | LMRun, *, system: str | None = None, temperatu
     if max_new_tokens is None:
         max_new_tokens = min(256, run.model.cfg.max_positions // 2)
     return ChatSession(run.model, run.tokenizer, template, stop_ids, system=system, sampling=sampling,
-                       max_new_tokens=max_new_tokens, notify=notify)
+                       max_new_tokens=max_new_tokens, notify=notify, thinking=thinking)
 
 
 __all__ = ["chat"]

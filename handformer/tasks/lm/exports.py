@@ -179,7 +179,7 @@ class ExportedGGUF:
     path: Path
     arch: str  # general.architecture
     family: str  # for the summary: "Llama", "GPT-2", ...
-    type_name: str  # "f32", "f16" or "q8_0"
+    type_name: str  # "f32", "f16", "q8_0" or "q4_0"
     n_tensors: int
     n_bytes: int
     notes: list[str] = field(default_factory=list)

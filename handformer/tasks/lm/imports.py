@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from handformer.convert.gguf_file import check_types, read_gguf
-from handformer.convert.gguf_import import config_from_gguf, family_of_file, state_from_gguf
+from handformer.convert.gguf_import import config_from_gguf, family_of_file, q4_0_blocks, state_from_gguf
 from handformer.convert.gguf_tokenizer import special_tokens_from_gguf, tokenizer_from_gguf
 from handformer.convert.hf_fp8 import dequantize_fp8, fp8_blocks
 from handformer.convert.hf_import import (
@@ -150,10 +150,44 @@ def _chat_files(run_dir: Path, metadata: dict[str, Any], tokenizer: Any, tokens:
     atomic_write_text(run_dir / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
 
 
+def keep_q4_0(model: Any, blocks: dict[str, tuple[Any, Any]], where: str) -> dict[str, Any]:
+    """Turn `model`'s linear layers into Int4Linear (groups of 32) holding the file's Q4_0 values
+    and scales as they are (zeros 0: w = d * (q - 8)); returns the run's "quantization" section.
+    The output head may be another type (llama-quantize writes it in Q6_K): it then stays float."""
+    from torch import nn
+
+    from handformer.inference.quant import quantize_linears
+    from handformer.inference.quant_int4 import Int4Linear, pack_nibbles
+    from handformer.tasks.lm.quantization import HEAD
+
+    if model.cfg.tie_embeddings and "embed.weight" in blocks:
+        blocks = {**blocks, f"{HEAD}.weight": blocks["embed.weight"]}  # the head is the embedding
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    other = [name for name in linears if name != HEAD and f"{name}.weight" not in blocks]
+    if other:
+        listed = ", ".join(other[:4]) + (" ..." if len(other) > 4 else "")
+        raise ValueError(f"{where}: --int4 keeps Q4_0 matrices 4-bit, but {len(other)} linear layers are "
+                         f"another type in the file ({listed}); import without --int4 to read every tensor "
+                         "as float32")
+    head = f"{HEAD}.weight" in blocks
+    biases = {name: m.bias for name, m in linears.items()}
+    quantize_linears(model, skip=() if head else (HEAD,), bits=4, group_size=32, empty=True)
+    for name, m in model.named_modules():
+        if isinstance(m, Int4Linear):
+            values, scales = blocks[f"{name}.weight"]
+            m.weight.copy_(pack_nibbles(values))
+            m.scales.copy_(scales)
+            m.zeros.zero_()
+            bias = biases[name]
+            m.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+    return {"weights": "int4", "head": head, "group_size": 32}
+
+
 def import_gguf(path: str | os.PathLike, run_dir: str | os.PathLike, overwrite: bool = False,
-                ) -> ImportedLM:
+                int4: bool = False) -> ImportedLM:
     """Convert the GGUF file at `path` into a run directory. Nothing is written unless every
-    check passes."""
+    check passes. `int4`: keep the file's Q4_0 matrices 4-bit (an int4 run, `keep_q4_0`) instead
+    of reading them as float32."""
     path, run_dir = Path(path), Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise ValueError(f"{run_dir} is a file; give a directory for the run")
@@ -167,10 +201,15 @@ def import_gguf(path: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
     tokenizer = tokenizer_from_gguf(file.metadata, cfg.vocab_size, str(path))
     tokens = special_tokens_from_gguf(file.metadata, cfg.vocab_size, notes)
     model = model_from_state(cfg, state_from_gguf(file, cfg, family, zeros))
+    sections: dict[str, Any] = {}
+    if int4:
+        sections["quantization"] = keep_q4_0(model, q4_0_blocks(file, cfg, family), str(path))
+        notes.append("the Q4_0 matrices are kept 4-bit (Int4Linear, groups of 32, the file's float16 "
+                     "scales); the embedding table is read as float32")
     types = Counter(t.type_name for t in file.tensors.values())
     source = {"gguf": str(path.resolve()), "architecture": family.arch, "model_type": family.model_type,
               "tensor_types": dict(sorted(types.items())), "notes": notes}
     _chat_files(run_dir, file.metadata, tokenizer, tokens)
-    save_lm_run(run_dir, model, tokenizer, tokens, source=source)
+    save_lm_run(run_dir, model, tokenizer, tokens, source=source, **sections)
     return ImportedLM(run_dir, family.arch, f"GGUF {family.name}", model.num_parameters(), cfg.n_layers,
                       cfg.vocab_size, tokens, notes)

@@ -2,7 +2,8 @@
 
     1. base   a BPE tokenizer (with ChatML's role tokens reserved) and a Llama-style model
               pretrained on the tasks' facts as plain text ("37 plus 48 is 85.") and on the
-              embedded pydoc corpus; the chat template written here (ChatML, replies marked)
+              embedded pydoc corpus; the chat template written here (ChatML, replies marked; on
+              the reasoning tasks with the thinking switch `enable_thinking`)
     2. sft    supervised fine-tuning on conversations of the tasks (one to three turns, some with
               a system message), the loss on the assistant's replies only, packed
     3. dpo    preference pairs on other training questions: the right answer over the SFT
@@ -259,6 +260,9 @@ def train_base(cfg: SpeedrunChatConfig, problems: ProblemSet | ReasoningSet, out
         atomic_write_text(data / "pretrain.txt", text)
         tok = Tokenizer.train_bpe([text], cfg.vocab_size)
         tok.hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ROLE_TOKENS])
+        if cfg.tasks == "reasoning":  # <think> and </think> one token each, as serve's thinking reads them
+            tok.hf.add_tokens([AddedToken(t, special=False, normalized=False)
+                               for t in reasoning_stages.THINK_TOKENS])
         tok.save(data / "tokenizer.json")
         prepare(data / "pretrain.txt", data / "shards", str(data / "tokenizer.json"), val_fraction=0.02,
                 progress=False, log=log)
@@ -271,8 +275,13 @@ def train_base(cfg: SpeedrunChatConfig, problems: ProblemSet | ReasoningSet, out
         "data": {"shards": str(data / "shards"), "tokenizer": str(data / "tokenizer.json"),
                  "block_size": cfg.block_size, "batch_size": cfg.pretrain_batch, "eval_batches": 8}})
     run_train_lm(job, run_dir, resume=state == "resume", log=log)
-    atomic_write_text(run_dir / TEMPLATE_FILE, CHAT_TEMPLATE)
+    atomic_write_text(run_dir / TEMPLATE_FILE, chat_template(cfg))
     return run_dir
+
+
+def chat_template(cfg: SpeedrunChatConfig) -> str:
+    """ChatML; on the reasoning tasks with the thinking switch (enable_thinking)."""
+    return reasoning_stages.CHAT_TEMPLATE if cfg.tasks == "reasoning" else CHAT_TEMPLATE
 
 
 def _train(cfg: SpeedrunChatConfig, steps: int, lr: float, warmup: int) -> dict[str, Any]:
@@ -318,6 +327,8 @@ def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print, base: str 
     out.mkdir(parents=True, exist_ok=True)
     problems = ProblemSet(cfg.seed) if cfg.tasks == "facts" else ReasoningSet(cfg.seed)
     held = held_out_questions(cfg, problems)
+    if cfg.tasks == "reasoning" and (note := reasoning_stages.length_note(cfg.grpo_max_new_tokens)):
+        log(note)
     report: dict[str, Any] = {"config": asdict(cfg), "base": None if base is None else str(base),
                               "stages": {}}
     previous = None
@@ -369,7 +380,7 @@ def run_stage(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet | Reason
 
         _fresh(out / "base")
         ids = add_special_tokens(base, out / "base", list(ROLE_TOKENS), end_of_turn="<|im_end|>")
-        atomic_write_text(out / "base" / TEMPLATE_FILE, CHAT_TEMPLATE)
+        atomic_write_text(out / "base" / TEMPLATE_FILE, chat_template(cfg))
         log(f"[base] {base} with the role tokens added (ids {ids}), its embeddings grown to match")
         return {"from": str(base)}
     if stage == "base":

@@ -5,11 +5,19 @@ run is scored on held-out questions.
     pretraining  worked solutions as text (question, <think> steps </think>, answer), with the
                  facts the steps use (the days of each month, sums of two digits)
     sft          one-turn conversations: half with the worked steps inside <think>...</think>,
-                 half answered directly after a system message that asks for the answer only
+                 half answered directly, rendered as the template renders enable_thinking=False
+                 (an empty <think></think> written before the answer, not learned)
     dpo          the worked reply over the SFT model's own wrong reply (or, where it was right,
                  over a worked reply whose last step went wrong)
     grpo         the questions with their kind and key: reasoning_reward checks the answer, the
                  form and the length
+
+The chat template (CHAT_TEMPLATE) is ChatML with Qwen3's thinking switch: a reply that does not
+open `<think>` is written after an empty section `<think>\n\n</think>\n`, outside the text the
+loss learns, and `enable_thinking=False` ends the generation prompt with that empty section; left
+undefined or true, the prompt ends at the assistant header and the model opens `<think>` itself
+(learned from the replies that think). So one model answers both ways, and the switch is the
+template's (`handformer chat --no-think`, serve's `reasoning_effort: "none"`).
 
 Every stage draws from the `train` split; the evaluation asks the `search` split (the recipe
 search looks at it) or, once at the end, the `report` split (`eval_split`).
@@ -22,12 +30,42 @@ import random
 from pathlib import Path
 from typing import Any
 
-from handformer.tasks.speedrun_chat.reasoning import REASONING_KINDS, ReasoningSet, Task, parse_reply
+from handformer.tasks.speedrun_chat.reasoning import (
+    REASONING_KINDS,
+    THINK_CLOSE,
+    THINK_OPEN,
+    ReasoningSet,
+    Task,
+    parse_reply,
+)
 from handformer.tasks.speedrun_chat.scoring import Reply, replies, score, text_answers
 
 REWARD = "handformer.tasks.speedrun_chat.reasoning:reasoning_reward"
-NO_THINK = "Answer with the answer only, without thinking."
 THINK_SHARE = 0.5  # SFT conversations with the worked steps
+THINK_TOKENS = (THINK_OPEN, THINK_CLOSE)  # tokens of their own (not special: a reply's text keeps them)
+EMPTY_THINKING = "<think>\n\n</think>\n"  # before a reply that does not think
+# A worked reply's tokens and its end: up to 98 (medians 41 to 70 a kind), measured with BPE
+# vocabularies of 512 and 2,048 tokens; fewer new tokens cut every reply that thinks.
+WORKED_REPLY_TOKENS = 100
+# ChatML with the thinking switch; the assistant's reply and its end token marked for the loss.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if not m['content'].startswith('<think>') %}{{ '<think>\\n\\n</think>\\n' }}{% endif %}"
+    "{% generation %}{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+    "{% else %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if enable_thinking is defined and not enable_thinking %}{{ '<think>\\n\\n</think>\\n' }}{% endif %}"
+    "{% endif %}")
+
+
+def length_note(max_new_tokens: int) -> str | None:
+    """What to change when the replies' token limit cuts the worked replies (None: it does not)."""
+    if max_new_tokens >= WORKED_REPLY_TOKENS:
+        return None
+    return (f"note: grpo_max_new_tokens={max_new_tokens} (the reply length of GRPO and of the evaluation) "
+            f"cuts the worked replies (up to about {WORKED_REPLY_TOKENS} tokens), so a reply that thinks "
+            f"scores 0; --set grpo_max_new_tokens={WORKED_REPLY_TOKENS + 12} --set block_size=160")
 
 
 def facts_text(seed: int) -> list[str]:
@@ -53,14 +91,12 @@ def pretraining_documents(n: int, tasks: ReasoningSet) -> list[str]:
 
 
 def sft_records(n: int, tasks: ReasoningSet) -> list[dict]:
+    """One-turn conversations, THINK_SHARE of them with the worked steps; the others answer directly
+    (the template writes the empty thinking section before them, as enable_thinking=False does)."""
     rng = random.Random(f"{tasks.seed}:sft-think")
-    out = []
-    for task in tasks.sample(n, "train", "sft"):
-        think = rng.random() < THINK_SHARE
-        system = [] if think else [{"role": "system", "content": NO_THINK}]
-        out.append({"messages": [*system, {"role": "user", "content": task.question},
-                                 {"role": "assistant", "content": task.reply(think)}]})
-    return out
+    return [{"messages": [{"role": "user", "content": task.question},
+                          {"role": "assistant", "content": task.reply(rng.random() < THINK_SHARE)}]}
+            for task in tasks.sample(n, "train", "sft")]
 
 
 def wrong_reply(task: Task) -> str:
@@ -107,7 +143,9 @@ def base_replies(run_dir: Path, held: list[Task], max_new_tokens: int) -> list[R
 def stage_result(stage: str, run_dir: Path, held: list[Task], k: int, max_new_tokens: int, seed: int,
                  ) -> dict[str, Any]:
     """A stage's figures on the held-out questions: `accuracy` and `per_kind` (greedy, what the
-    table and plot show) and `reasoning`, the whole of `score` (intervals, pass@k, the form)."""
+    table and plot show) and `reasoning`, the whole of `score` (intervals, pass@k, the form); a
+    chat stage is asked with the template's default (it thinks) and, greedily, with
+    enable_thinking=False (`reasoning["no_thinking"]`: the same figures without pass@k)."""
     if stage == "base":
         greedy, sampled = base_replies(run_dir, held, max_new_tokens), [[] for _ in held]
     else:
@@ -115,6 +153,9 @@ def stage_result(stage: str, run_dir: Path, held: list[Task], k: int, max_new_to
     settings = {"k": len(sampled[0]) if sampled else 0, "temperature": 1.0, "max_new_tokens": max_new_tokens,
                 "seed": seed}
     result = {**score(held, greedy, sampled), "settings": settings}
+    if stage != "base":
+        direct, _ = replies(run_dir, held, 0, 1.0, max_new_tokens, seed, thinking=False)
+        result["no_thinking"] = score(held, direct, [[] for _ in held])
     per_kind = {kind: result["per_kind"][kind]["greedy"]["value"]
                 for kind in REASONING_KINDS if kind in result["per_kind"]}
     examples = [{"question": t.question, "reply": r.text, "answer": t.answer,
@@ -124,5 +165,5 @@ def stage_result(stage: str, run_dir: Path, held: list[Task], k: int, max_new_to
             "examples": examples}
 
 
-__all__ = ["NO_THINK", "REWARD", "dpo_records", "grpo_prompts", "pretraining_documents", "sft_records",
-           "stage_result"]
+__all__ = ["CHAT_TEMPLATE", "EMPTY_THINKING", "REWARD", "THINK_TOKENS", "WORKED_REPLY_TOKENS", "dpo_records",
+           "grpo_prompts", "length_note", "pretraining_documents", "sft_records", "stage_result"]

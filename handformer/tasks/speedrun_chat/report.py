@@ -12,11 +12,12 @@ LABELS = {"base": "base (pretrained, asked as text)", "sft": "+ SFT", "dpo": "+ 
 def accuracy_table(report: dict[str, Any]) -> str:
     """A Markdown table: one row a stage, its accuracy, the change from the stage before, the
     tasks' accuracies and the stage's seconds; on the reasoning tasks also the greedy accuracy's
-    95 % interval, pass@k and the share of replies that ended and parsed to an answer."""
+    95 % interval, pass@k, the greedy accuracy with thinking switched off and the share of replies
+    that ended and parsed to an answer."""
     first = next(iter(report["stages"].values()))
     kinds = list(first.get("per_kind", {})) or list(KINDS)
     reasoning = "reasoning" in first
-    extra = ["95% interval", "pass@k", "ended and parsed"] if reasoning else []
+    extra = ["95% interval", "pass@k", "no thinking", "ended and parsed"] if reasoning else []
     head = "| stage | held-out accuracy | change | " + " | ".join(extra + kinds) + " | seconds |"
     rows = [head, "|" + "---|" * (len(kinds) + len(extra) + 4)]
     before = None
@@ -37,7 +38,9 @@ def accuracy_table(report: dict[str, Any]) -> str:
 def _reasoning_cells(figures: dict[str, Any]) -> list[str]:
     low, high = figures["greedy"]["interval_95"]
     passes = [f"{name} {100 * figures[name]['value']:.1f}%" for name in figures if name.startswith("pass@")]
+    direct = figures.get("no_thinking")  # greedy with enable_thinking=False (the chat stages)
     return [f"{100 * low:.1f} to {100 * high:.1f}%", passes[0] if passes else "",
+            f"{100 * direct['greedy']['value']:.1f}%" if direct else "",
             f"{100 * figures['ended_and_parsed']['value']:.0f}%"]
 
 

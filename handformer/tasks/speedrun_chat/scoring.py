@@ -102,10 +102,11 @@ def _run_rows(model: torch.nn.Module, rows: list[Row], pad_id: int, chunk: int =
 
 
 def replies(run_dir: str | Path, tasks: Sequence[Task], k: int = 8, temperature: float = 1.0,
-            max_new_tokens: int = 128, seed: int = 0) -> tuple[list[Reply], list[list[Reply]]]:
+            max_new_tokens: int = 128, seed: int = 0, thinking: bool | None = None,
+            ) -> tuple[list[Reply], list[list[Reply]]]:
     """The run's greedy reply to each task's question, and `k` replies sampled at `temperature`
     (sample j of question i seeded with seed + i * k + j: reproducible, and independent of the
-    batch it runs in)."""
+    batch it runs in). `thinking`: the template's enable_thinking (None: its default)."""
     from handformer.generation.chat import END_OF_TURN_TOKENS, stop_ids_for
     from handformer.generation.chat_template import load_chat_template
     from handformer.tasks.lm.run import load_lm
@@ -116,11 +117,13 @@ def replies(run_dir: str | Path, tasks: Sequence[Task], k: int = 8, temperature:
     turn_names = [*END_OF_TURN_TOKENS, template.special_tokens.get("eos_token")]
     ends = {run.tokenizer.hf.token_to_id(n) for n in turn_names if n} & stops or stops
     encode = run.tokenizer.encode_with_special_tokens
-    prompts = [encode(template.render([{"role": "user", "content": t.question}], True)) for t in tasks]
+    options = {} if thinking is None else {"enable_thinking": thinking}
+    prompts = [encode(template.render([{"role": "user", "content": t.question}], True, **options))
+               for t in tasks]
     pad = run.tokens.pad_id if run.tokens.pad_id is not None else 0
     greedy_rows = [Row(p, max_new_tokens, SamplingOptions(temperature=0), stops) for p in prompts]
-    options = SamplingOptions(temperature=temperature, seed=seed)
-    sampled_rows = [Row(p, max_new_tokens, options, stops, choice=i * k + j)
+    sampling = SamplingOptions(temperature=temperature, seed=seed)
+    sampled_rows = [Row(p, max_new_tokens, sampling, stops, choice=i * k + j)
                     for i, p in enumerate(prompts) for j in range(k)]
     _run_rows(run.model, greedy_rows + sampled_rows, pad)
 
