@@ -317,6 +317,14 @@ def _glm4():  # four norms a block; RoPE on 6 of each head's 12 dims, adjacent p
 BUILDERS["glm4"] = _glm4
 
 
+def _exaone4():  # norms after the sublayers, q/k norms per head; layers 0-2 and 4 slide, 3 global without RoPE
+    return transformers.Exaone4ForCausalLM(transformers.Exaone4Config(
+        **{**ODD78, "num_hidden_layers": 5}, sliding_window=WINDOW, sliding_window_pattern=4, rope_parameters=ROPE))
+
+
+BUILDERS["exaone4"] = _exaone4
+
+
 @pytest.fixture(scope="module", params=list(BUILDERS))
 def pair(request):
     torch.manual_seed(sorted(BUILDERS).index(request.param))
@@ -425,7 +433,8 @@ GREEDY = SamplingOptions(temperature=0)
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "gpt_oss", "olmo3", "deepseek_v3", "qwen3_5"])
+@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "gpt_oss", "olmo3", "deepseek_v3", "qwen3_5",
+                                  "exaone4"])
 def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(name):
     """serve's batch (rows join and leave, the KV cache regrouped each time) of a model whose
     sliding layers roll over the window while its global layers keep every column, or (DeepSeek-V3)
@@ -442,7 +451,7 @@ def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(
         assert row.tokens == out[0, len(row.prompt):].tolist()
 
 
-@pytest.mark.parametrize("name", ["seed_oss", "olmo3", "hunyuan", "ernie4_5"])
+@pytest.mark.parametrize("name", ["seed_oss", "olmo3", "hunyuan", "ernie4_5", "exaone4"])
 def test_lora_targets_of_todays_families_are_their_checkpoints_projections(name):
     """LoRA on every linear layer of a block (the variants' attention included) adapts the
     projections the checkpoint names: a peft adapter's module names are handformer's."""
@@ -512,7 +521,7 @@ def test_configs_carry_each_familys_variation(pair):
     assert cfg.position == "rope" and cfg.dropout == 0.0
     assert cfg.norm_placement == {"gemma2": "sandwich", "gemma3": "sandwich", "gemma3_scaled": "sandwich",
                                   "olmo2": "reordered", "olmo3": "reordered", "glm4": "sandwich",
-                                  "olmo3_yarn": "reordered"}.get(name, "pre")
+                                  "exaone4": "reordered", "olmo3_yarn": "reordered"}.get(name, "pre")
     expected = {
         "qwen2": dict(qkv_bias=True, bias=False, tie_embeddings=True, rope_theta=1e6, norm_eps=1e-6,
                       sliding_window=None),
@@ -557,6 +566,7 @@ def test_configs_carry_each_familys_variation(pair):
                         family=FamilyConfig(attn_output_gate=True), deltanet=DeltaNetConfig([0, 2, 3], 2, 4, 6, 10, 3)),
         "glm4": dict(norm_placement="sandwich", rope_fraction=0.5, qkv_bias=True, bias=False, head_dim=12,
                      tie_embeddings=False),
+        "exaone4": dict(qk_norm="head", sliding_window=WINDOW, global_layers=[3], nope_layers=[3], head_dim=12),
         "ministral3": dict(family=FamilyConfig(query_scale_beta=0.5, query_scale_positions=8), sliding_window=WINDOW,
                            rope_scaling=YarnRopeScaling(8.0, 8, mscale=1.0, mscale_all_dim=1.0), rope_theta=1e6),
         "olmo3_yarn": dict(rope_theta=5e5, rope_local_theta=5e5, global_layers=[3], norm_placement="reordered",
@@ -778,6 +788,11 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
     ("Glm4Config", {"max_position_embeddings": 32768}),  # GLM-4-9B-0414
     ("Glm4Config", {"hidden_size": 6144, "intermediate_size": 23040, "num_hidden_layers": 61,
                     "num_attention_heads": 48, "attention_bias": False, "rms_norm_eps": 1e-5}),  # GLM-4-32B-0414
+    ("Exaone4Config", {"hidden_size": 2048, "intermediate_size": 4096, "num_hidden_layers": 30,
+                       "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "sliding_window": None,
+                       "layer_types": ["full_attention"] * 30, "tie_word_embeddings": True}),  # EXAONE-4.0-1.2B
+    ("Exaone4Config", {"hidden_size": 5120, "intermediate_size": 27392, "num_hidden_layers": 64,
+                       "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128}),  # EXAONE-4.0-32B
     ("Ministral3Config", {"hidden_size": 3072, "intermediate_size": 9216, "num_hidden_layers": 26,
                           "tie_word_embeddings": True}),  # Ministral 3 3B's text model
     ("Ministral3Config", {}),  # Ministral 3 8B's text model

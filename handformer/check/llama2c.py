@@ -125,7 +125,9 @@ def check_llama2c(comp: Component, ctx: Context) -> ComponentResult:
         model = ctx.learner.call("forward", comp.obj, str(path))
         if not isinstance(model, nn.Module):
             raise ctx.learner.fail("forward", f"{comp.name}(path) returned {type(model).__name__}, not the "
-                                   "model (an nn.Module) with the file's weights")
+                                   "model (an nn.Module) with the file's weights",
+                                   f"{comp.name}(path) 返回了 {type(model).__name__}，"
+                                   "不是装好文件权重的模型（nn.Module）")
         ours = handformer_import(path)
     model.eval()
     with torch.no_grad():
@@ -133,7 +135,9 @@ def check_llama2c(comp: Component, ctx: Context) -> ComponentResult:
         right = ours(IDS).logits  # (B, T, V)
     if logits is None or logits.shape != right.shape:
         raise ctx.learner.fail("forward", f"the loaded model returned no logits of shape (B, T, vocab_size) "
-                               f"= {tuple(right.shape)} for ids of shape {tuple(IDS.shape)}")
+                               f"= {tuple(right.shape)} for ids of shape {tuple(IDS.shape)}",
+                               f"对形状为 {tuple(IDS.shape)} 的 id，装好的模型没有返回形状为 (B, T, "
+                               f"vocab_size) = {tuple(right.shape)} 的 logits")
     err = fp.max_error(logits.double(), right.double())
     res.max_abs_error = err
     c = CONFIG

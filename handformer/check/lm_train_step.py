@@ -118,7 +118,10 @@ class Step:
             raise DiscoveryError(
                 f"{comp.name}: cannot fill the argument {(unknown or ['model / optimizer / x / y'])[0]!r}; "
                 "a language model's training step takes (model, x, y, optimizer, lr): the inputs, the "
-                "targets (the inputs moved on by one token) and the schedule's learning rate")
+                "targets (the inputs moved on by one token) and the schedule's learning rate",
+                zh=f"{comp.name}：填不了参数 {(unknown or ['model / optimizer / x / y'])[0]!r}；"
+                   "语言模型的训练一步接受 (model, x, y, optimizer, lr)：输入、目标（输入往后移一个 token）"
+                   "和调度给出的学习率")
         try:
             source = inspect.getsource(comp.obj)
         except (OSError, TypeError):

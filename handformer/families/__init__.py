@@ -15,9 +15,9 @@ torchtune's builders do), reusing its weights:
 | attn_scale_dim, attn_softcap     | Gemma 2, Gemma 3    | gemma.GemmaAttention                      |
 | logit_softcap                    | Gemma 2             | gemma.SoftcappedHead                      |
 | rope_local_theta                 | Gemma 3, OLMo 3     | gemma.LocalGlobalRotary                   |
-| norm_placement = "reordered"     | OLMo 2              | olmo.ReorderedNormBlock                   |
+| norm_placement = "reordered"     | OLMo 2/3, EXAONE 4  | olmo.ReorderedNormBlock                   |
 | qk_norm = "width"                | OLMo 2              | olmo.WidthQKNormAttention                 |
-| nope_layers                      | SmolLM3             | smollm.NoRopeAttention                    |
+| nope_layers                      | SmolLM3, EXAONE 4   | smollm.NoRopeAttention                    |
 | family.residual_multiplier       | Granite             | granite.GraniteBlock                      |
 | family.attention_multiplier      | Granite             | granite.GraniteAttention                  |
 | family.embedding_multiplier      | Granite             | granite.ScaledEmbedding                   |
