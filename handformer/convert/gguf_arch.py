@@ -90,7 +90,8 @@ _NOT_WRITTEN = {"qk_norm": ("none", "q/k norms"), "moe": (None, "mixture of expe
                 "attn_sinks": (False, "attention sinks"), "swiglu_limit": (None, "clamped SwiGLU experts"),
                 "mla": (None, "multi-head latent attention"),
                 "deltanet": (None, "gated DeltaNet linear attention"),
-                "attn_output_gate": (False, "gated attention output")}
+                "attn_output_gate": (False, "gated attention output"),
+                "query_scale_beta": (None, "queries scaled by their position")}
 
 
 def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:

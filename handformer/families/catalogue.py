@@ -20,6 +20,7 @@ from handformer.families.gpt_oss import GPT_OSS
 from handformer.families.granite import GRANITE
 from handformer.families.hunyuan import HUNYUAN_DENSE
 from handformer.families.llama import LLAMA
+from handformer.families.ministral import MINISTRAL3
 from handformer.families.mistral import MISTRAL
 from handformer.families.mixtral import MIXTRAL
 from handformer.families.olmo import OLMO2, OLMOE
@@ -36,7 +37,7 @@ from handformer.families.starcoder2 import STARCODER2
 SPECS: dict[str, FamilySpec] = {s.model_type: s for s in (
     GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, GEMMA, GEMMA2, GEMMA3_TEXT, SMOLLM3, OLMO2, PHI3, MIXTRAL, QWEN3_MOE,
     QWEN2_MOE, OLMOE, STARCODER2, GRANITE, GPT_OSS, SEED_OSS, OLMO3, HUNYUAN_DENSE, ERNIE4_5,
-    DEEPSEEK_V3, APERTUS, QWEN3_5, GLM4, EXAONE4)}
+    DEEPSEEK_V3, APERTUS, QWEN3_5, GLM4, EXAONE4, MINISTRAL3)}
 
 # llama.cpp's architectures import-gguf reads, in the order messages list them (Mixtral shares
 # Llama's architecture and is told apart by its expert count).
