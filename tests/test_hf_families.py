@@ -676,8 +676,6 @@ def _hf(builder):
      "rope scaling type 'longrope' is not implemented for mistral"),
     ({"model_type": "phi"}, "unsupported model_type 'phi' (Phi-1/2 run attention and the MLP in parallel"),
     ({"model_type": "gemma3"}, "unsupported model_type 'gemma3' (a Gemma 3 with vision"),
-    ({"model_type": "mistral3"}, "unsupported model_type 'mistral3' (Mistral3ForConditionalGeneration: Ministral 3 "
-     "with a vision tower; import its text model"),
 ])
 def test_unimplemented_settings_are_named(change, message):
     with pytest.raises(ValueError) as err:

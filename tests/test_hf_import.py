@@ -360,3 +360,45 @@ def test_existing_run_is_kept_unless_overwrite(checkpoints, tmp_path, capsys):
     assert main(["import-hf", str(hf_dir), str(run_dir), "--overwrite"]) == 0
     assert main(["import-hf", str(hf_dir), str(hf_dir), "--overwrite"]) == 2
     assert "must differ from the checkpoint directory" in capsys.readouterr().err
+
+
+def _qwen3_5_multimodal():
+    text = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=56, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2,
+                linear_key_head_dim=8, linear_value_head_dim=12, linear_conv_kernel_dim=3,
+                layer_types=["linear_attention", "full_attention"], bos_token_id=1, eos_token_id=2)
+    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=48, patch_size=4,
+                  spatial_merge_size=1, temporal_patch_size=1)
+    return transformers.Qwen3_5ForConditionalGeneration(transformers.Qwen3_5Config(text_config=text,
+                                                                                  vision_config=vision))
+
+
+def _mistral3_multimodal():
+    text = dict(model_type="ministral3", vocab_size=VOCAB, hidden_size=48, intermediate_size=56, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=1, head_dim=24, bos_token_id=1, eos_token_id=2,
+                rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                                 "original_max_position_embeddings": 8, "llama_4_scaling_beta": 0.1})
+    vision = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, head_dim=8,
+                  patch_size=4, image_size=16)
+    return transformers.Mistral3ForConditionalGeneration(transformers.Mistral3Config(text_config=text,
+                                                                                    vision_config=vision))
+
+
+@pytest.mark.parametrize("build", [_qwen3_5_multimodal, _mistral3_multimodal])
+@torch.no_grad()
+def test_a_multimodal_checkpoint_imports_its_text_model(build, tmp_path):
+    """The released Qwen3.5 and Ministral 3 checkpoints wrap the text model beside a vision encoder:
+    import-hf takes the text model (its tensors renamed, the vision tensors left out, a note says
+    so), and its logits are the wrapper's on text alone."""
+    torch.manual_seed(0)
+    hf_model = randomize_hf(build(), 0.3).eval()
+    hf_model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    _tokenizer(LLAMA_TOKENS).save(str(tmp_path / "hf" / "tokenizer.json"))
+    result = import_hf(tmp_path / "hf", tmp_path / "run")
+    assert any("left out" in note for note in result.notes), result.notes
+    run = load_lm(tmp_path / "run")
+    text_params = sum(p.numel() for n, p in hf_model.named_parameters() if "language_model" in n or "lm_head" in n)
+    assert run.model.num_parameters() == text_params
+    ids = torch.randint(3, VOCAB, (1, 19), generator=torch.Generator().manual_seed(0))
+    expected = hf_model(input_ids=ids).logits
+    assert torch.allclose(run.model(ids).logits, expected, atol=1e-5), (run.model(ids).logits - expected).abs().max()

@@ -106,6 +106,50 @@ def architecture_of(hf_config: dict[str, Any], path: Path) -> tuple[str, str]:
     return model_type, ARCHITECTURES[model_type]
 
 
+# --- multimodal checkpoints: their text model ------------------------------------------------------
+
+# Released checkpoints that wrap a text model handformer imports beside a vision encoder: the
+# wrapper's model_type -> what is left out. config.json's "text_config" is the text model's config.
+MULTIMODAL = {"qwen3_5": "Qwen3.5's vision encoder (model.visual) and multi-token-prediction layer (mtp)",
+              "mistral3": "Mistral 3's vision tower and projector (model.vision_tower, "
+                          "model.multi_modal_projector)"}
+# the text model's tensors in the wrapper: transformers 5's names, and the names its save_pretrained
+# writes for some wrappers (Mistral 3's) -> the text model's own
+TEXT_PREFIXES = {"model.language_model.": "model.", "language_model.model.": "model.",
+                 "language_model.lm_head.": "lm_head.", "lm_head.": "lm_head."}
+_SHARED_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")  # read from the wrapper when absent
+
+
+def text_config_of(hf_config: dict[str, Any], path: Path) -> tuple[dict[str, Any], str | None]:
+    """(the config to import, a note): a multimodal wrapper's text_config, with the wrapper's
+    special-token ids where the text config has none; any other config as it is."""
+    if hf_config.get("model_type") not in MULTIMODAL:
+        return hf_config, None
+    text = hf_config.get("text_config")
+    if not isinstance(text, dict) or "model_type" not in text:
+        raise ValueError(f"{path}: a {hf_config['model_type']!r} checkpoint keeps its text model's config in "
+                         "'text_config' (an object with a model_type); this one has none: save the "
+                         "checkpoint again with transformers")
+    text = {**{k: hf_config[k] for k in _SHARED_KEYS if k in hf_config}, **text}
+    return text, (f"the text model of a {hf_config['model_type']!r} checkpoint was imported; "
+                  f"{MULTIMODAL[hf_config['model_type']]} left out")
+
+
+def text_weights_of(hf_state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A multimodal wrapper's text-model tensors under the text model's names (TEXT_PREFIXES;
+    an untied head is in the file, a tied one is not); the vision tensors are dropped."""
+    state = {}
+    for name, tensor in hf_state.items():
+        prefix = next((p for p in TEXT_PREFIXES if name.startswith(p)), None)
+        if prefix is not None:
+            state[TEXT_PREFIXES[prefix] + name[len(prefix):]] = tensor
+    if not any(name.startswith("model.") for name in state):
+        raise ValueError("the checkpoint has no text-model tensor (model.language_model.* or "
+                         "language_model.model.*): it is not the multimodal checkpoint its config.json "
+                         "says; save it again with transformers")
+    return state
+
+
 # --- weights ---------------------------------------------------------------------------------------
 
 # safetensors dtype names -> torch dtypes (the header names each tensor's)
@@ -341,6 +385,7 @@ def model_from_state(cfg: CausalLMConfig, state: dict[str, Tensor]) -> CausalLM:
     return model
 
 
-__all__ = ["ARCHITECTURES", "CHAT_FILES", "MappedFiles", "architecture_of", "map_safetensors",
+__all__ = ["ARCHITECTURES", "CHAT_FILES", "MULTIMODAL", "MappedFiles", "architecture_of", "text_config_of",
+           "text_weights_of", "map_safetensors",
            "model_from_state", "prepended_id", "read_hf_weights", "read_json", "special_tokens",
            "write_safetensors"]

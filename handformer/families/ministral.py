@@ -120,8 +120,6 @@ MINISTRAL3 = FamilySpec(
     claims=((28, lambda c: c.family.query_scale_beta is not None),),
     variants=("PositionScaledRotary", "PositionScaledAttention"),
     gguf_unread={"mistral3": "Ministral 3 turns RoPE with YaRN and scales its queries by their position"},
-    look_alikes={"mistral3": "Mistral3ForConditionalGeneration: Ministral 3 with a vision tower; import its "
-                             "text model, saved as Ministral3ForCausalLM (model_type ministral3)"},
     differences=Differences(positions="YaRN", cache="a sliding window on every layer when set",
                             attention="queries scaled by their position (llama_4_scaling_beta)"))
 

@@ -24,8 +24,8 @@ sigmoid(gate_h) before W_O; RoPE turns the first quarter of each head (rope_frac
 Every RMSNorm but the gated one has the gain 1 + w (`rmsnorm_offset`, as Gemma's).
 
 The released checkpoints are multimodal (`qwen3_5`, Qwen3_5ForConditionalGeneration): import-hf
-takes the text model; save it with transformers' Qwen3_5ForCausalLM first (its vision tower and
-its multi-token-prediction layer are left behind).
+reads their text model (convert/hf_import.py: text_config_of), and leaves the vision encoder and
+the multi-token-prediction layer out.
 
 Shape legend: B batch, T new positions, D d_model, C conv channels (2 Hk Dk + Hv Dv), K conv
 kernel, Hk / Hv query-key / value heads, Dk / Dv their widths, H attention heads, Dh head dim.
@@ -337,10 +337,7 @@ QWEN3_5 = FamilySpec(
     variants=("GatedDeltaNet", "GatedAttention"),
     gguf_unread={"qwen35": "Qwen3.5 keeps gated DeltaNet layers (ssm_conv1d, ssm_a, ssm_dt, a recurrent "
                            "state) beside gated attention"},
-    look_alikes={"qwen3_5": "the multimodal Qwen3.5 checkpoint; import-hf reads its text model, model_type "
-                            "'qwen3_5_text': save it with transformers' "
-                            "Qwen3_5ForCausalLM.from_pretrained(path).save_pretrained(out) first",
-                 "qwen3_next": "Qwen3-Next is Qwen3.5's hybrid with a mixture of experts, not implemented"},
+    look_alikes={"qwen3_next": "Qwen3-Next is Qwen3.5's hybrid with a mixture of experts, not implemented"},
     differences=Differences(
         norm="RMSNorm gain 1 + w", positions="RoPE on a quarter of each head",
         attention="gated DeltaNet (linear) in 3 layers of 4, gated attention in the 4th",

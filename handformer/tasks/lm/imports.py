@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from handformer.config import CausalLMConfig
 from handformer.convert.gguf_file import check_types, read_gguf
 from handformer.convert.gguf_import import config_from_gguf, family_of_file, q4_0_blocks, state_from_gguf
 from handformer.convert.gguf_tokenizer import special_tokens_from_gguf, tokenizer_from_gguf
@@ -25,6 +26,8 @@ from handformer.convert.hf_import import (
     read_hf_weights,
     read_json,
     special_tokens,
+    text_config_of,
+    text_weights_of,
     write_safetensors,
 )
 from handformer.convert.hf_weights import (
@@ -69,12 +72,22 @@ def _check_paths(hf_dir: Path, run_dir: Path, overwrite: bool) -> None:
         raise ValueError(f"{run_dir} already holds a run; choose another directory or overwrite it")
 
 
+def _text_model(hf_state: dict[str, Any], cfg: CausalLMConfig) -> tuple[dict[str, Any], CausalLMConfig]:
+    """A multimodal checkpoint's text-model tensors, and its config tied as the file says: a
+    wrapper's config.json and its text_config may disagree, a tied head is not in the file."""
+    state = text_weights_of(hf_state)
+    if cfg.tie_embeddings == ("lm_head.weight" in state):
+        cfg = replace(cfg, tie_embeddings=not cfg.tie_embeddings)
+    return state, cfg
+
+
 def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: bool = False) -> ImportedLM:
     """Convert the checkpoint in `hf_dir` (model_type one of ARCHITECTURES) into a run directory
     (tasks/lm/run.py). Nothing is written unless every check passes."""
     hf_dir, run_dir = Path(hf_dir), Path(run_dir)
     _check_paths(hf_dir, run_dir, overwrite)
-    hf_config = read_json(hf_dir / "config.json", required=True)
+    config_path = hf_dir / "config.json"
+    hf_config, wrapped = text_config_of(read_json(config_path, required=True), config_path)
     model_type, architecture = architecture_of(hf_config, hf_dir / "config.json")
     try:
         cfg = config_from_hf(hf_config)
@@ -90,6 +103,9 @@ def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
 
     files = MappedFiles()
     hf_state, weights = read_hf_weights(hf_dir, files)
+    if wrapped is not None:
+        hf_state, cfg = _text_model(hf_state, cfg)
+        notes.append(wrapped)
     if blocks is not None:
         hf_state = dequantize_fp8(hf_state, blocks)
         notes.append(f"the FP8 (e4m3) weights with {blocks[0]} x {blocks[1]} block scales were dequantized "
