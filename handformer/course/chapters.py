@@ -70,7 +70,8 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter(16, "ch16_train_gpt", "Train your GPT on real text", "在真实文本上训练你的 GPT",
             ("lm_train_step",), ("手写Transformer 05 (training), on a language model",
                                  "手写Transformer 05（训练），换成语言模型"), 13),
-    Chapter(17, "ch17_stories", "A real model in your code", "真实的模型跑在你的代码里", ("llama2c",),
+    Chapter(17, "ch17_stories", "A real model in your code", "真实的模型跑在你的代码里",
+            ("llama2c", "generate"),
             ("past the tutorials (llama2.c's stories260K)", "教程之外（llama2.c 的 stories260K）"), 17),
 )
 
