@@ -344,6 +344,11 @@ class FamilyConfig:
     # Attention's output times sigmoid(gate) per head before W_O, the gate projected by W_Q beside
     # each head's query (Qwen3.5)
     attn_output_gate: bool = False
+    # Queries times 1 + query_scale_beta * ln(1 + floor(position / query_scale_positions)) after RoPE
+    # (Ministral 3's llama_4_scaling_beta over original_max_position_embeddings): a softmax
+    # temperature that grows with the position past the original context. None: not scaled.
+    query_scale_beta: float | None = None
+    query_scale_positions: int | None = None
 
     def validate(self, owner: str, cfg: CausalLMConfig) -> None:
         """Each field checked, and against the model it belongs to (`cfg`); errors name
@@ -360,13 +365,15 @@ class FamilyConfig:
                   "embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"):
             if getattr(self, f) is not None and not _positive_number(getattr(self, f)):
                 _fail(name, f, getattr(self, f), "it must be a number > 0 or None")
-        gemma3 = cfg.mixes_windows and cfg.norm_placement == "sandwich"
-        if self.rope_local_theta is not None and not gemma3:
+        gemma3_or_olmo3 = cfg.mixes_windows and cfg.norm_placement in ("sandwich", "reordered")
+        if self.rope_local_theta is not None and not gemma3_or_olmo3:
             _fail(name, "rope_local_theta", self.rope_local_theta, "a RoPE base of its own for the sliding "
-                  'layers is Gemma 3\'s: it needs global_layers and norm_placement="sandwich"')
+                  'layers is Gemma 3\'s and OLMo 3\'s: it needs global_layers and norm_placement="sandwich" '
+                  'or "reordered"')
         self._validate_gpt_oss(name, cfg)
         if not isinstance(self.attn_output_gate, bool):
             _fail(name, "attn_output_gate", self.attn_output_gate, "it must be true or false")
+        self._validate_query_scale(name, cfg)
 
     def _validate_gpt_oss(self, name: str, cfg: CausalLMConfig) -> None:
         if not isinstance(self.attn_sinks, bool):
@@ -378,6 +385,18 @@ class FamilyConfig:
         if self.swiglu_limit is not None and (cfg.moe is None or cfg.activation != "swiglu"):
             _fail(name, "swiglu_limit", self.swiglu_limit, "the clamped SwiGLU is gpt-oss's experts': it "
                   'needs moe and activation="swiglu"')
+
+    def _validate_query_scale(self, name: str, cfg: CausalLMConfig) -> None:
+        beta, positions = self.query_scale_beta, self.query_scale_positions
+        if beta is not None and not _positive_number(beta):
+            _fail(name, "query_scale_beta", beta, "it must be a number > 0 or None")
+        if positions is not None and not _positive_int(positions):
+            _fail(name, "query_scale_positions", positions, "it must be a positive integer or None")
+        if (beta is None) != (positions is None):
+            _fail(name, "query_scale_beta" if beta is None else "query_scale_positions", None,
+                  "queries scaled by their position need both query_scale_beta and query_scale_positions")
+        if beta is not None and cfg.position != "rope":
+            _fail(name, "query_scale_beta", beta, 'queries are scaled after RoPE: it needs position="rope"')
 
     def to_dict(self) -> dict[str, Any]:
         """The fields that differ from their defaults (a saved section names only what is used)."""

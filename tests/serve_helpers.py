@@ -6,6 +6,7 @@ import json
 import socket
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import helpers
@@ -44,6 +45,20 @@ def qwen3_template() -> str:
     return source.replace(prompt, "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' }}"
                           "{%- if enable_thinking is defined and not enable_thinking -%}{{- '<think>\\n\\n</think>\\n\\n' }}"
                           "{%- else -%}{{- '<think>\\n' }}{%- endif -%}{%- endif -%}")
+
+
+def seed_by_default(monkeypatch, seed: int = 0) -> None:
+    """A request that sends no seed (the Messages API has none) samples as if it sent `seed`, so a
+    test or a docs example gets the same reply on every run: unseeded, the tiny random model could
+    end a reply (or a thinking block) at once on one run in a few dozen."""
+    from handformer.generation.sampling import SamplingOptions
+
+    drawn = SamplingOptions.generator
+
+    def generator(self, device, choice: int = 0):
+        return drawn(self if self.seed is not None else replace(self, seed=seed), device, choice)
+
+    monkeypatch.setattr(SamplingOptions, "generator", generator)
 
 
 def make_lm_run(run_dir: Path, chat: bool = True, max_positions: int = 96, seed: int = 0,

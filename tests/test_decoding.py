@@ -207,22 +207,22 @@ def test_a_wide_beam_finds_the_exhaustive_optimum(seed, max_len, alpha):
 
 def reference_beam_search(model, src: torch.Tensor, max_len: int, K: int, alpha: float,
                           next_logp=None) -> list[int]:
-    """Textbook beam search for one (1, S) source, no cache, no batching, no early stopping: keep
+    """Textbook beam search for one (1, S) source, no cache, no padding, no early stopping: keep
     the K best unfinished hypotheses by summed log-probability; an EOS among the K best candidates
     of a step finishes its hypothesis; at the length limit only EOS may follow; return the finished
     hypothesis with the best score / length^alpha. (Stopping early, as the library does, cannot
-    change the answer: it only skips hypotheses that can no longer win.)"""
+    change the answer: it only skips hypotheses that can no longer win.) The live hypotheses of a
+    step are all t + 1 tokens long, so the model scores them in one forward, with no padding."""
     live: list[tuple[float, list[int]]] = [(0.0, [])]
     finished: list[tuple[float, list[int]]] = []
     for t in range(max_len):
         candidates = []
-        for score, tokens in live:
-            if next_logp is not None:  # a scripted model
-                logp = next_logp(tokens)
-            else:
-                tgt_in = torch.tensor([[BOS] + tokens])  # (1, t + 1)
-                with torch.no_grad():
-                    logp = model(src, tgt_in).logits[0, -1].float().log_softmax(-1).tolist()  # (V,)
+        if next_logp is None and live:
+            tgt_in = torch.tensor([[BOS] + tokens for _, tokens in live])  # (live, t + 1)
+            with torch.no_grad():
+                logps = model(src.expand(len(live), -1), tgt_in).logits[:, -1].float().log_softmax(-1).tolist()
+        for i, (score, tokens) in enumerate(live):
+            logp = logps[i] if next_logp is None else next_logp(tokens)  # (V,); next_logp: a scripted model
             allowed = [EOS] if t + 1 == max_len else [v for v in range(len(logp)) if v not in (PAD, BOS)]
             candidates += [(score + logp[v], tokens + [v]) for v in allowed]
         candidates.sort(key=lambda c: -c[0])

@@ -13,7 +13,6 @@ import io
 import re
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -260,23 +259,9 @@ def runnable_blocks() -> list[Block]:
     return [b for b in python_blocks() if not first_comment(b).startswith("from ")]
 
 
-def seed_by_default(monkeypatch) -> None:
-    """A request that sends no seed samples as if it sent seed 0, so each served example prints the
-    same text on every run: unseeded, the tiny random model could end a reply at once and leave an
-    example's print empty on one run in a few dozen."""
-    from handformer.generation.sampling import SamplingOptions
-
-    drawn = SamplingOptions.generator
-
-    def generator(self, device, choice: int = 0):
-        return drawn(self if self.seed is not None else replace(self, seed=0), device, choice)
-
-    monkeypatch.setattr(SamplingOptions, "generator", generator)
-
-
 @pytest.mark.parametrize("block", runnable_blocks(), ids=lambda b: b.where)
 def test_every_python_block_runs(block, tmp_path, monkeypatch):
-    from serve_helpers import Server, make_lm_run
+    from serve_helpers import Server, make_lm_run, seed_by_default
 
     monkeypatch.chdir(tmp_path)
     code, needs = block.code, first_comment(block)

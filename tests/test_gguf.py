@@ -414,6 +414,11 @@ LLAMA_CPP_ONLY.update(  # today's open families at odd sizes: 6 heads of 12, wid
 LLAMA_CPP_ONLY["glm4"] = lambda: transformers.Glm4ForCausalLM(transformers.Glm4Config(  # four norms, half RoPE
     **{**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12}, attention_bias=True,
     rope_parameters={**ROPE, "partial_rotary_factor": 0.5}))
+LLAMA_CPP_ONLY["exaone4"] = lambda: transformers.Exaone4ForCausalLM(transformers.Exaone4Config(  # 1.2B's: tied,
+    **{**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 12}, sliding_window=None,  # no window,
+    layer_types=["full_attention"] * 2, tie_word_embeddings=True, rope_parameters={  # Llama 3's scaling
+        "rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16}))
 
 
 @pytest.mark.parametrize("family", list(LLAMA_CPP_ONLY))
@@ -431,8 +436,8 @@ def test_imported_mixtral_phi4_mini_olmo2_and_smollm3_go_to_gguf_and_back(family
         assert file.metadata["phi3.rope.scaling.attn_factor"] == pytest.approx(math.sqrt(1 + math.log(3) / math.log(16)))
         assert "LongRoPE's long factors" in printed
     names = set(read_gguf(tmp_path / "model.gguf").tensors)
-    assert ("blk.0.attn_q_norm.weight" in names) == (family in ("olmo2", "hunyuan"))
-    assert ("blk.0.post_ffw_norm.weight" in names) == (family in ("olmo2", "glm4"))
+    assert ("blk.0.attn_q_norm.weight" in names) == (family in ("olmo2", "hunyuan", "exaone4"))
+    assert ("blk.0.post_ffw_norm.weight" in names) == (family in ("olmo2", "glm4", "exaone4"))
     if family == "glm4":  # llama.cpp turns adjacent pairs of 6 dims a head: the checkpoint's rows, as they are
         file, hf = read_gguf(tmp_path / "model.gguf"), load_file(tmp_path / "hf" / "model.safetensors")
         assert file.metadata["glm4.rope.dimension_count"] == 6
@@ -444,6 +449,11 @@ def test_imported_mixtral_phi4_mini_olmo2_and_smollm3_go_to_gguf_and_back(family
     assert back.config["source"]["model_type"] == {"phi4_mini": "phi3", "hunyuan": "hunyuan_v1_dense"}.get(family, family)
     assert back.model.cfg.nope_layers == ([3, 7] if family == "smollm3" else [])
     assert family != "granite" or back.model.cfg.family == load_lm(run_dir).model.cfg.family  # the four constants
+    if family == "exaone4":  # at 64 layers (the 32B) llama.cpp slides: refused, never read without windows
+        _rewrite(tmp_path / "model.gguf", tmp_path / "deep.gguf", drop=["exaone4.block_count"],
+                 values={"exaone4.block_count": (64, gguf.GGUFValueType.UINT32)})
+        _fails(capsys, ["import-gguf", str(tmp_path / "deep.gguf"), str(tmp_path / "deep")],
+               "64 layers, where llama.cpp's EXAONE 4 slides three layers in four")
 
 
 def test_a_phi3_window_is_written_and_read_back(tmp_path, capsys):
@@ -812,8 +822,13 @@ def test_todays_family_settings_are_refused_by_name(tmp_path, capsys, overrides,
     ("qwen3moe", dict(moe=MoEConfig(4, 2, normalize=False)), "moe.normalize=False .llama.cpp's Qwen3-MoE rescales"),
     ("smollm3", dict(nope_layers=[1]), r"nope_layers=\[1\] \(llama.cpp's SmolLM3 leaves RoPE out of layer i when "
                 r"\(i \+ 1\) % 4 = 0: \[3\] for 4 layers\)"),
-    ("olmo2", dict(qk_norm="head"), "qk_norm='head' .OLMo 2 normalises queries and keys over their whole width"),
+    # (norms after the sublayers with q/k norms per head are EXAONE 4's, which llama.cpp writes)
+    ("olmo2", dict(qk_norm="none"), "qk_norm='none' .OLMo 2 normalises queries and keys over their whole width"),
     ("gemma3", dict(logit_softcap=30.0), "logit_softcap=30.0 .export-gguf writes no soft-capped logits for Gemma 3"),
+    # reordered norms with q/k norms per head are EXAONE 4's, which llama.cpp slides only at 64 layers
+    ("olmo2", dict(qk_norm="head", sliding_window=4, global_layers=[1], nope_layers=[1]),
+     r"sliding_window=4 \(EXAONE 4 slides only in its 64-layer model in llama.cpp"),
+    ("olmo2", dict(qk_norm="head", n_layers=64), r"n_layers=64 \(llama.cpp's EXAONE 4 slides three layers in four"),
 ])
 def test_what_llama_cpps_qwen3_and_gemmas_fix_is_refused_by_name(tmp_path, capsys, preset, overrides, message):
     """llama.cpp fixes Gemma 2/3's layer pattern, query scale and local RoPE base, and Gemma 2's

@@ -272,6 +272,17 @@ FAMILIES["qwen3_5"] = lambda: transformers.Qwen3_5ForCausalLM(transformers.Qwen3
     rope_parameters={**ROPE, "partial_rotary_factor": 0.25}))
 FAMILIES["glm4"] = lambda: transformers.Glm4ForCausalLM(transformers.Glm4Config(  # GLM-4-32B's: no biases
     **ODD, attention_bias=False, rope_parameters={**ROPE, "partial_rotary_factor": 0.5}))
+FAMILIES["exaone4"] = lambda: transformers.Exaone4ForCausalLM(transformers.Exaone4Config(  # layer 3 global, NoPE
+    **{**ODD, "num_hidden_layers": 5}, sliding_window=5, sliding_window_pattern=4, rope_parameters=ROPE))
+FAMILIES["ministral3"] = lambda: transformers.Ministral3ForCausalLM(transformers.Ministral3Config(  # queries scaled
+    **ODD, sliding_window=5, rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0, "mscale": 1.0,
+                                              "mscale_all_dim": 1.0, "original_max_position_embeddings": 8,
+                                              "llama_4_scaling_beta": 0.5}))
+FAMILIES["olmo3_yarn"] = lambda: transformers.Olmo3ForCausalLM(transformers.Olmo3Config(  # YaRN on the global layer
+    **{**ODD, "num_hidden_layers": 4}, sliding_window=5, rope_parameters={
+        "sliding_attention": {**ROPE, "rope_theta": 5e5},
+        "full_attention": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0, "original_max_position_embeddings": 8,
+                           "attention_factor": 1.2079441541679836}}))
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 
 

@@ -16,6 +16,7 @@ Phi-4-mini's generation crosses its original context, where LongRoPE changes fac
 
 import copy
 import math
+import re
 
 import pytest
 import torch
@@ -268,6 +269,33 @@ def _apertus():  # q/k norms per head, a plain xIELU MLP (its alphas randomized 
 
 BUILDERS["apertus"] = _apertus
 
+# YaRN 8 times over an original context of 8 (Ministral 3: 16 times over 16,384), cos and sin unscaled
+# (mscale = mscale_all_dim = 1); queries times 1 + 0.5 ln(1 + floor(position / 8)) (released: beta 0.1)
+MINISTRAL3_ROPE = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0, "original_max_position_embeddings": 8,
+                   "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                   "llama_4_scaling_beta": 0.5}
+
+
+def _ministral3():  # the query scale changes at positions 8, 16 and 24; a window on every layer
+    return transformers.Ministral3ForCausalLM(transformers.Ministral3Config(
+        **ODD78, sliding_window=WINDOW, rope_parameters=MINISTRAL3_ROPE))
+
+
+BUILDERS["ministral3"] = _ministral3
+VARIANT_ATTENTION += ("ministral3",)
+
+
+def _olmo3_yarn():  # the long-context checkpoints': YaRN (8 over 8, attention factor 1.2) on the global layer only
+    full = {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0, "original_max_position_embeddings": 8,
+            "attention_factor": 1.2079441541679836, "beta_fast": 32.0, "beta_slow": 1.0}
+    return transformers.Olmo3ForCausalLM(transformers.Olmo3Config(
+        **{**ODD78, "num_hidden_layers": 4}, sliding_window=WINDOW,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 5e5}, "full_attention": full}))
+
+
+BUILDERS["olmo3_yarn"] = _olmo3_yarn
+VARIANT_ATTENTION += ("olmo3_yarn",)
+
 
 def _qwen3_5():
     # 3 heads of 24 (RoPE on 6 of them) and 1 key/value head; gated DeltaNet in layers 0, 2 and 3 with
@@ -287,6 +315,14 @@ def _glm4():  # four norms a block; RoPE on 6 of each head's 12 dims, adjacent p
 
 
 BUILDERS["glm4"] = _glm4
+
+
+def _exaone4():  # norms after the sublayers, q/k norms per head; layers 0-2 and 4 slide, 3 global without RoPE
+    return transformers.Exaone4ForCausalLM(transformers.Exaone4Config(
+        **{**ODD78, "num_hidden_layers": 5}, sliding_window=WINDOW, sliding_window_pattern=4, rope_parameters=ROPE))
+
+
+BUILDERS["exaone4"] = _exaone4
 
 
 @pytest.fixture(scope="module", params=list(BUILDERS))
@@ -397,7 +433,8 @@ GREEDY = SamplingOptions(temperature=0)
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "gpt_oss", "olmo3", "deepseek_v3", "qwen3_5"])
+@pytest.mark.parametrize("name", ["qwen3_window", "gemma2", "gemma3", "gpt_oss", "olmo3", "deepseek_v3", "qwen3_5",
+                                  "exaone4"])
 def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(name):
     """serve's batch (rows join and leave, the KV cache regrouped each time) of a model whose
     sliding layers roll over the window while its global layers keep every column, or (DeepSeek-V3)
@@ -414,7 +451,7 @@ def test_served_rows_of_mixed_sliding_and_global_layers_get_transformers_tokens(
         assert row.tokens == out[0, len(row.prompt):].tolist()
 
 
-@pytest.mark.parametrize("name", ["seed_oss", "olmo3", "hunyuan", "ernie4_5"])
+@pytest.mark.parametrize("name", ["seed_oss", "olmo3", "hunyuan", "ernie4_5", "exaone4"])
 def test_lora_targets_of_todays_families_are_their_checkpoints_projections(name):
     """LoRA on every linear layer of a block (the variants' attention included) adapts the
     projections the checkpoint names: a peft adapter's module names are handformer's."""
@@ -483,7 +520,8 @@ def test_configs_carry_each_familys_variation(pair):
     cfg = ours.cfg
     assert cfg.position == "rope" and cfg.dropout == 0.0
     assert cfg.norm_placement == {"gemma2": "sandwich", "gemma3": "sandwich", "gemma3_scaled": "sandwich",
-                                  "olmo2": "reordered", "olmo3": "reordered", "glm4": "sandwich"}.get(name, "pre")
+                                  "olmo2": "reordered", "olmo3": "reordered", "glm4": "sandwich",
+                                  "exaone4": "reordered", "olmo3_yarn": "reordered"}.get(name, "pre")
     expected = {
         "qwen2": dict(qkv_bias=True, bias=False, tie_embeddings=True, rope_theta=1e6, norm_eps=1e-6,
                       sliding_window=None),
@@ -528,6 +566,11 @@ def test_configs_carry_each_familys_variation(pair):
                         family=FamilyConfig(attn_output_gate=True), deltanet=DeltaNetConfig([0, 2, 3], 2, 4, 6, 10, 3)),
         "glm4": dict(norm_placement="sandwich", rope_fraction=0.5, qkv_bias=True, bias=False, head_dim=12,
                      tie_embeddings=False),
+        "exaone4": dict(qk_norm="head", sliding_window=WINDOW, global_layers=[3], nope_layers=[3], head_dim=12),
+        "ministral3": dict(family=FamilyConfig(query_scale_beta=0.5, query_scale_positions=8), sliding_window=WINDOW,
+                           rope_scaling=YarnRopeScaling(8.0, 8, mscale=1.0, mscale_all_dim=1.0), rope_theta=1e6),
+        "olmo3_yarn": dict(rope_theta=5e5, rope_local_theta=5e5, global_layers=[3], norm_placement="reordered",
+                           rope_scaling=YarnRopeScaling(8.0, 8, attention_factor=1.2079441541679836)),
     }[name]
     assert {k: getattr(cfg, k) for k in expected} == expected
     if name == "smollm":
@@ -633,7 +676,8 @@ def _hf(builder):
      "rope scaling type 'longrope' is not implemented for mistral"),
     ({"model_type": "phi"}, "unsupported model_type 'phi' (Phi-1/2 run attention and the MLP in parallel"),
     ({"model_type": "gemma3"}, "unsupported model_type 'gemma3' (a Gemma 3 with vision"),
-    ({"model_type": "ministral3"}, "unsupported model_type 'ministral3' (Ministral 3 turns RoPE with YaRN"),
+    ({"model_type": "mistral3"}, "unsupported model_type 'mistral3' (Mistral3ForConditionalGeneration: Ministral 3 "
+     "with a vision tower; import its text model"),
 ])
 def test_unimplemented_settings_are_named(change, message):
     with pytest.raises(ValueError) as err:
@@ -744,6 +788,15 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
     ("Glm4Config", {"max_position_embeddings": 32768}),  # GLM-4-9B-0414
     ("Glm4Config", {"hidden_size": 6144, "intermediate_size": 23040, "num_hidden_layers": 61,
                     "num_attention_heads": 48, "attention_bias": False, "rms_norm_eps": 1e-5}),  # GLM-4-32B-0414
+    ("Exaone4Config", {"hidden_size": 2048, "intermediate_size": 4096, "num_hidden_layers": 30,
+                       "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "sliding_window": None,
+                       "layer_types": ["full_attention"] * 30, "tie_word_embeddings": True}),  # EXAONE-4.0-1.2B
+    ("Exaone4Config", {"hidden_size": 5120, "intermediate_size": 27392, "num_hidden_layers": 64,
+                       "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128}),  # EXAONE-4.0-32B
+    ("Ministral3Config", {"hidden_size": 3072, "intermediate_size": 9216, "num_hidden_layers": 26,
+                          "tie_word_embeddings": True}),  # Ministral 3 3B's text model
+    ("Ministral3Config", {}),  # Ministral 3 8B's text model
+    ("Ministral3Config", {"hidden_size": 5120, "intermediate_size": 16384, "num_hidden_layers": 40}),  # 14B's
 ])
 def test_full_size_configs_give_the_same_parameter_count(config_class, overrides):
     """The families at their released sizes (transformers' defaults), built on the meta device: no
@@ -763,7 +816,7 @@ def test_full_size_configs_give_the_same_parameter_count(config_class, overrides
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("name", ["granite", "apertus", "glm4"])
+@pytest.mark.parametrize("name", ["granite", "apertus", "glm4", "ministral3", "olmo3_yarn"])
 def test_served_rows_and_lora_targets_of_the_open_families(name):
     """serve's batch (rows join and leave) gives each row transformers' greedy tokens for its
     prompt alone; LoRA finds every projection of the family's attention and MLP by its name."""
@@ -784,12 +837,28 @@ def test_served_rows_and_lora_targets_of_the_open_families(name):
     assert sorted(add_lora(copy.deepcopy(ours), LoRAConfig(rank=2, targets="all-linear"))) == sorted(adapted)
 
 
-def test_apertus_is_refused_by_gguf_by_name():
-    """llama.cpp's apertus keeps the xIELU alphas as per-layer metadata, which export-gguf does not
-    write yet: an imported run is refused naming it, a run trained with xIELU names the setting."""
+@pytest.mark.parametrize("name, arch, setting", [("apertus", "apertus", "activation='xielu'"),
+                                                  ("ministral3", "mistral3", "family.query_scale_beta=0.5")])
+def test_apertus_and_ministral3_are_refused_by_gguf_by_name(name, arch, setting):
+    """llama.cpp's apertus keeps the xIELU alphas as per-layer metadata and its mistral3 reads YaRN
+    and the query scale, which export-gguf does not write yet: an imported run is refused naming the
+    architecture, a run trained with the setting names the setting."""
     from handformer.convert.gguf_arch import family_for, mismatches
 
-    cfg = config_from_hf(_hf(_apertus))
-    with pytest.raises(ValueError, match=r"model_type 'apertus' \(llama.cpp's apertus: .*xIELU"):
-        family_for(cfg, "apertus")
-    assert any(p.startswith("activation='xielu'") for p in mismatches(cfg, family_for(cfg, None)))
+    cfg = config_from_hf(_hf(BUILDERS[name]))
+    with pytest.raises(ValueError, match=rf"model_type '{name}' \(llama.cpp's {arch}: "):
+        family_for(cfg, name)
+    assert any(p.startswith(setting) for p in mismatches(cfg, family_for(cfg, None)))
+
+
+@pytest.mark.parametrize("family, message", [
+    (dict(query_scale_beta=0.1), "family.query_scale_positions=None is invalid: queries scaled by their position need both"),
+    (dict(query_scale_beta=-1.0, query_scale_positions=8), "family.query_scale_beta=-1.0 is invalid: it must be a number > 0"),
+    (dict(query_scale_beta=0.1, query_scale_positions=0), "family.query_scale_positions=0 is invalid: it must be a positive"),
+])
+def test_query_scale_settings_are_checked_by_name(family, message):
+    from handformer.config import CausalLMConfig
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        CausalLMConfig.llama_style(vocab_size=11, d_model=16, n_heads=2, n_kv_heads=2, d_ff=24, n_layers=1,
+                                   family=FamilyConfig(**family))

@@ -14,7 +14,7 @@ from helpers import require_module
 from safetensors.torch import load_file
 
 from handformer.data.tokenizer import Tokenizer
-from handformer.tasks.lm.import_memory import checkpoint_bytes, peak_growth, within_bound
+from handformer.tasks.lm.import_memory import IMPORT, checkpoint_bytes, peak_growths, within_bound
 
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
@@ -43,8 +43,10 @@ def test_import_hf_streams_a_sharded_checkpoint(tmp_path):
     hf_model, small = save_llama(tmp_path / "small", layers=2)
     _, large = save_llama(tmp_path / "large", layers=8)
     assert 48 * 2**20 < small < 56 * 2**20 and len(list((tmp_path / "small").glob("*.safetensors"))) == 3
-    growth = {name: peak_growth(tmp_path / name, tmp_path / f"run-{name}") for name in ("small", "large")}
-    naive = {name: peak_growth(tmp_path / name, tmp_path / f"naive-{name}", code=NAIVE) for name in ("small", "large")}
+    names = ("small", "large")
+    measured = peak_growths([(tmp_path / n, tmp_path / f"run-{n}", IMPORT) for n in names]
+                            + [(tmp_path / n, tmp_path / f"naive-{n}", NAIVE) for n in names])
+    growth, naive = dict(zip(names, measured[:2])), dict(zip(names, measured[2:]))
     mib = (f"import {growth['small'] / 2**20:.0f} -> {growth['large'] / 2**20:.0f} MiB, naive "
            f"{naive['small'] / 2**20:.0f} -> {naive['large'] / 2**20:.0f} MiB, checkpoints "
            f"{small / 2**20:.0f} -> {large / 2**20:.0f} MiB")

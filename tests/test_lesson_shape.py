@@ -31,8 +31,9 @@ def package_graph() -> dict[str, frozenset[str]]:
 # without dropout built with NoDropout (no module call a layer and step for nothing to drop) 1, the
 # rolling cache a class of its own beside the plain KVCache (CausalLM.new_cache picks by config) 1,
 # attention sinks (gpt-oss) joining the formula's softmax 1, YaRN's ramp rounded to whole dims 1,
-# the latent cache of multi-head latent attention (DeepSeek-V3) beside them 1.
-LESSON_BRANCHES = 54
+# the latent cache of multi-head latent attention (DeepSeek-V3) beside them 1, linear attention's
+# states (Qwen3.5) emptied when the cache truncates to 0 1.
+LESSON_BRANCHES = 55
 FORWARD_LINES, FORWARD_BRANCHES, CAUSAL_LM_FORWARD_LINES = 40, 3, 25
 
 # What a lesson module may import from the package: the config, the models' starting weights, and

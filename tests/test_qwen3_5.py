@@ -144,3 +144,17 @@ def test_lora_targets_name_the_deltanet_projections(model):
         "qkv_proj", "z_proj", "beta_proj", "decay_proj", "out_proj", "gate_proj", "up_proj", "down_proj"}
     assert {n.rsplit(".", 1)[-1] for n in names if n.startswith("layers.1.self_attn")} == {
         "q_proj", "k_proj", "v_proj", "o_proj"}
+
+
+def test_gguf_refuses_qwen3_5_by_name(model):
+    """llama.cpp's qwen35 has no entry in export-gguf: an imported run is refused naming it and why,
+    a run trained here with DeltaNet layers names the settings."""
+    from handformer.convert.gguf_arch import family_for, mismatches
+    from handformer.families.qwen3_5 import QWEN3_5
+
+    with pytest.raises(ValueError, match=r"\(llama.cpp's qwen35: Qwen3.5 keeps gated DeltaNet layers .*which "
+                                         r"export-gguf does not write yet\)"):
+        family_for(model.cfg, QWEN3_5.model_type)
+    found = mismatches(model.cfg, family_for(model.cfg, None))
+    assert any(p.startswith("deltanet=DeltaNetConfig(") and "gated DeltaNet" in p for p in found)
+    assert any(p.startswith("family.attn_output_gate=True") for p in found)

@@ -24,7 +24,7 @@ import httpx
 import pytest
 import torch
 from helpers import require_module
-from serve_helpers import Server, make_lm_run, pace_steps, qwen3_template
+from serve_helpers import Server, make_lm_run, pace_steps, qwen3_template, seed_by_default
 
 from handformer.serve.app import create_app
 from handformer.serve.registry import load_served_models
@@ -72,9 +72,11 @@ def server(tmp_path_factory, one_thread, loopback_only):
     root = tmp_path_factory.mktemp("apis")
     runs = [make_lm_run(root / "story", max_positions=2048),
             make_lm_run(root / "qwen3", max_positions=2048, template=qwen3_template(), thinking=True, seed=4)]
-    s = Server(create_app(load_served_models([str(r) for r in runs]), api_key=KEY))
-    yield s
-    s.stop()
+    with pytest.MonkeyPatch.context() as patch:
+        seed_by_default(patch)  # the Messages API sends no seed: its replies are the same every run
+        s = Server(create_app(load_served_models([str(r) for r in runs]), api_key=KEY))
+        yield s
+        s.stop()
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,7 @@ from handformer.check.context import (
     positions,
     shape_of,
 )
+from handformer.check.conventions import masks_where_true
 from handformer.check.discovery import Component
 from handformer.check.localize import note_attention_departure
 from handformer.check.result import Check, ComponentResult, Finding, text
@@ -79,6 +80,7 @@ class Caller:
     n_inputs: int  # 1: self-attention only; 3: query, key, value
     mask_name: str | None  # the name of its mask (or valid_lens) parameter, None if it takes none
     rope_table: bool  # it is handed Meta's freqs_cis (complex rotary table) by its caller
+    state: dict[str, Any]  # "visible": the convention of an all-visible mask handed where none is given
 
     @property
     def takes_mask(self) -> bool:
@@ -90,7 +92,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     there is no mask: d2l's `valid_lens` has no default), and the rotary table or positions a
     Llama-style forward(x, freqs_cis, mask) or forward(x, start_pos, ...) asks for."""
     params = forward_parameters(fn)
-    extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings"}
+    extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
+             "sin"}
     first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra),
                        len(params))
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
@@ -98,9 +101,14 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     named = {p.name for p in params} & extra
     n = 3 if len(inputs) >= 3 else len(inputs)
     layout: dict[str, bool] = {}  # "batched": Hugging Face's (cos, sin) of (B, T, Dh), once known
+    state: dict[str, Any] = {}
+    required = bool(masks) and masks[0].default is masks[0].empty
 
     def call(xq: Tensor, xk: Tensor, xv: Tensor, mask: Tensor | None) -> Any:
         args = [xq, xk, xv][:n]
+        if mask is None and required and "visible" in state:  # Raschka's forward(x, mask, cos, sin)
+            everything = torch.ones(xq.size(0), 1, xq.size(1), xk.size(1), dtype=torch.bool)
+            mask = run_mask(everything, state["visible"], xq.size(0))
         kwargs: dict[str, Any] = {masks[0].name: mask} if masks else {}
         B, T = xq.shape[:2]
         for name in named:
@@ -109,6 +117,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
                 kwargs[name] = torch.polar(torch.ones_like(angles), angles)
             elif name == "position_embeddings":
                 kwargs[name] = batched_cos_sin(T, head_dim, B, layout.get("batched", False), xq.dtype)
+            elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
+                kwargs[name] = cos_sin(T, head_dim)[name == "sin"].to(xq.dtype)
             elif name == "start_pos":
                 kwargs[name] = 0
             else:
@@ -117,7 +127,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
             return fn(*args, **kwargs)
         return _either_layout(fn, args, kwargs, layout, (T, head_dim, B, xq.dtype))
 
-    return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named)
+    return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state)
 
 
 def _either_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool],
@@ -480,6 +490,8 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
             f"for W_O", f"{comp.name} 只有 3 个投影（{', '.join(res.mapping)}），没有用于 W_O 的 "
             "nn.Linear(d_model, d_model)"), number, code))
     convs = ctx.conventions(c.mask_name)
+    if ctx.convention is None and masks_where_true(_source_of(comp.obj), c.mask_name):
+        convs = tuple(n + r for r in ("", "3", "2") for n in ("torch",)) + convs
     universe = ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection" or has_o)
     if c.mask_name and fp.is_lengths_name(c.mask_name):
         universe += ("mask_repeat_order",)
@@ -514,6 +526,7 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
 
     try:
         working = first_working(ctx, run, convs)
+        c.state["visible"] = working  # a mask it requires, when a case has none: every key visible
     except fp.LearnerFailure as failure:
         if causal_inside and not_cropped(res, ctx, comp, module, failure, T):
             return finish(res)
@@ -565,7 +578,21 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
             _tutorial_shapes(res, ctx, comp, c, sizes)
 
     guarded(res, shapes)
+    if conv and conv.startswith("torch"):
+        _nan_as_torch(res)
     return finish(res)
+
+
+def _nan_as_torch(res: ComponentResult) -> None:
+    """A fully masked query gives NaN with torch.nn's masks (True = masked, filled with -inf), as
+    torch.nn.MultiheadAttention's does: a convention of that mask, noted, not a mistake."""
+    if any(f.name == "nan_on_masked_rows" for f in res.findings):
+        res.findings = [f for f in res.findings if f.name != "nan_on_masked_rows"]
+        res.notes.append(text(
+            "a query whose keys are all masked gives NaN, as torch.nn.MultiheadAttention's does with its "
+            "masks (True = masked): a convention; handformer gives zeros there",
+            "所有键都被屏蔽的查询得到 NaN，和 torch.nn.MultiheadAttention 用它的掩码（True = 屏蔽）时一样："
+            "这是约定；handformer 在那里给出 0"))
 
 
 def single_head(comp: Component, linears: list[Any], n_kv_heads: int | None) -> bool:
@@ -591,6 +618,13 @@ def _one_head() -> Iterator[None]:
         yield
     finally:
         H = saved
+
+
+def _source_of(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
 
 
 def ctx_sizes() -> dict[str, Any]:
@@ -785,8 +819,10 @@ def _tutorial_shapes(res: ComponentResult, ctx: Context, comp: Component, c: Cal
     tutorial = {**TUTORIAL, **({"n_kv_heads": 2} if "n_kv_heads" in sizes else {})}
     dh = TUTORIAL["d_model"] // TUTORIAL["n_heads"]
     module = ctx.build(comp, tutorial, checked=False, warmup=lambda m: caller(m, dh).call(x, x, x, None))
+    tc = caller(module, dh)
+    tc.state.update(c.state)  # the convention of a mask it requires
     with torch.no_grad():
-        raw = ctx.learner.call("forward", caller(module, dh).call, x, x, x, None)
+        raw = ctx.learner.call("forward", tc.call, x, x, x, None)
     out, weights = fp.first_tensor(raw, 3), fp.weights_of(raw)
     ok = out is not None and tuple(out.shape) == (2, 10, 512) and (
         weights is None or tuple(weights.shape) == (2, 8, 10, 10))

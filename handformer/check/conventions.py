@@ -13,6 +13,7 @@ Shape legend: B batch, T query length, S key length.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import torch
@@ -106,3 +107,15 @@ def describe_convention(convention: str) -> Text:
     name, rank = split(convention)
     words = CONVENTIONS[name][0]
     return text(words["en"] + RANKS[rank]["en"], words["zh"] + RANKS[rank]["zh"])
+
+
+def masks_where_true(source: str, name: str | None) -> bool:
+    """Whether code fills where its mask is True (`scores.masked_fill(mask[:n, :n], -inf)`, Raschka's
+    causal mask of ones above the diagonal): torch.nn's True = masked, read from the source, tried
+    first; a mask compared with 0 or inverted (`mask == 0`, `~mask`) reads the other way."""
+    if not name:
+        return False
+    m = re.escape(name)
+    direct = re.search(rf"masked_fill_?\(\s*{m}(\.bool\(\))?(\[[^\]]*\])?(\.bool\(\))?\s*,", source)
+    inverted = re.search(rf"{m}\s*==\s*0|~\s*{m}|logical_not\(\s*{m}", source)
+    return bool(direct) and not inverted

@@ -31,7 +31,8 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
     "n_heads": ("num_heads", "n_heads", "h", "heads", "n_head", "nhead", "num_head", "head_num",
                 "nheads", "num_attention_heads"),
     "n_kv_heads": ("n_kv_heads", "num_kv_heads", "num_key_value_heads", "kv_heads", "n_kv_head",
-                   "num_kv_head", "n_kv", "num_groups", "n_groups", "n_rep_heads"),
+                   "num_kv_head", "n_kv", "num_groups", "n_groups", "n_rep_heads",
+                   "num_kv_groups", "n_kv_groups"),
     "d_ff": ("d_ff", "ff_dim", "d_hidden", "dim_feedforward", "d_inner", "ffn_dim", "hidden",
              "d_ffn", "ffn_hidden", "intermediate_size", "dff", "ff_hidden", "mlp_dim", "inner_dim",
              "ffn_num_hiddens", "d_mlp", "mlp_hidden"),
@@ -62,7 +63,12 @@ FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0
                          # anyway is a finding of the gpt runner)
                          "tie_weights": False, "tie_word_embeddings": False, "tie_embeddings": False,
                          # Raschka's cfg["qkv_bias"]; Meta's KV cache sizes (max_seq_len is the block size)
-                         "qkv_bias": False, "max_batch_size": 4}
+                         "qkv_bias": False, "max_batch_size": 4,
+                         # Raschka's cfg["dtype"] (nn.Linear(..., dtype=None)) and cfg["rope_freq"] (None:
+                         # no Llama 3 frequency scaling)
+                         "dtype": None, "rope_freq": None, "rope_base": 10000.0,
+                         # Raschka's Qwen3 cfg: no QK-norm (handformer's reference has none), no experts
+                         "qk_norm": False, "num_experts": 0}
 CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "conf")
 
 
@@ -160,10 +166,12 @@ def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, 
 # classes found by how their name ends, after every exact name: minimind's MiniMindBlock and
 # MiniMindForCausalLM, Karpathy's GPTLanguageModel
 # and Hugging Face's LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
-SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block",), "gpt": ("ForCausalLM", "LanguageModel", "LM"),
+SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block",),
+                                        "gpt": ("ForCausalLM", "LanguageModel", "LM", "Model"),
                                         "mha": ("Attention",), "ffn": ("MLP", "FeedForward"),
                                         "rmsnorm": ("RMSNorm",), "rope": ("RotaryEmbedding",)}
-NOT_SUFFIXED = ("Encoder", "Decoder", "Cross")  # an encoder's or decoder's block has its own kind
+# an encoder's or decoder's block has its own kind; a mixture of experts is no FFN to compare
+NOT_SUFFIXED = ("Encoder", "Decoder", "Cross", "MoE")
 
 
 def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> list[str]:
@@ -174,7 +182,10 @@ def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> li
         out += sorted(n for n in own if n.endswith(name)) if name.startswith(".") else [name] * (name in own)
     exact = {n for ns in NAMES.values() for n in ns}
     out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in exact and n not in out
-                  and n.endswith(SUFFIXES.get(kind, ("\0",))) and not any(w in n for w in NOT_SUFFIXED))
+                  and n.endswith(SUFFIXES.get(kind, ("\0",)))
+                  and not any(w.lower() in n.lower() for w in NOT_SUFFIXED))
+    if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in own):  # Hugging Face's XModel is the backbone
+        out = [n for n in out if n in exact or not n.endswith("Model") or n.endswith("LanguageModel")]
     return out
 
 
@@ -191,6 +202,8 @@ def refine(kind: str, obj: Any) -> str:
             return said
     if kind == "transformer" and inspect.isclass(obj) and decoder_only(obj):
         return "gpt"
+    if kind == "gpt" and inspect.isclass(obj) and obj.__name__ not in NAMES["gpt"] and not decoder_only(obj):
+        return "transformer"  # found by its ending (Llama3Model's "Model"): what its forward takes says
     if kind == "mha" and inspect.isclass(obj) and causal_inside(obj):  # Raschka's, Karpathy's: forward(x)
         kind = "causal_attention"
     if kind == "mha" and inspect.isclass(obj):  # Meta's Attention(args): the config it reads says
@@ -313,6 +326,12 @@ def config_reads(cls: Any, name: str) -> tuple[set[str], set[str]]:
     return keys, attrs
 
 
+def _dict_keys(cls: Any) -> set[str]:
+    """The string keys the learner's whole file subscripts (cfg["emb_dim"]), from its source."""
+    module = sys.modules.get(getattr(cls, "__module__", ""), None)
+    return set(re.findall(r"""\[["'](\w+)["']\]""", _source(module))) if module is not None else set()
+
+
 def _config_class(p: inspect.Parameter, cls: Any) -> Any:
     """The class a config argument is annotated with, when the learner's file defines it (Meta's
     ModelArgs, a minimind-style config class)."""
@@ -336,7 +355,10 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
     if own is None and not keys and p.name.lower() not in CONFIG_NAMES:
         return None
     if keys:
-        return {**values, **{k: values[k.lower()] for k in keys if k.lower() in values}}
+        config = {**values, **{k: values[k.lower()] for k in keys if k.lower() in values}}
+        if sizes.get("d_ff") and _dict_keys(cls) & {"emb_dim", "d_model", "dim", "n_embd"}:
+            config["hidden_dim"] = sizes["d_ff"]  # Raschka's cfg: emb_dim the width, hidden_dim the FFN's
+        return config
     if own is not None:
         if dataclasses.is_dataclass(own):
             names = {f.name for f in dataclasses.fields(own) if f.init}

@@ -47,7 +47,8 @@ PROMPT_NAMES = ("idx", "input_ids", "prompt", "prompt_ids", "tokens", "context",
                 "prompt_tokens", "start_ids", "inputs")
 COUNT_NAMES = ("max_new_tokens", "max_tokens", "n_new", "num_tokens", "new_tokens", "steps", "length",
                "max_length", "n", "num_new_tokens", "max_gen_len", "n_tokens")
-CONTEXT_NAMES = ("context_size", "block_size", "context_length", "max_seq_len", "max_context", "ctx_len")
+CONTEXT_NAMES = ("context_size", "block_size", "context_length", "max_seq_len", "max_context", "ctx_len",
+                 "window", "context_window", "ctx", "max_ctx", "context_len", "max_context_length")
 CACHE_NAMES = ("past_key_values", "past", "cache", "kv_cache", "layer_past", "past_kv", "kv")
 POSITION_NAMES = ("start_pos", "pos", "offset", "start", "position")
 EOS_NAMES = ("eos", "eos_id", "eos_token", "eos_token_id", "eos_idx", "end_token", "end_id", "stop_token",

@@ -55,6 +55,7 @@ from handformer.check.context import (
     positions,
     shape_of,
 )
+from handformer.check.conventions import masks_where_true
 from handformer.check.discovery import Component, argument_keys
 from handformer.check.pieces import FFN_ACTIVATIONS, HF_NAME, ffn_name_findings
 from handformer.check.result import DIFFERS, Check, ComponentResult, Finding, text
@@ -89,8 +90,12 @@ class Layer:
         self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
         self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
         self.masks = [] if self.stateful else [p.name for p in params if is_mask_name(p.name)]
+        # Raschka's forward(x, mask, cos, sin) requires its mask: where a case hands none, every key
+        # is visible in the convention found (`visible`, once known)
+        self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
+        self.visible: str | None = None
         self.extra = {p.name for p in params} & {"freqs_cis", "start_pos", "position_ids",
-                                                 "position_embeddings"}
+                                                 "position_embeddings", "cos", "sin"}
         self.takes_mask = bool(self.masks)
         self.sizes = layer_sizes(comp.obj)
         x = torch.randn(2, 3, D)
@@ -108,7 +113,7 @@ class Layer:
         self.norm_ws = [norm_weights(s) for s in self.norm_slots]
         self.sublayers = names
         self.ropes = _rope_settings(self.module, "freqs_cis" in self.extra,
-                                    "position_embeddings" in self.extra)
+                                    bool({"position_embeddings", "cos"} & self.extra))
         self.batched_cos_sin = False  # Hugging Face's (cos, sin) are (B, T, Dh); minimind's (T, Dh)
         if "position_embeddings" in self.extra:
             self.batched_cos_sin = self._takes_batched(x.double())
@@ -149,7 +154,11 @@ class Layer:
             else:
                 args += [src, tgt]
         elif self.masks:
-            kwargs[self.masks[0]] = tgt if self.causal_block else src
+            mask = tgt if self.causal_block else src
+            if mask is None and self.required_mask and self.visible:
+                everything = torch.ones(x.size(0), 1, x.size(1), x.size(1), dtype=torch.bool)
+                mask = fp.encode_mask(everything, self.visible, x.size(0))
+            kwargs[self.masks[0]] = mask
         return self.module(*args, **kwargs)
 
     def _extra_kwargs(self, x: Tensor) -> dict[str, Any]:
@@ -164,6 +173,8 @@ class Layer:
                 if self.batched_cos_sin:
                     tables = tuple(t[None].expand(B, T, -1) for t in tables)  # (B, T, Dh) each
                 out[name] = tuple(t.to(x.dtype) for t in tables)
+            elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
+                out[name] = cos_sin(T, self.head_dim)[name == "sin"].to(x.dtype)
             elif name == "start_pos":
                 out[name] = 0
             else:
@@ -195,6 +206,22 @@ def _attentions(linears: list[Any], count: int, what: str) -> tuple[int | None, 
         except MappingError:
             pass
         raise
+
+
+def _masks_where_true(module: nn.Module) -> bool:
+    """Whether one of the learner's classes inside fills where its mask is True (torch.nn's
+    convention, Raschka's Llama 3 and Qwen3 attention): see conventions.masks_where_true."""
+    for sub in module.modules():
+        if not type(sub).__module__.startswith("learner_"):
+            continue
+        try:
+            source = inspect.getsource(type(sub))
+            params = inspect.signature(type(sub).forward).parameters
+        except (OSError, TypeError, ValueError):
+            continue
+        if any(is_mask_name(n) and masks_where_true(source, n) for n in params):
+            return True
+    return False
 
 
 def _rope_settings(module: nn.Module, given_table: bool, given_cos_sin: bool = False,
@@ -287,6 +314,8 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
             f"{comp.name} 的前馈网络没有 nn.Linear(d_ff, d_model)（{found}）"), number, code))
     own_mask = causal_block and not layer.takes_mask or layer.stateful
     convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
+    if ctx.convention is None and layer.masks and _masks_where_true(layer.module):
+        convs = ("torch", "torch3", "torch2") + convs
     passed = [k for k in _encode_keeps(layer, inp.src_keep, inp.tgt_keep) if k is not None]
     convs = tuple(c for c in convs if all(fp.encodable(k, c) for k in passed)) or convs[:1]
 
@@ -308,6 +337,7 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
 
     try:
         working = first_working(ctx, run, convs)
+        layer.visible = working
     except fp.LearnerFailure as failure:
         if causal_block and not_cropped(res, ctx, comp, layer.module, failure, inp.T):
             return finish(res)

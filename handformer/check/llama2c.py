@@ -29,6 +29,7 @@ from handformer.check.discovery import Component
 from handformer.check.result import Check, ComponentResult, text
 from handformer.convert.compare import first_divergence
 from handformer.convert.llama2c_weights import Llama2cHeader, read_llama2c
+from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 
 CONFIG = Llama2cHeader(version=0, dim=16, hidden_dim=40, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=29,
@@ -74,7 +75,7 @@ def write_checkpoint(path: Path, h: Llama2cHeader = CONFIG, seed: int = 0) -> No
 def handformer_import(path: Path) -> CausalLM:
     """handformer's import of the file (`handformer import-llama2c` reads it so), built on the CPU."""
     header, state = read_llama2c(path)
-    model = CausalLM(header.config())
+    model = build_causal_lm(header.config())
     model.load_state_dict(state, strict=not header.shared_classifier)  # a shared head is the embedding
     return model.eval()
 
@@ -125,7 +126,9 @@ def check_llama2c(comp: Component, ctx: Context) -> ComponentResult:
         model = ctx.learner.call("forward", comp.obj, str(path))
         if not isinstance(model, nn.Module):
             raise ctx.learner.fail("forward", f"{comp.name}(path) returned {type(model).__name__}, not the "
-                                   "model (an nn.Module) with the file's weights")
+                                   "model (an nn.Module) with the file's weights",
+                                   f"{comp.name}(path) 返回了 {type(model).__name__}，"
+                                   "不是装好文件权重的模型（nn.Module）")
         ours = handformer_import(path)
     model.eval()
     with torch.no_grad():
@@ -133,7 +136,9 @@ def check_llama2c(comp: Component, ctx: Context) -> ComponentResult:
         right = ours(IDS).logits  # (B, T, V)
     if logits is None or logits.shape != right.shape:
         raise ctx.learner.fail("forward", f"the loaded model returned no logits of shape (B, T, vocab_size) "
-                               f"= {tuple(right.shape)} for ids of shape {tuple(IDS.shape)}")
+                               f"= {tuple(right.shape)} for ids of shape {tuple(IDS.shape)}",
+                               f"对形状为 {tuple(IDS.shape)} 的 id，装好的模型没有返回形状为 (B, T, "
+                               f"vocab_size) = {tuple(right.shape)} 的 logits")
     err = fp.max_error(logits.double(), right.double())
     res.max_abs_error = err
     c = CONFIG

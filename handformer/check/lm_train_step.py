@@ -35,6 +35,7 @@ from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
 from handformer.check.train_step import MODEL_NAMES, OPTIMIZER_NAMES
 from handformer.config import CausalLMConfig
+from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 
 VOCAB, D, LENGTH, BATCH = 13, 8, 6, 2
@@ -77,7 +78,7 @@ def tiny_model() -> Logits:
     torch.manual_seed(0)
     cfg = CausalLMConfig.llama_style(vocab_size=VOCAB, d_model=D, n_heads=2, n_kv_heads=1, d_ff=16,
                                      n_layers=1, max_positions=16)
-    return Logits(CausalLM(cfg)).double()
+    return Logits(build_causal_lm(cfg)).double()
 
 
 def optimizer(model: nn.Module) -> torch.optim.Optimizer:
@@ -118,7 +119,10 @@ class Step:
             raise DiscoveryError(
                 f"{comp.name}: cannot fill the argument {(unknown or ['model / optimizer / x / y'])[0]!r}; "
                 "a language model's training step takes (model, x, y, optimizer, lr): the inputs, the "
-                "targets (the inputs moved on by one token) and the schedule's learning rate")
+                "targets (the inputs moved on by one token) and the schedule's learning rate",
+                zh=f"{comp.name}：填不了参数 {(unknown or ['model / optimizer / x / y'])[0]!r}；"
+                   "语言模型的训练一步接受 (model, x, y, optimizer, lr)：输入、目标（输入往后移一个 token）"
+                   "和调度给出的学习率")
         try:
             source = inspect.getsource(comp.obj)
         except (OSError, TypeError):

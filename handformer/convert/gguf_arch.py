@@ -88,7 +88,10 @@ _NOT_WRITTEN = {"qk_norm": ("none", "q/k norms"), "moe": (None, "mixture of expe
                 "residual_multiplier": (None, "residual multiplier"),
                 "logits_scaling": (None, "logits scaling"),
                 "attn_sinks": (False, "attention sinks"), "swiglu_limit": (None, "clamped SwiGLU experts"),
-                "mla": (None, "multi-head latent attention")}
+                "mla": (None, "multi-head latent attention"),
+                "deltanet": (None, "gated DeltaNet linear attention"),
+                "attn_output_gate": (False, "gated attention output"),
+                "query_scale_beta": (None, "queries scaled by their position")}
 
 
 def family_for(cfg: CausalLMConfig, recorded: str | None) -> Family:
@@ -189,6 +192,9 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
                  for name, (value, what) in _NOT_WRITTEN.items()
                  if name not in family.writes and name not in settings and setting_value(cfg, name) != value]
     problems += _layer_problems(cfg, family)
+    if family.hybrid_layers and cfg.n_layers == family.hybrid_layers:
+        problems.append(f"n_layers={cfg.n_layers} (llama.cpp's {family.name} slides three layers in four at "
+                        f"this depth, its own pattern; export-hf writes this run for transformers)")
     if family.experts:
         problems += _expert_problems(cfg, family)
     nope = _nope_layers(family, cfg.n_layers) if family.nope_step else []
@@ -526,6 +532,10 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
                              f"each {head_dim}-wide head; handformer rotates whole heads")
         settings.update(head_dim=head_dim,
                         rope_theta=_float(metadata, k(gguf.Keys.Rope.FREQ_BASE), where, 10000.0))
+    if family.hybrid_layers and settings["n_layers"] == family.hybrid_layers:
+        raise ValueError(f"{where}: {settings['n_layers']} layers, where llama.cpp's {family.name} slides "
+                         "three layers in four without RoPE in the fourth, which import-gguf does not read; "
+                         "import the Hugging Face checkpoint (import-hf)")
     if family.writes_window:  # 0 or absent: no window
         window_key = k(gguf.Keys.Attention.SLIDING_WINDOW)
         settings["sliding_window"] = _int(metadata, window_key, where) if metadata.get(window_key) else None

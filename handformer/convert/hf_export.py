@@ -65,6 +65,7 @@ FAMILY_SETTINGS: dict[str, tuple[Any, str]] = {
     "mla": (None, "multi-head latent attention"),
     "attn_output_gate": (False, "gated attention output"),
     "deltanet": (None, "gated DeltaNet linear attention"),
+    "query_scale_beta": (None, "queries scaled by their position"),
 }
 
 

@@ -267,12 +267,12 @@ class HandformerLM(torch.nn.Module):
                  max_len: int) -> None:
         super().__init__()
         from handformer.config import CausalLMConfig
-        from handformer.models.causal_lm import CausalLM
+        from handformer.families import build_causal_lm
 
         cfg = CausalLMConfig.llama_style(vocab_size=vocab_size, d_model=d_model, n_heads=n_heads,
                                          n_kv_heads=n_kv_heads, d_ff=d_ff, n_layers=n_layers,
                                          max_positions=max_len, norm_eps=1e-6, tie_embeddings=False)
-        self.model = CausalLM(cfg)
+        self.model = build_causal_lm(cfg)
 
     def forward(self, idx: Tensor) -> Tensor:
         return self.model(idx).logits

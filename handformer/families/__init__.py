@@ -14,10 +14,10 @@ torchtune's builders do), reusing its weights:
 | norm_placement = "sandwich"      | Gemma 2, 3; GLM-4   | gemma.SandwichBlock                       |
 | attn_scale_dim, attn_softcap     | Gemma 2, Gemma 3    | gemma.GemmaAttention                      |
 | logit_softcap                    | Gemma 2             | gemma.SoftcappedHead                      |
-| rope_local_theta                 | Gemma 3             | gemma.LocalGlobalRotary                   |
-| norm_placement = "reordered"     | OLMo 2              | olmo.ReorderedNormBlock                   |
+| rope_local_theta                 | Gemma 3, OLMo 3     | gemma.LocalGlobalRotary                   |
+| norm_placement = "reordered"     | OLMo 2/3, EXAONE 4  | olmo.ReorderedNormBlock                   |
 | qk_norm = "width"                | OLMo 2              | olmo.WidthQKNormAttention                 |
-| nope_layers                      | SmolLM3             | smollm.NoRopeAttention                    |
+| nope_layers                      | SmolLM3, EXAONE 4   | smollm.NoRopeAttention                    |
 | family.residual_multiplier       | Granite             | granite.GraniteBlock                      |
 | family.attention_multiplier      | Granite             | granite.GraniteAttention                  |
 | family.embedding_multiplier      | Granite             | granite.ScaledEmbedding                   |
@@ -30,6 +30,8 @@ torchtune's builders do), reusing its weights:
 | activation = "xielu"             | Apertus             | apertus.LearnedXIELU                      |
 | family.attn_output_gate          | Qwen3.5             | qwen3_5.GatedAttention                    |
 | deltanet                         | Qwen3.5             | qwen3_5.GatedDeltaNet                     |
+| family.query_scale_beta          | Ministral 3         | ministral.PositionScaledRotary and        |
+|                                  |                     | ministral.PositionScaledAttention         |
 
 Everything that builds a model from a config (runs, imports, training, tracing) calls
 `build_causal_lm`; the variants' modules keep the lesson's parameter names, so state dicts,
@@ -49,6 +51,7 @@ from handformer.families.gemma import GemmaAttention, LocalGlobalRotary, Sandwic
 from handformer.families.gpt_oss import GptOssMoE, SinkAttention
 from handformer.families.granite import GraniteAttention, GraniteBlock, ScaledEmbedding, ScaledHead
 from handformer.families.hunyuan import RotatedQKNormAttention
+from handformer.families.ministral import put_position_scaled_queries
 from handformer.families.olmo import ReorderedNormBlock, WidthQKNormAttention
 from handformer.families.qwen3_5 import put_deltanets, put_gated_attention
 from handformer.families.smollm import NoRopeAttention
@@ -105,6 +108,7 @@ VARIANTS: list[tuple[Callable[[CausalLMConfig], bool], Callable[[CausalLM, Causa
     (lambda c: c.activation == "xielu", put_learned_xielu),
     (lambda c: c.family.attn_output_gate, put_gated_attention),
     (lambda c: c.deltanet is not None, put_deltanets),
+    (lambda c: c.family.query_scale_beta is not None, put_position_scaled_queries),
 ]
 
 

@@ -12,6 +12,7 @@ from handformer.config import CausalLMConfig
 from handformer.families.apertus import APERTUS
 from handformer.families.deepseek import DEEPSEEK_V3
 from handformer.families.ernie import ERNIE4_5
+from handformer.families.exaone4 import EXAONE4
 from handformer.families.gemma import GEMMA, GEMMA2, GEMMA3_TEXT
 from handformer.families.glm4 import GLM4
 from handformer.families.gpt2 import GPT2
@@ -19,6 +20,7 @@ from handformer.families.gpt_oss import GPT_OSS
 from handformer.families.granite import GRANITE
 from handformer.families.hunyuan import HUNYUAN_DENSE
 from handformer.families.llama import LLAMA
+from handformer.families.ministral import MINISTRAL3
 from handformer.families.mistral import MISTRAL
 from handformer.families.mixtral import MIXTRAL
 from handformer.families.olmo import OLMO2, OLMOE
@@ -35,13 +37,13 @@ from handformer.families.starcoder2 import STARCODER2
 SPECS: dict[str, FamilySpec] = {s.model_type: s for s in (
     GPT2, LLAMA, QWEN2, QWEN3, MISTRAL, GEMMA, GEMMA2, GEMMA3_TEXT, SMOLLM3, OLMO2, PHI3, MIXTRAL, QWEN3_MOE,
     QWEN2_MOE, OLMOE, STARCODER2, GRANITE, GPT_OSS, SEED_OSS, OLMO3, HUNYUAN_DENSE, ERNIE4_5,
-    DEEPSEEK_V3, APERTUS, QWEN3_5, GLM4)}
+    DEEPSEEK_V3, APERTUS, QWEN3_5, GLM4, EXAONE4, MINISTRAL3)}
 
 # llama.cpp's architectures import-gguf reads, in the order messages list them (Mixtral shares
 # Llama's architecture and is told apart by its expert count).
 GGUF_ENTRIES: tuple[GgufEntry, ...] = tuple(s.gguf for s in (
     LLAMA, QWEN2, QWEN3, QWEN3_MOE, GEMMA, GEMMA2, GEMMA3_TEXT, OLMO2, SMOLLM3, PHI3, GPT2, MIXTRAL, GRANITE,
-    SEED_OSS, HUNYUAN_DENSE, ERNIE4_5, GLM4) if s.gguf)
+    SEED_OSS, HUNYUAN_DENSE, ERNIE4_5, GLM4, EXAONE4) if s.gguf)
 
 # llama.cpp's names that came from a family: the tokenizer.ggml.model of byte-level BPE (GPT-2's)
 # and of SentencePiece (Llama's), and Qwen2's tokenizer.ggml.pre

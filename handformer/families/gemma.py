@@ -49,7 +49,7 @@ from handformer.nn.blocks import DecoderOnlyBlock
 from handformer.nn.kv_cache import LayerKVCache
 from handformer.nn.masks import AttentionMask, as_attention_mask
 from handformer.nn.norms import make_norm
-from handformer.nn.positions import RotaryEmbedding
+from handformer.nn.positions import ROTARY_CLASSES, RotaryEmbedding
 
 Rope = tuple[Tensor, Tensor] | dict[str, tuple[Tensor, Tensor]] | None
 
@@ -153,13 +153,15 @@ class SoftcappedHead(nn.Module):
 
 
 class LocalGlobalRotary(nn.Module):
-    """Gemma 3's two RoPEs: the global layers' (rope_theta, with the model's scaling) and the
-    sliding layers' (rope_local_theta, unscaled). Returns both, by name, for each block to pick."""
+    """Gemma 3's (and OLMo 3's) two RoPEs: the global layers' (rope_theta, with the model's
+    scaling) and the sliding layers' (rope_local_theta, unscaled). Returns both, by name, for each
+    block to pick."""
 
     def __init__(self, cfg: CausalLMConfig) -> None:
         super().__init__()
         dims, positions = cfg.rotary_dim, cfg.max_positions
-        self.global_rope = RotaryEmbedding(dims, positions, cfg.rope_theta, cfg.rope_scaling)
+        rotary = ROTARY_CLASSES.get(type(cfg.rope_scaling), RotaryEmbedding)  # YaRN: OLMo 3's
+        self.global_rope = rotary(dims, positions, cfg.rope_theta, cfg.rope_scaling)
         self.sliding_rope = RotaryEmbedding(dims, positions, cfg.family.rope_local_theta)
 
     def forward(self, position_ids: Tensor) -> dict[str, tuple[Tensor, Tensor]]:

@@ -26,8 +26,6 @@ MISTRAL = FamilySpec(
     fixed={**llama.LLAMA_BLOCK, **llama.NO_BIASES},
     from_hf_config=from_hf_config, to_hf_config=to_hf_config, tensors=llama.TENSORS, gguf=llama.GGUF,
     claims=((100, lambda c: c.sliding_window is not None),),
-    look_alikes={"ministral3": "Ministral 3 turns RoPE with YaRN and scales queries by their position "
-                               "(llama_4_scaling_beta), which handformer does not implement"},
     differences=Differences(cache="a sliding window on every layer"))
 
 __all__ = ["MISTRAL"]

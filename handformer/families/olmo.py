@@ -23,6 +23,7 @@ from torch import Tensor, nn
 import handformer.families.llama as llama
 from handformer.config import CausalLMConfig
 from handformer.families.adopt import adopt_attention
+from handformer.families.gemma import Rope, layer_rope
 from handformer.families.hf_config import (
     expert_keys,
     expert_width,
@@ -57,10 +58,12 @@ class ReorderedNormBlock(DecoderOnlyBlock):
         self.train(block.training)
 
     def forward(self, x: Tensor, mask: AttentionMask | Tensor | None = None, *,
-                rope: tuple[Tensor, Tensor] | None = None, cache: LayerKVCache | None = None,
+                rope: Rope = None, cache: LayerKVCache | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """x: (B, T, D) -> ((B, T, D), weights (B, H, T, S) or None)."""
+        """x: (B, T, D) -> ((B, T, D), weights (B, H, T, S) or None); the mask and rope of the
+        layer's kind (OLMo 3's sliding layers have a RoPE of their own when its global ones use YaRN)."""
         mask = as_attention_mask(mask).of_layer(self.sliding)
+        rope = layer_rope(rope, self.sliding)
         h, weights = self.self_attn(x, mask=mask, rope=rope, cache=cache, need_weights=need_weights)
         x = x + self.dropout(self.attn_norm(h))
         x = x + self.dropout(self.ffn_norm(self.ffn(x)))

@@ -115,6 +115,9 @@ class GgufEntry:
     tokenizer_model: str | None = None  # a tokenizer.ggml.model llama.cpp named after this family
     pre_tokenizer: str | None = None  # a tokenizer.ggml.pre this family names
     also_recorded: tuple[str, ...] = ()  # other model_types a run exported here may have recorded
+    # EXAONE 4: llama.cpp turns sliding and global layers on (a window, its 32B's pattern) at this
+    # depth only, and none below it: a run or file of that depth is refused, the others have no window
+    hybrid_layers: int = 0
 
     @property
     def rms(self) -> bool:

@@ -34,6 +34,7 @@ import time
 import weakref
 
 import torch
+import torch._inductor.config
 from torch import Tensor
 
 from handformer.models.causal_lm import CausalLM
@@ -80,7 +81,7 @@ class StaticStep:
         self.model = model
         # freezing: the weights become constants of the compiled code (Inductor packs them for
         # oneDNN itself, and takes a PackedLinear's packed weight as it is)
-        self.compiled = torch.compile(_step, dynamic=False, options={"freezing": True})
+        self.compiled = torch.compile(_step, dynamic=False)
         self.compile_seconds: dict[tuple[int, int], float] = {}
         self._index = torch.zeros(1, dtype=torch.long)
         self._columns: dict[int, Tensor] = {}
@@ -105,7 +106,8 @@ class StaticStep:
             self._cleared.add(cache)
         key = (ids.size(0), C)
         started = time.perf_counter() if key not in self.compile_seconds else None
-        logits = self.compiled(self.model, ids, index, self._columns[C], cache.keys, cache.values)
+        with torch._inductor.config.patch(freezing=True):  # read when a call compiles
+            logits = self.compiled(self.model, ids, index, self._columns[C], cache.keys, cache.values)
         if started is not None:
             self.compile_seconds[key] = time.perf_counter() - started
         cache.advance(1)

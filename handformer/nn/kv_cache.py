@@ -58,12 +58,12 @@ class KVCache:
         what the cache holds after that point); the next forward writes from there."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot truncate a KV cache of {self.length} positions to {length}")
-        if length < self.length and self.keeps_states:
-            if length:
-                raise ValueError(f"cannot truncate a cache of linear-attention states from {self.length} "
-                                 f"positions to {length}: a state cannot forget positions; truncate to 0 "
-                                 "and run the kept positions again")
-            self.states = [None] * len(self.states)
+        if 0 < length < self.length and self.keeps_states:
+            raise ValueError(f"cannot truncate a cache of linear-attention states from {self.length} "
+                             f"positions to {length}: a state cannot forget positions; truncate to 0 "
+                             "and run the kept positions again")
+        if length == 0:
+            self.states = [None] * len(self.states)  # a linear-attention layer starts again
         self.length = length
 
     def in_slot_order(self, mask: Tensor | None, n_new: int) -> Tensor | None:

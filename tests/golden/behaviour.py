@@ -172,6 +172,8 @@ def _families() -> dict[str, Any]:
                                            "mscale_all_dim": 1.0}),
         "glm4": transformers.Glm4Config(**size, head_dim=12, attention_bias=True,
                                         rope_parameters={**rope, "partial_rotary_factor": 0.5}),
+        "exaone4": transformers.Exaone4Config(**{**size, "num_hidden_layers": 4}, head_dim=12, sliding_window=5,
+                                              sliding_window_pattern=4, rope_parameters=rope),
     }
 
 
