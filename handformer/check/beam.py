@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
+from handformer.check.argument_names import BEAM_NAMES as NAMES  # noqa: F401
 from handformer.check.context import Context, finish, forward_parameters
 from handformer.check.discovery import Component, DiscoveryError
 from handformer.check.result import PASS, Check, ComponentResult, Finding, Text, text
@@ -51,17 +52,7 @@ from handformer.models.seq2seq import Seq2SeqTransformer
 
 PAD, BOS, EOS = 0, 1, 2
 TOK_A, TOK_B, TOK_C, TOK_D, TOK_E, TOK_F = 3, 4, 5, 6, 7, 8
-NAMES = {
-    "model": ("model", "net", "transformer", "m"),
-    "src": ("src", "source", "x", "src_ids", "src_seq", "input_ids"),
-    "src_mask": ("src_mask", "mask", "source_mask", "src_key_padding_mask"),
-    "max_len": ("max_len", "max_length", "maxlen", "max_steps", "max_tgt_len", "length", "max_new_tokens"),
-    "start": ("start_symbol", "bos", "bos_idx", "bos_id", "start_idx", "sos_idx", "start_token", "sos",
-              "start_id", "bos_token_id", "start"),
-    "end": ("end_symbol", "eos", "eos_idx", "eos_id", "end_idx", "end_token", "eos_token_id", "end", "stop"),
-    "beam": ("beam_size", "beam_width", "k", "num_beams", "beam", "n_beams", "width", "beams"),
-    "alpha": ("alpha", "length_penalty", "lp", "len_penalty", "length_alpha", "penalty"),
-}
+
 MAX_LEN = 12  # tokens a hypothesis may hold, the start symbol included
 Table = dict[tuple[int, ...], dict[int, float]]  # prefix -> next-token probabilities
 SCENARIOS: dict[str, Table] = {

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from handformer.check import fingerprint as fp
+from handformer.check.argument_names import DECODING_NAMES as NAMES  # noqa: F401
 from handformer.check.context import Context, finish, forward_parameters
 from handformer.check.discovery import Component, DiscoveryError
 from handformer.check.result import DIFFERS, PASS, Check, ComponentResult, Finding, Text, text
@@ -33,15 +34,6 @@ from handformer.models.seq2seq import Seq2SeqTransformer
 
 V, PAD, BOS, EOS = 13, 0, 1, 2
 EOS_AT, MAX_LEN = 4, 8
-NAMES = {
-    "model": ("model", "net", "transformer", "m"),
-    "src": ("src", "source", "x", "src_ids", "src_seq", "input_ids"),
-    "src_mask": ("src_mask", "mask", "source_mask", "src_key_padding_mask"),
-    "max_len": ("max_len", "max_length", "maxlen", "max_steps", "max_new_tokens", "max_tgt_len", "length"),
-    "start": ("start_symbol", "bos", "bos_idx", "bos_id", "start_idx", "sos_idx", "start_token", "sos",
-              "start_id", "bos_token_id", "start"),
-    "end": ("end_symbol", "eos", "eos_idx", "eos_id", "end_idx", "end_token", "eos_token_id", "end", "stop"),
-}
 
 
 class AnnotatedModel(nn.Module):

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
+from handformer.check.argument_names import CONTEXT_NAMES, COUNT_NAMES, MODEL_NAMES, PROMPT_NAMES  # noqa: F401
 from handformer.check.context import Context, finish, forward_parameters
 from handformer.check.discovery import Component, DiscoveryError
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
@@ -42,13 +43,7 @@ from handformer.models.causal_lm import CausalLM
 VOCAB, BLOCK, SEED = 24, 8, 82
 PEAK = 1e4  # logits scale: the most likely token gets all of the probability
 SHORT, LONG = 4, 7  # new tokens after a prompt of 3: within the block size, and past it
-MODEL_NAMES = ("model", "self", "net", "m", "lm", "gpt")
-PROMPT_NAMES = ("idx", "input_ids", "prompt", "prompt_ids", "tokens", "context", "ids", "x", "input",
-                "prompt_tokens", "start_ids", "inputs")
-COUNT_NAMES = ("max_new_tokens", "max_tokens", "n_new", "num_tokens", "new_tokens", "steps", "length",
-               "max_length", "n", "num_new_tokens", "max_gen_len", "n_tokens")
-CONTEXT_NAMES = ("context_size", "block_size", "context_length", "max_seq_len", "max_context", "ctx_len",
-                 "window", "context_window", "ctx", "max_ctx", "context_len", "max_context_length")
+
 CACHE_NAMES = ("past_key_values", "past", "cache", "kv_cache", "layer_past", "past_kv", "kv")
 POSITION_NAMES = ("start_pos", "pos", "offset", "start", "position")
 EOS_NAMES = ("eos", "eos_id", "eos_token", "eos_token_id", "eos_idx", "end_token", "end_id", "stop_token",

@@ -21,6 +21,14 @@ from torch import Tensor
 
 from handformer.check import fingerprint as fp
 from handformer.check import stats
+from handformer.check.argument_names import (  # noqa: F401
+    GENERATOR_NAMES,
+    K_NAMES,
+    LOGITS_NAMES,
+    P_NAMES,
+    PROBS_NAMES,
+    TEMPERATURE_NAMES,
+)
 from handformer.check.context import Context, error_text, finish, forward_parameters, shape_of
 from handformer.check.discovery import Component
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
@@ -28,13 +36,8 @@ from handformer.check.source import locate, source_lines
 from handformer.generation.sampling import apply_temperature, top_k_filter, top_p_filter
 
 V, DRAWS = 8, 20_000
-TEMPERATURE_NAMES = ("temperature", "temp", "t", "tau", "temperatures")
-K_NAMES = ("k", "top_k", "topk")
-P_NAMES = ("p", "top_p", "topp", "nucleus")
-GENERATOR_NAMES = ("generator", "rng", "gen")
-LOGITS_NAMES = ("logits", "scores", "x", "logit", "z", "inputs", "input")
+
 # a first argument of probabilities (Meta's sample_top_p(probs, p)): given softmax(logits)
-PROBS_NAMES = ("probs", "probabilities", "prob", "p_dist", "dist", "distribution")
 SAMPLE_ROW = torch.tensor([2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6], dtype=torch.float64)  # (V,)
 
 

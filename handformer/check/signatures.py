@@ -22,6 +22,29 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from handformer.check.argument_names import (
+    ACCUM_NAMES,
+    BATCH_NAMES,
+    BEAM_NAMES,
+    CONTEXT_NAMES,
+    COUNT_NAMES,
+    CRITERION_NAMES,
+    DECODING_NAMES,
+    GENERATOR_NAMES,
+    K_NAMES,
+    LOADER_NAMES,
+    LOGITS_NAMES,
+    MODEL_NAMES,
+    OPTIMIZER_NAMES,
+    P_NAMES,
+    PROBS_NAMES,
+    PROMPT_NAMES,
+    SRC_NAMES,
+    STEP_MODEL_NAMES,
+    TEMPERATURE_NAMES,
+    TGT_NAMES,
+)
+
 ROWS = torch.tensor([[2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6],
                      [0.5, 2.5, -0.3, 1.1, 0.9, -2.0, 0.2, -0.7]])  # (B, V) logits, no ties
 OPTION_VALUES = {"top_k": 3, "top_p": 0.8, "temperature": 0.7}
@@ -43,29 +66,27 @@ def kind_of(fn: Any) -> str | None:
 def _loop_kind(names: list[str], required: set[str]) -> str | None:
     """A function that takes a model: beam search, greedy decoding, a generation loop, a training
     epoch or step, by the arguments their runners fill."""
-    from handformer.check import beam, decoding, generate_loop, train_step
-
     has = lambda aliases: any(n in aliases for n in names)  # noqa: E731
     covered = lambda *groups: required <= {a for g in groups for a in g}  # noqa: E731
     if not names:
         return None
-    if has(beam.NAMES["model"]) and has(beam.NAMES["src"]) and has(beam.NAMES["beam"]) and has(
-            beam.NAMES["start"]) and covered(*beam.NAMES.values()):
+    if has(BEAM_NAMES["model"]) and has(BEAM_NAMES["src"]) and has(BEAM_NAMES["beam"]) and has(
+            BEAM_NAMES["start"]) and covered(*BEAM_NAMES.values()):
         return "beam_search"
-    seq2seq = decoding.NAMES
+    seq2seq = DECODING_NAMES
     if has(seq2seq["model"]) and has(seq2seq["src"]) and has(seq2seq["start"]) and covered(*seq2seq.values()):
         return "greedy_decode"
-    model = tuple(n for n in generate_loop.MODEL_NAMES if n != "self")
-    if names[0] in model and has(generate_loop.PROMPT_NAMES) and has(generate_loop.COUNT_NAMES) and covered(
-            model, generate_loop.PROMPT_NAMES, generate_loop.COUNT_NAMES, generate_loop.CONTEXT_NAMES):
+    model = tuple(n for n in MODEL_NAMES if n != "self")
+    if names[0] in model and has(PROMPT_NAMES) and has(COUNT_NAMES) and covered(
+            model, PROMPT_NAMES, COUNT_NAMES, CONTEXT_NAMES):
         return "generate"
-    step = (train_step.MODEL_NAMES, train_step.OPTIMIZER_NAMES, train_step.CRITERION_NAMES,
-            train_step.ACCUM_NAMES)
-    if has(train_step.MODEL_NAMES) and has(train_step.OPTIMIZER_NAMES):
-        if has(train_step.LOADER_NAMES) and covered(*step, train_step.LOADER_NAMES):
+    step = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, CRITERION_NAMES,
+            ACCUM_NAMES)
+    if has(STEP_MODEL_NAMES) and has(OPTIMIZER_NAMES):
+        if has(LOADER_NAMES) and covered(*step, LOADER_NAMES):
             return "train_epoch"
-        batch = has(train_step.BATCH_NAMES) or (has(train_step.SRC_NAMES) and has(train_step.TGT_NAMES))
-        if batch and covered(*step, train_step.BATCH_NAMES, train_step.SRC_NAMES, train_step.TGT_NAMES):
+        batch = has(BATCH_NAMES) or (has(SRC_NAMES) and has(TGT_NAMES))
+        if batch and covered(*step, BATCH_NAMES, SRC_NAMES, TGT_NAMES):
             return "train_step"
     return None
 
@@ -73,18 +94,16 @@ def _loop_kind(names: list[str], required: set[str]) -> str | None:
 def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], required: set[str],
                  ) -> str | None:
     """A function of logits or probabilities first, and of k, p or a temperature: what a call says."""
-    from handformer.check import sampling
-
-    if not names or names[0] not in sampling.LOGITS_NAMES + sampling.PROBS_NAMES:
+    if not names or names[0] not in LOGITS_NAMES + PROBS_NAMES:
         return None
-    options = {"top_k": sampling.K_NAMES, "top_p": sampling.P_NAMES,
-               "temperature": sampling.TEMPERATURE_NAMES}
+    options = {"top_k": K_NAMES, "top_p": P_NAMES,
+               "temperature": TEMPERATURE_NAMES}
     takes = {key: next((p.name for p in params[1:] if p.name.lower() in aliases), None)
              for key, aliases in options.items()}
-    fillable = {n.lower() for n in takes.values() if n} | set(sampling.GENERATOR_NAMES) | {names[0]}
+    fillable = {n.lower() for n in takes.values() if n} | set(GENERATOR_NAMES) | {names[0]}
     if not required <= fillable:
         return None
-    probs = names[0] in sampling.PROBS_NAMES
+    probs = names[0] in PROBS_NAMES
     rows = ROWS.softmax(-1) if probs else ROWS
     outs = [_call(fn, rows, {n: OPTION_VALUES[k] for k, n in takes.items() if n}) for _ in range(2)]
     if any(out is None for out in outs):

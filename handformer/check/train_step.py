@@ -32,6 +32,16 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
+from handformer.check.argument_names import (
+    ACCUM_NAMES,
+    BATCH_NAMES,
+    CRITERION_NAMES,
+    LOADER_NAMES,
+    OPTIMIZER_NAMES,
+    SRC_NAMES,
+    TGT_NAMES,
+)
+from handformer.check.argument_names import STEP_MODEL_NAMES as MODEL_NAMES  # noqa: F401
 from handformer.check.context import Context, error_text, finish, forward_parameters
 from handformer.check.discovery import Component, DiscoveryError, own_objects
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
@@ -40,18 +50,8 @@ from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
 
 PAD, V, LR = 0, 11, 0.5
-MODEL_NAMES = ("model", "net", "transformer", "m")
-OPTIMIZER_NAMES = ("optimizer", "opt", "optim")
-CRITERION_NAMES = ("criterion", "loss_fn", "loss_func", "loss_compute", "compute_loss", "loss_function",
-                   "criteria")
-BATCH_NAMES = ("batch", "data", "sample", "b", "example")
-LOADER_NAMES = ("loader", "data_loader", "dataloader", "batches", "data_iter", "train_loader", "iterator",
-                "dataset", "train_data", "data")
-ACCUM_NAMES = ("accum_steps", "accumulation_steps", "grad_accum_steps", "gradient_accumulation_steps",
-               "accum_iter", "accumulate", "n_accum", "grad_accum", "micro_batches", "accum")
+
 ACCUM = 2  # micro-batches a step is asked to accumulate, when it takes their number
-SRC_NAMES = ("src", "source", "x", "src_ids", "inputs", "input_ids")
-TGT_NAMES = ("tgt", "trg", "target", "y", "tgt_ids", "targets", "labels")
 
 
 def batches() -> list[tuple[Tensor, Tensor]]:

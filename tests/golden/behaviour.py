@@ -88,7 +88,7 @@ def _lm_record(model, seed: int) -> dict[str, Any]:
     return {
         "logits": _checksum(out.logits),
         "logits_left_padded": _checksum(padded.logits[1, 4:]),
-        "attention": [_checksum(w) for w in out.attentions],
+        "attention": [None if w is None else _checksum(w) for w in out.attentions],  # None: linear attention
         "greedy": generate(model, prompts[:1], 20, temperature=0.0),
         "greedy_batch": generate(model, prompts, 20, temperature=0.0),
         "greedy_batch_uncached": generate(model, prompts, 20, temperature=0.0, use_cache=False),
@@ -174,6 +174,18 @@ def _families() -> dict[str, Any]:
                                         rope_parameters={**rope, "partial_rotary_factor": 0.5}),
         "exaone4": transformers.Exaone4Config(**{**size, "num_hidden_layers": 4}, head_dim=12, sliding_window=5,
                                               sliding_window_pattern=4, rope_parameters=rope),
+        "apertus": transformers.ApertusConfig(**size, head_dim=8, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 1e4, "factor": 4.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+        "qwen3_5_text": transformers.Qwen3_5TextConfig(
+            **{**size, "num_hidden_layers": 3, "num_key_value_heads": 1}, head_dim=16, linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=6, linear_value_head_dim=8, linear_conv_kernel_dim=3,
+            layer_types=["linear_attention", "full_attention", "linear_attention"],
+            rope_parameters={**rope, "partial_rotary_factor": 0.25}),
+        "ministral3": transformers.Ministral3Config(
+            **size, head_dim=8, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0,
+                                                 "original_max_position_embeddings": 8,
+                                                 "llama_4_scaling_beta": 0.1}),
     }
 
 

@@ -1,0 +1,58 @@
+"""The argument names the runners fill, one table per runner: a learner's free function is found by
+them (signatures.py) before any runner is imported, so the tables sit below both."""
+
+from __future__ import annotations
+
+# beam.py
+BEAM_NAMES = {
+    "model": ("model", "net", "transformer", "m"),
+    "src": ("src", "source", "x", "src_ids", "src_seq", "input_ids"),
+    "src_mask": ("src_mask", "mask", "source_mask", "src_key_padding_mask"),
+    "max_len": ("max_len", "max_length", "maxlen", "max_steps", "max_tgt_len", "length", "max_new_tokens"),
+    "start": ("start_symbol", "bos", "bos_idx", "bos_id", "start_idx", "sos_idx", "start_token", "sos",
+              "start_id", "bos_token_id", "start"),
+    "end": ("end_symbol", "eos", "eos_idx", "eos_id", "end_idx", "end_token", "eos_token_id", "end", "stop"),
+    "beam": ("beam_size", "beam_width", "k", "num_beams", "beam", "n_beams", "width", "beams"),
+    "alpha": ("alpha", "length_penalty", "lp", "len_penalty", "length_alpha", "penalty"),
+}
+
+# decoding.py
+DECODING_NAMES = {
+    "model": ("model", "net", "transformer", "m"),
+    "src": ("src", "source", "x", "src_ids", "src_seq", "input_ids"),
+    "src_mask": ("src_mask", "mask", "source_mask", "src_key_padding_mask"),
+    "max_len": ("max_len", "max_length", "maxlen", "max_steps", "max_new_tokens", "max_tgt_len", "length"),
+    "start": ("start_symbol", "bos", "bos_idx", "bos_id", "start_idx", "sos_idx", "start_token", "sos",
+              "start_id", "bos_token_id", "start"),
+    "end": ("end_symbol", "eos", "eos_idx", "eos_id", "end_idx", "end_token", "eos_token_id", "end", "stop"),
+}
+
+# generate_loop.py
+MODEL_NAMES = ("model", "self", "net", "m", "lm", "gpt")
+PROMPT_NAMES = ("idx", "input_ids", "prompt", "prompt_ids", "tokens", "context", "ids", "x", "input",
+                "prompt_tokens", "start_ids", "inputs")
+COUNT_NAMES = ("max_new_tokens", "max_tokens", "n_new", "num_tokens", "new_tokens", "steps", "length",
+               "max_length", "n", "num_new_tokens", "max_gen_len", "n_tokens")
+CONTEXT_NAMES = ("context_size", "block_size", "context_length", "max_seq_len", "max_context", "ctx_len",
+                 "window", "context_window", "ctx", "max_ctx", "context_len", "max_context_length")
+
+# train_step.py
+STEP_MODEL_NAMES = ("model", "net", "transformer", "m")
+OPTIMIZER_NAMES = ("optimizer", "opt", "optim")
+CRITERION_NAMES = ("criterion", "loss_fn", "loss_func", "loss_compute", "compute_loss", "loss_function",
+                   "criteria")
+BATCH_NAMES = ("batch", "data", "sample", "b", "example")
+LOADER_NAMES = ("loader", "data_loader", "dataloader", "batches", "data_iter", "train_loader", "iterator",
+                "dataset", "train_data", "data")
+ACCUM_NAMES = ("accum_steps", "accumulation_steps", "grad_accum_steps", "gradient_accumulation_steps",
+               "accum_iter", "accumulate", "n_accum", "grad_accum", "micro_batches", "accum")
+SRC_NAMES = ("src", "source", "x", "src_ids", "inputs", "input_ids")
+TGT_NAMES = ("tgt", "trg", "target", "y", "tgt_ids", "targets", "labels")
+
+# sampling.py
+TEMPERATURE_NAMES = ("temperature", "temp", "t", "tau", "temperatures")
+K_NAMES = ("k", "top_k", "topk")
+P_NAMES = ("p", "top_p", "topp", "nucleus")
+GENERATOR_NAMES = ("generator", "rng", "gen")
+LOGITS_NAMES = ("logits", "scores", "x", "logit", "z", "inputs", "input")
+PROBS_NAMES = ("probs", "probabilities", "prob", "p_dist", "dist", "distribution")
