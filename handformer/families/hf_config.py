@@ -114,7 +114,7 @@ def rope(c: dict[str, Any], allowed: tuple[str, ...] = ("default", "llama3", "li
         params = c.get(key) or {}
         found, found_scaling = rope_parameters(c, key, params, allowed)
         if params.get("partial_rotary_factor", 1.0) != 1.0 and not partial:
-            unsupported(c, key, params, "partial rotary embeddings are implemented for phi3 only")
+            unsupported(c, key, params, "partial rotary embeddings are read for Phi-3, GLM-4, Qwen3.5 only")
         theta, scaling = found or theta, found_scaling or scaling
     return float(theta), scaling
 
