@@ -194,6 +194,10 @@ def test_attention_explorer_and_translate_routes(client, models):
     assert last["position"] == len(ids) - 1
     html = client.post("/playground/api/explorer", json={"model": "story", "ids": ids, "split": 4}).json()["html"]
     assert "handformer playground: attention" in html and '"split":4' in html
+    zh = client.post("/playground/api/explorer", json={"model": "story", "ids": ids, "split": 4,
+                                                       "lang": "zh"}).json()["html"]
+    assert '<html lang="zh">' in zh and "层和头都从 0 开始计数" in zh and "handformer playground：注意力" in zh
+    assert "Layers and heads are counted from 0" not in zh
 
     translator = models["dates"].translator
     for beam in (1, 3):
@@ -204,6 +208,9 @@ def test_attention_explorer_and_translate_routes(client, models):
     assert len(out["cross"][0][0]) == len(out["output_tokens"])
     assert len(out["cross"][0][0][0]) == len(out["source_tokens"])
     assert '"views":[{"name":"cross"' in out["explorer"]
+    zh = client.post("/playground/api/translate", json={"model": "dates", "text": "the first of may",
+                                                        "lang": "zh"}).json()["explorer"]
+    assert '<html lang="zh">' in zh and '"label":"交叉注意力"' in zh and '"output_label":"译文"' in zh
 
 
 @pytest.mark.parametrize("route, body, status, message", [
@@ -233,6 +240,7 @@ def test_attention_explorer_and_translate_routes(client, models):
     ("attention", {"model": "story", "ids": [1, 2], "position": 2}, 400, "position must be an integer in [0, 2)"),
     ("attention", {"model": "dates", "ids": [1, 2]}, 400, "is a translation run"),
     ("explorer", {"model": "story", "ids": [1, 2], "split": 3}, 400, "split must be a position in [0, 2]"),
+    ("explorer", {"model": "story", "ids": [1, 2], "lang": "fr"}, 400, "lang must be one of en, zh"),
     ("translate", {"model": "dates", "text": " "}, 400, "text is empty"),
     ("translate", {"model": "dates"}, 400, "text must be a string"),
     ("translate", {"model": "dates", "text": "may", "beam": 0}, 400, "beam must be an integer from 1"),

@@ -153,12 +153,14 @@ def test_viz_rejects_what_is_not_a_run_directory(tmp_path):
 
 def test_viz_lm_prompt_and_generated_tokens(lm_run, tmp_path):
     out = tmp_path / "lm"
-    rc, stdout, err = run_cli("viz", str(lm_run), "你好", "--max-new-tokens", "5", "--out", str(out))
+    rc, stdout, err = run_cli("viz", str(lm_run), "你好", "--max-new-tokens", "5", "--out", str(out),
+                              "--lang", "zh")
     assert rc == 0, err
     assert "prompt:    你好" in stdout and "(greedy)" in stdout
     assert sorted(p.name for p in out.iterdir()) == [
         "attention.html", "self_layer0_heads.png", "self_layer0_mean.png", "self_layer1_heads.png",
         "self_layer1_mean.png"]
+    assert '<html lang="zh">' in (out / "attention.html").read_text(encoding="utf-8")  # --lang zh
     report = attention_report(lm_run, "你好", max_new_tokens=5)
     (view,) = report.views
     assert view.name == "self" and view.split == 2
@@ -239,7 +241,7 @@ def test_explorer_page_is_self_contained_and_escapes_tokens():
                        "query_title": "q", "key_title": "k", "split": 1,
                        "layers": [[[[1.0, 0.0], [0.5, 0.5]]]]}]}
     page = explorer_html(data)
-    assert evil not in page and page.count("</script>") == 2
+    assert evil not in page and page.count("</script>") == 3  # the data, the words, the script
     assert not re.search(r"https?://|<link|\ssrc=", page)
     assert "Content-Security-Policy" in page
     blob = re.search(r'<script type="application/json" id="attention-data">(.*?)</script>', page, re.S)

@@ -11,7 +11,7 @@ def cmd_viz(args: argparse.Namespace) -> int:
     from handformer.see.viz import visualize
 
     report, files = visualize(args.run_dir, args.text, args.out, args.layer, args.head,
-                              args.max_new_tokens, args.device)
+                              args.max_new_tokens, args.device, args.lang)
     if report.task == "translation":
         print(f"source:      {report.text}\ntranslation: {report.output}")
     else:
@@ -69,6 +69,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output directory (default RUN_DIR/viz)")
     p.add_argument("--max-new-tokens", type=int, default=8,
                    help="language models: tokens to generate greedily after TEXT (default 8)")
+    p.add_argument("--lang", choices=("en", "zh"), default="en",
+                   help="language of the explorer page attention.html: en, or zh (Chinese); the PNGs' "
+                   "titles stay English")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=cmd_viz)
 

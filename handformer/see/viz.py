@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from handformer.see.explorer import write_explorer
+from handformer.see.explorer import explorer_text, write_explorer
 from handformer.see.plots import plot_attention, plot_attention_heads
 
 TASKS = ("translation", "lm")
@@ -220,14 +220,16 @@ def write_pngs(report: AttentionReport, out_dir: str | os.PathLike, layer: int |
 
 def visualize(run_dir: str | os.PathLike, text: str, out_dir: str | os.PathLike | None = None,
               layer: int | None = None, head: int | None = None, max_new_tokens: int = 8,
-              device: str = "cpu") -> tuple[AttentionReport, list[Path]]:
-    """Everything `handformer viz` does: the report, its PNGs and the explorer (attention.html), in
-    `out_dir` (default RUN_DIR/viz). Returns the report and the files written, explorer last."""
+              device: str = "cpu", lang: str = "en") -> tuple[AttentionReport, list[Path]]:
+    """Everything `handformer viz` does: the report, its PNGs and the explorer (attention.html, its
+    words in `lang`: en or zh), in `out_dir` (default RUN_DIR/viz). Returns the report and the files
+    written, explorer last."""
+    explorer_text(lang)  # an unknown language fails before any work
     config = read_run_config(run_dir)
     check_selection(config, layer, head)  # before any work, from the config alone
     report = attention_report(run_dir, text, max_new_tokens, device)
     out_dir = Path(out_dir) if out_dir is not None else Path(run_dir) / "viz"
     out_dir.mkdir(parents=True, exist_ok=True)
     files = write_pngs(report, out_dir, layer, head)
-    files.append(write_explorer(report.to_dict(), out_dir / "attention.html"))
+    files.append(write_explorer(report.to_dict(), out_dir / "attention.html", lang))
     return report, files

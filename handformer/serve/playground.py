@@ -9,8 +9,9 @@
                                      next-token distribution it was sampled from), then "done"
     POST /playground/api/attention   {model, ids, position} -> per layer and head, the attention of
                                      that position over ids[:position + 1]
-    POST /playground/api/explorer    {model, ids, split} -> {"html"}: the attention explorer's page
-    POST /playground/api/translate   {model, text, beam} -> the output, its cross-attention, the
+    POST /playground/api/explorer    {model, ids, split, lang} -> {"html"}: the attention explorer's page
+                                     (lang: en or zh, the page's language)
+    POST /playground/api/translate   {model, text, beam, lang} -> the output, its cross-attention, the
                                      explorer's page of every attention map
 
 Model work runs in a worker thread under the model's lock, one forward pass at a time, so the event
@@ -35,6 +36,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from handformer.generation.chat import stop_ids_for
 from handformer.generation.chat_template import ChatTemplate, load_chat_template
 from handformer.generation.generate import max_new_tokens_for
+from handformer.see.explorer import LANGUAGES as EXPLORER_LANGUAGES
 from handformer.serve import playground_lookups as lookups
 from handformer.serve.door import APIError, Fields, auth, read_json, read_sampling
 from handformer.serve.registry import ServedModel
@@ -113,24 +115,35 @@ class Playground:
         return JSONResponse(await in_thread(model, lambda: lookups.attention_row(model.lm, ids, position)))
 
     async def explorer(self, request: Request) -> Response:
-        f = Fields(await read_json(request, MAX_BODY), {"model", "ids", "split"})
+        f = Fields(await read_json(request, MAX_BODY), {"model", "ids", "split", "lang"})
         model = served(self.models, f, "lm")
         ids = check_ids(model, f.body.get("ids"))
         split = f.integer("split", 0)
         if split is not None and not 0 <= split <= len(ids):
             raise APIError(400, f"split must be a position in [0, {len(ids)}] (where generation began)",
                            "split")
-        html = await in_thread(model, lambda: lookups.lm_explorer(model.lm, ids, split))
+        lang = page_language(f)
+        html = await in_thread(model, lambda: lookups.lm_explorer(model.lm, ids, split, lang))
         return JSONResponse({"html": html})
 
     async def translate(self, request: Request) -> Response:
-        f = Fields(await read_json(request, MAX_BODY), {"model", "text", "beam"})
+        f = Fields(await read_json(request, MAX_BODY), {"model", "text", "beam", "lang"})
         model = served(self.models, f, "translation")
         text = f.body.get("text")
         if not isinstance(text, str):
             raise APIError(400, "text must be a string: the sentence to translate", "text")
         beam = f.body.get("beam", 1)  # checked by lookups.translate, with its range
-        return JSONResponse(await in_thread(model, lambda: lookups.translate(model.translator, text, beam)))
+        lang = page_language(f)
+        return JSONResponse(await in_thread(model, lambda: lookups.translate(model.translator, text, beam,
+                                                                             lang)))
+
+
+def page_language(f: Fields) -> str:
+    """The page's language (the `lang` field: en, the default, or zh): the explorer's words."""
+    lang = f.body.get("lang", "en")
+    if lang not in EXPLORER_LANGUAGES:
+        raise f.fail("lang", f"one of {', '.join(EXPLORER_LANGUAGES)} (the page's language)")
+    return lang
 
 
 def served(models: Mapping[str, ServedModel], f: Fields, task: str) -> ServedModel:

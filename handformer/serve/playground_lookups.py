@@ -32,7 +32,7 @@ from handformer.generation.engine import Engine, Row, sampled_distribution
 from handformer.generation.generate import max_new_tokens_for
 from handformer.generation.sampling import SamplingOptions
 from handformer.modes import eval_mode
-from handformer.see.explorer import explorer_html
+from handformer.see.explorer import explorer_html, explorer_text
 from handformer.see.viz import AttentionReport, AttentionView, translation_views
 from handformer.tasks.lm.run import LMRun
 from handformer.tasks.translation.translator import Translator, attention_maps
@@ -182,9 +182,9 @@ def attention_row(run: LMRun, ids: Sequence[int], position: int) -> dict[str, An
             "layers": [_rounded(w[:, -1, :]) for w in layers]}  # per layer (H, P)
 
 
-def lm_explorer(run: LMRun, ids: Sequence[int], split: int | None) -> str:
+def lm_explorer(run: LMRun, ids: Sequence[int], split: int | None, lang: str = "en") -> str:
     """The attention explorer's page (see/explorer.py) for one forward over `ids`: every layer and
-    head, every query; `split` is where the generated tokens begin."""
+    head, every query; `split` is where the generated tokens begin; its words in `lang`."""
     layers = [w.numpy() for w in lm_attention(run, ids)]
     tokens = run.tokenizer.tokens(list(ids))
     view = AttentionView("self", "causal self-attention over the prompt and the generated tokens",
@@ -194,12 +194,12 @@ def lm_explorer(run: LMRun, ids: Sequence[int], split: int | None) -> str:
     report = AttentionReport("lm", decode(list(ids[:cut])), decode(list(ids[cut:])), [view])
     data = report.to_dict()
     data["output_label"] = "continuation"  # sampled with the page's settings, not necessarily greedy
-    return explorer_html(data, "handformer playground: attention")
+    return explorer_html(data, explorer_text(lang)["playground_title"], lang)
 
 
-def translate(translator: Translator, text: str, beam: int) -> dict[str, Any]:
+def translate(translator: Translator, text: str, beam: int, lang: str = "en") -> dict[str, Any]:
     """Translate `text` (beam 1 = greedy), then teacher-force the output to read every attention
-    map: the cross-attention for the page's own view and all of them in the explorer."""
+    map: the cross-attention for the page's own view and all of them in the explorer (in `lang`)."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError("text is empty: type a sentence to translate")
     if isinstance(beam, bool) or not isinstance(beam, int) or not 1 <= beam <= MAX_BEAM:
@@ -215,7 +215,7 @@ def translate(translator: Translator, text: str, beam: int) -> dict[str, Any]:
     return {"output": output, "output_ids": outputs[0], "output_tokens": produced,
             "source_ids": sources[0], "source_tokens": src,
             "cross": [_rounded(torch.from_numpy(w)) for w in maps["cross"]],  # per layer (H, T, S)
-            "explorer": explorer_html(report.to_dict(), "handformer playground: attention")}
+            "explorer": explorer_html(report.to_dict(), explorer_text(lang)["playground_title"], lang)}
 
 
 def _rounded(weights: Tensor) -> list:
