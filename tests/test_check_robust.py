@@ -36,7 +36,7 @@ def short_bpe_limits(monkeypatch):
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = [correct_file(f) for f in FAMILIES]
-DEFAULT = 120  # mutants in the default run (every file's in turn)
+DEFAULT = 72  # mutants in the default run (every file's in turn)
 
 
 def _id(m: Mutant) -> str:

@@ -82,6 +82,20 @@ def test_models_the_static_step_does_not_serve_decode_eagerly(why, uncompiled):
     assert generate(model, [[1, 2, 3]], 12, temperature=0, compile_step=True) == eager
 
 
+def test_the_captured_step_gives_the_eager_tokens(monkeypatch):
+    """The step as torch.compile captures it (dynamo's graph and guards, `aot_eager`'s functionalized
+    graph) decodes eager's tokens; Inductor's C++ code generation of the same graph is the slow
+    test below (7-15 s of compiling)."""
+    import functools
+
+    monkeypatch.setattr(static_step.torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    model = _model(lambda: _llama(n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, d_ff=32))
+    eager = generate(model, [[1, 2, 3]], 10, temperature=0)
+    assert generate(model, [[1, 2, 3]], 10, temperature=0, compile_step=True) == eager
+    assert list(static_step_for(model).compile_seconds) == [(1, 256)]
+
+
+@pytest.mark.slow
 def test_the_inductor_compiled_step_gives_the_eager_tokens():
     """One compiled artifact: a one-layer Llama, one row (Inductor's C++ code generation)."""
     model = _model(lambda: _llama(n_layers=1, d_model=16, n_heads=2, n_kv_heads=1, d_ff=32))
