@@ -228,10 +228,10 @@ def test_the_schemas_refuse_what_the_routes_refuse():
         assert not Validator(chat).is_valid(body), body
 
 
-def test_2000_fuzzed_bodies_get_a_4xx_json_error_or_a_valid_reply(server):
-    seen = fuzz(server, 2000, seed=0)
-    assert seen["valid"] > 500 and seen["refused"] > 800, seen
-    assert all(seen[route] >= 300 for route in NEW_ROUTES), seen
+def test_1000_fuzzed_bodies_get_a_4xx_json_error_or_a_valid_reply(server):
+    seen = fuzz(server, 1000, seed=0)
+    assert seen["valid"] > 250 and seen["refused"] > 400, seen
+    assert all(seen[route] >= 150 for route in NEW_ROUTES), seen
 
 
 @pytest.mark.slow
