@@ -33,7 +33,14 @@ from handformer.check.context import Context, error_text, finish, forward_parame
 from handformer.check.discovery import Component, DiscoveryError
 from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
-from handformer.check.train_step import MODEL_NAMES, OPTIMIZER_NAMES
+from handformer.check.train_step import (
+    MODEL_NAMES,
+    OPTIMIZER_NAMES,
+    clip_note,
+    largest_difference,
+    parameters_of,
+    update,
+)
 from handformer.config import CausalLMConfig
 from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
@@ -93,14 +100,7 @@ def reference_step(model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: T
         opt.zero_grad()
     logits = model(x)  # (B, T, V)
     F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1)).backward()
-    if clip is not None and not clip_after:
-        nn.utils.clip_grad_norm_(model.parameters(), clip)
-    if lr is not None and set_lr:
-        for group in opt.param_groups:
-            group["lr"] = lr
-    opt.step()
-    if clip is not None and clip_after:  # clips the gradients already used (kept, without zero_grad)
-        nn.utils.clip_grad_norm_(model.parameters(), clip)
+    update(model, opt, clip, clip_after, lr if set_lr else None)
 
 
 class Step:
@@ -137,14 +137,6 @@ class Step:
         return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
 
 
-def _params(model: nn.Module) -> list[Tensor]:
-    return [p.detach().clone() for p in model.parameters()]
-
-
-def _diff(a: list[Tensor], b: list[Tensor]) -> float:
-    return max(float((p - q).abs().max()) for p, q in zip(a, b))
-
-
 def _run(step: Step, base: nn.Module, **mistakes: bool) -> list[list[Tensor]]:
     """handformer's two steps (with the mistakes asked for): the parameters after each."""
     model = copy.deepcopy(base)
@@ -152,7 +144,7 @@ def _run(step: Step, base: nn.Module, **mistakes: bool) -> list[list[Tensor]]:
     out = []
     for (x, y), lr in zip(batches(), LRS):
         reference_step(model, opt, x, y, lr if step.lr else None, step.clip, **mistakes)
-        out.append(_params(model))
+        out.append(parameters_of(model))
     return out
 
 
@@ -166,9 +158,9 @@ def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
     with torch.enable_grad():
         for (x, y), lr in zip(batches(), LRS):
             step(model, opt, x, y, lr)
-            got.append(_params(model))
+            got.append(parameters_of(model))
         right = _run(step, base)
-        errs = [_diff(g, r) for g, r in zip(got, right)]
+        errs = [largest_difference(g, r) for g, r in zip(got, right)]
         res.max_abs_error = max(errs)
         res.checks.append(Check(text(
             f"AdamW, learning rates {LRS[0]:g} then {LRS[1]:g}: the parameters after one and after two steps "
@@ -183,9 +175,7 @@ def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
 
 def _notes(res: ComponentResult, step: Step) -> None:
     if step.clip is not None:
-        res.notes.append(text(f"your step clips the gradient norm at {step.clip:g}; handformer's step "
-                              "clipped at the same norm", f"你的一步把梯度范数裁剪到 {step.clip:g}；"
-                              "handformer 的一步按同样的范数裁剪"))
+        res.notes.append(clip_note(step.clip))
     if not step.lr:
         res.notes.append(text(f"your step takes no learning rate: compared with steps at the optimizer's "
                               f"{OPT_LR:g} (the schedule must then be set in your loop)",
@@ -200,7 +190,7 @@ def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, bas
              and not (n == "train_step_lr_not_set" and not step.lr)]
     for combo in (c for n in (1, 2) for c in itertools.combinations(names, n)):
         theirs = _run(step, base, **{k: v for name in combo for k, v in MISTAKES[name].items()})
-        off = max(_diff(g, t) for g, t in zip(got, theirs))
+        off = max(largest_difference(g, t) for g, t in zip(got, theirs))
         if off >= TOL:
             continue
         lines = source_lines([comp.obj])

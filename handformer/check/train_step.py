@@ -106,19 +106,34 @@ def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tg
         # cross-entropy (log_softmax of log-probabilities changes nothing)
         loss = criterion(logits.log_softmax(-1).reshape(-1, V), tgt_out.reshape(-1))
         (loss / accum if divide else loss).backward()
+    update(model, opt, clip, clip_after)
+
+
+def update(model: nn.Module, opt: torch.optim.Optimizer, clip: float | None, clip_after: bool = False,
+           lr: float | None = None) -> None:
+    """The end of a reference step: the gradients clipped at `clip` (after `opt.step()` when
+    `clip_after`: the named mistake), the learning rate set when given, the update."""
     if clip is not None and not clip_after:
         nn.utils.clip_grad_norm_(model.parameters(), clip)
+    if lr is not None:
+        for group in opt.param_groups:
+            group["lr"] = lr
     opt.step()
     if clip is not None and clip_after:  # clips the gradients already used (kept, without zero_grad)
         nn.utils.clip_grad_norm_(model.parameters(), clip)
 
 
-def _params(model: nn.Module) -> list[Tensor]:
+def parameters_of(model: nn.Module) -> list[Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _diff(a: list[Tensor], b: list[Tensor]) -> float:
+def largest_difference(a: list[Tensor], b: list[Tensor]) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+def clip_note(clip: float) -> Text:
+    return text(f"your step clips the gradient norm at {clip:g}; handformer's step clipped at the same norm",
+                f"你的一步把梯度范数裁剪到 {clip:g}；handformer 的一步按同样的范数裁剪")
 
 
 def _called_sources(ctx: Context, source: str) -> list[str]:
@@ -285,7 +300,7 @@ def _run(step: Step, base: Seq2SeqTransformer, **mistakes: Any) -> list[list[Ten
     for src, tgt in batches():
         reference_step(model, opt, src, tgt, step.clip, accum=accum, criterion=step.reference_criterion(),
                        **mistakes)
-        out.append(_params(model))
+        out.append(parameters_of(model))
     return out[-1:] if step.epoch else out
 
 
@@ -307,13 +322,13 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
     with torch.enable_grad():
         if epoch:
             step.run_epoch(model, opt, batches())
-            got.append(_params(model))
+            got.append(parameters_of(model))
         else:
             for src, tgt in batches():
                 step(model, opt, src, tgt)
-                got.append(_params(model))
+                got.append(parameters_of(model))
         right = _run(step, base)
-        errs = [_diff(g, r) for g, r in zip(got, right)]
+        errs = [largest_difference(g, r) for g, r in zip(got, right)]
         res.max_abs_error = max(errs)
         what = ("the parameters after an epoch of two batches equal handformer's two steps on them",
                 "一个 epoch（两个 batch）之后的参数与 handformer 在这两个 batch 上走两步的结果一致",
@@ -337,9 +352,7 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
 
 def _notes(res: ComponentResult, step: Step) -> None:
     if step.clip is not None:
-        res.notes.append(text(f"your step clips the gradient norm at {step.clip:g}; handformer's step "
-                              "clipped at the same norm", f"你的一步把梯度范数裁剪到 {step.clip:g}；"
-                              "handformer 的一步按同样的范数裁剪"))
+        res.notes.append(clip_note(step.clip))
     if step.accum:
         res.notes.append(text(f"{step.accum}={ACCUM}: each batch of 2 sentences in {ACCUM} micro-batches, "
                               "their gradients accumulated before one update",
@@ -366,9 +379,9 @@ def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, bas
     for combo in combos:
         mistakes = {k: v for name in combo for k, v in variants[name].items()}
         theirs = _run(step, base, **mistakes)
-        if all(_diff(t, r) < 1e-12 for t, r in zip(theirs, right)):
+        if all(largest_difference(t, r) < 1e-12 for t, r in zip(theirs, right)):
             continue  # these mistakes change nothing on these batches
-        off = max(_diff(g, t) for g, t in zip(got, theirs))
+        off = max(largest_difference(g, t) for g, t in zip(got, theirs))
         if off >= 1e-9:
             continue
         after = (f"after the epoch they differ from handformer's by {errs[0]:.3g}", f"与 handformer 的相比，"
