@@ -449,17 +449,7 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
     sizes = {**ctx_sizes(), **({"n_kv_heads": n_kv_heads} if n_kv_heads else {})}
     x = fp.randn(2, 6, D, seed=1)
     module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
-    found = leaves(module)
-    linears = [leaf for leaf in found if leaf.kind == "linear"]
-    extra = [leaf for leaf in found if leaf.kind != "linear"]
-    if extra:  # a norm on the queries and keys (QK-norm): not in handformer's reference attention
-        raise MappingError(f"{comp.name} has parameters besides its projections ("
-                           + ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra)
-                           + "); handformer's reference attention has none (no QK-norm)",
-                           zh=f"{comp.name} "
-                              "除了投影矩阵还有别的参数（"
-                              f"{', '.join(f'{x.name} {tuple(x.weight.shape)}' for x in extra)}）；"
-                              "handformer 的参考注意力没有这些参数（没有 QK-norm）")
+    linears = _projections(comp, module)
     if H != 1 and single_head(comp, linears, n_kv_heads):
         with _one_head():
             return check_mha(comp, ctx, causal_inside, n_kv_heads)
@@ -467,12 +457,66 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0]
     res.mapping = [s.describe() for s in slots]
     c = caller(module)
-    if not causal_inside and c.n_inputs == 1 and behaves_causal(ctx, c, D):
-        causal_inside = True  # a self-attention that is causal without a mask (minimind's is_causal=True)
-        res.notes.append(text("with no mask it is causal (changing token 3 leaves outputs 0..2 "
-                              "unchanged): checked as causal self-attention",
-                              "不给掩码时它是因果的（改变位置 3 的 token，位置 0..2 的输出不变）："
-                              "按因果自注意力检查"))
+    causal_inside = _causal_inside(res, ctx, c, causal_inside)
+    has_o = _head_notes(res, comp, c, slots, causal_inside)
+    probe = MHAProbe(ctx, c, x, _conventions(ctx, comp, c), causal_inside)
+    try:
+        working = first_working(ctx, probe.run, probe.convs)
+        c.state["visible"] = working  # a mask it requires, when a case has none: every key visible
+    except fp.LearnerFailure as failure:
+        if causal_inside and not_cropped(res, ctx, comp, module, failure, probe.T):
+            return finish(res)
+        raise
+    check_determinism(res, ctx, comp, lambda: probe.run(working), "sdpa")
+    with fp.dropout_off():
+        universe = _universe(c, has_o, n_kv_heads, causal_inside)
+        rope, conv = _search_mha(res, ctx, comp, probe, slots, n_kv_heads, universe, working)
+        setup = Setup(module, slots, c, conv, causal_inside, n_kv_heads, rope)
+        guarded(res, lambda: _compare_mha(res, ctx, comp, setup))
+        w = mha_weights(slots, H, n_kv_heads, rope)
+        guarded(res, lambda: note_attention_departure(res, comp, c.call, w, causal_inside))
+        guarded(res, lambda: _properties(res, ctx, comp, setup))
+    guarded(res, lambda: _tutorial_shapes_at_their_sizes(res, ctx, comp, c, sizes))
+    if conv and conv.startswith("torch"):
+        _nan_as_torch(res)
+    return finish(res)
+
+
+def _causal_inside(res: ComponentResult, ctx: Context, c: Caller, causal_inside: bool) -> bool:
+    """Causal inside: said so by its kind, or a self-attention that is causal given no mask
+    (minimind's is_causal=True), noted."""
+    if causal_inside or c.n_inputs != 1 or not behaves_causal(ctx, c, D):
+        return causal_inside
+    res.notes.append(text("with no mask it is causal (changing token 3 leaves outputs 0..2 "
+                          "unchanged): checked as causal self-attention",
+                          "不给掩码时它是因果的（改变位置 3 的 token，位置 0..2 的输出不变）："
+                          "按因果自注意力检查"))
+    return True
+
+
+def _tutorial_shapes_at_their_sizes(res: ComponentResult, ctx: Context, comp: Component, c: Caller,
+                                    sizes: dict[str, Any]) -> None:
+    with ctx.hyperparameters(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
+        _tutorial_shapes(res, ctx, comp, c, sizes)
+
+
+def _projections(comp: Component, module: nn.Module) -> list[Any]:
+    """The attention's linear layers; any other parameter (a QK-norm) is not in the reference."""
+    found = leaves(module)
+    extra = [leaf for leaf in found if leaf.kind != "linear"]
+    if extra:  # a norm on the queries and keys (QK-norm): not in handformer's reference attention
+        shapes = ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra)
+        raise MappingError(f"{comp.name} has parameters besides its projections ({shapes}); handformer's "
+                           "reference attention has none (no QK-norm)",
+                           zh=f"{comp.name} 除了投影矩阵还有别的参数（{shapes}）；"
+                              "handformer 的参考注意力没有这些参数（没有 QK-norm）")
+    return [leaf for leaf in found if leaf.kind == "linear"]
+
+
+def _head_notes(res: ComponentResult, comp: Component, c: Caller, slots: list[Slot], causal_inside: bool,
+                ) -> bool:
+    """Notes on what the attention takes and has (no mask, one head), the missing W_O as a finding;
+    whether it has W_O."""
     if not c.takes_mask and not causal_inside:
         res.notes.append(text("its forward takes no mask: the masked cases were skipped",
                               "它的 forward 不接收掩码：跳过了带掩码的用例"))
@@ -489,9 +533,20 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
             f"{comp.name} has 3 projections ({', '.join(res.mapping)}), no nn.Linear(d_model, d_model) "
             f"for W_O", f"{comp.name} 只有 3 个投影（{', '.join(res.mapping)}），没有用于 W_O 的 "
             "nn.Linear(d_model, d_model)"), number, code))
+    return has_o
+
+
+def _conventions(ctx: Context, comp: Component, c: Caller) -> tuple[str, ...]:
+    """The mask conventions to try: torch.nn's (True = masked) first where the source masks where
+    the mask is True."""
     convs = ctx.conventions(c.mask_name)
     if ctx.convention is None and masks_where_true(_source_of(comp.obj), c.mask_name):
-        convs = tuple(n + r for r in ("", "3", "2") for n in ("torch",)) + convs
+        convs = ("torch", "torch3", "torch2") + convs
+    return convs
+
+
+def _universe(c: Caller, has_o: bool, n_kv_heads: int | None, causal_inside: bool) -> tuple[str, ...]:
+    """The mistakes the attention is searched for."""
     universe = ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection" or has_o)
     if c.mask_name and fp.is_lengths_name(c.mask_name):
         universe += ("mask_repeat_order",)
@@ -501,86 +556,86 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
         dropped = ("mask_after_softmax",) + (() if c.takes_mask else ("mask_hides_queries",))
         universe = tuple(f for f in universe if f.split(":")[0] not in dropped)
         universe += ("causal_off_by_one:no_self", "causal_off_by_one:sees_next")
+    return universe
+
+
+class MHAProbe:
+    """The search's input (B, T, D), the masks it is given under each convention, and the masks the
+    attention applies with a set of mistakes."""
+
     B, T = 2, 6
-    pad = positions(B, T, [0, 2]) if c.takes_mask else None
-    keeps = {cv: pad for cv in convs} if causal_inside else keeps_for(
-        causal(T) & pad if pad is not None else None, pad, convs)
 
-    def run(conv: str, x: Tensor = x) -> Tensor | None:
-        mask = run_mask(keeps[conv], conv, B) if c.takes_mask else None
-        return fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, mask), 3)
+    def __init__(self, ctx: Context, c: Caller, x: Tensor, convs: tuple[str, ...],
+                 causal_inside: bool) -> None:
+        self.ctx, self.c, self.x, self.convs, self.causal_inside = ctx, c, x, convs, causal_inside
+        self.pad = positions(self.B, self.T, [0, 2]) if c.takes_mask else None
+        self.keeps = {cv: self.pad for cv in convs} if causal_inside else keeps_for(
+            causal(self.T) & self.pad if self.pad is not None else None, self.pad, convs)
 
-    def applied(flags: frozenset[str], conv: str) -> Tensor | None:
+    def run(self, conv: str) -> Tensor | None:
+        mask = run_mask(self.keeps[conv], conv, self.B) if self.c.takes_mask else None
+        return fp.first_tensor(self.ctx.learner.call("forward", self.c.call, self.x, self.x, self.x, mask), 3)
+
+    def applied(self, flags: frozenset[str], conv: str) -> Tensor | None:
         """The mask as the learner's attention with these mistakes applies it: the one it is given,
         or (causal inside) its own causal mask, off by one if so, & the padding it is given."""
-        if not causal_inside:
-            return V.applied_keep(keeps[conv], flags, H)
-        own = V.causal_keep(T, flags)[None, None]
-        if pad is None:
+        if not self.causal_inside:
+            return V.applied_keep(self.keeps[conv], flags, H)
+        own = V.causal_keep(self.T, flags)[None, None]
+        if self.pad is None:
             return V.applied_keep(own, flags, H)
-        given = V.applied_keep(pad, flags, H)
+        given = V.applied_keep(self.pad, flags, H)
         return own if given is None else own & given
 
-    def search_rows(flags: frozenset[str], conv: str) -> Tensor | None:
-        return fp.visible_rows(applied(flags, conv), B, T)
+    def rows(self, flags: frozenset[str], conv: str) -> Tensor | None:
+        return fp.visible_rows(self.applied(flags, conv), self.B, self.T)
 
-    try:
-        working = first_working(ctx, run, convs)
-        c.state["visible"] = working  # a mask it requires, when a case has none: every key visible
-    except fp.LearnerFailure as failure:
-        if causal_inside and not_cropped(res, ctx, comp, module, failure, T):
-            return finish(res)
-        raise
-    check_determinism(res, ctx, comp, lambda: run(working), "sdpa")
-    def computer(rope: str | None) -> Callable[[frozenset[str], str], Tensor]:
+    def computer(self, slots: list[Slot], n_kv_heads: int | None, rope: str | None) -> Compute:
         w = mha_weights(slots, H, n_kv_heads, rope)
-        return lambda flags, conv: V.multi_head_attention(w, x, x, x, applied(flags, conv),
+        x = self.x
+        return lambda flags, conv: V.multi_head_attention(w, x, x, x, self.applied(flags, conv),
                                                           flags - V.MASK_TRANSFORMS)[0]
 
-    with fp.dropout_off():
-        best, first_conv, failure = None, None, None
-        for rope in rope_settings(comp, c):
-            compute = computer(rope)
-            flags = universe + (ROPE_FLAGS if rope else ())
-            conv, found, fail = detect(ctx, run, compute, flags, search_rows, convs)
-            first_conv, failure = first_conv or conv, failure or fail
-            if found is not None and (best is None or len(found[0]) < len(best[2][0])):
-                best = (rope, conv, found, compute)
-            if found is not None and not found[0]:
-                break
-        if best is None:
-            if first_conv is None:
-                mask = run_mask(keeps[working], working, B)
-                got = shape_of(ctx.learner.call("forward", c.call, x, x, x, mask))
-                raise failure or ctx.learner.fail(
-                    "forward", f"{comp.name} returned {got} for inputs of shape {tuple(x.shape)}; expected a "
-                    "(B, T, D) tensor (and the weights (B, H, T, S) if you return them)",
-                    f"输入形状为 {tuple(x.shape)} 时，{comp.name} 返回了 {got}；应当返回一个 (B, T, D) "
-                    "张量（如果返回权重，权重是 (B, H, T, S)）")
-            best = (None, first_conv, None, computer(None))
-        rope, conv, found, compute = best
-        if c.takes_mask:
-            res.convention = fp.describe_convention(conv)
-        if rope:
-            res.notes.append(_rope_note(rope))
-        if found and found[0]:
-            correct = fp.max_error(run(conv), compute(frozenset(), conv), search_rows(found[0], conv))
-            res.findings += ctx.findings(found[0], found[1], correct, comp, "sdpa")
-        if found:
-            nan_on_hidden_rows(res, run(conv), search_rows(found[0], conv), comp, ctx)
-        setup = Setup(module, slots, c, conv, causal_inside, n_kv_heads, rope)
-        guarded(res, lambda: _compare_mha(res, ctx, comp, setup))
-        w = mha_weights(slots, H, n_kv_heads, rope)
-        guarded(res, lambda: note_attention_departure(res, comp, c.call, w, causal_inside))
-        guarded(res, lambda: _properties(res, ctx, comp, setup))
-    def shapes() -> None:
-        with ctx.hyperparameters(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
-            _tutorial_shapes(res, ctx, comp, c, sizes)
 
-    guarded(res, shapes)
-    if conv and conv.startswith("torch"):
-        _nan_as_torch(res)
-    return finish(res)
+def _search_mha(res: ComponentResult, ctx: Context, comp: Component, p: MHAProbe, slots: list[Slot],
+                n_kv_heads: int | None, universe: tuple[str, ...], working: str) -> tuple[str | None, str]:
+    """The rotary layout and mask convention that explain the learner's output with the fewest
+    mistakes, those mistakes named; returns (rotary layout, convention)."""
+    best, first_conv, failure = None, None, None
+    for rope in rope_settings(comp, p.c):
+        compute = p.computer(slots, n_kv_heads, rope)
+        conv, found, fail = detect(ctx, p.run, compute, universe + (ROPE_FLAGS if rope else ()), p.rows,
+                                   p.convs)
+        first_conv, failure = first_conv or conv, failure or fail
+        if found is not None and (best is None or len(found[0]) < len(best[2][0])):
+            best = (rope, conv, found, compute)
+        if found is not None and not found[0]:
+            break
+    if best is None:
+        if first_conv is None:
+            raise failure or _no_output(ctx, comp, p, working)
+        best = (None, first_conv, None, p.computer(slots, n_kv_heads, None))
+    rope, conv, found, compute = best
+    if p.c.takes_mask:
+        res.convention = fp.describe_convention(conv)
+    if rope:
+        res.notes.append(_rope_note(rope))
+    if found and found[0]:
+        correct = fp.max_error(p.run(conv), compute(frozenset(), conv), p.rows(found[0], conv))
+        res.findings += ctx.findings(found[0], found[1], correct, comp, "sdpa")
+    if found:
+        nan_on_hidden_rows(res, p.run(conv), p.rows(found[0], conv), comp, ctx)
+    return rope, conv
+
+
+def _no_output(ctx: Context, comp: Component, p: MHAProbe, working: str) -> fp.LearnerFailure:
+    mask = run_mask(p.keeps[working], working, p.B)
+    got = shape_of(ctx.learner.call("forward", p.c.call, p.x, p.x, p.x, mask))
+    return ctx.learner.fail(
+        "forward", f"{comp.name} returned {got} for inputs of shape {tuple(p.x.shape)}; expected a "
+        "(B, T, D) tensor (and the weights (B, H, T, S) if you return them)",
+        f"输入形状为 {tuple(p.x.shape)} 时，{comp.name} 返回了 {got}；应当返回一个 (B, T, D) "
+        "张量（如果返回权重，权重是 (B, H, T, S)）")
 
 
 def _nan_as_torch(res: ComponentResult) -> None:

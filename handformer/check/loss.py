@@ -237,32 +237,7 @@ def check_loss(comp: Component, ctx: Context) -> ComponentResult:
     if loss.flat:
         res.notes.append(text(f"{comp.name} takes flattened (B * T, V) inputs and (B * T,) targets",
                               f"{comp.name} 接受展平的 (B * T, V) 输入和 (B * T,) 目标"))
-    conventions = list(itertools.product(FORMS, SPLITS if loss.smoothing else ("v",), REDUCTIONS))
-    flags_all = tuple(f for f in FLAGS if not (loss.flat and f == "loss_mean_over_batch"))
-
-    def matches(conv: tuple[str, str, str], flags: frozenset[str]) -> bool:
-        form, split, reduction = conv
-        if "smoothing_on_pad" in flags and split != "v2" or "loss_log_zero" in flags and form != "kl":
-            return False
-        return all(_close(got[eps], reference(logp, targets, eps, form, split, reduction, flags))
-                   for eps in smoothings)
-
-    found = None
-    for size in (0, 1, 2):
-        for combo in itertools.combinations(flags_all, size):
-            flags = frozenset(combo)
-            if len({f.partition(":")[0] for f in flags}) < len(flags):
-                continue
-            conv = next((c for c in conventions if matches(c, flags)), None)
-            if conv is not None:
-                found = (conv, flags)
-                break
-        if found:
-            break
-    right = {eps: token_cross_entropy(logp.float(), targets, PAD, eps).item() / int((targets != PAD).sum())
-             for eps in smoothings}  # handformer's, as a mean over the real tokens
-    at = ", ".join(f"{e:g}" for e in smoothings)
-    pads = f"{int((targets == PAD).sum())} of {targets.numel()}"
+    found = _search(loss, got, logp, targets, smoothings)
     if found is None:
         res.notes.append(text("no known mistake (or pair of them) reproduces your loss; see the values "
                               "below", "没有任何已知错误（或两个错误的组合）能复现你的损失；请看下面的数值"))
@@ -272,30 +247,74 @@ def check_loss(comp: Component, ctx: Context) -> ComponentResult:
         note_departure(res, lambda: localize_loss(lambda x: loss(x, targets, eps), comp.obj, logp, targets,
                                                   eps, PAD))
     else:
-        (form, split, reduction), flags = found
-        parts = [FORMS[form]] + ([SPLITS[split]] if loss.smoothing else []) + [REDUCTIONS[reduction]]
-        res.convention = text("; ".join(p["en"] for p in parts), "；".join(p["zh"] for p in parts))
-        res.checks.append(Check(text(f"the loss equals handformer's token_cross_entropy in your convention "
-                                     f"at smoothing {at}",
-                                     f"平滑为 {at} 时，按你的约定，损失等于 handformer 的 "
-                                     "token_cross_entropy"),
-                                not flags))
-        correct = {eps: reference(logp, targets, eps, form, split, reduction) for eps in smoothings}
-        shown = ", ".join(f"{got[e]:.4g} (right: {correct[e]:.4g})" for e in smoothings)
-        shown_zh = "，".join(f"{got[e]:.4g}（正确值 {correct[e]:.4g}）" for e in smoothings)
-        for flag in sorted(flags):
-            name, _, fform = flag.partition(":")
-            en, zh = WHAT.get(fform, ("", ""))
-            res.findings.append(_finding(ctx, comp, name, text(
-                f"your loss equals the one with this mistake{en} at smoothing {at} (relative difference "
-                f"< 1e-5): {shown}, with {pads} targets padding",
-                f"平滑为 {at} 时你的损失与带这个错误的损失一致{zh}（相对误差 < 1e-5）：{shown_zh}；"
-                f"{targets.numel()} 个目标里有 {int((targets == PAD).sum())} 个是填充"), fform))
+        _found(res, ctx, comp, loss, found, got, logp, targets, smoothings)
+    res.notes.append(_values(got, logp, targets, smoothings))
+    res.max_abs_error = 0.0 if found and not found[1] else None
+    return finish(res)
+
+
+Conv = tuple[str, str, str]  # (form, split, reduction)
+
+
+def _search(loss: Loss, got: dict[float, float], logp: Tensor, targets: Tensor, smoothings: tuple[float, ...],
+            ) -> Found | None:
+    """The convention and the fewest named mistakes (none, one, then two) that give the learner's
+    values at every smoothing."""
+    conventions = list(itertools.product(FORMS, SPLITS if loss.smoothing else ("v",), REDUCTIONS))
+    flags_all = tuple(f for f in FLAGS if not (loss.flat and f == "loss_mean_over_batch"))
+
+    def matches(conv: Conv, flags: frozenset[str]) -> bool:
+        form, split, reduction = conv
+        if "smoothing_on_pad" in flags and split != "v2" or "loss_log_zero" in flags and form != "kl":
+            return False
+        return all(_close(got[eps], reference(logp, targets, eps, form, split, reduction, flags))
+                   for eps in smoothings)
+
+    for size in (0, 1, 2):
+        for combo in itertools.combinations(flags_all, size):
+            flags = frozenset(combo)
+            if len({f.partition(":")[0] for f in flags}) < len(flags):
+                continue
+            conv = next((c for c in conventions if matches(c, flags)), None)
+            if conv is not None:
+                return conv, flags
+    return None
+
+
+Found = tuple[Conv, frozenset[str]]
+
+
+def _found(res: ComponentResult, ctx: Context, comp: Component, loss: Loss, found: Found,
+           got: dict[float, float], logp: Tensor, targets: Tensor, smoothings: tuple[float, ...]) -> None:
+    """The convention found, the check against handformer's in it, and each named mistake."""
+    (form, split, reduction), flags = found
+    at = ", ".join(f"{e:g}" for e in smoothings)
+    parts = [FORMS[form]] + ([SPLITS[split]] if loss.smoothing else []) + [REDUCTIONS[reduction]]
+    res.convention = text("; ".join(p["en"] for p in parts), "；".join(p["zh"] for p in parts))
+    res.checks.append(Check(text(f"the loss equals handformer's token_cross_entropy in your convention "
+                                 f"at smoothing {at}",
+                                 f"平滑为 {at} 时，按你的约定，损失等于 handformer 的 token_cross_entropy"),
+                            not flags))
+    correct = {eps: reference(logp, targets, eps, form, split, reduction) for eps in smoothings}
+    shown = ", ".join(f"{got[e]:.4g} (right: {correct[e]:.4g})" for e in smoothings)
+    shown_zh = "，".join(f"{got[e]:.4g}（正确值 {correct[e]:.4g}）" for e in smoothings)
+    pads, n = int((targets == PAD).sum()), targets.numel()
+    for flag in sorted(flags):
+        name, _, fform = flag.partition(":")
+        en, zh = WHAT.get(fform, ("", ""))
+        res.findings.append(_finding(ctx, comp, name, text(
+            f"your loss equals the one with this mistake{en} at smoothing {at} (relative difference "
+            f"< 1e-5): {shown}, with {pads} of {n} targets padding",
+            f"平滑为 {at} 时你的损失与带这个错误的损失一致{zh}（相对误差 < 1e-5）：{shown_zh}；"
+            f"{n} 个目标里有 {pads} 个是填充"), fform))
+
+
+def _values(got: dict[float, float], logp: Tensor, targets: Tensor, smoothings: tuple[float, ...]) -> Text:
+    """The learner's values beside handformer's mean over the real tokens."""
+    right = {eps: token_cross_entropy(logp.float(), targets, PAD, eps).item() / int((targets != PAD).sum())
+             for eps in smoothings}
     values_en = "; ".join(f"smoothing {e:g}: {got[e]:.6g} (handformer's mean over real tokens {right[e]:.6g})"
                           for e in smoothings)
     values_zh = "；".join(f"平滑 {e:g}：{got[e]:.6g}（handformer 对真实 token 的平均 {right[e]:.6g}）"
                           for e in smoothings)
-    res.notes.append(text(f"values: {values_en}", f"数值：{values_zh}"))
-    res.max_abs_error = 0.0 if found and not found[1] else None
-    return finish(res)
-
+    return text(f"values: {values_en}", f"数值：{values_zh}")

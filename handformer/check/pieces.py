@@ -136,45 +136,65 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
                                    f"input of shape {tuple(x.shape)}; a FFN keeps the shape (B, T, d_model)",
                                    f"输入形状为 {tuple(x.shape)} 时，{comp.name} 返回了 "
                                    f"{getattr(out, 'shape', out)}；FFN 不改变形状 (B, T, d_model)")
-        universe = ("ffn_no_activation",) + (("gated_act_after_product",) if gated else ()) + (
-            ("ffn_no_down_projection",) if has_down else ())
-        best = None
-        for slots in candidates:
-            for act in FFN_ACTIVATIONS[gated]:
-                w = ffn_weights(slots, act)
-                found = fp.search(out, lambda fl, w=w: V.feed_forward(w, x, fl), universe, None, 2)
-                if found is not None and (best is None or len(found[0]) < len(best[2][0])):
-                    best = (slots, act, found)
+        best = _search_ffn(out, x, candidates, gated, has_down)
         slots, act = (best[0], best[1]) if best else (candidates[0], FFN_ACTIVATIONS[gated][0])
         res.mapping = [s.describe() for s in slots]
-        if not has_down:
-            number, code = locate("ffn_no_down_projection", source_lines(ctx.objects(comp)))
-            res.findings.append(Finding("ffn_no_down_projection", text(
-                f"{comp.name} has no nn.Linear(d_ff, d_model): its output is (B, T, d_ff) = "
-                f"{tuple(out.shape)}", f"{comp.name} 没有 nn.Linear(d_ff, d_model)：输出是 (B, T, d_ff) = "
-                f"{tuple(out.shape)}"),
-                number, code))
-        if best and best[2][0]:
-            correct = fp.max_error(out, V.feed_forward(ffn_weights(slots, act), x))
-            res.findings += ctx.findings(best[2][0], best[2][1], correct, comp)
-        if best:
-            res.findings += ffn_name_findings(ctx, comp, type(module).__name__, slots, act, best[2][1])
-        name = HF_NAME[(gated, act)]
-        if not (best and best[2][0]):
-            res.notes.append(text(f"activation: {name}", f"激活函数：{name}"))
+        _ffn_findings(res, ctx, comp, type(module).__name__, out, x, best, slots, act, has_down)
         if has_down:
-            _compare_ffn(res, ctx, run, slots, name, width)
+            _compare_ffn(res, ctx, run, slots, HF_NAME[(gated, act)], width)
         if has_down and not res.findings and res.max_abs_error >= 1e-5:
             readings = [ffn_weights(s, a) for s in candidates for a in FFN_ACTIVATIONS[gated]]
             note_departure(res, lambda: localize_ffn(module, readings, x))
-        bumped = x.clone()
-        bumped[:, 2] += 1.0
-        moved = _position_moved(run(bumped), out)
-        res.checks.append(Check(text("position-wise: changing one position changes no other",
-                                     "逐位置：改变一个位置不影响其他位置"), moved < 1e-12,
-                                text(f"other positions moved by {moved:.3g}",
-                                     f"其他位置变化了 {moved:.3g}")))
+        _position_wise(res, run, x, out)
     return finish(res)
+
+
+FFNFound = tuple[list[Slot], str, tuple[frozenset[str], float]]
+
+
+def _search_ffn(out: Tensor, x: Tensor, candidates: list[list[Slot]], gated: bool, has_down: bool,
+                ) -> FFNFound | None:
+    """The mapping and activation that explain the output with the fewest mistakes."""
+    universe = ("ffn_no_activation",) + (("gated_act_after_product",) if gated else ()) + (
+        ("ffn_no_down_projection",) if has_down else ())
+    best = None
+    for slots in candidates:
+        for act in FFN_ACTIVATIONS[gated]:
+            w = ffn_weights(slots, act)
+            found = fp.search(out, lambda fl, w=w: V.feed_forward(w, x, fl), universe, None, 2)
+            if found is not None and (best is None or len(found[0]) < len(best[2][0])):
+                best = (slots, act, found)
+    return best
+
+
+def _ffn_findings(res: ComponentResult, ctx: Context, comp: Component, class_name: str, out: Tensor,
+                  x: Tensor, best: FFNFound | None, slots: list[Slot], act: str, has_down: bool) -> None:
+    """A missing down projection, the mistakes found, those its names tell; the activation noted."""
+    if not has_down:
+        number, code = locate("ffn_no_down_projection", source_lines(ctx.objects(comp)))
+        res.findings.append(Finding("ffn_no_down_projection", text(
+            f"{comp.name} has no nn.Linear(d_ff, d_model): its output is (B, T, d_ff) = "
+            f"{tuple(out.shape)}", f"{comp.name} 没有 nn.Linear(d_ff, d_model)：输出是 (B, T, d_ff) = "
+            f"{tuple(out.shape)}"),
+            number, code))
+    if best and best[2][0]:
+        correct = fp.max_error(out, V.feed_forward(ffn_weights(slots, act), x))
+        res.findings += ctx.findings(best[2][0], best[2][1], correct, comp)
+    if best:
+        res.findings += ffn_name_findings(ctx, comp, class_name, slots, act, best[2][1])
+    name = HF_NAME[(is_gated(slots), act)]
+    if not (best and best[2][0]):
+        res.notes.append(text(f"activation: {name}", f"激活函数：{name}"))
+
+
+def _position_wise(res: ComponentResult, run: Callable[[Tensor], Tensor | None], x: Tensor,
+                   out: Tensor) -> None:
+    bumped = x.clone()
+    bumped[:, 2] += 1.0
+    moved = _position_moved(run(bumped), out)
+    res.checks.append(Check(text("position-wise: changing one position changes no other",
+                                 "逐位置：改变一个位置不影响其他位置"), moved < 1e-12,
+                            text(f"other positions moved by {moved:.3g}", f"其他位置变化了 {moved:.3g}")))
 
 
 def _position_moved(bumped: Tensor | None, out: Tensor) -> float:
@@ -250,8 +270,6 @@ def check_norm(comp: Component, ctx: Context) -> ComponentResult:
     kind = comp.kind
     bias = slot.bias() if kind == "layernorm" else None
     w = V.NormWeights(slot.weight(), bias, norm_eps(slot.leaf.module, kind), kind)
-    hf = (LayerNorm(D, w.eps, bias=bias is not None) if kind == "layernorm" else RMSNorm(D, w.eps)).double()
-    copy_weights(hf, slot)
     res.notes.append(text(f"eps = {w.eps:g} (read from your module)", f"eps = {w.eps:g}（从你的模块读取）"))
 
     def run(x: Tensor) -> Tensor | None:
@@ -270,21 +288,7 @@ def check_norm(comp: Component, ctx: Context) -> ComponentResult:
         found = fp.search(out, lambda fl: V.norm(w, probe, fl), V.norm_flags(kind, bias is not None), None, 2)
         if found and found[0]:
             res.findings += ctx.findings(found[0], found[1], fp.max_error(out, V.norm(w, probe)), comp)
-        errors, grad_err = [], 0.0
-        cases = [(2, 5, 1.0), (1, 1, 3.0), (3, 7, 0.1), (2, 4, max(w.eps, 1e-12) ** 0.5)]
-        for i, (B, T, scale) in enumerate(cases):
-            x = (fp.randn(B, T, D, seed=10 + i) * scale + 0.5 * scale).requires_grad_()
-            with torch.enable_grad():
-                mine, ref = run(x), hf(x)
-                errors.append(fp.max_error(mine, ref) / max(1.0, float(ref.detach().abs().max())))
-                if i == 0 and mine is not None and mine.shape == ref.shape:
-                    g = fp.randn(*ref.shape, seed=5)
-                    params = [slot.leaf.weight] + ([slot.leaf.bias] if bias is not None else [])
-                    hf_params = [hf.weight] + ([hf.bias] if bias is not None else [])
-                    grad_err = grads_error(list(zip(
-                        torch.autograd.grad((mine * g).sum(), [x] + params, allow_unused=True),
-                        torch.autograd.grad((ref * g).sum(), [x] + hf_params))))
-        res.max_abs_error = max(errors)
+        grad_err = _compare_norm(res, run, slot, w)
         if not (found and found[0]) and res.max_abs_error >= 1e-5:
             note_departure(res, lambda: localize_norm(module, w, probe))
     label = "LayerNorm" if kind == "layernorm" else "RMSNorm"
@@ -294,6 +298,31 @@ def check_norm(comp: Component, ctx: Context) -> ComponentResult:
     res.checks.append(Check(text("gradients match handformer's", "梯度与 handformer 一致"), grad_err < 1e-5,
                             error_text(grad_err)))
     return finish(res)
+
+
+def _compare_norm(res: ComponentResult, run: Callable[[Tensor], Tensor | None], slot: Slot,
+                  w: V.NormWeights) -> float:
+    """The largest difference from handformer's norm on 4 inputs (relative to the output's size, at
+    least 1) into res; returns the gradients' largest difference on the first."""
+    bias = w.bias is not None
+    hf = (LayerNorm(D, w.eps, bias=bias) if w.kind == "layernorm" else RMSNorm(D, w.eps)).double()
+    copy_weights(hf, slot)
+    errors, grad_err = [], 0.0
+    cases = [(2, 5, 1.0), (1, 1, 3.0), (3, 7, 0.1), (2, 4, max(w.eps, 1e-12) ** 0.5)]
+    for i, (B, T, scale) in enumerate(cases):
+        x = (fp.randn(B, T, D, seed=10 + i) * scale + 0.5 * scale).requires_grad_()
+        with torch.enable_grad():
+            mine, ref = run(x), hf(x)
+            errors.append(fp.max_error(mine, ref) / max(1.0, float(ref.detach().abs().max())))
+            if i == 0 and mine is not None and mine.shape == ref.shape:
+                g = fp.randn(*ref.shape, seed=5)
+                params = [slot.leaf.weight] + ([slot.leaf.bias] if bias else [])
+                hf_params = [hf.weight] + ([hf.bias] if bias else [])
+                grad_err = grads_error(list(zip(
+                    torch.autograd.grad((mine * g).sum(), [x] + params, allow_unused=True),
+                    torch.autograd.grad((ref * g).sum(), [x] + hf_params))))
+    res.max_abs_error = max(errors)
+    return grad_err
 
 
 PE_FLAGS = ("pe_sin_cos_swapped", "pe_wrong_frequency:pair_index", "pe_wrong_frequency:dim_index",
