@@ -111,23 +111,32 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
             mask = run_mask(everything, state["visible"], xq.size(0))
         kwargs: dict[str, Any] = {masks[0].name: mask} if masks else {}
         B, T = xq.shape[:2]
-        for name in named:
-            if name == "freqs_cis":
-                angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
-                kwargs[name] = torch.polar(torch.ones_like(angles), angles)
-            elif name == "position_embeddings":
-                kwargs[name] = batched_cos_sin(T, head_dim, B, layout.get("batched", False), xq.dtype)
-            elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
-                kwargs[name] = cos_sin(T, head_dim)[name == "sin"].to(xq.dtype)
-            elif name == "start_pos":
-                kwargs[name] = 0
-            else:
-                kwargs[name] = torch.arange(T)[None].expand(B, T)
+        kwargs.update(_position_kwargs(named, B, T, head_dim, xq.dtype, layout.get("batched", False)))
         if "position_embeddings" not in named or "batched" in layout:
             return fn(*args, **kwargs)
         return _either_layout(fn, args, kwargs, layout, (T, head_dim, B, xq.dtype))
 
     return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state)
+
+
+def _position_kwargs(named: set[str], B: int, T: int, head_dim: int, dtype: torch.dtype,
+                     batched: bool) -> dict[str, Any]:
+    """What a forward's positional arguments are given: Meta's freqs_cis (T, Dh/2), Hugging Face's
+    position_embeddings, Raschka's cos and sin (T, Dh), start_pos 0, the positions (B, T)."""
+    kwargs: dict[str, Any] = {}
+    for name in named:
+        if name == "freqs_cis":
+            angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
+            kwargs[name] = torch.polar(torch.ones_like(angles), angles)
+        elif name == "position_embeddings":
+            kwargs[name] = batched_cos_sin(T, head_dim, B, batched, dtype)
+        elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
+            kwargs[name] = cos_sin(T, head_dim)[name == "sin"].to(dtype)
+        elif name == "start_pos":
+            kwargs[name] = 0
+        else:
+            kwargs[name] = torch.arange(T)[None].expand(B, T)
+    return kwargs
 
 
 def _either_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool],
@@ -253,31 +262,41 @@ def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
             res.findings += ctx.findings(found[0], found[1], off, comp, "mha")
         if found:
             nan_on_hidden_rows(res, run(conv), search_rows(found[0], conv), comp, ctx)
-        errors = []
-        cases = [("no mask", 2, 5, 5, None), ("padding", 3, 4, 7, positions(3, 7, [0, 2, 7])),
-                 ("causal + padding", 2, 6, 6, causal(6) & positions(2, 6, [0, 2])),
-                 ("cross, T != S", 2, 3, 5, positions(2, 5, [0, 1]))]
-        for _label, b, t, s, mask in cases:
-            mask = mask if c.takes_mask else None
-            if not fp.encodable(mask, conv):
-                continue
-            qc, kc, vc = (fp.randn(b, H, t, Dh, seed=4), fp.randn(b, H, s, Dh, seed=5),
-                          fp.randn(b, H, s, Dh, seed=6))
-            raw = layout.raw(ctx, c, qc, kc, vc, mask, conv)
-            ref, ref_w = scaled_dot_product_attention(qc, kc, vc, mask, need_weights=True)
-            rows = fp.visible_rows(mask, b, t)
-            out = layout.output(raw, qc.shape)
-            errors.append(fp.max_error(out, ref, rows))
-            weights = fp.weights_of(raw)
-            if weights is not None and weights.shape == ref_w.shape:
-                errors.append(fp.max_error(weights, ref_w, rows))
-            masked_rows(res, out, rows, comp, ctx)
-        res.max_abs_error = max(errors)
-        n = len(errors)
-        res.checks.append(Check(text(f"matches handformer's scaled_dot_product_attention on {n} cases",
-                                     f"在 {n} 组输入上与 handformer 的 scaled_dot_product_attention 一致"),
-                                res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
+        _compare_sdpa(res, ctx, comp, c, layout, conv, Dh)
     return finish(res)
+
+
+def _sdpa_cases() -> list[tuple[str, int, int, int, Tensor | None]]:
+    """(label, B, T, S, the mask)."""
+    return [("no mask", 2, 5, 5, None), ("padding", 3, 4, 7, positions(3, 7, [0, 2, 7])),
+            ("causal + padding", 2, 6, 6, causal(6) & positions(2, 6, [0, 2])),
+            ("cross, T != S", 2, 3, 5, positions(2, 5, [0, 1]))]
+
+
+def _compare_sdpa(res: ComponentResult, ctx: Context, comp: Component, c: Caller, layout: Layout, conv: str,
+                  Dh: int) -> None:
+    """The output and the returned weights against handformer's on the cases the convention can write."""
+    errors = []
+    for _label, b, t, s, mask in _sdpa_cases():
+        mask = mask if c.takes_mask else None
+        if not fp.encodable(mask, conv):
+            continue
+        qc, kc, vc = (fp.randn(b, H, t, Dh, seed=4), fp.randn(b, H, s, Dh, seed=5),
+                      fp.randn(b, H, s, Dh, seed=6))
+        raw = layout.raw(ctx, c, qc, kc, vc, mask, conv)
+        ref, ref_w = scaled_dot_product_attention(qc, kc, vc, mask, need_weights=True)
+        rows = fp.visible_rows(mask, b, t)
+        out = layout.output(raw, qc.shape)
+        errors.append(fp.max_error(out, ref, rows))
+        weights = fp.weights_of(raw)
+        if weights is not None and weights.shape == ref_w.shape:
+            errors.append(fp.max_error(weights, ref_w, rows))
+        masked_rows(res, out, rows, comp, ctx)
+    res.max_abs_error = max(errors)
+    n = len(errors)
+    res.checks.append(Check(text(f"matches handformer's scaled_dot_product_attention on {n} cases",
+                                 f"在 {n} 组输入上与 handformer 的 scaled_dot_product_attention 一致"),
+                            res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
 
 
 @dataclass
@@ -356,6 +375,14 @@ def check_masked_softmax(comp: Component, ctx: Context) -> ComponentResult:
     if found and found[0]:
         off = fp.max_error(run(conv), compute(frozenset(), conv), rows(found[0], conv))
         res.findings += ctx.findings(found[0], found[1], off, comp)
+    _compare_masked_softmax(res, ctx, comp, run, scores, conv)
+    return finish(res)
+
+
+def _compare_masked_softmax(res: ComponentResult, ctx: Context, comp: Component,
+                            run: Callable[..., Tensor | None], scores: Tensor, conv: str) -> None:
+    """The largest difference from the softmax over the visible keys, on 3 masks (None included)."""
+    B, T, S = scores.shape
     errors = []
     for keep in (positions(B, S, [0, 6, 3]), causal_mask(T, S) & positions(B, S, [1, 0, 2]), None):
         if not fp.encodable(keep, conv):
@@ -369,7 +396,6 @@ def check_masked_softmax(comp: Component, ctx: Context) -> ComponentResult:
     res.checks.append(Check(text(f"equals the softmax over the visible keys on {n} masks (None included)",
                                  f"在 {n} 组掩码上（含 None）与只对可见键做的 softmax 一致"),
                             res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
-    return finish(res)
 
 
 def _dropout_kwargs(cls: type) -> dict[str, float]:
@@ -801,39 +827,10 @@ def _rows(grad: Tensor | None, slot: Slot) -> Tensor | None:
 
 def _properties(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -> None:
     """Reference-free checks: causality, padding invariance, heads one by one."""
-    B, T, j = 2, 7, 3
-    x = fp.randn(B, T, D, seed=30)
-    bumped = x.clone()
-    bumped[:, j] += 1.0
-    causal_keep = causal(T)[None, None]
-    if s.causal_inside or (s.c.takes_mask and fp.encodable(causal_keep, s.conv)):
-        mask = None if s.causal_inside else run_mask(causal_keep, s.conv, B)  # (causal inside: no padding)
-        a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, mask), 3)
-        b = fp.first_tensor(ctx.learner.call("forward", s.c.call, bumped, bumped, bumped, mask), 3)
-        past = _moved(a, b, slice(0, j))
-        res.checks.append(Check(text(f"causality: changing token {j} leaves outputs 0..{j - 1} unchanged",
-                                     f"因果性：改变位置 {j} 的 token，不影响位置 0..{j - 1} 的输出"),
-                                past < 1e-9, text(f"outputs before it moved by {past:.3g}",
-                                                  f"之前位置的输出变化了 {past:.3g}")))
+    x = fp.randn(2, 7, D, seed=30)
+    _causality(res, ctx, s, x)
     if s.c.takes_mask and s.rope is None:
-        keep = positions(B, T, [0, 3])
-        mask = run_mask(keep, s.conv, B)
-        if s.c.n_inputs == 1:  # self-attention only: move the padded positions of x, compare the real ones
-            other = x.clone()
-            other[1, T - 3:] += 5.0
-            a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, mask), 3)
-            b = fp.first_tensor(ctx.learner.call("forward", s.c.call, other, other, other, mask), 3)
-            moved = _moved(a, b, slice(0, T - 3))
-        else:
-            xkv = fp.randn(B, T, D, seed=31)
-            other = xkv.clone()
-            other[1, T - 3:] += 5.0
-            a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, xkv, xkv, mask), 3)
-            b = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, other, other, mask), 3)
-            moved = _moved(a, b, slice(None))
-        res.checks.append(Check(text("padding invariance: changing padded keys/values changes nothing",
-                                     "填充不变性：改变被填充的键/值不影响输出"), moved < 1e-9,
-                                text(f"outputs moved by {moved:.3g}", f"输出变化了 {moved:.3g}")))
+        _padding_invariance(res, ctx, s, x)
     has_o = any(sl.role.endswith("W_O") for sl in s.slots)
     if has_o and not s.causal_inside and s.n_kv_heads is None and s.rope is None:
         w = mha_weights(s.slots, H)
@@ -843,6 +840,47 @@ def _properties(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -
         res.checks.append(Check(text("split + concat of heads equals the heads computed one by one",
                                      "拆分再拼接多头，与逐个头单独计算的结果一致"), err < 1e-5,
                                 error_text(err)))
+
+
+def _causality(res: ComponentResult, ctx: Context, s: Setup, x: Tensor, j: int = 3) -> None:
+    """Changing token j leaves the outputs before it unchanged (causal inside, or given a causal mask)."""
+    B, T = x.shape[:2]
+    bumped = x.clone()
+    bumped[:, j] += 1.0
+    causal_keep = causal(T)[None, None]
+    if not (s.causal_inside or (s.c.takes_mask and fp.encodable(causal_keep, s.conv))):
+        return
+    mask = None if s.causal_inside else run_mask(causal_keep, s.conv, B)  # (causal inside: no padding)
+    a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, mask), 3)
+    b = fp.first_tensor(ctx.learner.call("forward", s.c.call, bumped, bumped, bumped, mask), 3)
+    past = _moved(a, b, slice(0, j))
+    res.checks.append(Check(text(f"causality: changing token {j} leaves outputs 0..{j - 1} unchanged",
+                                 f"因果性：改变位置 {j} 的 token，不影响位置 0..{j - 1} 的输出"),
+                            past < 1e-9, text(f"outputs before it moved by {past:.3g}",
+                                              f"之前位置的输出变化了 {past:.3g}")))
+
+
+def _padding_invariance(res: ComponentResult, ctx: Context, s: Setup, x: Tensor) -> None:
+    """Changing the padded keys and values (the padded positions of x, for self-attention only)
+    changes no real output."""
+    B, T = x.shape[:2]
+    mask = run_mask(positions(B, T, [0, 3]), s.conv, B)
+    if s.c.n_inputs == 1:  # self-attention only: move the padded positions of x, compare the real ones
+        other = x.clone()
+        other[1, T - 3:] += 5.0
+        a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, mask), 3)
+        b = fp.first_tensor(ctx.learner.call("forward", s.c.call, other, other, other, mask), 3)
+        moved = _moved(a, b, slice(0, T - 3))
+    else:
+        xkv = fp.randn(B, T, D, seed=31)
+        other = xkv.clone()
+        other[1, T - 3:] += 5.0
+        a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, xkv, xkv, mask), 3)
+        b = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, other, other, mask), 3)
+        moved = _moved(a, b, slice(None))
+    res.checks.append(Check(text("padding invariance: changing padded keys/values changes nothing",
+                                 "填充不变性：改变被填充的键/值不影响输出"), moved < 1e-9,
+                            text(f"outputs moved by {moved:.3g}", f"输出变化了 {moved:.3g}")))
 
 
 def _moved(a: Tensor | None, b: Tensor | None, positions: slice) -> float:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import inspect
 
+from torch import Tensor
+
 from handformer.check import fingerprint as fp
 from handformer.check import variants as V
 from handformer.check.attention import check_mha
@@ -31,24 +33,8 @@ def check_repeat_kv(comp: Component, ctx: Context) -> ComponentResult:
     """repeat_kv(x, n_rep): (B, Hkv, S, Dh) -> (B, Hkv * n_rep, S, Dh), each key/value head repeated
     for n_rep consecutive query heads; Meta's layout (B, S, Hkv, Dh) is a convention."""
     res = ctx.result(comp)
-    B, S, Dh = 2, 5, 4
-    x = fp.randn(B, KV_HEADS, S, Dh, seed=1)  # (B, Hkv, S, Dh)
-    layouts = ((x, 1), (x.transpose(1, 2).contiguous(), 2))  # heads second, or third (Meta)
-    for i, (given, dim) in enumerate(layouts):
-        try:
-            out = fp.first_tensor(ctx.learner.call("forward", comp.obj, given, N_REP), 4)
-        except fp.LearnerFailure:
-            if i == len(layouts) - 1:
-                raise
-            continue
-        expect = given.shape[:dim] + (KV_HEADS * N_REP,) + given.shape[dim + 1:]
-        if out is not None and tuple(out.shape) == tuple(expect):
-            break
-    else:
-        raise ctx.learner.fail("forward", f"{comp.name}(x, {N_REP}) with x of shape {tuple(x.shape)} "
-                               f"returned no tensor of shape {(B, KV_HEADS * N_REP, S, Dh)}",
-                               f"x 的形状为 {tuple(x.shape)} 时，{comp.name}(x, {N_REP}) 没有返回形状为 "
-                               f"{(B, KV_HEADS * N_REP, S, Dh)} 的张量")
+    x = fp.randn(2, KV_HEADS, 5, 4, seed=1)  # (B, Hkv, S, Dh)
+    out, given, dim = _repeated(ctx, comp, x)
     as_heads_second = out if dim == 1 else out.transpose(1, 2)  # (B, H, S, Dh)
     if dim == 2:
         res.notes.append(text("layout (B, S, Hkv, Dh), heads third (Meta's)",
@@ -68,3 +54,24 @@ def check_repeat_kv(comp: Component, ctx: Context) -> ComponentResult:
     res.checks.append(Check(text("n_rep = 1 returns the input", "n_rep = 1 时原样返回输入"), err_one < 1e-12,
                             error_text(err_one)))
     return finish(res)
+
+
+def _repeated(ctx: Context, comp: Component, x: Tensor) -> tuple[Tensor, Tensor, int]:
+    """The learner's repeat_kv(x, N_REP) with the heads second, else third (Meta's (B, S, Hkv, Dh));
+    (its output, the input given, the heads' axis)."""
+    B, _, S, Dh = x.shape
+    layouts = ((x, 1), (x.transpose(1, 2).contiguous(), 2))  # heads second, or third (Meta)
+    for i, (given, dim) in enumerate(layouts):
+        try:
+            out = fp.first_tensor(ctx.learner.call("forward", comp.obj, given, N_REP), 4)
+        except fp.LearnerFailure:
+            if i == len(layouts) - 1:
+                raise
+            continue
+        expect = given.shape[:dim] + (KV_HEADS * N_REP,) + given.shape[dim + 1:]
+        if out is not None and tuple(out.shape) == tuple(expect):
+            return out, given, dim
+    raise ctx.learner.fail("forward", f"{comp.name}(x, {N_REP}) with x of shape {tuple(x.shape)} "
+                           f"returned no tensor of shape {(B, KV_HEADS * N_REP, S, Dh)}",
+                           f"x 的形状为 {tuple(x.shape)} 时，{comp.name}(x, {N_REP}) 没有返回形状为 "
+                           f"{(B, KV_HEADS * N_REP, S, Dh)} 的张量")

@@ -171,18 +171,24 @@ def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
                                  f"{table.cos.size(0)} 个位置、d = {DH} 时角度为 pos * theta^(-2j/d)"),
                             err < TOL, error_text(err)))
     if any(n in THETA_NAMES for n in names):
-        other = read_table(call(500000.0), P)
-        err_theta = _table_error(other, theta=500000.0) if other else math.inf
-        if other is not None and _table_error(other) < TOL and err < TOL:
-            number, code = locate("rope_wrong_base", source_lines(ctx.objects(comp)))
-            res.findings.append(Finding("rope_wrong_base", text(
-                "with theta = 500000 the table is the same as with 10000: the base argument is not used",
-                "theta = 500000 时的表与 10000 时相同：没有用传进来的底数"), number, code, "ignored"))
-        res.checks.append(Check(text("uses the base it is given (theta = 500000, Llama 3's)",
-                                     "使用传入的底数（theta = 500000，Llama 3 的取值）"), err_theta < TOL,
-                                error_text(err_theta)))
+        _base_used(res, ctx, comp, call, err)
     res.max_abs_error = err
     return finish(res)
+
+
+def _base_used(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any],
+               err: float) -> None:
+    """The table at Llama 3's base, 500000: different from 10000's, and right."""
+    other = read_table(call(500000.0), P)
+    err_theta = _table_error(other, theta=500000.0) if other else math.inf
+    if other is not None and _table_error(other) < TOL and err < TOL:
+        number, code = locate("rope_wrong_base", source_lines(ctx.objects(comp)))
+        res.findings.append(Finding("rope_wrong_base", text(
+            "with theta = 500000 the table is the same as with 10000: the base argument is not used",
+            "theta = 500000 时的表与 10000 时相同：没有用传进来的底数"), number, code, "ignored"))
+    res.checks.append(Check(text("uses the base it is given (theta = 500000, Llama 3's)",
+                                 "使用传入的底数（theta = 500000，Llama 3 的取值）"), err_theta < TOL,
+                            error_text(err_theta)))
 
 
 # --- applying the rotation ---------------------------------------------------------------------
@@ -201,22 +207,7 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     shapes = ("4d", "btd", "td") + (("by_id",) if "position_ids" in names else ())
     attempts = [(layout, meta, shape) for layout in (("pairs",) if complex_table else ("half", "interleaved"))
                 for meta in (False, True) for shape in (("4d",) if layout == "pairs" else shapes)]
-    failure, best, first = None, None, None
-    for layout, meta, shape in attempts:
-        try:
-            out = _run_apply(ctx, fn, names, tensors, q, k, layout, meta, shape, offset=0)
-        except fp.LearnerFailure as err:
-            failure = failure or err
-            continue
-        if out is None:
-            continue
-        rot = "interleaved" if layout == "pairs" else layout
-        first = first or (layout, meta, shape, rot, out)
-        found = fp.search(out, lambda fl, rot=rot: _rotated(q, k, len(tensors), rot, 0, fl),
-                          ("rope_rotation_sign",), None, 1)
-        if found is not None:
-            best = (layout, meta, shape, rot, out, found)
-            break
+    failure, best, first = _search_apply(ctx, fn, names, tensors, q, k, attempts)
     if best is None and first is None:
         if failure is not None:
             raise failure
@@ -241,6 +232,28 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
                       lambda offset: _run_apply(ctx, fn, names, tensors, q, k, layout, meta, shape, offset),
                       lambda offset, fl: _rotated(q, k, len(tensors), rot, offset, fl))
     return finish(res)
+
+
+def _search_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: list[str], q: Tensor,
+                  k: Tensor, attempts: list[tuple[str, bool, str]]) -> tuple[Any, Any, Any]:
+    """The first (layout, Meta's inputs, table shape) whose rotation the search explains; the first
+    that ran; the first failure."""
+    failure, first = None, None
+    for layout, meta, shape in attempts:
+        try:
+            out = _run_apply(ctx, fn, names, tensors, q, k, layout, meta, shape, offset=0)
+        except fp.LearnerFailure as err:
+            failure = failure or err
+            continue
+        if out is None:
+            continue
+        rot = "interleaved" if layout == "pairs" else layout
+        first = first or (layout, meta, shape, rot, out)
+        found = fp.search(out, lambda fl, rot=rot: _rotated(q, k, len(tensors), rot, 0, fl),
+                          ("rope_rotation_sign",), None, 1)
+        if found is not None:
+            return failure, (layout, meta, shape, rot, out, found), first
+    return failure, None, first
 
 
 def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: V.Flags = frozenset(),
@@ -352,23 +365,29 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
     raw = call()
     table = read_table(raw, T)
     if table is not None and not (isinstance(raw, Tensor) and raw.shape == q.shape):
-        _layout_convention(res, table.layout)
-        _base_finding(res, ctx, comp, table, THETA)
-        err = _table_error(table)
-        res.max_abs_error = err
-        rows = table.cos.size(0)
-        res.checks.append(Check(text(f"the table's angles are pos * theta^(-2j/d) for {rows} positions",
-                                     f"表中 {rows} 个位置的角度为 pos * theta^(-2j/d)"), err < TOL,
-                                error_text(err)))
-        if any(n in OFFSET_NAMES or n == "position_ids" for n in names):
-            _table_offset_check(res, ctx, comp, call)
-        return finish(res)
+        return _module_table(res, ctx, comp, call, table, names)
     if tensors:
         return _rotated_module(res, ctx, comp, call, len(tensors), q, k, names)
     raise ctx.learner.fail("forward", f"{comp.name}'s forward returned {shape_of(raw)}: neither a rotary "
                            "table (cos, sin) nor the rotated input",
                            f"{comp.name} 的 forward 返回了 {shape_of(raw)}：既不是旋转表 (cos, sin)，"
                            "也不是旋转后的输入")
+
+
+def _module_table(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any], table: Any,
+                  names: list[str]) -> ComponentResult:
+    """A module whose forward returns the table: checked as a table, with its offset if it takes one."""
+    _layout_convention(res, table.layout)
+    _base_finding(res, ctx, comp, table, THETA)
+    err = _table_error(table)
+    res.max_abs_error = err
+    rows = table.cos.size(0)
+    res.checks.append(Check(text(f"the table's angles are pos * theta^(-2j/d) for {rows} positions",
+                                 f"表中 {rows} 个位置的角度为 pos * theta^(-2j/d)"), err < TOL,
+                            error_text(err)))
+    if any(n in OFFSET_NAMES or n == "position_ids" for n in names):
+        _table_offset_check(res, ctx, comp, call)
+    return finish(res)
 
 
 def _rotated_module(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any], n: int,

@@ -104,6 +104,27 @@ def import_definitions(path: str) -> tuple[types.ModuleType, list[str]]:
 def check_component(comp: Component, ctx: Context) -> ComponentResult:
     ctx.partial = None
     ctx.learner.calls = ctx.learner.nan_calls = 0
+    result = _run_checked(comp, ctx)
+    if result.status == ERROR and not result.findings and not_implemented(comp, result.error):
+        result.status = TODO
+    if result.status == ERROR and not result.findings and (cannot_check(result.error) or needs_skipped(
+            result.error, ctx.skipped) or method_on_stand_in(comp, result)):
+        theirs = None
+        if result.error and result.error.kind == "mapping":
+            with ctx.hyperparameters(comp):
+                theirs = raises_alone(comp, ctx)
+        if theirs is not None:  # their forward raises on a plain input it accepts: their exception
+            result.error = theirs
+        else:
+            result.status, result.adapter = NOT_CHECKED, adapter_hint(comp)
+    _add_notes(comp, ctx, result)
+    ctx.results[comp.name] = result
+    return result
+
+
+def _run_checked(comp: Component, ctx: Context) -> ComponentResult:
+    """The kind's runner (and, for a layer that fails unexplained, where it departs); what it raises
+    as an ERROR result: the learner's exception, a mapping or discovery error, or a grader's bug."""
     try:
         with torch.no_grad(), ctx.hyperparameters(comp):
             result = runner_for(comp.kind)(comp, ctx)
@@ -123,18 +144,12 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
         result = ComponentResult(comp.kind, comp.name, ERROR, error=learner_error(err, ctx.path, "check"))
     except Exception as err:  # a bug of the grader's: said so, never shown as the learner's traceback
         result = ComponentResult(comp.kind, comp.name, ERROR, error=internal_error(err, ctx.path))
-    if result.status == ERROR and not result.findings and not_implemented(comp, result.error):
-        result.status = TODO
-    if result.status == ERROR and not result.findings and (cannot_check(result.error) or needs_skipped(
-            result.error, ctx.skipped) or method_on_stand_in(comp, result)):
-        theirs = None
-        if result.error and result.error.kind == "mapping":
-            with ctx.hyperparameters(comp):
-                theirs = raises_alone(comp, ctx)
-        if theirs is not None:  # their forward raises on a plain input it accepts: their exception
-            result.error = theirs
-        else:
-            result.status, result.adapter = NOT_CHECKED, adapter_hint(comp)
+    return result
+
+
+def _add_notes(comp: Component, ctx: Context, result: ComponentResult) -> None:
+    """The notes every kind shares: module-level sizes set, found by signature, a mistake inherited
+    from a component it uses, NaN outputs."""
     if ctx.hyperparameter_note is not None:
         result.notes.append(ctx.hyperparameter_note)
     if comp.found_by == "signature":
@@ -154,8 +169,6 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
             "negative number, or a softmax of a row that is all -inf?)",
             f"你的输出在 {m} 次调用中有 {n} 次出现 NaN（0 / 0、inf - inf、对负数取 log 或开方，"
             "还是对全为 -inf 的一行做了 softmax？）"))
-    ctx.results[comp.name] = result
-    return result
 
 
 SMOKED = ("mha", "gqa", "causal_attention", "ffn", "layernorm", "rmsnorm", "block", "encoder_layer")
@@ -285,38 +298,12 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
         raise FileNotFoundError(f"{path}: no such file")
     if started:
         started("import", "")
-    try:
-        if definitions_only:
-            module, result.skipped = import_definitions(path)
-        else:
-            module = import_learner(path)
-    except BaseException as err:  # their module body: anything it raises is reported
-        if isinstance(err, KeyboardInterrupt):
-            raise
-        error = learner_error(err, path, "import")
-        if definitions_only or isinstance(err, (SyntaxError, SystemExit)) or error.kind != "exception":
-            result.error = error
-            return result
-        module, result.skipped = import_definitions(path)  # their definitions, without the top level
-    try:
-        found = adapter_functions(load_adapters(adapters, path), module)
-        components = find_components(module, overrides, only, found)
-        everything = find_components(module, overrides, None, found)  # a layer may be built from theirs
-    except DiscoveryError as err:  # --component names something the file does not define
-        result.error = LearnerError("discovery", str(err), "discovery",
-                                    message_zh=f"--component 有误：{err.zh or err}")
+    module = _import(path, result, definitions_only)
+    found = module and _discover(module, result, adapters, path, overrides, only)
+    if not found:
         return result
+    components, everything = found
     todo = [c for c in components if c.name not in (skip or [])]
-    if not components:
-        names = ", ".join(defined_names(module)) or "nothing"
-        result.error = LearnerError(
-            "nothing_found", f"found no component to check; the file defines: {names}. handformer "
-            f"looks for names such as {', '.join(n for ns in NAMES.values() for n in ns[:2])}; point "
-            "a kind at your name with --component mha=MyAttention", "discovery",
-            message_zh=f"没有找到可检查的组件；文件里定义了：{names}。handformer 按名字找组件，例如 "
-            f"{', '.join(n for ns in NAMES.values() for n in ns[:2])}；可以用 --component mha=MyAttention "
-            "把某类组件指向你起的名字，或者写适配函数（见 docs/zh/check.md）")
-        return result
     ctx = Context(path, module, {c.kind: c for c in reversed(everything)}, convention)
     ctx.skipped = result.skipped
     threads = torch.get_num_threads()
@@ -332,3 +319,48 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
     finally:
         torch.set_num_threads(threads)
     return result
+
+
+def _import(path: str, result: FileResult, definitions_only: bool) -> types.ModuleType | None:
+    """The learner's module (its definitions alone when its top level raises); None, with the error
+    in result, when it cannot be had."""
+    try:
+        if definitions_only:
+            module, result.skipped = import_definitions(path)
+        else:
+            module = import_learner(path)
+    except BaseException as err:  # their module body: anything it raises is reported
+        if isinstance(err, KeyboardInterrupt):
+            raise
+        error = learner_error(err, path, "import")
+        if definitions_only or isinstance(err, (SyntaxError, SystemExit)) or error.kind != "exception":
+            result.error = error
+            return None
+        module, result.skipped = import_definitions(path)  # their definitions, without the top level
+    return module
+
+
+def _discover(module: types.ModuleType, result: FileResult, adapters: str | None, path: str,
+              overrides: dict[str, str] | None, only: list[str] | None,
+              ) -> tuple[list[Component], list[Component]] | None:
+    """The components to check and every component (a layer may be built from theirs); None, with
+    the error in result, when there is none or --component names what the file lacks."""
+    try:
+        found = adapter_functions(load_adapters(adapters, path), module)
+        components = find_components(module, overrides, only, found)
+        everything = find_components(module, overrides, None, found)
+    except DiscoveryError as err:  # --component names something the file does not define
+        result.error = LearnerError("discovery", str(err), "discovery",
+                                    message_zh=f"--component 有误：{err.zh or err}")
+        return None
+    if not components:
+        names = ", ".join(defined_names(module)) or "nothing"
+        result.error = LearnerError(
+            "nothing_found", f"found no component to check; the file defines: {names}. handformer "
+            f"looks for names such as {', '.join(n for ns in NAMES.values() for n in ns[:2])}; point "
+            "a kind at your name with --component mha=MyAttention", "discovery",
+            message_zh=f"没有找到可检查的组件；文件里定义了：{names}。handformer 按名字找组件，例如 "
+            f"{', '.join(n for ns in NAMES.values() for n in ns[:2])}；可以用 --component mha=MyAttention "
+            "把某类组件指向你起的名字，或者写适配函数（见 docs/zh/check.md）")
+        return None
+    return components, everything
