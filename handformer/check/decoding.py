@@ -189,29 +189,7 @@ def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
                              zh=f"{comp.name}：填不了参数 {first!r}；贪心解码接受 (model, src, src_mask, "
                                 "max_len, start_symbol)，还可以有结束符（end_symbol、eos_idx 等）")
     stop = arg["end"] is not None
-    own = own_seq2seq(ctx)
-    if own is None:
-        res.driven = text("a stand-in: handformer's tiny Seq2SeqTransformer wrapped as the Annotated "
-                          "Transformer's model (encode, decode, generator); your own model has no passing "
-                          "check",
-                          "替身：handformer 的小 Seq2SeqTransformer，包装成 Annotated Transformer 的模型接口"
-                          "（encode、decode、generator）；你自己的模型没有通过检查")
-        model: Any = AnnotatedModel()
-        scenarios = [(model, [], reference(stop))]
-    else:
-        model, call = own
-        name = ctx.components["transformer"].name
-        res.driven = text(f"your own {name} (it passed its check), its output layer steered: EOS ({EOS}) "
-                          "never, then at the first step only",
-                          f"你自己的 {name}（它通过了检查），输出层被调整：先让 EOS（{EOS}）从不出现，"
-                          "再让它只在第一步出现")
-        scenarios = []
-        for bias in ((-1e4, -1e4), (1e4, -1e4)):
-            handles = steer(model, EOS, *bias)
-            with fp.dropout_off():
-                scenarios.append((model, bias, own_reference(call, source(), stop)))
-            for h in handles:
-                h.remove()
+    scenarios = _scenarios(res, ctx, stop)
     for model, bias, right in scenarios:
         handles = steer(model, EOS, *bias) if bias else []
         try:
@@ -220,6 +198,33 @@ def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
             for h in handles:
                 h.remove()
     return finish(res)
+
+
+def _scenarios(res: ComponentResult, ctx: Context, stop: bool) -> list[tuple[Any, Any, Any]]:
+    """(model, EOS steering, the right tokens) for each run: the learner's own model when it passed,
+    steered never to end and to end at once; else a stand-in."""
+    own = own_seq2seq(ctx)
+    if own is None:
+        res.driven = text("a stand-in: handformer's tiny Seq2SeqTransformer wrapped as the Annotated "
+                          "Transformer's model (encode, decode, generator); your own model has no passing "
+                          "check",
+                          "替身：handformer 的小 Seq2SeqTransformer，包装成 Annotated Transformer 的模型接口"
+                          "（encode、decode、generator）；你自己的模型没有通过检查")
+        return [(AnnotatedModel(), [], reference(stop))]
+    model, call = own
+    name = ctx.components["transformer"].name
+    res.driven = text(f"your own {name} (it passed its check), its output layer steered: EOS ({EOS}) "
+                      "never, then at the first step only",
+                      f"你自己的 {name}（它通过了检查），输出层被调整：先让 EOS（{EOS}）从不出现，"
+                      "再让它只在第一步出现")
+    scenarios = []
+    for bias in ((-1e4, -1e4), (1e4, -1e4)):
+        handles = steer(model, EOS, *bias)
+        with fp.dropout_off():
+            scenarios.append((model, bias, own_reference(call, source(), stop)))
+        for h in handles:
+            h.remove()
+    return scenarios
 
 
 def _compare_tokens(res: ComponentResult, ctx: Context, comp: Component, arg: dict[str, str | None],

@@ -385,25 +385,9 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
 
 def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call: Caller, out: Tensor,
              loss: Tensor | None, idx: Tensor, targets: Tensor, last_only: bool) -> None:
-    def view(logits: Tensor) -> Tensor:
-        return logits[:, -1:] if last_only else logits
-
     gated = is_gated(m.blocks[0].ffn)
     settings = [Choices(p, a, r) for r in m.ropes for p in ("pre", "post") for a in FFN_ACTIVATIONS[gated]]
-    flags = FLAGS if m.wpe is not None else tuple(f for f in FLAGS if f != "pe_missing")
-    flags += ("rope_wrong_base",) if m.table_theta is not None else ()
-    B, T = idx.shape
-    found = None
-    for lo, hi in ((0, 1), (2, 2)):
-        for ch in settings:
-            hf = reference_model(m, ch)
-            hit = fp.search(out, lambda fl, hf=hf: view(variant(hf, idx, fl, m.table_theta)), flags,
-                            lambda fl: view(_rows(B, T, fl)[..., None])[..., 0], hi, lo)
-            if hit is not None:
-                found = (ch, hit[0], hit[1])
-                break
-        if found:
-            break
+    found = _search(m, out, idx, settings, last_only)
     if found is None:
         res.notes.append(text("no known mistake (or pair of them) reproduces your logits; the blocks' own "
                               "checks show where they differ from handformer's",
@@ -411,20 +395,8 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
                               "各块自己的检查会指出它们与 handformer 的差别"))
         ch = settings[0]
     else:
-        ch, flags, matched = found
-        res.convention = ch.describe(m)
-        hf = reference_model(m, ch)
-        rows = view(_rows(B, T, flags)[..., None])[..., 0]
-        correct = fp.max_error(out, view(variant(hf, idx, frozenset())), rows)
-        lines = source_lines(ctx.objects(comp, "causal_attention", "block", "causal_mask"))
-        for flag in sorted(flags):
-            name, _, form = flag.partition(":")
-            number, code = locate(name, lines)
-            res.findings.append(Finding(name, text(
-                f"your logits equal the model's with this mistake (max abs difference {matched:.1e}); they "
-                f"differ from the correct ones by {correct:.3g}",
-                f"你的 logits 与带有这个错误的模型一致（最大绝对误差 {matched:.1e}），与正确结果相差 "
-                f"{correct:.3g}"), number, code, form))
+        ch = found[0]
+        _found(res, ctx, comp, m, out, idx, found, last_only)
     hf = reference_model(m, ch)
     errors = []
     for i, (B2, T2) in enumerate([(3, 5), (1, 1), (2, BLOCK)]):
@@ -443,6 +415,47 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     _causality(res, call, idx)
     if call.start:
         _cached(res, ctx, comp, m, call, hf, idx)
+
+
+def _view(logits: Tensor, last_only: bool) -> Tensor:
+    return logits[:, -1:] if last_only else logits
+
+
+def _search(m: GPTMap, out: Tensor, idx: Tensor, settings: list[Choices], last_only: bool,
+            ) -> tuple[Choices, frozenset[str], float] | None:
+    """The choices (placement, activation, rotary layout) and the fewest mistakes, one then two,
+    that reproduce the learner's logits."""
+    flags = FLAGS if m.wpe is not None else tuple(f for f in FLAGS if f != "pe_missing")
+    flags += ("rope_wrong_base",) if m.table_theta is not None else ()
+    B, T = idx.shape
+    for lo, hi in ((0, 1), (2, 2)):
+        for ch in settings:
+            hf = reference_model(m, ch)
+            hit = fp.search(out, lambda fl, hf=hf: _view(variant(hf, idx, fl, m.table_theta), last_only),
+                            flags, lambda fl: _view(_rows(B, T, fl)[..., None], last_only)[..., 0], hi, lo)
+            if hit is not None:
+                return ch, hit[0], hit[1]
+    return None
+
+
+def _found(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, out: Tensor, idx: Tensor,
+           found: tuple[Choices, frozenset[str], float], last_only: bool) -> None:
+    """The choices found as the convention; each mistake named with how far it is from right."""
+    ch, flags, matched = found
+    res.convention = ch.describe(m)
+    hf = reference_model(m, ch)
+    B, T = idx.shape
+    rows = _view(_rows(B, T, flags)[..., None], last_only)[..., 0]
+    correct = fp.max_error(out, _view(variant(hf, idx, frozenset()), last_only), rows)
+    lines = source_lines(ctx.objects(comp, "causal_attention", "block", "causal_mask"))
+    for flag in sorted(flags):
+        name, _, form = flag.partition(":")
+        number, code = locate(name, lines)
+        res.findings.append(Finding(name, text(
+            f"your logits equal the model's with this mistake (max abs difference {matched:.1e}); they "
+            f"differ from the correct ones by {correct:.3g}",
+            f"你的 logits 与带有这个错误的模型一致（最大绝对误差 {matched:.1e}），与正确结果相差 "
+            f"{correct:.3g}"), number, code, form))
 
 
 def _cached(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call: Caller, hf: CausalLM,

@@ -175,27 +175,9 @@ def _check_one(res: ComponentResult, ctx: Context, comp: Component, out: Any, wh
         readings = _readings(out, rows, SRC.size(1), keys)
     what = "source" if which == "src" else "target"
     if not readings:
-        shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-        want = "(B, 1, 1, S), (B, 1, S) or (B, S)" if which == "src" else "(B, 1, T, T) or (B, T, T)"
-        raise ctx.learner.fail("forward", f"{comp.name} returned {shape} for the {what} mask; expected "
-                               f"{want}",
-                               f"{comp.name} 给{'源端' if which == 'src' else '目标端'}掩码返回了 {shape}；"
-                               f"应当是 {want}")
+        raise _no_reading(ctx, comp, out, which)
     right = expected_src(pad) if which == "src" else expected_tgt(pad)
-    best: tuple[str, frozenset[str]] | None = None
-    for polarity, keep in readings.items():
-        right_here = right.expand_as(keep) if right.shape != keep.shape else right
-        if torch.equal(keep, right_here):
-            best = (polarity, frozenset())
-            break
-        if which == "tgt" and torch.equal(keep, expected_tgt(pad, causal_only=True)):
-            best = (polarity, frozenset({"causal_only"}))
-            break
-    if best is None:
-        for polarity, keep in readings.items():
-            flags = _explain(keep, which, pad, both)
-            if flags is not None and (best is None or len(flags) < len(best[1])):
-                best = (polarity, flags)
+    best = _best_reading(readings, right, which, pad, both)
     polarity = best[0] if best else next(iter(readings))
     res.convention = POLARITIES[polarity]
     keep = readings[polarity]
@@ -213,17 +195,44 @@ def _check_one(res: ComponentResult, ctx: Context, comp: Component, out: Any, wh
         res.notes.append(text(f"no known mistake (or pair of them) reproduces your {what} mask",
                               f"没有任何已知错误（或两个错误的组合）能复现你的{side}端掩码"))
         return
+    row = "".join("1" if v else "0" for v in keep[0, 0, -1].tolist())
+    good = "".join("1" if v else "0" for v in right.expand_as(keep)[0, 0, -1].tolist())
     for flag in sorted(best[1] - {"causal_only"}):
         name, _, form = flag.partition(":")
         if name == "mask_combined_with_or":
             form = "and" if polarity == "masked" else "or"
-        row = "".join("1" if v else "0" for v in keep[0, 0, -1].tolist())
-        good = "".join("1" if v else "0" for v in right.expand_as(keep)[0, 0, -1].tolist())
         res.findings.append(_finding(ctx, comp, name, text(
             f"your {what} mask equals the one with this mistake ({wrong} entries differ from the right one; "
             f"the last query of row 0 sees {row} where {good} is right, 1 = seen)",
             f"你的{side}端掩码与带这个错误的掩码一致（与正确的掩码有 {wrong} 个位置不同；"
             f"第 0 行最后一个查询看到的是 {row}，应为 {good}，1 表示可见）"), form))
+
+
+def _no_reading(ctx: Context, comp: Component, out: Any, which: str) -> Exception:
+    what = "source" if which == "src" else "target"
+    shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+    want = "(B, 1, 1, S), (B, 1, S) or (B, S)" if which == "src" else "(B, 1, T, T) or (B, T, T)"
+    return ctx.learner.fail("forward", f"{comp.name} returned {shape} for the {what} mask; expected {want}",
+                            f"{comp.name} 给{'源端' if which == 'src' else '目标端'}掩码返回了 {shape}；"
+                            f"应当是 {want}")
+
+
+def _best_reading(readings: dict[str, Tensor], right: Tensor, which: str, pad: int, both: bool,
+                  ) -> tuple[str, frozenset[str]] | None:
+    """The polarity under which the mask is right (or causal only, for a target mask), else the one
+    explained by the fewest mistakes; None when none is."""
+    for polarity, keep in readings.items():
+        right_here = right.expand_as(keep) if right.shape != keep.shape else right
+        if torch.equal(keep, right_here):
+            return polarity, frozenset()
+        if which == "tgt" and torch.equal(keep, expected_tgt(pad, causal_only=True)):
+            return polarity, frozenset({"causal_only"})
+    best: tuple[str, frozenset[str]] | None = None
+    for polarity, keep in readings.items():
+        flags = _explain(keep, which, pad, both)
+        if flags is not None and (best is None or len(flags) < len(best[1])):
+            best = (polarity, flags)
+    return best
 
 
 def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:
