@@ -340,20 +340,7 @@ def show(tokens: list[int]) -> str:
 def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     call = _call(comp, ctx)
-    own = own_model(ctx)
-    base = own if own is not None else HandformerModel()
-    if own is not None:
-        res.notes.append(text("checked on your own Transformer (it passes its check), its generator steered "
-                              "by each scenario's table",
-                              "用你自己的 Transformer 检查（它通过了自己的检查），"
-                              "它的 generator 按每个场景的概率表做了引导"))
-    else:
-        res.notes.append(text("checked on handformer's tiny Seq2SeqTransformer wrapped with encode, decode "
-                              "and generator (your file has no Transformer with those three that passes its "
-                              "check), steered by each scenario's table",
-                              "用 handformer 的小 Seq2SeqTransformer 检查，包装成 encode、decode、generator "
-                              "三个方法（你的文件里没有带这三个方法并通过检查的 Transformer），"
-                              "按每个场景的概率表做了引导"))
+    base = _base_model(res, ctx)
     src = torch.tensor([[5, 7, 9, 11, 3, 6]])  # (1, S)
     steps = MAX_LEN - 1
     alphas = [1.0] if call.arg["alpha"] else [0.0, 0.6, 0.7, 1.0]
@@ -381,6 +368,33 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
             res.notes.append(text(f"{comp.name} takes no length penalty: its search matches alpha = "
                                   f"{alpha:g}",
                                   f"{comp.name} 没有长度惩罚参数：它的搜索与 alpha = {alpha:g} 一致"))
+    _beam_findings(res, ctx, comp, outcomes, found, steps, alpha, conv)
+    _beam_one(res, ctx, comp, call, base, src, steps)
+    _batched(res, ctx, comp, call, base, steps)
+    return finish(res)
+
+
+def _base_model(res: ComponentResult, ctx: Context) -> Any:
+    """The learner's own Transformer when it passes its check, else handformer's; noted."""
+    own = own_model(ctx)
+    if own is not None:
+        res.notes.append(text("checked on your own Transformer (it passes its check), its generator steered "
+                              "by each scenario's table",
+                              "用你自己的 Transformer 检查（它通过了自己的检查），"
+                              "它的 generator 按每个场景的概率表做了引导"))
+        return own
+    res.notes.append(text("checked on handformer's tiny Seq2SeqTransformer wrapped with encode, decode "
+                          "and generator (your file has no Transformer with those three that passes its "
+                          "check), steered by each scenario's table",
+                          "用 handformer 的小 Seq2SeqTransformer 检查，包装成 encode、decode、generator "
+                          "三个方法（你的文件里没有带这三个方法并通过检查的 Transformer），"
+                          "按每个场景的概率表做了引导"))
+    return HandformerModel()
+
+
+def _beam_findings(res: ComponentResult, ctx: Context, comp: Component, outcomes: dict[str, Any],
+                   found: frozenset[str], steps: int, alpha: float, conv: str | None) -> None:
+    """Each mistake named, shown on the first scenario where the learner's answer is wrong."""
     for flag in sorted(found):
         model, memory, got = next(o for o in outcomes.values()
                                   if not _same(o[2], reference(o[0], o[1], 2, steps, alpha, conv or "eos")))
@@ -390,9 +404,6 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
             f"right one is {show(right)}",
             f"你的最优假设（{show(got)}）与带这个错误的 handformer 束搜索一致；"
             f"正确的是 {show(right)}")))
-    _beam_one(res, ctx, comp, call, base, src, steps)
-    _batched(res, ctx, comp, call, base, steps)
-    return finish(res)
 
 
 def _same(got: list[int], right: list[int]) -> bool:

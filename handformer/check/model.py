@@ -214,7 +214,12 @@ def map_model(module: nn.Module, F_width: int) -> ModelMap:
     model = ModelMap(src, tgt, others[0] if others else None, encoder, decoder, out=out, table=_table(module),
                      tied=out is None or out.weight is tgt.weight,
                      bias=out is not None and out.bias is not None)
-    norms = [leaf for leaf in outer if leaf.kind == "norm"]
+    _final_norms(model, [leaf for leaf in outer if leaf.kind == "norm"])
+    return model
+
+
+def _final_norms(model: ModelMap, norms: list[Any]) -> None:
+    """The encoder's and decoder's final norms: by their names (enc, src; dec, tgt), else in order."""
     for leaf in norms:
         low = leaf.name.lower()
         stack = ("encoder" if "enc" in low or "src" in low else
@@ -225,7 +230,6 @@ def map_model(module: nn.Module, F_width: int) -> ModelMap:
     for stack in ("encoder", "decoder"):
         if stack not in model.final and rest:
             model.final[stack] = Slot(f"{stack} final norm", rest.pop(0))
-    return model
 
 
 # --- handformer's model with the learner's weights ----------------------------------------------
@@ -286,6 +290,14 @@ def _reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
         if ch.tied(m):
             hf.generator.weight = hf.tgt_embed.weight
     hf = hf.double().eval()
+    _copy_embeddings(hf, m, ch)
+    written = _copy_layers(hf, m)
+    exact_norms_(hf)
+    as_written_(written)
+    return hf
+
+
+def _copy_embeddings(hf: Seq2SeqTransformer, m: ModelMap, ch: Choices) -> None:
     with torch.no_grad():
         hf.src_embed.weight.copy_(m.src_embed.weight)
         hf.tgt_embed.weight.copy_(m.tgt_embed.weight)
@@ -295,6 +307,12 @@ def _reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
             hf.positions.table.copy_(m.table)
         if m.out is not None and not ch.tied_by_use:
             copy_weights(hf.generator, Slot("output", m.out))
+
+
+def _copy_layers(hf: Seq2SeqTransformer, m: ModelMap) -> list[tuple[nn.Module, str, Slot]]:
+    """The learner's layers and final norms into handformer's; the norms written, as (module, name,
+    slot), for `as_written_`."""
+    written = []
     pairs = itertools.chain(zip(hf.encoder.layers, m.encoder), zip(hf.decoder.layers, m.decoder))
     for target, layer in pairs:
         copy_attention(target.self_attn, layer.attn[0])
@@ -304,19 +322,13 @@ def _reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
         names = ["attn_norm"] + (["cross_attn_norm"] if layer.decoder else []) + ["ffn_norm"]
         for name, slot in zip(names, layer.norms):
             copy_weights(getattr(target, name), slot)
-    written = []
-    stacks = itertools.chain(zip(hf.encoder.layers, m.encoder), zip(hf.decoder.layers, m.decoder))
-    for target, layer in stacks:
-        names = ["attn_norm"] + (["cross_attn_norm"] if layer.decoder else []) + ["ffn_norm"]
         written += [(target, name, slot) for name, slot in zip(names, layer.norms)]
     for stack, slot in m.final.items():
         norm = getattr(hf, stack).norm
         if isinstance(norm, nn.Module) and hasattr(norm, "weight"):
             copy_weights(norm, slot)
             written.append((getattr(hf, stack), "norm", slot))
-    exact_norms_(hf)
-    as_written_(written)
-    return hf
+    return written
 
 
 class AsWritten(nn.Module):
