@@ -267,51 +267,38 @@ def check_bpe(comp: Component, ctx: Context) -> ComponentResult:
             f"{FIXTURE_LIMIT:g} 秒内没有结束：循环停不下来（某次合并没有让词变短？）")) from None
     fixture_seconds = time.perf_counter() - start
     if not trainer.takes_specials():
-        res.notes.append(
-            text(
-                "your trainer takes no special tokens, so it was trained without <|endoftext|>",
-                "你的训练函数不接收特殊 token，所以训练时没有 <|endoftext|>",
-            )
-        )
+        res.notes.append(text("your trainer takes no special tokens, so it was trained without <|endoftext|>",
+                              "你的训练函数不接收特殊 token，所以训练时没有 <|endoftext|>"))
         ref_vocab, ref_merges = R.train(CORPUS, VOCAB_SIZE - 1, [])
     specials = [SPECIAL] if trainer.takes_specials() else []
-    extra = len(merges) - len(ref_merges)
-    if extra and extra == len(specials) and (vocab is None or len(vocab) == VOCAB_SIZE + extra):
-        res.findings.append(
-            Finding(
-                "bpe_vocab_size_ignores_specials",
-                text(
-                    f"asked for {VOCAB_SIZE} tokens, your trainer made {len(merges)} merges "
-                    f"({len(merges) + 256 + extra} "
-                    f"tokens): {256 + extra} + {len(ref_merges)} merges is {VOCAB_SIZE}",
-                    f"要求 {VOCAB_SIZE} 个 token，你的训练做了 {len(merges)} 次合并（共 "
-                    f"{len(merges) + 256 + extra} 个 "
-                    f"token）：{256 + extra} + {len(ref_merges)} 次合并才是 {VOCAB_SIZE}",
-                ),
-                *locate("bpe_vocab_size_ignores_specials", lines),
-            )
-        )
+    _vocab_size(res, vocab, merges, ref_merges, specials, lines)
     _compare_merges(res, merges, ref_merges, specials, lines)
     if vocab is not None:
         _check_vocab(res, vocab, merges, specials)
     else:
-        res.notes.append(
-            text(
-                "your trainer returned the merges only; the vocabulary's ids were not checked",
-                "你的训练只返回了合并规则，词表的 id 没有检查",
-            )
-        )
+        res.notes.append(text("your trainer returned the merges only; the vocabulary's ids were not checked",
+                              "你的训练只返回了合并规则，词表的 id 没有检查"))
     if any(f.name in CUT_DIAGNOSES.values() for f in res.findings):
-        res.notes.append(
-            text(
-                "not timed: with the pre-tokens cut wrong the words are longer, so the time says "
-                "nothing about the trainer",
-                "没有计时：预分词切错了，词更长，计时说明不了训练本身",
-            )
-        )
+        res.notes.append(text("not timed: with the pre-tokens cut wrong the words are longer, so the time "
+                              "says nothing about the trainer",
+                              "没有计时：预分词切错了，词更长，计时说明不了训练本身"))
     else:
         _time(res, trainer, exact=merges == ref_merges, fixture_seconds=fixture_seconds)
     return finish(res)
+
+
+def _vocab_size(res: ComponentResult, vocab: Any, merges: list[R.Pair], ref_merges: list[R.Pair],
+                specials: list[str], lines: list[tuple[int, str]]) -> None:
+    """One merge more for each special token: the vocabulary size counted without them."""
+    extra = len(merges) - len(ref_merges)
+    if extra and extra == len(specials) and (vocab is None or len(vocab) == VOCAB_SIZE + extra):
+        total = len(merges) + 256 + extra
+        res.findings.append(Finding("bpe_vocab_size_ignores_specials", text(
+            f"asked for {VOCAB_SIZE} tokens, your trainer made {len(merges)} merges ({total} "
+            f"tokens): {256 + extra} + {len(ref_merges)} merges is {VOCAB_SIZE}",
+            f"要求 {VOCAB_SIZE} 个 token，你的训练做了 {len(merges)} 次合并（共 {total} 个 "
+            f"token）：{256 + extra} + {len(ref_merges)} 次合并才是 {VOCAB_SIZE}"),
+            *locate("bpe_vocab_size_ignores_specials", lines)))
 
 
 def _compare_merges(
@@ -345,7 +332,13 @@ def _compare_merges(
         f"first difference at merge {first}: yours {yours}, the reference's {theirs}",
         f"第一处不同在第 {first} 次合并：你的是 {yours}，参考实现是 {theirs}",
     )
-    kept = merges[:n]
+    _explain_difference(res, merges[:n], specials, first, yours, theirs, lines)
+
+
+def _explain_difference(res: ComponentResult, kept: list[R.Pair], specials: list[str], first: int, yours: str,
+                        theirs: str, lines: list[tuple[int, str]]) -> None:
+    """The first pre-tokenization under which the merges replay: its cut's mistakes, counts not
+    updated, and how ties were broken."""
     for cut in CUTS:
         words = R.pretokenize(CORPUS, specials, cut)
         step, rule = R.replay(words, kept)
@@ -356,57 +349,65 @@ def _compare_merges(
             name = CUT_DIAGNOSES[flag]
             res.findings.append(Finding(name, _explained(name, kept, words, first), *locate(name, lines)))
         if once is not None:
-            res.findings.append(
-                Finding(
-                    "bpe_counts_not_updated",
-                    text(
-                        f"your {len(kept)} merges are the pairs counted before the first merge, "
-                        "most frequent first; "
-                        f"merge {first} {yours} is an old count (the reference recounts and merges {theirs})",
-                        f"你的 {len(kept)} 次合并就是第一次合并前数出的各对，"
-                        f"按次数从多到少；第 {first} 次合并 {yours} "
-                        ""
-                        f"用的是旧的次数（参考实现重新计数后合并的是 {theirs}）",
-                    ),
-                    *locate("bpe_counts_not_updated", lines),
-                )
-            )
+            res.findings.append(_counts_not_updated(len(kept), first, yours, theirs, lines))
             rule = once
-        if rule == "other":
-            res.findings.append(
-                Finding(
-                    "bpe_ties_not_by_bytes",
-                    text(
-                        f"each of your {len(kept)} merges is a most frequent pair, but the ties "
-                        "among them go neither "
-                        f"to the greater nor to the smaller pair of bytes (merge {first}: yours {yours}, the "
-                        f"reference's {theirs})",
-                        f"你的 {len(kept)} 次合并每次都是出现最多的一对，"
-                        "但并列时既不是按字节的字典序取更大的，也不是更小的"
-                        f"（第 {first} 次合并：你的是 {yours}，参考实现是 {theirs}）",
-                    ),
-                    *locate("bpe_ties_not_by_bytes", lines),
-                )
-            )
-        elif rule == "smaller":
-            res.convention = text(
-                "ties broken by the lexicographically smaller pair (the reference, like "
-                "CS336, takes the greater: the merges differ from the first tie on)",
-                "出现并列时按字节的字典序，取更小的一对（参考实现和 CS336 选更大的一对："
-                "从第一次并列起合并规则就不同了）",
-            )
-            if not res.findings:
-                res.checks[-1].ok = True
-                res.status = DIFFERS
-                res.notes.append(
-                    text(
-                        f"with ties to the smaller pair your {len(kept)} merges are right; first "
-                        f"tie at merge {first}: yours {yours}, the reference's {theirs}",
-                        f"按并列选更小的一对，你的 {len(kept)} 次合并都对；第一次并列在第 {first} "
-                        f"次合并：你的是 {yours}，参考实现是 {theirs}",
-                    )
-                )
+        _tie_rule(res, rule, len(kept), first, yours, theirs, lines)
         return
+
+
+def _counts_not_updated(n: int, first: int, yours: str, theirs: str, lines: list[tuple[int, str]]) -> Finding:
+    return Finding(
+        "bpe_counts_not_updated",
+        text(
+            f"your {n} merges are the pairs counted before the first merge, "
+            "most frequent first; "
+            f"merge {first} {yours} is an old count (the reference recounts and merges {theirs})",
+            f"你的 {n} 次合并就是第一次合并前数出的各对，"
+            f"按次数从多到少；第 {first} 次合并 {yours} "
+            f"用的是旧的次数（参考实现重新计数后合并的是 {theirs}）",
+        ),
+        *locate("bpe_counts_not_updated", lines),
+    )
+
+
+def _tie_rule(res: ComponentResult, rule: str | None, n: int, first: int, yours: str, theirs: str,
+              lines: list[tuple[int, str]]) -> None:
+    """How the learner's merges break ties: neither way (a mistake), or to the smaller pair (a
+    convention: DIFFERS when nothing else is wrong)."""
+    if rule == "other":
+        res.findings.append(
+            Finding(
+                "bpe_ties_not_by_bytes",
+                text(
+                    f"each of your {n} merges is a most frequent pair, but the ties "
+                    "among them go neither "
+                    f"to the greater nor to the smaller pair of bytes (merge {first}: yours {yours}, the "
+                    f"reference's {theirs})",
+                    f"你的 {n} 次合并每次都是出现最多的一对，"
+                    "但并列时既不是按字节的字典序取更大的，也不是更小的"
+                    f"（第 {first} 次合并：你的是 {yours}，参考实现是 {theirs}）",
+                ),
+                *locate("bpe_ties_not_by_bytes", lines),
+            )
+        )
+    elif rule == "smaller":
+        res.convention = text(
+            "ties broken by the lexicographically smaller pair (the reference, like "
+            "CS336, takes the greater: the merges differ from the first tie on)",
+            "出现并列时按字节的字典序，取更小的一对（参考实现和 CS336 选更大的一对："
+            "从第一次并列起合并规则就不同了）",
+        )
+        if not res.findings:
+            res.checks[-1].ok = True
+            res.status = DIFFERS
+            res.notes.append(
+                text(
+                    f"with ties to the smaller pair your {n} merges are right; first "
+                    f"tie at merge {first}: yours {yours}, the reference's {theirs}",
+                    f"按并列选更小的一对，你的 {n} 次合并都对；第一次并列在第 {first} "
+                    f"次合并：你的是 {yours}，参考实现是 {theirs}",
+                )
+            )
 
 
 def _explained(name: str, merges: list[R.Pair], words: Any, first: int) -> Text:
