@@ -450,89 +450,61 @@ def _check_vocab(
     """Sizes, the ids 0..n-1, every byte and special token once, each merge's token; the ids'
     layout as a convention."""
     n = len(vocab)
-    values = list(vocab.values())
     wanted = VOCAB_SIZE - (0 if specials else 1)
-    res.checks.append(
-        Check(
-            text(
-                f"the vocabulary has vocab_size = {wanted} tokens", f"词表有 vocab_size = {wanted} 个 token"
-            ),
-            n == wanted,
-            None if n == wanted else text(f"it has {n}", f"实际有 {n} 个"),
-        )
-    )
-    res.checks.append(
-        Check(text("the ids are 0 .. n - 1", "id 是 0 .. n - 1"), sorted(vocab) == list(range(n)))
-    )
+    res.checks.append(Check(text(f"the vocabulary has vocab_size = {wanted} tokens",
+                                 f"词表有 vocab_size = {wanted} 个 token"),
+                            n == wanted, None if n == wanted else text(f"it has {n}", f"实际有 {n} 个")))
+    res.checks.append(Check(text("the ids are 0 .. n - 1", "id 是 0 .. n - 1"),
+                            sorted(vocab) == list(range(n))))
     single = {v: k for k, v in vocab.items() if len(v) == 1}
-    res.checks.append(
-        Check(
-            text("each of the 256 bytes is a token", "256 个字节各是一个 token"),
-            len(single) == 256,
-            None
-            if len(single) == 256
-            else text(f"{256 - len(single)} missing", f"缺了 {256 - len(single)} 个"),
-        )
-    )
+    res.checks.append(Check(text("each of the 256 bytes is a token", "256 个字节各是一个 token"),
+                            len(single) == 256,
+                            None if len(single) == 256 else
+                            text(f"{256 - len(single)} missing", f"缺了 {256 - len(single)} 个")))
     special_ids = [k for k, v in vocab.items() if v == SPECIAL.encode()]
     if specials:
-        res.checks.append(
-            Check(text("<|endoftext|> is one token", "<|endoftext|> 是一个 token"), len(special_ids) == 1)
-        )
-    made = [m[0] + m[1] for m in merges]
+        res.checks.append(Check(text("<|endoftext|> is one token", "<|endoftext|> 是一个 token"),
+                                len(special_ids) == 1))
+    made, values = [m[0] + m[1] for m in merges], list(vocab.values())
     missing = [t for t in made if t not in values]
-    res.checks.append(
-        Check(
-            text("each merge's token is in the vocabulary", "每次合并得到的 token 都在词表里"),
-            not missing,
-            text(
-                f"{len(missing)} missing, e.g. {missing[0]!r}", f"缺了 {len(missing)} 个，例如 {missing[0]!r}"
-            )
-            if missing
-            else None,
-        )
-    )
-    if len(single) != 256:
-        return
+    res.checks.append(Check(text("each merge's token is in the vocabulary",
+                                 "每次合并得到的 token 都在词表里"),
+                            not missing,
+                            text(f"{len(missing)} missing, e.g. {missing[0]!r}",
+                                 f"缺了 {len(missing)} 个，例如 {missing[0]!r}") if missing else None))
+    if len(single) == 256:
+        _vocab_layout(res, vocab, single, special_ids, made)
+
+
+VOCAB_WHERE = {
+    "first": ("special token first (id {i})", "特殊 token 在最前（id {i}）"),
+    "last": ("special token last (id {i})", "特殊 token 在最后（id {i}）"),
+    "after the bytes": ("special token right after the bytes (id {i})",
+                        "特殊 token 紧跟在字节之后（id {i}）"),
+    "none": ("no special token", "没有特殊 token"),
+}
+
+
+def _vocab_layout(res: ComponentResult, vocab: dict[int, bytes], single: dict[bytes, int],
+                  special_ids: list[int], made: list[bytes]) -> None:
+    """Where the special token and the bytes sit, as a convention; merges' ids out of order, noted."""
+    n = len(vocab)
     start = min(single.values())
-    order = (
-        "in byte order" if all(single[bytes([b])] == start + b for b in range(256)) else "in another order"
-    )
-    where = (
-        "none"
-        if not special_ids
-        else "first"
-        if special_ids[0] < start
-        else "last"
-        if special_ids[0] == n - 1
-        else "after the bytes"
-    )
-    words = {
-        "first": ("special token first (id {i})", "特殊 token 在最前（id {i}）"),
-        "last": ("special token last (id {i})", "特殊 token 在最后（id {i}）"),
-        "after the bytes": (
-            "special token right after the bytes (id {i})",
-            "特殊 token 紧跟在字节之后（id {i}）",
-        ),
-        "none": ("no special token", "没有特殊 token"),
-    }
-    en, zh = (w.format(i=special_ids[0] if special_ids else "") for w in words[where])
+    in_order = all(single[bytes([b])] == start + b for b in range(256))
+    order = "in byte order" if in_order else "in another order"
+    where = ("none" if not special_ids else "first" if special_ids[0] < start
+             else "last" if special_ids[0] == n - 1 else "after the bytes")
+    en, zh = (w.format(i=special_ids[0] if special_ids else "") for w in VOCAB_WHERE[where])
     order_zh = "按字节顺序" if order == "in byte order" else "换了顺序"
-    layout = text(
-        f"{en}; the 256 bytes {order} from id {start}", f"{zh}；256 个字节{order_zh}，从 id {start} 开始"
-    )
+    layout = text(f"{en}; the 256 bytes {order} from id {start}",
+                  f"{zh}；256 个字节{order_zh}，从 id {start} 开始")
     ids = [next((k for k, v in vocab.items() if v == t), None) for t in made]
     if ids and ids != sorted(i for i in ids if i is not None):
-        res.notes.append(
-            text(
-                "the merges' ids are not in the order of the merges",
-                "合并得到的 token 的 id 没有按合并顺序排",
-            )
-        )
+        res.notes.append(text("the merges' ids are not in the order of the merges",
+                              "合并得到的 token 的 id 没有按合并顺序排"))
     convention = res.convention or text("", "")
-    res.convention = text(
-        f"{convention['en']}; {layout['en']}".strip("; "), f"{convention['zh']}；{layout['zh']}".strip("；")
-    )
+    res.convention = text(f"{convention['en']}; {layout['en']}".strip("; "),
+                          f"{convention['zh']}；{layout['zh']}".strip("；"))
 
 
 def _time(res: ComponentResult, trainer: Trainer, exact: bool, fixture_seconds: float) -> None:
