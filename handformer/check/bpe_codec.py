@@ -233,25 +233,19 @@ def _explain_encode(
                 and R.encode(TEXTS[k], vocab, merges, specials, frozenset({flag})) != ref[k]
             )
             form = flag.removeprefix("order_") if flag.startswith("order_") else ""
-            en, zh = ORDER_FORMS.get(form, ("", ""))
-            en, zh = (f" ({en})", f"（{zh}）") if en else ("", "")
-            res.findings.append(
-                Finding(
-                    name,
-                    text(
-                        f"your ids equal the encoding with this mistake{en} on all {len(TEXTS)} "
-                        "texts; on the "
-                        f"{which} text you give {len(ours[which])} ids, the reference {len(ref[which])}",
-                        f"在全部 {len(TEXTS)} 段文本上，你的 id "
-                        f"与带这个错误的编码一致{zh}；{_ZH[which]}那段你给出 "
-                        ""
-                        f"{len(ours[which])} 个 id，参考实现 {len(ref[which])} 个",
-                    ),
-                    *locate(name, lines),
-                    form,
-                )
-            )
+            res.findings.append(_encode_finding(name, form, which, ours, ref, lines))
         return
+
+
+def _encode_finding(name: str, form: str, which: str, ours: dict[str, list[int]], ref: dict[str, list[int]],
+                    lines: list[tuple[int, str]]) -> Finding:
+    en, zh = ORDER_FORMS.get(form, ("", ""))
+    en, zh = (f" ({en})", f"（{zh}）") if en else ("", "")
+    return Finding(name, text(
+        f"your ids equal the encoding with this mistake{en} on all {len(TEXTS)} texts; on the "
+        f"{which} text you give {len(ours[which])} ids, the reference {len(ref[which])}",
+        f"在全部 {len(TEXTS)} 段文本上，你的 id 与带这个错误的编码一致{zh}；{_ZH[which]}那段你给出 "
+        f"{len(ours[which])} 个 id，参考实现 {len(ref[which])} 个"), *locate(name, lines), form)
 
 
 def _check_decode(
@@ -261,42 +255,7 @@ def _check_decode(
     vocab: dict[int, bytes],
     lines: list[tuple[int, str]],
 ) -> None:
-    ids = {b: i for i, b in vocab.items()}
-    broken = [ids[b"\xe4"], ids[b"\xbd"], ids[b" "], ids[b"\xff"]]  # half of a Chinese character; not UTF-8
-    wanted = R.decode(broken, vocab)
-    try:
-        out = codec.decode(broken)
-    except fp.LearnerFailure as failure:
-        if not failure.error.message.startswith("UnicodeDecodeError"):
-            raise
-        res.findings.append(
-            Finding(
-                "bpe_decode_strict",
-                text(
-                    f"decode of {len(broken)} ids whose bytes are not UTF-8 raised "
-                    f"{failure.error.message[:120]}; "
-                    f'with errors="replace" they decode to {wanted!r}',
-                    f"对字节不是合法 UTF-8 的 {len(broken)} 个 id 做 decode 时抛出了 "
-                    f"{failure.error.message[:120]}；"
-                    f'用 errors="replace" 应该得到 {wanted!r}',
-                ),
-                *locate("bpe_decode_strict", lines),
-            )
-        )
-        out = None
-    if out is not None:
-        res.checks.append(
-            Check(
-                text(
-                    'ids whose bytes are not UTF-8 decode to U+FFFD (errors="replace")',
-                    '字节不是合法 UTF-8 的 id 解码成 U+FFFD（errors="replace"）',
-                ),
-                out == wanted,
-                None
-                if out == wanted
-                else text(f"{out!r}, not {wanted!r}", f"得到 {out!r}，而不是 {wanted!r}"),
-            )
-        )
+    _decode_invalid(res, codec, vocab, lines)
     per_token = []
     for k, s in TEXTS.items():
         try:
@@ -307,29 +266,41 @@ def _check_decode(
             ):
                 continue
             raise
-        res.checks.append(
-            Check(
-                text(f"decode(encode(text)) == text ({k})", f"decode(encode(text)) == text（{_ZH[k]}）"),
-                back == s,
-            )
-        )
+        res.checks.append(Check(text(f"decode(encode(text)) == text ({k})",
+                                     f"decode(encode(text)) == text（{_ZH[k]}）"), back == s))
         if back != s and back == R.decode(ref[k], vocab, per_token=True):
             per_token.append((k, back))
     if per_token:
         k, back = per_token[0]
-        res.findings.append(
-            Finding(
-                "bpe_decode_per_token",
-                text(
-                    f"your decode of the {k} text equals each token decoded on its own: "
-                    f"{back.count(chr(0xFFFD))} "
-                    f"U+FFFD where a character's bytes are split over tokens ({len(per_token)} of "
-                    f"{len(TEXTS)} texts)",
-                    f"你对{_ZH[k]}那段的 decode 与逐个 token "
-                    "单独解码的结果一致：一个字的字节分在几个 token 里的地方出现了 "
-                    ""
-                    f"{back.count(chr(0xFFFD))} 个 U+FFFD（{len(TEXTS)} 段中有 {len(per_token)} 段）",
-                ),
-                *locate("bpe_decode_per_token", lines),
-            )
-        )
+        res.findings.append(Finding("bpe_decode_per_token", text(
+            f"your decode of the {k} text equals each token decoded on its own: {back.count(chr(0xFFFD))} "
+            f"U+FFFD where a character's bytes are split over tokens ({len(per_token)} of {len(TEXTS)} "
+            "texts)",
+            f"你对{_ZH[k]}那段的 decode 与逐个 token 单独解码的结果一致：一个字的字节分在几个 token 里的地方"
+            f"出现了 {back.count(chr(0xFFFD))} 个 U+FFFD（{len(TEXTS)} 段中有 {len(per_token)} 段）"),
+            *locate("bpe_decode_per_token", lines)))
+
+
+def _decode_invalid(res: ComponentResult, codec: Codec, vocab: dict[int, bytes],
+                    lines: list[tuple[int, str]]) -> None:
+    """Ids whose bytes are not UTF-8 (half of a Chinese character, 0xff) decode to U+FFFD; raising
+    UnicodeDecodeError is the mistake bpe_decode_strict."""
+    ids = {b: i for i, b in vocab.items()}
+    broken = [ids[b"\xe4"], ids[b"\xbd"], ids[b" "], ids[b"\xff"]]  # half of a Chinese character; not UTF-8
+    wanted = R.decode(broken, vocab)
+    try:
+        out = codec.decode(broken)
+    except fp.LearnerFailure as failure:
+        if not failure.error.message.startswith("UnicodeDecodeError"):
+            raise
+        res.findings.append(Finding("bpe_decode_strict", text(
+            f"decode of {len(broken)} ids whose bytes are not UTF-8 raised {failure.error.message[:120]}; "
+            f'with errors="replace" they decode to {wanted!r}',
+            f"对字节不是合法 UTF-8 的 {len(broken)} 个 id 做 decode 时抛出了 {failure.error.message[:120]}；"
+            f'用 errors="replace" 应该得到 {wanted!r}'), *locate("bpe_decode_strict", lines)))
+        return
+    res.checks.append(Check(text('ids whose bytes are not UTF-8 decode to U+FFFD (errors="replace")',
+                                 '字节不是合法 UTF-8 的 id 解码成 U+FFFD（errors="replace"）'),
+                            out == wanted,
+                            None if out == wanted else text(f"{out!r}, not {wanted!r}",
+                                                            f"得到 {out!r}，而不是 {wanted!r}")))
