@@ -726,6 +726,11 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
     assert torch.equal(norm(x), hf_norm(x))
 
 
+# A family's second or third released size repeats the proof of its first (the same layers, more of
+# them and wider): those run with -m slow (docs/proof.md lists them).
+LARGER_SIZE = pytest.mark.slow
+
+
 @pytest.mark.parametrize("config_class, overrides", [
     ("Qwen2Config", {"tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": 131072}),
     ("MistralConfig", {}),  # Mistral 7B: 4096-token window, 8 key/value heads
@@ -746,9 +751,9 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
     ("Gemma3TextConfig", {"hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
                           "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
                           "vocab_size": 262144, "sliding_window": 512}),  # Gemma 3 270M
-    ("Gemma3TextConfig", {"hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
-                          "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
-                          "vocab_size": 262144, "sliding_window": 512}),  # Gemma 3 1B
+    pytest.param("Gemma3TextConfig", {"hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
+                                      "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+                                      "vocab_size": 262144, "sliding_window": 512}, marks=LARGER_SIZE),  # Gemma 3 1B
     ("SmolLM3Config", {}),  # SmolLM3 3B
     ("Olmo2Config", {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
                      "num_attention_heads": 16, "vocab_size": 100352}),  # OLMo 2 1B
@@ -778,23 +783,27 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
     ("Ernie4_5Config", {}),  # ERNIE-4.5-0.3B
     ("ApertusConfig", {"hidden_size": 4096, "intermediate_size": 21504, "num_hidden_layers": 32,
                        "num_attention_heads": 32, "num_key_value_heads": 8}),  # Apertus-8B
-    ("ApertusConfig", {"hidden_size": 8192, "intermediate_size": 43008, "num_hidden_layers": 80,
-                       "num_attention_heads": 64, "num_key_value_heads": 8}),  # Apertus-70B
+    pytest.param("ApertusConfig", {"hidden_size": 8192, "intermediate_size": 43008, "num_hidden_layers": 80,
+                                   "num_attention_heads": 64, "num_key_value_heads": 8},
+                 marks=LARGER_SIZE),  # Apertus-70B
     ("Qwen3_5TextConfig", {"hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 64,
                            "num_attention_heads": 24, "linear_num_value_heads": 48, "vocab_size": 248320,
                            "max_position_embeddings": 262144}),  # Qwen3.5-27B's text model
     ("Glm4Config", {"max_position_embeddings": 32768}),  # GLM-4-9B-0414
-    ("Glm4Config", {"hidden_size": 6144, "intermediate_size": 23040, "num_hidden_layers": 61,
-                    "num_attention_heads": 48, "attention_bias": False, "rms_norm_eps": 1e-5}),  # GLM-4-32B-0414
+    pytest.param("Glm4Config", {"hidden_size": 6144, "intermediate_size": 23040, "num_hidden_layers": 61,
+                                "num_attention_heads": 48, "attention_bias": False, "rms_norm_eps": 1e-5},
+                 marks=LARGER_SIZE),  # GLM-4-32B-0414
     ("Exaone4Config", {"hidden_size": 2048, "intermediate_size": 4096, "num_hidden_layers": 30,
                        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "sliding_window": None,
                        "layer_types": ["full_attention"] * 30, "tie_word_embeddings": True}),  # EXAONE-4.0-1.2B
-    ("Exaone4Config", {"hidden_size": 5120, "intermediate_size": 27392, "num_hidden_layers": 64,
-                       "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128}),  # EXAONE-4.0-32B
+    pytest.param("Exaone4Config", {"hidden_size": 5120, "intermediate_size": 27392, "num_hidden_layers": 64,
+                                   "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128},
+                 marks=LARGER_SIZE),  # EXAONE-4.0-32B
     ("Ministral3Config", {"hidden_size": 3072, "intermediate_size": 9216, "num_hidden_layers": 26,
                           "tie_word_embeddings": True}),  # Ministral 3 3B's text model
-    ("Ministral3Config", {}),  # Ministral 3 8B's text model
-    ("Ministral3Config", {"hidden_size": 5120, "intermediate_size": 16384, "num_hidden_layers": 40}),  # 14B's
+    pytest.param("Ministral3Config", {}, marks=LARGER_SIZE),  # Ministral 3 8B's text model
+    pytest.param("Ministral3Config", {"hidden_size": 5120, "intermediate_size": 16384, "num_hidden_layers": 40},
+                 marks=LARGER_SIZE),  # 14B's
 ])
 def test_full_size_configs_give_the_same_parameter_count(config_class, overrides):
     """The families at their released sizes (transformers' defaults), built on the meta device: no
