@@ -169,7 +169,7 @@ def test_results_after_every_trial_the_plot_when_replot_seconds_passed_and_at_th
     monkeypatch.setattr(runner, "atomic_write_text", record_text)
     monkeypatch.setattr(runner, "plot_trials", record_plot)
     monkeypatch.setattr(runner, "REPLOT_SECONDS", replot_seconds)
-    run_experiment(fake_experiment(), tmp_path, seeds=1, log=lambda _: None)
+    run_experiment(fake_experiment(), tmp_path, seeds=1, smoke=True, log=lambda _: None)
     assert written == ["results.json", "results.md"] * 3  # after each of the 2 trials, and at the end
     assert len(drawn) == plots and drawn[-1] == 2
     assert (tmp_path / "fake" / "fake.png").read_bytes()[:4] == b"\x89PNG"

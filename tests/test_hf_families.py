@@ -15,6 +15,7 @@ Phi-4-mini's generation crosses its original context, where LongRoPE changes fac
 """
 
 import copy
+import functools
 import math
 import re
 
@@ -325,12 +326,33 @@ def _exaone4():  # norms after the sublayers, q/k norms per head; layers 0-2 and
 BUILDERS["exaone4"] = _exaone4
 
 
+@functools.cache
+def _imported(name):
+    """The family's tiny random transformers model and its import, built once for the module (the
+    tests read them; one that changes a model changes a copy)."""
+    torch.manual_seed(sorted(BUILDERS).index(name))
+    hf_model = randomize_hf(BUILDERS[name](), 0.15)
+    hf_model.generation_config.eos_token_id = None  # no early stop: compare every token
+    return hf_model, model_from_hf(hf_model.config.to_dict(), hf_model.state_dict()).eval()
+
+
 @pytest.fixture(scope="module", params=list(BUILDERS))
 def pair(request):
-    torch.manual_seed(sorted(BUILDERS).index(request.param))
-    hf_model = randomize_hf(BUILDERS[request.param](), 0.15)
-    ours = model_from_hf(hf_model.config.to_dict(), hf_model.state_dict()).eval()
-    return request.param, hf_model, ours
+    return request.param, *_imported(request.param)
+
+
+HF_GREEDY: dict[tuple[str, bool], list[list[int]]] = {}
+
+
+def _hf_greedy(name, hf_model, use_cache: bool) -> list[list[int]]:
+    """transformers' 20 greedy tokens for the left-padded batch of prompts of 9, 4 and 6 tokens
+    (with or without its KV cache), generated once a family for the tests that compare with them."""
+    if (name, use_cache) not in HF_GREEDY:
+        ids, mask = _left_padded([9, 4, 6], 9, seed=3)
+        out = hf_model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=0,
+                                use_cache=use_cache)
+        HF_GREEDY[name, use_cache] = out[:, ids.size(1):].tolist()
+    return HF_GREEDY[name, use_cache]
 
 
 def _left_padded(lengths, total, seed=1):
@@ -371,12 +393,7 @@ def test_greedy_generation_matches_batched_and_left_padded(pair):
     name, hf_model, ours = pair
     ids, mask = _left_padded([9, 4, 6], 9, seed=3)
     new = 20
-    hf_model.generation_config.eos_token_id = None  # no early stop: compare every token
-    expected = {}
-    for use_cache in (True, False):
-        out = hf_model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=0,
-                                use_cache=use_cache)
-        expected[use_cache] = out[:, ids.size(1):].tolist()
+    expected = {use_cache: _hf_greedy(name, hf_model, use_cache) for use_cache in (True, False)}
     prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
     assert generate(ours, prompts, new, temperature=0) == expected[True]
     assert generate(ours, prompts, new, temperature=0, use_cache=False) == expected[False]
@@ -395,22 +412,13 @@ def test_prepared_model_generates_the_same(pair):
     pack_linears(prepared, min_bytes=0)
     assert any(isinstance(m, FusedSelfAttention) for m in prepared.modules()) == (name not in VARIANT_ATTENTION)
     ids, mask = _left_padded([9, 4, 6], 9, seed=3)
-    hf_model.generation_config.eos_token_id = None
-    out = hf_model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=0)
     prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-    assert generate(prepared, prompts, 20, temperature=0) == out[:, ids.size(1):].tolist()
+    assert generate(prepared, prompts, 20, temperature=0) == _hf_greedy(name, hf_model, use_cache=True)
     plain = ours(ids, attention_mask=mask).logits[mask.bool()]
     # oneDNN's packed products sum in another order: within 1e-5 of the logits' scale (Gemma 3's
     # heads of 256 over seven layers move the last bits of logits near 8 by up to 3e-5)
     torch.testing.assert_close(prepared(ids, attention_mask=mask).logits[mask.bool()], plain,
                                atol=1e-5 * max(1.0, float(plain.abs().max())), rtol=1e-5)
-
-
-def _imported(name):
-    torch.manual_seed(sorted(BUILDERS).index(name))
-    hf_model = randomize_hf(BUILDERS[name](), 0.15)
-    hf_model.generation_config.eos_token_id = None  # no early stop: compare every token
-    return hf_model, model_from_hf(hf_model.config.to_dict(), hf_model.state_dict()).eval()
 
 
 def _serve(model, rows, engine=None):
@@ -458,6 +466,7 @@ def test_lora_targets_of_todays_families_are_their_checkpoints_projections(name)
     from handformer.adapters.lora import LoRAConfig, add_lora
 
     hf_model, ours = _imported(name)
+    ours = copy.deepcopy(ours)
     names = add_lora(ours, LoRAConfig(rank=2, targets="all-linear"))
     assert {n.rsplit(".", 1)[-1] for n in names} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                      "up_proj", "down_proj"}
