@@ -3,6 +3,7 @@ outside run_policy.ALLOWED_SKIPS, the costliest files first (run_order)."""
 
 import gc
 import os
+import sys
 
 import pytest
 from run_order import pytest_collection_modifyitems  # noqa: F401 (hook)
@@ -11,6 +12,13 @@ from run_policy import (  # noqa: F401 (hooks)
     pytest_runtest_makereport,
     refuse_golden_writes_when_required,
 )
+
+# Each process of the run (the two workers, and every child that imports the tests or handformer)
+# rewrites and compiles about 100,000 lines of Python again when no bytecode is cached: with
+# PYTHONDONTWRITEBYTECODE set (some machines set it for every process), 5 s of each worker's
+# collection on a 2-core machine. The run writes its caches (__pycache__, git-ignored) as a plain
+# Python does; the next run reads them.
+sys.dont_write_bytecode = False
 
 pytest_plugins = ["pytester"]  # test_references_required runs probe suites in process
 

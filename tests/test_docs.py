@@ -11,7 +11,6 @@ import contextlib
 import importlib.util
 import io
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -315,18 +314,20 @@ def report_block(readme: Path) -> tuple[list[str], str]:
     raise AssertionError(f"{rel(readme)} shows no `$ handformer check` report")
 
 
-def test_the_readmes_check_reports_are_what_check_prints():
-    runs = {}
+def test_the_readmes_check_reports_are_what_check_prints(monkeypatch):
+    """`handformer check` as the README runs it, from the project root (in this process: the learner's
+    code still runs in check's own child process)."""
+    from handformer.cli import main
+
+    monkeypatch.chdir(ROOT)
     for readme in (ROOT / "README.md", ROOT / "README.zh.md"):
         args, shown = report_block(readme)
-        runs[readme] = (shown, subprocess.Popen([sys.executable, "-m", "handformer", *args], cwd=ROOT,
-                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                                env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}))
-    for readme, (shown, proc) in runs.items():
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 1, f"handformer check exited {proc.returncode}: {err}"
-        assert out == shown, (f"{rel(readme)}: the check report differs from what `handformer check` prints "
-                              f"now; paste the new one:\n{out}")
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(args)
+        assert code == 1, f"handformer check exited {code}: {err.getvalue()}"
+        assert out.getvalue() == shown, (f"{rel(readme)}: the check report differs from what `handformer check` "
+                                         f"prints now; paste the new one:\n{out.getvalue()}")
 
 
 def test_the_checks_catch_what_they_should(tmp_path):
