@@ -95,7 +95,8 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         kind = f" ({r['kind']})" if r["kind"] else ""
         why = r["why"].replace("|", "/")
-        lines.append(f"| {r['repository']} | `{r['file']}` | `{r['component']}`{kind} | {r['verdict']} | {why} |")
+        component = f"`{r['component']}`{kind}"
+        lines.append(f"| {r['repository']} | `{r['file']}` | {component} | {r['verdict']} | {why} |")
     checked = sum(r["verdict"] != "NOT CHECKED" for r in rows)
     counts = {v: sum(r["verdict"] == v for r in rows) for v in dict.fromkeys(r["verdict"] for r in rows)}
     summary = ", ".join(f"{n} {v}" for v, n in counts.items())
