@@ -62,9 +62,27 @@ def import_learner(path: str) -> types.ModuleType:
     folder = str(Path(path).resolve().parent)
     if folder not in sys.path:
         sys.path.insert(0, folder)  # their file may import its neighbours, as under pytest
+    in_package(module, path)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def in_package(module: types.ModuleType, path: str) -> None:
+    """A file of a package that imports its siblings relatively (`from .ch03 import ...`, as
+    LLMs-from-scratch's package does) runs as a module of that package: its __package__ set, the
+    folder above the package importable. Any other file is left as it is."""
+    source = Path(path).read_text(encoding="utf-8", errors="replace")
+    if not re.search(r"^\s*from\s+\.", source, re.M):
+        return
+    folder, parts = Path(path).resolve().parent, []
+    while (folder / "__init__.py").is_file():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    if parts:
+        module.__package__ = ".".join(parts)
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
 
 
 def import_definitions(path: str) -> tuple[types.ModuleType, list[str]]:
@@ -80,6 +98,7 @@ def import_definitions(path: str) -> tuple[types.ModuleType, list[str]]:
     name = "learner_" + "".join(c if c.isalnum() else "_" for c in Path(path).stem)
     module = types.ModuleType(name)
     module.__file__ = path
+    in_package(module, path)
     sys.modules[name] = module
     folder = str(Path(path).resolve().parent)
     if folder not in sys.path:
