@@ -13,11 +13,13 @@ from run_policy import (  # noqa: F401 (hooks)
     refuse_golden_writes_when_required,
 )
 
-# Each process of the run (the two workers, and every child that imports the tests or handformer)
-# rewrites and compiles about 100,000 lines of Python again when no bytecode is cached: with
-# PYTHONDONTWRITEBYTECODE set (some machines set it for every process), 5 s of each worker's
-# collection on a 2-core machine. The run writes its caches (__pycache__, git-ignored) as a plain
-# Python does; the next run reads them.
+# Collection imports every test module and most of handformer in each worker: with
+# PYTHONDONTWRITEBYTECODE set (some machines set it for every process), nothing compiled is cached and
+# each run rewrites and compiles about 100,000 lines again (5 s of a worker's collection on a 2-core
+# machine). Collection writes its caches (__pycache__, git-ignored) as a plain Python does; after it
+# the environment's setting holds again, so a file a test writes and imports (a learner's chapter,
+# changed between two checks in the same second) is never read back from a stale cache.
+WRITE_BYTECODE_AFTER_COLLECTION = not sys.dont_write_bytecode
 sys.dont_write_bytecode = False
 
 pytest_plugins = ["pytester"]  # test_references_required runs probe suites in process
@@ -38,6 +40,10 @@ def pytest_configure(config):
 
         torch.set_num_threads(1)
         os.environ.update({name: "1" for name in THREAD_VARS})
+
+
+def pytest_collection_finish(session):
+    sys.dont_write_bytecode = not WRITE_BYTECODE_AFTER_COLLECTION
 
 
 @pytest.hookimpl(trylast=True)
