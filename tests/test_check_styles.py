@@ -478,3 +478,28 @@ def test_a_single_head_attention_is_compared_with_one_head_and_no_output_project
     wrong.write_text(ONE_HEAD.replace("{scale}", ""))
     (comp,) = check_file(str(wrong)).components
     assert comp.status == "fail" and [f.name for f in comp.findings] == ["no_scaling"]
+
+
+def test_a_block_handed_a_mask_of_true_is_masked_and_rotary_tables_is_driven_so():
+    """A Llama-style block (the book's later chapters) takes forward(x, mask, cos, sin), its mask bool
+    with True = hidden: the convention is read from what the code fills, every step (the tutorial's
+    shapes too) hands the mask so, and an attention handed (cos, sin) is searched with rotary inside
+    whatever its helper is called."""
+    result = check_file(str(WRITTEN["raschka"] / "llama_block.py"), only=["gqa", "block"])
+    assert [(c.name, c.status) for c in result.components] == [
+        ("GroupedQueryAttention", "pass"), ("TransformerBlock", "pass")], format_report(result)
+    assert all(c.convention["en"].startswith("bool, True = masked") for c in result.components)
+
+
+def test_a_bigram_generate_is_driven_through_its_own_model_and_needs_no_crop(tmp_path):
+    """A bigram model has no position table: it runs on any context, so its generate, driven through
+    the learner's own model (built although it has no blocks to compare), is not charged for feeding
+    the whole context; the same loop that forgets to append the new token fails."""
+    path = WRITTEN["karpathy"] / "bigram.py"
+    (gen,) = check_file(str(path), only=["generate"]).components
+    assert (gen.name, gen.status) == ("BigramLanguageModel.generate", "pass"), gen
+    assert gen.driven["en"].startswith("your own BigramLanguageModel") and "no crop is needed" in gen.driven["en"]
+    wrong = tmp_path / "bigram_not_appended.py"
+    wrong.write_text(path.read_text().replace("idx = torch.cat((idx, idx_next), dim=1)", "idx_next = idx_next"))
+    (gen,) = check_file(str(wrong), only=["generate"]).components
+    assert gen.status == "fail" and "generate_not_appended" in {f.name for f in gen.findings}, gen
