@@ -258,6 +258,7 @@ WRITTEN_KINDS = {
                 ("EncoderLayer", "encoder_layer", "pass"), ("DecoderLayer", "decoder_layer", "pass"),
                 ("Transformer", "transformer", "pass"), ("rate", "schedule", "pass"), ("LabelSmoothing", "loss", "pass"),
                 ("greedy_decode", "greedy_decode", "pass")],
+    "lmloop": [("warmup_cosine", "schedule", "pass"), ("train_step", "lm_train_step", "pass")],
 }
 
 
@@ -503,3 +504,17 @@ def test_a_bigram_generate_is_driven_through_its_own_model_and_needs_no_crop(tmp
     wrong.write_text(path.read_text().replace("idx = torch.cat((idx, idx_next), dim=1)", "idx_next = idx_next"))
     (gen,) = check_file(str(wrong), only=["generate"]).components
     assert gen.status == "fail" and "generate_not_appended" in {f.name for f in gen.findings}, gen
+
+
+def test_a_schedule_that_reads_module_globals_is_driven_with_them_set():
+    """nanoGPT's get_lr(it) reads warmup_iters, lr_decay_iters, learning_rate and min_lr as module
+    globals: they are set to check's values for the check (and put back), and the report says so."""
+    import sys
+
+    result = check_file(str(WRITTEN["lmloop"] / "nanogpt_lr.py"))
+    (comp,) = result.components
+    assert (comp.name, comp.kind, comp.status) == ("get_lr", "schedule", "pass"), format_report(result)
+    assert any("warmup_iters=10" in n["en"] and "warmup_iters=2000" in n["en"] for n in comp.notes)
+    module = next(m for m in list(sys.modules.values()) if getattr(m, "__file__", "") == str(
+        WRITTEN["lmloop"] / "nanogpt_lr.py"))
+    assert module.warmup_iters == 2000  # put back
