@@ -509,7 +509,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
 WRITTEN = {"karpathy": FIXTURES / "learners_karpathy", "raschka": FIXTURES / "learners_raschka",
            "llama": FIXTURES / "learners_llama", "minimind": FIXTURES / "learners_minimind",
            "carried": FIXTURES / "learners_carried", "hf": FIXTURES / "learners_hf",
-           "decoding": FIXTURES / "learners_decoding_zh"}
+           "decoding": FIXTURES / "learners_decoding_zh", "lmloop": FIXTURES / "learners_lm_loop"}
 WRITTEN_PLANTS: dict[str, Plant] = {
     "karpathy_no_scaling": Plant("no_scaling", "causal_attention", [(" * k.shape[-1] ** -0.5", "")], "karpathy"),
     "karpathy_generate_no_crop": Plant("generate_no_crop", "generate", [
@@ -560,6 +560,17 @@ WRITTEN_PLANTS: dict[str, Plant] = {
          "    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n")], "decoding"),
     "carried_greedy_no_stop_at_eos": Plant("greedy_no_stop_at_eos", "greedy_decode", [
         ("        if next_word == end_symbol:\n            break\n", "")], "carried"),
+    "lmloop_schedule_warmup_off_by_one": Plant("schedule_warmup_off_by_one", "schedule", [
+        ("    if step < warmup:  # linear", "    warmup = warmup - 1  # the last warmup step's index\n"
+                                        "    if step < warmup:  # linear")], "lmloop"),
+    "lmloop_cosine_min_lr_ignored": Plant("cosine_min_lr_ignored", "schedule", [
+        ("    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)",
+         "    return 0.5 * (1.0 + math.cos(math.pi * progress)) * max_lr")], "lmloop"),
+    "lmloop_train_step_no_zero_grad": Plant("train_step_no_zero_grad", "lm_train_step", [
+        ("    optimizer.zero_grad(set_to_none=True)\n", "")], "lmloop"),
+    "lmloop_train_step_clip_after_step": Plant("train_step_clip_after_step", "lm_train_step", [
+        ("    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n    optimizer.step()\n",
+         "    optimizer.step()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n")], "lmloop"),
 }
 
 

@@ -258,6 +258,7 @@ WRITTEN_KINDS = {
                 ("EncoderLayer", "encoder_layer", "pass"), ("DecoderLayer", "decoder_layer", "pass"),
                 ("Transformer", "transformer", "pass"), ("rate", "schedule", "pass"), ("LabelSmoothing", "loss", "pass"),
                 ("greedy_decode", "greedy_decode", "pass")],
+    "lmloop": [("warmup_cosine", "schedule", "pass"), ("train_step", "lm_train_step", "pass")],
 }
 
 
@@ -478,3 +479,42 @@ def test_a_single_head_attention_is_compared_with_one_head_and_no_output_project
     wrong.write_text(ONE_HEAD.replace("{scale}", ""))
     (comp,) = check_file(str(wrong)).components
     assert comp.status == "fail" and [f.name for f in comp.findings] == ["no_scaling"]
+
+
+def test_a_block_handed_a_mask_of_true_is_masked_and_rotary_tables_is_driven_so():
+    """A Llama-style block (the book's later chapters) takes forward(x, mask, cos, sin), its mask bool
+    with True = hidden: the convention is read from what the code fills, every step (the tutorial's
+    shapes too) hands the mask so, and an attention handed (cos, sin) is searched with rotary inside
+    whatever its helper is called."""
+    result = check_file(str(WRITTEN["raschka"] / "llama_block.py"), only=["gqa", "block"])
+    assert [(c.name, c.status) for c in result.components] == [
+        ("GroupedQueryAttention", "pass"), ("TransformerBlock", "pass")], format_report(result)
+    assert all(c.convention["en"].startswith("bool, True = masked") for c in result.components)
+
+
+def test_a_bigram_generate_is_driven_through_its_own_model_and_needs_no_crop(tmp_path):
+    """A bigram model has no position table: it runs on any context, so its generate, driven through
+    the learner's own model (built although it has no blocks to compare), is not charged for feeding
+    the whole context; the same loop that forgets to append the new token fails."""
+    path = WRITTEN["karpathy"] / "bigram.py"
+    (gen,) = check_file(str(path), only=["generate"]).components
+    assert (gen.name, gen.status) == ("BigramLanguageModel.generate", "pass"), gen
+    assert gen.driven["en"].startswith("your own BigramLanguageModel") and "no crop is needed" in gen.driven["en"]
+    wrong = tmp_path / "bigram_not_appended.py"
+    wrong.write_text(path.read_text().replace("idx = torch.cat((idx, idx_next), dim=1)", "idx_next = idx_next"))
+    (gen,) = check_file(str(wrong), only=["generate"]).components
+    assert gen.status == "fail" and "generate_not_appended" in {f.name for f in gen.findings}, gen
+
+
+def test_a_schedule_that_reads_module_globals_is_driven_with_them_set():
+    """nanoGPT's get_lr(it) reads warmup_iters, lr_decay_iters, learning_rate and min_lr as module
+    globals: they are set to check's values for the check (and put back), and the report says so."""
+    import sys
+
+    result = check_file(str(WRITTEN["lmloop"] / "nanogpt_lr.py"))
+    (comp,) = result.components
+    assert (comp.name, comp.kind, comp.status) == ("get_lr", "schedule", "pass"), format_report(result)
+    assert any("warmup_iters=10" in n["en"] and "warmup_iters=2000" in n["en"] for n in comp.notes)
+    module = next(m for m in list(sys.modules.values()) if getattr(m, "__file__", "") == str(
+        WRITTEN["lmloop"] / "nanogpt_lr.py"))
+    assert module.warmup_iters == 2000  # put back

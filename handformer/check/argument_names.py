@@ -49,6 +49,73 @@ ACCUM_NAMES = ("accum_steps", "accumulation_steps", "grad_accum_steps", "gradien
 SRC_NAMES = ("src", "source", "x", "src_ids", "inputs", "input_ids")
 TGT_NAMES = ("tgt", "trg", "target", "y", "tgt_ids", "targets", "labels")
 
+# lm_train_step.py: a decoder-only model's step takes the windows x and y (y is x moved on by one)
+X_NAMES = ("x", "xb", "idx", "inputs", "input_ids", "tokens", "src")
+Y_NAMES = ("y", "yb", "targets", "target", "labels", "tgt")
+LR_NAMES = ("lr", "learning_rate", "lr_now", "step_lr", "rate")
+
+# schedule.py: the step, and the settings a schedule reads (as arguments or module globals)
+SCHEDULE_STEP_NAMES = (
+    "step",
+    "it",
+    "iteration",
+    "step_num",
+    "current_step",
+    "s",
+    "n",
+    "t",
+    "num_step",
+    "global_step",
+    "epoch",
+    "iter",
+    "steps",
+    "i",
+)
+SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
+    "d_model": ("d_model", "model_size", "dim", "hidden_size", "d", "n_embd", "model_dim", "size", "d_embed"),
+    "factor": ("factor", "scale", "lr_factor", "multiplier", "lr_mult", "k"),
+    "warmup": (
+        "warmup",
+        "warmup_steps",
+        "warmup_iters",
+        "n_warmup_steps",
+        "warmup_step",
+        "num_warmup_steps",
+        "warmup_iterations",
+        "warm_up",
+        "warmup_updates",
+        "w",
+    ),
+    "max_lr": (
+        "max_learning_rate",
+        "max_lr",
+        "lr_max",
+        "learning_rate",
+        "lr",
+        "peak_lr",
+        "base_lr",
+        "alpha_max",
+        "max_learning_rate",
+    ),
+    "min_lr": ("min_learning_rate", "min_lr", "lr_min", "final_lr", "alpha_min", "end_lr"),
+    "total": (
+        "cosine_cycle_iters",
+        "total_steps",
+        "max_steps",
+        "lr_decay_iters",
+        "decay_steps",
+        "num_training_steps",
+        "total_iters",
+        "max_iters",
+        "num_steps",
+        "t_max",
+        "cycle_steps",
+        "training_steps",
+        "decay_iters",
+        "total",
+    ),
+}
+
 # sampling.py
 TEMPERATURE_NAMES = ("temperature", "temp", "t", "tau", "temperatures")
 K_NAMES = ("k", "top_k", "topk")

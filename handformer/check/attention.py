@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -450,7 +451,8 @@ def rope_settings(comp: Component, c: Caller) -> tuple[str | None, ...]:
         source = inspect.getsource(comp.obj).lower()
     except (OSError, TypeError):
         return (None,)
-    return (None, "half", "interleaved") if any(w in source for w in ROPE_WORDS) else (None,)
+    tables = re.search(r"def forward\([^)]*\bcos\b[^)]*\bsin\b", source)  # Raschka's (x, mask, cos, sin)
+    return (None, "half", "interleaved") if tables or any(w in source for w in ROPE_WORDS) else (None,)
 
 
 def behaves_causal(ctx: Context, c: Caller, width: int) -> bool:

@@ -194,6 +194,10 @@ def refine(kind: str, obj: Any) -> str:
     heads (Llama's `Attention(dim, n_heads, n_kv_heads)`) is grouped-query attention."""
     if kind == "mha" and inspect.isclass(obj) and "n_kv_heads" in argument_keys(obj).values():
         return "gqa"
+    if kind == "train_step" and inspect.isfunction(obj):  # a decoder-only model's step, by what it takes
+        from handformer.check.signatures import lm_step
+
+        return "lm_train_step" if lm_step(obj) else kind
     if inspect.isfunction(obj) and any(kind in f for f in SAME_FAMILY):  # what it does over its name
         from handformer.check.signatures import kind_of
 

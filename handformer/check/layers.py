@@ -665,7 +665,9 @@ def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
     big.__dict__.update(layer.__dict__)
     big.head_dim = TUTORIAL["d_model"] // TUTORIAL["n_heads"]
     tutorial = {**TUTORIAL, **({"n_kv_heads": KV_HEADS} if "n_kv_heads" in layer.sizes else {})}
-    tgt = causal(T)[None, None].long() if layer.takes_mask or not layer.causal_block else None
+    conv = layer.visible if layer.visible and not layer.visible.startswith("lens") else "int"
+    wants = layer.takes_mask or not layer.causal_block
+    tgt = fp.encode_mask(causal(T)[None, None], conv, 2) if wants else None  # in the convention found
     src = torch.full((2,), 10) if layer.stateful else None
 
     def warm(m: nn.Module) -> Any:

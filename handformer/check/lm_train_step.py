@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from handformer.check.argument_names import LR_NAMES, X_NAMES, Y_NAMES
 from handformer.check.context import Context, error_text, finish, forward_parameters
 from handformer.check.discovery import Component, DiscoveryError
 from handformer.check.result import Check, ComponentResult, Finding, text
@@ -54,9 +55,6 @@ MISTAKES: dict[str, dict[str, bool]] = {  # diagnosis -> the flags of handformer
     "train_step_clip_after_step": {"clip_after": True},
     "train_step_lr_not_set": {"set_lr": False},
 }
-X_NAMES = ("x", "xb", "idx", "inputs", "input_ids", "tokens", "src")
-Y_NAMES = ("y", "yb", "targets", "target", "labels", "tgt")
-LR_NAMES = ("lr", "learning_rate", "lr_now", "step_lr", "rate")
 
 
 def batches() -> list[tuple[Tensor, Tensor]]:
@@ -71,14 +69,19 @@ def batches() -> list[tuple[Tensor, Tensor]]:
 
 
 class Logits(nn.Module):
-    """handformer's model as the learner's step sees it: `model(x)` returns the logits (B, T, V)."""
+    """handformer's model as the learner's step sees it: `model(x)` returns the logits (B, T, V);
+    `model(x, y)` (nanoGPT's `logits, loss = model(X, Y)`) returns them with the cross-entropy."""
 
     def __init__(self, model: CausalLM) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        return self.model(x).logits
+    def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
+        logits = self.model(x).logits  # (B, T, V)
+        targets = next((a for a in list(args) + list(kwargs.values()) if isinstance(a, Tensor)), None)
+        if targets is None:
+            return logits
+        return logits, F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
 
 
 def tiny_model() -> Logits:

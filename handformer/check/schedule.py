@@ -14,80 +14,24 @@ checked on its own: the paper's schedule is never 0 there and never divides by z
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from handformer.check import fingerprint as fp
-from handformer.check.context import Context, finish, forward_parameters
+from handformer.check.argument_names import SCHEDULE_ARGS as ARGS
+from handformer.check.argument_names import SCHEDULE_STEP_NAMES as STEP_NAMES
+from handformer.check.context import Context, finish, forward_parameters, global_reads
 from handformer.check.discovery import Component, DiscoveryError
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
 
-STEP_NAMES = (
-    "step",
-    "it",
-    "iteration",
-    "step_num",
-    "current_step",
-    "s",
-    "n",
-    "t",
-    "num_step",
-    "global_step",
-    "epoch",
-    "iter",
-    "steps",
-    "i",
-)
 OPTIMIZER_NAMES = ("optimizer", "opt", "optim")
-ARGS: dict[str, tuple[str, ...]] = {
-    "d_model": ("d_model", "model_size", "dim", "hidden_size", "d", "n_embd", "model_dim", "size", "d_embed"),
-    "factor": ("factor", "scale", "lr_factor", "multiplier", "lr_mult", "k"),
-    "warmup": (
-        "warmup",
-        "warmup_steps",
-        "warmup_iters",
-        "n_warmup_steps",
-        "warmup_step",
-        "num_warmup_steps",
-        "warmup_iterations",
-        "warm_up",
-        "warmup_updates",
-        "w",
-    ),
-    "max_lr": (
-        "max_learning_rate",
-        "max_lr",
-        "lr_max",
-        "learning_rate",
-        "lr",
-        "peak_lr",
-        "base_lr",
-        "alpha_max",
-        "max_learning_rate",
-    ),
-    "min_lr": ("min_learning_rate", "min_lr", "lr_min", "final_lr", "alpha_min", "end_lr"),
-    "total": (
-        "cosine_cycle_iters",
-        "total_steps",
-        "max_steps",
-        "lr_decay_iters",
-        "decay_steps",
-        "num_training_steps",
-        "total_iters",
-        "max_iters",
-        "num_steps",
-        "t_max",
-        "cycle_steps",
-        "training_steps",
-        "decay_iters",
-        "total",
-    ),
-}
 PAPER = {"d_model": 64, "factor": 2.0, "warmup": 10}
 COSINE = {"max_lr": 1.0, "min_lr": 0.1, "warmup": 10, "total": 100}
 PAPER_STEPS = (0, 1, 2, 3, 5, 8, 9, 10, 11, 12, 20, 50, 100, 1000)
@@ -103,6 +47,8 @@ COSINE_CONVENTIONS: dict[str, tuple[int, int, Text]] = {  # (shift of t, of T_w 
         ),
     ),
     "nanogpt": (1, 1, text("warmup (t + 1) / (T_w + 1) (nanoGPT)", "预热为 (t + 1) / (T_w + 1)（nanoGPT）")),
+    "gpt2": (1, 0, text("warmup (t + 1) / T_w, the decay from step T_w (Karpathy's GPT-2 reproduction)",
+                        "预热为 (t + 1) / T_w，从第 T_w 步开始衰减（Karpathy 复现 GPT-2 的写法）")),
 }
 PAPER_FLAGS = (
     "schedule_warmup_off_by_one:early",
@@ -162,8 +108,9 @@ def cosine(
     a, b, _ = COSINE_CONVENTIONS[convention]
     w = warmup + {"early": -1, "late": 1}.get(_has(flags, "schedule_warmup_off_by_one") or "", 0)
     floor = 0.0 if _has(flags, "cosine_min_lr_ignored") is not None else min_lr
-    n = t + a if not b else t  # handformer counts steps from 1 throughout, nanoGPT only in the warmup
-    if (n <= w) if a and not b else (t < w):
+    throughout = convention == "handformer"  # steps counted from 1 in the decay too; the others from 0
+    n = t + a if throughout else t
+    if (n <= w) if throughout else (t < w):
         return max_lr * (t + a) / (w + b)
     start = 0 if _has(flags, "cosine_from_step_zero") is not None else w
     progress = (n - start) / (total - start)
@@ -174,7 +121,9 @@ def cosine(
 
 class Schedule:
     """The learner's schedule as values at steps: a function of the step, or a factory of a torch
-    scheduler (its first argument the optimizer) stepped on an SGD with lr 1."""
+    scheduler (its first argument the optimizer) stepped on an SGD with lr 1. Settings it reads as
+    module globals (nanoGPT's `get_lr(it)` reads warmup_iters, lr_decay_iters, learning_rate,
+    min_lr) are set to check's values while it runs, then put back (`settings`)."""
 
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
@@ -183,51 +132,39 @@ class Schedule:
         self.required = [p.name for p in params if p.default is p.empty]
         lowered = [n.lower() for n in self.names]
         self.factory = bool(lowered) and lowered[0] in OPTIMIZER_NAMES
-        rest = lowered[1:] if self.factory else lowered
-        self.step_name = (
-            None
-            if self.factory
-            else next(
-                (n for n in self.names if n.lower() in STEP_NAMES), self.names[0] if self.names else None
-            )
-        )
-        self.args = {
-            key: next((n for n in self.names if n.lower() in aliases and n != self.step_name), None)
-            for key, aliases in ARGS.items()
-        }
-        self.family = (
-            "paper"
-            if self.args["d_model"]
-            else "cosine"
-            if (self.args["total"] or self.args["min_lr"])
-            else None
-        )
-        if self.family is None and any(n in ARGS["warmup"] for n in rest) and not self.args["max_lr"]:
-            self.family = "paper"  # rate(step, warmup): the d_model factor forgotten, or folded in
-        unknown = [
-            n
-            for n in self.required
-            if n != self.step_name and n not in self.args.values() and n.lower() not in OPTIMIZER_NAMES
-        ]
+        self.step_name = None if self.factory else next(
+            (n for n in self.names if n.lower() in STEP_NAMES), self.names[0] if self.names else None)
+        self.args = {key: next((n for n in self.names if n.lower() in aliases and n != self.step_name), None)
+                     for key, aliases in ARGS.items()}
+        self.globals = _global_settings(comp.obj, self.names)  # key -> the module global it reads
+        self.family = _family({k: self.args[k] or self.globals.get(k) for k in ARGS},
+                              lowered[1:] if self.factory else lowered)
+        unknown = [n for n in self.required if n != self.step_name and n not in self.args.values()
+                   and n.lower() not in OPTIMIZER_NAMES]
         if self.family is None or unknown:
-            what = (
-                f"cannot fill the argument {unknown[0]!r}" if unknown else "cannot tell which schedule it is"
-            )
-            raise DiscoveryError(
-                f"{comp.name}: {what}; name the arguments as the paper's rate(step, d_model, factor, "
-                "warmup) or cosine's get_lr_cosine_schedule(it, max_learning_rate, min_learning_rate, "
-                "warmup_iters, cosine_cycle_iters) do (or their common aliases: model_size, "
-                "warmup_steps, max_lr, min_lr, total_steps, ...)",
-                zh=f"{comp.name}：{('填不了参数 ' + repr(unknown[0])) if unknown else '看不出是哪种调度'}；"
-                   "请像论文的 rate(step, d_model, factor, warmup) 或余弦调度的 get_lr_cosine_schedule(it, "
-                   "max_learning_rate, min_learning_rate, warmup_iters, cosine_cycle_iters) "
-                   "那样给参数起名（或用常见的别名：model_size、warmup_steps、max_lr、min_lr、total_steps "
-                   "等）"
-            )
+            raise _unreadable(comp, unknown)
         self.sizes = dict(PAPER if self.family == "paper" else COSINE)
-        if self.family == "cosine" and not self.args["min_lr"]:
+        if self.family == "cosine" and not (self.args["min_lr"] or self.globals.get("min_lr")):
             self.sizes["min_lr"] = 0.0  # Hugging Face's get_cosine_schedule_with_warmup decays to 0
         self.steps = PAPER_STEPS if self.family == "paper" else COSINE_STEPS
+
+    @contextlib.contextmanager
+    def settings(self) -> Iterator[Text | None]:
+        """The module globals the schedule reads, set to check's sizes (the note that says so)."""
+        module = sys.modules.get(self.comp.obj.__module__)
+        wanted = {name: self.sizes[key] for key, name in self.globals.items() if key in self.sizes}
+        if module is None or not wanted:
+            yield None
+            return
+        saved = {name: vars(module).get(name) for name in wanted}
+        vars(module).update(wanted)
+        now = ", ".join(f"{n}={v:g}" for n, v in wanted.items())
+        were = ", ".join(f"{n}={v!r}" for n, v in saved.items())
+        try:
+            yield text(f"your module-level settings were set to {now} for this check (they were {were})",
+                       f"检查时你在模块顶层的设置被改成了 {now}（原来是 {were}）")
+        finally:
+            vars(module).update(saved)
 
     def kwargs(self) -> dict[str, Any]:
         return {name: self.sizes[key] for key, name in self.args.items() if name and key in self.sizes}
@@ -243,13 +180,16 @@ class Schedule:
         if self.factory:
             return self._stepped()
         out: dict[int, float | BaseException] = {}
-        for s in self.steps:
-            try:
-                out[s] = self.value(s)
-            except fp.LearnerFailure as failure:
-                if s != 0:
-                    raise
-                out[s] = failure
+        with self.settings() as note:
+            for s in self.steps:
+                try:
+                    out[s] = self.value(s)
+                except fp.LearnerFailure as failure:
+                    if s != 0:
+                        raise
+                    out[s] = failure
+        if note is not None and self.ctx.partial is not None:
+            self.ctx.partial.notes.append(note)  # the result in progress says its globals were set
         return out
 
     def _stepped(self) -> dict[int, float | BaseException]:
@@ -270,6 +210,37 @@ class Schedule:
             opt.step()
             self.ctx.learner.call("forward", sched.step)
         return out
+
+
+def _global_settings(fn: Any, arguments: list[str]) -> dict[str, str]:
+    """The schedule's settings that `fn` reads as module globals, not arguments: key -> name."""
+    reads = global_reads(fn) - set(arguments)
+    return {key: name for key, aliases in ARGS.items() for name in sorted(reads) if name.lower() in aliases}
+
+
+def _family(settings: dict[str, str | None], rest: list[str]) -> str | None:
+    """The paper's schedule (it takes d_model), cosine (an end or a floor), or None."""
+    if settings["d_model"]:
+        return "paper"
+    if settings["total"] or settings["min_lr"]:
+        return "cosine"
+    if any(n in ARGS["warmup"] for n in rest) and not settings["max_lr"]:
+        return "paper"  # rate(step, warmup): the d_model factor forgotten, or folded in
+    return None
+
+
+def _unreadable(comp: Component, unknown: list[str]) -> DiscoveryError:
+    what = f"cannot fill the argument {unknown[0]!r}" if unknown else "cannot tell which schedule it is"
+    return DiscoveryError(
+        f"{comp.name}: {what}; name the arguments as the paper's rate(step, d_model, factor, "
+        "warmup) or cosine's get_lr_cosine_schedule(it, max_learning_rate, min_learning_rate, "
+        "warmup_iters, cosine_cycle_iters) do (or their common aliases: model_size, "
+        "warmup_steps, max_lr, min_lr, total_steps, ...)",
+        zh=f"{comp.name}：{('填不了参数 ' + repr(unknown[0])) if unknown else '看不出是哪种调度'}；"
+           "请像论文的 rate(step, d_model, factor, warmup) 或余弦调度的 get_lr_cosine_schedule(it, "
+           "max_learning_rate, min_learning_rate, warmup_iters, cosine_cycle_iters) "
+           "那样给参数起名（或用常见的别名：model_size、warmup_steps、max_lr、min_lr、total_steps "
+           "等）")
 
 
 def _as_float(ctx: Context, comp: Component, out: Any, step: int) -> float:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import io
+import re
 from typing import Any
 
 import torch
@@ -34,15 +35,20 @@ from handformer.check.argument_names import (
     K_NAMES,
     LOADER_NAMES,
     LOGITS_NAMES,
+    LR_NAMES,
     MODEL_NAMES,
     OPTIMIZER_NAMES,
     P_NAMES,
     PROBS_NAMES,
     PROMPT_NAMES,
+    SCHEDULE_ARGS,
+    SCHEDULE_STEP_NAMES,
     SRC_NAMES,
     STEP_MODEL_NAMES,
     TEMPERATURE_NAMES,
     TGT_NAMES,
+    X_NAMES,
+    Y_NAMES,
 )
 
 ROWS = torch.tensor([[2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6],
@@ -60,7 +66,41 @@ def kind_of(fn: Any) -> str | None:
         return None
     names = [p.name.lower() for p in params]
     required = {p.name.lower() for p in params if p.default is p.empty}
+    if lm_step(fn):
+        return "lm_train_step"
+    if _schedule(names, required):
+        return "schedule"
     return _loop_kind(names, required) or _logits_kind(fn, params, names, required)
+
+
+def _schedule(names: list[str], required: set[str]) -> bool:
+    """A learning-rate schedule (`warmup_cosine(step, warmup, max_steps, max_lr, min_lr)`): the step
+    first, then settings only, a warmup among them and d_model, an end or a floor."""
+    settings = SCHEDULE_ARGS
+    known = {a for aliases in settings.values() for a in aliases}
+    has = lambda key: any(n in settings[key] for n in names[1:])  # noqa: E731
+    return bool(names) and names[0] in SCHEDULE_STEP_NAMES and required - {names[0]} <= known and has(
+        "warmup") and (has("d_model") or has("total") or has("min_lr"))
+
+
+SHIFT = re.compile(r"\[\s*:\s*,\s*(:-1|1:)\s*\]")  # tgt[:, :-1], tgt[:, 1:]
+
+
+def lm_step(fn: Any) -> bool:
+    """A decoder-only model's training step, whatever its name (`train_step(model, optimizer, x, y)`):
+    it takes the model, the optimizer and the windows x and y (y already x moved on by one), maybe the
+    learning rate, and never shifts a target itself (an encoder-decoder's step feeds tgt[:, :-1])."""
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    except (TypeError, ValueError):
+        return False
+    names = [p.name.lower() for p in params]
+    required = {p.name.lower() for p in params if p.default is p.empty}
+    groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, X_NAMES, Y_NAMES)
+    if not all(any(n in g for n in names) for g in groups):
+        return False
+    return required <= {a for g in groups + (LR_NAMES,) for a in g} and not SHIFT.search(_source(fn))
 
 
 def _loop_kind(names: list[str], required: set[str]) -> str | None:

@@ -195,9 +195,19 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
             f"{_shapes(linears)}",
             zh=f"{what}：d_model={D} 时应当有 {4 * count} 个 nn.Linear(d_model, d_model) 层（{count} 组 "
                f"W_Q、W_K、W_V、W_O），实际找到 {len(square)} 个；它带参数的层是：{_shapes(linears)}")
-    groups = [square[i * per:(i + 1) * per] for i in range(count)]
+    groups = [_qkv_by_name(square[i * per:(i + 1) * per]) for i in range(count)]
     return [[Slot(f"{p}W_{r}", leaf) for r, leaf in zip("QKVO", group)]
             for p, group in zip(prefixes, groups)]
+
+
+def _qkv_by_name(group: list[Leaf]) -> list[Leaf]:
+    """W_Q, W_K, W_V in the order their names say (Raschka's W_key and W_value defined before
+    W_query), when each of the first three names one of them; else in definition order."""
+    words = (("q", "query"), ("k", "key"), ("v", "value"))
+    roles = [next((r for r, w in words if w in leaf.name.lower()), None) for leaf in group[:3]]
+    if sorted(r for r in roles if r) != ["k", "q", "v"]:
+        return group
+    return sorted(group[:3], key=lambda leaf: "qkv".index(roles[group.index(leaf)])) + group[3:]
 
 
 def _grouped_slots(linears: list[Leaf], D: int, kv: int, count: int, prefixes: list[str], what: str,
