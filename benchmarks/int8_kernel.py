@@ -11,9 +11,9 @@ y = x W^T at decode-time row counts (M = 1 and 8) three ways, rounds interleaved
 - dequant:  the int8 weight times its scales back to fp32, then F.linear;
 - int4-bf16: 4-bit weights in groups of 32 (inference/quant_int4.py) through
   torch.ops.aten._weight_int4pack_mm_for_cpu with bf16 activations, for comparison;
-- c-fp32: a candidate, benchmarks/int8_matvec.c (AVX-512: each int8 weight widened to fp32 in
-  registers, fp32 activations and sums, output rows split among the threads), built with gcc at
-  run time and called through ctypes; left out, with the reason, where gcc or AVX-512 is missing.
+- c-fp32: Int8Linear's opt-in C kernel (handformer/inference/int8_c.py: each int8 weight widened to
+  fp32 in AVX-512 registers, fp32 activations and sums, output rows split among the threads), built
+  with gcc at first use; left out, with the reason, where gcc or AVX-512 is missing.
 
 For M = 1 it also prints the GB/s of weight bytes each kernel reads (4, 1 and 0.625 bytes a weight).
 
@@ -26,12 +26,8 @@ Prints each layer's time per call in microseconds and the ratio fp32 / kernel (>
 from __future__ import annotations
 
 import argparse
-import ctypes
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,35 +37,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from handformer.inference import int8_c  # noqa: E402
 from handformer.inference.quant import dequantize_int8, quantize_int8  # noqa: E402
 from handformer.inference.quant_int4 import Int4Linear  # noqa: E402
 
 SHAPES = {"qkv 768->2304": (2304, 768), "o_proj 768->768": (768, 768), "up 768->3072": (3072, 768),
           "down 3072->768": (768, 3072), "head 768->50257": (50257, 768)}
-
-
-def c_kernel(folder: Path) -> Callable[..., None] | str:
-    """benchmarks/int8_matvec.c built in `folder` and loaded, or why not."""
-    if torch.backends.cpu.get_cpu_capability() != "AVX512":
-        return "no AVX-512 on this CPU"
-    if shutil.which("gcc") is None:
-        return "no gcc"
-    lib_path = folder / "int8_matvec.so"
-    build = subprocess.run(["gcc", "-O3", "-mavx512f", "-fopenmp", "-shared", "-fPIC", "-o", str(lib_path),
-                            str(Path(__file__).with_name("int8_matvec.c"))], capture_output=True, text=True)
-    if build.returncode:
-        return f"gcc failed: {build.stderr.strip()[:200]}"
-    lib = ctypes.CDLL(str(lib_path))
-    lib.int8_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    return lib.int8_linear
-
-
-def c_linear(kernel: Callable[..., None], x: torch.Tensor, q: torch.Tensor,
-             scales: torch.Tensor) -> torch.Tensor:
-    y = torch.empty(x.shape[0], q.shape[0])  # (M, N)
-    kernel(x.data_ptr(), q.data_ptr(), scales.data_ptr(), y.data_ptr(), x.shape[0], q.shape[0], q.shape[1],
-           torch.get_num_threads())
-    return y
 
 
 def per_call(fn: Callable[[], torch.Tensor], calls: int) -> float:
@@ -80,7 +53,7 @@ def per_call(fn: Callable[[], torch.Tensor], calls: int) -> float:
 
 
 def make_kernels(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
-                 c: Callable[..., None] | None) -> dict[str, Callable[[], torch.Tensor]]:
+                 c: bool) -> dict[str, Callable[[], torch.Tensor]]:
     """The ways to compute x W^T, as calls without arguments (c-fp32 when `c` is given)."""
     scales_bf16 = scales.to(torch.bfloat16)
     linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
@@ -93,7 +66,7 @@ def make_kernels(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor, scales: torc
             x.to(torch.bfloat16), q, scales_bf16).float(),
         "dequant": lambda: F.linear(x, dequantize_int8(q, scales)),
         "int4-bf16": lambda: int4(x),
-        **({"c-fp32": lambda: c_linear(c, x, q, scales)} if c is not None else {}),
+        **({"c-fp32": lambda: int8_c.int8_linear(x, q, scales)} if c else {}),
     }
 
 
@@ -107,11 +80,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} interleaved "
           "rounds, medians (the machine may be shared: figures are noisy)")
     print(f"torch CPU capability: {torch.backends.cpu.get_cpu_capability()}")
-    folder = tempfile.TemporaryDirectory()
-    c = c_kernel(Path(folder.name))
-    if isinstance(c, str):
-        print(f"c-fp32 left out: {c}")
-        c = None
+    c = int8_c.kernel() is not None
+    if not c:
+        print(f"c-fp32 left out: {int8_c.why_not()}")
     names = ("fp32", "int8pack", "int8pack-bf16", "dequant", "int4-bf16") + (("c-fp32",) if c else ())
     weight_bytes = {"fp32": 4, "int8pack": 1, "int8pack-bf16": 1, "dequant": 1, "int4-bf16": 0.625,
                     "c-fp32": 1}
@@ -124,7 +95,7 @@ def main() -> None:
         for m in (1, 8):
             x = torch.randn(m, k)
             kernels = make_kernels(x, w, q, scales, c)
-            if c is not None:
+            if c:
                 exact = x @ dequantize_int8(q, scales).T
                 assert torch.allclose(kernels["c-fp32"](), exact, rtol=1e-4, atol=1e-4), name
             times: dict[str, list[float]] = {k_: [] for k_ in kernels}

@@ -23,7 +23,7 @@ SECONDS = {
     "test_training.py": 7, "test_speculative.py": 6, "test_crash.py": 6, "test_serve.py": 6,
     "test_check_styles.py": 5, "test_viz.py": 5, "test_check_sampling.py": 5, "test_check_model.py": 5,
     "test_serve_apis.py": 5, "test_serve_soak.py": 4, "test_beam_vectorized.py": 4, "test_lesson_shape.py": 4,
-    "test_shards.py": 4, "test_engine.py": 4, "test_references_required.py": 3,
+    "test_shards.py": 4, "test_engine.py": 4, "test_references_required.py": 3, "test_int8_c.py": 1,
 }
 
 
