@@ -259,7 +259,11 @@ class _Worker:
         from handformer.config import config_from_dict
         from handformer.models.causal_lm import CausalLM
 
-        model = CausalLM(config_from_dict(config)).eval()
+        try:
+            cfg = config_from_dict(config)
+        except ValueError:  # a checkout whose configs name their class `family`, not `kind`
+            cfg = config_from_dict({("family" if k == "kind" else k): v for k, v in config.items()})
+        model = CausalLM(cfg).eval()
         model.load_state_dict(torch.load(weights))
         self.models[name] = self._prepare(model, prepare)
         default_threads = _import("handformer.inference.threads", "handformer.generation.generate",

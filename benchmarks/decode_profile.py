@@ -2,10 +2,13 @@
 
 For a model shape of benchmarks/decode_limit.py and a batch of left-padded prompts (batch 1: one
 64-token prompt), runs `generate` and HF `generate` (greedy, --new-tokens tokens) under
-torch.profiler and prints, for each: milliseconds per decoding step and the share of the operators'
-time spent in matrix products (aten::mm / addmm / bmm: the weights' GEMV or GEMM), in attention
-(the SDPA kernels) and in everything else (norms, activations, masks, copies, sampling), plus the
-operators' time against the wall clock (the rest is Python).
+torch.profiler and prints, for each, per decoding step (a run of --new-tokens tokens less a run of
+one token, the prompt's forward: the prefill is not a step): milliseconds (unprofiled, medians of 3,
+and under the profiler, whose cost per operator call is large for a small model), the share of the
+operators' time spent in matrix products (aten::mm / addmm / bmm: the weights' GEMV or GEMM), in
+attention (the SDPA kernels) and in everything else (norms, activations, masks, copies, sampling),
+operator calls, and the operators' time against the profiled wall clock (the rest is Python).
+Both sides run at --threads (default: torch's setting).
 
     python benchmarks/decode_profile.py --model gpt2-124M --batch 8
     python benchmarks/decode_profile.py --model tiny --threads 1 --unfused   # Q/K/V, gate/up apart
@@ -19,6 +22,7 @@ profiles the compiled decoding step (inference/static_step.py).
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -42,25 +46,37 @@ MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm", "
 ATTENTION = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math")
 
 
-def shares(run, steps: int, top: int = 0) -> str:
-    run(2)  # warm-up
+def profiled(run, n: int) -> tuple[float, dict[str, tuple[float, int]], object]:
+    """Wall seconds of run(n) under the profiler, each operator's (self microseconds, calls), the profile."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
-        run(steps + 1)
+        run(n)
         wall = time.perf_counter() - start
-    events = prof.key_averages()
+    return wall, {e.key: (e.self_cpu_time_total, e.count) for e in prof.key_averages()}, prof
+
+
+def shares(run, steps: int, top: int = 0) -> str:
+    """The decoding steps alone: every figure of a run of `steps` steps less the same run's prefill
+    (run(1): the prompt's forward and the first token), per step."""
+    run(2)  # warm-up
+    prefill_wall, prefill_ops, _ = profiled(run, 1)
+    wall, ops, prof = profiled(run, steps + 1)
     if top:
-        print(events.table(sort_by="self_cpu_time_total", row_limit=top))
-    total = sum(e.self_cpu_time_total for e in events)
-    matmul = sum(e.self_cpu_time_total for e in events if e.key in MATMUL)
-    attention = sum(e.self_cpu_time_total for e in events if e.key in ATTENTION)
-    calls = sum(e.count for e in events) / (steps + 1)  # the prompt's forward counts as one step
-    prefill = min(timed(lambda: run(1)) for _ in range(2))
-    per_step = (timed(lambda: run(steps + 1)) - prefill) / steps
-    return (f"{per_step * 1e3:7.2f} ms a step; operators: matmul {matmul / total:.0%}, attention "
-            f"{attention / total:.0%}, other {1 - (matmul + attention) / total:.0%}; {calls:,.0f} "
-            f"operator calls a step (nested ones included); operators "
-            f"{total / 1e6 / wall:.0%} of the wall clock (profiled)")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
+    step_ops = {k: (t - prefill_ops.get(k, (0, 0))[0], c - prefill_ops.get(k, (0, 0))[1])
+                for k, (t, c) in ops.items()}
+    total = sum(t for t, _ in step_ops.values())
+    matmul = sum(t for k, (t, _) in step_ops.items() if k in MATMUL)
+    attention = sum(t for k, (t, _) in step_ops.items() if k in ATTENTION)
+    calls = sum(c for _, c in step_ops.values()) / steps
+    profiled_step = (wall - prefill_wall) / steps
+    # unprofiled, medians of 3: the profiler's own cost per operator call is left out
+    per_step = (statistics.median(timed(lambda: run(steps + 1)) for _ in range(3))
+                - statistics.median(timed(lambda: run(1)) for _ in range(3))) / steps
+    return (f"{per_step * 1e3:7.2f} ms a step ({profiled_step * 1e3:.2f} ms profiled); operators: matmul "
+            f"{matmul / total:.0%}, attention {attention / total:.0%}, other "
+            f"{1 - (matmul + attention) / total:.0%}; {calls:,.0f} operator calls a step (nested ones "
+            f"included); operators {total / 1e6 / (wall - prefill_wall):.0%} of the wall clock (profiled)")
 
 
 def timed(fn) -> float:
@@ -99,7 +115,7 @@ def main() -> None:
           f"{'; int8 weights' if args.int8 else ''}{'; compiled step' if args.compile else ''}")
     with torch.no_grad():
         def ours(n: int) -> list[list[int]]:
-            return generate(model, prompts, n, temperature=0, compile_step=args.compile)
+            return generate(model, prompts, n, temperature=0, compile_step=args.compile, threads=None)
 
         print("  handformer:", shares(ours, args.new_tokens, args.top))
         print("  HF generate:", shares(lambda n: hf_generate(hf, prompts, n), args.new_tokens, args.top))

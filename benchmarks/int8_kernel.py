@@ -10,7 +10,12 @@ y = x W^T at decode-time row counts (M = 1 and 8) three ways, rounds interleaved
   back to fp32 (the dtype its vectorized AVX512 path serves);
 - dequant:  the int8 weight times its scales back to fp32, then F.linear;
 - int4-bf16: 4-bit weights in groups of 32 (inference/quant_int4.py) through
-  torch.ops.aten._weight_int4pack_mm_for_cpu with bf16 activations, for comparison.
+  torch.ops.aten._weight_int4pack_mm_for_cpu with bf16 activations, for comparison;
+- c-fp32: Int8Linear's opt-in C kernel (handformer/inference/int8_c.py: each int8 weight widened to
+  fp32 in AVX-512 registers, fp32 activations and sums, output rows split among the threads), built
+  with gcc at first use; left out, with the reason, where gcc or AVX-512 is missing.
+
+For M = 1 it also prints the GB/s of weight bytes each kernel reads (4, 1 and 0.625 bytes a weight).
 
     python benchmarks/int8_kernel.py              # about 20 s on 2 busy cores
     python benchmarks/int8_kernel.py --rounds 9 --threads 1
@@ -32,6 +37,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from handformer.inference import int8_c  # noqa: E402
 from handformer.inference.quant import dequantize_int8, quantize_int8  # noqa: E402
 from handformer.inference.quant_int4 import Int4Linear  # noqa: E402
 
@@ -46,9 +52,9 @@ def per_call(fn: Callable[[], torch.Tensor], calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def make_kernels(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor,
-                 scales: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
-    """The five ways to compute x W^T, as calls without arguments."""
+def make_kernels(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
+                 c: bool) -> dict[str, Callable[[], torch.Tensor]]:
+    """The ways to compute x W^T, as calls without arguments (c-fp32 when `c` is given)."""
     scales_bf16 = scales.to(torch.bfloat16)
     linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
     linear.weight.data = w
@@ -60,6 +66,7 @@ def make_kernels(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor,
             x.to(torch.bfloat16), q, scales_bf16).float(),
         "dequant": lambda: F.linear(x, dequantize_int8(q, scales)),
         "int4-bf16": lambda: int4(x),
+        **({"c-fp32": lambda: int8_c.int8_linear(x, q, scales)} if c else {}),
     }
 
 
@@ -73,7 +80,12 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} interleaved "
           "rounds, medians (the machine may be shared: figures are noisy)")
     print(f"torch CPU capability: {torch.backends.cpu.get_cpu_capability()}")
-    names = ("fp32", "int8pack", "int8pack-bf16", "dequant", "int4-bf16")
+    c = int8_c.kernel() is not None
+    if not c:
+        print(f"c-fp32 left out: {int8_c.why_not()}")
+    names = ("fp32", "int8pack", "int8pack-bf16", "dequant", "int4-bf16") + (("c-fp32",) if c else ())
+    weight_bytes = {"fp32": 4, "int8pack": 1, "int8pack-bf16": 1, "dequant": 1, "int4-bf16": 0.625,
+                    "c-fp32": 1}
     print(f"{'layer':18} {'M':>3} " + " ".join(f"{n + ' us':>17}" for n in names) + "   fp32 / each kernel")
     torch.manual_seed(0)
     for name, (n, k) in SHAPES.items():
@@ -82,7 +94,10 @@ def main() -> None:
         calls = 3 if n > 10000 else 30
         for m in (1, 8):
             x = torch.randn(m, k)
-            kernels = make_kernels(x, w, q, scales)
+            kernels = make_kernels(x, w, q, scales, c)
+            if c:
+                exact = x @ dequantize_int8(q, scales).T
+                assert torch.allclose(kernels["c-fp32"](), exact, rtol=1e-4, atol=1e-4), name
             times: dict[str, list[float]] = {k_: [] for k_ in kernels}
             for fn in kernels.values():
                 fn()  # warm-up
@@ -92,6 +107,9 @@ def main() -> None:
             med = {key: statistics.median(v) * 1e6 for key, v in times.items()}
             print(f"{name:18} {m:>3} " + " ".join(f"{med[n]:>17.0f}" for n in names) + "   "
                   + " ".join(f"{med['fp32'] / med[n]:.2f}x" for n in names[1:]))
+            if m == 1:
+                print(f"{'':18} {'GB/s':>3} " + " ".join(f"{n * k * weight_bytes[x] / med[x] / 1e3:>17.1f}"
+                                                       for x in names))
 
 
 if __name__ == "__main__":
