@@ -151,16 +151,18 @@ def random_sources(seed: int, lengths: list[int], vocab: int, pad: int = 0, eos:
 
 
 def spawn_ranks(fn, *args, world: int = 2) -> None:
-    """Run fn(rank, port, *args) in `world` processes (torch.multiprocessing.spawn). The rendezvous
-    store is served from this process on a port the system picks (port 0) and held open while they
-    run, so no other program (or another pytest worker) can take the port between choosing it and
-    using it. The ranks join with `join_ranks`."""
+    """Run fn(rank, port, *args) in `world` processes forked from this one. The rendezvous store is
+    served from this process on a port the system picks (port 0) and held open while they run, so no
+    other program (or another pytest worker) can take the port between choosing it and using it. The
+    ranks join with `join_ranks`. Forked, not spawned: a spawned rank imports torch and the test
+    module again (2-3 s a rank on the 2-core machine); a forked one starts with them, and takes one
+    torch thread before any work (as a DataLoader worker does), so no OpenMP pool crosses the fork."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
     store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
     try:
-        mp.spawn(fn, args=(store.port, *args), nprocs=world, join=True)
+        mp.start_processes(fn, args=(store.port, *args), nprocs=world, join=True, start_method="fork")
     finally:
         del store
 

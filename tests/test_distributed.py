@@ -1,4 +1,4 @@
-"""Distributed training on CPU with gloo and 2 processes (torch.multiprocessing.spawn): the global
+"""Distributed training on CPU with gloo and 2 processes (forked by torch.multiprocessing): the global
 batch's gradient does not depend on how it is split over ranks and micro-steps, a 2-process run
 follows the single-process loss curve, checkpoints from DDP and FSDP2 runs load into a plain model,
 and the data shards are disjoint. The torchrun CLI runs of the tiny configs are marked slow."""
@@ -210,7 +210,7 @@ def _lora_worker(rank: int, run_dir: str, parallel: str) -> None:
           weights_file="adapters.safetensors")
 
 
-# --- every 2-rank job of the default run in one spawn -----------------------------------------
+# --- every 2-rank job of the default run in one start -----------------------------------------
 
 # (job, its arguments after rank; the first is the output path under the module's folder)
 JOBS = {"grads": (_grad_worker, "grads.pt"), "ddp": (_train_worker, "ddp", "ddp"),
@@ -230,7 +230,7 @@ def _jobs(rank: int, port: int, root: str, names: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def ranked(tmp_path_factory) -> Path:
-    """The folder where every job of JOBS wrote its output (one spawn of 2 ranks for the module)."""
+    """The folder where every job of JOBS wrote its output (one start of 2 ranks for the module)."""
     root = tmp_path_factory.mktemp("ranked")
     spawn_ranks(_jobs, str(root), DEFAULT_JOBS)
     return root

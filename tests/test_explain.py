@@ -2,6 +2,7 @@
 the scaling figure say what the tutorials say; docs/figures holds every figure."""
 
 import contextlib
+import functools
 import io
 import math
 import re
@@ -35,8 +36,17 @@ def texts_of(fig) -> list[str]:
     return [t.get_text() for t in fig.findobj(matplotlib.text.Text) if t.get_text()]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def traced_once():
+    """The data-flow figure traces two full-size models (a second a language on the 2-core machine);
+    the shapes do not depend on the language, so the module traces each preset once."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(explain, "traced_shapes", functools.cache(explain.traced_shapes))
+        yield
+
+
 @pytest.fixture(scope="module")
-def drawn(tmp_path_factory):
+def drawn(tmp_path_factory, traced_once):
     """`handformer explain` once for the module: its exit code, what it printed, the folder, and
     every text each figure drew (kept as it is saved), and what it printed on stderr."""
     out = tmp_path_factory.mktemp("figures")
