@@ -15,6 +15,9 @@ llama.cpp runs with a float32 KV cache (its default is float16) so that greedy c
 flipped by rounding the cache.
 """
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -231,3 +234,141 @@ def test_the_docs_llama_cpp_snippet_prints_what_handformer_generates(page, tmp_p
     with contextlib.redirect_stdout(printed):
         exec(compile(code, page, "exec"), {"__name__": "docs"})
     assert printed.getvalue().rstrip("\n") == expected
+
+
+# --- gpt-oss: export-gguf and llama.cpp's own converter ---------------------------------------------
+# llama.cpp's sources (convert_hf_to_gguf.py and its gguf-py), as llama-cpp-python's source package has them
+LLAMA_CPP_SRC = Path(os.environ.get("HANDFORMER_LLAMA_CPP_SRC", "/tmp/x/llama_cpp_python-0.3.36/vendor/llama.cpp"))
+# The converter names a BPE vocabulary's split by hashing a fixed text's ids; a vocabulary trained
+# here has no name there, so its check is replaced by GPT-2's split (the tensors and the other keys
+# are the converter's own). Run in a subprocess: the converter's gguf-py, not the installed one.
+CONVERT = """import runpy, sys
+src = sys.argv[1]
+sys.path[:0] = [src + "/gguf-py", src]
+from conversion.base import TextModel
+TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+sys.argv = [src + "/convert_hf_to_gguf.py", *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+GPT_OSS = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=12,
+               intermediate_size=32, num_hidden_layers=3, num_local_experts=3, num_experts_per_tok=2,
+               max_position_embeddings=96, sliding_window=4, bos_token_id=1, eos_token_id=2,
+               rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "beta_fast": 32.0,
+                                "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 16})
+
+
+def _gpt_oss_checkpoints(out):
+    """A tiny gpt-oss (odd sizes, 3 layers, a BPE vocabulary of 300) saved twice: dense, and with its
+    experts as MXFP4 blocks and scales (config.json's quant_method mxfp4, as the released ones), whose
+    dense twin (the values the codes stand for) is transformers' reference."""
+    import json
+
+    from safetensors.torch import save_file
+    from test_gpt_oss import _by_the_definition
+
+    torch.manual_seed(11)
+    model = transformers.GptOssForCausalLM(transformers.GptOssConfig(**GPT_OSS, attn_implementation="eager"))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    tokenizer = Tokenizer.train_bpe([TEXT * 40], 300)
+    model.save_pretrained(out / "dense", safe_serialization=True)
+    state, g = dict(model.state_dict()), torch.Generator().manual_seed(12)
+    with torch.no_grad():
+        for name, (rows, cols) in (("gate_up_proj", (64, 64)), ("down_proj", (64, 32))):  # (2F, D), (D, F)
+            for i in range(3):
+                key = f"model.layers.{i}.mlp.experts.{name}"
+                codes = torch.randint(0, 256, (3, rows, cols // 32, 16), dtype=torch.uint8, generator=g)
+                scales = torch.randint(121, 126, (3, rows, cols // 32), dtype=torch.uint8, generator=g)
+                getattr(model.model.layers[i].mlp.experts, name).copy_(_by_the_definition(codes, scales).transpose(1, 2))
+                del state[key]
+                state[f"{key}_blocks"], state[f"{key}_scales"] = codes, scales
+    model.save_pretrained(out / "twin", safe_serialization=True)
+    (out / "mxfp4").mkdir()
+    save_file({k: v.contiguous() for k, v in state.items()}, out / "mxfp4" / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((out / "twin" / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (out / "mxfp4" / "config.json").write_text(json.dumps(config))
+    for name in ("dense", "twin", "mxfp4"):
+        tokenizer.save(out / name / "tokenizer.json")
+        (out / name / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+
+
+def _convert(hf_dir, out):
+    if not (LLAMA_CPP_SRC / "convert_hf_to_gguf.py").is_file():
+        pytest.skip(f"llama.cpp's convert_hf_to_gguf.py is not at {LLAMA_CPP_SRC}: unpack llama-cpp-python "
+                    "0.3.36's source package and set HANDFORMER_LLAMA_CPP_SRC to its vendor/llama.cpp")
+    done = subprocess.run([sys.executable, "-c", CONVERT, str(LLAMA_CPP_SRC), str(hf_dir), "--outfile", str(out),
+                           "--outtype", "f32"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("kind", ["dense", "mxfp4"])
+def test_gpt_oss_as_llama_cpps_converter_writes_it_and_llama_cpp_generates_the_same(kind, tmp_path, capsys):
+    """The same tiny gpt-oss through export-gguf (after import-hf) and through llama.cpp's
+    convert_hf_to_gguf.py: the same tensors (names, shapes, float32 values: the MXFP4 experts decoded),
+    the same model keys (the tokenizer's aside) but handformer's own and the converter's general.*
+    ones, with equal values; import-gguf of the converter's file gives transformers' logits (1e-5);
+    llama.cpp generates greedily what handformer generates from both dense files and from the MXFP4
+    run's f32 export; on the converter's MXFP4 file its logits are handformer's with the experts'
+    inputs rounded to Q8_0 (1e-4), as ggml multiplies MXFP4 blocks."""
+    from handformer.convert.gguf_file import read_gguf
+
+    _gpt_oss_checkpoints(tmp_path)
+    assert main(["import-hf", str(tmp_path / kind), str(tmp_path / "run")]) == 0
+    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "ours.gguf")]) == 0
+    _convert(tmp_path / kind, tmp_path / "theirs.gguf")
+    ours, theirs = read_gguf(tmp_path / "ours.gguf"), read_gguf(tmp_path / "theirs.gguf")
+    model_keys = [{k for k in file.metadata if not k.startswith("tokenizer.")} for file in (ours, theirs)]
+    assert model_keys[1] - model_keys[0] == {"general.quantization_version", "general.size_label", "general.type"}
+    assert {k for k in model_keys[0] - model_keys[1] if not k.startswith("handformer.")} == {
+        "gpt-oss.rope.dimension_count", "gpt-oss.vocab_size"}
+    same = {k for k in set(ours.metadata) & set(theirs.metadata) if not k.startswith(("tokenizer.", "general."))}
+    assert {k: ours.metadata[k] for k in same} == {k: theirs.metadata[k] for k in same}
+    assert {n: t.shape for n, t in ours.tensors.items()} == {n: t.shape for n, t in theirs.tensors.items()}
+    experts = {n for n, t in theirs.tensors.items() if t.type_name == "MXFP4"}
+    assert len(experts) == (9 if kind == "mxfp4" else 0)
+    for name in ours.tensors:
+        assert torch.equal(ours.tensors[name].to_torch(), theirs.tensors[name].to_torch()), name
+    assert main(["import-gguf", str(tmp_path / "theirs.gguf"), str(tmp_path / "back")]) == 0
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / ("twin" if kind == "mxfp4" else kind),
+                                                                 dtype=torch.float32).eval()
+    ids = torch.randint(3, 300, (2, 24), generator=torch.Generator().manual_seed(13))
+    with torch.no_grad():
+        torch.testing.assert_close(load_lm(tmp_path / "back").model(ids).logits, hf_model(ids).logits,
+                                   atol=1e-5, rtol=1e-5)
+    capsys.readouterr()
+    _same_greedy(tmp_path / "run", tmp_path / "ours.gguf", "to be or", n=40)
+    if kind == "dense":
+        _same_greedy(tmp_path / "run", tmp_path / "theirs.gguf", "to be or", n=40)
+    else:  # llama.cpp multiplies MXFP4 by activations rounded to Q8_0 (ggml's vec_dot_type): so does this
+        run = load_lm(tmp_path / "run")
+        ids = [1, *run.tokenizer.encode(TEXT[:40])]
+        llm = LLAMA_CPP.Llama(str(tmp_path / "theirs.gguf"), n_ctx=96, n_threads=1, verbose=False, type_k=F32,
+                              type_v=F32, logits_all=True)
+        llm.eval(ids)
+        theirs = torch.tensor(llm.scores[:len(ids)])
+        llm.close()
+        with torch.no_grad():
+            exact = run.model(torch.tensor([ids])).logits[0]
+            for expert in [e for layer in run.model.layers for e in layer.ffn.experts]:
+                expert.forward = _q8_0_activations(expert)
+            rounded = run.model(torch.tensor([ids])).logits[0]
+        assert (theirs - exact).abs().max() > 0.05  # the rounding shows
+        torch.testing.assert_close(theirs, rounded, atol=1e-4, rtol=1e-4)
+
+
+def _q8_0_activations(expert):
+    """gpt-oss's expert whose matrices see their input rounded to Q8_0, as ggml's MXFP4 product does."""
+    from handformer.convert.gguf_quants import dequantize, quantize_q8_0
+
+    def q8_0(x):
+        return dequantize(quantize_q8_0(x).reshape(-1), "Q8_0", tuple(x.shape))
+
+    def forward(x):
+        x = q8_0(x)
+        gate = expert.gate_proj(x).clamp(max=expert.limit)
+        up = expert.up_proj(x).clamp(-expert.limit, expert.limit)
+        return expert.down_proj(q8_0((up + 1) * gate * torch.sigmoid(expert.alpha * gate)))
+    return forward
