@@ -40,9 +40,11 @@ from handformer.config import (
     Llama3RopeScaling,
     LongRopeScaling,
     MoEConfig,
+    YarnRopeScaling,
     setting_name,
     setting_value,
 )
+from handformer.convert.gguf_yarn import READ_HERE, read_yarn, write_yarn, yarn_problems
 from handformer.convert.hf_weights import halves_to_pairs, pairs_to_halves
 from handformer.families.catalogue import GGUF_ENTRIES, SPECS, spec_of
 from handformer.families.spec import GgufEntry
@@ -206,13 +208,15 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
         if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, LongRopeScaling):
             problems.append(f"rope_scaling={cfg.rope_scaling!r} (llama.cpp's {family.name} takes LongRoPE "
                             "only)")
+    elif family.yarn and isinstance(cfg.rope_scaling, YarnRopeScaling):
+        problems += yarn_problems(cfg, family.name)
     elif cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, Llama3RopeScaling):
         problems.append(f"rope_scaling={cfg.rope_scaling!r} (export-gguf writes Llama 3's rope scaling only; "
                         "export-hf writes this run for transformers)")
     if family.full_width_heads and cfg.n_heads * cfg.head_dim != cfg.d_model:
         problems.append(f"head_dim={cfg.head_dim} (llama.cpp's {family.name} needs n_heads * head_dim = "
                         f"d_model = {cfg.d_model})")
-    return problems
+    return problems + (family.problems(cfg) if family.problems is not None else [])
 
 
 # --- weights ---------------------------------------------------------------------------------------
@@ -275,6 +279,7 @@ def export_tensors(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family
     head is left out; GPT-2's missing biases become zeros. Every handformer tensor must be written:
     a ValueError names any the map does not cover."""
     out, used = [], {"lm_head.weight"} if cfg.tie_embeddings else set()  # a tied head is the embedding
+    used |= set(layer_value_keys(cfg, family))  # metadata in GGUF (`layer_values`)
     for name, keys in _concrete(family, cfg):
         if name == "output.weight" and cfg.tie_embeddings:
             continue
@@ -289,6 +294,36 @@ def export_tensors(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family
     if left:
         raise ValueError(f"{family.name} in GGUF has no place for {', '.join(left)}; handformer's "
                          "model has tensors this exporter does not know")
+    return out
+
+
+def layer_value_keys(cfg: CausalLMConfig, family: Family) -> dict[str, tuple[str, int]]:
+    """handformer key -> (the metadata key holding it, its layer), for the family's `layer_values`."""
+    return {template.format(i=i): (key, i) for key, template in family.layer_values.items()
+            for i in range(cfg.n_layers)}
+
+
+def layer_values(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family) -> dict[str, list[float]]:
+    """The numbers each layer learns that llama.cpp keeps in the metadata: key -> one float a layer."""
+    out: dict[str, list[float]] = {key: [] for key in family.layer_values}
+    for name, (key, _) in layer_value_keys(cfg, family).items():
+        out[key].append(float(state[name]))  # (1,) or (): one number
+    return out
+
+
+def read_layer_values(metadata: dict[str, Any], cfg: CausalLMConfig, family: Family,
+                      expected: dict[str, tuple[int, ...]], where: str) -> dict[str, Tensor]:
+    """The inverse of `layer_values`, shaped as the model holds them. One number for an array
+    stands for every layer, as llama.cpp reads it."""
+    out = {}
+    for name, (key, i) in layer_value_keys(cfg, family).items():
+        if key not in metadata:
+            raise ValueError(f"{where} lacks {key}, which every llama.cpp {family.arch} model has")
+        values = metadata[key] if isinstance(metadata[key], list) else [metadata[key]] * cfg.n_layers
+        if len(values) != cfg.n_layers or not all(is_number(v) for v in values):
+            raise ValueError(f"{where}: {key} must hold one number a layer ({cfg.n_layers}), not "
+                             f"{values[:8]!r}")
+        out[name] = torch.tensor(float(values[i])).reshape(expected[name])
     return out
 
 
@@ -449,6 +484,10 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
         for name, key in SCALING_KEYS.items():
             value = getattr(cfg.rope_scaling, name)
             (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(key, value)
+    if family.yarn:
+        write_yarn(writer, cfg)
+    if family.write_keys is not None:
+        family.write_keys(writer, cfg)
 
 
 def _key(family: Family, template: str) -> str:
@@ -501,7 +540,8 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     for template, (harmless, what) in _NOT_IMPLEMENTED.items():
         key = _key(family, template)
         if ((family.softcaps and template in _SOFTCAPS) or (family.multipliers and template in _MULTIPLIERS)
-                or (family.experts and template == gguf.Keys.LLM.EXPERT_COUNT)):
+                or (family.experts and template == gguf.Keys.LLM.EXPERT_COUNT)
+                or (family.yarn and template in READ_HERE)):
             continue
         if key in metadata and not harmless(metadata[key]):
             raise ValueError(f"{where} has {key}={metadata[key]!r}: {what}, which import-gguf "
@@ -554,6 +594,10 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     if family.multipliers:
         settings["family"] = FamilyConfig(**{name: _float(metadata, k(template), where, 1.0)
                                              for template, name in _MULTIPLIERS.items()})
+    if family.yarn:
+        settings["rope_scaling"] = read_yarn(metadata, family.arch, settings["max_positions"], where)
+    if family.read_keys is not None:
+        settings.update(family.read_keys(metadata, settings, where))
     settings.update({name: value for name, (value, _) in family.settings.items() if name != "n_kv_heads"})
     if "n_kv_heads" in family.settings and settings["n_kv_heads"] == n_heads:
         settings["n_kv_heads"] = None  # GPT-2's config says so by leaving it out
@@ -642,6 +686,7 @@ def _fit_llama3(factors: Tensor, cfg: CausalLMConfig, where: str) -> Llama3RopeS
 
 __all__ = ["BY_MODEL_TYPE", "FAMILIES", "FROM_HF", "Family", "NOT_YET", "entry_of", "export_tensors",
     "family_for",
-           "import_plan", "longrope_tensors", "mismatches", "read_hparams", "read_longrope",
+           "import_plan", "layer_value_keys", "layer_values",
+           "read_layer_values", "longrope_tensors", "mismatches", "read_hparams", "read_longrope",
                "read_rope_scaling",
            "rope_factors", "split_tensor", "stacked", "write_hparams"]

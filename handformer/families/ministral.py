@@ -29,7 +29,7 @@ from handformer.families.hf_config import (
     unsupported,
     window_settings,
 )
-from handformer.families.spec import Differences, FamilySpec
+from handformer.families.spec import Differences, FamilySpec, GgufEntry
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.kv_cache import NO_CACHE, LayerCache
 from handformer.replace import replace_layers
@@ -112,6 +112,36 @@ def problems(cfg: CausalLMConfig) -> list[str]:
     return []
 
 
+# --- llama.cpp's mistral3 ----------------------------------------------------------------------------
+# Llama's tensors and adjacent-pair RoPE, YaRN (convert/gguf_yarn.py), and the query scale: its beta
+# in {arch}.attention.temperature_scale (0: none), over YaRN's original context
+# ({arch}.rope.scaling.original_context_length; without the key, the context length).
+
+_TEMPERATURE = "mistral3.attention.temperature_scale"
+_ORIGINAL = "mistral3.rope.scaling.original_context_length"
+
+
+def write_query_scale(writer: Any, cfg: CausalLMConfig) -> None:
+    """The query scale's keys (convert_hf_to_gguf.py writes the beta always, 0 for none)."""
+    f = cfg.family
+    writer.add_attn_temperature_scale(f.query_scale_beta or 0.0)
+    if f.query_scale_positions is not None and not isinstance(cfg.rope_scaling, YarnRopeScaling):
+        writer.add_rope_scaling_orig_ctx_len(f.query_scale_positions)  # YaRN writes its own
+
+
+def read_query_scale(metadata: dict[str, Any], settings: dict[str, Any], where: str) -> dict[str, Any]:
+    beta = metadata.get(_TEMPERATURE) or 0.0
+    if not beta:
+        return {}
+    positions = metadata.get(_ORIGINAL, settings["max_positions"])
+    return {"family": FamilyConfig(query_scale_beta=beta, query_scale_positions=positions)}
+
+
+GGUF = GgufEntry("mistral3", "ministral3", "Ministral 3", llama.GGUF_TENSORS,
+                 {**llama.GGUF_BLOCK, **llama.NO_BIASES, "sliding_window": llama.NO_WINDOW_IN_LLAMA_CPP},
+                 rope="pairs", rope_freqs=True, biases=(), yarn=True, writes=frozenset({"query_scale_beta"}),
+                 problems=problems, write_keys=write_query_scale, read_keys=read_query_scale)
+
 MINISTRAL3 = FamilySpec(
     model_type="ministral3", name="Ministral 3", hf_class="Ministral3ForCausalLM",
     fixed={**llama.LLAMA_BLOCK, **llama.NO_BIASES},
@@ -119,7 +149,7 @@ MINISTRAL3 = FamilySpec(
     rope_scalings=(YarnRopeScaling,), may_set=frozenset({"query_scale_beta"}),
     claims=((28, lambda c: c.family.query_scale_beta is not None),),
     variants=("PositionScaledRotary", "PositionScaledAttention"),
-    gguf_unread={"mistral3": "Ministral 3 turns RoPE with YaRN and scales its queries by their position"},
+    gguf=GGUF,
     differences=Differences(positions="YaRN", cache="a sliding window on every layer when set",
                             attention="queries scaled by their position (llama_4_scaling_beta)"))
 

@@ -118,6 +118,16 @@ class GgufEntry:
     # EXAONE 4: llama.cpp turns sliding and global layers on (a window, its 32B's pattern) at this
     # depth only, and none below it: a run or file of that depth is refused, the others have no window
     hybrid_layers: int = 0
+    # metadata key -> the handformer key ({i} = block) of a number each layer learns, which llama.cpp
+    # keeps as an array of one float a layer in the metadata, not as a tensor (Apertus's xIELU)
+    layer_values: dict[str, str] = field(default_factory=dict)
+    yarn: bool = False  # reads YaRN ({arch}.rope.scaling.type "yarn"; convert/gguf_yarn.py)
+    # the family's own keys, written and read by functions of its spec file: problems(cfg) -> what
+    # llama.cpp cannot express, each with why; write_keys(writer, cfg); read_keys(metadata, settings,
+    # where) -> the settings the keys give
+    problems: Callable[[CausalLMConfig], list[str]] | None = None
+    write_keys: Callable[[Any, CausalLMConfig], None] | None = None
+    read_keys: Callable[[dict[str, Any], dict[str, Any], str], dict[str, Any]] | None = None
 
     @property
     def rms(self) -> bool:
