@@ -38,7 +38,15 @@ gguf = require_module("gguf", "pip install -e '.[dev]'")
 transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from handformer.cli import main  # noqa: E402
-from handformer.config import CausalLMConfig, LinearRopeScaling, Llama3RopeScaling, LongRopeScaling, MoEConfig  # noqa: E402
+from handformer.config import (  # noqa: E402
+    CausalLMConfig,
+    FamilyConfig,
+    LinearRopeScaling,
+    Llama3RopeScaling,
+    LongRopeScaling,
+    MoEConfig,
+    YarnRopeScaling,
+)
 from handformer.convert.gguf_arch import FAMILIES, LONGROPE_KEYS, rope_factors  # noqa: E402
 from handformer.convert.gguf_file import read_gguf  # noqa: E402
 from handformer.convert.gguf_quants import BLOCKS, dequantize, q4_0_to_int4, quantize_q4_0, quantize_q8_0  # noqa: E402
@@ -163,6 +171,7 @@ def _gpt2(v, **overrides):
 
 LONGROPE = LongRopeScaling(short_factor=[1.0, 1.3], long_factor=[2.5, 7.1], original_max_positions=16)
 SCALING = Llama3RopeScaling(factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=16)
+YARN = YarnRopeScaling(factor=4.0, original_max_positions=8, attention_factor=1.2)
 # preset -> (config, GGUF architecture)
 PRESETS = {
     "gpt2": (_gpt2, "gpt2"),
@@ -185,6 +194,10 @@ PRESETS = {
     "gemma2": (lambda v: _gemma2(v), "gemma2"),
     "gemma2_no_window": (lambda v: _gemma2(v, sliding_window=None, global_layers=[]), "gemma2"),
     "gemma3": (lambda v: _gemma3(v), "gemma3"),
+    "apertus": (lambda v: _llama(v, activation="xielu", qk_norm="head", head_dim=12), "apertus"),  # xIELU, q/k norms
+    # YaRN with an attention factor of its own (rope.scaling.attn_factor), queries scaled by position
+    "ministral3": (lambda v: _llama(v, rope_scaling=YARN, family=FamilyConfig(query_scale_beta=0.1,
+                                                                              query_scale_positions=8)), "mistral3"),
 }
 
 
@@ -829,6 +842,12 @@ def test_todays_family_settings_are_refused_by_name(tmp_path, capsys, overrides,
     ("olmo2", dict(qk_norm="head", sliding_window=4, global_layers=[1], nope_layers=[1]),
      r"sliding_window=4 \(EXAONE 4 slides only in its 64-layer model in llama.cpp"),
     ("olmo2", dict(qk_norm="head", n_layers=64), r"n_layers=64 \(llama.cpp's EXAONE 4 slides three layers in four"),
+    ("apertus", dict(tie_embeddings=True), r"tie_embeddings=True \(Apertus has an output head of its own in llama"),
+    ("ministral3", dict(sliding_window=4), r"sliding_window=4 \(Ministral 3 has no sliding-window attention in llama"),
+    ("ministral3", dict(rope_scaling=replace(YARN, truncate=False)),
+     r"rope_scaling.truncate=False \(llama.cpp's Ministral 3 rounds YaRN's ramp to whole dims\)"),
+    ("ministral3", dict(family=FamilyConfig(query_scale_beta=0.1, query_scale_positions=16)),
+     r"query_scale_positions=16 with YaRN's original_max_positions=8"),
 ])
 def test_what_llama_cpps_qwen3_and_gemmas_fix_is_refused_by_name(tmp_path, capsys, preset, overrides, message):
     """llama.cpp fixes Gemma 2/3's layer pattern, query scale and local RoPE base, and Gemma 2's
@@ -863,3 +882,66 @@ def test_gemma2_and_longrope_files_without_handformers_keys_import_as_llama_cpp_
     assert back.model.cfg.rope_scaling.long_factor == pytest.approx([1.5, 2.2, 2.9], rel=1e-7)
     ids = run.tokenizer.encode(TEXT[:30])  # past the original context of 16: the long factors
     torch.testing.assert_close(_logits(back, ids), _logits(run, ids), atol=1e-5, rtol=1e-5)
+
+
+# --- Apertus and Ministral 3: llama.cpp's apertus and mistral3 -----------------------------------------
+
+ODD = {**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 16, "intermediate_size": 46,
+       "max_position_embeddings": 96}
+LLAMA_CPP_NEW = {  # family -> (tiny Hugging Face model at odd sizes, GGUF architecture)
+    "apertus": (lambda: transformers.ApertusForCausalLM(transformers.ApertusConfig(  # Llama 3 scaling: 2 of 8
+        **ODD, rope_parameters={"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0,  # frequencies blended
+                                "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+                "apertus"),
+    "ministral3": (lambda: transformers.Ministral3ForCausalLM(transformers.Ministral3Config(  # YaRN 8 over 8,
+        **ODD, sliding_window=None, rope_parameters={  # queries scaled from positions 8, 16, ...
+            "rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0, "original_max_position_embeddings": 8,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5})),
+                   "mistral3"),
+}
+
+
+def _gguf_keys(arch):
+    """Every metadata key name the gguf package (llama.cpp's) defines, for `arch`."""
+    classes = [c for c in vars(gguf.Keys).values() if isinstance(c, type)]
+    return {v.replace("{arch}", arch) for c in classes for v in vars(c).values() if isinstance(v, str) and "." in v}
+
+
+@pytest.mark.parametrize("family", list(LLAMA_CPP_NEW))
+def test_apertus_and_ministral3_go_to_llama_cpps_names_and_back(family, tmp_path, capsys):
+    """The export names only tensors and keys that llama.cpp's gguf package defines for the
+    architecture; the xIELU numbers, YaRN and the query scale are in its keys; import-gguf gives
+    the run back (the same logits, bit for bit) and transformers' logits, with handformer's exact
+    YaRN keys and without them (as llama.cpp's converter writes the file)."""
+    make, arch = LLAMA_CPP_NEW[family]
+    run_dir = _hf_run(family, tmp_path, make)
+    assert main(["export-gguf", str(run_dir), str(tmp_path / "m.gguf")]) == 0
+    assert f"({arch}), f32" in capsys.readouterr().out
+    file = read_gguf(tmp_path / "m.gguf")
+    known = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH[arch.upper()]]}
+    assert {re.sub(r"^blk\.\d+\.", "blk.{bid}.", n).rsplit(".", 1)[0] for n in file.tensors} <= known
+    ours = {k for k in file.metadata if not k.startswith(("tokenizer.", "general.", "handformer."))}
+    assert ours <= _gguf_keys(arch), ours - _gguf_keys(arch)
+    hf = load_file(tmp_path / "hf" / "model.safetensors")
+    if family == "apertus":  # the alphas before their softplus, as the checkpoint holds them
+        for name in ("alpha_p", "alpha_n", "beta", "eps"):
+            assert file.metadata[gguf.Keys.xIELU.__dict__[name.upper()]] == [
+                hf[f"model.layers.{i}.mlp.act_fn.{name}"].item() for i in range(2)]
+        assert "blk.0.ffn_gate.weight" not in file.tensors and "rope_freqs.weight" in file.tensors
+    else:
+        m = file.metadata
+        assert (m["mistral3.rope.scaling.type"], m["mistral3.rope.scaling.factor"],
+                m["mistral3.rope.scaling.original_context_length"], m["mistral3.rope.scaling.yarn_log_multiplier"],
+                m["mistral3.attention.temperature_scale"]) == ("yarn", 8.0, 8, 1.0, 0.5)
+    _rewrite(tmp_path / "m.gguf", tmp_path / "plain.gguf", drop=[k for k in file.metadata if k.startswith("handformer.")])
+    run = load_lm(run_dir)
+    ids = run.tokenizer.encode(TEXT[:60])
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = reference(torch.tensor([ids, ids[::-1]])).logits
+    for name in ("m", "plain"):
+        assert main(["import-gguf", str(tmp_path / f"{name}.gguf"), str(tmp_path / name)]) == 0
+        back = load_lm(tmp_path / name)
+        assert back.model.cfg.rope_scaling == run.model.cfg.rope_scaling and back.model.cfg.family == run.model.cfg.family
+        torch.testing.assert_close(_logits(back, ids), expected, atol=1e-5, rtol=1e-5)
+    _same_run(run_dir, tmp_path / "m")

@@ -372,3 +372,68 @@ def _q8_0_activations(expert):
         up = expert.up_proj(x).clamp(-expert.limit, expert.limit)
         return expert.down_proj(q8_0((up + 1) * gate * torch.sigmoid(expert.alpha * gate)))
     return forward
+# Apertus (xIELU numbers in the metadata, q/k norms, Llama 3 scaling) and Ministral 3 (YaRN 8 over 8, queries
+# scaled from positions 8, 16, 24, ...) at odd sizes: 6 heads of 16 over a width of 42
+ODD = {**SIZE, "hidden_size": 42, "num_attention_heads": 6, "head_dim": 16, "intermediate_size": 46}
+HF["apertus"] = lambda: transformers.ApertusForCausalLM(transformers.ApertusConfig(**ODD, rope_parameters={
+    "rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64}))
+HF["ministral3"] = lambda: transformers.Ministral3ForCausalLM(transformers.Ministral3Config(
+    **ODD, sliding_window=None, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0, "original_max_position_embeddings": 8, "beta_fast": 32.0,
+        "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5}))
+# llama.cpp's own converter (its source tree at llama-cpp-python 0.3.36's commit: the sdist's vendor/llama.cpp),
+# run with the character vocabulary written as GPT-2's (no released tokenizer has its pre-tokenizer hash)
+CONVERT_AS_GPT2 = """import runpy, sys
+src = sys.argv[1]
+sys.path[:0] = [src, src + "/gguf-py"]
+import conversion.base as base
+from conversion.llama import LlamaModel
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+LlamaModel.set_vocab = lambda self: self._set_vocab_gpt2()
+sys.argv = [src + "/convert_hf_to_gguf.py", *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("family", ["apertus", "ministral3"])
+def test_apertus_and_ministral3_as_llama_cpps_converter_writes_them(family, tmp_path):
+    """llama.cpp's convert_hf_to_gguf.py and export-gguf write the same keys with the same values and
+    the same tensors (rope_freqs to a float32 rounding: the converter blends in float32); import-gguf
+    reads the converter's file with transformers' logits."""
+    from handformer.convert.gguf_file import read_gguf
+
+    if not (LLAMA_CPP_SRC / "convert_hf_to_gguf.py").is_file():
+        pytest.skip(f"no llama.cpp source at {LLAMA_CPP_SRC}: set HANDFORMER_LLAMA_CPP_SRC to llama-cpp-python "
+                    "0.3.36's vendor/llama.cpp")
+    torch.manual_seed(sorted(HF).index(family))
+    hf_model = HF[family]().eval()
+    with torch.no_grad():
+        for p in hf_model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    hf_model.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    Tokenizer.train_char([TEXT]).save(tmp_path / "hf" / "tokenizer.json")
+    assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "run")]) == 0
+    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "ours.gguf")]) == 0
+    subprocess.run([sys.executable, "-c", CONVERT_AS_GPT2, str(LLAMA_CPP_SRC), str(tmp_path / "hf"), "--outfile",
+                    str(tmp_path / "theirs.gguf"), "--outtype", "f32"], check=True, capture_output=True)
+    ours, theirs = read_gguf(tmp_path / "ours.gguf"), read_gguf(tmp_path / "theirs.gguf")
+    keys = lambda f: {k: v for k, v in f.metadata.items()  # noqa: E731
+                      if not k.startswith(("tokenizer.", "general.", "handformer."))}
+    assert keys(ours) == keys(theirs)
+    assert set(ours.tensors) == set(theirs.tensors)
+    for name in ours.tensors:
+        a, b = ours.tensors[name].to_torch(), theirs.tensors[name].to_torch()
+        assert torch.equal(a, b) if name != "rope_freqs.weight" else torch.allclose(a, b, rtol=2e-7, atol=0), name
+    assert main(["import-gguf", str(tmp_path / "theirs.gguf"), str(tmp_path / "back")]) == 0
+    ids = list(range(3, 40)) + list(range(5, 25))  # 57 positions: 7 times the original context
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([ids])).logits
+        got = load_lm(tmp_path / "back").model(torch.tensor([ids])).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["apertus", "ministral3"])
+def test_apertus_and_ministral3_generate_the_same_in_llama_cpp(family, tmp_path):
+    """32 tokens after "to be or": Ministral 3's run past positions 8, 16, 24 and 32."""
+    test_an_imported_model_generates_the_same_in_llama_cpp(family, tmp_path)

@@ -279,6 +279,7 @@ def export_tensors(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family
     head is left out; GPT-2's missing biases become zeros. Every handformer tensor must be written:
     a ValueError names any the map does not cover."""
     out, used = [], {"lm_head.weight"} if cfg.tie_embeddings else set()  # a tied head is the embedding
+    used |= set(layer_value_keys(cfg, family))  # metadata in GGUF (`layer_values`)
     for name, keys in _concrete(family, cfg):
         if name == "output.weight" and cfg.tie_embeddings:
             continue
@@ -293,6 +294,36 @@ def export_tensors(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family
     if left:
         raise ValueError(f"{family.name} in GGUF has no place for {', '.join(left)}; handformer's "
                          "model has tensors this exporter does not know")
+    return out
+
+
+def layer_value_keys(cfg: CausalLMConfig, family: Family) -> dict[str, tuple[str, int]]:
+    """handformer key -> (the metadata key holding it, its layer), for the family's `layer_values`."""
+    return {template.format(i=i): (key, i) for key, template in family.layer_values.items()
+            for i in range(cfg.n_layers)}
+
+
+def layer_values(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family) -> dict[str, list[float]]:
+    """The numbers each layer learns that llama.cpp keeps in the metadata: key -> one float a layer."""
+    out: dict[str, list[float]] = {key: [] for key in family.layer_values}
+    for name, (key, _) in layer_value_keys(cfg, family).items():
+        out[key].append(float(state[name]))  # (1,) or (): one number
+    return out
+
+
+def read_layer_values(metadata: dict[str, Any], cfg: CausalLMConfig, family: Family,
+                      expected: dict[str, tuple[int, ...]], where: str) -> dict[str, Tensor]:
+    """The inverse of `layer_values`, shaped as the model holds them. One number for an array
+    stands for every layer, as llama.cpp reads it."""
+    out = {}
+    for name, (key, i) in layer_value_keys(cfg, family).items():
+        if key not in metadata:
+            raise ValueError(f"{where} lacks {key}, which every llama.cpp {family.arch} model has")
+        values = metadata[key] if isinstance(metadata[key], list) else [metadata[key]] * cfg.n_layers
+        if len(values) != cfg.n_layers or not all(is_number(v) for v in values):
+            raise ValueError(f"{where}: {key} must hold one number a layer ({cfg.n_layers}), not "
+                             f"{values[:8]!r}")
+        out[name] = torch.tensor(float(values[i])).reshape(expected[name])
     return out
 
 
@@ -651,6 +682,7 @@ def _fit_llama3(factors: Tensor, cfg: CausalLMConfig, where: str) -> Llama3RopeS
 
 __all__ = ["BY_MODEL_TYPE", "FAMILIES", "FROM_HF", "Family", "NOT_YET", "entry_of", "export_tensors",
     "family_for",
-           "import_plan", "longrope_tensors", "mismatches", "read_hparams", "read_longrope",
+           "import_plan", "layer_value_keys", "layer_values",
+           "read_layer_values", "longrope_tensors", "mismatches", "read_hparams", "read_longrope",
                "read_rope_scaling",
            "rope_factors", "split_tensor", "stacked", "write_hparams"]

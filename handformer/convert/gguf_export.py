@@ -39,6 +39,7 @@ from handformer.config import CausalLMConfig, Llama3RopeScaling
 from handformer.convert.gguf_arch import (
     Family,
     export_tensors,
+    layer_values,
     longrope_tensors,
     mismatches,
     rope_factors,
@@ -148,6 +149,8 @@ def write_model_gguf(out: Path, state: dict[str, Tensor], cfg: CausalLMConfig, f
         if type_name in _BLOCKS:
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         write_hparams(writer, cfg, family)
+        for key, values in layer_values(state, cfg, family).items():  # Apertus's xIELU numbers
+            writer.add_array(key, values)
         write_tokenizer(writer, tokenizer, tokenizer_json, tokens, cfg.vocab_size, chat_template, notes)
 
     write_gguf(out, family.arch, add_metadata, encoded)

@@ -36,7 +36,9 @@ from handformer.convert.gguf_arch import (
     Family,
     entry_of,
     import_plan,
+    layer_value_keys,
     read_hparams,
+    read_layer_values,
     read_longrope,
     read_rope_scaling,
     source_shape,
@@ -128,6 +130,7 @@ def state_from_gguf(file: GGUFFile, cfg: CausalLMConfig, family: Family, zeros: 
     known = (set(plan) | zeros | ({ROPE_FREQS} if family.rope_freqs else set())
              | (set(LONGROPE) if family.longrope else set()))
     head = {"lm_head.weight"} if cfg.tie_embeddings else set()
+    head |= set(layer_value_keys(cfg, family))  # numbers the metadata holds (Apertus's xIELU)
     shapes = {n: source_shape(n, keys, expected) for n, keys in plan.items()}
     problems = {
         "missing tensors": [n for n in plan if n not in file.tensors],
@@ -142,7 +145,7 @@ def state_from_gguf(file: GGUFFile, cfg: CausalLMConfig, family: Family, zeros: 
     if lines:
         raise ValueError(f"{file.path} does not match handformer's {family.name} with {cfg.n_layers} "
                          f"layers: {'; '.join(lines)}")
-    state: dict[str, Tensor] = {}
+    state = read_layer_values(file.metadata, cfg, family, expected, str(file.path))  # in the metadata
     for name, keys in plan.items():
         state.update(split_tensor(name, file.tensors[name].to_torch(), keys, cfg, family, expected))
     return state

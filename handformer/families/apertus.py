@@ -18,7 +18,7 @@ from torch import Tensor, nn
 import handformer.families.llama as llama
 from handformer.config import CausalLMConfig
 from handformer.families.hf_config import no_attention_bias, rope_decoder, rope_decoder_keys, unsupported
-from handformer.families.spec import Differences, FamilySpec, to
+from handformer.families.spec import Differences, FamilySpec, GgufEntry, to
 from handformer.nn.feed_forward import xielu
 
 
@@ -64,6 +64,20 @@ _XIELU = {f"model.layers.{{i}}.mlp.act_fn.{name}": to(f"layers.{{i}}.ffn.act.{na
           for name in ("alpha_p", "alpha_n", "beta", "eps")}  # (1,), (1,), (), ()
 _NORMS = llama.norms({"attention_layernorm": "attn_norm", "feedforward_layernorm": "ffn_norm"})
 
+# llama.cpp's apertus: Llama's tensor names without ffn_gate, q/k norms (Dh,) before RoPE on
+# half-split rows (as stored, like Qwen3), an output head of its own; the four xIELU numbers of
+# each layer are metadata arrays (one float a layer; alpha_p and alpha_n before their softplus)
+GGUF = GgufEntry(
+    "apertus", "apertus", "Apertus",
+    {**{name: keys for name, keys in llama.GGUF_TENSORS.items() if not name.startswith("blk.{i}.ffn_gate")},
+     **llama.GGUF_QK_NORMS},
+    {**llama.GGUF_BLOCK, **llama.NO_BIASES, "activation": ("xielu", "has a plain xIELU MLP"),
+     "qk_norm": llama.HEAD_QK_NORM, "sliding_window": llama.NO_WINDOW,
+     "tie_embeddings": (False, "has an output head of its own in llama.cpp")},
+    biases=(), rope_freqs=True, writes=frozenset({"qk_norm"}),
+    layer_values={f"xielu.{name}": f"layers.{{i}}.ffn.act.{name}"
+                  for name in ("alpha_p", "alpha_n", "beta", "eps")})
+
 APERTUS = FamilySpec(
     model_type="apertus", name="Apertus", hf_class="ApertusForCausalLM",
     fixed={"norm": llama.RMSNORM, "activation": ("xielu", "has a plain xIELU MLP"),
@@ -72,9 +86,7 @@ APERTUS = FamilySpec(
     from_hf_config=from_hf_config, to_hf_config=to_hf_config,
     tensors=llama.llama_like(llama.linears(llama.ATTENTION), _MLP, _XIELU, llama.QK_NORMS, _NORMS),
     may_set=frozenset({"qk_norm"}), variants=("LearnedXIELU",),
-    claims=((25, lambda c: c.activation == "xielu"),),
-    gguf_unread={"apertus": "llama.cpp keeps Apertus's xIELU alphas as numbers per layer in the file's "
-                            "metadata"},
+    claims=((25, lambda c: c.activation == "xielu"),), gguf=GGUF,
     differences=Differences(attention="q/k norms per head", ffn="not gated: xIELU with learned alphas"))
 
 __all__ = ["APERTUS", "LearnedXIELU", "put_learned_xielu"]

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 import handformer.families.llama as llama
 from handformer.config import CausalLMConfig, FamilyConfig, YarnRopeScaling
+from handformer.convert.gguf_yarn import READ_HERE, read_yarn, write_yarn, yarn_problems
 from handformer.families.adopt import adopt_attention
 from handformer.families.hf_config import (
     rope_decoder,
@@ -29,7 +30,7 @@ from handformer.families.hf_config import (
     unsupported,
     window_settings,
 )
-from handformer.families.spec import Differences, FamilySpec
+from handformer.families.spec import Differences, FamilySpec, GgufEntry, GgufKeys
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.kv_cache import NO_CACHE, LayerCache
 from handformer.replace import replace_layers
@@ -112,6 +113,43 @@ def problems(cfg: CausalLMConfig) -> list[str]:
     return []
 
 
+# --- llama.cpp's mistral3 ----------------------------------------------------------------------------
+# Llama's tensors and adjacent-pair RoPE, YaRN (convert/gguf_yarn.py), and the query scale: its beta
+# in {arch}.attention.temperature_scale (0: none), over YaRN's original context
+# ({arch}.rope.scaling.original_context_length; without the key, the context length).
+
+_TEMPERATURE = "mistral3.attention.temperature_scale"
+_ORIGINAL = "mistral3.rope.scaling.original_context_length"
+
+
+def write_keys(writer: Any, cfg: CausalLMConfig) -> None:
+    """YaRN's keys, and the query scale's (convert_hf_to_gguf.py writes the beta always, 0 for none)."""
+    write_yarn(writer, cfg)
+    f = cfg.family
+    writer.add_attn_temperature_scale(f.query_scale_beta or 0.0)
+    if f.query_scale_positions is not None and not isinstance(cfg.rope_scaling, YarnRopeScaling):
+        writer.add_rope_scaling_orig_ctx_len(f.query_scale_positions)  # YaRN writes its own
+
+
+def read_keys(metadata: dict[str, Any], settings: dict[str, Any], where: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"rope_scaling": read_yarn(metadata, "mistral3", settings["max_positions"], where)}
+    beta = metadata.get(_TEMPERATURE) or 0.0
+    if beta:
+        positions = metadata.get(_ORIGINAL, settings["max_positions"])
+        out["family"] = FamilyConfig(query_scale_beta=beta, query_scale_positions=positions)
+    return out
+
+
+def gguf_problems(cfg: CausalLMConfig) -> list[str]:
+    return problems(cfg) + yarn_problems(cfg, "Ministral 3")
+
+
+GGUF = GgufEntry("mistral3", "ministral3", "Ministral 3", llama.GGUF_TENSORS,
+                 {**llama.GGUF_BLOCK, **llama.NO_BIASES, "sliding_window": llama.NO_WINDOW_IN_LLAMA_CPP},
+                 rope="pairs", rope_freqs=True, biases=(), writes=frozenset({"query_scale_beta"}),
+                 own_keys=GgufKeys(write_keys, read_keys, gguf_problems, reads=READ_HERE,
+                                   rope_scalings=(YarnRopeScaling,)))
+
 MINISTRAL3 = FamilySpec(
     model_type="ministral3", name="Ministral 3", hf_class="Ministral3ForCausalLM",
     fixed={**llama.LLAMA_BLOCK, **llama.NO_BIASES},
@@ -119,7 +157,7 @@ MINISTRAL3 = FamilySpec(
     rope_scalings=(YarnRopeScaling,), may_set=frozenset({"query_scale_beta"}),
     claims=((28, lambda c: c.family.query_scale_beta is not None),),
     variants=("PositionScaledRotary", "PositionScaledAttention"),
-    gguf_unread={"mistral3": "Ministral 3 turns RoPE with YaRN and scales its queries by their position"},
+    gguf=GGUF,
     differences=Differences(positions="YaRN", cache="a sliding window on every layer when set",
                             attention="queries scaled by their position (llama_4_scaling_beta)"))
 

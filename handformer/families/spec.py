@@ -139,6 +139,9 @@ class GgufEntry:
     # depth only, and none below it: a run or file of that depth is refused, the others have no window
     hybrid_layers: int = 0
     own_keys: GgufKeys | None = None  # the family's own keys, written and read by its spec file
+    # metadata key -> the handformer key ({i} = block) of a number each layer learns, which llama.cpp
+    # keeps as an array of one float a layer in the metadata, not as a tensor (Apertus's xIELU)
+    layer_values: dict[str, str] = field(default_factory=dict)
 
     @property
     def rms(self) -> bool:
