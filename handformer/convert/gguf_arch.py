@@ -206,13 +206,21 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
         if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, LongRopeScaling):
             problems.append(f"rope_scaling={cfg.rope_scaling!r} (llama.cpp's {family.name} takes LongRoPE "
                             "only)")
-    elif cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, Llama3RopeScaling):
+    elif (cfg.rope_scaling is not None
+          and not isinstance(cfg.rope_scaling, (Llama3RopeScaling, *_hooked(family)))):
         problems.append(f"rope_scaling={cfg.rope_scaling!r} (export-gguf writes Llama 3's rope scaling only; "
                         "export-hf writes this run for transformers)")
     if family.full_width_heads and cfg.n_heads * cfg.head_dim != cfg.d_model:
         problems.append(f"head_dim={cfg.head_dim} (llama.cpp's {family.name} needs n_heads * head_dim = "
                         f"d_model = {cfg.d_model})")
+    if family.hooks is not None:
+        problems += family.hooks.problems(cfg)
     return problems
+
+
+def _hooked(family: Family) -> tuple[type, ...]:
+    """The rope scaling a family's hooks write, if any."""
+    return (family.hooks.rope_scaling,) if family.hooks is not None and family.hooks.rope_scaling else ()
 
 
 # --- weights ---------------------------------------------------------------------------------------
@@ -275,6 +283,8 @@ def export_tensors(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family
     head is left out; GPT-2's missing biases become zeros. Every handformer tensor must be written:
     a ValueError names any the map does not cover."""
     out, used = [], {"lm_head.weight"} if cfg.tie_embeddings else set()  # a tied head is the embedding
+    if family.hooks is not None:
+        state = family.hooks.to_gguf(dict(state), cfg)
     for name, keys in _concrete(family, cfg):
         if name == "output.weight" and cfg.tie_embeddings:
             continue
@@ -399,7 +409,8 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
     writer.add_block_count(cfg.n_layers)
     writer.add_feed_forward_length(cfg.d_ff)
     writer.add_head_count(cfg.n_heads)
-    writer.add_head_count_kv(cfg.kv_heads)
+    if family.hooks is None:  # hooks write their own head sizes (DeepSeek-V3's latent heads)
+        writer.add_head_count_kv(cfg.kv_heads)
     writer.add_vocab_size(cfg.vocab_size)
     if family.rms:
         writer.add_layer_norm_rms_eps(cfg.norm_eps)
@@ -408,8 +419,9 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
     if family.rope is not None:
         writer.add_rope_dimension_count(cfg.rotary_dim)
         writer.add_rope_freq_base(cfg.rope_theta)
-        writer.add_key_length(cfg.head_dim)
-        writer.add_value_length(cfg.head_dim)
+        if family.hooks is None:
+            writer.add_key_length(cfg.head_dim)
+            writer.add_value_length(cfg.head_dim)
     if family.writes_window:  # Phi-3: 0 = none, as convert_hf_to_gguf.py writes it
         window = cfg.sliding_window if cfg.sliding_window and cfg.sliding_window < cfg.max_positions else 0
         writer.add_sliding_window(window)
@@ -449,6 +461,8 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
         for name, key in SCALING_KEYS.items():
             value = getattr(cfg.rope_scaling, name)
             (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(key, value)
+    if family.hooks is not None:
+        family.hooks.write(writer, cfg)
 
 
 def _key(family: Family, template: str) -> str:
@@ -501,7 +515,8 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     for template, (harmless, what) in _NOT_IMPLEMENTED.items():
         key = _key(family, template)
         if ((family.softcaps and template in _SOFTCAPS) or (family.multipliers and template in _MULTIPLIERS)
-                or (family.experts and template == gguf.Keys.LLM.EXPERT_COUNT)):
+                or (family.experts and template == gguf.Keys.LLM.EXPERT_COUNT)
+                or (family.hooks is not None and template in family.hooks.reads)):
             continue
         if key in metadata and not harmless(metadata[key]):
             raise ValueError(f"{where} has {key}={metadata[key]!r}: {what}, which import-gguf "
@@ -517,7 +532,7 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
         norm_eps=_float(metadata, k(gguf.Keys.Attention.LAYERNORM_RMS_EPS if family.rms
                                     else gguf.Keys.Attention.LAYERNORM_EPS), where),
         dropout=0.0, attention_dropout=0.0)
-    if family.rope is not None:
+    if family.rope is not None and family.hooks is None:  # hooks read their own head sizes
         head_dim = _int(metadata, k(gguf.Keys.Attention.KEY_LENGTH), where, d_model // n_heads)
         value_dim = _int(metadata, k(gguf.Keys.Attention.VALUE_LENGTH), where, head_dim)
         rotary = _int(metadata, k(gguf.Keys.Rope.DIMENSION_COUNT), where, head_dim)
@@ -557,6 +572,8 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     settings.update({name: value for name, (value, _) in family.settings.items() if name != "n_kv_heads"})
     if "n_kv_heads" in family.settings and settings["n_kv_heads"] == n_heads:
         settings["n_kv_heads"] = None  # GPT-2's config says so by leaving it out
+    if family.hooks is not None:
+        settings.update(family.hooks.read(metadata, settings, where))
     return settings
 
 

@@ -113,17 +113,20 @@ def config_from_gguf(file: GGUFFile, family: Family, notes: list[str]) -> tuple[
     return cfg, zeros
 
 
-def _expected_shapes(cfg: CausalLMConfig) -> dict[str, tuple[int, ...]]:
+def _expected_shapes(cfg: CausalLMConfig, family: Family) -> dict[str, tuple[int, ...]]:
+    """The shapes of the tensors the family's map names (the model's, through its hooks)."""
     with torch.device("meta"):
-        model = build_causal_lm(cfg)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        state = build_causal_lm(cfg).state_dict()
+    if family.hooks is not None:
+        state = family.hooks.to_gguf(dict(state), cfg)
+    return {k: tuple(v.shape) for k, v in state.items()}
 
 
 def state_from_gguf(file: GGUFFile, cfg: CausalLMConfig, family: Family, zeros: set[str],
                     ) -> dict[str, Tensor]:
     """`CausalLM(cfg)`'s state dict from the file's tensors, strictly (one ValueError lists every
     missing, unexpected and wrong-shaped tensor)."""
-    expected = _expected_shapes(cfg)
+    expected = _expected_shapes(cfg, family)
     plan = import_plan(cfg, family, expected)
     known = (set(plan) | zeros | ({ROPE_FREQS} if family.rope_freqs else set())
              | (set(LONGROPE) if family.longrope else set()))
@@ -145,14 +148,14 @@ def state_from_gguf(file: GGUFFile, cfg: CausalLMConfig, family: Family, zeros: 
     state: dict[str, Tensor] = {}
     for name, keys in plan.items():
         state.update(split_tensor(name, file.tensors[name].to_torch(), keys, cfg, family, expected))
-    return state
+    return state if family.hooks is None else family.hooks.from_gguf(state, cfg)
 
 
 def q4_0_blocks(file: GGUFFile, cfg: CausalLMConfig, family: Family) -> dict[str, tuple[Tensor, Tensor]]:
     """Model weight key -> ((N, K) uint8 values 0..15, (N, K / 32) float32 scales) for every
     matrix the file holds in Q4_0, in handformer's layout (the same split and row order as
     `state_from_gguf`'s float tensors). Call after `state_from_gguf` has checked the shapes."""
-    expected = _expected_shapes(cfg)
+    expected = _expected_shapes(cfg, family)
     out: dict[str, tuple[Tensor, Tensor]] = {}
     for name, keys in import_plan(cfg, family, expected).items():
         tensor = file.tensors[name]

@@ -79,6 +79,24 @@ class HFTensors:
 
 
 @dataclass(frozen=True)
+class GgufHooks:
+    """A family's own GGUF code, where an entry's declarative fields do not reach (DeepSeek-V3's
+    latent attention): gguf_arch calls it after its shared steps. With hooks, the hooks write and
+    read the head sizes ({arch}.attention.head_count_kv, .key_length, .value_length) and their
+    rope scaling; the shared code writes and reads the rest."""
+
+    problems: Callable[[CausalLMConfig], list[str]]  # what llama.cpp's model cannot express, each with why
+    write: Callable[[Any, CausalLMConfig], None]  # (gguf.GGUFWriter, cfg): the family's keys
+    # (metadata, the settings read so far, the file's name for messages) -> settings to add or replace
+    read: Callable[[dict[str, Any], dict[str, Any], str], dict[str, Any]]
+    # state dict -> the tensors the entry's map names, and back (DeepSeek-V3's kv_b_proj split per head)
+    to_gguf: Callable[[dict[str, Any], CausalLMConfig], dict[str, Any]]
+    from_gguf: Callable[[dict[str, Any], CausalLMConfig], dict[str, Any]]
+    reads: frozenset[str] = frozenset()  # key templates ({arch}.expert_count, ...) the hooks read
+    rope_scaling: type | None = None  # the rope scaling the hooks write (YarnRopeScaling)
+
+
+@dataclass(frozen=True)
 class GgufEntry:
     """llama.cpp's architecture for a family, declaratively.
 
@@ -118,6 +136,7 @@ class GgufEntry:
     # EXAONE 4: llama.cpp turns sliding and global layers on (a window, its 32B's pattern) at this
     # depth only, and none below it: a run or file of that depth is refused, the others have no window
     hybrid_layers: int = 0
+    hooks: GgufHooks | None = None  # the family's own GGUF code (GgufHooks)
 
     @property
     def rms(self) -> bool:
@@ -174,5 +193,5 @@ class FamilySpec:
     differences: Differences = field(default_factory=Differences)  # for `handformer families`
 
 
-__all__ = ["Claim", "Differences", "FamilySpec", "Fixed", "GgufEntry", "HFTensors", "Target", "conv1d",
-           "no_problems", "paired", "stacked", "to"]
+__all__ = ["Claim", "Differences", "FamilySpec", "Fixed", "GgufEntry", "GgufHooks", "HFTensors", "Target",
+           "conv1d", "no_problems", "paired", "stacked", "to"]
