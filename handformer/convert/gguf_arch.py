@@ -463,6 +463,8 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
             (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(key, value)
     if family.hooks is not None:
         family.hooks.write(writer, cfg)
+        if cfg.moe is not None:
+            writer.add_float64(AUX_LOSS_KEY, cfg.moe.aux_loss_coef)
 
 
 def _key(family: Family, template: str) -> str:
@@ -573,8 +575,33 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     if "n_kv_heads" in family.settings and settings["n_kv_heads"] == n_heads:
         settings["n_kv_heads"] = None  # GPT-2's config says so by leaving it out
     if family.hooks is not None:
-        settings.update(family.hooks.read(metadata, settings, where))
+        settings.update(family.hooks.read(GgufKeys(metadata, family.arch, where)))
+        if settings.get("moe") is not None:  # the mixture the hooks built, with its training weight
+            coef = metadata.get(AUX_LOSS_KEY, MoEConfig.aux_loss_coef)
+            settings["moe"] = dataclasses.replace(settings["moe"], aux_loss_coef=coef)
     return settings
+
+
+@dataclasses.dataclass(frozen=True)
+class GgufKeys:
+    """A file's hyperparameter keys for a family's hooks, by gguf.Keys template ("{arch}.expert_count"),
+    checked as read_hparams checks its own (a missing key or a bad value: a ValueError naming it)."""
+
+    metadata: dict[str, Any]
+    arch: str
+    where: str  # the file, for messages
+
+    def name(self, template: str) -> str:
+        return template.format(arch=self.arch)
+
+    def get(self, template: str, default: Any = None) -> Any:
+        return self.metadata.get(self.name(template), default)
+
+    def int(self, template: str, default: Any = ...) -> int:
+        return _int(self.metadata, self.name(template), self.where, default)
+
+    def float(self, template: str, default: Any = ...) -> float:
+        return _float(self.metadata, self.name(template), self.where, default)
 
 
 _MULTIPLIERS = {gguf.Keys.LLM.EMBEDDING_SCALE: "embedding_multiplier",  # Granite's, into its family section

@@ -369,8 +369,6 @@ def _gguf_problems(cfg: CausalLMConfig) -> list[str]:
 
 def _write_gguf(writer: Any, cfg: CausalLMConfig) -> None:
     """deepseek2's keys: the latent and head widths, the grouped mixture, YaRN (as convert_hf_to_gguf.py)."""
-    from handformer.convert.gguf_arch import AUX_LOSS_KEY
-
     m, moe, s = cfg.mla, cfg.moe, cfg.rope_scaling
     assert m is not None and moe is not None
     width = moe.d_expert or cfg.d_ff
@@ -391,7 +389,6 @@ def _write_gguf(writer: Any, cfg: CausalLMConfig) -> None:
     writer.add_expert_gating_func(_GATING[moe.scoring])
     writer.add_expert_weights_scale(moe.routed_scale)
     writer.add_expert_weights_norm(moe.normalize)
-    writer.add_float64(AUX_LOSS_KEY, moe.aux_loss_coef)
     if isinstance(s, YarnRopeScaling):
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(s.factor)
@@ -401,57 +398,49 @@ def _write_gguf(writer: Any, cfg: CausalLMConfig) -> None:
         writer.add_rope_scaling_yarn_log_mul(0.1 * s.mscale_all_dim)  # llama.cpp's 0.1 x mscale_all_dim
 
 
-def _read_yarn(metadata: dict[str, Any], arch: str, where: str) -> YarnRopeScaling | None:
+def _read_yarn(keys: Any) -> YarnRopeScaling | None:
     """YaRN as llama.cpp runs deepseek2: cos and sin times 1, so mscale is mscale_all_dim."""
-    from handformer.convert.gguf_arch import _float, _int
-
-    k = lambda template: template.format(arch=arch)  # noqa: E731
-    kind = metadata.get(k(_K.Rope.SCALING_TYPE), "none")
+    kind = keys.get(_K.Rope.SCALING_TYPE, "none")
     if kind == "none":
         return None
-    log_mul = metadata.get(k(_K.Rope.SCALING_YARN_LOG_MUL))
-    if kind != "yarn" or not log_mul:
-        raise ValueError(f"{where}: {k(_K.Rope.SCALING_TYPE)}={kind!r}"
-                         f"{'' if kind != 'yarn' else ' without ' + k(_K.Rope.SCALING_YARN_LOG_MUL)}: "
-                         "handformer's DeepSeek-V3 reads YaRN with mscale_all_dim (DeepSeek-V3's)")
-    mscale = _float(metadata, k(_K.Rope.SCALING_YARN_LOG_MUL), where) / 0.1
-    mscale = float(f"{mscale:.6g}")  # a float32 key: good to 6 digits
-    return YarnRopeScaling(
-        factor=_float(metadata, k(_K.Rope.SCALING_FACTOR), where),
-        original_max_positions=_int(metadata, k(_K.Rope.SCALING_ORIG_CTX_LEN), where),
-        beta_fast=_float(metadata, k(_K.Rope.SCALING_YARN_BETA_FAST), where, 32.0),
-        beta_slow=_float(metadata, k(_K.Rope.SCALING_YARN_BETA_SLOW), where, 1.0),
-        mscale=mscale, mscale_all_dim=mscale)
+    if kind != "yarn" or not keys.get(_K.Rope.SCALING_YARN_LOG_MUL):
+        without = f" without {keys.name(_K.Rope.SCALING_YARN_LOG_MUL)}" if kind == "yarn" else ""
+        raise ValueError(f"{keys.where}: {keys.name(_K.Rope.SCALING_TYPE)}={kind!r}{without}: handformer's "
+                         "DeepSeek-V3 reads YaRN with mscale_all_dim (DeepSeek-V3's)")
+    mscale = float(f"{keys.float(_K.Rope.SCALING_YARN_LOG_MUL) / 0.1:.6g}")  # a float32 key: 6 digits
+    return YarnRopeScaling(factor=keys.float(_K.Rope.SCALING_FACTOR),
+                           original_max_positions=keys.int(_K.Rope.SCALING_ORIG_CTX_LEN),
+                           beta_fast=keys.float(_K.Rope.SCALING_YARN_BETA_FAST, 32.0),
+                           beta_slow=keys.float(_K.Rope.SCALING_YARN_BETA_SLOW, 1.0),
+                           mscale=mscale, mscale_all_dim=mscale)
 
 
-def _read_gguf(metadata: dict[str, Any], settings: dict[str, Any], where: str) -> dict[str, Any]:
-    """Latent attention, the grouped mixture and YaRN from deepseek2's keys."""
-    from handformer.convert.gguf_arch import AUX_LOSS_KEY, _float, _int
+def _read_moe(keys: Any) -> MoEConfig:
+    """The grouped mixture: sigmoid routing only (a file without the key routes with a softmax)."""
+    gating, sigmoid = keys.get(_K.LLM.EXPERT_GATING_FUNC), _GATING["sigmoid"].value
+    if gating != sigmoid:
+        raise ValueError(f"{keys.where}: {keys.name(_K.LLM.EXPERT_GATING_FUNC)}={gating!r} routes experts "
+                         "with a softmax (DeepSeek-V2's; llama.cpp's default without the key); handformer's "
+                         f"DeepSeek-V3 routes with a sigmoid ({sigmoid})")
+    width = keys.int(_K.LLM.EXPERT_FEED_FORWARD_LENGTH)
+    return MoEConfig(n_experts=keys.int(_K.LLM.EXPERT_COUNT), top_k=keys.int(_K.LLM.EXPERT_USED_COUNT),
+                     d_expert=width, normalize=bool(keys.get(_K.LLM.EXPERT_WEIGHTS_NORM, False)),
+                     d_shared=width * keys.int(_K.LLM.EXPERT_SHARED_COUNT), scoring="sigmoid",
+                     n_groups=keys.int(_K.LLM.EXPERT_GROUP_COUNT, 1),
+                     top_groups=keys.int(_K.LLM.EXPERT_GROUP_USED_COUNT, 1),
+                     routed_scale=keys.float(_K.LLM.EXPERT_WEIGHTS_SCALE, 1.0),
+                     dense_layers=keys.get(_K.LLM.LEADING_DENSE_BLOCK_COUNT, 0), shared_gate=False)
 
-    k = lambda template: template.format(arch="deepseek2")  # noqa: E731
-    number = lambda template, default=...: _int(metadata, k(template), where, default)  # noqa: E731
-    rope_dim = number(_K.Rope.DIMENSION_COUNT)
-    mla = MLAConfig(kv_rank=number(_K.Attention.KV_LORA_RANK),
-                    q_rank=metadata.get(k(_K.Attention.Q_LORA_RANK)) or None,
-                    nope_dim=number(_K.Attention.KEY_LENGTH_MLA) - rope_dim,
-                    v_dim=number(_K.Attention.VALUE_LENGTH_MLA))
-    gating = metadata.get(k(_K.LLM.EXPERT_GATING_FUNC))
-    if gating != _GATING["sigmoid"].value:
-        raise ValueError(f"{where}: {k(_K.LLM.EXPERT_GATING_FUNC)}={gating!r} routes experts with a softmax "
-                         "(DeepSeek-V2's; llama.cpp's default without the key); handformer's DeepSeek-V3 "
-                         f"routes with a sigmoid ({_GATING['sigmoid'].value})")
-    width = number(_K.LLM.EXPERT_FEED_FORWARD_LENGTH)
-    moe = MoEConfig(n_experts=number(_K.LLM.EXPERT_COUNT), top_k=number(_K.LLM.EXPERT_USED_COUNT),
-                    d_expert=width, normalize=bool(metadata.get(k(_K.LLM.EXPERT_WEIGHTS_NORM), False)),
-                    d_shared=width * number(_K.LLM.EXPERT_SHARED_COUNT),
-                    aux_loss_coef=metadata.get(AUX_LOSS_KEY, MoEConfig.aux_loss_coef), scoring="sigmoid",
-                    n_groups=number(_K.LLM.EXPERT_GROUP_COUNT, 1),
-                    top_groups=number(_K.LLM.EXPERT_GROUP_USED_COUNT, 1),
-                    routed_scale=_float(metadata, k(_K.LLM.EXPERT_WEIGHTS_SCALE), where, 1.0),
-                    dense_layers=metadata.get(k(_K.LLM.LEADING_DENSE_BLOCK_COUNT), 0), shared_gate=False)
-    return {"mla": mla, "moe": moe, "head_dim": rope_dim, "n_kv_heads": None,
-            "rope_theta": _float(metadata, k(_K.Rope.FREQ_BASE), where, 10000.0),
-            "rope_scaling": _read_yarn(metadata, "deepseek2", where)}
+
+def _read_gguf(keys: Any) -> dict[str, Any]:
+    """Latent attention, the grouped mixture and YaRN from deepseek2's keys (gguf_arch.GgufKeys)."""
+    rope_dim = keys.int(_K.Rope.DIMENSION_COUNT)
+    mla = MLAConfig(kv_rank=keys.int(_K.Attention.KV_LORA_RANK),
+                    q_rank=keys.get(_K.Attention.Q_LORA_RANK) or None,  # 0: queries projected directly
+                    nope_dim=keys.int(_K.Attention.KEY_LENGTH_MLA) - rope_dim,
+                    v_dim=keys.int(_K.Attention.VALUE_LENGTH_MLA))
+    return {"mla": mla, "moe": _read_moe(keys), "head_dim": rope_dim, "n_kv_heads": None,
+            "rope_theta": keys.float(_K.Rope.FREQ_BASE, 10000.0), "rope_scaling": _read_yarn(keys)}
 
 
 GGUF = GgufEntry(

@@ -87,8 +87,7 @@ class GgufHooks:
 
     problems: Callable[[CausalLMConfig], list[str]]  # what llama.cpp's model cannot express, each with why
     write: Callable[[Any, CausalLMConfig], None]  # (gguf.GGUFWriter, cfg): the family's keys
-    # (metadata, the settings read so far, the file's name for messages) -> settings to add or replace
-    read: Callable[[dict[str, Any], dict[str, Any], str], dict[str, Any]]
+    read: Callable[[Any], dict[str, Any]]  # (gguf_arch.GgufKeys, the file's keys) -> settings to set
     # state dict -> the tensors the entry's map names, and back (DeepSeek-V3's kv_b_proj split per head)
     to_gguf: Callable[[dict[str, Any], CausalLMConfig], dict[str, Any]]
     from_gguf: Callable[[dict[str, Any], CausalLMConfig], dict[str, Any]]
