@@ -15,6 +15,7 @@ llama.cpp runs with a float32 KV cache (its default is float16) so that greedy c
 flipped by rounding the cache.
 """
 
+import os
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,47 @@ def test_the_docs_llama_cpp_snippet_prints_what_handformer_generates(page, tmp_p
     with contextlib.redirect_stdout(printed):
         exec(compile(code, page, "exec"), {"__name__": "docs"})
     assert printed.getvalue().rstrip("\n") == expected
+
+
+# llama.cpp's own sources (its convert_hf_to_gguf.py), as llama-cpp-python's source package unpacks them
+LLAMA_CPP_SOURCES = Path(os.environ.get("LLAMA_CPP_SOURCES", "/tmp/x/llama_cpp_python-0.3.36/vendor/llama.cpp"))
+# convert_hf_to_gguf.py, its pre-tokenizer check passed (it knows no character tokenizer), on argv[1:]
+CONVERT = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import convert_hf_to_gguf as c; "
+           "from conversion import base; base.TextModel.get_vocab_base_pre = lambda self, t: 'gpt-2'; c.main()")
+
+
+def test_deepseek_v3_generates_the_same_in_llama_cpp_and_as_its_converter_writes_it(tmp_path):
+    """The tiny DeepSeek-V3 (with the released YaRN, mscale = mscale_all_dim) exported: llama.cpp's
+    greedy tokens are handformer's; llama.cpp's convert_hf_to_gguf.py on the same checkpoint writes
+    the same model keys and the same tensors bit for bit, and import-gguf reads its file to
+    transformers' logits."""
+    import subprocess
+    import sys
+
+    from helpers import randomize_hf
+    from test_deepseek import released_yarn, save_hf
+    from test_hf_families import _deepseek_v3
+
+    from handformer.convert.gguf_file import read_gguf
+
+    torch.manual_seed(11)
+    hf_model = released_yarn(randomize_hf(_deepseek_v3(), 0.15))
+    save_hf(hf_model, tmp_path / "hf")
+    assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "run")]) == 0
+    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")]) == 0
+    _same_greedy(tmp_path / "run", tmp_path / "m.gguf", "to be or", n=40)
+    if not (LLAMA_CPP_SOURCES / "convert_hf_to_gguf.py").exists():
+        pytest.skip(f"llama.cpp's sources are not at {LLAMA_CPP_SOURCES} (set LLAMA_CPP_SOURCES)")
+    subprocess.run([sys.executable, "-c", CONVERT, str(LLAMA_CPP_SOURCES), str(tmp_path / "hf"), "--outfile",
+                    str(tmp_path / "c.gguf"), "--outtype", "f32"], check=True, capture_output=True)
+    ours, theirs = read_gguf(tmp_path / "m.gguf"), read_gguf(tmp_path / "c.gguf")
+    model_keys = lambda f: {k: v for k, v in f.metadata.items() if k.startswith("deepseek2.")}  # noqa: E731
+    assert model_keys(ours) == model_keys(theirs)
+    assert set(ours.tensors) == set(theirs.tensors)
+    for name, tensor in ours.tensors.items():
+        assert torch.equal(tensor.to_torch(), theirs.tensors[name].to_torch()), name
+    assert main(["import-gguf", str(tmp_path / "c.gguf"), str(tmp_path / "back")]) == 0
+    ids = torch.randint(3, 101, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(load_lm(tmp_path / "back").model(ids).logits, hf_model(ids).logits,
+                                   atol=1e-5, rtol=1e-5)
