@@ -4,7 +4,7 @@
     # then: handformer generate runs/qwen --prompt "Once upon a time" --temperature 0
 
 The architectures are gguf_arch.py's (llama, qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, olmo2,
-smollm3, phi3, gpt2); the file's settings that handformer's model does not implement (experts
+smollm3, phi3, gpt2, deepseek2, ...); the file's settings that handformer's model does not implement (experts
 outside Qwen3-MoE, other rope scalings, soft-capping outside Gemma 2, ...) are refused by key,
 before any weight is read. Every tensor is decoded to float32 by handformer's own gguf_quants.py:
 F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K (any other type is refused by name), then mapped
