@@ -433,7 +433,7 @@ def _read_moe(keys: Any) -> MoEConfig:
 
 
 def _read_gguf(keys: Any) -> dict[str, Any]:
-    """Latent attention, the grouped mixture and YaRN from deepseek2's keys (gguf_arch.GgufKeys)."""
+    """Latent attention, the grouped mixture and YaRN from deepseek2's keys (gguf_arch.KeyReader)."""
     rope_dim = keys.int(_K.Rope.DIMENSION_COUNT)
     mla = MLAConfig(kv_rank=keys.int(_K.Attention.KV_LORA_RANK),
                     q_rank=keys.get(_K.Attention.Q_LORA_RANK) or None,  # 0: queries projected directly

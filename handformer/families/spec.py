@@ -78,6 +78,26 @@ class HFTensors:
     extra_layers: bool = False
 
 
+def no_problems(cfg: CausalLMConfig) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class GgufKeys:
+    """A family's own llama.cpp keys beyond the engine's (gpt-oss's window and YaRN), in its spec file:
+    `write` adds them, `read` turns them back into settings, `problems` names what the architecture
+    cannot express. `reads`: the key templates ({arch}) it reads that import-gguf would otherwise
+    refuse as not implemented (gguf_arch._NOT_IMPLEMENTED)."""
+
+    write: Callable[[Any, CausalLMConfig], None]  # (gguf.GGUFWriter, cfg)
+    # (metadata, the settings read so far, the file's name) -> settings
+    read: Callable[[dict[str, Any], dict[str, Any], str], dict[str, Any]]
+    problems: Callable[[CausalLMConfig], list[str]]
+    reads: tuple[str, ...] = ()
+    rope_scalings: tuple[type, ...] = ()  # the rope scalings `write` writes (beside Llama 3's rope_freqs)
+    notes: Callable[[CausalLMConfig], list[str]] = no_problems  # what export-gguf tells of llama.cpp's run
+
+
 @dataclass(frozen=True)
 class GgufHooks:
     """A family's own GGUF code, where an entry's declarative fields do not reach (DeepSeek-V3's
@@ -87,7 +107,7 @@ class GgufHooks:
 
     problems: Callable[[CausalLMConfig], list[str]]  # what llama.cpp's model cannot express, each with why
     write: Callable[[Any, CausalLMConfig], None]  # (gguf.GGUFWriter, cfg): the family's keys
-    read: Callable[[Any], dict[str, Any]]  # (gguf_arch.GgufKeys, the file's keys) -> settings to set
+    read: Callable[[Any], dict[str, Any]]  # (gguf_arch.KeyReader: the file's keys) -> settings
     # state dict -> the tensors the entry's map names, and back (DeepSeek-V3's kv_b_proj split per head)
     to_gguf: Callable[[dict[str, Any], CausalLMConfig], dict[str, Any]]
     from_gguf: Callable[[dict[str, Any], CausalLMConfig], dict[str, Any]]
@@ -135,15 +155,12 @@ class GgufEntry:
     # EXAONE 4: llama.cpp turns sliding and global layers on (a window, its 32B's pattern) at this
     # depth only, and none below it: a run or file of that depth is refused, the others have no window
     hybrid_layers: int = 0
+    own_keys: GgufKeys | None = None  # the family's own keys, written and read by its spec file
     hooks: GgufHooks | None = None  # the family's own GGUF code (GgufHooks)
 
     @property
     def rms(self) -> bool:
         return self.settings.get("norm", ("rmsnorm",))[0] != "layernorm"
-
-
-def no_problems(cfg: CausalLMConfig) -> list[str]:
-    return []
 
 
 Claim = tuple[int, Callable[[CausalLMConfig], bool]]
@@ -192,5 +209,5 @@ class FamilySpec:
     differences: Differences = field(default_factory=Differences)  # for `handformer families`
 
 
-__all__ = ["Claim", "Differences", "FamilySpec", "Fixed", "GgufEntry", "GgufHooks", "HFTensors", "Target",
-           "conv1d", "no_problems", "paired", "stacked", "to"]
+__all__ = ["Claim", "Differences", "FamilySpec", "Fixed", "GgufEntry", "GgufHooks", "GgufKeys", "HFTensors",
+           "Target", "conv1d", "no_problems", "paired", "stacked", "to"]
