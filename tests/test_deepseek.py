@@ -1,13 +1,20 @@
 """DeepSeek-V3 beyond the families' shared parity rows (test_hf_families.py, test_hf_export.py): the
 latent KV cache and the absorbed decoding step, LoRA on the latent projections, the FP8 checkpoint
-with block scales, and the parameter count at the released size.
+with block scales, the parameter count at the released size, and GGUF both ways as llama.cpp's
+deepseek2 (names, shapes and keys against the gguf package; import(export) bit for bit; what
+llama.cpp would run otherwise refused by name). llama.cpp itself and its convert_hf_to_gguf.py:
+tests/test_gguf_llamacpp.py (slow).
 
 The tiny model is test_hf_families' (`_deepseek_v3`): 3 heads of 10 + 6 dims, a key/value latent
 of 14, a query latent of 18, values 12 wide, a dense layer then 8 experts in 4 groups, YaRN.
 """
 
+import copy
+import dataclasses
 import json
+import re
 
+import gguf
 import pytest
 import torch
 from helpers import randomize_hf, require_module
@@ -16,7 +23,9 @@ transformers = require_module("transformers", "pip install -e '.[dev]'")
 
 from test_hf_families import VOCAB, _deepseek_v3  # noqa: E402
 
+from handformer.convert.gguf_file import read_gguf  # noqa: E402
 from handformer.convert.hf_weights import config_from_hf, model_from_hf  # noqa: E402
+from handformer.data.tokenizer import Tokenizer  # noqa: E402
 from handformer.families.deepseek import LatentAttention  # noqa: E402
 from handformer.nn.latent_kv_cache import LatentKVCache  # noqa: E402
 
@@ -182,17 +191,107 @@ def test_the_prefix_cache_stores_and_reuses_latents(pair):
     assert tokens[True] == tokens[False] and (prefix_cache.hits, prefix_cache.reused_tokens) == (2, 16)
 
 
-def test_gguf_refuses_deepseek_by_name(pair):
-    """llama.cpp's deepseek2 has no entry in export-gguf or import-gguf: an imported run is refused
-    naming it and why, a run trained with latent attention names the setting."""
-    from handformer.convert.gguf_arch import family_for, mismatches
+def released_yarn(hf_model):
+    """The same weights with DeepSeek-V3's released YaRN, mscale = mscale_all_dim = 1.0: cos and sin
+    times 1, as llama.cpp's deepseek2 computes them (the tiny model's mscale 0.707 it cannot run)."""
+    config = copy.deepcopy(hf_model.config)
+    config.rope_parameters = {**config.rope_parameters, "mscale": 1.0}
+    model = transformers.DeepseekV3ForCausalLM(config).eval()
+    model.load_state_dict(hf_model.state_dict())
+    return model
 
-    _, ours = pair
-    with pytest.raises(ValueError, match=r"model_type 'deepseek_v3' \(llama.cpp's deepseek2: DeepSeek-V3 keeps "
-                                         r"latent attention .*which export-gguf does not write yet\)"):
-        family_for(ours.cfg, "deepseek_v3")
-    assert any(p.startswith("mla=MLAConfig(") and "multi-head latent attention" in p
-               for p in mismatches(ours.cfg, family_for(ours.cfg, None)))
+
+def save_hf(hf_model, folder):
+    """The checkpoint with a character tokenizer, as import-hf and convert_hf_to_gguf.py read it."""
+    hf_model.save_pretrained(folder, safe_serialization=True)
+    Tokenizer.train_char(["".join(map(chr, range(32, 127)))]).save(folder / "tokenizer.json")
+    config = json.loads((folder / "config.json").read_text())  # as DeepSeek's own config.json says
+    (folder / "config.json").write_text(json.dumps({**config, "scoring_func": "sigmoid", "topk_method": "noaux_tc"}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def exported(pair, tmp_path_factory):
+    """(transformers' model, the run imported from it, its GGUF export)."""
+    from handformer.cli import main
+
+    hf_model, tmp = released_yarn(pair[0]), tmp_path_factory.mktemp("gguf")
+    assert main(["import-hf", str(save_hf(hf_model, tmp / "hf")), str(tmp / "run")]) == 0
+    assert main(["export-gguf", str(tmp / "run"), str(tmp / "m.gguf")]) == 0
+    return hf_model, tmp / "run", tmp / "m.gguf"
+
+
+# llama.cpp's deepseek2 (src/models/deepseek2.cpp): 3 heads, latents 18 (queries) and 14 (keys and values),
+# 10 + 6 dims a query/key head, values 12, width 60, 8 experts 20 wide, 2 shared, a dense layer 88 wide
+DEEPSEEK2_SHAPES = {
+    "blk.1.attn_q_a.weight": (18, 60), "blk.1.attn_q_a_norm.weight": (18,), "blk.1.attn_q_b.weight": (48, 18),
+    "blk.1.attn_kv_a_mqa.weight": (20, 60), "blk.1.attn_kv_a_norm.weight": (14,),
+    "blk.1.attn_k_b.weight": (3, 14, 10), "blk.1.attn_v_b.weight": (3, 12, 14), "blk.1.attn_output.weight": (60, 36),
+    "blk.0.ffn_gate.weight": (88, 60), "blk.0.ffn_down.weight": (60, 88), "blk.1.ffn_gate_inp.weight": (8, 60),
+    "blk.1.exp_probs_b.bias": (8,), "blk.1.ffn_gate_exps.weight": (8, 20, 60), "blk.1.ffn_down_exps.weight": (8, 60, 20),
+    "blk.1.ffn_up_shexp.weight": (40, 60), "blk.1.ffn_down_shexp.weight": (60, 40)}
+DEEPSEEK2_KEYS = {  # gguf.Keys template -> the value llama.cpp reads
+    gguf.Keys.Attention.HEAD_COUNT_KV: 1, gguf.Keys.Attention.KEY_LENGTH: 20, gguf.Keys.Attention.VALUE_LENGTH: 14,
+    gguf.Keys.Attention.KEY_LENGTH_MLA: 16, gguf.Keys.Attention.VALUE_LENGTH_MLA: 12,
+    gguf.Keys.Attention.Q_LORA_RANK: 18, gguf.Keys.Attention.KV_LORA_RANK: 14, gguf.Keys.Rope.DIMENSION_COUNT: 6,
+    gguf.Keys.LLM.LEADING_DENSE_BLOCK_COUNT: 1, gguf.Keys.LLM.FEED_FORWARD_LENGTH: 88,
+    gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH: 20, gguf.Keys.LLM.EXPERT_COUNT: 8, gguf.Keys.LLM.EXPERT_USED_COUNT: 3,
+    gguf.Keys.LLM.EXPERT_SHARED_COUNT: 2, gguf.Keys.LLM.EXPERT_GROUP_COUNT: 4, gguf.Keys.LLM.EXPERT_GROUP_USED_COUNT: 2,
+    gguf.Keys.LLM.EXPERT_GATING_FUNC: gguf.ExpertGatingFuncType.SIGMOID.value,
+    gguf.Keys.LLM.EXPERT_WEIGHTS_SCALE: 2.5, gguf.Keys.LLM.EXPERT_WEIGHTS_NORM: True,
+    gguf.Keys.Rope.SCALING_TYPE: "yarn", gguf.Keys.Rope.SCALING_FACTOR: 4.0, gguf.Keys.Rope.SCALING_ORIG_CTX_LEN: 16,
+    gguf.Keys.Rope.SCALING_YARN_BETA_FAST: 32.0, gguf.Keys.Rope.SCALING_YARN_BETA_SLOW: 1.0,
+    gguf.Keys.Rope.SCALING_YARN_LOG_MUL: 0.1}  # llama.cpp's 0.1 x mscale_all_dim
+
+
+def test_gguf_export_writes_llama_cpps_deepseek2(exported):
+    """Every tensor a name of the gguf package's deepseek2 with llama.cpp's shape (kv_b_proj split per
+    head into attn_k_b, transposed, and attn_v_b; the dense layer 0, then experts, their correction
+    bias and the shared experts), and the keys llama.cpp reads."""
+    file = read_gguf(exported[2])
+    known = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH.DEEPSEEK2]}
+    assert file.architecture == gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.DEEPSEEK2]
+    assert {re.sub(r"blk\.\d+", "blk.{bid}", n).rsplit(".", 1)[0] for n in file.tensors} <= known
+    assert {n: file.tensors[n].shape for n in DEEPSEEK2_SHAPES} == DEEPSEEK2_SHAPES
+    assert len(file.tensors) == 52 and not any(n.startswith(("blk.0.ffn_gate_", "blk.1.ffn_gate.")) for n in file.tensors)
+    keys = {template.format(arch="deepseek2"): value for template, value in DEEPSEEK2_KEYS.items()}
+    assert {k: file.metadata.get(k) for k in keys} == keys
+
+
+@torch.no_grad()
+def test_gguf_import_of_the_export_is_the_run_again_with_transformers_logits(exported, tmp_path):
+    from handformer.cli import main
+    from handformer.tasks.lm.run import load_lm
+
+    hf_model, run_dir, path = exported
+    assert main(["import-gguf", str(path), str(tmp_path / "back")]) == 0
+    run, back = load_lm(run_dir), load_lm(tmp_path / "back")
+    assert back.model.cfg == run.model.cfg and back.config["source"]["model_type"] == "deepseek_v3"
+    ids = torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
+    logits = back.model(ids).logits
+    assert torch.equal(logits, run.model(ids).logits)
+    torch.testing.assert_close(logits, hf_model(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_gguf_refuses_what_llama_cpps_deepseek2_runs_otherwise(pair, exported):
+    """The tiny model's mscale 0.707 (llama.cpp multiplies cos and sin by 1: its logits differ by up to
+    2 of 4) and RoPE on halves are refused by name; a file routing with a softmax (DeepSeek-V2's,
+    llama.cpp's default without the key) is refused naming the key."""
+    from handformer.convert.gguf_arch import family_for, mismatches, read_hparams
+
+    cfg = pair[1].cfg
+    family = family_for(cfg, "deepseek_v3")
+    assert family.arch == "deepseek2" and family_for(cfg, None) is family
+    (problem,) = mismatches(cfg, family)
+    assert problem.startswith("rope_scaling=YarnRopeScaling(") and "mscale=0.707" in problem
+    assert "needs mscale = mscale_all_dim" in problem
+    released = dataclasses.replace(cfg, rope_scaling=dataclasses.replace(cfg.rope_scaling, mscale=1.0))
+    assert mismatches(released, family) == []
+    halves = dataclasses.replace(released, mla=dataclasses.replace(cfg.mla, interleave=False))
+    assert [p.split(" (")[0] for p in mismatches(halves, family)] == ["mla.interleave=False"]
+    metadata = read_gguf(exported[2]).metadata
+    with pytest.raises(ValueError, match=r"m.gguf: deepseek2.expert_gating_func=None routes experts with a softmax"):
+        read_hparams({k: v for k, v in metadata.items() if "gating" not in k}, family, "m.gguf")
 
 
 @torch.no_grad()

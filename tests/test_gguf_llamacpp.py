@@ -437,3 +437,45 @@ def test_apertus_and_ministral3_as_llama_cpps_converter_writes_them(family, tmp_
 def test_apertus_and_ministral3_generate_the_same_in_llama_cpp(family, tmp_path):
     """32 tokens after "to be or": Ministral 3's run past positions 8, 16, 24 and 32."""
     test_an_imported_model_generates_the_same_in_llama_cpp(family, tmp_path)
+
+
+# convert_hf_to_gguf.py, its pre-tokenizer check passed (it knows no character tokenizer), on argv[1:]
+CONVERT_MAIN = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import convert_hf_to_gguf as c; "
+           "from conversion import base; base.TextModel.get_vocab_base_pre = lambda self, t: 'gpt-2'; c.main()")
+
+
+def test_deepseek_v3_generates_the_same_in_llama_cpp_and_as_its_converter_writes_it(tmp_path):
+    """The tiny DeepSeek-V3 (with the released YaRN, mscale = mscale_all_dim) exported: llama.cpp's
+    greedy tokens are handformer's; llama.cpp's convert_hf_to_gguf.py on the same checkpoint writes
+    the same model keys and the same tensors bit for bit, and import-gguf reads its file to
+    transformers' logits."""
+    import subprocess
+    import sys
+
+    from helpers import randomize_hf
+    from test_deepseek import released_yarn, save_hf
+    from test_hf_families import _deepseek_v3
+
+    from handformer.convert.gguf_file import read_gguf
+
+    torch.manual_seed(11)
+    hf_model = released_yarn(randomize_hf(_deepseek_v3(), 0.15))
+    save_hf(hf_model, tmp_path / "hf")
+    assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "run")]) == 0
+    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")]) == 0
+    _same_greedy(tmp_path / "run", tmp_path / "m.gguf", "to be or", n=40)
+    if not (LLAMA_CPP_SRC / "convert_hf_to_gguf.py").exists():
+        pytest.skip(f"llama.cpp's sources are not at {LLAMA_CPP_SRC} (set HANDFORMER_LLAMA_CPP_SRC)")
+    subprocess.run([sys.executable, "-c", CONVERT_MAIN, str(LLAMA_CPP_SRC), str(tmp_path / "hf"), "--outfile",
+                    str(tmp_path / "c.gguf"), "--outtype", "f32"], check=True, capture_output=True)
+    ours, theirs = read_gguf(tmp_path / "m.gguf"), read_gguf(tmp_path / "c.gguf")
+    model_keys = lambda f: {k: v for k, v in f.metadata.items() if k.startswith("deepseek2.")}  # noqa: E731
+    assert model_keys(ours) == model_keys(theirs)
+    assert set(ours.tensors) == set(theirs.tensors)
+    for name, tensor in ours.tensors.items():
+        assert torch.equal(tensor.to_torch(), theirs.tensors[name].to_torch()), name
+    assert main(["import-gguf", str(tmp_path / "c.gguf"), str(tmp_path / "back")]) == 0
+    ids = torch.randint(3, 101, (2, 12), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(load_lm(tmp_path / "back").model(ids).logits, hf_model(ids).logits,
+                                   atol=1e-5, rtol=1e-5)

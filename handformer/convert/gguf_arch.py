@@ -207,8 +207,8 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
         if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, LongRopeScaling):
             problems.append(f"rope_scaling={cfg.rope_scaling!r} (llama.cpp's {family.name} takes LongRoPE "
                             "only)")
-    elif cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling,
-                                                         (Llama3RopeScaling, *own_scalings)):
+    elif (cfg.rope_scaling is not None
+          and not isinstance(cfg.rope_scaling, (Llama3RopeScaling, *own_scalings, *_hooked(family)))):
         problems.append(f"rope_scaling={cfg.rope_scaling!r} (export-gguf writes Llama 3's rope scaling only; "
                         "export-hf writes this run for transformers)")
     if family.full_width_heads and cfg.n_heads * cfg.head_dim != cfg.d_model:
@@ -216,7 +216,14 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
                         f"d_model = {cfg.d_model})")
     if family.own_keys is not None:
         problems += family.own_keys.problems(cfg)
+    if family.hooks is not None:
+        problems += family.hooks.problems(cfg)
     return problems
+
+
+def _hooked(family: Family) -> tuple[type, ...]:
+    """The rope scaling a family's hooks write, if any."""
+    return (family.hooks.rope_scaling,) if family.hooks is not None and family.hooks.rope_scaling else ()
 
 
 # --- weights ---------------------------------------------------------------------------------------
@@ -280,6 +287,8 @@ def export_tensors(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family
     a ValueError names any the map does not cover."""
     out, used = [], {"lm_head.weight"} if cfg.tie_embeddings else set()  # a tied head is the embedding
     used |= set(layer_value_keys(cfg, family))  # metadata in GGUF (`layer_values`)
+    if family.hooks is not None:
+        state = family.hooks.to_gguf(dict(state), cfg)
     for name, keys in _concrete(family, cfg):
         if name == "output.weight" and cfg.tie_embeddings:
             continue
@@ -434,7 +443,8 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
     writer.add_block_count(cfg.n_layers)
     writer.add_feed_forward_length(cfg.d_ff)
     writer.add_head_count(cfg.n_heads)
-    writer.add_head_count_kv(cfg.kv_heads)
+    if family.hooks is None:  # hooks write their own head sizes (DeepSeek-V3's latent heads)
+        writer.add_head_count_kv(cfg.kv_heads)
     writer.add_vocab_size(cfg.vocab_size)
     if family.rms:
         writer.add_layer_norm_rms_eps(cfg.norm_eps)
@@ -443,8 +453,9 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
     if family.rope is not None:
         writer.add_rope_dimension_count(cfg.rotary_dim)
         writer.add_rope_freq_base(cfg.rope_theta)
-        writer.add_key_length(cfg.head_dim)
-        writer.add_value_length(cfg.head_dim)
+        if family.hooks is None:
+            writer.add_key_length(cfg.head_dim)
+            writer.add_value_length(cfg.head_dim)
     if family.writes_window:  # Phi-3: 0 = none, as convert_hf_to_gguf.py writes it
         window = cfg.sliding_window if cfg.sliding_window and cfg.sliding_window < cfg.max_positions else 0
         writer.add_sliding_window(window)
@@ -486,6 +497,10 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
             (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(key, value)
     if family.own_keys is not None:
         family.own_keys.write(writer, cfg)
+    if family.hooks is not None:
+        family.hooks.write(writer, cfg)
+        if cfg.moe is not None:
+            writer.add_float64(AUX_LOSS_KEY, cfg.moe.aux_loss_coef)
 
 
 def _key(family: Family, template: str) -> str:
@@ -539,7 +554,8 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
         key = _key(family, template)
         if ((family.softcaps and template in _SOFTCAPS) or (family.multipliers and template in _MULTIPLIERS)
                 or (family.experts and template == gguf.Keys.LLM.EXPERT_COUNT)
-                or (family.own_keys is not None and template in family.own_keys.reads)):
+                or (family.own_keys is not None and template in family.own_keys.reads)
+                or (family.hooks is not None and template in family.hooks.reads)):
             continue
         if key in metadata and not harmless(metadata[key]):
             raise ValueError(f"{where} has {key}={metadata[key]!r}: {what}, which import-gguf "
@@ -555,7 +571,7 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
         norm_eps=_float(metadata, k(gguf.Keys.Attention.LAYERNORM_RMS_EPS if family.rms
                                     else gguf.Keys.Attention.LAYERNORM_EPS), where),
         dropout=0.0, attention_dropout=0.0)
-    if family.rope is not None:
+    if family.rope is not None and family.hooks is None:  # hooks read their own head sizes
         head_dim = _int(metadata, k(gguf.Keys.Attention.KEY_LENGTH), where, d_model // n_heads)
         value_dim = _int(metadata, k(gguf.Keys.Attention.VALUE_LENGTH), where, head_dim)
         rotary = _int(metadata, k(gguf.Keys.Rope.DIMENSION_COUNT), where, head_dim)
@@ -597,7 +613,34 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     settings.update({name: value for name, (value, _) in family.settings.items() if name != "n_kv_heads"})
     if "n_kv_heads" in family.settings and settings["n_kv_heads"] == n_heads:
         settings["n_kv_heads"] = None  # GPT-2's config says so by leaving it out
+    if family.hooks is not None:
+        settings.update(family.hooks.read(KeyReader(metadata, family.arch, where)))
+        if settings.get("moe") is not None:  # the mixture the hooks built, with its training weight
+            coef = metadata.get(AUX_LOSS_KEY, MoEConfig.aux_loss_coef)
+            settings["moe"] = dataclasses.replace(settings["moe"], aux_loss_coef=coef)
     return settings
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyReader:
+    """A file's hyperparameter keys for a family's hooks, by gguf.Keys template ("{arch}.expert_count"),
+    checked as read_hparams checks its own (a missing key or a bad value: a ValueError naming it)."""
+
+    metadata: dict[str, Any]
+    arch: str
+    where: str  # the file, for messages
+
+    def name(self, template: str) -> str:
+        return template.format(arch=self.arch)
+
+    def get(self, template: str, default: Any = None) -> Any:
+        return self.metadata.get(self.name(template), default)
+
+    def int(self, template: str, default: Any = ...) -> int:
+        return _int(self.metadata, self.name(template), self.where, default)
+
+    def float(self, template: str, default: Any = ...) -> float:
+        return _float(self.metadata, self.name(template), self.where, default)
 
 
 _MULTIPLIERS = {gguf.Keys.LLM.EMBEDDING_SCALE: "embedding_multiplier",  # Granite's, into its family section

@@ -7,7 +7,8 @@ What goes in (gguf_arch.py has the architectures, gguf_tokenizer.py the vocabula
 - the architecture the run's settings point to, as export-hf chooses it (an imported run goes
   back to its family): llama (also Mistral without a window, llama2.c models), qwen2, qwen3,
   qwen3moe, gemma, gemma2, gemma3, olmo2, smollm3, phi3 (also Phi-4-mini's partial RoPE and
-  LongRoPE), gpt2; every setting the architecture cannot express is named in one ValueError;
+  LongRoPE), gpt2, deepseek2 (DeepSeek-V3's latent attention and grouped experts); every
+  setting the architecture cannot express is named in one ValueError;
 - the tensors in llama.cpp's names and layouts, Llama 3's rope scaling as rope_freqs.weight and
   LongRoPE as rope_factors_short / rope_factors_long;
 - the hyperparameters, the tokenizer with its special ids, the chat template, and the run's

@@ -4,7 +4,7 @@
     # then: handformer generate runs/qwen --prompt "Once upon a time" --temperature 0
 
 The architectures are gguf_arch.py's (llama, qwen2, qwen3, qwen3moe, gemma, gemma2, gemma3, olmo2,
-smollm3, phi3, gpt2); the file's settings that handformer's model does not implement (experts
+smollm3, phi3, gpt2, deepseek2, ...); the file's settings that handformer's model does not implement (experts
 outside Qwen3-MoE, other rope scalings, soft-capping outside Gemma 2, ...) are refused by key,
 before any weight is read. Every tensor is decoded to float32 by handformer's own gguf_quants.py:
 F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K and Q6_K (any other type is refused by name), then mapped
@@ -115,17 +115,20 @@ def config_from_gguf(file: GGUFFile, family: Family, notes: list[str]) -> tuple[
     return cfg, zeros
 
 
-def _expected_shapes(cfg: CausalLMConfig) -> dict[str, tuple[int, ...]]:
+def _expected_shapes(cfg: CausalLMConfig, family: Family) -> dict[str, tuple[int, ...]]:
+    """The shapes of the tensors the family's map names (the model's, through its hooks)."""
     with torch.device("meta"):
-        model = build_causal_lm(cfg)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        state = build_causal_lm(cfg).state_dict()
+    if family.hooks is not None:
+        state = family.hooks.to_gguf(dict(state), cfg)
+    return {k: tuple(v.shape) for k, v in state.items()}
 
 
 def state_from_gguf(file: GGUFFile, cfg: CausalLMConfig, family: Family, zeros: set[str],
                     ) -> dict[str, Tensor]:
     """`CausalLM(cfg)`'s state dict from the file's tensors, strictly (one ValueError lists every
     missing, unexpected and wrong-shaped tensor)."""
-    expected = _expected_shapes(cfg)
+    expected = _expected_shapes(cfg, family)
     plan = import_plan(cfg, family, expected)
     known = (set(plan) | zeros | ({ROPE_FREQS} if family.rope_freqs else set())
              | (set(LONGROPE) if family.longrope else set()))
@@ -148,14 +151,14 @@ def state_from_gguf(file: GGUFFile, cfg: CausalLMConfig, family: Family, zeros: 
     state = read_layer_values(file.metadata, cfg, family, expected, str(file.path))  # in the metadata
     for name, keys in plan.items():
         state.update(split_tensor(name, file.tensors[name].to_torch(), keys, cfg, family, expected))
-    return state
+    return state if family.hooks is None else family.hooks.from_gguf(state, cfg)
 
 
 def q4_0_blocks(file: GGUFFile, cfg: CausalLMConfig, family: Family) -> dict[str, tuple[Tensor, Tensor]]:
     """Model weight key -> ((N, K) uint8 values 0..15, (N, K / 32) float32 scales) for every
     matrix the file holds in Q4_0, in handformer's layout (the same split and row order as
     `state_from_gguf`'s float tensors). Call after `state_from_gguf` has checked the shapes."""
-    expected = _expected_shapes(cfg)
+    expected = _expected_shapes(cfg, family)
     out: dict[str, tuple[Tensor, Tensor]] = {}
     for name, keys in import_plan(cfg, family, expected).items():
         tensor = file.tensors[name]

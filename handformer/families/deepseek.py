@@ -35,11 +35,12 @@ import dataclasses
 import math
 from typing import Any
 
+import gguf
 import torch
 from torch import Tensor, nn
 
 import handformer.families.llama as llama
-from handformer.config import CausalLMConfig, MLAConfig, YarnRopeScaling
+from handformer.config import CausalLMConfig, MLAConfig, MoEConfig, YarnRopeScaling
 from handformer.families.hf_config import (
     expert_keys,
     experts,
@@ -50,8 +51,8 @@ from handformer.families.hf_config import (
     silu_only,
     unsupported,
 )
-from handformer.families.mixtral import EXPERT_KEYS, EXPERTS, ROUTER, STACKED_EXPERTS
-from handformer.families.spec import Differences, FamilySpec, to
+from handformer.families.mixtral import EXPERT_KEYS, EXPERTS, GGUF_EXPERTS, ROUTER, STACKED_EXPERTS
+from handformer.families.spec import Differences, FamilySpec, GgufEntry, GgufHooks, to
 from handformer.nn.attention import scaled_dot_product_attention
 from handformer.nn.feed_forward import FeedForward
 from handformer.nn.kv_cache import NO_CACHE, LayerCache, as_cache
@@ -296,16 +297,168 @@ TENSORS = llama.llama_like(
         for p in ("gate_proj", "up_proj", "down_proj")}},
     llama.PRE_NORMS, ROUTER, EXPERTS, in_memory=STACKED_EXPERTS, extra_layers=True)  # the MTP layer skipped
 
+# --- llama.cpp's deepseek2 ---------------------------------------------------------------------------
+# llama.cpp runs latent attention absorbed (the module docstring's decoding step) at every position:
+# kv_b_proj is split per head into W_UK, transposed, (attn_k_b: (H, r, Dn)) and W_UV (attn_v_b:
+# (H, Dv, r)), as its convert_hf_to_gguf.py writes them; its cache is one key head r + Dr wide
+# (head_count_kv 1, key_length r + Dr, value_length r), and the heads' own widths are the "_mla" keys.
+# RoPE turns adjacent pairs, as DeepSeek's checkpoints do (rope_interleave): no rows are permuted.
+
+_GGUF_ATTENTION = {
+    "blk.{i}.attn_q.weight": (f"{llama.ATTN}.q_proj.weight",),  # (H*(Dn+Dr), D): no query latent
+    "blk.{i}.attn_q_a.weight": (f"{llama.ATTN}.q_a_proj.weight",),  # (r_q, D)
+    "blk.{i}.attn_q_a_norm.weight": (f"{llama.ATTN}.q_a_norm.weight",),  # (r_q,)
+    "blk.{i}.attn_q_b.weight": (f"{llama.ATTN}.q_b_proj.weight",),  # (H*(Dn+Dr), r_q)
+    "blk.{i}.attn_kv_a_mqa.weight": (f"{llama.ATTN}.kv_a_proj.weight",),  # (r + Dr, D)
+    "blk.{i}.attn_kv_a_norm.weight": (f"{llama.ATTN}.kv_a_norm.weight",),  # (r,)
+    "blk.{i}.attn_k_b.weight": (f"{llama.ATTN}.k_b",),  # (H, r, Dn): from kv_b_proj (`_split_kv_b`)
+    "blk.{i}.attn_v_b.weight": (f"{llama.ATTN}.v_b",),  # (H, Dv, r)
+    "blk.{i}.attn_output.weight": (f"{llama.ATTN}.o_proj.weight",),  # (D, H*Dv)
+}
+_GGUF_FFN = {  # the dense first layers, then the experts, their correction bias and the shared expert
+    **{f"blk.{{i}}.ffn_{p}.weight": (f"{llama.FFN}.{p}_proj.weight",) for p in ("gate", "up", "down")},
+    **GGUF_EXPERTS, "blk.{i}.exp_probs_b.bias": (f"{llama.FFN}.correction_bias",),  # (E,)
+    **{f"blk.{{i}}.ffn_{p}_shexp.weight": (f"{llama.FFN}.shared_expert.{p}_proj.weight",)
+       for p in ("gate", "up", "down")},
+}
+_K = gguf.Keys
+_GATING = {"softmax": gguf.ExpertGatingFuncType.SOFTMAX, "sigmoid": gguf.ExpertGatingFuncType.SIGMOID}
+
+
+def _split_kv_b(state: dict[str, Tensor], cfg: CausalLMConfig) -> dict[str, Tensor]:
+    """Each layer's kv_b_proj (H*(Dn+Dv), r) -> k_b (H, r, Dn) and v_b (H, Dv, r)."""
+    m = cfg.mla
+    assert m is not None
+    for i in range(cfg.n_layers):
+        w = state.pop(f"layers.{i}.self_attn.kv_b_proj.weight")
+        w = w.view(cfg.n_heads, m.nope_dim + m.v_dim, m.kv_rank)  # (H, Dn+Dv, r)
+        k_b, v_b = w.split([m.nope_dim, m.v_dim], dim=1)  # (H, Dn, r), (H, Dv, r)
+        state[f"layers.{i}.self_attn.k_b"] = k_b.transpose(1, 2).contiguous()  # (H, r, Dn)
+        state[f"layers.{i}.self_attn.v_b"] = v_b.contiguous()
+    return state
+
+
+def _join_kv_b(state: dict[str, Tensor], cfg: CausalLMConfig) -> dict[str, Tensor]:
+    """The inverse of `_split_kv_b`."""
+    for i in range(cfg.n_layers):
+        k_b, v_b = state.pop(f"layers.{i}.self_attn.k_b"), state.pop(f"layers.{i}.self_attn.v_b")
+        w = torch.cat([k_b.transpose(1, 2), v_b], dim=1)  # (H, Dn+Dv, r)
+        state[f"layers.{i}.self_attn.kv_b_proj.weight"] = w.reshape(-1, w.size(-1)).contiguous()
+    return state
+
+
+def _gguf_problems(cfg: CausalLMConfig) -> list[str]:
+    """What llama.cpp's deepseek2 cannot express, beyond what export-hf checks (`problems`)."""
+    found = problems(cfg)
+    if found:
+        return found
+    m, s = cfg.mla, cfg.rope_scaling
+    assert m is not None
+    if not m.interleave:
+        found.append("mla.interleave=False (llama.cpp's DeepSeek-V3 turns adjacent pairs (2j, 2j + 1))")
+    if m.q_rank is not None and cfg.n_layers in (26, 27):
+        found.append(f"n_layers={cfg.n_layers} with mla.q_rank={m.q_rank} (llama.cpp reads a deepseek2 of "
+                     "26 or 27 layers as DeepSeek-V2-Lite, without a query latent)")
+    if isinstance(s, YarnRopeScaling) and (s.attention_factor is not None or not s.mscale_all_dim
+                                           or s.mscale != s.mscale_all_dim or not s.truncate):
+        found.append(f"rope_scaling={s!r} (llama.cpp's DeepSeek-V3 multiplies cos and sin by 1 and the "
+                     "scores by mscale(factor, mscale_all_dim) squared: it needs mscale = mscale_all_dim, no "
+                     "attention_factor and truncate=true, as DeepSeek-V3's 1.0 and 1.0)")
+    return found
+
+
+def _write_gguf(writer: Any, cfg: CausalLMConfig) -> None:
+    """deepseek2's keys: the latent and head widths, the grouped mixture, YaRN (as convert_hf_to_gguf.py)."""
+    m, moe, s = cfg.mla, cfg.moe, cfg.rope_scaling
+    assert m is not None and moe is not None
+    width = moe.d_expert or cfg.d_ff
+    writer.add_head_count_kv(1)  # one key head, the latent and the RoPE key: r + Dr wide
+    writer.add_key_length(m.kv_rank + cfg.head_dim)
+    writer.add_value_length(m.kv_rank)
+    writer.add_key_length_mla(m.nope_dim + cfg.head_dim)
+    writer.add_value_length_mla(m.v_dim)
+    writer.add_kv_lora_rank(m.kv_rank)
+    writer.add_q_lora_rank(m.q_rank or 0)  # 0: queries projected directly (attn_q)
+    writer.add_leading_dense_block_count(moe.dense_layers)
+    writer.add_expert_count(moe.n_experts)
+    writer.add_expert_used_count(moe.top_k)
+    writer.add_expert_feed_forward_length(width)
+    writer.add_expert_shared_count(moe.d_shared // width)
+    writer.add_expert_group_count(moe.n_groups)
+    writer.add_expert_group_used_count(moe.top_groups)
+    writer.add_expert_gating_func(_GATING[moe.scoring])
+    writer.add_expert_weights_scale(moe.routed_scale)
+    writer.add_expert_weights_norm(moe.normalize)
+    if isinstance(s, YarnRopeScaling):
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(s.factor)
+        writer.add_rope_scaling_orig_ctx_len(s.original_max_positions)
+        writer.add_rope_scaling_yarn_beta_fast(s.beta_fast)
+        writer.add_rope_scaling_yarn_beta_slow(s.beta_slow)
+        writer.add_rope_scaling_yarn_log_mul(0.1 * s.mscale_all_dim)  # llama.cpp's 0.1 x mscale_all_dim
+
+
+def _read_yarn(keys: Any) -> YarnRopeScaling | None:
+    """YaRN as llama.cpp runs deepseek2: cos and sin times 1, so mscale is mscale_all_dim."""
+    kind = keys.get(_K.Rope.SCALING_TYPE, "none")
+    if kind == "none":
+        return None
+    if kind != "yarn" or not keys.get(_K.Rope.SCALING_YARN_LOG_MUL):
+        without = f" without {keys.name(_K.Rope.SCALING_YARN_LOG_MUL)}" if kind == "yarn" else ""
+        raise ValueError(f"{keys.where}: {keys.name(_K.Rope.SCALING_TYPE)}={kind!r}{without}: handformer's "
+                         "DeepSeek-V3 reads YaRN with mscale_all_dim (DeepSeek-V3's)")
+    mscale = float(f"{keys.float(_K.Rope.SCALING_YARN_LOG_MUL) / 0.1:.6g}")  # a float32 key: 6 digits
+    return YarnRopeScaling(factor=keys.float(_K.Rope.SCALING_FACTOR),
+                           original_max_positions=keys.int(_K.Rope.SCALING_ORIG_CTX_LEN),
+                           beta_fast=keys.float(_K.Rope.SCALING_YARN_BETA_FAST, 32.0),
+                           beta_slow=keys.float(_K.Rope.SCALING_YARN_BETA_SLOW, 1.0),
+                           mscale=mscale, mscale_all_dim=mscale)
+
+
+def _read_moe(keys: Any) -> MoEConfig:
+    """The grouped mixture: sigmoid routing only (a file without the key routes with a softmax)."""
+    gating, sigmoid = keys.get(_K.LLM.EXPERT_GATING_FUNC), _GATING["sigmoid"].value
+    if gating != sigmoid:
+        raise ValueError(f"{keys.where}: {keys.name(_K.LLM.EXPERT_GATING_FUNC)}={gating!r} routes experts "
+                         "with a softmax (DeepSeek-V2's; llama.cpp's default without the key); handformer's "
+                         f"DeepSeek-V3 routes with a sigmoid ({sigmoid})")
+    width = keys.int(_K.LLM.EXPERT_FEED_FORWARD_LENGTH)
+    return MoEConfig(n_experts=keys.int(_K.LLM.EXPERT_COUNT), top_k=keys.int(_K.LLM.EXPERT_USED_COUNT),
+                     d_expert=width, normalize=bool(keys.get(_K.LLM.EXPERT_WEIGHTS_NORM, False)),
+                     d_shared=width * keys.int(_K.LLM.EXPERT_SHARED_COUNT), scoring="sigmoid",
+                     n_groups=keys.int(_K.LLM.EXPERT_GROUP_COUNT, 1),
+                     top_groups=keys.int(_K.LLM.EXPERT_GROUP_USED_COUNT, 1),
+                     routed_scale=keys.float(_K.LLM.EXPERT_WEIGHTS_SCALE, 1.0),
+                     dense_layers=keys.get(_K.LLM.LEADING_DENSE_BLOCK_COUNT, 0), shared_gate=False)
+
+
+def _read_gguf(keys: Any) -> dict[str, Any]:
+    """Latent attention, the grouped mixture and YaRN from deepseek2's keys (gguf_arch.KeyReader)."""
+    rope_dim = keys.int(_K.Rope.DIMENSION_COUNT)
+    mla = MLAConfig(kv_rank=keys.int(_K.Attention.KV_LORA_RANK),
+                    q_rank=keys.get(_K.Attention.Q_LORA_RANK) or None,  # 0: queries projected directly
+                    nope_dim=keys.int(_K.Attention.KEY_LENGTH_MLA) - rope_dim,
+                    v_dim=keys.int(_K.Attention.VALUE_LENGTH_MLA))
+    return {"mla": mla, "moe": _read_moe(keys), "head_dim": rope_dim, "n_kv_heads": None,
+            "rope_theta": keys.float(_K.Rope.FREQ_BASE, 10000.0), "rope_scaling": _read_yarn(keys)}
+
+
+GGUF = GgufEntry(
+    "deepseek2", "deepseek_v3", "DeepSeek-V3",
+    {**llama.GGUF_ENDS, **llama.GGUF_NORMS, **_GGUF_ATTENTION, **_GGUF_FFN},
+    {**llama.GGUF_BLOCK, **llama.NO_BIASES, "sliding_window": llama.NO_WINDOW}, biases=(),
+    writes=frozenset({"moe", "mla"}),
+    hooks=GgufHooks(problems=_gguf_problems, write=_write_gguf, read=_read_gguf, to_gguf=_split_kv_b,
+                    from_gguf=_join_kv_b, rope_scaling=YarnRopeScaling,
+                    reads=frozenset({_K.LLM.EXPERT_COUNT, _K.Rope.SCALING_TYPE, _K.Rope.SCALING_FACTOR})))
+
 DEEPSEEK_V3 = FamilySpec(
     model_type="deepseek_v3", name="DeepSeek-V3", hf_class="DeepseekV3ForCausalLM",
     fixed={**llama.LLAMA_BLOCK, **llama.NO_BIASES, "sliding_window": llama.NO_WINDOW},
     from_hf_config=from_hf_config, to_hf_config=to_hf_config, tensors=TENSORS,
     may_set=frozenset({"moe", "mla"}), hf_keys=EXPERT_KEYS, rope_scalings=(YarnRopeScaling,),
     problems=problems, claims=((5, lambda c: c.mla is not None),),
-    variants=("LatentAttention", "GroupedMixture"),
-    gguf_unread={"deepseek2": "DeepSeek-V3 keeps latent attention (kv_b_proj split per head into "
-                              "attn_k_b and attn_v_b), dense leading layers and grouped sigmoid routing "
-                              "(exp_probs_b)"},
+    variants=("LatentAttention", "GroupedMixture"), gguf=GGUF,
     look_alikes={"deepseek_v2": "DeepSeek-V2 routes with a softmax over groups; DeepSeek-V3 "
                                 "(model_type 'deepseek_v3') is imported"},
     differences=Differences(

@@ -99,6 +99,23 @@ class GgufKeys:
 
 
 @dataclass(frozen=True)
+class GgufHooks:
+    """A family's own GGUF code, where an entry's declarative fields do not reach (DeepSeek-V3's
+    latent attention): gguf_arch calls it after its shared steps. With hooks, the hooks write and
+    read the head sizes ({arch}.attention.head_count_kv, .key_length, .value_length) and their
+    rope scaling; the shared code writes and reads the rest."""
+
+    problems: Callable[[CausalLMConfig], list[str]]  # what llama.cpp's model cannot express, each with why
+    write: Callable[[Any, CausalLMConfig], None]  # (gguf.GGUFWriter, cfg): the family's keys
+    read: Callable[[Any], dict[str, Any]]  # (gguf_arch.KeyReader: the file's keys) -> settings
+    # state dict -> the tensors the entry's map names, and back (DeepSeek-V3's kv_b_proj split per head)
+    to_gguf: Callable[[dict[str, Any], CausalLMConfig], dict[str, Any]]
+    from_gguf: Callable[[dict[str, Any], CausalLMConfig], dict[str, Any]]
+    reads: frozenset[str] = frozenset()  # key templates ({arch}.expert_count, ...) the hooks read
+    rope_scaling: type | None = None  # the rope scaling the hooks write (YarnRopeScaling)
+
+
+@dataclass(frozen=True)
 class GgufEntry:
     """llama.cpp's architecture for a family, declaratively.
 
@@ -142,6 +159,7 @@ class GgufEntry:
     # metadata key -> the handformer key ({i} = block) of a number each layer learns, which llama.cpp
     # keeps as an array of one float a layer in the metadata, not as a tensor (Apertus's xIELU)
     layer_values: dict[str, str] = field(default_factory=dict)
+    hooks: GgufHooks | None = None  # the family's own GGUF code (GgufHooks)
 
     @property
     def rms(self) -> bool:
@@ -194,5 +212,5 @@ class FamilySpec:
     differences: Differences = field(default_factory=Differences)  # for `handformer families`
 
 
-__all__ = ["Claim", "Differences", "FamilySpec", "Fixed", "GgufEntry", "GgufKeys", "HFTensors", "Target",
-           "conv1d", "no_problems", "paired", "stacked", "to"]
+__all__ = ["Claim", "Differences", "FamilySpec", "Fixed", "GgufEntry", "GgufHooks", "GgufKeys", "HFTensors",
+           "Target", "conv1d", "no_problems", "paired", "stacked", "to"]
