@@ -128,7 +128,7 @@ def state_from_gguf(file: GGUFFile, cfg: CausalLMConfig, family: Family, zeros: 
     known = (set(plan) | zeros | ({ROPE_FREQS} if family.rope_freqs else set())
              | (set(LONGROPE) if family.longrope else set()))
     head = {"lm_head.weight"} if cfg.tie_embeddings else set()
-    shapes = {n: source_shape(n, keys, expected) for n, keys in plan.items()}
+    shapes = {n: source_shape(n, keys, expected, cfg, family) for n, keys in plan.items()}
     problems = {
         "missing tensors": [n for n in plan if n not in file.tensors],
         "unexpected tensors": [n for n in file.tensors if n not in known],
