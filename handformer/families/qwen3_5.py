@@ -339,7 +339,7 @@ TENSORS = llama.llama_like(
 #   convolution), z, a, b, A and dt_bias, and the columns of out_proj, are reordered
 #   [V0 V1 V2 | V3 V4 V5] -> [V0 V3 | V1 V4 | V2 V5] for Hk = 2, Hv = 6 (as llama.cpp's converter does).
 # The block's second norm (before the FFN) is post_attention_norm; llama.cpp always turns RoPE with
-# sections (M-RoPE): for text every section has the token's position, which is plain RoPE.
+# sections (M-RoPE, `mrope_sections`): for text every section has the token's position, plain RoPE.
 
 GGUF_TENSORS = {
     **{name: keys for name, keys in llama.GGUF_TENSORS.items() if name != "blk.{i}.ffn_norm.weight"},
@@ -356,7 +356,15 @@ GGUF_TENSORS = {
     "blk.{i}.ssm_out.weight": (f"{llama.ATTN}.out_proj.weight",),  # (D, Hv Dv)
 }
 RECURRENT_LAYERS = "qwen35.attention.recurrent_layers"  # a bool a layer: True = DeltaNet
-MROPE_SECTIONS = [11, 11, 10, 0]  # qwen35.rope.dimension_sections, llama.cpp's default (the converter's)
+
+
+def mrope_sections(rotary_dim: int) -> list[int]:
+    """qwen35.rope.dimension_sections: how M-RoPE shares the rotary frequencies among the time, height
+    and width positions (one position for text: any split is plain RoPE). The released models'
+    [11, 11, 10, 0] for their 32 frequencies, in thirds likewise for others (llama.cpp requires
+    them to add up to at most the head width: the default breaks heads under 32 wide)."""
+    n = rotary_dim // 2
+    return [(n + 2) // 3, (n + 1) // 3, n // 3, 0]
 
 
 def _value_heads(t: Tensor, dim: int, key_heads: int, width: int, to_tiled: bool) -> Tensor:
@@ -431,7 +439,7 @@ def _write_gguf_keys(writer: Any, cfg: CausalLMConfig) -> None:
     every = _every(sorted(d.layers), cfg.n_layers)
     if every is not None:
         writer.add_full_attention_interval(every)
-    writer.add_rope_dimension_sections(MROPE_SECTIONS)
+    writer.add_rope_dimension_sections(mrope_sections(cfg.rotary_dim))
 
 
 def _count(metadata: dict[str, Any], name: str, where: str, default: Any = ...) -> Any:
