@@ -14,6 +14,7 @@ module of the package, the package modules it imports (at the top or inside func
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,8 +99,13 @@ def imports(path: Path) -> set[str]:
                 base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
             found.add(base)
             found |= {f"{base}.{a.name}" for a in node.names}  # `from handformer.nn import masks`
-    known = {module_name(p) for p in PACKAGE.rglob("*.py")}
-    return {m for m in found if m in known and m != module_name(path)}
+    return {m for m in found if m in package_modules() and m != module_name(path)}
+
+
+@functools.cache
+def package_modules() -> frozenset[str]:
+    """Every module of the package, by name (listed once: import_graph asks for each file)."""
+    return frozenset(module_name(p) for p in PACKAGE.rglob("*.py"))
 
 
 def import_graph() -> dict[str, set[str]]:

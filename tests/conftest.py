@@ -3,6 +3,7 @@ outside run_policy.ALLOWED_SKIPS, the costliest files first (run_order)."""
 
 import gc
 import os
+import sys
 
 import pytest
 from run_order import pytest_collection_modifyitems  # noqa: F401 (hook)
@@ -11,6 +12,15 @@ from run_policy import (  # noqa: F401 (hooks)
     pytest_runtest_makereport,
     refuse_golden_writes_when_required,
 )
+
+# Collection imports every test module and most of handformer in each worker: with
+# PYTHONDONTWRITEBYTECODE set (some machines set it for every process), nothing compiled is cached and
+# each run rewrites and compiles about 100,000 lines again (5 s of a worker's collection on a 2-core
+# machine). Collection writes its caches (__pycache__, git-ignored) as a plain Python does; after it
+# the environment's setting holds again, so a file a test writes and imports (a learner's chapter,
+# changed between two checks in the same second) is never read back from a stale cache.
+WRITE_BYTECODE_AFTER_COLLECTION = not sys.dont_write_bytecode
+sys.dont_write_bytecode = False
 
 pytest_plugins = ["pytester"]  # test_references_required runs probe suites in process
 
@@ -30,6 +40,10 @@ def pytest_configure(config):
 
         torch.set_num_threads(1)
         os.environ.update({name: "1" for name in THREAD_VARS})
+
+
+def pytest_collection_finish(session):
+    sys.dont_write_bytecode = not WRITE_BYTECODE_AFTER_COLLECTION
 
 
 @pytest.hookimpl(trylast=True)

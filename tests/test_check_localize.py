@@ -4,6 +4,8 @@ quoting the planted line, and the form of the difference; the correct file still
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from handformer.check.report import format_report
@@ -81,3 +83,57 @@ def test_unnamed_mistake_is_localized(tmp_path, name):
     assert f"第 {number} 行" in note["zh"] and planted in zh
     quoted = [ln.strip() for ln in source.splitlines() if len(ln.strip()) > 20 and ln.strip() in note["en"]]
     assert quoted == [planted]  # one line quoted: a diagnosis, not a listing
+
+
+# The other kinds, in tests/fixtures/learners_localize/correct.py: (kind, the correct line, the planted
+# line, the step named, the form of the difference)
+KIND_PLANTS = {
+    "ffn_product_halved": ("ffn", "hidden = gate * self.up_proj(x)", "hidden = gate * self.up_proj(x) / 2",
+                           "`hidden`", "silu(gate(x)) * up(x) times a constant factor 0.5 = 1/2"),
+    "ffn_extra_residual": ("ffn", "return self.linear2(F.relu(self.linear1(x)))",
+                           "return self.linear2(F.relu(self.linear1(x))) + x", "`return`",
+                           "the output down(...) plus an extra term equal to the input x"),
+    "rmsnorm_one_plus_gain": ("rmsnorm", "return self.weight * normed", "return (1 + self.weight) * normed",
+                              "`return`", "the gain times the normalized x plus an extra term equal to x / rms(x)"),
+    "layernorm_scaled": ("layernorm", "x_hat = (x - mean) / torch.sqrt(var + self.eps)",
+                         "x_hat = (x - mean) / torch.sqrt(var + self.eps) / math.sqrt(x.size(-1))", "`x_hat`",
+                         "times a constant factor 0.25 = 1/sqrt(d_model)"),
+    "layer_attention_halved": ("encoder_layer", "x = self.norm1(x + self.dropout(attn))",
+                               "x = self.norm1(x + 0.5 * self.dropout(attn))", "`the input of self.norm1`",
+                               "x + self-attention (the residual sum) plus -0.5 × (the self-attention's output)"),
+    "layer_extra_residual": ("encoder_layer", "x = self.norm2(x + self.dropout(ffn))",
+                             "x = self.norm2(x + self.dropout(ffn)) + x", "`x`",
+                             "the norm after the FFN plus an extra term equal to the norm after the self-attention"),
+    "loss_smoothing_summed": ("loss", "smooth = -logp.mean(dim=-1)", "smooth = -logp.sum(dim=-1)", "`smooth`",
+                              "the smoothing term -mean(log p) times a constant factor 7 = V"),
+    "loss_ignore_inverted": ("loss", "mask = (targets != pad_idx).float()", "mask = (targets == pad_idx).float()",
+                             "`mask`", "the real-token mask (1 = a real target), inverted (1 - it)"),
+}
+KINDS_FILE = Path(__file__).parent / "fixtures" / "learners_localize" / "correct.py"
+
+
+def test_correct_parts_pass_without_a_departure():
+    result = check_file(str(KINDS_FILE))
+    report = format_report(result)
+    assert {c.kind for c in result.components} >= {"ffn", "rmsnorm", "layernorm", "encoder_layer", "loss"}
+    assert all(c.status == "pass" for c in result.components), report
+    assert "parts from the reference" not in report
+
+
+@pytest.mark.parametrize("name", KIND_PLANTS)
+def test_unnamed_mistake_in_each_kind_is_localized(tmp_path, name):
+    kind, old, new, step, form = KIND_PLANTS[name]
+    correct = KINDS_FILE.read_text()
+    assert correct.count(old) == 1
+    source = correct.replace(old, new)
+    number, planted = next((i + 1, ln.strip()) for i, ln in enumerate(source.splitlines()) if new in ln)
+    path = tmp_path / "learner.py"
+    path.write_text(source)
+    result = check_file(str(path), only=[kind])
+    report, zh = format_report(result), format_report(result, "zh")
+    failed = [c for c in result.components if c.status == "fail"]
+    assert len(failed) == 1 and not failed[0].findings, report
+    (note,) = [n for n in failed[0].notes if "parts from the reference" in n["en"]]
+    assert f"{step} at line {number}: {planted}" in note["en"], report
+    assert form in note["en"], report
+    assert f"第 {number} 行" in note["zh"] and planted in zh

@@ -11,7 +11,6 @@ import contextlib
 import importlib.util
 import io
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -259,13 +258,35 @@ def runnable_blocks() -> list[Block]:
     return [b for b in python_blocks() if not first_comment(b).startswith("from ")]
 
 
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """servers(names): a server of those tiny models, started once for the module (18 blocks talk to
+    three sets of models) and stopped after its last block."""
+    from serve_helpers import Server, make_lm_run
+
+    from handformer.serve.app import create_app
+    from handformer.serve.registry import load_served_models
+
+    started = {}
+
+    def server(names: tuple[str, ...]) -> Server:
+        if names not in started:
+            root = tmp_path_factory.mktemp("served")
+            specs = [f"{name}={make_lm_run(root / name, max_positions=1024)}" for name in names]
+            started[names] = Server(create_app(load_served_models(specs)))
+        return started[names]
+
+    yield server
+    for running in started.values():
+        running.stop()
+
+
 @pytest.mark.parametrize("block", runnable_blocks(), ids=lambda b: b.where)
-def test_every_python_block_runs(block, tmp_path, monkeypatch):
-    from serve_helpers import Server, make_lm_run, seed_by_default
+def test_every_python_block_runs(block, tmp_path, monkeypatch, servers):
+    from serve_helpers import make_lm_run, seed_by_default
 
     monkeypatch.chdir(tmp_path)
     code, needs = block.code, first_comment(block)
-    server = None
     if needs.startswith("needs:"):
         kind, *names = re.split(r"[(（]", needs.removeprefix("needs:"))[0].split()
         if kind == "llama.cpp":  # run by the slow llama.cpp test, which this checks
@@ -279,12 +300,8 @@ def test_every_python_block_runs(block, tmp_path, monkeypatch):
         if kind in ("lm-run", "chat-run"):
             make_lm_run(tmp_path / names[0], chat=kind == "chat-run", max_positions=256)
         else:
-            from handformer.serve.app import create_app
-            from handformer.serve.registry import load_served_models
-
             seed_by_default(monkeypatch)
-            specs = [f"{name}={make_lm_run(tmp_path / name, max_positions=1024)}" for name in names]
-            server = Server(create_app(load_served_models(specs)))
+            server = servers(tuple(names))
             assert "http://127.0.0.1:8000" in code, f"{block.where}: a server block talks to 127.0.0.1:8000"
             code = code.replace("http://127.0.0.1:8000", server.url)
     printed: dict[int, str] = {}  # line of the block -> what its print calls printed there
@@ -293,12 +310,8 @@ def test_every_python_block_runs(block, tmp_path, monkeypatch):
         line = sys._getframe(1).f_lineno
         printed[line] = printed.get(line, "") + sep.join(map(str, args)) + end
 
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            exec(compile(code, block.where, "exec"), {"__name__": "docs", "print": record})
-    finally:
-        if server is not None:
-            server.stop()
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(code, block.where, "exec"), {"__name__": "docs", "print": record})
     # every print of the block ran and showed the reader something (a reply, generated text, an
     # embedding's size; a streamed reply's pieces together): an empty one means the call behind it
     # returned nothing
@@ -315,18 +328,20 @@ def report_block(readme: Path) -> tuple[list[str], str]:
     raise AssertionError(f"{rel(readme)} shows no `$ handformer check` report")
 
 
-def test_the_readmes_check_reports_are_what_check_prints():
-    runs = {}
+def test_the_readmes_check_reports_are_what_check_prints(monkeypatch):
+    """`handformer check` as the README runs it, from the project root (in this process: the learner's
+    code still runs in check's own child process)."""
+    from handformer.cli import main
+
+    monkeypatch.chdir(ROOT)
     for readme in (ROOT / "README.md", ROOT / "README.zh.md"):
         args, shown = report_block(readme)
-        runs[readme] = (shown, subprocess.Popen([sys.executable, "-m", "handformer", *args], cwd=ROOT,
-                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                                env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}))
-    for readme, (shown, proc) in runs.items():
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 1, f"handformer check exited {proc.returncode}: {err}"
-        assert out == shown, (f"{rel(readme)}: the check report differs from what `handformer check` prints "
-                              f"now; paste the new one:\n{out}")
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(args)
+        assert code == 1, f"handformer check exited {code}: {err.getvalue()}"
+        assert out.getvalue() == shown, (f"{rel(readme)}: the check report differs from what `handformer check` "
+                                         f"prints now; paste the new one:\n{out.getvalue()}")
 
 
 def test_the_checks_catch_what_they_should(tmp_path):

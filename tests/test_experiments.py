@@ -13,7 +13,7 @@ import torch
 
 from handformer.cli import main
 from handformer.config import CausalLMConfig
-from handformer.experiments import EXPERIMENTS, get_experiment
+from handformer.experiments import EXPERIMENTS, get_experiment, runner
 from handformer.experiments.activations import hidden_width
 from handformer.experiments.no_causal_mask import logits_without_mask
 from handformer.experiments.no_positions import permutation_gap
@@ -124,7 +124,8 @@ def test_summarize_counts_diverged_runs_apart():
     assert summarize([math.inf]) == {"n": 0, "failed": 1}
 
 
-def test_runner_writes_strict_json_and_marks_failed_runs(tmp_path):
+def fake_experiment() -> Experiment:
+    """Two variants, one of which diverges; a trial takes no time."""
     def run_trial(variant, seed, settings):
         loss = math.nan if variant == "diverges" else 1.0 + seed
         return Trial(variant, seed, {"loss": loss}, {"train": [(1, 2.0), (2, loss)]})
@@ -135,14 +136,43 @@ def test_runner_writes_strict_json_and_marks_failed_runs(tmp_path):
     class Settings:
         steps: int = 1
 
-    exp = Experiment("fake", "a fake experiment", "a claim", ["fine", "diverges"],
-                     [Metric("loss", "loss")], [Plot("train", "training loss")], run_trial,
-                     {"full": Settings(), "smoke": Settings()}, no_smoke_claim="a fake shows nothing")
-    summary = run_experiment(exp, tmp_path, seeds=3, log=lambda _: None)
+    return Experiment("fake", "a fake experiment", "a claim", ["fine", "diverges"],
+                      [Metric("loss", "loss")], [Plot("train", "training loss")], run_trial,
+                      {"full": Settings(), "smoke": Settings()}, no_smoke_claim="a fake shows nothing")
+
+
+def test_runner_writes_strict_json_and_marks_failed_runs(tmp_path):
+    summary = run_experiment(fake_experiment(), tmp_path, seeds=3, log=lambda _: None)
     assert summary["fine"]["loss"]["mean"] == 2.0 and summary["diverges"]["loss"]["failed"] == 3
     data = json.loads((tmp_path / "fake" / "results.json").read_text())
     assert data["trials"][1]["metrics"]["loss"] is None
     assert "| diverges | 3 | failed (3) |" in (tmp_path / "fake" / "results.md").read_text()
+
+
+@pytest.mark.parametrize("replot_seconds, plots", [(30.0, 1), (0.0, 3)])
+def test_results_after_every_trial_the_plot_when_replot_seconds_passed_and_at_the_end(
+        tmp_path, monkeypatch, replot_seconds, plots):
+    """An interrupted run keeps every finished trial in results.json and results.md; the plot, which
+    takes longer to draw than a smoke trial takes to train, is redrawn only once REPLOT_SECONDS have
+    passed since the last one, and once at the end."""
+    written, drawn = [], []
+    write_text, plot_trials = runner.atomic_write_text, runner.plot_trials
+
+    def record_text(path, text):
+        written.append(Path(path).name)
+        return write_text(path, text)
+
+    def record_plot(exp, trials, path):
+        drawn.append(len(trials))
+        return plot_trials(exp, trials, path)
+
+    monkeypatch.setattr(runner, "atomic_write_text", record_text)
+    monkeypatch.setattr(runner, "plot_trials", record_plot)
+    monkeypatch.setattr(runner, "REPLOT_SECONDS", replot_seconds)
+    run_experiment(fake_experiment(), tmp_path, seeds=1, smoke=True, log=lambda _: None)
+    assert written == ["results.json", "results.md"] * 3  # after each of the 2 trials, and at the end
+    assert len(drawn) == plots and drawn[-1] == 2
+    assert (tmp_path / "fake" / "fake.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize("declared, message", [

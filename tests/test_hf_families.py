@@ -15,6 +15,7 @@ Phi-4-mini's generation crosses its original context, where LongRoPE changes fac
 """
 
 import copy
+import functools
 import math
 import re
 
@@ -325,12 +326,33 @@ def _exaone4():  # norms after the sublayers, q/k norms per head; layers 0-2 and
 BUILDERS["exaone4"] = _exaone4
 
 
+@functools.cache
+def _imported(name):
+    """The family's tiny random transformers model and its import, built once for the module (the
+    tests read them; one that changes a model changes a copy)."""
+    torch.manual_seed(sorted(BUILDERS).index(name))
+    hf_model = randomize_hf(BUILDERS[name](), 0.15)
+    hf_model.generation_config.eos_token_id = None  # no early stop: compare every token
+    return hf_model, model_from_hf(hf_model.config.to_dict(), hf_model.state_dict()).eval()
+
+
 @pytest.fixture(scope="module", params=list(BUILDERS))
 def pair(request):
-    torch.manual_seed(sorted(BUILDERS).index(request.param))
-    hf_model = randomize_hf(BUILDERS[request.param](), 0.15)
-    ours = model_from_hf(hf_model.config.to_dict(), hf_model.state_dict()).eval()
-    return request.param, hf_model, ours
+    return request.param, *_imported(request.param)
+
+
+HF_GREEDY: dict[tuple[str, bool], list[list[int]]] = {}
+
+
+def _hf_greedy(name, hf_model, use_cache: bool) -> list[list[int]]:
+    """transformers' 20 greedy tokens for the left-padded batch of prompts of 9, 4 and 6 tokens
+    (with or without its KV cache), generated once a family for the tests that compare with them."""
+    if (name, use_cache) not in HF_GREEDY:
+        ids, mask = _left_padded([9, 4, 6], 9, seed=3)
+        out = hf_model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=0,
+                                use_cache=use_cache)
+        HF_GREEDY[name, use_cache] = out[:, ids.size(1):].tolist()
+    return HF_GREEDY[name, use_cache]
 
 
 def _left_padded(lengths, total, seed=1):
@@ -371,12 +393,7 @@ def test_greedy_generation_matches_batched_and_left_padded(pair):
     name, hf_model, ours = pair
     ids, mask = _left_padded([9, 4, 6], 9, seed=3)
     new = 20
-    hf_model.generation_config.eos_token_id = None  # no early stop: compare every token
-    expected = {}
-    for use_cache in (True, False):
-        out = hf_model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new, pad_token_id=0,
-                                use_cache=use_cache)
-        expected[use_cache] = out[:, ids.size(1):].tolist()
+    expected = {use_cache: _hf_greedy(name, hf_model, use_cache) for use_cache in (True, False)}
     prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
     assert generate(ours, prompts, new, temperature=0) == expected[True]
     assert generate(ours, prompts, new, temperature=0, use_cache=False) == expected[False]
@@ -395,22 +412,13 @@ def test_prepared_model_generates_the_same(pair):
     pack_linears(prepared, min_bytes=0)
     assert any(isinstance(m, FusedSelfAttention) for m in prepared.modules()) == (name not in VARIANT_ATTENTION)
     ids, mask = _left_padded([9, 4, 6], 9, seed=3)
-    hf_model.generation_config.eos_token_id = None
-    out = hf_model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, pad_token_id=0)
     prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-    assert generate(prepared, prompts, 20, temperature=0) == out[:, ids.size(1):].tolist()
+    assert generate(prepared, prompts, 20, temperature=0) == _hf_greedy(name, hf_model, use_cache=True)
     plain = ours(ids, attention_mask=mask).logits[mask.bool()]
     # oneDNN's packed products sum in another order: within 1e-5 of the logits' scale (Gemma 3's
     # heads of 256 over seven layers move the last bits of logits near 8 by up to 3e-5)
     torch.testing.assert_close(prepared(ids, attention_mask=mask).logits[mask.bool()], plain,
                                atol=1e-5 * max(1.0, float(plain.abs().max())), rtol=1e-5)
-
-
-def _imported(name):
-    torch.manual_seed(sorted(BUILDERS).index(name))
-    hf_model = randomize_hf(BUILDERS[name](), 0.15)
-    hf_model.generation_config.eos_token_id = None  # no early stop: compare every token
-    return hf_model, model_from_hf(hf_model.config.to_dict(), hf_model.state_dict()).eval()
 
 
 def _serve(model, rows, engine=None):
@@ -458,6 +466,7 @@ def test_lora_targets_of_todays_families_are_their_checkpoints_projections(name)
     from handformer.adapters.lora import LoRAConfig, add_lora
 
     hf_model, ours = _imported(name)
+    ours = copy.deepcopy(ours)
     names = add_lora(ours, LoRAConfig(rank=2, targets="all-linear"))
     assert {n.rsplit(".", 1)[-1] for n in names} == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                      "up_proj", "down_proj"}
@@ -726,6 +735,11 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
     assert torch.equal(norm(x), hf_norm(x))
 
 
+# A family's second or third released size repeats the proof of its first (the same layers, more of
+# them and wider): those run with -m slow (docs/proof.md lists them).
+LARGER_SIZE = pytest.mark.slow
+
+
 @pytest.mark.parametrize("config_class, overrides", [
     ("Qwen2Config", {"tie_word_embeddings": True, "use_sliding_window": False, "sliding_window": 131072}),
     ("MistralConfig", {}),  # Mistral 7B: 4096-token window, 8 key/value heads
@@ -746,9 +760,9 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
     ("Gemma3TextConfig", {"hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
                           "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
                           "vocab_size": 262144, "sliding_window": 512}),  # Gemma 3 270M
-    ("Gemma3TextConfig", {"hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
-                          "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
-                          "vocab_size": 262144, "sliding_window": 512}),  # Gemma 3 1B
+    pytest.param("Gemma3TextConfig", {"hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
+                                      "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+                                      "vocab_size": 262144, "sliding_window": 512}, marks=LARGER_SIZE),  # Gemma 3 1B
     ("SmolLM3Config", {}),  # SmolLM3 3B
     ("Olmo2Config", {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
                      "num_attention_heads": 16, "vocab_size": 100352}),  # OLMo 2 1B
@@ -778,23 +792,27 @@ def test_gemma_norm_and_embedding_scale_match_in_bfloat16():
     ("Ernie4_5Config", {}),  # ERNIE-4.5-0.3B
     ("ApertusConfig", {"hidden_size": 4096, "intermediate_size": 21504, "num_hidden_layers": 32,
                        "num_attention_heads": 32, "num_key_value_heads": 8}),  # Apertus-8B
-    ("ApertusConfig", {"hidden_size": 8192, "intermediate_size": 43008, "num_hidden_layers": 80,
-                       "num_attention_heads": 64, "num_key_value_heads": 8}),  # Apertus-70B
+    pytest.param("ApertusConfig", {"hidden_size": 8192, "intermediate_size": 43008, "num_hidden_layers": 80,
+                                   "num_attention_heads": 64, "num_key_value_heads": 8},
+                 marks=LARGER_SIZE),  # Apertus-70B
     ("Qwen3_5TextConfig", {"hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 64,
                            "num_attention_heads": 24, "linear_num_value_heads": 48, "vocab_size": 248320,
                            "max_position_embeddings": 262144}),  # Qwen3.5-27B's text model
     ("Glm4Config", {"max_position_embeddings": 32768}),  # GLM-4-9B-0414
-    ("Glm4Config", {"hidden_size": 6144, "intermediate_size": 23040, "num_hidden_layers": 61,
-                    "num_attention_heads": 48, "attention_bias": False, "rms_norm_eps": 1e-5}),  # GLM-4-32B-0414
+    pytest.param("Glm4Config", {"hidden_size": 6144, "intermediate_size": 23040, "num_hidden_layers": 61,
+                                "num_attention_heads": 48, "attention_bias": False, "rms_norm_eps": 1e-5},
+                 marks=LARGER_SIZE),  # GLM-4-32B-0414
     ("Exaone4Config", {"hidden_size": 2048, "intermediate_size": 4096, "num_hidden_layers": 30,
                        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "sliding_window": None,
                        "layer_types": ["full_attention"] * 30, "tie_word_embeddings": True}),  # EXAONE-4.0-1.2B
-    ("Exaone4Config", {"hidden_size": 5120, "intermediate_size": 27392, "num_hidden_layers": 64,
-                       "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128}),  # EXAONE-4.0-32B
+    pytest.param("Exaone4Config", {"hidden_size": 5120, "intermediate_size": 27392, "num_hidden_layers": 64,
+                                   "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128},
+                 marks=LARGER_SIZE),  # EXAONE-4.0-32B
     ("Ministral3Config", {"hidden_size": 3072, "intermediate_size": 9216, "num_hidden_layers": 26,
                           "tie_word_embeddings": True}),  # Ministral 3 3B's text model
-    ("Ministral3Config", {}),  # Ministral 3 8B's text model
-    ("Ministral3Config", {"hidden_size": 5120, "intermediate_size": 16384, "num_hidden_layers": 40}),  # 14B's
+    pytest.param("Ministral3Config", {}, marks=LARGER_SIZE),  # Ministral 3 8B's text model
+    pytest.param("Ministral3Config", {"hidden_size": 5120, "intermediate_size": 16384, "num_hidden_layers": 40},
+                 marks=LARGER_SIZE),  # 14B's
 ])
 def test_full_size_configs_give_the_same_parameter_count(config_class, overrides):
     """The families at their released sizes (transformers' defaults), built on the meta device: no

@@ -3,7 +3,6 @@ as it was, merged weights compute what base + adapters compute, only the adapter
 selection and its errors, and equality with Hugging Face `peft` on a tiny random Llama (the same
 initial adapters copied in: the same logits and gradients)."""
 
-import peft  # a dev dependency: missing, these tests fail (CI installs it)
 import pytest
 import torch
 import torch.nn.functional as F
@@ -210,6 +209,8 @@ def ours_name(peft_name: str) -> str:
 
 @pytest.mark.parametrize("targets", [["q_proj", "v_proj"], "all-linear"])
 def test_equal_to_peft_logits_and_gradients_with_the_same_initial_adapters(targets):
+    import peft  # a dev dependency: missing, this test fails (CI installs it); here, not at collection (2 s)
+
     hf = hf_llama()
     ours = model_from_hf(hf.config.to_dict(), hf.state_dict())
     config = peft.LoraConfig(r=4, lora_alpha=12, lora_dropout=0.0, target_modules=targets)

@@ -10,6 +10,9 @@ import run_policy
 from helpers import REQUIRE_ENV
 
 TESTS = Path(__file__).resolve().parent
+# the suite's own plugin policy (pyproject.toml's addopts): an inner run that loaded every installed
+# plugin would import and rewrite them all again (pytester restores sys.modules after each run), 2 s a run
+ARGS = ("-q", "-p", "no:cacheprovider", "--disable-plugin-autoload")
 
 HOOKS = "from run_policy import pytest_make_collect_report, pytest_runtest_makereport\n"
 PROBE = '''
@@ -58,7 +61,7 @@ def run_probe(pytester, monkeypatch, source: str, required: bool):
         monkeypatch.setenv(REQUIRE_ENV, "1")
     pytester.makeconftest(HOOKS)
     pytester.makepyfile(test_probe=source)
-    return pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider")
+    return pytester.runpytest_inprocess(*ARGS)
 
 
 @pytest.mark.parametrize("probe, required", [(PROBE, True), (PROBE_BROWSER, False)],
@@ -106,7 +109,7 @@ def test_golden_files_are_not_rewritten_in_a_run_that_must_prove(pytester, monke
     pytester.makeconftest("from run_policy import refuse_golden_writes_when_required\n\n\n"
                           "def pytest_configure(config):\n    refuse_golden_writes_when_required()\n")
     pytester.makepyfile(test_probe="def test_passes():\n    pass\n")
-    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess(*ARGS)
     assert result.ret == pytest.ExitCode.USAGE_ERROR and "unset one of them" in result.stderr.str()
     monkeypatch.delenv(REQUIRE_ENV)
     run_policy.refuse_golden_writes_when_required()  # regenerating locally is allowed
@@ -122,7 +125,7 @@ def test_an_empty_parameter_list_fails_at_collection(pytester):
     options = tomllib.loads((TESTS.parent / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     pytester.makepyfile(test_probe="import pytest\n\n\n@pytest.mark.parametrize('config', [])\n"
                                    "def test_config(config):\n    pass\n")
-    result = pytester.runpytest_inprocess("-q", "-p", "no:cacheprovider", "-o",
+    result = pytester.runpytest_inprocess(*ARGS, "-o",
                                           f"empty_parameter_set_mark={options['empty_parameter_set_mark']}")
     assert result.ret == pytest.ExitCode.INTERRUPTED and "Empty parameter set" in result.stdout.str()
 

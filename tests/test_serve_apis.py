@@ -33,7 +33,6 @@ from handformer.serve.thinking import ThinkingBudget, ThinkingFormat, ThinkingSp
 INSTALL = "pip install -e '.[dev]' (the client libraries the server is tested with are dev dependencies)"
 require_module("llguidance", INSTALL)
 openai = require_module("openai", INSTALL)
-anthropic = require_module("anthropic", INSTALL)
 
 pytestmark = pytest.mark.usefixtures("one_thread", "loopback_only")
 KEY = "test-key"
@@ -85,7 +84,14 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def claude(server):
+def anthropic():
+    """Anthropic's client library, imported by the tests that use it (2 s: not at collection, in
+    both workers)."""
+    return require_module("anthropic", INSTALL)
+
+
+@pytest.fixture(scope="module")
+def claude(server, anthropic):
     return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0)
 
 
@@ -264,7 +270,7 @@ def test_a_tool_round_trip_with_the_anthropic_client(claude):
     assert streamed.content[0].input == use.input and streamed.stop_reason == "tool_use"
 
 
-def test_messages_errors_come_in_anthropics_shape(claude, server):
+def test_messages_errors_come_in_anthropics_shape(claude, server, anthropic):
     with pytest.raises(anthropic.BadRequestError) as err:
         claude.messages.create(model="story", messages=MESSAGES, max_tokens=5, extra_body={"temperature": 1.5})
     assert err.value.body == {"type": "error", "error": {"type": "invalid_request_error", "message": (

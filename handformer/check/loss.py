@@ -32,6 +32,7 @@ from torch import Tensor
 from handformer.check import fingerprint as fp
 from handformer.check.context import Context, finish, forward_parameters
 from handformer.check.discovery import Component, DiscoveryError
+from handformer.check.localize_kinds import localize_loss, note_departure
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
 from handformer.training.losses import token_cross_entropy
@@ -267,6 +268,9 @@ def check_loss(comp: Component, ctx: Context) -> ComponentResult:
                               "below", "没有任何已知错误（或两个错误的组合）能复现你的损失；请看下面的数值"))
         res.checks.append(Check(text("the loss equals handformer's token_cross_entropy in some convention",
                                      "损失在某种约定下等于 handformer 的 token_cross_entropy"), False))
+        eps = smoothings[-1]
+        note_departure(res, lambda: localize_loss(lambda x: loss(x, targets, eps), comp.obj, logp, targets,
+                                                  eps, PAD))
     else:
         (form, split, reduction), flags = found
         parts = [FORMS[form]] + ([SPLITS[split]] if loss.smoothing else []) + [REDUCTIONS[reduction]]

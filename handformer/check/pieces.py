@@ -25,6 +25,7 @@ from handformer.check.context import (
     shape_of,
 )
 from handformer.check.discovery import Component
+from handformer.check.localize_kinds import localize_ffn, localize_norm, note_departure
 from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
@@ -163,6 +164,9 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
             res.notes.append(text(f"activation: {name}", f"激活函数：{name}"))
         if has_down:
             _compare_ffn(res, ctx, run, slots, name, width)
+        if has_down and not res.findings and res.max_abs_error >= 1e-5:
+            readings = [ffn_weights(s, a) for s in candidates for a in FFN_ACTIVATIONS[gated]]
+            note_departure(res, lambda: localize_ffn(module, readings, x))
         bumped = x.clone()
         bumped[:, 2] += 1.0
         moved = _position_moved(run(bumped), out)
@@ -281,6 +285,8 @@ def check_norm(comp: Component, ctx: Context) -> ComponentResult:
                         torch.autograd.grad((mine * g).sum(), [x] + params, allow_unused=True),
                         torch.autograd.grad((ref * g).sum(), [x] + hf_params))))
         res.max_abs_error = max(errors)
+        if not (found and found[0]) and res.max_abs_error >= 1e-5:
+            note_departure(res, lambda: localize_norm(module, w, probe))
     label = "LayerNorm" if kind == "layernorm" else "RMSNorm"
     res.checks.append(Check(text(f"matches handformer's {label} on 4 inputs (scales 1, 3, 0.1, sqrt(eps))",
                                  f"在 4 组输入（尺度 1、3、0.1、sqrt(eps)）上与 handformer 的 {label} 一致"),

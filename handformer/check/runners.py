@@ -28,6 +28,7 @@ from handformer.check.discovery import (
     own_objects,
 )
 from handformer.check.kinds import KINDS_BY_NAME
+from handformer.check.localize_kinds import note_layer_departure
 from handformer.check.result import (
     ERROR,
     FAIL,
@@ -106,6 +107,7 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     try:
         with torch.no_grad(), ctx.hyperparameters(comp):
             result = runner_for(comp.kind)(comp, ctx)
+            note_layer_departure(comp, ctx, result)
     except fp.LearnerFailure as failure:
         result = ComponentResult(comp.kind, comp.name, ERROR, error=failure.error)
         partial = ctx.partial

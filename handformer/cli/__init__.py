@@ -4,6 +4,7 @@ group of commands; each module's `add_parsers` registers its commands."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Sequence
 
@@ -39,6 +40,8 @@ COMMANDS = [trace, train, translate, generate, chat, evaluate, import_hf, import
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Every command's options. main builds it once a process: nothing in it may depend on state that
+    changes while the process runs (a list of choices that can grow is a view, as `data`'s names are)."""
     parser = argparse.ArgumentParser(prog="handformer", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
@@ -46,8 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    """The parser, built once a process (about 12 ms: a program or a test calling main many times
+    pays it once); parse_args leaves it as it was."""
+    return build_parser()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parser().parse_args(argv)
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:

@@ -5,6 +5,25 @@ cache (docs/data.md)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+
+
+class DatasetNames:
+    """The choices of a dataset argument, read when the arguments are parsed (the parser is built once
+    a process, and a program may add to DATASETS after that): every dataset's name, then `extra`."""
+
+    def __init__(self, *extra: str) -> None:
+        self.extra = extra
+
+    def __contains__(self, name: object) -> bool:
+        from handformer.data.sources import DATASETS
+
+        return name in DATASETS or name in self.extra
+
+    def __iter__(self) -> Iterator[str]:
+        from handformer.data.sources import DATASETS
+
+        return iter([*DATASETS, *self.extra])
 
 
 def _status(name: str) -> str:
@@ -71,10 +90,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("list", help="each dataset and where it is found").set_defaults(func=cmd_list)
     get = actions.add_parser("get", help="download datasets into the user's cache, checked by sha256")
-    get.add_argument("names", nargs="+", metavar="NAME", choices=[*DATASETS, "all"],
+    get.add_argument("names", nargs="+", metavar="NAME", choices=DatasetNames("all"),
                      help=f"{', '.join(DATASETS)}, or all")
     get.set_defaults(func=cmd_get)
     path = actions.add_parser("path", help="print where a dataset or one of its files is (no download)")
-    path.add_argument("name", metavar="NAME", choices=list(DATASETS), help=", ".join(DATASETS))
+    path.add_argument("name", metavar="NAME", choices=DatasetNames(), help=", ".join(DATASETS))
     path.add_argument("file", nargs="?", default=None, help="one of its files (default: its folder)")
     path.set_defaults(func=cmd_path)

@@ -202,11 +202,13 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
         problems.append(f"family.nope_layers={cfg.family.nope_layers!r} (llama.cpp's {family.name} leaves "
                         f"RoPE out of layer i when (i + 1) % {family.nope_step} = 0: {nope} for "
                         f"{cfg.n_layers} layers)")
+    own_scalings = family.own_keys.rope_scalings if family.own_keys is not None else ()  # gpt-oss's YaRN
     if family.longrope:
         if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, LongRopeScaling):
             problems.append(f"rope_scaling={cfg.rope_scaling!r} (llama.cpp's {family.name} takes LongRoPE "
                             "only)")
-    elif cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, Llama3RopeScaling):
+    elif cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling,
+                                                         (Llama3RopeScaling, *own_scalings)):
         problems.append(f"rope_scaling={cfg.rope_scaling!r} (export-gguf writes Llama 3's rope scaling only; "
                         "export-hf writes this run for transformers)")
     if family.problems is not None:
@@ -214,6 +216,8 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
     if family.full_width_heads and cfg.n_heads * cfg.head_dim != cfg.d_model:
         problems.append(f"head_dim={cfg.head_dim} (llama.cpp's {family.name} needs n_heads * head_dim = "
                         f"d_model = {cfg.d_model})")
+    if family.own_keys is not None:
+        problems += family.own_keys.problems(cfg)
     return problems
 
 
@@ -272,8 +276,8 @@ def _concrete(family: Family, cfg: CausalLMConfig) -> list[tuple[str, tuple[str,
 
 
 def stacked(name: str) -> bool:
-    """A mixture's experts, one 3-D tensor (E, rows, columns) joined along a new first dim."""
-    return name.endswith("_exps.weight")
+    """A mixture's experts, one tensor (E, rows, columns) joined along a new first dim."""
+    return name.endswith(("_exps.weight", "_exps.bias"))  # gpt-oss's experts have biases: (E, rows)
 
 
 def export_tensors(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family) -> list[tuple[str, Tensor]]:
@@ -459,8 +463,13 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
         for name, key in SCALING_KEYS.items():
             value = getattr(cfg.rope_scaling, name)
             (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(key, value)
+<<<<<<< HEAD
     if family.write_keys is not None:
         family.write_keys(writer, cfg)
+=======
+    if family.own_keys is not None:
+        family.own_keys.write(writer, cfg)
+>>>>>>> main
 
 
 def _key(family: Family, template: str) -> str:
@@ -513,7 +522,8 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     for template, (harmless, what) in _NOT_IMPLEMENTED.items():
         key = _key(family, template)
         if ((family.softcaps and template in _SOFTCAPS) or (family.multipliers and template in _MULTIPLIERS)
-                or (family.experts and template == gguf.Keys.LLM.EXPERT_COUNT)):
+                or (family.experts and template == gguf.Keys.LLM.EXPERT_COUNT)
+                or (family.own_keys is not None and template in family.own_keys.reads)):
             continue
         if key in metadata and not harmless(metadata[key]):
             raise ValueError(f"{where} has {key}={metadata[key]!r}: {what}, which import-gguf "
@@ -566,6 +576,8 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     if family.multipliers:
         settings["family"] = FamilyConfig(**{name: _float(metadata, k(template), where, 1.0)
                                              for template, name in _MULTIPLIERS.items()})
+    if family.own_keys is not None:
+        settings.update(family.own_keys.read(metadata, settings, where))
     settings.update({name: value for name, (value, _) in family.settings.items() if name != "n_kv_heads"})
     if family.read_keys is not None:
         settings.update(family.read_keys(metadata, where))

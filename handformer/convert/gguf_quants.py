@@ -1,5 +1,5 @@
 """GGML's tensor encodings, written out by hand: Q8_0 and Q4_0 to write, F32, F16, BF16, Q8_0, Q4_0,
-Q4_K, Q5_K and Q6_K to read back as float32, and Q4_0 to read back kept 4-bit (for Int4Linear).
+Q4_K, Q5_K, Q6_K and MXFP4 to read back as float32, and Q4_0 to read back kept 4-bit (for Int4Linear).
 
 GGML quantizes each row of a weight in blocks. Every block stores one or two float16 scales and a
 few bits per weight; the layouts are llama.cpp's `block_*` structs (ggml-common.h), read here
@@ -14,6 +14,9 @@ byte by byte. Shapes: a row of K weights is K / 32 blocks (Q8_0, Q4_0) or K / 25
     Q5_K  176 bytes / 256 weights: as Q4_K plus 32 bytes holding each weight's fifth bit
     Q6_K  210 bytes / 256 weights: 128 bytes of low nibbles, 64 bytes of high 2-bit pairs,
           16 int8 scales (one per 16 weights), d (f16)                  w = d * sc * (q - 32)
+    MXFP4 17 bytes / 32 weights:  e (E8M0), 16 bytes of nibbles         w = 2^(e - 127) * fp4(q)
+          (nibbles as Q4_0's; fp4 is E2M1, one of 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives:
+          gpt-oss's experts, as llama.cpp's converter repacks them from the checkpoint)
 
 Quantizing to Q8_0 follows llama.cpp's reference `quantize_row_q8_0_ref`: d = max|w| / 127 in
 float32, q = w / d rounded half away from zero (C's roundf), d stored as float16. The products
@@ -40,7 +43,7 @@ QK_K = 256  # weights per super-block of the K-quants
 # type name -> (weights per block, bytes per block), as GGML defines them
 BLOCKS: dict[str, tuple[int, int]] = {
     "F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q8_0": (32, 34), "Q4_0": (32, 18),
-    "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+    "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "MXFP4": (32, 17),
 }
 
 
@@ -152,9 +155,28 @@ def _dequantize_q6_k(blocks: Tensor) -> Tensor:  # (nb, 210) -> (nb, 256)
     return ((d * scales)[..., None] * q).reshape(-1, QK_K)
 
 
+# E2M1 codes 0..15 doubled, so that they are whole numbers (code 8 is +0, as in llama.cpp's table)
+_FP4_DOUBLED = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+
+def _e8m0_half(e: Tensor) -> Tensor:
+    """(nb, 1) exponent bytes -> 2^(e - 127) / 2 in float32, built from its bits as ggml does (e 0 and 1
+    give the subnormals 2^-128 and 2^-127; 255 gives 2^127), so no rounding happens on the way."""
+    e = e.to(torch.int32)
+    bits = torch.where(e < 2, 0x00200000 << e, (e - 1) << 23)
+    return bits.view(torch.float32)
+
+
+def _dequantize_mxfp4(blocks: Tensor) -> Tensor:  # (nb, 17) -> (nb, 32)
+    qs = blocks[:, 1:]  # (nb, 16): weight j low, weight j + 16 high
+    codes = torch.cat([qs & 0x0F, qs >> 4], dim=1).long()  # (nb, 32)
+    values = torch.tensor(_FP4_DOUBLED, dtype=torch.float32)[codes]
+    return _e8m0_half(blocks[:, :1]) * values  # one float32 product, as gguf's and llama.cpp's
+
+
 _DEQUANTIZE: dict[str, Callable[[Tensor], Tensor]] = {
     "Q8_0": _dequantize_q8_0, "Q4_0": _dequantize_q4_0, "Q4_K": _dequantize_q4_k,
-    "Q5_K": _dequantize_q5_k, "Q6_K": _dequantize_q6_k,
+    "Q5_K": _dequantize_q5_k, "Q6_K": _dequantize_q6_k, "MXFP4": _dequantize_mxfp4,
 }
 
 

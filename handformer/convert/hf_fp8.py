@@ -24,20 +24,22 @@ from torch import Tensor
 SCALE = ".weight_scale_inv"
 
 
-def fp8_blocks(hf_config: dict[str, Any]) -> tuple[int, int] | None:
-    """The block (b0, b1) of an FP8 checkpoint, None for an unquantized one; any other
-    quantization_config is a ValueError naming it."""
+def fp8_blocks(hf_config: dict[str, Any], mxfp4: bool = False) -> tuple[int, int] | None:
+    """The block (b0, b1) of an FP8 checkpoint, None for an unquantized one (or an MXFP4 one when the
+    family's tensor map reads MXFP4: `mxfp4`, gpt-oss's experts); any other quantization_config is a
+    ValueError naming it."""
     q = hf_config.get("quantization_config")
-    if q is None:
-        return None
+    if q is None or (mxfp4 and isinstance(q, dict) and q.get("quant_method") == "mxfp4"):
+        return None  # MXFP4 is dequantized by the tensor map (HFTensors.mxfp4, convert/mxfp4.py)
     method, fmt, block = (q.get(k) if isinstance(q, dict) else None
                           for k in ("quant_method", "fmt", "weight_block_size"))
     ok = (method == "fp8" and fmt in (None, "e4m3") and isinstance(block, list) and len(block) == 2
           and all(isinstance(b, int) and b > 0 for b in block))
     if not ok:
         raise ValueError(f"config.json has quantization_config={q!r}: handformer reads FP8 (e4m3) weights "
-                         "with block scales (quant_method 'fp8', weight_block_size [b0, b1]) and unquantized "
-                         "ones; dequantize the checkpoint first (e.g. to bfloat16)")
+                         "with block scales (quant_method 'fp8', weight_block_size [b0, b1]), gpt-oss's "
+                         "MXFP4 experts and unquantized ones; dequantize the checkpoint first (e.g. to "
+                         "bfloat16)")
     return block[0], block[1]
 
 

@@ -24,6 +24,8 @@ from typing import Any
 
 from handformer.io import atomic_write, atomic_write_text
 
+REPLOT_SECONDS = 30.0  # during a run the plot is redrawn after a trial at most this often
+
 MIN_SEEDS = 3  # the issue's floor for a full run: a mean and a spread, never one lucky seed
 # The models are tiny: a second intra-op thread costs more than it saves on their small matrices,
 # and on a machine shared with other jobs it made steps 4-10x slower (measured: 1,015 vs 109 ms a
@@ -199,8 +201,9 @@ def plot_trials(exp: Experiment, trials: Sequence[Trial], path: Path) -> None:
     plt.close(fig)
 
 
-def write_results(exp: Experiment, trials: Sequence[Trial], out: Path, info: dict[str, Any]) -> None:
-    """results.json, results.md and the plot, each written atomically."""
+def write_results(exp: Experiment, trials: Sequence[Trial], out: Path, info: dict[str, Any],
+                  plot: bool = True) -> None:
+    """results.json, results.md and (unless plot=False) the plot, each written atomically."""
     stats, table = summary_table(exp, trials)
     info = {**info, "settings": asdict(info["settings"])}
     data = _clean({"experiment": exp.name, "title": exp.title, "claim": exp.claim, **info,
@@ -217,7 +220,8 @@ def write_results(exp: Experiment, trials: Sequence[Trial], out: Path, info: dic
                   f"({info['workers']} worker process(es) of {info['threads']} torch thread(s), "
                   f"{os.cpu_count()} CPUs)."]
     atomic_write_text(out / "results.md", "\n".join(lines) + "\n")
-    plot_trials(exp, trials, out / f"{exp.name}.png")
+    if plot:
+        plot_trials(exp, trials, out / f"{exp.name}.png")
 
 
 def _clean(value: Any) -> Any:
@@ -306,12 +310,16 @@ def _run(exp: Experiment, out_dir: str | os.PathLike, seeds: int, smoke: bool, c
         return time.process_time() + children.ru_utime + children.ru_stime
 
     start, cpu_start = time.perf_counter(), cpu_seconds()
+    plotted = start
     for trial in _trials(exp, jobs, settings, workers):
         trials.append(trial)
         trials.sort(key=lambda t: order[(t.seed, t.variant)])
         shown = ", ".join(f"{m.key}={trial.metrics.get(m.key, math.nan):.4g}" for m in exp.metrics)
         log(f"[{exp.name}] {trial.variant} seed {trial.seed}: {shown} ({trial.wall_s:.1f} s)")
-        write_results(exp, trials, out, info)
+        # the plot costs more than a smoke trial: redrawn once REPLOT_SECONDS have passed, and at the end
+        replot = time.perf_counter() - plotted >= REPLOT_SECONDS
+        write_results(exp, trials, out, info, plot=replot)
+        plotted = time.perf_counter() if replot else plotted
     info.update(wall_s=time.perf_counter() - start, cpu_s=cpu_seconds() - cpu_start,
                 load_before=load_before, load_after=os.getloadavg()[0])
     write_results(exp, trials, out, info)

@@ -81,6 +81,26 @@ class HFTensors:
     extra_layers: bool = False
 
 
+def no_problems(cfg: CausalLMConfig) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class GgufKeys:
+    """A family's own llama.cpp keys beyond the engine's (gpt-oss's window and YaRN), in its spec file:
+    `write` adds them, `read` turns them back into settings, `problems` names what the architecture
+    cannot express. `reads`: the key templates ({arch}) it reads that import-gguf would otherwise
+    refuse as not implemented (gguf_arch._NOT_IMPLEMENTED)."""
+
+    write: Callable[[Any, CausalLMConfig], None]  # (gguf.GGUFWriter, cfg)
+    # (metadata, the settings read so far, the file's name) -> settings
+    read: Callable[[dict[str, Any], dict[str, Any], str], dict[str, Any]]
+    problems: Callable[[CausalLMConfig], list[str]]
+    reads: tuple[str, ...] = ()
+    rope_scalings: tuple[type, ...] = ()  # the rope scalings `write` writes (beside Llama 3's rope_freqs)
+    notes: Callable[[CausalLMConfig], list[str]] = no_problems  # what export-gguf tells of llama.cpp's run
+
+
 @dataclass(frozen=True)
 class GgufEntry:
     """llama.cpp's architecture for a family, declaratively.
@@ -129,14 +149,11 @@ class GgufEntry:
     write_keys: Callable[[Any, CausalLMConfig], None] | None = None
     read_keys: Callable[[dict[str, Any], str], dict[str, Any]] | None = None
     problems: Callable[[CausalLMConfig], list[str]] | None = None
+    own_keys: GgufKeys | None = None  # the family's own keys, written and read by its spec file
 
     @property
     def rms(self) -> bool:
         return self.settings.get("norm", ("rmsnorm",))[0] != "layernorm"
-
-
-def no_problems(cfg: CausalLMConfig) -> list[str]:
-    return []
 
 
 Claim = tuple[int, Callable[[CausalLMConfig], bool]]
@@ -185,5 +202,5 @@ class FamilySpec:
     differences: Differences = field(default_factory=Differences)  # for `handformer families`
 
 
-__all__ = ["Claim", "Differences", "FamilySpec", "Fixed", "GgufEntry", "HFTensors", "Target", "conv1d",
-           "no_problems", "paired", "stacked", "to"]
+__all__ = ["Claim", "Differences", "FamilySpec", "Fixed", "GgufEntry", "GgufKeys", "HFTensors", "Target",
+           "conv1d", "no_problems", "paired", "stacked", "to"]

@@ -39,6 +39,7 @@ from handformer.convert.llama2c_tokenizer import llama2c_tokenizer
 from handformer.convert.llama2c_weights import read_llama2c
 from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
+from handformer.families.catalogue import SPECS
 from handformer.io import atomic_write_bytes, atomic_write_text
 from handformer.tasks.lm.run import save_lm_run, write_lm_run_config
 
@@ -91,7 +92,8 @@ def import_hf(hf_dir: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
     model_type, architecture = architecture_of(hf_config, hf_dir / "config.json")
     try:
         cfg = config_from_hf(hf_config)
-        blocks = fp8_blocks(hf_config)  # FP8 weights with block scales are read; other quantizations refused
+        # FP8 weights with block scales are read, MXFP4 by a family whose map has it; others refused
+        blocks = fp8_blocks(hf_config, mxfp4=bool(SPECS[model_type].tensors.mxfp4))
     except (ValueError, TypeError, KeyError) as err:  # a field missing or of the wrong type
         raise ValueError(f"{hf_dir / 'config.json'}: {err}") from None
     tokenizer = Tokenizer.load(hf_dir / "tokenizer.json")  # checked before the (big) weights
