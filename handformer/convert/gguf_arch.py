@@ -463,13 +463,10 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
         for name, key in SCALING_KEYS.items():
             value = getattr(cfg.rope_scaling, name)
             (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(key, value)
-<<<<<<< HEAD
     if family.write_keys is not None:
         family.write_keys(writer, cfg)
-=======
     if family.own_keys is not None:
         family.own_keys.write(writer, cfg)
->>>>>>> main
 
 
 def _key(family: Family, template: str) -> str:
