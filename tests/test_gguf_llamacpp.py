@@ -479,3 +479,56 @@ def test_deepseek_v3_generates_the_same_in_llama_cpp_and_as_its_converter_writes
     with torch.no_grad():
         torch.testing.assert_close(load_lm(tmp_path / "back").model(ids).logits, hf_model(ids).logits,
                                    atol=1e-5, rtol=1e-5)
+
+
+# convert_hf_to_gguf.py refuses a tokenizer whose pre-tokenizer hash it does not know: told it is qwen2's
+CONVERT_QWEN2_PRE = ("import runpy, sys; root = sys.argv[1]; sys.path.insert(0, root); from conversion import base; "
+           "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'qwen2'; "
+           "sys.argv = ['convert_hf_to_gguf.py', *sys.argv[2:]]; "
+           "runpy.run_path(root + '/convert_hf_to_gguf.py', run_name='__main__')")
+
+
+def test_qwen3_5_goes_to_gguf_as_llama_cpps_converter_writes_it_and_generates_the_same(tmp_path):
+    """A tiny Qwen3.5 (2 key heads, 6 value heads: tiled in llama.cpp): export-gguf writes the tensors
+    convert_hf_to_gguf.py writes, bit for bit, and its keys (but the interval it writes from the
+    config's default); import-gguf reads the converter's file to transformers' logits; llama.cpp
+    generates handformer's greedy tokens from both files, the recurrent states included."""
+    import subprocess
+    import sys
+
+    import gguf
+
+    if not (LLAMA_CPP_SRC / "convert_hf_to_gguf.py").exists():
+        pytest.skip(f"llama.cpp's convert_hf_to_gguf.py is not unpacked at {LLAMA_CPP_SRC}")
+    torch.manual_seed(0)
+    hf = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(
+        vocab_size=320, hidden_size=42, intermediate_size=38, num_hidden_layers=4, num_attention_heads=3,
+        num_key_value_heads=1, head_dim=24, max_position_embeddings=96, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=6, linear_value_head_dim=6,
+        linear_conv_kernel_dim=3, layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25,
+                         "mrope_section": [1, 1, 1], "mrope_interleaved": True}))
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_((1 if "norm" in name and "linear_attn" in name else 0) + 0.15 * torch.randn_like(p))
+    hf.eval().save_pretrained(tmp_path / "hf", safe_serialization=True)
+    Tokenizer.train_bpe([TEXT * 20], 300).save(tmp_path / "hf" / "tokenizer.json")  # the converter needs merges
+    subprocess.run([sys.executable, "-c", CONVERT_QWEN2_PRE, str(LLAMA_CPP_SRC), str(tmp_path / "hf"), "--outfile",
+                    str(tmp_path / "conv.gguf"), "--outtype", "f32", "--no-mtp"], check=True, capture_output=True)
+    assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "run")]) == 0
+    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "ours.gguf")]) == 0
+    ours, theirs = (gguf.GGUFReader(tmp_path / f) for f in ("ours.gguf", "conv.gguf"))
+    keys = [{k for k in r.fields if k.startswith("qwen35.")} for r in (ours, theirs)]
+    assert keys[0] - keys[1] == {"qwen35.vocab_size"} and keys[1] - keys[0] == {"qwen35.full_attention_interval"}
+    for k in keys[0] & keys[1]:
+        assert ours.fields[k].contents() == theirs.fields[k].contents(), k
+    tensors = [{t.name: torch.from_numpy(t.data.copy()) for t in r.tensors} for r in (ours, theirs)]
+    assert tensors[0].keys() == tensors[1].keys()
+    assert all(torch.equal(tensors[0][n], tensors[1][n]) for n in tensors[0])
+    assert main(["import-gguf", str(tmp_path / "conv.gguf"), str(tmp_path / "back")]) == 0
+    ids = torch.randint(3, 300, (2, 70), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(load_lm(tmp_path / "back").model(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-5)
+    for name in ("ours.gguf", "conv.gguf"):
+        tokens = _same_greedy(tmp_path / "run", tmp_path / name, TEXT[:30], n=60)
+        assert len(set(tokens)) > 10

@@ -5,6 +5,8 @@ runs the context again instead; the prefix cache is refused; LoRA finds the new 
 Transformers' parity (logits, left padding, greedy, served, export) is in test_hf_families and
 test_hf_export; this model is handformer's own, built from a config."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -146,15 +148,60 @@ def test_lora_targets_name_the_deltanet_projections(model):
         "q_proj", "k_proj", "v_proj", "o_proj"}
 
 
-def test_gguf_refuses_qwen3_5_by_name(model):
-    """llama.cpp's qwen35 has no entry in export-gguf: an imported run is refused naming it and why,
-    a run trained here with DeltaNet layers names the settings."""
-    from handformer.convert.gguf_arch import family_for, mismatches
-    from handformer.families.qwen3_5 import QWEN3_5
+GGUF_CFG = dataclasses.replace(CFG, deltanet=dataclasses.replace(CFG.deltanet, value_dim=6))  # llama.cpp's Dv = Dk
 
-    with pytest.raises(ValueError, match=r"\(llama.cpp's qwen35: Qwen3.5 keeps gated DeltaNet layers .*which "
-                                         r"export-gguf does not write yet\)"):
-        family_for(model.cfg, QWEN3_5.model_type)
-    found = mismatches(model.cfg, family_for(model.cfg, None))
-    assert any(p.startswith("deltanet=DeltaNetConfig(") and "gated DeltaNet" in p for p in found)
-    assert any(p.startswith("family.attn_output_gate=True") for p in found)
+
+def test_gguf_both_ways_in_llama_cpps_qwen35_layout(model, tmp_path, capsys):
+    """export-gguf writes llama.cpp's qwen35 names, shapes and keys (the gguf package's tables), A as
+    -exp(A_log) and the value heads tiled; import-gguf reads it back to the same weights and logits,
+    bit for bit. A run whose value heads are not as wide as its key heads is refused by name."""
+    import gguf
+
+    from handformer.cli import main
+    from handformer.convert.gguf_file import read_gguf
+    from handformer.data.special_tokens import SpecialTokens
+    from handformer.data.tokenizer import Tokenizer
+    from handformer.tasks.lm.run import load_lm, save_lm_run
+
+    tokenizer = Tokenizer.train_char(["".join(chr(97 + i) for i in range(26)) + " .,!?'"])
+    save_lm_run(tmp_path / "bad", model, tokenizer, SpecialTokens(eos_id=2, pad_id=0))
+    assert main(["export-gguf", str(tmp_path / "bad"), str(tmp_path / "bad.gguf")]) == 2
+    assert "deltanet.value_dim=5 (llama.cpp's Qwen3.5 makes a DeltaNet value head" in capsys.readouterr().err
+    torch.manual_seed(3)
+    run = build_causal_lm(GGUF_CFG).eval()
+    with torch.no_grad():
+        for p in run.parameters():
+            p.normal_(0, 0.3)
+    save_lm_run(tmp_path / "run", run, tokenizer, SpecialTokens(eos_id=2, pad_id=0))
+    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")]) == 0
+    file = read_gguf(tmp_path / "m.gguf")
+    known = {gguf.TENSOR_NAMES[t].format(bid=i) for t in gguf.MODEL_TENSORS[gguf.MODEL_ARCH.QWEN35] for i in range(3)}
+    assert {n.removesuffix(".weight").removesuffix(".bias") for n in file.tensors} <= known
+    C, D = 2 * 2 * 6 + 4 * 6, 36  # conv channels: q, k (2 heads of 6) and v (4 heads of 6)
+    shapes = {"blk.0.attn_qkv.weight": (C, D), "blk.0.attn_gate.weight": (24, D), "blk.0.ssm_conv1d.weight": (C, 3),
+              "blk.0.ssm_a": (4,), "blk.0.ssm_dt.bias": (4,), "blk.0.ssm_alpha.weight": (4, D),
+              "blk.0.ssm_norm.weight": (6,), "blk.0.ssm_out.weight": (D, 24), "blk.1.attn_q.weight": (72, D),
+              "blk.1.attn_q_norm.weight": (12,), "blk.1.post_attention_norm.weight": (D,)}
+    assert {n: tuple(file.tensors[n].shape) for n in shapes} == shapes
+    keys = {k.format(arch="qwen35"): v for k, v in {
+        gguf.Keys.SSM.CONV_KERNEL: 3, gguf.Keys.SSM.STATE_SIZE: 6, gguf.Keys.SSM.GROUP_COUNT: 2,
+        gguf.Keys.SSM.TIME_STEP_RANK: 4, gguf.Keys.SSM.INNER_SIZE: 24, gguf.Keys.Rope.DIMENSION_COUNT: 6,
+        gguf.Keys.Rope.DIMENSION_SECTIONS: [1, 1, 1, 0],
+        "{arch}.attention.recurrent_layers": [True, False, True]}.items()}  # the key gguf 0.19 lacks
+    assert {k: file.metadata[k] for k in keys} == keys
+    attn = run.layers[0].self_attn
+    tiled = [0, 2, 1, 3]  # value heads: key head 0's are 0, 1 (handformer) and 0, 2 (llama.cpp)
+    assert torch.equal(file.tensors["blk.0.ssm_a"].to_torch(), -attn.A_log.detach()[tiled].exp())
+    gate = attn.z_proj.weight.detach().view(4, 6, D)[tiled].reshape(24, D)
+    assert torch.equal(file.tensors["blk.0.attn_gate.weight"].to_torch(), gate)
+    assert torch.equal(file.tensors["blk.0.ssm_norm.weight"].to_torch(), attn.out_norm.weight.detach())  # w
+    assert main(["import-gguf", str(tmp_path / "m.gguf"), str(tmp_path / "back")]) == 0
+    back = load_lm(tmp_path / "back").model
+    assert back.cfg == GGUF_CFG
+    computed = {"A_log": torch.exp, "norm.weight": lambda w: 1 + w}  # the gains 1 + w, and exp(A_log), as computed
+    for (key, a), b in zip(run.state_dict().items(), back.state_dict().values()):
+        f = next((f for end, f in computed.items() if key.endswith(end) and "out_norm" not in key), None)
+        assert torch.equal(f(a), f(b)) if f else torch.equal(a, b), key
+    ids = _ids(2, 30)
+    with torch.no_grad():
+        assert torch.equal(back(ids).logits, run(ids).logits)

@@ -211,6 +211,8 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
           and not isinstance(cfg.rope_scaling, (Llama3RopeScaling, *own_scalings, *_hooked(family)))):
         problems.append(f"rope_scaling={cfg.rope_scaling!r} (export-gguf writes Llama 3's rope scaling only; "
                         "export-hf writes this run for transformers)")
+    if family.problems is not None:
+        problems += family.problems(cfg)
     if family.full_width_heads and cfg.n_heads * cfg.head_dim != cfg.d_model:
         problems.append(f"head_dim={cfg.head_dim} (llama.cpp's {family.name} needs n_heads * head_dim = "
                         f"d_model = {cfg.d_model})")
@@ -246,6 +248,8 @@ def _is_norm_weight(key: str) -> bool:
 
 def to_gguf_layout(key: str, tensor: Tensor, cfg: CausalLMConfig, family: Family) -> Tensor:
     """One handformer tensor as the family stores it in GGUF."""
+    if family.layout is not None:  # its own (Qwen3.5's DeltaNet)
+        return family.layout(key, tensor, cfg, True)
     if family.rope == "pairs" and ".q_proj." in key:
         return _pairs(tensor, cfg.n_heads, cfg.rotary_dim)
     if family.rope == "pairs" and ".k_proj." in key:
@@ -258,6 +262,8 @@ def to_gguf_layout(key: str, tensor: Tensor, cfg: CausalLMConfig, family: Family
 def from_gguf_layout(key: str, tensor: Tensor, cfg: CausalLMConfig, family: Family) -> Tensor:
     """The inverse of `to_gguf_layout`. Gemma's gains come back as fl(1 + w) - 1, whose 1 + w is
     the exported gain exactly: the imported model computes the same bits."""
+    if family.layout is not None:
+        return family.layout(key, tensor, cfg, False)
     if family.rope == "pairs" and ".q_proj." in key:
         return _halves(tensor, cfg.n_heads, cfg.rotary_dim)
     if family.rope == "pairs" and ".k_proj." in key:
@@ -352,8 +358,12 @@ def split_tensor(name: str, tensor: Tensor, keys: tuple[str, ...], cfg: CausalLM
     return {k: from_gguf_layout(k, p.contiguous(), cfg, family) for k, p in zip(keys, parts)}
 
 
-def source_shape(name: str, keys: tuple[str, ...], expected: dict[str, tuple[int, ...]]
-                 ) -> tuple[int, ...]:
+def source_shape(name: str, keys: tuple[str, ...], expected: dict[str, tuple[int, ...]],
+                 cfg: CausalLMConfig | None = None, family: Family | None = None) -> tuple[int, ...]:
+    """The GGUF tensor's shape (a family `layout` may reshape one tensor: taken on the meta device)."""
+    if family is not None and family.layout is not None and cfg is not None and len(keys) == 1:
+        meta = torch.empty(expected[keys[0]], device="meta")
+        return tuple(family.layout(keys[0], meta, cfg, True).shape)
     shapes = [expected[k] for k in keys]
     if stacked(name):
         return (len(keys), *shapes[0])
@@ -495,6 +505,8 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
         for name, key in SCALING_KEYS.items():
             value = getattr(cfg.rope_scaling, name)
             (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(key, value)
+    if family.write_keys is not None:
+        family.write_keys(writer, cfg)
     if family.own_keys is not None:
         family.own_keys.write(writer, cfg)
     if family.hooks is not None:
@@ -611,6 +623,8 @@ def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[s
     if family.own_keys is not None:
         settings.update(family.own_keys.read(metadata, settings, where))
     settings.update({name: value for name, (value, _) in family.settings.items() if name != "n_kv_heads"})
+    if family.read_keys is not None:
+        settings.update(family.read_keys(metadata, where))
     if "n_kv_heads" in family.settings and settings["n_kv_heads"] == n_heads:
         settings["n_kv_heads"] = None  # GPT-2's config says so by leaving it out
     if family.hooks is not None:

@@ -63,10 +63,11 @@ _BLOCKS = {"q8_0": (quantize_q8_0, gguf.GGMLQuantizationType.Q8_0),
 # --- which tensor type each tensor gets ------------------------------------------------------------
 
 def _stays_f32(name: str, tensor: Tensor) -> bool:
-    """Norms, biases, 1-D tensors, position embeddings and a mixture's router stay float32 (as
-    llama.cpp's converter keeps them)."""
+    """Norms, biases, 1-D tensors, position embeddings, a mixture's router and a convolution over
+    positions stay float32 (as llama.cpp's converter keeps them)."""
     return (tensor.dim() <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
-            or name.startswith("position_embd.") or name.endswith("ffn_gate_inp.weight"))  # the router
+            or name.startswith("position_embd.") or name.endswith("ffn_gate_inp.weight")  # the router
+            or name.endswith("ssm_conv1d.weight"))  # a state-space convolution (Qwen3.5's DeltaNet)
 
 
 def encode(name: str, tensor: Tensor, type_name: str,

@@ -134,7 +134,7 @@ def state_from_gguf(file: GGUFFile, cfg: CausalLMConfig, family: Family, zeros: 
              | (set(LONGROPE) if family.longrope else set()))
     head = {"lm_head.weight"} if cfg.tie_embeddings else set()
     head |= set(layer_value_keys(cfg, family))  # numbers the metadata holds (Apertus's xIELU)
-    shapes = {n: source_shape(n, keys, expected) for n, keys in plan.items()}
+    shapes = {n: source_shape(n, keys, expected, cfg, family) for n, keys in plan.items()}
     problems = {
         "missing tensors": [n for n in plan if n not in file.tensors],
         "unexpected tensors": [n for n in file.tensors if n not in known],

@@ -43,7 +43,8 @@ SPECS: dict[str, FamilySpec] = {s.model_type: s for s in (
 # Llama's architecture and is told apart by its expert count).
 GGUF_ENTRIES: tuple[GgufEntry, ...] = tuple(s.gguf for s in (
     LLAMA, QWEN2, QWEN3, QWEN3_MOE, GEMMA, GEMMA2, GEMMA3_TEXT, OLMO2, SMOLLM3, PHI3, GPT2, MIXTRAL, GRANITE,
-    SEED_OSS, HUNYUAN_DENSE, ERNIE4_5, GLM4, EXAONE4, GPT_OSS, APERTUS, MINISTRAL3, DEEPSEEK_V3) if s.gguf)
+    SEED_OSS, HUNYUAN_DENSE, ERNIE4_5, GLM4, EXAONE4, GPT_OSS, APERTUS, MINISTRAL3, DEEPSEEK_V3,
+    QWEN3_5) if s.gguf)
 
 # llama.cpp's names that came from a family: the tokenizer.ggml.model of byte-level BPE (GPT-2's)
 # and of SentencePiece (Llama's), and Qwen2's tokenizer.ggml.pre

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import gguf
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -49,12 +50,13 @@ from handformer.families.hf_config import (
     rope_decoder_keys,
     silu_only,
 )
-from handformer.families.spec import Differences, FamilySpec, to
+from handformer.families.spec import Differences, FamilySpec, GgufEntry, to
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.kv_cache import LayerCache, as_cache
 from handformer.nn.masks import AttentionMask, as_attention_mask
 from handformer.nn.positions import apply_rotary
 from handformer.replace import replace_layers
+from handformer.settings import is_int
 
 Mask = AttentionMask | Tensor | None  # see handformer.nn.masks
 CHUNK = 64  # positions a chunk of `chunked_delta_rule` (transformers' and flash-linear-attention's)
@@ -325,6 +327,173 @@ TENSORS = llama.llama_like(
     {f"model.layers.{{i}}.linear_attn.{hf}": to(f"layers.{{i}}.self_attn.{ours}")
      for hf, ours in _DELTANET.items()})
 
+
+# --- llama.cpp's qwen35 ----------------------------------------------------------------------------
+# llama.cpp (its convert_hf_to_gguf.py and src/models/qwen35.cpp) names the DeltaNet tensors ssm_*
+# and attn_qkv / attn_gate, and stores four things its own way (`_gguf_layout`):
+# - A = -exp(A_log) (ssm_a) instead of A_log;
+# - the convolution's filters (C, 1, K) as (C, K);
+# - every RMSNorm's gain as 1 + w, but the gated norm's (ssm_norm), which is w;
+# - the value heads tiled instead of grouped: handformer (and transformers) let value head j read
+#   query/key head j // (Hv / Hk), llama.cpp j % Hk; so the value heads' rows of qkv (and of the
+#   convolution), z, a, b, A and dt_bias, and the columns of out_proj, are reordered
+#   [V0 V1 V2 | V3 V4 V5] -> [V0 V3 | V1 V4 | V2 V5] for Hk = 2, Hv = 6 (as llama.cpp's converter does).
+# The block's second norm (before the FFN) is post_attention_norm; llama.cpp always turns RoPE with
+# sections (M-RoPE, `mrope_sections`): for text every section has the token's position, plain RoPE.
+
+GGUF_TENSORS = {
+    **{name: keys for name, keys in llama.GGUF_TENSORS.items() if name != "blk.{i}.ffn_norm.weight"},
+    **llama.GGUF_QK_NORMS,  # the full-attention layers; their attn_q holds [q_h ; gate_h]: (2 H Dh, D)
+    "blk.{i}.post_attention_norm.weight": ("layers.{i}.ffn_norm.weight",),
+    "blk.{i}.attn_qkv.weight": (f"{llama.ATTN}.qkv_proj.weight",),  # (C, D)
+    "blk.{i}.attn_gate.weight": (f"{llama.ATTN}.z_proj.weight",),  # (Hv Dv, D)
+    "blk.{i}.ssm_conv1d.weight": (f"{llama.ATTN}.conv.weight",),  # (C, K)
+    "blk.{i}.ssm_alpha.weight": (f"{llama.ATTN}.decay_proj.weight",),  # (Hv, D)
+    "blk.{i}.ssm_beta.weight": (f"{llama.ATTN}.beta_proj.weight",),  # (Hv, D)
+    "blk.{i}.ssm_a": (f"{llama.ATTN}.A_log",),  # (Hv,): -exp(A_log)
+    "blk.{i}.ssm_dt.bias": (f"{llama.ATTN}.dt_bias",),  # (Hv,)
+    "blk.{i}.ssm_norm.weight": (f"{llama.ATTN}.out_norm.weight",),  # (Dv,)
+    "blk.{i}.ssm_out.weight": (f"{llama.ATTN}.out_proj.weight",),  # (D, Hv Dv)
+}
+RECURRENT_LAYERS = "qwen35.attention.recurrent_layers"  # a bool a layer: True = DeltaNet
+
+
+def mrope_sections(rotary_dim: int) -> list[int]:
+    """qwen35.rope.dimension_sections: how M-RoPE shares the rotary frequencies among the time, height
+    and width positions (one position for text: any split is plain RoPE). The released models'
+    [11, 11, 10, 0] for their 32 frequencies, in thirds likewise for others (llama.cpp requires
+    them to add up to at most the head width: the default breaks heads under 32 wide)."""
+    n = rotary_dim // 2
+    return [(n + 2) // 3, (n + 1) // 3, n // 3, 0]
+
+
+def _value_heads(t: Tensor, dim: int, key_heads: int, width: int, to_tiled: bool) -> Tensor:
+    """The value heads (each `width` along `dim`) from grouped to tiled order, or back."""
+    per_key = t.size(dim) // width // key_heads
+    t = t.unflatten(dim, (key_heads, per_key, width) if to_tiled else (per_key, key_heads, width))
+    return t.transpose(dim, dim + 1).flatten(dim, dim + 2)  # (..., Hv * width, ...)
+
+
+def _a_log(a: Tensor) -> Tensor:
+    """A_log from llama.cpp's A = -exp(A_log): log(-A), moved by up to two float32 steps where that
+    makes -exp(A_log) equal A bit for bit (the model computes with -exp(A_log))."""
+    a = a.float()
+    first = (-a.double()).log().float()
+    inf = torch.full_like(first, float("inf"))
+    candidates, up, down = [first], first, first
+    for _ in range(2):
+        up, down = torch.nextafter(up, inf), torch.nextafter(down, -inf)
+        candidates += [up, down]
+    out = first
+    for c in reversed(candidates):  # the nearest that fits wins
+        out = torch.where(-c.exp() == a, c, out)
+    return out
+
+
+# the tensors that hold value heads: name -> (dim, a head is value_dim wide (else 1), after the q and k rows)
+_VALUE_HEADS = {"qkv_proj.weight": (0, True, True), "conv.weight": (0, True, True),
+                "z_proj.weight": (0, True, False), "beta_proj.weight": (0, False, False),
+                "decay_proj.weight": (0, False, False),
+                "A_log": (0, False, False), "dt_bias": (0, False, False), "out_proj.weight": (1, True, False)}
+
+
+def _gguf_layout(key: str, t: Tensor, cfg: CausalLMConfig, to_gguf: bool) -> Tensor:
+    """One tensor of a Qwen3.5 run in llama.cpp's qwen35 layout (to_gguf), or back (see above)."""
+    name = key.rsplit("self_attn.", 1)[-1]
+    if name.endswith("norm.weight") and name != "out_norm.weight":
+        return 1.0 + t.float() if to_gguf else t - 1.0  # 1 + w is exact in float32 both ways
+    d = cfg.deltanet
+    if d is None or name not in _VALUE_HEADS:
+        return t
+    if name == "conv.weight" and not to_gguf:
+        t = t.unsqueeze(1)  # (C, K) -> (C, 1, K)
+    if d.key_heads != d.value_heads:
+        dim, wide, after_qk = _VALUE_HEADS[name]
+        skip = 2 * d.key_heads * d.key_dim if after_qk else 0  # the q and k rows stay
+        values = t.narrow(dim, skip, t.size(dim) - skip)
+        values = _value_heads(values, dim, d.key_heads, d.value_dim if wide else 1, to_gguf)
+        t = torch.cat([t.narrow(dim, 0, skip), values], dim=dim)
+    if name == "A_log":
+        return -t.exp() if to_gguf else _a_log(t)
+    return t.squeeze(1) if name == "conv.weight" and to_gguf else t  # (C, 1, K) -> (C, K)
+
+
+def _every(layers: list[int], n_layers: int) -> int | None:
+    """n when the softmax-attention layers are every n-th (qwen35.full_attention_interval), else None."""
+    full = [i for i in range(n_layers) if i not in layers]
+    n = full[0] + 1 if full else None
+    return n if n and layers == [i for i in range(n_layers) if (i + 1) % n] else None
+
+
+def _write_gguf_keys(writer: Any, cfg: CausalLMConfig) -> None:
+    """The DeltaNet's sizes in llama.cpp's ssm keys, which layers are DeltaNet, and M-RoPE's sections."""
+    d = cfg.deltanet
+    assert d is not None
+    writer.add_ssm_conv_kernel(d.conv_kernel)
+    writer.add_ssm_state_size(d.key_dim)
+    writer.add_ssm_group_count(d.key_heads)
+    writer.add_ssm_time_step_rank(d.value_heads)
+    writer.add_ssm_inner_size(d.value_heads * d.value_dim)
+    recurrent = [i in d.layers for i in range(cfg.n_layers)]  # (the gguf package 0.19 has no writer method)
+    writer.add_key_value(RECURRENT_LAYERS, recurrent, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.BOOL)
+    every = _every(sorted(d.layers), cfg.n_layers)
+    if every is not None:
+        writer.add_full_attention_interval(every)
+    writer.add_rope_dimension_sections(mrope_sections(cfg.rotary_dim))
+
+
+def _count(metadata: dict[str, Any], name: str, where: str, default: Any = ...) -> Any:
+    value = metadata.get(f"qwen35.{name}", default)
+    if value is ...:
+        raise ValueError(f"{where} lacks qwen35.{name}, which a Qwen3.5 model needs")
+    if not is_int(value) or value <= 0:
+        raise ValueError(f"{where}: qwen35.{name}={value!r} must be a positive integer")
+    return value
+
+
+def _read_gguf_keys(metadata: dict[str, Any], where: str) -> dict[str, Any]:
+    """The DeltaNet's settings from llama.cpp's ssm keys (a value head as wide as inner_size says)."""
+    if metadata.get("qwen35.nextn_predict_layers"):
+        raise ValueError(f"{where} holds {metadata['qwen35.nextn_predict_layers']} multi-token prediction "
+                         "layers, which import-gguf does not read; convert the checkpoint with "
+                         "convert_hf_to_gguf.py --no-mtp")
+    n_layers = _count(metadata, "block_count", where)
+    value_heads = _count(metadata, "ssm.time_step_rank", where)
+    inner = _count(metadata, "ssm.inner_size", where)
+    if inner % value_heads:
+        raise ValueError(f"{where}: qwen35.ssm.inner_size={inner} is not a multiple of "
+                         f"qwen35.ssm.time_step_rank={value_heads} (the value heads)")
+    recurrent = metadata.get(RECURRENT_LAYERS)
+    if isinstance(recurrent, list):
+        layers = [i for i, r in enumerate(recurrent[:n_layers]) if r]
+    else:  # llama.cpp's rule without the list: every full_attention_interval-th layer is softmax
+        every = _count(metadata, "full_attention_interval", where, 4)
+        layers = [i for i in range(n_layers) if (i + 1) % every]
+    deltanet = DeltaNetConfig(
+        layers=layers, key_heads=_count(metadata, "ssm.group_count", where), value_heads=value_heads,
+        key_dim=_count(metadata, "ssm.state_size", where), value_dim=inner // value_heads,
+        conv_kernel=_count(metadata, "ssm.conv_kernel", where))
+    return {"deltanet": deltanet, "family": FamilyConfig(attn_output_gate=True)}
+
+
+def _gguf_problems(cfg: CausalLMConfig) -> list[str]:
+    found = problems(cfg)
+    d = cfg.deltanet
+    if d is not None and d.value_dim != d.key_dim:
+        found.append(f"deltanet.value_dim={d.value_dim} (llama.cpp's Qwen3.5 makes a DeltaNet value head as "
+                     f"wide as a key head, key_dim={d.key_dim}; export-hf writes this run for transformers)")
+    return found
+
+
+GGUF = GgufEntry(
+    "qwen35", "qwen3_5_text", "Qwen3.5", GGUF_TENSORS,
+    {**llama.GGUF_BLOCK, **llama.NO_BIASES, "norm": ("rmsnorm_offset", "has RMSNorms of gain 1 + w"),
+     "qk_norm": llama.HEAD_QK_NORM, "sliding_window": llama.NO_WINDOW_IN_LLAMA_CPP,
+     "rope_scaling": llama.NO_SCALING_IN_LLAMA_CPP},
+    biases=(), writes=frozenset({"qk_norm", "rope_fraction", "deltanet", "attn_output_gate"}),
+    also_recorded=("qwen3_5",), layout=_gguf_layout, write_keys=_write_gguf_keys, read_keys=_read_gguf_keys,
+    problems=_gguf_problems)
+
 QWEN3_5 = FamilySpec(
     model_type="qwen3_5_text", name="Qwen3.5", hf_class="Qwen3_5ForCausalLM",
     fixed={**llama.LLAMA_BLOCK, **llama.NO_BIASES, "norm": ("rmsnorm_offset", "has RMSNorms of gain 1 + w"),
@@ -335,8 +504,7 @@ QWEN3_5 = FamilySpec(
     hf_keys=frozenset({"partial_rotary_factor"}), problems=problems,
     claims=((4, lambda c: c.deltanet is not None),),
     variants=("GatedDeltaNet", "GatedAttention"),
-    gguf_unread={"qwen35": "Qwen3.5 keeps gated DeltaNet layers (ssm_conv1d, ssm_a, ssm_dt, a recurrent "
-                           "state) beside gated attention"},
+    gguf=GGUF,
     look_alikes={"qwen3_next": "Qwen3-Next is Qwen3.5's hybrid with a mixture of experts, not implemented"},
     differences=Differences(
         norm="RMSNorm gain 1 + w", positions="RoPE on a quarter of each head",

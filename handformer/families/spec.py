@@ -15,9 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from handformer.config import CausalLMConfig, LinearRopeScaling, Llama3RopeScaling
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 # A setting an architecture fixes: CausalLMConfig field -> (its value, why), e.g.
 # {"norm": ("rmsnorm", "uses RMSNorm")}; the reason reads after the family's name in messages.
@@ -155,6 +158,14 @@ class GgufEntry:
     # EXAONE 4: llama.cpp turns sliding and global layers on (a window, its 32B's pattern) at this
     # depth only, and none below it: a run or file of that depth is refused, the others have no window
     hybrid_layers: int = 0
+    # An architecture llama.cpp stores in its own way beyond the flags above (Qwen3.5's DeltaNet):
+    # `layout` turns one handformer tensor into its GGUF form and back, (key, tensor, cfg, to_gguf);
+    # `write_keys` / `read_keys` write its own hyperparameter keys and read them back as settings
+    # (metadata, where) -> dict; `problems` names what llama.cpp cannot express, as mismatches do
+    layout: Callable[[str, Tensor, CausalLMConfig, bool], Tensor] | None = None
+    write_keys: Callable[[Any, CausalLMConfig], None] | None = None
+    read_keys: Callable[[dict[str, Any], str], dict[str, Any]] | None = None
+    problems: Callable[[CausalLMConfig], list[str]] | None = None
     own_keys: GgufKeys | None = None  # the family's own keys, written and read by its spec file
     # metadata key -> the handformer key ({i} = block) of a number each layer learns, which llama.cpp
     # keeps as an array of one float a layer in the metadata, not as a tensor (Apertus's xIELU)
