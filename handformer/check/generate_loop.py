@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
 from handformer.check.argument_names import CONTEXT_NAMES, COUNT_NAMES, MODEL_NAMES, PROMPT_NAMES  # noqa: F401
-from handformer.check.context import Context, finish, forward_parameters
+from handformer.check.context import Context, forward_parameters
 from handformer.check.discovery import Component, DiscoveryError
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
@@ -331,20 +331,7 @@ class StandIn:
                     "(logits, loss) 元组或 .logits）")
 
 
-def check_generate(comp: Component, ctx: Context) -> ComponentResult:
-    """The learner's loop driven through their own model when it was built and did not fail
-    (generate_own.py), else through the stand-in."""
-    from handformer.check.generate_own import own_driver
-
-    res = ctx.result(comp)
-    with own_driver(ctx, comp) as own:
-        driver = own or StandIn()
-        res.driven = driver.driven()
-        _check_with(res, ctx, comp, driver)
-    return finish(res)
-
-
-def _check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
+def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
     short = run_generate(ctx, comp, driver, SHORT, 2)
     for B, as_list in ((1, False), (1, True)):  # a loop written for one prompt, maybe a list of ints
         if short.out is not None or _named(short):

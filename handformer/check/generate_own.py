@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check import fingerprint as fp
-from handformer.check.context import Context, forward_parameters, module_sizes
+from handformer.check.context import Context, finish, forward_parameters, module_sizes
 from handformer.check.discovery import Component, own_objects
 from handformer.check.generate_loop import (
     BLOCK,
@@ -33,10 +33,12 @@ from handformer.check.generate_loop import (
     VOCAB,
     Call,
     ContextTooLong,
+    StandIn,
     TooManyCalls,
+    check_with,
     prompts,
 )
-from handformer.check.result import DIFFERS, NOT_CHECKED, PASS, Text, text
+from handformer.check.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, Text, text
 
 PEAK = 1e6  # the learner's logits are not built with a margin: a wider scale keeps near ties certain
 NO_LIMIT = 10**9
@@ -209,3 +211,14 @@ def _build(ctx: Context, model_comp: Component, sizes: dict[str, Any]) -> OwnDri
     except fp.LearnerFailure:
         pass
     return driver
+
+
+def check_generate(comp: Component, ctx: Context) -> ComponentResult:
+    """The learner's loop driven through their own model when it was built and did not fail
+    (generate_own.py), else through the stand-in."""
+    res = ctx.result(comp)
+    with own_driver(ctx, comp) as own:
+        driver = own or StandIn()
+        res.driven = driver.driven()
+        check_with(res, ctx, comp, driver)
+    return finish(res)

@@ -128,7 +128,7 @@ KINDS_TABLE: tuple[Kind, ...] = (
     Kind("generate", ("generate", "generate_text", "greedy_generate", "sample_generate", "generate_tokens",
                       "autoregressive_generate", "generate_cached", "generate_with_cache", "cached_generate",
                       ".generate"),
-         "generation loop", "生成循环", "generate_loop:check_generate"),
+         "generation loop", "生成循环", "generate_own:check_generate"),
     Kind("bpe", ("train_bpe", "bpe_train", "train_bpe_tokenizer", "train_tokenizer", "run_train_bpe",
                  "learn_bpe", "train_byte_level_bpe"),
          "BPE trainer", "BPE 训练", "bpe:check_bpe"),

@@ -16,7 +16,6 @@ Shape legend: B batch, T length, D d_model, F FFN width, V vocabulary, N = B * T
 from __future__ import annotations
 
 import inspect
-import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -174,83 +173,3 @@ def localize_layer(layer: Any, readings: list[V.LayerWeights]) -> Departure | No
     views = [layer_views(w, x.detach(), memory, keep) for w in readings]
     sizes = {"d_model": x.size(-1)}
     return latest_departure(steps, views, filename, sizes, [("the input x", x.detach())])
-
-
-def layer_readings(layer: Any, expected: str) -> list[V.LayerWeights]:
-    """Every reading of the layer's weights the search tries: FFN mapping, activation, placement,
-    rotary layout."""
-    from handformer.check.pieces import FFN_ACTIVATIONS
-    from handformer.check.weights import is_gated
-
-    gated = is_gated(layer.ffn_candidates[0])
-    placements = (expected, "pre" if expected == "post" else "post")
-    return [layer.weights(slots, act, placement, rope) for slots, act, placement, rope in itertools.product(
-        layer.ffn_candidates, FFN_ACTIVATIONS[gated], placements, layer.ropes)]
-
-
-# --- the loss -------------------------------------------------------------------------------------
-
-def loss_views(logp: Tensor, targets: Tensor, eps: float, conv: tuple[str, str, str], pad: int,
-               ) -> list[View]:
-    """The loss under one convention (cross-entropy or KL; the smoothing's split; sum or mean): the
-    target distribution, q·log p, the per-token loss and its parts, the real-token mask, the sum and
-    the mean; each in the (B, T, ...) and the flattened (N, ...) layout."""
-    from handformer.check.loss import target_distribution
-
-    form, split, reduction = conv
-    q = target_distribution(targets, eps, split)  # (B, T, V)
-    nll = -logp.gather(-1, targets[..., None])[..., 0]  # (B, T)
-    real = (targets != pad).double()  # (B, T)
-    per_token = -(q * logp).sum(-1)
-    views = [("the log-probabilities", logp), ("the target distribution q", q), ("q·log p", q * logp),
-             ("-log p of the target", nll), ("the smoothing term -mean(log p)", -logp.mean(-1)),
-             ("the real-token mask (1 = a real target)", real), ("the cross-entropy per token", per_token)]
-    if form == "kl":
-        per_token = per_token + torch.xlogy(q, q).sum(-1)
-        views += [("q (log q - log p)", torch.xlogy(q, q) - q * logp),
-                  ("the KL divergence per token", per_token)]
-    total = (per_token * real).sum()
-    views += [("the per-token loss, padding zeroed", per_token * real),
-              ("the sum over the real tokens", total)]
-    if reduction == "mean":
-        views.append(("the mean over the real tokens", total / real.sum()))
-    return views + [(f"{what} (flattened)", t.reshape(-1, *t.shape[2:])) for what, t in views if t.dim() >= 2]
-
-
-def localize_loss(call: Callable[[Tensor], Any], fn: Any, logp: Tensor, targets: Tensor, eps: float,
-                  pad: int) -> Departure | None:
-    """Run the learner's loss on logp traced (constants too: a target distribution built in place);
-    the first step that no convention explains."""
-    from handformer.check.loss import FORMS, REDUCTIONS, SPLITS
-
-    filename = inspect.getsourcefile(fn)
-    x = logp.detach().clone().requires_grad_()
-    steps = trace_steps(lambda: call(x), filename, None, (), constants=True)
-    readings = [loss_views(logp, targets, eps, conv, pad)
-                for conv in itertools.product(FORMS, SPLITS if eps else ("v",), REDUCTIONS)]
-    n, real = targets.numel(), int((targets != pad).sum())
-    sizes = {"V": logp.size(-1), "B": targets.size(0), "N (every target)": n, "the real targets": real,
-             "real / every target": real / n}
-    return latest_departure(steps, readings, filename, sizes)
-
-
-LAYER_KINDS = {"encoder_layer": (False, False, "post"), "decoder_layer": (True, False, "post"),
-               "block": (False, True, "pre")}  # kind -> (decoder, causal block, the expected placement)
-
-
-def note_layer_departure(comp: Any, ctx: Any, res: ComponentResult) -> None:
-    """A layer that FAILs with no mistake named: where it parts from the reference (its runner's
-    search found no reading; the layer is built once more, as the runner built it)."""
-    if comp.kind not in LAYER_KINDS or res.status != "fail" or res.findings:
-        return
-    from handformer.check.fingerprint import dropout_off
-    from handformer.check.layers import Layer
-
-    decoder, causal_block, expected = LAYER_KINDS[comp.kind]
-
-    def localize() -> Departure | None:
-        layer = Layer(comp, ctx, decoder, causal_block)
-        return localize_layer(layer, layer_readings(layer, expected))
-
-    with dropout_off():
-        note_departure(res, localize)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,7 +33,8 @@ from torch import Tensor
 from handformer.check import fingerprint as fp
 from handformer.check.context import Context, finish, forward_parameters
 from handformer.check.discovery import Component, DiscoveryError
-from handformer.check.localize_kinds import localize_loss, note_departure
+from handformer.check.localize import Departure, View, latest_departure, trace_steps
+from handformer.check.localize_kinds import note_departure
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
 from handformer.training.losses import token_cross_entropy
@@ -318,3 +320,45 @@ def _values(got: dict[float, float], logp: Tensor, targets: Tensor, smoothings: 
     values_zh = "；".join(f"平滑 {e:g}：{got[e]:.6g}（handformer 对真实 token 的平均 {right[e]:.6g}）"
                           for e in smoothings)
     return text(f"values: {values_en}", f"数值：{values_zh}")
+
+
+# --- the loss -------------------------------------------------------------------------------------
+
+def loss_views(logp: Tensor, targets: Tensor, eps: float, conv: tuple[str, str, str], pad: int,
+               ) -> list[View]:
+    """The loss under one convention (cross-entropy or KL; the smoothing's split; sum or mean): the
+    target distribution, q·log p, the per-token loss and its parts, the real-token mask, the sum and
+    the mean; each in the (B, T, ...) and the flattened (N, ...) layout."""
+    form, split, reduction = conv
+    q = target_distribution(targets, eps, split)  # (B, T, V)
+    nll = -logp.gather(-1, targets[..., None])[..., 0]  # (B, T)
+    real = (targets != pad).double()  # (B, T)
+    per_token = -(q * logp).sum(-1)
+    views = [("the log-probabilities", logp), ("the target distribution q", q), ("q·log p", q * logp),
+             ("-log p of the target", nll), ("the smoothing term -mean(log p)", -logp.mean(-1)),
+             ("the real-token mask (1 = a real target)", real), ("the cross-entropy per token", per_token)]
+    if form == "kl":
+        per_token = per_token + torch.xlogy(q, q).sum(-1)
+        views += [("q (log q - log p)", torch.xlogy(q, q) - q * logp),
+                  ("the KL divergence per token", per_token)]
+    total = (per_token * real).sum()
+    views += [("the per-token loss, padding zeroed", per_token * real),
+              ("the sum over the real tokens", total)]
+    if reduction == "mean":
+        views.append(("the mean over the real tokens", total / real.sum()))
+    return views + [(f"{what} (flattened)", t.reshape(-1, *t.shape[2:])) for what, t in views if t.dim() >= 2]
+
+
+def localize_loss(call: Callable[[Tensor], Any], fn: Any, logp: Tensor, targets: Tensor, eps: float,
+                  pad: int) -> Departure | None:
+    """Run the learner's loss on logp traced (constants too: a target distribution built in place);
+    the first step that no convention explains."""
+    filename = inspect.getsourcefile(fn)
+    x = logp.detach().clone().requires_grad_()
+    steps = trace_steps(lambda: call(x), filename, None, (), constants=True)
+    readings = [loss_views(logp, targets, eps, conv, pad)
+                for conv in itertools.product(FORMS, SPLITS if eps else ("v",), REDUCTIONS)]
+    n, real = targets.numel(), int((targets != pad).sum())
+    sizes = {"V": logp.size(-1), "B": targets.size(0), "N (every target)": n, "the real targets": real,
+             "real / every target": real / n}
+    return latest_departure(steps, readings, filename, sizes)

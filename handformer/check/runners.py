@@ -28,7 +28,7 @@ from handformer.check.discovery import (
     own_objects,
 )
 from handformer.check.kinds import KINDS_BY_NAME
-from handformer.check.localize_kinds import note_layer_departure
+from handformer.check.localize_layers import note_layer_departure
 from handformer.check.result import (
     ERROR,
     FAIL,

@@ -397,7 +397,7 @@ def check_greedy(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     first = next(iter(forward_parameters(comp.obj)), None)
     if first is not None and first.name in ("model", "net", "m", "lm"):
-        from handformer.check.generate_loop import check_generate
+        from handformer.check.generate_own import check_generate
 
         return check_generate(comp, ctx)
     logits = test_logits(5)
