@@ -13,6 +13,8 @@ An entry says, declaratively, what llama.cpp's model of that name is:
   convert_hf_to_gguf.py does for Hugging Face weights), `norm_offset` (Gemma: GGUF holds the gain
   1 + w, handformer stores w), `zero_biases` (GPT-2: llama.cpp needs every bias, so a run without
   biases writes zeros, and an import reads all-zero biases as none).
+What a family stores its own way beyond these (its own keys, one tensor's layout, a tensor split in
+two) is its entry's `code` (a `GgufCode`), which the engine runs after its shared steps.
 The hyperparameters go in the usual keys ({arch}.context_length, .embedding_length, ...).
 
 What llama.cpp fixes beyond the Hugging Face architecture (Gemma 2/3's layer pattern, query scale
@@ -43,10 +45,11 @@ from handformer.config import (
     setting_name,
     setting_value,
 )
+from handformer.convert.gguf_keys import read_float, read_int
 from handformer.convert.hf_weights import halves_to_pairs, pairs_to_halves
 from handformer.families.catalogue import GGUF_ENTRIES, SPECS, spec_of
 from handformer.families.spec import GgufEntry
-from handformer.settings import is_int, is_number
+from handformer.settings import is_number
 
 Family = GgufEntry  # a family's llama.cpp entry (families/spec.py)
 
@@ -202,30 +205,18 @@ def mismatches(cfg: CausalLMConfig, family: Family) -> list[str]:
         problems.append(f"family.nope_layers={cfg.family.nope_layers!r} (llama.cpp's {family.name} leaves "
                         f"RoPE out of layer i when (i + 1) % {family.nope_step} = 0: {nope} for "
                         f"{cfg.n_layers} layers)")
-    own_scalings = family.own_keys.rope_scalings if family.own_keys is not None else ()  # gpt-oss's YaRN
     if family.longrope:
         if cfg.rope_scaling is not None and not isinstance(cfg.rope_scaling, LongRopeScaling):
             problems.append(f"rope_scaling={cfg.rope_scaling!r} (llama.cpp's {family.name} takes LongRoPE "
                             "only)")
     elif (cfg.rope_scaling is not None
-          and not isinstance(cfg.rope_scaling, (Llama3RopeScaling, *own_scalings, *_hooked(family)))):
+          and not isinstance(cfg.rope_scaling, (Llama3RopeScaling, *family.code.rope_scalings))):
         problems.append(f"rope_scaling={cfg.rope_scaling!r} (export-gguf writes Llama 3's rope scaling only; "
                         "export-hf writes this run for transformers)")
-    if family.problems is not None:
-        problems += family.problems(cfg)
     if family.full_width_heads and cfg.n_heads * cfg.head_dim != cfg.d_model:
         problems.append(f"head_dim={cfg.head_dim} (llama.cpp's {family.name} needs n_heads * head_dim = "
                         f"d_model = {cfg.d_model})")
-    if family.own_keys is not None:
-        problems += family.own_keys.problems(cfg)
-    if family.hooks is not None:
-        problems += family.hooks.problems(cfg)
-    return problems
-
-
-def _hooked(family: Family) -> tuple[type, ...]:
-    """The rope scaling a family's hooks write, if any."""
-    return (family.hooks.rope_scaling,) if family.hooks is not None and family.hooks.rope_scaling else ()
+    return problems + family.code.problems(cfg)
 
 
 # --- weights ---------------------------------------------------------------------------------------
@@ -248,8 +239,8 @@ def _is_norm_weight(key: str) -> bool:
 
 def to_gguf_layout(key: str, tensor: Tensor, cfg: CausalLMConfig, family: Family) -> Tensor:
     """One handformer tensor as the family stores it in GGUF."""
-    if family.layout is not None:  # its own (Qwen3.5's DeltaNet)
-        return family.layout(key, tensor, cfg, True)
+    if family.code.layout is not None:  # its own (Qwen3.5's DeltaNet)
+        return family.code.layout(key, tensor, cfg, True)
     if family.rope == "pairs" and ".q_proj." in key:
         return _pairs(tensor, cfg.n_heads, cfg.rotary_dim)
     if family.rope == "pairs" and ".k_proj." in key:
@@ -262,8 +253,8 @@ def to_gguf_layout(key: str, tensor: Tensor, cfg: CausalLMConfig, family: Family
 def from_gguf_layout(key: str, tensor: Tensor, cfg: CausalLMConfig, family: Family) -> Tensor:
     """The inverse of `to_gguf_layout`. Gemma's gains come back as fl(1 + w) - 1, whose 1 + w is
     the exported gain exactly: the imported model computes the same bits."""
-    if family.layout is not None:
-        return family.layout(key, tensor, cfg, False)
+    if family.code.layout is not None:
+        return family.code.layout(key, tensor, cfg, False)
     if family.rope == "pairs" and ".q_proj." in key:
         return _halves(tensor, cfg.n_heads, cfg.rotary_dim)
     if family.rope == "pairs" and ".k_proj." in key:
@@ -293,8 +284,7 @@ def export_tensors(state: dict[str, Tensor], cfg: CausalLMConfig, family: Family
     a ValueError names any the map does not cover."""
     out, used = [], {"lm_head.weight"} if cfg.tie_embeddings else set()  # a tied head is the embedding
     used |= set(layer_value_keys(cfg, family))  # metadata in GGUF (`layer_values`)
-    if family.hooks is not None:
-        state = family.hooks.to_gguf(dict(state), cfg)
+    state = family.code.to_gguf(dict(state), cfg)  # DeepSeek-V3's kv_b_proj split
     for name, keys in _concrete(family, cfg):
         if name == "output.weight" and cfg.tie_embeddings:
             continue
@@ -360,10 +350,10 @@ def split_tensor(name: str, tensor: Tensor, keys: tuple[str, ...], cfg: CausalLM
 
 def source_shape(name: str, keys: tuple[str, ...], expected: dict[str, tuple[int, ...]],
                  cfg: CausalLMConfig | None = None, family: Family | None = None) -> tuple[int, ...]:
-    """The GGUF tensor's shape (a family `layout` may reshape one tensor: taken on the meta device)."""
-    if family is not None and family.layout is not None and cfg is not None and len(keys) == 1:
+    """The GGUF tensor's shape (a family's `layout` may reshape one tensor: taken on the meta device)."""
+    if family is not None and family.code.layout is not None and cfg is not None and len(keys) == 1:
         meta = torch.empty(expected[keys[0]], device="meta")
-        return tuple(family.layout(keys[0], meta, cfg, True).shape)
+        return tuple(family.code.layout(keys[0], meta, cfg, True).shape)
     shapes = [expected[k] for k in keys]
     if stacked(name):
         return (len(keys), *shapes[0])
@@ -437,8 +427,9 @@ def read_longrope(metadata: dict[str, Any], short: Tensor, long: Tensor, cfg: Ca
         values = {**{"attention_factor": None, "factor": None}, **ours}
     else:
         key = _key(_LONGROPE, gguf.Keys.Rope.SCALING_ATTN_FACTOR)
-        values["attention_factor"] = _float(metadata, key, where, 1.0)
-    original = _int(metadata, _key(_LONGROPE, gguf.Keys.Rope.SCALING_ORIG_CTX_LEN), where, cfg.max_positions)
+        values["attention_factor"] = read_float(metadata, key, where, 1.0)
+    original_key = _key(_LONGROPE, gguf.Keys.Rope.SCALING_ORIG_CTX_LEN)
+    original = read_int(metadata, original_key, where, cfg.max_positions)
     return LongRopeScaling(original_max_positions=original, **values)
 
 
@@ -453,7 +444,7 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
     writer.add_block_count(cfg.n_layers)
     writer.add_feed_forward_length(cfg.d_ff)
     writer.add_head_count(cfg.n_heads)
-    if family.hooks is None:  # hooks write their own head sizes (DeepSeek-V3's latent heads)
+    if not family.code.heads:  # DeepSeek-V3's code writes its latent heads' own
         writer.add_head_count_kv(cfg.kv_heads)
     writer.add_vocab_size(cfg.vocab_size)
     if family.rms:
@@ -463,41 +454,19 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
     if family.rope is not None:
         writer.add_rope_dimension_count(cfg.rotary_dim)
         writer.add_rope_freq_base(cfg.rope_theta)
-        if family.hooks is None:
+        if not family.code.heads:
             writer.add_key_length(cfg.head_dim)
             writer.add_value_length(cfg.head_dim)
-    if family.writes_window:  # Phi-3: 0 = none, as convert_hf_to_gguf.py writes it
-        window = cfg.sliding_window if cfg.sliding_window and cfg.sliding_window < cfg.max_positions else 0
-        writer.add_sliding_window(window)
-        longrope = cfg.rope_scaling if isinstance(cfg.rope_scaling, LongRopeScaling) else None
-        original = longrope.original_max_positions if longrope else cfg.max_positions
-        writer.add_rope_scaling_orig_ctx_len(original)
-        if longrope is not None:  # llama.cpp multiplies cos and sin by it
-            writer.add_rope_scaling_attn_factors(longrope.cos_sin_factor(cfg.max_positions))
-            for name in LONGROPE_KEYS:
-                value = getattr(longrope, name)
-                if isinstance(value, list):
-                    array, double = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.FLOAT64
-                    writer.add_key_value(LONGROPE_KEYS[name], [float(v) for v in value], array, double)
-                elif value is not None:
-                    writer.add_float64(LONGROPE_KEYS[name], value)
+    if family.writes_window:
+        _write_window_longrope(writer, cfg)
     if family.swa_pattern:  # Gemma 2 always slides (4096 without the key): no window = the context
         window = _window(cfg)
         if window is not None or family.softcaps:
             writer.add_sliding_window(window or cfg.max_positions)
     if family.experts:
-        assert cfg.moe is not None
-        writer.add_expert_count(cfg.moe.n_experts)
-        writer.add_expert_used_count(cfg.moe.top_k)
-        if cfg.moe.d_expert is not None or not family.experts_d_ff:  # Mixtral's experts: d_ff wide
-            writer.add_expert_feed_forward_length(cfg.moe.d_expert or cfg.d_ff)
-        writer.add_float64(AUX_LOSS_KEY, cfg.moe.aux_loss_coef)
-    if family.multipliers:  # llama.cpp reads all four: none set is 1 (scores: 1/sqrt(head_dim))
-        f = cfg.family
-        writer.add_embedding_scale(f.embedding_multiplier or 1.0)
-        writer.add_attention_scale(f.attention_multiplier or cfg.head_dim ** -0.5)
-        writer.add_residual_scale(f.residual_multiplier or 1.0)
-        writer.add_logit_scale(f.logits_scaling or 1.0)
+        _write_experts(writer, cfg, family)
+    if family.multipliers:
+        _write_multipliers(writer, cfg)
     if family.softcaps:
         writer.add_attn_logit_softcapping(cfg.family.attn_softcap)
         writer.add_final_logit_softcapping(cfg.family.logit_softcap)
@@ -505,14 +474,45 @@ def write_hparams(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
         for name, key in SCALING_KEYS.items():
             value = getattr(cfg.rope_scaling, name)
             (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(key, value)
-    if family.write_keys is not None:
-        family.write_keys(writer, cfg)
-    if family.own_keys is not None:
-        family.own_keys.write(writer, cfg)
-    if family.hooks is not None:
-        family.hooks.write(writer, cfg)
-        if cfg.moe is not None:
-            writer.add_float64(AUX_LOSS_KEY, cfg.moe.aux_loss_coef)
+    family.code.write(writer, cfg)
+    if cfg.moe is not None and not family.experts:  # a mixture the family's code wrote (DeepSeek-V3's)
+        writer.add_float64(AUX_LOSS_KEY, cfg.moe.aux_loss_coef)
+
+
+def _write_window_longrope(writer: Any, cfg: CausalLMConfig) -> None:
+    """Phi-3's window (0 = none, as convert_hf_to_gguf.py writes it) and LongRoPE's keys."""
+    window = cfg.sliding_window if cfg.sliding_window and cfg.sliding_window < cfg.max_positions else 0
+    writer.add_sliding_window(window)
+    longrope = cfg.rope_scaling if isinstance(cfg.rope_scaling, LongRopeScaling) else None
+    original = longrope.original_max_positions if longrope else cfg.max_positions
+    writer.add_rope_scaling_orig_ctx_len(original)
+    if longrope is not None:  # llama.cpp multiplies cos and sin by it
+        writer.add_rope_scaling_attn_factors(longrope.cos_sin_factor(cfg.max_positions))
+        for name in LONGROPE_KEYS:
+            value = getattr(longrope, name)
+            if isinstance(value, list):
+                array, double = gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.FLOAT64
+                writer.add_key_value(LONGROPE_KEYS[name], [float(v) for v in value], array, double)
+            elif value is not None:
+                writer.add_float64(LONGROPE_KEYS[name], value)
+
+
+def _write_multipliers(writer: Any, cfg: CausalLMConfig) -> None:
+    """Granite's four; llama.cpp reads all four: none set is 1 (scores: 1/sqrt(head_dim))."""
+    f = cfg.family
+    writer.add_embedding_scale(f.embedding_multiplier or 1.0)
+    writer.add_attention_scale(f.attention_multiplier or cfg.head_dim ** -0.5)
+    writer.add_residual_scale(f.residual_multiplier or 1.0)
+    writer.add_logit_scale(f.logits_scaling or 1.0)
+
+
+def _write_experts(writer: Any, cfg: CausalLMConfig, family: Family) -> None:
+    assert cfg.moe is not None
+    writer.add_expert_count(cfg.moe.n_experts)
+    writer.add_expert_used_count(cfg.moe.top_k)
+    if cfg.moe.d_expert is not None or not family.experts_d_ff:  # Mixtral's experts: d_ff wide
+        writer.add_expert_feed_forward_length(cfg.moe.d_expert or cfg.d_ff)
+    writer.add_float64(AUX_LOSS_KEY, cfg.moe.aux_loss_coef)
 
 
 def _key(family: Family, template: str) -> str:
@@ -536,125 +536,99 @@ _NOT_IMPLEMENTED = {
 }
 
 
-def _int(metadata: dict[str, Any], key: str, where: str, default: Any = ...) -> int:
-    value = metadata.get(key, default)
-    if value is ...:
-        raise ValueError(f"{where} lacks {key}, which handformer needs")
-    if isinstance(value, list):  # per-layer values: llama.cpp allows them, handformer has one
-        if len(set(value)) != 1:
-            raise ValueError(f"{where}: {key} differs between layers ({value[:8]}...); handformer's "
-                             "layers are all the same size")
-        value = value[0]
-    if not is_int(value) or value <= 0:
-        raise ValueError(f"{where}: {key}={value!r} must be a positive integer")
-    return value
-
-
-def _float(metadata: dict[str, Any], key: str, where: str, default: Any = ...) -> float:
-    value = metadata.get(key, default)
-    if value is ...:
-        raise ValueError(f"{where} lacks {key}, which handformer needs")
-    if not is_number(value) or not value > 0:
-        raise ValueError(f"{where}: {key}={value!r} must be a number > 0")
-    return float(value)
-
-
 def read_hparams(metadata: dict[str, Any], family: Family, where: str) -> dict[str, Any]:
     """CausalLMConfig settings from the family's hyperparameter keys (vocab, biases, tying and
-    Llama 3 scaling come from the tensors; see gguf_import)."""
-    for template, (harmless, what) in _NOT_IMPLEMENTED.items():
-        key = _key(family, template)
-        if ((family.softcaps and template in _SOFTCAPS) or (family.multipliers and template in _MULTIPLIERS)
-                or (family.experts and template == gguf.Keys.LLM.EXPERT_COUNT)
-                or (family.own_keys is not None and template in family.own_keys.reads)
-                or (family.hooks is not None and template in family.hooks.reads)):
-            continue
-        if key in metadata and not harmless(metadata[key]):
-            raise ValueError(f"{where} has {key}={metadata[key]!r}: {what}, which import-gguf "
-                             "does not read")
+    Llama 3 scaling come from the tensors; see gguf_import), then the family's own (`GgufCode.read`)."""
+    _refuse_unread(metadata, family, where)
     k = lambda template: _key(family, template)  # noqa: E731
-    d_model = _int(metadata, k(gguf.Keys.LLM.EMBEDDING_LENGTH), where)
-    n_heads = _int(metadata, k(gguf.Keys.Attention.HEAD_COUNT), where)
+    d_model = read_int(metadata, k(gguf.Keys.LLM.EMBEDDING_LENGTH), where)
+    n_heads = read_int(metadata, k(gguf.Keys.Attention.HEAD_COUNT), where)
     settings: dict[str, Any] = dict(
-        d_model=d_model, n_heads=n_heads, n_layers=_int(metadata, k(gguf.Keys.LLM.BLOCK_COUNT), where),
-        n_kv_heads=_int(metadata, k(gguf.Keys.Attention.HEAD_COUNT_KV), where, n_heads),
-        d_ff=_int(metadata, k(gguf.Keys.LLM.FEED_FORWARD_LENGTH), where),
-        max_positions=_int(metadata, k(gguf.Keys.LLM.CONTEXT_LENGTH), where),
-        norm_eps=_float(metadata, k(gguf.Keys.Attention.LAYERNORM_RMS_EPS if family.rms
+        d_model=d_model, n_heads=n_heads, n_layers=read_int(metadata, k(gguf.Keys.LLM.BLOCK_COUNT), where),
+        n_kv_heads=read_int(metadata, k(gguf.Keys.Attention.HEAD_COUNT_KV), where, n_heads),
+        d_ff=read_int(metadata, k(gguf.Keys.LLM.FEED_FORWARD_LENGTH), where),
+        max_positions=read_int(metadata, k(gguf.Keys.LLM.CONTEXT_LENGTH), where),
+        norm_eps=read_float(metadata, k(gguf.Keys.Attention.LAYERNORM_RMS_EPS if family.rms
                                     else gguf.Keys.Attention.LAYERNORM_EPS), where),
         dropout=0.0, attention_dropout=0.0)
-    if family.rope is not None and family.hooks is None:  # hooks read their own head sizes
-        head_dim = _int(metadata, k(gguf.Keys.Attention.KEY_LENGTH), where, d_model // n_heads)
-        value_dim = _int(metadata, k(gguf.Keys.Attention.VALUE_LENGTH), where, head_dim)
-        rotary = _int(metadata, k(gguf.Keys.Rope.DIMENSION_COUNT), where, head_dim)
-        if value_dim != head_dim:
-            raise ValueError(f"{where}: value heads {value_dim} wide and key heads {head_dim} wide; "
-                             "handformer's heads are one width")
-        partial = "rope_fraction" in family.writes  # Phi-4-mini, GLM-4
-        if rotary != head_dim and partial and 0 < rotary < head_dim and rotary % 2 == 0:
-            settings["rope_fraction"] = rotary / head_dim  # the first dims of each head
-        elif rotary != head_dim:
-            raise ValueError(f"{where}: {k(gguf.Keys.Rope.DIMENSION_COUNT)}={rotary} rotates part of "
-                             f"each {head_dim}-wide head; handformer rotates whole heads")
-        settings.update(head_dim=head_dim,
-                        rope_theta=_float(metadata, k(gguf.Keys.Rope.FREQ_BASE), where, 10000.0))
+    if family.rope is not None and not family.code.heads:  # DeepSeek-V3's code reads its own
+        settings.update(_read_heads(metadata, family, d_model // n_heads, where))
     if family.hybrid_layers and settings["n_layers"] == family.hybrid_layers:
         raise ValueError(f"{where}: {settings['n_layers']} layers, where llama.cpp's {family.name} slides "
                          "three layers in four without RoPE in the fourth, which import-gguf does not read; "
                          "import the Hugging Face checkpoint (import-hf)")
     if family.writes_window:  # 0 or absent: no window
         window_key = k(gguf.Keys.Attention.SLIDING_WINDOW)
-        settings["sliding_window"] = _int(metadata, window_key, where) if metadata.get(window_key) else None
+        window = read_int(metadata, window_key, where) if metadata.get(window_key) else None
+        settings["sliding_window"] = window
     if family.swa_pattern:
         settings.update(_read_layers(metadata, family, settings, where))
     if family.nope_step:
         settings["nope_layers"] = _nope_layers(family, settings["n_layers"])
     if family.experts:
-        width = k(gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)
-        settings["moe"] = MoEConfig(
-            n_experts=_int(metadata, k(gguf.Keys.LLM.EXPERT_COUNT), where),
-            top_k=_int(metadata, k(gguf.Keys.LLM.EXPERT_USED_COUNT), where),
-            d_expert=(_int(metadata, width, where, settings["d_ff"])
-                      if width in metadata or not family.experts_d_ff else None),  # Mixtral: d_ff wide
-            aux_loss_coef=metadata.get(AUX_LOSS_KEY, MoEConfig.aux_loss_coef))
+        settings["moe"] = _read_experts(metadata, family, settings["d_ff"], where)
     if family.multipliers:
-        settings["family"] = FamilyConfig(**{name: _float(metadata, k(template), where, 1.0)
+        settings["family"] = FamilyConfig(**{name: read_float(metadata, k(template), where, 1.0)
                                              for template, name in _MULTIPLIERS.items()})
-    if family.own_keys is not None:
-        settings.update(family.own_keys.read(metadata, settings, where))
     settings.update({name: value for name, (value, _) in family.settings.items() if name != "n_kv_heads"})
-    if family.read_keys is not None:
-        settings.update(family.read_keys(metadata, where))
     if "n_kv_heads" in family.settings and settings["n_kv_heads"] == n_heads:
         settings["n_kv_heads"] = None  # GPT-2's config says so by leaving it out
-    if family.hooks is not None:
-        settings.update(family.hooks.read(KeyReader(metadata, family.arch, where)))
-        if settings.get("moe") is not None:  # the mixture the hooks built, with its training weight
-            coef = metadata.get(AUX_LOSS_KEY, MoEConfig.aux_loss_coef)
-            settings["moe"] = dataclasses.replace(settings["moe"], aux_loss_coef=coef)
-    return settings
+    return {**settings, **_read_own(metadata, family, settings, where)}
 
 
-@dataclasses.dataclass(frozen=True)
-class KeyReader:
-    """A file's hyperparameter keys for a family's hooks, by gguf.Keys template ("{arch}.expert_count"),
-    checked as read_hparams checks its own (a missing key or a bad value: a ValueError naming it)."""
+def _read_own(metadata: dict[str, Any], family: Family, settings: dict[str, Any], where: str
+              ) -> dict[str, Any]:
+    """The settings the family's own code reads (`GgufCode.read`); a mixture it builds gets its
+    training weight (handformer's key)."""
+    own = family.code.read(metadata, settings, where)
+    if own.get("moe") is not None:
+        coef = metadata.get(AUX_LOSS_KEY, MoEConfig.aux_loss_coef)
+        own["moe"] = dataclasses.replace(own["moe"], aux_loss_coef=coef)
+    return own
 
-    metadata: dict[str, Any]
-    arch: str
-    where: str  # the file, for messages
 
-    def name(self, template: str) -> str:
-        return template.format(arch=self.arch)
+def _refuse_unread(metadata: dict[str, Any], family: Family, where: str) -> None:
+    """A ValueError for a key that asks for what handformer's model does not do (_NOT_IMPLEMENTED),
+    unless the family reads that key itself."""
+    for template, (harmless, what) in _NOT_IMPLEMENTED.items():
+        key = _key(family, template)
+        if ((family.softcaps and template in _SOFTCAPS) or (family.multipliers and template in _MULTIPLIERS)
+                or (family.experts and template == gguf.Keys.LLM.EXPERT_COUNT)
+                or template in family.code.reads):
+            continue
+        if key in metadata and not harmless(metadata[key]):
+            raise ValueError(f"{where} has {key}={metadata[key]!r}: {what}, which import-gguf "
+                             "does not read")
 
-    def get(self, template: str, default: Any = None) -> Any:
-        return self.metadata.get(self.name(template), default)
 
-    def int(self, template: str, default: Any = ...) -> int:
-        return _int(self.metadata, self.name(template), self.where, default)
+def _read_heads(metadata: dict[str, Any], family: Family, default: int, where: str) -> dict[str, Any]:
+    """head_dim (`default` without the key), the rotated fraction of each head and the RoPE base."""
+    k = lambda template: _key(family, template)  # noqa: E731
+    head_dim = read_int(metadata, k(gguf.Keys.Attention.KEY_LENGTH), where, default)
+    value_dim = read_int(metadata, k(gguf.Keys.Attention.VALUE_LENGTH), where, head_dim)
+    rotary = read_int(metadata, k(gguf.Keys.Rope.DIMENSION_COUNT), where, head_dim)
+    if value_dim != head_dim:
+        raise ValueError(f"{where}: value heads {value_dim} wide and key heads {head_dim} wide; "
+                         "handformer's heads are one width")
+    out: dict[str, Any] = {}
+    partial = "rope_fraction" in family.writes  # Phi-4-mini, GLM-4
+    if rotary != head_dim and partial and 0 < rotary < head_dim and rotary % 2 == 0:
+        out["rope_fraction"] = rotary / head_dim  # the first dims of each head
+    elif rotary != head_dim:
+        raise ValueError(f"{where}: {k(gguf.Keys.Rope.DIMENSION_COUNT)}={rotary} rotates part of "
+                         f"each {head_dim}-wide head; handformer rotates whole heads")
+    return {**out, "head_dim": head_dim,
+            "rope_theta": read_float(metadata, k(gguf.Keys.Rope.FREQ_BASE), where, 10000.0)}
 
-    def float(self, template: str, default: Any = ...) -> float:
-        return _float(self.metadata, self.name(template), self.where, default)
+
+def _read_experts(metadata: dict[str, Any], family: Family, d_ff: int, where: str) -> MoEConfig:
+    width = _key(family, gguf.Keys.LLM.EXPERT_FEED_FORWARD_LENGTH)
+    return MoEConfig(
+        n_experts=read_int(metadata, _key(family, gguf.Keys.LLM.EXPERT_COUNT), where),
+        top_k=read_int(metadata, _key(family, gguf.Keys.LLM.EXPERT_USED_COUNT), where),
+        d_expert=(read_int(metadata, width, where, d_ff)
+                  if width in metadata or not family.experts_d_ff else None),  # Mixtral: d_ff wide
+        aux_loss_coef=metadata.get(AUX_LOSS_KEY, MoEConfig.aux_loss_coef))
 
 
 _MULTIPLIERS = {gguf.Keys.LLM.EMBEDDING_SCALE: "embedding_multiplier",  # Granite's, into its family section
@@ -671,7 +645,7 @@ def _read_layers(metadata: dict[str, Any], family: Family, settings: dict[str, A
     llama.cpp runs them (Gemma 2 slides with a 4096 window when the file has no key; Gemma 3
     without the key does not slide)."""
     key = _key(family, gguf.Keys.Attention.SLIDING_WINDOW)
-    window = (_int(metadata, key, where) if metadata.get(key) else 4096 if family.softcaps else None)
+    window = (read_int(metadata, key, where) if metadata.get(key) else 4096 if family.softcaps else None)
     out: dict[str, Any] = {"attn_scale_dim": settings["head_dim"]}  # 1/sqrt(head_dim) in llama.cpp
     if window is not None and window < settings["max_positions"]:
         out.update(sliding_window=window, global_layers=_global_layers(family, settings["n_layers"]))
@@ -682,7 +656,7 @@ def _read_layers(metadata: dict[str, Any], family: Family, settings: dict[str, A
                 out["rope_theta"] = family.local_rope_theta
     if family.softcaps:
         for template, (name, default) in _SOFTCAPS.items():
-            out[name] = _float(metadata, _key(family, template), where, default)
+            out[name] = read_float(metadata, _key(family, template), where, default)
     return out
 
 

@@ -109,8 +109,7 @@ def _family_notes(cfg: CausalLMConfig, family: Family, notes: list[str]) -> None
         notes.append("llama.cpp turns to LongRoPE's long factors for every position when its context "
                      f"(n_ctx, rounded up to a multiple of 256) exceeds {original}; handformer and "
                      "transformers when the sequence does")
-    if family.own_keys is not None:
-        notes += family.own_keys.notes(cfg)
+    notes += family.code.notes(cfg)
     if family.zero_biases and not cfg.bias:
         notes.append(f"the run has no biases (bias=false); llama.cpp's {family.name} needs them, so they are "
                      "written as zeros (the same function)")

@@ -116,11 +116,9 @@ def config_from_gguf(file: GGUFFile, family: Family, notes: list[str]) -> tuple[
 
 
 def _expected_shapes(cfg: CausalLMConfig, family: Family) -> dict[str, tuple[int, ...]]:
-    """The shapes of the tensors the family's map names (the model's, through its hooks)."""
+    """The shapes of the tensors the family's map names (the model's, through its code's `to_gguf`)."""
     with torch.device("meta"):
-        state = build_causal_lm(cfg).state_dict()
-    if family.hooks is not None:
-        state = family.hooks.to_gguf(dict(state), cfg)
+        state = family.code.to_gguf(dict(build_causal_lm(cfg).state_dict()), cfg)
     return {k: tuple(v.shape) for k, v in state.items()}
 
 
@@ -151,7 +149,7 @@ def state_from_gguf(file: GGUFFile, cfg: CausalLMConfig, family: Family, zeros: 
     state = read_layer_values(file.metadata, cfg, family, expected, str(file.path))  # in the metadata
     for name, keys in plan.items():
         state.update(split_tensor(name, file.tensors[name].to_torch(), keys, cfg, family, expected))
-    return state if family.hooks is None else family.hooks.from_gguf(state, cfg)
+    return family.code.from_gguf(state, cfg)
 
 
 def q4_0_blocks(file: GGUFFile, cfg: CausalLMConfig, family: Family) -> dict[str, tuple[Tensor, Tensor]]:

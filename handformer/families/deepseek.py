@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 import handformer.families.llama as llama
 from handformer.config import CausalLMConfig, MLAConfig, MoEConfig, YarnRopeScaling
+from handformer.convert.gguf_keys import KeyReader
 from handformer.families.hf_config import (
     expert_keys,
     experts,
@@ -52,7 +53,7 @@ from handformer.families.hf_config import (
     unsupported,
 )
 from handformer.families.mixtral import EXPERT_KEYS, EXPERTS, GGUF_EXPERTS, ROUTER, STACKED_EXPERTS
-from handformer.families.spec import Differences, FamilySpec, GgufEntry, GgufHooks, to
+from handformer.families.spec import Differences, FamilySpec, GgufCode, GgufEntry, to
 from handformer.nn.attention import scaled_dot_product_attention
 from handformer.nn.feed_forward import FeedForward
 from handformer.nn.kv_cache import NO_CACHE, LayerCache, as_cache
@@ -398,7 +399,7 @@ def _write_gguf(writer: Any, cfg: CausalLMConfig) -> None:
         writer.add_rope_scaling_yarn_log_mul(0.1 * s.mscale_all_dim)  # llama.cpp's 0.1 x mscale_all_dim
 
 
-def _read_yarn(keys: Any) -> YarnRopeScaling | None:
+def _read_yarn(keys: KeyReader) -> YarnRopeScaling | None:
     """YaRN as llama.cpp runs deepseek2: cos and sin times 1, so mscale is mscale_all_dim."""
     kind = keys.get(_K.Rope.SCALING_TYPE, "none")
     if kind == "none":
@@ -415,7 +416,7 @@ def _read_yarn(keys: Any) -> YarnRopeScaling | None:
                            mscale=mscale, mscale_all_dim=mscale)
 
 
-def _read_moe(keys: Any) -> MoEConfig:
+def _read_moe(keys: KeyReader) -> MoEConfig:
     """The grouped mixture: sigmoid routing only (a file without the key routes with a softmax)."""
     gating, sigmoid = keys.get(_K.LLM.EXPERT_GATING_FUNC), _GATING["sigmoid"].value
     if gating != sigmoid:
@@ -432,8 +433,9 @@ def _read_moe(keys: Any) -> MoEConfig:
                      dense_layers=keys.get(_K.LLM.LEADING_DENSE_BLOCK_COUNT, 0), shared_gate=False)
 
 
-def _read_gguf(keys: Any) -> dict[str, Any]:
-    """Latent attention, the grouped mixture and YaRN from deepseek2's keys (gguf_arch.KeyReader)."""
+def _read_gguf(metadata: dict[str, Any], settings: dict[str, Any], where: str) -> dict[str, Any]:
+    """Latent attention, the grouped mixture and YaRN from deepseek2's keys."""
+    keys = KeyReader(metadata, "deepseek2", where)
     rope_dim = keys.int(_K.Rope.DIMENSION_COUNT)
     mla = MLAConfig(kv_rank=keys.int(_K.Attention.KV_LORA_RANK),
                     q_rank=keys.get(_K.Attention.Q_LORA_RANK) or None,  # 0: queries projected directly
@@ -448,9 +450,9 @@ GGUF = GgufEntry(
     {**llama.GGUF_ENDS, **llama.GGUF_NORMS, **_GGUF_ATTENTION, **_GGUF_FFN},
     {**llama.GGUF_BLOCK, **llama.NO_BIASES, "sliding_window": llama.NO_WINDOW}, biases=(),
     writes=frozenset({"moe", "mla"}),
-    hooks=GgufHooks(problems=_gguf_problems, write=_write_gguf, read=_read_gguf, to_gguf=_split_kv_b,
-                    from_gguf=_join_kv_b, rope_scaling=YarnRopeScaling,
-                    reads=frozenset({_K.LLM.EXPERT_COUNT, _K.Rope.SCALING_TYPE, _K.Rope.SCALING_FACTOR})))
+    code=GgufCode(write=_write_gguf, read=_read_gguf, problems=_gguf_problems, heads=True,
+                  to_gguf=_split_kv_b, from_gguf=_join_kv_b, rope_scalings=(YarnRopeScaling,),
+                  reads=(_K.LLM.EXPERT_COUNT, _K.Rope.SCALING_TYPE, _K.Rope.SCALING_FACTOR)))
 
 DEEPSEEK_V3 = FamilySpec(
     model_type="deepseek_v3", name="DeepSeek-V3", hf_class="DeepseekV3ForCausalLM",

@@ -48,7 +48,7 @@ from handformer.families.hf_config import (
     window_settings,
 )
 from handformer.families.mixtral import EXPERT, EXPERT_KEYS, GGUF_EXPERTS, expert_problems
-from handformer.families.spec import Differences, FamilySpec, GgufEntry, GgufKeys, stacked, to
+from handformer.families.spec import Differences, FamilySpec, GgufCode, GgufEntry, stacked, to
 from handformer.nn.attention import MultiHeadAttention, scaled_dot_product_attention
 from handformer.nn.feed_forward import GatedFeedForward
 from handformer.nn.masks import AttentionMask
@@ -292,9 +292,9 @@ GGUF = GgufEntry(
      "swiglu_limit": (7.0, "clamps its experts' SwiGLU at 7 in llama.cpp"),
      "swiglu_alpha": (1.702, "gates with sigmoid(1.702 x) in llama.cpp")},
     biases=(), experts=True, writes=frozenset({"moe", "global_layers", "attn_sinks", "swiglu_limit"}),
-    own_keys=GgufKeys(write_gguf_keys, read_gguf_keys, gguf_problems, notes=gguf_notes,
-                      rope_scalings=(YarnRopeScaling,),
-                      reads=("{arch}.rope.scaling.type", "{arch}.rope.scaling.factor")))
+    code=GgufCode(write=write_gguf_keys, read=read_gguf_keys, problems=gguf_problems, notes=gguf_notes,
+                  rope_scalings=(YarnRopeScaling,),
+                  reads=("{arch}.rope.scaling.type", "{arch}.rope.scaling.factor")))
 
 GPT_OSS = FamilySpec(
     model_type="gpt_oss", name="gpt-oss", hf_class="GptOssForCausalLM",

@@ -30,7 +30,7 @@ from handformer.families.hf_config import (
     unsupported,
     window_settings,
 )
-from handformer.families.spec import Differences, FamilySpec, GgufEntry, GgufKeys
+from handformer.families.spec import Differences, FamilySpec, GgufCode, GgufEntry
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.kv_cache import NO_CACHE, LayerCache
 from handformer.replace import replace_layers
@@ -147,8 +147,8 @@ def gguf_problems(cfg: CausalLMConfig) -> list[str]:
 GGUF = GgufEntry("mistral3", "ministral3", "Ministral 3", llama.GGUF_TENSORS,
                  {**llama.GGUF_BLOCK, **llama.NO_BIASES, "sliding_window": llama.NO_WINDOW_IN_LLAMA_CPP},
                  rope="pairs", rope_freqs=True, biases=(), writes=frozenset({"query_scale_beta"}),
-                 own_keys=GgufKeys(write_keys, read_keys, gguf_problems, reads=READ_HERE,
-                                   rope_scalings=(YarnRopeScaling,)))
+                 code=GgufCode(write=write_keys, read=read_keys, problems=gguf_problems, reads=READ_HERE,
+                               rope_scalings=(YarnRopeScaling,)))
 
 MINISTRAL3 = FamilySpec(
     model_type="ministral3", name="Ministral 3", hf_class="Ministral3ForCausalLM",

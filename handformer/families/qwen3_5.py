@@ -50,7 +50,7 @@ from handformer.families.hf_config import (
     rope_decoder_keys,
     silu_only,
 )
-from handformer.families.spec import Differences, FamilySpec, GgufEntry, to
+from handformer.families.spec import Differences, FamilySpec, GgufCode, GgufEntry, to
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.kv_cache import LayerCache, as_cache
 from handformer.nn.masks import AttentionMask, as_attention_mask
@@ -451,7 +451,7 @@ def _count(metadata: dict[str, Any], name: str, where: str, default: Any = ...) 
     return value
 
 
-def _read_gguf_keys(metadata: dict[str, Any], where: str) -> dict[str, Any]:
+def _read_gguf_keys(metadata: dict[str, Any], settings: dict[str, Any], where: str) -> dict[str, Any]:
     """The DeltaNet's settings from llama.cpp's ssm keys (a value head as wide as inner_size says)."""
     if metadata.get("qwen35.nextn_predict_layers"):
         raise ValueError(f"{where} holds {metadata['qwen35.nextn_predict_layers']} multi-token prediction "
@@ -491,8 +491,8 @@ GGUF = GgufEntry(
      "qk_norm": llama.HEAD_QK_NORM, "sliding_window": llama.NO_WINDOW_IN_LLAMA_CPP,
      "rope_scaling": llama.NO_SCALING_IN_LLAMA_CPP},
     biases=(), writes=frozenset({"qk_norm", "rope_fraction", "deltanet", "attn_output_gate"}),
-    also_recorded=("qwen3_5",), layout=_gguf_layout, write_keys=_write_gguf_keys, read_keys=_read_gguf_keys,
-    problems=_gguf_problems)
+    also_recorded=("qwen3_5",),
+    code=GgufCode(write=_write_gguf_keys, read=_read_gguf_keys, problems=_gguf_problems, layout=_gguf_layout))
 
 QWEN3_5 = FamilySpec(
     model_type="qwen3_5_text", name="Qwen3.5", hf_class="Qwen3_5ForCausalLM",

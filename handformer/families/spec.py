@@ -6,7 +6,8 @@ read a spec and know no family by name:
 
 - `hf_weights` / `hf_import` read `from_hf_config`, `tensors` and `hf_class`;
 - `hf_export` reads `fixed`, `may_set`, `claims`, `to_hf_config` and `problems`;
-- `gguf_arch`, `gguf_export` and `gguf_import` read `gguf` (a `GgufEntry`: llama.cpp's view).
+- `gguf_arch`, `gguf_export` and `gguf_import` read `gguf` (a `GgufEntry`: llama.cpp's view, with
+  a `GgufCode` where a family writes and reads GGUF its own way).
 
 Shape legend: D d_model, H heads, Hkv key/value heads, Dh head dim, F d_ff, V vocab.
 """
@@ -85,37 +86,49 @@ def no_problems(cfg: CausalLMConfig) -> list[str]:
     return []
 
 
-@dataclass(frozen=True)
-class GgufKeys:
-    """A family's own llama.cpp keys beyond the engine's (gpt-oss's window and YaRN), in its spec file:
-    `write` adds them, `read` turns them back into settings, `problems` names what the architecture
-    cannot express. `reads`: the key templates ({arch}) it reads that import-gguf would otherwise
-    refuse as not implemented (gguf_arch._NOT_IMPLEMENTED)."""
+def _writes_nothing(writer: Any, cfg: CausalLMConfig) -> None:
+    return None
 
-    write: Callable[[Any, CausalLMConfig], None]  # (gguf.GGUFWriter, cfg)
+
+def _reads_nothing(metadata: dict[str, Any], settings: dict[str, Any], where: str) -> dict[str, Any]:
+    return {}
+
+
+def _same_state(state: dict[str, Tensor], cfg: CausalLMConfig) -> dict[str, Tensor]:
+    return state
+
+
+@dataclass(frozen=True)
+class GgufCode:
+    """A family's own GGUF code, in its spec file, where the entry's declarative fields do not reach
+    (gpt-oss's window and YaRN, Ministral 3's query scale, DeepSeek-V3's latent attention, Qwen3.5's
+    DeltaNet). gguf_arch runs every part after its shared steps; a part left out does nothing.
+
+    Keys: `write` adds the family's keys; `read` turns them back into settings, over the entry's
+    fixed ones (a gguf_keys.KeyReader reads them checked); `problems` names what llama.cpp's
+    architecture cannot express, each with why; `notes` what export-gguf tells of llama.cpp's run.
+    Tensors: `layout` turns one handformer tensor into its GGUF form and back, in place of the
+    entry's rope and norm_offset flags; `to_gguf` turns the whole state dict into the tensors the
+    entry's map names (a tensor split in two), `from_gguf` turns them back."""
+
+    write: Callable[[Any, CausalLMConfig], None] = _writes_nothing  # (gguf.GGUFWriter, cfg)
     # (metadata, the settings read so far, the file's name) -> settings
-    read: Callable[[dict[str, Any], dict[str, Any], str], dict[str, Any]]
-    problems: Callable[[CausalLMConfig], list[str]]
+    read: Callable[[dict[str, Any], dict[str, Any], str], dict[str, Any]] = _reads_nothing
+    problems: Callable[[CausalLMConfig], list[str]] = no_problems
+    notes: Callable[[CausalLMConfig], list[str]] = no_problems
+    # the key templates ({arch}) `read` reads that import-gguf would otherwise refuse as not
+    # implemented (gguf_arch._NOT_IMPLEMENTED)
     reads: tuple[str, ...] = ()
     rope_scalings: tuple[type, ...] = ()  # the rope scalings `write` writes (beside Llama 3's rope_freqs)
-    notes: Callable[[CausalLMConfig], list[str]] = no_problems  # what export-gguf tells of llama.cpp's run
-
-
-@dataclass(frozen=True)
-class GgufHooks:
-    """A family's own GGUF code, where an entry's declarative fields do not reach (DeepSeek-V3's
-    latent attention): gguf_arch calls it after its shared steps. With hooks, the hooks write and
-    read the head sizes ({arch}.attention.head_count_kv, .key_length, .value_length) and their
-    rope scaling; the shared code writes and reads the rest."""
-
-    problems: Callable[[CausalLMConfig], list[str]]  # what llama.cpp's model cannot express, each with why
-    write: Callable[[Any, CausalLMConfig], None]  # (gguf.GGUFWriter, cfg): the family's keys
-    read: Callable[[Any], dict[str, Any]]  # (gguf_arch.KeyReader: the file's keys) -> settings
-    # state dict -> the tensors the entry's map names, and back (DeepSeek-V3's kv_b_proj split per head)
-    to_gguf: Callable[[dict[str, Any], CausalLMConfig], dict[str, Any]]
-    from_gguf: Callable[[dict[str, Any], CausalLMConfig], dict[str, Any]]
-    reads: frozenset[str] = frozenset()  # key templates ({arch}.expert_count, ...) the hooks read
-    rope_scaling: type | None = None  # the rope scaling the hooks write (YarnRopeScaling)
+    # `write` and `read` write and read the attention's head sizes ({arch}.attention.head_count_kv,
+    # .key_length, .value_length) and the RoPE base themselves (DeepSeek-V3's latent heads)
+    heads: bool = False
+    # (key, tensor, cfg, to_gguf) -> the tensor in GGUF's layout (to_gguf) or back (Qwen3.5's DeltaNet)
+    layout: Callable[[str, Tensor, CausalLMConfig, bool], Tensor] | None = None
+    # (state dict, cfg) -> the state the entry's map names, and back (DeepSeek-V3's kv_b_proj split per
+    # head); each may change the dict it is given
+    to_gguf: Callable[[dict[str, Tensor], CausalLMConfig], dict[str, Tensor]] = _same_state
+    from_gguf: Callable[[dict[str, Tensor], CausalLMConfig], dict[str, Tensor]] = _same_state
 
 
 @dataclass(frozen=True)
@@ -158,19 +171,11 @@ class GgufEntry:
     # EXAONE 4: llama.cpp turns sliding and global layers on (a window, its 32B's pattern) at this
     # depth only, and none below it: a run or file of that depth is refused, the others have no window
     hybrid_layers: int = 0
-    # An architecture llama.cpp stores in its own way beyond the flags above (Qwen3.5's DeltaNet):
-    # `layout` turns one handformer tensor into its GGUF form and back, (key, tensor, cfg, to_gguf);
-    # `write_keys` / `read_keys` write its own hyperparameter keys and read them back as settings
-    # (metadata, where) -> dict; `problems` names what llama.cpp cannot express, as mismatches do
-    layout: Callable[[str, Tensor, CausalLMConfig, bool], Tensor] | None = None
-    write_keys: Callable[[Any, CausalLMConfig], None] | None = None
-    read_keys: Callable[[dict[str, Any], str], dict[str, Any]] | None = None
-    problems: Callable[[CausalLMConfig], list[str]] | None = None
-    own_keys: GgufKeys | None = None  # the family's own keys, written and read by its spec file
     # metadata key -> the handformer key ({i} = block) of a number each layer learns, which llama.cpp
     # keeps as an array of one float a layer in the metadata, not as a tensor (Apertus's xIELU)
     layer_values: dict[str, str] = field(default_factory=dict)
-    hooks: GgufHooks | None = None  # the family's own GGUF code (GgufHooks)
+    # what llama.cpp stores its own way beyond the flags above: keys, checks, tensor transforms
+    code: GgufCode = field(default_factory=GgufCode)
 
     @property
     def rms(self) -> bool:
@@ -223,5 +228,5 @@ class FamilySpec:
     differences: Differences = field(default_factory=Differences)  # for `handformer families`
 
 
-__all__ = ["Claim", "Differences", "FamilySpec", "Fixed", "GgufEntry", "GgufHooks", "GgufKeys", "HFTensors",
+__all__ = ["Claim", "Differences", "FamilySpec", "Fixed", "GgufCode", "GgufEntry", "HFTensors",
            "Target", "conv1d", "no_problems", "paired", "stacked", "to"]
