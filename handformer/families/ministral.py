@@ -20,8 +20,8 @@ from torch import Tensor, nn
 
 import handformer.families.llama as llama
 from handformer.config import CausalLMConfig, FamilyConfig, YarnRopeScaling
-from handformer.families.gguf_yarn import READ_HERE, read_yarn, write_yarn, yarn_problems
 from handformer.families.adopt import adopt_attention
+from handformer.families.gguf_yarn import READ_HERE, read_yarn, write_yarn, yarn_problems
 from handformer.families.hf_config import (
     rope_decoder,
     rope_decoder_keys,
