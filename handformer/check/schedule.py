@@ -47,8 +47,8 @@ COSINE_CONVENTIONS: dict[str, tuple[int, int, Text]] = {  # (shift of t, of T_w 
         ),
     ),
     "nanogpt": (1, 1, text("warmup (t + 1) / (T_w + 1) (nanoGPT)", "预热为 (t + 1) / (T_w + 1)（nanoGPT）")),
-    "gpt2": (1, 0, text("warmup (t + 1) / T_w, the decay from step T_w (Karpathy's GPT-2 reproduction)",
-                        "预热为 (t + 1) / T_w，从第 T_w 步开始衰减（Karpathy 复现 GPT-2 的写法）")),
+    "gpt_2": (1, 0, text("warmup (t + 1) / T_w, the decay from step T_w (Karpathy's GPT-2 reproduction)",
+                        "预热为 (t + 1) / T_w，从步 T_w 开始衰减（Karpathy 复现 GPT-2 的写法）")),
 }
 PAPER_FLAGS = (
     "schedule_warmup_off_by_one:early",

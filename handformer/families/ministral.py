@@ -20,8 +20,8 @@ from torch import Tensor, nn
 
 import handformer.families.llama as llama
 from handformer.config import CausalLMConfig, FamilyConfig, YarnRopeScaling
-from handformer.convert.gguf_yarn import READ_HERE, read_yarn, write_yarn, yarn_problems
 from handformer.families.adopt import adopt_attention
+from handformer.families.gguf_yarn import READ_HERE, read_yarn, write_yarn, yarn_problems
 from handformer.families.hf_config import (
     rope_decoder,
     rope_decoder_keys,
@@ -114,7 +114,7 @@ def problems(cfg: CausalLMConfig) -> list[str]:
 
 
 # --- llama.cpp's mistral3 ----------------------------------------------------------------------------
-# Llama's tensors and adjacent-pair RoPE, YaRN (convert/gguf_yarn.py), and the query scale: its beta
+# Llama's tensors and adjacent-pair RoPE, YaRN (families/gguf_yarn.py), and the query scale: its beta
 # in {arch}.attention.temperature_scale (0: none), over YaRN's original context
 # ({arch}.rope.scaling.original_context_length; without the key, the context length).
 

@@ -33,7 +33,7 @@ DIAGNOSES: list[Diagnosis] = [
       "调度在第 0 步除以零，或者得到 0",
       "step 0 is where LambdaLR starts: use max(step, 1) (the Annotated Transformer's `if step == 0: "
       "step = 1`), or count from 1 with step + 1",
-      "LambdaLR 从第 0 步开始：用 max(step, 1)（Annotated Transformer 的 `if step == 0: step = 1`），"
+      "LambdaLR 从步 0 开始：用 max(step, 1)（Annotated Transformer 的 `if step == 0: step = 1`），"
       "或者用 step + 1 从 1 开始数",
       r"\*\*\s*\(?\s*-\s*0?\.5", r"min\(", r"return"),
     d("schedule_warmup_off_by_one", "the warmup is off by one: the peak is one step early or late",
@@ -53,7 +53,7 @@ DIAGNOSES: list[Diagnosis] = [
       "乘上 d_model ** -0.5：模型越宽，峰值学习率越小",
       r"min\(", r"return"),
     d("cosine_from_step_zero", "the cosine counts from step 0, not from the end of the warmup",
-      "余弦从第 0 步开始算，而不是从预热结束开始",
+      "余弦从步 0 开始算，而不是从预热结束开始",
       "progress = (t - warmup) / (total - warmup), so the decay starts at max_lr right after the warmup",
       "progress = (t - warmup) / (total - warmup)，这样预热一结束就从 max_lr 开始衰减",
       r"(progress|ratio|decay_ratio)\s*=", r"cos\(", r"math\.pi"),
