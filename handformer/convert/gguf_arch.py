@@ -45,9 +45,9 @@ from handformer.config import (
     setting_name,
     setting_value,
 )
-from handformer.convert.gguf_keys import read_float, read_int
 from handformer.convert.hf_weights import halves_to_pairs, pairs_to_halves
 from handformer.families.catalogue import GGUF_ENTRIES, SPECS, spec_of
+from handformer.families.gguf_keys import read_float, read_int
 from handformer.families.spec import GgufEntry
 from handformer.settings import is_number
 

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 import handformer.families.llama as llama
 from handformer.config import CausalLMConfig, MLAConfig, MoEConfig, YarnRopeScaling
-from handformer.convert.gguf_keys import KeyReader
+from handformer.families.gguf_keys import KeyReader
 from handformer.families.hf_config import (
     expert_keys,
     experts,

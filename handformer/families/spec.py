@@ -105,7 +105,7 @@ class GgufCode:
     DeltaNet). gguf_arch runs every part after its shared steps; a part left out does nothing.
 
     Keys: `write` adds the family's keys; `read` turns them back into settings, over the entry's
-    fixed ones (a gguf_keys.KeyReader reads them checked); `problems` names what llama.cpp's
+    fixed ones (a families/gguf_keys.py KeyReader reads them checked); `problems` names what llama.cpp's
     architecture cannot express, each with why; `notes` what export-gguf tells of llama.cpp's run.
     Tensors: `layout` turns one handformer tensor into its GGUF form and back, in place of the
     entry's rope and norm_offset flags; `to_gguf` turns the whole state dict into the tensors the
