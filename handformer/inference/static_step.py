@@ -34,7 +34,6 @@ import time
 import weakref
 
 import torch
-import torch._inductor.config
 from torch import Tensor
 
 from handformer.models.causal_lm import CausalLM
@@ -106,7 +105,11 @@ class StaticStep:
             self._cleared.add(cache)
         key = (ids.size(0), C)
         started = time.perf_counter() if key not in self.compile_seconds else None
-        with torch._inductor.config.patch(freezing=True):  # read when a call compiles
+        from torch._inductor import (
+            config as inductor,  # here: Inductor's import takes seconds; eager needs none
+        )
+
+        with inductor.patch(freezing=True):  # read when a call compiles
             logits = self.compiled(self.model, ids, index, self._columns[C], cache.keys, cache.values)
         if started is not None:
             self.compile_seconds[key] = time.perf_counter() - started
