@@ -240,14 +240,18 @@ def test_the_docs_llama_cpp_snippet_prints_what_handformer_generates(page, tmp_p
 # llama.cpp's sources (convert_hf_to_gguf.py and its gguf-py), as llama-cpp-python's source package has them
 LLAMA_CPP_SRC = Path(os.environ.get("HANDFORMER_LLAMA_CPP_SRC", "/tmp/x/llama_cpp_python-0.3.36/vendor/llama.cpp"))
 # The converter names a BPE vocabulary's split by hashing a fixed text's ids; a vocabulary trained
-# here has no name there, so its check is replaced by GPT-2's split (the tensors and the other keys
-# are the converter's own). Run in a subprocess: the converter's gguf-py, not the installed one.
+# here has no name there, so its check answers the split named on the command line (the tensors and the
+# other keys are the converter's own); "llama-as-gpt2" also writes a Llama-style vocabulary as GPT-2's
+# (a character vocabulary has no SentencePiece model). Run in a subprocess, with the converter's gguf-py.
 CONVERT = """import runpy, sys
-src = sys.argv[1]
+src, pre, vocab = sys.argv[1:4]
 sys.path[:0] = [src + "/gguf-py", src]
-from conversion.base import TextModel
-TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-sys.argv = [src + "/convert_hf_to_gguf.py", *sys.argv[2:]]
+from conversion import base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+if vocab == "llama-as-gpt2":
+    from conversion.llama import LlamaModel
+    LlamaModel.set_vocab = lambda self: self._set_vocab_gpt2()
+sys.argv = [src + "/convert_hf_to_gguf.py", *sys.argv[4:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 GPT_OSS = dict(vocab_size=300, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=12,
@@ -295,12 +299,14 @@ def _gpt_oss_checkpoints(out):
         (out / name / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
 
 
-def _convert(hf_dir, out):
+def _convert(hf_dir, out, pre="gpt-2", vocab="own", *extra):
+    """llama.cpp's convert_hf_to_gguf.py on a Hugging Face folder, to an f32 file (or a skip saying where
+    its sources go)."""
     if not (LLAMA_CPP_SRC / "convert_hf_to_gguf.py").is_file():
         pytest.skip(f"llama.cpp's convert_hf_to_gguf.py is not at {LLAMA_CPP_SRC}: unpack llama-cpp-python "
                     "0.3.36's source package and set HANDFORMER_LLAMA_CPP_SRC to its vendor/llama.cpp")
-    done = subprocess.run([sys.executable, "-c", CONVERT, str(LLAMA_CPP_SRC), str(hf_dir), "--outfile", str(out),
-                           "--outtype", "f32"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", CONVERT, str(LLAMA_CPP_SRC), pre, vocab, str(hf_dir), "--outfile",
+                           str(out), "--outtype", "f32", *extra], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -382,20 +388,6 @@ HF["ministral3"] = lambda: transformers.Ministral3ForCausalLM(transformers.Minis
     **ODD, sliding_window=None, rope_parameters={
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0, "original_max_position_embeddings": 8, "beta_fast": 32.0,
         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5}))
-# llama.cpp's own converter (its source tree at llama-cpp-python 0.3.36's commit: the sdist's vendor/llama.cpp),
-# run with the character vocabulary written as GPT-2's (no released tokenizer has its pre-tokenizer hash)
-CONVERT_AS_GPT2 = """import runpy, sys
-src = sys.argv[1]
-sys.path[:0] = [src, src + "/gguf-py"]
-import conversion.base as base
-from conversion.llama import LlamaModel
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
-LlamaModel.set_vocab = lambda self: self._set_vocab_gpt2()
-sys.argv = [src + "/convert_hf_to_gguf.py", *sys.argv[2:]]
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 @pytest.mark.parametrize("family", ["apertus", "ministral3"])
 def test_apertus_and_ministral3_as_llama_cpps_converter_writes_them(family, tmp_path):
     """llama.cpp's convert_hf_to_gguf.py and export-gguf write the same keys with the same values and
@@ -403,9 +395,6 @@ def test_apertus_and_ministral3_as_llama_cpps_converter_writes_them(family, tmp_
     reads the converter's file with transformers' logits."""
     from handformer.convert.gguf_file import read_gguf
 
-    if not (LLAMA_CPP_SRC / "convert_hf_to_gguf.py").is_file():
-        pytest.skip(f"no llama.cpp source at {LLAMA_CPP_SRC}: set HANDFORMER_LLAMA_CPP_SRC to llama-cpp-python "
-                    "0.3.36's vendor/llama.cpp")
     torch.manual_seed(sorted(HF).index(family))
     hf_model = HF[family]().eval()
     with torch.no_grad():
@@ -415,8 +404,7 @@ def test_apertus_and_ministral3_as_llama_cpps_converter_writes_them(family, tmp_
     Tokenizer.train_char([TEXT]).save(tmp_path / "hf" / "tokenizer.json")
     assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "run")]) == 0
     assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "ours.gguf")]) == 0
-    subprocess.run([sys.executable, "-c", CONVERT_AS_GPT2, str(LLAMA_CPP_SRC), str(tmp_path / "hf"), "--outfile",
-                    str(tmp_path / "theirs.gguf"), "--outtype", "f32"], check=True, capture_output=True)
+    _convert(tmp_path / "hf", tmp_path / "theirs.gguf", "gpt-2", "llama-as-gpt2")
     ours, theirs = read_gguf(tmp_path / "ours.gguf"), read_gguf(tmp_path / "theirs.gguf")
     keys = lambda f: {k: v for k, v in f.metadata.items()  # noqa: E731
                       if not k.startswith(("tokenizer.", "general.", "handformer."))}
@@ -439,18 +427,11 @@ def test_apertus_and_ministral3_generate_the_same_in_llama_cpp(family, tmp_path)
     test_an_imported_model_generates_the_same_in_llama_cpp(family, tmp_path)
 
 
-# convert_hf_to_gguf.py, its pre-tokenizer check passed (it knows no character tokenizer), on argv[1:]
-CONVERT_MAIN = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import convert_hf_to_gguf as c; "
-           "from conversion import base; base.TextModel.get_vocab_base_pre = lambda self, t: 'gpt-2'; c.main()")
-
-
 def test_deepseek_v3_generates_the_same_in_llama_cpp_and_as_its_converter_writes_it(tmp_path):
     """The tiny DeepSeek-V3 (with the released YaRN, mscale = mscale_all_dim) exported: llama.cpp's
     greedy tokens are handformer's; llama.cpp's convert_hf_to_gguf.py on the same checkpoint writes
     the same model keys and the same tensors bit for bit, and import-gguf reads its file to
     transformers' logits."""
-    import subprocess
-    import sys
 
     from helpers import randomize_hf
     from test_deepseek import released_yarn, save_hf
@@ -464,10 +445,7 @@ def test_deepseek_v3_generates_the_same_in_llama_cpp_and_as_its_converter_writes
     assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "run")]) == 0
     assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")]) == 0
     _same_greedy(tmp_path / "run", tmp_path / "m.gguf", "to be or", n=40)
-    if not (LLAMA_CPP_SRC / "convert_hf_to_gguf.py").exists():
-        pytest.skip(f"llama.cpp's sources are not at {LLAMA_CPP_SRC} (set HANDFORMER_LLAMA_CPP_SRC)")
-    subprocess.run([sys.executable, "-c", CONVERT_MAIN, str(LLAMA_CPP_SRC), str(tmp_path / "hf"), "--outfile",
-                    str(tmp_path / "c.gguf"), "--outtype", "f32"], check=True, capture_output=True)
+    _convert(tmp_path / "hf", tmp_path / "c.gguf")
     ours, theirs = read_gguf(tmp_path / "m.gguf"), read_gguf(tmp_path / "c.gguf")
     model_keys = lambda f: {k: v for k, v in f.metadata.items() if k.startswith("deepseek2.")}  # noqa: E731
     assert model_keys(ours) == model_keys(theirs)
@@ -481,25 +459,14 @@ def test_deepseek_v3_generates_the_same_in_llama_cpp_and_as_its_converter_writes
                                    atol=1e-5, rtol=1e-5)
 
 
-# convert_hf_to_gguf.py refuses a tokenizer whose pre-tokenizer hash it does not know: told it is qwen2's
-CONVERT_QWEN2_PRE = ("import runpy, sys; root = sys.argv[1]; sys.path.insert(0, root); from conversion import base; "
-           "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'qwen2'; "
-           "sys.argv = ['convert_hf_to_gguf.py', *sys.argv[2:]]; "
-           "runpy.run_path(root + '/convert_hf_to_gguf.py', run_name='__main__')")
-
-
 def test_qwen3_5_goes_to_gguf_as_llama_cpps_converter_writes_it_and_generates_the_same(tmp_path):
     """A tiny Qwen3.5 (2 key heads, 6 value heads: tiled in llama.cpp): export-gguf writes the tensors
     convert_hf_to_gguf.py writes, bit for bit, and its keys (but the interval it writes from the
     config's default); import-gguf reads the converter's file to transformers' logits; llama.cpp
     generates handformer's greedy tokens from both files, the recurrent states included."""
-    import subprocess
-    import sys
 
     import gguf
 
-    if not (LLAMA_CPP_SRC / "convert_hf_to_gguf.py").exists():
-        pytest.skip(f"llama.cpp's convert_hf_to_gguf.py is not unpacked at {LLAMA_CPP_SRC}")
     torch.manual_seed(0)
     hf = transformers.Qwen3_5ForCausalLM(transformers.Qwen3_5TextConfig(
         vocab_size=320, hidden_size=42, intermediate_size=38, num_hidden_layers=4, num_attention_heads=3,
@@ -513,8 +480,7 @@ def test_qwen3_5_goes_to_gguf_as_llama_cpps_converter_writes_it_and_generates_th
             p.copy_((1 if "norm" in name and "linear_attn" in name else 0) + 0.15 * torch.randn_like(p))
     hf.eval().save_pretrained(tmp_path / "hf", safe_serialization=True)
     Tokenizer.train_bpe([TEXT * 20], 300).save(tmp_path / "hf" / "tokenizer.json")  # the converter needs merges
-    subprocess.run([sys.executable, "-c", CONVERT_QWEN2_PRE, str(LLAMA_CPP_SRC), str(tmp_path / "hf"), "--outfile",
-                    str(tmp_path / "conv.gguf"), "--outtype", "f32", "--no-mtp"], check=True, capture_output=True)
+    _convert(tmp_path / "hf", tmp_path / "conv.gguf", "qwen2", "own", "--no-mtp")
     assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "run")]) == 0
     assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "ours.gguf")]) == 0
     ours, theirs = (gguf.GGUFReader(tmp_path / f) for f in ("ours.gguf", "conv.gguf"))
