@@ -30,7 +30,11 @@ import torch
 from torch import Tensor
 
 SOURCES = {"int8_linear": Path(__file__).with_name("int8_matvec.c"),
-           "f32_linear": Path(__file__).with_name("f32_matvec.c")}
+           "f32_linear": Path(__file__).with_name("f32_matvec.c"),
+           "llama_step": Path(__file__).with_name("llama_step.c")}  # fused_step.py's, its own argtypes
+# llama_step: scalar loops gcc vectorizes (-ffast-math lets it reorder sums; -lm: glibc's vector expf)
+FLAGS = {"llama_step": ["-O3", "-march=native", "-ffast-math"]}
+MATVEC_FLAGS = ["-O3", "-mavx512f", "-fopenmp"]
 K_MULTIPLE = 16  # both kernels read K in steps of 16 numbers
 # The layers call them for this many rows of activations at most (decoding at batch 1 or 2); more rows
 # go to torch's kernels, which share each weight read among the rows better (docs/benchmarks.md).
@@ -43,13 +47,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HANDFORMER_CACHE", Path.home() / ".cache" / "handformer"))
 
 
-def _build(source: Path, target: Path) -> str | None:
-    """Compile `source` to `target` (atomically); the error, or None."""
+def _build(source: Path, target: Path, flags: list[str]) -> str | None:
+    """Compile `source` to `target` with `flags` (the libraries last; atomically); the error, or None."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
-        done = subprocess.run(["gcc", "-O3", "-mavx512f", "-fopenmp", "-shared", "-fPIC", "-o", str(built),
-                               str(source)], capture_output=True, text=True)
+        libraries = [f for f in flags if f.startswith("-l")]
+        options = [f for f in flags if f not in libraries]
+        command = ["gcc", *options, "-shared", "-fPIC", "-o", str(built), str(source), *libraries]
+        done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode:
             return f"gcc failed: {done.stderr.strip()[:200]}"
         os.replace(built, target)
@@ -69,19 +75,22 @@ def _unavailable() -> str | None:
 
 @functools.cache
 def kernel(name: str = "int8_linear") -> Callable[..., None] | None:
-    """The loaded C function `name` (int8_linear(x, q, scale, y, M, N, K, threads) or
-    f32_linear(x, w, bias, y, M, N, K, threads)), or None (see why_not)."""
+    """The loaded C function `name` (int8_linear(x, q, scale, y, M, N, K, threads),
+    f32_linear(x, w, bias, y, M, N, K, threads), or llama_step, whose caller sets its argtypes), or
+    None (see why_not)."""
     if (reason := _unavailable()) is not None:
         _why[name] = reason
         return None
     source = SOURCES[name]
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    flags = FLAGS.get(name, MATVEC_FLAGS) + ["-lm"]
+    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{digest}.so"
-    if not target.exists() and (error := _build(source, target)) is not None:
+    if not target.exists() and (error := _build(source, target, flags)) is not None:
         _why[name] = error
         return None
     fn = getattr(ctypes.CDLL(str(target)), name)
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    if name in ("int8_linear", "f32_linear"):
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     fn.restype = None
     return fn
 
