@@ -4,8 +4,8 @@
   registers, fp32 activations and sums (no bf16 rounding of the activations); at one row it streams
   the weights 1.5x to 2.8x as fast as `_weight_int8pack_mm` on this project's 2-core AVX-512 machine.
 - f32_matvec.c (`f32_linear`, PackedLinear's one-row path): fp32 weights dotted four rows at a time
-  with AVX-512 FMAs; at one row it streams a GPT-2-sized model's weights about 1.3x as fast as
-  oneDNN's packed layers (docs/benchmarks.md).
+  with AVX-512 FMAs; at one row it streams a GPT-2-sized model's weights 1.25x to 1.45x as fast
+  as oneDNN's packed layers (docs/benchmarks.md).
 
 Each is built with gcc into ~/.cache/handformer (HANDFORMER_CACHE overrides) the first time a process
 asks for it, the file named by a hash of the source, written under a temporary name and renamed into

@@ -20,9 +20,10 @@ machine, which has native bf16 instructions (AVX512-BF16), they ran at 2x the pa
 One or two rows of fp32 activations (decoding at batch 1 or 2) go to a C kernel instead
 (handformer/inference/c_kernels.py, f32_matvec.c, built by gcc at first use), which reads a plain copy
 of the weight four rows at a time with AVX-512 FMAs: on the same machine it streamed a GPT-2-124M
-step's weights 1.3x to 1.4x as fast as the packed layers at one row, while at eight rows oneDNN's
-packed kernel was 1.5x faster than it (docs/benchmarks.md). The layer then holds the weight twice
-(packed, and plain for the C kernel): twice the weights' memory for the speed of batch-1 decoding.
+step's weights 1.25x to 1.45x as fast as the packed layers at one row (one or two threads), while
+at eight rows oneDNN's packed kernel was 1.55x faster than it (docs/benchmarks.md). The layer then
+holds the weight twice (packed, and plain for the C kernel): twice the weights' memory for the
+speed of batch-1 decoding.
 Where the C kernel cannot run (no AVX-512, no gcc, HANDFORMER_NO_C_KERNELS=1, bf16 weights, an input
 width that is not a multiple of 16) the layer keeps the packed weight alone and runs it for every
 row count.
