@@ -459,7 +459,7 @@ def _explain_calls(run: Run, expected: Tensor) -> tuple[str, Text, str] | None:
         steps, fed = len(calls) - 1, calls[-1].seen + calls[-1].ids.size(1)
         return "generate_no_crop", text(
             f"after {steps} steps it fed the model {fed} tokens; the block size is {model.block_size}",
-            f"第 {steps} 步之后它给模型输入了 {fed} 个 token；block_size 是 {model.block_size}"), \
+            f"走了 {steps} 步之后它给模型输入了 {fed} 个 token；block_size 是 {model.block_size}"), \
             "not_cropped"
     stream = torch.cat([prompt, expected], 1)
     for i, c in enumerate(calls):
@@ -474,21 +474,21 @@ def _explain_calls(run: Run, expected: Tensor) -> tuple[str, Text, str] | None:
         if c.ids.size(1) == 1 and c.start is not None and c.start != before:
             return "generate_cache_mismatch", text(
                 f"at step {i} it passed start_pos = {c.start} for a new token after {before} tokens",
-                f"第 {i} 步新 token 前已有 {before} 个 token，它却传了 start_pos = {c.start}"), \
+                f"步 {i}：新 token 前已有 {before} 个 token，它却传了 start_pos = {c.start}"), \
                 "positions_not_offset"
         if c.ids.size(1) == 1 and c.seen != before and c.cached:
             return "generate_cache_mismatch", text(
                 f"at step {i} it fed one token with a cache of {c.seen} tokens where {before} were seen",
-                f"第 {i} 步输入一个 token 时缓存里只有 {c.seen} 个 token，应为 {before} 个"), \
+                f"步 {i} 输入一个 token 时缓存里只有 {c.seen} 个 token，应为 {before} 个"), \
                 "cache_not_passed"
         if c.ids.size(1) == 1 and not c.cached and c.seen == 0:
             return "generate_cache_mismatch", text(
                 f"at step {i} it fed one token and no cache: the model saw that token alone",
-                f"第 {i} 步只输入了一个 token 却没有带缓存：模型只看到了这一个 token"), "cache_not_passed"
+                f"步 {i} 只输入了一个 token 却没有带缓存：模型只看到了这一个 token"), "cache_not_passed"
         if c.ids.size(1) == 1 and int(c.positions[0, 0]) != c.seen:
             position = int(c.positions[0, 0])
             return "generate_cache_mismatch", text(
                 f"at step {i} the new token got position {position}, after {c.seen} cached tokens",
-                f"第 {i} 步新 token 的位置是 {position}，而缓存里已有 {c.seen} 个 token"), \
+                f"步 {i} 新 token 的位置是 {position}，而缓存里已有 {c.seen} 个 token"), \
                 "positions_not_offset"
     return None

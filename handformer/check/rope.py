@@ -127,7 +127,7 @@ def _base_finding(res: ComponentResult, ctx: Context, comp: Component, table: Ta
     right = ", ".join(f"{v:.4g}" for v in expected[:3].tolist())
     res.findings.append(Finding("rope_wrong_base", text(
         f"the frequencies of pairs 0, 1, 2 are {mine}, where theta^(-2j/d) gives {right}: {en}",
-        f"第 0、1、2 对的频率是 {mine}，而 theta^(-2j/d) 给出 {right}：{zh}"), number, code, form))
+        f"配对 0、1、2 的频率是 {mine}，而 theta^(-2j/d) 给出 {right}：{zh}"), number, code, form))
 
 
 def _layout_convention(res: ComponentResult, layout: str) -> None:
