@@ -95,8 +95,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     params = forward_parameters(fn)
     extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
              "sin"}
-    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra),
-                       len(params))
+    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra
+                        or isinstance(p.default, bool)), len(params))  # a flag (use_cache) keeps its default
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
     masks = [p for p in params if is_mask_name(p.name)]
     named = {p.name for p in params} & extra

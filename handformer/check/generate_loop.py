@@ -352,6 +352,11 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
     if any(c.cached for c in short.model.calls):
         res.notes.append(text("it decodes with a KV cache: after the prompt it feeds one token at a time",
                               "它用 KV 缓存解码：处理完提示词之后每次只输入一个 token"))
+        if getattr(short.model, "resets", None) is not None:  # a cache kept in their own model: empty again?
+            again = run_generate(ctx, comp, driver, SHORT, B, short.as_list)
+            again.label = text(f"{again.label['en']}, again (the cache your model keeps must start empty)",
+                               f"{again.label['zh']}，再来一次（模型自己保存的缓存必须先清空）")
+            _judge(res, ctx, comp, again, reference)
     elif not any(f.name in ("generate_not_appended", "generate_does_not_stop") for f in res.findings):
         _long(res, ctx, comp, driver, B, short.as_list)
     if short.failure and not res.findings and short.out is None:
