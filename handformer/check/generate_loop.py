@@ -88,13 +88,18 @@ class LanguageModel(nn.Module):
         super().__init__()
         self.model = lm
         self.block_size = self.max_len = self.max_seq_len = self.context = block_size
-        self.target = self  # what the learner's loop is handed
         self.style, self.budget, self.vocab_size = style, budget, VOCAB
         self.calls: list[Call] = []
         self.stream: Tensor | None = None  # Meta's style: the tokens fed so far, by position
         self.config = types.SimpleNamespace(block_size=block_size, max_len=block_size, max_seq_len=block_size,
                                             n_positions=block_size, vocab_size=VOCAB,
                                             max_position_embeddings=block_size)
+
+    @property
+    def target(self) -> LanguageModel:
+        """What the learner's loop is handed (a property: as an attribute it would be its own child
+        module, and model.eval() would recurse)."""
+        return self
 
     def new_cache(self, *args: Any, **kwargs: Any) -> CacheToken:
         empty = torch.zeros(1, 0, dtype=torch.long)
@@ -108,6 +113,11 @@ class LanguageModel(nn.Module):
         ids = torch.as_tensor(idx).long()
         ids = ids[None] if ids.dim() == 1 else ids  # (B, T)
         cache, start, positions = _cache_arguments(args, kwargs)
+        own = next((type(v).__name__ for k, v in kwargs.items() if k in CACHE_NAMES
+                    and v is not None and not isinstance(v, (CacheToken, bool))), None)
+        if own is not None:  # their own cache class (Raschka's KVCache): only their model can fill it
+            raise TypeError(f"the stand-in model cannot fill a cache object of your own ({own}); check "
+                            "generate with your model in the same file, or write the adapter")
         B, T = ids.shape
         if cache is not None:
             prior_ids, prior_pos = cache.ids.expand(B, -1), cache.positions.expand(B, -1)
