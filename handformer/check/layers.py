@@ -116,22 +116,24 @@ class Layer:
                                     bool({"position_embeddings", "cos"} & self.extra))
         self.batched_cos_sin = False  # Hugging Face's (cos, sin) are (B, T, Dh); minimind's (T, Dh)
         if "position_embeddings" in self.extra:
-            self.batched_cos_sin = self._takes_batched(x.double())
+            self.batched_cos_sin = self._second_form(x.double(), "batched_cos_sin")
+        self.start_per_row = False  # start_pos 0, or one per batch row (B,) (Raschka's batched cache)
 
-    def _takes_batched(self, x: Tensor) -> bool:
-        """Whether the layer refuses (T, Dh) tables and takes (B, T, Dh) ones (Hugging Face's layers
-        unsqueeze dim 1 for the heads); a layer that refuses both is reported on the first."""
+    def _second_form(self, x: Tensor, flag: str) -> bool:
+        """Whether the layer refuses the first form of an argument and takes the second (`flag` set:
+        Hugging Face's (B, T, Dh) tables, whose layers unsqueeze dim 1 for the heads; a start_pos per
+        batch row); a layer that refuses both is reported on the first."""
         try:
             with torch.no_grad():
                 self.call(x, x, None, None)
             return False
-        except Exception:  # noqa: BLE001 - their error: tried once more with the other layout
-            self.batched_cos_sin = True
+        except Exception:  # noqa: BLE001 - their error: tried once more with the other form
+            setattr(self, flag, True)
             try:
                 with torch.no_grad():
                     self.call(x, x, None, None)
                 return True
-            except Exception:  # noqa: BLE001 - reported by the checks, with the first layout
+            except Exception:  # noqa: BLE001 - reported by the checks, with the first form
                 return False
 
     def _warmup(self, module: nn.Module, x: Tensor) -> Any:
@@ -159,7 +161,17 @@ class Layer:
                 everything = torch.ones(x.size(0), 1, x.size(1), x.size(1), dtype=torch.bool)
                 mask = fp.encode_mask(everything, self.visible, x.size(0))
             kwargs[self.masks[0]] = mask
-        return self.module(*args, **kwargs)
+        if "start_pos" not in self.extra or self.start_per_row:
+            return self.module(*args, **kwargs)
+        try:
+            return self.module(*args, **kwargs)
+        except Exception as first:  # noqa: BLE001 - theirs, unless a start_pos per batch row runs
+            try:
+                out = self.module(*args, **{**kwargs, "start_pos": torch.zeros(x.size(0), dtype=torch.long)})
+            except Exception:  # noqa: BLE001
+                raise first from None
+            self.start_per_row = True
+            return out
 
     def _extra_kwargs(self, x: Tensor) -> dict[str, Any]:
         B, T = x.shape[:2]
@@ -176,7 +188,7 @@ class Layer:
             elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
                 out[name] = cos_sin(T, self.head_dim)[name == "sin"].to(x.dtype)
             elif name == "start_pos":
-                out[name] = 0
+                out[name] = torch.zeros(B, dtype=torch.long) if self.start_per_row else 0
             else:
                 out[name] = torch.arange(T)[None].expand(B, T)
         return out
