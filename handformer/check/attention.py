@@ -230,7 +230,8 @@ def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     fn = comp.obj
     if isinstance(fn, type):
-        fn = ctx.learner.call("__init__", lambda: comp.obj(**_dropout_kwargs(comp.obj)))
+        kwargs = {**_dropout_kwargs(comp.obj), **_temperature(comp.obj)}
+        fn = ctx.learner.call("__init__", lambda: comp.obj(**kwargs))
         if isinstance(fn, nn.Module):
             fn = fn.double().eval()
     c = caller(fn)
@@ -397,6 +398,12 @@ def _compare_masked_softmax(res: ComponentResult, ctx: Context, comp: Component,
     res.checks.append(Check(text(f"equals the softmax over the visible keys on {n} masks (None included)",
                                  f"在 {n} 组掩码上（含 None）与只对可见键做的 softmax 一致"),
                             res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
+
+
+def _temperature(cls: type) -> dict[str, float]:
+    """jadore801120's ScaledDotProductAttention(temperature): the scale its caller gives, sqrt(Dh)."""
+    params = forward_parameters(cls.__init__)
+    return {p.name: 8 ** 0.5 for p in params if p.name.lower() == "temperature" and p.default is p.empty}
 
 
 def _dropout_kwargs(cls: type) -> dict[str, float]:
