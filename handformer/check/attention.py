@@ -542,9 +542,9 @@ def _projections(comp: Component, module: nn.Module) -> list[Any]:
     if extra:  # a norm on the queries and keys (QK-norm): not in handformer's reference attention
         shapes = ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra)
         raise MappingError(f"{comp.name} has parameters besides its projections ({shapes}); handformer's "
-                           "reference attention has none (no QK-norm)",
+                           "reference attention has none (no QK-norm, no residual and norm inside)",
                            zh=f"{comp.name} 除了投影矩阵还有别的参数（{shapes}）；"
-                              "handformer 的参考注意力没有这些参数（没有 QK-norm）")
+                              "handformer 的参考注意力没有这些参数（没有 QK-norm，内部没有残差和归一化）")
     return [leaf for leaf in found if leaf.kind == "linear"]
 
 
