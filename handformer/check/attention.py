@@ -55,6 +55,7 @@ from handformer.check.conventions import masks_where_true
 from handformer.check.discovery import Component
 from handformer.check.localize import note_attention_departure
 from handformer.check.result import Check, ComponentResult, Finding, text
+from handformer.check.rope_tables import either_table
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
     MappingError,
@@ -113,6 +114,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         kwargs: dict[str, Any] = {masks[0].name: mask} if masks else {}
         B, T = xq.shape[:2]
         kwargs.update(_position_kwargs(named, B, T, head_dim, xq.dtype, layout.get("batched", False)))
+        if "freqs_cis" in named:
+            return either_table(fn, args, kwargs, layout)
         if "position_embeddings" not in named or "batched" in layout:
             return fn(*args, **kwargs)
         return _either_layout(fn, args, kwargs, layout, (T, head_dim, B, xq.dtype))

@@ -59,6 +59,7 @@ from handformer.check.conventions import masks_where_true
 from handformer.check.discovery import Component, argument_keys
 from handformer.check.pieces import FFN_ACTIVATIONS, HF_NAME, ffn_name_findings
 from handformer.check.result import DIFFERS, Check, ComponentResult, Finding, text
+from handformer.check.rope_tables import either_table
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
     MappingError,
@@ -95,7 +96,8 @@ class Layer:
         self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
         self.visible: str | None = None
         self.extra = {p.name for p in params} & {"freqs_cis", "start_pos", "position_ids",
-                                                 "position_embeddings", "cos", "sin"}
+                                                 "position_embeddings", "cos", "sin", "input_pos"}
+        self.table_layout: dict[str, bool] = {}  # which rotary table runs (rope_tables.either_table)
         self.takes_mask = bool(self.masks)
         self.sizes = layer_sizes(comp.obj)
         x = torch.randn(2, 3, D)
@@ -159,6 +161,8 @@ class Layer:
                 everything = torch.ones(x.size(0), 1, x.size(1), x.size(1), dtype=torch.bool)
                 mask = fp.encode_mask(everything, self.visible, x.size(0))
             kwargs[self.masks[0]] = mask
+        if "freqs_cis" in kwargs:  # Meta's complex table, or gpt-fast's real pairs
+            return either_table(self.module, args, kwargs, self.table_layout)
         return self.module(*args, **kwargs)
 
     def _extra_kwargs(self, x: Tensor) -> dict[str, Any]:
