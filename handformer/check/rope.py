@@ -207,7 +207,7 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     from0 = ("from0",) if any(n in OFFSET_NAMES for n in names) else ()  # apply_rope(x, cos, sin, offset)
     shapes = ("4d", "btd", *from0, "td") + (("by_id",) if "position_ids" in names else ())
     attempts = [(layout, meta, shape) for layout in (("pairs",) if complex_table else ("half", "interleaved"))
-                for meta in (False, True) for shape in (("4d",) if layout == "pairs" else shapes)]
+                for meta in (False, True) for shape in (("4d", "real") if layout == "pairs" else shapes)]
     failure, best, first = _search_apply(ctx, fn, names, tensors, q, k, attempts)
     if best is None and first is None:
         if failure is not None:
@@ -274,7 +274,9 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
     if layout == "pairs":
         angles = V.rope_angles(T, DH, THETA, offset)  # (T, Dh/2)
         table = torch.polar(torch.ones_like(angles), angles)  # (T, Dh/2) complex
-        kwargs[next(n for n in names if n in ("freqs_cis", "freqs"))] = table
+        # "real": gpt-fast's table, the complex one as (T, Dh/2, 2) real pairs (cos, sin)
+        kwargs[next(n for n in names if n in ("freqs_cis", "freqs"))] = (
+            torch.view_as_real(table) if shape == "real" else table)
     else:
         whole = shape in ("by_id", "from0")  # the table from position 0, indexed by their code
         cos, sin = reference_tables(P, layout) if whole else reference_tables(T, layout, offset)
