@@ -30,6 +30,10 @@ import random
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from handformer.data.tokenizer import SPECIAL_TOKENS, UNK, Tokenizer
 from handformer.tasks.speedrun_chat.reasoning import (
     REASONING_KINDS,
     THINK_CLOSE,
@@ -66,6 +70,19 @@ def length_note(max_new_tokens: int) -> str | None:
     return (f"note: grpo_max_new_tokens={max_new_tokens} (the reply length of GRPO and of the evaluation) "
             f"cuts the worked replies (up to about {WORKED_REPLY_TOKENS} tokens), so a reply that thinks "
             f"scores 0; --set grpo_max_new_tokens={WORKED_REPLY_TOKENS + 12} --set block_size=160")
+
+
+def digit_tokenizer(text: str, vocab_size: int) -> Tokenizer:
+    """Byte-level BPE that never merges digits: "4817" is four tokens, so a worked step reads a
+    number's digits one at a time (a merged "48" "17" hides the digits the columns add)."""
+    hf = HFTokenizer(models.BPE(unk_token=UNK))
+    hf.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
+                                  show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    hf.train_from_iterator([text], trainer=trainer)
+    return Tokenizer(hf)
 
 
 def facts_text(seed: int) -> list[str]:
