@@ -107,7 +107,7 @@ def test_a_learners_broken_schedule_fails_never_the_grader(tmp_path, capsys):
 def test_the_schedule_is_reported_in_chinese_from_the_same_result():
     result = check_file(str(correct_file("training")), only=["schedule"])
     zh = format_report(result, "zh")
-    assert "rate（学习率调度）：通过" in zh and "步数从 1 开始数" in zh and "第 0 步学习率为 0" in zh
+    assert "rate（学习率调度）：通过" in zh and "步数从 1 开始数" in zh and "步 0 的学习率为 0" in zh
 
 
 def test_a_loss_that_returns_no_number_or_takes_unknown_arguments_is_told_what_to_change(tmp_path):

@@ -442,7 +442,10 @@ class Caller:
         return self._call(src, tgt, self.rank)
 
     def _call(self, src: Tensor, tgt: Tensor, rank: int) -> Tensor | None:
-        out = fp.first_tensor(self.ctx.learner.call("forward", self.raw, src, tgt, rank), 3)
+        raw = self.ctx.learner.call("forward", self.raw, src, tgt, rank)
+        out, flat = fp.first_tensor(raw, 3), fp.first_tensor(raw, 2)
+        if out is None and flat is not None and flat.size(0) == tgt.numel():  # jadore801120's view(-1, V)
+            out = flat.reshape(*tgt.shape, -1)  # (B * T, V) -> (B, T, V)
         generator = getattr(self.module, "generator", None)
         if out is not None and out.size(-1) == D and D != TGT_V and callable(generator):
             out = fp.first_tensor(self.ctx.learner.call("forward", generator, out), 3)
