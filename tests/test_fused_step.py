@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from handformer.config import CausalLMConfig
+from handformer.generation import engine
 from handformer.generation.engine import Engine
 from handformer.generation.generate import generate
 from handformer.inference import c_kernels, fused_step
@@ -27,8 +28,8 @@ def model():
     return _tiny(n_kv_heads=2)  # grouped-query attention: two query heads a key/value head
 
 
-def _eager(model, monkeypatch):
-    monkeypatch.setitem(fused_step._STEPS, model, None)
+def _eager(monkeypatch):
+    monkeypatch.setattr(engine, "fused_step_for", lambda model: None)
 
 
 @torch.inference_mode()
@@ -37,7 +38,7 @@ def test_greedy_tokens_are_the_eager_steps(model, monkeypatch):
     assert step is not None and Engine(model).static is step
     prompts = [[1, 5, 9, 2], [7]]
     fused = [generate(model, [p], 40, temperature=0) for p in prompts]
-    _eager(model, monkeypatch)
+    _eager(monkeypatch)
     assert [generate(model, [p], 40, temperature=0) for p in prompts] == fused
 
 
@@ -64,6 +65,18 @@ def test_batches_and_other_models_step_eagerly(model):
     big = CausalLM(CausalLMConfig.llama_style(vocab_size=64, d_model=512, n_heads=4, d_ff=1024, n_layers=1,
                                               max_positions=16)).eval()
     assert "large weight" in fused_step.fused_reason(prepare_for_decoding(big))
+
+
+def test_a_step_is_made_again_for_replaced_weights(model):
+    step = fused_step.fused_step_for(model)
+    assert fused_step.fused_step_for(model) is step
+    layer = model.layers[0].self_attn.o_proj
+    old = layer.weight
+    layer.weight = torch.nn.Parameter(old.detach() * 2, requires_grad=False)  # a new tensor
+    try:
+        assert fused_step.fused_step_for(model) is not step
+    finally:
+        layer.weight = old
 
 
 def test_without_the_c_code_there_is_no_fused_step(monkeypatch):

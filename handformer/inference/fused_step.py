@@ -99,6 +99,15 @@ def fused_reason(model: nn.Module) -> str | None:
     return next((r for r in map(_layer_reason, model.layers) if r is not None), None)
 
 
+def _weights(model: CausalLM) -> tuple[tuple[Tensor, ...], list[tuple[Tensor, ...]]]:
+    """The tensors the step reads: (embedding, cos, sin, final norm, head) and each layer's six."""
+    whole = (model.embed.weight, model.rotary.cos, model.rotary.sin, model.norm.weight, model.lm_head.weight)
+    per_layer = [(layer.attn_norm.weight, layer.self_attn.qkv_proj.weight, layer.self_attn.o_proj.weight,
+                  layer.ffn_norm.weight, layer.ffn.gate_up_proj.weight, layer.ffn.down_proj.weight)
+                 for layer in model.layers]
+    return whole, per_layer
+
+
 def _pointers(tensors: list[Tensor]) -> ctypes.Array:
     return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
 
@@ -110,13 +119,10 @@ class FusedStep:
         fn.argtypes = [ctypes.c_void_p, P(_Shape), P(_Layers)] + [ctypes.c_void_p] * 6
         self.model, self.fn = model, fn
         attn0 = model.layers[0].self_attn
-        rotary = model.rotary
-        whole = (model.embed.weight, rotary.cos, rotary.sin, model.norm.weight, model.lm_head.weight)
-        self.weights = [t.detach().contiguous() for t in whole]
-        per_layer = [[layer.attn_norm.weight, layer.self_attn.qkv_proj.weight,
-                      layer.self_attn.o_proj.weight, layer.ffn_norm.weight, layer.ffn.gate_up_proj.weight,
-                      layer.ffn.down_proj.weight] for layer in model.layers]
+        self.whole, per_layer = _weights(model)
+        self.weights = [t.detach().contiguous() for t in self.whole]
         self.layer_weights = [[t.detach().contiguous() for t in column] for column in zip(*per_layer)]
+        self.per_layer = per_layer
         self.eps = float(model.norm.eps)
         cfg = model.cfg
         self.shape = _Shape(cfg.n_layers, cfg.d_model, attn0.n_heads, attn0.n_kv_heads, attn0.head_dim,
@@ -166,13 +172,21 @@ _STEPS: weakref.WeakKeyDictionary[nn.Module, FusedStep | None] = weakref.WeakKey
 
 
 def fused_step_for(model: nn.Module) -> FusedStep | None:
-    """The model's fused step (made once per model), or None where it does not apply or the C code
-    cannot be built. Made from the weights as they are now: a model whose weights are replaced
-    afterwards (not updated in place) must not reuse it."""
-    if model not in _STEPS:
-        fn = None if fused_reason(model) is not None else c_kernels.kernel("llama_step")
-        _STEPS[model] = None if fn is None else FusedStep(model, fn)
-    return _STEPS[model]
+    """The model's fused step, or None where it does not apply or the C code cannot be built. Kept
+    per model and made again when the model's modules or weight tensors were replaced since (a
+    model prepared, quantized or given adapters afterwards); weights updated in place are read as
+    they are."""
+    if fused_reason(model) is not None:
+        _STEPS.pop(model, None)
+        return None
+    step = _STEPS.get(model)
+    whole, per_layer = _weights(model)
+    same = step is not None and all(a is b for a, b in zip((*whole, *sum(per_layer, ())),
+                                                          (*step.whole, *sum(step.per_layer, ()))))
+    if not same:
+        fn = c_kernels.kernel("llama_step")
+        step = _STEPS[model] = None if fn is None else FusedStep(model, fn)
+    return step
 
 
 __all__ = ["FusedStep", "fused_reason", "fused_step_for"]
