@@ -153,8 +153,9 @@ def check(path: Path, timeout: float, root: Path | None = None) -> dict:
 def _run(path: Path, timeout: float, root: Path, paths: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "LANG": "C.UTF-8"}
     try:
-        done = subprocess.run([sys.executable, "-m", "handformer", "check", str(path), "--json"],
-                              cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+        # 60 s a step: a busy machine imports transformers (minimind's file) slower than check's 20 s
+        command = [sys.executable, "-m", "handformer", "check", str(path), "--json", "--time-limit", "60"]
+        done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": {"message": f"over {timeout:g} s"}, "components": []}
     try:
