@@ -21,6 +21,7 @@ nn.Embedding). A file the copy holds empty (a snapshot that left its largest fil
 
     python benchmarks/check_public.py /tmp/pub/karpathy+nanoGPT /tmp/pub/rasbt+LLMs-from-scratch ...
     python benchmarks/check_public.py --json table.json FOLDER ...   # the rows as JSON too
+    python benchmarks/check_public.py --rows a.json b.json            # saved runs as one table
 """
 
 from __future__ import annotations
@@ -206,11 +207,13 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("folders", nargs="+", type=Path, help="working copies of public repositories")
+    parser.add_argument("folders", nargs="*", type=Path, help="working copies of public repositories")
+    parser.add_argument("--rows", nargs="+", type=Path, default=[],
+                        help="rows saved with --json by earlier runs, joined into one table")
     parser.add_argument("--timeout", type=float, default=300, help="seconds for one file's check")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
-    rows: list[dict] = []
+    rows: list[dict] = [row for saved in args.rows for row in json.loads(saved.read_text())]
     for folder in args.folders:
         if not folder.is_dir():
             sys.exit(f"{folder}: not a folder (pass a local working copy of the repository)")
