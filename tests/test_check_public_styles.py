@@ -3,7 +3,8 @@ their style here, none copied): jadore801120's ScaledDotProductAttention(tempera
 with the residual and norm inside (NOT CHECKED, with that reason), hyunwoongko's PositionalEncoding
 whose forward(ids) returns the table, gpt-fast's Attention(config) and block handed a real rotary
 table (T, Dh/2, 2), its ffn_norm defined before attention_norm, its precompute_freqs_cis(seq_len,
-n_elem, dtype=torch.bfloat16) asked for float64. Each correct file passes; a planted
+n_elem, dtype=torch.bfloat16) asked for float64; bentrevett's Seq2Seq(encoder, decoder, ...) built
+from the file's Encoder(input_dim, ...) and Decoder(output_dim, ...). Each correct file passes; a planted
 mistake fails."""
 
 from __future__ import annotations
@@ -135,6 +136,46 @@ class TransformerBlock(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 '''
 
+BENTREVETT = '''import torch
+from torch import nn
+
+
+class Encoder(nn.Module):
+    def __init__(self, input_dim, hid_dim, n_layers, n_heads, pf_dim, dropout, device, max_length=100):
+        super().__init__()
+        self.tok_embedding, self.pos_embedding = nn.Embedding(input_dim, hid_dim), nn.Embedding(max_length, hid_dim)
+        self.fc = nn.Linear(hid_dim, hid_dim)
+
+    def forward(self, src, src_mask):
+        return self.fc(self.tok_embedding(src) + self.pos_embedding(torch.arange(src.size(1))))
+
+
+class Decoder(nn.Module):
+    def __init__(self, output_dim, hid_dim, n_layers, n_heads, pf_dim, dropout, device, max_length=100):
+        super().__init__()
+        self.tok_embedding, self.pos_embedding = nn.Embedding(output_dim, hid_dim), nn.Embedding(max_length, hid_dim)
+        self.fc_out = nn.Linear(hid_dim, output_dim)
+
+    def forward(self, trg, enc_src, trg_mask, src_mask):
+        keep = src_mask.float()[..., None]  # the mean of the real source positions
+        keep = keep.to(enc_src.dtype)
+        memory = (enc_src * keep).sum(1, keepdim=True) / keep.sum(1, keepdim=True)
+        weights = trg_mask.to(enc_src.dtype) / trg_mask.sum(-1, keepdim=True)  # the mean of the prefix
+        x = weights @ (self.tok_embedding(trg) + self.pos_embedding(torch.arange(trg.size(1))))
+        return self.fc_out(x + memory)
+
+
+class Seq2Seq(nn.Module):
+    def __init__(self, encoder, decoder, src_pad_idx, trg_pad_idx, device):
+        super().__init__()
+        self.encoder, self.decoder, self.src_pad_idx = encoder, decoder, src_pad_idx
+
+    def forward(self, src, trg):
+        src_mask = src != self.src_pad_idx
+        trg_mask = torch.tril(torch.ones(trg.size(1), trg.size(1))).bool()
+        return self.decoder(trg, self.encoder(src, src_mask), trg_mask, src_mask)
+'''
+
 # (file, the kinds checked, the correct line, the planted line)
 CASES = {
     "jadore_temperature": (JADORE, ["sdpa"], "q / self.temperature", "q * self.temperature"),
@@ -144,6 +185,8 @@ CASES = {
     "gpt_fast_table": (GPT_FAST, ["rope"], "[freqs_cis.real, freqs_cis.imag]", "[freqs_cis.imag, freqs_cis.real]"),
     "gpt_fast_block": (GPT_FAST, ["block"], "h + self.feed_forward(self.ffn_norm(h))",
                        "h + self.feed_forward(self.attention_norm(h))"),
+    "bentrevett_stacks": (BENTREVETT, ["transformer"], "torch.tril(torch.ones(trg.size(1), trg.size(1)))",
+                          "torch.ones(trg.size(1), trg.size(1))"),
 }
 
 
