@@ -71,9 +71,9 @@ def test_the_fp32_kernel_is_f_linear(rows, monkeypatch):
 
 def test_without_the_c_kernel_packed_layers_keep_one_copy(monkeypatch):
     monkeypatch.setattr(c_kernels, "kernel", lambda name="f32_linear": None)
-    assert PackedLinear.from_linear(torch.nn.Linear(48, 42)).plain is None
+    assert PackedLinear.from_linear(torch.nn.Linear(48, 42)).blocked is None
     monkeypatch.undo()
-    assert PackedLinear.from_linear(torch.nn.Linear(40, 42)).plain is None  # K not a multiple of 16
+    assert PackedLinear.from_linear(torch.nn.Linear(40, 42)).blocked is None  # K not a multiple of 16
 
 
 @torch.inference_mode()

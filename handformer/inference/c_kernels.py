@@ -3,9 +3,10 @@
 - int8_matvec.c (`int8_linear`, Int8Linear's "c-fp32"): each int8 weight widened to fp32 in AVX-512
   registers, fp32 activations and sums (no bf16 rounding of the activations); at one row it streams
   the weights 1.5x to 2.8x as fast as `_weight_int8pack_mm` on this project's 2-core AVX-512 machine.
-- f32_matvec.c (`f32_linear`, PackedLinear's one-row path): fp32 weights dotted four rows at a time
-  with AVX-512 FMAs; at one row it streams a GPT-2-sized model's weights about 1.3x as fast as
-  oneDNN's packed layers (docs/benchmarks.md).
+- f32_matvec.c (`f32_linear`, PackedLinear's one-row path): fp32 weights in blocks of four rows
+  interleaved (`block_rows`: one contiguous stream a block), dotted with AVX-512 FMAs; at one row it
+  streamed GPT-2-124M's weights (every layer and the head once) 1.65x as fast as oneDNN's packed
+  layers at one thread (docs/benchmarks.md).
 
 Each is built with gcc into ~/.cache/handformer (HANDFORMER_CACHE overrides) the first time a process
 asks for it, the file named by a hash of the source, written under a temporary name and renamed into
@@ -119,13 +120,29 @@ def int8_linear(x: Tensor, q: Tensor, scales: Tensor) -> Tensor:
     return y
 
 
-def f32_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """(M, K) fp32 rows times the (N, K) fp32 weight, plus the bias: (M, N). kernel("f32_linear") must
-    not be None; K a multiple of K_MULTIPLE; every tensor contiguous on the CPU."""
-    y = torch.empty(x.shape[0], weight.shape[0])  # (M, N)
-    kernel("f32_linear")(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
-                         y.data_ptr(), x.shape[0], weight.shape[0], weight.shape[1], torch.get_num_threads())
+def block_rows(weight: Tensor) -> Tensor:
+    """The (N, K) weight as f32_linear reads it: (ceil(N/4), K/16, 4, 16), each block's four rows
+    interleaved 16 numbers at a time (rows past N zero). K a multiple of K_MULTIPLE."""
+    N, K = weight.shape
+    padded = torch.zeros(-(-N // 4) * 4, K, dtype=torch.float32)
+    padded[:N] = weight.detach()
+    return padded.view(-1, 4, K // K_MULTIPLE, K_MULTIPLE).transpose(1, 2).contiguous()  # (N/4, K/16, 4, 16)
+
+
+def unblock_rows(blocked: Tensor, n: int) -> Tensor:
+    """`block_rows` undone: the (n, K) weight."""
+    rows4, chunks, _, width = blocked.shape
+    return blocked.transpose(1, 2).reshape(rows4 * 4, chunks * width)[:n].clone()  # (N, K)
+
+
+def f32_linear(x: Tensor, blocked: Tensor, n: int, bias: Tensor | None) -> Tensor:
+    """(M, K) fp32 rows times the (n, K) fp32 weight given as `block_rows(weight)`, plus the bias:
+    (M, n). kernel("f32_linear") must not be None; every tensor contiguous on the CPU."""
+    y = torch.empty(x.shape[0], n)  # (M, N)
+    kernel("f32_linear")(x.data_ptr(), blocked.data_ptr(), None if bias is None else bias.data_ptr(),
+                         y.data_ptr(), x.shape[0], n, x.shape[1], torch.get_num_threads())
     return y
 
 
-__all__ = ["K_MULTIPLE", "MAX_ROWS", "OFF_ENV", "f32_linear", "int8_linear", "kernel", "usable", "why_not"]
+__all__ = ["K_MULTIPLE", "MAX_ROWS", "OFF_ENV", "block_rows", "f32_linear", "int8_linear", "kernel",
+           "unblock_rows", "usable", "why_not"]
