@@ -14,13 +14,15 @@ PyTorch tab: cells marked `#@tab pytorch` or `#@tab all`; IPython lines such as 
 `!pip` left out) are written, in order, to a temporary `.py` outside this project, which is checked
 and deleted; the table names the notebook or chapter. The book's own `d2l` package (in the
 repository) imports torchvision at its top for its image chapters; where torchvision is not
-installed, a temporary folder on the import path holds a stand-in for it (any name it is asked for is
-an empty module), which the attention chapters never call; Meta's layers import fairscale, whose
-stand-in there is what fairscale is with one process (its parallel layers nn.Linear and
-nn.Embedding). A file the copy holds empty (a snapshot that left its largest files out) is skipped.
+installed, a temporary folder on the import path holds a stand-in for it when a chapter is checked
+(any name it is asked for is an empty module), which the attention chapters never call; Meta's
+layers import fairscale, whose stand-in there is what fairscale is with one process (its parallel
+layers nn.Linear and nn.Embedding). A file the copy holds empty (a snapshot that left its largest
+files out) is skipped.
 
     python benchmarks/check_public.py /tmp/pub/karpathy+nanoGPT /tmp/pub/rasbt+LLMs-from-scratch ...
     python benchmarks/check_public.py --json table.json FOLDER ...   # the rows as JSON too
+    python benchmarks/check_public.py --rows a.json b.json            # saved runs as one table
 """
 
 from __future__ import annotations
@@ -117,9 +119,8 @@ STAND_INS = {
 }
 
 
-def stand_ins(folder: Path) -> None:
-    """Write the stand-in of each package in STAND_INS that is not installed into `folder`."""
-    tops = {name.split(".")[0] for name in STAND_INS}
+def stand_ins(folder: Path, tops: set[str]) -> None:
+    """Write the stand-in of each package in `tops` (of STAND_INS) that is not installed into `folder`."""
     missing = {top for top in tops if importlib.util.find_spec(top) is None}
     for name, source in STAND_INS.items():
         if name.split(".")[0] not in missing:
@@ -138,7 +139,8 @@ def check(path: Path, timeout: float, root: Path | None = None) -> dict:
     the parsed result."""
     root = root or path.parent
     with tempfile.TemporaryDirectory(prefix="check-public-") as tmp:
-        stand_ins(Path(tmp))
+        # torchvision for d2l's chapters alone: a stand-in would break transformers' import (minimind)
+        stand_ins(Path(tmp), {"fairscale", *(["torchvision"] if path.suffix == ".md" else [])})
         if path.suffix in (".ipynb", ".md"):
             try:
                 cells = code_cells(path)
@@ -153,8 +155,9 @@ def check(path: Path, timeout: float, root: Path | None = None) -> dict:
 def _run(path: Path, timeout: float, root: Path, paths: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "LANG": "C.UTF-8"}
     try:
-        done = subprocess.run([sys.executable, "-m", "handformer", "check", str(path), "--json"],
-                              cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+        # 60 s a step: a busy machine imports transformers (minimind's file) slower than check's 20 s
+        command = [sys.executable, "-m", "handformer", "check", str(path), "--json", "--time-limit", "60"]
+        done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"error": {"message": f"over {timeout:g} s"}, "components": []}
     try:
@@ -205,11 +208,13 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("folders", nargs="+", type=Path, help="working copies of public repositories")
+    parser.add_argument("folders", nargs="*", type=Path, help="working copies of public repositories")
+    parser.add_argument("--rows", nargs="+", type=Path, default=[],
+                        help="rows saved with --json by earlier runs, joined into one table")
     parser.add_argument("--timeout", type=float, default=300, help="seconds for one file's check")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
-    rows: list[dict] = []
+    rows: list[dict] = [row for saved in args.rows for row in json.loads(saved.read_text())]
     for folder in args.folders:
         if not folder.is_dir():
             sys.exit(f"{folder}: not a folder (pass a local working copy of the repository)")

@@ -25,6 +25,7 @@ SECONDS = {
     "test_llama2c.py": 5, "test_benchmark_baseline.py": 4, "test_post_dpo.py": 4, "test_properties.py": 4,
     "test_beam_vectorized.py": 4, "test_shards.py": 4, "test_static_step.py": 4, "test_c_kernels.py": 2,
     "test_distributed.py": 4, "test_fused_step.py": 2,
+    "test_check_public_styles.py": 1,
 }
 
 

@@ -75,6 +75,7 @@ CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "con
 # hyunwoongko's enc_voc_size, device and trg_sos_idx (kept, never read); minGPT's
 # config.model_type (None: the sizes are given)
 for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec"), "d_head": ("d_v",), "d_ff": ("pf_dim",),
+                     "dropout": ("embd_pdrop",),
                      "max_len": ("n_position",), "src_vocab": ("n_src_vocab", "enc_voc_size"),
                      "tgt_vocab": ("n_trg_vocab", "dec_voc_size")}.items():
     ARGUMENTS[_key] += _names

@@ -342,11 +342,13 @@ class StandIn:
 
 
 def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
-    short = run_generate(ctx, comp, driver, SHORT, 2)
+    short = first = run_generate(ctx, comp, driver, SHORT, 2)
     for B, as_list in ((1, False), (1, True)):  # a loop written for one prompt, maybe a list of ints
         if short.out is not None or _named(short):
             break
         short = run_generate(ctx, comp, driver, SHORT, B, as_list)
+    if short.out is None and first.failure is not None and first.failure.error.kind == "stand_in":
+        raise first.failure  # the stand-in could not serve their loop: not a prompt shape of theirs
     if short.out is None and short.failure is None:
         raise ctx.learner.fail("forward", f"{comp.name} returned no token ids for a prompt of 3 tokens and "
                                f"max_new_tokens={SHORT}",

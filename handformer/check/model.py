@@ -51,6 +51,7 @@ from handformer.check.context import (
 from handformer.check.discovery import ARGUMENTS, Component, DiscoveryError, own_objects
 from handformer.check.pieces import FFN_ACTIVATIONS, HF_NAME
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.seq2seq_stacks import build_from_stacks
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
     Leaf,
@@ -583,7 +584,11 @@ def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
     except DiscoveryError:
         factory = own_objects(ctx.module).get("make_model")
         if factory is None or not inspect.isfunction(factory):
-            raise
+            stacked = ctx.learner.call("__init__", build_from_stacks, comp.obj, ctx.module, MODEL_SIZES)
+            if stacked is None:  # not bentrevett's Seq2Seq(encoder, decoder, ...) either
+                raise
+            scramble_(stacked, 0)
+            return stacked.double().eval(), False
     kwargs = {}
     for p in inspect.signature(factory).parameters.values():
         key = next((k for k, aliases in ARGUMENTS.items() if p.name.lower() in aliases), None)

@@ -39,7 +39,8 @@ LENGTH_NAMES = ("end", "seq_len", "seqlen", "max_len", "max_seq_len", "length", 
                 "max_seq_length", "T")
 OFFSET_NAMES = ("offset", "start_pos", "start", "pos_offset", "past_length", "cache_len", "seqlen_offset",
                 "past_key_values_length", "position_offset")
-DIM_NAMES = ("dim", "head_dim", "d", "d_head", "rotary_dim", "dims", "head_size", "d_k")
+DIM_NAMES = ("dim", "head_dim", "d", "d_head", "rotary_dim", "dims", "head_size", "d_k",
+             "n_elem")  # gpt-fast's
 THETA_NAMES = ("theta", "base", "rope_theta", "rope_base")
 TENSOR_NAMES = ("x", "q", "k", "xq", "xk", "query", "key", "input", "hidden", "tensor", "queries", "keys",
                 "hidden_states")
@@ -155,6 +156,8 @@ def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
                 kwargs[n] = theta
             elif n in OFFSET_NAMES and offset is not None:
                 kwargs[n] = offset
+            elif n == "dtype":  # gpt-fast's precompute_freqs_cis(..., dtype=torch.bfloat16)
+                kwargs[n] = torch.float64
         return ctx.learner.call("forward", comp.obj, **kwargs)
 
     table = read_table(call(THETA), P)

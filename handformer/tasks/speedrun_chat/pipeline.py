@@ -36,6 +36,7 @@ from handformer.config import dataclass_from_dict
 from handformer.data.tokenizer import Tokenizer
 from handformer.families.llama import LLAMA
 from handformer.generation.chat_template import TEMPLATE_FILE, load_chat_template
+from handformer.inference.threads import intra_op_threads
 from handformer.io import atomic_write_text
 from handformer.settings import is_int
 from handformer.tasks.lm.job import LMJob
@@ -363,9 +364,12 @@ def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print, base: str 
         else:
             start = time.perf_counter()
             log(f"[{stage}] training")
-            notes = run_stage(stage, cfg, problems, out, previous, log, base)
-            result = {**stage_accuracy(cfg, stage, run_dir, held),
-                      "seconds": round(time.perf_counter() - start, 1), **notes}
+            # `threads` holds for the evaluation and the DPO pairs' replies too (the loop restores
+            # torch's count after training: two threads on a busy 2-core machine took 5x as long)
+            with intra_op_threads(cfg.threads or None):
+                notes = run_stage(stage, cfg, problems, out, previous, log, base)
+                result = {**stage_accuracy(cfg, stage, run_dir, held),
+                          "seconds": round(time.perf_counter() - start, 1), **notes}
             atomic_write_text(run_dir / DONE, json.dumps(result, indent=2) + "\n")
             kinds = ", ".join(f"{k} {v:.0%}" for k, v in result["per_kind"].items())
             log(f"[{stage}] held-out accuracy {result['accuracy']:.1%} ({kinds}) in "
