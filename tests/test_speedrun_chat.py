@@ -119,3 +119,44 @@ def test_added_role_tokens_grow_the_embeddings_and_keep_the_old_logits(tmp_path)
         torch.testing.assert_close(new[..., :tok.vocab_size], old)
         torch.testing.assert_close(grown.model.embed.weight[ids[0]], load_lm(base).model.embed.weight.mean(0))
         assert grown.tokenizer.encode_with_special_tokens("<|im_end|>") == [ids[1]]
+
+
+def test_the_reasoning_presets_fit_their_replies_and_their_questions_exist():
+    """Every reasoning preset's worked replies fit its token limit and, with the question, its
+    context; each of its held-out and training draws exists."""
+    from handformer.tasks.speedrun_chat.pipeline import PRESETS, difficulty
+    from handformer.tasks.speedrun_chat.reasoning import REASONING_KINDS, ReasoningSet
+    from handformer.tasks.speedrun_chat.reasoning_stages import digit_tokenizer, document
+
+    for name in ("reasoning", "mid-reasoning"):
+        cfg = config_for(name, {})
+        tasks = ReasoningSet(cfg.seed, difficulty(cfg))
+        held = tasks.sample(cfg.eval_per_kind * len(REASONING_KINDS), "report", "eval")
+        train = tasks.sample(300, "train", "sft")
+        tok = digit_tokenizer("\n\n".join(document(t) for t in train), PRESETS[name]["vocab_size"])
+        for t in held[:300] + train:
+            reply = len(tok.encode(t.reply(True))) + 1  # and the end-of-turn token
+            assert reply <= cfg.grpo_max_new_tokens, (name, t)
+            assert len(tok.encode(t.question)) + 12 + reply <= cfg.block_size, (name, t)
+
+
+def test_a_digit_is_one_token_and_the_difficulty_bounds_the_problems():
+    from handformer.tasks.speedrun_chat.reasoning import Difficulty, ReasoningSet
+    from handformer.tasks.speedrun_chat.reasoning_stages import digit_tokenizer, document
+
+    tasks = ReasoningSet(0, Difficulty(addition_digits=2, countdown_numbers=3, max_days=5))
+    drawn = tasks.sample(60, "train", "x")
+    for t in drawn:
+        if t.kind == "addition":
+            assert all(10 <= int(n) <= 99 for n in t.key.split("+"))
+        elif t.kind == "countdown":
+            assert len(t.key.split("=")[0].split(",")) == 3
+        else:
+            assert 1 <= int(t.key.split("+")[1]) <= 5
+    tok = digit_tokenizer("\n\n".join(document(t) for t in drawn) * 20, 300)
+    pieces = tok.hf.encode("What is 4817 + 2956? 2023-03-17").tokens
+    assert [p for p in pieces if any(c.isdigit() for c in p)] == list("481729562023" "0317")
+    assert tok.decode(tok.encode("Add 2023-03-17 and 45.")) == "Add 2023-03-17 and 45."
+    with pytest.raises(ValueError, match=r"speedrun chat: max_days=0 is invalid: it must be an integer >= 1"):
+        from handformer.tasks.speedrun_chat.pipeline import difficulty
+        difficulty(config_for("reasoning", {"max_days": 0}))

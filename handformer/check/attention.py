@@ -96,8 +96,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     params = forward_parameters(fn)
     extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
              "sin"}
-    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra),
-                       len(params))
+    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra
+                        or isinstance(p.default, bool)), len(params))  # a flag (use_cache) keeps its default
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
     masks = [p for p in params if is_mask_name(p.name)]
     named = {p.name for p in params} & extra
@@ -114,8 +114,14 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         kwargs: dict[str, Any] = {masks[0].name: mask} if masks else {}
         B, T = xq.shape[:2]
         kwargs.update(_position_kwargs(named, B, T, head_dim, xq.dtype, layout.get("batched", False)))
+        run = fn
+        if "freqs_cis" in named:  # Meta's complex table, or gpt-fast's real pairs
+            def run(*a: Any, **k: Any) -> Any:
+                return either_table(fn, list(a), k, layout)
+        if "start_pos" in named:
+            return _either_start(run, args, kwargs, layout, B)
         if "freqs_cis" in named:
-            return either_table(fn, args, kwargs, layout)
+            return run(*args, **kwargs)
         if "position_embeddings" not in named or "batched" in layout:
             return fn(*args, **kwargs)
         return _either_layout(fn, args, kwargs, layout, (T, head_dim, B, xq.dtype))
@@ -158,6 +164,24 @@ def _either_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dic
         except Exception:  # noqa: BLE001
             raise first from None
         layout["batched"] = True
+        return out
+
+
+def _either_start(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:
+    """start_pos 0, else one start per batch row, a (B,) tensor (Raschka's batched KV cache); the form
+    that runs is kept. When neither runs, their error with the first is raised."""
+    if layout.get("per_row"):
+        return fn(*args, **{**kwargs, "start_pos": torch.zeros(B, dtype=torch.long)})
+    try:
+        return fn(*args, **kwargs)
+    except Exception as first:  # noqa: BLE001 - theirs, unless a start per row runs
+        if "per_row" in layout:
+            raise
+        try:
+            out = fn(*args, **{**kwargs, "start_pos": torch.zeros(B, dtype=torch.long)})
+        except Exception:  # noqa: BLE001
+            raise first from None
+        layout["per_row"] = True
         return out
 
 

@@ -397,13 +397,20 @@ def argument_keys(cls: Any) -> dict[str, str | None]:
     init = cls.__init__ if inspect.isclass(cls) else cls
     params = [p for p in list(inspect.signature(init).parameters.values())[int(inspect.isclass(cls)):]
               if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    keys = {p.name: next((k for k, aliases in ARGUMENTS.items() if p.name.lower() in aliases), None)
+    keys = {p.name: None if _is_axis(p) else next((k for k, aliases in ARGUMENTS.items()
+                                                    if p.name.lower() in aliases), None)
             for p in params}
     if sum(k == "d_model" for k in keys.values()) > 1 and "d_ff" not in keys.values():
         for name in keys:
             if name.lower() in HIDDEN_WHEN_PAIRED:
                 keys[name] = "d_ff"
     return keys
+
+
+def _is_axis(p: inspect.Parameter) -> bool:
+    """An argument whose default is a negative int is an axis, not a size: LitGPT's
+    RMSNorm(size, dim=-1) normalizes over `dim`, its width is `size`."""
+    return isinstance(p.default, int) and not isinstance(p.default, bool) and p.default < 0
 
 
 ADAPTERS: dict[Any, Any] = {}  # the learner's class -> the make_<kind> adapter that builds it

@@ -118,22 +118,24 @@ class Layer:
                                     bool({"position_embeddings", "cos"} & self.extra))
         self.batched_cos_sin = False  # Hugging Face's (cos, sin) are (B, T, Dh); minimind's (T, Dh)
         if "position_embeddings" in self.extra:
-            self.batched_cos_sin = self._takes_batched(x.double())
+            self.batched_cos_sin = self._second_form(x.double(), "batched_cos_sin")
+        self.start_per_row = False  # start_pos 0, or one per batch row (B,) (Raschka's batched cache)
 
-    def _takes_batched(self, x: Tensor) -> bool:
-        """Whether the layer refuses (T, Dh) tables and takes (B, T, Dh) ones (Hugging Face's layers
-        unsqueeze dim 1 for the heads); a layer that refuses both is reported on the first."""
+    def _second_form(self, x: Tensor, flag: str) -> bool:
+        """Whether the layer refuses the first form of an argument and takes the second (`flag` set:
+        Hugging Face's (B, T, Dh) tables, whose layers unsqueeze dim 1 for the heads; a start_pos per
+        batch row); a layer that refuses both is reported on the first."""
         try:
             with torch.no_grad():
                 self.call(x, x, None, None)
             return False
-        except Exception:  # noqa: BLE001 - their error: tried once more with the other layout
-            self.batched_cos_sin = True
+        except Exception:  # noqa: BLE001 - their error: tried once more with the other form
+            setattr(self, flag, True)
             try:
                 with torch.no_grad():
                     self.call(x, x, None, None)
                 return True
-            except Exception:  # noqa: BLE001 - reported by the checks, with the first layout
+            except Exception:  # noqa: BLE001 - reported by the checks, with the first form
                 return False
 
     def _warmup(self, module: nn.Module, x: Tensor) -> Any:
@@ -161,9 +163,25 @@ class Layer:
                 everything = torch.ones(x.size(0), 1, x.size(1), x.size(1), dtype=torch.bool)
                 mask = fp.encode_mask(everything, self.visible, x.size(0))
             kwargs[self.masks[0]] = mask
-        if "freqs_cis" in kwargs:  # Meta's complex table, or gpt-fast's real pairs
-            return either_table(self.module, args, kwargs, self.table_layout)
-        return self.module(*args, **kwargs)
+        return self._run(args, kwargs, x.size(0))
+
+    def _run(self, args: list[Any], kwargs: dict[str, Any], B: int) -> Any:
+        """The module on args, its rotary table complex or as real pairs, start_pos 0 or one a row."""
+        def run(**k: Any) -> Any:
+            if "freqs_cis" in k:  # Meta's complex table, or gpt-fast's real pairs
+                return either_table(self.module, args, k, self.table_layout)
+            return self.module(*args, **k)
+        if "start_pos" not in self.extra or self.start_per_row:
+            return run(**kwargs)
+        try:
+            return run(**kwargs)
+        except Exception as first:  # noqa: BLE001 - theirs, unless a start_pos per batch row runs
+            try:
+                out = run(**{**kwargs, "start_pos": torch.zeros(B, dtype=torch.long)})
+            except Exception:  # noqa: BLE001
+                raise first from None
+            self.start_per_row = True
+            return out
 
     def _extra_kwargs(self, x: Tensor) -> dict[str, Any]:
         B, T = x.shape[:2]
@@ -180,7 +198,7 @@ class Layer:
             elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
                 out[name] = cos_sin(T, self.head_dim)[name == "sin"].to(x.dtype)
             elif name == "start_pos":
-                out[name] = 0
+                out[name] = torch.zeros(B, dtype=torch.long) if self.start_per_row else 0
             else:
                 out[name] = torch.arange(T)[None].expand(B, T)
         return out

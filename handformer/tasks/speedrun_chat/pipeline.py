@@ -36,6 +36,7 @@ from handformer.config import dataclass_from_dict
 from handformer.data.tokenizer import Tokenizer
 from handformer.families.llama import LLAMA
 from handformer.generation.chat_template import TEMPLATE_FILE, load_chat_template
+from handformer.inference.threads import intra_op_threads
 from handformer.io import atomic_write_text
 from handformer.settings import is_int
 from handformer.tasks.lm.job import LMJob
@@ -45,7 +46,7 @@ from handformer.tasks.post.job import PostJob
 from handformer.tasks.post.train import run_post
 from handformer.tasks.speedrun_chat import reasoning_stages
 from handformer.tasks.speedrun_chat.problems import KINDS, Problem, ProblemSet, is_correct, wrong_answers
-from handformer.tasks.speedrun_chat.reasoning import REASONING_KINDS, SPLITS, ReasoningSet
+from handformer.tasks.speedrun_chat.reasoning import REASONING_KINDS, SPLITS, Difficulty, ReasoningSet
 from handformer.tasks.speedrun_chat.scoring import figure_line, greedy, text_answers
 
 ROLE_TOKENS = ("<|im_start|>", "<|im_end|>")
@@ -106,6 +107,10 @@ class SpeedrunChatConfig:
     # search (while choosing the recipe) or report (once, for the figures that are reported)
     eval_samples: int = 8
     eval_split: str = "search"
+    # reasoning: the task difficulty mix (reasoning.Difficulty)
+    addition_digits: int = 4  # each number of a sum has 2 to this many digits
+    countdown_numbers: int = 4  # a Countdown problem gives 3 to this many numbers
+    max_days: int = 120  # the largest count of days a date question adds
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -144,6 +149,23 @@ PRESETS: dict[str, dict[str, Any]] = {
 # the smoke preset on the reasoning tasks: every stage and the pass@k evaluation in seconds
 PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_size": 160,
                               "grpo_max_new_tokens": 12, "eval_per_kind": 2, "eval_samples": 2}
+# the reasoning tasks, under 45 minutes on a shared 2-core CPU at threads=1 (docs/benchmarks.md):
+# digits one token each, sums of up to 3 digits and dates up to 60 days on, so a worked reply
+# (up to 97 tokens) and its question fit the context; 1,002 held-out questions a stage
+PRESETS["reasoning"] = {
+    "tasks": "reasoning", "vocab_size": 512, "block_size": 160, "addition_digits": 3, "max_days": 60,
+    "pretrain_facts": 40_000, "pretrain_pydoc_chars": 100_000, "pretrain_steps": 1500,
+    "sft_conversations": 8000, "sft_steps": 300, "dpo_pairs": 1000, "dpo_steps": 60,
+    "grpo_prompts": 4000, "grpo_steps": 80, "grpo_lr": 2e-4, "grpo_max_new_tokens": 104,
+    "eval_per_kind": 334}
+# the recipe search: the post-training stages at about a third, on 240 questions, under 10
+# minutes from a pretrained base (`--base OUT/base` of a `reasoning` run; its own 300 steps of
+# pretraining answer nothing right)
+PRESETS["mid-reasoning"] = {
+    **PRESETS["reasoning"], "pretrain_facts": 12_000, "pretrain_pydoc_chars": 50_000,
+    "pretrain_steps": 300, "sft_conversations": 3000, "sft_steps": 150, "dpo_pairs": 300, "dpo_steps": 30,
+    "dpo_batch": 8, "grpo_prompts": 1000, "grpo_steps": 30, "grpo_batch": 8, "eval_per_kind": 80,
+    "eval_samples": 4}
 
 
 def config_for(preset: str, overrides: dict[str, Any]) -> SpeedrunChatConfig:
@@ -258,7 +280,9 @@ def train_base(cfg: SpeedrunChatConfig, problems: ProblemSet | ReasoningSet, out
         data.mkdir(parents=True, exist_ok=True)
         text = pretraining_text(cfg, problems)
         atomic_write_text(data / "pretrain.txt", text)
-        tok = Tokenizer.train_bpe([text], cfg.vocab_size)
+        # reasoning: every digit a token of its own, as the worked steps read numbers digit by digit
+        tok = reasoning_stages.digit_tokenizer(text, cfg.vocab_size) if cfg.tasks == "reasoning" else \
+            Tokenizer.train_bpe([text], cfg.vocab_size)
         tok.hf.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ROLE_TOKENS])
         if cfg.tasks == "reasoning":  # <think> and </think> one token each, as serve's thinking reads them
             tok.hf.add_tokens([AddedToken(t, special=False, normalized=False)
@@ -325,7 +349,7 @@ def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print, base: str 
     pretraining one (its vocabulary gains the role tokens, its embeddings a row each)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    problems = ProblemSet(cfg.seed) if cfg.tasks == "facts" else ReasoningSet(cfg.seed)
+    problems = ProblemSet(cfg.seed) if cfg.tasks == "facts" else ReasoningSet(cfg.seed, difficulty(cfg))
     held = held_out_questions(cfg, problems)
     if cfg.tasks == "reasoning" and (note := reasoning_stages.length_note(cfg.grpo_max_new_tokens)):
         log(note)
@@ -340,9 +364,12 @@ def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print, base: str 
         else:
             start = time.perf_counter()
             log(f"[{stage}] training")
-            notes = run_stage(stage, cfg, problems, out, previous, log, base)
-            result = {**stage_accuracy(cfg, stage, run_dir, held),
-                      "seconds": round(time.perf_counter() - start, 1), **notes}
+            # `threads` holds for the evaluation and the DPO pairs' replies too (the loop restores
+            # torch's count after training: two threads on a busy 2-core machine took 5x as long)
+            with intra_op_threads(cfg.threads or None):
+                notes = run_stage(stage, cfg, problems, out, previous, log, base)
+                result = {**stage_accuracy(cfg, stage, run_dir, held),
+                          "seconds": round(time.perf_counter() - start, 1), **notes}
             atomic_write_text(run_dir / DONE, json.dumps(result, indent=2) + "\n")
             kinds = ", ".join(f"{k} {v:.0%}" for k, v in result["per_kind"].items())
             log(f"[{stage}] held-out accuracy {result['accuracy']:.1%} ({kinds}) in "
@@ -353,6 +380,13 @@ def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print, base: str 
         previous = run_dir
     atomic_write_text(out / "report.json", json.dumps(report, indent=2) + "\n")
     return report
+
+
+def difficulty(cfg: SpeedrunChatConfig) -> Difficulty:
+    try:
+        return Difficulty(cfg.addition_digits, cfg.countdown_numbers, cfg.max_days)
+    except ValueError as err:
+        raise ValueError(f"speedrun chat: {err}") from None
 
 
 def held_out_questions(cfg: SpeedrunChatConfig, problems: ProblemSet | ReasoningSet) -> list:

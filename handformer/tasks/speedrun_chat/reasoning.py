@@ -35,8 +35,22 @@ REASONING_KINDS = ("addition", "countdown", "days")
 SPLITS = ("train", "search", "report")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 FIRST_DAY, LAST_DAY = datetime.date(2000, 1, 1), datetime.date(2039, 12, 31)
-MAX_DAYS = 120  # the largest count of days a question adds
 MAX_MISSES = 100_000  # draws in a row without a new problem: the split is used up
+
+
+@dataclass(frozen=True)
+class Difficulty:
+    """How hard the problems are: the preset's task difficulty mix."""
+
+    addition_digits: int = 4  # each number of a sum has 2 to this many digits
+    countdown_numbers: int = 4  # a Countdown problem gives 3 to this many numbers
+    max_days: int = 120  # the largest count of days a date question adds
+
+    def __post_init__(self) -> None:
+        for name, low in (("addition_digits", 2), ("countdown_numbers", 3), ("max_days", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}={value!r} is invalid: it must be an integer >= {low}")
 
 
 @dataclass(frozen=True)
@@ -59,6 +73,9 @@ def split_of(kind: str, key: str, seed: int) -> str:
     return "search" if bucket == 0 else "report" if bucket == 1 else "train"
 
 
+DEFAULT = Difficulty()
+
+
 # --- the three kinds -----------------------------------------------------------------------------
 
 def addition_steps(a: int, b: int) -> list[str]:
@@ -77,17 +94,19 @@ def addition_steps(a: int, b: int) -> list[str]:
     return steps
 
 
-def _addition(rng: random.Random) -> Task:
-    a, b = rng.randint(10, 9999), rng.randint(10, 9999)
+def _addition(rng: random.Random, level: Difficulty = DEFAULT) -> Task:
+    top = 10 ** level.addition_digits - 1
+    a, b = rng.randint(10, top), rng.randint(10, top)
     question = rng.choice([f"What is {a} + {b}?", f"Compute {a} + {b}.", f"Add {a} and {b}."])
     steps = [*addition_steps(a, b), f"so {a} + {b} = {a + b}"]
     return Task("addition", question, str(a + b), "\n".join(steps), f"{a}+{b}")
 
 
-def _countdown(rng: random.Random) -> Task:
-    """3 or 4 numbers from 1 to 12 combined left to right; the target is what that makes, 1 to 200."""
+def _countdown(rng: random.Random, level: Difficulty = DEFAULT) -> Task:
+    """3 to `countdown_numbers` numbers from 1 to 12 combined left to right; the target is what
+    that makes, 1 to 200."""
     while True:
-        numbers = [rng.randint(1, 12) for _ in range(rng.choice([3, 4]))]
+        numbers = [rng.randint(1, 12) for _ in range(rng.randint(3, level.countdown_numbers))]
         value, expr, last, steps = numbers[0], str(numbers[0]), "", []
         for n in numbers[1:]:
             op = rng.choice("+-*")
@@ -119,10 +138,10 @@ def day_steps(start: datetime.date, days: int) -> list[str]:
     return steps
 
 
-def _days(rng: random.Random) -> Task:
-    span = (LAST_DAY - FIRST_DAY).days - MAX_DAYS
+def _days(rng: random.Random, level: Difficulty = DEFAULT) -> Task:
+    span = (LAST_DAY - FIRST_DAY).days - level.max_days
     start = FIRST_DAY + datetime.timedelta(days=rng.randrange(span))
-    days = rng.randint(1, MAX_DAYS)
+    days = rng.randint(1, level.max_days)
     end = start + datetime.timedelta(days=days)
     question = rng.choice([f"What date is {days} days after {start.isoformat()}?",
                            f"Add {days} days to {start.isoformat()}."])
@@ -136,8 +155,8 @@ DRAW = {"addition": _addition, "countdown": _countdown, "days": _days}
 class ReasoningSet:
     """Deterministic problems of each kind, the three splits kept apart."""
 
-    def __init__(self, seed: int = 0) -> None:
-        self.seed = seed
+    def __init__(self, seed: int = 0, level: Difficulty = DEFAULT) -> None:
+        self.seed, self.level = seed, level
 
     def sample(self, n: int, split: str, stream: str, kinds: Sequence[str] = REASONING_KINDS) -> list[Task]:
         """`n` distinct problems of `split`, the kinds in turn, from the named `stream` (each stage
@@ -150,7 +169,7 @@ class ReasoningSet:
         misses = 0
         while len(out) < n:
             kind = kinds[len(out) % len(kinds)]
-            task = DRAW[kind](rng)
+            task = DRAW[kind](rng, self.level)
             if split_of(kind, task.key, self.seed) != split or (kind, task.key) in seen:
                 misses += 1
                 if misses > MAX_MISSES:
@@ -261,5 +280,5 @@ def reasoning_reward(prompts, completions, kind, key, max_chars=None, **columns)
     return rewards
 
 
-__all__ = ["REASONING_KINDS", "SPLITS", "ReasoningSet", "Reading", "Task", "is_right", "parse_reply",
-           "reasoning_reward", "split_of"]
+__all__ = ["REASONING_KINDS", "SPLITS", "Difficulty", "ReasoningSet", "Reading", "Task", "is_right",
+           "parse_reply", "reasoning_reward", "split_of"]

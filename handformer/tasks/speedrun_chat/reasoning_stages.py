@@ -30,6 +30,11 @@ import random
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from handformer.data.tokenizer import SPECIAL_TOKENS, UNK, Tokenizer
+from handformer.tasks.lm.run import load_lm
 from handformer.tasks.speedrun_chat.reasoning import (
     REASONING_KINDS,
     THINK_CLOSE,
@@ -38,7 +43,7 @@ from handformer.tasks.speedrun_chat.reasoning import (
     Task,
     parse_reply,
 )
-from handformer.tasks.speedrun_chat.scoring import Reply, replies, score, text_answers
+from handformer.tasks.speedrun_chat.scoring import Reply, greedy, replies, score
 
 REWARD = "handformer.tasks.speedrun_chat.reasoning:reasoning_reward"
 THINK_SHARE = 0.5  # SFT conversations with the worked steps
@@ -66,6 +71,19 @@ def length_note(max_new_tokens: int) -> str | None:
     return (f"note: grpo_max_new_tokens={max_new_tokens} (the reply length of GRPO and of the evaluation) "
             f"cuts the worked replies (up to about {WORKED_REPLY_TOKENS} tokens), so a reply that thinks "
             f"scores 0; --set grpo_max_new_tokens={WORKED_REPLY_TOKENS + 12} --set block_size=160")
+
+
+def digit_tokenizer(text: str, vocab_size: int) -> Tokenizer:
+    """Byte-level BPE that never merges digits: "4817" is four tokens, so a worked step reads a
+    number's digits one at a time (a merged "48" "17" hides the digits the columns add)."""
+    hf = HFTokenizer(models.BPE(unk_token=UNK))
+    hf.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    hf.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
+                                  show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    hf.train_from_iterator([text], trainer=trainer)
+    return Tokenizer(hf)
 
 
 def facts_text(seed: int) -> list[str]:
@@ -134,10 +152,16 @@ def grpo_prompts(n: int, tasks: ReasoningSet) -> list[dict]:
 
 
 def base_replies(run_dir: Path, held: list[Task], max_new_tokens: int) -> list[Reply]:
-    """A base model asked as text: each question's first line, its continuation up to the blank
-    line that ends a document (`ended` when it got there)."""
-    texts = text_answers(run_dir, [f"{t.question}\n" for t in held], max_new_tokens)
-    return [Reply(t.split("\n\n")[0], "\n\n" in t) for t in texts]
+    """A base model asked as text: each question's first line, its continuation up to the end of
+    the document (`ended` when it got there: the end-of-text token or a blank line)."""
+    run = load_lm(run_dir, decoding=True)
+    stops = list(run.tokens.eos_ids)
+    pad = run.tokens.pad_id if run.tokens.pad_id is not None else 0
+    prompts = [run.tokenizer.encode(f"{t.question}\n") for t in held]
+    outs = greedy(run.model, prompts, stops, max_new_tokens, pad)
+    texts = [run.tokenizer.decode(o) for o in outs]
+    return [Reply(text.split("\n\n")[0], "\n\n" in text or (bool(o) and o[-1] in stops))
+            for text, o in zip(texts, outs)]
 
 
 def stage_result(stage: str, run_dir: Path, held: list[Task], k: int, max_new_tokens: int, seed: int,
