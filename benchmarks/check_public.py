@@ -210,7 +210,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("folders", nargs="*", type=Path, help="working copies of public repositories")
     parser.add_argument("--rows", nargs="+", type=Path, default=[],
-                        help="rows saved with --json by earlier runs, joined into one table")
+                        help="rows saved with --json, joined into one table")
     parser.add_argument("--timeout", type=float, default=300, help="seconds for one file's check")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()

@@ -341,12 +341,7 @@ def check_positional_encoding(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp)
     B, T = 2, 12
-    ids = _table_of_ids(module, B, T)
-    if ids is not None:
-        res.notes.append(text("forward(ids) returns the table PE[:T], which the embedding adds "
-                              "(hyunwoongko's): checked as x + forward(ids)",
-                              "forward(ids) 返回编码表 PE[:T]，由嵌入层相加（hyunwoongko 的写法）："
-                              "按 x + forward(ids) 检查"))
+    ids = _table_of_ids(res, module, B, T)
 
     def run(x: Tensor) -> Tensor | None:
         if ids is not None:
@@ -380,9 +375,9 @@ def check_positional_encoding(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
-def _table_of_ids(module: torch.nn.Module, B: int, T: int) -> Tensor | None:
+def _table_of_ids(res: ComponentResult, module: torch.nn.Module, B: int, T: int) -> Tensor | None:
     """Token ids (B, T) when the module refuses x (B, T, D) and returns the table (T, D) for ids (the
-    style of hyunwoongko's PositionalEncoding, whose embedding adds it); else None."""
+    style of hyunwoongko's PositionalEncoding, whose embedding adds it; noted in res); else None."""
     try:
         module(torch.zeros(B, T, D))
         return None
@@ -393,4 +388,10 @@ def _table_of_ids(module: torch.nn.Module, B: int, T: int) -> Tensor | None:
         out = module(ids)
     except Exception:  # noqa: BLE001  (neither: the check reports the refusal of x)
         return None
-    return ids if isinstance(out, Tensor) and tuple(out.shape) == (T, D) else None
+    if not isinstance(out, Tensor) or tuple(out.shape) != (T, D):
+        return None
+    res.notes.append(text("forward(ids) returns the table PE[:T], which the embedding adds "
+                          "(hyunwoongko's): checked as x + forward(ids)",
+                          "forward(ids) 返回编码表 PE[:T]，由嵌入层相加（hyunwoongko 的写法）："
+                          "按 x + forward(ids) 检查"))
+    return ids
