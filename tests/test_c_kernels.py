@@ -88,3 +88,15 @@ def test_greedy_tokens_through_the_c_kernels_are_the_plain_models(style):
     expected = generate(model, prompts, 24, temperature=0)
     assert pack_linears(model, min_bytes=0)  # every layer packed: batch 1 decodes through f32_linear
     assert generate(model, prompts, 24, temperature=0) == expected
+
+
+def test_loading_the_kernels_keeps_subnormal_floats():
+    """A library linked with -ffast-math turns on flush-to-zero for the whole process as it loads
+    (gcc adds crtfastmath.o): every float below 2^-126 would then read as 0 in torch and numpy."""
+    import numpy as np
+
+    loaded = [name for name in c_kernels.SOURCES if c_kernels.kernel(name) is not None]
+    assert loaded or c_kernels.why_not("llama_step") is not None
+    tiny = torch.tensor([1e-40])  # a subnormal float32
+    assert (tiny * 2).item() != 0
+    assert np.float32(1e-40) * np.float32(2) != 0
