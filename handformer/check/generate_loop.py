@@ -347,7 +347,8 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
         if short.out is not None or _named(short):
             break
         short = run_generate(ctx, comp, driver, SHORT, B, as_list)
-    if short.out is None and first.failure is not None and first.failure.error.kind == "stand_in":
+    if short.out is None and not _named(first) and first.failure is not None and \
+            first.failure.error.kind == "stand_in":
         raise first.failure  # the stand-in could not serve their loop: not a prompt shape of theirs
     if short.out is None and short.failure is None:
         raise ctx.learner.fail("forward", f"{comp.name} returned no token ids for a prompt of 3 tokens and "

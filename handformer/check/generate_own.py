@@ -191,9 +191,12 @@ def own_driver(ctx: Context, comp: Component) -> Iterator[OwnDriver | None]:
     wanted = module_sizes(ctx.module, model_comp, sizes)
     saved = {name: vars(ctx.module).get(name, _UNSET) for name in wanted}
     vars(ctx.module).update(wanted)
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # their model is float64 here: a cache it allocates must be too
     try:
         yield _build(ctx, model_comp, sizes)
     finally:
+        torch.set_default_dtype(dtype)
         for name, value in saved.items():
             if value is _UNSET:
                 vars(ctx.module).pop(name, None)
