@@ -44,6 +44,7 @@ beside the ratios. Other jobs on a shared machine make every figure noisy.
     python benchmarks/decode_limit.py --models tiny --rounds 1 --new-tokens 8   # a smoke run
     python benchmarks/decode_limit.py --run-c /path/to/llama2.c/run --compile
     python benchmarks/decode_limit.py --baseline /tmp/other    # beside another checkout
+    python benchmarks/decode_limit.py --baseline /tmp/other --models gpt2-124M --few-cases --batches 8
 
 Needs `transformers` (a test dependency of handformer). Nothing is downloaded.
 """
@@ -292,13 +293,17 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor,
     torch.manual_seed(0)
     plain = CausalLM(SHAPES[name]()).eval()  # plain nn.Linear layers: F.linear (MKL on x86)
     hf = hf_twin(plain)
-    int8, int8_body, int4 = variant(plain, bits=8), variant(plain, ("lm_head",), 8), variant(plain, bits=4)
-    bf16 = variant(plain).to(torch.bfloat16)  # `handformer quantize --bf16`
+    int8 = variant(plain, bits=8)
+    if getattr(args, "few_cases", False):  # the cases left out are not built: the int8 model stands in
+        int8_body = int4 = bf16 = int8
+    else:
+        int8_body, int4 = variant(plain, ("lm_head",), 8), variant(plain, bits=4)
+        bf16 = variant(plain).to(torch.bfloat16)  # `handformer quantize --bf16`
     stored_bytes = {id(m): bytes_per_token(m, args.prompt + args.new_tokens / 2)
                     for m in (plain, int8, int8_body, int4, bf16)}  # before packing: the same bytes
     model = prepare_for_decoding(variant(plain))  # what `handformer generate` runs
     stored_bytes[id(model)] = stored_bytes[id(plain)]
-    for m in (int8, int8_body, int4, bf16):
+    for m in {id(m): m for m in (int8, int8_body, int4, bf16)}.values():
         prepare_for_decoding(m)
     prompt = torch.randint(0, model.cfg.vocab_size, (args.prompt,)).tolist()
     n = args.new_tokens
@@ -314,6 +319,8 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor,
                    "handformer int8, head fp32": "int8, head fp32",
                    "handformer int4 (groups of 32)": "int4 groups of 32",
                    "handformer bf16 weights": "bf16 weights"}
+    if getattr(args, "few_cases", False):  # fp32, HF and int8 only: a shorter run
+        twin_models = {k: v for k, v in twin_models.items() if k in FEW_CASES}
     twins: dict[str, Callable[[], Reply]] = {}
     if baseline is not None:
         for how in sorted(set(twin_models.values())):
@@ -347,6 +354,8 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor,
                  "handformer int8, head fp32": lambda: generate(int8_body, [prompt], n, temperature=0),
                  "handformer int4 (groups of 32)": lambda: generate(int4, [prompt], n, temperature=0),
                  "handformer bf16 weights": lambda: generate(bf16, [prompt], n, temperature=0)}
+        if getattr(args, "few_cases", False):
+            cases = {k: v for k, v in cases.items() if k in FEW_CASES}
         runs: dict[str, list[tuple[float, object]]] = {}
         med = rounds(with_twins(cases, twins), args.rounds, data, runs)
         comparison += twin_rows(runs, "batch 1: ")
@@ -362,6 +371,8 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor,
     for case, m in (*shown, ("HF generate fp32", model), ("handformer int8", int8),
                     ("handformer int8, head fp32", int8_body), ("handformer int4 (groups of 32)", int4),
                     ("handformer bf16 weights", bf16)):
+        if case not in med:
+            continue
         tps, bound = n / med[case], med["bw"] / stored_bytes[id(m)]
         print(f"  {case:33} {tps:>9.1f} {bound:>8.1f} {tps / bound:>8.2f}  {tps / base:>7.2f}x")
     print(f"  handformer / HF fp32: {base / (n / med['HF generate fp32']):.2f}x (target >= 1.15x; "
@@ -413,6 +424,9 @@ def batch1(name: str, args: argparse.Namespace, data: torch.Tensor,
     return mismatches
 
 
+FEW_CASES = ("handformer fp32", "HF generate fp32", "handformer int8")  # --few-cases: batch 1's cases
+
+
 def compile_only(name: str, args: argparse.Namespace, data: torch.Tensor) -> None:
     """--compile-only: the compile table of one model (random weights, seed 0)."""
     torch.manual_seed(0)
@@ -441,6 +455,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="also time generate(compile_step=True)")
     parser.add_argument("--compile-only", action="store_true", help="time only eager against compiled")
     parser.add_argument("--baseline", type=Path, help="another handformer checkout to time beside this one")
+    parser.add_argument("--few-cases", action="store_true",
+                        help="batch 1: only fp32 (prepared), HF and int8 with the head (a shorter run)")
     args = parser.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # each line as soon as it is measured
     if args.threads:

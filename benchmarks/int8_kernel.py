@@ -11,7 +11,7 @@ y = x W^T at decode-time row counts (M = 1 and 8) three ways, rounds interleaved
 - dequant:  the int8 weight times its scales back to fp32, then F.linear;
 - int4-bf16: 4-bit weights in groups of 32 (inference/quant_int4.py) through
   torch.ops.aten._weight_int4pack_mm_for_cpu with bf16 activations, for comparison;
-- c-fp32: Int8Linear's opt-in C kernel (handformer/inference/int8_c.py: each int8 weight widened to
+- c-fp32: Int8Linear's opt-in C kernel (handformer/inference/c_kernels.py: each int8 weight widened to
   fp32 in AVX-512 registers, fp32 activations and sums, output rows split among the threads), built
   with gcc at first use; left out, with the reason, where gcc or AVX-512 is missing.
 
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from handformer.inference import int8_c  # noqa: E402
+from handformer.inference import c_kernels  # noqa: E402
 from handformer.inference.quant import dequantize_int8, quantize_int8  # noqa: E402
 from handformer.inference.quant_int4 import Int4Linear  # noqa: E402
 
@@ -66,7 +66,7 @@ def make_kernels(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor, scales: torc
             x.to(torch.bfloat16), q, scales_bf16).float(),
         "dequant": lambda: F.linear(x, dequantize_int8(q, scales)),
         "int4-bf16": lambda: int4(x),
-        **({"c-fp32": lambda: int8_c.int8_linear(x, q, scales)} if c else {}),
+        **({"c-fp32": lambda: c_kernels.int8_linear(x, q, scales)} if c else {}),
     }
 
 
@@ -80,9 +80,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} interleaved "
           "rounds, medians (the machine may be shared: figures are noisy)")
     print(f"torch CPU capability: {torch.backends.cpu.get_cpu_capability()}")
-    c = int8_c.kernel() is not None
+    c = c_kernels.kernel() is not None
     if not c:
-        print(f"c-fp32 left out: {int8_c.why_not()}")
+        print(f"c-fp32 left out: {c_kernels.why_not()}")
     names = ("fp32", "int8pack", "int8pack-bf16", "dequant", "int4-bf16") + (("c-fp32",) if c else ())
     weight_bytes = {"fp32": 4, "int8pack": 1, "int8pack-bf16": 1, "dequant": 1, "int4-bf16": 0.625,
                     "c-fp32": 1}

@@ -509,7 +509,8 @@ COVERING_PAIRS: list[tuple[str, str]] = [
 WRITTEN = {"karpathy": FIXTURES / "learners_karpathy", "raschka": FIXTURES / "learners_raschka",
            "llama": FIXTURES / "learners_llama", "minimind": FIXTURES / "learners_minimind",
            "carried": FIXTURES / "learners_carried", "hf": FIXTURES / "learners_hf",
-           "decoding": FIXTURES / "learners_decoding_zh", "lmloop": FIXTURES / "learners_lm_loop"}
+           "decoding": FIXTURES / "learners_decoding_zh", "lmloop": FIXTURES / "learners_lm_loop",
+           "kvcache": FIXTURES / "learners_kvcache"}
 WRITTEN_PLANTS: dict[str, Plant] = {
     "karpathy_no_scaling": Plant("no_scaling", "causal_attention", [(" * k.shape[-1] ** -0.5", "")], "karpathy"),
     "karpathy_generate_no_crop": Plant("generate_no_crop", "generate", [
@@ -571,6 +572,14 @@ WRITTEN_PLANTS: dict[str, Plant] = {
     "lmloop_train_step_clip_after_step": Plant("train_step_clip_after_step", "lm_train_step", [
         ("    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n    optimizer.step()\n",
          "    optimizer.step()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)\n")], "lmloop"),
+    "kvcache_softmax_wrong_dim": Plant("softmax_wrong_dim", "causal_attention", [
+        ("torch.softmax(scores, dim=-1)", "torch.softmax(scores, dim=-2)")], "kvcache"),
+    "kvcache_rope_no_offset": Plant("rope_no_offset", "rope", [
+        ("cos[offset:offset + t][None, None], sin[offset:offset + t][None, None]",
+         "cos[:t][None, None], sin[:t][None, None]")], "kvcache"),
+    "kvcache_rmsnorm_sum_squares": Plant("rmsnorm_sum_squares", "rmsnorm", [
+        ("x.float().pow(2).mean(dim=self.dim, keepdim=True)", "x.float().pow(2).sum(dim=self.dim, keepdim=True)")],
+        "kvcache"),
 }
 
 

@@ -1,5 +1,6 @@
 """Helpers shared by test modules (imported as `helpers`: pytest puts this folder on sys.path)."""
 
+import dataclasses
 import importlib
 import os
 import shutil
@@ -177,3 +178,20 @@ def join_ranks(rank: int, port: int, world: int = 2) -> None:
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # for code that reads them
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+
+
+@dataclasses.dataclass
+class NoSettings:
+    """The settings of an experiment that has none (module-level: a spawned worker unpickles it)."""
+
+
+def trial_telling_where_it_ran(variant: str, seed: int, settings: NoSettings):
+    """An experiment's trial that trains nothing: its metrics are the process it ran in and that
+    process's torch thread count (module-level: a spawned worker unpickles it)."""
+    import torch
+
+    from handformer.experiments.runner import Trial
+
+    return Trial(variant, seed, {"pid": float(os.getpid()), "threads": float(torch.get_num_threads())},
+                 {"train": [(1, 1.0), (2, 0.5)]})
+

@@ -23,8 +23,9 @@ SECONDS = {
     "test_serve.py": 7, "test_check_sampling.py": 6, "test_engine.py": 5, "test_viz.py": 5,
     "test_serve_soak.py": 5, "test_post_sft.py": 5, "test_crash.py": 5, "test_explorer_browser.py": 5,
     "test_llama2c.py": 5, "test_benchmark_baseline.py": 4, "test_post_dpo.py": 4, "test_properties.py": 4,
-    "test_beam_vectorized.py": 4, "test_shards.py": 4, "test_static_step.py": 4, "test_int8_c.py": 1,
-    "test_distributed.py": 4,
+    "test_beam_vectorized.py": 4, "test_shards.py": 4, "test_static_step.py": 4, "test_c_kernels.py": 2,
+    "test_distributed.py": 4, "test_fused_step.py": 2,
+    "test_check_public_styles.py": 1,
 }
 
 

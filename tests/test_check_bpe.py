@@ -15,7 +15,6 @@ from handformer.check.bpe_codec import TEXTS, tokenizer_inputs
 from handformer.check.bpe_corpus import CORPUS, SPECIAL, VOCAB_SIZE, timing_corpus
 from handformer.check.report import exit_code, format_report, to_json
 from handformer.check.runners import check_file
-from handformer.check.sandbox import check_in_child
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -130,8 +129,8 @@ def test_a_trainer_of_the_text_with_a_number_of_merges_and_id_pairs_is_graded(tm
 
 
 def test_a_runaway_trainer_is_stopped_in_the_sandbox_and_named(tmp_path):
-    """A trainer that never ends: stopped by the fixture's limit inside the child process (the
-    sandbox's step limit is the backstop), named, and the JSON says so."""
+    """A trainer that never ends: stopped by the fixture's limit (the sandbox's step limit is the
+    backstop: tests/test_check.py's broken file), named, and the JSON says so."""
     path = tmp_path / "runaway.py"
     path.write_text("def train_bpe(input_path, vocab_size, special_tokens):\n    while True:\n"
                     "        counts = {}\n\n\nclass Tokenizer:\n    def __init__(self, vocab, merges, special_tokens):\n"
@@ -150,10 +149,6 @@ def test_a_runaway_trainer_is_stopped_in_the_sandbox_and_named(tmp_path):
     assert trainer.status == "error" and trainer.error.kind == "timeout" and not trainer.findings
     assert codec.status == "error" and codec.error.kind == "timeout", format_report(result)
     assert "did not end within 1 s" in trainer.error.message and "1 秒内没有结束" in trainer.error.message_zh
-    child = check_in_child(str(path), only=["bpe"], time_limit=3)
-    (comp,) = child.components
-    assert comp.status == "error" and comp.error.kind == "timeout" and comp.kind == "bpe"
-    assert "never ends" in comp.error.message
     data = json.loads(to_json(check_file(str(planted_file("bpe_decode_strict")), only=["bpe_tokenizer"])))
     assert data["exit_code"] == 1 and data["components"][0]["findings"][0]["name"] == "bpe_decode_strict"
     assert data["components"][0]["findings"][0]["fix"]["zh"].startswith("解码时用 errors=")

@@ -384,14 +384,15 @@ def test_the_annotated_transformers_model_is_built_by_make_model_and_compared(tm
     assert [(f.name, f.form) for f in model.findings] == [("final_norm_missing", "encoder")], model.notes
 
 
-def test_the_new_kinds_are_pointed_at_other_names_with_component(tmp_path, capsys):
-    from handformer.cli import main
+def test_the_new_kinds_are_pointed_at_other_names_with_component(tmp_path):
+    from handformer.cli.check import parse_components
 
     path = tmp_path / "lm.py"
     path.write_text(correct_file("gpt").read_text().replace("class GPT(nn.Module):", "class TinyLM(nn.Module):"))
-    code = main(["check", str(path), "--component", "gpt=TinyLM", "--json", "--time-limit", "20"])
-    data = json.loads(capsys.readouterr().out)
-    assert code == 0 and [(c["name"], c["kind"], c["status"]) for c in data["components"]] == [
+    overrides, only = parse_components(["gpt=TinyLM"])  # --component gpt=TinyLM
+    result = check_file(str(path), overrides, only)  # in-process: the command line's child is tests/test_check.py's
+    data = json.loads(to_json(result))
+    assert exit_code(result) == 0 and [(c["name"], c["kind"], c["status"]) for c in data["components"]] == [
         ("TinyLM", "gpt", "pass")]
     source = correct_file("model").read_text()
     path = tmp_path / "search.py"

@@ -259,6 +259,9 @@ WRITTEN_KINDS = {
                 ("Transformer", "transformer", "pass"), ("rate", "schedule", "pass"), ("LabelSmoothing", "loss", "pass"),
                 ("greedy_decode", "greedy_decode", "pass")],
     "lmloop": [("warmup_cosine", "schedule", "pass"), ("train_step", "lm_train_step", "pass")],
+    "kvcache": [("MultiHeadAttention", "causal_attention", "pass"), ("apply_rope", "rope", "pass"),
+                ("RMSNorm", "rmsnorm", "pass"), ("TransformerBlock", "block", "pass"), ("GPTModel", "gpt", "pass"),
+                ("get_lr", "schedule", "pass"), ("generate_cached", "generate", "pass")],
 }
 
 
@@ -518,3 +521,52 @@ def test_a_schedule_that_reads_module_globals_is_driven_with_them_set():
     module = next(m for m in list(sys.modules.values()) if getattr(m, "__file__", "") == str(
         WRITTEN["lmloop"] / "nanogpt_lr.py"))
     assert module.warmup_iters == 2000  # put back
+
+
+def test_a_cache_the_model_keeps_must_start_empty_for_each_prompt(tmp_path):
+    """The KV cache kept inside the attention (use_cache=True, the LLM chapter's KV-cache variant):
+    a loop that never calls reset_kv_cache() passes its first run and fails the second, with its own
+    exception from the position table (the cache still holds the first prompt)."""
+    path = tmp_path / "no_reset.py"
+    path.write_text((WRITTEN["kvcache"] / "correct.py").read_text().replace("        model.reset_kv_cache()\n", ""))
+    (comp,) = check_file(str(path), only=["generate"]).components
+    first, again = comp.checks
+    assert comp.status == "fail" and first.ok and not again.ok, format_report(check_file(str(path), only=["generate"]))
+    assert "again (the cache your model keeps must start empty)" in again.name["en"] and "IndexError" in again.detail["en"]
+
+
+OWN_CACHE_LOOP = """
+import torch
+
+
+class KVCache:
+    def __init__(self, n_layers):
+        self.layers = [None] * n_layers
+
+
+def generate(model, idx, max_new_tokens, context_size=None):
+    model.eval()
+    context_size = context_size or model.cfg["context_length"]
+    cache = KVCache(n_layers=model.cfg["n_layers"])
+    logits = model(idx[:, -context_size:], cache=cache)
+    for _ in range(max_new_tokens):
+        nxt = logits[:, -1].argmax(dim=-1, keepdim=True)
+        idx = torch.cat([idx, nxt], dim=1)
+        logits = model(nxt, cache=cache)
+    return idx
+"""
+
+
+def test_a_loop_the_stand_in_cannot_serve_is_not_checked_never_an_error(tmp_path):
+    """A generate without its model in the file, which reads model.cfg and hands the model a cache
+    object of its own: the stand-in cannot serve it (an attribute it has not, a cache it cannot
+    fill), so NOT CHECKED with the adapter, never an error of theirs; model.eval() on the stand-in runs."""
+    path = tmp_path / "loop.py"
+    path.write_text(OWN_CACHE_LOOP)
+    for source in (OWN_CACHE_LOOP, OWN_CACHE_LOOP.replace('model.cfg["context_length"]', "8").replace(
+            'model.cfg["n_layers"]', "2")):
+        path.write_text(source)
+        (comp,) = check_file(str(path)).components
+        assert comp.status == "not_checked" and comp.error.kind == "stand_in", format_report(check_file(str(path)))
+        assert comp.adapter.endswith("return generate(model, idx, max_new_tokens)  # your function, called as "
+                                     "check calls it")

@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from check_plants import correct_file
+from check_plants import WRITTEN, correct_file
 
-from handformer.check.report import exit_code, format_report
+from handformer.check.report import exit_code, format_report, to_json
 from handformer.check.runners import check_file
-from handformer.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -85,7 +84,7 @@ def test_schedules_written_as_nanogpt_hugging_face_and_with_tensors_pass(tmp_pat
     assert [f.name for f in hf.findings] == ["cosine_no_floor"], hf.findings
 
 
-def test_a_learners_broken_schedule_fails_never_the_grader(tmp_path, capsys):
+def test_a_learners_broken_schedule_fails_never_the_grader(tmp_path):
     """Globals instead of arguments (nanoGPT's get_lr(it)), a string returned, an exception after
     step 0: an error or a failure of the learner's, with what to change; never an internal error."""
     path = tmp_path / "broken.py"
@@ -93,9 +92,9 @@ def test_a_learners_broken_schedule_fails_never_the_grader(tmp_path, capsys):
                     "def rate(step, d_model, warmup):\n    return 'fast'\n\n\n"
                     "def cosine_schedule(it, max_lr, min_lr, warmup, total_steps):\n"
                     "    if it > 50:\n        raise ValueError('not written yet')\n    return max_lr\n")
-    code = main(["check", str(path), "--json"])
-    comps = {c["name"]: c for c in json.loads(capsys.readouterr().out)["components"]}
-    assert code == 1 and set(comps) == {"get_lr", "rate", "cosine_schedule"}
+    result = check_file(str(path))  # in-process: the command line's child is tests/test_check.py's
+    comps = {c["name"]: c for c in json.loads(to_json(result))["components"]}
+    assert exit_code(result) == 1 and set(comps) == {"get_lr", "rate", "cosine_schedule"}
     assert comps["get_lr"]["error"]["kind"] == "mapping"
     assert "cannot tell which schedule" in comps["get_lr"]["error"]["message"]
     assert "returned str at step 1" in comps["rate"]["error"]["message"]
@@ -107,7 +106,7 @@ def test_a_learners_broken_schedule_fails_never_the_grader(tmp_path, capsys):
 def test_the_schedule_is_reported_in_chinese_from_the_same_result():
     result = check_file(str(correct_file("training")), only=["schedule"])
     zh = format_report(result, "zh")
-    assert "rate（学习率调度）：通过" in zh and "步数从 1 开始数" in zh and "第 0 步学习率为 0" in zh
+    assert "rate（学习率调度）：通过" in zh and "步数从 1 开始数" in zh and "步 0 的学习率为 0" in zh
 
 
 def test_a_loss_that_returns_no_number_or_takes_unknown_arguments_is_told_what_to_change(tmp_path):
@@ -283,3 +282,30 @@ def test_a_step_with_handformers_criterion_differs_from_one_with_a_smoothed_crit
     result = check_file(str(path), only=["train_step", "train_epoch"])
     assert [c.status for c in result.components] == ["pass", "pass"], format_report(result)
     assert not any("your own" in n["en"] for c in result.components for n in c.notes)
+
+
+MINIMIND_LR = """
+import math
+
+
+def get_lr(current_step, total_steps, lr):
+    return lr / 10 + 0.5 * lr * (1 + math.cos(math.pi * current_step / total_steps))
+"""
+
+
+def test_a_cosine_without_warmup_and_a_floor_of_its_own_is_read_as_written(tmp_path):
+    """get_lr(current_step, total_steps, lr), no warmup, the floor lr / 10 a constant of the learner's:
+    half a cosine from lr passes; lr as the amplitude above the floor (a peak of 1.1 x lr) differs, named;
+    a quarter of a cosine fails with the values shown."""
+    (right,) = check_file(str(WRITTEN["kvcache"] / "correct.py"), only=["schedule"]).components
+    assert right.status == "pass" and right.convention["en"].startswith("no warmup: half a cosine from 1 x lr")
+    assert "0.1 x lr at the last step (the floor is a constant of your own)" in right.convention["en"]
+    path = tmp_path / "lr.py"
+    path.write_text(MINIMIND_LR)
+    (amplitude,) = check_file(str(path)).components
+    assert amplitude.status == "differs" and "the peak is 1.1 x lr, not lr" in amplitude.convention["en"]
+    assert "峰值是 1.1 × lr" in amplitude.convention["zh"]
+    path.write_text(MINIMIND_LR.replace("current_step / total_steps", "current_step / (2 * total_steps)"))
+    (quarter,) = check_file(str(path)).components
+    assert quarter.status == "fail" and quarter.convention is None
+    assert any(n["en"].startswith("it is not half a cosine") for n in quarter.notes)

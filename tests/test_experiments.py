@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -111,11 +112,32 @@ def test_cli_lists_the_experiments_and_rejects_bad_input(tmp_path):
 
 
 def test_cli_runs_an_experiment_and_names_its_command(tmp_path):
-    rc, out, _ = run_cli("experiment", "layernorm-vs-rmsnorm", "--smoke", "--seeds", "1", "--out", str(tmp_path))
+    """In this process (`--workers 1`); the worker processes of the default `--workers 2` are the
+    next test's."""
+    rc, out, _ = run_cli("experiment", "layernorm-vs-rmsnorm", "--smoke", "--seeds", "1", "--workers", "1",
+                         "--out", str(tmp_path))
     assert rc == 0 and "results.md" in out
     data = json.loads((tmp_path / "layernorm-vs-rmsnorm" / "results.json").read_text())
-    assert data["command"] == f"handformer experiment layernorm-vs-rmsnorm --out {tmp_path} --seeds 1 --smoke"
-    assert data["wall_s"] > 0 and data["cpu_s"] > 0
+    assert data["command"] == (f"handformer experiment layernorm-vs-rmsnorm --out {tmp_path} --seeds 1 "
+                               "--workers 1 --smoke")
+    assert data["wall_s"] > 0 and data["cpu_s"] > 0 and data["workers"] == 1
+
+
+def test_workers_run_each_trial_in_a_spawned_process_on_the_parents_threads(tmp_path):
+    """workers > 1 (the command's default is 2): every trial runs in a worker process started for
+    the run, which computes on as many torch threads as the parent; its metrics and curves come
+    back into the parent's results. One trial, so one worker is started (a second costs a torch
+    import and proves nothing more)."""
+    from helpers import NoSettings, trial_telling_where_it_ran
+
+    exp = Experiment("where", "where a trial runs", "a claim", ["only"], [Metric("pid", "pid"),
+                     Metric("threads", "threads")], [Plot("train", "training loss")], trial_telling_where_it_ran,
+                     {"full": NoSettings(), "smoke": NoSettings()}, no_smoke_claim="it trains nothing at all")
+    summary = run_experiment(exp, tmp_path, seeds=1, smoke=True, log=lambda _: None, workers=2)
+    assert summary["only"]["pid"]["n"] == 1 and summary["only"]["pid"]["mean"] != os.getpid()
+    assert summary["only"]["threads"]["mean"] == torch.get_num_threads()
+    data = json.loads((tmp_path / "where" / "results.json").read_text())
+    assert data["workers"] == 2 and data["trials"][0]["curves"]["train"] == [[1, 1.0], [2, 0.5]]
 
 
 def test_summarize_counts_diverged_runs_apart():

@@ -23,7 +23,7 @@ from serve_soak import free_port, start_server  # noqa: E402
 FAKE_SERVER = r"""
 import http.server, sys, time
 port, key = int(sys.argv[1]), sys.argv[2]
-time.sleep(0.5)
+time.sleep(0.1)
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         ok = self.headers.get("Authorization") == "Bearer " + key and self.path == "/v1/models"

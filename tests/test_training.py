@@ -261,7 +261,7 @@ TINY_CLI = ["--config", "demo", "--set", "data.n_train=200", "--set", "data.n_he
             "--set", "data.tokenizer=char", "--set", "model.d_model=16", "--set", "model.n_heads=2",
             "--set", "model.d_ff=32", "--set", "model.n_encoder_layers=1",
             "--set", "model.n_decoder_layers=1", "--set", "data.max_tokens=256",
-            "--set", "train.steps=200", "--set", "train.eval_every=50", "--set", "train.log_every=7",
+            "--set", "train.steps=100", "--set", "train.eval_every=40", "--set", "train.log_every=7",
             "--set", "train.checkpoint_every=10", "--set", "train.warmup=20",
             "--set", "train.schedule=cosine", "--set", "train.progress=false", "--set", "train.device=cpu"]
 
@@ -274,11 +274,11 @@ def test_kill_9_then_resume_equals_a_straight_run(tmp_path, capsys):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     kill_9_after_first_checkpoint(["train", *TINY_CLI], killed)
     resumed_from = checkpoint_state(killed)["step"]
-    assert 0 < resumed_from < 200, "the run finished before it could be killed"
+    assert 0 < resumed_from < 100, "the run finished before it could be killed"
 
     assert main(["train", "--resume", str(killed)]) == 0
     assert main(["train", *TINY_CLI, "--out", str(straight)]) == 0
-    assert "done: 200 steps" in capsys.readouterr().out
+    assert "done: 100 steps" in capsys.readouterr().out
     assert metric_rows(killed) == metric_rows(straight)
     assert_same_tensors(model_tensors(killed), model_tensors(straight))
 

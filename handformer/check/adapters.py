@@ -65,7 +65,8 @@ def adapter_hint(comp: Any) -> str:
     call = CALLS.get(comp.kind, "...")
     name = getattr(obj, "__name__", comp.name)
     try:
-        theirs = ", ".join(inspect.signature(obj).parameters)
+        theirs = ", ".join(n for n, q in inspect.signature(obj).parameters.items()
+                           if q.default is q.empty and q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD))
     except (TypeError, ValueError):
         theirs = "..."
     owner = comp.name.split(".")[0] + "." if "." in comp.name else ""

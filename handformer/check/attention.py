@@ -55,6 +55,7 @@ from handformer.check.conventions import masks_where_true
 from handformer.check.discovery import Component
 from handformer.check.localize import note_attention_departure
 from handformer.check.result import Check, ComponentResult, Finding, text
+from handformer.check.rope_tables import either_table
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
     MappingError,
@@ -95,8 +96,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     params = forward_parameters(fn)
     extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
              "sin"}
-    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra),
-                       len(params))
+    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra
+                        or isinstance(p.default, bool)), len(params))  # a flag (use_cache) keeps its default
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
     masks = [p for p in params if is_mask_name(p.name)]
     named = {p.name for p in params} & extra
@@ -113,6 +114,14 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         kwargs: dict[str, Any] = {masks[0].name: mask} if masks else {}
         B, T = xq.shape[:2]
         kwargs.update(_position_kwargs(named, B, T, head_dim, xq.dtype, layout.get("batched", False)))
+        run = fn
+        if "freqs_cis" in named:  # Meta's complex table, or gpt-fast's real pairs
+            def run(*a: Any, **k: Any) -> Any:
+                return either_table(fn, list(a), k, layout)
+        if "start_pos" in named:
+            return _either_start(run, args, kwargs, layout, B)
+        if "freqs_cis" in named:
+            return run(*args, **kwargs)
         if "position_embeddings" not in named or "batched" in layout:
             return fn(*args, **kwargs)
         return _either_layout(fn, args, kwargs, layout, (T, head_dim, B, xq.dtype))
@@ -155,6 +164,24 @@ def _either_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dic
         except Exception:  # noqa: BLE001
             raise first from None
         layout["batched"] = True
+        return out
+
+
+def _either_start(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:
+    """start_pos 0, else one start per batch row, a (B,) tensor (Raschka's batched KV cache); the form
+    that runs is kept. When neither runs, their error with the first is raised."""
+    if layout.get("per_row"):
+        return fn(*args, **{**kwargs, "start_pos": torch.zeros(B, dtype=torch.long)})
+    try:
+        return fn(*args, **kwargs)
+    except Exception as first:  # noqa: BLE001 - theirs, unless a start per row runs
+        if "per_row" in layout:
+            raise
+        try:
+            out = fn(*args, **{**kwargs, "start_pos": torch.zeros(B, dtype=torch.long)})
+        except Exception:  # noqa: BLE001
+            raise first from None
+        layout["per_row"] = True
         return out
 
 
@@ -230,7 +257,8 @@ def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     fn = comp.obj
     if isinstance(fn, type):
-        fn = ctx.learner.call("__init__", lambda: comp.obj(**_dropout_kwargs(comp.obj)))
+        kwargs = {**_dropout_kwargs(comp.obj), **_temperature(comp.obj)}
+        fn = ctx.learner.call("__init__", lambda: comp.obj(**kwargs))
         if isinstance(fn, nn.Module):
             fn = fn.double().eval()
     c = caller(fn)
@@ -399,6 +427,12 @@ def _compare_masked_softmax(res: ComponentResult, ctx: Context, comp: Component,
                             res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
 
 
+def _temperature(cls: type) -> dict[str, float]:
+    """jadore801120's ScaledDotProductAttention(temperature): the scale its caller gives, sqrt(Dh)."""
+    params = forward_parameters(cls.__init__)
+    return {p.name: 8 ** 0.5 for p in params if p.name.lower() == "temperature" and p.default is p.empty}
+
+
 def _dropout_kwargs(cls: type) -> dict[str, float]:
     params = forward_parameters(cls.__init__)
     return {p.name: 0.1 for p in params if "drop" in p.name.lower() and p.default is p.empty}
@@ -535,9 +569,9 @@ def _projections(comp: Component, module: nn.Module) -> list[Any]:
     if extra:  # a norm on the queries and keys (QK-norm): not in handformer's reference attention
         shapes = ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra)
         raise MappingError(f"{comp.name} has parameters besides its projections ({shapes}); handformer's "
-                           "reference attention has none (no QK-norm)",
+                           "reference attention has none (no QK-norm, no residual and norm inside)",
                            zh=f"{comp.name} 除了投影矩阵还有别的参数（{shapes}）；"
-                              "handformer 的参考注意力没有这些参数（没有 QK-norm）")
+                              "handformer 的参考注意力没有这些参数（没有 QK-norm，内部没有残差和归一化）")
     return [leaf for leaf in found if leaf.kind == "linear"]
 
 

@@ -229,7 +229,7 @@ FORMS: dict[str, dict[str, tuple[str, str]]] = {
                            "neg": ("-1e9 written into the weights", "把 -1e9 写进了权重")},
     "pe_wrong_frequency": {"pair_index": ("10000^(i/d) instead of 10000^(2i/d)",
                                           "用了 10000^(i/d) 而不是 10000^(2i/d)"),
-                           "dim_index": ("each column j uses 10000^(j/d)", "第 j 列用了 10000^(j/d)"),
+                           "dim_index": ("each column j uses 10000^(j/d)", "列 j 用了 10000^(j/d)"),
                            "positive": ("pos * 10000^(2i/d): the exponent's sign is flipped",
                                         "pos * 10000^(2i/d)：指数符号反了")},
     "layernorm_unbiased_std": {"std": ("(x - mean) / (x.std() + eps)", "(x - mean) / (x.std() + eps)"),

@@ -70,6 +70,17 @@ FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0
                          # Raschka's Qwen3 cfg: no QK-norm (handformer's reference has none), no experts
                          "qk_norm": False, "num_experts": 0}
 CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "conf")
+# the names of the classic PyTorch tutorials' arguments: jadore801120's d_v, d_hid (the FFN's
+# hidden width beside d_in, the width alone) and n_position; bentrevett's hid_dim and pf_dim;
+# hyunwoongko's enc_voc_size, device and trg_sos_idx (kept, never read); minGPT's
+# config.model_type (None: the sizes are given)
+for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec"), "d_head": ("d_v",), "d_ff": ("pf_dim",),
+                     "dropout": ("embd_pdrop",),
+                     "max_len": ("n_position",), "src_vocab": ("n_src_vocab", "enc_voc_size"),
+                     "tgt_vocab": ("n_trg_vocab", "dec_voc_size")}.items():
+    ARGUMENTS[_key] += _names
+HIDDEN_WHEN_PAIRED += ("d_hid",)
+FIXED.update({"device": "cpu", "model_type": None, "trg_sos_idx": 1})
 
 
 class DiscoveryError(ValueError):
@@ -386,13 +397,20 @@ def argument_keys(cls: Any) -> dict[str, str | None]:
     init = cls.__init__ if inspect.isclass(cls) else cls
     params = [p for p in list(inspect.signature(init).parameters.values())[int(inspect.isclass(cls)):]
               if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    keys = {p.name: next((k for k, aliases in ARGUMENTS.items() if p.name.lower() in aliases), None)
+    keys = {p.name: None if _is_axis(p) else next((k for k, aliases in ARGUMENTS.items()
+                                                    if p.name.lower() in aliases), None)
             for p in params}
     if sum(k == "d_model" for k in keys.values()) > 1 and "d_ff" not in keys.values():
         for name in keys:
             if name.lower() in HIDDEN_WHEN_PAIRED:
                 keys[name] = "d_ff"
     return keys
+
+
+def _is_axis(p: inspect.Parameter) -> bool:
+    """An argument whose default is a negative int is an axis, not a size: LitGPT's
+    RMSNorm(size, dim=-1) normalizes over `dim`, its width is `size`."""
+    return isinstance(p.default, int) and not isinstance(p.default, bool) and p.default < 0
 
 
 ADAPTERS: dict[Any, Any] = {}  # the learner's class -> the make_<kind> adapter that builds it

@@ -88,13 +88,18 @@ class LanguageModel(nn.Module):
         super().__init__()
         self.model = lm
         self.block_size = self.max_len = self.max_seq_len = self.context = block_size
-        self.target = self  # what the learner's loop is handed
         self.style, self.budget, self.vocab_size = style, budget, VOCAB
         self.calls: list[Call] = []
         self.stream: Tensor | None = None  # Meta's style: the tokens fed so far, by position
         self.config = types.SimpleNamespace(block_size=block_size, max_len=block_size, max_seq_len=block_size,
                                             n_positions=block_size, vocab_size=VOCAB,
                                             max_position_embeddings=block_size)
+
+    @property
+    def target(self) -> LanguageModel:
+        """What the learner's loop is handed (a property: as an attribute it would be its own child
+        module, and model.eval() would recurse)."""
+        return self
 
     def new_cache(self, *args: Any, **kwargs: Any) -> CacheToken:
         empty = torch.zeros(1, 0, dtype=torch.long)
@@ -108,6 +113,11 @@ class LanguageModel(nn.Module):
         ids = torch.as_tensor(idx).long()
         ids = ids[None] if ids.dim() == 1 else ids  # (B, T)
         cache, start, positions = _cache_arguments(args, kwargs)
+        own = next((type(v).__name__ for k, v in kwargs.items() if k in CACHE_NAMES
+                    and v is not None and not isinstance(v, (CacheToken, bool))), None)
+        if own is not None:  # their own cache class (Raschka's KVCache): only their model can fill it
+            raise TypeError(f"the stand-in model cannot fill a cache object of your own ({own}); check "
+                            "generate with your model in the same file, or write the adapter")
         B, T = ids.shape
         if cache is not None:
             prior_ids, prior_pos = cache.ids.expand(B, -1), cache.positions.expand(B, -1)
@@ -332,11 +342,13 @@ class StandIn:
 
 
 def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
-    short = run_generate(ctx, comp, driver, SHORT, 2)
+    short = first = run_generate(ctx, comp, driver, SHORT, 2)
     for B, as_list in ((1, False), (1, True)):  # a loop written for one prompt, maybe a list of ints
         if short.out is not None or _named(short):
             break
         short = run_generate(ctx, comp, driver, SHORT, B, as_list)
+    if short.out is None and first.failure is not None and first.failure.error.kind == "stand_in":
+        raise first.failure  # the stand-in could not serve their loop: not a prompt shape of theirs
     if short.out is None and short.failure is None:
         raise ctx.learner.fail("forward", f"{comp.name} returned no token ids for a prompt of 3 tokens and "
                                f"max_new_tokens={SHORT}",
@@ -352,6 +364,11 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
     if any(c.cached for c in short.model.calls):
         res.notes.append(text("it decodes with a KV cache: after the prompt it feeds one token at a time",
                               "它用 KV 缓存解码：处理完提示词之后每次只输入一个 token"))
+        if getattr(short.model, "resets", None) is not None:  # a cache kept in their own model: empty again?
+            again = run_generate(ctx, comp, driver, SHORT, B, short.as_list)
+            again.label = text(f"{again.label['en']}, again (the cache your model keeps must start empty)",
+                               f"{again.label['zh']}，再来一次（模型自己保存的缓存必须先清空）")
+            _judge(res, ctx, comp, again, reference)
     elif not any(f.name in ("generate_not_appended", "generate_does_not_stop") for f in res.findings):
         _long(res, ctx, comp, driver, B, short.as_list)
     if short.failure and not res.findings and short.out is None:
@@ -459,7 +476,7 @@ def _explain_calls(run: Run, expected: Tensor) -> tuple[str, Text, str] | None:
         steps, fed = len(calls) - 1, calls[-1].seen + calls[-1].ids.size(1)
         return "generate_no_crop", text(
             f"after {steps} steps it fed the model {fed} tokens; the block size is {model.block_size}",
-            f"第 {steps} 步之后它给模型输入了 {fed} 个 token；block_size 是 {model.block_size}"), \
+            f"走了 {steps} 步之后它给模型输入了 {fed} 个 token；block_size 是 {model.block_size}"), \
             "not_cropped"
     stream = torch.cat([prompt, expected], 1)
     for i, c in enumerate(calls):
@@ -474,21 +491,21 @@ def _explain_calls(run: Run, expected: Tensor) -> tuple[str, Text, str] | None:
         if c.ids.size(1) == 1 and c.start is not None and c.start != before:
             return "generate_cache_mismatch", text(
                 f"at step {i} it passed start_pos = {c.start} for a new token after {before} tokens",
-                f"第 {i} 步新 token 前已有 {before} 个 token，它却传了 start_pos = {c.start}"), \
+                f"步 {i}：新 token 前已有 {before} 个 token，它却传了 start_pos = {c.start}"), \
                 "positions_not_offset"
         if c.ids.size(1) == 1 and c.seen != before and c.cached:
             return "generate_cache_mismatch", text(
                 f"at step {i} it fed one token with a cache of {c.seen} tokens where {before} were seen",
-                f"第 {i} 步输入一个 token 时缓存里只有 {c.seen} 个 token，应为 {before} 个"), \
+                f"步 {i} 输入一个 token 时缓存里只有 {c.seen} 个 token，应为 {before} 个"), \
                 "cache_not_passed"
         if c.ids.size(1) == 1 and not c.cached and c.seen == 0:
             return "generate_cache_mismatch", text(
                 f"at step {i} it fed one token and no cache: the model saw that token alone",
-                f"第 {i} 步只输入了一个 token 却没有带缓存：模型只看到了这一个 token"), "cache_not_passed"
+                f"步 {i} 只输入了一个 token 却没有带缓存：模型只看到了这一个 token"), "cache_not_passed"
         if c.ids.size(1) == 1 and int(c.positions[0, 0]) != c.seen:
             position = int(c.positions[0, 0])
             return "generate_cache_mismatch", text(
                 f"at step {i} the new token got position {position}, after {c.seen} cached tokens",
-                f"第 {i} 步新 token 的位置是 {position}，而缓存里已有 {c.seen} 个 token"), \
+                f"步 {i} 新 token 的位置是 {position}，而缓存里已有 {c.seen} 个 token"), \
                 "positions_not_offset"
     return None

@@ -52,9 +52,20 @@ class OwnModel:
     def __init__(self, module: nn.Module, limit: int, budget: int) -> None:
         self.target, self.block_size, self.context, self.budget = module, limit, BLOCK, budget
         self.calls: list[Call] = []
+        self.held = 0  # tokens in a cache the module keeps itself (Raschka's use_cache=True), since its reset
         self.words = ("your model's own greedy decoding", "你的模型自己贪心解码")
         self.handles = [module.register_forward_pre_hook(self._before, with_kwargs=True),
                         module.register_forward_hook(self._after)]
+        self.resets = [name for name in dir(type(module)) if "reset" in name and "cache" in name
+                       and callable(getattr(module, name, None))]
+        for name in self.resets:  # reset_kv_cache(): the module's own cache starts empty again
+            setattr(module, name, self._reset(getattr(module, name)))
+
+    def _reset(self, method: Any) -> Any:
+        def reset(*args: Any, **kwargs: Any) -> Any:
+            self.held = 0
+            return method(*args, **kwargs)
+        return reset
 
     def _before(self, _mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if len(self.calls) >= self.budget:
@@ -64,8 +75,10 @@ class OwnModel:
             return
         ids = ids[None] if ids.dim() == 1 else ids  # (B, T)
         B, T = ids.shape
-        self.calls.append(Call(ids.clone(), 0, torch.arange(T)[None].expand(B, T), False))
-        if T > self.block_size:
+        held = self.held if kwargs.get("use_cache") is True else 0
+        self.held = held + T if kwargs.get("use_cache") is True else self.held
+        self.calls.append(Call(ids.clone(), held, torch.arange(held, held + T)[None].expand(B, T), held > 0))
+        if held + T > self.block_size:
             raise ContextTooLong(f"Cannot forward sequence of length {T}, block size is only "
                                  f"{self.block_size}")
 
@@ -75,6 +88,8 @@ class OwnModel:
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
+        for name in self.resets:
+            vars(self.target).pop(name, None)
 
 
 def _certain(logits: Tensor) -> Tensor:

@@ -351,6 +351,13 @@ def gpt_sizes(ctx: Context) -> dict[str, Any]:
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp, gpt_sizes(ctx))
+    if callable(getattr(module, "setup_caches", None)):  # gpt-fast's Transformer: an inference engine's model
+        raise MappingError(f"{comp.name}.forward(idx, input_pos) runs on the KV caches that setup_caches("
+                           "max_batch_size, max_seq_length) makes first (gpt-fast's): handformer drives "
+                           "a model by forward(idx) alone; its attention, FFN and norm are checked alone",
+                           zh=f"{comp.name}.forward(idx, input_pos) 依赖 setup_caches(max_batch_size, "
+                              "max_seq_length) 先建好的 KV 缓存（gpt-fast 的写法）：handformer 只用 "
+                              "forward(idx) 驱动模型；它的注意力、FFN 和归一化各自单独检查")
     call = Caller(module, ctx)
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, VOCAB, (2, 8), generator=g)

@@ -32,10 +32,11 @@ KINDS_TABLE: tuple[Kind, ...] = (
     Kind("masked_softmax", ("masked_softmax",), "masked softmax (d2l)", "带屏蔽的 softmax（d2l）",
          "attention:check_masked_softmax"),
     Kind("sdpa", ("scaled_dot_product_attention", "attention", "ScaledDotProductAttention",
-                  "scaled_dot_product", "dot_product_attention", "ScaledDotProduct", "DotProductAttention"),
+                  "scaled_dot_product", "dot_product_attention", "ScaledDotProduct", "DotProductAttention",
+                  "ScaleDotProductAttention"),  # hyunwoongko's spelling
          "scaled dot-product attention", "缩放点积注意力", "attention:check_sdpa"),
     Kind("mha", ("MultiHeadAttention", "MultiHeadedAttention", "MultiheadAttention", "MultiHeadSelfAttention",
-                 "MHA", "Attention", "SelfAttention"),
+                 "MHA", "Attention", "SelfAttention", "MultiHeadAttentionLayer"),  # bentrevett's
          "multi-head attention", "多头注意力", "attention:check_mha"),
     Kind("gqa", ("GroupedQueryAttention", "GQA", "GroupedQueryAttn", "GQAttention", "repeat_kv",
                  "repeat_kv_heads"),
@@ -50,7 +51,8 @@ KINDS_TABLE: tuple[Kind, ...] = (
     Kind("ffn", ("PositionwiseFeedForward", "PositionWiseFeedForward", "FeedForward", "FFN",
                  "FeedForwardNetwork", "PositionwiseFFN", "PositionWiseFFN", "MLP", "SwiGLU",
                  "SwiGLUFeedForward", "GatedFeedForward", "SwiGLUFFN", "GEGLU", "GeGLU",
-                 "FeedFoward"),  # Karpathy's lecture spells it so
+                 "FeedFoward",  # Karpathy's lecture spells it so
+                 "PositionwiseFeedforwardLayer"),  # bentrevett's
          "position-wise feed-forward network", "逐位置前馈网络", "pieces:check_ffn"),
     Kind("layernorm", ("LayerNorm", "LayerNormalization", "LayerNormalisation", "LayerNorm1d"),
          "LayerNorm", "层归一化 LayerNorm", "pieces:check_norm"),

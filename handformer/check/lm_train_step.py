@@ -168,7 +168,7 @@ def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
         res.checks.append(Check(text(
             f"AdamW, learning rates {LRS[0]:g} then {LRS[1]:g}: the parameters after one and after two steps "
             "equal handformer's step on the same batches",
-            f"AdamW，学习率先 {LRS[0]:g} 后 {LRS[1]:g}：第 1 步、第 2 步之后的参数都与 handformer 的训练一步"
+            f"AdamW，学习率先 {LRS[0]:g} 后 {LRS[1]:g}：走完一步、两步之后的参数都与 handformer 的训练一步"
             "在同样 batch 上的结果一致"), max(errs) < TOL, error_text(max(errs))))
         _notes(res, step)
         if max(errs) >= TOL:
@@ -203,7 +203,7 @@ def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, bas
                 f"your parameters equal those of a step with this mistake (max abs difference {off:.1e}); "
                 f"after step 1 they differ from handformer's by {errs[0]:.3g}, after step 2 by {errs[1]:.3g}",
                 f"你的参数与带这个错误的一步结果一致（最大绝对误差 {off:.1e}）；与 handformer 的相比，"
-                f"第 1 步之后相差 {errs[0]:.3g}，第 2 步之后相差 {errs[1]:.3g}"), number, code))
+                f"一步之后相差 {errs[0]:.3g}，两步之后相差 {errs[1]:.3g}"), number, code))
         return
     res.notes.append(text("no known mistake (or pair of them) reproduces your parameters; see the checks",
                           "没有任何已知错误（或两个错误的组合）能复现你的参数；请看检查项"))

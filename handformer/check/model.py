@@ -51,6 +51,7 @@ from handformer.check.context import (
 from handformer.check.discovery import ARGUMENTS, Component, DiscoveryError, own_objects
 from handformer.check.pieces import FFN_ACTIVATIONS, HF_NAME
 from handformer.check.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.seq2seq_stacks import build_from_stacks
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
     Leaf,
@@ -442,7 +443,10 @@ class Caller:
         return self._call(src, tgt, self.rank)
 
     def _call(self, src: Tensor, tgt: Tensor, rank: int) -> Tensor | None:
-        out = fp.first_tensor(self.ctx.learner.call("forward", self.raw, src, tgt, rank), 3)
+        raw = self.ctx.learner.call("forward", self.raw, src, tgt, rank)
+        out, flat = fp.first_tensor(raw, 3), fp.first_tensor(raw, 2)
+        if out is None and flat is not None and flat.size(0) == tgt.numel():  # jadore801120's view(-1, V)
+            out = flat.reshape(*tgt.shape, -1)  # (B * T, V) -> (B, T, V)
         generator = getattr(self.module, "generator", None)
         if out is not None and out.size(-1) == D and D != TGT_V and callable(generator):
             out = fp.first_tensor(self.ctx.learner.call("forward", generator, out), 3)
@@ -580,7 +584,11 @@ def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
     except DiscoveryError:
         factory = own_objects(ctx.module).get("make_model")
         if factory is None or not inspect.isfunction(factory):
-            raise
+            stacked = ctx.learner.call("__init__", build_from_stacks, comp.obj, ctx.module, MODEL_SIZES)
+            if stacked is None:  # not bentrevett's Seq2Seq(encoder, decoder, ...) either
+                raise
+            scramble_(stacked, 0)
+            return stacked.double().eval(), False
     kwargs = {}
     for p in inspect.signature(factory).parameters.values():
         key = next((k for k, aliases in ARGUMENTS.items() if p.name.lower() in aliases), None)

@@ -29,6 +29,7 @@ from handformer.check.localize_kinds import localize_ffn, localize_norm, note_de
 from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
+    MappingError,
     Slot,
     copy_ffn,
     copy_weights,
@@ -120,6 +121,13 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     x = fp.randn(2, 5, D, seed=1)
     module = ctx.build(comp, warmup=lambda m: m(x.float()))
+    norms = [leaf for leaf in leaves(module) if leaf.kind == "norm"]
+    if norms:  # jadore801120's FFN adds its input back and normalizes: a sublayer, not the FFN alone
+        shapes = ", ".join(f"{n.name} {tuple(n.weight.shape)}" for n in norms)
+        raise MappingError(f"{comp.name} has a norm inside ({shapes}): it is the FFN with its residual and "
+                           "norm; handformer's reference FFN has neither (its layer check covers them)",
+                           zh=f"{comp.name} 内部有归一化（{shapes}）：它是带残差和归一化的 FFN；handformer "
+                              "的参考 FFN 两者都没有（层的检查会覆盖它们）")
     candidates = ffn_slots([leaf for leaf in leaves(module) if leaf.kind == "linear"], D, F_WIDTH,
                            comp.name)
     gated, has_down = is_gated(candidates[0]), has_down_projection(candidates[0])
@@ -333,8 +341,12 @@ def check_positional_encoding(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp)
     B, T = 2, 12
+    ids = _table_of_ids(res, module, B, T)
 
     def run(x: Tensor) -> Tensor | None:
+        if ids is not None:
+            table = fp.first_tensor(ctx.learner.call("forward", module, ids))
+            return None if table is None else x + table
         return fp.first_tensor(ctx.learner.call("forward", module, x))
 
     zeros = torch.zeros(B, T, D, dtype=torch.float64)
@@ -361,3 +373,25 @@ def check_positional_encoding(comp: Component, ctx: Context) -> ComponentResult:
         res.checks.append(Check(text("forward(x) returns x + PE[:T]", "forward(x) 返回 x + PE[:T]"),
                                 added < 1e-5, error_text(added)))
     return finish(res)
+
+
+def _table_of_ids(res: ComponentResult, module: torch.nn.Module, B: int, T: int) -> Tensor | None:
+    """Token ids (B, T) when the module refuses x (B, T, D) and returns the table (T, D) for ids (the
+    style of hyunwoongko's PositionalEncoding, whose embedding adds it; noted in res); else None."""
+    try:
+        module(torch.zeros(B, T, D))
+        return None
+    except Exception:  # noqa: BLE001  (their forward refuses x: perhaps it takes the ids)
+        pass
+    ids = torch.ones(B, T, dtype=torch.long)
+    try:
+        out = module(ids)
+    except Exception:  # noqa: BLE001  (neither: the check reports the refusal of x)
+        return None
+    if not isinstance(out, Tensor) or tuple(out.shape) != (T, D):
+        return None
+    res.notes.append(text("forward(ids) returns the table PE[:T], which the embedding adds "
+                          "(hyunwoongko's): checked as x + forward(ids)",
+                          "forward(ids) 返回编码表 PE[:T]，由嵌入层相加（hyunwoongko 的写法）："
+                          "按 x + forward(ids) 检查"))
+    return ids

@@ -39,7 +39,8 @@ LENGTH_NAMES = ("end", "seq_len", "seqlen", "max_len", "max_seq_len", "length", 
                 "max_seq_length", "T")
 OFFSET_NAMES = ("offset", "start_pos", "start", "pos_offset", "past_length", "cache_len", "seqlen_offset",
                 "past_key_values_length", "position_offset")
-DIM_NAMES = ("dim", "head_dim", "d", "d_head", "rotary_dim", "dims", "head_size", "d_k")
+DIM_NAMES = ("dim", "head_dim", "d", "d_head", "rotary_dim", "dims", "head_size", "d_k",
+             "n_elem")  # gpt-fast's
 THETA_NAMES = ("theta", "base", "rope_theta", "rope_base")
 TENSOR_NAMES = ("x", "q", "k", "xq", "xk", "query", "key", "input", "hidden", "tensor", "queries", "keys",
                 "hidden_states")
@@ -127,7 +128,7 @@ def _base_finding(res: ComponentResult, ctx: Context, comp: Component, table: Ta
     right = ", ".join(f"{v:.4g}" for v in expected[:3].tolist())
     res.findings.append(Finding("rope_wrong_base", text(
         f"the frequencies of pairs 0, 1, 2 are {mine}, where theta^(-2j/d) gives {right}: {en}",
-        f"第 0、1、2 对的频率是 {mine}，而 theta^(-2j/d) 给出 {right}：{zh}"), number, code, form))
+        f"配对 0、1、2 的频率是 {mine}，而 theta^(-2j/d) 给出 {right}：{zh}"), number, code, form))
 
 
 def _layout_convention(res: ComponentResult, layout: str) -> None:
@@ -155,6 +156,8 @@ def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
                 kwargs[n] = theta
             elif n in OFFSET_NAMES and offset is not None:
                 kwargs[n] = offset
+            elif n == "dtype":  # gpt-fast's precompute_freqs_cis(..., dtype=torch.bfloat16)
+                kwargs[n] = torch.float64
         return ctx.learner.call("forward", comp.obj, **kwargs)
 
     table = read_table(call(THETA), P)
@@ -204,9 +207,10 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     q, k = _apply_inputs()
     tensors = [n for n in names if n in TENSOR_NAMES][:2]
     complex_table = any(n in ("freqs_cis", "freqs") for n in names)
-    shapes = ("4d", "btd", "td") + (("by_id",) if "position_ids" in names else ())
+    from0 = ("from0",) if any(n in OFFSET_NAMES for n in names) else ()  # apply_rope(x, cos, sin, offset)
+    shapes = ("4d", "btd", *from0, "td") + (("by_id",) if "position_ids" in names else ())
     attempts = [(layout, meta, shape) for layout in (("pairs",) if complex_table else ("half", "interleaved"))
-                for meta in (False, True) for shape in (("4d",) if layout == "pairs" else shapes)]
+                for meta in (False, True) for shape in (("4d", "real") if layout == "pairs" else shapes)]
     failure, best, first = _search_apply(ctx, fn, names, tensors, q, k, attempts)
     if best is None and first is None:
         if failure is not None:
@@ -273,9 +277,12 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
     if layout == "pairs":
         angles = V.rope_angles(T, DH, THETA, offset)  # (T, Dh/2)
         table = torch.polar(torch.ones_like(angles), angles)  # (T, Dh/2) complex
-        kwargs[next(n for n in names if n in ("freqs_cis", "freqs"))] = table
+        # "real": gpt-fast's table, the complex one as (T, Dh/2, 2) real pairs (cos, sin)
+        kwargs[next(n for n in names if n in ("freqs_cis", "freqs"))] = (
+            torch.view_as_real(table) if shape == "real" else table)
     else:
-        cos, sin = reference_tables(P, layout) if shape == "by_id" else reference_tables(T, layout, offset)
+        whole = shape in ("by_id", "from0")  # the table from position 0, indexed by their code
+        cos, sin = reference_tables(P, layout) if whole else reference_tables(T, layout, offset)
         if shape == "4d":
             view = (1, T, 1, DH) if meta else (1, 1, T, DH)  # broadcasts over batch and heads
             cos, sin = cos.reshape(view), sin.reshape(view)
@@ -287,7 +294,7 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
     for n in names:
         if n in OFFSET_NAMES:
             kwargs[n] = offset
-    raw = ctx.learner.call("forward", fn, **{n: v for n, v in kwargs.items() if n in names})
+    raw = _call_offset(ctx, fn, {n: v for n, v in kwargs.items() if n in names})
     outs = list(raw) if isinstance(raw, (tuple, list)) else [raw]
     if len(outs) < len(tensors) or not all(isinstance(o, Tensor) for o in outs[: len(tensors)]):
         return None
@@ -295,6 +302,21 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
     if any(o.shape != q.shape for o in outs):
         return None
     return torch.stack([o.double() for o in outs])
+
+
+def _call_offset(ctx: Context, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """fn(**kwargs) with its offset an int; when that raises, one offset per batch row (B,) (Raschka's
+    batched apply_rope(x, cos, sin, offset) reads offset.shape[0]); their first error if both raise."""
+    try:
+        return ctx.learner.call("forward", fn, **kwargs)
+    except fp.LearnerFailure as first:
+        name = next((n for n, v in kwargs.items() if n in OFFSET_NAMES and isinstance(v, int)), None)
+        if name is None:
+            raise
+        try:
+            return ctx.learner.call("forward", fn, **{**kwargs, name: torch.full((B,), kwargs[name])})
+        except fp.LearnerFailure:
+            raise first from None
 
 
 def _findings(ctx: Context, comp: Component, found: tuple[frozenset[str], float], out: Tensor,

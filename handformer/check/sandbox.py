@@ -175,9 +175,11 @@ def _child(request: dict[str, Any]) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     import torch  # noqa: F401  (before the clock starts: torch's import is ours, not the learner's)
 
+    from handformer.check.cpu_only import cuda_as_cpu
     from handformer.check.runners import check_file, import_runners
 
     import_runners()  # the grader's own modules, before any clock starts (0.3 s)
+    cuda_as_cpu()  # a file written for a GPU (Meta's `.cuda()` KV cache) runs on the CPU here
     stack = open(request["stack"], "w")  # noqa: SIM115  (open until the process ends)
     results = open(request["results"], "a", encoding="utf-8")  # noqa: SIM115
 

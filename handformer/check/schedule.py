@@ -28,7 +28,7 @@ from handformer.check.argument_names import SCHEDULE_ARGS as ARGS
 from handformer.check.argument_names import SCHEDULE_STEP_NAMES as STEP_NAMES
 from handformer.check.context import Context, finish, forward_parameters, global_reads
 from handformer.check.discovery import Component, DiscoveryError
-from handformer.check.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.result import DIFFERS, Check, ComponentResult, Finding, Text, text
 from handformer.check.source import locate, source_lines
 
 OPTIMIZER_NAMES = ("optimizer", "opt", "optim")
@@ -37,7 +37,7 @@ COSINE = {"max_lr": 1.0, "min_lr": 0.1, "warmup": 10, "total": 100}
 PAPER_STEPS = (0, 1, 2, 3, 5, 8, 9, 10, 11, 12, 20, 50, 100, 1000)
 COSINE_STEPS = (0, 1, 2, 5, 8, 9, 10, 11, 12, 30, 55, 90, 99, 100, 101, 150)
 COSINE_CONVENTIONS: dict[str, tuple[int, int, Text]] = {  # (shift of t, of T_w in the warmup's ratio)
-    "cs336": (0, 0, text("warmup t / T_w, from 0 at step 0 (CS336)", "预热为 t / T_w，第 0 步是 0（CS336）")),
+    "cs336": (0, 0, text("warmup t / T_w, from 0 at step 0 (CS336)", "预热为 t / T_w，步 0 是 0（CS336）")),
     "handformer": (
         1,
         0,
@@ -144,9 +144,15 @@ class Schedule:
         if self.family is None or unknown:
             raise _unreadable(comp, unknown)
         self.sizes = dict(PAPER if self.family == "paper" else COSINE)
-        if self.family == "cosine" and not (self.args["min_lr"] or self.globals.get("min_lr")):
+        if self.family == "cosine" and not self.reads("min_lr"):
             self.sizes["min_lr"] = 0.0  # Hugging Face's get_cosine_schedule_with_warmup decays to 0
+        if self.family == "cosine" and not self.reads("warmup"):
+            self.sizes["warmup"] = 0  # minimind's get_lr(current_step, total_steps, lr): no warmup
         self.steps = PAPER_STEPS if self.family == "paper" else COSINE_STEPS
+
+    def reads(self, key: str) -> bool:
+        """Whether the schedule takes the setting `key` (an argument or a module global it reads)."""
+        return bool(self.args[key] or self.globals.get(key))
 
     @contextlib.contextmanager
     def settings(self) -> Iterator[Text | None]:
@@ -277,6 +283,8 @@ def check_schedule(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     sched = Schedule(comp, ctx)
     got = sched.values()
+    if sched.family == "cosine" and not sched.reads("warmup"):
+        return check_no_warmup(res, sched, got)
     if sched.factory:
         res.notes.append(
             text(
@@ -348,7 +356,7 @@ def check_schedule(comp: Component, ctx: Context) -> ComponentResult:
         Check(
             text(
                 f"the learning rate at steps {shown} equals the {_family_en(sched)}",
-                f"第 {shown} 步的学习率等于{_family_zh(sched)}",
+                f"步 {shown} 的学习率等于{_family_zh(sched)}",
             ),
             worst < REL_TOL,
             text(f"largest relative difference {worst:.2e}", f"最大相对误差 {worst:.2e}"),
@@ -378,6 +386,67 @@ def check_schedule(comp: Component, ctx: Context) -> ComponentResult:
         )
     )
     return finish(res)
+
+
+def check_no_warmup(res: ComponentResult, sched: Schedule, got: dict[int, Any]) -> ComponentResult:
+    """A cosine without warmup (minimind's get_lr(current_step, total_steps, lr)): half a cosine
+    from step 0 down to the floor at the last step. A floor the schedule does not take as a setting
+    is its own constant (minimind's lr / 10): read at the last step and named. The peak is lr, or lr
+    above that floor (minimind's first form, lr / 10 + lr * (1 + cos) / 2: lr is the amplitude),
+    named too. Past the last step the values are shown, not compared: such a schedule is called for
+    its run's steps only."""
+    for value in got.values():
+        if isinstance(value, fp.LearnerFailure):
+            raise value  # their exception at a step they accept
+    lr, total = sched.sizes["max_lr"], sched.sizes["total"]
+    inside = tuple(s for s in sched.steps if s <= total)
+    own = not sched.reads("min_lr")
+    floor = got[total] if own else sched.sizes["min_lr"]
+    peaks = (lr, lr + floor) if own and floor > 0 else (lr,)
+    peak = min(peaks, key=lambda p: _matches(got, _half_cosine(p, floor, total), inside))
+    right = _half_cosine(peak, floor, total)
+    worst = _matches(got, right, inside)
+    res.max_abs_error = max(abs(got[s] - right(s)) for s in inside) if math.isfinite(worst) else math.inf
+    shown = ", ".join(map(str, inside))
+    res.checks.append(Check(
+        text(f"the learning rate at steps {shown} is half a cosine from {peak:g} down to {floor:g} at "
+             f"step {total} (lr = {lr:g}, total_steps = {total})",
+             f"步 {shown} 的学习率是半个余弦：从 {peak:g} 降到步 {total} 的 {floor:g}"
+             f"（lr = {lr:g}，total_steps = {total}）"),
+        worst < REL_TOL, text(f"largest relative difference {worst:.2e}", f"最大相对误差 {worst:.2e}")))
+    if worst < REL_TOL:
+        res.convention = _no_warmup_convention(peak / lr, floor / lr, own)
+        res.status = DIFFERS if peak != lr else res.status
+    else:
+        res.notes.append(text("it is not half a cosine from lr at step 0 down to its value at the last step; "
+                              "see the values below",
+                              "它不是从步 0 的 lr 降到最后一步的值的半个余弦；请看下面的数值"))
+    res.notes.append(_no_warmup_values(got, total, [s for s in sched.steps if s > total]))
+    return finish(res)
+
+
+def _half_cosine(peak: float, floor: float, total: float) -> Callable[[int], float]:
+    return lambda s: floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * s / total))
+
+
+def _no_warmup_convention(peak: float, floor: float, own: bool) -> Text:
+    """peak and floor as multiples of lr."""
+    en = f"no warmup: half a cosine from {peak:g} x lr at step 0 to {floor:g} x lr at the last step"
+    zh = f"没有预热：半个余弦，从步 0 的 {peak:g} × lr 降到最后一步的 {floor:g} × lr"
+    if own and floor > 0:
+        en, zh = en + " (the floor is a constant of your own)", zh + "（下限是你自己定的常数）"
+    if peak != 1:
+        en += f"; lr is the amplitude above the floor, so the peak is {peak:g} x lr, not lr"
+        zh += f"；lr 是下限之上的幅度，所以峰值是 {peak:g} × lr，不是 lr"
+    return text(en, zh)
+
+
+def _no_warmup_values(got: dict[int, Any], total: int, past: list[int]) -> Text:
+    steps = (0, total, *past)
+    return text("values: " + "; ".join(f"step {s}: {got[s]:.4g}" for s in steps)
+                + " (past the last step not compared: the run ends there)",
+                "数值：" + "；".join(f"步 {s}：{got[s]:.4g}" for s in steps)
+                + "（最后一步之后不比较：训练在那里结束）")
 
 
 def _family_en(sched: Schedule) -> str:
@@ -412,7 +481,7 @@ def _step_zero(
                 ctx,
                 comp,
                 "schedule_step_zero",
-                text(f"at step 0 it raised {zero.error.message}", f"第 0 步抛出了 {zero.error.message}"),
+                text(f"at step 0 it raised {zero.error.message}", f"步 0 抛出了 {zero.error.message}"),
                 "division",
             )
         )
@@ -424,7 +493,8 @@ def _step_zero(
                 text(
                     "the learning rate is 0 at step 0, so the first step does not move the weights "
                     "(CS336's definition; (t + 1) / T_w starts above 0)",
-                    "第 0 步学习率为 0，第一步不会更新权重（CS336 就这样定义；(t + 1) / T_w 从大于 0 开始）",
+                    "步 0 的学习率为 0，第一次更新不会改变权重"
+                    "（CS336 就这样定义；(t + 1) / T_w 从大于 0 开始）",
                 )
             )
         return
@@ -437,7 +507,7 @@ def _step_zero(
                 "schedule_step_zero",
                 text(
                     f"at step 0 it gives {zero:g}; rate(1) = {want:.4g} is expected",
-                    f"第 0 步得到 {zero:g}；应为 rate(1) = {want:.4g}",
+                    f"步 0 得到 {zero:g}；应为 rate(1) = {want:.4g}",
                 ),
                 form,
             )
@@ -445,7 +515,7 @@ def _step_zero(
         return
     res.checks.append(
         Check(
-            text("the learning rate at step 0", "第 0 步的学习率"),
+            text("the learning rate at step 0", "步 0 的学习率"),
             False,
             text(f"{zero:.4g}, expected {want:.4g}", f"{zero:.4g}，应为 {want:.4g}"),
         )
@@ -468,7 +538,7 @@ def _observed(
         f"difference < 1e-5); it differs from the right one by up to {off[where]:.3g} (at step "
         f"{where}); its peak is at step {peak}",
         f"你的调度在检查的每一步都与带这个错误的调度一致（相对误差 < 1e-5）；与正确的调度最多相差 "
-        f"{off[where]:.3g}（第 {where} 步）；峰值在第 {peak} 步",
+        f"{off[where]:.3g}（步 {where}）；峰值在步 {peak}",
     )
 
 
@@ -477,5 +547,5 @@ def _values_note(
 ) -> Text:
     shown = [(s, values.get(s), right(s, frozenset())) for s in steps]
     en = "; ".join(f"step {s}: {'-' if v is None else f'{v:.4g}'} (expected {w:.4g})" for s, v, w in shown)
-    zh = "；".join(f"第 {s} 步：{'-' if v is None else f'{v:.4g}'}（应为 {w:.4g}）" for s, v, w in shown)
+    zh = "；".join(f"步 {s}：{'-' if v is None else f'{v:.4g}'}（应为 {w:.4g}）" for s, v, w in shown)
     return text(f"values: {en}", f"数值：{zh}")

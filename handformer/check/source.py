@@ -96,7 +96,11 @@ def refused_by_stand_in(err: BaseException) -> bool:
     import sys
 
     match = re.match(r"(\w+)\.(forward|__call__|generate)\(\) (missing|takes|got)", str(err))
-    if not isinstance(err, TypeError) or match is None:
+    if isinstance(err, AttributeError):  # an attribute the stand-in has not: Raschka's model.cfg
+        match = re.match(r"'(\w+)' object has no attribute", str(err))
+    elif not isinstance(err, TypeError):
+        return False
+    if match is None:
         return False
     return any(name.startswith("handformer.check") and isinstance(vars(m).get(match.group(1)), type)
                for name, m in list(sys.modules.items()))

@@ -334,7 +334,7 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
                 "一个 epoch（两个 batch）之后的参数与 handformer 在这两个 batch 上走两步的结果一致",
                 ) if epoch else (
             "the parameters after one and after two steps equal handformer's step on the same batches",
-            "第 1 步、第 2 步之后的参数，都与 handformer 的训练一步在同样 batch 上的结果一致")
+            "走完一步、两步之后的参数，都与 handformer 的训练一步在同样 batch 上的结果一致")
         res.checks.append(Check(text(*what), max(errs) < 1e-9, error_text(max(errs))))
         _notes(res, step)
         trained = [t for t, _ in model.calls]
@@ -387,7 +387,7 @@ def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, bas
         after = (f"after the epoch they differ from handformer's by {errs[0]:.3g}", f"与 handformer 的相比，"
                  f"epoch 之后相差 {errs[0]:.3g}") if step.epoch else (
             f"after step 1 they differ from handformer's by {errs[0]:.3g}, after step 2 by {errs[1]:.3g}",
-            f"与 handformer 的相比，第 1 步之后相差 {errs[0]:.3g}，第 2 步之后相差 {errs[1]:.3g}")
+            f"与 handformer 的相比，一步之后相差 {errs[0]:.3g}，两步之后相差 {errs[1]:.3g}")
         for name in combo:
             res.findings.append(_finding(ctx, comp, name, text(
                 f"your parameters equal those of a step with this mistake (max abs difference {off:.1e}); "

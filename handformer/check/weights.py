@@ -342,7 +342,12 @@ def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str) -> li
                            f"{len(norms)}: {_shapes(norms)}",
                            zh=f"{what}：应当有 {count} 个归一化（{', '.join(names)}），实际找到 "
                               f"{len(norms)} 个：{_shapes(norms)}")
+    if names[-1] == "FFN":  # gpt-fast defines ffn_norm before attention_norm: the FFN's norm goes last
+        norms = sorted(norms, key=lambda leaf: any(w in leaf.name.lower() for w in FFN_NORM_WORDS))
     return [Slot(f"norm {i + 1} ({n})", leaf) for i, (n, leaf) in enumerate(zip(names, norms))]
+
+
+FFN_NORM_WORDS = ("ffn", "mlp", "feed_forward", "feedforward", "post_attention")
 
 
 def copy_weights(target: nn.Module, slot: Slot) -> None:

@@ -60,6 +60,7 @@ from handformer.generation.speculative import (
     drafter_for,
     sampled_probabilities,
 )
+from handformer.inference.fused_step import FusedStep, fused_step_for
 from handformer.inference.static_step import CAPACITY_STEP, StaticStep
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.kv_cache import KVCache
@@ -113,14 +114,15 @@ class Engine:
     (serve's engine thread, under the model's lock)."""
 
     def __init__(self, model: CausalLM, *, pad_id: int = 0, compact: bool = False,
-                 use_cache: bool = True, static_step: StaticStep | None = None,
+                 use_cache: bool = True, static_step: StaticStep | FusedStep | None = None,
                  prefix_cache: PrefixCache | None = None) -> None:
         """pad_id: fed to finished rows that stay in the batch. use_cache=False recomputes every
         position at each step (slow; for testing the cache). static_step: the model's compiled
         one-token step (inference/static_step.py), run when the batch allows it (no padding, every
         row live; else the model eagerly); the prefill's cache capacity is then rounded up to a
-        multiple of CAPACITY_STEP. prefix_cache: kept across batches (serve's), whose prefixes
-        prefills reuse."""
+        multiple of CAPACITY_STEP. Without one, a small Llama-style model steps through its fused C
+        step where that applies (inference/fused_step.py). prefix_cache: kept across batches
+        (serve's), whose prefixes prefills reuse."""
         self.model, self.pad_id, self.compact, self.use_cache = model, pad_id, compact, use_cache
         self.prefix_cache = prefix_cache if use_cache else None
         if prefix_cache is not None and model.cfg.linear_layers:
@@ -129,7 +131,7 @@ class Engine:
         if prefix_cache is not None and prefix_cache.sliding_window != model.cfg.sliding_window:
             raise ValueError("the prefix cache was made for another sliding window than the model's; "
                              "make it with PrefixCache(..., sliding_window=model.cfg.sliding_window)")
-        self.static = static_step if use_cache else None
+        self.static = (static_step or fused_step_for(model)) if use_cache else None
         self.device = next(model.parameters()).device
         self.rows: list[Row] = []
         self.cache: KVCache | None = None
@@ -234,7 +236,7 @@ class Engine:
             return out.logits[:, -1], None
         # Room for the new tokens when these rows are the whole batch (no regroup copies them).
         room = L + max(row.max_new_tokens for row in rows) - 1 if not self.rows else L
-        if self.static is not None:  # one compiled step serves every capacity in a bucket
+        if isinstance(self.static, StaticStep):  # one compiled step serves every capacity in a bucket
             room = -(-room // CAPACITY_STEP) * CAPACITY_STEP
         cache = self.model.new_cache(max(room, 1))
         out = self.model(ids, mask if padded else None, cache=cache, logits_to_keep=1)
@@ -343,7 +345,7 @@ class Engine:
             fed = chosen if all_live and chosen is not None else torch.tensor(tokens, device=self.device)
             ids = fed[:, None]
             if self.static is not None and all_live and self.static.usable(self.cache, mask):
-                logits = self.static(ids, self.cache)  # (B, V), compiled
+                logits = self.static(ids, self.cache)  # (B, V), compiled or fused
             else:
                 logits = self.model(ids, mask, cache=self.cache, logits_to_keep=1).logits[:, -1]  # (B, V)
         else:

@@ -1,4 +1,4 @@
-/* Int8Linear's "c-fp32" kernel (handformer/inference/int8_c.py builds it): y = x Q^T * scale, the int8
+/* Int8Linear's "c-fp32" kernel (handformer/inference/c_kernels.py builds it): y = x Q^T * scale, the int8
  * weights widened to fp32 in registers (AVX-512), fp32 activations and sums: no bf16 rounding.
  * x (M, K) fp32, q (N, K) int8, scale (N,) fp32, y (M, N) fp32; K a multiple of 16. Output rows
  * split among `threads` OpenMP threads. Built with gcc -O3 -mavx512f -fopenmp at first use. */

@@ -17,6 +17,17 @@ bf16 weights (runs written by `handformer quantize --bf16`) are packed the same 
 machine, which has native bf16 instructions (AVX512-BF16), they ran at 2x the packed fp32 speed and
 1.4x bf16 `F.linear`.
 
+One or two rows of fp32 activations (decoding at batch 1 or 2) go to a C kernel instead
+(handformer/inference/c_kernels.py, f32_matvec.c, built by gcc at first use), which reads its own
+copy of the weight, four rows interleaved into one stream, with AVX-512 FMAs: on the same machine,
+at one thread, it streamed GPT-2-124M's weights 1.65x as fast as the packed layers at one row, while
+at eight rows oneDNN's packed kernel is faster (docs/benchmarks.md). The layer then holds the weight
+twice (packed, and blocked for the C kernel): twice the weights' memory for the speed of batch-1
+decoding.
+Where the C kernel cannot run (no AVX-512, no gcc, HANDFORMER_NO_C_KERNELS=1, bf16 weights, an input
+width that is not a multiple of 16) the layer keeps the packed weight alone and runs it for every
+row count.
+
 The result equals `F.linear` up to the order of the sums (differences of about 1e-6 relative, as
 between two thread counts). The layer keeps only the packed weight (no second fp32 copy); its state
 dict still holds a plain `weight`, unpacked exactly (x = I gives W^T: each output is one product by 1
@@ -37,6 +48,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
+from handformer.inference import c_kernels
 from handformer.replace import replace_layers
 
 MIN_PACKED_BYTES = 1 << 20  # pack weights of at least 1 MiB (fp32: 262,144 numbers)
@@ -56,7 +68,8 @@ class PackedLinear(nn.Module):
     exactly. Inputs of another dtype are computed in the weight's dtype and cast back.
     """
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, batch_hint: int | None = None) -> None:
+    def __init__(self, weight: Tensor, bias: Tensor | None, batch_hint: int | None = None,
+                 one_row: bool = True) -> None:
         super().__init__()
         if weight.dtype not in PACKED_DTYPES or weight.device.type != "cpu":
             raise ValueError(f"PackedLinear packs fp32 or bf16 CPU weights, got {weight.dtype} on "
@@ -71,6 +84,16 @@ class PackedLinear(nn.Module):
             self.bias = None
         else:
             self.register_buffer("bias", bias.detach().to(weight.dtype).clone())
+        # the copy the one-row C kernel reads (not saved: the state dict's `weight` is enough)
+        self.one_row = (one_row and self.dtype == torch.float32
+                        and self.in_features % c_kernels.K_MULTIPLE == 0)
+        self.register_buffer("blocked", self._blocked_copy(weight), persistent=False)
+
+    def _blocked_copy(self, weight: Tensor) -> Tensor | None:
+        """`weight` in the C kernel's layout (c_kernels.block_rows), or None where it cannot run."""
+        if not self.one_row or c_kernels.kernel("f32_linear") is None:
+            return None
+        return c_kernels.block_rows(weight.to(torch.float32))
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, batch_hint: int | None = None) -> PackedLinear:
@@ -79,6 +102,8 @@ class PackedLinear(nn.Module):
     @property
     def weight(self) -> Tensor:
         """The (N, K) weight, unpacked: I (K, K) @ W^T is W^T exactly."""
+        if self.blocked is not None:
+            return c_kernels.unblock_rows(self.blocked, self.out_features)
         eye = torch.eye(self.in_features, dtype=self.dtype)  # (K, K)
         with torch.no_grad():
             return torch.ops.mkldnn._linear_pointwise(eye, self.packed, None, "none", [], "").t().contiguous()
@@ -100,6 +125,10 @@ class PackedLinear(nn.Module):
                                "unpack_linears(model) before training")
         if x.dtype != self.dtype:
             return self.forward(x.to(self.dtype)).to(x.dtype)
+        if self.blocked is not None and c_kernels.usable("f32_linear", x, self.in_features):
+            rows = x.reshape(-1, self.in_features).contiguous()  # (M, K), M <= c_kernels.MAX_ROWS
+            y = c_kernels.f32_linear(rows, self.blocked, self.out_features, self.bias)  # (M, N)
+            return y.view(*x.shape[:-1], self.out_features)  # (..., N)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")  # (..., N)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):  # noqa: ANN001
@@ -117,6 +146,7 @@ class PackedLinear(nn.Module):
             else:
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(
                     weight.to(self.dtype).contiguous(), self.batch_hint)
+                self.blocked = self._blocked_copy(weight)
         elif strict:
             missing_keys.append(prefix + "weight")
         rest = {k: v for k, v in state_dict.items() if k != prefix + "weight"}

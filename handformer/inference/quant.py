@@ -10,25 +10,28 @@ Activations stay in floating point; only the weights are stored (and read) as in
 reads a quarter of the fp32 bytes. Symmetric (no zero point) because trained weights are centred
 on zero; -128 is left unused so that +-max map to +-127 exactly.
 
-`Int8Linear.forward` runs y = x Q^T * scale + b through one of three kernels:
-- "int8pack-bf16" (the default on CPU): `torch.ops.aten._weight_int8pack_mm`, PyTorch's CPU kernel
-  that reads the int8 weights directly and applies the scales in the same pass, fed bf16
-  activations and scales (the dtype its vectorized AVX512 path serves); the result is cast back.
-  It costs bf16 rounding of the activations and outputs (relative 2^-9), measured on trained
-  models (README, "int8 weights"). Its vectorized loop has no tail: with K not a multiple of 16
-  torch 2.13 returns wrong numbers or crashes, so such layers take "dequant" instead.
+`Int8Linear.forward` runs y = x Q^T * scale + b through one of these kernels:
+- "auto" (the default): "c-fp32" for one or two rows of activations (decoding at batch 1 or 2), where
+  that kernel can run; "int8pack-bf16" for more rows (prefill, larger batches), where the C kernel's
+  one-row-at-a-time dots are slower.
+- "int8pack-bf16": `torch.ops.aten._weight_int8pack_mm`, PyTorch's CPU kernel that reads the int8
+  weights directly and applies the scales in the same pass, fed bf16 activations and scales (the
+  dtype its vectorized AVX512 path serves); the result is cast back. It costs bf16 rounding of the
+  activations and outputs (relative 2^-9), measured on trained models (README, "int8 weights"). Its
+  vectorized loop has no tail: with K not a multiple of 16 torch 2.13 returns wrong numbers or
+  crashes, so such layers take "dequant" instead.
 - "int8pack-fp32": the same kernel with fp32 activations: exact, but torch 2.13 runs that dtype
   through a scalar loop, about 10x slower than fp32 `F.linear`.
 - "dequant": Q * scale back to the activation dtype, then `F.linear`: exact, but it writes a float
   copy of the weight at every call (0.07x to 0.6x of fp32 speed); the fallback for other devices.
-- "c-fp32" (opt-in: `set_kernel(model, "c-fp32")`): handformer/inference/int8_c.py's C kernel, built
-  with gcc at first use: the int8 weights widened to fp32 in AVX-512 registers, fp32 activations
-  and sums (no bf16 rounding); at one row 1.5x to 2.8x int8pack-bf16's speed here. Where it cannot
-  be built or run (no AVX-512, no gcc, another dtype or device, K not a multiple of 16) the layer
-  runs "int8pack-bf16".
-benchmarks/int8_kernel.py measures the three against fp32 on GPT-2-124M's layer shapes: on this
-project's 2-core AVX512 machine int8pack-bf16 ran at 1.2x to 2.2x fp32's speed, the other two slower
-than fp32, hence the default.
+- "c-fp32": handformer/inference/c_kernels.py's int8 kernel, built with gcc at first use: the int8
+  weights widened to fp32 in AVX-512 registers, fp32 activations and sums (no bf16 rounding); at one
+  row 1.5x to 2.8x int8pack-bf16's speed here. Where it cannot be built or run (no AVX-512, no gcc,
+  another dtype or device, K not a multiple of 16, inside torch.compile) the layer runs
+  "int8pack-bf16".
+benchmarks/int8_kernel.py measures them against fp32 on GPT-2-124M's layer shapes
+(docs/benchmarks.md, "int8 matrix-vector products"). A run quantized with an explicit kernel name in
+its config keeps it.
 
 Shape legend: N output features, K input features, M rows of activations (batch x positions).
 """
@@ -41,13 +44,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from handformer.inference import int8_c
+from handformer.inference import c_kernels
 from handformer.replace import replace_layers
 
 QMAX = 127  # symmetric int8 range: -127 .. 127
-KERNELS = ("int8pack-bf16", "int8pack-fp32", "dequant", "c-fp32")
+KERNELS = ("int8pack-bf16", "int8pack-fp32", "dequant", "c-fp32", "auto")
 BF16_K_MULTIPLE = 16  # _weight_int8pack_mm's bf16 path reads K in steps of 16, with no tail loop
-DEFAULT_KERNEL = "int8pack-bf16"
+DEFAULT_KERNEL = "auto"
+TORCH_KERNEL = "int8pack-bf16"  # what "auto" and "c-fp32" run where the C kernel does not
 
 
 def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -112,10 +116,11 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., K) -> (..., N)."""
         kernel = self.kernel
-        if kernel == "c-fp32":
-            if (y := self._c_fp32(x)) is not None:
-                return y
-            kernel = DEFAULT_KERNEL
+        if kernel in ("c-fp32", "auto"):
+            rows = c_kernels.MAX_ROWS if kernel == "auto" else None
+            if self.weight.is_cpu and c_kernels.usable("int8_linear", x, self.in_features, rows):
+                return self._c_fp32(x)
+            kernel = TORCH_KERNEL
         if kernel == "int8pack-bf16" and self.in_features % BF16_K_MULTIPLE:
             kernel = "dequant"
         if (kernel != "dequant" and _HAS_INT8PACK and x.is_cpu
@@ -131,13 +136,10 @@ class Int8Linear(nn.Module):
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, dequantize_int8(self.weight, self.scales, x.dtype), bias)
 
-    def _c_fp32(self, x: Tensor) -> Tensor | None:
-        """x: (..., K) -> (..., N) through the C kernel (int8_c.py), or None where it cannot run."""
-        if not (x.is_cpu and x.dtype == torch.float32 and self.weight.is_cpu and self.weight.is_contiguous()
-                and self.in_features % int8_c.K_MULTIPLE == 0 and int8_c.kernel() is not None):
-            return None
+    def _c_fp32(self, x: Tensor) -> Tensor:
+        """x: (..., K) -> (..., N) through the C kernel (c_kernels.py; `c_kernels.usable` said yes)."""
         rows = x.reshape(-1, self.in_features).contiguous()  # (M, K)
-        y = int8_c.int8_linear(rows, self.weight, self.scales.contiguous())  # (M, N)
+        y = c_kernels.int8_linear(rows, self.weight.contiguous(), self.scales.contiguous())  # (M, N)
         y = y if self.bias is None else y + self.bias.to(x.dtype)
         return y.view(*x.shape[:-1], self.out_features)  # (..., N)
 
@@ -187,5 +189,5 @@ def set_kernel(model: nn.Module, kernel: str) -> None:
             m.kernel = kernel
 
 
-__all__ = ["DEFAULT_KERNEL", "Int8Linear", "KERNELS", "dequantize_int8", "int8pack_available",
+__all__ = ["DEFAULT_KERNEL", "Int8Linear", "KERNELS", "TORCH_KERNEL", "dequantize_int8", "int8pack_available",
            "quantize_int8", "quantize_linears", "set_kernel"]

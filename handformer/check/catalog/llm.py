@@ -120,6 +120,6 @@ DIAGNOSES: list[Diagnosis] = [
       "valid_lens = torch.repeat_interleave(valid_lens, repeats=num_heads, dim=0): row b * num_heads + h "
       "of the (B * num_heads) layout belongs to batch row b",
       "valid_lens = torch.repeat_interleave(valid_lens, repeats=num_heads, dim=0)：(B * num_heads) 排布中"
-      "第 b * num_heads + h 行属于第 b 个样本",
+      "行 b * num_heads + h 属于样本 b",
       r"\.repeat\(", r"repeat"),
 ]

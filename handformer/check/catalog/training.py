@@ -30,7 +30,7 @@ DIAGNOSES: list[Diagnosis] = [
       "用 nn.KLDivLoss（它把 0 * log 0 当作 0），或者用 torch.xlogy(q, q) 计算 q * log q",
       r"\.log\(\)|torch\.log\(", r"log"),
     d("schedule_step_zero", "the schedule divides by zero, or gives 0, at step 0",
-      "调度在第 0 步除以零，或者得到 0",
+      "调度在步 0 除以零，或者得到 0",
       "step 0 is where LambdaLR starts: use max(step, 1) (the Annotated Transformer's `if step == 0: "
       "step = 1`), or count from 1 with step + 1",
       "LambdaLR 从步 0 开始：用 max(step, 1)（Annotated Transformer 的 `if step == 0: step = 1`），"
@@ -40,7 +40,7 @@ DIAGNOSES: list[Diagnosis] = [
       "预热差了一步：峰值早了或晚了一步",
       "the learning rate peaks at step warmup: min(step^-0.5, step * warmup^-1.5) has its two terms "
       "equal there; with cosine, the warmup ends and the decay starts at the same warmup",
-      "学习率应在第 warmup 步达到峰值：min(step^-0.5, step * warmup^-1.5) 的两项在那里相等；"
+      "学习率应在步 warmup 达到峰值：min(step^-0.5, step * warmup^-1.5) 的两项在那里相等；"
       "余弦调度的预热结束和衰减开始都用同一个 warmup",
       r"warmup\w*\s*=\s*warmup\w*\s*[-+]", r"warmup\w*\s*[-+]\s*1", r"warmup"),
     d("schedule_exponent_sign", "an exponent of the schedule has the wrong sign",

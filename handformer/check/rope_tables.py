@@ -1,0 +1,29 @@
+"""The rotary table a Llama-style forward(x, freqs_cis, ...) is handed: Meta's complex (T, Dh/2), or
+gpt-fast's, the same numbers as real pairs (T, Dh/2, 2) (cos, sin); the one that runs is kept."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def either_table(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool]) -> Any:
+    """fn(*args, **kwargs) with kwargs["freqs_cis"] complex, or as real pairs when the complex one is
+    refused (or was refused before); when neither runs, the complex one's error is raised."""
+    complex_table = kwargs["freqs_cis"]
+    if layout.get("real_table"):
+        return fn(*args, **{**kwargs, "freqs_cis": torch.view_as_real(complex_table)})
+    try:
+        out = fn(*args, **kwargs)
+        layout["complex_ran"] = True
+        return out
+    except Exception as first:  # noqa: BLE001  (perhaps it takes the real pairs)
+        if layout.get("complex_ran"):  # it ran on the complex table before: this error is theirs
+            raise
+        try:
+            out = fn(*args, **{**kwargs, "freqs_cis": torch.view_as_real(complex_table)})
+        except Exception:  # noqa: BLE001  (neither: the complex table's error is theirs)
+            raise first from None
+        layout["real_table"] = True
+        return out

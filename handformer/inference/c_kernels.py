@@ -1,0 +1,148 @@
+"""Two C kernels for decoding's thin matrix products, built by gcc at first use and called through ctypes.
+
+- int8_matvec.c (`int8_linear`, Int8Linear's "c-fp32"): each int8 weight widened to fp32 in AVX-512
+  registers, fp32 activations and sums (no bf16 rounding of the activations); at one row it streams
+  the weights 1.5x to 2.8x as fast as `_weight_int8pack_mm` on this project's 2-core AVX-512 machine.
+- f32_matvec.c (`f32_linear`, PackedLinear's one-row path): fp32 weights in blocks of four rows
+  interleaved (`block_rows`: one contiguous stream a block), dotted with AVX-512 FMAs; at one row it
+  streamed GPT-2-124M's weights (every layer and the head once) 1.65x as fast as oneDNN's packed
+  layers at one thread (docs/benchmarks.md).
+
+Each is built with gcc into ~/.cache/handformer (HANDFORMER_CACHE overrides) the first time a process
+asks for it, the file named by a hash of the source, written under a temporary name and renamed into
+place. `kernel(name)` gives None, and the layers run their torch kernels instead, where torch sees no
+AVX-512 (an AVX2-only CPU), gcc is missing or the build fails (`why_not(name)` says which), or the
+environment sets HANDFORMER_NO_C_KERNELS=1: `pip install handformer` needs no compiler.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+SOURCES = {"int8_linear": Path(__file__).with_name("int8_matvec.c"),
+           "f32_linear": Path(__file__).with_name("f32_matvec.c"),
+           "llama_step": Path(__file__).with_name("llama_step.c")}  # fused_step.py's, its own argtypes
+# llama_step: scalar loops gcc vectorizes (-ffast-math lets it reorder sums; -lm: glibc's vector expf)
+FLAGS = {"llama_step": ["-O3", "-march=native", "-ffast-math"]}
+MATVEC_FLAGS = ["-O3", "-mavx512f", "-fopenmp"]
+K_MULTIPLE = 16  # both kernels read K in steps of 16 numbers
+# The layers call them for this many rows of activations at most (decoding at batch 1 or 2); more rows
+# go to torch's kernels, which share each weight read among the rows better (docs/benchmarks.md).
+MAX_ROWS = 2
+OFF_ENV = "HANDFORMER_NO_C_KERNELS"  # set to 1 to run the torch kernels only
+_why: dict[str, str] = {}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HANDFORMER_CACHE", Path.home() / ".cache" / "handformer"))
+
+
+def _build(source: Path, target: Path, flags: list[str]) -> str | None:
+    """Compile `source` to `target` with `flags` (the libraries last; atomically); the error, or None."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        libraries = [f for f in flags if f.startswith("-l")]
+        options = [f for f in flags if f not in libraries]
+        command = ["gcc", *options, "-shared", "-fPIC", "-o", str(built), str(source), *libraries]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:
+            return f"gcc failed: {done.stderr.strip()[:200]}"
+        os.replace(built, target)
+    return None
+
+
+def _unavailable() -> str | None:
+    """Why no C kernel can run in this process, or None."""
+    if os.environ.get(OFF_ENV, "") in ("1", "true", "yes"):
+        return f"{OFF_ENV} is set"
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return "torch sees no AVX-512 on this CPU"
+    if shutil.which("gcc") is None:
+        return "no gcc on the PATH"
+    return None
+
+
+@functools.cache
+def kernel(name: str = "int8_linear") -> Callable[..., None] | None:
+    """The loaded C function `name` (int8_linear(x, q, scale, y, M, N, K, threads),
+    f32_linear(x, w, bias, y, M, N, K, threads), or llama_step, whose caller sets its argtypes), or
+    None (see why_not)."""
+    if (reason := _unavailable()) is not None:
+        _why[name] = reason
+        return None
+    source = SOURCES[name]
+    flags = FLAGS.get(name, MATVEC_FLAGS) + ["-lm"]
+    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    target = cache_dir() / f"{source.stem}-{digest}.so"
+    if not target.exists() and (error := _build(source, target, flags)) is not None:
+        _why[name] = error
+        return None
+    fn = getattr(ctypes.CDLL(str(target)), name)
+    if name in ("int8_linear", "f32_linear"):
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    fn.restype = None
+    return fn
+
+
+def usable(name: str, x: Tensor, in_features: int, max_rows: int | None = MAX_ROWS) -> bool:
+    """Whether the layers may hand `x` (..., K) to kernel `name` now: fp32 on the CPU, at most
+    `max_rows` rows (None: any), K a multiple of K_MULTIPLE, no gradient wanted, not inside
+    torch.compile's tracing (a ctypes call cannot be traced), and the kernel built."""
+    few = max_rows is None or x.numel() <= max_rows * in_features
+    return (x.is_cpu and x.dtype == torch.float32 and few
+            and in_features % K_MULTIPLE == 0 and not (x.requires_grad and torch.is_grad_enabled())
+            and not torch.compiler.is_compiling() and kernel(name) is not None)
+
+
+def why_not(name: str = "int8_linear") -> str | None:
+    """Why kernel(name) is None (after a call), or None when it loaded."""
+    return _why.get(name) if kernel(name) is None else None
+
+
+def int8_linear(x: Tensor, q: Tensor, scales: Tensor) -> Tensor:
+    """(M, K) fp32 rows times the (N, K) int8 weight, scaled per output: (M, N) fp32. kernel() must
+    not be None; K a multiple of K_MULTIPLE; every tensor contiguous on the CPU."""
+    y = torch.empty(x.shape[0], q.shape[0])  # (M, N)
+    kernel("int8_linear")(x.data_ptr(), q.data_ptr(), scales.data_ptr(), y.data_ptr(), x.shape[0], q.shape[0],
+                          q.shape[1], torch.get_num_threads())
+    return y
+
+
+def block_rows(weight: Tensor) -> Tensor:
+    """The (N, K) weight as f32_linear reads it: (ceil(N/4), K/16, 4, 16), each block's four rows
+    interleaved 16 numbers at a time (rows past N zero). K a multiple of K_MULTIPLE."""
+    N, K = weight.shape
+    padded = torch.zeros(-(-N // 4) * 4, K, dtype=torch.float32)
+    padded[:N] = weight.detach()
+    return padded.view(-1, 4, K // K_MULTIPLE, K_MULTIPLE).transpose(1, 2).contiguous()  # (N/4, K/16, 4, 16)
+
+
+def unblock_rows(blocked: Tensor, n: int) -> Tensor:
+    """`block_rows` undone: the (n, K) weight."""
+    rows4, chunks, _, width = blocked.shape
+    return blocked.transpose(1, 2).reshape(rows4 * 4, chunks * width)[:n].clone()  # (N, K)
+
+
+def f32_linear(x: Tensor, blocked: Tensor, n: int, bias: Tensor | None) -> Tensor:
+    """(M, K) fp32 rows times the (n, K) fp32 weight given as `block_rows(weight)`, plus the bias:
+    (M, n). kernel("f32_linear") must not be None; every tensor contiguous on the CPU."""
+    y = torch.empty(x.shape[0], n)  # (M, N)
+    kernel("f32_linear")(x.data_ptr(), blocked.data_ptr(), None if bias is None else bias.data_ptr(),
+                         y.data_ptr(), x.shape[0], n, x.shape[1], torch.get_num_threads())
+    return y
+
+
+__all__ = ["K_MULTIPLE", "MAX_ROWS", "OFF_ENV", "block_rows", "f32_linear", "int8_linear", "kernel",
+           "unblock_rows", "usable", "why_not"]

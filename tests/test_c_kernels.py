@@ -1,0 +1,90 @@
+"""The C kernels (handformer/inference/c_kernels.py), built with gcc at first use: Int8Linear's int8 kernel
+gives F.linear's result on the dequantized weight (fp32 sums), PackedLinear's fp32 one-row kernel gives
+F.linear's; by default both run for one or two rows only, a greedy decode through them gives the plain
+model's tokens, and where they cannot run the layers run torch's kernels."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from handformer.config import CausalLMConfig
+from handformer.generation.generate import generate
+from handformer.inference import c_kernels
+from handformer.inference.packed_linear import PackedLinear, pack_linears
+from handformer.inference.quant import TORCH_KERNEL, Int8Linear, dequantize_int8
+from handformer.models.causal_lm import CausalLM
+
+
+def _skip_without(name):
+    if c_kernels.kernel(name) is None:
+        pytest.skip(f"the C kernel cannot be built here: {c_kernels.why_not(name)}")
+
+
+def _layer(k, n, kernel):
+    torch.manual_seed(0)
+    return Int8Linear.from_linear(torch.nn.Linear(k, n), kernel=kernel)
+
+
+@pytest.mark.parametrize("k", [48, 64])  # one full 32-wide step and a 16-wide tail; two steps
+def test_the_int8_kernel_is_f_linear_on_the_dequantized_weight(k):
+    _skip_without("int8_linear")
+    layer = _layer(k, 40, "c-fp32")
+    x = torch.randn(2, 3, k)  # (B, T, K): three rows a batch
+    expected = F.linear(x, dequantize_int8(layer.weight, layer.scales), layer.bias)
+    torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_auto_runs_the_int8_c_kernel_for_two_rows_and_torch_for_more():
+    _skip_without("int8_linear")
+    auto, c, torch_kernel = _layer(64, 40, "auto"), _layer(64, 40, "c-fp32"), _layer(64, 40, TORCH_KERNEL)
+    two, three = torch.randn(1, 2, 64), torch.randn(1, 3, 64)
+    assert torch.equal(auto(two), c(two)) and not torch.equal(auto(two), torch_kernel(two))
+    assert torch.equal(auto(three), torch_kernel(three))
+
+
+def test_without_the_c_kernel_the_layer_runs_torchs(monkeypatch):
+    layer, default = _layer(64, 40, "c-fp32"), _layer(64, 40, TORCH_KERNEL)
+    x = torch.randn(3, 64)
+    monkeypatch.setattr(c_kernels, "kernel", lambda name="int8_linear": None)
+    assert torch.equal(layer(x), default(x))
+    monkeypatch.undo()
+    odd, odd_default = _layer(24, 8, "c-fp32"), _layer(24, 8, TORCH_KERNEL)  # K not a multiple of 16
+    x = torch.randn(2, 24)
+    assert torch.equal(odd(x), odd_default(x))
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("rows", [1, 2, 3])  # the C kernel, then oneDNN's packed one
+def test_the_fp32_kernel_is_f_linear(rows, monkeypatch):
+    _skip_without("f32_linear")
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 42)  # 42 outputs: ten blocks of four and a tail of two
+    layer = PackedLinear.from_linear(linear).eval()
+    calls = []
+    kernel = c_kernels.f32_linear
+    monkeypatch.setattr(c_kernels, "f32_linear", lambda *a: calls.append(1) or kernel(*a))
+    x = torch.randn(rows, 48)
+    torch.testing.assert_close(layer(x), linear(x), atol=1e-5, rtol=1e-5)
+    assert len(calls) == (rows <= c_kernels.MAX_ROWS)
+    assert torch.equal(layer.weight, linear.weight)  # the state dict's weight is the one given
+
+
+def test_without_the_c_kernel_packed_layers_keep_one_copy(monkeypatch):
+    monkeypatch.setattr(c_kernels, "kernel", lambda name="f32_linear": None)
+    assert PackedLinear.from_linear(torch.nn.Linear(48, 42)).blocked is None
+    monkeypatch.undo()
+    assert PackedLinear.from_linear(torch.nn.Linear(40, 42)).blocked is None  # K not a multiple of 16
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("style", ["gpt2_style", "llama_style"])
+def test_greedy_tokens_through_the_c_kernels_are_the_plain_models(style):
+    _skip_without("f32_linear")
+    torch.manual_seed(0)
+    cfg = getattr(CausalLMConfig, style)(vocab_size=64, d_model=32, n_heads=4, d_ff=64, n_layers=2,
+                                         max_positions=64)
+    model = CausalLM(cfg).eval()
+    prompts = [[1, 5, 9, 2, 7]]
+    expected = generate(model, prompts, 24, temperature=0)
+    assert pack_linears(model, min_bytes=0)  # every layer packed: batch 1 decodes through f32_linear
+    assert generate(model, prompts, 24, temperature=0) == expected

@@ -1,0 +1,215 @@
+"""`check` builds and drives the styles of the classic public tutorials (small files written in
+their style here, none copied): jadore801120's ScaledDotProductAttention(temperature) and its FFN
+with the residual and norm inside (NOT CHECKED, with that reason), hyunwoongko's PositionalEncoding
+whose forward(ids) returns the table, gpt-fast's Attention(config) and block handed a real rotary
+table (T, Dh/2, 2), its ffn_norm defined before attention_norm, its precompute_freqs_cis(seq_len,
+n_elem, dtype=torch.bfloat16) asked for float64; bentrevett's Seq2Seq(encoder, decoder, ...) built
+from the file's Encoder(input_dim, ...) and Decoder(output_dim, ...). Each correct file passes; a planted
+mistake fails."""
+
+from __future__ import annotations
+
+import pytest
+
+from handformer.check.runners import check_file
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+JADORE = '''import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ScaledDotProductAttention(nn.Module):
+    def __init__(self, temperature, attn_dropout=0.1):
+        super().__init__()
+        self.temperature = temperature
+        self.dropout = nn.Dropout(attn_dropout)
+
+    def forward(self, q, k, v, mask=None):
+        attn = torch.matmul(q / self.temperature, k.transpose(2, 3))
+        if mask is not None:
+            attn = attn.masked_fill(mask == 0, -1e9)
+        attn = self.dropout(F.softmax(attn, dim=-1))
+        return torch.matmul(attn, v), attn
+
+
+class PositionwiseFeedForward(nn.Module):
+    def __init__(self, d_in, d_hid, dropout=0.1):
+        super().__init__()
+        self.w_1, self.w_2 = nn.Linear(d_in, d_hid), nn.Linear(d_hid, d_in)
+        self.layer_norm = nn.LayerNorm(d_in, eps=1e-6)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.layer_norm(self.dropout(self.w_2(F.relu(self.w_1(x)))) + x)
+'''
+
+HYUNWOONGKO = '''import torch
+from torch import nn
+
+
+class PositionalEncoding(nn.Module):
+    def __init__(self, d_model, max_len, device):
+        super().__init__()
+        self.encoding = torch.zeros(max_len, d_model, device=device)
+        pos = torch.arange(0, max_len, device=device).float().unsqueeze(dim=1)
+        _2i = torch.arange(0, d_model, step=2, device=device).float()
+        self.encoding[:, 0::2] = torch.sin(pos / (10000 ** (_2i / d_model)))
+        self.encoding[:, 1::2] = torch.cos(pos / (10000 ** (_2i / d_model)))
+
+    def forward(self, x):
+        batch_size, seq_len = x.size()
+        return self.encoding[:seq_len, :]
+'''
+
+GPT_FAST = '''from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class ModelArgs:
+    dim: int = 64
+    n_head: int = 4
+    norm_eps: float = 1e-5
+
+    @property
+    def head_dim(self):
+        return self.dim // self.n_head
+
+
+def precompute_freqs_cis(seq_len, n_elem, base=10000, dtype=torch.bfloat16):
+    freqs = 1.0 / (base ** (torch.arange(0, n_elem, 2)[: (n_elem // 2)].float() / n_elem))
+    freqs = torch.outer(torch.arange(seq_len), freqs)
+    freqs_cis = torch.polar(torch.ones_like(freqs), freqs)
+    return torch.stack([freqs_cis.real, freqs_cis.imag], dim=-1).to(dtype=dtype)
+
+
+def apply_rotary_emb(x, freqs_cis):
+    xs = x.float().reshape(*x.shape[:-1], -1, 2)
+    f = freqs_cis.view(1, xs.size(1), 1, xs.size(3), 2)
+    out = torch.stack([xs[..., 0] * f[..., 0] - xs[..., 1] * f[..., 1],
+                       xs[..., 1] * f[..., 0] + xs[..., 0] * f[..., 1]], -1)
+    return out.flatten(3).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.wqkv = nn.Linear(config.dim, 3 * config.dim, bias=False)
+        self.wo = nn.Linear(config.dim, config.dim, bias=False)
+        self.n_head, self.head_dim, self.dim = config.n_head, config.head_dim, config.dim
+
+    def forward(self, x, freqs_cis, mask, input_pos=None):
+        B, T, _ = x.shape
+        q, k, v = self.wqkv(x).split([self.dim, self.dim, self.dim], dim=-1)
+        q, k, v = (t.view(B, T, self.n_head, self.head_dim) for t in (q, k, v))
+        q, k = apply_rotary_emb(q, freqs_cis), apply_rotary_emb(k, freqs_cis)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.wo(y.transpose(1, 2).contiguous().view(B, T, self.dim))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.w1 = nn.Linear(config.dim, 4 * config.dim, bias=False)
+        self.w2 = nn.Linear(4 * config.dim, config.dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attention = Attention(config)
+        self.feed_forward = FeedForward(config)
+        self.ffn_norm = nn.LayerNorm(config.dim, eps=config.norm_eps)
+        self.attention_norm = nn.LayerNorm(config.dim, eps=config.norm_eps)
+
+    def forward(self, x, input_pos, freqs_cis, mask):
+        h = x + self.attention(self.attention_norm(x), freqs_cis, mask, input_pos)
+        return h + self.feed_forward(self.ffn_norm(h))
+'''
+
+BENTREVETT = '''import torch
+from torch import nn
+
+
+class Encoder(nn.Module):
+    def __init__(self, input_dim, hid_dim, n_layers, n_heads, pf_dim, dropout, device, max_length=100):
+        super().__init__()
+        self.tok_embedding, self.pos_embedding = nn.Embedding(input_dim, hid_dim), nn.Embedding(max_length, hid_dim)
+        self.fc = nn.Linear(hid_dim, hid_dim)
+
+    def forward(self, src, src_mask):
+        return self.fc(self.tok_embedding(src) + self.pos_embedding(torch.arange(src.size(1))))
+
+
+class Decoder(nn.Module):
+    def __init__(self, output_dim, hid_dim, n_layers, n_heads, pf_dim, dropout, device, max_length=100):
+        super().__init__()
+        self.tok_embedding, self.pos_embedding = nn.Embedding(output_dim, hid_dim), nn.Embedding(max_length, hid_dim)
+        self.fc_out = nn.Linear(hid_dim, output_dim)
+
+    def forward(self, trg, enc_src, trg_mask, src_mask):
+        keep = src_mask.float()[..., None]  # the mean of the real source positions
+        keep = keep.to(enc_src.dtype)
+        memory = (enc_src * keep).sum(1, keepdim=True) / keep.sum(1, keepdim=True)
+        weights = trg_mask.to(enc_src.dtype) / trg_mask.sum(-1, keepdim=True)  # the mean of the prefix
+        x = weights @ (self.tok_embedding(trg) + self.pos_embedding(torch.arange(trg.size(1))))
+        return self.fc_out(x + memory)
+
+
+class Seq2Seq(nn.Module):
+    def __init__(self, encoder, decoder, src_pad_idx, trg_pad_idx, device):
+        super().__init__()
+        self.encoder, self.decoder, self.src_pad_idx = encoder, decoder, src_pad_idx
+
+    def forward(self, src, trg):
+        src_mask = src != self.src_pad_idx
+        trg_mask = torch.tril(torch.ones(trg.size(1), trg.size(1))).bool()
+        return self.decoder(trg, self.encoder(src, src_mask), trg_mask, src_mask)
+'''
+
+# (file, the kinds checked, the correct line, the planted line)
+CASES = {
+    "jadore_temperature": (JADORE, ["sdpa"], "q / self.temperature", "q * self.temperature"),
+    "hyunwoongko_table": (HYUNWOONGKO, ["positional_encoding"], "encoding[:, 1::2] = torch.cos",
+                          "encoding[:, 1::2] = torch.sin"),
+    "gpt_fast_attention": (GPT_FAST, ["mha"], "xs[..., 1] * f[..., 0] + xs", "xs[..., 1] * f[..., 0] - xs"),
+    "gpt_fast_table": (GPT_FAST, ["rope"], "[freqs_cis.real, freqs_cis.imag]", "[freqs_cis.imag, freqs_cis.real]"),
+    "gpt_fast_block": (GPT_FAST, ["block"], "h + self.feed_forward(self.ffn_norm(h))",
+                       "h + self.feed_forward(self.attention_norm(h))"),
+    "bentrevett_stacks": (BENTREVETT, ["transformer"], "torch.tril(torch.ones(trg.size(1), trg.size(1)))",
+                          "torch.ones(trg.size(1), trg.size(1))"),
+}
+
+
+def _statuses(tmp_path, name, source, kinds):
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    return {c.name: c for c in check_file(str(path), only=kinds).components}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_tutorial_style_is_driven_and_a_planted_mistake_fails(tmp_path, case):
+    source, kinds, right, wrong = CASES[case]
+    assert right in source
+    correct = _statuses(tmp_path, "correct", source, kinds)
+    assert correct and all(c.status == "pass" for c in correct.values()), {
+        n: (c.status, c.error) for n, c in correct.items()}
+    planted = _statuses(tmp_path, "planted", source.replace(right, wrong, 1), kinds)
+    assert planted and any(c.status == "fail" for c in planted.values()), {
+        n: (c.status, c.error) for n, c in planted.items()}
+
+
+def test_an_ffn_with_its_residual_and_norm_inside_is_not_checked_with_the_reason(tmp_path):
+    (ffn,) = _statuses(tmp_path, "jadore", JADORE, ["ffn"]).values()
+    assert ffn.status == "not_checked"
+    assert "has a norm inside (layer_norm (16,))" in ffn.error.message
+    assert "内部有归一化" in ffn.error.message_zh

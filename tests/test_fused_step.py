@@ -1,0 +1,84 @@
+"""The fused C decoding step of a small Llama-style model (handformer/inference/fused_step.py): the
+default for such a model at batch 1, it gives the eager step's greedy tokens; it leaves alone the
+models and batches it does not serve; without the C code the engine steps eagerly."""
+
+import pytest
+import torch
+
+from handformer.config import CausalLMConfig
+from handformer.generation import engine
+from handformer.generation.engine import Engine
+from handformer.generation.generate import generate
+from handformer.inference import c_kernels, fused_step
+from handformer.inference.prepare import prepare_for_decoding
+from handformer.models.causal_lm import CausalLM
+
+
+def _tiny(style="llama_style", **extra):
+    torch.manual_seed(0)
+    cfg = getattr(CausalLMConfig, style)(vocab_size=64, d_model=32, n_heads=4, d_ff=44, n_layers=2,
+                                         max_positions=96, **extra)
+    return prepare_for_decoding(CausalLM(cfg).eval())
+
+
+@pytest.fixture(scope="module")
+def model():
+    if c_kernels.kernel("llama_step") is None:
+        pytest.skip(f"the fused step cannot be built here: {c_kernels.why_not('llama_step')}")
+    return _tiny(n_kv_heads=2)  # grouped-query attention: two query heads a key/value head
+
+
+def _eager(monkeypatch):
+    monkeypatch.setattr(engine, "fused_step_for", lambda model: None)
+
+
+@torch.inference_mode()
+def test_greedy_tokens_are_the_eager_steps(model, monkeypatch):
+    step = fused_step.fused_step_for(model)
+    assert step is not None and Engine(model).static is step
+    prompts = [[1, 5, 9, 2], [7]]
+    fused = [generate(model, [p], 40, temperature=0) for p in prompts]
+    _eager(monkeypatch)
+    assert [generate(model, [p], 40, temperature=0) for p in prompts] == fused
+
+
+@torch.inference_mode()
+def test_its_logits_are_the_models(model):
+    cache = model.new_cache(16)
+    model(torch.tensor([[3, 4, 5]]), cache=cache)
+    ids = torch.tensor([[6]])
+    step = fused_step.fused_step_for(model)
+    assert step.usable(cache, None)
+    expected = model(ids, cache=cache).logits[:, -1]  # (1, V), eagerly: writes column 3
+    cache.truncate(3)
+    torch.testing.assert_close(step(ids, cache), expected, atol=1e-5, rtol=1e-5)
+    assert cache.length == 4
+
+
+@torch.inference_mode()
+def test_batches_and_other_models_step_eagerly(model):
+    cache = model.new_cache(16)
+    model(torch.tensor([[3, 4], [5, 6]]), cache=cache)  # two rows
+    assert not fused_step.fused_step_for(model).usable(cache, None)
+    assert fused_step.fused_reason(_tiny("gpt2_style")) is not None  # LayerNorm, GELU, biases
+    assert fused_step.fused_reason(_tiny(sliding_window=8)) is not None
+    big = CausalLM(CausalLMConfig.llama_style(vocab_size=64, d_model=512, n_heads=4, d_ff=1024, n_layers=1,
+                                              max_positions=16)).eval()
+    assert "large weight" in fused_step.fused_reason(prepare_for_decoding(big))
+
+
+def test_a_step_is_made_again_for_replaced_weights(model):
+    step = fused_step.fused_step_for(model)
+    assert fused_step.fused_step_for(model) is step
+    layer = model.layers[0].self_attn.o_proj
+    old = layer.weight
+    layer.weight = torch.nn.Parameter(old.detach() * 2, requires_grad=False)  # a new tensor
+    try:
+        assert fused_step.fused_step_for(model) is not step
+    finally:
+        layer.weight = old
+
+
+def test_without_the_c_code_there_is_no_fused_step(monkeypatch):
+    monkeypatch.setattr(c_kernels, "kernel", lambda name: None)
+    assert fused_step.fused_step_for(_tiny()) is None
