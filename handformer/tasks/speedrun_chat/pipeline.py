@@ -149,22 +149,24 @@ PRESETS: dict[str, dict[str, Any]] = {
 # the smoke preset on the reasoning tasks: every stage and the pass@k evaluation in seconds
 PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_size": 160,
                               "grpo_max_new_tokens": 12, "eval_per_kind": 2, "eval_samples": 2}
-# the reasoning tasks, under 45 minutes on a shared 2-core CPU at threads=1 (docs/benchmarks.md):
-# digits one token each, sums of up to 3 digits and dates up to 60 days on, so a worked reply
-# (up to 97 tokens) and its question fit the context; 1,002 held-out questions a stage
+# the reasoning tasks (docs/benchmarks.md: its pretraining took 25 minutes on a shared 2-core CPU at
+# threads=1; the post-training recipe is the mid-reasoning search's): digits one token each, sums
+# of up to 3 digits and dates up to 60 days on, so a worked reply (up to 97 tokens) and its
+# question fit the context; 1,002 held-out questions a stage
 PRESETS["reasoning"] = {
     "tasks": "reasoning", "vocab_size": 512, "block_size": 160, "addition_digits": 3, "max_days": 60,
     "pretrain_facts": 40_000, "pretrain_pydoc_chars": 100_000, "pretrain_steps": 1500,
-    "sft_conversations": 8000, "sft_steps": 300, "dpo_pairs": 1000, "dpo_steps": 60,
-    "grpo_prompts": 4000, "grpo_steps": 80, "grpo_lr": 2e-4, "grpo_max_new_tokens": 104,
+    "sft_conversations": 8000, "sft_steps": 600, "dpo_pairs": 1000, "dpo_steps": 60,
+    "grpo_prompts": 4000, "grpo_steps": 60, "grpo_lr": 1e-4, "grpo_max_new_tokens": 104,
     "eval_per_kind": 334}
-# the recipe search: the post-training stages at about a third, on 240 questions, under 10
-# minutes from a pretrained base (`--base OUT/base` of a `reasoning` run; its own 300 steps of
-# pretraining answer nothing right)
+# the recipe search: the post-training stages, smaller, on 240 questions, under 10 minutes from a
+# pretrained base (`--base OUT/base` of a `reasoning` run; its own 300 steps of pretraining answer
+# nothing right); SFT 150 steps broke the copying of digits, GRPO at 5e-4 the date steps
+# (docs/benchmarks.md)
 PRESETS["mid-reasoning"] = {
     **PRESETS["reasoning"], "pretrain_facts": 12_000, "pretrain_pydoc_chars": 50_000,
-    "pretrain_steps": 300, "sft_conversations": 3000, "sft_steps": 150, "dpo_pairs": 300, "dpo_steps": 30,
-    "dpo_batch": 8, "grpo_prompts": 1000, "grpo_steps": 30, "grpo_batch": 8, "eval_per_kind": 80,
+    "pretrain_steps": 300, "sft_conversations": 3000, "sft_steps": 600, "dpo_pairs": 300, "dpo_steps": 30,
+    "dpo_batch": 8, "grpo_prompts": 1000, "grpo_steps": 40, "grpo_batch": 8, "eval_per_kind": 80,
     "eval_samples": 4}
 
 
