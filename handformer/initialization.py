@@ -39,6 +39,8 @@ def paper_init(model: nn.Module, cfg: BlockConfig) -> None:
 def gpt2_init(model: nn.Module, cfg: BlockConfig, n_layers: int) -> None:
     residual_std = 0.02 / math.sqrt(2 * n_layers)
     for name, p in model.named_parameters():
+        if p.is_meta:  # a model built on the meta device for its shapes: no values to draw
+            continue
         if name.endswith("bias"):
             nn.init.zeros_(p)
         elif "norm" in name:

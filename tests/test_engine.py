@@ -65,7 +65,10 @@ def test_the_kv_cache_is_written_only_through_its_own_methods():
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.relative_to(PACKAGE).as_posix() in ("nn/kv_cache.py", "generation/cache.py"):
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        source = path.read_text(encoding="utf-8")
+        if "cache" not in source.lower():  # the target's text names a cache: this file has none to write
+            continue
+        for node in ast.walk(ast.parse(source)):
             targets = node.targets if isinstance(node, ast.Assign) else \
                 [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
             for target in targets:
