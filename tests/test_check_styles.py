@@ -570,3 +570,73 @@ def test_a_loop_the_stand_in_cannot_serve_is_not_checked_never_an_error(tmp_path
         assert comp.status == "not_checked" and comp.error.kind == "stand_in", format_report(check_file(str(path)))
         assert comp.adapter.endswith("return generate(model, idx, max_new_tokens)  # your function, called as "
                                      "check calls it")
+
+
+QK_NORM = '''
+import math
+
+import torch
+import torch.nn as nn
+
+
+def rotate_half(x):
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class QKNormAttention(nn.Module):
+    """Grouped-query attention with each query and key head RMS-normed before its rotary positions."""
+
+    def __init__(self, d_model, n_heads, n_kv_heads, theta=10000.0):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6)
+        self.register_buffer("inv_freq", theta ** (-torch.arange(0, self.head_dim, 2).float() / self.head_dim))
+
+    def rotary(self, x):
+        angles = torch.arange(x.shape[2]).float()[:, None] * self.inv_freq  # (T, head_dim / 2)
+        angles = torch.cat((angles, angles), dim=-1)
+        return x * angles.cos() + rotate_half(x) * angles.sin()
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+{norm_then_rotate}        k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+        out = torch.softmax(scores, dim=-1) @ v
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+'''
+NORM_THEN_ROTATE = ("        q, k = self.q_norm(q), self.k_norm(k)\n"
+                    "        q, k = self.rotary(q), self.rotary(k)\n")
+
+
+def test_an_attention_with_qk_norm_is_compared_with_handformers_qk_norm(tmp_path):
+    """q_norm and k_norm of width head_dim (Qwen3's QK-norm) are the reference's q/k norms, not
+    parameters it lacks; normed after the rotation fails; norms of another width are not mapped."""
+    path = tmp_path / "qk_norm.py"
+    path.write_text(QK_NORM.replace("{norm_then_rotate}", NORM_THEN_ROTATE))
+    (comp,) = check_file(str(path)).components
+    assert (comp.kind, comp.status) == ("gqa", "pass"), format_report(check_file(str(path)))
+    assert comp.mapping[-2:] == ["q_norm -> q_norm", "k_norm -> k_norm"]
+    rotate_then_norm = "".join(reversed(NORM_THEN_ROTATE.splitlines(keepends=True)))
+    path.write_text(QK_NORM.replace("{norm_then_rotate}", rotate_then_norm))
+    (comp,) = check_file(str(path)).components
+    assert comp.status == "fail" and not comp.findings, comp.findings  # no named mistake explains it
+    assert any(not ch.ok and ch.name["en"].startswith("matches handformer's") for ch in comp.checks)
+    whole = QK_NORM.replace("{norm_then_rotate}", NORM_THEN_ROTATE.splitlines(keepends=True)[1])
+    for name, width in (("q", "d_model"), ("k", "n_kv_heads * self.head_dim")):  # OLMo 2's: before the split
+        whole = whole.replace(f"{name}_norm = nn.RMSNorm(self.head_dim", f"{name}_norm = nn.RMSNorm({width}")
+        whole = whole.replace(f"self.{name}_proj(x).view", f"self.{name}_norm(self.{name}_proj(x)).view")
+    path.write_text(whole)
+    (comp,) = check_file(str(path)).components
+    assert comp.status == "not_checked" and "q_norm (16,), k_norm (8,)" in comp.error.message, format_report(check_file(str(path)))

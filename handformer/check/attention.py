@@ -58,6 +58,7 @@ from handformer.check.result import Check, ComponentResult, Finding, text
 from handformer.check.rope_tables import either_table
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
+    QK_NORM_ROLES,
     MappingError,
     Slot,
     attention_parameters,
@@ -65,6 +66,9 @@ from handformer.check.weights import (
     copy_attention,
     leaves,
     mha_weights,
+    norm_eps,
+    norm_kind,
+    qk_norm_slots,
 )
 from handformer.nn.attention import MultiHeadAttention, scaled_dot_product_attention
 from handformer.nn.masks import causal_mask
@@ -444,7 +448,10 @@ def _hf_attention(slots: list[Slot], n_kv_heads: int | None = None, rope: str | 
                   ) -> MultiHeadAttention:
     """handformer's attention with the learner's weights. Interleaved rotary pairs (Meta's) become
     handformer's half-split ones by permuting each head's rows of W_Q and W_K: q.k is unchanged."""
-    hf = MultiHeadAttention(D, H, n_kv_heads).double().eval()
+    qk = next((s.leaf for s in slots if s.role in QK_NORM_ROLES), None)
+    kind = norm_kind(qk) if qk else "none"
+    eps = norm_eps(qk.module, kind) if qk else 1e-6
+    hf = MultiHeadAttention(D, H, n_kv_heads, qk_norm=kind, norm_eps=eps).double().eval()
     copy_attention(hf, slots)
     if H == 1 and not any(s.role.endswith("W_O") for s in slots):  # one head, no output projection
         with torch.no_grad():
@@ -468,6 +475,9 @@ def interleaved_to_half_(hf: nn.Module) -> None:
             proj.weight.copy_(proj.weight[rows])
             if proj.bias is not None:
                 proj.bias.copy_(proj.bias[rows])
+        for norm in (hf.q_norm, hf.k_norm):  # QK-norm: each head's gains in the same order
+            if getattr(norm, "weight", None) is not None:
+                norm.weight.copy_(norm.weight[order])
 
 
 def _rope_tables(T: int) -> tuple[Tensor, Tensor]:
@@ -511,12 +521,12 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
     sizes = {**ctx_sizes(), **({"n_kv_heads": n_kv_heads} if n_kv_heads else {})}
     x = fp.randn(2, 6, D, seed=1)
     module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
-    linears = _projections(comp, module)
+    linears, qk_norms = _projections(comp, module)
     if H != 1 and single_head(comp, linears, n_kv_heads):
         with _one_head():
             return check_mha(comp, ctx, causal_inside, n_kv_heads)
     kv_width = (n_kv_heads or H) * (D // H)
-    slots = attention_slots(linears, D, 1, comp.name, kv_width)[0]
+    slots = attention_slots(linears, D, 1, comp.name, kv_width)[0] + qk_norms
     res.mapping = [s.describe() for s in slots]
     c = caller(module)
     causal_inside = _causal_inside(res, ctx, c, causal_inside)
@@ -562,17 +572,21 @@ def _tutorial_shapes_at_their_sizes(res: ComponentResult, ctx: Context, comp: Co
         _tutorial_shapes(res, ctx, comp, c, sizes)
 
 
-def _projections(comp: Component, module: nn.Module) -> list[Any]:
-    """The attention's linear layers; any other parameter (a QK-norm) is not in the reference."""
+def _projections(comp: Component, module: nn.Module) -> tuple[list[Any], list[Slot]]:
+    """The attention's linear layers, and its q/k norms (QK-norm, Qwen3's) as slots; any other
+    parameter is not in the reference."""
     found = leaves(module)
     extra = [leaf for leaf in found if leaf.kind != "linear"]
-    if extra:  # a norm on the queries and keys (QK-norm): not in handformer's reference attention
+    qk_norms = qk_norm_slots(extra, D // H)
+    if extra and not qk_norms:
         shapes = ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra)
         raise MappingError(f"{comp.name} has parameters besides its projections ({shapes}); handformer's "
-                           "reference attention has none (no QK-norm, no residual and norm inside)",
-                           zh=f"{comp.name} 除了投影矩阵还有别的参数（{shapes}）；"
-                              "handformer 的参考注意力没有这些参数（没有 QK-norm，内部没有残差和归一化）")
-    return [leaf for leaf in found if leaf.kind == "linear"]
+                           "reference attention has only a QK-norm (two norms of width head_dim named "
+                           "q_norm and k_norm), no residual and norm inside",
+                           zh=f"{comp.name} 除了投影矩阵还有别的参数（{shapes}）；handformer 的参考注意力"
+                              "只认 QK-norm（两个宽度为 head_dim、名为 q_norm 和 k_norm 的归一化），"
+                              "内部没有残差和归一化")
+    return [leaf for leaf in found if leaf.kind == "linear"], qk_norms
 
 
 def _head_notes(res: ComponentResult, comp: Component, c: Caller, slots: list[Slot], causal_inside: bool,

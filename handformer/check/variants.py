@@ -99,6 +99,7 @@ class MHAWeights:
     n_heads: int
     n_kv_heads: int | None = None  # grouped-query attention: fewer key/value heads than query heads
     rope: str | None = None  # rotary positions inside: "half" (half-split pairs) or "interleaved"
+    qk_norm: tuple[NormWeights, NormWeights] | None = None  # QK-norm: each query and key head normed
 
 
 def split_heads(x: Tensor, n_heads: int, flags: Flags) -> Tensor:
@@ -126,8 +127,7 @@ def multi_head_attention(w: MHAWeights, xq: Tensor, xk: Tensor, xv: Tensor, keep
     q = split_heads(linear(xq, w.q), w.n_heads, flags)  # (B, H, T, Dh)
     k = split_heads(linear(xk, wk), n_kv, flags)  # (B, Hkv, S, Dh)
     v = split_heads(linear(xv, wv), n_kv, flags)  # (B, Hkv, S, Dh)
-    if w.rope is not None:
-        q, k = rotary(q, w.rope, offset, flags), rotary(k, w.rope, offset, flags)
+    q, k = qk_positions(w, q, k, offset, flags)
     if n_kv != w.n_heads:
         k, v = repeat_kv(k, w.n_heads // n_kv, flags), repeat_kv(v, w.n_heads // n_kv, flags)  # (B, H, S, Dh)
     out, weights = attention(q, k, v, keep, flags)  # (B, H, T, Dh)
@@ -139,6 +139,16 @@ def multi_head_attention(w: MHAWeights, xq: Tensor, xk: Tensor, xv: Tensor, keep
     if w.o is not None and has(flags, "no_output_projection") is None:
         out = linear(out, w.o)
     return out, weights
+
+
+def qk_positions(w: MHAWeights, q: Tensor, k: Tensor, offset: int, flags: Flags) -> tuple[Tensor, Tensor]:
+    """Queries (B, H, T, Dh) and keys (B, Hkv, S, Dh) with each head normed (QK-norm), then rotated
+    by their positions."""
+    if w.qk_norm is not None:
+        q, k = norm(w.qk_norm[0], q, frozenset()), norm(w.qk_norm[1], k, frozenset())
+    if w.rope is not None:
+        q, k = rotary(q, w.rope, offset, flags), rotary(k, w.rope, offset, flags)
+    return q, k
 
 
 def rope_angles(T: int, Dh: int, theta: float = 10000.0, offset: int = 0, flags: Flags = frozenset(),

@@ -10,6 +10,7 @@ Shape legend: D d_model, F FFN width.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -232,8 +233,34 @@ def _grouped_slots(linears: list[Leaf], D: int, kv: int, count: int, prefixes: l
 
 def mha_weights(slots: list[Slot], n_heads: int, n_kv_heads: int | None = None, rope: str | None = None,
                 ) -> V.MHAWeights:
-    by = {s.role[-3:]: s.linear() for s in slots}
-    return V.MHAWeights(by["W_Q"], by["W_K"], by["W_V"], by.get("W_O"), n_heads, n_kv_heads, rope)
+    by = {s.role[-3:]: s.linear() for s in slots if s.leaf.kind == "linear"}
+    norms = {s.role: qk_norm_weights(s) for s in slots if s.role in QK_NORM_ROLES}
+    qk = (norms["q_norm"], norms["k_norm"]) if norms else None
+    return V.MHAWeights(by["W_Q"], by["W_K"], by["W_V"], by.get("W_O"), n_heads, n_kv_heads, rope, qk)
+
+
+QK_NORM_ROLES = ("q_norm", "k_norm")  # QK-norm: each query and key head normed before RoPE (Qwen3)
+_QK_NAMES = {"q_norm": re.compile(r"(q|query)_?(norm|layernorm|ln|rmsnorm)"),
+             "k_norm": re.compile(r"(k|key)_?(norm|layernorm|ln|rmsnorm)")}
+
+
+def qk_norm_slots(extra: list[Leaf], head_dim: int) -> list[Slot]:
+    """An attention's parameters besides its projections as QK-norm: exactly two norms of width
+    head_dim named like q_norm and k_norm (q_layernorm, query_norm); else none."""
+    if len(extra) != 2 or any(x.kind != "norm" or tuple(x.weight.shape) != (head_dim,) for x in extra):
+        return []
+    slots = []
+    for role, name in _QK_NAMES.items():
+        hits = [x for x in extra if name.fullmatch(x.name.split(".")[-1].lower())]
+        if len(hits) != 1:
+            return []
+        slots.append(Slot(role, hits[0]))
+    return slots
+
+
+def qk_norm_weights(slot: Slot) -> V.NormWeights:
+    kind = norm_kind(slot.leaf)
+    return V.NormWeights(slot.weight(), slot.bias(), norm_eps(slot.leaf.module, kind), kind)
 
 
 def ffn_slots(linears: list[Leaf], D: int, F: int | None, what: str) -> list[list[Slot]]:
@@ -360,9 +387,12 @@ def copy_weights(target: nn.Module, slot: Slot) -> None:
             target.bias.copy_(b if b is not None else torch.zeros_like(target.bias))
 
 
-def attention_parameters(target: nn.Module) -> dict[str, nn.Linear]:
-    """Handformer's MultiHeadAttention by the roles of the learner's attention slots."""
-    return {"W_Q": target.q_proj, "W_K": target.k_proj, "W_V": target.v_proj, "W_O": target.o_proj}
+def attention_parameters(target: nn.Module) -> dict[str, nn.Module]:
+    """Handformer's MultiHeadAttention by the roles of the learner's attention slots (its q/k norms
+    where it has them)."""
+    params = {"W_Q": target.q_proj, "W_K": target.k_proj, "W_V": target.v_proj, "W_O": target.o_proj}
+    return params | {role: getattr(target, role) for role in QK_NORM_ROLES
+                     if getattr(getattr(target, role, None), "weight", None) is not None}
 
 
 def copy_attention(target: nn.Module, slots: list[Slot]) -> None:
