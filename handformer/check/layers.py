@@ -575,24 +575,14 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
             S = T
         x = fp.randn(B, T, D, seed=10 + i).requires_grad_()
         memory = fp.randn(B, S, D, seed=20 + i)
-        src_keep: Tensor | None = positions(B, S, [min(p, S) for p in src_pad])
-        tgt_keep: Tensor | None = causal(T) & positions(B, T, [min(p, T - 1) for p in tgt_pad])
-        if layer.causal_block:
-            src_keep, tgt_keep = None, causal(T)[None, None]
-        if layer.stateful:
-            tgt_keep = causal(T)[None, None]
+        src_keep, tgt_keep = _case_keeps(layer, B, T, S, src_pad, tgt_pad)
         if not all(fp.encodable(k, conv) for k in _encode_keeps(layer, src_keep, tgt_keep)):
             continue
         with torch.enable_grad():
             src, tgt = _encode(layer, src_keep, tgt_keep, conv, B)
             raw = ctx.learner.call("forward", layer.call, x, memory, src, tgt)
             out = fp.first_tensor(raw, 3)
-            if layer.decoder:
-                ref = hf(x, memory, src_keep, tgt_keep)[0]  # the tutorial's order: src_mask, tgt_mask
-            elif layer.causal_block:
-                ref = hf(x, tgt_keep, rope=_rope_tables(T) if rope else None)[0]
-            else:
-                ref = hf(x, src_keep)[0]
+            ref = _reference(hf, layer, x, memory, src_keep, tgt_keep, rope)
             rows = _rows(layer, src_keep, tgt_keep, B, T)
             errors.append(fp.max_error(out, ref, rows))
             masked_rows(res, out, rows, layer.comp, ctx)
@@ -611,6 +601,28 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
     res.checks.append(Check(text("gradients (input and first norm) match handformer's",
                                  "梯度（输入与第一个归一化层）与 handformer 一致"), grad_err < 1e-5,
                             error_text(grad_err)))
+
+
+def _case_keeps(layer: Layer, B: int, T: int, S: int, src_pad: list[int],
+                tgt_pad: list[int]) -> tuple[Tensor | None, Tensor | None]:
+    """One shape's source and target masks (True = may attend), as the layer's kind takes them."""
+    src_keep: Tensor | None = positions(B, S, [min(p, S) for p in src_pad])
+    tgt_keep: Tensor | None = causal(T) & positions(B, T, [min(p, T - 1) for p in tgt_pad])
+    if layer.causal_block:
+        src_keep, tgt_keep = None, causal(T)[None, None]
+    if layer.stateful:
+        tgt_keep = causal(T)[None, None]
+    return src_keep, tgt_keep
+
+
+def _reference(hf: nn.Module, layer: Layer, x: Tensor, memory: Tensor, src_keep: Tensor | None,
+               tgt_keep: Tensor | None, rope: str | None) -> Tensor:
+    """handformer's layer on the same input and masks."""
+    if layer.decoder:
+        return hf(x, memory, src_keep, tgt_keep)[0]  # the tutorial's order: src_mask, tgt_mask
+    if layer.causal_block:
+        return hf(x, tgt_keep, rope=_rope_tables(x.shape[1]) if rope else None)[0]
+    return hf(x, src_keep)[0]
 
 
 def _moved(a: Tensor | None, b: Tensor | None, index: Any) -> float:
@@ -714,8 +726,6 @@ def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
 def check_add_norm(comp: Component, ctx: Context) -> ComponentResult:
     """AddNorm(norm_shape, dropout), forward(X, Y) = norm(dropout(Y) + X), against handformer's
     LayerNorm of X + Y."""
-    from handformer.nn.norms import LayerNorm, RMSNorm
-
     res = ctx.result(comp)
     module = ctx.build(comp)
     norms = [leaf for leaf in leaves(module) if leaf.kind == "norm"]
@@ -739,25 +749,38 @@ def check_add_norm(comp: Component, ctx: Context) -> ComponentResult:
         found = fp.search(out, lambda fl: V.add_norm(w, x, y, fl), ("no_residual:add_norm",), None, 1)
         if found and found[0]:
             res.findings += ctx.findings(found[0], found[1], fp.max_error(out, V.add_norm(w, x, y)), comp)
-        for flag in sorted(w.flags):
-            name, _, form = flag.partition(":")
-            number, code = locate(name, source_lines(ctx.objects(comp, "layernorm", "rmsnorm")))
-            res.findings.append(Finding(name, text(f"{slot.leaf.name} (run alone) computes the norm with "
-                                                   "this mistake", f"{slot.leaf.name}（单独运行时）计算的是带"
-                                                   "这个错误的归一化"), number, code, form))
+        _norm_findings(res, ctx, comp, slot, w)
         dropout_on_residual(res, ctx, comp, run, lambda trace: _add_norm_trace(w, x, y, trace))
-        hf = RMSNorm(D, w.eps) if w.kind == "rmsnorm" else LayerNorm(D, w.eps, bias=w.bias is not None)
-        hf = hf.double()
-        copy_weights(hf, slot)
-        errors = []
-        for i, (B, T) in enumerate([(2, 5), (1, 1), (3, 7)]):
-            a, b = fp.randn(B, T, D, seed=10 + i), fp.randn(B, T, D, seed=20 + i)
-            errors.append(fp.max_error(run(a, b), hf(a + b)))
-        res.max_abs_error = max(errors)
-        res.checks.append(Check(text("matches handformer's norm(X + Y) on 3 shapes",
-                                     "在 3 种形状上与 handformer 的 norm(X + Y) 一致"),
-                                res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
+        _against_norm(res, slot, w, run)
     return finish(res)
+
+
+def _norm_findings(res: ComponentResult, ctx: Context, comp: Component, slot: Slot, w: V.NormWeights) -> None:
+    """The norm's own mistakes, found when it ran alone."""
+    for flag in sorted(w.flags):
+        name, _, form = flag.partition(":")
+        number, code = locate(name, source_lines(ctx.objects(comp, "layernorm", "rmsnorm")))
+        res.findings.append(Finding(name, text(f"{slot.leaf.name} (run alone) computes the norm with "
+                                               "this mistake", f"{slot.leaf.name}（单独运行时）计算的是带"
+                                               "这个错误的归一化"), number, code, form))
+
+
+def _against_norm(res: ComponentResult, slot: Slot, w: V.NormWeights,
+                  run: Callable[[Tensor, Tensor], Tensor | None]) -> None:
+    """AddNorm against handformer's norm of X + Y on 3 shapes."""
+    from handformer.nn.norms import LayerNorm, RMSNorm
+
+    hf = RMSNorm(D, w.eps) if w.kind == "rmsnorm" else LayerNorm(D, w.eps, bias=w.bias is not None)
+    hf = hf.double()
+    copy_weights(hf, slot)
+    errors = []
+    for i, (B, T) in enumerate([(2, 5), (1, 1), (3, 7)]):
+        a, b = fp.randn(B, T, D, seed=10 + i), fp.randn(B, T, D, seed=20 + i)
+        errors.append(fp.max_error(run(a, b), hf(a + b)))
+    res.max_abs_error = max(errors)
+    res.checks.append(Check(text("matches handformer's norm(X + Y) on 3 shapes",
+                                 "在 3 种形状上与 handformer 的 norm(X + Y) 一致"),
+                            res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
 
 
 def _add_norm_trace(w: V.NormWeights, x: Tensor, y: Tensor, trace: list[Tensor]) -> Tensor:
