@@ -328,30 +328,12 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
     res = ctx.result(comp)
     layer = Layer(comp, ctx, decoder, causal_block)
     inp = Inputs(layer)
-    if not has_down_projection(layer.ffn_candidates[0]):
-        number, code = locate("ffn_no_down_projection", source_lines(ctx.objects(comp, "ffn")))
-        found = ", ".join(s.describe() for s in layer.ffn_candidates[0])
-        res.findings.append(Finding("ffn_no_down_projection", text(
-            f"{comp.name}'s FFN has no nn.Linear(d_ff, d_model) ({found})",
-            f"{comp.name} 的前馈网络没有 nn.Linear(d_ff, d_model)（{found}）"), number, code))
+    _down_projection(res, ctx, comp, layer)
     own_mask = causal_block and not layer.takes_mask or layer.stateful
-    convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
-    if ctx.convention is None and layer.masks and _masks_where_true(layer.module):
-        convs = ("torch", "torch3", "torch2") + convs
-    passed = [k for k in _encode_keeps(layer, inp.src_keep, inp.tgt_keep) if k is not None]
-    convs = tuple(c for c in convs if all(fp.encodable(k, c) for k in passed)) or convs[:1]
+    convs = _layer_conventions(layer, ctx, inp)
 
     def search_rows(flags: frozenset[str]) -> Tensor | None:
-        """The rows the masks leave visible as the layer with these mistakes applies them (inverted, or
-        off by one in a block that builds its own)."""
-        if causal_block and not layer.takes_mask:
-            own = V.causal_keep(inp.T, flags)[None, None]
-            return fp.visible_rows(V.applied_keep(own, flags), inp.B, inp.T)
-        if layer.stateful:  # d2l's decoder builds its causal mask from valid lengths
-            return _rows(layer, V.applied_keep(inp.src_keep, flags, H),
-                         V.applied_keep(V.causal_keep(inp.T, flags)[None, None], flags, H), inp.B, inp.T)
-        return _rows(layer, V.applied_keep(inp.src_keep, flags, H), V.applied_keep(inp.tgt_keep, flags, H),
-                     inp.B, inp.T)
+        return _search_rows(layer, inp, flags)
 
     def run(conv: str) -> Tensor | None:
         src, tgt = _encode(layer, inp.src_keep, inp.tgt_keep, conv, inp.B)
@@ -365,51 +347,12 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
             return finish(res)
         raise
     if layer.stateful:
-        res.notes.append(text("forward(X, state) builds its causal mask in training mode only (d2l): it was "
-                              "run in training mode with dropout switched off, and step by step in eval mode",
-                              "forward(X, state) 只在训练模式下构造因果掩码（d2l 的写法）：检查时在训练模式下"
-                              "关闭 dropout 运行，并在 eval 模式下逐步运行"))
+        res.notes.append(STATEFUL_NOTE)
     else:
         check_determinism(res, ctx, comp, lambda: run(working), "mha", "ffn", "sdpa")
     with fp.dropout_off():
         found = _search(layer, ctx, run, inp, search_rows, expected, convs[:1] if own_mask else convs)
-        if found is None:
-            res.notes.append(text("no known mistake (or pair of them) reproduces your output; see the "
-                                  "checks below for where it goes wrong",
-                                  "没有任何已知错误（或两个错误的组合）能复现你的输出；请看下面的检查项定位问题"))
-            conv, slots, act, placement = working, layer.ffn_candidates[0], _first_act(layer), expected
-            rope = None
-            flags: frozenset[str] = frozenset()
-        else:
-            conv, slots, act, placement, rope, flags, matched = found
-            correct = _compute(layer, layer.weights(slots, act, expected, rope), inp, frozenset())
-            out = run(conv)
-            if flags:
-                res.findings += ctx.findings(flags, matched, fp.max_error(out, correct, search_rows(flags)),
-                                             comp, "mha", "ffn", "sdpa", "causal_mask")
-            nan_on_hidden_rows(res, out, search_rows(flags), comp, ctx)
-        norms = layer.norm_slots[:1] if layer.shared else layer.norm_slots
-        res.mapping = [s.describe() for group in layer.attn for s in group] + [
-            s.describe() for s in slots] + [s.describe() for s in norms]
-        if layer.takes_mask or decoder:
-            res.convention = fp.describe_convention(conv)
-        _structure_findings(res, layer, ctx)
-        if found is not None:
-            owner = slots[0].leaf.name.rpartition(".")[0]
-            ffn_class = type(layer.module.get_submodule(owner) if owner else layer.module).__name__
-            res.findings += ffn_name_findings(ctx, comp, ffn_class, slots, act, found[6])
-        if found is not None and not any(f.startswith("no_residual") for f in flags):  # no residual, no path
-            w = layer.weights(slots, act, placement, rope)
-            dropout_on_residual(res, ctx, comp, lambda: run(conv),
-                                lambda trace: _compute(layer, w, inp, flags, trace))
-        if rope:
-            res.notes.append(_rope_layer_note(rope))
-        if placement != expected and found is not None:
-            res.notes.append(_placement_note(placement, expected))
-            if not res.findings:
-                res.status = DIFFERS
-        guarded(res, lambda: _compare(res, layer, ctx, conv, slots, act, placement, rope))
-        guarded(res, lambda: _properties(res, layer, ctx, conv))
+        _report_layer(res, layer, ctx, run, inp, search_rows, found, working, expected)
 
     def shapes() -> None:
         with ctx.hyperparameters(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
@@ -417,6 +360,98 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
 
     guarded(res, shapes)
     return finish(res)
+
+
+STATEFUL_NOTE = text("forward(X, state) builds its causal mask in training mode only (d2l): it was "
+                     "run in training mode with dropout switched off, and step by step in eval mode",
+                     "forward(X, state) 只在训练模式下构造因果掩码（d2l 的写法）：检查时在训练模式下"
+                     "关闭 dropout 运行，并在 eval 模式下逐步运行")
+NO_MISTAKE_NOTE = text("no known mistake (or pair of them) reproduces your output; see the "
+                       "checks below for where it goes wrong",
+                       "没有任何已知错误（或两个错误的组合）能复现你的输出；请看下面的检查项定位问题")
+
+
+def _down_projection(res: ComponentResult, ctx: Context, comp: Component, layer: Layer) -> None:
+    """A finding when the FFN has no nn.Linear(d_ff, d_model)."""
+    if not has_down_projection(layer.ffn_candidates[0]):
+        number, code = locate("ffn_no_down_projection", source_lines(ctx.objects(comp, "ffn")))
+        found = ", ".join(s.describe() for s in layer.ffn_candidates[0])
+        res.findings.append(Finding("ffn_no_down_projection", text(
+            f"{comp.name}'s FFN has no nn.Linear(d_ff, d_model) ({found})",
+            f"{comp.name} 的前馈网络没有 nn.Linear(d_ff, d_model)（{found}）"), number, code))
+
+
+def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs) -> tuple[str, ...]:
+    """The mask conventions to try, those that can encode the search's masks first."""
+    convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
+    if ctx.convention is None and layer.masks and _masks_where_true(layer.module):
+        convs = ("torch", "torch3", "torch2") + convs
+    passed = [k for k in _encode_keeps(layer, inp.src_keep, inp.tgt_keep) if k is not None]
+    return tuple(c for c in convs if all(fp.encodable(k, c) for k in passed)) or convs[:1]
+
+
+def _search_rows(layer: Layer, inp: Inputs, flags: frozenset[str]) -> Tensor | None:
+    """The rows the masks leave visible as the layer with these mistakes applies them (inverted, or
+    off by one in a block that builds its own)."""
+    if layer.causal_block and not layer.takes_mask:
+        own = V.causal_keep(inp.T, flags)[None, None]
+        return fp.visible_rows(V.applied_keep(own, flags), inp.B, inp.T)
+    if layer.stateful:  # d2l's decoder builds its causal mask from valid lengths
+        return _rows(layer, V.applied_keep(inp.src_keep, flags, H),
+                     V.applied_keep(V.causal_keep(inp.T, flags)[None, None], flags, H), inp.B, inp.T)
+    return _rows(layer, V.applied_keep(inp.src_keep, flags, H), V.applied_keep(inp.tgt_keep, flags, H),
+                 inp.B, inp.T)
+
+
+def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callable[[str], Tensor | None],
+                  inp: Inputs, search_rows: Callable[[frozenset[str]], Tensor | None], found: Found | None,
+                  working: str, expected: str) -> None:
+    """The search's findings (or a note that it found none), then the checks on the layer as it is."""
+    comp = layer.comp
+    if found is None:
+        res.notes.append(NO_MISTAKE_NOTE)
+        conv, slots, act, placement = working, layer.ffn_candidates[0], _first_act(layer), expected
+        rope = None
+        flags: frozenset[str] = frozenset()
+    else:
+        conv, slots, act, placement, rope, flags, matched = found
+        correct = _compute(layer, layer.weights(slots, act, expected, rope), inp, frozenset())
+        out = run(conv)
+        if flags:
+            res.findings += ctx.findings(flags, matched, fp.max_error(out, correct, search_rows(flags)),
+                                         comp, "mha", "ffn", "sdpa", "causal_mask")
+        nan_on_hidden_rows(res, out, search_rows(flags), comp, ctx)
+    _layer_mapping(res, layer, slots, conv)
+    _structure_findings(res, layer, ctx)
+    if found is not None:
+        res.findings += ffn_name_findings(ctx, comp, _ffn_class(layer, slots), slots, act, found[6])
+    if found is not None and not any(f.startswith("no_residual") for f in flags):  # no residual, no path
+        w = layer.weights(slots, act, placement, rope)
+        dropout_on_residual(res, ctx, comp, lambda: run(conv),
+                            lambda trace: _compute(layer, w, inp, flags, trace))
+    if rope:
+        res.notes.append(_rope_layer_note(rope))
+    if placement != expected and found is not None:
+        res.notes.append(_placement_note(placement, expected))
+        if not res.findings:
+            res.status = DIFFERS
+    guarded(res, lambda: _compare(res, layer, ctx, conv, slots, act, placement, rope))
+    guarded(res, lambda: _properties(res, layer, ctx, conv))
+
+
+def _layer_mapping(res: ComponentResult, layer: Layer, slots: list[Slot], conv: str) -> None:
+    """Which of the learner's modules stand for which part, and the mask convention it takes."""
+    norms = layer.norm_slots[:1] if layer.shared else layer.norm_slots
+    res.mapping = [s.describe() for group in layer.attn for s in group] + [
+        s.describe() for s in slots] + [s.describe() for s in norms]
+    if layer.takes_mask or layer.decoder:
+        res.convention = fp.describe_convention(conv)
+
+
+def _ffn_class(layer: Layer, slots: list[Slot]) -> str:
+    """The class name of the module that holds the FFN's weights."""
+    owner = slots[0].leaf.name.rpartition(".")[0]
+    return type(layer.module.get_submodule(owner) if owner else layer.module).__name__
 
 
 def _first_act(layer: Layer) -> str:
@@ -575,24 +610,14 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
             S = T
         x = fp.randn(B, T, D, seed=10 + i).requires_grad_()
         memory = fp.randn(B, S, D, seed=20 + i)
-        src_keep: Tensor | None = positions(B, S, [min(p, S) for p in src_pad])
-        tgt_keep: Tensor | None = causal(T) & positions(B, T, [min(p, T - 1) for p in tgt_pad])
-        if layer.causal_block:
-            src_keep, tgt_keep = None, causal(T)[None, None]
-        if layer.stateful:
-            tgt_keep = causal(T)[None, None]
+        src_keep, tgt_keep = _case_keeps(layer, B, T, S, src_pad, tgt_pad)
         if not all(fp.encodable(k, conv) for k in _encode_keeps(layer, src_keep, tgt_keep)):
             continue
         with torch.enable_grad():
             src, tgt = _encode(layer, src_keep, tgt_keep, conv, B)
             raw = ctx.learner.call("forward", layer.call, x, memory, src, tgt)
             out = fp.first_tensor(raw, 3)
-            if layer.decoder:
-                ref = hf(x, memory, src_keep, tgt_keep)[0]  # the tutorial's order: src_mask, tgt_mask
-            elif layer.causal_block:
-                ref = hf(x, tgt_keep, rope=_rope_tables(T) if rope else None)[0]
-            else:
-                ref = hf(x, src_keep)[0]
+            ref = _reference(hf, layer, x, memory, src_keep, tgt_keep, rope)
             rows = _rows(layer, src_keep, tgt_keep, B, T)
             errors.append(fp.max_error(out, ref, rows))
             masked_rows(res, out, rows, layer.comp, ctx)
@@ -611,6 +636,28 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
     res.checks.append(Check(text("gradients (input and first norm) match handformer's",
                                  "梯度（输入与第一个归一化层）与 handformer 一致"), grad_err < 1e-5,
                             error_text(grad_err)))
+
+
+def _case_keeps(layer: Layer, B: int, T: int, S: int, src_pad: list[int],
+                tgt_pad: list[int]) -> tuple[Tensor | None, Tensor | None]:
+    """One shape's source and target masks (True = may attend), as the layer's kind takes them."""
+    src_keep: Tensor | None = positions(B, S, [min(p, S) for p in src_pad])
+    tgt_keep: Tensor | None = causal(T) & positions(B, T, [min(p, T - 1) for p in tgt_pad])
+    if layer.causal_block:
+        src_keep, tgt_keep = None, causal(T)[None, None]
+    if layer.stateful:
+        tgt_keep = causal(T)[None, None]
+    return src_keep, tgt_keep
+
+
+def _reference(hf: nn.Module, layer: Layer, x: Tensor, memory: Tensor, src_keep: Tensor | None,
+               tgt_keep: Tensor | None, rope: str | None) -> Tensor:
+    """handformer's layer on the same input and masks."""
+    if layer.decoder:
+        return hf(x, memory, src_keep, tgt_keep)[0]  # the tutorial's order: src_mask, tgt_mask
+    if layer.causal_block:
+        return hf(x, tgt_keep, rope=_rope_tables(x.shape[1]) if rope else None)[0]
+    return hf(x, src_keep)[0]
 
 
 def _moved(a: Tensor | None, b: Tensor | None, index: Any) -> float:
@@ -714,8 +761,6 @@ def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
 def check_add_norm(comp: Component, ctx: Context) -> ComponentResult:
     """AddNorm(norm_shape, dropout), forward(X, Y) = norm(dropout(Y) + X), against handformer's
     LayerNorm of X + Y."""
-    from handformer.nn.norms import LayerNorm, RMSNorm
-
     res = ctx.result(comp)
     module = ctx.build(comp)
     norms = [leaf for leaf in leaves(module) if leaf.kind == "norm"]
@@ -739,25 +784,38 @@ def check_add_norm(comp: Component, ctx: Context) -> ComponentResult:
         found = fp.search(out, lambda fl: V.add_norm(w, x, y, fl), ("no_residual:add_norm",), None, 1)
         if found and found[0]:
             res.findings += ctx.findings(found[0], found[1], fp.max_error(out, V.add_norm(w, x, y)), comp)
-        for flag in sorted(w.flags):
-            name, _, form = flag.partition(":")
-            number, code = locate(name, source_lines(ctx.objects(comp, "layernorm", "rmsnorm")))
-            res.findings.append(Finding(name, text(f"{slot.leaf.name} (run alone) computes the norm with "
-                                                   "this mistake", f"{slot.leaf.name}（单独运行时）计算的是带"
-                                                   "这个错误的归一化"), number, code, form))
+        _norm_findings(res, ctx, comp, slot, w)
         dropout_on_residual(res, ctx, comp, run, lambda trace: _add_norm_trace(w, x, y, trace))
-        hf = RMSNorm(D, w.eps) if w.kind == "rmsnorm" else LayerNorm(D, w.eps, bias=w.bias is not None)
-        hf = hf.double()
-        copy_weights(hf, slot)
-        errors = []
-        for i, (B, T) in enumerate([(2, 5), (1, 1), (3, 7)]):
-            a, b = fp.randn(B, T, D, seed=10 + i), fp.randn(B, T, D, seed=20 + i)
-            errors.append(fp.max_error(run(a, b), hf(a + b)))
-        res.max_abs_error = max(errors)
-        res.checks.append(Check(text("matches handformer's norm(X + Y) on 3 shapes",
-                                     "在 3 种形状上与 handformer 的 norm(X + Y) 一致"),
-                                res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
+        _against_norm(res, slot, w, run)
     return finish(res)
+
+
+def _norm_findings(res: ComponentResult, ctx: Context, comp: Component, slot: Slot, w: V.NormWeights) -> None:
+    """The norm's own mistakes, found when it ran alone."""
+    for flag in sorted(w.flags):
+        name, _, form = flag.partition(":")
+        number, code = locate(name, source_lines(ctx.objects(comp, "layernorm", "rmsnorm")))
+        res.findings.append(Finding(name, text(f"{slot.leaf.name} (run alone) computes the norm with "
+                                               "this mistake", f"{slot.leaf.name}（单独运行时）计算的是带"
+                                               "这个错误的归一化"), number, code, form))
+
+
+def _against_norm(res: ComponentResult, slot: Slot, w: V.NormWeights,
+                  run: Callable[[Tensor, Tensor], Tensor | None]) -> None:
+    """AddNorm against handformer's norm of X + Y on 3 shapes."""
+    from handformer.nn.norms import LayerNorm, RMSNorm
+
+    hf = RMSNorm(D, w.eps) if w.kind == "rmsnorm" else LayerNorm(D, w.eps, bias=w.bias is not None)
+    hf = hf.double()
+    copy_weights(hf, slot)
+    errors = []
+    for i, (B, T) in enumerate([(2, 5), (1, 1), (3, 7)]):
+        a, b = fp.randn(B, T, D, seed=10 + i), fp.randn(B, T, D, seed=20 + i)
+        errors.append(fp.max_error(run(a, b), hf(a + b)))
+    res.max_abs_error = max(errors)
+    res.checks.append(Check(text("matches handformer's norm(X + Y) on 3 shapes",
+                                 "在 3 种形状上与 handformer 的 norm(X + Y) 一致"),
+                            res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
 
 
 def _add_norm_trace(w: V.NormWeights, x: Tensor, y: Tensor, trace: list[Tensor]) -> Tensor:

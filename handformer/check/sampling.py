@@ -283,17 +283,7 @@ def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
     call = Caller(comp, ctx)
     dyadic = DYADIC.log()[None]  # (1, V)
     cases = [(dyadic, 0.75), (dyadic, 0.6), (dyadic, 0.3), (test_logits(), 0.9), (test_logits(seed=1), 0.5)]
-    kept_all = []
-    for logits, p in cases:
-        out = call(logits, top_p=p)
-        read = kept_tokens(out, logits)
-        if read is None:
-            raise ctx.learner.fail("forward", f"{comp.name}(logits, {p}) returned {shape_of(out)}; expected "
-                                   f"filtered logits of shape {tuple(logits.shape)}",
-                                   f"{comp.name}(logits, {p}) 返回了 {shape_of(out)}；应当返回形状为 "
-                                   f"{tuple(logits.shape)} 的过滤后的 logits")
-        _fill_finding(res, ctx, comp, out, *read)
-        kept_all.append(read[0])
+    kept_all = _kept_per_case(res, ctx, comp, call, cases)
 
     def compute(flags: frozenset[str]) -> Tensor:
         return torch.cat([top_p_keep(lg, p, flags) for lg, p in cases], 0).double()
@@ -317,16 +307,38 @@ def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
     _p_one(res, ctx, comp, call)
     res.max_abs_error = float(wrong)
     if call.find(K_NAMES):  # a combined filter (top_k_top_p_filtering): its top-k too, top_p off
-        both = check_top_k(comp, ctx)
-        if any(f.name == "top_k_off_by_one" for f in both.findings):  # k = V drops a token at p = 1 too
-            res.findings = [f for f in res.findings if f.name != "top_p_one_not_noop"]
-        res.checks += both.checks
-        res.findings += [f for f in both.findings if f.name not in {g.name for g in res.findings}]
-        res.notes += both.notes
-        res.notes.append(text("a combined filter: top-p checked with top_k off, top-k with top_p = 1",
-                              "组合过滤：检查 top-p 时关掉 top_k，检查 top-k 时 top_p = 1"))
-        res.max_abs_error = max(res.max_abs_error, both.max_abs_error or 0.0)
+        _add_top_k(res, ctx, comp)
     return finish(res)
+
+
+def _kept_per_case(res: ComponentResult, ctx: Context, comp: Component, call: Caller,
+                   cases: list[tuple[Tensor, float]]) -> list[Tensor]:
+    """The tokens the filter keeps in each case (a finding when it fills with a finite value)."""
+    kept_all = []
+    for logits, p in cases:
+        out = call(logits, top_p=p)
+        read = kept_tokens(out, logits)
+        if read is None:
+            raise ctx.learner.fail("forward", f"{comp.name}(logits, {p}) returned {shape_of(out)}; expected "
+                                   f"filtered logits of shape {tuple(logits.shape)}",
+                                   f"{comp.name}(logits, {p}) 返回了 {shape_of(out)}；应当返回形状为 "
+                                   f"{tuple(logits.shape)} 的过滤后的 logits")
+        _fill_finding(res, ctx, comp, out, *read)
+        kept_all.append(read[0])
+    return kept_all
+
+
+def _add_top_k(res: ComponentResult, ctx: Context, comp: Component) -> None:
+    """A combined filter's top-k, checked with top_p = 1, merged into the top-p result."""
+    both = check_top_k(comp, ctx)
+    if any(f.name == "top_k_off_by_one" for f in both.findings):  # k = V drops a token at p = 1 too
+        res.findings = [f for f in res.findings if f.name != "top_p_one_not_noop"]
+    res.checks += both.checks
+    res.findings += [f for f in both.findings if f.name not in {g.name for g in res.findings}]
+    res.notes += both.notes
+    res.notes.append(text("a combined filter: top-p checked with top_k off, top-k with top_p = 1",
+                          "组合过滤：检查 top-p 时关掉 top_k，检查 top-k 时 top_p = 1"))
+    res.max_abs_error = max(res.max_abs_error, both.max_abs_error or 0.0)
 
 
 def _top_p_observed(flag: str, cases: list[tuple[Tensor, float]], kept: list[Tensor]) -> Text:
@@ -487,14 +499,7 @@ def check_sample(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     call = Caller(comp, ctx)
     if call.find(K_NAMES):  # deterministic first: top_k = 1 is the argmax of every row
-        logits = test_logits(5)
-        try:
-            tokens, detail = as_tokens(call(logits, top_k=1), 5), None
-        except fp.LearnerFailure as failure:  # the draws below say why, when it is a named mistake
-            tokens, detail = None, text(f"raised {failure.error.message}", f"报错：{failure.error.message}")
-        ok = tokens is not None and torch.equal(tokens, logits.argmax(-1))
-        res.checks.append(Check(text("top_k = 1 picks the argmax of each of 5 rows",
-                                     "top_k = 1 时 5 行都选 argmax"), ok, detail))
+        res.checks.append(_top_k_one(call))
     for i, (label, options, right, mistakes) in enumerate(_settings(call)):
         try:
             tokens = _draw(ctx, call, options, seed=1000 + i)
@@ -516,17 +521,36 @@ def check_sample(comp: Component, ctx: Context) -> ComponentResult:
                                      f"{test.p_value:.2g}，自由度 {test.df}；低于 1e-6 即拒绝）"),
                                 not test.rejected, _outside(test)))
         if test.rejected:
-            for name, q in mistakes:
-                fit = stats.chi_square(counts, q)
-                if not fit.rejected and not any(f.name == name for f in res.findings):
-                    en, zh = label["en"], label["zh"]
-                    res.findings.append(_finding(ctx, comp, name, text(
-                        f"{DRAWS:,} draws ({en}) fit the distribution of this mistake (chi-square p = "
-                        f"{fit.p_value:.2g}) and not handformer's (p = {test.p_value:.2g})",
-                        f"{DRAWS:,} 次采样（{zh}）符合这个错误的分布（卡方检验 p = {fit.p_value:.2g}），"
-                        f"不符合 handformer 的分布（p = {test.p_value:.2g}）")))
-                    break
+            _name_mistake(res, ctx, comp, label, counts, test, mistakes)
     return finish(res)
+
+
+def _top_k_one(call: Caller) -> Check:
+    """top_k = 1 picks the argmax of every row (an exception is the check's detail: the draws say
+    why, when it is a named mistake)."""
+    logits = test_logits(5)
+    try:
+        tokens, detail = as_tokens(call(logits, top_k=1), 5), None
+    except fp.LearnerFailure as failure:
+        tokens, detail = None, text(f"raised {failure.error.message}", f"报错：{failure.error.message}")
+    ok = tokens is not None and torch.equal(tokens, logits.argmax(-1))
+    return Check(text("top_k = 1 picks the argmax of each of 5 rows", "top_k = 1 时 5 行都选 argmax"),
+                 ok, detail)
+
+
+def _name_mistake(res: ComponentResult, ctx: Context, comp: Component, label: Text, counts: Tensor,
+                  test: stats.ChiSquare, mistakes: list[tuple[str, Tensor]]) -> None:
+    """A finding for the first named mistake whose distribution the draws fit (not one already found)."""
+    for name, q in mistakes:
+        fit = stats.chi_square(counts, q)
+        if not fit.rejected and not any(f.name == name for f in res.findings):
+            en, zh = label["en"], label["zh"]
+            res.findings.append(_finding(ctx, comp, name, text(
+                f"{DRAWS:,} draws ({en}) fit the distribution of this mistake (chi-square p = "
+                f"{fit.p_value:.2g}) and not handformer's (p = {test.p_value:.2g})",
+                f"{DRAWS:,} 次采样（{zh}）符合这个错误的分布（卡方检验 p = {fit.p_value:.2g}），"
+                f"不符合 handformer 的分布（p = {test.p_value:.2g}）")))
+            return
 
 
 def _outside(test: stats.ChiSquare) -> Text | None:

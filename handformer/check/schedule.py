@@ -279,6 +279,9 @@ def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str
     return Finding(name, observed, number, code, form)
 
 
+Convention = Callable[[int, frozenset[str]], float]
+
+
 def check_schedule(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     sched = Schedule(comp, ctx)
@@ -286,21 +289,49 @@ def check_schedule(comp: Component, ctx: Context) -> ComponentResult:
     if sched.family == "cosine" and not sched.reads("warmup"):
         return check_no_warmup(res, sched, got)
     if sched.factory:
-        res.notes.append(
-            text(
-                f"{comp.name}(optimizer, ...) returns a scheduler: it was stepped on an SGD "
-                "with lr 1, and the learning rate read after each step",
-                f"{comp.name}(optimizer, ...) 返回一个调度器：在 lr 为 1 的 SGD 上逐步调用，"
-                "每步之后读出学习率",
-            )
-        )
-    zero = got.get(0)
+        res.notes.append(_factory_note(comp))
     later = tuple(s for s in sched.steps if s > 0)
     values = {s: v for s, v in got.items() if isinstance(v, float)}
+    conventions, labels, flags_all = _conventions(sched)
+    found = _explain(values, conventions, flags_all, later)
+    best = min(
+        conventions, key=lambda c: _matches(values, lambda s, c=c: conventions[c](s, frozenset()), later)
+    )
+    conv = found[0] if found else best
+    right = conventions[conv]
+    res.convention = labels[conv]
+    _compare_values(res, sched, values, right, later)
+    _report_mistakes(res, ctx, comp, found, values, right, later)
+    _step_zero(res, ctx, comp, sched, got.get(0), right)
+    sizes = sched.sizes
+    res.notes.append(
+        _values_note(
+            values,
+            right,
+            (0, sizes["warmup"], 10 * sizes["warmup"])
+            if sched.family == "paper"
+            else (0, sizes["warmup"], sizes["total"], max(sched.steps)),
+        )
+    )
+    return finish(res)
+
+
+def _factory_note(comp: Component) -> Text:
+    return text(
+        f"{comp.name}(optimizer, ...) returns a scheduler: it was stepped on an SGD "
+        "with lr 1, and the learning rate read after each step",
+        f"{comp.name}(optimizer, ...) 返回一个调度器：在 lr 为 1 的 SGD 上逐步调用，"
+        "每步之后读出学习率",
+    )
+
+
+def _conventions(sched: Schedule) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
+    """The family's counting conventions (as references taking the step and a set of mistakes),
+    their labels, and the mistakes that can be named."""
     sizes = sched.sizes
     factor = sizes["factor"] if sched.args["factor"] else 1.0
     if sched.family == "paper":
-        conventions: dict[str, Callable[[int, frozenset[str]], float]] = {
+        conventions: dict[str, Convention] = {
             "from_1": lambda s, f: paper(max(s, 1), sizes["d_model"], factor, sizes["warmup"], f),
             "from_0": lambda s, f: paper(s + 1, sizes["d_model"], factor, sizes["warmup"], f),
         }
@@ -314,20 +345,26 @@ def check_schedule(comp: Component, ctx: Context) -> ComponentResult:
                 "步数从 0 开始数：lr(step) = rate(step + 1)（handformer）",
             ),
         }
-        flags_all = PAPER_FLAGS
-    else:
-        conventions = {
-            c: (
-                lambda s, f, c=c: cosine(
-                    s, sizes["max_lr"], sizes["min_lr"], sizes["warmup"], sizes["total"], c, f
-                )
+        return conventions, labels, PAPER_FLAGS
+    conventions = {
+        c: (
+            lambda s, f, c=c: cosine(
+                s, sizes["max_lr"], sizes["min_lr"], sizes["warmup"], sizes["total"], c, f
             )
-            for c in COSINE_CONVENTIONS
-        }
-        labels = {c: v[2] for c, v in COSINE_CONVENTIONS.items()}
-        flags_all = COSINE_FLAGS
-    # the convention and the smallest set of named mistakes that reproduce the values after step 0
-    found = None
+        )
+        for c in COSINE_CONVENTIONS
+    }
+    return conventions, {c: v[2] for c, v in COSINE_CONVENTIONS.items()}, COSINE_FLAGS
+
+
+def _explain(
+    values: dict[int, float],
+    conventions: dict[str, Convention],
+    flags_all: tuple[str, ...],
+    later: tuple[int, ...],
+) -> tuple[str, frozenset[str]] | None:
+    """The convention and the smallest set of named mistakes that reproduce the values after step 0
+    (None if no set of up to two does)."""
     for size in (0, 1, 2):
         for flags in itertools.combinations(flags_all, size):
             fs = frozenset(flags)
@@ -335,19 +372,15 @@ def check_schedule(comp: Component, ctx: Context) -> ComponentResult:
                 continue
             for conv, ref in conventions.items():
                 if _matches(values, lambda s, ref=ref, fs=fs: ref(s, fs), later) < REL_TOL:
-                    found = (conv, fs)
-                    break
-            if found:
-                break
-        if found:
-            break
-    best = min(
-        conventions, key=lambda c: _matches(values, lambda s, c=c: conventions[c](s, frozenset()), later)
-    )
-    conv = found[0] if found else best
-    right = conventions[conv]
+                    return conv, fs
+    return None
+
+
+def _compare_values(
+    res: ComponentResult, sched: Schedule, values: dict[int, float], right: Convention, later: tuple[int, ...]
+) -> None:
+    """The check that the values after step 0 equal the right schedule's."""
     worst = _matches(values, lambda s: right(s, frozenset()), later)
-    res.convention = labels[conv]
     res.max_abs_error = (
         max(abs(values[s] - right(s, frozenset())) for s in later) if math.isfinite(worst) else math.inf
     )
@@ -362,6 +395,18 @@ def check_schedule(comp: Component, ctx: Context) -> ComponentResult:
             text(f"largest relative difference {worst:.2e}", f"最大相对误差 {worst:.2e}"),
         )
     )
+
+
+def _report_mistakes(
+    res: ComponentResult,
+    ctx: Context,
+    comp: Component,
+    found: tuple[str, frozenset[str]] | None,
+    values: dict[int, float],
+    right: Convention,
+    later: tuple[int, ...],
+) -> None:
+    """A finding for each named mistake that reproduces the schedule, or a note that none does."""
     if found and found[1]:
         for flag in sorted(found[1]):
             name, _, form = flag.partition(":")
@@ -375,17 +420,6 @@ def check_schedule(comp: Component, ctx: Context) -> ComponentResult:
                 "没有任何已知错误（或两个错误的组合）能复现你的调度；请看下面的数值",
             )
         )
-    _step_zero(res, ctx, comp, sched, zero, right)
-    res.notes.append(
-        _values_note(
-            values,
-            right,
-            (0, sizes["warmup"], 10 * sizes["warmup"])
-            if sched.family == "paper"
-            else (0, sizes["warmup"], sizes["total"], max(sched.steps)),
-        )
-    )
-    return finish(res)
 
 
 def check_no_warmup(res: ComponentResult, sched: Schedule, got: dict[int, Any]) -> ComponentResult:
@@ -471,47 +505,26 @@ def _step_zero(
     comp: Component,
     sched: Schedule,
     zero: Any,
-    right: Callable[[int, frozenset[str]], float],
+    right: Convention,
 ) -> None:
     """Step 0: the paper's schedule must give rate(1) there (never 0, never a division by zero);
     cosine's CS336 warmup is 0 by its definition (a note)."""
     if isinstance(zero, fp.LearnerFailure):
-        res.findings.append(
-            _finding(
-                ctx,
-                comp,
-                "schedule_step_zero",
-                text(f"at step 0 it raised {zero.error.message}", f"步 0 抛出了 {zero.error.message}"),
-                "division",
-            )
-        )
+        observed = text(f"at step 0 it raised {zero.error.message}", f"步 0 抛出了 {zero.error.message}")
+        res.findings.append(_finding(ctx, comp, "schedule_step_zero", observed, "division"))
         return
     want = right(0, frozenset())
     if zero is None or _close(zero, want):
         if sched.family == "cosine" and zero == 0.0:
-            res.notes.append(
-                text(
-                    "the learning rate is 0 at step 0, so the first step does not move the weights "
-                    "(CS336's definition; (t + 1) / T_w starts above 0)",
-                    "步 0 的学习率为 0，第一次更新不会改变权重"
-                    "（CS336 就这样定义；(t + 1) / T_w 从大于 0 开始）",
-                )
-            )
+            res.notes.append(_zero_at_start_note())
         return
     if sched.family == "paper" and (zero == 0.0 or not math.isfinite(zero)):
         form = "zero" if zero == 0.0 else "division"
-        res.findings.append(
-            _finding(
-                ctx,
-                comp,
-                "schedule_step_zero",
-                text(
-                    f"at step 0 it gives {zero:g}; rate(1) = {want:.4g} is expected",
-                    f"步 0 得到 {zero:g}；应为 rate(1) = {want:.4g}",
-                ),
-                form,
-            )
+        observed = text(
+            f"at step 0 it gives {zero:g}; rate(1) = {want:.4g} is expected",
+            f"步 0 得到 {zero:g}；应为 rate(1) = {want:.4g}",
         )
+        res.findings.append(_finding(ctx, comp, "schedule_step_zero", observed, form))
         return
     res.checks.append(
         Check(
@@ -519,6 +532,15 @@ def _step_zero(
             False,
             text(f"{zero:.4g}, expected {want:.4g}", f"{zero:.4g}，应为 {want:.4g}"),
         )
+    )
+
+
+def _zero_at_start_note() -> Text:
+    return text(
+        "the learning rate is 0 at step 0, so the first step does not move the weights "
+        "(CS336's definition; (t + 1) / T_w starts above 0)",
+        "步 0 的学习率为 0，第一次更新不会改变权重"
+        "（CS336 就这样定义；(t + 1) / T_w 从大于 0 开始）",
     )
 
 
