@@ -14,7 +14,7 @@ It applies (`fused_reason` is None) to a prepared `CausalLM` whose every weight 
 blocks with exactly: RMSNorm, fused Q/K/V without biases or q/k norms, half-split RoPE over the
 whole head, plain softmax attention, a fused SwiGLU feed-forward without biases, no added
 positions, an unscaled embedding, no family settings, no window, no experts, fp32 on the CPU.
-Everything else decodes as before. Built by gcc at first use (c_kernels.py's cache); without gcc,
+Everything else decodes eagerly. Built by gcc at first use (c_kernels.py's cache); without gcc,
 AVX-512 or with HANDFORMER_NO_C_KERNELS=1 the model decodes eagerly.
 Shape legend: B rows (1 here), D width, H / Hkv query / key-value heads, Dh head dim, F FFN width,
 V vocabulary, C cache capacity.

@@ -29,8 +29,8 @@ width that is not a multiple of 16) the layer keeps the packed weight alone and 
 row count.
 
 The result equals `F.linear` up to the order of the sums (differences of about 1e-6 relative, as
-between two thread counts). The layer keeps only the packed weight (no second fp32 copy); its state
-dict still holds a plain `weight`, unpacked exactly (x = I gives W^T: each output is one product by 1
+between two thread counts). Beside the packed weight the layer keeps no copy but the C kernel's; its
+state dict still holds a plain `weight`, unpacked exactly (x = I gives W^T: each output is one product by 1
 plus zeros). It is for inference only: in training mode it raises (pack after training, or call
 `unpack_linears` first).
 
