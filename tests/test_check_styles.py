@@ -640,3 +640,20 @@ def test_an_attention_with_qk_norm_is_compared_with_handformers_qk_norm(tmp_path
     path.write_text(whole)
     (comp,) = check_file(str(path)).components
     assert comp.status == "not_checked" and "q_norm (16,), k_norm (8,)" in comp.error.message, format_report(check_file(str(path)))
+
+
+def test_a_start_pos_given_one_a_batch_row_is_handed_so(tmp_path):
+    """Raschka's batched KV cache: an attention and a block whose start_pos is a (B,) tensor, one start
+    a row, refuse the int 0 and are handed torch.zeros(B); both are then compared and pass."""
+    source = (WRITTEN["llama"] / "correct.py").read_text()
+    source = source.replace("        bsz, seqlen, _ = x.shape\n        xq, xk, xv",
+                            "        bsz, seqlen, _ = x.shape\n        start_pos = int(start_pos[0])  # one a row\n"
+                            "        xq, xk, xv", 1)
+    source = source.replace("h = layer(h, start_pos, freqs_cis, mask)",
+                            "h = layer(h, torch.full((tokens.shape[0],), start_pos), freqs_cis, mask)")
+    assert source.count("one a row") == 1 and "torch.full((tokens" in source
+    path = tmp_path / "per_row_start.py"
+    path.write_text(source)
+    result = check_file(str(path), only=["gqa", "block"])
+    status = {c.name: c.status for c in result.components}
+    assert status["Attention"] == status["TransformerBlock"] == "pass", format_report(result)

@@ -55,7 +55,7 @@ from handformer.check.conventions import masks_where_true
 from handformer.check.discovery import Component
 from handformer.check.localize import note_attention_departure
 from handformer.check.result import Check, ComponentResult, Finding, text
-from handformer.check.rope_tables import either_table
+from handformer.check.rope_tables import either_start, either_table
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
     QK_NORM_ROLES,
@@ -123,7 +123,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
             def run(*a: Any, **k: Any) -> Any:
                 return either_table(fn, list(a), k, layout)
         if "start_pos" in named:
-            return _either_start(run, args, kwargs, layout, B)
+            return either_start(run, args, kwargs, layout, B)
         if "freqs_cis" in named:
             return run(*args, **kwargs)
         if "position_embeddings" not in named or "batched" in layout:
@@ -170,23 +170,6 @@ def _either_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dic
         layout["batched"] = True
         return out
 
-
-def _either_start(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:
-    """start_pos 0, else one start per batch row, a (B,) tensor (Raschka's batched KV cache); the form
-    that runs is kept. When neither runs, their error with the first is raised."""
-    if layout.get("per_row"):
-        return fn(*args, **{**kwargs, "start_pos": torch.zeros(B, dtype=torch.long)})
-    try:
-        return fn(*args, **kwargs)
-    except Exception as first:  # noqa: BLE001 - theirs, unless a start per row runs
-        if "per_row" in layout:
-            raise
-        try:
-            out = fn(*args, **{**kwargs, "start_pos": torch.zeros(B, dtype=torch.long)})
-        except Exception:  # noqa: BLE001
-            raise first from None
-        layout["per_row"] = True
-        return out
 
 
 def batched_cos_sin(T: int, head_dim: int, B: int, batched: bool, dtype: torch.dtype) -> tuple[Tensor, ...]:

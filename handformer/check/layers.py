@@ -59,7 +59,7 @@ from handformer.check.conventions import masks_where_true
 from handformer.check.discovery import Component, argument_keys
 from handformer.check.pieces import FFN_ACTIVATIONS, HF_NAME, ffn_name_findings
 from handformer.check.result import DIFFERS, Check, ComponentResult, Finding, text
-from handformer.check.rope_tables import either_table
+from handformer.check.rope_tables import either_start, either_table
 from handformer.check.source import locate, source_lines
 from handformer.check.weights import (
     MappingError,
@@ -97,7 +97,7 @@ class Layer:
         self.visible: str | None = None
         self.extra = {p.name for p in params} & {"freqs_cis", "start_pos", "position_ids",
                                                  "position_embeddings", "cos", "sin", "input_pos"}
-        self.table_layout: dict[str, bool] = {}  # which rotary table runs (rope_tables.either_table)
+        self.table_layout: dict[str, bool] = {}  # which rotary table and start run (rope_tables)
         self.takes_mask = bool(self.masks)
         self.sizes = layer_sizes(comp.obj)
         x = torch.randn(2, 3, D)
@@ -119,7 +119,6 @@ class Layer:
         self.batched_cos_sin = False  # Hugging Face's (cos, sin) are (B, T, Dh); minimind's (T, Dh)
         if "position_embeddings" in self.extra:
             self.batched_cos_sin = self._second_form(x.double(), "batched_cos_sin")
-        self.start_per_row = False  # start_pos 0, or one per batch row (B,) (Raschka's batched cache)
 
     def _second_form(self, x: Tensor, flag: str) -> bool:
         """Whether the layer refuses the first form of an argument and takes the second (`flag` set:
@@ -167,21 +166,13 @@ class Layer:
 
     def _run(self, args: list[Any], kwargs: dict[str, Any], B: int) -> Any:
         """The module on args, its rotary table complex or as real pairs, start_pos 0 or one a row."""
-        def run(**k: Any) -> Any:
+        def run(*a: Any, **k: Any) -> Any:
             if "freqs_cis" in k:  # Meta's complex table, or gpt-fast's real pairs
-                return either_table(self.module, args, k, self.table_layout)
-            return self.module(*args, **k)
-        if "start_pos" not in self.extra or self.start_per_row:
-            return run(**kwargs)
-        try:
-            return run(**kwargs)
-        except Exception as first:  # noqa: BLE001 - theirs, unless a start_pos per batch row runs
-            try:
-                out = run(**{**kwargs, "start_pos": torch.zeros(B, dtype=torch.long)})
-            except Exception:  # noqa: BLE001
-                raise first from None
-            self.start_per_row = True
-            return out
+                return either_table(self.module, list(a), k, self.table_layout)
+            return self.module(*a, **k)
+        if "start_pos" not in self.extra:
+            return run(*args, **kwargs)
+        return either_start(run, args, kwargs, self.table_layout, B)
 
     def _extra_kwargs(self, x: Tensor) -> dict[str, Any]:
         B, T = x.shape[:2]
@@ -198,7 +189,7 @@ class Layer:
             elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
                 out[name] = cos_sin(T, self.head_dim)[name == "sin"].to(x.dtype)
             elif name == "start_pos":
-                out[name] = torch.zeros(B, dtype=torch.long) if self.start_per_row else 0
+                out[name] = 0  # or one a batch row: rope_tables.either_start
             else:
                 out[name] = torch.arange(T)[None].expand(B, T)
         return out

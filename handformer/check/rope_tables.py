@@ -1,5 +1,6 @@
-"""The rotary table a Llama-style forward(x, freqs_cis, ...) is handed: Meta's complex (T, Dh/2), or
-gpt-fast's, the same numbers as real pairs (T, Dh/2, 2) (cos, sin); the one that runs is kept."""
+"""The position arguments a Llama-style forward is handed, in the form that runs, kept once found: the
+rotary table of forward(x, freqs_cis, ...), Meta's complex (T, Dh/2) or gpt-fast's, the same numbers
+as real pairs (T, Dh/2, 2) (cos, sin); and forward(x, start_pos, ...)'s start, 0 or one a batch row."""
 
 from __future__ import annotations
 
@@ -26,4 +27,20 @@ def either_table(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[
         except Exception:  # noqa: BLE001  (neither: the complex table's error is theirs)
             raise first from None
         layout["real_table"] = True
+        return out
+
+
+def either_start(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:
+    """fn(*args, **kwargs) with start_pos 0, else one start per batch row, a (B,) tensor (Raschka's
+    batched KV cache); the form that runs is kept. When neither runs, the first one's error is raised."""
+    if layout.get("per_row"):
+        return fn(*args, **{**kwargs, "start_pos": torch.zeros(B, dtype=torch.long)})
+    try:
+        return fn(*args, **kwargs)
+    except Exception as first:  # noqa: BLE001 - theirs, unless a start per row runs
+        try:
+            out = fn(*args, **{**kwargs, "start_pos": torch.zeros(B, dtype=torch.long)})
+        except Exception:  # noqa: BLE001
+            raise first from None
+        layout["per_row"] = True
         return out
