@@ -147,6 +147,21 @@ def check_temperature(comp: Component, ctx: Context) -> ComponentResult:
 
 # --- top-k and top-p ------------------------------------------------------------------------------
 
+def _filtered(ctx: Context, comp: Component, call: Caller, logits: Tensor,
+              **setting: float) -> tuple[Any, tuple[Tensor, float | None]]:
+    """call(logits, top_k=k) or (logits, top_p=p): its output and the tokens it kept (kept_tokens);
+    the learner's failure when the output is not filtered logits of the input's shape."""
+    out = call(logits, **setting)
+    read = kept_tokens(out, logits)
+    if read is None:
+        (value,) = setting.values()
+        raise ctx.learner.fail("forward", f"{comp.name}(logits, {value}) returned {shape_of(out)}; expected "
+                               f"filtered logits of shape {tuple(logits.shape)}",
+                               f"{comp.name}(logits, {value}) 返回了 {shape_of(out)}；应当返回形状为 "
+                               f"{tuple(logits.shape)} 的过滤后的 logits")
+    return out, read
+
+
 def kept_tokens(out: Any, logits: Tensor) -> tuple[Tensor, float | None] | None:
     """The tokens a filter kept (bool, like logits) and the value it filled the others with (None
     for -inf, or when it returns probabilities); None if the output is not filtered logits."""
@@ -180,14 +195,7 @@ def check_top_k(comp: Component, ctx: Context) -> ComponentResult:
     logits = test_logits()
     worst = 0
     for k in (1, 3, 5, 7):
-        out = call(logits, top_k=k)
-        read = kept_tokens(out, logits)
-        if read is None:
-            raise ctx.learner.fail("forward", f"{comp.name}(logits, {k}) returned {shape_of(out)}; expected "
-                                   f"filtered logits of shape {tuple(logits.shape)}",
-                                   f"{comp.name}(logits, {k}) 返回了 {shape_of(out)}；应当返回形状为 "
-                                   f"{tuple(logits.shape)} 的过滤后的 logits")
-        kept, fill = read
+        out, (kept, fill) = _filtered(ctx, comp, call, logits, top_k=k)
         right = torch.isfinite(top_k_filter(logits, k))
         wrong = int((kept != right).sum())
         worst = max(worst, wrong)
@@ -316,13 +324,7 @@ def _kept_per_case(res: ComponentResult, ctx: Context, comp: Component, call: Ca
     """The tokens the filter keeps in each case (a finding when it fills with a finite value)."""
     kept_all = []
     for logits, p in cases:
-        out = call(logits, top_p=p)
-        read = kept_tokens(out, logits)
-        if read is None:
-            raise ctx.learner.fail("forward", f"{comp.name}(logits, {p}) returned {shape_of(out)}; expected "
-                                   f"filtered logits of shape {tuple(logits.shape)}",
-                                   f"{comp.name}(logits, {p}) 返回了 {shape_of(out)}；应当返回形状为 "
-                                   f"{tuple(logits.shape)} 的过滤后的 logits")
+        out, read = _filtered(ctx, comp, call, logits, top_p=p)
         _fill_finding(res, ctx, comp, out, *read)
         kept_all.append(read[0])
     return kept_all
