@@ -151,17 +151,23 @@ HF = {
 TEXT = "to be or not to be, that is the question: whether 'tis nobler in the mind to suffer\n"
 
 
-@pytest.mark.parametrize("family", list(HF))
-def test_an_imported_model_generates_the_same_in_llama_cpp(family, tmp_path):
-    torch.manual_seed(sorted(HF).index(family))
-    hf_model = HF[family]()
+def _import_and_export(hf_model, tmp_path: Path, gguf_name: str):
+    """hf_model's weights moved off their initial values, saved with a character tokenizer to
+    tmp_path/hf, imported (tmp_path/run) and exported to tmp_path/gguf_name; hf_model back."""
     with torch.no_grad():
         for p in hf_model.parameters():
             p.add_(0.2 * torch.randn_like(p))
     hf_model.save_pretrained(tmp_path / "hf", safe_serialization=True)
     Tokenizer.train_char([TEXT]).save(tmp_path / "hf" / "tokenizer.json")
     assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "run")]) == 0
-    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")]) == 0
+    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / gguf_name)]) == 0
+    return hf_model
+
+
+@pytest.mark.parametrize("family", list(HF))
+def test_an_imported_model_generates_the_same_in_llama_cpp(family, tmp_path):
+    torch.manual_seed(sorted(HF).index(family))
+    _import_and_export(HF[family](), tmp_path, "m.gguf")
     _same_greedy(tmp_path / "run", tmp_path / "m.gguf", "to be or", n=32)
 
 
@@ -180,14 +186,7 @@ def test_phi4_minis_partial_rope_and_longrope_generate_the_same_in_llama_cpp(fac
     the sequence: short factors with an original context of 256 and llama.cpp's context 256; long
     ones with an original context of 16 and a prompt past it, so every generated token has them."""
     torch.manual_seed(7)
-    hf_model = _phi4_mini(256, 512) if factors == "short" else _phi4_mini(16, 96)
-    with torch.no_grad():
-        for p in hf_model.parameters():
-            p.add_(0.2 * torch.randn_like(p))
-    hf_model.save_pretrained(tmp_path / "hf", safe_serialization=True)
-    Tokenizer.train_char([TEXT]).save(tmp_path / "hf" / "tokenizer.json")
-    assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "run")]) == 0
-    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "m.gguf")]) == 0
+    _import_and_export(_phi4_mini(256, 512) if factors == "short" else _phi4_mini(16, 96), tmp_path, "m.gguf")
     prompt = "to be or" if factors == "short" else TEXT[:24]
     _same_greedy(tmp_path / "run", tmp_path / "m.gguf", prompt, n=32, n_ctx=256 if factors == "short" else None)
 
@@ -396,14 +395,7 @@ def test_apertus_and_ministral3_as_llama_cpps_converter_writes_them(family, tmp_
     from handformer.convert.gguf_file import read_gguf
 
     torch.manual_seed(sorted(HF).index(family))
-    hf_model = HF[family]().eval()
-    with torch.no_grad():
-        for p in hf_model.parameters():
-            p.add_(0.2 * torch.randn_like(p))
-    hf_model.save_pretrained(tmp_path / "hf", safe_serialization=True)
-    Tokenizer.train_char([TEXT]).save(tmp_path / "hf" / "tokenizer.json")
-    assert main(["import-hf", str(tmp_path / "hf"), str(tmp_path / "run")]) == 0
-    assert main(["export-gguf", str(tmp_path / "run"), str(tmp_path / "ours.gguf")]) == 0
+    hf_model = _import_and_export(HF[family]().eval(), tmp_path, "ours.gguf")
     _convert(tmp_path / "hf", tmp_path / "theirs.gguf", "gpt-2", "llama-as-gpt2")
     ours, theirs = read_gguf(tmp_path / "ours.gguf"), read_gguf(tmp_path / "theirs.gguf")
     keys = lambda f: {k: v for k, v in f.metadata.items()  # noqa: E731
