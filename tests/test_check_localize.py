@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from handformer.check.report import format_report
-from handformer.check.runners import check_file
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import format_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
