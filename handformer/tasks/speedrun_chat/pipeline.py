@@ -133,7 +133,8 @@ class SpeedrunChatConfig:
                 if not value > 0 and f.name != "grpo_countdown_share":
                     raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be > 0")
                 continue
-            low = 0 if f.name in ("seed", "threads", "pretrain_pydoc_chars", "sft_countdown_tries") else 1
+            low = 0 if f.name in ("seed", "threads", "pretrain_pydoc_chars", "sft_countdown_tries") else \
+                3 if f.name == "grpo_countdown_numbers" else 1
             if not is_int(value) or value < low:
                 raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be an integer "
                                  f">= {low}")
