@@ -55,7 +55,7 @@ from handformer.check.core.reference_attention import handformer_attention
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.rope_tables import either_start, either_table
 from handformer.check.core.rotary import ROPE_WORDS, cos_sin, rope_note, rope_tables
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.weights import (
     MappingError,
     Slot,
@@ -419,10 +419,7 @@ def rope_settings(comp: Component, c: Caller) -> tuple[str | None, ...]:
     interleaved; otherwise, if its source speaks of rotary positions, either layout (or none)."""
     if c.rope_table:
         return ("interleaved",)
-    try:
-        source = inspect.getsource(comp.obj).lower()
-    except (OSError, TypeError):
-        return (None,)
+    source = source_text(comp.obj).lower()
     tables = re.search(r"def forward\([^)]*\bcos\b[^)]*\bsin\b", source)  # Raschka's (x, mask, cos, sin)
     return (None, "half", "interleaved") if tables or any(w in source for w in ROPE_WORDS) else (None,)
 
@@ -564,7 +561,7 @@ def _conventions(ctx: Context, comp: Component, c: Caller) -> tuple[str, ...]:
     """The mask conventions to try: torch.nn's (True = masked) first where the source masks where
     the mask is True."""
     convs = ctx.conventions(c.mask_name)
-    if ctx.convention is None and masks_where_true(_source_of(comp.obj), c.mask_name):
+    if ctx.convention is None and masks_where_true(source_text(comp.obj), c.mask_name):
         convs = ("torch", "torch3", "torch2") + convs
     return convs
 
@@ -687,13 +684,6 @@ def single_head(comp: Component, linears: list[Any], n_kv_heads: int | None) -> 
     if "n_heads" in argument_keys(comp.obj).values() or any(n in CONFIG_NAMES for n in names):
         return False
     return all(tuple(leaf.weight.shape) == (D, D) for leaf in linears)
-
-
-def _source_of(obj: Any) -> str:
-    try:
-        return inspect.getsource(obj)
-    except (OSError, TypeError):
-        return ""
 
 
 def ctx_sizes() -> dict[str, Any]:
