@@ -181,3 +181,37 @@ def test_unnamed_mistake_in_rotary_grouped_attention_is_localized(tmp_path, name
     assert f"第 {number} 行" in note["zh"] and planted in note["zh"]
     quoted = [ln.strip() for ln in source.splitlines() if len(ln.strip()) > 20 and ln.strip() in note["en"]]
     assert planted in quoted and len(quoted) <= 2  # the planted line, and the helper's line at most
+
+
+# The rotary apply functions checked alone (kind rope), each style: (fixture, the correct line, the
+# planted line, the step named, the form or None).
+APPLY_PLANTS = {
+    "half_k_cos_twice": ("learners_llm", "k * cos + rotate_half(k) * sin", "k * cos + rotate_half(k) * cos",
+                         "`return[1]` at line", None),
+    "half_q_halved": ("learners_llm", "return q * cos + rotate_half(q) * sin,",
+                      "return (q * cos + rotate_half(q) * sin) / 2,", "`return[0]` at line",
+                      "q rotated (half pairs) times a constant factor 0.5 = 1/2"),
+    "meta_keys_conjugated": ("learners_llama", "xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)",
+                             "xk_out = torch.view_as_real(xk_ * freqs_cis.conj()).flatten(3)", "`xk_out` at line",
+                             None),
+}
+
+
+@pytest.mark.parametrize("name", APPLY_PLANTS)
+def test_unnamed_mistake_in_a_rotary_apply_function_is_localized(tmp_path, name):
+    family, old, new, step, form = APPLY_PLANTS[name]
+    correct = (FIXTURES / family / "correct.py").read_text()
+    assert correct.count(old) == 1
+    source = correct.replace(old, new)
+    number, planted = next((i + 1, ln.strip()) for i, ln in enumerate(source.splitlines()) if new in ln)
+    path = tmp_path / "learner.py"
+    path.write_text(source)
+    result = check_file(str(path), only=["rope"])
+    report = format_report(result)
+    failed = [c for c in result.components if c.status == "fail"]
+    assert len(failed) == 1 and not failed[0].findings, report
+    (note,) = [n for n in failed[0].notes if "parts from the reference" in n["en"]]
+    assert f"{step} {number}: {planted}" in note["en"], report
+    assert form is None or form in note["en"], report
+    quoted = [ln.strip() for ln in source.splitlines() if len(ln.strip()) > 20 and ln.strip() in note["en"]]
+    assert quoted == [planted]

@@ -61,8 +61,8 @@ class _Tracer:
         for name, value in seen.items():
             if isinstance(value, Tensor) and not value.is_complex() and _changed(before[0].get(name), value):
                 self.record(frame, before[1], name, value)
-        if event == "return" and isinstance(arg, Tensor) and arg.grad_fn is not None and not arg.is_complex():
-            self.steps.append(Step(frame.f_lineno, "return", arg.detach().double(), self.caller(frame)))
+        if event == "return":
+            self.returned(frame, arg)
         held = {k: _snapshot(v) if self.constants else v for k, v in seen.items()}
         self.state[id(frame)], self.now = (held, frame.f_lineno), frame.f_lineno
         return self.local
@@ -74,6 +74,14 @@ class _Tracer:
             self.dropped.add(self.last.get((id(frame), name), -1))
             self.last[(id(frame), name)] = len(self.steps)
             self.steps.append(Step(line, name, value.detach().clone().double(), self.caller(frame)))
+
+    def returned(self, frame: Any, value: Any) -> None:
+        """What a frame returns: a tensor, or each tensor of a tuple (`return q, k`), as steps."""
+        items = [("return", value)] if isinstance(value, Tensor) else [
+            (f"return[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else []
+        for name, v in items:
+            if isinstance(v, Tensor) and v.grad_fn is not None and not v.is_complex():
+                self.steps.append(Step(frame.f_lineno, name, v.detach().double(), self.caller(frame)))
 
     def caller(self, frame: Any) -> int | None:
         """The line of the outermost frame of the learner's file below this one (the forward that
@@ -362,7 +370,7 @@ def _positioned(w: V.MHAWeights, qh: Tensor, kh: Tensor, views: list[View],
         views = views + [("the heads of q, normed (QK-norm)", normed[0]),
                          ("the heads of k, normed (QK-norm)", normed[1])]
     if w.rope == "half":
-        views = views + [(f"rotate_half({name})", _rotate_half(t)) for name, t in zip("qk", normed)]
+        views = views + [(f"rotate_half({name})", rotate_half(t)) for name, t in zip("qk", normed)]
     qr, kr = V.qk_positions(w, qh, kh, 0, frozenset())
     if w.rope is not None:
         views = views + [(f"the heads of q, rotated ({w.rope} rotary)", qr),
@@ -370,7 +378,7 @@ def _positioned(w: V.MHAWeights, qh: Tensor, kh: Tensor, views: list[View],
     return qr, kr, views
 
 
-def _rotate_half(t: Tensor) -> Tensor:
+def rotate_half(t: Tensor) -> Tensor:
     """(..., Dh) -> (-the second half, the first half): the half-split rotation's helper."""
     half = t.size(-1) // 2
     return torch.cat([-t[..., half:], t[..., :half]], dim=-1)
