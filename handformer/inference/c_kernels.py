@@ -146,26 +146,21 @@ def int8_linear(x: Tensor, q: Tensor, scales: Tensor) -> Tensor:
     return y
 
 
-def int8_vnni_linear(x: Tensor, q: Tensor, scales: Tensor, bias: Tensor | None) -> Tensor:
-    """(M, K) fp32 rows times the (N, K) int8 weight, scaled per output, plus the bias: (M, N) fp32,
-    the activations rounded to int8 in blocks of 32 on the way. kernel("int8_vnni_linear") must not be
-    None; K a multiple of 32; every tensor contiguous on the CPU."""
-    y = torch.empty(x.shape[0], q.shape[0])  # (M, N)
-    kernel("int8_vnni_linear")(x.data_ptr(), q.data_ptr(), scales.data_ptr(), None if bias is None else
-                               bias.data_ptr(), y.data_ptr(), x.shape[0], q.shape[0], q.shape[1],
-                               torch.get_num_threads())
-    return y
+def pointers(*tensors: Tensor | None) -> tuple[int | None, ...]:
+    """Each tensor's address (None for None): what a layer keeps to call vnni_linear."""
+    return tuple(None if t is None else t.data_ptr() for t in tensors)
 
 
-def int4_vnni_linear(x: Tensor, nibbles: Tensor, d: Tensor, bias: Tensor | None) -> Tensor:
-    """(M, K) fp32 rows times the int4 weight w = d * (q - 8) in groups of 32 inputs, plus the bias:
-    (M, N) fp32, the activations rounded to int8 in blocks of 32 on the way. `nibbles` (N, K/2) uint8
-    (input 2j in byte j's low nibble, 2j + 1 in its high one), `d` (N, K/32) float16.
-    kernel("int4_vnni_linear") must not be None; every tensor contiguous on the CPU."""
-    y = torch.empty(x.shape[0], nibbles.shape[0])  # (M, N)
-    kernel("int4_vnni_linear")(x.data_ptr(), nibbles.data_ptr(), d.data_ptr(), None if bias is None else
-                               bias.data_ptr(), y.data_ptr(), x.shape[0], nibbles.shape[0], x.shape[1],
-                               torch.get_num_threads())
+def vnni_linear(name: str, x: Tensor, weights: tuple[int | None, ...], n: int) -> Tensor:
+    """(M, K) fp32 rows times the weight VNNI kernel `name` reads at `weights` (its addresses:
+    int8_vnni_linear's (N, K) int8 values, (N,) fp32 scales and bias or None; int4_vnni_linear's
+    (N, K/2) nibbles, input 2j in byte j's low nibble and 2j + 1 in its high one, (N, K/32) float16
+    scales d of w = d * (q - 8), bias or None), plus the bias: (M, n) fp32, the activations rounded
+    to int8 in blocks of 32 on the way. kernel(name) must not be None; K a multiple of 32; x
+    contiguous on the CPU. The addresses come from `pointers`: the layer keeps them (and the tensors)
+    because reading four tensors' addresses costs more than a small layer's product."""
+    y = torch.empty(x.shape[0], n)  # (M, N)
+    kernel(name)(x.data_ptr(), *weights, y.data_ptr(), x.shape[0], n, x.shape[1], torch.get_num_threads())
     return y
 
 
@@ -194,5 +189,4 @@ def f32_linear(x: Tensor, blocked: Tensor, n: int, bias: Tensor | None) -> Tenso
 
 
 __all__ = ["K_MULTIPLE", "MAX_ROWS", "OFF_ENV", "VNNI", "VNNI_K_MULTIPLE", "block_rows", "f32_linear",
-           "int4_vnni_linear", "int8_linear", "int8_vnni_linear", "kernel", "unblock_rows", "usable",
-           "why_not"]
+           "int8_linear", "kernel", "pointers", "unblock_rows", "usable", "vnni_linear", "why_not"]

@@ -105,6 +105,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", torch.ones(out_features, dtype=torch.float32))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self._scales_as: tuple[tuple[int, int, torch.dtype], Tensor] | None = None
+        self._vnni: tuple[tuple, tuple, tuple[int | None, ...]] | None = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, kernel: str = DEFAULT_KERNEL) -> Int8Linear:
@@ -128,12 +129,14 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., K) -> (..., N)."""
         kernel = self.kernel
-        rows = None if kernel in ("c-fp32", "vnni") else c_kernels.MAX_ROWS
+        max_rows = None if kernel in ("c-fp32", "vnni") else c_kernels.MAX_ROWS
         if (kernel in ("vnni", "auto") and self.weight.is_cpu
-                and c_kernels.usable("int8_vnni_linear", x, self.in_features, rows)):
-            return self._vnni(x)
+                and c_kernels.usable("int8_vnni_linear", x, self.in_features, max_rows)):
+            rows = x.reshape(-1, self.in_features).contiguous()  # (M, K)
+            y = c_kernels.vnni_linear("int8_vnni_linear", rows, self.vnni_weights(), self.out_features)
+            return y.view(*x.shape[:-1], self.out_features)  # (..., N)
         if kernel in ("c-fp32", "auto", "vnni"):
-            if self.weight.is_cpu and c_kernels.usable("int8_linear", x, self.in_features, rows):
+            if self.weight.is_cpu and c_kernels.usable("int8_linear", x, self.in_features, max_rows):
                 return self._c_fp32(x)
             kernel = TORCH_KERNEL
         if kernel == "int8pack-bf16" and self.in_features % BF16_K_MULTIPLE:
@@ -151,13 +154,16 @@ class Int8Linear(nn.Module):
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, dequantize_int8(self.weight, self.scales, x.dtype), bias)
 
-    def _vnni(self, x: Tensor) -> Tensor:
-        """x: (..., K) -> (..., N) through the VNNI kernel (c_kernels.py; `c_kernels.usable` said yes)."""
-        rows = x.reshape(-1, self.in_features).contiguous()  # (M, K)
-        bias = None if self.bias is None else self.bias.to(x.dtype).contiguous()
-        y = c_kernels.int8_vnni_linear(rows, self.weight.contiguous(), self.scales.contiguous(), bias)
-        # y: (M, N)
-        return y.view(*x.shape[:-1], self.out_features)  # (..., N)
+    def vnni_weights(self) -> tuple[int | None, ...]:
+        """The addresses the VNNI kernel reads (weight, scales, fp32 bias), kept while the layer
+        holds the same tensor objects (written in place, they stay where they are)."""
+        tensors = (self._buffers["weight"], self._buffers["scales"], self._parameters.get("bias"))
+        if self._vnni is None or any(a is not b for a, b in zip(self._vnni[0], tensors)):
+            weight, scales, bias = tensors
+            kept = (weight.contiguous(), scales.float().contiguous(),
+                    None if bias is None else bias.detach().float().contiguous())
+            self._vnni = (tensors, kept, c_kernels.pointers(*kept))
+        return self._vnni[2]
 
     def _c_fp32(self, x: Tensor) -> Tensor:
         """x: (..., K) -> (..., N) through the C kernel (c_kernels.py; `c_kernels.usable` said yes)."""

@@ -108,6 +108,7 @@ class Int4Linear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self._packed: tuple[tuple[int, ...], Tensor, Tensor] | None = None
         self._vnni_scales: tuple[tuple[int, ...], Tensor | None] | None = None
+        self._vnni: tuple[tuple, tuple, tuple[int | None, ...]] | None = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 32, kernel: str = "auto",
@@ -146,6 +147,16 @@ class Int4Linear(nn.Module):
             self._vnni_scales = (key, half.contiguous() if exact else None)
         return self._vnni_scales[1]
 
+    def _vnni_weights(self, d: Tensor) -> tuple[int | None, ...]:
+        """The addresses the VNNI kernel reads (nibbles, float16 scales `d`, fp32 bias), kept while
+        the layer holds the same tensor objects."""
+        tensors = (self._buffers["weight"], d, self._parameters.get("bias"))
+        if self._vnni is None or any(a is not b for a, b in zip(self._vnni[0], tensors)):
+            weight, _, bias = tensors
+            kept = (weight.contiguous(), d, None if bias is None else bias.detach().float().contiguous())
+            self._vnni = (tensors, kept, c_kernels.pointers(*kept))
+        return self._vnni[2]
+
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., K) -> (..., N)."""
         if self.kernel in ("auto", "vnni"):
@@ -153,8 +164,7 @@ class Int4Linear(nn.Module):
             if (c_kernels.usable("int4_vnni_linear", x, self.in_features, rows)
                     and (d := self.vnni_scales()) is not None):
                 flat = x.reshape(-1, self.in_features).contiguous()  # (M, K)
-                bias = None if self.bias is None else self.bias.to(x.dtype).contiguous()
-                y = c_kernels.int4_vnni_linear(flat, self.weight.contiguous(), d, bias)  # (M, N)
+                y = c_kernels.vnni_linear("int4_vnni_linear", flat, self._vnni_weights(d), self.out_features)
                 return y.view(*x.shape[:-1], self.out_features)  # (..., N)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         if self.kernel != "dequant" and x.is_cpu and _HAS_INT4PACK:

@@ -97,23 +97,25 @@ static void prepare_int4(const float *x, int64_t K, Row *row, int64_t chunks) {
     }
 }
 
-static Row *rows_alloc(int64_t M, int64_t bytes) {  /* M rows of `bytes` quantized values each */
-    Row *rows = malloc(M * sizeof(Row));
+/* M rows of `bytes` quantized values each, in this thread's scratch memory (kept between calls:
+ * a malloc a call costs more than a small layer's product). */
+static Row *rows_get(int64_t M, int64_t bytes) {
+    static __thread uint8_t *scratch = NULL;
+    static __thread int64_t size = 0;
+    int64_t head = (M * (int64_t)sizeof(Row) + 63) / 64 * 64, need = head + 3 * M * bytes;
+    if (need > size) {
+        free(scratch);
+        scratch = aligned_alloc(64, need);
+        size = need;
+    }
+    Row *rows = (Row *)scratch;
     for (int64_t m = 0; m < M; m++) {
-        rows[m].q = aligned_alloc(64, bytes);
-        rows[m].start = aligned_alloc(64, bytes);  /* one int32 a four bytes */
-        rows[m].scale = aligned_alloc(64, bytes);
+        uint8_t *base = scratch + head + 3 * m * bytes;
+        rows[m].q = (int8_t *)base;
+        rows[m].start = (int32_t *)(base + bytes);  /* one int32 a four bytes */
+        rows[m].scale = (float *)(base + 2 * bytes);
     }
     return rows;
-}
-
-static void rows_free(Row *rows, int64_t M) {
-    for (int64_t m = 0; m < M; m++) {
-        free(rows[m].q);
-        free(rows[m].start);
-        free(rows[m].scale);
-    }
-    free(rows);
 }
 
 /* One int8 weight row w (K bytes, `chunks` chunks of 64, the last one `tail` bytes long) dotted with
@@ -147,14 +149,13 @@ void int8_vnni_linear(const float *x, const int8_t *q, const float *scale, const
                       int64_t M, int64_t N, int64_t K, int threads) {
     int64_t chunks = (K + 63) / 64;
     __mmask64 tail = K % 64 ? (((__mmask64)1 << (K % 64)) - 1) : ~(__mmask64)0;
-    Row *rows = rows_alloc(M, chunks * 64);
+    Row *rows = rows_get(M, chunks * 64);
     for (int64_t m = 0; m < M; m++)
         prepare_int8(x + m * K, K, &rows[m], chunks);
-    #pragma omp parallel for num_threads(threads) schedule(static)
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t n = 0; n < N; n++)  /* each weight row read once, for every activation row */
         for (int64_t m = 0; m < M; m++)
             y[m * N + n] = int8_dot(q + n * K, &rows[m], chunks, tail) * scale[n] + (bias ? bias[n] : 0.0f);
-    rows_free(rows, M);
 }
 
 /* One chunk (four blocks) of an int4 row: 64 bytes `packed`, their four float16 scales `d4`. */
@@ -192,12 +193,11 @@ void int4_vnni_linear(const float *x, const uint8_t *qs, const uint16_t *d, cons
                       int64_t M, int64_t N, int64_t K, int threads) {
     int64_t chunks = (K + 127) / 128, G = K / BLOCK;
     int groups = (int)(G - (chunks - 1) * 4);
-    Row *rows = rows_alloc(M, chunks * 128);
+    Row *rows = rows_get(M, chunks * 128);
     for (int64_t m = 0; m < M; m++)
         prepare_int4(x + m * K, K, &rows[m], chunks);
-    #pragma omp parallel for num_threads(threads) schedule(static)
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t n = 0; n < N; n++)
         for (int64_t m = 0; m < M; m++)
             y[m * N + n] = int4_dot(qs + n * (K / 2), d + n * G, &rows[m], chunks, groups) + (bias ? bias[n] : 0.0f);
-    rows_free(rows, M);
 }
