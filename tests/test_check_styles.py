@@ -14,8 +14,8 @@ import pytest
 from check_plants import WRITTEN, WRITTEN_PLANTS, correct_file, written_file, written_source
 from helpers import missing
 
-from handformer.check.report import exit_code, format_report, to_json
-from handformer.check.runners import check_file
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import exit_code, format_report, to_json
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
@@ -403,8 +403,8 @@ def test_a_whole_llama_is_compared_with_rotary_positions_grouped_query_attention
 
 
 def test_an_error_written_in_english_only_has_a_chinese_sentence_under_lang_zh():
-    from handformer.check.report import format_error
-    from handformer.check.result import LearnerError
+    from handformer.check.core.report import format_error
+    from handformer.check.core.result import LearnerError
 
     (line,) = format_error(LearnerError("mapping", "expected nn.Embedding(vocab_size=29, n_embd)", "__init__"), "zh")
     assert "检查程序没能把你的参数对应到 handformer 的参数上（原文：expected nn.Embedding" in line
