@@ -144,6 +144,30 @@ static float int8_dot(const int8_t *w, const Row *x, int64_t chunks, __mmask64 t
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
+/* One int8 weight row dotted with four quantized rows x[0..3] (a short group repeats a row): each
+ * weight chunk loaded and flipped once for the four (prompts and batches). */
+static void int8_dot4(const int8_t *w, const Row *const x[4], int64_t chunks, __mmask64 tail, float out[4]) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t c = 0; c < chunks; c++) {
+        __mmask64 mask = c + 1 == chunks ? tail : ~(__mmask64)0;
+        __m512i wu = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w + c * 64), flip);
+        for (int r = 0; r < 4; r++) {
+            __m512i dot = _mm512_dpbusd_epi32(_mm512_load_si512(x[r]->start + c * 16), wu,
+                                              _mm512_load_si512(x[r]->q + c * 64));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_load_ps(x[r]->scale + c * 16), acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+/* Four activation rows from m (a short group repeats its last row). */
+static void four_rows(const Row *rows, int64_t m, int64_t M, const Row *x[4]) {
+    for (int r = 0; r < 4; r++)
+        x[r] = &rows[m + r < M ? m + r : M - 1];
+}
+
 /* A masked-out weight byte reads 0, i.e. 128 after the flip; its activation is 0: no effect. */
 void int8_vnni_linear(const float *x, const int8_t *q, const float *scale, const float *bias, float *y,
                       int64_t M, int64_t N, int64_t K, int threads) {
@@ -153,9 +177,21 @@ void int8_vnni_linear(const float *x, const int8_t *q, const float *scale, const
     for (int64_t m = 0; m < M; m++)
         prepare_int8(x + m * K, K, &rows[m], chunks);
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int64_t n = 0; n < N; n++)  /* each weight row read once, for every activation row */
-        for (int64_t m = 0; m < M; m++)
-            y[m * N + n] = int8_dot(q + n * K, &rows[m], chunks, tail) * scale[n] + (bias ? bias[n] : 0.0f);
+    for (int64_t n = 0; n < N; n++) {  /* each weight row read once, for every activation row */
+        float b = bias ? bias[n] : 0.0f;
+        if (M == 1) {
+            y[n] = int8_dot(q + n * K, &rows[0], chunks, tail) * scale[n] + b;
+            continue;
+        }
+        for (int64_t m = 0; m < M; m += 4) {
+            const Row *x[4];
+            float out[4];
+            four_rows(rows, m, M, x);
+            int8_dot4(q + n * K, x, chunks, tail, out);
+            for (int r = 0; r < 4 && m + r < M; r++)
+                y[(m + r) * N + n] = out[r] * scale[n] + b;
+        }
+    }
 }
 
 /* One chunk (four blocks) of an int4 row: 64 bytes `packed`, their four float16 scales `d4`. */
@@ -189,6 +225,32 @@ static float int4_dot(const uint8_t *w, const uint16_t *d, const Row *x, int64_t
     return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
 }
 
+/* One int4 weight row dotted with four quantized rows (a short group repeats a row): each chunk's
+ * nibbles unpacked and its scales spread once for the four. */
+static void int4_dot4(const uint8_t *w, const uint16_t *d, const Row *const x[4], int64_t chunks, int groups,
+                      float out[4]) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t c = 0; c < chunks; c++) {
+        int n = c + 1 == chunks ? groups : 4;
+        __mmask64 bytes = n == 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * n)) - 1);
+        __m512i packed = _mm512_maskz_loadu_epi8(bytes, w + c * 64);
+        __m512i lo = _mm512_and_si512(packed, low), hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+        __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)((1 << n) - 1), d + c * 4));
+        __m512 dl = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+        for (int r = 0; r < 4; r++) {
+            __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_load_si512(x[r]->start + c * 16), lo,
+                                                                  _mm512_load_si512(x[r]->q + c * 128)),
+                                              hi, _mm512_load_si512(x[r]->q + c * 128 + 64));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dl, _mm512_load_ps(x[r]->scale + c * 16)),
+                                     acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
 void int4_vnni_linear(const float *x, const uint8_t *qs, const uint16_t *d, const float *bias, float *y,
                       int64_t M, int64_t N, int64_t K, int threads) {
     int64_t chunks = (K + 127) / 128, G = K / BLOCK;
@@ -197,7 +259,19 @@ void int4_vnni_linear(const float *x, const uint8_t *qs, const uint16_t *d, cons
     for (int64_t m = 0; m < M; m++)
         prepare_int4(x + m * K, K, &rows[m], chunks);
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t m = 0; m < M; m++)
-            y[m * N + n] = int4_dot(qs + n * (K / 2), d + n * G, &rows[m], chunks, groups) + (bias ? bias[n] : 0.0f);
+    for (int64_t n = 0; n < N; n++) {
+        float b = bias ? bias[n] : 0.0f;
+        if (M == 1) {
+            y[n] = int4_dot(qs + n * (K / 2), d + n * G, &rows[0], chunks, groups) + b;
+            continue;
+        }
+        for (int64_t m = 0; m < M; m += 4) {
+            const Row *x[4];
+            float out[4];
+            four_rows(rows, m, M, x);
+            int4_dot4(qs + n * (K / 2), d + n * G, x, chunks, groups, out);
+            for (int r = 0; r < 4 && m + r < M; r++)
+                y[(m + r) * N + n] = out[r] + b;
+        }
+    }
 }
