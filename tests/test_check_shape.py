@@ -55,3 +55,17 @@ def _wrong_way() -> list[str]:
 def test_the_grader_rooms_import_one_way():
     wrong = _wrong_way()
     assert not wrong, "imports against the rooms (move the shared helper to core/): " + "; ".join(wrong)
+
+
+# The kinds written as probes (core/probe.py): each runner is one call of the engine on its Probe row.
+PROBE_RUNNERS = {"runners/pieces.py": ("check_ffn", "check_norm", "check_positional_encoding")}
+
+
+def test_the_kinds_written_as_probes_run_through_the_engine():
+    for file, names in PROBE_RUNNERS.items():
+        tree = ast.parse((CHECK / file).read_text())
+        functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+        for name in names:
+            body = [s for s in functions[name].body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+            assert len(body) == 1 and isinstance(body[0], ast.Return) and isinstance(body[0].value, ast.Call) \
+                and getattr(body[0].value.func, "id", None) == "run_probe", f"{file}:{name} is not a Probe row"

@@ -22,8 +22,8 @@ import linecache
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -31,7 +31,17 @@ from torch import Tensor, nn
 from handformer.check.core.result import ComponentResult, Text, text
 from handformer.check.reference import variants as V
 
-Step = tuple[int, str, Tensor]  # (line in the learner's file, the variable (or "return"), its value)
+
+class Step(NamedTuple):
+    """One tensor the learner's code made: its line, the variable (or "return"), its value, and, for
+    a step in a helper function of theirs, the line of their outermost code that called it."""
+
+    line: int
+    name: str
+    value: Tensor
+    caller: int | None = None
+
+
 View = tuple[str, Tensor]  # (the reference's sub-step, in words; its value)
 
 
@@ -49,21 +59,39 @@ class _Tracer:
     def local(self, frame: Any, event: str, arg: Any) -> Any:
         seen, before = frame.f_locals, self.state.setdefault(id(frame), ({}, frame.f_lineno))
         for name, value in seen.items():
-            if isinstance(value, Tensor) and _changed(before[0].get(name), value):
+            if isinstance(value, Tensor) and not value.is_complex() and _changed(before[0].get(name), value):
                 self.record(frame, before[1], name, value)
-        if event == "return" and isinstance(arg, Tensor) and arg.grad_fn is not None:
-            self.steps.append((frame.f_lineno, "return", arg.detach().double()))
+        if event == "return":
+            self.returned(frame, arg)
         held = {k: _snapshot(v) if self.constants else v for k, v in seen.items()}
         self.state[id(frame)], self.now = (held, frame.f_lineno), frame.f_lineno
         return self.local
 
     def record(self, frame: Any, line: int, name: str, value: Tensor) -> None:
         if value.grad_fn is not None:
-            self.steps.append((line, name, value.detach().double()))
+            self.steps.append(Step(line, name, value.detach().double(), self.caller(frame)))
         elif self.constants and value.is_floating_point():
             self.dropped.add(self.last.get((id(frame), name), -1))
             self.last[(id(frame), name)] = len(self.steps)
-            self.steps.append((line, name, value.detach().clone().double()))
+            self.steps.append(Step(line, name, value.detach().clone().double(), self.caller(frame)))
+
+    def returned(self, frame: Any, value: Any) -> None:
+        """What a frame returns: a tensor, or each tensor of a tuple (`return q, k`), as steps."""
+        items = [("return", value)] if isinstance(value, Tensor) else [
+            (f"return[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else []
+        for name, v in items:
+            if isinstance(v, Tensor) and v.grad_fn is not None and not v.is_complex():
+                self.steps.append(Step(frame.f_lineno, name, v.detach().double(), self.caller(frame)))
+
+    def caller(self, frame: Any) -> int | None:
+        """The line of the outermost frame of the learner's file below this one (the forward that
+        called their helper); None when this frame is the outermost."""
+        line, outer = None, frame.f_back
+        while outer is not None:
+            if outer.f_code.co_filename == self.filename:
+                line = outer.f_lineno
+            outer = outer.f_back
+        return line
 
     def tracer(self, frame: Any, event: str, arg: Any) -> Any:
         ours = frame.f_code.co_filename == self.filename and self.code in (None, frame.f_code)
@@ -84,7 +112,7 @@ class _Tracer:
     def part(self, name: str, value: Any) -> None:
         t = _first_tensor(value)
         if t is not None and t.grad_fn is not None:
-            self.steps.append((self.now, name, t.detach().double()))
+            self.steps.append(Step(self.now, name, t.detach().double()))
 
 
 def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
@@ -254,15 +282,20 @@ class Departure:
     name: str
     code: str
     form: Text | None
+    called_from: tuple[int, str] | None = None  # (line, code) of their code that called the helper
 
     def describe(self) -> Text:
         at = f"line {self.line}: {self.code}"
+        at_zh = f"第 {self.line} 行的 `{self.name}`：{self.code}"
+        if self.called_from:
+            line, code = self.called_from
+            at += f" (in a helper called from line {line}: {code})"
+            at_zh += f"（在第 {line} 行调用的函数里：{code}）"
         form = self.form or text("no simple form (not a factor, sign, transpose, shift, axis or term)",
                                  "没有简单的形式（不是常数因子、符号、转置、错位、轴或多余的项）")
         return text(f"no known mistake reproduces it; the first step that parts from the reference is "
                     f"`{self.name}` at {at}; the difference: {form['en']}",
-                    f"没有任何已知错误能复现它；第一个与参考不同的中间结果是第 {self.line} 行的 "
-                    f"`{self.name}`：{self.code}；差别：{form['zh']}")
+                    f"没有任何已知错误能复现它；第一个与参考不同的中间结果是{at_zh}；差别：{form['zh']}")
 
 
 def first_departure(steps: list[Step], views: list[View], filename: str, sizes: dict[str, float],
@@ -274,15 +307,16 @@ def first_departure(steps: list[Step], views: list[View], filename: str, sizes: 
 
 def _departure_at(steps: list[Step], views: list[View]) -> int | None:
     shapes = {r.shape for _, r in views}
-    return next((i for i, (_, _, t) in enumerate(steps)
-                 if t.shape in shapes and not any(same(t, r) for _, r in views)), None)
+    return next((i for i, step in enumerate(steps)
+                 if step.value.shape in shapes and not any(same(step.value, r) for _, r in views)), None)
 
 
 def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, float],
                pre: Tensor | None, terms: list[View]) -> Departure:
-    line, name, t = step
-    code = linecache.getline(filename, line).strip()
-    return Departure(line, name, code, form_of(t, views, sizes, pre, terms))
+    code = linecache.getline(filename, step.line).strip()
+    called = step.caller and (step.caller, linecache.getline(filename, step.caller).strip())
+    form = form_of(step.value, views, sizes, pre, terms)
+    return Departure(step.line, step.name, code, form, called or None)
 
 
 def latest_departure(steps: list[Step], readings: list[list[View]], filename: str, sizes: dict[str, float],
@@ -299,10 +333,17 @@ def latest_departure(steps: list[Step], readings: list[list[View]], filename: st
 
 def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[list[View], Tensor]:
     """The reference multi-head attention's sub-steps on x (B, T, D), in forward order, in the
-    layouts learners write them; and its scores before the softmax."""
+    layouts learners write them (with the rotary and grouped-head steps when it has them); and its
+    scores before the softmax."""
     B, T, D = x.shape
     q, k, v = (V.linear(x, p) for p in (w.q, w.k, w.v))  # (B, T, D)
-    qh, kh, vh = (V.split_heads(t, w.n_heads, frozenset()) for t in (q, k, v))  # (B, H, T, Dh)
+    n_kv = w.n_kv_heads or w.n_heads
+    qh = V.split_heads(q, w.n_heads, frozenset())  # (B, H, T, Dh)
+    kh, vh = (V.split_heads(t, n_kv, frozenset()) for t in (k, v))  # (B, Hkv, T, Dh)
+    views = [("q", q), ("k", k), ("v", v), ("the heads of q", qh), ("the heads of k", kh),
+             ("the heads of v", vh)]
+    qh, kh, views = _positioned(w, qh, kh, views)
+    kh, vh, views = _repeated(w, kh, vh, views)
     raw = qh @ kh.transpose(-2, -1)  # (B, H, T, T)
     scores = raw / math.sqrt(qh.size(-1))
     if keep is not None:
@@ -311,36 +352,84 @@ def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[li
     heads = weights @ vh  # (B, H, T, Dh)
     concat = heads.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
     out = V.linear(concat, w.o) if w.o is not None else concat
-    views = [("q", q), ("k", k), ("v", v), ("the heads of q", qh), ("the heads of k", kh),
-             ("the heads of v", vh), ("q·kᵀ", raw), ("the scores q·kᵀ/sqrt(d_k)", scores),
-             ("the attention weights", weights), ("weights·v", heads),
-             ("weights·v, heads concatenated", concat), ("the output", out)]
-    views += [(f"{name} (B, T, H, Dh)", t.transpose(1, 2)) for name, t in views[3:6] + views[9:10]]
+    views += [("q·kᵀ", raw), ("the scores q·kᵀ/sqrt(d_k)", scores), ("the attention weights", weights),
+              ("weights·v", heads), ("weights·v, heads concatenated", concat), ("the output", out)]
+    headed = [view for view in views if view[1].dim() == 4 and view[1].shape[-2:] != (T, T)]
+    views += [(f"{name} (B, T, H, Dh)", t.transpose(1, 2)) for name, t in headed]
     return views, scores
 
 
-def localize_attention(call: Callable[..., Any], w: V.MHAWeights, filename: str,
-                       causal_inside: bool) -> Departure | None:
+def _positioned(w: V.MHAWeights, qh: Tensor, kh: Tensor, views: list[View],
+                ) -> tuple[Tensor, Tensor, list[View]]:
+    """Queries and keys (B, H, T, Dh) normed per head and rotated by their positions, as the
+    reference does; the views of those steps (rotate_half's for the half-split layout)."""
+    if w.qk_norm is None and w.rope is None:
+        return qh, kh, views
+    normed = V.qk_positions(replace(w, rope=None), qh, kh, 0, frozenset())  # QK-norm alone
+    if w.qk_norm is not None:
+        views = views + [("the heads of q, normed (QK-norm)", normed[0]),
+                         ("the heads of k, normed (QK-norm)", normed[1])]
+    if w.rope == "half":
+        views = views + [(f"rotate_half({name})", rotate_half(t)) for name, t in zip("qk", normed)]
+    qr, kr = V.qk_positions(w, qh, kh, 0, frozenset())
+    if w.rope is not None:
+        views = views + [(f"the heads of q, rotated ({w.rope} rotary)", qr),
+                         (f"the heads of k, rotated ({w.rope} rotary)", kr)]
+    return qr, kr, views
+
+
+def rotate_half(t: Tensor) -> Tensor:
+    """(..., Dh) -> (-the second half, the first half): the half-split rotation's helper."""
+    half = t.size(-1) // 2
+    return torch.cat([-t[..., half:], t[..., :half]], dim=-1)
+
+
+def _repeated(w: V.MHAWeights, kh: Tensor, vh: Tensor, views: list[View],
+              ) -> tuple[Tensor, Tensor, list[View]]:
+    """Keys and values (B, Hkv, T, Dh) repeated to every query head (B, H, T, Dh), and their views."""
+    if not w.n_kv_heads or w.n_kv_heads == w.n_heads:
+        return kh, vh, views
+    n_rep = w.n_heads // w.n_kv_heads
+    kr, vr = V.repeat_kv(kh, n_rep), V.repeat_kv(vh, n_rep)  # (B, H, T, Dh)
+    return kr, vr, views + [("the heads of k, repeated for each query head", kr),
+                            ("the heads of v, repeated for each query head", vr)]
+
+
+Run = tuple[Callable[..., Any], str | None]  # the learner's attention called one way; a rotary layout
+
+
+def localize_attention(runs: list[Run], w: V.MHAWeights, filename: str, causal_inside: bool,
+                       ) -> Departure | None:
     """Run the learner's attention (self-attention on one input, causal if it is causal inside)
-    traced, and find where it parts from the reference."""
+    traced, each way in `runs` (a mask convention) read with its rotary layout, and find where it
+    parts from the reference in the run and reading that explain the most steps."""
     from handformer.check.core.fingerprint import randn
 
     B, T, D = 2, 5, w.q[0].size(1)
     x = randn(B, T, D, seed=41).requires_grad_()
     keep = V.causal_keep(T)[None, None] if causal_inside else None
-    views, scores = attention_views(w, x.detach(), keep)
-    steps = trace_steps(lambda: call(x, x, x, None), filename)
     sizes = {"d_k": D // w.n_heads, "d_model": D, "n_heads": w.n_heads, "T": T}
-    return first_departure(steps, views, filename, sizes, scores, [("the input x", x.detach())])
+    read = []
+    for call, rope in runs:
+        try:
+            steps = trace_steps(lambda call=call: call(x, x, x, None), filename)
+        except Exception:  # noqa: BLE001 - their code refuses this way of calling it: not a reading
+            continue
+        views, scores = attention_views(replace(w, rope=rope), x.detach(), keep)
+        read.append((_departure_at(steps, views), steps, views, scores))
+    if not read or any(at is None for at, *_ in read):
+        return None  # one reading explains every step
+    at, steps, views, scores = max(read, key=lambda r: r[0])
+    return _departure(steps[at], views, filename, sizes, scores, [("the input x", x.detach())])
 
 
-def note_attention_departure(res: ComponentResult, comp: Any, call: Callable[..., Any], w: V.MHAWeights,
+def note_attention_departure(res: ComponentResult, comp: Any, runs: list[Run], w: V.MHAWeights,
                              causal_inside: bool) -> None:
     """A FAIL that no catalogued mistake explains gets a note: where the learner's attention first
-    parts from the reference, its line, and the form of the difference."""
-    if res.findings or res.max_abs_error is None or res.max_abs_error < 1e-5 or w.rope or w.n_kv_heads:
+    parts from the reference (see `localize_attention`), its line, and the form of the difference."""
+    if res.findings or res.max_abs_error is None or res.max_abs_error < 1e-5:
         return
     filename = inspect.getsourcefile(comp.obj)
-    found = filename and localize_attention(call, w, filename, causal_inside)
+    found = filename and localize_attention(runs, w, filename, causal_inside)
     if found:
         res.notes.append(found.describe())

@@ -22,7 +22,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from handformer.check.core.localize import Departure, View, latest_departure, trace_steps
+from handformer.check.core.localize import (
+    Departure,
+    View,
+    first_departure,
+    latest_departure,
+    rotate_half,
+    trace_steps,
+)
 from handformer.check.core.result import ComponentResult
 from handformer.check.reference import variants as V
 
@@ -173,3 +180,33 @@ def localize_layer(layer: Any, readings: list[V.LayerWeights]) -> Departure | No
     views = [layer_views(w, x.detach(), memory, keep) for w in readings]
     sizes = {"d_model": x.size(-1)}
     return latest_departure(steps, views, filename, sizes, [("the input x", x.detach())])
+
+
+def rotation_views(q: Tensor, k: Tensor, layout: str) -> list[View]:
+    """The rotation's sub-steps on queries and keys (B, H, T, Dh) at positions 0 .. T-1: each
+    input, (half-split) rotate_half of it, it times cos, rotate_half of it times sin, and it rotated;
+    each also in Meta's layout (B, T, H, Dh)."""
+    T, Dh = q.shape[-2:]
+    angles = V.rope_angles(T, Dh)  # (T, Dh/2)
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()  # (T, Dh)
+    views = []
+    for name, t in (("q", q), ("k", k)):
+        views.append((name, t))
+        if layout == "half":
+            views += [(f"rotate_half({name})", rotate_half(t)), (f"{name}·cos", t * cos),
+                      (f"rotate_half({name})·sin", rotate_half(t) * sin)]
+        views.append((f"{name} rotated ({layout} pairs)", V.rotary(t, layout)))
+    return views + [(f"{name} (B, T, H, Dh)", t.transpose(1, 2)) for name, t in views]
+
+
+def localize_rotation(run: Callable[[Tensor, Tensor], Any], fn: Any, q: Tensor, k: Tensor, layout: str,
+                      ) -> Departure | None:
+    """Run the learner's apply function (`run(q, k)`) traced on queries and keys that carry a
+    gradient, and find where it parts from the rotation in this layout."""
+    filename = inspect.getsourcefile(fn)
+    if not filename:
+        return None
+    q, k = q.clone().requires_grad_(), k.clone().requires_grad_()
+    steps = trace_steps(lambda: run(q, k), filename)
+    sizes = {"d_head": q.size(-1), "T": q.size(-2)}
+    return first_departure(steps, rotation_views(q.detach(), k.detach(), layout), filename, sizes)

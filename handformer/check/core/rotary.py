@@ -4,13 +4,12 @@ the layouts a block may use inside, and the note a report gives."""
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import Tensor, nn
 
 from handformer.check.core.context import MAX_LEN, D, H
 from handformer.check.core.result import text
+from handformer.check.core.source import source_text
 from handformer.check.reference import variants as V
 from handformer.nn.positions import RotaryEmbedding
 
@@ -69,11 +68,8 @@ def rope_layouts(module: nn.Module, given_table: bool, given_cos_sin: bool = Fal
         return ("interleaved",)
     if given_cos_sin:
         return ("half",)
-    for sub in module.modules():
-        try:
-            source = inspect.getsource(type(sub)).lower()
-        except (OSError, TypeError):
-            continue
-        if type(sub).__module__.startswith("learner_") and any(w in source for w in ROPE_WORDS):
+    for sub in module.modules():  # the learner's classes only: torch's are never read
+        if type(sub).__module__.startswith("learner_") and any(
+                w in source_text(type(sub)).lower() for w in ROPE_WORDS):
             return (None, "half", "interleaved")
     return (None,)

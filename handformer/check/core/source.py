@@ -3,6 +3,7 @@ functions), and exceptions with the traceback trimmed to their own file."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import traceback
@@ -17,15 +18,38 @@ def source_lines(objs: Iterable[Any]) -> list[tuple[int, str]]:
     """(line number, text) of each object's source, objects in order, duplicates once."""
     lines, seen = [], set()
     for obj in objs:
-        try:
-            text, start = inspect.getsourcelines(obj)
-        except (OSError, TypeError):
-            continue
-        for i, line in enumerate(text):
-            if start + i not in seen:
-                seen.add(start + i)
-                lines.append((start + i, line.rstrip()))
+        for number, line in _lines_of(obj):
+            if number not in seen:
+                seen.add(number)
+                lines.append((number, line))
     return lines
+
+
+def _lines_of(obj: Any) -> tuple[tuple[int, str], ...]:
+    """(line number, text) of one object's source; none when it has none. Remembered per object:
+    `inspect` parses the whole file to find a class, and every diagnosis asks again."""
+    try:
+        return _remembered_lines(obj)
+    except TypeError:  # an object that cannot be a key (unhashable)
+        return _read_lines(obj)
+
+
+@functools.lru_cache(maxsize=512)
+def _remembered_lines(obj: Any) -> tuple[tuple[int, str], ...]:
+    return _read_lines(obj)
+
+
+def source_text(obj: Any) -> str:
+    """The source of a class or function ("" when it has none), remembered as `source_lines` is."""
+    return "".join(line + "\n" for _, line in _lines_of(obj))
+
+
+def _read_lines(obj: Any) -> tuple[tuple[int, str], ...]:
+    try:
+        text, start = inspect.getsourcelines(obj)
+    except (OSError, TypeError):
+        return ()
+    return tuple((start + i, line.rstrip()) for i, line in enumerate(text))
 
 
 def locate(name: str, lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:

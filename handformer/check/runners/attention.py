@@ -13,11 +13,10 @@ Dh head dim.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +55,7 @@ from handformer.check.core.reference_attention import handformer_attention
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.rope_tables import either_start, either_table
 from handformer.check.core.rotary import ROPE_WORDS, cos_sin, rope_note, rope_tables
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.weights import (
     MappingError,
     Slot,
@@ -420,10 +419,7 @@ def rope_settings(comp: Component, c: Caller) -> tuple[str | None, ...]:
     interleaved; otherwise, if its source speaks of rotary positions, either layout (or none)."""
     if c.rope_table:
         return ("interleaved",)
-    try:
-        source = inspect.getsource(comp.obj).lower()
-    except (OSError, TypeError):
-        return (None,)
+    source = source_text(comp.obj).lower()
     tables = re.search(r"def forward\([^)]*\bcos\b[^)]*\bsin\b", source)  # Raschka's (x, mask, cos, sin)
     return (None, "half", "interleaved") if tables or any(w in source for w in ROPE_WORDS) else (None,)
 
@@ -445,22 +441,21 @@ def behaves_causal(ctx: Context, c: Caller, width: int) -> bool:
 
 
 def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_heads: int | None = None,
-              ) -> ComponentResult:
+              heads: int = H) -> ComponentResult:
     res = ctx.result(comp)
     sizes = {**ctx_sizes(), **({"n_kv_heads": n_kv_heads} if n_kv_heads else {})}
     x = fp.randn(2, 6, D, seed=1)
     module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
-    linears, qk_norms = _projections(comp, module)
-    if H != 1 and single_head(comp, linears, n_kv_heads):
-        with _one_head():
-            return check_mha(comp, ctx, causal_inside, n_kv_heads)
-    kv_width = (n_kv_heads or H) * (D // H)
+    linears, qk_norms = _projections(comp, module, heads)
+    if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
+        return check_mha(comp, ctx, causal_inside, n_kv_heads, heads=1)
+    kv_width = (n_kv_heads or heads) * (D // heads)
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0] + qk_norms
     res.mapping = [s.describe() for s in slots]
     c = caller(module)
     causal_inside = _causal_inside(res, ctx, c, causal_inside)
-    has_o = _head_notes(res, comp, c, slots, causal_inside)
-    probe = MHAProbe(ctx, c, x, _conventions(ctx, comp, c), causal_inside)
+    has_o = _head_notes(res, comp, c, slots, causal_inside, heads)
+    probe = MHAProbe(ctx, c, x, _conventions(ctx, comp, c), causal_inside, heads)
     try:
         working = first_working(ctx, probe.run, probe.convs)
         c.state["visible"] = working  # a mask it requires, when a case has none: every key visible
@@ -472,15 +467,36 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
     with fp.dropout_off():
         universe = _universe(c, has_o, n_kv_heads, causal_inside)
         rope, conv = _search_mha(res, ctx, comp, probe, slots, n_kv_heads, universe, working)
-        setup = Setup(module, slots, c, conv, causal_inside, n_kv_heads, rope)
+        setup = Setup(module, slots, c, conv, causal_inside, n_kv_heads, rope, heads)
         guarded(res, lambda: _compare_mha(res, ctx, comp, setup))
-        w = mha_weights(slots, H, n_kv_heads, rope)
-        guarded(res, lambda: note_attention_departure(res, comp, c.call, w, causal_inside))
+        w = mha_weights(slots, heads, n_kv_heads, rope)
+        guarded(res, lambda: note_attention_departure(res, comp, _localizer_runs(comp, c, conv, rope, probe),
+                                                      w, causal_inside))
         guarded(res, lambda: _properties(res, ctx, comp, setup))
     guarded(res, lambda: _tutorial_shapes_at_their_sizes(res, ctx, comp, c, sizes))
     if conv and conv.startswith("torch"):
         _nan_as_torch(res)
     return finish(res)
+
+
+def _localizer_runs(comp: Component, c: Caller, conv: str, rope: str | None, probe: MHAProbe,
+                    ) -> list[tuple[Callable[..., Any], str | None]]:
+    """The ways the localizer runs the learner's attention: with an all-visible mask in each
+    convention (the one found first) and, when the search found no rotary layout, each layout."""
+    ropes = (rope,) if rope else rope_settings(comp, c)
+    convs = (conv,) + tuple(cv for cv in probe.convs if cv != conv) if c.takes_mask else (conv,)
+    return [(visible_call(c, cv), r) for cv in convs for r in ropes]
+
+
+def visible_call(c: Caller, conv: str) -> Callable[..., Any]:
+    """The learner's attention handed an all-visible mask in the convention found (Meta's forward
+    adds its mask to the scores: a bool mask of ones would add 1), for the localizer's run."""
+    def call(xq: Tensor, xk: Tensor, xv: Tensor, mask: Tensor | None) -> Any:
+        everything = torch.ones(xq.size(0), 1, xq.size(1), xk.size(1), dtype=torch.bool)
+        if c.takes_mask and fp.encodable(everything, conv):
+            mask = run_mask(everything, conv, xq.size(0))
+        return c.call(xq, xk, xv, mask)
+    return call
 
 
 def _causal_inside(res: ComponentResult, ctx: Context, c: Caller, causal_inside: bool) -> bool:
@@ -501,12 +517,12 @@ def _tutorial_shapes_at_their_sizes(res: ComponentResult, ctx: Context, comp: Co
         _tutorial_shapes(res, ctx, comp, c, sizes)
 
 
-def _projections(comp: Component, module: nn.Module) -> tuple[list[Any], list[Slot]]:
+def _projections(comp: Component, module: nn.Module, heads: int) -> tuple[list[Any], list[Slot]]:
     """The attention's linear layers, and its q/k norms (QK-norm, Qwen3's) as slots; any other
     parameter is not in the reference."""
     found = leaves(module)
     extra = [leaf for leaf in found if leaf.kind != "linear"]
-    qk_norms = qk_norm_slots(extra, D // H)
+    qk_norms = qk_norm_slots(extra, D // heads)
     if extra and not qk_norms:
         shapes = ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra)
         raise MappingError(f"{comp.name} has parameters besides its projections ({shapes}); handformer's "
@@ -519,14 +535,14 @@ def _projections(comp: Component, module: nn.Module) -> tuple[list[Any], list[Sl
 
 
 def _head_notes(res: ComponentResult, comp: Component, c: Caller, slots: list[Slot], causal_inside: bool,
-                ) -> bool:
+                heads: int) -> bool:
     """Notes on what the attention takes and has (no mask, one head), the missing W_O as a finding;
     whether it has W_O."""
     if not c.takes_mask and not causal_inside:
         res.notes.append(text("its forward takes no mask: the masked cases were skipped",
                               "它的 forward 不接收掩码：跳过了带掩码的用例"))
     has_o = any(s.role.endswith("W_O") for s in slots)
-    if H == 1:
+    if heads == 1:
         res.notes.append(text(
             "one head (its constructor takes no number of heads, and it has W_Q, W_K, W_V and no W_O): "
             "compared with handformer's attention with one head and no output projection",
@@ -545,7 +561,7 @@ def _conventions(ctx: Context, comp: Component, c: Caller) -> tuple[str, ...]:
     """The mask conventions to try: torch.nn's (True = masked) first where the source masks where
     the mask is True."""
     convs = ctx.conventions(c.mask_name)
-    if ctx.convention is None and masks_where_true(_source_of(comp.obj), c.mask_name):
+    if ctx.convention is None and masks_where_true(source_text(comp.obj), c.mask_name):
         convs = ("torch", "torch3", "torch2") + convs
     return convs
 
@@ -571,8 +587,9 @@ class MHAProbe:
     B, T = 2, 6
 
     def __init__(self, ctx: Context, c: Caller, x: Tensor, convs: tuple[str, ...],
-                 causal_inside: bool) -> None:
+                 causal_inside: bool, heads: int) -> None:
         self.ctx, self.c, self.x, self.convs, self.causal_inside = ctx, c, x, convs, causal_inside
+        self.heads = heads
         self.pad = positions(self.B, self.T, [0, 2]) if c.takes_mask else None
         self.keeps = {cv: self.pad for cv in convs} if causal_inside else keeps_for(
             causal(self.T) & self.pad if self.pad is not None else None, self.pad, convs)
@@ -585,18 +602,18 @@ class MHAProbe:
         """The mask as the learner's attention with these mistakes applies it: the one it is given,
         or (causal inside) its own causal mask, off by one if so, & the padding it is given."""
         if not self.causal_inside:
-            return V.applied_keep(self.keeps[conv], flags, H)
+            return V.applied_keep(self.keeps[conv], flags, self.heads)
         own = V.causal_keep(self.T, flags)[None, None]
         if self.pad is None:
-            return V.applied_keep(own, flags, H)
-        given = V.applied_keep(self.pad, flags, H)
+            return V.applied_keep(own, flags, self.heads)
+        given = V.applied_keep(self.pad, flags, self.heads)
         return own if given is None else own & given
 
     def rows(self, flags: frozenset[str], conv: str) -> Tensor | None:
         return fp.visible_rows(self.applied(flags, conv), self.B, self.T)
 
     def computer(self, slots: list[Slot], n_kv_heads: int | None, rope: str | None) -> Compute:
-        w = mha_weights(slots, H, n_kv_heads, rope)
+        w = mha_weights(slots, self.heads, n_kv_heads, rope)
         x = self.x
         return lambda flags, conv: V.multi_head_attention(w, x, x, x, self.applied(flags, conv),
                                                           flags - V.MASK_TRANSFORMS)[0]
@@ -669,24 +686,6 @@ def single_head(comp: Component, linears: list[Any], n_kv_heads: int | None) -> 
     return all(tuple(leaf.weight.shape) == (D, D) for leaf in linears)
 
 
-@contextlib.contextmanager
-def _one_head() -> Iterator[None]:
-    """The attention checks run with one head (this module's H) for a single-head attention."""
-    global H
-    saved, H = H, 1
-    try:
-        yield
-    finally:
-        H = saved
-
-
-def _source_of(obj: Any) -> str:
-    try:
-        return inspect.getsource(obj)
-    except (OSError, TypeError):
-        return ""
-
-
 def ctx_sizes() -> dict[str, Any]:
     from handformer.check.core.context import SIZES
 
@@ -705,6 +704,7 @@ class Setup:
     causal_inside: bool
     n_kv_heads: int | None
     rope: str | None
+    heads: int  # H, or 1 for a single-head attention
 
 
 def _cases(s: Setup) -> list[tuple[str, int, int, int, Tensor | None, Tensor | None]]:
@@ -732,13 +732,13 @@ def _cases(s: Setup) -> list[tuple[str, int, int, int, Tensor | None, Tensor | N
 
 
 def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -> None:
-    hf = handformer_attention(s.slots, s.n_kv_heads, s.rope, heads=H)
+    hf = handformer_attention(s.slots, s.n_kv_heads, s.rope, heads=s.heads)
     errors, grad_errors = [], []
     cases = _cases(s)
     for i, (label, B, T, S, given, mask) in enumerate(cases):
         xq = fp.randn(B, T, D, seed=10 + i).requires_grad_()
         xkv = xq if S == T and "cross" not in label else fp.randn(B, S, D, seed=20 + i).requires_grad_()
-        rope = rope_tables(T, heads=H) if s.rope else None
+        rope = rope_tables(T, heads=s.heads) if s.rope else None
         with torch.enable_grad():
             raw = ctx.learner.call("forward", s.c.call, xq, xkv, xkv, run_mask(given, s.conv, B))
             out = fp.first_tensor(raw, 3)
@@ -801,7 +801,7 @@ def _properties(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -
         _padding_invariance(res, ctx, s, x)
     has_o = any(sl.role.endswith("W_O") for sl in s.slots)
     if has_o and not s.causal_inside and s.n_kv_heads is None and s.rope is None:
-        w = mha_weights(s.slots, H)
+        w = mha_weights(s.slots, s.heads)
         out = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, None), 3)
         heads = one_head_at_a_time(w, x)
         err = fp.max_error(out, heads)

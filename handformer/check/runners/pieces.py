@@ -17,14 +17,15 @@ from handformer.check.core.context import (
     MAX_LEN,
     Context,
     D,
-    check_determinism,
     error_text,
     finish,
     grads_error,
     shape_of,
 )
 from handformer.check.core.discovery import Component
-from handformer.check.core.localize_kinds import localize_ffn, localize_norm, note_departure
+from handformer.check.core.localize import Departure
+from handformer.check.core.localize_kinds import localize_ffn, localize_norm
+from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
@@ -117,8 +118,9 @@ NAMED_ACTIVATION = (("swiglu", "silu"), ("silu", "silu"), ("swish", "silu"), ("g
                     ("gelu", "gelu"))
 
 
-def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
-    res = ctx.result(comp)
+def _build_ffn(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
+    """The learner's FFN and every reading of its linears (which is the gate, up and down) with each
+    activation its form allows; a norm inside is not a FFN alone (MappingError)."""
     x = fp.randn(2, 5, D, seed=1)
     module = ctx.build(comp, warmup=lambda m: m(x.float()))
     norms = [leaf for leaf in leaves(module) if leaf.kind == "norm"]
@@ -130,69 +132,82 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
                               "的参考 FFN 两者都没有（层的检查会覆盖它们）")
     candidates = ffn_slots([leaf for leaf in leaves(module) if leaf.kind == "linear"], D, F_WIDTH,
                            comp.name)
-    gated, has_down = is_gated(candidates[0]), has_down_projection(candidates[0])
-    width = candidates[0][0].leaf.weight.size(0)  # F
+    gated = is_gated(candidates[0])
+    readings = [((slots, act), ffn_weights(slots, act)) for slots in candidates
+                for act in FFN_ACTIVATIONS[gated]]
 
-    def run(x: Tensor = x) -> Tensor | None:
+    def run(x: Tensor) -> Tensor | None:
         return fp.first_tensor(ctx.learner.call("forward", module, x), 3)
 
-    check_determinism(res, ctx, comp, run)
-    with fp.dropout_off():
-        out = run()
-        if out is None or out.shape[:-1] != x.shape[:-1] or out.size(-1) not in (D, width):
-            raise ctx.learner.fail("forward", f"{comp.name} returned {getattr(out, 'shape', out)} for an "
-                                   f"input of shape {tuple(x.shape)}; a FFN keeps the shape (B, T, d_model)",
-                                   f"输入形状为 {tuple(x.shape)} 时，{comp.name} 返回了 "
-                                   f"{getattr(out, 'shape', out)}；FFN 不改变形状 (B, T, d_model)")
-        best = _search_ffn(out, x, candidates, gated, has_down)
-        slots, act = (best[0], best[1]) if best else (candidates[0], FFN_ACTIVATIONS[gated][0])
-        res.mapping = [s.describe() for s in slots]
-        _ffn_findings(res, ctx, comp, type(module).__name__, out, x, best, slots, act, has_down)
-        if has_down:
-            _compare_ffn(res, ctx, run, slots, HF_NAME[(gated, act)], width)
-        if has_down and not res.findings and res.max_abs_error >= 1e-5:
-            readings = [ffn_weights(s, a) for s in candidates for a in FFN_ACTIVATIONS[gated]]
-            note_departure(res, lambda: localize_ffn(module, readings, x))
-        _position_wise(res, run, x, out)
-    return finish(res)
+    facts = {"x": x, "gated": gated, "has_down": has_down_projection(candidates[0]),
+             "width": candidates[0][0].leaf.weight.size(0)}  # F
+    return Subject(run, readings, module, facts)
 
 
-FFNFound = tuple[list[Slot], str, tuple[frozenset[str], float]]
+def _ffn_shape(ctx: Context, comp: Component, subject: Subject, x: Tensor, out: Tensor | None,
+               ) -> tuple[str, str] | None:
+    if out is not None and out.shape[:-1] == x.shape[:-1] and out.size(-1) in (D, subject.facts["width"]):
+        return None
+    return (f"{comp.name} returned {getattr(out, 'shape', out)} for an input of shape {tuple(x.shape)}; "
+            "a FFN keeps the shape (B, T, d_model)",
+            f"输入形状为 {tuple(x.shape)} 时，{comp.name} 返回了 {getattr(out, 'shape', out)}；"
+            "FFN 不改变形状 (B, T, d_model)")
 
 
-def _search_ffn(out: Tensor, x: Tensor, candidates: list[list[Slot]], gated: bool, has_down: bool,
-                ) -> FFNFound | None:
-    """The mapping and activation that explain the output with the fewest mistakes."""
-    universe = ("ffn_no_activation",) + (("gated_act_after_product",) if gated else ()) + (
-        ("ffn_no_down_projection",) if has_down else ())
-    best = None
-    for slots in candidates:
-        for act in FFN_ACTIVATIONS[gated]:
-            w = ffn_weights(slots, act)
-            found = fp.search(out, lambda fl, w=w: V.feed_forward(w, x, fl), universe, None, 2)
-            if found is not None and (best is None or len(found[0]) < len(best[2][0])):
-                best = (slots, act, found)
-    return best
+def _ffn_universe(subject: Subject) -> tuple[str, ...]:
+    return ("ffn_no_activation",) + (("gated_act_after_product",) if subject.facts["gated"] else ()) + (
+        ("ffn_no_down_projection",) if subject.facts["has_down"] else ())
 
 
-def _ffn_findings(res: ComponentResult, ctx: Context, comp: Component, class_name: str, out: Tensor,
-                  x: Tensor, best: FFNFound | None, slots: list[Slot], act: str, has_down: bool) -> None:
-    """A missing down projection, the mistakes found, those its names tell; the activation noted."""
-    if not has_down:
+def _ffn_named(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
+    """The step that maps the FFN as found and names a missing down projection, the mistakes the
+    search found and those its names tell; otherwise notes the activation."""
+    slots, act = found.key
+    res.mapping = [s.describe() for s in slots]
+    if not subject.facts["has_down"]:
         number, code = locate("ffn_no_down_projection", source_lines(ctx.objects(comp)))
         res.findings.append(Finding("ffn_no_down_projection", text(
             f"{comp.name} has no nn.Linear(d_ff, d_model): its output is (B, T, d_ff) = "
-            f"{tuple(out.shape)}", f"{comp.name} 没有 nn.Linear(d_ff, d_model)：输出是 (B, T, d_ff) = "
-            f"{tuple(out.shape)}"),
+            f"{tuple(found.out.shape)}", f"{comp.name} 没有 nn.Linear(d_ff, d_model)：输出是 (B, T, d_ff) = "
+            f"{tuple(found.out.shape)}"),
             number, code))
-    if best and best[2][0]:
-        correct = fp.max_error(out, V.feed_forward(ffn_weights(slots, act), x))
-        res.findings += ctx.findings(best[2][0], best[2][1], correct, comp)
-    if best:
-        res.findings += ffn_name_findings(ctx, comp, class_name, slots, act, best[2][1])
-    name = HF_NAME[(is_gated(slots), act)]
-    if not (best and best[2][0]):
-        res.notes.append(text(f"activation: {name}", f"激活函数：{name}"))
+    name_findings(res, ctx, comp, subject, found)
+    if found.matched is not None:
+        res.findings += ffn_name_findings(ctx, comp, type(subject.module).__name__, slots, act, found.matched)
+    if not found.named:
+        res.notes.append(text(f"activation: {HF_NAME[(is_gated(slots), act)]}",
+                              f"激活函数：{HF_NAME[(is_gated(slots), act)]}"))
+
+
+def _ffn_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                  found: Found) -> None:
+    """The step that compares a FFN that has its down projection with handformer's FeedForward."""
+    if subject.facts["has_down"]:
+        slots, act = found.key
+        _compare_ffn(res, ctx, subject.run, slots, HF_NAME[(subject.facts["gated"], act)],
+                     subject.facts["width"])
+
+
+def _ffn_departure(subject: Subject, found: Found) -> Departure | None:
+    if not subject.facts["has_down"]:
+        return None
+    return localize_ffn(subject.module, [w for _, w in subject.readings], found.x)
+
+
+FFN = Probe(
+    build=_build_ffn,
+    inputs=lambda s: s.facts["x"],
+    shape=_ffn_shape,
+    reference=lambda w, x, flags: V.feed_forward(w, x, flags),
+    universe=_ffn_universe,
+    steps=(_ffn_named, _ffn_compared, localize_step(_ffn_departure),
+           lambda res, ctx, comp, s, found: _position_wise(res, s.run, found.x, found.out)),
+)
+
+
+def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
+    """The position-wise FFN (ReLU, GELU, SwiGLU, GEGLU), as the FFN probe states it."""
+    return run_probe(FFN, comp, ctx)
 
 
 def _position_wise(res: ComponentResult, run: Callable[[Tensor], Tensor | None], x: Tensor,
@@ -269,43 +284,58 @@ def ffn_name_findings(ctx: Context, comp: Component, class_name: str, slots: lis
     return out
 
 
-def check_norm(comp: Component, ctx: Context) -> ComponentResult:
-    res = ctx.result(comp)
+def _build_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
+    """The learner's norm, its one norm read as the reference's weights (eps read from it, noted)."""
     module = ctx.build(comp)
     norms = [leaf for leaf in leaves(module) if leaf.kind == "norm"]
     slot = norm_slots(norms, 1, [comp.kind], comp.name)[0]
     res.mapping = [f"{slot.leaf.name}: weight" + (", bias" if slot.leaf.bias is not None else "")]
-    kind = comp.kind
-    bias = slot.bias() if kind == "layernorm" else None
-    w = V.NormWeights(slot.weight(), bias, norm_eps(slot.leaf.module, kind), kind)
+    bias = slot.bias() if comp.kind == "layernorm" else None
+    w = V.NormWeights(slot.weight(), bias, norm_eps(slot.leaf.module, comp.kind), comp.kind)
     res.notes.append(text(f"eps = {w.eps:g} (read from your module)", f"eps = {w.eps:g}（从你的模块读取）"))
 
     def run(x: Tensor) -> Tensor | None:
         return fp.first_tensor(ctx.learner.call("forward", module, x), x.dim())
 
-    probe = norm_probe(D, w.eps, torch.float64)
-    check_determinism(res, ctx, comp, lambda: run(probe))
-    with fp.dropout_off():
-        out = run(probe)
-        if out is None or out.shape != probe.shape:
-            got = shape_of(ctx.learner.call("forward", module, probe))
-            raise ctx.learner.fail("forward", f"{comp.name} returned {got} for x of shape "
-                                   f"{tuple(probe.shape)}; a norm keeps the shape",
-                                   f"x 的形状为 {tuple(probe.shape)} 时，{comp.name} 返回了 {got}；"
-                                   "归一化不改变形状")
-        found = fp.search(out, lambda fl: V.norm(w, probe, fl), V.norm_flags(kind, bias is not None), None, 2)
-        if found and found[0]:
-            res.findings += ctx.findings(found[0], found[1], fp.max_error(out, V.norm(w, probe)), comp)
-        grad_err = _compare_norm(res, run, slot, w)
-        if not (found and found[0]) and res.max_abs_error >= 1e-5:
-            note_departure(res, lambda: localize_norm(module, w, probe))
-    label = "LayerNorm" if kind == "layernorm" else "RMSNorm"
+    return Subject(run, [(slot, w)], module)
+
+
+def _norm_shape(ctx: Context, comp: Component, subject: Subject, x: Tensor, out: Tensor | None,
+                ) -> tuple[str, str] | None:
+    if out is not None and out.shape == x.shape:
+        return None
+    got = shape_of(ctx.learner.call("forward", subject.module, x))
+    return (f"{comp.name} returned {got} for x of shape {tuple(x.shape)}; a norm keeps the shape",
+            f"x 的形状为 {tuple(x.shape)} 时，{comp.name} 返回了 {got}；归一化不改变形状")
+
+
+def _norm_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                   found: Found) -> None:
+    """The step that compares the norm with handformer's on 4 inputs and their gradients."""
+    w = found.weights
+    grad_err = _compare_norm(res, subject.run, found.key, w)
+    label = "LayerNorm" if w.kind == "layernorm" else "RMSNorm"
     res.checks.append(Check(text(f"matches handformer's {label} on 4 inputs (scales 1, 3, 0.1, sqrt(eps))",
                                  f"在 4 组输入（尺度 1、3、0.1、sqrt(eps)）上与 handformer 的 {label} 一致"),
                             res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
     res.checks.append(Check(text("gradients match handformer's", "梯度与 handformer 一致"), grad_err < 1e-5,
                             error_text(grad_err)))
-    return finish(res)
+
+
+NORM = Probe(
+    build=_build_norm,                      # the module, its norm's weights and eps
+    inputs=lambda s: norm_probe(D, s.readings[0][1].eps, torch.float64),
+    shape=_norm_shape,                      # a norm keeps the shape
+    reference=lambda w, x, flags: V.norm(w, x, flags),
+    universe=lambda s: V.norm_flags(s.readings[0][1].kind, s.readings[0][1].bias is not None),
+    steps=(name_findings, _norm_compared,
+           localize_step(lambda s, found: localize_norm(s.module, found.weights, found.x))),
+)
+
+
+def check_norm(comp: Component, ctx: Context) -> ComponentResult:
+    """LayerNorm or RMSNorm, as the NORM probe states it."""
+    return run_probe(NORM, comp, ctx)
 
 
 def _compare_norm(res: ComponentResult, run: Callable[[Tensor], Tensor | None], slot: Slot,
@@ -337,11 +367,14 @@ PE_FLAGS = ("pe_sin_cos_swapped", "pe_wrong_frequency:pair_index", "pe_wrong_fre
             "pe_wrong_frequency:positive")
 
 
-def check_positional_encoding(comp: Component, ctx: Context) -> ComponentResult:
-    res = ctx.result(comp)
+PE_B, PE_T = 2, 12  # the batch and length the table is read at
+
+
+def _build_pe(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
+    """The learner's positional encoding as x -> x + PE[:T] (a module that returns the table for
+    token ids, as hyunwoongko's does, is read that way, noted); no weights to read."""
     module = ctx.build(comp)
-    B, T = 2, 12
-    ids = _table_of_ids(res, module, B, T)
+    ids = _table_of_ids(res, module, PE_B, PE_T)
 
     def run(x: Tensor) -> Tensor | None:
         if ids is not None:
@@ -349,30 +382,50 @@ def check_positional_encoding(comp: Component, ctx: Context) -> ComponentResult:
             return None if table is None else x + table
         return fp.first_tensor(ctx.learner.call("forward", module, x))
 
-    zeros = torch.zeros(B, T, D, dtype=torch.float64)
-    check_determinism(res, ctx, comp, lambda: run(zeros))
-    with fp.dropout_off():
-        table = run(zeros)
-        if table is None or table.shape[-2:] != (T, D):
-            raise ctx.learner.fail("forward", f"{comp.name} returned {getattr(table, 'shape', table)} for "
-                                   f"x of shape {(B, T, D)}; expected x + PE[:T], shape {(B, T, D)}",
-                                   f"x 的形状为 {(B, T, D)} 时，{comp.name} 返回了 "
-                                   f"{getattr(table, 'shape', table)}；应当是 x + PE[:T]，形状 {(B, T, D)}")
-        pe = table.reshape(-1, T, D)[0]  # (T, D)
-        expected = sinusoidal_table(MAX_LEN, D).double()[:T]
-        found = fp.search(pe, lambda fl: V.sinusoidal(T, D, fl), PE_FLAGS, None, 2)
-        if found and found[0]:
-            res.findings += ctx.findings(found[0], found[1], fp.max_error(pe, expected), comp)
-        x = fp.randn(B, T, D, seed=3)
-        out = run(x)
-        added = fp.max_error(out, x + pe)
-        res.max_abs_error = max(fp.max_error(pe, expected), added if out is not None else float("inf"))
-        res.checks.append(Check(text(f"the table equals handformer's sinusoidal_table for {T} positions",
-                                     f"前 {T} 个位置的编码表与 handformer 的 sinusoidal_table 一致"),
-                                fp.max_error(pe, expected) < 1e-5, error_text(fp.max_error(pe, expected))))
-        res.checks.append(Check(text("forward(x) returns x + PE[:T]", "forward(x) 返回 x + PE[:T]"),
-                                added < 1e-5, error_text(added)))
-    return finish(res)
+    return Subject(run, [(None, None)], module)
+
+
+def _pe_shape(ctx: Context, comp: Component, subject: Subject, x: Tensor, table: Tensor | None,
+              ) -> tuple[str, str] | None:
+    if table is not None and table.shape[-2:] == (PE_T, D):
+        return None
+    shape = (PE_B, PE_T, D)
+    return (f"{comp.name} returned {getattr(table, 'shape', table)} for x of shape {shape}; expected "
+            f"x + PE[:T], shape {shape}",
+            f"x 的形状为 {shape} 时，{comp.name} 返回了 {getattr(table, 'shape', table)}；应当是 x + PE[:T]，"
+            f"形状 {shape}")
+
+
+def _pe_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found,
+                 ) -> None:
+    """The step that compares the table with handformer's and checks forward(x) = x + PE[:T]."""
+    pe, T = found.out, PE_T
+    expected = sinusoidal_table(MAX_LEN, D).double()[:T]
+    x = fp.randn(PE_B, T, D, seed=3)
+    out = subject.run(x)
+    added = fp.max_error(out, x + pe)
+    res.max_abs_error = max(fp.max_error(pe, expected), added if out is not None else float("inf"))
+    res.checks.append(Check(text(f"the table equals handformer's sinusoidal_table for {T} positions",
+                                 f"前 {T} 个位置的编码表与 handformer 的 sinusoidal_table 一致"),
+                            fp.max_error(pe, expected) < 1e-5, error_text(fp.max_error(pe, expected))))
+    res.checks.append(Check(text("forward(x) returns x + PE[:T]", "forward(x) 返回 x + PE[:T]"),
+                            added < 1e-5, error_text(added)))
+
+
+POSITIONAL_ENCODING = Probe(
+    build=_build_pe,
+    inputs=lambda s: torch.zeros(PE_B, PE_T, D, dtype=torch.float64),
+    shape=_pe_shape,
+    observe=lambda table: table.reshape(-1, PE_T, D)[0],  # (T, D)
+    reference=lambda w, x, flags: V.sinusoidal(PE_T, D, flags),
+    universe=lambda s: PE_FLAGS,
+    steps=(name_findings, _pe_compared),
+)
+
+
+def check_positional_encoding(comp: Component, ctx: Context) -> ComponentResult:
+    """The sinusoidal positional encoding, as the POSITIONAL_ENCODING probe states it."""
+    return run_probe(POSITIONAL_ENCODING, comp, ctx)
 
 
 def _table_of_ids(res: ComponentResult, module: torch.nn.Module, B: int, T: int) -> Tensor | None:

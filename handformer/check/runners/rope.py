@@ -28,6 +28,7 @@ from torch import Tensor
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_parameters, shape_of
 from handformer.check.core.discovery import Component
+from handformer.check.core.localize_kinds import localize_rotation, note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.reference import variants as V
@@ -213,12 +214,10 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
                 for meta in (False, True) for shape in (("4d", "real") if layout == "pairs" else shapes)]
     failure, best, first = _search_apply(ctx, fn, names, tensors, q, k, attempts)
     if best is None and first is None:
-        if failure is not None:
-            raise failure
-        raise ctx.learner.fail("forward", f"{comp.name} returned no rotated queries and keys of shape "
-                               f"{tuple(q.shape)} for any layout of the rotary table",
-                               f"不论旋转表怎样排布，{comp.name} 都没有返回形状为 {tuple(q.shape)} "
-                               "的旋转后的 query 和 key")
+        raise failure or ctx.learner.fail(
+            "forward", f"{comp.name} returned no rotated queries and keys of shape {tuple(q.shape)} for any "
+            "layout of the rotary table",
+            f"不论旋转表怎样排布，{comp.name} 都没有返回形状为 {tuple(q.shape)} 的旋转后的 query 和 key")
     layout, meta, shape, rot, out, found = best if best else (*first, None)
     _layout_convention(res, rot)
     if meta:
@@ -235,6 +234,10 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
         _offset_check(res, ctx, comp,
                       lambda offset: _run_apply(ctx, fn, names, tensors, q, k, layout, meta, shape, offset),
                       lambda offset, fl: _rotated(q, k, len(tensors), rot, offset, fl))
+    if best is None and err >= TOL:  # no catalogued mistake: where it first parts from the rotation
+        def run(qg: Tensor, kg: Tensor) -> Tensor | None:
+            return _run_apply(ctx, fn, names, tensors, qg, kg, layout, meta, shape, 0)
+        note_departure(res, lambda: localize_rotation(run, fn, q, k, rot))
     return finish(res)
 
 
