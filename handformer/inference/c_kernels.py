@@ -139,9 +139,9 @@ def huge_page_empty(numel: int) -> Tensor:
     size = numel * 4
     if size < HUGE_PAGE or _libc() is None:
         return torch.empty(numel)
-    raw = torch.empty(size + HUGE_PAGE, dtype=torch.uint8)  # untouched: allocated lazily by the kernel
-    start = -raw.data_ptr() % HUGE_PAGE  # the first 2 MiB boundary
     whole = -(-size // HUGE_PAGE) * HUGE_PAGE  # the last page too: up to 2 MiB more resident memory
+    raw = torch.empty(whole + HUGE_PAGE, dtype=torch.uint8)  # untouched: allocated lazily by the kernel
+    start = -raw.data_ptr() % HUGE_PAGE  # the first 2 MiB boundary
     _libc().madvise(ctypes.c_void_p(raw.data_ptr() + start), ctypes.c_size_t(whole), MADV_HUGEPAGE)
     return raw[start:start + size].view(torch.float32)  # the view keeps `raw` alive
 
