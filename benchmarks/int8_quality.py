@@ -7,6 +7,9 @@ folder) and scores the run's own validation split (`handformer eval RUN --data v
 - int8:                  every linear layer, output head included, default kernel (int8pack-bf16);
 - int8-exact:            the same int8 weights through the "dequant" kernel (fp32 activations), to
                          separate the weight rounding from the kernel's bf16 activations;
+- int8-vnni:             the same int8 weights through the "vnni" kernel for every row (the
+                         activations rounded to int8 in blocks of 32, as decoding's one-row
+                         steps run them where the CPU has AVX-512 VNNI);
 - int8-head-fp32:        --keep-head-fp32;
 - int4:                  4-bit weights in groups of 32 inputs (int8 where 32 does not divide a width);
 - bf16:                  every weight in bfloat16.
@@ -35,7 +38,8 @@ from handformer.tasks.lm.quantize import quantize_run  # noqa: E402
 from handformer.tasks.lm.run import load_lm  # noqa: E402
 from handformer.tasks.lm.scoring import eval_text, score_text  # noqa: E402
 
-VARIANTS = ("fp32", "int8", "int8-exact", "int8-head-fp32", "int4", "bf16")
+VARIANTS = ("fp32", "int8", "int8-exact", "int8-head-fp32", "int4", "bf16", "int8-vnni")
+KERNEL = {"int8-exact": "dequant", "int8-vnni": "vnni"}  # the variants that set Int8Linear's kernel
 
 
 def val_loss(run_dir: Path, limit: int, data: str, kernel: str | None = None) -> float:
@@ -66,8 +70,7 @@ def main() -> None:
                     loss = val_loss(tmp / variant, args.limit, args.data)
                 else:
                     quantize_run(run_dir, tmp / variant, "int8", head=variant != "int8-head-fp32")
-                    loss = val_loss(tmp / variant, args.limit, args.data,
-                                    "dequant" if variant == "int8-exact" else None)
+                    loss = val_loss(tmp / variant, args.limit, args.data, KERNEL.get(variant))
                 print(f"{run_dir.name:28} {variant:22} {loss:>9.4f} {100 * (loss / base - 1):>+7.2f}%",
                       flush=True)
 

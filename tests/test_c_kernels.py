@@ -34,8 +34,11 @@ def test_the_int8_kernel_is_f_linear_on_the_dequantized_weight(k):
     torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
 
 
-def test_auto_runs_the_int8_c_kernel_for_two_rows_and_torch_for_more():
+def test_auto_runs_the_int8_c_kernel_for_two_rows_and_torch_for_more(monkeypatch):
     _skip_without("int8_linear")
+    kernel = c_kernels.kernel  # the CPU without VNNI (tests/test_vnni_kernels.py: with it)
+    monkeypatch.setattr(c_kernels, "kernel", lambda name="int8_linear": None if name in c_kernels.VNNI
+                        else kernel(name))
     auto, c, torch_kernel = _layer(64, 40, "auto"), _layer(64, 40, "c-fp32"), _layer(64, 40, TORCH_KERNEL)
     two, three = torch.randn(1, 2, 64), torch.randn(1, 3, 64)
     assert torch.equal(auto(two), c(two)) and not torch.equal(auto(two), torch_kernel(two))

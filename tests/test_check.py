@@ -26,13 +26,13 @@ from check_plants import (
     planted_source,
 )
 
-from handformer.check import variants as V
-from handformer.check.diagnoses import CATALOG, EXCLUSIVE, MASKING
-from handformer.check.discovery import find_components
-from handformer.check.report import exit_code, format_report, to_json
-from handformer.check.result import FileResult
-from handformer.check.runners import check_file, import_learner
-from handformer.check.sandbox import check_in_child
+from handformer.check.core.discovery import find_components
+from handformer.check.core.engine import check_file, import_learner
+from handformer.check.core.report import exit_code, format_report, to_json
+from handformer.check.core.result import FileResult
+from handformer.check.core.sandbox import check_in_child
+from handformer.check.reference import variants as V
+from handformer.check.reference.diagnoses import CATALOG, EXCLUSIVE, MASKING
 from handformer.cli import main
 from handformer.cli.check import parse_components
 from handformer.config import BlockConfig
@@ -101,7 +101,7 @@ def test_planted_mistake_is_named(name, monkeypatch):
     the likely line (one the plant wrote), a measured observation, and the report in English and Chinese from one result."""
     p = PLANTS[name]
     if p.diagnosis is None and p.kind == "bpe":  # slow, not wrong: its timing note is tests/test_check_bpe.py's
-        import handformer.check.bpe as bpe
+        import handformer.check.runners.bpe as bpe
 
         monkeypatch.setattr(bpe, "CEILING", 1.0)
     result = check_file(str(planted_file(name)), only=[p.kind])
@@ -238,7 +238,7 @@ def test_every_mistake_changes_the_output():
     x = torch.randn(2, 6, 16, dtype=torch.float64)
     keep = torch.ones(6, 6, dtype=torch.bool).tril()[None, None]
     correct = V.multi_head_attention(w, x, x, x, keep)[0]
-    from handformer.check.context import ATTENTION_FLAGS, HEAD_FLAGS
+    from handformer.check.core.context import ATTENTION_FLAGS, HEAD_FLAGS
 
     for flag in ATTENTION_FLAGS + HEAD_FLAGS:
         if flag == "nan_on_masked_rows":  # -inf for -1e9: it changes only rows that see no key
@@ -772,7 +772,7 @@ def test_unmatched_constructor_argument_gets_help(tmp_path):
 
 
 def test_report_language_follows_the_locale(monkeypatch):
-    from handformer.check.report import default_language
+    from handformer.check.core.report import default_language
 
     for var in ("LC_ALL", "LC_MESSAGES", "LANG", "LANGUAGE"):
         monkeypatch.delenv(var, raising=False)

@@ -1,5 +1,5 @@
 """`handformer check` on the tokenizer chapter: a byte-level BPE trainer and its encoder and decoder,
-graded against the hand-written reference in handformer/check/bpe_reference.py (each planted mistake
+graded against the hand-written reference in handformer/check/reference/bpe_reference.py (each planted mistake
 is named in tests/test_check.py)."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import re
 import pytest
 from check_plants import correct_file, planted_file
 
-from handformer.check import bpe_reference as R
-from handformer.check.bpe_codec import TEXTS, tokenizer_inputs
-from handformer.check.bpe_corpus import CORPUS, SPECIAL, VOCAB_SIZE, timing_corpus
-from handformer.check.report import exit_code, format_report, to_json
-from handformer.check.runners import check_file
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import exit_code, format_report, to_json
+from handformer.check.reference import bpe_reference as R
+from handformer.check.reference.bpe_corpus import CORPUS, SPECIAL, VOCAB_SIZE, timing_corpus
+from handformer.check.runners.bpe_codec import TEXTS, tokenizer_inputs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -112,7 +112,7 @@ def test_a_trainer_of_the_text_with_a_number_of_merges_and_id_pairs_is_graded(tm
     passed as text, the merges are read through its vocabulary, and it is compared with the
     reference trained without the special token. It recounts every pair after each merge (minbpe's
     way): slow, not wrong, so it passes on its merges and a note gives the measured factor."""
-    import handformer.check.bpe as bpe
+    import handformer.check.runners.bpe as bpe
 
     monkeypatch.setattr(bpe, "CEILING", 3.0)  # stopped after 3 s, whatever the reference took
     path = tmp_path / "other.py"
@@ -136,8 +136,8 @@ def test_a_runaway_trainer_is_stopped_in_the_sandbox_and_named(tmp_path):
                     "        counts = {}\n\n\nclass Tokenizer:\n    def __init__(self, vocab, merges, special_tokens):\n"
                     "        pass\n\n    def encode(self, text):\n        while text:\n            pass\n\n"
                     "    def decode(self, ids):\n        return ''\n")
-    import handformer.check.bpe as bpe
-    import handformer.check.bpe_codec as codec_module
+    import handformer.check.runners.bpe as bpe
+    import handformer.check.runners.bpe_codec as codec_module
 
     old = bpe.FIXTURE_LIMIT
     bpe.FIXTURE_LIMIT = codec_module.CODEC_LIMIT = 1.0

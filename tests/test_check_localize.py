@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from handformer.check.report import format_report
-from handformer.check.runners import check_file
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import format_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -137,3 +137,81 @@ def test_unnamed_mistake_in_each_kind_is_localized(tmp_path, name):
     assert f"{step} at line {number}: {planted}" in note["en"], report
     assert form in note["en"], report
     assert f"第 {number} 行" in note["zh"] and planted in zh
+
+
+# Grouped-query attention with rotary positions, in the LLM chapter's style (half-split pairs,
+# rotate_half) and Meta's (complex freqs_cis, interleaved pairs), with mistakes no catalogued one
+# reproduces: (fixture, the correct line, the planted line, what the note must say, the form or None).
+# A step inside a helper of theirs (rotate_half, apply_rotary_emb) is quoted with the planted line
+# that called it: two lines at most.
+FIXTURES = Path(__file__).parent / "fixtures"
+ROTARY_PLANTS = {
+    "half_rope_on_values": ("learners_llm", "        q, k = apply_rotary_pos_emb(q, k, cos, sin)\n",
+                            "        v, _ = apply_rotary_pos_emb(v, v, cos, sin)\n",
+                            "`return` at line 41: return torch.cat((-x2, x1), dim=-1) (in a helper called from line",
+                            None),
+    "gqa_extra_residual": ("learners_llm", "        return self.o_proj(out)\n", "        return self.o_proj(out) + x\n",
+                           "`return` at line", "the output plus an extra term equal to the input x"),
+    "meta_rope_on_values": ("learners_llama", "        xq, xk = apply_rotary_emb(xq, xk, freqs_cis=freqs_cis)\n",
+                            "        xv, _ = apply_rotary_emb(xv, xv, freqs_cis=freqs_cis)\n",
+                            "`xq_out` at line 60: xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3) "
+                            "(in a helper called from line", None),
+    "meta_weights_halved": ("learners_llama", "scores = F.softmax(scores.float(), dim=-1).type_as(xq)\n",
+                            "scores = F.softmax(scores.float(), dim=-1).type_as(xq) / 2\n", "`scores` at line",
+                            "the attention weights times a constant factor 0.5"),
+}
+
+
+@pytest.mark.parametrize("name", ROTARY_PLANTS)
+def test_unnamed_mistake_in_rotary_grouped_attention_is_localized(tmp_path, name):
+    family, old, new, step, form = ROTARY_PLANTS[name]
+    correct = (FIXTURES / family / "correct.py").read_text()
+    assert correct.count(old) == 1
+    source = correct.replace(old, old + new if new.lstrip().startswith(("v, _", "xv, _")) else new)
+    number, planted = next((i + 1, ln.strip()) for i, ln in enumerate(source.splitlines()) if ln.strip() == new.strip())
+    path = tmp_path / "learner.py"
+    path.write_text(source)
+    result = check_file(str(path), only=["gqa"])
+    report = format_report(result)
+    (comp,) = [c for c in result.components if c.kind == "gqa" and "repeat" not in c.name]
+    assert comp.status == "fail" and not comp.findings, report
+    (note,) = [n for n in comp.notes if "parts from the reference" in n["en"]]
+    assert step in note["en"] and f"line {number}: {planted}" in note["en"], report
+    assert form is None or form in note["en"], report
+    assert f"第 {number} 行" in note["zh"] and planted in note["zh"]
+    quoted = [ln.strip() for ln in source.splitlines() if len(ln.strip()) > 20 and ln.strip() in note["en"]]
+    assert planted in quoted and len(quoted) <= 2  # the planted line, and the helper's line at most
+
+
+# The rotary apply functions checked alone (kind rope), each style: (fixture, the correct line, the
+# planted line, the step named, the form or None).
+APPLY_PLANTS = {
+    "half_k_cos_twice": ("learners_llm", "k * cos + rotate_half(k) * sin", "k * cos + rotate_half(k) * cos",
+                         "`return[1]` at line", None),
+    "half_q_halved": ("learners_llm", "return q * cos + rotate_half(q) * sin,",
+                      "return (q * cos + rotate_half(q) * sin) / 2,", "`return[0]` at line",
+                      "q rotated (half pairs) times a constant factor 0.5 = 1/2"),
+    "meta_keys_conjugated": ("learners_llama", "xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)",
+                             "xk_out = torch.view_as_real(xk_ * freqs_cis.conj()).flatten(3)", "`xk_out` at line",
+                             None),
+}
+
+
+@pytest.mark.parametrize("name", APPLY_PLANTS)
+def test_unnamed_mistake_in_a_rotary_apply_function_is_localized(tmp_path, name):
+    family, old, new, step, form = APPLY_PLANTS[name]
+    correct = (FIXTURES / family / "correct.py").read_text()
+    assert correct.count(old) == 1
+    source = correct.replace(old, new)
+    number, planted = next((i + 1, ln.strip()) for i, ln in enumerate(source.splitlines()) if new in ln)
+    path = tmp_path / "learner.py"
+    path.write_text(source)
+    result = check_file(str(path), only=["rope"])
+    report = format_report(result)
+    failed = [c for c in result.components if c.status == "fail"]
+    assert len(failed) == 1 and not failed[0].findings, report
+    (note,) = [n for n in failed[0].notes if "parts from the reference" in n["en"]]
+    assert f"{step} {number}: {planted}" in note["en"], report
+    assert form is None or form in note["en"], report
+    quoted = [ln.strip() for ln in source.splitlines() if len(ln.strip()) > 20 and ln.strip() in note["en"]]
+    assert quoted == [planted]

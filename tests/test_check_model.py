@@ -9,8 +9,8 @@ import json
 import pytest
 from check_plants import correct_file
 
-from handformer.check.report import exit_code, format_report, to_json
-from handformer.check.runners import check_file
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import exit_code, format_report, to_json
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -81,7 +81,7 @@ class _Context:
     """What the steered model needs of a check's context: a way to call (here: handformer's) code."""
 
     def __init__(self) -> None:
-        from handformer.check.fingerprint import Learner
+        from handformer.check.core.fingerprint import Learner
 
         self.learner = Learner("handformer")
 
@@ -92,7 +92,16 @@ def test_the_beam_reference_is_handformers_beam_search():
     import torch
     from torch import nn
 
-    from handformer.check.beam import BOS, EOS, MAX_LEN, PAD, SCENARIOS, HandformerModel, Steered, reference
+    from handformer.check.runners.beam import (
+        BOS,
+        EOS,
+        MAX_LEN,
+        PAD,
+        SCENARIOS,
+        HandformerModel,
+        Steered,
+        reference,
+    )
     from handformer.generation.decoding import DecodeLimits, beam_search
 
     base, src = HandformerModel(), torch.tensor([[5, 7, 9, 11, 3, 6]])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from handformer.check.runners import check_file
+from handformer.check.core.engine import check_file
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -16,9 +16,9 @@ import pytest
 from check_mutants import Mutant, mutants, sample
 from check_plants import FAMILIES, correct_file
 
-from handformer.check.report import format_report, to_json
-from handformer.check.result import ERROR, NOT_CHECKED
-from handformer.check.runners import check_file
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import format_report, to_json
+from handformer.check.core.result import ERROR, NOT_CHECKED
 
 pytestmark = pytest.mark.usefixtures("one_thread", "short_bpe_limits")
 
@@ -27,8 +27,8 @@ pytestmark = pytest.mark.usefixtures("one_thread", "short_bpe_limits")
 def short_bpe_limits(monkeypatch):
     """A BPE trainer or codec a mutation made endless is stopped after 2 s, not 10: the report is
     what is tested here, the limits are tests/test_check_bpe.py's."""
-    import handformer.check.bpe as bpe
-    import handformer.check.bpe_codec as codec
+    import handformer.check.runners.bpe as bpe
+    import handformer.check.runners.bpe_codec as codec
 
     monkeypatch.setattr(bpe, "FIXTURE_LIMIT", 2.0)
     monkeypatch.setattr(bpe, "CEILING", 3.0)

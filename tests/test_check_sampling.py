@@ -8,9 +8,10 @@ import pytest
 import torch
 from check_plants import correct_file, plant
 
-from handformer.check import generate_loop, sampling, stats
-from handformer.check.report import exit_code, format_report
-from handformer.check.runners import check_file
+from handformer.check.core import stats
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import exit_code, format_report
+from handformer.check.runners import generate_loop, sampling
 from handformer.generation.generate import generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")

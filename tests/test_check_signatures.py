@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from handformer.check.discovery import find_components
-from handformer.check.report import format_report
-from handformer.check.runners import check_file, import_learner
+from handformer.check.core.discovery import find_components
+from handformer.check.core.engine import check_file, import_learner
+from handformer.check.core.report import format_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

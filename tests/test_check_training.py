@@ -9,8 +9,8 @@ import json
 import pytest
 from check_plants import WRITTEN, correct_file
 
-from handformer.check.report import exit_code, format_report, to_json
-from handformer.check.runners import check_file
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import exit_code, format_report, to_json
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

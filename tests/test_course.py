@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from helpers import missing, require_module
 
-from handformer.check.result import TODO
-from handformer.check.runners import check_file
+from handformer.check.core.engine import check_file
+from handformer.check.core.result import TODO
 from handformer.cli import main
 from handformer.course.chapters import CHAPTERS, find_chapter
 from handformer.course.folder import learn, notebook_text, reset, starter_text
@@ -171,7 +171,7 @@ def test_starters_are_not_implemented_yet_in_both_languages(tmp_path):
 
 def test_the_report_says_not_implemented_yet(tmp_path, capsys):
     learn(tmp_path, "en", "3")
-    from handformer.check.report import format_report
+    from handformer.check.core.report import format_report
 
     result = check_chapter(tmp_path / "ch03_multi_head.py")
     assert "MultiHeadAttention (multi-head attention): NOT IMPLEMENTED YET" in format_report(result, "en")
@@ -180,7 +180,7 @@ def test_the_report_says_not_implemented_yet(tmp_path, capsys):
 
 
 def test_status_shows_which_chapters_pass(tmp_path, capsys, monkeypatch):
-    from handformer.check import sandbox
+    from handformer.check.core import sandbox
 
     graded, check_in_child = {}, sandbox.check_in_child
 
@@ -369,7 +369,7 @@ def run_course(folder: Path, monkeypatch) -> tuple[dict, dict, dict]:
 
     import matplotlib
 
-    from handformer.check import runners
+    from handformer.check.core import engine as runners
 
     graded = {}
     course = tuple((folder / ch.file).read_text("utf-8") for ch in CHAPTERS)

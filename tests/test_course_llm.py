@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from handformer.check.runners import check_file
+from handformer.check.core.engine import check_file
 from handformer.cli import main
 from handformer.course.chapters import CHAPTERS, find_chapter
 from handformer.course.folder import learn, starter_text

@@ -332,7 +332,7 @@ def test_the_readmes_check_reports_are_what_check_prints(monkeypatch):
     """`handformer check` as the README runs it, from the project root (in this process: the learner's
     code still runs in check's own child process). The grader reads no language: the two READMEs
     check the same file, graded in a child once; the Chinese report prints that result in Chinese."""
-    from handformer.check import sandbox
+    from handformer.check.core import sandbox
     from handformer.cli import main
 
     graded, check_in_child = {}, sandbox.check_in_child

@@ -69,6 +69,26 @@ def test_every_worked_solution_is_right_line_by_line():
             assert lines[0].startswith(f"{int(task.key[8:10])} + ")
 
 
+def test_countdown_tries_are_true_steps_that_miss_and_the_reply_still_answers():
+    from handformer.tasks.speedrun_chat.reasoning import with_tries
+
+    tried = 0
+    for task in drawn(600):
+        worked = with_tries(task, 3)
+        assert worked == with_tries(task, 3) and worked.answer == task.answer  # drawn from the key
+        assert worked.thinking.endswith(task.thinking) and len(worked.thinking) <= max(100, len(task.thinking))
+        reading = parse_reply(worked.reply(True), task.kind)
+        assert reading.well_formed and is_right(task.kind, task.key, reading.answer)
+        target = task.key.split("=")[1] if task.kind == "countdown" else None
+        for line in worked.thinking.split("\n")[:-1]:
+            for left, right in re.findall(r"(\d+ [-+*] \d+) = (\d+)", line):
+                assert eval(left) == int(right), (worked, line)
+            if ", not " in line:
+                tried += 1
+                assert line.endswith(f", not {target}") and line.split(" = ")[1].split(",")[0] != target
+    assert tried > 50 and with_tries(drawn(1)[0], 3) == drawn(1)[0]  # an addition is left as it is
+
+
 def test_the_three_splits_share_no_problem_and_are_deterministic():
     tasks = ReasoningSet(0)
     train = tasks.sample(900, "train", "sft")
@@ -191,6 +211,20 @@ def test_a_rejected_worked_reply_is_well_formed_and_wrong():
         reading = parse_reply(wrong_reply(task), task.kind)
         assert reading.well_formed and reading.answer is not None
         assert not is_right(task.kind, task.key, reading.answer), task
+
+
+def test_grpo_questions_follow_the_countdown_share_and_its_numbers():
+    from handformer.tasks.speedrun_chat.reasoning import Difficulty
+    from handformer.tasks.speedrun_chat.reasoning_stages import grpo_prompts
+
+    tasks = ReasoningSet(0, Difficulty(3, 4, 60))
+    prompts = grpo_prompts(90, tasks, countdown_share=0.6, countdown_numbers=3)
+    kinds = [p["kind"] for p in prompts]
+    assert (kinds.count("countdown"), kinds.count("addition"), kinds.count("days")) == (54, 18, 18)
+    assert kinds[:54] != ["countdown"] * 54  # shuffled
+    assert all(len(p["key"].split("=")[0].split(",")) == 3 for p in prompts if p["kind"] == "countdown")
+    assert all(split_of(p["kind"], p["key"], 0) == "train" for p in prompts)
+    assert len({p["key"] for p in prompts}) == 90
 
 
 @pytest.fixture(scope="module")

@@ -82,7 +82,9 @@ def test_the_reward_is_the_exact_answer():
 @pytest.mark.parametrize("overrides, message", [({"sft_steps": 0}, "sft_steps=0 is invalid"),
                                                 ({"d_model": 30}, "multiple of n_heads"),
                                                 ({"sft_lr": -1.0}, "sft_lr=-1.0 is invalid"),
-                                                ({"steps": 3}, "unknown field(s) steps")])
+                                                ({"steps": 3}, "unknown field(s) steps"),
+                                                ({"grpo_countdown_share": 1.5},
+                                                 "grpo_countdown_share=1.5 is invalid: it must be from 0 to 1")])
 def test_bad_settings_are_one_clear_error(overrides, message, tmp_path, capsys):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         config_for("full", overrides)

@@ -1,7 +1,7 @@
 """`handformer check`: grade a learner's hand-written Transformer against handformer's components.
 
-discovery (find and build their components), weights (map their parameters to W_Q, W_K, ...),
-variants + fingerprint (the reference with every named mistake, and the search that matches them),
-attention / pieces / layers (the runners), diagnoses (the catalogue), report (English, Chinese,
-JSON), sandbox (their code runs in a child process with a time and a memory limit).
+Four rooms, imported one way: reference/ (the reference computations with every named mistake as a
+flag, the hand-written BPE), catalog/ (the named mistakes and their fixes), core/ (finding and
+building components, mapping weights, the sandbox, the search that names a mistake, localizing what
+has no name, the report; core/engine.py runs it all) and runners/ (one runner a kind of component).
 """

@@ -8,7 +8,7 @@ import sys
 
 def parse_components(values: list[str]) -> tuple[dict[str, str], list[str]]:
     """--component mha (check only that kind) and --component mha=MyAttention (use that name)."""
-    from handformer.check.discovery import KINDS
+    from handformer.check.core.discovery import KINDS
 
     overrides, only = {}, []
     for value in values:
@@ -24,8 +24,8 @@ def parse_components(values: list[str]) -> tuple[dict[str, str], list[str]]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from handformer.check.report import default_language, exit_code, format_report, to_json
-    from handformer.check.sandbox import check_in_child
+    from handformer.check.core.report import default_language, exit_code, format_report, to_json
+    from handformer.check.core.sandbox import check_in_child
 
     overrides, only = parse_components(args.component)
     if args.time_limit <= 0 or args.memory_limit < 1024:
@@ -44,8 +44,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    from handformer.check.discovery import KINDS
-    from handformer.check.sandbox import MEMORY_LIMIT, TIME_LIMIT
+    from handformer.check.core.discovery import KINDS
+    from handformer.check.core.sandbox import MEMORY_LIMIT, TIME_LIMIT
 
     p = sub.add_parser(
         "check", help="grade your own hand-written Transformer components against handformer's",

@@ -37,7 +37,7 @@ def check_lang(lang: str) -> str:
 def system_language() -> str:
     """A new course's language without --lang: the system's, by the rule `handformer check` follows
     (zh when LC_ALL, LC_MESSAGES or LANG says Chinese, else en)."""
-    from handformer.check.report import default_language
+    from handformer.check.core.report import default_language
 
     return default_language()
 
@@ -180,8 +180,8 @@ class ChapterStatus:
 def status(folder: Path, time_limit: float | None = None) -> tuple[str, list[ChapterStatus]]:
     """(the course's language, the state of each chapter): a file still equal to its starter is
     "not started"; every other file is graded by `handformer check` in a child process."""
-    from handformer.check.result import DIFFERS, NOT_CHECKED, PASS, TODO
-    from handformer.check.sandbox import TIME_LIMIT, check_in_child
+    from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, TODO
+    from handformer.check.core.sandbox import TIME_LIMIT, check_in_child
 
     data = read_manifest(folder)
     out = []

@@ -108,8 +108,8 @@ def fresh(stem: str) -> ModuleType:
 def check(chapter: str) -> bool:
     """Grade the chapter's file with `handformer check`, print the report; True when it passes. In a
     Chinese course it also sets matplotlib's fonts for the chapter's plots (`use_course_fonts`)."""
-    from handformer.check.report import format_report
-    from handformer.check.runners import check_file
+    from handformer.check.core.engine import check_file
+    from handformer.check.core.report import format_report
 
     ch = find_chapter(chapter)
     use_course_fonts()
@@ -304,7 +304,7 @@ def story_tokenizer(folder: Path) -> Any:
 @torch.no_grad()
 def handformer_story(folder: Path, n: int) -> list[int]:
     """handformer's import of stories260K.bin, greedy from BOS (id 1) for n tokens: the ids."""
-    from handformer.check.llama2c import handformer_import
+    from handformer.check.runners.llama2c import handformer_import
 
     model = handformer_import(folder / "stories260K.bin")
     idx = torch.tensor([[BOS]])

@@ -1,4 +1,4 @@
-"""Two C kernels for decoding's thin matrix products, built by gcc at first use and called through ctypes.
+"""C kernels for decoding's thin matrix products, built by gcc at first use and called through ctypes.
 
 - int8_matvec.c (`int8_linear`, Int8Linear's "c-fp32"): each int8 weight widened to fp32 in AVX-512
   registers, fp32 activations and sums (no bf16 rounding of the activations); at one row it streams
@@ -7,6 +7,11 @@
   interleaved (`block_rows`: one contiguous stream a block), dotted with AVX-512 FMAs; at one row it
   streamed GPT-2-124M's weights (every layer and the head once) 1.65x as fast as oneDNN's packed
   layers at one thread (docs/benchmarks.md).
+- vnni_matvec.c (`int8_vnni_linear`, Int8Linear's "vnni"; `int4_vnni_linear`, Int4Linear's): the
+  activation row quantized to int8 in blocks of 32 (as llama.cpp's Q8_0), the weights read as
+  stored (int8, or 4-bit nibbles with float16 scales), dotted in integers by AVX-512 VNNI
+  (vpdpbusd), scaled back in fp32, the bias added. Where the CPU has no VNNI (the library asks the
+  CPU itself: `vnni_supported()`), kernel() gives None and the layers fall back.
 
 Each is built with gcc into ~/.cache/handformer (HANDFORMER_CACHE overrides) the first time a process
 asks for it, the file named by a hash of the source, written under a temporary name and renamed into
@@ -33,12 +38,18 @@ from torch import Tensor
 
 SOURCES = {"int8_linear": Path(__file__).with_name("int8_matvec.c"),
            "f32_linear": Path(__file__).with_name("f32_matvec.c"),
-           "decoder_step": Path(__file__).with_name("decoder_step.c")}  # fused_step.py's, its own argtypes
+           "decoder_step": Path(__file__).with_name("decoder_step.c"),  # fused_step.py's, its own argtypes
+           "int8_vnni_linear": Path(__file__).with_name("vnni_matvec.c"),
+           "int4_vnni_linear": Path(__file__).with_name("vnni_matvec.c")}
+VNNI = ("int8_vnni_linear", "int4_vnni_linear")  # built for any x86-64, run only where the CPU has VNNI
 # decoder_step: scalar loops gcc vectorizes (-ffast-math lets it reorder sums; -lm: glibc's vector expf)
 # beside the AVX-512 products of f32_matvec.c, threaded by OpenMP
-FLAGS = {"decoder_step": ["-O3", "-march=native", "-ffast-math", "-fopenmp"]}
+FLAGS = {"decoder_step": ["-O3", "-march=native", "-ffast-math", "-fopenmp"],
+         # the file names its own instruction sets (#pragma GCC target), all but vnni_supported()
+         "int8_vnni_linear": ["-O3", "-fopenmp"], "int4_vnni_linear": ["-O3", "-fopenmp"]}
 MATVEC_FLAGS = ["-O3", "-mavx512f", "-fopenmp"]
-K_MULTIPLE = 16  # both kernels read K in steps of 16 numbers
+K_MULTIPLE = 16  # int8_linear and f32_linear read K in steps of 16 numbers
+VNNI_K_MULTIPLE = 32  # the VNNI kernels quantize the activations in blocks of 32
 # The layers call them for this many rows of activations at most (decoding at batch 1 or 2); more rows
 # go to torch's kernels, which share each weight read among the rows better (docs/benchmarks.md).
 MAX_ROWS = 2
@@ -86,8 +97,9 @@ def _unavailable() -> str | None:
 @functools.cache
 def kernel(name: str = "int8_linear") -> Callable[..., None] | None:
     """The loaded C function `name` (int8_linear(x, q, scale, y, M, N, K, threads),
-    f32_linear(x, w, bias, y, M, N, K, threads), or decoder_step, whose caller sets its argtypes), or
-    None (see why_not)."""
+    f32_linear(x, w, bias, y, M, N, K, threads), int8_vnni_linear(x, q, scale, bias, y, M, N, K,
+    threads), int4_vnni_linear(x, nibbles, d, bias, y, M, N, K, threads), or decoder_step, whose caller
+    sets its argtypes), or None (see why_not)."""
     if (reason := _unavailable()) is not None:
         _why[name] = reason
         return None
@@ -99,20 +111,28 @@ def kernel(name: str = "int8_linear") -> Callable[..., None] | None:
     if not target.exists() and (error := _build(source, target, flags)) is not None:
         _why[name] = error
         return None
-    fn = getattr(ctypes.CDLL(str(target)), name)
+    library = ctypes.CDLL(str(target))
+    if name in VNNI and not library.vnni_supported():
+        _why[name] = "this CPU has no AVX-512 VNNI (or no AVX-512 BW, VL or F16C)"
+        return None
+    fn = getattr(library, name)
     if name in ("int8_linear", "f32_linear"):
         fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    if name in VNNI:
+        fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     fn.restype = None
     return fn
 
 
 def usable(name: str, x: Tensor, in_features: int, max_rows: int | None = MAX_ROWS) -> bool:
     """Whether the layers may hand `x` (..., K) to kernel `name` now: fp32 on the CPU, at most
-    `max_rows` rows (None: any), K a multiple of K_MULTIPLE, no gradient wanted, not inside
+    `max_rows` rows (None: any), K a multiple of K_MULTIPLE (VNNI_K_MULTIPLE for the VNNI
+    kernels), no gradient wanted, not inside
     torch.compile's tracing (a ctypes call cannot be traced), and the kernel built."""
     few = max_rows is None or x.numel() <= max_rows * in_features
+    multiple = VNNI_K_MULTIPLE if name in VNNI else K_MULTIPLE
     return (x.is_cpu and x.dtype == torch.float32 and few
-            and in_features % K_MULTIPLE == 0 and not (x.requires_grad and torch.is_grad_enabled())
+            and in_features % multiple == 0 and not (x.requires_grad and torch.is_grad_enabled())
             and not torch.compiler.is_compiling() and kernel(name) is not None)
 
 
@@ -158,6 +178,24 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
+def pointers(*tensors: Tensor | None) -> tuple[int | None, ...]:
+    """Each tensor's address (None for None): what a layer keeps to call vnni_linear."""
+    return tuple(None if t is None else t.data_ptr() for t in tensors)
+
+
+def vnni_linear(name: str, x: Tensor, weights: tuple[int | None, ...], n: int) -> Tensor:
+    """(M, K) fp32 rows times the weight VNNI kernel `name` reads at `weights` (its addresses:
+    int8_vnni_linear's (N, K) int8 values, (N,) fp32 scales and bias or None; int4_vnni_linear's
+    (N, K/2) nibbles, input 2j in byte j's low nibble and 2j + 1 in its high one, (N, K/32) float16
+    scales d of w = d * (q - 8), bias or None), plus the bias: (M, n) fp32, the activations rounded
+    to int8 in blocks of 32 on the way. kernel(name) must not be None; K a multiple of 32; x
+    contiguous on the CPU. The addresses come from `pointers`: the layer keeps them (and the tensors)
+    because reading four tensors' addresses costs more than a small layer's product."""
+    y = torch.empty(x.shape[0], n)  # (M, N)
+    kernel(name)(x.data_ptr(), *weights, y.data_ptr(), x.shape[0], n, x.shape[1], torch.get_num_threads())
+    return y
+
+
 def block_rows(weight: Tensor) -> Tensor:
     """The (N, K) weight as f32_linear reads it: (ceil(N/4), K/16, 4, 16), each block's four rows
     interleaved 16 numbers at a time (rows past N zero), in memory asked for huge pages
@@ -184,5 +222,5 @@ def f32_linear(x: Tensor, blocked: Tensor, n: int, bias: Tensor | None) -> Tenso
     return y
 
 
-__all__ = ["K_MULTIPLE", "MAX_ROWS", "OFF_ENV", "block_rows", "f32_linear", "int8_linear", "kernel",
-           "unblock_rows", "usable", "why_not"]
+__all__ = ["K_MULTIPLE", "MAX_ROWS", "OFF_ENV", "VNNI", "VNNI_K_MULTIPLE", "block_rows", "f32_linear",
+           "int8_linear", "kernel", "pointers", "unblock_rows", "usable", "vnni_linear", "why_not"]

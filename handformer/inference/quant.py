@@ -11,9 +11,15 @@ reads a quarter of the fp32 bytes. Symmetric (no zero point) because trained wei
 on zero; -128 is left unused so that +-max map to +-127 exactly.
 
 `Int8Linear.forward` runs y = x Q^T * scale + b through one of these kernels:
-- "auto" (the default): "c-fp32" for one or two rows of activations (decoding at batch 1 or 2), where
-  that kernel can run; "int8pack-bf16" for more rows (prefill, larger batches), where the C kernel's
-  one-row-at-a-time dots are slower.
+- "auto" (the default): for one or two rows of activations (decoding at batch 1 or 2) "vnni" where
+  the CPU has AVX-512 VNNI, else "c-fp32" where that kernel can run; "int8pack-bf16" for more rows
+  (prefill, larger batches), where the C kernels' one-row-at-a-time dots are slower.
+- "vnni": handformer/inference/vnni_matvec.c, built with gcc at first use: the activation row
+  rounded to int8 in blocks of 32 (a scale each, as llama.cpp's Q8_0), each int8 weight times
+  int8 activation summed in integers by AVX-512 VNNI (vpdpbusd), scaled back in fp32; a quarter of
+  fp32's bytes read at close to the machine's read bandwidth. The activations' rounding (relative
+  2^-8 of each block's largest) is what it costs. Where it cannot run (no VNNI, no gcc, K not a
+  multiple of 32, another dtype, inside torch.compile) the layer runs "c-fp32", then "int8pack-bf16".
 - "int8pack-bf16": `torch.ops.aten._weight_int8pack_mm`, PyTorch's CPU kernel that reads the int8
   weights directly and applies the scales in the same pass, fed bf16 activations and scales (the
   dtype its vectorized AVX512 path serves); the result is cast back. It costs bf16 rounding of the
@@ -48,7 +54,7 @@ from handformer.inference import c_kernels
 from handformer.replace import replace_layers
 
 QMAX = 127  # symmetric int8 range: -127 .. 127
-KERNELS = ("int8pack-bf16", "int8pack-fp32", "dequant", "c-fp32", "auto")
+KERNELS = ("int8pack-bf16", "int8pack-fp32", "dequant", "c-fp32", "auto", "vnni")
 BF16_K_MULTIPLE = 16  # _weight_int8pack_mm's bf16 path reads K in steps of 16, with no tail loop
 DEFAULT_KERNEL = "auto"
 TORCH_KERNEL = "int8pack-bf16"  # what "auto" and "c-fp32" run where the C kernel does not
@@ -67,6 +73,12 @@ def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
 def dequantize_int8(q: Tensor, scales: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """(N, K) int8 and (N,) scales -> the (N, K) weight they stand for, in `dtype`."""
     return (q.to(torch.float32) * scales[:, None]).to(dtype)
+
+
+def stamp(t: Tensor) -> tuple[int, int]:
+    """Where `t` lives and how often it was written in place (an inference tensor keeps no count):
+    a key for copies of it kept until it changes."""
+    return t.data_ptr(), -1 if t.is_inference() else t._version
 
 
 _HAS_INT8PACK = hasattr(torch.ops.aten, "_weight_int8pack_mm")  # looked up once: torch.ops lookups are slow
@@ -93,6 +105,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", torch.ones(out_features, dtype=torch.float32))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self._scales_as: tuple[tuple[int, int, torch.dtype], Tensor] | None = None
+        self._vnni: tuple[tuple, tuple, tuple[int | None, ...]] | None = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, kernel: str = DEFAULT_KERNEL) -> Int8Linear:
@@ -108,7 +121,7 @@ class Int8Linear(nn.Module):
     def scales_as(self, dtype: torch.dtype) -> Tensor:
         """The scales in `dtype`, converted once and kept until the scales change (a decoding step
         calls every layer once: a conversion per call would cost as much as a small layer's product)."""
-        key = (self.scales.data_ptr(), self.scales._version, dtype)
+        key = (*stamp(self.scales), dtype)
         if self._scales_as is None or self._scales_as[0] != key:
             self._scales_as = (key, self.scales.to(dtype))
         return self._scales_as[1]
@@ -116,9 +129,14 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., K) -> (..., N)."""
         kernel = self.kernel
-        if kernel in ("c-fp32", "auto"):
-            rows = c_kernels.MAX_ROWS if kernel == "auto" else None
-            if self.weight.is_cpu and c_kernels.usable("int8_linear", x, self.in_features, rows):
+        max_rows = None if kernel in ("c-fp32", "vnni") else c_kernels.MAX_ROWS
+        if (kernel in ("vnni", "auto") and self.weight.is_cpu
+                and c_kernels.usable("int8_vnni_linear", x, self.in_features, max_rows)):
+            rows = x.reshape(-1, self.in_features).contiguous()  # (M, K)
+            y = c_kernels.vnni_linear("int8_vnni_linear", rows, self.vnni_weights(), self.out_features)
+            return y.view(*x.shape[:-1], self.out_features)  # (..., N)
+        if kernel in ("c-fp32", "auto", "vnni"):
+            if self.weight.is_cpu and c_kernels.usable("int8_linear", x, self.in_features, max_rows):
                 return self._c_fp32(x)
             kernel = TORCH_KERNEL
         if kernel == "int8pack-bf16" and self.in_features % BF16_K_MULTIPLE:
@@ -135,6 +153,17 @@ class Int8Linear(nn.Module):
             return y.view(*x.shape[:-1], self.out_features)  # (..., N)
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, dequantize_int8(self.weight, self.scales, x.dtype), bias)
+
+    def vnni_weights(self) -> tuple[int | None, ...]:
+        """The addresses the VNNI kernel reads (weight, scales, fp32 bias), kept while the layer
+        holds the same tensor objects (written in place, they stay where they are)."""
+        tensors = (self._buffers["weight"], self._buffers["scales"], self._parameters.get("bias"))
+        if self._vnni is None or any(a is not b for a, b in zip(self._vnni[0], tensors)):
+            weight, scales, bias = tensors
+            kept = (weight.contiguous(), scales.float().contiguous(),
+                    None if bias is None else bias.detach().float().contiguous())
+            self._vnni = (tensors, kept, c_kernels.pointers(*kept))
+        return self._vnni[2]
 
     def _c_fp32(self, x: Tensor) -> Tensor:
         """x: (..., K) -> (..., N) through the C kernel (c_kernels.py; `c_kernels.usable` said yes)."""
@@ -190,4 +219,4 @@ def set_kernel(model: nn.Module, kernel: str) -> None:
 
 
 __all__ = ["DEFAULT_KERNEL", "Int8Linear", "KERNELS", "TORCH_KERNEL", "dequantize_int8", "int8pack_available",
-           "quantize_int8", "quantize_linears", "set_kernel"]
+           "quantize_int8", "quantize_linears", "set_kernel", "stamp"]

@@ -15,7 +15,15 @@ Storage: `weight` (N, K/2) uint8, two 4-bit values a byte (even input in the low
 (`_convert_weight_to_int4pack_for_cpu`) depends on the CPU, so it is built at the first forward
 and rebuilt only when the stored tensors change.
 
-Kernels: "int4pack-bf16" runs `torch.ops.aten._weight_int4pack_mm_for_cpu` with bf16 activations,
+Kernels: "auto" (the default) runs "vnni" for one or two rows of activations (decoding at batch 1
+or 2) where it can, else "int4pack-bf16". "vnni" (handformer/inference/vnni_matvec.c, built with gcc
+at first use) serves the symmetric form every Q4_0 file holds (`import-gguf --int4`: zeros 0, so
+w = d * (q - 8)) in groups of 32 with float16-exact scales: it reads the stored nibbles as they are
+and a float16 copy of the scales (18 bytes a group of 32, as the Q4_0 file), rounds the activation
+row to int8 in blocks of 32, and sums the products in integers by AVX-512 VNNI (vpdpbusd), the
+nibbles unpacked in registers. Where it cannot run (no VNNI, no gcc, other zeros, groups or scales,
+inside torch.compile) the layer runs "int4pack-bf16".
+"int4pack-bf16" runs `torch.ops.aten._weight_int4pack_mm_for_cpu` with bf16 activations,
 scales and outputs (cast back); it needs N to be a multiple of 16, so other heights are padded
 with zero rows that are cut from the result. "dequant" rebuilds the float weight and calls
 `F.linear` (any device, exact in fp32). Shape legend: N outputs, K inputs, G = K / g groups,
@@ -28,8 +36,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from handformer.inference import c_kernels
+from handformer.inference.quant import stamp
+
 GROUP_SIZES = (32, 64, 128, 256)  # the group sizes torch's CPU int4 kernel accepts
-INT4_KERNELS = ("int4pack-bf16", "dequant")
+INT4_KERNELS = ("int4pack-bf16", "dequant", "auto", "vnni")
+VNNI_GROUP = 32  # the VNNI kernel's group size: a Q4_0 block
 _N_MULTIPLE = 16  # the CPU kernel packs rows in blocks of 16
 
 
@@ -79,7 +91,7 @@ class Int4Linear(nn.Module):
     `scales` and `zeros` (N, K/g) float32, and `bias` (N,) when the layer has one."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, group_size: int = 32,
-                 kernel: str = "int4pack-bf16") -> None:
+                 kernel: str = "auto") -> None:
         super().__init__()
         check_group_size(group_size)
         if in_features % group_size:
@@ -95,9 +107,11 @@ class Int4Linear(nn.Module):
         self.register_buffer("zeros", torch.zeros(out_features, G))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self._packed: tuple[tuple[int, ...], Tensor, Tensor] | None = None
+        self._vnni_scales: tuple[tuple[int, ...], Tensor | None] | None = None
+        self._vnni: tuple[tuple, tuple, tuple[int | None, ...]] | None = None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int = 32, kernel: str = "int4pack-bf16",
+    def from_linear(cls, linear: nn.Linear, group_size: int = 32, kernel: str = "auto",
                     ) -> Int4Linear:
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, group_size, kernel)
         q, scales, zeros = quantize_int4(linear.weight, group_size)
@@ -110,7 +124,7 @@ class Int4Linear(nn.Module):
 
     def _kernel_weights(self) -> tuple[Tensor, Tensor]:
         """The CPU kernel's packed weight and (G, N', 2) bf16 scales-and-zeros, N' = N padded to 16."""
-        key = (self.weight.data_ptr(), self.weight._version, self.scales._version, self.zeros._version)
+        key = (*stamp(self.weight), *stamp(self.scales), *stamp(self.zeros))
         if self._packed is None or self._packed[0] != key:
             pad = -self.out_features % _N_MULTIPLE
             q = F.pad(unpack_nibbles(self.weight).to(torch.int32), (0, 0, 0, pad), value=8)  # (N', K)
@@ -121,10 +135,39 @@ class Int4Linear(nn.Module):
             self._packed = (key, packed, scales_zeros)  # (G, N', 2)
         return self._packed[1], self._packed[2]
 
+    def vnni_scales(self) -> Tensor | None:
+        """The (N, G) float16 scales the VNNI kernel reads, or None where it cannot serve this layer
+        (zeros not all 0, groups other than 32, a scale float16 cannot hold exactly); kept until the
+        stored tensors change."""
+        key = (*stamp(self.scales), *stamp(self.zeros))
+        if self._vnni_scales is None or self._vnni_scales[0] != key:
+            half = self.scales.to(torch.float16)
+            exact = (self.group_size == VNNI_GROUP and self.scales.is_cpu and not self.zeros.any()
+                     and torch.equal(half.float(), self.scales))
+            self._vnni_scales = (key, half.contiguous() if exact else None)
+        return self._vnni_scales[1]
+
+    def _vnni_weights(self, d: Tensor) -> tuple[int | None, ...]:
+        """The addresses the VNNI kernel reads (nibbles, float16 scales `d`, fp32 bias), kept while
+        the layer holds the same tensor objects."""
+        tensors = (self._buffers["weight"], d, self._parameters.get("bias"))
+        if self._vnni is None or any(a is not b for a, b in zip(self._vnni[0], tensors)):
+            weight, _, bias = tensors
+            kept = (weight.contiguous(), d, None if bias is None else bias.detach().float().contiguous())
+            self._vnni = (tensors, kept, c_kernels.pointers(*kept))
+        return self._vnni[2]
+
     def forward(self, x: Tensor) -> Tensor:
         """x: (..., K) -> (..., N)."""
+        if self.kernel in ("auto", "vnni"):
+            rows = None if self.kernel == "vnni" else c_kernels.MAX_ROWS
+            if (c_kernels.usable("int4_vnni_linear", x, self.in_features, rows)
+                    and (d := self.vnni_scales()) is not None):
+                flat = x.reshape(-1, self.in_features).contiguous()  # (M, K)
+                y = c_kernels.vnni_linear("int4_vnni_linear", flat, self._vnni_weights(d), self.out_features)
+                return y.view(*x.shape[:-1], self.out_features)  # (..., N)
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        if self.kernel == "int4pack-bf16" and x.is_cpu and _HAS_INT4PACK:
+        if self.kernel != "dequant" and x.is_cpu and _HAS_INT4PACK:
             packed, scales_zeros = self._kernel_weights()
             rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # (M, K)
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, packed, self.group_size, scales_zeros)
@@ -138,5 +181,5 @@ class Int4Linear(nn.Module):
                 f"bias={self.bias is not None}, group_size={self.group_size}, kernel={self.kernel!r}")
 
 
-__all__ = ["GROUP_SIZES", "INT4_KERNELS", "Int4Linear", "check_group_size", "dequantize_int4",
+__all__ = ["GROUP_SIZES", "INT4_KERNELS", "VNNI_GROUP", "Int4Linear", "check_group_size", "dequantize_int4",
            "pack_nibbles", "quantize_int4", "unpack_nibbles"]

@@ -88,6 +88,9 @@ class SpeedrunChatConfig:
     sft_steps: int = 600
     sft_batch: int = 16  # windows of block_size, several conversations each
     sft_lr: float = 1e-3
+    # reasoning: Countdown's worked replies in SFT and DPO first try up to this many orders and
+    # operations that miss, each checked against the target (reasoning.with_tries; 0: none)
+    sft_countdown_tries: int = 0
     # preferences
     dpo_pairs: int = 2000
     dpo_steps: int = 150
@@ -101,6 +104,10 @@ class SpeedrunChatConfig:
     grpo_group: int = 8  # completions a prompt
     grpo_lr: float = 1e-4
     grpo_max_new_tokens: int = 24
+    # reasoning: the share of GRPO's questions that are Countdown, and how many numbers they give
+    # (3 to this many; an easier Countdown than the held-out's gives more groups a right reply)
+    grpo_countdown_share: float = 1 / 3
+    grpo_countdown_numbers: int = 4
     # evaluation
     eval_per_kind: int = 80  # held-out questions of each task (seed 0 holds out 92 words to spell)
     # reasoning: samples a question at temperature 1 (pass@k), and which held-out split is asked:
@@ -121,10 +128,13 @@ class SpeedrunChatConfig:
                                      f"{' or '.join(CHOICES[f.name])}")
                 continue
             if f.type == "float":
-                if not value > 0:
+                if f.name == "grpo_countdown_share" and not 0 <= value <= 1:
+                    raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be from 0 to 1")
+                if not value > 0 and f.name != "grpo_countdown_share":
                     raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be > 0")
                 continue
-            low = 0 if f.name in ("seed", "threads", "pretrain_pydoc_chars") else 1
+            low = 0 if f.name in ("seed", "threads", "pretrain_pydoc_chars", "sft_countdown_tries") else \
+                3 if f.name == "grpo_countdown_numbers" else 1
             if not is_int(value) or value < low:
                 raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be an integer "
                                  f">= {low}")
@@ -446,12 +456,13 @@ def stage_records(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet | Re
     for the report."""
     if isinstance(problems, ReasoningSet):
         if stage == "sft":
-            return reasoning_stages.sft_records(cfg.sft_conversations, problems), {}
+            return reasoning_stages.sft_records(cfg.sft_conversations, problems, cfg.sft_countdown_tries), {}
         if stage == "dpo":
             records, wrong = reasoning_stages.dpo_records(cfg.dpo_pairs, problems, previous,
-                                                          cfg.grpo_max_new_tokens)
+                                                          cfg.grpo_max_new_tokens, cfg.sft_countdown_tries)
             return records, {"rejected_from_the_model": round(wrong, 3)}
-        return reasoning_stages.grpo_prompts(cfg.grpo_prompts, problems), {}
+        return reasoning_stages.grpo_prompts(cfg.grpo_prompts, problems, cfg.grpo_countdown_share,
+                                             cfg.grpo_countdown_numbers), {}
     if stage == "sft":
         return sft_records(cfg, problems), {}
     if stage == "dpo":

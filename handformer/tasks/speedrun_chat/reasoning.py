@@ -102,20 +102,27 @@ def _addition(rng: random.Random, level: Difficulty = DEFAULT) -> Task:
     return Task("addition", question, str(a + b), "\n".join(steps), f"{a}+{b}")
 
 
+def _chain(numbers: Sequence[int], rng: random.Random) -> tuple[int, str, list[str]]:
+    """The numbers combined left to right with drawn operations (no step below 0): the value, the
+    expression and the steps."""
+    value, expr, last, steps = numbers[0], str(numbers[0]), "", []
+    for n in numbers[1:]:
+        op = rng.choice("+-*")
+        if op == "-" and n > value:
+            op = "+"
+        new = value + n if op == "+" else value - n if op == "-" else value * n
+        steps.append(f"{value} {op} {n} = {new}")
+        expr = f"({expr}) * {n}" if op == "*" and last in "+-" and last else f"{expr} {op} {n}"
+        value, last = new, op
+    return value, expr, steps
+
+
 def _countdown(rng: random.Random, level: Difficulty = DEFAULT) -> Task:
     """3 to `countdown_numbers` numbers from 1 to 12 combined left to right; the target is what
     that makes, 1 to 200."""
     while True:
         numbers = [rng.randint(1, 12) for _ in range(rng.randint(3, level.countdown_numbers))]
-        value, expr, last, steps = numbers[0], str(numbers[0]), "", []
-        for n in numbers[1:]:
-            op = rng.choice("+-*")
-            if op == "-" and n > value:
-                op = "+"
-            new = value + n if op == "+" else value - n if op == "-" else value * n
-            steps.append(f"{value} {op} {n} = {new}")
-            expr = f"({expr}) * {n}" if op == "*" and last in "+-" and last else f"{expr} {op} {n}"
-            value, last = new, op
+        value, expr, steps = _chain(numbers, rng)
         if 1 <= value <= 200:
             break
     given = sorted(numbers)
@@ -124,6 +131,26 @@ def _countdown(rng: random.Random, level: Difficulty = DEFAULT) -> Task:
                            f"Using {listed} once each and +, - or *, reach {value}."])
     steps.append(f"so {expr} = {value}")
     return Task("countdown", question, expr, "\n".join(steps), f"{','.join(map(str, given))}={value}")
+
+
+def with_tries(task: Task, max_tries: int, max_chars: int = 100) -> Task:
+    """A Countdown task whose worked steps first try 0 to `max_tries` other orders and operations
+    that miss, each checked against the target ("9 + 8 = 17, not 13"), before the one that makes it: a
+    scratchpad that checks and tries again, so a sampled reply can search. The tries are drawn
+    from the key (the same each call) and stop before the steps pass `max_chars` characters.
+    Other kinds are returned as they are."""
+    if task.kind != "countdown" or max_tries <= 0:
+        return task
+    numbers, target = task.key.split("=")
+    given, rng = [int(n) for n in numbers.split(",")], random.Random(f"tries:{task.key}")
+    tries: list[str] = []
+    for _ in range(rng.randint(0, max_tries)):
+        value, _expr, steps = _chain(rng.sample(given, len(given)), rng)
+        attempt = [*steps[:-1], f"{steps[-1]}, not {target}"]
+        if value == int(target) or len("\n".join(tries + attempt + [task.thinking])) > max_chars:
+            break
+        tries += attempt
+    return Task(task.kind, task.question, task.answer, "\n".join(tries + [task.thinking]), task.key)
 
 
 def day_steps(start: datetime.date, days: int) -> list[str]:
@@ -281,4 +308,4 @@ def reasoning_reward(prompts, completions, kind, key, max_chars=None, **columns)
 
 
 __all__ = ["REASONING_KINDS", "SPLITS", "Difficulty", "ReasoningSet", "Reading", "Task", "is_right",
-           "parse_reply", "reasoning_reward", "split_of"]
+           "parse_reply", "reasoning_reward", "split_of", "with_tries"]

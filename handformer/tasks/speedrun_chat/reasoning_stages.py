@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import calendar
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from handformer.tasks.speedrun_chat.reasoning import (
     ReasoningSet,
     Task,
     parse_reply,
+    with_tries,
 )
 from handformer.tasks.speedrun_chat.scoring import Reply, greedy, replies, score
 
@@ -108,12 +110,14 @@ def pretraining_documents(n: int, tasks: ReasoningSet) -> list[str]:
     return [document(t) for t in tasks.sample(n, "train", "pretrain")] + facts_text(tasks.seed)
 
 
-def sft_records(n: int, tasks: ReasoningSet) -> list[dict]:
-    """One-turn conversations, THINK_SHARE of them with the worked steps; the others answer directly
-    (the template writes the empty thinking section before them, as enable_thinking=False does)."""
+def sft_records(n: int, tasks: ReasoningSet, countdown_tries: int = 0) -> list[dict]:
+    """One-turn conversations, THINK_SHARE of them with the worked steps (Countdown's with up to
+    `countdown_tries` checked misses first, reasoning.with_tries); the others answer directly (the
+    template writes the empty thinking section before them, as enable_thinking=False does)."""
     rng = random.Random(f"{tasks.seed}:sft-think")
     return [{"messages": [{"role": "user", "content": task.question},
-                          {"role": "assistant", "content": task.reply(rng.random() < THINK_SHARE)}]}
+                          {"role": "assistant",
+                           "content": with_tries(task, countdown_tries).reply(rng.random() < THINK_SHARE)}]}
             for task in tasks.sample(n, "train", "sft")]
 
 
@@ -133,9 +137,11 @@ def wrong_reply(task: Task) -> str:
     return Task(task.kind, task.question, answer, steps, task.key).reply(True)
 
 
-def dpo_records(n: int, tasks: ReasoningSet, sft_dir: Path, max_new_tokens: int) -> tuple[list[dict], float]:
-    """Pairs and the share of questions the SFT model got wrong (its reply is then the rejected)."""
-    pool = tasks.sample(n, "train", "dpo")
+def dpo_records(n: int, tasks: ReasoningSet, sft_dir: Path, max_new_tokens: int, countdown_tries: int = 0,
+                ) -> tuple[list[dict], float]:
+    """Pairs and the share of questions the SFT model got wrong (its reply is then the rejected);
+    the chosen replies are worked as SFT's (`countdown_tries`)."""
+    pool = [with_tries(t, countdown_tries) for t in tasks.sample(n, "train", "dpo")]
     greedy, _ = replies(sft_dir, pool, k=0, max_new_tokens=max_new_tokens)
     out, wrong = [], 0
     for task, reply in zip(pool, greedy):
@@ -147,8 +153,19 @@ def dpo_records(n: int, tasks: ReasoningSet, sft_dir: Path, max_new_tokens: int)
     return out, wrong / len(pool)
 
 
-def grpo_prompts(n: int, tasks: ReasoningSet) -> list[dict]:
-    return [{"prompt": t.question, "kind": t.kind, "key": t.key} for t in tasks.sample(n, "train", "grpo")]
+def grpo_prompts(n: int, tasks: ReasoningSet, countdown_share: float = 1 / 3,
+                 countdown_numbers: int | None = None) -> list[dict]:
+    """`n` questions for GRPO, `countdown_share` of them Countdown (given 3 to `countdown_numbers`
+    numbers; None: as `tasks` gives them), the rest addition and dates in turn, shuffled. Countdown
+    is where sampling finds right answers the greedy reply misses; the other kinds are kept so
+    their steps are not forgotten."""
+    n_countdown = round(n * countdown_share)
+    numbers = countdown_numbers or tasks.level.countdown_numbers
+    countdown = ReasoningSet(tasks.seed, replace(tasks.level, countdown_numbers=numbers))
+    chosen = countdown.sample(n_countdown, "train", "grpo", kinds=("countdown",)) + \
+        tasks.sample(n - n_countdown, "train", "grpo", kinds=("addition", "days"))
+    random.Random(f"{tasks.seed}:grpo-mix").shuffle(chosen)
+    return [{"prompt": t.question, "kind": t.kind, "key": t.key} for t in chosen]
 
 
 def base_replies(run_dir: Path, held: list[Task], max_new_tokens: int) -> list[Reply]:

@@ -1,0 +1,103 @@
+"""The contract between a learner's code and the grader, for what check cannot infer: a plain Python
+file of adapter functions (as Stanford CS336's `adapters.py`), given with `--adapters FILE` or found
+as `handformer_adapters.py` beside the learner's file; in the learner's own file (or a notebook cell
+saved with it) the same functions count when their names start with `handformer_`.
+
+- `make_<kind>(d_model, n_heads, ...)` builds the learner's module of that kind at the sizes check
+  asks for (its arguments are matched by name as a constructor's are: d_model, n_heads, n_kv_heads,
+  d_ff, dropout, max_len, vocab_size, n_layers, or any alias); check then grades that module.
+- `<kind>(...)` is a function of the arguments check calls that kind with (`generate(model, idx,
+  max_new_tokens)`, ...), which calls the learner's own; it is graded in place of theirs.
+
+`NOT CHECKED` prints the adapter to write (`adapter_hint`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+from handformer.check.core.result import LearnerError
+
+ADAPTERS_FILE = "handformer_adapters.py"
+IN_FILE_PREFIX = "handformer_"
+# what check calls a function kind with: the signature of its adapter
+CALLS: dict[str, str] = {
+    "generate": "model, idx, max_new_tokens", "greedy_decode": "model, src, src_mask, max_len, start_symbol, "
+    "end_symbol", "beam_search": "model, src, src_mask, max_len, start_symbol, end_symbol, beam_size",
+    "sample": "logits", "top_k": "logits, k", "top_p": "logits, p", "temperature": "logits, temperature",
+    "greedy": "logits", "train_step": "model, batch, optimizer, criterion", "train_epoch": "model, loader, "
+    "optimizer, criterion", "schedule": "step", "loss": "logits, targets, pad_id", "causal_mask": "size",
+    "sdpa": "q, k, v, mask=None", "rope": "q, k, positions", "bpe": "input_path, vocab_size, special_tokens",
+    "mask_helper": "src, pad_id", "masked_softmax": "scores, valid_lens"}
+SIZE_NAMES = {"d_model": "d_model", "n_heads": "n_heads", "n_kv_heads": "n_kv_heads", "d_ff": "d_ff",
+              "dropout": "dropout", "max_len": "max_len", "src_vocab": "vocab_size",
+              "tgt_vocab": "tgt_vocab_size", "n_layers": "n_layers", "pad_id": "pad_id", "theta": "theta",
+              "d_head": "head_size"}
+CANNOT = ("mapping", "internal", "stand_in", "discovery", "cannot_build", "cannot_call")
+
+
+def cannot_check(error: LearnerError | None) -> bool:
+    """Whether an error says nothing about the learner's code: check could not build the component
+    (its constructor's arguments, or the constructor raising on the arguments check guessed), could
+    not map its weights or call it, a stand-in would not take the learner's call, or handformer's own
+    grader failed. The learner's exceptions on inputs their code accepts are not among them."""
+    if error is None:
+        return False
+    return error.kind in CANNOT or (error.kind == "exception" and error.where == "__init__")
+
+
+def adapter_hint(comp: Any) -> str:
+    """The adapter function that lets check build or drive `comp`, pre-filled from its signature."""
+    from handformer.check.core.discovery import argument_keys
+
+    obj = comp.obj
+    if inspect.isclass(obj):
+        keys = argument_keys(obj)
+        wanted = [k for k in dict.fromkeys(keys.values()) if k]
+        params = ", ".join(SIZE_NAMES.get(k, k) for k in wanted) or "d_model, n_heads"
+        args = ", ".join(f"{n}={SIZE_NAMES[k]}" if k in SIZE_NAMES else f"{n}=..." for n, k in keys.items())
+        return f"def make_{comp.kind}({params}):\n    return {obj.__name__}({args})"
+    call = CALLS.get(comp.kind, "...")
+    name = getattr(obj, "__name__", comp.name)
+    try:
+        theirs = ", ".join(n for n, q in inspect.signature(obj).parameters.items()
+                           if q.default is q.empty and q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD))
+    except (TypeError, ValueError):
+        theirs = "..."
+    owner = comp.name.split(".")[0] + "." if "." in comp.name else ""
+    return (f"def {comp.kind}({call}):\n    return {owner}{name}({theirs})"
+            "  # your function, called as check calls it")
+
+
+def load(path: str | None, learner_path: str) -> types.ModuleType | None:
+    """The adapters module: `path`, or handformer_adapters.py beside the learner's file, or None."""
+    if path is None:
+        beside = Path(learner_path).resolve().parent / ADAPTERS_FILE
+        if not beside.is_file():
+            return None
+        path = str(beside)
+    spec = importlib.util.spec_from_file_location("handformer_learner_adapters", path)
+    if spec is None or spec.loader is None:
+        raise FileNotFoundError(f"--adapters {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def functions(adapters: types.ModuleType | None, learner: types.ModuleType) -> dict[str, Any]:
+    """Adapter functions by the name the contract gives them (make_mha, generate, ...): those of the
+    adapters file, and those of the learner's file that start with `handformer_`."""
+    out = {}
+    for name, obj in vars(learner).items():
+        if name.startswith(IN_FILE_PREFIX) and inspect.isfunction(obj):
+            out[name[len(IN_FILE_PREFIX):]] = obj
+    if adapters is not None:
+        out.update({n: o for n, o in vars(adapters).items() if inspect.isfunction(o)
+                    and getattr(o, "__module__", None) == adapters.__name__ and not n.startswith("_")})
+    return out

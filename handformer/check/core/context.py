@@ -1,0 +1,503 @@
+"""What every runner needs: the sizes the learner's components are built with, the learner's file
+and components, building and calling their modules, and turning search results into findings.
+
+Shape legend: B batch, T query length, S key length, D d_model, H heads, F FFN width.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dis
+import inspect
+import math
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.conventions import conventions_for, is_lengths_name
+from handformer.check.core.discovery import ARGUMENTS, Component, build, own_objects, with_head_size
+from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.source import locate, source_lines
+from handformer.check.core.weights import scramble_
+from handformer.nn.masks import causal_mask
+
+D, H, F_WIDTH, DROPOUT, MAX_LEN = 16, 4, 40, 0.1, 64
+SIZES = {"d_model": D, "n_heads": H, "d_ff": F_WIDTH, "dropout": DROPOUT, "max_len": MAX_LEN}
+TUTORIAL = {"d_model": 512, "n_heads": 8, "d_ff": 2048, "dropout": DROPOUT, "max_len": 128}
+
+ATTENTION_FLAGS = ("no_scaling", "scale_by_dk", "softmax_wrong_dim:-2", "softmax_wrong_dim:1",
+                   "mask_inverted", "mask_after_softmax:zero", "mask_after_softmax:neg", "mask_not_applied",
+                   "mask_hides_queries", "nan_on_masked_rows")
+HEAD_FLAGS = ("split_no_transpose", "concat_no_transpose", "no_output_projection", "kv_swapped")
+ROPE_FLAGS = ("rope_rotation_sign", "rope_wrong_base:exponent")  # searched when rotary positions are inside
+
+
+@dataclass
+class Context:
+    path: str
+    module: types.ModuleType
+    components: dict[str, Component]
+    convention: str | None = None  # forced by --mask-convention; None = detect
+    learner: fp.Learner = field(init=False)
+    partial: ComponentResult | None = None  # the result in progress
+    results: dict[str, ComponentResult] = field(default_factory=dict)  # the components checked so far
+    hyperparameter_note: Text | None = None  # the learner's module-level sizes set for this component
+    skipped: list[str] = field(default_factory=list)  # top-level statements of their file not run
+
+    def __post_init__(self) -> None:
+        self.learner = fp.Learner(self.path)
+
+    @contextlib.contextmanager
+    def hyperparameters(self, comp: Component, sizes: dict[str, Any] | None = None) -> Iterator[None]:
+        """The learner's module-level hyperparameters that `comp` reads (Karpathy's n_embd, n_head,
+        block_size, vocab_size), set to the sizes its runner builds with (or `sizes`: the tutorial's,
+        for the shape check) for the length of its check, then put back; the report says so
+        (`hyperparameter_note`)."""
+        nested = sizes is not None
+        wanted = module_sizes(self.module, comp, sizes or KIND_SIZES.get(comp.kind, SIZES))
+        if nested:
+            wanted = {k: v for k, v in wanted.items() if k in vars(self.module)}
+        else:
+            self.hyperparameter_note = None
+        old = {name: vars(self.module).get(name, _UNSET) for name in wanted}
+        vars(self.module).update(wanted)
+        if wanted and not nested:
+            were = ", ".join(f"{n}={old[n]!r}" if old[n] is not _UNSET else f"{n} (not defined)"
+                             for n in wanted)
+            now = ", ".join(f"{n}={v}" for n, v in wanted.items())
+            self.hyperparameter_note = text(
+                f"your module-level hyperparameters were set to {now} for this check (they were "
+                f"{were}): the sizes at which check builds and compares this kind",
+                f"检查这个组件时，你在模块顶层定义的超参数被设成了 {now}（原来是 {were}）："
+                "这是检查这类组件用的尺寸")
+        try:
+            yield
+        finally:
+            for name, value in old.items():
+                if value is _UNSET:
+                    vars(self.module).pop(name, None)
+                else:
+                    vars(self.module)[name] = value
+
+    def result(self, comp: Component) -> ComponentResult:
+        """A new result for `comp`, kept as the one in progress: when the learner's code raises later,
+        what was already found (a missing projection, a mask buffer) stays in the report."""
+        self.partial = ComponentResult(comp.kind, comp.name)
+        return self.partial
+
+    def conventions(self, mask_name: str | None = None) -> tuple[str, ...]:
+        """The mask conventions to try for a mask parameter of this name (see conventions.py)."""
+        return conventions_for(mask_name, self.convention)
+
+    def parts(self, sizes: dict[str, Any]) -> dict[str, Callable[[], Any]]:
+        """Factories for the learner's own attention and FFN, for layers that take them as
+        constructor arguments."""
+        out = {}
+        for kind, key in (("mha", "mha"), ("ffn", "ffn")):
+            if kind in self.components:
+                cls = self.components[kind].obj
+                out[key] = lambda cls=cls: build(cls, sizes)
+        return out
+
+    def build(self, comp: Component, sizes: dict[str, Any] = SIZES, seed: int = 0,
+              checked: bool = True, warmup: Callable[[nn.Module], Any] | None = None) -> nn.Module:
+        """The learner's module, built with matched arguments, eval mode; `checked`: scrambled and
+        float64 (for comparisons), else as built (for the tutorial-size shape check). A module with
+        lazy layers (d2l's nn.LazyLinear) is first run once by `warmup`, which gives them shapes."""
+        module = self.learner.call("__init__", build, comp.obj, sizes, self.parts(sizes))
+        if not isinstance(module, nn.Module):
+            raise self.learner.fail("__init__", f"{comp.name}(...) is not an nn.Module",
+                                    f"{comp.name}(...) 不是 nn.Module")
+        if is_lazy(module):
+            if warmup is None:
+                raise self.learner.fail("__init__", f"{comp.name} has lazy layers (nn.LazyLinear) that "
+                                        "handformer cannot give shapes to here; use nn.Linear(in, out)",
+                                        f"{comp.name} 有惰性层（nn.LazyLinear），handformer "
+                                        "在这里给不了它们形状；请用 nn.Linear(in, out)")
+            with torch.no_grad():
+                self.learner.call("forward", warmup, module.eval())
+            self._shape_unused_lazy(comp, module)
+        if not checked:
+            return module.eval()
+        scramble_(module, seed)
+        return module.double().eval()
+
+    def _shape_unused_lazy(self, comp: Component, module: nn.Module) -> None:
+        """A lazy layer that the first forward never called has no shape: a LazyLinear(n) gets
+        (n, n) (d2l's W_o is num_hiddens to num_hiddens), so that a projection the forward forgot is
+        mapped, and named, as a written-out nn.Linear would be; any other lazy layer is an error."""
+        for name, sub in module.named_modules():
+            own = sub.parameters(recurse=False)
+            if not any(isinstance(p, nn.parameter.UninitializedParameter) for p in own):
+                continue
+            if isinstance(sub, nn.LazyLinear):
+                with torch.no_grad():
+                    sub.initialize_parameters(torch.zeros(1, sub.out_features))
+                continue
+            raise self.learner.fail("forward", f"{comp.name}.{name} ({type(sub).__name__}) is never called "
+                                    "by forward, so it has no shape; remove it, or call it",
+                                    f"forward 从不调用 {comp.name}.{name}（{type(sub).__name__}），"
+                                    "所以它没有形状；删掉它，或者调用它")
+
+    def objects(self, comp: Component, *kinds: str) -> list[Any]:
+        """The component's class or function, then the learner's other components of `kinds`, then
+        every other function and class of their file: where to look for a line."""
+        objs = [comp.obj] + [self.components[k].obj for k in kinds if k in self.components]
+        return objs + [obj for obj in own_objects(self.module).values() if obj not in objs]
+
+    def findings(self, flags: frozenset[str], matched: float, correct: float, comp: Component,
+                 *kinds: str) -> list[Finding]:
+        lines = source_lines(self.objects(comp, *kinds))
+        out = []
+        for flag in sorted(flags):
+            name, _, form = flag.partition(":")
+            number, code = locate(name, lines)
+            out.append(Finding(name, observed_match(name, form, matched, correct), number, code,
+                               form))
+        return out
+
+
+_UNSET = object()
+# the sizes each kind's runner builds with, for the learner's module-level hyperparameters
+KIND_SIZES: dict[str, dict[str, Any]] = {
+    "gpt": {**SIZES, "src_vocab": 29, "n_layers": 2, "max_len": 16},
+    "generate": {"max_len": 8, "src_vocab": 24},
+    "block": {**SIZES, "src_vocab": 29, "n_layers": 2},
+}
+GLOBAL_SIZES = ("d_model", "n_heads", "n_kv_heads", "d_ff", "dropout", "max_len", "src_vocab", "n_layers",
+                "d_head")
+
+
+def module_sizes(module: types.ModuleType, comp: Component, sizes: dict[str, Any]) -> dict[str, Any]:
+    """The learner's module-level names that `comp` (or a class or function of theirs it uses) reads
+    as globals and that stand for a size (n_embd, n_head, block_size, vocab_size, head_size, ...),
+    each with the value `sizes` gives it; names their code never reads are left alone."""
+    sizes = with_head_size(sizes)
+    own = {n: o for n, o in own_objects(module).items() if "." not in n}
+    reads, todo, seen = set(), [comp.obj], set()
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        names = global_reads(obj)
+        reads |= names
+        todo += [own[n] for n in names if n in own]
+    out = {}
+    for name in sorted(reads):
+        key = next((k for k, aliases in ARGUMENTS.items() if name.lower() in aliases), None)
+        value = vars(module).get(name, _UNSET)
+        numeric = value is _UNSET or (isinstance(value, (int, float)) and not isinstance(value, bool))
+        if key in GLOBAL_SIZES and key in sizes and numeric:
+            out[name] = sizes[key]
+    return out
+
+
+def global_reads(obj: Any) -> set[str]:
+    """The global names a function, or any method of a class, reads (from their code objects)."""
+    codes = []
+    if inspect.isclass(obj):
+        codes = [f.__code__ for f in vars(obj).values() if inspect.isfunction(f)]
+    elif inspect.isfunction(obj):
+        codes = [obj.__code__]
+    names: set[str] = set()
+    while codes:
+        code = codes.pop()
+        names |= {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return names
+
+
+def is_lazy(module: nn.Module) -> bool:
+    """Whether some parameter has no shape yet (nn.LazyLinear before its first forward)."""
+    return any(isinstance(p, nn.parameter.UninitializedParameter) for p in module.parameters())
+
+
+SUBLAYER = {"attn": ("the attention sublayer", "注意力子层"), "cross": ("the cross-attention sublayer",
+                                                                   "交叉注意力子层"),
+            "ffn": ("the FFN sublayer", "前馈子层"), "add_norm": ("AddNorm", "AddNorm"),
+            "all": ("every sublayer", "所有子层")}
+FORMS: dict[str, dict[str, tuple[str, str]]] = {
+    "causal_off_by_one": {"no_self": ("a token does not see itself", "token 看不到自己"),
+                          "sees_next": ("a token sees the next one", "token 看到了下一个位置")},
+    "mask_after_softmax": {"zero": ("weights zeroed after the softmax", "softmax 之后把权重置零"),
+                           "neg": ("-1e9 written into the weights", "把 -1e9 写进了权重")},
+    "pe_wrong_frequency": {"pair_index": ("10000^(i/d) instead of 10000^(2i/d)",
+                                          "用了 10000^(i/d) 而不是 10000^(2i/d)"),
+                           "dim_index": ("each column j uses 10000^(j/d)", "列 j 用了 10000^(j/d)"),
+                           "positive": ("pos * 10000^(2i/d): the exponent's sign is flipped",
+                                        "pos * 10000^(2i/d)：指数符号反了")},
+    "layernorm_unbiased_std": {"std": ("(x - mean) / (x.std() + eps)", "(x - mean) / (x.std() + eps)"),
+                               "var": ("(x - mean) / sqrt(x.var() + eps), the unbiased variance",
+                                       "(x - mean) / sqrt(x.var() + eps)，用了无偏方差")},
+    "norm_no_gain": {"gain": ("the weight (gain) is not applied", "没有乘权重（gain）"),
+                     "bias": ("the bias is not added", "没有加偏置")},
+    "norm_wrong_dim": {"-2": ("statistics over dim -2 (the positions)", "统计量沿 dim -2（位置）计算"),
+                       "all": ("statistics over every dimension at once", "统计量对所有维度一起计算")},
+    "shared_norm": {"first": ("the first norm is used for every sublayer", "每个子层都用了第一个归一化层"),
+                    "last": ("the last norm is used for every sublayer", "每个子层都用了最后一个归一化层")},
+}
+
+
+def form_text(name: str, form: str) -> tuple[str, str]:
+    """The words for one form of a diagnosis ("" when it has none), English and Chinese."""
+    if name == "softmax_wrong_dim" and form:
+        return f"softmax over dim {form}", f"softmax 作用在 dim {form}"
+    if name in ("no_residual", "pre_norm", "residual_from_normed") and form in SUBLAYER:
+        en, zh = SUBLAYER[form]
+        return ((f"{en} is pre-norm", f"{zh}是 Pre-Norm") if name == "pre_norm" else (en, zh))
+    return FORMS.get(name, {}).get(form, ("", ""))
+
+
+def observed_match(name: str, form: str, matched: float, correct: float) -> dict[str, str]:
+    en, zh = form_text(name, form)
+    en, zh = (f" ({en})", f"（{zh}）") if en else ("", "")
+    return text(f"your output equals the computation with this mistake{en} (max abs difference "
+                f"{matched:.1e}); it differs from the correct one by {correct:.3g}",
+                f"你的输出与带有这个错误的计算结果一致{zh}（最大绝对误差 {matched:.1e}），与正确结果"
+                f"相差 {correct:.3g}")
+
+
+def forward_parameters(module: Any) -> list[inspect.Parameter]:
+    fn = module.forward if isinstance(module, nn.Module) else module
+    params = [p for p in inspect.signature(fn).parameters.values()
+              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return params
+
+
+def is_mask_name(name: str) -> bool:
+    """A parameter that takes the mask: its name says mask, or valid lengths (d2l's valid_lens)."""
+    return "mask" in name.lower() or is_lengths_name(name)
+
+
+SIZE_MISMATCH = ("must match the size", "size of tensor", "expanded size", "shape mismatch",
+                 "does not match the shape", "cannot be broadcast", "not broadcastable")
+
+
+def not_cropped(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module,
+                failure: fp.LearnerFailure, T: int) -> bool:
+    """causal_mask_not_cropped, when the learner's forward failed on T tokens with a size mismatch
+    and the module holds a square (L, L) buffer, L > T: a causal mask built once for the maximum
+    length (nanoGPT's `self.bias`) and used without `[:T, :T]`."""
+    message = failure.error.message
+    squares = [(name, b.size(-1)) for name, b in module.named_buffers()
+               if b.dim() >= 2 and b.size(-1) == b.size(-2) and b.size(-1) > T]
+    if not squares or not any(m in message for m in SIZE_MISMATCH):
+        return False
+    name, L = max(squares, key=lambda s: s[1])
+    number, code = locate("causal_mask_not_cropped", source_lines(ctx.objects(comp)))
+    res.findings.append(Finding("causal_mask_not_cropped", text(
+        f"the buffer {name} is ({L}, {L}), built for the longest input; on {T} tokens your forward raised "
+        f"{message}", f"缓冲区 {name} 的形状是 ({L}, {L})，按最大长度建好；输入 {T} 个 token 时 "
+        f"forward 报错：{message}"), number, code))
+    res.checks.append(Check(text(f"runs on {T} tokens (fewer than the maximum length {L})",
+                                 f"能在 {T} 个 token（少于最大长度 {L}）上运行"), False))
+    return True
+
+
+def deterministic(run: Callable[[], Tensor | None]) -> bool:
+    """Two calls on the same input in eval mode give the same output (seeds differ between them)."""
+    torch.manual_seed(1)
+    a = run()
+    torch.manual_seed(2)
+    b = run()
+    return a is not None and b is not None and a.shape == b.shape and torch.equal(a, b)
+
+
+def dropout_finding(ctx: Context, comp: Component, run: Callable[[], Tensor | None], *kinds: str,
+                    ) -> Finding | None:
+    """dropout_in_eval when two eval calls differ but two calls with the same seed agree (so the
+    difference is randomness, i.e. dropout left on)."""
+    if deterministic(run):
+        return None
+    torch.manual_seed(3)
+    a = run()
+    torch.manual_seed(3)
+    b = run()
+    if a is None or b is None or not torch.equal(a, b):
+        return None
+    torch.manual_seed(4)
+    c = run()
+    diff = (a - c).abs().max().item() if c is not None and c.shape == a.shape else math.inf
+    number, code = locate("dropout_in_eval", source_lines(ctx.objects(comp, *kinds)))
+    return Finding("dropout_in_eval", text(
+        f"in eval mode two runs on the same input differ by up to {diff:.3g}; with the same random "
+        "seed they agree, so randomness (dropout) is still on",
+        f"eval 模式下同一输入两次运行最多相差 {diff:.3g}；固定随机种子后结果一致，说明随机性（dropout）"
+        "仍然开着"), number, code)
+
+
+def check_determinism(res: ComponentResult, ctx: Context, comp: Component,
+                      run: Callable[[], Tensor | None], *kinds: str) -> None:
+    """The check "eval mode is deterministic", and the dropout_in_eval finding when it is not."""
+    drop = dropout_finding(ctx, comp, run, *kinds)
+    res.checks.append(Check(text("eval mode is deterministic (dropout off)",
+                                 "eval 模式下结果确定（dropout 已关闭）"), drop is None))
+    if drop:
+        res.findings.append(drop)
+
+
+def dropout_on_residual(res: ComponentResult, ctx: Context, comp: Component, run: Callable[[], Any],
+                        reference: Callable[[list[Tensor]], Any]) -> None:
+    """dropout_on_residual when a tensor the learner's code hands to dropout (recorded in eval mode,
+    where dropout is the identity) is the residual stream itself: the input of a sublayer, or the sum
+    x + f(x); `reference(trace)` fills `trace` with those values as the correct layer computes them."""
+    trace: list[Tensor] = []
+    reference(trace)
+    with fp.dropout_recorder() as seen:
+        run()
+    hits = [t for t in seen if any(t.shape == r.shape and fp.max_error(t, r) < fp.TOL for r in trace)]
+    if not hits or any(f.name == "dropout_on_residual" for f in res.findings):
+        return
+    number, code = locate("dropout_on_residual", source_lines(ctx.objects(comp, "add_norm")))
+    n = len(hits)
+    res.findings.append(Finding("dropout_on_residual", text(
+        f"{n} tensor{'s' if n > 1 else ''} that your code hands to dropout {'are' if n > 1 else 'is'} the "
+        "residual stream itself (a sublayer's input, or x + f(x)): in training, the residual path is "
+        "dropped too", f"你的代码交给 dropout 的张量中有 {n} 个就是残差流本身（子层的输入，或 x + f(x)）："
+        "训练时残差通路也被 dropout 了"), number, code))
+
+
+def hidden_rows(out: Tensor | None, rows: Tensor | None) -> Tensor | None:
+    """The learner's output on the query rows whose keys are all masked; None when there are none."""
+    if out is None or rows is None or bool(rows.all()) or out.dim() not in (3, 4):
+        return None
+    hidden = ~rows[:, 0] if out.dim() == 3 else ~rows  # (B, T), or (B, 1, T) for (B, H, T, Dh)
+    try:
+        hidden = hidden.expand(out.shape[:-1])
+    except RuntimeError:  # an output of another shape than the rows: compared (and failed) elsewhere
+        return None
+    return out[hidden]  # (rows, D) or (rows, Dh)
+
+
+def nan_on_hidden_rows(res: ComponentResult, out: Tensor | None, rows: Tensor | None, comp: Component,
+                       ctx: Context) -> None:
+    """The finding nan_on_masked_rows (once a component) when a row whose keys are all masked is NaN."""
+    values = hidden_rows(out, rows)
+    if values is None or not torch.isnan(values).any() or any(
+            f.name == "nan_on_masked_rows" for f in res.findings):
+        return
+    number, code = locate("nan_on_masked_rows", source_lines(ctx.objects(comp, "sdpa", "mha")))
+    res.findings.append(Finding("nan_on_masked_rows", text(
+        f"{values.size(0)} query rows with every key masked came out NaN",
+        f"{values.size(0)} 个所有键都被屏蔽的查询行输出为 NaN"), number, code))
+
+
+def masked_rows(res: ComponentResult, out: Tensor | None, rows: Tensor | None, comp: Component,
+                ctx: Context) -> None:
+    """Fully masked rows are compared nowhere: note what each side does; NaN there is a finding."""
+    values = hidden_rows(out, rows)
+    if values is None:
+        return
+    if torch.isnan(values).any():
+        nan_on_hidden_rows(res, out, rows, comp, ctx)
+        return
+    note = text("rows whose keys are all masked were not compared: with -1e9 your code gives uniform "
+                "weights there (the mean of V), handformer gives zeros; both are defined, neither is wrong",
+                "所有键都被屏蔽的行没有参与比较：用 -1e9 时你的代码在这些行给出均匀权重（V 的平均），"
+                "handformer 给出 0；两者都有定义，都不算错")
+    if note not in res.notes:
+        res.notes.append(note)
+
+
+def shape_of(raw: Any) -> str:
+    """What a learner call returned, for a message: shapes of tensors, nested in tuples."""
+    if isinstance(raw, Tensor):
+        return f"a tensor of shape {tuple(raw.shape)}"
+    if isinstance(raw, (tuple, list)):
+        return "(" + ", ".join(shape_of(r) for r in raw) + ")"
+    return type(raw).__name__
+
+
+def error_text(err: float) -> Text:
+    """A check's detail: the largest difference it measured."""
+    return text(f"max abs error {err:.2e}", f"最大绝对误差 {err:.2e}")
+
+
+def positions(batch: int, length: int, pad: list[int]) -> Tensor:
+    """(B, 1, 1, S) bool padding mask: row b keeps its first length - pad[b] positions."""
+    keep = torch.ones(batch, 1, 1, length, dtype=torch.bool)
+    for b, p in enumerate(pad):
+        if p:
+            keep[b, ..., length - p:] = False
+    return keep
+
+
+def causal(length: int) -> Tensor:
+    return causal_mask(length)  # (T, T), True = may attend: handformer's own mask
+
+
+def finish(res: ComponentResult) -> ComponentResult:
+    """The status from what was found: fail on any finding or failed check or a large error."""
+    from handformer.check.core.result import DIFFERS, ERROR, FAIL, NOT_CHECKED
+
+    if res.status in (ERROR, FAIL) or (res.status == NOT_CHECKED and not res.findings):
+        return res
+    failed = [c for c in res.checks if not c.ok]
+    big = res.max_abs_error is not None and not res.max_abs_error < 1e-5
+    if res.findings or failed or big:
+        res.status = FAIL
+    elif res.status != DIFFERS:
+        res.status = "pass"
+    return res
+
+
+def grads_error(pairs: list[tuple[Tensor | None, Tensor | None]]) -> float:
+    err = 0.0
+    for a, b in pairs:
+        if a is None and b is None:
+            continue
+        if a is None or b is None:
+            return math.inf
+        err = max(err, fp.max_error(a.reshape(1, -1), b.reshape(1, -1)))
+    return err
+
+
+def guarded(res: ComponentResult, step: Callable[[], None]) -> None:
+    """Run a comparison step; once a mistake is named, the learner's code raising in a later step
+    (a decoder with swapped masks fails when T != S) is one more failed check, not an error."""
+    try:
+        step()
+    except fp.LearnerFailure as failure:
+        if not res.findings:
+            raise
+        err = failure.error
+        where = f" ({err.traceback[-1]})" if err.traceback else ""
+        res.checks.append(Check(text("runs on every test shape", "能在所有测试形状上运行"), False,
+                                text(f"{err.message}{where}", f"{err.message}{where}")))
+
+
+def outputs_by_convention(run: Callable[[str], Tensor | None], conventions: tuple[str, ...],
+                          ) -> tuple[dict[str, Tensor], fp.LearnerFailure | None]:
+    """The learner's output under each mask convention it runs with (and returns a tensor for), and
+    its first failure."""
+    outputs, failure = {}, None
+    for conv in conventions:
+        try:
+            out = run(conv)
+        except fp.LearnerFailure as err:
+            failure = failure or err
+            continue
+        if out is not None:
+            outputs[conv] = out
+    return outputs, failure
+
+
+def first_working(ctx: Context, run: Callable[[str], Any], conventions: tuple[str, ...] | None = None,
+                  ) -> str:
+    """The first mask convention the learner's code runs with (torch.nn-style code raises on a 0/1
+    int mask); their first exception if none does."""
+    failure = None
+    for conv in conventions or ctx.conventions():
+        try:
+            run(conv)
+            return conv
+        except fp.LearnerFailure as err:
+            failure = failure or err
+    assert failure is not None
+    raise failure

@@ -1,0 +1,121 @@
+"""Mask conventions: how a learner's code may expect its mask, and each as handformer hands it over.
+
+A mask here is bool (B, 1, T|1, S), True = may attend. The learner's code gets it as
+- a mask tensor: 0/1 int (0 = masked, the tutorials' `masked_fill(mask == 0, -1e9)`), bool with
+  True = keep, additive float (0 or -1e9), or bool with True = masked (torch.nn's, only when asked
+  for: it reads as an inverted mask otherwise); of rank 4 (B, 1, T|1, S), rank 3 (B, T|1, S), or
+  rank 2 (B, S), a key padding mask;
+- valid lengths (d2l's `valid_lens`): (B,) keys visible to every query of a row, or (B, T) keys
+  visible to each query; only masks whose every row keeps a prefix of the keys can be written so.
+
+Shape legend: B batch, T query length, S key length.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from handformer.check.core.result import Text, text
+
+# name -> (description, encode(keep) -> the mask the learner's code receives)
+CONVENTIONS: dict[str, tuple[Text, Callable[[Tensor], Tensor]]] = {
+    "int": (text("0/1 int, 0 = masked (the tutorials')", "0/1 整数，0 = 屏蔽（教程的约定）"),
+            lambda keep: keep.long()),
+    "bool": (text("bool, True = keep", "布尔值，True = 可以看"), lambda keep: keep),
+    "additive": (text("additive float, 0 = keep, -1e9 = masked", "加性浮点掩码，0 = 保留，-1e9 = 屏蔽"),
+                 lambda keep: torch.zeros(keep.shape, dtype=torch.float64).masked_fill(~keep, -1e9)),
+    "torch": (text("bool, True = masked (torch.nn's)", "布尔值，True = 屏蔽（torch.nn 的约定）"),
+              lambda keep: ~keep),
+    "lens": (text("valid lengths (d2l's valid_lens)", "有效长度（d2l 的 valid_lens）"),
+             lambda keep: keep.sum(-1)),
+}
+AUTO = ("int", "bool", "additive")
+RANKS = {"": text("", ""), "3": text(", rank 3: (B, T, S)", "，三维：(B, T, S)"),
+         "2": text(", rank 2: (B, S), keys only", "，二维：(B, S)，只屏蔽键"),
+         "lens": text(": (B,) for every query alike, (B, T) for one per query",
+                      "：所有查询相同时为 (B,)，每个查询各自一个时为 (B, T)"),
+         "lens_keys": text(": (B,), every query alike", "：(B,)，所有查询相同")}
+
+
+def split(convention: str) -> tuple[str, str]:
+    """("int", "3") for "int3"; ("lens", "lens") or ("lens", "lens_keys") for valid lengths."""
+    if convention.startswith("lens"):
+        return "lens", convention
+    name = convention.rstrip("23")
+    return name, convention[len(name):]
+
+
+def conventions_for(mask_name: str | None, forced: str | None = None) -> tuple[str, ...]:
+    """The conventions to try for a parameter of this name: valid lengths for `valid_lens` (and
+    the like), mask tensors of rank 4, 3 and 2 otherwise; `forced` (--mask-convention) alone."""
+    if mask_name is not None and is_lengths_name(mask_name):
+        return ("lens", "lens_keys")  # searched with a mask of its own for each query, then with (B,)
+    names = (forced,) if forced else AUTO
+    return tuple(n + r for r in ("", "3", "2") for n in names if not (r == "2" and n == "additive"))
+
+
+def is_lengths_name(name: str) -> bool:
+    lowered = name.lower()
+    return "valid_len" in lowered or lowered in ("lens", "lengths", "seq_lens", "src_lens", "key_lens")
+
+
+def is_prefix(keep: Tensor) -> bool:
+    """Every row keeps a prefix of the keys (what lengths can say)."""
+    n = keep.sum(-1, keepdim=True)  # (..., 1)
+    return bool((keep == (torch.arange(keep.size(-1)) < n)).all())
+
+
+def encodable(keep: Tensor | None, convention: str) -> bool:
+    """Whether this mask can be written in this convention: a key padding mask (rank 2) has no
+    per-query rows; lengths only say prefixes."""
+    if keep is None:
+        return True
+    _, rank = split(convention)
+    if rank == "2":
+        return keep.size(-2) == 1
+    if rank == "lens":
+        return is_prefix(keep)
+    if rank == "lens_keys":
+        return keep.size(-2) == 1 and is_prefix(keep)
+    return True
+
+
+def encode_mask(keep: Tensor | None, convention: str, batch: int | None = None) -> Tensor | None:
+    """keep: bool (B|1, 1, T|1, S), True = may attend, written in `convention` ("int", "int3",
+    "int2", "lens", ...), expanded to `batch` rows; the caller checks `encodable` first."""
+    if keep is None:
+        return None
+    if batch is not None and keep.size(0) != batch:
+        keep = keep.expand(batch, *keep.shape[1:])
+    name, rank = split(convention)
+    if name == "lens":
+        lengths = keep.sum(-1)[:, 0]  # (B, T|1)
+        return lengths[:, 0] if lengths.size(1) == 1 else lengths  # (B,) or (B, T)
+    mask = CONVENTIONS[name][1](keep)
+    if rank == "3":
+        return mask[:, 0]  # (B, T|1, S)
+    if rank == "2":
+        return mask[:, 0, 0]  # (B, S)
+    return mask
+
+
+def describe_convention(convention: str) -> Text:
+    name, rank = split(convention)
+    words = CONVENTIONS[name][0]
+    return text(words["en"] + RANKS[rank]["en"], words["zh"] + RANKS[rank]["zh"])
+
+
+def masks_where_true(source: str, name: str | None) -> bool:
+    """Whether code fills where its mask is True (`scores.masked_fill(mask[:n, :n], -inf)`, Raschka's
+    causal mask of ones above the diagonal): torch.nn's True = masked, read from the source, tried
+    first; a mask compared with 0 or inverted (`mask == 0`, `~mask`) reads the other way."""
+    if not name:
+        return False
+    m = re.escape(name)
+    direct = re.search(rf"masked_fill_?\(\s*{m}(\.bool\(\))?(\[[^\]]*\])?(\.bool\(\))?\s*,", source)
+    inverted = re.search(rf"{m}\s*==\s*0|~\s*{m}|logical_not\(\s*{m}", source)
+    return bool(direct) and not inverted

@@ -1,0 +1,461 @@
+"""Find the components a learner's file defines, by the names tutorials use, and build them with
+constructor arguments matched by name (d_model, num_heads / n_heads / h, d_ff, dropout, ...).
+
+Only objects defined in the learner's file count (an `nn.LayerNorm` imported from torch is not
+theirs to grade). `--component kind=Name` points a kind at any other name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any
+
+from handformer.check.core.kinds import KINDS_TABLE
+
+NAMES: dict[str, tuple[str, ...]] = {k.name: k.names for k in KINDS_TABLE}  # kind -> names, in order
+KINDS = tuple(NAMES)
+DESCRIPTIONS = {k.name: k.en for k in KINDS_TABLE}
+
+# constructor argument names -> the size they stand for
+ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "d_model": ("d_model", "dim", "embed_dim", "hidden_size", "hidden_dim", "n_embd", "d", "features",
+                "size", "model_dim", "emb_dim", "d_embed", "embedding_dim", "normalized_shape", "dmodel",
+                "num_hiddens", "norm_shape", "ffn_num_input", "ffn_num_outputs", "key_size", "query_size",
+                "value_size", "ndim", "n_embed", "embed_size", "d_in", "d_out"),
+    "d_head": ("head_size", "head_dim", "d_k", "d_head", "dim_head", "headsize"),
+    "n_heads": ("num_heads", "n_heads", "h", "heads", "n_head", "nhead", "num_head", "head_num",
+                "nheads", "num_attention_heads"),
+    "n_kv_heads": ("n_kv_heads", "num_kv_heads", "num_key_value_heads", "kv_heads", "n_kv_head",
+                   "num_kv_head", "n_kv", "num_groups", "n_groups", "n_rep_heads",
+                   "num_kv_groups", "n_kv_groups"),
+    "d_ff": ("d_ff", "ff_dim", "d_hidden", "dim_feedforward", "d_inner", "ffn_dim", "hidden",
+             "d_ffn", "ffn_hidden", "intermediate_size", "dff", "ff_hidden", "mlp_dim", "inner_dim",
+             "ffn_num_hiddens", "d_mlp", "mlp_hidden"),
+    "dropout": ("dropout", "p", "drop", "dropout_rate", "drop_prob", "dropout_p", "p_drop", "pdrop",
+                "attn_dropout", "resid_dropout", "attn_pdrop", "resid_pdrop", "drop_rate"),
+    "src_vocab": ("src_vocab_size", "src_vocab", "source_vocab_size", "input_vocab_size", "src_vocab_len",
+                  "enc_vocab_size", "vocab_size", "n_vocab", "vocab", "ntoken"),
+    "tgt_vocab": ("tgt_vocab_size", "tgt_vocab", "trg_vocab_size", "target_vocab_size", "output_vocab_size",
+                  "tgt_vocab_len", "dec_vocab_size"),
+    "n_layers": ("num_layers", "n_layers", "n", "num_encoder_layers", "num_decoder_layers", "n_layer",
+                 "layers", "depth", "num_blocks", "nlayers", "n_encoder_layers", "n_decoder_layers",
+                 "num_blks", "num_hidden_layers"),
+    "pad_id": ("pad_idx", "pad_id", "padding_idx", "pad_token_id", "src_pad_idx", "tgt_pad_idx",
+               "trg_pad_idx", "pad"),
+    "max_len": ("max_len", "max_seq_len", "max_positions", "block_size", "seq_len", "max_length",
+                "max_seq_length", "n_positions", "context_length", "maxlen", "max_position_embeddings",
+                "context_size", "n_ctx", "context_length"),
+    "theta": ("theta", "base", "rope_theta", "rope_base"),
+    "eps": ("eps", "norm_eps", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "epsilon"),
+}
+# the hidden width of an FFN that also takes d_model (Llama's FeedForward(dim, hidden_dim, ...))
+HIDDEN_WHEN_PAIRED = ("hidden_dim", "hidden_size", "hidden")
+# arguments with one sensible value here whatever the component: a layer's index (d2l's
+# TransformerDecoderBlock(..., i)), Llama's rounding of the FFN width, nanoGPT's LayerNorm(ndim, bias)
+FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0, "multiple_of": 1,
+                         "ffn_dim_multiplier": None, "bias": True, "use_bias": False,
+                         # a GPT's config that says whether to tie the head: it says no (a head tied
+                         # anyway is a finding of the gpt runner)
+                         "tie_weights": False, "tie_word_embeddings": False, "tie_embeddings": False,
+                         # Raschka's cfg["qkv_bias"]; Meta's KV cache sizes (max_seq_len is the block size)
+                         "qkv_bias": False, "max_batch_size": 4,
+                         # Raschka's cfg["dtype"] (nn.Linear(..., dtype=None)) and cfg["rope_freq"] (None:
+                         # no Llama 3 frequency scaling)
+                         "dtype": None, "rope_freq": None, "rope_base": 10000.0,
+                         # Raschka's Qwen3 cfg: no QK-norm (handformer's reference has none), no experts
+                         "qk_norm": False, "num_experts": 0}
+CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "conf")
+# the names of the classic PyTorch tutorials' arguments: jadore801120's d_v, d_hid (the FFN's
+# hidden width beside d_in, the width alone) and n_position; bentrevett's hid_dim and pf_dim;
+# hyunwoongko's enc_voc_size, device and trg_sos_idx (kept, never read); minGPT's
+# config.model_type (None: the sizes are given)
+for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec"), "d_head": ("d_v",), "d_ff": ("pf_dim",),
+                     "dropout": ("embd_pdrop",),
+                     "max_len": ("n_position",), "src_vocab": ("n_src_vocab", "enc_voc_size"),
+                     "tgt_vocab": ("n_trg_vocab", "dec_voc_size")}.items():
+    ARGUMENTS[_key] += _names
+HIDDEN_WHEN_PAIRED += ("d_hid",)
+FIXED.update({"device": "cpu", "model_type": None, "trg_sos_idx": 1})
+
+
+class DiscoveryError(ValueError):
+    """A component cannot be found or built; the message says what to change (`zh`: in Chinese)."""
+
+    def __init__(self, message: str, zh: str = "") -> None:
+        super().__init__(message)
+        self.zh = zh
+
+
+@dataclass
+class Component:
+    kind: str  # one of KINDS
+    name: str  # the learner's name for it
+    obj: Any  # the class or function
+    found_by: str = "name"  # "name", or "signature": a free function found by what it does (signatures.py)
+
+
+def find_components(module: types.ModuleType, overrides: dict[str, str] | None = None,
+                    only: list[str] | None = None, adapters: dict[str, Any] | None = None) -> list[Component]:
+    """The learner's components in the order of KINDS (a kind may match several names, e.g. an FFN
+    and a SwiGLU); each name is checked once. `adapters` (handformer.check.core.adapters.functions): a
+    make_<kind> builds that kind's class; a function named after a kind is checked in place of it."""
+    found = _by_name(module, overrides, only)
+    for name, fn in (adapters or {}).items():
+        kind = name.removeprefix("make_")
+        if kind not in NAMES or (only and kind not in only):
+            continue
+        if name.startswith("make_"):
+            ours = [c for c in found if c.kind == kind and inspect.isclass(c.obj)]
+            cls = ours[0].obj if ours else type(build(fn, SIZES_FOR_ADAPTERS))
+            ADAPTERS[cls] = fn
+            if not ours:
+                found.append(Component(kind, cls.__name__, cls))
+        else:
+            found = [c for c in found if c.kind != kind] + [Component(kind, f"{name} (adapter)", fn)]
+    return sorted(found, key=lambda c: KINDS.index(c.kind))
+
+
+SIZES_FOR_ADAPTERS = {"d_model": 16, "n_heads": 4, "d_ff": 40, "dropout": 0.1, "max_len": 64}
+
+
+def _by_name(module: types.ModuleType, overrides: dict[str, str] | None, only: list[str] | None,
+             ) -> list[Component]:
+    """The components found by their names (and --component KIND=NAME)."""
+    overrides = overrides or {}
+    own = own_objects(module)
+    for kind, name in overrides.items():
+        if kind not in NAMES:
+            raise DiscoveryError(f"--component {kind}={name}: unknown kind {kind!r}; kinds: "
+                                 f"{', '.join(KINDS)}",
+                                 zh=f"--component {kind}={name}：没有 {kind!r} 这类组件；可以检查的种类："
+                                    f"{', '.join(KINDS)}")
+        if name not in own:
+            raise DiscoveryError(f"--component {kind}={name}: the file defines no {name!r}; it defines "
+                                 f"{', '.join(sorted(own)) or 'no class or function'}",
+                                 zh=f"--component {kind}={name}：文件里没有定义 {name!r}；它定义了 "
+                                    f"{', '.join(sorted(own)) or '（没有类或函数）'}")
+    for kind in only or []:
+        if kind not in NAMES:
+            raise DiscoveryError(f"--component {kind}: unknown kind; kinds: {', '.join(KINDS)}",
+                                 zh=f"--component {kind}：没有这类组件；可以检查的种类：{', '.join(KINDS)}")
+    found, taken = [], set()
+    named = set(overrides.values())  # a name given with --component is checked as that kind only
+    for kind, names in NAMES.items():
+        wanted = [overrides[kind]] if kind in overrides else [
+            n for n in _matching(names, own, kind) if n not in named]
+        for name in wanted:
+            actual = kind if kind in overrides else refine(kind, own[name])
+            if name not in taken and (not only or actual in only):
+                taken.add(name)
+                found.append(Component(actual, name, own[name]))
+    return found + _by_signature(own, taken | named, only, set(overrides))
+
+
+def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, pointed: set[str],
+                  ) -> list[Component]:
+    """The learner's free functions whose name is in no kind's table, taken as the kind their
+    signature and a call say they are (signatures.py): Raschka's generate_text_simple, a filter called
+    nucleus. A kind given with --component KIND=NAME is that name only."""
+    from handformer.check.core.signatures import kind_of
+
+    found, tabled = [], {n for names in NAMES.values() for n in names}
+    for name, obj in own.items():
+        skip = name in taken or name in tabled or "." in name or name.startswith(("_", "handformer_"))
+        if skip or not inspect.isfunction(obj):
+            continue
+        kind = kind_of(obj)
+        if kind is not None and (not only or kind in only) and kind not in pointed:
+            found.append(Component(kind, name, obj, "signature"))
+    return found
+
+
+# classes found by how their name ends, after every exact name: minimind's MiniMindBlock and
+# MiniMindForCausalLM, Karpathy's GPTLanguageModel
+# and Hugging Face's LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block",),
+                                        "gpt": ("ForCausalLM", "LanguageModel", "LM", "Model"),
+                                        "mha": ("Attention",), "ffn": ("MLP", "FeedForward"),
+                                        "rmsnorm": ("RMSNorm",), "rope": ("RotaryEmbedding",)}
+# an encoder's or decoder's block has its own kind; a mixture of experts is no FFN to compare
+NOT_SUFFIXED = ("Encoder", "Decoder", "Cross", "MoE")
+
+
+def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> list[str]:
+    """The learner's names among `names`, in that order; ".generate" stands for any class's method
+    of that name; then their classes whose name ends as this kind's do (SUFFIXES)."""
+    out = []
+    for name in names:
+        out += sorted(n for n in own if n.endswith(name)) if name.startswith(".") else [name] * (name in own)
+    exact = {n for ns in NAMES.values() for n in ns}
+    out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in exact and n not in out
+                  and n.endswith(SUFFIXES.get(kind, ("\0",)))
+                  and not any(w.lower() in n.lower() for w in NOT_SUFFIXED))
+    if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in own):  # Hugging Face's XModel is the backbone
+        out = [n for n in out if n in exact or not n.endswith("Model") or n.endswith("LanguageModel")]
+    return out
+
+
+def refine(kind: str, obj: Any) -> str:
+    """The kind a found name is checked as: a multi-head attention built with a number of key/value
+    heads (Llama's `Attention(dim, n_heads, n_kv_heads)`) is grouped-query attention."""
+    if kind == "mha" and inspect.isclass(obj) and "n_kv_heads" in argument_keys(obj).values():
+        return "gqa"
+    if kind == "train_step" and inspect.isfunction(obj):  # a decoder-only model's step, by what it takes
+        from handformer.check.core.signatures import lm_step
+
+        return "lm_train_step" if lm_step(obj) else kind
+    if inspect.isfunction(obj) and any(kind in f for f in SAME_FAMILY):  # what it does over its name
+        from handformer.check.core.signatures import kind_of
+
+        said = kind_of(obj)
+        if said is not None and any(kind in f and said in f for f in SAME_FAMILY):
+            return said
+    if kind == "transformer" and inspect.isclass(obj) and decoder_only(obj):
+        return "gpt"
+    if kind == "gpt" and inspect.isclass(obj) and obj.__name__ not in NAMES["gpt"] and not decoder_only(obj):
+        return "transformer"  # found by its ending (Llama3Model's "Model"): what its forward takes says
+    if kind == "mha" and inspect.isclass(obj) and causal_inside(obj):  # Raschka's, Karpathy's: forward(x)
+        kind = "causal_attention"
+    if kind == "mha" and inspect.isclass(obj):  # Meta's Attention(args): the config it reads says
+        kv = set(ARGUMENTS["n_kv_heads"])
+        for p in list(inspect.signature(obj.__init__).parameters.values())[1:]:
+            keys, attrs = config_reads(obj, p.name)
+            if (keys | attrs) & kv:
+                return "gqa"
+    return kind
+
+
+# kinds whose functions are told apart by what they take and return, whatever their name: a
+# greedy_decode(model, idx, max_new_tokens) is a generation loop, a sample_top_p that returns
+# filtered logits is a filter
+SAME_FAMILY = (("greedy_decode", "beam_search", "generate"),
+               ("top_k", "top_p", "sample", "temperature", "greedy"))
+
+CAUSAL_WORDS = re.compile(r"\btril\b|\btriu\b|is_causal\s*=\s*True|causal")
+
+
+TOKEN_EXTRAS = ("start_pos", "targets", "target", "labels", "y", "position_ids", "positions", "pos")
+
+
+def decoder_only(cls: Any) -> bool:
+    """A model whatever its name (Meta's `Transformer`) whose forward takes one sequence of token ids
+    (and maybe Meta's start_pos or the targets): decoder-only; an encoder-decoder takes two."""
+    try:
+        params = list(inspect.signature(cls.forward).parameters.values())[1:]
+    except (AttributeError, TypeError, ValueError):
+        return False
+    inputs = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty
+              and p.name not in TOKEN_EXTRAS and "mask" not in p.name]
+    return len(inputs) == 1
+
+
+def causal_inside(cls: Any) -> bool:
+    """An attention that builds its own causal mask: its forward takes no mask, and its source (or
+    that of a class of the same file it builds, Karpathy's `Head`) makes a triangle."""
+    try:
+        params = inspect.signature(cls.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+    if any("mask" in p.lower() or "valid_len" in p.lower() for p in params):
+        return False
+    own = _source(cls)
+    module = sys.modules.get(cls.__module__)
+    used = [o for o in (vars(module).values() if module else ()) if inspect.isclass(o) and o is not cls
+            and getattr(o, "__module__", None) == cls.__module__ and re.search(rf"\b{o.__name__}\s*\(", own)]
+    return any(CAUSAL_WORDS.search(src) for src in [own] + [_source(o) for o in used])
+
+
+def _source(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def own_objects(module: types.ModuleType) -> dict[str, Any]:
+    """The classes and functions the learner's file defines (not the ones it imports), by name; a
+    class's own `generate` method too, as "Class.generate" (nanoGPT's `GPT.generate`)."""
+    own = {name: obj for name, obj in vars(module).items()
+           if (inspect.isclass(obj) or inspect.isfunction(obj))
+           and getattr(obj, "__module__", None) == module.__name__
+           and getattr(obj, "__name__", "") != "<lambda>"}  # encode = lambda s: [stoi[c] ...]: no component
+    for name, obj in list(own.items()):
+        method = vars(obj).get("generate") if inspect.isclass(obj) else None
+        if inspect.isfunction(method):
+            own[f"{name}.generate"] = method
+    return own
+
+
+def defined_names(module: types.ModuleType) -> list[str]:
+    return sorted(own_objects(module))
+
+
+def _config_values(sizes: dict[str, Any]) -> dict[str, Any]:
+    """Every common field name -> its value, for configuration objects (nanoGPT's config, Raschka's
+    cfg dict, Meta's ModelArgs, a minimind-style config class)."""
+    sizes = with_head_size(sizes)
+    sizes.setdefault("n_kv_heads", sizes.get("n_heads"))
+    sizes.setdefault("tgt_vocab", sizes.get("src_vocab"))
+    fields = {alias: sizes[key] for key, aliases in ARGUMENTS.items() if sizes.get(key) is not None
+              for alias in aliases}
+    fields.update({k: v for k, v in FIXED.items() if k not in fields})
+    fields["bias"] = True
+    fields["norm_eps"] = fields["eps"] = fields["rms_norm_eps"] = 1e-5
+    return fields
+
+
+def with_head_size(sizes: dict[str, Any]) -> dict[str, Any]:
+    """The sizes with the head width (Karpathy's head_size, Meta's head_dim) d_model / n_heads."""
+    if "d_model" in sizes and "n_heads" in sizes:
+        return {**sizes, "d_head": sizes["d_model"] // sizes["n_heads"]}
+    return dict(sizes)
+
+
+def _config_namespace(sizes: dict[str, Any]) -> types.SimpleNamespace:
+    """One object with every common field name, for nanoGPT-style `Block(config)` constructors."""
+    return types.SimpleNamespace(**_config_values(sizes))
+
+
+def config_reads(cls: Any, name: str) -> tuple[set[str], set[str]]:
+    """(the keys `name["key"]` and the attributes `name.attr`) that `cls.__init__` reads from its
+    argument `name`: how it takes its configuration, from its source."""
+    import ast
+    import textwrap
+
+    keys, attrs = set(), set()
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__ if inspect.isclass(cls) else cls)))
+    except (OSError, TypeError, SyntaxError):
+        return keys, attrs
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == name:
+            if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+                keys.add(node.slice.value)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == name:
+            attrs.add(node.attr)
+    return keys, attrs
+
+
+def _dict_keys(cls: Any) -> set[str]:
+    """The string keys the learner's whole file subscripts (cfg["emb_dim"]), from its source."""
+    module = sys.modules.get(getattr(cls, "__module__", ""), None)
+    return set(re.findall(r"""\[["'](\w+)["']\]""", _source(module))) if module is not None else set()
+
+
+def _config_class(p: inspect.Parameter, cls: Any) -> Any:
+    """The class a config argument is annotated with, when the learner's file defines it (Meta's
+    ModelArgs, a minimind-style config class)."""
+    ann = p.annotation
+    module = sys.modules.get(getattr(cls, "__module__", ""), None)
+    if isinstance(ann, str) and module is not None:
+        ann = vars(module).get(ann.split("[")[0].strip("'\" "))
+    if inspect.isclass(ann) and getattr(ann, "__module__", None) == getattr(cls, "__module__", None):
+        return ann
+    return None
+
+
+def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | None:
+    """The configuration for the argument `p` of `cls`, in the form its code reads it: a dict when it
+    is subscripted (cfg["emb_dim"]), the learner's own config class (a dataclass filled field by
+    field, or a class built by its keyword arguments), or a namespace with every common field; None
+    when `p` is not a configuration."""
+    values = _config_values(sizes)
+    keys, attrs = config_reads(cls, p.name)
+    own = _config_class(p, cls)
+    if own is None and not keys and p.name.lower() not in CONFIG_NAMES:
+        return None
+    if keys:
+        config = {**values, **{k: values[k.lower()] for k in keys if k.lower() in values}}
+        if sizes.get("d_ff") and _dict_keys(cls) & {"emb_dim", "d_model", "dim", "n_embd"}:
+            config["hidden_dim"] = sizes["d_ff"]  # Raschka's cfg: emb_dim the width, hidden_dim the FFN's
+        return config
+    if own is not None:
+        if dataclasses.is_dataclass(own):
+            names = {f.name for f in dataclasses.fields(own) if f.init}
+            config = own(**{n: values[n] for n in names if n in values})
+        else:
+            params = inspect.signature(own).parameters
+            takes_any = any(q.kind is q.VAR_KEYWORD for q in params.values())
+            source = _source(own)  # kwargs.get("vocab_size", 6400): the names its code reads
+            config = own(**{n: v for n, v in values.items()
+                            if n in params or (takes_any and re.search(rf"\b{n}\b", source))})
+        for attr, value in values.items():  # what the learner's code reads, at check's sizes
+            if (attr in attrs or hasattr(config, attr)) and not callable(getattr(config, attr, None)):
+                setattr(config, attr, value)
+        return config
+    return types.SimpleNamespace(**values)
+
+
+def argument_keys(cls: Any) -> dict[str, str | None]:
+    """Each constructor argument of `cls` (or parameter of a function) -> the size it stands for (a
+    key of ARGUMENTS), or None."""
+    init = cls.__init__ if inspect.isclass(cls) else cls
+    params = [p for p in list(inspect.signature(init).parameters.values())[int(inspect.isclass(cls)):]
+              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    keys = {p.name: None if _is_axis(p) else next((k for k, aliases in ARGUMENTS.items()
+                                                    if p.name.lower() in aliases), None)
+            for p in params}
+    if sum(k == "d_model" for k in keys.values()) > 1 and "d_ff" not in keys.values():
+        for name in keys:
+            if name.lower() in HIDDEN_WHEN_PAIRED:
+                keys[name] = "d_ff"
+    return keys
+
+
+def _is_axis(p: inspect.Parameter) -> bool:
+    """An argument whose default is a negative int is an axis, not a size: LitGPT's
+    RMSNorm(size, dim=-1) normalizes over `dim`, its width is `size`."""
+    return isinstance(p.default, int) and not isinstance(p.default, bool) and p.default < 0
+
+
+ADAPTERS: dict[Any, Any] = {}  # the learner's class -> the make_<kind> adapter that builds it
+
+
+def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None) -> Any:
+    """cls(**arguments matched by name). `parts` builds learner modules passed as arguments
+    (the Annotated Transformer's EncoderLayer(size, self_attn, feed_forward, dropout)). A class with
+    an adapter (make_<kind> in the adapters file) is built by it, its arguments matched the same way."""
+    target = ADAPTERS.get(cls, cls)
+    kwargs = {}
+    keys = argument_keys(target)
+    sizes = with_head_size(sizes)
+    init = target.__init__ if inspect.isclass(target) else target
+    for p in list(inspect.signature(init).parameters.values())[int(inspect.isclass(target)):]:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        key = keys.get(p.name)
+        if key in sizes:
+            kwargs[p.name] = sizes[key]
+        elif (config := make_config(target, p, sizes)) is not None:
+            kwargs[p.name] = config
+        elif p.default is p.empty and p.name.lower() in FIXED:  # Meta's ffn_dim_multiplier: not an FFN
+            kwargs[p.name] = FIXED[p.name.lower()]
+        elif parts and (part := _part_for(p.name, parts)) is not None:
+            kwargs[p.name] = part()
+        elif p.default is not p.empty:
+            continue
+        else:
+            known = "; ".join(f"{k}: {', '.join(v[:4])}" for k, v in ARGUMENTS.items())
+            raise DiscoveryError(
+                f"cannot fill the argument {p.name!r} of {cls.__name__}{inspect.signature(cls)}: "
+                f"handformer knows these names ({known}); rename the argument, give it a default, or "
+                "write the adapter below",
+                zh=f"填不了 {cls.__name__}{inspect.signature(cls)} 的参数 {p.name!r}：handformer "
+                   f"认识这些名字（{known}）；请给参数改名、给它一个默认值，或者写下面的适配函数")
+    return target(**kwargs)
+
+
+def _part_for(name: str, parts: dict[str, Any]) -> Any:
+    lowered = name.lower()
+    if "cross" in lowered or "src_attn" in lowered or "enc_attn" in lowered:
+        return parts.get("mha")
+    if "attn" in lowered or "attention" in lowered:
+        return parts.get("mha")
+    if "ff" in lowered or "feed" in lowered or "mlp" in lowered:
+        return parts.get("ffn")
+    return None

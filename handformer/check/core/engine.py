@@ -1,0 +1,391 @@
+"""Run the check of every component of a learner's file (in this process: the sandbox calls this in
+a child process). `check_module` streams one `ComponentResult` per component to `emit`."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import re
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.adapters import adapter_hint, cannot_check
+from handformer.check.core.adapters import functions as adapter_functions
+from handformer.check.core.adapters import load as load_adapters
+from handformer.check.core.discovery import (
+    NAMES,
+    Component,
+    DiscoveryError,
+    defined_names,
+    find_components,
+    own_objects,
+)
+from handformer.check.core.kinds import KINDS_BY_NAME
+from handformer.check.core.result import (
+    ERROR,
+    FAIL,
+    NOT_CHECKED,
+    TODO,
+    ComponentResult,
+    FileResult,
+    Finding,
+    LearnerError,
+    text,
+)
+from handformer.check.core.source import learner_error, source_lines
+from handformer.check.core.weights import MappingError
+from handformer.check.runners.localize_layers import note_layer_departure
+
+if TYPE_CHECKING:
+    from handformer.check.core.context import Context
+
+def runner_for(kind: str) -> Callable[[Component, Context], ComponentResult]:
+    """The runner of a kind, from the table in handformer.check.core.kinds."""
+    module, _, function = KINDS_BY_NAME[kind].runner.partition(":")
+    return getattr(importlib.import_module(f"handformer.check.runners.{module}"), function)
+
+
+def import_runners() -> None:
+    """Import every kind's runner module now (the sandbox does, so that no time limit counts them)."""
+    for kind in KINDS_BY_NAME.values():
+        importlib.import_module(f"handformer.check.runners.{kind.runner.partition(':')[0]}")
+
+
+def import_learner(path: str) -> types.ModuleType:
+    """Import the learner's file as a module of its own (their code runs)."""
+    name = "learner_" + "".join(c if c.isalnum() else "_" for c in Path(path).stem)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise FileNotFoundError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    folder = str(Path(path).resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)  # their file may import its neighbours, as under pytest
+    in_package(module, path)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def in_package(module: types.ModuleType, path: str) -> None:
+    """A file of a package that imports its siblings relatively (`from .ch03 import ...`, as
+    LLMs-from-scratch's package does) runs as a module of that package: its __package__ set, the
+    folder above the package importable. Any other file is left as it is."""
+    source = Path(path).read_text(encoding="utf-8", errors="replace")
+    if not re.search(r"^\s*from\s+\.", source, re.M):
+        return
+    folder, parts = Path(path).resolve().parent, []
+    while (folder / "__init__.py").is_file():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    if parts:
+        module.__package__ = ".".join(parts)
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+
+
+def import_definitions(path: str) -> tuple[types.ModuleType, list[str]]:
+    """The learner's file run one top-level statement at a time, for a file whose top level cannot
+    run as written (a training loop at module level, a data file or package that is not there):
+    imports, definitions and assignments run, each on its own, and one that raises is skipped; loops,
+    `with` blocks and bare calls (the script's work) are skipped without running. The file itself is
+    never edited. Returns the module and the statements skipped, "line N: code (why)"."""
+    import ast
+
+    source = Path(path).read_text(encoding="utf-8")
+    tree = ast.parse(source, path)
+    name = "learner_" + "".join(c if c.isalnum() else "_" for c in Path(path).stem)
+    module = types.ModuleType(name)
+    module.__file__ = path
+    in_package(module, path)
+    sys.modules[name] = module
+    folder = str(Path(path).resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    lines, skipped = source.splitlines(), []
+    for node in tree.body:
+        first = f"line {node.lineno}: {lines[node.lineno - 1].strip()[:80]}"
+        script = isinstance(node, (ast.For, ast.While, ast.With, ast.AsyncFor, ast.AsyncWith)) or (
+            isinstance(node, ast.Expr) and not isinstance(node.value, ast.Constant)) or (
+            isinstance(node, ast.If) and "__name__" in ast.unparse(node.test))
+        if script:
+            skipped.append(f"{first} (the script's work, not a definition)")
+            continue
+        code = compile(ast.Module([node], []), path, "exec")
+        try:
+            exec(code, vars(module))  # noqa: S102  (the learner's own file, as their import would run it)
+        except Exception as err:  # a statement that cannot run here: skipped, said so
+            skipped.append(f"{first} ({type(err).__name__}: {str(err)[:120]})")
+    return module, skipped
+
+
+def check_component(comp: Component, ctx: Context) -> ComponentResult:
+    ctx.partial = None
+    ctx.learner.calls = ctx.learner.nan_calls = 0
+    result = _run_checked(comp, ctx)
+    if result.status == ERROR and not result.findings and not_implemented(comp, result.error):
+        result.status = TODO
+    if result.status == ERROR and not result.findings and (cannot_check(result.error) or needs_skipped(
+            result.error, ctx.skipped) or method_on_stand_in(comp, result)):
+        theirs = None
+        if result.error and result.error.kind == "mapping":
+            with ctx.hyperparameters(comp):
+                theirs = raises_alone(comp, ctx)
+        if theirs is not None:  # their forward raises on a plain input it accepts: their exception
+            result.error = theirs
+        else:
+            result.status, result.adapter = NOT_CHECKED, adapter_hint(comp)
+    _add_notes(comp, ctx, result)
+    ctx.results[comp.name] = result
+    return result
+
+
+def _run_checked(comp: Component, ctx: Context) -> ComponentResult:
+    """The kind's runner (and, for a layer that fails unexplained, where it departs); what it raises
+    as an ERROR result: the learner's exception, a mapping or discovery error, or a grader's bug."""
+    try:
+        with torch.no_grad(), ctx.hyperparameters(comp):
+            result = runner_for(comp.kind)(comp, ctx)
+            note_layer_departure(comp, ctx, result)
+    except fp.LearnerFailure as failure:
+        result = ComponentResult(comp.kind, comp.name, ERROR, error=failure.error)
+        partial = ctx.partial
+        if partial is not None and partial.name == comp.name and partial.findings:  # found before it raised
+            partial.status, partial.error = ERROR, failure.error
+            result = partial
+        elif partial is not None and partial.name == comp.name:
+            result.driven = partial.driven  # what drove it (their model, or a stand-in that refused the call)
+    except (MappingError, DiscoveryError) as err:
+        result = ComponentResult(comp.kind, comp.name, ERROR,
+                                 error=LearnerError("mapping", str(err), "__init__", message_zh=err.zh))
+    except SystemExit as err:  # sys.exit in their code, called where the runner does not wrap the call
+        result = ComponentResult(comp.kind, comp.name, ERROR, error=learner_error(err, ctx.path, "check"))
+    except Exception as err:  # a bug of the grader's: said so, never shown as the learner's traceback
+        result = ComponentResult(comp.kind, comp.name, ERROR, error=internal_error(err, ctx.path))
+    return result
+
+
+def _add_notes(comp: Component, ctx: Context, result: ComponentResult) -> None:
+    """The notes every kind shares: module-level sizes set, found by signature, a mistake inherited
+    from a component it uses, NaN outputs."""
+    if ctx.hyperparameter_note is not None:
+        result.notes.append(ctx.hyperparameter_note)
+    if comp.found_by == "signature":
+        result.notes.append(text(
+            f"found as a {KINDS_BY_NAME[comp.kind].en} by what it does (the arguments it takes and, for a "
+            "function of logits, what a call returns), not by its name",
+            f"按它做的事认作{KINDS_BY_NAME[comp.kind].zh}（看它接受的参数；"
+            "作用于 logits 的函数还看一次调用的返回值），不是按名字"))
+    if not result.findings and result.status in (FAIL, ERROR) and (
+            result.error is None or result.error.kind == "exception"):
+        result.findings += inherited(comp, ctx)
+    if result.status in (FAIL, ERROR) and ctx.learner.nan_calls and not any(
+            f.name == "nan_on_masked_rows" for f in result.findings):
+        n, m = ctx.learner.nan_calls, ctx.learner.calls
+        result.notes.append(text(
+            f"your output had a NaN in {n} of {m} calls (0 / 0, inf - inf, the log or square root of a "
+            "negative number, or a softmax of a row that is all -inf?)",
+            f"你的输出在 {m} 次调用中有 {n} 次出现 NaN（0 / 0、inf - inf、对负数取 log 或开方，"
+            "还是对全为 -inf 的一行做了 softmax？）"))
+
+
+SMOKED = ("mha", "gqa", "causal_attention", "ffn", "layernorm", "rmsnorm", "block", "encoder_layer")
+
+
+def raises_alone(comp: Component, ctx: Context) -> LearnerError | None:
+    """For a component whose weights could not be mapped: its exception when, built at check's sizes,
+    its own forward raises on a plain (2, 5, d_model) input (q = k = v, no mask): then the learner's
+    code fails on an input it accepts (an nn.Linear with its sizes swapped), which is theirs to fix;
+    None when it runs (or cannot be built or called), and the component stays NOT CHECKED."""
+    from handformer.check.core.context import SIZES, D
+    from handformer.check.core.discovery import build
+    from handformer.check.runners.attention import caller
+
+    if comp.kind not in SMOKED or not inspect.isclass(comp.obj):
+        return None
+    try:
+        module = build(comp.obj, SIZES, ctx.parts(SIZES))
+    except Exception:  # noqa: BLE001  (cannot be built: nothing to say about it)
+        return None
+    x = torch.randn(2, 5, D)
+    call = caller(module).call if comp.kind in ("mha", "gqa", "causal_attention") else None
+    try:
+        with torch.no_grad():
+            call(x, x, x, None) if call else module(x)
+    except Exception as err:  # noqa: BLE001
+        error = learner_error(err, ctx.path, "forward")
+        return error if error.kind == "exception" and error.traceback else None
+    return None
+
+
+def method_on_stand_in(comp: Component, result: ComponentResult) -> bool:
+    """A class's own method (minimind's `MiniMindForCausalLM.generate`) driven with a stand-in
+    as its model raised: it may read attributes only its own class has."""
+    error, driven = result.error, result.driven
+    if "." not in comp.name or error is None or error.kind != "exception" or driven is None:
+        return False
+    if not driven["en"].startswith("a stand-in"):
+        return False
+    result.error.kind = "stand_in"
+    return True
+
+
+def needs_skipped(error: LearnerError | None, skipped: list[str]) -> bool:
+    """An exception that a top-level statement that was not run explains: a NameError of a name it
+    defines (Karpathy's stoi, built from the data file)."""
+    if error is None or not skipped or not error.message.startswith("NameError"):
+        return False
+    error.kind = "cannot_call"
+    error.message += " (defined by a top-level statement that was not run; see the skipped statements)"
+    return True
+
+
+def not_implemented(comp: Component, error: LearnerError | None) -> bool:
+    """A component that is still a starter's TODO: it raised NotImplementedError, or its own code
+    raises one and it failed before getting there (a class whose `__init__` builds no layers yet)."""
+    if error is None:
+        return False
+    if error.kind == "not_implemented":
+        return True
+    try:
+        lines = source_lines([comp.obj])
+    except Exception:  # no source (a builtin, a lambda): not a starter
+        return False
+    todo = [(n, t.strip()) for n, t in lines if re.match(r"\s*raise NotImplementedError\b", t)]
+    if error.kind not in ("mapping", "exception") or not todo:
+        return False
+    error.kind = "not_implemented"
+    error.message = (f"not implemented yet: line {todo[0][0]} still raises NotImplementedError "
+                     f"({error.message})")
+    return True
+
+
+def inherited(comp: Component, ctx: Context) -> list[Finding]:
+    """The mistakes of the learner's other components that this one uses (its source calls them,
+    directly or through their other functions), for a component that fails with none of its own: a
+    block whose FFN has no down projection, a generate loop whose sampling step is wrong."""
+    own = {n: o for n, o in own_objects(ctx.module).items() if "." not in n}
+    sources = {}
+    for name, obj in own.items():
+        try:
+            sources[name] = inspect.getsource(obj)
+        except (OSError, TypeError):
+            sources[name] = ""
+    reached, todo = set(), [comp.name.split(".")[0]]
+    while todo:
+        name = todo.pop()
+        for other in own:
+            calls = re.search(rf"\b{re.escape(other)}\s*\(", sources.get(name, ""))
+            if other not in reached and other != name and calls:
+                reached.add(other)
+                todo.append(other)
+    out = []
+    for name in sorted(reached):
+        for f in ctx.results.get(name, ComponentResult("", "")).findings:
+            if f.name not in {g.name for g in out}:
+                out.append(Finding(f.name, text(
+                    f"{comp.name} uses {name}, which has this mistake (its own check names it: "
+                    f"{f.observed['en']})",
+                    f"{comp.name} 用到了 {name}，它有这个错误（它自己的检查给出了诊断：{f.observed['zh']}）"),
+                    f.line, f.code, f.form))
+    return out
+
+
+def internal_error(err: Exception, path: str) -> LearnerError:
+    """An exception of handformer's own code while checking: the report says it is handformer's bug,
+    with the learner's line it was running, if any (tests require that this never happens)."""
+    theirs = learner_error(err, path, "check").traceback
+    detail = f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
+    return LearnerError("internal", f"handformer could not check this component: {detail} (a bug in "
+                        "handformer's grader, not in your code; please report it with your file)", "check",
+                        theirs, f"handformer 检查不了这个组件：{detail}（这是 handformer 检查程序的 bug，"
+                        "不是你的代码的问题；请连同你的文件一起报告）")
+
+
+def check_file(path: str, overrides: dict[str, str] | None = None, only: list[str] | None = None,
+               convention: str | None = None,
+               emit: Callable[[ComponentResult], None] | None = None,
+               started: Callable[[str, str], None] | None = None, skip: list[str] | None = None,
+               adapters: str | None = None, definitions_only: bool = False) -> FileResult:
+    """Import the learner's file and check each component it defines. `started(step, kind)` is told
+    each step before it runs: "import", then each component's name and the kind it is checked as."""
+    from handformer.check.core.context import Context
+
+    result = FileResult(path)
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    if started:
+        started("import", "")
+    module = _import(path, result, definitions_only)
+    found = module and _discover(module, result, adapters, path, overrides, only)
+    if not found:
+        return result
+    components, everything = found
+    todo = [c for c in components if c.name not in (skip or [])]
+    ctx = Context(path, module, {c.kind: c for c in reversed(everything)}, convention)
+    ctx.skipped = result.skipped
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: a second thread costs more than it saves
+    try:
+        for comp in todo:
+            if started:
+                started(comp.name, comp.kind)
+            res = check_component(comp, ctx)
+            result.components.append(res)
+            if emit:
+                emit(res)
+    finally:
+        torch.set_num_threads(threads)
+    return result
+
+
+def _import(path: str, result: FileResult, definitions_only: bool) -> types.ModuleType | None:
+    """The learner's module (its definitions alone when its top level raises); None, with the error
+    in result, when it cannot be had."""
+    try:
+        if definitions_only:
+            module, result.skipped = import_definitions(path)
+        else:
+            module = import_learner(path)
+    except BaseException as err:  # their module body: anything it raises is reported
+        if isinstance(err, KeyboardInterrupt):
+            raise
+        error = learner_error(err, path, "import")
+        if definitions_only or isinstance(err, (SyntaxError, SystemExit)) or error.kind != "exception":
+            result.error = error
+            return None
+        module, result.skipped = import_definitions(path)  # their definitions, without the top level
+    return module
+
+
+def _discover(module: types.ModuleType, result: FileResult, adapters: str | None, path: str,
+              overrides: dict[str, str] | None, only: list[str] | None,
+              ) -> tuple[list[Component], list[Component]] | None:
+    """The components to check and every component (a layer may be built from theirs); None, with
+    the error in result, when there is none or --component names what the file lacks."""
+    try:
+        found = adapter_functions(load_adapters(adapters, path), module)
+        components = find_components(module, overrides, only, found)
+        everything = find_components(module, overrides, None, found)
+    except DiscoveryError as err:  # --component names something the file does not define
+        result.error = LearnerError("discovery", str(err), "discovery",
+                                    message_zh=f"--component 有误：{err.zh or err}")
+        return None
+    if not components:
+        names = ", ".join(defined_names(module)) or "nothing"
+        result.error = LearnerError(
+            "nothing_found", f"found no component to check; the file defines: {names}. handformer "
+            f"looks for names such as {', '.join(n for ns in NAMES.values() for n in ns[:2])}; point "
+            "a kind at your name with --component mha=MyAttention", "discovery",
+            message_zh=f"没有找到可检查的组件；文件里定义了：{names}。handformer 按名字找组件，例如 "
+            f"{', '.join(n for ns in NAMES.values() for n in ns[:2])}；可以用 --component mha=MyAttention "
+            "把某类组件指向你起的名字，或者写适配函数（见 docs/zh/check.md）")
+        return None
+    return components, everything

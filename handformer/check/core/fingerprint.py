@@ -1,0 +1,193 @@
+"""Shared machinery of the runners: mask conventions, calling the learner's code, comparing outputs
+row by row, and the fingerprint search that names mistakes.
+
+The search tries the reference computation with no mistake, then with each single mistake, then
+with each pair, and returns the smallest set whose output equals the learner's (in float64, to
+1e-6). Nothing is guessed: a mistake is named only when its computed output matches.
+
+Shape legend: B batch, T query length, S key length, D d_model, H heads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from handformer.check.core.conventions import (  # noqa: F401  (the runners' one import of them)
+    AUTO,
+    CONVENTIONS,
+    describe_convention,
+    encodable,
+    encode_mask,
+    is_lengths_name,
+)
+from handformer.check.core.discovery import DiscoveryError
+from handformer.check.core.result import LearnerError
+from handformer.check.core.source import learner_error
+
+TOL = 1e-6  # float64: a correct component agrees to ~1e-14, a mistake differs by ~0.1
+
+class LearnerFailure(Exception):
+    """The learner's code raised (or returned something unusable); carries the report."""
+
+    def __init__(self, error: LearnerError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+@dataclass
+class Learner:
+    """Calls into the learner's code, turning their exceptions into `LearnerFailure`."""
+
+    path: str
+    calls: int = 0  # calls of the component being checked (reset by the runner of each one)
+    nan_calls: int = 0  # of them, those whose output had a NaN (-inf is a filter's fill: not counted)
+
+    def call(self, where: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            out = fn(*args, **kwargs)
+        except (LearnerFailure, DiscoveryError):
+            raise  # ours: their constructor's arguments could not be matched
+        except (Exception, SystemExit) as err:  # their code (sys.exit too): a finding, never a crash of ours
+            raise LearnerFailure(learner_error(err, self.path, where)) from err
+        self.calls += 1
+        if _has_nan(out):
+            self.nan_calls += 1
+        return out
+
+    def fail(self, where: str, message: str, zh: str = "") -> LearnerFailure:
+        """A failure of the learner's code that check saw (a wrong return), said in English and `zh`."""
+        return LearnerFailure(LearnerError("exception", message, where, message_zh=zh))
+
+
+def _has_nan(value: Any) -> bool:
+    """Whether a returned tensor (or one in a returned tuple or list) has a NaN."""
+    if isinstance(value, Tensor):
+        return value.is_floating_point() and bool(torch.isnan(value).any())
+    if isinstance(value, (tuple, list)):
+        return any(_has_nan(v) for v in value[:8])
+    return False
+
+
+def first_tensor(value: Any, ndim: int | None = None) -> Tensor | None:
+    """The output tensor of a learner call that returns a tensor or a tuple (output, weights)."""
+    if isinstance(value, Tensor):
+        return value if ndim is None or value.dim() == ndim else None
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            if isinstance(item, Tensor) and (ndim is None or item.dim() == ndim):
+                return item
+    return None
+
+
+def weights_of(value: Any, skip_first: bool = True) -> Tensor | None:
+    """The attention weights (B, H, T, S) in a returned tuple, if any."""
+    if isinstance(value, (tuple, list)):
+        items = list(value)[1:] if skip_first else list(value)
+        for item in items:
+            if isinstance(item, Tensor) and item.dim() == 4:
+                return item
+    return None
+
+
+def max_error(a: Tensor | None, b: Tensor | None, rows: Tensor | None = None) -> float:
+    """Largest |a - b| over the rows that are compared; inf if shapes differ or a NaN appears.
+
+    rows: bool, broadcastable to a's shape without its last dimension (which rows are defined)."""
+    if a is None or b is None or a.shape != b.shape:
+        return math.inf
+    diff = (a.double() - b.double()).abs()
+    both = torch.isnan(a) & torch.isnan(b)  # a variant that reproduces the NaN reproduces the output
+    diff = torch.where(torch.isnan(diff) & ~both, math.inf, diff.nan_to_num(0.0, posinf=math.inf)).amax(-1)
+    if rows is not None:
+        if rows.dim() > diff.dim():
+            rows = rows[:, 0]  # (B, 1, T) -> (B, T) for a (B, T, D) output
+        diff = diff[rows.expand_as(diff)]
+    return diff.max().item() if diff.numel() else 0.0
+
+
+def visible_rows(keep: Tensor | None, batch: int, length: int) -> Tensor | None:
+    """(B, 1, T) or (B, T): True for queries that see at least one key. None when no mask."""
+    if keep is None:
+        return None
+    keep = keep.expand(batch, keep.size(1), length, keep.size(-1))  # (B, H|1, T, S)
+    return keep.any(-1).all(1, keepdim=True)  # (B, 1, T): a query row sees a key in every head
+
+
+Rows = Tensor | None | Callable[[frozenset[str]], Tensor | None]
+
+
+def rows_for(rows: Rows, flags: frozenset[str]) -> Tensor | None:
+    """The rows to compare under a set of mistakes: fixed, or (for a component that builds its own
+    causal mask) a function of the flags, since an off-by-one mask hides every key of a query."""
+    return rows(flags) if callable(rows) else rows
+
+
+def search(target: Tensor, compute: Callable[[frozenset[str]], Tensor], universe: Sequence[str],
+           rows: Rows, max_flags: int = 2, min_flags: int = 0,
+           ) -> tuple[frozenset[str], float] | None:
+    """The smallest set of mistakes (from `min_flags` to `max_flags` of them, one form per name)
+    whose computed output equals `target` on the rows that set leaves visible; None when no set
+    does."""
+    for n in range(min_flags, max_flags + 1):
+        for combo in itertools.combinations(universe, n):
+            names = {flag.split(":")[0] for flag in combo}
+            if len(names) < n:
+                continue
+            try:
+                out = compute(frozenset(combo))
+            except RuntimeError:
+                continue  # this variant cannot run on these shapes; it cannot be the learner's
+            visible = rows_for(rows, frozenset(combo))
+            if visible is not None and not bool(visible.any()):
+                continue  # a variant that hides every query matches anything: it explains nothing
+            err = max_error(target, out, visible)
+            if err < TOL:
+                return frozenset(combo), err
+    return None
+
+
+@contextlib.contextmanager
+def dropout_off() -> Iterator[None]:
+    """F.dropout (which nn.Dropout calls) and torch.dropout as the identity: lets the other checks
+    run on a component whose dropout stays on in eval mode."""
+    saved = F.dropout, torch.dropout
+
+    def identity(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        return x
+
+    F.dropout, torch.dropout = identity, identity
+    try:
+        yield
+    finally:
+        F.dropout, torch.dropout = saved
+
+
+@contextlib.contextmanager
+def dropout_recorder() -> Iterator[list[Tensor]]:
+    """Like dropout_off, and every tensor handed to dropout is recorded (detached) in the list."""
+    saved = F.dropout, torch.dropout
+    seen: list[Tensor] = []
+
+    def record(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        seen.append(x.detach().clone())
+        return x
+
+    F.dropout, torch.dropout = record, record
+    try:
+        yield seen
+    finally:
+        F.dropout, torch.dropout = saved
+
+
+def randn(*shape: int, seed: int) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64)

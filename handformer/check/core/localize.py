@@ -1,0 +1,435 @@
+"""Where a learner's computation parts from the reference, when no catalogued mistake explains it.
+
+    steps = trace_steps(lambda: module(x, x, x, None), learner_file)   # (line, name, tensor) in order
+    found = first_departure(steps, views, sizes)                        # the first that matches no view
+    found.describe("en")   # "line 21: scores = ... -> a constant factor 0.707 = 1/d_k**0.25 of q·kᵀ ..."
+
+The learner's forward runs once under `sys.settrace`: every tensor a line of their file assigns
+(or returns) that depends on the input (it has a grad_fn) is one step. The reference's sub-steps
+are named views (q, the heads, q·kᵀ, the scores, the weights, ...) in the layouts learners write.
+The first step whose shape is a view's but whose values are none of them is where the two part;
+its form is named where it is simple: a constant factor (as a power of a size: d_k, d_model, ...),
+a sign, a transpose, a shift by one position, a softmax over another axis, an extra or missing term.
+A step whose shape is no view's (a fused or flattened layout) is skipped, not judged.
+
+Shape legend: B batch, H heads, T length, Dh head dim, D d_model.
+"""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from handformer.check.core.result import ComponentResult, Text, text
+from handformer.check.reference import variants as V
+
+
+class Step(NamedTuple):
+    """One tensor the learner's code made: its line, the variable (or "return"), its value, and, for
+    a step in a helper function of theirs, the line of their outermost code that called it."""
+
+    line: int
+    name: str
+    value: Tensor
+    caller: int | None = None
+
+
+View = tuple[str, Tensor]  # (the reference's sub-step, in words; its value)
+
+
+class _Tracer:
+    """The steps of one run: see `trace_steps`."""
+
+    def __init__(self, filename: str, code: Any, constants: bool) -> None:
+        self.filename, self.code, self.constants = filename, code, constants
+        self.steps: list[Step] = []
+        self.state: dict[int, tuple[dict[str, Any], int]] = {}  # frame -> (its locals, its line)
+        self.now = 0  # the line of the traced frame running now: where a module's output is made
+        self.last: dict[tuple[int, str], int] = {}  # a constant's latest step: (frame, name) -> index
+        self.dropped: set[int] = set()  # a constant's earlier steps: only its final value is judged
+
+    def local(self, frame: Any, event: str, arg: Any) -> Any:
+        seen, before = frame.f_locals, self.state.setdefault(id(frame), ({}, frame.f_lineno))
+        for name, value in seen.items():
+            if isinstance(value, Tensor) and not value.is_complex() and _changed(before[0].get(name), value):
+                self.record(frame, before[1], name, value)
+        if event == "return":
+            self.returned(frame, arg)
+        held = {k: _snapshot(v) if self.constants else v for k, v in seen.items()}
+        self.state[id(frame)], self.now = (held, frame.f_lineno), frame.f_lineno
+        return self.local
+
+    def record(self, frame: Any, line: int, name: str, value: Tensor) -> None:
+        if value.grad_fn is not None:
+            self.steps.append(Step(line, name, value.detach().double(), self.caller(frame)))
+        elif self.constants and value.is_floating_point():
+            self.dropped.add(self.last.get((id(frame), name), -1))
+            self.last[(id(frame), name)] = len(self.steps)
+            self.steps.append(Step(line, name, value.detach().clone().double(), self.caller(frame)))
+
+    def returned(self, frame: Any, value: Any) -> None:
+        """What a frame returns: a tensor, or each tensor of a tuple (`return q, k`), as steps."""
+        items = [("return", value)] if isinstance(value, Tensor) else [
+            (f"return[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else []
+        for name, v in items:
+            if isinstance(v, Tensor) and v.grad_fn is not None and not v.is_complex():
+                self.steps.append(Step(frame.f_lineno, name, v.detach().double(), self.caller(frame)))
+
+    def caller(self, frame: Any) -> int | None:
+        """The line of the outermost frame of the learner's file below this one (the forward that
+        called their helper); None when this frame is the outermost."""
+        line, outer = None, frame.f_back
+        while outer is not None:
+            if outer.f_code.co_filename == self.filename:
+                line = outer.f_lineno
+            outer = outer.f_back
+        return line
+
+    def tracer(self, frame: Any, event: str, arg: Any) -> Any:
+        ours = frame.f_code.co_filename == self.filename and self.code in (None, frame.f_code)
+        return self.local if ours else None
+
+    def hook(self, name: str) -> Callable[..., None]:
+        """Record a part's output (as `name(...)`) at the line that calls it."""
+        def record(module: nn.Module, args: Any, out: Any) -> None:
+            self.part(f"{name}(...)", out)
+        return record
+
+    def pre_hook(self, name: str) -> Callable[..., None]:
+        """Record what a part is given (the sum a norm normalizes) at the line that calls it."""
+        def record(module: nn.Module, args: Any) -> None:
+            self.part(f"the input of {name}", args)
+        return record
+
+    def part(self, name: str, value: Any) -> None:
+        t = _first_tensor(value)
+        if t is not None and t.grad_fn is not None:
+            self.steps.append(Step(self.now, name, t.detach().double()))
+
+
+def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
+                modules: list[tuple[str, nn.Module]] = (), constants: bool = False) -> list[Step]:
+    """Run `run()` once, recording each input-dependent tensor that a line of `filename` assigns
+    (only in `code`'s frames when given), and each output of `modules` (their names) at the line that
+    calls it. `constants`: also tensors that do not depend on the input (a loss's target distribution
+    built in place), each at the last line that changed it."""
+    t = _Tracer(filename, code, constants)
+    handles = [m.register_forward_pre_hook(t.pre_hook(name)) for name, m in modules]
+    handles += [m.register_forward_hook(t.hook(name)) for name, m in modules]
+    old = sys.gettrace()
+    sys.settrace(t.tracer)
+    try:
+        with torch.enable_grad():
+            run()
+    finally:
+        sys.settrace(old)
+        for h in handles:
+            h.remove()
+    return [s for i, s in enumerate(t.steps) if i not in t.dropped]
+
+
+def _first_tensor(out: Any) -> Tensor | None:
+    if isinstance(out, Tensor):
+        return out
+    return next((o for o in out if isinstance(o, Tensor)), None) if isinstance(out, (tuple, list)) else None
+
+
+def _snapshot(value: Any) -> Any:
+    """What a local is, to see it change: a tensor's identity and, for one without a grad (built in
+    place), its values."""
+    if isinstance(value, Tensor) and value.grad_fn is None and value.is_floating_point():
+        return (value, value.detach().clone())
+    return value
+
+
+def _changed(before: Any, value: Tensor) -> bool:
+    if isinstance(before, tuple):
+        held, values = before
+        return held is not value or values.shape != value.shape or not torch.equal(values, value)
+    return before is not value
+
+
+def same(t: Tensor, r: Tensor, atol: float = 1e-5) -> bool:
+    """Equal values; where the reference is -inf (masked), anything at or below -1e4 (a -1e9 fill)."""
+    if t.shape != r.shape:
+        return False
+    finite = torch.isfinite(r)
+    return bool((t[~finite] <= -1e4).all()) and bool(torch.allclose(t[finite], r[finite], atol=atol))
+
+
+def factor_name(c: float, sizes: dict[str, float]) -> str:
+    """c as a size or its root ("d_k", "1/sqrt(d_model)"), else a small whole number or its inverse
+    ("2", "1/2"), else another power of a size ("1/d_k**0.25"), else its value."""
+    if c < 0 and factor_name(-c, sizes) != f"{-c:.4g}":
+        return "-" + factor_name(-c, sizes)
+    return (_power_name(c, sizes, (1.0, 0.5)) or _whole_name(c) or _power_name(c, sizes, (0.25, 2.0))
+            or f"{c:.4g}")
+
+
+def _power_name(c: float, sizes: dict[str, float], powers: tuple[float, ...]) -> str | None:
+    for p in powers:
+        for name, n in sizes.items():
+            for sign in (1, -1):
+                if n > 0 and n != 1 and math.isclose(c, n ** (sign * p), rel_tol=1e-4):
+                    base = {0.5: f"sqrt({name})", 1.0: name}.get(p, f"{name}**{p:g}")
+                    return base if sign > 0 else f"1/{base}"
+    return None
+
+
+def _whole_name(c: float) -> str | None:
+    for n in range(2, 11):
+        if math.isclose(c, n, rel_tol=1e-6):
+            return str(n)
+        if math.isclose(c, 1 / n, rel_tol=1e-6):
+            return f"1/{n}"
+    return None
+
+
+def _factor(t: Tensor, r: Tensor) -> float | None:
+    big = r.abs() > 1e-3
+    if t.shape != r.shape or not big.any() or not torch.isfinite(t).all() or not torch.isfinite(r).all():
+        return None
+    ratio = t[big] / r[big]
+    c = float(ratio.median())
+    return c if torch.allclose(t, c * r, atol=1e-5, rtol=1e-4) and not math.isclose(c, 1.0) else None
+
+
+def _shift(t: Tensor, r: Tensor, dim: int, what: str) -> Text | None:
+    n = r.size(dim)
+    if t.shape != r.shape or n < 2:
+        return None
+    for d, sign in ((1, "-"), (-1, "+")):
+        if same(t.narrow(dim, max(d, 0), n - 1), r.narrow(dim, max(-d, 0), n - 1)):
+            return text(f"{what} shifted by one position: position i holds the reference's i {sign} 1",
+                        f"{what} 错开了一个位置：位置 i 放的是参考的位置 i {sign} 1")
+    return None
+
+
+def _softmax_axis(t: Tensor, pre: Tensor | None) -> Text | None:
+    """Weights that are a softmax of the reference's scores over another axis."""
+    if pre is None or t.shape != pre.shape:
+        return None
+    for dim in range(pre.dim() - 1):
+        if same(t, torch.softmax(pre, dim=dim)):
+            return text(f"a softmax over dim={dim}; the reference's runs over the keys, dim=-1",
+                        f"softmax 作用在 dim={dim} 上；参考作用在键所在的 dim=-1 上")
+    return None
+
+
+def _term(t: Tensor, r: Tensor, what: str, terms: list[View]) -> Text | None:
+    """t = r + c · (a known tensor): an extra term (c = 1), a missing one (c = -1), or a term scaled."""
+    if t.shape != r.shape or not torch.isfinite(t).all():
+        return None
+    for name, term in terms:
+        if term.shape != t.shape:
+            continue
+        if same(t - r, term):
+            return text(f"{what} plus an extra term equal to {name}", f"{what} 多加了一项，等于 {name}")
+        if same(r - t, term):
+            return text(f"{what} missing the term {name}", f"{what} 少了一项：{name}")
+        c = _factor(t - r, term)
+        if c is not None:
+            return text(f"{what} plus {c:.4g} × ({name}): that term scaled by {1 + c:.4g}",
+                        f"{what} 多加了 {c:.4g} × ({name})：这一项被乘了 {1 + c:.4g}")
+    return None
+
+
+def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor | None = None,
+            terms: list[View] = ()) -> Text | None:
+    """The simple form of t against the reference's views of its shape, the first that has one: a
+    sign or a complement, then a factor, a transpose or a shift, then a term (against the latest
+    view first: the sub-step nearest to it), then a softmax over another axis."""
+    views = [(what, r) for what, r in views if r.shape == t.shape]
+    for what, r in views:  # a sign first: -q·kᵀ/sqrt(d_k) is a factor -1/sqrt(d_k) of q·kᵀ too
+        if same(t, -r):
+            return text(f"{what} with its sign flipped", f"{what} 的符号反了")
+        if r.min() >= 0 and r.max() <= 1 and same(t, 1 - r):
+            return text(f"{what}, inverted (1 - it)", f"{what} 取反了（1 - 它）")
+    for what, r in views:
+        found = _scaled(t, r, what, sizes) or _shift(t, r, 2 if r.dim() == 4 else 1, what)
+        if found:
+            return found
+    for what, r in reversed(views):
+        found = _term(t, r, what, list(terms))
+        if found:
+            return found
+    return _softmax_axis(t, pre)
+
+
+def _scaled(t: Tensor, r: Tensor, what: str, sizes: dict[str, float]) -> Text | None:
+    c = _factor(t, r)
+    if c is not None:
+        name = factor_name(c, sizes)
+        named = f" = {name}" if name != f"{c:.4g}" else ""
+        return text(f"{what} times a constant factor {c:.4g}{named}",
+                    f"{what} 乘了一个常数因子 {c:.4g}{named}")
+    if r.dim() >= 2 and same(t, r.transpose(-2, -1)):
+        return text(f"{what} transposed (its last two axes swapped)", f"{what} 被转置了（最后两个轴互换）")
+    return None
+
+
+@dataclass
+class Departure:
+    line: int
+    name: str
+    code: str
+    form: Text | None
+    called_from: tuple[int, str] | None = None  # (line, code) of their code that called the helper
+
+    def describe(self) -> Text:
+        at = f"line {self.line}: {self.code}"
+        at_zh = f"第 {self.line} 行的 `{self.name}`：{self.code}"
+        if self.called_from:
+            line, code = self.called_from
+            at += f" (in a helper called from line {line}: {code})"
+            at_zh += f"（在第 {line} 行调用的函数里：{code}）"
+        form = self.form or text("no simple form (not a factor, sign, transpose, shift, axis or term)",
+                                 "没有简单的形式（不是常数因子、符号、转置、错位、轴或多余的项）")
+        return text(f"no known mistake reproduces it; the first step that parts from the reference is "
+                    f"`{self.name}` at {at}; the difference: {form['en']}",
+                    f"没有任何已知错误能复现它；第一个与参考不同的中间结果是{at_zh}；差别：{form['zh']}")
+
+
+def first_departure(steps: list[Step], views: list[View], filename: str, sizes: dict[str, float],
+                    pre: Tensor | None = None, terms: list[View] = ()) -> Departure | None:
+    """The first step whose shape is one of the views' and whose values are none of them."""
+    found = _departure_at(steps, views)
+    return None if found is None else _departure(steps[found], views, filename, sizes, pre, terms)
+
+
+def _departure_at(steps: list[Step], views: list[View]) -> int | None:
+    shapes = {r.shape for _, r in views}
+    return next((i for i, step in enumerate(steps)
+                 if step.value.shape in shapes and not any(same(step.value, r) for _, r in views)), None)
+
+
+def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, float],
+               pre: Tensor | None, terms: list[View]) -> Departure:
+    code = linecache.getline(filename, step.line).strip()
+    called = step.caller and (step.caller, linecache.getline(filename, step.caller).strip())
+    form = form_of(step.value, views, sizes, pre, terms)
+    return Departure(step.line, step.name, code, form, called or None)
+
+
+def latest_departure(steps: list[Step], readings: list[list[View]], filename: str, sizes: dict[str, float],
+                     terms: list[View] = ()) -> Departure | None:
+    """Where the learner's steps part from the reference read the way that explains most of them
+    (which weights are the gate, which activation, pre- or post-norm): the latest first departure of
+    the readings; None when one reading explains every step."""
+    at = [_departure_at(steps, views) for views in readings]
+    if not steps or not readings or None in at:
+        return None
+    i = max(range(len(at)), key=lambda j: at[j])
+    return _departure(steps[at[i]], readings[i], filename, sizes, None, list(terms) + readings[i])
+
+
+def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[list[View], Tensor]:
+    """The reference multi-head attention's sub-steps on x (B, T, D), in forward order, in the
+    layouts learners write them (with the rotary and grouped-head steps when it has them); and its
+    scores before the softmax."""
+    B, T, D = x.shape
+    q, k, v = (V.linear(x, p) for p in (w.q, w.k, w.v))  # (B, T, D)
+    n_kv = w.n_kv_heads or w.n_heads
+    qh = V.split_heads(q, w.n_heads, frozenset())  # (B, H, T, Dh)
+    kh, vh = (V.split_heads(t, n_kv, frozenset()) for t in (k, v))  # (B, Hkv, T, Dh)
+    views = [("q", q), ("k", k), ("v", v), ("the heads of q", qh), ("the heads of k", kh),
+             ("the heads of v", vh)]
+    qh, kh, views = _positioned(w, qh, kh, views)
+    kh, vh, views = _repeated(w, kh, vh, views)
+    raw = qh @ kh.transpose(-2, -1)  # (B, H, T, T)
+    scores = raw / math.sqrt(qh.size(-1))
+    if keep is not None:
+        scores = scores.masked_fill(~keep, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    heads = weights @ vh  # (B, H, T, Dh)
+    concat = heads.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
+    out = V.linear(concat, w.o) if w.o is not None else concat
+    views += [("q·kᵀ", raw), ("the scores q·kᵀ/sqrt(d_k)", scores), ("the attention weights", weights),
+              ("weights·v", heads), ("weights·v, heads concatenated", concat), ("the output", out)]
+    headed = [view for view in views if view[1].dim() == 4 and view[1].shape[-2:] != (T, T)]
+    views += [(f"{name} (B, T, H, Dh)", t.transpose(1, 2)) for name, t in headed]
+    return views, scores
+
+
+def _positioned(w: V.MHAWeights, qh: Tensor, kh: Tensor, views: list[View],
+                ) -> tuple[Tensor, Tensor, list[View]]:
+    """Queries and keys (B, H, T, Dh) normed per head and rotated by their positions, as the
+    reference does; the views of those steps (rotate_half's for the half-split layout)."""
+    if w.qk_norm is None and w.rope is None:
+        return qh, kh, views
+    normed = V.qk_positions(replace(w, rope=None), qh, kh, 0, frozenset())  # QK-norm alone
+    if w.qk_norm is not None:
+        views = views + [("the heads of q, normed (QK-norm)", normed[0]),
+                         ("the heads of k, normed (QK-norm)", normed[1])]
+    if w.rope == "half":
+        views = views + [(f"rotate_half({name})", rotate_half(t)) for name, t in zip("qk", normed)]
+    qr, kr = V.qk_positions(w, qh, kh, 0, frozenset())
+    if w.rope is not None:
+        views = views + [(f"the heads of q, rotated ({w.rope} rotary)", qr),
+                         (f"the heads of k, rotated ({w.rope} rotary)", kr)]
+    return qr, kr, views
+
+
+def rotate_half(t: Tensor) -> Tensor:
+    """(..., Dh) -> (-the second half, the first half): the half-split rotation's helper."""
+    half = t.size(-1) // 2
+    return torch.cat([-t[..., half:], t[..., :half]], dim=-1)
+
+
+def _repeated(w: V.MHAWeights, kh: Tensor, vh: Tensor, views: list[View],
+              ) -> tuple[Tensor, Tensor, list[View]]:
+    """Keys and values (B, Hkv, T, Dh) repeated to every query head (B, H, T, Dh), and their views."""
+    if not w.n_kv_heads or w.n_kv_heads == w.n_heads:
+        return kh, vh, views
+    n_rep = w.n_heads // w.n_kv_heads
+    kr, vr = V.repeat_kv(kh, n_rep), V.repeat_kv(vh, n_rep)  # (B, H, T, Dh)
+    return kr, vr, views + [("the heads of k, repeated for each query head", kr),
+                            ("the heads of v, repeated for each query head", vr)]
+
+
+Run = tuple[Callable[..., Any], str | None]  # the learner's attention called one way; a rotary layout
+
+
+def localize_attention(runs: list[Run], w: V.MHAWeights, filename: str, causal_inside: bool,
+                       ) -> Departure | None:
+    """Run the learner's attention (self-attention on one input, causal if it is causal inside)
+    traced, each way in `runs` (a mask convention) read with its rotary layout, and find where it
+    parts from the reference in the run and reading that explain the most steps."""
+    from handformer.check.core.fingerprint import randn
+
+    B, T, D = 2, 5, w.q[0].size(1)
+    x = randn(B, T, D, seed=41).requires_grad_()
+    keep = V.causal_keep(T)[None, None] if causal_inside else None
+    sizes = {"d_k": D // w.n_heads, "d_model": D, "n_heads": w.n_heads, "T": T}
+    read = []
+    for call, rope in runs:
+        try:
+            steps = trace_steps(lambda call=call: call(x, x, x, None), filename)
+        except Exception:  # noqa: BLE001 - their code refuses this way of calling it: not a reading
+            continue
+        views, scores = attention_views(replace(w, rope=rope), x.detach(), keep)
+        read.append((_departure_at(steps, views), steps, views, scores))
+    if not read or any(at is None for at, *_ in read):
+        return None  # one reading explains every step
+    at, steps, views, scores = max(read, key=lambda r: r[0])
+    return _departure(steps[at], views, filename, sizes, scores, [("the input x", x.detach())])
+
+
+def note_attention_departure(res: ComponentResult, comp: Any, runs: list[Run], w: V.MHAWeights,
+                             causal_inside: bool) -> None:
+    """A FAIL that no catalogued mistake explains gets a note: where the learner's attention first
+    parts from the reference (see `localize_attention`), its line, and the form of the difference."""
+    if res.findings or res.max_abs_error is None or res.max_abs_error < 1e-5:
+        return
+    filename = inspect.getsourcefile(comp.obj)
+    found = filename and localize_attention(runs, w, filename, causal_inside)
+    if found:
+        res.notes.append(found.describe())

@@ -1,0 +1,212 @@
+"""The reference's sub-steps of each kind that `check` localizes, and the one call that localizes it.
+
+    views = ffn_views(w, x)                  # [("up(x)", ...), ("act(up(x))", ...), ("the output", ...)]
+    note_departure(res, lambda: localize_ffn(module, readings, x))
+
+Each kind lists its sub-steps as named views (the FFN's projections and activation; the norm's mean,
+centred input, variance, root and gain; a layer's sublayers, residual sums and norms; the loss's
+log-probabilities, target distribution, per-token losses, mask and reduction). Where check does not
+know which reading of the learner's weights is meant (which matrix is the gate, which activation,
+pre- or post-norm, which loss convention), each reading is a list of views and the one that explains
+the most of the learner's steps is judged (`localize.latest_departure`).
+
+Shape legend: B batch, T length, D d_model, F FFN width, V vocabulary, N = B * T.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from handformer.check.core.localize import (
+    Departure,
+    View,
+    first_departure,
+    latest_departure,
+    rotate_half,
+    trace_steps,
+)
+from handformer.check.core.result import ComponentResult
+from handformer.check.reference import variants as V
+
+Localize = Callable[[], Departure | None]
+
+
+def note_departure(res: ComponentResult, localize: Localize) -> None:
+    """A FAIL (the caller judges it) that no catalogued mistake explains gets a note: where the
+    learner's computation first parts from the reference, its line, and the form of the difference.
+    Localizing is a help, never a verdict: when it cannot run (the learner's code raises), no note."""
+    if res.findings:
+        return
+    try:
+        found = localize()
+    except Exception:  # noqa: BLE001 - their code, or a reading that does not apply: no note
+        return
+    if found is not None:
+        res.notes.append(found.describe())
+
+
+def _children(module: nn.Module, depth: int = 1) -> list[tuple[str, nn.Module]]:
+    """The module's parts whose outputs are sub-steps: its children (and the items of a list of
+    them), not dropout (the identity in eval mode)."""
+    out = []
+    for name, child in module.named_children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)) and depth:
+            out += [(f"self.{name}.{n}", m) for n, m in child.named_children()]
+        elif not isinstance(child, nn.Dropout):
+            out.append((f"self.{name}", child))
+    return out
+
+
+def _source(obj: Any) -> tuple[str | None, Any]:
+    """The learner's file and the code of its forward (a module's) or of the function."""
+    fn = type(obj).forward if isinstance(obj, nn.Module) else obj
+    return inspect.getsourcefile(fn), getattr(fn, "__code__", None)
+
+
+# --- the FFN ------------------------------------------------------------------------------------
+
+def ffn_views(w: V.FFNWeights, x: Tensor) -> list[View]:
+    """down(act(up(x))), or down(act(gate(x)) * up(x)): each product and activation on its own."""
+    act = V.ACTIVATIONS[w.activation]
+    up = V.linear(x, w.up)  # (B, T, F)
+    if w.gate is None:
+        views = [("up(x), the first projection", up), (f"{w.activation}(up(x))", act(up))]
+    else:
+        gate = V.linear(x, w.gate)  # (B, T, F)
+        views = [("gate(x)", gate), ("up(x)", up), (f"{w.activation}(gate(x))", act(gate)),
+                 (f"{w.activation}(gate(x)) * up(x)", act(gate) * up)]
+    if w.down is not None:
+        views.append(("the output down(...)", V.linear(views[-1][1], w.down)))
+    return views
+
+
+def localize_ffn(module: nn.Module, readings: list[V.FFNWeights], x: Tensor) -> Departure | None:
+    """Run the learner's FFN on x (B, T, D) traced; the first step no reading explains."""
+    filename, code = _source(module)
+    x = x.detach().requires_grad_()
+    steps = trace_steps(lambda: module(x), filename, code, _all_parts(module))
+    sizes = {"d_model": x.size(-1), "d_ff": readings[0].up[0].size(0)}
+    views = [ffn_views(w, x.detach()) for w in readings]
+    return latest_departure(steps, views, filename, sizes, [("the input x", x.detach())])
+
+
+def _all_parts(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(f"self.{n}", m) for n, m in module.named_modules() if n and not isinstance(m, nn.Dropout)]
+
+
+# --- LayerNorm and RMSNorm ------------------------------------------------------------------------
+
+def norm_views(w: V.NormWeights, x: Tensor) -> list[View]:
+    """LayerNorm's mean, centred x, variance, root and gain; RMSNorm's mean square, root and gain."""
+    if w.kind == "rmsnorm":
+        ms = x.pow(2).mean(-1, keepdim=True)  # (B, T, 1)
+        normed = x * torch.rsqrt(ms + w.eps)
+        views = [("x²", x.pow(2)), ("the mean of x² over d_model", ms), ("mean(x²) + eps", ms + w.eps),
+                 ("the root sqrt(mean(x²) + eps)", (ms + w.eps).sqrt()),
+                 ("1 / sqrt(mean(x²) + eps)", torch.rsqrt(ms + w.eps)), ("x / rms(x)", normed)]
+    else:
+        mean = x.mean(-1, keepdim=True)  # (B, T, 1)
+        var = (x - mean).pow(2).mean(-1, keepdim=True)  # (B, T, 1), biased as torch's LayerNorm
+        normed = (x - mean) / torch.sqrt(var + w.eps)
+        views = [("the mean over d_model", mean), ("x - mean", x - mean), ("(x - mean)²", (x - mean) ** 2),
+                 ("the variance (biased)", var), ("var + eps", var + w.eps),
+                 ("the root sqrt(var + eps)", (var + w.eps).sqrt()), ("(x - mean) / sqrt(var + eps)", normed)]
+    out = w.weight * normed
+    views.append(("the gain times the normalized x", out))
+    if w.bias is not None:
+        views.append(("the output gain * x̂ + bias", out + w.bias))
+    return views
+
+
+def localize_norm(module: nn.Module, w: V.NormWeights, x: Tensor) -> Departure | None:
+    filename, code = _source(module)
+    x = x.detach().requires_grad_()
+    steps = trace_steps(lambda: module(x), filename, code, _all_parts(module))
+    views = norm_views(w, x.detach())
+    return latest_departure(steps, [views], filename, {"d_model": x.size(-1)}, [("the input x", x.detach())])
+
+
+# --- encoder layer, decoder layer, decoder-only block --------------------------------------------
+
+LABELS = {"attn": "self-attention", "cross": "cross-attention", "ffn": "FFN"}
+
+
+def layer_views(w: V.LayerWeights, x: Tensor, memory: Tensor | None, keep: Tensor | None) -> list[View]:
+    """Each sublayer's norm, output and residual sum, in the order the placement computes them."""
+    views: list[View] = []
+    for i, name in enumerate(w.sublayers):
+        label, n = LABELS[name], w.norms[i]
+        f = _sublayer(w, name, memory, keep)
+        if w.placement == "pre":
+            h = V.norm(n, x)
+            y = f(h)
+            x = x + y
+            views += [(f"the norm before the {label}", h), (f"the {label}'s output", y),
+                      (f"x + {label} (the residual sum)", x)]
+        else:
+            y = f(x)
+            views += [(f"the {label}'s output", y), (f"x + {label} (the residual sum)", x + y)]
+            x = V.norm(n, x + y)
+            views.append((f"the norm after the {label}", x))
+    return views
+
+
+def _sublayer(w: V.LayerWeights, name: str, memory: Tensor | None, keep: Tensor | None,
+              ) -> Callable[[Tensor], Tensor]:
+    if name == "attn":
+        return lambda h: V.multi_head_attention(w.self_attn, h, h, h, keep)[0]
+    if name == "cross":
+        return lambda h: V.multi_head_attention(w.cross_attn, h, memory, memory, None)[0]
+    return lambda h: V.feed_forward(w.ffn, h)
+
+
+def localize_layer(layer: Any, readings: list[V.LayerWeights]) -> Departure | None:
+    """Run the learner's layer (no mask handed over; a block that builds its causal mask keeps it)
+    traced on its own forward and its parts; the first step that no reading explains."""
+    from handformer.check.core.fingerprint import randn
+
+    if layer.stateful:  # d2l's decoder builds its causal mask from its state: not localized
+        return None
+    x = randn(2, 5, readings[0].self_attn.q[0].size(1), seed=43).requires_grad_()
+    memory = randn(2, 6, x.size(-1), seed=44) if layer.decoder else None
+    keep = V.causal_keep(5)[None, None] if layer.causal_block and not layer.takes_mask else None
+    filename, code = _source(layer.module)
+    steps = trace_steps(lambda: layer.call(x, memory, None, None), filename, code, _children(layer.module))
+    views = [layer_views(w, x.detach(), memory, keep) for w in readings]
+    sizes = {"d_model": x.size(-1)}
+    return latest_departure(steps, views, filename, sizes, [("the input x", x.detach())])
+
+
+def rotation_views(q: Tensor, k: Tensor, layout: str) -> list[View]:
+    """The rotation's sub-steps on queries and keys (B, H, T, Dh) at positions 0 .. T-1: each
+    input, (half-split) rotate_half of it, it times cos, rotate_half of it times sin, and it rotated;
+    each also in Meta's layout (B, T, H, Dh)."""
+    T, Dh = q.shape[-2:]
+    angles = V.rope_angles(T, Dh)  # (T, Dh/2)
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()  # (T, Dh)
+    views = []
+    for name, t in (("q", q), ("k", k)):
+        views.append((name, t))
+        if layout == "half":
+            views += [(f"rotate_half({name})", rotate_half(t)), (f"{name}·cos", t * cos),
+                      (f"rotate_half({name})·sin", rotate_half(t) * sin)]
+        views.append((f"{name} rotated ({layout} pairs)", V.rotary(t, layout)))
+    return views + [(f"{name} (B, T, H, Dh)", t.transpose(1, 2)) for name, t in views]
+
+
+def localize_rotation(run: Callable[[Tensor, Tensor], Any], fn: Any, q: Tensor, k: Tensor, layout: str,
+                      ) -> Departure | None:
+    """Run the learner's apply function (`run(q, k)`) traced on queries and keys that carry a
+    gradient, and find where it parts from the rotation in this layout."""
+    filename = inspect.getsourcefile(fn)
+    if not filename:
+        return None
+    q, k = q.clone().requires_grad_(), k.clone().requires_grad_()
+    steps = trace_steps(lambda: run(q, k), filename)
+    sizes = {"d_head": q.size(-1), "T": q.size(-2)}
+    return first_departure(steps, rotation_views(q.detach(), k.detach(), layout), filename, sizes)

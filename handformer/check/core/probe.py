@@ -1,0 +1,127 @@
+"""The probe engine: a kind stated as data, run through one sequence.
+
+A `Probe` says what a kind's check needs: how to build the learner's component and read its weights
+(`build`), the input the search drives it with (`inputs`), what a well-formed output is (`shape`),
+the reference it is compared with (`reference`, from `reference/variants.py`) and the mistakes the
+search may apply to it (`universe`), and the steps after the search: the findings, comparisons on
+more shapes, reference-free properties, the localization of a departure no mistake explains.
+`run_probe` runs every probe the same way:
+
+    build -> determinism -> detect (call, shape) -> search (fewest mistakes, each reading) -> steps -> finish
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.context import Context, check_determinism, finish
+from handformer.check.core.discovery import Component
+from handformer.check.core.localize import Departure
+from handformer.check.core.localize_kinds import note_departure
+from handformer.check.core.result import ComponentResult
+
+
+@dataclass
+class Subject:
+    """The learner's component as a probe drives it: `run` calls their code on one input (returns
+    the tensor it gives, or None), `readings` are the ways its weights can be read as the
+    reference's ((key, weights); the search tries each, in order), `facts` what the build learned."""
+
+    run: Callable[[Any], Tensor | None]
+    readings: list[tuple[Any, Any]]
+    module: Any = None
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Found:
+    """What the search found: the reading of the weights that explains the output with the fewest
+    mistakes (`key`, `weights`), the mistakes (`flags`, empty when it is correct) and how close
+    (`matched`); `matched` is None when no reading and no set of mistakes explains it. `reference`
+    computes the reference with that reading and a set of mistakes (none: the correct output)."""
+
+    key: Any
+    weights: Any
+    flags: frozenset[str]
+    matched: float | None
+    out: Tensor
+    x: Any
+    reference: Callable[[frozenset[str]], Tensor]
+
+    @property
+    def named(self) -> bool:
+        return bool(self.flags)
+
+
+Step = Callable[[ComponentResult, Context, Component, Subject, Found], None]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One kind's check as data (see the module's docstring for the sequence that runs it)."""
+
+    build: Callable[[Component, Context, ComponentResult], Subject]
+    inputs: Callable[[Subject], Any]
+    shape: Callable[[Context, Component, Subject, Any, Tensor | None], tuple[str, str] | None]
+    reference: Callable[[Any, Any, frozenset[str]], Tensor]
+    universe: Callable[[Subject], Sequence[str]]
+    steps: tuple[Step, ...]
+    observe: Callable[[Tensor], Tensor] = lambda out: out  # the part of the output the search reads
+    depth: int = 2  # the most mistakes the search combines
+
+
+def run_probe(probe: Probe, comp: Component, ctx: Context) -> ComponentResult:
+    """The kind's check: its component built, its output detected and searched, its steps run."""
+    res = ctx.result(comp)
+    subject = probe.build(comp, ctx, res)
+    x = probe.inputs(subject)
+    check_determinism(res, ctx, comp, lambda: subject.run(x))
+    with fp.dropout_off():
+        out = subject.run(x)
+        wrong = probe.shape(ctx, comp, subject, x, out)
+        if wrong is not None:
+            raise ctx.learner.fail("forward", *wrong)
+        found = search(probe, subject, probe.observe(out), x)
+        for step in probe.steps:
+            step(res, ctx, comp, subject, found)
+    return finish(res)
+
+
+def search(probe: Probe, subject: Subject, out: Tensor, x: Any) -> Found:
+    """The reading and the smallest set of mistakes that reproduce `out` (the first reading that
+    needs the fewest); the first reading, unmatched, when none does."""
+    best, universe = None, probe.universe(subject)
+    for key, weights in subject.readings:
+        def compute(flags: frozenset[str], w: Any = weights) -> Tensor:
+            return probe.reference(w, x, flags)
+
+        hit = fp.search(out, compute, universe, None, probe.depth)
+        if hit is not None and (best is None or len(hit[0]) < len(best.flags)):
+            best = Found(key, weights, hit[0], hit[1], out, x, compute)
+    if best is None:
+        key, weights = subject.readings[0]
+        best = Found(key, weights, frozenset(), None, out, x,
+                     lambda flags: probe.reference(weights, x, flags))
+    return best
+
+
+def name_findings(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found,
+                  ) -> None:
+    """The step that names the mistakes the search found, with how far the output is from correct."""
+    if found.named:
+        correct = fp.max_error(found.out, found.reference(frozenset()))
+        res.findings += ctx.findings(found.flags, found.matched, correct, comp)
+
+
+def localize_step(localize: Callable[[Subject, Found], Departure | None]) -> Step:
+    """The step that, on a FAIL no catalogued mistake explains, notes where the learner's
+    computation first parts from the reference (its line, the form of the difference)."""
+    def step(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
+        if not found.named and res.max_abs_error is not None and res.max_abs_error >= 1e-5:
+            note_departure(res, lambda: localize(subject, found))
+    return step

@@ -1,0 +1,193 @@
+"""The report of `handformer check`: readable text in English or Chinese, or JSON for an autograder.
+
+Exit code: 0 when every component was checked and passes or differs by design (a consistently
+pre-norm layer); 1 when any fails or raises (or the file cannot be imported, or defines nothing to
+check); 3 when nothing failed but some component was NOT CHECKED (check could not build or drive
+it: the report prints the adapter that lets it). 2 is the command line's usage error.
+"""
+
+from __future__ import annotations
+
+import json
+import locale
+import os
+
+from handformer.check.core.adapters import CANNOT
+from handformer.check.core.discovery import DESCRIPTIONS
+from handformer.check.core.kinds import KINDS_TABLE
+from handformer.check.core.result import (
+    DIFFERS,
+    ERROR,
+    FAIL,
+    NOT_CHECKED,
+    PASS,
+    TODO,
+    ComponentResult,
+    FileResult,
+    LearnerError,
+)
+from handformer.check.reference.diagnoses import CATALOG
+
+STATUS = {"en": {PASS: "PASS", FAIL: "FAIL", DIFFERS: "DIFFERS", ERROR: "ERROR", TODO: "NOT IMPLEMENTED YET",
+                 NOT_CHECKED: "NOT CHECKED"},
+          "zh": {PASS: "通过", FAIL: "未通过", DIFFERS: "设计差异（允许）", ERROR: "出错", TODO: "尚未实现",
+                 NOT_CHECKED: "未检查"}}
+KIND_ZH = {k.name: k.zh for k in KINDS_TABLE}
+MASK_KINDS = ("causal_mask", "masked_softmax", "sdpa", "mha", "gqa", "causal_attention", "encoder_layer",
+              "decoder_layer", "block")
+WORDS = {
+    "en": {":": ": ", "weights": "weights", "mask": "mask convention", "convention": "convention",
+           "line": "line", "fix": "fix",
+           "observed": "observed", "checks_ok": "passed ({n})", "failed": "failed check",
+           "note": "note", "error": "error", "in": "in", "max": "max abs error",
+           "summary": "{p} passed, {d} differ by design, {f} failed, {e} raised, of {n} components",
+           "sandbox": "(your code ran in a child process: {t:g} s and {m} MiB per step)",
+           "memory": "ran out of memory", "nothing": "nothing to check",
+           "todo": ", {t} not implemented yet (fill in their TODOs)",
+           "not_checked": ", {c} not checked (check could not build or drive them: write the adapters shown)",
+           "why": "why not checked", "adapter": "the adapter that lets check build or drive it (in "
+           "handformer_adapters.py beside your file, or --adapters FILE)", "driven": "driven through",
+           "skipped": "top-level statements not run (your definitions were graded without them)"},
+    "zh": {":": "：", "weights": "权重映射", "mask": "掩码约定", "convention": "约定", "line": "第",
+           "fix": "修改建议", "observed": "观察到", "checks_ok": "满足的要求（{n}）",
+           "failed": "未满足的要求",
+           "note": "说明", "error": "错误", "in": "位置", "max": "最大绝对误差",
+           "summary": "共 {n} 个组件：{p} 个通过，{d} 个属于设计差异（允许），{f} 个未通过，{e} 个出错",
+           "sandbox": "（你的代码在子进程中运行：每一步限时 {t:g} 秒、内存 {m} MiB）",
+           "memory": "内存不足", "nothing": "没有可检查的内容",
+           "todo": "，{t} 个尚未实现（把其中的 TODO 写完）",
+           "not_checked": "，{c} 个未检查（检查程序无法构建或调用它们：按提示写适配函数）",
+           "why": "未检查的原因", "adapter": "写上这个适配函数，检查程序就能构建或调用它（放在你的文件旁边的 "
+           "handformer_adapters.py 里，或者用 --adapters 文件）", "driven": "调用方式",
+           "skipped": "没有运行的顶层语句（只检查了你的定义）"},
+}
+
+
+def default_language() -> str:
+    """zh when the locale is Chinese, else en."""
+    for var in ("LC_ALL", "LC_MESSAGES", "LANG", "LANGUAGE"):
+        value = os.environ.get(var, "")
+        if value:
+            return "zh" if value.lower().startswith("zh") else "en"
+    try:
+        code = locale.getlocale()[0] or ""
+    except ValueError:
+        code = ""
+    return "zh" if code.lower().startswith("zh") else "en"
+
+
+def exit_code(result: FileResult) -> int:
+    """0 all checked and passed, 1 a failure (or the file could not be checked at all), 3 nothing
+    failed but something was NOT CHECKED."""
+    if result.ok:
+        return 0
+    if result.error is None and result.components and all(
+            c.status in (PASS, DIFFERS, NOT_CHECKED) for c in result.components):
+        return 3
+    return 1
+
+
+def to_json(result: FileResult) -> str:
+    data = result.to_dict()
+    data["exit_code"] = exit_code(result)
+    for comp in data["components"]:
+        for finding in comp["findings"]:
+            d = CATALOG[finding["name"]]
+            finding["title"], finding["fix"] = d.title, d.fix
+    return json.dumps(data, indent=2, ensure_ascii=False)
+
+
+def _line(n: int | None, code: str | None, lang: str) -> str:
+    if n is None:
+        return ""
+    return f"line {n}: {code}" if lang == "en" else f"第 {n} 行：{code}"
+
+
+def _paren(inner: str, lang: str) -> str:
+    return f" ({inner})" if lang == "en" else f"（{inner}）"
+
+
+# a Chinese sentence before a message that has no Chinese of its own (the learner's own exception,
+# "exception" from their Python, keeps its text: it is theirs)
+LEAD_ZH = {"mapping": "检查程序没能把你的参数对应到 handformer 的参数上",
+           "discovery": "没有找到要检查的组件",
+           "stand_in": "检查程序的替身模型调用不了你的代码",
+           "cannot_build": "检查程序构建不了这个组件", "cannot_call": "检查程序调用不了这个组件",
+           "timeout": "超过了时间限制", "memory": "内存不足", "crash": "运行你的代码的子进程崩溃了",
+           "syntax": "你的文件有语法错误", "internal": "这是 handformer 检查程序的 bug，不是你的代码的问题"}
+
+
+def format_error(err: LearnerError, lang: str, indent: str = "  ", unchecked: bool = False) -> list[str]:
+    w = WORDS[lang]
+    where = _paren(f"{w['in']} {err.where}", lang) if err.where else ""
+    memory = err.kind == "memory" and "memory" not in err.message.split(":")[0]
+    head = f"{w['memory']}{w[':']}" if memory else ""
+    message = err.message_zh if lang == "zh" and err.message_zh else err.message
+    if lang == "zh" and not err.message_zh and err.kind in LEAD_ZH:  # a message written in English only
+        message = f"{LEAD_ZH[err.kind]}（原文：{err.message}）"
+    label = w["why"] if unchecked or err.kind in CANNOT else w["error"]
+    lines = [f"{indent}{label}{where}{w[':']}{head}{message}"]
+    lines += [f"{indent}  {frame}" for frame in err.traceback]
+    return lines
+
+
+def format_component(c: ComponentResult, lang: str) -> list[str]:
+    w = WORDS[lang]
+    kind = DESCRIPTIONS.get(c.kind, c.kind) if lang == "en" else KIND_ZH.get(c.kind, c.kind)
+    err = f"  {w['max']} {c.max_abs_error:.2g}" if c.max_abs_error is not None and c.status != ERROR else ""
+    name = f"{c.name} ({kind})" if lang == "en" else f"{c.name}（{kind}）"
+    lines = [f"{name}{w[':']}{STATUS[lang][c.status]}{err}"]
+    if c.mapping:
+        lines.append(f"  {w['weights']}{w[':']}{', '.join(c.mapping)}")
+    if c.convention:
+        label = w["mask"] if c.kind in MASK_KINDS else w["convention"]
+        lines.append(f"  {label}{w[':']}{c.convention[lang]}")
+    if c.driven:
+        lines.append(f"  {w['driven']}{w[':']}{c.driven[lang]}")
+    if c.error:
+        lines += format_error(c.error, lang, unchecked=c.status == NOT_CHECKED)
+    if c.adapter:
+        lines.append(f"  {w['adapter']}{w[':']}")
+        lines += [f"      {row}" for row in c.adapter.splitlines()]
+    for f in c.findings:
+        d = CATALOG[f.name]
+        lines.append(f"  x {f.name}{w[':']}{d.title[lang]}")
+        lines.append(f"      {w['observed']}{w[':']}{f.observed[lang]}")
+        if f.line is not None:
+            lines.append(f"      {_line(f.line, f.code, lang)}")
+        lines.append(f"      {w['fix']}{w[':']}{d.fix[lang]}")
+    passed = [ch for ch in c.checks if ch.ok]
+    for ch in c.checks:
+        if not ch.ok:
+            detail = _paren(ch.detail[lang], lang) if ch.detail else ""
+            lines.append(f"  {w['failed']}{w[':']}{ch.name[lang]}{detail}")
+    if passed:
+        names = ("; " if lang == "en" else "；").join(ch.name[lang] for ch in passed)
+        lines.append(f"  {w['checks_ok'].format(n=len(passed))}{w[':']}{names}")
+    for note in c.notes:
+        lines.append(f"  {w['note']}{w[':']}{note[lang]}")
+    return lines
+
+
+def format_report(result: FileResult, lang: str = "en", time_limit: float | None = None,
+                  memory_limit: int | None = None) -> str:
+    w = WORDS[lang]
+    out = [f"handformer check {result.path}"]
+    if time_limit is not None:
+        out.append(w["sandbox"].format(t=time_limit, m=memory_limit))
+    if result.skipped:
+        out.append(f"{w['skipped']}{w[':']}" + ("; " if lang == "en" else "；").join(result.skipped))
+    out.append("")
+    if result.error:
+        out += format_error(result.error, lang, indent="")
+        return "\n".join(out) + "\n"
+    for c in result.components:
+        out += format_component(c, lang) + [""]
+    counts = {s: sum(c.status == s for c in result.components) for s in (PASS, DIFFERS, FAIL, ERROR)}
+    summary = w["summary"].format(p=counts[PASS], d=counts[DIFFERS], f=counts[FAIL], e=counts[ERROR],
+                                  n=len(result.components))
+    todo = sum(c.status == TODO for c in result.components)
+    unchecked = sum(c.status == NOT_CHECKED for c in result.components)
+    out.append(summary + (w["todo"].format(t=todo) if todo else "")
+               + (w["not_checked"].format(c=unchecked) if unchecked else ""))
+    return "\n".join(out) + "\n"

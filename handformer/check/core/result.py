@@ -1,0 +1,100 @@
+"""What a check finds, as plain data (it crosses the process boundary as JSON): one
+`ComponentResult` per component, with its findings (named diagnoses), property checks and notes.
+
+Texts that the report shows are stored in both languages, {"en": ..., "zh": ...}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+Text = dict[str, str]  # {"en": ..., "zh": ...}
+
+PASS, FAIL, DIFFERS, ERROR = "pass", "fail", "differs", "error"
+TODO = "todo"  # the learner's code raises NotImplementedError: a starter file not filled in yet
+# check could not build or drive the component (its constructor's arguments, its call, a stand-in's
+# interface, a bug of handformer's): nothing is said about the learner's code; an adapter makes it checkable
+NOT_CHECKED = "not_checked"
+
+
+def text(en: str, zh: str) -> Text:
+    return {"en": en, "zh": zh}
+
+
+@dataclass
+class Finding:
+    """A named diagnosis, with what was measured and where it probably is."""
+
+    name: str  # a key of handformer.check.reference.diagnoses.CATALOG
+    observed: Text  # what was measured, with the number
+    line: int | None = None  # line in the learner's file
+    code: str | None = None  # that line's text
+    form: str = ""  # the variant of the mistake, e.g. "-2" for the softmax dimension
+
+
+@dataclass
+class Check:
+    """A property check: reference-free (causality, padding, ...) or against handformer."""
+
+    name: Text
+    ok: bool
+    detail: Text | None = None
+
+
+@dataclass
+class LearnerError:
+    """An exception (or a limit) in the learner's code, its traceback trimmed to their file."""
+
+    kind: str  # exception | not_implemented | syntax | timeout | memory | nothing_found | discovery | mapping
+    # | crash | internal | stand_in | cannot_build | cannot_call
+    message: str
+    where: str = ""  # "import", "__init__", "forward", ...
+    traceback: list[str] = field(default_factory=list)  # "line N: code" of the learner's frames
+    message_zh: str = ""  # the message in Chinese ("" where the message is the learner's own exception)
+
+
+@dataclass
+class ComponentResult:
+    kind: str
+    name: str  # the learner's name for it
+    status: str = PASS  # pass | fail | differs | error | todo | not_checked
+    max_abs_error: float | None = None
+    mapping: list[str] = field(default_factory=list)  # "learner.param -> W_Q"
+    convention: Text | None = None  # the mask convention detected
+    findings: list[Finding] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+    notes: list[Text] = field(default_factory=list)
+    error: LearnerError | None = None
+    driven: Text | None = None  # what model drove it: the learner's own, or a stand-in (and why)
+    adapter: str = ""  # for NOT CHECKED: the adapter function that lets check build it
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> ComponentResult:
+        data = dict(data)
+        data["findings"] = [Finding(**f) for f in data.get("findings", [])]
+        data["checks"] = [Check(**c) for c in data.get("checks", [])]
+        data["error"] = LearnerError(**data["error"]) if data.get("error") else None
+        return ComponentResult(**data)
+
+
+@dataclass
+class FileResult:
+    """The whole check of one file: per-component results, or an error before any component ran."""
+
+    path: str
+    components: list[ComponentResult] = field(default_factory=list)
+    error: LearnerError | None = None  # syntax error, exception at import, nothing recognisable
+    skipped: list[str] = field(default_factory=list)  # top-level statements not run (definitions graded)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.components) and all(
+            c.status in (PASS, DIFFERS) for c in self.components)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "ok": self.ok, "error": asdict(self.error) if self.error else None,
+                "skipped": self.skipped, "components": [c.to_dict() for c in self.components]}

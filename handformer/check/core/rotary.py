@@ -1,0 +1,75 @@
+"""Rotary positions as the runners meet them: the words that show a learner's source uses them, the
+tables handformer compares with, Meta's interleaved pairs turned into handformer's half-split ones,
+the layouts a block may use inside, and the note a report gives."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from handformer.check.core.context import MAX_LEN, D, H
+from handformer.check.core.result import text
+from handformer.check.core.source import source_text
+from handformer.check.reference import variants as V
+from handformer.nn.positions import RotaryEmbedding
+
+ROPE_WORDS = ("rotary", "rope", "freqs_cis", "rotate_half", "apply_rotary")
+
+
+def cos_sin(T: int, head_dim: int) -> tuple[Tensor, Tensor]:
+    """Hugging Face's (and minimind's) position_embeddings: (cos, sin), each (T, Dh), the angles
+    repeated over the two halves."""
+    angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (T, Dh)
+    return angles.cos(), angles.sin()
+
+
+def interleaved_to_half_(hf: nn.Module, heads: int = H) -> None:
+    """Meta's interleaved rotary pairs (2j, 2j+1) as handformer's half-split (j, j + Dh/2): each head's
+    rows of W_Q and W_K permuted, evens then odds (q.k is unchanged)."""
+    Dh = D // heads
+    order = torch.cat([torch.arange(0, Dh, 2), torch.arange(1, Dh, 2)])  # (Dh,): evens, then odds
+    with torch.no_grad():
+        for proj in (hf.q_proj, hf.k_proj):
+            heads = proj.weight.size(0) // Dh
+            rows = (torch.arange(heads)[:, None] * Dh + order).reshape(-1)  # (heads * Dh,)
+            proj.weight.copy_(proj.weight[rows])
+            if proj.bias is not None:
+                proj.bias.copy_(proj.bias[rows])
+        for norm in (hf.q_norm, hf.k_norm):  # QK-norm: each head's gains in the same order
+            if getattr(norm, "weight", None) is not None:
+                norm.weight.copy_(norm.weight[order])
+
+
+def rope_tables(T: int, heads: int = H) -> tuple[Tensor, Tensor]:
+    rotary = RotaryEmbedding(D // heads, MAX_LEN)
+    cos, sin = rotary(torch.arange(T)[None])  # (1, 1, T, Dh) each
+    return cos.double(), sin.double()
+
+
+def rope_note(rope: str) -> dict[str, str]:
+    if rope == "interleaved":
+        return text("rotary positions inside, interleaved pairs (2j, 2j+1) as Meta's complex freqs_cis: a "
+                    "convention, not an error; handformer pairs j with j + d/2 (as Hugging Face), so it was "
+                    "compared with W_Q and W_K permuted accordingly",
+                    "内部使用旋转位置编码，按 (2j, 2j+1) 交错配对（Meta 的复数 freqs_cis）："
+                    "这是约定不同，不是错误；handformer 把 j 与 j + d/2 配对（与 Hugging Face 一致），"
+                    "比较时已相应重排 W_Q 和 W_K 的行")
+    return text("rotary positions inside, pairs (j, j + d/2) as Hugging Face and handformer",
+                "内部使用旋转位置编码，按 (j, j + d/2) 配对，与 Hugging Face 和 handformer 一致")
+
+
+def rope_layouts(module: nn.Module, given_table: bool, given_cos_sin: bool = False,
+                   ) -> tuple[str | None, ...]:
+    """Rotary positions inside the attention: interleaved when the block is handed Meta's freqs_cis,
+    half-split when it is handed Hugging Face's (cos, sin), either layout when the source of one of
+    its classes speaks of them, else none."""
+    if given_table:
+        return ("interleaved",)
+    if given_cos_sin:
+        return ("half",)
+    for sub in module.modules():  # the learner's classes only: torch's are never read
+        if type(sub).__module__.startswith("learner_") and any(
+                w in source_text(type(sub)).lower() for w in ROPE_WORDS):
+            return (None, "half", "interleaved")
+    return (None,)

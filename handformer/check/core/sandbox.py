@@ -1,0 +1,213 @@
+"""The learner's code runs in a child process with a time limit and a memory limit.
+
+The parent starts `python -m handformer.check.core.sandbox REQUEST`; the child caps its address space
+(RLIMIT_AS), imports torch and handformer, then imports the learner's file and checks one component
+after another. Before each step it arms `faulthandler.dump_traceback_later`, so an infinite loop
+ends with the stack of where it was looping; the parent also kills the whole process group when a
+step outlives the limit. Results stream back one JSON line per component, so when a component
+hangs, crashes or runs out of memory the ones before it are kept and a new child checks the ones
+after it. A huge allocation fails inside the limit (MemoryError, or torch's "can't allocate
+memory") and is reported as such.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from handformer.check.core.result import ERROR, ComponentResult, FileResult, LearnerError
+
+TIME_LIMIT = 20.0  # seconds for each step (the import of the learner's file, each component)
+MEMORY_LIMIT = 4096  # MiB of address space for the child (torch itself needs ~1 GiB of it)
+STARTUP_LIMIT = 120.0  # seconds for the child to import torch and handformer on a busy machine
+
+
+def check_in_child(path: str, overrides: dict[str, str] | None = None, only: list[str] | None = None,
+                   convention: str | None = None, time_limit: float = TIME_LIMIT,
+                   memory_limit: int = MEMORY_LIMIT, adapters: str | None = None) -> FileResult:
+    """Check the learner's file in child processes; never hangs, never raises for their code. A file
+    whose top level outlives the time limit (a training loop at module level) has its definitions
+    checked without it."""
+    path = str(Path(path).resolve())
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    if adapters is not None and not Path(adapters).is_file():
+        raise FileNotFoundError(f"--adapters {adapters}: no such file")
+    result, skip, definitions_only = FileResult(path), [], False
+    while True:
+        lines, phase, stack, reason = _run_child(
+            {"path": path, "overrides": overrides or {}, "only": only or [], "convention": convention,
+             "memory_limit": memory_limit, "time_limit": time_limit, "skip": skip,
+             "adapters": str(Path(adapters).resolve()) if adapters else None,
+             "definitions_only": definitions_only}, time_limit)
+        for line in lines:
+            if "component" in line:
+                result.components.append(ComponentResult.from_dict(line["component"]))
+                skip.append(line["component"]["name"])
+            elif "file_error" in line:
+                result.error = LearnerError(**line["file_error"])
+            elif "skipped" in line:
+                result.skipped = line["skipped"]
+        if any("done" in line for line in lines):
+            return result
+        step, kind = phase if phase else (None, "")
+        error = _stopped(reason, step, stack, path, time_limit, memory_limit, kind)
+        if step == "import" and reason == "timeout" and not definitions_only:
+            definitions_only = True  # their top level runs too long: the definitions without it
+            continue
+        if step in (None, "ready", "import"):
+            result.error = error
+            return result
+        result.components.append(ComponentResult(kind, step, ERROR, error=error))
+        skip.append(step)
+
+
+def _run_child(request: dict[str, Any], time_limit: float,
+               ) -> tuple[list[dict[str, Any]], tuple[str, str] | None, str, str]:
+    """Run one child; returns (result lines, the step it was in when it stopped and the kind that
+    component was checked as, the stack it dumped, why it stopped: done | timeout | exit N |
+    signal N)."""
+    with tempfile.TemporaryDirectory(prefix="handformer-check-") as tmp:
+        files = {k: Path(tmp) / k for k in ("results", "progress", "stack", "stderr")}
+        request = {**request, **{k: str(v) for k, v in files.items()}}
+        with open(files["stderr"], "wb") as err:  # a file, not a pipe: a chatty learner cannot block
+            command = [sys.executable, "-m", "handformer.check.core.sandbox", json.dumps(request)]
+            proc = subprocess.Popen(command,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                    start_new_session=True)
+        phase, since, reason = None, time.monotonic(), "done"
+        while proc.poll() is None:
+            time.sleep(0.05)
+            current = _progress(files["progress"])
+            if current != phase:
+                phase, since = current, time.monotonic()
+            limit = STARTUP_LIMIT if phase is None else time_limit + 5.0
+            if time.monotonic() - since > limit:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                reason = "timeout"
+        stderr = _read(files["stderr"])
+        phase = _progress(files["progress"])
+        stack = _read(files["stack"])
+        lines = [json.loads(line) for line in _read(files["results"]).splitlines() if line.strip()]
+        if reason != "timeout":
+            code = proc.returncode
+            finished = code == 0 and any("done" in line for line in lines)
+            reason = "done" if finished else f"signal {-code}" if code < 0 else f"exit {code}"
+            if stack.strip():
+                reason = "timeout"
+        if reason not in ("done", "timeout") and not stack:
+            stack = stderr[-2000:]
+        return lines, phase, stack, reason
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _progress(path: Path) -> tuple[str, str] | None:
+    """(step, kind) the child last started: its first line is the step ("ready", "import" or a
+    component's name), its second the kind that component is checked as."""
+    lines = _read(path).splitlines()
+    return (lines[0], lines[1] if len(lines) > 1 else "") if lines and lines[0] else None
+
+
+def _stopped(reason: str, phase: str | None, stack: str, path: str, time_limit: float,
+             memory_limit: int, kind: str = "") -> LearnerError:
+    where = phase or "startup"
+    frames = _learner_frames(stack, path)
+    if reason == "timeout":
+        why = ("a generation loop that does not end (is it bounded by max_new_tokens?), or one far too "
+               "slow for a model of a few thousand weights" if kind == "generate" else
+               "a BPE trainer that never ends (a merge that never makes the words shorter?)"
+               if kind == "bpe" else
+               "an infinite loop, or far too slow for tensors of a few dozen numbers")
+        why_zh = ("生成循环停不下来（它受 max_new_tokens 限制吗？），或者对只有几千个权重的模型来说慢得离谱"
+                  if kind == "generate" else
+                  "BPE 训练停不下来（某次合并没有让词变短？）"
+                  if kind == "bpe" else "死循环，或者对只有几十个数的张量来说慢得离谱")
+        return LearnerError("timeout", f"stopped after {time_limit:g} s in {where}: {why} (raise the limit "
+                            "with --time-limit)", where, frames,
+                            f"在 {where} 运行 {time_limit:g} 秒后被停止：{why_zh}"
+                            "（可以用 --time-limit 放宽限制）")
+    if reason == "signal 9":
+        return LearnerError("memory", f"killed in {where}, most likely for using more than the "
+                            f"{memory_limit} MiB memory limit", where, frames,
+                            f"在 {where} 被终止，很可能是用了超过 {memory_limit} MiB 的内存上限")
+    last = stack.strip().splitlines()[-1] if stack.strip() else ""
+    last_zh = last
+    if reason.startswith("exit ") and not last:
+        last = ("your code ended the process (os._exit, or a library it called that exits); a component "
+                "returns its result, it does not end the program")
+        last_zh = "你的代码结束了进程（os._exit，或者它调用的库退出了）；组件应该返回结果，而不是结束程序"
+    return LearnerError("crash", f"the check process ended ({reason}) in {where}: {last or 'no message'}",
+                        where, frames, f"检查进程在 {where} 结束了（{reason}）：{last_zh or '没有消息'}")
+
+
+def _learner_frames(stack: str, path: str) -> list[str]:
+    """'line N, in f: code' for the frames of a faulthandler dump that are in the learner's file,
+    outermost first (faulthandler prints the innermost first)."""
+    frames = []
+    for file, line, func in re.findall(r'File "([^"]+)", line (\d+) in (\S+)', stack):
+        if os.path.abspath(file) == path:
+            code = linecache.getline(path, int(line)).strip()
+            frames.append(f"line {line}, in {func}: {code}")
+    return frames[::-1]
+
+
+def _child(request: dict[str, Any]) -> None:
+    """The child side: limits, imports, then the check, streaming results."""
+    import faulthandler
+    import resource
+
+    limit = int(request["memory_limit"]) * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    import torch  # noqa: F401  (before the clock starts: torch's import is ours, not the learner's)
+
+    from handformer.check.core.cpu_only import cuda_as_cpu
+    from handformer.check.core.engine import check_file, import_runners
+
+    import_runners()  # the grader's own modules, before any clock starts (0.3 s)
+    cuda_as_cpu(request["path"])  # a file written for a GPU (Meta's `.cuda()` KV cache) runs on the CPU here
+    stack = open(request["stack"], "w")  # noqa: SIM115  (open until the process ends)
+    results = open(request["results"], "a", encoding="utf-8")  # noqa: SIM115
+
+    def started(step: str, kind: str) -> None:
+        faulthandler.cancel_dump_traceback_later()
+        Path(request["progress"]).write_text(f"{step}\n{kind}")
+        faulthandler.dump_traceback_later(request["time_limit"], exit=True, file=stack)
+
+    def emit(res: ComponentResult) -> None:
+        results.write(json.dumps({"component": res.to_dict()}) + "\n")
+        results.flush()
+
+    Path(request["progress"]).write_text("ready")
+    result = check_file(request["path"], request["overrides"], request["only"] or None,
+                        request["convention"], emit=emit, started=started, skip=request["skip"],
+                        adapters=request.get("adapters"),
+                        definitions_only=request.get("definitions_only", False))
+    faulthandler.cancel_dump_traceback_later()
+    if result.skipped:
+        results.write(json.dumps({"skipped": result.skipped}) + "\n")
+    if result.error:
+        from dataclasses import asdict
+
+        results.write(json.dumps({"file_error": asdict(result.error)}) + "\n")
+    results.write(json.dumps({"done": True}) + "\n")
+    results.close()
+
+
+if __name__ == "__main__":
+    _child(json.loads(sys.argv[1]))

@@ -1,0 +1,208 @@
+"""Free functions found by what they do, whatever their name: a generation loop
+`generate_text_simple(model, idx, max_new_tokens, context_size)`, a filter `nucleus(logits, p)`, a
+sampler `draw(probs, p)`, a training step `update(model, batch, optimizer)`, an encoder-decoder's
+greedy decoder `translate(model, src, src_mask, max_len, start_symbol)`.
+
+A function is taken as a kind only when every argument it requires is one that kind's runner fills
+(so a function found this way is never NOT CHECKED for its signature); a function of logits (or
+probabilities) only when a call on a few rows returns what that kind returns: token ids (a sampler;
+the argmax every time: greedy), the same rows with some entries removed and the others kept as they
+were (a filter), or the rows scaled (temperature). A function that is none of these is left alone.
+
+Shape legend: B rows, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import re
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from handformer.check.core.argument_names import (
+    ACCUM_NAMES,
+    BATCH_NAMES,
+    BEAM_NAMES,
+    CONTEXT_NAMES,
+    COUNT_NAMES,
+    CRITERION_NAMES,
+    DECODING_NAMES,
+    GENERATOR_NAMES,
+    K_NAMES,
+    LOADER_NAMES,
+    LOGITS_NAMES,
+    LR_NAMES,
+    MODEL_NAMES,
+    OPTIMIZER_NAMES,
+    P_NAMES,
+    PROBS_NAMES,
+    PROMPT_NAMES,
+    SCHEDULE_ARGS,
+    SCHEDULE_STEP_NAMES,
+    SRC_NAMES,
+    STEP_MODEL_NAMES,
+    TEMPERATURE_NAMES,
+    TGT_NAMES,
+    X_NAMES,
+    Y_NAMES,
+)
+
+ROWS = torch.tensor([[2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6],
+                     [0.5, 2.5, -0.3, 1.1, 0.9, -2.0, 0.2, -0.7]])  # (B, V) logits, no ties
+OPTION_VALUES = {"top_k": 3, "top_p": 0.8, "temperature": 0.7}
+
+
+def kind_of(fn: Any) -> str | None:
+    """The kind a free function is by its signature (and, for a function of logits, by a call), or
+    None."""
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    except (TypeError, ValueError):
+        return None
+    names = [p.name.lower() for p in params]
+    required = {p.name.lower() for p in params if p.default is p.empty}
+    if lm_step(fn):
+        return "lm_train_step"
+    if _schedule(names, required):
+        return "schedule"
+    return _loop_kind(names, required) or _logits_kind(fn, params, names, required)
+
+
+def _schedule(names: list[str], required: set[str]) -> bool:
+    """A learning-rate schedule (`warmup_cosine(step, warmup, max_steps, max_lr, min_lr)`): the step
+    first, then settings only, a warmup among them and d_model, an end or a floor."""
+    settings = SCHEDULE_ARGS
+    known = {a for aliases in settings.values() for a in aliases}
+    has = lambda key: any(n in settings[key] for n in names[1:])  # noqa: E731
+    return bool(names) and names[0] in SCHEDULE_STEP_NAMES and required - {names[0]} <= known and has(
+        "warmup") and (has("d_model") or has("total") or has("min_lr"))
+
+
+SHIFT = re.compile(r"\[\s*:\s*,\s*(:-1|1:)\s*\]")  # tgt[:, :-1], tgt[:, 1:]
+
+
+def lm_step(fn: Any) -> bool:
+    """A decoder-only model's training step, whatever its name (`train_step(model, optimizer, x, y)`):
+    it takes the model, the optimizer and the windows x and y (y already x moved on by one), maybe the
+    learning rate, and never shifts a target itself (an encoder-decoder's step feeds tgt[:, :-1])."""
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    except (TypeError, ValueError):
+        return False
+    names = [p.name.lower() for p in params]
+    required = {p.name.lower() for p in params if p.default is p.empty}
+    groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, X_NAMES, Y_NAMES)
+    if not all(any(n in g for n in names) for g in groups):
+        return False
+    return required <= {a for g in groups + (LR_NAMES,) for a in g} and not SHIFT.search(_source(fn))
+
+
+def _loop_kind(names: list[str], required: set[str]) -> str | None:
+    """A function that takes a model: beam search, greedy decoding, a generation loop, a training
+    epoch or step, by the arguments their runners fill."""
+    has = lambda aliases: any(n in aliases for n in names)  # noqa: E731
+    covered = lambda *groups: required <= {a for g in groups for a in g}  # noqa: E731
+    if not names:
+        return None
+    if has(BEAM_NAMES["model"]) and has(BEAM_NAMES["src"]) and has(BEAM_NAMES["beam"]) and has(
+            BEAM_NAMES["start"]) and covered(*BEAM_NAMES.values()):
+        return "beam_search"
+    seq2seq = DECODING_NAMES
+    if has(seq2seq["model"]) and has(seq2seq["src"]) and has(seq2seq["start"]) and covered(*seq2seq.values()):
+        return "greedy_decode"
+    model = tuple(n for n in MODEL_NAMES if n != "self")
+    if names[0] in model and has(PROMPT_NAMES) and has(COUNT_NAMES) and covered(
+            model, PROMPT_NAMES, COUNT_NAMES, CONTEXT_NAMES):
+        return "generate"
+    step = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, CRITERION_NAMES,
+            ACCUM_NAMES)
+    if has(STEP_MODEL_NAMES) and has(OPTIMIZER_NAMES):
+        if has(LOADER_NAMES) and covered(*step, LOADER_NAMES):
+            return "train_epoch"
+        batch = has(BATCH_NAMES) or (has(SRC_NAMES) and has(TGT_NAMES))
+        if batch and covered(*step, BATCH_NAMES, SRC_NAMES, TGT_NAMES):
+            return "train_step"
+    return None
+
+
+def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], required: set[str],
+                 ) -> str | None:
+    """A function of logits or probabilities first, and of k, p or a temperature: what a call says."""
+    if not names or names[0] not in LOGITS_NAMES + PROBS_NAMES:
+        return None
+    options = {"top_k": K_NAMES, "top_p": P_NAMES,
+               "temperature": TEMPERATURE_NAMES}
+    takes = {key: next((p.name for p in params[1:] if p.name.lower() in aliases), None)
+             for key, aliases in options.items()}
+    fillable = {n.lower() for n in takes.values() if n} | set(GENERATOR_NAMES) | {names[0]}
+    if not required <= fillable:
+        return None
+    probs = names[0] in PROBS_NAMES
+    rows = ROWS.softmax(-1) if probs else ROWS
+    outs = [_call(fn, rows, {n: OPTION_VALUES[k] for k, n in takes.items() if n}) for _ in range(2)]
+    if any(out is None for out in outs):
+        return None
+    out = outs[0]
+    if not out.is_floating_point():
+        ids = out.reshape(-1)
+        if ids.numel() != rows.size(0) or not bool(((ids >= 0) & (ids < rows.size(1))).all()):
+            return None
+        greedy = not any(takes.values()) and all(torch.equal(o.reshape(-1), rows.argmax(-1)) for o in outs)
+        return "greedy" if greedy else "sample"
+    if out.shape != rows.shape:
+        return None
+    if _filtered(rows, out, probs):
+        return "top_p" if takes["top_p"] else "top_k" if takes["top_k"] else None
+    if takes["temperature"] and not takes["top_k"] and not takes["top_p"] and _scaled(rows, out):
+        return "temperature"
+    return None
+
+
+def _call(fn: Any, rows: Tensor, options: dict[str, Any]) -> Tensor | None:
+    """fn(rows, **options) as a tensor, or None when it raises (sys.exit too) or returns something
+    else; its prints are not shown. A function that can end the process (os._exit) is not called."""
+    if "_exit" in _source(fn):
+        return None
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(io.StringIO()):
+            out = fn(rows.clone(), **options)
+    except (Exception, SystemExit):  # noqa: BLE001  (not a function of this kind; its own check says why)
+        return None
+    if isinstance(out, tuple) and out and isinstance(out[0], Tensor):  # (filtered, indices)
+        out = out[0]
+    return out.detach() if isinstance(out, Tensor) else None
+
+
+def _filtered(rows: Tensor, out: Tensor, probs: bool) -> bool:
+    """Some entries removed (-inf, very negative, or 0 for probabilities) and in every row some kept,
+    the kept ones as they were (probabilities: all scaled by one factor, renormalized)."""
+    out = out.to(rows.dtype)
+    removed = ~torch.isfinite(out) | (out < -1e8) | ((out == 0) & probs)
+    if not bool(removed.any()) or bool(removed.all(-1).any()):
+        return False
+    kept_rows, kept_out = rows.masked_fill(removed, 0), out.masked_fill(removed, 0)
+    factor = (kept_out * kept_rows).sum(-1, keepdim=True) / kept_rows.square().sum(-1, keepdim=True)  # (B, 1)
+    factor = factor if probs else torch.ones_like(factor)
+    return bool(((kept_out - factor * kept_rows).abs() < 1e-5).all())
+
+
+def _scaled(rows: Tensor, out: Tensor) -> bool:
+    """Every row multiplied by one factor other than 1 (a temperature, or its mistake)."""
+    out = out.to(rows.dtype)
+    if not bool(torch.isfinite(out).all()):
+        return False
+    factor = float((out * rows).sum() / rows.square().sum())
+    return bool(((out - factor * rows).abs() < 1e-4 * max(1.0, abs(factor))).all()) and abs(factor - 1) > 1e-3
+
+
+def _source(fn: Any) -> str:
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return ""

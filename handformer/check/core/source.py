@@ -1,0 +1,144 @@
+"""Point at the learner's code: the likely line of a diagnosis (from `inspect` on their classes and
+functions), and exceptions with the traceback trimmed to their own file."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import traceback
+from collections.abc import Iterable
+from typing import Any
+
+from handformer.check.core.result import LearnerError
+from handformer.check.reference.diagnoses import CATALOG
+
+
+def source_lines(objs: Iterable[Any]) -> list[tuple[int, str]]:
+    """(line number, text) of each object's source, objects in order, duplicates once."""
+    lines, seen = [], set()
+    for obj in objs:
+        for number, line in _lines_of(obj):
+            if number not in seen:
+                seen.add(number)
+                lines.append((number, line))
+    return lines
+
+
+def _lines_of(obj: Any) -> tuple[tuple[int, str], ...]:
+    """(line number, text) of one object's source; none when it has none. Remembered per object:
+    `inspect` parses the whole file to find a class, and every diagnosis asks again."""
+    try:
+        return _remembered_lines(obj)
+    except TypeError:  # an object that cannot be a key (unhashable)
+        return _read_lines(obj)
+
+
+@functools.lru_cache(maxsize=512)
+def _remembered_lines(obj: Any) -> tuple[tuple[int, str], ...]:
+    return _read_lines(obj)
+
+
+def source_text(obj: Any) -> str:
+    """The source of a class or function ("" when it has none), remembered as `source_lines` is."""
+    return "".join(line + "\n" for _, line in _lines_of(obj))
+
+
+def _read_lines(obj: Any) -> tuple[tuple[int, str], ...]:
+    try:
+        text, start = inspect.getsourcelines(obj)
+    except (OSError, TypeError):
+        return ()
+    return tuple((start + i, line.rstrip()) for i, line in enumerate(text))
+
+
+def locate(name: str, lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The first line matching the diagnosis' patterns, trying patterns in order; comments and
+    docstrings are skipped."""
+    code_lines = [(n, t) for n, t in lines
+                  if t.strip() and not t.strip().startswith(("#", '"""', "'''"))]
+    for pattern in CATALOG[name].patterns:
+        regex = re.compile(pattern)
+        for number, line in code_lines:
+            if regex.search(line.split("#")[0]):
+                return number, line.strip()
+    return None, None
+
+
+def learner_error(err: BaseException, path: str, where: str) -> LearnerError:
+    """The exception as a report: message, and the frames that are in the learner's file."""
+    if isinstance(err, SyntaxError) and err.filename and _same(err.filename, path):
+        frames = [f"line {err.lineno}: {(err.text or '').strip()}"]
+        return LearnerError("syntax", f"SyntaxError: {err.msg}", where, frames,
+                            f"语法错误（SyntaxError）：{err.msg}")
+    stack = traceback.extract_tb(err.__traceback__)
+    frames = [f"line {f.lineno}, in {f.name}: {(f.line or '').strip()}"
+              for f in stack if _same(f.filename, path)]
+    stand_in = raised_by_stand_in(stack, path) or refused_by_stand_in(err)
+    kind = "memory" if _is_memory(err) else "stand_in" if stand_in else "exception"
+    message = f"{type(err).__name__}: {err}".strip()
+    if isinstance(err, NotImplementedError) and not raised_by_torch(stack):  # a starter's TODO, not a bug
+        kind, message = "not_implemented", f"not implemented yet ({message.rstrip(':')})"
+    if isinstance(err, SystemExit):
+        message = (f"SystemExit: your code called sys.exit({err.code!r}) (or raised SystemExit); a component "
+                   "returns its result, it does not end the program")
+    return LearnerError(kind, message.splitlines()[0][:400] if message else type(err).__name__, where,
+                        frames)
+
+
+def raised_by_torch(stack: traceback.StackSummary) -> bool:
+    """Whether torch raised it (a kernel "not implemented for 'Long'": arguments of the wrong dtype),
+    not the learner's own `raise NotImplementedError` of a TODO."""
+    import os
+
+    import torch
+
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    return bool(stack) and os.path.abspath(stack[-1].filename).startswith(torch_dir)
+
+
+def raised_by_stand_in(stack: traceback.StackSummary, path: str) -> bool:
+    """Whether the innermost frame that is neither torch's nor Python's own is handformer's: the
+    learner's code called a stand-in (a model check built for it) that would not take the call, so
+    the exception is the stand-in's, never shown as theirs."""
+    import os
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for frame in reversed(stack):
+        if _same(frame.filename, path):
+            return False
+        if os.path.abspath(frame.filename).startswith(package + os.sep):
+            return True
+    return False
+
+
+def refused_by_stand_in(err: BaseException) -> bool:
+    """A call the stand-in's signature refuses before any of its code runs (a decoder-only training
+    step calling the encoder-decoder stand-in with one sequence: `Recorded.forward() missing 1
+    required positional argument: 'tgt'`): the message names a class of handformer's grader."""
+    import re
+    import sys
+
+    match = re.match(r"(\w+)\.(forward|__call__|generate)\(\) (missing|takes|got)", str(err))
+    if isinstance(err, AttributeError):  # an attribute the stand-in has not: Raschka's model.cfg
+        match = re.match(r"'(\w+)' object has no attribute", str(err))
+    elif not isinstance(err, TypeError):
+        return False
+    if match is None:
+        return False
+    return any(name.startswith("handformer.check") and isinstance(vars(m).get(match.group(1)), type)
+               for name, m in list(sys.modules.items()))
+
+
+def _same(a: str, b: str) -> bool:
+    import os
+
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a == b
+
+
+def _is_memory(err: BaseException) -> bool:
+    return isinstance(err, MemoryError) or "can't allocate memory" in str(err) or (
+        "not enough memory" in str(err))

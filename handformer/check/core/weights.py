@@ -1,0 +1,422 @@
+"""Map a learner's parameters to the roles of handformer's (W_Q, W_K, W_V, W_O, the FFN's two or
+three matrices, one norm a sublayer), by shape and definition order, and copy them into handformer.
+
+The learner's weights are first set to random values of unit-ish gain (`scramble_`): default inits
+(norm weights of 1, biases of 0) would hide mistakes such as a swapped norm.
+
+Shape legend: D d_model, F FFN width.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from handformer.check.reference import variants as V
+
+
+class MappingError(ValueError):
+    """The learner's parameters do not fit the component; the message says what was found (`zh`:
+    in Chinese)."""
+
+    def __init__(self, message: str, zh: str = "") -> None:
+        super().__init__(message)
+        self.zh = zh
+
+
+@dataclass
+class Leaf:
+    """One of the learner's parameterised submodules: a linear layer, a norm or an embedding."""
+
+    name: str  # dotted path inside the learner's module, e.g. "self_attention.w_q"
+    kind: str  # linear | norm | embedding
+    module: nn.Module
+    weight: nn.Parameter
+    bias: nn.Parameter | None
+    parts: list[nn.Parameter] | None = None  # heads kept as a list of single heads: one per head
+
+
+@dataclass
+class Slot:
+    """A role in handformer's component filled by (part of) one learner leaf."""
+
+    role: str  # "W_Q", "FFN W_1", "norm 1", ...
+    leaf: Leaf
+    rows: slice | None = None  # the part of a fused projection (e.g. one third of a qkv Linear)
+
+    def weight(self) -> Tensor:
+        w = self.leaf.weight
+        return w if self.rows is None else w[self.rows]
+
+    def bias(self) -> Tensor | None:
+        b = self.leaf.bias
+        return None if b is None else (b if self.rows is None else b[self.rows])
+
+    def linear(self) -> V.Linear:
+        return self.weight(), self.bias()
+
+    def describe(self) -> str:
+        part = "" if self.rows is None else f"[{self.rows.start}:{self.rows.stop}]"
+        return f"{self.leaf.name}{part} -> {self.role}"
+
+
+def _bias_like(params: dict[str, nn.Parameter]) -> str | None:
+    """The name of a norm's additive parameter (bias, beta, shift, b_2, ...); else the second one."""
+    for name in params:
+        lowered = name.lower()
+        if lowered in ("bias", "beta", "shift", "offset") or lowered.startswith("b"):
+            return name
+    return list(params)[1]
+
+
+ROLE_ORDER = (("query", "q"), ("key", "k"), ("value", "v"))
+
+
+def _role_word(name: str) -> str:
+    """query, key, value, q, k, v or wq from a projection's name (q_proj, W_query, key, ...)."""
+    return name.lower().replace("_proj", "").replace("proj", "").removeprefix("w_").strip("_")
+
+
+def single_heads(name: str, sub: nn.Module) -> list[Leaf] | None:
+    """Heads kept as an nn.ModuleList of single-head modules (Karpathy's `Head(head_size)`, each with
+    its own key, query and value nn.Linear(n_embd, head_size)): three leaves, W_Q, W_K and W_V, each
+    the heads' weights stacked in head order (what one (d_model, d_model) projection split into heads
+    holds), named by their roles; None for any other module."""
+    heads = list(sub.children()) if isinstance(sub, nn.ModuleList) else []
+    if not heads or len({type(h) for h in heads}) != 1:
+        return None
+    per = [[(n, m) for n, m in h.named_children() if isinstance(m, nn.Linear)] for h in heads]
+    if any(len(p) != 3 or len(list(h.parameters())) != sum(len(list(m.parameters())) for _, m in p)
+           for p, h in zip(per, heads)):
+        return None
+    names = [n for n, _ in per[0]]
+    order = []
+    for word, letter in ROLE_ORDER:
+        hit = next((n for n in names if _role_word(n) in (word, letter, "w" + letter)), None)
+        if hit is None or hit in order:
+            return None
+        order.append(hit)
+    out = []
+    for role in order:
+        mods = [dict(p)[role] for p in per]
+        weight = torch.cat([m.weight for m in mods]).detach()  # (H * Dh, D)
+        bias = torch.cat([m.bias for m in mods]).detach() if mods[0].bias is not None else None
+        label = f"{name or '(self)'}[*].{role}"
+        out.append(Leaf(label, "linear", sub, weight, bias, [m.weight for m in mods]))
+    return out
+
+
+def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
+    """The learner's linear layers, norms and embeddings in definition order; heads kept as a list of
+    single heads are stacked into W_Q, W_K, W_V (`single_heads`) unless `stack_heads` is False."""
+    found: list[Leaf] = []
+    inside: set[int] = set()
+    for name, sub in module.named_modules():
+        if id(sub) in inside:
+            continue
+        stacked = single_heads(name, sub) if stack_heads else None
+        if stacked:
+            found += stacked
+            inside |= {id(m) for m in sub.modules()}
+            continue
+        params = dict(sub.named_parameters(recurse=False))
+        if not params:
+            continue
+        label = name or "(self)"
+        if isinstance(sub, nn.Embedding):
+            found.append(Leaf(label, "embedding", sub, sub.weight, None))
+        elif isinstance(sub, nn.Linear) or (len(params) <= 2 and "weight" in params
+                                            and params["weight"].dim() == 2):
+            found.append(Leaf(label, "linear", sub, params["weight"], params.get("bias")))
+        elif all(p.dim() == 1 for p in params.values()) and len(params) <= 2:
+            bias_name = _bias_like(params) if len(params) == 2 else None
+            weight_name = next(n for n in params if n != bias_name)
+            found.append(Leaf(label, "norm", sub, params[weight_name],
+                              params[bias_name] if bias_name else None))
+        else:
+            shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
+            raise MappingError(f"cannot tell what {label} ({type(sub).__name__}: {shapes}) is; "
+                               "handformer maps nn.Linear layers, norms (1-D weight and bias) and "
+                               "embeddings",
+                               zh=f"看不出 {label}（{type(sub).__name__}：{shapes}）是什么；handformer "
+                                  "能对应的是 nn.Linear 层、归一化（一维的 weight 和 bias）和嵌入")
+    return found
+
+
+def scramble_(module: nn.Module, seed: int = 0) -> None:
+    """Random weights everywhere: linear weights ~ N(0, 1/in), norm weights 1 + N(0, 0.2^2),
+    biases N(0, 0.2^2)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for leaf in leaves(module, stack_heads=False):
+            w = leaf.weight
+            noise = torch.randn(w.shape, generator=g, dtype=torch.float64).to(w.dtype)
+            if leaf.kind == "norm":
+                w.copy_(1.0 + 0.2 * noise)
+            elif leaf.kind == "embedding":
+                w.copy_(noise)
+            else:
+                w.copy_(noise / math.sqrt(w.size(1)))
+            if leaf.bias is not None:
+                leaf.bias.copy_(0.2 * torch.randn(leaf.bias.shape, generator=g,
+                                                  dtype=torch.float64).to(leaf.bias.dtype))
+
+
+def _shapes(found: list[Leaf]) -> str:
+    return ", ".join(f"{leaf.name} {tuple(leaf.weight.shape)}" for leaf in found) or "none"
+
+
+def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width: int | None = None,
+                    ) -> list[list[Slot]]:
+    """`count` attentions from linears in order W_Q, W_K, W_V, W_O (or a fused qkv projection then
+    W_O). W_Q and W_O are (D, D); W_K and W_V (kv_width, D), kv_width < D for grouped-query
+    attention. An attention of three projections and no W_O has 3 slots."""
+    kv = kv_width or D
+    fused_rows = D + 2 * kv
+    square = [leaf for leaf in linears if tuple(leaf.weight.shape) == (D, D)]
+    fused = [leaf for leaf in linears if tuple(leaf.weight.shape) == (fused_rows, D)]
+    prefixes = ["self-attention ", "cross-attention "] if count == 2 else [""]
+    if fused and len(fused) == count:
+        outs = square if len(square) == count else [None] * count
+        cuts = [(0, D), (D, D + kv), (D + kv, D + 2 * kv)]
+        return [[Slot(f"{p}W_{r}", f, slice(a, b)) for r, (a, b) in zip("QKV", cuts)]
+                + ([Slot(f"{p}W_O", o)] if o is not None else [])
+                for p, f, o in zip(prefixes, fused, outs)]
+    if kv != D:
+        return _grouped_slots(linears, D, kv, count, prefixes, what)
+    per = 4 if len(square) == 4 * count else 3 if len(square) == 3 * count else 0
+    if not per:
+        raise MappingError(
+            f"{what}: expected {4 * count} nn.Linear(d_model, d_model) layers ({count} x W_Q, W_K, "
+            f"W_V, W_O) with d_model={D}, found {len(square)}; its parameterised layers are: "
+            f"{_shapes(linears)}",
+            zh=f"{what}：d_model={D} 时应当有 {4 * count} 个 nn.Linear(d_model, d_model) 层（{count} 组 "
+               f"W_Q、W_K、W_V、W_O），实际找到 {len(square)} 个；它带参数的层是：{_shapes(linears)}")
+    groups = [_qkv_by_name(square[i * per:(i + 1) * per]) for i in range(count)]
+    return [[Slot(f"{p}W_{r}", leaf) for r, leaf in zip("QKVO", group)]
+            for p, group in zip(prefixes, groups)]
+
+
+def _qkv_by_name(group: list[Leaf]) -> list[Leaf]:
+    """W_Q, W_K, W_V in the order their names say (Raschka's W_key and W_value defined before
+    W_query), when each of the first three names one of them; else in definition order."""
+    words = (("q", "query"), ("k", "key"), ("v", "value"))
+    roles = [next((r for r, w in words if w in leaf.name.lower()), None) for leaf in group[:3]]
+    if sorted(r for r in roles if r) != ["k", "q", "v"]:
+        return group
+    return sorted(group[:3], key=lambda leaf: "qkv".index(roles[group.index(leaf)])) + group[3:]
+
+
+def _grouped_slots(linears: list[Leaf], D: int, kv: int, count: int, prefixes: list[str], what: str,
+                   ) -> list[list[Slot]]:
+    """Grouped-query attention: (D, D) W_Q and W_O, (kv, D) W_K and W_V, in definition order."""
+    square = [leaf for leaf in linears if tuple(leaf.weight.shape) == (D, D)]
+    narrow = [leaf for leaf in linears if tuple(leaf.weight.shape) == (kv, D)]
+    if len(narrow) != 2 * count or len(square) not in (count, 2 * count):
+        raise MappingError(
+            f"{what}: expected W_Q and W_O as nn.Linear(d_model, d_model) and W_K, W_V as "
+            f"nn.Linear(d_model, n_kv_heads * head_dim) (d_model={D}, n_kv_heads * head_dim={kv}); "
+            f"its parameterised layers are: {_shapes(linears)}",
+            zh=f"{what}：W_Q 和 W_O 应当是 nn.Linear(d_model, d_model)，W_K、W_V 应当是 nn.Linear(d_model, "
+               f"n_kv_heads * head_dim)（d_model={D}，n_kv_heads * head_dim={kv}）；它带参数的层是："
+               f"{_shapes(linears)}")
+    per = len(square) // count
+    return [[Slot(f"{p}W_Q", square[i * per]), Slot(f"{p}W_K", narrow[2 * i]),
+             Slot(f"{p}W_V", narrow[2 * i + 1])]
+            + ([Slot(f"{p}W_O", square[i * per + 1])] if per == 2 else [])
+            for i, p in enumerate(prefixes)]
+
+
+def mha_weights(slots: list[Slot], n_heads: int, n_kv_heads: int | None = None, rope: str | None = None,
+                ) -> V.MHAWeights:
+    by = {s.role[-3:]: s.linear() for s in slots if s.leaf.kind == "linear"}
+    norms = {s.role: qk_norm_weights(s) for s in slots if s.role in QK_NORM_ROLES}
+    qk = (norms["q_norm"], norms["k_norm"]) if norms else None
+    return V.MHAWeights(by["W_Q"], by["W_K"], by["W_V"], by.get("W_O"), n_heads, n_kv_heads, rope, qk)
+
+
+QK_NORM_ROLES = ("q_norm", "k_norm")  # QK-norm: each query and key head normed before RoPE (Qwen3)
+_QK_NAMES = {"q_norm": re.compile(r"(q|query)_?(norm|layernorm|ln|rmsnorm)"),
+             "k_norm": re.compile(r"(k|key)_?(norm|layernorm|ln|rmsnorm)")}
+
+
+def qk_norm_slots(extra: list[Leaf], head_dim: int) -> list[Slot]:
+    """An attention's parameters besides its projections as QK-norm: exactly two norms of width
+    head_dim named like q_norm and k_norm (q_layernorm, query_norm); else none."""
+    if len(extra) != 2 or any(x.kind != "norm" or tuple(x.weight.shape) != (head_dim,) for x in extra):
+        return []
+    slots = []
+    for role, name in _QK_NAMES.items():
+        hits = [x for x in extra if name.fullmatch(x.name.split(".")[-1].lower())]
+        if len(hits) != 1:
+            return []
+        slots.append(Slot(role, hits[0]))
+    return slots
+
+
+def qk_norm_weights(slot: Slot) -> V.NormWeights:
+    kind = norm_kind(slot.leaf)
+    return V.NormWeights(slot.weight(), slot.bias(), norm_eps(slot.leaf.module, kind), kind)
+
+
+def ffn_slots(linears: list[Leaf], D: int, F: int | None, what: str) -> list[list[Slot]]:
+    """The FFN's matrices: (F, D) up then (D, F) down; gated: two (F, D) (gate, up: both orders
+    are returned, the runner keeps the one that matches) and (D, F) down. F is read from the shapes
+    when None or when no layer has it (nanoGPT's MLP is 4 * n_embd wide whatever d_ff says). An FFN
+    without a down projection gets slots without one."""
+    widths = [F] if F else []
+    widths += sorted({leaf.weight.size(0) for leaf in linears if leaf.weight.size(1) == D
+                      and leaf.weight.size(0) != D} - set(widths))
+    for width in widths:
+        ups = [leaf for leaf in linears if tuple(leaf.weight.shape) == (width, D)]
+        downs = [leaf for leaf in linears if tuple(leaf.weight.shape) == (D, width)]
+        if len(downs) == 1 and len(ups) == 1:
+            return [[Slot("FFN W_1", ups[0]), Slot("FFN W_2", downs[0])]]
+        if len(downs) == 1 and len(ups) == 2:
+            a, b = ups
+            return [[Slot("FFN W_gate", a), Slot("FFN W_up", b), Slot("FFN W_down", downs[0])],
+                    [Slot("FFN W_gate", b), Slot("FFN W_up", a), Slot("FFN W_down", downs[0])]]
+    for width in widths:  # no (D, F) layer at all: an FFN that forgot its down projection
+        ups = [leaf for leaf in linears if tuple(leaf.weight.shape) == (width, D)]
+        if len(ups) == 1 and not any(leaf.weight.size(1) == width for leaf in linears):
+            return [[Slot("FFN W_1", ups[0])]]
+        if len(ups) == 2 and not any(leaf.weight.size(1) == width for leaf in linears):
+            return [[Slot("FFN W_gate", ups[0]), Slot("FFN W_up", ups[1])],
+                    [Slot("FFN W_gate", ups[1]), Slot("FFN W_up", ups[0])]]
+    raise MappingError(f"{what}: expected nn.Linear(d_model, d_ff) then nn.Linear(d_ff, d_model) "
+                       f"(d_model={D}, d_ff={F}; gated FFNs have two nn.Linear(d_model, d_ff)), "
+                       f"found: {_shapes(linears)}",
+                       zh=f"{what}：应当先是 nn.Linear(d_model, d_ff)，再是 nn.Linear(d_ff, "
+                          f"d_model)（d_model={D}，d_ff={F}；门控 FFN 有两个 nn.Linear(d_model, d_ff)），"
+                          f"实际找到：{_shapes(linears)}")
+
+
+def is_gated(slots: list[Slot]) -> bool:
+    return any(s.role == "FFN W_gate" for s in slots)
+
+
+def has_down_projection(slots: list[Slot]) -> bool:
+    return any(s.role in ("FFN W_2", "FFN W_down") for s in slots)
+
+
+def ffn_weights(slots: list[Slot], activation: str) -> V.FFNWeights:
+    by = {s.role: s.linear() for s in slots}
+    if "FFN W_gate" in by:
+        return V.FFNWeights(by["FFN W_up"], by.get("FFN W_down"), by["FFN W_gate"], activation)
+    return V.FFNWeights(by["FFN W_1"], by.get("FFN W_2"), None, activation)
+
+
+def norm_eps(module: nn.Module, kind: str) -> float:
+    for name in ("eps", "variance_epsilon", "epsilon"):
+        value = getattr(module, name, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    if isinstance(module, nn.LayerNorm) or kind == "layernorm":
+        return 1e-5
+    return torch.finfo(torch.float32).eps  # nn.RMSNorm's default
+
+
+def norm_kind(leaf: Leaf) -> str:
+    name = type(leaf.module).__name__.lower()
+    if "rms" in name or (leaf.bias is None and not isinstance(leaf.module, nn.LayerNorm)
+                         and "layer" not in name):
+        return "rmsnorm"
+    return "layernorm"
+
+
+def norm_probe(D: int, eps: float, dtype: torch.dtype) -> Tensor:
+    """(2, 3, D) inputs off-centre at scales 1, 3 and sqrt(eps): where eps matters as much as the
+    squares, so its place (inside or outside the square root) shows."""
+    scales = torch.tensor([1.0, 3.0, max(eps, 1e-12) ** 0.5], dtype=dtype)[None, :, None]  # (1, 3, 1)
+    x = torch.randn(2, 3, D, generator=torch.Generator().manual_seed(0), dtype=dtype)
+    return (x + 0.5) * scales
+
+
+def norm_weights(slot: Slot) -> V.NormWeights:
+    """The norm as the learner's module computes it: a hand-written norm is run alone on a probe and
+    its mistakes (unbiased std, eps outside the root, RMSNorm's sum of squares, ...) are searched
+    for, so that a layer built from it is compared with what it computes (the layer runners then
+    name those mistakes on the layer too)."""
+    from handformer.check.core import fingerprint as fp
+
+    kind = norm_kind(slot.leaf)
+    w = V.NormWeights(slot.weight(), slot.bias(), norm_eps(slot.leaf.module, kind), kind)
+    if type(slot.leaf.module).__module__.startswith("torch."):  # nn.LayerNorm, nn.RMSNorm
+        return w
+    x = norm_probe(w.weight.numel(), w.eps, w.weight.dtype)
+    try:
+        out = slot.leaf.module(x)
+    except Exception:  # their code; the norm's own runner reports it
+        return w
+    if not isinstance(out, Tensor) or out.shape != x.shape:
+        return w
+    for k in (kind, "layernorm" if kind == "rmsnorm" else "rmsnorm"):
+        base = V.NormWeights(w.weight, w.bias if k == "layernorm" else None, w.eps, k)
+        found = fp.search(out, lambda fl, base=base: V.norm(base, x, fl),
+                          V.norm_flags(k, base.bias is not None), None, 2)
+        if found is not None:
+            return V.NormWeights(base.weight, base.bias, base.eps, k, found[0])
+    return w
+
+
+def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str) -> list[Slot]:
+    if len(norms) != count:
+        raise MappingError(f"{what}: expected {count} norms ({', '.join(names)}), found "
+                           f"{len(norms)}: {_shapes(norms)}",
+                           zh=f"{what}：应当有 {count} 个归一化（{', '.join(names)}），实际找到 "
+                              f"{len(norms)} 个：{_shapes(norms)}")
+    if names[-1] == "FFN":  # gpt-fast defines ffn_norm before attention_norm: the FFN's norm goes last
+        norms = sorted(norms, key=lambda leaf: any(w in leaf.name.lower() for w in FFN_NORM_WORDS))
+    return [Slot(f"norm {i + 1} ({n})", leaf) for i, (n, leaf) in enumerate(zip(names, norms))]
+
+
+FFN_NORM_WORDS = ("ffn", "mlp", "feed_forward", "feedforward", "post_attention")
+
+
+def copy_weights(target: nn.Module, slot: Slot) -> None:
+    """The slot's weight (and bias, zeros when the learner has none) into a handformer linear layer or
+    norm."""
+    with torch.no_grad():
+        target.weight.copy_(slot.weight())
+        if getattr(target, "bias", None) is not None:
+            b = slot.bias()
+            target.bias.copy_(b if b is not None else torch.zeros_like(target.bias))
+
+
+def attention_parameters(target: nn.Module) -> dict[str, nn.Module]:
+    """Handformer's MultiHeadAttention by the roles of the learner's attention slots (its q/k norms
+    where it has them)."""
+    params = {"W_Q": target.q_proj, "W_K": target.k_proj, "W_V": target.v_proj, "W_O": target.o_proj}
+    return params | {role: getattr(target, role) for role in QK_NORM_ROLES
+                     if getattr(getattr(target, role, None), "weight", None) is not None}
+
+
+def copy_attention(target: nn.Module, slots: list[Slot]) -> None:
+    """W_Q, W_K, W_V, W_O into handformer's MultiHeadAttention; no W_O: the identity, so handformer
+    computes what a module without an output projection does."""
+    by = {s.role.split(" ")[-1]: s for s in slots}  # "self-attention W_Q" -> "W_Q"
+    for role, proj in attention_parameters(target).items():
+        if role in by:
+            copy_weights(proj, by[role])
+        else:
+            with torch.no_grad():
+                proj.weight.copy_(torch.eye(proj.weight.size(0), dtype=proj.weight.dtype))
+                proj.bias.zero_()
+
+
+def ffn_parameters(target: nn.Module) -> dict[str, nn.Linear]:
+    """Handformer's FeedForward by the roles of the learner's FFN slots."""
+    return {"FFN W_1": target.up_proj, "FFN W_up": target.up_proj, "FFN W_2": target.down_proj,
+            "FFN W_down": target.down_proj, "FFN W_gate": getattr(target, "gate_proj", None)}
+
+
+def copy_ffn(target: nn.Module, slots: list[Slot]) -> None:
+    """The learner's FFN matrices (two, or three when gated) into handformer's FeedForward (a missing
+    down projection stays as it is: that FFN is compared to fail)."""
+    projections = ffn_parameters(target)
+    for slot in slots:
+        copy_weights(projections[slot.role], slot)

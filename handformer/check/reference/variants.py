@@ -1,0 +1,360 @@
+"""The reference computations of each component, written as plain functions, with every mistake of
+`handformer.check.reference.diagnoses` available as a flag.
+
+With no flags each function computes what handformer's own module computes (tests pin it); with a
+flag it computes what a learner's code with that mistake computes, from the same weights. A flag is
+"name" or "name:form", e.g. "softmax_wrong_dim:-2" or "no_residual:ffn". Masks are bool, True = may
+attend, and are applied as the tutorials do (`masked_fill(-1e9)`), so a query with no visible key
+gets uniform weights here, as in the learner's code.
+
+Shape legend: B batch, T query length, S key length, D d_model, H heads, Dh head dim, F FFN width.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Linear = tuple[Tensor, Tensor | None]  # (weight (out, in), bias (out,) or None)
+Flags = frozenset[str]
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+def has(flags: Flags, name: str) -> str | None:
+    """The form of flag `name` in `flags` ("" for a flag without a form), or None."""
+    for flag in flags:
+        head, _, form = flag.partition(":")
+        if head == name:
+            return form
+    return None
+
+
+def linear(x: Tensor, w: Linear) -> Tensor:
+    return F.linear(x, w[0], w[1])
+
+
+MASK_TRANSFORMS = frozenset({"mask_not_applied", "mask_hides_queries", "mask_repeat_order", "mask_inverted"})
+
+
+def applied_keep(keep: Tensor | None, flags: Flags, n_heads: int = 1) -> Tensor | None:
+    """The mask as the attention with these mistakes applies it (True = may attend): inverted,
+    ignored, transposed (a (B, 1, 1, S) key mask turned into (B, 1, S, 1): queries hidden instead of
+    keys), or repeated over the heads in the wrong order (d2l's (B * H) layout with `repeat` where
+    `repeat_interleave` is meant: the mask of batch row (b * H + h) % B for head h of row b)."""
+    if keep is None or has(flags, "mask_not_applied") is not None:
+        return None
+    if has(flags, "mask_hides_queries") is not None:
+        keep = keep.transpose(-2, -1)
+    if has(flags, "mask_repeat_order") is not None and keep.size(0) > 1:
+        B = keep.size(0)
+        order = torch.arange(B * n_heads) % B  # flat row b * H + h gets the mask of batch row ...
+        keep = keep[order].reshape(B, n_heads, *keep.shape[2:])  # (B, H, T|1, S)
+    if has(flags, "mask_inverted") is not None:
+        return ~keep
+    return keep
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, flags: Flags = frozenset(),
+              ) -> tuple[Tensor, Tensor]:
+    """softmax(q k^T / sqrt(Dh)) v for (B, H, T, Dh) queries; returns (out (B, H, T, Dh), weights)."""
+    scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
+    if has(flags, "no_scaling") is None:
+        dk = q.size(-1)
+        scores = scores / (dk if has(flags, "scale_by_dk") is not None else math.sqrt(dk))
+    weights = masked_softmax(scores, keep, flags)  # (B, H, T, S)
+    return weights @ v, weights  # (B, H, T, Dh)
+
+
+def masked_softmax(scores: Tensor, keep: Tensor | None, flags: Flags = frozenset(), fill: float = -1e9,
+                   ) -> Tensor:
+    """softmax over the keys of (B, H, T, S) scores with the hidden ones filled first; the mask and
+    softmax mistakes on request."""
+    keep = applied_keep(keep, flags, scores.size(1))
+    after = has(flags, "mask_after_softmax")
+    if keep is not None and after is None:  # -inf: a row (or, over the wrong dim, a column) of them is NaN
+        scores = scores.masked_fill(~keep, -math.inf if has(flags, "nan_on_masked_rows") is not None else
+                                    fill)
+    dim = has(flags, "softmax_wrong_dim")
+    weights = torch.softmax(scores, dim=int(dim) if dim else -1)
+    if keep is not None and after is not None:
+        weights = weights.masked_fill(~keep, 0.0 if after == "zero" else fill)
+    return weights
+
+
+@dataclass
+class MHAWeights:
+    q: Linear
+    k: Linear
+    v: Linear
+    o: Linear | None  # None: the learner's module has no output projection
+    n_heads: int
+    n_kv_heads: int | None = None  # grouped-query attention: fewer key/value heads than query heads
+    rope: str | None = None  # rotary positions inside: "half" (half-split pairs) or "interleaved"
+    qk_norm: tuple[NormWeights, NormWeights] | None = None  # QK-norm: each query and key head normed
+
+
+def split_heads(x: Tensor, n_heads: int, flags: Flags) -> Tensor:
+    B, T, width = x.shape
+    if has(flags, "split_no_transpose") is not None:
+        return x.view(B, n_heads, T, width // n_heads)  # (B, H, T, Dh) with positions mixed
+    return x.view(B, T, n_heads, width // n_heads).transpose(1, 2)  # (B, H, T, Dh)
+
+
+def repeat_kv(x: Tensor, n_rep: int, flags: Flags = frozenset()) -> Tensor:
+    """(B, Hkv, S, Dh) -> (B, Hkv * n_rep, S, Dh): each key/value head shared by n_rep consecutive
+    query heads; kv_repeat_order tiles them instead (head h gets kv head h % Hkv)."""
+    if has(flags, "kv_repeat_order") is not None:
+        return x.repeat(1, n_rep, 1, 1)  # (B, H, S, Dh): heads 0, 1, 0, 1, ...
+    return x.repeat_interleave(n_rep, dim=1)  # (B, H, S, Dh): heads 0, 0, 1, 1, ...
+
+
+def multi_head_attention(w: MHAWeights, xq: Tensor, xk: Tensor, xv: Tensor, keep: Tensor | None,
+                         flags: Flags = frozenset(), offset: int = 0) -> tuple[Tensor, Tensor]:
+    """(B, T, D) queries, (B, S, D) keys and values -> ((B, T, D), weights (B, H, T, S)).
+    offset: the position of the first query and key (for rotary positions)."""
+    B, T, _ = xq.shape
+    wk, wv = (w.v, w.k) if has(flags, "kv_swapped") is not None else (w.k, w.v)
+    n_kv = w.n_kv_heads or w.n_heads
+    q = split_heads(linear(xq, w.q), w.n_heads, flags)  # (B, H, T, Dh)
+    k = split_heads(linear(xk, wk), n_kv, flags)  # (B, Hkv, S, Dh)
+    v = split_heads(linear(xv, wv), n_kv, flags)  # (B, Hkv, S, Dh)
+    q, k = qk_positions(w, q, k, offset, flags)
+    if n_kv != w.n_heads:
+        k, v = repeat_kv(k, w.n_heads // n_kv, flags), repeat_kv(v, w.n_heads // n_kv, flags)  # (B, H, S, Dh)
+    out, weights = attention(q, k, v, keep, flags)  # (B, H, T, Dh)
+    width = out.size(1) * out.size(-1)
+    if has(flags, "concat_no_transpose") is not None:
+        out = out.contiguous().view(B, T, width)  # (B, T, H * Dh) from the raw (B, H, T, Dh) memory
+    else:
+        out = out.transpose(1, 2).contiguous().view(B, T, width)  # (B, T, H * Dh)
+    if w.o is not None and has(flags, "no_output_projection") is None:
+        out = linear(out, w.o)
+    return out, weights
+
+
+def qk_positions(w: MHAWeights, q: Tensor, k: Tensor, offset: int, flags: Flags) -> tuple[Tensor, Tensor]:
+    """Queries (B, H, T, Dh) and keys (B, Hkv, S, Dh) with each head normed (QK-norm), then rotated
+    by their positions; qk_norm_after_rope: rotated, then normed."""
+    after = has(flags, "qk_norm_after_rope") is not None and w.rope is not None
+    if w.qk_norm is not None and not after:
+        q, k = norm(w.qk_norm[0], q, frozenset()), norm(w.qk_norm[1], k, frozenset())
+    if w.rope is not None:
+        q, k = rotary(q, w.rope, offset, flags), rotary(k, w.rope, offset, flags)
+    if w.qk_norm is not None and after:
+        q, k = norm(w.qk_norm[0], q, frozenset()), norm(w.qk_norm[1], k, frozenset())
+    return q, k
+
+
+def rope_angles(T: int, Dh: int, theta: float = 10000.0, offset: int = 0, flags: Flags = frozenset(),
+                dtype: torch.dtype = torch.float64) -> Tensor:
+    """(T, Dh/2) angles pos * theta^(-2j/Dh) of positions offset .. offset + T - 1; the classic
+    mistakes on request (positions from 0 whatever the offset, a wrong exponent)."""
+    start = 0 if has(flags, "rope_no_offset") is not None else offset
+    pos = torch.arange(start, start + T, dtype=dtype)[:, None]  # (T, 1)
+    j = torch.arange(0, Dh, 2, dtype=dtype)  # (Dh/2,): 2j
+    if has(flags, "rope_wrong_base") == "exponent":
+        j = j / 2  # theta^(-j/Dh): the pair index not doubled
+    return pos * theta ** (-j / Dh)  # (T, Dh/2)
+
+
+def rotary(x: Tensor, layout: str, offset: int = 0, flags: Flags = frozenset(), theta: float = 10000.0,
+           ) -> Tensor:
+    """(B, H, T, Dh) queries or keys rotated by their positions' angles. "half": dimension j pairs
+    with j + Dh/2 (Hugging Face, handformer); "interleaved": 2j with 2j + 1 (Meta's complex
+    freqs_cis). rope_rotation_sign rotates the other way (rotate_half's minus on the wrong half)."""
+    T, Dh = x.size(-2), x.size(-1)
+    angles = rope_angles(T, Dh, theta, offset, flags, x.dtype)  # (T, Dh/2)
+    if has(flags, "rope_rotation_sign") is not None:
+        angles = -angles
+    cos, sin = angles.cos(), angles.sin()
+    if layout == "interleaved":
+        a, b = x[..., 0::2], x[..., 1::2]  # (B, H, T, Dh/2) each
+        return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)  # (B, H, T, Dh)
+    a, b = x[..., : Dh // 2], x[..., Dh // 2:]  # (B, H, T, Dh/2) each
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (B, H, T, Dh)
+
+
+@dataclass
+class FFNWeights:
+    up: Linear
+    down: Linear | None  # None: the learner's FFN has no down projection
+    gate: Linear | None = None
+    activation: str = "relu"
+
+
+def feed_forward(w: FFNWeights, x: Tensor, flags: Flags = frozenset()) -> Tensor:
+    """down(act(up(x))), or down(act(gate(x)) * up(x)) when gated; (B, T, D) -> (B, T, D).
+    Mistakes: no activation, the activation after the gate's product, no down projection (the
+    output is then (B, T, F))."""
+    act = (lambda h: h) if has(flags, "ffn_no_activation") is not None else ACTIVATIONS[w.activation]
+    if w.gate is None:
+        hidden = act(linear(x, w.up))  # (B, T, F)
+    elif has(flags, "gated_act_after_product") is not None:
+        hidden = act(linear(x, w.gate) * linear(x, w.up))  # (B, T, F)
+    else:
+        hidden = act(linear(x, w.gate)) * linear(x, w.up)  # (B, T, F)
+    if has(flags, "ffn_no_down_projection") is not None or w.down is None:
+        return hidden
+    return linear(hidden, w.down)
+
+
+@dataclass
+class NormWeights:
+    weight: Tensor
+    bias: Tensor | None
+    eps: float
+    kind: str = "layernorm"  # layernorm | rmsnorm
+    flags: Flags = frozenset()  # the learner's norm's own mistakes (found by running it alone)
+
+
+def norm(w: NormWeights, x: Tensor, flags: Flags | None = None) -> Tensor:
+    """LayerNorm or RMSNorm over the last dimension, with the norm's mistakes: the Annotated
+    Transformer's unbiased std + eps (or the unbiased variance inside the root), eps outside the
+    square root, RMSNorm's sum instead of mean of the squares or no square root, the gain (or bias)
+    not applied, the statistics over the wrong axis."""
+    flags = w.flags if flags is None else flags
+    wrong = has(flags, "norm_wrong_dim")
+    dims = (-2,) if wrong == "-2" else tuple(range(x.dim())) if wrong == "all" else (-1,)
+    eps_out = has(flags, "norm_eps_outside_sqrt") is not None
+    if w.kind == "rmsnorm":
+        square = x.pow(2)
+        ms = square.sum(dims, keepdim=True) if has(flags, "rmsnorm_sum_squares") is not None else (
+            square.mean(dims, keepdim=True))
+        if has(flags, "rmsnorm_no_sqrt") is not None:
+            y = x / (ms + w.eps)
+        else:
+            y = x / (ms.sqrt() + w.eps) if eps_out else x * torch.rsqrt(ms + w.eps)
+        out, bias = y, None
+    else:
+        centred = x - x.mean(dims, keepdim=True)
+        unbiased = has(flags, "layernorm_unbiased_std")
+        var = centred.pow(2).sum(dims, keepdim=True) / (
+            math.prod(x.size(d) for d in dims) - (unbiased is not None))
+        if unbiased == "std" or (unbiased is None and eps_out):
+            out = centred / (var.sqrt() + w.eps)  # x.std() + eps: eps outside the root
+        else:
+            out = centred / torch.sqrt(var + w.eps)
+        bias = w.bias
+    gain = has(flags, "norm_no_gain")
+    if gain != "gain":
+        out = w.weight * out
+    if bias is not None and gain != "bias":
+        out = out + bias
+    return out
+
+
+RMS_FLAGS = ("rmsnorm_sum_squares", "rmsnorm_no_sqrt", "norm_eps_outside_sqrt", "norm_no_gain:gain",
+             "norm_wrong_dim:-2", "norm_wrong_dim:all")
+LN_FLAGS = ("layernorm_unbiased_std:std", "layernorm_unbiased_std:var", "norm_eps_outside_sqrt",
+            "norm_no_gain:gain", "norm_no_gain:bias", "norm_wrong_dim:-2", "norm_wrong_dim:all")
+
+
+def norm_flags(kind: str, has_bias: bool) -> tuple[str, ...]:
+    """The mistakes a norm of this kind can be searched for."""
+    if kind == "rmsnorm":
+        return RMS_FLAGS
+    return tuple(f for f in LN_FLAGS if has_bias or f != "norm_no_gain:bias")
+
+
+@dataclass
+class LayerWeights:
+    """An encoder layer, decoder layer or decoder-only block: attentions, FFN, one norm a sublayer."""
+
+    self_attn: MHAWeights
+    ffn: FFNWeights
+    norms: list[NormWeights]  # in sublayer order: self-attention, (cross-attention,) FFN
+    cross_attn: MHAWeights | None = None
+    placement: str = "post"  # the placement every sublayer uses unless a pre_norm flag flips one
+    sublayers: list[str] = field(default_factory=lambda: ["attn", "ffn"])
+
+
+def sublayer(w: LayerWeights, x: Tensor, f: Callable[[Tensor], Tensor], name: str, flags: Flags,
+             trace: list[Tensor] | None = None) -> Tensor:
+    """post: norm(x + f(x)); pre: x + f(norm(x)). Mistakes: no_residual drops the `x +`;
+    residual_from_normed adds f to norm(x) instead of x (pre-norm: h = norm(x); x = h + f(h));
+    shared_norm uses the first (or last) norm for every sublayer."""
+    if trace is not None:
+        trace.append(x)  # the residual stream entering the sublayer
+    shared = has(flags, "shared_norm")
+    n = w.norms[{"first": 0, "last": -1}.get(shared or "", w.sublayers.index(name))]
+    pre = (w.placement == "pre") != (has(flags, "pre_norm") == name)
+    residual = has(flags, "no_residual") not in (name, "all")  # "all": a residual wrapper shared by all
+    if pre:
+        h = norm(n, x)
+        start = h if has(flags, "residual_from_normed") in (name, "all") else x
+        return start + f(h) if residual else f(h)
+    h = f(x)
+    if trace is not None:
+        trace.append(x + h)  # the sum before the norm
+    return norm(n, x + h if residual else h)
+
+
+def encoder_layer(w: LayerWeights, x: Tensor, keep: Tensor | None, flags: Flags = frozenset(),
+                  trace: list[Tensor] | None = None) -> Tensor:
+    """The encoder layer and the decoder-only block: self-attention, then FFN; (B, T, D). `trace`
+    collects the residual stream between the sublayers (where dropout must not be)."""
+    x = sublayer(w, x, lambda h: multi_head_attention(w.self_attn, h, h, h, keep, flags)[0], "attn",
+                 flags, trace)
+    x = sublayer(w, x, lambda h: feed_forward(w.ffn, h, flags), "ffn", flags, trace)
+    if trace is not None:
+        trace.append(x)
+    return x
+
+
+def decoder_layer(w: LayerWeights, x: Tensor, memory: Tensor, src_keep: Tensor | None,
+                  tgt_keep: Tensor | None, flags: Flags = frozenset(), trace: list[Tensor] | None = None,
+                  ) -> Tensor:
+    """Masked self-attention, cross-attention over `memory` (B, S, D), FFN; (B, T, D)."""
+    assert w.cross_attn is not None
+    if has(flags, "decoder_masks_swapped") is not None:
+        src_keep, tgt_keep = tgt_keep, src_keep
+    x = sublayer(w, x, lambda h: multi_head_attention(w.self_attn, h, h, h, tgt_keep, flags)[0],
+                 "attn", flags, trace)
+    x = sublayer(w, x, lambda h: multi_head_attention(w.cross_attn, h, memory, memory, src_keep,
+                                                      flags)[0], "cross", flags, trace)
+    x = sublayer(w, x, lambda h: feed_forward(w.ffn, h, flags), "ffn", flags, trace)
+    if trace is not None:
+        trace.append(x)
+    return x
+
+
+def add_norm(w: NormWeights, x: Tensor, y: Tensor, flags: Flags = frozenset()) -> Tensor:
+    """d2l's AddNorm(X, Y): norm(dropout(Y) + X); no_residual drops the X."""
+    return norm(w, y if has(flags, "no_residual") is not None else x + y)
+
+
+def causal_keep(T: int, flags: Flags = frozenset(), device: torch.device | None = None) -> Tensor:
+    """(T, T) bool, True where query t may see key s: s <= t; off by one on request."""
+    form = has(flags, "causal_off_by_one")
+    diagonal = {"no_self": -1, "sees_next": 1}.get(form or "", 0)
+    return torch.ones(T, T, dtype=torch.bool, device=device).tril(diagonal)
+
+
+def sinusoidal(T: int, D: int, flags: Flags = frozenset(), dtype: torch.dtype = torch.float64,
+               ) -> Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/D)), PE[pos, 2i+1] = cos(...); (T, D). Flags give the
+    classic wrong versions."""
+    pos = torch.arange(T, dtype=dtype)[:, None]  # (T, 1)
+    pair = torch.arange(0, D, 2, dtype=dtype)  # (D/2,): 2i
+    form = has(flags, "pe_wrong_frequency")
+    table = torch.zeros(T, D, dtype=dtype)
+    if form == "dim_index":  # column j uses 10000^(j/D), not the pair's 2i
+        angle = pos / 10000 ** (torch.arange(D, dtype=dtype) / D)  # (T, D)
+        even, odd = angle[:, 0::2], angle[:, 1::2]
+    else:
+        exponent = {"pair_index": pair / 2 / D, "positive": -pair / D}.get(form or "", pair / D)
+        even = odd = pos / 10000 ** exponent  # (T, D/2)
+    sin, cos = (torch.cos, torch.sin) if has(flags, "pe_sin_cos_swapped") is not None else (
+        torch.sin, torch.cos)
+    table[:, 0::2] = sin(even)
+    table[:, 1::2] = cos(odd)
+    return table

@@ -1,0 +1,897 @@
+"""Runners for attention: the scaled dot-product function, d2l's masked softmax, multi-head attention
+(self and cross, grouped-query, with rotary positions inside), and causal self-attention that builds
+its own mask.
+
+Each compares the learner's output (and returned weights, and gradients) with handformer's own
+component on several shapes and masks, runs the reference-free checks (causality, padding
+invariance, heads one by one, no NaN on fully masked rows, eval determinism, the tutorials' shapes),
+and names mistakes by fingerprint search over `handformer.check.reference.variants`.
+
+Shape legend: B batch, T query length, S key length, D d_model, H heads, Hkv key/value heads,
+Dh head dim.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.context import (
+    ATTENTION_FLAGS,
+    HEAD_FLAGS,
+    ROPE_FLAGS,
+    TUTORIAL,
+    Context,
+    D,
+    H,
+    causal,
+    check_determinism,
+    error_text,
+    finish,
+    first_working,
+    forward_parameters,
+    grads_error,
+    guarded,
+    is_mask_name,
+    masked_rows,
+    nan_on_hidden_rows,
+    not_cropped,
+    outputs_by_convention,
+    positions,
+    shape_of,
+)
+from handformer.check.core.conventions import masks_where_true
+from handformer.check.core.discovery import Component
+from handformer.check.core.localize import note_attention_departure
+from handformer.check.core.reference_attention import handformer_attention
+from handformer.check.core.result import Check, ComponentResult, Finding, text
+from handformer.check.core.rope_tables import either_start, either_table
+from handformer.check.core.rotary import ROPE_WORDS, cos_sin, rope_note, rope_tables
+from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.core.weights import (
+    MappingError,
+    Slot,
+    attention_parameters,
+    attention_slots,
+    leaves,
+    mha_weights,
+    qk_norm_slots,
+)
+from handformer.check.reference import variants as V
+from handformer.nn.attention import scaled_dot_product_attention
+from handformer.nn.masks import causal_mask
+
+Call = Callable[[Tensor, Tensor, Tensor, Tensor | None], Any]
+
+@dataclass
+class Caller:
+    """A uniform (xq, xk, xv, mask) call into the learner's forward or function."""
+
+    call: Call
+    n_inputs: int  # 1: self-attention only; 3: query, key, value
+    mask_name: str | None  # the name of its mask (or valid_lens) parameter, None if it takes none
+    rope_table: bool  # it is handed Meta's freqs_cis (complex rotary table) by its caller
+    state: dict[str, Any]  # "visible": the convention of an all-visible mask handed where none is given
+
+    @property
+    def takes_mask(self) -> bool:
+        return self.mask_name is not None
+
+
+def caller(fn: Any, head_dim: int = D // H) -> Caller:
+    """How to call the learner's attention: its inputs by position, its mask by name (None when
+    there is no mask: d2l's `valid_lens` has no default), and the rotary table or positions a
+    Llama-style forward(x, freqs_cis, mask) or forward(x, start_pos, ...) asks for."""
+    params = forward_parameters(fn)
+    extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
+             "sin"}
+    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra
+                        or isinstance(p.default, bool)), len(params))  # a flag (use_cache) keeps its default
+    inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
+    masks = [p for p in params if is_mask_name(p.name)]
+    named = {p.name for p in params} & extra
+    n = 3 if len(inputs) >= 3 else len(inputs)
+    layout: dict[str, bool] = {}  # "batched": Hugging Face's (cos, sin) of (B, T, Dh), once known
+    state: dict[str, Any] = {}
+    required = bool(masks) and masks[0].default is masks[0].empty
+
+    def call(xq: Tensor, xk: Tensor, xv: Tensor, mask: Tensor | None) -> Any:
+        args = [xq, xk, xv][:n]
+        if mask is None and required and "visible" in state:  # Raschka's forward(x, mask, cos, sin)
+            everything = torch.ones(xq.size(0), 1, xq.size(1), xk.size(1), dtype=torch.bool)
+            mask = run_mask(everything, state["visible"], xq.size(0))
+        kwargs: dict[str, Any] = {masks[0].name: mask} if masks else {}
+        B, T = xq.shape[:2]
+        kwargs.update(_position_kwargs(named, B, T, head_dim, xq.dtype, layout.get("batched", False)))
+        run = fn
+        if "freqs_cis" in named:  # Meta's complex table, or gpt-fast's real pairs
+            def run(*a: Any, **k: Any) -> Any:
+                return either_table(fn, list(a), k, layout)
+        if "start_pos" in named:
+            return either_start(run, args, kwargs, layout, B)
+        if "freqs_cis" in named:
+            return run(*args, **kwargs)
+        if "position_embeddings" not in named or "batched" in layout:
+            return fn(*args, **kwargs)
+        return _either_layout(fn, args, kwargs, layout, (T, head_dim, B, xq.dtype))
+
+    return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state)
+
+
+def _position_kwargs(named: set[str], B: int, T: int, head_dim: int, dtype: torch.dtype,
+                     batched: bool) -> dict[str, Any]:
+    """What a forward's positional arguments are given: Meta's freqs_cis (T, Dh/2), Hugging Face's
+    position_embeddings, Raschka's cos and sin (T, Dh), start_pos 0, the positions (B, T)."""
+    kwargs: dict[str, Any] = {}
+    for name in named:
+        if name == "freqs_cis":
+            angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
+            kwargs[name] = torch.polar(torch.ones_like(angles), angles)
+        elif name == "position_embeddings":
+            kwargs[name] = batched_cos_sin(T, head_dim, B, batched, dtype)
+        elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
+            kwargs[name] = cos_sin(T, head_dim)[name == "sin"].to(dtype)
+        elif name == "start_pos":
+            kwargs[name] = 0
+        else:
+            kwargs[name] = torch.arange(T)[None].expand(B, T)
+    return kwargs
+
+
+def _either_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool],
+                   sizes: tuple[int, int, int, torch.dtype]) -> Any:
+    """The first call of a forward handed (cos, sin): minimind's (T, Dh) tables, else Hugging Face's
+    (B, T, Dh); the layout that runs is kept. When neither runs, their error with the first is raised."""
+    try:
+        out = fn(*args, **kwargs)
+        layout["batched"] = False
+        return out
+    except Exception as first:  # noqa: BLE001 - theirs, unless the other layout runs
+        kwargs["position_embeddings"] = batched_cos_sin(*sizes[:3], True, sizes[3])
+        try:
+            out = fn(*args, **kwargs)
+        except Exception:  # noqa: BLE001
+            raise first from None
+        layout["batched"] = True
+        return out
+
+
+
+def batched_cos_sin(T: int, head_dim: int, B: int, batched: bool, dtype: torch.dtype) -> tuple[Tensor, ...]:
+    """(cos, sin), each (T, Dh), or (B, T, Dh) as Hugging Face's rotary module returns them."""
+    tables = cos_sin(T, head_dim)
+    if batched:
+        tables = tuple(t[None].expand(B, T, -1) for t in tables)  # (B, T, Dh) each
+    return tuple(t.to(dtype) for t in tables)
+
+
+
+def run_mask(keep: Tensor | None, conv: str, batch: int) -> Tensor | None:
+    return fp.encode_mask(keep, conv, batch) if keep is not None else None
+
+
+Compute = Callable[[frozenset[str], str], Tensor]
+RowsOf = Callable[[frozenset[str], str], Tensor | None]
+
+
+def detect(ctx: Context, run: Callable[[str], Tensor | None], compute: Compute, universe: tuple[str, ...],
+           rows: RowsOf, conventions: tuple[str, ...],
+           ) -> tuple[str | None, tuple[frozenset[str], float] | None, fp.LearnerFailure | None]:
+    """The mask convention that explains the learner's output with the fewest mistakes, and those
+    mistakes. compute and rows take the convention too (a key padding mask cannot carry the causal
+    part, so such conventions are searched with a padding mask). Returns (convention, (flags, error)
+    or None, the first learner failure)."""
+    outputs, failure = outputs_by_convention(run, conventions)
+    universe = responsive(outputs, universe)
+    for min_flags, max_flags in ((0, 1), (2, 2)):  # pairs only once no smaller set matched
+        best = None
+        for conv, out in outputs.items():
+            found = fp.search(out, lambda fl, conv=conv: compute(fl, conv), universe,
+                              lambda fl, conv=conv: rows(fl, conv), max_flags, min_flags)
+            if found is not None and (best is None or len(found[0]) < len(best[1][0])):
+                best = (conv, found)
+            if found is not None and not found[0]:
+                break
+        if best:
+            return best[0], best[1], failure
+    return (next(iter(outputs), None), None, failure)
+
+
+def responsive(outputs: dict[str, Tensor], universe: tuple[str, ...]) -> tuple[str, ...]:
+    """The mistakes to search for, given the outputs under each mask convention: when they differ,
+    the code reads its mask (in one of the conventions at least), so it is not a mask never applied
+    (under a convention its comparisons never fire, e.g. `mask == 1` on an additive mask, it would
+    look like one)."""
+    distinct = []
+    for out in outputs.values():
+        if not any(out.shape == seen.shape and torch.equal(out, seen) for seen in distinct):
+            distinct.append(out)
+    return tuple(f for f in universe if f != "mask_not_applied") if len(distinct) > 1 else universe
+
+
+def keeps_for(keep: Tensor | None, fallback: Tensor | None, conventions: tuple[str, ...],
+              ) -> dict[str, Tensor | None]:
+    """The mask each convention is searched with: `keep`, or `fallback` (padding only) where the
+    convention cannot write `keep`."""
+    return {c: keep if fp.encodable(keep, c) else fallback for c in conventions}
+
+
+# --- scaled dot-product attention and masked softmax -------------------------------------------
+
+def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    fn = comp.obj
+    if isinstance(fn, type):
+        kwargs = {**_dropout_kwargs(comp.obj), **_temperature(comp.obj)}
+        fn = ctx.learner.call("__init__", lambda: comp.obj(**kwargs))
+        if isinstance(fn, nn.Module):
+            fn = fn.double().eval()
+    c = caller(fn)
+    convs = ctx.conventions(c.mask_name)
+    B, T, S, Dh = 2, 6, 6, 8
+    q, k, v = fp.randn(B, H, T, Dh, seed=1), fp.randn(B, H, S, Dh, seed=2), fp.randn(B, H, S, Dh, seed=3)
+    keeps = keeps_for(causal(T) & positions(B, S, [0, 2]), positions(B, S, [0, 2]), convs)
+    layout = _layout(ctx, c, convs, keeps)
+
+    def run(conv: str) -> Tensor | None:
+        return layout.run(ctx, c, q, k, v, keeps[conv] if c.takes_mask else None, conv)
+
+    working = first_working(ctx, run, convs)
+    check_determinism(res, ctx, comp, lambda: run(working))
+
+    def search_rows(flags: frozenset[str], conv: str) -> Tensor | None:
+        return fp.visible_rows(V.applied_keep(keeps[conv], flags, H), B, T)  # inverted: other rows hidden
+
+    with fp.dropout_off():
+        conv, found, failure = detect(ctx, run, lambda fl, conv: V.attention(q, k, v, keeps[conv], fl)[0],
+                                      ATTENTION_FLAGS, search_rows, convs)
+        if conv is None:
+            raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, H, T, Dh) tensor",
+                                              f"{comp.name} 没有返回形状为 (B, H, T, Dh) 的张量")
+        if c.takes_mask:
+            res.convention = fp.describe_convention(conv)
+        correct = V.attention(q, k, v, keeps[conv])[0]
+        if found and found[0]:
+            off = fp.max_error(run(conv), correct, search_rows(found[0], conv))
+            res.findings += ctx.findings(found[0], found[1], off, comp, "mha")
+        if found:
+            nan_on_hidden_rows(res, run(conv), search_rows(found[0], conv), comp, ctx)
+        _compare_sdpa(res, ctx, comp, c, layout, conv, Dh)
+    return finish(res)
+
+
+def _sdpa_cases() -> list[tuple[str, int, int, int, Tensor | None]]:
+    """(label, B, T, S, the mask)."""
+    return [("no mask", 2, 5, 5, None), ("padding", 3, 4, 7, positions(3, 7, [0, 2, 7])),
+            ("causal + padding", 2, 6, 6, causal(6) & positions(2, 6, [0, 2])),
+            ("cross, T != S", 2, 3, 5, positions(2, 5, [0, 1]))]
+
+
+def _compare_sdpa(res: ComponentResult, ctx: Context, comp: Component, c: Caller, layout: Layout, conv: str,
+                  Dh: int) -> None:
+    """The output and the returned weights against handformer's on the cases the convention can write."""
+    errors = []
+    for _label, b, t, s, mask in _sdpa_cases():
+        mask = mask if c.takes_mask else None
+        if not fp.encodable(mask, conv):
+            continue
+        qc, kc, vc = (fp.randn(b, H, t, Dh, seed=4), fp.randn(b, H, s, Dh, seed=5),
+                      fp.randn(b, H, s, Dh, seed=6))
+        raw = layout.raw(ctx, c, qc, kc, vc, mask, conv)
+        ref, ref_w = scaled_dot_product_attention(qc, kc, vc, mask, need_weights=True)
+        rows = fp.visible_rows(mask, b, t)
+        out = layout.output(raw, qc.shape)
+        errors.append(fp.max_error(out, ref, rows))
+        weights = fp.weights_of(raw)
+        if weights is not None and weights.shape == ref_w.shape:
+            errors.append(fp.max_error(weights, ref_w, rows))
+        masked_rows(res, out, rows, comp, ctx)
+    res.max_abs_error = max(errors)
+    n = len(errors)
+    res.checks.append(Check(text(f"matches handformer's scaled_dot_product_attention on {n} cases",
+                                 f"在 {n} 组输入上与 handformer 的 scaled_dot_product_attention 一致"),
+                            res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
+
+
+@dataclass
+class Layout:
+    """How the learner's attention function takes its inputs: (B, H, T, Dh) tensors, or d2l's
+    (B * H, T, Dh) with the mask (or valid lengths) repeated for each head."""
+
+    flat: bool
+
+    def raw(self, ctx: Context, c: Caller, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
+            conv: str) -> Any:
+        B, heads = q.shape[:2]
+        if self.flat:
+            q, k, v = (t.reshape(B * heads, *t.shape[2:]) for t in (q, k, v))  # (B * H, T, Dh)
+            if keep is not None:
+                keep = keep.expand(B, heads, *keep.shape[2:]).reshape(B * heads, 1, *keep.shape[2:])
+        mask = run_mask(keep, conv, q.size(0)) if c.takes_mask else None
+        return ctx.learner.call("forward", c.call, q, k, v, mask)
+
+    def output(self, raw: Any, shape: torch.Size) -> Tensor | None:
+        out = fp.first_tensor(raw, 3 if self.flat else 4)
+        if self.flat and out is not None and out.numel() == math.prod(shape):
+            return out.reshape(shape)  # (B, H, T, Dh)
+        return out
+
+    def run(self, ctx: Context, c: Caller, q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None,
+            conv: str) -> Tensor | None:
+        return self.output(self.raw(ctx, c, q, k, v, keep, conv), q.shape)
+
+
+def _layout(ctx: Context, c: Caller, convs: tuple[str, ...], keeps: dict[str, Tensor | None]) -> Layout:
+    """(B, H, T, Dh) if the learner's function runs on it and returns a 4-D tensor, else d2l's
+    (B * H, T, Dh)."""
+    q = fp.randn(2, H, 6, 8, seed=0)
+    for layout in (Layout(False), Layout(True)):
+        for conv in convs:
+            try:
+                if layout.run(ctx, c, q, q, q, keeps[conv], conv) is not None:
+                    return layout
+            except fp.LearnerFailure:
+                continue
+    return Layout(False)
+
+
+def check_masked_softmax(comp: Component, ctx: Context) -> ComponentResult:
+    """d2l's masked_softmax(X, valid_lens): softmax over the last axis of X (B, T, S), keys at or
+    past each row's valid length masked (-1e6)."""
+    res = ctx.result(comp)
+    params = forward_parameters(comp.obj)
+    mask_name = next((p.name for p in params if is_mask_name(p.name)),
+                     params[-1].name if len(params) > 1 else None)
+    convs = ctx.conventions(mask_name)
+    B, T, S = 3, 5, 6
+    scores = fp.randn(B, T, S, seed=1) * 2
+    keeps = keeps_for(causal_mask(T, S) & positions(B, S, [0, 2, 1]), positions(B, S, [0, 2, 1]), convs)
+
+    def run(conv: str, keep: Tensor | None = None) -> Tensor | None:
+        mask = run_mask(keeps[conv] if keep is None else keep, conv, B)
+        return fp.first_tensor(ctx.learner.call("forward", comp.obj, scores.clone(), mask), 3)
+
+    def compute(flags: frozenset[str], conv: str) -> Tensor:
+        return V.masked_softmax(scores[:, None], keeps[conv], flags)[:, 0]
+
+    def rows(flags: frozenset[str], conv: str) -> Tensor | None:
+        return fp.visible_rows(V.applied_keep(keeps[conv], flags), B, T)
+
+    universe = ("softmax_wrong_dim:-2", "mask_inverted", "mask_after_softmax:zero", "mask_after_softmax:neg",
+                "mask_not_applied")
+    conv, found, failure = detect(ctx, run, compute, universe, rows, convs)
+    if conv is None:
+        raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, T, S) tensor for scores "
+                                          f"of shape {(B, T, S)}",
+                                          f"对形状为 {(B, T, S)} 的分数，{comp.name} 没有返回形状为 (B, T, "
+                                          "S) 的张量")
+    res.convention = fp.describe_convention(conv)
+    if found and found[0]:
+        off = fp.max_error(run(conv), compute(frozenset(), conv), rows(found[0], conv))
+        res.findings += ctx.findings(found[0], found[1], off, comp)
+    _compare_masked_softmax(res, ctx, comp, run, scores, conv)
+    return finish(res)
+
+
+def _compare_masked_softmax(res: ComponentResult, ctx: Context, comp: Component,
+                            run: Callable[..., Tensor | None], scores: Tensor, conv: str) -> None:
+    """The largest difference from the softmax over the visible keys, on 3 masks (None included)."""
+    B, T, S = scores.shape
+    errors = []
+    for keep in (positions(B, S, [0, 6, 3]), causal_mask(T, S) & positions(B, S, [1, 0, 2]), None):
+        if not fp.encodable(keep, conv):
+            continue
+        out = run(conv, keep) if keep is not None else fp.first_tensor(
+            ctx.learner.call("forward", comp.obj, scores.clone(), None), 3)
+        ref = torch.softmax(scores if keep is None else scores.masked_fill(~keep[:, 0], -1e6), dim=-1)
+        errors.append(fp.max_error(out, ref, fp.visible_rows(keep, B, T)))
+    res.max_abs_error = max(errors)
+    n = len(errors)
+    res.checks.append(Check(text(f"equals the softmax over the visible keys on {n} masks (None included)",
+                                 f"在 {n} 组掩码上（含 None）与只对可见键做的 softmax 一致"),
+                            res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
+
+
+def _temperature(cls: type) -> dict[str, float]:
+    """jadore801120's ScaledDotProductAttention(temperature): the scale its caller gives, sqrt(Dh)."""
+    params = forward_parameters(cls.__init__)
+    return {p.name: 8 ** 0.5 for p in params if p.name.lower() == "temperature" and p.default is p.empty}
+
+
+def _dropout_kwargs(cls: type) -> dict[str, float]:
+    params = forward_parameters(cls.__init__)
+    return {p.name: 0.1 for p in params if "drop" in p.name.lower() and p.default is p.empty}
+
+
+# --- multi-head attention -----------------------------------------------------------------------
+
+
+def rope_settings(comp: Component, c: Caller) -> tuple[str | None, ...]:
+    """Where the learner's attention may apply rotary positions: given Meta's freqs_cis, pairs are
+    interleaved; otherwise, if its source speaks of rotary positions, either layout (or none)."""
+    if c.rope_table:
+        return ("interleaved",)
+    source = source_text(comp.obj).lower()
+    tables = re.search(r"def forward\([^)]*\bcos\b[^)]*\bsin\b", source)  # Raschka's (x, mask, cos, sin)
+    return (None, "half", "interleaved") if tables or any(w in source for w in ROPE_WORDS) else (None,)
+
+
+def behaves_causal(ctx: Context, c: Caller, width: int) -> bool:
+    """Whether the learner's self-attention, given no mask, is causal: what it does, not its name or
+    its parameters (minimind's takes an attention_mask and applies is_causal=True without one)."""
+    x = fp.randn(1, 5, width, seed=7)
+    bumped = x.clone()
+    bumped[:, 3] += 1.0
+    try:
+        a = fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, None), 3)
+        b = fp.first_tensor(ctx.learner.call("forward", c.call, bumped, bumped, bumped, None), 3)
+    except fp.LearnerFailure:
+        return False
+    if a is None or b is None or a.shape != b.shape:
+        return False
+    return bool(torch.allclose(a[:, :3], b[:, :3], atol=1e-9)) and not torch.allclose(a[:, 3:], b[:, 3:])
+
+
+def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_heads: int | None = None,
+              heads: int = H) -> ComponentResult:
+    res = ctx.result(comp)
+    sizes = {**ctx_sizes(), **({"n_kv_heads": n_kv_heads} if n_kv_heads else {})}
+    x = fp.randn(2, 6, D, seed=1)
+    module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
+    linears, qk_norms = _projections(comp, module, heads)
+    if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
+        return check_mha(comp, ctx, causal_inside, n_kv_heads, heads=1)
+    kv_width = (n_kv_heads or heads) * (D // heads)
+    slots = attention_slots(linears, D, 1, comp.name, kv_width)[0] + qk_norms
+    res.mapping = [s.describe() for s in slots]
+    c = caller(module)
+    causal_inside = _causal_inside(res, ctx, c, causal_inside)
+    has_o = _head_notes(res, comp, c, slots, causal_inside, heads)
+    probe = MHAProbe(ctx, c, x, _conventions(ctx, comp, c), causal_inside, heads)
+    try:
+        working = first_working(ctx, probe.run, probe.convs)
+        c.state["visible"] = working  # a mask it requires, when a case has none: every key visible
+    except fp.LearnerFailure as failure:
+        if causal_inside and not_cropped(res, ctx, comp, module, failure, probe.T):
+            return finish(res)
+        raise
+    check_determinism(res, ctx, comp, lambda: probe.run(working), "sdpa")
+    with fp.dropout_off():
+        universe = _universe(c, has_o, n_kv_heads, causal_inside)
+        rope, conv = _search_mha(res, ctx, comp, probe, slots, n_kv_heads, universe, working)
+        setup = Setup(module, slots, c, conv, causal_inside, n_kv_heads, rope, heads)
+        guarded(res, lambda: _compare_mha(res, ctx, comp, setup))
+        w = mha_weights(slots, heads, n_kv_heads, rope)
+        guarded(res, lambda: note_attention_departure(res, comp, _localizer_runs(comp, c, conv, rope, probe),
+                                                      w, causal_inside))
+        guarded(res, lambda: _properties(res, ctx, comp, setup))
+    guarded(res, lambda: _tutorial_shapes_at_their_sizes(res, ctx, comp, c, sizes))
+    if conv and conv.startswith("torch"):
+        _nan_as_torch(res)
+    return finish(res)
+
+
+def _localizer_runs(comp: Component, c: Caller, conv: str, rope: str | None, probe: MHAProbe,
+                    ) -> list[tuple[Callable[..., Any], str | None]]:
+    """The ways the localizer runs the learner's attention: with an all-visible mask in each
+    convention (the one found first) and, when the search found no rotary layout, each layout."""
+    ropes = (rope,) if rope else rope_settings(comp, c)
+    convs = (conv,) + tuple(cv for cv in probe.convs if cv != conv) if c.takes_mask else (conv,)
+    return [(visible_call(c, cv), r) for cv in convs for r in ropes]
+
+
+def visible_call(c: Caller, conv: str) -> Callable[..., Any]:
+    """The learner's attention handed an all-visible mask in the convention found (Meta's forward
+    adds its mask to the scores: a bool mask of ones would add 1), for the localizer's run."""
+    def call(xq: Tensor, xk: Tensor, xv: Tensor, mask: Tensor | None) -> Any:
+        everything = torch.ones(xq.size(0), 1, xq.size(1), xk.size(1), dtype=torch.bool)
+        if c.takes_mask and fp.encodable(everything, conv):
+            mask = run_mask(everything, conv, xq.size(0))
+        return c.call(xq, xk, xv, mask)
+    return call
+
+
+def _causal_inside(res: ComponentResult, ctx: Context, c: Caller, causal_inside: bool) -> bool:
+    """Causal inside: said so by its kind, or a self-attention that is causal given no mask
+    (minimind's is_causal=True), noted."""
+    if causal_inside or c.n_inputs != 1 or not behaves_causal(ctx, c, D):
+        return causal_inside
+    res.notes.append(text("with no mask it is causal (changing token 3 leaves outputs 0..2 "
+                          "unchanged): checked as causal self-attention",
+                          "不给掩码时它是因果的（改变位置 3 的 token，位置 0..2 的输出不变）："
+                          "按因果自注意力检查"))
+    return True
+
+
+def _tutorial_shapes_at_their_sizes(res: ComponentResult, ctx: Context, comp: Component, c: Caller,
+                                    sizes: dict[str, Any]) -> None:
+    with ctx.hyperparameters(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
+        _tutorial_shapes(res, ctx, comp, c, sizes)
+
+
+def _projections(comp: Component, module: nn.Module, heads: int) -> tuple[list[Any], list[Slot]]:
+    """The attention's linear layers, and its q/k norms (QK-norm, Qwen3's) as slots; any other
+    parameter is not in the reference."""
+    found = leaves(module)
+    extra = [leaf for leaf in found if leaf.kind != "linear"]
+    qk_norms = qk_norm_slots(extra, D // heads)
+    if extra and not qk_norms:
+        shapes = ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra)
+        raise MappingError(f"{comp.name} has parameters besides its projections ({shapes}); handformer's "
+                           "reference attention has only a QK-norm (two norms of width head_dim named "
+                           "q_norm and k_norm), no residual and norm inside",
+                           zh=f"{comp.name} 除了投影矩阵还有别的参数（{shapes}）；handformer 的参考注意力"
+                              "只认 QK-norm（两个宽度为 head_dim、名为 q_norm 和 k_norm 的归一化），"
+                              "内部没有残差和归一化")
+    return [leaf for leaf in found if leaf.kind == "linear"], qk_norms
+
+
+def _head_notes(res: ComponentResult, comp: Component, c: Caller, slots: list[Slot], causal_inside: bool,
+                heads: int) -> bool:
+    """Notes on what the attention takes and has (no mask, one head), the missing W_O as a finding;
+    whether it has W_O."""
+    if not c.takes_mask and not causal_inside:
+        res.notes.append(text("its forward takes no mask: the masked cases were skipped",
+                              "它的 forward 不接收掩码：跳过了带掩码的用例"))
+    has_o = any(s.role.endswith("W_O") for s in slots)
+    if heads == 1:
+        res.notes.append(text(
+            "one head (its constructor takes no number of heads, and it has W_Q, W_K, W_V and no W_O): "
+            "compared with handformer's attention with one head and no output projection",
+            "单头注意力（构造函数不接受头数，只有 W_Q、W_K、W_V，没有 W_O）：与只有一个头、"
+            "没有输出投影的 handformer 注意力比较"))
+    elif not has_o:
+        number, code = locate("no_output_projection", source_lines([comp.obj]))
+        res.findings.append(Finding("no_output_projection", text(
+            f"{comp.name} has 3 projections ({', '.join(res.mapping)}), no nn.Linear(d_model, d_model) "
+            f"for W_O", f"{comp.name} 只有 3 个投影（{', '.join(res.mapping)}），没有用于 W_O 的 "
+            "nn.Linear(d_model, d_model)"), number, code))
+    return has_o
+
+
+def _conventions(ctx: Context, comp: Component, c: Caller) -> tuple[str, ...]:
+    """The mask conventions to try: torch.nn's (True = masked) first where the source masks where
+    the mask is True."""
+    convs = ctx.conventions(c.mask_name)
+    if ctx.convention is None and masks_where_true(source_text(comp.obj), c.mask_name):
+        convs = ("torch", "torch3", "torch2") + convs
+    return convs
+
+
+def _universe(c: Caller, has_o: bool, n_kv_heads: int | None, causal_inside: bool) -> tuple[str, ...]:
+    """The mistakes the attention is searched for."""
+    universe = ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection" or has_o)
+    if c.mask_name and fp.is_lengths_name(c.mask_name):
+        universe += ("mask_repeat_order",)
+    if n_kv_heads:
+        universe += ("kv_repeat_order",)
+    if causal_inside:
+        dropped = ("mask_after_softmax",) + (() if c.takes_mask else ("mask_hides_queries",))
+        universe = tuple(f for f in universe if f.split(":")[0] not in dropped)
+        universe += ("causal_off_by_one:no_self", "causal_off_by_one:sees_next")
+    return universe
+
+
+class MHAProbe:
+    """The search's input (B, T, D), the masks it is given under each convention, and the masks the
+    attention applies with a set of mistakes."""
+
+    B, T = 2, 6
+
+    def __init__(self, ctx: Context, c: Caller, x: Tensor, convs: tuple[str, ...],
+                 causal_inside: bool, heads: int) -> None:
+        self.ctx, self.c, self.x, self.convs, self.causal_inside = ctx, c, x, convs, causal_inside
+        self.heads = heads
+        self.pad = positions(self.B, self.T, [0, 2]) if c.takes_mask else None
+        self.keeps = {cv: self.pad for cv in convs} if causal_inside else keeps_for(
+            causal(self.T) & self.pad if self.pad is not None else None, self.pad, convs)
+
+    def run(self, conv: str) -> Tensor | None:
+        mask = run_mask(self.keeps[conv], conv, self.B) if self.c.takes_mask else None
+        return fp.first_tensor(self.ctx.learner.call("forward", self.c.call, self.x, self.x, self.x, mask), 3)
+
+    def applied(self, flags: frozenset[str], conv: str) -> Tensor | None:
+        """The mask as the learner's attention with these mistakes applies it: the one it is given,
+        or (causal inside) its own causal mask, off by one if so, & the padding it is given."""
+        if not self.causal_inside:
+            return V.applied_keep(self.keeps[conv], flags, self.heads)
+        own = V.causal_keep(self.T, flags)[None, None]
+        if self.pad is None:
+            return V.applied_keep(own, flags, self.heads)
+        given = V.applied_keep(self.pad, flags, self.heads)
+        return own if given is None else own & given
+
+    def rows(self, flags: frozenset[str], conv: str) -> Tensor | None:
+        return fp.visible_rows(self.applied(flags, conv), self.B, self.T)
+
+    def computer(self, slots: list[Slot], n_kv_heads: int | None, rope: str | None) -> Compute:
+        w = mha_weights(slots, self.heads, n_kv_heads, rope)
+        x = self.x
+        return lambda flags, conv: V.multi_head_attention(w, x, x, x, self.applied(flags, conv),
+                                                          flags - V.MASK_TRANSFORMS)[0]
+
+
+def _search_mha(res: ComponentResult, ctx: Context, comp: Component, p: MHAProbe, slots: list[Slot],
+                n_kv_heads: int | None, universe: tuple[str, ...], working: str) -> tuple[str | None, str]:
+    """The rotary layout and mask convention that explain the learner's output with the fewest
+    mistakes, those mistakes named; returns (rotary layout, convention)."""
+    best, first_conv, failure = None, None, None
+    for rope in rope_settings(comp, p.c):
+        compute = p.computer(slots, n_kv_heads, rope)
+        conv, found, fail = detect(ctx, p.run, compute, universe + (ROPE_FLAGS if rope else ()), p.rows,
+                                   p.convs)
+        first_conv, failure = first_conv or conv, failure or fail
+        if found is not None and (best is None or len(found[0]) < len(best[2][0])):
+            best = (rope, conv, found, compute)
+        if found is not None and not found[0]:
+            break
+    if best is None:
+        if first_conv is None:
+            raise failure or _no_output(ctx, comp, p, working)
+        best = (None, first_conv, None, p.computer(slots, n_kv_heads, None))
+    rope, conv, found, compute = best
+    if p.c.takes_mask:
+        res.convention = fp.describe_convention(conv)
+    if rope:
+        res.notes.append(rope_note(rope))
+    if found and found[0]:
+        correct = fp.max_error(p.run(conv), compute(frozenset(), conv), p.rows(found[0], conv))
+        res.findings += ctx.findings(found[0], found[1], correct, comp, "sdpa")
+    if found:
+        nan_on_hidden_rows(res, p.run(conv), p.rows(found[0], conv), comp, ctx)
+    return rope, conv
+
+
+def _no_output(ctx: Context, comp: Component, p: MHAProbe, working: str) -> fp.LearnerFailure:
+    mask = run_mask(p.keeps[working], working, p.B)
+    got = shape_of(ctx.learner.call("forward", p.c.call, p.x, p.x, p.x, mask))
+    return ctx.learner.fail(
+        "forward", f"{comp.name} returned {got} for inputs of shape {tuple(p.x.shape)}; expected a "
+        "(B, T, D) tensor (and the weights (B, H, T, S) if you return them)",
+        f"输入形状为 {tuple(p.x.shape)} 时，{comp.name} 返回了 {got}；应当返回一个 (B, T, D) "
+        "张量（如果返回权重，权重是 (B, H, T, S)）")
+
+
+def _nan_as_torch(res: ComponentResult) -> None:
+    """A fully masked query gives NaN with torch.nn's masks (True = masked, filled with -inf), as
+    torch.nn.MultiheadAttention's does: a convention of that mask, noted, not a mistake."""
+    if any(f.name == "nan_on_masked_rows" for f in res.findings):
+        res.findings = [f for f in res.findings if f.name != "nan_on_masked_rows"]
+        res.notes.append(text(
+            "a query whose keys are all masked gives NaN, as torch.nn.MultiheadAttention's does with its "
+            "masks (True = masked): a convention; handformer gives zeros there",
+            "所有键都被屏蔽的查询得到 NaN，和 torch.nn.MultiheadAttention 用它的掩码（True = 屏蔽）时一样："
+            "这是约定；handformer 在那里给出 0"))
+
+
+def single_head(comp: Component, linears: list[Any], n_kv_heads: int | None) -> bool:
+    """One head (Raschka's CausalAttention(d_in, d_out, context_length, dropout)): a class whose
+    constructor takes no number of heads (nor a config that could hold it), with three (D, D)
+    projections and nothing else."""
+    from handformer.check.core.discovery import CONFIG_NAMES, argument_keys
+
+    if n_kv_heads or len(linears) != 3 or not inspect.isclass(comp.obj):
+        return False
+    names = [p.lower() for p in inspect.signature(comp.obj.__init__).parameters]
+    if "n_heads" in argument_keys(comp.obj).values() or any(n in CONFIG_NAMES for n in names):
+        return False
+    return all(tuple(leaf.weight.shape) == (D, D) for leaf in linears)
+
+
+def ctx_sizes() -> dict[str, Any]:
+    from handformer.check.core.context import SIZES
+
+    return dict(SIZES)
+
+
+
+@dataclass
+class Setup:
+    """What the search found about the learner's attention, for the comparisons after it."""
+
+    module: nn.Module
+    slots: list[Slot]
+    c: Caller
+    conv: str
+    causal_inside: bool
+    n_kv_heads: int | None
+    rope: str | None
+    heads: int  # H, or 1 for a single-head attention
+
+
+def _cases(s: Setup) -> list[tuple[str, int, int, int, Tensor | None, Tensor | None]]:
+    """(label, B, T, S, the mask handed over, the mask applied): a causal attention is handed only
+    the padding, if it takes a mask at all."""
+    takes_mask = s.c.takes_mask
+    cross = s.c.n_inputs >= 2 and not s.causal_inside and s.rope is None
+    if s.causal_inside:
+        cases = [("causal self-attention", 2, 5, 5, None, causal(5)[None, None]),
+                 ("causal self-attention", 3, 8, 8, None, causal(8)[None, None])]
+        if takes_mask:
+            pad = positions(3, 7, [0, 2, 5])
+            cases.append(("causal self-attention, padding", 3, 7, 7, pad, causal(7) & pad))
+    else:
+        cases = [("self-attention, no mask", 2, 5, 5, None, None)]
+        if takes_mask:
+            pad, both = positions(3, 7, [0, 2, 7]), causal(6) & positions(2, 6, [0, 2])
+            cases += [("self-attention, padding (one row fully padded)", 3, 7, 7, pad, pad),
+                      ("self-attention, causal + padding", 2, 6, 6, both, both)]
+        if cross:
+            keep = positions(2, 9, [0, 3]) if takes_mask else None
+            label = "cross-attention, T=4, S=9" + (", padding" if takes_mask else "")
+            cases.append((label, 2, 4, 9, keep, keep))
+    return [case for case in cases if fp.encodable(case[4], s.conv)]
+
+
+def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -> None:
+    hf = handformer_attention(s.slots, s.n_kv_heads, s.rope, heads=s.heads)
+    errors, grad_errors = [], []
+    cases = _cases(s)
+    for i, (label, B, T, S, given, mask) in enumerate(cases):
+        xq = fp.randn(B, T, D, seed=10 + i).requires_grad_()
+        xkv = xq if S == T and "cross" not in label else fp.randn(B, S, D, seed=20 + i).requires_grad_()
+        rope = rope_tables(T, heads=s.heads) if s.rope else None
+        with torch.enable_grad():
+            raw = ctx.learner.call("forward", s.c.call, xq, xkv, xkv, run_mask(given, s.conv, B))
+            out = fp.first_tensor(raw, 3)
+            if out is None:
+                raise ctx.learner.fail("forward", f"{comp.name} returned {shape_of(raw)}, not a (B, T, D) "
+                                       f"tensor, for inputs of shape {tuple(xq.shape)}",
+                                       f"输入形状为 {tuple(xq.shape)} 时，{comp.name} 返回了 "
+                                       f"{shape_of(raw)}，不是 (B, T, D) 张量")
+            ref, ref_w = hf(xq, xkv, xkv, mask, need_weights=True, rope=rope)
+            rows = fp.visible_rows(mask, B, T)
+            errors.append(fp.max_error(out, ref, rows))
+            weights = fp.weights_of(raw)
+            if weights is not None and weights.shape == ref_w.shape:
+                errors.append(fp.max_error(weights, ref_w, rows))
+            masked_rows(res, out, rows, comp, ctx)
+            if out.shape == ref.shape and i == len(cases) - 1:
+                grad_errors.append(_grads(out, ref, xq, rows, s, hf))
+    res.max_abs_error = max(errors)
+    res.checks.append(Check(text(f"matches handformer's MultiHeadAttention on {len(errors)} outputs",
+                                 f"在 {len(errors)} 组输出上与 handformer 的 MultiHeadAttention 一致"),
+                            res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
+    if grad_errors:
+        res.checks.append(Check(text("gradients (input and weights) match handformer's",
+                                     "梯度（输入与权重）与 handformer 一致"),
+                                max(grad_errors) < 1e-5, error_text(max(grad_errors))))
+
+
+def _grads(out: Tensor, ref: Tensor, xq: Tensor, rows: Tensor | None, s: Setup, hf: nn.Module) -> float:
+    """The largest difference of the input's and the projections' gradients (the input's only when
+    handformer's W_Q and W_K rows were permuted for interleaved rotary pairs)."""
+    B, T = xq.shape[:2]
+    g = fp.randn(*out.shape, seed=99)
+    sel = rows.reshape(B, T, 1) if rows is not None else 1.0
+    params = [xq] + [p for sl in s.slots for p in (sl.leaf.parts or [sl.leaf.weight])]
+    flat = torch.autograd.grad((out * g * sel).sum(), params, allow_unused=True)
+    mine, i = [flat[0]], 1
+    for sl in s.slots:  # heads kept as single-head modules: their gradients stacked as their weights are
+        n = len(sl.leaf.parts or [sl.leaf.weight])
+        grads = flat[i:i + n]
+        i += n
+        mine.append(grads[0] if n == 1 else None if any(x is None for x in grads) else torch.cat(grads))
+    hf_params = [attention_parameters(hf)[sl.role.split(" ")[-1]].weight for sl in s.slots]
+    theirs = torch.autograd.grad((ref * g * sel).sum(), [xq] + hf_params, allow_unused=True)
+    if s.rope == "interleaved":
+        return grads_error([(mine[0], theirs[0])])
+    return grads_error(list(zip([mine[0]] + [_rows(m, sl) for m, sl in zip(mine[1:], s.slots)], theirs)))
+
+
+def _rows(grad: Tensor | None, slot: Slot) -> Tensor | None:
+    if grad is None or slot.rows is None:
+        return grad
+    return grad[slot.rows]
+
+
+def _properties(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -> None:
+    """Reference-free checks: causality, padding invariance, heads one by one."""
+    x = fp.randn(2, 7, D, seed=30)
+    _causality(res, ctx, s, x)
+    if s.c.takes_mask and s.rope is None:
+        _padding_invariance(res, ctx, s, x)
+    has_o = any(sl.role.endswith("W_O") for sl in s.slots)
+    if has_o and not s.causal_inside and s.n_kv_heads is None and s.rope is None:
+        w = mha_weights(s.slots, s.heads)
+        out = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, None), 3)
+        heads = one_head_at_a_time(w, x)
+        err = fp.max_error(out, heads)
+        res.checks.append(Check(text("split + concat of heads equals the heads computed one by one",
+                                     "拆分再拼接多头，与逐个头单独计算的结果一致"), err < 1e-5,
+                                error_text(err)))
+
+
+def _causality(res: ComponentResult, ctx: Context, s: Setup, x: Tensor, j: int = 3) -> None:
+    """Changing token j leaves the outputs before it unchanged (causal inside, or given a causal mask)."""
+    B, T = x.shape[:2]
+    bumped = x.clone()
+    bumped[:, j] += 1.0
+    causal_keep = causal(T)[None, None]
+    if not (s.causal_inside or (s.c.takes_mask and fp.encodable(causal_keep, s.conv))):
+        return
+    mask = None if s.causal_inside else run_mask(causal_keep, s.conv, B)  # (causal inside: no padding)
+    a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, mask), 3)
+    b = fp.first_tensor(ctx.learner.call("forward", s.c.call, bumped, bumped, bumped, mask), 3)
+    past = _moved(a, b, slice(0, j))
+    res.checks.append(Check(text(f"causality: changing token {j} leaves outputs 0..{j - 1} unchanged",
+                                 f"因果性：改变位置 {j} 的 token，不影响位置 0..{j - 1} 的输出"),
+                            past < 1e-9, text(f"outputs before it moved by {past:.3g}",
+                                              f"之前位置的输出变化了 {past:.3g}")))
+
+
+def _padding_invariance(res: ComponentResult, ctx: Context, s: Setup, x: Tensor) -> None:
+    """Changing the padded keys and values (the padded positions of x, for self-attention only)
+    changes no real output."""
+    B, T = x.shape[:2]
+    mask = run_mask(positions(B, T, [0, 3]), s.conv, B)
+    if s.c.n_inputs == 1:  # self-attention only: move the padded positions of x, compare the real ones
+        other = x.clone()
+        other[1, T - 3:] += 5.0
+        a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, mask), 3)
+        b = fp.first_tensor(ctx.learner.call("forward", s.c.call, other, other, other, mask), 3)
+        moved = _moved(a, b, slice(0, T - 3))
+    else:
+        xkv = fp.randn(B, T, D, seed=31)
+        other = xkv.clone()
+        other[1, T - 3:] += 5.0
+        a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, xkv, xkv, mask), 3)
+        b = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, other, other, mask), 3)
+        moved = _moved(a, b, slice(None))
+    res.checks.append(Check(text("padding invariance: changing padded keys/values changes nothing",
+                                 "填充不变性：改变被填充的键/值不影响输出"), moved < 1e-9,
+                            text(f"outputs moved by {moved:.3g}", f"输出变化了 {moved:.3g}")))
+
+
+def _moved(a: Tensor | None, b: Tensor | None, positions: slice) -> float:
+    """How far outputs at `positions` moved between two runs (inf when a run gave no (B, T, D) output)."""
+    if a is None or b is None or a.shape != b.shape or a.dim() != 3:
+        return math.inf
+    return (a - b).abs()[:, positions].max().item() if a[:, positions].numel() else 0.0
+
+
+def one_head_at_a_time(w: V.MHAWeights, x: Tensor) -> Tensor:
+    """softmax(Q_i K_i^T / sqrt(Dh)) V_i for each head i on its own slice of the weights, then
+    concat and W_O: the paper's formula written without any reshape."""
+    Dh = D // w.n_heads
+    heads = []
+    for i in range(w.n_heads):
+        rows = slice(i * Dh, (i + 1) * Dh)
+        q = x @ w.q[0][rows].T + (w.q[1][rows] if w.q[1] is not None else 0)  # (B, T, Dh)
+        k = x @ w.k[0][rows].T + (w.k[1][rows] if w.k[1] is not None else 0)  # (B, T, Dh)
+        v = x @ w.v[0][rows].T + (w.v[1][rows] if w.v[1] is not None else 0)  # (B, T, Dh)
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(Dh), dim=-1)  # (B, T, T)
+        heads.append(weights @ v)  # (B, T, Dh)
+    return V.linear(torch.cat(heads, dim=-1), w.o)  # (B, T, D)
+
+
+def _tutorial_shapes(res: ComponentResult, ctx: Context, comp: Component, c: Caller, sizes: dict[str, Any],
+                     ) -> None:
+    """The tutorial's own example: (2, 10, 512) in, (2, 10, 512) out, weights (2, 8, 10, 10)."""
+    x = torch.randn(2, 10, 512)
+    tutorial = {**TUTORIAL, **({"n_kv_heads": 2} if "n_kv_heads" in sizes else {})}
+    dh = TUTORIAL["d_model"] // TUTORIAL["n_heads"]
+    module = ctx.build(comp, tutorial, checked=False, warmup=lambda m: caller(m, dh).call(x, x, x, None))
+    tc = caller(module, dh)
+    tc.state.update(c.state)  # the convention of a mask it requires
+    with torch.no_grad():
+        raw = ctx.learner.call("forward", tc.call, x, x, x, None)
+    out, weights = fp.first_tensor(raw, 3), fp.weights_of(raw)
+    ok = out is not None and tuple(out.shape) == (2, 10, 512) and (
+        weights is None or tuple(weights.shape) == (2, 8, 10, 10))
+    got = shape_of(raw)
+    res.checks.append(Check(text("shapes as the tutorial states: (2, 10, 512) -> (2, 10, 512), weights "
+                                 "(2, 8, 10, 10)", "形状与教程一致：(2, 10, 512) -> (2, 10, 512)，注意力权重 "
+                                 "(2, 8, 10, 10)"), ok, text(f"got {got}", f"实际得到 {got}")))
+
+
+def check_causal_attention(comp: Component, ctx: Context) -> ComponentResult:
+    return check_mha(comp, ctx, causal_inside=True)

@@ -1,0 +1,504 @@
+"""The runner of beam search for the encoder-decoder: `beam_search(model, src, src_mask, max_len,
+start_symbol, end_symbol, beam_size, alpha)` (the Annotated Transformer's greedy signature with a
+beam size and a length penalty, and variants of the names).
+
+The learner's search is handed the learner's own model when the file's `Transformer` passes its
+own check and exposes `encode(src, src_mask)`, `decode(memory, src_mask, ys, tgt_mask)` and
+`generator(x)`, else a tiny handformer `Seq2SeqTransformer` wrapped with those three methods; the
+report says which. The model is steered: its generator's log-probabilities are the network's
+(scaled down) plus a table of the next token's probabilities by prefix, so that each scenario's
+right answer is known and the mistakes give other answers:
+
+- "long": a short hypothesis (A EOS) finishes first, a long one (B C D E EOS) has the best
+  normalised score, and a finished hypothesis extended (A EOS F EOS) would score better still;
+- "compounded": the short one is best, and dividing the running score by the length penalty
+  at every step would make the long one win;
+- "count_eos" and "count_bos": which of a short and a long hypothesis wins depends on whether the
+  length counts EOS, and BOS.
+
+The learner's output is compared with handformer's beam search (`reference`, the same rules as
+handformer.generation.decoding.beam_search: of the 2K best candidates an EOS among the K best
+finishes its hypothesis and leaves the beam, the K best others are the live ones; done when K
+have finished and no live one can beat the worst; the best normalised score wins) in the
+length conventions tutorials use (the length counting EOS, not counting it, or counting BOS too,
+reported as a convention). Named: EOS never ends a hypothesis, EOS left out of the output,
+finished hypotheses extended, the shortest finished hypothesis returned instead of the best
+normalised one, the length penalty compounded at every step; beam size 1 without a length penalty
+must be greedy decoding; a search that takes a batch must give each sentence what it gives that
+sentence alone (the two sentences steered by different tables).
+
+Shape legend: B batch (1), S source length, L hypothesis length, D d_model, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import BEAM_NAMES as NAMES  # noqa: F401
+from handformer.check.core.context import Context, finish, forward_parameters
+from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
+from handformer.check.core.source import locate, source_lines
+from handformer.config import Seq2SeqConfig
+from handformer.models.seq2seq import Seq2SeqTransformer
+
+PAD, BOS, EOS = 0, 1, 2
+TOK_A, TOK_B, TOK_C, TOK_D, TOK_E, TOK_F = 3, 4, 5, 6, 7, 8
+
+MAX_LEN = 12  # tokens a hypothesis may hold, the start symbol included
+Table = dict[tuple[int, ...], dict[int, float]]  # prefix -> next-token probabilities
+SCENARIOS: dict[str, Table] = {
+    # prefix (after BOS) -> next-token probabilities; the rest of the mass goes to a sink token,
+    # whose continuations are EOS or the sink again, half and half
+    "long": {(): {TOK_A: 0.5, TOK_B: 0.45}, (TOK_A,): {EOS: 0.6}, (TOK_B,): {TOK_C: 0.7},
+             (TOK_B, TOK_C): {TOK_D: 0.7}, (TOK_B, TOK_C, TOK_D): {TOK_E: 0.7},
+             (TOK_B, TOK_C, TOK_D, TOK_E): {EOS: 0.7}, (TOK_A, EOS): {TOK_F: 0.99},
+             (TOK_A, EOS, TOK_F): {EOS: 0.99}},
+    "compounded": {(): {TOK_A: 0.6, TOK_B: 0.3}, (TOK_A,): {EOS: 0.9}, (TOK_B,): {TOK_C: 0.9},
+                   (TOK_B, TOK_C): {EOS: 0.9}},
+    # A EOS against B C D EOS: counting EOS (or BOS too) the short one wins, not counting it the long
+    "count_eos": {(): {TOK_A: 0.6, TOK_B: 0.3}, (TOK_A,): {EOS: 0.915}, (TOK_B,): {TOK_C: 0.906},
+                  (TOK_B, TOK_C): {TOK_D: 0.906}, (TOK_B, TOK_C, TOK_D): {EOS: 0.906}},
+    # counting BOS the short one wins, not counting it the long one
+    "count_bos": {(): {TOK_A: 0.6, TOK_B: 0.35}, (TOK_A,): {EOS: 0.915}, (TOK_B,): {TOK_C: 0.9835},
+                  (TOK_B, TOK_C): {TOK_D: 0.9835}, (TOK_B, TOK_C, TOK_D): {EOS: 0.9835}},
+}
+CONVENTIONS = {"eos": ("the length counts the new tokens and EOS", "长度按新生成的 token 加 EOS 计"),
+               "no_eos": ("the length counts the new tokens without EOS",
+                          "长度按新生成的 token 计，不含 EOS"),
+               "bos": ("the length counts every token, BOS and EOS included",
+                       "长度按所有 token 计，含 BOS 和 EOS")}
+FLAGS = ("beam_no_stop_at_eos", "beam_eos_not_emitted", "beam_finished_extended", "beam_shortest_returned",
+         "beam_length_penalty_per_step")
+
+
+# --- the models the search is handed ------------------------------------------------------------
+
+class HandformerModel(nn.Module):
+    """A tiny Seq2SeqTransformer with the Annotated Transformer's three methods (masks ignored: the
+    sources have no padding, and the model builds its own causal mask)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        cfg = Seq2SeqConfig(src_vocab_size=13, tgt_vocab_size=13, d_model=16, n_heads=2, d_ff=32,
+                            n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_positions=32, pad_id=PAD)
+        self.inner = Seq2SeqTransformer(cfg).double().eval()
+
+    def encode(self, src: Tensor, src_mask: Any = None) -> Tensor:
+        return self.inner.encode(src)[0]  # (B, S, D)
+
+    def decode(self, memory: Tensor, src_mask: Any, ys: Tensor, tgt_mask: Any = None) -> Tensor:
+        return self.inner.decode(ys.long(), memory, None)[0]  # (N, L, D)
+
+    def generator(self, x: Tensor) -> Tensor:
+        return F.log_softmax(self.inner.generator(x), dim=-1)
+
+
+class Steered(nn.Module):
+    """The model the search is handed: the base model's log-probabilities scaled down, plus the
+    scenario's table by prefix; every prefix the search decodes is recorded."""
+
+    def __init__(self, base: Any, table: dict[tuple[int, ...], dict[int, float]], ctx: Context,
+                 by_source: dict[tuple[int, ...], Table] | None = None) -> None:
+        super().__init__()
+        self.base, self.table, self.ctx = base, table, ctx
+        self.by_source = by_source or {}  # a table per source sentence (a batch of them)
+        self.memories: list[tuple[tuple[int, ...], Tensor]] = []  # (source ids, its encoder output)
+        self.row_tables: list[Table] = []
+        self.ys: Tensor | None = None
+        self.out: Tensor | None = None
+        self.decoded: list[list[int]] = []
+        self.cache: dict[tuple[int, ...], list[float]] = {}  # the reference's log-probabilities by prefix
+
+    def encode(self, src: Tensor, src_mask: Any = None) -> Tensor:
+        memory = self.ctx.learner.call("forward", self.base.encode, src, src_mask)
+        if self.by_source and isinstance(memory, Tensor):
+            self.memories += [(tuple(row.tolist()), m) for row, m in zip(src, memory)]
+        return memory
+
+    def decode(self, memory: Tensor, src_mask: Any, ys: Tensor, tgt_mask: Any = None) -> Tensor:
+        if memory.size(0) != ys.size(0) and memory.size(0) == 1:
+            memory = memory.expand(ys.size(0), *memory.shape[1:])  # one source for every hypothesis
+        out = self.ctx.learner.call("forward", self.base.decode, memory, src_mask, ys, tgt_mask)
+        self.ys, self.out = ys.long(), out
+        self.decoded += [row.tolist() for row in ys.long()]
+        self.row_tables = [self._table_of(m) for m in memory] if self.by_source else []
+        return out
+
+    def _table_of(self, memory_row: Tensor) -> Table:
+        """The table of the source sentence whose encoder output this row of memory is."""
+        for ids, m in reversed(self.memories):
+            if m.shape == memory_row.shape and bool((m - memory_row).abs().max() < 1e-12):
+                return self.by_source.get(ids, self.table)
+        return self.table
+
+    def generator(self, x: Tensor) -> Tensor:
+        raw = self.ctx.learner.call("forward", self.base.generator, x)
+        V = raw.size(-1)
+        if x.dim() == 3:  # (N, L, D): every position; position l predicts after ys[:, :l + 1]
+            assert self.ys is not None, "decode first"
+            bias = torch.stack([torch.stack([self.steer(row[1:l + 1].tolist(), V, self._row_table(n))
+                                             for l in range(x.size(1))])
+                                for n, row in enumerate(self.ys)])  # (N, L, V)
+        else:  # (N, D): the position of the decoder's output that x is
+            bias = torch.stack([self.steer(self._prefix(i, x[i]), V, self._row_table(i))
+                                for i in range(x.size(0))])  # (N, V)
+        return F.log_softmax(0.001 * raw + bias.to(raw.dtype), dim=-1)
+
+    def _prefix(self, i: int, row: Tensor) -> list[int]:
+        assert self.ys is not None and self.out is not None, "decode first"
+        n = i if self.out.size(0) > i else 0
+        l = int((self.out[n] - row).abs().amax(-1).argmin())  # which decoder position this row is
+        return self.ys[n, 1:l + 1].tolist()
+
+    def _row_table(self, i: int) -> Table:
+        return self.row_tables[i] if i < len(self.row_tables) else self.table
+
+    def steer(self, prefix: list[int], V: int, table: Table | None = None) -> Tensor:
+        """The scenario's log-probabilities after BOS + prefix (V,)."""
+        probs = (table or self.table).get(tuple(prefix), {EOS: 0.5})
+        out = torch.full((V,), math.log(1e-6), dtype=torch.float64)
+        for token, p in probs.items():
+            out[token] = math.log(p)
+        out[V - 1] = math.log(max(1.0 - sum(probs.values()), 1e-6))  # the sink
+        return out
+
+    def logprobs(self, memory: Tensor, prefix: list[int]) -> list[float]:
+        """The log-probabilities (V,) after BOS + prefix, one hypothesis alone (the reference)."""
+        key = tuple(prefix)
+        if key not in self.cache:
+            ys = torch.tensor([[BOS] + prefix])
+            mask = torch.tril(torch.ones(1, ys.size(1), ys.size(1), dtype=torch.bool))
+            out = self.decode(memory, None, ys, mask)
+            self.cache[key] = self.generator(out[:, -1])[0].tolist()
+        return self.cache[key]
+
+
+def own_model(ctx: Context) -> Any | None:
+    """The learner's Transformer when it has encode, decode and generator and passes its check."""
+    from handformer.check.runners.model import MODEL_SIZES, check_model
+
+    comp = ctx.components.get("transformer")
+    methods = ("encode", "decode", "generator")
+    if comp is None or not all(callable(getattr(comp.obj, n, None)) for n in methods):
+        return None
+    result = ctx.results.get(comp.name)
+    if result is None:
+        partial = ctx.partial
+        try:
+            result = check_model(comp, ctx)
+        except Exception:  # their model raises: the beam is checked on handformer's
+            return None
+        finally:
+            ctx.partial = partial
+        ctx.results[comp.name] = result  # checked once for every search in the file
+    if result.status != PASS:
+        return None
+    model = ctx.build(comp, MODEL_SIZES)
+    return model
+
+
+# --- handformer's beam search, with the named mistakes on request -------------------------------
+
+def length(tokens: list[int], conv: str) -> int:
+    """The length a hypothesis (BOS first) is normalised by."""
+    n = len(tokens) - 1
+    if conv == "no_eos" and tokens[-1] == EOS:
+        n -= 1
+    if conv == "bos":
+        n += 1
+    return max(n, 1)
+
+
+def reference(model: Steered, memory: Tensor, K: int, steps: int, alpha: float, conv: str,
+              flags: frozenset[str] = frozenset()) -> list[int]:
+    """The best hypothesis (BOS first) of handformer's rules; `flags` plant the named mistakes."""
+    def logp(tokens: list[int]) -> list[float]:
+        return model.logprobs(memory, tokens[1:])
+
+    def norm(score: float, tokens: list[int]) -> float:
+        return score / length(tokens, conv) ** alpha
+
+    live: list[tuple[float, list[int]]] = [(0.0, [BOS])]
+    finished: list[tuple[float, list[int]]] = []
+    for step in range(1, steps + 1):
+        candidates = []
+        for score, tokens in live:
+            for token, lp in enumerate(logp(tokens)):
+                s = score + lp
+                if "beam_length_penalty_per_step" in flags:
+                    s = s / step ** alpha
+                candidates.append((s, tokens + [token]))
+        candidates.sort(key=lambda c: -c[0])
+        live = []
+        for rank, (s, tokens) in enumerate(candidates[:2 * K]):
+            ends = tokens[-1] == EOS and "beam_no_stop_at_eos" not in flags
+            if ends and rank < K:  # among the K best: it finishes and leaves the beam
+                finished.append((norm(s, tokens), tokens))
+            if (not ends or "beam_finished_extended" in flags) and len(live) < K:
+                live.append((s, tokens))
+        best = sorted((f[0] for f in finished), reverse=True)[:K]
+        if not live or (len(best) == K and best[-1] >= max(s for s, _ in live) / steps ** alpha):
+            break
+    if not finished:
+        out = max(live, key=lambda c: norm(*c))[1]
+    elif "beam_shortest_returned" in flags:
+        out = finished[0][1]
+    else:
+        out = max(finished, key=lambda f: f[0])[1]
+    if "beam_eos_not_emitted" in flags and out[-1] == EOS:
+        out = out[:-1]
+    return out
+
+
+def greedy(model: Steered, memory: Tensor, steps: int) -> list[int]:
+    tokens = [BOS]
+    for _ in range(steps):
+        lp = model.logprobs(memory, tokens[1:])
+        tokens.append(max(range(len(lp)), key=lambda v: lp[v]))
+        if tokens[-1] == EOS:
+            break
+    return tokens
+
+
+# --- the runner ------------------------------------------------------------------------------
+
+@dataclass
+class Call:
+    """How the learner's beam search is called: its arguments by name."""
+
+    comp: Component
+    ctx: Context
+    arg: dict[str, str | None]
+    steps_from_max: int  # max_len counts BOS (1) or only the new tokens (0)
+
+    def __call__(self, model: Steered, src: Tensor, K: int, alpha: float) -> list[int]:
+        return _tokens(self.ctx, self.comp, self.raw(model, src, K, alpha))
+
+    def raw(self, model: Steered, src: Tensor, K: int, alpha: float) -> Any:
+        """What the search returns, as it is (a batch of sentences)."""
+        values = {"model": model, "src": src, "src_mask": (src != PAD).unsqueeze(-2), "max_len": MAX_LEN,
+                  "start": BOS, "end": EOS, "beam": K, "alpha": alpha}
+        if self.steps_from_max == 0:
+            values["max_len"] = MAX_LEN - 1
+        kwargs = {name: values[key] for key, name in self.arg.items() if name}
+        return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+
+
+def _tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
+    if isinstance(out, tuple) and out and not isinstance(out[0], int):
+        out = out[0]  # (tokens, score)
+    if isinstance(out, list) and len(out) == 1 and isinstance(out[0], (list, Tensor)):
+        out = out[0]
+    if isinstance(out, Tensor) and out.dim() in (1, 2) and (out.dim() == 1 or out.size(0) == 1):
+        return [int(t) for t in out.reshape(-1).tolist()]
+    if isinstance(out, (list, tuple)) and all(isinstance(t, int) for t in out):
+        return list(out)
+    raise ctx.learner.fail("forward", f"{comp.name} returned {type(out).__name__}; expected the best "
+                           "hypothesis' token ids: a list of ints or a (1, L) tensor (or a (tokens, score) "
+                           "tuple)",
+                           f"{comp.name} 返回了 {type(out).__name__}；应当返回最好那条候选的 token id：int "
+                           "列表或 (1, L) 张量（或 (tokens, score) 元组）")
+
+
+def _call(comp: Component, ctx: Context) -> Call:
+    params = forward_parameters(comp.obj)
+    names = [p.name for p in params]
+    arg = {key: next((n for n in names if n.lower() in aliases), None) for key, aliases in NAMES.items()}
+    unknown = [p.name for p in params if p.default is p.empty and p.name not in arg.values()]
+    if unknown or not arg["model"] or not arg["src"] or not arg["beam"]:
+        first = (unknown or ["model / src / beam_size"])[0]
+        raise DiscoveryError(f"{comp.name}: cannot fill the argument {first!r}; beam search takes (model, "
+                             "src, src_mask, max_len, start_symbol, end_symbol, beam_size, alpha), the beam "
+                             "size as beam_size (beam_width, k, num_beams) and the length penalty as alpha "
+                             "(length_penalty)",
+                             zh=f"{comp.name}：填不了参数 {first!r}；束搜索接受 (model, src, src_mask, "
+                                "max_len, start_symbol, end_symbol, beam_size, alpha)，束宽叫 "
+                                "beam_size（beam_width、k、num_beams），长度惩罚叫 alpha（length_penalty）")
+    steps_from_max = 0 if arg["max_len"] == "max_new_tokens" else 1
+    return Call(comp, ctx, arg, steps_from_max)
+
+
+def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
+    number, code = locate(name, source_lines(ctx.objects(comp, "beam_search")))
+    return Finding(name, observed, number, code, form)
+
+
+def show(tokens: list[int]) -> str:
+    return " ".join(map(str, tokens))
+
+
+def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    call = _call(comp, ctx)
+    base = _base_model(res, ctx)
+    src = torch.tensor([[5, 7, 9, 11, 3, 6]])  # (1, S)
+    steps = MAX_LEN - 1
+    alphas = [1.0] if call.arg["alpha"] else [0.0, 0.6, 0.7, 1.0]
+    conv, found, alpha = None, frozenset(), alphas[0]
+    outcomes = {}
+    for name, table in SCENARIOS.items():
+        model = Steered(base, table, ctx)
+        got = call(model, src, 2, alphas[0])
+        memory = model.encode(src, (src != PAD).unsqueeze(-2))
+        outcomes[name] = (model, memory, got)
+    conv, alpha, found = _search(outcomes, steps, alphas)
+    ok = conv is not None and not found
+    for name, (model, memory, got) in outcomes.items():
+        right = reference(model, memory, 2, steps, alpha, conv or "eos")
+        same = _same(got, right)
+        res.checks.append(Check(text(f"scenario {name!r} (beam 2, alpha {alpha:g}): the best hypothesis "
+                                     f"equals handformer's beam search ({show(right)})",
+                                     f"场景 {name!r}（束宽 2，alpha {alpha:g}）：最优假设与 handformer 的"
+                                     f"束搜索一致（{show(right)}）"), same or ok,
+                                text(f"yours: {show(got)}", f"你的：{show(got)}")))
+    if conv is not None:
+        en, zh = CONVENTIONS[conv]
+        res.convention = text(f"score / length^alpha; {en}", f"得分 / 长度^alpha；{zh}")
+        if not call.arg["alpha"]:
+            res.notes.append(text(f"{comp.name} takes no length penalty: its search matches alpha = "
+                                  f"{alpha:g}",
+                                  f"{comp.name} 没有长度惩罚参数：它的搜索与 alpha = {alpha:g} 一致"))
+    _beam_findings(res, ctx, comp, outcomes, found, steps, alpha, conv)
+    _beam_one(res, ctx, comp, call, base, src, steps)
+    _batched(res, ctx, comp, call, base, steps)
+    return finish(res)
+
+
+def _base_model(res: ComponentResult, ctx: Context) -> Any:
+    """The learner's own Transformer when it passes its check, else handformer's; noted."""
+    own = own_model(ctx)
+    if own is not None:
+        res.notes.append(text("checked on your own Transformer (it passes its check), its generator steered "
+                              "by each scenario's table",
+                              "用你自己的 Transformer 检查（它通过了自己的检查），"
+                              "它的 generator 按每个场景的概率表做了引导"))
+        return own
+    res.notes.append(text("checked on handformer's tiny Seq2SeqTransformer wrapped with encode, decode "
+                          "and generator (your file has no Transformer with those three that passes its "
+                          "check), steered by each scenario's table",
+                          "用 handformer 的小 Seq2SeqTransformer 检查，包装成 encode、decode、generator "
+                          "三个方法（你的文件里没有带这三个方法并通过检查的 Transformer），"
+                          "按每个场景的概率表做了引导"))
+    return HandformerModel()
+
+
+def _beam_findings(res: ComponentResult, ctx: Context, comp: Component, outcomes: dict[str, Any],
+                   found: frozenset[str], steps: int, alpha: float, conv: str | None) -> None:
+    """Each mistake named, shown on the first scenario where the learner's answer is wrong."""
+    for flag in sorted(found):
+        model, memory, got = next(o for o in outcomes.values()
+                                  if not _same(o[2], reference(o[0], o[1], 2, steps, alpha, conv or "eos")))
+        right = reference(model, memory, 2, steps, alpha, conv or "eos")
+        res.findings.append(_finding(ctx, comp, flag, text(
+            f"your best hypothesis ({show(got)}) equals handformer's beam search with this mistake; the "
+            f"right one is {show(right)}",
+            f"你的最优假设（{show(got)}）与带这个错误的 handformer 束搜索一致；"
+            f"正确的是 {show(right)}")))
+
+
+def _same(got: list[int], right: list[int]) -> bool:
+    """Equal, the start symbol left out allowed, padding after the end allowed."""
+    if got[:1] != [BOS]:
+        got = [BOS] + got
+    while len(got) > len(right) and got[-1] == PAD:
+        got = got[:-1]
+    return got == right
+
+
+def _search(outcomes: dict[str, tuple[Steered, Tensor, list[int]]], steps: int, alphas: list[float],
+            ) -> tuple[str | None, float, frozenset[str]]:
+    """The convention, length penalty and smallest set of mistakes (at most two) that give the
+    learner's answer in every scenario."""
+    for n in (0, 1, 2):
+        for alpha in alphas:
+            for conv in CONVENTIONS:
+                for combo in _combos(n):
+                    if all(_same(got, reference(model, memory, 2, steps, alpha, conv, combo))
+                           for model, memory, got in outcomes.values()):
+                        return conv, alpha, combo
+    return None, alphas[0], frozenset()
+
+
+def _combos(n: int) -> list[frozenset[str]]:
+    return [frozenset(c) for c in itertools.combinations(FLAGS, n)]
+
+
+def _batched(res: ComponentResult, ctx: Context, comp: Component, call: Call, base: Any, steps: int) -> None:
+    """A search that takes a batch gives each sentence what it gives that sentence alone: two
+    sources, steered by the "long" and the "compounded" tables."""
+    srcs = torch.tensor([[5, 7, 9, 11, 3, 6], [4, 8, 10, 3, 5, 9]])  # (2, S)
+    tables = {tuple(srcs[0].tolist()): SCENARIOS["long"], tuple(srcs[1].tolist()): SCENARIOS["compounded"]}
+    model = Steered(base, SCENARIOS["long"], ctx, tables)
+    try:
+        raw = call.raw(model, srcs, 2, 1.0)
+    except fp.LearnerFailure:
+        raw = None
+    rows = _rows(raw, 2)
+    if rows is None:
+        res.notes.append(text(f"{comp.name} does not take a batch of 2 sentences (it raised, or returned "
+                              "one hypothesis): it is checked one sentence at a time",
+                              f"{comp.name} 不接受 2 句组成的 batch（报错，或只返回一个假设）："
+                              "只按一次一句检查"))
+        return
+    alone = []
+    for i in range(2):
+        single = Steered(base, SCENARIOS["long"], ctx, tables)
+        alone.append(call(single, srcs[i:i + 1], 2, 1.0))
+    same = all(_same(a, b if b[:1] == [BOS] else [BOS] + b) for a, b in zip(rows, alone))
+    shown, want = " | ".join(map(show, rows)), " | ".join(map(show, alone))
+    res.checks.append(Check(text(f"a batch of 2 sentences gives what each gives alone ({want})",
+                                 f"2 句组成的 batch 与每句单独搜索的结果相同（{want}）"), same,
+                            text(f"batched: {shown}", f"批量：{shown}")))
+    if not same:
+        res.findings.append(_finding(ctx, comp, "beam_batched_differs", text(
+            f"searched as a batch your hypotheses are {shown}; each sentence alone gives {want}",
+            f"按 batch 搜索时你的假设是 {shown}；每句单独搜索得到 {want}")))
+
+
+def _rows(raw: Any, n: int) -> list[list[int]] | None:
+    """The n hypotheses of a batched search (a list of lists or tensors, or an (n, L) tensor)."""
+    if isinstance(raw, tuple) and raw and not isinstance(raw[0], int):
+        raw = raw[0]
+    if isinstance(raw, Tensor) and raw.dim() == 2 and raw.size(0) == n:
+        return [[int(t) for t in row.tolist()] for row in raw]
+    if isinstance(raw, (list, tuple)) and len(raw) == n and all(
+            isinstance(r, (list, tuple, Tensor)) for r in raw):
+        out = []
+        for r in raw:
+            r = r.reshape(-1).tolist() if isinstance(r, Tensor) else list(r)
+            if not all(isinstance(t, int) for t in r):
+                return None
+            out.append([int(t) for t in r])
+        return out
+    return None
+
+
+def _beam_one(res: ComponentResult, ctx: Context, comp: Component, call: Call, base: Any, src: Tensor,
+              steps: int) -> None:
+    """Beam size 1 without a length penalty is greedy decoding."""
+    model = Steered(base, SCENARIOS["long"], ctx)
+    got = call(model, src, 1, 0.0)
+    memory = model.encode(src, None)
+    right = greedy(model, memory, steps)
+    ok = _same(got, right)
+    res.checks.append(Check(text(f"beam size 1 without a length penalty equals greedy decoding "
+                                 f"({show(right)})",
+                                 f"束宽为 1、没有长度惩罚时等于贪心解码（{show(right)}）"), ok,
+                            text(f"yours: {show(got)}", f"你的：{show(got)}")))
+    if not ok and not res.findings:
+        res.findings.append(_finding(ctx, comp, "beam_one_not_greedy", text(
+            f"with beam_size=1 and alpha=0 your search gives {show(got)}; greedy decoding on the same model "
+            f"gives {show(right)}", f"beam_size=1、alpha=0 时你的搜索得到 {show(got)}；"
+            f"同一模型上的贪心解码得到 {show(right)}")))
+
+

@@ -1,0 +1,575 @@
+"""The runner of the BPE trainer: `train_bpe(input_path | text, vocab_size, special_tokens) ->
+(vocab, merges)`, the shape of Stanford CS336's first assignment (its encoder and decoder are
+graded by bpe_codec.py).
+
+The trainer is trained on the fixture corpus (handformer/check/reference/bpe_corpus.py) and its merges are
+compared, in order, with handformer's reference (handformer/check/reference/bpe_reference.py: GPT-2's
+pre-tokenizer pattern, ties to the lexicographically greater pair). A difference is explained by
+replaying the learner's merges: when each is a most frequent pair of the pre-tokens as some
+mistake cuts them (across pre-token boundaries, special tokens trained on), that mistake is named,
+and the rule of their ties is read off (the smaller pair is a convention; the order pairs were
+counted in is a mistake); merges that are the first counts, never updated, are named too. Then the
+trainer is timed on a larger generated corpus against the reference on the same machine: past
+ten times the reference's time, measured just before (at least 3 s), a timer stops it and a note
+says it is slow, with the factor (slow is not wrong: it passes on its fixture merges). A trainer
+that does not end on the fixture corpus is stopped too, a timeout error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from functools import cache
+from typing import Any
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.context import Context, finish
+from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, LearnerError, Text, text
+from handformer.check.core.source import locate, source_lines
+from handformer.check.reference import bpe_reference as R
+from handformer.check.reference.bpe_corpus import (
+    CORPUS,
+    SPECIAL,
+    TIMING_VOCAB_SIZE,
+    VOCAB_SIZE,
+    timing_corpus,
+)
+
+PATH_NAMES = (
+    "input_path",
+    "path",
+    "file",
+    "filename",
+    "file_path",
+    "filepath",
+    "corpus_path",
+    "data_path",
+    "input_file",
+    "train_file",
+    "fname",
+    "text_path",
+    "training_file",
+)
+TEXT_NAMES = ("text", "corpus", "data", "training_text", "train_text", "s", "txt", "input_text", "string")
+VOCAB_SIZE_NAMES = (
+    "vocab_size",
+    "size",
+    "n_vocab",
+    "target_vocab_size",
+    "vocabulary_size",
+    "num_tokens",
+    "max_vocab_size",
+)
+MERGES_NAMES = ("num_merges", "n_merges", "merges", "number_of_merges")
+SPECIAL_NAMES = ("special_tokens", "specials", "special", "special_token_list", "reserved_tokens")
+FIXTURE_LIMIT = 10.0  # seconds for the fixture corpus (2 KB): only a runaway trainer comes near it
+FACTOR, FLOOR, CEILING = 10.0, 3.0, 12.0  # the timing limit: FACTOR x the reference, within these
+# the pre-tokens as each mistake cuts them, tried in this order
+CUTS = (
+    frozenset(),
+    frozenset({"specials_trained"}),
+    frozenset({"across_pretokens"}),
+    frozenset({"specials_trained", "across_pretokens"}),
+)
+CUT_DIAGNOSES = {
+    "specials_trained": "bpe_special_tokens_merged",
+    "across_pretokens": "bpe_merges_across_pretokens",
+}
+
+
+class TrainerTimeout(BaseException):  # noqa: N818  (not an Exception: their `except Exception` cannot eat it)
+    """The learner's trainer ran past its limit."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise TrainerTimeout in the learner's code after `seconds` (a timer signal; in a thread other
+    than the main one there is no timer, and the sandbox's limit of the whole step is what stops
+    a runaway trainer)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise TrainerTimeout
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@cache
+def reference_fixture() -> tuple[dict[int, bytes], list[R.Pair]]:
+    return R.train(CORPUS, VOCAB_SIZE, [SPECIAL])
+
+
+def reference_timing() -> tuple[float, list[R.Pair]]:
+    """The reference's seconds on the timing corpus and its merges (measured each time, right before
+    the learner's run, so both see the same load on the machine)."""
+    corpus = timing_corpus()
+    start = time.perf_counter()
+    _, merges = R.train(corpus, TIMING_VOCAB_SIZE, [SPECIAL])
+    return time.perf_counter() - start, merges
+
+
+def show(pair: R.Pair) -> str:
+    return f"({pair[0]!r}, {pair[1]!r})"
+
+
+class Trainer:
+    """The learner's trainer, called as its signature says: a path or the text, the vocabulary size
+    (or the number of merges) and the special tokens, by name."""
+
+    def __init__(self, comp: Component, ctx: Context) -> None:
+        self.comp, self.ctx = comp, ctx
+        params = [
+            p
+            for p in inspect.signature(comp.obj).parameters.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        if not params:
+            raise DiscoveryError(
+                f"{comp.name}{inspect.signature(comp.obj)} takes no corpus; write "
+                f"{comp.name}(input_path, vocab_size, special_tokens)",
+                zh=f"{comp.name}{inspect.signature(comp.obj)} 不接受语料；请写成 {comp.name}(input_path, "
+                   "vocab_size, special_tokens)"
+            )
+        self.roles: dict[str, str] = {}
+        for i, p in enumerate(params):
+            role = argument_role(p.name, first=i == 0)
+            if role:
+                self.roles[p.name] = role
+            elif p.default is p.empty:
+                raise DiscoveryError(
+                    f"cannot fill the argument {p.name!r} of {comp.name}{inspect.signature(comp.obj)}: "
+                    f"handformer passes the corpus ({', '.join(PATH_NAMES[:2])} or "
+                    f"{', '.join(TEXT_NAMES[:2])}), "
+                    f"{VOCAB_SIZE_NAMES[0]} (or {MERGES_NAMES[0]}) and {SPECIAL_NAMES[0]}; rename it or "
+                    "give it a default",
+                    zh=f"填不了 {comp.name}{inspect.signature(comp.obj)} 的参数 {p.name!r}：handformer "
+                       f"传入语料（{', '.join(PATH_NAMES[:2])} 或 {', '.join(TEXT_NAMES[:2])}）、"
+                       f"{VOCAB_SIZE_NAMES[0]}（或 {MERGES_NAMES[0]}）和 {SPECIAL_NAMES[0]}；请改名，"
+                       "或给它一个默认值"
+                )
+        if not {"vocab_size", "merges"} & set(self.roles.values()):
+            raise DiscoveryError(
+                f"{comp.name}{inspect.signature(comp.obj)} takes no vocabulary size; "
+                "add vocab_size (or num_merges)",
+                zh=f"{comp.name}{inspect.signature(comp.obj)} 不接受词表大小；请加上 vocab_size（或 "
+                   "num_merges）"
+            )
+
+    def takes_specials(self) -> bool:
+        return "special" in self.roles.values()
+
+    def run(self, corpus: str, vocab_size: int, limit: float) -> tuple[dict[int, bytes] | None, list[R.Pair]]:
+        """(vocab or None, merges as pairs of bytes); TrainerTimeout past `limit` seconds."""
+        with tempfile.TemporaryDirectory(prefix="handformer-bpe-") as tmp:
+            path = os.path.join(tmp, "corpus.txt")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(corpus)
+            specials = [SPECIAL] if self.takes_specials() else []
+            vocab_size -= 1 - len(specials)  # without the special token: one token less, the same merges
+            values = {
+                "path": path,
+                "text": corpus,
+                "vocab_size": vocab_size,
+                "special": specials,
+                "merges": vocab_size - 256 - len(specials),
+            }
+            kwargs = {name: values[role] for name, role in self.roles.items()}
+            with deadline(limit):
+                out = self.ctx.learner.call("train", self.comp.obj, **kwargs)
+        return self.parse(out)
+
+    def parse(self, out: Any) -> tuple[dict[int, bytes] | None, list[R.Pair]]:
+        vocab = merges = None
+        for value in out if isinstance(out, (tuple, list)) and len(out) == 2 and not _is_pair(out) else [out]:
+            if isinstance(value, dict):
+                vocab = value
+            elif isinstance(value, (list, tuple)):
+                merges = list(value)
+        if merges is None:
+            raise self.ctx.learner.fail(
+                "train",
+                f"{self.comp.name} returned {type(out).__name__}; return "
+                "(vocab, merges): vocab a dict[int, bytes], merges a list of "
+                "(bytes, bytes) pairs",
+                f"{self.comp.name} 返回了 {type(out).__name__}；应当返回 (vocab, merges)：vocab 是 "
+                "dict[int, bytes]，merges 是 (bytes, bytes) 对的列表",
+            )
+        if vocab is not None and not all(
+            isinstance(k, int) and isinstance(v, bytes) for k, v in vocab.items()
+        ):
+            if all(isinstance(k, bytes) and isinstance(v, int) for k, v in vocab.items()):
+                vocab = {v: k for k, v in vocab.items()}  # bytes -> id, the other way round
+            else:
+                raise self.ctx.learner.fail(
+                    "train",
+                    "the vocab is not a dict[int, bytes]: map each id to "
+                    "its token's bytes, e.g. {0: b'<|endoftext|>', 1: b'\\x00', ...}",
+                    "vocab 不是 dict[int, bytes]：把每个 id 对应到它的 token 的字节，例如 {0: "
+                    "b'<|endoftext|>', 1: b'\\x00', ...}",
+                )
+        return vocab, [self._pair(m, vocab) for m in merges]
+
+    def _pair(self, merge: Any, vocab: dict[int, bytes] | None) -> R.Pair:
+        if _is_pair(merge) and all(isinstance(t, bytes) for t in merge):
+            return bytes(merge[0]), bytes(merge[1])
+        if _is_pair(merge) and all(isinstance(t, int) for t in merge) and vocab is not None:
+            return vocab[merge[0]], vocab[merge[1]]  # GPT-2 style: pairs of ids
+        raise self.ctx.learner.fail(
+            "train", f"a merge is {merge!r}; each merge is a pair of bytes, e.g. (b' t', b'he')",
+            f"有一个合并是 {merge!r}；每个合并是一对 bytes，例如 (b' t', b'he')"
+        )
+
+
+def argument_role(name: str, first: bool) -> str:
+    """What the trainer's argument `name` takes: path, text, vocab_size, merges, special or ""."""
+    name = name.lower()
+    if name in PATH_NAMES or "path" in name or "file" in name:
+        return "path"
+    if name in TEXT_NAMES:
+        return "text"
+    for role, names, part in (("vocab_size", VOCAB_SIZE_NAMES, "vocab"), ("merges", MERGES_NAMES, "merge"),
+                              ("special", SPECIAL_NAMES, "special")):
+        if name in names or part in name:
+            return role
+    return "text" if first else ""  # the first argument is the corpus, whatever its name
+
+
+def _is_pair(value: Any) -> bool:
+    return (
+        isinstance(value, (tuple, list)) and len(value) == 2 and not isinstance(value[0], (list, tuple, dict))
+    )
+
+
+def check_bpe(comp: Component, ctx: Context) -> ComponentResult:
+    """The trainer: merges on the fixture corpus, the vocabulary's ids, and the time on a larger one."""
+    res = ctx.result(comp)
+    trainer = Trainer(comp, ctx)
+    lines = source_lines(ctx.objects(comp))
+    ref_vocab, ref_merges = reference_fixture()
+    start = time.perf_counter()
+    try:
+        vocab, merges = trainer.run(CORPUS, VOCAB_SIZE, FIXTURE_LIMIT)
+    except TrainerTimeout:
+        raise fp.LearnerFailure(LearnerError(
+            "timeout", f"training on the fixture corpus ({len(CORPUS.encode())} bytes, "
+            f"{len(ref_merges)} merges) did not end within {FIXTURE_LIMIT:g} s: a loop that "
+            "never ends (a merge that never makes the words shorter?)", "train",
+            message_zh=f"在测试语料（{len(CORPUS.encode())} 字节，{len(ref_merges)} 次合并）上训练，"
+            f"{FIXTURE_LIMIT:g} 秒内没有结束：循环停不下来（某次合并没有让词变短？）")) from None
+    fixture_seconds = time.perf_counter() - start
+    if not trainer.takes_specials():
+        res.notes.append(text("your trainer takes no special tokens, so it was trained without <|endoftext|>",
+                              "你的训练函数不接收特殊 token，所以训练时没有 <|endoftext|>"))
+        ref_vocab, ref_merges = R.train(CORPUS, VOCAB_SIZE - 1, [])
+    specials = [SPECIAL] if trainer.takes_specials() else []
+    _vocab_size(res, vocab, merges, ref_merges, specials, lines)
+    _compare_merges(res, merges, ref_merges, specials, lines)
+    if vocab is not None:
+        _check_vocab(res, vocab, merges, specials)
+    else:
+        res.notes.append(text("your trainer returned the merges only; the vocabulary's ids were not checked",
+                              "你的训练只返回了合并规则，词表的 id 没有检查"))
+    if any(f.name in CUT_DIAGNOSES.values() for f in res.findings):
+        res.notes.append(text("not timed: with the pre-tokens cut wrong the words are longer, so the time "
+                              "says nothing about the trainer",
+                              "没有计时：预分词切错了，词更长，计时说明不了训练本身"))
+    else:
+        _time(res, trainer, exact=merges == ref_merges, fixture_seconds=fixture_seconds)
+    return finish(res)
+
+
+def _vocab_size(res: ComponentResult, vocab: Any, merges: list[R.Pair], ref_merges: list[R.Pair],
+                specials: list[str], lines: list[tuple[int, str]]) -> None:
+    """One merge more for each special token: the vocabulary size counted without them."""
+    extra = len(merges) - len(ref_merges)
+    if extra and extra == len(specials) and (vocab is None or len(vocab) == VOCAB_SIZE + extra):
+        total = len(merges) + 256 + extra
+        res.findings.append(Finding("bpe_vocab_size_ignores_specials", text(
+            f"asked for {VOCAB_SIZE} tokens, your trainer made {len(merges)} merges ({total} "
+            f"tokens): {256 + extra} + {len(ref_merges)} merges is {VOCAB_SIZE}",
+            f"要求 {VOCAB_SIZE} 个 token，你的训练做了 {len(merges)} 次合并（共 {total} 个 "
+            f"token）：{256 + extra} + {len(ref_merges)} 次合并才是 {VOCAB_SIZE}"),
+            *locate("bpe_vocab_size_ignores_specials", lines)))
+
+
+def _compare_merges(
+    res: ComponentResult,
+    merges: list[R.Pair],
+    ref: list[R.Pair],
+    specials: list[str],
+    lines: list[tuple[int, str]],
+) -> None:
+    same = merges == ref
+    n = len(ref)
+    res.checks.append(
+        Check(
+            text(
+                f"the {n} merges on the fixture corpus equal the reference's, in order",
+                f"测试语料上的 {n} 次合并与参考实现一致，顺序也一致",
+            ),
+            same,
+        )
+    )
+    if same:
+        res.convention = text(
+            "ties broken by the lexicographically greater pair (the reference's rule)",
+            "出现并列时按字节的字典序，取更大的一对（参考实现的规则）",
+        )
+        return
+    first = next((i for i, (a, b) in enumerate(zip(merges, ref)) if a != b), min(len(merges), n))
+    yours = show(merges[first]) if first < len(merges) else "none"
+    theirs = show(ref[first]) if first < n else "none"
+    res.checks[-1].detail = text(
+        f"first difference at merge {first}: yours {yours}, the reference's {theirs}",
+        f"第一处不同在第 {first} 次合并：你的是 {yours}，参考实现是 {theirs}",
+    )
+    _explain_difference(res, merges[:n], specials, first, yours, theirs, lines)
+
+
+def _explain_difference(res: ComponentResult, kept: list[R.Pair], specials: list[str], first: int, yours: str,
+                        theirs: str, lines: list[tuple[int, str]]) -> None:
+    """The first pre-tokenization under which the merges replay: its cut's mistakes, counts not
+    updated, and how ties were broken."""
+    for cut in CUTS:
+        words = R.pretokenize(CORPUS, specials, cut)
+        step, rule = R.replay(words, kept)
+        once = R.counted_once(words, kept) if step is not None else None
+        if step is not None and once is None:
+            continue
+        for flag in sorted(cut):
+            name = CUT_DIAGNOSES[flag]
+            res.findings.append(Finding(name, _explained(name, kept, words, first), *locate(name, lines)))
+        if once is not None:
+            res.findings.append(_counts_not_updated(len(kept), first, yours, theirs, lines))
+            rule = once
+        _tie_rule(res, rule, len(kept), first, yours, theirs, lines)
+        return
+
+
+def _counts_not_updated(n: int, first: int, yours: str, theirs: str, lines: list[tuple[int, str]]) -> Finding:
+    return Finding(
+        "bpe_counts_not_updated",
+        text(
+            f"your {n} merges are the pairs counted before the first merge, "
+            "most frequent first; "
+            f"merge {first} {yours} is an old count (the reference recounts and merges {theirs})",
+            f"你的 {n} 次合并就是第一次合并前数出的各对，"
+            f"按次数从多到少；第 {first} 次合并 {yours} "
+            f"用的是旧的次数（参考实现重新计数后合并的是 {theirs}）",
+        ),
+        *locate("bpe_counts_not_updated", lines),
+    )
+
+
+def _tie_rule(res: ComponentResult, rule: str | None, n: int, first: int, yours: str, theirs: str,
+              lines: list[tuple[int, str]]) -> None:
+    """How the learner's merges break ties: neither way (a mistake), or to the smaller pair (a
+    convention: DIFFERS when nothing else is wrong)."""
+    if rule == "other":
+        res.findings.append(
+            Finding(
+                "bpe_ties_not_by_bytes",
+                text(
+                    f"each of your {n} merges is a most frequent pair, but the ties "
+                    "among them go neither "
+                    f"to the greater nor to the smaller pair of bytes (merge {first}: yours {yours}, the "
+                    f"reference's {theirs})",
+                    f"你的 {n} 次合并每次都是出现最多的一对，"
+                    "但并列时既不是按字节的字典序取更大的，也不是更小的"
+                    f"（第 {first} 次合并：你的是 {yours}，参考实现是 {theirs}）",
+                ),
+                *locate("bpe_ties_not_by_bytes", lines),
+            )
+        )
+    elif rule == "smaller":
+        res.convention = text(
+            "ties broken by the lexicographically smaller pair (the reference, like "
+            "CS336, takes the greater: the merges differ from the first tie on)",
+            "出现并列时按字节的字典序，取更小的一对（参考实现和 CS336 选更大的一对："
+            "从第一次并列起合并规则就不同了）",
+        )
+        if not res.findings:
+            res.checks[-1].ok = True
+            res.status = DIFFERS
+            res.notes.append(
+                text(
+                    f"with ties to the smaller pair your {n} merges are right; first "
+                    f"tie at merge {first}: yours {yours}, the reference's {theirs}",
+                    f"按并列选更小的一对，你的 {n} 次合并都对；第一次并列在第 {first} "
+                    f"次合并：你的是 {yours}，参考实现是 {theirs}",
+                )
+            )
+
+
+def _explained(name: str, merges: list[R.Pair], words: Any, first: int) -> Text:
+    bad = next(
+        (
+            m
+            for m in merges
+            if name == "bpe_special_tokens_merged"
+            and any(t in SPECIAL.encode() for t in (m[0] + m[1],) if len(t) > 1)
+        ),
+        None,
+    )
+    across = next(
+        (
+            m
+            for m in merges
+            if name == "bpe_merges_across_pretokens"
+            and not R.PRETOKEN.fullmatch((m[0] + m[1]).decode("utf-8", "replace"))
+        ),
+        None,
+    )
+    example = bad or across or merges[first]
+    what_en = (
+        "the special token's text is trained on"
+        if name == "bpe_special_tokens_merged"
+        else "the text is not cut into pre-tokens"
+    )
+    what_zh = "特殊 token 的文本也参与了训练" if name == "bpe_special_tokens_merged" else "文本没有切成预分词"
+    return text(
+        f"your {len(merges)} merges are the ones trained when {what_en} (from merge {first} on they "
+        f"differ from the reference's; e.g. {show(example)})",
+        f"你的 {len(merges)} 次合并与{what_zh}时训练出的一致（从第 {first} 次起与参考实现不同；"
+        f"例如 {show(example)}）",
+    )
+
+
+def _check_vocab(
+    res: ComponentResult, vocab: dict[int, bytes], merges: list[R.Pair], specials: list[str]
+) -> None:
+    """Sizes, the ids 0..n-1, every byte and special token once, each merge's token; the ids'
+    layout as a convention."""
+    n = len(vocab)
+    wanted = VOCAB_SIZE - (0 if specials else 1)
+    res.checks.append(Check(text(f"the vocabulary has vocab_size = {wanted} tokens",
+                                 f"词表有 vocab_size = {wanted} 个 token"),
+                            n == wanted, None if n == wanted else text(f"it has {n}", f"实际有 {n} 个")))
+    res.checks.append(Check(text("the ids are 0 .. n - 1", "id 是 0 .. n - 1"),
+                            sorted(vocab) == list(range(n))))
+    single = {v: k for k, v in vocab.items() if len(v) == 1}
+    res.checks.append(Check(text("each of the 256 bytes is a token", "256 个字节各是一个 token"),
+                            len(single) == 256,
+                            None if len(single) == 256 else
+                            text(f"{256 - len(single)} missing", f"缺了 {256 - len(single)} 个")))
+    special_ids = [k for k, v in vocab.items() if v == SPECIAL.encode()]
+    if specials:
+        res.checks.append(Check(text("<|endoftext|> is one token", "<|endoftext|> 是一个 token"),
+                                len(special_ids) == 1))
+    made, values = [m[0] + m[1] for m in merges], list(vocab.values())
+    missing = [t for t in made if t not in values]
+    res.checks.append(Check(text("each merge's token is in the vocabulary",
+                                 "每次合并得到的 token 都在词表里"),
+                            not missing,
+                            text(f"{len(missing)} missing, e.g. {missing[0]!r}",
+                                 f"缺了 {len(missing)} 个，例如 {missing[0]!r}") if missing else None))
+    if len(single) == 256:
+        _vocab_layout(res, vocab, single, special_ids, made)
+
+
+VOCAB_WHERE = {
+    "first": ("special token first (id {i})", "特殊 token 在最前（id {i}）"),
+    "last": ("special token last (id {i})", "特殊 token 在最后（id {i}）"),
+    "after the bytes": ("special token right after the bytes (id {i})",
+                        "特殊 token 紧跟在字节之后（id {i}）"),
+    "none": ("no special token", "没有特殊 token"),
+}
+
+
+def _vocab_layout(res: ComponentResult, vocab: dict[int, bytes], single: dict[bytes, int],
+                  special_ids: list[int], made: list[bytes]) -> None:
+    """Where the special token and the bytes sit, as a convention; merges' ids out of order, noted."""
+    n = len(vocab)
+    start = min(single.values())
+    in_order = all(single[bytes([b])] == start + b for b in range(256))
+    order = "in byte order" if in_order else "in another order"
+    where = ("none" if not special_ids else "first" if special_ids[0] < start
+             else "last" if special_ids[0] == n - 1 else "after the bytes")
+    en, zh = (w.format(i=special_ids[0] if special_ids else "") for w in VOCAB_WHERE[where])
+    order_zh = "按字节顺序" if order == "in byte order" else "换了顺序"
+    layout = text(f"{en}; the 256 bytes {order} from id {start}",
+                  f"{zh}；256 个字节{order_zh}，从 id {start} 开始")
+    ids = [next((k for k, v in vocab.items() if v == t), None) for t in made]
+    if ids and ids != sorted(i for i in ids if i is not None):
+        res.notes.append(text("the merges' ids are not in the order of the merges",
+                              "合并得到的 token 的 id 没有按合并顺序排"))
+    convention = res.convention or text("", "")
+    res.convention = text(f"{convention['en']}; {layout['en']}".strip("; "),
+                          f"{convention['zh']}；{layout['zh']}".strip("；"))
+
+
+def _time(res: ComponentResult, trainer: Trainer, exact: bool, fixture_seconds: float) -> None:
+    seconds, ref_merges = reference_timing()
+    limit = min(max(FACTOR * seconds, FLOOR), CEILING)
+    corpus = timing_corpus()
+    size = len(corpus.encode())
+    start = time.perf_counter()
+    try:
+        _, merges = trainer.run(corpus, TIMING_VOCAB_SIZE, limit)
+    except TrainerTimeout:
+        res.notes.append(_slow(limit, seconds, size, len(ref_merges), fixture_seconds))
+        return
+    took = time.perf_counter() - start
+    res.checks.append(
+        Check(
+            text(
+                f"trains {size} bytes into {len(ref_merges)} merges within {FACTOR:g} x the reference's time",
+                f"{size} 字节训练 {len(ref_merges)} 次合并，用时不超过参考实现的 {FACTOR:g} 倍",
+            ),
+            True,
+        )
+    )
+    res.notes.append(
+        text(
+            f"timing corpus: yours {took:.2f} s, the reference {seconds:.2f} s (limit {limit:.1f} s)",
+            f"计时语料：你的 {took:.2f} 秒，参考实现 {seconds:.2f} 秒（上限 {limit:.1f} 秒）",
+        )
+    )
+    if exact and trainer.takes_specials():
+        res.checks.append(
+            Check(
+                text(
+                    "its merges on the timing corpus equal the reference's too",
+                    "计时语料上的合并也与参考实现一致",
+                ),
+                merges == ref_merges,
+            )
+        )
+
+
+def _slow(limit: float, seconds: float, size: int, merges: int, fixture_seconds: float) -> Text:
+    """Slow is not wrong: a trainer that recounts every pair after each merge (minbpe's) makes the
+    right merges; it is told how much slower it is, measured, and passes on its merges."""
+    factor = limit / seconds
+    start = time.perf_counter()
+    R.train(CORPUS, VOCAB_SIZE, [SPECIAL])  # the reference on the fixture corpus, timed now
+    ref_fixture = time.perf_counter() - start
+    fixture = fixture_seconds / ref_fixture
+    return text(
+        f"slow: on the fixture corpus it took {fixture_seconds:.2f} s, {fixture:.1f} x the reference's "
+        f"{ref_fixture:.2f} s; on the timing corpus ({size} bytes, {merges} merges) it was stopped after "
+        f"{limit:.1f} s, "
+        f"more than {factor:.0f} x the reference's {seconds:.2f} s on this machine, so its merges there "
+        "were not compared (the fixture's were). Recounting every pair after each merge is correct but "
+        "slow; counting once and updating only the words that hold the merged pair is fast",
+        f"慢：在测试语料上用了 {fixture_seconds:.2f} 秒，"
+        f"是参考实现（{ref_fixture:.2f} 秒）的 {fixture:.1f} 倍；"
+        f"在计时语料（{size} 字节，{merges} 次合并）上训练 {limit:.1f} 秒后被停下，超过参考实现"
+        f"（这台机器上 {seconds:.2f} 秒）的 {factor:.0f} 倍，所以那里的合并没有比较（测试语料上的比较了）。"
+        "每次合并后重新统计所有的对是对的，只是慢；只数一次、之后只更新含有这一对的词就快了",
+    )

@@ -1,0 +1,273 @@
+"""The runner of greedy decoding for the encoder-decoder: `greedy_decode(model, src, src_mask,
+max_len, start_symbol)` (the Annotated Transformer's signature) and variants that take an end
+symbol.
+
+The learner's decoder is handed a tiny handformer `Seq2SeqTransformer`, wrapped as the Annotated
+Transformer's model: `encode(src, src_mask)`, `decode(memory, src_mask, ys, tgt_mask)`,
+`generator(x)` (log-probabilities), and `model(src, tgt)` (logits); the masks it is given are
+ignored (the model builds its own). The wrapper makes the end symbol the most likely next token once
+the target holds EOS_AT tokens, so the right output is known: the start symbol, EOS_AT - 1 greedy
+tokens of the model, then EOS. Compared with handformer's greedy choice on the same model, run to
+max_len without an end symbol (a decoder that takes none cannot stop), or stopping at EOS. Named:
+the loop does not stop at EOS, or stops without emitting it.
+
+Shape legend: B batch (1), S source length, T target length, D d_model, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import DECODING_NAMES as NAMES  # noqa: F401
+from handformer.check.core.context import Context, finish, forward_parameters
+from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.result import DIFFERS, PASS, Check, ComponentResult, Finding, Text, text
+from handformer.check.core.source import locate, source_lines
+from handformer.config import Seq2SeqConfig
+from handformer.models.seq2seq import Seq2SeqTransformer
+
+V, PAD, BOS, EOS = 13, 0, 1, 2
+EOS_AT, MAX_LEN = 4, 8
+
+
+class AnnotatedModel(nn.Module):
+    """A tiny Seq2SeqTransformer as the Annotated Transformer's EncoderDecoder exposes it, whose
+    next-token choice is EOS once the target holds EOS_AT tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        cfg = Seq2SeqConfig(src_vocab_size=V, tgt_vocab_size=V, d_model=16, n_heads=2, d_ff=32,
+                            n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_positions=32, pad_id=PAD)
+        self.inner = Seq2SeqTransformer(cfg).double().eval()
+        self.src_ids: Tensor | None = None
+        self.length = 0  # the target length of the last decode
+
+    def encode(self, src: Tensor, src_mask: Any = None) -> Tensor:
+        self.src_ids = src
+        return self.inner.encode(src)[0]
+
+    def decode(self, memory: Tensor, src_mask: Any, ys: Tensor, tgt_mask: Any = None) -> Tensor:
+        assert self.src_ids is not None, "encode first"
+        self.length = ys.size(1)
+        mask = (self.src_ids != PAD)[:, None, None, :]
+        return self.inner.decode(ys.long(), memory, mask)[0]
+
+    def generator(self, x: Tensor) -> Tensor:
+        logits = self.inner.generator(x)
+        return F.log_softmax(self._steer(logits), dim=-1)
+
+    def _steer(self, logits: Tensor) -> Tensor:
+        """+50 on EOS for the position that predicts token EOS_AT (0-based, after the start), and
+        -50 on EOS, BOS and PAD everywhere else, so greedy choices elsewhere are ordinary tokens."""
+        logits = logits.clone()
+        bias = torch.zeros(V, dtype=logits.dtype)
+        bias[[PAD, BOS, EOS]] = -50.0
+        if logits.dim() == 3:  # (B, T, V): every position; position t predicts token t + 1
+            logits += bias
+            if logits.size(1) >= EOS_AT:
+                logits[:, EOS_AT - 1, EOS] += 100.0
+            return logits
+        logits += bias  # (B, V): the last position of the last decode
+        if self.length == EOS_AT:
+            logits[:, EOS] += 100.0
+        return logits
+
+    def forward(self, src: Tensor, tgt: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        memory = self.encode(src)
+        self.length = tgt.size(1)
+        return self._steer(self.inner.generator(self.decode(memory, None, tgt)))
+
+
+def source() -> Tensor:
+    return torch.tensor([[5, 7, 9, 11, 3, 6]])  # (1, S)
+
+
+def reference(stop: bool) -> list[int]:
+    """handformer's greedy choice on the wrapped model: from BOS, max_len tokens in all (the start
+    symbol included), or up to and including EOS."""
+    model = AnnotatedModel()
+    memory = model.encode(source())
+    ys = torch.tensor([[BOS]])
+    while ys.size(1) < MAX_LEN:
+        out = model.decode(memory, None, ys)
+        nxt = int(model.generator(out[:, -1]).argmax(-1))
+        ys = torch.cat([ys, torch.tensor([[nxt]])], dim=1)
+        if stop and nxt == EOS:
+            break
+    return ys[0].tolist()
+
+
+def _finding(ctx: Context, comp: Component, name: str, observed: Text) -> Finding:
+    number, code = locate(name, source_lines(ctx.objects(comp, "greedy_decode")))
+    return Finding(name, observed, number, code)
+
+
+def _tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
+        out = out[0]
+    if isinstance(out, Tensor) and out.dim() in (1, 2) and (out.dim() == 1 or out.size(0) == 1):
+        return [int(t) for t in out.reshape(-1).tolist()]
+    if isinstance(out, (list, tuple)) and all(isinstance(t, int) for t in out):
+        return list(out)
+    raise ctx.learner.fail("forward", f"{comp.name} returned {type(out).__name__}; expected the token ids, "
+                           "a (1, T) tensor (or a list of ints)",
+                           f"{comp.name} 返回了 {type(out).__name__}；应当返回 token id：(1, T) 张量（或 "
+                           "int 列表）")
+
+
+def own_seq2seq(ctx: Context) -> tuple[nn.Module, Any] | None:
+    """The learner's encoder-decoder when it passed its own check: (the model, a call (src, tgt) ->
+    logits); None when there is none or it did not pass."""
+    from handformer.check.runners.model import Caller, build_model, check_model, inputs
+
+    comp = ctx.components.get("transformer")
+    if comp is None:
+        return None
+    result = ctx.results.get(comp.name)
+    if result is None:  # checked here (once a file) when --component asked for the decoder only
+        partial = ctx.partial
+        try:
+            result = ctx.results[comp.name] = check_model(comp, ctx)
+        except Exception:  # noqa: BLE001  (their model raises, or cannot be built: the stand-in drives it)
+            return None
+        finally:
+            ctx.partial = partial
+    if result.status not in (PASS, DIFFERS):
+        return None
+    module, _ = build_model(comp, ctx)
+    call = Caller(module, ctx)
+    # the masks' rank is found on a batch of two: with one row, the Annotated Transformer's attention
+    # runs on (B, 1, 1, S) masks too (a 5-D score tensor) and gives a (1, T, V) output of wrong values
+    call(*inputs(6, 5, [0, 2], [0, 1], seed=0))
+    return module, call
+
+
+def steer(module: nn.Module, column: int, first: float, later: float) -> Any:
+    """Add `first` to one column of the learner's output layer (every nn.Linear to TGT_V) at its
+    first call, `later` at every other: EOS impossible throughout, or certain at the first step and
+    impossible after it (a loop that runs on past EOS then emits other tokens, which no padding
+    explains). Returns the hooks' handles."""
+    from handformer.check.runners.model import TGT_V
+
+    calls = [0]
+
+    def hook(_mod: nn.Module, _inp: Any, out: Tensor) -> Tensor:
+        out = out.clone()
+        out[..., column] += first if calls[0] == 0 else later
+        calls[0] += 1
+        return out
+
+    return [m.register_forward_hook(hook) for m in module.modules()
+            if isinstance(m, nn.Linear) and m.out_features == TGT_V]
+
+
+def own_reference(call: Any, src: Tensor, stop: bool) -> list[int]:
+    """Greedy tokens of the learner's own model through its forward (which passed its check)."""
+    ys = torch.tensor([[BOS]])
+    while ys.size(1) < MAX_LEN:
+        nxt = int(call(src, ys)[:, -1].argmax(-1))
+        ys = torch.cat([ys, torch.tensor([[nxt]])], dim=1)
+        if stop and nxt == EOS:
+            break
+    return ys[0].tolist()
+
+
+def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    params = forward_parameters(comp.obj)
+    names = [p.name for p in params]
+    arg = {key: next((n for n in names if n.lower() in aliases), None) for key, aliases in NAMES.items()}
+    unknown = [p.name for p in params if p.default is p.empty and p.name not in arg.values()]
+    if unknown or not arg["model"] or not arg["src"]:
+        first = (unknown or ["model / src"])[0]
+        raise DiscoveryError(f"{comp.name}: cannot fill the argument {first!r}; greedy decoding takes "
+                             "(model, src, src_mask, max_len, start_symbol), and optionally an end symbol "
+                             "(end_symbol, eos_idx, ...)",
+                             zh=f"{comp.name}：填不了参数 {first!r}；贪心解码接受 (model, src, src_mask, "
+                                "max_len, start_symbol)，还可以有结束符（end_symbol、eos_idx 等）")
+    stop = arg["end"] is not None
+    scenarios = _scenarios(res, ctx, stop)
+    for model, bias, right in scenarios:
+        handles = steer(model, EOS, *bias) if bias else []
+        try:
+            _compare_tokens(res, ctx, comp, arg, model, right, stop)
+        finally:
+            for h in handles:
+                h.remove()
+    return finish(res)
+
+
+def _scenarios(res: ComponentResult, ctx: Context, stop: bool) -> list[tuple[Any, Any, Any]]:
+    """(model, EOS steering, the right tokens) for each run: the learner's own model when it passed,
+    steered never to end and to end at once; else a stand-in."""
+    own = own_seq2seq(ctx)
+    if own is None:
+        res.driven = text("a stand-in: handformer's tiny Seq2SeqTransformer wrapped as the Annotated "
+                          "Transformer's model (encode, decode, generator); your own model has no passing "
+                          "check",
+                          "替身：handformer 的小 Seq2SeqTransformer，包装成 Annotated Transformer 的模型接口"
+                          "（encode、decode、generator）；你自己的模型没有通过检查")
+        return [(AnnotatedModel(), [], reference(stop))]
+    model, call = own
+    name = ctx.components["transformer"].name
+    res.driven = text(f"your own {name} (it passed its check), its output layer steered: EOS ({EOS}) "
+                      "never, then at the first step only",
+                      f"你自己的 {name}（它通过了检查），输出层被调整：先让 EOS（{EOS}）从不出现，"
+                      "再让它只在第一步出现")
+    scenarios = []
+    for bias in ((-1e4, -1e4), (1e4, -1e4)):
+        handles = steer(model, EOS, *bias)
+        with fp.dropout_off():
+            scenarios.append((model, bias, own_reference(call, source(), stop)))
+        for h in handles:
+            h.remove()
+    return scenarios
+
+
+def _compare_tokens(res: ComponentResult, ctx: Context, comp: Component, arg: dict[str, str | None],
+                    model: Any, right: list[int], stop: bool) -> None:
+    values = {"model": model, "src": source(), "src_mask": (source() != PAD)[:, None, :], "max_len": MAX_LEN,
+              "start": BOS, "end": EOS}
+    kwargs = {name: values[key] for key, name in arg.items() if name}
+    got = _tokens(ctx, comp, ctx.learner.call("forward", comp.obj, **kwargs))
+    if got[:1] != [BOS]:  # some loops return the new tokens only
+        right = right[1:]
+        note = text("it returns the new tokens, without the start symbol",
+                    "它返回的是新生成的 token，不含起始符号")
+        if note not in res.notes:
+            res.notes.append(note)
+    if not stop:
+        note = text(f"{comp.name} takes no end symbol, so it cannot stop at EOS (the Annotated "
+                    "Transformer's): compared with max_len tokens",
+                    f"{comp.name} 没有结束符参数，所以不能在 EOS 处停下"
+                    "（Annotated Transformer 的写法）：按 max_len 个 token 比较")
+        if note not in res.notes:
+            res.notes.append(note)
+    trimmed = got
+    if stop and EOS in got:  # padding after EOS (a batch-style loop) is fine
+        end = got.index(EOS) + 1
+        if all(t in (PAD, EOS) for t in got[end:]):
+            trimmed = got[:end]
+    ok = trimmed == right
+    shown = " ".join(map(str, got))
+    want = " ".join(map(str, right))
+    res.checks.append(Check(text(f"the tokens equal handformer's greedy choice on the same model ({want})",
+                                 f"生成的 token 与 handformer 在同一模型上的贪心选择一致（{want}）"),
+                            ok, text(f"yours: {shown}", f"你的：{shown}")))
+    if stop and not ok and not res.findings:
+        upto = right  # ends with EOS
+        if got[:len(upto)] == upto and len(got) > len(upto):
+            res.findings.append(_finding(ctx, comp, "greedy_no_stop_at_eos", text(
+                f"your tokens go on after EOS ({EOS}) at position {len(upto) - 1}: {shown}",
+                f"你的输出在位置 {len(upto) - 1} 的 EOS（{EOS}）之后还在继续：{shown}")))
+        elif got == upto[:-1]:
+            res.findings.append(_finding(ctx, comp, "greedy_eos_not_emitted", text(
+                f"your tokens stop where EOS ({EOS}) comes but leave it out: {shown}",
+                f"你的输出在该出现 EOS（{EOS}）的位置停下了，但没有输出它：{shown}")))

@@ -1,0 +1,548 @@
+"""Runner for a learner's generation loop: nanoGPT's `generate(model, idx, max_new_tokens,
+temperature=1.0, top_k=None)` (a function, or a method of their model class) and
+`generate(model, prompt_ids, max_new_tokens)` variants.
+
+The learner's `generate` is handed a handformer CausalLM on known weights, wrapped as their code
+expects it (`LanguageModel`): called on token ids it returns a (B, T, V) tensor, a `(logits, loss)`
+tuple or an object with `.logits` (detected from their source, then tried in that order), it has
+`config.block_size` (and `block_size`, `max_len`), and it understands a KV cache passed as
+`past_key_values=` (Hugging Face) or positions as `start_pos` (Meta). Its logits are scaled so that
+the most likely token has all of the probability: a loop that samples is as deterministic as greedy
+decoding, and its tokens are compared with handformer's greedy continuation, so that a learner's
+`generate` is checked even when their own model is wrong. Every call is recorded, which names the
+mistakes: the new token not appended, the context not cropped to the block size, a cache not passed
+back or positions not offset by it, a loop that calls the model more than max_new_tokens times.
+A loop with an EOS parameter is run once more with EOS set to the token the model makes likeliest
+at a step: it must stop there (greedy_no_stop_at_eos otherwise); a loop without one is not charged.
+
+Shape legend: B batch, T tokens so far, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import CONTEXT_NAMES, COUNT_NAMES, MODEL_NAMES, PROMPT_NAMES  # noqa: F401
+from handformer.check.core.context import Context, forward_parameters
+from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.source import locate, source_lines
+from handformer.config import CausalLMConfig
+from handformer.families import build_causal_lm
+from handformer.generation.generate import generate as hf_generate
+from handformer.models.causal_lm import CausalLM
+
+VOCAB, BLOCK, SEED = 24, 8, 82
+PEAK = 1e4  # logits scale: the most likely token gets all of the probability
+SHORT, LONG = 4, 7  # new tokens after a prompt of 3: within the block size, and past it
+
+CACHE_NAMES = ("past_key_values", "past", "cache", "kv_cache", "layer_past", "past_kv", "kv")
+POSITION_NAMES = ("start_pos", "pos", "offset", "start", "position")
+EOS_NAMES = ("eos", "eos_id", "eos_token", "eos_token_id", "eos_idx", "end_token", "end_id", "stop_token",
+             "end_symbol", "stop_id")
+
+
+class ContextTooLong(RuntimeError):
+    """What nanoGPT's model raises on more tokens than its block size."""
+
+
+class TooManyCalls(RuntimeError):
+    """The learner's loop called the model far more often than max_new_tokens asks for."""
+
+
+@dataclass(frozen=True)
+class CacheToken:
+    """The KV cache the wrapper hands out: the token ids and positions it has seen (B, S) each;
+    passing it back continues from there, as a real cache would."""
+
+    ids: Tensor
+    positions: Tensor
+
+    @property
+    def length(self) -> int:
+        return self.ids.size(1)
+
+
+@dataclass
+class Call:
+    ids: Tensor  # (B, T) the new tokens handed over
+    seen: int  # tokens before them: in the cache handed back, or up to start_pos
+    positions: Tensor  # (B, T) the positions they were computed at
+    cached: bool  # a cache (or start_pos) was passed
+    start: int | None = None  # Meta's start_pos, when given
+
+
+class LanguageModel(nn.Module):
+    """handformer's CausalLM as the learner's `generate` expects its model. style: what a call
+    returns (tensor | tuple | object); budget: calls allowed before TooManyCalls."""
+
+    def __init__(self, lm: CausalLM, block_size: int, style: str, budget: int) -> None:
+        super().__init__()
+        self.model = lm
+        self.block_size = self.max_len = self.max_seq_len = self.context = block_size
+        self.style, self.budget, self.vocab_size = style, budget, VOCAB
+        self.calls: list[Call] = []
+        self.stream: Tensor | None = None  # Meta's style: the tokens fed so far, by position
+        self.config = types.SimpleNamespace(block_size=block_size, max_len=block_size, max_seq_len=block_size,
+                                            n_positions=block_size, vocab_size=VOCAB,
+                                            max_position_embeddings=block_size)
+
+    @property
+    def target(self) -> LanguageModel:
+        """What the learner's loop is handed (a property: as an attribute it would be its own child
+        module, and model.eval() would recurse)."""
+        return self
+
+    def new_cache(self, *args: Any, **kwargs: Any) -> CacheToken:
+        empty = torch.zeros(1, 0, dtype=torch.long)
+        return CacheToken(empty, empty)
+
+    init_cache = new_cache
+
+    def forward(self, idx: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(self.calls) >= self.budget:
+            raise TooManyCalls(f"generate called the model {len(self.calls) + 1} times")
+        ids = torch.as_tensor(idx).long()
+        ids = ids[None] if ids.dim() == 1 else ids  # (B, T)
+        cache, start, positions = _cache_arguments(args, kwargs)
+        own = next((type(v).__name__ for k, v in kwargs.items() if k in CACHE_NAMES
+                    and v is not None and not isinstance(v, (CacheToken, bool))), None)
+        if own is not None:  # their own cache class (Raschka's KVCache): only their model can fill it
+            raise TypeError(f"the stand-in model cannot fill a cache object of your own ({own}); check "
+                            "generate with your model in the same file, or write the adapter")
+        B, T = ids.shape
+        if cache is not None:
+            prior_ids, prior_pos = cache.ids.expand(B, -1), cache.positions.expand(B, -1)
+        elif start is not None:  # Meta: the tokens at positions 0 .. start_pos - 1 are the ones fed before
+            stream = self.stream if self.stream is not None else ids[:, :0]
+            prior_ids = stream[:, :start]
+            prior_pos = torch.arange(prior_ids.size(1))[None].expand(B, -1)
+        else:
+            prior_ids = prior_pos = ids[:, :0]
+        if positions is None:
+            first = start if start is not None else prior_ids.size(1)
+            positions = torch.arange(first, first + T)[None].expand(B, T)
+        full_ids, full_pos = torch.cat([prior_ids, ids], 1), torch.cat([prior_pos, positions.long()], 1)
+        cached = cache is not None or start is not None
+        self.calls.append(Call(ids, prior_ids.size(1), positions.long(), cached, start))
+        if full_ids.size(1) > self.block_size or int(full_pos.max()) >= self.block_size:
+            raise ContextTooLong(f"Cannot forward sequence of length {full_ids.size(1)}, block size is only "
+                                 f"{self.block_size}")
+        if start is not None:
+            self.stream = full_ids
+        with torch.no_grad():
+            logits = self.model(full_ids, position_ids=full_pos).logits[:, -T:]  # (B, T, V)
+        logits = (logits - logits.amax(-1, keepdim=True)) * PEAK
+        new_cache = CacheToken(full_ids, full_pos) if cache is not None or kwargs.get("use_cache") else None
+        if self.style == "object":
+            return types.SimpleNamespace(logits=logits, past_key_values=new_cache, loss=None)
+        if self.style == "tuple":
+            return logits, new_cache
+        return logits
+
+
+def _cache_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[CacheToken | None, int | None,
+                                                                             Tensor | None]:
+    """(the cache handed back, Meta's start_pos, position_ids) from a call's extra arguments."""
+    cache = next((v for v in list(args) + list(kwargs.values()) if isinstance(v, CacheToken)), None)
+    start = next((v for k, v in kwargs.items() if k in POSITION_NAMES and isinstance(v, int)), None)
+    if start is None:
+        start = next((v for v in args if isinstance(v, int) and not isinstance(v, bool)), None)
+    positions = kwargs.get("position_ids")
+    return cache, start, positions if isinstance(positions, Tensor) else None
+
+
+def known_model() -> CausalLM:
+    """A one-block GPT-2 style model on constructed weights whose greedy choice depends on the last
+    token and its position, with a clear margin: the blocks add nothing (zero weights), a token is
+    one-hot in the first 24 dimensions and its position (mod the block size) in the last 8, and the
+    head is random. On the checks' prompts its greedy tokens vary and every step's two most likely
+    tokens are more than 1 apart."""
+    cfg = CausalLMConfig.gpt2_style(vocab_size=VOCAB, d_model=VOCAB + BLOCK, n_layers=1, n_heads=2, d_ff=32,
+                                    max_positions=2 * BLOCK, dropout=0.0, tie_embeddings=False)
+    model = build_causal_lm(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
+        model.embed.weight[:, :VOCAB] = 3.0 * torch.eye(VOCAB)
+        model.positions.weight[:, VOCAB:] = 3.0 * torch.eye(BLOCK).repeat(2, 1)
+        head = torch.randn(VOCAB, VOCAB + BLOCK, generator=torch.Generator().manual_seed(SEED))
+        model.lm_head.weight.copy_(head)
+    return model
+
+
+def prompts(B: int) -> Tensor:
+    return torch.tensor([[3, 17, 9], [11, 2, 20]])[:B]  # (B, 3)
+
+
+def greedy(model: CausalLM, ids: Tensor, n: int) -> Tensor:
+    """n greedy tokens, each from the last BLOCK tokens (nanoGPT's cropping), recomputed in full."""
+    for _ in range(n):
+        with torch.no_grad():
+            logits = model(ids[:, -BLOCK:]).logits[:, -1]  # (B, V)
+        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
+    return ids
+
+
+# --- calling the learner's generate ---------------------------------------------------------------
+
+def _style(fn: Any) -> tuple[str, ...]:
+    """What the learner's loop unpacks: a (logits, loss) tuple, `.logits`, or a tensor; the one their
+    source shows first, then the others."""
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        source = ""
+    order = ["tensor", "tuple", "object"]
+    if re.search(r"\.logits\b", source):
+        order.remove("object")
+        order.insert(0, "object")
+    elif re.search(r"\w+\s*,\s*\w+\s*=\s*(self|model|\w+)\s*\(", source):
+        order.remove("tuple")
+        order.insert(0, "tuple")
+    return tuple(order)
+
+
+def _call(ctx: Context, comp: Component, model: LanguageModel, ids: Tensor, n: int,
+          extra: dict[str, Any] | None = None) -> Any:
+    """generate(model, ids, n): the learner's parameters filled by name, or else by position (by
+    position up to the first one left to its default: `self` of a method cannot go by name)."""
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for i, p in enumerate(forward_parameters(comp.obj)):
+        name = p.name.lower()
+        value = (model.target if name in MODEL_NAMES else ids if name in PROMPT_NAMES else n if name in
+                 COUNT_NAMES else model.context if name in CONTEXT_NAMES else (extra or {}).get(p.name))
+        if value is None and p.default is not p.empty:
+            continue
+        if value is None and i >= 3:
+            raise DiscoveryError(f"cannot fill the argument {p.name!r} of {comp.name}: handformer calls "
+                                 "generate(model, idx, max_new_tokens) (and fills context_size or block_size "
+                                 "with the model's block size)",
+                                 zh=f"填不了 {comp.name} 的参数 {p.name!r}：handformer 调用 generate(model, "
+                                    "idx, max_new_tokens)（context_size 或 block_size 填模型的 block size）")
+        value = (model.target, ids, n)[i] if value is None else value
+        if kwargs or len(args) != i:
+            kwargs[p.name] = value
+        else:
+            args.append(value)
+    return ctx.learner.call("forward", comp.obj, *args, **kwargs)
+
+
+def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
+    """The tokens a generate returned after the prompt, (B, n'), from (B, T + n) ids (nanoGPT), (B, n)
+    new ones, or lists of them."""
+    B, T = prompt.shape
+    if isinstance(out, tuple) and len(out) == 2 and out[1] is None:
+        out = out[0]  # Meta's (tokens, logprobs) with logprobs=False: (tokens, None)
+    if isinstance(out, (list, tuple)) and out and all(isinstance(v, int) for v in out):
+        out = [out]
+    if isinstance(out, (list, tuple)) and out and all(isinstance(v, (list, tuple, Tensor)) for v in out):
+        try:
+            out = torch.stack([torch.as_tensor(v).reshape(-1).long() for v in out])
+        except RuntimeError:
+            return None
+    if not isinstance(out, Tensor) or out.is_floating_point() or out.dim() not in (1, 2):
+        return None
+    out = out.reshape(B, -1).long() if out.numel() % B == 0 else None
+    if out is None:
+        return None
+    if out.size(1) >= T and torch.equal(out[:, :T], prompt):
+        return out[:, T:]
+    return out
+
+
+@dataclass
+class Run:
+    label: Text
+    model: LanguageModel
+    prompt: Tensor
+    n: int
+    out: Tensor | None = None  # the new tokens
+    failure: fp.LearnerFailure | None = None
+    as_list: bool = False  # the prompt was handed over as a list of ints
+
+
+def run_generate(ctx: Context, comp: Component, driver: Any, n: int, B: int, as_list: bool = False,
+                 extra: dict[str, Any] | None = None) -> Run:
+    """The learner's generate on B prompts of 3 tokens (a (B, 3) tensor, or one prompt as a list of
+    ints) for n new tokens, each return style tried in turn (their first failure kept), with a fresh
+    model from `driver` (StandIn, or generate_own.OwnDriver) for each try."""
+    first: Run | None = None
+    for style in driver.styles(comp.obj):
+        model = driver.new_model(style, budget=n + 3)
+        prompt = prompts(B)
+        label = text(f"{B} prompt{'s' if B > 1 else ''}, {n} new tokens", f"{B} 个提示词、{n} 个新 token")
+        run = Run(label, model, prompt, n, as_list=as_list)
+        try:
+            raw = _call(ctx, comp, model, prompt[0].tolist() if as_list else prompt.clone(), n,
+                        {**fixed_defaults(comp.obj), **(extra or {})})
+        except fp.LearnerFailure as failure:
+            run.failure = failure
+            if model.calls and (_overflowed(model) or _runaway(model)):
+                return run
+            first = first or run
+            continue
+        finally:
+            getattr(model, "close", lambda: None)()  # the hooks on the learner's own model
+        run.out = new_tokens(raw, prompt, n)
+        if run.out is not None:
+            return run
+        first = first or run
+    assert first is not None
+    return first
+
+
+TOP_K_NAMES = ("top_k", "topk", "k")
+NEVER = -1  # an EOS id no model generates
+
+
+def fixed_defaults(fn: Any) -> dict[str, int]:
+    """Defaults of the loop that are sizes of a real vocabulary, set for check's small one: an EOS id
+    (minimind's eos_token_id=2) to an id no model generates, so that a loop is not stopped by a token
+    it was never told is EOS (the EOS check sets its own); a top-k larger than the vocabulary
+    (top_k=50) to the vocabulary's size, which keeps every token as 50 does in a real one."""
+    out = {}
+    for p in forward_parameters(fn):
+        if not isinstance(p.default, int) or isinstance(p.default, bool):
+            continue
+        if p.name.lower() in EOS_NAMES:
+            out[p.name] = NEVER
+        elif p.name.lower() in TOP_K_NAMES and p.default > VOCAB:
+            out[p.name] = VOCAB
+    return out
+
+
+def defaults_note(fn: Any) -> Text | None:
+    fixed = fixed_defaults(fn)
+    if not fixed:
+        return None
+    said = ", ".join(f"{k}={v}" for k, v in fixed.items())
+    return text(f"run with {said} (its defaults are for a real vocabulary: an EOS no token here is, a "
+                f"top-k that keeps all {VOCAB} tokens); the EOS check sets its own EOS",
+                f"运行时设 {said}（默认值是按真实词表定的：这里 EOS 设为不会生成的 id，top-k 保留全部 "
+                f"{VOCAB} 个 token）；EOS 检查另设 EOS")
+
+
+def _overflowed(model: LanguageModel) -> bool:
+    if not model.calls:
+        return False
+    last = model.calls[-1]
+    return last.seen + last.ids.size(1) > model.block_size or int(last.positions.max()) >= model.block_size
+
+
+def _runaway(model: LanguageModel) -> bool:
+    return len(model.calls) >= model.budget
+
+
+# --- the check ---------------------------------------------------------------------------------------
+
+class StandIn:
+    """The driver of a loop when the learner's own model cannot drive it: handformer's one-block GPT
+    on known weights, wrapped as their loop calls a model (LanguageModel)."""
+
+    def __init__(self) -> None:
+        self.model = known_model()
+        short = hf_generate(self.model, prompts(2).tolist(), SHORT, temperature=0.0, threads=None)
+        assert short == self.reference(2, SHORT).tolist()  # the wrapper's greedy is handformer's
+
+    def new_model(self, style: str, budget: int) -> LanguageModel:
+        return LanguageModel(known_model(), BLOCK, style, budget)
+
+    def reference(self, B: int, n: int) -> Tensor:
+        return greedy(self.model, prompts(B), n)[:, prompts(B).size(1):]
+
+    def alternative(self, B: int, n: int) -> Tensor | None:
+        return None
+
+    def styles(self, fn: Any) -> tuple[str, ...]:
+        return _style(fn)
+
+    def driven(self) -> Text:
+        return text("a stand-in: handformer's one-block GPT on known weights, its most likely token "
+                    "made certain, so that a sampling loop is as deterministic as greedy decoding; it "
+                    "is called as your loop calls a model (tokens -> logits, a (logits, loss) tuple or "
+                    ".logits)", "替身：handformer 的单层 GPT，权重已知，最可能的 token 概率为 1，所以采样"
+                    "循环和贪心解码一样确定；按你的循环调用模型的方式调用它（token -> logits、"
+                    "(logits, loss) 元组或 .logits）")
+
+
+def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
+    note = defaults_note(comp.obj)
+    res.notes += [note] if note else []
+    short = first = run_generate(ctx, comp, driver, SHORT, 2)
+    for B, as_list in ((1, False), (1, True)):  # a loop written for one prompt, maybe a list of ints
+        if short.out is not None or _named(short):
+            break
+        short = run_generate(ctx, comp, driver, SHORT, B, as_list)
+    if short.out is None and not _named(first) and first.failure is not None and \
+            first.failure.error.kind == "stand_in":
+        raise first.failure  # the stand-in could not serve their loop: not a prompt shape of theirs
+    if short.out is None and short.failure is None:
+        raise ctx.learner.fail("forward", f"{comp.name} returned no token ids for a prompt of 3 tokens and "
+                               f"max_new_tokens={SHORT}",
+                               f"提示为 3 个 token、max_new_tokens={SHORT} 时，{comp.name} 没有返回 token id")
+    B = short.prompt.size(0)
+    if B == 1:
+        res.notes.append(text("it generates for one prompt at a time (a batch of 2 failed)"
+                              + (", given as a list of ints" if short.as_list else ""),
+                              "它一次只能为一个提示词生成（2 个一批时失败了）"
+                              + ("，提示词是整数列表" if short.as_list else "")))
+    reference = driver.reference(B, SHORT)
+    _judge(res, ctx, comp, short, reference)
+    if any(c.cached for c in short.model.calls):
+        res.notes.append(text("it decodes with a KV cache: after the prompt it feeds one token at a time",
+                              "它用 KV 缓存解码：处理完提示词之后每次只输入一个 token"))
+        if getattr(short.model, "resets", None) is not None:  # a cache kept in their own model: empty again?
+            again = run_generate(ctx, comp, driver, SHORT, B, short.as_list)
+            again.label = text(f"{again.label['en']}, again (the cache your model keeps must start empty)",
+                               f"{again.label['zh']}，再来一次（模型自己保存的缓存必须先清空）")
+            _judge(res, ctx, comp, again, reference)
+    elif not any(f.name in ("generate_not_appended", "generate_does_not_stop") for f in res.findings):
+        _long(res, ctx, comp, driver, B, short.as_list)
+    if short.failure and not res.findings and short.out is None:
+        raise short.failure
+    if short.out is not None and not res.findings:
+        _eos(res, ctx, comp, driver, short, reference[0])
+
+
+def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: int, as_list: bool) -> None:
+    """LONG new tokens: past the block size, where a model with a position table needs the crop; a
+    crop that a model without one does not need is a choice (noted), not a mistake."""
+    long = run_generate(ctx, comp, driver, LONG, B, as_list)
+    expected, cropped = driver.reference(B, LONG), driver.alternative(B, LONG)
+    if cropped is not None and long.out is not None and torch.equal(long.out, cropped) and not torch.equal(
+            cropped, expected):
+        expected = cropped
+        res.notes.append(text(f"it crops the context to the last {BLOCK} tokens, which your model does not "
+                              "need (it has no position table of that size): a choice",
+                              f"它把上下文裁剪到最后 {BLOCK} 个 token，而你的模型并不需要（它没有这么大的"
+                              "位置表）：这是一种选择"))
+    _judge(res, ctx, comp, long, expected)
+
+
+def _eos(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short: Run, reference: Tensor,
+         ) -> None:
+    """A loop with an EOS parameter is given as EOS the token the model makes likeliest at a step
+    (the first new token not seen before it): it must stop there (EOS kept, EOS repeated after it
+    read as padding, or EOS left out). A loop with no EOS parameter is not charged."""
+    eos_name = next((p.name for p in forward_parameters(comp.obj) if p.name.lower() in EOS_NAMES), None)
+    if eos_name is None:
+        return
+    seen = reference.tolist()
+    k = next((i for i in range(1, len(seen) - 1) if seen[i] not in seen[:i]), None)
+    if k is None:
+        return
+    eos = int(reference[k])
+    run = run_generate(ctx, comp, driver, SHORT, 1, short.as_list, {eos_name: eos})
+    want = reference[:k + 1].tolist()
+    got = run.out[0].tolist() if run.out is not None else None
+    dropped = got == want[:k]  # stopped before appending EOS (Raschka's loop): a convention
+    stopped = dropped or (got is not None and got[:k + 1] == want and all(t == eos for t in got[k + 1:]))
+    if dropped:
+        res.notes.append(text(f"at EOS ({eos_name}={eos}) it stops without appending EOS, a convention",
+                              f"遇到 EOS（{eos_name}={eos}）时它不把 EOS 加进结果就停下，这是一种约定"))
+    res.checks.append(Check(text(f"with {eos_name}={eos}, the token the model makes likeliest at new token "
+                                 f"{k}, it stops there: {want}",
+                                 f"{eos_name}={eos}（模型在新 token 位置 {k} 最可能给出的 token）时"
+                                 f"在那里停下：{want}"),
+                            stopped, text(f"got {got}", f"实际得到 {got}")))
+    if not stopped and got is not None and got[:k + 1] == want:
+        number, code = locate("greedy_no_stop_at_eos", source_lines(ctx.objects(comp)))
+        res.findings.append(Finding("greedy_no_stop_at_eos", text(
+            f"with {eos_name}={eos} emitted as new token {k}, it went on to {len(got)} new tokens: {got}",
+            f"{eos_name}={eos} 作为新 token {k} 输出之后，它继续生成到 {len(got)} 个新 token：{got}"),
+            number, code))
+
+
+def _named(run: Run) -> bool:
+    return bool(run.model.calls) and (_overflowed(run.model) or _runaway(run.model))
+
+
+def _judge(res: ComponentResult, ctx: Context, comp: Component, run: Run, expected: Tensor) -> None:
+    """The check of one run against handformer's greedy tokens, and the finding that explains a
+    difference (from the calls the loop made)."""
+    ok = run.out is not None and torch.equal(run.out, expected)
+    got = run.out.tolist() if run.out is not None else (run.failure.error.message if run.failure else None)
+    want = expected.tolist()
+    en, zh = getattr(run.model, "words", ("handformer's greedy decoding", " handformer 贪心解码"))
+    res.checks.append(Check(text(f"{run.label['en']}: the tokens of {en} {want}",
+                                 f"{run.label['zh']}：与{zh}的 token 相同 {want}"), ok,
+                            text(f"got {got}", f"实际得到 {got}")))
+    if ok:
+        return
+    lines = source_lines(ctx.objects(comp, "sample", "top_k", "top_p", "temperature"))
+    for name, observed, form in _explain(run, expected):
+        if not any(f.name == name for f in res.findings):
+            number, code = locate(name, lines)
+            res.findings.append(Finding(name, observed, number, code, form))
+
+
+def _explain(run: Run, expected: Tensor) -> list[tuple[str, Text, str]]:
+    """The findings the calls of a run explain its tokens by: a loop that does not stop (and whose
+    calls all saw the prompt alone), else the first other mistake the calls show."""
+    calls, T = run.model.calls, run.prompt.size(1)
+    same = len(calls) > 1 and all(c.ids.size(1) == T and c.seen == 0 and torch.equal(c.ids, run.prompt)
+                                  for c in calls)
+    not_appended = ("generate_not_appended", text(
+        f"each of its {len(calls)} calls fed the model the same {T} prompt tokens",
+        f"它的 {len(calls)} 次调用输入的都是同样的 {T} 个提示词 token"), "")
+    if _runaway(run.model):
+        runaway = ("generate_does_not_stop", text(
+            f"asked for {run.n} new tokens, it called the model {len(calls)} times and went on",
+            f"要求 {run.n} 个新 token，它调用了模型 {len(calls)} 次还没有停"), "")
+        return [runaway] + ([not_appended] if same else [])
+    if same:
+        return [not_appended]
+    found = _explain_calls(run, expected)
+    return [found] if found else []
+
+
+def _explain_calls(run: Run, expected: Tensor) -> tuple[str, Text, str] | None:
+    calls, model, prompt = run.model.calls, run.model, run.prompt
+    T = prompt.size(1)
+    if _overflowed(model):
+        steps, fed = len(calls) - 1, calls[-1].seen + calls[-1].ids.size(1)
+        return "generate_no_crop", text(
+            f"after {steps} steps it fed the model {fed} tokens; the block size is {model.block_size}",
+            f"走了 {steps} 步之后它给模型输入了 {fed} 个 token；block_size 是 {model.block_size}"), \
+            "not_cropped"
+    stream = torch.cat([prompt, expected], 1)
+    for i, c in enumerate(calls):
+        fed = c.seen + c.ids.size(1)
+        if not c.cached and c.ids.size(1) == model.block_size and fed < stream.size(1) and torch.equal(
+                c.ids, stream[:, :model.block_size]) and i > 0 and T + i > model.block_size:
+            return "generate_no_crop", text(
+                f"past the block size it feeds the first {model.block_size} tokens, not the last ones",
+                f"超过 block_size 之后它输入的是前 {model.block_size} 个 token，而不是最后的"), "first_tokens"
+    for i, c in enumerate(calls[1:], start=1):
+        before = T + i - 1  # tokens the model had seen before this call, in a cached loop
+        if c.ids.size(1) == 1 and c.start is not None and c.start != before:
+            return "generate_cache_mismatch", text(
+                f"at step {i} it passed start_pos = {c.start} for a new token after {before} tokens",
+                f"步 {i}：新 token 前已有 {before} 个 token，它却传了 start_pos = {c.start}"), \
+                "positions_not_offset"
+        if c.ids.size(1) == 1 and c.seen != before and c.cached:
+            return "generate_cache_mismatch", text(
+                f"at step {i} it fed one token with a cache of {c.seen} tokens where {before} were seen",
+                f"步 {i} 输入一个 token 时缓存里只有 {c.seen} 个 token，应为 {before} 个"), \
+                "cache_not_passed"
+        if c.ids.size(1) == 1 and not c.cached and c.seen == 0:
+            return "generate_cache_mismatch", text(
+                f"at step {i} it fed one token and no cache: the model saw that token alone",
+                f"步 {i} 只输入了一个 token 却没有带缓存：模型只看到了这一个 token"), "cache_not_passed"
+        if c.ids.size(1) == 1 and int(c.positions[0, 0]) != c.seen:
+            position = int(c.positions[0, 0])
+            return "generate_cache_mismatch", text(
+                f"at step {i} the new token got position {position}, after {c.seen} cached tokens",
+                f"步 {i} 新 token 的位置是 {position}，而缓存里已有 {c.seen} 个 token"), \
+                "positions_not_offset"
+    return None

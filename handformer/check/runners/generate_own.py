@@ -1,0 +1,356 @@
+"""The learner's `generate` driven through their own decoder-only model, when the file defines one
+that was built and did not fail its own check (Karpathy's `BigramLanguageModel.generate`, nanoGPT's
+`GPT.generate`, Raschka's `generate(model, idx, ...)` with his `GPTModel`).
+
+Their model is built at check's sizes (vocabulary VOCAB, block size BLOCK, on scrambled weights) and
+hooked: every call is recorded as the stand-in's are (`generate_loop.Call`), and its logits are
+scaled so that the likeliest token has all of the probability, so a sampling loop is as
+deterministic as greedy decoding. Whether the model needs its context cropped is read from what it
+does, not assumed: a model that raises on more than BLOCK tokens (a position table of BLOCK rows)
+must be handed the last BLOCK; one that runs on longer contexts (a bigram table) needs no crop, and a
+loop that crops it anyway is not charged.
+
+Shape legend: B batch, T tokens so far, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import MODEL_NAMES
+from handformer.check.core.context import Context, finish, forward_parameters, module_sizes
+from handformer.check.core.discovery import Component, own_objects
+from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, Text, text
+from handformer.check.runners.generate_loop import (
+    BLOCK,
+    CACHE_NAMES,
+    NEVER,
+    POSITION_NAMES,
+    VOCAB,
+    Call,
+    ContextTooLong,
+    StandIn,
+    TooManyCalls,
+    check_with,
+    prompts,
+)
+
+PEAK = 1e6  # the learner's logits are not built with a margin: a wider scale keeps near ties certain
+NO_LIMIT = 10**9
+CACHED_LEN = 4 * BLOCK  # the max_len of a model that decodes with a cache
+
+
+class OwnModel:
+    """The learner's module as their loop is handed it, with the stand-in's bookkeeping: `calls`,
+    `block_size` (the longest context it runs on), `context` (the block size their loop is told) and
+    `budget` (calls allowed before TooManyCalls). Its forward is wrapped on the instance, so that a
+    loop that calls `self.forward(...)` (minimind's, Meta's) is recorded and steered as `model(...)` is."""
+
+    def __init__(self, module: nn.Module, limit: int, budget: int, holder: type | None = None) -> None:
+        self.module, self.block_size, self.context, self.budget = module, limit, BLOCK, budget
+        self.target = engine(holder, module) if holder else module  # what `model` (or `self`) is
+        self.calls: list[Call] = []
+        self.held = 0  # tokens in the cache since it was last empty (a cache handed back or kept inside)
+        self.words = ("your model's own greedy decoding", "你的模型自己贪心解码")
+        self.original = module.forward
+        self.signature = inspect.signature(self.original)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            self._record(args, kwargs)
+            return steered(self.original(*args, **kwargs))
+        module.forward = functools.wraps(self.original)(forward)
+        self.resets = [name for name in dir(type(module)) if "reset" in name and "cache" in name
+                       and callable(getattr(module, name, None))]
+        for name in self.resets:  # reset_kv_cache(): the module's own cache starts empty again
+            setattr(module, name, self._reset(getattr(module, name)))
+
+    def _reset(self, method: Any) -> Any:
+        def reset(*args: Any, **kwargs: Any) -> Any:
+            self.held = 0
+            return method(*args, **kwargs)
+        return reset
+
+    def _record(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if len(self.calls) >= self.budget:
+            raise TooManyCalls(f"generate called the model {len(self.calls) + 1} times")
+        ids = next((v for v in list(args) + list(kwargs.values()) if isinstance(v, Tensor)), None)
+        if ids is None or ids.is_floating_point():
+            return
+        ids = ids[None] if ids.dim() == 1 else ids  # (B, T)
+        B, T = ids.shape
+        start, held = self._seen(args, kwargs)
+        self.calls.append(Call(ids.clone(), held, torch.arange(held, held + T)[None].expand(B, T), held > 0,
+                               start))
+        if held or start is None and self._cached(args, kwargs):
+            self.held = held + T
+        if held + T > self.block_size:
+            raise ContextTooLong(f"Cannot forward sequence of length {T}, block size is only "
+                                 f"{self.block_size}")
+
+    def _seen(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | None, int]:
+        """(Meta's start_pos, the tokens before this call's): start_pos; else the tokens fed since the
+        cache was last empty, when a cache is handed back (Hugging Face's past_key_values) or kept
+        inside (Raschka's use_cache=True); else none."""
+        bound = self._bound(args, kwargs)
+        start = next((v for k, v in bound.items() if k in POSITION_NAMES and isinstance(v, int)
+                      and not isinstance(v, bool)), None)
+        if start is not None:
+            return start, start
+        return None, self.held if self._cached(args, kwargs) else 0
+
+    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return dict(self.signature.bind(*args, **kwargs).arguments)
+        except TypeError:
+            return dict(kwargs)
+
+    def _cached(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        bound = self._bound(args, kwargs)
+        return bound.get("use_cache") is True or any(
+            k in CACHE_NAMES and v is not None and not isinstance(v, bool) for k, v in bound.items())
+
+    def close(self) -> None:
+        vars(self.module).pop("forward", None)
+        for name in self.resets:
+            vars(self.module).pop(name, None)
+
+
+def _certain(logits: Tensor) -> Tensor:
+    return (logits - logits.amax(-1, keepdim=True)) * PEAK
+
+
+def steered(out: Any) -> Any:
+    """The learner's output with its logits (the first float tensor whose last size is VOCAB) scaled:
+    a tensor, a (logits, loss) tuple, or an object with `.logits`."""
+    if isinstance(out, Tensor):
+        return _certain(out) if out.is_floating_point() and out.size(-1) == VOCAB else out
+    if isinstance(out, (tuple, list)):
+        items = list(out)
+        for i, item in enumerate(items):
+            if isinstance(item, Tensor) and item.is_floating_point() and item.size(-1) == VOCAB:
+                items[i] = _certain(item)
+                break
+        return type(out)(items) if isinstance(out, tuple) else items
+    if isinstance(getattr(out, "logits", None), Tensor):
+        out.logits = _certain(out.logits)
+    return out
+
+
+class OwnDriver:
+    """What check_generate needs from the model that drives a loop: a fresh recorded model, the
+    greedy tokens it gives, and the words for the report."""
+
+    def __init__(self, ctx: Context, model_comp: Component, module: nn.Module, limit: int,
+                 holder: type | None = None, max_len: int = BLOCK) -> None:
+        from handformer.check.runners.gpt import Caller
+
+        self.module, self.limit, self.name = module, limit, model_comp.name
+        self.holder, self.max_len = holder, max_len  # the engine class generate is a method of
+        self.call = Caller(module, ctx)
+
+    def new_model(self, style: str, budget: int) -> OwnModel:
+        return OwnModel(self.module, self.limit, budget, self.holder)
+
+    def reference(self, B: int, n: int, crop: int | None = None) -> Tensor:
+        """n greedy tokens after prompts(B), each from the last `crop` tokens (the limit by default)."""
+        crop = crop or self.limit
+        ids = prompts(B)
+        for _ in range(n):
+            logits, _ = self.call(ids[:, -crop:])
+            ids = torch.cat([ids, logits[:, -1].argmax(-1, keepdim=True)], 1)  # (B, T + 1)
+        return ids[:, prompts(B).size(1):]
+
+    def driven(self) -> Text:
+        limited = self.limit < NO_LIMIT
+        crop = (f"it raises on more than {BLOCK} tokens, so the context must be cropped" if limited
+                else f"it runs on contexts longer than {BLOCK} tokens, so no crop is needed (a crop is not "
+                "charged)")
+        crop_zh = (f"超过 {BLOCK} 个 token 它会报错，所以上下文必须裁剪" if limited
+                   else f"它能处理超过 {BLOCK} 个 token 的上下文，所以不必裁剪（裁剪了也不算错）")
+        held = f" in your {self.holder.__name__} (with a stand-in tokenizer)" if self.holder else ""
+        held_zh = f"（放在你的 {self.holder.__name__} 里，分词器是替身）" if self.holder else ""
+        return text(f"your own {self.name}{held}, built with vocab_size {VOCAB} and block size "
+                    f"{self.max_len}, its logits scaled so that the likeliest token is certain; {crop}",
+                    f"你自己的 {self.name}{held_zh}，按 vocab_size {VOCAB}、block size {self.max_len} 构建，"
+                    f"logits 被放大，最可能的 token 概率为 1；{crop_zh}")
+
+    def alternative(self, B: int, n: int) -> Tensor | None:
+        """The tokens of a loop that crops to BLOCK a model that needs no crop: not charged."""
+        return self.reference(B, n, BLOCK) if self.limit == NO_LIMIT else None
+
+    def styles(self, fn: Any) -> tuple[str, ...]:
+        return ("own",)  # their model returns what it returns
+
+
+def _model_component(ctx: Context, comp: Component) -> Component | None:
+    """The model that drives `comp`: the class whose method it is; the model an engine class holds
+    (Meta's `Llama(model: Transformer, tokenizer)`, its Transformer imported from their model.py);
+    else the file's decoder-only model."""
+    gpt = ctx.components.get("gpt")
+    if "." not in comp.name:
+        return gpt
+    cls = own_objects(ctx.module).get(comp.name.split(".")[0])
+    if gpt is not None and gpt.obj is cls:
+        return gpt
+    if inspect.isclass(cls) and issubclass(cls, nn.Module):
+        return Component("gpt", cls.__name__, cls)
+    held = held_model(cls, ctx.module) if inspect.isclass(cls) else None
+    if held is None:
+        return None
+    return gpt if gpt is not None and gpt.obj is held else Component("gpt", held.__name__, held)
+
+
+def held_model(cls: type, module: Any) -> type | None:
+    """The nn.Module class an engine class's constructor takes (its annotation, read in the file's
+    namespace when it is a string)."""
+    try:
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return None
+    return next((hint for p in params if (hint := _module_hint(p, module)) is not None), None)
+
+
+def _module_hint(p: inspect.Parameter, module: Any) -> type | None:
+    hint = vars(module).get(p.annotation) if isinstance(p.annotation, str) else p.annotation
+    return hint if inspect.isclass(hint) and issubclass(hint, nn.Module) else None
+
+
+TOKENIZER_NAMES = ("tokenizer", "tok", "tokeniser")
+
+
+def engine(cls: type, model: nn.Module) -> Any:
+    """An instance of the engine class whose method generate is (Meta's `Llama`), built by its own
+    constructor with the learner's model and a stand-in tokenizer: padding -1 and EOS ids no model
+    generates (the EOS check is for loops that take an EOS argument)."""
+    namespace = sys.modules.get(cls.__module__)
+    kwargs: dict[str, Any] = {}
+    for p in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if _module_hint(p, namespace) is not None or p.name.lower() in MODEL_NAMES:
+            kwargs[p.name] = model
+        elif p.name.lower() in TOKENIZER_NAMES:
+            kwargs[p.name] = StandInTokenizer()
+        elif p.default is p.empty:
+            raise TypeError(f"cannot fill the argument {p.name!r} of {cls.__name__}")
+    return cls(**kwargs)
+
+
+class StandInTokenizer:
+    """What an inference engine reads of its tokenizer while generating: no padding in check's
+    prompts, and no EOS among the tokens a model generates."""
+
+    pad_id = pad_token_id = -1
+    eos_id = eos_token_id = bos_id = bos_token_id = NEVER
+    stop_tokens = frozenset({NEVER})
+    n_words = vocab_size = VOCAB
+    special_tokens: dict[str, int] = {}
+
+
+def _usable(ctx: Context, model_comp: Component) -> bool:
+    """Built and not failed: passed, differs by design, or ran its checks but could not be compared
+    (a bigram model has no blocks to map); a model not checked in this run is probed here."""
+    result = ctx.results.get(model_comp.name)
+    if result is None or result.status in (PASS, DIFFERS):
+        return True
+    return result.status == NOT_CHECKED and bool(result.checks) and all(c.ok for c in result.checks) and \
+        not result.findings
+
+
+@contextlib.contextmanager
+def own_driver(ctx: Context, comp: Component) -> Iterator[OwnDriver | None]:
+    """The driver of the learner's own model for `comp` (None: the stand-in drives it), with their
+    module-level sizes set for it (Karpathy's n_embd, block_size) while it runs, then put back."""
+    from handformer.check.runners.gpt import gpt_sizes
+
+    model_comp = _model_component(ctx, comp)
+    if model_comp is None or not _usable(ctx, model_comp):
+        yield None
+        return
+    # a model that decodes with a KV cache or start_pos runs to its max_len, which is not a block its
+    # loop must crop to: built long enough for every check's tokens
+    cached = inspect.isclass(model_comp.obj) and bool(_cache_parameters(model_comp.obj.forward))
+    sizes = {**gpt_sizes(ctx), "src_vocab": VOCAB, "max_len": CACHED_LEN if cached else BLOCK}
+    wanted = module_sizes(ctx.module, model_comp, sizes)
+    saved = {name: vars(ctx.module).get(name, _UNSET) for name in wanted}
+    vars(ctx.module).update(wanted)
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)  # their model is float64 here: a cache it allocates must be too
+    try:
+        yield _build(ctx, model_comp, sizes, _engine_class(ctx, comp))
+    finally:
+        torch.set_default_dtype(dtype)
+        for name, value in saved.items():
+            if value is _UNSET:
+                vars(ctx.module).pop(name, None)
+            else:
+                vars(ctx.module)[name] = value
+
+
+_UNSET = object()
+
+
+def _cache_parameters(forward: Any) -> set[str]:
+    """The parameters of a model's forward that hand it a KV cache or positions (past_key_values,
+    Meta's start_pos)."""
+    return {p.name for p in forward_parameters(forward)} & set(CACHE_NAMES + POSITION_NAMES)
+
+
+def _drivable(module: nn.Module) -> bool:
+    """Called on token ids alone: every cache or position parameter has a default (Hugging Face's
+    past_key_values=None), except Meta's start_pos, which check passes (0 for the whole sequence)."""
+    return all(p.default is not p.empty or p.name == "start_pos" for p in forward_parameters(module)
+               if p.name in _cache_parameters(module))
+
+
+def _engine_class(ctx: Context, comp: Component) -> type | None:
+    """The class `comp` is a method of when it is not a model (Meta's `Llama.generate`)."""
+    cls = own_objects(ctx.module).get(comp.name.split(".")[0]) if "." in comp.name else None
+    return cls if inspect.isclass(cls) and not issubclass(cls, nn.Module) else None
+
+
+def _build(ctx: Context, model_comp: Component, sizes: dict[str, Any], holder: type | None,
+           ) -> OwnDriver | None:
+    """Their model at check's sizes (in their engine class, when generate is its method), when it can
+    be called on token ids alone, returns VOCAB logits and runs on BLOCK tokens; its limit read by
+    feeding it BLOCK + 2 tokens."""
+    partial = ctx.partial
+    try:
+        module = ctx.build(model_comp, sizes)
+        if not _drivable(module):
+            return None
+        driver = OwnDriver(ctx, model_comp, module, BLOCK, holder, sizes["max_len"])
+        if holder is not None:
+            engine(holder, module)
+        logits, _ = driver.call(torch.zeros(1, BLOCK, dtype=torch.long))
+        if logits is None or logits.size(-1) != VOCAB:
+            return None
+    except Exception:  # noqa: BLE001  (their model cannot be built or run here: the stand-in drives the loop)
+        return None
+    finally:
+        ctx.partial = partial
+    try:
+        driver.call(torch.zeros(1, BLOCK + 2, dtype=torch.long))
+        driver.limit = NO_LIMIT
+    except fp.LearnerFailure:
+        pass
+    return driver
+
+
+def check_generate(comp: Component, ctx: Context) -> ComponentResult:
+    """The learner's loop driven through their own model when it was built and did not fail
+    (generate_own.py), else through the stand-in."""
+    res = ctx.result(comp)
+    with own_driver(ctx, comp) as own:
+        driver = own or StandIn()
+        res.driven = driver.driven()
+        check_with(res, ctx, comp, driver)
+    return finish(res)

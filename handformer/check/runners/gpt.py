@@ -1,0 +1,559 @@
+"""Runner for the assembled decoder-only model: nanoGPT's `GPT(config)` with `forward(idx)`
+returning logits, or `forward(idx, targets)` returning (logits, loss) as nanoGPT does (logits of the
+last position only when there are no targets, which is compared as such).
+
+The learner's parameters are mapped onto handformer's `CausalLM` (GPT-2 style): the token and
+position embeddings by their shapes, the blocks by the ModuleList that holds them (inside each as
+the block runner maps it: a fused c_attn is split in three), the norm outside the blocks as the
+final norm, and the (vocab, d_model) head, tied to the token embedding or not. Choices reported:
+tied or separate head, with a bias or not, the FFN's activation, pre- or post-norm. The
+fingerprint search names: the causal mask missing or off by one, the position embedding never
+added, the final norm missing. The loss, when forward returns one, is compared with the
+cross-entropy of handformer's logits.
+
+Shape legend: B batch, T length, D d_model, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.context import (
+    SIZES,
+    Context,
+    D,
+    H,
+    check_determinism,
+    error_text,
+    finish,
+    forward_parameters,
+)
+from handformer.check.core.discovery import Component
+from handformer.check.core.layer_map import LayerMap, block_norms, layer_modules, map_layer, prefixed
+from handformer.check.core.result import (
+    NOT_CHECKED,
+    Check,
+    ComponentResult,
+    Finding,
+    LearnerError,
+    Text,
+    text,
+)
+from handformer.check.core.rotary import interleaved_to_half_
+from handformer.check.core.source import locate, source_lines
+from handformer.check.core.weights import (
+    Leaf,
+    MappingError,
+    Slot,
+    attention_slots,
+    copy_attention,
+    copy_ffn,
+    copy_weights,
+    ffn_slots,
+    is_gated,
+    leaves,
+    norm_slots,
+)
+from handformer.check.core.weights import norm_weights as learner_norm
+from handformer.check.reference import variants as V
+from handformer.check.runners.model import as_written_, exact_norms_
+from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME
+from handformer.config import CausalLMConfig
+from handformer.families import build_causal_lm
+from handformer.models.causal_lm import CausalLM
+from handformer.nn.masks import as_attention_mask
+from handformer.nn.positions import RotaryEmbedding
+
+VOCAB, BLOCK, KV_HEADS = 29, 16, 2
+GPT_SIZES = {**SIZES, "src_vocab": VOCAB, "n_layers": 2, "max_len": BLOCK}
+THETA_NAMES = ("rope_theta", "theta", "rope_base", "base", "rotary_base")
+TARGET_NAMES = ("targets", "target", "labels", "y", "tgt")
+FLAGS = ("causal_mask_missing", "causal_off_by_one:no_self", "causal_off_by_one:sees_next", "pe_missing",
+         "final_norm_missing")
+
+
+@dataclass
+class GPTMap:
+    wte: Leaf
+    wpe: Leaf | None
+    blocks: list[Any]  # model.LayerMap, one per block
+    ln_f: Slot | None
+    head: Leaf | None
+    tied: bool
+    bias: bool
+    n_kv_heads: int | None = None  # grouped-query attention (Llama's n_kv_heads)
+    ropes: tuple[str | None, ...] = (None,)  # rotary layouts to try: "half", "interleaved"
+    theta: float = 10000.0  # the rotary base read from the learner's model
+    table_theta: float | None = None  # the base of its tables, when it is not the one its config names
+    built: dict[Any, CausalLM] = field(default_factory=dict)  # handformer's, by choices
+
+    def describe(self) -> list[str]:
+        rows = [f"{self.wte.name} -> token embedding"]
+        rows += [f"{self.wpe.name} -> position embedding"] if self.wpe is not None else []
+        rows += [f"{b.name} -> block {i}" for i, b in enumerate(self.blocks)]
+        rows += [f"{self.ln_f.leaf.name} -> final norm"] if self.ln_f is not None else []
+        if self.head is not None:
+            tied = " (tied to the token embedding)" if self.tied else ""
+            rows.append(f"{self.head.name} -> output head{tied}")
+        return rows
+
+
+def map_gpt(module: nn.Module) -> GPTMap:
+    layers, n_kv = layer_modules(module), None
+    if not layers:
+        layers, n_kv = _grouped_blocks(module), KV_HEADS
+    blocks = [map_layer(path, child, SIZES["d_ff"]) if n_kv is None else _map_grouped(path, child)
+              for path, child in layers]
+    if not blocks or any(b.decoder for b in blocks):
+        raise MappingError("expected the blocks in an nn.ModuleList (nanoGPT's transformer.h), each with one "
+                           "attention and an MLP",
+                           zh="应当把块放在一个 nn.ModuleList 里（nanoGPT 的 transformer.h），"
+                              "每块有一个注意力和一个 MLP")
+    inside = {id(m) for _, child in layers for m in child.modules()}
+    outer = [leaf for leaf in leaves(module) if id(leaf.module) not in inside]
+    embeds = [leaf for leaf in outer if leaf.kind == "embedding"]
+    wte = next((e for e in embeds if e.weight.size(0) == VOCAB), None)
+    if wte is None:
+        raise MappingError(f"expected nn.Embedding(vocab_size={VOCAB}, n_embd); found "
+                           f"{[(e.name, tuple(e.weight.shape)) for e in embeds]}",
+                           zh=f"应当有 nn.Embedding(vocab_size={VOCAB}, n_embd)；实际找到 "
+                              f"{[(e.name, tuple(e.weight.shape)) for e in embeds]}")
+    wpe = next((e for e in embeds if e is not wte), None)
+    head = next((x for x in outer if x.kind == "linear" and tuple(x.weight.shape) == (VOCAB, D)), None)
+    norms = [x for x in outer if x.kind == "norm"]
+    extra = [x for x in outer if x.kind == "linear" and x is not head] + norms[1:]
+    if extra:
+        raise MappingError("parameters outside the blocks that a GPT does not have: "
+                           + ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra),
+                           zh="块之外有 GPT 没有的参数："
+                              f"{', '.join(f'{x.name} {tuple(x.weight.shape)}' for x in extra)}")
+    m = GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head,
+               head is None or head.weight is wte.weight, head is not None and head.bias is not None, n_kv)
+    if wpe is None:
+        m.ropes, m.theta, m.table_theta = _rotary(module)
+    return m
+
+
+def _grouped_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The blocks of a model with grouped-query attention (Llama's, minimind's): the items of its
+    ModuleLists with two (D, D) projections (W_Q, W_O), two (KV_HEADS * Dh, D) ones and an FFN."""
+    kv = (KV_HEADS * (D // H), D)
+    out: list[tuple[str, nn.Module]] = []
+    for name, sub in module.named_modules():
+        if not isinstance(sub, (nn.ModuleList, nn.Sequential)):
+            continue
+        for child_name, child in sub.named_children():
+            path = f"{name}.{child_name}" if name else child_name
+            shapes = [tuple(leaf.weight.shape) for leaf in leaves(child) if leaf.kind == "linear"]
+            if (not any(path.startswith(p + ".") for p, _ in out) and shapes.count((D, D)) >= 2
+                    and shapes.count(kv) >= 2 and any(s[1] == D and s[0] > D for s in shapes)):
+                out.append((path, child))
+    return out
+
+
+def _map_grouped(path: str, child: nn.Module) -> LayerMap:
+    found = prefixed(leaves(child), path)
+    linears = [leaf for leaf in found if leaf.kind == "linear"]
+    attn = attention_slots(linears, D, 1, path, KV_HEADS * (D // H))
+    ffn = ffn_slots(linears, D, SIZES["d_ff"], path)[0]
+    norms, qk = block_norms([leaf for leaf in found if leaf.kind == "norm"])
+    attn[0] += qk
+    norms = norms * 2 if len(norms) == 1 else norms
+    return LayerMap(path, False, attn, ffn, norm_slots(norms, 2, ["self-attention", "FFN"], path))
+
+
+def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | None]:
+    """The rotary layouts to try (Meta's complex freqs_cis: interleaved first), the base (the one the
+    learner's config names, rope_theta; else read back from its tables; else 10000), and the base of
+    its tables when that is another (rope_wrong_base: the config's base not handed to the tables)."""
+    from handformer.check.core.rotary import rope_layouts
+
+    ropes = rope_layouts(module, False)
+    if ropes == (None,):
+        return ropes, 10000.0, None
+    tables = [t for sub in module.modules() for t in [*sub.buffers(recurse=False), *vars(sub).values()]
+              if isinstance(t, Tensor) and t.dim() == 2 and t.size(0) > 1
+              and (t.is_complex() or t.is_floating_point())]  # not a bool mask buffer
+    if any(t.is_complex() for t in tables):
+        ropes = ("interleaved", "half", None)
+    else:
+        ropes = ("half", "interleaved", None)
+    named = _named_theta(module)
+    table = _table_theta(tables)
+    if named is None:
+        return ropes, table or 10000.0, None
+    return ropes, named, table if table is not None and abs(table / named - 1) > 1e-3 else None
+
+
+def _named_theta(module: nn.Module) -> float | None:
+    """The rotary base a field of the model or of its config names (rope_theta, theta, base)."""
+    for sub in module.modules():
+        for obj in [sub, *(v for v in vars(sub).values() if not isinstance(v, (Tensor, nn.Module, dict)))]:
+            for name in THETA_NAMES:
+                value = getattr(obj, name, None)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 1:
+                    return float(value)
+    return None
+
+
+def _table_theta(tables: list[Tensor]) -> float | None:
+    """The base of the learner's rotary tables, read back from position 1's angles."""
+    for t in tables:  # position 1's angles: a complex table, or a sine table (row 0 all zeros)
+        angles = t[1].angle() if t.is_complex() else t[1].double().asin() if t[0].abs().max() == 0 else None
+        if angles is None:
+            continue
+        distinct = sorted(set(angles.abs().tolist()), reverse=True)
+        if len(distinct) == (D // H) // 2 and abs(distinct[0] - 1) < 1e-4 and distinct[1] > 0:
+            return float(f"{distinct[1] ** -(D // H / 2):.3g}")  # pair j turns by theta^(-2j/Dh)
+    return None
+
+
+@dataclass(frozen=True)
+class Choices:
+    placement: str
+    activation: str
+    rope: str | None = None  # the rotary layout: "half", "interleaved", or none
+
+    def describe(self, m: GPTMap) -> Text:
+        head_en = ("tied to the token embedding" if m.tied else "separate") + (
+            ", with a bias" if m.bias else "")
+        head_zh = ("与词嵌入共享权重" if m.tied else "独立的权重") + ("，有偏置" if m.bias else "")
+        pos_en, pos_zh = (("learned positions", "可学习的位置编码") if m.wpe is not None
+                          else ("no positions", "没有位置编码") if self.rope is None
+                          else (f"rotary positions ({self.rope} pairs, base {m.theta:.0f})",
+                                f"旋转位置编码（{ROPE_ZH[self.rope]}，底数 {m.theta:.0f}）"))
+        if m.n_kv_heads:
+            pos_en += f"; grouped-query attention ({H} heads, {m.n_kv_heads} key/value heads)"
+            pos_zh += f"；分组查询注意力（{H} 个头，{m.n_kv_heads} 个键/值头）"
+        return text(f"output head {head_en}; {self.placement}-norm blocks; {self.activation} FFN; {pos_en}",
+                    f"输出层{head_zh}；{self.placement.capitalize()}-Norm 块；{self.activation} 前馈网络；"
+                    f"{pos_zh}")
+
+
+ROPE_ZH = {"half": "前后两半配对", "interleaved": "相邻两维配对"}
+
+
+def reference_model(m: GPTMap, ch: Choices) -> CausalLM:
+    """handformer's CausalLM with the learner's weights and choices (a final norm of weight 1 and
+    bias 0 where the learner has none); built once for each set of choices."""
+    if ch not in m.built:
+        m.built[ch] = _reference_model(m, ch)
+    return m.built[ch]
+
+
+def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
+    first = learner_norm(m.blocks[0].norms[0])
+    gated = is_gated(m.blocks[0].ffn)
+    cfg = CausalLMConfig.gpt2_style(
+        vocab_size=VOCAB, d_model=D, n_heads=H, d_ff=m.blocks[0].ffn[0].leaf.weight.size(0),
+        n_layers=len(m.blocks), dropout=0.0, activation=HF_NAME[(gated, ch.activation)],
+        norm_placement=ch.placement, norm=first.kind, norm_eps=first.eps,  # LayerNorm or RMSNorm, as theirs
+        position="learned" if m.wpe is not None else "rope" if ch.rope else "none", rope_theta=m.theta,
+        max_positions=m.wpe.weight.size(0) if m.wpe is not None else BLOCK, tie_embeddings=m.tied,
+        n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m))
+    hf = build_causal_lm(cfg)  # (a GPT-2 style config: the plain CausalLM)
+    if m.bias:
+        hf.lm_head = nn.Linear(D, VOCAB, bias=True)
+        if m.tied:
+            hf.lm_head.weight = hf.embed.weight
+    hf = hf.double().eval()
+    with torch.no_grad():
+        hf.embed.weight.copy_(m.wte.weight)
+        if m.wpe is not None:
+            hf.positions.weight.copy_(m.wpe.weight)
+        if m.head is not None:
+            copy_weights(hf.lm_head, Slot("head", m.head))
+    for target, block in zip(hf.layers, m.blocks):
+        copy_attention(target.self_attn, block.attn[0])
+        if ch.rope == "interleaved":
+            interleaved_to_half_(target.self_attn)
+        copy_ffn(target.ffn, block.ffn)
+    written = []
+    for target, block in zip(hf.layers, m.blocks):
+        for name, slot in zip(("attn_norm", "ffn_norm"), block.norms):
+            copy_weights(getattr(target, name), slot)
+            written.append((target, name, slot))
+        written += [(target.self_attn, s.role, s) for s in block.attn[0] if s.role in ("q_norm", "k_norm")]
+    if m.ln_f is not None and hasattr(hf.norm, "weight"):
+        copy_weights(hf.norm, m.ln_f)
+        written.append((hf, "norm", m.ln_f))
+    exact_norms_(hf)
+    as_written_(written)
+    return hf
+
+
+def _qk_norm(m: GPTMap) -> str:
+    """"head" when the learner's attentions norm each query and key head (QK-norm), else "none"."""
+    return "head" if any(s.role == "q_norm" for s in m.blocks[0].attn[0]) else "none"
+
+
+def keep_of(T: int, flags: frozenset[str]) -> Tensor:
+    """(T, T) the keys each query sees with these mistakes."""
+    if "causal_mask_missing" in flags:
+        return torch.ones(T, T, dtype=torch.bool)
+    return V.causal_keep(T, flags)
+
+
+def variant(hf: CausalLM, idx: Tensor, flags: frozenset[str], table_theta: float | None = None) -> Tensor:
+    """The logits (B, T, V) with the named mistakes (rope_wrong_base: the tables' base, not the config's)."""
+    T = idx.size(1)
+    x = hf.embed(idx)  # (B, T, D)
+    if "pe_missing" not in flags:
+        x = x + hf.positions(torch.arange(T)[None])
+    mask = as_attention_mask(keep_of(T, flags)[None, None])
+    rotary = hf.rotary
+    if "rope_wrong_base" in flags and table_theta is not None:
+        rotary = RotaryEmbedding(D // H, BLOCK, table_theta).double()
+    rope = rotary(torch.arange(T)[None])  # (cos, sin), or None without rotary positions
+    for layer in hf.layers:
+        x = layer(x, mask, rope=rope)[0]
+    if "final_norm_missing" not in flags:
+        x = hf.norm(x)
+    return hf.lm_head(x)
+
+
+class Caller:
+    """idx (B, T) -> (logits (B, T, V) or (B, 1, V), loss or None), with targets when forward takes them."""
+
+    def __init__(self, module: nn.Module, ctx: Context) -> None:
+        self.module, self.ctx = module, ctx
+        params = forward_parameters(module)
+        self.target = next((p.name for p in params if p.name in TARGET_NAMES), None)
+        # Meta's forward(tokens, start_pos): the whole sequence from position 0
+        self.start = next((p.name for p in params if p.name == "start_pos" and p.default is p.empty), None)
+
+    def __call__(self, idx: Tensor, targets: Tensor | None = None, start: int = 0,
+                 ) -> tuple[Tensor | None, Tensor | None]:
+        kwargs: dict[str, Any] = {self.target: targets} if self.target and targets is not None else {}
+        if self.start:
+            kwargs[self.start] = start
+        raw = self.ctx.learner.call("forward", self.module, idx, **kwargs)
+        if not isinstance(raw, (Tensor, tuple, list)) and isinstance(getattr(raw, "logits", None), Tensor):
+            raw = (raw.logits, getattr(raw, "loss", None))  # Hugging Face's output object (minimind's)
+        logits = fp.first_tensor(raw, 3)
+        first = raw[0] if isinstance(raw, (tuple, list)) and raw else raw
+        if logits is None and isinstance(first, Tensor) and first.dim() == 2 and first.size(0) == idx.numel():
+            logits = first.view(*idx.shape, -1)  # Karpathy's: (B * T, V) when given targets
+        pair = isinstance(raw, (tuple, list)) and len(raw) > 1
+        loss = raw[1] if pair and isinstance(raw[1], Tensor) else None
+        return logits, loss
+
+
+def _rows(B: int, T: int, flags: frozenset[str]) -> Tensor:
+    return keep_of(T, flags).any(-1)[None].expand(B, T)  # (B, T): queries that see a key
+
+
+def gpt_sizes(ctx: Context) -> dict[str, Any]:
+    """The model's sizes: with KV_HEADS key/value heads when the file has a field for them (Llama's
+    n_kv_heads, minimind's num_key_value_heads), so that grouped-query attention is what is checked."""
+    from handformer.check.core.discovery import ARGUMENTS
+
+    try:
+        source = inspect.getsource(ctx.module)
+    except (OSError, TypeError):
+        return GPT_SIZES
+    kv = any(re.search(rf"\b{name}\b", source) for name in ARGUMENTS["n_kv_heads"])
+    return {**GPT_SIZES, "n_kv_heads": KV_HEADS} if kv else GPT_SIZES
+
+
+def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    module = ctx.build(comp, gpt_sizes(ctx))
+    if callable(getattr(module, "setup_caches", None)):  # gpt-fast's Transformer: an inference engine's model
+        raise MappingError(f"{comp.name}.forward(idx, input_pos) runs on the KV caches that setup_caches("
+                           "max_batch_size, max_seq_length) makes first (gpt-fast's): handformer drives "
+                           "a model by forward(idx) alone; its attention, FFN and norm are checked alone",
+                           zh=f"{comp.name}.forward(idx, input_pos) 依赖 setup_caches(max_batch_size, "
+                              "max_seq_length) 先建好的 KV 缓存（gpt-fast 的写法）：handformer 只用 "
+                              "forward(idx) 驱动模型；它的注意力、FFN 和归一化各自单独检查")
+    call = Caller(module, ctx)
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, VOCAB, (2, 8), generator=g)
+    targets = torch.randint(0, VOCAB, (2, 8), generator=g)
+    check_determinism(res, ctx, comp, lambda: call(idx, targets)[0], "causal_attention", "block", "ffn")
+    with fp.dropout_off():
+        out, loss = call(idx, targets)
+        last_only = out is not None and out.size(1) == 1
+        want = (2, 1 if last_only else 8, VOCAB)
+        ok = out is not None and tuple(out.shape) == want
+        res.checks.append(Check(text(f"logits of shape (B, T, vocab_size) = {want}",
+                                     f"logits 的形状为 (B, T, vocab_size) = {want}"), ok,
+                                text(f"got {tuple(out.shape) if out is not None else None}",
+                                     f"实际得到 {tuple(out.shape) if out is not None else None}")))
+        if not ok:
+            return finish(res)
+        if last_only:
+            res.notes.append(text("forward returns the last position's logits only: compared there",
+                                  "forward 只返回最后一个位置的 logits：只比较这一个位置"))
+        try:
+            m = map_gpt(module)
+        except MappingError as err:  # the checks above ran; the comparison could not: NOT CHECKED
+            res.status = NOT_CHECKED
+            res.error = LearnerError("mapping", f"not compared with handformer's CausalLM: {err}", "__init__",
+                                     message_zh=f"没有与 handformer 的 CausalLM 比较：{err.zh or err}")
+            return finish(res)
+        res.mapping = m.describe()
+        _tied_despite_config(res, ctx, comp, m)
+        _compare(res, ctx, comp, m, call, out, loss, idx, targets, last_only)
+    return finish(res)
+
+
+def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call: Caller, out: Tensor,
+             loss: Tensor | None, idx: Tensor, targets: Tensor, last_only: bool) -> None:
+    gated = is_gated(m.blocks[0].ffn)
+    settings = [Choices(p, a, r) for r in m.ropes for p in ("pre", "post") for a in FFN_ACTIVATIONS[gated]]
+    found = _search(m, out, idx, settings, last_only)
+    if found is None:
+        res.notes.append(text("no known mistake (or pair of them) reproduces your logits; the blocks' own "
+                              "checks show where they differ from handformer's",
+                              "没有任何已知错误（或两个错误的组合）能复现你的 logits；"
+                              "各块自己的检查会指出它们与 handformer 的差别"))
+        ch = settings[0]
+    else:
+        ch = found[0]
+        _found(res, ctx, comp, m, out, idx, found, last_only)
+    hf = reference_model(m, ch)
+    errors = []
+    for i, (B2, T2) in enumerate([(3, 5), (1, 1), (2, BLOCK)]):
+        x = torch.randint(0, VOCAB, (B2, T2), generator=torch.Generator().manual_seed(10 + i))
+        y = torch.randint(0, VOCAB, (B2, T2), generator=torch.Generator().manual_seed(20 + i))
+        mine, ref = call(x, y)[0], hf(x).logits
+        if mine is not None and mine.size(1) == 1:
+            ref = ref[:, -1:]
+        errors.append(fp.max_error(mine, ref))
+    res.max_abs_error = max(errors)
+    res.checks.append(Check(text("matches handformer's CausalLM on your weights and choices on 3 shapes",
+                                 "在 3 种形状上与使用你的权重和写法的 handformer CausalLM 一致"),
+                            max(errors) < 1e-5, error_text(max(errors))))
+    if loss is not None and not last_only:
+        _loss(res, hf(idx).logits, loss, targets)
+    _causality(res, call, idx)
+    if call.start:
+        _cached(res, ctx, comp, m, call, hf, idx)
+
+
+def _view(logits: Tensor, last_only: bool) -> Tensor:
+    return logits[:, -1:] if last_only else logits
+
+
+def _search(m: GPTMap, out: Tensor, idx: Tensor, settings: list[Choices], last_only: bool,
+            ) -> tuple[Choices, frozenset[str], float] | None:
+    """The choices (placement, activation, rotary layout) and the fewest mistakes, one then two,
+    that reproduce the learner's logits."""
+    flags = FLAGS if m.wpe is not None else tuple(f for f in FLAGS if f != "pe_missing")
+    flags += ("rope_wrong_base",) if m.table_theta is not None else ()
+    B, T = idx.shape
+    for lo, hi in ((0, 1), (2, 2)):
+        for ch in settings:
+            hf = reference_model(m, ch)
+            hit = fp.search(out, lambda fl, hf=hf: _view(variant(hf, idx, fl, m.table_theta), last_only),
+                            flags, lambda fl: _view(_rows(B, T, fl)[..., None], last_only)[..., 0], hi, lo)
+            if hit is not None:
+                return ch, hit[0], hit[1]
+    return None
+
+
+def _found(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, out: Tensor, idx: Tensor,
+           found: tuple[Choices, frozenset[str], float], last_only: bool) -> None:
+    """The choices found as the convention; each mistake named with how far it is from right."""
+    ch, flags, matched = found
+    res.convention = ch.describe(m)
+    hf = reference_model(m, ch)
+    B, T = idx.shape
+    rows = _view(_rows(B, T, flags)[..., None], last_only)[..., 0]
+    correct = fp.max_error(out, _view(variant(hf, idx, frozenset()), last_only), rows)
+    lines = source_lines(ctx.objects(comp, "causal_attention", "block", "causal_mask"))
+    for flag in sorted(flags):
+        name, _, form = flag.partition(":")
+        number, code = locate(name, lines)
+        res.findings.append(Finding(name, text(
+            f"your logits equal the model's with this mistake (max abs difference {matched:.1e}); they "
+            f"differ from the correct ones by {correct:.3g}",
+            f"你的 logits 与带有这个错误的模型一致（最大绝对误差 {matched:.1e}），与正确结果相差 "
+            f"{correct:.3g}"), number, code, form))
+
+
+def _cached(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call: Caller, hf: CausalLM,
+            idx: Tensor) -> None:
+    """Meta's KV cache: tokens 5.. given after 0..4 with start_pos=5 give the logits of the whole
+    sequence; rotary positions counted from 0 again instead (rope_no_offset) are named."""
+    whole = call(idx)[0]
+    call(idx[:, :5])
+    step = call(idx[:, 5:], start=5)[0]
+    if whole is None or step is None or whole.size(1) != idx.size(1):
+        return
+    err = fp.max_error(step, whole[:, 5:])
+    res.checks.append(Check(text(f"the KV cache: tokens 5..7 given after 0..4 with {call.start}=5 give the "
+                                 "logits of the whole sequence",
+                                 f"KV 缓存：先给位置 0..4，再用 {call.start}=5 给位置 5..7，"
+                                 "logits 与整句一次算出的相同"),
+                            err < 1e-5, error_text(err)))
+    if err < 1e-5 or not m.ropes[0]:
+        return
+    cache = hf.new_cache(BLOCK)
+    hf(idx[:, :5], cache=cache)
+    restarted = hf(idx[:, 5:], cache=cache, position_ids=torch.arange(idx.size(1) - 5)[None]).logits
+    matched = fp.max_error(step, restarted)
+    if matched < 1e-5:
+        res.findings += ctx.findings(frozenset({"rope_no_offset"}), matched, err, comp, "rope")
+
+
+def _loss(res: ComponentResult, logits: Tensor, loss: Tensor, targets: Tensor) -> None:
+    """The loss against the cross-entropy of handformer's logits: the targets as given (nanoGPT's, already
+    shifted), or shifted inside as Hugging Face's labels are (position t predicts label t + 1)."""
+    plain = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+    shifted = F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), targets[:, 1:].reshape(-1))
+    err, err_shifted = abs(float(loss) - float(plain)), abs(float(loss) - float(shifted))
+    if err_shifted < 1e-6 <= err:
+        res.notes.append(text("your forward shifts the labels itself (Hugging Face's labels): compared so",
+                              "你的 forward 自己移位 labels（Hugging Face 的 labels 写法）：按移位后比较"))
+        err = err_shifted
+    res.checks.append(Check(text("the loss equals the cross-entropy of handformer's logits",
+                                 "损失等于 handformer 的 logits 的交叉熵"), err < 1e-6, error_text(err)))
+
+
+TIE_FIELD = re.compile(r"\b(tie_weights|tie_word_embeddings|tie_embeddings)\b")
+
+
+def _tied_despite_config(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap) -> None:
+    """head_tied_despite_config: the file's config (or the GPT) has a tying field, the GPT was
+    built with it False, and its head is the token embedding all the same."""
+    try:
+        source = inspect.getsource(ctx.module)
+    except (OSError, TypeError):
+        return
+    field_name = TIE_FIELD.search(source)
+    if field_name is None:
+        return
+    res.notes.append(text(f"built with config.{field_name.group(1)} = False",
+                          f"构造时 config.{field_name.group(1)} = False"))
+    if m.head is not None and m.head.weight is m.wte.weight:
+        number, code = locate("head_tied_despite_config", source_lines(ctx.objects(comp)))
+        res.findings.append(Finding("head_tied_despite_config", text(
+            f"config.{field_name.group(1)} is False, yet {m.head.name}.weight is {m.wte.name}.weight (one "
+            f"{tuple(m.wte.weight.shape)} matrix)", f"config.{field_name.group(1)} 为 False，"
+            f"{m.head.name}.weight 却就是 {m.wte.name}.weight（同一个 {tuple(m.wte.weight.shape)} 矩阵）"),
+            number, code))
+
+
+def _causality(res: ComponentResult, call: Caller, idx: Tensor) -> None:
+    """Changing token 5 leaves the logits before it unchanged (only when all positions come back)."""
+    a = call(idx, idx)[0]
+    bumped = idx.clone()
+    bumped[:, 5] = (bumped[:, 5] + 1) % VOCAB
+    b = call(bumped, idx)[0]
+    if a is None or b is None or a.size(1) != idx.size(1) or a.shape != b.shape:
+        return
+    moved = (a - b)[:, :5].abs().nan_to_num(float("inf")).max().item()
+    res.checks.append(Check(text("causality: changing token 5 leaves logits 0..4 unchanged",
+                                 "因果性：改变位置 5 的 token，不影响位置 0..4 的 logits"), moved < 1e-9,
+                            text(f"moved by {moved:.3g}", f"变化了 {moved:.3g}")))
+

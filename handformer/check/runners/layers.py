@@ -1,0 +1,823 @@
+"""Runners for the layers: encoder layer, decoder layer, decoder-only block, and d2l's AddNorm.
+
+The learner's parameters are mapped by shape and definition order: the attentions' W_Q, W_K, W_V,
+W_O in order (W_K and W_V narrower with grouped-query attention), the FFN's matrices, the norms one
+per sublayer in order. The fingerprint search then runs over the norm placement (post, the paper's,
+or pre), rotary positions inside the attention (when the code speaks of them), the attention
+mistakes and the layer mistakes (residual missing or started from the normed input, one sublayer's
+norm misplaced or shared, FFN activation missing, the decoder's masks swapped). A property test on
+the residual stream names dropout on it.
+
+d2l's decoder block, forward(X, state), builds its causal mask only in training mode (it decodes one
+token at a time in eval mode, keeping the keys in `state`): it is run in training mode with dropout
+switched off, and step by step in eval mode.
+
+Shape legend: B batch, T target length, S source length, D d_model, H heads, F FFN width.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.context import (
+    ATTENTION_FLAGS,
+    HEAD_FLAGS,
+    ROPE_FLAGS,
+    SIZES,
+    TUTORIAL,
+    Context,
+    D,
+    H,
+    causal,
+    check_determinism,
+    dropout_on_residual,
+    error_text,
+    finish,
+    first_working,
+    form_text,
+    forward_parameters,
+    grads_error,
+    guarded,
+    is_mask_name,
+    masked_rows,
+    nan_on_hidden_rows,
+    not_cropped,
+    outputs_by_convention,
+    positions,
+    shape_of,
+)
+from handformer.check.core.conventions import masks_where_true
+from handformer.check.core.discovery import Component, argument_keys
+from handformer.check.core.layer_map import block_norms
+from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
+from handformer.check.core.rope_tables import either_start, either_table
+from handformer.check.core.rotary import cos_sin, rope_layouts, rope_tables
+from handformer.check.core.source import locate, source_lines
+from handformer.check.core.weights import (
+    MappingError,
+    Slot,
+    attention_slots,
+    copy_ffn,
+    copy_weights,
+    ffn_slots,
+    ffn_weights,
+    has_down_projection,
+    is_gated,
+    leaves,
+    mha_weights,
+    norm_slots,
+    norm_weights,
+)
+from handformer.check.reference import variants as V
+from handformer.check.runners.attention import responsive
+from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, ffn_name_findings
+from handformer.config import BlockConfig
+from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
+
+KV_HEADS = 2  # key/value heads a layer is built with when its constructor asks for them
+
+
+class Layer:
+    """The learner's layer, its mapping, and a uniform call (x, memory, src_keep, tgt_keep)."""
+
+    def __init__(self, comp: Component, ctx: Context, decoder: bool, causal_block: bool) -> None:
+        self.comp, self.ctx, self.decoder, self.causal_block = comp, ctx, decoder, causal_block
+        params = forward_parameters(comp.obj.forward) if inspect.isclass(comp.obj) else []
+        self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
+        self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
+        self.masks = [] if self.stateful else [p.name for p in params if is_mask_name(p.name)]
+        # Raschka's forward(x, mask, cos, sin) requires its mask: where a case hands none, every key
+        # is visible in the convention found (`visible`, once known)
+        self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
+        self.visible: str | None = None
+        self.extra = {p.name for p in params} & {"freqs_cis", "start_pos", "position_ids",
+                                                 "position_embeddings", "cos", "sin", "input_pos"}
+        self.table_layout: dict[str, bool] = {}  # which rotary table and start run (rope_tables)
+        self.takes_mask = bool(self.masks)
+        self.sizes = layer_sizes(comp.obj)
+        x = torch.randn(2, 3, D)
+        self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
+        found = leaves(self.module)
+        linears = [leaf for leaf in found if leaf.kind == "linear"]
+        self.n_kv_heads, self.attn = _attentions(linears, 2 if decoder else 1, comp.name)
+        self.ffn_candidates = ffn_slots(linears, D, self.sizes["d_ff"], comp.name)
+        names = ["attn", "cross", "ffn"] if decoder else ["attn", "ffn"]
+        norms, qk = block_norms([leaf for leaf in found if leaf.kind == "norm"])
+        self.attn[0] += qk  # QK-norm: the attention's q_norm and k_norm
+        self.shared = len(norms) == 1 and len(names) > 1  # one norm for every sublayer
+        self.norm_slots = norm_slots(norms * len(names) if self.shared else norms, len(names),
+                                     [{"attn": "self-attention", "cross": "cross-attention"}.get(n, "FFN")
+                                      for n in names], comp.name)
+        self.norm_ws = [norm_weights(s) for s in self.norm_slots]
+        self.sublayers = names
+        self.ropes = rope_layouts(self.module, "freqs_cis" in self.extra,
+                                    bool({"position_embeddings", "cos"} & self.extra))
+        self.batched_cos_sin = False  # Hugging Face's (cos, sin) are (B, T, Dh); minimind's (T, Dh)
+        if "position_embeddings" in self.extra:
+            self.batched_cos_sin = self._second_form(x.double(), "batched_cos_sin")
+
+    def _second_form(self, x: Tensor, flag: str) -> bool:
+        """Whether the layer refuses the first form of an argument and takes the second (`flag` set:
+        Hugging Face's (B, T, Dh) tables, whose layers unsqueeze dim 1 for the heads; a start_pos per
+        batch row); a layer that refuses both is reported on the first."""
+        try:
+            with torch.no_grad():
+                self.call(x, x, None, None)
+            return False
+        except Exception:  # noqa: BLE001 - their error: tried once more with the other form
+            setattr(self, flag, True)
+            try:
+                with torch.no_grad():
+                    self.call(x, x, None, None)
+                return True
+            except Exception:  # noqa: BLE001 - reported by the checks, with the first form
+                return False
+
+    def _warmup(self, module: nn.Module, x: Tensor) -> Any:
+        self.module = module
+        return self.call(x, x, None, None)
+
+    def call(self, x: Tensor, memory: Tensor | None, src: Tensor | None, tgt: Tensor | None) -> Any:
+        if self.stateful:  # d2l: state = [enc_outputs, enc_valid_lens, one cache slot a block]
+            self.module.train()  # its causal mask exists in training mode only (dropout is off here)
+            try:
+                return self.module(x, [memory, src, [None]])
+            finally:
+                self.module.eval()
+        args: list[Any] = [x] + ([memory] if self.decoder else [])
+        kwargs = self._extra_kwargs(x)
+        if self.decoder:
+            src_name, tgt_name = _decoder_mask_names(self.masks)
+            if src_name and tgt_name:
+                kwargs.update({src_name: src, tgt_name: tgt})
+            else:
+                args += [src, tgt]
+        elif self.masks:
+            mask = tgt if self.causal_block else src
+            if mask is None and self.required_mask and self.visible:
+                everything = torch.ones(x.size(0), 1, x.size(1), x.size(1), dtype=torch.bool)
+                mask = fp.encode_mask(everything, self.visible, x.size(0))
+            kwargs[self.masks[0]] = mask
+        return self._run(args, kwargs, x.size(0))
+
+    def _run(self, args: list[Any], kwargs: dict[str, Any], B: int) -> Any:
+        """The module on args, its rotary table complex or as real pairs, start_pos 0 or one a row."""
+        def run(*a: Any, **k: Any) -> Any:
+            if "freqs_cis" in k:  # Meta's complex table, or gpt-fast's real pairs
+                return either_table(self.module, list(a), k, self.table_layout)
+            return self.module(*a, **k)
+        if "start_pos" not in self.extra:
+            return run(*args, **kwargs)
+        return either_start(run, args, kwargs, self.table_layout, B)
+
+    def _extra_kwargs(self, x: Tensor) -> dict[str, Any]:
+        B, T = x.shape[:2]
+        out: dict[str, Any] = {}
+        for name in self.extra:
+            if name == "freqs_cis":
+                angles = V.rope_angles(T, self.head_dim)
+                out[name] = torch.polar(torch.ones_like(angles), angles)  # (T, Dh/2), Meta's table
+            elif name == "position_embeddings":
+                tables = cos_sin(T, self.head_dim)  # (T, Dh) each
+                if self.batched_cos_sin:
+                    tables = tuple(t[None].expand(B, T, -1) for t in tables)  # (B, T, Dh) each
+                out[name] = tuple(t.to(x.dtype) for t in tables)
+            elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
+                out[name] = cos_sin(T, self.head_dim)[name == "sin"].to(x.dtype)
+            elif name == "start_pos":
+                out[name] = 0  # or one a batch row: rope_tables.either_start
+            else:
+                out[name] = torch.arange(T)[None].expand(B, T)
+        return out
+
+    def weights(self, slots: list[Slot], act: str, placement: str, rope: str | None = None) -> V.LayerWeights:
+        return V.LayerWeights(mha_weights(self.attn[0], H, self.n_kv_heads, rope), ffn_weights(slots, act),
+                              self.norm_ws,
+                              mha_weights(self.attn[1], H, self.n_kv_heads) if self.decoder else None,
+                              placement, self.sublayers)
+
+
+def layer_sizes(cls: Any) -> dict[str, Any]:
+    """The sizes a layer is built with: grouped-query key/value heads only when it asks for them."""
+    keys = argument_keys(cls) if inspect.isclass(cls) else {}
+    wants_kv = "n_kv_heads" in keys.values() or any(n.lower() in ("config", "args", "model_args")
+                                                     for n in keys)
+    return {**SIZES, **({"n_kv_heads": KV_HEADS} if wants_kv else {})}
+
+
+def _attentions(linears: list[Any], count: int, what: str) -> tuple[int | None, list[list[Slot]]]:
+    """The attentions' slots: W_K and W_V as wide as W_Q, else grouped-query (KV_HEADS heads)."""
+    try:
+        return None, attention_slots(linears, D, count, what)
+    except MappingError:
+        try:
+            return KV_HEADS, attention_slots(linears, D, count, what, KV_HEADS * (D // H))
+        except MappingError:
+            pass
+        raise
+
+
+def _masks_where_true(module: nn.Module) -> bool:
+    """Whether one of the learner's classes inside fills where its mask is True (torch.nn's
+    convention, Raschka's Llama 3 and Qwen3 attention): see conventions.masks_where_true."""
+    for sub in module.modules():
+        if not type(sub).__module__.startswith("learner_"):
+            continue
+        try:
+            source = inspect.getsource(type(sub))
+            params = inspect.signature(type(sub).forward).parameters
+        except (OSError, TypeError, ValueError):
+            continue
+        if any(is_mask_name(n) and masks_where_true(source, n) for n in params):
+            return True
+    return False
+
+
+
+def _decoder_mask_names(masks: list[str]) -> tuple[str | None, str | None]:
+    src = next((m for m in masks if any(t in m.lower() for t in ("src", "memory", "enc", "cross", "pad"))),
+               None)
+    tgt = next((m for m in masks if m != src and any(t in m.lower() for t in (
+        "tgt", "trg", "self", "look", "causal", "dec", "target", "sub", "slf"))), None)
+    return src, tgt
+
+
+def _flags(layer: Layer, w: V.LayerWeights) -> tuple[str, ...]:
+    flags = ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection" or w.self_attn.o)
+    if w.self_attn.rope:
+        flags += ROPE_FLAGS + (("qk_norm_after_rope",) if w.self_attn.qk_norm else ())
+    if w.ffn.gate is not None:
+        flags += ("gated_act_after_product",)
+    flags += tuple(f"no_residual:{s}" for s in layer.sublayers + ["all"])
+    flags += tuple(f"pre_norm:{s}" for s in layer.sublayers) + ("ffn_no_activation",)
+    if w.placement == "pre":
+        flags += tuple(f"residual_from_normed:{s}" for s in layer.sublayers + ["all"])
+    if not layer.shared:
+        flags += ("shared_norm:first", "shared_norm:last")
+    if layer.n_kv_heads:
+        flags += ("kv_repeat_order",)
+    if layer.decoder:
+        flags += ("decoder_masks_swapped",)
+    if layer.stateful or layer.masks and fp.is_lengths_name(layer.masks[0]):  # valid lengths (d2l)
+        flags += ("mask_repeat_order",)
+    if layer.causal_block and not layer.takes_mask or layer.stateful:  # a layer that builds its causal mask
+        flags += ("causal_off_by_one:no_self", "causal_off_by_one:sees_next")
+    return flags
+
+
+def check_encoder_layer(comp: Component, ctx: Context) -> ComponentResult:
+    return _check_layer(comp, ctx, decoder=False, causal_block=False, expected="post")
+
+
+def check_decoder_layer(comp: Component, ctx: Context) -> ComponentResult:
+    return _check_layer(comp, ctx, decoder=True, causal_block=False, expected="post")
+
+
+def check_block(comp: Component, ctx: Context) -> ComponentResult:
+    return _check_layer(comp, ctx, decoder=False, causal_block=True, expected="pre")
+
+
+class Inputs:
+    """The search's inputs and masks (T == S: a layer that swaps its masks still runs, so the swap
+    can be named)."""
+
+    def __init__(self, layer: Layer) -> None:
+        B, T, S = self.B, self.T, self.S = 2, 6, 6
+        self.x, self.memory = fp.randn(B, T, D, seed=1), fp.randn(B, S, D, seed=2)
+        self.src_keep: Tensor | None = positions(B, S, [0, 2])
+        self.tgt_keep: Tensor | None = causal(T) & positions(B, T, [1, 0])
+        if layer.causal_block:
+            self.src_keep, self.tgt_keep = None, causal(T)[None, None]
+        if layer.stateful:  # d2l's decoder: causal inside, the source by valid lengths
+            self.tgt_keep = causal(T)[None, None]
+
+
+def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: bool,
+                 expected: str) -> ComponentResult:
+    res = ctx.result(comp)
+    layer = Layer(comp, ctx, decoder, causal_block)
+    inp = Inputs(layer)
+    _down_projection(res, ctx, comp, layer)
+    if _causal_without_its_mask(layer):
+        layer.masks, layer.takes_mask = [], False
+        res.notes.append(CAUSAL_INSIDE_NOTE)
+    own_mask = causal_block and not layer.takes_mask or layer.stateful
+    convs = _layer_conventions(layer, ctx, inp)
+
+    def search_rows(flags: frozenset[str]) -> Tensor | None:
+        return _search_rows(layer, inp, flags)
+
+    def run(conv: str) -> Tensor | None:
+        src, tgt = _encode(layer, inp.src_keep, inp.tgt_keep, conv, inp.B)
+        return fp.first_tensor(ctx.learner.call("forward", layer.call, inp.x, inp.memory, src, tgt), 3)
+
+    try:
+        working = first_working(ctx, run, convs)
+        layer.visible = working
+    except fp.LearnerFailure as failure:
+        if causal_block and not_cropped(res, ctx, comp, layer.module, failure, inp.T):
+            return finish(res)
+        raise
+    if layer.stateful:
+        res.notes.append(STATEFUL_NOTE)
+    else:
+        check_determinism(res, ctx, comp, lambda: run(working), "mha", "ffn", "sdpa")
+    with fp.dropout_off():
+        found = _search(layer, ctx, run, inp, search_rows, expected, convs[:1] if own_mask else convs)
+        _report_layer(res, layer, ctx, run, inp, search_rows, found, working, expected)
+
+    def shapes() -> None:
+        with ctx.hyperparameters(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
+            _tutorial_shapes(res, layer, ctx)
+
+    guarded(res, shapes)
+    return finish(res)
+
+
+def _causal_without_its_mask(layer: Layer) -> bool:
+    """A decoder-only block whose mask argument can be left out (minimind's attention_mask=None, a
+    padding mask) and that is causal without it: checked as a block that builds its own causal mask."""
+    if not (layer.causal_block and layer.masks and not layer.required_mask):
+        return False
+    x = fp.randn(1, 5, D, seed=3)
+    y = x.clone()
+    y[:, 3] += 1.0
+    try:
+        with torch.no_grad():
+            a, b = (fp.first_tensor(layer.call(v, v, None, None), 3) for v in (x, y))
+    except Exception:  # noqa: BLE001 - their error: the checks run it with a mask and report it
+        return False
+    return (a is not None and b is not None and a.shape == x.shape and torch.allclose(a[:, :3], b[:, :3])
+            and not torch.allclose(a[:, 3:], b[:, 3:]))
+
+
+CAUSAL_INSIDE_NOTE = text("with no mask it is causal (changing token 3 leaves outputs 0..2 unchanged): "
+                          "checked as a block that builds its own causal mask, its mask argument left out",
+                          "不给掩码时它是因果的（改变位置 3 的 token，位置 0..2 的输出不变）：按自己构造因果"
+                          "掩码的块检查，不传掩码参数")
+STATEFUL_NOTE = text("forward(X, state) builds its causal mask in training mode only (d2l): it was "
+                     "run in training mode with dropout switched off, and step by step in eval mode",
+                     "forward(X, state) 只在训练模式下构造因果掩码（d2l 的写法）：检查时在训练模式下"
+                     "关闭 dropout 运行，并在 eval 模式下逐步运行")
+NO_MISTAKE_NOTE = text("no known mistake (or pair of them) reproduces your output; see the "
+                       "checks below for where it goes wrong",
+                       "没有任何已知错误（或两个错误的组合）能复现你的输出；请看下面的检查项定位问题")
+
+
+def _down_projection(res: ComponentResult, ctx: Context, comp: Component, layer: Layer) -> None:
+    """A finding when the FFN has no nn.Linear(d_ff, d_model)."""
+    if not has_down_projection(layer.ffn_candidates[0]):
+        number, code = locate("ffn_no_down_projection", source_lines(ctx.objects(comp, "ffn")))
+        found = ", ".join(s.describe() for s in layer.ffn_candidates[0])
+        res.findings.append(Finding("ffn_no_down_projection", text(
+            f"{comp.name}'s FFN has no nn.Linear(d_ff, d_model) ({found})",
+            f"{comp.name} 的前馈网络没有 nn.Linear(d_ff, d_model)（{found}）"), number, code))
+
+
+def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs) -> tuple[str, ...]:
+    """The mask conventions to try, those that can encode the search's masks first."""
+    convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
+    if ctx.convention is None and layer.masks and _masks_where_true(layer.module):
+        convs = ("torch", "torch3", "torch2") + convs
+    passed = [k for k in _encode_keeps(layer, inp.src_keep, inp.tgt_keep) if k is not None]
+    return tuple(c for c in convs if all(fp.encodable(k, c) for k in passed)) or convs[:1]
+
+
+def _search_rows(layer: Layer, inp: Inputs, flags: frozenset[str]) -> Tensor | None:
+    """The rows the masks leave visible as the layer with these mistakes applies them (inverted, or
+    off by one in a block that builds its own)."""
+    if layer.causal_block and not layer.takes_mask:
+        own = V.causal_keep(inp.T, flags)[None, None]
+        return fp.visible_rows(V.applied_keep(own, flags), inp.B, inp.T)
+    if layer.stateful:  # d2l's decoder builds its causal mask from valid lengths
+        return _rows(layer, V.applied_keep(inp.src_keep, flags, H),
+                     V.applied_keep(V.causal_keep(inp.T, flags)[None, None], flags, H), inp.B, inp.T)
+    return _rows(layer, V.applied_keep(inp.src_keep, flags, H), V.applied_keep(inp.tgt_keep, flags, H),
+                 inp.B, inp.T)
+
+
+def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callable[[str], Tensor | None],
+                  inp: Inputs, search_rows: Callable[[frozenset[str]], Tensor | None], found: Found | None,
+                  working: str, expected: str) -> None:
+    """The search's findings (or a note that it found none), then the checks on the layer as it is."""
+    comp = layer.comp
+    if found is None:
+        res.notes.append(NO_MISTAKE_NOTE)
+        conv, slots, act, placement = working, layer.ffn_candidates[0], _first_act(layer), expected
+        rope = None
+        flags: frozenset[str] = frozenset()
+    else:
+        conv, slots, act, placement, rope, flags, matched = found
+        correct = _compute(layer, layer.weights(slots, act, expected, rope), inp, frozenset())
+        out = run(conv)
+        if flags:
+            res.findings += ctx.findings(flags, matched, fp.max_error(out, correct, search_rows(flags)),
+                                         comp, "mha", "ffn", "sdpa", "causal_mask")
+        nan_on_hidden_rows(res, out, search_rows(flags), comp, ctx)
+    _layer_mapping(res, layer, slots, conv)
+    _structure_findings(res, layer, ctx)
+    if found is not None:
+        res.findings += ffn_name_findings(ctx, comp, _ffn_class(layer, slots), slots, act, found[6])
+    if found is not None and not any(f.startswith("no_residual") for f in flags):  # no residual, no path
+        w = layer.weights(slots, act, placement, rope)
+        dropout_on_residual(res, ctx, comp, lambda: run(conv),
+                            lambda trace: _compute(layer, w, inp, flags, trace))
+    if rope:
+        res.notes.append(_rope_layer_note(rope))
+    if placement != expected and found is not None:
+        res.notes.append(_placement_note(placement, expected))
+        if not res.findings:
+            res.status = DIFFERS
+    guarded(res, lambda: _compare(res, layer, ctx, conv, slots, act, placement, rope))
+    guarded(res, lambda: _properties(res, layer, ctx, conv))
+
+
+def _layer_mapping(res: ComponentResult, layer: Layer, slots: list[Slot], conv: str) -> None:
+    """Which of the learner's modules stand for which part, and the mask convention it takes."""
+    norms = layer.norm_slots[:1] if layer.shared else layer.norm_slots
+    res.mapping = [s.describe() for group in layer.attn for s in group] + [
+        s.describe() for s in slots] + [s.describe() for s in norms]
+    if layer.takes_mask or layer.decoder:
+        res.convention = fp.describe_convention(conv)
+
+
+def _ffn_class(layer: Layer, slots: list[Slot]) -> str:
+    """The class name of the module that holds the FFN's weights."""
+    owner = slots[0].leaf.name.rpartition(".")[0]
+    return type(layer.module.get_submodule(owner) if owner else layer.module).__name__
+
+
+def _first_act(layer: Layer) -> str:
+    return FFN_ACTIVATIONS[is_gated(layer.ffn_candidates[0])][0]
+
+
+def _encode_keeps(layer: Layer, src_keep: Tensor | None, tgt_keep: Tensor | None,
+                  ) -> tuple[Tensor | None, Tensor | None]:
+    """The masks the learner's layer is handed: no target mask for a block that builds its own."""
+    wants_tgt = (layer.takes_mask or not layer.causal_block) and not layer.stateful
+    return src_keep, tgt_keep if wants_tgt else None
+
+
+def _encode(layer: Layer, src_keep: Tensor | None, tgt_keep: Tensor | None, conv: str, B: int,
+            ) -> tuple[Tensor | None, Tensor | None]:
+    """The masks as the learner's layer takes them, in its convention."""
+    src, tgt = _encode_keeps(layer, src_keep, tgt_keep)
+    return fp.encode_mask(src, conv, B), fp.encode_mask(tgt, conv, B)
+
+
+def _structure_findings(res: ComponentResult, layer: Layer, ctx: Context) -> None:
+    """Mistakes seen in the layer's parts: its norms' own (each run alone), one norm for every
+    sublayer."""
+    comp = layer.comp
+    lines = source_lines(ctx.objects(comp, "layernorm", "rmsnorm", "add_norm"))
+    named: dict[str, list[str]] = {}
+    for slot, w in zip(layer.norm_slots[:1 if layer.shared else None], layer.norm_ws):
+        for flag in sorted(w.flags):
+            named.setdefault(flag, []).append(slot.leaf.name)
+    for flag, where in named.items():
+        name, _, form = flag.partition(":")
+        number, code = locate(name, lines)
+        en, zh = form_text(name, form)
+        res.findings.append(Finding(name, text(
+            f"{', '.join(where)} (run alone) compute the norm with this mistake{f' ({en})' if en else ''}",
+            f"{', '.join(where)}（单独运行时）计算的是带这个错误的归一化{f'（{zh}）' if zh else ''}"),
+            number, code, form))
+    if layer.shared:
+        number, code = locate("shared_norm", lines)
+        res.findings.append(Finding("shared_norm", text(
+            f"{comp.name} has one norm ({layer.norm_slots[0].leaf.name}) for its {len(layer.sublayers)} "
+            "sublayers", f"{comp.name} 的 {len(layer.sublayers)} 个子层只有一个归一化层"
+            f"（{layer.norm_slots[0].leaf.name}）"), number, code, "one"))
+
+
+def _rope_layer_note(rope: str) -> dict[str, str]:
+    from handformer.check.core.rotary import rope_note
+
+    return rope_note(rope)
+
+
+def _placement_note(placement: str, expected: str) -> dict[str, str]:
+    if placement == "pre":
+        return text("every sublayer is pre-norm, x = x + f(norm(x)), where the paper's layer is post-norm, "
+                    "x = norm(x + f(x)): a difference by design, not an error; compared with handformer's "
+                    "pre-norm layer", "每个子层都是 Pre-Norm，x = x + f(norm(x))，而论文的层是 Post-Norm，"
+                    "x = norm(x + f(x))：这是设计上的差异，不是错误；已与 handformer 的 Pre-Norm 层比较")
+    return text("every sublayer is post-norm, x = norm(x + f(x)), where modern decoder-only blocks are "
+                "pre-norm: a difference by design, not an error; compared with handformer's post-norm block",
+                "每个子层都是 Post-Norm，x = norm(x + f(x))，而现代 decoder-only 块是 Pre-Norm：这是设计上的"
+                "差异，不是错误；已与 handformer 的 Post-Norm 块比较")
+
+
+def _rows(layer: Layer, src_keep: Tensor | None, tgt_keep: Tensor | None, B: int, T: int) -> Tensor | None:
+    rows = None
+    for keep in (tgt_keep, src_keep if layer.decoder or not layer.causal_block else None):
+        r = fp.visible_rows(keep, B, T) if keep is not None and keep.size(-2) in (1, T) else None
+        if r is not None:
+            rows = r if rows is None else rows & r
+    return rows
+
+
+def _compute(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozenset[str],
+             trace: list[Tensor] | None = None) -> Tensor:
+    if layer.decoder:
+        tgt_keep = V.causal_keep(inp.T, flags)[None, None] if layer.stateful else inp.tgt_keep
+        return V.decoder_layer(w, inp.x, inp.memory, inp.src_keep, tgt_keep, flags, trace)
+    if layer.causal_block:
+        keep = inp.tgt_keep if layer.takes_mask else V.causal_keep(inp.x.size(1), flags)[None, None]
+        return V.encoder_layer(w, inp.x, keep, flags, trace)
+    return V.encoder_layer(w, inp.x, inp.src_keep, flags, trace)
+
+
+Found = tuple[str, list[Slot], str, str, str | None, frozenset[str], float]
+
+
+def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], inp: Inputs, rows: fp.Rows,
+            expected: str, conventions: tuple[str, ...]) -> Found | None:
+    """Convention, FFN mapping, activation, placement and rotary layout first with at most one
+    mistake, then with pairs: the smallest explanation of the learner's output."""
+    ran, failure = outputs_by_convention(run, conventions)
+    outputs: dict[str, Tensor] = {}
+    for conv, out in ran.items():
+        if out.shape == inp.x.shape and not any(torch.equal(out, seen) for seen in outputs.values()):
+            outputs[conv] = out  # conventions that give the same output are searched once
+    if not outputs:
+        if failure:
+            raise failure
+        out = run(conventions[0])
+        raise layer.ctx.learner.fail("forward", f"{layer.comp.name} returned {shape_of(out)} for x of "
+                                     f"shape {tuple(inp.x.shape)}; a layer keeps the shape (B, T, d_model)",
+                                     f"x 的形状为 {tuple(inp.x.shape)} 时，{layer.comp.name} 返回了 "
+                                     f"{shape_of(out)}；一层不改变形状 (B, T, d_model)")
+    gated = is_gated(layer.ffn_candidates[0])
+    placements = (expected, "pre" if expected == "post" else "post")
+    settings = list(itertools.product(outputs, layer.ffn_candidates, FFN_ACTIVATIONS[gated], placements,
+                                      layer.ropes))
+    for min_flags, max_flags in ((0, 1), (2, 2)):  # pairs only once no smaller set matched
+        best = None
+        for conv, slots, act, placement, rope in settings:
+            w = layer.weights(slots, act, placement, rope)
+            universe = responsive(outputs, _flags(layer, w))
+
+            def compute(flags: frozenset[str], w: V.LayerWeights = w) -> Tensor:
+                return _compute(layer, w, inp, flags)
+
+            found = fp.search(outputs[conv], compute, universe, rows, max_flags, min_flags)
+            if found is not None and (best is None or len(found[0]) < len(best[5])):
+                best = (conv, slots, act, placement, rope, found[0], found[1])
+                if not found[0]:
+                    return best
+        if best:
+            return best
+    return None
+
+
+def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: str | None) -> nn.Module:
+    from handformer.check.core.reference_attention import handformer_attention
+
+    gated = is_gated(slots)
+    first = layer.norm_ws[0]
+    cfg = BlockConfig(d_model=D, n_heads=H, n_kv_heads=layer.n_kv_heads, d_ff=slots[0].leaf.weight.size(0),
+                      dropout=0.0, activation=HF_NAME[(gated, act)],
+                      norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm", norm_placement=placement,
+                      norm_eps=first.eps, bias=True)
+    cls = DecoderLayer if layer.decoder else DecoderOnlyBlock if layer.causal_block else EncoderLayer
+    hf = cls(cfg).double().eval()
+    hf.self_attn = handformer_attention(layer.attn[0], layer.n_kv_heads, rope)
+    if layer.decoder:
+        hf.cross_attn = handformer_attention(layer.attn[1], layer.n_kv_heads)
+    copy_ffn(hf.ffn, slots)
+    norms = [hf.attn_norm] + ([hf.cross_attn_norm] if layer.decoder else []) + [hf.ffn_norm]
+    for target, slot in zip(norms, layer.norm_slots):
+        copy_weights(target, slot)
+    return hf
+
+
+def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots: list[Slot], act: str,
+             placement: str, rope: str | None) -> None:
+    """Against handformer's EncoderLayer / DecoderLayer / DecoderOnlyBlock on several shapes."""
+    hf = _hf_layer(layer, slots, act, placement, rope)
+    cases = [(2, 5, 7, [0, 0], [0, 0]), (3, 4, 9, [0, 3, 9], [0, 1, 0]), (1, 1, 3, [0], [0])]
+    errors, grad_err = [], 0.0
+    for i, (B, T, S, src_pad, tgt_pad) in enumerate(cases):
+        if not layer.decoder:
+            S = T
+        x = fp.randn(B, T, D, seed=10 + i).requires_grad_()
+        memory = fp.randn(B, S, D, seed=20 + i)
+        src_keep, tgt_keep = _case_keeps(layer, B, T, S, src_pad, tgt_pad)
+        if not all(fp.encodable(k, conv) for k in _encode_keeps(layer, src_keep, tgt_keep)):
+            continue
+        with torch.enable_grad():
+            src, tgt = _encode(layer, src_keep, tgt_keep, conv, B)
+            raw = ctx.learner.call("forward", layer.call, x, memory, src, tgt)
+            out = fp.first_tensor(raw, 3)
+            ref = _reference(hf, layer, x, memory, src_keep, tgt_keep, rope)
+            rows = _rows(layer, src_keep, tgt_keep, B, T)
+            errors.append(fp.max_error(out, ref, rows))
+            masked_rows(res, out, rows, layer.comp, ctx)
+            if i == 0 and out is not None and out.shape == ref.shape:
+                g = fp.randn(*ref.shape, seed=5)
+                mine = torch.autograd.grad((out * g).sum(), [x, layer.norm_slots[0].leaf.weight],
+                                           allow_unused=True)
+                theirs = torch.autograd.grad((ref * g).sum(), [x, hf.attn_norm.weight])
+                grad_err = grads_error(list(zip(mine, theirs)))
+    res.max_abs_error = max(errors) if errors else None
+    name = "DecoderLayer" if layer.decoder else "DecoderOnlyBlock" if layer.causal_block else "EncoderLayer"
+    n = len(errors)
+    res.checks.append(Check(text(f"matches handformer's {name} ({placement}-norm) on {n} shapes",
+                                 f"在 {n} 种形状上与 handformer 的 {name}（{placement}-norm）一致"),
+                            bool(errors) and max(errors) < 1e-5, error_text(max(errors) if errors else 0.0)))
+    res.checks.append(Check(text("gradients (input and first norm) match handformer's",
+                                 "梯度（输入与第一个归一化层）与 handformer 一致"), grad_err < 1e-5,
+                            error_text(grad_err)))
+
+
+def _case_keeps(layer: Layer, B: int, T: int, S: int, src_pad: list[int],
+                tgt_pad: list[int]) -> tuple[Tensor | None, Tensor | None]:
+    """One shape's source and target masks (True = may attend), as the layer's kind takes them."""
+    src_keep: Tensor | None = positions(B, S, [min(p, S) for p in src_pad])
+    tgt_keep: Tensor | None = causal(T) & positions(B, T, [min(p, T - 1) for p in tgt_pad])
+    if layer.causal_block:
+        src_keep, tgt_keep = None, causal(T)[None, None]
+    if layer.stateful:
+        tgt_keep = causal(T)[None, None]
+    return src_keep, tgt_keep
+
+
+def _reference(hf: nn.Module, layer: Layer, x: Tensor, memory: Tensor, src_keep: Tensor | None,
+               tgt_keep: Tensor | None, rope: str | None) -> Tensor:
+    """handformer's layer on the same input and masks."""
+    if layer.decoder:
+        return hf(x, memory, src_keep, tgt_keep)[0]  # the tutorial's order: src_mask, tgt_mask
+    if layer.causal_block:
+        return hf(x, tgt_keep, rope=rope_tables(x.shape[1]) if rope else None)[0]
+    return hf(x, src_keep)[0]
+
+
+def _moved(a: Tensor | None, b: Tensor | None, index: Any) -> float:
+    if a is None or b is None or a.shape != b.shape or a.dim() != 3:
+        return float("inf")
+    diff = (a - b).abs()[index]
+    return diff.max().item() if diff.numel() else 0.0
+
+
+def _properties(res: ComponentResult, layer: Layer, ctx: Context, conv: str) -> None:
+    """Causality of the (decoder) self-attention, padding invariance of the keys, and for d2l's
+    decoder, step-by-step decoding with its state equal to the whole sequence at once."""
+    B, T, j = 2, 7, 3
+    x, memory = fp.randn(B, T, D, seed=40), fp.randn(B, T, D, seed=41)
+    if layer.decoder or layer.causal_block:
+        src, tgt = _encode(layer, positions(B, T, [0, 0]), causal(T)[None, None], conv, B)
+        bumped = x.clone()
+        bumped[:, j] += 1.0
+        a = fp.first_tensor(ctx.learner.call("forward", layer.call, x, memory, src, tgt), 3)
+        b = fp.first_tensor(ctx.learner.call("forward", layer.call, bumped, memory, src, tgt), 3)
+        past = _moved(a, b, (slice(None), slice(0, j)))
+        res.checks.append(Check(text(f"causality: changing token {j} leaves outputs 0..{j - 1} unchanged",
+                                     f"因果性：改变位置 {j} 的 token，不影响位置 0..{j - 1} 的输出"),
+                                past < 1e-9,
+                                text(f"outputs before it moved by {past:.3g}",
+                                     f"之前位置的输出变化了 {past:.3g}")))
+        if layer.stateful:
+            _step_by_step(res, layer, ctx, x, memory, a)
+    if layer.takes_mask and not layer.causal_block or layer.stateful:
+        keep = positions(B, T, [0, 3])
+        other = (memory if layer.decoder else x).clone()
+        other[1, T - 3:] += 5.0
+        src, tgt = _encode(layer, keep, causal(T)[None, None] if layer.decoder else None, conv, B)
+
+        def run(x: Tensor, memory: Tensor | None) -> Tensor | None:
+            return fp.first_tensor(ctx.learner.call("forward", layer.call, x, memory, src, tgt), 3)
+
+        if layer.decoder:
+            moved = _moved(run(x, memory), run(x, other), slice(None))
+        else:
+            moved = _moved(run(x, None), run(other, None), (slice(None), slice(0, T - 3)))
+        res.checks.append(Check(text("padding invariance: changing padded positions changes no real one",
+                                     "填充不变性：改变被填充的位置不影响真实位置的输出"), moved < 1e-9,
+                                text(f"outputs moved by {moved:.3g}", f"输出变化了 {moved:.3g}")))
+
+
+def _step_by_step(res: ComponentResult, layer: Layer, ctx: Context, x: Tensor, memory: Tensor,
+                  whole: Tensor | None) -> None:
+    """d2l's decoder in eval mode, one token at a time, its keys kept in state[2]: the same outputs as
+    the whole sequence in training mode (dropout off)."""
+    B, T, _ = x.shape
+    lens = torch.full((B,), T)
+    state: list[Any] = [memory, lens, [None]]
+    steps = []
+    for t in range(T):
+        raw = ctx.learner.call("forward", layer.module, x[:, t:t + 1], state)
+        out = fp.first_tensor(raw, 3)
+        if isinstance(raw, (tuple, list)) and len(raw) > 1 and isinstance(raw[1], list):
+            state = raw[1]
+        steps.append(out)
+    ok = all(s is not None and s.shape == (B, 1, D) for s in steps)
+    err = fp.max_error(torch.cat(steps, dim=1), whole) if ok and whole is not None else float("inf")
+    res.checks.append(Check(text(f"decoding step by step with state (eval mode) gives the same {T} outputs",
+                                 f"用 state 逐步解码（eval 模式）得到相同的 {T} 个输出"), err < 1e-9,
+                            error_text(err)))
+
+
+def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
+    """The tutorial's example: encoder (2, 10, 512) -> (2, 10, 512); decoder (2, 5, 512) with
+    enc_output (2, 10, 512) -> (2, 5, 512), cross-attention weights (2, 8, 5, 10)."""
+    T = 5 if layer.decoder else 10
+    x, memory = torch.randn(2, T, 512), torch.randn(2, 10, 512)
+    big = Layer.__new__(Layer)
+    big.__dict__.update(layer.__dict__)
+    big.head_dim = TUTORIAL["d_model"] // TUTORIAL["n_heads"]
+    tutorial = {**TUTORIAL, **({"n_kv_heads": KV_HEADS} if "n_kv_heads" in layer.sizes else {})}
+    conv = layer.visible if layer.visible and not layer.visible.startswith("lens") else "int"
+    wants = layer.takes_mask or not layer.causal_block
+    tgt = fp.encode_mask(causal(T)[None, None], conv, 2) if wants else None  # in the convention found
+    src = torch.full((2,), 10) if layer.stateful else None
+
+    def warm(m: nn.Module) -> Any:
+        big.module = m
+        return big.call(x, memory, src, None if not layer.causal_block else tgt)
+
+    big.module = ctx.build(layer.comp, tutorial, checked=False, warmup=warm)
+    raw = ctx.learner.call("forward", big.call, x, memory, src, None if not layer.causal_block else tgt)
+    out, weights = fp.first_tensor(raw, 3), fp.weights_of(raw, skip_first=True)
+    want, attn = (2, T, 512), (2, 8, 5, 10) if layer.decoder else (2, 8, T, T)
+    # a decoder layer may return both weights (jadore801120's: out, self-attention's, cross-attention's)
+    returned = [tuple(t.shape) for t in raw[1:] if isinstance(t, Tensor)] if isinstance(raw, tuple) else []
+    ok = out is not None and tuple(out.shape) == want and (
+        weights is None or tuple(weights.shape) == attn or attn in returned)
+    expect = "(2, 5, 512), cross-attention (2, 8, 5, 10)" if layer.decoder else str(want)
+    res.checks.append(Check(text(f"shapes as the tutorial states: {expect}", f"形状与教程一致：{expect}"), ok,
+                            text(f"got {shape_of(raw)}", f"实际得到 {shape_of(raw)}")))
+
+
+# --- d2l's AddNorm ----------------------------------------------------------------------------
+
+def check_add_norm(comp: Component, ctx: Context) -> ComponentResult:
+    """AddNorm(norm_shape, dropout), forward(X, Y) = norm(dropout(Y) + X), against handformer's
+    LayerNorm of X + Y."""
+    res = ctx.result(comp)
+    module = ctx.build(comp)
+    norms = [leaf for leaf in leaves(module) if leaf.kind == "norm"]
+    slot = norm_slots(norms, 1, ["norm"], comp.name)[0]
+    w = norm_weights(slot)
+    res.mapping = [slot.describe()]
+    x, y = fp.randn(2, 5, D, seed=1), fp.randn(2, 5, D, seed=2)
+
+    def run(x: Tensor = x, y: Tensor = y) -> Tensor | None:
+        return fp.first_tensor(ctx.learner.call("forward", module, x, y), 3)
+
+    check_determinism(res, ctx, comp, run)
+    with fp.dropout_off():
+        out = run()
+        if out is None or out.shape != x.shape:
+            got = shape_of(ctx.learner.call("forward", module, x, y))
+            raise ctx.learner.fail("forward", f"{comp.name}(X, Y) returned {got} for X and Y of shape "
+                                   f"{tuple(x.shape)}; expected {tuple(x.shape)}",
+                                   f"X 和 Y 的形状为 {tuple(x.shape)} 时，{comp.name}(X, Y) 返回了 {got}；"
+                                   f"应当是 {tuple(x.shape)}")
+        found = fp.search(out, lambda fl: V.add_norm(w, x, y, fl), ("no_residual:add_norm",), None, 1)
+        if found and found[0]:
+            res.findings += ctx.findings(found[0], found[1], fp.max_error(out, V.add_norm(w, x, y)), comp)
+        _norm_findings(res, ctx, comp, slot, w)
+        dropout_on_residual(res, ctx, comp, run, lambda trace: _add_norm_trace(w, x, y, trace))
+        _against_norm(res, slot, w, run)
+    return finish(res)
+
+
+def _norm_findings(res: ComponentResult, ctx: Context, comp: Component, slot: Slot, w: V.NormWeights) -> None:
+    """The norm's own mistakes, found when it ran alone."""
+    for flag in sorted(w.flags):
+        name, _, form = flag.partition(":")
+        number, code = locate(name, source_lines(ctx.objects(comp, "layernorm", "rmsnorm")))
+        res.findings.append(Finding(name, text(f"{slot.leaf.name} (run alone) computes the norm with "
+                                               "this mistake", f"{slot.leaf.name}（单独运行时）计算的是带"
+                                               "这个错误的归一化"), number, code, form))
+
+
+def _against_norm(res: ComponentResult, slot: Slot, w: V.NormWeights,
+                  run: Callable[[Tensor, Tensor], Tensor | None]) -> None:
+    """AddNorm against handformer's norm of X + Y on 3 shapes."""
+    from handformer.nn.norms import LayerNorm, RMSNorm
+
+    hf = RMSNorm(D, w.eps) if w.kind == "rmsnorm" else LayerNorm(D, w.eps, bias=w.bias is not None)
+    hf = hf.double()
+    copy_weights(hf, slot)
+    errors = []
+    for i, (B, T) in enumerate([(2, 5), (1, 1), (3, 7)]):
+        a, b = fp.randn(B, T, D, seed=10 + i), fp.randn(B, T, D, seed=20 + i)
+        errors.append(fp.max_error(run(a, b), hf(a + b)))
+    res.max_abs_error = max(errors)
+    res.checks.append(Check(text("matches handformer's norm(X + Y) on 3 shapes",
+                                 "在 3 种形状上与 handformer 的 norm(X + Y) 一致"),
+                            res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
+
+
+def _add_norm_trace(w: V.NormWeights, x: Tensor, y: Tensor, trace: list[Tensor]) -> Tensor:
+    trace += [x, x + y]  # the residual input, and the sum before the norm
+    return V.add_norm(w, x, y)

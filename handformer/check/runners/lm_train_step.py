@@ -1,0 +1,209 @@
+"""Runner of a language model's training step, `lm_train_step(model, x, y, optimizer, lr)`: the
+inputs x (B, T) and the targets y (B, T), the same windows of text moved on by one token, and the
+learning rate the schedule gives this step.
+
+The probe is data: a tiny handformer Llama (`CausalLM`, float64, its forward returning the logits)
+and `torch.optim.AdamW` built at OPT_LR; BATCHES, two (x, y) windows of one token stream, each with
+the rate of its step (LRS). The learner's step runs on both; the parameters after each must equal
+handformer's step on the same batches from the same start: zero_grad, the cross-entropy of the
+logits against y, backward, the gradient clipped (when the learner's step clips, at its norm), the
+learning rate set, step.
+
+The named mistakes are flags of handformer's step (MISTAKES): the first set of them that reproduces
+the learner's parameters is named. A step that takes no learning rate is driven without one and
+compared with a step at OPT_LR (the schedule then lives in the learner's loop; noted).
+
+Shape legend: B batch, T length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import itertools
+import re
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from handformer.check.core.argument_names import LR_NAMES, X_NAMES, Y_NAMES
+from handformer.check.core.context import Context, error_text, finish, forward_parameters
+from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.result import Check, ComponentResult, Finding, text
+from handformer.check.core.source import locate, source_lines
+from handformer.check.runners.train_step import (
+    MODEL_NAMES,
+    OPTIMIZER_NAMES,
+    clip_note,
+    largest_difference,
+    parameters_of,
+    update,
+)
+from handformer.config import CausalLMConfig
+from handformer.families import build_causal_lm
+from handformer.models.causal_lm import CausalLM
+
+VOCAB, D, LENGTH, BATCH = 13, 8, 6, 2
+OPT_LR = 0.05  # the optimizer's own rate: what a step that never sets the schedule's rate updates with
+LRS = (0.02, 0.004)  # the schedule's rate at steps 1 and 2
+TOL = 1e-9
+MISTAKES: dict[str, dict[str, bool]] = {  # diagnosis -> the flags of handformer's step that make it
+    "train_step_no_zero_grad": {"zero_grad": False},
+    "train_step_clip_after_step": {"clip_after": True},
+    "train_step_lr_not_set": {"set_lr": False},
+}
+
+
+def batches() -> list[tuple[Tensor, Tensor]]:
+    """Two (x (B, T), y (B, T)) windows of one random token stream, y = x moved on by one."""
+    stream = torch.randint(0, VOCAB, (200,), generator=torch.Generator().manual_seed(5))
+    out = []
+    for starts in ((3, 50), (101, 140)):
+        x = torch.stack([stream[s:s + LENGTH] for s in starts])  # (B, T)
+        y = torch.stack([stream[s + 1:s + 1 + LENGTH] for s in starts])  # (B, T)
+        out.append((x, y))
+    return out
+
+
+class Logits(nn.Module):
+    """handformer's model as the learner's step sees it: `model(x)` returns the logits (B, T, V);
+    `model(x, y)` (nanoGPT's `logits, loss = model(X, Y)`) returns them with the cross-entropy."""
+
+    def __init__(self, model: CausalLM) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
+        logits = self.model(x).logits  # (B, T, V)
+        targets = next((a for a in list(args) + list(kwargs.values()) if isinstance(a, Tensor)), None)
+        if targets is None:
+            return logits
+        return logits, F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def tiny_model() -> Logits:
+    torch.manual_seed(0)
+    cfg = CausalLMConfig.llama_style(vocab_size=VOCAB, d_model=D, n_heads=2, n_kv_heads=1, d_ff=16,
+                                     n_layers=1, max_positions=16)
+    return Logits(build_causal_lm(cfg)).double()
+
+
+def optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(model.parameters(), lr=OPT_LR, betas=(0.9, 0.95), weight_decay=0.1)
+
+
+def reference_step(model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float | None,
+                   clip: float | None, *, zero_grad: bool = True, clip_after: bool = False,
+                   set_lr: bool = True) -> None:
+    """handformer's step, with the named mistakes on request."""
+    if zero_grad:
+        opt.zero_grad()
+    logits = model(x)  # (B, T, V)
+    F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1)).backward()
+    update(model, opt, clip, clip_after, lr if set_lr else None)
+
+
+class Step:
+    """How to call the learner's step: model, x, y, optimizer and the learning rate, by name."""
+
+    def __init__(self, comp: Component, ctx: Context) -> None:
+        self.comp, self.ctx = comp, ctx
+        params = forward_parameters(comp.obj)
+        names = [p.name for p in params]
+        find = lambda aliases: next((n for n in names if n.lower() in aliases), None)  # noqa: E731
+        self.model, self.opt = find(MODEL_NAMES), find(OPTIMIZER_NAMES)
+        self.x, self.y, self.lr = find(X_NAMES), find(Y_NAMES), find(LR_NAMES)
+        known = {self.model, self.opt, self.x, self.y, self.lr}
+        unknown = [p.name for p in params if p.default is p.empty and p.name not in known]
+        if unknown or not (self.model and self.opt and self.x and self.y):
+            raise DiscoveryError(
+                f"{comp.name}: cannot fill the argument {(unknown or ['model / optimizer / x / y'])[0]!r}; "
+                "a language model's training step takes (model, x, y, optimizer, lr): the inputs, the "
+                "targets (the inputs moved on by one token) and the schedule's learning rate",
+                zh=f"{comp.name}：填不了参数 {(unknown or ['model / optimizer / x / y'])[0]!r}；"
+                   "语言模型的训练一步接受 (model, x, y, optimizer, lr)：输入、目标（输入往后移一个 token）"
+                   "和调度给出的学习率")
+        try:
+            source = inspect.getsource(comp.obj)
+        except (OSError, TypeError):
+            source = ""
+        match = re.search(r"clip_grad_norm_?\([^,]+,\s*(?:max_norm\s*=\s*)?([0-9.eE+-]+)", source)
+        self.clip = float(match.group(1)) if match else (1.0 if "clip_grad" in source else None)
+
+    def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float) -> Any:
+        kwargs: dict[str, Any] = {self.model: model, self.opt: opt, self.x: x.clone(), self.y: y.clone()}
+        if self.lr:
+            kwargs[self.lr] = lr
+        return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+
+
+def _run(step: Step, base: nn.Module, **mistakes: bool) -> list[list[Tensor]]:
+    """handformer's two steps (with the mistakes asked for): the parameters after each."""
+    model = copy.deepcopy(base)
+    opt = optimizer(model)
+    out = []
+    for (x, y), lr in zip(batches(), LRS):
+        reference_step(model, opt, x, y, lr if step.lr else None, step.clip, **mistakes)
+        out.append(parameters_of(model))
+    return out
+
+
+def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    step = Step(comp, ctx)
+    base = tiny_model()
+    model = copy.deepcopy(base)
+    opt = optimizer(model)
+    got = []
+    with torch.enable_grad():
+        for (x, y), lr in zip(batches(), LRS):
+            step(model, opt, x, y, lr)
+            got.append(parameters_of(model))
+        right = _run(step, base)
+        errs = [largest_difference(g, r) for g, r in zip(got, right)]
+        res.max_abs_error = max(errs)
+        res.checks.append(Check(text(
+            f"AdamW, learning rates {LRS[0]:g} then {LRS[1]:g}: the parameters after one and after two steps "
+            "equal handformer's step on the same batches",
+            f"AdamW，学习率先 {LRS[0]:g} 后 {LRS[1]:g}：走完一步、两步之后的参数都与 handformer 的训练一步"
+            "在同样 batch 上的结果一致"), max(errs) < TOL, error_text(max(errs))))
+        _notes(res, step)
+        if max(errs) >= TOL:
+            _search(res, ctx, comp, step, base, got, right, errs)
+    return finish(res)
+
+
+def _notes(res: ComponentResult, step: Step) -> None:
+    if step.clip is not None:
+        res.notes.append(clip_note(step.clip))
+    if not step.lr:
+        res.notes.append(text(f"your step takes no learning rate: compared with steps at the optimizer's "
+                              f"{OPT_LR:g} (the schedule must then be set in your loop)",
+                              f"你的一步不接收学习率：与按优化器自己的 {OPT_LR:g} 走的步比较"
+                              "（学习率调度就得在你的训练循环里设置）"))
+
+
+def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, base: nn.Module,
+            got: list[list[Tensor]], right: list[list[Tensor]], errs: list[float]) -> None:
+    """The first set of MISTAKES (one, then two) whose steps reproduce the learner's parameters."""
+    names = [n for n in MISTAKES if not (n == "train_step_clip_after_step" and step.clip is None)
+             and not (n == "train_step_lr_not_set" and not step.lr)]
+    for combo in (c for n in (1, 2) for c in itertools.combinations(names, n)):
+        theirs = _run(step, base, **{k: v for name in combo for k, v in MISTAKES[name].items()})
+        off = max(largest_difference(g, t) for g, t in zip(got, theirs))
+        if off >= TOL:
+            continue
+        lines = source_lines([comp.obj])
+        for name in combo:
+            number, code = locate(name, lines)
+            res.findings.append(Finding(name, text(
+                f"your parameters equal those of a step with this mistake (max abs difference {off:.1e}); "
+                f"after step 1 they differ from handformer's by {errs[0]:.3g}, after step 2 by {errs[1]:.3g}",
+                f"你的参数与带这个错误的一步结果一致（最大绝对误差 {off:.1e}）；与 handformer 的相比，"
+                f"一步之后相差 {errs[0]:.3g}，两步之后相差 {errs[1]:.3g}"), number, code))
+        return
+    res.notes.append(text("no known mistake (or pair of them) reproduces your parameters; see the checks",
+                          "没有任何已知错误（或两个错误的组合）能复现你的参数；请看检查项"))

@@ -1,0 +1,364 @@
+"""The runner of the loss: cross-entropy with a pad id, and label-smoothed cross-entropy, as a
+function (`masked_cross_entropy(logits, targets, pad_idx)`) or an `nn.Module` criterion (the
+Annotated Transformer's `LabelSmoothing(size, padding_idx, smoothing)` with a KL divergence).
+
+The learner's loss is called on log-probabilities (log_softmax is idempotent, so a loss that applies
+its own log_softmax to them computes what it would on the logits) of shape (B, T, V) with (B, T)
+targets, or flattened to (B * T, V) and (B * T,) when that raises, with the pad id 0 at the end of
+two of the three rows, at smoothing 0 and 0.1. It is compared with handformer's
+`token_cross_entropy` under each convention, reported as such, never failed: cross-entropy or KL
+divergence (they differ by the target distribution's entropy, a constant), the smoothing spread
+over all V tokens (PyTorch's label_smoothing), over the V - 1 others, or over the V - 2 that are
+neither the target nor the pad (the Annotated Transformer's), and a sum or a mean over the real
+tokens. When none matches, the variants with one or two named mistakes are tried (padding counted
+in the loss or in its normaliser, a mean over the batch, smoothing mass left on the pad token,
+log(0) in a hand-written KL divergence).
+
+Shape legend: B batch, T length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.context import Context, finish, forward_parameters
+from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.localize import Departure, View, latest_departure, trace_steps
+from handformer.check.core.localize_kinds import note_departure
+from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.source import locate, source_lines
+from handformer.training.losses import token_cross_entropy
+
+B, T, V, PAD = 3, 5, 7, 0
+LENGTHS = (5, 3, 2)  # real tokens of each row; the rest is padding
+INPUT_NAMES = ("logits", "x", "input", "inputs", "pred", "preds", "prediction", "predictions", "output",
+               "outputs", "lprobs", "log_probs", "logprobs", "scores", "y_pred", "y_hat", "out")
+TARGET_NAMES = ("target", "targets", "labels", "label", "y", "tgt", "gold", "trg", "y_true", "true")
+PAD_NAMES = ("pad_idx", "pad_id", "padding_idx", "ignore_index", "pad", "pad_token_id", "pad_index",
+             "tgt_pad_idx", "trg_pad_idx")
+SMOOTHING_NAMES = ("smoothing", "label_smoothing", "epsilon", "eps", "ls", "alpha", "smooth")
+SIZE_NAMES = ("size", "vocab_size", "v", "n_classes", "num_classes", "classes", "tgt_vocab_size",
+              "n_vocab", "vocab", "tgt_vocab")
+SPLITS: dict[str, Text] = {
+    "v": text("the smoothing spread over all V tokens, the target's too (PyTorch's label_smoothing)",
+              "平滑的概率分给全部 V 个 token，包括目标（PyTorch 的 label_smoothing）"),
+    "v1": text("the smoothing spread over the V - 1 other tokens", "平滑的概率分给其余 V - 1 个 token"),
+    "v2": text("the smoothing spread over the V - 2 tokens that are neither the target nor the pad "
+               "(the Annotated Transformer's)",
+               "平滑的概率分给既不是目标也不是填充的 V - 2 个 token（Annotated Transformer 的做法）"),
+}
+FORMS: dict[str, Text] = {
+    "ce": text("cross-entropy", "交叉熵"),
+    "kl": text("KL divergence (cross-entropy minus the target distribution's entropy, a constant)",
+               "KL 散度（交叉熵减去目标分布的熵，是个常数）"),
+}
+REDUCTIONS: dict[str, Text] = {
+    "sum": text("a sum over the real tokens (divide by their number outside, as the Annotated "
+                "Transformer's loss compute does)", "对真实 token 求和（在外面再除以 token 数，像 Annotated "
+                "Transformer 那样）"),
+    "mean": text("a mean over the real tokens", "对真实 token 求平均"),
+}
+FLAGS = ("loss_counts_padding:normaliser", "loss_counts_padding:loss", "loss_mean_over_batch",
+         "smoothing_on_pad", "loss_log_zero")
+REL_TOL = 1e-5
+WHAT = {"loss": (" (the pad targets' losses are in the sum)", "（填充目标的损失算进了总和）"),
+        "normaliser": (" (divided by every target, padding included)", "（除以了包括填充在内的全部目标数）")}
+
+
+def inputs() -> tuple[Tensor, Tensor]:
+    """(B, T, V) log-probabilities and (B, T) targets, padded with PAD after each row's length."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(B, T, V, generator=g, dtype=torch.float64) * 2.0
+    targets = torch.randint(1, V, (B, T), generator=g)
+    for b, n in enumerate(LENGTHS):
+        targets[b, n:] = PAD
+    return F.log_softmax(logits, dim=-1), targets
+
+
+def target_distribution(targets: Tensor, eps: float, split: str, pad_kept: bool = False) -> Tensor:
+    """(..., V) the smoothed distribution the loss compares with; `pad_kept`: the Annotated split
+    without zeroing the pad token's column (the mistake smoothing_on_pad)."""
+    onehot = F.one_hot(targets, V).double()
+    if split == "v":
+        return (1 - eps) * onehot + eps / V
+    if split == "v1":
+        return (1 - eps) * onehot + eps / (V - 1) * (1 - onehot)
+    q = (1 - eps) * onehot + eps / (V - 2) * (1 - onehot)
+    if not pad_kept:
+        q[..., PAD] = 0.0
+    return q
+
+
+def reference(logp: Tensor, targets: Tensor, eps: float, form: str, split: str, reduction: str,
+              flags: frozenset[str] = frozenset()) -> float:
+    """The loss under a convention, with the named mistakes."""
+    counts = _has(flags, "loss_counts_padding")
+    q = target_distribution(targets, eps, split, "smoothing_on_pad" in flags)
+    ce = -(q * logp).sum(-1)  # (B, T)
+    if form == "kl":
+        if "loss_log_zero" in flags:
+            entropy = (q * q.log()).sum(-1)  # 0 * log 0 = NaN, as a hand-written KL computes it
+        else:
+            entropy = torch.xlogy(q, q).sum(-1)
+        per_token = ce + entropy
+    else:
+        per_token = ce
+    real = (targets != PAD).double()
+    keep = torch.ones_like(real) if counts == "loss" else real
+    total = (per_token * keep).sum()  # a NaN of log(0) spreads: 0 * NaN is NaN
+    if "loss_mean_over_batch" in flags:
+        return float(total / targets.size(0))
+    if reduction == "sum":
+        return float(total)
+    n = targets.numel() if counts in ("loss", "normaliser") else real.sum()
+    return float(total / n)
+
+
+def _has(flags: frozenset[str], name: str) -> str | None:
+    for f in flags:
+        base, _, form = f.partition(":")
+        if base == name:
+            return form or base
+    return None
+
+
+class Loss:
+    """The learner's loss, called as its signature says: a function of (input, target, [pad],
+    [smoothing]), or a criterion built with (size, pad, smoothing) and called on (input, target)."""
+
+    def __init__(self, comp: Component, ctx: Context) -> None:
+        self.comp, self.ctx = comp, ctx
+        self.is_class = isinstance(comp.obj, type)
+        if self.is_class:
+            init = [p for p in inspect.signature(comp.obj.__init__).parameters.values()
+                    if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+            self.init_names = [p.name for p in init]
+            self.init_required = [p.name for p in init if p.default is p.empty]
+        else:
+            self.init_names, self.init_required = [], []
+        params = forward_parameters(comp.obj) if not self.is_class else [
+            p for p in inspect.signature(comp.obj.forward).parameters.values()
+            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        self.names = [p.name for p in params]
+        self.required = [p.name for p in params if p.default is p.empty]
+        everything = self.names + self.init_names
+        self.smoothing = _find(everything, SMOOTHING_NAMES)
+        self.pad = _find(everything, PAD_NAMES)
+        self.input = _find(self.names, INPUT_NAMES) or (self.names[0] if self.names else None)
+        self.target = _find([n for n in self.names if n != self.input], TARGET_NAMES) or next(
+            (n for n in self.names if n != self.input), None)
+        size = _find(self.init_names, SIZE_NAMES)
+        known = {self.input, self.target, self.pad, self.smoothing, size}
+        unknown = [n for n in self.required + self.init_required if n not in known]
+        if unknown or self.input is None or self.target is None:
+            raise DiscoveryError(
+                f"{comp.name}: cannot fill the argument {(unknown or ['target'])[0]!r}; a loss takes "
+                "(logits, targets) and optionally a pad id (pad_idx, ignore_index, ...) and a smoothing "
+                "(smoothing, label_smoothing, ...); a criterion class takes (size, padding_idx, smoothing) "
+                "in its constructor",
+                zh=f"{comp.name}：填不了参数 {(unknown or ['target'])[0]!r}；损失函数接受 (logits, "
+                   "targets)，还可以有 pad id（pad_idx、ignore_index 等）和平滑系数（smoothing、"
+                   "label_smoothing 等）；criterion 类在构造函数里接受 (size, padding_idx, smoothing)")
+        self.size = size
+        self.flat = False
+
+    def __call__(self, logp: Tensor, targets: Tensor, eps: float) -> Any:
+        def call(x: Tensor, y: Tensor) -> Any:
+            kwargs: dict[str, Any] = {self.input: x.clone(), self.target: y.clone()}
+            init: dict[str, Any] = {}
+            for name, value in ((self.pad, PAD), (self.smoothing, eps), (self.size, V)):
+                if name is None:
+                    continue
+                (init if name in self.init_names else kwargs)[name] = value
+            if self.is_class:
+                module = self.ctx.learner.call("__init__", lambda: self.comp.obj(**init))
+                if isinstance(module, nn.Module):
+                    module.eval()
+                fn = module
+            else:
+                fn = self.comp.obj
+            return self.ctx.learner.call("forward", fn, **kwargs)
+
+        if not self.flat:
+            try:
+                return call(logp, targets)
+            except fp.LearnerFailure:
+                self.flat = True
+        return call(logp.reshape(-1, V), targets.reshape(-1))
+
+
+def _find(names: list[str], aliases: tuple[str, ...]) -> str | None:
+    return next((n for n in names if n.lower() in aliases), None)
+
+
+def _value(ctx: Context, comp: Component, out: Any) -> float:
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], (Tensor, int, float)):
+        out = out[0]  # fairseq's (loss, nll_loss): the loss first
+    if isinstance(out, Tensor) and out.numel() == 1:
+        return float(out.double())
+    if isinstance(out, (int, float)):
+        return float(out)
+    raise ctx.learner.fail("forward", f"{comp.name} returned {_what(out)}; a loss returns one number "
+                           "(a scalar tensor)",
+                           f"{comp.name} 返回了 {_what(out)}；损失函数返回一个数（标量张量）")
+
+
+def _what(out: Any) -> str:
+    if isinstance(out, Tensor):
+        return f"a tensor of shape {tuple(out.shape)}"
+    return type(out).__name__
+
+
+def _close(a: float, b: float) -> bool:
+    if math.isnan(a) and math.isnan(b):
+        return True
+    return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= REL_TOL * max(abs(b), 1e-12)
+
+
+def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
+    number, code = locate(name, source_lines(ctx.objects(comp, "loss")))
+    return Finding(name, observed, number, code, form)
+
+
+def check_loss(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    loss = Loss(comp, ctx)
+    logp, targets = inputs()
+    smoothings = (0.0, 0.1) if loss.smoothing else (0.0,)
+    got = {eps: _value(ctx, comp, loss(logp, targets, eps)) for eps in smoothings}
+    if loss.flat:
+        res.notes.append(text(f"{comp.name} takes flattened (B * T, V) inputs and (B * T,) targets",
+                              f"{comp.name} 接受展平的 (B * T, V) 输入和 (B * T,) 目标"))
+    found = _search(loss, got, logp, targets, smoothings)
+    if found is None:
+        res.notes.append(text("no known mistake (or pair of them) reproduces your loss; see the values "
+                              "below", "没有任何已知错误（或两个错误的组合）能复现你的损失；请看下面的数值"))
+        res.checks.append(Check(text("the loss equals handformer's token_cross_entropy in some convention",
+                                     "损失在某种约定下等于 handformer 的 token_cross_entropy"), False))
+        eps = smoothings[-1]
+        note_departure(res, lambda: localize_loss(lambda x: loss(x, targets, eps), comp.obj, logp, targets,
+                                                  eps, PAD))
+    else:
+        _found(res, ctx, comp, loss, found, got, logp, targets, smoothings)
+    res.notes.append(_values(got, logp, targets, smoothings))
+    res.max_abs_error = 0.0 if found and not found[1] else None
+    return finish(res)
+
+
+Conv = tuple[str, str, str]  # (form, split, reduction)
+
+
+def _search(loss: Loss, got: dict[float, float], logp: Tensor, targets: Tensor, smoothings: tuple[float, ...],
+            ) -> Found | None:
+    """The convention and the fewest named mistakes (none, one, then two) that give the learner's
+    values at every smoothing."""
+    conventions = list(itertools.product(FORMS, SPLITS if loss.smoothing else ("v",), REDUCTIONS))
+    flags_all = tuple(f for f in FLAGS if not (loss.flat and f == "loss_mean_over_batch"))
+
+    def matches(conv: Conv, flags: frozenset[str]) -> bool:
+        form, split, reduction = conv
+        if "smoothing_on_pad" in flags and split != "v2" or "loss_log_zero" in flags and form != "kl":
+            return False
+        return all(_close(got[eps], reference(logp, targets, eps, form, split, reduction, flags))
+                   for eps in smoothings)
+
+    for size in (0, 1, 2):
+        for combo in itertools.combinations(flags_all, size):
+            flags = frozenset(combo)
+            if len({f.partition(":")[0] for f in flags}) < len(flags):
+                continue
+            conv = next((c for c in conventions if matches(c, flags)), None)
+            if conv is not None:
+                return conv, flags
+    return None
+
+
+Found = tuple[Conv, frozenset[str]]
+
+
+def _found(res: ComponentResult, ctx: Context, comp: Component, loss: Loss, found: Found,
+           got: dict[float, float], logp: Tensor, targets: Tensor, smoothings: tuple[float, ...]) -> None:
+    """The convention found, the check against handformer's in it, and each named mistake."""
+    (form, split, reduction), flags = found
+    at = ", ".join(f"{e:g}" for e in smoothings)
+    parts = [FORMS[form]] + ([SPLITS[split]] if loss.smoothing else []) + [REDUCTIONS[reduction]]
+    res.convention = text("; ".join(p["en"] for p in parts), "；".join(p["zh"] for p in parts))
+    res.checks.append(Check(text(f"the loss equals handformer's token_cross_entropy in your convention "
+                                 f"at smoothing {at}",
+                                 f"平滑为 {at} 时，按你的约定，损失等于 handformer 的 token_cross_entropy"),
+                            not flags))
+    correct = {eps: reference(logp, targets, eps, form, split, reduction) for eps in smoothings}
+    shown = ", ".join(f"{got[e]:.4g} (right: {correct[e]:.4g})" for e in smoothings)
+    shown_zh = "，".join(f"{got[e]:.4g}（正确值 {correct[e]:.4g}）" for e in smoothings)
+    pads, n = int((targets == PAD).sum()), targets.numel()
+    for flag in sorted(flags):
+        name, _, fform = flag.partition(":")
+        en, zh = WHAT.get(fform, ("", ""))
+        res.findings.append(_finding(ctx, comp, name, text(
+            f"your loss equals the one with this mistake{en} at smoothing {at} (relative difference "
+            f"< 1e-5): {shown}, with {pads} of {n} targets padding",
+            f"平滑为 {at} 时你的损失与带这个错误的损失一致{zh}（相对误差 < 1e-5）：{shown_zh}；"
+            f"{n} 个目标里有 {pads} 个是填充"), fform))
+
+
+def _values(got: dict[float, float], logp: Tensor, targets: Tensor, smoothings: tuple[float, ...]) -> Text:
+    """The learner's values beside handformer's mean over the real tokens."""
+    right = {eps: token_cross_entropy(logp.float(), targets, PAD, eps).item() / int((targets != PAD).sum())
+             for eps in smoothings}
+    values_en = "; ".join(f"smoothing {e:g}: {got[e]:.6g} (handformer's mean over real tokens {right[e]:.6g})"
+                          for e in smoothings)
+    values_zh = "；".join(f"平滑 {e:g}：{got[e]:.6g}（handformer 对真实 token 的平均 {right[e]:.6g}）"
+                          for e in smoothings)
+    return text(f"values: {values_en}", f"数值：{values_zh}")
+
+
+# --- the loss -------------------------------------------------------------------------------------
+
+def loss_views(logp: Tensor, targets: Tensor, eps: float, conv: tuple[str, str, str], pad: int,
+               ) -> list[View]:
+    """The loss under one convention (cross-entropy or KL; the smoothing's split; sum or mean): the
+    target distribution, q·log p, the per-token loss and its parts, the real-token mask, the sum and
+    the mean; each in the (B, T, ...) and the flattened (N, ...) layout."""
+    form, split, reduction = conv
+    q = target_distribution(targets, eps, split)  # (B, T, V)
+    nll = -logp.gather(-1, targets[..., None])[..., 0]  # (B, T)
+    real = (targets != pad).double()  # (B, T)
+    per_token = -(q * logp).sum(-1)
+    views = [("the log-probabilities", logp), ("the target distribution q", q), ("q·log p", q * logp),
+             ("-log p of the target", nll), ("the smoothing term -mean(log p)", -logp.mean(-1)),
+             ("the real-token mask (1 = a real target)", real), ("the cross-entropy per token", per_token)]
+    if form == "kl":
+        per_token = per_token + torch.xlogy(q, q).sum(-1)
+        views += [("q (log q - log p)", torch.xlogy(q, q) - q * logp),
+                  ("the KL divergence per token", per_token)]
+    total = (per_token * real).sum()
+    views += [("the per-token loss, padding zeroed", per_token * real),
+              ("the sum over the real tokens", total)]
+    if reduction == "mean":
+        views.append(("the mean over the real tokens", total / real.sum()))
+    return views + [(f"{what} (flattened)", t.reshape(-1, *t.shape[2:])) for what, t in views if t.dim() >= 2]
+
+
+def localize_loss(call: Callable[[Tensor], Any], fn: Any, logp: Tensor, targets: Tensor, eps: float,
+                  pad: int) -> Departure | None:
+    """Run the learner's loss on logp traced (constants too: a target distribution built in place);
+    the first step that no convention explains."""
+    filename = inspect.getsourcefile(fn)
+    x = logp.detach().clone().requires_grad_()
+    steps = trace_steps(lambda: call(x), filename, None, (), constants=True)
+    readings = [loss_views(logp, targets, eps, conv, pad)
+                for conv in itertools.product(FORMS, SPLITS if eps else ("v",), REDUCTIONS)]
+    n, real = targets.numel(), int((targets != pad).sum())
+    sizes = {"V": logp.size(-1), "B": targets.size(0), "N (every target)": n, "the real targets": real,
+             "real / every target": real / n}
+    return latest_departure(steps, readings, filename, sizes)

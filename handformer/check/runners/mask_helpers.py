@@ -1,0 +1,254 @@
+"""The runner of the mask helpers of the model-assembly chapter: `make_src_mask(src, pad_idx)` (the
+source's padding, over the keys), `make_tgt_mask(tgt, pad_idx)` (the target's padding and the causal
+part, combined) and `create_masks(src, tgt, pad_idx)` (both, as a tuple).
+
+The helper is called on token ids padded with the pad id 1 (not 0, so a helper that assumes 0 shows
+it), and its output is read as a mask that may be (B, 1, 1, S), (B, 1, S) or (B, S) for the source
+and (B, 1, T, T) or (B, T, T) for the target, in the polarity it uses (True or 1 = keep, or True =
+masked, as torch.nn's; an additive 0 / -inf mask). Compared with what the attention is meant to
+see; when it differs, the variants with one or two named mistakes are tried: padding from the wrong
+sequence or a pad id of 0 assumed, padding and the causal part combined with | instead of & (in the
+keep polarity; & instead of | in the masked one), the causal part off by one. A target mask that is
+causal only is a convention: with padding at the end, causality already hides it from every real
+query.
+
+Shape legend: B batch, S source length, T target length.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from handformer.check.core.context import Context, finish, forward_parameters
+from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.source import locate, source_lines
+
+PAD = 1  # the pad id handed to a helper that takes one (a helper without one is given ids padded with 0)
+
+
+def src_ids(pad: int) -> Tensor:
+    return torch.tensor([[5, 6, 7, pad, pad], [2, 3, 4, 8, 9]])  # (B, S): row 0 padded after 3 tokens
+
+
+def tgt_ids(pad: int) -> Tensor:
+    return torch.tensor([[3, 5, pad, pad, pad], [2, 4, 6, 8, pad]])  # (B, T), T = S: a swap still runs
+
+
+SRC, TGT = src_ids(PAD), tgt_ids(PAD)
+SRC_NAMES = ("src", "source", "src_seq", "x", "src_ids", "input_ids", "inp", "enc_input", "seq", "tokens")
+TGT_NAMES = ("tgt", "trg", "target", "tgt_seq", "tgt_ids", "dec_input", "y", "tgt_input")
+PAD_NAMES = ("pad_idx", "pad_id", "pad", "padding_idx", "pad_token_id", "pad_index", "src_pad_idx",
+             "tgt_pad_idx", "trg_pad_idx", "blank")
+TGT_HINTS = ("tgt", "trg", "target", "std", "decoder", "dec", "look_ahead", "subsequent")
+BOTH_HINTS = ("create_masks", "make_masks", "create_mask", "build_masks", "get_masks", "masks")
+FLAGS = ("mask_pad_wrong_sequence", "mask_pad_id", "mask_combined_with_or", "causal_off_by_one:no_self",
+         "causal_off_by_one:sees_next")
+POLARITIES: dict[str, Text] = {
+    "keep": text("True (or 1) = may be seen", "True（或 1）= 可以看"),
+    "masked": text("True = masked (torch.nn's)", "True 表示屏蔽（torch.nn 的约定）"),
+    "additive": text("additive: 0 = seen, -inf (or a large negative) = masked",
+                     "加性掩码：0 表示可见，-inf（或很大的负数）表示屏蔽"),
+}
+
+
+def _causal(T: int, flags: frozenset[str]) -> Tensor:
+    diagonal = {"causal_off_by_one:no_self": -1, "causal_off_by_one:sees_next": 1}.get(
+        next((f for f in flags if f.startswith("causal_off_by_one")), ""), 0)
+    return torch.ones(T, T, dtype=torch.bool).tril(diagonal)
+
+
+def expected_src(pad: int, flags: frozenset[str] = frozenset()) -> Tensor:
+    """(B, 1, 1, S) keep: the source's real tokens, as each variant computes them."""
+    src, tgt = src_ids(pad), tgt_ids(pad)
+    ids = tgt if "mask_pad_wrong_sequence" in flags else src
+    return (ids != (0 if "mask_pad_id" in flags else pad))[:, None, None, :]
+
+
+def expected_tgt(pad: int, flags: frozenset[str] = frozenset(), causal_only: bool = False) -> Tensor:
+    """(B, 1, T, T) keep: the target's real keys and the causal part, as each variant computes them."""
+    src, tgt = src_ids(pad), tgt_ids(pad)
+    T = tgt.size(1)
+    ids = src if "mask_pad_wrong_sequence" in flags else tgt
+    padding = (ids != (0 if "mask_pad_id" in flags else pad))[:, None, None, :]
+    causal = _causal(T, flags)[None, None]
+    if causal_only:
+        return causal.expand(tgt.size(0), 1, T, T)
+    return padding | causal if "mask_combined_with_or" in flags else padding & causal
+
+
+class Helper:
+    """The learner's helper: which masks it makes (src, tgt or both) and how to call it."""
+
+    def __init__(self, comp: Component, ctx: Context) -> None:
+        self.comp, self.ctx = comp, ctx
+        params = forward_parameters(comp.obj)
+        names = [p.name for p in params]
+        lowered = comp.name.lower()
+        self.src = next((n for n in names if n.lower() in SRC_NAMES), None)
+        self.tgt = next((n for n in names if n.lower() in TGT_NAMES), None)
+        self.pad = next((n for n in names if n.lower() in PAD_NAMES), None)
+        if any(h in lowered for h in BOTH_HINTS) and self.src and self.tgt:
+            self.makes = "both"
+        elif self.tgt or any(h in lowered for h in TGT_HINTS):
+            self.makes = "tgt"
+            self.tgt = self.tgt or self.src or (names[0] if names else None)
+            self.src = None
+        else:
+            self.makes = "src"
+            self.src = self.src or (names[0] if names else None)
+        known = {self.src, self.tgt, self.pad}
+        unknown = [p.name for p in params if p.default is p.empty and p.name not in known]
+        missing = self.makes != "tgt" and self.src is None or self.makes != "src" and self.tgt is None
+        if unknown or missing:
+            raise DiscoveryError(
+                f"{comp.name}: cannot fill the argument {(unknown or ['src'])[0]!r}; a mask helper takes the "
+                "token ids (src, tgt) and the pad id (pad_idx, pad_id, ...)",
+                zh=f"{comp.name}：填不了参数 {(unknown or ['src'])[0]!r}；掩码辅助函数接受 token id（src、"
+                   "tgt）和 pad id（pad_idx、pad_id 等）")
+
+    @property
+    def pad_id(self) -> int:
+        return PAD if self.pad else 0
+
+    def __call__(self) -> Any:
+        kwargs: dict[str, Any] = {}
+        if self.src:
+            kwargs[self.src] = src_ids(self.pad_id)
+        if self.tgt:
+            kwargs[self.tgt] = tgt_ids(self.pad_id)
+        if self.pad:
+            kwargs[self.pad] = PAD
+        return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+
+
+def _readings(out: Any, rows: int, queries: int, keys: int) -> dict[str, Tensor]:
+    """The learner's mask as (B, 1, queries, keys) keep, in each polarity it could mean; empty when
+    its shape is none of the mask shapes."""
+    if not isinstance(out, Tensor):
+        return {}
+    m = out.detach()
+    if m.dim() == 2 and m.shape == (rows, keys):  # (B, S): a key padding mask
+        m = m[:, None, None, :]
+    elif m.dim() == 3 and m.size(0) == rows and m.size(-1) == keys:
+        m = m[:, None]
+    if m.dim() != 4 or m.size(0) not in (1, rows) or m.size(-1) != keys or m.size(-2) not in (1, queries):
+        return {}
+    m = m.expand(rows, m.size(1), queries, keys)[:, :1]
+    if m.is_floating_point() and (bool(torch.isinf(m).any()) or bool((m < -1e3).any())):
+        return {"additive": m == 0}
+    nonzero = m != 0
+    return {"keep": nonzero, "masked": ~nonzero}
+
+
+def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
+    number, code = locate(name, source_lines(ctx.objects(comp, "mask_helper", "causal_mask")))
+    return Finding(name, observed, number, code, form)
+
+
+def _explain(keep: Tensor, which: str, pad: int, both: bool) -> frozenset[str] | None:
+    """The smallest set of named mistakes whose mask equals `keep`."""
+    universe = [f for f in FLAGS if (which == "tgt" or not f.startswith(("causal", "mask_combined")))
+                and (both or f != "mask_pad_wrong_sequence") and (pad != 0 or f != "mask_pad_id")]
+    for size in (0, 1, 2):
+        for combo in itertools.combinations(universe, size):
+            flags = frozenset(combo)
+            if len({f.partition(":")[0] for f in flags}) < len(flags):
+                continue
+            want = expected_src(pad, flags) if which == "src" else expected_tgt(pad, flags)
+            want = want.expand_as(keep) if want.shape != keep.shape else want
+            if torch.equal(keep, want):
+                return flags
+    return None
+
+
+def _check_one(res: ComponentResult, ctx: Context, comp: Component, out: Any, which: str, pad: int,
+               both: bool) -> None:
+    rows = SRC.size(0)
+    queries, keys = (1, SRC.size(1)) if which == "src" else (TGT.size(1), TGT.size(1))
+    readings = _readings(out, rows, queries if which == "tgt" else 1, keys)
+    if which == "src" and not readings:  # a source mask may also be given one row per query
+        readings = _readings(out, rows, SRC.size(1), keys)
+    what = "source" if which == "src" else "target"
+    if not readings:
+        raise _no_reading(ctx, comp, out, which)
+    right = expected_src(pad) if which == "src" else expected_tgt(pad)
+    best = _best_reading(readings, right, which, pad, both)
+    polarity = best[0] if best else next(iter(readings))
+    res.convention = POLARITIES[polarity]
+    keep = readings[polarity]
+    wrong = int((keep != (right.expand_as(keep) if right.shape != keep.shape else right)).sum())
+    if best and best[1] == frozenset({"causal_only"}):
+        res.notes.append(text("the target mask is causal only: with the padding at the end, causality "
+                              "already hides it from every real query",
+                              "目标端掩码只有因果部分：填充都在末尾，因果掩码已经对每个真实查询屏蔽了它"))
+        wrong = 0
+    side = "源" if which == "src" else "目标"
+    res.checks.append(Check(text(f"the {what} mask hides what the attention must not see (pad id {pad})",
+                                 f"{side}端掩码屏蔽了注意力不该看到的位置（填充 id 为 {pad}）"),
+                            wrong == 0, text(f"{wrong} entries differ", f"{wrong} 个位置不同")))
+    if best is None:
+        res.notes.append(text(f"no known mistake (or pair of them) reproduces your {what} mask",
+                              f"没有任何已知错误（或两个错误的组合）能复现你的{side}端掩码"))
+        return
+    row = "".join("1" if v else "0" for v in keep[0, 0, -1].tolist())
+    good = "".join("1" if v else "0" for v in right.expand_as(keep)[0, 0, -1].tolist())
+    for flag in sorted(best[1] - {"causal_only"}):
+        name, _, form = flag.partition(":")
+        if name == "mask_combined_with_or":
+            form = "and" if polarity == "masked" else "or"
+        res.findings.append(_finding(ctx, comp, name, text(
+            f"your {what} mask equals the one with this mistake ({wrong} entries differ from the right one; "
+            f"the last query of row 0 sees {row} where {good} is right, 1 = seen)",
+            f"你的{side}端掩码与带这个错误的掩码一致（与正确的掩码有 {wrong} 个位置不同；"
+            f"行 0 最后一个查询看到的是 {row}，应为 {good}，1 表示可见）"), form))
+
+
+def _no_reading(ctx: Context, comp: Component, out: Any, which: str) -> Exception:
+    what = "source" if which == "src" else "target"
+    shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+    want = "(B, 1, 1, S), (B, 1, S) or (B, S)" if which == "src" else "(B, 1, T, T) or (B, T, T)"
+    return ctx.learner.fail("forward", f"{comp.name} returned {shape} for the {what} mask; expected {want}",
+                            f"{comp.name} 给{'源端' if which == 'src' else '目标端'}掩码返回了 {shape}；"
+                            f"应当是 {want}")
+
+
+def _best_reading(readings: dict[str, Tensor], right: Tensor, which: str, pad: int, both: bool,
+                  ) -> tuple[str, frozenset[str]] | None:
+    """The polarity under which the mask is right (or causal only, for a target mask), else the one
+    explained by the fewest mistakes; None when none is."""
+    for polarity, keep in readings.items():
+        right_here = right.expand_as(keep) if right.shape != keep.shape else right
+        if torch.equal(keep, right_here):
+            return polarity, frozenset()
+        if which == "tgt" and torch.equal(keep, expected_tgt(pad, causal_only=True)):
+            return polarity, frozenset({"causal_only"})
+    best: tuple[str, frozenset[str]] | None = None
+    for polarity, keep in readings.items():
+        flags = _explain(keep, which, pad, both)
+        if flags is not None and (best is None or len(flags) < len(best[1])):
+            best = (polarity, flags)
+    return best
+
+
+def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    helper = Helper(comp, ctx)
+    out = helper()
+    if helper.makes == "both":
+        if not isinstance(out, (tuple, list)) or len(out) < 2:
+            raise ctx.learner.fail("forward", f"{comp.name} returned {type(out).__name__}; expected "
+                                   "(src_mask, tgt_mask)",
+                                   f"{comp.name} 返回了 {type(out).__name__}；应当返回 (src_mask, tgt_mask)")
+        _check_one(res, ctx, comp, out[0], "src", helper.pad_id, True)
+        _check_one(res, ctx, comp, out[1], "tgt", helper.pad_id, True)
+    else:
+        _check_one(res, ctx, comp, out, helper.makes, helper.pad_id, False)
+    if helper.pad is None:
+        res.notes.append(text(f"{comp.name} takes no pad id: it was given ids padded with 0",
+                              f"{comp.name} 没有填充 id 参数：传入的 id 用 0 填充"))
+    return finish(res)

@@ -1,0 +1,678 @@
+"""Runner for the assembled encoder-decoder model (`Transformer(src_vocab, tgt_vocab, d_model,
+num_heads, num_layers, d_ff, max_len, dropout)` and its variants).
+
+The learner's parameters are mapped onto handformer's `Seq2SeqTransformer`: the embeddings by
+their shapes (source, target, learned positions), the layers by the ModuleLists that hold them
+(four attention projections and an FFN: an encoder layer; eight: a decoder layer), inside each
+layer as the layer runners map them, the norms outside the layers as the stacks' final norms, and
+the output layer. What tutorials do differently is detected from the outputs and reported as a
+choice: the embeddings scaled by sqrt(d_model) or not, the output layer tied to the target
+embedding or separate, with a bias or not, post-norm or pre-norm, logits or log-probabilities.
+The fingerprint search then names what no choice explains: the positional encoding not added (to
+the source, the target or both), a pre-norm stack without its final norm, a padding mask built from
+the other sequence. In eval mode dropout is the identity, so the positional encoding added after
+the dropout is named from what the learner's code hands to dropout; and `embedding_scale_unused`
+when the output shows no scale although the embedding's code computes `sqrt(`.
+
+The reference-free checks stay: eval determinism, no NaN, causality of the decoder, padding
+invariance of the source, batch invariance.
+
+Shape legend: B batch, S source length, T target length, D d_model, V target vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import itertools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.context import (
+    MAX_LEN,
+    SIZES,
+    Context,
+    D,
+    H,
+    causal,
+    check_determinism,
+    error_text,
+    finish,
+    forward_parameters,
+    guarded,
+)
+from handformer.check.core.discovery import ARGUMENTS, Component, DiscoveryError, own_objects
+from handformer.check.core.layer_map import LayerMap, layer_modules, map_layer
+from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.source import locate, source_lines
+from handformer.check.core.weights import (
+    Leaf,
+    MappingError,
+    Slot,
+    copy_attention,
+    copy_ffn,
+    copy_weights,
+    is_gated,
+    leaves,
+    norm_weights,
+    scramble_,
+)
+from handformer.check.reference import variants as V
+from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME
+from handformer.check.runners.seq2seq_stacks import build_from_stacks
+from handformer.config import Seq2SeqConfig
+from handformer.models.seq2seq import Seq2SeqTransformer
+from handformer.nn.masks import as_attention_mask
+from handformer.nn.positions import sinusoidal_table
+
+SRC_V, TGT_V, PAD = 23, 29, 0
+MODEL_SIZES = {**SIZES, "src_vocab": SRC_V, "tgt_vocab": TGT_V, "n_layers": 2, "pad_id": PAD}
+SIDES = {"src": ("the source", "源端"), "tgt": ("the target", "目标端"), "both": ("both sides", "两端")}
+STACKS = {"encoder": ("the encoder", "编码器"), "decoder": ("the decoder", "解码器"),
+          "both": ("both stacks", "两个堆叠")}
+MASK_SIDES = {"source": ("the source padding mask is built from the target",
+                         "源端的填充掩码是用目标序列构造的"),
+              "target": ("the target padding mask is built from the source",
+                         "目标端的填充掩码是用源序列构造的")}
+
+
+# --- mapping ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelMap:
+    src_embed: Leaf
+    tgt_embed: Leaf
+    positions: Leaf | None  # learned positions; None: a sinusoidal table (a buffer)
+    encoder: list[LayerMap]
+    decoder: list[LayerMap]
+    final: dict[str, Slot] = field(default_factory=dict)  # "encoder" / "decoder" -> its final norm
+    out: Leaf | None = None  # the output layer; None when the forward reuses the target embedding
+    tied: bool = False
+    bias: bool = False
+    table: Tensor | None = None  # the learner's sinusoidal table (L, D), when it is the paper's to 1e-5
+    built: dict[Any, Seq2SeqTransformer] = field(default_factory=dict)  # handformer's, by choices
+
+    def describe(self) -> list[str]:
+        rows = [f"{self.src_embed.name} -> source embedding", f"{self.tgt_embed.name} -> target embedding"]
+        if self.positions is not None:
+            rows.append(f"{self.positions.name} -> learned positions")
+        for stack, layers in (("encoder", self.encoder), ("decoder", self.decoder)):
+            for i, layer in enumerate(layers):
+                rows.append(f"{layer.name} -> {stack} layer {i}")
+        rows += [f"{slot.leaf.name} -> {stack} final norm" for stack, slot in self.final.items()]
+        if self.out is not None:
+            tied = " (tied to the target embedding)" if self.tied else ""
+            rows.append(f"{self.out.name} -> output layer{tied}")
+        return rows
+
+
+
+def _table(module: nn.Module) -> Tensor | None:
+    """The learner's sinusoidal table as it stored it (a float32 buffer: handformer uses its values,
+    so that rounding is not taken for a difference); None when no buffer is the paper's table."""
+    for buf in module.buffers():
+        if buf.dim() >= 2 and buf.size(-1) == D and buf.is_floating_point() and buf[..., 0, :].numel() == D:
+            table = buf.reshape(-1, buf.size(-2), D)[0]  # (L, D)
+            paper = sinusoidal_table(MAX_LEN, D)
+            if table.size(0) >= MAX_LEN and fp.max_error(table[:MAX_LEN], paper) < 1e-5:
+                return table[:MAX_LEN].double()
+    return None
+
+
+def map_model(module: nn.Module, F_width: int) -> ModelMap:
+    """The learner's model as handformer's parts; MappingError says what does not fit."""
+    layers = layer_modules(module)
+    mapped = [map_layer(path, child, F_width) for path, child in layers]
+    encoder, decoder = [m for m in mapped if not m.decoder], [m for m in mapped if m.decoder]
+    if not encoder or not decoder:
+        raise MappingError(
+            f"found {len(encoder)} encoder and {len(decoder)} decoder layers in nn.ModuleList or "
+            "nn.Sequential containers; an encoder-decoder model keeps its layers in two lists "
+            "(nn.ModuleList([EncoderLayer(...) for _ in range(num_layers)]), and the same for the decoder)",
+            zh=f"在 nn.ModuleList 或 nn.Sequential 里找到 {len(encoder)} 个编码器层和 {len(decoder)} "
+               "个解码器层；编码器-解码器模型把层放在两个列表里（nn.ModuleList([EncoderLayer(...) for _ in "
+               "range(num_layers)])，解码器也一样）")
+    inside = {id(m) for _, child in layers for m in child.modules()}
+    outer = [leaf for leaf in leaves(module) if id(leaf.module) not in inside]
+    embeds = [leaf for leaf in outer if leaf.kind == "embedding"]
+    by_rows = {leaf.weight.size(0): leaf for leaf in reversed(embeds)}
+    if SRC_V not in by_rows or TGT_V not in by_rows:
+        raise MappingError(f"expected nn.Embedding(src_vocab={SRC_V}, d_model) and nn.Embedding(tgt_vocab="
+                           f"{TGT_V}, d_model); found {[(e.name, tuple(e.weight.shape)) for e in embeds]}",
+                           zh=f"应当有 nn.Embedding(src_vocab={SRC_V}, d_model) 和 "
+                              f"nn.Embedding(tgt_vocab={TGT_V}, d_model)；实际找到 "
+                              f"{[(e.name, tuple(e.weight.shape)) for e in embeds]}")
+    src, tgt = by_rows[SRC_V], by_rows[TGT_V]
+    others = [e for e in embeds if e is not src and e is not tgt]
+    out = next((leaf for leaf in outer if leaf.kind == "linear" and tuple(leaf.weight.shape) == (TGT_V, D)),
+               None)
+    extra = [leaf for leaf in outer if leaf.kind == "linear" and leaf is not out]
+    if extra or len(others) > 1:
+        raise MappingError("parameters outside the layers that an encoder-decoder model does not have: "
+                           + ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra + others[1:]),
+                           zh="层之外有编码器-解码器模型没有的参数："
+                              f"{', '.join(f'{x.name} {tuple(x.weight.shape)}' for x in extra + others[1:])}")
+    model = ModelMap(src, tgt, others[0] if others else None, encoder, decoder, out=out, table=_table(module),
+                     tied=out is None or out.weight is tgt.weight,
+                     bias=out is not None and out.bias is not None)
+    _final_norms(model, [leaf for leaf in outer if leaf.kind == "norm"])
+    return model
+
+
+def _final_norms(model: ModelMap, norms: list[Any]) -> None:
+    """The encoder's and decoder's final norms: by their names (enc, src; dec, tgt), else in order."""
+    for leaf in norms:
+        low = leaf.name.lower()
+        stack = ("encoder" if "enc" in low or "src" in low else
+                 "decoder" if "dec" in low or "tgt" in low else None)
+        if stack and stack not in model.final:
+            model.final[stack] = Slot(f"{stack} final norm", leaf)
+    rest = [leaf for leaf in norms if leaf not in [s.leaf for s in model.final.values()]]
+    for stack in ("encoder", "decoder"):
+        if stack not in model.final and rest:
+            model.final[stack] = Slot(f"{stack} final norm", rest.pop(0))
+
+
+# --- handformer's model with the learner's weights ----------------------------------------------
+
+@dataclass(frozen=True)
+class Choices:
+    """What tutorials do differently, none of it a mistake."""
+
+    placement: str  # post | pre
+    activation: str
+    scale: bool  # embeddings times sqrt(d_model)
+    log_probs: bool  # forward returns log_softmax of the logits
+    tied_by_use: bool = False  # forward multiplies by the target embedding, not by its output layer
+
+    def tied(self, m: ModelMap) -> bool:
+        return m.tied or self.tied_by_use
+
+    def bias(self, m: ModelMap) -> bool:
+        return m.bias and not self.tied_by_use
+
+    def describe(self, m: ModelMap) -> Text:
+        scale_en = "scaled by sqrt(d_model)" if self.scale else "not scaled"
+        scale_zh = "乘以 sqrt(d_model)" if self.scale else "不缩放"
+        tied, bias = self.tied(m), self.bias(m)
+        out_en = ("tied to the target embedding" if tied else "separate") + (", with a bias" if bias else
+                                                                             ", no bias")
+        out_zh = ("与目标端嵌入共享权重" if tied else "独立的权重") + ("，有偏置" if bias else "，无偏置")
+        pos_en, pos_zh = ("learned", "可学习的") if m.positions is not None else ("sinusoidal", "正弦")
+        what_en, what_zh = ("log-probabilities", "对数概率") if self.log_probs else ("logits", "logits")
+        return text(f"embeddings {scale_en}; output layer {out_en}; {self.placement}-norm layers; "
+                    f"{pos_en} positions; forward returns {what_en}",
+                    f"嵌入{scale_zh}；输出层{out_zh}；{self.placement.capitalize()}-Norm 层；"
+                    f"{pos_zh}位置编码；forward 返回 {what_zh}")
+
+
+def reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
+    """handformer's Seq2SeqTransformer with the learner's weights and choices (its final norms at
+    their defaults where the learner has none); built once for each set of choices."""
+    if ch not in m.built:
+        m.built[ch] = _reference_model(m, ch)
+    return m.built[ch]
+
+
+def _reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
+    first = norm_weights(m.encoder[0].norms[0])
+    gated = is_gated(m.encoder[0].ffn)
+    cfg = Seq2SeqConfig(
+        src_vocab_size=SRC_V, tgt_vocab_size=TGT_V, d_model=D, n_heads=H,
+        d_ff=m.encoder[0].ffn[0].leaf.weight.size(0), n_encoder_layers=len(m.encoder),
+        n_decoder_layers=len(m.decoder), dropout=0.0, activation=HF_NAME[(gated, ch.activation)],
+        norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm", norm_placement=ch.placement,
+        norm_eps=first.eps, position="learned" if m.positions is not None else "sinusoidal",
+        max_positions=m.positions.weight.size(0) if m.positions is not None else MAX_LEN,
+        scale_embeddings=ch.scale, tie_output=ch.tied(m), pad_id=PAD, bias=True)
+    hf = Seq2SeqTransformer(cfg)
+    if ch.bias(m):
+        hf.generator = nn.Linear(D, TGT_V, bias=True)
+        if ch.tied(m):
+            hf.generator.weight = hf.tgt_embed.weight
+    hf = hf.double().eval()
+    _copy_embeddings(hf, m, ch)
+    written = _copy_layers(hf, m)
+    exact_norms_(hf)
+    as_written_(written)
+    return hf
+
+
+def _copy_embeddings(hf: Seq2SeqTransformer, m: ModelMap, ch: Choices) -> None:
+    with torch.no_grad():
+        hf.src_embed.weight.copy_(m.src_embed.weight)
+        hf.tgt_embed.weight.copy_(m.tgt_embed.weight)
+        if m.positions is not None:
+            hf.positions.weight.copy_(m.positions.weight)
+        elif m.table is not None:
+            hf.positions.table.copy_(m.table)
+        if m.out is not None and not ch.tied_by_use:
+            copy_weights(hf.generator, Slot("output", m.out))
+
+
+def _copy_layers(hf: Seq2SeqTransformer, m: ModelMap) -> list[tuple[nn.Module, str, Slot]]:
+    """The learner's layers and final norms into handformer's; the norms written, as (module, name,
+    slot), for `as_written_`."""
+    written = []
+    pairs = itertools.chain(zip(hf.encoder.layers, m.encoder), zip(hf.decoder.layers, m.decoder))
+    for target, layer in pairs:
+        copy_attention(target.self_attn, layer.attn[0])
+        if layer.decoder:
+            copy_attention(target.cross_attn, layer.attn[1])
+        copy_ffn(target.ffn, layer.ffn)
+        names = ["attn_norm"] + (["cross_attn_norm"] if layer.decoder else []) + ["ffn_norm"]
+        for name, slot in zip(names, layer.norms):
+            copy_weights(getattr(target, name), slot)
+        written += [(target, name, slot) for name, slot in zip(names, layer.norms)]
+    for stack, slot in m.final.items():
+        norm = getattr(hf, stack).norm
+        if isinstance(norm, nn.Module) and hasattr(norm, "weight"):
+            copy_weights(norm, slot)
+            written.append((getattr(hf, stack), "norm", slot))
+    return written
+
+
+class AsWritten(nn.Module):
+    """A learner's hand-written norm as it computes, its own mistakes included (the Annotated
+    Transformer's unbiased std): the norm's own check names them, the model is compared with what
+    it computes."""
+
+    def __init__(self, w: V.NormWeights) -> None:
+        super().__init__()
+        self.w = w
+
+    def forward(self, x: Tensor) -> Tensor:
+        return V.norm(self.w, x)
+
+
+def as_written_(written: list[tuple[nn.Module, str, Slot]]) -> None:
+    """The norms whose learner's module computes something else than the standard norm, replaced by
+    what it computes (found once a mapped leaf)."""
+    for parent, name, slot in written:
+        w = getattr(slot.leaf, "computes", None)
+        if w is None:
+            w = slot.leaf.computes = norm_weights(slot)  # type: ignore[attr-defined]
+        if w.flags:
+            setattr(parent, name, AsWritten(w))
+
+
+def exact_norms_(model: nn.Module) -> None:
+    """handformer's norms compute in float32 (for bf16 models); in this float64 comparison each is
+    replaced by torch's norm in float64 with its weights, so rounding is not taken for a mistake."""
+    from handformer.nn.norms import LayerNorm, RMSNorm
+
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, LayerNorm):
+                exact: nn.Module = nn.LayerNorm(child.weight.numel(), child.eps, bias=child.bias is not None)
+            elif isinstance(child, RMSNorm):
+                exact = nn.RMSNorm(child.weight.numel(), child.eps)
+            else:
+                continue
+            exact = exact.double()
+            exact.load_state_dict(child.state_dict())
+            setattr(parent, name, exact)
+
+
+def variant(hf: Seq2SeqTransformer, src: Tensor, tgt: Tensor, flags: frozenset[str], log_probs: bool,
+            ) -> Tensor:
+    """The model's logits (B, T, V) with the named mistakes: the positional encoding left out of one
+    side, a stack's final norm left out, a padding mask built from the other sequence."""
+    def embed(table: nn.Module, ids: Tensor, side: str) -> Tensor:
+        x = table(ids)  # (B, L, D), scaled as the choice says
+        if not ({f"pe_missing:{side}", "pe_missing:both"} & flags):
+            x = x + hf.positions(torch.arange(ids.size(1))[None])
+        return x
+
+    src_pad = tgt if "mask_pad_wrong_sequence:source" in flags else src
+    tgt_pad = src if "mask_pad_wrong_sequence:target" in flags else tgt
+    src_keep = (src_pad != PAD)[:, None, None, :]  # (B, 1, 1, S)
+    tgt_keep = (tgt_pad != PAD)[:, None, None, :] & causal(tgt.size(1))  # (B, 1, T, T)
+    x = embed(hf.src_embed, src, "src")
+    mask = as_attention_mask(src_keep)
+    for layer in hf.encoder.layers:
+        x = layer(x, mask)[0]
+    if not ({"final_norm_missing:encoder", "final_norm_missing:both"} & flags):
+        x = hf.encoder.norm(x)
+    y = embed(hf.tgt_embed, tgt, "tgt")
+    self_mask = as_attention_mask(tgt_keep)
+    for layer in hf.decoder.layers:
+        y = layer(y, x, mask, self_mask)[0]
+    if not ({"final_norm_missing:decoder", "final_norm_missing:both"} & flags):
+        y = hf.decoder.norm(y)
+    logits = hf.generator(y)  # (B, T, V)
+    return logits.log_softmax(-1) if log_probs else logits
+
+
+# --- calling the learner's model -----------------------------------------------------------------
+
+class Caller:
+    """(src, tgt) -> the learner's (B, T, V) output; masks (0/1 int, pad 0, causal target) are passed
+    when forward asks for them; an output of width d_model goes through the model's generator
+    (the Annotated Transformer's EncoderDecoder returns the decoder's states)."""
+
+    def __init__(self, module: nn.Module, ctx: Context) -> None:
+        self.module, self.ctx = module, ctx
+        self.masks = [p.name for p in forward_parameters(module) if "mask" in p.name.lower()]
+        self.rank: int | None = None if self.masks else 4  # of the masks: found on the first call
+
+    def raw(self, src: Tensor, tgt: Tensor, rank: int = 4) -> Any:
+        """Rank 4: (B, 1, 1, S) and (B, 1, T, T); rank 3 (the Annotated Transformer's, whose attention
+        adds the head axis): (B, 1, S) and (B, T, T)."""
+        kwargs = {}
+        for name in self.masks:
+            if any(t in name.lower() for t in ("src", "enc", "memory", "source")):
+                kwargs[name] = (src != PAD)[:, None, None, :].long()  # (B, 1, 1, S)
+            else:
+                keep = causal(tgt.size(1))[None, None] & (tgt != PAD)[:, None, None, :]  # (B, 1, T, T)
+                kwargs[name] = keep.long()
+            if rank == 3:
+                kwargs[name] = kwargs[name][:, 0]  # (B, 1, S) or (B, T, T)
+        return self.module(src, tgt, **kwargs)
+
+    def __call__(self, src: Tensor, tgt: Tensor) -> Tensor | None:
+        if self.rank is None:
+            try:
+                out = self._call(src, tgt, 4)
+                if out is not None and tuple(out.shape[:2]) == tuple(tgt.shape):
+                    self.rank = 4
+                    return out
+            except fp.LearnerFailure:
+                pass
+            self.rank = 3
+        return self._call(src, tgt, self.rank)
+
+    def _call(self, src: Tensor, tgt: Tensor, rank: int) -> Tensor | None:
+        raw = self.ctx.learner.call("forward", self.raw, src, tgt, rank)
+        out, flat = fp.first_tensor(raw, 3), fp.first_tensor(raw, 2)
+        if out is None and flat is not None and flat.size(0) == tgt.numel():  # jadore801120's view(-1, V)
+            out = flat.reshape(*tgt.shape, -1)  # (B * T, V) -> (B, T, V)
+        generator = getattr(self.module, "generator", None)
+        if out is not None and out.size(-1) == D and D != TGT_V and callable(generator):
+            out = fp.first_tensor(self.ctx.learner.call("forward", generator, out), 3)
+        return out
+
+
+def inputs(S: int, T: int, src_pad: list[int], tgt_pad: list[int], seed: int) -> tuple[Tensor, Tensor]:
+    """(src (B, S), tgt (B, T)) ids, row b ending in src_pad[b] / tgt_pad[b] pad tokens."""
+    g = torch.Generator().manual_seed(seed)
+    B = len(src_pad)
+    src = torch.randint(1, SRC_V, (B, S), generator=g)
+    tgt = torch.randint(1, TGT_V, (B, T), generator=g)
+    for b, (ps, pt) in enumerate(zip(src_pad, tgt_pad)):
+        if ps:
+            src[b, S - ps:] = PAD
+        if pt:
+            tgt[b, T - pt:] = PAD
+    return src, tgt
+
+
+def real_rows(tgt: Tensor) -> Tensor:
+    return tgt != PAD  # (B, T): the target positions compared (padded ones predict nothing)
+
+
+# --- the runner ------------------------------------------------------------------------------
+
+def _flags(m: ModelMap, ch: Choices, builds_masks: bool) -> tuple[str, ...]:
+    flags = tuple(f"pe_missing:{s}" for s in SIDES)
+    if ch.placement == "pre":
+        flags += tuple(f"final_norm_missing:{s}" for s in STACKS)
+    if builds_masks:
+        flags += tuple(f"mask_pad_wrong_sequence:{s}" for s in MASK_SIDES)
+    return flags
+
+
+Found = tuple[Choices, frozenset[str], float]
+
+
+def _search(m: ModelMap, out: Tensor, src: Tensor, tgt: Tensor, builds_masks: bool) -> Found | None:
+    log_probs = bool(((out.exp().sum(-1) - 1).abs() < 1e-6).all())
+    gated = is_gated(m.encoder[0].ffn)
+    ties = (False, True) if m.out is not None and not m.tied else (False,)
+    settings = [Choices(p, a, s, log_probs, t) for t in ties for p in ("post", "pre") for s in (True, False)
+                for a in FFN_ACTIVATIONS[gated]]
+    rows = real_rows(tgt)
+    for lo, hi in ((0, 1), (2, 2)):
+        for ch in settings:
+            hf = reference_model(m, ch)
+            found = fp.search(out, lambda fl, hf=hf, ch=ch: variant(hf, src, tgt, fl, ch.log_probs),
+                              _flags(m, ch, builds_masks), rows, hi, lo)
+            if found is not None:
+                return ch, found[0], found[1]
+    return None
+
+
+def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "",
+             objs: list[Any] | None = None) -> Finding:
+    number, code = locate(name, source_lines(objs or ctx.objects(comp, "positional_encoding")))
+    return Finding(name, observed, number, code, form)
+
+
+def _observed(name: str, form: str, matched: float, correct: float) -> Text:
+    words = {"pe_missing": SIDES, "final_norm_missing": STACKS, "mask_pad_wrong_sequence": MASK_SIDES}[name]
+    en, zh = words[form]
+    if name == "pe_missing":
+        en, zh = f"no positional encoding on {en}", f"{zh}没有加位置编码"
+    elif name == "final_norm_missing":
+        en, zh = f"no final norm after {en}", f"{zh}之后没有最后的归一化层"
+    return text(f"your logits equal the model's with this mistake ({en}; max abs difference {matched:.1e}); "
+                f"they differ from the correct ones by {correct:.3g}",
+                f"你的 logits 与带有这个错误的模型一致（{zh}；最大绝对误差 {matched:.1e}），与正确结果相差 "
+                f"{correct:.3g}")
+
+
+def _embedding_sources(module: nn.Module, m: ModelMap) -> list[Any]:
+    """The learner's classes that hold the embeddings, then the model's class."""
+    owners = []
+    for sub in module.modules():
+        if any(child in (m.src_embed.module, m.tgt_embed.module) for child in sub.children()):
+            if type(sub) not in owners:
+                owners.append(type(sub))
+    return owners + ([type(module)] if type(module) not in owners else [])
+
+
+SQRT = re.compile(r"sqrt\(")
+NOT_EMBEDDING = re.compile(r"d_k|head|\bdk\b|std|init|attn|attention|score", re.I)
+
+
+def _computes_sqrt(objs: list[Any]) -> bool:
+    for obj in objs:
+        try:
+            lines = inspect.getsource(obj).splitlines()
+        except (OSError, TypeError):
+            continue
+        if any(SQRT.search(line.split("#")[0]) and not NOT_EMBEDDING.search(line) for line in lines):
+            return True
+    return False
+
+
+def _pe_after_dropout(res: ComponentResult, ctx: Context, comp: Component, call: Caller,
+                      hf: Seq2SeqTransformer, src: Tensor, tgt: Tensor, flags: frozenset[str]) -> None:
+    """pe_after_dropout when what the learner's code hands to dropout (recorded in eval mode) is an
+    embedding without its positional encoding, and never the embedding with it."""
+    sides = []
+    for side, table, ids in (("src", hf.src_embed, src), ("tgt", hf.tgt_embed, tgt)):
+        if {f"pe_missing:{side}", "pe_missing:both"} & flags:
+            continue
+        emb = table(ids)  # (B, L, D)
+        pos = hf.positions(torch.arange(ids.size(1))[None])
+        sides.append((side, [emb, emb / table.scale], emb + pos))
+    with fp.dropout_recorder() as seen:
+        call(src, tgt)
+
+    def hit(t: Tensor, ref: Tensor) -> bool:
+        return t.shape == ref.shape and fp.max_error(t, ref) < fp.TOL
+
+    late = [side for side, plain, with_pe in sides
+            if any(hit(t, p) for t in seen for p in plain) and not any(hit(t, with_pe) for t in seen)]
+    if not late:
+        return
+    where = " and ".join(SIDES[s][0] for s in late)
+    where_zh = "和".join(SIDES[s][1] for s in late)
+    res.findings.append(_finding(ctx, comp, "pe_after_dropout", text(
+        f"on {where} your code hands the embedding to dropout without its positional encoding ({len(seen)} "
+        "dropout calls recorded in eval mode): in training the positions are never dropped out",
+        f"在{where_zh}，你的代码交给 dropout 的是没有加位置编码的嵌入"
+        f"（eval 模式下记录了 {len(seen)} 次 dropout 调用）：训练时位置编码不会被 dropout")))
+
+
+def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
+    """The learner's model built from its constructor, or (the Annotated Transformer's
+    EncoderDecoder(encoder, decoder, src_embed, tgt_embed, generator)) by the file's `make_model`."""
+    try:
+        return ctx.build(comp, MODEL_SIZES), False
+    except DiscoveryError:
+        factory = own_objects(ctx.module).get("make_model")
+        if factory is None or not inspect.isfunction(factory):
+            stacked = ctx.learner.call("__init__", build_from_stacks, comp.obj, ctx.module, MODEL_SIZES)
+            if stacked is None:  # not bentrevett's Seq2Seq(encoder, decoder, ...) either
+                raise
+            scramble_(stacked, 0)
+            return stacked.double().eval(), False
+    kwargs = {}
+    for p in inspect.signature(factory).parameters.values():
+        key = next((k for k, aliases in ARGUMENTS.items() if p.name.lower() in aliases), None)
+        if key in MODEL_SIZES:
+            kwargs[p.name] = MODEL_SIZES[key]
+        elif p.default is p.empty:
+            raise DiscoveryError(f"make_model: cannot fill the argument {p.name!r}; it takes (src_vocab, "
+                                 "tgt_vocab, N, d_model, d_ff, h, dropout)",
+                                 zh=f"make_model：填不了参数 {p.name!r}；它接受 (src_vocab, tgt_vocab, N, "
+                                    "d_model, d_ff, h, dropout)")
+    module = ctx.learner.call("__init__", factory, **kwargs)
+    if not isinstance(module, nn.Module):
+        raise ctx.learner.fail("__init__", "make_model(...) did not return an nn.Module",
+                               "make_model(...) 返回的不是 nn.Module")
+    scramble_(module, 0)
+    return module.double().eval(), True
+
+
+def check_model(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    module, by_factory = build_model(comp, ctx)
+    if by_factory:
+        res.notes.append(text(f"{comp.name} takes modules: built with your make_model(...)",
+                              f"{comp.name} 的参数是模块：用你的 make_model(...) 构造"))
+    call = Caller(module, ctx)
+    builds_masks = not call.masks
+    src, tgt = inputs(6, 6, [0, 2], [1, 0], seed=0)  # S == T: a mask from the other side still runs
+
+    check_determinism(res, ctx, comp, lambda: call(src, tgt), "encoder_layer", "decoder_layer", "mha", "ffn")
+    with fp.dropout_off():
+        out = call(src, tgt)
+        ok = out is not None and tuple(out.shape) == (2, 6, TGT_V)
+        got = tuple(out.shape) if out is not None else None
+        res.checks.append(Check(text(f"logits of shape (B, T, tgt_vocab) = (2, 6, {TGT_V})",
+                                     f"logits 的形状为 (B, T, tgt_vocab) = (2, 6, {TGT_V})"), ok,
+                                text(f"got {got}", f"实际得到 {got}")))
+        if not ok:
+            return finish(res)
+        finite = bool(torch.isfinite(out).all())
+        res.checks.append(Check(text("no NaN or inf", "没有 NaN 或 inf"), finite))
+        if not finite:  # no variant computes NaN: nothing to search
+            return finish(res)
+        try:
+            m = map_model(module, SIZES["d_ff"])
+        except MappingError as err:
+            res.notes.append(text(f"not compared with handformer's Seq2SeqTransformer: {err}",
+                                  f"没有与 handformer 的 Seq2SeqTransformer 比较：{err.zh or err}"))
+            m = None
+        if m is not None:
+            res.mapping = m.describe()
+            _compare(res, ctx, comp, module, call, m, out, src, tgt, builds_masks)
+        guarded(res, lambda: _properties(res, call))
+    seen: list[Any] = []  # a learner's code that raises on S != T fails "runs on every shape" once
+    res.checks = [c for c in res.checks if not (c in seen or seen.append(c))]
+    return finish(res)
+
+
+def _compare(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module, call: Caller,
+             m: ModelMap, out: Tensor, src: Tensor, tgt: Tensor, builds_masks: bool) -> None:
+    found = _search(m, out, src, tgt, builds_masks)
+    if found is None:
+        res.notes.append(text("no known mistake (or pair of them) reproduces your logits; the layers' own "
+                              "checks show where they differ from handformer's",
+                              "没有任何已知错误（或两个错误的组合）能复现你的 logits；"
+                              "各层自己的检查会指出它们与 handformer 的差别"))
+        ch = Choices("post", FFN_ACTIVATIONS[is_gated(m.encoder[0].ffn)][0], True, False)
+        flags: frozenset[str] = frozenset()
+    else:
+        ch, flags, matched = found
+        res.convention = ch.describe(m)
+        hf = reference_model(m, ch)
+        rows = real_rows(tgt)
+        correct = fp.max_error(out, variant(hf, src, tgt, frozenset(), ch.log_probs), rows)
+        for flag in sorted(flags):
+            name, _, form = flag.partition(":")
+            res.findings.append(_finding(ctx, comp, name, _observed(name, form, matched, correct), form))
+        if ch.placement == "pre" and not flags & {f"final_norm_missing:{s}" for s in STACKS}:
+            missing = [s for s in ("encoder", "decoder") if s not in m.final]
+            if missing:  # matched with a final norm of weight 1 and bias 0: one the learner never wrote
+                res.notes.append(text(f"no final norm module found for {', '.join(missing)}",
+                                      f"没有找到{'、'.join(missing)}的最后归一化层"))
+        if not ch.scale and _computes_sqrt(_embedding_sources(module, m)):
+            objs = _embedding_sources(module, m) + ctx.objects(comp)
+            scaled = fp.max_error(out, variant(reference_model(m, dataclasses.replace(ch, scale=True)),
+                                               src, tgt, flags, ch.log_probs), rows)
+            res.findings.append(_finding(ctx, comp, "embedding_scale_unused", text(
+                f"your code computes sqrt( for the embeddings, but your logits are those of unscaled "
+                f"embeddings (max abs difference {matched:.1e}); scaled by sqrt(d_model) = {D ** 0.5:g} they "
+                f"would differ by {scaled:.3g}",
+                f"你的代码为嵌入计算了 sqrt(，但 logits 是未缩放嵌入的结果（最大绝对误差 {matched:.1e}）；"
+                f"乘以 sqrt(d_model) = {D ** 0.5:g} 后会相差 {scaled:.3g}"), objs=objs))
+        _pe_after_dropout(res, ctx, comp, call, hf, src, tgt, flags)
+    guarded(res, lambda: _against_handformer(res, call, m, ch))
+
+
+def _against_handformer(res: ComponentResult, call: Caller, m: ModelMap, ch: Choices) -> None:
+    """handformer's Seq2SeqTransformer.forward with the learner's weights and choices, on three shapes."""
+    hf = reference_model(m, ch)
+    errors = []
+    shapes = [(7, 5, [0, 3], [0, 2]), (4, 9, [0, 0, 1], [2, 0, 0]), (1, 1, [0], [0])]
+    for i, (S, T, sp, tp) in enumerate(shapes):
+        src, tgt = inputs(S, T, sp, tp, seed=10 + i)
+        ref = hf(src, tgt).logits
+        ref = ref.log_softmax(-1) if ch.log_probs else ref
+        errors.append(fp.max_error(call(src, tgt), ref, real_rows(tgt)))
+    res.max_abs_error = max(errors)
+    res.checks.append(Check(text(f"matches handformer's Seq2SeqTransformer on your weights and choices "
+                                 f"({ch.placement}-norm) on 3 shapes",
+                                 f"在 3 种形状上与使用你的权重和写法"
+                                 f"（{ch.placement.capitalize()}-Norm）的 handformer "
+                                 "Seq2SeqTransformer 一致"), max(errors) < 1e-5, error_text(max(errors))))
+
+
+def _properties(res: ComponentResult, call: Callable[[Tensor, Tensor], Tensor | None]) -> None:
+    src, tgt = inputs(7, 5, [0, 2], [0, 0], seed=1)
+    out = call(src, tgt)
+    if out is None:
+        return
+    bumped = tgt.clone()
+    bumped[:, 3] = (bumped[:, 3] % (TGT_V - 1)) + 1
+    moved = _moved(call(src, bumped), out, (slice(None), slice(0, 3)))
+    res.checks.append(Check(text("causality: changing target token 3 leaves logits 0..2 unchanged",
+                                 "因果性：改变目标端位置 3 的 token，不影响位置 0..2 的 logits"),
+                            moved < 1e-9, text(f"moved by {moved:.3g}", f"变化了 {moved:.3g}")))
+    longer = torch.cat([src, torch.full((2, 2), PAD)], dim=1)
+    moved = _moved(call(longer, tgt), out, slice(None))
+    res.checks.append(Check(text("padding invariance: more source padding changes nothing",
+                                 "填充不变性：源端多加填充不影响结果"), moved < 1e-9,
+                            text(f"moved by {moved:.3g}", f"变化了 {moved:.3g}")))
+    alone = _moved(call(src[:1], tgt[:1]), out[:1], slice(None))
+    res.checks.append(Check(text("batch invariance: a sentence alone gives its logits in a batch",
+                                 "batch 不变性：一句话单独输入和放进 batch 里，得到的 logits 相同"),
+                            alone < 1e-9,
+                            text(f"moved by {alone:.3g}", f"变化了 {alone:.3g}")))
+
+
+def _moved(a: Tensor | None, b: Tensor | None, index: Any) -> float:
+    if a is None or b is None or a.shape != b.shape:
+        return float("inf")
+    return (a - b).abs()[index].max().item()

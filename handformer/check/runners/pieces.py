@@ -1,0 +1,450 @@
+"""Runners for the components without attention: the causal mask function, the position-wise FFN
+(ReLU, GELU, SwiGLU), LayerNorm and RMSNorm, and the sinusoidal positional encoding.
+
+Shape legend: B batch, T length, D d_model, F FFN width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.context import (
+    F_WIDTH,
+    MAX_LEN,
+    Context,
+    D,
+    error_text,
+    finish,
+    grads_error,
+    shape_of,
+)
+from handformer.check.core.discovery import Component
+from handformer.check.core.localize import Departure
+from handformer.check.core.localize_kinds import localize_ffn, localize_norm
+from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
+from handformer.check.core.result import Check, ComponentResult, Finding, text
+from handformer.check.core.source import locate, source_lines
+from handformer.check.core.weights import (
+    MappingError,
+    Slot,
+    copy_ffn,
+    copy_weights,
+    ffn_parameters,
+    ffn_slots,
+    ffn_weights,
+    has_down_projection,
+    is_gated,
+    leaves,
+    norm_eps,
+    norm_probe,
+    norm_slots,
+)
+from handformer.check.reference import variants as V
+from handformer.nn.feed_forward import FeedForward
+from handformer.nn.masks import causal_mask
+from handformer.nn.norms import LayerNorm, RMSNorm
+from handformer.nn.positions import sinusoidal_table
+
+
+def _as_keep(mask: Tensor, convention: str | None) -> tuple[Tensor, str]:
+    """The learner's (T, T) mask as bool True = may see, with the convention it was read in."""
+    if mask.dtype == torch.bool:
+        if convention == "torch":
+            return ~mask, "torch"
+        return mask, "bool"
+    if mask.is_floating_point() and (mask < -1e3).any() or torch.isinf(mask).any():
+        return mask > -1e3, "additive"
+    return mask != 0, "int"
+
+
+def check_causal_mask(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    worst = 0.0
+    for T in (1, 5, 8):
+        raw = ctx.learner.call("forward", comp.obj, T)
+        if not isinstance(raw, Tensor) or raw.numel() != T * T:
+            raise ctx.learner.fail("forward", f"{comp.name}({T}) returned "
+                                   f"{tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__},"
+                                   f" expected a ({T}, {T}) mask (or (1, {T}, {T}))",
+                                   f"{comp.name}({T}) 返回了 "
+                                   f"{tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__}，"
+                                   f"应当是 ({T}, {T}) 的掩码（或 (1, {T}, {T})）")
+        keep, conv = _as_keep(raw.reshape(T, T), ctx.convention)
+        res.convention = fp.describe_convention(conv)
+        expected = causal_mask(T)
+        if torch.equal(keep, expected):
+            continue
+        worst = max(worst, float((keep != expected).sum()))
+        if res.findings:
+            continue
+        lines = source_lines(ctx.objects(comp))
+        for flags, name in (({"causal_off_by_one:no_self"}, "causal_off_by_one"),
+                            ({"causal_off_by_one:sees_next"}, "causal_off_by_one"),
+                            ({"mask_inverted"}, "mask_inverted")):
+            candidate = ~expected if name == "mask_inverted" else V.causal_keep(T, frozenset(flags))
+            if torch.equal(keep, candidate):
+                form = next(iter(flags)).partition(":")[2]
+                number, code = locate(name, lines)
+                res.findings.append(Finding(name, _mask_observed(name, form, T, keep), number, code, form))
+                break
+    res.max_abs_error = worst
+    res.checks.append(Check(text("equals handformer's causal_mask for T = 1, 5, 8 (query t sees keys 0..t)",
+                                 "T = 1, 5, 8 时与 handformer 的 causal_mask 一致（位置 t 看到 0..t）"),
+                            worst == 0, text(f"{int(worst)} entries differ", f"{int(worst)} 个位置不同")))
+    return finish(res)
+
+
+def _mask_observed(name: str, form: str, T: int, keep: Tensor) -> dict[str, str]:
+    row = "".join("1" if v else "0" for v in keep[min(2, T - 1)].tolist())
+    if name == "mask_inverted":
+        return text(f"your mask marks the future as visible and the past as hidden (row 2 reads {row})",
+                    f"你的掩码把未来标成可见、过去标成屏蔽（行 2 为 {row}）")
+    what = {"no_self": ("token t sees only 0..t-1, not itself", "位置 t 只看到 0..t-1，看不到自己"),
+            "sees_next": ("token t sees 0..t+1, one position of the future",
+                          "位置 t 看到了 0..t+1，多看了一个未来位置")}
+    return text(f"{what[form][0]} (row 2 of the T={T} mask reads {row}, expected 111" + "0" * (T - 3) + ")",
+                f"{what[form][1]}（T={T} 时行 2 为 {row}，应为 111" + "0" * (T - 3) + "）")
+
+
+FFN_ACTIVATIONS = {False: ("relu", "gelu", "gelu_tanh"), True: ("silu", "gelu")}
+HF_NAME = {(False, "relu"): "relu", (False, "gelu"): "gelu", (False, "gelu_tanh"): "gelu_tanh",
+           (True, "silu"): "swiglu", (True, "gelu"): "geglu"}
+# what a gated FFN's class name promises: SwiGLU is SiLU-gated, GEGLU GELU-gated
+NAMED_ACTIVATION = (("swiglu", "silu"), ("silu", "silu"), ("swish", "silu"), ("geglu", "gelu"),
+                    ("gelu", "gelu"))
+
+
+def _build_ffn(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
+    """The learner's FFN and every reading of its linears (which is the gate, up and down) with each
+    activation its form allows; a norm inside is not a FFN alone (MappingError)."""
+    x = fp.randn(2, 5, D, seed=1)
+    module = ctx.build(comp, warmup=lambda m: m(x.float()))
+    norms = [leaf for leaf in leaves(module) if leaf.kind == "norm"]
+    if norms:  # jadore801120's FFN adds its input back and normalizes: a sublayer, not the FFN alone
+        shapes = ", ".join(f"{n.name} {tuple(n.weight.shape)}" for n in norms)
+        raise MappingError(f"{comp.name} has a norm inside ({shapes}): it is the FFN with its residual and "
+                           "norm; handformer's reference FFN has neither (its layer check covers them)",
+                           zh=f"{comp.name} 内部有归一化（{shapes}）：它是带残差和归一化的 FFN；handformer "
+                              "的参考 FFN 两者都没有（层的检查会覆盖它们）")
+    candidates = ffn_slots([leaf for leaf in leaves(module) if leaf.kind == "linear"], D, F_WIDTH,
+                           comp.name)
+    gated = is_gated(candidates[0])
+    readings = [((slots, act), ffn_weights(slots, act)) for slots in candidates
+                for act in FFN_ACTIVATIONS[gated]]
+
+    def run(x: Tensor) -> Tensor | None:
+        return fp.first_tensor(ctx.learner.call("forward", module, x), 3)
+
+    facts = {"x": x, "gated": gated, "has_down": has_down_projection(candidates[0]),
+             "width": candidates[0][0].leaf.weight.size(0)}  # F
+    return Subject(run, readings, module, facts)
+
+
+def _ffn_shape(ctx: Context, comp: Component, subject: Subject, x: Tensor, out: Tensor | None,
+               ) -> tuple[str, str] | None:
+    if out is not None and out.shape[:-1] == x.shape[:-1] and out.size(-1) in (D, subject.facts["width"]):
+        return None
+    return (f"{comp.name} returned {getattr(out, 'shape', out)} for an input of shape {tuple(x.shape)}; "
+            "a FFN keeps the shape (B, T, d_model)",
+            f"输入形状为 {tuple(x.shape)} 时，{comp.name} 返回了 {getattr(out, 'shape', out)}；"
+            "FFN 不改变形状 (B, T, d_model)")
+
+
+def _ffn_universe(subject: Subject) -> tuple[str, ...]:
+    return ("ffn_no_activation",) + (("gated_act_after_product",) if subject.facts["gated"] else ()) + (
+        ("ffn_no_down_projection",) if subject.facts["has_down"] else ())
+
+
+def _ffn_named(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
+    """The step that maps the FFN as found and names a missing down projection, the mistakes the
+    search found and those its names tell; otherwise notes the activation."""
+    slots, act = found.key
+    res.mapping = [s.describe() for s in slots]
+    if not subject.facts["has_down"]:
+        number, code = locate("ffn_no_down_projection", source_lines(ctx.objects(comp)))
+        res.findings.append(Finding("ffn_no_down_projection", text(
+            f"{comp.name} has no nn.Linear(d_ff, d_model): its output is (B, T, d_ff) = "
+            f"{tuple(found.out.shape)}", f"{comp.name} 没有 nn.Linear(d_ff, d_model)：输出是 (B, T, d_ff) = "
+            f"{tuple(found.out.shape)}"),
+            number, code))
+    name_findings(res, ctx, comp, subject, found)
+    if found.matched is not None:
+        res.findings += ffn_name_findings(ctx, comp, type(subject.module).__name__, slots, act, found.matched)
+    if not found.named:
+        res.notes.append(text(f"activation: {HF_NAME[(is_gated(slots), act)]}",
+                              f"激活函数：{HF_NAME[(is_gated(slots), act)]}"))
+
+
+def _ffn_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                  found: Found) -> None:
+    """The step that compares a FFN that has its down projection with handformer's FeedForward."""
+    if subject.facts["has_down"]:
+        slots, act = found.key
+        _compare_ffn(res, ctx, subject.run, slots, HF_NAME[(subject.facts["gated"], act)],
+                     subject.facts["width"])
+
+
+def _ffn_departure(subject: Subject, found: Found) -> Departure | None:
+    if not subject.facts["has_down"]:
+        return None
+    return localize_ffn(subject.module, [w for _, w in subject.readings], found.x)
+
+
+FFN = Probe(
+    build=_build_ffn,
+    inputs=lambda s: s.facts["x"],
+    shape=_ffn_shape,
+    reference=lambda w, x, flags: V.feed_forward(w, x, flags),
+    universe=_ffn_universe,
+    steps=(_ffn_named, _ffn_compared, localize_step(_ffn_departure),
+           lambda res, ctx, comp, s, found: _position_wise(res, s.run, found.x, found.out)),
+)
+
+
+def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
+    """The position-wise FFN (ReLU, GELU, SwiGLU, GEGLU), as the FFN probe states it."""
+    return run_probe(FFN, comp, ctx)
+
+
+def _position_wise(res: ComponentResult, run: Callable[[Tensor], Tensor | None], x: Tensor,
+                   out: Tensor) -> None:
+    bumped = x.clone()
+    bumped[:, 2] += 1.0
+    moved = _position_moved(run(bumped), out)
+    res.checks.append(Check(text("position-wise: changing one position changes no other",
+                                 "逐位置：改变一个位置不影响其他位置"), moved < 1e-12,
+                            text(f"other positions moved by {moved:.3g}", f"其他位置变化了 {moved:.3g}")))
+
+
+def _position_moved(bumped: Tensor | None, out: Tensor) -> float:
+    if bumped is None or bumped.shape != out.shape:
+        return float("inf")
+    moved = (bumped - out).abs().amax(-1)
+    moved[:, 2] = 0
+    return moved.max().item()
+
+
+def _compare_ffn(res: ComponentResult, ctx: Context, run: Callable[[Tensor], Tensor | None],
+                 slots: list[Slot], name: str, width: int) -> None:
+    hf = FeedForward(D, width, name).double()
+    copy_ffn(hf, slots)
+    errors, grad_err = [], 0.0
+    for i, (B, T) in enumerate([(2, 5), (1, 1), (3, 9)]):
+        xi = fp.randn(B, T, D, seed=10 + i).requires_grad_()
+        with torch.enable_grad():
+            mine, ref = run(xi), hf(xi)
+            errors.append(fp.max_error(mine, ref))
+            if i == 0 and mine is not None and mine.shape == ref.shape:
+                g = fp.randn(*ref.shape, seed=5)
+                params = [s.leaf.weight for s in slots]
+                a = torch.autograd.grad((mine * g).sum(), [xi] + params, allow_unused=True)
+                hf_params = [ffn_parameters(hf)[s.role].weight for s in slots]
+                b = torch.autograd.grad((ref * g).sum(), [xi] + hf_params)
+                grad_err = grads_error(list(zip(a, b)))
+    res.max_abs_error = max(errors)
+    res.checks.append(Check(text(f"matches handformer's FeedForward ({name}) on 3 shapes",
+                                 f"在 3 种形状上与 handformer 的 FeedForward（{name}）一致"),
+                            res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
+    res.checks.append(Check(text("gradients match handformer's", "梯度与 handformer 一致"),
+                            grad_err < 1e-5, error_text(grad_err)))
+
+
+def ffn_name_findings(ctx: Context, comp: Component, class_name: str, slots: list[Slot], act: str,
+                      matched: float) -> list[Finding]:
+    """The gated FFN's mistakes that only names tell: the activation its class name promises
+    (SwiGLU: SiLU; GEGLU: GELU), and the activation on the branch named up (or Meta's w3) while the
+    one named gate (w1) is not activated."""
+    out = []
+    if not is_gated(slots):
+        return out
+    lines = source_lines(ctx.objects(comp, "ffn"))
+    promised = next((a for word, a in NAMED_ACTIVATION if word in class_name.lower()), None)
+    if promised and promised != act:
+        number, code = locate("ffn_wrong_activation", lines)
+        out.append(Finding("ffn_wrong_activation", text(
+            f"{class_name} computes the gate with {act.upper()}: your output equals {act}(gate(x)) * up(x) "
+            f"(to {matched:.1e}), where its name promises {promised.upper()}",
+            f"{class_name} 的门控用的是 {act.upper()}：你的输出等于 {act}(gate(x)) * up(x)"
+            f"（误差 {matched:.1e}），而它的名字意味着 {promised.upper()}"), number, code,
+            f"{act}_for_{promised}"))
+    by = {s.role: s.leaf.name.split(".")[-1].lower() for s in slots}
+    gate, up = by["FFN W_gate"], by["FFN W_up"]
+    swapped = ("up" in gate and "gate" not in gate) or ("gate" in up and "gate" not in gate)
+    if swapped or (gate, up) == ("w3", "w1"):
+        number, code = locate("gated_activation_wrong_branch", lines)
+        out.append(Finding("gated_activation_wrong_branch", text(
+            f"your output equals down(act({gate}(x)) * {up}(x)) (to {matched:.1e}): the activation is on "
+            f"{gate}, the branch named as the up projection, and {up} (named as the gate) is not activated",
+            f"你的输出等于 down(act({gate}(x)) * {up}(x))（误差 {matched:.1e}）：激活函数作用在了 {gate}"
+            f"（名字表明它是 up 投影）上，而名为门控的 {up} 没有经过激活"), number, code))
+    return out
+
+
+def _build_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
+    """The learner's norm, its one norm read as the reference's weights (eps read from it, noted)."""
+    module = ctx.build(comp)
+    norms = [leaf for leaf in leaves(module) if leaf.kind == "norm"]
+    slot = norm_slots(norms, 1, [comp.kind], comp.name)[0]
+    res.mapping = [f"{slot.leaf.name}: weight" + (", bias" if slot.leaf.bias is not None else "")]
+    bias = slot.bias() if comp.kind == "layernorm" else None
+    w = V.NormWeights(slot.weight(), bias, norm_eps(slot.leaf.module, comp.kind), comp.kind)
+    res.notes.append(text(f"eps = {w.eps:g} (read from your module)", f"eps = {w.eps:g}（从你的模块读取）"))
+
+    def run(x: Tensor) -> Tensor | None:
+        return fp.first_tensor(ctx.learner.call("forward", module, x), x.dim())
+
+    return Subject(run, [(slot, w)], module)
+
+
+def _norm_shape(ctx: Context, comp: Component, subject: Subject, x: Tensor, out: Tensor | None,
+                ) -> tuple[str, str] | None:
+    if out is not None and out.shape == x.shape:
+        return None
+    got = shape_of(ctx.learner.call("forward", subject.module, x))
+    return (f"{comp.name} returned {got} for x of shape {tuple(x.shape)}; a norm keeps the shape",
+            f"x 的形状为 {tuple(x.shape)} 时，{comp.name} 返回了 {got}；归一化不改变形状")
+
+
+def _norm_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                   found: Found) -> None:
+    """The step that compares the norm with handformer's on 4 inputs and their gradients."""
+    w = found.weights
+    grad_err = _compare_norm(res, subject.run, found.key, w)
+    label = "LayerNorm" if w.kind == "layernorm" else "RMSNorm"
+    res.checks.append(Check(text(f"matches handformer's {label} on 4 inputs (scales 1, 3, 0.1, sqrt(eps))",
+                                 f"在 4 组输入（尺度 1、3、0.1、sqrt(eps)）上与 handformer 的 {label} 一致"),
+                            res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
+    res.checks.append(Check(text("gradients match handformer's", "梯度与 handformer 一致"), grad_err < 1e-5,
+                            error_text(grad_err)))
+
+
+NORM = Probe(
+    build=_build_norm,                      # the module, its norm's weights and eps
+    inputs=lambda s: norm_probe(D, s.readings[0][1].eps, torch.float64),
+    shape=_norm_shape,                      # a norm keeps the shape
+    reference=lambda w, x, flags: V.norm(w, x, flags),
+    universe=lambda s: V.norm_flags(s.readings[0][1].kind, s.readings[0][1].bias is not None),
+    steps=(name_findings, _norm_compared,
+           localize_step(lambda s, found: localize_norm(s.module, found.weights, found.x))),
+)
+
+
+def check_norm(comp: Component, ctx: Context) -> ComponentResult:
+    """LayerNorm or RMSNorm, as the NORM probe states it."""
+    return run_probe(NORM, comp, ctx)
+
+
+def _compare_norm(res: ComponentResult, run: Callable[[Tensor], Tensor | None], slot: Slot,
+                  w: V.NormWeights) -> float:
+    """The largest difference from handformer's norm on 4 inputs (relative to the output's size, at
+    least 1) into res; returns the gradients' largest difference on the first."""
+    bias = w.bias is not None
+    hf = (LayerNorm(D, w.eps, bias=bias) if w.kind == "layernorm" else RMSNorm(D, w.eps)).double()
+    copy_weights(hf, slot)
+    errors, grad_err = [], 0.0
+    cases = [(2, 5, 1.0), (1, 1, 3.0), (3, 7, 0.1), (2, 4, max(w.eps, 1e-12) ** 0.5)]
+    for i, (B, T, scale) in enumerate(cases):
+        x = (fp.randn(B, T, D, seed=10 + i) * scale + 0.5 * scale).requires_grad_()
+        with torch.enable_grad():
+            mine, ref = run(x), hf(x)
+            errors.append(fp.max_error(mine, ref) / max(1.0, float(ref.detach().abs().max())))
+            if i == 0 and mine is not None and mine.shape == ref.shape:
+                g = fp.randn(*ref.shape, seed=5)
+                params = [slot.leaf.weight] + ([slot.leaf.bias] if bias else [])
+                hf_params = [hf.weight] + ([hf.bias] if bias else [])
+                grad_err = grads_error(list(zip(
+                    torch.autograd.grad((mine * g).sum(), [x] + params, allow_unused=True),
+                    torch.autograd.grad((ref * g).sum(), [x] + hf_params))))
+    res.max_abs_error = max(errors)
+    return grad_err
+
+
+PE_FLAGS = ("pe_sin_cos_swapped", "pe_wrong_frequency:pair_index", "pe_wrong_frequency:dim_index",
+            "pe_wrong_frequency:positive")
+
+
+PE_B, PE_T = 2, 12  # the batch and length the table is read at
+
+
+def _build_pe(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
+    """The learner's positional encoding as x -> x + PE[:T] (a module that returns the table for
+    token ids, as hyunwoongko's does, is read that way, noted); no weights to read."""
+    module = ctx.build(comp)
+    ids = _table_of_ids(res, module, PE_B, PE_T)
+
+    def run(x: Tensor) -> Tensor | None:
+        if ids is not None:
+            table = fp.first_tensor(ctx.learner.call("forward", module, ids))
+            return None if table is None else x + table
+        return fp.first_tensor(ctx.learner.call("forward", module, x))
+
+    return Subject(run, [(None, None)], module)
+
+
+def _pe_shape(ctx: Context, comp: Component, subject: Subject, x: Tensor, table: Tensor | None,
+              ) -> tuple[str, str] | None:
+    if table is not None and table.shape[-2:] == (PE_T, D):
+        return None
+    shape = (PE_B, PE_T, D)
+    return (f"{comp.name} returned {getattr(table, 'shape', table)} for x of shape {shape}; expected "
+            f"x + PE[:T], shape {shape}",
+            f"x 的形状为 {shape} 时，{comp.name} 返回了 {getattr(table, 'shape', table)}；应当是 x + PE[:T]，"
+            f"形状 {shape}")
+
+
+def _pe_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found,
+                 ) -> None:
+    """The step that compares the table with handformer's and checks forward(x) = x + PE[:T]."""
+    pe, T = found.out, PE_T
+    expected = sinusoidal_table(MAX_LEN, D).double()[:T]
+    x = fp.randn(PE_B, T, D, seed=3)
+    out = subject.run(x)
+    added = fp.max_error(out, x + pe)
+    res.max_abs_error = max(fp.max_error(pe, expected), added if out is not None else float("inf"))
+    res.checks.append(Check(text(f"the table equals handformer's sinusoidal_table for {T} positions",
+                                 f"前 {T} 个位置的编码表与 handformer 的 sinusoidal_table 一致"),
+                            fp.max_error(pe, expected) < 1e-5, error_text(fp.max_error(pe, expected))))
+    res.checks.append(Check(text("forward(x) returns x + PE[:T]", "forward(x) 返回 x + PE[:T]"),
+                            added < 1e-5, error_text(added)))
+
+
+POSITIONAL_ENCODING = Probe(
+    build=_build_pe,
+    inputs=lambda s: torch.zeros(PE_B, PE_T, D, dtype=torch.float64),
+    shape=_pe_shape,
+    observe=lambda table: table.reshape(-1, PE_T, D)[0],  # (T, D)
+    reference=lambda w, x, flags: V.sinusoidal(PE_T, D, flags),
+    universe=lambda s: PE_FLAGS,
+    steps=(name_findings, _pe_compared),
+)
+
+
+def check_positional_encoding(comp: Component, ctx: Context) -> ComponentResult:
+    """The sinusoidal positional encoding, as the POSITIONAL_ENCODING probe states it."""
+    return run_probe(POSITIONAL_ENCODING, comp, ctx)
+
+
+def _table_of_ids(res: ComponentResult, module: torch.nn.Module, B: int, T: int) -> Tensor | None:
+    """Token ids (B, T) when the module refuses x (B, T, D) and returns the table (T, D) for ids (the
+    style of hyunwoongko's PositionalEncoding, whose embedding adds it; noted in res); else None."""
+    try:
+        module(torch.zeros(B, T, D))
+        return None
+    except Exception:  # noqa: BLE001  (their forward refuses x: perhaps it takes the ids)
+        pass
+    ids = torch.ones(B, T, dtype=torch.long)
+    try:
+        out = module(ids)
+    except Exception:  # noqa: BLE001  (neither: the check reports the refusal of x)
+        return None
+    if not isinstance(out, Tensor) or tuple(out.shape) != (T, D):
+        return None
+    res.notes.append(text("forward(ids) returns the table PE[:T], which the embedding adds "
+                          "(hyunwoongko's): checked as x + forward(ids)",
+                          "forward(ids) 返回编码表 PE[:T]，由嵌入层相加（hyunwoongko 的写法）："
+                          "按 x + forward(ids) 检查"))
+    return ids

@@ -1,0 +1,445 @@
+"""Runner for rotary position embeddings (RoPE), in the three shapes learners write them:
+
+- a table function: Meta's `precompute_freqs_cis(dim, end, theta)` (complex, (end, dim/2)), or one
+  returning (cos, sin);
+- an apply function: Hugging Face's `apply_rotary_pos_emb(q, k, cos, sin)`, Meta's
+  `apply_rotary_emb(xq, xk, freqs_cis)`, or `apply_rotary(x, cos, sin)`;
+- a module, `RotaryEmbedding(dim, max_seq_len, base)`, whose forward returns the table (cos, sin)
+  or the rotated input.
+
+Pairs are either half-split (dimension j with j + d/2: Hugging Face, handformer) or interleaved (2j
+with 2j + 1: Meta's complex numbers): a convention, reported as such. Named mistakes: a wrong base or
+exponent of the frequencies, positions that ignore the offset, the rotation the wrong way.
+
+Shape legend: B batch, H heads, T length, Dh head dim (d), P positions of a table.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.context import Context, error_text, finish, forward_parameters, shape_of
+from handformer.check.core.discovery import Component
+from handformer.check.core.localize_kinds import localize_rotation, note_departure
+from handformer.check.core.result import Check, ComponentResult, Finding, text
+from handformer.check.core.source import locate, source_lines
+from handformer.check.reference import variants as V
+
+B, H, T, DH, P, THETA, OFFSET = 2, 3, 5, 16, 64, 10000.0, 3
+TOL = 1e-5  # float32 tables: angles up to P rad
+LENGTH_NAMES = ("end", "seq_len", "seqlen", "max_len", "max_seq_len", "length", "n", "t",
+                "max_position_embeddings", "max_positions", "n_positions", "context_length", "block_size",
+                "max_seq_length", "T")
+OFFSET_NAMES = ("offset", "start_pos", "start", "pos_offset", "past_length", "cache_len", "seqlen_offset",
+                "past_key_values_length", "position_offset")
+DIM_NAMES = ("dim", "head_dim", "d", "d_head", "rotary_dim", "dims", "head_size", "d_k",
+             "n_elem")  # gpt-fast's
+THETA_NAMES = ("theta", "base", "rope_theta", "rope_base")
+TENSOR_NAMES = ("x", "q", "k", "xq", "xk", "query", "key", "input", "hidden", "tensor", "queries", "keys",
+                "hidden_states")
+
+
+def reference_tables(length: int, layout: str, offset: int = 0, theta: float = THETA,
+                     flags: V.Flags = frozenset()) -> tuple[Tensor, Tensor]:
+    """(cos, sin), each (length, Dh): every pair's angle written where that layout puts the pair."""
+    angles = V.rope_angles(length, DH, theta, offset, flags)  # (length, Dh/2)
+    full = torch.cat([angles, angles], -1) if layout == "half" else angles.repeat_interleave(2, -1)
+    return full.cos(), full.sin()
+
+
+def check_rope(comp: Component, ctx: Context) -> ComponentResult:
+    if inspect.isclass(comp.obj):
+        return _check_module(comp, ctx)
+    names = [p.name for p in forward_parameters(comp.obj)]
+    if any(n in DIM_NAMES for n in names[:1]) or not any(n in TENSOR_NAMES for n in names):
+        return _check_table_function(comp, ctx)
+    return _check_apply(comp, ctx, comp.obj, names)
+
+
+# --- tables ------------------------------------------------------------------------------------
+
+@dataclass
+class Table:
+    """A rotary table read back from the learner's output: cos and sin of each pair's angle
+    (P, Dh/2), and the layout the pairs were written in."""
+
+    cos: Tensor
+    sin: Tensor
+    layout: str  # half | interleaved | pairs (only one value a pair, as Meta's complex table)
+
+
+def read_table(out: Any, rows: int, dh: int = DH) -> Table | None:
+    """Meta's complex (P, Dh/2), a (cos, sin) pair of (P, Dh) or (P, Dh/2) tables, or (P, Dh/2, 2)
+    [cos, sin]; leading axes (a batch, heads of 1) dropped, the first `rows` positions kept; None if
+    it is none of these."""
+    if isinstance(out, Tensor) and out.is_complex():
+        t = out.reshape(-1, out.size(-1))[:rows]
+        return Table(t.real.double(), t.imag.double(), "pairs") if t.size(-1) == dh // 2 else None
+    if isinstance(out, Tensor) and out.dim() >= 2 and out.size(-1) == 2 and out.size(-2) == dh // 2:
+        t = out.reshape(-1, dh // 2, 2).double()[:rows]
+        return Table(t[..., 0], t[..., 1], "unknown")
+    if isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(o, Tensor) for o in out):
+        cos, sin = (o.double() for o in out)
+        if cos.shape != sin.shape or cos.dim() == 0 or cos.size(-1) not in (dh, dh // 2):
+            return None
+        cos, sin = cos.reshape(-1, cos.size(-1))[:rows], sin.reshape(-1, sin.size(-1))[:rows]
+        if cos.size(-1) == dh // 2:
+            return Table(cos, sin, "unknown")
+        if torch.allclose(cos[:, : dh // 2], cos[:, dh // 2:], atol=TOL):
+            return Table(cos[:, : dh // 2], sin[:, : dh // 2], "half")
+        return Table(cos[:, 0::2], sin[:, 0::2], "interleaved")
+    return None
+
+
+def _table_error(table: Table, offset: int = 0, theta: float = THETA, flags: V.Flags = frozenset()) -> float:
+    angles = V.rope_angles(table.cos.size(0), DH, theta, offset, flags)  # (P, Dh/2)
+    return max(fp.max_error(table.cos, angles.cos()), fp.max_error(table.sin, angles.sin()))
+
+
+def _frequencies(table: Table) -> Tensor:
+    """Each pair's angle at position 1 (every angle there is below pi, so it is read back exactly)."""
+    return torch.atan2(table.sin[1], table.cos[1]) if table.cos.size(0) > 1 else table.cos[0] * math.nan
+
+
+def _base_finding(res: ComponentResult, ctx: Context, comp: Component, table: Table, theta: float) -> None:
+    """rope_wrong_base when the angles are pos * f_j with f_j another frequency than theta^(-2j/d):
+    the effective base b (from f_1 = b^(-2/d)), or the exponent j/d (pairs not doubled)."""
+    got = _frequencies(table)
+    j = torch.arange(DH // 2, dtype=torch.float64)
+    expected = theta ** (-2 * j / DH)
+    if fp.max_error(got, expected) < TOL:
+        return
+    base = float(got[1]) ** (-DH / 2) if got[1] > 0 else math.nan
+    if fp.max_error(got, theta ** (-j / DH)) < 1e-4:  # before the base: theta^(-j/d) = sqrt(theta)^(-2j/d)
+        form, en, zh = "exponent", "the exponent is j/d, not 2j/d", "指数用了 j/d，而不是 2j/d"
+    elif math.isfinite(base) and fp.max_error(got, base ** (-2 * j / DH)) < 1e-4:
+        form, en, zh = "base", f"the base is {base:.6g}, not {theta:g}", f"底数是 {base:.6g}，不是 {theta:g}"
+    else:
+        return
+    number, code = locate("rope_wrong_base", source_lines(ctx.objects(comp, "rope")))
+    mine = ", ".join(f"{v:.4g}" for v in got[:3].tolist())
+    right = ", ".join(f"{v:.4g}" for v in expected[:3].tolist())
+    res.findings.append(Finding("rope_wrong_base", text(
+        f"the frequencies of pairs 0, 1, 2 are {mine}, where theta^(-2j/d) gives {right}: {en}",
+        f"配对 0、1、2 的频率是 {mine}，而 theta^(-2j/d) 给出 {right}：{zh}"), number, code, form))
+
+
+def _layout_convention(res: ComponentResult, layout: str) -> None:
+    if layout == "unknown":
+        return
+    res.convention = (text("pairs (2j, 2j+1), interleaved (Meta's complex freqs_cis): a convention, not an "
+                           "error", "按 (2j, 2j+1) 交错配对（Meta 的复数 freqs_cis）：这是约定不同，不是错误")
+                      if layout in ("interleaved", "pairs") else
+                      text("pairs (j, j + d/2), half-split (Hugging Face, handformer)",
+                           "按 (j, j + d/2) 对半配对（Hugging Face、handformer）"))
+
+
+def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    names = [p.name for p in forward_parameters(comp.obj)]
+
+    def call(theta: float, length: int = P, offset: int | None = None) -> Any:
+        kwargs: dict[str, Any] = {}
+        for n in names:
+            if n in DIM_NAMES:
+                kwargs[n] = DH
+            elif n in LENGTH_NAMES:
+                kwargs[n] = length
+            elif n in THETA_NAMES:
+                kwargs[n] = theta
+            elif n in OFFSET_NAMES and offset is not None:
+                kwargs[n] = offset
+            elif n == "dtype":  # gpt-fast's precompute_freqs_cis(..., dtype=torch.bfloat16)
+                kwargs[n] = torch.float64
+        return ctx.learner.call("forward", comp.obj, **kwargs)
+
+    table = read_table(call(THETA), P)
+    if table is None:
+        got = shape_of(call(THETA))
+        raise ctx.learner.fail("forward", f"{comp.name}(dim={DH}, end={P}) returned {got}; expected Meta's "
+                               f"complex freqs_cis ({P}, {DH // 2}) or (cos, sin) of shape ({P}, {DH})",
+                               f"{comp.name}(dim={DH}, end={P}) 返回了 {got}；应当是 Meta 的复数 freqs_cis "
+                               f"({P}, {DH // 2})，或形状为 ({P}, {DH}) 的 (cos, sin)")
+    _layout_convention(res, table.layout)
+    _base_finding(res, ctx, comp, table, THETA)
+    err = _table_error(table)
+    res.checks.append(Check(text(f"angles pos * theta^(-2j/d) for {table.cos.size(0)} positions, d = {DH}",
+                                 f"{table.cos.size(0)} 个位置、d = {DH} 时角度为 pos * theta^(-2j/d)"),
+                            err < TOL, error_text(err)))
+    if any(n in THETA_NAMES for n in names):
+        _base_used(res, ctx, comp, call, err)
+    res.max_abs_error = err
+    return finish(res)
+
+
+def _base_used(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any],
+               err: float) -> None:
+    """The table at Llama 3's base, 500000: different from 10000's, and right."""
+    other = read_table(call(500000.0), P)
+    err_theta = _table_error(other, theta=500000.0) if other else math.inf
+    if other is not None and _table_error(other) < TOL and err < TOL:
+        number, code = locate("rope_wrong_base", source_lines(ctx.objects(comp)))
+        res.findings.append(Finding("rope_wrong_base", text(
+            "with theta = 500000 the table is the same as with 10000: the base argument is not used",
+            "theta = 500000 时的表与 10000 时相同：没有用传进来的底数"), number, code, "ignored"))
+    res.checks.append(Check(text("uses the base it is given (theta = 500000, Llama 3's)",
+                                 "使用传入的底数（theta = 500000，Llama 3 的取值）"), err_theta < TOL,
+                            error_text(err_theta)))
+
+
+# --- applying the rotation ---------------------------------------------------------------------
+
+def _apply_inputs() -> tuple[Tensor, Tensor]:
+    return fp.randn(B, H, T, DH, seed=1), fp.randn(B, H, T, DH, seed=2)  # (B, H, T, Dh) each
+
+
+def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: list[str]) -> ComponentResult:
+    """An apply function: the rotation it computes on given tables (cos, sin of both layouts, or
+    Meta's complex table), against handformer's in that layout."""
+    res = ctx.result(comp)
+    q, k = _apply_inputs()
+    tensors = [n for n in names if n in TENSOR_NAMES][:2]
+    complex_table = any(n in ("freqs_cis", "freqs") for n in names)
+    from0 = ("from0",) if any(n in OFFSET_NAMES for n in names) else ()  # apply_rope(x, cos, sin, offset)
+    shapes = ("4d", "btd", *from0, "td") + (("by_id",) if "position_ids" in names else ())
+    attempts = [(layout, meta, shape) for layout in (("pairs",) if complex_table else ("half", "interleaved"))
+                for meta in (False, True) for shape in (("4d", "real") if layout == "pairs" else shapes)]
+    failure, best, first = _search_apply(ctx, fn, names, tensors, q, k, attempts)
+    if best is None and first is None:
+        raise failure or ctx.learner.fail(
+            "forward", f"{comp.name} returned no rotated queries and keys of shape {tuple(q.shape)} for any "
+            "layout of the rotary table",
+            f"不论旋转表怎样排布，{comp.name} 都没有返回形状为 {tuple(q.shape)} 的旋转后的 query 和 key")
+    layout, meta, shape, rot, out, found = best if best else (*first, None)
+    _layout_convention(res, rot)
+    if meta:
+        res.notes.append(text("inputs (B, T, H, Dh), as Meta's llama",
+                              "输入形状为 (B, T, H, Dh)，与 Meta 的 llama 相同"))
+    if found and found[0]:
+        res.findings += _findings(ctx, comp, found, out, _rotated(q, k, len(tensors), rot, 0, frozenset()))
+    err = fp.max_error(out, _rotated(q, k, len(tensors), rot))
+    res.max_abs_error = err
+    res.checks.append(Check(text(f"rotates queries and keys as handformer's apply_rotary ({rot} pairs)",
+                                 f"与 handformer 的 apply_rotary（{rot} 配对）旋转结果一致"), err < TOL,
+                            error_text(err)))
+    if any(n in OFFSET_NAMES for n in names) or shape == "by_id":
+        _offset_check(res, ctx, comp,
+                      lambda offset: _run_apply(ctx, fn, names, tensors, q, k, layout, meta, shape, offset),
+                      lambda offset, fl: _rotated(q, k, len(tensors), rot, offset, fl))
+    if best is None and err >= TOL:  # no catalogued mistake: where it first parts from the rotation
+        def run(qg: Tensor, kg: Tensor) -> Tensor | None:
+            return _run_apply(ctx, fn, names, tensors, qg, kg, layout, meta, shape, 0)
+        note_departure(res, lambda: localize_rotation(run, fn, q, k, rot))
+    return finish(res)
+
+
+def _search_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: list[str], q: Tensor,
+                  k: Tensor, attempts: list[tuple[str, bool, str]]) -> tuple[Any, Any, Any]:
+    """The first (layout, Meta's inputs, table shape) whose rotation the search explains; the first
+    that ran; the first failure."""
+    failure, first = None, None
+    for layout, meta, shape in attempts:
+        try:
+            out = _run_apply(ctx, fn, names, tensors, q, k, layout, meta, shape, offset=0)
+        except fp.LearnerFailure as err:
+            failure = failure or err
+            continue
+        if out is None:
+            continue
+        rot = "interleaved" if layout == "pairs" else layout
+        first = first or (layout, meta, shape, rot, out)
+        found = fp.search(out, lambda fl, rot=rot: _rotated(q, k, len(tensors), rot, 0, fl),
+                          ("rope_rotation_sign",), None, 1)
+        if found is not None:
+            return failure, (layout, meta, shape, rot, out, found), first
+    return failure, None, first
+
+
+def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: V.Flags = frozenset(),
+             ) -> Tensor:
+    """The expected output, stacked: (n, B, H, T, Dh)."""
+    return torch.stack([V.rotary(t, layout, offset, flags) for t in (q, k)[:n]])
+
+
+def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: list[str], q: Tensor,
+               k: Tensor, layout: str, meta: bool, shape: str, offset: int) -> Tensor | None:
+    """Call an apply function with tables of this layout and shape ("4d": (1, 1, T, Dh); "btd":
+    (B, T, Dh), for Hugging Face's unsqueeze(1); "td": (T, Dh); "by_id": (P, Dh) indexed by
+    position_ids; Meta: complex (T, Dh/2)), positions from `offset`; its output stacked as
+    (n, B, H, T, Dh), None if it is not that."""
+    given = [q, k] if not meta else [q.transpose(1, 2), k.transpose(1, 2)]  # Meta: (B, T, H, Dh)
+    kwargs: dict[str, Any] = dict(zip(tensors, given))
+    if layout == "pairs":
+        angles = V.rope_angles(T, DH, THETA, offset)  # (T, Dh/2)
+        table = torch.polar(torch.ones_like(angles), angles)  # (T, Dh/2) complex
+        # "real": gpt-fast's table, the complex one as (T, Dh/2, 2) real pairs (cos, sin)
+        kwargs[next(n for n in names if n in ("freqs_cis", "freqs"))] = (
+            torch.view_as_real(table) if shape == "real" else table)
+    else:
+        whole = shape in ("by_id", "from0")  # the table from position 0, indexed by their code
+        cos, sin = reference_tables(P, layout) if whole else reference_tables(T, layout, offset)
+        if shape == "4d":
+            view = (1, T, 1, DH) if meta else (1, 1, T, DH)  # broadcasts over batch and heads
+            cos, sin = cos.reshape(view), sin.reshape(view)
+        elif shape == "btd":
+            cos, sin = cos[None].expand(B, T, DH), sin[None].expand(B, T, DH)
+        kwargs["cos"], kwargs["sin"] = cos, sin
+    if shape == "by_id":
+        kwargs["position_ids"] = (torch.arange(T) + offset)[None].expand(B, T)
+    for n in names:
+        if n in OFFSET_NAMES:
+            kwargs[n] = offset
+    raw = _call_offset(ctx, fn, {n: v for n, v in kwargs.items() if n in names})
+    outs = list(raw) if isinstance(raw, (tuple, list)) else [raw]
+    if len(outs) < len(tensors) or not all(isinstance(o, Tensor) for o in outs[: len(tensors)]):
+        return None
+    outs = [o.transpose(1, 2) if meta and o.dim() == 4 else o for o in outs[: len(tensors)]]
+    if any(o.shape != q.shape for o in outs):
+        return None
+    return torch.stack([o.double() for o in outs])
+
+
+def _call_offset(ctx: Context, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """fn(**kwargs) with its offset an int; when that raises, one offset per batch row (B,) (Raschka's
+    batched apply_rope(x, cos, sin, offset) reads offset.shape[0]); their first error if both raise."""
+    try:
+        return ctx.learner.call("forward", fn, **kwargs)
+    except fp.LearnerFailure as first:
+        name = next((n for n, v in kwargs.items() if n in OFFSET_NAMES and isinstance(v, int)), None)
+        if name is None:
+            raise
+        try:
+            return ctx.learner.call("forward", fn, **{**kwargs, name: torch.full((B,), kwargs[name])})
+        except fp.LearnerFailure:
+            raise first from None
+
+
+def _findings(ctx: Context, comp: Component, found: tuple[frozenset[str], float], out: Tensor,
+              correct: Tensor) -> list[Finding]:
+    return ctx.findings(found[0], found[1], fp.max_error(out, correct), comp, "rope")
+
+
+def _offset_check(res: ComponentResult, ctx: Context, comp: Component, run: Callable[[int], Tensor | None],
+                  compute: Callable[[int, V.Flags], Tensor]) -> None:
+    """Positions offset .. offset + T - 1 when asked for an offset (a KV cache's length): named
+    rope_no_offset when the output is that of positions 0 .. T - 1."""
+    out = run(OFFSET)
+    err = fp.max_error(out, compute(OFFSET, frozenset()))
+    if err >= TOL and fp.max_error(out, compute(OFFSET, frozenset({"rope_no_offset"}))) < TOL:
+        number, code = locate("rope_no_offset", source_lines(ctx.objects(comp, "rope")))
+        res.findings.append(Finding("rope_no_offset", text(
+            f"asked for positions {OFFSET}..{OFFSET + T - 1}, your code rotates by the angles of positions "
+            f"0..{T - 1}", f"要求位置 {OFFSET}..{OFFSET + T - 1}，你的代码用的是位置 0..{T - 1} 的角度"),
+            number, code))
+    res.checks.append(Check(text(f"positions start at the offset ({OFFSET}: tokens already in a KV cache)",
+                                 f"位置从偏移量开始（{OFFSET}：KV 缓存里已有的 token 数）"), err < TOL,
+                            error_text(err)))
+
+
+def _table_offset_check(res: ComponentResult, ctx: Context, comp: Component,
+                        call: Callable[..., Any]) -> None:
+    """A table asked for positions OFFSET .. OFFSET + T - 1 holds the rows of those positions of the
+    table from 0 (whatever its angles): rope_no_offset when it holds those of 0 .. T - 1."""
+    def rows(offset: int, length: int) -> Tensor | None:
+        t = read_table(call(offset, length), length)
+        return None if t is None else torch.stack([t.cos, t.sin])  # (2, length, Dh/2)
+
+    shifted, start, longer = rows(OFFSET, T), rows(0, T), rows(0, OFFSET + T)
+    err = fp.max_error(shifted, longer[:, OFFSET:] if longer is not None else None)
+    if err >= TOL and fp.max_error(shifted, start) < TOL:
+        number, code = locate("rope_no_offset", source_lines(ctx.objects(comp, "rope")))
+        res.findings.append(Finding("rope_no_offset", text(
+            f"asked for positions {OFFSET}..{OFFSET + T - 1}, your table holds those of 0..{T - 1}",
+            f"要求位置 {OFFSET}..{OFFSET + T - 1}，你的表给出的是位置 0..{T - 1}"), number, code))
+    res.checks.append(Check(text(f"positions start at the offset ({OFFSET}: tokens already in a KV cache)",
+                                 f"位置从偏移量开始（{OFFSET}：KV 缓存里已有的 token 数）"), err < TOL,
+                            error_text(err)))
+
+
+# --- RotaryEmbedding modules -------------------------------------------------------------------
+
+def _check_module(comp: Component, ctx: Context) -> ComponentResult:
+    """RotaryEmbedding(dim, max_seq_len, base): built for head dim 16; its forward returns the table
+    (checked as a table) or the rotated input (checked as an apply function)."""
+    res = ctx.result(comp)
+    sizes = {"d_model": DH, "max_len": P, "theta": THETA, "n_heads": 1, "dropout": 0.0}  # head dim = d_model
+    module = ctx.build(comp, sizes, checked=False).double()
+    names = [p.name for p in forward_parameters(module)]
+    q, k = _apply_inputs()
+    tensors = [n for n in names if n in TENSOR_NAMES][:2]
+
+    def call(offset: int = 0, length: int = T) -> Any:
+        kwargs: dict[str, Any] = dict(zip(tensors, (q, k)))
+        for n in names:
+            if n in LENGTH_NAMES and n not in tensors:
+                kwargs[n] = length
+            elif n in OFFSET_NAMES:
+                kwargs[n] = offset
+            elif n == "position_ids":
+                kwargs[n] = (torch.arange(length) + offset)[None].expand(B, length)
+        return ctx.learner.call("forward", module, **kwargs)
+
+    raw = call()
+    table = read_table(raw, T)
+    if table is not None and not (isinstance(raw, Tensor) and raw.shape == q.shape):
+        return _module_table(res, ctx, comp, call, table, names)
+    if tensors:
+        return _rotated_module(res, ctx, comp, call, len(tensors), q, k, names)
+    raise ctx.learner.fail("forward", f"{comp.name}'s forward returned {shape_of(raw)}: neither a rotary "
+                           "table (cos, sin) nor the rotated input",
+                           f"{comp.name} 的 forward 返回了 {shape_of(raw)}：既不是旋转表 (cos, sin)，"
+                           "也不是旋转后的输入")
+
+
+def _module_table(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any], table: Any,
+                  names: list[str]) -> ComponentResult:
+    """A module whose forward returns the table: checked as a table, with its offset if it takes one."""
+    _layout_convention(res, table.layout)
+    _base_finding(res, ctx, comp, table, THETA)
+    err = _table_error(table)
+    res.max_abs_error = err
+    rows = table.cos.size(0)
+    res.checks.append(Check(text(f"the table's angles are pos * theta^(-2j/d) for {rows} positions",
+                                 f"表中 {rows} 个位置的角度为 pos * theta^(-2j/d)"), err < TOL,
+                            error_text(err)))
+    if any(n in OFFSET_NAMES or n == "position_ids" for n in names):
+        _table_offset_check(res, ctx, comp, call)
+    return finish(res)
+
+
+def _rotated_module(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any], n: int,
+                    q: Tensor, k: Tensor, names: list[str]) -> ComponentResult:
+    def run(offset: int) -> Tensor | None:
+        raw = call(offset)
+        outs = list(raw) if isinstance(raw, (tuple, list)) else [raw]
+        outs = [o for o in outs[:n] if isinstance(o, Tensor) and o.shape == q.shape]
+        return torch.stack(outs).double() if len(outs) == n else None
+
+    out = run(0)
+    best = None
+    for layout in ("half", "interleaved"):
+        found = fp.search(out, lambda fl, layout=layout: _rotated(q, k, n, layout, 0, fl),
+                          ("rope_rotation_sign",), None, 1) if out is not None else None
+        if found is not None:
+            best = (layout, found)
+            break
+    layout, found = best if best else ("half", None)
+    _layout_convention(res, layout)
+    if found and found[0]:
+        res.findings += _findings(ctx, comp, found, out, _rotated(q, k, n, layout))
+    err = fp.max_error(out, _rotated(q, k, n, layout))
+    res.max_abs_error = err
+    res.checks.append(Check(text(f"rotates its input as handformer's apply_rotary ({layout} pairs)",
+                                 f"与 handformer 的 apply_rotary（{layout} 配对）旋转结果一致"), err < TOL,
+                            error_text(err)))
+    if any(nm in OFFSET_NAMES or nm == "position_ids" for nm in names):
+        _offset_check(res, ctx, comp, run, lambda offset, fl: _rotated(q, k, n, layout, offset, fl))
+    return finish(res)

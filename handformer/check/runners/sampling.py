@@ -1,0 +1,584 @@
+"""Runners for the next chapter, from logits to tokens: temperature, top-k, top-p, the greedy
+choice and a sampling step, against handformer's pure filters (`handformer.generation.sampling`).
+
+The filters are compared deterministically: the distribution a temperature gives (its output read
+as logits, or as probabilities when it returns them), and the set of tokens a filter keeps. Only
+the sampling step is checked by drawing: 20,000 draws on a vocabulary of 8 at fixed seeds, a
+chi-square test at a false-alarm rate of 1e-6 (`handformer.check.core.stats`), and when it rejects, the
+same test against the distribution of each named mistake.
+
+Shape legend: B rows, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core import stats
+from handformer.check.core.argument_names import (  # noqa: F401
+    GENERATOR_NAMES,
+    K_NAMES,
+    LOGITS_NAMES,
+    P_NAMES,
+    PROBS_NAMES,
+    TEMPERATURE_NAMES,
+)
+from handformer.check.core.context import Context, error_text, finish, forward_parameters, shape_of
+from handformer.check.core.discovery import Component
+from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.source import locate, source_lines
+from handformer.generation.sampling import apply_temperature, top_k_filter, top_p_filter
+
+V, DRAWS = 8, 20_000
+
+# a first argument of probabilities (Meta's sample_top_p(probs, p)): given softmax(logits)
+SAMPLE_ROW = torch.tensor([2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6], dtype=torch.float64)  # (V,)
+
+
+def test_logits(rows: int = 4, seed: int = 0) -> Tensor:
+    """(rows, V) logits without ties, spread like a model's."""
+    return fp.randn(rows, V, seed=seed) * 2.0
+
+
+class Caller:
+    """Calls the learner's function with logits first and its options by name (or by position)."""
+
+    def __init__(self, comp: Component, ctx: Context) -> None:
+        self.comp, self.ctx = comp, ctx
+        self.params = [p for p in forward_parameters(comp.obj)]
+        self.names = [p.name for p in self.params]
+        self.probs = bool(self.names) and self.names[0].lower() in PROBS_NAMES  # given softmax(logits)
+        # the filters it takes with no default (a combined top_k_top_p_filtering(logits, top_k, top_p)):
+        # given their "off" value when a check sets another one
+        empty = {p.name for p in self.params if p.default is inspect.Parameter.empty}
+        self.required = {key: name for key, names in (("top_k", K_NAMES), ("top_p", P_NAMES),
+                                                      ("temperature", TEMPERATURE_NAMES))
+                         for name in [self.find(names)] if name in empty}
+
+    def find(self, names: tuple[str, ...]) -> str | None:
+        return next((n for n in self.names[1:] if n.lower() in names), None)
+
+    def __call__(self, logits: Tensor, **options: Any) -> Any:
+        kwargs = {}
+        for key, value in options.items():
+            name = self.find({"temperature": TEMPERATURE_NAMES, "top_k": K_NAMES, "top_p": P_NAMES,
+                              "generator": GENERATOR_NAMES}[key])
+            if name is not None:
+                kwargs[name] = value
+            elif key in ("top_k", "top_p", "temperature") and len(self.names) > 1 and not kwargs:
+                kwargs[self.names[1]] = value  # their second argument, whatever its name
+        off = {"top_k": logits.size(-1), "top_p": 1.0, "temperature": 1.0}
+        for key, name in self.required.items():
+            kwargs.setdefault(name, off[key])
+        given = torch.softmax(logits, -1) if self.probs else logits.clone()
+        return self.ctx.learner.call("forward", self.comp.obj, given, **kwargs)
+
+
+def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
+    number, code = locate(name, source_lines(ctx.objects(comp, "temperature", "top_k", "top_p", "sample")))
+    return Finding(name, observed, number, code, form)
+
+
+def is_probabilities(out: Tensor) -> bool:
+    """No negative entry: probabilities (normalised or not), not logits (the test logits have
+    negative entries, and a temperature or a filter keeps them)."""
+    return bool((out.double() >= 0).all())
+
+
+def as_distribution(out: Any, like: Tensor) -> Tensor | None:
+    """The distribution an output stands for: itself when it is probabilities, else its softmax
+    (logits); None when it is not a float tensor of the input's shape."""
+    if not isinstance(out, Tensor) or out.shape != like.shape or not out.is_floating_point():
+        return None
+    if is_probabilities(out):
+        return out.double() / out.double().sum(-1, keepdim=True)
+    return torch.softmax(out.double(), dim=-1)
+
+
+# --- temperature --------------------------------------------------------------------------------
+
+def check_temperature(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    call = Caller(comp, ctx)
+    logits = test_logits()
+    worst, named = 0.0, None
+    for t in (0.5, 2.0):
+        out = call(logits, temperature=t)
+        dist = as_distribution(out, logits)
+        if dist is None:
+            raise ctx.learner.fail("forward", f"{comp.name}(logits, {t}) returned {shape_of(out)} for logits "
+                                   f"of shape {tuple(logits.shape)}; expected logits (or probabilities) of "
+                                   "that shape",
+                                   f"logits 的形状为 {tuple(logits.shape)} 时，{comp.name}(logits, {t}) "
+                                   f"返回了 {shape_of(out)}；应当返回同样形状的 logits（或概率）")
+        right = torch.softmax(apply_temperature(logits, t), -1)
+        err = fp.max_error(dist, right)
+        worst = max(worst, err)
+        if err >= fp.TOL and named is None:
+            for name, q in (("temperature_multiplied", torch.softmax(logits * t, -1)),
+                            ("temperature_after_softmax", torch.softmax(logits, -1))):
+                if fp.max_error(dist, q) < fp.TOL:
+                    named = name
+                    multiplied = name == "temperature_multiplied"
+                    en = "softmax(logits * t)" if multiplied else "softmax(logits), as if t = 1"
+                    zh = "softmax(logits * t)" if multiplied else "softmax(logits)，相当于 t = 1"
+                    off = fp.max_error(dist, q)
+                    res.findings.append(_finding(ctx, comp, name, text(
+                        f"with temperature {t:g} your distribution equals {en} (to {off:.1e}); "
+                        f"softmax(logits / t) differs by {err:.3g}",
+                        f"温度为 {t:g} 时，你的分布等于 {zh}（误差 {off:.1e}）；"
+                        f"与 softmax(logits / t) 相差 {err:.3g}")))
+                    break
+        if t == 0.5 and is_probabilities(out):
+            res.notes.append(text("it returns probabilities, not logits: compared as a distribution",
+                                  "它返回的是概率而不是 logits：按分布比较"))
+    res.max_abs_error = worst
+    res.checks.append(Check(text("the distribution equals softmax(logits / t) for t = 0.5 and 2",
+                                 "t = 0.5 和 2 时分布等于 softmax(logits / t)"), worst < fp.TOL,
+                            error_text(worst)))
+    return finish(res)
+
+
+# --- top-k and top-p ------------------------------------------------------------------------------
+
+def _filtered(ctx: Context, comp: Component, call: Caller, logits: Tensor,
+              **setting: float) -> tuple[Any, tuple[Tensor, float | None]]:
+    """call(logits, top_k=k) or (logits, top_p=p): its output and the tokens it kept (kept_tokens);
+    the learner's failure when the output is not filtered logits of the input's shape."""
+    out = call(logits, **setting)
+    read = kept_tokens(out, logits)
+    if read is None:
+        (value,) = setting.values()
+        raise ctx.learner.fail("forward", f"{comp.name}(logits, {value}) returned {shape_of(out)}; expected "
+                               f"filtered logits of shape {tuple(logits.shape)}",
+                               f"{comp.name}(logits, {value}) 返回了 {shape_of(out)}；应当返回形状为 "
+                               f"{tuple(logits.shape)} 的过滤后的 logits")
+    return out, read
+
+
+def kept_tokens(out: Any, logits: Tensor) -> tuple[Tensor, float | None] | None:
+    """The tokens a filter kept (bool, like logits) and the value it filled the others with (None
+    for -inf, or when it returns probabilities); None if the output is not filtered logits."""
+    if not isinstance(out, Tensor) or out.shape != logits.shape or not out.is_floating_point():
+        return None
+    out = out.double()
+    if is_probabilities(out):
+        return out > 0, None  # renormalized probabilities
+    kept = (out - logits).abs() < 1e-9
+    removed = out[~kept]
+    finite = removed[torch.isfinite(removed)]
+    return kept, (float(finite[0]) if finite.numel() else None)
+
+
+def _fill_finding(res: ComponentResult, ctx: Context, comp: Component, out: Tensor, kept: Tensor,
+                  fill: float | None) -> None:
+    """filter_fill_finite when the removed tokens keep probability (minGPT's 1e-10 for -1e10)."""
+    if fill is None or any(f.name == "filter_fill_finite" for f in res.findings):
+        return
+    mass = float(torch.softmax(out.double(), -1)[~kept].sum(-1).max()) if (~kept).any() else 0.0
+    if mass > 1e-9:
+        res.findings.append(_finding(ctx, comp, "filter_fill_finite", text(
+            f"the removed tokens are filled with {fill:g}: after the softmax they still hold up to "
+            f"{mass:.3g} of the probability",
+            f"被去掉的 token 填成了 {fill:g}：softmax 之后它们仍占最多 {mass:.3g} 的概率"), f"{fill:g}"))
+
+
+def check_top_k(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    call = Caller(comp, ctx)
+    logits = test_logits()
+    worst = 0
+    for k in (1, 3, 5, 7):
+        out, (kept, fill) = _filtered(ctx, comp, call, logits, top_k=k)
+        right = torch.isfinite(top_k_filter(logits, k))
+        wrong = int((kept != right).sum())
+        worst = max(worst, wrong)
+        _fill_finding(res, ctx, comp, out, kept, fill)
+        counts = kept.sum(-1)
+        if wrong and not any(f.name == "top_k_off_by_one" for f in res.findings):
+            for extra in (1, -1):
+                if 0 < k + extra <= V and torch.equal(kept, torch.isfinite(top_k_filter(logits, k + extra))):
+                    res.findings.append(_finding(ctx, comp, "top_k_off_by_one", text(
+                        f"with k = {k} it keeps {int(counts[0])} tokens, the {k + extra} most likely",
+                        f"k = {k} 时保留了 {int(counts[0])} 个 token，即最可能的 {k + extra} 个"),
+                        "k+1" if extra > 0 else "k-1"))
+                    break
+            if k == 1 and not counts.any() and not any(f.name == "top_k_off_by_one" for f in res.findings):
+                res.findings.append(_finding(ctx, comp, "top_k_off_by_one", text(
+                    "with k = 1 it keeps no token at all", "k = 1 时一个 token 都没有保留"), "k-1"))
+    res.checks.append(Check(text("keeps the k most likely tokens for k = 1, 3, 5, 7 (ties apart)",
+                                 "k = 1、3、5、7 时保留最可能的 k 个 token（不含并列的情况）"), worst == 0,
+                            _wrong_tokens(worst)))
+    _large_k(res, ctx, comp, call, logits)
+    _ties(res, call, logits)
+    res.max_abs_error = float(worst)
+    return finish(res)
+
+
+def _large_k(res: ComponentResult, ctx: Context, comp: Component, call: Caller, logits: Tensor) -> None:
+    """k = V and k > V keep every token (top-k of a vocabulary of 8 with k = 50 is no filter)."""
+    ok = True
+    for k in (V, V + 42):
+        try:
+            read = kept_tokens(call(logits, top_k=k), logits)
+        except fp.LearnerFailure as failure:
+            ok = False
+            if not any(f.name == "top_k_exceeds_vocab" for f in res.findings):
+                res.findings.append(_finding(ctx, comp, "top_k_exceeds_vocab", text(
+                    f"with k = {k} > V = {V} your code raised {failure.error.message}",
+                    f"k = {k} > V = {V} 时你的代码报错：{failure.error.message}")))
+            continue
+        ok = ok and read is not None and bool(read[0].all())
+    res.checks.append(Check(text(f"k >= V (k = {V}, {V + 42}) keeps every token",
+                                 f"k >= V（k = {V}、{V + 42}）时保留全部 token"), ok))
+
+
+def _ties(res: ComponentResult, call: Caller, logits: Tensor) -> None:
+    """Tokens tied at the k-th value: handformer keeps them all (as Hugging Face and nanoGPT do);
+    keeping exactly k is another convention, noted."""
+    tied = torch.tensor([[3.0, 1.0, 1.0, 1.0, 0.0, -1.0, -2.0, -3.0]], dtype=torch.float64)
+    try:
+        read = kept_tokens(call(tied, top_k=2), tied)
+    except fp.LearnerFailure:
+        return
+    if read is not None and int(read[0].sum()) == 2:
+        res.notes.append(text("with tokens tied at the k-th value it keeps exactly k (which tied token "
+                              "survives is arbitrary); handformer keeps every tied token, as Hugging Face "
+                              "and nanoGPT do", "第 k 大的值有并列时它只保留 k 个（保留哪一个是任意的）；"
+                              "handformer 保留所有并列的 token，与 Hugging Face 和 nanoGPT 相同"))
+
+
+# rows of dyadic probabilities: their cumulative sums are exact in float64 (the equality case)
+DYADIC = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.0078125],
+                      dtype=torch.float64)
+
+
+def top_p_keep(logits: Tensor, p: float, flags: frozenset[str] = frozenset()) -> Tensor:
+    """The tokens top-p keeps (bool, like logits), exactly (no tolerance), with the classic mistakes:
+    drops the crossing token (cum <= p), keeps one more at equality (mass above <= p), no guard for
+    the most likely token (the set may be empty)."""
+    probs, order = torch.sort(torch.softmax(logits, -1), dim=-1, descending=True, stable=True)
+    cum = probs.cumsum(-1)
+    above = cum - probs  # the probability ranked above each token
+    crossing = next((f.partition(":")[2] for f in flags if f.startswith("top_p_drops_crossing")), None)
+    if crossing is not None:
+        keep = cum <= p if crossing == "le" else cum < p
+    elif "top_p_extra_at_equality" in flags:
+        keep = above <= p
+    else:
+        keep = above < p
+    if "top_p_empty_set" in flags:  # the guard of the most likely token missing: its own rule, on cum
+        keep[..., 0] = cum[..., 0] <= p if crossing == "le" or "top_p_extra_at_equality" in flags else (
+            cum[..., 0] < p)
+    else:
+        keep[..., 0] = True
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+EQUALITY = "top_p_extra_at_equality"  # a flag of the search only: a convention, never a finding
+TOP_P_FLAGS = ("top_p_drops_crossing:le", "top_p_drops_crossing:lt", EQUALITY,
+               "top_p_empty_set")
+
+
+def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    call = Caller(comp, ctx)
+    dyadic = DYADIC.log()[None]  # (1, V)
+    cases = [(dyadic, 0.75), (dyadic, 0.6), (dyadic, 0.3), (test_logits(), 0.9), (test_logits(seed=1), 0.5)]
+    kept_all = _kept_per_case(res, ctx, comp, call, cases)
+
+    def compute(flags: frozenset[str]) -> Tensor:
+        return torch.cat([top_p_keep(lg, p, flags) for lg, p in cases], 0).double()
+
+    mine = torch.cat(kept_all, 0).double()
+    found = fp.search(mine, compute, TOP_P_FLAGS, None, 2)
+    rule = frozenset()  # the rule at exact equality: either is a convention (module docstring)
+    if found and found[0]:
+        for flag in sorted(found[0] - {EQUALITY}):
+            name, _, form = flag.partition(":")
+            res.findings.append(_finding(ctx, comp, name, _top_p_observed(flag, cases, kept_all), form))
+        if EQUALITY in found[0]:
+            rule = frozenset({EQUALITY})
+            res.notes.append(_equality_note(kept_all))
+    wrong = int((mine != compute(rule)).sum())
+    res.checks.append(Check(text("keeps the smallest set of most likely tokens reaching p (5 cases, equality "
+                                 "at p = 0.75 included)",
+                                 "把 token 按概率从大到小排列，保留累计概率刚好达到 p 的前几个"
+                                 "（5 种情况，含 p = 0.75 时恰好相等）"), wrong == 0,
+                            _wrong_tokens(wrong)))
+    _p_one(res, ctx, comp, call)
+    res.max_abs_error = float(wrong)
+    if call.find(K_NAMES):  # a combined filter (top_k_top_p_filtering): its top-k too, top_p off
+        _add_top_k(res, ctx, comp)
+    return finish(res)
+
+
+def _kept_per_case(res: ComponentResult, ctx: Context, comp: Component, call: Caller,
+                   cases: list[tuple[Tensor, float]]) -> list[Tensor]:
+    """The tokens the filter keeps in each case (a finding when it fills with a finite value)."""
+    kept_all = []
+    for logits, p in cases:
+        out, read = _filtered(ctx, comp, call, logits, top_p=p)
+        _fill_finding(res, ctx, comp, out, *read)
+        kept_all.append(read[0])
+    return kept_all
+
+
+def _add_top_k(res: ComponentResult, ctx: Context, comp: Component) -> None:
+    """A combined filter's top-k, checked with top_p = 1, merged into the top-p result."""
+    both = check_top_k(comp, ctx)
+    if any(f.name == "top_k_off_by_one" for f in both.findings):  # k = V drops a token at p = 1 too
+        res.findings = [f for f in res.findings if f.name != "top_p_one_not_noop"]
+    res.checks += both.checks
+    res.findings += [f for f in both.findings if f.name not in {g.name for g in res.findings}]
+    res.notes += both.notes
+    res.notes.append(text("a combined filter: top-p checked with top_k off, top-k with top_p = 1",
+                          "组合过滤：检查 top-p 时关掉 top_k，检查 top-k 时 top_p = 1"))
+    res.max_abs_error = max(res.max_abs_error, both.max_abs_error or 0.0)
+
+
+def _top_p_observed(flag: str, cases: list[tuple[Tensor, float]], kept: list[Tensor]) -> Text:
+    counts = [int(k[0].sum()) for k in kept[:3]]
+    probs = "probabilities 0.5, 0.25, 0.125, ..."
+    probs_zh = "概率为 0.5、0.25、0.125……"
+    if flag.startswith("top_p_drops_crossing"):
+        return text(f"{probs} with p = 0.6: your filter keeps {counts[1]} token(s); 0.5 alone does not reach "
+                    "0.6, so 2 are kept",
+                    f"{probs_zh}、p = 0.6 时你的过滤保留了 {counts[1]} 个 token；"
+                    "只有 0.5 还不到 0.6，应保留 2 个")
+    return text(f"{probs} with p = 0.3: your filter keeps {counts[2]} tokens, every logit is -inf (the "
+                "softmax of that row is NaN)",
+                f"{probs_zh}、p = 0.3 时你的过滤保留了 {counts[2]} 个 token，"
+                "所有 logit 都是 -inf（softmax 为 NaN）")
+
+
+def _equality_note(kept: list[Tensor]) -> Text:
+    """Where the probability ranked above a token equals p exactly, keeping that token too (remove
+    where cum > p, shifted right: Hugging Face's classic top_k_top_p_filtering, Meta's sample_top_p)
+    is a convention, not a mistake: handformer removes it (>= p)."""
+    n = int(kept[0][0].sum())
+    return text(f"where the probability ranked above a token equals p exactly (0.5 + 0.25 = 0.75 with "
+                f"p = 0.75) your filter keeps that token too ({n} tokens kept): the rule of Hugging Face's "
+                "classic top_k_top_p_filtering (cum > p, shifted right), a convention; handformer stops "
+                "at p (>= p, 2 kept)",
+                f"排在某个 token 前面的概率之和恰好等于 p 时（p = 0.75，0.5 + 0.25 = 0.75），你的过滤也保留了"
+                f"这个 token（保留 {n} 个）：这是 Hugging Face 经典的 top_k_top_p_filtering 的规则"
+                "（cum > p 再右移一位），属于约定，不算错；handformer 到 p 就停（>= p，保留 2 个）")
+
+
+def _wrong_tokens(n: int) -> Text:
+    return text(f"{n} tokens kept or dropped wrongly", f"{n} 个 token 保留或去掉错了")
+
+
+def _p_one(res: ComponentResult, ctx: Context, comp: Component, call: Caller) -> None:
+    """p = 1 keeps everything, a token of probability 1e-26 included (its mass above rounds to 1.0)."""
+    logits = torch.cat([test_logits(1, seed=2)[:, :-1], torch.full((1, 1), -60.0, dtype=torch.float64)], -1)
+    try:
+        read = kept_tokens(call(logits, top_p=1.0), logits)
+        ok = read is not None and bool(read[0].all())
+        removed = V - int(read[0].sum()) if read is not None else None
+        detail = text(f"{removed} token(s) removed" if read is not None else "no filtered logits",
+                      f"去掉了 {removed} 个 token" if read is not None else "没有返回过滤后的 logits")
+    except fp.LearnerFailure as failure:
+        ok, detail = False, text(f"raised {failure.error.message}", f"报错：{failure.error.message}")
+    if not ok:
+        res.findings.append(_finding(ctx, comp, "top_p_one_not_noop", text(
+            f"with p = 1 on logits with one token of probability 1e-26: {detail['en']}",
+            f"p = 1、其中一个 token 的概率为 1e-26 时：{detail['zh']}")))
+    res.checks.append(Check(text("p = 1 keeps every token", "p = 1 时保留全部 token"), ok, detail))
+
+
+# --- greedy ---------------------------------------------------------------------------------------
+
+def as_tokens(out: Any, rows: int) -> Tensor | None:
+    """Token ids as a (rows,) long tensor from a tensor (rows,), (rows, 1), a list, or an int."""
+    if isinstance(out, int) and rows == 1:
+        return torch.tensor([out])
+    if isinstance(out, (list, tuple)) and all(isinstance(v, int) for v in out):
+        out = torch.tensor(out)
+    if isinstance(out, Tensor) and not out.is_floating_point() and out.numel() == rows:
+        return out.reshape(rows).long()
+    return None
+
+
+def check_greedy(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    first = next(iter(forward_parameters(comp.obj)), None)
+    if first is not None and first.name in ("model", "net", "m", "lm"):
+        from handformer.check.runners.generate_own import check_generate
+
+        return check_generate(comp, ctx)
+    logits = test_logits(5)
+    out = ctx.learner.call("forward", comp.obj, logits.clone())
+    tokens = as_tokens(out, logits.size(0))
+    if tokens is None and isinstance(out, Tensor) and torch.equal(out.reshape(-1).long(), logits.argmax(0)):
+        given, got = tuple(logits.shape), tuple(out.shape)
+        res.findings.append(_finding(ctx, comp, "argmax_wrong_dim", text(
+            f"for logits of shape {given} it returned {got}: the argmax over the rows (dim 0), one per "
+            "vocabulary entry", f"logits 形状为 {given} 时它返回了 {got}：沿行（dim 0）取的 argmax，"
+            "每个词表位置一个")))
+        res.checks.append(Check(text("picks the most likely token of each row", "每一行选最可能的 token"),
+                                False))
+        return finish(res)
+    if tokens is None:
+        raise ctx.learner.fail("forward", f"{comp.name}(logits) returned {shape_of(out)} for logits of shape "
+                               f"{tuple(logits.shape)}; expected one token id per row",
+                               f"logits 的形状为 {tuple(logits.shape)} 时，{comp.name}(logits) 返回了 "
+                               f"{shape_of(out)}；应当每行返回一个 token id")
+    wrong = int((tokens != logits.argmax(-1)).sum())
+    res.max_abs_error = float(wrong)
+    res.checks.append(Check(text(f"picks the most likely token of each of {logits.size(0)} rows",
+                                 f"{logits.size(0)} 行中每一行都选了最可能的 token"), wrong == 0,
+                            text(f"{wrong} rows differ", f"{wrong} 行不同")))
+    return finish(res)
+
+
+# --- the sampling step ------------------------------------------------------------------------------
+
+def _draw(ctx: Context, call: Caller, options: dict[str, Any], seed: int) -> Tensor:
+    """DRAWS token ids sampled from SAMPLE_ROW with these options: one call on DRAWS identical rows,
+    or (when it takes one row at a time) DRAWS calls; seeded torch's RNG (and a generator if asked)."""
+    torch.manual_seed(seed)
+    if call.find(GENERATOR_NAMES):
+        options = {**options, "generator": torch.Generator().manual_seed(seed)}
+    batch = SAMPLE_ROW.expand(DRAWS, V).contiguous()
+    raw = call(batch, **options)
+    tokens = as_tokens(raw, DRAWS)
+    if tokens is not None:
+        return tokens
+    if as_tokens(raw, 1) is None:  # not a step written for one row at a time either
+        raise ctx.learner.fail("forward", f"{call.comp.name} returned {shape_of(raw)} for logits of shape "
+                               f"{tuple(batch.shape)}; expected one token id per row",
+                               f"logits 的形状为 {tuple(batch.shape)} 时，{call.comp.name} 返回了 "
+                               f"{shape_of(raw)}；应当每行返回一个 token id")
+    one = SAMPLE_ROW[None]
+    draws = [as_tokens(call(one, **options), 1) for _ in range(DRAWS)]
+    if any(d is None for d in draws):
+        raise ctx.learner.fail("forward", f"{call.comp.name} returned no token id for logits of shape "
+                               f"(1, {V})",
+                               f"logits 的形状为 (1, {V}) 时，{call.comp.name} 没有返回 token id")
+    return torch.cat(draws)
+
+
+PLAIN = text("plain", "不加过滤")
+
+
+def _settings(call: Caller) -> list[tuple[Text, dict[str, Any], Tensor, list[tuple[str, Tensor]]]]:
+    """(label, options, the distribution they should give, the named mistakes' distributions)."""
+    row = SAMPLE_ROW
+    softmax = torch.softmax(row, -1)
+    out = [(PLAIN, {"temperature": 1.0} if call.find(TEMPERATURE_NAMES) else {}, softmax,
+            [("sampling_softmax_wrong_dim", torch.full((V,), 1.0 / V, dtype=torch.float64))])]
+    if call.find(TEMPERATURE_NAMES):
+        out.append((text("temperature 0.5", "温度 0.5"), {"temperature": 0.5}, torch.softmax(row / 0.5, -1),
+                    [("temperature_multiplied", torch.softmax(row * 0.5, -1)),
+                     ("temperature_after_softmax", softmax)]))
+    if call.find(K_NAMES):
+        kept = torch.isfinite(top_k_filter(row, 3))
+        out.append((text("top_k 3", "top_k 3"), {"top_k": 3}, _masked(row, kept),
+                    [("filter_fill_finite", torch.softmax(torch.where(kept, row, 1e-10), -1)),
+                     ("top_k_off_by_one", torch.softmax(top_k_filter(row, 4), -1))]))
+    if call.find(P_NAMES):
+        kept = torch.isfinite(top_p_filter(row, 0.8))
+        crossing = top_p_keep(row, 0.8, frozenset({"top_p_drops_crossing:le"}))
+        out.append((text("top_p 0.8", "top_p 0.8"), {"top_p": 0.8}, _masked(row, kept),
+                    [("top_p_drops_crossing", _masked(row, crossing)),
+                     ("filter_fill_finite", torch.softmax(torch.where(kept, row, 1e-10), -1))]))
+    return out
+
+
+def _masked(row: Tensor, keep: Tensor) -> Tensor:
+    return torch.softmax(row.masked_fill(~keep, -math.inf), -1)
+
+
+def check_sample(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    call = Caller(comp, ctx)
+    if call.find(K_NAMES):  # deterministic first: top_k = 1 is the argmax of every row
+        res.checks.append(_top_k_one(call))
+    for i, (label, options, right, mistakes) in enumerate(_settings(call)):
+        try:
+            tokens = _draw(ctx, call, options, seed=1000 + i)
+        except fp.LearnerFailure as failure:
+            if res.findings:  # a named mistake breaks it here too: one more failed check
+                res.checks.append(Check(text(f"draws with {label['en']}", f"{label['zh']} 时采样"), False,
+                                        text(failure.error.message, failure.error.message)))
+                continue
+            if "probability tensor contains" in failure.error.message:
+                _from_logits(res, ctx, comp, call, failure)
+                return finish(res)
+            raise
+        counts = torch.bincount(tokens.clamp(0, V), minlength=V + 1)[:V].double()
+        test = stats.chi_square(counts, right)
+        res.checks.append(Check(text(f"{DRAWS:,} draws ({label['en']}) follow handformer's distribution "
+                                     f"(chi-square p = {test.p_value:.2g}, df {test.df}; rejected below "
+                                     "1e-6)",
+                                     f"{DRAWS:,} 次采样（{label['zh']}）服从 handformer 的分布（卡方检验 p = "
+                                     f"{test.p_value:.2g}，自由度 {test.df}；低于 1e-6 即拒绝）"),
+                                not test.rejected, _outside(test)))
+        if test.rejected:
+            _name_mistake(res, ctx, comp, label, counts, test, mistakes)
+    return finish(res)
+
+
+def _top_k_one(call: Caller) -> Check:
+    """top_k = 1 picks the argmax of every row (an exception is the check's detail: the draws say
+    why, when it is a named mistake)."""
+    logits = test_logits(5)
+    try:
+        tokens, detail = as_tokens(call(logits, top_k=1), 5), None
+    except fp.LearnerFailure as failure:
+        tokens, detail = None, text(f"raised {failure.error.message}", f"报错：{failure.error.message}")
+    ok = tokens is not None and torch.equal(tokens, logits.argmax(-1))
+    return Check(text("top_k = 1 picks the argmax of each of 5 rows", "top_k = 1 时 5 行都选 argmax"),
+                 ok, detail)
+
+
+def _name_mistake(res: ComponentResult, ctx: Context, comp: Component, label: Text, counts: Tensor,
+                  test: stats.ChiSquare, mistakes: list[tuple[str, Tensor]]) -> None:
+    """A finding for the first named mistake whose distribution the draws fit (not one already found)."""
+    for name, q in mistakes:
+        fit = stats.chi_square(counts, q)
+        if not fit.rejected and not any(f.name == name for f in res.findings):
+            en, zh = label["en"], label["zh"]
+            res.findings.append(_finding(ctx, comp, name, text(
+                f"{DRAWS:,} draws ({en}) fit the distribution of this mistake (chi-square p = "
+                f"{fit.p_value:.2g}) and not handformer's (p = {test.p_value:.2g})",
+                f"{DRAWS:,} 次采样（{zh}）符合这个错误的分布（卡方检验 p = {fit.p_value:.2g}），"
+                f"不符合 handformer 的分布（p = {test.p_value:.2g}）")))
+            return
+
+
+def _outside(test: stats.ChiSquare) -> Text | None:
+    if test.outside:
+        return text(f"{test.outside} draws of tokens the filter removes",
+                    f"有 {test.outside} 次抽到了被过滤掉的 token")
+    return text(f"statistic {test.stat:.1f}", f"统计量 {test.stat:.1f}")
+
+
+def _from_logits(res: ComponentResult, ctx: Context, comp: Component, call: Caller,
+                 failure: fp.LearnerFailure) -> None:
+    """sampling_from_logits: torch.multinomial refused negative logits; on positive ones (logits + 3)
+    the draws follow the logits themselves, normalised."""
+    shifted = SAMPLE_ROW + 3.0
+    torch.manual_seed(7)
+    raw = call(shifted.expand(DRAWS, V).contiguous())
+    tokens = as_tokens(raw, DRAWS)
+    detail = ""
+    if tokens is not None:
+        counts = torch.bincount(tokens.clamp(0, V), minlength=V + 1)[:V].double()
+        fit = stats.chi_square(counts, shifted / shifted.sum())
+        detail = (f"; on logits + 3 (all positive) the {DRAWS:,} draws follow logits / logits.sum() "
+                  f"(chi-square p = {fit.p_value:.2g})")
+    res.findings.append(_finding(ctx, comp, "sampling_from_logits", text(
+        f"torch.multinomial refused the logits ({failure.error.message}){detail}",
+        f"torch.multinomial 拒绝了 logits（{failure.error.message}）"
+        + (f"；logits + 3（全为正）时 {DRAWS:,} 次采样服从 logits / logits.sum()" if detail else ""))))
+    res.checks.append(Check(text("samples from probabilities (softmax of the logits)",
+                                 "从概率（logits 的 softmax）采样"), False))

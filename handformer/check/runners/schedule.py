@@ -1,0 +1,573 @@
+"""The runner of the learning-rate schedule: the paper's warmup schedule (`rate(step, d_model,
+factor, warmup)`, the Annotated Transformer's) and cosine with warmup (`get_lr_cosine_schedule(it,
+max_learning_rate, min_learning_rate, warmup_iters, cosine_cycle_iters)`, CS336's; nanoGPT's
+`get_lr`), as a function of the step or as a factory of a torch scheduler (`LambdaLR`).
+
+The schedule is read at fixed steps (0, 1, around the warmup, 10 x warmup, the end and past it)
+and compared with the reference under each counting convention (steps from 0 or from 1, and the
+three warmups of cosine: t / T_w, (t + 1) / T_w, (t + 1) / (T_w + 1)); a convention is reported,
+never failed. When no convention matches, the variants with one or two named mistakes are tried
+(fingerprints, as for the components): warmup off by one, an exponent's sign flipped, the d_model
+factor missing; the cosine counted from step 0, no floor past the end, min_lr left out. Step 0 is
+checked on its own: the paper's schedule is never 0 there and never divides by zero.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import SCHEDULE_ARGS as ARGS
+from handformer.check.core.argument_names import SCHEDULE_STEP_NAMES as STEP_NAMES
+from handformer.check.core.context import Context, finish, forward_parameters, global_reads
+from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, Text, text
+from handformer.check.core.source import locate, source_lines
+
+OPTIMIZER_NAMES = ("optimizer", "opt", "optim")
+PAPER = {"d_model": 64, "factor": 2.0, "warmup": 10}
+COSINE = {"max_lr": 1.0, "min_lr": 0.1, "warmup": 10, "total": 100}
+PAPER_STEPS = (0, 1, 2, 3, 5, 8, 9, 10, 11, 12, 20, 50, 100, 1000)
+COSINE_STEPS = (0, 1, 2, 5, 8, 9, 10, 11, 12, 30, 55, 90, 99, 100, 101, 150)
+COSINE_CONVENTIONS: dict[str, tuple[int, int, Text]] = {  # (shift of t, of T_w in the warmup's ratio)
+    "cs336": (0, 0, text("warmup t / T_w, from 0 at step 0 (CS336)", "预热为 t / T_w，步 0 是 0（CS336）")),
+    "handformer": (
+        1,
+        0,
+        text(
+            "warmup (t + 1) / T_w, steps counted from 1 (handformer)",
+            "预热为 (t + 1) / T_w，步数从 1 开始数（handformer）",
+        ),
+    ),
+    "nanogpt": (1, 1, text("warmup (t + 1) / (T_w + 1) (nanoGPT)", "预热为 (t + 1) / (T_w + 1)（nanoGPT）")),
+    "gpt_2": (1, 0, text("warmup (t + 1) / T_w, the decay from step T_w (Karpathy's GPT-2 reproduction)",
+                        "预热为 (t + 1) / T_w，从步 T_w 开始衰减（Karpathy 复现 GPT-2 的写法）")),
+}
+PAPER_FLAGS = (
+    "schedule_warmup_off_by_one:early",
+    "schedule_warmup_off_by_one:late",
+    "schedule_exponent_sign:step",
+    "schedule_exponent_sign:warmup",
+    "schedule_exponent_sign:d_model",
+    "schedule_no_d_model",
+)
+COSINE_FLAGS = (
+    "schedule_warmup_off_by_one:early",
+    "schedule_warmup_off_by_one:late",
+    "cosine_from_step_zero",
+    "cosine_no_floor",
+    "cosine_min_lr_ignored",
+)
+TOL = 1e-9  # relative: the schedules are floats of python or float32 tensors (relative error ~1e-7)
+REL_TOL = 1e-5
+
+
+def _has(flags: frozenset[str], name: str) -> str | None:
+    for f in flags:
+        base, _, form = f.partition(":")
+        if base == name:
+            return form
+    return None
+
+
+def paper(
+    n: float, d_model: float, factor: float, warmup: float, flags: frozenset[str] = frozenset()
+) -> float:
+    """factor * d_model^-0.5 * min(n^-0.5, n * warmup^-1.5), n >= 1, with the named mistakes."""
+    shift = {"early": -1, "late": 1}.get(_has(flags, "schedule_warmup_off_by_one") or "", 0)
+    sign = _has(flags, "schedule_exponent_sign")
+    w = warmup + shift
+    step_term = n ** (0.5 if sign == "step" else -0.5)
+    warm_term = n * w ** (1.5 if sign == "warmup" else -1.5)
+    scale = (
+        1.0
+        if _has(flags, "schedule_no_d_model") is not None
+        else d_model ** (0.5 if sign == "d_model" else -0.5)
+    )
+    return factor * scale * min(step_term, warm_term)
+
+
+def cosine(
+    t: float,
+    max_lr: float,
+    min_lr: float,
+    warmup: float,
+    total: float,
+    convention: str,
+    flags: frozenset[str] = frozenset(),
+) -> float:
+    """Linear warmup to max_lr, then half a cosine down to min_lr at step `total`, min_lr after it,
+    counted as `convention` counts (see COSINE_CONVENTIONS), with the named mistakes."""
+    a, b, _ = COSINE_CONVENTIONS[convention]
+    w = warmup + {"early": -1, "late": 1}.get(_has(flags, "schedule_warmup_off_by_one") or "", 0)
+    floor = 0.0 if _has(flags, "cosine_min_lr_ignored") is not None else min_lr
+    throughout = convention == "handformer"  # steps counted from 1 in the decay too; the others from 0
+    n = t + a if throughout else t
+    if (n <= w) if throughout else (t < w):
+        return max_lr * (t + a) / (w + b)
+    start = 0 if _has(flags, "cosine_from_step_zero") is not None else w
+    progress = (n - start) / (total - start)
+    if progress > 1 and _has(flags, "cosine_no_floor") is None:
+        return min_lr
+    return floor + 0.5 * (max_lr - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+class Schedule:
+    """The learner's schedule as values at steps: a function of the step, or a factory of a torch
+    scheduler (its first argument the optimizer) stepped on an SGD with lr 1. Settings it reads as
+    module globals (nanoGPT's `get_lr(it)` reads warmup_iters, lr_decay_iters, learning_rate,
+    min_lr) are set to check's values while it runs, then put back (`settings`)."""
+
+    def __init__(self, comp: Component, ctx: Context) -> None:
+        self.comp, self.ctx = comp, ctx
+        params = forward_parameters(comp.obj)
+        self.names = [p.name for p in params]
+        self.required = [p.name for p in params if p.default is p.empty]
+        lowered = [n.lower() for n in self.names]
+        self.factory = bool(lowered) and lowered[0] in OPTIMIZER_NAMES
+        self.step_name = None if self.factory else next(
+            (n for n in self.names if n.lower() in STEP_NAMES), self.names[0] if self.names else None)
+        self.args = {key: next((n for n in self.names if n.lower() in aliases and n != self.step_name), None)
+                     for key, aliases in ARGS.items()}
+        self.globals = _global_settings(comp.obj, self.names)  # key -> the module global it reads
+        self.family = _family({k: self.args[k] or self.globals.get(k) for k in ARGS},
+                              lowered[1:] if self.factory else lowered)
+        unknown = [n for n in self.required if n != self.step_name and n not in self.args.values()
+                   and n.lower() not in OPTIMIZER_NAMES]
+        if self.family is None or unknown:
+            raise _unreadable(comp, unknown)
+        self.sizes = dict(PAPER if self.family == "paper" else COSINE)
+        if self.family == "cosine" and not self.reads("min_lr"):
+            self.sizes["min_lr"] = 0.0  # Hugging Face's get_cosine_schedule_with_warmup decays to 0
+        if self.family == "cosine" and not self.reads("warmup"):
+            self.sizes["warmup"] = 0  # minimind's get_lr(current_step, total_steps, lr): no warmup
+        self.steps = PAPER_STEPS if self.family == "paper" else COSINE_STEPS
+
+    def reads(self, key: str) -> bool:
+        """Whether the schedule takes the setting `key` (an argument or a module global it reads)."""
+        return bool(self.args[key] or self.globals.get(key))
+
+    @contextlib.contextmanager
+    def settings(self) -> Iterator[Text | None]:
+        """The module globals the schedule reads, set to check's sizes (the note that says so)."""
+        module = sys.modules.get(self.comp.obj.__module__)
+        wanted = {name: self.sizes[key] for key, name in self.globals.items() if key in self.sizes}
+        if module is None or not wanted:
+            yield None
+            return
+        saved = {name: vars(module).get(name) for name in wanted}
+        vars(module).update(wanted)
+        now = ", ".join(f"{n}={v:g}" for n, v in wanted.items())
+        were = ", ".join(f"{n}={v!r}" for n, v in saved.items())
+        try:
+            yield text(f"your module-level settings were set to {now} for this check (they were {were})",
+                       f"检查时你在模块顶层的设置被改成了 {now}（原来是 {were}）")
+        finally:
+            vars(module).update(saved)
+
+    def kwargs(self) -> dict[str, Any]:
+        return {name: self.sizes[key] for key, name in self.args.items() if name and key in self.sizes}
+
+    def value(self, step: int) -> float:
+        """The learning rate at one step (a function of the step); their exception is theirs."""
+        out = self.ctx.learner.call("forward", self.comp.obj, **{self.step_name: step}, **self.kwargs())
+        return _as_float(self.ctx, self.comp, out, step)
+
+    def values(self) -> dict[int, float | BaseException]:
+        """The learning rate at each step; an exception at a step is kept as that step's value (a
+        division by zero at step 0 is a finding, not the end of the check)."""
+        if self.factory:
+            return self._stepped()
+        out: dict[int, float | BaseException] = {}
+        with self.settings() as note:
+            for s in self.steps:
+                try:
+                    out[s] = self.value(s)
+                except fp.LearnerFailure as failure:
+                    if s != 0:
+                        raise
+                    out[s] = failure
+        if note is not None and self.ctx.partial is not None:
+            self.ctx.partial.notes.append(note)  # the result in progress says its globals were set
+        return out
+
+    def _stepped(self) -> dict[int, float | BaseException]:
+        weight = torch.zeros(1, requires_grad=True)
+        opt = torch.optim.SGD([weight], lr=1.0)
+        sched = self.ctx.learner.call("__init__", self.comp.obj, opt, **self.kwargs())
+        if not hasattr(sched, "step"):
+            raise self.ctx.learner.fail(
+                "__init__",
+                f"{self.comp.name}(optimizer, ...) returned "
+                f"{type(sched).__name__}, not a scheduler with .step()",
+                f"{self.comp.name}(optimizer, ...) 返回了 {type(sched).__name__}，不是带 .step() 的调度器",
+            )
+        out: dict[int, float | BaseException] = {}
+        for s in range(max(self.steps) + 1):
+            if s in self.steps:
+                out[s] = float(opt.param_groups[0]["lr"])
+            opt.step()
+            self.ctx.learner.call("forward", sched.step)
+        return out
+
+
+def _global_settings(fn: Any, arguments: list[str]) -> dict[str, str]:
+    """The schedule's settings that `fn` reads as module globals, not arguments: key -> name."""
+    reads = global_reads(fn) - set(arguments)
+    return {key: name for key, aliases in ARGS.items() for name in sorted(reads) if name.lower() in aliases}
+
+
+def _family(settings: dict[str, str | None], rest: list[str]) -> str | None:
+    """The paper's schedule (it takes d_model), cosine (an end or a floor), or None."""
+    if settings["d_model"]:
+        return "paper"
+    if settings["total"] or settings["min_lr"]:
+        return "cosine"
+    if any(n in ARGS["warmup"] for n in rest) and not settings["max_lr"]:
+        return "paper"  # rate(step, warmup): the d_model factor forgotten, or folded in
+    return None
+
+
+def _unreadable(comp: Component, unknown: list[str]) -> DiscoveryError:
+    what = f"cannot fill the argument {unknown[0]!r}" if unknown else "cannot tell which schedule it is"
+    return DiscoveryError(
+        f"{comp.name}: {what}; name the arguments as the paper's rate(step, d_model, factor, "
+        "warmup) or cosine's get_lr_cosine_schedule(it, max_learning_rate, min_learning_rate, "
+        "warmup_iters, cosine_cycle_iters) do (or their common aliases: model_size, "
+        "warmup_steps, max_lr, min_lr, total_steps, ...)",
+        zh=f"{comp.name}：{('填不了参数 ' + repr(unknown[0])) if unknown else '看不出是哪种调度'}；"
+           "请像论文的 rate(step, d_model, factor, warmup) 或余弦调度的 get_lr_cosine_schedule(it, "
+           "max_learning_rate, min_learning_rate, warmup_iters, cosine_cycle_iters) "
+           "那样给参数起名（或用常见的别名：model_size、warmup_steps、max_lr、min_lr、total_steps "
+           "等）")
+
+
+def _as_float(ctx: Context, comp: Component, out: Any, step: int) -> float:
+    try:
+        return float(out)
+    except (TypeError, ValueError, RuntimeError):
+        raise ctx.learner.fail(
+            "forward", f"{comp.name} returned {type(out).__name__} at step {step}, not a number",
+            f"{comp.name} 在 step {step} 返回了 {type(out).__name__}，不是一个数"
+        ) from None
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isfinite(a) and abs(a - b) <= REL_TOL * max(abs(b), 1e-12) + TOL
+
+
+def _matches(got: dict[int, float], ref: Callable[[int], float], steps: tuple[int, ...]) -> float:
+    """The largest relative difference over `steps` (inf if a value is not finite)."""
+    worst = 0.0
+    for s in steps:
+        want = ref(s)
+        if not math.isfinite(got[s]):
+            return math.inf
+        worst = max(worst, abs(got[s] - want) / max(abs(want), 1e-12))
+    return worst
+
+
+def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
+    number, code = locate(name, source_lines(ctx.objects(comp, "schedule")))
+    return Finding(name, observed, number, code, form)
+
+
+Convention = Callable[[int, frozenset[str]], float]
+
+
+def check_schedule(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    sched = Schedule(comp, ctx)
+    got = sched.values()
+    if sched.family == "cosine" and not sched.reads("warmup"):
+        return check_no_warmup(res, sched, got)
+    if sched.factory:
+        res.notes.append(_factory_note(comp))
+    later = tuple(s for s in sched.steps if s > 0)
+    values = {s: v for s, v in got.items() if isinstance(v, float)}
+    conventions, labels, flags_all = _conventions(sched)
+    found = _explain(values, conventions, flags_all, later)
+    best = min(
+        conventions, key=lambda c: _matches(values, lambda s, c=c: conventions[c](s, frozenset()), later)
+    )
+    conv = found[0] if found else best
+    right = conventions[conv]
+    res.convention = labels[conv]
+    _compare_values(res, sched, values, right, later)
+    _report_mistakes(res, ctx, comp, found, values, right, later)
+    _step_zero(res, ctx, comp, sched, got.get(0), right)
+    sizes = sched.sizes
+    res.notes.append(
+        _values_note(
+            values,
+            right,
+            (0, sizes["warmup"], 10 * sizes["warmup"])
+            if sched.family == "paper"
+            else (0, sizes["warmup"], sizes["total"], max(sched.steps)),
+        )
+    )
+    return finish(res)
+
+
+def _factory_note(comp: Component) -> Text:
+    return text(
+        f"{comp.name}(optimizer, ...) returns a scheduler: it was stepped on an SGD "
+        "with lr 1, and the learning rate read after each step",
+        f"{comp.name}(optimizer, ...) 返回一个调度器：在 lr 为 1 的 SGD 上逐步调用，"
+        "每步之后读出学习率",
+    )
+
+
+def _conventions(sched: Schedule) -> tuple[dict[str, Convention], dict[str, Text], tuple[str, ...]]:
+    """The family's counting conventions (as references taking the step and a set of mistakes),
+    their labels, and the mistakes that can be named."""
+    sizes = sched.sizes
+    factor = sizes["factor"] if sched.args["factor"] else 1.0
+    if sched.family == "paper":
+        conventions: dict[str, Convention] = {
+            "from_1": lambda s, f: paper(max(s, 1), sizes["d_model"], factor, sizes["warmup"], f),
+            "from_0": lambda s, f: paper(s + 1, sizes["d_model"], factor, sizes["warmup"], f),
+        }
+        labels = {
+            "from_1": text(
+                "steps counted from 1 (the paper, the Annotated Transformer)",
+                "步数从 1 开始数（论文，Annotated Transformer）",
+            ),
+            "from_0": text(
+                "steps counted from 0: lr(step) = rate(step + 1) (handformer)",
+                "步数从 0 开始数：lr(step) = rate(step + 1)（handformer）",
+            ),
+        }
+        return conventions, labels, PAPER_FLAGS
+    conventions = {
+        c: (
+            lambda s, f, c=c: cosine(
+                s, sizes["max_lr"], sizes["min_lr"], sizes["warmup"], sizes["total"], c, f
+            )
+        )
+        for c in COSINE_CONVENTIONS
+    }
+    return conventions, {c: v[2] for c, v in COSINE_CONVENTIONS.items()}, COSINE_FLAGS
+
+
+def _explain(
+    values: dict[int, float],
+    conventions: dict[str, Convention],
+    flags_all: tuple[str, ...],
+    later: tuple[int, ...],
+) -> tuple[str, frozenset[str]] | None:
+    """The convention and the smallest set of named mistakes that reproduce the values after step 0
+    (None if no set of up to two does)."""
+    for size in (0, 1, 2):
+        for flags in itertools.combinations(flags_all, size):
+            fs = frozenset(flags)
+            if len({f.partition(":")[0] for f in fs}) < len(fs):
+                continue
+            for conv, ref in conventions.items():
+                if _matches(values, lambda s, ref=ref, fs=fs: ref(s, fs), later) < REL_TOL:
+                    return conv, fs
+    return None
+
+
+def _compare_values(
+    res: ComponentResult, sched: Schedule, values: dict[int, float], right: Convention, later: tuple[int, ...]
+) -> None:
+    """The check that the values after step 0 equal the right schedule's."""
+    worst = _matches(values, lambda s: right(s, frozenset()), later)
+    res.max_abs_error = (
+        max(abs(values[s] - right(s, frozenset())) for s in later) if math.isfinite(worst) else math.inf
+    )
+    shown = ", ".join(f"{s}" for s in later)
+    res.checks.append(
+        Check(
+            text(
+                f"the learning rate at steps {shown} equals the {_family_en(sched)}",
+                f"步 {shown} 的学习率等于{_family_zh(sched)}",
+            ),
+            worst < REL_TOL,
+            text(f"largest relative difference {worst:.2e}", f"最大相对误差 {worst:.2e}"),
+        )
+    )
+
+
+def _report_mistakes(
+    res: ComponentResult,
+    ctx: Context,
+    comp: Component,
+    found: tuple[str, frozenset[str]] | None,
+    values: dict[int, float],
+    right: Convention,
+    later: tuple[int, ...],
+) -> None:
+    """A finding for each named mistake that reproduces the schedule, or a note that none does."""
+    if found and found[1]:
+        for flag in sorted(found[1]):
+            name, _, form = flag.partition(":")
+            res.findings.append(
+                _finding(ctx, comp, name, _observed(name, form, values, right, found[1], later), form)
+            )
+    elif not found:
+        res.notes.append(
+            text(
+                "no known mistake (or pair of them) reproduces your schedule; see the values below",
+                "没有任何已知错误（或两个错误的组合）能复现你的调度；请看下面的数值",
+            )
+        )
+
+
+def check_no_warmup(res: ComponentResult, sched: Schedule, got: dict[int, Any]) -> ComponentResult:
+    """A cosine without warmup (minimind's get_lr(current_step, total_steps, lr)): half a cosine
+    from step 0 down to the floor at the last step. A floor the schedule does not take as a setting
+    is its own constant (minimind's lr / 10): read at the last step and named. The peak is lr, or lr
+    above that floor (minimind's first form, lr / 10 + lr * (1 + cos) / 2: lr is the amplitude),
+    named too. Past the last step the values are shown, not compared: such a schedule is called for
+    its run's steps only."""
+    for value in got.values():
+        if isinstance(value, fp.LearnerFailure):
+            raise value  # their exception at a step they accept
+    lr, total = sched.sizes["max_lr"], sched.sizes["total"]
+    inside = tuple(s for s in sched.steps if s <= total)
+    own = not sched.reads("min_lr")
+    floor = got[total] if own else sched.sizes["min_lr"]
+    peaks = (lr, lr + floor) if own and floor > 0 else (lr,)
+    peak = min(peaks, key=lambda p: _matches(got, _half_cosine(p, floor, total), inside))
+    right = _half_cosine(peak, floor, total)
+    worst = _matches(got, right, inside)
+    res.max_abs_error = max(abs(got[s] - right(s)) for s in inside) if math.isfinite(worst) else math.inf
+    shown = ", ".join(map(str, inside))
+    res.checks.append(Check(
+        text(f"the learning rate at steps {shown} is half a cosine from {peak:g} down to {floor:g} at "
+             f"step {total} (lr = {lr:g}, total_steps = {total})",
+             f"步 {shown} 的学习率是半个余弦：从 {peak:g} 降到步 {total} 的 {floor:g}"
+             f"（lr = {lr:g}，total_steps = {total}）"),
+        worst < REL_TOL, text(f"largest relative difference {worst:.2e}", f"最大相对误差 {worst:.2e}")))
+    if worst < REL_TOL:
+        res.convention = _no_warmup_convention(peak / lr, floor / lr, own)
+        res.status = DIFFERS if peak != lr else res.status
+    else:
+        res.notes.append(text("it is not half a cosine from lr at step 0 down to its value at the last step; "
+                              "see the values below",
+                              "它不是从步 0 的 lr 降到最后一步的值的半个余弦；请看下面的数值"))
+    res.notes.append(_no_warmup_values(got, total, [s for s in sched.steps if s > total]))
+    return finish(res)
+
+
+def _half_cosine(peak: float, floor: float, total: float) -> Callable[[int], float]:
+    return lambda s: floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * s / total))
+
+
+def _no_warmup_convention(peak: float, floor: float, own: bool) -> Text:
+    """peak and floor as multiples of lr."""
+    en = f"no warmup: half a cosine from {peak:g} x lr at step 0 to {floor:g} x lr at the last step"
+    zh = f"没有预热：半个余弦，从步 0 的 {peak:g} × lr 降到最后一步的 {floor:g} × lr"
+    if own and floor > 0:
+        en, zh = en + " (the floor is a constant of your own)", zh + "（下限是你自己定的常数）"
+    if peak != 1:
+        en += f"; lr is the amplitude above the floor, so the peak is {peak:g} x lr, not lr"
+        zh += f"；lr 是下限之上的幅度，所以峰值是 {peak:g} × lr，不是 lr"
+    return text(en, zh)
+
+
+def _no_warmup_values(got: dict[int, Any], total: int, past: list[int]) -> Text:
+    steps = (0, total, *past)
+    return text("values: " + "; ".join(f"step {s}: {got[s]:.4g}" for s in steps)
+                + " (past the last step not compared: the run ends there)",
+                "数值：" + "；".join(f"步 {s}：{got[s]:.4g}" for s in steps)
+                + "（最后一步之后不比较：训练在那里结束）")
+
+
+def _family_en(sched: Schedule) -> str:
+    return (
+        "paper's schedule, factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)"
+        if sched.family == "paper"
+        else "cosine schedule with linear warmup"
+    )
+
+
+def _family_zh(sched: Schedule) -> str:
+    return (
+        "论文的调度 factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)"
+        if sched.family == "paper"
+        else "带线性预热的余弦调度"
+    )
+
+
+def _step_zero(
+    res: ComponentResult,
+    ctx: Context,
+    comp: Component,
+    sched: Schedule,
+    zero: Any,
+    right: Convention,
+) -> None:
+    """Step 0: the paper's schedule must give rate(1) there (never 0, never a division by zero);
+    cosine's CS336 warmup is 0 by its definition (a note)."""
+    if isinstance(zero, fp.LearnerFailure):
+        observed = text(f"at step 0 it raised {zero.error.message}", f"步 0 抛出了 {zero.error.message}")
+        res.findings.append(_finding(ctx, comp, "schedule_step_zero", observed, "division"))
+        return
+    want = right(0, frozenset())
+    if zero is None or _close(zero, want):
+        if sched.family == "cosine" and zero == 0.0:
+            res.notes.append(_zero_at_start_note())
+        return
+    if sched.family == "paper" and (zero == 0.0 or not math.isfinite(zero)):
+        form = "zero" if zero == 0.0 else "division"
+        observed = text(
+            f"at step 0 it gives {zero:g}; rate(1) = {want:.4g} is expected",
+            f"步 0 得到 {zero:g}；应为 rate(1) = {want:.4g}",
+        )
+        res.findings.append(_finding(ctx, comp, "schedule_step_zero", observed, form))
+        return
+    res.checks.append(
+        Check(
+            text("the learning rate at step 0", "步 0 的学习率"),
+            False,
+            text(f"{zero:.4g}, expected {want:.4g}", f"{zero:.4g}，应为 {want:.4g}"),
+        )
+    )
+
+
+def _zero_at_start_note() -> Text:
+    return text(
+        "the learning rate is 0 at step 0, so the first step does not move the weights "
+        "(CS336's definition; (t + 1) / T_w starts above 0)",
+        "步 0 的学习率为 0，第一次更新不会改变权重"
+        "（CS336 就这样定义；(t + 1) / T_w 从大于 0 开始）",
+    )
+
+
+def _observed(
+    name: str,
+    form: str,
+    values: dict[int, float],
+    right: Callable[[int, frozenset[str]], float],
+    flags: frozenset[str],
+    steps: tuple[int, ...],
+) -> Text:
+    off = {s: abs(values[s] - right(s, frozenset())) for s in steps}
+    where = max(off, key=lambda s: off[s])
+    peak = max(steps, key=lambda s: values[s])
+    return text(
+        f"your schedule equals the one with this mistake at every step checked (relative "
+        f"difference < 1e-5); it differs from the right one by up to {off[where]:.3g} (at step "
+        f"{where}); its peak is at step {peak}",
+        f"你的调度在检查的每一步都与带这个错误的调度一致（相对误差 < 1e-5）；与正确的调度最多相差 "
+        f"{off[where]:.3g}（步 {where}）；峰值在步 {peak}",
+    )
+
+
+def _values_note(
+    values: dict[int, float], right: Callable[[int, frozenset[str]], float], steps: tuple[int, ...]
+) -> Text:
+    shown = [(s, values.get(s), right(s, frozenset())) for s in steps]
+    en = "; ".join(f"step {s}: {'-' if v is None else f'{v:.4g}'} (expected {w:.4g})" for s, v, w in shown)
+    zh = "；".join(f"步 {s}：{'-' if v is None else f'{v:.4g}'}（应为 {w:.4g}）" for s, v, w in shown)
+    return text(f"values: {en}", f"数值：{zh}")

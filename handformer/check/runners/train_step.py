@@ -1,0 +1,397 @@
+"""The runners of a training step, `train_step(model, batch, optimizer, criterion)` (or with `src`
+and `tgt` in place of the batch, and optionally a number of micro-batches to accumulate), and of a
+training epoch, `train_epoch(model, loader, optimizer, criterion)`, on a tiny handformer
+`Seq2SeqTransformer` handed over in eval mode and an SGD optimizer. The criterion handed in is the
+learner's own when the file defines a loss that passes its check (called with the pad id, and a
+smoothing of 0.1 when it takes one), else a cross-entropy that ignores the pad id; handformer's step
+uses the same one.
+
+The learner's step runs twice, on two batches, and the parameters after each step are compared with
+handformer's step from the same start: the decoder fed the target shifted right (`tgt[:, :-1]`),
+the loss against `tgt[:, 1:]`, `zero_grad`, `backward`, the gradient clipped (when the learner's code
+clips, at the norm it writes) and `step`. The model records each call: the mode it was in and the
+target it was fed. Named: `zero_grad` missing (gradients of step 1 still in step 2), clipping after
+`step()` (the update is the unclipped one), `model.train()` forgotten (the model ran in eval mode),
+the decoder fed the unshifted target (input and label at the same positions), and with
+accumulation the micro-batches' losses not divided by their number (the update is that many times
+too large). An epoch runs once over the same two batches and is compared after it.
+
+Shape legend: B batch, S source length, T target length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import itertools
+import re
+import types
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from handformer.check.core.argument_names import (
+    ACCUM_NAMES,
+    BATCH_NAMES,
+    CRITERION_NAMES,
+    LOADER_NAMES,
+    OPTIMIZER_NAMES,
+    SRC_NAMES,
+    TGT_NAMES,
+)
+from handformer.check.core.argument_names import STEP_MODEL_NAMES as MODEL_NAMES  # noqa: F401
+from handformer.check.core.context import Context, error_text, finish, forward_parameters
+from handformer.check.core.discovery import Component, DiscoveryError, own_objects
+from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.source import locate, source_lines
+from handformer.config import Seq2SeqConfig
+from handformer.models.seq2seq import Seq2SeqTransformer
+
+PAD, V, LR = 0, 11, 0.5
+
+ACCUM = 2  # micro-batches a step is asked to accumulate, when it takes their number
+
+
+def batches() -> list[tuple[Tensor, Tensor]]:
+    """Two (src (B, S), tgt (B, T)) batches, the targets starting with BOS (1) and padded with 0."""
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for _ in range(2):
+        src = torch.randint(2, V, (2, 5), generator=g)
+        tgt = torch.randint(2, V, (2, 6), generator=g)
+        tgt[:, 0] = 1
+        tgt[1, 4:] = PAD
+        src[1, 4:] = PAD
+        out.append((src, tgt))
+    return out
+
+
+def tiny_model() -> Seq2SeqTransformer:
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig(src_vocab_size=V, tgt_vocab_size=V, d_model=8, n_heads=2, d_ff=16, n_encoder_layers=1,
+                        n_decoder_layers=1, dropout=0.0, max_positions=16, pad_id=PAD)
+    return Seq2SeqTransformer(cfg).double()
+
+
+class Recorded(nn.Module):
+    """The model handed to the learner: `model(src, tgt, ...)` returns (B, T, V) logits (masks and
+    other arguments are ignored: the model builds its own); every call is recorded."""
+
+    def __init__(self, model: Seq2SeqTransformer) -> None:
+        super().__init__()
+        self.model = model
+        self.calls: list[tuple[bool, int]] = []  # (training, target length)
+
+    def forward(self, src: Tensor, tgt: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        self.calls.append((self.training, tgt.size(1)))
+        return self.model(src, tgt).logits
+
+
+def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor,
+                   clip: float | None, *, zero_grad: bool = True, clip_after: bool = False,
+                   shift: bool = True, accum: int = 1, divide: bool = True,
+                   criterion: Any = None) -> None:
+    """handformer's step, with the named mistakes on request: with accum > 1 the batch is split in
+    that many micro-batches along the batch, each loss divided by accum (unless `divide` is off)
+    and backpropagated, then one update."""
+    criterion = criterion or nn.CrossEntropyLoss(ignore_index=PAD)
+    if zero_grad:
+        opt.zero_grad()
+    for src_part, tgt_part in zip(src.chunk(accum), tgt.chunk(accum)):
+        tgt_in, tgt_out = (tgt_part[:, :-1], tgt_part[:, 1:]) if shift else (tgt_part, tgt_part)
+        logits = model(src_part, tgt_in)
+        # log-probabilities: what the Annotated LabelSmoothing takes, and the same loss for a
+        # cross-entropy (log_softmax of log-probabilities changes nothing)
+        loss = criterion(logits.log_softmax(-1).reshape(-1, V), tgt_out.reshape(-1))
+        (loss / accum if divide else loss).backward()
+    update(model, opt, clip, clip_after)
+
+
+def update(model: nn.Module, opt: torch.optim.Optimizer, clip: float | None, clip_after: bool = False,
+           lr: float | None = None) -> None:
+    """The end of a reference step: the gradients clipped at `clip` (after `opt.step()` when
+    `clip_after`: the named mistake), the learning rate set when given, the update."""
+    if clip is not None and not clip_after:
+        nn.utils.clip_grad_norm_(model.parameters(), clip)
+    if lr is not None:
+        for group in opt.param_groups:
+            group["lr"] = lr
+    opt.step()
+    if clip is not None and clip_after:  # clips the gradients already used (kept, without zero_grad)
+        nn.utils.clip_grad_norm_(model.parameters(), clip)
+
+
+def parameters_of(model: nn.Module) -> list[Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def largest_difference(a: list[Tensor], b: list[Tensor]) -> float:
+    return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+def clip_note(clip: float) -> Text:
+    return text(f"your step clips the gradient norm at {clip:g}; handformer's step clipped at the same norm",
+                f"你的一步把梯度范数裁剪到 {clip:g}；handformer 的一步按同样的范数裁剪")
+
+
+def _called_sources(ctx: Context, source: str) -> list[str]:
+    """The sources of the file's own functions that SOURCE calls by name (a `train_epoch` that calls
+    the learner's `train_step`)."""
+    out = []
+    for name, obj in own_objects(ctx.module).items():
+        if "." not in name and inspect.isfunction(obj) and re.search(rf"\b{re.escape(name)}\s*\(", source):
+            try:
+                out.append(inspect.getsource(obj))
+            except (OSError, TypeError):
+                pass
+    return out
+
+
+class Step:
+    """How to call the learner's step (or epoch): its model, batch (a tuple, an object with fields, or a
+    dict, as its source reads it), optimizer, criterion and accumulation arguments, by name."""
+
+    def __init__(self, comp: Component, ctx: Context, epoch: bool = False) -> None:
+        self.comp, self.ctx, self.epoch = comp, ctx, epoch
+        params = forward_parameters(comp.obj)
+        self.names = [p.name for p in params]
+        find = lambda aliases: next((n for n in self.names if n.lower() in aliases), None)  # noqa: E731
+        self.model, self.opt = find(MODEL_NAMES), find(OPTIMIZER_NAMES)
+        self.criterion = find(CRITERION_NAMES)
+        self.accum = find(ACCUM_NAMES)
+        self.loader = find(LOADER_NAMES) if epoch else None
+        self.batch = None if epoch else find(BATCH_NAMES)
+        self.src, self.tgt = (None, None) if epoch else (find(SRC_NAMES), find(TGT_NAMES))
+        known = {self.model, self.opt, self.criterion, self.batch, self.src, self.tgt, self.accum,
+                 self.loader}
+        unknown = [p.name for p in params if p.default is p.empty and p.name not in known]
+        data = self.loader if epoch else (self.batch or (self.src and self.tgt))
+        if unknown or not self.model or not self.opt or not data:
+            what = "(model, loader, optimizer, criterion)" if epoch else (
+                "(model, batch, optimizer, criterion), the batch as (src, tgt), batch.src / batch.tgt or a "
+                "dict, or src and tgt themselves")
+            raise DiscoveryError(
+                f"{comp.name}: cannot fill the argument {(unknown or ['model / optimizer / batch'])[0]!r}; "
+                f"a training {'epoch' if epoch else 'step'} takes {what}, and optionally the number of "
+                "micro-batches to accumulate (accum_steps, ...)",
+                zh=f"{comp.name}：填不了参数 {(unknown or ['model / optimizer / batch'])[0]!r}；"
+                   f"{'训练一个 epoch' if epoch else '训练一步'}接受 {what}，"
+                   "还可以有要累积的微批次个数（accum_steps 等）")
+        try:
+            self.source = inspect.getsource(comp.obj)
+        except (OSError, TypeError):
+            self.source = ""
+        clipping = self.source + "".join(_called_sources(ctx, self.source))  # an epoch calling their step
+        match = re.search(r"clip_grad_norm_?\([^,]+,\s*(?:max_norm\s*=\s*)?([0-9.eE+-]+)", clipping)
+        self.clip = float(match.group(1)) if match else (1.0 if "clip_grad" in clipping else None)
+        if epoch:  # the loop's variable is what a batch is called
+            loader = re.escape(self.loader or "")
+            loop = re.search(rf"for\s+(\w+)\s+in\s+(?:enumerate\()?\s*{loader}\b", self.source)
+            self.batch = loop.group(1) if loop else None
+        self.make_criterion, self.criterion_name = learner_criterion(ctx)
+
+    def _batch(self, src: Tensor, tgt: Tensor) -> Any:
+        name = re.escape(self.batch or "")
+        fields = re.findall(rf"\b{name}\.(\w+)", self.source) if self.batch else []
+        keys = re.findall(rf"\b{name}\[[\"'](\w+)[\"']\]", self.source) if self.batch else []
+        if fields or keys:
+            values = {}
+            for name in fields or keys:
+                low = name.lower()
+                is_src = low in SRC_NAMES or low.startswith("src")
+                values[name] = src.clone() if is_src else tgt.clone()
+            return types.SimpleNamespace(**values) if fields else values
+        return (src.clone(), tgt.clone())
+
+    def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor) -> Any:
+        kwargs: dict[str, Any] = {self.model: model, self.opt: opt}
+        if self.criterion:
+            kwargs[self.criterion] = self.make_criterion()
+        if self.accum:
+            kwargs[self.accum] = ACCUM
+        if self.batch:
+            kwargs[self.batch] = self._batch(src, tgt)
+        else:
+            kwargs[self.src], kwargs[self.tgt] = src.clone(), tgt.clone()
+        return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+
+    def run_epoch(self, model: nn.Module, opt: torch.optim.Optimizer, data: list[tuple[Tensor, Tensor]],
+                  ) -> Any:
+        kwargs: dict[str, Any] = {self.model: model, self.opt: opt,
+                                  self.loader: [self._batch(src, tgt) for src, tgt in data]}
+        if self.criterion:
+            kwargs[self.criterion] = self.make_criterion()
+        if self.accum:
+            kwargs[self.accum] = ACCUM
+        return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+
+    def uses_own_criterion(self) -> bool:
+        """The learner's loss is handed in, or (no criterion argument) the step calls it by name."""
+        name = self.criterion_name
+        return bool(self.criterion) or bool(name and re.search(rf"\b{name}\s*\(", self.source))
+
+    def reference_criterion(self) -> Any:
+        """The criterion handformer's step uses: the one handed to the learner, or (a step without a
+        criterion argument) the learner's loss when its step calls it by name, else cross-entropy."""
+        if self.uses_own_criterion():
+            return self.make_criterion()
+        return nn.CrossEntropyLoss(ignore_index=PAD)
+
+
+def learner_criterion(ctx: Context) -> tuple[Any, str | None]:
+    """A factory of the learner's loss as a criterion(input, target) when the file defines one that
+    passes its own check, with the name it has; else of handformer's cross-entropy."""
+    from handformer.check.core.result import PASS
+    from handformer.check.runners.loss import Loss, check_loss
+
+    fallback = (lambda: nn.CrossEntropyLoss(ignore_index=PAD)), None
+    comp = ctx.components.get("loss")
+    if comp is None:
+        return fallback
+    result = ctx.results.get(comp.name)
+    if result is None:
+        partial = ctx.partial
+        try:
+            result = check_loss(comp, ctx)
+        except Exception:  # their loss raises: handformer's criterion is handed in
+            return fallback
+        finally:
+            ctx.partial = partial
+        ctx.results[comp.name] = result
+    try:
+        spec = Loss(comp, ctx)
+    except DiscoveryError:
+        return fallback
+    if result.status != PASS:
+        return fallback
+
+    def make() -> Any:
+        init: dict[str, Any] = {}
+        fixed: dict[str, Any] = {}
+        for name, value in ((spec.pad, PAD), (spec.smoothing, 0.1), (spec.size, V)):
+            if name is not None:
+                (init if name in spec.init_names else fixed)[name] = value
+        fn = ctx.learner.call("__init__", lambda: comp.obj(**init)) if spec.is_class else comp.obj
+
+        def criterion(input: Tensor, target: Tensor) -> Any:
+            return ctx.learner.call("forward", fn, **{spec.input: input, spec.target: target, **fixed})
+        return criterion
+
+    return make, comp.name
+
+
+def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
+    """The finding, with the likely line in the step (or epoch) itself, else in the rest of the file."""
+    number, code = locate(name, source_lines([comp.obj]))
+    if number is None:
+        number, code = locate(name, source_lines(ctx.objects(comp, "train_step", "train_epoch")))
+    return Finding(name, observed, number, code, form)
+
+
+def _run(step: Step, base: Seq2SeqTransformer, **mistakes: Any) -> list[list[Tensor]]:
+    """handformer's steps (with the mistakes asked for) from the same start: the parameters after
+    each batch (one list for an epoch, after both)."""
+    model = Recorded(copy.deepcopy(base))
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    accum = ACCUM if step.accum else 1
+    out = []
+    for src, tgt in batches():
+        reference_step(model, opt, src, tgt, step.clip, accum=accum, criterion=step.reference_criterion(),
+                       **mistakes)
+        out.append(parameters_of(model))
+    return out[-1:] if step.epoch else out
+
+
+def check_train_step(comp: Component, ctx: Context) -> ComponentResult:
+    return _check(comp, ctx, epoch=False)
+
+
+def check_train_epoch(comp: Component, ctx: Context) -> ComponentResult:
+    return _check(comp, ctx, epoch=True)
+
+
+def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
+    res = ctx.result(comp)
+    step = Step(comp, ctx, epoch)
+    base = tiny_model()
+    model = Recorded(copy.deepcopy(base)).eval()  # handed in eval mode, as after an evaluation
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    got = []
+    with torch.enable_grad():
+        if epoch:
+            step.run_epoch(model, opt, batches())
+            got.append(parameters_of(model))
+        else:
+            for src, tgt in batches():
+                step(model, opt, src, tgt)
+                got.append(parameters_of(model))
+        right = _run(step, base)
+        errs = [largest_difference(g, r) for g, r in zip(got, right)]
+        res.max_abs_error = max(errs)
+        what = ("the parameters after an epoch of two batches equal handformer's two steps on them",
+                "一个 epoch（两个 batch）之后的参数与 handformer 在这两个 batch 上走两步的结果一致",
+                ) if epoch else (
+            "the parameters after one and after two steps equal handformer's step on the same batches",
+            "走完一步、两步之后的参数，都与 handformer 的训练一步在同样 batch 上的结果一致")
+        res.checks.append(Check(text(*what), max(errs) < 1e-9, error_text(max(errs))))
+        _notes(res, step)
+        trained = [t for t, _ in model.calls]
+        lengths = {n for _, n in model.calls}
+        if model.calls and not any(trained):
+            res.findings.append(_finding(ctx, comp, "train_step_eval_mode", text(
+                f"the model was handed over in eval mode and your step ran all {len(trained)} of its calls "
+                "so: dropout stays off in training",
+                f"模型交给你时处于 eval 模式，你的一步在全部 {len(trained)} 次调用里都这样运行它："
+                "训练时 dropout 一直关着")))
+        if max(errs) >= 1e-9:
+            _search(res, ctx, comp, step, base, got, right, errs, lengths)
+    return finish(res)
+
+
+def _notes(res: ComponentResult, step: Step) -> None:
+    if step.clip is not None:
+        res.notes.append(clip_note(step.clip))
+    if step.accum:
+        res.notes.append(text(f"{step.accum}={ACCUM}: each batch of 2 sentences in {ACCUM} micro-batches, "
+                              "their gradients accumulated before one update",
+                              f"{step.accum}={ACCUM}：每个 2 句的 batch 分成 {ACCUM} 个 micro-batch，"
+                              "梯度累加后更新一次"))
+    if step.criterion_name and step.uses_own_criterion():
+        res.notes.append(text(f"the criterion is your own {step.criterion_name} (it passes its check), in "
+                              "your step and in handformer's", f"损失用的是你自己的 {step.criterion_name}"
+                              "（它通过了自己的检查），你的一步和 handformer 的一步都用它"))
+
+
+def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, base: Seq2SeqTransformer,
+            got: list[list[Tensor]], right: list[list[Tensor]], errs: list[float], lengths: set[int]) -> None:
+    variants: dict[str, dict[str, Any]] = {
+        "train_step_no_zero_grad": {"zero_grad": False}, "train_step_clip_after_step": {"clip_after": True},
+        "train_step_no_shift": {"shift": False}, "train_step_loss_not_divided": {"divide": False}}
+    if step.clip is None:
+        del variants["train_step_clip_after_step"]
+    if lengths != {batches()[0][1].size(1)}:
+        del variants["train_step_no_shift"]
+    if not step.accum:
+        del variants["train_step_loss_not_divided"]
+    combos = [c for n in (1, 2) for c in itertools.combinations(variants, n)]
+    for combo in combos:
+        mistakes = {k: v for name in combo for k, v in variants[name].items()}
+        theirs = _run(step, base, **mistakes)
+        if all(largest_difference(t, r) < 1e-12 for t, r in zip(theirs, right)):
+            continue  # these mistakes change nothing on these batches
+        off = max(largest_difference(g, t) for g, t in zip(got, theirs))
+        if off >= 1e-9:
+            continue
+        after = (f"after the epoch they differ from handformer's by {errs[0]:.3g}", f"与 handformer 的相比，"
+                 f"epoch 之后相差 {errs[0]:.3g}") if step.epoch else (
+            f"after step 1 they differ from handformer's by {errs[0]:.3g}, after step 2 by {errs[1]:.3g}",
+            f"与 handformer 的相比，一步之后相差 {errs[0]:.3g}，两步之后相差 {errs[1]:.3g}")
+        for name in combo:
+            res.findings.append(_finding(ctx, comp, name, text(
+                f"your parameters equal those of a step with this mistake (max abs difference {off:.1e}); "
+                f"{after[0]}", f"你的参数与带这个错误的一步结果一致（最大绝对误差 {off:.1e}）；{after[1]}")))
+        return
+    res.notes.append(text("no known mistake (or pair of them) reproduces your parameters; see the checks",
+                          "没有任何已知错误（或两个错误的组合）能复现你的参数；请看检查项"))

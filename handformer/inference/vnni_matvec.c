@@ -1,0 +1,277 @@
+/* Int8Linear's and Int4Linear's "vnni" kernels (handformer/inference/c_kernels.py builds them):
+ * y = x W^T + b for one or two rows of fp32 activations, the weights read as stored (int8, or 4-bit
+ * nibbles), the products done in integers by AVX-512 VNNI (vpdpbusd: 64 unsigned x signed byte
+ * products summed four at a time into 16 int32 lanes).
+ *
+ * The activation row is quantized once per call, as llama.cpp's Q8_0: blocks of 32 numbers, each
+ * with its own scale s = max|x| / 127 and int8 values round(x / s). Each block's int32 dot product is
+ * exact; it is scaled back by s (times the weight's scale) in fp32.
+ *
+ * vpdpbusd multiplies an unsigned byte by a signed one. int8 weights w (-127..127) are read as the
+ * unsigned bytes w + 128 (the sign bit flipped in the register), and the surplus 128 * sum(x) is taken
+ * off by starting each lane's sum at -128 * (its four activations' sum), precomputed once per row: the
+ * lanes then hold sum(w x) exactly. int4 weights are unsigned already (q = 0..15 stands for q - 8):
+ * the lanes start at -8 * (their eight activations' sum).
+ *
+ * Shapes: x (M, K) fp32, y (M, N) fp32, bias (N,) fp32 or NULL. int8: q (N, K) int8, scale (N,) fp32,
+ * K a multiple of 32. int4: qs (N, K/2) bytes as Int4Linear stores them (byte j of a row: weight 2j
+ * in the low nibble, weight 2j + 1 in the high one), d (N, K/32) float16 scales, K a multiple of 32. Output rows split among `threads` OpenMP threads.
+ *
+ * Built with gcc -O3 -fopenmp at first use; only vnni_supported() is compiled for any x86-64, the
+ * kernels for AVX-512 F/BW/VL + VNNI + F16C, run only where vnni_supported() says 1. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int vnni_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+        && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")
+        && __builtin_cpu_supports("f16c");
+}
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")
+#include <immintrin.h>
+
+#define BLOCK 32
+
+typedef struct {      /* one activation row, quantized; every array padded with zeros to `chunks` */
+    int8_t *q;        /* int8 values, in the order the kernel reads them */
+    int32_t *start;   /* each lane's starting sum (the offset correction), 16 a chunk */
+    float *scale;     /* each lane's activation scale, 16 a chunk */
+} Row;
+
+/* Quantize blocks of 32 of x (K numbers) into q (natural order) and s (K/32 scales). */
+static void quantize_blocks(const float *x, int64_t K, int8_t *q, float *s) {
+    for (int64_t b = 0; b < K / BLOCK; b++) {
+        __m512 lo = _mm512_loadu_ps(x + b * BLOCK), hi = _mm512_loadu_ps(x + b * BLOCK + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        s[b] = amax / 127.0f;
+        __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        _mm_storeu_si128((__m128i *)(q + b * BLOCK), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(lo, inv))));
+        _mm_storeu_si128((__m128i *)(q + b * BLOCK + 16),
+                         _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(hi, inv))));
+    }
+}
+
+/* Each lane's sum of its group of `width` bytes of q (one chunk of 64 bytes read `width` / 4 times). */
+static __m512i lane_sums(const int8_t *q) {
+    const __m512i ones = _mm512_set1_epi8(1);
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(q));
+}
+
+/* int8: chunks of 64 = two blocks; lanes 0-7 the first block, 8-15 the second. */
+static void prepare_int8(const float *x, int64_t K, Row *row, int64_t chunks) {
+    float s[chunks * 2];
+    memset(row->q, 0, chunks * 64);
+    memset(s, 0, sizeof s);
+    quantize_blocks(x, K, row->q, s);
+    for (int64_t c = 0; c < chunks; c++) {
+        __m512i sums = lane_sums(row->q + c * 64);
+        _mm512_storeu_si512(row->start + c * 16, _mm512_mullo_epi32(sums, _mm512_set1_epi32(-128)));
+        __m512 lanes = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s[2 * c]), _mm512_set1_ps(s[2 * c + 1]));
+        _mm512_storeu_ps(row->scale + c * 16, lanes);
+    }
+}
+
+/* int4: chunks of 128 = four blocks = 64 weight bytes. The chunk's first 64 activations pair with the
+ * low nibbles (block g's even weights at bytes 16g..16g+15), the next 64 with the high nibbles (its
+ * odd weights); lanes 4g..4g+3 hold block g in both. */
+static void prepare_int4(const float *x, int64_t K, Row *row, int64_t chunks) {
+    int8_t natural[chunks * 128];
+    float s[chunks * 4];
+    memset(natural, 0, sizeof natural);
+    memset(s, 0, sizeof s);
+    quantize_blocks(x, K, natural, s);
+    for (int64_t c = 0; c < chunks; c++) {
+        int8_t *lo = row->q + c * 128, *hi = lo + 64;
+        for (int j = 0; j < 64; j++) {
+            lo[j] = natural[c * 128 + 2 * j];
+            hi[j] = natural[c * 128 + 2 * j + 1];
+        }
+        __m512i sums = _mm512_add_epi32(lane_sums(lo), lane_sums(hi));
+        _mm512_storeu_si512(row->start + c * 16, _mm512_mullo_epi32(sums, _mm512_set1_epi32(-8)));
+        __m512 lanes = _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+                                             _mm512_castps128_ps512(_mm_loadu_ps(s + 4 * c)));
+        _mm512_storeu_ps(row->scale + c * 16, lanes);
+    }
+}
+
+/* M rows of `bytes` quantized values each, in this thread's scratch memory (kept between calls:
+ * a malloc a call costs more than a small layer's product). */
+static Row *rows_get(int64_t M, int64_t bytes) {
+    static __thread uint8_t *scratch = NULL;
+    static __thread int64_t size = 0;
+    int64_t head = (M * (int64_t)sizeof(Row) + 63) / 64 * 64, need = head + 3 * M * bytes;
+    if (need > size) {
+        free(scratch);
+        scratch = aligned_alloc(64, need);
+        size = need;
+    }
+    Row *rows = (Row *)scratch;
+    for (int64_t m = 0; m < M; m++) {
+        uint8_t *base = scratch + head + 3 * m * bytes;
+        rows[m].q = (int8_t *)base;
+        rows[m].start = (int32_t *)(base + bytes);  /* one int32 a four bytes */
+        rows[m].scale = (float *)(base + 2 * bytes);
+    }
+    return rows;
+}
+
+/* One int8 weight row w (K bytes, `chunks` chunks of 64, the last one `tail` bytes long) dotted with
+ * one quantized row: sum_k w[k] x[k]. One row at a time: the weights stream in order. */
+static float int8_dot(const int8_t *w, const Row *x, int64_t chunks, __mmask64 tail) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 2 < chunks; c += 2) {  /* two chains in flight; the last chunk (maybe short) below */
+        __m512i d0 = _mm512_dpbusd_epi32(_mm512_load_si512(x->start + c * 16),
+                                         _mm512_xor_si512(_mm512_loadu_si512(w + c * 64), flip),
+                                         _mm512_load_si512(x->q + c * 64));
+        __m512i d1 = _mm512_dpbusd_epi32(_mm512_load_si512(x->start + c * 16 + 16),
+                                         _mm512_xor_si512(_mm512_loadu_si512(w + c * 64 + 64), flip),
+                                         _mm512_load_si512(x->q + c * 64 + 64));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_load_ps(x->scale + c * 16), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_load_ps(x->scale + c * 16 + 16), acc1);
+    }
+    for (; c < chunks; c++) {
+        __mmask64 mask = c + 1 == chunks ? tail : ~(__mmask64)0;
+        __m512i d0 = _mm512_dpbusd_epi32(_mm512_load_si512(x->start + c * 16),
+                                         _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w + c * 64), flip),
+                                         _mm512_load_si512(x->q + c * 64));
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_load_ps(x->scale + c * 16), acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+/* One int8 weight row dotted with four quantized rows x[0..3] (a short group repeats a row): each
+ * weight chunk loaded and flipped once for the four (prompts and batches). */
+static void int8_dot4(const int8_t *w, const Row *const x[4], int64_t chunks, __mmask64 tail, float out[4]) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t c = 0; c < chunks; c++) {
+        __mmask64 mask = c + 1 == chunks ? tail : ~(__mmask64)0;
+        __m512i wu = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w + c * 64), flip);
+        for (int r = 0; r < 4; r++) {
+            __m512i dot = _mm512_dpbusd_epi32(_mm512_load_si512(x[r]->start + c * 16), wu,
+                                              _mm512_load_si512(x[r]->q + c * 64));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_load_ps(x[r]->scale + c * 16), acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+/* Four activation rows from m (a short group repeats its last row). */
+static void four_rows(const Row *rows, int64_t m, int64_t M, const Row *x[4]) {
+    for (int r = 0; r < 4; r++)
+        x[r] = &rows[m + r < M ? m + r : M - 1];
+}
+
+/* A masked-out weight byte reads 0, i.e. 128 after the flip; its activation is 0: no effect. */
+void int8_vnni_linear(const float *x, const int8_t *q, const float *scale, const float *bias, float *y,
+                      int64_t M, int64_t N, int64_t K, int threads) {
+    int64_t chunks = (K + 63) / 64;
+    __mmask64 tail = K % 64 ? (((__mmask64)1 << (K % 64)) - 1) : ~(__mmask64)0;
+    Row *rows = rows_get(M, chunks * 64);
+    for (int64_t m = 0; m < M; m++)
+        prepare_int8(x + m * K, K, &rows[m], chunks);
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t n = 0; n < N; n++) {  /* each weight row read once, for every activation row */
+        float b = bias ? bias[n] : 0.0f;
+        if (M == 1) {
+            y[n] = int8_dot(q + n * K, &rows[0], chunks, tail) * scale[n] + b;
+            continue;
+        }
+        for (int64_t m = 0; m < M; m += 4) {
+            const Row *x[4];
+            float out[4];
+            four_rows(rows, m, M, x);
+            int8_dot4(q + n * K, x, chunks, tail, out);
+            for (int r = 0; r < 4 && m + r < M; r++)
+                y[(m + r) * N + n] = out[r] * scale[n] + b;
+        }
+    }
+}
+
+/* One chunk (four blocks) of an int4 row: 64 bytes `packed`, their four float16 scales `d4`. */
+static inline __m512 int4_chunk(__m512i packed, __m128i d4, const Row *x, int64_t c, __m512 acc) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512i lo = _mm512_and_si512(packed, low), hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+    __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_load_si512(x->start + c * 16), lo,
+                                                          _mm512_load_si512(x->q + c * 128)),
+                                      hi, _mm512_load_si512(x->q + c * 128 + 64));
+    __m512 d = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_cvtph_ps(d4)));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_load_ps(x->scale + c * 16)), acc);
+}
+
+/* One int4 weight row w (K/2 bytes) with its float16 scales d dotted with one quantized row. The last
+ * chunk holds `groups` blocks of 32 (1 to 4). */
+static float int4_dot(const uint8_t *w, const uint16_t *d, const Row *x, int64_t chunks, int groups) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c + 2 < chunks; c += 2) {  /* two chains in flight; the last chunk (maybe short) below */
+        acc0 = int4_chunk(_mm512_loadu_si512(w + c * 64), _mm_loadl_epi64((const __m128i *)(d + c * 4)), x, c, acc0);
+        acc1 = int4_chunk(_mm512_loadu_si512(w + c * 64 + 64), _mm_loadl_epi64((const __m128i *)(d + c * 4 + 4)),
+                          x, c + 1, acc1);
+    }
+    for (; c < chunks; c++) {
+        int n = c + 1 == chunks ? groups : 4;
+        __mmask64 bytes = n == 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * n)) - 1);
+        acc0 = int4_chunk(_mm512_maskz_loadu_epi8(bytes, w + c * 64),
+                          _mm_maskz_loadu_epi16((__mmask8)((1 << n) - 1), d + c * 4), x, c, acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+/* One int4 weight row dotted with four quantized rows (a short group repeats a row): each chunk's
+ * nibbles unpacked and its scales spread once for the four. */
+static void int4_dot4(const uint8_t *w, const uint16_t *d, const Row *const x[4], int64_t chunks, int groups,
+                      float out[4]) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t c = 0; c < chunks; c++) {
+        int n = c + 1 == chunks ? groups : 4;
+        __mmask64 bytes = n == 4 ? ~(__mmask64)0 : (((__mmask64)1 << (16 * n)) - 1);
+        __m512i packed = _mm512_maskz_loadu_epi8(bytes, w + c * 64);
+        __m512i lo = _mm512_and_si512(packed, low), hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+        __m128 d4 = _mm_cvtph_ps(_mm_maskz_loadu_epi16((__mmask8)((1 << n) - 1), d + c * 4));
+        __m512 dl = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+        for (int r = 0; r < 4; r++) {
+            __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_load_si512(x[r]->start + c * 16), lo,
+                                                                  _mm512_load_si512(x[r]->q + c * 128)),
+                                              hi, _mm512_load_si512(x[r]->q + c * 128 + 64));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dl, _mm512_load_ps(x[r]->scale + c * 16)),
+                                     acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+void int4_vnni_linear(const float *x, const uint8_t *qs, const uint16_t *d, const float *bias, float *y,
+                      int64_t M, int64_t N, int64_t K, int threads) {
+    int64_t chunks = (K + 127) / 128, G = K / BLOCK;
+    int groups = (int)(G - (chunks - 1) * 4);
+    Row *rows = rows_get(M, chunks * 128);
+    for (int64_t m = 0; m < M; m++)
+        prepare_int4(x + m * K, K, &rows[m], chunks);
+    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t n = 0; n < N; n++) {
+        float b = bias ? bias[n] : 0.0f;
+        if (M == 1) {
+            y[n] = int4_dot(qs + n * (K / 2), d + n * G, &rows[0], chunks, groups) + b;
+            continue;
+        }
+        for (int64_t m = 0; m < M; m += 4) {
+            const Row *x[4];
+            float out[4];
+            four_rows(rows, m, M, x);
+            int4_dot4(qs + n * (K / 2), d + n * G, x, chunks, groups, out);
+            for (int r = 0; r < 4 && m + r < M; r++)
+                y[(m + r) * N + n] = out[r] + b;
+        }
+    }
+}
