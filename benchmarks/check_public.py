@@ -109,7 +109,9 @@ STAND_INS = {
     "fairscale": '"""A stand-in for fairscale with one process."""\n',
     "fairscale.nn": "", "fairscale.nn.model_parallel": "",
     "fairscale.nn.model_parallel.initialize": "def get_model_parallel_world_size():\n    return 1\n\n\n"
-                                              "def get_model_parallel_rank():\n    return 0\n",
+                                              "def get_model_parallel_rank():\n    return 0\n\n\n"
+                                              "def model_parallel_is_initialized():\n    return True\n\n\n"
+                                              "def initialize_model_parallel(*args, **kwargs):\n    pass\n",
     "fairscale.nn.model_parallel.layers": "from torch import nn\n\n\n"
     + _LINEAR.format("ColumnParallelLinear") + _LINEAR.format("RowParallelLinear")
     + "class ParallelEmbedding(nn.Embedding):\n"

@@ -46,7 +46,7 @@ FAMILIES = {"tutorial": FIXTURES / "learners", "llm": FIXTURES / "learners_llm",
             "sampling": FIXTURES / "learners_sampling", "training": FIXTURES / "learners_training",
             "assembly": FIXTURES / "learners_assembly", "model": FIXTURES / "learners_model",
             "gpt": FIXTURES / "learners_gpt", "loop": FIXTURES / "learners_loop", "bpe": FIXTURES / "learners_bpe",
-            "cache": FIXTURES / "learners_cache"}
+            "cache": FIXTURES / "learners_cache", "minimind_qk": FIXTURES / "learners_minimind_qk"}
 
 TUTORIAL_PLANTS: dict[str, Plant] = {
     "no_scaling": Plant("no_scaling", "sdpa", [("k.transpose(-2, -1)) / math.sqrt(d_k)", "k.transpose(-2, -1))")]),
@@ -442,9 +442,22 @@ CACHE_PLANTS: dict[str, Plant] = {
         "cache"),
 }
 
+# minimind's newer style (tests/fixtures/learners_minimind_qk/): QK-norm inside the attention, a
+# Hugging Face past_key_values cache, generate a method of the model that calls self.forward
+QK_PLANTS: dict[str, Plant] = {
+    "qk_norm_after_rope": Plant("qk_norm_after_rope", "block", [(
+        "        xq, xk = self.q_norm(xq), self.k_norm(xk)  # QK-norm：先归一化\n"
+        "        cos, sin = position_embeddings\n"
+        "        xq, xk = apply_rotary_pos_emb(xq, xk, cos, sin, unsqueeze_dim=1)  # 再旋转\n",
+        "        cos, sin = position_embeddings\n"
+        "        xq, xk = apply_rotary_pos_emb(xq, xk, cos, sin, unsqueeze_dim=1)  # 先旋转\n"
+        "        xq, xk = self.q_norm(xq), self.k_norm(xk)  # 再归一化\n")], "minimind_qk"),
+    "qk_generate_no_stop_at_eos": Plant("greedy_no_stop_at_eos", "generate", [
+        ("            finished |= next_token.squeeze(-1) == eos_token_id\n", "")], "minimind_qk"),
+}
 PLANTS: dict[str, Plant] = {**TUTORIAL_PLANTS, **LLM_PLANTS, **STYLE_PLANTS, **SAMPLING_PLANTS, **TRAINING_PLANTS,
                             **ASSEMBLY_PLANTS, **MODEL_PLANTS, **GPT_PLANTS, **LOOP_PLANTS, **BPE_PLANTS,
-                            **CACHE_PLANTS}
+                            **CACHE_PLANTS, **QK_PLANTS}
 
 # Pairs of plants that are three mistakes: nanoGPT fills with -inf, so a softmax over the queries, or
 # a mask over them, brings NaN rows (nan_on_masked_rows) with it, and with a second mistake in the
@@ -498,6 +511,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("bpe_counts_not_updated", "bpe_overlapping_specials"), ("bpe_vocab_size_ignores_specials", "bpe_encode_across_pretokens"),
     ("kv_rope_no_offset", "kv_keys_rotated_twice"), ("kv_cache_not_advanced", "kv_keys_rotated_twice"),
     ("lm_train_step_lr_not_set", "lm_train_step_clip_after_step"),
+    ("qk_norm_after_rope", "qk_generate_no_stop_at_eos"),
 ]
 
 
@@ -510,7 +524,7 @@ WRITTEN = {"karpathy": FIXTURES / "learners_karpathy", "raschka": FIXTURES / "le
            "llama": FIXTURES / "learners_llama", "minimind": FIXTURES / "learners_minimind",
            "carried": FIXTURES / "learners_carried", "hf": FIXTURES / "learners_hf",
            "decoding": FIXTURES / "learners_decoding_zh", "lmloop": FIXTURES / "learners_lm_loop",
-           "kvcache": FIXTURES / "learners_kvcache"}
+           "kvcache": FIXTURES / "learners_kvcache", "llamagen": FIXTURES / "learners_llama_gen"}
 WRITTEN_PLANTS: dict[str, Plant] = {
     "karpathy_no_scaling": Plant("no_scaling", "causal_attention", [(" * k.shape[-1] ** -0.5", "")], "karpathy"),
     "karpathy_generate_no_crop": Plant("generate_no_crop", "generate", [
@@ -580,6 +594,9 @@ WRITTEN_PLANTS: dict[str, Plant] = {
     "kvcache_rmsnorm_sum_squares": Plant("rmsnorm_sum_squares", "rmsnorm", [
         ("x.float().pow(2).mean(dim=self.dim, keepdim=True)", "x.float().pow(2).sum(dim=self.dim, keepdim=True)")],
         "kvcache"),
+    "llamagen_start_pos_zero": Plant("generate_cache_mismatch", "generate", [
+        ("logits = self.model.forward(tokens[:, prev_pos:cur_pos], prev_pos)",
+         "logits = self.model.forward(tokens[:, prev_pos:cur_pos], 0)")], "llamagen"),
 }
 
 

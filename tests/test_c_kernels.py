@@ -99,7 +99,18 @@ def test_loading_the_kernels_keeps_subnormal_floats():
     import numpy as np
 
     loaded = [name for name in c_kernels.SOURCES if c_kernels.kernel(name) is not None]
-    assert loaded or c_kernels.why_not("llama_step") is not None
+    assert loaded or c_kernels.why_not("decoder_step") is not None
     tiny = torch.tensor([1e-40])  # a subnormal float32
     assert (tiny * 2).item() != 0
     assert np.float32(1e-40) * np.float32(2) != 0
+
+
+def test_the_one_row_copy_of_a_large_weight_starts_on_a_huge_page():
+    """block_rows asks the kernel for 2 MiB pages (Linux): the copy starts on a 2 MiB boundary and
+    reads back as the weight."""
+    if c_kernels._libc() is None:
+        pytest.skip("huge pages are asked for on Linux only")
+    weight = torch.randn(1023, 768)  # 3 MiB; the last block of four rows is short
+    blocked = c_kernels.block_rows(weight)
+    assert blocked.data_ptr() % c_kernels.HUGE_PAGE == 0
+    assert torch.equal(c_kernels.unblock_rows(blocked, 1023), weight)

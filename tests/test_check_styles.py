@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from check_plants import WRITTEN, WRITTEN_PLANTS, correct_file, written_file, written_source
+from check_plants import FAMILIES, WRITTEN, WRITTEN_PLANTS, correct_file, written_file, written_source
 from helpers import missing
 
 from handformer.check.core.engine import check_file
@@ -657,3 +657,47 @@ def test_a_start_pos_given_one_a_batch_row_is_handed_so(tmp_path):
     result = check_file(str(path), only=["gqa", "block"])
     status = {c.name: c.status for c in result.components}
     assert status["Attention"] == status["TransformerBlock"] == "pass", format_report(result)
+
+
+def test_a_block_with_qk_norm_and_a_method_generate_on_past_key_values_are_checked():
+    """minimind's newer style: the attention's q_norm and k_norm are its QK-norm slots, not the
+    block's norms; the block's optional attention_mask (padding) is left out where the block is
+    causal without it; generate is a method that calls self.forward with past_key_values, driven
+    through the learner's own model (a stand-in has no cache of that shape), with its EOS and top-k
+    defaults set for a small vocabulary."""
+    result = check_file(str(FAMILIES["minimind_qk"] / "correct.py"), only=["block", "gpt", "generate"])
+    assert [(c.name, c.status) for c in result.components] == [
+        ("MiniMindBlock", "pass"), ("MiniMindForCausalLM", "pass"), ("MiniMindForCausalLM.generate", "pass")], \
+        format_report(result)
+    block, _, gen = result.components
+    assert "self_attn.q_norm -> q_norm" in block.mapping
+    assert gen.driven["en"].startswith("your own MiniMindForCausalLM")
+    assert any("eos_token_id=-1" in n["en"] and "top_k=24" in n["en"] for n in gen.notes)
+
+
+def test_an_engine_class_generate_is_driven_through_the_model_it_holds():
+    """Meta's `Llama(model: Transformer, tokenizer).generate(prompt_tokens, max_gen_len)`: built with
+    the learner's own Transformer (start_pos and its cache inside) and a stand-in tokenizer; a loop
+    that hands start_pos 0 with each new token is named."""
+    result = check_file(str(WRITTEN["llamagen"] / "correct.py"), only=["generate"])
+    (gen,) = result.components
+    assert gen.status == "pass", format_report(result)
+    assert gen.driven["en"].startswith("your own Transformer in your Llama")
+    planted = check_file(str(written_file("llamagen_start_pos_zero")), only=["generate"])
+    assert [f.name for c in planted.components for f in c.findings] == ["generate_cache_mismatch"], \
+        format_report(planted)
+
+
+def test_a_device_named_cuda_runs_on_the_cpu():
+    """A file that names the device (`torch.full(..., device="cuda")`, Meta's generate) runs on a
+    machine without CUDA: the device is read as the CPU."""
+    import torch
+
+    from handformer.check.core.cpu_only import NAMES_CUDA, CudaAsCpu
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here: nothing to stand in for")
+    assert NAMES_CUDA.search('tokens = torch.full((2, 3), -1, device="cuda")')
+    with CudaAsCpu():
+        ids = torch.full((2, 3), -1, dtype=torch.long, device="cuda").to("cuda")
+    assert ids.device.type == "cpu"

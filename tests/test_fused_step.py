@@ -1,5 +1,6 @@
-"""The fused C decoding step of a small Llama-style model (handformer/inference/fused_step.py): the
-default for such a model at batch 1, it gives the eager step's greedy tokens; it leaves alone the
+"""The fused C decoding step (handformer/inference/fused_step.py, decoder_step.c): the default for a
+Llama-style or GPT-2-style model at batch 1, with plain layers (a small model) or packed ones with
+their one-row copy (a large model), it gives the eager step's greedy tokens; it leaves alone the
 models and batches it does not serve; without the C code the engine steps eagerly."""
 
 import pytest
@@ -10,40 +11,69 @@ from handformer.generation import engine
 from handformer.generation.engine import Engine
 from handformer.generation.generate import generate
 from handformer.inference import c_kernels, fused_step
+from handformer.inference.packed_linear import pack_linears
 from handformer.inference.prepare import prepare_for_decoding
 from handformer.models.causal_lm import CausalLM
 
 
-def _tiny(style="llama_style", **extra):
+def _tiny(style="llama_style", d_ff=44, **extra):
     torch.manual_seed(0)
-    cfg = getattr(CausalLMConfig, style)(vocab_size=64, d_model=32, n_heads=4, d_ff=44, n_layers=2,
+    cfg = getattr(CausalLMConfig, style)(vocab_size=64, d_model=32, n_heads=4, d_ff=d_ff, n_layers=2,
                                          max_positions=96, **extra)
-    return prepare_for_decoding(CausalLM(cfg).eval())
+    model = CausalLM(cfg).eval()
+    with torch.no_grad():  # no zero biases, and activations large enough for GELU's cubic term to count
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return prepare_for_decoding(model)
+
+
+def _packed(model):
+    """Every linear layer packed, as a large model's are (each with its one-row copy)."""
+    pack_linears(model, min_bytes=0)
+    return model
+
+
+KINDS = {  # grouped-query attention: two query heads a key/value head
+    "llama": lambda: _tiny(n_kv_heads=2),
+    "gpt2": lambda: _tiny("gpt2_style"),  # LayerNorm, learned positions, GELU (tanh), biases
+    "gpt2, erf GELU, packed": lambda: _packed(_tiny("gpt2_style", d_ff=48, activation="gelu")),
+    "llama, packed": lambda: _packed(_tiny(d_ff=48, n_kv_heads=2)),
+}
 
 
 @pytest.fixture(scope="module")
-def model():
-    if c_kernels.kernel("llama_step") is None:
-        pytest.skip(f"the fused step cannot be built here: {c_kernels.why_not('llama_step')}")
-    return _tiny(n_kv_heads=2)  # grouped-query attention: two query heads a key/value head
+def models():
+    if c_kernels.kernel("decoder_step") is None:
+        pytest.skip(f"the fused step cannot be built here: {c_kernels.why_not('decoder_step')}")
+    return {kind: make() for kind, make in KINDS.items()}
+
+
+@pytest.fixture(scope="module")
+def model(models):
+    return models["llama"]
 
 
 def _eager(monkeypatch):
     monkeypatch.setattr(engine, "fused_step_for", lambda model: None)
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @torch.inference_mode()
-def test_greedy_tokens_are_the_eager_steps(model, monkeypatch):
+def test_greedy_tokens_are_the_eager_steps(models, kind, monkeypatch):
+    model = models[kind]
     step = fused_step.fused_step_for(model)
     assert step is not None and Engine(model).static is step
+    assert step.shape.blocked == ("packed" in kind)  # the packed layers' one-row copies are read
     prompts = [[1, 5, 9, 2], [7]]
     fused = [generate(model, [p], 40, temperature=0) for p in prompts]
     _eager(monkeypatch)
     assert [generate(model, [p], 40, temperature=0) for p in prompts] == fused
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @torch.inference_mode()
-def test_its_logits_are_the_models(model):
+def test_its_logits_are_the_models(models, kind):
+    model = models[kind]
     cache = model.new_cache(16)
     model(torch.tensor([[3, 4, 5]]), cache=cache)
     ids = torch.tensor([[6]])
@@ -60,11 +90,11 @@ def test_batches_and_other_models_step_eagerly(model):
     cache = model.new_cache(16)
     model(torch.tensor([[3, 4], [5, 6]]), cache=cache)  # two rows
     assert not fused_step.fused_step_for(model).usable(cache, None)
-    assert fused_step.fused_reason(_tiny("gpt2_style")) is not None  # LayerNorm, GELU, biases
+    assert fused_step.fused_reason(_tiny("gpt2_style", activation="relu")) is not None
     assert fused_step.fused_reason(_tiny(sliding_window=8)) is not None
-    big = CausalLM(CausalLMConfig.llama_style(vocab_size=64, d_model=512, n_heads=4, d_ff=1024, n_layers=1,
-                                              max_positions=16)).eval()
-    assert "large weight" in fused_step.fused_reason(prepare_for_decoding(big))
+    some_packed = _tiny(d_ff=48)
+    pack_linears(some_packed, min_bytes=0, skip=["lm_head"])
+    assert "all PackedLinear" in fused_step.fused_reason(some_packed)
 
 
 def test_a_step_is_made_again_for_replaced_weights(model):

@@ -120,8 +120,8 @@ class Engine:
         position at each step (slow; for testing the cache). static_step: the model's compiled
         one-token step (inference/static_step.py), run when the batch allows it (no padding, every
         row live; else the model eagerly); the prefill's cache capacity is then rounded up to a
-        multiple of CAPACITY_STEP. Without one, a small Llama-style model steps through its fused C
-        step where that applies (inference/fused_step.py). prefix_cache: kept across batches
+        multiple of CAPACITY_STEP. Without one, a Llama-style or GPT-2-style model steps through its
+        fused C step where that applies (inference/fused_step.py). prefix_cache: kept across batches
         (serve's), whose prefixes prefills reuse."""
         self.model, self.pad_id, self.compact, self.use_cache = model, pad_id, compact, use_cache
         self.prefix_cache = prefix_cache if use_cache else None

@@ -28,6 +28,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -37,12 +38,13 @@ from torch import Tensor
 
 SOURCES = {"int8_linear": Path(__file__).with_name("int8_matvec.c"),
            "f32_linear": Path(__file__).with_name("f32_matvec.c"),
-           "llama_step": Path(__file__).with_name("llama_step.c"),  # fused_step.py's, its own argtypes
+           "decoder_step": Path(__file__).with_name("decoder_step.c"),  # fused_step.py's, its own argtypes
            "int8_vnni_linear": Path(__file__).with_name("vnni_matvec.c"),
            "int4_vnni_linear": Path(__file__).with_name("vnni_matvec.c")}
 VNNI = ("int8_vnni_linear", "int4_vnni_linear")  # built for any x86-64, run only where the CPU has VNNI
-# llama_step: scalar loops gcc vectorizes (-ffast-math lets it reorder sums; -lm: glibc's vector expf)
-FLAGS = {"llama_step": ["-O3", "-march=native", "-ffast-math"],
+# decoder_step: scalar loops gcc vectorizes (-ffast-math lets it reorder sums; -lm: glibc's vector expf)
+# beside the AVX-512 products of f32_matvec.c, threaded by OpenMP
+FLAGS = {"decoder_step": ["-O3", "-march=native", "-ffast-math", "-fopenmp"],
          # the file names its own instruction sets (#pragma GCC target), all but vnni_supported()
          "int8_vnni_linear": ["-O3", "-fopenmp"], "int4_vnni_linear": ["-O3", "-fopenmp"]}
 MATVEC_FLAGS = ["-O3", "-mavx512f", "-fopenmp"]
@@ -51,6 +53,8 @@ VNNI_K_MULTIPLE = 32  # the VNNI kernels quantize the activations in blocks of 3
 # The layers call them for this many rows of activations at most (decoding at batch 1 or 2); more rows
 # go to torch's kernels, which share each weight read among the rows better (docs/benchmarks.md).
 MAX_ROWS = 2
+HUGE_PAGE = 2 << 20  # bytes in one of Linux's transparent huge pages (x86-64)
+MADV_HUGEPAGE = 14  # Linux's madvise advice: back this range with huge pages
 OFF_ENV = "HANDFORMER_NO_C_KERNELS"  # set to 1 to run the torch kernels only
 _why: dict[str, str] = {}
 
@@ -94,7 +98,7 @@ def _unavailable() -> str | None:
 def kernel(name: str = "int8_linear") -> Callable[..., None] | None:
     """The loaded C function `name` (int8_linear(x, q, scale, y, M, N, K, threads),
     f32_linear(x, w, bias, y, M, N, K, threads), int8_vnni_linear(x, q, scale, bias, y, M, N, K,
-    threads), int4_vnni_linear(x, nibbles, d, bias, y, M, N, K, threads), or llama_step, whose caller
+    threads), int4_vnni_linear(x, nibbles, d, bias, y, M, N, K, threads), or decoder_step, whose caller
     sets its argtypes), or None (see why_not)."""
     if (reason := _unavailable()) is not None:
         _why[name] = reason
@@ -146,6 +150,34 @@ def int8_linear(x: Tensor, q: Tensor, scales: Tensor) -> Tensor:
     return y
 
 
+def huge_page_empty(numel: int) -> Tensor:
+    """An uninitialized fp32 tensor of `numel` numbers whose memory the kernel is asked to back with
+    2 MiB pages (Linux's transparent huge pages, `madvise`) before anything touches it. A matrix-vector
+    product reads its weight once a token, so each 4 KiB page is a TLB miss; with 2 MiB pages one core
+    streamed a blocked weight about 1.5x as fast on this project's machine (docs/benchmarks.md). Where
+    the call fails (another OS, huge pages off) the memory is ordinary."""
+    size = numel * 4
+    if size < HUGE_PAGE or _libc() is None:
+        return torch.empty(numel)
+    whole = -(-size // HUGE_PAGE) * HUGE_PAGE  # the last page too: up to 2 MiB more resident memory
+    raw = torch.empty(whole + HUGE_PAGE, dtype=torch.uint8)  # untouched: allocated lazily by the kernel
+    start = -raw.data_ptr() % HUGE_PAGE  # the first 2 MiB boundary
+    _libc().madvise(ctypes.c_void_p(raw.data_ptr() + start), ctypes.c_size_t(whole), MADV_HUGEPAGE)
+    return raw[start:start + size].view(torch.float32)  # the view keeps `raw` alive
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
 def pointers(*tensors: Tensor | None) -> tuple[int | None, ...]:
     """Each tensor's address (None for None): what a layer keeps to call vnni_linear."""
     return tuple(None if t is None else t.data_ptr() for t in tensors)
@@ -166,11 +198,13 @@ def vnni_linear(name: str, x: Tensor, weights: tuple[int | None, ...], n: int) -
 
 def block_rows(weight: Tensor) -> Tensor:
     """The (N, K) weight as f32_linear reads it: (ceil(N/4), K/16, 4, 16), each block's four rows
-    interleaved 16 numbers at a time (rows past N zero). K a multiple of K_MULTIPLE."""
+    interleaved 16 numbers at a time (rows past N zero), in memory asked for huge pages
+    (`huge_page_empty`). K a multiple of K_MULTIPLE."""
     N, K = weight.shape
     padded = torch.zeros(-(-N // 4) * 4, K, dtype=torch.float32)
     padded[:N] = weight.detach()
-    return padded.view(-1, 4, K // K_MULTIPLE, K_MULTIPLE).transpose(1, 2).contiguous()  # (N/4, K/16, 4, 16)
+    blocked = huge_page_empty(padded.numel()).view(-1, K // K_MULTIPLE, 4, K_MULTIPLE)  # (N/4, K/16, 4, 16)
+    return blocked.copy_(padded.view(-1, 4, K // K_MULTIPLE, K_MULTIPLE).transpose(1, 2))
 
 
 def unblock_rows(blocked: Tensor, n: int) -> Tensor:

@@ -1,21 +1,29 @@
-"""A small Llama-style model's decoding step at batch 1 as one C function (llama_step.c), the default
-where it applies: the eager step of a model like llama2.c's stories260K (5 layers, 64 wide) is ~900
-PyTorch operator calls, each with Python and dispatch around it, for about 1 MFLOP of work.
+"""A decoder-only model's decoding step at batch 1 as one C function (decoder_step.c), the default
+where it applies: the eager step is ~900 (a tiny Llama) to ~1,000 (GPT-2-124M) PyTorch operator calls,
+each with Python and dispatch around it. For a tiny model that overhead is the whole step; for
+GPT-2-124M, whose step reads 0.5 GB of weights, it is still a fifth of the step at one thread.
 
 `FusedStep` keeps `StaticStep`'s protocol (inference/static_step.py): the engine calls it for a
 one-token step when `usable(cache, mask)` says so, and it returns the (B, V) logits and advances the
-cache. It reads the prepared model's own weights (no copy) and writes the new key and value into the
-model's own KV cache, so the engine can step eagerly and fused in any order (prefill, speculation and
-batches stay eager). The C code computes what CausalLM.forward computes, in fp32, up to the order of
-the sums (greedy tokens equal in tests/test_fused_step.py).
+cache. It reads the prepared model's own weights (no copy: a small model's plain `nn.Linear`
+weights, or a large one's `PackedLinear` one-row copies, c_kernels.block_rows' layout, in huge pages)
+and writes the new key and value into the model's own KV cache, so the engine can step eagerly and
+fused in any order (prefill, speculation and batches stay eager). The C code computes what
+CausalLM.forward computes, in fp32, up to the order of the sums (greedy tokens equal in
+tests/test_fused_step.py). Its products of large weights run on torch's intra-op thread count
+(`generate`'s threads), split as PackedLinear's C kernel splits them.
 
-It applies (`fused_reason` is None) to a prepared `CausalLM` whose every weight matrix is small
-(`default_threads` gives 1: one thread, as llama2.c's run.c), built of the lesson's pre-norm
-blocks with exactly: RMSNorm, fused Q/K/V without biases or q/k norms, half-split RoPE over the
-whole head, plain softmax attention, a fused SwiGLU feed-forward without biases, no added
-positions, an unscaled embedding, no family settings, no window, no experts, fp32 on the CPU.
-Everything else decodes eagerly. Built by gcc at first use (c_kernels.py's cache); without gcc,
-AVX-512 or with HANDFORMER_NO_C_KERNELS=1 the model decodes eagerly.
+It applies (`fused_reason` is None) to a prepared `CausalLM` built of the lesson's pre-norm blocks
+with either
+  - Llama's parts: RMSNorm, fused Q/K/V without q/k norms, half-split RoPE over the whole head, a
+    fused SwiGLU feed-forward, no added positions; or
+  - GPT-2's parts: LayerNorm, learned positions added to the embedding, no RoPE, a plain
+    feed-forward with GELU (tanh or erf);
+biases or none, plain softmax attention, an unscaled embedding, no family settings, no window, no
+experts, fp32 on the CPU, and every linear layer either a plain `nn.Linear` or a `PackedLinear` with
+its one-row copy (not some of each). Everything else decodes eagerly. Built by gcc at first use
+(c_kernels.py's cache); without gcc, AVX-512 or with HANDFORMER_NO_C_KERNELS=1 the model decodes
+eagerly.
 Shape legend: B rows (1 here), D width, H / Hkv query / key-value heads, Dh head dim, F FFN width,
 V vocabulary, C cache capacity.
 """
@@ -31,46 +39,82 @@ from torch import Tensor, nn
 from handformer.config import FamilyConfig
 from handformer.inference import c_kernels
 from handformer.inference.fuse import FusedGatedFeedForward, FusedSelfAttention
-from handformer.inference.norms import DecodingRMSNorm
-from handformer.inference.threads import default_threads
+from handformer.inference.norms import DecodingLayerNorm, DecodingRMSNorm
+from handformer.inference.packed_linear import PackedLinear
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.blocks import DecoderOnlyBlock
 from handformer.nn.embedding import TokenEmbedding
+from handformer.nn.feed_forward import FeedForward
 from handformer.nn.kv_cache import KVCache
 from handformer.nn.norms import NoNorm
-from handformer.nn.positions import NoPositions, RotaryEmbedding
+from handformer.nn.positions import LearnedPositions, NoPositions, NoRotary, RotaryEmbedding
 
 P = ctypes.POINTER
 
 
 class _Shape(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_int64) for name in ("n_layers", "D", "H", "Hkv", "Dh", "F", "V", "slots",
-                                                    "pos")] + [("eps", ctypes.c_float)]
+    _fields_ = ([(name, ctypes.c_int64) for name in ("n_layers", "D", "H", "Hkv", "Dh", "F", "V", "slots",
+                                                     "pos")]
+                + [("eps", ctypes.c_float)]
+                + [(name, ctypes.c_int32) for name in ("layer_norm", "activation", "rope", "blocked",
+                                                       "threads")])
+
+
+_LAYER_TENSORS = ("attn_norm", "attn_norm_bias", "qkv", "qkv_bias", "o", "o_bias",
+                  "ffn_norm", "ffn_norm_bias", "up", "up_bias", "down", "down_bias")
+ACTIVATIONS = {"swiglu": 0, "gelu_tanh": 1, "gelu": 2}  # decoder_step.c's codes
 
 
 class _Layers(ctypes.Structure):
-    _fields_ = [(name, P(ctypes.c_void_p))
-                for name in ("attn_norm", "qkv", "o", "ffn_norm", "gate_up", "down", "keys", "values")]
+    _fields_ = [(name, P(ctypes.c_void_p)) for name in (*_LAYER_TENSORS, "keys", "values")]
 
 
-def _plain_linear(m: nn.Module) -> bool:
-    return type(m) is nn.Linear and m.bias is None
+def _linears(model: CausalLM) -> list[nn.Module]:
+    return [m for layer in model.layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
+                                                   _up(layer.ffn), layer.ffn.down_proj)] + [model.lm_head]
 
 
-def _layer_reason(layer: nn.Module) -> str | None:
-    """Why this block is not the fused step's, or None."""
+def _up(ffn: nn.Module) -> nn.Module:
+    return ffn.gate_up_proj if type(ffn) is FusedGatedFeedForward else ffn.up_proj
+
+
+def _layer_reason(layer: nn.Module, llama: bool) -> str | None:
+    """Why this block is not the fused step's, or None. llama: RMSNorm and SwiGLU, else LayerNorm
+    and GELU."""
     if type(layer) is not DecoderOnlyBlock or not layer.pre_norm or layer.sliding:
         return "a block other than the lesson's pre-norm one"
     attn, ffn = layer.self_attn, layer.ffn
-    if (type(attn) is not FusedSelfAttention or "attend" in vars(attn) or not isinstance(attn.q_norm, NoNorm)
-            or not (_plain_linear(attn.qkv_proj) and _plain_linear(attn.o_proj))):
-        return "an attention other than fused Q/K/V without biases or q/k norms"
-    if type(ffn) is not FusedGatedFeedForward or ffn.activation != "swiglu" \
-            or not (_plain_linear(ffn.gate_up_proj) and _plain_linear(ffn.down_proj)):
-        return "a feed-forward other than a fused SwiGLU without biases"
-    if not (type(layer.attn_norm) is type(layer.ffn_norm) is DecodingRMSNorm):
-        return "norms other than RMSNorm"
+    if type(attn) is not FusedSelfAttention or "attend" in vars(attn) or not isinstance(attn.q_norm, NoNorm):
+        return "an attention other than fused Q/K/V without q/k norms"
+    if (type(ffn) is not FusedGatedFeedForward or ffn.activation != "swiglu") if llama else \
+            (type(ffn) is not FeedForward or ffn.activation not in ("gelu", "gelu_tanh")):
+        return "a feed-forward other than a fused SwiGLU (with RoPE) or a plain GELU (with learned positions)"
+    norm = DecodingRMSNorm if llama else DecodingLayerNorm
+    if not (type(layer.attn_norm) is type(layer.ffn_norm) is norm):
+        return "norms other than RMSNorm (with RoPE) or LayerNorm (with learned positions)"
+    return None
+
+
+def _model_reason(model: CausalLM) -> str | None:
+    """Why the model's whole (config, embedding, positions, final norm, head) is not the fused
+    step's, or None."""
+    cfg = model.cfg
+    if cfg.sliding_window is not None or cfg.moe is not None or cfg.mla is not None or cfg.linear_layers \
+            or cfg.family != FamilyConfig() or getattr(cfg, "query_scale_beta", None) is not None:
+        return "a window, experts, latent attention, linear attention or a family setting"
+    if any(p.dtype != torch.float32 or not p.is_cpu for p in model.parameters()):
+        return "weights other than fp32 on the CPU"
+    llama = (type(model.positions) is NoPositions and type(model.rotary) is RotaryEmbedding
+             and model.rotary.cos.size(-1) == model.layers[0].self_attn.head_dim
+             and type(model.norm) is DecodingRMSNorm)
+    gpt2 = (type(model.positions) is LearnedPositions and type(model.rotary) is NoRotary
+            and type(model.norm) is DecodingLayerNorm)
+    if not (type(model.embed) is TokenEmbedding and float(model.embed.scale) == 1.0 and (llama or gpt2)
+            and type(model.lm_head) in (nn.Linear, PackedLinear) and model.lm_head.bias is None):
+        return "an embedding, positions, final norm or head other than Llama's or GPT-2's"
+    if MultiHeadAttention.attend is not FusedSelfAttention.attend:
+        return "attention scored otherwise"
     return None
 
 
@@ -78,55 +122,69 @@ def fused_reason(model: nn.Module) -> str | None:
     """Why `model` does not decode through the fused C step, or None when it does."""
     if type(model) is not CausalLM:
         return "not a plain CausalLM"
-    cfg = model.cfg
-    if cfg.sliding_window is not None or cfg.moe is not None or cfg.mla is not None or cfg.linear_layers \
-            or cfg.family != FamilyConfig() or getattr(cfg, "query_scale_beta", None) is not None:
-        return "a window, experts, latent attention, linear attention or a family setting"
-    if default_threads(model) != 1:
-        return "large weight matrices (the products want threads and vector kernels)"
-    if any(p.dtype != torch.float32 or not p.is_cpu for p in model.parameters()):
-        return "weights other than fp32 on the CPU"
-    if not (type(model.embed) is TokenEmbedding and float(model.embed.scale) == 1.0
-            and type(model.positions) is NoPositions and type(model.rotary) is RotaryEmbedding
-            and model.rotary.cos.size(-1) == model.layers[0].self_attn.head_dim
-            and type(model.norm) is DecodingRMSNorm and _plain_linear(model.lm_head)):
-        return "an embedding, positions, RoPE, final norm or head other than Llama's"
-    if MultiHeadAttention.attend is not FusedSelfAttention.attend:
-        return "attention scored otherwise"
-    if any(not (layer.attn_norm.eps == layer.ffn_norm.eps == model.norm.eps) for layer in model.layers
-           if type(layer.attn_norm) is DecodingRMSNorm):
+    if (reason := _model_reason(model)) is not None:
+        return reason
+    llama = type(model.norm) is DecodingRMSNorm
+    if (reason := next((r for r in (_layer_reason(layer, llama) for layer in model.layers) if r), None)):
+        return reason
+    if any(not (layer.attn_norm.eps == layer.ffn_norm.eps == model.norm.eps) for layer in model.layers):
         return "norms with different epsilons"
-    return next((r for r in map(_layer_reason, model.layers) if r is not None), None)
+    linears = _linears(model)
+    if not (all(type(m) is nn.Linear for m in linears)
+            or all(type(m) is PackedLinear and m.blocked is not None for m in linears)):
+        return "linear layers other than all plain nn.Linear or all PackedLinear with the one-row copy"
+    return None
 
 
-def _weights(model: CausalLM) -> tuple[tuple[Tensor, ...], list[tuple[Tensor, ...]]]:
-    """The tensors the step reads: (embedding, cos, sin, final norm, head) and each layer's six."""
-    whole = (model.embed.weight, model.rotary.cos, model.rotary.sin, model.norm.weight, model.lm_head.weight)
-    per_layer = [(layer.attn_norm.weight, layer.self_attn.qkv_proj.weight, layer.self_attn.o_proj.weight,
-                  layer.ffn_norm.weight, layer.ffn.gate_up_proj.weight, layer.ffn.down_proj.weight)
-                 for layer in model.layers]
+def _matrix(linear: nn.Module) -> Tensor:
+    """The weight the C code reads: a PackedLinear's one-row copy, or a plain layer's weight."""
+    return linear.blocked if type(linear) is PackedLinear else linear.weight
+
+
+def _weights(model: CausalLM) -> tuple[tuple[Tensor | None, ...], list[tuple[Tensor | None, ...]]]:
+    """The tensors the step reads: (embedding, learned positions, cos, sin, final norm and bias,
+    head) and each layer's twelve (_LAYER_TENSORS' order); None where a bias or table is absent."""
+    rope = type(model.rotary) is RotaryEmbedding
+    whole = (model.embed.weight, None if rope else model.positions.weight,
+             model.rotary.cos if rope else None, model.rotary.sin if rope else None,
+             model.norm.weight, getattr(model.norm, "bias", None), _matrix(model.lm_head))
+    per_layer = []
+    for layer in model.layers:
+        attn, up, down = layer.self_attn, _up(layer.ffn), layer.ffn.down_proj
+        per_layer.append((layer.attn_norm.weight, getattr(layer.attn_norm, "bias", None),
+                          _matrix(attn.qkv_proj), attn.qkv_proj.bias, _matrix(attn.o_proj), attn.o_proj.bias,
+                          layer.ffn_norm.weight, getattr(layer.ffn_norm, "bias", None),
+                          _matrix(up), up.bias, _matrix(down), down.bias))
     return whole, per_layer
 
 
-def _pointers(tensors: list[Tensor]) -> ctypes.Array:
-    return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+def _pointers(tensors: list[Tensor | None]) -> ctypes.Array:
+    return (ctypes.c_void_p * len(tensors))(*[None if t is None else t.data_ptr() for t in tensors])
+
+
+def _address(t: Tensor | None, offset: int = 0) -> int | None:
+    return None if t is None else t.data_ptr() + offset
+
+
+def _detached(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.detach().contiguous()
 
 
 class FusedStep:
     """The fused C decoding step of one model (see the module's docstring)."""
 
     def __init__(self, model: CausalLM, fn: ctypes._CFuncPtr) -> None:
-        fn.argtypes = [ctypes.c_void_p, P(_Shape), P(_Layers)] + [ctypes.c_void_p] * 6
+        fn.argtypes = [ctypes.c_void_p, P(_Shape), P(_Layers)] + [ctypes.c_void_p] * 7
         self.model, self.fn = model, fn
-        attn0 = model.layers[0].self_attn
-        self.whole, per_layer = _weights(model)
-        self.weights = [t.detach().contiguous() for t in self.whole]
-        self.layer_weights = [[t.detach().contiguous() for t in column] for column in zip(*per_layer)]
-        self.per_layer = per_layer
-        self.eps = float(model.norm.eps)
+        attn0, ffn0 = model.layers[0].self_attn, model.layers[0].ffn
+        self.whole, self.per_layer = _weights(model)
+        self.weights = [_detached(t) for t in self.whole]
+        self.layer_weights = [[_detached(t) for t in column] for column in zip(*self.per_layer)]
         cfg = model.cfg
         self.shape = _Shape(cfg.n_layers, cfg.d_model, attn0.n_heads, attn0.n_kv_heads, attn0.head_dim,
-                            model.layers[0].ffn.down_proj.in_features, cfg.vocab_size, 0, 0, self.eps)
+                            ffn0.down_proj.in_features, cfg.vocab_size, 0, 0, float(model.norm.eps),
+                            type(model.norm) is DecodingLayerNorm, ACTIVATIONS[ffn0.activation],
+                            type(model.rotary) is RotaryEmbedding, type(model.lm_head) is PackedLinear, 1)
         self.layers = _Layers(*[_pointers(column) for column in self.layer_weights], None, None)
         self._held: tuple[Tensor, ...] = ()  # the cache buffers self.layers points at
         self.x = torch.empty(cfg.d_model)
@@ -152,18 +210,20 @@ class FusedStep:
         """ids (1, 1) -> (1, V) logits; the key and value written at cache.length, which advances.
         `usable(cache, None)` must have said yes."""
         token = int(ids[0, 0])
-        embed, cos, sin, norm, head = self.weights
+        embed, positions, cos, sin, norm, norm_bias, head = self.weights
         if not 0 <= token < embed.size(0):
             raise ValueError(f"token id {token} is outside the vocabulary [0, {embed.size(0)})")
         s = self.shape
-        s.slots, s.pos = cache.keys[0].size(2), cache.length
+        s.slots, s.pos, s.threads = cache.keys[0].size(2), cache.length, torch.get_num_threads()
         self.x.copy_(embed[token])
-        Dh = s.Dh
-        work = torch.empty(2 * s.D + 2 * (s.H + 2 * s.Hkv) * Dh + 2 * s.F + s.slots)
+        if positions is not None:
+            self.x.add_(positions[s.pos])
+        work = torch.empty(2 * s.D + 2 * (s.H + 2 * s.Hkv) * s.Dh + 2 * s.F + s.slots)
         logits = torch.empty(1, s.V)  # (B, V)
-        table = 4 * Dh * s.pos  # bytes to this position's row of cos and sin
-        self.fn(self.x.data_ptr(), ctypes.byref(s), ctypes.byref(self.layers), cos.data_ptr() + table,
-                sin.data_ptr() + table, norm.data_ptr(), head.data_ptr(), work.data_ptr(), logits.data_ptr())
+        table = 4 * s.Dh * s.pos  # bytes to this position's row of cos and sin
+        self.fn(self.x.data_ptr(), ctypes.byref(s), ctypes.byref(self.layers), _address(cos, table),
+                _address(sin, table), norm.data_ptr(), _address(norm_bias), head.data_ptr(), work.data_ptr(),
+                logits.data_ptr())
         cache.advance(1)
         return logits
 
@@ -184,9 +244,9 @@ def fused_step_for(model: nn.Module) -> FusedStep | None:
     same = step is not None and all(a is b for a, b in zip((*whole, *sum(per_layer, ())),
                                                           (*step.whole, *sum(step.per_layer, ()))))
     if not same:
-        fn = c_kernels.kernel("llama_step")
+        fn = c_kernels.kernel("decoder_step")
         step = _STEPS[model] = None if fn is None else FusedStep(model, fn)
     return step
 
 
-__all__ = ["FusedStep", "fused_reason", "fused_step_for"]
+__all__ = ["ACTIVATIONS", "FusedStep", "fused_reason", "fused_step_for"]

@@ -19,7 +19,8 @@ machine, which has native bf16 instructions (AVX512-BF16), they ran at 2x the pa
 
 One or two rows of fp32 activations (decoding at batch 1 or 2) go to a C kernel instead
 (handformer/inference/c_kernels.py, f32_matvec.c, built by gcc at first use), which reads its own
-copy of the weight, four rows interleaved into one stream, with AVX-512 FMAs: on the same machine,
+copy of the weight, four rows interleaved into one stream, in 2 MiB pages where Linux gives them
+(c_kernels.huge_page_empty), with AVX-512 FMAs: on the same machine,
 at one thread, it streamed GPT-2-124M's weights 1.65x as fast as the packed layers at one row, while
 at eight rows oneDNN's packed kernel is faster (docs/benchmarks.md). The layer then holds the weight
 twice (packed, and blocked for the C kernel): twice the weights' memory for the speed of batch-1

@@ -122,4 +122,11 @@ DIAGNOSES: list[Diagnosis] = [
       "valid_lens = torch.repeat_interleave(valid_lens, repeats=num_heads, dim=0)：(B * num_heads) 排布中"
       "行 b * num_heads + h 属于样本 b",
       r"\.repeat\(", r"repeat"),
+    d("qk_norm_after_rope", "the queries and keys are normed after the rotation (QK-norm goes before RoPE)",
+      "查询和键在旋转之后才归一化（QK-norm 应在 RoPE 之前）",
+      "norm each head's queries and keys first, then rotate them: q, k = q_norm(q), k_norm(k); then "
+      "q, k = apply_rotary_pos_emb(q, k, cos, sin) (Qwen3, minimind)",
+      "先对每个头的查询和键归一化，再旋转：q, k = q_norm(q), k_norm(k)；然后 "
+      "q, k = apply_rotary_pos_emb(q, k, cos, sin)（Qwen3、minimind）",
+      r"(q|query)_?(norm|layernorm|ln)\(", r"_norm\("),
 ]

@@ -45,10 +45,19 @@ def cannot_check(error: LearnerError | None) -> bool:
     """Whether an error says nothing about the learner's code: check could not build the component
     (its constructor's arguments, or the constructor raising on the arguments check guessed), could
     not map its weights or call it, a stand-in would not take the learner's call, or handformer's own
-    grader failed. The learner's exceptions on inputs their code accepts are not among them."""
+    grader failed; or their own `assert` refused the input check gave (Umar Jamil's Llama: "Only one
+    token at a time can be processed"): an input their code does not accept. The learner's exceptions
+    on inputs their code accepts are not among them."""
     if error is None:
         return False
-    return error.kind in CANNOT or (error.kind == "exception" and error.where == "__init__")
+    return error.kind in CANNOT or (error.kind == "exception" and error.where == "__init__") or refused(error)
+
+
+def refused(error: LearnerError) -> bool:
+    """Their code's own assert statement failed on check's input."""
+    last = error.traceback[-1].split(": ", 1)[-1] if error.traceback else ""
+    return (error.kind == "exception" and error.message.startswith("AssertionError")
+            and last.startswith("assert "))
 
 
 def adapter_hint(comp: Any) -> str:

@@ -7,8 +7,16 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from handformer.check.core.context import D
-from handformer.check.core.weights import Leaf, Slot, attention_slots, ffn_slots, leaves, norm_slots
+from handformer.check.core.context import D, H
+from handformer.check.core.weights import (
+    Leaf,
+    Slot,
+    attention_slots,
+    ffn_slots,
+    leaves,
+    norm_slots,
+    qk_norm_slots,
+)
 
 
 @dataclass
@@ -58,7 +66,17 @@ def map_layer(path: str, child: nn.Module, F_width: int) -> LayerMap:
     attn = attention_slots(linears, D, 2 if decoder else 1, path)
     ffn = ffn_slots(linears, D, F_width, path)[0]
     names = ["self-attention", "cross-attention", "FFN"] if decoder else ["self-attention", "FFN"]
-    norms = [leaf for leaf in found if leaf.kind == "norm"]
+    norms, qk = block_norms([leaf for leaf in found if leaf.kind == "norm"])
+    attn[0] += qk
     if len(norms) == 1:
         norms = norms * len(names)
     return LayerMap(path, decoder, attn, ffn, norm_slots(norms, len(names), names, path))
+
+
+def block_norms(norms: list[Leaf]) -> tuple[list[Leaf], list[Slot]]:
+    """A layer's norms apart from its attention's q/k norms (QK-norm, Qwen3's and minimind's: two
+    norms of width head_dim named like q_norm and k_norm), which are the attention's slots: a layer
+    has one norm a sublayer besides them."""
+    qk = qk_norm_slots([n for n in norms if tuple(n.weight.shape) == (D // H,)], D // H)
+    taken = {id(slot.leaf) for slot in qk}
+    return [n for n in norms if id(n) not in taken], qk

@@ -180,7 +180,7 @@ def _child(request: dict[str, Any]) -> None:
     from handformer.check.core.engine import check_file, import_runners
 
     import_runners()  # the grader's own modules, before any clock starts (0.3 s)
-    cuda_as_cpu()  # a file written for a GPU (Meta's `.cuda()` KV cache) runs on the CPU here
+    cuda_as_cpu(request["path"])  # a file written for a GPU (Meta's `.cuda()` KV cache) runs on the CPU here
     stack = open(request["stack"], "w")  # noqa: SIM115  (open until the process ends)
     results = open(request["results"], "a", encoding="utf-8")  # noqa: SIM115
 

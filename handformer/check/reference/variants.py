@@ -143,11 +143,14 @@ def multi_head_attention(w: MHAWeights, xq: Tensor, xk: Tensor, xv: Tensor, keep
 
 def qk_positions(w: MHAWeights, q: Tensor, k: Tensor, offset: int, flags: Flags) -> tuple[Tensor, Tensor]:
     """Queries (B, H, T, Dh) and keys (B, Hkv, S, Dh) with each head normed (QK-norm), then rotated
-    by their positions."""
-    if w.qk_norm is not None:
+    by their positions; qk_norm_after_rope: rotated, then normed."""
+    after = has(flags, "qk_norm_after_rope") is not None and w.rope is not None
+    if w.qk_norm is not None and not after:
         q, k = norm(w.qk_norm[0], q, frozenset()), norm(w.qk_norm[1], k, frozenset())
     if w.rope is not None:
         q, k = rotary(q, w.rope, offset, flags), rotary(k, w.rope, offset, flags)
+    if w.qk_norm is not None and after:
+        q, k = norm(w.qk_norm[0], q, frozenset()), norm(w.qk_norm[1], k, frozenset())
     return q, k
 
 

@@ -241,6 +241,8 @@ def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
     """The tokens a generate returned after the prompt, (B, n'), from (B, T + n) ids (nanoGPT), (B, n)
     new ones, or lists of them."""
     B, T = prompt.shape
+    if isinstance(out, tuple) and len(out) == 2 and out[1] is None:
+        out = out[0]  # Meta's (tokens, logprobs) with logprobs=False: (tokens, None)
     if isinstance(out, (list, tuple)) and out and all(isinstance(v, int) for v in out):
         out = [out]
     if isinstance(out, (list, tuple)) and out and all(isinstance(v, (list, tuple, Tensor)) for v in out):
@@ -281,7 +283,8 @@ def run_generate(ctx: Context, comp: Component, driver: Any, n: int, B: int, as_
         label = text(f"{B} prompt{'s' if B > 1 else ''}, {n} new tokens", f"{B} 个提示词、{n} 个新 token")
         run = Run(label, model, prompt, n, as_list=as_list)
         try:
-            raw = _call(ctx, comp, model, prompt[0].tolist() if as_list else prompt.clone(), n, extra)
+            raw = _call(ctx, comp, model, prompt[0].tolist() if as_list else prompt.clone(), n,
+                        {**fixed_defaults(comp.obj), **(extra or {})})
         except fp.LearnerFailure as failure:
             run.failure = failure
             if model.calls and (_overflowed(model) or _runaway(model)):
@@ -296,6 +299,37 @@ def run_generate(ctx: Context, comp: Component, driver: Any, n: int, B: int, as_
         first = first or run
     assert first is not None
     return first
+
+
+TOP_K_NAMES = ("top_k", "topk", "k")
+NEVER = -1  # an EOS id no model generates
+
+
+def fixed_defaults(fn: Any) -> dict[str, int]:
+    """Defaults of the loop that are sizes of a real vocabulary, set for check's small one: an EOS id
+    (minimind's eos_token_id=2) to an id no model generates, so that a loop is not stopped by a token
+    it was never told is EOS (the EOS check sets its own); a top-k larger than the vocabulary
+    (top_k=50) to the vocabulary's size, which keeps every token as 50 does in a real one."""
+    out = {}
+    for p in forward_parameters(fn):
+        if not isinstance(p.default, int) or isinstance(p.default, bool):
+            continue
+        if p.name.lower() in EOS_NAMES:
+            out[p.name] = NEVER
+        elif p.name.lower() in TOP_K_NAMES and p.default > VOCAB:
+            out[p.name] = VOCAB
+    return out
+
+
+def defaults_note(fn: Any) -> Text | None:
+    fixed = fixed_defaults(fn)
+    if not fixed:
+        return None
+    said = ", ".join(f"{k}={v}" for k, v in fixed.items())
+    return text(f"run with {said} (its defaults are for a real vocabulary: an EOS no token here is, a "
+                f"top-k that keeps all {VOCAB} tokens); the EOS check sets its own EOS",
+                f"运行时设 {said}（默认值是按真实词表定的：这里 EOS 设为不会生成的 id，top-k 保留全部 "
+                f"{VOCAB} 个 token）；EOS 检查另设 EOS")
 
 
 def _overflowed(model: LanguageModel) -> bool:
@@ -342,6 +376,8 @@ class StandIn:
 
 
 def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
+    note = defaults_note(comp.obj)
+    res.notes += [note] if note else []
     short = first = run_generate(ctx, comp, driver, SHORT, 2)
     for B, as_list in ((1, False), (1, True)):  # a loop written for one prompt, maybe a list of ints
         if short.out is not None or _named(short):

@@ -16,7 +16,9 @@ Shape legend: B batch, T tokens so far, V vocabulary.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,12 +26,14 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import MODEL_NAMES
 from handformer.check.core.context import Context, finish, forward_parameters, module_sizes
 from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, Text, text
 from handformer.check.runners.generate_loop import (
     BLOCK,
     CACHE_NAMES,
+    NEVER,
     POSITION_NAMES,
     VOCAB,
     Call,
@@ -42,20 +46,27 @@ from handformer.check.runners.generate_loop import (
 
 PEAK = 1e6  # the learner's logits are not built with a margin: a wider scale keeps near ties certain
 NO_LIMIT = 10**9
+CACHED_LEN = 4 * BLOCK  # the max_len of a model that decodes with a cache
 
 
 class OwnModel:
     """The learner's module as their loop is handed it, with the stand-in's bookkeeping: `calls`,
     `block_size` (the longest context it runs on), `context` (the block size their loop is told) and
-    `budget` (calls allowed before TooManyCalls)."""
+    `budget` (calls allowed before TooManyCalls). Its forward is wrapped on the instance, so that a
+    loop that calls `self.forward(...)` (minimind's, Meta's) is recorded and steered as `model(...)` is."""
 
-    def __init__(self, module: nn.Module, limit: int, budget: int) -> None:
-        self.target, self.block_size, self.context, self.budget = module, limit, BLOCK, budget
+    def __init__(self, module: nn.Module, limit: int, budget: int, holder: type | None = None) -> None:
+        self.module, self.block_size, self.context, self.budget = module, limit, BLOCK, budget
+        self.target = engine(holder, module) if holder else module  # what `model` (or `self`) is
         self.calls: list[Call] = []
-        self.held = 0  # tokens in a cache the module keeps itself (Raschka's use_cache=True), since its reset
+        self.held = 0  # tokens in the cache since it was last empty (a cache handed back or kept inside)
         self.words = ("your model's own greedy decoding", "你的模型自己贪心解码")
-        self.handles = [module.register_forward_pre_hook(self._before, with_kwargs=True),
-                        module.register_forward_hook(self._after)]
+        self.original = module.forward
+        self.signature = inspect.signature(self.original)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            self._record(args, kwargs)
+            return steered(self.original(*args, **kwargs))
+        module.forward = functools.wraps(self.original)(forward)
         self.resets = [name for name in dir(type(module)) if "reset" in name and "cache" in name
                        and callable(getattr(module, name, None))]
         for name in self.resets:  # reset_kv_cache(): the module's own cache starts empty again
@@ -67,7 +78,7 @@ class OwnModel:
             return method(*args, **kwargs)
         return reset
 
-    def _before(self, _mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _record(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if len(self.calls) >= self.budget:
             raise TooManyCalls(f"generate called the model {len(self.calls) + 1} times")
         ids = next((v for v in list(args) + list(kwargs.values()) if isinstance(v, Tensor)), None)
@@ -75,21 +86,41 @@ class OwnModel:
             return
         ids = ids[None] if ids.dim() == 1 else ids  # (B, T)
         B, T = ids.shape
-        held = self.held if kwargs.get("use_cache") is True else 0
-        self.held = held + T if kwargs.get("use_cache") is True else self.held
-        self.calls.append(Call(ids.clone(), held, torch.arange(held, held + T)[None].expand(B, T), held > 0))
+        start, held = self._seen(args, kwargs)
+        self.calls.append(Call(ids.clone(), held, torch.arange(held, held + T)[None].expand(B, T), held > 0,
+                               start))
+        if held or start is None and self._cached(args, kwargs):
+            self.held = held + T
         if held + T > self.block_size:
             raise ContextTooLong(f"Cannot forward sequence of length {T}, block size is only "
                                  f"{self.block_size}")
 
-    def _after(self, _mod: nn.Module, _args: Any, out: Any) -> Any:
-        return steered(out)
+    def _seen(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int | None, int]:
+        """(Meta's start_pos, the tokens before this call's): start_pos; else the tokens fed since the
+        cache was last empty, when a cache is handed back (Hugging Face's past_key_values) or kept
+        inside (Raschka's use_cache=True); else none."""
+        bound = self._bound(args, kwargs)
+        start = next((v for k, v in bound.items() if k in POSITION_NAMES and isinstance(v, int)
+                      and not isinstance(v, bool)), None)
+        if start is not None:
+            return start, start
+        return None, self.held if self._cached(args, kwargs) else 0
+
+    def _bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return dict(self.signature.bind(*args, **kwargs).arguments)
+        except TypeError:
+            return dict(kwargs)
+
+    def _cached(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        bound = self._bound(args, kwargs)
+        return bound.get("use_cache") is True or any(
+            k in CACHE_NAMES and v is not None and not isinstance(v, bool) for k, v in bound.items())
 
     def close(self) -> None:
-        for handle in self.handles:
-            handle.remove()
+        vars(self.module).pop("forward", None)
         for name in self.resets:
-            vars(self.target).pop(name, None)
+            vars(self.module).pop(name, None)
 
 
 def _certain(logits: Tensor) -> Tensor:
@@ -117,14 +148,16 @@ class OwnDriver:
     """What check_generate needs from the model that drives a loop: a fresh recorded model, the
     greedy tokens it gives, and the words for the report."""
 
-    def __init__(self, ctx: Context, model_comp: Component, module: nn.Module, limit: int) -> None:
+    def __init__(self, ctx: Context, model_comp: Component, module: nn.Module, limit: int,
+                 holder: type | None = None, max_len: int = BLOCK) -> None:
         from handformer.check.runners.gpt import Caller
 
         self.module, self.limit, self.name = module, limit, model_comp.name
+        self.holder, self.max_len = holder, max_len  # the engine class generate is a method of
         self.call = Caller(module, ctx)
 
     def new_model(self, style: str, budget: int) -> OwnModel:
-        return OwnModel(self.module, self.limit, budget)
+        return OwnModel(self.module, self.limit, budget, self.holder)
 
     def reference(self, B: int, n: int, crop: int | None = None) -> Tensor:
         """n greedy tokens after prompts(B), each from the last `crop` tokens (the limit by default)."""
@@ -142,10 +175,12 @@ class OwnDriver:
                 "charged)")
         crop_zh = (f"超过 {BLOCK} 个 token 它会报错，所以上下文必须裁剪" if limited
                    else f"它能处理超过 {BLOCK} 个 token 的上下文，所以不必裁剪（裁剪了也不算错）")
-        return text(f"your own {self.name}, built with vocab_size {VOCAB} and block size {BLOCK}, its logits "
-                    f"scaled so that the likeliest token is certain; {crop}",
-                    f"你自己的 {self.name}，按 vocab_size {VOCAB}、block size {BLOCK} 构建，logits 被放大，"
-                    f"最可能的 token 概率为 1；{crop_zh}")
+        held = f" in your {self.holder.__name__} (with a stand-in tokenizer)" if self.holder else ""
+        held_zh = f"（放在你的 {self.holder.__name__} 里，分词器是替身）" if self.holder else ""
+        return text(f"your own {self.name}{held}, built with vocab_size {VOCAB} and block size "
+                    f"{self.max_len}, its logits scaled so that the likeliest token is certain; {crop}",
+                    f"你自己的 {self.name}{held_zh}，按 vocab_size {VOCAB}、block size {self.max_len} 构建，"
+                    f"logits 被放大，最可能的 token 概率为 1；{crop_zh}")
 
     def alternative(self, B: int, n: int) -> Tensor | None:
         """The tokens of a loop that crops to BLOCK a model that needs no crop: not charged."""
@@ -156,15 +191,68 @@ class OwnDriver:
 
 
 def _model_component(ctx: Context, comp: Component) -> Component | None:
-    """The model that drives `comp`: the class whose method it is, else the file's decoder-only model."""
+    """The model that drives `comp`: the class whose method it is; the model an engine class holds
+    (Meta's `Llama(model: Transformer, tokenizer)`, its Transformer imported from their model.py);
+    else the file's decoder-only model."""
     gpt = ctx.components.get("gpt")
     if "." not in comp.name:
         return gpt
     cls = own_objects(ctx.module).get(comp.name.split(".")[0])
     if gpt is not None and gpt.obj is cls:
         return gpt
-    built = inspect.isclass(cls) and issubclass(cls, nn.Module)
-    return Component("gpt", cls.__name__, cls) if built else None
+    if inspect.isclass(cls) and issubclass(cls, nn.Module):
+        return Component("gpt", cls.__name__, cls)
+    held = held_model(cls, ctx.module) if inspect.isclass(cls) else None
+    if held is None:
+        return None
+    return gpt if gpt is not None and gpt.obj is held else Component("gpt", held.__name__, held)
+
+
+def held_model(cls: type, module: Any) -> type | None:
+    """The nn.Module class an engine class's constructor takes (its annotation, read in the file's
+    namespace when it is a string)."""
+    try:
+        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return None
+    return next((hint for p in params if (hint := _module_hint(p, module)) is not None), None)
+
+
+def _module_hint(p: inspect.Parameter, module: Any) -> type | None:
+    hint = vars(module).get(p.annotation) if isinstance(p.annotation, str) else p.annotation
+    return hint if inspect.isclass(hint) and issubclass(hint, nn.Module) else None
+
+
+TOKENIZER_NAMES = ("tokenizer", "tok", "tokeniser")
+
+
+def engine(cls: type, model: nn.Module) -> Any:
+    """An instance of the engine class whose method generate is (Meta's `Llama`), built by its own
+    constructor with the learner's model and a stand-in tokenizer: padding -1 and EOS ids no model
+    generates (the EOS check is for loops that take an EOS argument)."""
+    namespace = sys.modules.get(cls.__module__)
+    kwargs: dict[str, Any] = {}
+    for p in list(inspect.signature(cls.__init__).parameters.values())[1:]:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        if _module_hint(p, namespace) is not None or p.name.lower() in MODEL_NAMES:
+            kwargs[p.name] = model
+        elif p.name.lower() in TOKENIZER_NAMES:
+            kwargs[p.name] = StandInTokenizer()
+        elif p.default is p.empty:
+            raise TypeError(f"cannot fill the argument {p.name!r} of {cls.__name__}")
+    return cls(**kwargs)
+
+
+class StandInTokenizer:
+    """What an inference engine reads of its tokenizer while generating: no padding in check's
+    prompts, and no EOS among the tokens a model generates."""
+
+    pad_id = pad_token_id = -1
+    eos_id = eos_token_id = bos_id = bos_token_id = NEVER
+    stop_tokens = frozenset({NEVER})
+    n_words = vocab_size = VOCAB
+    special_tokens: dict[str, int] = {}
 
 
 def _usable(ctx: Context, model_comp: Component) -> bool:
@@ -187,14 +275,17 @@ def own_driver(ctx: Context, comp: Component) -> Iterator[OwnDriver | None]:
     if model_comp is None or not _usable(ctx, model_comp):
         yield None
         return
-    sizes = {**gpt_sizes(ctx), "src_vocab": VOCAB, "max_len": BLOCK}
+    # a model that decodes with a KV cache or start_pos runs to its max_len, which is not a block its
+    # loop must crop to: built long enough for every check's tokens
+    cached = inspect.isclass(model_comp.obj) and bool(_cache_parameters(model_comp.obj.forward))
+    sizes = {**gpt_sizes(ctx), "src_vocab": VOCAB, "max_len": CACHED_LEN if cached else BLOCK}
     wanted = module_sizes(ctx.module, model_comp, sizes)
     saved = {name: vars(ctx.module).get(name, _UNSET) for name in wanted}
     vars(ctx.module).update(wanted)
     dtype = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)  # their model is float64 here: a cache it allocates must be too
     try:
-        yield _build(ctx, model_comp, sizes)
+        yield _build(ctx, model_comp, sizes, _engine_class(ctx, comp))
     finally:
         torch.set_default_dtype(dtype)
         for name, value in saved.items():
@@ -207,15 +298,38 @@ def own_driver(ctx: Context, comp: Component) -> Iterator[OwnDriver | None]:
 _UNSET = object()
 
 
-def _build(ctx: Context, model_comp: Component, sizes: dict[str, Any]) -> OwnDriver | None:
-    """Their model at check's sizes, when it takes token ids alone (no cache, no start_pos), returns
-    VOCAB logits and runs on BLOCK tokens; its limit read by feeding it BLOCK + 2 tokens."""
+def _cache_parameters(forward: Any) -> set[str]:
+    """The parameters of a model's forward that hand it a KV cache or positions (past_key_values,
+    Meta's start_pos)."""
+    return {p.name for p in forward_parameters(forward)} & set(CACHE_NAMES + POSITION_NAMES)
+
+
+def _drivable(module: nn.Module) -> bool:
+    """Called on token ids alone: every cache or position parameter has a default (Hugging Face's
+    past_key_values=None), except Meta's start_pos, which check passes (0 for the whole sequence)."""
+    return all(p.default is not p.empty or p.name == "start_pos" for p in forward_parameters(module)
+               if p.name in _cache_parameters(module))
+
+
+def _engine_class(ctx: Context, comp: Component) -> type | None:
+    """The class `comp` is a method of when it is not a model (Meta's `Llama.generate`)."""
+    cls = own_objects(ctx.module).get(comp.name.split(".")[0]) if "." in comp.name else None
+    return cls if inspect.isclass(cls) and not issubclass(cls, nn.Module) else None
+
+
+def _build(ctx: Context, model_comp: Component, sizes: dict[str, Any], holder: type | None,
+           ) -> OwnDriver | None:
+    """Their model at check's sizes (in their engine class, when generate is its method), when it can
+    be called on token ids alone, returns VOCAB logits and runs on BLOCK tokens; its limit read by
+    feeding it BLOCK + 2 tokens."""
     partial = ctx.partial
     try:
         module = ctx.build(model_comp, sizes)
-        if {p.name for p in forward_parameters(module)} & set(CACHE_NAMES + POSITION_NAMES):
+        if not _drivable(module):
             return None
-        driver = OwnDriver(ctx, model_comp, module, BLOCK)
+        driver = OwnDriver(ctx, model_comp, module, BLOCK, holder, sizes["max_len"])
+        if holder is not None:
+            engine(holder, module)
         logits, _ = driver.call(torch.zeros(1, BLOCK, dtype=torch.long))
         if logits is None or logits.size(-1) != VOCAB:
             return None

@@ -37,7 +37,7 @@ from handformer.check.core.context import (
     forward_parameters,
 )
 from handformer.check.core.discovery import Component
-from handformer.check.core.layer_map import LayerMap, layer_modules, map_layer, prefixed
+from handformer.check.core.layer_map import LayerMap, block_norms, layer_modules, map_layer, prefixed
 from handformer.check.core.result import (
     NOT_CHECKED,
     Check,
@@ -164,7 +164,8 @@ def _map_grouped(path: str, child: nn.Module) -> LayerMap:
     linears = [leaf for leaf in found if leaf.kind == "linear"]
     attn = attention_slots(linears, D, 1, path, KV_HEADS * (D // H))
     ffn = ffn_slots(linears, D, SIZES["d_ff"], path)[0]
-    norms = [leaf for leaf in found if leaf.kind == "norm"]
+    norms, qk = block_norms([leaf for leaf in found if leaf.kind == "norm"])
+    attn[0] += qk
     norms = norms * 2 if len(norms) == 1 else norms
     return LayerMap(path, False, attn, ffn, norm_slots(norms, 2, ["self-attention", "FFN"], path))
 
@@ -257,7 +258,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         norm_placement=ch.placement, norm=first.kind, norm_eps=first.eps,  # LayerNorm or RMSNorm, as theirs
         position="learned" if m.wpe is not None else "rope" if ch.rope else "none", rope_theta=m.theta,
         max_positions=m.wpe.weight.size(0) if m.wpe is not None else BLOCK, tie_embeddings=m.tied,
-        n_kv_heads=m.n_kv_heads)
+        n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m))
     hf = build_causal_lm(cfg)  # (a GPT-2 style config: the plain CausalLM)
     if m.bias:
         hf.lm_head = nn.Linear(D, VOCAB, bias=True)
@@ -280,12 +281,18 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         for name, slot in zip(("attn_norm", "ffn_norm"), block.norms):
             copy_weights(getattr(target, name), slot)
             written.append((target, name, slot))
+        written += [(target.self_attn, s.role, s) for s in block.attn[0] if s.role in ("q_norm", "k_norm")]
     if m.ln_f is not None and hasattr(hf.norm, "weight"):
         copy_weights(hf.norm, m.ln_f)
         written.append((hf, "norm", m.ln_f))
     exact_norms_(hf)
     as_written_(written)
     return hf
+
+
+def _qk_norm(m: GPTMap) -> str:
+    """"head" when the learner's attentions norm each query and key head (QK-norm), else "none"."""
+    return "head" if any(s.role == "q_norm" for s in m.blocks[0].attn[0]) else "none"
 
 
 def keep_of(T: int, flags: frozenset[str]) -> Tensor:

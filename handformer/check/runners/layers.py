@@ -55,6 +55,7 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.conventions import masks_where_true
 from handformer.check.core.discovery import Component, argument_keys
+from handformer.check.core.layer_map import block_norms
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.rope_tables import either_start, either_table
 from handformer.check.core.rotary import cos_sin, rope_layouts, rope_tables
@@ -108,7 +109,8 @@ class Layer:
         self.n_kv_heads, self.attn = _attentions(linears, 2 if decoder else 1, comp.name)
         self.ffn_candidates = ffn_slots(linears, D, self.sizes["d_ff"], comp.name)
         names = ["attn", "cross", "ffn"] if decoder else ["attn", "ffn"]
-        norms = [leaf for leaf in found if leaf.kind == "norm"]
+        norms, qk = block_norms([leaf for leaf in found if leaf.kind == "norm"])
+        self.attn[0] += qk  # QK-norm: the attention's q_norm and k_norm
         self.shared = len(norms) == 1 and len(names) > 1  # one norm for every sublayer
         self.norm_slots = norm_slots(norms * len(names) if self.shared else norms, len(names),
                                      [{"attn": "self-attention", "cross": "cross-attention"}.get(n, "FFN")
@@ -250,7 +252,7 @@ def _decoder_mask_names(masks: list[str]) -> tuple[str | None, str | None]:
 def _flags(layer: Layer, w: V.LayerWeights) -> tuple[str, ...]:
     flags = ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection" or w.self_attn.o)
     if w.self_attn.rope:
-        flags += ROPE_FLAGS
+        flags += ROPE_FLAGS + (("qk_norm_after_rope",) if w.self_attn.qk_norm else ())
     if w.ffn.gate is not None:
         flags += ("gated_act_after_product",)
     flags += tuple(f"no_residual:{s}" for s in layer.sublayers + ["all"])
@@ -303,6 +305,9 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
     layer = Layer(comp, ctx, decoder, causal_block)
     inp = Inputs(layer)
     _down_projection(res, ctx, comp, layer)
+    if _causal_without_its_mask(layer):
+        layer.masks, layer.takes_mask = [], False
+        res.notes.append(CAUSAL_INSIDE_NOTE)
     own_mask = causal_block and not layer.takes_mask or layer.stateful
     convs = _layer_conventions(layer, ctx, inp)
 
@@ -336,6 +341,27 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
     return finish(res)
 
 
+def _causal_without_its_mask(layer: Layer) -> bool:
+    """A decoder-only block whose mask argument can be left out (minimind's attention_mask=None, a
+    padding mask) and that is causal without it: checked as a block that builds its own causal mask."""
+    if not (layer.causal_block and layer.masks and not layer.required_mask):
+        return False
+    x = fp.randn(1, 5, D, seed=3)
+    y = x.clone()
+    y[:, 3] += 1.0
+    try:
+        with torch.no_grad():
+            a, b = (fp.first_tensor(layer.call(v, v, None, None), 3) for v in (x, y))
+    except Exception:  # noqa: BLE001 - their error: the checks run it with a mask and report it
+        return False
+    return (a is not None and b is not None and a.shape == x.shape and torch.allclose(a[:, :3], b[:, :3])
+            and not torch.allclose(a[:, 3:], b[:, 3:]))
+
+
+CAUSAL_INSIDE_NOTE = text("with no mask it is causal (changing token 3 leaves outputs 0..2 unchanged): "
+                          "checked as a block that builds its own causal mask, its mask argument left out",
+                          "不给掩码时它是因果的（改变位置 3 的 token，位置 0..2 的输出不变）：按自己构造因果"
+                          "掩码的块检查，不传掩码参数")
 STATEFUL_NOTE = text("forward(X, state) builds its causal mask in training mode only (d2l): it was "
                      "run in training mode with dropout switched off, and step by step in eval mode",
                      "forward(X, state) 只在训练模式下构造因果掩码（d2l 的写法）：检查时在训练模式下"

@@ -54,9 +54,10 @@ class Caller:
         self.params = [p for p in forward_parameters(comp.obj)]
         self.names = [p.name for p in self.params]
         self.probs = bool(self.names) and self.names[0].lower() in PROBS_NAMES  # given softmax(logits)
-        # the filters it takes with no default (a combined top_k_top_p_filtering(logits, top_k, top_p)):
-        # given their "off" value when a check sets another one
-        empty = {p.name for p in self.params if p.default is inspect.Parameter.empty}
+        # the filters it takes with no default (a combined top_k_top_p_filtering(logits, top_k, top_p)),
+        # or with a default that filters (top_p_sample(logits, p=0.9)): given their "off" value when a
+        # check sets another one
+        empty = {p.name for p in self.params if p.default is inspect.Parameter.empty or _filters(p)}
         self.required = {key: name for key, names in (("top_k", K_NAMES), ("top_p", P_NAMES),
                                                       ("temperature", TEMPERATURE_NAMES))
                          for name in [self.find(names)] if name in empty}
@@ -78,6 +79,15 @@ class Caller:
             kwargs.setdefault(name, off[key])
         given = torch.softmax(logits, -1) if self.probs else logits.clone()
         return self.ctx.learner.call("forward", self.comp.obj, given, **kwargs)
+
+
+def _filters(p: inspect.Parameter) -> bool:
+    """A top-p default below 1 or a top-k default below the vocabulary: the default filters."""
+    value = p.default
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    name = p.name.lower()
+    return name in P_NAMES and 0 < value < 1 or name in K_NAMES and isinstance(value, int) and 0 < value < V
 
 
 def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
