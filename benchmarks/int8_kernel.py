@@ -13,9 +13,13 @@ y = x W^T at decode-time row counts (M = 1 and 8) three ways, rounds interleaved
   torch.ops.aten._weight_int4pack_mm_for_cpu with bf16 activations, for comparison;
 - c-fp32: Int8Linear's opt-in C kernel (handformer/inference/c_kernels.py: each int8 weight widened to
   fp32 in AVX-512 registers, fp32 activations and sums, output rows split among the threads), built
-  with gcc at first use; left out, with the reason, where gcc or AVX-512 is missing.
+  with gcc at first use; left out, with the reason, where gcc or AVX-512 is missing;
+- vnni, int4-vnni: the VNNI kernels (handformer/inference/vnni_matvec.c: the activation rows rounded
+  to int8 in blocks of 32, integer dots by vpdpbusd) on the int8 weight and on the weight in Q4_0's
+  int4 form (groups of 32, float16 scales, zeros 0); left out, with the reason, without VNNI.
 
-For M = 1 it also prints the GB/s of weight bytes each kernel reads (4, 1 and 0.625 bytes a weight).
+For M = 1 it also prints the GB/s of weight bytes each kernel reads (4, 1, 0.625 and, for int4-vnni,
+0.5625 bytes a weight).
 
     python benchmarks/int8_kernel.py              # about 20 s on 2 busy cores
     python benchmarks/int8_kernel.py --rounds 9 --threads 1
@@ -52,6 +56,21 @@ def per_call(fn: Callable[[], torch.Tensor], calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
+def vnni_kernels(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> dict:
+    """The VNNI kernels' calls where the CPU has them: int8 on q, int4 on w in Q4_0's form (groups of
+    32, zeros 0, float16 scales)."""
+    if c_kernels.kernel("int8_vnni_linear") is None:
+        return {}
+    linear = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+    linear.weight.data = w
+    int4 = Int4Linear.from_linear(linear, 32, kernel="vnni")
+    int4.scales.copy_(int4.scales.half().float())
+    int4.zeros.zero_()
+    weights = c_kernels.pointers(q, scales, None)
+    return {"vnni": lambda: c_kernels.vnni_linear("int8_vnni_linear", x, weights, w.shape[0]),
+            "int4-vnni": lambda: int4(x)}
+
+
 def make_kernels(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
                  c: bool) -> dict[str, Callable[[], torch.Tensor]]:
     """The ways to compute x W^T, as calls without arguments (c-fp32 when `c` is given)."""
@@ -67,6 +86,7 @@ def make_kernels(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor, scales: torc
         "dequant": lambda: F.linear(x, dequantize_int8(q, scales)),
         "int4-bf16": lambda: int4(x),
         **({"c-fp32": lambda: c_kernels.int8_linear(x, q, scales)} if c else {}),
+        **vnni_kernels(x, w, q, scales),
     }
 
 
@@ -83,9 +103,13 @@ def main() -> None:
     c = c_kernels.kernel() is not None
     if not c:
         print(f"c-fp32 left out: {c_kernels.why_not()}")
-    names = ("fp32", "int8pack", "int8pack-bf16", "dequant", "int4-bf16") + (("c-fp32",) if c else ())
+    vnni = c_kernels.kernel("int8_vnni_linear") is not None
+    if not vnni:
+        print(f"vnni and int4-vnni left out: {c_kernels.why_not('int8_vnni_linear')}")
+    names = (("fp32", "int8pack", "int8pack-bf16", "dequant", "int4-bf16") + (("c-fp32",) if c else ())
+             + (("vnni", "int4-vnni") if vnni else ()))
     weight_bytes = {"fp32": 4, "int8pack": 1, "int8pack-bf16": 1, "dequant": 1, "int4-bf16": 0.625,
-                    "c-fp32": 1}
+                    "c-fp32": 1, "vnni": 1, "int4-vnni": 18 / 32}
     print(f"{'layer':18} {'M':>3} " + " ".join(f"{n + ' us':>17}" for n in names) + "   fp32 / each kernel")
     torch.manual_seed(0)
     for name, (n, k) in SHAPES.items():
