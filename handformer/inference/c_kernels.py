@@ -224,3 +224,9 @@ def f32_linear(x: Tensor, blocked: Tensor, n: int, bias: Tensor | None) -> Tenso
 
 __all__ = ["K_MULTIPLE", "MAX_ROWS", "OFF_ENV", "VNNI", "VNNI_K_MULTIPLE", "block_rows", "f32_linear",
            "int8_linear", "kernel", "pointers", "unblock_rows", "usable", "vnni_linear", "why_not"]
+
+
+def stamp(t: Tensor) -> tuple[int, int]:
+    """Where `t` lives and how often it was written in place (an inference tensor keeps no count):
+    a key for copies of it kept until it changes."""
+    return t.data_ptr(), -1 if t.is_inference() else t._version

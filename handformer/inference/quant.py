@@ -75,12 +75,6 @@ def dequantize_int8(q: Tensor, scales: Tensor, dtype: torch.dtype = torch.float3
     return (q.to(torch.float32) * scales[:, None]).to(dtype)
 
 
-def stamp(t: Tensor) -> tuple[int, int]:
-    """Where `t` lives and how often it was written in place (an inference tensor keeps no count):
-    a key for copies of it kept until it changes."""
-    return t.data_ptr(), -1 if t.is_inference() else t._version
-
-
 _HAS_INT8PACK = hasattr(torch.ops.aten, "_weight_int8pack_mm")  # looked up once: torch.ops lookups are slow
 
 
@@ -121,7 +115,7 @@ class Int8Linear(nn.Module):
     def scales_as(self, dtype: torch.dtype) -> Tensor:
         """The scales in `dtype`, converted once and kept until the scales change (a decoding step
         calls every layer once: a conversion per call would cost as much as a small layer's product)."""
-        key = (*stamp(self.scales), dtype)
+        key = (*c_kernels.stamp(self.scales), dtype)
         if self._scales_as is None or self._scales_as[0] != key:
             self._scales_as = (key, self.scales.to(dtype))
         return self._scales_as[1]
@@ -219,4 +213,4 @@ def set_kernel(model: nn.Module, kernel: str) -> None:
 
 
 __all__ = ["DEFAULT_KERNEL", "Int8Linear", "KERNELS", "TORCH_KERNEL", "dequantize_int8", "int8pack_available",
-           "quantize_int8", "quantize_linears", "set_kernel", "stamp"]
+           "quantize_int8", "quantize_linears", "set_kernel"]

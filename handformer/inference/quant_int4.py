@@ -37,7 +37,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.inference import c_kernels
-from handformer.inference.quant import stamp
 
 GROUP_SIZES = (32, 64, 128, 256)  # the group sizes torch's CPU int4 kernel accepts
 INT4_KERNELS = ("int4pack-bf16", "dequant", "auto", "vnni")
@@ -124,7 +123,7 @@ class Int4Linear(nn.Module):
 
     def _kernel_weights(self) -> tuple[Tensor, Tensor]:
         """The CPU kernel's packed weight and (G, N', 2) bf16 scales-and-zeros, N' = N padded to 16."""
-        key = (*stamp(self.weight), *stamp(self.scales), *stamp(self.zeros))
+        key = (*c_kernels.stamp(self.weight), *c_kernels.stamp(self.scales), *c_kernels.stamp(self.zeros))
         if self._packed is None or self._packed[0] != key:
             pad = -self.out_features % _N_MULTIPLE
             q = F.pad(unpack_nibbles(self.weight).to(torch.int32), (0, 0, 0, pad), value=8)  # (N', K)
@@ -139,7 +138,7 @@ class Int4Linear(nn.Module):
         """The (N, G) float16 scales the VNNI kernel reads, or None where it cannot serve this layer
         (zeros not all 0, groups other than 32, a scale float16 cannot hold exactly); kept until the
         stored tensors change."""
-        key = (*stamp(self.scales), *stamp(self.zeros))
+        key = (*c_kernels.stamp(self.scales), *c_kernels.stamp(self.zeros))
         if self._vnni_scales is None or self._vnni_scales[0] != key:
             half = self.scales.to(torch.float16)
             exact = (self.group_size == VNNI_GROUP and self.scales.is_cpu and not self.zeros.any()
