@@ -112,3 +112,16 @@ def test_a_step_is_made_again_for_replaced_weights(model):
 def test_without_the_c_code_there_is_no_fused_step(monkeypatch):
     monkeypatch.setattr(c_kernels, "kernel", lambda name: None)
     assert fused_step.fused_step_for(_tiny()) is None
+
+
+def test_a_cache_the_step_cannot_serve_is_a_clear_error(model):
+    """Nothing cached yet, two rows, or a full cache: a ValueError naming what it needs, never a read
+    past the C step's buffers."""
+    step, token = fused_step.fused_step_for(model), torch.zeros(1, 1, dtype=torch.long)
+    two_rows, full = model.new_cache(8), model.new_cache(4)
+    with torch.no_grad():
+        model(torch.zeros(2, 3, dtype=torch.long), cache=two_rows)
+        model(torch.zeros(1, 4, dtype=torch.long), cache=full)
+    for cache in (model.new_cache(8), two_rows, full):
+        with pytest.raises(ValueError, match="one-row fp32 KVCache"):
+            step(token, cache)

@@ -208,7 +208,10 @@ class FusedStep:
 
     def __call__(self, ids: Tensor, cache: KVCache) -> Tensor:
         """ids (1, 1) -> (1, V) logits; the key and value written at cache.length, which advances.
-        `usable(cache, None)` must have said yes."""
+        A cache `usable` refuses is a ValueError, never a read past the C step's buffers."""
+        if not self.usable(cache, None):
+            raise ValueError("the fused step needs a plain one-row fp32 KVCache with room for the new "
+                             "position; decode this step with the model's own forward")
         token = int(ids[0, 0])
         embed, positions, cos, sin, norm, norm_bias, head = self.weights
         if not 0 <= token < embed.size(0):
