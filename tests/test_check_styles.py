@@ -701,3 +701,49 @@ def test_a_device_named_cuda_runs_on_the_cpu():
     with CudaAsCpu():
         ids = torch.full((2, 3), -1, dtype=torch.long, device="cuda").to("cuda")
     assert ids.device.type == "cpu"
+
+
+NUCLEUS_WITH_DEFAULT = '''
+import torch
+import torch.nn.functional as F
+
+
+def top_p_sample(logits, p=0.9, temperature=1.0):
+    probs = F.softmax(logits / temperature, dim=-1)
+    sorted_probs, idx = probs.sort(dim=-1, descending=True)
+    keep = sorted_probs.cumsum(dim=-1) - sorted_probs < p
+    sorted_probs = sorted_probs * keep
+    sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
+    return idx.gather(-1, torch.multinomial(sorted_probs, 1))
+'''
+
+ONE_TOKEN_AT_A_TIME = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, vocab_size, d_model):
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, d_model)
+        self.out = nn.Linear(d_model, vocab_size)
+
+    def forward(self, tokens, start_pos):
+        assert tokens.shape[1] == 1, "Only one token at a time can be processed"
+        return self.out(self.emb(tokens))
+'''
+
+
+def test_a_filtering_default_is_off_for_the_plain_draws_and_an_assert_on_the_input_is_not_theirs(tmp_path):
+    """top_p_sample(logits, p=0.9): its plain and temperature draws are taken with p=1 (its default
+    filters), so a correct nucleus sampler passes. A model whose own assert refuses check's input
+    (Umar Jamil's Llama decodes one token at a time) is NOT CHECKED, not their ERROR."""
+    sampler = tmp_path / "nucleus.py"
+    sampler.write_text(NUCLEUS_WITH_DEFAULT)
+    (sample,) = check_file(str(sampler), only=["sample"]).components
+    assert sample.status == "pass", sample.checks
+    model = tmp_path / "one_token.py"
+    model.write_text(ONE_TOKEN_AT_A_TIME)
+    result = check_file(str(model), overrides={"gpt": "Model"}, only=["gpt"])
+    (gpt,) = result.components
+    assert gpt.status == "not_checked" and "Only one token" in gpt.error.message, format_report(result)

@@ -67,8 +67,9 @@ FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0
                          # Raschka's cfg["dtype"] (nn.Linear(..., dtype=None)) and cfg["rope_freq"] (None:
                          # no Llama 3 frequency scaling)
                          "dtype": None, "rope_freq": None, "rope_base": 10000.0,
-                         # Raschka's Qwen3 cfg: no QK-norm (handformer's reference has none), no experts
-                         "qk_norm": False, "num_experts": 0}
+                         # Raschka's Qwen3 cfg: QK-norm, as Qwen3 has (its q_norm and k_norm are
+                         # compared with handformer's), no experts
+                         "qk_norm": True, "num_experts": 0}
 CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "conf")
 # the names of the classic PyTorch tutorials' arguments: jadore801120's d_v, d_hid (the FFN's
 # hidden width beside d_in, the width alone) and n_position; bentrevett's hid_dim and pf_dim;
