@@ -4,7 +4,8 @@ with the residual and norm inside (NOT CHECKED, with that reason), hyunwoongko's
 whose forward(ids) returns the table, gpt-fast's Attention(config) and block handed a real rotary
 table (T, Dh/2, 2), its ffn_norm defined before attention_norm, its precompute_freqs_cis(seq_len,
 n_elem, dtype=torch.bfloat16) asked for float64; bentrevett's Seq2Seq(encoder, decoder, ...) built
-from the file's Encoder(input_dim, ...) and Decoder(output_dim, ...). Each correct file passes; a planted
+from the file's Encoder(input_dim, ...) and Decoder(output_dim, ...); nanochat's attention handed
+cos_sin, (cos, sin) each (1, T, 1, Dh/2), rotating its halves the other way, and its ReLU² MLP. Each correct file passes; a planted
 mistake fails."""
 
 from __future__ import annotations
@@ -176,6 +177,46 @@ class Seq2Seq(nn.Module):
         return self.decoder(trg, self.encoder(src, src_mask), trg_mask, src_mask)
 '''
 
+NANOCHAT = '''import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def apply_rotary_emb(x, cos, sin):  # x (B, T, H, D); cos, sin (1, T, 1, D/2)
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat([a * cos + b * sin, b * cos - a * sin], dim=-1)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.n_head, self.head_dim = config.n_head, config.n_embd // config.n_head
+        self.c_q = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.c_k = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.c_v = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x, cos_sin):
+        B, T, C = x.size()
+        shape = (B, T, self.n_head, self.head_dim)
+        q, k, v = self.c_q(x).view(shape), self.c_k(x).view(shape), self.c_v(x).view(shape)
+        cos, sin = cos_sin
+        q, k = apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.relu(self.c_fc(x)).square())
+'''
+
 # (file, the kinds checked, the correct line, the planted line)
 CASES = {
     "jadore_temperature": (JADORE, ["sdpa"], "q / self.temperature", "q * self.temperature"),
@@ -187,6 +228,9 @@ CASES = {
                        "h + self.feed_forward(self.attention_norm(h))"),
     "bentrevett_stacks": (BENTREVETT, ["transformer"], "torch.tril(torch.ones(trg.size(1), trg.size(1)))",
                           "torch.ones(trg.size(1), trg.size(1))"),
+    "nanochat_attention": (NANOCHAT, ["causal_attention"], "a * cos + b * sin", "a * cos - b * sin"),
+    "nanochat_rope": (NANOCHAT, ["rope"], "a * cos + b * sin", "a * cos - b * sin"),
+    "nanochat_relu2": (NANOCHAT, ["ffn"], "F.relu(self.c_fc(x)).square()", "self.c_fc(x).square()"),
 }
 
 

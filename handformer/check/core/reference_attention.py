@@ -25,6 +25,6 @@ def handformer_attention(slots: list[Slot], n_kv_heads: int | None = None, rope:
             hf.o_proj.weight.copy_(torch.eye(D))
             if hf.o_proj.bias is not None:
                 hf.o_proj.bias.zero_()
-    if rope == "interleaved":
-        interleaved_to_half_(hf, heads)
+    if rope in ("interleaved", "swapped"):
+        interleaved_to_half_(hf, heads, swapped=rope == "swapped")
     return hf

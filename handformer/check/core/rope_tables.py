@@ -44,3 +44,23 @@ def either_start(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[
             raise first from None
         layout["per_row"] = True
         return out
+
+
+def either_cos_sin(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool]) -> Any:
+    """fn(*args, **kwargs) with nanochat's kwargs["cos_sin"], (cos, sin) each (1, T, 1, Dh/2) for
+    queries (B, T, H, Dh) split in halves, else each (1, T, 1, Dh), the angles repeated over the two
+    halves (rotate_half's); the form that runs is kept. When neither runs, the first one's error is raised."""
+    def full(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t], dim=-1)  # (1, T, 1, Dh)
+
+    if layout.get("full_cos_sin"):
+        return fn(*args, **{**kwargs, "cos_sin": tuple(full(t) for t in kwargs["cos_sin"])})
+    try:
+        return fn(*args, **kwargs)
+    except Exception as first:  # noqa: BLE001 - theirs, unless the other form runs
+        try:
+            out = fn(*args, **{**kwargs, "cos_sin": tuple(full(t) for t in kwargs["cos_sin"])})
+        except Exception:  # noqa: BLE001
+            raise first from None
+        layout["full_cos_sin"] = True
+        return out

@@ -24,11 +24,14 @@ def cos_sin(T: int, head_dim: int) -> tuple[Tensor, Tensor]:
     return angles.cos(), angles.sin()
 
 
-def interleaved_to_half_(hf: nn.Module, heads: int = H) -> None:
+def interleaved_to_half_(hf: nn.Module, heads: int = H, swapped: bool = False) -> None:
     """Meta's interleaved rotary pairs (2j, 2j+1) as handformer's half-split (j, j + Dh/2): each head's
-    rows of W_Q and W_K permuted, evens then odds (q.k is unchanged)."""
+    rows of W_Q and W_K permuted, evens then odds (q.k is unchanged). swapped: nanochat's rotation
+    the other way, (a, b) -> (a cos + b sin, b cos - a sin), is handformer's on the halves swapped."""
     Dh = D // heads
     order = torch.cat([torch.arange(0, Dh, 2), torch.arange(1, Dh, 2)])  # (Dh,): evens, then odds
+    if swapped:
+        order = torch.cat([torch.arange(Dh // 2, Dh), torch.arange(0, Dh // 2)])  # (Dh,): second half first
     with torch.no_grad():
         for proj in (hf.q_proj, hf.k_proj):
             heads = proj.weight.size(0) // Dh
@@ -48,6 +51,13 @@ def rope_tables(T: int, heads: int = H) -> tuple[Tensor, Tensor]:
 
 
 def rope_note(rope: str) -> dict[str, str]:
+    if rope == "swapped":
+        return text("rotary positions inside, halves rotated the other way, (a, b) -> (a cos + b sin, "
+                    "b cos - a sin), as nanochat: a convention, not an error (handformer's rotation on the "
+                    "halves swapped); compared with W_Q and W_K permuted accordingly",
+                    "内部使用旋转位置编码，两半按相反方向旋转，(a, b) -> (a cos + b sin, b cos - a sin)，"
+                    "与 nanochat 相同：这是约定不同，不是错误（等于 handformer 的旋转作用在交换后的两半上）；"
+                    "比较时已相应重排 W_Q 和 W_K 的行")
     if rope == "interleaved":
         return text("rotary positions inside, interleaved pairs (2j, 2j+1) as Meta's complex freqs_cis: a "
                     "convention, not an error; handformer pairs j with j + d/2 (as Hugging Face), so it was "

@@ -26,6 +26,7 @@ Flags = frozenset[str]
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu,
+    "relu2": lambda x: F.relu(x).square(),  # ReLU squared (Primer's, nanochat's): an activation
 }
 
 
@@ -170,12 +171,15 @@ def rotary(x: Tensor, layout: str, offset: int = 0, flags: Flags = frozenset(), 
            ) -> Tensor:
     """(B, H, T, Dh) queries or keys rotated by their positions' angles. "half": dimension j pairs
     with j + Dh/2 (Hugging Face, handformer); "interleaved": 2j with 2j + 1 (Meta's complex
-    freqs_cis). rope_rotation_sign rotates the other way (rotate_half's minus on the wrong half)."""
+    freqs_cis); "swapped": half pairs rotated the other way (nanochat's). rope_rotation_sign
+    rotates the other way (rotate_half's minus on the wrong half)."""
     T, Dh = x.size(-2), x.size(-1)
     angles = rope_angles(T, Dh, theta, offset, flags, x.dtype)  # (T, Dh/2)
     if has(flags, "rope_rotation_sign") is not None:
         angles = -angles
     cos, sin = angles.cos(), angles.sin()
+    if layout == "swapped":  # nanochat's: the halves rotated the other way, (a cos + b sin, b cos - a sin)
+        sin = -sin
     if layout == "interleaved":
         a, b = x[..., 0::2], x[..., 1::2]  # (B, H, T, Dh/2) each
         return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)  # (B, H, T, Dh)

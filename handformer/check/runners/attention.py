@@ -53,7 +53,7 @@ from handformer.check.core.discovery import Component
 from handformer.check.core.localize import note_attention_departure
 from handformer.check.core.reference_attention import handformer_attention
 from handformer.check.core.result import Check, ComponentResult, Finding, text
-from handformer.check.core.rope_tables import either_start, either_table
+from handformer.check.core.rope_tables import either_cos_sin, either_start, either_table
 from handformer.check.core.rotary import ROPE_WORDS, cos_sin, rope_note, rope_tables
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.weights import (
@@ -92,7 +92,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     Llama-style forward(x, freqs_cis, mask) or forward(x, start_pos, ...) asks for."""
     params = forward_parameters(fn)
     extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
-             "sin"}
+             "sin", "cos_sin"}
     first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra
                         or isinstance(p.default, bool)), len(params))  # a flag (use_cache) keeps its default
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
@@ -119,6 +119,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
             return either_start(run, args, kwargs, layout, B)
         if "freqs_cis" in named:
             return run(*args, **kwargs)
+        if "cos_sin" in named:
+            return either_cos_sin(fn, args, kwargs, layout)
         if "position_embeddings" not in named or "batched" in layout:
             return fn(*args, **kwargs)
         return _either_layout(fn, args, kwargs, layout, (T, head_dim, B, xq.dtype))
@@ -137,6 +139,9 @@ def _position_kwargs(named: set[str], B: int, T: int, head_dim: int, dtype: torc
             kwargs[name] = torch.polar(torch.ones_like(angles), angles)
         elif name == "position_embeddings":
             kwargs[name] = batched_cos_sin(T, head_dim, B, batched, dtype)
+        elif name == "cos_sin":  # nanochat's (cos, sin), each (1, T, 1, Dh/2); either_cos_sin
+            angles = V.rope_angles(T, head_dim)[None, :, None]  # (1, T, 1, Dh/2)
+            kwargs[name] = (angles.cos().to(dtype), angles.sin().to(dtype))
         elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
             kwargs[name] = cos_sin(T, head_dim)[name == "sin"].to(dtype)
         elif name == "start_pos":
@@ -420,6 +425,8 @@ def rope_settings(comp: Component, c: Caller) -> tuple[str | None, ...]:
     if c.rope_table:
         return ("interleaved",)
     source = source_text(comp.obj).lower()
+    if re.search(r"def forward\([^)]*\bcos_sin\b", source):  # nanochat's: rotated either way
+        return ("half", "swapped")
     tables = re.search(r"def forward\([^)]*\bcos\b[^)]*\bsin\b", source)  # Raschka's (x, mask, cos, sin)
     return (None, "half", "interleaved") if tables or any(w in source for w in ROPE_WORDS) else (None,)
 
@@ -782,7 +789,7 @@ def _grads(out: Tensor, ref: Tensor, xq: Tensor, rows: Tensor | None, s: Setup, 
         mine.append(grads[0] if n == 1 else None if any(x is None for x in grads) else torch.cat(grads))
     hf_params = [attention_parameters(hf)[sl.role.split(" ")[-1]].weight for sl in s.slots]
     theirs = torch.autograd.grad((ref * g * sel).sum(), [xq] + hf_params, allow_unused=True)
-    if s.rope == "interleaved":
+    if s.rope in ("interleaved", "swapped"):
         return grads_error([(mine[0], theirs[0])])
     return grads_error(list(zip([mine[0]] + [_rows(m, sl) for m, sl in zip(mine[1:], s.slots)], theirs)))
 

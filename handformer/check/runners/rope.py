@@ -51,7 +51,8 @@ def reference_tables(length: int, layout: str, offset: int = 0, theta: float = T
                      flags: V.Flags = frozenset()) -> tuple[Tensor, Tensor]:
     """(cos, sin), each (length, Dh): every pair's angle written where that layout puts the pair."""
     angles = V.rope_angles(length, DH, theta, offset, flags)  # (length, Dh/2)
-    full = torch.cat([angles, angles], -1) if layout == "half" else angles.repeat_interleave(2, -1)
+    half = layout in ("half", "swapped")
+    full = torch.cat([angles, angles], -1) if half else angles.repeat_interleave(2, -1)
     return full.cos(), full.sin()
 
 
@@ -135,6 +136,12 @@ def _base_finding(res: ComponentResult, ctx: Context, comp: Component, table: Ta
 def _layout_convention(res: ComponentResult, layout: str) -> None:
     if layout == "unknown":
         return
+    if layout == "swapped":
+        res.convention = text("pairs (j, j + d/2) rotated the other way, (a cos + b sin, b cos - a sin), as "
+                              "nanochat: a convention, not an error",
+                              "按 (j, j + d/2) 配对、反方向旋转，(a cos + b sin, b cos - a sin)，与 nanochat "
+                              "相同：这是约定不同，不是错误")
+        return
     res.convention = (text("pairs (2j, 2j+1), interleaved (Meta's complex freqs_cis): a convention, not an "
                            "error", "按 (2j, 2j+1) 交错配对（Meta 的复数 freqs_cis）：这是约定不同，不是错误")
                       if layout in ("interleaved", "pairs") else
@@ -212,6 +219,8 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     shapes = ("4d", "btd", *from0, "td") + (("by_id",) if "position_ids" in names else ())
     attempts = [(layout, meta, shape) for layout in (("pairs",) if complex_table else ("half", "interleaved"))
                 for meta in (False, True) for shape in (("4d", "real") if layout == "pairs" else shapes)]
+    if not complex_table:  # nanochat's cos, sin (1, T, 1, Dh/2) on halves, rotated either way
+        attempts += [(layout, True, "quarter") for layout in ("half", "swapped")]
     failure, best, first = _search_apply(ctx, fn, names, tensors, q, k, attempts)
     if best is None and first is None:
         raise failure or ctx.learner.fail(
@@ -243,9 +252,9 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
 
 def _search_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: list[str], q: Tensor,
                   k: Tensor, attempts: list[tuple[str, bool, str]]) -> tuple[Any, Any, Any]:
-    """The first (layout, Meta's inputs, table shape) whose rotation the search explains; the first
-    that ran; the first failure."""
-    failure, first = None, None
+    """The first (layout, Meta's inputs, table shape) whose rotation is right, else the first a
+    catalogued mistake explains; the first that ran; the first failure."""
+    failure, first, named = None, None, None  # named: the first a catalogued mistake explains
     for layout, meta, shape in attempts:
         try:
             out = _run_apply(ctx, fn, names, tensors, q, k, layout, meta, shape, offset=0)
@@ -258,9 +267,10 @@ def _search_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensor
         first = first or (layout, meta, shape, rot, out)
         found = fp.search(out, lambda fl, rot=rot: _rotated(q, k, len(tensors), rot, 0, fl),
                           ("rope_rotation_sign",), None, 1)
-        if found is not None:
+        if found is not None and not found[0]:
             return failure, (layout, meta, shape, rot, out, found), first
-    return failure, None, first
+        named = named or ((layout, meta, shape, rot, out, found) if found is not None else None)
+    return failure, named, first
 
 
 def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: V.Flags = frozenset(),
@@ -289,6 +299,9 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
         if shape == "4d":
             view = (1, T, 1, DH) if meta else (1, 1, T, DH)  # broadcasts over batch and heads
             cos, sin = cos.reshape(view), sin.reshape(view)
+        elif shape == "quarter":  # nanochat's: one angle a pair, (1, T, 1, Dh/2)
+            view = (1, T, 1, DH // 2)
+            cos, sin = cos[:, : DH // 2].reshape(view), sin[:, : DH // 2].reshape(view)
         elif shape == "btd":
             cos, sin = cos[None].expand(B, T, DH), sin[None].expand(B, T, DH)
         kwargs["cos"], kwargs["sin"] = cos, sin
