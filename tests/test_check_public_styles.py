@@ -5,7 +5,8 @@ whose forward(ids) returns the table, gpt-fast's Attention(config) and block han
 table (T, Dh/2, 2), its ffn_norm defined before attention_norm, its precompute_freqs_cis(seq_len,
 n_elem, dtype=torch.bfloat16) asked for float64; bentrevett's Seq2Seq(encoder, decoder, ...) built
 from the file's Encoder(input_dim, ...) and Decoder(output_dim, ...); nanochat's attention handed
-cos_sin, (cos, sin) each (1, T, 1, Dh/2), rotating its halves the other way, and its ReLU² MLP. Each correct file passes; a planted
+cos_sin, (cos, sin) each (1, T, 1, Dh/2), rotating its halves the other way, and its ReLU² MLP; Umar Jamil's forward(x, start_pos,
+freqs_complex). Each correct file passes; a planted
 mistake fails."""
 
 from __future__ import annotations
@@ -217,6 +218,37 @@ class MLP(nn.Module):
         return self.c_proj(F.relu(self.c_fc(x)).square())
 '''
 
+UMAR = '''import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def apply_rotary_embeddings(x, freqs_complex):  # x (B, T, H, Dh); freqs_complex (T, Dh/2)
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(pairs * freqs_complex[None, :, None]).reshape(x.shape).type_as(x)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.n_heads, self.head_dim = args.n_heads, args.dim // args.n_heads
+        self.wq = nn.Linear(args.dim, args.dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.dim, bias=False)
+        self.wo = nn.Linear(args.dim, args.dim, bias=False)
+
+    def forward(self, x, start_pos, freqs_complex):
+        B, T, _ = x.shape
+        shape = (B, T, self.n_heads, self.head_dim)
+        q = apply_rotary_embeddings(self.wq(x).view(shape), freqs_complex).transpose(1, 2)
+        k = apply_rotary_embeddings(self.wk(x).view(shape), freqs_complex).transpose(1, 2)
+        v = self.wv(x).view(shape).transpose(1, 2)
+        scores = F.softmax(q @ k.transpose(2, 3) / math.sqrt(self.head_dim), dim=-1)
+        return self.wo((scores @ v).transpose(1, 2).reshape(B, T, -1))
+'''
+
 # (file, the kinds checked, the correct line, the planted line)
 CASES = {
     "jadore_temperature": (JADORE, ["sdpa"], "q / self.temperature", "q * self.temperature"),
@@ -231,6 +263,7 @@ CASES = {
     "nanochat_attention": (NANOCHAT, ["causal_attention"], "a * cos + b * sin", "a * cos - b * sin"),
     "nanochat_rope": (NANOCHAT, ["rope"], "a * cos + b * sin", "a * cos - b * sin"),
     "nanochat_relu2": (NANOCHAT, ["ffn"], "F.relu(self.c_fc(x)).square()", "self.c_fc(x).square()"),
+    "umar_freqs_complex": (UMAR, ["mha"], "pairs * freqs_complex[", "pairs * freqs_complex.conj()["),
 }
 
 

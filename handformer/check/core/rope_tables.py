@@ -4,6 +4,7 @@ as real pairs (T, Dh/2, 2) (cos, sin); and forward(x, start_pos, ...)'s start, 0
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -64,3 +65,14 @@ def either_cos_sin(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dic
             raise first from None
         layout["full_cos_sin"] = True
         return out
+
+
+def renamed_table(fn: Any, params: list[inspect.Parameter]) -> tuple[Any, list[inspect.Parameter]]:
+    """fn and its parameters, a rotary table named freqs_complex (Umar Jamil's name) called freqs_cis
+    as check names it; fn and params as they are otherwise."""
+    if not any(p.name == "freqs_complex" for p in params):
+        return fn, params
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **{("freqs_complex" if n == "freqs_cis" else n): v for n, v in kwargs.items()})
+    return call, [p.replace(name="freqs_cis") if p.name == "freqs_complex" else p for p in params]

@@ -53,7 +53,7 @@ from handformer.check.core.discovery import Component
 from handformer.check.core.localize import note_attention_departure
 from handformer.check.core.reference_attention import handformer_attention
 from handformer.check.core.result import Check, ComponentResult, Finding, text
-from handformer.check.core.rope_tables import either_cos_sin, either_start, either_table
+from handformer.check.core.rope_tables import either_cos_sin, either_start, either_table, renamed_table
 from handformer.check.core.rotary import ROPE_WORDS, cos_sin, rope_note, rope_tables
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.weights import (
@@ -90,7 +90,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     """How to call the learner's attention: its inputs by position, its mask by name (None when
     there is no mask: d2l's `valid_lens` has no default), and the rotary table or positions a
     Llama-style forward(x, freqs_cis, mask) or forward(x, start_pos, ...) asks for."""
-    params = forward_parameters(fn)
+    fn, params = renamed_table(fn, forward_parameters(fn))  # Umar Jamil's freqs_complex: freqs_cis
     extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
              "sin", "cos_sin"}
     first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra
