@@ -6,7 +6,8 @@ table (T, Dh/2, 2), its ffn_norm defined before attention_norm, its precompute_f
 n_elem, dtype=torch.bfloat16) asked for float64; bentrevett's Seq2Seq(encoder, decoder, ...) built
 from the file's Encoder(input_dim, ...) and Decoder(output_dim, ...); nanochat's attention handed
 cos_sin, (cos, sin) each (1, T, 1, Dh/2), rotating its halves the other way, and its ReLU² MLP; Umar Jamil's forward(x, start_pos,
-freqs_complex). Each correct file passes; a planted
+freqs_complex); Raschka's GroupedQueryAttention(..., qk_norm=False), built with its QK-norm
+on, the norm after RoPE named. Each correct file passes; a planted
 mistake fails."""
 
 from __future__ import annotations
@@ -249,6 +250,51 @@ class SelfAttention(nn.Module):
         return self.wo((scores @ v).transpose(1, 2).reshape(B, T, -1))
 '''
 
+RASCHKA_QK = '''import torch
+from torch import nn
+
+
+def apply_rope(x, cos, sin):  # x (B, H, T, Dh); cos, sin (T, Dh)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[: x.shape[2]] + rotated * sin[: x.shape[2]]
+
+
+class GroupedQueryAttention(nn.Module):
+    def __init__(self, d_in, num_heads, num_kv_groups, head_dim=None, qk_norm=False):
+        super().__init__()
+        self.num_heads, self.num_kv_groups = num_heads, num_kv_groups
+        self.head_dim = head_dim or d_in // num_heads
+        self.W_query = nn.Linear(d_in, num_heads * self.head_dim, bias=False)
+        self.W_key = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=False)
+        self.W_value = nn.Linear(d_in, num_kv_groups * self.head_dim, bias=False)
+        self.out_proj = nn.Linear(num_heads * self.head_dim, d_in, bias=False)
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=1e-6) if qk_norm else None
+
+    def forward(self, x, mask, cos, sin):
+        b, t, _ = x.shape
+        q = self.W_query(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.W_key(x).view(b, t, self.num_kv_groups, self.head_dim).transpose(1, 2)
+        v = self.W_value(x).view(b, t, self.num_kv_groups, self.head_dim).transpose(1, 2)
+        if self.q_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        group = self.num_heads // self.num_kv_groups
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = (q @ k.transpose(2, 3)).masked_fill(mask, -torch.inf)
+        weights = torch.softmax(scores / self.head_dim**0.5, dim=-1)
+        return self.out_proj((weights @ v).transpose(1, 2).reshape(b, t, -1))
+'''
+QK_BEFORE = """        if self.q_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+"""
+QK_AFTER = """        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.q_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+"""
+
 # (file, the kinds checked, the correct line, the planted line)
 CASES = {
     "jadore_temperature": (JADORE, ["sdpa"], "q / self.temperature", "q * self.temperature"),
@@ -264,6 +310,7 @@ CASES = {
     "nanochat_rope": (NANOCHAT, ["rope"], "a * cos + b * sin", "a * cos - b * sin"),
     "nanochat_relu2": (NANOCHAT, ["ffn"], "F.relu(self.c_fc(x)).square()", "self.c_fc(x).square()"),
     "umar_freqs_complex": (UMAR, ["mha"], "pairs * freqs_complex[", "pairs * freqs_complex.conj()["),
+    "raschka_qk_norm_switch": (RASCHKA_QK, ["gqa"], QK_BEFORE, QK_AFTER),
 }
 
 
@@ -290,3 +337,4 @@ def test_an_ffn_with_its_residual_and_norm_inside_is_not_checked_with_the_reason
     assert ffn.status == "not_checked"
     assert "has a norm inside (layer_norm (16,))" in ffn.error.message
     assert "内部有归一化" in ffn.error.message_zh
+

@@ -622,7 +622,7 @@ NORM_THEN_ROTATE = ("        q, k = self.q_norm(q), self.k_norm(k)\n"
 
 def test_an_attention_with_qk_norm_is_compared_with_handformers_qk_norm(tmp_path):
     """q_norm and k_norm of width head_dim (Qwen3's QK-norm) are the reference's q/k norms, not
-    parameters it lacks; normed after the rotation fails; norms of another width are not mapped."""
+    parameters it lacks; normed after the rotation fails, named; norms of another width are not mapped."""
     path = tmp_path / "qk_norm.py"
     path.write_text(QK_NORM.replace("{norm_then_rotate}", NORM_THEN_ROTATE))
     (comp,) = check_file(str(path)).components
@@ -631,7 +631,7 @@ def test_an_attention_with_qk_norm_is_compared_with_handformers_qk_norm(tmp_path
     rotate_then_norm = "".join(reversed(NORM_THEN_ROTATE.splitlines(keepends=True)))
     path.write_text(QK_NORM.replace("{norm_then_rotate}", rotate_then_norm))
     (comp,) = check_file(str(path)).components
-    assert comp.status == "fail" and not comp.findings, comp.findings  # no named mistake explains it
+    assert comp.status == "fail" and [f.name for f in comp.findings] == ["qk_norm_after_rope"], comp.findings
     assert any(not ch.ok and ch.name["en"].startswith("matches handformer's") for ch in comp.checks)
     whole = QK_NORM.replace("{norm_then_rotate}", NORM_THEN_ROTATE.splitlines(keepends=True)[1])
     for name, width in (("q", "d_model"), ("k", "n_kv_heads * self.head_dim")):  # OLMo 2's: before the split

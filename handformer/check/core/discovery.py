@@ -70,6 +70,9 @@ FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0
                          # Raschka's Qwen3 cfg: QK-norm, as Qwen3 has (its q_norm and k_norm are
                          # compared with handformer's), no experts
                          "qk_norm": True, "num_experts": 0}
+# switches built on even where their default is off: Raschka's GroupedQueryAttention(..., qk_norm=False)
+# has QK-norm, and the order of its norm and RoPE, only when built with it
+SWITCHED_ON = ("qk_norm",)
 CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "conf")
 # the names of the classic PyTorch tutorials' arguments: jadore801120's d_v, d_hid (the FFN's
 # hidden width beside d_in, the width alone) and n_position; bentrevett's hid_dim and pf_dim;
@@ -434,7 +437,7 @@ def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None)
             kwargs[p.name] = sizes[key]
         elif (config := make_config(target, p, sizes)) is not None:
             kwargs[p.name] = config
-        elif p.default is p.empty and p.name.lower() in FIXED:  # Meta's ffn_dim_multiplier: not an FFN
+        elif p.name.lower() in FIXED and (p.default is p.empty or p.name.lower() in SWITCHED_ON):
             kwargs[p.name] = FIXED[p.name.lower()]
         elif parts and (part := _part_for(p.name, parts)) is not None:
             kwargs[p.name] = part()

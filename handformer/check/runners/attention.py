@@ -57,6 +57,7 @@ from handformer.check.core.rope_tables import either_cos_sin, either_start, eith
 from handformer.check.core.rotary import ROPE_WORDS, cos_sin, rope_note, rope_tables
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.weights import (
+    QK_NORM_ROLES,
     MappingError,
     Slot,
     attention_parameters,
@@ -633,8 +634,9 @@ def _search_mha(res: ComponentResult, ctx: Context, comp: Component, p: MHAProbe
     best, first_conv, failure = None, None, None
     for rope in rope_settings(comp, p.c):
         compute = p.computer(slots, n_kv_heads, rope)
-        conv, found, fail = detect(ctx, p.run, compute, universe + (ROPE_FLAGS if rope else ()), p.rows,
-                                   p.convs)
+        qk = ("qk_norm_after_rope",) if any(s.role in QK_NORM_ROLES for s in slots) else ()
+        conv, found, fail = detect(ctx, p.run, compute, universe + ((*ROPE_FLAGS, *qk) if rope else ()),
+                                   p.rows, p.convs)
         first_conv, failure = first_conv or conv, failure or fail
         if found is not None and (best is None or len(found[0]) < len(best[2][0])):
             best = (rope, conv, found, compute)
