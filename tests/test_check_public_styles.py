@@ -338,3 +338,11 @@ def test_an_ffn_with_its_residual_and_norm_inside_is_not_checked_with_the_reason
     assert "has a norm inside (layer_norm (16,))" in ffn.error.message
     assert "内部有归一化" in ffn.error.message_zh
 
+
+def test_a_qk_norm_without_gains_is_not_checked_with_the_reason(tmp_path):
+    """nanochat's QK-norm, F.rms_norm without gains, is not handformer's: NOT CHECKED, never FAIL."""
+    qk = "        q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))\n"
+    normed = NANOCHAT.replace("        y = F.scaled", qk + "        y = F.scaled", 1)
+    (attention,) = _statuses(tmp_path, "normed", normed, ["causal_attention"]).values()
+    assert attention.status == "not_checked" and "without gains" in attention.error.message
+

@@ -539,7 +539,22 @@ def _projections(comp: Component, module: nn.Module, heads: int) -> tuple[list[A
                            zh=f"{comp.name} 除了投影矩阵还有别的参数（{shapes}）；handformer 的参考注意力"
                               "只认 QK-norm（两个宽度为 head_dim、名为 q_norm 和 k_norm 的归一化），"
                               "内部没有残差和归一化")
+    if not qk_norms:
+        _weightless_qk_norm(comp)
     return [leaf for leaf in found if leaf.kind == "linear"], qk_norms
+
+
+def _weightless_qk_norm(comp: Component) -> None:
+    """nanochat's QK-norm, a function without gains (norm(q), F.rms_norm(q, ...)), is not in
+    handformer's reference (its QK-norm is two modules with gains): NOT CHECKED, with that reason."""
+    if re.search(r"\b(norm|rms_norm|layer_norm)\(\s*(q|k|xq|xk|query|key|queries|keys)\b",
+                 source_text(comp.obj)):
+        raise MappingError(f"{comp.name} norms its queries and keys with a function, without gains "
+                           "(nanochat's QK-norm); handformer's reference attention has a QK-norm only as two "
+                           "norm modules of width head_dim (q_norm, k_norm), so it cannot be compared",
+                           zh=f"{comp.name} 用函数对 query 和 key 做归一化，没有增益参数"
+                              "（nanochat 的 QK-norm）；handformer 的参考注意力只认两个宽度为 head_dim 的"
+                              "归一化模块（q_norm、k_norm）形式的 QK-norm，所以无法比较")
 
 
 def _head_notes(res: ComponentResult, comp: Component, c: Caller, slots: list[Slot], causal_inside: bool,
