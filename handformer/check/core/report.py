@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import locale
 import os
+import re
 
 from handformer.check.core.adapters import CANNOT
 from handformer.check.core.discovery import DESCRIPTIONS
@@ -103,6 +104,22 @@ def _line(n: int | None, code: str | None, lang: str) -> str:
     return f"line {n}: {code}" if lang == "en" else f"第 {n} 行：{code}"
 
 
+def _skipped_zh(entry: str) -> str:
+    """A top-level statement not run ("line N: code (why)", as the engine writes it) in Chinese;
+    the learner's own exception keeps its text."""
+    script = " (the script's work, not a definition)"
+    m = re.fullmatch(r"line (\d+): (.*)", entry, re.DOTALL)
+    if m is None:
+        return entry
+    number, rest = m.groups()
+    if rest.endswith(script):
+        return f"第 {number} 行：{rest[:-len(script)]}（脚本要做的事，不是定义：没有运行）"
+    failed = re.fullmatch(r"(.*?) \((\w+: .*)\)", rest, re.DOTALL)
+    if failed is None:
+        return f"第 {number} 行：{rest}"
+    return f"第 {number} 行：{failed[1]}（运行出错，跳过了：{failed[2]}）"
+
+
 def _paren(inner: str, lang: str) -> str:
     return f" ({inner})" if lang == "en" else f"（{inner}）"
 
@@ -176,7 +193,8 @@ def format_report(result: FileResult, lang: str = "en", time_limit: float | None
     if time_limit is not None:
         out.append(w["sandbox"].format(t=time_limit, m=memory_limit))
     if result.skipped:
-        out.append(f"{w['skipped']}{w[':']}" + ("; " if lang == "en" else "；").join(result.skipped))
+        shown = result.skipped if lang == "en" else [_skipped_zh(s) for s in result.skipped]
+        out.append(f"{w['skipped']}{w[':']}" + ("; " if lang == "en" else "；").join(shown))
     out.append("")
     if result.error:
         out += format_error(result.error, lang, indent="")
