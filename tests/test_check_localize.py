@@ -51,6 +51,8 @@ PLANTS = {
                        "the output plus an extra term equal to the input x"),
     "softmax_over_batch": ("dim=-1)", "dim=0)", "`weights`", "a softmax over dim=0"),
 }
+# the same forms in the Chinese report: the reference's intermediate results named in Chinese
+ZH_FORMS = {"sign": "分数 q·kᵀ/sqrt(d_k) 的符号反了", "extra_residual": "输出 多加了一项，等于 输入 x"}
 
 
 def _check(path):
@@ -81,6 +83,7 @@ def test_unnamed_mistake_is_localized(tmp_path, name):
     assert f"{step} at line {number}: {planted}" in note["en"], report
     assert form in note["en"], report
     assert f"第 {number} 行" in note["zh"] and planted in zh
+    assert ZH_FORMS.get(name, "") in note["zh"], note["zh"]
     quoted = [ln.strip() for ln in source.splitlines() if len(ln.strip()) > 20 and ln.strip() in note["en"]]
     assert quoted == [planted]  # one line quoted: a diagnosis, not a listing
 

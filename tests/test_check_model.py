@@ -24,6 +24,8 @@ def test_the_assembled_model_passes_against_seq2seq_transformer():
     assert comp.convention["en"] == ("embeddings scaled by sqrt(d_model); output layer separate, with a bias; "
                                      "pre-norm layers; sinusoidal positions; forward returns logits")
     assert "嵌入乘以 sqrt(d_model)" in comp.convention["zh"]
+    zh = format_report(result, "zh")  # handformer's side of the mapping in Chinese, the learner's names kept
+    assert "src_embed.lut -> 源端嵌入" in zh and "encoder_norm -> 编码器最后的归一化层" in zh, zh
     assert exit_code(result) == 0
 
 

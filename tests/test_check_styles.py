@@ -290,7 +290,9 @@ def test_a_file_whose_top_level_cannot_run_has_its_definitions_graded_and_its_si
     assert mha.mapping[:3] == ["heads[*].query -> W_Q", "heads[*].key -> W_K", "heads[*].value -> W_V"]
     assert any("n_embd=16" in n["en"] and "n_embd=128" in n["en"] for n in mha.notes)
     assert any("block_size=8" in n["en"] for n in gen.notes)  # the generate stand-in's block size
-    assert "没有运行的顶层语句" in format_report(result, "zh")
+    zh = format_report(result, "zh")
+    assert "没有运行的顶层语句" in zh and "the script's work" not in zh, zh
+    assert '第 22 行：with open("input.txt", "r", encoding="utf-8") as f:（脚本要做的事，不是定义：没有运行）' in zh
 
 
 @pytest.mark.parametrize("name", list(WRITTEN_PLANTS))

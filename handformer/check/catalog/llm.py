@@ -67,7 +67,7 @@ DIAGNOSES: list[Diagnosis] = [
       "drop only the sublayer's output: x = x + dropout(f(norm(x))) (pre-norm) or x = norm(x + "
       "dropout(f(x))) (post-norm)",
       "只对子层输出做 dropout：x = x + dropout(f(norm(x)))（Pre-Norm）或 x = norm(x + dropout(f(x)))"
-      "（post-norm）",
+      "（Post-Norm）",
       r"dropout\w*\(\s*(x|X)\s*[),+]", r"dropout\w*\([^)]*\+", r"dropout"),
     d("rope_wrong_base", "the rotary frequencies use the wrong base or exponent",
       "旋转位置编码的频率用错了底数或指数",

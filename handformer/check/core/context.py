@@ -69,11 +69,13 @@ class Context:
         if wanted and not nested:
             were = ", ".join(f"{n}={old[n]!r}" if old[n] is not _UNSET else f"{n} (not defined)"
                              for n in wanted)
+            were_zh = ", ".join(f"{n}={old[n]!r}" if old[n] is not _UNSET else f"{n}（没有定义）"
+                                for n in wanted)
             now = ", ".join(f"{n}={v}" for n, v in wanted.items())
             self.hyperparameter_note = text(
                 f"your module-level hyperparameters were set to {now} for this check (they were "
                 f"{were}): the sizes at which check builds and compares this kind",
-                f"检查这个组件时，你在模块顶层定义的超参数被设成了 {now}（原来是 {were}）："
+                f"检查这个组件时，你在模块顶层定义的超参数被设成了 {now}（原来是 {were_zh}）："
                 "这是检查这类组件用的尺寸")
         try:
             yield

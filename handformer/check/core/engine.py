@@ -243,6 +243,7 @@ def needs_skipped(error: LearnerError | None, skipped: list[str]) -> bool:
     if error is None or not skipped or not error.message.startswith("NameError"):
         return False
     error.kind = "cannot_call"
+    error.message_zh = f"{error.message}（这个名字由一条没有运行的顶层语句定义：见没有运行的顶层语句）"
     error.message += " (defined by a top-level statement that was not run; see the skipped statements)"
     return True
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import linecache
 import math
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -193,6 +194,36 @@ def _whole_name(c: float) -> str | None:
     return None
 
 
+# the reference's intermediate results by name, in Chinese (the names the views above and
+# localize_kinds.py give them); code in a name (q·kᵀ, up(x), self.norm1) stays as it is
+VIEWS_ZH = [(r"the input of (.+)", r"\1 的输入"), (r"the input x", "输入 x"), (r"the output", "输出"),
+            (r"the output (.+)", r"输出 \1"),
+            (r"the heads of (\w+), rotated \((\w+) rotary\)", r"旋转后的 \1 的各个头（\2 配对）"),
+            (r"the heads of (\w+), repeated for each query head", r"为每个查询头重复后的 \1 的各个头"),
+            (r"the heads of (\w+)", r"\1 的各个头"),
+            (r"(.+) rotated \((\w+) pairs\)", r"旋转后的 \1（\2 配对）"),
+            (r"the scores (.+)", r"分数 \1"), (r"the attention weights", "注意力权重"),
+            (r"weights·v, heads concatenated", "weights·v（各头拼接后）"),
+            (r"up\(x\), the first projection", "up(x)（第一个投影）"),
+            (r"the mean of x² over d_model", "x² 在 d_model 上的均值"),
+            (r"the mean over d_model", "在 d_model 上的均值"), (r"the variance \(biased\)", "方差（有偏）"),
+            (r"the gain times the normalized x", "增益乘以归一化后的 x"),
+            (r"the norm (before|after) the (.+)", lambda m: f"{SUBLAYERS_ZH.get(m[2], m[2])}"
+             f"{'之前' if m[1] == 'before' else '之后'}的归一化"),
+            (r"the (.+)'s output", lambda m: f"{SUBLAYERS_ZH.get(m[1], m[1])}的输出"),
+            (r"x \+ (.+) \(the residual sum\)", lambda m: f"x + {SUBLAYERS_ZH.get(m[1], m[1])}（残差和）")]
+SUBLAYERS_ZH = {"self-attention": "自注意力", "cross-attention": "交叉注意力", "FFN": "前馈网络"}
+
+
+def view_zh(name: str) -> str:
+    """An intermediate result's name in Chinese; a name that is code, or not known, as it is."""
+    for pattern, zh in VIEWS_ZH:
+        m = re.fullmatch(pattern, name)
+        if m:
+            return zh(m) if callable(zh) else m.expand(zh)
+    return name
+
+
 def _factor(t: Tensor, r: Tensor) -> float | None:
     big = r.abs() > 1e-3
     if t.shape != r.shape or not big.any() or not torch.isfinite(t).all() or not torch.isfinite(r).all():
@@ -209,7 +240,7 @@ def _shift(t: Tensor, r: Tensor, dim: int, what: str) -> Text | None:
     for d, sign in ((1, "-"), (-1, "+")):
         if same(t.narrow(dim, max(d, 0), n - 1), r.narrow(dim, max(-d, 0), n - 1)):
             return text(f"{what} shifted by one position: position i holds the reference's i {sign} 1",
-                        f"{what} 错开了一个位置：位置 i 放的是参考的位置 i {sign} 1")
+                        f"{view_zh(what)} 错开了一个位置：位置 i 放的是参考的位置 i {sign} 1")
     return None
 
 
@@ -232,13 +263,14 @@ def _term(t: Tensor, r: Tensor, what: str, terms: list[View]) -> Text | None:
         if term.shape != t.shape:
             continue
         if same(t - r, term):
-            return text(f"{what} plus an extra term equal to {name}", f"{what} 多加了一项，等于 {name}")
+            return text(f"{what} plus an extra term equal to {name}",
+                        f"{view_zh(what)} 多加了一项，等于 {view_zh(name)}")
         if same(r - t, term):
-            return text(f"{what} missing the term {name}", f"{what} 少了一项：{name}")
+            return text(f"{what} missing the term {name}", f"{view_zh(what)} 少了一项：{view_zh(name)}")
         c = _factor(t - r, term)
         if c is not None:
             return text(f"{what} plus {c:.4g} × ({name}): that term scaled by {1 + c:.4g}",
-                        f"{what} 多加了 {c:.4g} × ({name})：这一项被乘了 {1 + c:.4g}")
+                        f"{view_zh(what)} 多加了 {c:.4g} × ({view_zh(name)})：这一项被乘了 {1 + c:.4g}")
     return None
 
 
@@ -250,9 +282,9 @@ def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor |
     views = [(what, r) for what, r in views if r.shape == t.shape]
     for what, r in views:  # a sign first: -q·kᵀ/sqrt(d_k) is a factor -1/sqrt(d_k) of q·kᵀ too
         if same(t, -r):
-            return text(f"{what} with its sign flipped", f"{what} 的符号反了")
+            return text(f"{what} with its sign flipped", f"{view_zh(what)} 的符号反了")
         if r.min() >= 0 and r.max() <= 1 and same(t, 1 - r):
-            return text(f"{what}, inverted (1 - it)", f"{what} 取反了（1 - 它）")
+            return text(f"{what}, inverted (1 - it)", f"{view_zh(what)} 取反了（1 - 它）")
     for what, r in views:
         found = _scaled(t, r, what, sizes) or _shift(t, r, 2 if r.dim() == 4 else 1, what)
         if found:
@@ -270,9 +302,10 @@ def _scaled(t: Tensor, r: Tensor, what: str, sizes: dict[str, float]) -> Text | 
         name = factor_name(c, sizes)
         named = f" = {name}" if name != f"{c:.4g}" else ""
         return text(f"{what} times a constant factor {c:.4g}{named}",
-                    f"{what} 乘了一个常数因子 {c:.4g}{named}")
+                    f"{view_zh(what)} 乘了一个常数因子 {c:.4g}{named}")
     if r.dim() >= 2 and same(t, r.transpose(-2, -1)):
-        return text(f"{what} transposed (its last two axes swapped)", f"{what} 被转置了（最后两个轴互换）")
+        return text(f"{what} transposed (its last two axes swapped)",
+                    f"{view_zh(what)} 被转置了（最后两个轴互换）")
     return None
 
 
@@ -286,7 +319,7 @@ class Departure:
 
     def describe(self) -> Text:
         at = f"line {self.line}: {self.code}"
-        at_zh = f"第 {self.line} 行的 `{self.name}`：{self.code}"
+        at_zh = f"第 {self.line} 行的 `{view_zh(self.name)}`：{self.code}"
         if self.called_from:
             line, code = self.called_from
             at += f" (in a helper called from line {line}: {code})"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import locale
 import os
+import re
 
 from handformer.check.core.adapters import CANNOT
 from handformer.check.core.discovery import DESCRIPTIONS
@@ -103,6 +104,46 @@ def _line(n: int | None, code: str | None, lang: str) -> str:
     return f"line {n}: {code}" if lang == "en" else f"第 {n} 行：{code}"
 
 
+# handformer's side of a weight mapping ("name -> role") in Chinese; the learner's names stay as they are
+ROLE_WORDS = {"token embedding": "词嵌入", "position embedding": "位置嵌入", "source embedding": "源端嵌入",
+              "target embedding": "目标端嵌入", "learned positions": "可学习的位置编码",
+              "final norm": "最后的归一化层", "output head": "输出层", "output layer": "输出层",
+              "block": "块", "encoder": "编码器", "decoder": "解码器", "self-attention": "自注意力",
+              "cross-attention": "交叉注意力", "FFN": "前馈网络"}
+ROLES_ZH = [(r" ?\(tied to the (token|target) embedding\)",
+             lambda m: f"（与{ROLE_WORDS[m[1] + ' embedding']}共享权重）"),
+            (r"(encoder|decoder) final norm", lambda m: f"{ROLE_WORDS[m[1]]}最后的归一化层"),
+            (r"norm (\d+) \(([^)]*)\)", lambda m: f"归一化层 {m[1]}（{ROLE_WORDS.get(m[2], m[2])}）"),
+            (r"(encoder|decoder) layer", lambda m: f"{ROLE_WORDS[m[1]]}层"),
+            ("|".join(sorted(ROLE_WORDS, key=len, reverse=True)), lambda m: ROLE_WORDS[m[0]])]
+
+
+def _mapping_zh(entry: str) -> str:
+    """One row of a weight mapping in Chinese: handformer's role translated, the learner's name kept."""
+    name, arrow, role = entry.partition(" -> ")
+    if not arrow:  # a norm's own parameters: "name: weight, bias"
+        return re.sub(r": weight(, bias)?$", lambda m: "：权重" + ("、偏置" if m[1] else ""), entry)
+    for pattern, zh in ROLES_ZH:
+        role = re.sub(pattern, zh, role)
+    return f"{name} -> {role}"
+
+
+def _skipped_zh(entry: str) -> str:
+    """A top-level statement not run ("line N: code (why)", as the engine writes it) in Chinese;
+    the learner's own exception keeps its text."""
+    script = " (the script's work, not a definition)"
+    m = re.fullmatch(r"line (\d+): (.*)", entry, re.DOTALL)
+    if m is None:
+        return entry
+    number, rest = m.groups()
+    if rest.endswith(script):
+        return f"第 {number} 行：{rest[:-len(script)]}（脚本要做的事，不是定义：没有运行）"
+    failed = re.fullmatch(r"(.*?) \((\w+: .*)\)", rest, re.DOTALL)
+    if failed is None:
+        return f"第 {number} 行：{rest}"
+    return f"第 {number} 行：{failed[1]}（运行出错，跳过了：{failed[2]}）"
+
+
 def _paren(inner: str, lang: str) -> str:
     return f" ({inner})" if lang == "en" else f"（{inner}）"
 
@@ -138,7 +179,8 @@ def format_component(c: ComponentResult, lang: str) -> list[str]:
     name = f"{c.name} ({kind})" if lang == "en" else f"{c.name}（{kind}）"
     lines = [f"{name}{w[':']}{STATUS[lang][c.status]}{err}"]
     if c.mapping:
-        lines.append(f"  {w['weights']}{w[':']}{', '.join(c.mapping)}")
+        shown = c.mapping if lang == "en" else [_mapping_zh(m) for m in c.mapping]
+        lines.append(f"  {w['weights']}{w[':']}{', '.join(shown)}")
     if c.convention:
         label = w["mask"] if c.kind in MASK_KINDS else w["convention"]
         lines.append(f"  {label}{w[':']}{c.convention[lang]}")
@@ -176,7 +218,8 @@ def format_report(result: FileResult, lang: str = "en", time_limit: float | None
     if time_limit is not None:
         out.append(w["sandbox"].format(t=time_limit, m=memory_limit))
     if result.skipped:
-        out.append(f"{w['skipped']}{w[':']}" + ("; " if lang == "en" else "；").join(result.skipped))
+        shown = result.skipped if lang == "en" else [_skipped_zh(s) for s in result.skipped]
+        out.append(f"{w['skipped']}{w[':']}" + ("; " if lang == "en" else "；").join(shown))
     out.append("")
     if result.error:
         out += format_error(result.error, lang, indent="")

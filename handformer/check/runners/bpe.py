@@ -336,7 +336,7 @@ def _compare_merges(
     theirs = show(ref[first]) if first < n else "none"
     res.checks[-1].detail = text(
         f"first difference at merge {first}: yours {yours}, the reference's {theirs}",
-        f"第一处不同在第 {first} 次合并：你的是 {yours}，参考实现是 {theirs}",
+        f"第一处不同在合并 {first}（从 0 数）：你的是 {yours}，参考实现是 {theirs}",
     )
     _explain_difference(res, merges[:n], specials, first, yours, theirs, lines)
 
@@ -369,7 +369,7 @@ def _counts_not_updated(n: int, first: int, yours: str, theirs: str, lines: list
             "most frequent first; "
             f"merge {first} {yours} is an old count (the reference recounts and merges {theirs})",
             f"你的 {n} 次合并就是第一次合并前数出的各对，"
-            f"按次数从多到少；第 {first} 次合并 {yours} "
+            f"按次数从多到少；合并 {first}（从 0 数）{yours} "
             f"用的是旧的次数（参考实现重新计数后合并的是 {theirs}）",
         ),
         *locate("bpe_counts_not_updated", lines),
@@ -391,7 +391,7 @@ def _tie_rule(res: ComponentResult, rule: str | None, n: int, first: int, yours:
                     f"reference's {theirs})",
                     f"你的 {n} 次合并每次都是出现最多的一对，"
                     "但并列时既不是按字节的字典序取更大的，也不是更小的"
-                    f"（第 {first} 次合并：你的是 {yours}，参考实现是 {theirs}）",
+                    f"（合并 {first}，从 0 数：你的是 {yours}，参考实现是 {theirs}）",
                 ),
                 *locate("bpe_ties_not_by_bytes", lines),
             )
@@ -410,8 +410,8 @@ def _tie_rule(res: ComponentResult, rule: str | None, n: int, first: int, yours:
                 text(
                     f"with ties to the smaller pair your {n} merges are right; first "
                     f"tie at merge {first}: yours {yours}, the reference's {theirs}",
-                    f"按并列选更小的一对，你的 {n} 次合并都对；第一次并列在第 {first} "
-                    f"次合并：你的是 {yours}，参考实现是 {theirs}",
+                    f"按并列选更小的一对，你的 {n} 次合并都对；第一次并列在合并 {first}"
+                    f"（从 0 数）：你的是 {yours}，参考实现是 {theirs}",
                 )
             )
 
@@ -445,7 +445,7 @@ def _explained(name: str, merges: list[R.Pair], words: Any, first: int) -> Text:
     return text(
         f"your {len(merges)} merges are the ones trained when {what_en} (from merge {first} on they "
         f"differ from the reference's; e.g. {show(example)})",
-        f"你的 {len(merges)} 次合并与{what_zh}时训练出的一致（从第 {first} 次起与参考实现不同；"
+        f"你的 {len(merges)} 次合并与{what_zh}时训练出的一致（从合并 {first} 起与参考实现不同，从 0 数；"
         f"例如 {show(example)}）",
     )
 

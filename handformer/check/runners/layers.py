@@ -630,8 +630,9 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
     res.max_abs_error = max(errors) if errors else None
     name = "DecoderLayer" if layer.decoder else "DecoderOnlyBlock" if layer.causal_block else "EncoderLayer"
     n = len(errors)
+    zh = f"{placement.capitalize()}-Norm"
     res.checks.append(Check(text(f"matches handformer's {name} ({placement}-norm) on {n} shapes",
-                                 f"在 {n} 种形状上与 handformer 的 {name}（{placement}-norm）一致"),
+                                 f"在 {n} 种形状上与 handformer 的 {name}（{zh}）一致"),
                             bool(errors) and max(errors) < 1e-5, error_text(max(errors) if errors else 0.0)))
     res.checks.append(Check(text("gradients (input and first norm) match handformer's",
                                  "梯度（输入与第一个归一化层）与 handformer 一致"), grad_err < 1e-5,

@@ -205,7 +205,7 @@ def _check_one(res: ComponentResult, ctx: Context, comp: Component, out: Any, wh
             f"your {what} mask equals the one with this mistake ({wrong} entries differ from the right one; "
             f"the last query of row 0 sees {row} where {good} is right, 1 = seen)",
             f"你的{side}端掩码与带这个错误的掩码一致（与正确的掩码有 {wrong} 个位置不同；"
-            f"行 0 最后一个查询看到的是 {row}，应为 {good}，1 表示可见）"), form))
+            f"行 0 最后一个查询看到的是 {row}，应为 {good}，1 = 可以看）"), form))
 
 
 def _no_reading(ctx: Context, comp: Component, out: Any, which: str) -> Exception:

@@ -178,7 +178,7 @@ class Step:
                 "micro-batches to accumulate (accum_steps, ...)",
                 zh=f"{comp.name}：填不了参数 {(unknown or ['model / optimizer / batch'])[0]!r}；"
                    f"{'训练一个 epoch' if epoch else '训练一步'}接受 {what}，"
-                   "还可以有要累积的微批次个数（accum_steps 等）")
+                   "还可以有要累积的 micro-batch 个数（accum_steps 等）")
         try:
             self.source = inspect.getsource(comp.obj)
         except (OSError, TypeError):
