@@ -3,6 +3,7 @@ the attentions, the FFN and the norms of each encoder, decoder or decoder-only l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch import nn
@@ -35,9 +36,10 @@ def prefixed(found: list[Leaf], prefix: str) -> list[Leaf]:
                  leaf.weight, leaf.bias) for leaf in found]
 
 
-def layer_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The items of the learner's ModuleLists and Sequentials that hold an attention and an FFN,
-    outermost first, in definition order."""
+def list_items(module: nn.Module, keep: Callable[[list[tuple[int, ...]]], bool],
+               ) -> list[tuple[str, nn.Module]]:
+    """The items of the learner's ModuleLists and Sequentials whose linear layers' weight shapes `keep`
+    accepts, outermost first (an item inside one already taken is not looked at), in definition order."""
     out: list[tuple[str, nn.Module]] = []
     for name, sub in module.named_modules():
         if not isinstance(sub, (nn.ModuleList, nn.Sequential)):
@@ -46,23 +48,27 @@ def layer_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
             path = f"{name}.{child_name}" if name else child_name
             if any(path.startswith(p + ".") for p, _ in out):
                 continue
-            linears = [leaf for leaf in leaves(child) if leaf.kind == "linear"]
-            if projection_width(linears) >= 4 and any(leaf.weight.size(1) == D and leaf.weight.size(0) > D
-                                            for leaf in linears if leaf.weight.size(0) != 3 * D):
+            if keep([tuple(leaf.weight.shape) for leaf in leaves(child) if leaf.kind == "linear"]):
                 out.append((path, child))
     return out
 
 
-def projection_width(linears: list[Leaf]) -> int:
-    """The number of (D, D) projections, a fused (3D, D) one counting three."""
-    return sum(1 if tuple(x.weight.shape) == (D, D) else 3 if tuple(x.weight.shape) == (3 * D, D) else 0
-               for x in linears)
+def layer_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The items of the learner's ModuleLists and Sequentials that hold an attention and an FFN."""
+    return list_items(module, lambda shapes: projection_width(shapes) >= 4 and any(
+        s[1] == D and s[0] > D for s in shapes if s[0] != 3 * D))
+
+
+def projection_width(shapes: list[tuple[int, ...]]) -> int:
+    """The number of (D, D) projections among the linear layers' weight shapes, a fused (3D, D) one
+    counting three."""
+    return sum(1 if s == (D, D) else 3 if s == (3 * D, D) else 0 for s in shapes)
 
 
 def map_layer(path: str, child: nn.Module, F_width: int) -> LayerMap:
     found = prefixed(leaves(child), path)
     linears = [leaf for leaf in found if leaf.kind == "linear"]
-    decoder = projection_width(linears) >= 7
+    decoder = projection_width([tuple(x.weight.shape) for x in linears]) >= 7
     attn = attention_slots(linears, D, 2 if decoder else 1, path)
     ffn = ffn_slots(linears, D, F_width, path)[0]
     names = ["self-attention", "cross-attention", "FFN"] if decoder else ["self-attention", "FFN"]

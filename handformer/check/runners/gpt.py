@@ -37,7 +37,14 @@ from handformer.check.core.context import (
     forward_parameters,
 )
 from handformer.check.core.discovery import Component
-from handformer.check.core.layer_map import LayerMap, block_norms, layer_modules, map_layer, prefixed
+from handformer.check.core.layer_map import (
+    LayerMap,
+    block_norms,
+    layer_modules,
+    list_items,
+    map_layer,
+    prefixed,
+)
 from handformer.check.core.result import (
     NOT_CHECKED,
     Check,
@@ -146,17 +153,8 @@ def _grouped_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
     """The blocks of a model with grouped-query attention (Llama's, minimind's): the items of its
     ModuleLists with two (D, D) projections (W_Q, W_O), two (KV_HEADS * Dh, D) ones and an FFN."""
     kv = (KV_HEADS * (D // H), D)
-    out: list[tuple[str, nn.Module]] = []
-    for name, sub in module.named_modules():
-        if not isinstance(sub, (nn.ModuleList, nn.Sequential)):
-            continue
-        for child_name, child in sub.named_children():
-            path = f"{name}.{child_name}" if name else child_name
-            shapes = [tuple(leaf.weight.shape) for leaf in leaves(child) if leaf.kind == "linear"]
-            if (not any(path.startswith(p + ".") for p, _ in out) and shapes.count((D, D)) >= 2
-                    and shapes.count(kv) >= 2 and any(s[1] == D and s[0] > D for s in shapes)):
-                out.append((path, child))
-    return out
+    return list_items(module, lambda shapes: shapes.count((D, D)) >= 2 and shapes.count(kv) >= 2
+                      and any(s[1] == D and s[0] > D for s in shapes))
 
 
 def _map_grouped(path: str, child: nn.Module) -> LayerMap:
