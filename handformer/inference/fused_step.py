@@ -208,8 +208,11 @@ class FusedStep:
 
     def __call__(self, ids: Tensor, cache: KVCache) -> Tensor:
         """ids (1, 1) -> (1, V) logits; the key and value written at cache.length, which advances.
-        A cache `usable` refuses is a ValueError, never a read past the C step's buffers."""
-        if not self.usable(cache, None):
+        A cache other than the one `usable` last approved, or one now full, is a ValueError, never a
+        read past the C step's buffers (an O(1) check: `usable` already compared the buffers)."""
+        held = self._held[0] if self._held else None
+        if (held is None or type(cache) is not KVCache or cache.keys[0] is not held
+                or cache.length >= cache.slots):
             raise ValueError("the fused step needs a plain one-row fp32 KVCache with room for the new "
                              "position; decode this step with the model's own forward")
         token = int(ids[0, 0])
