@@ -162,11 +162,12 @@ PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_s
 # the reasoning tasks (docs/benchmarks.md: end to end 45 min 47 s on a shared 2-core CPU at threads=1,
 # pretraining 23 of it; the post-training recipe is the mid-reasoning search's): digits one token each, sums
 # of up to 3 digits and dates up to 60 days on, so a worked reply (up to 97 tokens) and its
-# question fit the context; 1,002 held-out questions a stage
+# question fit the context; 1,002 held-out questions a stage. DPO sees 240 pairs (30 steps of 8): 960
+# (60 steps of 16) lowered the held-out accuracy by 5.0 points, 240 by 1.0 (docs/benchmarks.md)
 PRESETS["reasoning"] = {
     "tasks": "reasoning", "vocab_size": 512, "block_size": 160, "addition_digits": 3, "max_days": 60,
     "pretrain_facts": 40_000, "pretrain_pydoc_chars": 100_000, "pretrain_steps": 1500,
-    "sft_conversations": 8000, "sft_steps": 600, "dpo_pairs": 1000, "dpo_steps": 60,
+    "sft_conversations": 8000, "sft_steps": 600, "dpo_pairs": 300, "dpo_steps": 30, "dpo_batch": 8,
     "grpo_prompts": 4000, "grpo_steps": 60, "grpo_lr": 1e-4, "grpo_max_new_tokens": 104,
     "eval_per_kind": 334}
 # the recipe search: the post-training stages, smaller, on 240 questions, under 10 minutes from a
