@@ -49,7 +49,7 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                "trg_pad_idx", "pad"),
     "max_len": ("max_len", "max_seq_len", "max_positions", "block_size", "seq_len", "max_length",
                 "max_seq_length", "n_positions", "context_length", "maxlen", "max_position_embeddings",
-                "context_size", "n_ctx", "context_length"),
+                "context_size", "n_ctx", "context_length", "sequence_len"),
     "theta": ("theta", "base", "rope_theta", "rope_base"),
     "eps": ("eps", "norm_eps", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "epsilon"),
 }
@@ -381,6 +381,7 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
     if own is not None:
         if dataclasses.is_dataclass(own):
             names = {f.name for f in dataclasses.fields(own) if f.init}
+            values = paired_hidden(values, names | attrs, sizes)
             config = own(**{n: values[n] for n in names if n in values})
         else:
             params = inspect.signature(own).parameters
@@ -392,7 +393,18 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
             if (attr in attrs or hasattr(config, attr)) and not callable(getattr(config, attr, None)):
                 setattr(config, attr, value)
         return config
-    return types.SimpleNamespace(**values)
+    return types.SimpleNamespace(**paired_hidden(values, attrs, sizes))
+
+
+def paired_hidden(values: dict[str, Any], names: set[str], sizes: dict[str, Any]) -> dict[str, Any]:
+    """The config's values with hidden_dim (hidden_size, hidden) the FFN's width where the config also
+    names the width another way and names no FFN width (Meta's and llama2.c's ModelArgs: dim and
+    hidden_dim); else, as Hugging Face's hidden_size, the width itself."""
+    paired = {n for n in names if n.lower() in HIDDEN_WHEN_PAIRED}
+    widths = {n for n in names if n.lower() in ARGUMENTS["d_model"]} - paired
+    if not paired or not widths or (names - paired) & set(ARGUMENTS["d_ff"]) or not sizes.get("d_ff"):
+        return values
+    return {**values, **{n: sizes["d_ff"] for n in paired}}
 
 
 def argument_keys(cls: Any) -> dict[str, str | None]:

@@ -38,8 +38,12 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.discovery import Component
 from handformer.check.core.layer_map import (
+    Gainless,
     LayerMap,
     block_norms,
+    gainless_norm,
+    gainless_norms,
+    gainless_qk,
     layer_modules,
     list_items,
     map_layer,
@@ -55,7 +59,7 @@ from handformer.check.core.result import (
     text,
 )
 from handformer.check.core.rotary import interleaved_to_half_
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.weights import (
     Leaf,
     MappingError,
@@ -67,6 +71,7 @@ from handformer.check.core.weights import (
     ffn_slots,
     is_gated,
     leaves,
+    norm_kind,
     norm_slots,
 )
 from handformer.check.core.weights import norm_weights as learner_norm
@@ -101,9 +106,11 @@ class GPTMap:
     theta: float = 10000.0  # the rotary base read from the learner's model
     table_theta: float | None = None  # the base of its tables, when it is not the one its config names
     built: dict[Any, CausalLM] = field(default_factory=dict)  # handformer's, by choices
+    embed_norm: Leaf | None = None  # nanochat's norm of the token embeddings, a function without gains
 
     def describe(self) -> list[str]:
         rows = [f"{self.wte.name} -> token embedding"]
+        rows += [f"{self.embed_norm.name} -> embedding norm"] if self.embed_norm is not None else []
         rows += [f"{self.wpe.name} -> position embedding"] if self.wpe is not None else []
         rows += [f"{b.name} -> block {i}" for i, b in enumerate(self.blocks)]
         rows += [f"{self.ln_f.leaf.name} -> final norm"] if self.ln_f is not None else []
@@ -144,9 +151,37 @@ def map_gpt(module: nn.Module) -> GPTMap:
                               f"{', '.join(f'{x.name} {tuple(x.weight.shape)}' for x in extra)}")
     m = GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head,
                head is None or head.weight is wte.weight, head is not None and head.bias is not None, n_kv)
+    m.embed_norm = _embed_norm(module, blocks)
     if wpe is None:
         m.ropes, m.theta, m.table_theta = _rotary(module)
     return m
+
+
+EMBED_NORM = re.compile(r"(?<![\w.])(?:F\.)?(\w*norm\w*)\(\s*self\.[\w.\[\]\"']*(wte|emb|tok)")
+
+
+def _embed_norm(module: nn.Module, blocks: list[LayerMap]) -> Leaf | None:
+    """nanochat's x = norm(self.transformer.wte(idx)): the token embeddings normed by a function
+    without gains before the first block; a gainless norm like the blocks' stands for it."""
+    found = EMBED_NORM.search(source_text(type(module).forward))
+    if found is None or not blocks or not isinstance(blocks[0].norms[0].leaf, Gainless):
+        return None
+    return gainless_norm(f"{found.group(1)}(embeddings) (no gain)", norm_kind(blocks[0].norms[0].leaf), D)
+
+
+class NormedEmbedding(nn.Module):
+    """handformer's token embedding followed by the learner's norm of it (nanochat's)."""
+
+    def __init__(self, embed: nn.Module, norm: nn.Module) -> None:
+        super().__init__()
+        self.inner, self.norm = embed, norm
+
+    @property
+    def weight(self) -> Tensor:
+        return self.inner.weight
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.norm(self.inner(ids))
 
 
 def _grouped_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -163,7 +198,8 @@ def _map_grouped(path: str, child: nn.Module) -> LayerMap:
     attn = attention_slots(linears, D, 1, path, KV_HEADS * (D // H))
     ffn = ffn_slots(linears, D, SIZES["d_ff"], path)[0]
     norms, qk = block_norms([leaf for leaf in found if leaf.kind == "norm"])
-    attn[0] += qk
+    attn[0] += qk or gainless_qk(child)
+    norms = norms or gainless_norms(child, 2)
     norms = norms * 2 if len(norms) == 1 else norms
     return LayerMap(path, False, attn, ffn, norm_slots(norms, 2, ["self-attention", "FFN"], path))
 
@@ -177,6 +213,9 @@ def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | N
     ropes = rope_layouts(module, False)
     if ropes == (None,):
         return ropes, 10000.0, None
+    if any(re.search(r"def forward\([^)]*\bcos_sin\b", source_text(type(sub))) for sub in module.modules()
+           if type(sub).__module__.startswith("learner_")):  # nanochat's halves, rotated either way
+        return ("half", "swapped"), _named_theta(module) or 10000.0, None
     tables = [t for sub in module.modules() for t in [*sub.buffers(recurse=False), *vars(sub).values()]
               if isinstance(t, Tensor) and t.dim() == 2 and t.size(0) > 1
               and (t.is_complex() or t.is_floating_point())]  # not a bool mask buffer
@@ -236,7 +275,7 @@ class Choices:
                     f"{pos_zh}")
 
 
-ROPE_ZH = {"half": "前后两半配对", "interleaved": "相邻两维配对"}
+ROPE_ZH = {"half": "前后两半配对", "interleaved": "相邻两维配对", "swapped": "前后两半配对、反向旋转"}
 
 
 def reference_model(m: GPTMap, ch: Choices) -> CausalLM:
@@ -271,8 +310,8 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
             copy_weights(hf.lm_head, Slot("head", m.head))
     for target, block in zip(hf.layers, m.blocks):
         copy_attention(target.self_attn, block.attn[0])
-        if ch.rope == "interleaved":
-            interleaved_to_half_(target.self_attn)
+        if ch.rope in ("interleaved", "swapped"):
+            interleaved_to_half_(target.self_attn, swapped=ch.rope == "swapped")
         copy_ffn(target.ffn, block.ffn)
     written = []
     for target, block in zip(hf.layers, m.blocks):
@@ -285,6 +324,8 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         written.append((hf, "norm", m.ln_f))
     exact_norms_(hf)
     as_written_(written)
+    if m.embed_norm is not None:
+        hf.embed = NormedEmbedding(hf.embed, m.embed_norm.module)
     return hf
 
 
@@ -334,6 +375,9 @@ class Caller:
         if self.start:
             kwargs[self.start] = start
         raw = self.ctx.learner.call("forward", self.module, idx, **kwargs)
+        if self.target in kwargs and isinstance(raw, Tensor) and raw.dim() == 0:  # nanochat's: the loss alone
+            kwargs.pop(self.target)
+            raw = (self.ctx.learner.call("forward", self.module, idx, **kwargs), raw)
         if not isinstance(raw, (Tensor, tuple, list)) and isinstance(getattr(raw, "logits", None), Tensor):
             raw = (raw.logits, getattr(raw, "loss", None))  # Hugging Face's output object (minimind's)
         logits = fp.first_tensor(raw, 3)

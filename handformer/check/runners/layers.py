@@ -55,9 +55,9 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.conventions import masks_where_true
 from handformer.check.core.discovery import Component, argument_keys
-from handformer.check.core.layer_map import block_norms
+from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
-from handformer.check.core.rope_tables import either_start, either_table
+from handformer.check.core.rope_tables import either_cos_sin, either_start, either_table
 from handformer.check.core.rotary import cos_sin, rope_layouts, rope_tables
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
@@ -98,7 +98,7 @@ class Layer:
         self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
         self.visible: str | None = None
         self.extra = {p.name for p in params} & {"freqs_cis", "start_pos", "position_ids",
-                                                 "position_embeddings", "cos", "sin", "input_pos"}
+                                                 "position_embeddings", "cos", "sin", "input_pos", "cos_sin"}
         self.table_layout: dict[str, bool] = {}  # which rotary table and start run (rope_tables)
         self.takes_mask = bool(self.masks)
         self.sizes = layer_sizes(comp.obj)
@@ -110,7 +110,8 @@ class Layer:
         self.ffn_candidates = ffn_slots(linears, D, self.sizes["d_ff"], comp.name)
         names = ["attn", "cross", "ffn"] if decoder else ["attn", "ffn"]
         norms, qk = block_norms([leaf for leaf in found if leaf.kind == "norm"])
-        self.attn[0] += qk  # QK-norm: the attention's q_norm and k_norm
+        self.attn[0] += qk or gainless_qk(self.module)  # QK-norm: the attention's q_norm and k_norm
+        norms = norms or gainless_norms(self.module, len(names))  # nanochat's norm(x), a function
         self.shared = len(norms) == 1 and len(names) > 1  # one norm for every sublayer
         self.norm_slots = norm_slots(norms * len(names) if self.shared else norms, len(names),
                                      [{"attn": "self-attention", "cross": "cross-attention"}.get(n, "FFN")
@@ -119,6 +120,8 @@ class Layer:
         self.sublayers = names
         self.ropes = rope_layouts(self.module, "freqs_cis" in self.extra,
                                     bool({"position_embeddings", "cos"} & self.extra))
+        if "cos_sin" in self.extra:  # nanochat's (cos, sin): its halves rotated either way
+            self.ropes = ("half", "swapped")
         self.batched_cos_sin = False  # Hugging Face's (cos, sin) are (B, T, Dh); minimind's (T, Dh)
         if "position_embeddings" in self.extra:
             self.batched_cos_sin = self._second_form(x.double(), "batched_cos_sin")
@@ -172,6 +175,8 @@ class Layer:
         def run(*a: Any, **k: Any) -> Any:
             if "freqs_cis" in k:  # Meta's complex table, or gpt-fast's real pairs
                 return either_table(self.module, list(a), k, self.table_layout)
+            if "cos_sin" in k:  # nanochat's (cos, sin), each (1, T, 1, Dh/2)
+                return either_cos_sin(self.module, list(a), k, self.table_layout)
             return self.module(*a, **k)
         if "start_pos" not in self.extra:
             return run(*args, **kwargs)
@@ -189,6 +194,9 @@ class Layer:
                 if self.batched_cos_sin:
                     tables = tuple(t[None].expand(B, T, -1) for t in tables)  # (B, T, Dh) each
                 out[name] = tuple(t.to(x.dtype) for t in tables)
+            elif name == "cos_sin":  # nanochat's (cos, sin), each (1, T, 1, Dh/2)
+                angles = V.rope_angles(T, self.head_dim)[None, :, None]  # (1, T, 1, Dh/2)
+                out[name] = (angles.cos().to(x.dtype), angles.sin().to(x.dtype))
             elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
                 out[name] = cos_sin(T, self.head_dim)[name == "sin"].to(x.dtype)
             elif name == "start_pos":
@@ -623,9 +631,10 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
             masked_rows(res, out, rows, layer.comp, ctx)
             if i == 0 and out is not None and out.shape == ref.shape:
                 g = fp.randn(*ref.shape, seed=5)
-                mine = torch.autograd.grad((out * g).sum(), [x, layer.norm_slots[0].leaf.weight],
-                                           allow_unused=True)
-                theirs = torch.autograd.grad((ref * g).sum(), [x, hf.attn_norm.weight])
+                gains = [] if isinstance(layer.norm_slots[0].leaf, Gainless) else [
+                    (layer.norm_slots[0].leaf.weight, hf.attn_norm.weight)]  # a function's norm: none
+                mine = torch.autograd.grad((out * g).sum(), [x] + [a for a, _ in gains], allow_unused=True)
+                theirs = torch.autograd.grad((ref * g).sum(), [x] + [b for _, b in gains])
                 grad_err = grads_error(list(zip(mine, theirs)))
     res.max_abs_error = max(errors) if errors else None
     name = "DecoderLayer" if layer.decoder else "DecoderOnlyBlock" if layer.causal_block else "EncoderLayer"
