@@ -265,11 +265,15 @@ def observed_match(name: str, form: str, matched: float, correct: float) -> dict
                 f"相差 {correct:.3g}")
 
 
+def call_parameters(fn: Any, skip: tuple[str, ...] = ()) -> list[inspect.Parameter]:
+    """fn's parameters that a call names: not *args or **kwargs, nor those in `skip` ("self" of a
+    function taken from a class)."""
+    return [p for p in inspect.signature(fn).parameters.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in skip]
+
+
 def forward_parameters(module: Any) -> list[inspect.Parameter]:
-    fn = module.forward if isinstance(module, nn.Module) else module
-    params = [p for p in inspect.signature(fn).parameters.values()
-              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    return params
+    return call_parameters(module.forward if isinstance(module, nn.Module) else module)
 
 
 def is_mask_name(name: str) -> bool:

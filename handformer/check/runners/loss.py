@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.context import Context, finish, forward_parameters
+from handformer.check.core.context import Context, call_parameters, finish, forward_parameters
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure, View, latest_departure, trace_steps
 from handformer.check.core.localize_kinds import note_departure
@@ -139,24 +139,19 @@ class Loss:
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
         self.is_class = isinstance(comp.obj, type)
-        if self.is_class:
-            init = [p for p in inspect.signature(comp.obj.__init__).parameters.values()
-                    if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-            self.init_names = [p.name for p in init]
-            self.init_required = [p.name for p in init if p.default is p.empty]
-        else:
-            self.init_names, self.init_required = [], []
-        params = forward_parameters(comp.obj) if not self.is_class else [
-            p for p in inspect.signature(comp.obj.forward).parameters.values()
-            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        init = call_parameters(comp.obj.__init__, ("self",)) if self.is_class else []
+        self.init_names = [p.name for p in init]
+        self.init_required = [p.name for p in init if p.default is p.empty]
+        params = (call_parameters(comp.obj.forward, ("self",)) if self.is_class
+                  else forward_parameters(comp.obj))
         self.names = [p.name for p in params]
         self.required = [p.name for p in params if p.default is p.empty]
         everything = self.names + self.init_names
         self.smoothing = _find(everything, SMOOTHING_NAMES)
         self.pad = _find(everything, PAD_NAMES)
-        self.input = _find(self.names, INPUT_NAMES) or (self.names[0] if self.names else None)
-        self.target = _find([n for n in self.names if n != self.input], TARGET_NAMES) or next(
-            (n for n in self.names if n != self.input), None)
+        self.input = _find(self.names, INPUT_NAMES) or next(iter(self.names), None)
+        rest = [n for n in self.names if n != self.input]
+        self.target = _find(rest, TARGET_NAMES) or next(iter(rest), None)
         size = _find(self.init_names, SIZE_NAMES)
         known = {self.input, self.target, self.pad, self.smoothing, size}
         unknown = [n for n in self.required + self.init_required if n not in known]
@@ -220,9 +215,9 @@ def _what(out: Any) -> str:
 
 
 def _close(a: float, b: float) -> bool:
-    if math.isnan(a) and math.isnan(b):
-        return True
-    return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= REL_TOL * max(abs(b), 1e-12)
+    """Equal to a relative 1e-5, or both NaN (a log(0) in both)."""
+    return math.isnan(a) and math.isnan(b) or math.isfinite(a) and math.isfinite(b) and abs(
+        a - b) <= REL_TOL * max(abs(b), 1e-12)
 
 
 def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
@@ -272,14 +267,10 @@ def _search(loss: Loss, got: dict[float, float], logp: Tensor, targets: Tensor, 
         return all(_close(got[eps], reference(logp, targets, eps, form, split, reduction, flags))
                    for eps in smoothings)
 
-    for size in (0, 1, 2):
-        for combo in itertools.combinations(flags_all, size):
-            flags = frozenset(combo)
-            if len({f.partition(":")[0] for f in flags}) < len(flags):
-                continue
-            conv = next((c for c in conventions if matches(c, flags)), None)
-            if conv is not None:
-                return conv, flags
+    for flags in fp.flag_sets(flags_all):
+        conv = next((c for c in conventions if matches(c, flags)), None)
+        if conv is not None:
+            return conv, flags
     return None
 
 

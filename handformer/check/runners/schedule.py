@@ -15,7 +15,6 @@ checked on its own: the paper's schedule is never 0 there and never divides by z
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -365,14 +364,10 @@ def _explain(
 ) -> tuple[str, frozenset[str]] | None:
     """The convention and the smallest set of named mistakes that reproduce the values after step 0
     (None if no set of up to two does)."""
-    for size in (0, 1, 2):
-        for flags in itertools.combinations(flags_all, size):
-            fs = frozenset(flags)
-            if len({f.partition(":")[0] for f in fs}) < len(fs):
-                continue
-            for conv, ref in conventions.items():
-                if _matches(values, lambda s, ref=ref, fs=fs: ref(s, fs), later) < REL_TOL:
-                    return conv, fs
+    for fs in fp.flag_sets(flags_all):
+        for conv, ref in conventions.items():
+            if _matches(values, lambda s, ref=ref, fs=fs: ref(s, fs), later) < REL_TOL:
+                return conv, fs
     return None
 
 
