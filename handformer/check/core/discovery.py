@@ -219,6 +219,8 @@ def refine(kind: str, obj: Any) -> str:
         said = kind_of(obj)
         if said is not None and any(kind in f and said in f for f in SAME_FAMILY):
             return said
+    if kind == "block" and inspect.isclass(obj) and encoder_block(obj):
+        return "encoder_layer"
     if kind == "transformer" and inspect.isclass(obj) and decoder_only(obj):
         return "gpt"
     if kind == "gpt" and inspect.isclass(obj) and obj.__name__ not in NAMES["gpt"] and not decoder_only(obj):
@@ -256,6 +258,22 @@ def decoder_only(cls: Any) -> bool:
     inputs = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty
               and p.name not in TOKEN_EXTRAS and "mask" not in p.name]
     return len(inputs) == 1
+
+
+def encoder_block(cls: Any) -> bool:
+    """A block (by its name: TransformerBlock) that is an encoder layer by what it does: its mask is
+    optional and nothing in its file is causal (no tril, triu, is_causal=True or causal mask), so
+    with no mask every token sees every other, as in the paper's encoder."""
+    try:
+        params = inspect.signature(cls.forward).parameters.values()
+    except (AttributeError, TypeError, ValueError):
+        return False
+    if not any("mask" in p.name.lower() and p.default is None for p in params):
+        return False
+    module = sys.modules.get(getattr(cls, "__module__", ""), None)
+    source = _source(module) if module is not None else ""
+    return bool(source) and not CAUSAL_WORDS.search(source) and not re.search(r"subsequent|look_?ahead",
+                                                                               source)
 
 
 def causal_inside(cls: Any) -> bool:

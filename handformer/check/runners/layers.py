@@ -54,7 +54,7 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.conventions import masks_where_true
-from handformer.check.core.discovery import Component, argument_keys
+from handformer.check.core.discovery import NAMES, Component, argument_keys
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.rope_tables import either_cos_sin, either_start, either_table
@@ -281,7 +281,16 @@ def _flags(layer: Layer, w: V.LayerWeights) -> tuple[str, ...]:
 
 
 def check_encoder_layer(comp: Component, ctx: Context) -> ComponentResult:
-    return _check_layer(comp, ctx, decoder=False, causal_block=False, expected="post")
+    res = _check_layer(comp, ctx, decoder=False, causal_block=False, expected="post")
+    if comp.name in NAMES["block"]:  # a TransformerBlock that is no decoder's (discovery.encoder_block)
+        res.notes.append(ENCODER_BLOCK_NOTE)
+    return res
+
+
+ENCODER_BLOCK_NOTE = text("checked as an encoder layer: its mask is optional and nothing in your file is "
+                          "causal (no tril, triu or is_causal), so with no mask every token sees every other",
+                          "按编码器层检查：它的掩码参数可以不传，文件里也没有任何因果的写法（没有 tril、triu "
+                          "或 is_causal），所以不传掩码时每个 token 都能看到所有 token")
 
 
 def check_decoder_layer(comp: Component, ctx: Context) -> ComponentResult:
