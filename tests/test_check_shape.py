@@ -1,8 +1,8 @@
 """The grader's shape: no function under handformer/check/ spans more than 40 lines (from its `def`
 to its last line, docstring included), and its rooms import one way: reference/ and catalog/ import
 neither core/ nor runners/, core/ imports no runner (only the engine, which calls them), and no module
-imports another's private names; and check/ is no denser in branches than the package it is part of
-(benchmarks/branch_density.py counts them)."""
+imports another's private names; and check/ gets no denser in branches (benchmarks/branch_density.py
+counts them): the goal is the package's density, held here by a ratchet until check/ reaches it."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from branch_density import branches, code_lines  # noqa: E402
 
-PACKAGE = ROOT / "handformer"
-CHECK = PACKAGE / "check"
+CHECK = ROOT / "handformer" / "check"
 LIMIT = 40
-# check/'s branches per 1,000 code lines may not pass the package's; until it gets there, not this
-# figure either (the ratchet: lower it as check/ gets simpler, never raise it)
+# check/'s branches per 1,000 code lines may not pass this figure: the ratchet, lowered as check/ gets
+# simpler and never raised, down to the package's (not counted here: parsing the whole package takes
+# 3 s a run). `python3 benchmarks/branch_density.py` prints both.
 DENSITY_RATCHET = 301.9
 
 
@@ -94,10 +94,9 @@ def _density(folder: Path) -> tuple[int, int]:
     return sum(b for b, _ in counts), sum(n for _, n in counts)
 
 
-def test_the_grader_is_no_denser_in_branches_than_the_package():
-    (b, n), (pb, pn) = _density(CHECK), _density(PACKAGE)
-    here, package = 1000 * b / n, 1000 * pb / pn
-    assert here <= max(package, DENSITY_RATCHET), (
-        f"handformer/check has {b} branches in {n} code lines, {here:.1f} per 1,000, over the package's "
-        f"{package:.1f} (and the ratchet {DENSITY_RATCHET}): simplify (tables, one helper for a repeated "
-        "pattern, inputs normalised early), see python3 benchmarks/branch_density.py")
+def test_the_grader_gets_no_denser_in_branches():
+    b, n = _density(CHECK)
+    assert 1000 * b / n <= DENSITY_RATCHET, (
+        f"handformer/check has {b} branches in {n} code lines, {1000 * b / n:.1f} per 1,000, over the "
+        f"ratchet {DENSITY_RATCHET}: simplify (tables, one helper for a repeated pattern, inputs "
+        "normalised early; python3 benchmarks/branch_density.py)")

@@ -167,14 +167,17 @@ class Loss:
         self.size = size
         self.flat = False
 
+    def options(self, eps: float) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The pad id, the smoothing and the vocabulary size it takes, split into those its constructor
+        takes and those its call takes."""
+        given = ((self.pad, PAD), (self.smoothing, eps), (self.size, V))  # a name of None: not taken
+        init = {name: value for name, value in given if name in self.init_names}
+        return init, {name: value for name, value in given if name not in {*init, None}}
+
     def __call__(self, logp: Tensor, targets: Tensor, eps: float) -> Any:
         def call(x: Tensor, y: Tensor) -> Any:
-            kwargs: dict[str, Any] = {self.input: x.clone(), self.target: y.clone()}
-            init: dict[str, Any] = {}
-            for name, value in ((self.pad, PAD), (self.smoothing, eps), (self.size, V)):
-                if name is None:
-                    continue
-                (init if name in self.init_names else kwargs)[name] = value
+            init, options = self.options(eps)
+            kwargs: dict[str, Any] = {self.input: x.clone(), self.target: y.clone(), **options}
             if self.is_class:
                 module = self.ctx.learner.call("__init__", lambda: self.comp.obj(**init))
                 if isinstance(module, nn.Module):
