@@ -489,6 +489,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
         ch = found[0]
         _found(res, ctx, comp, m, out, idx, found, last_only)
     hf = reference_model(m, ch)
+    _norm_findings(res, ctx, comp, m)
     errors = []
     for i, (B2, T2) in enumerate([(3, 5), (1, 1), (2, BLOCK)]):
         x = torch.randint(0, VOCAB, (B2, T2), generator=torch.Generator().manual_seed(10 + i))
@@ -511,6 +512,23 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
                               f"{call.start} = t，经过它自己的 KV 缓存，逐位置比较"))
     if call.start:
         _cached(res, ctx, comp, m, call, hf, idx)
+
+
+def _norm_findings(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap) -> None:
+    """The norms' own mistakes (each run alone): handformer's model computes them as written, so
+    that the rest is compared; they are named here all the same."""
+    named: dict[str, list[str]] = {}
+    for slot in [s for b in m.blocks for s in b.norms] + ([m.ln_f] if m.ln_f is not None else []):
+        for flag in sorted(getattr(getattr(slot.leaf, "computes", None), "flags", ())):
+            named.setdefault(flag, []).append(slot.leaf.name)
+    lines = source_lines(ctx.objects(comp, "layernorm", "rmsnorm"))
+    for flag, where in named.items():
+        name, _, form = flag.partition(":")
+        number, code = locate(name, lines)
+        modules = ", ".join(dict.fromkeys(where))
+        res.findings.append(Finding(name, text(f"{modules} (run alone) compute the norm with this mistake",
+                                               f"{modules}（单独运行时）计算的是带这个错误的归一化"),
+                                    number, code, form))
 
 
 def _view(logits: Tensor, last_only: bool) -> Tensor:
