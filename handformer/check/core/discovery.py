@@ -221,6 +221,8 @@ def refine(kind: str, obj: Any) -> str:
             return said
     if kind == "block" and inspect.isclass(obj) and encoder_block(obj):
         return "encoder_layer"
+    if kind == "encoder_layer" and inspect.isclass(obj) and _takes(obj, "start_pos"):
+        return "block"  # Umar Jamil's EncoderBlock(args): a start position is a decoder's KV cache
     if kind == "transformer" and inspect.isclass(obj) and decoder_only(obj):
         return "gpt"
     if kind == "gpt" and inspect.isclass(obj) and obj.__name__ not in NAMES["gpt"] and not decoder_only(obj):
@@ -258,6 +260,13 @@ def decoder_only(cls: Any) -> bool:
     inputs = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty
               and p.name not in TOKEN_EXTRAS and "mask" not in p.name]
     return len(inputs) == 1
+
+
+def _takes(cls: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(cls.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
 
 
 def encoder_block(cls: Any) -> bool:

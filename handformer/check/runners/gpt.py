@@ -374,8 +374,34 @@ class Caller:
         # Meta's forward(tokens, start_pos): the whole sequence from position 0
         self.start = next((p.name for p in params if p.name == "start_pos" and p.default is p.empty), None)
 
+        self.stepwise = False  # Umar Jamil's forward asserts one token at a time: driven so, once known
+
     def __call__(self, idx: Tensor, targets: Tensor | None = None, start: int = 0,
                  ) -> tuple[Tensor | None, Tensor | None]:
+        if self.stepwise:
+            return self._steps(idx, start)
+        try:
+            return self._once(idx, targets, start)
+        except fp.LearnerFailure:
+            if not self.start or idx.size(1) == 1:
+                raise
+            try:  # it refuses a whole sequence: one token at a time through its own cache?
+                out = self._steps(idx, start)
+            except fp.LearnerFailure:
+                pass
+            else:
+                self.stepwise = True
+                return out
+            raise
+
+    def _steps(self, idx: Tensor, start: int) -> tuple[Tensor | None, Tensor | None]:
+        """The logits (B, T, V) of the tokens given one at a time, token t at start_pos start + t."""
+        outs = [self._once(idx[:, t:t + 1], None, start + t)[0] for t in range(idx.size(1))]
+        if any(o is None or o.size(1) != 1 for o in outs):
+            return None, None
+        return torch.cat(outs, dim=1), None  # (B, T, V)
+
+    def _once(self, idx: Tensor, targets: Tensor | None, start: int) -> tuple[Tensor | None, Tensor | None]:
         kwargs: dict[str, Any] = {self.target: targets} if self.target and targets is not None else {}
         if self.start:
             kwargs[self.start] = start
@@ -468,6 +494,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
         ch = found[0]
         _found(res, ctx, comp, m, out, idx, found, last_only)
     hf = reference_model(m, ch)
+    _norm_findings(res, ctx, comp, m)
     errors = []
     for i, (B2, T2) in enumerate([(3, 5), (1, 1), (2, BLOCK)]):
         x = torch.randint(0, VOCAB, (B2, T2), generator=torch.Generator().manual_seed(10 + i))
@@ -483,8 +510,30 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     if loss is not None and not last_only:
         _loss(res, hf(idx).logits, loss, targets)
     _causality(res, call, idx)
+    if call.stepwise:
+        res.notes.append(text(f"its forward takes one token at a time: driven so, token t at {call.start} = "
+                              "t, through its own KV cache, and compared position by position",
+                              f"它的 forward 一次只接受一个 token：检查时逐个输入，位置 t 的 token 用 "
+                              f"{call.start} = t，经过它自己的 KV 缓存，逐位置比较"))
     if call.start:
         _cached(res, ctx, comp, m, call, hf, idx)
+
+
+def _norm_findings(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap) -> None:
+    """The norms' own mistakes (each run alone): handformer's model computes them as written, so
+    that the rest is compared; they are named here all the same."""
+    named: dict[str, list[str]] = {}
+    for slot in [s for b in m.blocks for s in b.norms] + ([m.ln_f] if m.ln_f is not None else []):
+        for flag in sorted(getattr(getattr(slot.leaf, "computes", None), "flags", ())):
+            named.setdefault(flag, []).append(slot.leaf.name)
+    lines = source_lines(ctx.objects(comp, "layernorm", "rmsnorm"))
+    for flag, where in named.items():
+        name, _, form = flag.partition(":")
+        number, code = locate(name, lines)
+        modules = ", ".join(dict.fromkeys(where))
+        res.findings.append(Finding(name, text(f"{modules} (run alone) compute the norm with this mistake",
+                                               f"{modules}（单独运行时）计算的是带这个错误的归一化"),
+                                    number, code, form))
 
 
 def _view(logits: Tensor, last_only: bool) -> Tensor:
