@@ -193,13 +193,9 @@ def module_sizes(module: types.ModuleType, comp: Component, sizes: dict[str, Any
     each with the value `sizes` gives it; names their code never reads are left alone."""
     sizes = with_head_size(sizes)
     own = {n: o for n, o in own_objects(module).items() if "." not in n}
-    reads, todo, seen = set(), [comp.obj], set()
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        names = global_reads(obj)
+    reads, todo = set(), [comp.obj]
+    while todo:  # each of their objects is followed the first time a name reads it
+        names = global_reads(todo.pop()) - reads
         reads |= names
         todo += [own[n] for n in names if n in own]
     out = {}
@@ -282,6 +278,11 @@ def call_parameters(fn: Any, skip: tuple[str, ...] = ()) -> list[inspect.Paramet
     function taken from a class)."""
     return [p for p in inspect.signature(fn).parameters.values()
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in skip]
+
+
+def named(names: list[str], aliases: tuple[str, ...]) -> str | None:
+    """The first of the argument names that is one of the aliases (whatever its case), or None."""
+    return next((n for n in names if n.lower() in aliases), None)
 
 
 def forward_parameters(module: Any) -> list[inspect.Parameter]:

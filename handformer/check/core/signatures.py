@@ -50,7 +50,7 @@ from handformer.check.core.argument_names import (
     X_NAMES,
     Y_NAMES,
 )
-from handformer.check.core.context import call_parameters
+from handformer.check.core.context import call_parameters, named
 
 ROWS = torch.tensor([[2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6],
                      [0.5, 2.5, -0.3, 1.1, 0.9, -2.0, 0.2, -0.7]])  # (B, V) logits, no ties
@@ -82,8 +82,8 @@ def _schedule(names: list[str], required: set[str]) -> bool:
     """A learning-rate schedule (`warmup_cosine(step, warmup, max_steps, max_lr, min_lr)`): the step
     first, then settings only, a warmup among them and d_model, an end or a floor."""
     settings = SCHEDULE_ARGS
-    known = {a for aliases in settings.values() for a in aliases}
-    has = lambda key: any(n in settings[key] for n in names[1:])  # noqa: E731
+    known = set().union(*settings.values())
+    has = lambda key: _takes_each(names[1:], [settings[key]])  # noqa: E731
     return bool(names) and names[0] in SCHEDULE_STEP_NAMES and required - {names[0]} <= known and has(
         "warmup") and (has("d_model") or has("total") or has("min_lr"))
 
@@ -97,9 +97,9 @@ def lm_step(fn: Any) -> bool:
     learning rate, and never shifts a target itself (an encoder-decoder's step feeds tgt[:, :-1])."""
     _, names, required = _signature(fn)
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, X_NAMES, Y_NAMES)
-    if not all(any(n in g for n in names) for g in groups):
+    if not _takes_each(names, groups):
         return False
-    return required <= {a for g in groups + (LR_NAMES,) for a in g} and not SHIFT.search(_source(fn))
+    return required <= set().union(*groups, LR_NAMES) and not SHIFT.search(_source(fn))
 
 
 GENERATE_MODEL = tuple(n for n in MODEL_NAMES if n != "self")
@@ -120,12 +120,16 @@ LOOP_KINDS = (
 )
 
 
+def _takes_each(names: list[str], groups: list[tuple[str, ...]] | tuple[tuple[str, ...], ...]) -> bool:
+    """Whether one of the names is in each group of aliases."""
+    return all(not set(names).isdisjoint(g) for g in groups)
+
+
 def _loop_kind(names: list[str], required: set[str]) -> str | None:
     """A function that takes a model: beam search, greedy decoding, a generation loop, a training
     epoch or step, by the arguments their runners fill."""
     for kind, first, takes, fills in LOOP_KINDS:
-        if all(any(n in g for n in names) for g in takes) and (not first or names[0] in first) \
-                and required <= {a for g in fills for a in g}:
+        if _takes_each(names, takes) and (not first or names[0] in first) and required <= set().union(*fills):
             return kind
     return None
 
@@ -138,7 +142,7 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
     options = {"top_k": K_NAMES, "top_p": P_NAMES,
                "temperature": TEMPERATURE_NAMES}
     takes = {key: name for key, aliases in options.items()  # the options it takes, by their names
-             if (name := next((p.name for p in params[1:] if p.name.lower() in aliases), None))}
+             if (name := named([p.name for p in params[1:]], aliases))}
     fillable = {n.lower() for n in takes.values()} | set(GENERATOR_NAMES) | {names[0]}
     if not required <= fillable:
         return None

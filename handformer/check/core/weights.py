@@ -67,9 +67,13 @@ class Slot:
 BIAS_NAME = re.compile(r"b.*|shift|offset")  # bias, beta, b_2, ...
 
 
-def _bias_like(params: dict[str, nn.Parameter]) -> str | None:
-    """The name of a norm's additive parameter (bias, beta, shift, b_2, ...); else the second one."""
-    return next((name for name in params if BIAS_NAME.fullmatch(name.lower())), list(params)[1])
+def _norm_parameters(params: dict[str, nn.Parameter]) -> tuple[nn.Parameter, nn.Parameter | None]:
+    """A norm's gain and its additive parameter (bias, beta, shift, b_2, ...; else the second one); a
+    norm of one parameter: its gain alone."""
+    if len(params) == 1:
+        return next(iter(params.values())), None
+    bias = next((name for name in params if BIAS_NAME.fullmatch(name.lower())), list(params)[1])
+    return next(p for name, p in params.items() if name != bias), params[bias]
 
 
 # a projection's name (q_proj, W_query, key, ...) less proj and w_ -> its role
@@ -87,7 +91,7 @@ def with_shape(found: list[Leaf], shape: tuple[int, ...]) -> list[Leaf]:
     return [leaf for leaf in found if tuple(leaf.weight.shape) == shape]
 
 
-def single_heads(name: str, sub: nn.Module) -> list[Leaf] | None:
+def single_heads(label: str, sub: nn.Module) -> list[Leaf] | None:
     """Heads kept as an nn.ModuleList of single-head modules (Karpathy's `Head(head_size)`, each with
     its own key, query and value nn.Linear(n_embd, head_size)): three leaves, W_Q, W_K and W_V, each
     the heads' weights stacked in head order (what one (d_model, d_model) projection split into heads
@@ -108,8 +112,7 @@ def single_heads(name: str, sub: nn.Module) -> list[Leaf] | None:
         mods = [dict(p)[role] for p in per]
         weight = torch.cat([m.weight for m in mods]).detach()  # (H * Dh, D)
         bias = torch.cat([m.bias for m in mods]).detach() if mods[0].bias is not None else None
-        label = f"{name or '(self)'}[*].{role}"
-        out.append(Leaf(label, "linear", sub, weight, bias, [m.weight for m in mods]))
+        out.append(Leaf(f"{label}[*].{role}", "linear", sub, weight, bias, [m.weight for m in mods]))
     return out
 
 
@@ -121,7 +124,8 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
     for name, sub in module.named_modules():
         if id(sub) in inside:
             continue
-        stacked = single_heads(name, sub) if stack_heads else None
+        label = name or "(self)"
+        stacked = single_heads(label, sub) if stack_heads else None
         if stacked:
             found += stacked
             inside |= {id(m) for m in sub.modules()}
@@ -129,17 +133,13 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
         params = dict(sub.named_parameters(recurse=False))
         if not params:
             continue
-        label = name or "(self)"
         if isinstance(sub, nn.Embedding):
             found.append(Leaf(label, "embedding", sub, sub.weight, None))
         elif isinstance(sub, nn.Linear) or (len(params) <= 2 and "weight" in params
                                             and params["weight"].dim() == 2):
             found.append(Leaf(label, "linear", sub, params["weight"], params.get("bias")))
         elif all(p.dim() == 1 for p in params.values()) and len(params) <= 2:
-            bias_name = _bias_like(params) if len(params) == 2 else None
-            weight_name = next(n for n in params if n != bias_name)
-            found.append(Leaf(label, "norm", sub, params[weight_name],
-                              params[bias_name] if bias_name else None))
+            found.append(Leaf(label, "norm", sub, *_norm_parameters(params)))
         else:
             shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
             raise MappingError(f"cannot tell what {label} ({type(sub).__name__}: {shapes}) is; "
@@ -319,9 +319,8 @@ def norm_eps(module: nn.Module, kind: str) -> float:
         value = getattr(module, name, None)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-    if isinstance(module, nn.LayerNorm) or kind == "layernorm":
-        return 1e-5
-    return torch.finfo(torch.float32).eps  # nn.RMSNorm's default
+    # none of those (nn.LayerNorm always has eps): the default of the kind, nn.RMSNorm's for RMSNorm
+    return 1e-5 if kind == "layernorm" else torch.finfo(torch.float32).eps
 
 
 def norm_kind(leaf: Leaf) -> str:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.context import Context, call_parameters, finish, forward_parameters
+from handformer.check.core.context import Context, call_parameters, finish, forward_parameters, named
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure, View, latest_departure, trace_steps
 from handformer.check.core.localize_kinds import note_departure
@@ -147,12 +147,12 @@ class Loss:
         self.names = [p.name for p in params]
         self.required = [p.name for p in params if p.default is p.empty]
         everything = self.names + self.init_names
-        self.smoothing = _find(everything, SMOOTHING_NAMES)
-        self.pad = _find(everything, PAD_NAMES)
-        self.input = _find(self.names, INPUT_NAMES) or next(iter(self.names), None)
+        self.smoothing = named(everything, SMOOTHING_NAMES)
+        self.pad = named(everything, PAD_NAMES)
+        self.input = named(self.names, INPUT_NAMES) or next(iter(self.names), None)
         rest = [n for n in self.names if n != self.input]
-        self.target = _find(rest, TARGET_NAMES) or next(iter(rest), None)
-        size = _find(self.init_names, SIZE_NAMES)
+        self.target = named(rest, TARGET_NAMES) or next(iter(rest), None)
+        size = named(self.init_names, SIZE_NAMES)
         known = {self.input, self.target, self.pad, self.smoothing, size}
         unknown = [n for n in self.required + self.init_required if n not in known]
         if unknown or self.input is None or self.target is None:
@@ -193,10 +193,6 @@ class Loss:
             except fp.LearnerFailure:
                 self.flat = True
         return call(logp.reshape(-1, V), targets.reshape(-1))
-
-
-def _find(names: list[str], aliases: tuple[str, ...]) -> str | None:
-    return next((n for n in names if n.lower() in aliases), None)
 
 
 def _value(ctx: Context, comp: Component, out: Any) -> float:

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.context import Context, finish, forward_parameters
+from handformer.check.core.context import Context, finish, forward_parameters, named
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
@@ -112,8 +112,7 @@ class Helper:
         params = forward_parameters(comp.obj)
         names = [p.name for p in params]
         first = (names + [None])[0]  # the ids of a helper whose argument has none of the names
-        self.src, self.tgt, self.pad = (next((n for n in names if n.lower() in table), None)
-                                        for table in (SRC_NAMES, TGT_NAMES, PAD_NAMES))
+        self.src, self.tgt, self.pad = (named(names, table) for table in (SRC_NAMES, TGT_NAMES, PAD_NAMES))
         if _mentions(comp.name, BOTH_HINTS) and self.src and self.tgt:
             self.makes = "both"
         elif self.tgt or _mentions(comp.name, TGT_HINTS):
@@ -149,14 +148,14 @@ def _readings(out: Any, rows: int, queries: int, keys: int) -> dict[str, Tensor]
     if not isinstance(out, Tensor):
         return {}
     m = out.detach()
-    if m.dim() == 2 and m.shape == (rows, keys):  # (B, S): a key padding mask
+    if m.shape == (rows, keys):  # (B, S): a key padding mask
         m = m[:, None, None, :]
     elif m.dim() == 3 and m.size(0) == rows and m.size(-1) == keys:
         m = m[:, None]
     if m.dim() != 4 or m.size(0) not in (1, rows) or m.size(-1) != keys or m.size(-2) not in (1, queries):
         return {}
     m = m.expand(rows, m.size(1), queries, keys)[:, :1]
-    if m.is_floating_point() and (bool(torch.isinf(m).any()) or bool((m < -1e3).any())):
+    if m.is_floating_point() and bool((torch.isinf(m) | (m < -1e3)).any()):
         return {"additive": m == 0}
     nonzero = m != 0
     return {"keep": nonzero, "masked": ~nonzero}

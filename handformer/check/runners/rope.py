@@ -307,15 +307,17 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
         kwargs["cos"], kwargs["sin"] = view(cos, meta), view(sin, meta)
     if shape == "by_id":
         kwargs["position_ids"] = (torch.arange(T) + offset)[None].expand(B, T)
-    for n in names:
-        if n in OFFSET_NAMES:
-            kwargs[n] = offset
+    kwargs |= dict.fromkeys(OFFSET_NAMES, offset)  # only those it takes are handed in
     raw = _call_offset(ctx, fn, {n: v for n, v in kwargs.items() if n in names})
+    return _stacked(raw, len(tensors), q.shape, meta)
+
+
+def _stacked(raw: Any, n: int, shape: torch.Size, meta: bool = False) -> Tensor | None:
+    """The first n outputs (B, H, T, Dh) stacked (n, B, H, T, Dh) (Meta's (B, T, H, Dh) transposed);
+    None when they are not n tensors of that shape."""
     outs = list(raw) if isinstance(raw, (tuple, list)) else [raw]
-    if len(outs) < len(tensors) or not all(isinstance(o, Tensor) for o in outs[: len(tensors)]):
-        return None
-    outs = [o.transpose(1, 2) if meta and o.dim() == 4 else o for o in outs[: len(tensors)]]
-    if any(o.shape != q.shape for o in outs):
+    outs = [o.transpose(1, 2) if meta and o.dim() == 4 else o for o in outs[:n] if isinstance(o, Tensor)]
+    if len(outs) < n or any(o.shape != shape for o in outs):
         return None
     return torch.stack([o.double() for o in outs])
 
@@ -426,10 +428,7 @@ def _module_table(res: ComponentResult, ctx: Context, comp: Component, call: Cal
 def _rotated_module(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any], n: int,
                     q: Tensor, k: Tensor, names: list[str]) -> ComponentResult:
     def run(offset: int) -> Tensor | None:
-        raw = call(offset)
-        outs = list(raw) if isinstance(raw, (tuple, list)) else [raw]
-        outs = [o for o in outs[:n] if isinstance(o, Tensor) and o.shape == q.shape]
-        return torch.stack(outs).double() if len(outs) == n else None
+        return _stacked(call(offset), n, q.shape)
 
     out = run(0)
     best = None

@@ -42,7 +42,7 @@ from handformer.check.core.argument_names import (
     TGT_NAMES,
 )
 from handformer.check.core.argument_names import STEP_MODEL_NAMES as MODEL_NAMES  # noqa: F401
-from handformer.check.core.context import Context, error_text, finish, forward_parameters
+from handformer.check.core.context import Context, error_text, finish, forward_parameters, named
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
@@ -165,7 +165,7 @@ class Step:
         self.comp, self.ctx, self.epoch = comp, ctx, epoch
         params = forward_parameters(comp.obj)
         self.names = [p.name for p in params]
-        find = lambda aliases: next((n for n in self.names if n.lower() in aliases), None)  # noqa: E731
+        find = lambda aliases: named(self.names, aliases)  # noqa: E731
         self.model, self.opt = find(MODEL_NAMES), find(OPTIMIZER_NAMES)
         self.criterion = find(CRITERION_NAMES)
         self.accum = find(ACCUM_NAMES)
