@@ -167,10 +167,10 @@ class Loss:
         self.size = size
         self.flat = False
 
-    def options(self, eps: float) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The pad id, the smoothing and the vocabulary size it takes, split into those its constructor
-        takes and those its call takes."""
-        given = ((self.pad, PAD), (self.smoothing, eps), (self.size, V))  # a name of None: not taken
+    def options(self, eps: float, pad: int = PAD, size: int = V) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The pad id, the smoothing and the vocabulary size it takes (this runner's, or a caller's),
+        split into those its constructor takes and those its call takes."""
+        given = ((self.pad, pad), (self.smoothing, eps), (self.size, size))  # a name of None: not taken
         init = {name: value for name, value in given if name in self.init_names}
         return init, {name: value for name, value in given if name not in {*init, None}}
 

@@ -259,7 +259,7 @@ def learner_criterion(ctx: Context) -> tuple[Any, str | None]:
         return fallback
 
     def make() -> Any:
-        init, fixed = spec.options(0.1)
+        init, fixed = spec.options(0.1, PAD, V)  # the step's pad id and vocabulary
         fn = ctx.learner.call("__init__", lambda: comp.obj(**init)) if spec.is_class else comp.obj
 
         def criterion(input: Tensor, target: Tensor) -> Any:
