@@ -285,6 +285,11 @@ def named(names: list[str], aliases: tuple[str, ...]) -> str | None:
     return next((n for n in names if n.lower() in aliases), None)
 
 
+def names_of(params: list[inspect.Parameter]) -> tuple[list[str], list[str]]:
+    """The parameters' names, and those of the ones without a default (a call must fill them)."""
+    return [p.name for p in params], [p.name for p in params if p.default is p.empty]
+
+
 def forward_parameters(module: Any) -> list[inspect.Parameter]:
     return call_parameters(module.forward if isinstance(module, nn.Module) else module)
 

@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import BEAM_NAMES as NAMES  # noqa: F401
-from handformer.check.core.context import Context, finish, forward_parameters, named
+from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
@@ -303,9 +303,9 @@ def _tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
 
 def _call(comp: Component, ctx: Context) -> Call:
     params = forward_parameters(comp.obj)
-    names = [p.name for p in params]
+    names, required = names_of(params)
     arg = {key: named(names, aliases) for key, aliases in NAMES.items()}
-    unknown = [p.name for p in params if p.default is p.empty and p.name not in arg.values()]
+    unknown = [n for n in required if n not in arg.values()]
     if unknown or not arg["model"] or not arg["src"] or not arg["beam"]:
         first = (unknown or ["model / src / beam_size"])[0]
         raise DiscoveryError(f"{comp.name}: cannot fill the argument {first!r}; beam search takes (model, "

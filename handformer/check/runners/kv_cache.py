@@ -144,8 +144,9 @@ def llama_weights(module: nn.Module) -> list[LlamaWeights]:
     blocks = _blocks(module)
     inside = {id(m) for m in blocks.modules()}
     outer = [leaf for leaf in leaves(module) if id(leaf.module) not in inside]
-    embed = next((x for x in outer if x.kind == "embedding" and tuple(x.weight.shape) == (VOCAB, D)), None)
-    head = next((x for x in outer if x.kind == "linear" and tuple(x.weight.shape) == (VOCAB, D)), embed)
+    first = {(x.kind, tuple(x.weight.shape)): x for x in reversed(outer)}  # the first of each kind and shape
+    embed = first.get(("embedding", (VOCAB, D)))
+    head = first.get(("linear", (VOCAB, D)), embed)
     norm = next((x for x in outer if x.kind == "norm"), None)
     if embed is None or head is None or norm is None:
         found = ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in outer)

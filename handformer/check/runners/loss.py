@@ -31,7 +31,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.context import Context, call_parameters, finish, forward_parameters, named
+from handformer.check.core.context import (
+    Context,
+    call_parameters,
+    finish,
+    forward_parameters,
+    named,
+    names_of,
+)
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure, View, latest_departure, trace_steps
 from handformer.check.core.localize_kinds import note_departure
@@ -139,13 +146,11 @@ class Loss:
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
         self.is_class = isinstance(comp.obj, type)
-        init = call_parameters(comp.obj.__init__, ("self",)) if self.is_class else []
-        self.init_names = [p.name for p in init]
-        self.init_required = [p.name for p in init if p.default is p.empty]
-        params = (call_parameters(comp.obj.forward, ("self",)) if self.is_class
-                  else forward_parameters(comp.obj))
-        self.names = [p.name for p in params]
-        self.required = [p.name for p in params if p.default is p.empty]
+        cls = comp.obj  # a criterion class: built, then called; else a function
+        init, params = ((call_parameters(cls.__init__, ("self",)), call_parameters(cls.forward, ("self",)))
+                        if self.is_class else ([], forward_parameters(comp.obj)))
+        self.init_names, self.init_required = names_of(init)
+        self.names, self.required = names_of(params)
         everything = self.names + self.init_names
         self.smoothing = named(everything, SMOOTHING_NAMES)
         self.pad = named(everything, PAD_NAMES)

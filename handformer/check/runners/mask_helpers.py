@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.context import Context, finish, forward_parameters, named
+from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
@@ -110,7 +110,7 @@ class Helper:
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
         params = forward_parameters(comp.obj)
-        names = [p.name for p in params]
+        names, required = names_of(params)
         first = (names + [None])[0]  # the ids of a helper whose argument has none of the names
         self.src, self.tgt, self.pad = (named(names, table) for table in (SRC_NAMES, TGT_NAMES, PAD_NAMES))
         if _mentions(comp.name, BOTH_HINTS) and self.src and self.tgt:
@@ -120,7 +120,7 @@ class Helper:
         else:
             self.makes, self.src = "src", self.src or first
         known = {self.src, self.tgt, self.pad}
-        unknown = [p.name for p in params if p.default is p.empty and p.name not in known]
+        unknown = [n for n in required if n not in known]
         if unknown or not names:  # no names: no ids to hand it
             raise DiscoveryError(
                 f"{comp.name}: cannot fill the argument {(unknown or ['src'])[0]!r}; a mask helper takes the "

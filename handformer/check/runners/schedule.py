@@ -25,7 +25,7 @@ import torch
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import SCHEDULE_ARGS as ARGS
 from handformer.check.core.argument_names import SCHEDULE_STEP_NAMES as STEP_NAMES
-from handformer.check.core.context import Context, finish, forward_parameters, global_reads, named
+from handformer.check.core.context import Context, finish, forward_parameters, global_reads, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
@@ -136,8 +136,7 @@ class Schedule:
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
         params = forward_parameters(comp.obj)
-        self.names = [p.name for p in params]
-        self.required = [p.name for p in params if p.default is p.empty]
+        self.names, self.required = names_of(params)
         lowered = [n.lower() for n in self.names]
         self.factory = bool(lowered) and lowered[0] in OPTIMIZER_NAMES
         first = next(iter(self.names), None)

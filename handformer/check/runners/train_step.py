@@ -42,7 +42,7 @@ from handformer.check.core.argument_names import (
     TGT_NAMES,
 )
 from handformer.check.core.argument_names import STEP_MODEL_NAMES as MODEL_NAMES  # noqa: F401
-from handformer.check.core.context import Context, error_text, finish, forward_parameters, named
+from handformer.check.core.context import Context, error_text, finish, forward_parameters, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
@@ -164,7 +164,7 @@ class Step:
     def __init__(self, comp: Component, ctx: Context, epoch: bool = False) -> None:
         self.comp, self.ctx, self.epoch = comp, ctx, epoch
         params = forward_parameters(comp.obj)
-        self.names = [p.name for p in params]
+        self.names, required = names_of(params)
         find = lambda aliases: named(self.names, aliases)  # noqa: E731
         self.model, self.opt = find(MODEL_NAMES), find(OPTIMIZER_NAMES)
         self.criterion = find(CRITERION_NAMES)
@@ -174,7 +174,7 @@ class Step:
                                                        for key in ("loader", "batch", "src", "tgt"))
         known = {self.model, self.opt, self.criterion, self.batch, self.src, self.tgt, self.accum,
                  self.loader}
-        unknown = [p.name for p in params if p.default is p.empty and p.name not in known]
+        unknown = [n for n in required if n not in known]
         data = self.loader or self.batch or (self.src and self.tgt)  # an epoch's loader, a step's batch
         if unknown or not self.model or not self.opt or not data:
             first = (unknown or ["model / optimizer / batch"])[0]
