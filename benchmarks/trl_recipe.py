@@ -18,8 +18,9 @@ Each stage chains on its own side: TRL's DPO starts from TRL's SFT model, its GR
 The wall time of a stage is its training alone (handformer: the post-training job, from its data file
 to its saved run; TRL: the trainer built from the same file, trained and saved), at the same torch
 threads. Steps are done in order (base, handformer sft, TRL sft, handformer dpo, ...) and recorded in
-OUT/results.json as each ends; a step that was cut off is done again, so `--next` (one step, then
-exit) lets a long comparison run as several short jobs.
+OUT/results.json as each ends. A handformer step that was cut off is done again; a TRL step resumes
+from its last checkpoint (saved where handformer evaluates), its time the sum of its parts up to
+there. So `--next` (one step, then exit) lets a long comparison run as several short jobs.
 
     python benchmarks/trl_recipe.py --preset smoke-reasoning --out runs/trl-recipe-smoke
     python benchmarks/trl_recipe.py --preset mid-reasoning --base runs/speedrun-chat/base --set threads=1 \\
@@ -111,12 +112,13 @@ def trl_arguments(config: dict[str, Any], folder: Path, has_val: bool) -> dict[s
             "per_device_train_batch_size": data["batch_size"],
             "per_device_eval_batch_size": data["batch_size"],
             "report_to": "none", "use_cpu": True, "bf16": False, "gradient_checkpointing": False,
-            "logging_steps": train["log_every"], "disable_tqdm": True, "save_strategy": "no"}
+            "logging_steps": train["log_every"], "disable_tqdm": True,
+            # checkpoints (with the optimizer) where handformer evaluates: a run cut off resumes there
+            "save_strategy": "steps", "save_steps": train["eval_every"], "save_total_limit": 1}
     if has_val:  # handformer keeps the weights of the best validation loss, evaluated every eval_every steps
-        args.update({"eval_strategy": "steps", "eval_steps": train["eval_every"], "save_strategy": "steps",
-                     "save_steps": train["eval_every"], "load_best_model_at_end": True,
-                     "metric_for_best_model": "eval_loss", "greater_is_better": False,
-                     "save_only_model": True, "save_total_limit": 1})
+        args.update({"eval_strategy": "steps", "eval_steps": train["eval_every"],
+                     "load_best_model_at_end": True, "metric_for_best_model": "eval_loss",
+                     "greater_is_better": False})
     return args
 
 
@@ -168,6 +170,34 @@ def trainer_for(stage: str, config: dict[str, Any], hf_dir: Path, folder: Path, 
     return trl.GRPOTrainer(model=model, reward_funcs=reasoning_reward, args=args, **sets)
 
 
+CLOCK = "clock.json"  # in a TRL stage's work folder: the training seconds up to its last checkpoint
+
+
+def clock(work: Path, start: float, before: float):
+    """A callback that writes the seconds trained so far (`before` this call's `start`) at each
+    checkpoint, so a resumed stage's time is the sum of its parts up to where it resumed."""
+    from transformers import TrainerCallback
+
+    class Clock(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            seconds = before + time.perf_counter() - start
+            atomic_write_text(work / CLOCK, json.dumps({"step": state.global_step, "seconds": seconds}))
+
+    return Clock()
+
+
+def resume_point(work: Path) -> tuple[float, bool]:
+    """(seconds trained, whether to resume) from a stage's work folder: its last checkpoint, when
+    the clock names it."""
+    path = work / CLOCK
+    if not path.is_file():
+        return 0.0, False
+    saved = json.loads(path.read_text())
+    if not (work / f"checkpoint-{saved['step']}").is_dir():
+        return 0.0, False
+    return saved["seconds"], True
+
+
 def trl_step(stage: str, cfg, out: Path, log) -> float:
     """Train TRL's stage from TRL's previous stage (the base's export for SFT) on handformer's data
     file of the stage, save it and import it back as a handformer run; its training seconds."""
@@ -178,7 +208,9 @@ def trl_step(stage: str, cfg, out: Path, log) -> float:
     config = json.loads((mine / stage / "config.json").read_text())
     config["init_from_dir"] = str(mine / "base")  # the tokenizer, tokens and template both sides share
     records = [json.loads(line) for line in (mine / "data" / f"{stage}.jsonl").read_text().splitlines()]
-    for name in (f"{stage}_hf", stage, f"{stage}_work"):
+    work = side / f"{stage}_work"
+    before, resume = resume_point(work)
+    for name in (f"{stage}_hf", stage) + (() if resume else (f"{stage}_work",)):
         shutil.rmtree(side / name, ignore_errors=True)
     import datasets  # noqa: F401  (TRL's imports take seconds: done before the clock starts)
     import transformers  # noqa: F401
@@ -186,10 +218,11 @@ def trl_step(stage: str, cfg, out: Path, log) -> float:
 
     start = time.perf_counter()
     with intra_op_threads(cfg.threads or None):
-        trainer = trainer_for(stage, config, previous, side / f"{stage}_work", records)
-        trainer.train()
+        trainer = trainer_for(stage, config, previous, work, records)
+        trainer.add_callback(clock(work, start, before))
+        trainer.train(resume_from_checkpoint=resume or None)
         trainer.save_model(str(side / f"{stage}_hf"))
-    seconds = time.perf_counter() - start
+    seconds = before + time.perf_counter() - start
     shutil.rmtree(side / f"{stage}_work", ignore_errors=True)  # its checkpoints
     import_hf(side / f"{stage}_hf", side / stage)
     shutil.copyfile(mine / "base" / TEMPLATE_FILE, side / stage / TEMPLATE_FILE)
@@ -242,6 +275,16 @@ def table(results: dict[str, Any], k: int) -> str:
     return "\n".join(lines + [""] + notes)
 
 
+def train_step(step: str, cfg, problems: ReasoningSet, out: Path, base: str | None) -> float:
+    """Train one step of STEPS; its seconds."""
+    side, _, stage = step.partition("/")
+    if step == "base":
+        return base_step(cfg, problems, out, base, print)
+    if side == "handformer":
+        return handformer_step(stage, cfg, problems, out, print)
+    return trl_step(stage, cfg, out, print)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="smoke-reasoning",
@@ -263,18 +306,14 @@ def main() -> None:
     problems = ReasoningSet(cfg.seed, pipeline.difficulty(cfg))
     held = pipeline.held_out_questions(cfg, problems)
     for step in STEPS:
-        if step in results:
+        if "figures" in results.get(step, {}):
             continue
-        side, _, stage = step.partition("/")
-        if step == "base":
-            seconds = base_step(cfg, problems, out, args.base, print)
-        elif side == "handformer":
-            seconds = handformer_step(stage, cfg, problems, out, print)
-        else:
-            seconds = trl_step(stage, cfg, out, print)
-        results[step] = {"train_s": round(seconds, 1), "figures": figures(cfg, step, out, held)}
-        atomic_write_text(path, json.dumps({**results}, indent=2) + "\n")
-        print(f"[{step}] done in {seconds:.0f} s of training")
+        if step not in results:  # trained, then scored: a run cut off while scoring only scores again
+            results[step] = {"train_s": round(train_step(step, cfg, problems, out, args.base), 1)}
+            atomic_write_text(path, json.dumps(results, indent=2) + "\n")
+        results[step]["figures"] = figures(cfg, step, out, held)
+        atomic_write_text(path, json.dumps(results, indent=2) + "\n")
+        print(f"[{step}] done in {results[step]['train_s']:.0f} s of training")
         if args.next:
             break
     import transformers

@@ -159,8 +159,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 # the smoke preset on the reasoning tasks: every stage and the pass@k evaluation in seconds
 PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_size": 160,
                               "grpo_max_new_tokens": 12, "eval_per_kind": 2, "eval_samples": 2}
-# the reasoning tasks (docs/benchmarks.md: its pretraining took 25 minutes on a shared 2-core CPU at
-# threads=1; the post-training recipe is the mid-reasoning search's): digits one token each, sums
+# the reasoning tasks (docs/benchmarks.md: end to end 45 min 47 s on a shared 2-core CPU at threads=1,
+# pretraining 23 of it; the post-training recipe is the mid-reasoning search's): digits one token each, sums
 # of up to 3 digits and dates up to 60 days on, so a worked reply (up to 97 tokens) and its
 # question fit the context; 1,002 held-out questions a stage
 PRESETS["reasoning"] = {
