@@ -433,21 +433,27 @@ def run_stage(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet | Reason
         train_base(cfg, problems, out, log)
         return {}
     records, notes = stage_records(stage, cfg, problems, previous)
-    path = str(write_jsonl(data / f"{stage}.jsonl", records))
-    if stage == "sft":
-        post_stage("sft", cfg, previous, out, {"path": path, "batch_size": cfg.sft_batch,
-                                               "val_fraction": 0.02}, {}, cfg.sft_steps, cfg.sft_lr, log)
-    elif stage == "dpo":
-        post_stage("dpo", cfg, previous, out, {"path": path, "batch_size": cfg.dpo_batch,
-                                               "val_fraction": 0.05},
-                   {"dpo": {"beta": cfg.dpo_beta}}, cfg.dpo_steps, cfg.dpo_lr, log)
-    else:
-        reward = reasoning_stages.REWARD if isinstance(problems, ReasoningSet) else REWARD
-        post_stage("grpo", cfg, previous, out, {"path": path, "batch_size": cfg.grpo_batch,
-                                                "val_fraction": 0},
-                   {"grpo": {"reward": reward, "group_size": cfg.grpo_group,
-                             "max_new_tokens": cfg.grpo_max_new_tokens}}, cfg.grpo_steps, cfg.grpo_lr, log)
+    path = write_jsonl(data / f"{stage}.jsonl", records)
+    train_post_stage(stage, cfg, previous, out, path, log)
     return notes
+
+
+def train_post_stage(stage: str, cfg: SpeedrunChatConfig, previous: Path, out: Path, path: Path, log,
+                     ) -> Path:
+    """Train a post-training stage (sft, dpo or grpo) from the run `previous` on the records in
+    `path`; returns its run directory, OUT/STAGE."""
+    if stage == "sft":
+        data = {"path": str(path), "batch_size": cfg.sft_batch, "val_fraction": 0.02}
+        return post_stage("sft", cfg, previous, out, data, {}, cfg.sft_steps, cfg.sft_lr, log)
+    if stage == "dpo":
+        return post_stage("dpo", cfg, previous, out, {"path": str(path), "batch_size": cfg.dpo_batch,
+                                                      "val_fraction": 0.05},
+                          {"dpo": {"beta": cfg.dpo_beta}}, cfg.dpo_steps, cfg.dpo_lr, log)
+    reward = reasoning_stages.REWARD if cfg.tasks == "reasoning" else REWARD
+    return post_stage("grpo", cfg, previous, out, {"path": str(path), "batch_size": cfg.grpo_batch,
+                                                   "val_fraction": 0},
+                      {"grpo": {"reward": reward, "group_size": cfg.grpo_group,
+                                "max_new_tokens": cfg.grpo_max_new_tokens}}, cfg.grpo_steps, cfg.grpo_lr, log)
 
 
 def stage_records(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet | ReasoningSet,
