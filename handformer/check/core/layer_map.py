@@ -100,8 +100,9 @@ class Gainless(Leaf):
     it; it has no gradient of its own in the learner's graph."""
 
 
-# a call of a norm function, not of a module: norm(x), F.rms_norm(q, ...), rms_norm(h)
-NORM_CALL = re.compile(r"(?<![\w.])(?:F\.|torch\.nn\.functional\.)?(\w*norm\w*)\(\s*(\w+)")
+# a call of a function, not of a module's method: norm(x), F.rms_norm(q, ...), rms(h)
+CALL = re.compile(r"(?<![\w.])(?:F\.|torch\.nn\.functional\.)?(\w+)\(\s*(\w+)")
+NORM_BODY = re.compile(r"rms_norm|layer_norm|rsqrt")
 QK_NAMES = ("q", "k", "xq", "xk", "query", "key", "queries", "keys")
 EPS64 = float(torch.finfo(torch.float64).eps)  # F.rms_norm's eps=None in the float64 comparisons
 
@@ -130,8 +131,20 @@ def _calls(module: nn.Module, forward_only: bool) -> list[tuple[str, str, Any]]:
         if not cls.__module__.startswith("learner_"):
             continue
         source = source_text(cls.forward) if forward_only else source_text(cls)
-        out += [(f, arg, cls) for f, arg in NORM_CALL.findall(source) if not f[0].isupper()]
+        out += [(f, arg, cls) for f, arg in CALL.findall(source) if _norm_function(f, cls)]
     return out
+
+
+def _norm_function(name: str, owner: Any) -> bool:
+    """A norm function: torch's (F.rms_norm, F.layer_norm), or one of the learner's file named like a
+    norm or computing one (nanochat's norm(x), a rms(x) that calls F.rms_norm)."""
+    if name[0].isupper():  # a class: a module built, not a function called
+        return False
+    module = sys.modules.get(getattr(owner, "__module__", ""), None)
+    own = getattr(module, name, None) if module is not None else None
+    if own is not None and getattr(own, "__module__", None) == module.__name__ and callable(own):
+        return "norm" in name.lower() or bool(NORM_BODY.search(source_text(own)))
+    return name in ("rms_norm", "layer_norm")
 
 
 def gainless_qk(module: nn.Module, head_dim: int = D // H) -> list[Slot]:

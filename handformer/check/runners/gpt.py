@@ -157,7 +157,7 @@ def map_gpt(module: nn.Module) -> GPTMap:
     return m
 
 
-EMBED_NORM = re.compile(r"(?<![\w.])(?:F\.)?(\w*norm\w*)\(\s*self\.[\w.\[\]\"']*(wte|emb|tok)")
+EMBED_NORM = re.compile(r"(?<![\w.])(?:F\.)?(\w+)\(\s*self\.[\w.\[\]\"']*(wte|emb|tok)")
 
 
 def _embed_norm(module: nn.Module, blocks: list[LayerMap]) -> Leaf | None:
@@ -165,6 +165,8 @@ def _embed_norm(module: nn.Module, blocks: list[LayerMap]) -> Leaf | None:
     without gains before the first block; a gainless norm like the blocks' stands for it."""
     found = EMBED_NORM.search(source_text(type(module).forward))
     if found is None or not blocks or not isinstance(blocks[0].norms[0].leaf, Gainless):
+        return None
+    if found.group(1) not in blocks[0].norms[0].leaf.name:  # the blocks' norm function, not another
         return None
     return gainless_norm(f"{found.group(1)}(embeddings) (no gain)", norm_kind(blocks[0].norms[0].leaf), D)
 
@@ -210,12 +212,12 @@ def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | N
     its tables when that is another (rope_wrong_base: the config's base not handed to the tables)."""
     from handformer.check.core.rotary import rope_layouts
 
-    ropes = rope_layouts(module, False)
-    if ropes == (None,):
-        return ropes, 10000.0, None
     if any(re.search(r"def forward\([^)]*\bcos_sin\b", source_text(type(sub))) for sub in module.modules()
            if type(sub).__module__.startswith("learner_")):  # nanochat's halves, rotated either way
         return ("half", "swapped"), _named_theta(module) or 10000.0, None
+    ropes = rope_layouts(module, False)
+    if ropes == (None,):
+        return ropes, 10000.0, None
     tables = [t for sub in module.modules() for t in [*sub.buffers(recurse=False), *vars(sub).values()]
               if isinstance(t, Tensor) and t.dim() == 2 and t.size(0) > 1
               and (t.is_complex() or t.is_floating_point())]  # not a bool mask buffer
