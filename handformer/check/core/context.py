@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import call_parameters, named, names_of  # noqa: F401  (the runners import them here)
 from handformer.check.core.conventions import conventions_for, is_lengths_name
 from handformer.check.core.discovery import ARGUMENTS, Component, build, own_objects, with_head_size
 from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
@@ -271,23 +272,6 @@ def observed_match(name: str, form: str, matched: float, correct: float) -> dict
                 f"{matched:.1e}); it differs from the correct one by {correct:.3g}",
                 f"你的输出与带有这个错误的计算结果一致{zh}（最大绝对误差 {matched:.1e}），与正确结果"
                 f"相差 {correct:.3g}")
-
-
-def call_parameters(fn: Any, skip: tuple[str, ...] = ()) -> list[inspect.Parameter]:
-    """fn's parameters that a call names: not *args or **kwargs, nor those in `skip` ("self" of a
-    function taken from a class)."""
-    return [p for p in inspect.signature(fn).parameters.values()
-            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in skip]
-
-
-def named(names: list[str], aliases: tuple[str, ...]) -> str | None:
-    """The first of the argument names that is one of the aliases (whatever its case), or None."""
-    return next((n for n in names if n.lower() in aliases), None)
-
-
-def names_of(params: list[inspect.Parameter]) -> tuple[list[str], list[str]]:
-    """The parameters' names, and those of the ones without a default (a call must fill them)."""
-    return [p.name for p in params], [p.name for p in params if p.default is p.empty]
 
 
 def forward_parameters(module: Any) -> list[inspect.Parameter]:

@@ -49,8 +49,9 @@ from handformer.check.core.argument_names import (
     TGT_NAMES,
     X_NAMES,
     Y_NAMES,
+    call_parameters,
+    named,
 )
-from handformer.check.core.context import call_parameters, named
 
 ROWS = torch.tensor([[2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6],
                      [0.5, 2.5, -0.3, 1.1, 0.9, -2.0, 0.2, -0.7]])  # (B, V) logits, no ties
