@@ -49,7 +49,7 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                "trg_pad_idx", "pad"),
     "max_len": ("max_len", "max_seq_len", "max_positions", "block_size", "seq_len", "max_length",
                 "max_seq_length", "n_positions", "context_length", "maxlen", "max_position_embeddings",
-                "context_size", "n_ctx", "context_length"),
+                "context_size", "n_ctx", "context_length", "sequence_len"),
     "theta": ("theta", "base", "rope_theta", "rope_base"),
     "eps": ("eps", "norm_eps", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "epsilon"),
 }
@@ -219,6 +219,10 @@ def refine(kind: str, obj: Any) -> str:
         said = kind_of(obj)
         if said is not None and any(kind in f and said in f for f in SAME_FAMILY):
             return said
+    if kind == "block" and inspect.isclass(obj) and encoder_block(obj):
+        return "encoder_layer"
+    if kind == "encoder_layer" and inspect.isclass(obj) and _takes(obj, "start_pos"):
+        return "block"  # Umar Jamil's EncoderBlock(args): a start position is a decoder's KV cache
     if kind == "transformer" and inspect.isclass(obj) and decoder_only(obj):
         return "gpt"
     if kind == "gpt" and inspect.isclass(obj) and obj.__name__ not in NAMES["gpt"] and not decoder_only(obj):
@@ -256,6 +260,29 @@ def decoder_only(cls: Any) -> bool:
     inputs = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty
               and p.name not in TOKEN_EXTRAS and "mask" not in p.name]
     return len(inputs) == 1
+
+
+def _takes(cls: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(cls.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
+def encoder_block(cls: Any) -> bool:
+    """A block (by its name: TransformerBlock) that is an encoder layer by what it does: its mask is
+    optional and nothing in its file is causal (no tril, triu, is_causal=True or causal mask), so
+    with no mask every token sees every other, as in the paper's encoder."""
+    try:
+        params = inspect.signature(cls.forward).parameters.values()
+    except (AttributeError, TypeError, ValueError):
+        return False
+    if not any("mask" in p.name.lower() and p.default is None for p in params):
+        return False
+    module = sys.modules.get(getattr(cls, "__module__", ""), None)
+    source = _source(module) if module is not None else ""
+    return bool(source) and not CAUSAL_WORDS.search(source) and not re.search(r"subsequent|look_?ahead",
+                                                                               source)
 
 
 def causal_inside(cls: Any) -> bool:
@@ -381,6 +408,7 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
     if own is not None:
         if dataclasses.is_dataclass(own):
             names = {f.name for f in dataclasses.fields(own) if f.init}
+            values = paired_hidden(values, names | attrs, sizes)
             config = own(**{n: values[n] for n in names if n in values})
         else:
             params = inspect.signature(own).parameters
@@ -392,7 +420,18 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
             if (attr in attrs or hasattr(config, attr)) and not callable(getattr(config, attr, None)):
                 setattr(config, attr, value)
         return config
-    return types.SimpleNamespace(**values)
+    return types.SimpleNamespace(**paired_hidden(values, attrs, sizes))
+
+
+def paired_hidden(values: dict[str, Any], names: set[str], sizes: dict[str, Any]) -> dict[str, Any]:
+    """The config's values with hidden_dim (hidden_size, hidden) the FFN's width where the config also
+    names the width another way and names no FFN width (Meta's and llama2.c's ModelArgs: dim and
+    hidden_dim); else, as Hugging Face's hidden_size, the width itself."""
+    paired = {n for n in names if n.lower() in HIDDEN_WHEN_PAIRED}
+    widths = {n for n in names if n.lower() in ARGUMENTS["d_model"]} - paired
+    if not paired or not widths or (names - paired) & set(ARGUMENTS["d_ff"]) or not sizes.get("d_ff"):
+        return values
+    return {**values, **{n: sizes["d_ff"] for n in paired}}
 
 
 def argument_keys(cls: Any) -> dict[str, str | None]:
