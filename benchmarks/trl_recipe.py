@@ -23,7 +23,7 @@ from its last checkpoint (saved where handformer evaluates), its time the sum of
 there. So `--next` (one step, then exit) lets a long comparison run as several short jobs.
 
     python benchmarks/trl_recipe.py --preset smoke-reasoning --out runs/trl-recipe-smoke
-    python benchmarks/trl_recipe.py --preset mid-reasoning --base runs/speedrun-chat/base --set threads=1 \\
+    python benchmarks/trl_recipe.py --preset mid-reasoning --base runs/reasoning/base --set threads=1 \\
         --out runs/trl-recipe-mid --next
 
 Needs `trl` (a dev dependency of handformer, pinned). Nothing is downloaded.
