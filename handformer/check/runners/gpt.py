@@ -288,6 +288,15 @@ def reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     return m.built[ch]
 
 
+def _copy_blocks_(hf: CausalLM, m: GPTMap, ch: Choices) -> None:
+    """The learner's attention and FFN weights into the reference's layers (norms apart)."""
+    for target, block in zip(hf.layers, m.blocks):
+        copy_attention(target.self_attn, block.attn[0])
+        if ch.rope in ("interleaved", "swapped"):
+            interleaved_to_half_(target.self_attn, swapped=ch.rope == "swapped")
+        copy_ffn(target.ffn, block.ffn)
+
+
 def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     first = learner_norm(m.blocks[0].norms[0])
     gated = is_gated(m.blocks[0].ffn)
@@ -310,11 +319,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
             hf.positions.weight.copy_(m.wpe.weight)
         if m.head is not None:
             copy_weights(hf.lm_head, Slot("head", m.head))
-    for target, block in zip(hf.layers, m.blocks):
-        copy_attention(target.self_attn, block.attn[0])
-        if ch.rope in ("interleaved", "swapped"):
-            interleaved_to_half_(target.self_attn, swapped=ch.rope == "swapped")
-        copy_ffn(target.ffn, block.ffn)
+    _copy_blocks_(hf, m, ch)
     written = []
     for target, block in zip(hf.layers, m.blocks):
         for name, slot in zip(("attn_norm", "ffn_norm"), block.norms):

@@ -159,8 +159,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 # the smoke preset on the reasoning tasks: every stage and the pass@k evaluation in seconds
 PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_size": 160,
                               "grpo_max_new_tokens": 12, "eval_per_kind": 2, "eval_samples": 2}
-# the reasoning tasks (docs/benchmarks.md: its pretraining took 25 minutes on a shared 2-core CPU at
-# threads=1; the post-training recipe is the mid-reasoning search's): digits one token each, sums
+# the reasoning tasks (docs/benchmarks.md: end to end 45 min 47 s on a shared 2-core CPU at threads=1,
+# pretraining 23 of it; the post-training recipe is the mid-reasoning search's): digits one token each, sums
 # of up to 3 digits and dates up to 60 days on, so a worked reply (up to 97 tokens) and its
 # question fit the context; 1,002 held-out questions a stage
 PRESETS["reasoning"] = {
@@ -433,21 +433,27 @@ def run_stage(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet | Reason
         train_base(cfg, problems, out, log)
         return {}
     records, notes = stage_records(stage, cfg, problems, previous)
-    path = str(write_jsonl(data / f"{stage}.jsonl", records))
-    if stage == "sft":
-        post_stage("sft", cfg, previous, out, {"path": path, "batch_size": cfg.sft_batch,
-                                               "val_fraction": 0.02}, {}, cfg.sft_steps, cfg.sft_lr, log)
-    elif stage == "dpo":
-        post_stage("dpo", cfg, previous, out, {"path": path, "batch_size": cfg.dpo_batch,
-                                               "val_fraction": 0.05},
-                   {"dpo": {"beta": cfg.dpo_beta}}, cfg.dpo_steps, cfg.dpo_lr, log)
-    else:
-        reward = reasoning_stages.REWARD if isinstance(problems, ReasoningSet) else REWARD
-        post_stage("grpo", cfg, previous, out, {"path": path, "batch_size": cfg.grpo_batch,
-                                                "val_fraction": 0},
-                   {"grpo": {"reward": reward, "group_size": cfg.grpo_group,
-                             "max_new_tokens": cfg.grpo_max_new_tokens}}, cfg.grpo_steps, cfg.grpo_lr, log)
+    path = write_jsonl(data / f"{stage}.jsonl", records)
+    train_post_stage(stage, cfg, previous, out, path, log)
     return notes
+
+
+def train_post_stage(stage: str, cfg: SpeedrunChatConfig, previous: Path, out: Path, path: Path, log,
+                     ) -> Path:
+    """Train a post-training stage (sft, dpo or grpo) from the run `previous` on the records in
+    `path`; returns its run directory, OUT/STAGE."""
+    if stage == "sft":
+        data = {"path": str(path), "batch_size": cfg.sft_batch, "val_fraction": 0.02}
+        return post_stage("sft", cfg, previous, out, data, {}, cfg.sft_steps, cfg.sft_lr, log)
+    if stage == "dpo":
+        return post_stage("dpo", cfg, previous, out, {"path": str(path), "batch_size": cfg.dpo_batch,
+                                                      "val_fraction": 0.05},
+                          {"dpo": {"beta": cfg.dpo_beta}}, cfg.dpo_steps, cfg.dpo_lr, log)
+    reward = reasoning_stages.REWARD if cfg.tasks == "reasoning" else REWARD
+    return post_stage("grpo", cfg, previous, out, {"path": str(path), "batch_size": cfg.grpo_batch,
+                                                   "val_fraction": 0},
+                      {"grpo": {"reward": reward, "group_size": cfg.grpo_group,
+                                "max_new_tokens": cfg.grpo_max_new_tokens}}, cfg.grpo_steps, cfg.grpo_lr, log)
 
 
 def stage_records(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet | ReasoningSet,
