@@ -132,9 +132,11 @@ UNPADDED_NAN = text("a query whose keys are all masked gives NaN here; such a ro
 
 
 def without_unpadded_nan(source: str, findings: list[Finding], notes: list[Text]) -> bool:
-    """Drop the finding nan_on_masked_rows (noted instead) from a file that never speaks of padding;
-    True when it was dropped."""
-    if PADDING_WORDS.search(source) or not any(f.name == "nan_on_masked_rows" for f in findings):
+    """Drop the finding nan_on_masked_rows (noted instead) from a file that never speaks of padding,
+    when it is the only one (beside a mask mistake, such as a causal mask off by one, the rows are that
+    mistake's); True when it was dropped."""
+    names = {f.name for f in findings}
+    if PADDING_WORDS.search(source) or names != {"nan_on_masked_rows"}:  # beside another: that one's NaN
         return False
     findings[:] = [f for f in findings if f.name != "nan_on_masked_rows"]
     notes.append(UNPADDED_NAN)

@@ -331,6 +331,10 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         written.append((hf, "norm", m.ln_f))
     exact_norms_(hf)
     as_written_(written)
+    return _with_embed_norm(hf, m)
+
+
+def _with_embed_norm(hf: CausalLM, m: GPTMap) -> CausalLM:
     if m.embed_norm is not None:
         hf.embed = NormedEmbedding(hf.embed, m.embed_norm.module)
     return hf

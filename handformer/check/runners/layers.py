@@ -103,9 +103,7 @@ class Layer:
                                                  "position_embeddings", "cos", "sin", "input_pos", "cos_sin"}
         self.table_layout: dict[str, bool] = {}  # which rotary table and start run (rope_tables)
         self.takes_mask = bool(self.masks)
-        # a block with a start position and no mask (Umar Jamil's Llama: its KV cache, no causal mask)
-        # is causal one token at a time: driven so, each step through its own cache
-        self.stepwise = causal_block and "start_pos" in self.extra and not self.masks
+        self.stepwise = causal_block and "start_pos" in self.extra and not self.masks  # _stepwise
         self.sizes = layer_sizes(comp.obj)
         x = torch.randn(2, 3, D)
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
@@ -123,10 +121,8 @@ class Layer:
                                       for n in names], comp.name)
         self.norm_ws = [norm_weights(s) for s in self.norm_slots]
         self.sublayers = names
-        self.ropes = rope_layouts(self.module, "freqs_cis" in self.extra,
-                                    bool({"position_embeddings", "cos"} & self.extra))
-        if "cos_sin" in self.extra:  # nanochat's (cos, sin): its halves rotated either way
-            self.ropes = ("half", "swapped")
+        self.ropes = ("half", "swapped") if "cos_sin" in self.extra else rope_layouts(  # nanochat's cos_sin
+            self.module, "freqs_cis" in self.extra, bool({"position_embeddings", "cos"} & self.extra))
         self.batched_cos_sin = False  # Hugging Face's (cos, sin) are (B, T, Dh); minimind's (T, Dh)
         if "position_embeddings" in self.extra:
             self.batched_cos_sin = self._second_form(x.double(), "batched_cos_sin")
@@ -226,7 +222,8 @@ class Layer:
 
 def _stepwise(run: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Tensor:
     """The block on x (B, T, D) one token at a time, token t at start_pos t with its row of the
-    rotary table: (B, T, D), each step through the block's own KV cache."""
+    rotary table: (B, T, D), each step through the block's own KV cache. A block with a start position
+    and no mask (Umar Jamil's Llama: a KV cache, no causal mask) is causal only so."""
     x, outs = args[0], []
     for t in range(x.size(1)):
         step = {**kwargs, "start_pos": t}
@@ -671,12 +668,7 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
             errors.append(fp.max_error(out, ref, rows))
             masked_rows(res, out, rows, layer.comp, ctx)
             if i == 0 and out is not None and out.shape == ref.shape and not layer.stepwise:
-                g = fp.randn(*ref.shape, seed=5)
-                gains = [] if isinstance(layer.norm_slots[0].leaf, Gainless) else [
-                    (layer.norm_slots[0].leaf.weight, hf.attn_norm.weight)]  # a function's norm: none
-                mine = torch.autograd.grad((out * g).sum(), [x] + [a for a, _ in gains], allow_unused=True)
-                theirs = torch.autograd.grad((ref * g).sum(), [x] + [b for _, b in gains])
-                grad_err = grads_error(list(zip(mine, theirs)))
+                grad_err = _grads(layer, hf, x, out, ref)
     res.max_abs_error = max(errors) if errors else None
     name = "DecoderLayer" if layer.decoder else "DecoderOnlyBlock" if layer.causal_block else "EncoderLayer"
     n = len(errors)
@@ -690,6 +682,16 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
     res.checks.append(Check(text("gradients (input and first norm) match handformer's",
                                  "梯度（输入与第一个归一化层）与 handformer 一致"), grad_err < 1e-5,
                             error_text(grad_err)))
+
+
+def _grads(layer: Layer, hf: nn.Module, x: Tensor, out: Tensor, ref: Tensor) -> float:
+    """The input's and the first norm's gradients against handformer's (a function's norm: none)."""
+    g = fp.randn(*ref.shape, seed=5)
+    gains = [] if isinstance(layer.norm_slots[0].leaf, Gainless) else [
+        (layer.norm_slots[0].leaf.weight, hf.attn_norm.weight)]
+    mine = torch.autograd.grad((out * g).sum(), [x] + [a for a, _ in gains], allow_unused=True)
+    theirs = torch.autograd.grad((ref * g).sum(), [x] + [b for _, b in gains])
+    return grads_error(list(zip(mine, theirs)))
 
 
 def _case_keeps(layer: Layer, B: int, T: int, S: int, src_pad: list[int],
