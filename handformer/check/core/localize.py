@@ -224,6 +224,12 @@ def view_zh(name: str) -> str:
     return name
 
 
+def _zh_subject(name: str) -> str:
+    """The name in Chinese before a Chinese verb: a space after code (`x `), none after Chinese."""
+    zh = view_zh(name)
+    return zh if zh[-1:] >= "\u3000" else zh + " "  # CJK characters and full-width punctuation
+
+
 def _factor(t: Tensor, r: Tensor) -> float | None:
     big = r.abs() > 1e-3
     if t.shape != r.shape or not big.any() or not torch.isfinite(t).all() or not torch.isfinite(r).all():
@@ -264,13 +270,13 @@ def _term(t: Tensor, r: Tensor, what: str, terms: list[View]) -> Text | None:
             continue
         if same(t - r, term):
             return text(f"{what} plus an extra term equal to {name}",
-                        f"{view_zh(what)} 多加了一项，等于 {view_zh(name)}")
+                        f"{_zh_subject(what)}多加了一项，等于 {view_zh(name)}")
         if same(r - t, term):
-            return text(f"{what} missing the term {name}", f"{view_zh(what)} 少了一项：{view_zh(name)}")
+            return text(f"{what} missing the term {name}", f"{_zh_subject(what)}少了一项：{view_zh(name)}")
         c = _factor(t - r, term)
         if c is not None:
             return text(f"{what} plus {c:.4g} × ({name}): that term scaled by {1 + c:.4g}",
-                        f"{view_zh(what)} 多加了 {c:.4g} × ({view_zh(name)})：这一项被乘了 {1 + c:.4g}")
+                        f"{_zh_subject(what)}多加了 {c:.4g} × ({view_zh(name)})：这一项被乘了 {1 + c:.4g}")
     return None
 
 
