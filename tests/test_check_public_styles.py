@@ -346,3 +346,97 @@ def test_a_qk_norm_without_gains_is_not_checked_with_the_reason(tmp_path):
     (attention,) = _statuses(tmp_path, "normed", normed, ["causal_attention"]).values()
     assert attention.status == "not_checked" and "without gains" in attention.error.message
 
+
+
+LLAMA2C = '''from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class ModelArgs:
+    dim: int = 64
+    n_heads: int = 4
+    n_kv_heads: Optional[int] = None
+    hidden_dim: Optional[int] = None
+    multiple_of: int = 32
+    norm_eps: float = 1e-5
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def apply_rotary_emb(xq, xk, freqs_cos, freqs_sin):  # x (B, T, H, Dh); tables (T, Dh/2)
+    cos, sin = freqs_cos[None, :, None], freqs_sin[None, :, None]
+    out = []
+    for x in (xq, xk):
+        re, im = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
+        out.append(torch.stack([re * cos - im * sin, re * sin + im * cos], -1).flatten(3).type_as(x))
+    return out
+
+
+class Attention(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.n_heads, self.n_kv = args.n_heads, args.n_kv_heads or args.n_heads
+        self.head_dim = args.dim // args.n_heads
+        self.wq = nn.Linear(args.dim, args.dim, bias=False)
+        self.wk = nn.Linear(args.dim, self.n_kv * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, self.n_kv * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.dim, args.dim, bias=False)
+
+    def forward(self, x, freqs_cos, freqs_sin):
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, T, self.n_kv, self.head_dim)
+        v = self.wv(x).view(B, T, self.n_kv, self.head_dim)
+        q, k = apply_rotary_emb(q, k, freqs_cos, freqs_sin)
+        k, v = (t.repeat_interleave(self.n_heads // self.n_kv, dim=2) for t in (k, v))
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden_dim, multiple_of, dropout):
+        super().__init__()
+        hidden_dim = hidden_dim or multiple_of * ((8 * dim // 3 + multiple_of - 1) // multiple_of)
+        self.w1, self.w3 = nn.Linear(dim, hidden_dim, bias=False), nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, layer_id, args):
+        super().__init__()
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(args.dim, args.hidden_dim, args.multiple_of, 0.0)
+        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
+
+    def forward(self, x, freqs_cos, freqs_sin):
+        h = x + self.attention(self.attention_norm(x), freqs_cos, freqs_sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+'''
+
+# llama2.c's style (and the Chinese courses built on it): its RMSNorm(dim, eps) with no default, its
+# tables freqs_cos and freqs_sin (T, Dh/2) handed to apply_rotary_emb(xq, xk, freqs_cos, freqs_sin)
+# and to the layer, the config's hidden_dim (None) the FFN's width beside dim, and a decoder-only
+# model's layer called DecoderLayer
+CASES.update({
+    "llama2c_rmsnorm": (LLAMA2C, ["rmsnorm"], ".mean(-1, keepdim=True)", ".sum(-1, keepdim=True)"),
+    "llama2c_rope": (LLAMA2C, ["rope"], "re * sin + im * cos", "re * sin - im * cos"),
+    "llama2c_attention": (LLAMA2C, ["causal_attention"], "is_causal=True)", "is_causal=True, scale=1.0)"),
+    "llama2c_layer": (LLAMA2C, ["block"], "h + self.feed_forward(self.ffn_norm(h))",
+                      "h + self.feed_forward(self.attention_norm(h))"),
+})

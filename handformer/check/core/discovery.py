@@ -85,6 +85,8 @@ for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec"), "d_head": ("
     ARGUMENTS[_key] += _names
 HIDDEN_WHEN_PAIRED += ("d_hid",)
 FIXED.update({"device": "cpu", "model_type": None, "trg_sos_idx": 1})
+# a norm's eps with no default (llama2.c's RMSNorm(dim, eps)): the norms read it back from the module
+FIXED.update(dict.fromkeys(ARGUMENTS["eps"], 1e-5))
 
 
 class DiscoveryError(ValueError):
@@ -221,6 +223,8 @@ def refine(kind: str, obj: Any) -> str:
             return said
     if kind == "transformer" and inspect.isclass(obj) and decoder_only(obj):
         return "gpt"
+    if kind == "decoder_layer" and inspect.isclass(obj) and decoder_only(obj, POSITION_EXTRAS):
+        return "block"  # a decoder-only model's DecoderLayer (llama2.c's kin): no memory to attend to
     if kind == "gpt" and inspect.isclass(obj) and obj.__name__ not in NAMES["gpt"] and not decoder_only(obj):
         return "transformer"  # found by its ending (Llama3Model's "Model"): what its forward takes says
     if kind == "mha" and inspect.isclass(obj) and causal_inside(obj):  # Raschka's, Karpathy's: forward(x)
@@ -244,17 +248,21 @@ CAUSAL_WORDS = re.compile(r"\btril\b|\btriu\b|is_causal\s*=\s*True|causal")
 
 
 TOKEN_EXTRAS = ("start_pos", "targets", "target", "labels", "y", "position_ids", "positions", "pos")
+# what a decoder-only layer's forward takes besides its one stream: the rotary tables and positions
+POSITION_EXTRAS = TOKEN_EXTRAS + ("freqs_cis", "freqs_complex", "freqs_cos", "freqs_sin", "cos", "sin",
+                                  "cos_sin", "position_embeddings", "input_pos", "rope", "rotary_emb")
 
 
-def decoder_only(cls: Any) -> bool:
+def decoder_only(cls: Any, extras: tuple[str, ...] = TOKEN_EXTRAS) -> bool:
     """A model whatever its name (Meta's `Transformer`) whose forward takes one sequence of token ids
-    (and maybe Meta's start_pos or the targets): decoder-only; an encoder-decoder takes two."""
+    (and maybe Meta's start_pos or the targets, or a layer's `extras`): decoder-only; an
+    encoder-decoder takes two."""
     try:
         params = list(inspect.signature(cls.forward).parameters.values())[1:]
     except (AttributeError, TypeError, ValueError):
         return False
     inputs = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty
-              and p.name not in TOKEN_EXTRAS and "mask" not in p.name]
+              and p.name not in extras and "mask" not in p.name]
     return len(inputs) == 1
 
 
@@ -379,6 +387,7 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
             config["hidden_dim"] = sizes["d_ff"]  # Raschka's cfg: emb_dim the width, hidden_dim the FFN's
         return config
     if own is not None:
+        values = _hidden_paired(_class_fields(own), values, sizes)
         if dataclasses.is_dataclass(own):
             names = {f.name for f in dataclasses.fields(own) if f.init}
             config = own(**{n: values[n] for n in names if n in values})
@@ -392,7 +401,30 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
             if (attr in attrs or hasattr(config, attr)) and not callable(getattr(config, attr, None)):
                 setattr(config, attr, value)
         return config
-    return types.SimpleNamespace(**values)
+    return types.SimpleNamespace(**_hidden_paired(_file_fields(cls), values, sizes))
+
+
+def _class_fields(own: type) -> set[str]:
+    """The field names of the learner's config class (a Hugging Face config: its __init__'s)."""
+    fields = set(vars(own)) | set(inspect.signature(own).parameters)
+    return fields | ({f.name for f in dataclasses.fields(own)} if dataclasses.is_dataclass(own) else set())
+
+
+def _file_fields(cls: Any) -> set[str]:
+    """The attributes the learner's file reads from its configurations (args.dim, config.n_embd)."""
+    module = sys.modules.get(getattr(cls, "__module__", ""), None)
+    names = "|".join(CONFIG_NAMES)
+    return set(re.findall(rf"\b(?:{names})\.(\w+)", _source(module))) if module is not None else set()
+
+
+def _hidden_paired(fields: set[str], values: dict[str, Any], sizes: dict[str, Any]) -> dict[str, Any]:
+    """The values for a config with these fields: its hidden_dim the FFN's width when it also has a
+    model width and no FFN width of its own (llama2.c's ModelArgs: dim, hidden_dim)."""
+    hidden = fields & set(HIDDEN_WHEN_PAIRED)
+    if not sizes.get("d_ff") or not hidden or fields & set(ARGUMENTS["d_ff"]) or not (
+            fields - hidden) & set(ARGUMENTS["d_model"]):
+        return values
+    return {**values, **dict.fromkeys(hidden, sizes["d_ff"])}
 
 
 def argument_keys(cls: Any) -> dict[str, str | None]:

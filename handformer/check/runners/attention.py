@@ -93,7 +93,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     Llama-style forward(x, freqs_cis, mask) or forward(x, start_pos, ...) asks for."""
     fn, params = renamed_table(fn, forward_parameters(fn))  # Umar Jamil's freqs_complex: freqs_cis
     extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
-             "sin", "cos_sin"}
+             "sin", "cos_sin", "freqs_cos", "freqs_sin"}
     first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra
                         or isinstance(p.default, bool)), len(params))  # a flag (use_cache) keeps its default
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
@@ -145,6 +145,9 @@ def _position_kwargs(named: set[str], B: int, T: int, head_dim: int, dtype: torc
             kwargs[name] = (angles.cos().to(dtype), angles.sin().to(dtype))
         elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
             kwargs[name] = cos_sin(T, head_dim)[name == "sin"].to(dtype)
+        elif name in ("freqs_cos", "freqs_sin"):  # llama2.c's: one angle a pair, (T, Dh/2) each
+            angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
+            kwargs[name] = (angles.sin() if name == "freqs_sin" else angles.cos()).to(dtype)
         elif name == "start_pos":
             kwargs[name] = 0
         else:
@@ -428,6 +431,8 @@ def rope_settings(comp: Component, c: Caller) -> tuple[str | None, ...]:
     source = source_text(comp.obj).lower()
     if re.search(r"def forward\([^)]*\bcos_sin\b", source):  # nanochat's: rotated either way
         return ("half", "swapped")
+    if re.search(r"def forward\([^)]*\bfreqs_cos\b", source):  # llama2.c's: one angle a pair
+        return ("interleaved", "half")
     tables = re.search(r"def forward\([^)]*\bcos\b[^)]*\bsin\b", source)  # Raschka's (x, mask, cos, sin)
     return (None, "half", "interleaved") if tables or any(w in source for w in ROPE_WORDS) else (None,)
 

@@ -98,7 +98,8 @@ class Layer:
         self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
         self.visible: str | None = None
         self.extra = {p.name for p in params} & {"freqs_cis", "start_pos", "position_ids",
-                                                 "position_embeddings", "cos", "sin", "input_pos"}
+                                                 "position_embeddings", "cos", "sin", "input_pos",
+                                                 "freqs_cos", "freqs_sin"}
         self.table_layout: dict[str, bool] = {}  # which rotary table and start run (rope_tables)
         self.takes_mask = bool(self.masks)
         self.sizes = layer_sizes(comp.obj)
@@ -119,6 +120,8 @@ class Layer:
         self.sublayers = names
         self.ropes = rope_layouts(self.module, "freqs_cis" in self.extra,
                                     bool({"position_embeddings", "cos"} & self.extra))
+        if "freqs_cos" in self.extra:  # llama2.c's tables, one angle a pair: its pairs interleaved
+            self.ropes = ("interleaved", "half")
         self.batched_cos_sin = False  # Hugging Face's (cos, sin) are (B, T, Dh); minimind's (T, Dh)
         if "position_embeddings" in self.extra:
             self.batched_cos_sin = self._second_form(x.double(), "batched_cos_sin")
@@ -191,6 +194,9 @@ class Layer:
                 out[name] = tuple(t.to(x.dtype) for t in tables)
             elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
                 out[name] = cos_sin(T, self.head_dim)[name == "sin"].to(x.dtype)
+            elif name in ("freqs_cos", "freqs_sin"):  # llama2.c's: one angle a pair, (T, Dh/2) each
+                angles = V.rope_angles(T, self.head_dim)  # (T, Dh/2)
+                out[name] = (angles.sin() if name == "freqs_sin" else angles.cos()).to(x.dtype)
             elif name == "start_pos":
                 out[name] = 0  # or one a batch row: rope_tables.either_start
             else:

@@ -221,6 +221,9 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
                 for meta in (False, True) for shape in (("4d", "real") if layout == "pairs" else shapes)]
     if not complex_table:  # nanochat's cos, sin (1, T, 1, Dh/2) on halves, rotated either way
         attempts += [(layout, True, "quarter") for layout in ("half", "swapped")]
+    if "freqs_cos" in names:  # llama2.c's freqs_cos, freqs_sin: one angle a pair, (T, Dh/2) each
+        attempts += [(layout, meta, "pair_td") for layout in ("interleaved", "half")
+                     for meta in (True, False)]
     failure, best, first = _search_apply(ctx, fn, names, tensors, q, k, attempts)
     if best is None and first is None:
         raise failure or ctx.learner.fail(
@@ -304,7 +307,11 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
             cos, sin = cos[:, : DH // 2].reshape(view), sin[:, : DH // 2].reshape(view)
         elif shape == "btd":
             cos, sin = cos[None].expand(B, T, DH), sin[None].expand(B, T, DH)
+        elif shape == "pair_td":  # llama2.c's: one angle a pair, (T, Dh/2)
+            angles = V.rope_angles(T, DH, THETA, offset)  # (T, Dh/2)
+            cos, sin = angles.cos(), angles.sin()
         kwargs["cos"], kwargs["sin"] = cos, sin
+        kwargs["freqs_cos"], kwargs["freqs_sin"] = cos, sin  # llama2.c's names
     if shape == "by_id":
         kwargs["position_ids"] = (torch.arange(T) + offset)[None].expand(B, T)
     for n in names:
