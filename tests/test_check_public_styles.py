@@ -440,3 +440,59 @@ CASES.update({
     "llama2c_layer": (LLAMA2C, ["block"], "h + self.feed_forward(self.ffn_norm(h))",
                       "h + self.feed_forward(self.attention_norm(h))"),
 })
+
+UMAR_PIECES = '''import torch
+from torch import nn
+
+
+class FeedForwardBlock(nn.Module):
+    def __init__(self, d_model, d_ff, dropout):
+        super().__init__()
+        self.linear_1, self.linear_2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+
+    def forward(self, x):
+        return self.linear_2(torch.relu(self.linear_1(x)))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.cache = torch.zeros(4, 16, d_model)  # a plain tensor attribute, as Umar's KV cache
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        cache = self.cache.clone()
+        cache[:B, :T] = x
+        return self.w2(torch.relu(self.w1(cache[:B, :T])))
+'''
+
+NANOCHAT_CONFIG = '''from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class GPTConfig:
+    n_embd: int = 64
+    mlp_ratio: int = 4
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_ratio * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(config.mlp_ratio * config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.c_proj(F.relu(self.c_fc(x)).square())
+'''
+
+# Umar Jamil's FeedForwardBlock is an FFN, not a block; a tensor kept as a plain attribute (his KV
+# cache) is put in float64 with the module; a config field check has no value for (nanochat's
+# window_pattern, here mlp_ratio) comes from the file's own config dataclass
+CASES.update({
+    "umar_pieces": (UMAR_PIECES, ["ffn"], "self.linear_2(torch.relu(", "self.linear_2(torch.sigmoid("),
+    "nanochat_config": (NANOCHAT_CONFIG, ["ffn"], "F.relu(self.c_fc(x)).square()", "self.c_fc(x).square()"),
+})

@@ -191,6 +191,17 @@ SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block",),
 NOT_SUFFIXED = ("Encoder", "Decoder", "Cross", "MoE")
 
 
+def _suffixed(name: str, kind: str) -> bool:
+    """Whether a class name ends as this kind's do; a piece's name with "Block" after it (Umar Jamil's
+    FeedForwardBlock, MultiHeadAttentionBlock) is that piece, not a block."""
+    stem = name.removesuffix("Block")
+    pieces = tuple(s for k in ("mha", "ffn", "rmsnorm", "rope") for s in SUFFIXES[k])
+    piece = stem != name and stem.endswith(pieces)
+    if kind == "block":
+        return name.endswith(SUFFIXES["block"]) and not piece
+    return (stem if piece else name).endswith(SUFFIXES.get(kind, ("\0",)))
+
+
 def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> list[str]:
     """The learner's names among `names`, in that order; ".generate" stands for any class's method
     of that name; then their classes whose name ends as this kind's do (SUFFIXES)."""
@@ -199,8 +210,7 @@ def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> li
         out += sorted(n for n in own if n.endswith(name)) if name.startswith(".") else [name] * (name in own)
     exact = {n for ns in NAMES.values() for n in ns}
     out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in exact and n not in out
-                  and n.endswith(SUFFIXES.get(kind, ("\0",)))
-                  and not any(w.lower() in n.lower() for w in NOT_SUFFIXED))
+                  and _suffixed(n, kind) and not any(w.lower() in n.lower() for w in NOT_SUFFIXED))
     if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in own):  # Hugging Face's XModel is the backbone
         out = [n for n in out if n in exact or not n.endswith("Model") or n.endswith("LanguageModel")]
     return out
@@ -371,6 +381,17 @@ def _config_class(p: inspect.Parameter, cls: Any) -> Any:
     return None
 
 
+def _file_config(cls: Any, missing: set[str]) -> Any:
+    """The learner's config dataclass that has the fields its file reads and check has no value for
+    (nanochat's GPTConfig: n_layer, window_pattern): its defaults fill them; None when none is missing."""
+    module = sys.modules.get(getattr(cls, "__module__", ""), None)
+    if not missing or module is None:
+        return None
+    return next((o for o in vars(module).values() if inspect.isclass(o) and dataclasses.is_dataclass(o)
+                 and o.__module__ == module.__name__ and missing <= {f.name for f in dataclasses.fields(o)}),
+                None)
+
+
 def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | None:
     """The configuration for the argument `p` of `cls`, in the form its code reads it: a dict when it
     is subscripted (cfg["emb_dim"]), the learner's own config class (a dataclass filled field by
@@ -378,7 +399,8 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
     when `p` is not a configuration."""
     values = _config_values(sizes)
     keys, attrs = config_reads(cls, p.name)
-    own = _config_class(p, cls)
+    own = _config_class(p, cls) or (_file_config(cls, (attrs | _file_fields(cls)) - set(values))
+                                    if p.name.lower() in CONFIG_NAMES else None)
     if own is None and not keys and p.name.lower() not in CONFIG_NAMES:
         return None
     if keys:

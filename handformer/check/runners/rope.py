@@ -214,17 +214,7 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     res = ctx.result(comp)
     q, k = _apply_inputs()
     tensors = [n for n in names if n in TENSOR_NAMES][:2]
-    complex_table = any(n in ("freqs_cis", "freqs") for n in names)
-    from0 = ("from0",) if any(n in OFFSET_NAMES for n in names) else ()  # apply_rope(x, cos, sin, offset)
-    shapes = ("4d", "btd", *from0, "td") + (("by_id",) if "position_ids" in names else ())
-    attempts = [(layout, meta, shape) for layout in (("pairs",) if complex_table else ("half", "interleaved"))
-                for meta in (False, True) for shape in (("4d", "real") if layout == "pairs" else shapes)]
-    if not complex_table:  # nanochat's cos, sin (1, T, 1, Dh/2) on halves, rotated either way
-        attempts += [(layout, True, "quarter") for layout in ("half", "swapped")]
-    if "freqs_cos" in names:  # llama2.c's freqs_cos, freqs_sin: one angle a pair, (T, Dh/2) each
-        attempts += [(layout, meta, "pair_td") for layout in ("interleaved", "half")
-                     for meta in (True, False)]
-    failure, best, first = _search_apply(ctx, fn, names, tensors, q, k, attempts)
+    failure, best, first = _search_apply(ctx, fn, names, tensors, q, k, _attempts(names))
     if best is None and first is None:
         raise failure or ctx.learner.fail(
             "forward", f"{comp.name} returned no rotated queries and keys of shape {tuple(q.shape)} for any "
@@ -251,6 +241,21 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
             return _run_apply(ctx, fn, names, tensors, qg, kg, layout, meta, shape, 0)
         note_departure(res, lambda: localize_rotation(run, fn, q, k, rot))
     return finish(res)
+
+
+def _attempts(names: list[str]) -> list[tuple[str, bool, str]]:
+    """The (layout, Meta's inputs, table shape) an apply function is tried with, in order."""
+    complex_table = any(n in ("freqs_cis", "freqs") for n in names)
+    from0 = ("from0",) if any(n in OFFSET_NAMES for n in names) else ()  # apply_rope(x, cos, sin, offset)
+    shapes = ("4d", "btd", *from0, "td") + (("by_id",) if "position_ids" in names else ())
+    attempts = [(layout, meta, shape) for layout in (("pairs",) if complex_table else ("half", "interleaved"))
+                for meta in (False, True) for shape in (("4d", "real") if layout == "pairs" else shapes)]
+    if not complex_table:  # nanochat's cos, sin (1, T, 1, Dh/2) on halves, rotated either way
+        attempts += [(layout, True, "quarter") for layout in ("half", "swapped")]
+    if "freqs_cos" in names:  # llama2.c's freqs_cos, freqs_sin: one angle a pair, (T, Dh/2) each
+        attempts += [(layout, meta, "pair_td") for layout in ("interleaved", "half")
+                     for meta in (True, False)]
+    return attempts
 
 
 def _search_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: list[str], q: Tensor,
@@ -297,19 +302,7 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
         kwargs[next(n for n in names if n in ("freqs_cis", "freqs"))] = (
             torch.view_as_real(table) if shape == "real" else table)
     else:
-        whole = shape in ("by_id", "from0")  # the table from position 0, indexed by their code
-        cos, sin = reference_tables(P, layout) if whole else reference_tables(T, layout, offset)
-        if shape == "4d":
-            view = (1, T, 1, DH) if meta else (1, 1, T, DH)  # broadcasts over batch and heads
-            cos, sin = cos.reshape(view), sin.reshape(view)
-        elif shape == "quarter":  # nanochat's: one angle a pair, (1, T, 1, Dh/2)
-            view = (1, T, 1, DH // 2)
-            cos, sin = cos[:, : DH // 2].reshape(view), sin[:, : DH // 2].reshape(view)
-        elif shape == "btd":
-            cos, sin = cos[None].expand(B, T, DH), sin[None].expand(B, T, DH)
-        elif shape == "pair_td":  # llama2.c's: one angle a pair, (T, Dh/2)
-            angles = V.rope_angles(T, DH, THETA, offset)  # (T, Dh/2)
-            cos, sin = angles.cos(), angles.sin()
+        cos, sin = _shaped_tables(layout, meta, shape, offset)
         kwargs["cos"], kwargs["sin"] = cos, sin
         kwargs["freqs_cos"], kwargs["freqs_sin"] = cos, sin  # llama2.c's names
     if shape == "by_id":
@@ -325,6 +318,24 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
     if any(o.shape != q.shape for o in outs):
         return None
     return torch.stack([o.double() for o in outs])
+
+
+def _shaped_tables(layout: str, meta: bool, shape: str, offset: int) -> tuple[Tensor, Tensor]:
+    """(cos, sin) in this layout and shape, positions from `offset` (see _run_apply)."""
+    whole = shape in ("by_id", "from0")  # the table from position 0, indexed by their code
+    cos, sin = reference_tables(P, layout) if whole else reference_tables(T, layout, offset)
+    if shape == "4d":
+        view = (1, T, 1, DH) if meta else (1, 1, T, DH)  # broadcasts over batch and heads
+        return cos.reshape(view), sin.reshape(view)
+    if shape == "quarter":  # nanochat's: one angle a pair, (1, T, 1, Dh/2)
+        view = (1, T, 1, DH // 2)
+        return cos[:, : DH // 2].reshape(view), sin[:, : DH // 2].reshape(view)
+    if shape == "btd":
+        return cos[None].expand(B, T, DH), sin[None].expand(B, T, DH)
+    if shape == "pair_td":  # llama2.c's: one angle a pair, (T, Dh/2)
+        angles = V.rope_angles(T, DH, THETA, offset)  # (T, Dh/2)
+        return angles.cos(), angles.sin()
+    return cos, sin
 
 
 def _call_offset(ctx: Context, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
