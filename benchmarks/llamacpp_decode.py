@@ -52,6 +52,7 @@ from handformer.convert.gguf_file import read_gguf  # noqa: E402
 from handformer.data.special_tokens import SpecialTokens  # noqa: E402
 from handformer.data.tokenizer import Tokenizer  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
+from handformer.inference.fused_step import fused_reason  # noqa: E402
 from handformer.inference.roofline import bytes_per_token, read_bandwidth  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 from handformer.tasks.lm.exports import export_gguf  # noqa: E402
@@ -174,6 +175,9 @@ def main() -> None:
     print(f"\ntorch {torch.__version__}, llama-cpp-python {llama_cpp.__version__}; GPT-2-124M shape, random "
           f"weights, batch 1, a 64-token prompt, {args.new_tokens} new tokens, greedy; medians of "
           f"{args.rounds} interleaved rounds; {time.perf_counter() - start:.0f} s in all")
+    for t in FILE_TYPES:
+        reason = fused_reason(models[t])
+        print(f"handformer {t}: " + ("the fused C step" if reason is None else f"the eager step ({reason})"))
     print(f"{'threads':>7} {'file':<5} {'MB':>5} {'handformer as':<26} {'GB/s':>5} {'hf tok/s':>8} "
           f"{'bound':>6} {'MBU':>5} {'cpp tok/s':>9} {'bound':>6} {'MBU':>5} {'hf/cpp':>6} {'agree':>7}")
     for threads, t, gbs, ours, our_bound, theirs, their_bound, agree in rows:

@@ -117,14 +117,15 @@ def test_the_one_row_copy_of_a_large_weight_starts_on_a_huge_page():
 
 
 def test_every_kernel_source_ships_in_the_package():
-    """A wheel carries each C source (built at first use): a .c file missing from pyproject.toml's
-    package data leaves an installed handformer on torch's kernels without a word."""
+    """A wheel carries each C source and header (built at first use): a .c or .h file missing from
+    pyproject.toml's package data leaves an installed handformer on torch's kernels without a word."""
     from pathlib import Path
 
     import tomllib
 
     root = Path(__file__).resolve().parents[1]
     shipped = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["handformer"]
-    sources = sorted(p.relative_to(root / "handformer").as_posix() for p in (root / "handformer").rglob("*.c"))
+    sources = sorted(p.relative_to(root / "handformer").as_posix() for pattern in ("*.c", "*.h")
+                     for p in (root / "handformer").rglob(pattern))
     assert sources and not [s for s in sources if s not in shipped], (
         f"add to [tool.setuptools.package-data] in pyproject.toml: {[s for s in sources if s not in shipped]}")

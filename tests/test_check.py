@@ -95,15 +95,21 @@ def edited_lines(name: str) -> set[int]:
     return {n for n in out if "planted mistake" not in new[n - 1]}
 
 
+@pytest.fixture
+def short_bpe_timing(monkeypatch):
+    """A BPE trainer's mistakes are named on the fixture corpus; the timing corpus only times it (slow
+    is not wrong: tests/test_check_bpe.py's), so here the trainer is stopped there after 0.1 s."""
+    import handformer.check.runners.bpe as bpe
+
+    monkeypatch.setattr(bpe, "CEILING", 0.1)
+
+
+@pytest.mark.usefixtures("short_bpe_timing")
 @pytest.mark.parametrize("name", list(PLANTS))
-def test_planted_mistake_is_named(name, monkeypatch):
+def test_planted_mistake_is_named(name):
     """Each planted mistake, its component checked alone (--component): its diagnosis and no other,
     the likely line (one the plant wrote), a measured observation, and the report in English and Chinese from one result."""
     p = PLANTS[name]
-    if p.diagnosis is None and p.kind == "bpe":  # slow, not wrong: its timing note is tests/test_check_bpe.py's
-        import handformer.check.runners.bpe as bpe
-
-        monkeypatch.setattr(bpe, "CEILING", 1.0)
     result = check_file(str(planted_file(name)), only=[p.kind])
     assert_exactly(result, p.expected)
     if not p.diagnosis:
@@ -154,12 +160,14 @@ def test_the_covering_pairs_name_every_diagnosis_once_at_least():
     assert all(frozenset(pair) in every for pair in COVERING_PAIRS), [p for p in COVERING_PAIRS if frozenset(p) not in every]
 
 
+@pytest.mark.usefixtures("short_bpe_timing")
 @pytest.mark.parametrize("pair", COVERING_PAIRS, ids="+".join)
 def test_covering_pairs_of_mistakes_are_both_named(tmp_path, pair):
     check_pair(tmp_path, *pair)
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("short_bpe_timing")
 @pytest.mark.parametrize("pair", pairs(), ids="+".join)
 def test_every_pair_of_mistakes_is_named(tmp_path, pair):
     check_pair(tmp_path, *pair)

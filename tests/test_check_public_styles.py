@@ -12,6 +12,9 @@ mistake fails."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 import pytest
 
 from handformer.check.core.engine import check_file
@@ -339,13 +342,262 @@ def test_an_ffn_with_its_residual_and_norm_inside_is_not_checked_with_the_reason
     assert "内部有归一化" in ffn.error.message_zh
 
 
-def test_a_qk_norm_without_gains_is_not_checked_with_the_reason(tmp_path):
-    """nanochat's QK-norm, F.rms_norm without gains, is not handformer's: NOT CHECKED, never FAIL."""
+def test_a_qk_norm_without_gains_is_handformers_with_gains_of_one(tmp_path):
+    """nanochat's QK-norm, F.rms_norm without gains after RoPE, is handformer's QK-norm with gains of
+    one (a rotation keeps each head's RMS, so the order does not matter): compared, and it passes."""
     qk = "        q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))\n"
     normed = NANOCHAT.replace("        y = F.scaled", qk + "        y = F.scaled", 1)
     (attention,) = _statuses(tmp_path, "normed", normed, ["causal_attention"]).values()
-    assert attention.status == "not_checked" and "without gains" in attention.error.message
+    assert attention.status == "pass" and "rms_norm(q) (no gain) -> q_norm" in attention.mapping
 
+
+
+# --- learners' files in more styles: each correct one passes with every component checked, and a
+# planted mistake fails
+
+NANOCHAT_GPT = '''from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class Config:
+    sequence_len: int = 256
+    vocab_size: int = 100
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 64
+
+
+def rms(x):  # no gain, as nanochat
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def rotate(x, cos, sin):  # x (B, T, H, Dh); cos, sin (1, T, 1, Dh/2)
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([a * cos + b * sin, b * cos - a * sin], dim=-1)
+
+
+class Attn(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.h, self.d = config.n_head, config.n_embd // config.n_head
+        self.q = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.k = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.v = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.o = nn.Linear(config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x, cos_sin):
+        B, T, C = x.shape
+        q, k, v = (p(x).view(B, T, self.h, self.d) for p in (self.q, self.k, self.v))
+        q, k = rotate(q, *cos_sin), rotate(k, *cos_sin)
+        q, k = rms(q), rms(k)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(B, T, C))
+
+
+class Mlp(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.up = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.down = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.down(F.relu(self.up(x)).square())
+
+
+class Block(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attn, self.mlp = Attn(config, layer_idx), Mlp(config)
+
+    def forward(self, x, cos_sin):
+        x = x + self.attn(rms(x), cos_sin)
+        return x + self.mlp(rms(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.h = nn.ModuleList([Block(config, i) for i in range(config.n_layer)])
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        d = config.n_embd // config.n_head
+        angles = torch.outer(torch.arange(config.sequence_len * 2).float(),
+                             10000.0 ** (-torch.arange(0, d, 2).float() / d))
+        self.register_buffer("cos", angles.cos()[None, :, None], persistent=False)
+        self.register_buffer("sin", angles.sin()[None, :, None], persistent=False)
+
+    def forward(self, idx, targets=None):
+        T = idx.size(1)
+        x = rms(self.wte(idx))
+        for block in self.h:
+            x = block(x, (self.cos[:, :T], self.sin[:, :T]))
+        logits = self.lm_head(rms(x))
+        if targets is not None:
+            return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits
+'''
+
+UMAR_MODEL = UMAR + '''
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class CachedAttention(nn.Module):  # one token at a time, its keys and values kept
+    def __init__(self, args):
+        super().__init__()
+        self.h, self.d = args.n_heads, args.dim // args.n_heads
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(args.dim, args.dim, bias=False) for _ in range(4))
+        self.cache_k = torch.zeros(args.max_batch_size, args.max_seq_len, self.h, self.d)
+        self.cache_v = torch.zeros(args.max_batch_size, args.max_seq_len, self.h, self.d)
+
+    def forward(self, x, start_pos, freqs_complex):
+        B, T, _ = x.shape
+        q = apply_rotary_embeddings(self.wq(x).view(B, T, self.h, self.d), freqs_complex)
+        k = apply_rotary_embeddings(self.wk(x).view(B, T, self.h, self.d), freqs_complex)
+        self.cache_k, self.cache_v = self.cache_k.to(k), self.cache_v.to(k)
+        self.cache_k[:B, start_pos:start_pos + T] = k
+        self.cache_v[:B, start_pos:start_pos + T] = self.wv(x).view(B, T, self.h, self.d)
+        keys = self.cache_k[:B, :start_pos + T].transpose(1, 2)
+        values = self.cache_v[:B, :start_pos + T].transpose(1, 2)
+        scores = F.softmax(q.transpose(1, 2) @ keys.transpose(2, 3) / math.sqrt(self.d), dim=-1)
+        return self.wo((scores @ values).transpose(1, 2).reshape(B, T, -1))
+
+
+class EncoderBlock(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.attention = CachedAttention(args)
+        self.w1 = nn.Linear(args.dim, 4 * args.dim, bias=False)
+        self.w2 = nn.Linear(4 * args.dim, args.dim, bias=False)
+        self.attention_norm, self.ffn_norm = RMSNorm(args.dim), RMSNorm(args.dim)
+
+    def forward(self, x, start_pos, freqs_complex):
+        h = x + self.attention(self.attention_norm(x), start_pos, freqs_complex)
+        return h + self.w2(F.relu(self.w1(self.ffn_norm(h))))
+'''
+
+ENCODER_BLOCK = '''import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class TransformerBlock(nn.Module):  # the paper's encoder block: post-norm
+    def __init__(self, d_model, num_heads, d_ff):
+        super().__init__()
+        self.h = num_heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.up, self.down = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+
+    def forward(self, x, mask=None):
+        b, t, c = x.shape
+        q, k, v = (p(x).view(b, t, self.h, -1) for p in (self.q, self.k, self.v))
+        s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(c // self.h)
+        if mask is not None:
+            s = s.masked_fill(mask == 0, float("-inf"))
+        a = torch.einsum("bhqk,bkhd->bqhd", F.softmax(s, dim=-1), v).reshape(b, t, c)
+        x = self.ln1(x + self.o(a))
+        return self.ln2(x + self.down(F.relu(self.up(x))))
+'''
+
+FREE_SAMPLER = '''import torch
+import torch.nn.functional as F
+
+
+@torch.no_grad()
+def sample_sequence(model, context, length, temperature=1.0):
+    out = context
+    for _ in range(length):
+        logits = model(out)[:, -1, :] / temperature
+        out = torch.cat((out, torch.multinomial(F.softmax(logits, dim=-1), 1)), dim=1)
+    return out
+'''
+
+LLAMA2C_FFN = '''from dataclasses import dataclass
+from typing import Optional
+
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class ModelArgs:
+    dim: int = 288
+    n_heads: int = 6
+    hidden_dim: Optional[int] = None  # the FFN's width; None: 8 * dim / 3
+    multiple_of: int = 32
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        hidden = args.hidden_dim or int(8 * args.dim / 3)
+        self.w1 = nn.Linear(args.dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, args.dim, bias=False)
+        self.w3 = nn.Linear(args.dim, hidden, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+'''
+
+# (file, the kinds checked, the correct line, the planted line: None where the runner's planted
+# mistakes are tested elsewhere and the run is dear)
+MORE_CASES = {
+    "nanochat_gpt": (NANOCHAT_GPT, ["gpt"], "return x + self.mlp(rms(x))", None),
+    "umar_one_token_block": (UMAR_MODEL, ["block"], "return h + self.w2(F.relu(", None),
+    "free_sampler_no_block_size": (FREE_SAMPLER, ["generate"], "model(out)[:, -1, :]", "model(out)[:, 0, :]"),
+    "llama2c_hidden_dim": (LLAMA2C_FFN, ["ffn"], "F.silu(self.w1(x)) * self.w3(x)", "self.w1(x) * self.w3(x)"),
+}
+
+
+@pytest.mark.parametrize("case", MORE_CASES)
+def test_more_learner_styles_are_checked_whole_and_a_planted_mistake_fails(tmp_path, case):
+    """nanochat's GPT (norms as a function without gains, the loss alone returned with targets, the
+    config's sequence_len), Umar Jamil's block driven one token at a time through its own cache, GPT-2's
+    sample_sequence that names no block size, llama2.c's ModelArgs.hidden_dim beside dim."""
+    source, kinds, right, wrong = MORE_CASES[case]
+    assert right in source
+    correct = _statuses(tmp_path, "correct", source, kinds)
+    assert sorted(c.kind for c in correct.values()) == sorted(kinds), correct
+    assert all(c.status == "pass" for c in correct.values()), {
+        n: (c.status, c.error, c.findings, [k for k in c.checks if not k.ok]) for n, c in correct.items()}
+    if wrong is not None:
+        planted = _statuses(tmp_path, "planted", source.replace(right, wrong, 1), kinds)
+        assert any(c.status == "fail" for c in planted.values()), {
+            n: (c.status, c.error) for n, c in planted.items()}
+
+
+def test_a_block_with_an_optional_mask_in_a_file_with_nothing_causal_is_an_encoder_layer(tmp_path, monkeypatch):
+    """The paper's encoder block named TransformerBlock is an encoder layer by what it does; its -inf
+    fill gives NaN only on rows with every key masked, which come only with padding: a file that never
+    speaks of padding is not charged for it (noted); one that does is."""
+    from handformer.check.core.conventions import without_unpadded_nan
+    from handformer.check.core.discovery import find_components
+    from handformer.check.core.result import Finding
+
+    path = tmp_path / "encoder_block.py"
+    path.write_text(ENCODER_BLOCK)
+    spec = importlib.util.spec_from_file_location("learner_encoder_block", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    assert [(c.kind, c.name) for c in find_components(module)] == [("encoder_layer", "TransformerBlock")]
+    findings, notes = [Finding("nan_on_masked_rows", {"en": "", "zh": ""})], []
+    assert without_unpadded_nan(ENCODER_BLOCK, findings, notes) and not findings and notes
+    padded = ENCODER_BLOCK.replace("mask=None", "pad_mask=None")
+    assert not without_unpadded_nan(padded, [Finding("nan_on_masked_rows", {"en": "", "zh": ""})], [])
 
 
 LLAMA2C = '''from dataclasses import dataclass
@@ -467,32 +719,9 @@ class FeedForward(nn.Module):
         return self.w2(torch.relu(self.w1(cache[:B, :T])))
 '''
 
-NANOCHAT_CONFIG = '''from dataclasses import dataclass
-
-import torch.nn.functional as F
-from torch import nn
-
-
-@dataclass
-class GPTConfig:
-    n_embd: int = 64
-    mlp_ratio: int = 4
-
-
-class MLP(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, config.mlp_ratio * config.n_embd, bias=False)
-        self.c_proj = nn.Linear(config.mlp_ratio * config.n_embd, config.n_embd, bias=False)
-
-    def forward(self, x):
-        return self.c_proj(F.relu(self.c_fc(x)).square())
-'''
 
 # Umar Jamil's FeedForwardBlock is an FFN, not a block; a tensor kept as a plain attribute (his KV
-# cache) is put in float64 with the module; a config field check has no value for (nanochat's
-# window_pattern, here mlp_ratio) comes from the file's own config dataclass
+# cache) is put in float64 with the module
 CASES.update({
     "umar_pieces": (UMAR_PIECES, ["ffn"], "self.linear_2(torch.relu(", "self.linear_2(torch.sigmoid("),
-    "nanochat_config": (NANOCHAT_CONFIG, ["ffn"], "F.relu(self.c_fc(x)).square()", "self.c_fc(x).square()"),
 })

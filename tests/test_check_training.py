@@ -273,6 +273,19 @@ def test_an_accumulating_step_and_an_epoch_pass_with_the_learners_own_criterion(
     assert "你自己的 LabelSmoothing" in format_report(result, "zh")
 
 
+def test_the_learners_criterion_is_built_for_the_steps_vocabulary(tmp_path):
+    """The step hands the learner's loss the sizes of its own model (its vocabulary, not the loss
+    runner's): a LabelSmoothing that asserts its width passes its own check and the step's."""
+    source = correct_file("loop").read_text()
+    path = tmp_path / "asserts_width.py"
+    path.write_text(source.replace("        smoothed = torch.full_like(",
+                                   "        assert x.size(-1) == self.size, 'built for another vocabulary'\n"
+                                   "        smoothed = torch.full_like("))
+    result = check_file(str(path), only=["loss", "train_step"])
+    assert [c.status for c in result.components] == ["pass", "pass"], format_report(result)
+    assert any("your own LabelSmoothing" in n["en"] for n in result.components[1].notes)
+
+
 def test_a_step_with_handformers_criterion_differs_from_one_with_a_smoothed_criterion(tmp_path):
     """The criterion matters: the same step, its file without a loss of its own, is handed
     handformer's cross-entropy, and its parameters still match handformer's step."""

@@ -1,7 +1,9 @@
 """The fused C decoding step (handformer/inference/fused_step.py, decoder_step.c): the default for a
-Llama-style or GPT-2-style model at batch 1, with plain layers (a small model) or packed ones with
-their one-row copy (a large model), it gives the eager step's greedy tokens; it leaves alone the
-models and batches it does not serve; without the C code the engine steps eagerly."""
+Llama-style or GPT-2-style model at batch 1, with plain layers (a small model), packed ones with
+their one-row copy (a large model) or int8 / int4 layers through the VNNI kernels (quantized before
+preparing, as a quantized run loads: Q/K/V unfused), it gives the eager step's greedy tokens; it
+leaves alone the models and batches it does not serve; without the C code (or, for int8 and int4,
+without VNNI) the engine steps eagerly."""
 
 import pytest
 import torch
@@ -13,10 +15,14 @@ from handformer.generation.generate import generate
 from handformer.inference import c_kernels, fused_step
 from handformer.inference.packed_linear import pack_linears
 from handformer.inference.prepare import prepare_for_decoding
+from handformer.inference.quant import Int8Linear, quantize_linears
+from handformer.inference.quant_int4 import Int4Linear
 from handformer.models.causal_lm import CausalLM
 
 
-def _tiny(style="llama_style", d_ff=44, **extra):
+def _tiny(style="llama_style", d_ff=44, bits=None, **extra):
+    """A tiny model, prepared for decoding; bits 8 or 4: quantized first (int4 in the Q4_0 form a
+    GGUF file gives: zeros 0, float16 scales)."""
     torch.manual_seed(0)
     cfg = getattr(CausalLMConfig, style)(vocab_size=64, d_model=32, n_heads=4, d_ff=d_ff, n_layers=2,
                                          max_positions=96, **extra)
@@ -24,6 +30,12 @@ def _tiny(style="llama_style", d_ff=44, **extra):
     with torch.no_grad():  # no zero biases, and activations large enough for GELU's cubic term to count
         for p in model.parameters():
             p.normal_(0.0, 0.3)
+        if bits is not None:
+            quantize_linears(model, bits=bits, group_size=32)
+            for m in model.modules():
+                if isinstance(m, Int4Linear):
+                    m.scales.copy_(m.scales.half().float())
+                    m.zeros.zero_()
     return prepare_for_decoding(model)
 
 
@@ -38,7 +50,15 @@ KINDS = {  # grouped-query attention: two query heads a key/value head
     "gpt2": lambda: _tiny("gpt2_style"),  # LayerNorm, learned positions, GELU (tanh), biases
     "gpt2, erf GELU, packed": lambda: _packed(_tiny("gpt2_style", d_ff=48, activation="gelu")),
     "llama, packed": lambda: _packed(_tiny(d_ff=48, n_kv_heads=2)),
+    "llama, int8": lambda: _tiny(d_ff=64, n_kv_heads=2, bits=8),  # q, k, v and gate, up unfused
+    "gpt2, int4": lambda: _tiny("gpt2_style", d_ff=64, bits=4),
 }
+KIND_OF = {"packed": fused_step.BLOCKED, "int8": fused_step.INT8, "int4": fused_step.INT4}
+
+
+def _skip_without_vnni(kind):
+    if kind.endswith(("int8", "int4")) and c_kernels.kernel("int8_vnni_linear") is None:
+        pytest.skip(f"no VNNI kernels here: {c_kernels.why_not('int8_vnni_linear')}")
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +80,12 @@ def _eager(monkeypatch):
 @pytest.mark.parametrize("kind", KINDS)
 @torch.inference_mode()
 def test_greedy_tokens_are_the_eager_steps(models, kind, monkeypatch):
+    _skip_without_vnni(kind)
     model = models[kind]
     step = fused_step.fused_step_for(model)
     assert step is not None and Engine(model).static is step
-    assert step.shape.blocked == ("packed" in kind)  # the packed layers' one-row copies are read
+    # the packed layers' one-row copies, or the quantized layers' stored weights, are read
+    assert set(step.kinds) == {KIND_OF.get(kind.split(", ")[-1], fused_step.PLAIN)}
     prompts = [[1, 5, 9, 2], [7]]
     fused = [generate(model, [p], 40, temperature=0) for p in prompts]
     _eager(monkeypatch)
@@ -73,6 +95,7 @@ def test_greedy_tokens_are_the_eager_steps(models, kind, monkeypatch):
 @pytest.mark.parametrize("kind", KINDS)
 @torch.inference_mode()
 def test_its_logits_are_the_models(models, kind):
+    _skip_without_vnni(kind)
     model = models[kind]
     cache = model.new_cache(16)
     model(torch.tensor([[3, 4, 5]]), cache=cache)
@@ -92,9 +115,23 @@ def test_batches_and_other_models_step_eagerly(model):
     assert not fused_step.fused_step_for(model).usable(cache, None)
     assert fused_step.fused_reason(_tiny("gpt2_style", activation="relu")) is not None
     assert fused_step.fused_reason(_tiny(sliding_window=8)) is not None
-    some_packed = _tiny(d_ff=48)
-    pack_linears(some_packed, min_bytes=0, skip=["lm_head"])
-    assert "all PackedLinear" in fused_step.fused_reason(some_packed)
+    other_int8 = _tiny(d_ff=64, bits=8)
+    other_int8.lm_head.kernel = "c-fp32"  # its eager step widens the int8 weights: not the VNNI numbers
+    assert "through the VNNI kernel" in fused_step.fused_reason(other_int8)
+
+
+@torch.inference_mode()
+def test_without_vnni_an_int8_model_decodes_eagerly(monkeypatch):
+    """No VNNI kernel (a CPU without VNNI): the quantized model's layers run c-fp32 or torch's kernels
+    eagerly, and the fused step leaves it to them; the fp32 model keeps its fused step."""
+    kernel = c_kernels.kernel
+    monkeypatch.setattr(c_kernels, "kernel", lambda name="int8_linear": None if name in c_kernels.VNNI
+                        else kernel(name))
+    model = _tiny(d_ff=64, bits=8)
+    assert isinstance(model.lm_head, Int8Linear)
+    assert fused_step.fused_step_for(model) is None and Engine(model).static is None
+    assert fused_step.fused_step_for(_tiny()) is not None or kernel("decoder_step") is None
+    assert len(generate(model, [[1, 5, 9]], 6, temperature=0)[0]) == 6
 
 
 def test_a_step_is_made_again_for_replaced_weights(model):

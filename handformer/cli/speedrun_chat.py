@@ -33,9 +33,9 @@ def add_target(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default="full",
                    choices=["full", "smoke", "reasoning", "mid-reasoning", "smoke-reasoning"],
                    help="full (the fact tasks, under an hour on a 2-core CPU), smoke (seconds, for "
-                   "tests), reasoning (the reasoning tasks, under 45 minutes), mid-reasoning (its "
-                   "post-training in under 10 minutes, for a recipe search: with --base) or "
-                   "smoke-reasoning (smoke on the reasoning tasks)")
+                   "tests), reasoning (the reasoning tasks, about 46 minutes at threads=1), "
+                   "mid-reasoning (its post-training in under 10 minutes, for a recipe search: with "
+                   "--base) or smoke-reasoning (smoke on the reasoning tasks)")
     p.add_argument("--base", metavar="RUN_DIR", help="start from this run (e.g. an imported stories260K) "
                    "instead of pretraining one: the role tokens are added, its embeddings grown")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -13,11 +13,14 @@
   (vpdpbusd), scaled back in fp32, the bias added. Where the CPU has no VNNI (the library asks the
   CPU itself: `vnni_supported()`), kernel() gives None and the layers fall back.
 
+f32_matvec.c and decoder_step.c share one block's dot loop (dot4.h); decoder_step.c calls
+vnni_matvec.c's one-row functions through the addresses `address` gives (inference/fused_step.py).
 Each is built with gcc into ~/.cache/handformer (HANDFORMER_CACHE overrides) the first time a process
-asks for it, the file named by a hash of the source, written under a temporary name and renamed into
-place. `kernel(name)` gives None, and the layers run their torch kernels instead, where torch sees no
-AVX-512 (an AVX2-only CPU), gcc is missing or the build fails (`why_not(name)` says which), or the
-environment sets HANDFORMER_NO_C_KERNELS=1: `pip install handformer` needs no compiler.
+asks for it, the file named by a hash of the source and the headers beside it, written under a
+temporary name and renamed into place. `kernel(name)` gives None, and the layers run their torch
+kernels instead, where torch sees no AVX-512 (an AVX2-only CPU), gcc is missing or the build fails
+(`why_not(name)` says which), or the environment sets HANDFORMER_NO_C_KERNELS=1: `pip install
+handformer` needs no compiler.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ HUGE_PAGE = 2 << 20  # bytes in one of Linux's transparent huge pages (x86-64)
 MADV_HUGEPAGE = 14  # Linux's madvise advice: back this range with huge pages
 OFF_ENV = "HANDFORMER_NO_C_KERNELS"  # set to 1 to run the torch kernels only
 _why: dict[str, str] = {}
+_libraries: dict[str, ctypes.CDLL] = {}
 
 
 def cache_dir() -> Path:
@@ -105,13 +109,14 @@ def kernel(name: str = "int8_linear") -> Callable[..., None] | None:
         return None
     source = SOURCES[name]
     flags = FLAGS.get(name, MATVEC_FLAGS) + ["-lm"]
-    recipe = source.read_bytes() + " ".join(flags).encode() + b" compiled, then linked"
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what the sources include
+    recipe = source.read_bytes() + headers + " ".join(flags).encode() + b" compiled, then linked"
     digest = hashlib.sha256(recipe).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}-{digest}.so"
     if not target.exists() and (error := _build(source, target, flags)) is not None:
         _why[name] = error
         return None
-    library = ctypes.CDLL(str(target))
+    library = _libraries[name] = ctypes.CDLL(str(target))
     if name in VNNI and not library.vnni_supported():
         _why[name] = "this CPU has no AVX-512 VNNI (or no AVX-512 BW, VL or F16C)"
         return None
@@ -122,6 +127,13 @@ def kernel(name: str = "int8_linear") -> Callable[..., None] | None:
         fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [ctypes.c_int]
     fn.restype = None
     return fn
+
+
+def address(name: str, function: str) -> int:
+    """The address of C function `function` in kernel `name`'s library (kernel(name) must not be
+    None): what decoder_step.c calls vnni_matvec.c's one-row functions through."""
+    kernel(name)
+    return ctypes.cast(getattr(_libraries[name], function), ctypes.c_void_p).value
 
 
 def usable(name: str, x: Tensor, in_features: int, max_rows: int | None = MAX_ROWS) -> bool:
@@ -222,8 +234,9 @@ def f32_linear(x: Tensor, blocked: Tensor, n: int, bias: Tensor | None) -> Tenso
     return y
 
 
-__all__ = ["K_MULTIPLE", "MAX_ROWS", "OFF_ENV", "VNNI", "VNNI_K_MULTIPLE", "block_rows", "f32_linear",
-           "int8_linear", "kernel", "pointers", "unblock_rows", "usable", "vnni_linear", "why_not"]
+__all__ = ["K_MULTIPLE", "MAX_ROWS", "OFF_ENV", "VNNI", "VNNI_K_MULTIPLE", "address", "block_rows",
+           "f32_linear", "int8_linear", "kernel", "pointers", "unblock_rows", "usable", "vnni_linear",
+           "why_not"]
 
 
 def stamp(t: Tensor) -> tuple[int, int]:

@@ -5,23 +5,7 @@
  * NULL; y (M, N); K a multiple of 16. Each block is one contiguous stream, dotted with an activation
  * row by four independent FMA chains; each weight block is read from memory once whatever M is (it
  * stays in L1/L2 while the activation rows pass). Blocks split among `threads` OpenMP threads. */
-#include <immintrin.h>
-#include <stdint.h>
-
-static void dot4(const float *x, const float *w, int64_t K, float *out) {  /* one block . x */
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t k = 0; k < K; k += 16, w += 64) {
-        __m512 xk = _mm512_loadu_ps(x + k);
-        a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w), xk, a0);
-        a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + 16), xk, a1);
-        a2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + 32), xk, a2);
-        a3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + 48), xk, a3);
-    }
-    out[0] = _mm512_reduce_add_ps(a0);
-    out[1] = _mm512_reduce_add_ps(a1);
-    out[2] = _mm512_reduce_add_ps(a2);
-    out[3] = _mm512_reduce_add_ps(a3);
-}
+#include "dot4.h"
 
 void f32_linear(const float *x, const float *w, const float *bias, float *y,
                 int64_t M, int64_t N, int64_t K, int threads) {

@@ -15,15 +15,21 @@ tests/test_fused_step.py). Its products of large weights run on torch's intra-op
 
 It applies (`fused_reason` is None) to a prepared `CausalLM` built of the lesson's pre-norm blocks
 with either
-  - Llama's parts: RMSNorm, fused Q/K/V without q/k norms, half-split RoPE over the whole head, a
-    fused SwiGLU feed-forward, no added positions; or
+  - Llama's parts: RMSNorm, Q/K/V (fused or not) without q/k norms, half-split RoPE over the whole
+    head, a SwiGLU feed-forward (fused or not), no added positions; or
   - GPT-2's parts: LayerNorm, learned positions added to the embedding, no RoPE, a plain
     feed-forward with GELU (tanh or erf);
 biases or none, plain softmax attention, an unscaled embedding, no family settings, no window, no
-experts, fp32 on the CPU, and every linear layer either a plain `nn.Linear` or a `PackedLinear` with
-its one-row copy (not some of each). Everything else decodes eagerly. Built by gcc at first use
-(c_kernels.py's cache); without gcc, AVX-512 or with HANDFORMER_NO_C_KERNELS=1 the model decodes
-eagerly.
+experts, fp32 activations on the CPU, and every linear layer one the C code reads as the layer's own
+one-row forward computes it: a plain `nn.Linear`, a `PackedLinear` with its one-row copy, or (where
+the CPU has AVX-512 VNNI) an `Int8Linear` or `Int4Linear` whose kernel "auto" or "vnni" runs
+vnni_matvec.c at one row. The quantized layers are dotted by vnni_matvec.c's own one-row functions,
+called from inside the C step (their addresses handed over): the activation row is quantized once for
+every matrix that reads it, and each output is what the layer gives eagerly (the same machine code),
+so an int8 or int4 model's greedy tokens are its eager step's. Everything else decodes eagerly.
+Built by gcc at first use (c_kernels.py's cache); without gcc, AVX-512 or with
+HANDFORMER_NO_C_KERNELS=1 the model decodes eagerly; without VNNI, so does an int8 or int4 model
+(through the kernels its layers run without it).
 Shape legend: B rows (1 here), D width, H / Hkv query / key-value heads, Dh head dim, F FFN width,
 V vocabulary, C cache capacity.
 """
@@ -41,11 +47,13 @@ from handformer.inference import c_kernels
 from handformer.inference.fuse import FusedGatedFeedForward, FusedSelfAttention
 from handformer.inference.norms import DecodingLayerNorm, DecodingRMSNorm
 from handformer.inference.packed_linear import PackedLinear
+from handformer.inference.quant import Int8Linear
+from handformer.inference.quant_int4 import Int4Linear
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.blocks import DecoderOnlyBlock
 from handformer.nn.embedding import TokenEmbedding
-from handformer.nn.feed_forward import FeedForward
+from handformer.nn.feed_forward import FeedForward, GatedFeedForward
 from handformer.nn.kv_cache import KVCache
 from handformer.nn.norms import NoNorm
 from handformer.nn.positions import LearnedPositions, NoPositions, NoRotary, RotaryEmbedding
@@ -57,26 +65,63 @@ class _Shape(ctypes.Structure):
     _fields_ = ([(name, ctypes.c_int64) for name in ("n_layers", "D", "H", "Hkv", "Dh", "F", "V", "slots",
                                                      "pos")]
                 + [("eps", ctypes.c_float)]
-                + [(name, ctypes.c_int32) for name in ("layer_norm", "activation", "rope", "blocked",
-                                                       "threads")])
+                + [(name, ctypes.c_int32) for name in ("layer_norm", "activation", "rope", "threads")])
 
 
-_LAYER_TENSORS = ("attn_norm", "attn_norm_bias", "qkv", "qkv_bias", "o", "o_bias",
-                  "ffn_norm", "ffn_norm_bias", "up", "up_bias", "down", "down_bias")
+class _Part(ctypes.Structure):  # decoder_step.c's Part: a matrix, or one of a product's stacked ones
+    _fields_ = [("w", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("rows", ctypes.c_int64), ("kind", ctypes.c_int32)]
+
+
+class _Layer(ctypes.Structure):  # decoder_step.c's Layer
+    _fields_ = ([(name, ctypes.c_void_p) for name in ("attn_norm", "attn_norm_bias", "ffn_norm",
+                                                      "ffn_norm_bias")]
+                + [("qkv", _Part * 3), ("o", _Part), ("up", _Part * 2), ("down", _Part)]
+                + [("keys", ctypes.c_void_p), ("values", ctypes.c_void_p)])
+
+
+class _Vnni(ctypes.Structure):  # decoder_step.c's Vnni: vnni_matvec.c's one-row functions
+    _fields_ = [(name, ctypes.c_void_p) for name in ("prepare", "int8_rows", "int4_rows", "row8", "row4")]
+
+
 ACTIVATIONS = {"swiglu": 0, "gelu_tanh": 1, "gelu": 2}  # decoder_step.c's codes
+PLAIN, BLOCKED, INT8, INT4 = range(4)  # decoder_step.c's kinds of Part
+VNNI_KERNELS = ("auto", "vnni")  # the quantized layers' kernels that run vnni_matvec.c at one row
+# A part as the C code reads it: (kind, weight, scale, bias), the tensors the pointers point into.
+PartTensors = tuple[int, Tensor, Tensor | None, Tensor | None]
 
 
-class _Layers(ctypes.Structure):
-    _fields_ = [(name, P(ctypes.c_void_p)) for name in (*_LAYER_TENSORS, "keys", "values")]
+def _part(linear: nn.Module) -> PartTensors | None:
+    """What decoder_step.c reads for `linear` to compute what its own one-row forward computes, or
+    None where it cannot."""
+    if type(linear) is nn.Linear:
+        return PLAIN, linear.weight, None, linear.bias
+    if type(linear) is PackedLinear and linear.blocked is not None:
+        return BLOCKED, linear.blocked, None, linear.bias
+    vnni = (getattr(linear, "kernel", None) in VNNI_KERNELS
+            and linear.in_features % c_kernels.VNNI_K_MULTIPLE == 0)
+    if (type(linear) is Int8Linear and vnni and linear.scales.dtype == torch.float32
+            and c_kernels.kernel("int8_vnni_linear") is not None):
+        return INT8, linear.weight, linear.scales, linear.bias
+    if (type(linear) is Int4Linear and vnni and c_kernels.kernel("int4_vnni_linear") is not None
+            and (d := linear.vnni_scales()) is not None):
+        return INT4, linear.weight, d, linear.bias
+    return None
+
+
+def _projections(layer: nn.Module) -> tuple[list[nn.Module], nn.Module, list[nn.Module], nn.Module]:
+    """A block's linear layers as decoder_step.c's Layer holds them: ([qkv] or [q, k, v], o,
+    [gate_up] or [gate, up] or [up], down)."""
+    attn, ffn = layer.self_attn, layer.ffn
+    qkv = [attn.qkv_proj] if type(attn) is FusedSelfAttention else [attn.q_proj, attn.k_proj, attn.v_proj]
+    up = ([ffn.gate_up_proj] if type(ffn) is FusedGatedFeedForward
+          else [ffn.gate_proj, ffn.up_proj] if type(ffn) is GatedFeedForward else [ffn.up_proj])
+    return qkv, attn.o_proj, up, ffn.down_proj
 
 
 def _linears(model: CausalLM) -> list[nn.Module]:
-    return [m for layer in model.layers for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj,
-                                                   _up(layer.ffn), layer.ffn.down_proj)] + [model.lm_head]
-
-
-def _up(ffn: nn.Module) -> nn.Module:
-    return ffn.gate_up_proj if type(ffn) is FusedGatedFeedForward else ffn.up_proj
+    return [m for layer in model.layers for group in _projections(layer)
+            for m in (group if isinstance(group, list) else [group])] + [model.lm_head]
 
 
 def _layer_reason(layer: nn.Module, llama: bool) -> str | None:
@@ -85,11 +130,13 @@ def _layer_reason(layer: nn.Module, llama: bool) -> str | None:
     if type(layer) is not DecoderOnlyBlock or not layer.pre_norm or layer.sliding:
         return "a block other than the lesson's pre-norm one"
     attn, ffn = layer.self_attn, layer.ffn
-    if type(attn) is not FusedSelfAttention or "attend" in vars(attn) or not isinstance(attn.q_norm, NoNorm):
-        return "an attention other than fused Q/K/V without q/k norms"
-    if (type(ffn) is not FusedGatedFeedForward or ffn.activation != "swiglu") if llama else \
+    if (type(attn) not in (FusedSelfAttention, MultiHeadAttention) or "attend" in vars(attn)
+            or not isinstance(attn.q_norm, NoNorm)):
+        return "an attention other than Q/K/V without q/k norms"
+    gated = type(ffn) in (FusedGatedFeedForward, GatedFeedForward)
+    if (not gated or ffn.activation != "swiglu") if llama else \
             (type(ffn) is not FeedForward or ffn.activation not in ("gelu", "gelu_tanh")):
-        return "a feed-forward other than a fused SwiGLU (with RoPE) or a plain GELU (with learned positions)"
+        return "a feed-forward other than a SwiGLU (with RoPE) or a plain GELU (with learned positions)"
     norm = DecodingRMSNorm if llama else DecodingLayerNorm
     if not (type(layer.attn_norm) is type(layer.ffn_norm) is norm):
         return "norms other than RMSNorm (with RoPE) or LayerNorm (with learned positions)"
@@ -111,7 +158,7 @@ def _model_reason(model: CausalLM) -> str | None:
     gpt2 = (type(model.positions) is LearnedPositions and type(model.rotary) is NoRotary
             and type(model.norm) is DecodingLayerNorm)
     if not (type(model.embed) is TokenEmbedding and float(model.embed.scale) == 1.0 and (llama or gpt2)
-            and type(model.lm_head) in (nn.Linear, PackedLinear) and model.lm_head.bias is None):
+            and getattr(model.lm_head, "bias", None) is None):
         return "an embedding, positions, final norm or head other than Llama's or GPT-2's"
     if MultiHeadAttention.attend is not FusedSelfAttention.attend:
         return "attention scored otherwise"
@@ -129,37 +176,30 @@ def fused_reason(model: nn.Module) -> str | None:
         return reason
     if any(not (layer.attn_norm.eps == layer.ffn_norm.eps == model.norm.eps) for layer in model.layers):
         return "norms with different epsilons"
-    linears = _linears(model)
-    if not (all(type(m) is nn.Linear for m in linears)
-            or all(type(m) is PackedLinear and m.blocked is not None for m in linears)):
-        return "linear layers other than all plain nn.Linear or all PackedLinear with the one-row copy"
+    if any(_part(m) is None for m in _linears(model)):
+        return ("a linear layer other than nn.Linear, PackedLinear with its one-row copy, or Int8Linear / "
+                "Int4Linear through the VNNI kernel")
     return None
 
 
-def _matrix(linear: nn.Module) -> Tensor:
-    """The weight the C code reads: a PackedLinear's one-row copy, or a plain layer's weight."""
-    return linear.blocked if type(linear) is PackedLinear else linear.weight
-
-
 def _weights(model: CausalLM) -> tuple[tuple[Tensor | None, ...], list[tuple[Tensor | None, ...]]]:
-    """The tensors the step reads: (embedding, learned positions, cos, sin, final norm and bias,
-    head) and each layer's twelve (_LAYER_TENSORS' order); None where a bias or table is absent."""
+    """The tensors the step reads: (embedding, learned positions, cos, sin, final norm and bias)
+    and each layer's four norm tensors; None where a bias or table is absent."""
     rope = type(model.rotary) is RotaryEmbedding
     whole = (model.embed.weight, None if rope else model.positions.weight,
              model.rotary.cos if rope else None, model.rotary.sin if rope else None,
-             model.norm.weight, getattr(model.norm, "bias", None), _matrix(model.lm_head))
-    per_layer = []
-    for layer in model.layers:
-        attn, up, down = layer.self_attn, _up(layer.ffn), layer.ffn.down_proj
-        per_layer.append((layer.attn_norm.weight, getattr(layer.attn_norm, "bias", None),
-                          _matrix(attn.qkv_proj), attn.qkv_proj.bias, _matrix(attn.o_proj), attn.o_proj.bias,
-                          layer.ffn_norm.weight, getattr(layer.ffn_norm, "bias", None),
-                          _matrix(up), up.bias, _matrix(down), down.bias))
+             model.norm.weight, getattr(model.norm, "bias", None))
+    per_layer = [(layer.attn_norm.weight, getattr(layer.attn_norm, "bias", None), layer.ffn_norm.weight,
+                  getattr(layer.ffn_norm, "bias", None)) for layer in model.layers]
     return whole, per_layer
 
 
-def _pointers(tensors: list[Tensor | None]) -> ctypes.Array:
-    return (ctypes.c_void_p * len(tensors))(*[None if t is None else t.data_ptr() for t in tensors])
+def _read(model: CausalLM) -> tuple[Tensor | None, ...]:
+    """Every tensor the step reads (its weights and each linear layer's part, in order): the step is
+    made again when any of them is another tensor object."""
+    whole, per_layer = _weights(model)
+    parts = [t for m in _linears(model) for t in _part(m)[1:]]
+    return (*whole, *sum(per_layer, ()), *parts)
 
 
 def _address(t: Tensor | None, offset: int = 0) -> int | None:
@@ -170,22 +210,59 @@ def _detached(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.detach().contiguous()
 
 
+def _parts(linears: list[nn.Module], slots: int, held: list[Tensor | None]) -> ctypes.Array:
+    """`slots` Parts for these layers (the rest unused), their tensors appended to `held`."""
+    parts = (_Part * slots)()
+    for i, linear in enumerate(linears):
+        kind, *tensors = _part(linear)
+        w, scale, bias = (_detached(t) for t in tensors)
+        held.extend((w, scale, bias))
+        parts[i] = _Part(_address(w), _address(scale), _address(bias), linear.out_features, kind)
+    return parts
+
+
+def _vnni(widest: int, kinds: set[int]) -> tuple[_Vnni, Tensor | None]:
+    """vnni_matvec.c's one-row functions and scratch for the quantized row (64-byte aligned), where
+    some part is INT8 or INT4."""
+    if not kinds & {INT8, INT4}:
+        return _Vnni(), None
+    name = "int8_vnni_linear" if INT8 in kinds else "int4_vnni_linear"
+    size = 3 * -(-widest // 128) * 128  # vnni_row_bytes for either kind
+    scratch = torch.zeros(2 * size + 64, dtype=torch.uint8)
+    start = scratch.data_ptr() + (-scratch.data_ptr() % 64)
+    return _Vnni(*(c_kernels.address(name, f) for f in ("vnni_prepare", "int8_vnni_rows", "int4_vnni_rows")),
+                 start, start + size), scratch
+
+
 class FusedStep:
     """The fused C decoding step of one model (see the module's docstring)."""
 
     def __init__(self, model: CausalLM, fn: ctypes._CFuncPtr) -> None:
-        fn.argtypes = [ctypes.c_void_p, P(_Shape), P(_Layers)] + [ctypes.c_void_p] * 7
+        fn.argtypes = ([ctypes.c_void_p, P(_Shape), P(_Layer)] + [ctypes.c_void_p] * 4
+                       + [P(_Part), P(_Vnni), ctypes.c_void_p, ctypes.c_void_p])
         self.model, self.fn = model, fn
         attn0, ffn0 = model.layers[0].self_attn, model.layers[0].ffn
-        self.whole, self.per_layer = _weights(model)
-        self.weights = [_detached(t) for t in self.whole]
-        self.layer_weights = [[_detached(t) for t in column] for column in zip(*self.per_layer)]
+        self.read = _read(model)
+        whole, per_layer = _weights(model)
+        self.weights = [_detached(t) for t in whole]
+        self.held: list[Tensor | None] = []  # every tensor the C code points into
+        self.layers = (_Layer * len(model.layers))()
+        for i, (layer, norms) in enumerate(zip(model.layers, per_layer)):
+            norms = [_detached(t) for t in norms]
+            self.held.extend(norms)
+            qkv, o, up, down = _projections(layer)
+            self.layers[i] = _Layer(*map(_address, norms), _parts(qkv, 3, self.held),
+                                    _parts([o], 1, self.held)[0], _parts(up, 2, self.held),
+                                    _parts([down], 1, self.held)[0])
+        self.head = _parts([model.lm_head], 1, self.held)
+        self.kinds = [_part(m)[0] for m in _linears(model)]
         cfg = model.cfg
-        self.shape = _Shape(cfg.n_layers, cfg.d_model, attn0.n_heads, attn0.n_kv_heads, attn0.head_dim,
-                            ffn0.down_proj.in_features, cfg.vocab_size, 0, 0, float(model.norm.eps),
+        F = ffn0.down_proj.in_features
+        self.vnni, self._scratch = _vnni(max(cfg.d_model, F), set(self.kinds))
+        self.shape = _Shape(cfg.n_layers, cfg.d_model, attn0.n_heads, attn0.n_kv_heads, attn0.head_dim, F,
+                            cfg.vocab_size, 0, 0, float(model.norm.eps),
                             type(model.norm) is DecodingLayerNorm, ACTIVATIONS[ffn0.activation],
-                            type(model.rotary) is RotaryEmbedding, type(model.lm_head) is PackedLinear, 1)
-        self.layers = _Layers(*[_pointers(column) for column in self.layer_weights], None, None)
+                            type(model.rotary) is RotaryEmbedding, 1)
         self._held: tuple[Tensor, ...] = ()  # the cache buffers self.layers points at
         self.x = torch.empty(cfg.d_model)
 
@@ -202,7 +279,8 @@ class FusedStep:
         if not (keys.size(0) == 1 and keys.dtype == torch.float32
                 and all(t.is_contiguous() for t in buffers)):
             return False
-        self.layers.keys, self.layers.values = _pointers(cache.keys), _pointers(cache.values)
+        for layer, keys, values in zip(self.layers, cache.keys, cache.values):
+            layer.keys, layer.values = keys.data_ptr(), values.data_ptr()
         self._held = buffers  # kept alive while self.layers points at them
         return True
 
@@ -216,7 +294,7 @@ class FusedStep:
             raise ValueError("the fused step needs a plain one-row fp32 KVCache with room for the new "
                              "position; decode this step with the model's own forward")
         token = int(ids[0, 0])
-        embed, positions, cos, sin, norm, norm_bias, head = self.weights
+        embed, positions, cos, sin, norm, norm_bias = self.weights
         if not 0 <= token < embed.size(0):
             raise ValueError(f"token id {token} is outside the vocabulary [0, {embed.size(0)})")
         s = self.shape
@@ -227,8 +305,8 @@ class FusedStep:
         work = torch.empty(2 * s.D + 2 * (s.H + 2 * s.Hkv) * s.Dh + 2 * s.F + s.slots)
         logits = torch.empty(1, s.V)  # (B, V)
         table = 4 * s.Dh * s.pos  # bytes to this position's row of cos and sin
-        self.fn(self.x.data_ptr(), ctypes.byref(s), ctypes.byref(self.layers), _address(cos, table),
-                _address(sin, table), norm.data_ptr(), _address(norm_bias), head.data_ptr(), work.data_ptr(),
+        self.fn(self.x.data_ptr(), ctypes.byref(s), self.layers, _address(cos, table), _address(sin, table),
+                norm.data_ptr(), _address(norm_bias), self.head, ctypes.byref(self.vnni), work.data_ptr(),
                 logits.data_ptr())
         cache.advance(1)
         return logits
@@ -246,9 +324,8 @@ def fused_step_for(model: nn.Module) -> FusedStep | None:
         _STEPS.pop(model, None)
         return None
     step = _STEPS.get(model)
-    whole, per_layer = _weights(model)
-    same = step is not None and all(a is b for a, b in zip((*whole, *sum(per_layer, ())),
-                                                          (*step.whole, *sum(step.per_layer, ()))))
+    read = _read(model)
+    same = step is not None and len(read) == len(step.read) and all(a is b for a, b in zip(read, step.read))
     if not same:
         fn = c_kernels.kernel("decoder_step")
         step = _STEPS[model] = None if fn is None else FusedStep(model, fn)

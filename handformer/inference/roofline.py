@@ -23,10 +23,20 @@ import torch
 from torch import nn
 
 from handformer.inference.packed_linear import PackedLinear
+from handformer.inference.quant_int4 import Int4Linear
 from handformer.inference.threads import intra_op_threads
 
 GIB = 2**30
-QUANTIZED_BUFFERS = ("lm_head.weight", "proj.weight", "scales", "zeros")  # Int8Linear / Int4Linear's
+QUANTIZED_BUFFERS = ("lm_head.weight", "proj.weight", "scales")  # Int8Linear's (Int4Linear: int4_bytes)
+
+
+def int4_bytes(layer: Int4Linear) -> int:
+    """Bytes an Int4Linear's kernel reads a step: the nibbles plus, a group of inputs, a float16
+    scale (2 bytes: the Q4_0 form, zeros 0, as the VNNI kernel and a Q4_0 file hold it) or, where the
+    zeros are not all 0, a bf16 scale and zero (4 bytes: torch's kernel). The stored float32 scales
+    and zeros are not what a step reads."""
+    per_group = 2 if not layer.zeros.any() else 4
+    return layer.weight.numel() * layer.weight.element_size() + layer.scales.numel() * per_group
 
 
 def read_bandwidth(threads: int | None = None, size: int = GIB, repeats: int = 5) -> float:
@@ -51,9 +61,12 @@ def bytes_per_token(model: nn.Module, kv_length: float) -> float:
     cfg = model.cfg
     head = model.lm_head.weight if type(model.lm_head) is nn.Linear else None  # a packed head: its own copy
     lookups = {id(model.embed.weight)} | {id(p) for p in model.positions.parameters()}
-    buffers = [b for name, b in model.named_buffers() if name.endswith(QUANTIZED_BUFFERS)]
+    int4 = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    skipped = {id(t) for m in int4 for t in (m.weight, m.scales, m.zeros)}  # counted by int4_bytes
+    buffers = [b for name, b in model.named_buffers()
+               if name.endswith(QUANTIZED_BUFFERS) and id(b) not in skipped]
     stored = list(model.parameters()) + buffers
-    total, seen = 0.0, set()
+    total, seen = float(sum(int4_bytes(m) for m in int4)), set()
     for t in stored:
         if id(t) not in seen:
             seen.add(id(t))
@@ -78,4 +91,4 @@ def roofline_line(tokens_per_s: float, bound_tokens_per_s: float) -> str:
             f"MBU {tokens_per_s / bound_tokens_per_s:.2f}")
 
 
-__all__ = ["bound", "bytes_per_token", "read_bandwidth", "roofline_line"]
+__all__ = ["bound", "bytes_per_token", "int4_bytes", "read_bandwidth", "roofline_line"]

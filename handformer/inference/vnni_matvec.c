@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <omp.h>
 
 int vnni_supported(void) {
     __builtin_cpu_init();
@@ -168,9 +169,16 @@ static void four_rows(const Row *rows, int64_t m, int64_t M, const Row *x[4]) {
         x[r] = &rows[m + r < M ? m + r : M - 1];
 }
 
+static void one_row(const float *x, const void *w, const void *scale, const float *bias, float *y, int64_t N,
+                    int64_t K, int threads, int bits);
+
 /* A masked-out weight byte reads 0, i.e. 128 after the flip; its activation is 0: no effect. */
 void int8_vnni_linear(const float *x, const int8_t *q, const float *scale, const float *bias, float *y,
                       int64_t M, int64_t N, int64_t K, int threads) {
+    if (M == 1) {
+        one_row(x, q, scale, bias, y, N, K, threads, 8);
+        return;
+    }
     int64_t chunks = (K + 63) / 64;
     __mmask64 tail = K % 64 ? (((__mmask64)1 << (K % 64)) - 1) : ~(__mmask64)0;
     Row *rows = rows_get(M, chunks * 64);
@@ -179,10 +187,6 @@ void int8_vnni_linear(const float *x, const int8_t *q, const float *scale, const
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t n = 0; n < N; n++) {  /* each weight row read once, for every activation row */
         float b = bias ? bias[n] : 0.0f;
-        if (M == 1) {
-            y[n] = int8_dot(q + n * K, &rows[0], chunks, tail) * scale[n] + b;
-            continue;
-        }
         for (int64_t m = 0; m < M; m += 4) {
             const Row *x[4];
             float out[4];
@@ -251,8 +255,72 @@ static void int4_dot4(const uint8_t *w, const uint16_t *d, const Row *const x[4]
         out[r] = _mm512_reduce_add_ps(acc[r]);
 }
 
+/* The one-row API that decoder_step.c calls through pointers (the fused step computes exactly what
+ * the layers compute, with this machine code): vnni_row_bytes(K, bits) bytes hold one activation row
+ * prepared by vnni_prepare (64-byte aligned); int8_vnni_rows / int4_vnni_rows give y[n] for n0 <= n < n1
+ * (one thread's share of the outputs). int8_vnni_linear and int4_vnni_linear run the same for M = 1. */
+static int64_t chunk_bytes(int64_t K, int bits) {
+    return bits == 8 ? (K + 63) / 64 * 64 : (K + 127) / 128 * 128;
+}
+
+int64_t vnni_row_bytes(int64_t K, int bits) {
+    return 3 * chunk_bytes(K, bits);
+}
+
+static Row row_at(const uint8_t *base, int64_t bytes) {
+    Row row = {(int8_t *)base, (int32_t *)(base + bytes), (float *)(base + 2 * bytes)};
+    return row;
+}
+
+void vnni_prepare(const float *x, int64_t K, int bits, uint8_t *out) {
+    int64_t bytes = chunk_bytes(K, bits);
+    Row row = row_at(out, bytes);
+    if (bits == 8)
+        prepare_int8(x, K, &row, bytes / 64);
+    else
+        prepare_int4(x, K, &row, bytes / 128);
+}
+
+__attribute__((noinline)) void int8_vnni_rows(const uint8_t *prepared, const int8_t *q, const float *scale,
+                                              const float *bias, float *y, int64_t n0, int64_t n1, int64_t K) {
+    int64_t chunks = (K + 63) / 64;
+    __mmask64 tail = K % 64 ? (((__mmask64)1 << (K % 64)) - 1) : ~(__mmask64)0;
+    Row row = row_at(prepared, chunks * 64);
+    for (int64_t n = n0; n < n1; n++)
+        y[n] = int8_dot(q + n * K, &row, chunks, tail) * scale[n] + (bias ? bias[n] : 0.0f);
+}
+
+__attribute__((noinline)) void int4_vnni_rows(const uint8_t *prepared, const uint8_t *qs, const uint16_t *d,
+                                              const float *bias, float *y, int64_t n0, int64_t n1, int64_t K) {
+    int64_t chunks = (K + 127) / 128, G = K / BLOCK;
+    int groups = (int)(G - (chunks - 1) * 4);
+    Row row = row_at(prepared, chunks * 128);
+    for (int64_t n = n0; n < n1; n++)
+        y[n] = int4_dot(qs + n * (K / 2), d + n * G, &row, chunks, groups) + (bias ? bias[n] : 0.0f);
+}
+
+/* One row of activations: prepared once, the outputs split among `threads` in contiguous shares. */
+static void one_row(const float *x, const void *w, const void *scale, const float *bias, float *y, int64_t N,
+                    int64_t K, int threads, int bits) {
+    Row *rows = rows_get(1, chunk_bytes(K, bits));
+    vnni_prepare(x, K, bits, (uint8_t *)rows[0].q);
+    #pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int t = omp_get_thread_num(), T = omp_get_num_threads();
+        int64_t n0 = N * t / T, n1 = N * (t + 1) / T;
+        if (bits == 8)
+            int8_vnni_rows((const uint8_t *)rows[0].q, w, scale, bias, y, n0, n1, K);
+        else
+            int4_vnni_rows((const uint8_t *)rows[0].q, w, scale, bias, y, n0, n1, K);
+    }
+}
+
 void int4_vnni_linear(const float *x, const uint8_t *qs, const uint16_t *d, const float *bias, float *y,
                       int64_t M, int64_t N, int64_t K, int threads) {
+    if (M == 1) {
+        one_row(x, qs, d, bias, y, N, K, threads, 4);
+        return;
+    }
     int64_t chunks = (K + 127) / 128, G = K / BLOCK;
     int groups = (int)(G - (chunks - 1) * 4);
     Row *rows = rows_get(M, chunks * 128);
@@ -261,10 +329,6 @@ void int4_vnni_linear(const float *x, const uint8_t *qs, const uint16_t *d, cons
     #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
     for (int64_t n = 0; n < N; n++) {
         float b = bias ? bias[n] : 0.0f;
-        if (M == 1) {
-            y[n] = int4_dot(qs + n * (K / 2), d + n * G, &rows[0], chunks, groups) + b;
-            continue;
-        }
         for (int64_t m = 0; m < M; m += 4) {
             const Row *x[4];
             float out[4];

@@ -55,7 +55,7 @@ DIAGNOSES: list[Diagnosis] = [
     d("no_residual", "a residual connection is missing", "缺少残差连接",
       "add the sublayer's input back: x = norm(x + dropout(sublayer(x)))",
       "把子层输入加回来：x = norm(x + dropout(sublayer(x)))",
-      r"^\s*x\s*=\s*(self\.)?(mlp|attn|ffn|feed_forward|self_attn|attention)\w*\(",
+      r"^\s*(x\s*=|return)\s*(self\.)?(mlp|attn|ffn|feed_forward|self_attn|attention)\w*\(",
       r"(ln|norm)\w*\((?!.*\+).*dropout\(", r"norm\w*\((?!.*\bx\s*\+)", r"norm"),
     d("pre_norm", "the norm placement is mixed: one sublayer is pre-norm, another post-norm",
       "层归一化的位置前后不一致：有的子层是 Pre-Norm，有的是 Post-Norm",

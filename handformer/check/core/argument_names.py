@@ -1,7 +1,11 @@
 """The argument names the runners fill, one table per runner: a learner's free function is found by
-them (signatures.py) before any runner is imported, so the tables sit below both."""
+them (signatures.py) before any runner is imported, so the tables, and the helpers that read a
+signature's names, sit below both."""
 
 from __future__ import annotations
+
+import inspect
+from typing import Any
 
 # beam.py
 BEAM_NAMES = {
@@ -123,3 +127,20 @@ P_NAMES = ("p", "top_p", "topp", "nucleus")
 GENERATOR_NAMES = ("generator", "rng", "gen")
 LOGITS_NAMES = ("logits", "scores", "x", "logit", "z", "inputs", "input")
 PROBS_NAMES = ("probs", "probabilities", "prob", "p_dist", "dist", "distribution")
+
+
+def call_parameters(fn: Any, skip: tuple[str, ...] = ()) -> list[inspect.Parameter]:
+    """fn's parameters that a call names: not *args or **kwargs, nor those in `skip` ("self" of a
+    function taken from a class)."""
+    return [p for p in inspect.signature(fn).parameters.values()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in skip]
+
+
+def named(names: list[str], aliases: tuple[str, ...]) -> str | None:
+    """The first of the argument names that is one of the aliases (whatever its case), or None."""
+    return next((n for n in names if n.lower() in aliases), None)
+
+
+def names_of(params: list[inspect.Parameter]) -> tuple[list[str], list[str]]:
+    """The parameters' names, and those of the ones without a default (a call must fill them)."""
+    return [p.name for p in params], [p.name for p in params if p.default is p.empty]

@@ -19,9 +19,10 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import call_parameters, named, names_of  # noqa: F401  (the runners import them here)
 from handformer.check.core.conventions import conventions_for, is_lengths_name
 from handformer.check.core.discovery import ARGUMENTS, Component, build, own_objects, with_head_size
-from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import scramble_
 from handformer.nn.masks import causal_mask
@@ -67,10 +68,8 @@ class Context:
         old = {name: vars(self.module).get(name, _UNSET) for name in wanted}
         vars(self.module).update(wanted)
         if wanted and not nested:
-            were = ", ".join(f"{n}={old[n]!r}" if old[n] is not _UNSET else f"{n} (not defined)"
-                             for n in wanted)
-            were_zh = ", ".join(f"{n}={old[n]!r}" if old[n] is not _UNSET else f"{n}（没有定义）"
-                                for n in wanted)
+            were, were_zh = (", ".join(f"{n}={old[n]!r}" if old[n] is not _UNSET else f"{n}{undefined}"
+                                       for n in wanted) for undefined in (" (not defined)", "（没有定义）"))
             now = ", ".join(f"{n}={v}" for n, v in wanted.items())
             self.hyperparameter_note = text(
                 f"your module-level hyperparameters were set to {now} for this check (they were "
@@ -146,6 +145,20 @@ class Context:
                                     f"forward 从不调用 {comp.name}.{name}（{type(sub).__name__}），"
                                     "所以它没有形状；删掉它，或者调用它")
 
+    def passes(self, comp: Component, check: Callable[[Component, Context], ComponentResult]) -> bool:
+        """Whether the learner's component passes its own check (run here when it has not been yet, once
+        a file), for a runner that builds on it (their loss in a training step, their model under a
+        beam search); their code raising there is a no."""
+        if comp.name not in self.results:
+            partial = self.partial
+            try:
+                self.results[comp.name] = check(comp, self)
+            except Exception:  # noqa: BLE001  (their code raises: the runner builds on handformer's)
+                return False
+            finally:
+                self.partial = partial
+        return self.results[comp.name].status == PASS
+
     def objects(self, comp: Component, *kinds: str) -> list[Any]:
         """The component's class or function, then the learner's other components of `kinds`, then
         every other function and class of their file: where to look for a line."""
@@ -167,11 +180,9 @@ class Context:
 def attributes_double_(module: nn.Module) -> nn.Module:
     """The float tensors a module keeps as plain attributes, not buffers (Umar Jamil's KV cache
     `self.cache_k = torch.zeros(...)`), in float64 as `.double()` puts its parameters."""
-    for sub in module.modules():
-        for name, value in list(vars(sub).items()):
-            plain = isinstance(value, Tensor) and not isinstance(value, nn.Parameter)
-            if plain and value.is_floating_point():
-                setattr(sub, name, value.double())
+    for sub in module.modules():  # parameters and buffers are not in vars(sub)
+        floats = {n: v for n, v in vars(sub).items() if torch.is_tensor(v) and v.is_floating_point()}
+        vars(sub).update({n: v.double() for n, v in floats.items()})
     return module
 
 
@@ -192,13 +203,9 @@ def module_sizes(module: types.ModuleType, comp: Component, sizes: dict[str, Any
     each with the value `sizes` gives it; names their code never reads are left alone."""
     sizes = with_head_size(sizes)
     own = {n: o for n, o in own_objects(module).items() if "." not in n}
-    reads, todo, seen = set(), [comp.obj], set()
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        names = global_reads(obj)
+    reads, todo = set(), [comp.obj]
+    while todo:  # each of their objects is followed the first time a name reads it
+        names = global_reads(todo.pop()) - reads
         reads |= names
         todo += [own[n] for n in names if n in own]
     out = {}
@@ -277,10 +284,7 @@ def observed_match(name: str, form: str, matched: float, correct: float) -> dict
 
 
 def forward_parameters(module: Any) -> list[inspect.Parameter]:
-    fn = module.forward if isinstance(module, nn.Module) else module
-    params = [p for p in inspect.signature(fn).parameters.values()
-              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    return params
+    return call_parameters(module.forward if isinstance(module, nn.Module) else module)
 
 
 def is_mask_name(name: str) -> bool:
@@ -369,8 +373,9 @@ def dropout_on_residual(res: ComponentResult, ctx: Context, comp: Component, run
         return
     number, code = locate("dropout_on_residual", source_lines(ctx.objects(comp, "add_norm")))
     n = len(hits)
+    tensors, are = ("tensors", "are") if n > 1 else ("tensor", "is")
     res.findings.append(Finding("dropout_on_residual", text(
-        f"{n} tensor{'s' if n > 1 else ''} that your code hands to dropout {'are' if n > 1 else 'is'} the "
+        f"{n} {tensors} that your code hands to dropout {are} the "
         "residual stream itself (a sublayer's input, or x + f(x)): in training, the residual path is "
         "dropped too", f"你的代码交给 dropout 的张量中有 {n} 个就是残差流本身（子层的输入，或 x + f(x)）："
         "训练时残差通路也被 dropout 了"), number, code))
@@ -463,10 +468,10 @@ def finish(res: ComponentResult) -> ComponentResult:
 def grads_error(pairs: list[tuple[Tensor | None, Tensor | None]]) -> float:
     err = 0.0
     for a, b in pairs:
-        if a is None and b is None:
-            continue
-        if a is None or b is None:
+        if (a is None) != (b is None):  # a gradient on one side only
             return math.inf
+        if a is None:
+            continue
         err = max(err, fp.max_error(a.reshape(1, -1), b.reshape(1, -1)))
     return err
 

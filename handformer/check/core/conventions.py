@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from handformer.check.core.result import Text, text
+from handformer.check.core.result import Finding, Text, text
 
 # name -> (description, encode(keep) -> the mask the learner's code receives)
 CONVENTIONS: dict[str, tuple[Text, Callable[[Tensor], Tensor]]] = {
@@ -119,3 +119,25 @@ def masks_where_true(source: str, name: str | None) -> bool:
     direct = re.search(rf"masked_fill_?\(\s*{m}(\.bool\(\))?(\[[^\]]*\])?(\.bool\(\))?\s*,", source)
     inverted = re.search(rf"{m}\s*==\s*0|~\s*{m}|logical_not\(\s*{m}", source)
     return bool(direct) and not inverted
+
+
+# the words of a file that handles padding: a query whose keys are all masked comes only with it
+PADDING_WORDS = re.compile(r"pad|src_mask|tgt_mask|trg_mask|attention_mask|valid_len|key_padding|lengths")
+UNPADDED_NAN = text("a query whose keys are all masked gives NaN here; such a row comes only with padding, "
+                    "which nothing in your file builds or mentions, so it is not charged (handformer gives "
+                    "zeros there; fill with -1e9 if you add padding)",
+                    "所有键都被屏蔽的查询在这里得到 NaN；只有填充（padding）才会产生这样的行，"
+                    "而你的文件没有构造也没有提到填充，所以不算错误（handformer 在那里给出 0；"
+                    "加上填充时请用 -1e9 填充）")
+
+
+def without_unpadded_nan(source: str, findings: list[Finding], notes: list[Text]) -> bool:
+    """Drop the finding nan_on_masked_rows (noted instead) from a file that never speaks of padding,
+    when it is the only one (beside a mask mistake, such as a causal mask off by one, the rows are that
+    mistake's); True when it was dropped."""
+    names = {f.name for f in findings}
+    if PADDING_WORDS.search(source) or names != {"nan_on_masked_rows"}:  # beside another: that one's NaN
+        return False
+    findings[:] = [f for f in findings if f.name != "nan_on_masked_rows"]
+    notes.append(UNPADDED_NAN)
+    return True

@@ -49,7 +49,7 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                "trg_pad_idx", "pad"),
     "max_len": ("max_len", "max_seq_len", "max_positions", "block_size", "seq_len", "max_length",
                 "max_seq_length", "n_positions", "context_length", "maxlen", "max_position_embeddings",
-                "context_size", "n_ctx", "context_length"),
+                "context_size", "n_ctx", "context_length", "sequence_len"),
     "theta": ("theta", "base", "rope_theta", "rope_base"),
     "eps": ("eps", "norm_eps", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "epsilon"),
 }
@@ -191,17 +191,6 @@ SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block",),
 NOT_SUFFIXED = ("Encoder", "Decoder", "Cross", "MoE")
 
 
-def _suffixed(name: str, kind: str) -> bool:
-    """Whether a class name ends as this kind's do; a piece's name with "Block" after it (Umar Jamil's
-    FeedForwardBlock, MultiHeadAttentionBlock) is that piece, not a block."""
-    stem = name.removesuffix("Block")
-    pieces = tuple(s for k in ("mha", "ffn", "rmsnorm", "rope") for s in SUFFIXES[k])
-    piece = stem != name and stem.endswith(pieces)
-    if kind == "block":
-        return name.endswith(SUFFIXES["block"]) and not piece
-    return (stem if piece else name).endswith(SUFFIXES.get(kind, ("\0",)))
-
-
 def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> list[str]:
     """The learner's names among `names`, in that order; ".generate" stands for any class's method
     of that name; then their classes whose name ends as this kind's do (SUFFIXES)."""
@@ -210,7 +199,8 @@ def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> li
         out += sorted(n for n in own if n.endswith(name)) if name.startswith(".") else [name] * (name in own)
     exact = {n for ns in NAMES.values() for n in ns}
     out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in exact and n not in out
-                  and _suffixed(n, kind) and not any(w.lower() in n.lower() for w in NOT_SUFFIXED))
+                  and n.endswith(SUFFIXES.get(kind, ("\0",)))
+                  and not any(w.lower() in n.lower() for w in NOT_SUFFIXED))
     if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in own):  # Hugging Face's XModel is the backbone
         out = [n for n in out if n in exact or not n.endswith("Model") or n.endswith("LanguageModel")]
     return out
@@ -231,9 +221,13 @@ def refine(kind: str, obj: Any) -> str:
         said = kind_of(obj)
         if said is not None and any(kind in f and said in f for f in SAME_FAMILY):
             return said
+    if kind == "block" and inspect.isclass(obj) and encoder_block(obj):
+        return "encoder_layer"
+    if kind == "encoder_layer" and inspect.isclass(obj) and _takes(obj, "start_pos"):
+        return "block"  # Umar Jamil's EncoderBlock(args): a start position is a decoder's KV cache
     if kind == "transformer" and inspect.isclass(obj) and decoder_only(obj):
         return "gpt"
-    if kind == "decoder_layer" and inspect.isclass(obj) and decoder_only(obj, POSITION_EXTRAS):
+    if kind == "decoder_layer" and decoder_only(obj, POSITION_EXTRAS):
         return "block"  # a decoder-only model's DecoderLayer (llama2.c's kin): no memory to attend to
     if kind == "gpt" and inspect.isclass(obj) and obj.__name__ not in NAMES["gpt"] and not decoder_only(obj):
         return "transformer"  # found by its ending (Llama3Model's "Model"): what its forward takes says
@@ -274,6 +268,29 @@ def decoder_only(cls: Any, extras: tuple[str, ...] = TOKEN_EXTRAS) -> bool:
     inputs = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty
               and p.name not in extras and "mask" not in p.name]
     return len(inputs) == 1
+
+
+def _takes(cls: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(cls.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
+def encoder_block(cls: Any) -> bool:
+    """A block (by its name: TransformerBlock) that is an encoder layer by what it does: its mask is
+    optional and nothing in its file is causal (no tril, triu, is_causal=True or causal mask), so
+    with no mask every token sees every other, as in the paper's encoder."""
+    try:
+        params = inspect.signature(cls.forward).parameters.values()
+    except (AttributeError, TypeError, ValueError):
+        return False
+    if not any("mask" in p.name.lower() and p.default is None for p in params):
+        return False
+    module = sys.modules.get(getattr(cls, "__module__", ""), None)
+    source = _source(module) if module is not None else ""
+    return bool(source) and not CAUSAL_WORDS.search(source) and not re.search(r"subsequent|look_?ahead",
+                                                                               source)
 
 
 def causal_inside(cls: Any) -> bool:
@@ -381,17 +398,6 @@ def _config_class(p: inspect.Parameter, cls: Any) -> Any:
     return None
 
 
-def _file_config(cls: Any, missing: set[str]) -> Any:
-    """The learner's config dataclass that has the fields its file reads and check has no value for
-    (nanochat's GPTConfig: n_layer, window_pattern): its defaults fill them; None when none is missing."""
-    module = sys.modules.get(getattr(cls, "__module__", ""), None)
-    if not missing or module is None:
-        return None
-    return next((o for o in vars(module).values() if inspect.isclass(o) and dataclasses.is_dataclass(o)
-                 and o.__module__ == module.__name__ and missing <= {f.name for f in dataclasses.fields(o)}),
-                None)
-
-
 def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | None:
     """The configuration for the argument `p` of `cls`, in the form its code reads it: a dict when it
     is subscripted (cfg["emb_dim"]), the learner's own config class (a dataclass filled field by
@@ -399,8 +405,7 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
     when `p` is not a configuration."""
     values = _config_values(sizes)
     keys, attrs = config_reads(cls, p.name)
-    own = _config_class(p, cls) or (_file_config(cls, (attrs | _file_fields(cls)) - set(values))
-                                    if p.name.lower() in CONFIG_NAMES else None)
+    own = _config_class(p, cls)
     if own is None and not keys and p.name.lower() not in CONFIG_NAMES:
         return None
     if keys:
@@ -409,9 +414,10 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
             config["hidden_dim"] = sizes["d_ff"]  # Raschka's cfg: emb_dim the width, hidden_dim the FFN's
         return config
     if own is not None:
-        values = _hidden_paired(_class_fields(own), values, sizes)
+        values = paired_hidden(values, _class_fields(own), sizes)
         if dataclasses.is_dataclass(own):
             names = {f.name for f in dataclasses.fields(own) if f.init}
+            values = paired_hidden(values, names | attrs, sizes)
             config = own(**{n: values[n] for n in names if n in values})
         else:
             params = inspect.signature(own).parameters
@@ -423,30 +429,24 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
             if (attr in attrs or hasattr(config, attr)) and not callable(getattr(config, attr, None)):
                 setattr(config, attr, value)
         return config
-    return types.SimpleNamespace(**_hidden_paired(_file_fields(cls), values, sizes))
+    return types.SimpleNamespace(**paired_hidden(values, attrs, sizes))
+
+
+def paired_hidden(values: dict[str, Any], names: set[str], sizes: dict[str, Any]) -> dict[str, Any]:
+    """The config's values with hidden_dim (hidden_size, hidden) the FFN's width where the config also
+    names the width another way and names no FFN width (Meta's and llama2.c's ModelArgs: dim and
+    hidden_dim); else, as Hugging Face's hidden_size, the width itself."""
+    paired = {n for n in names if n.lower() in HIDDEN_WHEN_PAIRED}
+    widths = {n for n in names if n.lower() in ARGUMENTS["d_model"]} - paired
+    if not paired or not widths or (names - paired) & set(ARGUMENTS["d_ff"]) or not sizes.get("d_ff"):
+        return values
+    return {**values, **{n: sizes["d_ff"] for n in paired}}
 
 
 def _class_fields(own: type) -> set[str]:
     """The field names of the learner's config class (a Hugging Face config: its __init__'s)."""
     fields = set(vars(own)) | set(inspect.signature(own).parameters)
-    return fields | ({f.name for f in dataclasses.fields(own)} if dataclasses.is_dataclass(own) else set())
-
-
-def _file_fields(cls: Any) -> set[str]:
-    """The attributes the learner's file reads from its configurations (args.dim, config.n_embd)."""
-    module = sys.modules.get(getattr(cls, "__module__", ""), None)
-    names = "|".join(CONFIG_NAMES)
-    return set(re.findall(rf"\b(?:{names})\.(\w+)", _source(module))) if module is not None else set()
-
-
-def _hidden_paired(fields: set[str], values: dict[str, Any], sizes: dict[str, Any]) -> dict[str, Any]:
-    """The values for a config with these fields: its hidden_dim the FFN's width when it also has a
-    model width and no FFN width of its own (llama2.c's ModelArgs: dim, hidden_dim)."""
-    hidden = fields & set(HIDDEN_WHEN_PAIRED)
-    if not sizes.get("d_ff") or not hidden or fields & set(ARGUMENTS["d_ff"]) or not (
-            fields - hidden) & set(ARGUMENTS["d_model"]):
-        return values
-    return {**values, **dict.fromkeys(hidden, sizes["d_ff"])}
+    return fields | set(getattr(own, "__dataclass_fields__", {}))
 
 
 def argument_keys(cls: Any) -> dict[str, str | None]:

@@ -131,27 +131,32 @@ def rows_for(rows: Rows, flags: frozenset[str]) -> Tensor | None:
     return rows(flags) if callable(rows) else rows
 
 
+def flag_sets(universe: Sequence[str], most: int = 2, least: int = 0) -> Iterator[frozenset[str]]:
+    """Every set of `least` to `most` mistakes of `universe`, the smaller sets first, each in the
+    universe's order; one form per name ("causal_off_by_one:no_self" and ":sees_next" never together)."""
+    for n in range(least, most + 1):
+        for combo in itertools.combinations(universe, n):
+            if len({flag.partition(":")[0] for flag in combo}) == n:
+                yield frozenset(combo)
+
+
 def search(target: Tensor, compute: Callable[[frozenset[str]], Tensor], universe: Sequence[str],
            rows: Rows, max_flags: int = 2, min_flags: int = 0,
            ) -> tuple[frozenset[str], float] | None:
     """The smallest set of mistakes (from `min_flags` to `max_flags` of them, one form per name)
     whose computed output equals `target` on the rows that set leaves visible; None when no set
     does."""
-    for n in range(min_flags, max_flags + 1):
-        for combo in itertools.combinations(universe, n):
-            names = {flag.split(":")[0] for flag in combo}
-            if len(names) < n:
-                continue
-            try:
-                out = compute(frozenset(combo))
-            except RuntimeError:
-                continue  # this variant cannot run on these shapes; it cannot be the learner's
-            visible = rows_for(rows, frozenset(combo))
-            if visible is not None and not bool(visible.any()):
-                continue  # a variant that hides every query matches anything: it explains nothing
-            err = max_error(target, out, visible)
-            if err < TOL:
-                return frozenset(combo), err
+    for combo in flag_sets(universe, max_flags, min_flags):
+        try:
+            out = compute(combo)
+        except RuntimeError:
+            continue  # this variant cannot run on these shapes; it cannot be the learner's
+        visible = rows_for(rows, combo)
+        if visible is not None and not bool(visible.any()):
+            continue  # a variant that hides every query matches anything: it explains nothing
+        err = max_error(target, out, visible)
+        if err < TOL:
+            return combo, err
     return None
 
 

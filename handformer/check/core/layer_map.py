@@ -3,12 +3,17 @@ the attentions, the FFN and the norms of each encoder, decoder or decoder-only l
 
 from __future__ import annotations
 
+import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+import torch
 from torch import nn
 
 from handformer.check.core.context import D, H
+from handformer.check.core.source import source_text
 from handformer.check.core.weights import (
     Leaf,
     Slot,
@@ -73,7 +78,8 @@ def map_layer(path: str, child: nn.Module, F_width: int) -> LayerMap:
     ffn = ffn_slots(linears, D, F_width, path)[0]
     names = ["self-attention", "cross-attention", "FFN"] if decoder else ["self-attention", "FFN"]
     norms, qk = block_norms([leaf for leaf in found if leaf.kind == "norm"])
-    attn[0] += qk
+    attn[0] += qk or gainless_qk(child)
+    norms = norms or gainless_norms(child, len(names))
     if len(norms) == 1:
         norms = norms * len(names)
     return LayerMap(path, decoder, attn, ffn, norm_slots(norms, len(names), names, path))
@@ -86,3 +92,79 @@ def block_norms(norms: list[Leaf]) -> tuple[list[Leaf], list[Slot]]:
     qk = qk_norm_slots([n for n in norms if tuple(n.weight.shape) == (D // H,)], D // H)
     taken = {id(slot.leaf) for slot in qk}
     return [n for n in norms if id(n) not in taken], qk
+
+
+class Gainless(Leaf):
+    """A norm the learner computes with a function and no parameters (nanochat's norm(x) =
+    F.rms_norm(x, (x.size(-1),))): torch's norm with a gain of ones (and a bias of zeros) stands for
+    it; it has no gradient of its own in the learner's graph."""
+
+
+# a call of a function, not of a module's method: norm(x), F.rms_norm(q, ...), rms(h)
+CALL = re.compile(r"(?<![\w.])(?:F\.|torch\.nn\.functional\.)?(\w+)\(\s*(\w+)")
+NORM_BODY = re.compile(r"rms_norm|layer_norm|rsqrt")
+QK_NAMES = ("q", "k", "xq", "xk", "query", "key", "queries", "keys")
+EPS64 = float(torch.finfo(torch.float64).eps)  # F.rms_norm's eps=None in the float64 comparisons
+
+
+def _norm_kind(function: str, owner: Any) -> str:
+    """rmsnorm or layernorm: F.layer_norm, F.rms_norm, or what the learner's own function calls."""
+    if "layer" in function.lower():
+        return "layernorm"
+    module = sys.modules.get(getattr(owner, "__module__", ""), None)
+    own = getattr(module, function, None) if module is not None else None
+    return "layernorm" if own is not None and "layer_norm" in source_text(own) else "rmsnorm"
+
+
+def gainless_norm(name: str, kind: str, width: int) -> Gainless:
+    module = nn.RMSNorm(width, eps=EPS64) if kind == "rmsnorm" else nn.LayerNorm(width)
+    module = module.double()
+    return Gainless(name, "norm", module, module.weight, getattr(module, "bias", None))
+
+
+def _calls(module: nn.Module, forward_only: bool) -> list[tuple[str, str, Any]]:
+    """(function, first argument, class) of the norm-function calls in the learner's class of
+    `module` (its forward), or in any learner class inside it (forward_only False)."""
+    owners = [type(module)] if forward_only else [type(m) for m in module.modules()]
+    out = []
+    for cls in dict.fromkeys(owners):
+        if not cls.__module__.startswith("learner_"):
+            continue
+        source = source_text(cls.forward) if forward_only else source_text(cls)
+        out += [(f, arg, cls) for f, arg in CALL.findall(source) if _norm_function(f, cls)]
+    return out
+
+
+def _norm_function(name: str, owner: Any) -> bool:
+    """A norm function: torch's (F.rms_norm, F.layer_norm), or one of the learner's file named like a
+    norm or computing one (nanochat's norm(x), a rms(x) that calls F.rms_norm)."""
+    if name[0].isupper():  # a class: a module built, not a function called
+        return False
+    module = sys.modules.get(getattr(owner, "__module__", ""), None)
+    own = getattr(module, name, None) if module is not None else None
+    if own is not None and getattr(own, "__module__", None) == module.__name__ and callable(own):
+        return "norm" in name.lower() or bool(NORM_BODY.search(source_text(own)))
+    return name in ("rms_norm", "layer_norm")
+
+
+def gainless_qk(module: nn.Module, head_dim: int = D // H) -> list[Slot]:
+    """QK-norm written as a function without gains (nanochat's q, k = norm(q), norm(k)): two gainless
+    norms of width head_dim, handformer's QK-norm with gains of one (before or after RoPE is the
+    same: a rotation keeps each head's root mean square); none when no such call is in the source."""
+    calls = [(f, cls) for f, arg, cls in _calls(module, False) if arg in QK_NAMES]
+    if not calls:
+        return []
+    f, cls = calls[0]
+    return [Slot(role, gainless_norm(f"{f}({arg}) (no gain)", _norm_kind(f, cls), head_dim))
+            for role, arg in (("q_norm", "q"), ("k_norm", "k"))]
+
+
+def gainless_norms(module: nn.Module, count: int) -> list[Leaf]:
+    """A block's (or model's) norms written as function calls in its forward (nanochat's
+    x + self.attn(norm(x))): `count` gainless norms of width d_model, in call order; none when the
+    forward calls fewer."""
+    calls = [(f, cls) for f, arg, cls in _calls(module, True) if arg not in QK_NAMES]
+    if len(calls) < count:
+        return []
+    return [gainless_norm(f"{f}() #{i} (no gain)", _norm_kind(f, cls), D) for i, (f, cls) in
+            enumerate(calls[:count])]

@@ -178,10 +178,9 @@ def factor_name(c: float, sizes: dict[str, float]) -> str:
 def _power_name(c: float, sizes: dict[str, float], powers: tuple[float, ...]) -> str | None:
     for p in powers:
         for name, n in sizes.items():
-            for sign in (1, -1):
+            for sign, form in ((1, "{}"), (-1, "1/{}")):
                 if n > 0 and n != 1 and math.isclose(c, n ** (sign * p), rel_tol=1e-4):
-                    base = {0.5: f"sqrt({name})", 1.0: name}.get(p, f"{name}**{p:g}")
-                    return base if sign > 0 else f"1/{base}"
+                    return form.format({0.5: f"sqrt({name})", 1.0: name}.get(p, f"{name}**{p:g}"))
     return None
 
 
@@ -209,9 +208,10 @@ VIEWS_ZH = [(r"the input of (.+)", r"\1 的输入"), (r"the input x", "输入 x"
             (r"the mean over d_model", "在 d_model 上的均值"), (r"the variance \(biased\)", "方差（有偏）"),
             (r"the gain times the normalized x", "增益乘以归一化后的 x"),
             (r"the norm (before|after) the (.+)", lambda m: f"{SUBLAYERS_ZH.get(m[2], m[2])}"
-             f"{'之前' if m[1] == 'before' else '之后'}的归一化"),
+             f"{SIDES_ZH[m[1]]}的归一化"),
             (r"the (.+)'s output", lambda m: f"{SUBLAYERS_ZH.get(m[1], m[1])}的输出"),
             (r"x \+ (.+) \(the residual sum\)", lambda m: f"x + {SUBLAYERS_ZH.get(m[1], m[1])}（残差和）")]
+SIDES_ZH = {"before": "之前", "after": "之后"}
 SUBLAYERS_ZH = {"self-attention": "自注意力", "cross-attention": "交叉注意力", "FFN": "前馈网络"}
 
 
@@ -395,9 +395,8 @@ def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[li
 def _positioned(w: V.MHAWeights, qh: Tensor, kh: Tensor, views: list[View],
                 ) -> tuple[Tensor, Tensor, list[View]]:
     """Queries and keys (B, H, T, Dh) normed per head and rotated by their positions, as the
-    reference does; the views of those steps (rotate_half's for the half-split layout)."""
-    if w.qk_norm is None and w.rope is None:
-        return qh, kh, views
+    reference does; the views of those steps (rotate_half's for the half-split layout): none when it
+    does neither."""
     normed = V.qk_positions(replace(w, rope=None), qh, kh, 0, frozenset())  # QK-norm alone
     if w.qk_norm is not None:
         views = views + [("the heads of q, normed (QK-norm)", normed[0]),

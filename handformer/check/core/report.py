@@ -48,7 +48,8 @@ WORDS = {
            "not_checked": ", {c} not checked (check could not build or drive them: write the adapters shown)",
            "why": "why not checked", "adapter": "the adapter that lets check build or drive it (in "
            "handformer_adapters.py beside your file, or --adapters FILE)", "driven": "driven through",
-           "skipped": "top-level statements not run (your definitions were graded without them)"},
+           "skipped": "top-level statements not run (your definitions were graded without them)",
+           "sep": "; ", "paren": " ({})", "line_of": "line {n}: {code}"},
     "zh": {":": "：", "weights": "权重映射", "mask": "掩码约定", "convention": "约定", "line": "第",
            "fix": "修改建议", "observed": "观察到", "checks_ok": "满足的要求（{n}）",
            "failed": "未满足的要求",
@@ -60,7 +61,8 @@ WORDS = {
            "not_checked": "，{c} 个未检查（检查程序无法构建或调用它们：按提示写适配函数）",
            "why": "未检查的原因", "adapter": "写上这个适配函数，检查程序就能构建或调用它（放在你的文件旁边的 "
            "handformer_adapters.py 里，或者用 --adapters 文件）", "driven": "调用方式",
-           "skipped": "没有运行的顶层语句（只检查了你的定义）"},
+           "skipped": "没有运行的顶层语句（只检查了你的定义）", "sep": "；", "paren": "（{}）",
+           "line_of": "第 {n} 行：{code}"},
 }
 
 
@@ -69,11 +71,15 @@ def default_language() -> str:
     for var in ("LC_ALL", "LC_MESSAGES", "LANG", "LANGUAGE"):
         value = os.environ.get(var, "")
         if value:
-            return "zh" if value.lower().startswith("zh") else "en"
+            return _language(value)
     try:
         code = locale.getlocale()[0] or ""
     except ValueError:
         code = ""
+    return _language(code)
+
+
+def _language(code: str) -> str:
     return "zh" if code.lower().startswith("zh") else "en"
 
 
@@ -101,7 +107,7 @@ def to_json(result: FileResult) -> str:
 def _line(n: int | None, code: str | None, lang: str) -> str:
     if n is None:
         return ""
-    return f"line {n}: {code}" if lang == "en" else f"第 {n} 行：{code}"
+    return WORDS[lang]["line_of"].format(n=n, code=code)
 
 
 # handformer's side of a weight mapping ("name -> role") in Chinese; the learner's names stay as they are
@@ -145,7 +151,12 @@ def _skipped_zh(entry: str) -> str:
 
 
 def _paren(inner: str, lang: str) -> str:
-    return f" ({inner})" if lang == "en" else f"（{inner}）"
+    return WORDS[lang]["paren"].format(inner)
+
+
+# the report's words for a kind, a weight mapping's row, a statement not run, by language
+KIND_NAMES = {"en": DESCRIPTIONS, "zh": KIND_ZH}
+IN_LANGUAGE = {"en": {"mapping": str, "skipped": str}, "zh": {"mapping": _mapping_zh, "skipped": _skipped_zh}}
 
 
 # a Chinese sentence before a message that has no Chinese of its own (the learner's own exception,
@@ -158,14 +169,17 @@ LEAD_ZH = {"mapping": "检查程序没能把你的参数对应到 handformer 的
            "syntax": "你的文件有语法错误", "internal": "这是 handformer 检查程序的 bug，不是你的代码的问题"}
 
 
+def _lead_zh(err: LearnerError) -> str:
+    """A message written in English only, in Chinese: a sentence of its kind before it."""
+    return f"{LEAD_ZH[err.kind]}（原文：{err.message}）" if err.kind in LEAD_ZH else err.message
+
+
 def format_error(err: LearnerError, lang: str, indent: str = "  ", unchecked: bool = False) -> list[str]:
     w = WORDS[lang]
     where = _paren(f"{w['in']} {err.where}", lang) if err.where else ""
     memory = err.kind == "memory" and "memory" not in err.message.split(":")[0]
     head = f"{w['memory']}{w[':']}" if memory else ""
-    message = err.message_zh if lang == "zh" and err.message_zh else err.message
-    if lang == "zh" and not err.message_zh and err.kind in LEAD_ZH:  # a message written in English only
-        message = f"{LEAD_ZH[err.kind]}（原文：{err.message}）"
+    message = {"en": err.message, "zh": err.message_zh or _lead_zh(err)}[lang]
     label = w["why"] if unchecked or err.kind in CANNOT else w["error"]
     lines = [f"{indent}{label}{where}{w[':']}{head}{message}"]
     lines += [f"{indent}  {frame}" for frame in err.traceback]
@@ -174,12 +188,11 @@ def format_error(err: LearnerError, lang: str, indent: str = "  ", unchecked: bo
 
 def format_component(c: ComponentResult, lang: str) -> list[str]:
     w = WORDS[lang]
-    kind = DESCRIPTIONS.get(c.kind, c.kind) if lang == "en" else KIND_ZH.get(c.kind, c.kind)
+    kind = KIND_NAMES[lang].get(c.kind, c.kind)
     err = f"  {w['max']} {c.max_abs_error:.2g}" if c.max_abs_error is not None and c.status != ERROR else ""
-    name = f"{c.name} ({kind})" if lang == "en" else f"{c.name}（{kind}）"
-    lines = [f"{name}{w[':']}{STATUS[lang][c.status]}{err}"]
+    lines = [f"{c.name}{_paren(kind, lang)}{w[':']}{STATUS[lang][c.status]}{err}"]
     if c.mapping:
-        shown = c.mapping if lang == "en" else [_mapping_zh(m) for m in c.mapping]
+        shown = [IN_LANGUAGE[lang]["mapping"](m) for m in c.mapping]
         lines.append(f"  {w['weights']}{w[':']}{', '.join(shown)}")
     if c.convention:
         label = w["mask"] if c.kind in MASK_KINDS else w["convention"]
@@ -204,7 +217,7 @@ def format_component(c: ComponentResult, lang: str) -> list[str]:
             detail = _paren(ch.detail[lang], lang) if ch.detail else ""
             lines.append(f"  {w['failed']}{w[':']}{ch.name[lang]}{detail}")
     if passed:
-        names = ("; " if lang == "en" else "；").join(ch.name[lang] for ch in passed)
+        names = w["sep"].join(ch.name[lang] for ch in passed)
         lines.append(f"  {w['checks_ok'].format(n=len(passed))}{w[':']}{names}")
     for note in c.notes:
         lines.append(f"  {w['note']}{w[':']}{note[lang]}")
@@ -218,8 +231,8 @@ def format_report(result: FileResult, lang: str = "en", time_limit: float | None
     if time_limit is not None:
         out.append(w["sandbox"].format(t=time_limit, m=memory_limit))
     if result.skipped:
-        shown = result.skipped if lang == "en" else [_skipped_zh(s) for s in result.skipped]
-        out.append(f"{w['skipped']}{w[':']}" + ("; " if lang == "en" else "；").join(shown))
+        shown = [IN_LANGUAGE[lang]["skipped"](s) for s in result.skipped]
+        out.append(f"{w['skipped']}{w[':']}" + w["sep"].join(shown))
     out.append("")
     if result.error:
         out += format_error(result.error, lang, indent="")

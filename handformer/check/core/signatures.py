@@ -49,6 +49,8 @@ from handformer.check.core.argument_names import (
     TGT_NAMES,
     X_NAMES,
     Y_NAMES,
+    call_parameters,
+    named,
 )
 
 ROWS = torch.tensor([[2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6],
@@ -56,16 +58,20 @@ ROWS = torch.tensor([[2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6],
 OPTION_VALUES = {"top_k": 3, "top_p": 0.8, "temperature": 0.7}
 
 
+def _signature(fn: Any) -> tuple[list[inspect.Parameter], list[str], set[str]]:
+    """fn's named parameters, their lowered names and the required ones; none when it has no
+    signature Python can read (it is then no kind)."""
+    try:
+        params = call_parameters(fn)
+    except (TypeError, ValueError):
+        params = []
+    return params, [p.name.lower() for p in params], {p.name.lower() for p in params if p.default is p.empty}
+
+
 def kind_of(fn: Any) -> str | None:
     """The kind a free function is by its signature (and, for a function of logits, by a call), or
     None."""
-    try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    except (TypeError, ValueError):
-        return None
-    names = [p.name.lower() for p in params]
-    required = {p.name.lower() for p in params if p.default is p.empty}
+    params, names, required = _signature(fn)
     if lm_step(fn):
         return "lm_train_step"
     if _schedule(names, required):
@@ -77,8 +83,8 @@ def _schedule(names: list[str], required: set[str]) -> bool:
     """A learning-rate schedule (`warmup_cosine(step, warmup, max_steps, max_lr, min_lr)`): the step
     first, then settings only, a warmup among them and d_model, an end or a floor."""
     settings = SCHEDULE_ARGS
-    known = {a for aliases in settings.values() for a in aliases}
-    has = lambda key: any(n in settings[key] for n in names[1:])  # noqa: E731
+    known = set().union(*settings.values())
+    has = lambda key: _takes_each(names[1:], [settings[key]])  # noqa: E731
     return bool(names) and names[0] in SCHEDULE_STEP_NAMES and required - {names[0]} <= known and has(
         "warmup") and (has("d_model") or has("total") or has("min_lr"))
 
@@ -90,44 +96,42 @@ def lm_step(fn: Any) -> bool:
     """A decoder-only model's training step, whatever its name (`train_step(model, optimizer, x, y)`):
     it takes the model, the optimizer and the windows x and y (y already x moved on by one), maybe the
     learning rate, and never shifts a target itself (an encoder-decoder's step feeds tgt[:, :-1])."""
-    try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    except (TypeError, ValueError):
-        return False
-    names = [p.name.lower() for p in params]
-    required = {p.name.lower() for p in params if p.default is p.empty}
+    _, names, required = _signature(fn)
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, X_NAMES, Y_NAMES)
-    if not all(any(n in g for n in names) for g in groups):
+    if not _takes_each(names, groups):
         return False
-    return required <= {a for g in groups + (LR_NAMES,) for a in g} and not SHIFT.search(_source(fn))
+    return required <= set().union(*groups, LR_NAMES) and not SHIFT.search(_source(fn))
+
+
+GENERATE_MODEL = tuple(n for n in MODEL_NAMES if n != "self")
+STEP = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, CRITERION_NAMES, ACCUM_NAMES)
+STEP_BATCH = (*STEP, BATCH_NAMES, SRC_NAMES, TGT_NAMES)
+# (kind, what its first argument must be called (any: ()), the groups it must take one of each, the
+# groups its runner fills), tried in order
+LOOP_KINDS = (
+    ("beam_search", (), [BEAM_NAMES["model"], BEAM_NAMES["src"], BEAM_NAMES["beam"], BEAM_NAMES["start"]],
+     tuple(BEAM_NAMES.values())),
+    ("greedy_decode", (), [DECODING_NAMES["model"], DECODING_NAMES["src"], DECODING_NAMES["start"]],
+     tuple(DECODING_NAMES.values())),
+    ("generate", GENERATE_MODEL, [PROMPT_NAMES, COUNT_NAMES], (GENERATE_MODEL, PROMPT_NAMES, COUNT_NAMES,
+                                                               CONTEXT_NAMES)),
+    ("train_epoch", (), [STEP_MODEL_NAMES, OPTIMIZER_NAMES, LOADER_NAMES], (*STEP, LOADER_NAMES)),
+    ("train_step", (), [STEP_MODEL_NAMES, OPTIMIZER_NAMES, BATCH_NAMES], STEP_BATCH),
+    ("train_step", (), [STEP_MODEL_NAMES, OPTIMIZER_NAMES, SRC_NAMES, TGT_NAMES], STEP_BATCH),
+)
+
+
+def _takes_each(names: list[str], groups: list[tuple[str, ...]] | tuple[tuple[str, ...], ...]) -> bool:
+    """Whether one of the names is in each group of aliases."""
+    return all(not set(names).isdisjoint(g) for g in groups)
 
 
 def _loop_kind(names: list[str], required: set[str]) -> str | None:
     """A function that takes a model: beam search, greedy decoding, a generation loop, a training
     epoch or step, by the arguments their runners fill."""
-    has = lambda aliases: any(n in aliases for n in names)  # noqa: E731
-    covered = lambda *groups: required <= {a for g in groups for a in g}  # noqa: E731
-    if not names:
-        return None
-    if has(BEAM_NAMES["model"]) and has(BEAM_NAMES["src"]) and has(BEAM_NAMES["beam"]) and has(
-            BEAM_NAMES["start"]) and covered(*BEAM_NAMES.values()):
-        return "beam_search"
-    seq2seq = DECODING_NAMES
-    if has(seq2seq["model"]) and has(seq2seq["src"]) and has(seq2seq["start"]) and covered(*seq2seq.values()):
-        return "greedy_decode"
-    model = tuple(n for n in MODEL_NAMES if n != "self")
-    if names[0] in model and has(PROMPT_NAMES) and has(COUNT_NAMES) and covered(
-            model, PROMPT_NAMES, COUNT_NAMES, CONTEXT_NAMES):
-        return "generate"
-    step = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, CRITERION_NAMES,
-            ACCUM_NAMES)
-    if has(STEP_MODEL_NAMES) and has(OPTIMIZER_NAMES):
-        if has(LOADER_NAMES) and covered(*step, LOADER_NAMES):
-            return "train_epoch"
-        batch = has(BATCH_NAMES) or (has(SRC_NAMES) and has(TGT_NAMES))
-        if batch and covered(*step, BATCH_NAMES, SRC_NAMES, TGT_NAMES):
-            return "train_step"
+    for kind, first, takes, fills in LOOP_KINDS:
+        if _takes_each(names, takes) and (not first or names[0] in first) and required <= set().union(*fills):
+            return kind
     return None
 
 
@@ -138,14 +142,14 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
         return None
     options = {"top_k": K_NAMES, "top_p": P_NAMES,
                "temperature": TEMPERATURE_NAMES}
-    takes = {key: next((p.name for p in params[1:] if p.name.lower() in aliases), None)
-             for key, aliases in options.items()}
-    fillable = {n.lower() for n in takes.values() if n} | set(GENERATOR_NAMES) | {names[0]}
+    takes = {key: name for key, aliases in options.items()  # the options it takes, by their names
+             if (name := named([p.name for p in params[1:]], aliases))}
+    fillable = {n.lower() for n in takes.values()} | set(GENERATOR_NAMES) | {names[0]}
     if not required <= fillable:
         return None
     probs = names[0] in PROBS_NAMES
     rows = ROWS.softmax(-1) if probs else ROWS
-    outs = [_call(fn, rows, {n: OPTION_VALUES[k] for k, n in takes.items() if n}) for _ in range(2)]
+    outs = [_call(fn, rows, {n: OPTION_VALUES[k] for k, n in takes.items()}) for _ in range(2)]
     if any(out is None for out in outs):
         return None
     out = outs[0]
@@ -153,13 +157,13 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
         ids = out.reshape(-1)
         if ids.numel() != rows.size(0) or not bool(((ids >= 0) & (ids < rows.size(1))).all()):
             return None
-        greedy = not any(takes.values()) and all(torch.equal(o.reshape(-1), rows.argmax(-1)) for o in outs)
+        greedy = not takes and all(torch.equal(o.reshape(-1), rows.argmax(-1)) for o in outs)
         return "greedy" if greedy else "sample"
     if out.shape != rows.shape:
         return None
     if _filtered(rows, out, probs):
-        return "top_p" if takes["top_p"] else "top_k" if takes["top_k"] else None
-    if takes["temperature"] and not takes["top_k"] and not takes["top_p"] and _scaled(rows, out):
+        return next((k for k in ("top_p", "top_k") if k in takes), None)
+    if set(takes) == {"temperature"} and _scaled(rows, out):
         return "temperature"
     return None
 

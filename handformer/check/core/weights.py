@@ -64,49 +64,55 @@ class Slot:
         return f"{self.leaf.name}{part} -> {self.role}"
 
 
-def _bias_like(params: dict[str, nn.Parameter]) -> str | None:
-    """The name of a norm's additive parameter (bias, beta, shift, b_2, ...); else the second one."""
-    for name in params:
-        lowered = name.lower()
-        if lowered in ("bias", "beta", "shift", "offset") or lowered.startswith("b"):
-            return name
-    return list(params)[1]
+BIAS_NAME = re.compile(r"b.*|shift|offset")  # bias, beta, b_2, ...
 
 
-ROLE_ORDER = (("query", "q"), ("key", "k"), ("value", "v"))
+def _norm_parameters(params: dict[str, nn.Parameter]) -> tuple[nn.Parameter, nn.Parameter | None]:
+    """A norm's gain and its additive parameter (bias, beta, shift, b_2, ...; else the second one); a
+    norm of one parameter: its gain alone."""
+    if len(params) == 1:
+        return next(iter(params.values())), None
+    bias = next((name for name in params if BIAS_NAME.fullmatch(name.lower())), list(params)[1])
+    return next(p for name, p in params.items() if name != bias), params[bias]
 
 
-def _role_word(name: str) -> str:
-    """query, key, value, q, k, v or wq from a projection's name (q_proj, W_query, key, ...)."""
-    return name.lower().replace("_proj", "").replace("proj", "").removeprefix("w_").strip("_")
+# a projection's name (q_proj, W_query, key, ...) less proj and w_ -> its role
+ROLE_WORDS = {"query": "q", "q": "q", "wq": "q", "key": "k", "k": "k", "wk": "k", "value": "v", "v": "v",
+              "wv": "v"}
 
 
-def single_heads(name: str, sub: nn.Module) -> list[Leaf] | None:
+def _role(name: str) -> str | None:
+    """q, k or v from a projection's name (q_proj, W_query, key, ...); None for any other name."""
+    return ROLE_WORDS.get(name.lower().replace("_proj", "").replace("proj", "").removeprefix("w_").strip("_"))
+
+
+def with_shape(found: list[Leaf], shape: tuple[int, ...]) -> list[Leaf]:
+    """The leaves whose weight has this shape, in definition order."""
+    return [leaf for leaf in found if tuple(leaf.weight.shape) == shape]
+
+
+def single_heads(label: str, sub: nn.Module) -> list[Leaf] | None:
     """Heads kept as an nn.ModuleList of single-head modules (Karpathy's `Head(head_size)`, each with
     its own key, query and value nn.Linear(n_embd, head_size)): three leaves, W_Q, W_K and W_V, each
     the heads' weights stacked in head order (what one (d_model, d_model) projection split into heads
     holds), named by their roles; None for any other module."""
     heads = list(sub.children()) if isinstance(sub, nn.ModuleList) else []
-    if not heads or len({type(h) for h in heads}) != 1:
+    if len({type(h) for h in heads}) != 1:  # none, or heads of two classes
         return None
     per = [[(n, m) for n, m in h.named_children() if isinstance(m, nn.Linear)] for h in heads]
     if any(len(p) != 3 or len(list(h.parameters())) != sum(len(list(m.parameters())) for _, m in p)
            for p, h in zip(per, heads)):
         return None
-    names = [n for n, _ in per[0]]
-    order = []
-    for word, letter in ROLE_ORDER:
-        hit = next((n for n in names if _role_word(n) in (word, letter, "w" + letter)), None)
-        if hit is None or hit in order:
-            return None
-        order.append(hit)
+    by_role = {_role(n): n for n, _ in per[0]}  # three names of three roles (the roles never overlap)
+    order = [by_role.get(r) for r in "qkv"]
+    if None in order:
+        return None
     out = []
     for role in order:
         mods = [dict(p)[role] for p in per]
         weight = torch.cat([m.weight for m in mods]).detach()  # (H * Dh, D)
         bias = torch.cat([m.bias for m in mods]).detach() if mods[0].bias is not None else None
-        label = f"{name or '(self)'}[*].{role}"
-        out.append(Leaf(label, "linear", sub, weight, bias, [m.weight for m in mods]))
+        out.append(Leaf(f"{label}[*].{role}", "linear", sub, weight, bias, [m.weight for m in mods]))
     return out
 
 
@@ -118,7 +124,8 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
     for name, sub in module.named_modules():
         if id(sub) in inside:
             continue
-        stacked = single_heads(name, sub) if stack_heads else None
+        label = name or "(self)"
+        stacked = single_heads(label, sub) if stack_heads else None
         if stacked:
             found += stacked
             inside |= {id(m) for m in sub.modules()}
@@ -126,17 +133,13 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
         params = dict(sub.named_parameters(recurse=False))
         if not params:
             continue
-        label = name or "(self)"
         if isinstance(sub, nn.Embedding):
             found.append(Leaf(label, "embedding", sub, sub.weight, None))
         elif isinstance(sub, nn.Linear) or (len(params) <= 2 and "weight" in params
                                             and params["weight"].dim() == 2):
             found.append(Leaf(label, "linear", sub, params["weight"], params.get("bias")))
         elif all(p.dim() == 1 for p in params.values()) and len(params) <= 2:
-            bias_name = _bias_like(params) if len(params) == 2 else None
-            weight_name = next(n for n in params if n != bias_name)
-            found.append(Leaf(label, "norm", sub, params[weight_name],
-                              params[bias_name] if bias_name else None))
+            found.append(Leaf(label, "norm", sub, *_norm_parameters(params)))
         else:
             shapes = ", ".join(f"{n} {tuple(p.shape)}" for n, p in params.items())
             raise MappingError(f"cannot tell what {label} ({type(sub).__name__}: {shapes}) is; "
@@ -147,6 +150,10 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
     return found
 
 
+SCRAMBLED = {"norm": lambda noise, w: 1.0 + 0.2 * noise, "embedding": lambda noise, w: noise,
+             "linear": lambda noise, w: noise / math.sqrt(w.size(1))}  # a leaf's random weight, by its kind
+
+
 def scramble_(module: nn.Module, seed: int = 0) -> None:
     """Random weights everywhere: linear weights ~ N(0, 1/in), norm weights 1 + N(0, 0.2^2),
     biases N(0, 0.2^2)."""
@@ -155,12 +162,7 @@ def scramble_(module: nn.Module, seed: int = 0) -> None:
         for leaf in leaves(module, stack_heads=False):
             w = leaf.weight
             noise = torch.randn(w.shape, generator=g, dtype=torch.float64).to(w.dtype)
-            if leaf.kind == "norm":
-                w.copy_(1.0 + 0.2 * noise)
-            elif leaf.kind == "embedding":
-                w.copy_(noise)
-            else:
-                w.copy_(noise / math.sqrt(w.size(1)))
+            w.copy_(SCRAMBLED[leaf.kind](noise, w))
             if leaf.bias is not None:
                 leaf.bias.copy_(0.2 * torch.randn(leaf.bias.shape, generator=g,
                                                   dtype=torch.float64).to(leaf.bias.dtype))
@@ -176,11 +178,9 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
     W_O). W_Q and W_O are (D, D); W_K and W_V (kv_width, D), kv_width < D for grouped-query
     attention. An attention of three projections and no W_O has 3 slots."""
     kv = kv_width or D
-    fused_rows = D + 2 * kv
-    square = [leaf for leaf in linears if tuple(leaf.weight.shape) == (D, D)]
-    fused = [leaf for leaf in linears if tuple(leaf.weight.shape) == (fused_rows, D)]
-    prefixes = ["self-attention ", "cross-attention "] if count == 2 else [""]
-    if fused and len(fused) == count:
+    square, fused = with_shape(linears, (D, D)), with_shape(linears, (D + 2 * kv, D))
+    prefixes = PREFIXES[count]
+    if len(fused) == count:
         outs = square if len(square) == count else [None] * count
         cuts = [(0, D), (D, D + kv), (D + kv, D + 2 * kv)]
         return [[Slot(f"{p}W_{r}", f, slice(a, b)) for r, (a, b) in zip("QKV", cuts)]
@@ -188,7 +188,7 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
                 for p, f, o in zip(prefixes, fused, outs)]
     if kv != D:
         return _grouped_slots(linears, D, kv, count, prefixes, what)
-    per = 4 if len(square) == 4 * count else 3 if len(square) == 3 * count else 0
+    per = {4 * count: 4, 3 * count: 3}.get(len(square))  # W_O or none
     if not per:
         raise MappingError(
             f"{what}: expected {4 * count} nn.Linear(d_model, d_model) layers ({count} x W_Q, W_K, "
@@ -201,12 +201,15 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
             for p, group in zip(prefixes, groups)]
 
 
+PREFIXES = {1: [""], 2: ["self-attention ", "cross-attention "]}  # by the count of attentions
+
+
 def _qkv_by_name(group: list[Leaf]) -> list[Leaf]:
     """W_Q, W_K, W_V in the order their names say (Raschka's W_key and W_value defined before
     W_query), when each of the first three names one of them; else in definition order."""
     words = (("q", "query"), ("k", "key"), ("v", "value"))
     roles = [next((r for r, w in words if w in leaf.name.lower()), None) for leaf in group[:3]]
-    if sorted(r for r in roles if r) != ["k", "q", "v"]:
+    if set(roles) != {"q", "k", "v"}:
         return group
     return sorted(group[:3], key=lambda leaf: "qkv".index(roles[group.index(leaf)])) + group[3:]
 
@@ -214,8 +217,7 @@ def _qkv_by_name(group: list[Leaf]) -> list[Leaf]:
 def _grouped_slots(linears: list[Leaf], D: int, kv: int, count: int, prefixes: list[str], what: str,
                    ) -> list[list[Slot]]:
     """Grouped-query attention: (D, D) W_Q and W_O, (kv, D) W_K and W_V, in definition order."""
-    square = [leaf for leaf in linears if tuple(leaf.weight.shape) == (D, D)]
-    narrow = [leaf for leaf in linears if tuple(leaf.weight.shape) == (kv, D)]
+    square, narrow = with_shape(linears, (D, D)), with_shape(linears, (kv, D))
     if len(narrow) != 2 * count or len(square) not in (count, 2 * count):
         raise MappingError(
             f"{what}: expected W_Q and W_O as nn.Linear(d_model, d_model) and W_K, W_V as "
@@ -247,7 +249,7 @@ _QK_NAMES = {"q_norm": re.compile(r"(q|query)_?(norm|layernorm|ln|rmsnorm)"),
 def qk_norm_slots(extra: list[Leaf], head_dim: int) -> list[Slot]:
     """An attention's parameters besides its projections as QK-norm: exactly two norms of width
     head_dim named like q_norm and k_norm (q_layernorm, query_norm); else none."""
-    if len(extra) != 2 or any(x.kind != "norm" or tuple(x.weight.shape) != (head_dim,) for x in extra):
+    if len(extra) != 2 or {(x.kind, tuple(x.weight.shape)) for x in extra} != {("norm", (head_dim,))}:
         return []
     slots = []
     for role, name in _QK_NAMES.items():
@@ -272,27 +274,29 @@ def ffn_slots(linears: list[Leaf], D: int, F: int | None, what: str) -> list[lis
     widths += sorted({leaf.weight.size(0) for leaf in linears if leaf.weight.size(1) == D
                       and leaf.weight.size(0) != D} - set(widths))
     for width in widths:
-        ups = [leaf for leaf in linears if tuple(leaf.weight.shape) == (width, D)]
-        downs = [leaf for leaf in linears if tuple(leaf.weight.shape) == (D, width)]
-        if len(downs) == 1 and len(ups) == 1:
-            return [[Slot("FFN W_1", ups[0]), Slot("FFN W_2", downs[0])]]
-        if len(downs) == 1 and len(ups) == 2:
-            a, b = ups
-            return [[Slot("FFN W_gate", a), Slot("FFN W_up", b), Slot("FFN W_down", downs[0])],
-                    [Slot("FFN W_gate", b), Slot("FFN W_up", a), Slot("FFN W_down", downs[0])]]
+        ups, downs = with_shape(linears, (width, D)), with_shape(linears, (D, width))
+        if len(downs) == 1 and len(ups) in (1, 2):
+            return _ffn_orders(ups, downs)
     for width in widths:  # no (D, F) layer at all: an FFN that forgot its down projection
-        ups = [leaf for leaf in linears if tuple(leaf.weight.shape) == (width, D)]
-        if len(ups) == 1 and not any(leaf.weight.size(1) == width for leaf in linears):
-            return [[Slot("FFN W_1", ups[0])]]
-        if len(ups) == 2 and not any(leaf.weight.size(1) == width for leaf in linears):
-            return [[Slot("FFN W_gate", ups[0]), Slot("FFN W_up", ups[1])],
-                    [Slot("FFN W_gate", ups[1]), Slot("FFN W_up", ups[0])]]
+        ups = with_shape(linears, (width, D))
+        if len(ups) in (1, 2) and not any(leaf.weight.size(1) == width for leaf in linears):
+            return _ffn_orders(ups, [])
     raise MappingError(f"{what}: expected nn.Linear(d_model, d_ff) then nn.Linear(d_ff, d_model) "
                        f"(d_model={D}, d_ff={F}; gated FFNs have two nn.Linear(d_model, d_ff)), "
                        f"found: {_shapes(linears)}",
                        zh=f"{what}：应当先是 nn.Linear(d_model, d_ff)，再是 nn.Linear(d_ff, "
                           f"d_model)（d_model={D}，d_ff={F}；门控 FFN 有两个 nn.Linear(d_model, d_ff)），"
                           f"实际找到：{_shapes(linears)}")
+
+
+def _ffn_orders(ups: list[Leaf], downs: list[Leaf]) -> list[list[Slot]]:
+    """One up projection: W_1 then W_2; two: gate and up in both orders, then W_down (no down
+    projection: none)."""
+    if len(ups) == 1:
+        return [[Slot("FFN W_1", ups[0])] + [Slot("FFN W_2", d) for d in downs]]
+    a, b = ups
+    return [[Slot("FFN W_gate", gate), Slot("FFN W_up", up)] + [Slot("FFN W_down", d) for d in downs]
+            for gate, up in ((a, b), (b, a))]
 
 
 def is_gated(slots: list[Slot]) -> bool:
@@ -315,9 +319,8 @@ def norm_eps(module: nn.Module, kind: str) -> float:
         value = getattr(module, name, None)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-    if isinstance(module, nn.LayerNorm) or kind == "layernorm":
-        return 1e-5
-    return torch.finfo(torch.float32).eps  # nn.RMSNorm's default
+    # none of those (nn.LayerNorm always has eps): the default of the kind, nn.RMSNorm's for RMSNorm
+    return 1e-5 if kind == "layernorm" else torch.finfo(torch.float32).eps
 
 
 def norm_kind(leaf: Leaf) -> str:
@@ -354,13 +357,16 @@ def norm_weights(slot: Slot) -> V.NormWeights:
         return w
     if not isinstance(out, Tensor) or out.shape != x.shape:
         return w
-    for k in (kind, "layernorm" if kind == "rmsnorm" else "rmsnorm"):
+    for k in (kind, OTHER_NORM[kind]):
         base = V.NormWeights(w.weight, w.bias if k == "layernorm" else None, w.eps, k)
         found = fp.search(out, lambda fl, base=base: V.norm(base, x, fl),
                           V.norm_flags(k, base.bias is not None), None, 2)
         if found is not None:
             return V.NormWeights(base.weight, base.bias, base.eps, k, found[0])
     return w
+
+
+OTHER_NORM = {"rmsnorm": "layernorm", "layernorm": "rmsnorm"}
 
 
 def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str) -> list[Slot]:

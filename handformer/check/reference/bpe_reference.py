@@ -35,12 +35,22 @@ Pair = tuple[bytes, bytes]
 Word = tuple[bytes, ...]
 
 
-def split_specials(text: str, specials: Iterable[str]) -> list[str]:
-    """`text` cut at every special token, keeping them as pieces of their own (the longest first)."""
-    specials = sorted(set(specials), key=len, reverse=True)
+def split_specials(text: str, specials: Iterable[str], longest_first: bool = True) -> list[str]:
+    """`text` cut at every special token, keeping them as pieces of their own (the longest first; the
+    mistake: the shortest first, so a special token inside a longer one wins)."""
+    specials = sorted(set(specials), key=len, reverse=longest_first)
     if not specials:
         return [text]
     return [p for p in regex.split("(" + "|".join(regex.escape(s) for s in specials) + ")", text) if p]
+
+
+def pretokens(piece: str, flags: frozenset[str]) -> list[str]:
+    """A piece's pre-tokens by GPT-2's pattern ("across_pretokens": the whole piece as one)."""
+    return [piece] if "across_pretokens" in flags else PRETOKEN.findall(piece)
+
+
+def single_bytes(token: str) -> Word:
+    return tuple(bytes([b]) for b in token.encode("utf-8"))
 
 
 def pretokenize(
@@ -49,15 +59,13 @@ def pretokenize(
     """The pre-tokens of `text` with their counts, each as a tuple of single bytes. Flags:
     "specials_trained" (the special tokens are not cut out), "across_pretokens" (no pre-tokenizer:
     each piece between special tokens is one sequence)."""
-    specials = set(specials)
-    pieces = [text] if "specials_trained" in flags else split_specials(text, specials)
+    specials = set() if "specials_trained" in flags else set(specials)  # trained on: not cut out
     words: Counter[Word] = Counter()
-    for piece in pieces:
-        if piece in specials and "specials_trained" not in flags:
+    for piece in split_specials(text, specials):
+        if piece in specials:
             continue
-        found = [piece] if "across_pretokens" in flags else PRETOKEN.findall(piece)
-        for token in found:
-            words[tuple(bytes([b]) for b in token.encode("utf-8"))] += 1
+        for token in pretokens(piece, flags):
+            words[single_bytes(token)] += 1
     return words
 
 
@@ -146,23 +154,21 @@ def train_naive(
     vocab = base_vocab(special_tokens)
     words = pretokenize(text, special_tokens, flags)
     merges: list[Pair] = []
-    counts = _count(words) if "counts_once" in flags else Counter()
-    while len(vocab) < vocab_size:
-        if "counts_once" not in flags:
-            counts = _count(words)
-        if not counts:
-            break
+    counts = _count(words)
+    while len(vocab) < vocab_size and counts:
         if "ties_first_seen" in flags:
             pair = max(counts, key=counts.__getitem__)
         elif "ties_smaller" in flags:
             pair = min(counts, key=lambda p: (-counts[p], p))
         else:
             pair = max(counts, key=lambda p: (counts[p], p))
-        if "counts_once" in flags:
-            del counts[pair]
         merges.append(pair)
         vocab[len(vocab)] = pair[0] + pair[1]
         words = Counter({merge_word(w, pair): n for w, n in words.items()})
+        if "counts_once" in flags:  # the first counts, less the pairs merged
+            del counts[pair]
+        else:
+            counts = _count(words)
     return vocab, merges
 
 
@@ -206,28 +212,14 @@ def encode(
     ranks = {p: r for r, p in enumerate(merges)}
     order = next((f.removeprefix("order_") for f in flags if f.startswith("order_")), "rank")
     specials = [] if "specials_ignored" in flags else list(special_tokens)
-    pieces = (
-        _split_shortest_first(text, specials)
-        if "specials_shortest_first" in flags
-        else (split_specials(text, specials))
-    )
     out: list[int] = []
-    for piece in pieces:
+    for piece in split_specials(text, specials, longest_first="specials_shortest_first" not in flags):
         if piece in specials:
             out.append(ids[piece.encode("utf-8")])
             continue
-        found = [piece] if "across_pretokens" in flags else PRETOKEN.findall(piece)
-        for token in found:
-            word = encode_word(tuple(bytes([b]) for b in token.encode("utf-8")), ranks, order)
-            out += [ids[t] for t in word]
+        for token in pretokens(piece, flags):
+            out += [ids[t] for t in encode_word(single_bytes(token), ranks, order)]
     return out
-
-
-def _split_shortest_first(text: str, specials: list[str]) -> list[str]:
-    ordered = sorted(set(specials), key=len)
-    if not ordered:
-        return [text]
-    return [p for p in regex.split("(" + "|".join(regex.escape(s) for s in ordered) + ")", text) if p]
 
 
 def decode(ids: list[int], vocab: dict[int, bytes], per_token: bool = False) -> str:
@@ -270,8 +262,8 @@ def counted_once(words: Counter[Word], merges: list[Pair]) -> str | None:
 
 def _tie(rules: set[str], pair: Pair, tied: list[Pair]) -> None:
     if len(tied) > 1:
-        rules.add("greater" if pair == max(tied) else "smaller" if pair == min(tied) else "other")
+        rules.add({max(tied): "greater", min(tied): "smaller"}.get(pair, "other"))
 
 
 def _rule(rules: set[str]) -> str:
-    return "none" if not rules else rules.pop() if len(rules) == 1 else "other"
+    return (*rules, "none")[0] if len(rules) < 2 else "other"  # none met, the one, or several

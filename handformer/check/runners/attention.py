@@ -50,6 +50,7 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.conventions import masks_where_true
 from handformer.check.core.discovery import Component
+from handformer.check.core.layer_map import Gainless, gainless_qk
 from handformer.check.core.localize import note_attention_departure
 from handformer.check.core.reference_attention import handformer_attention
 from handformer.check.core.result import Check, ComponentResult, Finding, text
@@ -143,11 +144,9 @@ def _position_kwargs(named: set[str], B: int, T: int, head_dim: int, dtype: torc
         elif name == "cos_sin":  # nanochat's (cos, sin), each (1, T, 1, Dh/2); either_cos_sin
             angles = V.rope_angles(T, head_dim)[None, :, None]  # (1, T, 1, Dh/2)
             kwargs[name] = (angles.cos().to(dtype), angles.sin().to(dtype))
-        elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
-            kwargs[name] = cos_sin(T, head_dim)[name == "sin"].to(dtype)
-        elif name in ("freqs_cos", "freqs_sin"):  # llama2.c's: one angle a pair, (T, Dh/2) each
-            angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
-            kwargs[name] = (angles.sin() if name == "freqs_sin" else angles.cos()).to(dtype)
+        elif name in ("cos", "sin", "freqs_cos", "freqs_sin"):  # Raschka's (T, Dh); llama2.c's (T, Dh/2)
+            width = head_dim // (1 + name.startswith("freqs"))  # llama2.c's: one angle a pair
+            kwargs[name] = cos_sin(T, head_dim)[name.endswith("sin")][:, :width].to(dtype)
         elif name == "start_pos":
             kwargs[name] = 0
         else:
@@ -544,22 +543,9 @@ def _projections(comp: Component, module: nn.Module, heads: int) -> tuple[list[A
                            zh=f"{comp.name} 除了投影矩阵还有别的参数（{shapes}）；handformer 的参考注意力"
                               "只认 QK-norm（两个宽度为 head_dim、名为 q_norm 和 k_norm 的归一化），"
                               "内部没有残差和归一化")
-    if not qk_norms:
-        _weightless_qk_norm(comp)
+    if not qk_norms:  # nanochat's norm(q), norm(k): handformer's QK-norm with gains of one
+        qk_norms = gainless_qk(module, D // heads)
     return [leaf for leaf in found if leaf.kind == "linear"], qk_norms
-
-
-def _weightless_qk_norm(comp: Component) -> None:
-    """nanochat's QK-norm, a function without gains (norm(q), F.rms_norm(q, ...)), is not in
-    handformer's reference (its QK-norm is two modules with gains): NOT CHECKED, with that reason."""
-    if re.search(r"\b(norm|rms_norm|layer_norm)\(\s*(q|k|xq|xk|query|key|queries|keys)\b",
-                 source_text(comp.obj)):
-        raise MappingError(f"{comp.name} norms its queries and keys with a function, without gains "
-                           "(nanochat's QK-norm); handformer's reference attention has a QK-norm only as two "
-                           "norm modules of width head_dim (q_norm, k_norm), so it cannot be compared",
-                           zh=f"{comp.name} 用函数对 query 和 key 做归一化，没有增益参数"
-                              "（nanochat 的 QK-norm）；handformer 的参考注意力只认两个宽度为 head_dim 的"
-                              "归一化模块（q_norm、k_norm）形式的 QK-norm，所以无法比较")
 
 
 def _head_notes(res: ComponentResult, comp: Component, c: Caller, slots: list[Slot], causal_inside: bool,
@@ -801,19 +787,20 @@ def _grads(out: Tensor, ref: Tensor, xq: Tensor, rows: Tensor | None, s: Setup, 
     B, T = xq.shape[:2]
     g = fp.randn(*out.shape, seed=99)
     sel = rows.reshape(B, T, 1) if rows is not None else 1.0
-    params = [xq] + [p for sl in s.slots for p in (sl.leaf.parts or [sl.leaf.weight])]
+    slots = [sl for sl in s.slots if not isinstance(sl.leaf, Gainless)]  # a function's norm has no weight
+    params = [xq] + [p for sl in slots for p in (sl.leaf.parts or [sl.leaf.weight])]
     flat = torch.autograd.grad((out * g * sel).sum(), params, allow_unused=True)
     mine, i = [flat[0]], 1
-    for sl in s.slots:  # heads kept as single-head modules: their gradients stacked as their weights are
+    for sl in slots:  # heads kept as single-head modules: their gradients stacked as their weights are
         n = len(sl.leaf.parts or [sl.leaf.weight])
         grads = flat[i:i + n]
         i += n
         mine.append(grads[0] if n == 1 else None if any(x is None for x in grads) else torch.cat(grads))
-    hf_params = [attention_parameters(hf)[sl.role.split(" ")[-1]].weight for sl in s.slots]
+    hf_params = [attention_parameters(hf)[sl.role.split(" ")[-1]].weight for sl in slots]
     theirs = torch.autograd.grad((ref * g * sel).sum(), [xq] + hf_params, allow_unused=True)
     if s.rope in ("interleaved", "swapped"):
         return grads_error([(mine[0], theirs[0])])
-    return grads_error(list(zip([mine[0]] + [_rows(m, sl) for m, sl in zip(mine[1:], s.slots)], theirs)))
+    return grads_error(list(zip([mine[0]] + [_rows(m, sl) for m, sl in zip(mine[1:], slots)], theirs)))
 
 
 def _rows(grad: Tensor | None, slot: Slot) -> Tensor | None:

@@ -43,9 +43,9 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import BEAM_NAMES as NAMES  # noqa: F401
-from handformer.check.core.context import Context, finish, forward_parameters
+from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError
-from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
@@ -189,22 +189,10 @@ def own_model(ctx: Context) -> Any | None:
 
     comp = ctx.components.get("transformer")
     methods = ("encode", "decode", "generator")
-    if comp is None or not all(callable(getattr(comp.obj, n, None)) for n in methods):
+    if comp is None or not all(callable(getattr(comp.obj, n, None)) for n in methods) or not ctx.passes(
+            comp, check_model):
         return None
-    result = ctx.results.get(comp.name)
-    if result is None:
-        partial = ctx.partial
-        try:
-            result = check_model(comp, ctx)
-        except Exception:  # their model raises: the beam is checked on handformer's
-            return None
-        finally:
-            ctx.partial = partial
-        ctx.results[comp.name] = result  # checked once for every search in the file
-    if result.status != PASS:
-        return None
-    model = ctx.build(comp, MODEL_SIZES)
-    return model
+    return ctx.build(comp, MODEL_SIZES)
 
 
 # --- handformer's beam search, with the named mistakes on request -------------------------------
@@ -286,17 +274,20 @@ class Call:
 
     def raw(self, model: Steered, src: Tensor, K: int, alpha: float) -> Any:
         """What the search returns, as it is (a batch of sentences)."""
-        values = {"model": model, "src": src, "src_mask": (src != PAD).unsqueeze(-2), "max_len": MAX_LEN,
-                  "start": BOS, "end": EOS, "beam": K, "alpha": alpha}
-        if self.steps_from_max == 0:
-            values["max_len"] = MAX_LEN - 1
+        values = {"model": model, "src": src, "src_mask": (src != PAD).unsqueeze(-2),
+                  "max_len": MAX_LEN - 1 + self.steps_from_max, "start": BOS, "end": EOS, "beam": K,
+                  "alpha": alpha}
         kwargs = {name: values[key] for key, name in self.arg.items() if name}
         return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
 
 
+def _hypotheses(out: Any) -> Any:
+    """What a search returns less its scores: (tokens, score) -> tokens."""
+    return out[0] if isinstance(out, tuple) and out and not isinstance(out[0], int) else out
+
+
 def _tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
-    if isinstance(out, tuple) and out and not isinstance(out[0], int):
-        out = out[0]  # (tokens, score)
+    out = _hypotheses(out)
     if isinstance(out, list) and len(out) == 1 and isinstance(out[0], (list, Tensor)):
         out = out[0]
     if isinstance(out, Tensor) and out.dim() in (1, 2) and (out.dim() == 1 or out.size(0) == 1):
@@ -312,9 +303,9 @@ def _tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
 
 def _call(comp: Component, ctx: Context) -> Call:
     params = forward_parameters(comp.obj)
-    names = [p.name for p in params]
-    arg = {key: next((n for n in names if n.lower() in aliases), None) for key, aliases in NAMES.items()}
-    unknown = [p.name for p in params if p.default is p.empty and p.name not in arg.values()]
+    names, required = names_of(params)
+    arg = {key: named(names, aliases) for key, aliases in NAMES.items()}
+    unknown = [n for n in required if n not in arg.values()]
     if unknown or not arg["model"] or not arg["src"] or not arg["beam"]:
         first = (unknown or ["model / src / beam_size"])[0]
         raise DiscoveryError(f"{comp.name}: cannot fill the argument {first!r}; beam search takes (model, "
@@ -395,10 +386,11 @@ def _base_model(res: ComponentResult, ctx: Context) -> Any:
 def _beam_findings(res: ComponentResult, ctx: Context, comp: Component, outcomes: dict[str, Any],
                    found: frozenset[str], steps: int, alpha: float, conv: str | None) -> None:
     """Each mistake named, shown on the first scenario where the learner's answer is wrong."""
+    conv = conv or "eos"
     for flag in sorted(found):
         model, memory, got = next(o for o in outcomes.values()
-                                  if not _same(o[2], reference(o[0], o[1], 2, steps, alpha, conv or "eos")))
-        right = reference(model, memory, 2, steps, alpha, conv or "eos")
+                                  if not _same(o[2], reference(o[0], o[1], 2, steps, alpha, conv)))
+        right = reference(model, memory, 2, steps, alpha, conv)
         res.findings.append(_finding(ctx, comp, flag, text(
             f"your best hypothesis ({show(got)}) equals handformer's beam search with this mistake; the "
             f"right one is {show(right)}",
@@ -406,10 +398,13 @@ def _beam_findings(res: ComponentResult, ctx: Context, comp: Component, outcomes
             f"正确的是 {show(right)}")))
 
 
+def _from_bos(tokens: list[int]) -> list[int]:
+    return tokens if tokens[:1] == [BOS] else [BOS] + tokens
+
+
 def _same(got: list[int], right: list[int]) -> bool:
     """Equal, the start symbol left out allowed, padding after the end allowed."""
-    if got[:1] != [BOS]:
-        got = [BOS] + got
+    got = _from_bos(got)
     while len(got) > len(right) and got[-1] == PAD:
         got = got[:-1]
     return got == right
@@ -454,7 +449,7 @@ def _batched(res: ComponentResult, ctx: Context, comp: Component, call: Call, ba
     for i in range(2):
         single = Steered(base, SCENARIOS["long"], ctx, tables)
         alone.append(call(single, srcs[i:i + 1], 2, 1.0))
-    same = all(_same(a, b if b[:1] == [BOS] else [BOS] + b) for a, b in zip(rows, alone))
+    same = all(_same(a, _from_bos(b)) for a, b in zip(rows, alone))
     shown, want = " | ".join(map(show, rows)), " | ".join(map(show, alone))
     res.checks.append(Check(text(f"a batch of 2 sentences gives what each gives alone ({want})",
                                  f"2 句组成的 batch 与每句单独搜索的结果相同（{want}）"), same,
@@ -467,8 +462,7 @@ def _batched(res: ComponentResult, ctx: Context, comp: Component, call: Call, ba
 
 def _rows(raw: Any, n: int) -> list[list[int]] | None:
     """The n hypotheses of a batched search (a list of lists or tensors, or an (n, L) tensor)."""
-    if isinstance(raw, tuple) and raw and not isinstance(raw[0], int):
-        raw = raw[0]
+    raw = _hypotheses(raw)
     if isinstance(raw, Tensor) and raw.dim() == 2 and raw.size(0) == n:
         return [[int(t) for t in row.tolist()] for row in raw]
     if isinstance(raw, (list, tuple)) and len(raw) == n and all(

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.argument_names import CONTEXT_NAMES, COUNT_NAMES, MODEL_NAMES, PROMPT_NAMES  # noqa: F401
+from handformer.check.core.argument_names import CONTEXT_NAMES, COUNT_NAMES, MODEL_NAMES, PROMPT_NAMES
 from handformer.check.core.context import Context, forward_parameters
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
@@ -407,11 +407,42 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
                                f"{again.label['zh']}，再来一次（模型自己保存的缓存必须先清空）")
             _judge(res, ctx, comp, again, reference)
     elif not any(f.name in ("generate_not_appended", "generate_does_not_stop") for f in res.findings):
-        _long(res, ctx, comp, driver, B, short.as_list)
+        if knows_block_size(comp):
+            _long(res, ctx, comp, driver, B, short.as_list)
+        else:
+            res.notes.append(NO_BLOCK_NOTE)
     if short.failure and not res.findings and short.out is None:
         raise short.failure
     if short.out is not None and not res.findings:
         _eos(res, ctx, comp, driver, short, reference[0])
+
+
+# the names a loop that crops its context reads its limit by (Raschka's context_size, nanoGPT's
+# block_size, a model's config)
+BLOCK_WORDS = re.compile(r"\b(" + "|".join(CONTEXT_NAMES + ("max_len", "n_ctx", "n_positions", "config",
+                                                            "max_position_embeddings")) + r")\b")
+
+
+def knows_block_size(comp: Component) -> bool:
+    """Whether the loop has a block size to crop to: a method of the learner's model (nanoGPT's
+    GPT.generate: the model is its own), or a loop whose source names one (a block_size argument,
+    model.config.block_size, a module-level block_size). A free loop that names none (GPT-2's
+    sample_sequence(model, context, length)) leaves the context's length to its caller: not charged."""
+    if "." in comp.name:
+        return True
+    try:
+        source = inspect.getsource(comp.obj)
+    except (OSError, TypeError):
+        return True
+    return bool(BLOCK_WORDS.search(source))
+
+
+NO_BLOCK_NOTE = text("it names no block size, so it feeds the whole context: past the block size was not "
+                     "run (the caller keeps the prompt and new tokens within the model's context); a "
+                     "loop that crops reads it: idx[:, -block_size:]",
+                     "它没有提到 block_size，所以输入的是整个上下文：没有运行超过 block_size 的情形"
+                     "（由调用者保证提示词加新 token 不超过模型的上下文）；会裁剪的循环要读取它："
+                     "idx[:, -block_size:]")
 
 
 def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: int, as_list: bool) -> None:

@@ -38,8 +38,12 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.discovery import Component
 from handformer.check.core.layer_map import (
+    Gainless,
     LayerMap,
     block_norms,
+    gainless_norm,
+    gainless_norms,
+    gainless_qk,
     layer_modules,
     list_items,
     map_layer,
@@ -55,7 +59,7 @@ from handformer.check.core.result import (
     text,
 )
 from handformer.check.core.rotary import interleaved_to_half_
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.weights import (
     Leaf,
     MappingError,
@@ -67,6 +71,7 @@ from handformer.check.core.weights import (
     ffn_slots,
     is_gated,
     leaves,
+    norm_kind,
     norm_slots,
 )
 from handformer.check.core.weights import norm_weights as learner_norm
@@ -101,9 +106,11 @@ class GPTMap:
     theta: float = 10000.0  # the rotary base read from the learner's model
     table_theta: float | None = None  # the base of its tables, when it is not the one its config names
     built: dict[Any, CausalLM] = field(default_factory=dict)  # handformer's, by choices
+    embed_norm: Leaf | None = None  # nanochat's norm of the token embeddings, a function without gains
 
     def describe(self) -> list[str]:
         rows = [f"{self.wte.name} -> token embedding"]
+        rows += [f"{self.embed_norm.name} -> embedding norm"] if self.embed_norm is not None else []
         rows += [f"{self.wpe.name} -> position embedding"] if self.wpe is not None else []
         rows += [f"{b.name} -> block {i}" for i, b in enumerate(self.blocks)]
         rows += [f"{self.ln_f.leaf.name} -> final norm"] if self.ln_f is not None else []
@@ -144,9 +151,39 @@ def map_gpt(module: nn.Module) -> GPTMap:
                               f"{', '.join(f'{x.name} {tuple(x.weight.shape)}' for x in extra)}")
     m = GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head,
                head is None or head.weight is wte.weight, head is not None and head.bias is not None, n_kv)
+    m.embed_norm = _embed_norm(module, blocks)
     if wpe is None:
         m.ropes, m.theta, m.table_theta = _rotary(module)
     return m
+
+
+EMBED_NORM = re.compile(r"(?<![\w.])(?:F\.)?(\w+)\(\s*self\.[\w.\[\]\"']*(wte|emb|tok)")
+
+
+def _embed_norm(module: nn.Module, blocks: list[LayerMap]) -> Leaf | None:
+    """nanochat's x = norm(self.transformer.wte(idx)): the token embeddings normed by a function
+    without gains before the first block; a gainless norm like the blocks' stands for it."""
+    found = EMBED_NORM.search(source_text(type(module).forward))
+    if found is None or not blocks or not isinstance(blocks[0].norms[0].leaf, Gainless):
+        return None
+    if found.group(1) not in blocks[0].norms[0].leaf.name:  # the blocks' norm function, not another
+        return None
+    return gainless_norm(f"{found.group(1)}(embeddings) (no gain)", norm_kind(blocks[0].norms[0].leaf), D)
+
+
+class NormedEmbedding(nn.Module):
+    """handformer's token embedding followed by the learner's norm of it (nanochat's)."""
+
+    def __init__(self, embed: nn.Module, norm: nn.Module) -> None:
+        super().__init__()
+        self.inner, self.norm = embed, norm
+
+    @property
+    def weight(self) -> Tensor:
+        return self.inner.weight
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.norm(self.inner(ids))
 
 
 def _grouped_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -163,7 +200,8 @@ def _map_grouped(path: str, child: nn.Module) -> LayerMap:
     attn = attention_slots(linears, D, 1, path, KV_HEADS * (D // H))
     ffn = ffn_slots(linears, D, SIZES["d_ff"], path)[0]
     norms, qk = block_norms([leaf for leaf in found if leaf.kind == "norm"])
-    attn[0] += qk
+    attn[0] += qk or gainless_qk(child)
+    norms = norms or gainless_norms(child, 2)
     norms = norms * 2 if len(norms) == 1 else norms
     return LayerMap(path, False, attn, ffn, norm_slots(norms, 2, ["self-attention", "FFN"], path))
 
@@ -174,6 +212,9 @@ def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | N
     its tables when that is another (rope_wrong_base: the config's base not handed to the tables)."""
     from handformer.check.core.rotary import rope_layouts
 
+    if any(re.search(r"def forward\([^)]*\bcos_sin\b", source_text(type(sub))) for sub in module.modules()
+           if type(sub).__module__.startswith("learner_")):  # nanochat's halves, rotated either way
+        return ("half", "swapped"), _named_theta(module) or 10000.0, None
     ropes = rope_layouts(module, False)
     if ropes == (None,):
         return ropes, 10000.0, None
@@ -236,7 +277,7 @@ class Choices:
                     f"{pos_zh}")
 
 
-ROPE_ZH = {"half": "前后两半配对", "interleaved": "相邻两维配对"}
+ROPE_ZH = {"half": "前后两半配对", "interleaved": "相邻两维配对", "swapped": "前后两半配对、反向旋转"}
 
 
 def reference_model(m: GPTMap, ch: Choices) -> CausalLM:
@@ -245,6 +286,15 @@ def reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     if ch not in m.built:
         m.built[ch] = _reference_model(m, ch)
     return m.built[ch]
+
+
+def _copy_blocks_(hf: CausalLM, m: GPTMap, ch: Choices) -> None:
+    """The learner's attention and FFN weights into the reference's layers (norms apart)."""
+    for target, block in zip(hf.layers, m.blocks):
+        copy_attention(target.self_attn, block.attn[0])
+        if ch.rope in ("interleaved", "swapped"):
+            interleaved_to_half_(target.self_attn, swapped=ch.rope == "swapped")
+        copy_ffn(target.ffn, block.ffn)
 
 
 def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
@@ -269,11 +319,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
             hf.positions.weight.copy_(m.wpe.weight)
         if m.head is not None:
             copy_weights(hf.lm_head, Slot("head", m.head))
-    for target, block in zip(hf.layers, m.blocks):
-        copy_attention(target.self_attn, block.attn[0])
-        if ch.rope == "interleaved":
-            interleaved_to_half_(target.self_attn)
-        copy_ffn(target.ffn, block.ffn)
+    _copy_blocks_(hf, m, ch)
     written = []
     for target, block in zip(hf.layers, m.blocks):
         for name, slot in zip(("attn_norm", "ffn_norm"), block.norms):
@@ -285,6 +331,12 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         written.append((hf, "norm", m.ln_f))
     exact_norms_(hf)
     as_written_(written)
+    return _with_embed_norm(hf, m)
+
+
+def _with_embed_norm(hf: CausalLM, m: GPTMap) -> CausalLM:
+    if m.embed_norm is not None:
+        hf.embed = NormedEmbedding(hf.embed, m.embed_norm.module)
     return hf
 
 
@@ -328,12 +380,41 @@ class Caller:
         # Meta's forward(tokens, start_pos): the whole sequence from position 0
         self.start = next((p.name for p in params if p.name == "start_pos" and p.default is p.empty), None)
 
+        self.stepwise = False  # Umar Jamil's forward asserts one token at a time: driven so, once known
+
     def __call__(self, idx: Tensor, targets: Tensor | None = None, start: int = 0,
                  ) -> tuple[Tensor | None, Tensor | None]:
+        if self.stepwise:
+            return self._steps(idx, start)
+        try:
+            return self._once(idx, targets, start)
+        except fp.LearnerFailure:
+            if not self.start or idx.size(1) == 1:
+                raise
+            try:  # it refuses a whole sequence: one token at a time through its own cache?
+                out = self._steps(idx, start)
+            except fp.LearnerFailure:
+                pass
+            else:
+                self.stepwise = True
+                return out
+            raise
+
+    def _steps(self, idx: Tensor, start: int) -> tuple[Tensor | None, Tensor | None]:
+        """The logits (B, T, V) of the tokens given one at a time, token t at start_pos start + t."""
+        outs = [self._once(idx[:, t:t + 1], None, start + t)[0] for t in range(idx.size(1))]
+        if any(o is None or o.size(1) != 1 for o in outs):
+            return None, None
+        return torch.cat(outs, dim=1), None  # (B, T, V)
+
+    def _once(self, idx: Tensor, targets: Tensor | None, start: int) -> tuple[Tensor | None, Tensor | None]:
         kwargs: dict[str, Any] = {self.target: targets} if self.target and targets is not None else {}
         if self.start:
             kwargs[self.start] = start
         raw = self.ctx.learner.call("forward", self.module, idx, **kwargs)
+        if self.target in kwargs and isinstance(raw, Tensor) and raw.dim() == 0:  # nanochat's: the loss alone
+            kwargs.pop(self.target)
+            raw = (self.ctx.learner.call("forward", self.module, idx, **kwargs), raw)
         if not isinstance(raw, (Tensor, tuple, list)) and isinstance(getattr(raw, "logits", None), Tensor):
             raw = (raw.logits, getattr(raw, "loss", None))  # Hugging Face's output object (minimind's)
         logits = fp.first_tensor(raw, 3)
@@ -419,6 +500,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
         ch = found[0]
         _found(res, ctx, comp, m, out, idx, found, last_only)
     hf = reference_model(m, ch)
+    _norm_findings(res, ctx, comp, m)
     errors = []
     for i, (B2, T2) in enumerate([(3, 5), (1, 1), (2, BLOCK)]):
         x = torch.randint(0, VOCAB, (B2, T2), generator=torch.Generator().manual_seed(10 + i))
@@ -434,8 +516,30 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     if loss is not None and not last_only:
         _loss(res, hf(idx).logits, loss, targets)
     _causality(res, call, idx)
+    if call.stepwise:
+        res.notes.append(text(f"its forward takes one token at a time: driven so, token t at {call.start} = "
+                              "t, through its own KV cache, and compared position by position",
+                              f"它的 forward 一次只接受一个 token：检查时逐个输入，位置 t 的 token 用 "
+                              f"{call.start} = t，经过它自己的 KV 缓存，逐位置比较"))
     if call.start:
         _cached(res, ctx, comp, m, call, hf, idx)
+
+
+def _norm_findings(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap) -> None:
+    """The norms' own mistakes (each run alone): handformer's model computes them as written, so
+    that the rest is compared; they are named here all the same."""
+    named: dict[str, list[str]] = {}
+    for slot in [s for b in m.blocks for s in b.norms] + ([m.ln_f] if m.ln_f is not None else []):
+        for flag in sorted(getattr(getattr(slot.leaf, "computes", None), "flags", ())):
+            named.setdefault(flag, []).append(slot.leaf.name)
+    lines = source_lines(ctx.objects(comp, "layernorm", "rmsnorm"))
+    for flag, where in named.items():
+        name, _, form = flag.partition(":")
+        number, code = locate(name, lines)
+        modules = ", ".join(dict.fromkeys(where))
+        res.findings.append(Finding(name, text(f"{modules} (run alone) compute the norm with this mistake",
+                                               f"{modules}（单独运行时）计算的是带这个错误的归一化"),
+                                    number, code, form))
 
 
 def _view(logits: Tensor, last_only: bool) -> Tensor:

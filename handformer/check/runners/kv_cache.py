@@ -144,15 +144,16 @@ def llama_weights(module: nn.Module) -> list[LlamaWeights]:
     blocks = _blocks(module)
     inside = {id(m) for m in blocks.modules()}
     outer = [leaf for leaf in leaves(module) if id(leaf.module) not in inside]
-    embed = next((x for x in outer if x.kind == "embedding" and tuple(x.weight.shape) == (VOCAB, D)), None)
-    head = next((x for x in outer if x.kind == "linear" and tuple(x.weight.shape) == (VOCAB, D)), embed)
+    first = {(x.kind, tuple(x.weight.shape)): x for x in reversed(outer)}  # the first of each kind and shape
+    embed = first.get(("embedding", (VOCAB, D)))
+    head = first.get(("linear", (VOCAB, D)), embed)
     norm = next((x for x in outer if x.kind == "norm"), None)
     if embed is None or head is None or norm is None:
+        found = ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in outer)
         raise MappingError(f"expected nn.Embedding({VOCAB}, {D}), a final norm and an output head outside "
-                           "the blocks; found " + ", ".join(f"{x.name} {tuple(x.weight.shape)}"
-                                                            for x in outer),
-                           zh=f"应当在块之外有 nn.Embedding({VOCAB}, {D})、最后的归一化和输出头；实际找到 "
-                              f"{', '.join(f'{x.name} {tuple(x.weight.shape)}' for x in outer)}")
+                           f"the blocks; found {found}",
+                           zh=f"应当在块之外有 nn.Embedding({VOCAB}, {D})、最后的归一化和输出头；"
+                              f"实际找到 {found}")
     layers = [_layer_candidates(f"layers.{i}", b) for i, b in enumerate(blocks)]
     out = []
     for rope in ("interleaved", "half"):
@@ -302,11 +303,12 @@ def _diagnose(res: ComponentResult, ctx: Context, comp: Component, module: nn.Mo
         return None
     res.convention = text(f"rotary pairs {w.rope}", f"旋转配对方式：{w.rope}")
     correct = reference(w, idx, SCHEDULE)
-    found = fp.search(cached, lambda fl: reference(w, idx, SCHEDULE, fl | base), MISTAKES, None, 2)
-    flags = set(base) | set(found[0] if found else ())
+    found = fp.search(cached, lambda fl: reference(w, idx, SCHEDULE, fl | base), MISTAKES, None, 2) or (
+        frozenset(), 0.0)  # none: the mistakes of the reading alone
+    flags = set(base) | found[0]
     if "rope_no_offset" in flags and lengths and lengths[0] == 0:
         flags = (flags - {"rope_no_offset"}) | {"kv_cache_not_advanced:append"}  # its length never moved
-    lines, matched = source_lines(ctx.objects(comp)), found[1] if found else 0.0
+    lines, matched = source_lines(ctx.objects(comp)), found[1]
     for flag in sorted(flags):
         name, _, form = flag.partition(":")
         number, code = locate(name, lines)

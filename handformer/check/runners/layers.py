@@ -54,10 +54,10 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.conventions import masks_where_true
-from handformer.check.core.discovery import Component, argument_keys
-from handformer.check.core.layer_map import block_norms
+from handformer.check.core.discovery import NAMES, Component, argument_keys
+from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
-from handformer.check.core.rope_tables import either_start, either_table
+from handformer.check.core.rope_tables import either_cos_sin, either_start, either_table
 from handformer.check.core.rotary import cos_sin, rope_layouts, rope_tables
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
@@ -81,6 +81,9 @@ from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, ffn_name_f
 from handformer.config import BlockConfig
 from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
 
+# the rotary layouts a layer handed these tables may use: nanochat's halves rotated either way, llama2.c's
+# one angle a pair (interleaved, as Meta's)
+GIVEN_ROPES = {"cos_sin": ("half", "swapped"), "freqs_cos": ("interleaved", "half")}
 KV_HEADS = 2  # key/value heads a layer is built with when its constructor asks for them
 
 
@@ -90,6 +93,8 @@ class Layer:
     def __init__(self, comp: Component, ctx: Context, decoder: bool, causal_block: bool) -> None:
         self.comp, self.ctx, self.decoder, self.causal_block = comp, ctx, decoder, causal_block
         params = forward_parameters(comp.obj.forward) if inspect.isclass(comp.obj) else []
+        self.complex_name = any(p.name == "freqs_complex" for p in params)  # Umar Jamil's freqs_cis
+        params = [p.replace(name="freqs_cis") if p.name == "freqs_complex" else p for p in params]
         self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
         self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
         self.masks = [] if self.stateful else [p.name for p in params if is_mask_name(p.name)]
@@ -98,10 +103,11 @@ class Layer:
         self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
         self.visible: str | None = None
         self.extra = {p.name for p in params} & {"freqs_cis", "start_pos", "position_ids",
-                                                 "position_embeddings", "cos", "sin", "input_pos",
+                                                 "position_embeddings", "cos", "sin", "input_pos", "cos_sin",
                                                  "freqs_cos", "freqs_sin"}
         self.table_layout: dict[str, bool] = {}  # which rotary table and start run (rope_tables)
         self.takes_mask = bool(self.masks)
+        self.stepwise = causal_block and "start_pos" in self.extra and not self.masks  # _stepwise
         self.sizes = layer_sizes(comp.obj)
         x = torch.randn(2, 3, D)
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
@@ -111,17 +117,16 @@ class Layer:
         self.ffn_candidates = ffn_slots(linears, D, self.sizes["d_ff"], comp.name)
         names = ["attn", "cross", "ffn"] if decoder else ["attn", "ffn"]
         norms, qk = block_norms([leaf for leaf in found if leaf.kind == "norm"])
-        self.attn[0] += qk  # QK-norm: the attention's q_norm and k_norm
+        self.attn[0] += qk or gainless_qk(self.module)  # QK-norm: the attention's q_norm and k_norm
+        norms = norms or gainless_norms(self.module, len(names))  # nanochat's norm(x), a function
         self.shared = len(norms) == 1 and len(names) > 1  # one norm for every sublayer
         self.norm_slots = norm_slots(norms * len(names) if self.shared else norms, len(names),
                                      [{"attn": "self-attention", "cross": "cross-attention"}.get(n, "FFN")
                                       for n in names], comp.name)
         self.norm_ws = [norm_weights(s) for s in self.norm_slots]
         self.sublayers = names
-        self.ropes = rope_layouts(self.module, "freqs_cis" in self.extra,
-                                    bool({"position_embeddings", "cos"} & self.extra))
-        if "freqs_cos" in self.extra:  # llama2.c's tables, one angle a pair: its pairs interleaved
-            self.ropes = ("interleaved", "half")
+        self.ropes = GIVEN_ROPES.get(min(self.extra & set(GIVEN_ROPES), default="")) or rope_layouts(
+            self.module, "freqs_cis" in self.extra, bool({"position_embeddings", "cos"} & self.extra))
         self.batched_cos_sin = False  # Hugging Face's (cos, sin) are (B, T, Dh); minimind's (T, Dh)
         if "position_embeddings" in self.extra:
             self.batched_cos_sin = self._second_form(x.double(), "batched_cos_sin")
@@ -172,10 +177,19 @@ class Layer:
 
     def _run(self, args: list[Any], kwargs: dict[str, Any], B: int) -> Any:
         """The module on args, its rotary table complex or as real pairs, start_pos 0 or one a row."""
+        def module(*a: Any, **k: Any) -> Any:
+            if self.complex_name:
+                k = {("freqs_complex" if n == "freqs_cis" else n): v for n, v in k.items()}
+            return self.module(*a, **k)
+
         def run(*a: Any, **k: Any) -> Any:
             if "freqs_cis" in k:  # Meta's complex table, or gpt-fast's real pairs
-                return either_table(self.module, list(a), k, self.table_layout)
+                return either_table(module, list(a), k, self.table_layout)
+            if "cos_sin" in k:  # nanochat's (cos, sin), each (1, T, 1, Dh/2)
+                return either_cos_sin(self.module, list(a), k, self.table_layout)
             return self.module(*a, **k)
+        if self.stepwise:
+            return _stepwise(run, args, kwargs)
         if "start_pos" not in self.extra:
             return run(*args, **kwargs)
         return either_start(run, args, kwargs, self.table_layout, B)
@@ -192,11 +206,12 @@ class Layer:
                 if self.batched_cos_sin:
                     tables = tuple(t[None].expand(B, T, -1) for t in tables)  # (B, T, Dh) each
                 out[name] = tuple(t.to(x.dtype) for t in tables)
-            elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
-                out[name] = cos_sin(T, self.head_dim)[name == "sin"].to(x.dtype)
-            elif name in ("freqs_cos", "freqs_sin"):  # llama2.c's: one angle a pair, (T, Dh/2) each
-                angles = V.rope_angles(T, self.head_dim)  # (T, Dh/2)
-                out[name] = (angles.sin() if name == "freqs_sin" else angles.cos()).to(x.dtype)
+            elif name == "cos_sin":  # nanochat's (cos, sin), each (1, T, 1, Dh/2)
+                angles = V.rope_angles(T, self.head_dim)[None, :, None]  # (1, T, 1, Dh/2)
+                out[name] = (angles.cos().to(x.dtype), angles.sin().to(x.dtype))
+            elif name in ("cos", "sin", "freqs_cos", "freqs_sin"):  # Raschka's (T, Dh); llama2.c's (T, Dh/2)
+                width = self.head_dim // (1 + name.startswith("freqs"))  # llama2.c's: one angle a pair
+                out[name] = cos_sin(T, self.head_dim)[name.endswith("sin")][:, :width].to(x.dtype)
             elif name == "start_pos":
                 out[name] = 0  # or one a batch row: rope_tables.either_start
             else:
@@ -208,6 +223,27 @@ class Layer:
                               self.norm_ws,
                               mha_weights(self.attn[1], H, self.n_kv_heads) if self.decoder else None,
                               placement, self.sublayers)
+
+
+def _stepwise(run: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Tensor:
+    """The block on x (B, T, D) one token at a time, token t at start_pos t with its row of the
+    rotary table: (B, T, D), each step through the block's own KV cache. A block with a start position
+    and no mask (Umar Jamil's Llama: a KV cache, no causal mask) is causal only so."""
+    x, outs = args[0], []
+    for t in range(x.size(1)):
+        step = {**kwargs, "start_pos": t}
+        if "freqs_cis" in step:
+            step["freqs_cis"] = step["freqs_cis"][t:t + 1]  # (1, Dh/2)
+        outs.append(fp.first_tensor(run(x[:, t:t + 1], *args[1:], **step), 3))
+    return torch.cat(outs, dim=1)  # (B, T, D)
+
+
+STEPWISE_NOTE = text("it takes start_pos and no mask (a KV cache, one token at a time): driven one token at "
+                     "a time through its own cache, token t at start_pos t, and compared position by "
+                     "position; gradients not compared (its cache is written in place)",
+                     "它接受 start_pos、不接受掩码（KV 缓存，一次一个 token）：检查时一次输入一个 token，"
+                     "经过它自己的缓存，位置 t 的 token 用 start_pos t，逐位置比较；不比较梯度"
+                     "（它的缓存是原地写入的）")
 
 
 def layer_sizes(cls: Any) -> dict[str, Any]:
@@ -279,7 +315,16 @@ def _flags(layer: Layer, w: V.LayerWeights) -> tuple[str, ...]:
 
 
 def check_encoder_layer(comp: Component, ctx: Context) -> ComponentResult:
-    return _check_layer(comp, ctx, decoder=False, causal_block=False, expected="post")
+    res = _check_layer(comp, ctx, decoder=False, causal_block=False, expected="post")
+    if comp.name in NAMES["block"]:  # a TransformerBlock that is no decoder's (discovery.encoder_block)
+        res.notes.append(ENCODER_BLOCK_NOTE)
+    return res
+
+
+ENCODER_BLOCK_NOTE = text("checked as an encoder layer: its mask is optional and nothing in your file is "
+                          "causal (no tril, triu or is_causal), so with no mask every token sees every other",
+                          "按编码器层检查：它的掩码参数可以不传，文件里也没有任何因果的写法（没有 tril、triu "
+                          "或 is_causal），所以不传掩码时每个 token 都能看到所有 token")
 
 
 def check_decoder_layer(comp: Component, ctx: Context) -> ComponentResult:
@@ -627,12 +672,8 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
             rows = _rows(layer, src_keep, tgt_keep, B, T)
             errors.append(fp.max_error(out, ref, rows))
             masked_rows(res, out, rows, layer.comp, ctx)
-            if i == 0 and out is not None and out.shape == ref.shape:
-                g = fp.randn(*ref.shape, seed=5)
-                mine = torch.autograd.grad((out * g).sum(), [x, layer.norm_slots[0].leaf.weight],
-                                           allow_unused=True)
-                theirs = torch.autograd.grad((ref * g).sum(), [x, hf.attn_norm.weight])
-                grad_err = grads_error(list(zip(mine, theirs)))
+            if i == 0 and out is not None and out.shape == ref.shape and not layer.stepwise:
+                grad_err = _grads(layer, hf, x, out, ref)
     res.max_abs_error = max(errors) if errors else None
     name = "DecoderLayer" if layer.decoder else "DecoderOnlyBlock" if layer.causal_block else "EncoderLayer"
     n = len(errors)
@@ -640,9 +681,22 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
     res.checks.append(Check(text(f"matches handformer's {name} ({placement}-norm) on {n} shapes",
                                  f"在 {n} 种形状上与 handformer 的 {name}（{zh}）一致"),
                             bool(errors) and max(errors) < 1e-5, error_text(max(errors) if errors else 0.0)))
+    if layer.stepwise:
+        res.notes.append(STEPWISE_NOTE)
+        return
     res.checks.append(Check(text("gradients (input and first norm) match handformer's",
                                  "梯度（输入与第一个归一化层）与 handformer 一致"), grad_err < 1e-5,
                             error_text(grad_err)))
+
+
+def _grads(layer: Layer, hf: nn.Module, x: Tensor, out: Tensor, ref: Tensor) -> float:
+    """The input's and the first norm's gradients against handformer's (a function's norm: none)."""
+    g = fp.randn(*ref.shape, seed=5)
+    gains = [] if isinstance(layer.norm_slots[0].leaf, Gainless) else [
+        (layer.norm_slots[0].leaf.weight, hf.attn_norm.weight)]
+    mine = torch.autograd.grad((out * g).sum(), [x] + [a for a, _ in gains], allow_unused=True)
+    theirs = torch.autograd.grad((ref * g).sum(), [x] + [b for _, b in gains])
+    return grads_error(list(zip(mine, theirs)))
 
 
 def _case_keeps(layer: Layer, B: int, T: int, S: int, src_pad: list[int],

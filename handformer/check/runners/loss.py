@@ -31,7 +31,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.context import Context, finish, forward_parameters
+from handformer.check.core.context import (
+    Context,
+    call_parameters,
+    finish,
+    forward_parameters,
+    named,
+    names_of,
+)
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure, View, latest_departure, trace_steps
 from handformer.check.core.localize_kinds import note_departure
@@ -139,25 +146,18 @@ class Loss:
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
         self.is_class = isinstance(comp.obj, type)
-        if self.is_class:
-            init = [p for p in inspect.signature(comp.obj.__init__).parameters.values()
-                    if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-            self.init_names = [p.name for p in init]
-            self.init_required = [p.name for p in init if p.default is p.empty]
-        else:
-            self.init_names, self.init_required = [], []
-        params = forward_parameters(comp.obj) if not self.is_class else [
-            p for p in inspect.signature(comp.obj.forward).parameters.values()
-            if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        self.names = [p.name for p in params]
-        self.required = [p.name for p in params if p.default is p.empty]
+        cls = comp.obj  # a criterion class: built, then called; else a function
+        init, params = ((call_parameters(cls.__init__, ("self",)), call_parameters(cls.forward, ("self",)))
+                        if self.is_class else ([], forward_parameters(comp.obj)))
+        self.init_names, self.init_required = names_of(init)
+        self.names, self.required = names_of(params)
         everything = self.names + self.init_names
-        self.smoothing = _find(everything, SMOOTHING_NAMES)
-        self.pad = _find(everything, PAD_NAMES)
-        self.input = _find(self.names, INPUT_NAMES) or (self.names[0] if self.names else None)
-        self.target = _find([n for n in self.names if n != self.input], TARGET_NAMES) or next(
-            (n for n in self.names if n != self.input), None)
-        size = _find(self.init_names, SIZE_NAMES)
+        self.smoothing = named(everything, SMOOTHING_NAMES)
+        self.pad = named(everything, PAD_NAMES)
+        self.input = named(self.names, INPUT_NAMES) or next(iter(self.names), None)
+        rest = [n for n in self.names if n != self.input]
+        self.target = named(rest, TARGET_NAMES) or next(iter(rest), None)
+        size = named(self.init_names, SIZE_NAMES)
         known = {self.input, self.target, self.pad, self.smoothing, size}
         unknown = [n for n in self.required + self.init_required if n not in known]
         if unknown or self.input is None or self.target is None:
@@ -172,14 +172,17 @@ class Loss:
         self.size = size
         self.flat = False
 
+    def options(self, eps: float, pad: int = PAD, size: int = V) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The pad id, the smoothing and the vocabulary size it takes (this runner's, or a caller's),
+        split into those its constructor takes and those its call takes."""
+        given = ((self.pad, pad), (self.smoothing, eps), (self.size, size))  # a name of None: not taken
+        init = {name: value for name, value in given if name in self.init_names}
+        return init, {name: value for name, value in given if name not in {*init, None}}
+
     def __call__(self, logp: Tensor, targets: Tensor, eps: float) -> Any:
         def call(x: Tensor, y: Tensor) -> Any:
-            kwargs: dict[str, Any] = {self.input: x.clone(), self.target: y.clone()}
-            init: dict[str, Any] = {}
-            for name, value in ((self.pad, PAD), (self.smoothing, eps), (self.size, V)):
-                if name is None:
-                    continue
-                (init if name in self.init_names else kwargs)[name] = value
+            init, options = self.options(eps)
+            kwargs: dict[str, Any] = {self.input: x.clone(), self.target: y.clone(), **options}
             if self.is_class:
                 module = self.ctx.learner.call("__init__", lambda: self.comp.obj(**init))
                 if isinstance(module, nn.Module):
@@ -195,10 +198,6 @@ class Loss:
             except fp.LearnerFailure:
                 self.flat = True
         return call(logp.reshape(-1, V), targets.reshape(-1))
-
-
-def _find(names: list[str], aliases: tuple[str, ...]) -> str | None:
-    return next((n for n in names if n.lower() in aliases), None)
 
 
 def _value(ctx: Context, comp: Component, out: Any) -> float:
@@ -220,9 +219,9 @@ def _what(out: Any) -> str:
 
 
 def _close(a: float, b: float) -> bool:
-    if math.isnan(a) and math.isnan(b):
-        return True
-    return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= REL_TOL * max(abs(b), 1e-12)
+    """Equal to a relative 1e-5, or both NaN (a log(0) in both)."""
+    return math.isnan(a) and math.isnan(b) or math.isfinite(a) and math.isfinite(b) and abs(
+        a - b) <= REL_TOL * max(abs(b), 1e-12)
 
 
 def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
@@ -272,14 +271,10 @@ def _search(loss: Loss, got: dict[float, float], logp: Tensor, targets: Tensor, 
         return all(_close(got[eps], reference(logp, targets, eps, form, split, reduction, flags))
                    for eps in smoothings)
 
-    for size in (0, 1, 2):
-        for combo in itertools.combinations(flags_all, size):
-            flags = frozenset(combo)
-            if len({f.partition(":")[0] for f in flags}) < len(flags):
-                continue
-            conv = next((c for c in conventions if matches(c, flags)), None)
-            if conv is not None:
-                return conv, flags
+    for flags in fp.flag_sets(flags_all):
+        conv = next((c for c in conventions if matches(c, flags)), None)
+        if conv is not None:
+            return conv, flags
     return None
 
 

@@ -17,13 +17,15 @@ Shape legend: B batch, S source length, T target length.
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from handformer.check.core.context import Context, finish, forward_parameters
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
@@ -69,16 +71,37 @@ def expected_src(pad: int, flags: frozenset[str] = frozenset()) -> Tensor:
     return (ids != (0 if "mask_pad_id" in flags else pad))[:, None, None, :]
 
 
-def expected_tgt(pad: int, flags: frozenset[str] = frozenset(), causal_only: bool = False) -> Tensor:
-    """(B, 1, T, T) keep: the target's real keys and the causal part, as each variant computes them."""
+def expected_tgt(pad: int, flags: frozenset[str] = frozenset()) -> Tensor:
+    """(B, 1, T, T) keep: the target's real keys and the causal part, as each variant computes them
+    (`causal_only`: the causal part alone)."""
     src, tgt = src_ids(pad), tgt_ids(pad)
     T = tgt.size(1)
     ids = src if "mask_pad_wrong_sequence" in flags else tgt
     padding = (ids != (0 if "mask_pad_id" in flags else pad))[:, None, None, :]
     causal = _causal(T, flags)[None, None]
-    if causal_only:
+    if "causal_only" in flags:
         return causal.expand(tgt.size(0), 1, T, T)
     return padding | causal if "mask_combined_with_or" in flags else padding & causal
+
+
+CAUSAL_ONLY = frozenset({"causal_only"})  # a convention, not a mistake: the source mask ignores it
+
+
+@dataclass(frozen=True)
+class Side:
+    """What differs between the source mask and the target mask."""
+
+    what: str
+    zh: str  # 源 / 目标, before 端掩码
+    shapes: str  # the shapes it may be read in
+    queries: tuple[int, ...]  # the query rows it may have (a source mask: one, or one per query)
+    flags: tuple[str, ...]  # the named mistakes it can carry
+    expected: Callable[[int, frozenset[str]], Tensor]
+
+
+SIDES = {"src": Side("source", "源", "(B, 1, 1, S), (B, 1, S) or (B, S)", (1, SRC.size(1)), FLAGS[:2],
+                     expected_src),
+         "tgt": Side("target", "目标", "(B, 1, T, T) or (B, T, T)", (TGT.size(1),), FLAGS, expected_tgt)}
 
 
 class Helper:
@@ -87,24 +110,18 @@ class Helper:
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
         params = forward_parameters(comp.obj)
-        names = [p.name for p in params]
-        lowered = comp.name.lower()
-        self.src = next((n for n in names if n.lower() in SRC_NAMES), None)
-        self.tgt = next((n for n in names if n.lower() in TGT_NAMES), None)
-        self.pad = next((n for n in names if n.lower() in PAD_NAMES), None)
-        if any(h in lowered for h in BOTH_HINTS) and self.src and self.tgt:
+        names, required = names_of(params)
+        first = (names + [None])[0]  # the ids of a helper whose argument has none of the names
+        self.src, self.tgt, self.pad = (named(names, table) for table in (SRC_NAMES, TGT_NAMES, PAD_NAMES))
+        if _mentions(comp.name, BOTH_HINTS) and self.src and self.tgt:
             self.makes = "both"
-        elif self.tgt or any(h in lowered for h in TGT_HINTS):
-            self.makes = "tgt"
-            self.tgt = self.tgt or self.src or (names[0] if names else None)
-            self.src = None
+        elif self.tgt or _mentions(comp.name, TGT_HINTS):
+            self.makes, self.tgt, self.src = "tgt", self.tgt or self.src or first, None
         else:
-            self.makes = "src"
-            self.src = self.src or (names[0] if names else None)
+            self.makes, self.src = "src", self.src or first
         known = {self.src, self.tgt, self.pad}
-        unknown = [p.name for p in params if p.default is p.empty and p.name not in known]
-        missing = self.makes != "tgt" and self.src is None or self.makes != "src" and self.tgt is None
-        if unknown or missing:
+        unknown = [n for n in required if n not in known]
+        if unknown or not names:  # no names: no ids to hand it
             raise DiscoveryError(
                 f"{comp.name}: cannot fill the argument {(unknown or ['src'])[0]!r}; a mask helper takes the "
                 "token ids (src, tgt) and the pad id (pad_idx, pad_id, ...)",
@@ -116,14 +133,13 @@ class Helper:
         return PAD if self.pad else 0
 
     def __call__(self) -> Any:
-        kwargs: dict[str, Any] = {}
-        if self.src:
-            kwargs[self.src] = src_ids(self.pad_id)
-        if self.tgt:
-            kwargs[self.tgt] = tgt_ids(self.pad_id)
-        if self.pad:
-            kwargs[self.pad] = PAD
+        given = ((self.src, src_ids(self.pad_id)), (self.tgt, tgt_ids(self.pad_id)), (self.pad, PAD))
+        kwargs = {name: value for name, value in given if name}
         return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+
+
+def _mentions(name: str, words: tuple[str, ...]) -> bool:
+    return any(w in name.lower() for w in words)
 
 
 def _readings(out: Any, rows: int, queries: int, keys: int) -> dict[str, Tensor]:
@@ -132,14 +148,14 @@ def _readings(out: Any, rows: int, queries: int, keys: int) -> dict[str, Tensor]
     if not isinstance(out, Tensor):
         return {}
     m = out.detach()
-    if m.dim() == 2 and m.shape == (rows, keys):  # (B, S): a key padding mask
+    if m.shape == (rows, keys):  # (B, S): a key padding mask
         m = m[:, None, None, :]
     elif m.dim() == 3 and m.size(0) == rows and m.size(-1) == keys:
         m = m[:, None]
     if m.dim() != 4 or m.size(0) not in (1, rows) or m.size(-1) != keys or m.size(-2) not in (1, queries):
         return {}
     m = m.expand(rows, m.size(1), queries, keys)[:, :1]
-    if m.is_floating_point() and (bool(torch.isinf(m).any()) or bool((m < -1e3).any())):
+    if m.is_floating_point() and bool((torch.isinf(m) | (m < -1e3)).any()):
         return {"additive": m == 0}
     nonzero = m != 0
     return {"keep": nonzero, "masked": ~nonzero}
@@ -150,89 +166,71 @@ def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str
     return Finding(name, observed, number, code, form)
 
 
-def _explain(keep: Tensor, which: str, pad: int, both: bool) -> frozenset[str] | None:
-    """The smallest set of named mistakes whose mask equals `keep`."""
-    universe = [f for f in FLAGS if (which == "tgt" or not f.startswith(("causal", "mask_combined")))
-                and (both or f != "mask_pad_wrong_sequence") and (pad != 0 or f != "mask_pad_id")]
-    for size in (0, 1, 2):
-        for combo in itertools.combinations(universe, size):
-            flags = frozenset(combo)
-            if len({f.partition(":")[0] for f in flags}) < len(flags):
-                continue
-            want = expected_src(pad, flags) if which == "src" else expected_tgt(pad, flags)
-            want = want.expand_as(keep) if want.shape != keep.shape else want
-            if torch.equal(keep, want):
-                return flags
-    return None
+def _explain(keep: Tensor, side: Side, pad: int, both: bool) -> frozenset[str] | None:
+    """The smallest set of named mistakes whose mask equals `keep` (two of one mistake's forms never
+    go together)."""
+    impossible = {"mask_pad_wrong_sequence": not both, "mask_pad_id": pad == 0}
+    universe = [f for f in side.flags if not impossible.get(f)]
+    return next((flags for flags in fp.flag_sets(universe)
+                 if torch.equal(keep, side.expected(pad, flags).expand_as(keep))), None)
 
 
 def _check_one(res: ComponentResult, ctx: Context, comp: Component, out: Any, which: str, pad: int,
                both: bool) -> None:
-    rows = SRC.size(0)
-    queries, keys = (1, SRC.size(1)) if which == "src" else (TGT.size(1), TGT.size(1))
-    readings = _readings(out, rows, queries if which == "tgt" else 1, keys)
-    if which == "src" and not readings:  # a source mask may also be given one row per query
-        readings = _readings(out, rows, SRC.size(1), keys)
-    what = "source" if which == "src" else "target"
+    side = SIDES[which]
+    what = side.what
+    readings = next((r for q in side.queries if (r := _readings(out, SRC.size(0), q, SRC.size(1)))), {})
     if not readings:
-        raise _no_reading(ctx, comp, out, which)
-    right = expected_src(pad) if which == "src" else expected_tgt(pad)
-    best = _best_reading(readings, right, which, pad, both)
+        raise _no_reading(ctx, comp, out, side)
+    right = side.expected(pad, frozenset())
+    best = _best_reading(readings, side, pad, both)
     polarity = best[0] if best else next(iter(readings))
     res.convention = POLARITIES[polarity]
     keep = readings[polarity]
-    wrong = int((keep != (right.expand_as(keep) if right.shape != keep.shape else right)).sum())
-    if best and best[1] == frozenset({"causal_only"}):
+    right = right.expand_as(keep)
+    wrong = int((keep != right).sum())
+    if best == (polarity, CAUSAL_ONLY):
         res.notes.append(text("the target mask is causal only: with the padding at the end, causality "
                               "already hides it from every real query",
                               "目标端掩码只有因果部分：填充都在末尾，因果掩码已经对每个真实查询屏蔽了它"))
         wrong = 0
-    side = "源" if which == "src" else "目标"
     res.checks.append(Check(text(f"the {what} mask hides what the attention must not see (pad id {pad})",
-                                 f"{side}端掩码屏蔽了注意力不该看到的位置（填充 id 为 {pad}）"),
+                                 f"{side.zh}端掩码屏蔽了注意力不该看到的位置（填充 id 为 {pad}）"),
                             wrong == 0, text(f"{wrong} entries differ", f"{wrong} 个位置不同")))
     if best is None:
         res.notes.append(text(f"no known mistake (or pair of them) reproduces your {what} mask",
-                              f"没有任何已知错误（或两个错误的组合）能复现你的{side}端掩码"))
+                              f"没有任何已知错误（或两个错误的组合）能复现你的{side.zh}端掩码"))
         return
-    row = "".join("1" if v else "0" for v in keep[0, 0, -1].tolist())
-    good = "".join("1" if v else "0" for v in right.expand_as(keep)[0, 0, -1].tolist())
-    for flag in sorted(best[1] - {"causal_only"}):
+    row, good = ("".join(str(int(v)) for v in mask[0, 0, -1].tolist()) for mask in (keep, right))
+    for flag in sorted(best[1] - CAUSAL_ONLY):
         name, _, form = flag.partition(":")
         if name == "mask_combined_with_or":
             form = "and" if polarity == "masked" else "or"
         res.findings.append(_finding(ctx, comp, name, text(
             f"your {what} mask equals the one with this mistake ({wrong} entries differ from the right one; "
             f"the last query of row 0 sees {row} where {good} is right, 1 = seen)",
-            f"你的{side}端掩码与带这个错误的掩码一致（与正确的掩码有 {wrong} 个位置不同；"
+            f"你的{side.zh}端掩码与带这个错误的掩码一致（与正确的掩码有 {wrong} 个位置不同；"
             f"行 0 最后一个查询看到的是 {row}，应为 {good}，1 = 可以看）"), form))
 
 
-def _no_reading(ctx: Context, comp: Component, out: Any, which: str) -> Exception:
-    what = "source" if which == "src" else "target"
+def _no_reading(ctx: Context, comp: Component, out: Any, side: Side) -> Exception:
     shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
-    want = "(B, 1, 1, S), (B, 1, S) or (B, S)" if which == "src" else "(B, 1, T, T) or (B, T, T)"
-    return ctx.learner.fail("forward", f"{comp.name} returned {shape} for the {what} mask; expected {want}",
-                            f"{comp.name} 给{'源端' if which == 'src' else '目标端'}掩码返回了 {shape}；"
-                            f"应当是 {want}")
+    return ctx.learner.fail("forward", f"{comp.name} returned {shape} for the {side.what} mask; expected "
+                            f"{side.shapes}", f"{comp.name} 给{side.zh}端掩码返回了 {shape}；"
+                            f"应当是 {side.shapes}")
 
 
-def _best_reading(readings: dict[str, Tensor], right: Tensor, which: str, pad: int, both: bool,
+def _best_reading(readings: dict[str, Tensor], side: Side, pad: int, both: bool,
                   ) -> tuple[str, frozenset[str]] | None:
     """The polarity under which the mask is right (or causal only, for a target mask), else the one
-    explained by the fewest mistakes; None when none is."""
+    explained by the fewest mistakes (the first of those); None when none is."""
     for polarity, keep in readings.items():
-        right_here = right.expand_as(keep) if right.shape != keep.shape else right
-        if torch.equal(keep, right_here):
-            return polarity, frozenset()
-        if which == "tgt" and torch.equal(keep, expected_tgt(pad, causal_only=True)):
-            return polarity, frozenset({"causal_only"})
-    best: tuple[str, frozenset[str]] | None = None
-    for polarity, keep in readings.items():
-        flags = _explain(keep, which, pad, both)
-        if flags is not None and (best is None or len(flags) < len(best[1])):
-            best = (polarity, flags)
-    return best
+        for flags in (frozenset(), CAUSAL_ONLY):
+            if torch.equal(keep, side.expected(pad, flags).expand_as(keep)):
+                return polarity, flags
+    explained = [(p, flags) for p, keep in readings.items()
+                 if (flags := _explain(keep, side, pad, both)) is not None]
+    return min(explained, key=lambda found: len(found[1]), default=None)
 
 
 def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:

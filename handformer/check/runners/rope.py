@@ -43,8 +43,14 @@ OFFSET_NAMES = ("offset", "start_pos", "start", "pos_offset", "past_length", "ca
 DIM_NAMES = ("dim", "head_dim", "d", "d_head", "rotary_dim", "dims", "head_size", "d_k",
              "n_elem")  # gpt-fast's
 THETA_NAMES = ("theta", "base", "rope_theta", "rope_base")
+OFFSET_ARGS = (*OFFSET_NAMES, "position_ids")  # a module told where its positions start
 TENSOR_NAMES = ("x", "q", "k", "xq", "xk", "query", "key", "input", "hidden", "tensor", "queries", "keys",
                 "hidden_states")
+
+
+def _takes(names: list[str], aliases: tuple[str, ...]) -> bool:
+    """Whether one of the argument names is one of the aliases."""
+    return not set(names).isdisjoint(aliases)
 
 
 def reference_tables(length: int, layout: str, offset: int = 0, theta: float = THETA,
@@ -60,7 +66,7 @@ def check_rope(comp: Component, ctx: Context) -> ComponentResult:
     if inspect.isclass(comp.obj):
         return _check_module(comp, ctx)
     names = [p.name for p in forward_parameters(comp.obj)]
-    if any(n in DIM_NAMES for n in names[:1]) or not any(n in TENSOR_NAMES for n in names):
+    if _takes(names[:1], DIM_NAMES) or not _takes(names, TENSOR_NAMES):
         return _check_table_function(comp, ctx)
     return _check_apply(comp, ctx, comp.obj, names)
 
@@ -133,20 +139,21 @@ def _base_finding(res: ComponentResult, ctx: Context, comp: Component, table: Ta
         f"配对 0、1、2 的频率是 {mine}，而 theta^(-2j/d) 给出 {right}：{zh}"), number, code, form))
 
 
+INTERLEAVED = text("pairs (2j, 2j+1), interleaved (Meta's complex freqs_cis): a convention, not an error",
+                   "按 (2j, 2j+1) 交错配对（Meta 的复数 freqs_cis）：这是约定不同，不是错误")
+LAYOUTS = {  # the convention each layout of the pairs reports ("unknown": none)
+    "swapped": text("pairs (j, j + d/2) rotated the other way, (a cos + b sin, b cos - a sin), as "
+                    "nanochat: a convention, not an error",
+                    "按 (j, j + d/2) 配对、反方向旋转，(a cos + b sin, b cos - a sin)，与 nanochat "
+                    "相同：这是约定不同，不是错误"),
+    "interleaved": INTERLEAVED, "pairs": INTERLEAVED,
+    "half": text("pairs (j, j + d/2), half-split (Hugging Face, handformer)",
+                 "按 (j, j + d/2) 对半配对（Hugging Face、handformer）"),
+}
+
+
 def _layout_convention(res: ComponentResult, layout: str) -> None:
-    if layout == "unknown":
-        return
-    if layout == "swapped":
-        res.convention = text("pairs (j, j + d/2) rotated the other way, (a cos + b sin, b cos - a sin), as "
-                              "nanochat: a convention, not an error",
-                              "按 (j, j + d/2) 配对、反方向旋转，(a cos + b sin, b cos - a sin)，与 nanochat "
-                              "相同：这是约定不同，不是错误")
-        return
-    res.convention = (text("pairs (2j, 2j+1), interleaved (Meta's complex freqs_cis): a convention, not an "
-                           "error", "按 (2j, 2j+1) 交错配对（Meta 的复数 freqs_cis）：这是约定不同，不是错误")
-                      if layout in ("interleaved", "pairs") else
-                      text("pairs (j, j + d/2), half-split (Hugging Face, handformer)",
-                           "按 (j, j + d/2) 对半配对（Hugging Face、handformer）"))
+    res.convention = LAYOUTS.get(layout, res.convention)
 
 
 def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
@@ -154,19 +161,12 @@ def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
     names = [p.name for p in forward_parameters(comp.obj)]
 
     def call(theta: float, length: int = P, offset: int | None = None) -> Any:
-        kwargs: dict[str, Any] = {}
-        for n in names:
-            if n in DIM_NAMES:
-                kwargs[n] = DH
-            elif n in LENGTH_NAMES:
-                kwargs[n] = length
-            elif n in THETA_NAMES:
-                kwargs[n] = theta
-            elif n in OFFSET_NAMES and offset is not None:
-                kwargs[n] = offset
-            elif n == "dtype":  # gpt-fast's precompute_freqs_cis(..., dtype=torch.bfloat16)
-                kwargs[n] = torch.float64
-        return ctx.learner.call("forward", comp.obj, **kwargs)
+        # dtype: gpt-fast's precompute_freqs_cis(..., dtype=torch.bfloat16); an offset only when given
+        values = {**dict.fromkeys(DIM_NAMES, DH), **dict.fromkeys(LENGTH_NAMES, length),
+                  **dict.fromkeys(THETA_NAMES, theta), "dtype": torch.float64}
+        if offset is not None:
+            values |= dict.fromkeys(OFFSET_NAMES, offset)
+        return ctx.learner.call("forward", comp.obj, **{n: values[n] for n in names if n in values})
 
     table = read_table(call(THETA), P)
     if table is None:
@@ -181,7 +181,7 @@ def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
     res.checks.append(Check(text(f"angles pos * theta^(-2j/d) for {table.cos.size(0)} positions, d = {DH}",
                                  f"{table.cos.size(0)} 个位置、d = {DH} 时角度为 pos * theta^(-2j/d)"),
                             err < TOL, error_text(err)))
-    if any(n in THETA_NAMES for n in names):
+    if _takes(names, THETA_NAMES):
         _base_used(res, ctx, comp, call, err)
     res.max_abs_error = err
     return finish(res)
@@ -214,7 +214,14 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     res = ctx.result(comp)
     q, k = _apply_inputs()
     tensors = [n for n in names if n in TENSOR_NAMES][:2]
-    failure, best, first = _search_apply(ctx, fn, names, tensors, q, k, _attempts(names))
+    complex_table, offsets = _takes(names, ("freqs_cis", "freqs")), _takes(names, OFFSET_NAMES)
+    from0 = ("from0",) if offsets else ()  # apply_rope(x, cos, sin, offset)
+    shapes = ("4d", "btd", *from0, "td") + (("by_id",) if "position_ids" in names else ())
+    attempts = [(layout, meta, shape) for layout in (("pairs",) if complex_table else ("half", "interleaved"))
+                for meta in (False, True) for shape in (("4d", "real") if layout == "pairs" else shapes)]
+    if not complex_table:  # nanochat's cos, sin (1, T, 1, Dh/2) on halves, rotated either way
+        attempts += [(lay, True, "quarter") for lay in ("half", "swapped")] + PAIR_TD * ("freqs_cos" in names)
+    failure, best, first = _search_apply(ctx, fn, names, tensors, q, k, attempts)
     if best is None and first is None:
         raise failure or ctx.learner.fail(
             "forward", f"{comp.name} returned no rotated queries and keys of shape {tuple(q.shape)} for any "
@@ -232,7 +239,7 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     res.checks.append(Check(text(f"rotates queries and keys as handformer's apply_rotary ({rot} pairs)",
                                  f"与 handformer 的 apply_rotary（{rot} 配对）旋转结果一致"), err < TOL,
                             error_text(err)))
-    if any(n in OFFSET_NAMES for n in names) or shape == "by_id":
+    if offsets or shape == "by_id":
         _offset_check(res, ctx, comp,
                       lambda offset: _run_apply(ctx, fn, names, tensors, q, k, layout, meta, shape, offset),
                       lambda offset, fl: _rotated(q, k, len(tensors), rot, offset, fl))
@@ -241,21 +248,6 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
             return _run_apply(ctx, fn, names, tensors, qg, kg, layout, meta, shape, 0)
         note_departure(res, lambda: localize_rotation(run, fn, q, k, rot))
     return finish(res)
-
-
-def _attempts(names: list[str]) -> list[tuple[str, bool, str]]:
-    """The (layout, Meta's inputs, table shape) an apply function is tried with, in order."""
-    complex_table = any(n in ("freqs_cis", "freqs") for n in names)
-    from0 = ("from0",) if any(n in OFFSET_NAMES for n in names) else ()  # apply_rope(x, cos, sin, offset)
-    shapes = ("4d", "btd", *from0, "td") + (("by_id",) if "position_ids" in names else ())
-    attempts = [(layout, meta, shape) for layout in (("pairs",) if complex_table else ("half", "interleaved"))
-                for meta in (False, True) for shape in (("4d", "real") if layout == "pairs" else shapes)]
-    if not complex_table:  # nanochat's cos, sin (1, T, 1, Dh/2) on halves, rotated either way
-        attempts += [(layout, True, "quarter") for layout in ("half", "swapped")]
-    if "freqs_cos" in names:  # llama2.c's freqs_cos, freqs_sin: one angle a pair, (T, Dh/2) each
-        attempts += [(layout, meta, "pair_td") for layout in ("interleaved", "half")
-                     for meta in (True, False)]
-    return attempts
 
 
 def _search_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: list[str], q: Tensor,
@@ -287,6 +279,16 @@ def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: 
     return torch.stack([V.rotary(t, layout, offset, flags) for t in (q, k)[:n]])
 
 
+# llama2.c's apply_rotary_emb(xq, xk, freqs_cos, freqs_sin): one angle an interleaved pair, (T, Dh/2)
+PAIR_TD = [("interleaved", True, "pair_td"), ("interleaved", False, "pair_td")]
+TABLE_VIEWS = {  # a (T, Dh) table as each shape hands it (the others as it is)
+    "4d": lambda t, meta: t.reshape((1, T, 1, DH) if meta else (1, 1, T, DH)),  # over batch and heads
+    "quarter": lambda t, meta: t[:, : DH // 2].reshape(1, T, 1, DH // 2),  # nanochat's: one angle a pair
+    "btd": lambda t, meta: t[None].expand(B, T, DH),
+    "pair_td": lambda t, meta: t[:, ::2],  # llama2.c's freqs_cos (T, Dh/2): one angle an interleaved pair
+}
+
+
 def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: list[str], q: Tensor,
                k: Tensor, layout: str, meta: bool, shape: str, offset: int) -> Tensor | None:
     """Call an apply function with tables of this layout and shape ("4d": (1, 1, T, Dh); "btd":
@@ -302,40 +304,26 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
         kwargs[next(n for n in names if n in ("freqs_cis", "freqs"))] = (
             torch.view_as_real(table) if shape == "real" else table)
     else:
-        cos, sin = _shaped_tables(layout, meta, shape, offset)
-        kwargs["cos"], kwargs["sin"] = cos, sin
-        kwargs["freqs_cos"], kwargs["freqs_sin"] = cos, sin  # llama2.c's names
+        whole = shape in ("by_id", "from0")  # the table from position 0, indexed by their code
+        cos, sin = reference_tables(P, layout) if whole else reference_tables(T, layout, offset)
+        view = TABLE_VIEWS.get(shape, lambda t, meta: t)
+        kwargs["cos"], kwargs["sin"] = view(cos, meta), view(sin, meta)
+        kwargs["freqs_cos"], kwargs["freqs_sin"] = kwargs["cos"], kwargs["sin"]  # llama2.c's names
     if shape == "by_id":
         kwargs["position_ids"] = (torch.arange(T) + offset)[None].expand(B, T)
-    for n in names:
-        if n in OFFSET_NAMES:
-            kwargs[n] = offset
+    kwargs |= dict.fromkeys(OFFSET_NAMES, offset)  # only those it takes are handed in
     raw = _call_offset(ctx, fn, {n: v for n, v in kwargs.items() if n in names})
+    return _stacked(raw, len(tensors), q.shape, meta)
+
+
+def _stacked(raw: Any, n: int, shape: torch.Size, meta: bool = False) -> Tensor | None:
+    """The first n outputs (B, H, T, Dh) stacked (n, B, H, T, Dh) (Meta's (B, T, H, Dh) transposed);
+    None when they are not n tensors of that shape."""
     outs = list(raw) if isinstance(raw, (tuple, list)) else [raw]
-    if len(outs) < len(tensors) or not all(isinstance(o, Tensor) for o in outs[: len(tensors)]):
-        return None
-    outs = [o.transpose(1, 2) if meta and o.dim() == 4 else o for o in outs[: len(tensors)]]
-    if any(o.shape != q.shape for o in outs):
+    outs = [o.transpose(1, 2) if meta and o.dim() == 4 else o for o in outs[:n] if isinstance(o, Tensor)]
+    if len(outs) < n or any(o.shape != shape for o in outs):
         return None
     return torch.stack([o.double() for o in outs])
-
-
-def _shaped_tables(layout: str, meta: bool, shape: str, offset: int) -> tuple[Tensor, Tensor]:
-    """(cos, sin) in this layout and shape, positions from `offset` (see _run_apply)."""
-    whole = shape in ("by_id", "from0")  # the table from position 0, indexed by their code
-    cos, sin = reference_tables(P, layout) if whole else reference_tables(T, layout, offset)
-    if shape == "4d":
-        view = (1, T, 1, DH) if meta else (1, 1, T, DH)  # broadcasts over batch and heads
-        return cos.reshape(view), sin.reshape(view)
-    if shape == "quarter":  # nanochat's: one angle a pair, (1, T, 1, Dh/2)
-        view = (1, T, 1, DH // 2)
-        return cos[:, : DH // 2].reshape(view), sin[:, : DH // 2].reshape(view)
-    if shape == "btd":
-        return cos[None].expand(B, T, DH), sin[None].expand(B, T, DH)
-    if shape == "pair_td":  # llama2.c's: one angle a pair, (T, Dh/2)
-        angles = V.rope_angles(T, DH, THETA, offset)  # (T, Dh/2)
-        return angles.cos(), angles.sin()
-    return cos, sin
 
 
 def _call_offset(ctx: Context, fn: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
@@ -408,14 +396,9 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
     tensors = [n for n in names if n in TENSOR_NAMES][:2]
 
     def call(offset: int = 0, length: int = T) -> Any:
-        kwargs: dict[str, Any] = dict(zip(tensors, (q, k)))
-        for n in names:
-            if n in LENGTH_NAMES and n not in tensors:
-                kwargs[n] = length
-            elif n in OFFSET_NAMES:
-                kwargs[n] = offset
-            elif n == "position_ids":
-                kwargs[n] = (torch.arange(length) + offset)[None].expand(B, length)
+        values = {**dict.fromkeys(LENGTH_NAMES, length), **dict.fromkeys(OFFSET_NAMES, offset),
+                  "position_ids": (torch.arange(length) + offset)[None].expand(B, length)}
+        kwargs = dict(zip(tensors, (q, k))) | {n: values[n] for n in names if n in values}
         return ctx.learner.call("forward", module, **kwargs)
 
     raw = call()
@@ -441,7 +424,7 @@ def _module_table(res: ComponentResult, ctx: Context, comp: Component, call: Cal
     res.checks.append(Check(text(f"the table's angles are pos * theta^(-2j/d) for {rows} positions",
                                  f"表中 {rows} 个位置的角度为 pos * theta^(-2j/d)"), err < TOL,
                             error_text(err)))
-    if any(n in OFFSET_NAMES or n == "position_ids" for n in names):
+    if _takes(names, OFFSET_ARGS):
         _table_offset_check(res, ctx, comp, call)
     return finish(res)
 
@@ -449,10 +432,7 @@ def _module_table(res: ComponentResult, ctx: Context, comp: Component, call: Cal
 def _rotated_module(res: ComponentResult, ctx: Context, comp: Component, call: Callable[..., Any], n: int,
                     q: Tensor, k: Tensor, names: list[str]) -> ComponentResult:
     def run(offset: int) -> Tensor | None:
-        raw = call(offset)
-        outs = list(raw) if isinstance(raw, (tuple, list)) else [raw]
-        outs = [o for o in outs[:n] if isinstance(o, Tensor) and o.shape == q.shape]
-        return torch.stack(outs).double() if len(outs) == n else None
+        return _stacked(call(offset), n, q.shape)
 
     out = run(0)
     best = None
@@ -471,6 +451,6 @@ def _rotated_module(res: ComponentResult, ctx: Context, comp: Component, call: C
     res.checks.append(Check(text(f"rotates its input as handformer's apply_rotary ({layout} pairs)",
                                  f"与 handformer 的 apply_rotary（{layout} 配对）旋转结果一致"), err < TOL,
                             error_text(err)))
-    if any(nm in OFFSET_NAMES or nm == "position_ids" for nm in names):
+    if _takes(names, OFFSET_ARGS):
         _offset_check(res, ctx, comp, run, lambda offset, fl: _rotated(q, k, n, layout, offset, fl))
     return finish(res)

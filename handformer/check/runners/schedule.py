@@ -15,7 +15,6 @@ checked on its own: the paper's schedule is never 0 there and never divides by z
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import sys
 from collections.abc import Callable, Iterator
@@ -26,7 +25,7 @@ import torch
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import SCHEDULE_ARGS as ARGS
 from handformer.check.core.argument_names import SCHEDULE_STEP_NAMES as STEP_NAMES
-from handformer.check.core.context import Context, finish, forward_parameters, global_reads
+from handformer.check.core.context import Context, finish, forward_parameters, global_reads, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
@@ -36,6 +35,15 @@ PAPER = {"d_model": 64, "factor": 2.0, "warmup": 10}
 COSINE = {"max_lr": 1.0, "min_lr": 0.1, "warmup": 10, "total": 100}
 PAPER_STEPS = (0, 1, 2, 3, 5, 8, 9, 10, 11, 12, 20, 50, 100, 1000)
 COSINE_STEPS = (0, 1, 2, 5, 8, 9, 10, 11, 12, 30, 55, 90, 99, 100, 101, 150)
+# by family: its sizes, the steps it is read at, the sizes it has when it does not take them (Hugging
+# Face's get_cosine_schedule_with_warmup decays to 0; minimind's get_lr(current_step, total_steps, lr)
+# has no warmup), its name in English and Chinese
+FAMILIES = {
+    "paper": (PAPER, PAPER_STEPS, {}, "paper's schedule, factor * d_model^-0.5 * min(step^-0.5, step * "
+              "warmup^-1.5)", "论文的调度 factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)"),
+    "cosine": (COSINE, COSINE_STEPS, {"min_lr": 0.0, "warmup": 0}, "cosine schedule with linear warmup",
+               "带线性预热的余弦调度"),
+}
 COSINE_CONVENTIONS: dict[str, tuple[int, int, Text]] = {  # (shift of t, of T_w in the warmup's ratio)
     "cs336": (0, 0, text("warmup t / T_w, from 0 at step 0 (CS336)", "预热为 t / T_w，步 0 是 0（CS336）")),
     "handformer": (
@@ -128,27 +136,22 @@ class Schedule:
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
         params = forward_parameters(comp.obj)
-        self.names = [p.name for p in params]
-        self.required = [p.name for p in params if p.default is p.empty]
+        self.names, self.required = names_of(params)
         lowered = [n.lower() for n in self.names]
         self.factory = bool(lowered) and lowered[0] in OPTIMIZER_NAMES
-        self.step_name = None if self.factory else next(
-            (n for n in self.names if n.lower() in STEP_NAMES), self.names[0] if self.names else None)
-        self.args = {key: next((n for n in self.names if n.lower() in aliases and n != self.step_name), None)
-                     for key, aliases in ARGS.items()}
+        first = next(iter(self.names), None)
+        self.step_name = None if self.factory else named(self.names, STEP_NAMES) or first
+        settings = [n for n in self.names if n != self.step_name]
+        self.args = {key: named(settings, aliases) for key, aliases in ARGS.items()}
         self.globals = _global_settings(comp.obj, self.names)  # key -> the module global it reads
         self.family = _family({k: self.args[k] or self.globals.get(k) for k in ARGS},
-                              lowered[1:] if self.factory else lowered)
+                              lowered[int(self.factory):])  # a factory's first: the optimizer
         unknown = [n for n in self.required if n != self.step_name and n not in self.args.values()
                    and n.lower() not in OPTIMIZER_NAMES]
         if self.family is None or unknown:
             raise _unreadable(comp, unknown)
-        self.sizes = dict(PAPER if self.family == "paper" else COSINE)
-        if self.family == "cosine" and not self.reads("min_lr"):
-            self.sizes["min_lr"] = 0.0  # Hugging Face's get_cosine_schedule_with_warmup decays to 0
-        if self.family == "cosine" and not self.reads("warmup"):
-            self.sizes["warmup"] = 0  # minimind's get_lr(current_step, total_steps, lr): no warmup
-        self.steps = PAPER_STEPS if self.family == "paper" else COSINE_STEPS
+        sizes, self.steps, untaken, *_ = FAMILIES[self.family]
+        self.sizes = sizes | {key: value for key, value in untaken.items() if not self.reads(key)}
 
     def reads(self, key: str) -> bool:
         """Whether the schedule takes the setting `key` (an argument or a module global it reads)."""
@@ -365,14 +368,10 @@ def _explain(
 ) -> tuple[str, frozenset[str]] | None:
     """The convention and the smallest set of named mistakes that reproduce the values after step 0
     (None if no set of up to two does)."""
-    for size in (0, 1, 2):
-        for flags in itertools.combinations(flags_all, size):
-            fs = frozenset(flags)
-            if len({f.partition(":")[0] for f in fs}) < len(fs):
-                continue
-            for conv, ref in conventions.items():
-                if _matches(values, lambda s, ref=ref, fs=fs: ref(s, fs), later) < REL_TOL:
-                    return conv, fs
+    for fs in fp.flag_sets(flags_all):
+        for conv, ref in conventions.items():
+            if _matches(values, lambda s, ref=ref, fs=fs: ref(s, fs), later) < REL_TOL:
+                return conv, fs
     return None
 
 
@@ -388,8 +387,8 @@ def _compare_values(
     res.checks.append(
         Check(
             text(
-                f"the learning rate at steps {shown} equals the {_family_en(sched)}",
-                f"步 {shown} 的学习率等于{_family_zh(sched)}",
+                f"the learning rate at steps {shown} equals the {FAMILIES[sched.family][3]}",
+                f"步 {shown} 的学习率等于{FAMILIES[sched.family][4]}",
             ),
             worst < REL_TOL,
             text(f"largest relative difference {worst:.2e}", f"最大相对误差 {worst:.2e}"),
@@ -481,22 +480,6 @@ def _no_warmup_values(got: dict[int, Any], total: int, past: list[int]) -> Text:
                 + " (past the last step not compared: the run ends there)",
                 "数值：" + "；".join(f"步 {s}：{got[s]:.4g}" for s in steps)
                 + "（最后一步之后不比较：训练在那里结束）")
-
-
-def _family_en(sched: Schedule) -> str:
-    return (
-        "paper's schedule, factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)"
-        if sched.family == "paper"
-        else "cosine schedule with linear warmup"
-    )
-
-
-def _family_zh(sched: Schedule) -> str:
-    return (
-        "论文的调度 factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)"
-        if sched.family == "paper"
-        else "带线性预热的余弦调度"
-    )
 
 
 def _step_zero(

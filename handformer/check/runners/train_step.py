@@ -42,7 +42,7 @@ from handformer.check.core.argument_names import (
     TGT_NAMES,
 )
 from handformer.check.core.argument_names import STEP_MODEL_NAMES as MODEL_NAMES  # noqa: F401
-from handformer.check.core.context import Context, error_text, finish, forward_parameters
+from handformer.check.core.context import Context, error_text, finish, forward_parameters, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
@@ -149,6 +149,14 @@ def _called_sources(ctx: Context, source: str) -> list[str]:
     return out
 
 
+DATA_ARGUMENTS = {True: {"loader": LOADER_NAMES},  # by epoch (True) or step (False)
+                  False: {"batch": BATCH_NAMES, "src": SRC_NAMES, "tgt": TGT_NAMES}}
+# what a training step (False) or epoch (True) takes, and its name in English and Chinese
+TAKES = {True: ("(model, loader, optimizer, criterion)", "epoch", "训练一个 epoch"),
+         False: ("(model, batch, optimizer, criterion), the batch as (src, tgt), batch.src / batch.tgt or a "
+                 "dict, or src and tgt themselves", "step", "训练一步")}
+
+
 class Step:
     """How to call the learner's step (or epoch): its model, batch (a tuple, an object with fields, or a
     dict, as its source reads it), optimizer, criterion and accumulation arguments, by name."""
@@ -156,29 +164,26 @@ class Step:
     def __init__(self, comp: Component, ctx: Context, epoch: bool = False) -> None:
         self.comp, self.ctx, self.epoch = comp, ctx, epoch
         params = forward_parameters(comp.obj)
-        self.names = [p.name for p in params]
-        find = lambda aliases: next((n for n in self.names if n.lower() in aliases), None)  # noqa: E731
+        self.names, required = names_of(params)
+        find = lambda aliases: named(self.names, aliases)  # noqa: E731
         self.model, self.opt = find(MODEL_NAMES), find(OPTIMIZER_NAMES)
         self.criterion = find(CRITERION_NAMES)
         self.accum = find(ACCUM_NAMES)
-        self.loader = find(LOADER_NAMES) if epoch else None
-        self.batch = None if epoch else find(BATCH_NAMES)
-        self.src, self.tgt = (None, None) if epoch else (find(SRC_NAMES), find(TGT_NAMES))
+        wanted = DATA_ARGUMENTS[epoch]  # an epoch's loader; a step's batch, or src and tgt
+        self.loader, self.batch, self.src, self.tgt = (find(wanted.get(key, ()))
+                                                       for key in ("loader", "batch", "src", "tgt"))
         known = {self.model, self.opt, self.criterion, self.batch, self.src, self.tgt, self.accum,
                  self.loader}
-        unknown = [p.name for p in params if p.default is p.empty and p.name not in known]
-        data = self.loader if epoch else (self.batch or (self.src and self.tgt))
+        unknown = [n for n in required if n not in known]
+        data = self.loader or self.batch or (self.src and self.tgt)  # an epoch's loader, a step's batch
         if unknown or not self.model or not self.opt or not data:
-            what = "(model, loader, optimizer, criterion)" if epoch else (
-                "(model, batch, optimizer, criterion), the batch as (src, tgt), batch.src / batch.tgt or a "
-                "dict, or src and tgt themselves")
+            first = (unknown or ["model / optimizer / batch"])[0]
+            what, en, zh = TAKES[epoch]
             raise DiscoveryError(
-                f"{comp.name}: cannot fill the argument {(unknown or ['model / optimizer / batch'])[0]!r}; "
-                f"a training {'epoch' if epoch else 'step'} takes {what}, and optionally the number of "
-                "micro-batches to accumulate (accum_steps, ...)",
-                zh=f"{comp.name}：填不了参数 {(unknown or ['model / optimizer / batch'])[0]!r}；"
-                   f"{'训练一个 epoch' if epoch else '训练一步'}接受 {what}，"
-                   "还可以有要累积的 micro-batch 个数（accum_steps 等）")
+                f"{comp.name}: cannot fill the argument {first!r}; a training {en} takes {what}, and "
+                "optionally the number of micro-batches to accumulate (accum_steps, ...)",
+                zh=f"{comp.name}：填不了参数 {first!r}；{zh}接受 {what}，还可以有要累积的 micro-batch "
+                   "个数（accum_steps 等）")
         try:
             self.source = inspect.getsource(comp.obj)
         except (OSError, TypeError):
@@ -193,9 +198,11 @@ class Step:
         self.make_criterion, self.criterion_name = learner_criterion(ctx)
 
     def _batch(self, src: Tensor, tgt: Tensor) -> Any:
-        name = re.escape(self.batch or "")
-        fields = re.findall(rf"\b{name}\.(\w+)", self.source) if self.batch else []
-        keys = re.findall(rf"\b{name}\[[\"'](\w+)[\"']\]", self.source) if self.batch else []
+        if not self.batch:  # an epoch whose loop variable was not found
+            return (src.clone(), tgt.clone())
+        name = re.escape(self.batch)
+        fields = re.findall(rf"\b{name}\.(\w+)", self.source)
+        keys = re.findall(rf"\b{name}\[[\"'](\w+)[\"']\]", self.source)
         if fields or keys:
             values = {}
             for name in fields or keys:
@@ -206,21 +213,18 @@ class Step:
         return (src.clone(), tgt.clone())
 
     def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor) -> Any:
-        kwargs: dict[str, Any] = {self.model: model, self.opt: opt}
-        if self.criterion:
-            kwargs[self.criterion] = self.make_criterion()
-        if self.accum:
-            kwargs[self.accum] = ACCUM
-        if self.batch:
-            kwargs[self.batch] = self._batch(src, tgt)
-        else:
-            kwargs[self.src], kwargs[self.tgt] = src.clone(), tgt.clone()
-        return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+        data = ({self.batch: self._batch(src, tgt)} if self.batch
+                else {self.src: src.clone(), self.tgt: tgt.clone()})
+        return self._call(model, opt, data)
 
     def run_epoch(self, model: nn.Module, opt: torch.optim.Optimizer, data: list[tuple[Tensor, Tensor]],
                   ) -> Any:
-        kwargs: dict[str, Any] = {self.model: model, self.opt: opt,
-                                  self.loader: [self._batch(src, tgt) for src, tgt in data]}
+        return self._call(model, opt, {self.loader: [self._batch(src, tgt) for src, tgt in data]})
+
+    def _call(self, model: nn.Module, opt: torch.optim.Optimizer, data: dict[str, Any]) -> Any:
+        """Their step or epoch on the model, the optimizer, the data, and the criterion and the
+        accumulation count when it takes them."""
+        kwargs: dict[str, Any] = {self.model: model, self.opt: opt, **data}
         if self.criterion:
             kwargs[self.criterion] = self.make_criterion()
         if self.accum:
@@ -243,36 +247,19 @@ class Step:
 def learner_criterion(ctx: Context) -> tuple[Any, str | None]:
     """A factory of the learner's loss as a criterion(input, target) when the file defines one that
     passes its own check, with the name it has; else of handformer's cross-entropy."""
-    from handformer.check.core.result import PASS
     from handformer.check.runners.loss import Loss, check_loss
 
     fallback = (lambda: nn.CrossEntropyLoss(ignore_index=PAD)), None
     comp = ctx.components.get("loss")
-    if comp is None:
+    if comp is None or not ctx.passes(comp, check_loss):
         return fallback
-    result = ctx.results.get(comp.name)
-    if result is None:
-        partial = ctx.partial
-        try:
-            result = check_loss(comp, ctx)
-        except Exception:  # their loss raises: handformer's criterion is handed in
-            return fallback
-        finally:
-            ctx.partial = partial
-        ctx.results[comp.name] = result
     try:
         spec = Loss(comp, ctx)
     except DiscoveryError:
         return fallback
-    if result.status != PASS:
-        return fallback
 
     def make() -> Any:
-        init: dict[str, Any] = {}
-        fixed: dict[str, Any] = {}
-        for name, value in ((spec.pad, PAD), (spec.smoothing, 0.1), (spec.size, V)):
-            if name is not None:
-                (init if name in spec.init_names else fixed)[name] = value
+        init, fixed = spec.options(0.1, PAD, V)  # the step's pad id and vocabulary
         fn = ctx.learner.call("__init__", lambda: comp.obj(**init)) if spec.is_class else comp.obj
 
         def criterion(input: Tensor, target: Tensor) -> Any:
@@ -364,17 +351,17 @@ def _notes(res: ComponentResult, step: Step) -> None:
                               "（它通过了自己的检查），你的一步和 handformer 的一步都用它"))
 
 
+VARIANTS: dict[str, dict[str, Any]] = {  # reference_step's arguments that plant each mistake
+    "train_step_no_zero_grad": {"zero_grad": False}, "train_step_clip_after_step": {"clip_after": True},
+    "train_step_no_shift": {"shift": False}, "train_step_loss_not_divided": {"divide": False}}
+
+
 def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, base: Seq2SeqTransformer,
             got: list[list[Tensor]], right: list[list[Tensor]], errs: list[float], lengths: set[int]) -> None:
-    variants: dict[str, dict[str, Any]] = {
-        "train_step_no_zero_grad": {"zero_grad": False}, "train_step_clip_after_step": {"clip_after": True},
-        "train_step_no_shift": {"shift": False}, "train_step_loss_not_divided": {"divide": False}}
-    if step.clip is None:
-        del variants["train_step_clip_after_step"]
-    if lengths != {batches()[0][1].size(1)}:
-        del variants["train_step_no_shift"]
-    if not step.accum:
-        del variants["train_step_loss_not_divided"]
+    possible = {"train_step_clip_after_step": step.clip is not None,  # the mistakes this step can make
+                "train_step_no_shift": lengths == {batches()[0][1].size(1)},
+                "train_step_loss_not_divided": bool(step.accum)}
+    variants = {name: v for name, v in VARIANTS.items() if possible.get(name, True)}
     combos = [c for n in (1, 2) for c in itertools.combinations(variants, n)]
     for combo in combos:
         mistakes = {k: v for name in combo for k, v in variants[name].items()}

@@ -159,14 +159,15 @@ PRESETS: dict[str, dict[str, Any]] = {
 # the smoke preset on the reasoning tasks: every stage and the pass@k evaluation in seconds
 PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_size": 160,
                               "grpo_max_new_tokens": 12, "eval_per_kind": 2, "eval_samples": 2}
-# the reasoning tasks (docs/benchmarks.md: its pretraining took 25 minutes on a shared 2-core CPU at
-# threads=1; the post-training recipe is the mid-reasoning search's): digits one token each, sums
+# the reasoning tasks (docs/benchmarks.md: end to end 45 min 47 s on a shared 2-core CPU at threads=1,
+# pretraining 23 of it; the post-training recipe is the mid-reasoning search's): digits one token each, sums
 # of up to 3 digits and dates up to 60 days on, so a worked reply (up to 97 tokens) and its
-# question fit the context; 1,002 held-out questions a stage
+# question fit the context; 1,002 held-out questions a stage. DPO sees 240 pairs (30 steps of 8): 960
+# (60 steps of 16) lowered the held-out accuracy by 5.0 points, 240 by 1.0 (docs/benchmarks.md)
 PRESETS["reasoning"] = {
     "tasks": "reasoning", "vocab_size": 512, "block_size": 160, "addition_digits": 3, "max_days": 60,
     "pretrain_facts": 40_000, "pretrain_pydoc_chars": 100_000, "pretrain_steps": 1500,
-    "sft_conversations": 8000, "sft_steps": 600, "dpo_pairs": 1000, "dpo_steps": 60,
+    "sft_conversations": 8000, "sft_steps": 600, "dpo_pairs": 300, "dpo_steps": 30, "dpo_batch": 8,
     "grpo_prompts": 4000, "grpo_steps": 60, "grpo_lr": 1e-4, "grpo_max_new_tokens": 104,
     "eval_per_kind": 334}
 # the recipe search: the post-training stages, smaller, on 240 questions, under 10 minutes from a
@@ -433,21 +434,27 @@ def run_stage(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet | Reason
         train_base(cfg, problems, out, log)
         return {}
     records, notes = stage_records(stage, cfg, problems, previous)
-    path = str(write_jsonl(data / f"{stage}.jsonl", records))
-    if stage == "sft":
-        post_stage("sft", cfg, previous, out, {"path": path, "batch_size": cfg.sft_batch,
-                                               "val_fraction": 0.02}, {}, cfg.sft_steps, cfg.sft_lr, log)
-    elif stage == "dpo":
-        post_stage("dpo", cfg, previous, out, {"path": path, "batch_size": cfg.dpo_batch,
-                                               "val_fraction": 0.05},
-                   {"dpo": {"beta": cfg.dpo_beta}}, cfg.dpo_steps, cfg.dpo_lr, log)
-    else:
-        reward = reasoning_stages.REWARD if isinstance(problems, ReasoningSet) else REWARD
-        post_stage("grpo", cfg, previous, out, {"path": path, "batch_size": cfg.grpo_batch,
-                                                "val_fraction": 0},
-                   {"grpo": {"reward": reward, "group_size": cfg.grpo_group,
-                             "max_new_tokens": cfg.grpo_max_new_tokens}}, cfg.grpo_steps, cfg.grpo_lr, log)
+    path = write_jsonl(data / f"{stage}.jsonl", records)
+    train_post_stage(stage, cfg, previous, out, path, log)
     return notes
+
+
+def train_post_stage(stage: str, cfg: SpeedrunChatConfig, previous: Path, out: Path, path: Path, log,
+                     ) -> Path:
+    """Train a post-training stage (sft, dpo or grpo) from the run `previous` on the records in
+    `path`; returns its run directory, OUT/STAGE."""
+    if stage == "sft":
+        data = {"path": str(path), "batch_size": cfg.sft_batch, "val_fraction": 0.02}
+        return post_stage("sft", cfg, previous, out, data, {}, cfg.sft_steps, cfg.sft_lr, log)
+    if stage == "dpo":
+        return post_stage("dpo", cfg, previous, out, {"path": str(path), "batch_size": cfg.dpo_batch,
+                                                      "val_fraction": 0.05},
+                          {"dpo": {"beta": cfg.dpo_beta}}, cfg.dpo_steps, cfg.dpo_lr, log)
+    reward = reasoning_stages.REWARD if cfg.tasks == "reasoning" else REWARD
+    return post_stage("grpo", cfg, previous, out, {"path": str(path), "batch_size": cfg.grpo_batch,
+                                                   "val_fraction": 0},
+                      {"grpo": {"reward": reward, "group_size": cfg.grpo_group,
+                                "max_new_tokens": cfg.grpo_max_new_tokens}}, cfg.grpo_steps, cfg.grpo_lr, log)
 
 
 def stage_records(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet | ReasoningSet,
