@@ -62,6 +62,16 @@ FILES = {
         "Modules", "SubLayers", "Layers", "Models")],
     "bentrevett/pytorch-seq2seq": ["legacy/6 - Attention is All You Need.ipynb"],
     "pytorch-labs/gpt-fast": ["model.py"],
+    "karpathy/llama2.c": ["model.py"],
+    "karpathy/build-nanogpt": ["train_gpt2.py"],
+    "karpathy/nanochat": ["nanochat/gpt.py"],
+    "hkproj/pytorch-llama": ["model.py"],
+    "hkproj/pytorch-transformer": ["model.py"],
+    "datawhalechina/tiny-universe": ["content/TinyTransformer/tiny_transformer.py",
+                                     "content/TinyLLM/code/model.py"],
+    "datawhalechina/happy-llm": ["docs/chapter2/code/transformer.py", "docs/chapter5/code/k_model.py"],
+    "rasbt/reasoning-from-scratch": ["reasoning_from_scratch/qwen3.py"],
+    "google/gemma_pytorch": ["gemma/model.py"],
 }
 VERDICT = {"pass": "PASS", "differs": "DIFFERS", "fail": "FAIL", "error": "ERROR", "todo": "NOT IMPLEMENTED",
            "not_checked": "NOT CHECKED"}

@@ -598,3 +598,130 @@ def test_a_block_with_an_optional_mask_in_a_file_with_nothing_causal_is_an_encod
     assert without_unpadded_nan(ENCODER_BLOCK, findings, notes) and not findings and notes
     padded = ENCODER_BLOCK.replace("mask=None", "pad_mask=None")
     assert not without_unpadded_nan(padded, [Finding("nan_on_masked_rows", {"en": "", "zh": ""})], [])
+
+
+LLAMA2C = '''from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class ModelArgs:
+    dim: int = 64
+    n_heads: int = 4
+    n_kv_heads: Optional[int] = None
+    hidden_dim: Optional[int] = None
+    multiple_of: int = 32
+    norm_eps: float = 1e-5
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def apply_rotary_emb(xq, xk, freqs_cos, freqs_sin):  # x (B, T, H, Dh); tables (T, Dh/2)
+    cos, sin = freqs_cos[None, :, None], freqs_sin[None, :, None]
+    out = []
+    for x in (xq, xk):
+        re, im = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
+        out.append(torch.stack([re * cos - im * sin, re * sin + im * cos], -1).flatten(3).type_as(x))
+    return out
+
+
+class Attention(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.n_heads, self.n_kv = args.n_heads, args.n_kv_heads or args.n_heads
+        self.head_dim = args.dim // args.n_heads
+        self.wq = nn.Linear(args.dim, args.dim, bias=False)
+        self.wk = nn.Linear(args.dim, self.n_kv * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, self.n_kv * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.dim, args.dim, bias=False)
+
+    def forward(self, x, freqs_cos, freqs_sin):
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, T, self.n_kv, self.head_dim)
+        v = self.wv(x).view(B, T, self.n_kv, self.head_dim)
+        q, k = apply_rotary_emb(q, k, freqs_cos, freqs_sin)
+        k, v = (t.repeat_interleave(self.n_heads // self.n_kv, dim=2) for t in (k, v))
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden_dim, multiple_of, dropout):
+        super().__init__()
+        hidden_dim = hidden_dim or multiple_of * ((8 * dim // 3 + multiple_of - 1) // multiple_of)
+        self.w1, self.w3 = nn.Linear(dim, hidden_dim, bias=False), nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, layer_id, args):
+        super().__init__()
+        self.attention = Attention(args)
+        self.feed_forward = FeedForward(args.dim, args.hidden_dim, args.multiple_of, 0.0)
+        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
+
+    def forward(self, x, freqs_cos, freqs_sin):
+        h = x + self.attention(self.attention_norm(x), freqs_cos, freqs_sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+'''
+
+# llama2.c's style (and the Chinese courses built on it): its RMSNorm(dim, eps) with no default, its
+# tables freqs_cos and freqs_sin (T, Dh/2) handed to apply_rotary_emb(xq, xk, freqs_cos, freqs_sin)
+# and to the layer, the config's hidden_dim (None) the FFN's width beside dim, and a decoder-only
+# model's layer called DecoderLayer
+CASES.update({
+    "llama2c_rmsnorm": (LLAMA2C, ["rmsnorm"], ".mean(-1, keepdim=True)", ".sum(-1, keepdim=True)"),
+    "llama2c_rope": (LLAMA2C, ["rope"], "re * sin + im * cos", "re * sin - im * cos"),
+    "llama2c_attention": (LLAMA2C, ["causal_attention"], "is_causal=True)", "is_causal=True, scale=1.0)"),
+    "llama2c_layer": (LLAMA2C, ["block"], "h + self.feed_forward(self.ffn_norm(h))",
+                      "h + self.feed_forward(self.attention_norm(h))"),
+})
+
+UMAR_PIECES = '''import torch
+from torch import nn
+
+
+class FeedForwardBlock(nn.Module):
+    def __init__(self, d_model, d_ff, dropout):
+        super().__init__()
+        self.linear_1, self.linear_2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+
+    def forward(self, x):
+        return self.linear_2(torch.relu(self.linear_1(x)))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.cache = torch.zeros(4, 16, d_model)  # a plain tensor attribute, as Umar's KV cache
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        cache = self.cache.clone()
+        cache[:B, :T] = x
+        return self.w2(torch.relu(self.w1(cache[:B, :T])))
+'''
+
+
+# Umar Jamil's FeedForwardBlock is an FFN, not a block; a tensor kept as a plain attribute (his KV
+# cache) is put in float64 with the module
+CASES.update({
+    "umar_pieces": (UMAR_PIECES, ["ffn"], "self.linear_2(torch.relu(", "self.linear_2(torch.sigmoid("),
+})

@@ -126,7 +126,7 @@ class Context:
         if not checked:
             return module.eval()
         scramble_(module, seed)
-        return module.double().eval()
+        return attributes_double_(module.double()).eval()
 
     def _shape_unused_lazy(self, comp: Component, module: nn.Module) -> None:
         """A lazy layer that the first forward never called has no shape: a LazyLinear(n) gets
@@ -175,6 +175,15 @@ class Context:
             out.append(Finding(name, observed_match(name, form, matched, correct), number, code,
                                form))
         return out
+
+
+def attributes_double_(module: nn.Module) -> nn.Module:
+    """The float tensors a module keeps as plain attributes, not buffers (Umar Jamil's KV cache
+    `self.cache_k = torch.zeros(...)`), in float64 as `.double()` puts its parameters."""
+    for sub in module.modules():  # parameters and buffers are not in vars(sub)
+        floats = {n: v for n, v in vars(sub).items() if torch.is_tensor(v) and v.is_floating_point()}
+        vars(sub).update({n: v.double() for n, v in floats.items()})
+    return module
 
 
 _UNSET = object()

@@ -85,6 +85,8 @@ for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec"), "d_head": ("
     ARGUMENTS[_key] += _names
 HIDDEN_WHEN_PAIRED += ("d_hid",)
 FIXED.update({"device": "cpu", "model_type": None, "trg_sos_idx": 1})
+# a norm's eps with no default (llama2.c's RMSNorm(dim, eps)): the norms read it back from the module
+FIXED.update(dict.fromkeys(ARGUMENTS["eps"], 1e-5))
 
 
 class DiscoveryError(ValueError):
@@ -225,6 +227,8 @@ def refine(kind: str, obj: Any) -> str:
         return "block"  # Umar Jamil's EncoderBlock(args): a start position is a decoder's KV cache
     if kind == "transformer" and inspect.isclass(obj) and decoder_only(obj):
         return "gpt"
+    if kind == "decoder_layer" and decoder_only(obj, POSITION_EXTRAS):
+        return "block"  # a decoder-only model's DecoderLayer (llama2.c's kin): no memory to attend to
     if kind == "gpt" and inspect.isclass(obj) and obj.__name__ not in NAMES["gpt"] and not decoder_only(obj):
         return "transformer"  # found by its ending (Llama3Model's "Model"): what its forward takes says
     if kind == "mha" and inspect.isclass(obj) and causal_inside(obj):  # Raschka's, Karpathy's: forward(x)
@@ -248,17 +252,21 @@ CAUSAL_WORDS = re.compile(r"\btril\b|\btriu\b|is_causal\s*=\s*True|causal")
 
 
 TOKEN_EXTRAS = ("start_pos", "targets", "target", "labels", "y", "position_ids", "positions", "pos")
+# what a decoder-only layer's forward takes besides its one stream: the rotary tables and positions
+POSITION_EXTRAS = TOKEN_EXTRAS + ("freqs_cis", "freqs_complex", "freqs_cos", "freqs_sin", "cos", "sin",
+                                  "cos_sin", "position_embeddings", "input_pos", "rope", "rotary_emb")
 
 
-def decoder_only(cls: Any) -> bool:
+def decoder_only(cls: Any, extras: tuple[str, ...] = TOKEN_EXTRAS) -> bool:
     """A model whatever its name (Meta's `Transformer`) whose forward takes one sequence of token ids
-    (and maybe Meta's start_pos or the targets): decoder-only; an encoder-decoder takes two."""
+    (and maybe Meta's start_pos or the targets, or a layer's `extras`): decoder-only; an
+    encoder-decoder takes two."""
     try:
         params = list(inspect.signature(cls.forward).parameters.values())[1:]
     except (AttributeError, TypeError, ValueError):
         return False
     inputs = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty
-              and p.name not in TOKEN_EXTRAS and "mask" not in p.name]
+              and p.name not in extras and "mask" not in p.name]
     return len(inputs) == 1
 
 
@@ -406,6 +414,7 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
             config["hidden_dim"] = sizes["d_ff"]  # Raschka's cfg: emb_dim the width, hidden_dim the FFN's
         return config
     if own is not None:
+        values = paired_hidden(values, _class_fields(own), sizes)
         if dataclasses.is_dataclass(own):
             names = {f.name for f in dataclasses.fields(own) if f.init}
             values = paired_hidden(values, names | attrs, sizes)
@@ -432,6 +441,12 @@ def paired_hidden(values: dict[str, Any], names: set[str], sizes: dict[str, Any]
     if not paired or not widths or (names - paired) & set(ARGUMENTS["d_ff"]) or not sizes.get("d_ff"):
         return values
     return {**values, **{n: sizes["d_ff"] for n in paired}}
+
+
+def _class_fields(own: type) -> set[str]:
+    """The field names of the learner's config class (a Hugging Face config: its __init__'s)."""
+    fields = set(vars(own)) | set(inspect.signature(own).parameters)
+    return fields | set(getattr(own, "__dataclass_fields__", {}))
 
 
 def argument_keys(cls: Any) -> dict[str, str | None]:

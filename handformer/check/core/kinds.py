@@ -36,7 +36,8 @@ KINDS_TABLE: tuple[Kind, ...] = (
                   "ScaleDotProductAttention"),  # hyunwoongko's spelling
          "scaled dot-product attention", "缩放点积注意力", "attention:check_sdpa"),
     Kind("mha", ("MultiHeadAttention", "MultiHeadedAttention", "MultiheadAttention", "MultiHeadSelfAttention",
-                 "MHA", "Attention", "SelfAttention", "MultiHeadAttentionLayer"),  # bentrevett's
+                 "MHA", "Attention", "SelfAttention", "MultiHeadAttentionLayer",  # bentrevett's
+                 "MultiHeadAttentionBlock"),  # Umar Jamil's
          "multi-head attention", "多头注意力", "attention:check_mha"),
     Kind("gqa", ("GroupedQueryAttention", "GQA", "GroupedQueryAttn", "GQAttention", "repeat_kv",
                  "repeat_kv_heads"),
@@ -52,6 +53,7 @@ KINDS_TABLE: tuple[Kind, ...] = (
                  "FeedForwardNetwork", "PositionwiseFFN", "PositionWiseFFN", "MLP", "SwiGLU",
                  "SwiGLUFeedForward", "GatedFeedForward", "SwiGLUFFN", "GEGLU", "GeGLU",
                  "FeedFoward",  # Karpathy's lecture spells it so
+                 "FeedForwardBlock",  # Umar Jamil's
                  "PositionwiseFeedforwardLayer"),  # bentrevett's
          "position-wise feed-forward network", "逐位置前馈网络", "pieces:check_ffn"),
     Kind("layernorm", ("LayerNorm", "LayerNormalization", "LayerNormalisation", "LayerNorm1d"),

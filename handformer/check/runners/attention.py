@@ -94,7 +94,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     Llama-style forward(x, freqs_cis, mask) or forward(x, start_pos, ...) asks for."""
     fn, params = renamed_table(fn, forward_parameters(fn))  # Umar Jamil's freqs_complex: freqs_cis
     extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
-             "sin", "cos_sin"}
+             "sin", "cos_sin", "freqs_cos", "freqs_sin"}
     first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra
                         or isinstance(p.default, bool)), len(params))  # a flag (use_cache) keeps its default
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
@@ -144,8 +144,9 @@ def _position_kwargs(named: set[str], B: int, T: int, head_dim: int, dtype: torc
         elif name == "cos_sin":  # nanochat's (cos, sin), each (1, T, 1, Dh/2); either_cos_sin
             angles = V.rope_angles(T, head_dim)[None, :, None]  # (1, T, 1, Dh/2)
             kwargs[name] = (angles.cos().to(dtype), angles.sin().to(dtype))
-        elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
-            kwargs[name] = cos_sin(T, head_dim)[name == "sin"].to(dtype)
+        elif name in ("cos", "sin", "freqs_cos", "freqs_sin"):  # Raschka's (T, Dh); llama2.c's (T, Dh/2)
+            width = head_dim // (1 + name.startswith("freqs"))  # llama2.c's: one angle a pair
+            kwargs[name] = cos_sin(T, head_dim)[name.endswith("sin")][:, :width].to(dtype)
         elif name == "start_pos":
             kwargs[name] = 0
         else:
@@ -429,6 +430,8 @@ def rope_settings(comp: Component, c: Caller) -> tuple[str | None, ...]:
     source = source_text(comp.obj).lower()
     if re.search(r"def forward\([^)]*\bcos_sin\b", source):  # nanochat's: rotated either way
         return ("half", "swapped")
+    if re.search(r"def forward\([^)]*\bfreqs_cos\b", source):  # llama2.c's: one angle a pair
+        return ("interleaved", "half")
     tables = re.search(r"def forward\([^)]*\bcos\b[^)]*\bsin\b", source)  # Raschka's (x, mask, cos, sin)
     return (None, "half", "interleaved") if tables or any(w in source for w in ROPE_WORDS) else (None,)
 

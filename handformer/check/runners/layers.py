@@ -81,6 +81,9 @@ from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, ffn_name_f
 from handformer.config import BlockConfig
 from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
 
+# the rotary layouts a layer handed these tables may use: nanochat's halves rotated either way, llama2.c's
+# one angle a pair (interleaved, as Meta's)
+GIVEN_ROPES = {"cos_sin": ("half", "swapped"), "freqs_cos": ("interleaved", "half")}
 KV_HEADS = 2  # key/value heads a layer is built with when its constructor asks for them
 
 
@@ -100,7 +103,8 @@ class Layer:
         self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
         self.visible: str | None = None
         self.extra = {p.name for p in params} & {"freqs_cis", "start_pos", "position_ids",
-                                                 "position_embeddings", "cos", "sin", "input_pos", "cos_sin"}
+                                                 "position_embeddings", "cos", "sin", "input_pos", "cos_sin",
+                                                 "freqs_cos", "freqs_sin"}
         self.table_layout: dict[str, bool] = {}  # which rotary table and start run (rope_tables)
         self.takes_mask = bool(self.masks)
         self.stepwise = causal_block and "start_pos" in self.extra and not self.masks  # _stepwise
@@ -121,7 +125,7 @@ class Layer:
                                       for n in names], comp.name)
         self.norm_ws = [norm_weights(s) for s in self.norm_slots]
         self.sublayers = names
-        self.ropes = ("half", "swapped") if "cos_sin" in self.extra else rope_layouts(  # nanochat's cos_sin
+        self.ropes = GIVEN_ROPES.get(min(self.extra & set(GIVEN_ROPES), default="")) or rope_layouts(
             self.module, "freqs_cis" in self.extra, bool({"position_embeddings", "cos"} & self.extra))
         self.batched_cos_sin = False  # Hugging Face's (cos, sin) are (B, T, Dh); minimind's (T, Dh)
         if "position_embeddings" in self.extra:
@@ -205,8 +209,9 @@ class Layer:
             elif name == "cos_sin":  # nanochat's (cos, sin), each (1, T, 1, Dh/2)
                 angles = V.rope_angles(T, self.head_dim)[None, :, None]  # (1, T, 1, Dh/2)
                 out[name] = (angles.cos().to(x.dtype), angles.sin().to(x.dtype))
-            elif name in ("cos", "sin"):  # Raschka's forward(x, mask, cos, sin): (T, Dh) each
-                out[name] = cos_sin(T, self.head_dim)[name == "sin"].to(x.dtype)
+            elif name in ("cos", "sin", "freqs_cos", "freqs_sin"):  # Raschka's (T, Dh); llama2.c's (T, Dh/2)
+                width = self.head_dim // (1 + name.startswith("freqs"))  # llama2.c's: one angle a pair
+                out[name] = cos_sin(T, self.head_dim)[name.endswith("sin")][:, :width].to(x.dtype)
             elif name == "start_pos":
                 out[name] = 0  # or one a batch row: rope_tables.either_start
             else:

@@ -220,7 +220,7 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     attempts = [(layout, meta, shape) for layout in (("pairs",) if complex_table else ("half", "interleaved"))
                 for meta in (False, True) for shape in (("4d", "real") if layout == "pairs" else shapes)]
     if not complex_table:  # nanochat's cos, sin (1, T, 1, Dh/2) on halves, rotated either way
-        attempts += [(layout, True, "quarter") for layout in ("half", "swapped")]
+        attempts += [(lay, True, "quarter") for lay in ("half", "swapped")] + PAIR_TD * ("freqs_cos" in names)
     failure, best, first = _search_apply(ctx, fn, names, tensors, q, k, attempts)
     if best is None and first is None:
         raise failure or ctx.learner.fail(
@@ -279,10 +279,13 @@ def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: 
     return torch.stack([V.rotary(t, layout, offset, flags) for t in (q, k)[:n]])
 
 
+# llama2.c's apply_rotary_emb(xq, xk, freqs_cos, freqs_sin): one angle an interleaved pair, (T, Dh/2)
+PAIR_TD = [("interleaved", True, "pair_td"), ("interleaved", False, "pair_td")]
 TABLE_VIEWS = {  # a (T, Dh) table as each shape hands it (the others as it is)
     "4d": lambda t, meta: t.reshape((1, T, 1, DH) if meta else (1, 1, T, DH)),  # over batch and heads
     "quarter": lambda t, meta: t[:, : DH // 2].reshape(1, T, 1, DH // 2),  # nanochat's: one angle a pair
     "btd": lambda t, meta: t[None].expand(B, T, DH),
+    "pair_td": lambda t, meta: t[:, ::2],  # llama2.c's freqs_cos (T, Dh/2): one angle an interleaved pair
 }
 
 
@@ -305,6 +308,7 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
         cos, sin = reference_tables(P, layout) if whole else reference_tables(T, layout, offset)
         view = TABLE_VIEWS.get(shape, lambda t, meta: t)
         kwargs["cos"], kwargs["sin"] = view(cos, meta), view(sin, meta)
+        kwargs["freqs_cos"], kwargs["freqs_sin"] = kwargs["cos"], kwargs["sin"]  # llama2.c's names
     if shape == "by_id":
         kwargs["position_ids"] = (torch.arange(T) + offset)[None].expand(B, T)
     kwargs |= dict.fromkeys(OFFSET_NAMES, offset)  # only those it takes are handed in
