@@ -725,3 +725,18 @@ class FeedForward(nn.Module):
 CASES.update({
     "umar_pieces": (UMAR_PIECES, ["ffn"], "self.linear_2(torch.relu(", "self.linear_2(torch.sigmoid("),
 })
+
+HALF_COMPLEX = '''import torch
+
+
+def apply_rotary(x, freqs_cis):  # x (B, T, H, Dh); freqs_cis (T, Dh/2) complex
+    first, second = x.float().chunk(2, dim=-1)  # (B, T, H, Dh/2) each
+    pairs = torch.complex(first, second) * freqs_cis[:, None]
+    return torch.cat([pairs.real, pairs.imag], dim=-1).type_as(x)
+'''
+
+
+# Gemma's layout: a complex freqs_cis that rotates dimension j with j + Dh/2 (half-split), not 2j with 2j + 1
+CASES.update({
+    "half_split_complex_rope": (HALF_COMPLEX, ["rope"], "[pairs.real, pairs.imag]", "[pairs.imag, pairs.real]"),
+})

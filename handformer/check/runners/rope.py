@@ -217,8 +217,8 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     complex_table, offsets = _takes(names, ("freqs_cis", "freqs")), _takes(names, OFFSET_NAMES)
     from0 = ("from0",) if offsets else ()  # apply_rope(x, cos, sin, offset)
     shapes = ("4d", "btd", *from0, "td") + (("by_id",) if "position_ids" in names else ())
-    attempts = [(layout, meta, shape) for layout in (("pairs",) if complex_table else ("half", "interleaved"))
-                for meta in (False, True) for shape in (("4d", "real") if layout == "pairs" else shapes)]
+    attempts = [(layout, meta, shape) for layout in (COMPLEX if complex_table else ("half", "interleaved"))
+                for meta in (False, True) for shape in (("4d", "real") if layout in COMPLEX else shapes)]
     if not complex_table:  # nanochat's cos, sin (1, T, 1, Dh/2) on halves, rotated either way
         attempts += [(lay, True, "quarter") for lay in ("half", "swapped")] + PAIR_TD * ("freqs_cos" in names)
     failure, best, first = _search_apply(ctx, fn, names, tensors, q, k, attempts)
@@ -263,7 +263,7 @@ def _search_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensor
             continue
         if out is None:
             continue
-        rot = "interleaved" if layout == "pairs" else layout
+        rot = COMPLEX.get(layout, layout)
         first = first or (layout, meta, shape, rot, out)
         found = fp.search(out, lambda fl, rot=rot: _rotated(q, k, len(tensors), rot, 0, fl),
                           ("rope_rotation_sign",), None, 1)
@@ -279,6 +279,9 @@ def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: 
     return torch.stack([V.rotary(t, layout, offset, flags) for t in (q, k)[:n]])
 
 
+# a complex table -> the pairs it rotates: Meta's view_as_complex(x.reshape(..., -1, 2)) pairs 2j with
+# 2j + 1; Gemma's view_as_complex(torch.stack(torch.chunk(x, 2, -1), -1)) pairs j with j + Dh/2
+COMPLEX = {"pairs": "interleaved", "pairs_half": "half"}
 # llama2.c's apply_rotary_emb(xq, xk, freqs_cos, freqs_sin): one angle an interleaved pair, (T, Dh/2)
 PAIR_TD = [("interleaved", True, "pair_td"), ("interleaved", False, "pair_td")]
 TABLE_VIEWS = {  # a (T, Dh) table as each shape hands it (the others as it is)
@@ -297,7 +300,7 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
     (n, B, H, T, Dh), None if it is not that."""
     given = [q, k] if not meta else [q.transpose(1, 2), k.transpose(1, 2)]  # Meta: (B, T, H, Dh)
     kwargs: dict[str, Any] = dict(zip(tensors, given))
-    if layout == "pairs":
+    if layout in COMPLEX:
         angles = V.rope_angles(T, DH, THETA, offset)  # (T, Dh/2)
         table = torch.polar(torch.ones_like(angles), angles)  # (T, Dh/2) complex
         # "real": gpt-fast's table, the complex one as (T, Dh/2, 2) real pairs (cos, sin)
