@@ -740,3 +740,22 @@ def apply_rotary(x, freqs_cis):  # x (B, T, H, Dh); freqs_cis (T, Dh/2) complex
 CASES.update({
     "half_split_complex_rope": (HALF_COMPLEX, ["rope"], "[pairs.real, pairs.imag]", "[pairs.imag, pairs.real]"),
 })
+
+SWITCHED = '''import math
+
+import torch
+
+
+def attention(q, k, v, drop=None, is_causal=False, mask=None):  # q, k, v (B, H, T, Dh)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, T)
+    if is_causal:
+        scores = scores.masked_fill(mask == 0, float("-inf"))
+    return drop(torch.softmax(scores, dim=-1)) @ v
+'''
+
+
+# tiny-universe's free attention: a dropout module that defaults to None but is always called, and a
+# mask used only under its causal switch: driven as its own file calls it
+CASES.update({
+    "switched_free_attention": (SWITCHED, ["sdpa"], "/ math.sqrt(q.size(-1))", "* math.sqrt(q.size(-1))"),
+})
