@@ -759,3 +759,32 @@ def attention(q, k, v, drop=None, is_causal=False, mask=None):  # q, k, v (B, H,
 CASES.update({
     "switched_free_attention": (SWITCHED, ["sdpa"], "/ math.sqrt(q.size(-1))", "* math.sqrt(q.size(-1))"),
 })
+
+CAUSAL_SWITCH = '''import math
+
+import torch
+from torch import nn
+
+
+class SwitchedAttention(nn.Module):
+    def __init__(self, d_model, n_heads, is_causal=False):
+        super().__init__()
+        self.n_heads, self.is_causal = n_heads, is_causal
+        self.qkv, self.out = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
+        self.register_buffer("tril", torch.tril(torch.ones(64, 64)))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)  # (3, B, H, T, Dh)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(k.size(-1))  # (B, H, T, T)
+        if self.is_causal:
+            scores = scores.masked_fill(self.tril[:T, :T] == 0, float("-inf"))
+        return self.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C))
+'''
+
+
+# tiny-universe's MultiHeadAttention(config, is_causal=False): a causal attention is built with its switch on
+CASES.update({
+    "causal_switch_attention": (CAUSAL_SWITCH, ["causal_attention"], "/ math.sqrt(k.size(-1))",
+                                "* math.sqrt(k.size(-1))"),
+})

@@ -85,6 +85,9 @@ for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec"), "d_head": ("
     ARGUMENTS[_key] += _names
 HIDDEN_WHEN_PAIRED += ("d_hid",)
 FIXED.update({"device": "cpu", "model_type": None, "trg_sos_idx": 1})
+# a causal switch (tiny-universe's MultiHeadAttention(config, is_causal=False)): on where the attention
+# is checked as causal (its runner gives "causal"), else its default
+ARGUMENTS["causal"] = ("is_causal", "causal")
 # a norm's eps with no default (llama2.c's RMSNorm(dim, eps)): the norms read it back from the module
 FIXED.update(dict.fromkeys(ARGUMENTS["eps"], 1e-5))
 

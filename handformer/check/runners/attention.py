@@ -472,7 +472,7 @@ def behaves_causal(ctx: Context, c: Caller, width: int) -> bool:
 def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_heads: int | None = None,
               heads: int = H) -> ComponentResult:
     res = ctx.result(comp)
-    sizes = {**ctx_sizes(), **({"n_kv_heads": n_kv_heads} if n_kv_heads else {})}
+    sizes = {**ctx_sizes(), "causal": causal_inside, **({"n_kv_heads": n_kv_heads} if n_kv_heads else {})}
     x = fp.randn(2, 6, D, seed=1)
     module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
     linears, qk_norms = _projections(comp, module, heads)
