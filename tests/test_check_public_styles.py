@@ -788,3 +788,38 @@ CASES.update({
     "causal_switch_attention": (CAUSAL_SWITCH, ["causal_attention"], "/ math.sqrt(k.size(-1))",
                                 "* math.sqrt(k.size(-1))"),
 })
+
+MASKLESS_ENCODER = '''import torch.nn.functional as F
+from torch import nn
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.n_heads = n_heads
+        self.q, self.k, self.v, self.o = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (f(x).view(B, T, self.n_heads, -1).transpose(1, 2) for f in (self.q, self.k, self.v))  # (B, H, T, Dh)
+        return self.o(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, C))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.attn = SelfAttention(d_model, n_heads)
+        self.ffn = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))
+
+    def forward(self, x):
+        x = self.norm1(x + self.attn(x))
+        return self.norm2(x + self.ffn(x))
+'''
+
+
+# tiny-universe's EncoderLayer.forward(x): an encoder layer that takes no mask is compared with none
+CASES.update({
+    "maskless_encoder_layer": (MASKLESS_ENCODER, ["encoder_layer"], "self.norm1(x + self.attn(x))",
+                               "self.norm1(self.attn(x))"),
+})

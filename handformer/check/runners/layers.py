@@ -342,7 +342,7 @@ class Inputs:
     def __init__(self, layer: Layer) -> None:
         B, T, S = self.B, self.T, self.S = 2, 6, 6
         self.x, self.memory = fp.randn(B, T, D, seed=1), fp.randn(B, S, D, seed=2)
-        self.src_keep: Tensor | None = positions(B, S, [0, 2])
+        self.src_keep: Tensor | None = _source_keep(layer, B, S, [0, 2])
         self.tgt_keep: Tensor | None = causal(T) & positions(B, T, [1, 0])
         if layer.causal_block:
             self.src_keep, self.tgt_keep = None, causal(T)[None, None]
@@ -699,10 +699,16 @@ def _grads(layer: Layer, hf: nn.Module, x: Tensor, out: Tensor, ref: Tensor) -> 
     return grads_error(list(zip(mine, theirs)))
 
 
+def _source_keep(layer: Layer, B: int, S: int, pad: list[int]) -> Tensor | None:
+    """The source's padding mask; none for an encoder layer that takes no mask (tiny-universe's
+    EncoderLayer.forward(x)): it is compared with every key visible."""
+    return positions(B, S, pad) if layer.takes_mask or layer.decoder else None
+
+
 def _case_keeps(layer: Layer, B: int, T: int, S: int, src_pad: list[int],
                 tgt_pad: list[int]) -> tuple[Tensor | None, Tensor | None]:
     """One shape's source and target masks (True = may attend), as the layer's kind takes them."""
-    src_keep: Tensor | None = positions(B, S, [min(p, S) for p in src_pad])
+    src_keep = _source_keep(layer, B, S, [min(p, S) for p in src_pad])
     tgt_keep: Tensor | None = causal(T) & positions(B, T, [min(p, T - 1) for p in tgt_pad])
     if layer.causal_block:
         src_keep, tgt_keep = None, causal(T)[None, None]
