@@ -86,8 +86,8 @@ for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec"), "d_head": ("
 HIDDEN_WHEN_PAIRED += ("d_hid",)
 FIXED.update({"device": "cpu", "model_type": None, "trg_sos_idx": 1})
 # a causal switch (tiny-universe's MultiHeadAttention(config, is_causal=False)): on where the attention
-# is checked as causal (its runner gives "causal"), else its default
-ARGUMENTS["causal"] = ("is_causal", "causal")
+# is checked as causal (its runner gives "causal"), else its default; not a size an adapter is given
+SWITCHES = {"is_causal": "causal", "causal": "causal"}
 # a norm's eps with no default (llama2.c's RMSNorm(dim, eps)): the norms read it back from the module
 FIXED.update(dict.fromkeys(ARGUMENTS["eps"], 1e-5))
 
@@ -489,7 +489,7 @@ def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None)
     for p in list(inspect.signature(init).parameters.values())[int(inspect.isclass(target)):]:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
-        key = keys.get(p.name)
+        key = keys.get(p.name) or SWITCHES.get(p.name)
         if key in sizes:
             kwargs[p.name] = sizes[key]
         elif (config := make_config(target, p, sizes)) is not None:

@@ -13,6 +13,7 @@ Dh head dim.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import re
@@ -92,12 +93,11 @@ def _switched(fn: Any) -> Any:
     """A free function called as its own file calls it (tiny-universe's attention(q, k, v,
     dropout_module=None, is_causal=False, mask=None)): a module it calls that defaults to None is
     nn.Identity() (dropout, off), and its causal switch is on exactly when it is given a mask."""
-    if not inspect.isfunction(fn):
-        return fn
     defaults = {p.name: p.default for p in forward_parameters(fn)}
     modules = [n for n in re.findall(r"\b(\w+)\(", source_text(fn)) if defaults.get(n, 0) is None]
     switch = ("is_causal",) * (defaults.get("is_causal") is False)
 
+    @functools.wraps(fn)  # its signature, for caller()
     def call(*args: Any, **kwargs: Any) -> Any:
         masked = kwargs.get("mask") is not None
         settings = {**dict.fromkeys(modules, nn.Identity()), **dict.fromkeys(switch, masked)}
@@ -109,7 +109,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     """How to call the learner's attention: its inputs by position, its mask by name (None when
     there is no mask: d2l's `valid_lens` has no default), and the rotary table or positions a
     Llama-style forward(x, freqs_cis, mask) or forward(x, start_pos, ...) asks for."""
-    fn, params = renamed_table(_switched(fn), forward_parameters(fn))  # Umar's freqs_complex: freqs_cis
+    fn, params = renamed_table(fn, forward_parameters(fn))  # Umar Jamil's freqs_complex: freqs_cis
     extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
              "sin", "cos_sin", "freqs_cos", "freqs_sin"}
     first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra
@@ -251,14 +251,19 @@ def keeps_for(keep: Tensor | None, fallback: Tensor | None, conventions: tuple[s
 
 # --- scaled dot-product attention and masked softmax -------------------------------------------
 
+def _sdpa_callable(comp: Component, ctx: Context) -> Any:
+    """The learner's attention as check calls it: their class built (in float64, eval mode), or
+    their function called as its own file calls it."""
+    if not isinstance(comp.obj, type):
+        return _switched(comp.obj)
+    kwargs = {**_dropout_kwargs(comp.obj), **_temperature(comp.obj)}
+    fn = ctx.learner.call("__init__", lambda: comp.obj(**kwargs))
+    return fn.double().eval() if isinstance(fn, nn.Module) else fn
+
+
 def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
-    fn = comp.obj
-    if isinstance(fn, type):
-        kwargs = {**_dropout_kwargs(comp.obj), **_temperature(comp.obj)}
-        fn = ctx.learner.call("__init__", lambda: comp.obj(**kwargs))
-        if isinstance(fn, nn.Module):
-            fn = fn.double().eval()
+    fn = _sdpa_callable(comp, ctx)
     c = caller(fn)
     convs = ctx.conventions(c.mask_name)
     B, T, S, Dh = 2, 6, 6, 8
