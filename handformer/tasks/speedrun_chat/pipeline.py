@@ -439,8 +439,8 @@ def run_stage(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet | Reason
     return notes
 
 
-def train_post_stage(stage: str, cfg: SpeedrunChatConfig, previous: Path, out: Path, path: Path, log,
-                     ) -> Path:
+def train_post_stage(stage: str, cfg: SpeedrunChatConfig, previous: Path, out: Path, path: Path,
+                     log) -> Path:
     """Train a post-training stage (sft, dpo or grpo) from the run `previous` on the records in
     `path`; returns its run directory, OUT/STAGE."""
     if stage == "sft":
