@@ -1062,3 +1062,16 @@ def stream(model, tokens, max_tokens):
 CASES.update({
     "streaming_generate": (STREAM, ["generate"], "model(ids)[:, -1, :]", "model(ids)[:, 0, :]"),
 })
+
+
+def test_the_adapter_hint_for_a_method_calls_it_on_the_model():
+    """nanochat's GPT.generate(self, tokens, max_tokens): the hint calls it on the model check gives."""
+    from handformer.check.core.adapters import adapter_hint
+    from handformer.check.core.discovery import Component
+
+    class GPT:
+        def generate(self, tokens, max_tokens, temperature=1.0):
+            yield from tokens[:max_tokens]
+
+    hint = adapter_hint(Component("generate", "GPT.generate", GPT.generate))
+    assert "return model.generate(tokens, max_tokens)" in hint and "self" not in hint

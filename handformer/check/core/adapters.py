@@ -75,10 +75,11 @@ def adapter_hint(comp: Any) -> str:
     name = getattr(obj, "__name__", comp.name)
     try:
         theirs = ", ".join(n for n, q in inspect.signature(obj).parameters.items()
-                           if q.default is q.empty and q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD))
+                           if q.default is q.empty and q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD)
+                           and n != "self")
     except (TypeError, ValueError):
         theirs = "..."
-    owner = comp.name.split(".")[0] + "." if "." in comp.name else ""
+    owner = "model." if "." in comp.name else ""  # a method (GPT.generate): called on the model check gives
     return (f"def {comp.kind}({call}):\n    return {owner}{name}({theirs})"
             "  # your function, called as check calls it")
 
