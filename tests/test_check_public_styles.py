@@ -1075,3 +1075,30 @@ def test_the_adapter_hint_for_a_method_calls_it_on_the_model():
 
     hint = adapter_hint(Component("generate", "GPT.generate", GPT.generate))
     assert "return model.generate(tokens, max_tokens)" in hint and "self" not in hint
+
+ADDITIVE = '''import torch
+from torch import nn
+
+
+class AdditiveAttention(nn.Module):
+    def __init__(self, key_size, query_size, num_hiddens, dropout):
+        super().__init__()
+        self.to_hidden_k = nn.Linear(key_size, num_hiddens, bias=False)
+        self.to_hidden_q = nn.Linear(query_size, num_hiddens, bias=False)
+        self.score = nn.Linear(num_hiddens, 1, bias=False)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, queries, keys, values, valid_lens=None):
+        hidden = torch.tanh(self.to_hidden_q(queries)[:, :, None] + self.to_hidden_k(keys)[:, None])  # (B, T, S, H)
+        scores = self.score(hidden).squeeze(-1)  # (B, T, S)
+        if valid_lens is not None:
+            unseen = torch.arange(keys.size(1))[None, None, :] >= valid_lens[:, None, None]  # (B, 1, S)
+            scores = scores.masked_fill(unseen, -1e6)
+        return torch.bmm(self.drop(scores.softmax(dim=-1)), values)
+'''
+
+
+# d2l's AdditiveAttention(key_size, query_size, num_hiddens, dropout), forward(queries, keys, values, valid_lens)
+CASES.update({
+    "additive_attention": (ADDITIVE, ["additive_attention"], "scores.softmax(dim=-1)", "scores.softmax(dim=1)"),
+})

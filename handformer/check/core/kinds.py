@@ -35,6 +35,8 @@ KINDS_TABLE: tuple[Kind, ...] = (
                   "scaled_dot_product", "dot_product_attention", "ScaledDotProduct", "DotProductAttention",
                   "ScaleDotProductAttention"),  # hyunwoongko's spelling
          "scaled dot-product attention", "缩放点积注意力", "attention:check_sdpa"),
+    Kind("additive_attention", ("AdditiveAttention", "BahdanauAttention", "AdditiveAttn"),
+         "additive attention", "加性注意力", "additive:check_additive"),
     Kind("mha", ("MultiHeadAttention", "MultiHeadedAttention", "MultiheadAttention", "MultiHeadSelfAttention",
                  "MHA", "Attention", "SelfAttention", "MultiHeadAttentionLayer",  # bentrevett's
                  "MultiHeadAttentionBlock"),  # Umar Jamil's
