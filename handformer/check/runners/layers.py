@@ -132,11 +132,16 @@ class Layer:
             self.batched_cos_sin = self._second_form(x.double(), "batched_cos_sin")
 
     @property
+    def bare(self) -> bool:
+        """A decoder layer whose forward takes the stream and the memory alone (tiny-universe's
+        forward(x, enc_out)): it builds its causal mask and hides no source key."""
+        params = forward_parameters(self.comp.obj.forward) if inspect.isclass(self.comp.obj) else []
+        return self.decoder and not self.stateful and len(params) - len(self.extra) == 3  # self, x, memory
+
+    @property
     def own_mask(self) -> bool:
-        """A decoder layer that builds its causal mask and hides no source key: d2l's stateful one, or one
-        whose forward takes the stream and the memory alone (tiny-universe's forward(x, enc_out))."""
-        inputs = len(forward_parameters(self.comp.obj.forward)) - len(self.extra)  # self, x, memory
-        return self.stateful or self.decoder and inputs == 3
+        """A decoder layer that builds its causal mask: d2l's stateful one, or a bare one."""
+        return self.stateful or self.bare
 
     def _second_form(self, x: Tensor, flag: str) -> bool:
         """Whether the layer refuses the first form of an argument and takes the second (`flag` set:
@@ -502,7 +507,7 @@ def _layer_mapping(res: ComponentResult, layer: Layer, slots: list[Slot], conv: 
     norms = layer.norm_slots[:1] if layer.shared else layer.norm_slots
     res.mapping = [s.describe() for group in layer.attn for s in group] + [
         s.describe() for s in slots] + [s.describe() for s in norms]
-    if layer.takes_mask or layer.stateful:
+    if layer.takes_mask or layer.decoder and not layer.bare:
         res.convention = fp.describe_convention(conv)
 
 
@@ -707,9 +712,9 @@ def _grads(layer: Layer, hf: nn.Module, x: Tensor, out: Tensor, ref: Tensor) -> 
 
 
 def _source_keep(layer: Layer, B: int, S: int, pad: list[int]) -> Tensor | None:
-    """The source's padding mask; none for an encoder layer that takes no mask (tiny-universe's
-    EncoderLayer.forward(x)): it is compared with every key visible."""
-    return positions(B, S, pad) if layer.takes_mask or layer.stateful else None
+    """The source's padding mask; none for a layer that takes no mask (tiny-universe's
+    EncoderLayer.forward(x), DecoderLayer.forward(x, enc_out)): it is compared with every key visible."""
+    return positions(B, S, pad) if layer.takes_mask or layer.decoder and not layer.bare else None
 
 
 def _case_keeps(layer: Layer, B: int, T: int, S: int, src_pad: list[int],
