@@ -1102,3 +1102,40 @@ class AdditiveAttention(nn.Module):
 CASES.update({
     "additive_attention": (ADDITIVE, ["additive_attention"], "scores.softmax(dim=-1)", "scores.softmax(dim=1)"),
 })
+
+OFFSET_NORM = '''import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6, unit_offset=True):
+        super().__init__()
+        self.eps, self.unit_offset = eps, unit_offset
+        self.scale = nn.Parameter(torch.zeros(dim))  # the gain is 1 + scale
+
+    def forward(self, x):
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x * (1 + self.scale) if self.unit_offset else x * self.scale
+
+
+class MLP(nn.Module):
+    def __init__(self, dim, hidden_dim):
+        super().__init__()
+        self.up, self.down = nn.Linear(dim, hidden_dim), nn.Linear(hidden_dim, dim)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+'''
+
+
+def test_a_gain_kept_as_an_offset_from_one_is_a_convention(tmp_path):
+    """Gemma's RMSNorm(dim, eps, add_unit_offset=True): x̂ · (1 + weight) is handformer's norm with
+    the gain 1 + weight (DIFFERS, noted); its defaulted switch, whose name holds "ff", is left to its
+    default rather than handed the file's MLP; a gain off by one more FAILs."""
+    (norm,) = _statuses(tmp_path, "offset", OFFSET_NORM, ["rmsnorm"]).values()
+    assert norm.status == "differs", (norm.status, norm.error)
+    assert any("offset from one" in n["en"] for n in norm.notes)
+    (wrong,) = _statuses(tmp_path, "planted", OFFSET_NORM.replace("(1 + self.scale)", "(2 + self.scale)"),
+                         ["rmsnorm"]).values()
+    assert wrong.status == "fail"

@@ -512,10 +512,10 @@ def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None)
             kwargs[p.name] = config
         elif p.name.lower() in FIXED and (p.default is p.empty or p.name.lower() in SWITCHED_ON):
             kwargs[p.name] = FIXED[p.name.lower()]
+        elif p.default is not p.empty:  # Gemma's RMSNorm(..., add_unit_offset=True): no part, its default
+            continue
         elif parts and (part := _part_for(p.name, parts)) is not None:
             kwargs[p.name] = part()
-        elif p.default is not p.empty:
-            continue
         else:
             known = "; ".join(f"{k}: {', '.join(v[:4])}" for k, v in ARGUMENTS.items())
             raise DiscoveryError(

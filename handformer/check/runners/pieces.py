@@ -6,6 +6,7 @@ Shape legend: B batch, T length, D d_model, F FFN width.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -26,7 +27,7 @@ from handformer.check.core.discovery import Component
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import localize_ffn, localize_norm
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
-from handformer.check.core.result import Check, ComponentResult, Finding, text
+from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
     MappingError,
@@ -297,7 +298,10 @@ def _build_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     def run(x: Tensor) -> Tensor | None:
         return fp.first_tensor(ctx.learner.call("forward", module, x), x.dim())
 
-    return Subject(run, [(slot, w)], module)
+    # Gemma's RMSNorm keeps its gain as an offset from one, x̂ · (1 + weight): read so when the plain
+    # reading explains nothing
+    offset = dataclasses.replace(w, weight=w.weight + 1)
+    return Subject(run, [(slot, w), (slot, offset)], module, {"offset": offset})
 
 
 def _norm_shape(ctx: Context, comp: Component, subject: Subject, x: Tensor, out: Tensor | None,
@@ -313,6 +317,9 @@ def _norm_compared(res: ComponentResult, ctx: Context, comp: Component, subject:
                    found: Found) -> None:
     """The step that compares the norm with handformer's on 4 inputs and their gradients."""
     w = found.weights
+    if w is subject.facts["offset"]:
+        res.status = DIFFERS
+        res.notes.append(OFFSET_NOTE)
     grad_err = _compare_norm(res, subject.run, found.key, w)
     label = "LayerNorm" if w.kind == "layernorm" else "RMSNorm"
     res.checks.append(Check(text(f"matches handformer's {label} on 4 inputs (scales 1, 3, 0.1, sqrt(eps))",
@@ -322,6 +329,10 @@ def _norm_compared(res: ComponentResult, ctx: Context, comp: Component, subject:
                             error_text(grad_err)))
 
 
+OFFSET_NOTE = text("the gain is kept as an offset from one, x̂ · (1 + weight), as Gemma's RMSNorm (its weight "
+                   "starts at zero): a convention, not an error; compared with handformer's gain 1 + weight",
+                   "增益按相对 1 的偏移存放，x̂ · (1 + weight)，和 Gemma 的 RMSNorm 一样（权重从 0 开始）："
+                   "这是约定，不是错误；与增益为 1 + weight 的 handformer 归一化比较")
 NORM = Probe(
     build=_build_norm,                      # the module, its norm's weights and eps
     inputs=lambda s: norm_probe(D, s.readings[0][1].eps, torch.float64),
@@ -345,6 +356,7 @@ def _compare_norm(res: ComponentResult, run: Callable[[Tensor], Tensor | None], 
     bias = w.bias is not None
     hf = (LayerNorm(D, w.eps, bias=bias) if w.kind == "layernorm" else RMSNorm(D, w.eps)).double()
     copy_weights(hf, slot)
+    hf.weight.data.copy_(w.weight)  # the reading's gain (1 + weight for a gain kept as an offset)
     errors, grad_err = [], 0.0
     cases = [(2, 5, 1.0), (1, 1, 3.0), (3, 7, 0.1), (2, 4, max(w.eps, 1e-12) ** 0.5)]
     for i, (B, T, scale) in enumerate(cases):
