@@ -298,10 +298,11 @@ def _build_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     def run(x: Tensor) -> Tensor | None:
         return fp.first_tensor(ctx.learner.call("forward", module, x), x.dim())
 
-    # Gemma's RMSNorm keeps its gain as an offset from one, x̂ · (1 + weight): read so when the plain
-    # reading explains nothing
+    # Gemma's RMSNorm keeps its gain as an offset from one, x̂ · (1 + weight), its weight built at zero:
+    # read so when the plain reading explains nothing (a 1 + weight built at one is a gain of two)
     offset = dataclasses.replace(w, weight=w.weight + 1)
-    return Subject(run, [(slot, w), (slot, offset)], module, {"offset": offset})
+    at_zero = not any(p.detach().any() for p in ctx.build(comp, checked=False).parameters())
+    return Subject(run, [(slot, w)] + [(slot, offset)] * at_zero, module, {"offset": offset})
 
 
 def _norm_shape(ctx: Context, comp: Component, subject: Subject, x: Tensor, out: Tensor | None,
