@@ -122,10 +122,11 @@ class Helper:
         known = {self.src, self.tgt, self.pad}
         unknown = [n for n in required if n not in known]
         if unknown or not names:  # no names: no ids to hand it
+            first = (unknown or ['src'])[0]
             raise DiscoveryError(
-                f"{comp.name}: cannot fill the argument {(unknown or ['src'])[0]!r}; a mask helper takes the "
+                f"{comp.name}: cannot fill the argument {first!r}; a mask helper takes the "
                 "token ids (src, tgt) and the pad id (pad_idx, pad_id, ...)",
-                zh=f"{comp.name}：填不了参数 {(unknown or ['src'])[0]!r}；掩码辅助函数接受 token id（src、"
+                zh=f"{comp.name}：填不了参数 {first!r}；掩码辅助函数接受 token id（src、"
                    "tgt）和 pad id（pad_idx、pad_id 等）")
 
     @property
