@@ -27,12 +27,12 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import (
     ATTENTION_FLAGS,
-    HEAD_FLAGS,
     ROPE_FLAGS,
     TUTORIAL,
     Context,
     D,
     H,
+    attention_flags,
     causal,
     check_determinism,
     error_text,
@@ -542,7 +542,7 @@ def _conventions(ctx: Context, comp: Component, c: Caller) -> tuple[str, ...]:
 
 def _universe(c: Caller, has_o: bool, n_kv_heads: int | None, causal_inside: bool) -> tuple[str, ...]:
     """The mistakes the attention is searched for."""
-    universe = ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection" or has_o)
+    universe = attention_flags(has_o)
     if c.mask_name and fp.is_lengths_name(c.mask_name):
         universe += ("mask_repeat_order",)
     if n_kv_heads:

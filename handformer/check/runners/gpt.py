@@ -274,9 +274,7 @@ class Choices:
     rope: str | None = None  # the rotary layout: "half", "interleaved", or none
 
     def describe(self, m: GPTMap) -> Text:
-        head_en = ("tied to the token embedding" if m.tied else "separate") + (
-            ", with a bias" if m.bias else "")
-        head_zh = ("与词嵌入共享权重" if m.tied else "独立的权重") + ("，有偏置" if m.bias else "")
+        head_en, head_zh = (HEAD_WORDS[m.tied][i] + BIAS_WORDS[m.bias][i] for i in (0, 1))
         pos_en, pos_zh = (("learned positions", "可学习的位置编码") if m.wpe is not None
                           else ("no positions", "没有位置编码") if self.rope is None
                           else (f"rotary positions ({self.rope} pairs, base {m.theta:.0f})",
@@ -289,6 +287,9 @@ class Choices:
                     f"{pos_zh}")
 
 
+# the output head as the convention says it (en, zh): tied or not, with a bias or not
+HEAD_WORDS = {True: ("tied to the token embedding", "与词嵌入共享权重"), False: ("separate", "独立的权重")}
+BIAS_WORDS = {True: (", with a bias", "，有偏置"), False: ("", "")}
 ROPE_ZH = {"half": "前后两半配对", "interleaved": "相邻两维配对", "swapped": "前后两半配对、反向旋转"}
 
 

@@ -27,14 +27,13 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import (
-    ATTENTION_FLAGS,
-    HEAD_FLAGS,
     ROPE_FLAGS,
     SIZES,
     TUTORIAL,
     Context,
     D,
     H,
+    attention_flags,
     causal,
     check_determinism,
     dropout_on_residual,
@@ -264,8 +263,7 @@ def _decoder_mask_names(masks: list[str]) -> tuple[str | None, str | None]:
 FlagRule = tuple[Callable[["Layer", V.LayerWeights], Any],
                  Callable[["Layer", V.LayerWeights], tuple[str, ...]]]
 LAYER_FLAGS: tuple[FlagRule, ...] = (
-    (lambda layer, w: True, lambda layer, w: ATTENTION_FLAGS + tuple(
-        f for f in HEAD_FLAGS if f != "no_output_projection" or w.self_attn.o)),
+    (lambda layer, w: True, lambda layer, w: attention_flags(w.self_attn.o is not None)),
     (lambda layer, w: w.self_attn.rope, lambda layer, w: ROPE_FLAGS + (
         ("qk_norm_after_rope",) if w.self_attn.qk_norm else ())),
     (lambda layer, w: w.ffn.gate is not None, lambda layer, w: ("gated_act_after_product",)),
