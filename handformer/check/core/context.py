@@ -38,6 +38,11 @@ HEAD_FLAGS = ("split_no_transpose", "concat_no_transpose", "no_output_projection
 ROPE_FLAGS = ("rope_rotation_sign", "rope_wrong_base:exponent")  # searched when rotary positions are inside
 
 
+def attention_flags(has_o: bool) -> tuple[str, ...]:
+    """The attention's and the heads' mistakes the search may apply (no W_O missing when there is none)."""
+    return ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection" or has_o)
+
+
 @dataclass
 class Context:
     path: str

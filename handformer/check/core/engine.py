@@ -59,9 +59,14 @@ def import_runners() -> None:
         importlib.import_module(f"handformer.check.runners.{kind.runner.partition(':')[0]}")
 
 
+def learner_module_name(path: str) -> str:
+    """The name the learner's file is imported under: learner_ and its stem, a Python name."""
+    return "learner_" + "".join(c if c.isalnum() else "_" for c in Path(path).stem)
+
+
 def import_learner(path: str) -> types.ModuleType:
     """Import the learner's file as a module of its own (their code runs)."""
-    name = "learner_" + "".join(c if c.isalnum() else "_" for c in Path(path).stem)
+    name = learner_module_name(path)
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise FileNotFoundError(f"{path}: not a Python file")
@@ -102,11 +107,10 @@ def import_definitions(path: str) -> tuple[types.ModuleType, list[str]]:
 
     source = Path(path).read_text(encoding="utf-8")
     tree = ast.parse(source, path)
-    name = "learner_" + "".join(c if c.isalnum() else "_" for c in Path(path).stem)
-    module = types.ModuleType(name)
+    module = types.ModuleType(learner_module_name(path))
     module.__file__ = path
     in_package(module, path)
-    sys.modules[name] = module
+    sys.modules[module.__name__] = module
     folder = str(Path(path).resolve().parent)
     if folder not in sys.path:
         sys.path.insert(0, folder)
@@ -394,12 +398,13 @@ def _discover(module: types.ModuleType, result: FileResult, adapters: str | None
         return None
     if not components:
         names = ", ".join(defined_names(module)) or "nothing"
+        examples = ", ".join(n for ns in NAMES.values() for n in ns[:2])
         result.error = LearnerError(
             "nothing_found", f"found no component to check; the file defines: {names}. handformer "
-            f"looks for names such as {', '.join(n for ns in NAMES.values() for n in ns[:2])}; point "
+            f"looks for names such as {examples}; point "
             "a kind at your name with --component mha=MyAttention", "discovery",
             message_zh=f"没有找到可检查的组件；文件里定义了：{names}。handformer 按名字找组件，例如 "
-            f"{', '.join(n for ns in NAMES.values() for n in ns[:2])}；可以用 --component mha=MyAttention "
+            f"{examples}；可以用 --component mha=MyAttention "
             "把某类组件指向你起的名字，或者写适配函数（见 docs/zh/check.md）")
         return None
     return components, everything

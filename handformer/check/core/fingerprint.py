@@ -77,6 +77,16 @@ def _has_nan(value: Any) -> bool:
     return False
 
 
+def one_sequence(out: Any) -> list[int] | None:
+    """The token ids of one sequence: a (T,) or (1, T) tensor, or a list (or tuple) of ints; None for
+    anything else."""
+    if isinstance(out, Tensor) and out.dim() in (1, 2) and (out.dim() == 1 or out.size(0) == 1):
+        return [int(t) for t in out.reshape(-1).tolist()]
+    if isinstance(out, (list, tuple)) and all(isinstance(t, int) for t in out):
+        return list(out)
+    return None
+
+
 def first_tensor(value: Any, ndim: int | None = None) -> Tensor | None:
     """The output tensor of a learner call that returns a tensor or a tuple (output, weights)."""
     if isinstance(value, Tensor):

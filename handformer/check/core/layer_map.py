@@ -21,6 +21,7 @@ from handformer.check.core.weights import (
     ffn_slots,
     leaves,
     norm_slots,
+    of_kind,
     qk_norm_slots,
 )
 
@@ -53,9 +54,16 @@ def list_items(module: nn.Module, keep: Callable[[list[tuple[int, ...]]], bool],
             path = f"{name}.{child_name}" if name else child_name
             if any(path.startswith(p + ".") for p, _ in out):
                 continue
-            if keep([tuple(leaf.weight.shape) for leaf in leaves(child) if leaf.kind == "linear"]):
+            if keep([tuple(leaf.weight.shape) for leaf in of_kind(leaves(child), "linear")]):
                 out.append((path, child))
     return out
+
+
+def outside(module: nn.Module, parts: list[nn.Module]) -> list[Leaf]:
+    """The leaves of module outside these parts (a model's embeddings, final norm and head, outside
+    its layers), in definition order."""
+    inside = {id(m) for part in parts for m in part.modules()}
+    return [leaf for leaf in leaves(module) if id(leaf.module) not in inside]
 
 
 def layer_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -72,12 +80,12 @@ def projection_width(shapes: list[tuple[int, ...]]) -> int:
 
 def map_layer(path: str, child: nn.Module, F_width: int) -> LayerMap:
     found = prefixed(leaves(child), path)
-    linears = [leaf for leaf in found if leaf.kind == "linear"]
+    linears = of_kind(found, "linear")
     decoder = projection_width([tuple(x.weight.shape) for x in linears]) >= 7
     attn = attention_slots(linears, D, 2 if decoder else 1, path)
     ffn = ffn_slots(linears, D, F_width, path)[0]
     names = ["self-attention", "cross-attention", "FFN"] if decoder else ["self-attention", "FFN"]
-    norms, qk = block_norms([leaf for leaf in found if leaf.kind == "norm"])
+    norms, qk = block_norms(of_kind(found, "norm"))
     attn[0] += qk or gainless_qk(child)
     norms = norms or gainless_norms(child, len(names))
     if len(norms) == 1:

@@ -5,66 +5,137 @@ as real pairs (T, Dh/2, 2) (cos, sin); and forward(x, start_pos, ...)'s start, 0
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import Tensor
+
+from handformer.check.core.rotary import cos_sin
+from handformer.check.reference import variants as V
 
 
-def either_table(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool]) -> Any:
-    """fn(*args, **kwargs) with kwargs["freqs_cis"] complex, or as real pairs when the complex one is
-    refused (or was refused before); when neither runs, the complex one's error is raised."""
-    complex_table = kwargs["freqs_cis"]
-    if layout.get("real_table"):
-        return fn(*args, **{**kwargs, "freqs_cis": torch.view_as_real(complex_table)})
+def either_form(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], key: str,
+                second: Callable[[dict[str, Any]], dict[str, Any]], keep_first: bool = False) -> Any:
+    """fn(*args, **kwargs), else fn(*args, **second(kwargs)) when the first form is refused; the
+    second form, once it ran, is kept (layout[key] True). keep_first: the first form, once it ran, is
+    kept too (layout[key] False: a later error is theirs). When neither runs, the first one's error
+    is raised."""
+    if layout.get(key) is not None:
+        return fn(*args, **(second(kwargs) if layout[key] else kwargs))
     try:
         out = fn(*args, **kwargs)
-        layout["complex_ran"] = True
-        return out
-    except Exception as first:  # noqa: BLE001  (perhaps it takes the real pairs)
-        if layout.get("complex_ran"):  # it ran on the complex table before: this error is theirs
-            raise
+    except Exception as first:  # noqa: BLE001 - theirs, unless the second form runs
         try:
-            out = fn(*args, **{**kwargs, "freqs_cis": torch.view_as_real(complex_table)})
-        except Exception:  # noqa: BLE001  (neither: the complex table's error is theirs)
+            out = fn(*args, **second(kwargs))
+        except Exception:  # noqa: BLE001
             raise first from None
-        layout["real_table"] = True
+        layout[key] = True
         return out
+    layout.update({key: False} if keep_first else {})
+    return out
+
+
+def either_table(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:
+    """fn(*args, **kwargs) with kwargs["freqs_cis"] complex, or as real pairs when the complex one is
+    refused (once the complex one ran, an error is theirs); when neither runs, the complex one's."""
+    return either_form(fn, args, kwargs, layout, "real_table",
+                       lambda k: {**k, "freqs_cis": torch.view_as_real(k["freqs_cis"])}, keep_first=True)
 
 
 def either_start(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:
     """fn(*args, **kwargs) with start_pos 0, else one start per batch row, a (B,) tensor (Raschka's
     batched KV cache); the form that runs is kept. When neither runs, the first one's error is raised."""
-    if layout.get("per_row"):
-        return fn(*args, **{**kwargs, "start_pos": torch.zeros(B, dtype=torch.long)})
-    try:
-        return fn(*args, **kwargs)
-    except Exception as first:  # noqa: BLE001 - theirs, unless a start per row runs
-        try:
-            out = fn(*args, **{**kwargs, "start_pos": torch.zeros(B, dtype=torch.long)})
-        except Exception:  # noqa: BLE001
-            raise first from None
-        layout["per_row"] = True
-        return out
+    return either_form(fn, args, kwargs, layout, "per_row",
+                       lambda k: {**k, "start_pos": torch.zeros(B, dtype=torch.long)})
 
 
-def either_cos_sin(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool]) -> Any:
+def either_cos_sin(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:
     """fn(*args, **kwargs) with nanochat's kwargs["cos_sin"], (cos, sin) each (1, T, 1, Dh/2) for
     queries (B, T, H, Dh) split in halves, else each (1, T, 1, Dh), the angles repeated over the two
     halves (rotate_half's); the form that runs is kept. When neither runs, the first one's error is raised."""
-    def full(t: torch.Tensor) -> torch.Tensor:
-        return torch.cat([t, t], dim=-1)  # (1, T, 1, Dh)
+    return either_form(fn, args, kwargs, layout, "full_cos_sin",
+                       lambda k: {**k, "cos_sin": tuple(torch.cat([t, t], dim=-1) for t in k["cos_sin"])})
 
-    if layout.get("full_cos_sin"):
-        return fn(*args, **{**kwargs, "cos_sin": tuple(full(t) for t in kwargs["cos_sin"])})
-    try:
-        return fn(*args, **kwargs)
-    except Exception as first:  # noqa: BLE001 - theirs, unless the other form runs
-        try:
-            out = fn(*args, **{**kwargs, "cos_sin": tuple(full(t) for t in kwargs["cos_sin"])})
-        except Exception:  # noqa: BLE001
-            raise first from None
-        layout["full_cos_sin"] = True
-        return out
+
+def either_cos_sin_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool],
+                          B: int) -> Any:
+    """A forward handed (cos, sin) as position_embeddings: minimind's (T, Dh) tables, else Hugging
+    Face's (B, T, Dh); the layout that runs is kept (layout["batched"]). When neither runs, their
+    error with the first is raised."""
+    return either_form(fn, args, kwargs, layout, "batched", lambda k: {**k, "position_embeddings": tuple(
+        t[None].expand(B, -1, -1) for t in k["position_embeddings"])}, keep_first=True)
+
+
+# the rotary tables a forward may take in two forms, and the call that tries both
+TABLE_FORMS = {"freqs_cis": either_table, "cos_sin": either_cos_sin,
+               "position_embeddings": either_cos_sin_layout}
+
+
+def with_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:
+    """fn(*args, **kwargs), its rotary table (kwargs' freqs_cis, cos_sin or position_embeddings) in
+    the form it takes (TABLE_FORMS)."""
+    form = next((TABLE_FORMS[name] for name in TABLE_FORMS if name in kwargs), None)
+    return form(fn, list(args), kwargs, layout, B) if form else fn(*args, **kwargs)
+
+
+def with_positions(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:
+    """fn(*args, **kwargs), each position argument in the form it takes: start_pos 0 or one a batch
+    row (either_start), the rotary table as with_tables; the forms that ran are kept in layout."""
+    def tables(*a: Any, **k: Any) -> Any:
+        return with_tables(fn, list(a), k, layout, B)
+    if "start_pos" in kwargs:
+        return either_start(tables, args, kwargs, layout, B)
+    return tables(*args, **kwargs)
+
+
+def _meta_table(B: int, T: int, head_dim: int, dtype: torch.dtype, batched: bool) -> Tensor:
+    angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
+    return torch.polar(torch.ones_like(angles), angles)  # Meta's complex table
+
+
+def _hf_cos_sin(B: int, T: int, head_dim: int, dtype: torch.dtype, batched: bool) -> tuple[Tensor, ...]:
+    """(cos, sin), each (T, Dh), or (B, T, Dh) as Hugging Face's rotary module returns them."""
+    tables = cos_sin(T, head_dim)
+    if batched:
+        tables = tuple(t[None].expand(B, T, -1) for t in tables)  # (B, T, Dh) each
+    return tuple(t.to(dtype) for t in tables)
+
+
+def _nanochat_cos_sin(B: int, T: int, head_dim: int, dtype: torch.dtype, batched: bool,
+                      ) -> tuple[Tensor, Tensor]:
+    angles = V.rope_angles(T, head_dim)[None, :, None]  # (1, T, 1, Dh/2)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def _one_table(name: str) -> Callable[..., Tensor]:
+    """Raschka's cos or sin (T, Dh); llama2.c's freqs_cos or freqs_sin (T, Dh/2): one angle a pair."""
+    pairs = 2 if name.startswith("freqs") else 1
+
+    def table(B: int, T: int, head_dim: int, dtype: torch.dtype, batched: bool) -> Tensor:
+        return cos_sin(T, head_dim)[name.endswith("sin")][:, :head_dim // pairs].to(dtype)
+    return table
+
+
+def _positions(B: int, T: int, head_dim: int, dtype: torch.dtype, batched: bool) -> Tensor:
+    return torch.arange(T)[None].expand(B, T)  # (B, T)
+
+
+# what a forward's position argument is handed, by its name, for a batch B of T tokens
+POSITION_ARGUMENTS: dict[str, Callable[..., Any]] = {
+    "freqs_cis": _meta_table, "position_embeddings": _hf_cos_sin,
+    "cos_sin": _nanochat_cos_sin,  # nanochat's (cos, sin), each (1, T, 1, Dh/2); either_cos_sin
+    **{name: _one_table(name) for name in ("cos", "sin", "freqs_cos", "freqs_sin")},
+    "start_pos": lambda *sizes: 0,  # or one a batch row: either_start
+    **dict.fromkeys(("position_ids", "positions", "pos", "input_pos"), _positions)}
+
+
+def position_kwargs(names: set[str], B: int, T: int, head_dim: int, dtype: torch.dtype,
+                    batched: bool = False) -> dict[str, Any]:
+    """What a forward's position arguments are given: Meta's freqs_cis (T, Dh/2), Hugging Face's
+    position_embeddings (batched: (B, T, Dh)), Raschka's cos and sin (T, Dh), start_pos 0, the
+    positions (B, T)."""
+    return {name: POSITION_ARGUMENTS[name](B, T, head_dim, dtype, batched) for name in names}
 
 
 def renamed_table(fn: Any, params: list[inspect.Parameter]) -> tuple[Any, list[inspect.Parameter]]:

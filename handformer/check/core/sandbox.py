@@ -124,20 +124,23 @@ def _progress(path: Path) -> tuple[str, str] | None:
     return (lines[0], lines[1] if len(lines) > 1 else "") if lines and lines[0] else None
 
 
+# what a component that ran past the time limit most likely does, by its kind (en, zh)
+TIMEOUT_WHY = {
+    "generate": ("a generation loop that does not end (is it bounded by max_new_tokens?), or one far too "
+                 "slow for a model of a few thousand weights",
+                 "生成循环停不下来（它受 max_new_tokens 限制吗？），或者对只有几千个权重的模型来说慢得离谱"),
+    "bpe": ("a BPE trainer that never ends (a merge that never makes the words shorter?)",
+            "BPE 训练停不下来（某次合并没有让词变短？）"),
+    "": ("an infinite loop, or far too slow for tensors of a few dozen numbers",
+         "死循环，或者对只有几十个数的张量来说慢得离谱")}
+
+
 def _stopped(reason: str, phase: str | None, stack: str, path: str, time_limit: float,
              memory_limit: int, kind: str = "") -> LearnerError:
     where = phase or "startup"
     frames = _learner_frames(stack, path)
     if reason == "timeout":
-        why = ("a generation loop that does not end (is it bounded by max_new_tokens?), or one far too "
-               "slow for a model of a few thousand weights" if kind == "generate" else
-               "a BPE trainer that never ends (a merge that never makes the words shorter?)"
-               if kind == "bpe" else
-               "an infinite loop, or far too slow for tensors of a few dozen numbers")
-        why_zh = ("生成循环停不下来（它受 max_new_tokens 限制吗？），或者对只有几千个权重的模型来说慢得离谱"
-                  if kind == "generate" else
-                  "BPE 训练停不下来（某次合并没有让词变短？）"
-                  if kind == "bpe" else "死循环，或者对只有几十个数的张量来说慢得离谱")
+        why, why_zh = TIMEOUT_WHY.get(kind, TIMEOUT_WHY[""])
         return LearnerError("timeout", f"stopped after {time_limit:g} s in {where}: {why} (raise the limit "
                             "with --time-limit)", where, frames,
                             f"在 {where} 运行 {time_limit:g} 秒后被停止：{why_zh}"

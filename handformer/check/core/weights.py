@@ -86,6 +86,11 @@ def _role(name: str) -> str | None:
     return ROLE_WORDS.get(name.lower().replace("_proj", "").replace("proj", "").removeprefix("w_").strip("_"))
 
 
+def of_kind(found: list[Leaf], kind: str) -> list[Leaf]:
+    """The leaves of one kind ("linear", "norm", "embedding"), in definition order."""
+    return [leaf for leaf in found if leaf.kind == kind]
+
+
 def with_shape(found: list[Leaf], shape: tuple[int, ...]) -> list[Leaf]:
     """The leaves whose weight has this shape, in definition order."""
     return [leaf for leaf in found if tuple(leaf.weight.shape) == shape]
@@ -178,7 +183,8 @@ def scramble_(module: nn.Module, seed: int = 0) -> None:
                                                   dtype=torch.float64).to(leaf.bias.dtype))
 
 
-def _shapes(found: list[Leaf]) -> str:
+def shapes_text(found: list[Leaf]) -> str:
+    """Each leaf's name and weight shape ("w_q (32, 32), w_k (32, 32)"); "none" for no leaf."""
     return ", ".join(f"{leaf.name} {tuple(leaf.weight.shape)}" for leaf in found) or "none"
 
 
@@ -205,9 +211,9 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
         raise MappingError(
             f"{what}: expected {4 * count} nn.Linear(d_model, d_model) layers ({count} x W_Q, W_K, "
             f"W_V, W_O) with d_model={D}, found {len(square)}; its parameterised layers are: "
-            f"{_shapes(linears)}",
+            f"{shapes_text(linears)}",
             zh=f"{what}：d_model={D} 时应当有 {4 * count} 个 nn.Linear(d_model, d_model) 层（{count} 组 "
-               f"W_Q、W_K、W_V、W_O），实际找到 {len(square)} 个；它带参数的层是：{_shapes(linears)}")
+               f"W_Q、W_K、W_V、W_O），实际找到 {len(square)} 个；它带参数的层是：{shapes_text(linears)}")
     groups = [_qkv_by_name(square[i * per:(i + 1) * per]) for i in range(count)]
     return [[Slot(f"{p}W_{r}", leaf) for r, leaf in zip("QKVO", group)]
             for p, group in zip(prefixes, groups)]
@@ -234,10 +240,10 @@ def _grouped_slots(linears: list[Leaf], D: int, kv: int, count: int, prefixes: l
         raise MappingError(
             f"{what}: expected W_Q and W_O as nn.Linear(d_model, d_model) and W_K, W_V as "
             f"nn.Linear(d_model, n_kv_heads * head_dim) (d_model={D}, n_kv_heads * head_dim={kv}); "
-            f"its parameterised layers are: {_shapes(linears)}",
+            f"its parameterised layers are: {shapes_text(linears)}",
             zh=f"{what}：W_Q 和 W_O 应当是 nn.Linear(d_model, d_model)，W_K、W_V 应当是 nn.Linear(d_model, "
                f"n_kv_heads * head_dim)（d_model={D}，n_kv_heads * head_dim={kv}）；它带参数的层是："
-               f"{_shapes(linears)}")
+               f"{shapes_text(linears)}")
     per = len(square) // count
     return [[Slot(f"{p}W_Q", square[i * per]), Slot(f"{p}W_K", narrow[2 * i]),
              Slot(f"{p}W_V", narrow[2 * i + 1])]
@@ -298,10 +304,10 @@ def ffn_slots(linears: list[Leaf], D: int, F: int | None, what: str) -> list[lis
         return _ffn_orders(square[:-1], square[-1:])
     raise MappingError(f"{what}: expected nn.Linear(d_model, d_ff) then nn.Linear(d_ff, d_model) "
                        f"(d_model={D}, d_ff={F}; gated FFNs have two nn.Linear(d_model, d_ff)), "
-                       f"found: {_shapes(linears)}",
+                       f"found: {shapes_text(linears)}",
                        zh=f"{what}：应当先是 nn.Linear(d_model, d_ff)，再是 nn.Linear(d_ff, "
                           f"d_model)（d_model={D}，d_ff={F}；门控 FFN 有两个 nn.Linear(d_model, d_ff)），"
-                          f"实际找到：{_shapes(linears)}")
+                          f"实际找到：{shapes_text(linears)}")
 
 
 def _ffn_orders(ups: list[Leaf], downs: list[Leaf]) -> list[list[Slot]]:
@@ -387,9 +393,9 @@ OTHER_NORM = {"rmsnorm": "layernorm", "layernorm": "rmsnorm"}
 def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str) -> list[Slot]:
     if len(norms) != count:
         raise MappingError(f"{what}: expected {count} norms ({', '.join(names)}), found "
-                           f"{len(norms)}: {_shapes(norms)}",
+                           f"{len(norms)}: {shapes_text(norms)}",
                            zh=f"{what}：应当有 {count} 个归一化（{', '.join(names)}），实际找到 "
-                              f"{len(norms)} 个：{_shapes(norms)}")
+                              f"{len(norms)} 个：{shapes_text(norms)}")
     if names[-1] == "FFN":  # gpt-fast defines ffn_norm before attention_norm: the FFN's norm goes last
         norms = sorted(norms, key=lambda leaf: any(w in leaf.name.lower() for w in FFN_NORM_WORDS))
     return [Slot(f"norm {i + 1} ({n})", leaf) for i, (n, leaf) in enumerate(zip(names, norms))]

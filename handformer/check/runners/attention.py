@@ -27,12 +27,12 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import (
     ATTENTION_FLAGS,
-    HEAD_FLAGS,
     ROPE_FLAGS,
     TUTORIAL,
     Context,
     D,
     H,
+    attention_flags,
     causal,
     check_determinism,
     error_text,
@@ -55,8 +55,8 @@ from handformer.check.core.layer_map import Gainless, gainless_qk
 from handformer.check.core.localize import note_attention_departure
 from handformer.check.core.reference_attention import handformer_attention
 from handformer.check.core.result import Check, ComponentResult, Finding, text
-from handformer.check.core.rope_tables import either_cos_sin, either_start, either_table, renamed_table
-from handformer.check.core.rotary import ROPE_WORDS, cos_sin, rope_note, rope_tables
+from handformer.check.core.rope_tables import position_kwargs, renamed_table, with_positions
+from handformer.check.core.rotary import ROPE_WORDS, rope_note, rope_tables
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.weights import (
     QK_NORM_ROLES,
@@ -66,7 +66,9 @@ from handformer.check.core.weights import (
     attention_slots,
     leaves,
     mha_weights,
+    of_kind,
     qk_norm_slots,
+    shapes_text,
 )
 from handformer.check.reference import variants as V
 from handformer.nn.attention import scaled_dot_product_attention
@@ -129,74 +131,10 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
             mask = run_mask(everything, state["visible"], xq.size(0))
         kwargs: dict[str, Any] = {masks[0].name: mask} if masks else {}
         B, T = xq.shape[:2]
-        kwargs.update(_position_kwargs(named, B, T, head_dim, xq.dtype, layout.get("batched", False)))
-        run = fn
-        if "freqs_cis" in named:  # Meta's complex table, or gpt-fast's real pairs
-            def run(*a: Any, **k: Any) -> Any:
-                return either_table(fn, list(a), k, layout)
-        if "start_pos" in named:
-            return either_start(run, args, kwargs, layout, B)
-        if "freqs_cis" in named:
-            return run(*args, **kwargs)
-        if "cos_sin" in named:
-            return either_cos_sin(fn, args, kwargs, layout)
-        if "position_embeddings" not in named or "batched" in layout:
-            return fn(*args, **kwargs)
-        return _either_layout(fn, args, kwargs, layout, (T, head_dim, B, xq.dtype))
+        kwargs.update(position_kwargs(named, B, T, head_dim, xq.dtype))
+        return with_positions(fn, args, kwargs, layout, B)
 
     return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state)
-
-
-def _position_kwargs(named: set[str], B: int, T: int, head_dim: int, dtype: torch.dtype,
-                     batched: bool) -> dict[str, Any]:
-    """What a forward's positional arguments are given: Meta's freqs_cis (T, Dh/2), Hugging Face's
-    position_embeddings, Raschka's cos and sin (T, Dh), start_pos 0, the positions (B, T)."""
-    kwargs: dict[str, Any] = {}
-    for name in named:
-        if name == "freqs_cis":
-            angles = V.rope_angles(T, head_dim)  # (T, Dh/2)
-            kwargs[name] = torch.polar(torch.ones_like(angles), angles)
-        elif name == "position_embeddings":
-            kwargs[name] = batched_cos_sin(T, head_dim, B, batched, dtype)
-        elif name == "cos_sin":  # nanochat's (cos, sin), each (1, T, 1, Dh/2); either_cos_sin
-            angles = V.rope_angles(T, head_dim)[None, :, None]  # (1, T, 1, Dh/2)
-            kwargs[name] = (angles.cos().to(dtype), angles.sin().to(dtype))
-        elif name in ("cos", "sin", "freqs_cos", "freqs_sin"):  # Raschka's (T, Dh); llama2.c's (T, Dh/2)
-            width = head_dim // (1 + name.startswith("freqs"))  # llama2.c's: one angle a pair
-            kwargs[name] = cos_sin(T, head_dim)[name.endswith("sin")][:, :width].to(dtype)
-        elif name == "start_pos":
-            kwargs[name] = 0
-        else:
-            kwargs[name] = torch.arange(T)[None].expand(B, T)
-    return kwargs
-
-
-def _either_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool],
-                   sizes: tuple[int, int, int, torch.dtype]) -> Any:
-    """The first call of a forward handed (cos, sin): minimind's (T, Dh) tables, else Hugging Face's
-    (B, T, Dh); the layout that runs is kept. When neither runs, their error with the first is raised."""
-    try:
-        out = fn(*args, **kwargs)
-        layout["batched"] = False
-        return out
-    except Exception as first:  # noqa: BLE001 - theirs, unless the other layout runs
-        kwargs["position_embeddings"] = batched_cos_sin(*sizes[:3], True, sizes[3])
-        try:
-            out = fn(*args, **kwargs)
-        except Exception:  # noqa: BLE001
-            raise first from None
-        layout["batched"] = True
-        return out
-
-
-
-def batched_cos_sin(T: int, head_dim: int, B: int, batched: bool, dtype: torch.dtype) -> tuple[Tensor, ...]:
-    """(cos, sin), each (T, Dh), or (B, T, Dh) as Hugging Face's rotary module returns them."""
-    tables = cos_sin(T, head_dim)
-    if batched:
-        tables = tuple(t[None].expand(B, T, -1) for t in tables)  # (B, T, Dh) each
-    return tuple(t.to(dtype) for t in tables)
-
 
 
 def run_mask(keep: Tensor | None, conv: str, batch: int) -> Tensor | None:
@@ -558,7 +496,7 @@ def _projections(comp: Component, module: nn.Module, heads: int) -> tuple[list[A
     extra = [leaf for leaf in found if leaf.kind != "linear"]
     qk_norms = qk_norm_slots(extra, D // heads)
     if extra and not qk_norms:
-        shapes = ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra)
+        shapes = shapes_text(extra)
         raise MappingError(f"{comp.name} has parameters besides its projections ({shapes}); handformer's "
                            "reference attention has only a QK-norm (two norms of width head_dim named "
                            "q_norm and k_norm), no residual and norm inside",
@@ -567,7 +505,7 @@ def _projections(comp: Component, module: nn.Module, heads: int) -> tuple[list[A
                               "内部没有残差和归一化")
     if not qk_norms:  # nanochat's norm(q), norm(k): handformer's QK-norm with gains of one
         qk_norms = gainless_qk(module, D // heads)
-    return [leaf for leaf in found if leaf.kind == "linear"], qk_norms
+    return of_kind(found, "linear"), qk_norms
 
 
 def _head_notes(res: ComponentResult, comp: Component, c: Caller, slots: list[Slot], causal_inside: bool,
@@ -604,7 +542,7 @@ def _conventions(ctx: Context, comp: Component, c: Caller) -> tuple[str, ...]:
 
 def _universe(c: Caller, has_o: bool, n_kv_heads: int | None, causal_inside: bool) -> tuple[str, ...]:
     """The mistakes the attention is searched for."""
-    universe = ATTENTION_FLAGS + tuple(f for f in HEAD_FLAGS if f != "no_output_projection" or has_o)
+    universe = attention_flags(has_o)
     if c.mask_name and fp.is_lengths_name(c.mask_name):
         universe += ("mask_repeat_order",)
     if n_kv_heads:

@@ -290,10 +290,9 @@ def _tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
     out = _hypotheses(out)
     if isinstance(out, list) and len(out) == 1 and isinstance(out[0], (list, Tensor)):
         out = out[0]
-    if isinstance(out, Tensor) and out.dim() in (1, 2) and (out.dim() == 1 or out.size(0) == 1):
-        return [int(t) for t in out.reshape(-1).tolist()]
-    if isinstance(out, (list, tuple)) and all(isinstance(t, int) for t in out):
-        return list(out)
+    tokens = fp.one_sequence(out)
+    if tokens is not None:
+        return tokens
     raise ctx.learner.fail("forward", f"{comp.name} returned {type(out).__name__}; expected the best "
                            "hypothesis' token ids: a list of ints or a (1, L) tensor (or a (tokens, score) "
                            "tuple)",

@@ -491,17 +491,19 @@ VOCAB_WHERE = {
 }
 
 
+BYTE_ORDER = {True: ("in byte order", "按字节顺序"), False: ("in another order", "换了顺序")}
+
+
 def _vocab_layout(res: ComponentResult, vocab: dict[int, bytes], single: dict[bytes, int],
                   special_ids: list[int], made: list[bytes]) -> None:
     """Where the special token and the bytes sit, as a convention; merges' ids out of order, noted."""
     n = len(vocab)
     start = min(single.values())
     in_order = all(single[bytes([b])] == start + b for b in range(256))
-    order = "in byte order" if in_order else "in another order"
+    order, order_zh = BYTE_ORDER[in_order]
     where = ("none" if not special_ids else "first" if special_ids[0] < start
              else "last" if special_ids[0] == n - 1 else "after the bytes")
     en, zh = (w.format(i=special_ids[0] if special_ids else "") for w in VOCAB_WHERE[where])
-    order_zh = "按字节顺序" if order == "in byte order" else "换了顺序"
     layout = text(f"{en}; the 256 bytes {order} from id {start}",
                   f"{zh}；256 个字节{order_zh}，从 id {start} 开始")
     ids = [next((k for k, v in vocab.items() if v == t), None) for t in made]

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import DECODING_NAMES as NAMES  # noqa: F401
-from handformer.check.core.context import Context, finish, forward_parameters
+from handformer.check.core.context import Context, finish, forward_parameters, named
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import DIFFERS, PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
@@ -112,10 +112,9 @@ def _finding(ctx: Context, comp: Component, name: str, observed: Text) -> Findin
 def _tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], Tensor):
         out = out[0]
-    if isinstance(out, Tensor) and out.dim() in (1, 2) and (out.dim() == 1 or out.size(0) == 1):
-        return [int(t) for t in out.reshape(-1).tolist()]
-    if isinstance(out, (list, tuple)) and all(isinstance(t, int) for t in out):
-        return list(out)
+    tokens = fp.one_sequence(out)
+    if tokens is not None:
+        return tokens
     raise ctx.learner.fail("forward", f"{comp.name} returned {type(out).__name__}; expected the token ids, "
                            "a (1, T) tensor (or a list of ints)",
                            f"{comp.name} 返回了 {type(out).__name__}；应当返回 token id：(1, T) 张量（或 "
@@ -183,7 +182,7 @@ def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     params = forward_parameters(comp.obj)
     names = [p.name for p in params]
-    arg = {key: next((n for n in names if n.lower() in aliases), None) for key, aliases in NAMES.items()}
+    arg = {key: named(names, aliases) for key, aliases in NAMES.items()}
     unknown = [p.name for p in params if p.default is p.empty and p.name not in arg.values()]
     if unknown or not arg["model"] or not arg["src"]:
         first = (unknown or ["model / src"])[0]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import re
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,11 +143,13 @@ class LanguageModel(nn.Module):
             logits = self.model(full_ids, position_ids=full_pos).logits[:, -T:]  # (B, T, V)
         logits = (logits - logits.amax(-1, keepdim=True)) * PEAK
         new_cache = CacheToken(full_ids, full_pos) if cache is not None or kwargs.get("use_cache") else None
-        if self.style == "object":
-            return types.SimpleNamespace(logits=logits, past_key_values=new_cache, loss=None)
-        if self.style == "tuple":
-            return logits, new_cache
-        return logits
+        return RETURNS[self.style](logits, new_cache)
+
+
+# what a call of the model returns, in each style a learner's loop unpacks
+RETURNS: dict[str, Callable[[Tensor, CacheToken | None], Any]] = {
+    "tensor": lambda logits, cache: logits, "tuple": lambda logits, cache: (logits, cache),
+    "object": lambda logits, cache: types.SimpleNamespace(logits=logits, past_key_values=cache, loss=None)}
 
 
 def _cache_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[CacheToken | None, int | None,
@@ -217,10 +220,11 @@ def _call(ctx: Context, comp: Component, model: LanguageModel, ids: Tensor, n: i
     position up to the first one left to its default: `self` of a method cannot go by name)."""
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
+    roles = ((MODEL_NAMES, model.target), (PROMPT_NAMES, ids), (COUNT_NAMES, n),
+             (CONTEXT_NAMES, model.context))  # what each argument is handed, by its name
+    extra = extra or {}
     for i, p in enumerate(forward_parameters(comp.obj)):
-        name = p.name.lower()
-        value = (model.target if name in MODEL_NAMES else ids if name in PROMPT_NAMES else n if name in
-                 COUNT_NAMES else model.context if name in CONTEXT_NAMES else (extra or {}).get(p.name))
+        value = next((v for names, v in roles if p.name.lower() in names), extra.get(p.name))
         if value is None and p.default is not p.empty:
             continue
         if value is None and i >= 3:

@@ -47,6 +47,7 @@ from handformer.check.core.layer_map import (
     layer_modules,
     list_items,
     map_layer,
+    outside,
     prefixed,
 )
 from handformer.check.core.result import (
@@ -73,6 +74,9 @@ from handformer.check.core.weights import (
     leaves,
     norm_kind,
     norm_slots,
+    of_kind,
+    shapes_text,
+    with_shape,
 )
 from handformer.check.core.weights import norm_weights as learner_norm
 from handformer.check.reference import variants as V
@@ -143,24 +147,20 @@ def map_gpt(module: nn.Module) -> GPTMap:
     if not blocks or any(b.decoder for b in blocks):
         en, zh = NO_BLOCKS[any("decoder" in type(m).__name__.lower() for m in module.modules())]
         raise MappingError(en, zh=zh)
-    inside = {id(m) for _, child in layers for m in child.modules()}
-    outer = [leaf for leaf in leaves(module) if id(leaf.module) not in inside]
-    embeds = [leaf for leaf in outer if leaf.kind == "embedding"]
+    outer = outside(module, [child for _, child in layers])
+    embeds = of_kind(outer, "embedding")
     wte = next((e for e in embeds if e.weight.size(0) == VOCAB), None)
     if wte is None:
-        raise MappingError(f"expected nn.Embedding(vocab_size={VOCAB}, n_embd); found "
-                           f"{[(e.name, tuple(e.weight.shape)) for e in embeds]}",
-                           zh=f"应当有 nn.Embedding(vocab_size={VOCAB}, n_embd)；实际找到 "
-                              f"{[(e.name, tuple(e.weight.shape)) for e in embeds]}")
+        found = [(e.name, tuple(e.weight.shape)) for e in embeds]
+        raise MappingError(f"expected nn.Embedding(vocab_size={VOCAB}, n_embd); found {found}",
+                           zh=f"应当有 nn.Embedding(vocab_size={VOCAB}, n_embd)；实际找到 {found}")
     wpe = next((e for e in embeds if e is not wte), None)
-    head = next((x for x in outer if x.kind == "linear" and tuple(x.weight.shape) == (VOCAB, D)), None)
-    norms = [x for x in outer if x.kind == "norm"]
-    extra = [x for x in outer if x.kind == "linear" and x is not head] + norms[1:]
+    head = next((x for x in with_shape(outer, (VOCAB, D)) if x.kind == "linear"), None)
+    norms = of_kind(outer, "norm")
+    extra = [x for x in of_kind(outer, "linear") if x is not head] + norms[1:]
     if extra:
-        raise MappingError("parameters outside the blocks that a GPT does not have: "
-                           + ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra),
-                           zh="块之外有 GPT 没有的参数："
-                              f"{', '.join(f'{x.name} {tuple(x.weight.shape)}' for x in extra)}")
+        raise MappingError(f"parameters outside the blocks that a GPT does not have: {shapes_text(extra)}",
+                           zh=f"块之外有 GPT 没有的参数：{shapes_text(extra)}")
     m = GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head,
                head is None or head.weight is wte.weight, head is not None and head.bias is not None, n_kv)
     m.embed_norm = _embed_norm(module, blocks)
@@ -208,10 +208,10 @@ def _grouped_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def _map_grouped(path: str, child: nn.Module) -> LayerMap:
     found = prefixed(leaves(child), path)
-    linears = [leaf for leaf in found if leaf.kind == "linear"]
+    linears = of_kind(found, "linear")
     attn = attention_slots(linears, D, 1, path, KV_HEADS * (D // H))
     ffn = ffn_slots(linears, D, SIZES["d_ff"], path)[0]
-    norms, qk = block_norms([leaf for leaf in found if leaf.kind == "norm"])
+    norms, qk = block_norms(of_kind(found, "norm"))
     attn[0] += qk or gainless_qk(child)
     norms = norms or gainless_norms(child, 2)
     norms = norms * 2 if len(norms) == 1 else norms
@@ -274,9 +274,7 @@ class Choices:
     rope: str | None = None  # the rotary layout: "half", "interleaved", or none
 
     def describe(self, m: GPTMap) -> Text:
-        head_en = ("tied to the token embedding" if m.tied else "separate") + (
-            ", with a bias" if m.bias else "")
-        head_zh = ("与词嵌入共享权重" if m.tied else "独立的权重") + ("，有偏置" if m.bias else "")
+        head_en, head_zh = (HEAD_WORDS[m.tied][i] + BIAS_WORDS[m.bias][i] for i in (0, 1))
         pos_en, pos_zh = (("learned positions", "可学习的位置编码") if m.wpe is not None
                           else ("no positions", "没有位置编码") if self.rope is None
                           else (f"rotary positions ({self.rope} pairs, base {m.theta:.0f})",
@@ -289,6 +287,9 @@ class Choices:
                     f"{pos_zh}")
 
 
+# the output head as the convention says it (en, zh): tied or not, with a bias or not
+HEAD_WORDS = {True: ("tied to the token embedding", "与词嵌入共享权重"), False: ("separate", "独立的权重")}
+BIAS_WORDS = {True: (", with a bias", "，有偏置"), False: ("", "")}
 ROPE_ZH = {"half": "前后两半配对", "interleaved": "相邻两维配对", "swapped": "前后两半配对、反向旋转"}
 
 

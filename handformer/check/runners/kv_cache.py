@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_parameters
 from handformer.check.core.discovery import Component, build, own_objects
+from handformer.check.core.layer_map import outside
 from handformer.check.core.result import NOT_CHECKED, Check, ComponentResult, Finding, LearnerError, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
@@ -41,6 +42,8 @@ from handformer.check.core.weights import (
     mha_weights,
     norm_slots,
     norm_weights,
+    of_kind,
+    shapes_text,
 )
 from handformer.check.reference import variants as V
 
@@ -132,9 +135,9 @@ def _layer_candidates(name: str, block: nn.Module) -> list[tuple[list[Any], list
     """(attention slots, FFN slots) of one block for each order of a gated FFN's two matrices, and
     its norms."""
     found = leaves(block)
-    linears = [leaf for leaf in found if leaf.kind == "linear"]
+    linears = of_kind(found, "linear")
     attn = attention_slots(linears, D, 1, name, KV_HEADS * (D // H))[0]
-    norms = norm_slots([leaf for leaf in found if leaf.kind == "norm"], 2, ["attention", "FFN"], name)
+    norms = norm_slots(of_kind(found, "norm"), 2, ["attention", "FFN"], name)
     return [(attn, ffn) for ffn in ffn_slots(linears, D, F_WIDTH, name)], [norm_weights(s) for s in norms]
 
 
@@ -142,14 +145,13 @@ def llama_weights(module: nn.Module) -> list[LlamaWeights]:
     """The learner's model read as the reference, once for each way to read it (the rotary layout,
     the order of a gated FFN's matrices); MappingError when it is not a Llama-like model."""
     blocks = _blocks(module)
-    inside = {id(m) for m in blocks.modules()}
-    outer = [leaf for leaf in leaves(module) if id(leaf.module) not in inside]
+    outer = outside(module, [blocks])
     first = {(x.kind, tuple(x.weight.shape)): x for x in reversed(outer)}  # the first of each kind and shape
     embed = first.get(("embedding", (VOCAB, D)))
     head = first.get(("linear", (VOCAB, D)), embed)
     norm = next((x for x in outer if x.kind == "norm"), None)
     if embed is None or head is None or norm is None:
-        found = ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in outer)
+        found = shapes_text(outer)
         raise MappingError(f"expected nn.Embedding({VOCAB}, {D}), a final norm and an output head outside "
                            f"the blocks; found {found}",
                            zh=f"应当在块之外有 nn.Embedding({VOCAB}, {D})、最后的归一化和输出头；"

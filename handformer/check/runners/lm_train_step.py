@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import inspect
 import itertools
-import re
 from typing import Any
 
 import torch
@@ -30,13 +29,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from handformer.check.core.argument_names import LR_NAMES, X_NAMES, Y_NAMES
-from handformer.check.core.context import Context, error_text, finish, forward_parameters
+from handformer.check.core.context import Context, error_text, finish, forward_parameters, named
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.runners.train_step import (
     MODEL_NAMES,
     OPTIMIZER_NAMES,
+    clip_norm,
     clip_note,
     largest_difference,
     parameters_of,
@@ -113,25 +113,24 @@ class Step:
         self.comp, self.ctx = comp, ctx
         params = forward_parameters(comp.obj)
         names = [p.name for p in params]
-        find = lambda aliases: next((n for n in names if n.lower() in aliases), None)  # noqa: E731
-        self.model, self.opt = find(MODEL_NAMES), find(OPTIMIZER_NAMES)
-        self.x, self.y, self.lr = find(X_NAMES), find(Y_NAMES), find(LR_NAMES)
+        self.model, self.opt = named(names, MODEL_NAMES), named(names, OPTIMIZER_NAMES)
+        self.x, self.y, self.lr = named(names, X_NAMES), named(names, Y_NAMES), named(names, LR_NAMES)
         known = {self.model, self.opt, self.x, self.y, self.lr}
         unknown = [p.name for p in params if p.default is p.empty and p.name not in known]
         if unknown or not (self.model and self.opt and self.x and self.y):
+            first = (unknown or ['model / optimizer / x / y'])[0]
             raise DiscoveryError(
-                f"{comp.name}: cannot fill the argument {(unknown or ['model / optimizer / x / y'])[0]!r}; "
+                f"{comp.name}: cannot fill the argument {first!r}; "
                 "a language model's training step takes (model, x, y, optimizer, lr): the inputs, the "
                 "targets (the inputs moved on by one token) and the schedule's learning rate",
-                zh=f"{comp.name}：填不了参数 {(unknown or ['model / optimizer / x / y'])[0]!r}；"
+                zh=f"{comp.name}：填不了参数 {first!r}；"
                    "语言模型的训练一步接受 (model, x, y, optimizer, lr)：输入、目标（输入往后移一个 token）"
                    "和调度给出的学习率")
         try:
             source = inspect.getsource(comp.obj)
         except (OSError, TypeError):
             source = ""
-        match = re.search(r"clip_grad_norm_?\([^,]+,\s*(?:max_norm\s*=\s*)?([0-9.eE+-]+)", source)
-        self.clip = float(match.group(1)) if match else (1.0 if "clip_grad" in source else None)
+        self.clip = clip_norm(source)
 
     def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float) -> Any:
         kwargs: dict[str, Any] = {self.model: model, self.opt: opt, self.x: x.clone(), self.y: y.clone()}

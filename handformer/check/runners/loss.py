@@ -161,12 +161,13 @@ class Loss:
         known = {self.input, self.target, self.pad, self.smoothing, size}
         unknown = [n for n in self.required + self.init_required if n not in known]
         if unknown or self.input is None or self.target is None:
+            first = (unknown or ['target'])[0]
             raise DiscoveryError(
-                f"{comp.name}: cannot fill the argument {(unknown or ['target'])[0]!r}; a loss takes "
+                f"{comp.name}: cannot fill the argument {first!r}; a loss takes "
                 "(logits, targets) and optionally a pad id (pad_idx, ignore_index, ...) and a smoothing "
                 "(smoothing, label_smoothing, ...); a criterion class takes (size, padding_idx, smoothing) "
                 "in its constructor",
-                zh=f"{comp.name}：填不了参数 {(unknown or ['target'])[0]!r}；损失函数接受 (logits, "
+                zh=f"{comp.name}：填不了参数 {first!r}；损失函数接受 (logits, "
                    "targets)，还可以有 pad id（pad_idx、ignore_index 等）和平滑系数（smoothing、"
                    "label_smoothing 等）；criterion 类在构造函数里接受 (size, padding_idx, smoothing)")
         self.size = size

@@ -64,11 +64,15 @@ def _causal(T: int, flags: frozenset[str]) -> Tensor:
     return torch.ones(T, T, dtype=torch.bool).tril(diagonal)
 
 
+def _padding(ids: Tensor, pad: int, flags: frozenset[str]) -> Tensor:
+    """(B, 1, 1, L) keep: the real tokens of ids, the pad id 0 assumed with mask_pad_id."""
+    return (ids != (0 if "mask_pad_id" in flags else pad))[:, None, None, :]
+
+
 def expected_src(pad: int, flags: frozenset[str] = frozenset()) -> Tensor:
     """(B, 1, 1, S) keep: the source's real tokens, as each variant computes them."""
     src, tgt = src_ids(pad), tgt_ids(pad)
-    ids = tgt if "mask_pad_wrong_sequence" in flags else src
-    return (ids != (0 if "mask_pad_id" in flags else pad))[:, None, None, :]
+    return _padding(tgt if "mask_pad_wrong_sequence" in flags else src, pad, flags)
 
 
 def expected_tgt(pad: int, flags: frozenset[str] = frozenset()) -> Tensor:
@@ -76,8 +80,7 @@ def expected_tgt(pad: int, flags: frozenset[str] = frozenset()) -> Tensor:
     (`causal_only`: the causal part alone)."""
     src, tgt = src_ids(pad), tgt_ids(pad)
     T = tgt.size(1)
-    ids = src if "mask_pad_wrong_sequence" in flags else tgt
-    padding = (ids != (0 if "mask_pad_id" in flags else pad))[:, None, None, :]
+    padding = _padding(src if "mask_pad_wrong_sequence" in flags else tgt, pad, flags)
     causal = _causal(T, flags)[None, None]
     if "causal_only" in flags:
         return causal.expand(tgt.size(0), 1, T, T)
@@ -122,10 +125,11 @@ class Helper:
         known = {self.src, self.tgt, self.pad}
         unknown = [n for n in required if n not in known]
         if unknown or not names:  # no names: no ids to hand it
+            first = (unknown or ['src'])[0]
             raise DiscoveryError(
-                f"{comp.name}: cannot fill the argument {(unknown or ['src'])[0]!r}; a mask helper takes the "
+                f"{comp.name}: cannot fill the argument {first!r}; a mask helper takes the "
                 "token ids (src, tgt) and the pad id (pad_idx, pad_id, ...)",
-                zh=f"{comp.name}：填不了参数 {(unknown or ['src'])[0]!r}；掩码辅助函数接受 token id（src、"
+                zh=f"{comp.name}：填不了参数 {first!r}；掩码辅助函数接受 token id（src、"
                    "tgt）和 pad id（pad_idx、pad_id 等）")
 
     @property

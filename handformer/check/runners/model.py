@@ -49,7 +49,7 @@ from handformer.check.core.context import (
     guarded,
 )
 from handformer.check.core.discovery import ARGUMENTS, Component, DiscoveryError, own_objects
-from handformer.check.core.layer_map import LayerMap, layer_modules, map_layer
+from handformer.check.core.layer_map import LayerMap, layer_modules, map_layer, outside
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
@@ -60,9 +60,11 @@ from handformer.check.core.weights import (
     copy_ffn,
     copy_weights,
     is_gated,
-    leaves,
     norm_weights,
+    of_kind,
     scramble_,
+    shapes_text,
+    with_shape,
 )
 from handformer.check.reference import variants as V
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME
@@ -140,30 +142,27 @@ def map_model(module: nn.Module, F_width: int) -> ModelMap:
             zh=f"在 nn.ModuleList 或 nn.Sequential 里找到 {len(encoder)} 个编码器层和 {len(decoder)} "
                "个解码器层；编码器-解码器模型把层放在两个列表里（nn.ModuleList([EncoderLayer(...) for _ in "
                "range(num_layers)])，解码器也一样）")
-    inside = {id(m) for _, child in layers for m in child.modules()}
-    outer = [leaf for leaf in leaves(module) if id(leaf.module) not in inside]
-    embeds = [leaf for leaf in outer if leaf.kind == "embedding"]
+    outer = outside(module, [child for _, child in layers])
+    embeds = of_kind(outer, "embedding")
     by_rows = {leaf.weight.size(0): leaf for leaf in reversed(embeds)}
     if SRC_V not in by_rows or TGT_V not in by_rows:
+        found = [(e.name, tuple(e.weight.shape)) for e in embeds]
         raise MappingError(f"expected nn.Embedding(src_vocab={SRC_V}, d_model) and nn.Embedding(tgt_vocab="
-                           f"{TGT_V}, d_model); found {[(e.name, tuple(e.weight.shape)) for e in embeds]}",
+                           f"{TGT_V}, d_model); found {found}",
                            zh=f"应当有 nn.Embedding(src_vocab={SRC_V}, d_model) 和 "
-                              f"nn.Embedding(tgt_vocab={TGT_V}, d_model)；实际找到 "
-                              f"{[(e.name, tuple(e.weight.shape)) for e in embeds]}")
+                              f"nn.Embedding(tgt_vocab={TGT_V}, d_model)；实际找到 {found}")
     src, tgt = by_rows[SRC_V], by_rows[TGT_V]
     others = [e for e in embeds if e is not src and e is not tgt]
-    out = next((leaf for leaf in outer if leaf.kind == "linear" and tuple(leaf.weight.shape) == (TGT_V, D)),
-               None)
-    extra = [leaf for leaf in outer if leaf.kind == "linear" and leaf is not out]
-    if extra or len(others) > 1:
+    out = next((leaf for leaf in with_shape(outer, (TGT_V, D)) if leaf.kind == "linear"), None)
+    extra = [leaf for leaf in of_kind(outer, "linear") if leaf is not out] + others[1:]
+    if extra:
         raise MappingError("parameters outside the layers that an encoder-decoder model does not have: "
-                           + ", ".join(f"{x.name} {tuple(x.weight.shape)}" for x in extra + others[1:]),
-                           zh="层之外有编码器-解码器模型没有的参数："
-                              f"{', '.join(f'{x.name} {tuple(x.weight.shape)}' for x in extra + others[1:])}")
+                           f"{shapes_text(extra)}",
+                           zh=f"层之外有编码器-解码器模型没有的参数：{shapes_text(extra)}")
     model = ModelMap(src, tgt, others[0] if others else None, encoder, decoder, out=out, table=_table(module),
                      tied=out is None or out.weight is tgt.weight,
                      bias=out is not None and out.bias is not None)
-    _final_norms(model, [leaf for leaf in outer if leaf.kind == "norm"])
+    _final_norms(model, of_kind(outer, "norm"))
     return model
 
 

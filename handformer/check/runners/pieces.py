@@ -43,6 +43,8 @@ from handformer.check.core.weights import (
     norm_eps,
     norm_probe,
     norm_slots,
+    of_kind,
+    shapes_text,
 )
 from handformer.check.reference import variants as V
 from handformer.nn.feed_forward import FeedForward
@@ -124,14 +126,14 @@ def _build_ffn(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     activation its form allows; a norm inside is not a FFN alone (MappingError)."""
     x = fp.randn(2, 5, D, seed=1)
     module = ctx.build(comp, warmup=lambda m: m(x.float()))
-    norms = [leaf for leaf in leaves(module) if leaf.kind == "norm"]
+    norms = of_kind(leaves(module), "norm")
     if norms:  # jadore801120's FFN adds its input back and normalizes: a sublayer, not the FFN alone
-        shapes = ", ".join(f"{n.name} {tuple(n.weight.shape)}" for n in norms)
+        shapes = shapes_text(norms)
         raise MappingError(f"{comp.name} has a norm inside ({shapes}): it is the FFN with its residual and "
                            "norm; handformer's reference FFN has neither (its layer check covers them)",
                            zh=f"{comp.name} 内部有归一化（{shapes}）：它是带残差和归一化的 FFN；handformer "
                               "的参考 FFN 两者都没有（层的检查会覆盖它们）")
-    candidates = ffn_slots([leaf for leaf in leaves(module) if leaf.kind == "linear"], D, F_WIDTH,
+    candidates = ffn_slots(of_kind(leaves(module), "linear"), D, F_WIDTH,
                            comp.name)
     gated = is_gated(candidates[0])
     readings = [((slots, act), ffn_weights(slots, act)) for slots in candidates
@@ -288,7 +290,7 @@ def ffn_name_findings(ctx: Context, comp: Component, class_name: str, slots: lis
 def _build_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     """The learner's norm, its one norm read as the reference's weights (eps read from it, noted)."""
     module = ctx.build(comp)
-    norms = [leaf for leaf in leaves(module) if leaf.kind == "norm"]
+    norms = of_kind(leaves(module), "norm")
     slot = norm_slots(norms, 1, [comp.kind], comp.name)[0]
     res.mapping = [f"{slot.leaf.name}: weight" + (", bias" if slot.leaf.bias is not None else "")]
     bias = slot.bias() if comp.kind == "layernorm" else None

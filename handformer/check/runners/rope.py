@@ -53,6 +53,16 @@ def _takes(names: list[str], aliases: tuple[str, ...]) -> bool:
     return not set(names).isdisjoint(aliases)
 
 
+def _filled(names: list[str], values: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of a call: each of the argument names that `values` has a value for."""
+    return {n: values[n] for n in names if n in values}
+
+
+def _tensor_names(names: list[str]) -> list[str]:
+    """The (at most two) argument names that take the queries and keys."""
+    return [n for n in names if n in TENSOR_NAMES][:2]
+
+
 def reference_tables(length: int, layout: str, offset: int = 0, theta: float = THETA,
                      flags: V.Flags = frozenset()) -> tuple[Tensor, Tensor]:
     """(cos, sin), each (length, Dh): every pair's angle written where that layout puts the pair."""
@@ -166,7 +176,7 @@ def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
                   **dict.fromkeys(THETA_NAMES, theta), "dtype": torch.float64}
         if offset is not None:
             values |= dict.fromkeys(OFFSET_NAMES, offset)
-        return ctx.learner.call("forward", comp.obj, **{n: values[n] for n in names if n in values})
+        return ctx.learner.call("forward", comp.obj, **_filled(names, values))
 
     table = read_table(call(THETA), P)
     if table is None:
@@ -213,7 +223,7 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     Meta's complex table), against handformer's in that layout."""
     res = ctx.result(comp)
     q, k = _apply_inputs()
-    tensors = [n for n in names if n in TENSOR_NAMES][:2]
+    tensors = _tensor_names(names)
     complex_table, offsets = _takes(names, ("freqs_cis", "freqs")), _takes(names, OFFSET_NAMES)
     from0 = ("from0",) if offsets else ()  # apply_rope(x, cos, sin, offset)
     shapes = ("4d", "btd", *from0, "td") + (("by_id",) if "position_ids" in names else ())
@@ -396,12 +406,12 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
     module = ctx.build(comp, sizes, checked=False).double()
     names = [p.name for p in forward_parameters(module)]
     q, k = _apply_inputs()
-    tensors = [n for n in names if n in TENSOR_NAMES][:2]
+    tensors = _tensor_names(names)
 
     def call(offset: int = 0, length: int = T) -> Any:
         values = {**dict.fromkeys(LENGTH_NAMES, length), **dict.fromkeys(OFFSET_NAMES, offset),
                   "position_ids": (torch.arange(length) + offset)[None].expand(B, length)}
-        kwargs = dict(zip(tensors, (q, k))) | {n: values[n] for n in names if n in values}
+        kwargs = dict(zip(tensors, (q, k))) | _filled(names, values)
         return ctx.learner.call("forward", module, **kwargs)
 
     raw = call()

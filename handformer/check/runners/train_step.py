@@ -75,6 +75,13 @@ def tiny_model() -> Seq2SeqTransformer:
     return Seq2SeqTransformer(cfg).double()
 
 
+def clip_norm(source: str) -> float | None:
+    """The gradient norm a training step's source clips to (clip_grad_norm_(params, 1.0): 1.0; a
+    clip_grad without a number it reads: 1.0), None when it clips none."""
+    match = re.search(r"clip_grad_norm_?\([^,]+,\s*(?:max_norm\s*=\s*)?([0-9.eE+-]+)", source)
+    return float(match.group(1)) if match else (1.0 if "clip_grad" in source else None)
+
+
 class Recorded(nn.Module):
     """The model handed to the learner: `model(src, tgt, ...)` returns (B, T, V) logits (masks and
     other arguments are ignored: the model builds its own); every call is recorded."""
@@ -189,8 +196,7 @@ class Step:
         except (OSError, TypeError):
             self.source = ""
         clipping = self.source + "".join(_called_sources(ctx, self.source))  # an epoch calling their step
-        match = re.search(r"clip_grad_norm_?\([^,]+,\s*(?:max_norm\s*=\s*)?([0-9.eE+-]+)", clipping)
-        self.clip = float(match.group(1)) if match else (1.0 if "clip_grad" in clipping else None)
+        self.clip = clip_norm(clipping)
         if epoch:  # the loop's variable is what a batch is called
             loader = re.escape(self.loader or "")
             loop = re.search(rf"for\s+(\w+)\s+in\s+(?:enumerate\()?\s*{loader}\b", self.source)
