@@ -4,7 +4,8 @@ For each run directory given, writes quantized copies with `handformer quantize`
 folder) and scores the run's own validation split (`handformer eval RUN --data val`) with:
 
 - fp32:                  the run as trained;
-- int8:                  every linear layer, output head included, default kernel (int8pack-bf16);
+- int8:                  every linear layer, output head included, default kernel ("auto": "vnni"
+                         for every row where the CPU has AVX-512 VNNI, else int8pack-bf16 for many rows);
 - int8-exact:            the same int8 weights through the "dequant" kernel (fp32 activations), to
                          separate the weight rounding from the kernel's bf16 activations;
 - int8-vnni:             the same int8 weights through the "vnni" kernel for every row (the

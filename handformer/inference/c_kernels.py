@@ -9,7 +9,8 @@
   layers at one thread (docs/benchmarks.md).
 - vnni_matvec.c (`int8_vnni_linear`, Int8Linear's "vnni"; `int4_vnni_linear`, Int4Linear's): the
   activation row quantized to int8 in blocks of 32 (as llama.cpp's Q8_0), the weights read as
-  stored (int8, or 4-bit nibbles with float16 scales), dotted in integers by AVX-512 VNNI
+  int8 (`block_int8`'s layout: four rows interleaved 64 bytes at a time) or as stored (4-bit
+  nibbles with float16 scales), dotted in integers by AVX-512 VNNI
   (vpdpbusd), scaled back in fp32, the bias added. Where the CPU has no VNNI (the library asks the
   CPU itself: `vnni_supported()`), kernel() gives None and the layers fall back.
 
@@ -219,6 +220,19 @@ def block_rows(weight: Tensor) -> Tensor:
     return blocked.copy_(padded.view(-1, 4, K // K_MULTIPLE, K_MULTIPLE).transpose(1, 2))
 
 
+def block_int8(q: Tensor) -> Tensor:
+    """The (N, K) int8 weight as int8_vnni_linear reads it: (ceil(N/4), ceil(K/64), 4, 64) bytes w + 128,
+    each block's four rows interleaved 64 numbers at a time (one contiguous stream a block; rows past N
+    and inputs past K are w = 0), in memory asked for huge pages (`huge_page_empty`)."""
+    N, K = q.shape
+    rows, width = -(-N // 4) * 4, -(-K // 64) * 64
+    padded = torch.zeros(rows, width, dtype=torch.int8)
+    padded[:N, :K] = q.detach()
+    flipped = padded.view(torch.uint8) ^ 0x80  # (N', K') the unsigned bytes vpdpbusd multiplies
+    blocked = huge_page_empty(rows * width // 4).view(torch.uint8).view(-1, width // 64, 4, 64)
+    return blocked.copy_(flipped.view(-1, 4, width // 64, 64).transpose(1, 2))  # (N'/4, K'/64, 4, 64)
+
+
 def unblock_rows(blocked: Tensor, n: int) -> Tensor:
     """`block_rows` undone: the (n, K) weight."""
     rows4, chunks, _, width = blocked.shape
@@ -234,9 +248,9 @@ def f32_linear(x: Tensor, blocked: Tensor, n: int, bias: Tensor | None) -> Tenso
     return y
 
 
-__all__ = ["K_MULTIPLE", "MAX_ROWS", "OFF_ENV", "VNNI", "VNNI_K_MULTIPLE", "address", "block_rows",
-           "f32_linear", "int8_linear", "kernel", "pointers", "unblock_rows", "usable", "vnni_linear",
-           "why_not"]
+__all__ = ["K_MULTIPLE", "MAX_ROWS", "OFF_ENV", "VNNI", "VNNI_K_MULTIPLE", "address", "block_int8",
+           "block_rows", "f32_linear", "int8_linear", "kernel", "pointers", "unblock_rows", "usable",
+           "vnni_linear", "why_not"]
 
 
 def stamp(t: Tensor) -> tuple[int, int]:

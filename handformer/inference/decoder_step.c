@@ -9,10 +9,11 @@
  *   PLAIN:   fp32 row-major (N, K) (small models, read by plain loops);
  *   BLOCKED: fp32 in c_kernels.block_rows' layout (PackedLinear's one-row copy: four rows interleaved
  *            16 numbers at a time, AVX-512 FMAs);
- *   INT8, INT4: Int8Linear's and Int4Linear's stored weights, dotted by vnni_matvec.c's own one-row
- *            functions, which the caller hands over as pointers (Vnni): the activation row is
- *            quantized once for all the Parts that read it, and each output is the machine code the
- *            layers run eagerly, so the numbers are theirs.
+ *   INT8, INT4: Int8Linear's weights as its VNNI kernel reads them (c_kernels.block_int8's layout:
+ *            four rows interleaved 64 bytes at a time) and Int4Linear's stored nibbles, dotted by
+ *            vnni_matvec.c's own one-row functions, which the caller hands over as pointers (Vnni):
+ *            the activation row is quantized once for all the Parts that read it, and each output is
+ *            the machine code the layers run eagerly, so the numbers are theirs.
  * Outputs split among s->threads OpenMP threads, one contiguous share each. The new key and value are
  * written into the model's KV cache buffers, (1, Hkv, slots, Dh) each, at column `pos`. */
 #include <math.h>
@@ -33,7 +34,7 @@ typedef struct {
 } Shape;
 
 typedef struct {       /* a weight matrix, or the rows of one of a product's stacked outputs */
-    const void *w;     /* PLAIN (N, K) fp32; BLOCKED block_rows' layout; INT8 (N, K) int8; INT4 (N, K/2) nibbles */
+    const void *w;     /* PLAIN (N, K) fp32; BLOCKED block_rows' layout; INT8 block_int8's; INT4 (N, K/2) nibbles */
     const void *scale; /* INT8 (N,) fp32; INT4 (N, K/32) float16; else NULL */
     const float *bias; /* (N,) or NULL */
     int64_t rows;      /* N; 0: an unused slot */
@@ -71,8 +72,9 @@ static void norm(float *out, const float *x, const float *w, const float *b, con
 static void part_rows(float *y, const Part *p, const float *x, int64_t K, int t, int T, const Vnni *v) {
     int64_t N = p->rows, n0 = N * t / T, n1 = N * (t + 1) / T;
     const float *b = p->bias;
-    if (p->kind == INT8) {
-        v->int8_rows(v->row8, p->w, p->scale, b, y, n0, n1, K);
+    if (p->kind == INT8) {  /* blocks of four rows (c_kernels.block_int8's layout) */
+        int64_t blocks = (N + 3) / 4, i1 = blocks * (t + 1) / T;
+        v->int8_rows(v->row8, p->w, p->scale, b, y, blocks * t / T * 4, i1 * 4 < N ? i1 * 4 : N, K);
     } else if (p->kind == INT4) {
         v->int4_rows(v->row4, p->w, p->scale, b, y, n0, n1, K);
     } else if (p->kind == BLOCKED) {  /* blocks of four rows, K a multiple of 16 */

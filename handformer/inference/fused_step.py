@@ -6,7 +6,8 @@ GPT-2-124M, whose step reads 0.5 GB of weights, it is still a fifth of the step 
 `FusedStep` keeps `StaticStep`'s protocol (inference/static_step.py): the engine calls it for a
 one-token step when `usable(cache, mask)` says so, and it returns the (B, V) logits and advances the
 cache. It reads the prepared model's own weights (no copy: a small model's plain `nn.Linear`
-weights, or a large one's `PackedLinear` one-row copies, c_kernels.block_rows' layout, in huge pages)
+weights, a large one's `PackedLinear` one-row copies, c_kernels.block_rows' layout, in huge pages, or
+an `Int8Linear`'s copy laid out for its VNNI kernel, c_kernels.block_int8's)
 and writes the new key and value into the model's own KV cache, so the engine can step eagerly and
 fused in any order (prefill, speculation and batches stay eager). The C code computes what
 CausalLM.forward computes, in fp32, up to the order of the sums (greedy tokens equal in
@@ -102,7 +103,7 @@ def _part(linear: nn.Module) -> PartTensors | None:
             and linear.in_features % c_kernels.VNNI_K_MULTIPLE == 0)
     if (type(linear) is Int8Linear and vnni and linear.scales.dtype == torch.float32
             and c_kernels.kernel("int8_vnni_linear") is not None):
-        return INT8, linear.weight, linear.scales, linear.bias
+        return INT8, linear.vnni_blocked(), linear.scales, linear.bias
     if (type(linear) is Int4Linear and vnni and c_kernels.kernel("int4_vnni_linear") is not None
             and (d := linear.vnni_scales()) is not None):
         return INT4, linear.weight, d, linear.bias

@@ -11,15 +11,19 @@ reads a quarter of the fp32 bytes. Symmetric (no zero point) because trained wei
 on zero; -128 is left unused so that +-max map to +-127 exactly.
 
 `Int8Linear.forward` runs y = x Q^T * scale + b through one of these kernels:
-- "auto" (the default): for one or two rows of activations (decoding at batch 1 or 2) "vnni" where
-  the CPU has AVX-512 VNNI, else "c-fp32" where that kernel can run; "int8pack-bf16" for more rows
-  (prefill, larger batches), where the C kernels' one-row-at-a-time dots are slower.
-- "vnni": handformer/inference/vnni_matvec.c, built with gcc at first use: the activation row
+- "auto" (the default): "vnni" where the CPU has AVX-512 VNNI, for any number of rows (decoding,
+  prompts, batches); else "c-fp32" for one or two rows where that kernel can run, and
+  "int8pack-bf16" for more (prefill, larger batches).
+- "vnni": handformer/inference/vnni_matvec.c, built with gcc at first use: each activation row
   rounded to int8 in blocks of 32 (a scale each, as llama.cpp's Q8_0), each int8 weight times
   int8 activation summed in integers by AVX-512 VNNI (vpdpbusd), scaled back in fp32; a quarter of
-  fp32's bytes read at close to the machine's read bandwidth. The activations' rounding (relative
-  2^-8 of each block's largest) is what it costs. Where it cannot run (no VNNI, no gcc, K not a
-  multiple of 32, another dtype, inside torch.compile) the layer runs "c-fp32", then "int8pack-bf16".
+  fp32's bytes read at close to the machine's read bandwidth. It reads a copy of the weight laid
+  out for it (`c_kernels.block_int8`: four rows interleaved 64 bytes at a time, made at the first
+  call), in tiles of four outputs by up to four rows: a prompt of 64 rows runs 2.3x as fast as
+  int8pack-bf16 on GPT-2-124M's layers, and a row's outputs are the same alone, in a batch or in a
+  prompt. The activations' rounding (relative 2^-8 of each block's largest) is what it costs.
+  Where it cannot run (no VNNI, no gcc, K not a multiple of 32, another dtype, inside
+  torch.compile) the layer runs "c-fp32", then "int8pack-bf16".
 - "int8pack-bf16": `torch.ops.aten._weight_int8pack_mm`, PyTorch's CPU kernel that reads the int8
   weights directly and applies the scales in the same pass, fed bf16 activations and scales (the
   dtype its vectorized AVX512 path serves); the result is cast back. It costs bf16 rounding of the
@@ -125,7 +129,7 @@ class Int8Linear(nn.Module):
         kernel = self.kernel
         max_rows = None if kernel in ("c-fp32", "vnni") else c_kernels.MAX_ROWS
         if (kernel in ("vnni", "auto") and self.weight.is_cpu
-                and c_kernels.usable("int8_vnni_linear", x, self.in_features, max_rows)):
+                and c_kernels.usable("int8_vnni_linear", x, self.in_features, None)):  # any number of rows
             rows = x.reshape(-1, self.in_features).contiguous()  # (M, K)
             y = c_kernels.vnni_linear("int8_vnni_linear", rows, self.vnni_weights(), self.out_features)
             return y.view(*x.shape[:-1], self.out_features)  # (..., N)
@@ -149,15 +153,26 @@ class Int8Linear(nn.Module):
         return F.linear(x, dequantize_int8(self.weight, self.scales, x.dtype), bias)
 
     def vnni_weights(self) -> tuple[int | None, ...]:
-        """The addresses the VNNI kernel reads (weight, scales, fp32 bias), kept while the layer
-        holds the same tensor objects (written in place, they stay where they are)."""
+        """The addresses the VNNI kernel reads (the weight as `c_kernels.block_int8` lays it out,
+        scales, fp32 bias), kept while the layer holds the same tensor objects (scales and bias
+        written in place stay where they are; a weight written in place is laid out again)."""
+        return self._vnni_kept()[2]
+
+    def vnni_blocked(self) -> Tensor:
+        """The weight as int8_vnni_linear reads it (`c_kernels.block_int8`): a copy, made at the
+        first call and again when the weight changes."""
+        return self._vnni_kept()[1][0]
+
+    def _vnni_kept(self) -> tuple[tuple, tuple, tuple[int | None, ...]]:
         tensors = (self._buffers["weight"], self._buffers["scales"], self._parameters.get("bias"))
-        if self._vnni is None or any(a is not b for a, b in zip(self._vnni[0], tensors)):
+        stamp = c_kernels.stamp(tensors[0])
+        if (self._vnni is None or self._vnni[0][3:] != stamp
+                or any(a is not b for a, b in zip(self._vnni[0], tensors))):
             weight, scales, bias = tensors
-            kept = (weight.contiguous(), scales.float().contiguous(),
+            kept = (c_kernels.block_int8(weight), scales.float().contiguous(),
                     None if bias is None else bias.detach().float().contiguous())
-            self._vnni = (tensors, kept, c_kernels.pointers(*kept))
-        return self._vnni[2]
+            self._vnni = ((*tensors, *stamp), kept, c_kernels.pointers(*kept))
+        return self._vnni
 
     def _c_fp32(self, x: Tensor) -> Tensor:
         """x: (..., K) -> (..., N) through the C kernel (c_kernels.py; `c_kernels.usable` said yes)."""

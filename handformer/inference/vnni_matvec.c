@@ -1,6 +1,6 @@
 /* Int8Linear's and Int4Linear's "vnni" kernels (handformer/inference/c_kernels.py builds them):
- * y = x W^T + b for one or two rows of fp32 activations, the weights read as stored (int8, or 4-bit
- * nibbles), the products done in integers by AVX-512 VNNI (vpdpbusd: 64 unsigned x signed byte
+ * y = x W^T + b for rows of fp32 activations, the weights read as int8 (laid out for the kernel) or
+ * as stored (4-bit nibbles), the products done in integers by AVX-512 VNNI (vpdpbusd: 64 unsigned x signed byte
  * products summed four at a time into 16 int32 lanes).
  *
  * The activation row is quantized once per call, as llama.cpp's Q8_0: blocks of 32 numbers, each
@@ -8,14 +8,17 @@
  * exact; it is scaled back by s (times the weight's scale) in fp32.
  *
  * vpdpbusd multiplies an unsigned byte by a signed one. int8 weights w (-127..127) are read as the
- * unsigned bytes w + 128 (the sign bit flipped in the register), and the surplus 128 * sum(x) is taken
+ * unsigned bytes w + 128 (the sign bit flipped), and the surplus 128 * sum(x) is taken
  * off by starting each lane's sum at -128 * (its four activations' sum), precomputed once per row: the
  * lanes then hold sum(w x) exactly. int4 weights are unsigned already (q = 0..15 stands for q - 8):
  * the lanes start at -8 * (their eight activations' sum).
  *
- * Shapes: x (M, K) fp32, y (M, N) fp32, bias (N,) fp32 or NULL. int8: q (N, K) int8, scale (N,) fp32,
- * K a multiple of 32. int4: qs (N, K/2) bytes as Int4Linear stores them (byte j of a row: weight 2j
- * in the low nibble, weight 2j + 1 in the high one), d (N, K/32) float16 scales, K a multiple of 32. Output rows split among `threads` OpenMP threads.
+ * Shapes: x (M, K) fp32, y (M, N) fp32, bias (N,) fp32 or NULL. int8: q the (N, K) int8 weight in
+ * c_kernels.block_int8's layout (below, at TILE), scale (N,) fp32, K a multiple of 32; the outputs in
+ * tiles of four by up to four rows, every output summed the same way whatever M is. int4: qs (N, K/2)
+ * bytes as Int4Linear stores them (byte j of a row: weight 2j in the low nibble, weight 2j + 1 in the
+ * high one), d (N, K/32) float16 scales, K a multiple of 32. Output rows split among `threads`
+ * OpenMP threads.
  *
  * Built with gcc -O3 -fopenmp at first use; only vnni_supported() is compiled for any x86-64, the
  * kernels for AVX-512 F/BW/VL + VNNI + F16C, run only where vnni_supported() says 1. */
@@ -119,48 +122,61 @@ static Row *rows_get(int64_t M, int64_t bytes) {
     return rows;
 }
 
-/* One int8 weight row w (K bytes, `chunks` chunks of 64, the last one `tail` bytes long) dotted with
- * one quantized row: sum_k w[k] x[k]. One row at a time: the weights stream in order. */
-static float int8_dot(const int8_t *w, const Row *x, int64_t chunks, __mmask64 tail) {
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    int64_t c = 0;
-    for (; c + 2 < chunks; c += 2) {  /* two chains in flight; the last chunk (maybe short) below */
-        __m512i d0 = _mm512_dpbusd_epi32(_mm512_load_si512(x->start + c * 16),
-                                         _mm512_xor_si512(_mm512_loadu_si512(w + c * 64), flip),
-                                         _mm512_load_si512(x->q + c * 64));
-        __m512i d1 = _mm512_dpbusd_epi32(_mm512_load_si512(x->start + c * 16 + 16),
-                                         _mm512_xor_si512(_mm512_loadu_si512(w + c * 64 + 64), flip),
-                                         _mm512_load_si512(x->q + c * 64 + 64));
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_load_ps(x->scale + c * 16), acc0);
-        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d1), _mm512_load_ps(x->scale + c * 16 + 16), acc1);
-    }
-    for (; c < chunks; c++) {
-        __mmask64 mask = c + 1 == chunks ? tail : ~(__mmask64)0;
-        __m512i d0 = _mm512_dpbusd_epi32(_mm512_load_si512(x->start + c * 16),
-                                         _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w + c * 64), flip),
-                                         _mm512_load_si512(x->q + c * 64));
-        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d0), _mm512_load_ps(x->scale + c * 16), acc0);
-    }
-    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-}
+/* int8 weights as c_kernels.block_int8 lays them out: blocks of TILE rows (the last one padded with
+ * rows of zeros), each block chunk by chunk, a chunk the TILE rows' 64 bytes one after another, every
+ * byte w + 128 (the unsigned byte vpdpbusd reads; K padded to a multiple of 64 with w = 0). A block is
+ * one contiguous stream; each chunk of the activations is loaded once for the block's TILE rows. */
+#define TILE 4
 
-/* One int8 weight row dotted with four quantized rows x[0..3] (a short group repeats a row): each
- * weight chunk loaded and flipped once for the four (prompts and batches). */
-static void int8_dot4(const int8_t *w, const Row *const x[4], int64_t chunks, __mmask64 tail, float out[4]) {
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-    for (int64_t c = 0; c < chunks; c++) {
-        __mmask64 mask = c + 1 == chunks ? tail : ~(__mmask64)0;
-        __m512i wu = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mask, w + c * 64), flip);
-        for (int r = 0; r < 4; r++) {
-            __m512i dot = _mm512_dpbusd_epi32(_mm512_load_si512(x[r]->start + c * 16), wu,
-                                              _mm512_load_si512(x[r]->q + c * 64));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_load_ps(x[r]->scale + c * 16), acc[r]);
+/* Rows x[0..R-1] (R = 1..4) dotted with one block's TILE weight rows: out[r][j] = sum_k w_j[k] x_r[k]
+ * (unscaled). Each (r, j) sums its chunks in order in one fp32 accumulator and reduces it the same
+ * way whatever R is: a row's outputs are the same alone, in a batch or in a prompt. */
+static inline __attribute__((always_inline)) void int8_tile(const uint8_t *w, const Row *x, const int R,
+                                                            int64_t chunks, float out[4][TILE]) {
+    __m512 acc[4][TILE];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 4
+        for (int j = 0; j < TILE; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < chunks; c++, w += TILE * 64) {
+        __m512i wj[TILE];
+        #pragma GCC unroll 4
+        for (int j = 0; j < TILE; j++) wj[j] = _mm512_loadu_si512(w + j * 64);
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512i start = _mm512_load_si512(x[r].start + c * 16), q = _mm512_load_si512(x[r].q + c * 64);
+            __m512 s = _mm512_load_ps(x[r].scale + c * 16);
+            #pragma GCC unroll 4
+            for (int j = 0; j < TILE; j++)
+                acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, wj[j], q)), s, acc[r][j]);
         }
     }
-    for (int r = 0; r < 4; r++)
-        out[r] = _mm512_reduce_add_ps(acc[r]);
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 4
+        for (int j = 0; j < TILE; j++) out[r][j] = _mm512_reduce_add_ps(acc[r][j]);
+}
+
+/* y (M, N) for the weight rows of blocks b0 <= b < b1 (rows past N not written): blocks taken 16 at a
+ * time (their weights stay in L2), the activation rows four at a time against each. */
+static void int8_blocks(const Row *rows, int64_t M, const uint8_t *w, const float *scale, const float *bias,
+                        float *y, int64_t N, int64_t b0, int64_t b1, int64_t K) {
+    int64_t chunks = (K + 63) / 64, block = chunks * 64 * TILE;
+    for (int64_t g = b0; g < b1; g += 16)
+        for (int64_t m = 0; m < M; m += 4)
+            for (int64_t b = g; b < b1 && b < g + 16; b++) {
+                float out[4][TILE];
+                int R = M - m < 4 ? (int)(M - m) : 4;
+                switch (R) {  /* each count its own unrolled copy */
+                    case 1: int8_tile(w + b * block, rows + m, 1, chunks, out); break;
+                    case 2: int8_tile(w + b * block, rows + m, 2, chunks, out); break;
+                    case 3: int8_tile(w + b * block, rows + m, 3, chunks, out); break;
+                    default: int8_tile(w + b * block, rows + m, 4, chunks, out);
+                }
+                for (int r = 0; r < R; r++)
+                    for (int64_t j = 0, n = b * TILE; j < TILE && n < N; j++, n++)
+                        y[(m + r) * N + n] = out[r][j] * scale[n] + (bias ? bias[n] : 0.0f);
+            }
 }
 
 /* Four activation rows from m (a short group repeats its last row). */
@@ -169,32 +185,17 @@ static void four_rows(const Row *rows, int64_t m, int64_t M, const Row *x[4]) {
         x[r] = &rows[m + r < M ? m + r : M - 1];
 }
 
-static void one_row(const float *x, const void *w, const void *scale, const float *bias, float *y, int64_t N,
-                    int64_t K, int threads, int bits);
-
-/* A masked-out weight byte reads 0, i.e. 128 after the flip; its activation is 0: no effect. */
-void int8_vnni_linear(const float *x, const int8_t *q, const float *scale, const float *bias, float *y,
+/* q: the weight in block_int8's layout. */
+void int8_vnni_linear(const float *x, const uint8_t *q, const float *scale, const float *bias, float *y,
                       int64_t M, int64_t N, int64_t K, int threads) {
-    if (M == 1) {
-        one_row(x, q, scale, bias, y, N, K, threads, 8);
-        return;
-    }
-    int64_t chunks = (K + 63) / 64;
-    __mmask64 tail = K % 64 ? (((__mmask64)1 << (K % 64)) - 1) : ~(__mmask64)0;
+    int64_t chunks = (K + 63) / 64, blocks = (N + TILE - 1) / TILE;
     Row *rows = rows_get(M, chunks * 64);
     for (int64_t m = 0; m < M; m++)
         prepare_int8(x + m * K, K, &rows[m], chunks);
-    #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int64_t n = 0; n < N; n++) {  /* each weight row read once, for every activation row */
-        float b = bias ? bias[n] : 0.0f;
-        for (int64_t m = 0; m < M; m += 4) {
-            const Row *x[4];
-            float out[4];
-            four_rows(rows, m, M, x);
-            int8_dot4(q + n * K, x, chunks, tail, out);
-            for (int r = 0; r < 4 && m + r < M; r++)
-                y[(m + r) * N + n] = out[r] * scale[n] + b;
-        }
+    #pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+        int t = omp_get_thread_num(), T = omp_get_num_threads();
+        int8_blocks(rows, M, q, scale, bias, y, N, blocks * t / T, blocks * (t + 1) / T, K);
     }
 }
 
@@ -281,13 +282,11 @@ void vnni_prepare(const float *x, int64_t K, int bits, uint8_t *out) {
         prepare_int4(x, K, &row, bytes / 128);
 }
 
-__attribute__((noinline)) void int8_vnni_rows(const uint8_t *prepared, const int8_t *q, const float *scale,
+/* n0 a multiple of TILE (a block's first row); q in block_int8's layout. */
+__attribute__((noinline)) void int8_vnni_rows(const uint8_t *prepared, const uint8_t *q, const float *scale,
                                               const float *bias, float *y, int64_t n0, int64_t n1, int64_t K) {
-    int64_t chunks = (K + 63) / 64;
-    __mmask64 tail = K % 64 ? (((__mmask64)1 << (K % 64)) - 1) : ~(__mmask64)0;
-    Row row = row_at(prepared, chunks * 64);
-    for (int64_t n = n0; n < n1; n++)
-        y[n] = int8_dot(q + n * K, &row, chunks, tail) * scale[n] + (bias ? bias[n] : 0.0f);
+    Row row = row_at(prepared, (K + 63) / 64 * 64);
+    int8_blocks(&row, 1, q, scale, bias, y, n1, n0 / TILE, (n1 + TILE - 1) / TILE, K);
 }
 
 __attribute__((noinline)) void int4_vnni_rows(const uint8_t *prepared, const uint8_t *qs, const uint16_t *d,
@@ -299,26 +298,22 @@ __attribute__((noinline)) void int4_vnni_rows(const uint8_t *prepared, const uin
         y[n] = int4_dot(qs + n * (K / 2), d + n * G, &row, chunks, groups) + (bias ? bias[n] : 0.0f);
 }
 
-/* One row of activations: prepared once, the outputs split among `threads` in contiguous shares. */
+/* One row of int4 activations: prepared once, the outputs split among `threads` in contiguous shares. */
 static void one_row(const float *x, const void *w, const void *scale, const float *bias, float *y, int64_t N,
-                    int64_t K, int threads, int bits) {
-    Row *rows = rows_get(1, chunk_bytes(K, bits));
-    vnni_prepare(x, K, bits, (uint8_t *)rows[0].q);
+                    int64_t K, int threads) {
+    Row *rows = rows_get(1, chunk_bytes(K, 4));
+    vnni_prepare(x, K, 4, (uint8_t *)rows[0].q);
     #pragma omp parallel num_threads(threads) if (threads > 1)
     {
         int t = omp_get_thread_num(), T = omp_get_num_threads();
-        int64_t n0 = N * t / T, n1 = N * (t + 1) / T;
-        if (bits == 8)
-            int8_vnni_rows((const uint8_t *)rows[0].q, w, scale, bias, y, n0, n1, K);
-        else
-            int4_vnni_rows((const uint8_t *)rows[0].q, w, scale, bias, y, n0, n1, K);
+        int4_vnni_rows((const uint8_t *)rows[0].q, w, scale, bias, y, N * t / T, N * (t + 1) / T, K);
     }
 }
 
 void int4_vnni_linear(const float *x, const uint8_t *qs, const uint16_t *d, const float *bias, float *y,
                       int64_t M, int64_t N, int64_t K, int threads) {
     if (M == 1) {
-        one_row(x, qs, d, bias, y, N, K, threads, 4);
+        one_row(x, qs, d, bias, y, N, K, threads);
         return;
     }
     int64_t chunks = (K + 127) / 128, G = K / BLOCK;
