@@ -159,11 +159,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 # the smoke preset on the reasoning tasks: every stage and the pass@k evaluation in seconds
 PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_size": 160,
                               "grpo_max_new_tokens": 12, "eval_per_kind": 2, "eval_samples": 2}
-# the reasoning tasks (docs/benchmarks.md: end to end 45 min 47 s on a shared 2-core CPU at threads=1,
-# pretraining 23 of it; the post-training recipe is the mid-reasoning search's): digits one token each, sums
-# of up to 3 digits and dates up to 60 days on, so a worked reply (up to 97 tokens) and its
-# question fit the context; 1,002 held-out questions a stage. DPO sees 240 pairs (30 steps of 8): 960
-# (60 steps of 16) lowered the held-out accuracy by 5.0 points, 240 by 1.0 (docs/benchmarks.md)
+# the reasoning tasks, the default preset (docs/benchmarks.md: end to end 36 min 6 s on a shared 2-core
+# CPU at threads=1, pretraining 22 of it; the post-training recipe is the mid-reasoning search's): digits
+# one token each, sums of up to 3 digits and dates up to 60 days on, so a worked reply (up to 97 tokens)
+# and its question fit the context; 1,002 held-out questions of the report split a stage. DPO sees 240
+# pairs (30 steps of 8): 960 (60 steps of 16) lowered the held-out accuracy by 5.0 points, 240 by 1.0
 PRESETS["reasoning"] = {
     "tasks": "reasoning", "vocab_size": 512, "block_size": 160, "addition_digits": 3, "max_days": 60,
     "pretrain_facts": 40_000, "pretrain_pydoc_chars": 100_000, "pretrain_steps": 1500,
