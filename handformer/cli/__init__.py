@@ -1,5 +1,8 @@
-"""The `handformer` command line. Each subcommand is a thin layer over the library, one module a
-group of commands; each module's `add_parsers` registers its commands."""
+"""The `handformer` command line: a Transformer written by hand in PyTorch, trained, run, converted,
+served, and a grader for your own.
+
+Each subcommand is a thin layer over the library, one module a group of commands; each module's
+`add_parsers` registers its commands."""
 
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ COMMANDS = [trace, train, translate, generate, chat, evaluate, import_hf, import
 def build_parser() -> argparse.ArgumentParser:
     """Every command's options. main builds it once a process: nothing in it may depend on state that
     changes while the process runs (a list of choices that can grow is a view, as `data`'s names are)."""
-    parser = argparse.ArgumentParser(prog="handformer", description=__doc__.split("\n")[0])
+    description = " ".join(__doc__.split("\n\n")[0].split())  # the docstring's first paragraph
+    parser = argparse.ArgumentParser(prog="handformer", description=description)
     sub = parser.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         module.add_parsers(sub)
@@ -67,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{err.filename}: " if err.filename else ""
         print(f"error: {where}{err.strerror or err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:  # Ctrl-C: files are whole (written atomically), no traceback
+        print(f"\ninterrupted{f': {err}' if str(err) else ''}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

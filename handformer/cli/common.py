@@ -69,10 +69,13 @@ def print_table(rows: list[tuple[str, ...]], headers: tuple[str, ...], width: in
 
 
 def read_inputs(text: str | None) -> list[str]:
+    """TEXT as one input, else one input per stdin line, blank lines kept (the outputs stay aligned
+    with the lines they come from). A blank TEXT is an error."""
     if text is not None:
+        if not text.strip():
+            raise ValueError("TEXT is empty: give some text, or leave TEXT out to read lines from stdin")
         return [text]
-    lines = [line.rstrip("\n") for line in sys.stdin]
-    return [line for line in lines if line.strip()]
+    return [line.rstrip("\r\n") for line in sys.stdin]
 
 
 def run_task(run_dir: str) -> str | None:

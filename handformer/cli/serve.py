@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
 
 from handformer.cli.common import positive_int
@@ -40,7 +42,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     except KeyboardInterrupt:
         pass
+    except SystemExit as exc:  # uvicorn logs why it could not start, then exits
+        if exc.code and port_taken(args.host, args.port):
+            raise ValueError(f"port {args.port} of {args.host} is taken (address already in use: another "
+                             "`handformer serve`?); choose another --port, or stop the program that "
+                             "holds it") from None
+        raise
     return 0
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether another program listens on HOST:PORT (binding it fails with "address in use")."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            s.bind((host, port))
+    except OSError as err:
+        return err.errno == errno.EADDRINUSE
+    return False
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

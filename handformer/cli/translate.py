@@ -14,10 +14,12 @@ def cmd_translate(args: argparse.Namespace) -> int:
     translator = Translator.load(args.run_dir, args.device)
     prepare_for_decoding(translator.model)
     texts = read_inputs(args.text)
-    if not texts:
+    if not any(t.strip() for t in texts):
         raise ValueError("nothing to translate: give TEXT or lines on stdin")
-    for line in translator.translate(texts, beam=args.beam):
-        print(line, flush=True)
+    kept = [t for t in texts if t.strip()]  # a blank line gives a blank line: line i answers line i
+    outputs = iter(translator.translate(kept, beam=args.beam))
+    for text in texts:
+        print(next(outputs) if text.strip() else "", flush=True)
     return 0
 
 

@@ -33,7 +33,13 @@ from torch import Tensor, nn
 from handformer.config import dataclass_from_dict
 from handformer.modes import eval_mode
 from handformer.training import distributed
-from handformer.training.checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights
+from handformer.training.checkpoint import (
+    load_checkpoint,
+    load_weights,
+    readable_safetensors,
+    save_checkpoint,
+    save_weights,
+)
 from handformer.training.cpu_memory import keep_freed_memory
 from handformer.training.loggers import METRICS_FILE, Loggers
 from handformer.training.muon import MuonAdamW, muon_params
@@ -482,6 +488,8 @@ def setup(model: nn.Module, cfg: TrainConfig, run_dir: Path, resume: bool, loss_
     state = LoopState()
     if resume:
         state = LoopState.resumed(load_checkpoint(run_dir / CHECKPOINT_FILE, model, optimizer), ctx)
+        if not readable_safetensors(run_dir / weights_file):  # the best weights are lost: the
+            state.best_val_loss = None  # next evaluation writes them again
     forward_model = distributed.wrap(model, ctx, device)
     if ctx.enabled and ctx.parallel == "fsdp":  # the weights are sharded now: a new optimizer
         loaded, optimizer = optimizer.state_dict(), make_optimizer(model, cfg, device)
@@ -618,7 +626,9 @@ def train_new_model(build: Callable[[], nn.Module], cfg: TrainConfig, train_data
         torch.set_num_threads(previous_threads)
     if distributed.is_sharded(model):  # FSDP left shards: the best weights go into a plain model
         model = build()
-    load_weights(model, Path(run_dir) / weights_file)
+    load_weights(model, Path(run_dir) / weights_file,
+                 fix=f"resume with more steps (`--set train.steps=N`, N above {cfg.steps}): the next "
+                     "evaluation writes it again")
     return model, result
 
 
