@@ -7,8 +7,10 @@ n_elem, dtype=torch.bfloat16) asked for float64; bentrevett's Seq2Seq(encoder, d
 from the file's Encoder(input_dim, ...) and Decoder(output_dim, ...); nanochat's attention handed
 cos_sin, (cos, sin) each (1, T, 1, Dh/2), rotating its halves the other way, and its ReLU² MLP; Umar Jamil's forward(x, start_pos,
 freqs_complex); Raschka's GroupedQueryAttention(..., qk_norm=False), built with its QK-norm
-on, the norm after RoPE named. Each correct file passes; a planted
-mistake fails."""
+on, the norm after RoPE named; the Chinese courses' ModelArgs with required fields, forward(q, k, v),
+a decoder layer forward(x, enc_out) and an FFN as wide as the model; a model with encode, decode and
+project built by a factory; a bigram model; a generate that yields tokens. Each correct file passes;
+a planted mistake fails."""
 
 from __future__ import annotations
 
@@ -822,4 +824,241 @@ class EncoderLayer(nn.Module):
 CASES.update({
     "maskless_encoder_layer": (MASKLESS_ENCODER, ["encoder_layer"], "self.norm1(x + self.attn(x))",
                                "self.norm1(self.attn(x))"),
+})
+
+COURSE_ARGS = '''import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class Settings:
+    dim: int
+    n_heads: int
+    dropout: float
+    max_seq_len: int
+    vocab_size: int
+    n_layer: int
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, args: Settings, is_causal=False):
+        super().__init__()
+        self.n_heads, self.head_dim = args.n_heads, args.dim // args.n_heads
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(args.dim, args.dim, bias=False) for _ in range(4))
+        self.is_causal = is_causal
+        if is_causal:
+            future = torch.triu(torch.full((args.max_seq_len, args.max_seq_len), float("-inf")), diagonal=1)
+            self.register_buffer("future", future)
+
+    def forward(self, q, k, v):
+        B, T, _ = q.shape
+        S = k.size(1)
+        q = self.wq(q).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        k = self.wk(k).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
+        v = self.wv(v).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)
+        scores = q @ k.transpose(2, 3) / math.sqrt(self.head_dim)  # (B, H, T, S)
+        if self.is_causal:
+            scores = scores + self.future[:T, :S]
+        out = (F.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(B, T, -1)
+        return self.wo(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, args: Settings):
+        super().__init__()
+        self.up, self.down = nn.Linear(args.dim, 4 * args.dim), nn.Linear(4 * args.dim, args.dim)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, args: Settings):
+        super().__init__()
+        self.attention = MultiHeadAttention(args)
+        self.ffn = nn.Sequential(nn.Linear(args.dim, args.dim), nn.ReLU(), nn.Linear(args.dim, args.dim))
+        self.norm_1, self.norm_2 = nn.LayerNorm(args.dim), nn.LayerNorm(args.dim)
+
+    def forward(self, x):
+        x = self.norm_1(x + self.attention(x, x, x))
+        return self.norm_2(x + self.ffn(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: Settings):
+        super().__init__()
+        self.norm_1, self.norm_2, self.norm_3 = (nn.LayerNorm(args.dim) for _ in range(3))
+        self.self_attention = MultiHeadAttention(args, is_causal=True)
+        self.cross_attention = MultiHeadAttention(args)
+        self.mlp = MLP(args)
+
+    def forward(self, x, enc_out):
+        x = self.norm_1(x + self.self_attention(x, x, x))
+        x = self.norm_2(x + self.cross_attention(x, enc_out, enc_out))
+        return self.norm_3(x + self.mlp(x))
+'''
+
+
+# the Chinese courses' style (datawhale): a ModelArgs dataclass whose fields have no defaults, some
+# (vocab_size, n_layer) never read by the part built; an attention forward(q, k, v) with its causal
+# switch; a decoder layer forward(x, enc_out) that takes no mask (its self-attention causal inside); an
+# encoder layer whose FFN is as wide as the model (six square linears)
+CASES.update({
+    "square_ffn_layer": (COURSE_ARGS, ["encoder_layer"], "self.norm_2(x + self.ffn(x))", "self.norm_2(self.ffn(x))"),
+    "required_config_fields": (COURSE_ARGS, ["causal_attention"], "/ math.sqrt(self.head_dim)",
+                               "* math.sqrt(self.head_dim)"),
+    "maskless_decoder_layer": (COURSE_ARGS, ["decoder_layer"], "self.norm_3(x + self.mlp(x))",
+                               "self.norm_3(self.mlp(x))"),
+})
+
+FACTORY = '''import math
+
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model, h):
+        super().__init__()
+        self.h = h
+        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def forward(self, q, k, v, mask):
+        B, T, D = q.shape
+        split = lambda t: t.view(B, -1, self.h, D // self.h).transpose(1, 2)  # noqa: E731  (B, H, L, Dh)
+        q, k, v = split(self.w_q(q)), split(self.w_k(k)), split(self.w_v(v))
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(D // self.h)).masked_fill(mask == 0, -1e9)  # (B, H, T, S)
+        return self.w_o((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, D))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, attn: Attention, ff: FeedForward, d_model):
+        super().__init__()
+        self.attn, self.ff = attn, ff
+        self.norms = nn.ModuleList([nn.LayerNorm(d_model) for _ in range(2)])
+
+    def forward(self, x, mask):
+        x = self.norms[0](x + self.attn(x, x, x, mask))
+        return self.norms[1](x + self.ff(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, attn: Attention, cross: Attention, ff: FeedForward, d_model):
+        super().__init__()
+        self.attn, self.cross, self.ff = attn, cross, ff
+        self.norms = nn.ModuleList([nn.LayerNorm(d_model) for _ in range(3)])
+
+    def forward(self, x, memory, src_mask, tgt_mask):
+        x = self.norms[0](x + self.attn(x, x, x, tgt_mask))
+        x = self.norms[1](x + self.cross(x, memory, memory, src_mask))
+        return self.norms[2](x + self.ff(x))
+
+
+class Positions(nn.Module):
+    def __init__(self, d_model, seq_len):
+        super().__init__()
+        pos = torch.arange(seq_len).unsqueeze(1)  # (L, 1)
+        angle = pos * torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))  # (L, D/2)
+        table = torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(1)  # (L, D): sin, cos interleaved
+        self.register_buffer("table", table)
+
+    def forward(self, x):
+        return x + self.table[: x.size(1)]
+
+
+class Transformer(nn.Module):
+    def __init__(self, encoder: nn.ModuleList, decoder: nn.ModuleList, src_embed: nn.Embedding,
+                 tgt_embed: nn.Embedding, pos: Positions, out: nn.Linear):
+        super().__init__()
+        self.encoder, self.decoder, self.src_embed, self.tgt_embed = encoder, decoder, src_embed, tgt_embed
+        self.pos, self.out = pos, out
+
+    def encode(self, src, src_mask):
+        x = self.pos(self.src_embed(src) * math.sqrt(self.src_embed.embedding_dim))
+        for layer in self.encoder:
+            x = layer(x, src_mask)
+        return x
+
+    def decode(self, memory, src_mask, tgt, tgt_mask):
+        x = self.pos(self.tgt_embed(tgt) * math.sqrt(self.tgt_embed.embedding_dim))
+        for layer in self.decoder:
+            x = layer(x, memory, src_mask, tgt_mask)
+        return x
+
+    def project(self, x):
+        return self.out(x)
+
+
+def assemble(src_vocab_size: int, tgt_vocab_size: int, src_seq_len: int, d_model: int = 512, N: int = 6,
+             h: int = 8, d_ff: int = 2048) -> Transformer:
+    encoder = nn.ModuleList([EncoderLayer(Attention(d_model, h), FeedForward(d_model, d_ff), d_model)
+                             for _ in range(N)])
+    decoder = nn.ModuleList([DecoderLayer(Attention(d_model, h), Attention(d_model, h), FeedForward(d_model, d_ff),
+                                          d_model) for _ in range(N)])
+    return Transformer(encoder, decoder, nn.Embedding(src_vocab_size, d_model), nn.Embedding(tgt_vocab_size, d_model),
+                       Positions(d_model, src_seq_len), nn.Linear(d_model, tgt_vocab_size))
+'''
+
+
+# Umar Jamil's style: a model with no forward (encode, decode, project), built from modules by a
+# factory function whose return annotation names it, its src_seq_len the positions' length; its
+# layers' masks required (the tutorial's shapes are given masks, never None)
+CASES.update({
+    "factory_without_forward": (FACTORY, ["transformer"], "x = self.pos(self.tgt_embed(tgt) * ",
+                                "x = (self.tgt_embed(tgt) * "),
+    "decoder_layer_requires_masks": (FACTORY, ["decoder_layer"], "self.norms[1](x + self.cross(",
+                                     "self.norms[1](self.cross("),
+})
+
+BIGRAM = '''import torch.nn.functional as F
+from torch import nn
+
+
+class CharBigramModel(nn.Module):
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.next_token = nn.Embedding(vocab_size, vocab_size)  # row i: the logits of the token after i
+
+    def forward(self, idx, targets=None):
+        logits = self.next_token(idx)  # (B, T, V)
+        if targets is None:
+            return logits, None
+        return logits, F.cross_entropy(logits.transpose(1, 2), targets)
+'''
+
+
+# Karpathy's lecture's first model: one token table and nothing else, compared with the bigram it is
+CASES.update({
+    "bigram_table": (BIGRAM, ["gpt"], "logits.transpose(1, 2), targets)", "logits.transpose(1, 2), idx)"),
+})
+
+STREAM = '''import torch
+
+
+def stream(model, tokens, max_tokens):
+    ids = torch.tensor([tokens])  # (1, T): one prompt, a list of ids
+    for _ in range(max_tokens):
+        logits = model(ids)[:, -1, :]  # (1, V)
+        next_id = logits.argmax(-1, keepdim=True)  # (1, 1)
+        ids = torch.cat([ids, next_id], dim=1)
+        yield next_id.item()
+'''
+
+
+# nanochat's streaming generate: a generator over a list of ids that yields one token at a time
+CASES.update({
+    "streaming_generate": (STREAM, ["generate"], "model(ids)[:, -1, :]", "model(ids)[:, 0, :]"),
 })

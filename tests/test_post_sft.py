@@ -5,6 +5,7 @@ unpacked training, TRL's SFTTrainer masks the same positions and computes the sa
 loss on the first batch, and `handformer train` runs, resumes and chats with the result."""
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ from handformer.generation.chat_template import ChatTemplate
 from handformer.models.causal_lm import CausalLM
 from handformer.tasks.lm.exports import export_hf
 from handformer.tasks.lm.run import load_lm
-from handformer.tasks.post.packing import IGNORE, SFTBatches, examples_from
+from handformer.tasks.post.packing import IGNORE, SFTBatches, best_fit_decreasing, examples_from, in_order
 from handformer.tasks.post.records import Conversation, read_conversations
 from handformer.tasks.post.rendering import ConversationRenderer
 from handformer.tasks.post.sft import per_token_loss, sft_loss
@@ -186,7 +187,7 @@ def test_packed_windows_give_the_per_token_loss_of_unpacked_training(position, w
     examples, _ = examples_from(rendered, 96, "truncate")
     torch.manual_seed(0)
     model = CausalLM(model_config(tok.vocab_size, position, sliding_window=window)).eval()
-    packed = SFTBatches(examples, 4, 96, tok.pad_id, packing=True, shuffle=False).epoch(0)
+    packed = SFTBatches(examples, 4, 96, tok.pad_id, packing=True, shuffle=False, best_fit=False).epoch(0)
     padded = SFTBatches(examples, 3, 96, tok.pad_id, packing=False, shuffle=False).epoch(0)
     alone = SFTBatches(examples, 1, 96, tok.pad_id, packing=False, shuffle=False).epoch(0)
     assert packed[0].document_ids[0].max() >= 2  # windows really hold several conversations
@@ -198,6 +199,18 @@ def test_packed_windows_give_the_per_token_loss_of_unpacked_training(position, w
     with torch.no_grad():
         summed, _ = sft_loss(model, packed[0])
         assert float(summed) == pytest.approx(float(per_token_loss(model, packed[0]).sum()), rel=1e-5)
+
+
+def test_best_fit_decreasing_packs_every_conversation_once_in_fewer_windows():
+    """TRL's bfd: each conversation in one window, none over the block, and fewer windows than
+    packing in order (lengths like the reasoning SFT's: short direct replies, long worked ones)."""
+    rng = random.Random(0)
+    lengths = [rng.choice([rng.randint(20, 40), rng.randint(60, 128)]) for _ in range(500)]
+    for pack in (best_fit_decreasing, in_order):
+        bins = pack(lengths, 160)
+        assert sorted(i for b in bins for i in b) == list(range(500))
+        assert max(sum(lengths[i] for i in b) for b in bins) <= 160
+    assert len(best_fit_decreasing(lengths, 160)) < 0.9 * len(in_order(lengths, 160))
 
 
 # --- against TRL's SFTTrainer ---------------------------------------------------------------------
@@ -232,7 +245,8 @@ def test_trl_sft_trainer_masks_the_same_positions_and_gets_the_same_first_batch_
         assert batch["input_ids"][row, :n].tolist() == r.ids
         assert (batch["labels"][row, :n] != IGNORE).tolist() == r.learned  # the same positions
     examples, _ = examples_from(rendered, 96, "truncate")
-    ours = SFTBatches(examples, 4, 96, run.tokenizer.pad_id, packing=True, shuffle=False).epoch(0)[0]
+    ours = SFTBatches(examples, 4, 96, run.tokenizer.pad_id, packing=True, shuffle=False,
+                      best_fit=False).epoch(0)[0]  # in order, as TRL's unpacked rows
     with torch.no_grad():
         our_tokens = per_token_loss(run.model.train(), ours)
         logits = trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits

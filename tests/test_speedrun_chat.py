@@ -87,7 +87,7 @@ def test_the_reward_is_the_exact_answer():
                                                  "grpo_countdown_share=1.5 is invalid: it must be from 0 to 1")])
 def test_bad_settings_are_one_clear_error(overrides, message, tmp_path, capsys):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        config_for("full", overrides)
+        config_for("facts", overrides)
     sets = [a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]
     assert main(["speedrun", "chat", "--out", str(tmp_path / "x"), *sets]) == 2
     assert message in capsys.readouterr().err

@@ -30,12 +30,13 @@ def add_target(targets: argparse._SubParsersAction) -> None:
     p = targets.add_parser("chat", help="pretrain, SFT, DPO and GRPO a small assistant on this machine")
     p.add_argument("--out", default="runs/speedrun-chat", help="folder of the stages' runs (default "
                    "runs/speedrun-chat); run again to resume")
-    p.add_argument("--preset", default="full",
-                   choices=["full", "smoke", "reasoning", "mid-reasoning", "smoke-reasoning"],
-                   help="full (the fact tasks, under an hour on a 2-core CPU), smoke (seconds, for "
-                   "tests), reasoning (the reasoning tasks, about 46 minutes at threads=1), "
-                   "mid-reasoning (its post-training in under 10 minutes, for a recipe search: with "
-                   "--base) or smoke-reasoning (smoke on the reasoning tasks)")
+    p.add_argument("--preset", default="reasoning",
+                   choices=["reasoning", "mid-reasoning", "smoke-reasoning", "facts", "smoke"],
+                   help="reasoning (the default: the reasoning tasks, scored on the report split, "
+                   "about 45 minutes at threads=1), mid-reasoning (its post-training in under 10 "
+                   "minutes on the search split, for a recipe search: with --base), smoke-reasoning "
+                   "(seconds, for tests), facts (the fact tasks, under an hour) or smoke (facts in "
+                   "seconds)")
     p.add_argument("--base", metavar="RUN_DIR", help="start from this run (e.g. an imported stories260K) "
                    "instead of pretraining one: the role tokens are added, its embeddings grown")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -12,6 +12,7 @@ import inspect
 import re
 import sys
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +81,8 @@ CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "con
 # config.model_type (None: the sizes are given)
 for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec"), "d_head": ("d_v",), "d_ff": ("pf_dim",),
                      "dropout": ("embd_pdrop",),
-                     "max_len": ("n_position",), "src_vocab": ("n_src_vocab", "enc_voc_size"),
+                     "max_len": ("n_position", "src_seq_len", "tgt_seq_len"),
+                     "src_vocab": ("n_src_vocab", "enc_voc_size"),
                      "tgt_vocab": ("n_trg_vocab", "dec_voc_size")}.items():
     ARGUMENTS[_key] += _names
 HIDDEN_WHEN_PAIRED += ("d_hid",)
@@ -210,39 +212,29 @@ def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> li
 
 
 def refine(kind: str, obj: Any) -> str:
-    """The kind a found name is checked as: a multi-head attention built with a number of key/value
-    heads (Llama's `Attention(dim, n_heads, n_kv_heads)`) is grouped-query attention."""
-    if kind == "mha" and inspect.isclass(obj) and "n_kv_heads" in argument_keys(obj).values():
-        return "gqa"
-    if kind == "train_step" and inspect.isfunction(obj):  # a decoder-only model's step, by what it takes
-        from handformer.check.core.signatures import lm_step
+    """The kind a found name is checked as, by what the class or function does (CLASS_RULES): a
+    multi-head attention built with a number of key/value heads (Llama's `Attention(dim, n_heads,
+    n_kv_heads)`) is grouped-query attention."""
+    if inspect.isfunction(obj):
+        return _refine_function(kind, obj)
+    return next((to for name, test, to in CLASS_RULES if name == kind and test(obj)), kind)
 
+
+def _refine_function(kind: str, obj: Any) -> str:
+    """A training step that takes the windows x and y is a decoder-only model's; a function of
+    SAME_FAMILY is the kind of the family that its signature and a call say."""
+    from handformer.check.core.signatures import kind_of, lm_step
+
+    if kind == "train_step":
         return "lm_train_step" if lm_step(obj) else kind
-    if inspect.isfunction(obj) and any(kind in f for f in SAME_FAMILY):  # what it does over its name
-        from handformer.check.core.signatures import kind_of
+    said = kind_of(obj) if any(kind in f for f in SAME_FAMILY) else None
+    return said if any(kind in f and said in f for f in SAME_FAMILY) else kind
 
-        said = kind_of(obj)
-        if said is not None and any(kind in f and said in f for f in SAME_FAMILY):
-            return said
-    if kind == "block" and inspect.isclass(obj) and encoder_block(obj):
-        return "encoder_layer"
-    if kind == "encoder_layer" and inspect.isclass(obj) and _takes(obj, "start_pos"):
-        return "block"  # Umar Jamil's EncoderBlock(args): a start position is a decoder's KV cache
-    if kind == "transformer" and inspect.isclass(obj) and decoder_only(obj):
-        return "gpt"
-    if kind == "decoder_layer" and decoder_only(obj, POSITION_EXTRAS):
-        return "block"  # a decoder-only model's DecoderLayer (llama2.c's kin): no memory to attend to
-    if kind == "gpt" and inspect.isclass(obj) and obj.__name__ not in NAMES["gpt"] and not decoder_only(obj):
-        return "transformer"  # found by its ending (Llama3Model's "Model"): what its forward takes says
-    if kind == "mha" and inspect.isclass(obj) and causal_inside(obj):  # Raschka's, Karpathy's: forward(x)
-        kind = "causal_attention"
-    if kind == "mha" and inspect.isclass(obj):  # Meta's Attention(args): the config it reads says
-        kv = set(ARGUMENTS["n_kv_heads"])
-        for p in list(inspect.signature(obj.__init__).parameters.values())[1:]:
-            keys, attrs = config_reads(obj, p.name)
-            if (keys | attrs) & kv:
-                return "gqa"
-    return kind
+
+def _reads_kv_heads(cls: Any) -> bool:
+    """Meta's Attention(args): the config its constructor reads names the key/value heads."""
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    return any(set().union(*config_reads(cls, p.name)) & set(ARGUMENTS["n_kv_heads"]) for p in params)
 
 
 # kinds whose functions are told apart by what they take and return, whatever their name: a
@@ -258,6 +250,23 @@ TOKEN_EXTRAS = ("start_pos", "targets", "target", "labels", "y", "position_ids",
 # what a decoder-only layer's forward takes besides its one stream: the rotary tables and positions
 POSITION_EXTRAS = TOKEN_EXTRAS + ("freqs_cis", "freqs_complex", "freqs_cos", "freqs_sin", "cos", "sin",
                                   "cos_sin", "position_embeddings", "input_pos", "rope", "rotary_emb")
+
+
+# (the kind a class's name says, what the class shows, the kind it is then checked as): the first that
+# applies, in order
+CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("mha", lambda c: "n_kv_heads" in argument_keys(c).values(), "gqa"),
+    ("block", lambda c: encoder_block(c), "encoder_layer"),
+    # Umar Jamil's EncoderBlock(args): a start position is a decoder's KV cache
+    ("encoder_layer", lambda c: _takes(c, "start_pos"), "block"),
+    ("transformer", lambda c: decoder_only(c), "gpt"),
+    # a decoder-only model's DecoderLayer (llama2.c's kin): no memory to attend to
+    ("decoder_layer", lambda c: decoder_only(c, POSITION_EXTRAS), "block"),
+    # found by its ending (Llama3Model's "Model"): what its forward takes says
+    ("gpt", lambda c: c.__name__ not in NAMES["gpt"] and not decoder_only(c), "transformer"),
+    ("mha", lambda c: causal_inside(c), "causal_attention"),  # Raschka's, Karpathy's: forward(x)
+    ("mha", lambda c: _reads_kv_heads(c), "gqa"),
+)
 
 
 def decoder_only(cls: Any, extras: tuple[str, ...] = TOKEN_EXTRAS) -> bool:
@@ -337,10 +346,15 @@ def defined_names(module: types.ModuleType) -> list[str]:
     return sorted(own_objects(module))
 
 
+# the sizes a config gives where the component built never uses them (happy-llm's attention built from
+# a ModelArgs whose vocab_size and n_layer have no default; nanochat's attention reads n_layer)
+SPARE_SIZES = {"src_vocab": 29, "n_layers": 2}
+
+
 def _config_values(sizes: dict[str, Any]) -> dict[str, Any]:
     """Every common field name -> its value, for configuration objects (nanoGPT's config, Raschka's
     cfg dict, Meta's ModelArgs, a minimind-style config class)."""
-    sizes = with_head_size(sizes)
+    sizes = {**SPARE_SIZES, **with_head_size(sizes)}
     sizes.setdefault("n_kv_heads", sizes.get("n_heads"))
     sizes.setdefault("tgt_vocab", sizes.get("src_vocab"))
     fields = {alias: sizes[key] for key, aliases in ARGUMENTS.items() if sizes.get(key) is not None
@@ -396,7 +410,9 @@ def _config_class(p: inspect.Parameter, cls: Any) -> Any:
     module = sys.modules.get(getattr(cls, "__module__", ""), None)
     if isinstance(ann, str) and module is not None:
         ann = vars(module).get(ann.split("[")[0].strip("'\" "))
-    if inspect.isclass(ann) and getattr(ann, "__module__", None) == getattr(cls, "__module__", None):
+    # a module the constructor is handed (Umar Jamil's Transformer(encoder: Encoder, ...)) is a part
+    same = inspect.isclass(ann) and getattr(ann, "__module__", None) == getattr(cls, "__module__", None)
+    if same and not hasattr(ann, "forward"):
         return ann
     return None
 
@@ -511,12 +527,10 @@ def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None)
     return target(**kwargs)
 
 
+# the words of a constructor argument that takes the learner's own part (self_attn, src_attn, feed_forward)
+PART_WORDS = (("mha", ("cross", "attn", "attention")), ("ffn", ("ff", "feed", "mlp")))
+
+
 def _part_for(name: str, parts: dict[str, Any]) -> Any:
     lowered = name.lower()
-    if "cross" in lowered or "src_attn" in lowered or "enc_attn" in lowered:
-        return parts.get("mha")
-    if "attn" in lowered or "attention" in lowered:
-        return parts.get("mha")
-    if "ff" in lowered or "feed" in lowered or "mlp" in lowered:
-        return parts.get("ffn")
-    return None
+    return next((parts.get(key) for key, words in PART_WORDS if any(w in lowered for w in words)), None)

@@ -91,6 +91,16 @@ def with_shape(found: list[Leaf], shape: tuple[int, ...]) -> list[Leaf]:
     return [leaf for leaf in found if tuple(leaf.weight.shape) == shape]
 
 
+# a layer's FFN by the attribute that holds it (self.mlp, self.ffn, self.feed_forward, happy-llm's self.fnn)
+FFN_PATH = re.compile(r"(^|\.)(mlp|ffn|fnn|ff|feed_?forward|pos_ffn)\w*\.", re.I)
+
+
+def square_ffn(linears: list[Leaf], D: int) -> list[Leaf]:
+    """The (D, D) linears inside the layer's FFN (happy-llm's MLP(args.dim, args.dim, ...): an FFN as
+    wide as the model): no attention's projections."""
+    return with_shape([leaf for leaf in linears if FFN_PATH.search(leaf.name)], (D, D))
+
+
 def single_heads(label: str, sub: nn.Module) -> list[Leaf] | None:
     """Heads kept as an nn.ModuleList of single-head modules (Karpathy's `Head(head_size)`, each with
     its own key, query and value nn.Linear(n_embd, head_size)): three leaves, W_Q, W_K and W_V, each
@@ -178,7 +188,9 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
     W_O). W_Q and W_O are (D, D); W_K and W_V (kv_width, D), kv_width < D for grouped-query
     attention. An attention of three projections and no W_O has 3 slots."""
     kv = kv_width or D
-    square, fused = with_shape(linears, (D, D)), with_shape(linears, (D + 2 * kv, D))
+    ffn = square_ffn(linears, D)
+    square = [leaf for leaf in with_shape(linears, (D, D)) if leaf not in ffn]
+    fused = with_shape(linears, (D + 2 * kv, D))
     prefixes = PREFIXES[count]
     if len(fused) == count:
         outs = square if len(square) == count else [None] * count
@@ -281,6 +293,9 @@ def ffn_slots(linears: list[Leaf], D: int, F: int | None, what: str) -> list[lis
         ups = with_shape(linears, (width, D))
         if len(ups) in (1, 2) and not any(leaf.weight.size(1) == width for leaf in linears):
             return _ffn_orders(ups, [])
+    square = square_ffn(linears, D)
+    if len(square) in (2, 3):  # an FFN as wide as the model: up (or gate and up), then down
+        return _ffn_orders(square[:-1], square[-1:])
     raise MappingError(f"{what}: expected nn.Linear(d_model, d_ff) then nn.Linear(d_ff, d_model) "
                        f"(d_model={D}, d_ff={F}; gated FFNs have two nn.Linear(d_model, d_ff)), "
                        f"found: {_shapes(linears)}",

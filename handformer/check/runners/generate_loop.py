@@ -234,7 +234,13 @@ def _call(ctx: Context, comp: Component, model: LanguageModel, ids: Tensor, n: i
             kwargs[p.name] = value
         else:
             args.append(value)
-    return ctx.learner.call("forward", comp.obj, *args, **kwargs)
+    return ctx.learner.call("forward", drained(comp.obj), *args, **kwargs)
+
+
+def drained(fn: Any) -> Any:
+    """A generator function (nanochat's generate, which yields one token at a time) as a function
+    that returns the tokens it yields."""
+    return (lambda *a, **k: list(fn(*a, **k))) if inspect.isgeneratorfunction(fn) else fn
 
 
 def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:

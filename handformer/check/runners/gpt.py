@@ -120,6 +120,20 @@ class GPTMap:
         return rows
 
 
+# why a model's blocks are not mapped, by whether it holds a decoder (a class named so)
+NO_BLOCKS = {
+    False: ("expected the blocks in an nn.ModuleList (nanoGPT's transformer.h), each with one attention and "
+            "an MLP",
+            "应当把块放在一个 nn.ModuleList 里（nanoGPT 的 transformer.h），每块有一个注意力和一个 MLP"),
+    True: ("it runs an encoder and a decoder with cross-attention on one sequence of token ids "
+           "(tiny-universe's and happy-llm's Transformer.forward(idx, targets)): neither handformer's "
+           "CausalLM nor its Seq2SeqTransformer computes that; its layers are checked alone",
+           "它把同一个 token 序列同时送进编码器和带交叉注意力的解码器（tiny-universe 和 happy-llm 的 "
+           "Transformer.forward(idx, targets)）：handformer 的 CausalLM 和 Seq2SeqTransformer 都不这样计算；"
+           "它的各层单独检查"),
+}
+
+
 def map_gpt(module: nn.Module) -> GPTMap:
     layers, n_kv = layer_modules(module), None
     if not layers:
@@ -127,10 +141,8 @@ def map_gpt(module: nn.Module) -> GPTMap:
     blocks = [map_layer(path, child, SIZES["d_ff"]) if n_kv is None else _map_grouped(path, child)
               for path, child in layers]
     if not blocks or any(b.decoder for b in blocks):
-        raise MappingError("expected the blocks in an nn.ModuleList (nanoGPT's transformer.h), each with one "
-                           "attention and an MLP",
-                           zh="应当把块放在一个 nn.ModuleList 里（nanoGPT 的 transformer.h），"
-                              "每块有一个注意力和一个 MLP")
+        en, zh = NO_BLOCKS[any("decoder" in type(m).__name__.lower() for m in module.modules())]
+        raise MappingError(en, zh=zh)
     inside = {id(m) for _, child in layers for m in child.modules()}
     outer = [leaf for leaf in leaves(module) if id(leaf.module) not in inside]
     embeds = [leaf for leaf in outer if leaf.kind == "embedding"]
@@ -443,16 +455,21 @@ def gpt_sizes(ctx: Context) -> dict[str, Any]:
     return {**GPT_SIZES, "n_kv_heads": KV_HEADS} if kv else GPT_SIZES
 
 
-def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
-    res = ctx.result(comp)
-    module = ctx.build(comp, gpt_sizes(ctx))
-    if callable(getattr(module, "setup_caches", None)):  # gpt-fast's Transformer: an inference engine's model
+def _no_setup_caches(comp: Component, module: nn.Module) -> None:
+    """NOT CHECKED, with the reason, for gpt-fast's Transformer: an inference engine's model."""
+    if callable(getattr(module, "setup_caches", None)):
         raise MappingError(f"{comp.name}.forward(idx, input_pos) runs on the KV caches that setup_caches("
                            "max_batch_size, max_seq_length) makes first (gpt-fast's): handformer drives "
                            "a model by forward(idx) alone; its attention, FFN and norm are checked alone",
                            zh=f"{comp.name}.forward(idx, input_pos) 依赖 setup_caches(max_batch_size, "
                               "max_seq_length) 先建好的 KV 缓存（gpt-fast 的写法）：handformer 只用 "
                               "forward(idx) 驱动模型；它的注意力、FFN 和归一化各自单独检查")
+
+
+def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    module = ctx.build(comp, gpt_sizes(ctx))
+    _no_setup_caches(comp, module)
     call = Caller(module, ctx)
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, VOCAB, (2, 8), generator=g)
@@ -472,6 +489,8 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
         if last_only:
             res.notes.append(text("forward returns the last position's logits only: compared there",
                                   "forward 只返回最后一个位置的 logits：只比较这一个位置"))
+        if bigram(res, module, out, loss, idx, targets):
+            return finish(res)
         try:
             m = map_gpt(module)
         except MappingError as err:  # the checks above ran; the comparison could not: NOT CHECKED
@@ -483,6 +502,27 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
         _tied_despite_config(res, ctx, comp, m)
         _compare(res, ctx, comp, m, call, out, loss, idx, targets, last_only)
     return finish(res)
+
+
+def bigram(res: ComponentResult, module: nn.Module, out: Tensor, loss: Tensor | None, idx: Tensor,
+           targets: Tensor) -> bool:
+    """A model that is one token table and nothing else (Karpathy's BigramLanguageModel, the
+    lecture's first model: nn.Embedding(vocab_size, vocab_size)): its logits are the rows of the
+    table for the tokens, its loss their cross-entropy with the targets. False for any other model."""
+    table = next((m.weight for m in module.modules() if isinstance(m, nn.Embedding)), None)
+    if table is None or len(list(module.parameters())) != 1 or table.size(1) != out.size(-1):
+        return False
+    want = table[idx][:, -out.size(1):]  # (B, T, V): the last position's alone when that is all it returns
+    err = fp.max_error(out, want)
+    res.checks.append(Check(text("the logits are the token table's rows (a bigram model)",
+                                 "logits 就是 token 表中对应的行（bigram 模型）"), err < 1e-9,
+                            error_text(err)))
+    if loss is not None:  # a forward that computes no loss is compared on its logits
+        wrong = abs(float(loss) - float(F.cross_entropy(table[idx].flatten(0, 1), targets.flatten())))
+        res.checks.append(Check(text("the loss is the cross-entropy of the logits with the targets",
+                                     "loss 是 logits 与目标的交叉熵"), wrong < 1e-9, error_text(wrong)))
+    res.max_abs_error = err
+    return True
 
 
 def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call: Caller, out: Tensor,

@@ -131,6 +131,13 @@ class Layer:
         if "position_embeddings" in self.extra:
             self.batched_cos_sin = self._second_form(x.double(), "batched_cos_sin")
 
+    @property
+    def own_mask(self) -> bool:
+        """A decoder layer that builds its causal mask and hides no source key: d2l's stateful one, or one
+        whose forward takes the stream and the memory alone (tiny-universe's forward(x, enc_out))."""
+        inputs = len(forward_parameters(self.comp.obj.forward)) - len(self.extra)  # self, x, memory
+        return self.stateful or self.decoder and inputs == 3
+
     def _second_form(self, x: Tensor, flag: str) -> bool:
         """Whether the layer refuses the first form of an argument and takes the second (`flag` set:
         Hugging Face's (B, T, Dh) tables, whose layers unsqueeze dim 1 for the heads; a start_pos per
@@ -165,7 +172,7 @@ class Layer:
             src_name, tgt_name = _decoder_mask_names(self.masks)
             if src_name and tgt_name:
                 kwargs.update({src_name: src, tgt_name: tgt})
-            else:
+            elif not self.own_mask:
                 args += [src, tgt]
         elif self.masks:
             mask = tgt if self.causal_block else src
@@ -309,7 +316,7 @@ def _flags(layer: Layer, w: V.LayerWeights) -> tuple[str, ...]:
         flags += ("decoder_masks_swapped",)
     if layer.stateful or layer.masks and fp.is_lengths_name(layer.masks[0]):  # valid lengths (d2l)
         flags += ("mask_repeat_order",)
-    if layer.causal_block and not layer.takes_mask or layer.stateful:  # a layer that builds its causal mask
+    if layer.causal_block and not layer.takes_mask or layer.own_mask:  # a layer that builds its causal mask
         flags += ("causal_off_by_one:no_self", "causal_off_by_one:sees_next")
     return flags
 
@@ -346,7 +353,7 @@ class Inputs:
         self.tgt_keep: Tensor | None = causal(T) & positions(B, T, [1, 0])
         if layer.causal_block:
             self.src_keep, self.tgt_keep = None, causal(T)[None, None]
-        if layer.stateful:  # d2l's decoder: causal inside, the source by valid lengths
+        if layer.own_mask:  # d2l's decoder: causal inside, the source by valid lengths (or none)
             self.tgt_keep = causal(T)[None, None]
 
 
@@ -359,7 +366,7 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
     if _causal_without_its_mask(layer):
         layer.masks, layer.takes_mask = [], False
         res.notes.append(CAUSAL_INSIDE_NOTE)
-    own_mask = causal_block and not layer.takes_mask or layer.stateful
+    own_mask = causal_block and not layer.takes_mask or layer.own_mask
     convs = _layer_conventions(layer, ctx, inp)
 
     def search_rows(flags: frozenset[str]) -> Tensor | None:
@@ -447,7 +454,7 @@ def _search_rows(layer: Layer, inp: Inputs, flags: frozenset[str]) -> Tensor | N
     if layer.causal_block and not layer.takes_mask:
         own = V.causal_keep(inp.T, flags)[None, None]
         return fp.visible_rows(V.applied_keep(own, flags), inp.B, inp.T)
-    if layer.stateful:  # d2l's decoder builds its causal mask from valid lengths
+    if layer.own_mask:  # d2l's decoder builds its causal mask from valid lengths
         return _rows(layer, V.applied_keep(inp.src_keep, flags, H),
                      V.applied_keep(V.causal_keep(inp.T, flags)[None, None], flags, H), inp.B, inp.T)
     return _rows(layer, V.applied_keep(inp.src_keep, flags, H), V.applied_keep(inp.tgt_keep, flags, H),
@@ -495,7 +502,7 @@ def _layer_mapping(res: ComponentResult, layer: Layer, slots: list[Slot], conv: 
     norms = layer.norm_slots[:1] if layer.shared else layer.norm_slots
     res.mapping = [s.describe() for group in layer.attn for s in group] + [
         s.describe() for s in slots] + [s.describe() for s in norms]
-    if layer.takes_mask or layer.decoder:
+    if layer.takes_mask or layer.stateful:
         res.convention = fp.describe_convention(conv)
 
 
@@ -578,7 +585,7 @@ def _rows(layer: Layer, src_keep: Tensor | None, tgt_keep: Tensor | None, B: int
 def _compute(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozenset[str],
              trace: list[Tensor] | None = None) -> Tensor:
     if layer.decoder:
-        tgt_keep = V.causal_keep(inp.T, flags)[None, None] if layer.stateful else inp.tgt_keep
+        tgt_keep = V.causal_keep(inp.T, flags)[None, None] if layer.own_mask else inp.tgt_keep
         return V.decoder_layer(w, inp.x, inp.memory, inp.src_keep, tgt_keep, flags, trace)
     if layer.causal_block:
         keep = inp.tgt_keep if layer.takes_mask else V.causal_keep(inp.x.size(1), flags)[None, None]
@@ -702,7 +709,7 @@ def _grads(layer: Layer, hf: nn.Module, x: Tensor, out: Tensor, ref: Tensor) -> 
 def _source_keep(layer: Layer, B: int, S: int, pad: list[int]) -> Tensor | None:
     """The source's padding mask; none for an encoder layer that takes no mask (tiny-universe's
     EncoderLayer.forward(x)): it is compared with every key visible."""
-    return positions(B, S, pad) if layer.takes_mask or layer.decoder else None
+    return positions(B, S, pad) if layer.takes_mask or layer.stateful else None
 
 
 def _case_keeps(layer: Layer, B: int, T: int, S: int, src_pad: list[int],
@@ -712,7 +719,7 @@ def _case_keeps(layer: Layer, B: int, T: int, S: int, src_pad: list[int],
     tgt_keep: Tensor | None = causal(T) & positions(B, T, [min(p, T - 1) for p in tgt_pad])
     if layer.causal_block:
         src_keep, tgt_keep = None, causal(T)[None, None]
-    if layer.stateful:
+    if layer.own_mask:
         tgt_keep = causal(T)[None, None]
     return src_keep, tgt_keep
 
@@ -804,14 +811,18 @@ def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
     conv = layer.visible if layer.visible and not layer.visible.startswith("lens") else "int"
     wants = layer.takes_mask or not layer.causal_block
     tgt = fp.encode_mask(causal(T)[None, None], conv, 2) if wants else None  # in the convention found
-    src = torch.full((2,), 10) if layer.stateful else None
+    # a mask the forward requires is given (every source key visible): None is no input it accepts
+    every = torch.ones(2, 1, 1, 10, dtype=torch.bool)
+    visible = fp.encode_mask(every, conv, 2) if layer.required_mask else None
+    src = torch.full((2,), 10) if layer.stateful else visible
+    masks = (src, tgt if layer.causal_block or layer.required_mask else None)
 
     def warm(m: nn.Module) -> Any:
         big.module = m
-        return big.call(x, memory, src, None if not layer.causal_block else tgt)
+        return big.call(x, memory, *masks)
 
     big.module = ctx.build(layer.comp, tutorial, checked=False, warmup=warm)
-    raw = ctx.learner.call("forward", big.call, x, memory, src, None if not layer.causal_block else tgt)
+    raw = ctx.learner.call("forward", big.call, x, memory, *masks)
     out, weights = fp.first_tensor(raw, 3), fp.weights_of(raw, skip_first=True)
     want, attn = (2, T, 512), (2, 8, 5, 10) if layer.decoder else (2, 8, T, T)
     # a decoder layer may return both weights (jadore801120's: out, self-attention's, cross-attention's)

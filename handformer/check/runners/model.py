@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import TGT_NAMES, call_parameters
 from handformer.check.core.context import (
     MAX_LEN,
     SIZES,
@@ -360,7 +361,8 @@ class Caller:
 
     def __init__(self, module: nn.Module, ctx: Context) -> None:
         self.module, self.ctx = module, ctx
-        self.masks = [p.name for p in forward_parameters(module) if "mask" in p.name.lower()]
+        self.forward = composed(module) or module
+        self.masks = [p.name for p in forward_parameters(self.forward) if "mask" in p.name.lower()]
         self.rank: int | None = None if self.masks else 4  # of the masks: found on the first call
 
     def raw(self, src: Tensor, tgt: Tensor, rank: int = 4) -> Any:
@@ -375,7 +377,7 @@ class Caller:
                 kwargs[name] = keep.long()
             if rank == 3:
                 kwargs[name] = kwargs[name][:, 0]  # (B, 1, S) or (B, T, T)
-        return self.module(src, tgt, **kwargs)
+        return self.forward(src, tgt, **kwargs)
 
     def __call__(self, src: Tensor, tgt: Tensor) -> Tensor | None:
         if self.rank is None:
@@ -523,14 +525,46 @@ def _pe_after_dropout(res: ComponentResult, ctx: Context, comp: Component, call:
         f"（eval 模式下记录了 {len(seen)} 次 dropout 调用）：训练时位置编码不会被 dropout")))
 
 
+def model_factory(comp: Component, ctx: Context) -> Any:
+    """The file's function that builds the model: `make_model` (the Annotated Transformer's), or one
+    whose return annotation is the model's class (Umar Jamil's build_transformer(...) -> Transformer)."""
+    own = own_objects(ctx.module)
+    returns = (f for f in own.values() if inspect.isfunction(f) and f.__annotations__.get("return") in (
+        comp.obj, comp.name))
+    return own.get("make_model") or next(returns, None)
+
+
+def composed(module: nn.Module) -> Callable[..., Any] | None:
+    """The forward of a model that defines none but encode, decode and project (Umar Jamil's
+    Transformer, the Annotated Transformer's methods without its forward):
+    project(decode(encode(src, src_mask), ...)), decode's arguments given by their names; None for a
+    model with a forward of its own."""
+    if type(module).forward is not nn.Module.forward or not callable(getattr(module, "decode", None)):
+        return None
+
+    def forward(src: Tensor, tgt: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Any:
+        given = {"memory": module.encode(src, src_mask), "src_mask": src_mask, "tgt_mask": tgt_mask,
+                 "tgt": tgt}
+        out = module.decode(*[given[_decode_role(p.name)] for p in call_parameters(module.decode)])
+        return getattr(module, "project", lambda x: x)(out)
+    return forward
+
+
+def _decode_role(name: str) -> str:
+    """What a decode argument takes, by its name: the source or target mask, the target, the memory."""
+    lowered = name.lower()
+    mask = "src_mask" if any(w in lowered for w in ("src", "source", "enc", "memory")) else "tgt_mask"
+    return mask if "mask" in lowered else "tgt" if lowered in TGT_NAMES else "memory"
+
+
 def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
     """The learner's model built from its constructor, or (the Annotated Transformer's
-    EncoderDecoder(encoder, decoder, src_embed, tgt_embed, generator)) by the file's `make_model`."""
+    EncoderDecoder(encoder, decoder, src_embed, tgt_embed, generator)) by the file's factory."""
     try:
         return ctx.build(comp, MODEL_SIZES), False
     except DiscoveryError:
-        factory = own_objects(ctx.module).get("make_model")
-        if factory is None or not inspect.isfunction(factory):
+        factory = model_factory(comp, ctx)
+        if not inspect.isfunction(factory):
             stacked = ctx.learner.call("__init__", build_from_stacks, comp.obj, ctx.module, MODEL_SIZES)
             if stacked is None:  # not bentrevett's Seq2Seq(encoder, decoder, ...) either
                 raise
@@ -542,14 +576,14 @@ def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
         if key in MODEL_SIZES:
             kwargs[p.name] = MODEL_SIZES[key]
         elif p.default is p.empty:
-            raise DiscoveryError(f"make_model: cannot fill the argument {p.name!r}; it takes (src_vocab, "
-                                 "tgt_vocab, N, d_model, d_ff, h, dropout)",
-                                 zh=f"make_model：填不了参数 {p.name!r}；它接受 (src_vocab, tgt_vocab, N, "
-                                    "d_model, d_ff, h, dropout)")
+            raise DiscoveryError(f"{factory.__name__}: cannot fill the argument {p.name!r}; it takes "
+                                 "(src_vocab, tgt_vocab, N, d_model, d_ff, h, dropout, max_len)",
+                                 zh=f"{factory.__name__}：填不了参数 {p.name!r}；它接受 (src_vocab, "
+                                    "tgt_vocab, N, d_model, d_ff, h, dropout, max_len)")
     module = ctx.learner.call("__init__", factory, **kwargs)
     if not isinstance(module, nn.Module):
-        raise ctx.learner.fail("__init__", "make_model(...) did not return an nn.Module",
-                               "make_model(...) 返回的不是 nn.Module")
+        raise ctx.learner.fail("__init__", f"{factory.__name__}(...) did not return an nn.Module",
+                               f"{factory.__name__}(...) 返回的不是 nn.Module")
     scramble_(module, 0)
     return module.double().eval(), True
 
@@ -558,8 +592,9 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module, by_factory = build_model(comp, ctx)
     if by_factory:
-        res.notes.append(text(f"{comp.name} takes modules: built with your make_model(...)",
-                              f"{comp.name} 的参数是模块：用你的 make_model(...) 构造"))
+        name = model_factory(comp, ctx).__name__
+        res.notes.append(text(f"{comp.name} takes modules: built with your {name}(...)",
+                              f"{comp.name} 的参数是模块：用你的 {name}(...) 构造"))
     call = Caller(module, ctx)
     builds_masks = not call.masks
     src, tgt = inputs(6, 6, [0, 2], [1, 0], seed=0)  # S == T: a mask from the other side still runs

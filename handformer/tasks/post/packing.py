@@ -4,11 +4,13 @@ Each conversation becomes x = ids[:-1] and y = ids[1:], with y = -100 where the 
 nothing (not the assistant's token). Shifting within the conversation means its last token never
 predicts the next conversation's first.
 
-    packed   windows of block_size positions, filled with whole conversations in order; a batch
-             carries each position's document id, attention never crosses a conversation (the
-             mask object's document mask, nn/masks.py: packed_mask) and positions restart at 0 in
-             each, so the loss is the one each conversation would get alone. The window's tail is
-             padding: a document of its own, learned nothing.
+    packed   windows of block_size positions, filled with whole conversations best fit
+             decreasing (TRL's packing_strategy="bfd": the longest first, each into the window it
+             leaves the least room in; `best_fit=False`: in order, a window closed when the next
+             does not fit); a batch carries each position's document id, attention never crosses
+             a conversation (the mask object's document mask, nn/masks.py: packed_mask) and
+             positions restart at 0 in each, so the loss is the one each conversation would get
+             alone. The window's tail is padding: a document of its own, learned nothing.
     padded   batch_size conversations a batch, right-padded to the longest (an attention mask hides
              the padding).
 
@@ -100,21 +102,52 @@ def examples_from(rendered: Sequence[Rendered], block_size: int, overlong: str,
 Window = tuple[list[int], list[int], list[int], list[int]]  # x, y, positions, document ids
 
 
-def pack_windows(examples: Sequence[SFTExample], block_size: int, pad_id: int) -> list[Window]:
-    """Whole conversations into windows of block_size, in order: a window is closed when the next
-    conversation does not fit. Returns (x, y, positions, documents) lists per window."""
-    windows, current = [], None
-    for ex in examples:
-        if current is None or len(current[0]) + len(ex.x) > block_size:
-            if current is not None:
-                windows.append(current)
-            current = ([], [], [], [])
-        doc = current[3][-1] + 1 if current[3] else 0
-        current[0].extend(ex.x)
-        current[1].extend(ex.y)
-        current[2].extend(range(len(ex.x)))
-        current[3].extend([doc] * len(ex.x))
-    if current is not None:
+def in_order(lengths: Sequence[int], block_size: int) -> list[list[int]]:
+    """The examples' indices a window, in order: a window is closed when the next does not fit."""
+    bins: list[list[int]] = []
+    room = 0
+    for i, n in enumerate(lengths):
+        if not bins or n > room:
+            bins.append([])
+            room = block_size
+        bins[-1].append(i)
+        room -= n
+    return bins
+
+
+def best_fit_decreasing(lengths: Sequence[int], block_size: int) -> list[list[int]]:
+    """The examples' indices a window: the longest first (ties in the given order), each into the
+    open window with the least room that still holds it, else a new one."""
+    bins: list[list[int]] = []
+    by_room: list[list[int]] = [[] for _ in range(block_size + 1)]  # room left -> open windows
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        n = lengths[i]
+        room = next((r for r in range(n, block_size + 1) if by_room[r]), None)
+        if room is None:
+            bins.append([])
+            b, room = len(bins) - 1, block_size
+        else:
+            b = by_room[room].pop()
+        bins[b].append(i)
+        by_room[room - n].append(b)
+    return bins
+
+
+def pack_windows(examples: Sequence[SFTExample], block_size: int, pad_id: int, best_fit: bool = True,
+                 ) -> list[Window]:
+    """Whole conversations into windows of block_size (best fit decreasing, or in order).
+    Returns (x, y, positions, documents) lists per window."""
+    lengths = [len(ex.x) for ex in examples]
+    bins = best_fit_decreasing(lengths, block_size) if best_fit else in_order(lengths, block_size)
+    windows = []
+    for members in bins:
+        current: Window = ([], [], [], [])
+        for doc, i in enumerate(members):
+            ex = examples[i]
+            current[0].extend(ex.x)
+            current[1].extend(ex.y)
+            current[2].extend(range(len(ex.x)))
+            current[3].extend([doc] * len(ex.x))
         windows.append(current)
     for x, y, positions, documents in windows:  # the tail: padding, a document of its own
         n = block_size - len(x)
@@ -148,12 +181,13 @@ class SFTBatches:
     """The batches of an SFT run, one epoch at a time (the loop's BatchSource)."""
 
     def __init__(self, examples: Sequence[SFTExample], batch_size: int, block_size: int, pad_id: int,
-                 packing: bool, shuffle: bool = True, seed: int = 0) -> None:
+                 packing: bool, shuffle: bool = True, seed: int = 0, best_fit: bool = True) -> None:
         if not examples:
             raise ValueError("no conversations are left to train on (all were dropped); raise "
                              "data.block_size or set data.overlong = \"truncate\"")
         self.examples, self.batch_size, self.block_size = list(examples), batch_size, block_size
         self.pad_id, self.packing, self.shuffle, self.seed = pad_id, packing, shuffle, seed
+        self.best_fit = best_fit
 
     def epoch(self, epoch: int) -> list[SFTBatch]:
         order = list(range(len(self.examples)))
@@ -162,10 +196,12 @@ class SFTBatches:
         examples = [self.examples[i] for i in order]
         B = self.batch_size
         if self.packing:
-            windows = pack_windows(examples, self.block_size, self.pad_id)
+            windows = pack_windows(examples, self.block_size, self.pad_id, self.best_fit)
+            if self.shuffle and self.best_fit:  # best fit puts the long conversations first
+                random.Random(self.seed * 1_000_003 + epoch).shuffle(windows)
             return [packed_batch(windows[i:i + B]) for i in range(0, len(windows), B)]
         return [padded_batch(examples[i:i + B], self.pad_id) for i in range(0, len(examples), B)]
 
 
-__all__ = ["IGNORE", "Counts", "SFTBatch", "SFTBatches", "SFTExample", "examples_from", "pack_windows",
-           "packed_batch", "padded_batch"]
+__all__ = ["IGNORE", "Counts", "SFTBatch", "SFTBatches", "SFTExample", "best_fit_decreasing", "examples_from",
+           "in_order", "pack_windows", "packed_batch", "padded_batch"]

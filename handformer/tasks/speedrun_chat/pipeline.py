@@ -148,7 +148,7 @@ class SpeedrunChatConfig:
 
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "full": {},
+    "facts": {},  # the four fact tasks of problems.py, under an hour on a 2-core CPU
     # a few seconds a stage: the test suite runs the whole pipeline with it
     "smoke": {"vocab_size": 300, "d_model": 32, "n_layers": 2, "n_heads": 2, "block_size": 96,
               "pretrain_facts": 400, "pretrain_pydoc_chars": 2000, "pretrain_steps": 20, "pretrain_batch": 8,
@@ -169,7 +169,7 @@ PRESETS["reasoning"] = {
     "pretrain_facts": 40_000, "pretrain_pydoc_chars": 100_000, "pretrain_steps": 1500,
     "sft_conversations": 8000, "sft_steps": 600, "dpo_pairs": 300, "dpo_steps": 30, "dpo_batch": 8,
     "grpo_prompts": 4000, "grpo_steps": 60, "grpo_lr": 1e-4, "grpo_max_new_tokens": 104,
-    "eval_per_kind": 334}
+    "eval_per_kind": 334, "eval_split": "report"}
 # the recipe search: the post-training stages, smaller, on 240 questions, under 10 minutes from a
 # pretrained base (`--base OUT/base` of a `reasoning` run; its own 300 steps of pretraining answer
 # nothing right); SFT 150 steps broke the copying of digits, GRPO at 5e-4 the date steps
@@ -178,7 +178,7 @@ PRESETS["mid-reasoning"] = {
     **PRESETS["reasoning"], "pretrain_facts": 12_000, "pretrain_pydoc_chars": 50_000,
     "pretrain_steps": 300, "sft_conversations": 3000, "sft_steps": 600, "dpo_pairs": 300, "dpo_steps": 30,
     "dpo_batch": 8, "grpo_prompts": 1000, "grpo_steps": 40, "grpo_batch": 8, "eval_per_kind": 80,
-    "eval_samples": 4}
+    "eval_samples": 4, "eval_split": "search"}
 
 
 def config_for(preset: str, overrides: dict[str, Any]) -> SpeedrunChatConfig:
