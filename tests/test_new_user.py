@@ -11,6 +11,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+import torch
 from docs_helpers import ROOT, blocks, commands, handformer_args, headings, pages
 from serve_helpers import make_lm_run
 
@@ -154,3 +155,30 @@ def test_no_heading_sets_an_anchor_of_its_own():
     found = [f"{page.relative_to(ROOT)}:{line}: {text}" for page in pages()
              for line, _, text in headings(page) if re.search(r"\{#[^}]*\}\s*$", text)]
     assert not found, "headings with {#id}; drop it and link to the heading's own anchor:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("device, message", [
+    ("nosuch", "device 'nosuch' is not one torch knows; use cpu, cuda, cuda:N or mps"),
+    ("cuda" if not torch.cuda.is_available() else "mps", "this machine has none"),
+])
+def test_a_device_this_machine_lacks_is_refused_before_anything_runs(tmp_path, capsys, device, message):
+    if device == "mps" and torch.backends.mps.is_available():
+        pytest.skip("this machine has both a GPU and mps")
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", str(tmp_path), "--prompt", "x", "--device", device])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --device: " in err and message in err
+
+
+def test_a_file_where_a_folder_belongs_is_named_with_the_fix(tmp_path, capsys):
+    run = make_lm_run(tmp_path / "story", chat=False)
+    (tmp_path / "taken").write_text("mine")
+    assert main(["quantize", str(run), str(tmp_path / "taken"), "--int8"]) == 2
+    assert f"{tmp_path / 'taken'} is a file, where a folder is needed" in capsys.readouterr().err
+    assert (tmp_path / "taken").read_text() == "mine"
+
+
+def test_a_host_that_is_no_address_here_is_named_with_the_fix(tmp_path, capsys):
+    run = make_lm_run(tmp_path / "story", chat=False)
+    assert main(["serve", str(run), "--host", "no-such-host.invalid", "--log-level", "critical"]) == 2
+    assert "--host no-such-host.invalid: no such address" in capsys.readouterr().err

@@ -10,6 +10,7 @@ import argparse
 import functools
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from handformer.cli import (
     chat,
@@ -60,6 +61,20 @@ def _parser() -> argparse.ArgumentParser:
     return build_parser()
 
 
+def os_error_line(err: OSError) -> str:
+    """One line for an error of the file system: the path, what is wrong, and for a file where a
+    folder belongs (an --out that is a file), what to give instead."""
+    if err.filename is None:
+        return str(err.strerror or err)
+    if isinstance(err, (FileExistsError, NotADirectoryError)):
+        path = Path(err.filename)
+        files = [p for p in (path, *path.parents) if p.exists() and not p.is_dir()]
+        if files:
+            return (f"{files[-1]} is a file, where a folder is needed; give a folder (a new one is "
+                    "made), or move the file away")
+    return f"{err.filename}: {err.strerror or err}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -68,8 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # permissions, a full disk, a directory where a file should be, ...
-        where = f"{err.filename}: " if err.filename else ""
-        print(f"error: {where}{err.strerror or err}", file=sys.stderr)
+        print(f"error: {os_error_line(err)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:  # Ctrl-C: files are whole (written atomically), no traceback
         print(f"\ninterrupted{f': {err}' if str(err) else ''}", file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from handformer.cli.common import positive_int, read_inputs
+from handformer.cli.common import device_arg, positive_int, read_inputs
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -29,5 +29,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("text", nargs="?", help="text to translate; without it, one sentence per stdin line")
     p.add_argument("--beam", type=positive_int, default=None,
                    help="beam size (1 = greedy; default from the run)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device_arg, default="cpu")
     p.set_defaults(func=cmd_translate)

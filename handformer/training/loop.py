@@ -182,9 +182,19 @@ EvalImages = Callable[[nn.Module], dict[str, Any]]
 
 
 def pick_device(name: str) -> torch.device:
+    """The device NAME asks for ("auto": a GPU when there is one), checked against this machine."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device {name!r} is not one torch knows; use cpu, cuda, cuda:N or mps") from None
+    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}.get(device.type)
+    if available is not None and not available():
+        build = " (this torch is a CPU build)" if device.type == "cuda" and torch.version.cuda is None else ""
+        raise ValueError(f"device {name!r}: this machine has none{build}; use cpu (or, in a training "
+                         "config, auto: a GPU when there is one)")
+    return device
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
