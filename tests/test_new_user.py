@@ -182,3 +182,24 @@ def test_a_host_that_is_no_address_here_is_named_with_the_fix(tmp_path, capsys):
     run = make_lm_run(tmp_path / "story", chat=False)
     assert main(["serve", str(run), "--host", "no-such-host.invalid", "--log-level", "critical"]) == 2
     assert "--host no-such-host.invalid: no such address" in capsys.readouterr().err
+
+
+def test_a_text_without_pairs_given_to_a_translation_run_says_what_pairs_look_like(tmp_path, capsys):
+    from serve_helpers import make_translation_run
+
+    run = make_translation_run(tmp_path / "dates")
+    (tmp_path / "plain.txt").write_text("one sentence\nanother one\n")
+    assert main(["eval", str(run), "--data", str(tmp_path / "plain.txt")]) == 2
+    assert "give a TSV file, one `source<TAB>target` pair a line" in capsys.readouterr().err
+
+
+def test_trace_given_a_training_job_says_to_train_it_first(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["trace", str(CONFIGS / "tiny_lm.toml")])
+    assert "is a training job" in stopped.value.code and "then trace RUN" in stopped.value.code
+
+
+def test_compare_given_no_checkpoint_folder_names_it_and_asks_no_hub(tmp_path, capsys):
+    run = make_lm_run(tmp_path / "story", chat=False)
+    assert main(["compare", str(run), str(tmp_path / "nothing"), "--prompt", "x"]) == 2
+    assert "nothing is not a Hugging Face checkpoint folder (no config.json)" in capsys.readouterr().err
