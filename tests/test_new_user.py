@@ -203,3 +203,14 @@ def test_compare_given_no_checkpoint_folder_names_it_and_asks_no_hub(tmp_path, c
     run = make_lm_run(tmp_path / "story", chat=False)
     assert main(["compare", str(run), str(tmp_path / "nothing"), "--prompt", "x"]) == 2
     assert "nothing is not a Hugging Face checkpoint folder (no config.json)" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_prepare_says_the_same_command_goes_on(tmp_path, monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("handformer.data.prepare.prepare", interrupted)
+    (tmp_path / "text.txt").write_text("some text\n")
+    assert main(["prepare", str(tmp_path / "text.txt"), str(tmp_path / "shards"), "--tokenizer", "char"]) == 130
+    err = capsys.readouterr().err
+    assert "keeps its finished shards; run the same command again" in err and "Traceback" not in err
