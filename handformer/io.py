@@ -16,6 +16,16 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask() -> int:
+    """The process's umask, read once at import in the main thread (setting it is how it is read)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp makes its file 0600; a finished file gets the mode open() would give it (0644 under umask 022)
+FILE_MODE = 0o666 & ~_umask()
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     """Call `write(tmp_path)` to produce the file, then atomically move it to `path`."""
     path = Path(path)
@@ -24,6 +34,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, FILE_MODE)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -62,13 +62,20 @@ def test_translate_text_matches_the_library(run, capsys):
     assert printed == Translator.load(run_dir).translate([text])
 
 
-def test_translate_reads_stdin_lines_and_skips_blank_ones(run, capsys, monkeypatch):
+def test_translate_reads_stdin_lines_and_keeps_blank_ones_in_place(run, capsys, monkeypatch):
     run_dir, _ = run
     texts = ["march 3, 1999", "the second of june 2004"]
     monkeypatch.setattr("sys.stdin", io.StringIO(f"{texts[0]}\n\n{texts[1]}\n"))
     assert main(["translate", str(run_dir), "--beam", "3"]) == 0
     printed = capsys.readouterr().out.splitlines()
-    assert printed == Translator.load(run_dir).translate(texts, beam=3)
+    first, second = Translator.load(run_dir).translate(texts, beam=3)
+    assert printed == [first, "", second]  # output line i answers input line i
+
+
+def test_translate_empty_text_is_an_error(run, capsys):
+    run_dir, _ = run
+    assert main(["translate", str(run_dir), " "]) == 2
+    assert "TEXT is empty" in capsys.readouterr().err
 
 
 def test_translate_empty_stdin_is_an_error(run, capsys, monkeypatch):

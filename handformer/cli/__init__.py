@@ -1,5 +1,8 @@
-"""The `handformer` command line. Each subcommand is a thin layer over the library, one module a
-group of commands; each module's `add_parsers` registers its commands."""
+"""The `handformer` command line: a Transformer written by hand in PyTorch, trained, run, converted,
+served, and a grader for your own.
+
+Each subcommand is a thin layer over the library, one module a group of commands; each module's
+`add_parsers` registers its commands."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import argparse
 import functools
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from handformer.cli import (
     chat,
@@ -42,7 +46,8 @@ COMMANDS = [trace, train, translate, generate, chat, evaluate, import_hf, import
 def build_parser() -> argparse.ArgumentParser:
     """Every command's options. main builds it once a process: nothing in it may depend on state that
     changes while the process runs (a list of choices that can grow is a view, as `data`'s names are)."""
-    parser = argparse.ArgumentParser(prog="handformer", description=__doc__.split("\n")[0])
+    description = " ".join(__doc__.split("\n\n")[0].split())  # the docstring's first paragraph
+    parser = argparse.ArgumentParser(prog="handformer", description=description)
     sub = parser.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         module.add_parsers(sub)
@@ -56,6 +61,20 @@ def _parser() -> argparse.ArgumentParser:
     return build_parser()
 
 
+def os_error_line(err: OSError) -> str:
+    """One line for an error of the file system: the path, what is wrong, and for a file where a
+    folder belongs (an --out that is a file), what to give instead."""
+    if err.filename is None:
+        return str(err.strerror or err)
+    if isinstance(err, (FileExistsError, NotADirectoryError)):
+        path = Path(err.filename)
+        files = [p for p in (path, *path.parents) if p.exists() and not p.is_dir()]
+        if files:
+            return (f"{files[-1]} is a file, where a folder is needed; give a folder (a new one is "
+                    "made), or move the file away")
+    return f"{err.filename}: {err.strerror or err}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -64,9 +83,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # permissions, a full disk, a directory where a file should be, ...
-        where = f"{err.filename}: " if err.filename else ""
-        print(f"error: {where}{err.strerror or err}", file=sys.stderr)
+        print(f"error: {os_error_line(err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:  # Ctrl-C: files are whole (written atomically), no traceback
+        print(f"\ninterrupted{f': {err}' if str(err) else ''}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from handformer.cli.common import add_speculation_args, speculation_from_args
+from handformer.cli.common import add_speculation_args, device_arg, speculation_from_args
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -55,6 +55,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="the chat template's thinking switch (enable_thinking): --think reasons in "
                    "<think>...</think> before the answer, --no-think answers at once (default: the "
                    "template's own choice)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device_arg, default="cpu")
     add_speculation_args(p)
     p.set_defaults(func=cmd_chat)

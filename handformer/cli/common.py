@@ -68,11 +68,27 @@ def print_table(rows: list[tuple[str, ...]], headers: tuple[str, ...], width: in
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
 
 
+def device_arg(name: str) -> str:
+    """The type of every --device option: a device torch knows and this machine has."""
+    if name == "cpu":
+        return name
+    from handformer.training.loop import pick_device
+
+    try:
+        pick_device(name)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return name
+
+
 def read_inputs(text: str | None) -> list[str]:
+    """TEXT as one input, else one input per stdin line, blank lines kept (the outputs stay aligned
+    with the lines they come from). A blank TEXT is an error."""
     if text is not None:
+        if not text.strip():
+            raise ValueError("TEXT is empty: give some text, or leave TEXT out to read lines from stdin")
         return [text]
-    lines = [line.rstrip("\n") for line in sys.stdin]
-    return [line for line in lines if line.strip()]
+    return [line.rstrip("\r\n") for line in sys.stdin]
 
 
 def run_task(run_dir: str) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -18,6 +19,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
                          "pip install transformers") from None
     if not args.prompt:
         raise ValueError("empty prompt: give --prompt TEXT with at least one character")
+    if not (Path(args.hf_dir) / "config.json").is_file():  # else transformers asks the Hub for it
+        raise ValueError(f"{args.hf_dir} is not a Hugging Face checkpoint folder (no config.json); give "
+                         "the folder import-hf read, or one `handformer export-hf` wrote")
     run = load_lm(args.run_dir)
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(
         args.hf_dir, dtype=torch.float32, attn_implementation="eager")

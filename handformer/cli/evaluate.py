@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from handformer.cli.common import positive_int, run_task
+from handformer.cli.common import device_arg, positive_int, run_task
 from handformer.io import atomic_write_text
 
 
@@ -83,5 +83,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="language model: slide the window by N tokens, scoring only its last N "
                    "(more context per token; default: the block size, windows do not overlap)")
     p.add_argument("--output", help="write the translations to this file")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device_arg, default="cpu")
     p.set_defaults(func=cmd_eval)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from handformer.cli.common import add_speculation_args, non_negative_int, positive_int, speculation_from_args
+from handformer.cli.common import (
+    add_speculation_args,
+    device_arg,
+    non_negative_int,
+    positive_int,
+    speculation_from_args,
+)
 from handformer.generation.stream import TextStream
 
 
@@ -55,7 +61,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=float, default=None,
                    help="sample from the smallest set of tokens with total probability >= P")
     p.add_argument("--seed", type=int, default=None, help="random seed, for reproducible samples")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device_arg, default="cpu")
     p.add_argument("--compile", action="store_true",
                    help="run the decoding step compiled with fixed shapes (torch.compile; tens of seconds "
                    "to compile first)")

@@ -11,10 +11,21 @@ STATES = {"en": {}, "zh": {"missing": "缺少文件", "not started": "还没开�
 ACTIONS = {"written": "写入", "kept": "保留", "kept, changed by you": "保留（你改过）", "reset": "已重置"}
 
 
+def columns(text: str) -> int:
+    """The columns TEXT takes on a terminal, where a Chinese character takes two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+
 def padded(text: str, width: int) -> str:
-    """TEXT padded to WIDTH columns of a terminal, where a Chinese character takes two."""
-    columns = sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
-    return text + " " * max(0, width - columns)
+    """TEXT padded to WIDTH columns of a terminal."""
+    return text + " " * max(0, width - columns(text))
+
+
+def title_width(lang: str) -> int:
+    """The columns of the course's longest chapter title in LANG: the title column's width."""
+    from handformer.course.chapters import CHAPTERS
+
+    return max(columns(ch.en if lang == "en" else ch.zh) for ch in CHAPTERS)
 
 
 def cmd_learn(args: argparse.Namespace) -> int:
@@ -33,7 +44,8 @@ def cmd_learn(args: argparse.Namespace) -> int:
             title = s.chapter.en if lang == "en" else s.chapter.zh
             state = STATES[lang].get(s.state, s.state)
             detail = "" if not s.detail else f"  ({s.detail})" if lang == "en" else f"（{s.detail}）"
-            print(f"{s.chapter.number:>2}  {s.chapter.file:<24} {padded(title, 32)} {state}{detail}")
+            print(f"{s.chapter.number:>2}  {s.chapter.file:<24} {padded(title, title_width(lang))}  "
+                  f"{state}{detail}")
         passed = sum(s.state == "pass" for s in states)
         print(f"{passed} of {len(states)} chapters pass" if lang == "en"
               else f"共 {len(states)} 章，{passed} 章通过")
@@ -65,7 +77,7 @@ def print_tutorials(lang: str) -> None:
     print("the chapters and the tutorials they follow:" if lang == "en" else "各章对应的教程章节：")
     for ch in CHAPTERS:
         title, tutorial = (ch.en, ch.tutorial[0]) if lang == "en" else (ch.zh, ch.tutorial[1])
-        print(f"{ch.number:>4}  {padded(title, 32)} {tutorial}")
+        print(f"{ch.number:>4}  {padded(title, title_width(lang))}  {tutorial}")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

@@ -8,9 +8,13 @@ import argparse
 def cmd_prepare(args: argparse.Namespace) -> int:
     from handformer.data.prepare import prepare
 
-    prepare(args.source, args.out_dir, args.tokenizer, val_fraction=args.val_fraction,
-            shard_tokens=args.shard_tokens, sample_mb=args.sample_mb, text_field=args.text_field,
-            progress=not args.no_progress)
+    try:
+        prepare(args.source, args.out_dir, args.tokenizer, val_fraction=args.val_fraction,
+                shard_tokens=args.shard_tokens, sample_mb=args.sample_mb, text_field=args.text_field,
+                progress=not args.no_progress)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"{args.out_dir} keeps its finished shards; run the same command again "
+                                "to go on from them") from None
     print(f'train on it with [data] shards = "{args.out_dir}" (or --set data.shards={args.out_dir})')
     return 0
 

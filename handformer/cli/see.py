@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from handformer.cli.common import device_arg
+
 
 def cmd_viz(args: argparse.Namespace) -> int:
     from handformer.see.viz import visualize
@@ -72,7 +74,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lang", choices=("en", "zh"), default="en",
                    help="language of the explorer page attention.html: en, or zh (Chinese); the PNGs' "
                    "titles stay English")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device_arg, default="cpu")
     p.set_defaults(func=cmd_viz)
 
     p = sub.add_parser("experts", help="where a mixture of experts' routers send each token of TEXT: "
@@ -82,7 +84,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layer", type=int, default=0, help="the layer whose router weights are drawn (from 0)")
     p.add_argument("--lang", default="en", choices=["en", "zh"], help="language of titles and labels")
     p.add_argument("--out", default=None, help="PNG to write (default RUN_DIR/experts.png)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device_arg, default="cpu")
     p.set_defaults(func=cmd_experts)
 
     p = sub.add_parser("plot", help="loss and learning rate against step and wall time, runs overlaid")

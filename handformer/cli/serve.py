@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
 
-from handformer.cli.common import positive_int
+from handformer.cli.common import device_arg, positive_int
 
 API_KEY_ENV = "HANDFORMER_API_KEY"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -40,7 +42,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     except KeyboardInterrupt:
         pass
+    except SystemExit as exc:  # uvicorn logs why it could not start, then exits
+        problem = bind_problem(args.host, args.port) if exc.code else None
+        if problem:
+            raise ValueError(problem) from None
+        raise
     return 0
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """Why the server cannot listen on HOST:PORT, with the fix; None when it can."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            s.bind((host, port))
+    except socket.gaierror:
+        return f"--host {host}: no such address; give one of this machine (127.0.0.1, or 0.0.0.0 for all)"
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            return (f"port {port} of {host} is taken (address already in use: another `handformer serve`?); "
+                    "choose another --port, or stop the program that holds it")
+        if err.errno == errno.EACCES:
+            return f"port {port} needs root (ports below 1024 do); choose --port 1024 or above"
+        if err.errno == errno.EADDRNOTAVAIL:
+            return f"--host {host} is not an address of this machine; give 127.0.0.1, or 0.0.0.0 for all"
+        return f"cannot listen on {host}:{port}: {err.strerror or err}"
+    return None
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -59,6 +87,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefix-cache-mb", type=float, default=None, metavar="MB",
                    help="keys and values of prompt prefixes kept for reuse, per model (default: 256 or 10%% "
                    "of RAM, whichever is smaller; 0 turns it off)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device_arg, default="cpu")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=cmd_serve)

@@ -102,7 +102,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     # One `handformer train` a run directory at a time (under torchrun, rank 0 holds the lock).
     with run_lock(run_dir, enabled=env_rank() == 0):
         run = {"translation": run_train, "lm": run_train_lm}.get(task, run_post)
-        _, result = run(job, run_dir, resume=bool(args.resume))
+        try:
+            _, result = run(job, run_dir, resume=bool(args.resume))
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(interrupted_hint(run_dir)) from None
         if env_rank() != 0:  # under torchrun, rank 0 alone writes the plot and reports
             return 0
         from handformer.see.plots import plot_loss_curve
@@ -113,6 +116,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     weights = ADAPTERS_FILE if (run_dir / ADAPTERS_FILE).is_file() else "model.safetensors"
     print(f"run directory: {run_dir} ({weights}, metrics.jsonl, {curve.name})")
     return 0
+
+
+def interrupted_hint(run_dir: Path) -> str:
+    """What a training run stopped by Ctrl-C left, and how to go on."""
+    if (run_dir / "checkpoint.safetensors").is_file():
+        return (f"{run_dir} holds whole files (each one is written aside, then renamed) and its last "
+                f"checkpoint; go on with `handformer train --resume {run_dir}`")
+    return f"training stopped before its first checkpoint in {run_dir}; start it again with the same command"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

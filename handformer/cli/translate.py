@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from handformer.cli.common import positive_int, read_inputs
+from handformer.cli.common import device_arg, positive_int, read_inputs
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -14,10 +14,12 @@ def cmd_translate(args: argparse.Namespace) -> int:
     translator = Translator.load(args.run_dir, args.device)
     prepare_for_decoding(translator.model)
     texts = read_inputs(args.text)
-    if not texts:
+    if not any(t.strip() for t in texts):
         raise ValueError("nothing to translate: give TEXT or lines on stdin")
-    for line in translator.translate(texts, beam=args.beam):
-        print(line, flush=True)
+    kept = [t for t in texts if t.strip()]  # a blank line gives a blank line: line i answers line i
+    outputs = iter(translator.translate(kept, beam=args.beam))
+    for text in texts:
+        print(next(outputs) if text.strip() else "", flush=True)
     return 0
 
 
@@ -27,5 +29,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("text", nargs="?", help="text to translate; without it, one sentence per stdin line")
     p.add_argument("--beam", type=positive_int, default=None,
                    help="beam size (1 = greedy; default from the run)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device_arg, default="cpu")
     p.set_defaults(func=cmd_translate)

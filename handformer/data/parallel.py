@@ -55,7 +55,8 @@ def _collect(rows, source: str, max_reported: int = 5) -> ParallelData:
             continue
         data.pairs.append((src, tgt))
     if not data.pairs:
-        raise ValueError(f"{source} holds no usable pairs ({data.skipped} bad lines)")
+        raise ValueError(f"{source} holds no usable pairs ({data.skipped} bad lines): give a TSV file, "
+                         "one `source<TAB>target` pair a line, or two aligned files (source, then target)")
     return data
 
 

@@ -35,7 +35,15 @@ def load_job_file(spec: str | os.PathLike) -> dict[str, Any]:
     """A TOML path, or the name of a built-in config (e.g. 'demo')."""
     path = Path(spec)
     if path.is_file():
-        return _parse_toml(path.read_text(), str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path} is not UTF-8 text (byte {err.start}: {err.reason}); TOML files "
+                             "are UTF-8: save it as UTF-8") from None
+        return _parse_toml(text, str(path))
+    if path.is_dir():
+        raise ValueError(f"--config {spec}: a folder, not a TOML file; to go on with a run give "
+                         "--resume RUN_DIR, to start from its weights --init-from RUN_DIR")
     if str(spec) in builtin_configs():
         text = resources.files("handformer.configs").joinpath(f"{spec}.toml").read_text()
         return _parse_toml(text, f"built-in config {spec!r}")

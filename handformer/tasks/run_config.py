@@ -103,5 +103,6 @@ def weights_fix(run_dir: Path) -> str:
     """What to do about a broken model.safetensors in a trained run."""
     if (run_dir / "checkpoint.safetensors").is_file():
         return (f"re-run training, or resume it from checkpoint.safetensors (`handformer train "
-                f"--resume {run_dir}`, which rewrites model.safetensors at its next evaluation)")
+                f"--resume {run_dir}`, with `--set train.steps=N` above its steps once it has finished): "
+                "its next evaluation writes model.safetensors again")
     return "re-run training to write it again"

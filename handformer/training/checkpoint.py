@@ -128,6 +128,16 @@ def read_safetensors(path: str | os.PathLike, fix: str = "replace it with an int
                          f"{safetensors_problem(path, err)}; {fix}") from None
 
 
+def readable_safetensors(path: str | os.PathLike) -> bool:
+    """Whether `path` is a whole safetensors file (its header and every tensor's bytes are there)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.keys()
+    except Exception:  # missing, truncated, corrupt: safetensors raises its own error types
+        return False
+    return True
+
+
 def load_weights(model: nn.Module, path: str | os.PathLike,
                  fix: str = "replace it with an intact copy") -> None:
     tensors, _ = read_safetensors(path, fix)

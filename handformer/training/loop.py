@@ -33,7 +33,13 @@ from torch import Tensor, nn
 from handformer.config import dataclass_from_dict
 from handformer.modes import eval_mode
 from handformer.training import distributed
-from handformer.training.checkpoint import load_checkpoint, load_weights, save_checkpoint, save_weights
+from handformer.training.checkpoint import (
+    load_checkpoint,
+    load_weights,
+    readable_safetensors,
+    save_checkpoint,
+    save_weights,
+)
 from handformer.training.cpu_memory import keep_freed_memory
 from handformer.training.loggers import METRICS_FILE, Loggers
 from handformer.training.muon import MuonAdamW, muon_params
@@ -176,9 +182,19 @@ EvalImages = Callable[[nn.Module], dict[str, Any]]
 
 
 def pick_device(name: str) -> torch.device:
+    """The device NAME asks for ("auto": a GPU when there is one), checked against this machine."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device {name!r} is not one torch knows; use cpu, cuda, cuda:N or mps") from None
+    available = {"cuda": torch.cuda.is_available, "mps": torch.backends.mps.is_available}.get(device.type)
+    if available is not None and not available():
+        build = " (this torch is a CPU build)" if device.type == "cuda" and torch.version.cuda is None else ""
+        raise ValueError(f"device {name!r}: this machine has none{build}; use cpu (or, in a training "
+                         "config, auto: a GPU when there is one)")
+    return device
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
@@ -482,6 +498,8 @@ def setup(model: nn.Module, cfg: TrainConfig, run_dir: Path, resume: bool, loss_
     state = LoopState()
     if resume:
         state = LoopState.resumed(load_checkpoint(run_dir / CHECKPOINT_FILE, model, optimizer), ctx)
+        if not readable_safetensors(run_dir / weights_file):  # the best weights are lost: the
+            state.best_val_loss = None  # next evaluation writes them again
     forward_model = distributed.wrap(model, ctx, device)
     if ctx.enabled and ctx.parallel == "fsdp":  # the weights are sharded now: a new optimizer
         loaded, optimizer = optimizer.state_dict(), make_optimizer(model, cfg, device)
@@ -618,7 +636,9 @@ def train_new_model(build: Callable[[], nn.Module], cfg: TrainConfig, train_data
         torch.set_num_threads(previous_threads)
     if distributed.is_sharded(model):  # FSDP left shards: the best weights go into a plain model
         model = build()
-    load_weights(model, Path(run_dir) / weights_file)
+    load_weights(model, Path(run_dir) / weights_file,
+                 fix=f"resume with more steps (`--set train.steps=N`, N above {cfg.steps}): the next "
+                     "evaluation writes it again")
     return model, result
 
 

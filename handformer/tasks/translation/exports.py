@@ -25,7 +25,9 @@ def export_marian(run_dir: str | os.PathLike, out_dir: str | os.PathLike, overwr
     cfg = translator.model.cfg
     problems = marian_mismatches(cfg)
     if problems:
-        raise ValueError("cannot export to MarianMTModel: " + "; ".join(problems))
+        raise ValueError("cannot export to MarianMTModel: " + "; ".join(problems) + "; a run trained "
+                         "with Marian's settings exports (`handformer train --config demo --set "
+                         "model.norm_placement=post`)")
     bos, eos = translator.tgt_tok.bos_id, translator.tgt_tok.eos_id
     if bos is None or eos is None:
         raise ValueError(f"{run_dir}'s target tokenizer has no <s> / </s> token, which decoding needs")

@@ -50,7 +50,9 @@ class Translator:
         run = check_run_dir(run_dir)
         run_dir, config = run.path, run.config
         if config.get("task") != "translation":
-            raise ValueError(f"{run_dir} holds a {config.get('task')!r} run, not a translation run")
+            raise ValueError(f"{run_dir} holds a {config.get('task')!r} run, not a translation run; "
+                             "continue text with `handformer generate` (or `chat`), or give a run "
+                             "trained with task = \"translation\" (`handformer demo` makes one)")
         model_cfg = run.model_config(Seq2SeqConfig)
         try:
             job = TranslationJob.from_dict({k: v for k, v in config.items() if k != "model"})

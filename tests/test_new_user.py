@@ -1,0 +1,216 @@
+"""What a newcomer meets first, as one met it: the help says what handformer is, Ctrl-C in training
+ends in one line that says how to go on, finished files keep the mode any other file gets, a lost
+best-weights file comes back on resume, a port in use and a folder given as --config are errors that
+name the fix, and every run directory a README command reads is made by a README command."""
+
+import dataclasses
+import os
+import re
+import socket
+import unicodedata
+from pathlib import Path
+
+import pytest
+import torch
+from docs_helpers import ROOT, blocks, commands, handformer_args, headings, pages
+from serve_helpers import make_lm_run
+
+from handformer.cli import build_parser, main
+from handformer.io import atomic_write_text
+from handformer.training.loop import LoopState
+
+CONFIGS = ROOT / "configs"
+TINY = ["train.progress=false", "train.device=cpu", "data.block_size=16", "train.steps=4",
+        "train.eval_every=2", "train.log_every=2", "train.warmup=1"]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def sets(*pairs: str) -> list[str]:
+    return [arg for pair in pairs for arg in ("--set", pair)]
+
+
+def test_the_help_says_what_handformer_is_in_whole_sentences():
+    description = build_parser().description
+    assert description.endswith(".") and "Transformer" in description
+
+
+def test_ctrl_c_in_training_is_one_line_that_says_how_to_go_on(tmp_path, monkeypatch, capsys):
+    def interrupted(job, run_dir, resume):
+        (run_dir / "checkpoint.safetensors").write_bytes(b"")  # as a run past its first checkpoint
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("handformer.tasks.lm.train.run_train_lm", interrupted)
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(CONFIGS / "tiny_lm.toml"), "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"`handformer train --resume {out}`" in err
+
+
+def test_finished_files_get_the_mode_open_gives_them(tmp_path):
+    atomic_write_text(tmp_path / "atomic.json", "{}")
+    (tmp_path / "plain.json").write_text("{}")
+    assert os.stat(tmp_path / "atomic.json").st_mode == os.stat(tmp_path / "plain.json").st_mode
+
+
+def test_resume_writes_lost_best_weights_again(tmp_path, monkeypatch, capsys):
+    (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog. " * 20)
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(CONFIGS / "tiny_lm.toml"), *sets(*TINY, f"data.path={tmp_path}/text.txt"),
+                 "--out", str(run)]) == 0
+    (run / "model.safetensors").write_bytes(b"\0" * 16)  # a torn file
+    assert main(["train", "--resume", str(run)]) == 2  # finished: nothing evaluates again
+    assert "--set train.steps=N" in capsys.readouterr().err
+    resumed = LoopState.resumed  # a best no later evaluation beats: the weights come back all the same
+
+    def unbeatable(saved, ctx):
+        return dataclasses.replace(resumed(saved, ctx), best_val_loss=float("-inf"))
+
+    monkeypatch.setattr(LoopState, "resumed", unbeatable)
+    assert main(["train", "--resume", str(run), *sets("train.steps=6")]) == 0
+    assert main(["generate", str(run), "--prompt", "the ", "--max-new-tokens", "2"]) == 0
+
+
+def test_a_port_in_use_is_an_error_naming_the_fix(tmp_path, capsys):
+    run = make_lm_run(tmp_path / "story", chat=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", str(run), "--port", str(port), "--log-level", "critical"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: port {port} of 127.0.0.1 is taken" in err and "choose another --port" in err
+
+
+def test_a_language_model_given_to_translate_names_the_command_to_use(tmp_path, capsys):
+    run = make_lm_run(tmp_path / "story", chat=False)
+    assert main(["translate", str(run), "hello"]) == 2
+    assert "`handformer generate`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.mkdir(), "a folder, not a TOML file; to go on with a run give --resume RUN_DIR"),
+    (lambda p: p.write_bytes(b'task = "lm"\n# \xff\n'), "is not UTF-8 text (byte 14"),
+])
+def test_a_config_that_is_no_toml_text_names_the_fix(tmp_path, capsys, make, message):
+    make(tmp_path / "job.toml")
+    assert main(["train", "--config", str(tmp_path / "job.toml"), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+
+
+def test_the_course_tables_keep_their_columns(capsys):
+    from handformer.cli.learn import print_tutorials
+    from handformer.course.chapters import CHAPTERS
+
+    def columns(text: str) -> int:  # a Chinese character takes two columns of a terminal
+        return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+
+    for lang in ("en", "zh"):
+        print_tutorials(lang)
+        rows = capsys.readouterr().out.splitlines()[1:]
+        starts = {columns(row[: row.index(ch.tutorial[lang == "zh"])]) for row, ch in zip(rows, CHAPTERS)}
+        assert len(starts) == 1, (lang, starts)  # every tutorial starts in the same column
+
+
+# --- the READMEs ---------------------------------------------------------------------------------
+
+READS = {"generate": "run_dir", "translate": "run_dir", "eval": "run_dir", "chat": "run_dir",
+         "quantize": "run_dir", "merge": "run_dir", "export-hf": "run_dir", "export-gguf": "run_dir",
+         "serve": "runs", "experts": "run_dir", "viz": "run_dir"}
+WRITES = {"train": "out", "import-hf": "run_dir", "import-llama2c": "run_dir", "import-gguf": "run_dir",
+          "quantize": "out_dir", "merge": "out_dir"}
+
+
+def readme_commands(readme: Path) -> list[list[str]]:
+    """The handformer command lines of a README: its code blocks', then its inline code's."""
+    lines = [handformer_args(words) for block in blocks(readme) if block.lang == "bash"
+             for _, words in commands(block)]
+    inline = re.findall(r"`(handformer [^`]+)`", readme.read_text(encoding="utf-8").replace("\n", " "))
+    return [args for args in lines if args] + [line.split()[1:] for line in inline]
+
+
+@pytest.mark.parametrize("readme", ["README.md", "README.zh.md"])
+def test_every_run_a_readme_command_reads_is_made_by_one_of_its_commands(readme):
+    parser, made, read = build_parser(), set(), []
+    for args in readme_commands(ROOT / readme):
+        try:
+            parsed = parser.parse_args(args)
+        except SystemExit:
+            continue  # test_docs names command lines that do not parse
+        for dest in ([WRITES[parsed.command]] if parsed.command in WRITES else []):
+            made.add(getattr(parsed, dest))
+        for dest in ([READS[parsed.command]] if parsed.command in READS else []):
+            value = getattr(parsed, dest)
+            read += [(" ".join(args), v.split("=")[-1]) for v in (value if isinstance(value, list) else [value])]
+        if getattr(parsed, "resume", None) or getattr(parsed, "init_from", None):
+            read.append((" ".join(args), parsed.resume or parsed.init_from))
+    unmade = [f"handformer {line}: {run}" for line, run in read if run not in made and not run.isupper()]
+    assert not unmade, f"{readme} reads runs none of its commands makes:\n" + "\n".join(unmade)
+
+
+def test_no_heading_sets_an_anchor_of_its_own():
+    """`## Title {#id}` works on the site (attr_list) but GitHub shows the braces and keeps its own
+    anchor: link to the heading's text instead (#推理任务)."""
+    found = [f"{page.relative_to(ROOT)}:{line}: {text}" for page in pages()
+             for line, _, text in headings(page) if re.search(r"\{#[^}]*\}\s*$", text)]
+    assert not found, "headings with {#id}; drop it and link to the heading's own anchor:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("device, message", [
+    ("nosuch", "device 'nosuch' is not one torch knows; use cpu, cuda, cuda:N or mps"),
+    ("cuda" if not torch.cuda.is_available() else "mps", "this machine has none"),
+])
+def test_a_device_this_machine_lacks_is_refused_before_anything_runs(tmp_path, capsys, device, message):
+    if device == "mps" and torch.backends.mps.is_available():
+        pytest.skip("this machine has both a GPU and mps")
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", str(tmp_path), "--prompt", "x", "--device", device])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --device: " in err and message in err
+
+
+def test_a_file_where_a_folder_belongs_is_named_with_the_fix(tmp_path, capsys):
+    run = make_lm_run(tmp_path / "story", chat=False)
+    (tmp_path / "taken").write_text("mine")
+    assert main(["quantize", str(run), str(tmp_path / "taken"), "--int8"]) == 2
+    assert f"{tmp_path / 'taken'} is a file, where a folder is needed" in capsys.readouterr().err
+    assert (tmp_path / "taken").read_text() == "mine"
+
+
+def test_a_host_that_is_no_address_here_is_named_with_the_fix(tmp_path, capsys):
+    run = make_lm_run(tmp_path / "story", chat=False)
+    assert main(["serve", str(run), "--host", "no-such-host.invalid", "--log-level", "critical"]) == 2
+    assert "--host no-such-host.invalid: no such address" in capsys.readouterr().err
+
+
+def test_a_text_without_pairs_given_to_a_translation_run_says_what_pairs_look_like(tmp_path, capsys):
+    from serve_helpers import make_translation_run
+
+    run = make_translation_run(tmp_path / "dates")
+    (tmp_path / "plain.txt").write_text("one sentence\nanother one\n")
+    assert main(["eval", str(run), "--data", str(tmp_path / "plain.txt")]) == 2
+    assert "give a TSV file, one `source<TAB>target` pair a line" in capsys.readouterr().err
+
+
+def test_trace_given_a_training_job_says_to_train_it_first(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["trace", str(CONFIGS / "tiny_lm.toml")])
+    assert "is a training job" in stopped.value.code and "then trace RUN" in stopped.value.code
+
+
+def test_compare_given_no_checkpoint_folder_names_it_and_asks_no_hub(tmp_path, capsys):
+    run = make_lm_run(tmp_path / "story", chat=False)
+    assert main(["compare", str(run), str(tmp_path / "nothing"), "--prompt", "x"]) == 2
+    assert "nothing is not a Hugging Face checkpoint folder (no config.json)" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_prepare_says_the_same_command_goes_on(tmp_path, monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("handformer.data.prepare.prepare", interrupted)
+    (tmp_path / "text.txt").write_text("some text\n")
+    assert main(["prepare", str(tmp_path / "text.txt"), str(tmp_path / "shards"), "--tokenizer", "char"]) == 130
+    err = capsys.readouterr().err
+    assert "keeps its finished shards; run the same command again" in err and "Traceback" not in err
