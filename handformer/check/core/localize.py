@@ -41,6 +41,7 @@ class Step(NamedTuple):
     name: str
     value: Tensor
     caller: int | None = None
+    given: bool = False  # an argument of their function as it was handed over, not a value it made
 
 
 View = tuple[str, Tensor]  # (the reference's sub-step, in words; its value)
@@ -61,16 +62,17 @@ class _Tracer:
         seen, before = frame.f_locals, self.state.setdefault(id(frame), ({}, frame.f_lineno))
         for name, value in seen.items():
             if isinstance(value, Tensor) and not value.is_complex() and _changed(before[0].get(name), value):
-                self.record(frame, before[1], name, value)
+                self.record(frame, before[1], name, value, not before[0])
         if event == "return":
             self.returned(frame, arg)
         held = {k: _snapshot(v) if self.constants else v for k, v in seen.items()}
         self.state[id(frame)], self.now = (held, frame.f_lineno), frame.f_lineno
         return self.local
 
-    def record(self, frame: Any, line: int, name: str, value: Tensor) -> None:
-        if value.grad_fn is not None:
-            self.steps.append(Step(line, name, value.detach().double(), self.caller(frame)))
+    def record(self, frame: Any, line: int, name: str, value: Tensor, given: bool) -> None:
+        """One step; `given`: the frame's first event, its arguments as handed over."""
+        if _traced(value) and name not in _arguments(frame, value):
+            self.steps.append(Step(line, name, value.detach().double(), self.caller(frame), given))
         elif self.constants and value.is_floating_point():
             self.dropped.add(self.last.get((id(frame), name), -1))
             self.last[(id(frame), name)] = len(self.steps)
@@ -81,7 +83,7 @@ class _Tracer:
         items = [("return", value)] if isinstance(value, Tensor) else [
             (f"return[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else []
         for name, v in items:
-            if isinstance(v, Tensor) and v.grad_fn is not None and not v.is_complex():
+            if isinstance(v, Tensor) and _traced(v) and not v.is_complex():
                 self.steps.append(Step(frame.f_lineno, name, v.detach().double(), self.caller(frame)))
 
     def caller(self, frame: Any) -> int | None:
@@ -135,6 +137,17 @@ def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
         for h in handles:
             h.remove()
     return [s for i, s in enumerate(t.steps) if i not in t.dropped]
+
+
+def _arguments(frame: Any, value: Tensor) -> tuple[str, ...]:
+    """The frame's arguments, for an input itself (a leaf): its own names are not steps, a name
+    bound to it in the body is (`q_embed = q`); none for a value made from the input."""
+    return frame.f_code.co_varnames[:frame.f_code.co_argcount * value.is_leaf]
+
+
+def _traced(value: Tensor) -> bool:
+    """A tensor that depends on the input (made from it, or the input itself), not a weight."""
+    return value.requires_grad and not isinstance(value, nn.Parameter)
 
 
 def _first_tensor(out: Any) -> Tensor | None:
@@ -287,6 +300,9 @@ def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor |
     view first: the sub-step nearest to it), then a softmax over another axis."""
     views = [(what, r) for what, r in views if r.shape == t.shape]
     for what, r in views:  # a sign first: -q·kᵀ/sqrt(d_k) is a factor -1/sqrt(d_k) of q·kᵀ too
+        if same(t, r):
+            return text(f"it is {what}: the steps after it are left out",
+                        f"它就是{_zh_subject(what).rstrip()}：之后的步骤被漏掉了")
         if same(t, -r):
             return text(f"{what} with its sign flipped", f"{view_zh(what)} 的符号反了")
         if r.min() >= 0 and r.max() <= 1 and same(t, 1 - r):
@@ -338,16 +354,34 @@ class Departure:
 
 
 def first_departure(steps: list[Step], views: list[View], filename: str, sizes: dict[str, float],
-                    pre: Tensor | None = None, terms: list[View] = ()) -> Departure | None:
-    """The first step whose shape is one of the views' and whose values are none of them."""
-    found = _departure_at(steps, views)
-    return None if found is None else _departure(steps[found], views, filename, sizes, pre, terms)
+                    pre: Tensor | None = None, terms: list[View] = (), ends: list[View] = (),
+                    ) -> Departure | None:
+    """The first step whose shape is one of the views' and whose values are none of them; a value
+    the code returns judged against `ends` (the results) alone, when given: returning an earlier
+    sub-step (q unrotated) is a departure, its line the step that made that value."""
+    found = _departure_at(steps, views, ends)
+    if found is None:
+        return None
+    step = _origin(steps, found) if ends else steps[found]
+    return _departure(step, views, filename, sizes, pre, terms)
 
 
-def _departure_at(steps: list[Step], views: list[View]) -> int | None:
+def _departure_at(steps: list[Step], views: list[View], ends: list[View] = ()) -> int | None:
     shapes = {r.shape for _, r in views}
-    return next((i for i, step in enumerate(steps)
-                 if step.value.shape in shapes and not any(same(step.value, r) for _, r in views)), None)
+    return next((i for i, step in enumerate(steps) if step.value.shape in shapes
+                 and not any(same(step.value, r) for _, r in _judged_by(step, views, ends))), None)
+
+
+def _judged_by(step: Step, views: list[View], ends: list[View]) -> list[View]:
+    """The results (`ends`) for a value the function itself returns (not a helper of theirs), when
+    given; else every view."""
+    return ends if ends and step.name.startswith("return") and step.caller is None else views
+
+
+def _origin(steps: list[Step], i: int) -> Step:
+    """The first step that made step i's value: where a result is an earlier sub-step left as it
+    was (q never rotated), the line that leaves out what follows."""
+    return next(s for s in steps[:i + 1] if not s.given and same(s.value, steps[i].value))
 
 
 def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, float],
