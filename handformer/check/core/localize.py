@@ -302,7 +302,7 @@ def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor |
     for what, r in views:  # a sign first: -q·kᵀ/sqrt(d_k) is a factor -1/sqrt(d_k) of q·kᵀ too
         if same(t, r):
             return text(f"it is {what}: the steps after it are left out",
-                        f"它就是{_zh_subject(what).rstrip()}：之后的步骤被漏掉了")
+                        f"它就是 {view_zh(what)}：之后的步骤被漏掉了")
         if same(t, -r):
             return text(f"{what} with its sign flipped", f"{view_zh(what)} 的符号反了")
         if r.min() >= 0 and r.max() <= 1 and same(t, 1 - r):
