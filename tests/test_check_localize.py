@@ -256,3 +256,38 @@ def test_a_catalogued_mistake_is_located_at_the_line_that_writes_it(case):
     name, found, lines, number, shown = LINES[case]
     form, line, code = locate_form(name, found, list(enumerate(lines, start=1)))
     assert (line, code, form) == (number, lines[number - 1], shown)
+
+
+# The Annotated Transformer's LabelSmoothing builds its target distribution in place (fill, scatter,
+# zero the padding): the line that departs is the one whose values last to the end and are wrong.
+SMOOTHING = '''import torch
+from torch import nn
+
+
+class LabelSmoothing(nn.Module):
+    def __init__(self, size, padding_idx, smoothing=0.0):
+        super().__init__()
+        self.criterion = nn.KLDivLoss(reduction="sum")
+        self.padding_idx, self.confidence, self.smoothing, self.size = padding_idx, 1.0 - smoothing, smoothing, size
+
+    def forward(self, x, target):
+        true_dist = x.data.clone()
+        true_dist.fill_(self.smoothing / (self.size - 2))
+        true_dist.scatter_(1, target.data.unsqueeze(1), self.confidence)
+        true_dist[:, self.padding_idx] = 0
+        mask = torch.nonzero(target.data == self.padding_idx)
+        if mask.numel() > 0:
+            true_dist.index_fill_(0, mask.squeeze(), 0.0)
+        return self.criterion(x, true_dist.clone().detach())
+'''
+
+
+def test_a_distribution_built_in_place_is_localized_at_the_line_that_writes_it_wrong(tmp_path):
+    planted = "true_dist.fill_(self.smoothing / self.size)"
+    source = SMOOTHING.replace("true_dist.fill_(self.smoothing / (self.size - 2))", planted)
+    path = tmp_path / "learner.py"
+    path.write_text(source)
+    (comp,) = check_file(str(path), only=["loss"]).components
+    assert comp.status == "fail" and not comp.findings
+    (note,) = [n for n in comp.notes if "parts from the reference" in n["en"]]
+    assert f"`true_dist` at line 13: {planted}" in note["en"] and "a constant factor" in note["en"], note

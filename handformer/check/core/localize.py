@@ -42,6 +42,7 @@ class Step(NamedTuple):
     value: Tensor
     caller: int | None = None
     given: bool = False  # an argument of their function as it was handed over, not a value it made
+    earlier: tuple[Step, ...] = ()  # a tensor built in place: its values after each earlier line
 
 
 View = tuple[str, Tensor]  # (the reference's sub-step, in words; its value)
@@ -57,6 +58,7 @@ class _Tracer:
         self.now = 0  # the line of the traced frame running now: where a module's output is made
         self.last: dict[tuple[int, str], int] = {}  # a constant's latest step: (frame, name) -> index
         self.dropped: set[int] = set()  # a constant's earlier steps: only its final value is judged
+        self.built: dict[tuple[int, str], list[Step]] = {}  # a constant's steps so far, in order
 
     def local(self, frame: Any, event: str, arg: Any) -> Any:
         seen, before = frame.f_locals, self.state.setdefault(id(frame), ({}, frame.f_lineno))
@@ -74,9 +76,12 @@ class _Tracer:
         if _traced(value) and name not in _arguments(frame, value):
             self.steps.append(Step(line, name, value.detach().double(), self.caller(frame), given))
         elif self.constants and value.is_floating_point():
-            self.dropped.add(self.last.get((id(frame), name), -1))
-            self.last[(id(frame), name)] = len(self.steps)
-            self.steps.append(Step(line, name, value.detach().clone().double(), self.caller(frame)))
+            key, built = (id(frame), name), self.built.setdefault((id(frame), name), [])
+            self.dropped.add(self.last.get(key, -1))
+            self.last[key] = len(self.steps)
+            built.append(Step(line, name, value.detach().clone().double(), self.caller(frame), False,
+                              tuple(built)))
+            self.steps.append(built[-1])
 
     def returned(self, frame: Any, value: Any) -> None:
         """What a frame returns: a tensor, or each tensor of a tuple (`return q, k`), as steps."""
@@ -253,9 +258,9 @@ def _factor(t: Tensor, r: Tensor) -> float | None:
 
 
 def _shift(t: Tensor, r: Tensor, dim: int, what: str) -> Text | None:
-    n = r.size(dim)
-    if t.shape != r.shape or n < 2:
+    if t.shape != r.shape or r.dim() <= dim or r.size(dim) < 2:  # a few entries' values: no positions
         return None
+    n = r.size(dim)
     for d, sign in ((1, "-"), (-1, "+")):
         if same(t.narrow(dim, max(d, 0), n - 1), r.narrow(dim, max(-d, 0), n - 1)):
             return text(f"{what} shifted by one position: position i holds the reference's i {sign} 1",
@@ -386,10 +391,26 @@ def _origin(steps: list[Step], i: int) -> Step:
 
 def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, float],
                pre: Tensor | None, terms: list[View]) -> Departure:
+    step, views = next(iter(_wrong_writes(step, views)), (step, views))
     code = linecache.getline(filename, step.line).strip()
     called = step.caller and (step.caller, linecache.getline(filename, step.caller).strip())
     form = form_of(step.value, views, sizes, pre, terms)
     return Departure(step.line, step.name, code, form, called or None)
+
+
+def _wrong_writes(step: Step, views: list[View]) -> list[tuple[Step, list[View]]]:
+    """For a tensor built in place over several lines (a target distribution: fill, scatter, zero the
+    padding), each line whose values that last to the end are not the reference's (the view of its
+    shape it agrees with most): that line's step and the views, on those values alone."""
+    r = max((r for _, r in views if r.shape == step.value.shape),
+            key=lambda r: int(torch.isclose(step.value, r).sum()), default=step.value)
+    out = []
+    for before, now in zip((None, *step.earlier), step.earlier and (*step.earlier, step)):
+        wrong = (now.value != getattr(before, "value", torch.nan)) & (step.value == now.value)
+        wrong &= ~torch.isclose(now.value, r)
+        out += [(now._replace(value=now.value[wrong]), [(what, t[wrong]) for what, t in views
+                                                        if t.shape == wrong.shape])] * bool(wrong.any())
+    return out
 
 
 def latest_departure(steps: list[Step], readings: list[list[View]], filename: str, sizes: dict[str, float],
@@ -400,7 +421,8 @@ def latest_departure(steps: list[Step], readings: list[list[View]], filename: st
     at = [_departure_at(steps, views) for views in readings]
     if not steps or not readings or None in at:
         return None
-    i = max(range(len(at)), key=lambda j: at[j])
+    i = min((j for j in range(len(at)) if at[j] == max(at)), key=lambda j: len(_wrong_writes(steps[at[j]],
+                                                                                     readings[j])))
     return _departure(steps[at[i]], readings[i], filename, sizes, None, list(terms) + readings[i])
 
 
