@@ -197,6 +197,12 @@ APPLY_PLANTS = {
     "meta_keys_conjugated": ("learners_llama", "xk_out = torch.view_as_real(xk_ * freqs_cis).flatten(3)",
                              "xk_out = torch.view_as_real(xk_ * freqs_cis.conj()).flatten(3)", "`xk_out` at line",
                              None),
+    # a result that is its input, never rotated: judged as the result, at the line that left it as is
+    "half_q_returned_as_is": ("learners_llm", "return q * cos + rotate_half(q) * sin,", "return q,",
+                              "`return[0]` at line", "it is q: the steps after it are left out"),
+    "meta_q_bound_as_is": ("learners_llama", "xq_out = torch.view_as_real(xq_ * freqs_cis).flatten(3)",
+                           "xq_out = xq  # rotated further down", "`xq_out` at line",
+                           "it is q (B, T, H, Dh): the steps after it are left out"),
 }
 
 
@@ -218,3 +224,70 @@ def test_unnamed_mistake_in_a_rotary_apply_function_is_localized(tmp_path, name)
     assert form is None or form in note["en"], report
     quoted = [ln.strip() for ln in source.splitlines() if len(ln.strip()) > 20 and ln.strip() in note["en"]]
     assert quoted == [planted]
+
+
+# The line of a catalogued mistake, in the forms learners write it: (diagnosis, the form found, their
+# lines, the line quoted, the form shown). Scores divided by sqrt(d_model) give the output of
+# scale_by_dk at check's sizes (d_k = 4 = sqrt(16)): the line says which one it is.
+LINES = {
+    "einsum_unscaled": ("no_scaling", "", ["q = self.wq(x)", 'att = torch.einsum("bqhd,bkhd->bhqk", q, k)',
+                                           "att = att.softmax(dim=-1)"], 2, ""),
+    "var_unbiased": ("layernorm_unbiased_std", "var", ["self.eps = 1e-5", "mean = x.mean(-1, keepdim=True)",
+                                                      "var = x.var(dim=-1, keepdim=True, unbiased=True)"], 3, "var"),
+    "expand_repeat_order": ("kv_repeat_order", "", ["def repeat_kv(x, n_rep):",
+                                                    "return x[:, :, None].expand(b, t, n_rep, n_kv, d).flatten(2, 3)"],
+                            2, ""),
+    "top_p_crossing": ("top_p_drops_crossing", "", ["probs_sum = torch.cumsum(probs_sort, dim=-1)",
+                                                    "mask = probs_sum > p"], 2, ""),
+    "sqrt_d_model": ("scale_by_dk", "", ["attn_scores = queries @ keys.transpose(2, 3)",
+                                         "w = torch.softmax(attn_scores / self.d_out ** 0.5, dim=-1)"], 2,
+                     "sqrt_d_model"),
+    "heads_times_width": ("scale_by_dk", "", ["att = q @ k.transpose(-2, -1) / math.sqrt(self.h * self.d_head)"],
+                          1, "sqrt_d_model"),
+    "divided_by_d_k": ("scale_by_dk", "", ["scores = q @ k.transpose(-2, -1) / self.d_k",
+                                           "x = self.emb(ids) * math.sqrt(self.d_model)"], 1, ""),
+}
+
+
+@pytest.mark.parametrize("case", LINES)
+def test_a_catalogued_mistake_is_located_at_the_line_that_writes_it(case):
+    from handformer.check.core.source import locate_form
+
+    name, found, lines, number, shown = LINES[case]
+    form, line, code = locate_form(name, found, list(enumerate(lines, start=1)))
+    assert (line, code, form) == (number, lines[number - 1], shown)
+
+
+# The Annotated Transformer's LabelSmoothing builds its target distribution in place (fill, scatter,
+# zero the padding): the line that departs is the one whose values last to the end and are wrong.
+SMOOTHING = '''import torch
+from torch import nn
+
+
+class LabelSmoothing(nn.Module):
+    def __init__(self, size, padding_idx, smoothing=0.0):
+        super().__init__()
+        self.criterion = nn.KLDivLoss(reduction="sum")
+        self.padding_idx, self.confidence, self.smoothing, self.size = padding_idx, 1.0 - smoothing, smoothing, size
+
+    def forward(self, x, target):
+        true_dist = x.data.clone()
+        true_dist.fill_(self.smoothing / (self.size - 2))
+        true_dist.scatter_(1, target.data.unsqueeze(1), self.confidence)
+        true_dist[:, self.padding_idx] = 0
+        mask = torch.nonzero(target.data == self.padding_idx)
+        if mask.numel() > 0:
+            true_dist.index_fill_(0, mask.squeeze(), 0.0)
+        return self.criterion(x, true_dist.clone().detach())
+'''
+
+
+def test_a_distribution_built_in_place_is_localized_at_the_line_that_writes_it_wrong(tmp_path):
+    planted = "true_dist.fill_(self.smoothing / self.size)"
+    source = SMOOTHING.replace("true_dist.fill_(self.smoothing / (self.size - 2))", planted)
+    path = tmp_path / "learner.py"
+    path.write_text(source)
+    (comp,) = check_file(str(path), only=["loss"]).components
+    assert comp.status == "fail" and not comp.findings
+    (note,) = [n for n in comp.notes if "parts from the reference" in n["en"]]
+    assert f"`true_dist` at line 13: {planted}" in note["en"] and "a constant factor" in note["en"], note

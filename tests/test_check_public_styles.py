@@ -1063,6 +1063,21 @@ CASES.update({
     "streaming_generate": (STREAM, ["generate"], "model(ids)[:, -1, :]", "model(ids)[:, 0, :]"),
 })
 
+TOP_K_PROBS = '''import torch
+
+
+def top_k_probs(probs, k):
+    vals, idx = torch.topk(probs, min(k, probs.size(-1)), dim=-1)
+    out = torch.zeros_like(probs).scatter_(-1, idx, vals)
+    return out / out.sum(dim=-1, keepdim=True)  # each row renormalized
+'''
+
+
+# a top-k filter on probabilities that renormalizes: over each row, not over the whole batch
+CASES.update({
+    "top_k_on_probabilities": (TOP_K_PROBS, ["top_k"], "out.sum(dim=-1, keepdim=True)", "out.sum()"),
+})
+
 
 def test_the_adapter_hint_for_a_method_calls_it_on_the_model():
     """nanochat's GPT.generate(self, tokens, max_tokens): the hint calls it on the model check gives."""

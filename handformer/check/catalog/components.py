@@ -7,7 +7,7 @@ DIAGNOSES: list[Diagnosis] = [
     d("no_scaling", "the scores are not scaled by 1/sqrt(d_k)", "注意力分数没有除以 sqrt(d_k)",
       "divide the scores by math.sqrt(d_k) before the softmax: scores = Q @ K^T / math.sqrt(d_k)",
       "在 softmax 之前把分数除以 math.sqrt(d_k)：scores = Q @ K^T / math.sqrt(d_k)",
-      r"(matmul|@).*transpose", r"transpose\(-2, ?-1\)", r"scores\s*="),
+      r"(matmul|@).*transpose", r"transpose\(-2, ?-1\)", r"einsum\(", r"scores\s*="),
     d("scale_by_dk", "the scores are divided by d_k instead of sqrt(d_k)",
       "注意力分数除以了 d_k，而不是 sqrt(d_k)",
       "divide by math.sqrt(d_k), not by d_k", "应除以 math.sqrt(d_k)，而不是 d_k",
@@ -131,7 +131,8 @@ DIAGNOSES: list[Diagnosis] = [
       "unbiased=False, keepdim=True) + eps), as nn.LayerNorm and the paper do",
       "使用有偏方差并把 eps 放进根号：(x - mean) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True)"
       " + eps)，与 nn.LayerNorm 和论文一致",
-      r"\.std\(", r"eps"),
+      r"\.std\(", r"unbiased\s*=\s*True|correction\s*=\s*1",
+      r"\.var\((?!.*(unbiased\s*=\s*False|correction\s*=\s*0))", r"eps"),
     d("nan_on_masked_rows", "a query whose keys are all masked gives NaN",
       "所有键都被屏蔽的查询输出了 NaN",
       "fill masked scores with -1e9 (the tutorials' way), or keep -inf as handformer does and set "
@@ -140,3 +141,13 @@ DIAGNOSES: list[Diagnosis] = [
       "再把所有键都被屏蔽的行的输出置零",
       r"-inf|float\(.-inf.\)|masked_fill"),
 ]
+
+WIDTH = r"(self\.)?(d_model|d_out|emb_dim|n_embd|embed_dim|hidden_size|hidden_dim|num_hiddens|dim|C)\b"
+# forms that give one output at check's sizes, told apart by the learner's line: dividing the scores
+# by sqrt(d_model) (a width, or heads times head width) is dividing by d_k when d_k = 4 = sqrt(16)
+LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {form shown: its line}
+    ("scale_by_dk", ""): {
+        "sqrt_d_model": rf"^(?=.*(@|matmul|einsum|bmm|scor|att|wei)).*(/\s*(math\.|np\.|torch\.)?sqrt\("
+                        rf"\s*{WIDTH}\s*\)|/\s*\(?\s*{WIDTH}\s*\*\*\s*0?\.5|\*\s*{WIDTH}\s*\*\*\s*\(?-0?\.5|"
+                        r"/\s*(math\.)?sqrt\(\s*(self\.)?\w+\s*\*\s*(self\.)?\w*(d_k|d_head|head_dim|head_size|dh)\w*\s*\))"},
+}

@@ -94,7 +94,7 @@ DIAGNOSES: list[Diagnosis] = [
       "k[:, :, None].expand(B, Hkv, n_rep, S, Dh).reshape(B, H, S, Dh)",
       "每个键/值头服务相邻的若干个查询头：k.repeat_interleave(n_rep, dim=1)，或 "
       "k[:, :, None].expand(B, Hkv, n_rep, S, Dh).reshape(B, H, S, Dh)",
-      r"\.repeat\(", r"expand|repeat"),
+      r"\.repeat\(", r"expand\([^)]*n_rep\w*\s*,\s*\w*(kv|n_kv)", r"\.expand\(", r"expand|repeat"),
     d("mask_not_applied", "the mask is never applied: the result of masked_fill is thrown away",
       "掩码没有生效：masked_fill 的结果被丢掉了",
       "masked_fill returns a new tensor: scores = scores.masked_fill(mask == 0, -1e9) (or masked_fill_ "

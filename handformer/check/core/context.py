@@ -23,7 +23,7 @@ from handformer.check.core.argument_names import call_parameters, named, names_o
 from handformer.check.core.conventions import conventions_for, is_lengths_name
 from handformer.check.core.discovery import ARGUMENTS, Component, build, own_objects, with_head_size
 from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, locate_form, source_lines
 from handformer.check.core.weights import scramble_
 from handformer.nn.masks import causal_mask
 
@@ -176,7 +176,7 @@ class Context:
         out = []
         for flag in sorted(flags):
             name, _, form = flag.partition(":")
-            number, code = locate(name, lines)
+            form, number, code = locate_form(name, form, lines)
             out.append(Finding(name, observed_match(name, form, matched, correct), number, code,
                                form))
         return out
@@ -264,6 +264,11 @@ FORMS: dict[str, dict[str, tuple[str, str]]] = {
                      "bias": ("the bias is not added", "没有加偏置")},
     "norm_wrong_dim": {"-2": ("statistics over dim -2 (the positions)", "统计量沿 dim -2（位置）计算"),
                        "all": ("statistics over every dimension at once", "统计量对所有维度一起计算")},
+    "scale_by_dk": {"sqrt_d_model": (
+        "your line divides by sqrt(d_model), the model's width, not the head's: at the sizes checked "
+        "(d_model 16, 4 heads) that is d_k = 4",
+        "你的代码除以的是 sqrt(d_model)（整个模型的宽度，不是每个头的）：在检查用的尺寸"
+        "（d_model 16，4 个头）下它正好等于 d_k = 4")},
     "shared_norm": {"first": ("the first norm is used for every sublayer", "每个子层都用了第一个归一化层"),
                     "last": ("the last norm is used for every sublayer", "每个子层都用了最后一个归一化层")},
 }

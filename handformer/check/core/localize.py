@@ -41,6 +41,8 @@ class Step(NamedTuple):
     name: str
     value: Tensor
     caller: int | None = None
+    given: bool = False  # an argument of their function as it was handed over, not a value it made
+    earlier: tuple[Step, ...] = ()  # a tensor built in place: its values after each earlier line
 
 
 View = tuple[str, Tensor]  # (the reference's sub-step, in words; its value)
@@ -56,32 +58,37 @@ class _Tracer:
         self.now = 0  # the line of the traced frame running now: where a module's output is made
         self.last: dict[tuple[int, str], int] = {}  # a constant's latest step: (frame, name) -> index
         self.dropped: set[int] = set()  # a constant's earlier steps: only its final value is judged
+        self.built: dict[tuple[int, str], list[Step]] = {}  # a constant's steps so far, in order
 
     def local(self, frame: Any, event: str, arg: Any) -> Any:
         seen, before = frame.f_locals, self.state.setdefault(id(frame), ({}, frame.f_lineno))
         for name, value in seen.items():
             if isinstance(value, Tensor) and not value.is_complex() and _changed(before[0].get(name), value):
-                self.record(frame, before[1], name, value)
+                self.record(frame, before[1], name, value, not before[0])
         if event == "return":
             self.returned(frame, arg)
         held = {k: _snapshot(v) if self.constants else v for k, v in seen.items()}
         self.state[id(frame)], self.now = (held, frame.f_lineno), frame.f_lineno
         return self.local
 
-    def record(self, frame: Any, line: int, name: str, value: Tensor) -> None:
-        if value.grad_fn is not None:
-            self.steps.append(Step(line, name, value.detach().double(), self.caller(frame)))
+    def record(self, frame: Any, line: int, name: str, value: Tensor, given: bool) -> None:
+        """One step; `given`: the frame's first event, its arguments as handed over."""
+        if _traced(value) and name not in _arguments(frame, value):
+            self.steps.append(Step(line, name, value.detach().double(), self.caller(frame), given))
         elif self.constants and value.is_floating_point():
-            self.dropped.add(self.last.get((id(frame), name), -1))
-            self.last[(id(frame), name)] = len(self.steps)
-            self.steps.append(Step(line, name, value.detach().clone().double(), self.caller(frame)))
+            key, built = (id(frame), name), self.built.setdefault((id(frame), name), [])
+            self.dropped.add(self.last.get(key, -1))
+            self.last[key] = len(self.steps)
+            built.append(Step(line, name, value.detach().clone().double(), self.caller(frame), False,
+                              tuple(built)))
+            self.steps.append(built[-1])
 
     def returned(self, frame: Any, value: Any) -> None:
         """What a frame returns: a tensor, or each tensor of a tuple (`return q, k`), as steps."""
         items = [("return", value)] if isinstance(value, Tensor) else [
             (f"return[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else []
         for name, v in items:
-            if isinstance(v, Tensor) and v.grad_fn is not None and not v.is_complex():
+            if isinstance(v, Tensor) and _traced(v) and not v.is_complex():
                 self.steps.append(Step(frame.f_lineno, name, v.detach().double(), self.caller(frame)))
 
     def caller(self, frame: Any) -> int | None:
@@ -135,6 +142,17 @@ def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
         for h in handles:
             h.remove()
     return [s for i, s in enumerate(t.steps) if i not in t.dropped]
+
+
+def _arguments(frame: Any, value: Tensor) -> tuple[str, ...]:
+    """The frame's arguments, for an input itself (a leaf): its own names are not steps, a name
+    bound to it in the body is (`q_embed = q`); none for a value made from the input."""
+    return frame.f_code.co_varnames[:frame.f_code.co_argcount * value.is_leaf]
+
+
+def _traced(value: Tensor) -> bool:
+    """A tensor that depends on the input (made from it, or the input itself), not a weight."""
+    return value.requires_grad and not isinstance(value, nn.Parameter)
 
 
 def _first_tensor(out: Any) -> Tensor | None:
@@ -240,9 +258,9 @@ def _factor(t: Tensor, r: Tensor) -> float | None:
 
 
 def _shift(t: Tensor, r: Tensor, dim: int, what: str) -> Text | None:
-    n = r.size(dim)
-    if t.shape != r.shape or n < 2:
+    if t.shape != r.shape or r.dim() <= dim or r.size(dim) < 2:  # a few entries' values: no positions
         return None
+    n = r.size(dim)
     for d, sign in ((1, "-"), (-1, "+")):
         if same(t.narrow(dim, max(d, 0), n - 1), r.narrow(dim, max(-d, 0), n - 1)):
             return text(f"{what} shifted by one position: position i holds the reference's i {sign} 1",
@@ -287,6 +305,9 @@ def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor |
     view first: the sub-step nearest to it), then a softmax over another axis."""
     views = [(what, r) for what, r in views if r.shape == t.shape]
     for what, r in views:  # a sign first: -q·kᵀ/sqrt(d_k) is a factor -1/sqrt(d_k) of q·kᵀ too
+        if same(t, r):
+            return text(f"it is {what}: the steps after it are left out",
+                        f"它就是 {view_zh(what)}：之后的步骤被漏掉了")
         if same(t, -r):
             return text(f"{what} with its sign flipped", f"{view_zh(what)} 的符号反了")
         if r.min() >= 0 and r.max() <= 1 and same(t, 1 - r):
@@ -338,24 +359,58 @@ class Departure:
 
 
 def first_departure(steps: list[Step], views: list[View], filename: str, sizes: dict[str, float],
-                    pre: Tensor | None = None, terms: list[View] = ()) -> Departure | None:
-    """The first step whose shape is one of the views' and whose values are none of them."""
-    found = _departure_at(steps, views)
-    return None if found is None else _departure(steps[found], views, filename, sizes, pre, terms)
+                    pre: Tensor | None = None, terms: list[View] = (), ends: list[View] = (),
+                    ) -> Departure | None:
+    """The first step whose shape is one of the views' and whose values are none of them; a value
+    the code returns judged against `ends` (the results) alone, when given: returning an earlier
+    sub-step (q unrotated) is a departure, its line the step that made that value."""
+    found = _departure_at(steps, views, ends)
+    if found is None:
+        return None
+    step = _origin(steps, found) if ends else steps[found]
+    return _departure(step, views, filename, sizes, pre, terms)
 
 
-def _departure_at(steps: list[Step], views: list[View]) -> int | None:
+def _departure_at(steps: list[Step], views: list[View], ends: list[View] = ()) -> int | None:
     shapes = {r.shape for _, r in views}
-    return next((i for i, step in enumerate(steps)
-                 if step.value.shape in shapes and not any(same(step.value, r) for _, r in views)), None)
+    return next((i for i, step in enumerate(steps) if step.value.shape in shapes
+                 and not any(same(step.value, r) for _, r in _judged_by(step, views, ends))), None)
+
+
+def _judged_by(step: Step, views: list[View], ends: list[View]) -> list[View]:
+    """The results (`ends`) for a value the function itself returns (not a helper of theirs), when
+    given; else every view."""
+    return ends if ends and step.name.startswith("return") and step.caller is None else views
+
+
+def _origin(steps: list[Step], i: int) -> Step:
+    """The first step that made step i's value: where a result is an earlier sub-step left as it
+    was (q never rotated), the line that leaves out what follows."""
+    return next(s for s in steps[:i + 1] if not s.given and same(s.value, steps[i].value))
 
 
 def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, float],
                pre: Tensor | None, terms: list[View]) -> Departure:
+    step, views = next(iter(_wrong_writes(step, views)), (step, views))
     code = linecache.getline(filename, step.line).strip()
     called = step.caller and (step.caller, linecache.getline(filename, step.caller).strip())
     form = form_of(step.value, views, sizes, pre, terms)
     return Departure(step.line, step.name, code, form, called or None)
+
+
+def _wrong_writes(step: Step, views: list[View]) -> list[tuple[Step, list[View]]]:
+    """For a tensor built in place over several lines (a target distribution: fill, scatter, zero the
+    padding), each line whose values that last to the end are not the reference's (the view of its
+    shape it agrees with most): that line's step and the views, on those values alone."""
+    r = max((r for _, r in views if r.shape == step.value.shape),
+            key=lambda r: int(torch.isclose(step.value, r).sum()), default=step.value)
+    out = []
+    for before, now in zip((None, *step.earlier), step.earlier and (*step.earlier, step)):
+        wrong = (now.value != getattr(before, "value", torch.nan)) & (step.value == now.value)
+        wrong &= ~torch.isclose(now.value, r)
+        out += [(now._replace(value=now.value[wrong]), [(what, t[wrong]) for what, t in views
+                                                        if t.shape == wrong.shape])] * bool(wrong.any())
+    return out
 
 
 def latest_departure(steps: list[Step], readings: list[list[View]], filename: str, sizes: dict[str, float],
@@ -366,7 +421,8 @@ def latest_departure(steps: list[Step], readings: list[list[View]], filename: st
     at = [_departure_at(steps, views) for views in readings]
     if not steps or not readings or None in at:
         return None
-    i = max(range(len(at)), key=lambda j: at[j])
+    i = min((j for j in range(len(at)) if at[j] == max(at)), key=lambda j: len(_wrong_writes(steps[at[j]],
+                                                                                     readings[j])))
     return _departure(steps[at[i]], readings[i], filename, sizes, None, list(terms) + readings[i])
 
 

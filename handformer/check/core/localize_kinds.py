@@ -209,4 +209,6 @@ def localize_rotation(run: Callable[[Tensor, Tensor], Any], fn: Any, q: Tensor, 
     q, k = q.clone().requires_grad_(), k.clone().requires_grad_()
     steps = trace_steps(lambda: run(q, k), filename)
     sizes = {"d_head": q.size(-1), "T": q.size(-2)}
-    return first_departure(steps, rotation_views(q.detach(), k.detach(), layout), filename, sizes)
+    views = rotation_views(q.detach(), k.detach(), layout)
+    ends = [(name, t) for name, t in views if " rotated " in name]
+    return first_departure(steps, views, filename, sizes, ends=ends)

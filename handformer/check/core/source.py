@@ -10,6 +10,7 @@ import traceback
 from collections.abc import Iterable
 from typing import Any
 
+from handformer.check.catalog.components import LINE_FORMS
 from handformer.check.core.result import LearnerError
 from handformer.check.reference.diagnoses import CATALOG
 
@@ -55,14 +56,29 @@ def _read_lines(obj: Any) -> tuple[tuple[int, str], ...]:
 def locate(name: str, lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
     """The first line matching the diagnosis' patterns, trying patterns in order; comments and
     docstrings are skipped."""
+    return _first_match(CATALOG[name].patterns, lines)
+
+
+def _first_match(patterns: Iterable[str], lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
     code_lines = [(n, t) for n, t in lines
                   if t.strip() and not t.strip().startswith(("#", '"""', "'''"))]
-    for pattern in CATALOG[name].patterns:
+    for pattern in patterns:
         regex = re.compile(pattern)
         for number, line in code_lines:
             if regex.search(line.split("#")[0]):
                 return number, line.strip()
     return None, None
+
+
+def locate_form(name: str, form: str, lines: list[tuple[int, str]]) -> tuple[str, int | None, str | None]:
+    """A diagnosis' form and likely line: where check's sizes make two forms give one output (a
+    divisor d_k = 4 = sqrt(d_model = 16)), the form the learner's line writes (LINE_FORMS), at that
+    line; else the form found, at `locate`'s line."""
+    for shown, pattern in LINE_FORMS.get((name, form), {}).items():
+        number, code = _first_match([pattern], lines)
+        if number is not None:
+            return shown, number, code
+    return (form, *locate(name, lines))
 
 
 def learner_error(err: BaseException, path: str, where: str) -> LearnerError:

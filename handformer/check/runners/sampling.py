@@ -227,8 +227,25 @@ def check_top_k(comp: Component, ctx: Context) -> ComponentResult:
                             _wrong_tokens(worst)))
     _large_k(res, ctx, comp, call, logits)
     _ties(res, call, logits)
+    _kept_probabilities(res, call, logits)
     res.max_abs_error = float(worst)
     return finish(res)
+
+
+def _kept_probabilities(res: ComponentResult, call: Caller, logits: Tensor) -> None:
+    """A filter given probabilities keeps each kept token's probability as given, or renormalized
+    over its own row (the vocabulary); a sum over another axis (the batch) is neither."""
+    out = call(logits, top_k=3)
+    if not call.probs or not is_probabilities(out):
+        return
+    given = torch.where(out > 0, torch.softmax(logits, -1), 0.0)  # (rows, V)
+    renormalized = given / given.sum(-1, keepdim=True)  # (rows, V)
+    ok = any(torch.allclose(out.double(), g, atol=1e-9) for g in (given, renormalized))
+    sums = ", ".join(f"{float(t):.3g}" for t in out.double().sum(-1))
+    res.checks.append(Check(text("the kept tokens keep their probabilities, as given or renormalized over "
+                                 "each row (k = 3)", "保留的 token 概率不变，或在各自的行内重新归一化"
+                                 "（k = 3）"),
+                            ok, text(f"the rows sum to {sums}", f"各行之和为 {sums}")))
 
 
 def _large_k(res: ComponentResult, ctx: Context, comp: Component, call: Caller, logits: Tensor) -> None:
