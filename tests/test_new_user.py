@@ -214,3 +214,14 @@ def test_ctrl_c_in_prepare_says_the_same_command_goes_on(tmp_path, monkeypatch, 
     assert main(["prepare", str(tmp_path / "text.txt"), str(tmp_path / "shards"), "--tokenizer", "char"]) == 130
     err = capsys.readouterr().err
     assert "keeps its finished shards; run the same command again" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: d, "is a folder: give the .py file"),
+    (lambda d: d / "notes.txt", "is not a Python file (.py)"),
+    (lambda d: d / "missing.py", "no such file"),
+])
+def test_check_given_no_python_file_is_a_usage_error_naming_the_fix(tmp_path, capsys, make, message):
+    (tmp_path / "notes.txt").write_text("attention notes\n")
+    assert main(["check", str(make(tmp_path))]) == 2
+    assert message in capsys.readouterr().err

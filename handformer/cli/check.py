@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def parse_components(values: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -23,6 +24,20 @@ def parse_components(values: list[str]) -> tuple[dict[str, str], list[str]]:
     return overrides, only
 
 
+def learner_file(path: str) -> str:
+    """The learner's file as an absolute path, or an error that says what to give instead."""
+    given = Path(path)
+    if given.is_dir():
+        raise FileNotFoundError(f"{path} is a folder: give the .py file that defines your components, "
+                                f"e.g. handformer check {given / 'model.py'}")
+    if not given.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    if given.suffix != ".py":
+        raise ValueError(f"{path} is not a Python file (.py): check imports the file as Python. For a "
+                         f"notebook, save its code first: jupyter nbconvert --to script {given.name}")
+    return path
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     from handformer.check.core.report import default_language, exit_code, format_report, to_json
     from handformer.check.core.sandbox import check_in_child
@@ -32,8 +47,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise ValueError("--time-limit must be > 0 seconds and --memory-limit at least 1024 MiB "
                          "(torch itself needs about 1 GiB of address space)")
     convention = None if args.mask_convention == "auto" else args.mask_convention
-    result = check_in_child(args.path, overrides, only, convention, args.time_limit, args.memory_limit,
-                            args.adapters)
+    result = check_in_child(learner_file(args.path), overrides, only, convention, args.time_limit,
+                            args.memory_limit, args.adapters)
     result.path = args.path  # as the learner typed it
     if args.json:
         sys.stdout.write(to_json(result) + "\n")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -646,13 +647,13 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
             masked_rows(res, out, rows, layer.comp, ctx)
             if i == 0 and out is not None and out.shape == ref.shape and not layer.stepwise:
                 grad_err = _grads(layer, hf, x, out, ref)
-    res.max_abs_error = max(errors) if errors else None
+    res.max_abs_error = max(errors, default=None)
     name = REFERENCE_LAYERS[layer.decoder, layer.causal_block].__name__
     n = len(errors)
     zh = f"{placement.capitalize()}-Norm"
     res.checks.append(Check(text(f"matches handformer's {name} ({placement}-norm) on {n} shapes",
                                  f"在 {n} 种形状上与 handformer 的 {name}（{zh}）一致"),
-                            bool(errors) and max(errors) < 1e-5, error_text(max(errors) if errors else 0.0)))
+                            max(errors, default=math.inf) < 1e-5, error_text(max(errors, default=0.0))))
     if layer.stepwise:
         res.notes.append(STEPWISE_NOTE)
         return
