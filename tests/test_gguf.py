@@ -789,8 +789,7 @@ def test_a_crash_while_writing_leaves_no_file(tmp_path, monkeypatch):
         raise KeyboardInterrupt  # as a kill in the middle of the tensor data would
 
     monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", crash)
-    with pytest.raises(KeyboardInterrupt):
-        main(["export-gguf", str(run_dir), str(tmp_path / "m.gguf")])
+    assert main(["export-gguf", str(run_dir), str(tmp_path / "m.gguf")]) == 130  # one line, no traceback
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no m.gguf, no temporary file
 
 
