@@ -59,8 +59,11 @@ def main() -> None:
     if not args.no_keep_cpu_memory:
         keep_freed_memory()
 
-    raw = apply_overrides(load_job_file(args.config), parse_overrides(args.set))
-    job = TranslationJob.from_dict({k: v for k, v in raw.items() if k != "task"})
+    try:
+        raw = apply_overrides(load_job_file(args.config), parse_overrides(args.set))
+        job = TranslationJob.from_dict({k: v for k, v in raw.items() if k != "task"})
+    except (ValueError, FileNotFoundError) as err:  # a --set without =, a bad field or value: one line
+        p.error(str(err))
     train_pairs, _, _ = load_pairs(job.data)
     src_tok, tgt_tok = build_tokenizers(job.data, train_pairs.pairs)
     cfg = model_config(job, src_tok, tgt_tok)

@@ -296,7 +296,10 @@ def main() -> None:
     p.add_argument("--next", action="store_true", help="do the next unfinished step only, then exit")
     args = p.parse_args()
     os.environ["HF_HUB_OFFLINE"] = "1"
-    cfg = pipeline.config_for(args.preset, parse_overrides(args.set))
+    try:
+        cfg = pipeline.config_for(args.preset, parse_overrides(args.set))
+    except ValueError as err:  # a --set without =, an unknown field, a bad value: one line
+        p.error(str(err))
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     out = Path(args.out)

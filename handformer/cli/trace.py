@@ -22,20 +22,20 @@ def model_config_from_args(source: str, overrides: dict[str, Any]) -> BlockConfi
         if path.is_dir():
             path = path / "config.json"
         if not path.is_file():
-            raise SystemExit(f"error: {source!r} is neither a preset ({', '.join(PRESETS)}) nor a "
+            raise ValueError(f"{source!r} is neither a preset ({', '.join(PRESETS)}) nor a "
                              "config file or run directory")
         if path.suffix == ".toml":  # a job's vocabulary comes from its data: the model exists once trained
-            raise SystemExit(f"error: {source} is a training job, whose model sizes come with its data; "
+            raise ValueError(f"{source} is a training job, whose model sizes come with its data; "
                              f"train it (`handformer train --config {source} --out RUN`), then trace RUN, "
                              "or trace a preset with --set")
         try:
             data = load_config(path).to_dict()
         except UnicodeDecodeError:
-            raise SystemExit(f"error: {source} is not a config JSON file (not UTF-8 text); give a preset, "
+            raise ValueError(f"{source} is not a config JSON file (not UTF-8 text); give a preset, "
                              "a config.json or a run directory") from None
     unknown = set(overrides) - set(data)
     if unknown:
-        raise SystemExit(f"error: unknown config field(s) {', '.join(sorted(unknown))}; valid: "
+        raise ValueError(f"unknown config field(s) {', '.join(sorted(unknown))}; valid: "
                          f"{', '.join(sorted(k for k in data if k != 'family'))}")
     return config_from_dict({**data, **overrides})
 
