@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
 from handformer.check.core.engine import check_file
 
@@ -1089,7 +1091,23 @@ def test_the_adapter_hint_for_a_method_calls_it_on_the_model():
             yield from tokens[:max_tokens]
 
     hint = adapter_hint(Component("generate", "GPT.generate", GPT.generate))
-    assert "return model.generate(tokens, max_tokens)" in hint and "self" not in hint
+    assert "return model.generate(idx, max_new_tokens)" in hint and "self" not in hint
+
+
+def test_the_adapter_hint_for_a_function_imports_it_and_passes_what_check_gives():
+    """A beam_search(model, src, beam_size, max_len, bos_id, eos_id) named as its kind: the hint imports
+    it under another name (an adapter calling `beam_search` would call itself) and hands it check's
+    start and end symbols where it names them bos_id and eos_id."""
+    from handformer.check.core.adapters import adapter_hint
+    from handformer.check.core.discovery import Component
+
+    def beam_search(model, src, beam_size, max_len, bos_id, eos_id):
+        return src
+
+    hint = adapter_hint(Component("beam_search", "beam_search", torch.no_grad()(beam_search)))
+    compile(hint, "handformer_adapters.py", "exec")
+    assert f"from {Path(__file__).stem} import beam_search as yours" in hint
+    assert "return yours(model, src, beam_size, max_len, start_symbol, end_symbol)" in hint
 
 ADDITIVE = '''import torch
 from torch import nn

@@ -570,8 +570,8 @@ def test_a_loop_the_stand_in_cannot_serve_is_not_checked_never_an_error(tmp_path
         path.write_text(source)
         (comp,) = check_file(str(path)).components
         assert comp.status == "not_checked" and comp.error.kind == "stand_in", format_report(check_file(str(path)))
-        assert comp.adapter.endswith("return generate(model, idx, max_new_tokens)  # your function, called as "
-                                     "check calls it")
+        assert comp.adapter.endswith("from loop import generate as yours\n    return yours(model, idx, "
+                                     "max_new_tokens)  # your function, called as check calls it")
 
 
 QK_NORM = '''

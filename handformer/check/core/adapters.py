@@ -34,6 +34,15 @@ CALLS: dict[str, str] = {
     "optimizer, criterion", "schedule": "step", "loss": "logits, targets, pad_id", "causal_mask": "size",
     "sdpa": "q, k, v, mask=None", "rope": "q, k, positions", "bpe": "input_path, vocab_size, special_tokens",
     "mask_helper": "src, pad_id", "masked_softmax": "scores, valid_lens"}
+# a learner's name for what check passes a function kind under another name
+CALLED = {"bos": "start_symbol", "bos_id": "start_symbol", "bos_idx": "start_symbol", "sos": "start_symbol",
+          "sos_id": "start_symbol", "start": "start_symbol", "start_id": "start_symbol",
+          "start_token": "start_symbol", "eos": "end_symbol", "eos_id": "end_symbol", "eos_idx": "end_symbol",
+          "end": "end_symbol", "end_id": "end_symbol", "end_token": "end_symbol", "beam_width": "beam_size",
+          "num_beams": "beam_size", "max_length": "max_len", "maxlen": "max_len",
+          "max_tokens": "max_new_tokens", "num_tokens": "max_new_tokens", "tokens": "idx", "ids": "idx",
+          "input_ids": "idx",
+          "source_mask": "src_mask", "src_pad_mask": "src_mask"}
 SIZE_NAMES = {"d_model": "d_model", "n_heads": "n_heads", "n_kv_heads": "n_kv_heads", "d_ff": "d_ff",
               "dropout": "dropout", "max_len": "max_len", "src_vocab": "vocab_size",
               "tgt_vocab": "tgt_vocab_size", "n_layers": "n_layers", "pad_id": "pad_id", "theta": "theta",
@@ -74,14 +83,25 @@ def adapter_hint(comp: Any) -> str:
     call = CALLS.get(comp.kind, "...")
     name = getattr(obj, "__name__", comp.name)
     try:
-        theirs = ", ".join(n for n, q in inspect.signature(obj).parameters.items()
+        theirs = ", ".join(_as_called(n, call) for n, q in inspect.signature(obj).parameters.items()
                            if q.default is q.empty and q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD)
                            and n != "self")
     except (TypeError, ValueError):
         theirs = "..."
-    owner = "model." if "." in comp.name else ""  # a method (GPT.generate): called on the model check gives
-    return (f"def {comp.kind}({call}):\n    return {owner}{name}({theirs})"
-            "  # your function, called as check calls it")
+    if "." in comp.name:  # a method (GPT.generate): called on the model check gives
+        return (f"def {comp.kind}({call}):\n    return model.{name}({theirs})"
+                "  # your method, called as check calls it")
+    source = inspect.getsourcefile(inspect.unwrap(obj)) or "your_file.py"  # decorated: its own file
+    stem = Path(source).stem  # imported as in the docs' `from odd import Attn`
+    return (f"def {comp.kind}({call}):\n    from {stem} import {name} as yours\n"
+            f"    return yours({theirs})  # your function, called as check calls it")
+
+
+def _as_called(name: str, call: str) -> str:
+    """Their parameter as the adapter has it: its own name, or the adapter's for the same thing
+    (bos_id -> start_symbol) when the adapter has that one."""
+    called = CALLED.get(name, name)
+    return called if called in call.split(", ") else name
 
 
 def load(path: str | None, learner_path: str) -> types.ModuleType | None:
