@@ -225,3 +225,14 @@ def test_check_given_no_python_file_is_a_usage_error_naming_the_fix(tmp_path, ca
     (tmp_path / "notes.txt").write_text("attention notes\n")
     assert main(["check", str(make(tmp_path))]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, usage", [
+    (["explain", "softmax"], "usage: handformer explain"),
+    (["speedrun", "chat", "--bogus"], "usage: handformer speedrun chat"),
+])
+def test_an_argument_left_over_is_reported_with_its_commands_usage(capsys, argv, usage):
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.startswith(usage) and "unrecognized arguments" in err

@@ -51,7 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for module in COMMANDS:
         module.add_parsers(sub)
+    _own_usage(parser)
     return parser
+
+
+def _own_usage(parser: argparse.ArgumentParser) -> None:
+    """Each (sub)command's parser records itself, so that an argument left over is reported with that
+    command's usage (`handformer explain X`), not the top level's."""
+    parser.set_defaults(usage_parser=parser)
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        for choice in action.choices.values():
+            _own_usage(choice)
 
 
 @functools.cache
@@ -76,7 +86,9 @@ def os_error_line(err: OSError) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args, left = _parser().parse_known_args(argv)
+    if left:
+        args.usage_parser.error(f"unrecognized arguments: {' '.join(left)}")
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:
