@@ -323,3 +323,13 @@ def test_ctrl_c_closes_the_progress_bar_before_the_interrupted_line(tmp_path, mo
     gc.collect()
     err = capsys.readouterr().err
     assert err.rstrip().splitlines()[-1].startswith("interrupted"), err[-500:]
+
+
+def test_the_readme_imports_stories260k_by_its_file_names_from_any_folder(tmp_path, monkeypatch, capsys):
+    from helpers import dataset_file
+
+    dataset_file("stories260K")
+    monkeypatch.chdir(tmp_path)  # a folder without the files, as after `handformer data get stories260K`
+    assert main(["import-llama2c", "stories260K.bin", "tok512.bin", "runs/stories260K"]) == 0
+    assert "reading the stories260K dataset's" in capsys.readouterr().err
+    assert (tmp_path / "runs/stories260K/model.safetensors").is_file()
