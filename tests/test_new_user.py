@@ -333,3 +333,22 @@ def test_the_readme_imports_stories260k_by_its_file_names_from_any_folder(tmp_pa
     assert main(["import-llama2c", "stories260K.bin", "tok512.bin", "runs/stories260K"]) == 0
     assert "reading the stories260K dataset's" in capsys.readouterr().err
     assert (tmp_path / "runs/stories260K/model.safetensors").is_file()
+
+
+def test_an_empty_config_is_refused_rather_than_training_every_default(tmp_path, capsys):
+    (tmp_path / "job.toml").write_text("# to fill in\n")
+    assert main(["train", "--config", str(tmp_path / "job.toml"), "--out", str(tmp_path / "run")]) == 2
+    assert "job.toml holds no settings; write a job" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+@pytest.mark.parametrize("option, value, message", [
+    ("--top-p", "2", "argument --top-p: must be a number above 0 and at most 1, got 2"),
+    ("--temperature", "-1", "argument --temperature: must be a number >= 0, got -1"),
+    ("--top-k", "0", "argument --top-k: must be an integer >= 1, got 0"),
+])
+def test_a_sampling_option_out_of_range_is_named_as_typed(tmp_path, capsys, command, option, value, message):
+    with pytest.raises(SystemExit) as stopped:
+        main([command, str(tmp_path), "--prompt" if command == "generate" else "--system", "x", option, value])
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
