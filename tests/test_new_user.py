@@ -352,3 +352,17 @@ def test_a_sampling_option_out_of_range_is_named_as_typed(tmp_path, capsys, comm
     with pytest.raises(SystemExit) as stopped:
         main([command, str(tmp_path), "--prompt" if command == "generate" else "--system", "x", option, value])
     assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_eval_reads_a_translation_runs_own_test_split_by_name(tmp_path, capsys):
+    from serve_helpers import make_translation_run
+
+    run = make_translation_run(tmp_path / "dates")
+    config = json.loads((run / "config.json").read_text())
+    (tmp_path / "test.tsv").write_text("one\t1\ntwo\t2\n")
+    config["data"].update(train=str(tmp_path / "train.tsv"), test=str(tmp_path / "test.tsv"))
+    (run / "config.json").write_text(json.dumps(config))
+    assert main(["eval", str(run), "--data", "test"]) == 0
+    assert "(2 sentences)" in capsys.readouterr().out
+    assert main(["eval", str(run), "--data", "val"]) == 2
+    assert "was trained without a val split" in capsys.readouterr().err
