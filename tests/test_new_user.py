@@ -276,6 +276,26 @@ def test_generate_on_a_run_missing_a_file_names_the_fix(tmp_path, capsys, lost, 
     assert f"has no {lost}" in err and fix in err, err
 
 
+def test_a_torn_tokenizer_names_the_fix(tmp_path, capsys):
+    run = make_lm_run(tmp_path / "story", chat=False)
+    (run / "tokenizer.json").write_text('{"model": ')
+    assert main(["generate", str(run), "--prompt", "the"]) == 2
+    err = capsys.readouterr().err
+    assert "is not a valid tokenizer.json" in err and "train the run again" in err, err
+
+
+@pytest.mark.parametrize("lost, fix", [("tokenizer.json", "train the run again"),
+                                       ("model.safetensors", "re-run training")])
+def test_a_translation_run_missing_a_file_names_the_fix(tmp_path, capsys, lost, fix):
+    from serve_helpers import make_translation_run
+
+    run = make_translation_run(tmp_path / "dates")
+    (run / lost).unlink()
+    assert main(["translate", str(run), "the first of may"]) == 2
+    err = capsys.readouterr().err
+    assert lost in err and fix in err, err
+
+
 def test_a_trained_run_missing_its_weights_says_resume(tmp_path, capsys):
     run = make_lm_run(tmp_path / "story", chat=False)
     (run / "checkpoint.safetensors").write_bytes(b"")
