@@ -52,22 +52,26 @@ from handformer.nn.masks import causal_mask
 from handformer.nn.norms import LayerNorm, RMSNorm
 from handformer.nn.positions import sinusoidal_table
 
+# how a (T, T) mask read in each convention says "may see"
+READ_KEEP = {"torch": lambda m: ~m, "bool": lambda m: m, "additive": lambda m: m > -1e3,
+             "int": lambda m: m != 0}
 
-def _as_keep(mask: Tensor, convention: str | None) -> tuple[Tensor, str]:
-    """The learner's (T, T) mask as bool True = may see, with the convention it was read in."""
+
+def _convention(mask: Tensor, forced: str | None) -> str:
+    """The convention of the learner's mask, read from its largest one: at T = 1 an additive mask
+    (0 and -inf, PyTorch's generate_square_subsequent_mask) is a single 0, which alone reads as an
+    int mask that hides everything."""
     if mask.dtype == torch.bool:
-        if convention == "torch":
-            return ~mask, "torch"
-        return mask, "bool"
+        return "torch" if forced == "torch" else "bool"
     if mask.is_floating_point() and (mask < -1e3).any() or torch.isinf(mask).any():
-        return mask > -1e3, "additive"
-    return mask != 0, "int"
+        return "additive"
+    return "int"
 
 
-def check_causal_mask(comp: Component, ctx: Context) -> ComponentResult:
-    res = ctx.result(comp)
-    worst = 0.0
-    for T in (1, 5, 8):
+def _masks(comp: Component, ctx: Context, sizes: tuple[int, ...]) -> dict[int, Tensor]:
+    """The learner's (T, T) mask for each T."""
+    out = {}
+    for T in sizes:
         raw = ctx.learner.call("forward", comp.obj, T)
         if not isinstance(raw, Tensor) or raw.numel() != T * T:
             raise ctx.learner.fail("forward", f"{comp.name}({T}) returned "
@@ -76,8 +80,18 @@ def check_causal_mask(comp: Component, ctx: Context) -> ComponentResult:
                                    f"{comp.name}({T}) 返回了 "
                                    f"{tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__}，"
                                    f"应当是 ({T}, {T}) 的掩码（或 (1, {T}, {T})）")
-        keep, conv = _as_keep(raw.reshape(T, T), ctx.convention)
-        res.convention = fp.describe_convention(conv)
+        out[T] = raw.reshape(T, T)
+    return out
+
+
+def check_causal_mask(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    worst = 0.0
+    masks = _masks(comp, ctx, (1, 5, 8))
+    conv = _convention(masks[8], ctx.convention)
+    res.convention = fp.describe_convention(conv)
+    for T, raw in masks.items():
+        keep = READ_KEEP[conv](raw)
         expected = causal_mask(T)
         if torch.equal(keep, expected):
             continue
