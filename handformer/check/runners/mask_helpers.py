@@ -302,8 +302,7 @@ def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:
         drive(MASK_HELPER, res, ctx, comp, subject)
     if helper.pad is None:
         name, pad = global_pad(comp.obj)
-        read = f" (your module's {name})" if name else ""
-        res.notes.append(text(f"{comp.name} takes no pad id: it was given ids padded with {pad}{read}",
-                              f"{comp.name} 没有填充 id 参数：传入的 id 用 {pad} 填充"
-                              + (f"（你的模块级 {name}）" if name else "")))
+        en, zh = {None: ("", "")}.get(name, (f" (your module's {name})", f"（你的模块级 {name}）"))
+        res.notes.append(text(f"{comp.name} takes no pad id: it was given ids padded with {pad}{en}",
+                              f"{comp.name} 没有填充 id 参数：传入的 id 用 {pad} 填充{zh}"))
     return finish(res)

@@ -414,13 +414,14 @@ def torch_mask(name: str, src: Tensor, tgt: Tensor) -> Tensor | None:
     (B, S) or (B, T) of the side it names; the target's attention mask, causal (T, T); no source
     attention mask (nn.Transformer's src_mask and memory_mask: every key visible)."""
     lowered = name.lower()
-    source = any(t in lowered for t in ("src", "enc", "memory", "source"))
-    if "padding" in lowered:
-        return (src if source else tgt) == PAD  # (B, S) or (B, T)
-    if "memory" in lowered:
-        return None  # (T, S) would be every key visible
-    S = src.size(1)
-    return torch.zeros(S, S, dtype=torch.bool) if source else ~causal(tgt.size(1))  # (S, S) or (T, T)
+    source = any(w in lowered for w in ("src", "enc", "memory", "source"))
+    kind = next((k for k in ("padding", "memory") if k in lowered), "attention")
+    S, T = src.size(1), tgt.size(1)
+    forms = {("padding", True): lambda: src == PAD, ("padding", False): lambda: tgt == PAD,  # (B, S|T)
+             ("memory", True): lambda: None,  # (T, S) would be every key visible
+             ("attention", True): lambda: torch.zeros(S, S, dtype=torch.bool),  # nothing masked
+             ("attention", False): lambda: ~causal(T)}  # (T, T)
+    return forms[kind, source]()
 
 
 def holds_torch_attention(module: Any) -> bool:

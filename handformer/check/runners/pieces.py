@@ -51,7 +51,6 @@ from handformer.nn.masks import causal_mask
 from handformer.nn.norms import LayerNorm, RMSNorm
 from handformer.nn.positions import sinusoidal_table
 
-
 # how a (T, T) mask read in each convention says "may see"
 READ_KEEP = {"torch": lambda m: ~m, "bool": lambda m: m, "additive": lambda m: m > -1e3,
              "int": lambda m: m != 0}
