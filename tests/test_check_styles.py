@@ -297,6 +297,28 @@ def test_torch_nn_attention_its_masks_and_its_own_decode_are_driven_as_torch_nn_
     assert "LambdaLR whose factor is 1" in notes and "GradScaler" in notes and "float32" in notes
 
 
+ZH_NAMES = '''
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class 前馈网络(nn.Module):
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.w_1, self.w_2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+
+    def forward(self, x):
+        return self.w_2(F.relu(self.w_1(x)))  # 先升维，再降回 d_model
+'''
+
+
+def test_a_class_named_in_chinese_is_found_by_its_name(tmp_path):
+    path = tmp_path / "zh_names.py"
+    path.write_text(ZH_NAMES)
+    (comp,) = check_file(str(path)).components
+    assert (comp.name, comp.kind, comp.status) == ("前馈网络", "ffn", "pass"), comp
+
+
 def test_a_file_whose_top_level_cannot_run_has_its_definitions_graded_and_its_sizes_set():
     """Karpathy's lecture file reads input.txt and trains at module level: those statements are
     skipped and listed; its module-level n_embd, n_head, block_size are set for each check (and
