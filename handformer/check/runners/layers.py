@@ -245,15 +245,22 @@ def _attentions(linears: list[Any], count: int, what: str) -> tuple[int | None, 
 TORCH_CONVENTIONS = {True: ("torchn",), False: ("torch", "torch3", "torch2")}
 
 
+def _torch_rows(layer: Layer, conv: str) -> bool:
+    """Whether a fully masked query's NaN is torch.nn's own: the layer holds an nn.MultiheadAttention,
+    or takes torch.nn's masks (True = masked, filled with -inf, as nn.MultiheadAttention does)."""
+    return _holds_torch_mha(layer.module) or conv.startswith("torch")
+
+
 def _holds_torch_mha(module: nn.Module) -> bool:
     return any(isinstance(sub, nn.MultiheadAttention) for sub in module.modules())
 
 
-TORCH_NAN_NOTE = text("rows whose keys are all masked come out NaN from torch's nn.MultiheadAttention "
-                      "itself (its documented behaviour, not your code's; such a row comes only from a "
-                      "sentence that is all padding): not compared, not charged",
-                      "所有键都被屏蔽的行由 torch 的 nn.MultiheadAttention 自己输出 NaN（这是它文档里写明的"
-                      "行为，不是你的代码的问题；只有整句都是填充时才会出现这样的行）：不比较，不算错误")
+TORCH_NAN_NOTE = text("rows whose keys are all masked come out NaN, as torch's nn.MultiheadAttention gives "
+                      "them with its masks (True = masked; its documented behaviour; such a row comes only "
+                      "from a sentence that is all padding): a convention, not compared, not charged",
+                      "所有键都被屏蔽的行输出 NaN，和 torch 的 nn.MultiheadAttention 用它的掩码"
+                      "（True = 屏蔽）时一样（这是它文档里写明的行为；只有整句都是填充时才会出现这样的行）："
+                      "是约定，不比较，不算错误")
 
 
 def _torch_nan_note(res: ComponentResult, out: Tensor | None, rows: Tensor | None, comp: Component,
@@ -477,7 +484,7 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
         if flags:
             res.findings += ctx.findings(flags, matched, fp.max_error(out, correct, search_rows(flags)),
                                          comp, "mha", "ffn", "sdpa", "causal_mask")
-        NAN_ROWS[_holds_torch_mha(layer.module)](res, out, search_rows(flags), comp, ctx)
+        NAN_ROWS[_torch_rows(layer, conv)](res, out, search_rows(flags), comp, ctx)
     _layer_mapping(res, layer, slots, conv)
     _structure_findings(res, layer, ctx)
     if found is not None:
@@ -676,7 +683,7 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
             ref = _reference(hf, layer, x, memory, src_keep, tgt_keep, rope)
             rows = _rows(layer, src_keep, tgt_keep, B, T)
             errors.append(fp.max_error(out, ref, rows))
-            MASKED_ROWS[_holds_torch_mha(layer.module)](res, out, rows, layer.comp, ctx)
+            MASKED_ROWS[_torch_rows(layer, conv)](res, out, rows, layer.comp, ctx)
             if i == 0 and out is not None and out.shape == ref.shape and not layer.stepwise:
                 grad_err = _grads(layer, hf, x, out, ref)
     res.max_abs_error = max(errors, default=None)
