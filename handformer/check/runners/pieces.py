@@ -51,16 +51,20 @@ from handformer.nn.masks import causal_mask
 from handformer.nn.norms import LayerNorm, RMSNorm
 from handformer.nn.positions import sinusoidal_table
 
+# how a (T, T) mask read in each convention says "may see"
+READ_KEEP = {"torch": lambda m: ~m, "bool": lambda m: m, "additive": lambda m: m > -1e3,
+             "int": lambda m: m != 0}
 
-def _as_keep(mask: Tensor, convention: str | None) -> tuple[Tensor, str]:
-    """The learner's (T, T) mask as bool True = may see, with the convention it was read in."""
+
+def _convention(mask: Tensor, forced: str | None) -> str:
+    """The convention of the learner's mask, read from its largest one: at T = 1 an additive mask
+    (0 and -inf, PyTorch's generate_square_subsequent_mask) is a single 0, which alone reads as an
+    int mask that hides everything."""
     if mask.dtype == torch.bool:
-        if convention == "torch":
-            return ~mask, "torch"
-        return mask, "bool"
+        return "torch" if forced == "torch" else "bool"
     if mask.is_floating_point() and (mask < -1e3).any() or torch.isinf(mask).any():
-        return mask > -1e3, "additive"
-    return mask != 0, "int"
+        return "additive"
+    return "int"
 
 
 CAUSAL_SIZES = (1, 5, 8)  # the lengths the mask is asked for
@@ -73,11 +77,9 @@ def _build_causal(comp: Component, ctx: Context, res: ComponentResult) -> Subjec
     facts: dict[str, str] = {}
 
     def run(sizes: tuple[int, ...]) -> Tensor:
-        keeps = []
-        for T in sizes:
-            keep, facts["convention"] = _as_keep(_causal_raw(ctx, comp, T), ctx.convention)
-            keeps.append(keep.flatten())
-        return torch.cat(keeps).double()
+        raws = [_causal_raw(ctx, comp, T) for T in sizes]
+        facts["convention"] = conv = _convention(max(raws, key=Tensor.numel), ctx.convention)
+        return torch.cat([READ_KEEP[conv](raw).flatten() for raw in raws]).double()
 
     return Subject(run, [(None, None)], comp.obj, facts)
 
