@@ -52,7 +52,8 @@ from handformer.check.core.context import (
 from handformer.check.core.conventions import masks_where_true
 from handformer.check.core.discovery import Component
 from handformer.check.core.layer_map import Gainless, gainless_qk
-from handformer.check.core.localize import note_attention_departure
+from handformer.check.core.localize import note_attention_departure, note_raised_attention
+from handformer.check.core.localize_kinds import localize_masked_softmax, note_departure
 from handformer.check.core.probe import Found, Probe, Subject, drive, run_probe
 from handformer.check.core.reference_attention import handformer_attention
 from handformer.check.core.result import Check, ComponentResult, Finding, text
@@ -383,6 +384,18 @@ def _build_masked_softmax(comp: Component, ctx: Context, res: ComponentResult) -
     return Subject(run, [(conv, (scores, keeps[conv])) for conv in convs], comp.obj, facts)
 
 
+def _softmax_departure(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found,
+                       ) -> None:
+    """The step that, on a FAIL, notes where the learner's softmax first parts from the reference
+    (on a padding mask, in the convention found)."""
+    if res.max_abs_error >= 1e-5:
+        B, _, S = SOFTMAX_SIZES
+        keep = positions(B, S, [1, 3, 2])  # (B, 1, 1, S)
+        scores, conv = subject.facts["scores"], found.key
+        note_departure(res, lambda: localize_masked_softmax(
+            lambda x: comp.obj(x, run_mask(keep, conv, B)), comp.obj, scores, keep[:, 0]))
+
+
 MASKED_SOFTMAX = Probe(
     build=_build_masked_softmax,
     inputs=lambda s: s.facts["working"],
@@ -392,7 +405,8 @@ MASKED_SOFTMAX = Probe(
                         "mask_after_softmax:neg", "mask_not_applied"),
     steps=(convention_found,
            lambda res, ctx, comp, s, found: _compare_masked_softmax(res, ctx, comp, s.run, s.facts["scores"],
-                                                                    found.key)),
+                                                                    found.key),
+           _softmax_departure),
     search=by_convention, deterministic=False,
 )
 
@@ -504,6 +518,8 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     except fp.LearnerFailure as failure:
         if causal_inside and not_cropped(res, ctx, comp, module, failure, probe.T):
             return finish(res)
+        runs = [(visible_call(c, cv), None) for cv in probe.convs]
+        note_raised_attention(res, comp, runs, mha_weights(slots, heads, n_kv_heads, None), causal_inside)
         raise
     facts = {"probe": probe, "rows": probe.rows, "takes_mask": c.takes_mask, "slots": slots,
              "universe": _universe(c, has_o, n_kv_heads, causal_inside), "n_kv_heads": n_kv_heads,

@@ -24,7 +24,7 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.discovery import Component
 from handformer.check.core.localize import Departure
-from handformer.check.core.localize_kinds import localize_ffn, localize_norm
+from handformer.check.core.localize_kinds import localize_ffn, localize_norm, localize_table
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
@@ -432,7 +432,7 @@ def _build_pe(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
             return None if table is None else x + table
         return fp.first_tensor(ctx.learner.call("forward", module, x))
 
-    return Subject(run, [(None, None)], module)
+    return Subject(run, [(None, None)], module, {"build": lambda: ctx.build(comp)})
 
 
 def _pe_shape(ctx: Context, comp: Component, subject: Subject, x: Tensor, table: Tensor | None,
@@ -469,7 +469,8 @@ POSITIONAL_ENCODING = Probe(
     observe=lambda table: table.reshape(-1, PE_T, D)[0],  # (T, D)
     reference=lambda w, x, flags: V.sinusoidal(PE_T, D, flags),
     universe=lambda s: PE_FLAGS,
-    steps=(name_findings, _pe_compared),
+    steps=(name_findings, _pe_compared,
+           localize_step(lambda s, found: localize_table(s.facts["build"], s.module, D))),
 )
 
 
