@@ -372,11 +372,6 @@ def with_head_size(sizes: dict[str, Any]) -> dict[str, Any]:
     return dict(sizes)
 
 
-def _config_namespace(sizes: dict[str, Any]) -> types.SimpleNamespace:
-    """One object with every common field name, for nanoGPT-style `Block(config)` constructors."""
-    return types.SimpleNamespace(**_config_values(sizes))
-
-
 def config_reads(cls: Any, name: str) -> tuple[set[str], set[str]]:
     """(the keys `name["key"]` and the attributes `name.attr`) that `cls.__init__` reads from its
     argument `name`: how it takes its configuration, from its source."""

@@ -111,8 +111,9 @@ def _causal_compared(res: ComponentResult, ctx: Context, comp: Component, subjec
     wrong = [(T, float((mine != want).sum()), mine.reshape(T, T)) for T, mine, want in pairs
              if not torch.equal(mine, want)]
     worst = max((count for _, count, _ in wrong), default=0.0)
-    if found.named and wrong:
-        (T, _, keep), (name, _, form) = wrong[0], next(iter(found.flags)).partition(":")
+    if found.named and wrong:  # shown at the first length with a row 2 that differs (T = 1 has none)
+        (T, _, keep) = next((w for w in wrong if w[0] > 2), wrong[0])
+        name, _, form = next(iter(found.flags)).partition(":")
         number, code = locate(name, source_lines(ctx.objects(comp)))
         res.findings.append(Finding(name, _mask_observed(name, form, T, keep), number, code, form))
     res.max_abs_error = worst
