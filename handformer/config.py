@@ -868,7 +868,22 @@ def dataclass_from_dict(cls: type, data: dict[str, Any], section: str) -> Any:
     for name, value in data.items():
         if name in hints and not _has_type(value, hints[name]):
             raise ValueError(f"[{section}] {name}={value!r} is invalid: it must be {_describe(hints[name])}")
-    return cls(**data)
+    try:
+        return cls(**data)
+    except ValueError as err:  # a check in __post_init__ names the class's field: name the section's key
+        raise ValueError(_as_section(str(err), cls.__name__, section)) from None
+
+
+def _as_section(message: str, cls_name: str, section: str) -> str:
+    """`message` with the dataclass's names (`TrainConfig.lr=`, `[CausalLMConfig.moe]`) written as
+    the config file and --set write them (`[train] lr=`, `[model.moe]`)."""
+    if section == cls_name:  # no file section: a config built in Python, named by its class
+        return message
+    if message.startswith(f"{cls_name}."):
+        return f"[{section}] {message[len(cls_name) + 1:]}"
+    if message.startswith(f"[{cls_name}."):
+        return f"[{section}.{message[len(cls_name) + 2:]}"
+    return message
 
 
 _TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string",

@@ -161,7 +161,7 @@ def test_a_directory_that_is_not_a_run(capsys, tmp_path):
     ("data.bogus=1", "[data] unknown field(s) bogus"),
     ("decode.beam_width=3", "[decode] unknown field(s) beam_width"),
     ("model.n_layers=2", "[model] unknown field(s) n_layers"),
-    ("train.steps=0", "TrainConfig.steps=0 is invalid"),
+    ("train.steps=0", "[train] steps=0 is invalid"),
     ("train.keep_cpu_memory=maybe", "[train] keep_cpu_memory='maybe' is invalid: it must be true or false"),
     ("data.joint_vocab=1", "[data] joint_vocab=1 is invalid: it must be true or false"),
     # Every section is checked on construction, before any data is read or model built.
@@ -173,7 +173,7 @@ def test_a_directory_that_is_not_a_run(capsys, tmp_path):
     ('data.val=["a","b","c"]', "[data] val=['a', 'b', 'c'] is invalid: give a TSV path or exactly two"),
     ("data.tokenizer=words", "[data] tokenizer='words' is invalid: choose bpe or char"),
     ("train.lr=fast", "[train] lr='fast' is invalid: it must be a number"),
-    ("train.min_lr=1", "TrainConfig.min_lr=1 is invalid"),
+    ("train.min_lr=1", "[train] min_lr=1 is invalid"),
     ("model.d_model=wide", "[model] d_model='wide' is invalid: it must be an integer"),
 ])
 def test_bad_overrides_are_clear_errors(override, message, capsys, tmp_path):

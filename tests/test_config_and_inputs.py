@@ -219,7 +219,7 @@ def test_family_settings_live_in_the_family_section_and_flat_saved_configs_load_
     assert replace(cfg, logit_softcap=None).family == FamilyConfig(attn_scale_dim=12.0, attn_softcap=50.0)
     with pytest.raises(ValueError, match="attn_softcap is set both flat and in the family section"):
         CausalLMConfig.from_dict({**saved, "attn_softcap": 20.0})
-    with pytest.raises(ValueError, match=r"CausalLMConfig\.family\] attn_softcap='high' is invalid: it must be a"):
+    with pytest.raises(ValueError, match=r"\[model\.family\] attn_softcap='high' is invalid: it must be a"):
         CausalLMConfig.from_dict({**saved, "family": {"attn_softcap": "high"}}, "model")
 
 

@@ -305,7 +305,7 @@ def test_resume_after_a_crash_equals_a_straight_run(tmp_path, monkeypatch, capsy
     ("data.tokenizer=word", "tokenizer='word' is invalid"),
     ("data.val_fraction=1.0", "val_fraction=1.0 is invalid"),
     ("data.block_size=0", "block_size=0 is invalid"),
-    ("train.lr=0", "TrainConfig.lr=0 is invalid"),
+    ("train.lr=0", "[train] lr=0 is invalid"),
     ("decode.beam=2", "unknown config section(s) decode"),
     ("data.path=no/such/file.txt", "no such text file or folder: no/such/file.txt"),
     ("data.val_fraction=0.00001", "validation split has 5 tokens"),

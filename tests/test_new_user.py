@@ -4,6 +4,9 @@ best-weights file comes back on resume, a port in use and a folder given as --co
 name the fix, and every run directory a README command reads is made by a README command."""
 
 import dataclasses
+import gc
+import io
+import json
 import os
 import re
 import socket
@@ -236,3 +239,87 @@ def test_an_argument_left_over_is_reported_with_its_commands_usage(capsys, argv,
         main(argv)
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and err.startswith(usage) and "unrecognized arguments" in err
+
+
+# --- what a newcomer's trial found ---------------------------------------------------------------
+
+@pytest.mark.parametrize("setting, named", [
+    ("train.lr=-1", "[train] lr=-1 is invalid: it must be > 0"),
+    ("model.d_model=7", "[model] d_model=7 is invalid"),
+    ("model.moe.bogus=0", "[model.moe] unknown field(s) bogus"),
+])
+def test_a_bad_setting_is_named_as_the_user_wrote_it(tmp_path, capsys, setting, named):
+    assert main(["train", "--config", str(CONFIGS / "tiny_lm.toml"), "--out", str(tmp_path / "run"),
+                 "--set", setting]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "Config." not in err, err
+
+
+def test_import_hf_of_a_folder_without_config_json_says_where_to_get_one(tmp_path, capsys):
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    assert main(["import-hf", str(tmp_path), str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "no config.json" in err and "huggingface-cli download" in err and "import-gguf" in err, err
+
+
+@pytest.mark.parametrize("lost, fix", [
+    ("tokenizer.json", "import-hf HF_DIR RUN_DIR --overwrite"),
+    ("model.safetensors", "import-hf HF_DIR RUN_DIR --overwrite"),
+])
+def test_generate_on_a_run_missing_a_file_names_the_fix(tmp_path, capsys, lost, fix):
+    run = make_lm_run(tmp_path / "story", chat=False)
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "source": {"hf_dir": "somewhere"}}))
+    (run / lost).unlink()
+    assert main(["generate", str(run), "--prompt", "the"]) == 2
+    err = capsys.readouterr().err
+    assert f"has no {lost}" in err and fix in err, err
+
+
+def test_a_trained_run_missing_its_weights_says_resume(tmp_path, capsys):
+    run = make_lm_run(tmp_path / "story", chat=False)
+    (run / "checkpoint.safetensors").write_bytes(b"")
+    (run / "model.safetensors").unlink()
+    assert main(["generate", str(run), "--prompt", "the"]) == 2
+    assert f"handformer train --resume {run}" in capsys.readouterr().err
+
+
+def test_a_char_tokenizer_says_once_which_characters_it_never_saw(tmp_path, capsys):
+    run = make_lm_run(tmp_path / "story", chat=False)
+    stdin = io.StringIO("the Ж\nwho € Ж\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("sys.stdin", stdin)
+        assert main(["generate", str(run), "--max-new-tokens", "1", "--temperature", "0"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("never saw") == 1 and "'Ж'" in err and "<unk>" in err, err
+
+
+def test_serve_names_its_address_only_once_it_listens(tmp_path, capsys):
+    run = make_lm_run(tmp_path / "story", chat=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", str(run), "--port", str(port), "--log-level", "critical"]) == 2
+    err = capsys.readouterr().err
+    assert "is taken" in err and "serving" not in err, err
+
+
+def test_ctrl_c_closes_the_progress_bar_before_the_interrupted_line(tmp_path, monkeypatch, capsys):
+    from handformer.training import loop
+
+    step = loop.train_step
+
+    def interrupted(run, state, micro, logging):
+        if state.step == 2:
+            raise KeyboardInterrupt
+        return step(run, state, micro, logging)
+
+    monkeypatch.setattr(loop, "train_step", interrupted)
+    (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog. " * 20)
+    tiny = [s for s in TINY if not s.startswith("train.progress")]
+    assert main(["train", "--config", str(CONFIGS / "tiny_lm.toml"), "--out", str(tmp_path / "run"),
+                 *sets(*tiny, "train.progress=true", f"data.path={tmp_path}/text.txt")]) == 130
+    gc.collect()
+    err = capsys.readouterr().err
+    assert err.rstrip().splitlines()[-1].startswith("interrupted"), err[-500:]

@@ -500,10 +500,11 @@ def test_cli_serve_binds_localhost_by_default_and_warns_for_other_hosts(runs, mo
     import uvicorn
 
     calls = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append((app, kw)))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets: calls.append(sockets[0].getsockname()))
     monkeypatch.setenv("HANDFORMER_API_KEY", "from-env")
-    assert cli.main(["serve", str(runs["story"])]) == 0
-    assert calls[-1][1]["host"] == "127.0.0.1" and calls[-1][1]["port"] == 8000
+    assert cli.build_parser().parse_args(["serve", "run"]).port == 8000
+    assert cli.main(["serve", str(runs["story"]), "--port", "0"]) == 0
+    assert calls[-1][0] == "127.0.0.1"
     err = capsys.readouterr().err
     assert "warning" not in err and "(API key required)" in err
     monkeypatch.delenv("HANDFORMER_API_KEY")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,23 @@ def read_inputs(text: str | None) -> list[str]:
             raise ValueError("TEXT is empty: give some text, or leave TEXT out to read lines from stdin")
         return [text]
     return [line.rstrip("\r\n") for line in sys.stdin]
+
+
+def unseen_notice(tokenizer: Any) -> Callable[[str], None]:
+    """A function of each input that says once, on stderr, which of its characters a character
+    tokenizer never saw: each reaches the model as <unk> (the tokenizer's contract), so the
+    model reads something other than what was typed."""
+    said = False
+
+    def notice(text: str) -> None:
+        nonlocal said
+        unseen = [] if said else tokenizer.unseen_characters(text)
+        if unseen:
+            shown = ", ".join(repr(c) for c in unseen[:10]) + (", ..." if len(unseen) > 10 else "")
+            print(f"note: the run's character tokenizer never saw {shown}; the model reads <unk> for each "
+                  "(it knows the characters of its training text only)", file=sys.stderr, flush=True)
+            said = True
+    return notice
 
 
 def run_task(run_dir: str) -> str | None:

@@ -11,6 +11,7 @@ from handformer.cli.common import (
     non_negative_int,
     positive_int,
     speculation_from_args,
+    unseen_notice,
 )
 from handformer.generation.stream import TextStream
 
@@ -29,8 +30,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # stdin is read line by line, so each prompt is answered as soon as it is typed.
     prompts = [args.prompt] if args.prompt is not None else (
         line.rstrip("\n") for line in sys.stdin if line.strip())
-    done = 0
+    done, notice = 0, unseen_notice(run.tokenizer)
     for text in prompts:
+        notice(text)
         ids = ([bos] if bos is not None else []) + run.tokenizer.encode(text)
         max_new = args.max_new_tokens
         if max_new is None:  # default: 100 tokens, or what fits in the context window

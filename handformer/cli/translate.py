@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from handformer.cli.common import device_arg, positive_int, read_inputs
+from handformer.cli.common import device_arg, positive_int, read_inputs, unseen_notice
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
     from handformer.inference.prepare import prepare_for_decoding
+    from handformer.tasks.translation.job import prep_text
     from handformer.tasks.translation.translator import Translator
 
     translator = Translator.load(args.run_dir, args.device)
@@ -17,6 +18,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if not any(t.strip() for t in texts):
         raise ValueError("nothing to translate: give TEXT or lines on stdin")
     kept = [t for t in texts if t.strip()]  # a blank line gives a blank line: line i answers line i
+    unseen_notice(translator.src_tok)("".join(prep_text(t, translator.job.data.lowercase) for t in kept))
     outputs = iter(translator.translate(kept, beam=args.beam))
     for text in texts:
         print(next(outputs) if text.strip() else "", flush=True)

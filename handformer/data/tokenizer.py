@@ -92,6 +92,13 @@ class Tokenizer:
             return [get(c, unk) for c in text]
         return self.hf.encode(text, add_special_tokens=False).ids
 
+    def unseen_characters(self, text: str) -> list[str]:
+        """The characters of `text` a character tokenizer never saw (each encodes as <unk>), in
+        order of first use; none for other tokenizers (byte-level BPE encodes any text)."""
+        if self._char_ids is None:
+            return []
+        return [c for c in dict.fromkeys(text) if c not in self._char_ids]
+
     def encode_with_special_tokens(self, text: str) -> list[int]:
         """Like `encode`, but a special token's text ("<|im_start|>") becomes its id: for prompts a
         chat template wrote, where that text is markup, not data."""

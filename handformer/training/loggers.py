@@ -116,3 +116,9 @@ class Loggers:
             self.bar.close()
         if self.board is not None:
             self.board.close()
+
+    def __enter__(self) -> Loggers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -465,20 +465,21 @@ def train(model: nn.Module, cfg: TrainConfig, train_data: BatchSource, val_batch
     stream = _batches(distributed.shard_source(train_data, run.ctx), state.epoch, state.position)
     state.start_clock()
     model.train()
-    while state.step < cfg.steps:
-        micro = next_micro_batches(stream, state, cfg.accumulation)
-        logging = state.step + 1 == cfg.steps or (state.step + 1) % cfg.log_every == 0
-        done = train_step(run, state, micro, logging)
-        record = log_step(run, state, done, logging)
-        evaluating = val_batches is not None and (state.step % cfg.eval_every == 0 or state.step == cfg.steps)
-        if evaluating:
-            evaluate_and_keep_best(run, state, val_batches, record, on_eval, eval_images)
-        if logging or evaluating:
-            with explain_write_errors(run.run_dir / METRICS_FILE, run.run_dir, state.resumable_step):
-                run.loggers.write(record)
-        if state.step % (cfg.checkpoint_every or cfg.eval_every) == 0 or state.step == cfg.steps:
-            write_checkpoint(run, state)
-    run.loggers.close()
+    with run.loggers:  # closed however the loop ends: the bar is drawn for the last time before any error
+        while state.step < cfg.steps:
+            micro = next_micro_batches(stream, state, cfg.accumulation)
+            logging = state.step + 1 == cfg.steps or (state.step + 1) % cfg.log_every == 0
+            done = train_step(run, state, micro, logging)
+            record = log_step(run, state, done, logging)
+            evaluating = val_batches is not None and (state.step % cfg.eval_every == 0
+                                                      or state.step == cfg.steps)
+            if evaluating:
+                evaluate_and_keep_best(run, state, val_batches, record, on_eval, eval_images)
+            if logging or evaluating:
+                with explain_write_errors(run.run_dir / METRICS_FILE, run.run_dir, state.resumable_step):
+                    run.loggers.write(record)
+            if state.step % (cfg.checkpoint_every or cfg.eval_every) == 0 or state.step == cfg.steps:
+                write_checkpoint(run, state)
     if val_batches is None:
         _save_weights(model, run.weights_path, run.ctx)
     distributed.teardown(run.ctx)

@@ -157,17 +157,33 @@ def search(target: Tensor, compute: Callable[[frozenset[str]], Tensor], universe
     whose computed output equals `target` on the rows that set leaves visible; None when no set
     does."""
     for combo in flag_sets(universe, max_flags, min_flags):
-        try:
-            out = compute(combo)
-        except RuntimeError:
-            continue  # this variant cannot run on these shapes; it cannot be the learner's
-        visible = rows_for(rows, combo)
-        if visible is not None and not bool(visible.any()):
-            continue  # a variant that hides every query matches anything: it explains nothing
-        err = max_error(target, out, visible)
+        err = combo_error(target, compute, combo, rows)
         if err < TOL:
             return combo, err
     return None
+
+
+def combo_error(target: Tensor, compute: Callable[[frozenset[str]], Tensor], combo: frozenset[str],
+                rows: Rows = None, error: Callable[[Tensor, Tensor], float] | None = None) -> float:
+    """How far `target` is from the output computed with the mistakes `combo` (`error`, else
+    max_error on the rows it leaves visible); inf when that variant cannot run (it cannot be the
+    learner's) or hides every query (it would match anything: it explains nothing)."""
+    try:
+        out = compute(combo)
+    except RuntimeError:
+        return math.inf
+    visible = rows_for(rows, combo)
+    if visible is not None and not bool(visible.any()):
+        return math.inf
+    return error(target, out) if error else max_error(target, out, visible)
+
+
+def relative_error(a: Tensor | None, b: Tensor | None) -> float:
+    """Largest |a - b| / |b| (|b| at least 1e-12); a NaN in both agrees, in one only is inf."""
+    if b is None:
+        return math.inf
+    scale = b.double().abs().nan_to_num(1.0).clamp_min(1e-12)
+    return max_error(None if a is None else a.double() / scale, b.double() / scale)
 
 
 @contextlib.contextmanager

@@ -65,22 +65,33 @@ Step = Callable[[ComponentResult, Context, Component, Subject, Found], None]
 class Probe:
     """One kind's check as data (see the module's docstring for the sequence that runs it)."""
 
-    build: Callable[[Component, Context, ComponentResult], Subject]
     inputs: Callable[[Subject], Any]
     shape: Callable[[Context, Component, Subject, Any, Tensor | None], tuple[str, str] | None]
     reference: Callable[[Any, Any, frozenset[str]], Tensor]
     universe: Callable[[Subject], Sequence[str]]
     steps: tuple[Step, ...]
+    # the learner's component and its readings; None: the kind builds its subjects and drives each
+    build: Callable[[Component, Context, ComponentResult], Subject] | None = None
     observe: Callable[[Tensor], Tensor] = lambda out: out  # the part of the output the search reads
     depth: int = 2  # the most mistakes the search combines
+    error: Callable[[Tensor, Tensor], float] = fp.max_error  # how far the output is from a variant's
+    tol: float = fp.TOL  # an error below it: the variant is the learner's
+    deterministic: bool = True  # checked for dropout left on in eval mode (a module's; not a function's)
 
 
 def run_probe(probe: Probe, comp: Component, ctx: Context) -> ComponentResult:
     """The kind's check: its component built, its output detected and searched, its steps run."""
     res = ctx.result(comp)
-    subject = probe.build(comp, ctx, res)
+    drive(probe, res, ctx, comp, probe.build(comp, ctx, res))
+    return finish(res)
+
+
+def drive(probe: Probe, res: ComponentResult, ctx: Context, comp: Component, subject: Subject) -> None:
+    """The sequence after the build, into res (a kind that checks several subjects in one result,
+    as the mask helper that makes both masks, drives each)."""
     x = probe.inputs(subject)
-    check_determinism(res, ctx, comp, lambda: subject.run(x))
+    if probe.deterministic:
+        check_determinism(res, ctx, comp, lambda: subject.run(x))
     with fp.dropout_off():
         out = subject.run(x)
         wrong = probe.shape(ctx, comp, subject, x, out)
@@ -89,25 +100,24 @@ def run_probe(probe: Probe, comp: Component, ctx: Context) -> ComponentResult:
         found = search(probe, subject, probe.observe(out), x)
         for step in probe.steps:
             step(res, ctx, comp, subject, found)
-    return finish(res)
 
 
 def search(probe: Probe, subject: Subject, out: Tensor, x: Any) -> Found:
-    """The reading and the smallest set of mistakes that reproduce `out` (the first reading that
-    needs the fewest); the first reading, unmatched, when none does."""
-    best, universe = None, probe.universe(subject)
-    for key, weights in subject.readings:
-        def compute(flags: frozenset[str], w: Any = weights) -> Tensor:
-            return probe.reference(w, x, flags)
+    """The reading and the smallest set of mistakes that reproduce `out`: the sets tried smallest
+    first, in the universe's order, each with every reading in order; the first reading, unmatched,
+    when none does."""
+    computes = [(key, weights, _computer(probe, weights, x)) for key, weights in subject.readings]
+    for flags in fp.flag_sets(probe.universe(subject), probe.depth):
+        for key, weights, compute in computes:
+            err = fp.combo_error(out, compute, flags, error=probe.error)
+            if err < probe.tol:
+                return Found(key, weights, flags, err, out, x, compute)
+    key, weights, compute = computes[0]
+    return Found(key, weights, frozenset(), None, out, x, compute)
 
-        hit = fp.search(out, compute, universe, None, probe.depth)
-        if hit is not None and (best is None or len(hit[0]) < len(best.flags)):
-            best = Found(key, weights, hit[0], hit[1], out, x, compute)
-    if best is None:
-        key, weights = subject.readings[0]
-        best = Found(key, weights, frozenset(), None, out, x,
-                     lambda flags: probe.reference(weights, x, flags))
-    return best
+
+def _computer(probe: Probe, weights: Any, x: Any) -> Callable[[frozenset[str]], Tensor]:
+    return lambda flags: probe.reference(weights, x, flags)
 
 
 def name_findings(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found,

@@ -52,7 +52,8 @@ from handformer.check.core.context import (
 from handformer.check.core.conventions import masks_where_true
 from handformer.check.core.discovery import Component
 from handformer.check.core.layer_map import Gainless, gainless_qk
-from handformer.check.core.localize import note_attention_departure
+from handformer.check.core.localize import note_attention_departure, note_raised_attention
+from handformer.check.core.localize_kinds import localize_masked_softmax, note_departure
 from handformer.check.core.reference_attention import handformer_attention
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.rope_tables import position_kwargs, renamed_table, with_positions
@@ -346,6 +347,10 @@ def check_masked_softmax(comp: Component, ctx: Context) -> ComponentResult:
         off = fp.max_error(run(conv), compute(frozenset(), conv), rows(found[0], conv))
         res.findings += ctx.findings(found[0], found[1], off, comp)
     _compare_masked_softmax(res, ctx, comp, run, scores, conv)
+    if res.max_abs_error >= 1e-5:
+        keep = positions(B, S, [1, 3, 2])  # (B, 1, 1, S)
+        note_departure(res, lambda: localize_masked_softmax(
+            lambda x: comp.obj(x, run_mask(keep, conv, B)), comp.obj, scores, keep[:, 0]))
     return finish(res)
 
 
@@ -434,6 +439,8 @@ def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_h
     except fp.LearnerFailure as failure:
         if causal_inside and not_cropped(res, ctx, comp, module, failure, probe.T):
             return finish(res)
+        runs = [(visible_call(c, cv), None) for cv in probe.convs]
+        note_raised_attention(res, comp, runs, mha_weights(slots, heads, n_kv_heads, None), causal_inside)
         raise
     check_determinism(res, ctx, comp, lambda: probe.run(working), "sdpa")
     with fp.dropout_off():

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -34,7 +33,6 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import (
     Context,
     call_parameters,
-    finish,
     forward_parameters,
     named,
     names_of,
@@ -42,6 +40,7 @@ from handformer.check.core.context import (
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure, View, latest_departure, trace_steps
 from handformer.check.core.localize_kinds import note_departure
+from handformer.check.core.probe import Found, Probe, Subject, run_probe
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.training.losses import token_cross_entropy
@@ -219,73 +218,89 @@ def _what(out: Any) -> str:
     return type(out).__name__
 
 
-def _close(a: float, b: float) -> bool:
-    """Equal to a relative 1e-5, or both NaN (a log(0) in both)."""
-    return math.isnan(a) and math.isnan(b) or math.isfinite(a) and math.isfinite(b) and abs(
-        a - b) <= REL_TOL * max(abs(b), 1e-12)
-
-
 def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
     number, code = locate(name, source_lines(ctx.objects(comp, "loss")))
     return Finding(name, observed, number, code, form)
 
 
-def check_loss(comp: Component, ctx: Context) -> ComponentResult:
-    res = ctx.result(comp)
-    loss = Loss(comp, ctx)
-    logp, targets = inputs()
-    smoothings = (0.0, 0.1) if loss.smoothing else (0.0,)
-    got = {eps: _value(ctx, comp, loss(logp, targets, eps)) for eps in smoothings}
-    if loss.flat:
-        res.notes.append(text(f"{comp.name} takes flattened (B * T, V) inputs and (B * T,) targets",
-                              f"{comp.name} 接受展平的 (B * T, V) 输入和 (B * T,) 目标"))
-    found = _search(loss, got, logp, targets, smoothings)
-    if found is None:
-        res.notes.append(text("no known mistake (or pair of them) reproduces your loss; see the values "
-                              "below", "没有任何已知错误（或两个错误的组合）能复现你的损失；请看下面的数值"))
-        res.checks.append(Check(text("the loss equals handformer's token_cross_entropy in some convention",
-                                     "损失在某种约定下等于 handformer 的 token_cross_entropy"), False))
-        eps = smoothings[-1]
-        note_departure(res, lambda: localize_loss(lambda x: loss(x, targets, eps), comp.obj, logp, targets,
-                                                  eps, PAD))
-    else:
-        _found(res, ctx, comp, loss, found, got, logp, targets, smoothings)
-    res.notes.append(_values(got, logp, targets, smoothings))
-    res.max_abs_error = 0.0 if found and not found[1] else None
-    return finish(res)
+class Impossible(RuntimeError):
+    """A mistake that cannot go with a convention (smoothing on the pad needs the V - 2 split, a
+    log(0) a KL divergence): the search skips the pair."""
 
 
 Conv = tuple[str, str, str]  # (form, split, reduction)
+Inputs = tuple[Tensor, Tensor, tuple[float, ...]]  # log-probabilities, targets, smoothings
 
 
-def _search(loss: Loss, got: dict[float, float], logp: Tensor, targets: Tensor, smoothings: tuple[float, ...],
-            ) -> Found | None:
-    """The convention and the fewest named mistakes (none, one, then two) that give the learner's
-    values at every smoothing."""
-    conventions = list(itertools.product(FORMS, SPLITS if loss.smoothing else ("v",), REDUCTIONS))
-    flags_all = tuple(f for f in FLAGS if not (loss.flat and f == "loss_mean_over_batch"))
+def _build(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
+    """The learner's loss as its values at each smoothing it takes; its readings the conventions."""
+    loss = Loss(comp, ctx)
+    splits = SPLITS if loss.smoothing else ("v",)
+    convs = [(conv, conv) for conv in itertools.product(FORMS, splits, REDUCTIONS)]
 
-    def matches(conv: Conv, flags: frozenset[str]) -> bool:
-        form, split, reduction = conv
-        if "smoothing_on_pad" in flags and split != "v2" or "loss_log_zero" in flags and form != "kl":
-            return False
-        return all(_close(got[eps], reference(logp, targets, eps, form, split, reduction, flags))
-                   for eps in smoothings)
+    def run(x: Inputs) -> Tensor:
+        logp, targets, smoothings = x
+        return torch.tensor([_value(ctx, comp, loss(logp, targets, eps)) for eps in smoothings],
+                            dtype=torch.float64)
 
-    for flags in fp.flag_sets(flags_all):
-        conv = next((c for c in conventions if matches(c, flags)), None)
-        if conv is not None:
-            return conv, flags
-    return None
+    return Subject(run, convs, loss, {"smoothings": (0.0, 0.1) if loss.smoothing else (0.0,)})
 
 
-Found = tuple[Conv, frozenset[str]]
+def _reference(conv: Conv, x: Inputs, flags: frozenset[str]) -> Tensor:
+    form, split, reduction = conv
+    if "smoothing_on_pad" in flags and split != "v2" or "loss_log_zero" in flags and form != "kl":
+        raise Impossible(conv)
+    logp, targets, smoothings = x
+    return torch.tensor([reference(logp, targets, eps, form, split, reduction, flags) for eps in smoothings],
+                        dtype=torch.float64)
 
 
-def _found(res: ComponentResult, ctx: Context, comp: Component, loss: Loss, found: Found,
-           got: dict[float, float], logp: Tensor, targets: Tensor, smoothings: tuple[float, ...]) -> None:
+def _flat_note(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
+    if subject.module.flat:
+        res.notes.append(text(f"{comp.name} takes flattened (B * T, V) inputs and (B * T,) targets",
+                              f"{comp.name} 接受展平的 (B * T, V) 输入和 (B * T,) 目标"))
+
+
+def _unexplained(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found,
+                 ) -> None:
+    """The step that, when no convention and no named mistakes give the loss, says so and localizes."""
+    if found.matched is not None:
+        return _found(res, ctx, comp, subject.module, found)
+    res.notes.append(text("no known mistake (or pair of them) reproduces your loss; see the values "
+                          "below", "没有任何已知错误（或两个错误的组合）能复现你的损失；请看下面的数值"))
+    res.checks.append(Check(text("the loss equals handformer's token_cross_entropy in some convention",
+                                 "损失在某种约定下等于 handformer 的 token_cross_entropy"), False))
+    logp, targets, smoothings = found.x
+    eps, loss = smoothings[-1], subject.module
+    note_departure(res, lambda: localize_loss(lambda x: loss(x, targets, eps), comp.obj, logp, targets, eps,
+                                              PAD))
+
+
+def _values_step(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
+    res.notes.append(_values(found))
+    res.max_abs_error = 0.0 if found.matched is not None and not found.flags else None
+
+
+LOSS = Probe(
+    build=_build,                           # the function or criterion, called as its signature says
+    inputs=lambda s: (*inputs(), s.facts["smoothings"]),
+    shape=lambda ctx, comp, s, x, out: None,  # one number per smoothing: _value refuses anything else
+    reference=_reference,                   # handformer's cross-entropy in a convention, with mistakes
+    universe=lambda s: tuple(f for f in FLAGS if not (s.module.flat and f == "loss_mean_over_batch")),
+    steps=(_flat_note, _unexplained, _values_step),
+    error=fp.relative_error, tol=REL_TOL, deterministic=False,
+)
+
+
+def check_loss(comp: Component, ctx: Context) -> ComponentResult:
+    """Cross-entropy with a pad id, or label-smoothed, as the LOSS probe states it."""
+    return run_probe(LOSS, comp, ctx)
+
+
+def _found(res: ComponentResult, ctx: Context, comp: Component, loss: Loss, found: Found) -> None:
     """The convention found, the check against handformer's in it, and each named mistake."""
-    (form, split, reduction), flags = found
+    (form, split, reduction), flags, (_, targets, smoothings) = found.key, found.flags, found.x
+    got = dict(zip(smoothings, found.out.tolist()))
     at = ", ".join(f"{e:g}" for e in smoothings)
     parts = [FORMS[form]] + ([SPLITS[split]] if loss.smoothing else []) + [REDUCTIONS[reduction]]
     res.convention = text("; ".join(p["en"] for p in parts), "；".join(p["zh"] for p in parts))
@@ -293,7 +308,7 @@ def _found(res: ComponentResult, ctx: Context, comp: Component, loss: Loss, foun
                                  f"at smoothing {at}",
                                  f"平滑为 {at} 时，按你的约定，损失等于 handformer 的 token_cross_entropy"),
                             not flags))
-    correct = {eps: reference(logp, targets, eps, form, split, reduction) for eps in smoothings}
+    correct = dict(zip(smoothings, found.reference(frozenset()).tolist()))
     shown = ", ".join(f"{got[e]:.4g} (right: {correct[e]:.4g})" for e in smoothings)
     shown_zh = "，".join(f"{got[e]:.4g}（正确值 {correct[e]:.4g}）" for e in smoothings)
     pads, n = int((targets == PAD).sum()), targets.numel()
@@ -307,8 +322,10 @@ def _found(res: ComponentResult, ctx: Context, comp: Component, loss: Loss, foun
             f"{n} 个目标里有 {pads} 个是填充"), fform))
 
 
-def _values(got: dict[float, float], logp: Tensor, targets: Tensor, smoothings: tuple[float, ...]) -> Text:
+def _values(found: Found) -> Text:
     """The learner's values beside handformer's mean over the real tokens."""
+    logp, targets, smoothings = found.x
+    got = dict(zip(smoothings, found.out.tolist()))
     right = {eps: token_cross_entropy(logp.float(), targets, PAD, eps).item() / int((targets != PAD).sum())
              for eps in smoothings}
     values_en = "; ".join(f"smoothing {e:g}: {got[e]:.6g} (handformer's mean over real tokens {right[e]:.6g})"

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.probe import Found, Probe, Subject, drive
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 
@@ -146,23 +146,23 @@ def _mentions(name: str, words: tuple[str, ...]) -> bool:
     return any(w in name.lower() for w in words)
 
 
-def _readings(out: Any, rows: int, queries: int, keys: int) -> dict[str, Tensor]:
-    """The learner's mask as (B, 1, queries, keys) keep, in each polarity it could mean; empty when
-    its shape is none of the mask shapes."""
+def _observed(out: Any, rows: int, queries: int, keys: int) -> tuple[Tensor, tuple[str, ...]] | None:
+    """The learner's mask as (B, 1, queries, keys), 1 where it is nonzero (0 where an additive mask
+    is, that is where it keeps), with the polarities it could mean; None when its shape is none of
+    the mask shapes."""
     if not isinstance(out, Tensor):
-        return {}
+        return None
     m = out.detach()
     if m.shape == (rows, keys):  # (B, S): a key padding mask
         m = m[:, None, None, :]
     elif m.dim() == 3 and m.size(0) == rows and m.size(-1) == keys:
         m = m[:, None]
     if m.dim() != 4 or m.size(0) not in (1, rows) or m.size(-1) != keys or m.size(-2) not in (1, queries):
-        return {}
+        return None
     m = m.expand(rows, m.size(1), queries, keys)[:, :1]
     if m.is_floating_point() and bool((torch.isinf(m) | (m < -1e3)).any()):
-        return {"additive": m == 0}
-    nonzero = m != 0
-    return {"keep": nonzero, "masked": ~nonzero}
+        return (m == 0).double(), ("additive",)
+    return (m != 0).double(), ("keep", "masked")
 
 
 def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
@@ -170,51 +170,72 @@ def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str
     return Finding(name, observed, number, code, form)
 
 
-def _explain(keep: Tensor, side: Side, pad: int, both: bool) -> frozenset[str] | None:
-    """The smallest set of named mistakes whose mask equals `keep` (two of one mistake's forms never
-    go together)."""
-    impossible = {"mask_pad_wrong_sequence": not both, "mask_pad_id": pad == 0}
-    universe = [f for f in side.flags if not impossible.get(f)]
-    return next((flags for flags in fp.flag_sets(universe)
-                 if torch.equal(keep, side.expected(pad, flags).expand_as(keep))), None)
+class Impossible(RuntimeError):
+    """A mistake with a mask that is causal only: not searched."""
 
 
-def _check_one(res: ComponentResult, ctx: Context, comp: Component, out: Any, which: str, pad: int,
-               both: bool) -> None:
-    side = SIDES[which]
-    what = side.what
-    readings = next((r for q in side.queries if (r := _readings(out, SRC.size(0), q, SRC.size(1)))), {})
-    if not readings:
+Inputs = tuple[Side, int]  # the side, the pad id
+Reading = tuple[str, frozenset[str], torch.Size]  # the polarity, CAUSAL_ONLY or nothing, the mask's shape
+
+
+def _subject(ctx: Context, comp: Component, out: Any, side: Side) -> Subject:
+    """One of the helper's masks as the probe reads it; a failure when its shape is none of the side's."""
+    seen = next((o for q in side.queries if (o := _observed(out, SRC.size(0), q, SRC.size(1)))), None)
+    if seen is None:
         raise _no_reading(ctx, comp, out, side)
-    right = side.expected(pad, frozenset())
-    best = _best_reading(readings, side, pad, both)
-    polarity = best[0] if best else next(iter(readings))
+    mask, polarities = seen
+    readings = [((p, c), (p, c, mask.shape)) for p in polarities for c in (frozenset(), CAUSAL_ONLY)]
+    return Subject(lambda x: mask, readings)
+
+
+def _reference(reading: Reading, x: Inputs, flags: frozenset[str]) -> Tensor:
+    """The mask as each variant computes it, in the reading's polarity (1 = nonzero)."""
+    (polarity, convention, shape), (side, pad) = reading, x
+    if convention and flags:
+        raise Impossible(flags)
+    keep = side.expected(pad, flags | convention).expand(shape)
+    return (~keep if polarity == "masked" else keep).double()
+
+
+def _compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
+    """The step that checks the mask against the right one in the polarity found and names the
+    mistakes found (a target mask that is causal only is noted, not counted)."""
+    (polarity, convention), (side, pad) = found.key, found.x
     res.convention = POLARITIES[polarity]
-    keep = readings[polarity]
-    right = right.expand_as(keep)
+    keep = found.out.bool() if polarity != "masked" else ~found.out.bool()
+    right = side.expected(pad, frozenset()).expand_as(keep)
     wrong = int((keep != right).sum())
-    if best == (polarity, CAUSAL_ONLY):
-        res.notes.append(text("the target mask is causal only: with the padding at the end, causality "
-                              "already hides it from every real query",
-                              "目标端掩码只有因果部分：填充都在末尾，因果掩码已经对每个真实查询屏蔽了它"))
+    if convention and found.matched is not None:
+        res.notes.append(CAUSAL_ONLY_NOTE)
         wrong = 0
-    res.checks.append(Check(text(f"the {what} mask hides what the attention must not see (pad id {pad})",
+    res.checks.append(Check(text(f"the {side.what} mask hides what the attention must not see (pad id {pad})",
                                  f"{side.zh}端掩码屏蔽了注意力不该看到的位置（填充 id 为 {pad}）"),
                             wrong == 0, text(f"{wrong} entries differ", f"{wrong} 个位置不同")))
-    if best is None:
-        res.notes.append(text(f"no known mistake (or pair of them) reproduces your {what} mask",
+    if found.matched is None:
+        res.notes.append(text(f"no known mistake (or pair of them) reproduces your {side.what} mask",
                               f"没有任何已知错误（或两个错误的组合）能复现你的{side.zh}端掩码"))
-        return
     row, good = ("".join(str(int(v)) for v in mask[0, 0, -1].tolist()) for mask in (keep, right))
-    for flag in sorted(best[1] - CAUSAL_ONLY):
+    for flag in sorted(found.flags):
         name, _, form = flag.partition(":")
-        if name == "mask_combined_with_or":
-            form = "and" if polarity == "masked" else "or"
+        form = ("and" if polarity == "masked" else "or") if name == "mask_combined_with_or" else form
         res.findings.append(_finding(ctx, comp, name, text(
-            f"your {what} mask equals the one with this mistake ({wrong} entries differ from the right one; "
-            f"the last query of row 0 sees {row} where {good} is right, 1 = seen)",
+            f"your {side.what} mask equals the one with this mistake ({wrong} entries differ from the right "
+            f"one; the last query of row 0 sees {row} where {good} is right, 1 = seen)",
             f"你的{side.zh}端掩码与带这个错误的掩码一致（与正确的掩码有 {wrong} 个位置不同；"
             f"行 0 最后一个查询看到的是 {row}，应为 {good}，1 = 可以看）"), form))
+
+
+CAUSAL_ONLY_NOTE = text("the target mask is causal only: with the padding at the end, causality already "
+                        "hides it from every real query",
+                        "目标端掩码只有因果部分：填充都在末尾，因果掩码已经对每个真实查询屏蔽了它")
+MASK_HELPER = Probe(                        # built by check_mask_helper: one subject a mask it makes
+    inputs=lambda s: s.facts["x"],
+    shape=lambda ctx, comp, s, x, out: None,  # read by _subject, which refuses a shape of no mask
+    reference=_reference,
+    universe=lambda s: s.facts["universe"],
+    steps=(_compared,),
+    deterministic=False,
+)
 
 
 def _no_reading(ctx: Context, comp: Component, out: Any, side: Side) -> Exception:
@@ -224,32 +245,22 @@ def _no_reading(ctx: Context, comp: Component, out: Any, side: Side) -> Exceptio
                             f"应当是 {side.shapes}")
 
 
-def _best_reading(readings: dict[str, Tensor], side: Side, pad: int, both: bool,
-                  ) -> tuple[str, frozenset[str]] | None:
-    """The polarity under which the mask is right (or causal only, for a target mask), else the one
-    explained by the fewest mistakes (the first of those); None when none is."""
-    for polarity, keep in readings.items():
-        for flags in (frozenset(), CAUSAL_ONLY):
-            if torch.equal(keep, side.expected(pad, flags).expand_as(keep)):
-                return polarity, flags
-    explained = [(p, flags) for p, keep in readings.items()
-                 if (flags := _explain(keep, side, pad, both)) is not None]
-    return min(explained, key=lambda found: len(found[1]), default=None)
-
-
 def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:
+    """The mask helper, as the MASK_HELPER probe states it for each mask it makes."""
     res = ctx.result(comp)
     helper = Helper(comp, ctx)
     out = helper()
-    if helper.makes == "both":
-        if not isinstance(out, (tuple, list)) or len(out) < 2:
-            raise ctx.learner.fail("forward", f"{comp.name} returned {type(out).__name__}; expected "
-                                   "(src_mask, tgt_mask)",
-                                   f"{comp.name} 返回了 {type(out).__name__}；应当返回 (src_mask, tgt_mask)")
-        _check_one(res, ctx, comp, out[0], "src", helper.pad_id, True)
-        _check_one(res, ctx, comp, out[1], "tgt", helper.pad_id, True)
-    else:
-        _check_one(res, ctx, comp, out, helper.makes, helper.pad_id, False)
+    if helper.makes == "both" and (not isinstance(out, (tuple, list)) or len(out) < 2):
+        raise ctx.learner.fail("forward", f"{comp.name} returned {type(out).__name__}; expected "
+                               "(src_mask, tgt_mask)",
+                               f"{comp.name} 返回了 {type(out).__name__}；应当返回 (src_mask, tgt_mask)")
+    masks = zip(("src", "tgt"), out) if helper.makes == "both" else ((helper.makes, out),)
+    for which, mask in masks:
+        subject = _subject(ctx, comp, mask, SIDES[which])
+        impossible = {"mask_pad_wrong_sequence": helper.makes != "both", "mask_pad_id": helper.pad_id == 0}
+        subject.facts["x"] = (SIDES[which], helper.pad_id)
+        subject.facts["universe"] = tuple(f for f in SIDES[which].flags if not impossible.get(f))
+        drive(MASK_HELPER, res, ctx, comp, subject)
     if helper.pad is None:
         res.notes.append(text(f"{comp.name} takes no pad id: it was given ids padded with 0",
                               f"{comp.name} 没有填充 id 参数：传入的 id 用 0 填充"))

@@ -50,6 +50,8 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.discovery import ARGUMENTS, Component, DiscoveryError, own_objects
 from handformer.check.core.layer_map import LayerMap, layer_modules, map_layer, outside
+from handformer.check.core.localize import View
+from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
@@ -637,6 +639,8 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, module: nn.Mod
                               "各层自己的检查会指出它们与 handformer 的差别"))
         ch = Choices("post", FFN_ACTIVATIONS[is_gated(m.encoder[0].ffn)][0], True, False)
         flags: frozenset[str] = frozenset()
+        readings = _readings(m, ch, src, tgt)
+        note_departure(res, lambda: localize_model(lambda: call(src, tgt), module, readings))
     else:
         ch, flags, matched = found
         res.convention = ch.describe(m)
@@ -663,6 +667,35 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, module: nn.Mod
                 f"乘以 sqrt(d_model) = {D ** 0.5:g} 后会相差 {scaled:.3g}"), objs=objs))
         _pe_after_dropout(res, ctx, comp, call, hf, src, tgt, flags)
     guarded(res, lambda: _against_handformer(res, call, m, ch))
+
+
+def _part_words(m: ModelMap) -> dict[str, str]:
+    """handformer's Seq2SeqTransformer's parts by their role, for the localizer's views."""
+    layers = {f"{stack}.layers.{i}": f"{stack} layer {i}'s output" for stack, n in
+              (("encoder", len(m.encoder)), ("decoder", len(m.decoder))) for i in range(n)}
+    return {"src_embed": "the source embedding (scaled as chosen)",
+            "tgt_embed": "the target embedding (scaled as chosen)", "positions": "the positional encoding",
+            "encoder.norm": "the encoder's final norm", "decoder.norm": "the decoder's final norm",
+            "generator": "the logits", **layers}
+
+
+def _readings(m: ModelMap, ch: Choices, src: Tensor, tgt: Tensor) -> list[list[View]]:
+    """The reference model's parts on (src, tgt) for each placement and embedding scale, with the
+    embeddings unscaled (emb(ids)), as the localizer reads them."""
+    raw = [("emb(ids), the source embedding unscaled", m.src_embed.weight[src].double()),
+           ("emb(ids), the target embedding unscaled", m.tgt_embed.weight[tgt].double())]
+    choices = [dataclasses.replace(ch, placement=p, scale=s) for p in ("post", "pre") for s in (True, False)]
+    models = [reference_model(m, c) for c in choices]
+    return [module_views(lambda hf=hf: hf(src, tgt), hf, _part_words(m)) + raw + _embedded(hf, src, tgt)
+            for hf in models]
+
+
+def _embedded(hf: Seq2SeqTransformer, src: Tensor, tgt: Tensor) -> list[View]:
+    """Each side's embedding (scaled as chosen) plus its positions (B, S or T, D)."""
+    with torch.no_grad():
+        return [(f"the {side} embedding plus positions",
+                 (embed(ids) + hf.positions(torch.arange(ids.size(1))[None])).double())
+                for side, embed, ids in (("source", hf.src_embed, src), ("target", hf.tgt_embed, tgt))]
 
 
 def _against_handformer(res: ComponentResult, call: Caller, m: ModelMap, ch: Choices) -> None:

@@ -19,13 +19,12 @@ from handformer.check.core.context import (
     Context,
     D,
     error_text,
-    finish,
     grads_error,
     shape_of,
 )
 from handformer.check.core.discovery import Component
 from handformer.check.core.localize import Departure
-from handformer.check.core.localize_kinds import localize_ffn, localize_norm
+from handformer.check.core.localize_kinds import localize_ffn, localize_norm, localize_table
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
@@ -64,41 +63,76 @@ def _as_keep(mask: Tensor, convention: str | None) -> tuple[Tensor, str]:
     return mask != 0, "int"
 
 
-def check_causal_mask(comp: Component, ctx: Context) -> ComponentResult:
-    res = ctx.result(comp)
-    worst = 0.0
-    for T in (1, 5, 8):
-        raw = ctx.learner.call("forward", comp.obj, T)
-        if not isinstance(raw, Tensor) or raw.numel() != T * T:
-            raise ctx.learner.fail("forward", f"{comp.name}({T}) returned "
-                                   f"{tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__},"
-                                   f" expected a ({T}, {T}) mask (or (1, {T}, {T}))",
-                                   f"{comp.name}({T}) 返回了 "
-                                   f"{tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__}，"
-                                   f"应当是 ({T}, {T}) 的掩码（或 (1, {T}, {T})）")
-        keep, conv = _as_keep(raw.reshape(T, T), ctx.convention)
-        res.convention = fp.describe_convention(conv)
-        expected = causal_mask(T)
-        if torch.equal(keep, expected):
-            continue
-        worst = max(worst, float((keep != expected).sum()))
-        if res.findings:
-            continue
-        lines = source_lines(ctx.objects(comp))
-        for flags, name in (({"causal_off_by_one:no_self"}, "causal_off_by_one"),
-                            ({"causal_off_by_one:sees_next"}, "causal_off_by_one"),
-                            ({"mask_inverted"}, "mask_inverted")):
-            candidate = ~expected if name == "mask_inverted" else V.causal_keep(T, frozenset(flags))
-            if torch.equal(keep, candidate):
-                form = next(iter(flags)).partition(":")[2]
-                number, code = locate(name, lines)
-                res.findings.append(Finding(name, _mask_observed(name, form, T, keep), number, code, form))
-                break
+CAUSAL_SIZES = (1, 5, 8)  # the lengths the mask is asked for
+CAUSAL_FLAGS = ("causal_off_by_one:no_self", "causal_off_by_one:sees_next", "mask_inverted")
+
+
+def _build_causal(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
+    """The learner's mask function as its masks (read as True = may see) for each length, one after
+    the other (T * T entries each); the convention it was read in kept in facts."""
+    facts: dict[str, str] = {}
+
+    def run(sizes: tuple[int, ...]) -> Tensor:
+        keeps = []
+        for T in sizes:
+            keep, facts["convention"] = _as_keep(_causal_raw(ctx, comp, T), ctx.convention)
+            keeps.append(keep.flatten())
+        return torch.cat(keeps).double()
+
+    return Subject(run, [(None, None)], comp.obj, facts)
+
+
+def _causal_raw(ctx: Context, comp: Component, T: int) -> Tensor:
+    """The learner's mask for length T as (T, T); a failure when it is not T * T entries."""
+    raw = ctx.learner.call("forward", comp.obj, T)
+    if isinstance(raw, Tensor) and raw.numel() == T * T:
+        return raw.reshape(T, T)
+    got = tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__
+    raise ctx.learner.fail("forward", f"{comp.name}({T}) returned {got}, expected a ({T}, {T}) mask "
+                           f"(or (1, {T}, {T}))",
+                           f"{comp.name}({T}) 返回了 {got}，应当是 ({T}, {T}) 的掩码（或 (1, {T}, {T})）")
+
+
+def _causal_reference(w: None, sizes: tuple[int, ...], flags: frozenset[str]) -> Tensor:
+    """The masks for each length, one after the other, as each mistake makes them."""
+    keeps = [~causal_mask(T) if "mask_inverted" in flags else V.causal_keep(T, flags) for T in sizes]
+    return torch.cat([keep.flatten() for keep in keeps]).double()
+
+
+def _causal_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                     found: Found) -> None:
+    """The step that compares each length's mask with handformer's and names the mistake found at
+    the first length that differs."""
+    res.convention = fp.describe_convention(subject.facts["convention"])
+    sizes, right = found.x, found.reference(frozenset())
+    pairs = zip(sizes, *(t.bool().split([T * T for T in sizes]) for t in (found.out, right)))
+    wrong = [(T, float((mine != want).sum()), mine.reshape(T, T)) for T, mine, want in pairs
+             if not torch.equal(mine, want)]
+    worst = max((count for _, count, _ in wrong), default=0.0)
+    if found.named and wrong:
+        (T, _, keep), (name, _, form) = wrong[0], next(iter(found.flags)).partition(":")
+        number, code = locate(name, source_lines(ctx.objects(comp)))
+        res.findings.append(Finding(name, _mask_observed(name, form, T, keep), number, code, form))
     res.max_abs_error = worst
     res.checks.append(Check(text("equals handformer's causal_mask for T = 1, 5, 8 (query t sees keys 0..t)",
                                  "T = 1, 5, 8 时与 handformer 的 causal_mask 一致（位置 t 看到 0..t）"),
                             worst == 0, text(f"{int(worst)} entries differ", f"{int(worst)} 个位置不同")))
-    return finish(res)
+
+
+CAUSAL_MASK = Probe(
+    build=_build_causal,                    # the function, called for each length
+    inputs=lambda s: CAUSAL_SIZES,
+    shape=lambda ctx, comp, s, x, out: None,  # each mask's size is checked as it is read
+    reference=_causal_reference,
+    universe=lambda s: CAUSAL_FLAGS,
+    steps=(_causal_compared,),
+    depth=1, deterministic=False,
+)
+
+
+def check_causal_mask(comp: Component, ctx: Context) -> ComponentResult:
+    """The causal mask function, as the CAUSAL_MASK probe states it."""
+    return run_probe(CAUSAL_MASK, comp, ctx)
 
 
 def _mask_observed(name: str, form: str, T: int, keep: Tensor) -> dict[str, str]:
@@ -397,7 +431,7 @@ def _build_pe(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
             return None if table is None else x + table
         return fp.first_tensor(ctx.learner.call("forward", module, x))
 
-    return Subject(run, [(None, None)], module)
+    return Subject(run, [(None, None)], module, {"build": lambda: ctx.build(comp)})
 
 
 def _pe_shape(ctx: Context, comp: Component, subject: Subject, x: Tensor, table: Tensor | None,
@@ -434,7 +468,8 @@ POSITIONAL_ENCODING = Probe(
     observe=lambda table: table.reshape(-1, PE_T, D)[0],  # (T, D)
     reference=lambda w, x, flags: V.sinusoidal(PE_T, D, flags),
     universe=lambda s: PE_FLAGS,
-    steps=(name_findings, _pe_compared),
+    steps=(name_findings, _pe_compared,
+           localize_step(lambda s, found: localize_table(s.facts["build"], s.module, D))),
 )
 
 

@@ -21,12 +21,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import SCHEDULE_ARGS as ARGS
 from handformer.check.core.argument_names import SCHEDULE_STEP_NAMES as STEP_NAMES
-from handformer.check.core.context import Context, finish, forward_parameters, global_reads, named, names_of
+from handformer.check.core.context import Context, forward_parameters, global_reads, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.probe import Found, Probe, Subject, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 
@@ -286,37 +288,78 @@ Convention = Callable[[int, frozenset[str]], float]
 
 
 def check_schedule(comp: Component, ctx: Context) -> ComponentResult:
-    res = ctx.result(comp)
+    """The learning-rate schedule, as the SCHEDULE probe states it (NO_WARMUP: a cosine that takes
+    no warmup)."""
+    sched = Schedule(comp, ctx)
+    return run_probe(NO_WARMUP if sched.family == "cosine" and not sched.reads("warmup") else SCHEDULE,
+                     comp, ctx)
+
+
+def _build(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
+    """The learner's schedule read at the family's steps (a failure at step 0 kept as that step's
+    value, NaN in the values); its readings the family's counting conventions."""
     sched = Schedule(comp, ctx)
     got = sched.values()
-    if sched.family == "cosine" and not sched.reads("warmup"):
-        return check_no_warmup(res, sched, got)
+    conventions, labels, flags = _conventions(sched)
+
+    def run(steps: tuple[int, ...]) -> Tensor:
+        return torch.tensor([v if isinstance(v, float) else math.nan for v in map(got.get, steps)],
+                            dtype=torch.float64)
+
+    return Subject(run, list(conventions.items()), sched, {"got": got, "labels": labels, "flags": flags})
+
+
+def _reference(right: Convention, steps: tuple[int, ...], flags: frozenset[str]) -> Tensor:
+    """The values after step 0 (step 0 is checked on its own) under a convention, with mistakes."""
+    return torch.tensor([right(s, flags) for s in steps if s > 0], dtype=torch.float64)
+
+
+def _right(subject: Subject, found: Found) -> tuple[str, Convention]:
+    """The convention the search found, else the one closest to the values without mistakes."""
+    if found.matched is not None:
+        return found.key, found.weights
+    return min(subject.readings,
+               key=lambda r: fp.relative_error(found.out, _reference(r[1], found.x, frozenset())))
+
+
+def _compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
+    """The step that says the convention, compares the values after step 0 with the right schedule's
+    and names the mistakes the search found (or says none does)."""
+    sched, values = subject.module, _floats(subject.facts["got"])
     if sched.factory:
         res.notes.append(_factory_note(comp))
-    later = tuple(s for s in sched.steps if s > 0)
-    values = {s: v for s, v in got.items() if isinstance(v, float)}
-    conventions, labels, flags_all = _conventions(sched)
-    found = _explain(values, conventions, flags_all, later)
-    best = min(
-        conventions, key=lambda c: _matches(values, lambda s, c=c: conventions[c](s, frozenset()), later)
-    )
-    conv = found[0] if found else best
-    right = conventions[conv]
-    res.convention = labels[conv]
+    conv, right = _right(subject, found)
+    res.convention = subject.facts["labels"][conv]
+    later = tuple(s for s in found.x if s > 0)
     _compare_values(res, sched, values, right, later)
     _report_mistakes(res, ctx, comp, found, values, right, later)
+
+
+def _at_zero(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
+    """The step that checks step 0 on its own and shows the values at the family's landmarks."""
+    sched, got = subject.module, subject.facts["got"]
+    right = _right(subject, found)[1]
     _step_zero(res, ctx, comp, sched, got.get(0), right)
     sizes = sched.sizes
-    res.notes.append(
-        _values_note(
-            values,
-            right,
-            (0, sizes["warmup"], 10 * sizes["warmup"])
-            if sched.family == "paper"
-            else (0, sizes["warmup"], sizes["total"], max(sched.steps)),
-        )
-    )
-    return finish(res)
+    marks = ((0, sizes["warmup"], 10 * sizes["warmup"]) if sched.family == "paper"
+             else (0, sizes["warmup"], sizes["total"], max(sched.steps)))
+    res.notes.append(_values_note(_floats(got), right, marks))
+
+
+def _floats(got: dict[int, Any]) -> dict[int, float]:
+    return {s: v for s, v in got.items() if isinstance(v, float)}
+
+
+SCHEDULE = Probe(
+    build=_build,                           # the function (or scheduler factory) read at each step
+    inputs=lambda s: s.module.steps,
+    shape=lambda ctx, comp, s, x, out: None,  # a number at each step: _as_float refuses anything else
+    observe=lambda out: out[1:],            # the steps after 0 (the families' steps start at 0)
+    reference=_reference,
+    universe=lambda s: s.facts["flags"],
+    steps=(_compared, _at_zero),
+    error=fp.relative_error, tol=REL_TOL, deterministic=False,
+)
 
 
 def _factory_note(comp: Component) -> Text:
@@ -360,21 +403,6 @@ def _conventions(sched: Schedule) -> tuple[dict[str, Convention], dict[str, Text
     return conventions, {c: v[2] for c, v in COSINE_CONVENTIONS.items()}, COSINE_FLAGS
 
 
-def _explain(
-    values: dict[int, float],
-    conventions: dict[str, Convention],
-    flags_all: tuple[str, ...],
-    later: tuple[int, ...],
-) -> tuple[str, frozenset[str]] | None:
-    """The convention and the smallest set of named mistakes that reproduce the values after step 0
-    (None if no set of up to two does)."""
-    for fs in fp.flag_sets(flags_all):
-        for conv, ref in conventions.items():
-            if _matches(values, lambda s, ref=ref, fs=fs: ref(s, fs), later) < REL_TOL:
-                return conv, fs
-    return None
-
-
 def _compare_values(
     res: ComponentResult, sched: Schedule, values: dict[int, float], right: Convention, later: tuple[int, ...]
 ) -> None:
@@ -396,47 +424,48 @@ def _compare_values(
     )
 
 
-def _report_mistakes(
-    res: ComponentResult,
-    ctx: Context,
-    comp: Component,
-    found: tuple[str, frozenset[str]] | None,
-    values: dict[int, float],
-    right: Convention,
-    later: tuple[int, ...],
-) -> None:
+def _report_mistakes(res: ComponentResult, ctx: Context, comp: Component, found: Found,
+                     values: dict[int, float], right: Convention, later: tuple[int, ...]) -> None:
     """A finding for each named mistake that reproduces the schedule, or a note that none does."""
-    if found and found[1]:
-        for flag in sorted(found[1]):
-            name, _, form = flag.partition(":")
-            res.findings.append(
-                _finding(ctx, comp, name, _observed(name, form, values, right, found[1], later), form)
-            )
-    elif not found:
-        res.notes.append(
-            text(
-                "no known mistake (or pair of them) reproduces your schedule; see the values below",
-                "没有任何已知错误（或两个错误的组合）能复现你的调度；请看下面的数值",
-            )
-        )
+    for flag in sorted(found.flags):
+        name, _, form = flag.partition(":")
+        res.findings.append(
+            _finding(ctx, comp, name, _observed(name, form, values, right, found.flags, later), form))
+    if found.matched is None:
+        res.notes.append(text("no known mistake (or pair of them) reproduces your schedule; see the values "
+                              "below", "没有任何已知错误（或两个错误的组合）能复现你的调度；请看下面的数值"))
 
 
-def check_no_warmup(res: ComponentResult, sched: Schedule, got: dict[int, Any]) -> ComponentResult:
+def _build_no_warmup(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     """A cosine without warmup (minimind's get_lr(current_step, total_steps, lr)): half a cosine
     from step 0 down to the floor at the last step. A floor the schedule does not take as a setting
-    is its own constant (minimind's lr / 10): read at the last step and named. The peak is lr, or lr
-    above that floor (minimind's first form, lr / 10 + lr * (1 + cos) / 2: lr is the amplitude),
-    named too. Past the last step the values are shown, not compared: such a schedule is called for
-    its run's steps only."""
-    for value in got.values():
-        if isinstance(value, fp.LearnerFailure):
-            raise value  # their exception at a step they accept
-    lr, total = sched.sizes["max_lr"], sched.sizes["total"]
-    inside = tuple(s for s in sched.steps if s <= total)
-    own = not sched.reads("min_lr")
+    is its own constant (minimind's lr / 10): read at the last step and named. Its readings the
+    peaks: lr, or lr above that floor (minimind's first form, lr / 10 + lr * (1 + cos) / 2: lr is
+    the amplitude), named too."""
+    sched = Schedule(comp, ctx)
+    got = sched.values()
+    failure = next((v for v in got.values() if isinstance(v, fp.LearnerFailure)), None)
+    if failure is not None:
+        raise failure  # their exception at a step they accept
+    lr, total, own = sched.sizes["max_lr"], sched.sizes["total"], not sched.reads("min_lr")
     floor = got[total] if own else sched.sizes["min_lr"]
     peaks = (lr, lr + floor) if own and floor > 0 else (lr,)
-    peak = min(peaks, key=lambda p: _matches(got, _half_cosine(p, floor, total), inside))
+
+    def run(steps: tuple[int, ...]) -> Tensor:
+        return torch.tensor([got[s] for s in steps], dtype=torch.float64)
+
+    return Subject(run, [(peak, (peak, floor, total)) for peak in peaks], sched, {"got": got, "own": own})
+
+
+def _no_warmup_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                        found: Found) -> None:
+    """The step that compares the steps up to the last with half a cosine from the peak found (else
+    the closest); past the last step the values are shown, not compared: such a schedule is called
+    for its run's steps only."""
+    sched, got, inside = subject.module, subject.facts["got"], found.x
+    lr, total = sched.sizes["max_lr"], sched.sizes["total"]
+    closest = min((w for _, w in subject.readings), key=lambda w: _matches(got, _half_cosine(*w), inside))
+    peak, floor, _ = closest if found.matched is None else found.weights
     right = _half_cosine(peak, floor, total)
     worst = _matches(got, right, inside)
     res.max_abs_error = max(abs(got[s] - right(s)) for s in inside) if math.isfinite(worst) else math.inf
@@ -448,14 +477,25 @@ def check_no_warmup(res: ComponentResult, sched: Schedule, got: dict[int, Any]) 
              f"（lr = {lr:g}，total_steps = {total}）"),
         worst < REL_TOL, text(f"largest relative difference {worst:.2e}", f"最大相对误差 {worst:.2e}")))
     if worst < REL_TOL:
-        res.convention = _no_warmup_convention(peak / lr, floor / lr, own)
+        res.convention = _no_warmup_convention(peak / lr, floor / lr, subject.facts["own"])
         res.status = DIFFERS if peak != lr else res.status
     else:
-        res.notes.append(text("it is not half a cosine from lr at step 0 down to its value at the last step; "
-                              "see the values below",
-                              "它不是从步 0 的 lr 降到最后一步的值的半个余弦；请看下面的数值"))
+        res.notes.append(NOT_HALF_A_COSINE)
     res.notes.append(_no_warmup_values(got, total, [s for s in sched.steps if s > total]))
-    return finish(res)
+
+
+NOT_HALF_A_COSINE = text("it is not half a cosine from lr at step 0 down to its value at the last step; "
+                         "see the values below",
+                         "它不是从步 0 的 lr 降到最后一步的值的半个余弦；请看下面的数值")
+NO_WARMUP = Probe(
+    build=_build_no_warmup,                 # the function read at each step; the peaks it may mean
+    inputs=lambda s: tuple(t for t in s.module.steps if t <= s.module.sizes["total"]),
+    shape=lambda ctx, comp, s, x, out: None,
+    reference=lambda w, steps, flags: torch.tensor([_half_cosine(*w)(t) for t in steps], dtype=torch.float64),
+    universe=lambda s: (),                  # no named mistakes: the form is compared, not searched
+    steps=(_no_warmup_compared,),
+    error=fp.relative_error, tol=REL_TOL, deterministic=False,
+)
 
 
 def _half_cosine(peak: float, floor: float, total: float) -> Callable[[int], float]:

@@ -66,11 +66,25 @@ class ImportedLM:
 
 def _check_paths(hf_dir: Path, run_dir: Path, overwrite: bool) -> None:
     if not hf_dir.is_dir():
-        raise FileNotFoundError(f"no Hugging Face checkpoint directory at {hf_dir}")
+        raise FileNotFoundError(f"no Hugging Face checkpoint directory at {hf_dir}{_other_importer(hf_dir)}")
+    if not (hf_dir / "config.json").exists():
+        raise FileNotFoundError(f"{hf_dir} has no config.json, so it is no Hugging Face checkpoint folder; "
+                                "give the folder that holds config.json, tokenizer.json and *.safetensors "
+                                "(e.g. `huggingface-cli download ORG/MODEL --local-dir DIR` writes one)"
+                                f"{_other_importer(*hf_dir.glob('*.gguf'), *hf_dir.glob('*.bin'))}")
     if run_dir.resolve() == hf_dir.resolve():
         raise ValueError(f"the run directory must differ from the checkpoint directory {hf_dir}")
     if (run_dir / "config.json").exists() and not overwrite:
-        raise ValueError(f"{run_dir} already holds a run; choose another directory or overwrite it")
+        raise ValueError(f"{run_dir} already holds a run; choose another directory or pass --overwrite")
+
+
+def _other_importer(*files: Path) -> str:
+    """A pointer to the importer of a GGUF or llama2.c file given where a checkpoint folder belongs."""
+    if any(f.suffix == ".gguf" for f in files):
+        return "; a .gguf file is read by `handformer import-gguf FILE.gguf RUN_DIR`"
+    if any(f.suffix == ".bin" for f in files):
+        return "; a llama2.c model.bin is read by `handformer import-llama2c MODEL.bin TOKENIZER.bin RUN_DIR`"
+    return ""
 
 
 def _text_model(hf_state: dict[str, Any], cfg: CausalLMConfig) -> tuple[dict[str, Any], CausalLMConfig]:
@@ -135,7 +149,7 @@ def import_llama2c(model_path: str | os.PathLike, tokenizer_path: str | os.PathL
     """Convert llama2.c's `model_path` + `tokenizer_path` into a run directory (tasks/lm/run.py)."""
     model_path, tokenizer_path, run_dir = Path(model_path), Path(tokenizer_path), Path(run_dir)
     if (run_dir / "config.json").exists() and not overwrite:
-        raise ValueError(f"{run_dir} already holds a run; choose another directory or overwrite it")
+        raise ValueError(f"{run_dir} already holds a run; choose another directory or pass --overwrite")
     header, state = read_llama2c(model_path)
     tokenizer = llama2c_tokenizer(tokenizer_path, header.vocab_size)  # both read before writing
     cfg = header.config()

@@ -42,6 +42,7 @@ from handformer.tasks.run_config import FIX, run_model_config, weights_fix
 from handformer.training.checkpoint import load_weights
 
 WEIGHTS_FILE = "model.safetensors"
+TOKENIZER_FILE = "tokenizer.json"
 STEPS = ("quantize", "weights", "lora", "prepare")
 
 
@@ -87,9 +88,13 @@ def settings_of(config: dict[str, Any], settings: dict[str, Any]) -> Any:
     return config[settings["section"]] if "section" in settings else settings
 
 
-def fix_for(run_dir: Path, config: dict[str, Any]) -> str:
-    """What to do about a broken weights file of this run."""
+def fix_for(run_dir: Path, config: dict[str, Any], name: str = WEIGHTS_FILE) -> str:
+    """What to do about a lost or broken file `name` of this run (its weights by default)."""
     source = config.get("source") if isinstance(config.get("source"), dict) else {}
+    quantized = config.get("quantization") if isinstance(config.get("quantization"), dict) else None
+    if quantized is not None:
+        return (f"quantize {quantized.get('source_run', 'the run it came from')} again (`handformer quantize "
+                "SOURCE_RUN OUT_DIR ... --overwrite`)")
     if "lora" in config:
         return "fine-tune again (or `handformer train --resume` it, which rewrites the adapters)"
     if "llama2c_model" in source:
@@ -99,6 +104,9 @@ def fix_for(run_dir: Path, config: dict[str, Any]) -> str:
         return "import the file again (`handformer import-gguf FILE.gguf RUN_DIR --overwrite`)"
     if "source" in config:
         return "import the checkpoint again (`handformer import-hf HF_DIR RUN_DIR --overwrite`)"
+    if name == TOKENIZER_FILE:
+        return ("train the run again: the tokenizer is written as training starts, and the weights know "
+                "the ids of that tokenizer only")
     return weights_fix(run_dir)
 
 
@@ -144,7 +152,7 @@ def load_model(run_dir: str | os.PathLike, config: dict[str, Any], device: str |
     steps = read_pipeline(run_dir, config)
     for name in files_needed(run_dir, steps):
         if not (run_dir / name).exists():
-            raise FileNotFoundError(f"{run_dir} has no {name}")
+            raise FileNotFoundError(f"{run_dir} has no {name}; {fix_for(run_dir, config, name)}")
     model: nn.Module = build_causal_lm(run_model_config(run_dir, config, CausalLMConfig))
     for s in steps:
         if s["step"] == "prepare":

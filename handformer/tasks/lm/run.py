@@ -29,7 +29,7 @@ from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.io import atomic_write_text
 from handformer.models.causal_lm import CausalLM
-from handformer.tasks.lm.pipeline import load_model, pipeline_for
+from handformer.tasks.lm.pipeline import fix_for, load_model, pipeline_for
 from handformer.tasks.run_config import RunDir
 from handformer.training.checkpoint import save_weights
 
@@ -73,7 +73,8 @@ def load_lm(run_dir: str | os.PathLike | RunDir, device: str | torch.device = "c
         raise ValueError(f"{run_dir} holds a {config.get('task')!r} run, not a language model "
                          "(task 'lm'); use `handformer translate` for translation runs")
     if not (run_dir / "tokenizer.json").exists():
-        raise FileNotFoundError(f"{run_dir} has no tokenizer.json")
+        fix = fix_for(run_dir, config, "tokenizer.json")
+        raise FileNotFoundError(f"{run_dir} has no tokenizer.json; {fix}")
     model = load_model(run_dir, config, device, decoding)
     tokens = SpecialTokens.from_dict(config.get("tokens", {}))
     return LMRun(model, Tokenizer.load(run_dir / "tokenizer.json"), tokens, config)
