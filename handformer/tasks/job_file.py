@@ -30,8 +30,8 @@ def _parse_toml(text: str, source: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"{source} is not valid TOML: {err}") from None
     if not job:  # else every default holds: a 45M-parameter translator trains for hours
-        raise ValueError(f"{source} holds no settings; write a job (task = \"lm\" and its [data], [model] and "
-                         "[train] sections; configs/tiny_lm.toml is a small one) or give --config demo")
+        raise ValueError(f"{source} holds no settings; write a job (task = \"lm\" and its [data], [model] "
+                         "and [train] sections; configs/tiny_lm.toml is a small one) or give --config demo")
     return job
 
 
