@@ -33,15 +33,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 QUESTION = [{"role": "user", "content": "What is 12 + 30?"}]
 
 
-def kind_and_key(question: str) -> tuple[str, str]:
-    """A question's kind and key, read back from its words (to check which split it is in)."""
+def kind_and_key(question: str, digits: int = 4) -> tuple[str, str]:
+    """A question's kind and key, read back from its words (to check which split it is in); a sum
+    with a number of more than `digits` digits is a long sum."""
     numbers = [int(n) for n in re.findall(r"(?<![-\d])\d+(?![-\d])", question)]
     if date := re.search(r"\d{4}-\d{2}-\d{2}", question):
         return "days", f"{date.group()}+{numbers[0]}"
     if question.startswith(("Make", "Using")):
         target, given = (numbers[0], numbers[1:]) if question.startswith("Make") else (numbers[-1], numbers[:-1])
         return "countdown", f"{','.join(map(str, sorted(given)))}={target}"
-    return "addition", f"{numbers[0]}+{numbers[1]}"
+    return "long_addition" if max(numbers) >= 10 ** digits else "addition", f"{numbers[0]}+{numbers[1]}"
 
 
 def drawn(n: int, seed: int = 1) -> list[Task]:
@@ -227,6 +228,31 @@ def test_grpo_questions_follow_the_countdown_share_and_its_numbers():
     assert len({p["key"] for p in prompts}) == 90
 
 
+def test_long_sums_are_one_digit_longer_worked_right_and_drawn_where_asked():
+    """The long sums GRPO targets: a number of addition_digits + 1 digits, steps that add up, read
+    and checked as sums; SFT gets the few it is asked for, GRPO its share, all from the train split."""
+    from handformer.tasks.speedrun_chat.reasoning import LONG_KIND, Difficulty
+    from handformer.tasks.speedrun_chat.reasoning_stages import grpo_prompts, sft_records
+
+    rng = random.Random(3)
+    for task in [DRAW[LONG_KIND](rng, Difficulty(3, 4, 60)) for _ in range(500)]:
+        a, b = map(int, task.key.split("+"))
+        assert max(a, b) >= 1000 and min(a, b) >= 10 and max(a, b) <= 9999, task
+        digits = "".join(re.findall(r"write (\d)", task.thinking))[::-1]
+        digits = ("1" if "carry 1 is the first digit" in task.thinking else "") + digits
+        assert int(digits) == a + b == int(task.answer), task
+        assert is_right(task.kind, task.key, parse_reply(task.reply(True), task.kind).answer)
+        assert not is_right(task.kind, task.key, str(a + b + 1))
+    tasks = ReasoningSet(0, Difficulty(3, 4, 60))
+    sft = [c["messages"][0]["content"] for c in sft_records(30, tasks, long_sums=5)]
+    sums = [max(map(int, kind_and_key(q)[1].split("+"))) for q in sft if kind_and_key(q)[0] == "addition"]
+    assert len(sft) == 35 and sum(n >= 1000 for n in sums) == 5
+    prompts = grpo_prompts(50, tasks, countdown_share=0.5, long_share=0.6)
+    kinds = [p["kind"] for p in prompts]
+    assert (kinds.count(LONG_KIND), kinds.count("countdown")) == (30, 10)
+    assert all(split_of(p["kind"], p["key"], 0) == "train" for p in prompts)
+
+
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory, one_thread):
     """`speedrun chat --preset smoke-reasoning`, run once: its output folder and what it printed."""
@@ -262,6 +288,8 @@ def test_the_smoke_reasoning_run_trains_every_stage_and_scores_it(smoke_run):
     assert asked and all(split_of(*kind_and_key(q), 0) == "search" for q in asked)
     thinking = [c["messages"][-1]["content"].startswith("<think>") for c in sft]
     assert any(thinking) and not all(thinking)
+    for stage in STAGES:  # and on the long sums, apart
+        assert report["stages"][stage]["long_sums"]["greedy"]["n"] == 2 and "long sums: greedy" in printed
     for stage in STAGES[1:]:  # each chat stage is asked with thinking and without
         assert report["stages"][stage]["reasoning"]["no_thinking"]["greedy"]["n"] == 6
     assert "no thinking" in (out / "accuracy.md").read_text()

@@ -226,6 +226,9 @@ def plot_stage_accuracy(report: dict, out: str | os.PathLike) -> Path:
                 label=kind)
     ax.plot(x, [100 * report["stages"][s]["accuracy"] for s in stages], marker="o", color="black",
             linewidth=2.5, label="all tasks")
+    if all("long_accuracy" in report["stages"][s] for s in stages):  # the reasoning tasks' GRPO target
+        ax.plot(x, [100 * report["stages"][s]["long_accuracy"] for s in stages], marker="s", color="tab:red",
+                linewidth=2.5, linestyle="--", label="long sums (GRPO's target)")
     ax.set_xticks(list(x), stages)
     ax.set_ylim(0, 100)
     ax.set_ylabel("held-out accuracy (%)")

@@ -29,6 +29,7 @@ from handformer.check.core.discovery import (
     own_objects,
 )
 from handformer.check.core.kinds import KINDS_BY_NAME
+from handformer.check.core.localize import is_departure
 from handformer.check.core.result import (
     ERROR,
     FAIL,
@@ -179,6 +180,7 @@ def _run_checked(comp: Component, ctx: Context) -> ComponentResult:
             result = partial
         elif partial is not None and partial.name == comp.name:
             result.driven = partial.driven  # what drove it (their model, or a stand-in that refused the call)
+            result.notes = [n for n in partial.notes if is_departure(n)]  # where it parted, before it raised
     except (MappingError, DiscoveryError) as err:
         result = ComponentResult(comp.kind, comp.name, ERROR,
                                  error=LearnerError("mapping", str(err), "__init__", message_zh=err.zh))

@@ -18,8 +18,10 @@ Shape legend: B batch, H heads, T length, Dh head dim, D d_model.
 from __future__ import annotations
 
 import inspect
+import itertools
 import linecache
 import math
+import operator
 import re
 import sys
 from collections.abc import Callable
@@ -51,7 +53,7 @@ View = tuple[str, Tensor]  # (the reference's sub-step, in words; its value)
 class _Tracer:
     """The steps of one run: see `trace_steps`."""
 
-    def __init__(self, filename: str, code: Any, constants: bool) -> None:
+    def __init__(self, filename: str, code: Any, constants: tuple[torch.dtype, ...]) -> None:
         self.filename, self.code, self.constants = filename, code, constants
         self.steps: list[Step] = []
         self.state: dict[int, tuple[dict[str, Any], int]] = {}  # frame -> (its locals, its line)
@@ -67,19 +69,19 @@ class _Tracer:
                 self.record(frame, before[1], name, value, not before[0])
         if event == "return":
             self.returned(frame, arg)
-        held = {k: _snapshot(v) if self.constants else v for k, v in seen.items()}
+        held = {k: _snapshot(v) for k, v in seen.items()}
         self.state[id(frame)], self.now = (held, frame.f_lineno), frame.f_lineno
         return self.local
 
     def record(self, frame: Any, line: int, name: str, value: Tensor, given: bool) -> None:
         """One step; `given`: the frame's first event, its arguments as handed over."""
         if _traced(value) and name not in _arguments(frame, value):
-            self.steps.append(Step(line, name, value.detach().double(), self.caller(frame), given))
-        elif self.constants and value.is_floating_point():
+            self.steps.append(Step(line, name, _copy(value), self.caller(frame), given))
+        elif value.dtype in self.constants:
             key, built = (id(frame), name), self.built.setdefault((id(frame), name), [])
             self.dropped.add(self.last.get(key, -1))
             self.last[key] = len(self.steps)
-            built.append(Step(line, name, value.detach().clone().double(), self.caller(frame), False,
+            built.append(Step(line, name, _copy(value), self.caller(frame), False,
                               tuple(built)))
             self.steps.append(built[-1])
 
@@ -89,7 +91,7 @@ class _Tracer:
             (f"return[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else []
         for name, v in items:
             if isinstance(v, Tensor) and _traced(v) and not v.is_complex():
-                self.steps.append(Step(frame.f_lineno, name, v.detach().double(), self.caller(frame)))
+                self.steps.append(Step(frame.f_lineno, name, _copy(v), self.caller(frame)))
 
     def caller(self, frame: Any) -> int | None:
         """The line of the outermost frame of the learner's file below this one (the forward that
@@ -102,7 +104,7 @@ class _Tracer:
         return line
 
     def tracer(self, frame: Any, event: str, arg: Any) -> Any:
-        ours = frame.f_code.co_filename == self.filename and self.code in (None, frame.f_code)
+        ours = frame.f_code.co_filename == self.filename and (self.code is None or frame.f_code in self.code)
         return self.local if ours else None
 
     def hook(self, name: str) -> Callable[..., None]:
@@ -118,18 +120,27 @@ class _Tracer:
         return record
 
     def part(self, name: str, value: Any) -> None:
-        t = _first_tensor(value)
+        t = first_tensor(value)
         if t is not None and t.grad_fn is not None:
-            self.steps.append(Step(self.now, name, t.detach().double()))
+            self.steps.append(Step(self.now, name, _copy(t)))
+
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+NUMBERS = FLOATS + (torch.int32, torch.int64)  # positions counted in whole numbers too
 
 
 def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
-                modules: list[tuple[str, nn.Module]] = (), constants: bool = False) -> list[Step]:
+                modules: list[tuple[str, nn.Module]] = (), constants: bool | tuple[torch.dtype, ...] = False,
+                into: list[Step] | None = None) -> list[Step]:
     """Run `run()` once, recording each input-dependent tensor that a line of `filename` assigns
-    (only in `code`'s frames when given), and each output of `modules` (their names) at the line that
-    calls it. `constants`: also tensors that do not depend on the input (a loss's target distribution
-    built in place), each at the last line that changed it."""
-    t = _Tracer(filename, code, constants)
+    (only in the frames of `code`, one code object or several, when given), and each output of
+    `modules` (their names) at the line that calls it. `constants`: also tensors that do not depend
+    on the input (a loss's target distribution built in place; True: floating point, else the dtypes
+    given), each at the last line that changed it. `into`: the list the steps go to (they stay
+    there when `run` raises)."""
+    code = (code,) if code is not None and not isinstance(code, (tuple, list, set)) else code
+    t = _Tracer(filename, code, FLOATS if constants is True else constants or ())
+    t.steps = into if into is not None else t.steps
     handles = [m.register_forward_pre_hook(t.pre_hook(name)) for name, m in modules]
     handles += [m.register_forward_hook(t.hook(name)) for name, m in modules]
     old = sys.gettrace()
@@ -155,31 +166,39 @@ def _traced(value: Tensor) -> bool:
     return value.requires_grad and not isinstance(value, nn.Parameter)
 
 
-def _first_tensor(out: Any) -> Tensor | None:
+def first_tensor(out: Any) -> Tensor | None:
     if isinstance(out, Tensor):
         return out
     return next((o for o in out if isinstance(o, Tensor)), None) if isinstance(out, (tuple, list)) else None
 
 
+def _copy(value: Tensor) -> Tensor:
+    """A step's values, kept apart from a tensor their code goes on writing in place."""
+    return value.detach().to(torch.float64, copy=True)
+
+
 def _snapshot(value: Any) -> Any:
-    """What a local is, to see it change: a tensor's identity and, for one without a grad (built in
-    place), its values."""
-    if isinstance(value, Tensor) and value.grad_fn is None and value.is_floating_point():
-        return (value, value.detach().clone())
-    return value
+    """What a local is, to see it change: a tensor's identity and how often it was written in place."""
+    return (value, _version(value)) if isinstance(value, Tensor) else value
+
+
+def _version(value: Tensor) -> int:
+    try:
+        return value._version
+    except RuntimeError:  # an inference tensor keeps no count
+        return -1
 
 
 def _changed(before: Any, value: Tensor) -> bool:
-    if isinstance(before, tuple):
-        held, values = before
-        return held is not value or values.shape != value.shape or not torch.equal(values, value)
-    return before is not value
+    """A new tensor under the name, or the same one written in place (`X[mask] = -1e6`)."""
+    return not isinstance(before, tuple) or before[0] is not value or before[1] != _version(value)
 
 
 def same(t: Tensor, r: Tensor, atol: float = 1e-5) -> bool:
     """Equal values; where the reference is -inf (masked), anything at or below -1e4 (a -1e9 fill)."""
     if t.shape != r.shape:
         return False
+    t, r = t.double(), r.double()
     finite = torch.isfinite(r)
     return bool((t[~finite] <= -1e4).all()) and bool(torch.allclose(t[finite], r[finite], atol=atol))
 
@@ -213,7 +232,8 @@ def _whole_name(c: float) -> str | None:
 
 # the reference's intermediate results by name, in Chinese (the names the views above and
 # localize_kinds.py give them); code in a name (q·kᵀ, up(x), self.norm1) stays as it is
-VIEWS_ZH = [(r"the input of (.+)", r"\1 的输入"), (r"the input x", "输入 x"), (r"the output", "输出"),
+VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改为 {m[2]}）"),
+            (r"the input of (.+)", r"\1 的输入"), (r"the input x", "输入 x"), (r"the output", "输出"),
             (r"the output (.+)", r"输出 \1"),
             (r"the heads of (\w+), rotated \((\w+) rotary\)", r"旋转后的 \1 的各个头（\2 配对）"),
             (r"the heads of (\w+), repeated for each query head", r"为每个查询头重复后的 \1 的各个头"),
@@ -268,18 +288,54 @@ def _shift(t: Tensor, r: Tensor, dim: int, what: str) -> Text | None:
     return None
 
 
+NORMALIZERS = ((
+    lambda p, dim: torch.softmax(p.flatten(), 0).view_as(p) if dim is None else torch.softmax(p, dim),
+                "a softmax", "softmax"),
+               (lambda p, dim: p / p.sum(dim=dim, keepdim=dim is not None),
+                "a normalization (divided by the sum)", "归一化（除以和）"))
+
+
 def _softmax_axis(t: Tensor, pre: Tensor | None) -> Text | None:
-    """Weights that are a softmax of the reference's scores over another axis."""
+    """Weights that are a softmax (or a division by the sum) of the reference's pre-normalized
+    values over another axis, or over every entry at once."""
     if pre is None or t.shape != pre.shape:
         return None
-    for dim in range(pre.dim() - 1):
-        if same(t, torch.softmax(pre, dim=dim)):
-            return text(f"a softmax over dim={dim}; the reference's runs over the keys, dim=-1",
-                        f"softmax 作用在 dim={dim} 上；参考作用在键所在的 dim=-1 上")
+    for (norm, how, how_zh), dim in itertools.product(NORMALIZERS, (*range(pre.dim() - 1), None)):
+        if same(t, norm(pre, dim)):
+            where, where_zh = (f"dim={dim}", f"dim={dim} 上") if dim is not None else ("all entries at once",
+                                                                                      "所有元素上（一起）")
+            return text(f"{how} over {where}; the reference's runs over the last axis, dim=-1",
+                        f"{how_zh} 作用在 {where_zh}；参考作用在最后一个轴 dim=-1 上")
     return None
 
 
-def _term(t: Tensor, r: Tensor, what: str, terms: list[View]) -> Text | None:
+def _offset(t: Tensor, r: Tensor, what: str) -> Text | None:
+    """t = r + c for one constant c (positions counted from 1)."""
+    d = t - r
+    flat = d.flatten()
+    if not flat.numel() or not torch.isfinite(d).all() or d.abs().max() < 1e-5 or not same(d, flat[0] + 0*d):
+        return None
+    c = float(flat[0])
+    return text(f"{what} plus a constant {c:.4g}", f"{view_zh(what)} 多加了一个常数 {c:.4g}")
+
+
+def _mask_edge(t: Tensor, r: Tensor, what: str) -> Text | None:
+    """Masked values whose mask lets one key more (or fewer) through in some rows: a mask off by one."""
+    hidden_t, hidden_r = t <= -1e4, ~torch.isfinite(r)
+    both = ~hidden_t & ~hidden_r
+    if not hidden_r.any() or not same(t[both], r[both]):
+        return None
+    more, fewer = (hidden_r & ~hidden_t).sum(-1), (hidden_t & ~hidden_r).sum(-1)
+    for n, other, word, zh in ((more, fewer, "more", "多"), (fewer, more, "fewer", "少")):
+        if n.max() == 1 and not other.any():
+            rows = int(n.sum())
+            return text(f"{what} with one key {word} visible in {rows} rows (the key at the mask's edge): "
+                        "a mask off by one position",
+                        f"{view_zh(what)} 在 {rows} 行里{zh}露了一个键（掩码边上的那个）：掩码错开了一个位置")
+    return None
+
+
+def _term(t: Tensor, r: Tensor, what: str, terms: list[View], sizes: dict[str, float]) -> Text | None:
     """t = r + c · (a known tensor): an extra term (c = 1), a missing one (c = -1), or a term scaled."""
     if t.shape != r.shape or not torch.isfinite(t).all():
         return None
@@ -293,16 +349,20 @@ def _term(t: Tensor, r: Tensor, what: str, terms: list[View]) -> Text | None:
             return text(f"{what} missing the term {name}", f"{_zh_subject(what)}少了一项：{view_zh(name)}")
         c = _factor(t - r, term)
         if c is not None:
-            return text(f"{what} plus {c:.4g} × ({name}): that term scaled by {1 + c:.4g}",
-                        f"{_zh_subject(what)}多加了 {c:.4g} × ({view_zh(name)})：这一项被乘了 {1 + c:.4g}")
+            scale = factor_name(1 + c, sizes)
+            named = f" = {scale}" if scale != f"{1 + c:.4g}" else ""
+            return text(f"{what} plus {c:.4g} × ({name}): that term scaled by {1 + c:.4g}{named}",
+                        f"{_zh_subject(what)}多加了 {c:.4g} × ({view_zh(name)})："
+                        f"这一项被乘了 {1 + c:.4g}{named}")
     return None
 
 
 def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor | None = None,
             terms: list[View] = ()) -> Text | None:
     """The simple form of t against the reference's views of its shape, the first that has one: a
-    sign or a complement, then a factor, a transpose or a shift, then a term (against the latest
-    view first: the sub-step nearest to it), then a softmax over another axis."""
+    sign or a complement; a softmax (or a sum) over another axis (dividing by the sum of every
+    entry is a factor too); then a mask's edge, a factor, an offset, a transpose or a shift; then a
+    term (against the latest view first: the sub-step nearest to it)."""
     views = [(what, r) for what, r in views if r.shape == t.shape]
     for what, r in views:  # a sign first: -q·kᵀ/sqrt(d_k) is a factor -1/sqrt(d_k) of q·kᵀ too
         if same(t, r):
@@ -312,15 +372,19 @@ def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor |
             return text(f"{what} with its sign flipped", f"{view_zh(what)} 的符号反了")
         if r.min() >= 0 and r.max() <= 1 and same(t, 1 - r):
             return text(f"{what}, inverted (1 - it)", f"{view_zh(what)} 取反了（1 - 它）")
+    found = _softmax_axis(t, pre)
+    if found:
+        return found
     for what, r in views:
-        found = _scaled(t, r, what, sizes) or _shift(t, r, 2 if r.dim() == 4 else 1, what)
+        found = (_mask_edge(t, r, what) or _scaled(t, r, what, sizes) or _offset(t, r, what)
+                 or _shift(t, r, 2 if r.dim() == 4 else 1, what))
         if found:
             return found
     for what, r in reversed(views):
-        found = _term(t, r, what, list(terms))
+        found = _term(t, r, what, list(terms), sizes)
         if found:
             return found
-    return _softmax_axis(t, pre)
+    return None
 
 
 def _scaled(t: Tensor, r: Tensor, what: str, sizes: dict[str, float]) -> Text | None:
@@ -372,9 +436,15 @@ def first_departure(steps: list[Step], views: list[View], filename: str, sizes: 
 
 
 def _departure_at(steps: list[Step], views: list[View], ends: list[View] = ()) -> int | None:
+    views = layouts(views, {s.value.shape for s in steps})
     shapes = {r.shape for _, r in views}
-    return next((i for i, step in enumerate(steps) if step.value.shape in shapes
+    return next((i for i, step in enumerate(steps) if step.value.shape in shapes and not _input(step)
                  and not any(same(step.value, r) for _, r in _judged_by(step, views, ends))), None)
+
+
+def _input(step: Step) -> bool:
+    """The checked function's own argument as it was handed over: what check gave it, not its step."""
+    return step.given and step.caller is None
 
 
 def _judged_by(step: Step, views: list[View], ends: list[View]) -> list[View]:
@@ -391,11 +461,56 @@ def _origin(steps: list[Step], i: int) -> Step:
 
 def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, float],
                pre: Tensor | None, terms: list[View]) -> Departure:
-    step, views = next(iter(_wrong_writes(step, views)), (step, views))
+    step, views = next(iter(_wrong_writes(step, layouts(views, {step.value.shape}))), (step, views))
+    views = layouts(views, {step.value.shape})
     code = linecache.getline(filename, step.line).strip()
     called = step.caller and (step.caller, linecache.getline(filename, step.caller).strip())
     form = form_of(step.value, views, sizes, pre, terms)
     return Departure(step.line, step.name, code, form, called or None)
+
+
+def layouts(views: list[View], shapes: set[torch.Size]) -> list[View]:
+    """The views, and each in the shapes given that merge its adjacent axes (d2l's heads (B·H, T,
+    Dh), a mask's rows (B·T, S)): the same values in a flattened layout."""
+    views = [(what, r.double()) for what, r in views]  # as the steps are kept
+    return views + [(f"{what}, reshaped to {tuple(shape)}", r.reshape(shape)) for what, r in views
+                    for shape in shapes if _merges(r.shape, shape)]
+
+
+def _merges(big: torch.Size, small: torch.Size) -> bool:
+    """small is big with runs of adjacent axes merged: every product of its leading axes is one of big's."""
+    def prefixes(shape: torch.Size) -> set[int]:
+        return set(itertools.accumulate(shape, operator.mul))
+    return len(small) < len(big) and math.prod(small) == math.prod(big) and prefixes(small) <= prefixes(big)
+
+
+def _unpermuted(t: Tensor, views: list[View]) -> Text | None:
+    """t is a view's values reshaped as they lie in memory, where the reference moves axes first
+    (a permute or transpose left out before a reshape): its shape is then no view's."""
+    n = t.numel()
+    for (what, s), (result, r) in itertools.product(views, views):
+        if not (s.numel() == r.numel() == n and s.dim() > r.dim() and t.shape not in (s.shape, r.shape)
+                and same(s.reshape(t.shape), t)):
+            continue
+        orders = list(itertools.permutations(range(s.dim())))[1:]
+        if any(same(s.permute(p).reshape(r.shape), r) for p in orders):
+            shape, ref = tuple(t.shape), tuple(r.shape)
+            return text(f"{what} reshaped to {shape} as it lies in memory; the reference moves its axes "
+                        f"before the reshape ({result} is {ref}): a transpose or permute left out",
+                        f"{view_zh(what)} 按内存顺序直接改成了形状 {shape}；参考在改形状之前先换轴"
+                        f"（{view_zh(result)} 的形状是 {ref}）：漏了 transpose 或 permute")
+    return None
+
+
+def misshapen_departure(steps: list[Step], views: list[View], filename: str) -> Departure | None:
+    """For code that raised: the last step that is a view's values in a layout the reference never
+    has (a reshape without its permute), at its own line."""
+    for i in reversed(range(len(steps))):
+        form = _unpermuted(steps[i].value, views)
+        if form is not None:
+            step = _origin(steps, i)  # the line that made it, not one that passed it on
+            return Departure(step.line, step.name, linecache.getline(filename, step.line).strip(), form)
+    return None
 
 
 def _wrong_writes(step: Step, views: list[View]) -> list[tuple[Step, list[View]]]:
@@ -492,17 +607,22 @@ def _repeated(w: V.MHAWeights, kh: Tensor, vh: Tensor, views: list[View],
 Run = tuple[Callable[..., Any], str | None]  # the learner's attention called one way; a rotary layout
 
 
-def localize_attention(runs: list[Run], w: V.MHAWeights, filename: str, causal_inside: bool,
-                       ) -> Departure | None:
-    """Run the learner's attention (self-attention on one input, causal if it is causal inside)
-    traced, each way in `runs` (a mask convention) read with its rotary layout, and find where it
-    parts from the reference in the run and reading that explain the most steps."""
+def _attention_input(w: V.MHAWeights, causal_inside: bool) -> tuple[Tensor, Tensor | None, dict[str, float]]:
+    """The localizer's self-attention input x (B, T, D), the causal keep when causal inside, and the sizes."""
     from handformer.check.core.fingerprint import randn
 
     B, T, D = 2, 5, w.q[0].size(1)
     x = randn(B, T, D, seed=41).requires_grad_()
     keep = V.causal_keep(T)[None, None] if causal_inside else None
-    sizes = {"d_k": D // w.n_heads, "d_model": D, "n_heads": w.n_heads, "T": T}
+    return x, keep, {"d_k": D // w.n_heads, "d_model": D, "n_heads": w.n_heads, "T": T}
+
+
+def localize_attention(runs: list[Run], w: V.MHAWeights, filename: str, causal_inside: bool,
+                       ) -> Departure | None:
+    """Run the learner's attention (self-attention on one input, causal if it is causal inside)
+    traced, each way in `runs` (a mask convention) read with its rotary layout, and find where it
+    parts from the reference in the run and reading that explain the most steps."""
+    x, keep, sizes = _attention_input(w, causal_inside)
     read = []
     for call, rope in runs:
         try:
@@ -515,6 +635,30 @@ def localize_attention(runs: list[Run], w: V.MHAWeights, filename: str, causal_i
         return None  # one reading explains every step
     at, steps, views, scores = max(read, key=lambda r: r[0])
     return _departure(steps[at], views, filename, sizes, scores, [("the input x", x.detach())])
+
+
+def note_raised_attention(res: ComponentResult, comp: Any, runs: list[Run], w: V.MHAWeights,
+                          causal_inside: bool) -> None:
+    """Attention whose code raises (a shape error further on): a note at the line that made the
+    shape the reference never has, a view's values reshaped without its permute (see `_unpermuted`)."""
+    filename = inspect.getsourcefile(comp.obj)
+    x, keep, _ = _attention_input(w, causal_inside)
+    views = attention_views(w, x.detach(), keep)[0]
+    for call, _rope in runs:
+        steps: list[Step] = []
+        try:
+            trace_steps(lambda call=call: call(x, x, x, None), filename, into=steps)
+        except Exception:  # noqa: BLE001 - it raises: the steps up to there are what is judged
+            pass
+        found = misshapen_departure(steps, views, filename)
+        if found is not None:
+            res.notes.append(found.describe())
+            return
+
+
+def is_departure(note: Text) -> bool:
+    """A note that says where the learner's code parts from the reference."""
+    return "parts from the reference" in note["en"]
 
 
 def note_attention_departure(res: ComponentResult, comp: Any, runs: list[Run], w: V.MHAWeights,

@@ -16,6 +16,7 @@ Shape legend: B batch, T length, D d_model, F FFN width, V vocabulary, N = B * T
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -23,9 +24,11 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core.localize import (
+    NUMBERS,
     Departure,
     View,
     first_departure,
+    first_tensor,
     latest_departure,
     rotate_half,
     trace_steps,
@@ -212,3 +215,99 @@ def localize_rotation(run: Callable[[Tensor, Tensor], Any], fn: Any, q: Tensor, 
     views = rotation_views(q.detach(), k.detach(), layout)
     ends = [(name, t) for name, t in views if " rotated " in name]
     return first_departure(steps, views, filename, sizes, ends=ends)
+
+
+# --- d2l's masked softmax -------------------------------------------------------------------------
+
+def localize_masked_softmax(call: Callable[[Tensor], Any], fn: Any, scores: Tensor, keep: Tensor,
+                            ) -> Departure | None:
+    """Run the learner's masked softmax (`call(scores)`, the mask bound) traced on scores (B, T, S)
+    and keep (B, 1 or T, S); the first step that is not the scores, the masked scores (-inf where
+    hidden) or the softmax over the keys."""
+    filename, scores = inspect.getsourcefile(fn), scores.double()
+    x = scores.float().requires_grad_()
+    hidden = scores.masked_fill(~keep, float("-inf"))  # (B, T, S)
+    views = [("the scores X", scores), ("the masked scores", hidden),
+             ("the attention weights", torch.softmax(hidden, dim=-1))]
+    steps = trace_steps(lambda: call(x * 1), filename)  # not a leaf: their code may write into it in place
+    return first_departure(steps, views, filename, {"S": scores.size(-1)}, pre=hidden)
+
+
+# --- a filter of probabilities (top-k, top-p) ---------------------------------------------------------
+
+def localize_filter(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, keep: Tensor) -> Departure | None:
+    """Run the learner's filter (`call(logits)`, which hands it softmax(logits) and its setting)
+    traced; the first step that is neither the kept probabilities (the others 0) nor those
+    renormalized over each row."""
+    filename = inspect.getsourcefile(fn)
+    x = logits.float().requires_grad_()
+    given = torch.where(keep, torch.softmax(logits.double(), -1), 0.0)  # (rows, V)
+    views = [("the kept probabilities (the others 0)", given),
+             ("the kept probabilities renormalized over each row", given / given.sum(-1, keepdim=True))]
+    steps = trace_steps(lambda: call(x), filename)
+    return first_departure(steps, views, filename, {"V": logits.size(-1)}, pre=given)
+
+
+# --- the sinusoidal table -------------------------------------------------------------------------
+
+def table_views(L: int, D: int) -> list[View]:
+    """The sinusoidal table's sub-steps for positions 0 .. L-1: the positions (a column and a row),
+    the even indices, the frequencies and their inverse, the angles, their sines and cosines, the
+    table (L, D) and with a batch or a middle axis of 1."""
+    pos = torch.arange(L, dtype=torch.float64)
+    even = torch.arange(0, D, 2, dtype=torch.float64)  # (D/2,)
+    freq = torch.exp(even * (-math.log(10000.0) / D))  # (D/2,)
+    angles = pos[:, None] * freq  # (L, D/2)
+    table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # (L, D): sin, cos interleaved
+    return [("the positions 0 .. L-1", pos[:, None]), ("the positions 0 .. L-1", pos),
+            ("the even indices 2i", even), ("the exponents -2i·ln(10000)/d_model", freq.log()),
+            ("the frequencies 1/10000^(2i/d_model)", freq), ("10000^(2i/d_model)", 1 / freq),
+            ("the angles pos·freq", angles), ("sin(angles)", angles.sin()), ("cos(angles)", angles.cos()),
+            ("the table PE", table), ("the table PE (1, L, D)", table[None]),
+            ("the table PE (L, 1, D)", table[:, None])]
+
+
+def localize_table(build: Callable[[], Any], module: nn.Module, D: int) -> Departure | None:
+    """Build the learner's positional encoding once more, traced with the constants it makes
+    (positions in whole numbers too): the first that is none of the table's sub-steps, at the length
+    it builds (its longest axis)."""
+    filename = inspect.getsourcefile(type(module))
+    steps = trace_steps(build, filename, constants=NUMBERS)
+    if not steps:
+        return None
+    L = max(max(s.value.shape, default=0) for s in steps)
+    return first_departure(steps, table_views(L, D), filename, {"d_model": D, "L": L})
+
+
+# --- a model, part by part ------------------------------------------------------------------------
+
+def module_views(run: Callable[[], Any], module: nn.Module, words: dict[str, str]) -> list[View]:
+    """The output of each of the module's parts while `run()` runs it, in the order they run, named
+    by `words` (a part's path -> its role), else by the path."""
+    out: list[View] = []
+
+    def hook(name: str) -> Callable[..., None]:
+        def record(part: nn.Module, args: Any, value: Any) -> None:
+            t = first_tensor(value)
+            out.extend([(words.get(name, f"{name}(...)"), t.detach().double())] * (t is not None))
+        return record
+
+    handles = [m.register_forward_hook(hook(name)) for name, m in module.named_modules() if name]
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for h in handles:
+            h.remove()
+    return out
+
+
+def localize_model(run: Callable[[], Any], module: nn.Module, readings: list[list[View]]) -> Departure | None:
+    """Run the learner's model (`run()`) traced on its own methods and its parts' outputs; the first
+    step that no reading (the reference model's parts, each set of choices) explains."""
+    cls = type(module)
+    filename = inspect.getsourcefile(cls)
+    code = {f.__code__ for f in vars(cls).values() if inspect.isfunction(f)}
+    steps = trace_steps(run, filename, code, _children(module))
+    D = next(t for _, t in readings[0]).size(-1)
+    return latest_departure(steps, readings, filename, {"d_model": D})

@@ -24,7 +24,7 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.discovery import Component
 from handformer.check.core.localize import Departure
-from handformer.check.core.localize_kinds import localize_ffn, localize_norm
+from handformer.check.core.localize_kinds import localize_ffn, localize_norm, localize_table
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
@@ -51,16 +51,20 @@ from handformer.nn.masks import causal_mask
 from handformer.nn.norms import LayerNorm, RMSNorm
 from handformer.nn.positions import sinusoidal_table
 
+# how a (T, T) mask read in each convention says "may see"
+READ_KEEP = {"torch": lambda m: ~m, "bool": lambda m: m, "additive": lambda m: m > -1e3,
+             "int": lambda m: m != 0}
 
-def _as_keep(mask: Tensor, convention: str | None) -> tuple[Tensor, str]:
-    """The learner's (T, T) mask as bool True = may see, with the convention it was read in."""
+
+def _convention(mask: Tensor, forced: str | None) -> str:
+    """The convention of the learner's mask, read from its largest one: at T = 1 an additive mask
+    (0 and -inf, PyTorch's generate_square_subsequent_mask) is a single 0, which alone reads as an
+    int mask that hides everything."""
     if mask.dtype == torch.bool:
-        if convention == "torch":
-            return ~mask, "torch"
-        return mask, "bool"
+        return "torch" if forced == "torch" else "bool"
     if mask.is_floating_point() and (mask < -1e3).any() or torch.isinf(mask).any():
-        return mask > -1e3, "additive"
-    return mask != 0, "int"
+        return "additive"
+    return "int"
 
 
 CAUSAL_SIZES = (1, 5, 8)  # the lengths the mask is asked for
@@ -73,11 +77,9 @@ def _build_causal(comp: Component, ctx: Context, res: ComponentResult) -> Subjec
     facts: dict[str, str] = {}
 
     def run(sizes: tuple[int, ...]) -> Tensor:
-        keeps = []
-        for T in sizes:
-            keep, facts["convention"] = _as_keep(_causal_raw(ctx, comp, T), ctx.convention)
-            keeps.append(keep.flatten())
-        return torch.cat(keeps).double()
+        raws = [_causal_raw(ctx, comp, T) for T in sizes]
+        facts["convention"] = conv = _convention(max(raws, key=Tensor.numel), ctx.convention)
+        return torch.cat([READ_KEEP[conv](raw).flatten() for raw in raws]).double()
 
     return Subject(run, [(None, None)], comp.obj, facts)
 
@@ -109,8 +111,9 @@ def _causal_compared(res: ComponentResult, ctx: Context, comp: Component, subjec
     wrong = [(T, float((mine != want).sum()), mine.reshape(T, T)) for T, mine, want in pairs
              if not torch.equal(mine, want)]
     worst = max((count for _, count, _ in wrong), default=0.0)
-    if found.named and wrong:
-        (T, _, keep), (name, _, form) = wrong[0], next(iter(found.flags)).partition(":")
+    if found.named and wrong:  # shown at the first length with a row 2 that differs (T = 1 has none)
+        (T, _, keep) = next((w for w in wrong if w[0] > 2), wrong[0])
+        name, _, form = next(iter(found.flags)).partition(":")
         number, code = locate(name, source_lines(ctx.objects(comp)))
         res.findings.append(Finding(name, _mask_observed(name, form, T, keep), number, code, form))
     res.max_abs_error = worst
@@ -431,7 +434,7 @@ def _build_pe(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
             return None if table is None else x + table
         return fp.first_tensor(ctx.learner.call("forward", module, x))
 
-    return Subject(run, [(None, None)], module)
+    return Subject(run, [(None, None)], module, {"build": lambda: ctx.build(comp)})
 
 
 def _pe_shape(ctx: Context, comp: Component, subject: Subject, x: Tensor, table: Tensor | None,
@@ -468,7 +471,8 @@ POSITIONAL_ENCODING = Probe(
     observe=lambda table: table.reshape(-1, PE_T, D)[0],  # (T, D)
     reference=lambda w, x, flags: V.sinusoidal(PE_T, D, flags),
     universe=lambda s: PE_FLAGS,
-    steps=(name_findings, _pe_compared),
+    steps=(name_findings, _pe_compared,
+           localize_step(lambda s, found: localize_table(s.facts["build"], s.module, D))),
 )
 
 

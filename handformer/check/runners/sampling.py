@@ -31,6 +31,7 @@ from handformer.check.core.argument_names import (  # noqa: F401
 )
 from handformer.check.core.context import Context, error_text, finish, forward_parameters, shape_of
 from handformer.check.core.discovery import Component
+from handformer.check.core.localize_kinds import localize_filter, note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.generation.sampling import apply_temperature, top_k_filter, top_p_filter
@@ -246,6 +247,9 @@ def _kept_probabilities(res: ComponentResult, call: Caller, logits: Tensor) -> N
                                  "each row (k = 3)", "保留的 token 概率不变，或在各自的行内重新归一化"
                                  "（k = 3）"),
                             ok, text(f"the rows sum to {sums}", f"各行之和为 {sums}")))
+    if not ok:
+        keep = torch.isfinite(top_k_filter(logits, 3))
+        note_departure(res, lambda: localize_filter(lambda x: call(x, top_k=3), call.comp.obj, logits, keep))
 
 
 def _large_k(res: ComponentResult, ctx: Context, comp: Component, call: Caller, logits: Tensor) -> None:

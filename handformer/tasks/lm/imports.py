@@ -67,7 +67,7 @@ class ImportedLM:
 def _check_paths(hf_dir: Path, run_dir: Path, overwrite: bool) -> None:
     if not hf_dir.is_dir():
         raise FileNotFoundError(f"no Hugging Face checkpoint directory at {hf_dir}{_other_importer(hf_dir)}")
-    if not (hf_dir / "config.json").is_file():
+    if not (hf_dir / "config.json").exists():
         raise FileNotFoundError(f"{hf_dir} has no config.json, so it is no Hugging Face checkpoint folder; "
                                 "give the folder that holds config.json, tokenizer.json and *.safetensors "
                                 "(e.g. `huggingface-cli download ORG/MODEL --local-dir DIR` writes one)"

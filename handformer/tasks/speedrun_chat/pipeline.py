@@ -46,7 +46,13 @@ from handformer.tasks.post.job import PostJob
 from handformer.tasks.post.train import run_post
 from handformer.tasks.speedrun_chat import reasoning_stages
 from handformer.tasks.speedrun_chat.problems import KINDS, Problem, ProblemSet, is_correct, wrong_answers
-from handformer.tasks.speedrun_chat.reasoning import REASONING_KINDS, SPLITS, Difficulty, ReasoningSet
+from handformer.tasks.speedrun_chat.reasoning import (
+    LONG_KIND,
+    REASONING_KINDS,
+    SPLITS,
+    Difficulty,
+    ReasoningSet,
+)
 from handformer.tasks.speedrun_chat.scoring import figure_line, greedy, text_answers
 
 ROLE_TOKENS = ("<|im_start|>", "<|im_end|>")
@@ -63,6 +69,7 @@ STAGES = ("base", "sft", "dpo", "grpo")
 TASKS = ("facts", "reasoning")
 CHOICES = {"tasks": TASKS, "eval_split": SPLITS[1:]}  # the settings that are words
 DONE = "speedrun_stage.json"
+SHARES = ("grpo_countdown_share", "grpo_long_share")  # the float settings from 0 to 1
 
 
 @dataclass
@@ -91,6 +98,9 @@ class SpeedrunChatConfig:
     # reasoning: Countdown's worked replies in SFT and DPO first try up to this many orders and
     # operations that miss, each checked against the target (reasoning.with_tries; 0: none)
     sft_countdown_tries: int = 0
+    # reasoning: worked long sums (addition_digits + 1 digits) among the SFT conversations: a few, so
+    # GRPO has a skill to sharpen (docs/benchmarks.md)
+    sft_long_sums: int = 0
     # preferences
     dpo_pairs: int = 2000
     dpo_steps: int = 150
@@ -108,12 +118,16 @@ class SpeedrunChatConfig:
     # (3 to this many; an easier Countdown than the held-out's gives more groups a right reply)
     grpo_countdown_share: float = 1 / 3
     grpo_countdown_numbers: int = 4
+    # reasoning: the share of GRPO's questions that are long sums (the rest as above)
+    grpo_long_share: float = 0.0
     # evaluation
     eval_per_kind: int = 80  # held-out questions of each task (seed 0 holds out 92 words to spell)
     # reasoning: samples a question at temperature 1 (pass@k), and which held-out split is asked:
     # search (while choosing the recipe) or report (once, for the figures that are reported)
     eval_samples: int = 8
     eval_split: str = "search"
+    # reasoning: held-out long sums scored apart after each stage (0: none), GRPO's target
+    eval_long_sums: int = 0
     # reasoning: the task difficulty mix (reasoning.Difficulty)
     addition_digits: int = 4  # each number of a sum has 2 to this many digits
     countdown_numbers: int = 4  # a Countdown problem gives 3 to this many numbers
@@ -128,12 +142,13 @@ class SpeedrunChatConfig:
                                      f"{' or '.join(CHOICES[f.name])}")
                 continue
             if f.type == "float":
-                if f.name == "grpo_countdown_share" and not 0 <= value <= 1:
+                if f.name in SHARES and not 0 <= value <= 1:
                     raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be from 0 to 1")
-                if not value > 0 and f.name != "grpo_countdown_share":
+                if not value > 0 and f.name not in SHARES:
                     raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be > 0")
                 continue
-            low = 0 if f.name in ("seed", "threads", "pretrain_pydoc_chars", "sft_countdown_tries") else \
+            low = 0 if f.name in ("seed", "threads", "pretrain_pydoc_chars", "sft_countdown_tries",
+                                  "sft_long_sums", "eval_long_sums") else \
                 3 if f.name == "grpo_countdown_numbers" else 1
             if not is_int(value) or value < low:
                 raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be an integer "
@@ -158,27 +173,30 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 # the smoke preset on the reasoning tasks: every stage and the pass@k evaluation in seconds
 PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_size": 160,
-                              "grpo_max_new_tokens": 12, "eval_per_kind": 2, "eval_samples": 2}
-# the reasoning tasks, the default preset (docs/benchmarks.md: end to end 36 min 6 s on a shared 2-core
-# CPU at threads=1, pretraining 22 of it; the post-training recipe is the mid-reasoning search's): digits
-# one token each, sums of up to 3 digits and dates up to 60 days on, so a worked reply (up to 97 tokens)
-# and its question fit the context; 1,002 held-out questions of the report split a stage. DPO sees 240
-# pairs (30 steps of 8): 960 (60 steps of 16) lowered the held-out accuracy by 5.0 points, 240 by 1.0
+                              "grpo_max_new_tokens": 12, "eval_per_kind": 2, "eval_samples": 2,
+                              "sft_long_sums": 2, "grpo_long_share": 0.5, "eval_long_sums": 2}
+# the reasoning tasks, the default preset (docs/benchmarks.md, pretraining 22 minutes of it at threads=1 on
+# a shared 2-core CPU): digits one token each, sums of up to 3 digits and dates up to 60 days on, so a
+# worked reply (up to 97 tokens) and its question fit the context; 1,002 held-out questions of the report
+# split a stage, and 1,000 long sums (4 digits). SFT sees 30 worked long sums among 3,000 conversations;
+# GRPO's questions are 60% long sums, rewarded on the answer alone: it takes the long sums from about
+# half right to about four in five, more than SFT gets from them (docs/benchmarks.md). DPO sees 300 pairs
+# (30 steps of 8): 960 (60 steps of 16) lowered the held-out accuracy by 5.0 points
 PRESETS["reasoning"] = {
     "tasks": "reasoning", "vocab_size": 512, "block_size": 160, "addition_digits": 3, "max_days": 60,
     "pretrain_facts": 40_000, "pretrain_pydoc_chars": 100_000, "pretrain_steps": 1500,
-    "sft_conversations": 8000, "sft_steps": 600, "dpo_pairs": 300, "dpo_steps": 30, "dpo_batch": 8,
-    "grpo_prompts": 4000, "grpo_steps": 60, "grpo_lr": 1e-4, "grpo_max_new_tokens": 104,
-    "eval_per_kind": 334, "eval_split": "report"}
-# the recipe search: the post-training stages, smaller, on 240 questions, under 10 minutes from a
-# pretrained base (`--base OUT/base` of a `reasoning` run; its own 300 steps of pretraining answer
+    "sft_conversations": 3000, "sft_long_sums": 30, "sft_steps": 600, "dpo_pairs": 300, "dpo_steps": 30,
+    "dpo_batch": 8, "grpo_prompts": 800, "grpo_steps": 100, "grpo_batch": 8, "grpo_lr": 1e-4,
+    "grpo_long_share": 0.6, "grpo_max_new_tokens": 104, "eval_per_kind": 334, "eval_long_sums": 1000,
+    "eval_split": "report"}
+# the recipe search: the post-training stages on 240 questions and 100 long sums of the search split,
+# from a pretrained base (`--base OUT/base` of a `reasoning` run; its own 300 steps of pretraining answer
 # nothing right); SFT 150 steps broke the copying of digits, GRPO at 5e-4 the date steps
 # (docs/benchmarks.md)
 PRESETS["mid-reasoning"] = {
     **PRESETS["reasoning"], "pretrain_facts": 12_000, "pretrain_pydoc_chars": 50_000,
-    "pretrain_steps": 300, "sft_conversations": 3000, "sft_steps": 600, "dpo_pairs": 300, "dpo_steps": 30,
-    "dpo_batch": 8, "grpo_prompts": 1000, "grpo_steps": 40, "grpo_batch": 8, "eval_per_kind": 80,
-    "eval_samples": 4, "eval_split": "search"}
+    "pretrain_steps": 300, "eval_per_kind": 80, "eval_long_sums": 100, "eval_samples": 4,
+    "eval_split": "search"}
 
 
 def config_for(preset: str, overrides: dict[str, Any]) -> SpeedrunChatConfig:
@@ -364,6 +382,8 @@ def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print, base: str 
     out.mkdir(parents=True, exist_ok=True)
     problems = ProblemSet(cfg.seed) if cfg.tasks == "facts" else ReasoningSet(cfg.seed, difficulty(cfg))
     held = held_out_questions(cfg, problems)
+    held_long = problems.sample(cfg.eval_long_sums, cfg.eval_split, "eval", kinds=(LONG_KIND,)) \
+        if isinstance(problems, ReasoningSet) and cfg.eval_long_sums else []
     if cfg.tasks == "reasoning" and (note := reasoning_stages.length_note(cfg.grpo_max_new_tokens)):
         log(note)
     report: dict[str, Any] = {"config": asdict(cfg), "base": None if base is None else str(base),
@@ -381,7 +401,7 @@ def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print, base: str 
             # torch's count after training: two threads on a busy 2-core machine took 5x as long)
             with intra_op_threads(cfg.threads or None):
                 notes = run_stage(stage, cfg, problems, out, previous, log, base)
-                result = {**stage_accuracy(cfg, stage, run_dir, held),
+                result = {**stage_accuracy(cfg, stage, run_dir, held, held_long),
                           "seconds": round(time.perf_counter() - start, 1), **notes}
             atomic_write_text(run_dir / DONE, json.dumps(result, indent=2) + "\n")
             kinds = ", ".join(f"{k} {v:.0%}" for k, v in result["per_kind"].items())
@@ -389,6 +409,8 @@ def run_speedrun(cfg: SpeedrunChatConfig, out: str | Path, log=print, base: str 
                 f"{result['seconds']:.0f} s")
             if "reasoning" in result:
                 log(f"[{stage}] {cfg.eval_split} split: {figure_line(result['reasoning'])}")
+            if "long_sums" in result:
+                log(f"[{stage}] long sums: {figure_line(result['long_sums'])}")
         report["stages"][stage] = result
         previous = run_dir
     atomic_write_text(out / "report.json", json.dumps(report, indent=2) + "\n")
@@ -410,10 +432,11 @@ def held_out_questions(cfg: SpeedrunChatConfig, problems: ProblemSet | Reasoning
     return problems.sample(cfg.eval_per_kind * len(KINDS), "held_out", "eval")
 
 
-def stage_accuracy(cfg: SpeedrunChatConfig, stage: str, run_dir: Path, held: list) -> dict[str, Any]:
+def stage_accuracy(cfg: SpeedrunChatConfig, stage: str, run_dir: Path, held: list, held_long: list = (),
+                   ) -> dict[str, Any]:
     if cfg.tasks == "reasoning":
         return reasoning_stages.stage_result(stage, run_dir, held, cfg.eval_samples, cfg.grpo_max_new_tokens,
-                                             cfg.seed)
+                                             cfg.seed, held_long)
     return accuracy(stage, run_dir, held, cfg.grpo_max_new_tokens)
 
 
@@ -463,13 +486,14 @@ def stage_records(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet | Re
     for the report."""
     if isinstance(problems, ReasoningSet):
         if stage == "sft":
-            return reasoning_stages.sft_records(cfg.sft_conversations, problems, cfg.sft_countdown_tries), {}
+            return reasoning_stages.sft_records(cfg.sft_conversations, problems, cfg.sft_countdown_tries,
+                                                cfg.sft_long_sums), {}
         if stage == "dpo":
             records, wrong = reasoning_stages.dpo_records(cfg.dpo_pairs, problems, previous,
                                                           cfg.grpo_max_new_tokens, cfg.sft_countdown_tries)
             return records, {"rejected_from_the_model": round(wrong, 3)}
         return reasoning_stages.grpo_prompts(cfg.grpo_prompts, problems, cfg.grpo_countdown_share,
-                                             cfg.grpo_countdown_numbers), {}
+                                             cfg.grpo_countdown_numbers, cfg.grpo_long_share), {}
     if stage == "sft":
         return sft_records(cfg, problems), {}
     if stage == "dpo":

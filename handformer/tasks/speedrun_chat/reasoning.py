@@ -5,6 +5,9 @@ the reasoning tasks for `handformer speedrun chat`, generated here, deterministi
     countdown  Make 24 from 3, 6, 7 and 8 with +, - and *, each once.      (8 - 7 + 3) * 6
     days       What date is 45 days after 2023-03-17?                      2023-05-01
 
+and `long_addition`, sums one digit longer than the mix's (`addition_digits` + 1 digits in at least
+one number): the task GRPO targets, of which SFT sees a few worked examples (docs/benchmarks.md).
+
 Each problem carries its worked solution (`thinking`), the steps a person writes down: addition
 column by column with the carries, Countdown as the operations one at a time, a date by stepping
 over the month ends. A reply with thinking is `<think>\\nSTEPS\\n</think>\\nANSWER`; without, just
@@ -32,6 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 REASONING_KINDS = ("addition", "countdown", "days")
+LONG_KIND = "long_addition"  # sums one digit longer than the mix's
+SUM_KINDS = ("addition", LONG_KIND)
 SPLITS = ("train", "search", "report")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 FIRST_DAY, LAST_DAY = datetime.date(2000, 1, 1), datetime.date(2039, 12, 31)
@@ -100,6 +105,17 @@ def _addition(rng: random.Random, level: Difficulty = DEFAULT) -> Task:
     question = rng.choice([f"What is {a} + {b}?", f"Compute {a} + {b}.", f"Add {a} and {b}."])
     steps = [*addition_steps(a, b), f"so {a} + {b} = {a + b}"]
     return Task("addition", question, str(a + b), "\n".join(steps), f"{a}+{b}")
+
+
+def _long_addition(rng: random.Random, level: Difficulty = DEFAULT) -> Task:
+    """A sum one digit longer than the mix's: both numbers of 2 to addition_digits + 1 digits, at
+    least one of them that long."""
+    top, low = 10 ** (level.addition_digits + 1) - 1, 10 ** level.addition_digits
+    while max(a := rng.randint(10, top), b := rng.randint(10, top)) < low:
+        pass
+    question = rng.choice([f"What is {a} + {b}?", f"Compute {a} + {b}.", f"Add {a} and {b}."])
+    steps = [*addition_steps(a, b), f"so {a} + {b} = {a + b}"]
+    return Task(LONG_KIND, question, str(a + b), "\n".join(steps), f"{a}+{b}")
 
 
 def _chain(numbers: Sequence[int], rng: random.Random) -> tuple[int, str, list[str]]:
@@ -176,7 +192,7 @@ def _days(rng: random.Random, level: Difficulty = DEFAULT) -> Task:
     return Task("days", question, end.isoformat(), "\n".join(steps), f"{start.isoformat()}+{days}")
 
 
-DRAW = {"addition": _addition, "countdown": _countdown, "days": _days}
+DRAW = {"addition": _addition, "countdown": _countdown, "days": _days, LONG_KIND: _long_addition}
 
 
 class ReasoningSet:
@@ -238,7 +254,7 @@ def parse_reply(reply: str, kind: str) -> Reading:
 
 
 def _has_form(answer: str, kind: str) -> bool:
-    if kind == "addition":
+    if kind in SUM_KINDS:
         return re.fullmatch(r"-?\d+", answer) is not None
     if kind == "days":
         try:
@@ -279,7 +295,7 @@ def is_right(kind: str, key: str, answer: str | None) -> bool:
     """Whether `answer` (parse_reply's) answers the problem whose key is `key`."""
     if answer is None:
         return False
-    if kind == "addition":
+    if kind in SUM_KINDS:
         a, b = map(int, key.split("+"))
         return answer == str(a + b)
     if kind == "days":
@@ -307,5 +323,5 @@ def reasoning_reward(prompts, completions, kind, key, max_chars=None, **columns)
     return rewards
 
 
-__all__ = ["REASONING_KINDS", "SPLITS", "Difficulty", "ReasoningSet", "Reading", "Task", "is_right",
-           "parse_reply", "reasoning_reward", "split_of", "with_tries"]
+__all__ = ["LONG_KIND", "REASONING_KINDS", "SPLITS", "Difficulty", "ReasoningSet", "Reading", "Task",
+           "is_right", "parse_reply", "reasoning_reward", "split_of", "with_tries"]

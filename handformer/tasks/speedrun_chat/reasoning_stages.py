@@ -6,11 +6,12 @@ run is scored on held-out questions.
                  facts the steps use (the days of each month, sums of two digits)
     sft          one-turn conversations: half with the worked steps inside <think>...</think>,
                  half answered directly, rendered as the template renders enable_thinking=False
-                 (an empty <think></think> written before the answer, not learned)
+                 (an empty <think></think> written before the answer, not learned); and a few
+                 worked long sums (one digit longer than the rest)
     dpo          the worked reply over the SFT model's own wrong reply (or, where it was right,
                  over a worked reply whose last step went wrong)
     grpo         the questions with their kind and key: reasoning_reward checks the answer, the
-                 form and the length
+                 form and the length; most of them long sums, which SFT saw a few worked examples of
 
 The chat template (CHAT_TEMPLATE) is ChatML with Qwen3's thinking switch: a reply that does not
 open `<think>` is written after an empty section `<think>\n\n</think>\n`, outside the text the
@@ -37,6 +38,7 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from handformer.data.tokenizer import SPECIAL_TOKENS, UNK, Tokenizer
 from handformer.tasks.lm.run import load_lm
 from handformer.tasks.speedrun_chat.reasoning import (
+    LONG_KIND,
     REASONING_KINDS,
     THINK_CLOSE,
     THINK_OPEN,
@@ -110,15 +112,24 @@ def pretraining_documents(n: int, tasks: ReasoningSet) -> list[str]:
     return [document(t) for t in tasks.sample(n, "train", "pretrain")] + facts_text(tasks.seed)
 
 
-def sft_records(n: int, tasks: ReasoningSet, countdown_tries: int = 0) -> list[dict]:
+def sft_records(n: int, tasks: ReasoningSet, countdown_tries: int = 0, long_sums: int = 0) -> list[dict]:
     """One-turn conversations, THINK_SHARE of them with the worked steps (Countdown's with up to
     `countdown_tries` checked misses first, reasoning.with_tries); the others answer directly (the
-    template writes the empty thinking section before them, as enable_thinking=False does)."""
+    template writes the empty thinking section before them, as enable_thinking=False does). Then
+    `long_sums` worked long sums, shuffled in."""
     rng = random.Random(f"{tasks.seed}:sft-think")
-    return [{"messages": [{"role": "user", "content": task.question},
-                          {"role": "assistant",
-                           "content": with_tries(task, countdown_tries).reply(rng.random() < THINK_SHARE)}]}
-            for task in tasks.sample(n, "train", "sft")]
+    records = [_conversation(with_tries(task, countdown_tries), rng.random() < THINK_SHARE)
+               for task in tasks.sample(n, "train", "sft")]
+    if long_sums:
+        long = tasks.sample(long_sums, "train", "sft", kinds=(LONG_KIND,))
+        records += [_conversation(task, True) for task in long]
+        random.Random(f"{tasks.seed}:sft-long").shuffle(records)
+    return records
+
+
+def _conversation(task: Task, think: bool) -> dict:
+    return {"messages": [{"role": "user", "content": task.question},
+                         {"role": "assistant", "content": task.reply(think)}]}
 
 
 def wrong_reply(task: Task) -> str:
@@ -154,16 +165,18 @@ def dpo_records(n: int, tasks: ReasoningSet, sft_dir: Path, max_new_tokens: int,
 
 
 def grpo_prompts(n: int, tasks: ReasoningSet, countdown_share: float = 1 / 3,
-                 countdown_numbers: int | None = None) -> list[dict]:
-    """`n` questions for GRPO, `countdown_share` of them Countdown (given 3 to `countdown_numbers`
-    numbers; None: as `tasks` gives them), the rest addition and dates in turn, shuffled. Countdown
-    is where sampling finds right answers the greedy reply misses; the other kinds are kept so
-    their steps are not forgotten."""
-    n_countdown = round(n * countdown_share)
+                 countdown_numbers: int | None = None, long_share: float = 0.0) -> list[dict]:
+    """`n` questions for GRPO: `long_share` of them long sums, and of the rest `countdown_share`
+    Countdown (given 3 to `countdown_numbers` numbers; None: as `tasks` gives them), the others
+    addition and dates in turn, shuffled. The long sums are what GRPO teaches (SFT saw a few);
+    the other kinds are kept so their steps are not forgotten."""
+    n_long = round(n * long_share)
+    n_countdown = round((n - n_long) * countdown_share)
     numbers = countdown_numbers or tasks.level.countdown_numbers
     countdown = ReasoningSet(tasks.seed, replace(tasks.level, countdown_numbers=numbers))
     chosen = countdown.sample(n_countdown, "train", "grpo", kinds=("countdown",)) + \
-        tasks.sample(n - n_countdown, "train", "grpo", kinds=("addition", "days"))
+        tasks.sample(n - n_long - n_countdown, "train", "grpo", kinds=("addition", "days")) + \
+        (tasks.sample(n_long, "train", "grpo", kinds=(LONG_KIND,)) if n_long else [])
     random.Random(f"{tasks.seed}:grpo-mix").shuffle(chosen)
     return [{"prompt": t.question, "kind": t.kind, "key": t.key} for t in chosen]
 
@@ -181,19 +194,29 @@ def base_replies(run_dir: Path, held: list[Task], max_new_tokens: int) -> list[R
             for text, o in zip(texts, outs)]
 
 
-def stage_result(stage: str, run_dir: Path, held: list[Task], k: int, max_new_tokens: int, seed: int,
-                 ) -> dict[str, Any]:
-    """A stage's figures on the held-out questions: `accuracy` and `per_kind` (greedy, what the
-    table and plot show) and `reasoning`, the whole of `score` (intervals, pass@k, the form); a
-    chat stage is asked with the template's default (it thinks) and, greedily, with
-    enable_thinking=False (`reasoning["no_thinking"]`: the same figures without pass@k)."""
+def asked(stage: str, run_dir: Path, held: list[Task], k: int, max_new_tokens: int, seed: int,
+          ) -> tuple[dict[str, Any], list[Reply]]:
+    """`score` of a stage's replies, and its greedy replies: a base model asked as text (greedy
+    only), a chat stage in its template with the thinking default, greedy and `k` samples at
+    temperature 1.0."""
     if stage == "base":
         greedy, sampled = base_replies(run_dir, held, max_new_tokens), [[] for _ in held]
     else:
         greedy, sampled = replies(run_dir, held, k, 1.0, max_new_tokens, seed)
     settings = {"k": len(sampled[0]) if sampled else 0, "temperature": 1.0, "max_new_tokens": max_new_tokens,
                 "seed": seed}
-    result = {**score(held, greedy, sampled), "settings": settings}
+    return {**score(held, greedy, sampled), "settings": settings}, greedy
+
+
+def stage_result(stage: str, run_dir: Path, held: list[Task], k: int, max_new_tokens: int, seed: int,
+                 held_long: list[Task] = (),
+                 ) -> dict[str, Any]:
+    """A stage's figures on the held-out questions: `accuracy` and `per_kind` (greedy, what the
+    table and plot show) and `reasoning`, the whole of `score` (intervals, pass@k, the form); a
+    chat stage is asked with the template's default (it thinks) and, greedily, with
+    enable_thinking=False (`reasoning["no_thinking"]`: the same figures without pass@k). With
+    `held_long`, the long sums GRPO targets are scored apart (`long_sums`, `long_accuracy`)."""
+    result, greedy = asked(stage, run_dir, held, k, max_new_tokens, seed)
     if stage != "base":
         direct, _ = replies(run_dir, held, 0, 1.0, max_new_tokens, seed, thinking=False)
         result["no_thinking"] = score(held, direct, [[] for _ in held])
@@ -202,8 +225,12 @@ def stage_result(stage: str, run_dir: Path, held: list[Task], k: int, max_new_to
     examples = [{"question": t.question, "reply": r.text, "answer": t.answer,
                  "read": parse_reply(r.text, t.kind).answer}
                 for t, r in list(zip(held, greedy))[:: max(1, len(held) // 6)]]
-    return {"accuracy": result["greedy"]["value"], "per_kind": per_kind, "reasoning": result,
-            "examples": examples}
+    out = {"accuracy": result["greedy"]["value"], "per_kind": per_kind, "reasoning": result,
+           "examples": examples}
+    if held_long:
+        long, _ = asked(stage, run_dir, list(held_long), k, max_new_tokens, seed)
+        out.update(long_accuracy=long["greedy"]["value"], long_sums=long)
+    return out
 
 
 __all__ = ["CHAT_TEMPLATE", "EMPTY_THINKING", "REWARD", "THINK_TOKENS", "WORKED_REPLY_TOKENS", "dpo_records",

@@ -18,6 +18,7 @@ def accuracy_table(report: dict[str, Any]) -> str:
     kinds = list(first.get("per_kind", {})) or list(KINDS)
     reasoning = "reasoning" in first
     extra = ["95% interval", "pass@k", "no thinking", "ended and parsed"] if reasoning else []
+    extra += ["long sums (greedy, pass@k)"] if "long_sums" in first else []
     head = "| stage | held-out accuracy | change | " + " | ".join(extra + kinds) + " | seconds |"
     rows = [head, "|" + "---|" * (len(kinds) + len(extra) + 4)]
     before = None
@@ -28,6 +29,7 @@ def accuracy_table(report: dict[str, Any]) -> str:
             label = f"base ({result['from'].rstrip('/').split('/')[-1]}, asked as text)"
         change = "" if before is None or stage == "sft" else f"{100 * (acc - before):+.1f} points"
         cells = _reasoning_cells(result["reasoning"]) if reasoning else []
+        cells += [_long_cell(result["long_sums"])] if "long_sums" in first else []
         cells += [f"{100 * result['per_kind'][k]:.0f}%" for k in kinds]
         rows.append(f"| {label} | {100 * acc:.1f}% | {change} | {' | '.join(cells)} | "
                     f"{result.get('seconds', 0):.0f} |")
@@ -42,6 +44,11 @@ def _reasoning_cells(figures: dict[str, Any]) -> list[str]:
     return [f"{100 * low:.1f} to {100 * high:.1f}%", passes[0] if passes else "",
             f"{100 * direct['greedy']['value']:.1f}%" if direct else "",
             f"{100 * figures['ended_and_parsed']['value']:.0f}%"]
+
+
+def _long_cell(figures: dict[str, Any]) -> str:
+    passes = [f", {100 * figures[name]['value']:.1f}%" for name in figures if name.startswith("pass@")]
+    return f"{100 * figures['greedy']['value']:.1f}%" + (passes[0] if passes else "")
 
 
 __all__ = ["accuracy_table"]
