@@ -386,3 +386,9 @@ def test_eval_reads_a_translation_runs_own_test_split_by_name(tmp_path, capsys):
     assert "(2 sentences)" in capsys.readouterr().out
     assert main(["eval", str(run), "--data", "val"]) == 2
     assert "was trained without a val split" in capsys.readouterr().err
+
+
+def test_int4_group_size_0_is_refused_rather_than_read_as_the_default(tmp_path, capsys):
+    run = make_lm_run(tmp_path / "story", chat=False)
+    assert main(["quantize", str(run), str(tmp_path / "q"), "--int4", "--group-size", "0"]) == 2
+    assert "int4 group size is 0; choose one of 32" in capsys.readouterr().err
