@@ -392,3 +392,12 @@ def test_int4_group_size_0_is_refused_rather_than_read_as_the_default(tmp_path, 
     run = make_lm_run(tmp_path / "story", chat=False)
     assert main(["quantize", str(run), str(tmp_path / "q"), "--int4", "--group-size", "0"]) == 2
     assert "int4 group size is 0; choose one of 32" in capsys.readouterr().err
+
+
+def test_shards_prepared_from_an_empty_text_say_how_to_make_them_again(tmp_path, capsys):
+    (tmp_path / "empty.txt").write_text("")
+    assert main(["prepare", str(tmp_path / "empty.txt"), str(tmp_path / "shards"), "--tokenizer", "char"]) == 2
+    assert "the source holds no documents" in capsys.readouterr().err
+    assert main(["train", "--config", str(CONFIGS / "tiny_lm.toml"), "--out", str(tmp_path / "run"),
+                 *sets(*TINY, f"data.shards={tmp_path / 'shards'}")]) == 2
+    assert "prepare it again from text" in capsys.readouterr().err

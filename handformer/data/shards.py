@@ -177,7 +177,8 @@ def _open_handformer(root: Path) -> ShardSet:
             shards.append(shard)
         splits[name] = shards
     if not splits["train"]:
-        raise ValueError(f"{root} has no training shards")
+        raise ValueError(f"{root} has no training shards (its manifest lists none: the text it was prepared "
+                         "from held none); prepare it again from text (`handformer prepare SOURCE OUT_DIR`)")
     return ShardSet(root, "handformer", splits["train"], splits["val"], manifest,
                     root / manifest["tokenizer"]["file"])
 
