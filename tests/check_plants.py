@@ -524,7 +524,8 @@ WRITTEN = {"karpathy": FIXTURES / "learners_karpathy", "raschka": FIXTURES / "le
            "llama": FIXTURES / "learners_llama", "minimind": FIXTURES / "learners_minimind",
            "carried": FIXTURES / "learners_carried", "hf": FIXTURES / "learners_hf",
            "decoding": FIXTURES / "learners_decoding_zh", "lmloop": FIXTURES / "learners_lm_loop",
-           "kvcache": FIXTURES / "learners_kvcache", "llamagen": FIXTURES / "learners_llama_gen"}
+           "kvcache": FIXTURES / "learners_kvcache", "llamagen": FIXTURES / "learners_llama_gen",
+           "torchnn": FIXTURES / "learners_torchnn"}
 WRITTEN_PLANTS: dict[str, Plant] = {
     "karpathy_no_scaling": Plant("no_scaling", "causal_attention", [(" * k.shape[-1] ** -0.5", "")], "karpathy"),
     "karpathy_generate_no_crop": Plant("generate_no_crop", "generate", [
@@ -597,6 +598,16 @@ WRITTEN_PLANTS: dict[str, Plant] = {
     "llamagen_start_pos_zero": Plant("generate_cache_mismatch", "generate", [
         ("logits = self.model.forward(tokens[:, prev_pos:cur_pos], prev_pos)",
          "logits = self.model.forward(tokens[:, prev_pos:cur_pos], 0)")], "llamagen"),
+    "torchnn_causal_off_by_one": Plant("causal_off_by_one", "causal_mask", [("diagonal=1)", "diagonal=0)")],
+                                       "torchnn"),
+    "torchnn_no_residual": Plant("no_residual", "encoder_layer", [
+        ("x = self.norm_a(x + self.dropout(h))", "x = self.norm_a(self.dropout(h))")], "torchnn"),
+    "torchnn_beam_shortest_returned": Plant("beam_shortest_returned", "beam_search", [
+        ("    return max(done + live, key=lambda c: c[1])[0]", "    return (done + live)[0][0]")], "torchnn"),
+    "torchnn_train_step_clip_after_step": Plant("train_step_clip_after_step", "train_step", [
+        ("    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n    scaler.step(optimizer)\n",
+         "    scaler.step(optimizer)\n    torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n")],
+        "torchnn"),
 }
 
 

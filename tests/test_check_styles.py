@@ -262,6 +262,10 @@ WRITTEN_KINDS = {
     "kvcache": [("MultiHeadAttention", "causal_attention", "pass"), ("apply_rope", "rope", "pass"),
                 ("RMSNorm", "rmsnorm", "pass"), ("TransformerBlock", "block", "pass"), ("GPTModel", "gpt", "pass"),
                 ("get_lr", "schedule", "pass"), ("generate_cached", "generate", "pass")],
+    "torchnn": [("generate_square_subsequent_mask", "causal_mask", "pass"), ("create_mask", "mask_helper", "pass"),
+                ("EncoderLayer", "encoder_layer", "pass"), ("DecoderLayer", "decoder_layer", "pass"),
+                ("TranslationModel", "transformer", "pass"), ("greedy_decode", "greedy_decode", "pass"),
+                ("beam_search", "beam_search", "pass"), ("train_step", "train_step", "pass")],
 }
 
 
@@ -277,6 +281,42 @@ def test_a_written_style_is_built_and_driven_and_never_failed(family):
     unchecked = [c for c in result.components if c.status == "not_checked"]
     assert exit_code(result) == (3 if unchecked else 0)
     assert all(c.error.message.startswith("not compared with handformer's CausalLM") for c in unchecked)
+
+
+def test_torch_nn_attention_its_masks_and_its_own_decode_are_driven_as_torch_nn_takes_them():
+    """Layers on nn.MultiheadAttention (its packed in_proj_weight as a fused W_Q, W_K, W_V), a model on
+    nn.Transformer (post-norm stacks with a final norm each), torch.nn's masks, a beam search through
+    the model's own decode(tgt, memory, tgt_mask), steered by hooks, and a training step handed a
+    scheduler and a loss scaler."""
+    result = check_file(str(WRITTEN["torchnn"] / "correct.py"), only=["encoder_layer", "beam_search", "train_step"])
+    layer, beam, step = result.components
+    assert layer.mapping[:4] == ["attn[0:16] -> W_Q", "attn[16:32] -> W_K", "attn[32:48] -> W_V",
+                                 "attn.out_proj -> W_O"], format_report(result)
+    assert beam.driven["en"].startswith("your own TranslationModel (it passed its check), through its own methods")
+    notes = " ".join(n["en"] for n in step.notes)
+    assert "LambdaLR whose factor is 1" in notes and "GradScaler" in notes and "float32" in notes
+
+
+ZH_NAMES = '''
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class 前馈网络(nn.Module):
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.w_1, self.w_2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+
+    def forward(self, x):
+        return self.w_2(F.relu(self.w_1(x)))  # 先升维，再降回 d_model
+'''
+
+
+def test_a_class_named_in_chinese_is_found_by_its_name(tmp_path):
+    path = tmp_path / "zh_names.py"
+    path.write_text(ZH_NAMES)
+    (comp,) = check_file(str(path)).components
+    assert (comp.name, comp.kind, comp.status) == ("前馈网络", "ffn", "pass"), comp
 
 
 def test_a_file_whose_top_level_cannot_run_has_its_definitions_graded_and_its_sizes_set():

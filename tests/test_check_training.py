@@ -204,9 +204,9 @@ def test_training_steps_of_other_shapes_pass(tmp_path):
         format_report(result))
     assert any("clips the gradient norm at 1" in n["en"] for n in result.components[1].notes)
     path.write_text(STEP_STYLES.replace(
-        "def train_step(model, batch, optimizer, criterion):", "def train_step(model, batch, optimizer, scaler):"))
+        "def train_step(model, batch, optimizer, criterion):", "def train_step(model, batch, optimizer, vocab):"))
     (comp,) = check_file(str(path), only=["train_step"]).components[:1]
-    assert comp.error.kind == "mapping" and "cannot fill the argument 'scaler'" in comp.error.message
+    assert comp.error.kind == "mapping" and "cannot fill the argument 'vocab'" in comp.error.message
 
 
 FAIRSEQ_STYLE = '''

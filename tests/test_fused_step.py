@@ -20,11 +20,11 @@ from handformer.inference.quant_int4 import Int4Linear
 from handformer.models.causal_lm import CausalLM
 
 
-def _tiny(style="llama_style", d_ff=44, bits=None, **extra):
+def _tiny(style="llama_style", d_ff=44, bits=None, d_model=32, n_heads=4, **extra):
     """A tiny model, prepared for decoding; bits 8 or 4: quantized first (int4 in the Q4_0 form a
     GGUF file gives: zeros 0, float16 scales)."""
     torch.manual_seed(0)
-    cfg = getattr(CausalLMConfig, style)(vocab_size=64, d_model=32, n_heads=4, d_ff=d_ff, n_layers=2,
+    cfg = getattr(CausalLMConfig, style)(vocab_size=64, d_model=d_model, n_heads=n_heads, d_ff=d_ff, n_layers=2,
                                          max_positions=96, **extra)
     model = CausalLM(cfg).eval()
     with torch.no_grad():  # no zero biases, and activations large enough for GELU's cubic term to count
@@ -52,6 +52,9 @@ KINDS = {  # grouped-query attention: two query heads a key/value head
     "llama, packed": lambda: _packed(_tiny(d_ff=48, n_kv_heads=2)),
     "llama, int8": lambda: _tiny(d_ff=64, n_kv_heads=2, bits=8),  # q, k, v and gate, up unfused
     "gpt2, int4": lambda: _tiny("gpt2_style", d_ff=64, bits=4),
+    # heads of 32 and 64 numbers: attention through AVX-512 (heads of 8 above: the plain loops)
+    "gpt2, heads of 32, int8": lambda: _tiny("gpt2_style", d_ff=64, d_model=64, n_heads=2, bits=8),
+    "llama, heads of 64, packed": lambda: _packed(_tiny(d_ff=64, d_model=128, n_heads=2, n_kv_heads=1)),
 }
 KIND_OF = {"packed": fused_step.BLOCKED, "int8": fused_step.INT8, "int4": fused_step.INT4}
 
@@ -106,6 +109,30 @@ def test_its_logits_are_the_models(models, kind):
     cache.truncate(3)
     torch.testing.assert_close(step(ids, cache), expected, atol=1e-5, rtol=1e-5)
     assert cache.length == 4
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("kind", ["llama", "gpt2, int4", "gpt2, heads of 32, int8", "llama, heads of 64, packed"])
+@torch.inference_mode()
+def test_threads_split_the_step_without_changing_it(models, kind, threads):
+    """One team of threads for the whole step: each computes its share of every product (Q/K/V by
+    key/value head where the heads divide among the threads, else by rows and a wait) and its heads'
+    attention; the logits are those of one thread."""
+    _skip_without_vnni(kind)
+    model, step = models[kind], fused_step.fused_step_for(models[kind])
+    cache = model.new_cache(16)
+    model(torch.tensor([[3, 4, 5, 9, 1]]), cache=cache)
+    ids, before = torch.tensor([[6]]), torch.get_num_threads()
+    assert step.usable(cache, None)
+    try:
+        torch.set_num_threads(1)
+        alone = step(ids, cache)
+        cache.truncate(5)
+        torch.set_num_threads(threads)
+        together = step(ids, cache)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(together, alone, atol=1e-6, rtol=1e-6)
 
 
 @torch.inference_mode()

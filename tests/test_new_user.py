@@ -323,3 +323,46 @@ def test_ctrl_c_closes_the_progress_bar_before_the_interrupted_line(tmp_path, mo
     gc.collect()
     err = capsys.readouterr().err
     assert err.rstrip().splitlines()[-1].startswith("interrupted"), err[-500:]
+
+
+def test_the_readme_imports_stories260k_by_its_file_names_from_any_folder(tmp_path, monkeypatch, capsys):
+    from helpers import dataset_file
+
+    dataset_file("stories260K")
+    monkeypatch.chdir(tmp_path)  # a folder without the files, as after `handformer data get stories260K`
+    assert main(["import-llama2c", "stories260K.bin", "tok512.bin", "runs/stories260K"]) == 0
+    assert "reading the stories260K dataset's" in capsys.readouterr().err
+    assert (tmp_path / "runs/stories260K/model.safetensors").is_file()
+
+
+def test_an_empty_config_is_refused_rather_than_training_every_default(tmp_path, capsys):
+    (tmp_path / "job.toml").write_text("# to fill in\n")
+    assert main(["train", "--config", str(tmp_path / "job.toml"), "--out", str(tmp_path / "run")]) == 2
+    assert "job.toml holds no settings; write a job" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+@pytest.mark.parametrize("option, value, message", [
+    ("--top-p", "2", "argument --top-p: must be a number above 0 and at most 1, got 2"),
+    ("--temperature", "-1", "argument --temperature: must be a number >= 0, got -1"),
+    ("--top-k", "0", "argument --top-k: must be an integer >= 1, got 0"),
+])
+def test_a_sampling_option_out_of_range_is_named_as_typed(tmp_path, capsys, command, option, value, message):
+    with pytest.raises(SystemExit) as stopped:
+        main([command, str(tmp_path), "--prompt" if command == "generate" else "--system", "x", option, value])
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_eval_reads_a_translation_runs_own_test_split_by_name(tmp_path, capsys):
+    from serve_helpers import make_translation_run
+
+    run = make_translation_run(tmp_path / "dates")
+    config = json.loads((run / "config.json").read_text())
+    (tmp_path / "test.tsv").write_text("one\t1\ntwo\t2\n")
+    config["data"].update(train=str(tmp_path / "train.tsv"), test=str(tmp_path / "test.tsv"))
+    (run / "config.json").write_text(json.dumps(config))
+    assert main(["eval", str(run), "--data", "test"]) == 0
+    assert "(2 sentences)" in capsys.readouterr().out
+    assert main(["eval", str(run), "--data", "val"]) == 2
+    assert "was trained without a val split" in capsys.readouterr().err

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from handformer.cli.common import add_speculation_args, device_arg, speculation_from_args
+from handformer.cli.common import (
+    add_speculation_args,
+    device_arg,
+    non_negative_float,
+    positive_int,
+    probability,
+    speculation_from_args,
+)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -44,11 +51,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        "one message per stdin line, replies streamed)")
     p.add_argument("run_dir")
     p.add_argument("--system", default=None, help="system message that opens the conversation")
-    p.add_argument("--max-new-tokens", type=int, default=None,
+    p.add_argument("--max-new-tokens", type=positive_int, default=None,
                    help="longest reply, in tokens (default 256, or half the context if shorter)")
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
-    p.add_argument("--top-k", type=int, default=None, help="sample from the K most likely tokens")
-    p.add_argument("--top-p", type=float, default=None,
+    p.add_argument("--temperature", type=non_negative_float, default=1.0, help="0 = greedy (default 1.0)")
+    p.add_argument("--top-k", type=positive_int, default=None, help="sample from the K most likely tokens")
+    p.add_argument("--top-p", type=probability, default=None,
                    help="sample from the smallest set of tokens with total probability >= P")
     p.add_argument("--seed", type=int, default=None, help="random seed, for reproducible replies")
     p.add_argument("--think", action=argparse.BooleanOptionalAction, default=None,

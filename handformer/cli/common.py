@@ -20,6 +20,29 @@ def non_negative_int(text: str) -> int:
     return _int_at_least(text, 0)
 
 
+def non_negative_float(text: str) -> float:
+    """An argparse type: a number >= 0 (a temperature; 0 = greedy)."""
+    value = _float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    """An argparse type: a number in (0, 1] (top-p's probability mass)."""
+    value = _float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number above 0 and at most 1, got {text}")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
 def _int_at_least(text: str, low: int) -> int:
     try:
         value = int(text)

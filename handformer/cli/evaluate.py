@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from handformer.cli.common import device_arg, positive_int, run_task
 from handformer.io import atomic_write_text
@@ -42,6 +43,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     translator = Translator.load(args.run_dir, args.device)
     if args.data == ["dates"]:
         _, _, data = load_pairs(translator.job.data)
+    elif args.data in (["val"], ["test"]):
+        data = _own_split(translator.job.data, args.data[0], args.run_dir)
     else:
         from handformer.tasks.translation.job import load_split
 
@@ -64,13 +67,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _own_split(cfg: Any, name: str, run_dir: str) -> Any:
+    """The run's own validation or test pairs, as its config names them (a dataset's files are
+    found on this machine or downloaded)."""
+    from handformer.tasks.translation.job import load_pairs, load_split
+
+    if cfg.train == "dates" and not cfg.dataset:
+        return load_pairs(cfg)[1]  # the embedded task's held-out dates: its val and test are one
+    spec = cfg.split(name)
+    if spec is None:
+        raise ValueError(f"{run_dir} was trained without a {name} split ([data] {name} and dataset are "
+                         "unset); give --data TSV, or two aligned files SOURCE TARGET")
+    return load_split(spec, cfg.lowercase)
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="translation runs: loss, BLEU and chrF on parallel data; "
                        "language models: loss and perplexity on a text")
     p.add_argument("run_dir")
     p.add_argument("--data", nargs="+", required=True, metavar="PATH",
-                   help="translation: a TSV file, two aligned files (source target), or 'dates' "
-                   "(embedded held-out); language model: a text file or folder (plain or .gz), "
+                   help="translation: a TSV file, two aligned files (source target), 'val' or 'test' "
+                   "(the run's own splits) or 'dates' (embedded held-out); language model: a text file "
+                   "or folder (plain or .gz), "
                    "'val' (the run's own validation split, all of it) or 'pydoc'")
     p.add_argument("--beam", type=positive_int, default=None, help="beam size (1 = greedy; default "
                    "from the run)")

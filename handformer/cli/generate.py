@@ -8,8 +8,10 @@ import sys
 from handformer.cli.common import (
     add_speculation_args,
     device_arg,
+    non_negative_float,
     non_negative_int,
     positive_int,
+    probability,
     speculation_from_args,
     unseen_notice,
 )
@@ -58,9 +60,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt", help="text to continue; without it, one prompt per stdin line")
     p.add_argument("--max-new-tokens", type=non_negative_int, default=None,
                    help="tokens to generate (default 100, or fewer if the context window is shorter)")
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default 1.0)")
+    p.add_argument("--temperature", type=non_negative_float, default=1.0, help="0 = greedy (default 1.0)")
     p.add_argument("--top-k", type=positive_int, default=None, help="sample from the K most likely tokens")
-    p.add_argument("--top-p", type=float, default=None,
+    p.add_argument("--top-p", type=probability, default=None,
                    help="sample from the smallest set of tokens with total probability >= P")
     p.add_argument("--seed", type=int, default=None, help="random seed, for reproducible samples")
     p.add_argument("--device", type=device_arg, default="cpu")

@@ -29,10 +29,15 @@ def resumed_job(args: argparse.Namespace) -> tuple[Path, dict]:
     from handformer.tasks.run_config import read_run_config, run_model_config
 
     run_dir = Path(args.resume)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"cannot resume: no folder {run_dir}; give the --out folder of a "
+                                "`handformer train` that stopped")
     if not (run_dir / "config.json").exists():
-        raise FileNotFoundError(f"cannot resume: {run_dir} has no config.json")
+        raise FileNotFoundError(f"cannot resume: {run_dir} has no config.json, so no training ran there; "
+                                "give the --out folder of a `handformer train`")
     if not (run_dir / "checkpoint.safetensors").exists():
-        raise FileNotFoundError(f"cannot resume: {run_dir} has no checkpoint.safetensors yet")
+        raise FileNotFoundError(f"cannot resume: {run_dir} has no checkpoint.safetensors yet (training "
+                                "stopped before its first one); start it again with --config and --out")
     saved = read_run_config(run_dir)
     run_model_config(run_dir, saved, Seq2SeqConfig if saved["task"] == "translation" else CausalLMConfig)
     job_dict = {k: v for k, v in saved.items() if k in ("task", "train", "data", "decode")}

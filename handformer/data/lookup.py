@@ -114,6 +114,20 @@ def folder(name: str, log: Callable[[str], None] = _stderr) -> Path:
     return cache_dir() / name
 
 
+def given_or_dataset_file(given: str, log: Callable[[str], None] = _stderr) -> Path:
+    """`given` when it is there; else, when its name is a file of a public dataset (stories260K.bin),
+    that file found or downloaded as a dataset's (the README's commands name them so)."""
+    path = Path(given)
+    if path.exists() or path.name != given:
+        return path
+    owners = [d.name for d in DATASETS.values() if any(f.name == given for f in d.files)]
+    if not owners:
+        return path
+    found = locate(owners[0], given, log=log)
+    log(f"{given}: none in this folder; reading the {owners[0]} dataset's, {found}")
+    return found
+
+
 def text_file(name: str) -> Path:
     """The text file a language model trains on for `[data] dataset = NAME`."""
     ds = dataset(name)

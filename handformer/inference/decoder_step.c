@@ -5,7 +5,9 @@
  *   GPT-2-style: LayerNorm with a bias, learned positions (added to the embedding by the caller),
  *                biases on every projection, a plain feed-forward with GELU.
  * Weights are the model's own tensors (contiguous), handed over as pointers. Each product is a list
- * of Parts whose outputs follow one another (q, k and v, or one fused Q/K/V matrix), each of a kind:
+ * of Parts whose outputs follow one another (q, k and v, or one fused Q/K/V matrix; fused_step.py
+ * hands a fused matrix over as its q, k and v rows, or its gate and up rows, where the layout allows),
+ * each of a kind:
  *   PLAIN:   fp32 row-major (N, K) (small models, read by plain loops);
  *   BLOCKED: fp32 in c_kernels.block_rows' layout (PackedLinear's one-row copy: four rows interleaved
  *            16 numbers at a time, AVX-512 FMAs);
@@ -14,8 +16,9 @@
  *            vnni_matvec.c's own one-row functions, which the caller hands over as pointers (Vnni):
  *            the activation row is quantized once for all the Parts that read it, and each output is
  *            the machine code the layers run eagerly, so the numbers are theirs.
- * Outputs split among s->threads OpenMP threads, one contiguous share each. The new key and value are
- * written into the model's KV cache buffers, (1, Hkv, slots, Dh) each, at column `pos`. */
+ * The step runs as one team of s->threads OpenMP threads (decoder_step, at the end); each Part's outputs
+ * split among them, one contiguous share each. The new key and value are written into the model's KV
+ * cache buffers, (1, Hkv, slots, Dh) each, at column `pos`. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -30,7 +33,8 @@ typedef struct {
     int32_t layer_norm;  /* 1: LayerNorm (weight and bias); 0: RMSNorm (weight) */
     int32_t activation;  /* 0: SwiGLU over a fused gate/up of 2F rows; 1: GELU (tanh); 2: GELU (erf) */
     int32_t rope;        /* 1: half-split RoPE over each query and key head */
-    int32_t threads;     /* OpenMP threads for the products */
+    int32_t threads;     /* OpenMP threads for the step */
+    int32_t split_heads; /* 1: Q, K and V three Parts whose rows split by key/value head (Dh a multiple of 4) */
 } Shape;
 
 typedef struct {       /* a weight matrix, or the rows of one of a product's stacked outputs */
@@ -53,8 +57,17 @@ typedef struct {  /* vnni_matvec.c's one-row functions (NULL where no Part is IN
                       int64_t n0, int64_t n1, int64_t K);
     void (*int4_rows)(const uint8_t *row, const void *q, const void *scale, const float *bias, float *y,
                       int64_t n0, int64_t n1, int64_t K);
-    uint8_t *row8, *row4;  /* vnni_row_bytes(max(D, F), bits) bytes each, 64-byte aligned */
+    uint8_t *row8, *row4;  /* thread 0's quantized rows, vnni_row_bytes(max(D, F), bits) bytes each, 64-byte aligned */
+    int64_t stride;        /* bytes from one thread's row8 (row4) to the next thread's */
 } Vnni;
+
+typedef struct {  /* what one thread of the step holds: its place in the team and its own buffers */
+    int t, T;
+    Vnni v;          /* its quantized rows */
+    float *xn;       /* (D) the normed row it reads */
+    float *scores;   /* (slots) one head's attention weights */
+    int8_t quantized[2];  /* whether v.row8 / v.row4 hold the row being read */
+} Thread;
 
 static void norm(float *out, const float *x, const float *w, const float *b, const Shape *s) {
     int64_t n = s->D;
@@ -68,21 +81,22 @@ static void norm(float *out, const float *x, const float *w, const float *b, con
     for (int64_t i = 0; i < n; i++) out[i] = w[i] * ((x[i] - mean) * r) + (b ? b[i] : 0.0f);
 }
 
-/* This thread's share (of T) of one Part's outputs y = W x + b. */
-static void part_rows(float *y, const Part *p, const float *x, int64_t K, int t, int T, const Vnni *v) {
-    int64_t N = p->rows, n0 = N * t / T, n1 = N * (t + 1) / T;
+/* The outputs n0 <= n < n1 of one Part, y[n] = W x + b (n0 a multiple of 4 for BLOCKED and INT8). */
+static void part_rows(float *y, const Part *p, const float *x, int64_t K, int64_t n0, int64_t n1,
+                      const Vnni *v) {
+    int64_t N = p->rows;
     const float *b = p->bias;
+    if (n0 >= n1)
+        return;
     if (p->kind == INT8) {  /* blocks of four rows (c_kernels.block_int8's layout) */
-        int64_t blocks = (N + 3) / 4, i1 = blocks * (t + 1) / T;
-        v->int8_rows(v->row8, p->w, p->scale, b, y, blocks * t / T * 4, i1 * 4 < N ? i1 * 4 : N, K);
+        v->int8_rows(v->row8, p->w, p->scale, b, y, n0, n1, K);
     } else if (p->kind == INT4) {
         v->int4_rows(v->row4, p->w, p->scale, b, y, n0, n1, K);
     } else if (p->kind == BLOCKED) {  /* blocks of four rows, K a multiple of 16 */
-        int64_t blocks = (N + 3) / 4;
-        for (int64_t i = blocks * t / T; i < blocks * (t + 1) / T; i++) {
+        for (int64_t i = n0 / 4; i < (n1 + 3) / 4; i++) {
             float out[4];
             dot4(x, (const float *)p->w + i * 4 * K, K, out);
-            for (int64_t n = i * 4; n < N && n < i * 4 + 4; n++) y[n] = out[n - i * 4] + (b ? b[n] : 0.0f);
+            for (int64_t n = i * 4; n < n1 && n < N && n < i * 4 + 4; n++) y[n] = out[n - i * 4] + (b ? b[n] : 0.0f);
         }
     } else {
         for (int64_t n = n0; n < n1; n++) {
@@ -94,24 +108,50 @@ static void part_rows(float *y, const Part *p, const float *x, int64_t K, int t,
     }
 }
 
-/* y = the `n` Parts' outputs one after another, each W x + b; x (K) quantized once where a Part wants it */
-static void matvec(float *y, const Part *parts, int n, const float *x, int64_t K, const Shape *s,
-                   const Vnni *v) {
-    int8_t quantized[2] = {0, 0};
+/* Thread t's share (of T) of a Part's outputs: whole blocks of four rows for BLOCKED and INT8. */
+static void share(const Part *p, int t, int T, int64_t *n0, int64_t *n1) {
+    int64_t N = p->rows;
+    if (p->kind == INT8 || p->kind == BLOCKED) {
+        int64_t blocks = (N + 3) / 4, end = blocks * (t + 1) / T * 4;
+        *n0 = blocks * t / T * 4;
+        *n1 = end < N ? end : N;
+    } else {
+        *n0 = N * t / T;
+        *n1 = N * (t + 1) / T;
+    }
+}
+
+/* x (K) quantized into the thread's own rows, once for every INT8 / INT4 Part of the `n` that read it. */
+static void quantize(Thread *th, const Part *parts, int n, const float *x, int64_t K) {
+    th->quantized[0] = th->quantized[1] = 0;
     for (int p = 0; p < n; p++) {
         int32_t kind = parts[p].kind;
-        if (parts[p].rows && (kind == INT8 || kind == INT4) && !quantized[kind - INT8]) {
-            v->prepare(x, K, kind == INT8 ? 8 : 4, kind == INT8 ? v->row8 : v->row4);
-            quantized[kind - INT8] = 1;
+        if (parts[p].rows && (kind == INT8 || kind == INT4) && !th->quantized[kind - INT8]) {
+            th->v.prepare(x, K, kind == INT8 ? 8 : 4, kind == INT8 ? th->v.row8 : th->v.row4);
+            th->quantized[kind - INT8] = 1;
         }
     }
-    #pragma omp parallel num_threads(s->threads) if (s->threads > 1)
-    {
-        int t = omp_get_thread_num(), T = omp_get_num_threads();
-        float *out = y;
-        for (int p = 0; p < n; out += parts[p].rows, p++)
-            part_rows(out, &parts[p], x, K, t, T, v);
+}
+
+/* The thread's share of y = the `n` Parts' outputs one after another (x quantized first where a Part
+ * wants it); no barrier: the caller waits where another thread's outputs are read. */
+static void matvec_share(float *y, const Part *parts, int n, const float *x, int64_t K, Thread *th) {
+    quantize(th, parts, n, x, K);
+    float *out = y;
+    for (int p = 0; p < n; out += parts[p].rows, p++) {
+        int64_t n0, n1;
+        share(&parts[p], th->t, th->T, &n0, &n1);
+        part_rows(out, &parts[p], x, K, n0, n1, &th->v);
     }
+}
+
+/* x += W a + b over the thread's share of one Part's outputs (y: scratch of D), then a barrier: x whole. */
+static void residual(float *x, float *y, const Part *p, const float *a, int64_t K, Thread *th) {
+    int64_t n0, n1;
+    matvec_share(y, p, 1, a, K, th);
+    share(p, th->t, th->T, &n0, &n1);
+    for (int64_t j = n0; j < n1; j++) x[j] += y[j];
+    #pragma omp barrier
 }
 
 static void rope(float *x, const float *cos, const float *sin, int64_t Dh) {  /* x*cos + rotate_half(x)*sin */
@@ -123,42 +163,108 @@ static void rope(float *x, const float *cos, const float *sin, int64_t Dh) {  /*
     }
 }
 
-static void attend(float *out, const float *q, const float *keys, const float *values, float *scores,
-                   const Shape *s) {  /* one head: softmax(q K^T / sqrt(Dh)) V over positions 0..pos */
-    float scale = 1.0f / sqrtf((float)s->Dh), top = -INFINITY, sum = 0.0f;
-    for (int64_t t = 0; t <= s->pos; t++) {
-        float d = 0.0f;
-        for (int64_t j = 0; j < s->Dh; j++) d += q[j] * keys[t * s->Dh + j];
-        scores[t] = d * scale;
-        top = scores[t] > top ? scores[t] : top;
+/* One head: softmax(q K^T / sqrt(Dh)) V over positions 0..pos, keys and values (pos + 1, Dh) each. Where
+ * Dh is a multiple of 16 (up to 256), AVX-512 with q and the output held in registers (a position's
+ * score summed over Dh as the plain loop's vectorized sum; each output summed over the positions in
+ * order, as the plain loop). */
+static void attend(float *restrict out, const float *restrict q, const float *restrict keys,
+                   const float *restrict values, float *restrict scores, const Shape *s) {
+    const int64_t Dh = s->Dh, n = s->pos + 1, c = Dh / 16;
+    const float scale = 1.0f / sqrtf((float)Dh);
+    float top = -INFINITY, sum = 0.0f;
+    if (Dh % 16 || c > 16) {
+        for (int64_t t = 0; t < n; t++) {
+            float d = 0.0f;
+            for (int64_t j = 0; j < Dh; j++) d += q[j] * keys[t * Dh + j];
+            scores[t] = d * scale;
+            top = scores[t] > top ? scores[t] : top;
+        }
+    } else {
+        __m512 qv[16];
+        for (int64_t i = 0; i < c; i++) qv[i] = _mm512_loadu_ps(q + 16 * i);
+        for (int64_t t = 0; t < n; t++) {
+            const float *k = keys + t * Dh;
+            __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(k));
+            for (int64_t i = 1; i < c; i++) acc = _mm512_fmadd_ps(qv[i], _mm512_loadu_ps(k + 16 * i), acc);
+            scores[t] = _mm512_reduce_add_ps(acc) * scale;
+            top = scores[t] > top ? scores[t] : top;
+        }
     }
-    for (int64_t t = 0; t <= s->pos; t++) sum += (scores[t] = expf(scores[t] - top));
-    for (int64_t j = 0; j < s->Dh; j++) out[j] = 0.0f;
-    for (int64_t t = 0; t <= s->pos; t++) {
-        float a = scores[t] / sum;
-        for (int64_t j = 0; j < s->Dh; j++) out[j] += a * values[t * s->Dh + j];
+    for (int64_t t = 0; t < n; t++) sum += (scores[t] = expf(scores[t] - top));
+    for (int64_t t = 0; t < n; t++) scores[t] = scores[t] / sum;
+    if (Dh % 16) {
+        for (int64_t j = 0; j < Dh; j++) out[j] = 0.0f;
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t j = 0; j < Dh; j++) out[j] += scores[t] * values[t * Dh + j];
+        return;
+    }
+    for (int64_t j = 0; j < Dh; j += 64) {  /* up to four vectors of outputs at a time, in registers */
+        int64_t m = (Dh - j) / 16 < 4 ? (Dh - j) / 16 : 4;
+        __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+        const float *v = values + j;
+        if (m == 4)
+            for (int64_t t = 0; t < n; t++, v += Dh) {
+                __m512 a = _mm512_set1_ps(scores[t]);
+                o0 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v), o0);
+                o1 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v + 16), o1);
+                o2 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v + 32), o2);
+                o3 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v + 48), o3);
+            }
+        else
+            for (int64_t t = 0; t < n; t++, v += Dh) {
+                __m512 a = _mm512_set1_ps(scores[t]);
+                o0 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v), o0);
+                if (m > 1) o1 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v + 16), o1);
+                if (m > 2) o2 = _mm512_fmadd_ps(a, _mm512_loadu_ps(v + 32), o2);
+            }
+        __m512 o[4] = {o0, o1, o2, o3};
+        for (int64_t i = 0; i < m; i++) _mm512_storeu_ps(out + j + 16 * i, o[i]);
     }
 }
 
-static void attention_block(float *x, const Layer *L, const float *cos, const float *sin, float *work,
-                            const Shape *s, const Vnni *v) {
-    int64_t D = s->D, H = s->H, Hkv = s->Hkv, Dh = s->Dh;
-    float *xn = work, *qkv = xn + D, *att = qkv + (H + 2 * Hkv) * Dh, *o = att + H * Dh, *scores = o + D;
-    norm(xn, x, L->attn_norm, L->attn_norm_bias, s);
-    matvec(qkv, L->qkv, 3, xn, D, s, v);
-    if (s->rope)
-        for (int64_t h = 0; h < H + Hkv; h++) rope(qkv + h * Dh, cos, sin, Dh);  /* queries, then keys */
-    for (int64_t g = 0; g < Hkv; g++)
-        for (int64_t j = 0; j < Dh; j++) {
-            L->keys[(g * s->slots + s->pos) * Dh + j] = qkv[(H + g) * Dh + j];
-            L->values[(g * s->slots + s->pos) * Dh + j] = qkv[(H + Hkv + g) * Dh + j];
+/* Key/value heads g0 <= g < g1 and their query heads: RoPE, the new key and value into the cache,
+ * attention into att. */
+static void attend_groups(float *att, float *qkv, const Layer *L, const float *cos, const float *sin,
+                          int64_t g0, int64_t g1, Thread *th, const Shape *s) {
+    int64_t H = s->H, Hkv = s->Hkv, Dh = s->Dh, G = H / Hkv;
+    for (int64_t g = g0; g < g1; g++) {
+        float *k = qkv + (H + g) * Dh, *v = qkv + (H + Hkv + g) * Dh;
+        if (s->rope) {
+            rope(k, cos, sin, Dh);
+            for (int64_t h = g * G; h < (g + 1) * G; h++) rope(qkv + h * Dh, cos, sin, Dh);
         }
-    for (int64_t h = 0; h < H; h++) {
-        int64_t g = h / (H / Hkv);  /* the key/value head this query head shares */
-        attend(att + h * Dh, qkv + h * Dh, L->keys + g * s->slots * Dh, L->values + g * s->slots * Dh, scores, s);
+        for (int64_t j = 0; j < Dh; j++) {
+            L->keys[(g * s->slots + s->pos) * Dh + j] = k[j];
+            L->values[(g * s->slots + s->pos) * Dh + j] = v[j];
+        }
+        for (int64_t h = g * G; h < (g + 1) * G; h++)
+            attend(att + h * Dh, qkv + h * Dh, L->keys + g * s->slots * Dh, L->values + g * s->slots * Dh,
+                   th->scores, s);
     }
-    matvec(o, &L->o, 1, att, H * Dh, s, v);
-    for (int64_t j = 0; j < D; j++) x[j] += o[j];
+}
+
+/* The shared scratch: qkv ((H + 2 Hkv) Dh), att (H Dh), y (D), h (2 F). */
+typedef struct {
+    float *qkv, *att, *y, *h;
+} Shared;
+
+static void attention_block(float *x, const Layer *L, const float *cos, const float *sin, const Shared *w,
+                            Thread *th, const Shape *s) {
+    int64_t D = s->D, H = s->H, Hkv = s->Hkv, Dh = s->Dh, G = H / Hkv;
+    int64_t g0 = Hkv * th->t / th->T, g1 = Hkv * (th->t + 1) / th->T;
+    norm(th->xn, x, L->attn_norm, L->attn_norm_bias, s);
+    if (s->split_heads && Hkv % th->T == 0) {  /* each thread its heads' q, k and v rows: no wait */
+        quantize(th, L->qkv, 3, th->xn, D);
+        part_rows(w->qkv, &L->qkv[0], th->xn, D, g0 * G * Dh, g1 * G * Dh, &th->v);
+        part_rows(w->qkv + H * Dh, &L->qkv[1], th->xn, D, g0 * Dh, g1 * Dh, &th->v);
+        part_rows(w->qkv + (H + Hkv) * Dh, &L->qkv[2], th->xn, D, g0 * Dh, g1 * Dh, &th->v);
+    } else {
+        matvec_share(w->qkv, L->qkv, 3, th->xn, D, th);
+        #pragma omp barrier
+    }
+    attend_groups(w->att, w->qkv, L, cos, sin, g0, g1, th, s);
+    #pragma omp barrier
+    residual(x, w->y, &L->o, w->att, H * Dh, th);
 }
 
 static float activate(float u, int32_t activation) {
@@ -167,29 +273,74 @@ static float activate(float u, int32_t activation) {
     return 0.5f * u * (1.0f + erff(u * 0.7071067811865476f));  /* GELU */
 }
 
-static void ffn_block(float *x, const Layer *L, float *work, const Shape *s, const Vnni *v) {
-    int64_t D = s->D, F = s->F, gated = s->activation == 0;
-    float *xn = work, *h = xn + D, *y = h + 2 * F;
-    norm(xn, x, L->ffn_norm, L->ffn_norm_bias, s);
-    matvec(h, L->up, 2, xn, D, s, v);
-    if (gated)
-        for (int64_t j = 0; j < F; j++) h[j] = h[j] / (1.0f + expf(-h[j])) * h[F + j];  /* silu(gate) * up */
+static void activate_rows(float *h, int64_t j0, int64_t j1, const Shape *s) {
+    if (s->activation == 0)
+        for (int64_t j = j0; j < j1; j++) h[j] = h[j] / (1.0f + expf(-h[j])) * h[s->F + j];  /* silu(gate) * up */
     else
-        for (int64_t j = 0; j < F; j++) h[j] = activate(h[j], s->activation);
-    matvec(y, &L->down, 1, h, F, s, v);
-    for (int64_t j = 0; j < D; j++) x[j] += y[j];
+        for (int64_t j = j0; j < j1; j++) h[j] = activate(h[j], s->activation);
+}
+
+static void ffn_block(float *x, const Layer *L, const Shared *w, Thread *th, const Shape *s) {
+    int64_t D = s->D, F = s->F, j0, j1;
+    norm(th->xn, x, L->ffn_norm, L->ffn_norm_bias, s);
+    matvec_share(w->h, L->up, 2, th->xn, D, th);
+    /* where the gate's rows and the up's split alike (or there is no gate), each thread activates its own */
+    if (L->up[1].rows == 0 || (L->up[1].rows == F && L->up[0].kind == L->up[1].kind)) {
+        share(&L->up[0], th->t, th->T, &j0, &j1);
+    } else {
+        #pragma omp barrier
+        j0 = F * th->t / th->T / 16 * 16;
+        j1 = th->t + 1 == th->T ? F : F * (th->t + 1) / th->T / 16 * 16;
+    }
+    activate_rows(w->h, j0, j1, s);
+    #pragma omp barrier
+    residual(x, w->y, &L->down, w->h, F, th);
+}
+
+static int64_t shared_floats(const Shape *s) {
+    return ((s->H + 2 * s->Hkv) * s->Dh + s->H * s->Dh + s->D + 2 * s->F + 15) / 16 * 16;
+}
+
+static int64_t own_floats(const Shape *s) {  /* xn and scores, a multiple of 64 bytes */
+    return (s->D + s->slots + 15) / 16 * 16;
+}
+
+/* Floats of scratch decoder_step needs for s->threads threads and s->slots positions. */
+int64_t decoder_step_work(const Shape *s) {
+    return shared_floats(s) + (s->threads > 1 ? s->threads : 1) * own_floats(s);
 }
 
 /* x: (D) the token's embedding (plus its learned position), overwritten; cos, sin: (Dh) the position's
- * tables (unread without RoPE); work: scratch of at least 2 D + 2 (H + 2 Hkv) Dh + 2 F + slots floats;
- * layers: n_layers of them; head: the output head (no bias); logits: (V). */
+ * tables (unread without RoPE); work: decoder_step_work(s) floats, 64-byte aligned; layers: n_layers of
+ * them; head: the output head (no bias); logits: (V). One OpenMP team for the whole step: each thread
+ * norms (and quantizes) the row it reads itself, computes its share of each product, its key/value
+ * heads' attention and its share of the activations, and waits at a barrier only where it reads what
+ * another thread wrote (five a layer, four where the Q/K/V rows split by head). */
 void decoder_step(float *x, const Shape *s, const Layer *layers, const float *cos, const float *sin,
                   const float *final_norm, const float *final_norm_bias, const Part *head, const Vnni *v,
                   float *work, float *logits) {
-    for (int64_t i = 0; i < s->n_layers; i++) {
-        attention_block(x, &layers[i], cos, sin, work, s, v);
-        ffn_block(x, &layers[i], work, s, v);
+    Shared w;
+    w.qkv = work;
+    w.att = w.qkv + (s->H + 2 * s->Hkv) * s->Dh;
+    w.y = w.att + s->H * s->Dh;
+    w.h = w.y + s->D;
+    #pragma omp parallel num_threads(s->threads) if (s->threads > 1)
+    {
+        Thread th;
+        th.t = omp_get_thread_num();
+        th.T = omp_get_num_threads();
+        th.v = *v;
+        if (v->row8) {  /* some Part is INT8 or INT4 */
+            th.v.row8 += th.t * v->stride;
+            th.v.row4 += th.t * v->stride;
+        }
+        th.xn = work + shared_floats(s) + th.t * own_floats(s);
+        th.scores = th.xn + s->D;
+        for (int64_t i = 0; i < s->n_layers; i++) {
+            attention_block(x, &layers[i], cos, sin, &w, &th, s);
+            ffn_block(x, &layers[i], &w, &th, s);
+        }
+        norm(th.xn, x, final_norm, final_norm_bias, s);
+        matvec_share(logits, head, 1, th.xn, s->D, &th);
     }
-    norm(work, x, final_norm, final_norm_bias, s);
-    matvec(logits, head, 1, work, s->D, s, v);
 }

@@ -66,7 +66,8 @@ class _Shape(ctypes.Structure):
     _fields_ = ([(name, ctypes.c_int64) for name in ("n_layers", "D", "H", "Hkv", "Dh", "F", "V", "slots",
                                                      "pos")]
                 + [("eps", ctypes.c_float)]
-                + [(name, ctypes.c_int32) for name in ("layer_norm", "activation", "rope", "threads")])
+                + [(name, ctypes.c_int32) for name in ("layer_norm", "activation", "rope", "threads",
+                                                       "split_heads")])
 
 
 class _Part(ctypes.Structure):  # decoder_step.c's Part: a matrix, or one of a product's stacked ones
@@ -82,7 +83,8 @@ class _Layer(ctypes.Structure):  # decoder_step.c's Layer
 
 
 class _Vnni(ctypes.Structure):  # decoder_step.c's Vnni: vnni_matvec.c's one-row functions
-    _fields_ = [(name, ctypes.c_void_p) for name in ("prepare", "int8_rows", "int4_rows", "row8", "row4")]
+    _fields_ = ([(name, ctypes.c_void_p) for name in ("prepare", "int8_rows", "int4_rows", "row8", "row4")]
+                + [("stride", ctypes.c_int64)])
 
 
 ACTIVATIONS = {"swiglu": 0, "gelu_tanh": 1, "gelu": 2}  # decoder_step.c's codes
@@ -211,28 +213,65 @@ def _detached(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.detach().contiguous()
 
 
-def _parts(linears: list[nn.Module], slots: int, held: list[Tensor | None]) -> ctypes.Array:
-    """`slots` Parts for these layers (the rest unused), their tensors appended to `held`."""
-    parts = (_Part * slots)()
-    for i, linear in enumerate(linears):
+def _offsets(kind: int, w: Tensor, in_features: int, row: int) -> tuple[int, int]:
+    """Bytes from a part's weight and scales to its output `row` (a multiple of 4 for BLOCKED and INT8)."""
+    if kind == INT8:  # block_int8's (N/4, K'/64, 4, 64) bytes: K' bytes a row
+        return row * w.shape[1] * w.shape[3], row * 4
+    if kind == INT4:  # (N, K/2) nibbles, (N, K/32) float16 scales
+        return row * (in_features // 2), row * (in_features // 32) * 2
+    return row * in_features * 4, 0  # PLAIN, BLOCKED (blocks of four rows, 4 K numbers a block)
+
+
+def _parts(linears: list[nn.Module], slots: int, held: list[Tensor | None], split: tuple[int, ...] = (),
+           ) -> ctypes.Array:
+    """`slots` Parts for these layers (the rest unused), their tensors appended to `held`. `split`: the
+    row counts one fused layer is handed over as (q, k, v or gate, up), where every boundary falls on
+    a block of four rows (or the kind has no blocks), so that each thread can compute the rows it reads."""
+    pieces = []
+    for linear in linears:
         kind, *tensors = _part(linear)
         w, scale, bias = (_detached(t) for t in tensors)
         held.extend((w, scale, bias))
-        parts[i] = _Part(_address(w), _address(scale), _address(bias), linear.out_features, kind)
-    return parts
+        bounds = [sum(split[:i]) for i in range(1, len(split))]
+        fits = (len(linears) == 1 and sum(split) == linear.out_features
+                and (kind in (PLAIN, INT4) or all(b % 4 == 0 for b in bounds)))
+        start = 0
+        for rows in split if fits else (linear.out_features,):
+            weight_at, scale_at = _offsets(kind, w, linear.in_features, start)
+            pieces.append(_Part(_address(w, weight_at), _address(scale, scale_at), _address(bias, 4 * start),
+                                rows, kind))
+            start += rows
+    return (_Part * slots)(*pieces)
 
 
-def _vnni(widest: int, kinds: set[int]) -> tuple[_Vnni, Tensor | None]:
-    """vnni_matvec.c's one-row functions and scratch for the quantized row (64-byte aligned), where
-    some part is INT8 or INT4."""
+def _vnni(widest: int, kinds: set[int], threads: int) -> tuple[_Vnni, Tensor | None]:
+    """vnni_matvec.c's one-row functions and scratch for each of `threads` threads' quantized rows
+    (64-byte aligned), where some part is INT8 or INT4."""
     if not kinds & {INT8, INT4}:
         return _Vnni(), None
     name = "int8_vnni_linear" if INT8 in kinds else "int4_vnni_linear"
-    size = 3 * -(-widest // 128) * 128  # vnni_row_bytes for either kind
-    scratch = torch.zeros(2 * size + 64, dtype=torch.uint8)
+    size = 3 * -(-widest // 128) * 128  # vnni_row_bytes for either kind: a multiple of 64
+    scratch = torch.zeros(threads * 2 * size + 64, dtype=torch.uint8)
     start = scratch.data_ptr() + (-scratch.data_ptr() % 64)
     return _Vnni(*(c_kernels.address(name, f) for f in ("vnni_prepare", "int8_vnni_rows", "int4_vnni_rows")),
-                 start, start + size), scratch
+                 start, start + size, 2 * size), scratch
+
+
+def _layers(model: CausalLM, per_layer: list[tuple[Tensor | None, ...]], held: list[Tensor | None],
+            ) -> ctypes.Array:
+    """decoder_step.c's Layers (their cache pointers unset), the tensors they point into appended to
+    `held`: a fused Q/K/V handed over as its q, k and v rows, a fused gate/up as its gate and up rows."""
+    attn0 = model.layers[0].self_attn
+    H, Hkv, Dh = attn0.n_heads, attn0.n_kv_heads, attn0.head_dim
+    F = model.layers[0].ffn.down_proj.in_features
+    layers = (_Layer * len(model.layers))()
+    for i, (layer, norms) in enumerate(zip(model.layers, per_layer)):
+        norms = [_detached(t) for t in norms]
+        held.extend(norms)
+        qkv, o, up, down = _projections(layer)
+        layers[i] = _Layer(*map(_address, norms), _parts(qkv, 3, held, (H * Dh, Hkv * Dh, Hkv * Dh)),
+                           _parts([o], 1, held)[0], _parts(up, 2, held, (F, F)), _parts([down], 1, held)[0])
+    return layers
 
 
 class FusedStep:
@@ -247,23 +286,19 @@ class FusedStep:
         whole, per_layer = _weights(model)
         self.weights = [_detached(t) for t in whole]
         self.held: list[Tensor | None] = []  # every tensor the C code points into
-        self.layers = (_Layer * len(model.layers))()
-        for i, (layer, norms) in enumerate(zip(model.layers, per_layer)):
-            norms = [_detached(t) for t in norms]
-            self.held.extend(norms)
-            qkv, o, up, down = _projections(layer)
-            self.layers[i] = _Layer(*map(_address, norms), _parts(qkv, 3, self.held),
-                                    _parts([o], 1, self.held)[0], _parts(up, 2, self.held),
-                                    _parts([down], 1, self.held)[0])
+        self.layers = _layers(model, per_layer, self.held)
+        H, Hkv, Dh, F = attn0.n_heads, attn0.n_kv_heads, attn0.head_dim, ffn0.down_proj.in_features
         self.head = _parts([model.lm_head], 1, self.held)
         self.kinds = [_part(m)[0] for m in _linears(model)]
         cfg = model.cfg
-        F = ffn0.down_proj.in_features
-        self.vnni, self._scratch = _vnni(max(cfg.d_model, F), set(self.kinds))
-        self.shape = _Shape(cfg.n_layers, cfg.d_model, attn0.n_heads, attn0.n_kv_heads, attn0.head_dim, F,
-                            cfg.vocab_size, 0, 0, float(model.norm.eps),
-                            type(model.norm) is DecodingLayerNorm, ACTIVATIONS[ffn0.activation],
-                            type(model.rotary) is RotaryEmbedding, 1)
+        self.widest, self.threads = max(cfg.d_model, F), 0  # the threads self.vnni has rows for
+        split_heads = Dh % 4 == 0 and all(layer.qkv[2].rows for layer in self.layers)
+        self.shape = _Shape(cfg.n_layers, cfg.d_model, H, Hkv, Dh, F, cfg.vocab_size, 0, 0,
+                            float(model.norm.eps), type(model.norm) is DecodingLayerNorm,
+                            ACTIVATIONS[ffn0.activation], type(model.rotary) is RotaryEmbedding, 1,
+                            split_heads)
+        library = c_kernels.address("decoder_step", "decoder_step_work")
+        self.work_floats = ctypes.CFUNCTYPE(ctypes.c_int64, P(_Shape))(library)
         self._held: tuple[Tensor, ...] = ()  # the cache buffers self.layers points at
         self.x = torch.empty(cfg.d_model)
 
@@ -300,10 +335,13 @@ class FusedStep:
             raise ValueError(f"token id {token} is outside the vocabulary [0, {embed.size(0)})")
         s = self.shape
         s.slots, s.pos, s.threads = cache.keys[0].size(2), cache.length, torch.get_num_threads()
+        if s.threads > self.threads:  # each thread quantizes the rows it reads into its own scratch
+            self.vnni, self._scratch = _vnni(self.widest, set(self.kinds), s.threads)
+            self.threads = s.threads
         self.x.copy_(embed[token])
         if positions is not None:
             self.x.add_(positions[s.pos])
-        work = torch.empty(2 * s.D + 2 * (s.H + 2 * s.Hkv) * s.Dh + 2 * s.F + s.slots)
+        work = torch.empty(self.work_floats(ctypes.byref(s)))  # 64-byte aligned, as torch allocates
         logits = torch.empty(1, s.V)  # (B, V)
         table = 4 * s.Dh * s.pos  # bytes to this position's row of cos and sin
         self.fn(self.x.data_ptr(), ctypes.byref(s), self.layers, _address(cos, table), _address(sin, table),

@@ -26,9 +26,13 @@ def _parse_toml(text: str, source: str) -> dict[str, Any]:
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
     try:
-        return tomllib.loads(text)
+        job = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"{source} is not valid TOML: {err}") from None
+    if not job:  # else every default holds: a 45M-parameter translator trains for hours
+        raise ValueError(f"{source} holds no settings; write a job (task = \"lm\" and its [data], [model] "
+                         "and [train] sections; configs/tiny_lm.toml is a small one) or give --config demo")
+    return job
 
 
 def load_job_file(spec: str | os.PathLike) -> dict[str, Any]:

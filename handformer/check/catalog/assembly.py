@@ -59,7 +59,7 @@ DIAGNOSES: list[Diagnosis] = [
       "best normalised one", "束搜索返回的是最先结束（最短）的假设，而不是归一化得分最高的",
       "return the finished hypothesis with the best score / length ** alpha: max(finished, key=...)",
       "返回 score / length ** alpha 最高的已结束假设：max(finished, key=...)",
-      r"return\s+finished\w*\[0\]", r"\[0\]", r"return"),
+      r"(return|=)\s*finished\w*\[0\]", r"\[0\]", r"return"),
     d("beam_length_penalty_per_step", "the length penalty divides the running score at every step",
       "每一步都把累计得分除以一次长度惩罚",
       "keep the running score a plain sum of log-probabilities; divide by length ** alpha once, when a "

@@ -43,6 +43,8 @@ CONTEXT_NAMES = ("context_size", "block_size", "context_length", "max_seq_len", 
 # train_step.py
 STEP_MODEL_NAMES = ("model", "net", "transformer", "m")
 OPTIMIZER_NAMES = ("optimizer", "opt", "optim")
+SCHEDULER_NAMES = ("scheduler", "lr_scheduler", "sched", "schedule", "lr_sched", "scheduler_fn")
+SCALER_NAMES = ("scaler", "grad_scaler", "amp_scaler", "loss_scaler", "gradscaler")
 CRITERION_NAMES = ("criterion", "loss_fn", "loss_func", "loss_compute", "compute_loss", "loss_function",
                    "criteria")
 BATCH_NAMES = ("batch", "data", "sample", "b", "example")

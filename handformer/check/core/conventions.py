@@ -35,6 +35,10 @@ CONVENTIONS: dict[str, tuple[Text, Callable[[Tensor], Tensor]]] = {
 }
 AUTO = ("int", "bool", "additive")
 RANKS = {"": text("", ""), "3": text(", rank 3: (B, T, S)", "，三维：(B, T, S)"),
+         "n": text(", as nn.MultiheadAttention takes it: a key padding mask (B, S) where every query sees "
+                   "the same keys, else an attn_mask (B * H, T, S)",
+                   "，按 nn.MultiheadAttention 的要求：所有查询看到的键相同时是键填充掩码 (B, S)，"
+                   "否则是 attn_mask (B * H, T, S)"),
          "2": text(", rank 2: (B, S), keys only", "，二维：(B, S)，只屏蔽键"),
          "lens": text(": (B,) for every query alike, (B, T) for one per query",
                       "：所有查询相同时为 (B,)，每个查询各自一个时为 (B, T)"),
@@ -45,7 +49,7 @@ def split(convention: str) -> tuple[str, str]:
     """("int", "3") for "int3"; ("lens", "lens") or ("lens", "lens_keys") for valid lengths."""
     if convention.startswith("lens"):
         return "lens", convention
-    name = convention.rstrip("23")
+    name = convention.rstrip("23n")
     return name, convention[len(name):]
 
 
@@ -98,9 +102,19 @@ def encode_mask(keep: Tensor | None, convention: str, batch: int | None = None) 
     mask = CONVENTIONS[name][1](keep)
     if rank == "3":
         return mask[:, 0]  # (B, T|1, S)
-    if rank == "2":
+    if rank == "2" or rank == "n" and keep.size(-2) == 1:
         return mask[:, 0, 0]  # (B, S)
+    if rank == "n":
+        return _heads(mask)
     return mask
+
+
+def _heads(mask: Tensor) -> Tensor:
+    """(B, 1, T, S) -> (B * H, T, S): nn.MultiheadAttention's attn_mask of one row a head."""
+    from handformer.check.core.context import H
+
+    B, _, T, S = mask.shape
+    return mask.expand(B, H, T, S).reshape(B * H, T, S)  # (B * H, T, S)
 
 
 def describe_convention(convention: str) -> Text:

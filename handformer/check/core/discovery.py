@@ -27,7 +27,7 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
     "d_model": ("d_model", "dim", "embed_dim", "hidden_size", "hidden_dim", "n_embd", "d", "features",
                 "size", "model_dim", "emb_dim", "d_embed", "embedding_dim", "normalized_shape", "dmodel",
                 "num_hiddens", "norm_shape", "ffn_num_input", "ffn_num_outputs", "key_size", "query_size",
-                "value_size", "ndim", "n_embed", "embed_size", "d_in", "d_out"),
+                "value_size", "ndim", "n_embed", "embed_size", "d_in", "d_out", "emb_size"),
     "d_head": ("head_size", "head_dim", "d_k", "d_head", "dim_head", "headsize"),
     "n_heads": ("num_heads", "n_heads", "h", "heads", "n_head", "nhead", "num_head", "head_num",
                 "nheads", "num_attention_heads"),
@@ -370,11 +370,6 @@ def with_head_size(sizes: dict[str, Any]) -> dict[str, Any]:
     if "d_model" in sizes and "n_heads" in sizes:
         return {**sizes, "d_head": sizes["d_model"] // sizes["n_heads"]}
     return dict(sizes)
-
-
-def _config_namespace(sizes: dict[str, Any]) -> types.SimpleNamespace:
-    """One object with every common field name, for nanoGPT-style `Block(config)` constructors."""
-    return types.SimpleNamespace(**_config_values(sizes))
 
 
 def config_reads(cls: Any, name: str) -> tuple[set[str], set[str]]:

@@ -39,7 +39,8 @@ KINDS_TABLE: tuple[Kind, ...] = (
          "additive attention", "加性注意力", "additive:check_additive"),
     Kind("mha", ("MultiHeadAttention", "MultiHeadedAttention", "MultiheadAttention", "MultiHeadSelfAttention",
                  "MHA", "Attention", "SelfAttention", "MultiHeadAttentionLayer",  # bentrevett's
-                 "MultiHeadAttentionBlock"),  # Umar Jamil's
+                 "MultiHeadAttentionBlock",  # Umar Jamil's
+                 "多头注意力", "多头自注意力"),  # Chinese identifiers, as some Chinese tutorials write them
          "multi-head attention", "多头注意力", "attention:check_mha"),
     Kind("gqa", ("GroupedQueryAttention", "GQA", "GroupedQueryAttn", "GQAttention", "repeat_kv",
                  "repeat_kv_heads"),
@@ -56,21 +57,22 @@ KINDS_TABLE: tuple[Kind, ...] = (
                  "SwiGLUFeedForward", "GatedFeedForward", "SwiGLUFFN", "GEGLU", "GeGLU",
                  "FeedFoward",  # Karpathy's lecture spells it so
                  "FeedForwardBlock",  # Umar Jamil's
-                 "PositionwiseFeedforwardLayer"),  # bentrevett's
+                 "PositionwiseFeedforwardLayer",  # bentrevett's
+                 "前馈网络", "前馈层", "位置前馈网络"),
          "position-wise feed-forward network", "逐位置前馈网络", "pieces:check_ffn"),
-    Kind("layernorm", ("LayerNorm", "LayerNormalization", "LayerNormalisation", "LayerNorm1d"),
+    Kind("layernorm", ("LayerNorm", "LayerNormalization", "LayerNormalisation", "LayerNorm1d", "层归一化"),
          "LayerNorm", "层归一化 LayerNorm", "pieces:check_norm"),
     Kind("rmsnorm", ("RMSNorm", "RmsNorm", "RMSNormalization"), "RMSNorm", "RMSNorm", "pieces:check_norm"),
     Kind("positional_encoding", ("PositionalEncoding", "SinusoidalPositionalEncoding", "PositionEncoding",
-                                 "SinusoidalPositionEncoding", "PositionalEmbedding"),
+                                 "SinusoidalPositionEncoding", "PositionalEmbedding", "位置编码"),
          "sinusoidal positional encoding", "正弦位置编码", "pieces:check_positional_encoding"),
     Kind("add_norm", ("AddNorm", "AddAndNorm", "AddNormalization"), "Add & Norm (d2l's AddNorm)",
          "Add & Norm（d2l 的 AddNorm）", "layers:check_add_norm"),
     Kind("encoder_layer", ("EncoderLayer", "TransformerEncoderLayer", "EncoderBlock",
-                           "TransformerEncoderBlock"),
+                           "TransformerEncoderBlock", "编码器层"),
          "encoder layer", "编码器层", "layers:check_encoder_layer"),
     Kind("decoder_layer", ("DecoderLayer", "TransformerDecoderLayer", "DecoderBlock",
-                           "TransformerDecoderBlock"),
+                           "TransformerDecoderBlock", "解码器层"),
          "decoder layer", "解码器层", "layers:check_decoder_layer"),
     Kind("block", ("DecoderOnlyBlock", "GPTBlock", "TransformerBlock", "Block", "DecoderOnlyLayer",
                    "GPTLayer", "LlamaBlock", "LlamaDecoderLayer"),

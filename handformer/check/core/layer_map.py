@@ -120,7 +120,7 @@ def _norm_kind(function: str, owner: Any) -> str:
     if "layer" in function.lower():
         return "layernorm"
     module = sys.modules.get(getattr(owner, "__module__", ""), None)
-    own = getattr(module, function, None) if module is not None else None
+    own = getattr(module, function, None)  # None where no module
     return "layernorm" if own is not None and "layer_norm" in source_text(own) else "rmsnorm"
 
 
@@ -149,7 +149,7 @@ def _norm_function(name: str, owner: Any) -> bool:
     if name[0].isupper():  # a class: a module built, not a function called
         return False
     module = sys.modules.get(getattr(owner, "__module__", ""), None)
-    own = getattr(module, name, None) if module is not None else None
+    own = getattr(module, name, None)  # None where no module
     if own is not None and getattr(own, "__module__", None) == module.__name__ and callable(own):
         return "norm" in name.lower() or bool(NORM_BODY.search(source_text(own)))
     return name in ("rms_norm", "layer_norm")

@@ -77,6 +77,10 @@ class Probe:
     error: Callable[[Tensor, Tensor], float] = fp.max_error  # how far the output is from a variant's
     tol: float = fp.TOL  # an error below it: the variant is the learner's
     deterministic: bool = True  # checked for dropout left on in eval mode (a module's; not a function's)
+    dropout_kinds: tuple[str, ...] = ()  # the kinds whose dropout_in_eval a finding names (with its own)
+    # how the output is explained: None, `search` below; a kind run under several mask conventions
+    # searches each convention's output (attention's `by_convention`)
+    search: Callable[[Probe, Subject, Tensor | None, Any], Found] | None = None
 
 
 def run_probe(probe: Probe, comp: Component, ctx: Context) -> ComponentResult:
@@ -91,13 +95,13 @@ def drive(probe: Probe, res: ComponentResult, ctx: Context, comp: Component, sub
     as the mask helper that makes both masks, drives each)."""
     x = probe.inputs(subject)
     if probe.deterministic:
-        check_determinism(res, ctx, comp, lambda: subject.run(x))
+        check_determinism(res, ctx, comp, lambda: subject.run(x), *probe.dropout_kinds)
     with fp.dropout_off():
-        out = subject.run(x)
+        out = subject.run(x) if probe.search is None else None  # a search by convention runs each itself
         wrong = probe.shape(ctx, comp, subject, x, out)
         if wrong is not None:
             raise ctx.learner.fail("forward", *wrong)
-        found = search(probe, subject, probe.observe(out), x)
+        found = (probe.search or search)(probe, subject, probe.observe(out), x)
         for step in probe.steps:
             step(res, ctx, comp, subject, found)
 

@@ -169,6 +169,12 @@ LEAD_ZH = {"mapping": "检查程序没能把你的参数对应到 handformer 的
            "syntax": "你的文件有语法错误", "internal": "这是 handformer 检查程序的 bug，不是你的代码的问题"}
 
 
+# an English sentence around a message that is not the learner's: a stand-in's exception is never shown
+# as theirs
+LEAD_EN = {"stand_in": "check's stand-in model would not take your code's call (the stand-in's own error, "
+                       "not yours: {})"}
+
+
 def _lead_zh(err: LearnerError) -> str:
     """A message written in English only, in Chinese: a sentence of its kind before it."""
     return f"{LEAD_ZH[err.kind]}（原文：{err.message}）" if err.kind in LEAD_ZH else err.message
@@ -179,7 +185,8 @@ def format_error(err: LearnerError, lang: str, indent: str = "  ", unchecked: bo
     where = _paren(f"{w['in']} {err.where}", lang) if err.where else ""
     memory = err.kind == "memory" and "memory" not in err.message.split(":")[0]
     head = f"{w['memory']}{w[':']}" if memory else ""
-    message = {"en": err.message, "zh": err.message_zh or _lead_zh(err)}[lang]
+    message = {"en": LEAD_EN.get(err.kind, "{}").format(err.message),
+               "zh": err.message_zh or _lead_zh(err)}[lang]
     label = w["why"] if unchecked or err.kind in CANNOT else w["error"]
     lines = [f"{indent}{label}{where}{w[':']}{head}{message}"]
     lines += [f"{indent}  {frame}" for frame in err.traceback]

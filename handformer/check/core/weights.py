@@ -131,6 +131,19 @@ def single_heads(label: str, sub: nn.Module) -> list[Leaf] | None:
     return out
 
 
+def _one_matrix(params: dict[str, nn.Parameter]) -> bool:
+    """One 2-D parameter and at most one 1-D one: a linear layer however it is named (a weight and
+    bias of a module of the learner's own, nn.MultiheadAttention's packed in_proj_weight (3D, D) and
+    in_proj_bias: its Q, K, V projections fused, as a qkv nn.Linear(D, 3D) is)."""
+    dims = sorted(p.dim() for p in params.values())
+    return dims in ([2], [1, 2])
+
+
+def _matrix_and_vector(params: dict[str, nn.Parameter]) -> tuple[nn.Parameter, nn.Parameter | None]:
+    by_dim = {p.dim(): p for p in params.values()}
+    return by_dim[2], by_dim.get(1)
+
+
 def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
     """The learner's linear layers, norms and embeddings in definition order; heads kept as a list of
     single heads are stacked into W_Q, W_K, W_V (`single_heads`) unless `stack_heads` is False."""
@@ -150,9 +163,8 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
             continue
         if isinstance(sub, nn.Embedding):
             found.append(Leaf(label, "embedding", sub, sub.weight, None))
-        elif isinstance(sub, nn.Linear) or (len(params) <= 2 and "weight" in params
-                                            and params["weight"].dim() == 2):
-            found.append(Leaf(label, "linear", sub, params["weight"], params.get("bias")))
+        elif isinstance(sub, nn.Linear) or _one_matrix(params):
+            found.append(Leaf(label, "linear", sub, *_matrix_and_vector(params)))
         elif all(p.dim() == 1 for p in params.values()) and len(params) <= 2:
             found.append(Leaf(label, "norm", sub, *_norm_parameters(params)))
         else:

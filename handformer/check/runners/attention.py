@@ -13,6 +13,7 @@ Dh head dim.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -34,7 +35,6 @@ from handformer.check.core.context import (
     H,
     attention_flags,
     causal,
-    check_determinism,
     error_text,
     finish,
     first_working,
@@ -54,6 +54,7 @@ from handformer.check.core.discovery import Component
 from handformer.check.core.layer_map import Gainless, gainless_qk
 from handformer.check.core.localize import note_attention_departure, note_raised_attention
 from handformer.check.core.localize_kinds import localize_masked_softmax, note_departure
+from handformer.check.core.probe import Found, Probe, Subject, drive, run_probe
 from handformer.check.core.reference_attention import handformer_attention
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.rope_tables import position_kwargs, renamed_table, with_positions
@@ -90,6 +91,10 @@ class Caller:
     @property
     def takes_mask(self) -> bool:
         return self.mask_name is not None
+
+    def mask(self, keep: Tensor | None, conv: str, batch: int) -> Tensor | None:
+        """What it is handed as its mask: `keep` written in `conv`; None when it takes no mask."""
+        return fp.encode_mask(keep, conv, batch) if self.takes_mask else None
 
 
 def _switched(fn: Any) -> Any:
@@ -139,14 +144,14 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
 
 
 def run_mask(keep: Tensor | None, conv: str, batch: int) -> Tensor | None:
-    return fp.encode_mask(keep, conv, batch) if keep is not None else None
+    return fp.encode_mask(keep, conv, batch)  # None for no mask
 
 
 Compute = Callable[[frozenset[str], str], Tensor]
 RowsOf = Callable[[frozenset[str], str], Tensor | None]
 
 
-def detect(ctx: Context, run: Callable[[str], Tensor | None], compute: Compute, universe: tuple[str, ...],
+def detect(run: Callable[[str], Tensor | None], compute: Compute, universe: tuple[str, ...],
            rows: RowsOf, conventions: tuple[str, ...],
            ) -> tuple[str | None, tuple[frozenset[str], float] | None, fp.LearnerFailure | None]:
     """The mask convention that explains the learner's output with the fewest mistakes, and those
@@ -167,6 +172,38 @@ def detect(ctx: Context, run: Callable[[str], Tensor | None], compute: Compute, 
         if best:
             return best[0], best[1], failure
     return (next(iter(outputs), None), None, failure)
+
+
+def by_convention(probe: Probe, subject: Subject, out: Tensor | None, x: Any) -> Found:
+    """The search of a kind run under each mask convention (`subject.run(conv)`, its readings one a
+    convention, `facts["rows"]` the rows each set of mistakes leaves visible): `detect`. The key is
+    None when no convention gives an output (the first failure kept as `facts["failure"]`)."""
+    weights = dict(subject.readings)
+
+    def compute(flags: frozenset[str], conv: str) -> Tensor:
+        return probe.reference(weights[conv], x, flags)
+
+    conv, found, subject.facts["failure"] = detect(subject.run, compute, probe.universe(subject),
+                                                   subject.facts["rows"], tuple(weights))
+    flags, err = found or (frozenset(), None)
+    return Found(conv, weights.get(conv), flags, err, subject.run(conv) if found else None, x,
+                 lambda fl: compute(fl, conv))
+
+
+def convention_found(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found,
+                     *kinds: str) -> None:
+    """The convention found (a failure when none gives an output), the mistakes named with how far
+    the output is from correct on the rows they leave visible, NaN on rows hidden."""
+    if found.key is None:
+        raise subject.facts["failure"] or ctx.learner.fail("forward", *subject.facts["no_output"])
+    if subject.facts["takes_mask"]:  # the convention it is read in
+        res.convention = fp.describe_convention(found.key)
+    rows = subject.facts["rows"](found.flags, found.key)
+    if found.named:
+        off = fp.max_error(found.out, found.reference(frozenset()), rows)
+        res.findings += ctx.findings(found.flags, found.matched, off, comp, *kinds)
+    if found.matched is not None:
+        nan_on_hidden_rows(res, found.out, rows, comp, ctx)
 
 
 def responsive(outputs: dict[str, Tensor], universe: tuple[str, ...]) -> tuple[str, ...]:
@@ -200,41 +237,47 @@ def _sdpa_callable(comp: Component, ctx: Context) -> Any:
     return fn.double().eval() if isinstance(fn, nn.Module) else fn
 
 
-def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
-    res = ctx.result(comp)
-    fn = _sdpa_callable(comp, ctx)
-    c = caller(fn)
+SDPA_SIZES = (2, 6, 6, 8)  # B, T, S, Dh of the search's input
+
+
+def _build_sdpa(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
+    """The learner's attention function run under each mask convention (causal + padding where the
+    convention can write it), in the layout it takes."""
+    c = caller(_sdpa_callable(comp, ctx))
     convs = ctx.conventions(c.mask_name)
-    B, T, S, Dh = 2, 6, 6, 8
+    B, T, S, Dh = SDPA_SIZES
     q, k, v = fp.randn(B, H, T, Dh, seed=1), fp.randn(B, H, S, Dh, seed=2), fp.randn(B, H, S, Dh, seed=3)
     keeps = keeps_for(causal(T) & positions(B, S, [0, 2]), positions(B, S, [0, 2]), convs)
     layout = _layout(ctx, c, convs, keeps)
 
     def run(conv: str) -> Tensor | None:
-        return layout.run(ctx, c, q, k, v, keeps[conv] if c.takes_mask else None, conv)
+        return layout.run(ctx, c, q, k, v, keeps[conv], conv)  # dropped where it takes no mask
 
-    working = first_working(ctx, run, convs)
-    check_determinism(res, ctx, comp, lambda: run(working))
-
-    def search_rows(flags: frozenset[str], conv: str) -> Tensor | None:
+    def rows(flags: frozenset[str], conv: str) -> Tensor | None:
         return fp.visible_rows(V.applied_keep(keeps[conv], flags, H), B, T)  # inverted: other rows hidden
 
-    with fp.dropout_off():
-        conv, found, failure = detect(ctx, run, lambda fl, conv: V.attention(q, k, v, keeps[conv], fl)[0],
-                                      ATTENTION_FLAGS, search_rows, convs)
-        if conv is None:
-            raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, H, T, Dh) tensor",
-                                              f"{comp.name} 没有返回形状为 (B, H, T, Dh) 的张量")
-        if c.takes_mask:
-            res.convention = fp.describe_convention(conv)
-        correct = V.attention(q, k, v, keeps[conv])[0]
-        if found and found[0]:
-            off = fp.max_error(run(conv), correct, search_rows(found[0], conv))
-            res.findings += ctx.findings(found[0], found[1], off, comp, "mha")
-        if found:
-            nan_on_hidden_rows(res, run(conv), search_rows(found[0], conv), comp, ctx)
-        _compare_sdpa(res, ctx, comp, c, layout, conv, Dh)
-    return finish(res)
+    facts = {"rows": rows, "layout": layout, "working": first_working(ctx, run, convs),
+             "takes_mask": c.takes_mask, "no_output": (f"{comp.name} returned no (B, H, T, Dh) tensor",
+                           f"{comp.name} 没有返回形状为 (B, H, T, Dh) 的张量")}
+    return Subject(run, [(conv, (q, k, v, keeps[conv])) for conv in convs], c, facts)
+
+
+SDPA = Probe(
+    build=_build_sdpa,                      # the function (or module), its layout, a mask per convention
+    inputs=lambda s: s.facts["working"],    # the first convention it runs with
+    shape=lambda ctx, comp, s, x, out: None,  # a (B, H, T, Dh) output: the search reads only those
+    reference=lambda w, conv, flags: V.attention(*w, flags)[0],
+    universe=lambda s: ATTENTION_FLAGS,
+    steps=(lambda res, ctx, comp, s, found: convention_found(res, ctx, comp, s, found, "mha"),
+           lambda res, ctx, comp, s, found: _compare_sdpa(res, ctx, comp, s.module, s.facts["layout"],
+                                                          found.key, SDPA_SIZES[3])),
+    search=by_convention,
+)
+
+
+def check_sdpa(comp: Component, ctx: Context) -> ComponentResult:
+    """Scaled dot-product attention, as the SDPA probe states it."""
+    return run_probe(SDPA, comp, ctx)
 
 
 def _sdpa_cases() -> list[tuple[str, int, int, int, Tensor | None]]:
@@ -284,7 +327,7 @@ class Layout:
             q, k, v = (t.reshape(B * heads, *t.shape[2:]) for t in (q, k, v))  # (B * H, T, Dh)
             if keep is not None:
                 keep = keep.expand(B, heads, *keep.shape[2:]).reshape(B * heads, 1, *keep.shape[2:])
-        mask = run_mask(keep, conv, q.size(0)) if c.takes_mask else None
+        mask = c.mask(keep, conv, q.size(0))
         return ctx.learner.call("forward", c.call, q, k, v, mask)
 
     def output(self, raw: Any, shape: torch.Size) -> Tensor | None:
@@ -312,15 +355,18 @@ def _layout(ctx: Context, c: Caller, convs: tuple[str, ...], keeps: dict[str, Te
     return Layout(False)
 
 
-def check_masked_softmax(comp: Component, ctx: Context) -> ComponentResult:
+SOFTMAX_SIZES = (3, 5, 6)  # B, T, S of the scores
+
+
+def _build_masked_softmax(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     """d2l's masked_softmax(X, valid_lens): softmax over the last axis of X (B, T, S), keys at or
-    past each row's valid length masked (-1e6)."""
-    res = ctx.result(comp)
+    past each row's valid length masked (-1e6); run under each mask convention (causal + padding
+    where the convention can write it)."""
     params = forward_parameters(comp.obj)
     mask_name = next((p.name for p in params if is_mask_name(p.name)),
                      params[-1].name if len(params) > 1 else None)
     convs = ctx.conventions(mask_name)
-    B, T, S = 3, 5, 6
+    B, T, S = SOFTMAX_SIZES
     scores = fp.randn(B, T, S, seed=1) * 2
     keeps = keeps_for(causal_mask(T, S) & positions(B, S, [0, 2, 1]), positions(B, S, [0, 2, 1]), convs)
 
@@ -328,30 +374,46 @@ def check_masked_softmax(comp: Component, ctx: Context) -> ComponentResult:
         mask = run_mask(keeps[conv] if keep is None else keep, conv, B)
         return fp.first_tensor(ctx.learner.call("forward", comp.obj, scores.clone(), mask), 3)
 
-    def compute(flags: frozenset[str], conv: str) -> Tensor:
-        return V.masked_softmax(scores[:, None], keeps[conv], flags)[:, 0]
-
     def rows(flags: frozenset[str], conv: str) -> Tensor | None:
         return fp.visible_rows(V.applied_keep(keeps[conv], flags), B, T)
 
-    universe = ("softmax_wrong_dim:-2", "mask_inverted", "mask_after_softmax:zero", "mask_after_softmax:neg",
-                "mask_not_applied")
-    conv, found, failure = detect(ctx, run, compute, universe, rows, convs)
-    if conv is None:
-        raise failure or ctx.learner.fail("forward", f"{comp.name} returned no (B, T, S) tensor for scores "
-                                          f"of shape {(B, T, S)}",
-                                          f"对形状为 {(B, T, S)} 的分数，{comp.name} 没有返回形状为 (B, T, "
-                                          "S) 的张量")
-    res.convention = fp.describe_convention(conv)
-    if found and found[0]:
-        off = fp.max_error(run(conv), compute(frozenset(), conv), rows(found[0], conv))
-        res.findings += ctx.findings(found[0], found[1], off, comp)
-    _compare_masked_softmax(res, ctx, comp, run, scores, conv)
+    no_output = (f"{comp.name} returned no (B, T, S) tensor for scores of shape {(B, T, S)}",
+                 f"对形状为 {(B, T, S)} 的分数，{comp.name} 没有返回形状为 (B, T, S) 的张量")
+    facts = {"rows": rows, "scores": scores, "working": first_working(ctx, run, convs), "takes_mask": True,
+             "no_output": no_output}
+    return Subject(run, [(conv, (scores, keeps[conv])) for conv in convs], comp.obj, facts)
+
+
+def _softmax_departure(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found,
+                       ) -> None:
+    """The step that, on a FAIL, notes where the learner's softmax first parts from the reference
+    (on a padding mask, in the convention found)."""
     if res.max_abs_error >= 1e-5:
+        B, _, S = SOFTMAX_SIZES
         keep = positions(B, S, [1, 3, 2])  # (B, 1, 1, S)
+        scores, conv = subject.facts["scores"], found.key
         note_departure(res, lambda: localize_masked_softmax(
             lambda x: comp.obj(x, run_mask(keep, conv, B)), comp.obj, scores, keep[:, 0]))
-    return finish(res)
+
+
+MASKED_SOFTMAX = Probe(
+    build=_build_masked_softmax,
+    inputs=lambda s: s.facts["working"],
+    shape=lambda ctx, comp, s, x, out: None,
+    reference=lambda w, conv, flags: V.masked_softmax(w[0][:, None], w[1], flags)[:, 0],
+    universe=lambda s: ("softmax_wrong_dim:-2", "mask_inverted", "mask_after_softmax:zero",
+                        "mask_after_softmax:neg", "mask_not_applied"),
+    steps=(convention_found,
+           lambda res, ctx, comp, s, found: _compare_masked_softmax(res, ctx, comp, s.run, s.facts["scores"],
+                                                                    found.key),
+           _softmax_departure),
+    search=by_convention, deterministic=False,
+)
+
+
+def check_masked_softmax(comp: Component, ctx: Context) -> ComponentResult:
+    """d2l's masked softmax, as the MASKED_SOFTMAX probe states it."""
+    return run_probe(MASKED_SOFTMAX, comp, ctx)
 
 
 def _compare_masked_softmax(res: ComponentResult, ctx: Context, comp: Component,
@@ -419,43 +481,109 @@ def behaves_causal(ctx: Context, c: Caller, width: int) -> bool:
 
 def check_mha(comp: Component, ctx: Context, causal_inside: bool = False, n_kv_heads: int | None = None,
               heads: int = H) -> ComponentResult:
+    """Multi-head attention (grouped-query with n_kv_heads; causal_inside: one that builds its own
+    causal mask), as the MHA probe states it."""
     res = ctx.result(comp)
     sizes = {**ctx_sizes(), "causal": causal_inside, **({"n_kv_heads": n_kv_heads} if n_kv_heads else {})}
+    built = _build_mha(res, ctx, comp, sizes, n_kv_heads, heads)
+    if isinstance(built, ComponentResult):
+        return built
+    drive(MHA, res, ctx, comp, built)
+    guarded(res, lambda: _tutorial_shapes_at_their_sizes(res, ctx, comp, built.facts["probe"].c, sizes))
+    if built.facts["setup"].conv.startswith("torch"):
+        _nan_as_torch(res)
+    return finish(res)
+
+
+def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[str, Any],
+               n_kv_heads: int | None, heads: int) -> Subject | ComponentResult:
+    """The learner's attention built, its projections mapped, run under each mask convention; the
+    check with one head instead (a result) when it has one, or the result so far when it refuses a
+    causal input longer than it was built for."""
     x = fp.randn(2, 6, D, seed=1)
     module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
     linears, qk_norms = _projections(comp, module, heads)
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
-        return check_mha(comp, ctx, causal_inside, n_kv_heads, heads=1)
+        return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
     kv_width = (n_kv_heads or heads) * (D // heads)
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0] + qk_norms
     res.mapping = [s.describe() for s in slots]
     c = caller(module)
-    causal_inside = _causal_inside(res, ctx, c, causal_inside)
+    causal_inside = _causal_inside(res, ctx, c, sizes["causal"])
     has_o = _head_notes(res, comp, c, slots, causal_inside, heads)
     probe = MHAProbe(ctx, c, x, _conventions(ctx, comp, c), causal_inside, heads)
     try:
-        working = first_working(ctx, probe.run, probe.convs)
-        c.state["visible"] = working  # a mask it requires, when a case has none: every key visible
+        # a mask it requires, when a case has none: every key visible in the first convention it runs with
+        c.state["visible"] = first_working(ctx, probe.run, probe.convs)
     except fp.LearnerFailure as failure:
         if causal_inside and not_cropped(res, ctx, comp, module, failure, probe.T):
             return finish(res)
         runs = [(visible_call(c, cv), None) for cv in probe.convs]
         note_raised_attention(res, comp, runs, mha_weights(slots, heads, n_kv_heads, None), causal_inside)
         raise
-    check_determinism(res, ctx, comp, lambda: probe.run(working), "sdpa")
-    with fp.dropout_off():
-        universe = _universe(c, has_o, n_kv_heads, causal_inside)
-        rope, conv = _search_mha(res, ctx, comp, probe, slots, n_kv_heads, universe, working)
-        setup = Setup(module, slots, c, conv, causal_inside, n_kv_heads, rope, heads)
-        guarded(res, lambda: _compare_mha(res, ctx, comp, setup))
-        w = mha_weights(slots, heads, n_kv_heads, rope)
-        guarded(res, lambda: note_attention_departure(res, comp, _localizer_runs(comp, c, conv, rope, probe),
-                                                      w, causal_inside))
-        guarded(res, lambda: _properties(res, ctx, comp, setup))
-    guarded(res, lambda: _tutorial_shapes_at_their_sizes(res, ctx, comp, c, sizes))
-    if conv and conv.startswith("torch"):
-        _nan_as_torch(res)
-    return finish(res)
+    facts = {"probe": probe, "rows": probe.rows, "takes_mask": c.takes_mask, "slots": slots,
+             "universe": _universe(c, has_o, n_kv_heads, causal_inside), "n_kv_heads": n_kv_heads,
+             "ropes": rope_settings(comp, c),
+             "setup": Setup(module, slots, c, "", causal_inside, n_kv_heads, None, heads)}
+    return Subject(probe.run, [], module, facts)
+
+
+def _mha_search(mha: Probe, subject: Subject, out: Tensor | None, working: str) -> Found:
+    """The rotary layout and mask convention that explain the learner's output with the fewest
+    mistakes (`detect` for each layout; the first that needs none ends it). The key is the
+    convention, the weights (rotary layout, reference); the key None when no convention gives an
+    output (the first failure kept as facts["failure"])."""
+    p, slots, n_kv_heads = subject.facts["probe"], subject.facts["slots"], subject.facts["n_kv_heads"]
+    best, first_conv, failure = None, None, None
+    qk = ("qk_norm_after_rope",) if any(s.role in QK_NORM_ROLES for s in slots) else ()
+    for rope in subject.facts["ropes"]:
+        compute = p.computer(slots, n_kv_heads, rope)
+        universe = subject.facts["universe"] + ((*ROPE_FLAGS, *qk) if rope else ())
+        conv, found, fail = detect(p.run, compute, universe, p.rows, p.convs)
+        first_conv, failure = first_conv or conv, failure or fail
+        if found is not None and (best is None or len(found[0]) < len(best[2][0])):
+            best = (rope, conv, found, compute)
+        if found is not None and not found[0]:
+            break
+    subject.facts["failure"] = failure
+    rope, conv, (flags, err), compute = best or (None, first_conv, (frozenset(), None),
+                                                 p.computer(slots, n_kv_heads, None))
+    return Found(conv, (rope, compute), flags, err, p.run(conv) if best else None, working,
+                 lambda fl: compute(fl, conv))
+
+
+def _mha_rope(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
+    """The step that fails when no convention gives an output, notes the rotary layout found and
+    keeps what the search found for the comparisons after it."""
+    p = subject.facts["probe"]
+    if found.key is None:
+        raise subject.facts["failure"] or _no_output(ctx, comp, p, found.x)
+    rope = found.weights[0]
+    if rope:
+        res.notes.append(rope_note(rope))
+    subject.facts["setup"] = dataclasses.replace(subject.facts["setup"], conv=found.key, rope=rope)
+
+
+def _mha_localized(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found,
+                   ) -> None:
+    """The step that notes where the learner's attention first parts from the reference."""
+    s, p = subject.facts["setup"], subject.facts["probe"]
+    w = mha_weights(s.slots, s.heads, s.n_kv_heads, s.rope)
+    guarded(res, lambda: note_attention_departure(res, comp, _localizer_runs(comp, s.c, s.conv, s.rope, p),
+                                                  w, s.causal_inside))
+
+
+MHA = Probe(                                # built by check_mha: the module, its slots, a mask per convention
+    inputs=lambda s: s.facts["probe"].c.state["visible"],  # the first convention it runs with
+    shape=lambda ctx, comp, s, x, out: None,  # a (B, T, D) output: the search reads only those
+    reference=lambda w, conv, flags: w[1](flags, conv),
+    universe=lambda s: s.facts["universe"],
+    steps=(_mha_rope, lambda res, ctx, comp, s, found: convention_found(res, ctx, comp, s, found, "sdpa"),
+           lambda res, ctx, comp, s, _: guarded(res, lambda: _compare_mha(res, ctx, comp, s.facts["setup"])),
+           _mha_localized,
+           lambda res, ctx, comp, s, _: guarded(res, lambda: _properties(res, ctx, comp, s.facts["setup"]))),
+    dropout_kinds=("sdpa",), search=_mha_search,
+)
 
 
 def _localizer_runs(comp: Component, c: Caller, conv: str, rope: str | None, probe: MHAProbe,
@@ -576,7 +704,7 @@ class MHAProbe:
             causal(self.T) & self.pad if self.pad is not None else None, self.pad, convs)
 
     def run(self, conv: str) -> Tensor | None:
-        mask = run_mask(self.keeps[conv], conv, self.B) if self.c.takes_mask else None
+        mask = self.c.mask(self.keeps[conv], conv, self.B)
         return fp.first_tensor(self.ctx.learner.call("forward", self.c.call, self.x, self.x, self.x, mask), 3)
 
     def applied(self, flags: frozenset[str], conv: str) -> Tensor | None:
@@ -598,38 +726,6 @@ class MHAProbe:
         x = self.x
         return lambda flags, conv: V.multi_head_attention(w, x, x, x, self.applied(flags, conv),
                                                           flags - V.MASK_TRANSFORMS)[0]
-
-
-def _search_mha(res: ComponentResult, ctx: Context, comp: Component, p: MHAProbe, slots: list[Slot],
-                n_kv_heads: int | None, universe: tuple[str, ...], working: str) -> tuple[str | None, str]:
-    """The rotary layout and mask convention that explain the learner's output with the fewest
-    mistakes, those mistakes named; returns (rotary layout, convention)."""
-    best, first_conv, failure = None, None, None
-    for rope in rope_settings(comp, p.c):
-        compute = p.computer(slots, n_kv_heads, rope)
-        qk = ("qk_norm_after_rope",) if any(s.role in QK_NORM_ROLES for s in slots) else ()
-        conv, found, fail = detect(ctx, p.run, compute, universe + ((*ROPE_FLAGS, *qk) if rope else ()),
-                                   p.rows, p.convs)
-        first_conv, failure = first_conv or conv, failure or fail
-        if found is not None and (best is None or len(found[0]) < len(best[2][0])):
-            best = (rope, conv, found, compute)
-        if found is not None and not found[0]:
-            break
-    if best is None:
-        if first_conv is None:
-            raise failure or _no_output(ctx, comp, p, working)
-        best = (None, first_conv, None, p.computer(slots, n_kv_heads, None))
-    rope, conv, found, compute = best
-    if p.c.takes_mask:
-        res.convention = fp.describe_convention(conv)
-    if rope:
-        res.notes.append(rope_note(rope))
-    if found and found[0]:
-        correct = fp.max_error(p.run(conv), compute(frozenset(), conv), p.rows(found[0], conv))
-        res.findings += ctx.findings(found[0], found[1], correct, comp, "sdpa")
-    if found:
-        nan_on_hidden_rows(res, p.run(conv), p.rows(found[0], conv), comp, ctx)
-    return rope, conv
 
 
 def _no_output(ctx: Context, comp: Component, p: MHAProbe, working: str) -> fp.LearnerFailure:

@@ -2,12 +2,13 @@
 start_symbol, end_symbol, beam_size, alpha)` (the Annotated Transformer's greedy signature with a
 beam size and a length penalty, and variants of the names).
 
-The learner's search is handed the learner's own model when the file's `Transformer` passes its
-own check and exposes `encode(src, src_mask)`, `decode(memory, src_mask, ys, tgt_mask)` and
-`generator(x)`, else a tiny handformer `Seq2SeqTransformer` wrapped with those three methods; the
-report says which. The model is steered: its generator's log-probabilities are the network's
-(scaled down) plus a table of the next token's probabilities by prefix, so that each scenario's
-right answer is known and the mistakes give other answers:
+The learner's search is handed the learner's own model when the file's encoder-decoder passes its
+own check, through whatever methods it has, steered by hooks (runners/beam_own.py); else a tiny
+handformer `Seq2SeqTransformer` wrapped with the Annotated Transformer's `encode(src, src_mask)`,
+`decode(memory, src_mask, ys, tgt_mask)` and `generator(x)`; the report says which. The model is
+steered: its log-probabilities are the network's (scaled down) plus a table of the next token's
+probabilities by prefix, so that each scenario's right answer is known and the mistakes give other
+answers:
 
 - "long": a short hypothesis (A EOS) finishes first, a long one (B C D E EOS) has the best
   normalised score, and a finished hypothesis extended (A EOS F EOS) would score better still;
@@ -32,8 +33,10 @@ Shape legend: B batch (1), S source length, L hypothesis length, D d_model, V vo
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +50,7 @@ from handformer.check.core.context import Context, finish, forward_parameters, n
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
+from handformer.check.runners.model import source_mask
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
 
@@ -70,6 +74,10 @@ SCENARIOS: dict[str, Table] = {
     # counting BOS the short one wins, not counting it the long one
     "count_bos": {(): {TOK_A: 0.6, TOK_B: 0.35}, (TOK_A,): {EOS: 0.915}, (TOK_B,): {TOK_C: 0.9835},
                   (TOK_B, TOK_C): {TOK_D: 0.9835}, (TOK_B, TOK_C, TOK_D): {EOS: 0.9835}},
+    # A EOS finishes first, B C EOS later with the better score under every length penalty (alpha 0
+    # included): the first finished one is not the best
+    "first_finished": {(): {TOK_A: 0.5, TOK_B: 0.45}, (TOK_A,): {EOS: 0.55}, (TOK_B,): {TOK_C: 0.95},
+                       (TOK_B, TOK_C): {EOS: 0.95}},
 }
 CONVENTIONS = {"eos": ("the length counts the new tokens and EOS", "长度按新生成的 token 加 EOS 计"),
                "no_eos": ("the length counts the new tokens without EOS",
@@ -118,6 +126,19 @@ class Steered(nn.Module):
         self.out: Tensor | None = None
         self.decoded: list[list[int]] = []
         self.cache: dict[tuple[int, ...], list[float]] = {}  # the reference's log-probabilities by prefix
+
+    @property
+    def handed(self) -> Any:
+        """What the learner's search is given (a property: a module's attribute set to itself would make
+        it its own child)."""
+        return self
+
+    @contextlib.contextmanager
+    def steering(self) -> Iterator[None]:
+        yield  # the stand-in steers in its own methods
+
+    def usable(self) -> bool:
+        return True
 
     def encode(self, src: Tensor, src_mask: Any = None) -> Tensor:
         memory = self.ctx.learner.call("forward", self.base.encode, src, src_mask)
@@ -181,18 +202,6 @@ class Steered(nn.Module):
             out = self.decode(memory, None, ys, mask)
             self.cache[key] = self.generator(out[:, -1])[0].tolist()
         return self.cache[key]
-
-
-def own_model(ctx: Context) -> Any | None:
-    """The learner's Transformer when it has encode, decode and generator and passes its check."""
-    from handformer.check.runners.model import MODEL_SIZES, check_model
-
-    comp = ctx.components.get("transformer")
-    methods = ("encode", "decode", "generator")
-    if comp is None or not all(callable(getattr(comp.obj, n, None)) for n in methods) or not ctx.passes(
-            comp, check_model):
-        return None
-    return ctx.build(comp, MODEL_SIZES)
 
 
 # --- handformer's beam search, with the named mistakes on request -------------------------------
@@ -274,11 +283,12 @@ class Call:
 
     def raw(self, model: Steered, src: Tensor, K: int, alpha: float) -> Any:
         """What the search returns, as it is (a batch of sentences)."""
-        values = {"model": model, "src": src, "src_mask": (src != PAD).unsqueeze(-2),
+        values = {"model": model.handed, "src": src, "src_mask": source_mask(model.handed, src),
                   "max_len": MAX_LEN - 1 + self.steps_from_max, "start": BOS, "end": EOS, "beam": K,
                   "alpha": alpha}
         kwargs = {name: values[key] for key, name in self.arg.items() if name}
-        return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+        with model.steering():
+            return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
 
 
 def _hypotheses(out: Any) -> Any:
@@ -330,14 +340,14 @@ def show(tokens: list[int]) -> str:
 def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     call = _call(comp, ctx)
-    base = _base_model(res, ctx)
+    make = _maker(res, ctx)
     src = torch.tensor([[5, 7, 9, 11, 3, 6]])  # (1, S)
     steps = MAX_LEN - 1
     alphas = [1.0] if call.arg["alpha"] else [0.0, 0.6, 0.7, 1.0]
     conv, found, alpha = None, frozenset(), alphas[0]
     outcomes = {}
     for name, table in SCENARIOS.items():
-        model = Steered(base, table, ctx)
+        model = make(table)
         got = call(model, src, 2, alphas[0])
         memory = model.encode(src, (src != PAD).unsqueeze(-2))
         outcomes[name] = (model, memory, got)
@@ -359,27 +369,43 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
                                   f"{alpha:g}",
                                   f"{comp.name} 没有长度惩罚参数：它的搜索与 alpha = {alpha:g} 一致"))
     _beam_findings(res, ctx, comp, outcomes, found, steps, alpha, conv)
-    _beam_one(res, ctx, comp, call, base, src, steps)
-    _batched(res, ctx, comp, call, base, steps)
+    _beam_one(res, ctx, comp, call, make, src, steps)
+    _batched(res, ctx, comp, call, make, steps)
     return finish(res)
 
 
-def _base_model(res: ComponentResult, ctx: Context) -> Any:
-    """The learner's own Transformer when it passes its check, else handformer's; noted."""
-    own = own_model(ctx)
+OWN_DRIVEN = {True: ("it passed its check", "它通过了检查"),
+              False: ("it failed its check, but runs: the steering replaces its logits, so its mistakes do "
+                      "not reach this check", "它没有通过检查，但能运行：引导替换了它的 logits，"
+                      "所以它的错误不影响这项检查")}
+Maker = Callable[..., Steered]  # (table, by_source=None) -> the steered model a search is handed
+
+
+def _maker(res: ComponentResult, ctx: Context) -> Maker:
+    """The learner's own model, steered by hooks, when it passes its check; else handformer's tiny
+    model with the Annotated Transformer's interface; which one is said."""
+    from handformer.check.runners.beam_own import own_steered
+
+    own = own_steered(ctx)
     if own is not None:
-        res.notes.append(text("checked on your own Transformer (it passes its check), its generator steered "
-                              "by each scenario's table",
-                              "用你自己的 Transformer 检查（它通过了自己的检查），"
-                              "它的 generator 按每个场景的概率表做了引导"))
-        return own
-    res.notes.append(text("checked on handformer's tiny Seq2SeqTransformer wrapped with encode, decode "
-                          "and generator (your file has no Transformer with those three that passes its "
-                          "check), steered by each scenario's table",
-                          "用 handformer 的小 Seq2SeqTransformer 检查，包装成 encode、decode、generator "
-                          "三个方法（你的文件里没有带这三个方法并通过检查的 Transformer），"
-                          "按每个场景的概率表做了引导"))
-    return HandformerModel()
+        make, passed = own
+        name = ctx.components["transformer"].name
+        en, zh = OWN_DRIVEN[passed]
+        res.driven = text(f"your own {name} ({en}), through its own methods; its output layer steered by "
+                          "each scenario's table of next-token probabilities",
+                          f"你自己的 {name}（{zh}），用它自己的方法调用；它的输出层按每个场景的"
+                          "下一个 token 概率表做了引导")
+        return make
+    res.driven = text("a stand-in: handformer's tiny Seq2SeqTransformer with the Annotated Transformer's "
+                      "encode(src, src_mask), decode(memory, src_mask, ys, tgt_mask) and generator(x), "
+                      "steered by each scenario's table; your own model has no passing check (or no "
+                      "nn.Linear output layer to steer)",
+                      "替身：handformer 的小 Seq2SeqTransformer，带 Annotated Transformer 的 "
+                      "encode(src, src_mask)、decode(memory, src_mask, ys, tgt_mask)、generator(x)，"
+                      "按每个场景的概率表做了引导；你自己的模型没有通过检查（或者没有可以引导的 nn.Linear "
+                      "输出层）")
+    base = HandformerModel()
+    return lambda table, by_source=None: Steered(base, table, ctx, by_source)
 
 
 def _beam_findings(res: ComponentResult, ctx: Context, comp: Component, outcomes: dict[str, Any],
@@ -427,12 +453,18 @@ def _combos(n: int) -> list[frozenset[str]]:
     return [frozenset(c) for c in itertools.combinations(FLAGS, n)]
 
 
-def _batched(res: ComponentResult, ctx: Context, comp: Component, call: Call, base: Any, steps: int) -> None:
+def _batched(res: ComponentResult, ctx: Context, comp: Component, call: Call, make: Maker,
+             steps: int) -> None:
     """A search that takes a batch gives each sentence what it gives that sentence alone: two
     sources, steered by the "long" and the "compounded" tables."""
     srcs = torch.tensor([[5, 7, 9, 11, 3, 6], [4, 8, 10, 3, 5, 9]])  # (2, S)
     tables = {tuple(srcs[0].tolist()): SCENARIOS["long"], tuple(srcs[1].tolist()): SCENARIOS["compounded"]}
-    model = Steered(base, SCENARIOS["long"], ctx, tables)
+    model = make(SCENARIOS["long"], tables)
+    if not model.usable():
+        res.notes.append(text("a batch of 2 sentences was not tried: check could not tell which sentence "
+                              "each row your model decodes belongs to",
+                              "没有试 2 句组成的 batch：检查程序分不清你的模型解码的每一行属于哪一句"))
+        return
     try:
         raw = call.raw(model, srcs, 2, 1.0)
     except fp.LearnerFailure:
@@ -446,7 +478,7 @@ def _batched(res: ComponentResult, ctx: Context, comp: Component, call: Call, ba
         return
     alone = []
     for i in range(2):
-        single = Steered(base, SCENARIOS["long"], ctx, tables)
+        single = make(SCENARIOS["long"], tables)
         alone.append(call(single, srcs[i:i + 1], 2, 1.0))
     same = all(_same(a, _from_bos(b)) for a, b in zip(rows, alone))
     shown, want = " | ".join(map(show, rows)), " | ".join(map(show, alone))
@@ -476,10 +508,10 @@ def _rows(raw: Any, n: int) -> list[list[int]] | None:
     return None
 
 
-def _beam_one(res: ComponentResult, ctx: Context, comp: Component, call: Call, base: Any, src: Tensor,
+def _beam_one(res: ComponentResult, ctx: Context, comp: Component, call: Call, make: Maker, src: Tensor,
               steps: int) -> None:
     """Beam size 1 without a length penalty is greedy decoding."""
-    model = Steered(base, SCENARIOS["long"], ctx)
+    model = make(SCENARIOS["long"])
     got = call(model, src, 1, 0.0)
     memory = model.encode(src, None)
     right = greedy(model, memory, steps)

@@ -29,6 +29,7 @@ from handformer.check.core.context import Context, finish, forward_parameters, n
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import DIFFERS, PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
+from handformer.check.runners.model import source_mask
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
 
@@ -121,9 +122,9 @@ def _tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
                            "int 列表）")
 
 
-def own_seq2seq(ctx: Context) -> tuple[nn.Module, Any] | None:
-    """The learner's encoder-decoder when it passed its own check: (the model, a call (src, tgt) ->
-    logits); None when there is none or it did not pass."""
+def own_seq2seq(ctx: Context, accepted: tuple[str, ...] = (PASS, DIFFERS)) -> tuple[nn.Module, Any] | None:
+    """The learner's encoder-decoder when its own check ended in one of `accepted` (passed, by
+    default): (the model, a call (src, tgt) -> logits); None when there is none, or it did not."""
     from handformer.check.runners.model import Caller, build_model, check_model, inputs
 
     comp = ctx.components.get("transformer")
@@ -138,13 +139,16 @@ def own_seq2seq(ctx: Context) -> tuple[nn.Module, Any] | None:
             return None
         finally:
             ctx.partial = partial
-    if result.status not in (PASS, DIFFERS):
+    if result.status not in accepted:
         return None
     module, _ = build_model(comp, ctx)
     call = Caller(module, ctx)
     # the masks' rank is found on a batch of two: with one row, the Annotated Transformer's attention
     # runs on (B, 1, 1, S) masks too (a 5-D score tensor) and gives a (1, T, V) output of wrong values
-    call(*inputs(6, 5, [0, 2], [0, 1], seed=0))
+    try:
+        call(*inputs(6, 5, [0, 2], [0, 1], seed=0))
+    except fp.LearnerFailure:  # a model that failed its check may not run at all
+        return None
     return module, call
 
 
@@ -232,7 +236,7 @@ def _scenarios(res: ComponentResult, ctx: Context, stop: bool) -> list[tuple[Any
 
 def _compare_tokens(res: ComponentResult, ctx: Context, comp: Component, arg: dict[str, str | None],
                     model: Any, right: list[int], stop: bool) -> None:
-    values = {"model": model, "src": source(), "src_mask": (source() != PAD)[:, None, :], "max_len": MAX_LEN,
+    values = {"model": model, "src": source(), "src_mask": source_mask(model, source()), "max_len": MAX_LEN,
               "start": BOS, "end": EOS}
     kwargs = {name: values[key] for key, name in arg.items() if name}
     got = _tokens(ctx, comp, ctx.learner.call("forward", comp.obj, **kwargs))

@@ -343,7 +343,7 @@ def _limit(res: ComponentResult, drive: Driver, idx: Tensor, w: LlamaWeights | N
                               f"缓存满了之后位置 {MAX_LEN} 的 token 被收下了：没有参考实现，没有比较"))
         return
     rolled = reference(w, idx, (MAX_LEN - 4, 4, 1), window=MAX_LEN)[:, -1:]  # (B, 1, V)
-    err = fp.max_error(out.double() if out is not None else None, rolled)
+    err = fp.max_error(out, rolled)
     res.checks.append(Check(text(f"past the limit ({MAX_LEN} tokens): refused, or rolled (the cache keeps "
                                  f"the last {MAX_LEN} tokens)",
                                  f"超过上限（{MAX_LEN} 个 token）：拒绝，"

@@ -45,6 +45,7 @@ from handformer.check.core.context import (
     forward_parameters,
     grads_error,
     guarded,
+    hidden_rows,
     is_mask_name,
     masked_rows,
     nan_on_hidden_rows,
@@ -239,9 +240,47 @@ def _attentions(linears: list[Any], count: int, what: str) -> tuple[int | None, 
         raise
 
 
+# torch.nn's convention (True = masked) in the ranks to try: as nn.MultiheadAttention takes its masks
+# when the layer holds one, else rank 4, 3 and 2
+TORCH_CONVENTIONS = {True: ("torchn",), False: ("torch", "torch3", "torch2")}
+
+
+def _torch_rows(layer: Layer, conv: str) -> bool:
+    """Whether a fully masked query's NaN is torch.nn's own: the layer holds an nn.MultiheadAttention,
+    or takes torch.nn's masks (True = masked, filled with -inf, as nn.MultiheadAttention does)."""
+    return _holds_torch_mha(layer.module) or conv.startswith("torch")
+
+
+def _holds_torch_mha(module: nn.Module) -> bool:
+    return any(isinstance(sub, nn.MultiheadAttention) for sub in module.modules())
+
+
+TORCH_NAN_NOTE = text("rows whose keys are all masked come out NaN, as torch's nn.MultiheadAttention gives "
+                      "them with its masks (True = masked; its documented behaviour; such a row comes only "
+                      "from a sentence that is all padding): a convention, not compared, not charged",
+                      "所有键都被屏蔽的行输出 NaN，和 torch 的 nn.MultiheadAttention 用它的掩码"
+                      "（True = 屏蔽）时一样（这是它文档里写明的行为；只有整句都是填充时才会出现这样的行）："
+                      "是约定，不比较，不算错误")
+
+
+def _torch_nan_note(res: ComponentResult, out: Tensor | None, rows: Tensor | None, comp: Component,
+                    ctx: Context) -> None:
+    values = hidden_rows(out, rows)
+    if values is not None and bool(torch.isnan(values).any()) and TORCH_NAN_NOTE not in res.notes:
+        res.notes.append(TORCH_NAN_NOTE)
+
+
+# a row whose keys are all masked and comes out NaN: a finding, or torch's own behaviour (noted)
+NAN_ROWS = {False: nan_on_hidden_rows, True: _torch_nan_note}
+MASKED_ROWS = {False: masked_rows, True: _torch_nan_note}
+
+
 def _masks_where_true(module: nn.Module) -> bool:
     """Whether one of the learner's classes inside fills where its mask is True (torch.nn's
-    convention, Raschka's Llama 3 and Qwen3 attention): see conventions.masks_where_true."""
+    convention, Raschka's Llama 3 and Qwen3 attention: see conventions.masks_where_true), or hands its
+    masks to an nn.MultiheadAttention."""
+    if _holds_torch_mha(module):
+        return True
     for sub in module.modules():
         if not type(sub).__module__.startswith("learner_"):
             continue
@@ -410,7 +449,7 @@ def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs) -> tuple[str, ..
     """The mask conventions to try, those that can encode the search's masks first."""
     convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
     if ctx.convention is None and layer.masks and _masks_where_true(layer.module):
-        convs = ("torch", "torch3", "torch2") + convs
+        convs = TORCH_CONVENTIONS[_holds_torch_mha(layer.module)] + convs
     passed = [k for k in _encode_keeps(layer, inp.src_keep, inp.tgt_keep) if k is not None]
     return tuple(c for c in convs if all(fp.encodable(k, c) for k in passed)) or convs[:1]
 
@@ -445,7 +484,7 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
         if flags:
             res.findings += ctx.findings(flags, matched, fp.max_error(out, correct, search_rows(flags)),
                                          comp, "mha", "ffn", "sdpa", "causal_mask")
-        nan_on_hidden_rows(res, out, search_rows(flags), comp, ctx)
+        NAN_ROWS[_torch_rows(layer, conv)](res, out, search_rows(flags), comp, ctx)
     _layer_mapping(res, layer, slots, conv)
     _structure_findings(res, layer, ctx)
     if found is not None:
@@ -644,7 +683,7 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
             ref = _reference(hf, layer, x, memory, src_keep, tgt_keep, rope)
             rows = _rows(layer, src_keep, tgt_keep, B, T)
             errors.append(fp.max_error(out, ref, rows))
-            masked_rows(res, out, rows, layer.comp, ctx)
+            MASKED_ROWS[_torch_rows(layer, conv)](res, out, rows, layer.comp, ctx)
             if i == 0 and out is not None and out.shape == ref.shape and not layer.stepwise:
                 grad_err = _grads(layer, hf, x, out, ref)
     res.max_abs_error = max(errors, default=None)

@@ -36,8 +36,14 @@ from handformer.check.core.source import locate, source_lines
 from handformer.check.runners.train_step import (
     MODEL_NAMES,
     OPTIMIZER_NAMES,
+    SCALER_NAMES,
+    SCALER_NOTE,
+    SCHEDULER_NAMES,
+    SCHEDULER_NOTE,
     clip_norm,
     clip_note,
+    constant_scheduler,
+    grad_scaler,
     largest_difference,
     parameters_of,
     update,
@@ -115,7 +121,8 @@ class Step:
         names = [p.name for p in params]
         self.model, self.opt = named(names, MODEL_NAMES), named(names, OPTIMIZER_NAMES)
         self.x, self.y, self.lr = named(names, X_NAMES), named(names, Y_NAMES), named(names, LR_NAMES)
-        known = {self.model, self.opt, self.x, self.y, self.lr}
+        self.sched, self.scaler = named(names, SCHEDULER_NAMES), named(names, SCALER_NAMES)
+        known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler}
         unknown = [p.name for p in params if p.default is p.empty and p.name not in known]
         if unknown or not (self.model and self.opt and self.x and self.y):
             first = (unknown or ['model / optimizer / x / y'])[0]
@@ -134,8 +141,8 @@ class Step:
 
     def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float) -> Any:
         kwargs: dict[str, Any] = {self.model: model, self.opt: opt, self.x: x.clone(), self.y: y.clone()}
-        if self.lr:
-            kwargs[self.lr] = lr
+        given = {self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler}
+        kwargs.update({name: make() for name, make in given.items() if name})
         return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
 
 
@@ -178,6 +185,7 @@ def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
 def _notes(res: ComponentResult, step: Step) -> None:
     if step.clip is not None:
         res.notes.append(clip_note(step.clip))
+    res.notes += [SCHEDULER_NOTE] * bool(step.sched) + [SCALER_NOTE] * bool(step.scaler)
     if not step.lr:
         res.notes.append(text(f"your step takes no learning rate: compared with steps at the optimizer's "
                               f"{OPT_LR:g} (the schedule must then be set in your loop)",

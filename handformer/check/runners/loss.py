@@ -43,6 +43,7 @@ from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.probe import Found, Probe, Subject, run_probe
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
+from handformer.check.reference.variants import has
 from handformer.training.losses import token_cross_entropy
 
 B, T, V, PAD = 3, 5, 7, 0
@@ -108,7 +109,7 @@ def target_distribution(targets: Tensor, eps: float, split: str, pad_kept: bool 
 def reference(logp: Tensor, targets: Tensor, eps: float, form: str, split: str, reduction: str,
               flags: frozenset[str] = frozenset()) -> float:
     """The loss under a convention, with the named mistakes."""
-    counts = _has(flags, "loss_counts_padding")
+    counts = has(flags, "loss_counts_padding")
     q = target_distribution(targets, eps, split, "smoothing_on_pad" in flags)
     ce = -(q * logp).sum(-1)  # (B, T)
     if form == "kl":
@@ -128,14 +129,6 @@ def reference(logp: Tensor, targets: Tensor, eps: float, form: str, split: str, 
         return float(total)
     n = targets.numel() if counts in ("loss", "normaliser") else real.sum()
     return float(total / n)
-
-
-def _has(flags: frozenset[str], name: str) -> str | None:
-    for f in flags:
-        base, _, form = f.partition(":")
-        if base == name:
-            return form or base
-    return None
 
 
 class Loss:

@@ -134,7 +134,7 @@ class Helper:
 
     @property
     def pad_id(self) -> int:
-        return PAD if self.pad else 0
+        return PAD if self.pad else global_pad(self.comp.obj)[1]
 
     def __call__(self) -> Any:
         given = ((self.src, src_ids(self.pad_id)), (self.tgt, tgt_ids(self.pad_id)), (self.pad, PAD))
@@ -245,11 +245,50 @@ def _no_reading(ctx: Context, comp: Component, out: Any, side: Side) -> Exceptio
                             f"应当是 {side.shapes}")
 
 
+def global_pad(fn: Any) -> tuple[str | None, int]:
+    """(name, value) of the module-level pad id a helper without a pad argument reads (PyTorch's
+    translation tutorial's PAD_IDX = 1); (None, 0) when it reads none."""
+    names = getattr(getattr(fn, "__code__", None), "co_names", ())
+    values = getattr(fn, "__globals__", {})
+    found = (n for n in names if n.lower() in PAD_NAMES and type(values.get(n)) is int)
+    name = next(found, None)
+    return name, values.get(name, 0)
+
+
+def _torch_form(out: Any) -> bool:
+    """The four masks of PyTorch's translation tutorial's create_mask: (src_mask (S, S), tgt_mask
+    (T, T), src_padding_mask (B, S), tgt_padding_mask (B, T)), torch.nn's True (or -inf) = masked."""
+    items = out if isinstance(out, (tuple, list)) else ()
+    shapes = [tuple(m.shape) if isinstance(m, Tensor) else None for m in items]
+    (B, S), T = SRC.shape, TGT.size(1)
+    return shapes == [(S, S), (T, T), (B, S), (B, T)]
+
+
+def _from_torch(out: Any) -> tuple[Tensor, Tensor]:
+    """Those four masks as two (B, 1, T|S, S) keeps, True = may attend: attention and padding together."""
+    def keep(m: Tensor) -> Tensor:
+        return m == 0 if m.is_floating_point() else ~m.bool()  # (T, S)
+
+    src_attn, tgt_attn, src_pad, tgt_pad = out
+    return (keep(src_attn)[None, None] & ~src_pad.bool()[:, None, None, :],  # (B, 1, S, S)
+            keep(tgt_attn)[None, None] & ~tgt_pad.bool()[:, None, None, :])  # (B, 1, T, T)
+
+
+TORCH_FORM_NOTE = text("read as torch.nn's four masks (src_mask, tgt_mask, src_padding_mask, "
+                       "tgt_padding_mask; True or -inf = masked), each attention mask combined with its "
+                       "padding mask",
+                       "按 torch.nn 的四个掩码读取（src_mask、tgt_mask、src_padding_mask、tgt_padding_mask；"
+                       "True 或 -inf = 屏蔽），每个注意力掩码与它的填充掩码合在一起")
+
+
 def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:
     """The mask helper, as the MASK_HELPER probe states it for each mask it makes."""
     res = ctx.result(comp)
     helper = Helper(comp, ctx)
     out = helper()
+    if helper.makes == "both" and _torch_form(out):
+        out = _from_torch(out)
+        res.notes.append(TORCH_FORM_NOTE)
     if helper.makes == "both" and (not isinstance(out, (tuple, list)) or len(out) < 2):
         raise ctx.learner.fail("forward", f"{comp.name} returned {type(out).__name__}; expected "
                                "(src_mask, tgt_mask)",
@@ -262,6 +301,8 @@ def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:
         subject.facts["universe"] = tuple(f for f in SIDES[which].flags if not impossible.get(f))
         drive(MASK_HELPER, res, ctx, comp, subject)
     if helper.pad is None:
-        res.notes.append(text(f"{comp.name} takes no pad id: it was given ids padded with 0",
-                              f"{comp.name} 没有填充 id 参数：传入的 id 用 0 填充"))
+        name, pad = global_pad(comp.obj)
+        en, zh = {None: ("", "")}.get(name, (f" (your module's {name})", f"（你的模块级 {name}）"))
+        res.notes.append(text(f"{comp.name} takes no pad id: it was given ids padded with {pad}{en}",
+                              f"{comp.name} 没有填充 id 参数：传入的 id 用 {pad} 填充{zh}"))
     return finish(res)

@@ -278,6 +278,8 @@ def _copy_layers(hf: Seq2SeqTransformer, m: ModelMap) -> list[tuple[nn.Module, s
         if isinstance(norm, nn.Module) and hasattr(norm, "weight"):
             copy_weights(norm, slot)
             written.append((getattr(hf, stack), "norm", slot))
+        else:  # a final norm after a post-norm stack (nn.Transformer's): the learner's, as it computes
+            getattr(hf, stack).norm = AsWritten(norm_weights(slot))
     return written
 
 
@@ -364,11 +366,15 @@ class Caller:
         self.module, self.ctx = module, ctx
         self.forward = composed(module) or module
         self.masks = [p.name for p in forward_parameters(self.forward) if "mask" in p.name.lower()]
-        self.rank: int | None = None if self.masks else 4  # of the masks: found on the first call
+        self.torch_nn = holds_torch_attention(module)
+        self.rank: int | None = None if self.masks and not self.torch_nn else 4  # found on the first call
 
     def raw(self, src: Tensor, tgt: Tensor, rank: int = 4) -> Any:
         """Rank 4: (B, 1, 1, S) and (B, 1, T, T); rank 3 (the Annotated Transformer's, whose attention
-        adds the head axis): (B, 1, S) and (B, T, T)."""
+        adds the head axis): (B, 1, S) and (B, T, T). A model on torch.nn's attention (nn.Transformer,
+        nn.MultiheadAttention) gets its masks as torch.nn takes them (torch_mask)."""
+        if self.torch_nn:
+            return self.forward(src, tgt, **{name: torch_mask(name, src, tgt) for name in self.masks})
         kwargs = {}
         for name in self.masks:
             if any(t in name.lower() for t in ("src", "enc", "memory", "source")):
@@ -401,6 +407,35 @@ class Caller:
         if out is not None and out.size(-1) == D and D != TGT_V and callable(generator):
             out = fp.first_tensor(self.ctx.learner.call("forward", generator, out), 3)
         return out
+
+
+def torch_mask(name: str, src: Tensor, tgt: Tensor) -> Tensor | None:
+    """A mask argument as torch.nn's attention takes it (True = masked), by its name: a padding mask
+    (B, S) or (B, T) of the side it names; the target's attention mask, causal (T, T); no source
+    attention mask (nn.Transformer's src_mask and memory_mask: every key visible)."""
+    lowered = name.lower()
+    source = any(w in lowered for w in ("src", "enc", "memory", "source"))
+    kind = next((k for k in ("padding", "memory") if k in lowered), "attention")
+    S, T = src.size(1), tgt.size(1)
+    forms = {("padding", True): lambda: src == PAD, ("padding", False): lambda: tgt == PAD,  # (B, S|T)
+             ("memory", True): lambda: None,  # (T, S) would be every key visible
+             ("attention", True): lambda: torch.zeros(S, S, dtype=torch.bool),  # nothing masked
+             ("attention", False): lambda: ~causal(T)}  # (T, T)
+    return forms[kind, source]()
+
+
+def holds_torch_attention(module: Any) -> bool:
+    """Whether a model computes its attention with torch.nn's (nn.Transformer, nn.MultiheadAttention)."""
+    return isinstance(module, nn.Module) and any(isinstance(m, nn.MultiheadAttention)
+                                                 for m in module.modules())
+
+
+def source_mask(model: Any, src: Tensor) -> Tensor:
+    """The source mask a decoding function is handed with its model: as torch.nn takes it for a model
+    on torch.nn's attention ((S, S), nothing masked: PyTorch's translation tutorial), else the
+    tutorials' (B, 1, S), 1 = may attend."""
+    torch_nn = holds_torch_attention(model)
+    return torch_mask("src_mask", src, src) if torch_nn else (src != PAD)[:, None, :]
 
 
 def inputs(S: int, T: int, src_pad: list[int], tgt_pad: list[int], seed: int) -> tuple[Tensor, Tensor]:

@@ -51,16 +51,20 @@ from handformer.nn.masks import causal_mask
 from handformer.nn.norms import LayerNorm, RMSNorm
 from handformer.nn.positions import sinusoidal_table
 
+# how a (T, T) mask read in each convention says "may see"
+READ_KEEP = {"torch": lambda m: ~m, "bool": lambda m: m, "additive": lambda m: m > -1e3,
+             "int": lambda m: m != 0}
 
-def _as_keep(mask: Tensor, convention: str | None) -> tuple[Tensor, str]:
-    """The learner's (T, T) mask as bool True = may see, with the convention it was read in."""
+
+def _convention(mask: Tensor, forced: str | None) -> str:
+    """The convention of the learner's mask, read from its largest one: at T = 1 an additive mask
+    (0 and -inf, PyTorch's generate_square_subsequent_mask) is a single 0, which alone reads as an
+    int mask that hides everything."""
     if mask.dtype == torch.bool:
-        if convention == "torch":
-            return ~mask, "torch"
-        return mask, "bool"
+        return "torch" if forced == "torch" else "bool"
     if mask.is_floating_point() and (mask < -1e3).any() or torch.isinf(mask).any():
-        return mask > -1e3, "additive"
-    return mask != 0, "int"
+        return "additive"
+    return "int"
 
 
 CAUSAL_SIZES = (1, 5, 8)  # the lengths the mask is asked for
@@ -73,11 +77,9 @@ def _build_causal(comp: Component, ctx: Context, res: ComponentResult) -> Subjec
     facts: dict[str, str] = {}
 
     def run(sizes: tuple[int, ...]) -> Tensor:
-        keeps = []
-        for T in sizes:
-            keep, facts["convention"] = _as_keep(_causal_raw(ctx, comp, T), ctx.convention)
-            keeps.append(keep.flatten())
-        return torch.cat(keeps).double()
+        raws = [_causal_raw(ctx, comp, T) for T in sizes]
+        facts["convention"] = conv = _convention(max(raws, key=Tensor.numel), ctx.convention)
+        return torch.cat([READ_KEEP[conv](raw).flatten() for raw in raws]).double()
 
     return Subject(run, [(None, None)], comp.obj, facts)
 
@@ -109,8 +111,9 @@ def _causal_compared(res: ComponentResult, ctx: Context, comp: Component, subjec
     wrong = [(T, float((mine != want).sum()), mine.reshape(T, T)) for T, mine, want in pairs
              if not torch.equal(mine, want)]
     worst = max((count for _, count, _ in wrong), default=0.0)
-    if found.named and wrong:
-        (T, _, keep), (name, _, form) = wrong[0], next(iter(found.flags)).partition(":")
+    if found.named and wrong:  # shown at the first length with a row 2 that differs (T = 1 has none)
+        (T, _, keep) = next((w for w in wrong if w[0] > 2), wrong[0])
+        name, _, form = next(iter(found.flags)).partition(":")
         number, code = locate(name, source_lines(ctx.objects(comp)))
         res.findings.append(Finding(name, _mask_observed(name, form, T, keep), number, code, form))
     res.max_abs_error = worst

@@ -31,6 +31,7 @@ from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.probe import Found, Probe, Subject, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
+from handformer.check.reference import variants as V
 
 OPTIMIZER_NAMES = ("optimizer", "opt", "optim")
 PAPER = {"d_model": 64, "factor": 2.0, "warmup": 10}
@@ -75,32 +76,21 @@ COSINE_FLAGS = (
     "cosine_no_floor",
     "cosine_min_lr_ignored",
 )
+WARMUP_SHIFT = {"early": -1, "late": 1}  # schedule_warmup_off_by_one's forms: the warmup's shift
 TOL = 1e-9  # relative: the schedules are floats of python or float32 tensors (relative error ~1e-7)
 REL_TOL = 1e-5
-
-
-def _has(flags: frozenset[str], name: str) -> str | None:
-    for f in flags:
-        base, _, form = f.partition(":")
-        if base == name:
-            return form
-    return None
 
 
 def paper(
     n: float, d_model: float, factor: float, warmup: float, flags: frozenset[str] = frozenset()
 ) -> float:
     """factor * d_model^-0.5 * min(n^-0.5, n * warmup^-1.5), n >= 1, with the named mistakes."""
-    shift = {"early": -1, "late": 1}.get(_has(flags, "schedule_warmup_off_by_one") or "", 0)
-    sign = _has(flags, "schedule_exponent_sign")
+    shift = WARMUP_SHIFT.get(V.has(flags, "schedule_warmup_off_by_one"), 0)
+    sign = V.has(flags, "schedule_exponent_sign")
     w = warmup + shift
     step_term = n ** (0.5 if sign == "step" else -0.5)
     warm_term = n * w ** (1.5 if sign == "warmup" else -1.5)
-    scale = (
-        1.0
-        if _has(flags, "schedule_no_d_model") is not None
-        else d_model ** (0.5 if sign == "d_model" else -0.5)
-    )
+    scale = 1.0 if "schedule_no_d_model" in flags else d_model ** (0.5 if sign == "d_model" else -0.5)
     return factor * scale * min(step_term, warm_term)
 
 
@@ -116,15 +106,15 @@ def cosine(
     """Linear warmup to max_lr, then half a cosine down to min_lr at step `total`, min_lr after it,
     counted as `convention` counts (see COSINE_CONVENTIONS), with the named mistakes."""
     a, b, _ = COSINE_CONVENTIONS[convention]
-    w = warmup + {"early": -1, "late": 1}.get(_has(flags, "schedule_warmup_off_by_one") or "", 0)
-    floor = 0.0 if _has(flags, "cosine_min_lr_ignored") is not None else min_lr
+    w = warmup + WARMUP_SHIFT.get(V.has(flags, "schedule_warmup_off_by_one"), 0)
+    floor = 0.0 if "cosine_min_lr_ignored" in flags else min_lr
     throughout = convention == "handformer"  # steps counted from 1 in the decay too; the others from 0
     n = t + a if throughout else t
     if (n <= w) if throughout else (t < w):
         return max_lr * (t + a) / (w + b)
-    start = 0 if _has(flags, "cosine_from_step_zero") is not None else w
+    start = 0 if "cosine_from_step_zero" in flags else w
     progress = (n - start) / (total - start)
-    if progress > 1 and _has(flags, "cosine_no_floor") is None:
+    if progress > 1 and "cosine_no_floor" not in flags:
         return min_lr
     return floor + 0.5 * (max_lr - floor) * (1.0 + math.cos(math.pi * progress))
 

@@ -38,6 +38,8 @@ from handformer.check.core.argument_names import (
     CRITERION_NAMES,
     LOADER_NAMES,
     OPTIMIZER_NAMES,
+    SCALER_NAMES,
+    SCHEDULER_NAMES,
     SRC_NAMES,
     TGT_NAMES,
 )
@@ -83,8 +85,11 @@ def clip_norm(source: str) -> float | None:
 
 
 class Recorded(nn.Module):
-    """The model handed to the learner: `model(src, tgt, ...)` returns (B, T, V) logits (masks and
-    other arguments are ignored: the model builds its own); every call is recorded."""
+    """The model handed to the learner: `model(src, tgt, ...)` returns (B, T, V) log-probabilities
+    (masks and other arguments are ignored: the model builds its own); every call is recorded.
+    Log-probabilities suit every loss a step applies: a cross-entropy takes them as logits (the
+    log-softmax of log-probabilities changes nothing), and a KLDivLoss or NLLLoss (the Annotated
+    Transformer's label smoothing, its generator ending in log_softmax) needs them."""
 
     def __init__(self, model: Seq2SeqTransformer) -> None:
         super().__init__()
@@ -93,7 +98,7 @@ class Recorded(nn.Module):
 
     def forward(self, src: Tensor, tgt: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         self.calls.append((self.training, tgt.size(1)))
-        return self.model(src, tgt).logits
+        return self.model(src, tgt).logits.log_softmax(-1)
 
 
 def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor,
@@ -130,12 +135,49 @@ def update(model: nn.Module, opt: torch.optim.Optimizer, clip: float | None, cli
         nn.utils.clip_grad_norm_(model.parameters(), clip)
 
 
+def constant_scheduler(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+    """The scheduler a step that takes one is handed: a LambdaLR whose factor is 1 at every step, so
+    the learning rate stays the optimizer's whenever the step calls scheduler.step()."""
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda _step: 1.0)
+
+
+def grad_scaler() -> torch.amp.GradScaler:
+    """The loss scaler a step that takes one is handed: torch.amp's on the CPU, whose scale (a power
+    of two) and unscaling are exact in float64, so a step that unscales before it clips updates as
+    an unscaled step does."""
+    return torch.amp.GradScaler("cpu")
+
+
+SCALER_NOTE = text("your step takes a loss scaler: it was handed torch.amp.GradScaler(\"cpu\") (the loss "
+                   "scaled by a power of two, exact in float64), so its clipping must see the unscaled "
+                   "gradients (scaler.unscale_(optimizer) first) to match handformer's step",
+                   "你的一步接受一个损失缩放器：交给它的是 torch.amp.GradScaler(\"cpu\")（损失乘以 2 的幂，"
+                   "在 float64 下没有误差），所以梯度裁剪要在反缩放之后（先 scaler.unscale_(optimizer)）"
+                   "才与 handformer 的一步一致")
+SCHEDULER_NOTE = text("your step takes a scheduler: it was handed a LambdaLR whose factor is 1 at every step "
+                      "(the learning rate stays the optimizer's), so the schedule itself and where the step "
+                      "calls scheduler.step() are not graded here; the schedule has a check of its own",
+                      "你的一步接受一个调度器：交给它的是每一步系数都为 1 的 LambdaLR"
+                      "（学习率保持优化器的值），所以这里不检查调度本身，"
+                      "也不检查 scheduler.step() 放在哪里；调度有自己的检查")
+
+
 def parameters_of(model: nn.Module) -> list[Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
 def largest_difference(a: list[Tensor], b: list[Tensor]) -> float:
     return max(float((x - y).abs().max()) for x, y in zip(a, b))
+
+
+# a step that computes in float32 (`.float()`, autocast) is compared at float32's precision: its
+# parameters differ from a float64 step's by ~1e-8, every named mistake by far more
+FLOAT32 = re.compile(r"\.float\(\)|float32|autocast")
+TOLERANCE = {False: 1e-9, True: 1e-6}
+FLOAT32_NOTE = text("your step computes in float32 (.float() or autocast): its parameters are compared to "
+                    "1e-6, float32's precision, not to 1e-9",
+                    "你的一步用 float32 计算（.float() 或 autocast）：参数按 float32 的精度比较，"
+                    "误差限为 1e-6，而不是 1e-9")
 
 
 def clip_note(clip: float) -> Text:
@@ -175,12 +217,12 @@ class Step:
         find = lambda aliases: named(self.names, aliases)  # noqa: E731
         self.model, self.opt = find(MODEL_NAMES), find(OPTIMIZER_NAMES)
         self.criterion = find(CRITERION_NAMES)
-        self.accum = find(ACCUM_NAMES)
+        self.accum, self.sched, self.scaler = find(ACCUM_NAMES), find(SCHEDULER_NAMES), find(SCALER_NAMES)
         wanted = DATA_ARGUMENTS[epoch]  # an epoch's loader; a step's batch, or src and tgt
         self.loader, self.batch, self.src, self.tgt = (find(wanted.get(key, ()))
                                                        for key in ("loader", "batch", "src", "tgt"))
         known = {self.model, self.opt, self.criterion, self.batch, self.src, self.tgt, self.accum,
-                 self.loader}
+                 self.loader, self.sched, self.scaler}
         unknown = [n for n in required if n not in known]
         data = self.loader or self.batch or (self.src and self.tgt)  # an epoch's loader, a step's batch
         if unknown or not self.model or not self.opt or not data:
@@ -188,15 +230,16 @@ class Step:
             what, en, zh = TAKES[epoch]
             raise DiscoveryError(
                 f"{comp.name}: cannot fill the argument {first!r}; a training {en} takes {what}, and "
-                "optionally the number of micro-batches to accumulate (accum_steps, ...)",
+                "optionally the number of micro-batches to accumulate (accum_steps, ...) and a scheduler",
                 zh=f"{comp.name}：填不了参数 {first!r}；{zh}接受 {what}，还可以有要累积的 micro-batch "
-                   "个数（accum_steps 等）")
+                   "个数（accum_steps 等）和调度器（scheduler）")
         try:
             self.source = inspect.getsource(comp.obj)
         except (OSError, TypeError):
             self.source = ""
         clipping = self.source + "".join(_called_sources(ctx, self.source))  # an epoch calling their step
         self.clip = clip_norm(clipping)
+        self.tol = TOLERANCE[bool(FLOAT32.search(clipping))]
         if epoch:  # the loop's variable is what a batch is called
             loader = re.escape(self.loader or "")
             loop = re.search(rf"for\s+(\w+)\s+in\s+(?:enumerate\()?\s*{loader}\b", self.source)
@@ -231,10 +274,9 @@ class Step:
         """Their step or epoch on the model, the optimizer, the data, and the criterion and the
         accumulation count when it takes them."""
         kwargs: dict[str, Any] = {self.model: model, self.opt: opt, **data}
-        if self.criterion:
-            kwargs[self.criterion] = self.make_criterion()
-        if self.accum:
-            kwargs[self.accum] = ACCUM
+        given = {self.criterion: self.make_criterion, self.accum: lambda: ACCUM,
+                 self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler}
+        kwargs.update({name: make() for name, make in given.items() if name})
         return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
 
     def uses_own_criterion(self) -> bool:
@@ -328,7 +370,7 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
                 ) if epoch else (
             "the parameters after one and after two steps equal handformer's step on the same batches",
             "走完一步、两步之后的参数，都与 handformer 的训练一步在同样 batch 上的结果一致")
-        res.checks.append(Check(text(*what), max(errs) < 1e-9, error_text(max(errs))))
+        res.checks.append(Check(text(*what), max(errs) < step.tol, error_text(max(errs))))
         _notes(res, step)
         trained = [t for t, _ in model.calls]
         lengths = {n for _, n in model.calls}
@@ -338,7 +380,7 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
                 "so: dropout stays off in training",
                 f"模型交给你时处于 eval 模式，你的一步在全部 {len(trained)} 次调用里都这样运行它："
                 "训练时 dropout 一直关着")))
-        if max(errs) >= 1e-9:
+        if max(errs) >= step.tol:
             _search(res, ctx, comp, step, base, got, right, errs, lengths)
     return finish(res)
 
@@ -346,6 +388,8 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
 def _notes(res: ComponentResult, step: Step) -> None:
     if step.clip is not None:
         res.notes.append(clip_note(step.clip))
+    res.notes += [SCHEDULER_NOTE] * bool(step.sched) + [SCALER_NOTE] * bool(step.scaler)
+    res.notes += [FLOAT32_NOTE] * (step.tol > 1e-9)
     if step.accum:
         res.notes.append(text(f"{step.accum}={ACCUM}: each batch of 2 sentences in {ACCUM} micro-batches, "
                               "their gradients accumulated before one update",
@@ -375,7 +419,7 @@ def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, bas
         if all(largest_difference(t, r) < 1e-12 for t, r in zip(theirs, right)):
             continue  # these mistakes change nothing on these batches
         off = max(largest_difference(g, t) for g, t in zip(got, theirs))
-        if off >= 1e-9:
+        if off >= step.tol:
             continue
         after = (f"after the epoch they differ from handformer's by {errs[0]:.3g}", f"与 handformer 的相比，"
                  f"epoch 之后相差 {errs[0]:.3g}") if step.epoch else (

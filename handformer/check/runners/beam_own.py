@@ -1,0 +1,163 @@
+"""Beam search driven through the learner's own encoder-decoder, through its own interface (their
+`decode(tgt, memory, src)` as much as the Annotated Transformer's `decode(memory, src_mask, ys,
+tgt_mask)`): their model is handed to their search as it is, and steered by hooks, as greedy
+decoding's is. A pre-hook on the target embedding (nn.Embedding(tgt_vocab, d_model)) records the
+prefix being decoded; a hook on the output layer (every nn.Linear to tgt_vocab) replaces the
+network's logits by a scenario's log-probabilities for that prefix (the network's, scaled by 1e-6,
+only break ties). The reference reads the same steered log-probabilities through the model's forward,
+which passed its own check. For a batch of sentences, a pre-hook on the first decoder layer tells
+which sentence each row decodes: its memory row equals that sentence's memory decoded alone.
+
+Shape legend: N hypotheses, L prefix length, S source length, D d_model, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from handformer.check.core.context import SIZES, Context
+from handformer.check.core.result import DIFFERS, FAIL, PASS
+from handformer.check.core.weights import MappingError
+from handformer.check.runners.beam import BOS, Steered, Table
+from handformer.check.runners.decoding import own_seq2seq
+from handformer.check.runners.model import TGT_V, map_model
+
+TIE = 1e-6  # the network's share of the steered logits: ties broken, nothing else
+
+
+def _memories(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Tensor]:
+    """The float (N, S, D) tensors a decoder layer is given besides its input: the memory."""
+    given = list(args[1:]) + list(kwargs.values())
+    return [t for t in given if isinstance(t, Tensor) and t.dim() == 3 and t.is_floating_point()]
+
+
+class OwnSteered(Steered):
+    """The learner's passing model steered by hooks while `steering()` is on; `handed` is what their
+    search is given (their module itself). Its "memory" for the reference is the source."""
+
+    def __init__(self, module: nn.Module, call: Any, table: Table, ctx: Context,
+                 by_source: dict[tuple[int, ...], Table] | None = None) -> None:
+        super().__init__(None, table, ctx, by_source)
+        self.own, self.call = [module], call  # a list: their model is no child of this one
+        mods = list(module.modules())
+        self.outs = [m for m in mods if isinstance(m, nn.Linear) and m.out_features == TGT_V]
+        self.embeds = [m for m in mods if isinstance(m, nn.Embedding) and m.num_embeddings == TGT_V]
+        self.layer = _first_decoder_layer(module)
+        self.known: list[tuple[Tensor, Table]] = []  # (a sentence's memory (S, D), its table)
+        for ids, tab in (by_source or {}).items():
+            self.known += [(m[0], tab) for m in self._recorded(torch.tensor([ids]))]
+
+    @property
+    def handed(self) -> Any:
+        return self.own[0]
+
+    def usable(self) -> bool:
+        return bool(self.outs and self.embeds) and (not self.by_source or bool(self.known))
+
+    def _recorded(self, src: Tensor) -> list[Tensor]:
+        """The memories the first decoder layer is given when the model decodes BOS after src."""
+        seen: list[Tensor] = []
+        if self.layer is None:
+            return seen
+        handle = self.layer.register_forward_pre_hook(
+            lambda _m, a, k: seen.extend(_memories(a, k)), with_kwargs=True)
+        try:
+            self.call(src, torch.tensor([[BOS]]))
+        finally:
+            handle.remove()
+        return seen
+
+    @contextlib.contextmanager
+    def steering(self) -> Iterator[None]:
+        handles = [e.register_forward_pre_hook(self._record) for e in self.embeds]
+        states = [m for m in self.own[0].modules() if m not in self.outs]
+        handles += [m.register_forward_hook(self._states) for m in states]
+        handles += [o.register_forward_hook(self._steer_out) for o in self.outs]
+        if self.known and self.layer is not None:
+            handles.append(self.layer.register_forward_pre_hook(self._rows, with_kwargs=True))
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _record(self, _m: nn.Module, inp: tuple[Any, ...]) -> None:
+        self.ys = inp[0].long().reshape(-1, inp[0].size(-1))  # (N, L)
+        self.decoded += self.ys.tolist()
+        self.out = None
+
+    def _states(self, _m: nn.Module, _inp: Any, out: Any) -> None:
+        """The decoder's output states (N, L, D), the last ones computed: which position a row handed
+        to the output layer alone is (a search that reads out[:, 0] instead of out[:, -1])."""
+        shape = tuple(out.shape) if isinstance(out, Tensor) else ()
+        if self.ys is not None and shape == (*self.ys.shape, SIZES["d_model"]):
+            self.out = out
+
+    def _rows(self, _m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Each decoded row's table: the sentence whose memory its memory row is."""
+        for memory in _memories(args, kwargs):
+            self.row_tables = [self._table_of(row) for row in memory]
+
+    def _table_of(self, memory_row: Tensor) -> Table:
+        same = (tab for m, tab in self.known if m.shape == memory_row.shape
+                and bool((m - memory_row).abs().max() < 1e-9))
+        return next(same, self.table)
+
+    def _prefix_of(self, n: int, row: Tensor) -> list[int]:
+        assert self.ys is not None
+        return self._prefix(n, row) if self.out is not None else self.ys[n, 1:].tolist()
+
+    def _steer_out(self, _m: nn.Module, inp: Any, out: Tensor) -> Tensor:
+        assert self.ys is not None, "the target embedding was not called before the output layer"
+        V, rows = out.size(-1), min(out.size(0), self.ys.size(0))
+        if out.dim() == 3:  # (N, L, V): position l predicts after ys[:, :l + 1]
+            bias = torch.stack([torch.stack([self.steer(self.ys[n, 1:l + 1].tolist(), V, self._row_table(n))
+                                             for l in range(out.size(1))]) for n in range(rows)])
+        else:  # (N, V): the position of the decoder's output that its input row is
+            bias = torch.stack([self.steer(self._prefix_of(n, inp[0][n]), V, self._row_table(n))
+                                for n in range(rows)])
+        return TIE * out + bias.to(out.dtype).expand_as(out)
+
+    def encode(self, src: Tensor, src_mask: Any = None) -> Tensor:
+        return src  # the reference decodes through forward(src, tgt)
+
+    def logprobs(self, memory: Tensor, prefix: list[int]) -> list[float]:
+        key = tuple(prefix)
+        if key not in self.cache:
+            with self.steering():
+                out = self.call(memory, torch.tensor([[BOS] + prefix]))  # (1, L, V)
+            self.cache[key] = F.log_softmax(out[0, -1].double(), dim=-1).tolist()
+        return self.cache[key]
+
+
+def _first_decoder_layer(module: nn.Module) -> nn.Module | None:
+    try:
+        return module.get_submodule(map_model(module, SIZES["d_ff"]).decoder[0].name)
+    except MappingError:
+        return None
+
+
+def own_steered(ctx: Context) -> tuple[Any, bool] | None:
+    """A maker of OwnSteered(table, by_source) on the learner's own model, and whether it passed its
+    check, when its output layer and target embedding can be hooked; None otherwise (a stand-in drives
+    the search). A model that failed its check but runs will do: the steering replaces its logits, so
+    its mistakes do not reach the search."""
+    for accepted in ((PASS, DIFFERS), (FAIL,)):
+        own = own_seq2seq(ctx, accepted)
+        if own is None:
+            continue
+        module, call = own
+
+        def make(table: Table, by_source: dict[tuple[int, ...], Table] | None = None,
+                 module: nn.Module = module, call: Any = call) -> OwnSteered:
+            return OwnSteered(module, call, table, ctx, by_source)
+
+        if make({}).usable():
+            return make, accepted[0] != FAIL
+    return None
