@@ -5,6 +5,7 @@ reward scores form and answer, and the harness counts greedy accuracy, pass@k, t
 95 % intervals from replies, and decodes reproducibly through the engine."""
 
 import contextlib
+import functools
 import io
 import json
 import random
@@ -181,6 +182,10 @@ def test_replies_decode_through_the_engine_reproducibly(tmp_path):
     assert (greedy, sampled) == scoring.replies(run, tasks, k=3, max_new_tokens=6, seed=5)
     assert sampled != scoring.replies(run, tasks, k=3, max_new_tokens=6, seed=6)[1]
     assert len({r.text for s in sampled for r in s}) > 3  # temperature 1 samples differ
+    one_at_a_time = functools.partial(scoring._run_rows, chunk=1)  # rows batched by prompt length or alone
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(scoring, "_run_rows", one_at_a_time)
+        assert (greedy, sampled) == scoring.replies(run, tasks, k=3, max_new_tokens=6, seed=5)
 
 
 def test_a_reply_ended_by_the_end_of_turn_token_counts_as_ended(tmp_path, monkeypatch):
@@ -290,6 +295,8 @@ def test_the_smoke_reasoning_run_trains_every_stage_and_scores_it(smoke_run):
     assert any(thinking) and not all(thinking)
     for stage in STAGES:  # and on the long sums, apart
         assert report["stages"][stage]["long_sums"]["greedy"]["n"] == 2 and "long sums: greedy" in printed
+        # sampled after SFT (GRPO's baseline) and GRPO; DPO's pairs hold none, its long sums greedy only
+        assert ("pass@2" in report["stages"][stage]["long_sums"]) == (stage in ("sft", "grpo"))
     for stage in STAGES[1:]:  # each chat stage is asked with thinking and without
         assert report["stages"][stage]["reasoning"]["no_thinking"]["greedy"]["n"] == 6
     assert "no thinking" in (out / "accuracy.md").read_text()

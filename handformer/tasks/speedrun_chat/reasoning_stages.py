@@ -209,13 +209,14 @@ def asked(stage: str, run_dir: Path, held: list[Task], k: int, max_new_tokens: i
 
 
 def stage_result(stage: str, run_dir: Path, held: list[Task], k: int, max_new_tokens: int, seed: int,
-                 held_long: list[Task] = (),
+                 held_long: list[Task] = (), long_k: int | None = None,
                  ) -> dict[str, Any]:
     """A stage's figures on the held-out questions: `accuracy` and `per_kind` (greedy, what the
     table and plot show) and `reasoning`, the whole of `score` (intervals, pass@k, the form); a
     chat stage is asked with the template's default (it thinks) and, greedily, with
     enable_thinking=False (`reasoning["no_thinking"]`: the same figures without pass@k). With
-    `held_long`, the long sums GRPO targets are scored apart (`long_sums`, `long_accuracy`)."""
+    `held_long`, the long sums GRPO targets are scored apart (`long_sums`, `long_accuracy`), with
+    `long_k` samples a question (None: `k`)."""
     result, greedy = asked(stage, run_dir, held, k, max_new_tokens, seed)
     if stage != "base":
         direct, _ = replies(run_dir, held, 0, 1.0, max_new_tokens, seed, thinking=False)
@@ -228,7 +229,8 @@ def stage_result(stage: str, run_dir: Path, held: list[Task], k: int, max_new_to
     out = {"accuracy": result["greedy"]["value"], "per_kind": per_kind, "reasoning": result,
            "examples": examples}
     if held_long:
-        long, _ = asked(stage, run_dir, list(held_long), k, max_new_tokens, seed)
+        samples = k if long_k is None else long_k
+        long, _ = asked(stage, run_dir, list(held_long), samples, max_new_tokens, seed)
         out.update(long_accuracy=long["greedy"]["value"], long_sums=long)
     return out
 
