@@ -34,6 +34,7 @@ CONVENTIONS: dict[str, tuple[Text, Callable[[Tensor], Tensor]]] = {
              lambda keep: keep.sum(-1)),
 }
 AUTO = ("int", "bool", "additive")
+HEADS = 4  # the heads check builds attention with (context.H is this one)
 RANKS = {"": text("", ""), "3": text(", rank 3: (B, T, S)", "，三维：(B, T, S)"),
          "n": text(", as nn.MultiheadAttention takes it: a key padding mask (B, S) where every query sees "
                    "the same keys, else an attn_mask (B * H, T, S)",
@@ -111,10 +112,8 @@ def encode_mask(keep: Tensor | None, convention: str, batch: int | None = None) 
 
 def _heads(mask: Tensor) -> Tensor:
     """(B, 1, T, S) -> (B * H, T, S): nn.MultiheadAttention's attn_mask of one row a head."""
-    from handformer.check.core.context import H
-
     B, _, T, S = mask.shape
-    return mask.expand(B, H, T, S).reshape(B * H, T, S)  # (B * H, T, S)
+    return mask.expand(B, HEADS, T, S).reshape(B * HEADS, T, S)  # (B * H, T, S)
 
 
 def describe_convention(convention: str) -> Text:
