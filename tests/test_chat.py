@@ -157,8 +157,9 @@ def test_cli_chat_refuses_runs_without_a_template_and_bad_options(run_dir, capsy
     monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
     assert cli.main(["chat", str(run_dir), "--max-new-tokens", "300"]) == 2
     assert "max_new_tokens=300 leaves no room" in capsys.readouterr().err
-    assert cli.main(["chat", str(run_dir), "--top-p", "2"]) == 2
-    assert "top_p must be in (0, 1]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stopped:  # refused as typed, by the parser (test_new_user)
+        cli.main(["chat", str(run_dir), "--top-p", "2"])
+    assert stopped.value.code == 2 and "argument --top-p: must be a number above 0" in capsys.readouterr().err
     (run_dir / "chat_template.jinja").write_text("{% if false %}x{% endif %}")
     assert cli.main(["chat", str(run_dir)]) == 2
     assert "chat_template.jinja rendered the conversation as no text at all" in capsys.readouterr().err

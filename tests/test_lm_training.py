@@ -316,11 +316,11 @@ def test_bad_configs_are_clear_errors_naming_the_field(override, message, capsys
     assert not (tmp_path / "run").exists()  # nothing written before the config and data are checked
 
 
-def test_an_unknown_task_is_refused(tmp_path):
+def test_an_unknown_task_is_refused(tmp_path, capsys):
     config = tmp_path / "job.toml"
     config.write_text('task = "poetry"\n')
-    with pytest.raises(SystemExit, match="unknown task 'poetry'"):
-        train_cli(tmp_path / "run", config=str(config))
+    assert train_cli(tmp_path / "run", config=str(config)) == 2
+    assert "error: unknown task 'poetry'" in capsys.readouterr().err
 
 
 # --- scoring a run on text (handformer eval) ----------------------------------------------------

@@ -276,6 +276,26 @@ def test_generate_on_a_run_missing_a_file_names_the_fix(tmp_path, capsys, lost, 
     assert f"has no {lost}" in err and fix in err, err
 
 
+def test_a_torn_tokenizer_names_the_fix(tmp_path, capsys):
+    run = make_lm_run(tmp_path / "story", chat=False)
+    (run / "tokenizer.json").write_text('{"model": ')
+    assert main(["generate", str(run), "--prompt", "the"]) == 2
+    err = capsys.readouterr().err
+    assert "is not a valid tokenizer.json" in err and "train the run again" in err, err
+
+
+@pytest.mark.parametrize("lost, fix", [("tokenizer.json", "train the run again"),
+                                       ("model.safetensors", "re-run training")])
+def test_a_translation_run_missing_a_file_names_the_fix(tmp_path, capsys, lost, fix):
+    from serve_helpers import make_translation_run
+
+    run = make_translation_run(tmp_path / "dates")
+    (run / lost).unlink()
+    assert main(["translate", str(run), "the first of may"]) == 2
+    err = capsys.readouterr().err
+    assert lost in err and fix in err, err
+
+
 def test_a_trained_run_missing_its_weights_says_resume(tmp_path, capsys):
     run = make_lm_run(tmp_path / "story", chat=False)
     (run / "checkpoint.safetensors").write_bytes(b"")
@@ -366,3 +386,18 @@ def test_eval_reads_a_translation_runs_own_test_split_by_name(tmp_path, capsys):
     assert "(2 sentences)" in capsys.readouterr().out
     assert main(["eval", str(run), "--data", "val"]) == 2
     assert "was trained without a val split" in capsys.readouterr().err
+
+
+def test_int4_group_size_0_is_refused_rather_than_read_as_the_default(tmp_path, capsys):
+    run = make_lm_run(tmp_path / "story", chat=False)
+    assert main(["quantize", str(run), str(tmp_path / "q"), "--int4", "--group-size", "0"]) == 2
+    assert "int4 group size is 0; choose one of 32" in capsys.readouterr().err
+
+
+def test_shards_prepared_from_an_empty_text_say_how_to_make_them_again(tmp_path, capsys):
+    (tmp_path / "empty.txt").write_text("")
+    assert main(["prepare", str(tmp_path / "empty.txt"), str(tmp_path / "shards"), "--tokenizer", "char"]) == 2
+    assert "the source holds no documents" in capsys.readouterr().err
+    assert main(["train", "--config", str(CONFIGS / "tiny_lm.toml"), "--out", str(tmp_path / "run"),
+                 *sets(*TINY, f"data.shards={tmp_path / 'shards'}")]) == 2
+    assert "prepare it again from text" in capsys.readouterr().err

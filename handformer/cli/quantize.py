@@ -20,8 +20,9 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     if weights == "bf16":
         native, sentence = native_bf16()
         print(("" if native else "warning: ") + sentence)
+    group_size = 32 if args.group_size is None else args.group_size  # 0 is refused, not the default
     names, spec = quantize_run(args.run_dir, args.out_dir, weights, head=not args.keep_head_fp32,
-                               overwrite=args.overwrite, group_size=args.group_size or 32)
+                               overwrite=args.overwrite, group_size=group_size)
     if weights == "bf16":
         print(f"bf16: every weight in bfloat16 -> {args.out_dir}")
     else:

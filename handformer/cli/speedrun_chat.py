@@ -33,7 +33,7 @@ def add_target(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default="reasoning",
                    choices=["reasoning", "mid-reasoning", "smoke-reasoning", "facts", "smoke"],
                    help="reasoning (the default: the reasoning tasks, scored on the report split, "
-                   "about 45 minutes at threads=1), mid-reasoning (its post-training in about 15 "
+                   "45 to 55 minutes at threads=1), mid-reasoning (its post-training in 15 to 20 "
                    "minutes on the search split, for a recipe search: with --base), smoke-reasoning "
                    "(seconds, for tests), facts (the fact tasks, under an hour) or smoke (facts in "
                    "seconds)")

@@ -60,7 +60,7 @@ def resumed_job(args: argparse.Namespace) -> tuple[Path, dict]:
 def new_job(args: argparse.Namespace) -> tuple[Path, dict]:
     """The run directory and job of `train --config FILE --out RUN`."""
     if not args.config and not args.init_from:
-        raise SystemExit("error: give --config FILE.toml (or a built-in name), --init-from RUN_DIR "
+        raise ValueError("give --config FILE.toml (or a built-in name), --init-from RUN_DIR "
                          "or --resume RUN_DIR")
     # --init-from alone: a language-model job on the defaults, changed with --set
     job_dict = job_from_args(args) if args.config else apply_set({"task": "lm"}, args.set)
@@ -68,7 +68,7 @@ def new_job(args: argparse.Namespace) -> tuple[Path, dict]:
         job_dict.setdefault("train", {})["init_from"] = args.init_from
     run_dir = Path(args.out or DEFAULT_OUT)
     if (run_dir / "checkpoint.safetensors").exists() and not args.overwrite:
-        raise SystemExit(f"error: {run_dir} already holds a run; use --resume {run_dir} to "
+        raise ValueError(f"{run_dir} already holds a run; use --resume {run_dir} to "
                          "continue it, --overwrite to start over, or another --out")
     return run_dir, job_dict
 
@@ -94,7 +94,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ValueError("[train] init_from and [train.lora] fine-tune language models (task = \"lm\"); "
                          "a translation job trains from scratch")
     if task not in ("translation", "lm", *POST_TASKS):
-        raise SystemExit(f"error: unknown task {task!r} in the config; use translation, lm, "
+        raise ValueError(f"unknown task {task!r} in the config; use translation, lm, "
                          f"{', '.join(POST_TASKS)}")
     try:
         if task in POST_TASKS:

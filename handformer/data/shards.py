@@ -177,7 +177,8 @@ def _open_handformer(root: Path) -> ShardSet:
             shards.append(shard)
         splits[name] = shards
     if not splits["train"]:
-        raise ValueError(f"{root} has no training shards")
+        raise ValueError(f"{root} has no training shards (its manifest lists none: the text it was prepared "
+                         "from held none); prepare it again from text (`handformer prepare SOURCE OUT_DIR`)")
     return ShardSet(root, "handformer", splits["train"], splits["val"], manifest,
                     root / manifest["tokenizer"]["file"])
 
@@ -241,7 +242,7 @@ class ShardWindows:
             longest = max(len(s) for s in shards)
             raise ValueError(f"the training shards are too short for block_size={block_size} and "
                              f"batch_size={batch_size} (the longest holds {longest:,} tokens; windows "
-                             "never cross shards); lower block_size or batch_size")
+                             "never cross shards); lower data.block_size or data.batch_size")
         self.batch_size, self.sampling = batch_size, sampling
         self.batches_per_epoch, self.seed = batches_per_epoch, seed
 
@@ -263,7 +264,7 @@ def shard_validation_batches(shards: list[Shard], block_size: int, batch_size: i
     n = len(windows)
     if n == 0:
         raise ValueError(f"the validation shards hold no window of block_size + 1 = {block_size + 1} "
-                         "tokens; lower block_size or prepare with a larger --val-fraction")
+                         "tokens; lower data.block_size or prepare with a larger --val-fraction")
     wanted = max_batches * batch_size
     index = np.arange(n)
     if max_batches and n > wanted:

@@ -162,7 +162,7 @@ class LMWindows:
                  seed: int = 0) -> None:
         if len(ids) < block_size + 1:
             raise ValueError(f"the training split has {len(ids):,} tokens, fewer than "
-                             f"block_size + 1 = {block_size + 1}; lower block_size or give more text")
+                             f"block_size + 1 = {block_size + 1}; lower data.block_size or give more text")
         self.ids = ids  # (N,)
         self.block_size = block_size
         self.batch_size = batch_size
@@ -185,7 +185,8 @@ def validation_batches(ids: Tensor, block_size: int, batch_size: int, max_batche
     n_chunks = (len(ids) - 1) // block_size
     if n_chunks == 0:
         raise ValueError(f"the validation split has {len(ids):,} tokens, fewer than block_size + 1 "
-                         f"= {block_size + 1}; raise val_fraction, lower block_size or give more text")
+                         f"= {block_size + 1}; raise data.val_fraction, lower data.block_size or give more "
+                         "text")
     chunks = torch.arange(n_chunks)
     wanted = max_batches * batch_size
     if max_batches and n_chunks > wanted:

@@ -27,6 +27,7 @@ import torch
 from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat_template import ChatTemplate
 from handformer.generation.engine import Choice, Engine, Row, frequency_set
+from handformer.generation.prefix_cache import common_prefix
 from handformer.generation.sampling import SamplingOptions
 from handformer.generation.speculative import SpeculationStats
 from handformer.generation.stream import TextStream
@@ -37,15 +38,6 @@ from handformer.settings import is_int
 # Tokens that end an assistant turn in the chat formats of common instruction-tuned families
 # (Llama 3, ChatML (Qwen2, SmolLM2), Gemma, Phi-3), where the checkpoint's EOS ids may not list them.
 END_OF_TURN_TOKENS = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>")
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def check_chat_options(template: ChatTemplate, system: str | None, max_new_tokens: int | None,

@@ -173,6 +173,7 @@ class PrefixCache:
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens `a` and `b` share from the start."""
     n = 0
     for x, y in zip(a, b):
         if x != y:

@@ -219,7 +219,7 @@ def plot_stage_accuracy(report: dict, out: str | os.PathLike) -> Path:
     """`handformer speedrun chat`'s plot: held-out accuracy after each stage, overall and per task."""
     stages = list(report["stages"])
     kinds = list(next(iter(report["stages"].values()))["per_kind"])
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8.5, 4))
     x = range(len(stages))
     for kind in kinds:
         ax.plot(x, [100 * report["stages"][s]["per_kind"][kind] for s in stages], marker="o", alpha=0.6,
@@ -234,7 +234,7 @@ def plot_stage_accuracy(report: dict, out: str | os.PathLike) -> Path:
     ax.set_ylabel("held-out accuracy (%)")
     ax.set_title("zero to chat: held-out accuracy after each stage")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=9)  # outside the lines
     fig.tight_layout()
     out = Path(out)
     save_figure(fig, out, dpi=120)

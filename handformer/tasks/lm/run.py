@@ -75,6 +75,10 @@ def load_lm(run_dir: str | os.PathLike | RunDir, device: str | torch.device = "c
     if not (run_dir / "tokenizer.json").exists():
         fix = fix_for(run_dir, config, "tokenizer.json")
         raise FileNotFoundError(f"{run_dir} has no tokenizer.json; {fix}")
+    try:  # before the (big) weights
+        tokenizer = Tokenizer.load(run_dir / "tokenizer.json")
+    except ValueError as err:
+        raise ValueError(f"{err}; {fix_for(run_dir, config, 'tokenizer.json')}") from None
     model = load_model(run_dir, config, device, decoding)
     tokens = SpecialTokens.from_dict(config.get("tokens", {}))
-    return LMRun(model, Tokenizer.load(run_dir / "tokenizer.json"), tokens, config)
+    return LMRun(model, tokenizer, tokens, config)

@@ -24,14 +24,18 @@ def check_run_dir(run_dir: str | os.PathLike | RunDir) -> RunDir:
     run = RunDir.read(run_dir)
     if not (run.path / "model.safetensors").exists():
         raise FileNotFoundError(f"{run.path} has no model.safetensors yet (training has not reached "
-                                "its first evaluation)")
+                                f"its first evaluation); if it stopped, {weights_fix(run.path)}")
     return run
 
 
 def load_tokenizers(run_dir: Path) -> tuple[Tokenizer, Tokenizer]:
-    src = Tokenizer.load(run_dir / "tokenizer.json")
     tgt_path = run_dir / "tokenizer.target.json"
-    return src, (Tokenizer.load(tgt_path) if tgt_path.exists() else src)
+    try:
+        src = Tokenizer.load(run_dir / "tokenizer.json")
+        return src, (Tokenizer.load(tgt_path) if tgt_path.exists() else src)
+    except (ValueError, FileNotFoundError) as err:
+        raise type(err)(f"{err}; train the run again: its tokenizers are written as training starts, "
+                        "and the weights know the ids of those tokenizers only") from None
 
 
 @dataclass
