@@ -13,6 +13,7 @@ thread, from the base of a `reasoning` run:
     python benchmarks/long_sums.py sft runs/reasoning/base runs/long/s30long --long-sums 30 --steps 1200
     python benchmarks/long_sums.py grpo runs/long/s30/sft runs/long/g30
     python benchmarks/long_sums.py score runs/long/s30/sft runs/long/g30/grpo --sets long mix
+    python benchmarks/long_sums.py score runs/reasoning-mix/sft --sets unseen-long unseen-days
 
 Each command prints its seconds of training and its figures (`SCORE RUN SET: greedy ...`).
 """
@@ -43,12 +44,31 @@ def long_sums(n: int, split: str, stream: str) -> list[R.Task]:
         if len(out) == n:
             return out
         t = R.DRAW["addition"](rng, LONG)
-        if t.key in seen or max(map(int, t.key.split("+"))) < 1000:
+        if t.key in seen or not _is_long(t):
             continue
         if (R.split_of("addition", t.key, 0) == "train") == (split == "train"):
             seen.add(t.key)
             out.append(t)
     raise SystemExit(f"only {len(out)} long sums in the {split} split; ask for fewer")
+
+
+def unseen(kind: str, level: R.Difficulty, keep: Callable[[R.Task], bool], n: int = 60) -> list[R.Task]:
+    """`n` distinct questions of a size SFT never saw, from outside the train split."""
+    rng, out, seen = random.Random(f"probe:{kind}:7"), [], set()
+    while len(out) < n:
+        t = R.DRAW[kind](rng, level)
+        if t.key not in seen and keep(t) and R.split_of(kind, t.key, 0) != "train":
+            seen.add(t.key)
+            out.append(t)
+    return out
+
+
+def _is_long(t: R.Task) -> bool:
+    return max(map(int, t.key.split("+"))) >= 1000
+
+
+def _over_60_days(t: R.Task) -> bool:
+    return int(t.key.split("+")[1]) > 60
 
 
 def sft(args: argparse.Namespace, log: Callable[[str], None]) -> None:
@@ -76,7 +96,10 @@ def grpo(args: argparse.Namespace, log: Callable[[str], None]) -> None:
 def score_runs(args: argparse.Namespace, log: Callable[[str], None]) -> None:
     level = difficulty(config_for("mid-reasoning", {}))
     sets = {"long": lambda: long_sums(HELD_LONG, "search", "eval"),
-            "mix": lambda: R.ReasoningSet(0, level).sample(HELD_MIX, "search", "eval")}
+            "mix": lambda: R.ReasoningSet(0, level).sample(HELD_MIX, "search", "eval"),
+            # sizes the mix's SFT never saw: sums with a number of 4 digits, dates 61 to 90 days on
+            "unseen-long": lambda: unseen("addition", LONG, _is_long),
+            "unseen-days": lambda: unseen("days", R.Difficulty(3, 4, 90), _over_60_days)}
     for run in args.runs:
         for name in args.sets:
             tasks = sets[name]()
@@ -108,7 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--long-share", type=float, default=0.6)
     c = sub.add_parser("score", help="score runs on the held-out long sums and the mix")
     c.add_argument("runs", nargs="+")
-    c.add_argument("--sets", nargs="+", choices=["long", "mix"], default=["long"])
+    c.add_argument("--sets", nargs="+", default=["long"],
+                   choices=["long", "mix", "unseen-long", "unseen-days"])
     args = p.parse_args(argv)
     torch.set_num_threads(1)
 
