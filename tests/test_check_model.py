@@ -94,8 +94,16 @@ def test_the_beam_reference_is_handformers_beam_search():
     import torch
     from torch import nn
 
-    from handformer.check.runners.beam import reference
-    from handformer.check.runners.steered import BOS, EOS, MAX_LEN, PAD, SCENARIOS, HandformerModel, Steered
+    from handformer.check.runners.beam import (
+        BOS,
+        EOS,
+        MAX_LEN,
+        PAD,
+        SCENARIOS,
+        HandformerModel,
+        Steered,
+        reference,
+    )
     from handformer.generation.decoding import DecodeLimits, beam_search
 
     base, src = HandformerModel(), torch.tensor([[5, 7, 9, 11, 3, 6]])

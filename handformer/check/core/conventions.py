@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from handformer.check.core.result import Finding, Text, text
+from handformer.check.core.sizes import H
 
 # name -> (description, encode(keep) -> the mask the learner's code receives)
 CONVENTIONS: dict[str, tuple[Text, Callable[[Tensor], Tensor]]] = {
@@ -34,7 +35,6 @@ CONVENTIONS: dict[str, tuple[Text, Callable[[Tensor], Tensor]]] = {
              lambda keep: keep.sum(-1)),
 }
 AUTO = ("int", "bool", "additive")
-HEADS = 4  # the heads check builds attention with (context.H is this one)
 RANKS = {"": text("", ""), "3": text(", rank 3: (B, T, S)", "，三维：(B, T, S)"),
          "n": text(", as nn.MultiheadAttention takes it: a key padding mask (B, S) where every query sees "
                    "the same keys, else an attn_mask (B * H, T, S)",
@@ -113,7 +113,7 @@ def encode_mask(keep: Tensor | None, convention: str, batch: int | None = None) 
 def _heads(mask: Tensor) -> Tensor:
     """(B, 1, T, S) -> (B * H, T, S): nn.MultiheadAttention's attn_mask of one row a head."""
     B, _, T, S = mask.shape
-    return mask.expand(B, HEADS, T, S).reshape(B * HEADS, T, S)  # (B * H, T, S)
+    return mask.expand(B, H, T, S).reshape(B * H, T, S)  # (B * H, T, S)
 
 
 def describe_convention(convention: str) -> Text:

@@ -47,10 +47,32 @@ from handformer.check.core.context import Context, finish, forward_parameters, n
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
-from handformer.check.runners.beam_own import own_steered
+from handformer.check.runners.beam_models import BOS, EOS, PAD, HandformerModel, Steered, Table  # noqa: F401
 from handformer.check.runners.model import source_mask
-from handformer.check.runners.steered import BOS, EOS, MAX_LEN, PAD, SCENARIOS, HandformerModel, Steered
 
+TOK_A, TOK_B, TOK_C, TOK_D, TOK_E, TOK_F = 3, 4, 5, 6, 7, 8
+
+MAX_LEN = 12  # tokens a hypothesis may hold, the start symbol included
+SCENARIOS: dict[str, Table] = {
+    # prefix (after BOS) -> next-token probabilities; the rest of the mass goes to a sink token,
+    # whose continuations are EOS or the sink again, half and half
+    "long": {(): {TOK_A: 0.5, TOK_B: 0.45}, (TOK_A,): {EOS: 0.6}, (TOK_B,): {TOK_C: 0.7},
+             (TOK_B, TOK_C): {TOK_D: 0.7}, (TOK_B, TOK_C, TOK_D): {TOK_E: 0.7},
+             (TOK_B, TOK_C, TOK_D, TOK_E): {EOS: 0.7}, (TOK_A, EOS): {TOK_F: 0.99},
+             (TOK_A, EOS, TOK_F): {EOS: 0.99}},
+    "compounded": {(): {TOK_A: 0.6, TOK_B: 0.3}, (TOK_A,): {EOS: 0.9}, (TOK_B,): {TOK_C: 0.9},
+                   (TOK_B, TOK_C): {EOS: 0.9}},
+    # A EOS against B C D EOS: counting EOS (or BOS too) the short one wins, not counting it the long
+    "count_eos": {(): {TOK_A: 0.6, TOK_B: 0.3}, (TOK_A,): {EOS: 0.915}, (TOK_B,): {TOK_C: 0.906},
+                  (TOK_B, TOK_C): {TOK_D: 0.906}, (TOK_B, TOK_C, TOK_D): {EOS: 0.906}},
+    # counting BOS the short one wins, not counting it the long one
+    "count_bos": {(): {TOK_A: 0.6, TOK_B: 0.35}, (TOK_A,): {EOS: 0.915}, (TOK_B,): {TOK_C: 0.9835},
+                  (TOK_B, TOK_C): {TOK_D: 0.9835}, (TOK_B, TOK_C, TOK_D): {EOS: 0.9835}},
+    # A EOS finishes first, B C EOS later with the better score under every length penalty (alpha 0
+    # included): the first finished one is not the best
+    "first_finished": {(): {TOK_A: 0.5, TOK_B: 0.45}, (TOK_A,): {EOS: 0.55}, (TOK_B,): {TOK_C: 0.95},
+                       (TOK_B, TOK_C): {EOS: 0.95}},
+}
 CONVENTIONS = {"eos": ("the length counts the new tokens and EOS", "长度按新生成的 token 加 EOS 计"),
                "no_eos": ("the length counts the new tokens without EOS",
                           "长度按新生成的 token 计，不含 EOS"),
@@ -240,6 +262,8 @@ Maker = Callable[..., Steered]  # (table, by_source=None) -> the steered model a
 def _maker(res: ComponentResult, ctx: Context) -> Maker:
     """The learner's own model, steered by hooks, when it passes its check; else handformer's tiny
     model with the Annotated Transformer's interface; which one is said."""
+    from handformer.check.runners.beam_own import own_steered
+
     own = own_steered(ctx)
     if own is not None:
         make, passed = own

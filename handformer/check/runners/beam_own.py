@@ -24,9 +24,9 @@ from torch import Tensor, nn
 from handformer.check.core.context import SIZES, Context
 from handformer.check.core.result import DIFFERS, FAIL, PASS
 from handformer.check.core.weights import MappingError
+from handformer.check.runners.beam_models import BOS, Steered, Table
 from handformer.check.runners.decoding import own_seq2seq
 from handformer.check.runners.model import TGT_V, map_model
-from handformer.check.runners.steered import BOS, Steered, Table
 
 TIE = 1e-6  # the network's share of the steered logits: ties broken, nothing else
 

@@ -1,8 +1,8 @@
-"""The models a learner's beam search is handed: check's tiny stand-in with the Annotated
-Transformer's three methods, and `Steered`, which adds a scenario's table of next-token
-probabilities (by prefix) to what the base model gives and records every prefix decoded.
+"""The models beam search's runner hands the learner's search (runners/beam.py): `Steered`, the
+stand-in `HandformerModel` with the Annotated Transformer's three methods, steered by a table of
+next-token probabilities by prefix; runners/beam_own.py steers the learner's own model the same way.
 
-Shape legend: B batch (1), S source length, L hypothesis length, D d_model, V vocabulary, N hypotheses.
+Shape legend: N hypotheses, L prefix length, S source length, D d_model, V vocabulary.
 """
 
 from __future__ import annotations
@@ -21,32 +21,8 @@ from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
 
 PAD, BOS, EOS = 0, 1, 2
-TOK_A, TOK_B, TOK_C, TOK_D, TOK_E, TOK_F = 3, 4, 5, 6, 7, 8
-
-MAX_LEN = 12  # tokens a hypothesis may hold, the start symbol included
 Table = dict[tuple[int, ...], dict[int, float]]  # prefix -> next-token probabilities
-SCENARIOS: dict[str, Table] = {
-    # prefix (after BOS) -> next-token probabilities; the rest of the mass goes to a sink token,
-    # whose continuations are EOS or the sink again, half and half
-    "long": {(): {TOK_A: 0.5, TOK_B: 0.45}, (TOK_A,): {EOS: 0.6}, (TOK_B,): {TOK_C: 0.7},
-             (TOK_B, TOK_C): {TOK_D: 0.7}, (TOK_B, TOK_C, TOK_D): {TOK_E: 0.7},
-             (TOK_B, TOK_C, TOK_D, TOK_E): {EOS: 0.7}, (TOK_A, EOS): {TOK_F: 0.99},
-             (TOK_A, EOS, TOK_F): {EOS: 0.99}},
-    "compounded": {(): {TOK_A: 0.6, TOK_B: 0.3}, (TOK_A,): {EOS: 0.9}, (TOK_B,): {TOK_C: 0.9},
-                   (TOK_B, TOK_C): {EOS: 0.9}},
-    # A EOS against B C D EOS: counting EOS (or BOS too) the short one wins, not counting it the long
-    "count_eos": {(): {TOK_A: 0.6, TOK_B: 0.3}, (TOK_A,): {EOS: 0.915}, (TOK_B,): {TOK_C: 0.906},
-                  (TOK_B, TOK_C): {TOK_D: 0.906}, (TOK_B, TOK_C, TOK_D): {EOS: 0.906}},
-    # counting BOS the short one wins, not counting it the long one
-    "count_bos": {(): {TOK_A: 0.6, TOK_B: 0.35}, (TOK_A,): {EOS: 0.915}, (TOK_B,): {TOK_C: 0.9835},
-                  (TOK_B, TOK_C): {TOK_D: 0.9835}, (TOK_B, TOK_C, TOK_D): {EOS: 0.9835}},
-    # A EOS finishes first, B C EOS later with the better score under every length penalty (alpha 0
-    # included): the first finished one is not the best
-    "first_finished": {(): {TOK_A: 0.5, TOK_B: 0.45}, (TOK_A,): {EOS: 0.55}, (TOK_B,): {TOK_C: 0.95},
-                       (TOK_B, TOK_C): {EOS: 0.95}},
-}
 
-# --- the models the search is handed ------------------------------------------------------------
 
 class HandformerModel(nn.Module):
     """A tiny Seq2SeqTransformer with the Annotated Transformer's three methods (masks ignored: the
@@ -160,3 +136,6 @@ class Steered(nn.Module):
             out = self.decode(memory, None, ys, mask)
             self.cache[key] = self.generator(out[:, -1])[0].tolist()
         return self.cache[key]
+
+
+__all__ = ["BOS", "EOS", "PAD", "HandformerModel", "Steered", "Table"]
