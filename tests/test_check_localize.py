@@ -291,3 +291,111 @@ def test_a_distribution_built_in_place_is_localized_at_the_line_that_writes_it_w
     assert comp.status == "fail" and not comp.findings
     (note,) = [n for n in comp.notes if "parts from the reference" in n["en"]]
     assert f"`true_dist` at line 13: {planted}" in note["en"] and "a constant factor" in note["en"], note
+
+
+# Kinds localized by their own sub-steps, each from a correct file with one line changed: (the
+# fixture or source, the kind, the correct line, the planted line, the step named, the form). The
+# masks a masked softmax builds, the constants a positional table is built from (positions in whole
+# numbers), a filter's renormalization, a reduction over another axis.
+TOP_K = '''import torch
+
+
+def top_k_probs(probs, k):
+    vals, idx = torch.topk(probs, min(k, probs.size(-1)), dim=-1)
+    out = torch.zeros_like(probs).scatter(-1, idx, vals)
+    return out / out.sum(dim=-1, keepdim=True)
+'''
+D2L = FIXTURES / "learners_d2l" / "correct.py"
+SUB_STEP_PLANTS = {
+    "valid_length_keeps_one_more": (D2L, "masked_softmax", "< valid_len[:, None]", "<= valid_len[:, None]",
+                                    "`keep` at line", "with one key more visible in 15 rows (the key at the "
+                                    "mask's edge): a mask off by one position"),
+    "table_positions_from_one": (D2L, "positional_encoding", "angles = torch.arange(max_len, dtype",
+                                 "angles = torch.arange(1, max_len + 1, dtype", "`angles` at line",
+                                 "the angles pos·freq shifted by one position: position i holds the reference's "
+                                 "i + 1"),
+    "top_k_renormalized_over_the_batch": (TOP_K, "top_k", "out / out.sum(dim=-1, keepdim=True)", "out / out.sum()",
+                                          "`return` at line", "a normalization (divided by the sum) over all "
+                                          "entries at once"),
+    "top_p_first_row_kept": (FIXTURES / "learners_sampling" / "correct.py", "top_p", "remove[..., 0] = False",
+                             "remove[0] = False", "`remove` at line", ""),
+    "rope_table_positions_from_one": (FIXTURES / "learners_llama" / "correct.py", "rope",
+                                      "t = torch.arange(end, device=freqs.device)",
+                                      "t = torch.arange(1, end + 1, device=freqs.device)", "`t` at line",
+                                      "the positions 0 .. L-1 plus a constant 1"),
+    "layernorm_mean_over_tokens": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)",
+                                   "mean = x.mean(1, keepdim=True)", "`mean` at line",
+                                   "the mean of the input x over dim=1; the reference reduces over dim=-1"),
+}
+
+
+@pytest.mark.parametrize("name", SUB_STEP_PLANTS)
+def test_unnamed_mistake_in_a_kinds_sub_steps_is_localized(tmp_path, name):
+    source, kind, old, new, step, form = SUB_STEP_PLANTS[name]
+    correct = source.read_text() if isinstance(source, Path) else source
+    assert correct.count(old) == 1
+    planted = correct.replace(old, new)
+    number, line = next((i + 1, ln.strip()) for i, ln in enumerate(planted.splitlines()) if new in ln)
+    path = tmp_path / "learner.py"
+    path.write_text(planted)
+    result = check_file(str(path), only=[kind])
+    report = format_report(result)
+    (comp,) = [c for c in result.components if c.status == "fail"]
+    assert not comp.findings, report
+    (note,) = [n for n in comp.notes if "parts from the reference" in n["en"]]
+    assert f"{step} {number}: {line}" in note["en"] and form in note["en"], report
+    quoted = [ln.strip() for ln in planted.splitlines() if len(ln.strip()) > 12 and ln.strip() in note["en"]]
+    assert line in quoted and len(quoted) <= 2
+
+
+# Attention whose heads are merged without moving them next to the head dimension first raises
+# further on (at W_o): the note quotes the line that made the shape, with its form.
+D2L_ATTENTION = '''import math
+
+import torch
+from torch import nn
+
+
+def transpose_qkv(X, num_heads):
+    X = X.reshape(X.shape[0], X.shape[1], num_heads, -1)
+    X = X.permute(0, 2, 1, 3)
+    return X.reshape(-1, X.shape[2], X.shape[3])
+
+
+def transpose_output(X, num_heads):
+    X = X.reshape(-1, num_heads, X.shape[1], X.shape[2])
+    X = X.permute(0, 2, 1, 3)
+    return X.reshape(X.shape[0], X.shape[1], -1)
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, num_hiddens, num_heads, bias=False):
+        super().__init__()
+        self.num_heads = num_heads
+        self.W_q = nn.Linear(num_hiddens, num_hiddens, bias=bias)
+        self.W_k = nn.Linear(num_hiddens, num_hiddens, bias=bias)
+        self.W_v = nn.Linear(num_hiddens, num_hiddens, bias=bias)
+        self.W_o = nn.Linear(num_hiddens, num_hiddens, bias=bias)
+
+    def forward(self, queries, keys, values):
+        q = transpose_qkv(self.W_q(queries), self.num_heads)
+        k = transpose_qkv(self.W_k(keys), self.num_heads)
+        v = transpose_qkv(self.W_v(values), self.num_heads)
+        weights = torch.softmax(torch.bmm(q, k.transpose(1, 2)) / math.sqrt(q.shape[-1]), dim=-1)
+        return self.W_o(transpose_output(torch.bmm(weights, v), self.num_heads))
+'''
+
+
+def test_attention_that_raises_is_localized_at_the_reshape_without_its_permute(tmp_path):
+    path = tmp_path / "attention.py"
+    path.write_text(D2L_ATTENTION)
+    (comp,) = check_file(str(path)).components
+    assert comp.status == "pass", comp
+    source = D2L_ATTENTION.replace("    X = X.reshape(-1, num_heads, X.shape[1], X.shape[2])\n    X = X.permute(0, 2, 1, 3)\n",
+                                   "    X = X.reshape(-1, num_heads, X.shape[1], X.shape[2])\n")
+    path.write_text(source)
+    (comp,) = check_file(str(path)).components
+    assert comp.status == "error", comp
+    (note,) = [n for n in comp.notes if "parts from the reference" in n["en"]]
+    assert "`return` at line 15: return X.reshape(X.shape[0], X.shape[1], -1)" in note["en"], note
+    assert "a transpose or permute left out" in note["en"] and "第 15 行" in note["zh"], note

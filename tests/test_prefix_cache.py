@@ -136,7 +136,7 @@ def test_the_default_size_and_the_command_line_option(tmp_path, monkeypatch, cap
     import uvicorn
 
     apps = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: apps.append(app))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets: apps.append(self.config.app))
     run = make_lm_run(tmp_path / "story")
     assert cli.main(["serve", str(run), "--prefix-cache-mb", "0"]) == 0
     assert apps[-1].state.engines["story"].prefix_cache is None

@@ -165,3 +165,17 @@ def test_a_digit_is_one_token_and_the_difficulty_bounds_the_problems():
     with pytest.raises(ValueError, match=r"speedrun chat: max_days=0 is invalid: it must be an integer >= 1"):
         from handformer.tasks.speedrun_chat.pipeline import difficulty
         difficulty(config_for("reasoning", {"max_days": 0}))
+
+
+def test_the_table_of_a_resumed_run_leaves_a_blank_where_a_stage_has_no_long_sums():
+    """A run resumed with other `eval_long_sums` holds stages scored with and without the long sums."""
+    from handformer.tasks.speedrun_chat.report import accuracy_table
+
+    def figures(greedy: float) -> dict:
+        share = {"value": greedy, "interval_95": [greedy - 0.05, greedy + 0.05]}
+        return {"greedy": share, "pass@4": share, "ended_and_parsed": share}
+
+    stage = {"accuracy": 0.5, "per_kind": {"addition": 0.5}, "reasoning": figures(0.5), "seconds": 1}
+    table = accuracy_table({"stages": {"base": {**stage, "long_sums": figures(0.25)}, "sft": stage}})
+    base, sft = table.splitlines()[2:]
+    assert "| 25.0%, 25.0% |" in base and sft.count("|") == base.count("|"), table

@@ -23,12 +23,11 @@ from handformer.check.core.argument_names import call_parameters, named, names_o
 from handformer.check.core.conventions import conventions_for, is_lengths_name
 from handformer.check.core.discovery import ARGUMENTS, Component, build, own_objects, with_head_size
 from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
+from handformer.check.core.sizes import DROPOUT, F_WIDTH, MAX_LEN, SIZES, D, H  # noqa: F401  (the runners import them here)
 from handformer.check.core.source import locate, locate_form, source_lines
 from handformer.check.core.weights import scramble_
 from handformer.nn.masks import causal_mask
 
-D, H, F_WIDTH, DROPOUT, MAX_LEN = 16, 4, 40, 0.1, 64
-SIZES = {"d_model": D, "n_heads": H, "d_ff": F_WIDTH, "dropout": DROPOUT, "max_len": MAX_LEN}
 TUTORIAL = {"d_model": 512, "n_heads": 8, "d_ff": 2048, "dropout": DROPOUT, "max_len": 128}
 
 ATTENTION_FLAGS = ("no_scaling", "scale_by_dk", "softmax_wrong_dim:-2", "softmax_wrong_dim:1",

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from handformer.check.core.result import Finding, Text, text
+from handformer.check.core.sizes import H
 
 # name -> (description, encode(keep) -> the mask the learner's code receives)
 CONVENTIONS: dict[str, tuple[Text, Callable[[Tensor], Tensor]]] = {
@@ -111,8 +112,6 @@ def encode_mask(keep: Tensor | None, convention: str, batch: int | None = None) 
 
 def _heads(mask: Tensor) -> Tensor:
     """(B, 1, T, S) -> (B * H, T, S): nn.MultiheadAttention's attn_mask of one row a head."""
-    from handformer.check.core.context import H
-
     B, _, T, S = mask.shape
     return mask.expand(B, H, T, S).reshape(B * H, T, S)  # (B * H, T, S)
 

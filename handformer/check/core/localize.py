@@ -240,6 +240,10 @@ VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改�
             (r"the heads of (\w+)", r"\1 的各个头"),
             (r"(.+) rotated \((\w+) pairs\)", r"旋转后的 \1（\2 配对）"),
             (r"the scores (.+)", r"分数 \1"), (r"the attention weights", "注意力权重"),
+            (r"the masked scores", "屏蔽后的分数"),
+            (r"the keep mask \(1 = visible\)", "保留掩码（1 = 可见）"),
+            (r"the positions 0 \.\. L-1", "位置 0 .. L-1"), (r"the angles pos·freq", "角度 pos·freq"),
+            (r"the kept probabilities (.+)", r"保留下来的概率 \1"),
             (r"weights·v, heads concatenated", "weights·v（各头拼接后）"),
             (r"up\(x\), the first projection", "up(x)（第一个投影）"),
             (r"the mean of x² over d_model", "x² 在 d_model 上的均值"),
@@ -278,11 +282,12 @@ def _factor(t: Tensor, r: Tensor) -> float | None:
 
 
 def _shift(t: Tensor, r: Tensor, dim: int, what: str) -> Text | None:
-    if t.shape != r.shape or r.dim() <= dim or r.size(dim) < 2:  # a few entries' values: no positions
-        return None
-    n = r.size(dim)
-    for d, sign in ((1, "-"), (-1, "+")):
-        if same(t.narrow(dim, max(d, 0), n - 1), r.narrow(dim, max(-d, 0), n - 1)):
+    """Shifted by one along `dim` (the positions), else along the first axis (a table's rows)."""
+    for (d, sign), axis in itertools.product(((1, "-"), (-1, "+")), dict.fromkeys((dim, 0))):
+        if t.shape != r.shape or r.dim() <= axis or r.size(axis) < 2:  # a few entries' values: no positions
+            continue
+        n = r.size(axis)
+        if same(t.narrow(axis, max(d, 0), n - 1), r.narrow(axis, max(-d, 0), n - 1)):
             return text(f"{what} shifted by one position: position i holds the reference's i {sign} 1",
                         f"{view_zh(what)} 错开了一个位置：位置 i 放的是参考的位置 i {sign} 1")
     return None
@@ -316,12 +321,14 @@ def _offset(t: Tensor, r: Tensor, what: str) -> Text | None:
     if not flat.numel() or not torch.isfinite(d).all() or d.abs().max() < 1e-5 or not same(d, flat[0] + 0*d):
         return None
     c = float(flat[0])
-    return text(f"{what} plus a constant {c:.4g}", f"{view_zh(what)} 多加了一个常数 {c:.4g}")
+    return text(f"{what} plus a constant {c:.4g}", f"{_zh_subject(what)}多加了一个常数 {c:.4g}")
 
 
 def _mask_edge(t: Tensor, r: Tensor, what: str) -> Text | None:
-    """Masked values whose mask lets one key more (or fewer) through in some rows: a mask off by one."""
-    hidden_t, hidden_r = t <= -1e4, ~torch.isfinite(r)
+    """Masked values whose mask lets one key more (or fewer) through in some rows: a mask off by one;
+    the scores (-inf where hidden) or a 0/1 keep mask (0 where hidden)."""
+    binary = bool(((r == 0) | (r == 1)).all() and ((t == 0) | (t == 1)).all())
+    hidden_t, hidden_r = (t == 0, r == 0) if binary else (t <= -1e4, ~torch.isfinite(r))
     both = ~hidden_t & ~hidden_r
     if not hidden_r.any() or not same(t[both], r[both]):
         return None
@@ -331,7 +338,8 @@ def _mask_edge(t: Tensor, r: Tensor, what: str) -> Text | None:
             rows = int(n.sum())
             return text(f"{what} with one key {word} visible in {rows} rows (the key at the mask's edge): "
                         "a mask off by one position",
-                        f"{view_zh(what)} 在 {rows} 行里{zh}露了一个键（掩码边上的那个）：掩码错开了一个位置")
+                        f"{_zh_subject(what)}在 {rows} 行里{zh}露了一个键（掩码边上的那个）："
+                        "掩码错开了一个位置")
     return None
 
 
@@ -438,8 +446,23 @@ def first_departure(steps: list[Step], views: list[View], filename: str, sizes: 
 def _departure_at(steps: list[Step], views: list[View], ends: list[View] = ()) -> int | None:
     views = layouts(views, {s.value.shape for s in steps})
     shapes = {r.shape for _, r in views}
-    return next((i for i, step in enumerate(steps) if step.value.shape in shapes and not _input(step)
-                 and not any(same(step.value, r) for _, r in _judged_by(step, views, ends))), None)
+    return next((i for i, step in enumerate(steps) if not _input(step) and (
+        step.value.shape in shapes and not any(same(step.value, r) for _, r in _judged_by(step, views, ends))
+        or step.value.shape not in shapes and _reduced(step.value, views))), None)
+
+
+REDUCTIONS = (("the mean", "均值", torch.mean), ("the sum", "和", torch.sum))
+
+
+def _reduced(t: Tensor, views: list[View]) -> Text | None:
+    """t is a mean or a sum of a view over an axis other than the last (the reference reduces over
+    d_model or the keys, dim=-1): a reduction over the wrong axis, its shape none of the views'."""
+    for (what, r), (how, how_zh, op), keep in itertools.product(views, REDUCTIONS, (True, False)):
+        for dim in range(r.dim() - 1):
+            if same(t, op(r, dim=dim, keepdim=keep)):  # same() compares shapes first
+                return text(f"{how} of {what} over dim={dim}; the reference reduces over dim=-1",
+                            f"{view_zh(what)} 的{how_zh}是在 dim={dim} 上求的；参考在最后一个轴 dim=-1 上求")
+    return None
 
 
 def _input(step: Step) -> bool:
@@ -465,7 +488,7 @@ def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, fl
     views = layouts(views, {step.value.shape})
     code = linecache.getline(filename, step.line).strip()
     called = step.caller and (step.caller, linecache.getline(filename, step.caller).strip())
-    form = form_of(step.value, views, sizes, pre, terms)
+    form = form_of(step.value, views, sizes, pre, terms) or _reduced(step.value, views)
     return Departure(step.line, step.name, code, form, called or None)
 
 

@@ -120,7 +120,7 @@ def norm_views(w: V.NormWeights, x: Tensor) -> list[View]:
                  ("the variance (biased)", var), ("var + eps", var + w.eps),
                  ("the root sqrt(var + eps)", (var + w.eps).sqrt()), ("(x - mean) / sqrt(var + eps)", normed)]
     out = w.weight * normed
-    views.append(("the gain times the normalized x", out))
+    views = [("the input x", x)] + views + [("the gain times the normalized x", out)]
     if w.bias is not None:
         views.append(("the output gain * x̂ + bias", out + w.bias))
     return views
@@ -141,7 +141,7 @@ LABELS = {"attn": "self-attention", "cross": "cross-attention", "ffn": "FFN"}
 
 def layer_views(w: V.LayerWeights, x: Tensor, memory: Tensor | None, keep: Tensor | None) -> list[View]:
     """Each sublayer's norm, output and residual sum, in the order the placement computes them."""
-    views: list[View] = []
+    views: list[View] = [("the input x", x)]
     for i, name in enumerate(w.sublayers):
         label, n = LABELS[name], w.norms[i]
         f = _sublayer(w, name, memory, keep)
@@ -222,14 +222,15 @@ def localize_rotation(run: Callable[[Tensor, Tensor], Any], fn: Any, q: Tensor, 
 def localize_masked_softmax(call: Callable[[Tensor], Any], fn: Any, scores: Tensor, keep: Tensor,
                             ) -> Departure | None:
     """Run the learner's masked softmax (`call(scores)`, the mask bound) traced on scores (B, T, S)
-    and keep (B, 1 or T, S); the first step that is not the scores, the masked scores (-inf where
-    hidden) or the softmax over the keys."""
+    and keep (B, 1 or T, S); the first step that is not the keep mask, the scores, the masked scores
+    (-inf where hidden) or the softmax over the keys."""
     filename, scores = inspect.getsourcefile(fn), scores.double()
     x = scores.float().requires_grad_()
     hidden = scores.masked_fill(~keep, float("-inf"))  # (B, T, S)
-    views = [("the scores X", scores), ("the masked scores", hidden),
-             ("the attention weights", torch.softmax(hidden, dim=-1))]
-    steps = trace_steps(lambda: call(x * 1), filename)  # not a leaf: their code may write into it in place
+    views = [("the keep mask (1 = visible)", keep.expand_as(scores).double()), ("the scores X", scores),
+             ("the masked scores", hidden), ("the attention weights", torch.softmax(hidden, dim=-1))]
+    # x * 1: not a leaf, their code may write into it in place; the masks it builds are steps too
+    steps = trace_steps(lambda: call(x * 1), filename, constants=(torch.bool,))
     return first_departure(steps, views, filename, {"S": scores.size(-1)}, pre=hidden)
 
 
@@ -311,3 +312,60 @@ def localize_model(run: Callable[[], Any], module: nn.Module, readings: list[lis
     steps = trace_steps(run, filename, code, _children(module))
     D = next(t for _, t in readings[0]).size(-1)
     return latest_departure(steps, readings, filename, {"d_model": D})
+
+
+def top_p_views(logits: Tensor, p: float) -> list[View]:
+    """Top-p's sub-steps on logits (rows, V): the probabilities, sorted largest first with their
+    logits, the cumulative sums, the mass above each token, the tokens removed (the most likely always
+    kept), the sorted logits filtered, and the filtered logits in the vocabulary's order."""
+    probs = torch.softmax(logits, -1)  # (rows, V)
+    ranked, order = torch.sort(logits, dim=-1, descending=True, stable=True)  # (rows, V)
+    sorted_probs = torch.softmax(ranked, -1)
+    cum = sorted_probs.cumsum(-1)
+    removed = cum - sorted_probs >= p
+    removed[..., 0] = False
+    filtered = ranked.masked_fill(removed, float("-inf"))
+    unsorted = torch.full_like(logits, float("-inf")).scatter(-1, order, filtered)
+    return [("the probabilities", probs), ("the logits sorted, largest first", ranked),
+            ("the sorted probabilities", sorted_probs), ("the cumulative probabilities", cum),
+            ("the mass above each token", cum - sorted_probs),
+            ("cumulative > p (before the shift)", (cum > p).double()),
+            ("the tokens removed (1 = removed)", removed.double()), ("the sorted logits filtered", filtered),
+            ("the filtered logits", unsorted), ("the filtered probabilities", unsorted.softmax(-1))]
+
+
+def localize_top_p(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, p: float) -> Departure | None:
+    """Run the learner's top-p filter (`call(logits)`, which hands it logits or their softmax)
+    traced, the masks it builds recorded; the first step that is none of top-p's sub-steps."""
+    filename = inspect.getsourcefile(fn)
+    x = logits.float().requires_grad_()
+    steps = trace_steps(lambda: call(x), filename, constants=(torch.bool,))
+    return first_departure(steps, top_p_views(logits.double(), p), filename, {"V": logits.size(-1)})
+
+
+def rope_table_views(L: int, D: int, theta: float) -> list[View]:
+    """The rotary table's sub-steps for positions 0 .. L-1 and head size D: the even indices, the
+    frequencies theta^(-2j/D), the positions, the angles (L, D/2), their cosines and sines, and both
+    repeated to (L, D) as halves ([c, c], Hugging Face's) and as pairs (c0, c0, c1, c1, ...)."""
+    even = torch.arange(0, D, 2, dtype=torch.float64)
+    freq = 1.0 / theta ** (even / D)  # (D/2,)
+    pos = torch.arange(L, dtype=torch.float64)
+    angles = torch.outer(pos, freq)  # (L, D/2)
+    views = [("the even indices 2j", even), ("the frequencies theta^(-2j/d)", freq),
+             ("the positions 0 .. L-1", pos), ("the angles pos·freq", angles)]
+    for name, f in (("cos", torch.cos), ("sin", torch.sin)):
+        v = f(angles)
+        views += [(f"{name}(angles)", v), (f"{name}(angles) as halves", torch.cat([v, v], -1)),
+                  (f"{name}(angles) as pairs (each twice)", v.repeat_interleave(2, -1))]
+    return views
+
+
+def localize_rope_table(call: Callable[[], Any], fn: Any, L: int, D: int, theta: float) -> Departure | None:
+    """Run the learner's table function traced with the constants it makes (positions in whole
+    numbers too): the first that is none of the table's sub-steps; the halves and the pairs layouts
+    each a reading (a table that mixes them departs where it does)."""
+    filename = inspect.getsourcefile(fn)
+    steps = trace_steps(call, filename, constants=NUMBERS)
+    views = rope_table_views(L, D, theta)
+    readings = [[v for v in views if layout not in v[0]] for layout in ("as pairs", "as halves")]
+    return latest_departure(steps, readings, filename, {"d_head": D, "L": L})

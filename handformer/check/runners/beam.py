@@ -33,16 +33,13 @@ Shape legend: B batch (1), S source length, L hypothesis length, D d_model, V vo
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import BEAM_NAMES as NAMES  # noqa: F401
@@ -50,15 +47,12 @@ from handformer.check.core.context import Context, finish, forward_parameters, n
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
+from handformer.check.runners.beam_models import BOS, EOS, PAD, HandformerModel, Steered, Table  # noqa: F401
 from handformer.check.runners.model import source_mask
-from handformer.config import Seq2SeqConfig
-from handformer.models.seq2seq import Seq2SeqTransformer
 
-PAD, BOS, EOS = 0, 1, 2
 TOK_A, TOK_B, TOK_C, TOK_D, TOK_E, TOK_F = 3, 4, 5, 6, 7, 8
 
 MAX_LEN = 12  # tokens a hypothesis may hold, the start symbol included
-Table = dict[tuple[int, ...], dict[int, float]]  # prefix -> next-token probabilities
 SCENARIOS: dict[str, Table] = {
     # prefix (after BOS) -> next-token probabilities; the rest of the mass goes to a sink token,
     # whose continuations are EOS or the sink again, half and half
@@ -86,122 +80,6 @@ CONVENTIONS = {"eos": ("the length counts the new tokens and EOS", "长度按新
                        "长度按所有 token 计，含 BOS 和 EOS")}
 FLAGS = ("beam_no_stop_at_eos", "beam_eos_not_emitted", "beam_finished_extended", "beam_shortest_returned",
          "beam_length_penalty_per_step")
-
-
-# --- the models the search is handed ------------------------------------------------------------
-
-class HandformerModel(nn.Module):
-    """A tiny Seq2SeqTransformer with the Annotated Transformer's three methods (masks ignored: the
-    sources have no padding, and the model builds its own causal mask)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(1)
-        cfg = Seq2SeqConfig(src_vocab_size=13, tgt_vocab_size=13, d_model=16, n_heads=2, d_ff=32,
-                            n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_positions=32, pad_id=PAD)
-        self.inner = Seq2SeqTransformer(cfg).double().eval()
-
-    def encode(self, src: Tensor, src_mask: Any = None) -> Tensor:
-        return self.inner.encode(src)[0]  # (B, S, D)
-
-    def decode(self, memory: Tensor, src_mask: Any, ys: Tensor, tgt_mask: Any = None) -> Tensor:
-        return self.inner.decode(ys.long(), memory, None)[0]  # (N, L, D)
-
-    def generator(self, x: Tensor) -> Tensor:
-        return F.log_softmax(self.inner.generator(x), dim=-1)
-
-
-class Steered(nn.Module):
-    """The model the search is handed: the base model's log-probabilities scaled down, plus the
-    scenario's table by prefix; every prefix the search decodes is recorded."""
-
-    def __init__(self, base: Any, table: dict[tuple[int, ...], dict[int, float]], ctx: Context,
-                 by_source: dict[tuple[int, ...], Table] | None = None) -> None:
-        super().__init__()
-        self.base, self.table, self.ctx = base, table, ctx
-        self.by_source = by_source or {}  # a table per source sentence (a batch of them)
-        self.memories: list[tuple[tuple[int, ...], Tensor]] = []  # (source ids, its encoder output)
-        self.row_tables: list[Table] = []
-        self.ys: Tensor | None = None
-        self.out: Tensor | None = None
-        self.decoded: list[list[int]] = []
-        self.cache: dict[tuple[int, ...], list[float]] = {}  # the reference's log-probabilities by prefix
-
-    @property
-    def handed(self) -> Any:
-        """What the learner's search is given (a property: a module's attribute set to itself would make
-        it its own child)."""
-        return self
-
-    @contextlib.contextmanager
-    def steering(self) -> Iterator[None]:
-        yield  # the stand-in steers in its own methods
-
-    def usable(self) -> bool:
-        return True
-
-    def encode(self, src: Tensor, src_mask: Any = None) -> Tensor:
-        memory = self.ctx.learner.call("forward", self.base.encode, src, src_mask)
-        if self.by_source and isinstance(memory, Tensor):
-            self.memories += [(tuple(row.tolist()), m) for row, m in zip(src, memory)]
-        return memory
-
-    def decode(self, memory: Tensor, src_mask: Any, ys: Tensor, tgt_mask: Any = None) -> Tensor:
-        if memory.size(0) != ys.size(0) and memory.size(0) == 1:
-            memory = memory.expand(ys.size(0), *memory.shape[1:])  # one source for every hypothesis
-        out = self.ctx.learner.call("forward", self.base.decode, memory, src_mask, ys, tgt_mask)
-        self.ys, self.out = ys.long(), out
-        self.decoded += [row.tolist() for row in ys.long()]
-        self.row_tables = [self._table_of(m) for m in memory] if self.by_source else []
-        return out
-
-    def _table_of(self, memory_row: Tensor) -> Table:
-        """The table of the source sentence whose encoder output this row of memory is."""
-        for ids, m in reversed(self.memories):
-            if m.shape == memory_row.shape and bool((m - memory_row).abs().max() < 1e-12):
-                return self.by_source.get(ids, self.table)
-        return self.table
-
-    def generator(self, x: Tensor) -> Tensor:
-        raw = self.ctx.learner.call("forward", self.base.generator, x)
-        V = raw.size(-1)
-        if x.dim() == 3:  # (N, L, D): every position; position l predicts after ys[:, :l + 1]
-            assert self.ys is not None, "decode first"
-            bias = torch.stack([torch.stack([self.steer(row[1:l + 1].tolist(), V, self._row_table(n))
-                                             for l in range(x.size(1))])
-                                for n, row in enumerate(self.ys)])  # (N, L, V)
-        else:  # (N, D): the position of the decoder's output that x is
-            bias = torch.stack([self.steer(self._prefix(i, x[i]), V, self._row_table(i))
-                                for i in range(x.size(0))])  # (N, V)
-        return F.log_softmax(0.001 * raw + bias.to(raw.dtype), dim=-1)
-
-    def _prefix(self, i: int, row: Tensor) -> list[int]:
-        assert self.ys is not None and self.out is not None, "decode first"
-        n = i if self.out.size(0) > i else 0
-        l = int((self.out[n] - row).abs().amax(-1).argmin())  # which decoder position this row is
-        return self.ys[n, 1:l + 1].tolist()
-
-    def _row_table(self, i: int) -> Table:
-        return self.row_tables[i] if i < len(self.row_tables) else self.table
-
-    def steer(self, prefix: list[int], V: int, table: Table | None = None) -> Tensor:
-        """The scenario's log-probabilities after BOS + prefix (V,)."""
-        probs = (table or self.table).get(tuple(prefix), {EOS: 0.5})
-        out = torch.full((V,), math.log(1e-6), dtype=torch.float64)
-        for token, p in probs.items():
-            out[token] = math.log(p)
-        out[V - 1] = math.log(max(1.0 - sum(probs.values()), 1e-6))  # the sink
-        return out
-
-    def logprobs(self, memory: Tensor, prefix: list[int]) -> list[float]:
-        """The log-probabilities (V,) after BOS + prefix, one hypothesis alone (the reference)."""
-        key = tuple(prefix)
-        if key not in self.cache:
-            ys = torch.tensor([[BOS] + prefix])
-            mask = torch.tril(torch.ones(1, ys.size(1), ys.size(1), dtype=torch.bool))
-            out = self.decode(memory, None, ys, mask)
-            self.cache[key] = self.generator(out[:, -1])[0].tolist()
-        return self.cache[key]
 
 
 # --- handformer's beam search, with the named mistakes on request -------------------------------

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from handformer.check.core.context import SIZES, Context
 from handformer.check.core.result import DIFFERS, FAIL, PASS
 from handformer.check.core.weights import MappingError
-from handformer.check.runners.beam import BOS, Steered, Table
+from handformer.check.runners.beam_models import BOS, Steered, Table
 from handformer.check.runners.decoding import own_seq2seq
 from handformer.check.runners.model import TGT_V, map_model
 

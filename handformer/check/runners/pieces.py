@@ -88,7 +88,7 @@ def _causal_raw(ctx: Context, comp: Component, T: int) -> Tensor:
     """The learner's mask for length T as (T, T); a failure when it is not T * T entries."""
     raw = ctx.learner.call("forward", comp.obj, T)
     if isinstance(raw, Tensor) and raw.numel() == T * T:
-        return raw.reshape(T, T)
+        return raw.reshape(T, T)  # (T, T) or (1, T, T) -> (T, T)
     got = tuple(raw.shape) if isinstance(raw, Tensor) else type(raw).__name__
     raise ctx.learner.fail("forward", f"{comp.name}({T}) returned {got}, expected a ({T}, {T}) mask "
                            f"(or (1, {T}, {T}))",
@@ -108,8 +108,8 @@ def _causal_compared(res: ComponentResult, ctx: Context, comp: Component, subjec
     res.convention = fp.describe_convention(subject.facts["convention"])
     sizes, right = found.x, found.reference(frozenset())
     pairs = zip(sizes, *(t.bool().split([T * T for T in sizes]) for t in (found.out, right)))
-    wrong = [(T, float((mine != want).sum()), mine.reshape(T, T)) for T, mine, want in pairs
-             if not torch.equal(mine, want)]
+    wrong = [(T, float((mine != want).sum()), mine.reshape(T, T))  # each length's (T * T,) -> (T, T)
+             for T, mine, want in pairs if not torch.equal(mine, want)]
     worst = max((count for _, count, _ in wrong), default=0.0)
     if found.named and wrong:  # shown at the first length with a row 2 that differs (T = 1 has none)
         (T, _, keep) = next((w for w in wrong if w[0] > 2), wrong[0])

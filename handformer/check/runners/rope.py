@@ -28,7 +28,7 @@ from torch import Tensor
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_parameters, shape_of
 from handformer.check.core.discovery import Component
-from handformer.check.core.localize_kinds import localize_rotation, note_departure
+from handformer.check.core.localize_kinds import localize_rope_table, localize_rotation, note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.reference import variants as V
@@ -194,6 +194,8 @@ def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
     if _takes(names, THETA_NAMES):
         _base_used(res, ctx, comp, call, err)
     res.max_abs_error = err
+    if err >= TOL:
+        note_departure(res, lambda: localize_rope_table(lambda: call(THETA), comp.obj, P, DH, THETA))
     return finish(res)
 
 

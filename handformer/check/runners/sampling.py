@@ -31,7 +31,7 @@ from handformer.check.core.argument_names import (  # noqa: F401
 )
 from handformer.check.core.context import Context, error_text, finish, forward_parameters, shape_of
 from handformer.check.core.discovery import Component
-from handformer.check.core.localize_kinds import localize_filter, note_departure
+from handformer.check.core.localize_kinds import localize_filter, localize_top_p, note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.generation.sampling import apply_temperature, top_k_filter, top_p_filter
@@ -345,6 +345,9 @@ def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
                             _wrong_tokens(wrong)))
     _p_one(res, ctx, comp, call)
     res.max_abs_error = float(wrong)
+    if wrong and not res.findings:
+        logits = test_logits(seed=1)
+        note_departure(res, lambda: localize_top_p(lambda x: call(x, top_p=0.5), comp.obj, logits, 0.5))
     if call.find(K_NAMES):  # a combined filter (top_k_top_p_filtering): its top-k too, top_p off
         _add_top_k(res, ctx, comp)
     return finish(res)

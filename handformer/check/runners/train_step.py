@@ -230,9 +230,10 @@ class Step:
             what, en, zh = TAKES[epoch]
             raise DiscoveryError(
                 f"{comp.name}: cannot fill the argument {first!r}; a training {en} takes {what}, and "
-                "optionally the number of micro-batches to accumulate (accum_steps, ...) and a scheduler",
+                "optionally the number of micro-batches to accumulate (accum_steps, ...), a scheduler and "
+                "a loss scaler (scaler)",
                 zh=f"{comp.name}：填不了参数 {first!r}；{zh}接受 {what}，还可以有要累积的 micro-batch "
-                   "个数（accum_steps 等）和调度器（scheduler）")
+                   "个数（accum_steps 等）、调度器（scheduler）和损失缩放器（scaler）")
         try:
             self.source = inspect.getsource(comp.obj)
         except (OSError, TypeError):

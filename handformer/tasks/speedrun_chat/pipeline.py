@@ -28,6 +28,7 @@ import json
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -432,7 +433,7 @@ def held_out_questions(cfg: SpeedrunChatConfig, problems: ProblemSet | Reasoning
     return problems.sample(cfg.eval_per_kind * len(KINDS), "held_out", "eval")
 
 
-def stage_accuracy(cfg: SpeedrunChatConfig, stage: str, run_dir: Path, held: list, held_long: list = (),
+def stage_accuracy(cfg: SpeedrunChatConfig, stage: str, run_dir: Path, held: list, held_long: Sequence = (),
                    ) -> dict[str, Any]:
     if cfg.tasks == "reasoning":
         # DPO's pairs hold no long sums, and the pass@k GRPO's is set against is SFT's: DPO's long

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import calendar
 import random
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -209,7 +210,7 @@ def asked(stage: str, run_dir: Path, held: list[Task], k: int, max_new_tokens: i
 
 
 def stage_result(stage: str, run_dir: Path, held: list[Task], k: int, max_new_tokens: int, seed: int,
-                 held_long: list[Task] = (), long_k: int | None = None,
+                 held_long: Sequence[Task] = (), long_k: int | None = None,
                  ) -> dict[str, Any]:
     """A stage's figures on the held-out questions: `accuracy` and `per_kind` (greedy, what the
     table and plot show) and `reasoning`, the whole of `score` (intervals, pass@k, the form); a

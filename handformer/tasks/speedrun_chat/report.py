@@ -29,7 +29,8 @@ def accuracy_table(report: dict[str, Any]) -> str:
             label = f"base ({result['from'].rstrip('/').split('/')[-1]}, asked as text)"
         change = "" if before is None or stage == "sft" else f"{100 * (acc - before):+.1f} points"
         cells = _reasoning_cells(result["reasoning"]) if reasoning else []
-        cells += [_long_cell(result["long_sums"])] if "long_sums" in first else []
+        if "long_sums" in first:  # a run resumed with other settings may lack them in a later stage
+            cells.append(_long_cell(result["long_sums"]) if "long_sums" in result else "")
         cells += [f"{100 * result['per_kind'][k]:.0f}%" for k in kinds]
         rows.append(f"| {label} | {100 * acc:.1f}% | {change} | {' | '.join(cells)} | "
                     f"{result.get('seconds', 0):.0f} |")

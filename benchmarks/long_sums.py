@@ -1,0 +1,151 @@
+"""Benchmark: GRPO's target, the long sums (docs/benchmarks.md, "GRPO's target: long sums").
+
+SFT on the `mid-reasoning` preset's 3,000 conversations of the mix plus N worked long sums (sums of
+up to 4 digits, at least one number of 4), then GRPO on questions alone (a share of them long sums,
+the rest the mix), each scored on 100 held-out long sums of the `search` split and on the 240
+questions of the mix (greedy, pass@8 and the mean of 8 samples at temperature 1.0). The stages are
+`speedrun chat`'s own (`pipeline.train_post_stage`, `scoring.replies` and `scoring.score`), at one
+thread, from the base of a `reasoning` run:
+
+    handformer speedrun chat --preset reasoning --out runs/reasoning --set threads=1   # its base
+    python benchmarks/long_sums.py sft runs/reasoning/base runs/long/s30 --long-sums 30
+    python benchmarks/long_sums.py sft runs/reasoning/base runs/long/s30lr3 --long-sums 30 --lr 3e-3
+    python benchmarks/long_sums.py sft runs/reasoning/base runs/long/s30long --long-sums 30 --steps 1200
+    python benchmarks/long_sums.py grpo runs/long/s30/sft runs/long/g30
+    python benchmarks/long_sums.py score runs/long/s30/sft runs/long/g30/grpo --sets long mix
+    python benchmarks/long_sums.py score runs/reasoning-mix/sft --sets unseen-long unseen-days
+
+Each command prints its seconds of training and its figures (`SCORE RUN SET: greedy ...`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from handformer.tasks.speedrun_chat import reasoning as R
+from handformer.tasks.speedrun_chat import reasoning_stages as RS
+from handformer.tasks.speedrun_chat.pipeline import config_for, difficulty, train_post_stage, write_jsonl
+from handformer.tasks.speedrun_chat.scoring import replies, score
+
+LONG = R.Difficulty(4, 4, 60)  # sums of 2 to 4 digits; kept when one number has 4
+HELD_LONG, HELD_MIX = 100, 240
+
+
+def long_sums(n: int, split: str, stream: str) -> list[R.Task]:
+    """`n` distinct sums with a number of 4 digits, from `split` ("train", or any held-out one)."""
+    rng, out, seen = random.Random(f"exp:addition:{split}:{stream}"), [], set()
+    for _ in range(200_000 + 50 * n):
+        if len(out) == n:
+            return out
+        t = R.DRAW["addition"](rng, LONG)
+        if t.key in seen or not _is_long(t):
+            continue
+        if (R.split_of("addition", t.key, 0) == "train") == (split == "train"):
+            seen.add(t.key)
+            out.append(t)
+    raise SystemExit(f"only {len(out)} long sums in the {split} split; ask for fewer")
+
+
+def unseen(kind: str, level: R.Difficulty, keep: Callable[[R.Task], bool], n: int = 60) -> list[R.Task]:
+    """`n` distinct questions of a size SFT never saw, from outside the train split."""
+    rng, out, seen = random.Random(f"probe:{kind}:7"), [], set()
+    while len(out) < n:
+        t = R.DRAW[kind](rng, level)
+        if t.key not in seen and keep(t) and R.split_of(kind, t.key, 0) != "train":
+            seen.add(t.key)
+            out.append(t)
+    return out
+
+
+def _is_long(t: R.Task) -> bool:
+    return max(map(int, t.key.split("+"))) >= 1000
+
+
+def _over_60_days(t: R.Task) -> bool:
+    return int(t.key.split("+")[1]) > 60
+
+
+def sft(args: argparse.Namespace, log: Callable[[str], None]) -> None:
+    cfg = config_for("mid-reasoning", {"threads": 1, "sft_steps": args.steps, "sft_lr": args.lr})
+    records = RS.sft_records(3000, R.ReasoningSet(0, difficulty(cfg)))
+    records += [{"messages": [{"role": "user", "content": t.question},
+                              {"role": "assistant", "content": t.reply(True)}]}
+                for t in long_sums(args.long_sums, "train", "sft")]
+    random.Random(1).shuffle(records)
+    train_post_stage("sft", cfg, args.previous, args.out, write_jsonl(args.out / "sft.jsonl", records), log)
+
+
+def grpo(args: argparse.Namespace, log: Callable[[str], None]) -> None:
+    cfg = config_for("mid-reasoning", {"threads": 1, "grpo_steps": args.steps, "grpo_lr": args.lr,
+                                       "grpo_group": args.group, "grpo_batch": args.batch})
+    n = args.steps * args.batch
+    n_long = round(n * args.long_share)
+    mix = R.ReasoningSet(0, difficulty(cfg)).sample(n - n_long, "train", "grpo")
+    tasks = long_sums(n_long, "train", "grpo") + mix
+    random.Random(2).shuffle(tasks)
+    records = [{"prompt": t.question, "kind": t.kind, "key": t.key} for t in tasks]
+    train_post_stage("grpo", cfg, args.previous, args.out, write_jsonl(args.out / "grpo.jsonl", records), log)
+
+
+def score_runs(args: argparse.Namespace, log: Callable[[str], None]) -> None:
+    level = difficulty(config_for("mid-reasoning", {}))
+    sets = {"long": lambda: long_sums(HELD_LONG, "search", "eval"),
+            "mix": lambda: R.ReasoningSet(0, level).sample(HELD_MIX, "search", "eval"),
+            # sizes the mix's SFT never saw: sums with a number of 4 digits, dates 61 to 90 days on
+            "unseen-long": lambda: unseen("addition", LONG, _is_long),
+            "unseen-days": lambda: unseen("days", R.Difficulty(3, 4, 90), _over_60_days)}
+    for run in args.runs:
+        for name in args.sets:
+            tasks = sets[name]()
+            start = time.time()
+            greedy, sampled = replies(run, tasks, 8, 1.0, 104, 0)
+            r = score(tasks, greedy, sampled)
+            log(f"SCORE {run} {name}: greedy {r['greedy']['value']:.3f} pass@8 {r['pass@8']['value']:.3f} "
+                f"mean {r['sampled']['value']:.3f} n={len(tasks)} {time.time() - start:.0f}s")
+            if name == "mix":
+                log(f"   per kind {({k: round(v['greedy']['value'], 3) for k, v in r['per_kind'].items()})}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("sft", help="SFT from a base run on the mix plus --long-sums worked long sums")
+    s.add_argument("previous", type=Path, help="the base run (OUT/base of a `reasoning` run)")
+    s.add_argument("out", type=Path)
+    s.add_argument("--long-sums", type=int, default=30)
+    s.add_argument("--steps", type=int, default=600)
+    s.add_argument("--lr", type=float, default=1e-3)
+    g = sub.add_parser("grpo", help="GRPO from an SFT run, --long-share of its questions long sums")
+    g.add_argument("previous", type=Path, help="the SFT run (OUT/sft of the sft command)")
+    g.add_argument("out", type=Path)
+    g.add_argument("--steps", type=int, default=100)
+    g.add_argument("--lr", type=float, default=1e-4)
+    g.add_argument("--group", type=int, default=8)
+    g.add_argument("--batch", type=int, default=8)
+    g.add_argument("--long-share", type=float, default=0.6)
+    c = sub.add_parser("score", help="score runs on the held-out long sums and the mix")
+    c.add_argument("runs", nargs="+")
+    c.add_argument("--sets", nargs="+", default=["long"],
+                   choices=["long", "mix", "unseen-long", "unseen-days"])
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    if args.command == "score":
+        return score_runs(args, log)
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    (sft if args.command == "sft" else grpo)(args, log)
+    log(f"TRAINED {args.out} {args.command} {time.time() - start:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+"""The sizes the learner's components are built with (small, so every check runs in milliseconds).
+
+Shape legend: D d_model, H heads, F FFN width.
+"""
+
+from __future__ import annotations
+
+D, H, F_WIDTH, DROPOUT, MAX_LEN = 16, 4, 40, 0.1, 64
+SIZES = {"d_model": D, "n_heads": H, "d_ff": F_WIDTH, "dropout": DROPOUT, "max_len": MAX_LEN}
+
+__all__ = ["D", "DROPOUT", "F_WIDTH", "H", "MAX_LEN", "SIZES"]
