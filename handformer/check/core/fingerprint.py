@@ -34,6 +34,7 @@ from handformer.check.core.result import LearnerError
 from handformer.check.core.source import learner_error
 
 TOL = 1e-6  # float64: a correct component agrees to ~1e-14, a mistake differs by ~0.1
+REL_TOL = 1e-5  # relative_error's bound for values computed in float32 or python floats (losses, schedules)
 
 class LearnerFailure(Exception):
     """The learner's code raised (or returned something unusable); carries the report."""

@@ -77,7 +77,6 @@ REDUCTIONS: dict[str, Text] = {
 }
 FLAGS = ("loss_counts_padding:normaliser", "loss_counts_padding:loss", "loss_mean_over_batch",
          "smoothing_on_pad", "loss_log_zero")
-REL_TOL = 1e-5
 WHAT = {"loss": (" (the pad targets' losses are in the sum)", "（填充目标的损失算进了总和）"),
         "normaliser": (" (divided by every target, padding included)", "（除以了包括填充在内的全部目标数）")}
 
@@ -281,7 +280,7 @@ LOSS = Probe(
     reference=_reference,                   # handformer's cross-entropy in a convention, with mistakes
     universe=lambda s: tuple(f for f in FLAGS if not (s.module.flat and f == "loss_mean_over_batch")),
     steps=(_flat_note, _unexplained, _values_step),
-    error=fp.relative_error, tol=REL_TOL, deterministic=False,
+    error=fp.relative_error, tol=fp.REL_TOL, deterministic=False,
 )
 
 

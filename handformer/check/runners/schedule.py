@@ -78,7 +78,6 @@ COSINE_FLAGS = (
 )
 WARMUP_SHIFT = {"early": -1, "late": 1}  # schedule_warmup_off_by_one's forms: the warmup's shift
 TOL = 1e-9  # relative: the schedules are floats of python or float32 tensors (relative error ~1e-7)
-REL_TOL = 1e-5
 
 
 def paper(
@@ -255,7 +254,7 @@ def _as_float(ctx: Context, comp: Component, out: Any, step: int) -> float:
 
 
 def _close(a: float, b: float) -> bool:
-    return math.isfinite(a) and abs(a - b) <= REL_TOL * max(abs(b), 1e-12) + TOL
+    return math.isfinite(a) and abs(a - b) <= fp.REL_TOL * max(abs(b), 1e-12) + TOL
 
 
 def _matches(got: dict[int, float], ref: Callable[[int], float], steps: tuple[int, ...]) -> float:
@@ -348,7 +347,7 @@ SCHEDULE = Probe(
     reference=_reference,
     universe=lambda s: s.facts["flags"],
     steps=(_compared, _at_zero),
-    error=fp.relative_error, tol=REL_TOL, deterministic=False,
+    error=fp.relative_error, tol=fp.REL_TOL, deterministic=False,
 )
 
 
@@ -408,7 +407,7 @@ def _compare_values(
                 f"the learning rate at steps {shown} equals the {FAMILIES[sched.family][3]}",
                 f"步 {shown} 的学习率等于{FAMILIES[sched.family][4]}",
             ),
-            worst < REL_TOL,
+            worst < fp.REL_TOL,
             text(f"largest relative difference {worst:.2e}", f"最大相对误差 {worst:.2e}"),
         )
     )
@@ -465,8 +464,8 @@ def _no_warmup_compared(res: ComponentResult, ctx: Context, comp: Component, sub
              f"step {total} (lr = {lr:g}, total_steps = {total})",
              f"步 {shown} 的学习率是半个余弦：从 {peak:g} 降到步 {total} 的 {floor:g}"
              f"（lr = {lr:g}，total_steps = {total}）"),
-        worst < REL_TOL, text(f"largest relative difference {worst:.2e}", f"最大相对误差 {worst:.2e}")))
-    if worst < REL_TOL:
+        worst < fp.REL_TOL, text(f"largest relative difference {worst:.2e}", f"最大相对误差 {worst:.2e}")))
+    if worst < fp.REL_TOL:
         res.convention = _no_warmup_convention(peak / lr, floor / lr, subject.facts["own"])
         res.status = DIFFERS if peak != lr else res.status
     else:
@@ -484,7 +483,7 @@ NO_WARMUP = Probe(
     reference=lambda w, steps, flags: torch.tensor([_half_cosine(*w)(t) for t in steps], dtype=torch.float64),
     universe=lambda s: (),                  # no named mistakes: the form is compared, not searched
     steps=(_no_warmup_compared,),
-    error=fp.relative_error, tol=REL_TOL, deterministic=False,
+    error=fp.relative_error, tol=fp.REL_TOL, deterministic=False,
 )
 
 
