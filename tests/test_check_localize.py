@@ -318,7 +318,15 @@ SUB_STEP_PLANTS = {
                                           "`return` at line", "a normalization (divided by the sum) over all "
                                           "entries at once"),
     "top_p_first_row_kept": (FIXTURES / "learners_sampling" / "correct.py", "top_p", "remove[..., 0] = False",
-                             "remove[0] = False", "`remove` at line", ""),
+                             "remove[0] = False", "`remove` at line",
+                             "the tokens removed (1 = removed), except at index 0 of dim=0: it differs there alone"),
+    "top_p_cumsum_over_the_batch": (FIXTURES / "learners_sampling" / "correct.py", "top_p",
+                                    "torch.cumsum(probs, dim=-1)", "torch.cumsum(probs, dim=0)", "`mass_above` at line",
+                                    "the cumulative sum (the mass above each token) over dim=0; the reference's runs "
+                                    "over the last axis"),
+    "log_softmax_over_the_length": (KINDS_FILE, "loss", "logp = torch.log_softmax(logits, dim=-1)",
+                                    "logp = torch.log_softmax(logits, dim=1)", "`logp` at line",
+                                    "the log-softmax over dim=1; the reference's runs over the last axis"),
     "rope_table_positions_from_one": (FIXTURES / "learners_llama" / "correct.py", "rope",
                                       "t = torch.arange(end, device=freqs.device)",
                                       "t = torch.arange(1, end + 1, device=freqs.device)", "`t` at line",

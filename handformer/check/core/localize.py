@@ -48,6 +48,15 @@ class Step(NamedTuple):
 
 
 View = tuple[str, Tensor]  # (the reference's sub-step, in words; its value)
+Form = tuple[Text, Tensor]  # (a simple form of a difference, in words; the value a step of that form has)
+
+
+def over_axes(what: str, what_zh: str, op: Callable[[int], Tensor], ndim: int) -> list[Form]:
+    """A sub-step the reference takes over the last axis (`op(-1)`: a log-softmax, a cumulative
+    sum), taken over each other axis instead: the wrong-axis forms."""
+    return [(text(f"{what} over dim={d}; the reference's runs over the last axis, dim=-1",
+                  f"{what_zh}作用在 dim={d} 上；参考作用在最后一个轴 dim=-1 上"), op(d))
+            for d in range(ndim - 1)]
 
 
 class _Tracer:
@@ -366,21 +375,18 @@ def _term(t: Tensor, r: Tensor, what: str, terms: list[View], sizes: dict[str, f
 
 
 def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor | None = None,
-            terms: list[View] = ()) -> Text | None:
-    """The simple form of t against the reference's views of its shape, the first that has one: a
-    sign or a complement; a softmax (or a sum) over another axis (dividing by the sum of every
-    entry is a factor too); then a mask's edge, a factor, an offset, a transpose or a shift; then a
-    term (against the latest view first: the sub-step nearest to it)."""
+            terms: list[View] = (), forms: list[Form] = ()) -> Text | None:
+    """The simple form of t against the reference's views of its shape, the first that has one: one
+    of the `forms` the caller states (a wrong axis, a norm of another sub-step); then each of
+    SIMPLE over every view, the closest first (the view itself, its sign flipped, the view but for
+    one slice, its complement); a softmax (or a sum) over another axis (dividing by the sum of
+    every entry is a factor too); then a mask's edge, a factor, an offset, a transpose or a shift;
+    then a term (against the latest view first: the sub-step nearest to it)."""
     views = [(what, r) for what, r in views if r.shape == t.shape]
-    for what, r in views:  # a sign first: -q·kᵀ/sqrt(d_k) is a factor -1/sqrt(d_k) of q·kᵀ too
-        if same(t, r):
-            return text(f"it is {what}: the steps after it are left out",
-                        f"它就是 {view_zh(what)}：之后的步骤被漏掉了")
-        if same(t, -r):
-            return text(f"{what} with its sign flipped", f"{view_zh(what)} 的符号反了")
-        if r.min() >= 0 and r.max() <= 1 and same(t, 1 - r):
-            return text(f"{what}, inverted (1 - it)", f"{view_zh(what)} 取反了（1 - 它）")
-    found = _softmax_axis(t, pre)
+    simple = ((form, r) for form, r in forms if same(t, r))
+    near = sorted(views, key=lambda v: int((~torch.isclose(t, v[1], atol=1e-5)).sum()))  # the closest first
+    simple = itertools.chain(simple, ((f(t, r, what), r) for f in SIMPLE for what, r in near))
+    found = next((form for form, _ in simple if form), None) or _softmax_axis(t, pre)
     if found:
         return found
     for what, r in views:
@@ -393,6 +399,43 @@ def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor |
         if found:
             return found
     return None
+
+
+def _itself(t: Tensor, r: Tensor, what: str) -> Text | None:
+    return same(t, r) and text(f"it is {what}: the steps after it are left out",
+                               f"它就是 {view_zh(what)}：之后的步骤被漏掉了") or None
+
+
+def _sign(t: Tensor, r: Tensor, what: str) -> Text | None:
+    """A sign first: -q·kᵀ/sqrt(d_k) is a factor -1/sqrt(d_k) of q·kᵀ too."""
+    return same(t, -r) and text(f"{what} with its sign flipped", f"{view_zh(what)} 的符号反了") or None
+
+
+def _complement(t: Tensor, r: Tensor, what: str) -> Text | None:
+    return (r.min() >= 0 and r.max() <= 1 and same(t, 1 - r)
+            and text(f"{what}, inverted (1 - it)", f"{view_zh(what)} 取反了（1 - 它）")) or None
+
+
+def _but_one_slice(t: Tensor, r: Tensor, what: str) -> Text | None:
+    """t is r but at one index of one axis (a row left out of a fix, `remove[0]` for `remove[..., 0]`),
+    an axis of at least 2: where its code writes the wrong slice."""
+    finite = torch.isfinite(r) | torch.isfinite(t)
+    off = ~torch.isclose(t, r, atol=1e-5) & finite  # (...)
+    places = [(d, int(i)) for d in range(t.dim()) for i in off.nonzero()[:, d].unique()
+              if t.size(d) > 1 and off.select(d, int(i)).sum() == off.sum()]
+    return places and 0 < off.sum() < off.numel() and text(
+        f"{what}, except at index {places[0][1]} of dim={places[0][0]}: it differs there alone",
+        f"{view_zh(what)}，只有 dim={places[0][0]} 的下标 {places[0][1]} 处不同") or None
+
+
+def _slice_form(t: Tensor, views: list[View]) -> Text | None:
+    """A tensor built in place that is the closest view but for one slice: the slice its wrong line wrote."""
+    near = min((v for v in views if v[1].shape == t.shape), default=None,
+               key=lambda v: int((~torch.isclose(t, v[1], atol=1e-5)).sum()))
+    return near and _but_one_slice(t, near[1], near[0])
+
+
+SIMPLE = (_itself, _sign, _but_one_slice, _complement)  # each over every view, in this order
 
 
 def _scaled(t: Tensor, r: Tensor, what: str, sizes: dict[str, float]) -> Text | None:
@@ -432,7 +475,7 @@ class Departure:
 
 def first_departure(steps: list[Step], views: list[View], filename: str, sizes: dict[str, float],
                     pre: Tensor | None = None, terms: list[View] = (), ends: list[View] = (),
-                    ) -> Departure | None:
+                    forms: list[Form] = ()) -> Departure | None:
     """The first step whose shape is one of the views' and whose values are none of them; a value
     the code returns judged against `ends` (the results) alone, when given: returning an earlier
     sub-step (q unrotated) is a departure, its line the step that made that value."""
@@ -440,7 +483,7 @@ def first_departure(steps: list[Step], views: list[View], filename: str, sizes: 
     if found is None:
         return None
     step = _origin(steps, found) if ends else steps[found]
-    return _departure(step, views, filename, sizes, pre, terms)
+    return _departure(step, views, filename, sizes, pre, terms, forms)
 
 
 def _departure_at(steps: list[Step], views: list[View], ends: list[View] = ()) -> int | None:
@@ -483,13 +526,15 @@ def _origin(steps: list[Step], i: int) -> Step:
 
 
 def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, float],
-               pre: Tensor | None, terms: list[View]) -> Departure:
-    step, views = next(iter(_wrong_writes(step, layouts(views, {step.value.shape}))), (step, views))
-    views = layouts(views, {step.value.shape})
-    code = linecache.getline(filename, step.line).strip()
-    called = step.caller and (step.caller, linecache.getline(filename, step.caller).strip())
-    form = form_of(step.value, views, sizes, pre, terms) or _reduced(step.value, views)
-    return Departure(step.line, step.name, code, form, called or None)
+               pre: Tensor | None, terms: list[View], forms: list[Form] = ()) -> Departure:
+    whole = layouts(views, {step.value.shape})
+    written, views = next(iter(_wrong_writes(step, whole)), (step, views))
+    views = layouts(views, {written.value.shape})
+    code = linecache.getline(filename, written.line).strip()
+    called = written.caller and (written.caller, linecache.getline(filename, written.caller).strip())
+    form = (written is not step and _slice_form(step.value, whole)
+            or form_of(written.value, views, sizes, pre, terms, forms) or _reduced(written.value, views))
+    return Departure(written.line, written.name, code, form, called or None)
 
 
 def layouts(views: list[View], shapes: set[torch.Size]) -> list[View]:
@@ -552,7 +597,7 @@ def _wrong_writes(step: Step, views: list[View]) -> list[tuple[Step, list[View]]
 
 
 def latest_departure(steps: list[Step], readings: list[list[View]], filename: str, sizes: dict[str, float],
-                     terms: list[View] = ()) -> Departure | None:
+                     terms: list[View] = (), forms: list[Form] = ()) -> Departure | None:
     """Where the learner's steps part from the reference read the way that explains most of them
     (which weights are the gate, which activation, pre- or post-norm): the latest first departure of
     the readings; None when one reading explains every step."""
@@ -561,7 +606,7 @@ def latest_departure(steps: list[Step], readings: list[list[View]], filename: st
         return None
     i = min((j for j in range(len(at)) if at[j] == max(at)), key=lambda j: len(_wrong_writes(steps[at[j]],
                                                                                      readings[j])))
-    return _departure(steps[at[i]], readings[i], filename, sizes, None, list(terms) + readings[i])
+    return _departure(steps[at[i]], readings[i], filename, sizes, None, list(terms) + readings[i], forms)
 
 
 def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[list[View], Tensor]:

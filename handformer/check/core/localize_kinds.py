@@ -26,10 +26,12 @@ from torch import Tensor, nn
 from handformer.check.core.localize import (
     NUMBERS,
     Departure,
+    Form,
     View,
     first_departure,
     first_tensor,
     latest_departure,
+    over_axes,
     rotate_half,
     trace_steps,
 )
@@ -340,7 +342,21 @@ def localize_top_p(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, p: fl
     filename = inspect.getsourcefile(fn)
     x = logits.float().requires_grad_()
     steps = trace_steps(lambda: call(x), filename, constants=(torch.bool,))
-    return first_departure(steps, top_p_views(logits.double(), p), filename, {"V": logits.size(-1)})
+    return first_departure(steps, top_p_views(logits.double(), p), filename, {"V": logits.size(-1)},
+                           forms=top_p_axes(logits.double()))
+
+
+def top_p_axes(logits: Tensor) -> list[Form]:
+    """Top-p's sub-steps along the vocabulary (the sort, the softmax, the running sum) taken along
+    another axis of logits (rows, V)."""
+    ranked = torch.sort(logits, dim=-1, descending=True, stable=True)[0]  # (rows, V)
+    probs = torch.softmax(ranked, -1)
+    ops = (("the sort", "排序", lambda d: torch.sort(logits, dim=d, descending=True, stable=True)[0]),
+           ("the softmax", "softmax", lambda d: torch.softmax(ranked, d)),
+           ("the cumulative sum", "累加和", lambda d: probs.cumsum(d)),
+           ("the cumulative sum (the mass above each token)", "累加和（每个 token 之上的概率和）",
+            lambda d: probs.cumsum(d) - probs))
+    return [form for en, zh, op in ops for form in over_axes(en, zh, op, logits.dim())]
 
 
 def rope_table_views(L: int, D: int, theta: float) -> list[View]:
