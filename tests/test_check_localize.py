@@ -107,6 +107,10 @@ KIND_PLANTS = {
     "layer_extra_residual": ("encoder_layer", "x = self.norm2(x + self.dropout(ffn))",
                              "x = self.norm2(x + self.dropout(ffn)) + x", "`x`",
                              "the norm after the FFN plus an extra term equal to the norm after the self-attention"),
+    "layer_norm_on_the_input": ("encoder_layer", "x = self.norm1(x + self.dropout(attn))",
+                                "x = self.norm1(x) + self.dropout(attn)", "`self.norm1(...)`",
+                                "the norm after the self-attention applied to the input x; the reference applies it "
+                                "to x + self-attention (the residual sum)"),
     "loss_smoothing_summed": ("loss", "smooth = -logp.mean(dim=-1)", "smooth = -logp.sum(dim=-1)", "`smooth`",
                               "the smoothing term -mean(log p) times a constant factor 7 = V"),
     "loss_ignore_inverted": ("loss", "mask = (targets != pad_idx).float()", "mask = (targets == pad_idx).float()",
@@ -320,6 +324,10 @@ SUB_STEP_PLANTS = {
     "top_p_first_row_kept": (FIXTURES / "learners_sampling" / "correct.py", "top_p", "remove[..., 0] = False",
                              "remove[0] = False", "`remove` at line",
                              "the tokens removed (1 = removed), except at index 0 of dim=0: it differs there alone"),
+    "add_norm_on_the_sublayer_output": (D2L, "add_norm", "return self.ln(self.dropout(Y) + X)",
+                                        "return self.ln(self.dropout(Y)) + X", "`self.ln(...)` at line",
+                                        "the norm applied to Y, the sublayer's output; the reference applies it to "
+                                        "X + Y (the residual sum)"),
     "top_p_cumsum_over_the_batch": (FIXTURES / "learners_sampling" / "correct.py", "top_p",
                                     "torch.cumsum(probs, dim=-1)", "torch.cumsum(probs, dim=0)", "`mass_above` at line",
                                     "the cumulative sum (the mass above each token) over dim=0; the reference's runs "

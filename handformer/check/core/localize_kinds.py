@@ -34,8 +34,9 @@ from handformer.check.core.localize import (
     over_axes,
     rotate_half,
     trace_steps,
+    view_zh,
 )
-from handformer.check.core.result import ComponentResult
+from handformer.check.core.result import ComponentResult, text
 from handformer.check.reference import variants as V
 
 Localize = Callable[[], Departure | None]
@@ -139,6 +140,7 @@ def localize_norm(module: nn.Module, w: V.NormWeights, x: Tensor) -> Departure |
 # --- encoder layer, decoder layer, decoder-only block --------------------------------------------
 
 LABELS = {"attn": "self-attention", "cross": "cross-attention", "ffn": "FFN"}
+SIDES = {"pre": "before", "post": "after"}  # where a placement puts the norm
 
 
 def layer_views(w: V.LayerWeights, x: Tensor, memory: Tensor | None, keep: Tensor | None) -> list[View]:
@@ -184,7 +186,43 @@ def localize_layer(layer: Any, readings: list[V.LayerWeights]) -> Departure | No
     steps = trace_steps(lambda: layer.call(x, memory, None, None), filename, code, _children(layer.module))
     views = [layer_views(w, x.detach(), memory, keep) for w in readings]
     sizes = {"d_model": x.size(-1)}
-    return latest_departure(steps, views, filename, sizes, [("the input x", x.detach())])
+    forms = [form for w, v in zip(readings, views) for form in layer_norm_forms(w, v)]
+    return latest_departure(steps, views, filename, sizes, [("the input x", x.detach())], forms)
+
+
+def norm_forms(norm: Callable[[Tensor], Tensor], label: str, own: str, views: list[View]) -> list[Form]:
+    """A norm applied to another of the reference's sub-steps than its own input `own`: a norm on
+    the wrong branch (the sublayer's output normed before the residual sum, the input normed alone)."""
+    return [(text(f"{label} applied to {what}; the reference applies it to {own}",
+                  f"{view_zh(label)}作用在了 {view_zh(what)} 上；参考把它用在 {view_zh(own)} 上"), norm(t))
+            for what, t in views if what != own]
+
+
+def layer_norm_forms(w: V.LayerWeights, views: list[View]) -> list[Form]:
+    """Each of the layer's norms (one a sublayer) applied to each of its sub-steps but its own input:
+    pre-norm's the residual stream before the sublayer, post-norm's the residual sum after it."""
+    forms, stream = [], "the input x"
+    for name, n in zip(w.sublayers, w.norms):
+        total = f"x + {LABELS[name]} (the residual sum)"
+        own, after = {"pre": (stream, total), "post": (total, f"the norm after the {LABELS[name]}")}[w.placement]
+        label = f"the norm {SIDES[w.placement]} the {LABELS[name]}"
+        forms += norm_forms(lambda t, n=n: V.norm(n, t), label, own, views)
+        stream = after
+    return forms
+
+
+def localize_add_norm(call: Callable[[Tensor, Tensor], Any], module: nn.Module, w: V.NormWeights, x: Tensor,
+                      y: Tensor) -> Departure | None:
+    """Run d2l's AddNorm (`call(X, Y)`) traced on its forward and its norm: the first step that is
+    not X, Y, their sum or its norm; a norm of X or of Y alone named as such."""
+    filename, code = _source(module)
+    x, y = x.detach().clone().requires_grad_(), y.detach().clone().requires_grad_()
+    steps = trace_steps(lambda: call(x, y), filename, code, _all_parts(module))
+    x, y = x.detach(), y.detach()
+    views = [("the input X", x), ("Y, the sublayer's output", y), ("X + Y (the residual sum)", x + y)]
+    forms = norm_forms(lambda t: V.norm(w, t), "the norm", "X + Y (the residual sum)", views[:2])
+    views.append(("the norm of X + Y", V.norm(w, x + y)))
+    return first_departure(steps, views, filename, {"d_model": x.size(-1)}, forms=forms)
 
 
 def rotation_views(q: Tensor, k: Tensor, layout: str) -> list[View]:
