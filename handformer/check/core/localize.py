@@ -243,8 +243,9 @@ def _whole_name(c: float) -> str | None:
 # localize_kinds.py give them); code in a name (q·kᵀ, up(x), self.norm1) stays as it is
 VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改为 {m[2]}）"),
             (r"the input of (.+)", r"\1 的输入"), (r"the input ([xX])", r"输入 \1"), (r"the output", "输出"),
-            (r"Y, the sublayer's output", "Y（子层的输出）"), (r"X \+ Y \(the residual sum\)", "X + Y（残差和）"),
-            (r"the norm of X \+ Y", "X + Y 的归一化"), (r"the norm", "归一化"),
+            (r"Y, the sublayer's output", "Y（子层的输出）"),
+            (r"X \+ Y \(the residual sum\)", "X + Y（残差和）"), (r"the norm of X \+ Y", "X + Y 的归一化"),
+            (r"the norm", "归一化"),
             (r"the output (.+)", r"输出 \1"),
             (r"the heads of (\w+), rotated \((\w+) rotary\)", r"旋转后的 \1 的各个头（\2 配对）"),
             (r"the heads of (\w+), repeated for each query head", r"为每个查询头重复后的 \1 的各个头"),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -204,7 +205,8 @@ def layer_norm_forms(w: V.LayerWeights, views: list[View]) -> list[Form]:
     forms, stream = [], "the input x"
     for name, n in zip(w.sublayers, w.norms):
         total = f"x + {LABELS[name]} (the residual sum)"
-        own, after = {"pre": (stream, total), "post": (total, f"the norm after the {LABELS[name]}")}[w.placement]
+        own, after = {"pre": (stream, total),
+                      "post": (total, f"the norm after the {LABELS[name]}")}[w.placement]
         label = f"the norm {SIDES[w.placement]} the {LABELS[name]}"
         forms += norm_forms(lambda t, n=n: V.norm(n, t), label, own, views)
         stream = after
@@ -422,4 +424,13 @@ def localize_rope_table(call: Callable[[], Any], fn: Any, L: int, D: int, theta:
     steps = trace_steps(call, filename, constants=NUMBERS)
     views = rope_table_views(L, D, theta)
     readings = [[v for v in views if layout not in v[0]] for layout in ("as pairs", "as halves")]
-    return latest_departure(steps, readings, filename, {"d_head": D, "L": L})
+    sizes = {"d_head": D, "L": L}
+    found = [latest_departure(steps, [r], filename, sizes) for r in readings]  # halves', pairs'
+    if None in found or found[0].line == found[1].line:
+        return latest_departure(steps, readings, filename, sizes)
+    a, b = sorted(found, key=lambda d: d.line)  # each layout explains the step the other departs at
+    return replace(a, form=text(
+        f"`{a.name}` and `{b.name}` (line {b.line}: {b.code}) are in different layouts, one as halves "
+        "[c, c] and one as pairs (c0, c0, c1, c1, ...); the rotation uses one layout for both",
+        f"`{a.name}` 和 `{b.name}`（第 {b.line} 行：{b.code}）的排布不同，一个按两半 [c, c]，一个按成对"
+        "（c0, c0, c1, c1, ...）；旋转时两者要用同一种排布"))
