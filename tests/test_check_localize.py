@@ -341,6 +341,26 @@ TRAIN_STEP = '''def train_step(model, batch, optimizer, criterion):
     optimizer.step()
     return loss.item()
 '''
+GELU_FFN = '''import math
+
+import torch
+from torch import nn
+
+
+class GELU(nn.Module):
+    def forward(self, x):
+        return 0.5 * x * (1 + torch.tanh(
+            math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(d_model, d_ff), GELU(), nn.Linear(d_ff, d_model))
+
+    def forward(self, x):
+        return self.layers(x)
+'''
 D2L = FIXTURES / "learners_d2l" / "correct.py"
 SUB_STEP_PLANTS = {
     "valid_length_keeps_one_more": (D2L, "masked_softmax", "< valid_len[:, None]", "<= valid_len[:, None]",
@@ -378,6 +398,9 @@ SUB_STEP_PLANTS = {
     "train_step_labels_not_moved_on": (TRAIN_STEP, "train_step",
                                        "tgt[:, :-1], tgt[:, 1:]", "tgt[:, :-1], tgt[:, :-1]", "`tgt_out` at line",
                                        "the labels are the decoder's input tgt[:, :-1]"),
+    "gelu_constant_in_their_own_class": (GELU_FFN, "ffn", "0.044715", "0.44715",
+                                         "`self.layers.1(...)` at line 9: return 0.5 * x * (1 + torch.tanh( / line",
+                                         ""),
     "layernorm_mean_over_tokens": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)",
                                    "mean = x.mean(1, keepdim=True)", "`mean` at line",
                                    "the mean of the input x over dim=1; the reference reduces over dim=-1"),

@@ -17,6 +17,8 @@ Shape legend: B batch, H heads, T length, Dh head dim, D d_model.
 
 from __future__ import annotations
 
+import ast
+import functools
 import inspect
 import itertools
 import linecache
@@ -45,6 +47,7 @@ class Step(NamedTuple):
     caller: int | None = None
     given: bool = False  # an argument of their function as it was handed over, not a value it made
     earlier: tuple[Step, ...] = ()  # a tensor built in place: its values after each earlier line
+    part: tuple[nn.Module, tuple[Any, ...]] | None = None  # a part's output: the part and its inputs
 
 
 View = tuple[str, Tensor]  # (the reference's sub-step, in words; its value)
@@ -119,7 +122,7 @@ class _Tracer:
     def hook(self, name: str) -> Callable[..., None]:
         """Record a part's output (as `name(...)`) at the line that calls it."""
         def record(module: nn.Module, args: Any, out: Any) -> None:
-            self.part(f"{name}(...)", out)
+            self.part(f"{name}(...)", out, (module, args))
         return record
 
     def pre_hook(self, name: str) -> Callable[..., None]:
@@ -128,10 +131,10 @@ class _Tracer:
             self.part(f"the input of {name}", args)
         return record
 
-    def part(self, name: str, value: Any) -> None:
+    def part(self, name: str, value: Any, part: tuple[nn.Module, Any] | None = None) -> None:
         t = first_tensor(value)
         if t is not None and t.grad_fn is not None:
-            self.steps.append(Step(self.now, name, _copy(t)))
+            self.steps.append(Step(self.now, name, _copy(t), part=part))
 
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -533,11 +536,40 @@ def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, fl
     whole = layouts(views, {step.value.shape})
     written, views = next(iter(_wrong_writes(step, whole)), (step, views))
     views = layouts(views, {written.value.shape})
-    code = linecache.getline(filename, written.line).strip()
     called = written.caller and (written.caller, linecache.getline(filename, written.caller).strip())
     form = (written is not step and _slice_form(step.value, whole)
             or form_of(written.value, views, sizes, pre, terms, forms) or _reduced(written.value, views))
-    return Departure(written.line, written.name, code, form, called or None)
+    line = _inside(written, filename) or written.line
+    return Departure(line, written.name, statement(filename, line, not called), form, called or None)
+
+
+def _inside(step: Step, filename: str) -> int | None:
+    """For a part's output (a module of their own file, its forward not traced: a GELU of theirs in
+    an nn.Sequential), the line of its forward that returns it; None for any other step."""
+    module, args = step.part or (None, ())
+    forward = getattr(type(module), "forward", None)
+    if getattr(forward, "__code__", None) is None or inspect.getsourcefile(forward) != filename:
+        return None
+    steps = trace_steps(lambda: module(*args), filename, forward.__code__)
+    return next((s.line for s in reversed(steps) if s.name == "return"), None)
+
+
+def statement(filename: str, line: int, whole: bool = True) -> str:
+    """The code at `line`; the statement's second line too when it spans two lines and `whole`
+    (a constant on the continuation line of `return 0.5 * x * (1 + torch.tanh(`)."""
+    code = linecache.getline(filename, line).strip()
+    spans = [(n.lineno, n.end_lineno) for n in _statements(filename) if n.lineno == line]
+    two = [end for start, end in spans if end == line + 1] * whole
+    return " / ".join([code] + [f"line {end}: {linecache.getline(filename, end).strip()}" for end in two[:1]])
+
+
+@functools.lru_cache(maxsize=8)
+def _statements(filename: str) -> tuple[ast.stmt, ...]:
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except SyntaxError:  # a file check could import is Python: never here in practice
+        return ()
+    return tuple(n for n in ast.walk(tree) if isinstance(n, ast.stmt))
 
 
 def layouts(views: list[View], shapes: set[torch.Size]) -> list[View]:
