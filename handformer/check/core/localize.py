@@ -58,7 +58,7 @@ def over_axes(what: str, what_zh: str, op: Callable[[int], Tensor], ndim: int) -
     """A sub-step the reference takes over the last axis (`op(-1)`: a log-softmax, a cumulative
     sum), taken over each other axis instead: the wrong-axis forms."""
     return [(text(f"{what} over dim={d}; the reference's runs over the last axis, dim=-1",
-                  f"{what_zh}作用在 dim={d} 上；参考作用在最后一个轴 dim=-1 上"), op(d))
+                  f"{_zh_subject(what_zh)}作用在 dim={d} 上；参考作用在最后一个轴 dim=-1 上"), op(d))
             for d in range(ndim - 1)]
 
 
@@ -248,7 +248,12 @@ VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改�
             (r"the input of (.+)", r"\1 的输入"), (r"the input ([xX])", r"输入 \1"), (r"the output", "输出"),
             (r"Y, the sublayer's output", "Y（子层的输出）"),
             (r"X \+ Y \(the residual sum\)", "X + Y（残差和）"), (r"the norm of X \+ Y", "X + Y 的归一化"),
-            (r"the norm", "归一化"),
+            (r"the norm", "归一化"), (r"the (source|target) embedding plus positions", "{}嵌入加上位置编码"),
+            (r"the (source|target) embedding \(scaled as chosen\)", "{}嵌入（按选定的方式缩放）"),
+            (r"emb\(ids\), the (source|target) embedding unscaled", "emb(ids)（未缩放的{}嵌入）"),
+            (r"the positional encoding", "位置编码"),
+            (r"the (encoder|decoder)'s final norm", "{}最后的归一化"),
+            (r"(encoder|decoder) layer (\d+)'s output", "{}层 {} 的输出"),
             (r"the output (.+)", r"输出 \1"),
             (r"the heads of (\w+), rotated \((\w+) rotary\)", r"旋转后的 \1 的各个头（\2 配对）"),
             (r"the heads of (\w+), repeated for each query head", r"为每个查询头重复后的 \1 的各个头"),
@@ -268,7 +273,8 @@ VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改�
              f"{SIDES_ZH[m[1]]}的归一化"),
             (r"the (.+)'s output", lambda m: f"{SUBLAYERS_ZH.get(m[1], m[1])}的输出"),
             (r"x \+ (.+) \(the residual sum\)", lambda m: f"x + {SUBLAYERS_ZH.get(m[1], m[1])}（残差和）")]
-SIDES_ZH = {"before": "之前", "after": "之后"}
+SIDES_ZH = {"before": "之前", "after": "之后", "source": "源", "target": "目标", "encoder": "编码器",
+            "decoder": "解码器"}
 SUBLAYERS_ZH = {"self-attention": "自注意力", "cross-attention": "交叉注意力", "FFN": "前馈网络"}
 
 
@@ -276,8 +282,8 @@ def view_zh(name: str) -> str:
     """An intermediate result's name in Chinese; a name that is code, or not known, as it is."""
     for pattern, zh in VIEWS_ZH:
         m = re.fullmatch(pattern, name)
-        if m:
-            return zh(m) if callable(zh) else m.expand(zh)
+        if m:  # "{}": the groups, a side (source, encoder, ...) in Chinese
+            return zh(m) if callable(zh) else m.expand(zh.format(*(SIDES_ZH.get(g, g) for g in m.groups())))
     return name
 
 
@@ -322,10 +328,10 @@ def _softmax_axis(t: Tensor, pre: Tensor | None) -> Text | None:
         return None
     for (norm, how, how_zh), dim in itertools.product(NORMALIZERS, (*range(pre.dim() - 1), None)):
         if same(t, norm(pre, dim)):
-            where, where_zh = (f"dim={dim}", f"dim={dim} 上") if dim is not None else ("all entries at once",
-                                                                                      "所有元素上（一起）")
+            where, where_zh = (f"dim={dim}", f" dim={dim} 上") if dim is not None else ("all entries at once",
+                                                                                       "所有元素上（一起）")
             return text(f"{how} over {where}; the reference's runs over the last axis, dim=-1",
-                        f"{how_zh} 作用在 {where_zh}；参考作用在最后一个轴 dim=-1 上")
+                        f"{_zh_subject(how_zh)}作用在{where_zh}；参考作用在最后一个轴 dim=-1 上")
     return None
 
 
