@@ -192,13 +192,13 @@ PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_s
 # alone: it takes the long sums 30 points and more over the best SFT of a sweep (docs/benchmarks.md).
 # DPO sees 300 pairs of the mix and 300 long sums whose rejected is the SFT model's own wrong reply, 60
 # steps of 8 at 2e-5 with the chosen replies' log-likelihood in the loss (weight 1): at 5e-5 it took the
-# long sums further but broke the mix's 3-digit sums (94% to 80%). GRPO keeps a KL term (beta 0.04).
+# long sums further but broke the mix's 3-digit sums (94% to 80%).
 PRESETS["reasoning"] = {
     "tasks": "reasoning", "vocab_size": 512, "block_size": 160, "addition_digits": 3, "max_days": 60,
     "pretrain_facts": 40_000, "pretrain_pydoc_chars": 100_000, "pretrain_steps": 1500,
     "sft_conversations": 8000, "sft_long_sums": 80, "sft_steps": 600, "dpo_pairs": 300, "dpo_long_sums": 300,
     "dpo_steps": 60, "dpo_batch": 8, "dpo_lr": 2e-5, "dpo_sft_weight": 1.0, "grpo_prompts": 800,
-    "grpo_steps": 100, "grpo_batch": 8, "grpo_lr": 1e-4, "grpo_beta": 0.04, "grpo_long_share": 0.6,
+    "grpo_steps": 100, "grpo_batch": 8, "grpo_lr": 1e-4, "grpo_long_share": 0.6,
     "grpo_max_new_tokens": 104, "eval_per_kind": 334, "eval_long_sums": 1000, "eval_split": "report"}
 # the recipe search: the post-training stages on 240 questions and 100 long sums of the search split,
 # from a pretrained base (`--base OUT/base` of a `reasoning` run; its own 300 steps of pretraining answer
