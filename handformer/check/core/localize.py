@@ -241,7 +241,7 @@ VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改�
             (r"(.+) rotated \((\w+) pairs\)", r"旋转后的 \1（\2 配对）"),
             (r"the scores (.+)", r"分数 \1"), (r"the attention weights", "注意力权重"),
             (r"the masked scores", "屏蔽后的分数"),
-            (r"the keep mask \(1 = visible\)", "保留掩码（1 = 可见）"),
+            (r"the keep mask \(1 = visible\)", "保留掩码（1 = 可以看）"),
             (r"the positions 0 \.\. L-1", "位置 0 .. L-1"), (r"the angles pos·freq", "角度 pos·freq"),
             (r"the kept probabilities (.+)", r"保留下来的概率 \1"),
             (r"weights·v, heads concatenated", "weights·v（各头拼接后）"),
@@ -251,10 +251,20 @@ VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改�
             (r"the gain times the normalized x", "增益乘以归一化后的 x"),
             (r"the norm (before|after) the (.+)", lambda m: f"{SUBLAYERS_ZH.get(m[2], m[2])}"
              f"{SIDES_ZH[m[1]]}的归一化"),
+            (r"(encoder|decoder) layer (\d+)'s output", lambda m: f"{STACKS_ZH[m[1]]}层 {m[2]} 的输出"),
+            (r"the (encoder|decoder)'s final norm", lambda m: f"{STACKS_ZH[m[1]]}最后的归一化"),
+            (r"the (source|target) embedding \(scaled as chosen\)",
+             lambda m: f"{ENDS_ZH[m[1]]}嵌入（按所选方式缩放）"),
+            (r"the (source|target) embedding plus positions", lambda m: f"{ENDS_ZH[m[1]]}嵌入加位置编码"),
+            (r"emb\(ids\), the (source|target) embedding unscaled",
+             lambda m: f"emb(ids)（未缩放的{ENDS_ZH[m[1]]}嵌入）"),
+            (r"the positional encoding", "位置编码"), (r"the logits", "logits"),
             (r"the (.+)'s output", lambda m: f"{SUBLAYERS_ZH.get(m[1], m[1])}的输出"),
             (r"x \+ (.+) \(the residual sum\)", lambda m: f"x + {SUBLAYERS_ZH.get(m[1], m[1])}（残差和）")]
 SIDES_ZH = {"before": "之前", "after": "之后"}
 SUBLAYERS_ZH = {"self-attention": "自注意力", "cross-attention": "交叉注意力", "FFN": "前馈网络"}
+STACKS_ZH = {"encoder": "编码器", "decoder": "解码器"}
+ENDS_ZH = {"source": "源端", "target": "目标端"}
 
 
 def view_zh(name: str) -> str:
@@ -289,13 +299,13 @@ def _shift(t: Tensor, r: Tensor, dim: int, what: str) -> Text | None:
         n = r.size(axis)
         if same(t.narrow(axis, max(d, 0), n - 1), r.narrow(axis, max(-d, 0), n - 1)):
             return text(f"{what} shifted by one position: position i holds the reference's i {sign} 1",
-                        f"{view_zh(what)} 错开了一个位置：位置 i 放的是参考的位置 i {sign} 1")
+                        f"{_zh_subject(what)}错开了一个位置：位置 i 放的是参考的位置 i {sign} 1")
     return None
 
 
 NORMALIZERS = ((
     lambda p, dim: torch.softmax(p.flatten(), 0).view_as(p) if dim is None else torch.softmax(p, dim),
-                "a softmax", "softmax"),
+                "a softmax", "softmax "),
                (lambda p, dim: p / p.sum(dim=dim, keepdim=dim is not None),
                 "a normalization (divided by the sum)", "归一化（除以和）"))
 
@@ -307,10 +317,10 @@ def _softmax_axis(t: Tensor, pre: Tensor | None) -> Text | None:
         return None
     for (norm, how, how_zh), dim in itertools.product(NORMALIZERS, (*range(pre.dim() - 1), None)):
         if same(t, norm(pre, dim)):
-            where, where_zh = (f"dim={dim}", f"dim={dim} 上") if dim is not None else ("all entries at once",
-                                                                                      "所有元素上（一起）")
+            where, where_zh = (f"dim={dim}", f"作用在 dim={dim} 上") if dim is not None else (
+                "all entries at once", "一次作用在所有元素上")
             return text(f"{how} over {where}; the reference's runs over the last axis, dim=-1",
-                        f"{how_zh} 作用在 {where_zh}；参考作用在最后一个轴 dim=-1 上")
+                        f"{how_zh}{where_zh}；参考作用在最后一个轴 dim=-1 上")
     return None
 
 
@@ -361,7 +371,7 @@ def _term(t: Tensor, r: Tensor, what: str, terms: list[View], sizes: dict[str, f
             named = f" = {scale}" if scale != f"{1 + c:.4g}" else ""
             return text(f"{what} plus {c:.4g} × ({name}): that term scaled by {1 + c:.4g}{named}",
                         f"{_zh_subject(what)}多加了 {c:.4g} × ({view_zh(name)})："
-                        f"这一项被乘了 {1 + c:.4g}{named}")
+                        f"这一项的系数成了 {1 + c:.4g}{named}")
     return None
 
 
@@ -520,8 +530,8 @@ def _unpermuted(t: Tensor, views: list[View]) -> Text | None:
             shape, ref = tuple(t.shape), tuple(r.shape)
             return text(f"{what} reshaped to {shape} as it lies in memory; the reference moves its axes "
                         f"before the reshape ({result} is {ref}): a transpose or permute left out",
-                        f"{view_zh(what)} 按内存顺序直接改成了形状 {shape}；参考在改形状之前先换轴"
-                        f"（{view_zh(result)} 的形状是 {ref}）：漏了 transpose 或 permute")
+                        f"{_zh_subject(what)}按内存顺序直接改成了形状 {shape}；参考在改形状之前先换轴"
+                        f"（{_zh_subject(result)}的形状是 {ref}）：漏了 transpose 或 permute")
     return None
 
 
