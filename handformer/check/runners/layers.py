@@ -57,6 +57,7 @@ from handformer.check.core.context import (
 from handformer.check.core.conventions import masks_where_true
 from handformer.check.core.discovery import NAMES, Component, argument_keys
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
+from handformer.check.core.localize_kinds import localize_add_norm, note_departure
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.rope_tables import position_kwargs, with_positions, with_tables
 from handformer.check.core.rotary import rope_layouts, rope_tables
@@ -874,6 +875,8 @@ def check_add_norm(comp: Component, ctx: Context) -> ComponentResult:
         _norm_findings(res, ctx, comp, slot, w)
         dropout_on_residual(res, ctx, comp, run, lambda trace: _add_norm_trace(w, x, y, trace))
         _against_norm(res, slot, w, run)
+        if res.max_abs_error >= 1e-5:
+            note_departure(res, lambda: localize_add_norm(module, module, w, x, y))
     return finish(res)
 
 
