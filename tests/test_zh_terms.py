@@ -15,7 +15,7 @@ CJK = re.compile(r"[\u4e00-\u9fff]")
 
 # (the word to use, a pattern for what it replaced); the glossary's table says the same in words
 REPLACED = [
-    ("batch", r"批次"),
+    ("batch", r"批次|每批 ?\d|拼成一批"),
     ("堆叠 (a stack of layers)", r"堆栈"),
     ("Block", r"decoder-only 块|(?<![\w`(（_-])block(?![\w`)）_-]| size)"),
     ("教学代码 (the lesson: nn/, models/)", r"课程代码|课程里的 ?[Bb]lock"),
