@@ -31,6 +31,7 @@ REPLACED = [
     ("标准差", r"离散程度"),
     ("算子, 内核", r"核函数"),
     ("输出层 (the output head, lm_head)", r"输出头"),
+    ("词嵌入, 可学习的位置编码", r"token 嵌入|可学习位置编码|学出来的位置"),
     ("位置 3, 层 0 (what counts from 0)",
      r"第 ?(0|\d+ ?个(位置|token|头|样本|序列))(?!\d)|第 \$?\{(l|layer|dim|pos|i|j|h|head|row)\}"),
 ]
