@@ -48,8 +48,10 @@ from handformer.check.core.argument_names import (
 from handformer.check.core.argument_names import STEP_MODEL_NAMES as MODEL_NAMES  # noqa: F401
 from handformer.check.core.context import Context, error_text, finish, forward_parameters, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
+from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
+from handformer.check.runners.localize_train import localize_train_step
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
 
@@ -401,6 +403,8 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
                 "训练时 dropout 一直关着")))
         if max(errs) >= step.tol:
             _search(res, ctx, comp, step, base, got, right, errs, {n for _, n in model.calls})
+            note_departure(res, lambda: localize_train_step(
+                step, Recorded(copy.deepcopy(base)), *batches()[0], LR))
         if step.clip is not None and not _named(res):  # a loss scale clipping hid, or no mistake named
             _unclipped(res, ctx, comp, step, base)
     if not all(c.ok for c in res.checks) and not _named(res):
