@@ -401,6 +401,8 @@ SUB_STEP_PLANTS = {
     "gelu_constant_in_their_own_class": (GELU_FFN, "ffn", "0.044715", "0.44715",
                                          "`self.layers.1(...)` at line 9: return 0.5 * x * (1 + torch.tanh( / line",
                                          ""),
+    "layernorm_mean_over_all": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)", "mean = x.mean()",
+                                "`mean` at line", "the mean of the input x over all entries at once"),
     "layernorm_mean_over_tokens": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)",
                                    "mean = x.mean(1, keepdim=True)", "`mean` at line",
                                    "the mean of the input x over dim=1; the reference reduces over dim=-1"),

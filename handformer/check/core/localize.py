@@ -507,13 +507,15 @@ REDUCTIONS = (("the mean", "均值", torch.mean), ("the sum", "和", torch.sum))
 
 
 def _reduced(t: Tensor, views: list[View]) -> Text | None:
-    """t is a mean or a sum of a view over an axis other than the last (the reference reduces over
-    d_model or the keys, dim=-1): a reduction over the wrong axis, its shape none of the views'."""
+    """t is a mean or a sum of a view over an axis other than the last, or over all its entries (the
+    reference reduces over d_model or the keys, dim=-1): a reduction over the wrong axis, its shape
+    none of the views'."""
     for (what, r), (how, how_zh, op), keep in itertools.product(views, REDUCTIONS, (True, False)):
-        for dim in range(r.dim() - 1):
+        axes = [(d, f"dim={d}", f" dim={d} 上") for d in range(r.dim() - 1)]
+        for dim, where, where_zh in axes + [(tuple(range(r.dim())), "all entries at once", "所有元素上")]:
             if same(t, op(r, dim=dim, keepdim=keep)):  # same() compares shapes first
-                return text(f"{how} of {what} over dim={dim}; the reference reduces over dim=-1",
-                            f"{view_zh(what)} 的{how_zh}是在 dim={dim} 上求的；参考在最后一个轴 dim=-1 上求")
+                return text(f"{how} of {what} over {where}; the reference reduces over dim=-1",
+                            f"{view_zh(what)} 的{how_zh}是在{where_zh}求的；参考在最后一个轴 dim=-1 上求")
     return None
 
 
