@@ -401,6 +401,10 @@ SUB_STEP_PLANTS = {
     "gelu_constant_in_their_own_class": (GELU_FFN, "ffn", "0.044715", "0.44715",
                                          "`self.layers.1(...)` at line 9: return 0.5 * x * (1 + torch.tanh( / line",
                                          ""),
+    "scale_by_a_size_read_wrong": (CORRECT.replace("scores = Q @ K.transpose(-2, -1) / math.sqrt(self.d_k)",
+                                                   "d_k = Q.size(-1)\n        scores = Q @ K.transpose(-2, -1) / "
+                                                   "math.sqrt(d_k)"), "mha", "d_k = Q.size(-1)", "d_k = Q.size(-2)",
+                                   "(its `d_k` was read at line", "q·kᵀ times a constant factor 0.4472 = 1/sqrt(T)"),
     "layernorm_mean_over_all": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)", "mean = x.mean()",
                                 "`mean` at line", "the mean of the input x over all entries at once"),
     "layernorm_mean_over_tokens": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)",
