@@ -267,7 +267,7 @@ VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改�
             (r"(.+) rotated \((\w+) pairs\)", r"旋转后的 \1（\2 配对）"),
             (r"the scores (.+)", r"分数 \1"), (r"the attention weights", "注意力权重"),
             (r"the masked scores", "屏蔽后的分数"),
-            (r"the keep mask \(1 = visible\)", "保留掩码（1 = 可见）"),
+            (r"the keep mask \(1 = visible\)", "保留掩码（1 = 可以看）"),
             (r"the positions 0 \.\. L-1", "位置 0 .. L-1"), (r"the angles pos·freq", "角度 pos·freq"),
             (r"the kept probabilities (.+)", r"保留下来的概率 \1"),
             (r"weights·v, heads concatenated", "weights·v（各头拼接后）"),
@@ -316,7 +316,7 @@ def _shift(t: Tensor, r: Tensor, dim: int, what: str) -> Text | None:
         n = r.size(axis)
         if same(t.narrow(axis, max(d, 0), n - 1), r.narrow(axis, max(-d, 0), n - 1)):
             return text(f"{what} shifted by one position: position i holds the reference's i {sign} 1",
-                        f"{view_zh(what)} 错开了一个位置：位置 i 放的是参考的位置 i {sign} 1")
+                        f"{_zh_subject(what)}错开了一个位置：位置 i 放的是参考的位置 i {sign} 1")
     return None
 
 
@@ -388,7 +388,7 @@ def _term(t: Tensor, r: Tensor, what: str, terms: list[View], sizes: dict[str, f
             named = f" = {scale}" if scale != f"{1 + c:.4g}" else ""
             return text(f"{what} plus {c:.4g} × ({name}): that term scaled by {1 + c:.4g}{named}",
                         f"{_zh_subject(what)}多加了 {c:.4g} × ({view_zh(name)})："
-                        f"这一项被乘了 {1 + c:.4g}{named}")
+                        f"这一项的系数成了 {1 + c:.4g}{named}")
     return None
 
 
@@ -629,8 +629,8 @@ def _unpermuted(t: Tensor, views: list[View]) -> Text | None:
             shape, ref = tuple(t.shape), tuple(r.shape)
             return text(f"{what} reshaped to {shape} as it lies in memory; the reference moves its axes "
                         f"before the reshape ({result} is {ref}): a transpose or permute left out",
-                        f"{view_zh(what)} 按内存顺序直接改成了形状 {shape}；参考在改形状之前先换轴"
-                        f"（{view_zh(result)} 的形状是 {ref}）：漏了 transpose 或 permute")
+                        f"{_zh_subject(what)}按内存顺序直接改成了形状 {shape}；参考在改形状之前先换轴"
+                        f"（{_zh_subject(result)}的形状是 {ref}）：漏了 transpose 或 permute")
     return None
 
 
