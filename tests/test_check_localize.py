@@ -405,6 +405,9 @@ SUB_STEP_PLANTS = {
                                                    "d_k = Q.size(-1)\n        scores = Q @ K.transpose(-2, -1) / "
                                                    "math.sqrt(d_k)"), "mha", "d_k = Q.size(-1)", "d_k = Q.size(-2)",
                                    "(its `d_k` was read at line", "q·kᵀ times a constant factor 0.4472 = 1/sqrt(T)"),
+    "gpt_final_norm_inside_the_loop": (FIXTURES / "learners_nanogpt" / "correct.py", "gpt",
+                                       "x = block(x)", "x = self.ln_f(block(x))",
+                                       "`self.ln_f(...)` at line", ""),
     "layernorm_mean_over_all": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)", "mean = x.mean()",
                                 "`mean` at line", "the mean of the input x over all entries at once"),
     "layernorm_mean_over_tokens": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)",

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.result import ComponentResult, Text, text
 from handformer.check.reference import variants as V
 
@@ -574,10 +575,12 @@ def _size_source(step: Step, code: str, form: Text | None, sizes: dict[str, floa
 
 def _inside(step: Step, filename: str) -> int | None:
     """For a part's output (a module of their own file, its forward not traced: a GELU of theirs in
-    an nn.Sequential), the line of its forward that returns it; None for any other step."""
+    an nn.Sequential), the line of its forward that returns it; None for any other step, and for a
+    part check grades on its own (a LayerNorm of theirs applied where it should not be)."""
     module, args = step.part or (None, ())
     forward = getattr(type(module), "forward", None)
-    if getattr(forward, "__code__", None) is None or inspect.getsourcefile(forward) != filename:
+    graded = type(module).__name__ in {n for k in KINDS_TABLE for n in k.names}  # checked on its own
+    if graded or getattr(forward, "__code__", None) is None or inspect.getsourcefile(forward) != filename:
         return None
     steps = trace_steps(lambda: module(*args), filename, forward.__code__)
     return next((s.line for s in reversed(steps) if s.name == "return"), None)

@@ -50,6 +50,7 @@ from handformer.check.core.layer_map import (
     outside,
     prefixed,
 )
+from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
 from handformer.check.core.result import (
     NOT_CHECKED,
     Check,
@@ -538,6 +539,9 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
                               "没有任何已知错误（或两个错误的组合）能复现你的 logits；"
                               "各 Block 自己的检查会指出它们与 handformer 的差别"))
         ch = settings[0]
+        models = [reference_model(m, c) for c in settings]
+        readings = [module_views(lambda hf=hf: hf(idx), hf, {}, inputs=True) for hf in models]
+        note_departure(res, lambda: localize_model(lambda: call(idx), call.module, readings))
     else:
         ch = found[0]
         _found(res, ctx, comp, m, out, idx, found, last_only)
