@@ -261,7 +261,7 @@ VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改�
             (r"(.+) rotated \((\w+) pairs\)", r"旋转后的 \1（\2 配对）"),
             (r"the scores (.+)", r"分数 \1"), (r"the attention weights", "注意力权重"),
             (r"the masked scores", "屏蔽后的分数"),
-            (r"the keep mask \(1 = visible\)", "保留掩码（1 = 可见）"),
+            (r"the keep mask \(1 = visible\)", "保留掩码（1 = 可以看）"),
             (r"the positions 0 \.\. L-1", "位置 0 .. L-1"), (r"the angles pos·freq", "角度 pos·freq"),
             (r"the kept probabilities (.+)", r"保留下来的概率 \1"),
             (r"weights·v, heads concatenated", "weights·v（各头拼接后）"),
@@ -310,7 +310,7 @@ def _shift(t: Tensor, r: Tensor, dim: int, what: str) -> Text | None:
         n = r.size(axis)
         if same(t.narrow(axis, max(d, 0), n - 1), r.narrow(axis, max(-d, 0), n - 1)):
             return text(f"{what} shifted by one position: position i holds the reference's i {sign} 1",
-                        f"{view_zh(what)} 错开了一个位置：位置 i 放的是参考的位置 i {sign} 1")
+                        f"{_zh_subject(what)}错开了一个位置：位置 i 放的是参考的位置 i {sign} 1")
     return None
 
 
@@ -382,7 +382,7 @@ def _term(t: Tensor, r: Tensor, what: str, terms: list[View], sizes: dict[str, f
             named = f" = {scale}" if scale != f"{1 + c:.4g}" else ""
             return text(f"{what} plus {c:.4g} × ({name}): that term scaled by {1 + c:.4g}{named}",
                         f"{_zh_subject(what)}多加了 {c:.4g} × ({view_zh(name)})："
-                        f"这一项被乘了 {1 + c:.4g}{named}")
+                        f"这一项的系数成了 {1 + c:.4g}{named}")
     return None
 
 
@@ -395,10 +395,9 @@ def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor |
     every entry is a factor too); then a mask's edge, a factor, an offset, a transpose or a shift;
     then a term (against the latest view first: the sub-step nearest to it)."""
     views = [(what, r) for what, r in views if r.shape == t.shape]
-    simple = ((form, r) for form, r in forms if same(t, r))
     near = sorted(views, key=lambda v: int((~torch.isclose(t, v[1], atol=1e-5)).sum()))  # the closest first
-    simple = itertools.chain(simple, ((f(t, r, what), r) for f in SIMPLE for what, r in near))
-    found = next((form for form, _ in simple if form), None) or _softmax_axis(t, pre)
+    stated = next((form for form, r in forms if same(t, r)), None)
+    found = stated or _simple(t, near) or _softmax_axis(t, pre)
     if found:
         return found
     for what, r in views:
@@ -413,41 +412,39 @@ def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor |
     return None
 
 
-def _itself(t: Tensor, r: Tensor, what: str) -> Text | None:
-    return same(t, r) and text(f"it is {what}: the steps after it are left out",
-                               f"它就是 {view_zh(what)}：之后的步骤被漏掉了") or None
-
-
-def _sign(t: Tensor, r: Tensor, what: str) -> Text | None:
-    """A sign first: -q·kᵀ/sqrt(d_k) is a factor -1/sqrt(d_k) of q·kᵀ too."""
-    return same(t, -r) and text(f"{what} with its sign flipped", f"{view_zh(what)} 的符号反了") or None
-
-
-def _complement(t: Tensor, r: Tensor, what: str) -> Text | None:
-    return (r.min() >= 0 and r.max() <= 1 and same(t, 1 - r)
-            and text(f"{what}, inverted (1 - it)", f"{view_zh(what)} 取反了（1 - 它）")) or None
-
-
-def _but_one_slice(t: Tensor, r: Tensor, what: str) -> Text | None:
+def _one_slice(t: Tensor, r: Tensor) -> dict[str, int] | None:
     """t is r but at one index of one axis (a row left out of a fix, `remove[0]` for `remove[..., 0]`),
-    an axis of at least 2: where its code writes the wrong slice."""
-    finite = torch.isfinite(r) | torch.isfinite(t)
-    off = ~torch.isclose(t, r, atol=1e-5) & finite  # (...)
-    places = [(d, int(i)) for d in range(t.dim()) for i in off.nonzero()[:, d].unique()
+    an axis of at least 2: where its code writes the wrong slice; None when it is not."""
+    off = ~torch.isclose(t, r, atol=1e-5) & (torch.isfinite(r) | torch.isfinite(t))  # (...)
+    places = [{"dim": d, "index": int(i)} for d in range(t.dim()) for i in off.nonzero()[:, d].unique()
               if t.size(d) > 1 and off.select(d, int(i)).sum() == off.sum()]
-    return places and 0 < off.sum() < off.numel() and text(
-        f"{what}, except at index {places[0][1]} of dim={places[0][0]}: it differs there alone",
-        f"{view_zh(what)}，只有 dim={places[0][0]} 的下标 {places[0][1]} 处不同") or None
+    return places[0] if places and 0 < off.sum() < off.numel() else None
+
+
+# each test over every view (the closest first), in this order: its form when it holds; a sign
+# first (-q·kᵀ/sqrt(d_k) is a factor -1/sqrt(d_k) of q·kᵀ too)
+SIMPLE = ((same, "it is {what}: the steps after it are left out", "它就是 {zh}：之后的步骤被漏掉了"),
+          (lambda t, r: same(t, -r), "{what} with its sign flipped", "{zh} 的符号反了"),
+          (_one_slice, "{what}, except at index {index} of dim={dim}: it differs there alone",
+           "{zh}，只有 dim={dim} 的下标 {index} 处不同"),
+          (lambda t, r: r.min() >= 0 and r.max() <= 1 and same(t, 1 - r), "{what}, inverted (1 - it)",
+           "{zh} 取反了（1 - 它）"))
+
+
+def _simple(t: Tensor, views: list[View], tests: tuple[Any, ...] = SIMPLE) -> Text | None:
+    for (test, en, zh), (what, r) in itertools.product(tests, views):
+        found = test(t, r)
+        if found:  # True, or the fields of the form (the slice)
+            fields = {"what": what, "zh": view_zh(what), **(found if isinstance(found, dict) else {})}
+            return text(en.format(**fields), zh.format(**fields))
+    return None
 
 
 def _slice_form(t: Tensor, views: list[View]) -> Text | None:
     """A tensor built in place that is the closest view but for one slice: the slice its wrong line wrote."""
-    near = min((v for v in views if v[1].shape == t.shape), default=None,
-               key=lambda v: int((~torch.isclose(t, v[1], atol=1e-5)).sum()))
-    return near and _but_one_slice(t, near[1], near[0])
-
-
-SIMPLE = (_itself, _sign, _but_one_slice, _complement)  # each over every view, in this order
+    near = sorted([v for v in views if v[1].shape == t.shape],
+                  key=lambda v: int((~torch.isclose(t, v[1], atol=1e-5)).sum()))
+    return _simple(t, near[:1], SIMPLE[2:3])
 
 
 def _scaled(t: Tensor, r: Tensor, what: str, sizes: dict[str, float]) -> Text | None:
@@ -606,8 +603,8 @@ def _unpermuted(t: Tensor, views: list[View]) -> Text | None:
             shape, ref = tuple(t.shape), tuple(r.shape)
             return text(f"{what} reshaped to {shape} as it lies in memory; the reference moves its axes "
                         f"before the reshape ({result} is {ref}): a transpose or permute left out",
-                        f"{view_zh(what)} 按内存顺序直接改成了形状 {shape}；参考在改形状之前先换轴"
-                        f"（{view_zh(result)} 的形状是 {ref}）：漏了 transpose 或 permute")
+                        f"{_zh_subject(what)}按内存顺序直接改成了形状 {shape}；参考在改形状之前先换轴"
+                        f"（{_zh_subject(result)}的形状是 {ref}）：漏了 transpose 或 permute")
     return None
 
 

@@ -49,6 +49,7 @@ from handformer.check.core.discovery import Component, DiscoveryError, own_objec
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
+from handformer.check.runners.localize_train import localize_train_step
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
 
@@ -384,8 +385,8 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
                 "训练时 dropout 一直关着")))
         if max(errs) >= step.tol:
             _search(res, ctx, comp, step, base, got, right, errs, lengths)
-            from handformer.check.runners.localize_train import localize_train_step
-            note_departure(res, lambda: localize_train_step(step, base))
+            note_departure(res, lambda: localize_train_step(
+                step, Recorded(copy.deepcopy(base)), *batches()[0], LR))
     return finish(res)
 
 
