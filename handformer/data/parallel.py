@@ -11,10 +11,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from handformer.paths import refuse_non_file
+
 
 def open_text(path: str | os.PathLike):
     path = Path(path)
     if not path.is_file():
+        refuse_non_file(path, "a data file", "give a TSV file (source<TAB>target a line), or two aligned "
+                        "files (source, then target)")
         raise FileNotFoundError(f"no such data file: {path}")
     # Lines end at "\n" only: universal newlines would also split at a stray "\r" inside a
     # sentence, cutting it silently and shifting aligned files. read_lines drops CRLF's "\r".
