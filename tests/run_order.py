@@ -27,7 +27,7 @@ SECONDS = {
     "test_distributed.py": 3, "test_fused_step.py": 3,
     "test_check_public_styles.py": 4,
     "test_check_localize.py": 8, "test_lesson_shape.py": 4, "test_post_grpo.py": 4, "test_course_llm.py": 4,
-    "test_vnni_kernels.py": 2, "test_new_user.py": 6,
+    "test_vnni_kernels.py": 2, "test_new_user.py": 6, "test_zh_terms.py": 2,
 }
 
 

@@ -142,6 +142,31 @@ def test_unnamed_mistake_in_each_kind_is_localized(tmp_path, name):
     assert f"第 {number} 行" in note["zh"] and planted in zh
 
 
+def test_a_norm_applied_to_another_sub_step_is_named_with_the_norms_own_input():
+    from handformer.check.core.fingerprint import randn
+    from handformer.check.core.localize import form_of
+    from handformer.check.core.localize_kinds import layer_norm_forms, layer_views
+    from handformer.check.reference import variants as V
+
+    x = randn(2, 5, 8, seed=1)
+
+    def linear(n_out, n_in, seed):
+        return randn(n_out, n_in, seed=seed) / n_in ** 0.5, randn(n_out, seed=seed + 1)
+
+    attention = V.MHAWeights(*(linear(8, 8, 10 * i) for i in range(1, 5)), n_heads=2)
+    ffn = V.FFNWeights(linear(16, 8, 50), linear(8, 16, 60))
+    norms = [V.NormWeights(1 + randn(8, seed=70 + i) / 4, randn(8, seed=80 + i), 1e-5) for i in range(2)]
+    for placement in ("post", "pre"):
+        w = V.LayerWeights(attention, ffn, norms, placement=placement)
+        views = layer_views(w, x, None, None)
+        forms = layer_norm_forms(w, views)
+        # the FFN's norm applied to the input x: post-norm's belongs to x + FFN, pre-norm's to x + attn
+        form = form_of(V.norm(w.norms[1], x), views, {}, forms=forms)["en"]
+        side, own = {"post": ("after", "FFN"), "pre": ("before", "self-attention")}[placement]
+        assert form == (f"the norm {side} the FFN applied to the input x; the reference applies it to x + {own} "
+                        "(the residual sum)"), form
+
+
 # Grouped-query attention with rotary positions, in the LLM chapter's style (half-split pairs,
 # rotate_half) and Meta's (complex freqs_cis, interleaved pairs), with mistakes no catalogued one
 # reproduces: (fixture, the correct line, the planted line, what the note must say, the form or None).
@@ -305,6 +330,37 @@ def top_k_probs(probs, k):
     out = torch.zeros_like(probs).scatter(-1, idx, vals)
     return out / out.sum(dim=-1, keepdim=True)
 '''
+TRAIN_STEP = '''def train_step(model, batch, optimizer, criterion):
+    src, tgt = batch
+    model.train()
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    logits = model(src, tgt_in)
+    loss = criterion(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+'''
+GELU_FFN = '''import math
+
+import torch
+from torch import nn
+
+
+class GELU(nn.Module):
+    def forward(self, x):
+        return 0.5 * x * (1 + torch.tanh(
+            math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(d_model, d_ff), GELU(), nn.Linear(d_ff, d_model))
+
+    def forward(self, x):
+        return self.layers(x)
+'''
 D2L = FIXTURES / "learners_d2l" / "correct.py"
 SUB_STEP_PLANTS = {
     "valid_length_keeps_one_more": (D2L, "masked_softmax", "< valid_len[:, None]", "<= valid_len[:, None]",
@@ -318,11 +374,33 @@ SUB_STEP_PLANTS = {
                                           "`return` at line", "a normalization (divided by the sum) over all "
                                           "entries at once"),
     "top_p_first_row_kept": (FIXTURES / "learners_sampling" / "correct.py", "top_p", "remove[..., 0] = False",
-                             "remove[0] = False", "`remove` at line", ""),
+                             "remove[0] = False", "`remove` at line",
+                             "the tokens removed (1 = removed), except at index 0 of dim=0: it differs there alone"),
+    "add_norm_on_the_sublayer_output": (D2L, "add_norm", "return self.ln(self.dropout(Y) + X)",
+                                        "return self.ln(self.dropout(Y)) + X", "`self.ln(...)` at line",
+                                        "the norm applied to Y, the sublayer's output; the reference applies it to "
+                                        "X + Y (the residual sum)"),
+    "top_p_cumsum_over_the_batch": (FIXTURES / "learners_sampling" / "correct.py", "top_p",
+                                    "torch.cumsum(probs, dim=-1)", "torch.cumsum(probs, dim=0)", "`mass_above` at line",
+                                    "the cumulative sum (the mass above each token) over dim=0; the reference's runs "
+                                    "over the last axis"),
+    "log_softmax_over_the_length": (KINDS_FILE, "loss", "logp = torch.log_softmax(logits, dim=-1)",
+                                    "logp = torch.log_softmax(logits, dim=1)", "`logp` at line",
+                                    "the log-softmax over dim=1; the reference's runs over the last axis"),
     "rope_table_positions_from_one": (FIXTURES / "learners_llama" / "correct.py", "rope",
                                       "t = torch.arange(end, device=freqs.device)",
                                       "t = torch.arange(1, end + 1, device=freqs.device)", "`t` at line",
                                       "the positions 0 .. L-1 plus a constant 1"),
+    "rope_table_cos_in_pairs": (FIXTURES / "learners_minimind" / "correct.py", "rope",
+                                "torch.cat([torch.cos(freqs), torch.cos(freqs)], dim=-1)",
+                                "torch.repeat_interleave(torch.cos(freqs), 2, dim=-1)", "`freqs_cos` at line",
+                                "are in different layouts, one as halves [c, c] and one as pairs"),
+    "train_step_labels_not_moved_on": (TRAIN_STEP, "train_step",
+                                       "tgt[:, :-1], tgt[:, 1:]", "tgt[:, :-1], tgt[:, :-1]", "`tgt_out` at line",
+                                       "the labels are the decoder's input tgt[:, :-1]"),
+    "gelu_constant_in_their_own_class": (GELU_FFN, "ffn", "0.044715", "0.44715",
+                                         "`self.layers.1(...)` at line 9: return 0.5 * x * (1 + torch.tanh( / line",
+                                         ""),
     "layernorm_mean_over_tokens": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)",
                                    "mean = x.mean(1, keepdim=True)", "`mean` at line",
                                    "the mean of the input x over dim=1; the reference reduces over dim=-1"),

@@ -17,6 +17,8 @@ Shape legend: B batch, H heads, T length, Dh head dim, D d_model.
 
 from __future__ import annotations
 
+import ast
+import functools
 import inspect
 import itertools
 import linecache
@@ -45,9 +47,19 @@ class Step(NamedTuple):
     caller: int | None = None
     given: bool = False  # an argument of their function as it was handed over, not a value it made
     earlier: tuple[Step, ...] = ()  # a tensor built in place: its values after each earlier line
+    part: tuple[nn.Module, tuple[Any, ...]] | None = None  # a part's output: the part and its inputs
 
 
 View = tuple[str, Tensor]  # (the reference's sub-step, in words; its value)
+Form = tuple[Text, Tensor]  # (a simple form of a difference, in words; the value a step of that form has)
+
+
+def over_axes(what: str, what_zh: str, op: Callable[[int], Tensor], ndim: int) -> list[Form]:
+    """A sub-step the reference takes over the last axis (`op(-1)`: a log-softmax, a cumulative
+    sum), taken over each other axis instead: the wrong-axis forms."""
+    return [(text(f"{what} over dim={d}; the reference's runs over the last axis, dim=-1",
+                  f"{_zh_subject(what_zh)}作用在 dim={d} 上；参考作用在最后一个轴 dim=-1 上"), op(d))
+            for d in range(ndim - 1)]
 
 
 class _Tracer:
@@ -110,7 +122,7 @@ class _Tracer:
     def hook(self, name: str) -> Callable[..., None]:
         """Record a part's output (as `name(...)`) at the line that calls it."""
         def record(module: nn.Module, args: Any, out: Any) -> None:
-            self.part(f"{name}(...)", out)
+            self.part(f"{name}(...)", out, (module, args))
         return record
 
     def pre_hook(self, name: str) -> Callable[..., None]:
@@ -119,10 +131,10 @@ class _Tracer:
             self.part(f"the input of {name}", args)
         return record
 
-    def part(self, name: str, value: Any) -> None:
+    def part(self, name: str, value: Any, part: tuple[nn.Module, Any] | None = None) -> None:
         t = first_tensor(value)
         if t is not None and t.grad_fn is not None:
-            self.steps.append(Step(self.now, name, _copy(t)))
+            self.steps.append(Step(self.now, name, _copy(t), part=part))
 
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -233,7 +245,15 @@ def _whole_name(c: float) -> str | None:
 # the reference's intermediate results by name, in Chinese (the names the views above and
 # localize_kinds.py give them); code in a name (q·kᵀ, up(x), self.norm1) stays as it is
 VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改为 {m[2]}）"),
-            (r"the input of (.+)", r"\1 的输入"), (r"the input x", "输入 x"), (r"the output", "输出"),
+            (r"the input of (.+)", r"\1 的输入"), (r"the input ([xX])", r"输入 \1"), (r"the output", "输出"),
+            (r"Y, the sublayer's output", "Y（子层的输出）"),
+            (r"X \+ Y \(the residual sum\)", "X + Y（残差和）"), (r"the norm of X \+ Y", "X + Y 的归一化"),
+            (r"the norm", "归一化"), (r"the (source|target) embedding plus positions", "{}嵌入加上位置编码"),
+            (r"the (source|target) embedding \(scaled as chosen\)", "{}嵌入（按选定的方式缩放）"),
+            (r"emb\(ids\), the (source|target) embedding unscaled", "emb(ids)（未缩放的{}嵌入）"),
+            (r"the positional encoding", "位置编码"),
+            (r"the (encoder|decoder)'s final norm", "{}最后的归一化"),
+            (r"(encoder|decoder) layer (\d+)'s output", "{}层 {} 的输出"),
             (r"the output (.+)", r"输出 \1"),
             (r"the heads of (\w+), rotated \((\w+) rotary\)", r"旋转后的 \1 的各个头（\2 配对）"),
             (r"the heads of (\w+), repeated for each query head", r"为每个查询头重复后的 \1 的各个头"),
@@ -241,7 +261,7 @@ VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改�
             (r"(.+) rotated \((\w+) pairs\)", r"旋转后的 \1（\2 配对）"),
             (r"the scores (.+)", r"分数 \1"), (r"the attention weights", "注意力权重"),
             (r"the masked scores", "屏蔽后的分数"),
-            (r"the keep mask \(1 = visible\)", "保留掩码（1 = 可见）"),
+            (r"the keep mask \(1 = visible\)", "保留掩码（1 = 可以看）"),
             (r"the positions 0 \.\. L-1", "位置 0 .. L-1"), (r"the angles pos·freq", "角度 pos·freq"),
             (r"the kept probabilities (.+)", r"保留下来的概率 \1"),
             (r"weights·v, heads concatenated", "weights·v（各头拼接后）"),
@@ -253,7 +273,8 @@ VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改�
              f"{SIDES_ZH[m[1]]}的归一化"),
             (r"the (.+)'s output", lambda m: f"{SUBLAYERS_ZH.get(m[1], m[1])}的输出"),
             (r"x \+ (.+) \(the residual sum\)", lambda m: f"x + {SUBLAYERS_ZH.get(m[1], m[1])}（残差和）")]
-SIDES_ZH = {"before": "之前", "after": "之后"}
+SIDES_ZH = {"before": "之前", "after": "之后", "source": "源", "target": "目标", "encoder": "编码器",
+            "decoder": "解码器"}
 SUBLAYERS_ZH = {"self-attention": "自注意力", "cross-attention": "交叉注意力", "FFN": "前馈网络"}
 
 
@@ -261,8 +282,8 @@ def view_zh(name: str) -> str:
     """An intermediate result's name in Chinese; a name that is code, or not known, as it is."""
     for pattern, zh in VIEWS_ZH:
         m = re.fullmatch(pattern, name)
-        if m:
-            return zh(m) if callable(zh) else m.expand(zh)
+        if m:  # "{}": the groups, a side (source, encoder, ...) in Chinese
+            return zh(m) if callable(zh) else m.expand(zh.format(*(SIDES_ZH.get(g, g) for g in m.groups())))
     return name
 
 
@@ -289,7 +310,7 @@ def _shift(t: Tensor, r: Tensor, dim: int, what: str) -> Text | None:
         n = r.size(axis)
         if same(t.narrow(axis, max(d, 0), n - 1), r.narrow(axis, max(-d, 0), n - 1)):
             return text(f"{what} shifted by one position: position i holds the reference's i {sign} 1",
-                        f"{view_zh(what)} 错开了一个位置：位置 i 放的是参考的位置 i {sign} 1")
+                        f"{_zh_subject(what)}错开了一个位置：位置 i 放的是参考的位置 i {sign} 1")
     return None
 
 
@@ -307,10 +328,10 @@ def _softmax_axis(t: Tensor, pre: Tensor | None) -> Text | None:
         return None
     for (norm, how, how_zh), dim in itertools.product(NORMALIZERS, (*range(pre.dim() - 1), None)):
         if same(t, norm(pre, dim)):
-            where, where_zh = (f"dim={dim}", f"dim={dim} 上") if dim is not None else ("all entries at once",
-                                                                                      "所有元素上（一起）")
+            where, where_zh = (f"dim={dim}", f" dim={dim} 上") if dim is not None else ("all entries at once",
+                                                                                       "所有元素上（一起）")
             return text(f"{how} over {where}; the reference's runs over the last axis, dim=-1",
-                        f"{how_zh} 作用在 {where_zh}；参考作用在最后一个轴 dim=-1 上")
+                        f"{_zh_subject(how_zh)}作用在{where_zh}；参考作用在最后一个轴 dim=-1 上")
     return None
 
 
@@ -361,26 +382,22 @@ def _term(t: Tensor, r: Tensor, what: str, terms: list[View], sizes: dict[str, f
             named = f" = {scale}" if scale != f"{1 + c:.4g}" else ""
             return text(f"{what} plus {c:.4g} × ({name}): that term scaled by {1 + c:.4g}{named}",
                         f"{_zh_subject(what)}多加了 {c:.4g} × ({view_zh(name)})："
-                        f"这一项被乘了 {1 + c:.4g}{named}")
+                        f"这一项的系数成了 {1 + c:.4g}{named}")
     return None
 
 
 def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor | None = None,
-            terms: list[View] = ()) -> Text | None:
-    """The simple form of t against the reference's views of its shape, the first that has one: a
-    sign or a complement; a softmax (or a sum) over another axis (dividing by the sum of every
-    entry is a factor too); then a mask's edge, a factor, an offset, a transpose or a shift; then a
-    term (against the latest view first: the sub-step nearest to it)."""
+            terms: list[View] = (), forms: list[Form] = ()) -> Text | None:
+    """The simple form of t against the reference's views of its shape, the first that has one: one
+    of the `forms` the caller states (a wrong axis, a norm of another sub-step); then each of
+    SIMPLE over every view, the closest first (the view itself, its sign flipped, the view but for
+    one slice, its complement); a softmax (or a sum) over another axis (dividing by the sum of
+    every entry is a factor too); then a mask's edge, a factor, an offset, a transpose or a shift;
+    then a term (against the latest view first: the sub-step nearest to it)."""
     views = [(what, r) for what, r in views if r.shape == t.shape]
-    for what, r in views:  # a sign first: -q·kᵀ/sqrt(d_k) is a factor -1/sqrt(d_k) of q·kᵀ too
-        if same(t, r):
-            return text(f"it is {what}: the steps after it are left out",
-                        f"它就是 {view_zh(what)}：之后的步骤被漏掉了")
-        if same(t, -r):
-            return text(f"{what} with its sign flipped", f"{view_zh(what)} 的符号反了")
-        if r.min() >= 0 and r.max() <= 1 and same(t, 1 - r):
-            return text(f"{what}, inverted (1 - it)", f"{view_zh(what)} 取反了（1 - 它）")
-    found = _softmax_axis(t, pre)
+    near = sorted(views, key=lambda v: int((~torch.isclose(t, v[1], atol=1e-5)).sum()))  # the closest first
+    stated = next((form for form, r in forms if same(t, r)), None)
+    found = stated or _simple(t, near) or _softmax_axis(t, pre)
     if found:
         return found
     for what, r in views:
@@ -393,6 +410,41 @@ def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor |
         if found:
             return found
     return None
+
+
+def _one_slice(t: Tensor, r: Tensor) -> dict[str, int] | None:
+    """t is r but at one index of one axis (a row left out of a fix, `remove[0]` for `remove[..., 0]`),
+    an axis of at least 2: where its code writes the wrong slice; None when it is not."""
+    off = ~torch.isclose(t, r, atol=1e-5) & (torch.isfinite(r) | torch.isfinite(t))  # (...)
+    places = [{"dim": d, "index": int(i)} for d in range(t.dim()) for i in off.nonzero()[:, d].unique()
+              if t.size(d) > 1 and off.select(d, int(i)).sum() == off.sum()]
+    return places[0] if places and 0 < off.sum() < off.numel() else None
+
+
+# each test over every view (the closest first), in this order: its form when it holds; a sign
+# first (-q·kᵀ/sqrt(d_k) is a factor -1/sqrt(d_k) of q·kᵀ too)
+SIMPLE = ((same, "it is {what}: the steps after it are left out", "它就是 {zh}：之后的步骤被漏掉了"),
+          (lambda t, r: same(t, -r), "{what} with its sign flipped", "{zh} 的符号反了"),
+          (_one_slice, "{what}, except at index {index} of dim={dim}: it differs there alone",
+           "{zh}，只有 dim={dim} 的下标 {index} 处不同"),
+          (lambda t, r: r.min() >= 0 and r.max() <= 1 and same(t, 1 - r), "{what}, inverted (1 - it)",
+           "{zh} 取反了（1 - 它）"))
+
+
+def _simple(t: Tensor, views: list[View], tests: tuple[Any, ...] = SIMPLE) -> Text | None:
+    for (test, en, zh), (what, r) in itertools.product(tests, views):
+        found = test(t, r)
+        if found:  # True, or the fields of the form (the slice)
+            fields = {"what": what, "zh": view_zh(what), **(found if isinstance(found, dict) else {})}
+            return text(en.format(**fields), zh.format(**fields))
+    return None
+
+
+def _slice_form(t: Tensor, views: list[View]) -> Text | None:
+    """A tensor built in place that is the closest view but for one slice: the slice its wrong line wrote."""
+    near = sorted([v for v in views if v[1].shape == t.shape],
+                  key=lambda v: int((~torch.isclose(t, v[1], atol=1e-5)).sum()))
+    return _simple(t, near[:1], SIMPLE[2:3])
 
 
 def _scaled(t: Tensor, r: Tensor, what: str, sizes: dict[str, float]) -> Text | None:
@@ -432,7 +484,7 @@ class Departure:
 
 def first_departure(steps: list[Step], views: list[View], filename: str, sizes: dict[str, float],
                     pre: Tensor | None = None, terms: list[View] = (), ends: list[View] = (),
-                    ) -> Departure | None:
+                    forms: list[Form] = ()) -> Departure | None:
     """The first step whose shape is one of the views' and whose values are none of them; a value
     the code returns judged against `ends` (the results) alone, when given: returning an earlier
     sub-step (q unrotated) is a departure, its line the step that made that value."""
@@ -440,7 +492,7 @@ def first_departure(steps: list[Step], views: list[View], filename: str, sizes: 
     if found is None:
         return None
     step = _origin(steps, found) if ends else steps[found]
-    return _departure(step, views, filename, sizes, pre, terms)
+    return _departure(step, views, filename, sizes, pre, terms, forms)
 
 
 def _departure_at(steps: list[Step], views: list[View], ends: list[View] = ()) -> int | None:
@@ -483,13 +535,44 @@ def _origin(steps: list[Step], i: int) -> Step:
 
 
 def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, float],
-               pre: Tensor | None, terms: list[View]) -> Departure:
-    step, views = next(iter(_wrong_writes(step, layouts(views, {step.value.shape}))), (step, views))
-    views = layouts(views, {step.value.shape})
-    code = linecache.getline(filename, step.line).strip()
-    called = step.caller and (step.caller, linecache.getline(filename, step.caller).strip())
-    form = form_of(step.value, views, sizes, pre, terms) or _reduced(step.value, views)
-    return Departure(step.line, step.name, code, form, called or None)
+               pre: Tensor | None, terms: list[View], forms: list[Form] = ()) -> Departure:
+    whole = layouts(views, {step.value.shape})
+    written, views = next(iter(_wrong_writes(step, whole)), (step, views))
+    views = layouts(views, {written.value.shape})
+    called = written.caller and (written.caller, linecache.getline(filename, written.caller).strip())
+    form = (written is not step and _slice_form(step.value, whole)
+            or form_of(written.value, views, sizes, pre, terms, forms) or _reduced(written.value, views))
+    line = _inside(written, filename) or written.line
+    return Departure(line, written.name, statement(filename, line, not called), form, called or None)
+
+
+def _inside(step: Step, filename: str) -> int | None:
+    """For a part's output (a module of their own file, its forward not traced: a GELU of theirs in
+    an nn.Sequential), the line of its forward that returns it; None for any other step."""
+    module, args = step.part or (None, ())
+    forward = getattr(type(module), "forward", None)
+    if getattr(forward, "__code__", None) is None or inspect.getsourcefile(forward) != filename:
+        return None
+    steps = trace_steps(lambda: module(*args), filename, forward.__code__)
+    return next((s.line for s in reversed(steps) if s.name == "return"), None)
+
+
+def statement(filename: str, line: int, whole: bool = True) -> str:
+    """The code at `line`; the statement's second line too when it spans two lines and `whole`
+    (a constant on the continuation line of `return 0.5 * x * (1 + torch.tanh(`)."""
+    code = linecache.getline(filename, line).strip()
+    spans = [(n.lineno, n.end_lineno) for n in _statements(filename) if n.lineno == line]
+    two = [end for start, end in spans if end == line + 1] * whole
+    return " / ".join([code] + [f"line {end}: {linecache.getline(filename, end).strip()}" for end in two[:1]])
+
+
+@functools.lru_cache(maxsize=8)
+def _statements(filename: str) -> tuple[ast.stmt, ...]:
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except SyntaxError:  # a file check could import is Python: never here in practice
+        return ()
+    return tuple(n for n in ast.walk(tree) if isinstance(n, ast.stmt))
 
 
 def layouts(views: list[View], shapes: set[torch.Size]) -> list[View]:
@@ -520,8 +603,8 @@ def _unpermuted(t: Tensor, views: list[View]) -> Text | None:
             shape, ref = tuple(t.shape), tuple(r.shape)
             return text(f"{what} reshaped to {shape} as it lies in memory; the reference moves its axes "
                         f"before the reshape ({result} is {ref}): a transpose or permute left out",
-                        f"{view_zh(what)} 按内存顺序直接改成了形状 {shape}；参考在改形状之前先换轴"
-                        f"（{view_zh(result)} 的形状是 {ref}）：漏了 transpose 或 permute")
+                        f"{_zh_subject(what)}按内存顺序直接改成了形状 {shape}；参考在改形状之前先换轴"
+                        f"（{_zh_subject(result)}的形状是 {ref}）：漏了 transpose 或 permute")
     return None
 
 
@@ -552,7 +635,7 @@ def _wrong_writes(step: Step, views: list[View]) -> list[tuple[Step, list[View]]
 
 
 def latest_departure(steps: list[Step], readings: list[list[View]], filename: str, sizes: dict[str, float],
-                     terms: list[View] = ()) -> Departure | None:
+                     terms: list[View] = (), forms: list[Form] = ()) -> Departure | None:
     """Where the learner's steps part from the reference read the way that explains most of them
     (which weights are the gate, which activation, pre- or post-norm): the latest first departure of
     the readings; None when one reading explains every step."""
@@ -561,7 +644,7 @@ def latest_departure(steps: list[Step], readings: list[list[View]], filename: st
         return None
     i = min((j for j in range(len(at)) if at[j] == max(at)), key=lambda j: len(_wrong_writes(steps[at[j]],
                                                                                      readings[j])))
-    return _departure(steps[at[i]], readings[i], filename, sizes, None, list(terms) + readings[i])
+    return _departure(steps[at[i]], readings[i], filename, sizes, None, list(terms) + readings[i], forms)
 
 
 def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[list[View], Tensor]:

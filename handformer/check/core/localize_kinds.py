@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -26,14 +27,17 @@ from torch import Tensor, nn
 from handformer.check.core.localize import (
     NUMBERS,
     Departure,
+    Form,
     View,
     first_departure,
     first_tensor,
     latest_departure,
+    over_axes,
     rotate_half,
     trace_steps,
+    view_zh,
 )
-from handformer.check.core.result import ComponentResult
+from handformer.check.core.result import ComponentResult, text
 from handformer.check.reference import variants as V
 
 Localize = Callable[[], Departure | None]
@@ -137,6 +141,7 @@ def localize_norm(module: nn.Module, w: V.NormWeights, x: Tensor) -> Departure |
 # --- encoder layer, decoder layer, decoder-only block --------------------------------------------
 
 LABELS = {"attn": "self-attention", "cross": "cross-attention", "ffn": "FFN"}
+SIDES = {"pre": "before", "post": "after"}  # where a placement puts the norm
 
 
 def layer_views(w: V.LayerWeights, x: Tensor, memory: Tensor | None, keep: Tensor | None) -> list[View]:
@@ -182,7 +187,44 @@ def localize_layer(layer: Any, readings: list[V.LayerWeights]) -> Departure | No
     steps = trace_steps(lambda: layer.call(x, memory, None, None), filename, code, _children(layer.module))
     views = [layer_views(w, x.detach(), memory, keep) for w in readings]
     sizes = {"d_model": x.size(-1)}
-    return latest_departure(steps, views, filename, sizes, [("the input x", x.detach())])
+    forms = [form for w, v in zip(readings, views) for form in layer_norm_forms(w, v)]
+    return latest_departure(steps, views, filename, sizes, [("the input x", x.detach())], forms)
+
+
+def norm_forms(norm: Callable[[Tensor], Tensor], label: str, own: str, views: list[View]) -> list[Form]:
+    """A norm applied to another of the reference's sub-steps than its own input `own`: a norm on
+    the wrong branch (the sublayer's output normed before the residual sum, the input normed alone)."""
+    return [(text(f"{label} applied to {what}; the reference applies it to {own}",
+                  f"{view_zh(label)}作用在了 {view_zh(what)} 上；参考把它用在 {view_zh(own)} 上"), norm(t))
+            for what, t in views if what != own]
+
+
+def layer_norm_forms(w: V.LayerWeights, views: list[View]) -> list[Form]:
+    """Each of the layer's norms (one a sublayer) applied to each of its sub-steps but its own input:
+    pre-norm's the residual stream before the sublayer, post-norm's the residual sum after it."""
+    forms, stream = [], "the input x"
+    for name, n in zip(w.sublayers, w.norms):
+        total = f"x + {LABELS[name]} (the residual sum)"
+        own, after = {"pre": (stream, total),
+                      "post": (total, f"the norm after the {LABELS[name]}")}[w.placement]
+        label = f"the norm {SIDES[w.placement]} the {LABELS[name]}"
+        forms += norm_forms(lambda t, n=n: V.norm(n, t), label, own, views)
+        stream = after
+    return forms
+
+
+def localize_add_norm(call: Callable[[Tensor, Tensor], Any], module: nn.Module, w: V.NormWeights, x: Tensor,
+                      y: Tensor) -> Departure | None:
+    """Run d2l's AddNorm (`call(X, Y)`) traced on its forward and its norm: the first step that is
+    not X, Y, their sum or its norm; a norm of X or of Y alone named as such."""
+    filename, code = _source(module)
+    x, y = x.detach().clone().requires_grad_(), y.detach().clone().requires_grad_()
+    steps = trace_steps(lambda: call(x, y), filename, code, _all_parts(module))
+    x, y = x.detach(), y.detach()
+    views = [("the input X", x), ("Y, the sublayer's output", y), ("X + Y (the residual sum)", x + y)]
+    forms = norm_forms(lambda t: V.norm(w, t), "the norm", "X + Y (the residual sum)", views[:2])
+    views.append(("the norm of X + Y", V.norm(w, x + y)))
+    return first_departure(steps, views, filename, {"d_model": x.size(-1)}, forms=forms)
 
 
 def rotation_views(q: Tensor, k: Tensor, layout: str) -> list[View]:
@@ -340,7 +382,21 @@ def localize_top_p(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, p: fl
     filename = inspect.getsourcefile(fn)
     x = logits.float().requires_grad_()
     steps = trace_steps(lambda: call(x), filename, constants=(torch.bool,))
-    return first_departure(steps, top_p_views(logits.double(), p), filename, {"V": logits.size(-1)})
+    return first_departure(steps, top_p_views(logits.double(), p), filename, {"V": logits.size(-1)},
+                           forms=top_p_axes(logits.double()))
+
+
+def top_p_axes(logits: Tensor) -> list[Form]:
+    """Top-p's sub-steps along the vocabulary (the sort, the softmax, the running sum) taken along
+    another axis of logits (rows, V)."""
+    ranked = torch.sort(logits, dim=-1, descending=True, stable=True)[0]  # (rows, V)
+    probs = torch.softmax(ranked, -1)
+    ops = (("the sort", "排序", lambda d: torch.sort(logits, dim=d, descending=True, stable=True)[0]),
+           ("the softmax", "softmax", lambda d: torch.softmax(ranked, d)),
+           ("the cumulative sum", "累加和", lambda d: probs.cumsum(d)),
+           ("the cumulative sum (the mass above each token)", "累加和（每个 token 之上的概率和）",
+            lambda d: probs.cumsum(d) - probs))
+    return [form for en, zh, op in ops for form in over_axes(en, zh, op, logits.dim())]
 
 
 def rope_table_views(L: int, D: int, theta: float) -> list[View]:
@@ -368,4 +424,13 @@ def localize_rope_table(call: Callable[[], Any], fn: Any, L: int, D: int, theta:
     steps = trace_steps(call, filename, constants=NUMBERS)
     views = rope_table_views(L, D, theta)
     readings = [[v for v in views if layout not in v[0]] for layout in ("as pairs", "as halves")]
-    return latest_departure(steps, readings, filename, {"d_head": D, "L": L})
+    sizes = {"d_head": D, "L": L}
+    found = [latest_departure(steps, [r], filename, sizes) for r in readings]  # halves', pairs'
+    if None in found or found[0].line == found[1].line:
+        return latest_departure(steps, readings, filename, sizes)
+    a, b = sorted(found, key=lambda d: d.line)  # each layout explains the step the other departs at
+    return replace(a, form=text(
+        f"`{a.name}` and `{b.name}` (line {b.line}: {b.code}) are in different layouts, one as halves "
+        "[c, c] and one as pairs (c0, c0, c1, c1, ...); the rotation uses one layout for both",
+        f"`{a.name}` 和 `{b.name}`（第 {b.line} 行：{b.code}）的排布不同，一个按两半 [c, c]，一个按成对"
+        "（c0, c0, c1, c1, ...）；旋转时两者要用同一种排布"))

@@ -57,6 +57,7 @@ from handformer.check.core.context import (
 from handformer.check.core.conventions import masks_where_true
 from handformer.check.core.discovery import NAMES, Component, argument_keys
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
+from handformer.check.core.localize_kinds import localize_add_norm, note_departure
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.rope_tables import position_kwargs, with_positions, with_tables
 from handformer.check.core.rotary import rope_layouts, rope_tables
@@ -425,7 +426,7 @@ def _causal_without_its_mask(layer: Layer) -> bool:
 CAUSAL_INSIDE_NOTE = text("with no mask it is causal (changing token 3 leaves outputs 0..2 unchanged): "
                           "checked as a block that builds its own causal mask, its mask argument left out",
                           "不给掩码时它是因果的（改变位置 3 的 token，位置 0..2 的输出不变）：按自己构造因果"
-                          "掩码的块检查，不传掩码参数")
+                          "掩码的 Block 检查，不传掩码参数")
 STATEFUL_NOTE = text("forward(X, state) builds its causal mask in training mode only (d2l): it was "
                      "run in training mode with dropout switched off, and step by step in eval mode",
                      "forward(X, state) 只在训练模式下构造因果掩码（d2l 的写法）：检查时在训练模式下"
@@ -575,8 +576,8 @@ def _placement_note(placement: str, expected: str) -> dict[str, str]:
                     "x = norm(x + f(x))：这是设计上的差异，不是错误；已与 handformer 的 Pre-Norm 层比较")
     return text("every sublayer is post-norm, x = norm(x + f(x)), where modern decoder-only blocks are "
                 "pre-norm: a difference by design, not an error; compared with handformer's post-norm block",
-                "每个子层都是 Post-Norm，x = norm(x + f(x))，而现代 decoder-only 块是 Pre-Norm：这是设计上的"
-                "差异，不是错误；已与 handformer 的 Post-Norm 块比较")
+                "每个子层都是 Post-Norm，x = norm(x + f(x))，而现代 decoder-only Block 是 Pre-Norm："
+                "这是设计上的差异，不是错误；已与 handformer 的 Post-Norm Block 比较")
 
 
 def _rows(layer: Layer, src_keep: Tensor | None, tgt_keep: Tensor | None, B: int, T: int) -> Tensor | None:
@@ -874,6 +875,8 @@ def check_add_norm(comp: Component, ctx: Context) -> ComponentResult:
         _norm_findings(res, ctx, comp, slot, w)
         dropout_on_residual(res, ctx, comp, run, lambda trace: _add_norm_trace(w, x, y, trace))
         _against_norm(res, slot, w, run)
+        if res.max_abs_error >= 1e-5:
+            note_departure(res, lambda: localize_add_norm(module, module, w, x, y))
     return finish(res)
 
 

@@ -38,7 +38,7 @@ from handformer.check.core.context import (
     names_of,
 )
 from handformer.check.core.discovery import Component, DiscoveryError
-from handformer.check.core.localize import Departure, View, latest_departure, trace_steps
+from handformer.check.core.localize import Departure, View, latest_departure, over_axes, trace_steps
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.probe import Found, Probe, Subject, run_probe
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
@@ -366,4 +366,5 @@ def localize_loss(call: Callable[[Tensor], Any], fn: Any, logp: Tensor, targets:
     n, real = targets.numel(), int((targets != pad).sum())
     sizes = {"V": logp.size(-1), "B": targets.size(0), "N (every target)": n, "the real targets": real,
              "real / every target": real / n}
-    return latest_departure(steps, readings, filename, sizes)
+    forms = over_axes("the log-softmax", "log-softmax", lambda d: torch.log_softmax(logp, d), logp.dim())
+    return latest_departure(steps, readings, filename, sizes, forms=forms)

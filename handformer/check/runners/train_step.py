@@ -46,6 +46,7 @@ from handformer.check.core.argument_names import (
 from handformer.check.core.argument_names import STEP_MODEL_NAMES as MODEL_NAMES  # noqa: F401
 from handformer.check.core.context import Context, error_text, finish, forward_parameters, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError, own_objects
+from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.config import Seq2SeqConfig
@@ -383,6 +384,8 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
                 "训练时 dropout 一直关着")))
         if max(errs) >= step.tol:
             _search(res, ctx, comp, step, base, got, right, errs, lengths)
+            from handformer.check.runners.localize_train import localize_train_step
+            note_departure(res, lambda: localize_train_step(step, base))
     return finish(res)
 
 
