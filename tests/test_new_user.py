@@ -10,6 +10,7 @@ import json
 import os
 import re
 import socket
+import stat
 import unicodedata
 from pathlib import Path
 
@@ -424,6 +425,8 @@ def test_shards_prepared_from_an_empty_text_say_how_to_make_them_again(tmp_path,
     (["import-gguf", "/dev/null", "{tmp}/run"], "/dev/null is a character device, not a GGUF file"),
     (["prepare", "{fifo}", "{tmp}/shards", "--tokenizer", "char"], "fifo is a named pipe (FIFO), not a text file"),
     (["check", "/dev/null"], "/dev/null is a character device, not a Python file; give the .py file"),
+    (["export-gguf", "{tmp}/run", "{fifo}", "--overwrite"], "fifo is a named pipe (FIFO), not a file; give the"),
+    (["import-gguf", "{file}", "{fifo}"], "fifo is a named pipe (FIFO); give a directory for the run"),
 ])
 def test_a_path_that_is_there_but_no_file_is_named_for_what_it_is(tmp_path, capsys, argv, message):
     """A folder, a device or a pipe where a file belongs is not "no such file": the error says what
@@ -434,3 +437,4 @@ def test_a_path_that_is_there_but_no_file_is_named_for_what_it_is(tmp_path, caps
     assert main([arg.format(**names) for arg in argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message.format(**names) in err and err.count("\n") == 1, err
+    assert stat.S_ISFIFO(os.stat(tmp_path / "fifo").st_mode)  # never replaced by a file (--overwrite)

@@ -227,7 +227,7 @@ def import_gguf(path: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
     of reading them as float32."""
     path, run_dir = Path(path), Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"{run_dir} is a file; give a directory for the run")
+        raise ValueError(f"{run_dir} is {kind_of(run_dir) or 'a file'}; give a directory for the run")
     if (run_dir / "config.json").exists() and not overwrite:
         raise ValueError(f"{run_dir} already holds a run; choose another directory or pass --overwrite")
     file = read_gguf(path)
