@@ -49,9 +49,10 @@ class ParallelData:
 
 
 def _collect(rows, source: str, max_reported: int = 5) -> ParallelData:
-    data = ParallelData([], source)
+    data, blank = ParallelData([], source), True  # blank: no line holds any text
     for number, src, tgt in rows:
         src, tgt = (src or "").strip(), (tgt or "").strip()
+        blank = blank and not src and not tgt
         if not src or not tgt:
             data.skipped += 1
             if len(data.skipped_lines) < max_reported:
@@ -59,7 +60,8 @@ def _collect(rows, source: str, max_reported: int = 5) -> ParallelData:
             continue
         data.pairs.append((src, tgt))
     if not data.pairs:
-        raise ValueError(f"{source} holds no usable pairs ({data.skipped} bad lines): give a TSV file, "
+        found = "is empty" if blank else f"holds no usable pairs ({data.skipped} bad lines)"
+        raise ValueError(f"{source} {found}: give a TSV file, "
                          "one `source<TAB>target` pair a line, or two aligned files (source, then target)")
     return data
 
@@ -73,7 +75,7 @@ def read_tsv(path: str | os.PathLike) -> ParallelData:
                 continue
             parts = line.split("\t")
             if len(parts) < 2:
-                yield i, "", ""
+                yield i, line, ""  # text without a tab: one side only, skipped
             else:
                 yield i, parts[0], parts[1]
     return _collect(rows(), str(path))
