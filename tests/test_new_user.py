@@ -438,3 +438,19 @@ def test_a_path_that_is_there_but_no_file_is_named_for_what_it_is(tmp_path, caps
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message.format(**names) in err and err.count("\n") == 1, err
     assert stat.S_ISFIFO(os.stat(tmp_path / "fifo").st_mode)  # never replaced by a file (--overwrite)
+
+
+@pytest.mark.parametrize("argv, argument", [
+    (["prepare", "", "{tmp}/shards", "--tokenizer", "char"], "source"),
+    (["generate", "", "--prompt", "x"], "run_dir"),
+    (["eval", "{tmp}", "--data", ""], "--data"),
+    (["train", "--config", " "], "--config"),
+])
+def test_an_empty_path_is_refused_not_read_as_this_folder(tmp_path, capsys, monkeypatch, argv, argument):
+    """Path("") is ".": an empty path argument would read every file here (prepare) or look for a
+    run here; it is the parser's usage error instead, naming the argument."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main([arg.format(tmp=tmp_path) for arg in argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"argument {argument}: an empty path; give a file or a folder" in err, err

@@ -56,10 +56,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the arguments that name a file or a folder: an empty one would name the current folder (Path("")
+# is "."), so `prepare "" OUT` would read every file here and `generate ""` look for a run here
+PATH_ARGUMENTS = frozenset({"run_dir", "runs", "out_dir", "hf_dir", "path", "source", "out", "config",
+                            "resume", "init_from", "data", "tokenizer", "file", "model"})
+
+
+def path_text(value: str) -> str:
+    """A path argument as given, refused when empty (argparse's usage error, exit 2)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty path; give a file or a folder (`.` for this one)")
+    return value
+
+
 def _own_usage(parser: argparse.ArgumentParser) -> None:
     """Each (sub)command's parser records itself, so that an argument left over is reported with that
-    command's usage (`handformer explain X`), not the top level's."""
+    command's usage (`handformer explain X`), not the top level's. Its path arguments refuse ""
+    (path_text)."""
     parser.set_defaults(usage_parser=parser)
+    for action in parser._actions:  # a path argument with no type of its own: never empty
+        if action.dest in PATH_ARGUMENTS and action.type is None and action.nargs != 0:
+            action.type = path_text
     for action in parser._subparsers._group_actions if parser._subparsers else []:
         for choice in action.choices.values():
             _own_usage(choice)
