@@ -34,7 +34,7 @@ REPLACED = [
     ("混合专家, 对话模板", r"专家混合|聊天模板"),
     ("词嵌入, 可学习的位置编码", r"token 嵌入|可学习位置编码|学出来的位置"),
     ("位置 3, 层 0 (what counts from 0)",
-     r"第 ?(0|\d+ ?个(位置|token|头|样本|序列))(?!\d)|第 \$?\{(l|layer|dim|pos|i|j|h|head|row)\}"),
+     r"第 ?(0|\d+ ?个(位置|token|头|样本|序列))(?!\d)|第 \$?\{(l|layer|dim|pos|i|j|h|head|row)\}|第 [a-z] 个"),
 ]
 
 
