@@ -441,7 +441,7 @@ def _key_padding(res: ComponentResult, layer: Layer, ctx: Context) -> None:
         res.checks.append(Check(text(
             f"{name} alone ((B, S): True = padding as torch.nn takes it, 0 / -inf, or True = keep): "
             f"changing the padded {stream} positions changes no real output",
-            f"只给 {name}（(B, S)：torch.nn 的 True = 填充、0 / -inf，或 True = 保留）："
+            f"只给 {name}（(B, S)：torch.nn 的 True = 填充、0 / -inf，或 True = 可以看）："
             f"改变 {stream} 中被填充的位置，不影响真实位置的输出"), moved < 1e-9,
             text(f"outputs moved by {moved:.3g}: the padding it marks is not applied",
                  f"输出变化了 {moved:.3g}：它标出的填充没有被用上")))
