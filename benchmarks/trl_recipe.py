@@ -8,7 +8,8 @@ and GRPOTrainer, beside handformer's own SFT, DPO and GRPO stages, and both scor
     same settings  read from each handformer run's config.json: steps, learning rate, warmup, cosine
                    down to min_lr, AdamW betas and weight decay, clipping, batch size, block size, the
                    validation share whose best weights are kept (TRL: load_best_model_at_end), packing
-                   (TRL: bfd), DPO's beta with the reference cached (precompute_ref_log_probs), GRPO's
+                   (TRL: bfd), DPO's beta with the reference cached (precompute_ref_log_probs) and the chosen
+                   replies' log-likelihood weight (sft_weight: TRL's "sft" loss), GRPO's
                    group size, reply length, temperature, loss_type, scale_rewards, beta and epsilon
     same reward    reasoning.reasoning_reward, which already has TRL's reward-function form
     same scorer    each TRL model is imported back (import_hf) and asked the same held-out questions by
@@ -155,7 +156,10 @@ def trainer_for(stage: str, config: dict[str, Any], hf_dir: Path, folder: Path, 
         return trl.SFTTrainer(model=model, args=args, **sets)
     settings = config["post_training"]["settings"]
     if stage == "dpo":
-        args = trl.DPOConfig(**args, beta=settings["beta"], loss_type=[settings["loss_type"]],
+        weight = settings.get("sft_weight", 0.0)  # the chosen replies' log-likelihood: TRL's "sft" loss
+        losses = {"loss_type": [settings["loss_type"], "sft"], "loss_weights": [1.0, weight]} if weight \
+            else {"loss_type": [settings["loss_type"]]}
+        args = trl.DPOConfig(**args, beta=settings["beta"], **losses,
                              max_length=data["block_size"] + 1,
                              precompute_ref_log_probs=settings["reference"] == "cached")
         return trl.DPOTrainer(model=model, args=args, **sets)

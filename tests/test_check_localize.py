@@ -107,10 +107,6 @@ KIND_PLANTS = {
     "layer_extra_residual": ("encoder_layer", "x = self.norm2(x + self.dropout(ffn))",
                              "x = self.norm2(x + self.dropout(ffn)) + x", "`x`",
                              "the norm after the FFN plus an extra term equal to the norm after the self-attention"),
-    "layer_norm_on_the_input": ("encoder_layer", "x = self.norm1(x + self.dropout(attn))",
-                                "x = self.norm1(x) + self.dropout(attn)", "`self.norm1(...)`",
-                                "the norm after the self-attention applied to the input x; the reference applies it "
-                                "to x + self-attention (the residual sum)"),
     "loss_smoothing_summed": ("loss", "smooth = -logp.mean(dim=-1)", "smooth = -logp.sum(dim=-1)", "`smooth`",
                               "the smoothing term -mean(log p) times a constant factor 7 = V"),
     "loss_ignore_inverted": ("loss", "mask = (targets != pad_idx).float()", "mask = (targets == pad_idx).float()",
@@ -144,6 +140,31 @@ def test_unnamed_mistake_in_each_kind_is_localized(tmp_path, name):
     assert f"{step} at line {number}: {planted}" in note["en"], report
     assert form in note["en"], report
     assert f"第 {number} 行" in note["zh"] and planted in zh
+
+
+def test_a_norm_applied_to_another_sub_step_is_named_with_the_norms_own_input():
+    from handformer.check.core.fingerprint import randn
+    from handformer.check.core.localize import form_of
+    from handformer.check.core.localize_kinds import layer_norm_forms, layer_views
+    from handformer.check.reference import variants as V
+
+    x = randn(2, 5, 8, seed=1)
+
+    def linear(n_out, n_in, seed):
+        return randn(n_out, n_in, seed=seed) / n_in ** 0.5, randn(n_out, seed=seed + 1)
+
+    attention = V.MHAWeights(*(linear(8, 8, 10 * i) for i in range(1, 5)), n_heads=2)
+    ffn = V.FFNWeights(linear(16, 8, 50), linear(8, 16, 60))
+    norms = [V.NormWeights(1 + randn(8, seed=70 + i) / 4, randn(8, seed=80 + i), 1e-5) for i in range(2)]
+    for placement in ("post", "pre"):
+        w = V.LayerWeights(attention, ffn, norms, placement=placement)
+        views = layer_views(w, x, None, None)
+        forms = layer_norm_forms(w, views)
+        # the FFN's norm applied to the input x: post-norm's belongs to x + FFN, pre-norm's to x + attn
+        form = form_of(V.norm(w.norms[1], x), views, {}, forms=forms)["en"]
+        side, own = {"post": ("after", "FFN"), "pre": ("before", "self-attention")}[placement]
+        assert form == (f"the norm {side} the FFN applied to the input x; the reference applies it to x + {own} "
+                        "(the residual sum)"), form
 
 
 # Grouped-query attention with rotary positions, in the LLM chapter's style (half-split pairs,
@@ -309,6 +330,37 @@ def top_k_probs(probs, k):
     out = torch.zeros_like(probs).scatter(-1, idx, vals)
     return out / out.sum(dim=-1, keepdim=True)
 '''
+TRAIN_STEP = '''def train_step(model, batch, optimizer, criterion):
+    src, tgt = batch
+    model.train()
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    logits = model(src, tgt_in)
+    loss = criterion(logits.reshape(-1, logits.size(-1)), tgt_out.reshape(-1))
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+'''
+GELU_FFN = '''import math
+
+import torch
+from torch import nn
+
+
+class GELU(nn.Module):
+    def forward(self, x):
+        return 0.5 * x * (1 + torch.tanh(
+            math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3))))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model, d_ff):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(d_model, d_ff), GELU(), nn.Linear(d_ff, d_model))
+
+    def forward(self, x):
+        return self.layers(x)
+'''
 D2L = FIXTURES / "learners_d2l" / "correct.py"
 SUB_STEP_PLANTS = {
     "valid_length_keeps_one_more": (D2L, "masked_softmax", "< valid_len[:, None]", "<= valid_len[:, None]",
@@ -343,6 +395,21 @@ SUB_STEP_PLANTS = {
                                 "torch.cat([torch.cos(freqs), torch.cos(freqs)], dim=-1)",
                                 "torch.repeat_interleave(torch.cos(freqs), 2, dim=-1)", "`freqs_cos` at line",
                                 "are in different layouts, one as halves [c, c] and one as pairs"),
+    "train_step_labels_not_moved_on": (TRAIN_STEP, "train_step",
+                                       "tgt[:, :-1], tgt[:, 1:]", "tgt[:, :-1], tgt[:, :-1]", "`tgt_out` at line",
+                                       "the labels are the decoder's input tgt[:, :-1]"),
+    "gelu_constant_in_their_own_class": (GELU_FFN, "ffn", "0.044715", "0.44715",
+                                         "`self.layers.1(...)` at line 9: return 0.5 * x * (1 + torch.tanh( / line",
+                                         ""),
+    "scale_by_a_size_read_wrong": (CORRECT.replace("scores = Q @ K.transpose(-2, -1) / math.sqrt(self.d_k)",
+                                                   "d_k = Q.size(-1)\n        scores = Q @ K.transpose(-2, -1) / "
+                                                   "math.sqrt(d_k)"), "mha", "d_k = Q.size(-1)", "d_k = Q.size(-2)",
+                                   "(its `d_k` was read at line", "q·kᵀ times a constant factor 0.4472 = 1/sqrt(T)"),
+    "gpt_final_norm_inside_the_loop": (FIXTURES / "learners_nanogpt" / "correct.py", "gpt",
+                                       "x = block(x)", "x = self.ln_f(block(x))",
+                                       "`self.ln_f(...)` at line", ""),
+    "layernorm_mean_over_all": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)", "mean = x.mean()",
+                                "`mean` at line", "the mean of the input x over all entries at once"),
     "layernorm_mean_over_tokens": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)",
                                    "mean = x.mean(1, keepdim=True)", "`mean` at line",
                                    "the mean of the input x over dim=1; the reference reduces over dim=-1"),

@@ -1,5 +1,5 @@
-"""DPO: the loss and every gradient equal TRL's DPOTrainer on the same batch and weights (sigmoid
-and IPO), the reference's log-probabilities are cached once (resumably) and equal the live
+"""DPO: the loss and every gradient equal TRL's DPOTrainer on the same batch and weights (sigmoid,
+IPO, and sigmoid with the chosen replies' log-likelihood added), the reference's log-probabilities are cached once (resumably) and equal the live
 reference's, a toy preference task raises the held-out log-probability margin of the chosen reply
 by at least 0.5 nats in each of 3 seeds, and `handformer train` runs, logs and resumes it."""
 
@@ -40,8 +40,8 @@ def perturbed_copy(base: Path, out: Path, seed: int = 7) -> Path:
     return out
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
-def test_loss_and_gradients_equal_trl_dpo_trainer(tmp_path, loss_type, monkeypatch):
+@pytest.mark.parametrize("loss_type,sft_weight", [("sigmoid", 0.0), ("ipo", 0.0), ("sigmoid", 0.5)])
+def test_loss_and_gradients_equal_trl_dpo_trainer(tmp_path, loss_type, sft_weight, monkeypatch):
     trl = require_module("trl", "pip install -e .[dev] (TRL is a pinned dev dependency)")
     datasets = require_module("datasets", "pip install -e .[dev]")
     transformers = require_module("transformers", "pip install -e .[dev]")
@@ -58,7 +58,9 @@ def test_loss_and_gradients_equal_trl_dpo_trainer(tmp_path, loss_type, monkeypat
     beta = 0.1
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf_policy").float()
     ref = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf_ref").float()
-    args = trl.DPOConfig(output_dir=str(tmp_path / "trl"), beta=beta, loss_type=[loss_type],
+    losses = {"loss_type": [loss_type, "sft"], "loss_weights": [1.0, sft_weight]} if sft_weight else \
+        {"loss_type": [loss_type]}  # the chosen replies' log-likelihood added: TRL's "sft" loss
+    args = trl.DPOConfig(output_dir=str(tmp_path / "trl"), beta=beta, **losses,
                          per_device_train_batch_size=4, report_to="none", use_cpu=True, max_length=None,
                          bf16=False)  # TRL defaults to bf16 autocast; the proof is float32 to float32
     trainer = trl.DPOTrainer(model=model, ref_model=ref, args=args, processing_class=transformers.AutoTokenizer
@@ -76,7 +78,8 @@ def test_loss_and_gradients_equal_trl_dpo_trainer(tmp_path, loss_type, monkeypat
     reference = load_lm(base).model
     batch = dpo.dpo_batch(pairs, policy.tokenizer.pad_id, None)
     model_ours = policy.model.train()
-    loss, metrics = dpo.dpo_loss(model_ours, batch, DPOConfig(beta=beta, loss_type=loss_type), reference)
+    loss, metrics = dpo.dpo_loss(model_ours, batch, DPOConfig(beta=beta, loss_type=loss_type,
+                                                                    sft_weight=sft_weight), reference)
     (loss / batch.n_tokens).backward()
     assert float(loss.detach()) / batch.n_tokens == pytest.approx(float(trl_loss), abs=1e-5)
     assert float(trl_loss) > 0.01 and set(metrics) >= {"rewards_chosen", "reward_accuracy", "logp_margin"}

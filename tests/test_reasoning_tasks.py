@@ -20,6 +20,7 @@ from handformer.tasks.speedrun_chat import scoring
 from handformer.tasks.speedrun_chat.pipeline import STAGES, config_for
 from handformer.tasks.speedrun_chat.reasoning import (
     DRAW,
+    LONG_KIND,
     REASONING_KINDS,
     ReasoningSet,
     Task,
@@ -213,7 +214,8 @@ def test_a_reply_ended_by_the_end_of_turn_token_counts_as_ended(tmp_path, monkey
 def test_a_rejected_worked_reply_is_well_formed_and_wrong():
     from handformer.tasks.speedrun_chat.reasoning_stages import wrong_reply
 
-    for task in drawn(600, seed=2):
+    long = ReasoningSet(2).sample(100, "train", "test", kinds=(LONG_KIND,))
+    for task in drawn(600, seed=2) + long:
         reading = parse_reply(wrong_reply(task), task.kind)
         assert reading.well_formed and reading.answer is not None
         assert not is_right(task.kind, task.key, reading.answer), task
@@ -289,6 +291,10 @@ def test_the_smoke_reasoning_run_trains_every_stage_and_scores_it(smoke_run):
     dpo = [json.loads(line) for line in data["dpo.jsonl"].splitlines()]
     questions = documents + [c["messages"][-2]["content"] for c in sft] + [p["prompt"] for p in dpo]
     assert len(documents) == 400 and all(split_of(*kind_and_key(q), 0) == "train" for q in questions)
+    assert sum(kind_and_key(p["prompt"])[0] == LONG_KIND for p in dpo) == 2  # dpo_long_sums
+    settings = {stage: json.loads((out / stage / "config.json").read_text())["post_training"]["settings"]
+                for stage in ("dpo", "grpo")}
+    assert settings["dpo"]["sft_weight"] == 1.0 and settings["grpo"]["beta"] == 0.04
     asked = [e["question"] for stage in STAGES for e in report["stages"][stage]["examples"]]
     assert asked and all(split_of(*kind_and_key(q), 0) == "search" for q in asked)
     thinking = [c["messages"][-1]["content"].startswith("<think>") for c in sft]

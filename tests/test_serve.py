@@ -408,6 +408,18 @@ BAD = [
     ("/v1/translations", {"model": "dates", "input": "x", "beam_size": 0}, 400, "beam_size", "from 1 to 16"),
     ("/v1/completions", b"x" * (64 * 1024 + 1), 413, None, "over the limit of 65536 bytes"),
     ("/v1/nowhere", {}, 404, None, "no route /v1/nowhere"),
+    ("/v1/completions", {**COMPLETION, "prompt": "the fox é€"}, 400, "prompt",
+     "'story''s character tokenizer never saw: 'é', '€'; the model would read <unk> for each: remove"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi"}, {"role": "user", "content": "Ж"}]},
+     400, "messages[1].content", "never saw: 'Ж'"),
+    ("/v1/embeddings", {"model": "story", "input": ["the fox", "fox Ж"]}, 400, "input[1]", "never saw: 'Ж'"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi"}, {
+        "role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c2", "content": "5"}]}, 400, "messages[2].tool_call_id",
+     "messages[2].tool_call_id 'c2' matches no tool call: the earlier calls are 'c1'; send the assistant"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "tool", "tool_call_id": "c1", "content": "5"}]}, 400,
+     "messages[0].tool_call_id", "no earlier assistant message has tool_calls"),
 ]
 
 

@@ -171,6 +171,17 @@ def test_viz_lm_prompt_and_generated_tokens(lm_run, tmp_path):
         assert np.all(np.triu(w, k=1) == 0)
 
 
+def test_viz_explorer_follows_the_locale_without_lang(lm_run, tmp_path, monkeypatch):
+    for var in ("LC_ALL", "LC_MESSAGES", "LANG", "LANGUAGE"):
+        monkeypatch.delenv(var, raising=False)
+    for locale_name, lang in (("zh_CN.UTF-8", "zh"), ("en_US.UTF-8", "en")):
+        monkeypatch.setenv("LANG", locale_name)
+        out = tmp_path / lang
+        rc, _, err = run_cli("viz", str(lm_run), "ab", "--max-new-tokens", "1", "--out", str(out))
+        assert rc == 0, err
+        assert f'<html lang="{lang}">' in (out / "attention.html").read_text(encoding="utf-8")
+
+
 def test_viz_lm_generation_stops_at_the_context(tmp_path):
     run = make_lm_run(tmp_path / "short", max_positions=6)
     report = attention_report(run, "hello", max_new_tokens=8)

@@ -10,10 +10,11 @@ from handformer.cli.common import device_arg
 
 
 def cmd_viz(args: argparse.Namespace) -> int:
+    from handformer.check.core.report import default_language
     from handformer.see.viz import visualize
 
     report, files = visualize(args.run_dir, args.text, args.out, args.layer, args.head,
-                              args.max_new_tokens, args.device, args.lang)
+                              args.max_new_tokens, args.device, args.lang or default_language())
     if report.task == "translation":
         print(f"source:      {report.text}\ntranslation: {report.output}")
     else:
@@ -71,9 +72,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output directory (default RUN_DIR/viz)")
     p.add_argument("--max-new-tokens", type=int, default=8,
                    help="language models: tokens to generate greedily after TEXT (default 8)")
-    p.add_argument("--lang", choices=("en", "zh"), default="en",
-                   help="language of the explorer page attention.html: en, or zh (Chinese); the PNGs' "
-                   "titles stay English")
+    p.add_argument("--lang", choices=("en", "zh"), default=None,
+                   help="language of the explorer page attention.html: en, or zh (Chinese); default: "
+                   "from the locale, as check and learn choose it; the PNGs' titles stay English")
     p.add_argument("--device", type=device_arg, default="cpu")
     p.set_defaults(func=cmd_viz)
 

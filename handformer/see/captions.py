@@ -36,22 +36,22 @@ TEXTS: dict[str, dict[str, str]] = {
     # positional_encoding.png
     "pe.dim": {"en": "dimension i of the encoding", "zh": "编码的第 i 维"},
     "pe.position": {"en": "position", "zh": "位置"},
-    "pe.curve": {"en": "dim {dim} (sin)", "zh": "第 {dim} 维（sin）"},
+    "pe.curve": {"en": "dim {dim} (sin)", "zh": "维 {dim}（sin）"},
     "pe.slow": {"en": "low dimensions change fast, high ones slowly",
                 "zh": "低维变化快，高维变化慢"},
     "pe.title": {"en": "PE[pos, 2i] = sin(pos / 10000^(2i/D)),  PE[pos, 2i+1] = cos(pos / 10000^(2i/D))",
                  "zh": "位置编码：PE[pos, 2i] = sin(pos / 10000^(2i/D))，"
                        "PE[pos, 2i+1] = cos(pos / 10000^(2i/D))"},
     # masks.png
-    "mask.padding": {"en": "padding", "zh": "padding 掩码"},
+    "mask.padding": {"en": "padding", "zh": "填充掩码"},
     "mask.causal": {"en": "causal", "zh": "因果掩码"},
-    "mask.both": {"en": "padding & causal", "zh": "padding 与因果掩码"},
+    "mask.both": {"en": "padding & causal", "zh": "填充掩码与因果掩码"},
     "mask.panel": {"en": "{name} mask, sentence {row}", "zh": "{name}，句子 {row}"},
     "mask.query": {"en": "query (row)", "zh": "查询（行）"},
     "mask.key": {"en": "key (column)", "zh": "键（列）"},
     "mask.title": {"en": "masks in handformer: True (green) = may attend; padding hides <pad> keys, "
                          "causal hides the future",
-                   "zh": "handformer 的掩码：True（绿色）= 可以看；padding 掩码屏蔽 <pad> 键，"
+                   "zh": "handformer 的掩码：True（绿色）= 可以看；填充掩码屏蔽 <pad> 键，"
                          "因果掩码屏蔽未来位置"},
     # top_k_top_p.png
     "sample.full": {"en": "softmax(logits): all {n} tokens", "zh": "softmax(logits)：全部 {n} 个 token"},
@@ -104,14 +104,14 @@ TEXTS: dict[str, dict[str, str]] = {
                          "（batch 2，源句/提示词长 10，目标长 5）"},
     "experts.title": {"en": "where the router sends each token (handformer experts)",
                       "zh": "路由器把每个 token 送往哪些专家（handformer experts）"},
-    "experts.layer": {"en": "layer {layer}", "zh": "第 {layer} 层"},
+    "experts.layer": {"en": "layer {layer}", "zh": "层 {layer}"},
     "experts.balanced": {"en": "balanced: k T / E = {k} x {T} / {E}",
                          "zh": "均衡时：k T / E = {k} × {T} / {E}"},
     "experts.expert": {"en": "expert", "zh": "专家"},
     "experts.tokens": {"en": "tokens routed to the expert", "zh": "送到该专家的 token 数"},
     "experts.counts": {"en": "tokens per expert (top-k choices)", "zh": "每个专家收到的 token（top-k 选择）"},
     "experts.weights": {"en": "router weights, layer {layer} (top-{k} outlined)",
-                        "zh": "路由权重，第 {layer} 层（框出的是 top-{k}）"},
+                        "zh": "路由权重，层 {layer}（框出的是 top-{k}）"},
 }
 
 

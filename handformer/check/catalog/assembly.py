@@ -63,7 +63,7 @@ DIAGNOSES: list[Diagnosis] = [
     d("beam_length_penalty_per_step", "the length penalty divides the running score at every step",
       "每一步都把累计得分除以一次长度惩罚",
       "keep the running score a plain sum of log-probabilities; divide by length ** alpha once, when a "
-      "hypothesis finishes", "累计得分就是对数概率之和；只在假设结束时除一次 length ** alpha",
+      "hypothesis finishes", "累计得分就是对数概率之和；只在假设结束时除以一次 length ** alpha",
       r"\*\*\s*\(?alpha|\*\*\s*\(?length_penalty", r"alpha"),
     d("beam_one_not_greedy", "with beam size 1 and no length penalty the beam search is not greedy decoding",
       "束宽为 1（beam_size=1）、没有长度惩罚时，束搜索与贪心解码不一致",

@@ -22,7 +22,7 @@ DIAGNOSES: list[Diagnosis] = [
       "hide the positions where the mask is 0: scores.masked_fill(mask == 0, -1e9) (with a torch.nn "
       "style bool mask, True = masked, run again with --mask-convention torch)",
       "屏蔽掩码为 0 的位置：scores.masked_fill(mask == 0, -1e9)（若使用 torch.nn 的布尔掩码约定，"
-      "True 表示屏蔽，请加 --mask-convention torch 重新检查）",
+      "True = 屏蔽，请加 --mask-convention torch 重新检查）",
       r"masked_fill", r"\w+\[\s*~?\s*keep\s*\]\s*=", r"mask"),
     d("mask_after_softmax", "the mask is applied after the softmax, so the weights no longer sum to 1",
       "掩码在 softmax 之后才应用，注意力权重之和不再为 1",
@@ -116,7 +116,7 @@ DIAGNOSES: list[Diagnosis] = [
       "填充掩码和因果掩码组合错了",
       "a key is seen only when it is real and not in the future: pad_keep & causal_keep (with torch.nn's "
       "True = masked: pad_masked | future_masked)",
-      "只有既是真实 token、又不在未来的键才可见：pad_keep & causal_keep（torch.nn 的 True 表示屏蔽时："
+      "只有既是真实 token、又不在未来的键才可见：pad_keep & causal_keep（torch.nn 的 True = 屏蔽时："
       "pad_masked | future_masked）",
       r"\|", r"&", r"mask"),
     d("causal_off_by_one", "the causal mask is off by one", "因果掩码差了一位",

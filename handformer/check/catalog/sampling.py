@@ -50,7 +50,7 @@ DIAGNOSES: list[Diagnosis] = [
       "softmax 应沿词表维度：probs = F.softmax(logits, dim=-1)",
       r"softmax"),
     d("sampling_from_logits", "the sampling step samples from the logits, not from probabilities",
-      "采样时直接用 logits 采样，而不是概率",
+      "采样时直接对 logits 采样，而不是对概率采样",
       "turn logits into probabilities first: torch.multinomial(F.softmax(logits, dim=-1), 1)",
       "先把 logits 变成概率：torch.multinomial(F.softmax(logits, dim=-1), 1)",
       r"multinomial\(", r"sample"),

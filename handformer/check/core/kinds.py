@@ -76,7 +76,7 @@ KINDS_TABLE: tuple[Kind, ...] = (
          "decoder layer", "解码器层", "layers:check_decoder_layer"),
     Kind("block", ("DecoderOnlyBlock", "GPTBlock", "TransformerBlock", "Block", "DecoderOnlyLayer",
                    "GPTLayer", "LlamaBlock", "LlamaDecoderLayer"),
-         "decoder-only block", "decoder-only 块", "layers:check_block"),
+         "decoder-only block", "decoder-only Block", "layers:check_block"),
     Kind("transformer", ("Transformer", "EncoderDecoder", "Seq2SeqTransformer", "TransformerModel",
                          "Seq2Seq"),
          "encoder-decoder model", "编码器-解码器模型", "model:check_model"),

@@ -17,6 +17,8 @@ Shape legend: B batch, H heads, T length, Dh head dim, D d_model.
 
 from __future__ import annotations
 
+import ast
+import functools
 import inspect
 import itertools
 import linecache
@@ -31,6 +33,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.result import ComponentResult, Text, text
 from handformer.check.reference import variants as V
 
@@ -45,6 +48,8 @@ class Step(NamedTuple):
     caller: int | None = None
     given: bool = False  # an argument of their function as it was handed over, not a value it made
     earlier: tuple[Step, ...] = ()  # a tensor built in place: its values after each earlier line
+    part: tuple[nn.Module, tuple[Any, ...]] | None = None  # a part's output: the part and its inputs
+    numbers: dict[str, tuple[int, float]] | None = None  # the frame's numbers then: name -> (line, value)
 
 
 View = tuple[str, Tensor]  # (the reference's sub-step, in words; its value)
@@ -55,7 +60,7 @@ def over_axes(what: str, what_zh: str, op: Callable[[int], Tensor], ndim: int) -
     """A sub-step the reference takes over the last axis (`op(-1)`: a log-softmax, a cumulative
     sum), taken over each other axis instead: the wrong-axis forms."""
     return [(text(f"{what} over dim={d}; the reference's runs over the last axis, dim=-1",
-                  f"{what_zh}作用在 dim={d} 上；参考作用在最后一个轴 dim=-1 上"), op(d))
+                  f"{_zh_subject(what_zh)}作用在 dim={d} 上；参考作用在最后一个轴 dim=-1 上"), op(d))
             for d in range(ndim - 1)]
 
 
@@ -70,12 +75,16 @@ class _Tracer:
         self.last: dict[tuple[int, str], int] = {}  # a constant's latest step: (frame, name) -> index
         self.dropped: set[int] = set()  # a constant's earlier steps: only its final value is judged
         self.built: dict[tuple[int, str], list[Step]] = {}  # a constant's steps so far, in order
+        self.numbers: dict[int, dict[str, tuple[int, float]]] = {}  # frame -> name -> (its line, value)
 
     def local(self, frame: Any, event: str, arg: Any) -> Any:
         seen, before = frame.f_locals, self.state.setdefault(id(frame), ({}, frame.f_lineno))
+        numbers = self.numbers.setdefault(id(frame), {})
         for name, value in seen.items():
             if isinstance(value, Tensor) and not value.is_complex() and _changed(before[0].get(name), value):
                 self.record(frame, before[1], name, value, not before[0])
+            elif type(value) in (int, float) and numbers.get(name, (0, None))[1] != value:
+                numbers[name] = (before[1], value)  # a size read from a shape: `d_k = q.size(-1)`
         if event == "return":
             self.returned(frame, arg)
         held = {k: _snapshot(v) for k, v in seen.items()}
@@ -85,7 +94,8 @@ class _Tracer:
     def record(self, frame: Any, line: int, name: str, value: Tensor, given: bool) -> None:
         """One step; `given`: the frame's first event, its arguments as handed over."""
         if _traced(value) and name not in _arguments(frame, value):
-            self.steps.append(Step(line, name, _copy(value), self.caller(frame), given))
+            numbers = dict(self.numbers.get(id(frame), {}))
+            self.steps.append(Step(line, name, _copy(value), self.caller(frame), given, numbers=numbers))
         elif value.dtype in self.constants:
             key, built = (id(frame), name), self.built.setdefault((id(frame), name), [])
             self.dropped.add(self.last.get(key, -1))
@@ -119,7 +129,7 @@ class _Tracer:
     def hook(self, name: str) -> Callable[..., None]:
         """Record a part's output (as `name(...)`) at the line that calls it."""
         def record(module: nn.Module, args: Any, out: Any) -> None:
-            self.part(f"{name}(...)", out)
+            self.part(f"{name}(...)", out, (module, args))
         return record
 
     def pre_hook(self, name: str) -> Callable[..., None]:
@@ -128,10 +138,10 @@ class _Tracer:
             self.part(f"the input of {name}", args)
         return record
 
-    def part(self, name: str, value: Any) -> None:
+    def part(self, name: str, value: Any, part: tuple[nn.Module, Any] | None = None) -> None:
         t = first_tensor(value)
         if t is not None and t.grad_fn is not None:
-            self.steps.append(Step(self.now, name, _copy(t)))
+            self.steps.append(Step(self.now, name, _copy(t), part=part))
 
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -245,7 +255,12 @@ VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改�
             (r"the input of (.+)", r"\1 的输入"), (r"the input ([xX])", r"输入 \1"), (r"the output", "输出"),
             (r"Y, the sublayer's output", "Y（子层的输出）"),
             (r"X \+ Y \(the residual sum\)", "X + Y（残差和）"), (r"the norm of X \+ Y", "X + Y 的归一化"),
-            (r"the norm", "归一化"),
+            (r"the norm", "归一化"), (r"the (source|target) embedding plus positions", "{}嵌入加上位置编码"),
+            (r"the (source|target) embedding \(scaled as chosen\)", "{}嵌入（按选定的方式缩放）"),
+            (r"emb\(ids\), the (source|target) embedding unscaled", "emb(ids)（未缩放的{}嵌入）"),
+            (r"the positional encoding", "位置编码"),
+            (r"the (encoder|decoder)'s final norm", "{}最后的归一化"),
+            (r"(encoder|decoder) layer (\d+)'s output", "{}层 {} 的输出"),
             (r"the output (.+)", r"输出 \1"),
             (r"the heads of (\w+), rotated \((\w+) rotary\)", r"旋转后的 \1 的各个头（\2 配对）"),
             (r"the heads of (\w+), repeated for each query head", r"为每个查询头重复后的 \1 的各个头"),
@@ -253,7 +268,7 @@ VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改�
             (r"(.+) rotated \((\w+) pairs\)", r"旋转后的 \1（\2 配对）"),
             (r"the scores (.+)", r"分数 \1"), (r"the attention weights", "注意力权重"),
             (r"the masked scores", "屏蔽后的分数"),
-            (r"the keep mask \(1 = visible\)", "保留掩码（1 = 可见）"),
+            (r"the keep mask \(1 = visible\)", "保留掩码（1 = 可以看）"),
             (r"the positions 0 \.\. L-1", "位置 0 .. L-1"), (r"the angles pos·freq", "角度 pos·freq"),
             (r"the kept probabilities (.+)", r"保留下来的概率 \1"),
             (r"weights·v, heads concatenated", "weights·v（各头拼接后）"),
@@ -265,7 +280,8 @@ VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改�
              f"{SIDES_ZH[m[1]]}的归一化"),
             (r"the (.+)'s output", lambda m: f"{SUBLAYERS_ZH.get(m[1], m[1])}的输出"),
             (r"x \+ (.+) \(the residual sum\)", lambda m: f"x + {SUBLAYERS_ZH.get(m[1], m[1])}（残差和）")]
-SIDES_ZH = {"before": "之前", "after": "之后"}
+SIDES_ZH = {"before": "之前", "after": "之后", "source": "源", "target": "目标", "encoder": "编码器",
+            "decoder": "解码器"}
 SUBLAYERS_ZH = {"self-attention": "自注意力", "cross-attention": "交叉注意力", "FFN": "前馈网络"}
 
 
@@ -273,8 +289,8 @@ def view_zh(name: str) -> str:
     """An intermediate result's name in Chinese; a name that is code, or not known, as it is."""
     for pattern, zh in VIEWS_ZH:
         m = re.fullmatch(pattern, name)
-        if m:
-            return zh(m) if callable(zh) else m.expand(zh)
+        if m:  # "{}": the groups, a side (source, encoder, ...) in Chinese
+            return zh(m) if callable(zh) else m.expand(zh.format(*(SIDES_ZH.get(g, g) for g in m.groups())))
     return name
 
 
@@ -301,7 +317,7 @@ def _shift(t: Tensor, r: Tensor, dim: int, what: str) -> Text | None:
         n = r.size(axis)
         if same(t.narrow(axis, max(d, 0), n - 1), r.narrow(axis, max(-d, 0), n - 1)):
             return text(f"{what} shifted by one position: position i holds the reference's i {sign} 1",
-                        f"{view_zh(what)} 错开了一个位置：位置 i 放的是参考的位置 i {sign} 1")
+                        f"{_zh_subject(what)}错开了一个位置：位置 i 放的是参考的位置 i {sign} 1")
     return None
 
 
@@ -319,10 +335,10 @@ def _softmax_axis(t: Tensor, pre: Tensor | None) -> Text | None:
         return None
     for (norm, how, how_zh), dim in itertools.product(NORMALIZERS, (*range(pre.dim() - 1), None)):
         if same(t, norm(pre, dim)):
-            where, where_zh = (f"dim={dim}", f"dim={dim} 上") if dim is not None else ("all entries at once",
-                                                                                      "所有元素上（一起）")
+            where, where_zh = (f"dim={dim}", f" dim={dim} 上") if dim is not None else ("all entries at once",
+                                                                                       "所有元素上（一起）")
             return text(f"{how} over {where}; the reference's runs over the last axis, dim=-1",
-                        f"{how_zh} 作用在 {where_zh}；参考作用在最后一个轴 dim=-1 上")
+                        f"{_zh_subject(how_zh)}作用在{where_zh}；参考作用在最后一个轴 dim=-1 上")
     return None
 
 
@@ -373,7 +389,7 @@ def _term(t: Tensor, r: Tensor, what: str, terms: list[View], sizes: dict[str, f
             named = f" = {scale}" if scale != f"{1 + c:.4g}" else ""
             return text(f"{what} plus {c:.4g} × ({name}): that term scaled by {1 + c:.4g}{named}",
                         f"{_zh_subject(what)}多加了 {c:.4g} × ({view_zh(name)})："
-                        f"这一项被乘了 {1 + c:.4g}{named}")
+                        f"这一项的系数成了 {1 + c:.4g}{named}")
     return None
 
 
@@ -386,10 +402,9 @@ def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor |
     every entry is a factor too); then a mask's edge, a factor, an offset, a transpose or a shift;
     then a term (against the latest view first: the sub-step nearest to it)."""
     views = [(what, r) for what, r in views if r.shape == t.shape]
-    simple = ((form, r) for form, r in forms if same(t, r))
     near = sorted(views, key=lambda v: int((~torch.isclose(t, v[1], atol=1e-5)).sum()))  # the closest first
-    simple = itertools.chain(simple, ((f(t, r, what), r) for f in SIMPLE for what, r in near))
-    found = next((form for form, _ in simple if form), None) or _softmax_axis(t, pre)
+    stated = next((form for form, r in forms if same(t, r)), None)
+    found = stated or _simple(t, near) or _softmax_axis(t, pre)
     if found:
         return found
     for what, r in views:
@@ -404,41 +419,39 @@ def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor |
     return None
 
 
-def _itself(t: Tensor, r: Tensor, what: str) -> Text | None:
-    return same(t, r) and text(f"it is {what}: the steps after it are left out",
-                               f"它就是 {view_zh(what)}：之后的步骤被漏掉了") or None
-
-
-def _sign(t: Tensor, r: Tensor, what: str) -> Text | None:
-    """A sign first: -q·kᵀ/sqrt(d_k) is a factor -1/sqrt(d_k) of q·kᵀ too."""
-    return same(t, -r) and text(f"{what} with its sign flipped", f"{view_zh(what)} 的符号反了") or None
-
-
-def _complement(t: Tensor, r: Tensor, what: str) -> Text | None:
-    return (r.min() >= 0 and r.max() <= 1 and same(t, 1 - r)
-            and text(f"{what}, inverted (1 - it)", f"{view_zh(what)} 取反了（1 - 它）")) or None
-
-
-def _but_one_slice(t: Tensor, r: Tensor, what: str) -> Text | None:
+def _one_slice(t: Tensor, r: Tensor) -> dict[str, int] | None:
     """t is r but at one index of one axis (a row left out of a fix, `remove[0]` for `remove[..., 0]`),
-    an axis of at least 2: where its code writes the wrong slice."""
-    finite = torch.isfinite(r) | torch.isfinite(t)
-    off = ~torch.isclose(t, r, atol=1e-5) & finite  # (...)
-    places = [(d, int(i)) for d in range(t.dim()) for i in off.nonzero()[:, d].unique()
+    an axis of at least 2: where its code writes the wrong slice; None when it is not."""
+    off = ~torch.isclose(t, r, atol=1e-5) & (torch.isfinite(r) | torch.isfinite(t))  # (...)
+    places = [{"dim": d, "index": int(i)} for d in range(t.dim()) for i in off.nonzero()[:, d].unique()
               if t.size(d) > 1 and off.select(d, int(i)).sum() == off.sum()]
-    return places and 0 < off.sum() < off.numel() and text(
-        f"{what}, except at index {places[0][1]} of dim={places[0][0]}: it differs there alone",
-        f"{view_zh(what)}，只有 dim={places[0][0]} 的下标 {places[0][1]} 处不同") or None
+    return places[0] if places and 0 < off.sum() < off.numel() else None
+
+
+# each test over every view (the closest first), in this order: its form when it holds; a sign
+# first (-q·kᵀ/sqrt(d_k) is a factor -1/sqrt(d_k) of q·kᵀ too)
+SIMPLE = ((same, "it is {what}: the steps after it are left out", "它就是 {zh}：之后的步骤被漏掉了"),
+          (lambda t, r: same(t, -r), "{what} with its sign flipped", "{zh} 的符号反了"),
+          (_one_slice, "{what}, except at index {index} of dim={dim}: it differs there alone",
+           "{zh}，只有 dim={dim} 的下标 {index} 处不同"),
+          (lambda t, r: r.min() >= 0 and r.max() <= 1 and same(t, 1 - r), "{what}, inverted (1 - it)",
+           "{zh} 取反了（1 - 它）"))
+
+
+def _simple(t: Tensor, views: list[View], tests: tuple[Any, ...] = SIMPLE) -> Text | None:
+    for (test, en, zh), (what, r) in itertools.product(tests, views):
+        found = test(t, r)
+        if found:  # True, or the fields of the form (the slice)
+            fields = {"what": what, "zh": view_zh(what), **(found if isinstance(found, dict) else {})}
+            return text(en.format(**fields), zh.format(**fields))
+    return None
 
 
 def _slice_form(t: Tensor, views: list[View]) -> Text | None:
     """A tensor built in place that is the closest view but for one slice: the slice its wrong line wrote."""
-    near = min((v for v in views if v[1].shape == t.shape), default=None,
-               key=lambda v: int((~torch.isclose(t, v[1], atol=1e-5)).sum()))
-    return near and _but_one_slice(t, near[1], near[0])
-
-
-SIMPLE = (_itself, _sign, _but_one_slice, _complement)  # each over every view, in this order
+    near = sorted([v for v in views if v[1].shape == t.shape],
+                  key=lambda v: int((~torch.isclose(t, v[1], atol=1e-5)).sum()))
+    return _simple(t, near[:1], SIMPLE[2:3])
 
 
 def _scaled(t: Tensor, r: Tensor, what: str, sizes: dict[str, float]) -> Text | None:
@@ -461,6 +474,7 @@ class Departure:
     code: str
     form: Text | None
     called_from: tuple[int, str] | None = None  # (line, code) of their code that called the helper
+    source: tuple[int, str, str] | None = None  # (line, name, code): where a size the line uses was read
 
     def describe(self) -> Text:
         at = f"line {self.line}: {self.code}"
@@ -469,6 +483,10 @@ class Departure:
             line, code = self.called_from
             at += f" (in a helper called from line {line}: {code})"
             at_zh += f"（在第 {line} 行调用的函数里：{code}）"
+        if self.source:
+            line, name, code = self.source
+            at += f" (its `{name}` was read at line {line}: {code})"
+            at_zh += f"（其中的 `{name}` 来自第 {line} 行：{code}）"
         form = self.form or text("no simple form (not a factor, sign, transpose, shift, axis or term)",
                                  "没有简单的形式（不是常数因子、符号、转置、错位、轴或多余的项）")
         return text(f"no known mistake reproduces it; the first step that parts from the reference is "
@@ -501,13 +519,15 @@ REDUCTIONS = (("the mean", "均值", torch.mean), ("the sum", "和", torch.sum))
 
 
 def _reduced(t: Tensor, views: list[View]) -> Text | None:
-    """t is a mean or a sum of a view over an axis other than the last (the reference reduces over
-    d_model or the keys, dim=-1): a reduction over the wrong axis, its shape none of the views'."""
+    """t is a mean or a sum of a view over an axis other than the last, or over all its entries (the
+    reference reduces over d_model or the keys, dim=-1): a reduction over the wrong axis, its shape
+    none of the views'."""
     for (what, r), (how, how_zh, op), keep in itertools.product(views, REDUCTIONS, (True, False)):
-        for dim in range(r.dim() - 1):
+        axes = [(d, f"dim={d}", f" dim={d} 上") for d in range(r.dim() - 1)]
+        for dim, where, where_zh in axes + [(tuple(range(r.dim())), "all entries at once", "所有元素上")]:
             if same(t, op(r, dim=dim, keepdim=keep)):  # same() compares shapes first
-                return text(f"{how} of {what} over dim={dim}; the reference reduces over dim=-1",
-                            f"{view_zh(what)} 的{how_zh}是在 dim={dim} 上求的；参考在最后一个轴 dim=-1 上求")
+                return text(f"{how} of {what} over {where}; the reference reduces over dim=-1",
+                            f"{view_zh(what)} 的{how_zh}是在{where_zh}求的；参考在最后一个轴 dim=-1 上求")
     return None
 
 
@@ -533,11 +553,55 @@ def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, fl
     whole = layouts(views, {step.value.shape})
     written, views = next(iter(_wrong_writes(step, whole)), (step, views))
     views = layouts(views, {written.value.shape})
-    code = linecache.getline(filename, written.line).strip()
     called = written.caller and (written.caller, linecache.getline(filename, written.caller).strip())
     form = (written is not step and _slice_form(step.value, whole)
             or form_of(written.value, views, sizes, pre, terms, forms) or _reduced(written.value, views))
-    return Departure(written.line, written.name, code, form, called or None)
+    line = _inside(written, filename) or written.line
+    source = _size_source(written, statement(filename, line), form, sizes, filename)
+    return Departure(line, written.name, statement(filename, line, not called), form,
+                     None if source else called or None, source)
+
+
+def _size_source(step: Step, code: str, form: Text | None, sizes: dict[str, float], filename: str,
+                 ) -> tuple[int, str, str] | None:
+    """A number the departing line uses whose value is a size the form names, bound on another line
+    (`d_k = query.size(-2)`: 5 = T where the scale wants d_k): (that line, the name, its code)."""
+    named = {v for k, v in sizes.items() if form and re.search(rf"(?<!\w){re.escape(k)}(?!\w)", form["en"])}
+    used = set(re.findall(r"[A-Za-z_]\w*", code))
+    bound = [(line, name) for name, (line, value) in (step.numbers or {}).items()
+             if name in used and value in named and line != step.line]
+    return bound and (bound[0][0], bound[0][1], statement(filename, bound[0][0], False)) or None
+
+
+def _inside(step: Step, filename: str) -> int | None:
+    """For a part's output (a module of their own file, its forward not traced: a GELU of theirs in
+    an nn.Sequential), the line of its forward that returns it; None for any other step, and for a
+    part check grades on its own (a LayerNorm of theirs applied where it should not be)."""
+    module, args = step.part or (None, ())
+    forward = getattr(type(module), "forward", None)
+    graded = type(module).__name__ in {n for k in KINDS_TABLE for n in k.names}  # checked on its own
+    if graded or getattr(forward, "__code__", None) is None or inspect.getsourcefile(forward) != filename:
+        return None
+    steps = trace_steps(lambda: module(*args), filename, forward.__code__)
+    return next((s.line for s in reversed(steps) if s.name == "return"), None)
+
+
+def statement(filename: str, line: int, whole: bool = True) -> str:
+    """The code at `line`; the statement's second line too when it spans two lines and `whole`
+    (a constant on the continuation line of `return 0.5 * x * (1 + torch.tanh(`)."""
+    code = linecache.getline(filename, line).strip()
+    spans = [(n.lineno, n.end_lineno) for n in _statements(filename) if n.lineno == line]
+    two = [end for start, end in spans if end == line + 1] * whole
+    return " / ".join([code] + [f"line {end}: {linecache.getline(filename, end).strip()}" for end in two[:1]])
+
+
+@functools.lru_cache(maxsize=8)
+def _statements(filename: str) -> tuple[ast.stmt, ...]:
+    try:
+        tree = ast.parse("".join(linecache.getlines(filename)))
+    except SyntaxError:  # a file check could import is Python: never here in practice
+        return ()
+    return tuple(n for n in ast.walk(tree) if isinstance(n, ast.stmt))
 
 
 def layouts(views: list[View], shapes: set[torch.Size]) -> list[View]:
@@ -568,8 +632,8 @@ def _unpermuted(t: Tensor, views: list[View]) -> Text | None:
             shape, ref = tuple(t.shape), tuple(r.shape)
             return text(f"{what} reshaped to {shape} as it lies in memory; the reference moves its axes "
                         f"before the reshape ({result} is {ref}): a transpose or permute left out",
-                        f"{view_zh(what)} 按内存顺序直接改成了形状 {shape}；参考在改形状之前先换轴"
-                        f"（{view_zh(result)} 的形状是 {ref}）：漏了 transpose 或 permute")
+                        f"{_zh_subject(what)}按内存顺序直接改成了形状 {shape}；参考在改形状之前先换轴"
+                        f"（{_zh_subject(result)}的形状是 {ref}）：漏了 transpose 或 permute")
     return None
 
 
@@ -621,8 +685,8 @@ def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[li
     n_kv = w.n_kv_heads or w.n_heads
     qh = V.split_heads(q, w.n_heads, frozenset())  # (B, H, T, Dh)
     kh, vh = (V.split_heads(t, n_kv, frozenset()) for t in (k, v))  # (B, Hkv, T, Dh)
-    views = [("q", q), ("k", k), ("v", v), ("the heads of q", qh), ("the heads of k", kh),
-             ("the heads of v", vh)]
+    views = [("the input x", x), ("q", q), ("k", k), ("v", v), ("the heads of q", qh),
+             ("the heads of k", kh), ("the heads of v", vh)]  # x: a comprehension's `for lin, x in ...`
     qh, kh, views = _positioned(w, qh, kh, views)
     kh, vh, views = _repeated(w, kh, vh, views)
     raw = qh @ kh.transpose(-2, -1)  # (B, H, T, T)

@@ -114,7 +114,7 @@ def _line(n: int | None, code: str | None, lang: str) -> str:
 ROLE_WORDS = {"token embedding": "词嵌入", "position embedding": "位置嵌入", "source embedding": "源端嵌入",
               "target embedding": "目标端嵌入", "learned positions": "可学习的位置编码",
               "final norm": "最后的归一化层", "output head": "输出层", "output layer": "输出层",
-              "block": "块", "encoder": "编码器", "decoder": "解码器", "self-attention": "自注意力",
+              "block": "Block", "encoder": "编码器", "decoder": "解码器", "self-attention": "自注意力",
               "cross-attention": "交叉注意力", "FFN": "前馈网络"}
 ROLES_ZH = [(r" ?\(tied to the (token|target) embedding\)",
              lambda m: f"（与{ROLE_WORDS[m[1] + ' embedding']}共享权重）"),

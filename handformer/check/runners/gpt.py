@@ -50,6 +50,7 @@ from handformer.check.core.layer_map import (
     outside,
     prefixed,
 )
+from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
 from handformer.check.core.result import (
     NOT_CHECKED,
     Check,
@@ -128,7 +129,8 @@ class GPTMap:
 NO_BLOCKS = {
     False: ("expected the blocks in an nn.ModuleList (nanoGPT's transformer.h), each with one attention and "
             "an MLP",
-            "应当把块放在一个 nn.ModuleList 里（nanoGPT 的 transformer.h），每块有一个注意力和一个 MLP"),
+            "应当把 Block 放在一个 nn.ModuleList 里（nanoGPT 的 transformer.h），"
+            "每个 Block 有一个注意力和一个 MLP"),
     True: ("it runs an encoder and a decoder with cross-attention on one sequence of token ids "
            "(tiny-universe's and happy-llm's Transformer.forward(idx, targets)): neither handformer's "
            "CausalLM nor its Seq2SeqTransformer computes that; its layers are checked alone",
@@ -160,7 +162,7 @@ def map_gpt(module: nn.Module) -> GPTMap:
     extra = [x for x in of_kind(outer, "linear") if x is not head] + norms[1:]
     if extra:
         raise MappingError(f"parameters outside the blocks that a GPT does not have: {shapes_text(extra)}",
-                           zh=f"块之外有 GPT 没有的参数：{shapes_text(extra)}")
+                           zh=f"Block 之外有 GPT 没有的参数：{shapes_text(extra)}")
     m = GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head,
                head is None or head.weight is wte.weight, head is not None and head.bias is not None, n_kv)
     m.embed_norm = _embed_norm(module, blocks)
@@ -283,7 +285,7 @@ class Choices:
             pos_en += f"; grouped-query attention ({H} heads, {m.n_kv_heads} key/value heads)"
             pos_zh += f"；分组查询注意力（{H} 个头，{m.n_kv_heads} 个键/值头）"
         return text(f"output head {head_en}; {self.placement}-norm blocks; {self.activation} FFN; {pos_en}",
-                    f"输出层{head_zh}；{self.placement.capitalize()}-Norm 块；{self.activation} 前馈网络；"
+                    f"输出层{head_zh}；{self.placement.capitalize()}-Norm Block；{self.activation} 前馈网络；"
                     f"{pos_zh}")
 
 
@@ -535,8 +537,9 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
         res.notes.append(text("no known mistake (or pair of them) reproduces your logits; the blocks' own "
                               "checks show where they differ from handformer's",
                               "没有任何已知错误（或两个错误的组合）能复现你的 logits；"
-                              "各块自己的检查会指出它们与 handformer 的差别"))
+                              "各 Block 自己的检查会指出它们与 handformer 的差别"))
         ch = settings[0]
+        _localize(res, m, call, idx, settings)
     else:
         ch = found[0]
         _found(res, ctx, comp, m, out, idx, found, last_only)
@@ -564,6 +567,13 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
                               f"{call.start} = t，经过它自己的 KV 缓存，逐位置比较"))
     if call.start:
         _cached(res, ctx, comp, m, call, hf, idx)
+
+
+def _localize(res: ComponentResult, m: GPTMap, call: Caller, idx: Tensor, settings: list[Choices]) -> None:
+    """Where the logits no search explains part from handformer's, part by part, in each setting."""
+    models = [reference_model(m, c) for c in settings]
+    readings = [module_views(lambda hf=hf: hf(idx), hf, {}, inputs=True) for hf in models]
+    note_departure(res, lambda: localize_model(lambda: call(idx), call.module, readings))
 
 
 def _norm_findings(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap) -> None:

@@ -52,9 +52,9 @@ FLAGS = ("mask_pad_wrong_sequence", "mask_pad_id", "mask_combined_with_or", "cau
          "causal_off_by_one:sees_next")
 POLARITIES: dict[str, Text] = {
     "keep": text("True (or 1) = may be seen", "True（或 1）= 可以看"),
-    "masked": text("True = masked (torch.nn's)", "True 表示屏蔽（torch.nn 的约定）"),
+    "masked": text("True = masked (torch.nn's)", "True = 屏蔽（torch.nn 的约定）"),
     "additive": text("additive: 0 = seen, -inf (or a large negative) = masked",
-                     "加性掩码：0 表示可见，-inf（或很大的负数）表示屏蔽"),
+                     "加性掩码：0 = 可以看，-inf（或很大的负数）= 屏蔽"),
 }
 
 

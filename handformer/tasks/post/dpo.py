@@ -7,6 +7,8 @@ With log-probabilities summed over each reply's tokens, policy p and reference r
     sigmoid (the DPO paper):  loss = -log sigmoid(beta * margin)
     ipo:                      loss = (margin_per_token - 1 / (2 beta))^2, each log-ratio divided by
                               its reply's length first (TRL's length-normalized IPO)
+    sft_weight > 0:           + sft_weight * the chosen replies' negative log-likelihood per token
+                              over the batch (TRL's loss_type ["sigmoid", "sft"])
 
 The reference is the base run (the weights training starts from). Its log-probabilities are
 computed once before training and kept in reference_logprobs.safetensors (written atomically as
@@ -154,6 +156,8 @@ def dpo_losses(policy: Tensor, reference: Tensor, lengths: Tensor, cfg: DPOConfi
         n_chosen, n_rejected = lengths.chunk(2)
         margin = chosen_ratio / n_chosen.clamp(min=1) - rejected_ratio / n_rejected.clamp(min=1)
         losses = (margin - 1 / (2 * cfg.beta)) ** 2
+    if cfg.sft_weight:  # the chosen replies' log-likelihood per token of the batch, on each pair
+        losses = losses - cfg.sft_weight * chosen.sum() / lengths.chunk(2)[0].sum().clamp(min=1)
     return losses, cfg.beta * chosen_ratio.detach(), cfg.beta * rejected_ratio.detach()
 
 

@@ -91,10 +91,17 @@ class DPOConfig:
     # the reference model's log-probabilities: computed once before training and kept in
     # reference_logprobs.safetensors (cached) | computed at every step by a frozen copy (live)
     reference: str = "cached"
+    # weight of the chosen replies' negative log-likelihood per token added to the loss (TRL:
+    # loss_type ["sigmoid", "sft"], loss_weights [1, sft_weight]; 0: none): keeps the chosen
+    # replies likely while the margin grows
+    sft_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.beta, (int, float)) or isinstance(self.beta, bool) or not self.beta > 0:
             _fail("dpo", self, "beta", "it must be a number > 0")
+        weight = self.sft_weight
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight < 0:
+            _fail("dpo", self, "sft_weight", "it must be a number >= 0 (0: off)")
         if self.loss_type not in ("sigmoid", "ipo"):
             _fail("dpo", self, "loss_type", "choose sigmoid or ipo")
         if self.reference not in ("cached", "live"):

@@ -70,7 +70,8 @@ STAGES = ("base", "sft", "dpo", "grpo")
 TASKS = ("facts", "reasoning")
 CHOICES = {"tasks": TASKS, "eval_split": SPLITS[1:]}  # the settings that are words
 DONE = "speedrun_stage.json"
-SHARES = ("grpo_countdown_share", "grpo_long_share")  # the float settings from 0 to 1
+# the float settings that may be 0: two shares (at most 1), then two weights
+SHARES = ("grpo_countdown_share", "grpo_long_share", "grpo_beta", "dpo_sft_weight")
 
 
 @dataclass
@@ -108,6 +109,10 @@ class SpeedrunChatConfig:
     dpo_batch: int = 16
     dpo_lr: float = 5e-5  # 2e-4 lowered the held-out accuracy (docs/benchmarks.md)
     dpo_beta: float = 0.1
+    # reasoning: pairs on long sums added to dpo_pairs, the rejected the SFT model's own wrong reply
+    # (greedy, or the first wrong of eval_samples sampled; 0: none)
+    dpo_long_sums: int = 0
+    dpo_sft_weight: float = 0.0  # the chosen replies' log-likelihood in DPO's loss (0: none)
     # reinforcement learning with the exact-answer reward
     grpo_prompts: int = 2000
     grpo_steps: int = 60
@@ -115,6 +120,7 @@ class SpeedrunChatConfig:
     grpo_group: int = 8  # completions a prompt
     grpo_lr: float = 1e-4
     grpo_max_new_tokens: int = 24
+    grpo_beta: float = 0.0  # weight of the KL term to the stage's start (0: none, no reference model)
     # reasoning: the share of GRPO's questions that are Countdown, and how many numbers they give
     # (3 to this many; an easier Countdown than the held-out's gives more groups a right reply)
     grpo_countdown_share: float = 1 / 3
@@ -143,13 +149,14 @@ class SpeedrunChatConfig:
                                      f"{' or '.join(CHOICES[f.name])}")
                 continue
             if f.type == "float":
-                if f.name in SHARES and not 0 <= value <= 1:
+                if f.name in SHARES[:2] and not 0 <= value <= 1:
                     raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be from 0 to 1")
-                if not value > 0 and f.name not in SHARES:
-                    raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be > 0")
+                if not (value >= 0 if f.name in SHARES else value > 0):
+                    raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be "
+                                     f"{'>= 0' if f.name in SHARES else '> 0'}")
                 continue
             low = 0 if f.name in ("seed", "threads", "pretrain_pydoc_chars", "sft_countdown_tries",
-                                  "sft_long_sums", "eval_long_sums") else \
+                                  "sft_long_sums", "eval_long_sums", "dpo_long_sums") else \
                 3 if f.name == "grpo_countdown_numbers" else 1
             if not is_int(value) or value < low:
                 raise ValueError(f"speedrun chat: {f.name}={value!r} is invalid: it must be an integer "
@@ -175,21 +182,24 @@ PRESETS: dict[str, dict[str, Any]] = {
 # the smoke preset on the reasoning tasks: every stage and the pass@k evaluation in seconds
 PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_size": 160,
                               "grpo_max_new_tokens": 12, "eval_per_kind": 2, "eval_samples": 2,
-                              "sft_long_sums": 2, "grpo_long_share": 0.5, "eval_long_sums": 2}
+                              "sft_long_sums": 2, "dpo_long_sums": 2, "dpo_sft_weight": 1.0,
+                              "grpo_long_share": 0.5, "grpo_beta": 0.04, "eval_long_sums": 2}
 # the reasoning tasks, the default preset (docs/benchmarks.md, pretraining 22 to 26 minutes at threads=1 on
 # a shared 2-core CPU): digits one token each, sums of up to 3 digits and dates up to 60 days on, so a
 # worked reply (up to 97 tokens) and its question fit the context; 1,002 held-out questions of the report
 # split a stage, and 1,000 long sums (4 digits). SFT sees 80 worked long sums among 8,000 conversations
 # (3,000 lost 4 points of the base's mix); GRPO's questions are 60% long sums, rewarded on the answer
 # alone: it takes the long sums 30 points and more over the best SFT of a sweep (docs/benchmarks.md).
-# DPO sees 300 pairs (30 steps of 8): 960 (60 steps of 16) lowered the held-out accuracy by 5.0 points
+# DPO sees 300 pairs of the mix and 300 long sums whose rejected is the SFT model's own wrong reply, 60
+# steps of 8 at 2e-5 with the chosen replies' log-likelihood in the loss (weight 1): at 5e-5 it took the
+# long sums further but broke the mix's 3-digit sums (94% to 80%).
 PRESETS["reasoning"] = {
     "tasks": "reasoning", "vocab_size": 512, "block_size": 160, "addition_digits": 3, "max_days": 60,
     "pretrain_facts": 40_000, "pretrain_pydoc_chars": 100_000, "pretrain_steps": 1500,
-    "sft_conversations": 8000, "sft_long_sums": 80, "sft_steps": 600, "dpo_pairs": 300, "dpo_steps": 30,
-    "dpo_batch": 8, "grpo_prompts": 800, "grpo_steps": 100, "grpo_batch": 8, "grpo_lr": 1e-4,
-    "grpo_long_share": 0.6, "grpo_max_new_tokens": 104, "eval_per_kind": 334, "eval_long_sums": 1000,
-    "eval_split": "report"}
+    "sft_conversations": 8000, "sft_long_sums": 80, "sft_steps": 600, "dpo_pairs": 300, "dpo_long_sums": 300,
+    "dpo_steps": 60, "dpo_batch": 8, "dpo_lr": 2e-5, "dpo_sft_weight": 1.0, "grpo_prompts": 800,
+    "grpo_steps": 100, "grpo_batch": 8, "grpo_lr": 1e-4, "grpo_long_share": 0.6,
+    "grpo_max_new_tokens": 104, "eval_per_kind": 334, "eval_long_sums": 1000, "eval_split": "report"}
 # the recipe search: the post-training stages on 240 questions and 100 long sums of the search split,
 # from a pretrained base (`--base OUT/base` of a `reasoning` run; its own 300 steps of pretraining answer
 # nothing right); SFT 150 steps broke the copying of digits, GRPO at 5e-4 the date steps
@@ -436,8 +446,8 @@ def held_out_questions(cfg: SpeedrunChatConfig, problems: ProblemSet | Reasoning
 def stage_accuracy(cfg: SpeedrunChatConfig, stage: str, run_dir: Path, held: list, held_long: Sequence = (),
                    ) -> dict[str, Any]:
     if cfg.tasks == "reasoning":
-        # DPO's pairs hold no long sums, and the pass@k GRPO's is set against is SFT's: DPO's long
-        # sums are scored greedily (8,000 fewer replies, about 2 minutes at 1 thread)
+        # the pass@k GRPO's is set against is SFT's: DPO's long sums are scored greedily (8,000
+        # fewer replies, about 2 minutes at 1 thread)
         long_k = 0 if stage == "dpo" else cfg.eval_samples
         return reasoning_stages.stage_result(stage, run_dir, held, cfg.eval_samples, cfg.grpo_max_new_tokens,
                                              cfg.seed, held_long, long_k)
@@ -476,11 +486,12 @@ def train_post_stage(stage: str, cfg: SpeedrunChatConfig, previous: Path, out: P
     if stage == "dpo":
         return post_stage("dpo", cfg, previous, out, {"path": str(path), "batch_size": cfg.dpo_batch,
                                                       "val_fraction": 0.05},
-                          {"dpo": {"beta": cfg.dpo_beta}}, cfg.dpo_steps, cfg.dpo_lr, log)
+                          {"dpo": {"beta": cfg.dpo_beta, "sft_weight": cfg.dpo_sft_weight}}, cfg.dpo_steps,
+                          cfg.dpo_lr, log)
     reward = reasoning_stages.REWARD if cfg.tasks == "reasoning" else REWARD
     return post_stage("grpo", cfg, previous, out, {"path": str(path), "batch_size": cfg.grpo_batch,
                                                    "val_fraction": 0},
-                      {"grpo": {"reward": reward, "group_size": cfg.grpo_group,
+                      {"grpo": {"reward": reward, "group_size": cfg.grpo_group, "beta": cfg.grpo_beta,
                                 "max_new_tokens": cfg.grpo_max_new_tokens}}, cfg.grpo_steps, cfg.grpo_lr, log)
 
 
@@ -494,7 +505,8 @@ def stage_records(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet | Re
                                                 cfg.sft_long_sums), {}
         if stage == "dpo":
             records, wrong = reasoning_stages.dpo_records(cfg.dpo_pairs, problems, previous,
-                                                          cfg.grpo_max_new_tokens, cfg.sft_countdown_tries)
+                                                          cfg.grpo_max_new_tokens, cfg.sft_countdown_tries,
+                                                          cfg.dpo_long_sums, cfg.eval_samples, cfg.seed)
             return records, {"rejected_from_the_model": round(wrong, 3)}
         return reasoning_stages.grpo_prompts(cfg.grpo_prompts, problems, cfg.grpo_countdown_share,
                                              cfg.grpo_countdown_numbers, cfg.grpo_long_share), {}

@@ -41,6 +41,7 @@ from handformer.tasks.lm.run import load_lm
 from handformer.tasks.speedrun_chat.reasoning import (
     LONG_KIND,
     REASONING_KINDS,
+    SUM_KINDS,
     THINK_CLOSE,
     THINK_OPEN,
     ReasoningSet,
@@ -139,7 +140,7 @@ def wrong_reply(task: Task) -> str:
     if task.kind == "countdown":
         head, _, last = task.answer.rpartition(" ")
         answer = f"{head} {int(last) + 1}"
-    elif task.kind == "addition":
+    elif task.kind in SUM_KINDS:
         answer = str(int(task.answer) + 1)
     else:
         year, month, day = task.answer.split("-")
@@ -150,18 +151,27 @@ def wrong_reply(task: Task) -> str:
 
 
 def dpo_records(n: int, tasks: ReasoningSet, sft_dir: Path, max_new_tokens: int, countdown_tries: int = 0,
-                ) -> tuple[list[dict], float]:
+                long_sums: int = 0, samples: int = 4, seed: int = 0) -> tuple[list[dict], float]:
     """Pairs and the share of questions the SFT model got wrong (its reply is then the rejected);
-    the chosen replies are worked as SFT's (`countdown_tries`)."""
+    the chosen replies are worked as SFT's (`countdown_tries`). With `long_sums`, as many pairs on
+    long sums: the worked sum over the SFT model's own wrong reply, greedy or else the first wrong
+    one of `samples` at temperature 1 (on-policy: the mistakes it makes on the sums GRPO targets)."""
     pool = [with_tries(t, countdown_tries) for t in tasks.sample(n, "train", "dpo")]
     greedy, _ = replies(sft_dir, pool, k=0, max_new_tokens=max_new_tokens)
+    picked = [[reply] for reply in greedy]
+    if long_sums:
+        long = tasks.sample(long_sums, "train", "dpo", kinds=(LONG_KIND,))
+        long_greedy, sampled = replies(sft_dir, long, samples, 1.0, max_new_tokens, seed)
+        pool, picked = pool + long, picked + [[g, *s] for g, s in zip(long_greedy, sampled)]
     out, wrong = [], 0
-    for task, reply in zip(pool, greedy):
-        right = score([task], [reply], [[]])["greedy"]["right"]
-        mistaken = not right and reply.text.strip()
+    for task, candidates in zip(pool, picked):
+        mistaken = [r.text.strip() for r in candidates
+                    if r.text.strip() and not score([task], [r], [[]])["greedy"]["right"]]
         wrong += bool(mistaken)
         out.append({"prompt": task.question, "chosen": task.reply(True),
-                    "rejected": reply.text.strip() if mistaken else wrong_reply(task)})
+                    "rejected": mistaken[0] if mistaken else wrong_reply(task)})
+    if long_sums:
+        random.Random(f"{tasks.seed}:dpo-mix").shuffle(out)
     return out, wrong / len(pool)
 
 
