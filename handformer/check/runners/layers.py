@@ -110,6 +110,7 @@ class Layer:
         params = forward_parameters(comp.obj.forward) if inspect.isclass(comp.obj) else []
         self.complex_name = any(p.name == "freqs_complex" for p in params)  # Umar Jamil's freqs_cis
         params = [p.replace(name="freqs_cis") if p.name == "freqs_complex" else p for p in params]
+        self.params = params
         self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
         self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
         self.masks = [] if self.stateful else [p.name for p in params if is_mask_name(p.name)]
@@ -144,8 +145,8 @@ class Layer:
     def bare(self) -> bool:
         """A decoder layer whose forward takes the stream and the memory alone (tiny-universe's
         forward(x, enc_out)): it builds its causal mask and hides no source key."""
-        params = forward_parameters(self.comp.obj.forward) if inspect.isclass(self.comp.obj) else []
-        return self.decoder and not self.stateful and len(params) - len(self.extra) == 3  # self, x, memory
+        width = len(self.params) - len(self.extra)  # self, x, memory: 3
+        return self.decoder and not self.stateful and width == 3
 
     @property
     def own_mask(self) -> bool:
@@ -572,8 +573,7 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
 def _layer_mapping(res: ComponentResult, layer: Layer, slots: list[Slot], conv: str) -> None:
     """Which of the learner's modules stand for which part, and the mask convention it takes."""
     norms = layer.norm_slots[:1] if layer.shared else layer.norm_slots
-    res.mapping = [s.describe() for group in layer.attn for s in group] + [
-        s.describe() for s in slots] + [s.describe() for s in norms]
+    res.mapping = [s.describe() for s in itertools.chain(*layer.attn, slots, norms)]
     if layer.takes_mask or layer.decoder and not layer.bare:
         res.convention = fp.describe_convention(conv)
 
