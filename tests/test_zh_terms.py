@@ -15,7 +15,7 @@ CJK = re.compile(r"[\u4e00-\u9fff]")
 
 # (the word to use, a pattern for what it replaced); the glossary's table says the same in words
 REPLACED = [
-    ("batch", r"批次"),
+    ("batch", r"批次|每批 ?\d|拼成一批"),
     ("堆叠 (a stack of layers)", r"堆栈"),
     ("Block", r"decoder-only 块|(?<![\w`(（_-])block(?![\w`)）_-]| size)"),
     ("教学代码 (the lesson: nn/, models/)", r"课程代码|课程里的 ?[Bb]lock"),
@@ -30,6 +30,9 @@ REPLACED = [
     ("屏蔽", r"遮住"),
     ("标准差", r"离散程度"),
     ("算子, 内核", r"核函数"),
+    ("输出层 (the output head, lm_head)", r"输出头"),
+    ("混合专家, 对话模板", r"专家混合|聊天模板"),
+    ("词嵌入, 可学习的位置编码", r"token 嵌入|可学习位置编码|学出来的位置"),
     ("位置 3, 层 0 (what counts from 0)",
      r"第 ?(0|\d+ ?个(位置|token|头|样本|序列))(?!\d)|第 \$?\{(l|layer|dim|pos|i|j|h|head|row)\}"),
 ]

@@ -41,7 +41,7 @@ from handformer.check.core.result import (
     LearnerError,
     text,
 )
-from handformer.check.core.source import learner_error, source_lines
+from handformer.check.core.source import learner_error, source_lines, source_text
 from handformer.check.core.weights import MappingError
 from handformer.check.runners.localize_layers import note_layer_departure
 
@@ -205,8 +205,8 @@ def _add_notes(comp: Component, ctx: Context, result: ComponentResult) -> None:
     if not result.findings and result.status in (FAIL, ERROR) and (
             result.error is None or result.error.kind == "exception"):
         result.findings += inherited(comp, ctx)
-    if result.status in (FAIL, ERROR) and ctx.learner.nan_calls and not any(
-            f.name == "nan_on_masked_rows" for f in result.findings):
+    if result.status in (FAIL, ERROR) and ctx.learner.nan_calls and not result.has(
+            "nan_on_masked_rows"):
         n, m = ctx.learner.nan_calls, ctx.learner.calls
         result.notes.append(text(
             f"your output had a NaN in {n} of {m} calls (0 / 0, inf - inf, the log or square root of a "
@@ -292,12 +292,7 @@ def inherited(comp: Component, ctx: Context) -> list[Finding]:
     directly or through their other functions), for a component that fails with none of its own: a
     block whose FFN has no down projection, a generate loop whose sampling step is wrong."""
     own = {n: o for n, o in own_objects(ctx.module).items() if "." not in n}
-    sources = {}
-    for name, obj in own.items():
-        try:
-            sources[name] = inspect.getsource(obj)
-        except (OSError, TypeError):
-            sources[name] = ""
+    sources = {name: source_text(obj) for name, obj in own.items()}
     reached, todo = set(), [comp.name.split(".")[0]]
     while todo:
         name = todo.pop()

@@ -741,7 +741,7 @@ def _no_output(ctx: Context, comp: Component, p: MHAProbe, working: str) -> fp.L
 def _nan_as_torch(res: ComponentResult) -> None:
     """A fully masked query gives NaN with torch.nn's masks (True = masked, filled with -inf), as
     torch.nn.MultiheadAttention's does: a convention of that mask, noted, not a mistake."""
-    if any(f.name == "nan_on_masked_rows" for f in res.findings):
+    if res.has("nan_on_masked_rows"):
         res.findings = [f for f in res.findings if f.name != "nan_on_masked_rows"]
         res.notes.append(text(
             "a query whose keys are all masked gives NaN, as torch.nn.MultiheadAttention's does with its "

@@ -35,7 +35,7 @@ from handformer.check.core.argument_names import CONTEXT_NAMES, COUNT_NAMES, MOD
 from handformer.check.core.context import Context, forward_parameters
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, source_lines, source_text
 from handformer.config import CausalLMConfig
 from handformer.families import build_causal_lm
 from handformer.generation.generate import generate as hf_generate
@@ -200,10 +200,7 @@ def greedy(model: CausalLM, ids: Tensor, n: int) -> Tensor:
 def _style(fn: Any) -> tuple[str, ...]:
     """What the learner's loop unpacks: a (logits, loss) tuple, `.logits`, or a tensor; the one their
     source shows first, then the others."""
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError):
-        source = ""
+    source = source_text(fn)
     order = ["tensor", "tuple", "object"]
     if re.search(r"\.logits\b", source):
         order.remove("object")
@@ -416,7 +413,7 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
             again.label = text(f"{again.label['en']}, again (the cache your model keeps must start empty)",
                                f"{again.label['zh']}，再来一次（模型自己保存的缓存必须先清空）")
             _judge(res, ctx, comp, again, reference)
-    elif not any(f.name in ("generate_not_appended", "generate_does_not_stop") for f in res.findings):
+    elif not res.has("generate_not_appended", "generate_does_not_stop"):
         if knows_block_size(comp):
             _long(res, ctx, comp, driver, B, short.as_list)
         else:
@@ -522,7 +519,7 @@ def _judge(res: ComponentResult, ctx: Context, comp: Component, run: Run, expect
         return
     lines = source_lines(ctx.objects(comp, "sample", "top_k", "top_p", "temperature"))
     for name, observed, form in _explain(run, expected):
-        if not any(f.name == name for f in res.findings):
+        if not res.has(name):
             number, code = locate(name, lines)
             res.findings.append(Finding(name, observed, number, code, form))
 

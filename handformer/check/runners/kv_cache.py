@@ -154,7 +154,7 @@ def llama_weights(module: nn.Module) -> list[LlamaWeights]:
         found = shapes_text(outer)
         raise MappingError(f"expected nn.Embedding({VOCAB}, {D}), a final norm and an output head outside "
                            f"the blocks; found {found}",
-                           zh=f"应当在 Block 之外有 nn.Embedding({VOCAB}, {D})、最后的归一化和输出头；"
+                           zh=f"应当在 Block 之外有 nn.Embedding({VOCAB}, {D})、最后的归一化和输出层；"
                               f"实际找到 {found}")
     layers = [_layer_candidates(f"layers.{i}", b) for i, b in enumerate(blocks)]
     out = []

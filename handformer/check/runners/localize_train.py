@@ -20,7 +20,6 @@ from torch import Tensor
 
 from handformer.check.core.localize import Departure, form_of, same, trace_steps
 from handformer.check.core.result import text
-from handformer.check.runners.train_step import LR, Recorded, Step, batches
 
 # the labels a step may give its loss in place of tgt[:, 1:], in words, as a function of tgt (B, T)
 WRONG_LABELS = (
@@ -31,11 +30,12 @@ WRONG_LABELS = (
      "标签是整个目标 tgt，没有错开一位"))
 
 
-def localize_train_step(step: Step, base: torch.nn.Module) -> Departure | None:
-    """Run the learner's step on one batch, traced, its criterion wrapped: the line that made the
+def localize_train_step(step: Any, model: torch.nn.Module, src: Tensor, tgt: Tensor,
+                        lr: float) -> Departure | None:
+    """Run the learner's step (train_step.Step) once on (src, tgt), traced, on a copy of the model
+    (`model`, fresh for this run) with SGD at `lr`, its criterion wrapped: the line that made the
     labels the loss received, when they are not tgt[:, 1:]; None when they are (or it takes no
     criterion: the labels are then out of sight)."""
-    src, tgt = batches()[0]
     handed: list[Tensor] = []
 
     def criterion(*args: Any, **kwargs: Any) -> Any:
@@ -44,8 +44,7 @@ def localize_train_step(step: Step, base: torch.nn.Module) -> Departure | None:
 
     made, ours = step.make_criterion(), copy.copy(step)
     ours.make_criterion = lambda: criterion
-    model = Recorded(copy.deepcopy(base))
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     filename = inspect.getsourcefile(step.comp.obj)
     steps = trace_steps(lambda: ours(model, opt, src, tgt), filename, constants=(torch.int64,))
     right = tgt[:, 1:].double()  # (B, T-1)

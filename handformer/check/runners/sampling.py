@@ -190,7 +190,7 @@ def kept_tokens(out: Any, logits: Tensor) -> tuple[Tensor, float | None] | None:
 def _fill_finding(res: ComponentResult, ctx: Context, comp: Component, out: Tensor, kept: Tensor,
                   fill: float | None) -> None:
     """filter_fill_finite when the removed tokens keep probability (minGPT's 1e-10 for -1e10)."""
-    if fill is None or any(f.name == "filter_fill_finite" for f in res.findings):
+    if fill is None or res.has("filter_fill_finite"):
         return
     mass = float(torch.softmax(out.double(), -1)[~kept].sum(-1).max()) if (~kept).any() else 0.0
     if mass > 1e-9:
@@ -212,7 +212,7 @@ def check_top_k(comp: Component, ctx: Context) -> ComponentResult:
         worst = max(worst, wrong)
         _fill_finding(res, ctx, comp, out, kept, fill)
         counts = kept.sum(-1)
-        if wrong and not any(f.name == "top_k_off_by_one" for f in res.findings):
+        if wrong and not res.has("top_k_off_by_one"):
             for extra in (1, -1):
                 if 0 < k + extra <= V and torch.equal(kept, torch.isfinite(top_k_filter(logits, k + extra))):
                     res.findings.append(_finding(ctx, comp, "top_k_off_by_one", text(
@@ -220,7 +220,7 @@ def check_top_k(comp: Component, ctx: Context) -> ComponentResult:
                         f"k = {k} 时保留了 {int(counts[0])} 个 token，即最可能的 {k + extra} 个"),
                         "k+1" if extra > 0 else "k-1"))
                     break
-            if k == 1 and not counts.any() and not any(f.name == "top_k_off_by_one" for f in res.findings):
+            if k == 1 and not counts.any() and not res.has("top_k_off_by_one"):
                 res.findings.append(_finding(ctx, comp, "top_k_off_by_one", text(
                     "with k = 1 it keeps no token at all", "k = 1 时一个 token 都没有保留"), "k-1"))
     res.checks.append(Check(text("keeps the k most likely tokens for k = 1, 3, 5, 7 (ties apart)",
@@ -260,7 +260,7 @@ def _large_k(res: ComponentResult, ctx: Context, comp: Component, call: Caller, 
             read = kept_tokens(call(logits, top_k=k), logits)
         except fp.LearnerFailure as failure:
             ok = False
-            if not any(f.name == "top_k_exceeds_vocab" for f in res.findings):
+            if not res.has("top_k_exceeds_vocab"):
                 res.findings.append(_finding(ctx, comp, "top_k_exceeds_vocab", text(
                     f"with k = {k} > V = {V} your code raised {failure.error.message}",
                     f"k = {k} > V = {V} 时你的代码报错：{failure.error.message}")))
@@ -367,7 +367,7 @@ def _kept_per_case(res: ComponentResult, ctx: Context, comp: Component, call: Ca
 def _add_top_k(res: ComponentResult, ctx: Context, comp: Component) -> None:
     """A combined filter's top-k, checked with top_p = 1, merged into the top-p result."""
     both = check_top_k(comp, ctx)
-    if any(f.name == "top_k_off_by_one" for f in both.findings):  # k = V drops a token at p = 1 too
+    if both.has("top_k_off_by_one"):  # k = V drops a token at p = 1 too
         res.findings = [f for f in res.findings if f.name != "top_p_one_not_noop"]
     res.checks += both.checks
     res.findings += [f for f in both.findings if f.name not in {g.name for g in res.findings}]
@@ -579,7 +579,7 @@ def _name_mistake(res: ComponentResult, ctx: Context, comp: Component, label: Te
     """A finding for the first named mistake whose distribution the draws fit (not one already found)."""
     for name, q in mistakes:
         fit = stats.chi_square(counts, q)
-        if not fit.rejected and not any(f.name == name for f in res.findings):
+        if not fit.rejected and not res.has(name):
             en, zh = label["en"], label["zh"]
             res.findings.append(_finding(ctx, comp, name, text(
                 f"{DRAWS:,} draws ({en}) fit the distribution of this mistake (chi-square p = "
