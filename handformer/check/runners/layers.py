@@ -458,7 +458,7 @@ def _padding_moved(layer: Layer, ctx: Context, name: str, stream: str, form: Cal
     given = {"x": fp.randn(B, T, D, seed=44), "memory": fp.randn(B, T, D, seed=45)}
     bumped = {**given, stream: given[stream].clone()}
     bumped[stream][1, :PAD_KEYS] += 5.0
-    real = ~pads if stream == "x" else torch.ones(B, T, dtype=torch.bool)  # the queries compared
+    real = {"x": ~pads, "memory": torch.ones_like(pads)}[stream]  # the queries compared: the real ones
     layer.more = {name: form(pads)}
     try:
         a, b = (fp.first_tensor(ctx.learner.call("forward", layer.call, v["x"], v["memory"], None, None), 3)
@@ -467,8 +467,8 @@ def _padding_moved(layer: Layer, ctx: Context, name: str, stream: str, form: Cal
         return math.inf
     finally:
         layer.more = {}
-    moved = _moved(a, b, real)
-    return math.inf if math.isnan(moved) else moved  # NaN (a form read the other way round): not taken
+    # NaN (a form read the other way round hides every key of a row): that form is not taken
+    return float(torch.tensor(_moved(a, b, real)).nan_to_num(nan=math.inf))
 
 
 def _causal_without_its_mask(layer: Layer) -> bool:
