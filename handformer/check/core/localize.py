@@ -447,6 +447,16 @@ def _simple(t: Tensor, views: list[View], tests: tuple[Any, ...] = SIMPLE) -> Te
     return None
 
 
+def _written(t: Tensor, views: list[View]) -> Text | None:
+    """A line of a tensor built in place that writes one value where the reference has another one
+    (the smoothing where the confidence goes): both values, not a coincidence of them (1 - 0.9)."""
+    theirs, ours = t.unique(), [(what, r.unique()) for what, r in views if r.shape == t.shape]
+    what, r = next(((w, r) for w, r in ours if r.numel() == 1), (None, None))
+    return what and theirs.numel() == 1 and text(
+        f"the line writes {float(theirs):.4g} where {what} has {float(r):.4g}",
+        f"这一行写入的是 {float(theirs):.4g}，{view_zh(what)} 在这些位置是 {float(r):.4g}") or None
+
+
 def _slice_form(t: Tensor, views: list[View]) -> Text | None:
     """A tensor built in place that is the closest view but for one slice: the slice its wrong line wrote."""
     near = sorted([v for v in views if v[1].shape == t.shape],
@@ -554,7 +564,7 @@ def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, fl
     written, views = next(iter(_wrong_writes(step, whole)), (step, views))
     views = layouts(views, {written.value.shape})
     called = written.caller and (written.caller, linecache.getline(filename, written.caller).strip())
-    form = (written is not step and _slice_form(step.value, whole)
+    form = (written is not step and (_slice_form(step.value, whole) or _written(written.value, views))
             or form_of(written.value, views, sizes, pre, terms, forms) or _reduced(written.value, views))
     line = _inside(written, filename) or written.line
     source = _size_source(written, statement(filename, line), form, sizes, filename)
