@@ -447,6 +447,16 @@ def _simple(t: Tensor, views: list[View], tests: tuple[Any, ...] = SIMPLE) -> Te
     return None
 
 
+def _written(t: Tensor, views: list[View]) -> Text | None:
+    """A line of a tensor built in place that writes one value where the reference has another one
+    (the smoothing where the confidence goes): both values, not a coincidence of them (1 - 0.9)."""
+    theirs, ours = t.unique(), [(what, r.unique()) for what, r in views if r.shape == t.shape]
+    what, r = next(((w, r) for w, r in ours if r.numel() == 1), (None, None))
+    return what and theirs.numel() == 1 and text(
+        f"the line writes {float(theirs):.4g} where {what} has {float(r):.4g}",
+        f"这一行写入的是 {float(theirs):.4g}，{view_zh(what)} 在这些位置是 {float(r):.4g}") or None
+
+
 def _slice_form(t: Tensor, views: list[View]) -> Text | None:
     """A tensor built in place that is the closest view but for one slice: the slice its wrong line wrote."""
     near = sorted([v for v in views if v[1].shape == t.shape],
@@ -554,7 +564,7 @@ def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, fl
     written, views = next(iter(_wrong_writes(step, whole)), (step, views))
     views = layouts(views, {written.value.shape})
     called = written.caller and (written.caller, linecache.getline(filename, written.caller).strip())
-    form = (written is not step and _slice_form(step.value, whole)
+    form = (written is not step and (_slice_form(step.value, whole) or _written(written.value, views))
             or form_of(written.value, views, sizes, pre, terms, forms) or _reduced(written.value, views))
     line = _inside(written, filename) or written.line
     source = _size_source(written, statement(filename, line), form, sizes, filename)
@@ -566,11 +576,10 @@ def _size_source(step: Step, code: str, form: Text | None, sizes: dict[str, floa
                  ) -> tuple[int, str, str] | None:
     """A number the departing line uses whose value is a size the form names, bound on another line
     (`d_k = query.size(-2)`: 5 = T where the scale wants d_k): (that line, the name, its code)."""
-    named = {v for k, v in sizes.items() if form and re.search(rf"(?<!\w){re.escape(k)}(?!\w)", form["en"])}
+    named = {sizes[k] for k in sizes.keys() & set(re.findall(r"[A-Za-z_]\w*", (form or {"en": ""})["en"]))}
     used = set(re.findall(r"[A-Za-z_]\w*", code))
-    bound = [(line, name) for name, (line, value) in (step.numbers or {}).items()
-             if name in used and value in named and line != step.line]
-    return bound and (bound[0][0], bound[0][1], statement(filename, bound[0][0], False)) or None
+    return next(((line, name, statement(filename, line, False)) for name, (line, value) in
+                 (step.numbers or {}).items() if name in used and value in named and line != step.line), None)
 
 
 def _inside(step: Step, filename: str) -> int | None:
@@ -589,19 +598,17 @@ def _inside(step: Step, filename: str) -> int | None:
 def statement(filename: str, line: int, whole: bool = True) -> str:
     """The code at `line`; the statement's second line too when it spans two lines and `whole`
     (a constant on the continuation line of `return 0.5 * x * (1 + torch.tanh(`)."""
-    code = linecache.getline(filename, line).strip()
-    spans = [(n.lineno, n.end_lineno) for n in _statements(filename) if n.lineno == line]
-    two = [end for start, end in spans if end == line + 1] * whole
-    return " / ".join([code] + [f"line {end}: {linecache.getline(filename, end).strip()}" for end in two[:1]])
+    code, end = linecache.getline(filename, line).strip(), _spans(filename).get(line, line)
+    two = whole and end == line + 1
+    second = [f"line {line + 1}: {linecache.getline(filename, line + 1).strip()}"] * two
+    return " / ".join([code] + second)
 
 
 @functools.lru_cache(maxsize=8)
-def _statements(filename: str) -> tuple[ast.stmt, ...]:
-    try:
-        tree = ast.parse("".join(linecache.getlines(filename)))
-    except SyntaxError:  # a file check could import is Python: never here in practice
-        return ()
-    return tuple(n for n in ast.walk(tree) if isinstance(n, ast.stmt))
+def _spans(filename: str) -> dict[int, int]:
+    """Each statement's first line -> its last line (a file check imported: it parses)."""
+    tree = ast.parse("".join(linecache.getlines(filename)))
+    return {n.lineno: n.end_lineno for n in ast.walk(tree) if isinstance(n, ast.stmt)}
 
 
 def layouts(views: list[View], shapes: set[torch.Size]) -> list[View]:

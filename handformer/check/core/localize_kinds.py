@@ -196,7 +196,7 @@ def norm_forms(norm: Callable[[Tensor], Tensor], label: str, own: str, views: li
     the wrong branch (the sublayer's output normed before the residual sum, the input normed alone)."""
     return [(text(f"{label} applied to {what}; the reference applies it to {own}",
                   f"{view_zh(label)}作用在了 {view_zh(what)} 上；参考把它用在 {view_zh(own)} 上"), norm(t))
-            for what, t in views if what != own]
+            for what, t in views]  # its own input's: the reference's step, never a departure
 
 
 def layer_norm_forms(w: V.LayerWeights, views: list[View]) -> list[Form]:

@@ -49,7 +49,7 @@ def localize_train_step(step: Any, model: torch.nn.Module, src: Tensor, tgt: Ten
     steps = trace_steps(lambda: ours(model, opt, src, tgt), filename, constants=(torch.int64,))
     right = tgt[:, 1:].double()  # (B, T-1)
     labels = handed[0].double().reshape(-1) if step.criterion and handed else right.reshape(-1)
-    made_at = [s for s in steps if s.value.numel() == labels.numel() and same(s.value.reshape(-1), labels)]
+    made_at = [s for s in steps if same(s.value.reshape(-1), labels)]  # same(): the sizes first
     if same(labels, right.reshape(-1)) or not made_at:
         return None
     at = [s for s in made_at if s.line == made_at[0].line][-1]  # `tgt_in, tgt_out = ...`: the last name
