@@ -388,7 +388,7 @@ class Caller:
             return self.forward(src, tgt, **{name: torch_mask(name, src, tgt) for name in self.masks})
         kwargs = {}
         for name in self.masks:
-            if any(t in name.lower() for t in ("src", "enc", "memory", "source")):
+            if names_source(name):
                 kwargs[name] = (src != PAD)[:, None, None, :].long()  # (B, 1, 1, S)
             else:
                 keep = causal(tgt.size(1))[None, None] & (tgt != PAD)[:, None, None, :]  # (B, 1, T, T)
@@ -420,12 +420,20 @@ class Caller:
         return out
 
 
+SOURCE_WORDS = ("src", "enc", "memory", "source")  # in a mask argument's name: the source's mask
+
+
+def names_source(name: str) -> bool:
+    """Whether a mask argument's name says it is the source's (src_mask, enc_mask, memory_mask)."""
+    return any(w in name.lower() for w in SOURCE_WORDS)
+
+
 def torch_mask(name: str, src: Tensor, tgt: Tensor) -> Tensor | None:
     """A mask argument as torch.nn's attention takes it (True = masked), by its name: a padding mask
     (B, S) or (B, T) of the side it names; the target's attention mask, causal (T, T); no source
     attention mask (nn.Transformer's src_mask and memory_mask: every key visible)."""
     lowered = name.lower()
-    source = any(w in lowered for w in ("src", "enc", "memory", "source"))
+    source = names_source(name)
     kind = next((k for k in ("padding", "memory") if k in lowered), "attention")
     S, T = src.size(1), tgt.size(1)
     forms = {("padding", True): lambda: src == PAD, ("padding", False): lambda: tgt == PAD,  # (B, S|T)
@@ -594,7 +602,7 @@ def composed(module: nn.Module) -> Callable[..., Any] | None:
 def _decode_role(name: str) -> str:
     """What a decode argument takes, by its name: the source or target mask, the target, the memory."""
     lowered = name.lower()
-    mask = "src_mask" if any(w in lowered for w in ("src", "source", "enc", "memory")) else "tgt_mask"
+    mask = "src_mask" if names_source(name) else "tgt_mask"
     return mask if "mask" in lowered else "tgt" if lowered in TGT_NAMES else "memory"
 
 
