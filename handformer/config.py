@@ -22,6 +22,7 @@ from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from handformer.paths import refuse_non_file
 from handformer.settings import is_int, is_number
 
 ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh", "xielu")
@@ -835,6 +836,7 @@ def load_config(path: str | os.PathLike) -> BlockConfig:
     """Load a model config saved by `BlockConfig.save`."""
     path = Path(path)
     if not path.is_file():
+        refuse_non_file(path, "a config file", "give the config.json a run or `BlockConfig.save` wrote")
         raise FileNotFoundError(f"no config file at {path}")
     try:
         data = json.loads(path.read_text())

@@ -43,7 +43,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # llama-cpp-python (llama.cpp, for the slow tests/test_gguf_llamacpp.py) is not installed here: its
 # source build takes about 4 minutes on 2 cores. docs/gguf.md has the command.
-"$PY" -c "import xdist, transformers, trl, playwright.sync_api, openai, fastapi, uvicorn, mkdocs, material, mkdocs_static_i18n, jieba, gguf, llguidance, jsonschema, langchain_openai, anthropic, agents, pydantic_ai, prometheus_client, tensorboard, ipykernel, nbclient, nbformat" \
+"$PY" -c "import xdist, pytest_timeout, transformers, trl, playwright.sync_api, openai, fastapi, uvicorn, mkdocs, material, mkdocs_static_i18n, jieba, gguf, llguidance, jsonschema, langchain_openai, anthropic, agents, pydantic_ai, prometheus_client, tensorboard, ipykernel, nbclient, nbformat" \
     || { echo "error: the reference libraries did not install (see pip's output above)" >&2; exit 1; }
 # The Jupyter kernel the course's notebooks run on (handformer learn; tests/test_course.py), registered
 # in this environment as "python3"

@@ -128,7 +128,7 @@ def test_a_trainer_of_the_text_with_a_number_of_merges_and_id_pairs_is_graded(tm
     assert "慢：" in slow["zh"] and json.loads(to_json(result))["components"][0]["status"] == "pass"
 
 
-def test_a_runaway_trainer_is_stopped_in_the_sandbox_and_named(tmp_path):
+def test_a_runaway_trainer_is_stopped_in_the_sandbox_and_named(tmp_path, monkeypatch):
     """A trainer that never ends: stopped by the fixture's limit (the sandbox's step limit is the
     backstop: tests/test_check.py's broken file), named, and the JSON says so."""
     path = tmp_path / "runaway.py"
@@ -139,12 +139,9 @@ def test_a_runaway_trainer_is_stopped_in_the_sandbox_and_named(tmp_path):
     import handformer.check.runners.bpe as bpe
     import handformer.check.runners.bpe_codec as codec_module
 
-    old = bpe.FIXTURE_LIMIT
-    bpe.FIXTURE_LIMIT = codec_module.CODEC_LIMIT = 1.0
-    try:
-        result = check_file(str(path))
-    finally:
-        bpe.FIXTURE_LIMIT = codec_module.CODEC_LIMIT = old
+    monkeypatch.setattr(bpe, "FIXTURE_LIMIT", 1.0)  # each limit put back as it was, on its own module
+    monkeypatch.setattr(codec_module, "CODEC_LIMIT", 1.0)
+    result = check_file(str(path))
     trainer, codec = result.components
     assert trainer.status == "error" and trainer.error.kind == "timeout" and not trainer.findings
     assert codec.status == "error" and codec.error.kind == "timeout", format_report(result)

@@ -52,7 +52,7 @@ PLANTS = {
     "softmax_over_batch": ("dim=-1)", "dim=0)", "`weights`", "a softmax over dim=0"),
 }
 # the same forms in the Chinese report: the reference's intermediate results named in Chinese
-ZH_FORMS = {"sign": "分数 q·kᵀ/sqrt(d_k) 的符号反了", "extra_residual": "输出多加了一项，等于 输入 x"}
+ZH_FORMS = {"sign": "分数 q·kᵀ/sqrt(d_k) 的符号反了", "extra_residual": "输出多了一项：输入 x"}
 
 
 def _check(path):
@@ -401,6 +401,15 @@ SUB_STEP_PLANTS = {
     "gelu_constant_in_their_own_class": (GELU_FFN, "ffn", "0.044715", "0.44715",
                                          "`self.layers.1(...)` at line 9: return 0.5 * x * (1 + torch.tanh( / line",
                                          ""),
+    "scale_by_a_size_read_wrong": (CORRECT.replace("scores = Q @ K.transpose(-2, -1) / math.sqrt(self.d_k)",
+                                                   "d_k = Q.size(-1)\n        scores = Q @ K.transpose(-2, -1) / "
+                                                   "math.sqrt(d_k)"), "mha", "d_k = Q.size(-1)", "d_k = Q.size(-2)",
+                                   "(its `d_k` was read at line", "q·kᵀ times a constant factor 0.4472 = 1/sqrt(T)"),
+    "gpt_final_norm_inside_the_loop": (FIXTURES / "learners_nanogpt" / "correct.py", "gpt",
+                                       "x = block(x)", "x = self.ln_f(block(x))",
+                                       "`self.ln_f(...)` at line", ""),
+    "layernorm_mean_over_all": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)", "mean = x.mean()",
+                                "`mean` at line", "the mean of the input x over all entries at once"),
     "layernorm_mean_over_tokens": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)",
                                    "mean = x.mean(1, keepdim=True)", "`mean` at line",
                                    "the mean of the input x over dim=1; the reference reduces over dim=-1"),

@@ -78,6 +78,9 @@ def test_a_file_without_usable_pairs_is_an_error(tmp_path):
         read_tsv(path)
     with pytest.raises(FileNotFoundError, match="no such data file"):
         read_tsv(tmp_path / "missing.tsv")
+    (tmp_path / "empty.tsv").write_text("\n")
+    with pytest.raises(ValueError, match=r"empty.tsv is empty: give a TSV file"):
+        read_tsv(tmp_path / "empty.tsv")
 
 
 def test_aligned_files_pair_line_by_line_and_skip_empty_sides(tmp_path):

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import socket
+import stat
 import unicodedata
 from pathlib import Path
 
@@ -314,6 +315,14 @@ def test_a_char_tokenizer_says_once_which_characters_it_never_saw(tmp_path, caps
     assert err.count("never saw") == 1 and "'Ж'" in err and "<unk>" in err, err
 
 
+def test_chat_says_once_which_characters_its_char_tokenizer_never_saw(tmp_path, capsys, monkeypatch):
+    run = make_lm_run(tmp_path / "story")
+    monkeypatch.setattr("sys.stdin", io.StringIO("the Ж\nwho € Ж\n"))
+    assert main(["chat", str(run), "--system", "the fox", "--max-new-tokens", "1", "--temperature", "0"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("never saw") == 1 and "never saw 'Ж';" in err and "<unk>" in err, err
+
+
 def test_serve_names_its_address_only_once_it_listens(tmp_path, capsys):
     run = make_lm_run(tmp_path / "story", chat=False)
     with socket.socket() as taken:
@@ -401,3 +410,47 @@ def test_shards_prepared_from_an_empty_text_say_how_to_make_them_again(tmp_path,
     assert main(["train", "--config", str(CONFIGS / "tiny_lm.toml"), "--out", str(tmp_path / "run"),
                  *sets(*TINY, f"data.shards={tmp_path / 'shards'}")]) == 2
     assert "prepare it again from text" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--config", "/dev/null"], "/dev/null: a character device, not a TOML file; give the path of a job"),
+    (["train", "--config", "{fifo}"], "fifo: a named pipe (FIFO), not a TOML file"),
+    (["train", "--config", str(CONFIGS / "tiny_lm.toml"), "--set", "data.path=/dev/null", "--out", "{tmp}/run"],
+     "/dev/null is a character device, not a text file or folder; give a file of text"),
+    (["train", "--resume", "{file}"], "file is a file, not a folder; give the --out folder"),
+    (["generate", "{file}", "--prompt", "x"], "file is not a run directory (it is a file)"),
+    (["generate", "{tmp}/nothing", "--prompt", "x"], "nothing is not a run directory (nothing is there)"),
+    (["import-hf", "{file}", "{tmp}/run"], "no Hugging Face checkpoint directory at {file} (a file is there); give"),
+    (["import-llama2c", "{tmp}", "{tmp}", "{tmp}/run"], "is a folder, not a llama2.c checkpoint; give the"),
+    (["import-gguf", "/dev/null", "{tmp}/run"], "/dev/null is a character device, not a GGUF file"),
+    (["prepare", "{fifo}", "{tmp}/shards", "--tokenizer", "char"], "fifo is a named pipe (FIFO), not a text file"),
+    (["check", "/dev/null"], "/dev/null is a character device, not a Python file; give the .py file"),
+    (["export-gguf", "{tmp}/run", "{fifo}", "--overwrite"], "fifo is a named pipe (FIFO), not a file; give the"),
+    (["import-gguf", "{file}", "{fifo}"], "fifo is a named pipe (FIFO); give a directory for the run"),
+])
+def test_a_path_that_is_there_but_no_file_is_named_for_what_it_is(tmp_path, capsys, argv, message):
+    """A folder, a device or a pipe where a file belongs is not "no such file": the error says what
+    is there (a pipe is never opened: reading one would wait for a writer forever)."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "file").write_text("not a run\n")
+    names = {"tmp": str(tmp_path), "fifo": str(tmp_path / "fifo"), "file": str(tmp_path / "file")}
+    assert main([arg.format(**names) for arg in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message.format(**names) in err and err.count("\n") == 1, err
+    assert stat.S_ISFIFO(os.stat(tmp_path / "fifo").st_mode)  # never replaced by a file (--overwrite)
+
+
+@pytest.mark.parametrize("argv, argument", [
+    (["prepare", "", "{tmp}/shards", "--tokenizer", "char"], "source"),
+    (["generate", "", "--prompt", "x"], "run_dir"),
+    (["eval", "{tmp}", "--data", ""], "--data"),
+    (["train", "--config", " "], "--config"),
+])
+def test_an_empty_path_is_refused_not_read_as_this_folder(tmp_path, capsys, monkeypatch, argv, argument):
+    """Path("") is ".": an empty path argument would read every file here (prepare) or look for a
+    run here; it is the parser's usage error instead, naming the argument."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main([arg.format(tmp=tmp_path) for arg in argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and f"argument {argument}: an empty path; give a file or a folder" in err, err

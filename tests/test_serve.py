@@ -408,6 +408,13 @@ BAD = [
     ("/v1/translations", {"model": "dates", "input": "x", "beam_size": 0}, 400, "beam_size", "from 1 to 16"),
     ("/v1/completions", b"x" * (64 * 1024 + 1), 413, None, "over the limit of 65536 bytes"),
     ("/v1/nowhere", {}, 404, None, "no route /v1/nowhere"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi"}, {
+        "role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c2", "content": "5"}]}, 400, "messages[2].tool_call_id",
+     "messages[2].tool_call_id 'c2' matches no tool call: the earlier calls are 'c1'; send the assistant"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "tool", "tool_call_id": "c1", "content": "5"}]}, 400,
+     "messages[0].tool_call_id", "no earlier assistant message has tool_calls"),
 ]
 
 
@@ -566,3 +573,21 @@ def _answers(url: str) -> bool:
         return True
     except httpx.HTTPError:
         return False
+
+
+def test_characters_a_char_tokenizer_never_saw_are_answered_and_noted_once_in_the_log(server, caplog):
+    """As `handformer generate` notes them on stderr: each request is answered (a client's own text,
+    an agent framework's instructions, holds characters a small model never met), and the server's
+    log names each new character once, with the field it came in."""
+    bodies = [("/v1/completions", {**COMPLETION, "prompt": "the fox ζ€", "max_tokens": 1}),
+              ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi"}, {
+                  "role": "user", "content": "€ Ж"}], "max_tokens": 1}),
+              ("/v1/embeddings", {"model": "story", "input": ["the fox", "fox Ж ζ"]})]
+    with caplog.at_level("WARNING", logger="handformer.serve"):
+        for path, body in bodies:
+            assert httpx.post(server.url + path, json=body, timeout=10).status_code == 200
+    notes = [r.getMessage() for r in caplog.records if "never saw" in r.getMessage()]
+    assert notes == ["story, prompt: the run's character tokenizer never saw 'ζ', '€'; the model reads <unk> "
+                     "for each (it knows the characters of its training text only)",
+                     "story, messages[1].content: the run's character tokenizer never saw 'Ж'; the model reads "
+                     "<unk> for each (it knows the characters of its training text only)"], notes

@@ -37,6 +37,7 @@ from handformer.cli import (
     train,
     translate,
 )
+from handformer.paths import kind_of
 
 COMMANDS = [trace, train, translate, generate, chat, evaluate, import_hf, import_llama2c, import_gguf, see,
             check, learn, data, prepare, quantize, export_hf, export_gguf, experiment, merge, serve, speedrun,
@@ -55,10 +56,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the arguments that name a file or a folder: an empty one would name the current folder (Path("")
+# is "."), so `prepare "" OUT` would read every file here and `generate ""` look for a run here
+PATH_ARGUMENTS = frozenset({"run_dir", "runs", "out_dir", "hf_dir", "path", "source", "out", "config",
+                            "resume", "init_from", "data", "tokenizer", "file", "model"})
+
+
+def path_text(value: str) -> str:
+    """A path argument as given, refused when empty (argparse's usage error, exit 2)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty path; give a file or a folder (`.` for this one)")
+    return value
+
+
 def _own_usage(parser: argparse.ArgumentParser) -> None:
     """Each (sub)command's parser records itself, so that an argument left over is reported with that
-    command's usage (`handformer explain X`), not the top level's."""
+    command's usage (`handformer explain X`), not the top level's. Its path arguments refuse ""
+    (path_text)."""
     parser.set_defaults(usage_parser=parser)
+    for action in parser._actions:  # a path argument with no type of its own: never empty
+        if action.dest in PATH_ARGUMENTS and action.type is None and action.nargs != 0:
+            action.type = path_text
     for action in parser._subparsers._group_actions if parser._subparsers else []:
         for choice in action.choices.values():
             _own_usage(choice)
@@ -80,8 +98,8 @@ def os_error_line(err: OSError) -> str:
         path = Path(err.filename)
         files = [p for p in (path, *path.parents) if p.exists() and not p.is_dir()]
         if files:
-            return (f"{files[-1]} is a file, where a folder is needed; give a folder (a new one is "
-                    "made), or move the file away")
+            return (f"{files[-1]} is {kind_of(files[-1]) or 'a file'}, where a folder is needed; give a "
+                    "folder (a new one is made), or move the file away")
     return f"{err.filename}: {err.strerror or err}"
 
 

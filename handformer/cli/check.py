@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from handformer.paths import refuse_non_file
+
 
 def parse_components(values: list[str]) -> tuple[dict[str, str], list[str]]:
     """--component mha (check only that kind) and --component mha=MyAttention (use that name)."""
@@ -31,6 +33,7 @@ def learner_file(path: str) -> str:
         raise FileNotFoundError(f"{path} is a folder: give the .py file that defines your components, "
                                 f"e.g. handformer check {given / 'model.py'}")
     if not given.is_file():
+        refuse_non_file(given, "a Python file", "give the .py file that defines your components")
         raise FileNotFoundError(f"{path}: no such file")
     if given.suffix != ".py":
         raise ValueError(f"{path} is not a Python file (.py): check imports the file as Python. For a "

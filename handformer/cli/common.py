@@ -122,11 +122,9 @@ def unseen_notice(tokenizer: Any) -> Callable[[str], None]:
 
     def notice(text: str) -> None:
         nonlocal said
-        unseen = [] if said else tokenizer.unseen_characters(text)
-        if unseen:
-            shown = ", ".join(repr(c) for c in unseen[:10]) + (", ..." if len(unseen) > 10 else "")
-            print(f"note: the run's character tokenizer never saw {shown}; the model reads <unk> for each "
-                  "(it knows the characters of its training text only)", file=sys.stderr, flush=True)
+        note = None if said else tokenizer.unseen_note(text)
+        if note is not None:
+            print(f"note: {note}", file=sys.stderr, flush=True)
             said = True
     return notice
 

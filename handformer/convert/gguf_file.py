@@ -28,6 +28,7 @@ from torch import Tensor
 
 from handformer.convert.gguf_quants import BLOCKS
 from handformer.io import atomic_write
+from handformer.paths import refuse_non_file
 
 
 @dataclass
@@ -79,6 +80,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     """The metadata and tensors of the GGUF file at `path` (tensors stay on disk until used)."""
     path = Path(path)
     if not path.is_file():
+        refuse_non_file(path, "a GGUF file", "give the .gguf file itself")
         raise FileNotFoundError(f"no GGUF file at {path}")
     size = path.stat().st_size
     try:

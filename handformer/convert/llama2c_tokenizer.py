@@ -30,6 +30,7 @@ from tokenizers import AddedToken, decoders, models, normalizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from handformer.data.tokenizer import BOS, EOS, UNK, Tokenizer
+from handformer.paths import refuse_non_file
 
 SPACE = "\u2581"  # SentencePiece's visible space
 BYTE_OFFSET = 3  # byte b is token 3 + b, after <unk>, <s>, </s>
@@ -39,6 +40,8 @@ def read_llama2c_pieces(path: str | os.PathLike, vocab_size: int) -> list[tuple[
     """(piece, score) for ids 0 .. vocab_size - 1, checked: the file must hold exactly that many."""
     path = Path(path)
     if not path.is_file():
+        refuse_non_file(path, "a llama2.c tokenizer", "give the tokenizer file itself (tokenizer.bin, "
+                        "tok512.bin, ...)")
         raise FileNotFoundError(f"no llama2.c tokenizer at {path}")
     data = path.read_bytes()
     if len(data) < 4:

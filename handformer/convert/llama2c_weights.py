@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from handformer.config import CausalLMConfig
+from handformer.paths import refuse_non_file
 
 MAGIC = 0x616B3432  # "ak42" read as a little-endian uint32
 V1_HEADER_BYTES = 256
@@ -109,6 +110,8 @@ def read_header(path: str | os.PathLike) -> Llama2cHeader:
     """The checkpoint's header, checked against the file's size."""
     path = Path(path)
     if not path.is_file():
+        refuse_non_file(path, "a llama2.c checkpoint", "give the checkpoint file itself (model.bin, "
+                        "stories15M.bin, ...)")
         raise FileNotFoundError(f"no llama2.c checkpoint at {path}")
     size = path.stat().st_size
     with open(path, "rb") as f:

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from handformer.paths import refuse_non_file
+
 MAX_PIECE_CHARS = 1 << 20  # a document longer than this is tokenized in pieces cut at line ends
 READ_BYTES = 4 << 20  # text files are read in blocks of this size
 BLANK_LINE = re.compile(r"\n(?:[ \t\r\f\v]*\n)+")  # one or more blank lines: a document boundary
@@ -36,6 +38,7 @@ def source_files(source: str | os.PathLike) -> list[Path]:
     if path.is_file():
         return [path]
     if not path.is_dir():
+        refuse_non_file(path, "a text file or folder", "give a file of text, or a folder of them")
         raise FileNotFoundError(f"no such file or folder: {path}")
     files = sorted(p for p in path.rglob("*") if p.is_file()
                    and not any(part.startswith(".") for part in p.relative_to(path).parts))

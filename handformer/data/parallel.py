@@ -11,10 +11,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from handformer.paths import refuse_non_file
+
 
 def open_text(path: str | os.PathLike):
     path = Path(path)
     if not path.is_file():
+        refuse_non_file(path, "a data file", "give a TSV file (source<TAB>target a line), or two aligned "
+                        "files (source, then target)")
         raise FileNotFoundError(f"no such data file: {path}")
     # Lines end at "\n" only: universal newlines would also split at a stray "\r" inside a
     # sentence, cutting it silently and shifting aligned files. read_lines drops CRLF's "\r".
@@ -45,9 +49,10 @@ class ParallelData:
 
 
 def _collect(rows, source: str, max_reported: int = 5) -> ParallelData:
-    data = ParallelData([], source)
+    data, blank = ParallelData([], source), True  # blank: no line holds any text
     for number, src, tgt in rows:
         src, tgt = (src or "").strip(), (tgt or "").strip()
+        blank = blank and not src and not tgt
         if not src or not tgt:
             data.skipped += 1
             if len(data.skipped_lines) < max_reported:
@@ -55,7 +60,8 @@ def _collect(rows, source: str, max_reported: int = 5) -> ParallelData:
             continue
         data.pairs.append((src, tgt))
     if not data.pairs:
-        raise ValueError(f"{source} holds no usable pairs ({data.skipped} bad lines): give a TSV file, "
+        found = "is empty" if blank else f"holds no usable pairs ({data.skipped} bad lines)"
+        raise ValueError(f"{source} {found}: give a TSV file, "
                          "one `source<TAB>target` pair a line, or two aligned files (source, then target)")
     return data
 
@@ -69,7 +75,7 @@ def read_tsv(path: str | os.PathLike) -> ParallelData:
                 continue
             parts = line.split("\t")
             if len(parts) < 2:
-                yield i, "", ""
+                yield i, line, ""  # text without a tab: one side only, skipped
             else:
                 yield i, parts[0], parts[1]
     return _collect(rows(), str(path))

@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from handformer.paths import refuse_non_file
+
 PYDOC = "pydoc"  # the name of the embedded corpus in configs
 
 
@@ -59,6 +61,7 @@ def read_text(path: str | os.PathLike) -> str:
         if not files:
             raise ValueError(f"the folder {path} holds no text files")
     else:
+        refuse_non_file(path, "a text file or folder", "give a file of text, or a folder of them")
         raise FileNotFoundError(f"no such text file or folder: {path}")
     texts = []
     for file in files:

@@ -21,6 +21,11 @@ PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
 
 
+
+def show_characters(chars: Sequence[str], limit: int = 10) -> str:
+    """Characters for a message: the first `limit` quoted, then "..." when there are more."""
+    return ", ".join(repr(c) for c in chars[:limit]) + (", ..." if len(chars) > limit else "")
+
 class Tokenizer:
     """Text <-> ids. `encode` adds no special tokens; callers add BOS/EOS where the model needs them."""
 
@@ -98,6 +103,15 @@ class Tokenizer:
         if self._char_ids is None:
             return []
         return [c for c in dict.fromkeys(text) if c not in self._char_ids]
+
+    def unseen_note(self, text: str) -> str | None:
+        """One sentence naming the characters of `text` this character tokenizer never saw (the
+        first ten), which the model reads as <unk>; None when it knows them all."""
+        unseen = self.unseen_characters(text)
+        if not unseen:
+            return None
+        return (f"the run's character tokenizer never saw {show_characters(unseen)}; the model reads <unk> "
+                "for each (it knows the characters of its training text only)")
 
     def encode_with_special_tokens(self, text: str) -> list[int]:
         """Like `encode`, but a special token's text ("<|im_start|>") becomes its id: for prompts a

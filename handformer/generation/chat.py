@@ -92,6 +92,7 @@ class ChatSession:
         self.context: list[int] = []  # the tokens whose keys and values the cache holds, in order
         self.processed = 0  # tokens run through the model so far, all turns together
         self.speculation = SpeculationStats()  # guesses drafted and accepted, all turns (with speculate)
+        self.unseen_said = False  # characters a character tokenizer never saw: said once a conversation
 
     def encode(self, messages: Sequence[dict[str, Any]]) -> list[int]:
         """The prompt for `messages`: rendered with the assistant header, then tokenized with the
@@ -108,6 +109,7 @@ class ChatSession:
         if not isinstance(text, str):
             raise ValueError(f"a chat message is text, got {type(text).__name__}")
         self.messages.append({"role": "user", "content": text})
+        self._say_unseen(text)
         try:
             prompt = self._fit_prompt()
         except ValueError:
@@ -121,6 +123,15 @@ class ChatSession:
         reply = self.decode(reply_ids)
         self.messages.append({"role": "assistant", "content": reply})
         return reply
+
+    def _say_unseen(self, text: str) -> None:
+        """Notify once a conversation which characters of the system message or `text` a character
+        tokenizer never saw (the model reads <unk> for each), as `handformer generate` does."""
+        system = self.messages[0]["content"] if self.messages[0]["role"] == "system" else ""
+        note = None if self.unseen_said else self.tokenizer.unseen_note(system + text)
+        if note is not None:
+            self.notify(note)
+            self.unseen_said = True
 
     def _fit_prompt(self) -> list[int]:
         """The prompt, after dropping the oldest turns after the system message while it leaves

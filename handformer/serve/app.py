@@ -174,6 +174,7 @@ class Routes:
         # thread's decoding (the Rust object refuses a change while it is borrowed).
         self.encoders = {name: Tokenizer(HFTokenizer.from_str(m.lm.tokenizer.hf.to_str()))
                          for name, m in models.items() if m.task == "lm"}
+        self.unseen_noted: dict[str, set[str]] = {}  # characters noted in the log, by model
         self.structured = {name: Structured(m.lm, templates[name])
                            for name, m in models.items() if m.task == "lm"}
         # Each model's tool format and template (or why it has none), found on its first request
@@ -216,6 +217,7 @@ class Routes:
         prompts = []
         for text_or_ids in req.prompts:
             if isinstance(text_or_ids, str):  # as `handformer generate`: BOS, then the text
+                self._note_unseen(served, [("prompt", text_or_ids)])
                 bos = [run.tokens.bos_id] if run.tokens.bos_id is not None else []
                 ids = bos + self.encoders[served.id].encode(text_or_ids)
             else:
@@ -267,6 +269,8 @@ class Routes:
             raise APIError(400, f"{served.id!r} has no chat template (chat_template.jinja or a chat_template "
                            "in tokenizer_config.json), so it cannot chat; use /v1/completions", "model",
                            "no_chat_template")
+        self._note_unseen(served, [(f"messages[{i}].content", m["content"])
+                                     for i, m in enumerate(req.messages)])
         fmt, template = self._tool_template(served, req, template)
         tools = [t.as_template_data() for t in req.tools] if fmt is not None else None
         thinks = {"enable_thinking": self._thinks(served, req, fmt)} if self.thinking[served.id] else {}
@@ -276,6 +280,19 @@ class Routes:
         except ValueError as err:
             raise APIError(400, str(err), "messages") from None
         return served, template, fmt, text, ids
+
+    def _note_unseen(self, served: ServedModel, texts: list[tuple[str, str]]) -> None:
+        """Say in the server's log which characters of a request's text (each with the field it came
+        from) the model's character tokenizer never saw, each character once a model, as `handformer
+        generate` says it once on stderr. The request is answered: the model reads <unk> for each,
+        and clients' own text (an agent framework's instructions) holds characters a small
+        character-level model never met; refusing it would refuse every such client."""
+        noted, tokenizer = self.unseen_noted.setdefault(served.id, set()), self.encoders[served.id]
+        for where, text in texts:
+            new = [c for c in tokenizer.unseen_characters(text) if c not in noted]
+            if new:
+                noted.update(new)
+                log.warning("%s, %s: %s", served.id, where, tokenizer.unseen_note("".join(new)))
 
     def _thinks(self, served: ServedModel, req: ChatRequest, fmt: ToolFormat | None) -> bool:
         """Whether the reply thinks: a run that can, asked to, and no grammar shaping the answer."""
@@ -329,6 +346,7 @@ class Routes:
         for i, item in enumerate(req.inputs):
             where = "input" if len(req.inputs) == 1 else f"input[{i}]"
             if isinstance(item, str):
+                self._note_unseen(served, [(where, item)])
                 bos = [run.tokens.bos_id] if run.tokens.bos_id is not None else []
                 ids = bos + self.encoders[served.id].encode(item)
             else:

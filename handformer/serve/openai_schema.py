@@ -326,7 +326,23 @@ def _messages(f: Fields) -> list[dict[str, Any]]:
             raise APIError(400, f"{where}.content is required: a {message['role']} message needs its text "
                            "(only an assistant message with tool_calls may leave it out)", f"{where}.content")
         out.append(parsed)
+    _check_tool_results(out)
     return out
+
+
+def _check_tool_results(messages: list[dict[str, Any]]) -> None:
+    """OpenAI's rule: a tool message answers a call of an earlier assistant message, so a
+    tool_call_id that names none is a 400 naming it (a template would render an answer to nothing)."""
+    called: list[str] = []
+    for i, message in enumerate(messages):
+        called += [call["id"] for call in message.get("tool_calls", ())]
+        given = message.get("tool_call_id")
+        if message["role"] == "tool" and given is not None and given not in called:
+            earlier = f"the earlier calls are {', '.join(map(repr, called))}" if called \
+                else "no earlier assistant message has tool_calls"
+            raise APIError(400, f"messages[{i}].tool_call_id {given!r} matches no tool call: {earlier}; send "
+                           "the assistant message that made the call before its result, with the same id",
+                           f"messages[{i}].tool_call_id")
 
 
 def _content(content: Any, where: str) -> str | None:

@@ -12,6 +12,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from handformer.paths import kind_of
+
 SECTIONS = ("model", "train", "data", "decode", "dpo", "grpo")
 
 
@@ -48,6 +50,10 @@ def load_job_file(spec: str | os.PathLike) -> dict[str, Any]:
     if path.is_dir():
         raise ValueError(f"--config {spec}: a folder, not a TOML file; to go on with a run give "
                          "--resume RUN_DIR, to start from its weights --init-from RUN_DIR")
+    if (kind := kind_of(path)) is not None:  # /dev/null, a named pipe: there, but no TOML file
+        raise ValueError(f"--config {spec}: {kind}, not a TOML file; give the path of a job file "
+                         "(configs/tiny_lm.toml is a small one) or a built-in config name "
+                         f"({', '.join(builtin_configs())})")
     if str(spec) in builtin_configs():
         text = resources.files("handformer.configs").joinpath(f"{spec}.toml").read_text()
         return _parse_toml(text, f"built-in config {spec!r}")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from handformer.config import BlockConfig
+from handformer.paths import kind_of
 
 # The model fields that fix the shapes of the weights: a config.json without them cannot describe
 # model.safetensors, so they are never filled in from defaults.
@@ -30,7 +31,9 @@ def read_run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     if path.is_dir():
         raise ValueError(f"{path} is a directory, not a file; {FIX}")
     if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json); train one with "
+        found = kind_of(run_dir) or ("a file" if Path(run_dir).exists() else "nothing")
+        what = {"a folder": "no config.json", "nothing": "nothing is there"}.get(found, f"it is {found}")
+        raise FileNotFoundError(f"{run_dir} is not a run directory ({what}); train one with "
                                 "`handformer train` or `handformer demo`, or import one with "
                                 "`handformer import-hf`")
     try:

@@ -21,9 +21,9 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import call_parameters, named, names_of  # noqa: F401  (the runners import them here)
 from handformer.check.core.conventions import conventions_for, is_lengths_name
-from handformer.check.core.discovery import ARGUMENTS, Component, build, own_objects, with_head_size
+from handformer.check.core.discovery import SIZE_OF, Component, build, own_objects, with_head_size
 from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
-from handformer.check.core.sizes import DROPOUT, F_WIDTH, MAX_LEN, SIZES, D, H  # noqa: F401  (the runners import them here)
+from handformer.check.core.sizes import DROPOUT, F_WIDTH, MAX_LEN, SIZES, D, H, is_number  # noqa: F401  (the runners import them here)
 from handformer.check.core.source import locate, locate_form, source_lines
 from handformer.check.core.weights import scramble_
 from handformer.nn.masks import causal_mask
@@ -214,9 +214,9 @@ def module_sizes(module: types.ModuleType, comp: Component, sizes: dict[str, Any
         todo += [own[n] for n in names if n in own]
     out = {}
     for name in sorted(reads):
-        key = next((k for k, aliases in ARGUMENTS.items() if name.lower() in aliases), None)
+        key = SIZE_OF.get(name.lower())
         value = vars(module).get(name, _UNSET)
-        numeric = value is _UNSET or (isinstance(value, (int, float)) and not isinstance(value, bool))
+        numeric = value is _UNSET or is_number(value)
         if key in GLOBAL_SIZES and key in sizes and numeric:
             out[name] = sizes[key]
     return out
@@ -294,6 +294,11 @@ def observed_match(name: str, form: str, matched: float, correct: float) -> dict
 
 def forward_parameters(module: Any) -> list[inspect.Parameter]:
     return call_parameters(module.forward if isinstance(module, nn.Module) else module)
+
+
+def forward_names(module: Any) -> list[str]:
+    """The names of the parameters a call of the module's forward (or of the function) names."""
+    return [p.name for p in forward_parameters(module)]
 
 
 def is_mask_name(name: str) -> bool:
@@ -378,7 +383,7 @@ def dropout_on_residual(res: ComponentResult, ctx: Context, comp: Component, run
     with fp.dropout_recorder() as seen:
         run()
     hits = [t for t in seen if any(t.shape == r.shape and fp.max_error(t, r) < fp.TOL for r in trace)]
-    if not hits or any(f.name == "dropout_on_residual" for f in res.findings):
+    if not hits or res.has("dropout_on_residual"):
         return
     number, code = locate("dropout_on_residual", source_lines(ctx.objects(comp, "add_norm")))
     n = len(hits)
@@ -406,8 +411,7 @@ def nan_on_hidden_rows(res: ComponentResult, out: Tensor | None, rows: Tensor | 
                        ctx: Context) -> None:
     """The finding nan_on_masked_rows (once a component) when a row whose keys are all masked is NaN."""
     values = hidden_rows(out, rows)
-    if values is None or not torch.isnan(values).any() or any(
-            f.name == "nan_on_masked_rows" for f in res.findings):
+    if values is None or not torch.isnan(values).any() or res.has("nan_on_masked_rows"):
         return
     number, code = locate("nan_on_masked_rows", source_lines(ctx.objects(comp, "sdpa", "mha")))
     res.findings.append(Finding("nan_on_masked_rows", text(
@@ -449,9 +453,8 @@ def error_text(err: float) -> Text:
 def positions(batch: int, length: int, pad: list[int]) -> Tensor:
     """(B, 1, 1, S) bool padding mask: row b keeps its first length - pad[b] positions."""
     keep = torch.ones(batch, 1, 1, length, dtype=torch.bool)
-    for b, p in enumerate(pad):
-        if p:
-            keep[b, ..., length - p:] = False
+    for b, p in enumerate(pad):  # no padding: an empty slice
+        keep[b, ..., length - p:] = False
     return keep
 
 
@@ -465,7 +468,7 @@ def finish(res: ComponentResult) -> ComponentResult:
 
     if res.status in (ERROR, FAIL) or (res.status == NOT_CHECKED and not res.findings):
         return res
-    failed = [c for c in res.checks if not c.ok]
+    failed = any(not c.ok for c in res.checks)
     big = res.max_abs_error is not None and not res.max_abs_error < 1e-5
     if res.findings or failed or big:
         res.status = FAIL

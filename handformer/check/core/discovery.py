@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from handformer.check.core.kinds import KINDS_TABLE
+from handformer.check.core.source import source_text
 
 NAMES: dict[str, tuple[str, ...]] = {k.name: k.names for k in KINDS_TABLE}  # kind -> names, in order
+TABLED = {n for k in KINDS_TABLE for n in k.names}  # every name of every kind
 KINDS = tuple(NAMES)
 DESCRIPTIONS = {k.name: k.en for k in KINDS_TABLE}
 
@@ -92,6 +94,8 @@ FIXED.update({"device": "cpu", "model_type": None, "trg_sos_idx": 1})
 SWITCHES = {"is_causal": "causal", "causal": "causal"}
 # a norm's eps with no default (llama2.c's RMSNorm(dim, eps)): the norms read it back from the module
 FIXED.update(dict.fromkeys(ARGUMENTS["eps"], 1e-5))
+# an argument's name (lower case) -> the size it stands for: the first key of ARGUMENTS that lists it
+SIZE_OF = {alias: key for key, aliases in reversed(ARGUMENTS.items()) for alias in aliases}
 
 
 class DiscoveryError(ValueError):
@@ -174,9 +178,9 @@ def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, 
     nucleus. A kind given with --component KIND=NAME is that name only."""
     from handformer.check.core.signatures import kind_of
 
-    found, tabled = [], {n for names in NAMES.values() for n in names}
+    found = []
     for name, obj in own.items():
-        skip = name in taken or name in tabled or "." in name or name.startswith(("_", "handformer_"))
+        skip = name in taken or name in TABLED or "." in name or name.startswith(("_", "handformer_"))
         if skip or not inspect.isfunction(obj):
             continue
         kind = kind_of(obj)
@@ -202,12 +206,11 @@ def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> li
     out = []
     for name in names:
         out += sorted(n for n in own if n.endswith(name)) if name.startswith(".") else [name] * (name in own)
-    exact = {n for ns in NAMES.values() for n in ns}
-    out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in exact and n not in out
+    out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in TABLED and n not in out
                   and n.endswith(SUFFIXES.get(kind, ("\0",)))
                   and not any(w.lower() in n.lower() for w in NOT_SUFFIXED))
     if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in own):  # Hugging Face's XModel is the backbone
-        out = [n for n in out if n in exact or not n.endswith("Model") or n.endswith("LanguageModel")]
+        out = [n for n in out if n in TABLED or not n.endswith("Model") or n.endswith("LanguageModel")]
     return out
 
 
@@ -227,8 +230,9 @@ def _refine_function(kind: str, obj: Any) -> str:
 
     if kind == "train_step":
         return "lm_train_step" if lm_step(obj) else kind
-    said = kind_of(obj) if any(kind in f for f in SAME_FAMILY) else None
-    return said if any(kind in f and said in f for f in SAME_FAMILY) else kind
+    family = FAMILY_OF.get(kind, ())
+    said = kind_of(obj) if family else None
+    return said if said in family else kind
 
 
 def _reads_kv_heads(cls: Any) -> bool:
@@ -242,6 +246,7 @@ def _reads_kv_heads(cls: Any) -> bool:
 # filtered logits is a filter
 SAME_FAMILY = (("greedy_decode", "beam_search", "generate"),
                ("top_k", "top_p", "sample", "temperature", "greedy"))
+FAMILY_OF = {kind: family for family in SAME_FAMILY for kind in family}  # the families are apart
 
 CAUSAL_WORDS = re.compile(r"\btril\b|\btriu\b|is_causal\s*=\s*True|causal")
 
@@ -258,7 +263,7 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("mha", lambda c: "n_kv_heads" in argument_keys(c).values(), "gqa"),
     ("block", lambda c: encoder_block(c), "encoder_layer"),
     # Umar Jamil's EncoderBlock(args): a start position is a decoder's KV cache
-    ("encoder_layer", lambda c: _takes(c, "start_pos"), "block"),
+    ("encoder_layer", lambda c: "start_pos" in _forward_parameters(c), "block"),
     ("transformer", lambda c: decoder_only(c), "gpt"),
     # a decoder-only model's DecoderLayer (llama2.c's kin): no memory to attend to
     ("decoder_layer", lambda c: decoder_only(c, POSITION_EXTRAS), "block"),
@@ -269,38 +274,36 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 )
 
 
+def _forward_parameters(cls: Any) -> dict[str, inspect.Parameter]:
+    """The parameters of a class's forward, `self` first; none when it has no signature to read."""
+    try:
+        return dict(inspect.signature(cls.forward).parameters)
+    except (AttributeError, TypeError, ValueError):
+        return {}
+
+
+def _module_of(obj: Any) -> types.ModuleType | None:
+    return sys.modules.get(getattr(obj, "__module__", ""), None)
+
+
 def decoder_only(cls: Any, extras: tuple[str, ...] = TOKEN_EXTRAS) -> bool:
     """A model whatever its name (Meta's `Transformer`) whose forward takes one sequence of token ids
     (and maybe Meta's start_pos or the targets, or a layer's `extras`): decoder-only; an
     encoder-decoder takes two."""
-    try:
-        params = list(inspect.signature(cls.forward).parameters.values())[1:]
-    except (AttributeError, TypeError, ValueError):
-        return False
+    params = list(_forward_parameters(cls).values())[1:]
     inputs = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty
               and p.name not in extras and "mask" not in p.name]
     return len(inputs) == 1
-
-
-def _takes(cls: Any, name: str) -> bool:
-    try:
-        return name in inspect.signature(cls.forward).parameters
-    except (AttributeError, TypeError, ValueError):
-        return False
 
 
 def encoder_block(cls: Any) -> bool:
     """A block (by its name: TransformerBlock) that is an encoder layer by what it does: its mask is
     optional and nothing in its file is causal (no tril, triu, is_causal=True or causal mask), so
     with no mask every token sees every other, as in the paper's encoder."""
-    try:
-        params = inspect.signature(cls.forward).parameters.values()
-    except (AttributeError, TypeError, ValueError):
-        return False
+    params = _forward_parameters(cls).values()
     if not any("mask" in p.name.lower() and p.default is None for p in params):
         return False
-    module = sys.modules.get(getattr(cls, "__module__", ""), None)
-    source = _source(module) if module is not None else ""
+    source = source_text(_module_of(cls))
     return bool(source) and not CAUSAL_WORDS.search(source) and not re.search(r"subsequent|look_?ahead",
                                                                                source)
 
@@ -314,18 +317,11 @@ def causal_inside(cls: Any) -> bool:
         return False
     if any("mask" in p.lower() or "valid_len" in p.lower() for p in params):
         return False
-    own = _source(cls)
-    module = sys.modules.get(cls.__module__)
+    own = source_text(cls)
+    module = _module_of(cls)
     used = [o for o in (vars(module).values() if module else ()) if inspect.isclass(o) and o is not cls
             and getattr(o, "__module__", None) == cls.__module__ and re.search(rf"\b{o.__name__}\s*\(", own)]
-    return any(CAUSAL_WORDS.search(src) for src in [own] + [_source(o) for o in used])
-
-
-def _source(obj: Any) -> str:
-    try:
-        return inspect.getsource(obj)
-    except (OSError, TypeError):
-        return ""
+    return any(CAUSAL_WORDS.search(source_text(o)) for o in [cls, *used])
 
 
 def own_objects(module: types.ModuleType) -> dict[str, Any]:
@@ -394,15 +390,14 @@ def config_reads(cls: Any, name: str) -> tuple[set[str], set[str]]:
 
 def _dict_keys(cls: Any) -> set[str]:
     """The string keys the learner's whole file subscripts (cfg["emb_dim"]), from its source."""
-    module = sys.modules.get(getattr(cls, "__module__", ""), None)
-    return set(re.findall(r"""\[["'](\w+)["']\]""", _source(module))) if module is not None else set()
+    return set(re.findall(r"""\[["'](\w+)["']\]""", source_text(_module_of(cls))))
 
 
 def _config_class(p: inspect.Parameter, cls: Any) -> Any:
     """The class a config argument is annotated with, when the learner's file defines it (Meta's
     ModelArgs, a minimind-style config class)."""
     ann = p.annotation
-    module = sys.modules.get(getattr(cls, "__module__", ""), None)
+    module = _module_of(cls)
     if isinstance(ann, str) and module is not None:
         ann = vars(module).get(ann.split("[")[0].strip("'\" "))
     # a module the constructor is handed (Umar Jamil's Transformer(encoder: Encoder, ...)) is a part
@@ -436,7 +431,7 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
         else:
             params = inspect.signature(own).parameters
             takes_any = any(q.kind is q.VAR_KEYWORD for q in params.values())
-            source = _source(own)  # kwargs.get("vocab_size", 6400): the names its code reads
+            source = source_text(own)  # kwargs.get("vocab_size", 6400): the names its code reads
             config = own(**{n: v for n, v in values.items()
                             if n in params or (takes_any and re.search(rf"\b{n}\b", source))})
         for attr, value in values.items():  # what the learner's code reads, at check's sizes
@@ -463,15 +458,17 @@ def _class_fields(own: type) -> set[str]:
     return fields | set(getattr(own, "__dataclass_fields__", {}))
 
 
+def init_parameters(cls: Any) -> list[inspect.Parameter]:
+    """The arguments of a class's constructor (or of a function), `self`, *args and **kwargs left out."""
+    init = cls.__init__ if inspect.isclass(cls) else cls
+    return [p for p in list(inspect.signature(init).parameters.values())[int(inspect.isclass(cls)):]
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
 def argument_keys(cls: Any) -> dict[str, str | None]:
     """Each constructor argument of `cls` (or parameter of a function) -> the size it stands for (a
     key of ARGUMENTS), or None."""
-    init = cls.__init__ if inspect.isclass(cls) else cls
-    params = [p for p in list(inspect.signature(init).parameters.values())[int(inspect.isclass(cls)):]
-              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    keys = {p.name: None if _is_axis(p) else next((k for k, aliases in ARGUMENTS.items()
-                                                    if p.name.lower() in aliases), None)
-            for p in params}
+    keys = {p.name: None if _is_axis(p) else SIZE_OF.get(p.name.lower()) for p in init_parameters(cls)}
     if sum(k == "d_model" for k in keys.values()) > 1 and "d_ff" not in keys.values():
         for name in keys:
             if name.lower() in HIDDEN_WHEN_PAIRED:
@@ -496,10 +493,7 @@ def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None)
     kwargs = {}
     keys = argument_keys(target)
     sizes = with_head_size(sizes)
-    init = target.__init__ if inspect.isclass(target) else target
-    for p in list(inspect.signature(init).parameters.values())[int(inspect.isclass(target)):]:
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            continue
+    for p in init_parameters(target):
         key = keys.get(p.name) or SWITCHES.get(p.name)
         if key in sizes:
             kwargs[p.name] = sizes[key]

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.result import ComponentResult, Text, text
 from handformer.check.reference import variants as V
 
@@ -48,6 +49,7 @@ class Step(NamedTuple):
     given: bool = False  # an argument of their function as it was handed over, not a value it made
     earlier: tuple[Step, ...] = ()  # a tensor built in place: its values after each earlier line
     part: tuple[nn.Module, tuple[Any, ...]] | None = None  # a part's output: the part and its inputs
+    numbers: dict[str, tuple[int, float]] | None = None  # the frame's numbers then: name -> (line, value)
 
 
 View = tuple[str, Tensor]  # (the reference's sub-step, in words; its value)
@@ -73,12 +75,16 @@ class _Tracer:
         self.last: dict[tuple[int, str], int] = {}  # a constant's latest step: (frame, name) -> index
         self.dropped: set[int] = set()  # a constant's earlier steps: only its final value is judged
         self.built: dict[tuple[int, str], list[Step]] = {}  # a constant's steps so far, in order
+        self.numbers: dict[int, dict[str, tuple[int, float]]] = {}  # frame -> name -> (its line, value)
 
     def local(self, frame: Any, event: str, arg: Any) -> Any:
         seen, before = frame.f_locals, self.state.setdefault(id(frame), ({}, frame.f_lineno))
+        numbers = self.numbers.setdefault(id(frame), {})
         for name, value in seen.items():
             if isinstance(value, Tensor) and not value.is_complex() and _changed(before[0].get(name), value):
                 self.record(frame, before[1], name, value, not before[0])
+            elif type(value) in (int, float) and numbers.get(name, (0, None))[1] != value:
+                numbers[name] = (before[1], value)  # a size read from a shape: `d_k = q.size(-1)`
         if event == "return":
             self.returned(frame, arg)
         held = {k: _snapshot(v) for k, v in seen.items()}
@@ -88,7 +94,8 @@ class _Tracer:
     def record(self, frame: Any, line: int, name: str, value: Tensor, given: bool) -> None:
         """One step; `given`: the frame's first event, its arguments as handed over."""
         if _traced(value) and name not in _arguments(frame, value):
-            self.steps.append(Step(line, name, _copy(value), self.caller(frame), given))
+            numbers = dict(self.numbers.get(id(frame), {}))
+            self.steps.append(Step(line, name, _copy(value), self.caller(frame), given, numbers=numbers))
         elif value.dtype in self.constants:
             key, built = (id(frame), name), self.built.setdefault((id(frame), name), [])
             self.dropped.add(self.last.get(key, -1))
@@ -373,7 +380,7 @@ def _term(t: Tensor, r: Tensor, what: str, terms: list[View], sizes: dict[str, f
             continue
         if same(t - r, term):
             return text(f"{what} plus an extra term equal to {name}",
-                        f"{_zh_subject(what)}多加了一项，等于 {view_zh(name)}")
+                        f"{_zh_subject(what)}多了一项：{view_zh(name)}")
         if same(r - t, term):
             return text(f"{what} missing the term {name}", f"{_zh_subject(what)}少了一项：{view_zh(name)}")
         c = _factor(t - r, term)
@@ -467,6 +474,7 @@ class Departure:
     code: str
     form: Text | None
     called_from: tuple[int, str] | None = None  # (line, code) of their code that called the helper
+    source: tuple[int, str, str] | None = None  # (line, name, code): where a size the line uses was read
 
     def describe(self) -> Text:
         at = f"line {self.line}: {self.code}"
@@ -475,6 +483,10 @@ class Departure:
             line, code = self.called_from
             at += f" (in a helper called from line {line}: {code})"
             at_zh += f"（在第 {line} 行调用的函数里：{code}）"
+        if self.source:
+            line, name, code = self.source
+            at += f" (its `{name}` was read at line {line}: {code})"
+            at_zh += f"（其中的 `{name}` 来自第 {line} 行：{code}）"
         form = self.form or text("no simple form (not a factor, sign, transpose, shift, axis or term)",
                                  "没有简单的形式（不是常数因子、符号、转置、错位、轴或多余的项）")
         return text(f"no known mistake reproduces it; the first step that parts from the reference is "
@@ -507,13 +519,15 @@ REDUCTIONS = (("the mean", "均值", torch.mean), ("the sum", "和", torch.sum))
 
 
 def _reduced(t: Tensor, views: list[View]) -> Text | None:
-    """t is a mean or a sum of a view over an axis other than the last (the reference reduces over
-    d_model or the keys, dim=-1): a reduction over the wrong axis, its shape none of the views'."""
+    """t is a mean or a sum of a view over an axis other than the last, or over all its entries (the
+    reference reduces over d_model or the keys, dim=-1): a reduction over the wrong axis, its shape
+    none of the views'."""
     for (what, r), (how, how_zh, op), keep in itertools.product(views, REDUCTIONS, (True, False)):
-        for dim in range(r.dim() - 1):
+        axes = [(d, f"dim={d}", f" dim={d} 上") for d in range(r.dim() - 1)]
+        for dim, where, where_zh in axes + [(tuple(range(r.dim())), "all entries at once", "所有元素上")]:
             if same(t, op(r, dim=dim, keepdim=keep)):  # same() compares shapes first
-                return text(f"{how} of {what} over dim={dim}; the reference reduces over dim=-1",
-                            f"{view_zh(what)} 的{how_zh}是在 dim={dim} 上求的；参考在最后一个轴 dim=-1 上求")
+                return text(f"{how} of {what} over {where}; the reference reduces over dim=-1",
+                            f"{view_zh(what)} 的{how_zh}是在{where_zh}求的；参考在最后一个轴 dim=-1 上求")
     return None
 
 
@@ -543,15 +557,30 @@ def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, fl
     form = (written is not step and _slice_form(step.value, whole)
             or form_of(written.value, views, sizes, pre, terms, forms) or _reduced(written.value, views))
     line = _inside(written, filename) or written.line
-    return Departure(line, written.name, statement(filename, line, not called), form, called or None)
+    source = _size_source(written, statement(filename, line), form, sizes, filename)
+    return Departure(line, written.name, statement(filename, line, not called), form,
+                     None if source else called or None, source)
+
+
+def _size_source(step: Step, code: str, form: Text | None, sizes: dict[str, float], filename: str,
+                 ) -> tuple[int, str, str] | None:
+    """A number the departing line uses whose value is a size the form names, bound on another line
+    (`d_k = query.size(-2)`: 5 = T where the scale wants d_k): (that line, the name, its code)."""
+    named = {v for k, v in sizes.items() if form and re.search(rf"(?<!\w){re.escape(k)}(?!\w)", form["en"])}
+    used = set(re.findall(r"[A-Za-z_]\w*", code))
+    bound = [(line, name) for name, (line, value) in (step.numbers or {}).items()
+             if name in used and value in named and line != step.line]
+    return bound and (bound[0][0], bound[0][1], statement(filename, bound[0][0], False)) or None
 
 
 def _inside(step: Step, filename: str) -> int | None:
     """For a part's output (a module of their own file, its forward not traced: a GELU of theirs in
-    an nn.Sequential), the line of its forward that returns it; None for any other step."""
+    an nn.Sequential), the line of its forward that returns it; None for any other step, and for a
+    part check grades on its own (a LayerNorm of theirs applied where it should not be)."""
     module, args = step.part or (None, ())
     forward = getattr(type(module), "forward", None)
-    if getattr(forward, "__code__", None) is None or inspect.getsourcefile(forward) != filename:
+    graded = type(module).__name__ in {n for k in KINDS_TABLE for n in k.names}  # checked on its own
+    if graded or getattr(forward, "__code__", None) is None or inspect.getsourcefile(forward) != filename:
         return None
     steps = trace_steps(lambda: module(*args), filename, forward.__code__)
     return next((s.line for s in reversed(steps) if s.name == "return"), None)
@@ -656,8 +685,8 @@ def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[li
     n_kv = w.n_kv_heads or w.n_heads
     qh = V.split_heads(q, w.n_heads, frozenset())  # (B, H, T, Dh)
     kh, vh = (V.split_heads(t, n_kv, frozenset()) for t in (k, v))  # (B, Hkv, T, Dh)
-    views = [("q", q), ("k", k), ("v", v), ("the heads of q", qh), ("the heads of k", kh),
-             ("the heads of v", vh)]
+    views = [("the input x", x), ("q", q), ("k", k), ("v", v), ("the heads of q", qh),
+             ("the heads of k", kh), ("the heads of v", vh)]  # x: a comprehension's `for lin, x in ...`
     qh, kh, views = _positioned(w, qh, kh, views)
     kh, vh, views = _repeated(w, kh, vh, views)
     raw = qh @ kh.transpose(-2, -1)  # (B, H, T, T)

@@ -324,18 +324,23 @@ def localize_table(build: Callable[[], Any], module: nn.Module, D: int) -> Depar
 
 # --- a model, part by part ------------------------------------------------------------------------
 
-def module_views(run: Callable[[], Any], module: nn.Module, words: dict[str, str]) -> list[View]:
+def module_views(run: Callable[[], Any], module: nn.Module, words: dict[str, str], inputs: bool = False,
+                 ) -> list[View]:
     """The output of each of the module's parts while `run()` runs it, in the order they run, named
-    by `words` (a part's path -> its role), else by the path."""
+    by `words` (a part's path -> its role), else by the path; and what each is given, with `inputs`
+    (a block's input: the token embedding plus the positions)."""
     out: list[View] = []
 
     def hook(name: str) -> Callable[..., None]:
-        def record(part: nn.Module, args: Any, value: Any) -> None:
-            t = first_tensor(value)
-            out.extend([(words.get(name, f"{name}(...)"), t.detach().double())] * (t is not None))
+        def record(part: nn.Module, args: Any, value: Any = None) -> None:
+            t = first_tensor(args if value is None else value)
+            what = words.get(name, f"{name}(...)") if value is not None else f"the input of {name}"
+            out.extend([(what, t.detach().double())] * (t is not None))
         return record
 
-    handles = [m.register_forward_hook(hook(name)) for name, m in module.named_modules() if name]
+    parts = [(name, m) for name, m in module.named_modules() if name]
+    handles = [m.register_forward_hook(hook(name)) for name, m in parts]
+    handles += [m.register_forward_pre_hook(hook(name)) for name, m in parts] * inputs
     try:
         with torch.no_grad():
             run()

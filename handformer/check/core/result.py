@@ -69,6 +69,10 @@ class ComponentResult:
     driven: Text | None = None  # what model drove it: the learner's own, or a stand-in (and why)
     adapter: str = ""  # for NOT CHECKED: the adapter function that lets check build it
 
+    def has(self, *names: str) -> bool:
+        """Whether a finding of one of these names is already in the result."""
+        return any(f.name in names for f in self.findings)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -52,6 +52,7 @@ from handformer.check.core.argument_names import (
     call_parameters,
     named,
 )
+from handformer.check.core.source import source_text
 
 ROWS = torch.tensor([[2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6],
                      [0.5, 2.5, -0.3, 1.1, 0.9, -2.0, 0.2, -0.7]])  # (B, V) logits, no ties
@@ -100,7 +101,7 @@ def lm_step(fn: Any) -> bool:
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, X_NAMES, Y_NAMES)
     if not _takes_each(names, groups):
         return False
-    return required <= set().union(*groups, LR_NAMES) and not SHIFT.search(_source(fn))
+    return required <= set().union(*groups, LR_NAMES) and not SHIFT.search(source_text(fn))
 
 
 GENERATE_MODEL = tuple(n for n in MODEL_NAMES if n != "self")
@@ -171,7 +172,7 @@ def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], req
 def _call(fn: Any, rows: Tensor, options: dict[str, Any]) -> Tensor | None:
     """fn(rows, **options) as a tensor, or None when it raises (sys.exit too) or returns something
     else; its prints are not shown. A function that can end the process (os._exit) is not called."""
-    if "_exit" in _source(fn):
+    if "_exit" in source_text(fn):
         return None
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]), contextlib.redirect_stdout(io.StringIO()):
@@ -205,8 +206,3 @@ def _scaled(rows: Tensor, out: Tensor) -> bool:
     return bool(((out - factor * rows).abs() < 1e-4 * max(1.0, abs(factor))).all()) and abs(factor - 1) > 1e-3
 
 
-def _source(fn: Any) -> str:
-    try:
-        return inspect.getsource(fn)
-    except (OSError, TypeError):
-        return ""

@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import SIZES, Context
 from handformer.check.core.result import DIFFERS, FAIL, PASS
 from handformer.check.core.weights import MappingError
 from handformer.check.runners.beam_models import BOS, Steered, Table
-from handformer.check.runners.decoding import own_seq2seq
 from handformer.check.runners.model import TGT_V, map_model
 
 TIE = 1e-6  # the network's share of the steered logits: ties broken, nothing else
@@ -134,6 +134,36 @@ class OwnSteered(Steered):
                 out = self.call(memory, torch.tensor([[BOS] + prefix]))  # (1, L, V)
             self.cache[key] = F.log_softmax(out[0, -1].double(), dim=-1).tolist()
         return self.cache[key]
+
+
+def own_seq2seq(ctx: Context, accepted: tuple[str, ...] = (PASS, DIFFERS)) -> tuple[nn.Module, Any] | None:
+    """The learner's encoder-decoder when its own check ended in one of `accepted` (passed, by
+    default): (the model, a call (src, tgt) -> logits); None when there is none, or it did not."""
+    from handformer.check.runners.model import Caller, build_model, check_model, inputs
+
+    comp = ctx.components.get("transformer")
+    if comp is None:
+        return None
+    result = ctx.results.get(comp.name)
+    if result is None:  # checked here (once a file) when --component asked for the decoder only
+        partial = ctx.partial
+        try:
+            result = ctx.results[comp.name] = check_model(comp, ctx)
+        except Exception:  # noqa: BLE001  (their model raises, or cannot be built: the stand-in drives it)
+            return None
+        finally:
+            ctx.partial = partial
+    if result.status not in accepted:
+        return None
+    module, _ = build_model(comp, ctx)
+    call = Caller(module, ctx)
+    # the masks' rank is found on a batch of two: with one row, the Annotated Transformer's attention
+    # runs on (B, 1, 1, S) masks too (a 5-D score tensor) and gives a (1, T, V) output of wrong values
+    try:
+        call(*inputs(6, 5, [0, 2], [0, 1], seed=0))
+    except fp.LearnerFailure:  # a model that failed its check may not run at all
+        return None
+    return module, call
 
 
 def _first_decoder_layer(module: nn.Module) -> nn.Module | None:

@@ -284,7 +284,7 @@ def check_bpe(comp: Component, ctx: Context) -> ComponentResult:
     else:
         res.notes.append(text("your trainer returned the merges only; the vocabulary's ids were not checked",
                               "你的训练只返回了合并规则，词表的 id 没有检查"))
-    if any(f.name in CUT_DIAGNOSES.values() for f in res.findings):
+    if res.has(*CUT_DIAGNOSES.values()):
         res.notes.append(text("not timed: with the pre-tokens cut wrong the words are longer, so the time "
                               "says nothing about the trainer",
                               "没有计时：预分词切错了，词更长，计时说明不了训练本身"))

@@ -9,13 +9,18 @@ ignored (the model builds its own). The wrapper makes the end symbol the most li
 the target holds EOS_AT tokens, so the right output is known: the start symbol, EOS_AT - 1 greedy
 tokens of the model, then EOS. Compared with handformer's greedy choice on the same model, run to
 max_len without an end symbol (a decoder that takes none cannot stop), or stopping at EOS. Named:
-the loop does not stop at EOS, or stops without emitting it.
+the loop does not stop at EOS, or stops without emitting it. The file's own encoder-decoder drives
+it instead when it passed its check (EOS steered by a hook), or when it failed its check but runs
+(its logits replaced by hooks along a fixed path of tokens: the loop judged alone).
 
 Shape legend: B batch (1), S source length, T target length, D d_model, V vocabulary.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -27,8 +32,9 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import DECODING_NAMES as NAMES  # noqa: F401
 from handformer.check.core.context import Context, finish, forward_parameters, named
 from handformer.check.core.discovery import Component, DiscoveryError
-from handformer.check.core.result import DIFFERS, PASS, Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import FAIL, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
+from handformer.check.runners.beam_own import OwnSteered, own_seq2seq
 from handformer.check.runners.model import source_mask
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
@@ -122,36 +128,6 @@ def _tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
                            "int 列表）")
 
 
-def own_seq2seq(ctx: Context, accepted: tuple[str, ...] = (PASS, DIFFERS)) -> tuple[nn.Module, Any] | None:
-    """The learner's encoder-decoder when its own check ended in one of `accepted` (passed, by
-    default): (the model, a call (src, tgt) -> logits); None when there is none, or it did not."""
-    from handformer.check.runners.model import Caller, build_model, check_model, inputs
-
-    comp = ctx.components.get("transformer")
-    if comp is None:
-        return None
-    result = ctx.results.get(comp.name)
-    if result is None:  # checked here (once a file) when --component asked for the decoder only
-        partial = ctx.partial
-        try:
-            result = ctx.results[comp.name] = check_model(comp, ctx)
-        except Exception:  # noqa: BLE001  (their model raises, or cannot be built: the stand-in drives it)
-            return None
-        finally:
-            ctx.partial = partial
-    if result.status not in accepted:
-        return None
-    module, _ = build_model(comp, ctx)
-    call = Caller(module, ctx)
-    # the masks' rank is found on a batch of two: with one row, the Annotated Transformer's attention
-    # runs on (B, 1, 1, S) masks too (a 5-D score tensor) and gives a (1, T, V) output of wrong values
-    try:
-        call(*inputs(6, 5, [0, 2], [0, 1], seed=0))
-    except fp.LearnerFailure:  # a model that failed its check may not run at all
-        return None
-    return module, call
-
-
 def steer(module: nn.Module, column: int, first: float, later: float) -> Any:
     """Add `first` to one column of the learner's output layer (every nn.Linear to TGT_V) at its
     first call, `later` at every other: EOS impossible throughout, or certain at the first step and
@@ -196,28 +172,32 @@ def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
                              zh=f"{comp.name}：填不了参数 {first!r}；贪心解码接受 (model, src, src_mask, "
                                 "max_len, start_symbol)，还可以有结束符（end_symbol、eos_idx 等）")
     stop = arg["end"] is not None
-    scenarios = _scenarios(res, ctx, stop)
-    for model, bias, right in scenarios:
-        handles = steer(model, EOS, *bias) if bias else []
-        try:
+    for model, steering, right in _scenarios(res, ctx, stop):
+        with steering():
             _compare_tokens(res, ctx, comp, arg, model, right, stop)
-        finally:
-            for h in handles:
-                h.remove()
     return finish(res)
 
 
-def _scenarios(res: ComponentResult, ctx: Context, stop: bool) -> list[tuple[Any, Any, Any]]:
-    """(model, EOS steering, the right tokens) for each run: the learner's own model when it passed,
-    steered never to end and to end at once; else a stand-in."""
+Scenario = tuple[Any, Callable[[], AbstractContextManager[Any]], list[int]]  # model, its steering, tokens
+
+
+@contextlib.contextmanager
+def _eos_steered(model: nn.Module, bias: tuple[float, float]) -> Iterator[None]:
+    handles = steer(model, EOS, *bias)
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _scenarios(res: ComponentResult, ctx: Context, stop: bool) -> list[Scenario]:
+    """(model, its steering, the right tokens) for each run: the learner's own model when it passed,
+    steered never to end and to end at once; when it failed its check but runs, steered along fixed
+    token paths (the loop judged alone); else a stand-in."""
     own = own_seq2seq(ctx)
     if own is None:
-        res.driven = text("a stand-in: handformer's tiny Seq2SeqTransformer wrapped as the Annotated "
-                          "Transformer's model (encode, decode, generator); your own model has no passing "
-                          "check",
-                          "替身：handformer 的小 Seq2SeqTransformer，包装成 Annotated Transformer 的模型接口"
-                          "（encode、decode、generator）；你自己的模型没有通过检查")
-        return [(AnnotatedModel(), [], reference(stop))]
+        return _failed_own(res, ctx, stop) or _stand_in(res, stop)
     model, call = own
     name = ctx.components["transformer"].name
     res.driven = text(f"your own {name} (it passed its check), its output layer steered: EOS ({EOS}) "
@@ -226,12 +206,55 @@ def _scenarios(res: ComponentResult, ctx: Context, stop: bool) -> list[tuple[Any
                       "再让它只在第一步出现")
     scenarios = []
     for bias in ((-1e4, -1e4), (1e4, -1e4)):
-        handles = steer(model, EOS, *bias)
-        with fp.dropout_off():
-            scenarios.append((model, bias, own_reference(call, source(), stop)))
-        for h in handles:
-            h.remove()
+        with _eos_steered(model, bias), fp.dropout_off():
+            scenarios.append((model, lambda bias=bias: _eos_steered(model, bias),
+                              own_reference(call, source(), stop)))
     return scenarios
+
+
+def _stand_in(res: ComponentResult, stop: bool) -> list[Scenario]:
+    res.driven = text("a stand-in: handformer's tiny Seq2SeqTransformer wrapped as the Annotated "
+                      "Transformer's model (encode, decode, generator); your own model has no passing "
+                      "check (nor one that runs with an output layer to steer)",
+                      "替身：handformer 的小 Seq2SeqTransformer，包装成 Annotated Transformer 的模型接口"
+                      "（encode、decode、generator）；你自己的模型没有通过检查（也没有能运行、"
+                      "能引导输出层的模型）")
+    return [(AnnotatedModel(), contextlib.nullcontext, reference(stop))]
+
+
+# The token paths a failed model is steered along (each token nearly certain after the one before):
+# with an end symbol, EOS at position 3 and other tokens after it (a loop that runs on shows them);
+# without, MAX_LEN - 1 tokens and no EOS.
+PATHS = {True: [5, 7, EOS, 9, 4, 6, 8], False: [5, 7, 9, 4, 6, 8, 3]}
+
+
+def _failed_own(res: ComponentResult, ctx: Context, stop: bool) -> list[Scenario]:
+    """The learner's own model that failed its check but runs, its logits replaced by hooks with a
+    table that makes PATHS[stop] the greedy choice (their model's mistakes do not reach the loop);
+    no scenario when there is none, or it cannot be hooked."""
+    own = own_seq2seq(ctx, (FAIL,))
+    path = PATHS[stop]
+    table = {tuple(path[:i]): {t: 0.9} for i, t in enumerate(path)}  # prefix -> next token
+    steered = OwnSteered(*own, table, ctx) if own else None
+    right = [BOS] + (path[:path.index(EOS) + 1] if stop else path)[:MAX_LEN - 1]
+    if steered is None or not steered.usable() or _steered_reference(steered, stop) != right:
+        return []  # no hooks to steer it by, or its own forward does not follow the path when steered
+    name = ctx.components["transformer"].name
+    res.driven = text(f"your own {name}: it failed its own check, so its output layer was steered by hooks "
+                      "along a fixed path of tokens and greedy decoding is judged as a loop only (where it "
+                      "stops, what it returns)",
+                      f"你自己的 {name}：它没有通过自己的检查，所以用钩子把输出层引导到一条固定的 token "
+                      "路径上，贪心解码只按循环本身检查（在哪里停、返回什么）")
+    return [(steered.handed, steered.steering, right)]
+
+
+def _steered_reference(steered: Any, stop: bool) -> list[int] | None:
+    """handformer's greedy choice through the steered model's own forward; None when it raises."""
+    try:
+        with steered.steering(), fp.dropout_off():
+            return own_reference(steered.call, source(), stop)
+    except fp.LearnerFailure:
+        return None
 
 
 def _compare_tokens(res: ComponentResult, ctx: Context, comp: Component, arg: dict[str, str | None],

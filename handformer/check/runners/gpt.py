@@ -50,6 +50,7 @@ from handformer.check.core.layer_map import (
     outside,
     prefixed,
 )
+from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
 from handformer.check.core.result import (
     NOT_CHECKED,
     Check,
@@ -538,6 +539,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
                               "没有任何已知错误（或两个错误的组合）能复现你的 logits；"
                               "各 Block 自己的检查会指出它们与 handformer 的差别"))
         ch = settings[0]
+        _localize(res, m, call, idx, settings)
     else:
         ch = found[0]
         _found(res, ctx, comp, m, out, idx, found, last_only)
@@ -565,6 +567,13 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
                               f"{call.start} = t，经过它自己的 KV 缓存，逐位置比较"))
     if call.start:
         _cached(res, ctx, comp, m, call, hf, idx)
+
+
+def _localize(res: ComponentResult, m: GPTMap, call: Caller, idx: Tensor, settings: list[Choices]) -> None:
+    """Where the logits no search explains part from handformer's, part by part, in each setting."""
+    models = [reference_model(m, c) for c in settings]
+    readings = [module_views(lambda hf=hf: hf(idx), hf, {}, inputs=True) for hf in models]
+    note_departure(res, lambda: localize_model(lambda: call(idx), call.module, readings))
 
 
 def _norm_findings(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap) -> None:

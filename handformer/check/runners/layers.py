@@ -6,7 +6,8 @@ per sublayer in order. The fingerprint search then runs over the norm placement 
 or pre), rotary positions inside the attention (when the code speaks of them), the attention
 mistakes and the layer mistakes (residual missing or started from the normed input, one sublayer's
 norm misplaced or shared, FFN activation missing, the decoder's masks swapped). A property test on
-the residual stream names dropout on it.
+the residual stream names dropout on it. A `key_padding_mask` the forward takes beside the masks it is
+handed (torch.nn's names) is given alone too: the keys it marks must change no real output.
 
 d2l's decoder block, forward(X, state), builds its causal mask only in training mode (it decodes one
 token at a time in eval mode, keeping the keys in `state`): it is run in training mode with dropout
@@ -102,11 +103,14 @@ LAYER_POSITIONS = {"freqs_cis", "start_pos", "position_ids", "position_embedding
 class Layer:
     """The learner's layer, its mapping, and a uniform call (x, memory, src_keep, tgt_keep)."""
 
+    more: dict[str, Any] = {}  # further arguments a check hands the forward (a key_padding_mask alone)
+
     def __init__(self, comp: Component, ctx: Context, decoder: bool, causal_block: bool) -> None:
         self.comp, self.ctx, self.decoder, self.causal_block = comp, ctx, decoder, causal_block
         params = forward_parameters(comp.obj.forward) if inspect.isclass(comp.obj) else []
         self.complex_name = any(p.name == "freqs_complex" for p in params)  # Umar Jamil's freqs_cis
         params = [p.replace(name="freqs_cis") if p.name == "freqs_complex" else p for p in params]
+        self.params = params
         self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
         self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
         self.masks = [] if self.stateful else [p.name for p in params if is_mask_name(p.name)]
@@ -141,8 +145,8 @@ class Layer:
     def bare(self) -> bool:
         """A decoder layer whose forward takes the stream and the memory alone (tiny-universe's
         forward(x, enc_out)): it builds its causal mask and hides no source key."""
-        params = forward_parameters(self.comp.obj.forward) if inspect.isclass(self.comp.obj) else []
-        return self.decoder and not self.stateful and len(params) - len(self.extra) == 3  # self, x, memory
+        width = len(self.params) - len(self.extra)  # self, x, memory: 3
+        return self.decoder and not self.stateful and width == 3
 
     @property
     def own_mask(self) -> bool:
@@ -191,7 +195,7 @@ class Layer:
         return self.module(*args, **kwargs)
 
     def _extra_kwargs(self, x: Tensor) -> dict[str, Any]:
-        return position_kwargs(self.extra, *x.shape[:2], self.head_dim, x.dtype)
+        return {**position_kwargs(self.extra, *x.shape[:2], self.head_dim, x.dtype), **self.more}
 
     def weights(self, slots: list[Slot], act: str, placement: str, rope: str | None = None) -> V.LayerWeights:
         return V.LayerWeights(mha_weights(self.attn[0], H, self.n_kv_heads, rope), ffn_weights(slots, act),
@@ -384,8 +388,7 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
         return fp.first_tensor(ctx.learner.call("forward", layer.call, inp.x, inp.memory, src, tgt), 3)
 
     try:
-        working = first_working(ctx, run, convs)
-        layer.visible = working
+        working = layer.visible = first_working(ctx, run, convs)
     except fp.LearnerFailure as failure:
         if causal_block and not_cropped(res, ctx, comp, layer.module, failure, inp.T):
             return finish(res)
@@ -397,6 +400,7 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
     with fp.dropout_off():
         found = _search(layer, ctx, run, inp, search_rows, expected, convs[:1] if own_mask else convs)
         _report_layer(res, layer, ctx, run, inp, search_rows, found, working, expected)
+        _key_padding(res, layer, ctx)
 
     def shapes() -> None:
         with ctx.hyperparameters(comp, TUTORIAL):  # their module-level sizes too, at the tutorial's
@@ -404,6 +408,67 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
 
     guarded(res, shapes)
     return finish(res)
+
+
+def _handed_masks(layer: Layer) -> set[str]:
+    """The mask arguments `Layer.call` fills: an encoder's first, a decoder's source and target masks."""
+    if not layer.decoder:
+        return set(layer.masks[:1])
+    names = _decoder_mask_names(layer.masks)
+    return set(names) if all(names) else set(layer.masks[:2])
+
+
+def _padded_stream(layer: Layer, name: str) -> str:
+    """What a key_padding_mask pads: a decoder's memory (memory_key_padding_mask), else the layer's
+    own input (src_key_padding_mask, tgt_key_padding_mask)."""
+    return "memory" if layer.decoder and any(w in name for w in ("memory", "src", "enc")) else "x"
+
+
+PAD_KEYS = 3  # row 1's first keys are padding (left padding: later queries of every kind see them)
+# the forms of a key padding mask tried: torch.nn's two, (B, S) True = padding or 0 / -inf added, and
+# True = keep (a layer of its own that reads it so); the one that hides the padding counts
+KEY_PADDING_FORMS = (lambda pads: pads, lambda pads: torch.zeros(pads.shape).masked_fill(pads, -math.inf),
+                     lambda pads: ~pads)
+
+
+def _key_padding(res: ComponentResult, layer: Layer, ctx: Context) -> None:
+    """Each key_padding_mask the forward takes beside the masks it is handed (torch.nn's names),
+    given alone in torch.nn's forms: changing the keys it marks as padding must change no real query's
+    output. A layer that ignores it (padding reaching it only through another mask) fails."""
+    names = [n for n in layer.masks if "key_padding_mask" in n and n not in _handed_masks(layer)]
+    for name in names:
+        stream = _padded_stream(layer, name)
+        moved = min(_padding_moved(layer, ctx, name, stream, form) for form in KEY_PADDING_FORMS)
+        res.checks.append(Check(text(
+            f"{name} alone ((B, S): True = padding as torch.nn takes it, 0 / -inf, or True = keep): "
+            f"changing the padded {stream} positions changes no real output",
+            f"只给 {name}（(B, S)：torch.nn 的 True = 填充、0 / -inf，或 True = 可以看）："
+            f"改变 {stream} 中被填充的位置，不影响真实位置的输出"), moved < 1e-9,
+            text(f"outputs moved by {moved:.3g}: the padding it marks is not applied",
+                 f"输出变化了 {moved:.3g}：它标出的填充没有被用上")))
+
+
+def _padding_moved(layer: Layer, ctx: Context, name: str, stream: str, form: Callable[[Tensor], Tensor],
+                   ) -> float:
+    """How far real queries' outputs move when the padded positions of `stream` change, the padding
+    given as `name` alone in `form`; inf when the layer does not take that form."""
+    B, T = 2, 7
+    pads = torch.zeros(B, T, dtype=torch.bool)
+    pads[1, :PAD_KEYS] = True
+    given = {"x": fp.randn(B, T, D, seed=44), "memory": fp.randn(B, T, D, seed=45)}
+    bumped = {**given, stream: given[stream].clone()}
+    bumped[stream][1, :PAD_KEYS] += 5.0
+    real = ~pads if stream == "x" else torch.ones(B, T, dtype=torch.bool)  # the queries compared
+    layer.more = {name: form(pads)}
+    try:
+        a, b = (fp.first_tensor(ctx.learner.call("forward", layer.call, v["x"], v["memory"], None, None), 3)
+                for v in (given, bumped))
+    except fp.LearnerFailure:
+        return math.inf
+    finally:
+        layer.more = {}
+    moved = _moved(a, b, real)
+    return math.inf if math.isnan(moved) else moved  # NaN (a form read the other way round): not taken
 
 
 def _causal_without_its_mask(layer: Layer) -> bool:
@@ -489,7 +554,8 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
     _layer_mapping(res, layer, slots, conv)
     _structure_findings(res, layer, ctx)
     if found is not None:
-        res.findings += ffn_name_findings(ctx, comp, _ffn_class(layer, slots), slots, act, found[6])
+        res.findings += ffn_name_findings(ctx, comp, _ffn_class(layer, slots), slots, act, found[6],
+                                          activated="ffn_no_activation" not in flags)
     if found is not None and not any(f.startswith("no_residual") for f in flags):  # no residual, no path
         w = layer.weights(slots, act, placement, rope)
         dropout_on_residual(res, ctx, comp, lambda: run(conv),
@@ -507,8 +573,7 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
 def _layer_mapping(res: ComponentResult, layer: Layer, slots: list[Slot], conv: str) -> None:
     """Which of the learner's modules stand for which part, and the mask convention it takes."""
     norms = layer.norm_slots[:1] if layer.shared else layer.norm_slots
-    res.mapping = [s.describe() for group in layer.attn for s in group] + [
-        s.describe() for s in slots] + [s.describe() for s in norms]
+    res.mapping = [s.describe() for s in itertools.chain(*layer.attn, slots, norms)]
     if layer.takes_mask or layer.decoder and not layer.bare:
         res.convention = fp.describe_convention(conv)
 

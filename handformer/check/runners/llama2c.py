@@ -53,7 +53,7 @@ HINTS = {  # stage -> (en, zh): the arrays of llama2.c's file that feed it
                    "rms_final（最后一层之后；它后面的 RoPE 表 freq_cis_real、freq_cis_imag 跳过不用）"),
     "logits": ("the classifier: the token embedding again when the header's vocab_size is positive "
                "(shared), else the last array",
-               "分类头：表头的 vocab_size 为正时就是 token 嵌入（共用），否则是文件最后一个数组"),
+               "分类头：表头的 vocab_size 为正时就是词嵌入（共用），否则是文件最后一个数组"),
 }
 
 

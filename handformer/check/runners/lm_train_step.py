@@ -19,7 +19,6 @@ Shape legend: B batch, T length, V vocabulary.
 from __future__ import annotations
 
 import copy
-import inspect
 import itertools
 from typing import Any
 
@@ -32,7 +31,7 @@ from handformer.check.core.argument_names import LR_NAMES, X_NAMES, Y_NAMES
 from handformer.check.core.context import Context, error_text, finish, forward_parameters, named
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, text
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.runners.train_step import (
     MODEL_NAMES,
     OPTIMIZER_NAMES,
@@ -133,11 +132,7 @@ class Step:
                 zh=f"{comp.name}：填不了参数 {first!r}；"
                    "语言模型的训练一步接受 (model, x, y, optimizer, lr)：输入、目标（输入往后移一个 token）"
                    "和调度给出的学习率")
-        try:
-            source = inspect.getsource(comp.obj)
-        except (OSError, TypeError):
-            source = ""
-        self.clip = clip_norm(source)
+        self.clip = clip_norm(source_text(comp.obj))
 
     def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float) -> Any:
         kwargs: dict[str, Any] = {self.model: model, self.opt: opt, self.x: x.clone(), self.y: y.clone()}

@@ -48,12 +48,12 @@ from handformer.check.core.context import (
     forward_parameters,
     guarded,
 )
-from handformer.check.core.discovery import ARGUMENTS, Component, DiscoveryError, own_objects
+from handformer.check.core.discovery import SIZE_OF, Component, DiscoveryError, own_objects
 from handformer.check.core.layer_map import LayerMap, layer_modules, map_layer, outside
 from handformer.check.core.localize import View
 from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.weights import (
     Leaf,
     MappingError,
@@ -201,18 +201,25 @@ class Choices:
         return m.bias and not self.tied_by_use
 
     def describe(self, m: ModelMap) -> Text:
-        scale_en = "scaled by sqrt(d_model)" if self.scale else "not scaled"
-        scale_zh = "乘以 sqrt(d_model)" if self.scale else "不缩放"
-        tied, bias = self.tied(m), self.bias(m)
-        out_en = ("tied to the target embedding" if tied else "separate") + (", with a bias" if bias else
-                                                                             ", no bias")
-        out_zh = ("与目标端嵌入共享权重" if tied else "独立的权重") + ("，有偏置" if bias else "，无偏置")
-        pos_en, pos_zh = ("learned", "可学习的") if m.positions is not None else ("sinusoidal", "正弦")
-        what_en, what_zh = ("log-probabilities", "对数概率") if self.log_probs else ("logits", "logits")
-        return text(f"embeddings {scale_en}; output layer {out_en}; {self.placement}-norm layers; "
-                    f"{pos_en} positions; forward returns {what_en}",
-                    f"嵌入{scale_zh}；输出层{out_zh}；{self.placement.capitalize()}-Norm 层；"
+        words = [CHOICE_WORDS[choice][value] for choice, value in (
+            ("scale", self.scale), ("tied", self.tied(m)), ("bias", self.bias(m)),
+            ("learned", m.positions is not None), ("log_probs", self.log_probs))]
+        (scale, scale_zh), (tied, tied_zh), (bias, bias_zh), (pos, pos_zh), (what, what_zh) = words
+        return text(f"embeddings {scale}; output layer {tied}{bias}; {self.placement}-norm layers; "
+                    f"{pos} positions; forward returns {what}",
+                    f"嵌入{scale_zh}；输出层{tied_zh}{bias_zh}；{self.placement.capitalize()}-Norm 层；"
                     f"{pos_zh}位置编码；forward 返回 {what_zh}")
+
+
+# the words of each choice, by its value: (English, Chinese)
+CHOICE_WORDS = {
+    "scale": {True: ("scaled by sqrt(d_model)", "乘以 sqrt(d_model)"), False: ("not scaled", "不缩放")},
+    "tied": {True: ("tied to the target embedding", "与目标端嵌入共享权重"),
+             False: ("separate", "独立的权重")},
+    "bias": {True: (", with a bias", "，有偏置"), False: (", no bias", "，无偏置")},
+    "learned": {True: ("learned", "可学习的"), False: ("sinusoidal", "正弦")},
+    "log_probs": {True: ("log-probabilities", "对数概率"), False: ("logits", "logits")},
+}
 
 
 def reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
@@ -269,7 +276,7 @@ def _copy_layers(hf: Seq2SeqTransformer, m: ModelMap) -> list[tuple[nn.Module, s
         if layer.decoder:
             copy_attention(target.cross_attn, layer.attn[1])
         copy_ffn(target.ffn, layer.ffn)
-        names = ["attn_norm"] + (["cross_attn_norm"] if layer.decoder else []) + ["ffn_norm"]
+        names = NORM_NAMES[layer.decoder]
         for name, slot in zip(names, layer.norms):
             copy_weights(getattr(target, name), slot)
         written += [(target, name, slot) for name, slot in zip(names, layer.norms)]
@@ -281,6 +288,10 @@ def _copy_layers(hf: Seq2SeqTransformer, m: ModelMap) -> list[tuple[nn.Module, s
         else:  # a final norm after a post-norm stack (nn.Transformer's): the learner's, as it computes
             getattr(hf, stack).norm = AsWritten(norm_weights(slot))
     return written
+
+
+# an encoder layer's norms (False) and a decoder layer's (True)
+NORM_NAMES = {False: ("attn_norm", "ffn_norm"), True: ("attn_norm", "cross_attn_norm", "ffn_norm")}
 
 
 class AsWritten(nn.Module):
@@ -444,11 +455,9 @@ def inputs(S: int, T: int, src_pad: list[int], tgt_pad: list[int], seed: int) ->
     B = len(src_pad)
     src = torch.randint(1, SRC_V, (B, S), generator=g)
     tgt = torch.randint(1, TGT_V, (B, T), generator=g)
-    for b, (ps, pt) in enumerate(zip(src_pad, tgt_pad)):
-        if ps:
-            src[b, S - ps:] = PAD
-        if pt:
-            tgt[b, T - pt:] = PAD
+    for b, (ps, pt) in enumerate(zip(src_pad, tgt_pad)):  # no padding: an empty slice
+        src[b, S - ps:] = PAD
+        tgt[b, T - pt:] = PAD
     return src, tgt
 
 
@@ -494,16 +503,18 @@ def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str
 
 
 def _observed(name: str, form: str, matched: float, correct: float) -> Text:
-    words = {"pe_missing": SIDES, "final_norm_missing": STACKS, "mask_pad_wrong_sequence": MASK_SIDES}[name]
-    en, zh = words[form]
-    if name == "pe_missing":
-        en, zh = f"no positional encoding on {en}", f"{zh}没有加位置编码"
-    elif name == "final_norm_missing":
-        en, zh = f"no final norm after {en}", f"{zh}之后没有最后的归一化层"
+    words, (en_form, zh_form) = OBSERVED[name]
+    en, zh = en_form.format(words[form][0]), zh_form.format(words[form][1])
     return text(f"your logits equal the model's with this mistake ({en}; max abs difference {matched:.1e}); "
                 f"they differ from the correct ones by {correct:.3g}",
                 f"你的 logits 与带有这个错误的模型一致（{zh}；最大绝对误差 {matched:.1e}），与正确结果相差 "
                 f"{correct:.3g}")
+
+
+# each of the model's named mistakes: the words of its forms, and how its observation puts them
+OBSERVED = {"pe_missing": (SIDES, ("no positional encoding on {}", "{}没有加位置编码")),
+            "final_norm_missing": (STACKS, ("no final norm after {}", "{}之后没有最后的归一化层")),
+            "mask_pad_wrong_sequence": (MASK_SIDES, ("{}", "{}"))}
 
 
 def _embedding_sources(module: nn.Module, m: ModelMap) -> list[Any]:
@@ -521,14 +532,8 @@ NOT_EMBEDDING = re.compile(r"d_k|head|\bdk\b|std|init|attn|attention|score", re.
 
 
 def _computes_sqrt(objs: list[Any]) -> bool:
-    for obj in objs:
-        try:
-            lines = inspect.getsource(obj).splitlines()
-        except (OSError, TypeError):
-            continue
-        if any(SQRT.search(line.split("#")[0]) and not NOT_EMBEDDING.search(line) for line in lines):
-            return True
-    return False
+    return any(SQRT.search(line.split("#")[0]) and not NOT_EMBEDDING.search(line)
+               for obj in objs for line in source_text(obj).splitlines())
 
 
 def _pe_after_dropout(res: ComponentResult, ctx: Context, comp: Component, call: Caller,
@@ -608,7 +613,7 @@ def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
             return stacked.double().eval(), False
     kwargs = {}
     for p in inspect.signature(factory).parameters.values():
-        key = next((k for k, aliases in ARGUMENTS.items() if p.name.lower() in aliases), None)
+        key = SIZE_OF.get(p.name.lower())
         if key in MODEL_SIZES:
             kwargs[p.name] = MODEL_SIZES[key]
         elif p.default is p.empty:

@@ -7,7 +7,9 @@ Shape legend: B batch, T length, D d_model, F FFN width.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -22,7 +24,7 @@ from handformer.check.core.context import (
     grads_error,
     shape_of,
 )
-from handformer.check.core.discovery import Component
+from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import localize_ffn, localize_norm, localize_table
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
@@ -213,7 +215,8 @@ def _ffn_named(res: ComponentResult, ctx: Context, comp: Component, subject: Sub
             number, code))
     name_findings(res, ctx, comp, subject, found)
     if found.matched is not None:
-        res.findings += ffn_name_findings(ctx, comp, type(subject.module).__name__, slots, act, found.matched)
+        res.findings += ffn_name_findings(ctx, comp, type(subject.module).__name__, slots, act, found.matched,
+                                          activated="ffn_no_activation" not in found.flags)
     if not found.named:
         res.notes.append(text(f"activation: {HF_NAME[(is_gated(slots), act)]}",
                               f"激活函数：{HF_NAME[(is_gated(slots), act)]}"))
@@ -294,34 +297,87 @@ def _compare_ffn(res: ComponentResult, ctx: Context, run: Callable[[Tensor], Ten
 
 
 def ffn_name_findings(ctx: Context, comp: Component, class_name: str, slots: list[Slot], act: str,
+                      matched: float, activated: bool = True) -> list[Finding]:
+    """The FFN's mistakes that only names tell: an activation other than the one the code promises
+    (PROMISES; none when the FFN applies no activation at all), and in a gated FFN the activation on
+    the branch named up (or Meta's w3) while the one named gate (w1) is not activated."""
+    out = _promise_findings(ctx, comp, class_name, slots, act, matched) if activated else []
+    if is_gated(slots):
+        out += _wrong_branch_findings(ctx, comp, slots, matched)
+    return out
+
+
+# an activation's family, as the search names it and as code names it (an attribute, a class)
+ACT_FAMILY = {"relu": "relu", "relu2": "relu", "gelu": "gelu", "gelu_tanh": "gelu", "silu": "silu",
+              "swish": "silu"}
+ACT_ATTRIBUTE = re.compile(r"self\.\w*?(gelu|relu|silu|swish)\w*\s*=", re.IGNORECASE)  # self.gelu = ...
+# code that is GPT-2's (not a comment that names it): its vocabulary size, its checkpoints, its classes
+GPT2 = re.compile(r"\b50257\b|[\"']gpt2(-medium|-large|-xl)?[\"']|GPT2LMHeadModel|GPT2Config")
+DECODER_ONLY, ENCODER_DECODER = {"gpt", "block"}, {"transformer", "encoder_layer", "decoder_layer"}
+
+
+def _by_class_name(ctx: Context, class_name: str, gated: bool) -> str | None:
+    return next((a for word, a in NAMED_ACTIVATION if word in class_name.lower()), None)
+
+
+def _by_attribute(ctx: Context, class_name: str, gated: bool) -> str | None:
+    """The activation the attribute holding it is named for (`self.gelu = nn.GELU()`), in the FFN's
+    own class."""
+    cls = own_objects(ctx.module).get(class_name)
+    found = {ACT_FAMILY[m.lower()] for _, line in source_lines([cls] if cls else [])
+             for m in ACT_ATTRIBUTE.findall(line)}
+    return found.pop() if len(found) == 1 else None
+
+
+def _by_gpt2(ctx: Context, class_name: str, gated: bool) -> str | None:
+    """GELU, for a two-layer FFN in a decoder-only file whose code is GPT-2's (its 50,257-token
+    vocabulary, its checkpoints' names), comments left out."""
+    kinds = set(ctx.components)
+    decoder_only = not gated and kinds & DECODER_ONLY and not kinds & ENCODER_DECODER
+    lines = Path(ctx.path).read_text(encoding="utf-8").splitlines() if decoder_only else []
+    return "gelu" if any(GPT2.search(line.split("#")[0]) for line in lines) else None
+
+
+# where the code promises an FFN's activation, the first that speaks: its class name (SwiGLU: SiLU,
+# GEGLU: GELU), the attribute that holds it, a GPT-2 model's two-layer MLP (GELU)
+PROMISES = ((_by_class_name, "its class name", "它的类名"),
+            (_by_attribute, "the attribute that holds it", "存放它的属性名"),
+            (_by_gpt2, "the file's GPT-2 model (GPT-2's MLP uses GELU)",
+             "文件里的 GPT-2 模型（GPT-2 的 MLP 用 GELU）"))
+
+
+def _promise_findings(ctx: Context, comp: Component, class_name: str, slots: list[Slot], act: str,
                       matched: float) -> list[Finding]:
-    """The gated FFN's mistakes that only names tell: the activation its class name promises
-    (SwiGLU: SiLU; GEGLU: GELU), and the activation on the branch named up (or Meta's w3) while the
-    one named gate (w1) is not activated."""
-    out = []
-    if not is_gated(slots):
-        return out
-    lines = source_lines(ctx.objects(comp, "ffn"))
-    promised = next((a for word, a in NAMED_ACTIVATION if word in class_name.lower()), None)
-    if promised and promised != act:
-        number, code = locate("ffn_wrong_activation", lines)
-        out.append(Finding("ffn_wrong_activation", text(
-            f"{class_name} computes the gate with {act.upper()}: your output equals {act}(gate(x)) * up(x) "
-            f"(to {matched:.1e}), where its name promises {promised.upper()}",
-            f"{class_name} 的门控用的是 {act.upper()}：你的输出等于 {act}(gate(x)) * up(x)"
-            f"（误差 {matched:.1e}），而它的名字意味着 {promised.upper()}"), number, code,
-            f"{act}_for_{promised}"))
+    gated = is_gated(slots)
+    promise = next(((a, en, zh) for rule, en, zh in PROMISES if (a := rule(ctx, class_name, gated))), None)
+    if promise is None or promise[0] == ACT_FAMILY[act]:
+        return []
+    promised, en, zh = promise
+    number, code = locate("ffn_wrong_activation", source_lines(ctx.objects(comp, "ffn")))
+    shown = FFN_FORM[gated].format(act=act)
+    return [Finding("ffn_wrong_activation", text(
+        f"{class_name} computes {act.upper()}: your output equals {shown} (to {matched:.1e}), where {en} "
+        f"promises {promised.upper()}",
+        f"{class_name} 用的是 {act.upper()}：你的输出等于 {shown}（误差 {matched:.1e}），而{zh}意味着 "
+        f"{promised.upper()}"), number, code, f"{act}_for_{promised}")]
+
+
+FFN_FORM = {True: "down({act}(gate(x)) * up(x))", False: "down({act}(up(x)))"}
+
+
+def _wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], matched: float) -> list[Finding]:
+    """A gated FFN's activation on the branch named up (or Meta's w3), the one named gate unactivated."""
     by = {s.role: s.leaf.name.split(".")[-1].lower() for s in slots}
     gate, up = by["FFN W_gate"], by["FFN W_up"]
     swapped = ("up" in gate and "gate" not in gate) or ("gate" in up and "gate" not in gate)
-    if swapped or (gate, up) == ("w3", "w1"):
-        number, code = locate("gated_activation_wrong_branch", lines)
-        out.append(Finding("gated_activation_wrong_branch", text(
-            f"your output equals down(act({gate}(x)) * {up}(x)) (to {matched:.1e}): the activation is on "
-            f"{gate}, the branch named as the up projection, and {up} (named as the gate) is not activated",
-            f"你的输出等于 down(act({gate}(x)) * {up}(x))（误差 {matched:.1e}）：激活函数作用在了 {gate}"
-            f"（名字表明它是 up 投影）上，而名为门控的 {up} 没有经过激活"), number, code))
-    return out
+    if not (swapped or (gate, up) == ("w3", "w1")):
+        return []
+    number, code = locate("gated_activation_wrong_branch", source_lines(ctx.objects(comp, "ffn")))
+    return [Finding("gated_activation_wrong_branch", text(
+        f"your output equals down(act({gate}(x)) * {up}(x)) (to {matched:.1e}): the activation is on "
+        f"{gate}, the branch named as the up projection, and {up} (named as the gate) is not activated",
+        f"你的输出等于 down(act({gate}(x)) * {up}(x))（误差 {matched:.1e}）：激活函数作用在了 {gate}"
+        f"（名字表明它是 up 投影）上，而名为门控的 {up} 没有经过激活"), number, code)]
 
 
 def _build_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:

@@ -14,7 +14,9 @@ target it was fed. Named: `zero_grad` missing (gradients of step 1 still in step
 `step()` (the update is the unclipped one), `model.train()` forgotten (the model ran in eval mode),
 the decoder fed the unshifted target (input and label at the same positions), and with
 accumulation the micro-batches' losses not divided by their number (the update is that many times
-too large). An epoch runs once over the same two batches and is compared after it.
+too large). An epoch runs once over the same two batches and is compared after it. A step that
+clips runs again with the logits scaled down until the gradients stay well under its clipping norm:
+at full size the clipping gives a loss of the wrong scale the right update, here the scale shows.
 
 Shape legend: B batch, S source length, T target length, V vocabulary.
 """
@@ -97,10 +99,11 @@ class Recorded(nn.Module):
         super().__init__()
         self.model = model
         self.calls: list[tuple[bool, int]] = []  # (training, target length)
+        self.scale = 1.0  # the logits' factor: small, the gradients stay under the clipping norm
 
     def forward(self, src: Tensor, tgt: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         self.calls.append((self.training, tgt.size(1)))
-        return self.model(src, tgt).logits.log_softmax(-1)
+        return (self.model(src, tgt).logits * self.scale).log_softmax(-1)
 
 
 def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor,
@@ -248,6 +251,7 @@ class Step:
             loop = re.search(rf"for\s+(\w+)\s+in\s+(?:enumerate\()?\s*{loader}\b", self.source)
             self.batch = loop.group(1) if loop else None
         self.make_criterion, self.criterion_name = learner_criterion(ctx)
+        self.scale = 1.0  # the logits' factor in both steps (unclipped_scale: clipping out of reach)
 
     def _batch(self, src: Tensor, tgt: Tensor) -> Any:
         if not self.batch:  # an epoch whose loop variable was not found
@@ -332,6 +336,7 @@ def _run(step: Step, base: Seq2SeqTransformer, **mistakes: Any) -> list[list[Ten
     """handformer's steps (with the mistakes asked for) from the same start: the parameters after
     each batch (one list for an epoch, after both)."""
     model = Recorded(copy.deepcopy(base))
+    model.scale = step.scale
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     accum = ACCUM if step.accum else 1
     out = []
@@ -350,33 +355,46 @@ def check_train_epoch(comp: Component, ctx: Context) -> ComponentResult:
     return _check(comp, ctx, epoch=True)
 
 
+Drive = tuple[Recorded, list[list[Tensor]], list[list[Tensor]], list[float]]
+
+
+def _drive(step: Step, base: Seq2SeqTransformer) -> Drive:
+    """The learner's step (or epoch) from `base`, handed in eval mode (as after an evaluation), and
+    handformer's from the same start: the model handed, both parameter lists, the largest difference
+    after each step."""
+    model = Recorded(copy.deepcopy(base)).eval()
+    model.scale = step.scale
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    got = []
+    if step.epoch:
+        step.run_epoch(model, opt, batches())
+        got.append(parameters_of(model))
+    else:
+        for src, tgt in batches():
+            step(model, opt, src, tgt)
+            got.append(parameters_of(model))
+    right = _run(step, base)
+    return model, got, right, [largest_difference(g, r) for g, r in zip(got, right)]
+
+
+# what the first check compares, after an epoch (True) or after each step (False)
+COMPARED = {True: ("the parameters after an epoch of two batches equal handformer's two steps on them",
+                   "一个 epoch（两个 batch）之后的参数与 handformer 在这两个 batch 上走两步的结果一致"),
+            False: ("the parameters after one and after two steps equal handformer's step on the same "
+                    "batches",
+                    "走完一步、两步之后的参数，都与 handformer 的训练一步在同样 batch 上的结果一致")}
+
+
 def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
     res = ctx.result(comp)
     step = Step(comp, ctx, epoch)
     base = tiny_model()
-    model = Recorded(copy.deepcopy(base)).eval()  # handed in eval mode, as after an evaluation
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    got = []
     with torch.enable_grad():
-        if epoch:
-            step.run_epoch(model, opt, batches())
-            got.append(parameters_of(model))
-        else:
-            for src, tgt in batches():
-                step(model, opt, src, tgt)
-                got.append(parameters_of(model))
-        right = _run(step, base)
-        errs = [largest_difference(g, r) for g, r in zip(got, right)]
+        model, got, right, errs = _drive(step, base)
         res.max_abs_error = max(errs)
-        what = ("the parameters after an epoch of two batches equal handformer's two steps on them",
-                "一个 epoch（两个 batch）之后的参数与 handformer 在这两个 batch 上走两步的结果一致",
-                ) if epoch else (
-            "the parameters after one and after two steps equal handformer's step on the same batches",
-            "走完一步、两步之后的参数，都与 handformer 的训练一步在同样 batch 上的结果一致")
-        res.checks.append(Check(text(*what), max(errs) < step.tol, error_text(max(errs))))
+        res.checks.append(Check(text(*COMPARED[epoch]), max(errs) < step.tol, error_text(max(errs))))
         _notes(res, step)
         trained = [t for t, _ in model.calls]
-        lengths = {n for _, n in model.calls}
         if model.calls and not any(trained):
             res.findings.append(_finding(ctx, comp, "train_step_eval_mode", text(
                 f"the model was handed over in eval mode and your step ran all {len(trained)} of its calls "
@@ -384,10 +402,72 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
                 f"模型交给你时处于 eval 模式，你的一步在全部 {len(trained)} 次调用里都这样运行它："
                 "训练时 dropout 一直关着")))
         if max(errs) >= step.tol:
-            _search(res, ctx, comp, step, base, got, right, errs, lengths)
+            _search(res, ctx, comp, step, base, got, right, errs, {n for _, n in model.calls})
             note_departure(res, lambda: localize_train_step(
                 step, Recorded(copy.deepcopy(base)), *batches()[0], LR))
+        if step.clip is not None and not _named(res):  # a loss scale clipping hid, or no mistake named
+            _unclipped(res, ctx, comp, step, base)
+    if not all(c.ok for c in res.checks) and not _named(res):
+        res.notes.append(NO_MISTAKE_NOTE)
     return finish(res)
+
+
+NO_MISTAKE_NOTE = text("no known mistake (or pair of them) reproduces your parameters; see the checks",
+                       "没有任何已知错误（或两个错误的组合）能复现你的参数；请看检查项")
+
+
+def _named(res: ComponentResult) -> bool:
+    """Whether the search named the step's mistake."""
+    return any(f.name in VARIANTS for f in res.findings)
+
+
+PROBE_SCALE = 1e-3  # the logits' factor at which the gradient norm is measured (it scales with it there)
+UNDER_CLIP = 8.0  # the gradients are kept this many times under the clipping norm
+
+
+def unclipped_scale(step: Step, base: Seq2SeqTransformer) -> float:
+    """A factor on the logits that keeps the gradient norm of handformer's first step under
+    1/UNDER_CLIP of the clipping norm: a loss k times too large (k <= 8) is then never clipped."""
+    model = Recorded(copy.deepcopy(base))
+    model.scale = PROBE_SCALE
+    src, tgt = batches()[0]
+    out = model(src, tgt[:, :-1])  # (B, T - 1, V) log-probabilities
+    loss = step.reference_criterion()(out.reshape(-1, V), tgt[:, 1:].reshape(-1))
+    grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+    norm = float(torch.stack([g.norm() for g in grads if g is not None]).norm())
+    return PROBE_SCALE * min(1.0, float(step.clip or 1.0) / (UNDER_CLIP * max(norm, 1e-12)))
+
+
+def _unclipped(res: ComponentResult, ctx: Context, comp: Component, step: Step, base: Seq2SeqTransformer,
+               ) -> None:
+    """The step again with its clipping out of reach (the logits scaled down, so the gradients are well
+    under the norm it clips to): at full size, clipping gives a loss doubled, or micro-batch losses
+    not divided by their number, the same update as the right loss; here the loss's scale shows."""
+    step.scale = unclipped_scale(step, base)
+    model, got, right, errs = _drive(step, base)
+    ok = max(errs) < step.tol
+    res.checks.append(Check(text(
+        f"with the gradients under the clipping norm {step.clip:g} (the logits scaled by {step.scale:.1e}), "
+        "the parameters still equal handformer's: the loss is not scaled",
+        f"梯度小于裁剪范数 {step.clip:g} 时（logits 乘以 {step.scale:.1e}），参数仍与 handformer 的一致："
+        "损失没有被放大或缩小"), ok, error_text(max(errs))))
+    if not ok:
+        res.notes.append(_factor_note(base, got[0], right[0]))
+        _search(res, ctx, comp, step, base, got, right, errs, {n for _, n in model.calls})
+
+
+def _factor_note(base: Seq2SeqTransformer, got: list[Tensor], right: list[Tensor]) -> Text:
+    """How many times handformer's first update the learner's is (their projection on it)."""
+    start = parameters_of(base)
+    mine = torch.cat([(g - s).flatten() for g, s in zip(got, start)])
+    theirs = torch.cat([(r - s).flatten() for r, s in zip(right, start)])
+    k = float(mine @ theirs / (theirs @ theirs).clamp_min(1e-300))
+    return text(f"with clipping out of reach your update is {k:.3g} times handformer's: the loss your step "
+                f"backpropagates is {k:.3g} times the batch's mean loss (a loss doubled, or micro-batch "
+                "losses not divided by their number: clipping at full size hides it)",
+                f"梯度裁剪不起作用时，你的更新量是 handformer 的 {k:.3g} 倍：你的一步反向传播的损失是"
+                f"整个 batch 平均损失的 {k:.3g} 倍（损失被乘了 2，或 micro-batch 的损失没有除以它们的个数；"
+                "正常大小时梯度裁剪把它掩盖了）")
 
 
 def _notes(res: ComponentResult, step: Step) -> None:
@@ -435,5 +515,3 @@ def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, bas
                 f"your parameters equal those of a step with this mistake (max abs difference {off:.1e}); "
                 f"{after[0]}", f"你的参数与带这个错误的一步结果一致（最大绝对误差 {off:.1e}）；{after[1]}")))
         return
-    res.notes.append(text("no known mistake (or pair of them) reproduces your parameters; see the checks",
-                          "没有任何已知错误（或两个错误的组合）能复现你的参数；请看检查项"))

@@ -31,6 +31,7 @@ from handformer.convert.hf_import import CHAT_FILES, prepended_id
 from handformer.families.catalogue import SPECS
 from handformer.generation.chat_template import load_chat_template
 from handformer.io import atomic_write_bytes, atomic_write_text, check_export_target
+from handformer.paths import kind_of
 from handformer.tasks.lm.run import LMRun, load_lm
 from handformer.tasks.run_config import RunDir
 
@@ -220,6 +221,8 @@ def float_state(run: LMRun, notes: list[str]) -> dict[str, Tensor]:
 def _check_paths(run_dir: Path, out: Path, overwrite: bool) -> RunDir:
     if out.is_dir():
         raise ValueError(f"{out} is a directory; give the GGUF file to write, e.g. {out / 'model.gguf'}")
+    if (kind := kind_of(out)) is not None:  # a device or a pipe: --overwrite would rename a file over it
+        raise ValueError(f"{out} is {kind}, not a file; give the path of the GGUF file to write")
     if out.exists() and not overwrite:
         raise ValueError(f"{out} exists; choose another file or pass --overwrite")
     run = RunDir.read(run_dir)

@@ -1,0 +1,106 @@
+"""Mistakes that hide when check drives code one way only, each seen by a general rule, with a correct
+twin that still passes: a loss of the wrong scale behind gradient clipping (the step driven again with
+the clipping out of reach), a layer that ignores its key_padding_mask (given alone), a ReLU where the
+code promises GELU (an attribute named gelu, a GPT-2 model), and greedy decoding on a model that failed
+its own check (driven through that model, steered by hooks, judged as a loop)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import format_report
+
+FIXTURES = Path(__file__).parent / "fixtures"
+HIDDEN = FIXTURES / "learners_hidden" / "correct.py"
+
+
+def _planted(tmp_path: Path, source: Path, edits: list[tuple[str, str]]) -> str:
+    text = source.read_text(encoding="utf-8")
+    for old, new in edits:
+        assert old in text, f"{old!r} is not in {source.name}"
+        text = text.replace(old, new, 1)
+    path = tmp_path / source.name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def _only(result, name):
+    return next(c for c in result.components if c.name == name)
+
+
+STEP_PLANTS = {  # (edits, the finding named or None, a note's words)
+    "correct": ([], None, None),
+    "not_divided": ([("(loss / accum_steps).backward()", "loss.backward()")], "train_step_loss_not_divided",
+                    "2 times handformer's"),
+    "doubled": ([("(loss / accum_steps).backward()", "(2 * loss).backward()")], None, "4 times handformer's"),
+}
+
+
+@pytest.mark.parametrize("plant", list(STEP_PLANTS))
+def test_a_loss_scale_that_clipping_hides_shows_with_the_clipping_out_of_reach(tmp_path, plant):
+    edits, named, words = STEP_PLANTS[plant]
+    result = check_file(_planted(tmp_path, HIDDEN, edits), only=["train_step"])
+    (step,) = result.components
+    unclipped = step.checks[1]
+    assert unclipped.name["en"].startswith("with the gradients under the clipping norm 1"), format_report(result)
+    assert step.checks[0].ok, format_report(result)  # at full size the clipping hides the scale
+    assert unclipped.ok == (plant == "correct") and step.status == ("pass" if plant == "correct" else "fail")
+    assert [f.name for f in step.findings] == ([named] if named else [])
+    assert words is None or any(words in n["en"] for n in step.notes), format_report(result)
+
+
+def test_a_layer_that_ignores_its_key_padding_mask_fails_and_its_correct_twin_passes(tmp_path):
+    ignored = _planted(tmp_path, HIDDEN, [(
+        "            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float(\"-inf\"))\n",
+        "            pass\n")])
+    for path, ok in ((str(HIDDEN), True), (ignored, False)):
+        result = check_file(path, only=["encoder_layer"])
+        (layer,) = result.components
+        (alone,) = [c for c in layer.checks if c.name["en"].startswith("src_key_padding_mask alone")]
+        assert alone.ok == ok and layer.status == ("pass" if ok else "fail"), format_report(result)
+
+
+GPT = FIXTURES / "learners_gpt" / "correct.py"
+ACTIVATION_PLANTS = {  # what the code promises GELU by, and the edits that compute ReLU there
+    "attribute": [("self.gelu = nn.GELU()", "self.gelu = nn.ReLU()")],
+    "gpt2": [("self.gelu = nn.GELU()", "self.act = nn.ReLU()"), ("self.gelu(self.c_fc(x))", "self.act(self.c_fc(x))"),
+             ("vocab_size: int = 65  # characters of the training text", "vocab_size: int = 50257  # GPT-2's")],
+}
+
+
+@pytest.mark.parametrize("plant", list(ACTIVATION_PLANTS))
+def test_a_relu_where_the_code_promises_gelu_is_named(tmp_path, plant):
+    result = check_file(_planted(tmp_path, GPT, ACTIVATION_PLANTS[plant]), only=["ffn"])
+    (ffn,) = result.components
+    (finding,) = ffn.findings
+    assert (finding.name, finding.form, ffn.status) == ("ffn_wrong_activation", "relu_for_gelu", "fail")
+    assert ("attribute that holds it" if plant == "attribute" else "GPT-2") in finding.observed["en"]
+    assert "self.act = nn.ReLU()" in finding.code or "self.gelu = nn.ReLU()" in finding.code
+
+
+def test_a_relu_nothing_promises_otherwise_is_a_convention_noted(tmp_path):
+    """The original Transformer's FFN is ReLU: with no promise of GELU (a comment naming GPT-2 is none),
+    a ReLU passes, named in a note."""
+    result = check_file(_planted(tmp_path, GPT, ACTIVATION_PLANTS["gpt2"][:2]), only=["ffn"])
+    (ffn,) = result.components
+    assert ffn.status == "pass" and {"en": "activation: relu", "zh": "激活函数：relu"} in ffn.notes
+
+
+CARRIED = FIXTURES / "learners_carried" / "correct.py"
+MODEL_PLANT = ("x = self.pos_encoding(self.tgt_embedding(tgt) * math.sqrt(self.d_model))",
+               "x = self.pos_encoding(self.tgt_embedding(tgt))")
+NO_STOP = ("        if next_word == end_symbol:\n            break\n", "")
+
+
+@pytest.mark.parametrize("loop_planted", [False, True])
+def test_greedy_decoding_on_a_model_that_failed_its_check_is_judged_as_a_loop(tmp_path, loop_planted):
+    edits = [MODEL_PLANT] + ([NO_STOP] if loop_planted else [])
+    result = check_file(_planted(tmp_path, CARRIED, edits), only=["transformer", "greedy_decode"])
+    model, greedy = result.components
+    assert model.status == "fail", format_report(result)
+    assert greedy.driven["en"].startswith("your own Transformer: it failed its own check"), format_report(result)
+    assert greedy.status == ("fail" if loop_planted else "pass"), format_report(result)
+    assert [f.name for f in greedy.findings] == (["greedy_no_stop_at_eos"] if loop_planted else [])
