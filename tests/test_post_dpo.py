@@ -187,7 +187,7 @@ def test_dpo_from_the_command_line_logs_rewards_and_resumes(dpo_inputs, tmp_path
         assert all(x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-7) for k in x)
     config_json = json.loads((straight / "config.json").read_text())
     assert config_json["post_training"] == {"task": "dpo", "settings": {"beta": 0.5, "loss_type": "ipo",
-                                                                        "reference": "cached"}}
+                                                                        "reference": "cached", "sft_weight": 0.0}}
 
 
 @pytest.mark.parametrize("section, line, message", [
