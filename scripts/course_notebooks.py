@@ -309,7 +309,7 @@ CHAPTERS = {
     plt.show()'''),
     "ch13_gpt": (
         ("Fill in `GPT` in `ch13_gpt.py`: your chapter-10 blocks between the embeddings and the head.",
-         "在 `ch13_gpt.py` 里写完 `GPT`：第 10 章的 Block 放在嵌入和输出头之间。"),
+         "在 `ch13_gpt.py` 里写完 `GPT`：第 10 章的 Block 放在嵌入和输出层之间。"),
         ("Your GPT before any training: its loss is close to ln(vocab_size), the loss of a uniform guess; and "
          "changing the token at position 5 leaves the logits at positions 0-4 unchanged.",
          "还没训练的 GPT：损失接近 ln(vocab_size)，也就是均匀乱猜的损失；改动位置 5 的 token，"

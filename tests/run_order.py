@@ -20,14 +20,14 @@ SECONDS = {
     "test_hf_import.py": 6, "test_training.py": 6, "test_behaviour.py": 9, "test_check_styles.py": 9,
     "test_serve_structured.py": 8, "test_decoding.py": 9, "test_check_model.py": 6,
     "test_playground_browser.py": 7, "test_serve_apis.py": 8,
-    "test_serve.py": 6, "test_check_sampling.py": 1, "test_engine.py": 5, "test_viz.py": 8,
+    "test_serve.py": 6, "test_check_sampling.py": 1, "test_engine.py": 5, "test_viz.py": 10,
     "test_serve_soak.py": 4, "test_post_sft.py": 7, "test_crash.py": 6, "test_explorer_browser.py": 5,
     "test_llama2c.py": 4, "test_benchmark_baseline.py": 6, "test_post_dpo.py": 4, "test_properties.py": 4,
     "test_beam_vectorized.py": 6, "test_shards.py": 5, "test_static_step.py": 3, "test_c_kernels.py": 1,
     "test_distributed.py": 3, "test_fused_step.py": 3,
     "test_check_public_styles.py": 4,
     "test_check_localize.py": 9, "test_lesson_shape.py": 4, "test_post_grpo.py": 4, "test_course_llm.py": 4,
-    "test_vnni_kernels.py": 2, "test_new_user.py": 6, "test_zh_terms.py": 2,
+    "test_vnni_kernels.py": 2, "test_new_user.py": 6, "test_zh_terms.py": 3,
     "test_check_hidden.py": 6,
 }
 

@@ -66,7 +66,8 @@ def test_a_layer_that_ignores_its_key_padding_mask_fails_and_its_correct_twin_pa
 GPT = FIXTURES / "learners_gpt" / "correct.py"
 ACTIVATION_PLANTS = {  # what the code promises GELU by, and the edits that compute ReLU there
     "attribute": [("self.gelu = nn.GELU()", "self.gelu = nn.ReLU()")],
-    "gpt2": [("self.gelu = nn.GELU()", "self.act = nn.ReLU()"), ("self.gelu(self.c_fc(x))", "self.act(self.c_fc(x))")],
+    "gpt2": [("self.gelu = nn.GELU()", "self.act = nn.ReLU()"), ("self.gelu(self.c_fc(x))", "self.act(self.c_fc(x))"),
+             ("vocab_size: int = 65  # characters of the training text", "vocab_size: int = 50257  # GPT-2's")],
 }
 
 
@@ -81,9 +82,9 @@ def test_a_relu_where_the_code_promises_gelu_is_named(tmp_path, plant):
 
 
 def test_a_relu_nothing_promises_otherwise_is_a_convention_noted(tmp_path):
-    """The original Transformer's FFN is ReLU: with no promise of GELU, a ReLU passes, named in a note."""
-    result = check_file(_planted(tmp_path, GPT, ACTIVATION_PLANTS["gpt2"] + [("as GPT-2", "as the paper")]),
-                        only=["ffn"])
+    """The original Transformer's FFN is ReLU: with no promise of GELU (a comment naming GPT-2 is none),
+    a ReLU passes, named in a note."""
+    result = check_file(_planted(tmp_path, GPT, ACTIVATION_PLANTS["gpt2"][:2]), only=["ffn"])
     (ffn,) = result.components
     assert ffn.status == "pass" and {"en": "activation: relu", "zh": "激活函数：relu"} in ffn.notes
 

@@ -52,7 +52,7 @@ PLANTS = {
     "softmax_over_batch": ("dim=-1)", "dim=0)", "`weights`", "a softmax over dim=0"),
 }
 # the same forms in the Chinese report: the reference's intermediate results named in Chinese
-ZH_FORMS = {"sign": "分数 q·kᵀ/sqrt(d_k) 的符号反了", "extra_residual": "输出多加了一项，等于 输入 x"}
+ZH_FORMS = {"sign": "分数 q·kᵀ/sqrt(d_k) 的符号反了", "extra_residual": "输出多了一项：输入 x"}
 
 
 def _check(path):

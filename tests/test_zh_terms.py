@@ -34,7 +34,7 @@ REPLACED = [
     ("混合专家, 对话模板", r"专家混合|聊天模板"),
     ("词嵌入, 可学习的位置编码", r"token 嵌入|可学习位置编码|学出来的位置"),
     ("位置 3, 层 0 (what counts from 0)",
-     r"第 ?(0|\d+ ?个(位置|token|头|样本|序列))(?!\d)|第 \$?\{(l|layer|dim|pos|i|j|h|head|row)\}"),
+     r"第 ?(0|\d+ ?个(位置|token|头|样本|序列))(?!\d)|第 \$?\{(l|layer|dim|pos|i|j|h|head|row)\}|第 [a-z] 个"),
 ]
 
 
@@ -72,8 +72,9 @@ def chinese_text() -> list[tuple[str, str]]:
     """(where, text) for every line of Chinese prose the project shows."""
     pages = [ROOT / "README.zh.md", *sorted((ROOT / "docs" / "zh").glob("*.md"))]
     found = [(f"{p.relative_to(ROOT)}:{n}", t) for p in pages for n, t in _prose(p.read_text(encoding="utf-8"))]
-    sources = [p for pattern in ("check/**/*.py", "course/*.py", "see/*.py", "serve/static/*.html")
-               for p in sorted((ROOT / "handformer").glob(pattern))]
+    sources = [p for pattern in ("handformer/check/**/*.py", "handformer/course/*.py", "handformer/see/*.py",
+                                 "handformer/serve/static/*.html", "scripts/course_notebooks.py")
+               for p in sorted(ROOT.glob(pattern))]
     found += [(f"{p.relative_to(ROOT)}:{n}", t) for p in sources
               for n, t in _chinese_literals(p.read_text(encoding="utf-8"))]
     starters = sorted((ROOT / "handformer" / "course" / "starters").glob("*.py.in"))
@@ -88,7 +89,7 @@ def test_the_scan_reads_every_kind_of_chinese_text():
     places = {where.split(":")[0].split(" ")[0] for where, _ in chinese_text()}
     for expected in ("README.zh.md", "docs/zh/check.md", "handformer/check/core/report.py",
                      "handformer/see/captions.py", "handformer/serve/static/playground.html",
-                     "handformer/course/starters/ch01_inputs.py.in",
+                     "handformer/course/starters/ch01_inputs.py.in", "scripts/course_notebooks.py",
                      "handformer/course/notebooks/zh/ch10_decoder_only.ipynb"):
         assert expected in places, expected
 

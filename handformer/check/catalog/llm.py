@@ -42,7 +42,7 @@ DIAGNOSES: list[Diagnosis] = [
       "门控分支才是做激活的那一支：down(act(gate(x)) * up(x))（Llama：w2(F.silu(w1(x)) * w3(x))）",
       r"(silu|gelu|swish|act\w*)\(", r"\*"),
     d("ffn_wrong_activation", "the FFN uses another activation than its code says (SiLU for SwiGLU, "
-      "GELU for GEGLU, GELU for an attribute named gelu or in a GPT-2 MLP)",
+      "GELU for GEGLU, GELU for an attribute named gelu or in GPT-2's MLP)",
       "前馈网络用的激活函数和代码说的不符（SwiGLU 用 SiLU，GEGLU 用 GELU，"
       "属性名叫 gelu 或 GPT-2 的 MLP 用 GELU）",
       "SwiGLU: F.silu(gate(x)) * up(x); GEGLU: F.gelu(gate(x)) * up(x); GPT-2's MLP: nn.GELU(approximate="

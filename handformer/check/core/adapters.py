@@ -21,6 +21,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+from handformer.check.core.argument_names import call_parameters
 from handformer.check.core.result import LearnerError
 
 ADAPTERS_FILE = "handformer_adapters.py"
@@ -83,9 +84,8 @@ def adapter_hint(comp: Any) -> str:
     call = CALLS.get(comp.kind, "...")
     name = getattr(obj, "__name__", comp.name)
     try:
-        theirs = ", ".join(_as_called(n, call) for n, q in inspect.signature(obj).parameters.items()
-                           if q.default is q.empty and q.kind not in (q.VAR_POSITIONAL, q.VAR_KEYWORD)
-                           and n != "self")
+        theirs = ", ".join(_as_called(q.name, call) for q in call_parameters(obj, ("self",))
+                           if q.default is q.empty)
     except (TypeError, ValueError):
         theirs = "..."
     if "." in comp.name:  # a method (GPT.generate): called on the model check gives

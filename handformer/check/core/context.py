@@ -23,7 +23,7 @@ from handformer.check.core.argument_names import call_parameters, named, names_o
 from handformer.check.core.conventions import conventions_for, is_lengths_name
 from handformer.check.core.discovery import SIZE_OF, Component, build, own_objects, with_head_size
 from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
-from handformer.check.core.sizes import DROPOUT, F_WIDTH, MAX_LEN, SIZES, D, H  # noqa: F401  (the runners import them here)
+from handformer.check.core.sizes import DROPOUT, F_WIDTH, MAX_LEN, SIZES, D, H, is_number  # noqa: F401  (the runners import them here)
 from handformer.check.core.source import locate, locate_form, source_lines
 from handformer.check.core.weights import scramble_
 from handformer.nn.masks import causal_mask
@@ -216,7 +216,7 @@ def module_sizes(module: types.ModuleType, comp: Component, sizes: dict[str, Any
     for name in sorted(reads):
         key = SIZE_OF.get(name.lower())
         value = vars(module).get(name, _UNSET)
-        numeric = value is _UNSET or (isinstance(value, (int, float)) and not isinstance(value, bool))
+        numeric = value is _UNSET or is_number(value)
         if key in GLOBAL_SIZES and key in sizes and numeric:
             out[name] = sizes[key]
     return out
@@ -294,6 +294,11 @@ def observed_match(name: str, form: str, matched: float, correct: float) -> dict
 
 def forward_parameters(module: Any) -> list[inspect.Parameter]:
     return call_parameters(module.forward if isinstance(module, nn.Module) else module)
+
+
+def forward_names(module: Any) -> list[str]:
+    """The names of the parameters a call of the module's forward (or of the function) names."""
+    return [p.name for p in forward_parameters(module)]
 
 
 def is_mask_name(name: str) -> bool:
@@ -463,7 +468,7 @@ def finish(res: ComponentResult) -> ComponentResult:
 
     if res.status in (ERROR, FAIL) or (res.status == NOT_CHECKED and not res.findings):
         return res
-    failed = [c for c in res.checks if not c.ok]
+    failed = any(not c.ok for c in res.checks)
     big = res.max_abs_error is not None and not res.max_abs_error < 1e-5
     if res.findings or failed or big:
         res.status = FAIL

@@ -20,6 +20,7 @@ from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.source import source_text
 
 NAMES: dict[str, tuple[str, ...]] = {k.name: k.names for k in KINDS_TABLE}  # kind -> names, in order
+TABLED = {n for k in KINDS_TABLE for n in k.names}  # every name of every kind
 KINDS = tuple(NAMES)
 DESCRIPTIONS = {k.name: k.en for k in KINDS_TABLE}
 
@@ -177,9 +178,9 @@ def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, 
     nucleus. A kind given with --component KIND=NAME is that name only."""
     from handformer.check.core.signatures import kind_of
 
-    found, tabled = [], {n for names in NAMES.values() for n in names}
+    found = []
     for name, obj in own.items():
-        skip = name in taken or name in tabled or "." in name or name.startswith(("_", "handformer_"))
+        skip = name in taken or name in TABLED or "." in name or name.startswith(("_", "handformer_"))
         if skip or not inspect.isfunction(obj):
             continue
         kind = kind_of(obj)
@@ -205,12 +206,11 @@ def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> li
     out = []
     for name in names:
         out += sorted(n for n in own if n.endswith(name)) if name.startswith(".") else [name] * (name in own)
-    exact = {n for ns in NAMES.values() for n in ns}
-    out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in exact and n not in out
+    out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in TABLED and n not in out
                   and n.endswith(SUFFIXES.get(kind, ("\0",)))
                   and not any(w.lower() in n.lower() for w in NOT_SUFFIXED))
     if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in own):  # Hugging Face's XModel is the backbone
-        out = [n for n in out if n in exact or not n.endswith("Model") or n.endswith("LanguageModel")]
+        out = [n for n in out if n in TABLED or not n.endswith("Model") or n.endswith("LanguageModel")]
     return out
 
 
@@ -230,8 +230,9 @@ def _refine_function(kind: str, obj: Any) -> str:
 
     if kind == "train_step":
         return "lm_train_step" if lm_step(obj) else kind
-    said = kind_of(obj) if any(kind in f for f in SAME_FAMILY) else None
-    return said if any(kind in f and said in f for f in SAME_FAMILY) else kind
+    family = FAMILY_OF.get(kind, ())
+    said = kind_of(obj) if family else None
+    return said if said in family else kind
 
 
 def _reads_kv_heads(cls: Any) -> bool:
@@ -245,6 +246,7 @@ def _reads_kv_heads(cls: Any) -> bool:
 # filtered logits is a filter
 SAME_FAMILY = (("greedy_decode", "beam_search", "generate"),
                ("top_k", "top_p", "sample", "temperature", "greedy"))
+FAMILY_OF = {kind: family for family in SAME_FAMILY for kind in family}  # the families are apart
 
 CAUSAL_WORDS = re.compile(r"\btril\b|\btriu\b|is_causal\s*=\s*True|causal")
 
@@ -309,14 +311,17 @@ def encoder_block(cls: Any) -> bool:
 def causal_inside(cls: Any) -> bool:
     """An attention that builds its own causal mask: its forward takes no mask, and its source (or
     that of a class of the same file it builds, Karpathy's `Head`) makes a triangle."""
-    params = _forward_parameters(cls)
-    if not params or any("mask" in p.lower() or "valid_len" in p.lower() for p in params):
+    try:
+        params = inspect.signature(cls.forward).parameters
+    except (AttributeError, TypeError, ValueError):
+        return False
+    if any("mask" in p.lower() or "valid_len" in p.lower() for p in params):
         return False
     own = source_text(cls)
     module = _module_of(cls)
     used = [o for o in (vars(module).values() if module else ()) if inspect.isclass(o) and o is not cls
             and getattr(o, "__module__", None) == cls.__module__ and re.search(rf"\b{o.__name__}\s*\(", own)]
-    return any(CAUSAL_WORDS.search(src) for src in [own] + [source_text(o) for o in used])
+    return any(CAUSAL_WORDS.search(source_text(o)) for o in [cls, *used])
 
 
 def own_objects(module: types.ModuleType) -> dict[str, Any]:

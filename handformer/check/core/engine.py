@@ -3,6 +3,7 @@ a child process). `check_module` streams one `ComponentResult` per component to 
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import inspect
@@ -98,14 +99,21 @@ def in_package(module: types.ModuleType, path: str) -> None:
             sys.path.insert(0, str(folder))
 
 
+# the top-level statements that are the script's work, not definitions, by their node type: loops,
+# `with` blocks, bare calls (an expression that is not a docstring) and `if __name__ == "__main__":`
+SCRIPT_WORK: dict[type, Callable[[ast.stmt], bool]] = {
+    **dict.fromkeys((ast.For, ast.While, ast.With, ast.AsyncFor, ast.AsyncWith), lambda node: True),
+    ast.Expr: lambda node: not isinstance(node.value, ast.Constant),
+    ast.If: lambda node: "__name__" in ast.unparse(node.test),
+}
+
+
 def import_definitions(path: str) -> tuple[types.ModuleType, list[str]]:
     """The learner's file run one top-level statement at a time, for a file whose top level cannot
     run as written (a training loop at module level, a data file or package that is not there):
     imports, definitions and assignments run, each on its own, and one that raises is skipped; loops,
     `with` blocks and bare calls (the script's work) are skipped without running. The file itself is
     never edited. Returns the module and the statements skipped, "line N: code (why)"."""
-    import ast
-
     source = Path(path).read_text(encoding="utf-8")
     tree = ast.parse(source, path)
     module = types.ModuleType(learner_module_name(path))
@@ -118,10 +126,7 @@ def import_definitions(path: str) -> tuple[types.ModuleType, list[str]]:
     lines, skipped = source.splitlines(), []
     for node in tree.body:
         first = f"line {node.lineno}: {lines[node.lineno - 1].strip()[:80]}"
-        script = isinstance(node, (ast.For, ast.While, ast.With, ast.AsyncFor, ast.AsyncWith)) or (
-            isinstance(node, ast.Expr) and not isinstance(node.value, ast.Constant)) or (
-            isinstance(node, ast.If) and "__name__" in ast.unparse(node.test))
-        if script:
+        if SCRIPT_WORK.get(type(node), lambda n: False)(node):
             skipped.append(f"{first} (the script's work, not a definition)")
             continue
         code = compile(ast.Module([node], []), path, "exec")
@@ -175,12 +180,13 @@ def _run_checked(comp: Component, ctx: Context) -> ComponentResult:
     except fp.LearnerFailure as failure:
         result = ComponentResult(comp.kind, comp.name, ERROR, error=failure.error)
         partial = ctx.partial
-        if partial is not None and partial.name == comp.name and partial.findings:  # found before it raised
-            partial.status, partial.error = ERROR, failure.error
-            result = partial
-        elif partial is not None and partial.name == comp.name:
-            result.driven = partial.driven  # what drove it (their model, or a stand-in that refused the call)
-            result.notes = [n for n in partial.notes if is_departure(n)]  # where it parted, before it raised
+        if partial is not None and partial.name == comp.name:
+            if partial.findings:  # found before it raised
+                partial.status, partial.error = ERROR, failure.error
+                result = partial
+            else:
+                result.driven = partial.driven  # what drove it (their model, or a stand-in that refused it)
+                result.notes = [n for n in partial.notes if is_departure(n)]  # where it parted, before
     except (MappingError, DiscoveryError) as err:
         result = ComponentResult(comp.kind, comp.name, ERROR,
                                  error=LearnerError("mapping", str(err), "__init__", message_zh=err.zh))

@@ -90,13 +90,8 @@ def one_sequence(out: Any) -> list[int] | None:
 
 def first_tensor(value: Any, ndim: int | None = None) -> Tensor | None:
     """The output tensor of a learner call that returns a tensor or a tuple (output, weights)."""
-    if isinstance(value, Tensor):
-        return value if ndim is None or value.dim() == ndim else None
-    if isinstance(value, (tuple, list)):
-        for item in value:
-            if isinstance(item, Tensor) and (ndim is None or item.dim() == ndim):
-                return item
-    return None
+    items = [value] if isinstance(value, Tensor) else value if isinstance(value, (tuple, list)) else ()
+    return next((t for t in items if isinstance(t, Tensor) and (ndim is None or t.dim() == ndim)), None)
 
 
 def weights_of(value: Any, skip_first: bool = True) -> Tensor | None:

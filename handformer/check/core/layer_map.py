@@ -78,13 +78,16 @@ def projection_width(shapes: list[tuple[int, ...]]) -> int:
     return sum(1 if s == (D, D) else 3 if s == (3 * D, D) else 0 for s in shapes)
 
 
+SUBLAYERS = {False: ["self-attention", "FFN"], True: ["self-attention", "cross-attention", "FFN"]}  # decoder?
+
+
 def map_layer(path: str, child: nn.Module, F_width: int) -> LayerMap:
     found = prefixed(leaves(child), path)
     linears = of_kind(found, "linear")
     decoder = projection_width([tuple(x.weight.shape) for x in linears]) >= 7
-    attn = attention_slots(linears, D, 2 if decoder else 1, path)
+    names = SUBLAYERS[decoder]
+    attn = attention_slots(linears, D, len(names) - 1, path)  # one attention a sublayer but the FFN
     ffn = ffn_slots(linears, D, F_width, path)[0]
-    names = ["self-attention", "cross-attention", "FFN"] if decoder else ["self-attention", "FFN"]
     norms, qk = block_norms(of_kind(found, "norm"))
     attn[0] += qk or gainless_qk(child)
     norms = norms or gainless_norms(child, len(names))

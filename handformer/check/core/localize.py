@@ -380,7 +380,7 @@ def _term(t: Tensor, r: Tensor, what: str, terms: list[View], sizes: dict[str, f
             continue
         if same(t - r, term):
             return text(f"{what} plus an extra term equal to {name}",
-                        f"{_zh_subject(what)}多加了一项，等于 {view_zh(name)}")
+                        f"{_zh_subject(what)}多了一项：{view_zh(name)}")
         if same(r - t, term):
             return text(f"{what} missing the term {name}", f"{_zh_subject(what)}少了一项：{view_zh(name)}")
         c = _factor(t - r, term)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from handformer.check.core.sizes import is_number
 from handformer.check.reference import variants as V
 
 
@@ -38,6 +39,10 @@ class Leaf:
     weight: nn.Parameter
     bias: nn.Parameter | None
     parts: list[nn.Parameter] | None = None  # heads kept as a list of single heads: one per head
+
+    def tensors(self) -> list[nn.Parameter]:
+        """The weights that hold it: one per head for heads kept one by one, else its weight."""
+        return self.parts or [self.weight]
 
 
 @dataclass
@@ -350,7 +355,7 @@ def ffn_weights(slots: list[Slot], activation: str) -> V.FFNWeights:
 def norm_eps(module: nn.Module, kind: str) -> float:
     for name in ("eps", "variance_epsilon", "epsilon"):
         value = getattr(module, name, None)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if is_number(value):
             return float(value)
     # none of those (nn.LayerNorm always has eps): the default of the kind, nn.RMSNorm's for RMSNorm
     return 1e-5 if kind == "layernorm" else torch.finfo(torch.float32).eps

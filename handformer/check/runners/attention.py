@@ -125,7 +125,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
     masks = [p for p in params if is_mask_name(p.name)]
     named = {p.name for p in params} & extra
-    n = 3 if len(inputs) >= 3 else len(inputs)
+    n = min(len(inputs), 3)
     layout: dict[str, bool] = {}  # "batched": Hugging Face's (cos, sin) of (B, T, Dh), once known
     state: dict[str, Any] = {}
     required = bool(masks) and masks[0].default is masks[0].empty
@@ -700,8 +700,8 @@ class MHAProbe:
         self.ctx, self.c, self.x, self.convs, self.causal_inside = ctx, c, x, convs, causal_inside
         self.heads = heads
         self.pad = positions(self.B, self.T, [0, 2]) if c.takes_mask else None
-        self.keeps = {cv: self.pad for cv in convs} if causal_inside else keeps_for(
-            causal(self.T) & self.pad if self.pad is not None else None, self.pad, convs)
+        keep = self.pad if causal_inside or self.pad is None else causal(self.T) & self.pad  # (B, 1, T, T)
+        self.keeps = keeps_for(keep, self.pad, convs)  # causal inside: the padding alone
 
     def run(self, conv: str) -> Tensor | None:
         mask = self.c.mask(self.keeps[conv], conv, self.B)
@@ -851,14 +851,14 @@ def _grads(out: Tensor, ref: Tensor, xq: Tensor, rows: Tensor | None, s: Setup, 
     g = fp.randn(*out.shape, seed=99)
     sel = rows.reshape(B, T, 1) if rows is not None else 1.0
     slots = [sl for sl in s.slots if not isinstance(sl.leaf, Gainless)]  # a function's norm has no weight
-    params = [xq] + [p for sl in slots for p in (sl.leaf.parts or [sl.leaf.weight])]
+    params = [xq] + [p for sl in slots for p in sl.leaf.tensors()]
     flat = torch.autograd.grad((out * g * sel).sum(), params, allow_unused=True)
     mine, i = [flat[0]], 1
     for sl in slots:  # heads kept as single-head modules: their gradients stacked as their weights are
-        n = len(sl.leaf.parts or [sl.leaf.weight])
+        n = len(sl.leaf.tensors())
         grads = flat[i:i + n]
         i += n
-        mine.append(grads[0] if n == 1 else None if any(x is None for x in grads) else torch.cat(grads))
+        mine.append(None if any(x is None for x in grads) else torch.cat(grads))
     hf_params = [attention_parameters(hf)[sl.role.split(" ")[-1]].weight for sl in slots]
     theirs = torch.autograd.grad((ref * g * sel).sum(), [xq] + hf_params, allow_unused=True)
     if s.rope in ("interleaved", "swapped"):

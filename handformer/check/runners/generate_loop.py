@@ -32,9 +32,10 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import CONTEXT_NAMES, COUNT_NAMES, MODEL_NAMES, PROMPT_NAMES
-from handformer.check.core.context import Context, forward_parameters
+from handformer.check.core.context import Context, forward_names, forward_parameters, named
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.config import CausalLMConfig
 from handformer.families import build_causal_lm
@@ -158,7 +159,7 @@ def _cache_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Cac
     cache = next((v for v in list(args) + list(kwargs.values()) if isinstance(v, CacheToken)), None)
     start = next((v for k, v in kwargs.items() if k in POSITION_NAMES and isinstance(v, int)), None)
     if start is None:
-        start = next((v for v in args if isinstance(v, int) and not isinstance(v, bool)), None)
+        start = next((v for v in args if is_number(v, int)), None)
     positions = kwargs.get("position_ids")
     return cache, start, positions if isinstance(positions, Tensor) else None
 
@@ -257,11 +258,9 @@ def new_tokens(out: Any, prompt: Tensor, n: int) -> Tensor | None:
             out = torch.stack([torch.as_tensor(v).reshape(-1).long() for v in out])
         except RuntimeError:
             return None
-    if not isinstance(out, Tensor) or out.is_floating_point() or out.dim() not in (1, 2):
+    if not isinstance(out, Tensor) or out.is_floating_point() or out.dim() not in (1, 2) or out.numel() % B:
         return None
-    out = out.reshape(B, -1).long() if out.numel() % B == 0 else None
-    if out is None:
-        return None
+    out = out.reshape(B, -1).long()
     if out.size(1) >= T and torch.equal(out[:, :T], prompt):
         return out[:, T:]
     return out
@@ -294,7 +293,7 @@ def run_generate(ctx: Context, comp: Component, driver: Any, n: int, B: int, as_
                         {**fixed_defaults(comp.obj), **(extra or {})})
         except fp.LearnerFailure as failure:
             run.failure = failure
-            if model.calls and (_overflowed(model) or _runaway(model)):
+            if _named(run):
                 return run
             first = first or run
             continue
@@ -319,7 +318,7 @@ def fixed_defaults(fn: Any) -> dict[str, int]:
     (top_k=50) to the vocabulary's size, which keeps every token as 50 does in a real one."""
     out = {}
     for p in forward_parameters(fn):
-        if not isinstance(p.default, int) or isinstance(p.default, bool):
+        if not is_number(p.default, int):
             continue
         if p.name.lower() in EOS_NAMES:
             out[p.name] = NEVER
@@ -399,10 +398,9 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
                                f"提示为 3 个 token、max_new_tokens={SHORT} 时，{comp.name} 没有返回 token id")
     B = short.prompt.size(0)
     if B == 1:
-        res.notes.append(text("it generates for one prompt at a time (a batch of 2 failed)"
-                              + (", given as a list of ints" if short.as_list else ""),
-                              "它一次只能为一个提示词生成（2 个一批时失败了）"
-                              + ("，提示词是整数列表" if short.as_list else "")))
+        en, zh = (", given as a list of ints", "，提示词是整数列表") if short.as_list else ("", "")
+        res.notes.append(text(f"it generates for one prompt at a time (a batch of 2 failed){en}",
+                              f"它一次只能为一个提示词生成（2 个一批时失败了）{zh}"))
     reference = driver.reference(B, SHORT)
     _judge(res, ctx, comp, short, reference)
     if any(c.cached for c in short.model.calls):
@@ -472,7 +470,7 @@ def _eos(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short
     """A loop with an EOS parameter is given as EOS the token the model makes likeliest at a step
     (the first new token not seen before it): it must stop there (EOS kept, EOS repeated after it
     read as padding, or EOS left out). A loop with no EOS parameter is not charged."""
-    eos_name = next((p.name for p in forward_parameters(comp.obj) if p.name.lower() in EOS_NAMES), None)
+    eos_name = named(forward_names(comp.obj), EOS_NAMES)
     if eos_name is None:
         return
     seen = reference.tolist()
@@ -502,7 +500,8 @@ def _eos(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short
 
 
 def _named(run: Run) -> bool:
-    return bool(run.model.calls) and (_overflowed(run.model) or _runaway(run.model))
+    """Whether the run's calls name its mistake: past the block size, or more calls than allowed."""
+    return _overflowed(run.model) or _runaway(run.model)
 
 
 def _judge(res: ComponentResult, ctx: Context, comp: Component, run: Run, expected: Tensor) -> None:

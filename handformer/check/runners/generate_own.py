@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import MODEL_NAMES
-from handformer.check.core.context import Context, finish, forward_parameters, module_sizes
+from handformer.check.core.context import Context, finish, forward_names, forward_parameters, module_sizes
 from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.result import DIFFERS, NOT_CHECKED, PASS, ComponentResult, Text, text
 from handformer.check.runners.generate_loop import (
@@ -301,7 +301,7 @@ _UNSET = object()
 def _cache_parameters(forward: Any) -> set[str]:
     """The parameters of a model's forward that hand it a KV cache or positions (past_key_values,
     Meta's start_pos)."""
-    return {p.name for p in forward_parameters(forward)} & set(CACHE_NAMES + POSITION_NAMES)
+    return set(forward_names(forward)) & set(CACHE_NAMES + POSITION_NAMES)
 
 
 def _drivable(module: nn.Module) -> bool:

@@ -27,10 +27,11 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.context import Context, error_text, finish, forward_parameters
+from handformer.check.core.context import Context, error_text, finish, forward_names
 from handformer.check.core.discovery import Component, build, own_objects
 from handformer.check.core.layer_map import outside
 from handformer.check.core.result import NOT_CHECKED, Check, ComponentResult, Finding, LearnerError, text
+from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
     MappingError,
@@ -177,7 +178,7 @@ class Driver:
 
     def __init__(self, comp: Component, ctx: Context, module: nn.Module) -> None:
         self.comp, self.ctx, self.module = comp, ctx, module
-        names = [p.name for p in forward_parameters(module)]
+        names = forward_names(module)
         self.arg = next((n for n in names if n in CACHE_ARGS), None)
         own = own_objects(ctx.module)
         self.cache_class = next((own[n] for n in CACHE_CLASSES if inspect.isclass(own.get(n))), None)
@@ -229,7 +230,7 @@ class Driver:
 def cache_length(cache: Any) -> int | None:
     for name in LENGTH_ATTRS:
         value = getattr(cache, name, None)
-        if isinstance(value, int) and not isinstance(value, bool):
+        if is_number(value, int):
             return value
     if isinstance(cache, (list, tuple, dict)):
         return None  # a list of layers: its length is not the tokens'

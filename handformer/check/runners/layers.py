@@ -110,6 +110,7 @@ class Layer:
         params = forward_parameters(comp.obj.forward) if inspect.isclass(comp.obj) else []
         self.complex_name = any(p.name == "freqs_complex" for p in params)  # Umar Jamil's freqs_cis
         params = [p.replace(name="freqs_cis") if p.name == "freqs_complex" else p for p in params]
+        self.params = params
         self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
         self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
         self.masks = [] if self.stateful else [p.name for p in params if is_mask_name(p.name)]
@@ -144,8 +145,8 @@ class Layer:
     def bare(self) -> bool:
         """A decoder layer whose forward takes the stream and the memory alone (tiny-universe's
         forward(x, enc_out)): it builds its causal mask and hides no source key."""
-        params = forward_parameters(self.comp.obj.forward) if inspect.isclass(self.comp.obj) else []
-        return self.decoder and not self.stateful and len(params) - len(self.extra) == 3  # self, x, memory
+        width = len(self.params) - len(self.extra)  # self, x, memory: 3
+        return self.decoder and not self.stateful and width == 3
 
     @property
     def own_mask(self) -> bool:
@@ -424,8 +425,10 @@ def _padded_stream(layer: Layer, name: str) -> str:
 
 
 PAD_KEYS = 3  # row 1's first keys are padding (left padding: later queries of every kind see them)
-# the forms of a key padding mask tried, torch.nn's both: (B, S) True = padding, or 0 / -inf added
-KEY_PADDING_FORMS = (lambda pads: pads, lambda pads: torch.zeros(pads.shape).masked_fill(pads, -math.inf))
+# the forms of a key padding mask tried: torch.nn's two, (B, S) True = padding or 0 / -inf added, and
+# True = keep (a layer of its own that reads it so); the one that hides the padding counts
+KEY_PADDING_FORMS = (lambda pads: pads, lambda pads: torch.zeros(pads.shape).masked_fill(pads, -math.inf),
+                     lambda pads: ~pads)
 
 
 def _key_padding(res: ComponentResult, layer: Layer, ctx: Context) -> None:
@@ -437,9 +440,10 @@ def _key_padding(res: ComponentResult, layer: Layer, ctx: Context) -> None:
         stream = _padded_stream(layer, name)
         moved = min(_padding_moved(layer, ctx, name, stream, form) for form in KEY_PADDING_FORMS)
         res.checks.append(Check(text(
-            f"{name} alone ((B, S), True = padding, as torch.nn takes it): changing the padded "
-            f"{stream} positions changes no real output", f"只给 {name}（(B, S)，True = 填充，torch.nn 的"
-            f"形式）：改变 {stream} 中被填充的位置，不影响真实位置的输出"), moved < 1e-9,
+            f"{name} alone ((B, S): True = padding as torch.nn takes it, 0 / -inf, or True = keep): "
+            f"changing the padded {stream} positions changes no real output",
+            f"只给 {name}（(B, S)：torch.nn 的 True = 填充、0 / -inf，或 True = 可以看）："
+            f"改变 {stream} 中被填充的位置，不影响真实位置的输出"), moved < 1e-9,
             text(f"outputs moved by {moved:.3g}: the padding it marks is not applied",
                  f"输出变化了 {moved:.3g}：它标出的填充没有被用上")))
 
@@ -463,7 +467,8 @@ def _padding_moved(layer: Layer, ctx: Context, name: str, stream: str, form: Cal
         return math.inf
     finally:
         layer.more = {}
-    return _moved(a, b, real)
+    moved = _moved(a, b, real)
+    return math.inf if math.isnan(moved) else moved  # NaN (a form read the other way round): not taken
 
 
 def _causal_without_its_mask(layer: Layer) -> bool:
@@ -568,8 +573,7 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
 def _layer_mapping(res: ComponentResult, layer: Layer, slots: list[Slot], conv: str) -> None:
     """Which of the learner's modules stand for which part, and the mask convention it takes."""
     norms = layer.norm_slots[:1] if layer.shared else layer.norm_slots
-    res.mapping = [s.describe() for group in layer.attn for s in group] + [
-        s.describe() for s in slots] + [s.describe() for s in norms]
+    res.mapping = [s.describe() for s in itertools.chain(*layer.attn, slots, norms)]
     if layer.takes_mask or layer.decoder and not layer.bare:
         res.convention = fp.describe_convention(conv)
 

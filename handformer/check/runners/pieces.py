@@ -311,15 +311,16 @@ def ffn_name_findings(ctx: Context, comp: Component, class_name: str, slots: lis
 ACT_FAMILY = {"relu": "relu", "relu2": "relu", "gelu": "gelu", "gelu_tanh": "gelu", "silu": "silu",
               "swish": "silu"}
 ACT_ATTRIBUTE = re.compile(r"self\.\w*?(gelu|relu|silu|swish)\w*\s*=", re.IGNORECASE)  # self.gelu = ...
-GPT2 = re.compile(r"gpt-?2|\b50257\b", re.IGNORECASE)  # GPT-2's name or its vocabulary size
+# code that is GPT-2's (not a comment that names it): its vocabulary size, its checkpoints, its classes
+GPT2 = re.compile(r"\b50257\b|[\"']gpt2(-medium|-large|-xl)?[\"']|GPT2LMHeadModel|GPT2Config")
 DECODER_ONLY, ENCODER_DECODER = {"gpt", "block"}, {"transformer", "encoder_layer", "decoder_layer"}
 
 
-def _by_class_name(ctx: Context, class_name: str) -> str | None:
+def _by_class_name(ctx: Context, class_name: str, gated: bool) -> str | None:
     return next((a for word, a in NAMED_ACTIVATION if word in class_name.lower()), None)
 
 
-def _by_attribute(ctx: Context, class_name: str) -> str | None:
+def _by_attribute(ctx: Context, class_name: str, gated: bool) -> str | None:
     """The activation the attribute holding it is named for (`self.gelu = nn.GELU()`), in the FFN's
     own class."""
     cls = own_objects(ctx.module).get(class_name)
@@ -328,15 +329,17 @@ def _by_attribute(ctx: Context, class_name: str) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
-def _by_gpt2(ctx: Context, class_name: str) -> str | None:
-    """GELU, in a decoder-only file that says GPT-2 (its name, its 50,257-token vocabulary)."""
+def _by_gpt2(ctx: Context, class_name: str, gated: bool) -> str | None:
+    """GELU, for a two-layer FFN in a decoder-only file whose code is GPT-2's (its 50,257-token
+    vocabulary, its checkpoints' names), comments left out."""
     kinds = set(ctx.components)
-    decoder_only = kinds & DECODER_ONLY and not kinds & ENCODER_DECODER
-    return "gelu" if decoder_only and GPT2.search(Path(ctx.path).read_text(encoding="utf-8")) else None
+    decoder_only = not gated and kinds & DECODER_ONLY and not kinds & ENCODER_DECODER
+    lines = Path(ctx.path).read_text(encoding="utf-8").splitlines() if decoder_only else []
+    return "gelu" if any(GPT2.search(line.split("#")[0]) for line in lines) else None
 
 
 # where the code promises an FFN's activation, the first that speaks: its class name (SwiGLU: SiLU,
-# GEGLU: GELU), the attribute that holds it, a GPT-2 model (its MLP is GELU)
+# GEGLU: GELU), the attribute that holds it, a GPT-2 model's two-layer MLP (GELU)
 PROMISES = ((_by_class_name, "its class name", "它的类名"),
             (_by_attribute, "the attribute that holds it", "存放它的属性名"),
             (_by_gpt2, "the file's GPT-2 model (GPT-2's MLP uses GELU)",
@@ -345,12 +348,13 @@ PROMISES = ((_by_class_name, "its class name", "它的类名"),
 
 def _promise_findings(ctx: Context, comp: Component, class_name: str, slots: list[Slot], act: str,
                       matched: float) -> list[Finding]:
-    promise = next(((a, en, zh) for rule, en, zh in PROMISES if (a := rule(ctx, class_name))), None)
+    gated = is_gated(slots)
+    promise = next(((a, en, zh) for rule, en, zh in PROMISES if (a := rule(ctx, class_name, gated))), None)
     if promise is None or promise[0] == ACT_FAMILY[act]:
         return []
     promised, en, zh = promise
     number, code = locate("ffn_wrong_activation", source_lines(ctx.objects(comp, "ffn")))
-    shown = FFN_FORM[is_gated(slots)].format(act=act)
+    shown = FFN_FORM[gated].format(act=act)
     return [Finding("ffn_wrong_activation", text(
         f"{class_name} computes {act.upper()}: your output equals {shown} (to {matched:.1e}), where {en} "
         f"promises {promised.upper()}",

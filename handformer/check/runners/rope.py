@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.context import Context, error_text, finish, forward_parameters, shape_of
+from handformer.check.core.context import Context, error_text, finish, forward_names, shape_of
 from handformer.check.core.discovery import Component
 from handformer.check.core.localize_kinds import localize_rope_table, localize_rotation, note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
@@ -75,7 +75,7 @@ def reference_tables(length: int, layout: str, offset: int = 0, theta: float = T
 def check_rope(comp: Component, ctx: Context) -> ComponentResult:
     if inspect.isclass(comp.obj):
         return _check_module(comp, ctx)
-    names = [p.name for p in forward_parameters(comp.obj)]
+    names = forward_names(comp.obj)
     if _takes(names[:1], DIM_NAMES) or not _takes(names, TENSOR_NAMES):
         return _check_table_function(comp, ctx)
     return _check_apply(comp, ctx, comp.obj, names)
@@ -168,7 +168,7 @@ def _layout_convention(res: ComponentResult, layout: str) -> None:
 
 def _check_table_function(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
-    names = [p.name for p in forward_parameters(comp.obj)]
+    names = forward_names(comp.obj)
 
     def call(theta: float, length: int = P, offset: int | None = None) -> Any:
         # dtype: gpt-fast's precompute_freqs_cis(..., dtype=torch.bfloat16); an offset only when given
@@ -406,7 +406,7 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     sizes = {"d_model": DH, "max_len": P, "theta": THETA, "n_heads": 1, "dropout": 0.0}  # head dim = d_model
     module = ctx.build(comp, sizes, checked=False).double()
-    names = [p.name for p in forward_parameters(module)]
+    names = forward_names(module)
     q, k = _apply_inputs()
     tensors = _tensor_names(names)
 

@@ -29,10 +29,18 @@ from handformer.check.core.argument_names import (  # noqa: F401
     PROBS_NAMES,
     TEMPERATURE_NAMES,
 )
-from handformer.check.core.context import Context, error_text, finish, forward_parameters, shape_of
+from handformer.check.core.context import (
+    Context,
+    error_text,
+    finish,
+    forward_names,
+    forward_parameters,
+    shape_of,
+)
 from handformer.check.core.discovery import Component
 from handformer.check.core.localize_kinds import localize_filter, localize_top_p, note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
+from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines
 from handformer.generation.sampling import apply_temperature, top_k_filter, top_p_filter
 
@@ -52,8 +60,8 @@ class Caller:
 
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
-        self.params = [p for p in forward_parameters(comp.obj)]
-        self.names = [p.name for p in self.params]
+        self.params = forward_parameters(comp.obj)
+        self.names = forward_names(comp.obj)
         self.probs = bool(self.names) and self.names[0].lower() in PROBS_NAMES  # given softmax(logits)
         # the filters it takes with no default (a combined top_k_top_p_filtering(logits, top_k, top_p)),
         # or with a default that filters (top_p_sample(logits, p=0.9)): given their "off" value when a
@@ -85,7 +93,7 @@ class Caller:
 def _filters(p: inspect.Parameter) -> bool:
     """A top-p default below 1 or a top-k default below the vocabulary: the default filters."""
     value = p.default
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    if not is_number(value):
         return False
     name = p.name.lower()
     return name in P_NAMES and 0 < value < 1 or name in K_NAMES and isinstance(value, int) and 0 < value < V
@@ -132,13 +140,13 @@ def check_temperature(comp: Component, ctx: Context) -> ComponentResult:
         err = fp.max_error(dist, right)
         worst = max(worst, err)
         if err >= fp.TOL and named is None:
-            for name, q in (("temperature_multiplied", torch.softmax(logits * t, -1)),
-                            ("temperature_after_softmax", torch.softmax(logits, -1))):
+            for name, q, en, zh in (
+                    ("temperature_multiplied", torch.softmax(logits * t, -1), "softmax(logits * t)",
+                     "softmax(logits * t)"),
+                    ("temperature_after_softmax", torch.softmax(logits, -1), "softmax(logits), as if t = 1",
+                     "softmax(logits)，相当于 t = 1")):
                 if fp.max_error(dist, q) < fp.TOL:
                     named = name
-                    multiplied = name == "temperature_multiplied"
-                    en = "softmax(logits * t)" if multiplied else "softmax(logits), as if t = 1"
-                    zh = "softmax(logits * t)" if multiplied else "softmax(logits)，相当于 t = 1"
                     off = fp.max_error(dist, q)
                     res.findings.append(_finding(ctx, comp, name, text(
                         f"with temperature {t:g} your distribution equals {en} (to {off:.1e}); "
@@ -415,10 +423,12 @@ def _p_one(res: ComponentResult, ctx: Context, comp: Component, call: Caller) ->
     logits = torch.cat([test_logits(1, seed=2)[:, :-1], torch.full((1, 1), -60.0, dtype=torch.float64)], -1)
     try:
         read = kept_tokens(call(logits, top_p=1.0), logits)
-        ok = read is not None and bool(read[0].all())
-        removed = V - int(read[0].sum()) if read is not None else None
-        detail = text(f"{removed} token(s) removed" if read is not None else "no filtered logits",
-                      f"去掉了 {removed} 个 token" if read is not None else "没有返回过滤后的 logits")
+        if read is None:
+            ok, detail = False, text("no filtered logits", "没有返回过滤后的 logits")
+        else:
+            removed = V - int(read[0].sum())
+            detail = text(f"{removed} token(s) removed", f"去掉了 {removed} 个 token")
+            ok = bool(read[0].all())
     except fp.LearnerFailure as failure:
         ok, detail = False, text(f"raised {failure.error.message}", f"报错：{failure.error.message}")
     if not ok:
@@ -604,15 +614,15 @@ def _from_logits(res: ComponentResult, ctx: Context, comp: Component, call: Call
     torch.manual_seed(7)
     raw = call(shifted.expand(DRAWS, V).contiguous())
     tokens = as_tokens(raw, DRAWS)
-    detail = ""
+    detail = detail_zh = ""
     if tokens is not None:
         counts = torch.bincount(tokens.clamp(0, V), minlength=V + 1)[:V].double()
         fit = stats.chi_square(counts, shifted / shifted.sum())
         detail = (f"; on logits + 3 (all positive) the {DRAWS:,} draws follow logits / logits.sum() "
                   f"(chi-square p = {fit.p_value:.2g})")
+        detail_zh = f"；logits + 3（全为正）时 {DRAWS:,} 次采样服从 logits / logits.sum()"
     res.findings.append(_finding(ctx, comp, "sampling_from_logits", text(
         f"torch.multinomial refused the logits ({failure.error.message}){detail}",
-        f"torch.multinomial 拒绝了 logits（{failure.error.message}）"
-        + (f"；logits + 3（全为正）时 {DRAWS:,} 次采样服从 logits / logits.sum()" if detail else ""))))
+        f"torch.multinomial 拒绝了 logits（{failure.error.message}）{detail_zh}")))
     res.checks.append(Check(text("samples from probabilities (softmax of the logits)",
                                  "从概率（logits 的 softmax）采样"), False))

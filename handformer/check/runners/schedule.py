@@ -135,7 +135,7 @@ class Schedule:
         settings = [n for n in self.names if n != self.step_name]
         self.args = {key: named(settings, aliases) for key, aliases in ARGS.items()}
         self.globals = _global_settings(comp.obj, self.names)  # key -> the module global it reads
-        self.family = _family({k: self.args[k] or self.globals.get(k) for k in ARGS},
+        self.family = _family({k: self.setting(k) for k in ARGS},
                               lowered[int(self.factory):])  # a factory's first: the optimizer
         unknown = [n for n in self.required if n != self.step_name and n not in self.args.values()
                    and n.lower() not in OPTIMIZER_NAMES]
@@ -144,9 +144,13 @@ class Schedule:
         sizes, self.steps, untaken, *_ = FAMILIES[self.family]
         self.sizes = sizes | {key: value for key, value in untaken.items() if not self.reads(key)}
 
+    def setting(self, key: str) -> str | None:
+        """The argument, or else the module global, that gives the setting `key`; None: neither."""
+        return self.args[key] or self.globals.get(key)
+
     def reads(self, key: str) -> bool:
         """Whether the schedule takes the setting `key` (an argument or a module global it reads)."""
-        return bool(self.args[key] or self.globals.get(key))
+        return bool(self.setting(key))
 
     @contextlib.contextmanager
     def settings(self) -> Iterator[Text | None]:
