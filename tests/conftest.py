@@ -51,7 +51,7 @@ def pytest_itemcollected(item):
     """A slow test gets SLOW_TIMEOUT instead of the default run's limit, unless it has a timeout mark
     of its own or the command line gives --timeout (`--timeout 0` lifts every limit)."""
     if item.get_closest_marker("slow") and not item.get_closest_marker("timeout") \
-            and item.config.getoption("timeout") is None:
+            and item.config.getoption("timeout", None) is None:
         item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
 
 
