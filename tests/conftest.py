@@ -42,6 +42,19 @@ def pytest_configure(config):
         os.environ.update({name: "1" for name in THREAD_VARS})
 
 
+# seconds a slow test may take (a full experiment, the full course, 20,000 fuzzed bodies run for
+# minutes); the default run's tests get pyproject.toml's `timeout`, 120 s
+SLOW_TIMEOUT = 3600
+
+
+def pytest_itemcollected(item):
+    """A slow test gets SLOW_TIMEOUT instead of the default run's limit, unless it has a timeout mark
+    of its own or the command line gives --timeout (`--timeout 0` lifts every limit)."""
+    if item.get_closest_marker("slow") and not item.get_closest_marker("timeout") \
+            and item.config.getoption("timeout", None) is None:
+        item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
+
+
 def pytest_collection_finish(session):
     """Collection imported torch, transformers and every test module: millions of objects that live
     as long as the process. Frozen (gc.freeze), the cycle collector's full passes during the tests

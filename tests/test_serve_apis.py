@@ -282,7 +282,10 @@ def test_messages_errors_come_in_anthropics_shape(claude, server, anthropic):
                        ({"model": "story", "messages": [{"role": "system", "content": "x"}], "max_tokens": 5},
                         "messages[0]"),
                        ({"model": "story", "messages": MESSAGES, "max_tokens": 5, "thinking": {"type": "on"}},
-                        "thinking")):
+                        "thinking"),
+                       ({"model": "story", "max_tokens": 5, "messages": [{"role": "user", "content": [
+                           {"type": "tool_result", "tool_use_id": "toolu_1", "content": "5 C"}]}]},
+                        "a tool_result's tool_use_id 'toolu_1' matches no earlier tool_use block (there is none)")):
         response = httpx.post(server.url + "/v1/messages", json=body,
                               headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"})
         assert response.status_code == 400 and response.json()["error"]["message"].startswith(word), response.text

@@ -80,6 +80,22 @@ CAPS["/v1/messages/count_tokens"] = PROMPT_CAPS
 NEW_ROUTES = ("/v1/responses", "/v1/messages", "/v1/messages/count_tokens")
 
 
+def answer_earlier_tool_uses(body: dict, rng: random.Random) -> None:
+    """A tool_result answers a tool_use drawn before it (a reference the schema cannot state): its id
+    becomes one of theirs, or, with none before it, the block becomes text."""
+    used = []
+    for message in body.get("messages", []):
+        blocks = message.get("content") if isinstance(message.get("content"), list) else []
+        for j, block in enumerate(blocks):
+            if block.get("type") == "tool_use":
+                used.append(block["id"])
+            elif block.get("type") == "tool_result":
+                if used:
+                    block["tool_use_id"] = rng.choice(used)
+                else:
+                    blocks[j] = {"type": "text", "text": "x"}
+
+
 def draw_valid(route: str, rng: random.Random) -> dict:
     body = Draw(rng, CAPS[route]).value(REQUEST_SCHEMAS[route])
     body = {k: v for k, v in body.items() if v is not None or k in ("stop", "seed", "user")}
@@ -94,6 +110,8 @@ def draw_valid(route: str, rng: random.Random) -> dict:
         body["thinking"] = rng.choice([{"type": "disabled"}, {"type": "adaptive"}, {"type": "enabled", "budget_tokens": 1}])
         if body["thinking"]["type"] == "enabled" and "max_tokens" in body:
             body["max_tokens"] = max(body["max_tokens"], 2)  # the budget is below max_tokens
+    if route.startswith("/v1/messages"):
+        answer_earlier_tool_uses(body, rng)
     if route.startswith("/v1/messages") and body.get("tools") and rng.random() < 0.5:
         body["tool_choice"] = rng.choice([{"type": "auto"}, {"type": "any"}, {"type": "none"},
                                           {"type": "tool", "name": "get_weather"}])

@@ -21,10 +21,10 @@ PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK]
 
 
-
 def show_characters(chars: Sequence[str], limit: int = 10) -> str:
     """Characters for a message: the first `limit` quoted, then "..." when there are more."""
     return ", ".join(repr(c) for c in chars[:limit]) + (", ..." if len(chars) > limit else "")
+
 
 class Tokenizer:
     """Text <-> ids. `encode` adds no special tokens; callers add BOS/EOS where the model needs them."""

@@ -24,7 +24,13 @@ from typing import Any
 from handformer.generation.tool_calls import Tool
 from handformer.serve.door import APIError, Fields, read_sampling
 from handformer.serve.door import show as _show
-from handformer.serve.openai_schema import MAX_STOP, ChatRequest, ResponseFormat, check_tool_name
+from handformer.serve.openai_schema import (
+    MAX_STOP,
+    ChatRequest,
+    ResponseFormat,
+    check_tool_name,
+    unmatched_tool_result,
+)
 from handformer.serve.thinking import EFFORT_BUDGETS, Thinking
 
 IGNORED = {"metadata", "service_tier", "cache_control", "inference_geo", "speed"}
@@ -69,6 +75,12 @@ def _prompt(f: Fields) -> ChatRequest:
     chat = ChatRequest(model=f.string("model", required=True), fit_context=True)
     system = _system(f.body.get("system"))
     chat.messages = system + _messages(f.body.get("messages"))
+    if (unmatched := unmatched_tool_result(chat.messages)) is not None:
+        _, given, called = unmatched
+        earlier = f"the earlier ones are {', '.join(map(repr, called))}" if called else "there is none"
+        raise APIError(400, f"a tool_result's tool_use_id {given!r} matches no earlier tool_use block "
+                       f"({earlier}); send the assistant message with that tool_use before its result",
+                       "messages")
     chat.tools = _tools(f.body.get("tools"))
     chat.tool_choice, chat.parallel_tool_calls = _tool_choice(f.body.get("tool_choice"), chat.tools)
     effort, chat.response_format = _output_config(f.body.get("output_config"))

@@ -326,23 +326,27 @@ def _messages(f: Fields) -> list[dict[str, Any]]:
             raise APIError(400, f"{where}.content is required: a {message['role']} message needs its text "
                            "(only an assistant message with tool_calls may leave it out)", f"{where}.content")
         out.append(parsed)
-    _check_tool_results(out)
+    if (unmatched := unmatched_tool_result(out)) is not None:
+        i, given, called = unmatched
+        earlier = f"the earlier calls are {', '.join(map(repr, called))}" if called \
+            else "no earlier assistant message has tool_calls"
+        raise APIError(400, f"messages[{i}].tool_call_id {given!r} matches no tool call: {earlier}; send "
+                       "the assistant message that made the call before its result, with the same id",
+                       f"messages[{i}].tool_call_id")
     return out
 
 
-def _check_tool_results(messages: list[dict[str, Any]]) -> None:
-    """OpenAI's rule: a tool message answers a call of an earlier assistant message, so a
-    tool_call_id that names none is a 400 naming it (a template would render an answer to nothing)."""
+def unmatched_tool_result(messages: list[dict[str, Any]]) -> tuple[int, str, list[str]] | None:
+    """The first tool message whose tool_call_id names no call of an earlier assistant message: its
+    index, the id and the ids that were called; None when every result answers a call. OpenAI and
+    Anthropic refuse such a result: a template would render an answer to nothing."""
     called: list[str] = []
     for i, message in enumerate(messages):
         called += [call["id"] for call in message.get("tool_calls", ())]
         given = message.get("tool_call_id")
         if message["role"] == "tool" and given is not None and given not in called:
-            earlier = f"the earlier calls are {', '.join(map(repr, called))}" if called \
-                else "no earlier assistant message has tool_calls"
-            raise APIError(400, f"messages[{i}].tool_call_id {given!r} matches no tool call: {earlier}; send "
-                           "the assistant message that made the call before its result, with the same id",
-                           f"messages[{i}].tool_call_id")
+            return i, given, called
+    return None
 
 
 def _content(content: Any, where: str) -> str | None:
@@ -432,4 +436,5 @@ def parse_translation(body: dict[str, Any]) -> TranslationRequest:
 
 
 __all__ = ["ChatRequest", "CompletionRequest", "EmbeddingRequest", "GenerationRequest", "ResponseFormat",
-           "TranslationRequest", "parse_chat", "parse_completion", "parse_embeddings", "parse_translation"]
+           "TranslationRequest", "parse_chat", "parse_completion", "parse_embeddings", "parse_translation",
+           "unmatched_tool_result"]
