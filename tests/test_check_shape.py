@@ -100,3 +100,12 @@ def test_the_grader_gets_no_denser_in_branches():
         f"handformer/check has {b} branches in {n} code lines, {1000 * b / n:.1f} per 1,000, over the "
         f"ratchet {DENSITY_RATCHET}: simplify (tables, one helper for a repeated pattern, inputs "
         "normalised early; python3 benchmarks/branch_density.py)")
+
+
+def test_a_component_named_as_its_kind_is_not_named_twice():
+    from handformer.check.core.report import format_component
+    from handformer.check.core.result import ComponentResult
+
+    assert format_component(ComponentResult("rmsnorm", "RMSNorm"), "zh")[0].startswith("RMSNorm：")
+    assert format_component(ComponentResult("rmsnorm", "RMSNorm"), "en")[0].startswith("RMSNorm: ")
+    assert format_component(ComponentResult("rmsnorm", "MyNorm"), "en")[0].startswith("MyNorm (RMSNorm): ")

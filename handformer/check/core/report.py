@@ -197,7 +197,8 @@ def format_component(c: ComponentResult, lang: str) -> list[str]:
     w = WORDS[lang]
     kind = KIND_NAMES[lang].get(c.kind, c.kind)
     err = f"  {w['max']} {c.max_abs_error:.2g}" if c.max_abs_error is not None and c.status != ERROR else ""
-    lines = [f"{c.name}{_paren(kind, lang)}{w[':']}{STATUS[lang][c.status]}{err}"]
+    kind_shown = _paren(kind, lang) if kind != c.name else ""  # RMSNorm, not RMSNorm (RMSNorm)
+    lines = [f"{c.name}{kind_shown}{w[':']}{STATUS[lang][c.status]}{err}"]
     if c.mapping:
         shown = [IN_LANGUAGE[lang]["mapping"](m) for m in c.mapping]
         lines.append(f"  {w['weights']}{w[':']}{', '.join(shown)}")
