@@ -53,14 +53,17 @@ def test_a_loss_scale_that_clipping_hides_shows_with_the_clipping_out_of_reach(t
 
 
 def test_a_layer_that_ignores_its_key_padding_mask_fails_and_its_correct_twin_passes(tmp_path):
+    """The layer, and the attention itself (torch.nn's MultiheadAttention: attn_mask, key_padding_mask),
+    each driven with the key_padding_mask alone."""
     ignored = _planted(tmp_path, HIDDEN, [(
         "            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float(\"-inf\"))\n",
         "            pass\n")])
     for path, ok in ((str(HIDDEN), True), (ignored, False)):
-        result = check_file(path, only=["encoder_layer"])
-        (layer,) = result.components
-        (alone,) = [c for c in layer.checks if c.name["en"].startswith("src_key_padding_mask alone")]
-        assert alone.ok == ok and layer.status == ("pass" if ok else "fail"), format_report(result)
+        result = check_file(path, only=["mha", "encoder_layer"])
+        for comp, name in zip(result.components, ("key_padding_mask", "src_key_padding_mask")):
+            (alone,) = [c for c in comp.checks if c.name["en"].startswith(f"{name} alone")]
+            assert alone.ok == ok and comp.status == ("pass" if ok else "fail"), format_report(result)
+        assert [c.kind for c in result.components] == ["mha", "encoder_layer"]
 
 
 GPT = FIXTURES / "learners_gpt" / "correct.py"
