@@ -52,6 +52,24 @@ def test_a_loss_scale_that_clipping_hides_shows_with_the_clipping_out_of_reach(t
     assert words is None or any(words in n["en"] for n in step.notes), format_report(result)
 
 
+CACHE = FIXTURES / "learners_cache" / "correct.py"
+LM_CLIP = ("    loss.backward()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
+           "    loss.backward()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)")  # under the norm
+
+
+@pytest.mark.parametrize("doubled", [False, True])
+def test_a_language_model_step_runs_again_with_its_clipping_out_of_reach(tmp_path, doubled):
+    """The language model's step (AdamW, its gradient norm 0.86 clipped at 0.5: at full size a doubled
+    loss moves the update only by clip_grad_norm_'s epsilon) runs again under the norm, with SGD."""
+    edits = [LM_CLIP] + [("    loss.backward()\n    torch.nn", "    (2 * loss).backward()\n    torch.nn")] * doubled
+    result = check_file(_planted(tmp_path, CACHE, edits), only=["lm_train_step"])
+    (step,) = result.components
+    unclipped = step.checks[1]
+    assert unclipped.name["en"].startswith("with the gradients under the clipping norm 0.5"), format_report(result)
+    assert unclipped.ok != doubled and step.status == ("fail" if doubled else "pass"), format_report(result)
+    assert not doubled or any("2 times handformer's" in n["en"] for n in step.notes), format_report(result)
+
+
 def test_a_layer_that_ignores_its_key_padding_mask_fails_and_its_correct_twin_passes(tmp_path):
     """The layer, and the attention itself (torch.nn's MultiheadAttention: attn_mask, key_padding_mask),
     each driven with the key_padding_mask alone."""
