@@ -1,8 +1,9 @@
 """Mistakes that hide when check drives code one way only, each seen by a general rule, with a correct
-twin that still passes: a loss of the wrong scale behind gradient clipping (the step driven again with
-the clipping out of reach), a layer that ignores its key_padding_mask (given alone), a ReLU where the
-code promises GELU (an attribute named gelu, a GPT-2 model), and greedy decoding on a model that failed
-its own check (driven through that model, steered by hooks, judged as a loop)."""
+twin that still passes: a loss of the wrong scale behind gradient clipping (the step, or a language
+model's step, driven again with the clipping out of reach), a layer or an attention that ignores its
+key_padding_mask (given alone), a ReLU where the code promises GELU (an attribute named gelu, a GPT-2
+model; the model that uses that MLP fails with it), and greedy decoding on a model that failed its own
+check (driven through that model, steered by hooks, judged as a loop)."""
 
 from __future__ import annotations
 
@@ -94,20 +95,24 @@ ACTIVATION_PLANTS = {  # what the code promises GELU by, and the edits that comp
 
 @pytest.mark.parametrize("plant", list(ACTIVATION_PLANTS))
 def test_a_relu_where_the_code_promises_gelu_is_named(tmp_path, plant):
-    result = check_file(_planted(tmp_path, GPT, ACTIVATION_PLANTS[plant]), only=["ffn"])
-    (ffn,) = result.components
+    result = check_file(_planted(tmp_path, GPT, ACTIVATION_PLANTS[plant]), only=["ffn", "gpt"])
+    ffn, model = result.components
     (finding,) = ffn.findings
     assert (finding.name, finding.form, ffn.status) == ("ffn_wrong_activation", "relu_for_gelu", "fail")
     assert ("attribute that holds it" if plant == "attribute" else "GPT-2") in finding.observed["en"]
     assert "self.act = nn.ReLU()" in finding.code or "self.gelu = nn.ReLU()" in finding.code
+    # the model's logits match a ReLU model's: its verdict is its MLP's
+    assert model.status == "fail" and [(f.name, f.form) for f in model.findings] == [
+        ("ffn_wrong_activation", "relu_for_gelu")], format_report(result)
 
 
 def test_a_relu_nothing_promises_otherwise_is_a_convention_noted(tmp_path):
     """The original Transformer's FFN is ReLU: with no promise of GELU (a comment naming GPT-2 is none),
     a ReLU passes, named in a note."""
-    result = check_file(_planted(tmp_path, GPT, ACTIVATION_PLANTS["gpt2"][:2]), only=["ffn"])
-    (ffn,) = result.components
+    result = check_file(_planted(tmp_path, GPT, ACTIVATION_PLANTS["gpt2"][:2]), only=["ffn", "gpt"])
+    ffn, model = result.components
     assert ffn.status == "pass" and {"en": "activation: relu", "zh": "激活函数：relu"} in ffn.notes
+    assert model.status == "pass", format_report(result)
 
 
 CARRIED = FIXTURES / "learners_carried" / "correct.py"
