@@ -271,6 +271,9 @@ LINES = {
                           1, "sqrt_d_model"),
     "divided_by_d_k": ("scale_by_dk", "", ["scores = q @ k.transpose(-2, -1) / self.d_k",
                                            "x = self.emb(ids) * math.sqrt(self.d_model)"], 1, ""),
+    "causal_on_two_lines": ("causal_off_by_one", "", ["scores = scores + torch.triu(",
+                                                      'torch.full((T, T), float("-inf")), diagonal=2)',
+                                                      "return scores.softmax(-1)"], 1, ""),
 }
 
 
@@ -280,7 +283,8 @@ def test_a_catalogued_mistake_is_located_at_the_line_that_writes_it(case):
 
     name, found, lines, number, shown = LINES[case]
     form, line, code = locate_form(name, found, list(enumerate(lines, start=1)))
-    assert (line, code, form) == (number, lines[number - 1], shown)
+    whole = lines[number - 1] + (f" / line {number + 1}: {lines[number:] and lines[number]}" * lines[number - 1].endswith("("))
+    assert (line, code, form) == (number, whole, shown)  # a statement of two lines quoted whole
 
 
 # The Annotated Transformer's LabelSmoothing builds its target distribution in place (fill, scatter,
