@@ -130,3 +130,21 @@ def test_greedy_decoding_on_a_model_that_failed_its_check_is_judged_as_a_loop(tm
     assert greedy.driven["en"].startswith("your own Transformer: it failed its own check"), format_report(result)
     assert greedy.status == ("fail" if loop_planted else "pass"), format_report(result)
     assert [f.name for f in greedy.findings] == (["greedy_no_stop_at_eos"] if loop_planted else [])
+
+
+LLAMA = FIXTURES / "learners_llama"
+
+
+@pytest.mark.parametrize("plant", ["correct", "kv_repeat_order"])
+def test_a_complex_rotary_table_under_minimind_s_name_is_handed_as_meta_s(tmp_path, plant):
+    """Meta's Llama with its freqs_cis called pos_cis (minimind's name, an assert on its shape): the
+    attention, the apply function and the block are driven with the complex table, not NOT CHECKED."""
+    source = (LLAMA / f"{plant}.py").read_text(encoding="utf-8").replace("freqs_cis", "pos_cis")
+    path = tmp_path / f"{plant}.py"
+    path.write_text(source, encoding="utf-8")
+    result = check_file(str(path), only=["gqa", "rope", "block"])
+    status = {c.name: c.status for c in result.components}
+    wrong = "fail" if plant == "kv_repeat_order" else "pass"
+    assert status == {"Attention": wrong, "repeat_kv": wrong, "apply_rotary_emb": "pass",
+                      "TransformerBlock": wrong}, format_report(result)
+    assert plant == "correct" or _only(result, "Attention").has("kv_repeat_order"), format_report(result)

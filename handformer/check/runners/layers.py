@@ -60,7 +60,7 @@ from handformer.check.core.discovery import NAMES, Component, argument_keys
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.localize_kinds import localize_add_norm, note_departure
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
-from handformer.check.core.rope_tables import position_kwargs, with_positions, with_tables
+from handformer.check.core.rope_tables import TABLE_ALIASES, position_kwargs, with_positions, with_tables
 from handformer.check.core.rotary import rope_layouts, rope_tables
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
@@ -108,8 +108,9 @@ class Layer:
     def __init__(self, comp: Component, ctx: Context, decoder: bool, causal_block: bool) -> None:
         self.comp, self.ctx, self.decoder, self.causal_block = comp, ctx, decoder, causal_block
         params = forward_parameters(comp.obj.forward) if inspect.isclass(comp.obj) else []
-        self.complex_name = any(p.name == "freqs_complex" for p in params)  # Umar Jamil's freqs_cis
-        params = [p.replace(name="freqs_cis") if p.name == "freqs_complex" else p for p in params]
+        # its rotary table's name when not freqs_cis (Umar Jamil's freqs_complex, minimind's pos_cis)
+        self.complex_name = next((p.name for p in params if p.name in TABLE_ALIASES), None)
+        params = [p.replace(name="freqs_cis") if p.name == self.complex_name else p for p in params]
         self.params = params
         self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
         self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
@@ -189,9 +190,9 @@ class Layer:
         return with_positions(self._module, args, kwargs, self.table_layout, B)
 
     def _module(self, *args: Any, **kwargs: Any) -> Any:
-        """The learner's module, its rotary table named freqs_complex when it calls it so (Umar Jamil's)."""
+        """The learner's module, its rotary table under the name it calls it (Umar Jamil's freqs_complex)."""
         if self.complex_name and "freqs_cis" in kwargs:
-            kwargs["freqs_complex"] = kwargs.pop("freqs_cis")
+            kwargs[self.complex_name] = kwargs.pop("freqs_cis")
         return self.module(*args, **kwargs)
 
     def _extra_kwargs(self, x: Tensor) -> dict[str, Any]:
