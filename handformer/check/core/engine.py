@@ -307,7 +307,7 @@ def _names_tell(comp: Component, ctx: Context, result: ComponentResult) -> None:
 
     if comp.kind not in DECODER_ONLY | ENCODER_DECODER:  # a loop driving the model computes no FFN itself
         return
-    told = [f for f in inherited(comp, ctx) if f.name in NAMES_TELL and not result.has(f.name)]
+    told = [f for f in inherited(comp, ctx) if f.name in NAMES_TELL]
     if told:
         result.findings += told
         result.status = FAIL

@@ -147,7 +147,7 @@ COMPLEX_TABLE_NAMES = ("freqs_cis", "freqs", *TABLE_ALIASES)
 def renamed_table(fn: Any, params: list[inspect.Parameter]) -> tuple[Any, list[inspect.Parameter]]:
     """fn and its parameters, a rotary table named as in TABLE_ALIASES (Umar Jamil's freqs_complex,
     minimind's pos_cis) called freqs_cis as check names it; fn and params as they are otherwise."""
-    alias = next((p.name for p in params if p.name in TABLE_ALIASES), None)
+    alias = next(iter({p.name for p in params}.intersection(TABLE_ALIASES)), None)
     if alias is None:
         return fn, params
 

@@ -958,33 +958,24 @@ def _key_padding_alone(res: ComponentResult, ctx: Context, s: Setup) -> None:
 
 
 def _padding_alone_moved(ctx: Context, s: Setup, name: str, form: Callable[[Tensor], Tensor]) -> float:
-    """How far real queries' outputs move when the padded keys and values change, the padding given
-    as `name` alone in `form`; inf when the attention does not take that form."""
+    """How far real queries' outputs move in self-attention when the padded positions change, the
+    padding given as `name` alone in `form`; inf when the attention does not take that form."""
     B, T = 2, 7
     pads = torch.zeros(B, T, dtype=torch.bool)
     pads[1, :PAD_KEYS] = True
-    x, kv = fp.randn(B, T, D, seed=44), fp.randn(B, T, D, seed=45)
-    if s.c.n_inputs == 1:  # self-attention only: the padded positions of x move, the real ones compared
-        kv, real = x, ~pads
-    else:
-        real = torch.ones_like(pads)
-    bumped = kv.clone()
+    x = fp.randn(B, T, D, seed=44)
+    bumped = x.clone()
     bumped[1, :PAD_KEYS] += 5.0
-    q = (lambda v: v) if s.c.n_inputs == 1 else (lambda v: x)
     s.c.state["more"] = {name: form(pads)}
     counts = ctx.learner.calls, ctx.learner.nan_calls  # a form read the other way round gives NaN: not theirs
     try:
-        a, b = (fp.first_tensor(ctx.learner.call("forward", s.c.call, q(v), v, v, None), 3)
-                for v in (kv, bumped))
+        a, b = (fp.first_tensor(ctx.learner.call("forward", s.c.call, v, v, v, None), 3) for v in (x, bumped))
     except fp.LearnerFailure:
         return math.inf
     finally:
         s.c.state.pop("more")
         ctx.learner.calls, ctx.learner.nan_calls = counts
-    if a is None or b is None or a.shape != b.shape or a.dim() != 3:
-        return math.inf
-    # NaN (a form read the other way round hides every key of a row): that form is not taken
-    return float((a - b).abs()[real].max().nan_to_num(nan=math.inf))
+    return fp.max_error(a, b, ~pads)
 
 
 def _moved(a: Tensor | None, b: Tensor | None, positions: slice) -> float:

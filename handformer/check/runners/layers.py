@@ -109,7 +109,7 @@ class Layer:
         self.comp, self.ctx, self.decoder, self.causal_block = comp, ctx, decoder, causal_block
         params = forward_parameters(comp.obj.forward) if inspect.isclass(comp.obj) else []
         # its rotary table's name when not freqs_cis (Umar Jamil's freqs_complex, minimind's pos_cis)
-        self.complex_name = next((p.name for p in params if p.name in TABLE_ALIASES), None)
+        self.complex_name = next(iter({p.name for p in params}.intersection(TABLE_ALIASES)), None)
         params = [p.replace(name="freqs_cis") if p.name == self.complex_name else p for p in params]
         self.params = params
         self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
