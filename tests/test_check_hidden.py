@@ -148,3 +148,17 @@ def test_a_complex_rotary_table_under_minimind_s_name_is_handed_as_meta_s(tmp_pa
     assert status == {"Attention": wrong, "repeat_kv": wrong, "apply_rotary_emb": "pass",
                       "TransformerBlock": wrong}, format_report(result)
     assert plant == "correct" or _only(result, "Attention").has("kv_repeat_order"), format_report(result)
+
+
+RASCHKA = FIXTURES / "learners_raschka" / "correct.py"
+HEADS_FOR_HEAD_SIZE = ("attn_scores / keys.shape[-1] ** 0.5", "attn_scores / keys.shape[1] ** 0.5")
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_size_read_from_the_wrong_axis_shows_at_sizes_that_all_differ(tmp_path, planted):
+    """keys.shape[1] (the heads) for the head size is the right number at check's 4 heads of 4: the
+    attention is compared again with 2 heads of 8."""
+    result = check_file(_planted(tmp_path, RASCHKA, [HEADS_FOR_HEAD_SIZE] * planted), only=["causal_attention"])
+    (attention,) = result.components
+    (distinct,) = [c for c in attention.checks if c.name["en"].startswith("with 2 heads of 8")]
+    assert distinct.ok != planted and attention.status == ("fail" if planted else "pass"), format_report(result)

@@ -881,6 +881,8 @@ def _properties(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -
     if s.c.takes_mask and s.rope is None:
         _padding_invariance(res, ctx, s, x)
     _key_padding_alone(res, ctx, s)
+    if s.rope is None and s.n_kv_heads is None and s.heads == H:
+        _at_distinct_sizes(res, ctx, comp, s)
     has_o = any(sl.role.endswith("W_O") for sl in s.slots)
     if has_o and not s.causal_inside and s.n_kv_heads is None and s.rope is None:
         w = mha_weights(s.slots, s.heads)
@@ -931,6 +933,35 @@ def _padding_invariance(res: ComponentResult, ctx: Context, s: Setup, x: Tensor)
     res.checks.append(Check(text("padding invariance: changing padded keys/values changes nothing",
                                  "填充不变性：改变被填充的键/值不影响输出"), moved < 1e-9,
                             text(f"outputs moved by {moved:.3g}", f"输出变化了 {moved:.3g}")))
+
+
+# sizes at which no two differ (batch 3, 5 tokens, 2 heads of 8, d_model 16): at check's 4 heads of 4, a
+# size read from the wrong axis (keys.shape[1], the heads, for the head size) is the right number
+DISTINCT_HEADS, DISTINCT_B, DISTINCT_T = 2, 3, 5
+
+
+def _at_distinct_sizes(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -> None:
+    """The attention built again with 2 heads of 8 and compared with handformer's on the same weights;
+    nothing is said when it cannot be built or run so (a size only its own code allows)."""
+    sizes, dh = {**ctx_sizes(), "n_heads": DISTINCT_HEADS, "causal": s.causal_inside}, D // DISTINCT_HEADS
+    x = fp.randn(DISTINCT_B, DISTINCT_T, D, seed=7)
+    try:
+        with ctx.hyperparameters(comp, sizes):
+            module = ctx.build(comp, sizes, warmup=lambda m: caller(m, dh).call(x, x, x, None))
+            c = caller(module, dh)
+            c.state.update(s.c.state)  # the convention of a mask it requires
+            out = fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, None), 3)
+        linears, qk_norms = _projections(comp, module, DISTINCT_HEADS)
+        slots = attention_slots(linears, D, 1, comp.name)[0] + qk_norms
+    except (fp.LearnerFailure, MappingError):
+        return
+    hf = handformer_attention(slots, heads=DISTINCT_HEADS)
+    ref = hf(x, x, x, causal(DISTINCT_T)[None, None] if s.causal_inside else None, need_weights=True)[0]
+    err = fp.max_error(out, ref)
+    res.checks.append(Check(text(
+        f"with {DISTINCT_HEADS} heads of {dh} (batch {DISTINCT_B}, {DISTINCT_T} tokens: no two sizes equal) "
+        "it still matches handformer's", f"{DISTINCT_HEADS} 个头、每头 {dh} 维（batch {DISTINCT_B}，"
+        f"{DISTINCT_T} 个 token：没有两个尺寸相等）时仍与 handformer 一致"), err < 1e-5, error_text(err)))
 
 
 PAD_KEYS = 3  # row 1's first keys are padding (left padding: later queries of every kind see them)
