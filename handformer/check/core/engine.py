@@ -155,14 +155,14 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
             result.error = theirs
         else:
             result.status, result.adapter = NOT_CHECKED, adapter_hint(comp)
-    if result.status == ERROR and result.error is not None and result.error.kind == "exception" and (
-            result.error.traceback):  # their code raised, at their line, on an input it accepts: it fails
-        result.status = FAIL
     if without_unpadded_nan(_module_source(ctx), result.findings, result.notes) and result.status == FAIL:
         from handformer.check.core.context import finish
 
         result.status = "pass"
         finish(result)
+    if result.status == ERROR and result.error is not None and result.error.kind == "exception" and (
+            result.error.traceback):  # their code raised, at their line, on an input it accepts: it fails
+        result.status = FAIL
     _add_notes(comp, ctx, result)
     ctx.results[comp.name] = result
     return result
