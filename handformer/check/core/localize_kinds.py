@@ -38,6 +38,7 @@ from handformer.check.core.localize import (
     view_zh,
 )
 from handformer.check.core.result import ComponentResult, text
+from handformer.check.core.source import lines_matching
 from handformer.check.reference import variants as V
 
 Localize = Callable[[], Departure | None]
@@ -55,6 +56,21 @@ def note_departure(res: ComponentResult, localize: Localize) -> None:
         return
     if found is not None:
         res.notes.append(found.describe())
+
+
+def place_findings(res: ComponentResult, lines: list[tuple[int, str]], localize: Localize) -> None:
+    """A catalogued finding whose patterns match several of the learner's lines (the sin line and the
+    cos line of a table) is placed at the one where their computation first parts from the correct
+    reference, when that is one of them: the line they wrote wrong, not the first that looks alike."""
+    unsure = [(f, lines_matching(f.name, lines)) for f in res.findings if f.line is not None]
+    unsure = [(f, at) for f, at in unsure if len(at) > 1]
+    try:
+        found = unsure and localize()
+    except Exception:  # noqa: BLE001 - their code, or a reading that does not apply: left where it is
+        return
+    for finding, at in unsure if found else ():
+        if found.line in at:
+            finding.line, finding.code = found.line, found.code
 
 
 def _children(module: nn.Module, depth: int = 1) -> list[tuple[str, nn.Module]]:

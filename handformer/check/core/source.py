@@ -59,9 +59,19 @@ def locate(name: str, lines: list[tuple[int, str]]) -> tuple[int | None, str | N
     return _first_match(CATALOG[name].patterns, lines)
 
 
+def lines_matching(name: str, lines: list[tuple[int, str]]) -> list[int]:
+    """The numbers of the code lines any of the diagnosis' patterns matches."""
+    regexes = [re.compile(p) for p in CATALOG[name].patterns]
+    return [n for n, t in _code_lines(lines) if any(r.search(t.split("#")[0]) for r in regexes)]
+
+
+def _code_lines(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The lines that are code: comments and docstrings' lines skipped."""
+    return [(n, t) for n, t in lines if t.strip() and not t.strip().startswith(("#", '"' * 3, "'" * 3))]
+
+
 def _first_match(patterns: Iterable[str], lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
-    code_lines = [(n, t) for n, t in lines
-                  if t.strip() and not t.strip().startswith(("#", '"""', "'''"))]
+    code_lines = _code_lines(lines)
     for pattern in patterns:
         regex = re.compile(pattern)
         for number, line in code_lines:

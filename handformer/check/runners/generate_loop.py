@@ -34,9 +34,12 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import CONTEXT_NAMES, COUNT_NAMES, MODEL_NAMES, PROMPT_NAMES
 from handformer.check.core.context import Context, forward_names, forward_parameters, named
 from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.localize import Departure
+from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.runners.localize_generate import default_temperature, generate_views, localize_generate
 from handformer.config import CausalLMConfig
 from handformer.families import build_causal_lm
 from handformer.generation.generate import generate as hf_generate
@@ -363,6 +366,10 @@ class StandIn:
     def new_model(self, style: str, budget: int) -> LanguageModel:
         return LanguageModel(known_model(), BLOCK, style, budget)
 
+    def logits(self, ids: Tensor) -> Tensor:
+        """The logits (B, t, V) the loop's model gives for ids (B, t), as scaled as in the loop."""
+        return LanguageModel(self.model, BLOCK, "tensor", budget=1)(ids)
+
     def reference(self, B: int, n: int) -> Tensor:
         return greedy(self.model, prompts(B), n)[:, prompts(B).size(1):]
 
@@ -382,7 +389,7 @@ class StandIn:
 
 
 def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
-    note = defaults_note(comp.obj)
+    note, wrong = defaults_note(comp.obj), None  # wrong: a run whose tokens are not the expected ones
     res.notes += [note] if note else []
     short = first = run_generate(ctx, comp, driver, SHORT, 2)
     for B, as_list in ((1, False), (1, True)):  # a loop written for one prompt, maybe a list of ints
@@ -413,13 +420,29 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
             _judge(res, ctx, comp, again, reference)
     elif not res.has("generate_not_appended", "generate_does_not_stop"):
         if knows_block_size(comp):
-            _long(res, ctx, comp, driver, B, short.as_list)
+            wrong = _long(res, ctx, comp, driver, B, short.as_list)
         else:
             res.notes.append(NO_BLOCK_NOTE)
     if short.failure and not res.findings and short.out is None:
         raise short.failure
     if short.out is not None and not res.findings:
         _eos(res, ctx, comp, driver, short, reference[0])
+    if short.out is not None and not torch.equal(short.out, reference):
+        wrong = short, reference
+    if wrong and not res.findings:
+        note_departure(res, lambda: _localize(ctx, comp, driver, *wrong))
+
+
+def _localize(ctx: Context, comp: Component, driver: Any, run: Run, expected: Tensor) -> Departure | None:
+    """Where the loop of `run` parts from greedy decoding (localize_generate.py), run again as it was."""
+    views, forms = generate_views(driver.logits, run.prompt, expected, BLOCK, default_temperature(comp.obj))
+    model = driver.new_model(getattr(run.model, "style", "own"), budget=run.n + 3)
+    prompt = run.prompt[0].tolist() if run.as_list else run.prompt.clone()
+    try:
+        return localize_generate(lambda: _call(ctx, comp, model, prompt, run.n, fixed_defaults(comp.obj)),
+                                 comp.obj, views, forms)
+    finally:
+        getattr(model, "close", lambda: None)()  # the hooks on the learner's own model
 
 
 # the names a loop that crops its context reads its limit by (Raschka's context_size, nanoGPT's
@@ -450,9 +473,11 @@ NO_BLOCK_NOTE = text("it names no block size, so it feeds the whole context: pas
                      "idx[:, -block_size:]")
 
 
-def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: int, as_list: bool) -> None:
+def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: int, as_list: bool,
+          ) -> tuple[Run, Tensor] | None:
     """LONG new tokens: past the block size, where a model with a position table needs the crop; a
-    crop that a model without one does not need is a choice (noted), not a mistake."""
+    crop that a model without one does not need is a choice (noted), not a mistake. The run and its
+    expected tokens when they differ."""
     long = run_generate(ctx, comp, driver, LONG, B, as_list)
     expected, cropped = driver.reference(B, LONG), driver.alternative(B, LONG)
     if cropped is not None and long.out is not None and torch.equal(long.out, cropped) and not torch.equal(
@@ -463,6 +488,7 @@ def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: i
                               f"它把上下文裁剪到最后 {BLOCK} 个 token，而你的模型并不需要（它没有这么大的"
                               "位置表）：这是一种选择"))
     _judge(res, ctx, comp, long, expected)
+    return (long, expected) if long.out is not None and not torch.equal(long.out, expected) else None
 
 
 def _eos(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short: Run, reference: Tensor,

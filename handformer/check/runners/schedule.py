@@ -28,10 +28,12 @@ from handformer.check.core.argument_names import SCHEDULE_ARGS as ARGS
 from handformer.check.core.argument_names import SCHEDULE_STEP_NAMES as STEP_NAMES
 from handformer.check.core.context import Context, forward_parameters, global_reads, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError
-from handformer.check.core.probe import Found, Probe, Subject, run_probe
+from handformer.check.core.localize import Departure
+from handformer.check.core.probe import Found, Probe, Subject, localize_step, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.reference import variants as V
+from handformer.check.runners.localize_schedule import localize_schedule
 
 OPTIMIZER_NAMES = ("optimizer", "opt", "optim")
 PAPER = {"d_model": 64, "factor": 2.0, "warmup": 10}
@@ -350,9 +352,66 @@ SCHEDULE = Probe(
     observe=lambda out: out[1:],            # the steps after 0 (the families' steps start at 0)
     reference=_reference,
     universe=lambda s: s.facts["flags"],
-    steps=(_compared, _at_zero),
+    steps=(_compared, _at_zero, localize_step(lambda s, found: _localize(s, found))),
     error=fp.relative_error, tol=fp.REL_TOL, deterministic=False,
 )
+
+
+def _localize(subject: Subject, found: Found) -> Departure | None:
+    """Where a schedule of plain numbers parts from the right convention's (localize_schedule.py)."""
+    sched = subject.module
+    if sched.factory:
+        return None
+    got = _floats(subject.facts["got"])
+    conv, right = max(subject.readings, key=lambda r: _agreeing(got, r[1]))  # the one right the longest
+    with sched.settings():
+        return localize_schedule(sched.value, sched.comp.obj, _sub_steps(sched, conv, right), got,
+                                 {s: right(s, frozenset()) for s in got}, _named_sizes(sched))
+
+
+def _agreeing(got: dict[int, float], right: Convention) -> int:
+    """How many steps, from the first, the values are the convention's."""
+    steps = sorted(got)
+    return next((i for i, s in enumerate(steps) if not _close(got[s], right(s, frozenset()))), len(steps))
+
+
+def _named_sizes(sched: Schedule) -> dict[str, float]:
+    """The sizes a factor may be: the warmup, the end, π, the peak, d_model."""
+    z = sched.sizes
+    names = {"warmup": "T_w", "total": "T", "max_lr": "max_lr", "min_lr": "min_lr", "d_model": "d_model"}
+    return {"π": math.pi} | {names[k]: float(v) for k, v in z.items() if k in names}
+
+
+def _sub_steps(sched: Schedule, conv: str, right: Convention) -> Callable[[int], dict[str, float]]:
+    """The reference's sub-steps at a step, by name, under the convention `conv`."""
+    z = sched.sizes
+    if sched.family == "paper":
+        factor = z["factor"] if sched.args["factor"] else 1.0
+
+        def paper_steps(s: int) -> dict[str, float]:
+            n = max(s, 1) if conv == "from_1" else s + 1
+            terms = (n ** -0.5, n * z["warmup"] ** -1.5)
+            rate = right(s, frozenset())
+            return {"the step n": n, "n^-0.5": terms[0], "n × warmup^-1.5": terms[1],
+                    "min(n^-0.5, n × warmup^-1.5)": min(terms),
+                    "d_model^-0.5 × min(...)": z["d_model"] ** -0.5 * min(terms), "the rate": rate,
+                    "the rate / factor": rate / factor}
+        return paper_steps
+    a, b, _ = COSINE_CONVENTIONS[conv]
+    w, total, hi, lo = z["warmup"], z["total"], z["max_lr"], z["min_lr"]
+
+    def cosine_steps(s: int) -> dict[str, float]:
+        n = s + a if conv == "handformer" else s
+        p = (n - w) / (total - w)
+        c = math.cos(math.pi * p)
+        return {"the step t": s, "the step t + 1": s + 1, "t - T_w": n - w,
+                "the warmup fraction": (s + a) / (w + b), "the warmup's rate": hi * (s + a) / (w + b),
+                "the progress through the decay": p, "π × the progress": math.pi * p,
+                "cos(π × the progress)": c, "1 + cos(π × the progress)": 1 + c,
+                "the cosine factor (1 + cos(π × the progress)) / 2": (1 + c) / 2,
+                "the cosine factor × (max_lr - min_lr)": (1 + c) / 2 * (hi - lo),
+                "the rate": right(s, frozenset())}
+    return cosine_steps
 
 
 def _factory_note(comp: Component) -> Text:
