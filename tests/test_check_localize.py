@@ -497,7 +497,7 @@ def test_attention_that_raises_is_localized_at_the_reshape_without_its_permute(t
                                    "    X = X.reshape(-1, num_heads, X.shape[1], X.shape[2])\n")
     path.write_text(source)
     (comp,) = check_file(str(path)).components
-    assert comp.status == "error", comp
+    assert comp.status == "fail" and comp.error.kind == "exception", comp
     (note,) = [n for n in comp.notes if "parts from the reference" in n["en"]]
     assert "`return` at line 15: return X.reshape(X.shape[0], X.shape[1], -1)" in note["en"], note
     assert "a transpose or permute left out" in note["en"] and "第 15 行" in note["zh"], note
