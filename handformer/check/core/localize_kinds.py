@@ -48,28 +48,26 @@ def note_departure(res: ComponentResult, localize: Localize) -> None:
     """A FAIL (the caller judges it) that no catalogued mistake explains gets a note: where the
     learner's computation first parts from the reference, its line, and the form of the difference.
     Localizing is a help, never a verdict: when it cannot run (the learner's code raises), no note."""
-    if res.findings:
-        return
+    found = None if res.findings else _quietly(localize)
+    res.notes += [found.describe()] * (found is not None)
+
+
+def _quietly(localize: Localize) -> Departure | None:
     try:
-        found = localize()
-    except Exception:  # noqa: BLE001 - their code, or a reading that does not apply: no note
-        return
-    if found is not None:
-        res.notes.append(found.describe())
+        return localize()
+    except Exception:  # noqa: BLE001 - their code, or a reading that does not apply: nothing found
+        return None
 
 
 def place_findings(res: ComponentResult, lines: list[tuple[int, str]], localize: Localize) -> None:
     """A catalogued finding whose patterns match several of the learner's lines (the sin line and the
     cos line of a table) is placed at the one where their computation first parts from the correct
     reference, when that is one of them: the line they wrote wrong, not the first that looks alike."""
-    unsure = [(f, lines_matching(f.name, lines)) for f in res.findings if f.line is not None]
+    unsure = [(f, lines_matching(f.name, lines)) for f in res.findings]
     unsure = [(f, at) for f, at in unsure if len(at) > 1]
-    try:
-        found = unsure and localize()
-    except Exception:  # noqa: BLE001 - their code, or a reading that does not apply: left where it is
-        return
-    for finding, at in unsure if found else ():
-        if found.line in at:
+    found = _quietly(localize) if unsure else None
+    for finding, at in unsure:
+        if getattr(found, "line", None) in at:
             finding.line, finding.code = found.line, found.code
 
 

@@ -389,7 +389,7 @@ class StandIn:
 
 
 def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any) -> None:
-    note, wrong = defaults_note(comp.obj), None  # wrong: a run whose tokens are not the expected ones
+    note = defaults_note(comp.obj)
     res.notes += [note] if note else []
     short = first = run_generate(ctx, comp, driver, SHORT, 2)
     for B, as_list in ((1, False), (1, True)):  # a loop written for one prompt, maybe a list of ints
@@ -410,6 +410,7 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
                               f"它一次只能为一个提示词生成（2 个一批时失败了）{zh}"))
     reference = driver.reference(B, SHORT)
     _judge(res, ctx, comp, short, reference)
+    tried = [(short, reference)]  # the runs and the tokens each is judged against
     if any(c.cached for c in short.model.calls):
         res.notes.append(text("it decodes with a KV cache: after the prompt it feeds one token at a time",
                               "它用 KV 缓存解码：处理完提示词之后每次只输入一个 token"))
@@ -420,17 +421,28 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
             _judge(res, ctx, comp, again, reference)
     elif not res.has("generate_not_appended", "generate_does_not_stop"):
         if knows_block_size(comp):
-            wrong = _long(res, ctx, comp, driver, B, short.as_list)
+            tried.append(_long(res, ctx, comp, driver, B, short.as_list))
         else:
             res.notes.append(NO_BLOCK_NOTE)
+    _ending(res, ctx, comp, driver, tried)
+
+
+def _ending(res: ComponentResult, ctx: Context, comp: Component, driver: Any, tried: list[tuple[Run, Tensor]],
+            ) -> None:
+    """After the runs `tried` (the short one first): its failure when nothing names it, the EOS check
+    when its tokens are right, and where a wrong run departs when no mistake names it."""
+    short, reference = tried[0]
     if short.failure and not res.findings and short.out is None:
         raise short.failure
     if short.out is not None and not res.findings:
         _eos(res, ctx, comp, driver, short, reference[0])
-    if short.out is not None and not torch.equal(short.out, reference):
-        wrong = short, reference
-    if wrong and not res.findings:
+    wrong = next((run for run in tried if _wrong(*run)), None)
+    if wrong:
         note_departure(res, lambda: _localize(ctx, comp, driver, *wrong))
+
+
+def _wrong(run: Run, expected: Tensor) -> bool:
+    return run.out is not None and not torch.equal(run.out, expected)
 
 
 def _localize(ctx: Context, comp: Component, driver: Any, run: Run, expected: Tensor) -> Departure | None:
@@ -474,10 +486,10 @@ NO_BLOCK_NOTE = text("it names no block size, so it feeds the whole context: pas
 
 
 def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: int, as_list: bool,
-          ) -> tuple[Run, Tensor] | None:
+          ) -> tuple[Run, Tensor]:
     """LONG new tokens: past the block size, where a model with a position table needs the crop; a
-    crop that a model without one does not need is a choice (noted), not a mistake. The run and its
-    expected tokens when they differ."""
+    crop that a model without one does not need is a choice (noted), not a mistake. The run and the
+    tokens it is judged against."""
     long = run_generate(ctx, comp, driver, LONG, B, as_list)
     expected, cropped = driver.reference(B, LONG), driver.alternative(B, LONG)
     if cropped is not None and long.out is not None and torch.equal(long.out, cropped) and not torch.equal(
@@ -488,7 +500,7 @@ def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: i
                               f"它把上下文裁剪到最后 {BLOCK} 个 token，而你的模型并不需要（它没有这么大的"
                               "位置表）：这是一种选择"))
     _judge(res, ctx, comp, long, expected)
-    return (long, expected) if long.out is not None and not torch.equal(long.out, expected) else None
+    return long, expected
 
 
 def _eos(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short: Run, reference: Tensor,

@@ -70,7 +70,7 @@ def _crop_forms(tokens: Tensor, block: int) -> list[Form]:
     """The tokens so far (B, T) cropped to another length than the block size."""
     return [(text(f"the last {k} tokens; the context is the last {block} (the block size)",
                   f"取了最后 {k} 个 token；上下文应是最后 {block} 个（block size）"), tokens[:, -k:])
-            for k in range(1, tokens.size(1)) if k != block]
+            for k in range(1, tokens.size(1))]  # the block size itself is a view, never a departure
 
 
 def localize_generate(run: Callable[[], Any], fn: Any, views: list[View], forms: list[Form],
