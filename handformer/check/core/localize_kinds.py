@@ -49,7 +49,8 @@ def note_departure(res: ComponentResult, localize: Localize) -> None:
     learner's computation first parts from the reference, its line, and the form of the difference.
     Localizing is a help, never a verdict: when it cannot run (the learner's code raises), no note."""
     found = None if res.findings else _quietly(localize)
-    res.notes += [found.describe()] * (found is not None)
+    if found is not None:
+        res.notes.append(found.describe())
 
 
 def _quietly(localize: Localize) -> Departure | None:
