@@ -418,6 +418,16 @@ SUB_STEP_PLANTS = {
     "layernorm_mean_over_tokens": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)",
                                    "mean = x.mean(1, keepdim=True)", "`mean` at line",
                                    "the mean of the input x over dim=1; the reference reduces over dim=-1"),
+    "lm_step_loss_summed": (FIXTURES / "learners_cache" / "correct.py", "lm_train_step",
+                            "y.reshape(-1))", 'y.reshape(-1), reduction="sum")', "`loss` at line",
+                            "the loss, the mean cross-entropy times a constant factor 12 = B·T"),
+    "generate_crops_one_short": (FIXTURES / "learners_sampling" / "correct.py", "generate", "idx[:, -block_size:]",
+                                 "idx[:, -block_size + 1:]", "`idx_cond` at line",
+                                 "the last 7 tokens; the context is the last 8 (the block size)"),
+    "cosine_factor_without_its_half": (FIXTURES / "learners_training" / "correct.py", "schedule",
+                                       "0.5 * (1 + math.cos(math.pi * progress))",
+                                       "(1 + math.cos(math.pi * progress))", "`return` at line",
+                                       "is the cosine factor × (max_lr - min_lr) times a constant factor 2"),
 }
 
 

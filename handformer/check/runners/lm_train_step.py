@@ -33,8 +33,10 @@ from torch import Tensor
 from handformer.check.core.argument_names import LR_NAMES, X_NAMES, Y_NAMES
 from handformer.check.core.context import Context, error_text, finish, forward_parameters, named
 from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.runners.localize_train import localize_lm_step
 from handformer.check.runners.train_step import (
     MODEL_NAMES,
     OPTIMIZER_NAMES,
@@ -182,7 +184,16 @@ def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
             _search(res, ctx, comp, step, base, got, right, errs)
         if step.clip is not None and not res.findings:  # a loss scale clipping hid
             _unclipped(res, step, base)
+        if max(errs) >= TOL:
+            _localize(res, step, base)
     return finish(res)
+
+
+def _localize(res: ComponentResult, step: Step, base: nn.Module) -> None:
+    """Where the step parts from handformer's (localize_train.py), on a fresh copy of the model."""
+    model = copy.deepcopy(base)
+    x, y = batches()[0]
+    note_departure(res, lambda: localize_lm_step(step, model, optimizer(model), x, y, LRS[0]))
 
 
 def _drive(step: Step, base: nn.Module, make_opt: Any = optimizer,
