@@ -162,3 +162,32 @@ def test_a_size_read_from_the_wrong_axis_shows_at_sizes_that_all_differ(tmp_path
     (attention,) = result.components
     (distinct,) = [c for c in attention.checks if c.name["en"].startswith("with 2 heads of 8")]
     assert distinct.ok != planted and attention.status == ("fail" if planted else "pass"), format_report(result)
+
+
+RATE_LR_MUL = [("def rate(step, model_size, factor, warmup):", "def rate(step, model_size, warmup, lr_mul=2.0):"),
+               ("return factor * (model_size", "return lr_mul * (model_size")]
+LOSS_N_CLASS = [("def __init__(self, size, padding_idx, smoothing=0.1):",
+                 "def __init__(self, n_class, padding_idx, smoothing=0.1):"), ("self.size = size", "self.size = n_class")]
+STEP_TUPLE = [("logits = model(src_part, tgt_part[:, :-1])", "logits, _ = model(src_part, tgt_part[:, :-1])")]
+OWN_FORMS = {  # a learner's own form of a component, correct and planted: (file, kind, edits, its name)
+    "lr_mul": (CARRIED, "schedule", RATE_LR_MUL, "rate"),
+    "lr_mul_planted": (CARRIED, "schedule", RATE_LR_MUL + [("step * warmup ** (-1.5)", "step * warmup ** (-0.5)")],
+                       "rate"),
+    "n_class": (CARRIED, "loss", LOSS_N_CLASS, "LabelSmoothing"),
+    "n_class_planted": (CARRIED, "loss", LOSS_N_CLASS + [("true_dist[:, self.padding_idx] = 0", "true_dist[:, 1] = 0")],
+                        "LabelSmoothing"),
+    "model_returns_a_tuple": (HIDDEN, "train_step", STEP_TUPLE, "train_step"),
+    "model_returns_a_tuple_planted": (HIDDEN, "train_step", STEP_TUPLE + [
+        ("(loss / accum_steps).backward()", "loss.backward()")], "train_step"),
+}
+
+
+@pytest.mark.parametrize("form", list(OWN_FORMS))
+def test_a_component_in_a_learner_s_own_form_is_built_and_driven(tmp_path, form):
+    """A schedule's multiplier named lr_mul (jadore801120's), a label-smoothing loss sized by n_class, a
+    step that unpacks `logits, _ = model(...)` (bentrevett's model returns the attention too): each
+    checked, the correct one passing and the planted one failing."""
+    source, kind, edits, name = OWN_FORMS[form]
+    result = check_file(_planted(tmp_path, source, edits), only=[kind])
+    status = _only(result, name).status
+    assert status == ("fail" if form.endswith("_planted") else "pass"), format_report(result)

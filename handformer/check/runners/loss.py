@@ -55,7 +55,7 @@ PAD_NAMES = ("pad_idx", "pad_id", "padding_idx", "ignore_index", "pad", "pad_tok
              "tgt_pad_idx", "trg_pad_idx")
 SMOOTHING_NAMES = ("smoothing", "label_smoothing", "epsilon", "eps", "ls", "alpha", "smooth")
 SIZE_NAMES = ("size", "vocab_size", "v", "n_classes", "num_classes", "classes", "tgt_vocab_size",
-              "n_vocab", "vocab", "tgt_vocab")
+              "n_vocab", "vocab", "tgt_vocab", "n_class", "num_class")
 SPLITS: dict[str, Text] = {
     "v": text("the smoothing spread over all V tokens, the target's too (PyTorch's label_smoothing)",
               "平滑的概率分给全部 V 个 token，包括目标（PyTorch 的 label_smoothing）"),

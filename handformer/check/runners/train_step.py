@@ -81,6 +81,13 @@ def tiny_model() -> Seq2SeqTransformer:
     return Seq2SeqTransformer(cfg).double()
 
 
+def unpacked(source: str, model: str | None) -> int:
+    """How many values the step unpacks its model's call into (bentrevett's `output, _ = model(src,
+    trg[:, :-1])`: 2, its model returns the attention too); 1 when it takes the call whole."""
+    match = re.search(rf"^\s*(\w+(?:\s*,\s*\w+)+)\s*,?\s*=\s*{re.escape(model or '')}\s*\(", source, re.M)
+    return len(match.group(1).split(",")) if match and model else 1
+
+
 def clip_norm(source: str) -> float | None:
     """The gradient norm a training step's source clips to (clip_grad_norm_(params, 1.0): 1.0; a
     clip_grad without a number it reads: 1.0), None when it clips none."""
@@ -95,15 +102,17 @@ class Recorded(nn.Module):
     log-softmax of log-probabilities changes nothing), and a KLDivLoss or NLLLoss (the Annotated
     Transformer's label smoothing, its generator ending in log_softmax) needs them."""
 
-    def __init__(self, model: Seq2SeqTransformer) -> None:
+    def __init__(self, model: Seq2SeqTransformer, outputs: int = 1) -> None:
         super().__init__()
         self.model = model
         self.calls: list[tuple[bool, int]] = []  # (training, target length)
         self.scale = 1.0  # the logits' factor: small, the gradients stay under the clipping norm
+        self.outputs = outputs  # a step that unpacks `output, _ = model(...)`: a tuple, the logits first
 
-    def forward(self, src: Tensor, tgt: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    def forward(self, src: Tensor, tgt: Tensor, *args: Any, **kwargs: Any) -> Any:
         self.calls.append((self.training, tgt.size(1)))
-        return (self.model(src, tgt).logits * self.scale).log_softmax(-1)
+        out = (self.model(src, tgt).logits * self.scale).log_softmax(-1)
+        return out if self.outputs == 1 else (out,) + (None,) * (self.outputs - 1)
 
 
 def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor,
@@ -251,6 +260,7 @@ class Step:
             loop = re.search(rf"for\s+(\w+)\s+in\s+(?:enumerate\()?\s*{loader}\b", self.source)
             self.batch = loop.group(1) if loop else None
         self.make_criterion, self.criterion_name = learner_criterion(ctx)
+        self.outputs = unpacked(self.source, self.model)
         self.scale = 1.0  # the logits' factor in both steps (unclipped_scale: clipping out of reach)
 
     def _batch(self, src: Tensor, tgt: Tensor) -> Any:
@@ -362,7 +372,7 @@ def _drive(step: Step, base: Seq2SeqTransformer) -> Drive:
     """The learner's step (or epoch) from `base`, handed in eval mode (as after an evaluation), and
     handformer's from the same start: the model handed, both parameter lists, the largest difference
     after each step."""
-    model = Recorded(copy.deepcopy(base)).eval()
+    model = Recorded(copy.deepcopy(base), step.outputs).eval()
     model.scale = step.scale
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     got = []
@@ -404,7 +414,7 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
         if max(errs) >= step.tol:
             _search(res, ctx, comp, step, base, got, right, errs, {n for _, n in model.calls})
             note_departure(res, lambda: localize_train_step(
-                step, Recorded(copy.deepcopy(base)), *batches()[0], LR))
+                step, Recorded(copy.deepcopy(base), step.outputs), *batches()[0], LR))
         if step.clip is not None and not _named(res):  # a loss scale clipping hid, or no mistake named
             _unclipped(res, ctx, comp, step, base)
     if not all(c.ok for c in res.checks) and not _named(res):
