@@ -100,10 +100,11 @@ def inner(runs: list[list[Step]], key: tuple[int, str], refs: Tensor, w: int, wh
 
 
 def _shifted(views: Views, steps: Tensor) -> list[Form]:
-    """Each sub-step one step on and one step back: a step counted off by one."""
+    """Each sub-step but the step itself (a constant added to it is an offset) one step on and one
+    step back: a step counted off by one."""
     return [(text(f"{name} of step t {sign} 1: the step is counted off by one",
                   f"是步 t {sign} 1 的{view_zh(name)}：步数差了一"), r)
-            for d, sign in ((1, "+"), (-1, "-")) for name, r in views(steps + d)]
+            for d, sign in ((1, "+"), (-1, "-")) for name, r in views(steps + d)[2:]]
 
 
 def localize_schedule(value_at: Callable[[int], Any], fn: Any, views: Views, got: Tensor, right: Tensor,

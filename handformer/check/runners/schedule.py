@@ -412,7 +412,7 @@ def _paper_steps(s: Tensor, n: Tensor, z: dict[str, float], factor: str | None, 
     n = n.clamp(min=1)
     terms = (n ** -0.5, n * z["warmup"] ** -1.5)
     least, rate = torch.minimum(*terms), _rates(right, s)
-    return [("the step n", n), ("n^-0.5", terms[0]), ("n × warmup^-1.5", terms[1]),
+    return [("the step t", s), ("the step n", n), ("n^-0.5", terms[0]), ("n × warmup^-1.5", terms[1]),
             ("min(n^-0.5, n × warmup^-1.5)", least),
             ("d_model^-0.5 × min(...)", z["d_model"] ** -0.5 * least),
             ("the rate / factor", rate / (z["factor"] if factor else 1.0)), ("the rate", rate)]
