@@ -352,7 +352,7 @@ SCHEDULE = Probe(
     observe=lambda out: out[1:],            # the steps after 0 (the families' steps start at 0)
     reference=_reference,
     universe=lambda s: s.facts["flags"],
-    steps=(_compared, _at_zero, localize_step(lambda s, found: _localize(s, found))),
+    steps=(_compared, _at_zero, localize_step(lambda s, found: _localize(s, found), place=False)),
     error=fp.relative_error, tol=fp.REL_TOL, deterministic=False,
 )
 
