@@ -604,14 +604,12 @@ def _search(m: GPTMap, out: Tensor, idx: Tensor, settings: list[Choices], last_o
     flags = FLAGS if m.wpe is not None else tuple(f for f in FLAGS if f != "pe_missing")
     flags += ("rope_wrong_base",) if m.table_theta is not None else ()
     B, T = idx.shape
-    for lo, hi in ((0, 1), (2, 2)):
-        for ch in settings:
-            hf = reference_model(m, ch)
-            hit = fp.search(out, lambda fl, hf=hf: _view(variant(hf, idx, fl, m.table_theta), last_only),
-                            flags, lambda fl: _view(_rows(B, T, fl)[..., None], last_only)[..., 0], hi, lo)
-            if hit is not None:
-                return ch, hit[0], hit[1]
-    return None
+
+    def search_one(ch: Choices, least: int, most: int) -> tuple[frozenset[str], float] | None:
+        hf = reference_model(m, ch)
+        return fp.search(out, lambda fl: _view(variant(hf, idx, fl, m.table_theta), last_only), flags,
+                         lambda fl: _view(_rows(B, T, fl)[..., None], last_only)[..., 0], most, least)
+    return fp.search_settings(settings, search_one)
 
 
 def _found(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, out: Tensor, idx: Tensor,

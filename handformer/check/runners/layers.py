@@ -22,6 +22,7 @@ import inspect
 import itertools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -89,12 +90,28 @@ from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
 # one angle a pair (interleaved, as Meta's)
 GIVEN_ROPES = {"cos_sin": ("half", "swapped"), "freqs_cos": ("interleaved", "half")}
 KV_HEADS = 2  # key/value heads a layer is built with when its constructor asks for them
-# handformer's layer of each kind, by (decoder, causal block)
-REFERENCE_LAYERS = {(True, False): DecoderLayer, (False, True): DecoderOnlyBlock,
-                    (False, False): EncoderLayer}
-# a layer's sublayers (decoder or not), and what the report calls each
-SUBLAYERS = {False: (["attn", "ffn"], ["self-attention", "FFN"]),
-             True: (["attn", "cross", "ffn"], ["self-attention", "cross-attention", "FFN"])}
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """One kind of layer as data: handformer's layer it is compared with, the norm placements the
+    search tries (the tutorials' first), its sublayers and what the report calls each, the
+    tutorial's example (T, the attention weights' shape, the words), how the reference variants
+    compute it (`variant`: layer, weights, inputs, flags, trace) and how handformer's layer is called
+    (`handformer`: the layer, x, memory, the source and target masks, the rotary layout)."""
+
+    reference: type[nn.Module]
+    placements: tuple[str, str]
+    decoder: bool
+    causal_block: bool
+    sublayers: tuple[list[str], list[str]]
+    tutorial: tuple[int, tuple[int, ...], str]
+    variant: Callable[..., Tensor]
+    handformer: Callable[..., Tensor]
+
+    @property
+    def expected(self) -> str:
+        return self.placements[0]
 # the position arguments a layer's forward may take (rope_tables.POSITION_ARGUMENTS: what each is handed)
 LAYER_POSITIONS = {"freqs_cis", "start_pos", "position_ids", "position_embeddings", "cos", "sin", "input_pos",
                    "cos_sin", "freqs_cos", "freqs_sin"}
@@ -105,8 +122,9 @@ class Layer:
 
     more: dict[str, Any] = {}  # further arguments a check hands the forward (a key_padding_mask alone)
 
-    def __init__(self, comp: Component, ctx: Context, decoder: bool, causal_block: bool) -> None:
-        self.comp, self.ctx, self.decoder, self.causal_block = comp, ctx, decoder, causal_block
+    def __init__(self, comp: Component, ctx: Context, kind: LayerKind) -> None:
+        self.comp, self.ctx, self.kind = comp, ctx, kind
+        self.decoder, self.causal_block = decoder, causal_block = kind.decoder, kind.causal_block
         params = forward_parameters(comp.obj.forward) if inspect.isclass(comp.obj) else []
         self.complex_name = any(p.name == "freqs_complex" for p in params)  # Umar Jamil's freqs_cis
         params = [p.replace(name="freqs_cis") if p.name == "freqs_complex" else p for p in params]
@@ -127,9 +145,9 @@ class Layer:
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
         found = leaves(self.module)
         linears = of_kind(found, "linear")
-        self.n_kv_heads, self.attn = _attentions(linears, 2 if decoder else 1, comp.name)
+        names, roles = kind.sublayers
+        self.n_kv_heads, self.attn = _attentions(linears, len(names) - 1, comp.name)
         self.ffn_candidates = ffn_slots(linears, D, self.sizes["d_ff"], comp.name)
-        names, roles = SUBLAYERS[decoder]
         norms, qk = block_norms(of_kind(found, "norm"))
         self.attn[0] += qk or gainless_qk(self.module)  # QK-norm: the attention's q_norm and k_norm
         norms = norms or gainless_norms(self.module, len(names))  # nanochat's norm(x), a function
@@ -338,7 +356,7 @@ def _flags(layer: Layer, w: V.LayerWeights) -> tuple[str, ...]:
 
 
 def check_encoder_layer(comp: Component, ctx: Context) -> ComponentResult:
-    res = _check_layer(comp, ctx, decoder=False, causal_block=False, expected="post")
+    res = _check_layer(comp, ctx)
     if comp.name in NAMES["block"]:  # a TransformerBlock that is no decoder's (discovery.encoder_block)
         res.notes.append(ENCODER_BLOCK_NOTE)
     return res
@@ -351,11 +369,11 @@ ENCODER_BLOCK_NOTE = text("checked as an encoder layer: its mask is optional and
 
 
 def check_decoder_layer(comp: Component, ctx: Context) -> ComponentResult:
-    return _check_layer(comp, ctx, decoder=True, causal_block=False, expected="post")
+    return _check_layer(comp, ctx)
 
 
 def check_block(comp: Component, ctx: Context) -> ComponentResult:
-    return _check_layer(comp, ctx, decoder=False, causal_block=True, expected="pre")
+    return _check_layer(comp, ctx)
 
 
 class Inputs:
@@ -368,10 +386,10 @@ class Inputs:
         self.src_keep, self.tgt_keep = _case_keeps(layer, B, T, S, [0, 2], [1, 0])
 
 
-def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: bool,
-                 expected: str) -> ComponentResult:
+def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
-    layer = Layer(comp, ctx, decoder, causal_block)
+    layer = Layer(comp, ctx, KINDS[comp.kind])
+    causal_block = layer.causal_block
     inp = Inputs(layer)
     _down_projection(res, ctx, comp, layer)
     if _causal_without_its_mask(layer):
@@ -398,8 +416,8 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
     else:
         check_determinism(res, ctx, comp, lambda: run(working), "mha", "ffn", "sdpa")
     with fp.dropout_off():
-        found = _search(layer, ctx, run, inp, search_rows, expected, convs[:1] if own_mask else convs)
-        _report_layer(res, layer, ctx, run, inp, search_rows, found, working, expected)
+        found = _search(layer, ctx, run, inp, search_rows, convs[:1] if own_mask else convs)
+        _report_layer(res, layer, ctx, run, inp, search_rows, found, working)
         _key_padding(res, layer, ctx)
 
     def shapes() -> None:
@@ -535,9 +553,9 @@ def _search_rows(layer: Layer, inp: Inputs, flags: frozenset[str]) -> Tensor | N
 
 def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callable[[str], Tensor | None],
                   inp: Inputs, search_rows: Callable[[frozenset[str]], Tensor | None], found: Found | None,
-                  working: str, expected: str) -> None:
+                  working: str) -> None:
     """The search's findings (or a note that it found none), then the checks on the layer as it is."""
-    comp = layer.comp
+    comp, expected = layer.comp, layer.kind.expected
     if found is None:
         res.notes.append(NO_MISTAKE_NOTE)
         conv, slots, act, placement = working, layer.ffn_candidates[0], _first_act(layer), expected
@@ -647,7 +665,7 @@ def _placement_note(placement: str, expected: str) -> dict[str, str]:
 
 def _rows(layer: Layer, src_keep: Tensor | None, tgt_keep: Tensor | None, B: int, T: int) -> Tensor | None:
     rows = None
-    for keep in (tgt_keep, src_keep if layer.decoder or not layer.causal_block else None):
+    for keep in (tgt_keep, None if layer.causal_block else src_keep):
         r = fp.visible_rows(keep, B, T) if keep is not None and keep.size(-2) in (1, T) else None
         if r is not None:
             rows = r if rows is None else rows & r
@@ -656,12 +674,23 @@ def _rows(layer: Layer, src_keep: Tensor | None, tgt_keep: Tensor | None, B: int
 
 def _compute(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozenset[str],
              trace: list[Tensor] | None = None) -> Tensor:
-    if layer.decoder:
-        tgt_keep = V.causal_keep(inp.T, flags)[None, None] if layer.own_mask else inp.tgt_keep
-        return V.decoder_layer(w, inp.x, inp.memory, inp.src_keep, tgt_keep, flags, trace)
-    if layer.causal_block:
-        keep = inp.tgt_keep if layer.takes_mask else V.causal_keep(inp.x.size(1), flags)[None, None]
-        return V.encoder_layer(w, inp.x, keep, flags, trace)
+    return layer.kind.variant(layer, w, inp, flags, trace)
+
+
+def _decoder_variant(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozenset[str],
+                     trace: list[Tensor] | None) -> Tensor:
+    tgt_keep = V.causal_keep(inp.T, flags)[None, None] if layer.own_mask else inp.tgt_keep
+    return V.decoder_layer(w, inp.x, inp.memory, inp.src_keep, tgt_keep, flags, trace)
+
+
+def _block_variant(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozenset[str],
+                   trace: list[Tensor] | None) -> Tensor:
+    keep = inp.tgt_keep if layer.takes_mask else V.causal_keep(inp.x.size(1), flags)[None, None]
+    return V.encoder_layer(w, inp.x, keep, flags, trace)
+
+
+def _encoder_variant(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozenset[str],
+                     trace: list[Tensor] | None) -> Tensor:
     return V.encoder_layer(w, inp.x, inp.src_keep, flags, trace)
 
 
@@ -669,7 +698,7 @@ Found = tuple[str, list[Slot], str, str, str | None, frozenset[str], float]
 
 
 def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], inp: Inputs, rows: fp.Rows,
-            expected: str, conventions: tuple[str, ...]) -> Found | None:
+            conventions: tuple[str, ...]) -> Found | None:
     """Convention, FFN mapping, activation, placement and rotary layout first with at most one
     mistake, then with pairs: the smallest explanation of the learner's output."""
     ran, failure = outputs_by_convention(run, conventions)
@@ -685,27 +714,23 @@ def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], inp
                                      f"shape {tuple(inp.x.shape)}; a layer keeps the shape (B, T, d_model)",
                                      f"x 的形状为 {tuple(inp.x.shape)} 时，{layer.comp.name} 返回了 "
                                      f"{shape_of(out)}；一层不改变形状 (B, T, d_model)")
+    settings = list(itertools.product(outputs, layer_settings(layer)))
+
+    def search_one(setting: tuple[Any, ...], least: int, most: int) -> tuple[frozenset[str], float] | None:
+        conv, (slots, act, placement, rope) = setting
+        w = layer.weights(slots, act, placement, rope)
+        return fp.search(outputs[conv], lambda flags: _compute(layer, w, inp, flags),
+                         responsive(outputs, _flags(layer, w)), rows, most, least)
+    found = fp.search_settings(settings, search_one, fewest=True)
+    return None if found is None else (found[0][0], *found[0][1], found[1], found[2])
+
+
+def layer_settings(layer: Layer) -> list[tuple[list[Slot], str, str, str | None]]:
+    """Every reading of the layer's weights the search tries: FFN mapping, activation, placement
+    (the kind's first), rotary layout."""
     gated = is_gated(layer.ffn_candidates[0])
-    placements = (expected, "pre" if expected == "post" else "post")
-    settings = list(itertools.product(outputs, layer.ffn_candidates, FFN_ACTIVATIONS[gated], placements,
-                                      layer.ropes))
-    for min_flags, max_flags in ((0, 1), (2, 2)):  # pairs only once no smaller set matched
-        best = None
-        for conv, slots, act, placement, rope in settings:
-            w = layer.weights(slots, act, placement, rope)
-            universe = responsive(outputs, _flags(layer, w))
-
-            def compute(flags: frozenset[str], w: V.LayerWeights = w) -> Tensor:
-                return _compute(layer, w, inp, flags)
-
-            found = fp.search(outputs[conv], compute, universe, rows, max_flags, min_flags)
-            if found is not None and (best is None or len(found[0]) < len(best[5])):
-                best = (conv, slots, act, placement, rope, found[0], found[1])
-                if not found[0]:
-                    return best
-        if best:
-            return best
-    return None
+    return list(itertools.product(layer.ffn_candidates, FFN_ACTIVATIONS[gated], layer.kind.placements,
+                                  layer.ropes))
 
 
 def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: str | None) -> nn.Module:
@@ -717,7 +742,7 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
                       dropout=0.0, activation=HF_NAME[(gated, act)],
                       norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm", norm_placement=placement,
                       norm_eps=first.eps, bias=True)
-    hf = REFERENCE_LAYERS[layer.decoder, layer.causal_block](cfg).double().eval()
+    hf = layer.kind.reference(cfg).double().eval()
     hf.self_attn = handformer_attention(layer.attn[0], layer.n_kv_heads, rope)
     if layer.decoder:
         hf.cross_attn = handformer_attention(layer.attn[1], layer.n_kv_heads)
@@ -746,14 +771,14 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
             src, tgt = _encode(layer, src_keep, tgt_keep, conv, B)
             raw = ctx.learner.call("forward", layer.call, x, memory, src, tgt)
             out = fp.first_tensor(raw, 3)
-            ref = _reference(hf, layer, x, memory, src_keep, tgt_keep, rope)
+            ref = layer.kind.handformer(hf, x, memory, src_keep, tgt_keep, rope)
             rows = _rows(layer, src_keep, tgt_keep, B, T)
             errors.append(fp.max_error(out, ref, rows))
             MASKED_ROWS[_torch_rows(layer, conv)](res, out, rows, layer.comp, ctx)
             if i == 0 and out is not None and out.shape == ref.shape and not layer.stepwise:
                 grad_err = _grads(layer, hf, x, out, ref)
     res.max_abs_error = max(errors, default=None)
-    name = REFERENCE_LAYERS[layer.decoder, layer.causal_block].__name__
+    name = layer.kind.reference.__name__
     n = len(errors)
     zh = f"{placement.capitalize()}-Norm"
     res.checks.append(Check(text(f"matches handformer's {name} ({placement}-norm) on {n} shapes",
@@ -795,14 +820,24 @@ def _case_keeps(layer: Layer, B: int, T: int, S: int, src_pad: list[int],
     return src_keep, tgt_keep
 
 
-def _reference(hf: nn.Module, layer: Layer, x: Tensor, memory: Tensor, src_keep: Tensor | None,
-               tgt_keep: Tensor | None, rope: str | None) -> Tensor:
-    """handformer's layer on the same input and masks."""
-    if layer.decoder:
-        return hf(x, memory, src_keep, tgt_keep)[0]  # the tutorial's order: src_mask, tgt_mask
-    if layer.causal_block:
-        return hf(x, tgt_keep, rope=rope_tables(x.shape[1]) if rope else None)[0]
-    return hf(x, src_keep)[0]
+# each kind of layer, by the kind discovery names it (the layer's tutorial example: a decoder's
+# output (2, 5, 512) and cross-attention weights (2, 8, 5, 10), an encoder's (2, 10, 512))
+ENCODER_SUBLAYERS = (["attn", "ffn"], ["self-attention", "FFN"])
+ENCODER_TUTORIAL = (10, (2, 8, 10, 10), "(2, 10, 512)")
+KINDS = {
+    "encoder_layer": LayerKind(EncoderLayer, ("post", "pre"), False, False, ENCODER_SUBLAYERS,
+                               ENCODER_TUTORIAL, _encoder_variant,
+                               lambda hf, x, memory, src_keep, tgt_keep, rope: hf(x, src_keep)[0]),
+    "decoder_layer": LayerKind(DecoderLayer, ("post", "pre"), True, False,
+                               (["attn", "cross", "ffn"], ["self-attention", "cross-attention", "FFN"]),
+                               (5, (2, 8, 5, 10), "(2, 5, 512), cross-attention (2, 8, 5, 10)"),
+                               _decoder_variant,  # handformer's in the tutorial's order: src_mask, tgt_mask
+                               lambda hf, x, memory, src_keep, tgt_keep, rope: hf(x, memory, src_keep,
+                                                                                   tgt_keep)[0]),
+    "block": LayerKind(DecoderOnlyBlock, ("pre", "post"), False, True, ENCODER_SUBLAYERS, ENCODER_TUTORIAL,
+                       _block_variant, lambda hf, x, memory, src_keep, tgt_keep, rope: hf(
+                           x, tgt_keep, rope=rope_tables(x.shape[1]) if rope else None)[0]),
+}
 
 
 def _moved(a: Tensor | None, b: Tensor | None, index: Any) -> float:
@@ -870,15 +905,10 @@ def _step_by_step(res: ComponentResult, layer: Layer, ctx: Context, x: Tensor, m
                             error_text(err)))
 
 
-# the tutorial's example, decoder or not: the length T, the attention weights' shape, what is expected
-TUTORIAL_SHAPES = {True: (5, (2, 8, 5, 10), "(2, 5, 512), cross-attention (2, 8, 5, 10)"),
-                   False: (10, (2, 8, 10, 10), "(2, 10, 512)")}
-
-
 def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
     """The tutorial's example: encoder (2, 10, 512) -> (2, 10, 512); decoder (2, 5, 512) with
     enc_output (2, 10, 512) -> (2, 5, 512), cross-attention weights (2, 8, 5, 10)."""
-    T, attn, expect = TUTORIAL_SHAPES[layer.decoder]
+    T, attn, expect = layer.kind.tutorial
     x, memory = torch.randn(2, T, 512), torch.randn(2, 10, 512)
     big = Layer.__new__(Layer)
     big.__dict__.update(layer.__dict__)

@@ -493,15 +493,12 @@ def _search(m: ModelMap, out: Tensor, src: Tensor, tgt: Tensor, builds_masks: bo
     ties = (False, True) if m.out is not None and not m.tied else (False,)
     settings = [Choices(p, a, s, log_probs, t) for t in ties for p in ("post", "pre") for s in (True, False)
                 for a in FFN_ACTIVATIONS[gated]]
-    rows = real_rows(tgt)
-    for lo, hi in ((0, 1), (2, 2)):
-        for ch in settings:
-            hf = reference_model(m, ch)
-            found = fp.search(out, lambda fl, hf=hf, ch=ch: variant(hf, src, tgt, fl, ch.log_probs),
-                              _flags(m, ch, builds_masks), rows, hi, lo)
-            if found is not None:
-                return ch, found[0], found[1]
-    return None
+
+    def search_one(ch: Choices, least: int, most: int) -> tuple[frozenset[str], float] | None:
+        hf = reference_model(m, ch)
+        return fp.search(out, lambda fl: variant(hf, src, tgt, fl, ch.log_probs), _flags(m, ch, builds_masks),
+                         real_rows(tgt), most, least)
+    return fp.search_settings(settings, search_one)
 
 
 def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "",
