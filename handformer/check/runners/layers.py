@@ -50,6 +50,7 @@ from handformer.check.core.context import (
     hidden_rows,
     is_mask_name,
     masked_rows,
+    moved_by,
     nan_on_hidden_rows,
     not_cropped,
     outputs_by_convention,
@@ -61,7 +62,7 @@ from handformer.check.core.discovery import NAMES, Component, argument_keys
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.localize_kinds import localize_add_norm, note_departure
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
-from handformer.check.core.rope_tables import position_kwargs, with_positions, with_tables
+from handformer.check.core.rope_tables import position_kwargs, renamed_table, with_positions, with_tables
 from handformer.check.core.rotary import rope_layouts, rope_tables
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
@@ -126,8 +127,8 @@ class Layer:
         self.comp, self.ctx, self.kind = comp, ctx, kind
         self.decoder, self.causal_block = decoder, causal_block = kind.decoder, kind.causal_block
         params = forward_parameters(comp.obj.forward) if inspect.isclass(comp.obj) else []
-        self.complex_name = any(p.name == "freqs_complex" for p in params)  # Umar Jamil's freqs_cis
-        params = [p.replace(name="freqs_cis") if p.name == "freqs_complex" else p for p in params]
+        # Umar Jamil's rotary table freqs_complex, called freqs_cis as check names it
+        self.renamed, params = renamed_table(_call_module, params)
         self.params = params
         self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
         self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
@@ -208,9 +209,7 @@ class Layer:
 
     def _module(self, *args: Any, **kwargs: Any) -> Any:
         """The learner's module, its rotary table named freqs_complex when it calls it so (Umar Jamil's)."""
-        if self.complex_name and "freqs_cis" in kwargs:
-            kwargs["freqs_complex"] = kwargs.pop("freqs_cis")
-        return self.module(*args, **kwargs)
+        return self.renamed(self.module, *args, **kwargs)
 
     def _extra_kwargs(self, x: Tensor) -> dict[str, Any]:
         return {**position_kwargs(self.extra, *x.shape[:2], self.head_dim, x.dtype), **self.more}
@@ -220,6 +219,10 @@ class Layer:
                               self.norm_ws,
                               mha_weights(self.attn[1], H, self.n_kv_heads) if self.decoder else None,
                               placement, self.sublayers)
+
+
+def _call_module(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return module(*args, **kwargs)
 
 
 def _stepwise(run: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Tensor:
@@ -486,7 +489,7 @@ def _padding_moved(layer: Layer, ctx: Context, name: str, stream: str, form: Cal
     finally:
         layer.more = {}
     # NaN (a form read the other way round hides every key of a row): that form is not taken
-    return float(torch.tensor(_moved(a, b, real)).nan_to_num(nan=math.inf))
+    return float(torch.tensor(moved_by(a, b, real)).nan_to_num(nan=math.inf))
 
 
 def _causal_without_its_mask(layer: Layer) -> bool:
@@ -840,13 +843,6 @@ KINDS = {
 }
 
 
-def _moved(a: Tensor | None, b: Tensor | None, index: Any) -> float:
-    if a is None or b is None or a.shape != b.shape or a.dim() != 3:
-        return float("inf")
-    diff = (a - b).abs()[index]
-    return diff.max().item() if diff.numel() else 0.0
-
-
 def _properties(res: ComponentResult, layer: Layer, ctx: Context, conv: str) -> None:
     """Causality of the (decoder) self-attention, padding invariance of the keys, and for d2l's
     decoder, step-by-step decoding with its state equal to the whole sequence at once."""
@@ -858,7 +854,7 @@ def _properties(res: ComponentResult, layer: Layer, ctx: Context, conv: str) -> 
         bumped[:, j] += 1.0
         a = fp.first_tensor(ctx.learner.call("forward", layer.call, x, memory, src, tgt), 3)
         b = fp.first_tensor(ctx.learner.call("forward", layer.call, bumped, memory, src, tgt), 3)
-        past = _moved(a, b, (slice(None), slice(0, j)))
+        past = moved_by(a, b, (slice(None), slice(0, j)))
         res.checks.append(Check(text(f"causality: changing token {j} leaves outputs 0..{j - 1} unchanged",
                                      f"因果性：改变位置 {j} 的 token，不影响位置 0..{j - 1} 的输出"),
                                 past < 1e-9,
@@ -876,9 +872,9 @@ def _properties(res: ComponentResult, layer: Layer, ctx: Context, conv: str) -> 
             return fp.first_tensor(ctx.learner.call("forward", layer.call, x, memory, src, tgt), 3)
 
         if layer.decoder:
-            moved = _moved(run(x, memory), run(x, other), slice(None))
+            moved = moved_by(run(x, memory), run(x, other), slice(None))
         else:
-            moved = _moved(run(x, None), run(other, None), (slice(None), slice(0, T - 3)))
+            moved = moved_by(run(x, None), run(other, None), (slice(None), slice(0, T - 3)))
         res.checks.append(Check(text("padding invariance: changing padded positions changes no real one",
                                      "填充不变性：改变被填充的位置不影响真实位置的输出"), moved < 1e-9,
                                 text(f"outputs moved by {moved:.3g}", f"输出变化了 {moved:.3g}")))
@@ -913,7 +909,7 @@ def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
     big = Layer.__new__(Layer)
     big.__dict__.update(layer.__dict__)
     big.head_dim = TUTORIAL["d_model"] // TUTORIAL["n_heads"]
-    tutorial = {**TUTORIAL, **({"n_kv_heads": KV_HEADS} if "n_kv_heads" in layer.sizes else {})}
+    tutorial = {**layer.sizes, **TUTORIAL}  # with the key/value heads it was built with, if it asks
     conv = layer.visible if layer.visible and not layer.visible.startswith("lens") else "int"
     wants = layer.takes_mask or not layer.causal_block
     tgt = fp.encode_mask(causal(T)[None, None], conv, 2) if wants else None  # in the convention found
