@@ -168,14 +168,14 @@ def search_settings(settings: Sequence[Setting],
     """The setting (a reading of the learner's weights, the choices it made) whose output the
     fewest mistakes explain: at most one mistake in every setting first, pairs only once no setting
     matched so; `search_one(setting, least, most)` searches one. The first setting that matches wins,
-    or with `fewest` the first with the fewest mistakes (a correct one at once)."""
+    or with `fewest` the first with the fewest mistakes (a correct one, or a pair among pairs, at once)."""
     for least, most in ((0, 1), (2, 2)):
         best = None
         for setting in settings:
             hit = search_one(setting, least, most)
             if hit is not None and (best is None or len(hit[0]) < len(best[1])):
                 best = (setting, *hit)
-            if best and (not fewest or not best[1]):
+            if best and (not fewest or len(best[1]) == least):  # none can have fewer
                 return best
         if best:
             return best
