@@ -1,8 +1,9 @@
 """Mistakes that hide when check drives code one way only, each seen by a general rule, with a correct
-twin that still passes: a loss of the wrong scale behind gradient clipping (the step driven again with
-the clipping out of reach), a layer that ignores its key_padding_mask (given alone), a ReLU where the
-code promises GELU (an attribute named gelu, a GPT-2 model), and greedy decoding on a model that failed
-its own check (driven through that model, steered by hooks, judged as a loop)."""
+twin that still passes: a loss of the wrong scale behind gradient clipping (the step, or a language
+model's step, driven again with the clipping out of reach), a layer or an attention that ignores its
+key_padding_mask (given alone), a ReLU where the code promises GELU (an attribute named gelu, a GPT-2
+model; the model that uses that MLP fails with it), and greedy decoding on a model that failed its own
+check (driven through that model, steered by hooks, judged as a loop)."""
 
 from __future__ import annotations
 
@@ -52,15 +53,36 @@ def test_a_loss_scale_that_clipping_hides_shows_with_the_clipping_out_of_reach(t
     assert words is None or any(words in n["en"] for n in step.notes), format_report(result)
 
 
+CACHE = FIXTURES / "learners_cache" / "correct.py"
+LM_CLIP = ("    loss.backward()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
+           "    loss.backward()\n    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)")  # under the norm
+
+
+@pytest.mark.parametrize("doubled", [False, True])
+def test_a_language_model_step_runs_again_with_its_clipping_out_of_reach(tmp_path, doubled):
+    """The language model's step (AdamW, its gradient norm 0.86 clipped at 0.5: at full size a doubled
+    loss moves the update only by clip_grad_norm_'s epsilon) runs again under the norm, with SGD."""
+    edits = [LM_CLIP] + [("    loss.backward()\n    torch.nn", "    (2 * loss).backward()\n    torch.nn")] * doubled
+    result = check_file(_planted(tmp_path, CACHE, edits), only=["lm_train_step"])
+    (step,) = result.components
+    unclipped = step.checks[1]
+    assert unclipped.name["en"].startswith("with the gradients under the clipping norm 0.5"), format_report(result)
+    assert unclipped.ok != doubled and step.status == ("fail" if doubled else "pass"), format_report(result)
+    assert not doubled or any("2 times handformer's" in n["en"] for n in step.notes), format_report(result)
+
+
 def test_a_layer_that_ignores_its_key_padding_mask_fails_and_its_correct_twin_passes(tmp_path):
+    """The layer, and the attention itself (torch.nn's MultiheadAttention: attn_mask, key_padding_mask),
+    each driven with the key_padding_mask alone."""
     ignored = _planted(tmp_path, HIDDEN, [(
         "            scores = scores.masked_fill(key_padding_mask[:, None, None, :], float(\"-inf\"))\n",
         "            pass\n")])
     for path, ok in ((str(HIDDEN), True), (ignored, False)):
-        result = check_file(path, only=["encoder_layer"])
-        (layer,) = result.components
-        (alone,) = [c for c in layer.checks if c.name["en"].startswith("src_key_padding_mask alone")]
-        assert alone.ok == ok and layer.status == ("pass" if ok else "fail"), format_report(result)
+        result = check_file(path, only=["mha", "encoder_layer"])
+        for comp, name in zip(result.components, ("key_padding_mask", "src_key_padding_mask")):
+            (alone,) = [c for c in comp.checks if c.name["en"].startswith(f"{name} alone")]
+            assert alone.ok == ok and comp.status == ("pass" if ok else "fail"), format_report(result)
+        assert [c.kind for c in result.components] == ["mha", "encoder_layer"]
 
 
 GPT = FIXTURES / "learners_gpt" / "correct.py"
@@ -73,20 +95,24 @@ ACTIVATION_PLANTS = {  # what the code promises GELU by, and the edits that comp
 
 @pytest.mark.parametrize("plant", list(ACTIVATION_PLANTS))
 def test_a_relu_where_the_code_promises_gelu_is_named(tmp_path, plant):
-    result = check_file(_planted(tmp_path, GPT, ACTIVATION_PLANTS[plant]), only=["ffn"])
-    (ffn,) = result.components
+    result = check_file(_planted(tmp_path, GPT, ACTIVATION_PLANTS[plant]), only=["ffn", "gpt"])
+    ffn, model = result.components
     (finding,) = ffn.findings
     assert (finding.name, finding.form, ffn.status) == ("ffn_wrong_activation", "relu_for_gelu", "fail")
     assert ("attribute that holds it" if plant == "attribute" else "GPT-2") in finding.observed["en"]
     assert "self.act = nn.ReLU()" in finding.code or "self.gelu = nn.ReLU()" in finding.code
+    # the model's logits match a ReLU model's: its verdict is its MLP's
+    assert model.status == "fail" and [(f.name, f.form) for f in model.findings] == [
+        ("ffn_wrong_activation", "relu_for_gelu")], format_report(result)
 
 
 def test_a_relu_nothing_promises_otherwise_is_a_convention_noted(tmp_path):
     """The original Transformer's FFN is ReLU: with no promise of GELU (a comment naming GPT-2 is none),
     a ReLU passes, named in a note."""
-    result = check_file(_planted(tmp_path, GPT, ACTIVATION_PLANTS["gpt2"][:2]), only=["ffn"])
-    (ffn,) = result.components
+    result = check_file(_planted(tmp_path, GPT, ACTIVATION_PLANTS["gpt2"][:2]), only=["ffn", "gpt"])
+    ffn, model = result.components
     assert ffn.status == "pass" and {"en": "activation: relu", "zh": "激活函数：relu"} in ffn.notes
+    assert model.status == "pass", format_report(result)
 
 
 CARRIED = FIXTURES / "learners_carried" / "correct.py"
@@ -104,3 +130,35 @@ def test_greedy_decoding_on_a_model_that_failed_its_check_is_judged_as_a_loop(tm
     assert greedy.driven["en"].startswith("your own Transformer: it failed its own check"), format_report(result)
     assert greedy.status == ("fail" if loop_planted else "pass"), format_report(result)
     assert [f.name for f in greedy.findings] == (["greedy_no_stop_at_eos"] if loop_planted else [])
+
+
+LLAMA = FIXTURES / "learners_llama"
+
+
+@pytest.mark.parametrize("plant", ["correct", "kv_repeat_order"])
+def test_a_complex_rotary_table_under_minimind_s_name_is_handed_as_meta_s(tmp_path, plant):
+    """Meta's Llama with its freqs_cis called pos_cis (minimind's name, an assert on its shape): the
+    attention, the apply function and the block are driven with the complex table, not NOT CHECKED."""
+    source = (LLAMA / f"{plant}.py").read_text(encoding="utf-8").replace("freqs_cis", "pos_cis")
+    path = tmp_path / f"{plant}.py"
+    path.write_text(source, encoding="utf-8")
+    result = check_file(str(path), only=["gqa", "rope", "block"])
+    status = {c.name: c.status for c in result.components}
+    wrong = "fail" if plant == "kv_repeat_order" else "pass"
+    assert status == {"Attention": wrong, "repeat_kv": wrong, "apply_rotary_emb": "pass",
+                      "TransformerBlock": wrong}, format_report(result)
+    assert plant == "correct" or _only(result, "Attention").has("kv_repeat_order"), format_report(result)
+
+
+RASCHKA = FIXTURES / "learners_raschka" / "correct.py"
+HEADS_FOR_HEAD_SIZE = ("attn_scores / keys.shape[-1] ** 0.5", "attn_scores / keys.shape[1] ** 0.5")
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_size_read_from_the_wrong_axis_shows_at_sizes_that_all_differ(tmp_path, planted):
+    """keys.shape[1] (the heads) for the head size is the right number at check's 4 heads of 4: the
+    attention is compared again with 2 heads of 8."""
+    result = check_file(_planted(tmp_path, RASCHKA, [HEADS_FOR_HEAD_SIZE] * planted), only=["causal_attention"])
+    (attention,) = result.components
+    (distinct,) = [c for c in attention.checks if c.name["en"].startswith("with 2 heads of 8")]
+    assert distinct.ok != planted and attention.status == ("fail" if planted else "pass"), format_report(result)

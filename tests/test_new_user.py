@@ -206,7 +206,9 @@ def test_trace_given_a_training_job_says_to_train_it_first(capsys):
 def test_compare_given_no_checkpoint_folder_names_it_and_asks_no_hub(tmp_path, capsys):
     run = make_lm_run(tmp_path / "story", chat=False)
     assert main(["compare", str(run), str(tmp_path / "nothing"), "--prompt", "x"]) == 2
-    assert "nothing is not a Hugging Face checkpoint folder (no config.json)" in capsys.readouterr().err
+    assert "nothing is not a Hugging Face checkpoint folder (nothing is there)" in capsys.readouterr().err
+    assert main(["compare", str(run), str(tmp_path), "--prompt", "x"]) == 2
+    assert f"{tmp_path} is not a Hugging Face checkpoint folder (no config.json)" in capsys.readouterr().err
 
 
 def test_ctrl_c_in_prepare_says_the_same_command_goes_on(tmp_path, monkeypatch, capsys):
@@ -427,6 +429,11 @@ def test_shards_prepared_from_an_empty_text_say_how_to_make_them_again(tmp_path,
     (["check", "/dev/null"], "/dev/null is a character device, not a Python file; give the .py file"),
     (["export-gguf", "{tmp}/run", "{fifo}", "--overwrite"], "fifo is a named pipe (FIFO), not a file; give the"),
     (["import-gguf", "{file}", "{fifo}"], "fifo is a named pipe (FIFO); give a directory for the run"),
+    (["trace", "/dev/null"], "/dev/null is a character device, not a config file; give a run directory, a config"),
+    (["trace", "{tmp}"], "is a folder with no config.json, not a run directory; give a run directory"),
+    (["plot", "{fifo}"], "fifo is not a training run directory (it is a named pipe (FIFO)); give the --out folder"),
+    (["plot", "{file}"], "file is not a training run directory (it is a file); give the --out folder"),
+    (["viz", "{file}", "x"], "file is not a run directory (it is a file)"),
 ])
 def test_a_path_that_is_there_but_no_file_is_named_for_what_it_is(tmp_path, capsys, argv, message):
     """A folder, a device or a pipe where a file belongs is not "no such file": the error says what

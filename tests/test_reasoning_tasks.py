@@ -371,6 +371,24 @@ def test_the_think_flag_and_the_serve_request_reach_the_template(smoke_run, monk
         assert routes.render_chat(parse_chat(body))[3].endswith(EMPTY_THINKING) == off, effort
 
 
+def test_chat_gives_the_reply_the_scorer_counted(smoke_run):
+    """`chat` at temperature 0 answers a held-out question with the reply the stage's figure
+    counted, from the prompt the scorer gave (the template with its thinking default)."""
+    from handformer.tasks.lm.chat import chat
+
+    out, _ = smoke_run
+    scored = json.loads((out / "report.json").read_text())["stages"]["grpo"]["examples"]
+    assert len({e["reply"] for e in scored}) > 1  # the replies differ by question: a wrong prompt shows
+    limit = config_for("smoke-reasoning", {}).grpo_max_new_tokens
+    template = load_chat_template(out / "grpo")
+    for example in scored:
+        session = chat(out / "grpo", temperature=0, max_new_tokens=limit)
+        assert session.send(example["question"]) == example["reply"], example
+        asked = [{"role": "user", "content": example["question"]}]  # the scorer's prompt, thinking on
+        assert session.encode(session.messages[:1]) == \
+            session.tokenizer.encode_with_special_tokens(template.render(asked, True))
+
+
 def test_a_template_without_the_switch_refuses_think_and_no_think(tmp_path):
     from handformer.tasks.lm.chat import chat
 

@@ -39,9 +39,18 @@ def test_the_smoke_run_goes_from_nothing_to_a_chat_model(tmp_path, capsys):
     assert main(["speedrun", "chat", "--preset", "smoke", "--out", str(out)]) == 0
     assert capsys.readouterr().out.count("done earlier") == len(STAGES)
 
+    # the result chats: `chat` at temperature 0 gives the reply the scorer counted, from the prompt
+    # the scorer gave
+    from handformer.generation.chat_template import load_chat_template
     from handformer.tasks.lm.chat import chat
 
-    assert isinstance(chat(out / "grpo", temperature=0, max_new_tokens=4).send("What is 2 plus 2?"), str)
+    limit, template = config_for("smoke", {}).grpo_max_new_tokens, load_chat_template(out / "grpo")
+    for example in report["stages"]["grpo"]["examples"][:4]:
+        session = chat(out / "grpo", temperature=0, max_new_tokens=limit)
+        assert session.send(example["question"]) == example["reply"], example
+        asked = [{"role": "user", "content": example["question"]}]
+        assert session.encode(session.messages[:1]) == \
+            session.tokenizer.encode_with_special_tokens(template.render(asked, True))
 
 
 def test_held_out_keys_are_never_drawn_for_training():

@@ -67,8 +67,10 @@ def over_axes(what: str, what_zh: str, op: Callable[[int], Tensor], ndim: int) -
 class _Tracer:
     """The steps of one run: see `trace_steps`."""
 
-    def __init__(self, filename: str, code: Any, constants: tuple[torch.dtype, ...]) -> None:
+    def __init__(self, filename: str, code: Any, constants: tuple[torch.dtype, ...], every: bool = False,
+                 scalars: bool = False) -> None:
         self.filename, self.code, self.constants = filename, code, constants
+        self.every, self.scalars = every, scalars
         self.steps: list[Step] = []
         self.state: dict[int, tuple[dict[str, Any], int]] = {}  # frame -> (its locals, its line)
         self.now = 0  # the line of the traced frame running now: where a module's output is made
@@ -78,22 +80,34 @@ class _Tracer:
         self.numbers: dict[int, dict[str, tuple[int, float]]] = {}  # frame -> name -> (its line, value)
 
     def local(self, frame: Any, event: str, arg: Any) -> Any:
-        seen, before = frame.f_locals, self.state.setdefault(id(frame), ({}, frame.f_lineno))
+        seen, before = self.locals(frame), self.state.setdefault(id(frame), ({}, frame.f_lineno))
         numbers = self.numbers.setdefault(id(frame), {})
         for name, value in seen.items():
             if isinstance(value, Tensor) and not value.is_complex() and _changed(before[0].get(name), value):
                 self.record(frame, before[1], name, value, not before[0])
             elif type(value) in (int, float) and numbers.get(name, (0, None))[1] != value:
                 numbers[name] = (before[1], value)  # a size read from a shape: `d_k = q.size(-1)`
+                self.steps += [Step(before[1], name, _number(value), None, not before[0],
+                                    numbers=dict(numbers))] * self.scalars  # a schedule's numbers
         if event == "return":
             self.returned(frame, arg)
         held = {k: _snapshot(v) for k, v in seen.items()}
         self.state[id(frame)], self.now = (held, frame.f_lineno), frame.f_lineno
         return self.local
 
+    def locals(self, frame: Any) -> dict[str, Any]:
+        """The frame's locals; with constants, also the tensors `self` keeps as plain attributes
+        (`self.encoding[:, 1::2] = ...`, a table written in place) as `self.encoding`."""
+        seen = frame.f_locals
+        if not self.constants:
+            return seen
+        kept = {f"self.{attr}": v for attr, v in getattr(seen.get("self"), "__dict__", {}).items()
+                if isinstance(v, Tensor) and not v.requires_grad}
+        return {**seen, **kept}
+
     def record(self, frame: Any, line: int, name: str, value: Tensor, given: bool) -> None:
         """One step; `given`: the frame's first event, its arguments as handed over."""
-        if _traced(value) and name not in _arguments(frame, value):
+        if self.every or _traced(value) and name not in _arguments(frame, value):
             numbers = dict(self.numbers.get(id(frame), {}))
             self.steps.append(Step(line, name, _copy(value), self.caller(frame), given, numbers=numbers))
         elif value.dtype in self.constants:
@@ -106,11 +120,13 @@ class _Tracer:
 
     def returned(self, frame: Any, value: Any) -> None:
         """What a frame returns: a tensor, or each tensor of a tuple (`return q, k`), as steps."""
+        value = _number(value) if self.scalars and type(value) in (int, float) else value
         items = [("return", value)] if isinstance(value, Tensor) else [
             (f"return[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else []
+        numbers = dict(self.numbers.get(id(frame), {}))
         for name, v in items:
-            if isinstance(v, Tensor) and _traced(v) and not v.is_complex():
-                self.steps.append(Step(frame.f_lineno, name, _copy(v), self.caller(frame)))
+            if isinstance(v, Tensor) and (self.every or _traced(v)) and not v.is_complex():
+                self.steps.append(Step(frame.f_lineno, name, _copy(v), self.caller(frame), numbers=numbers))
 
     def caller(self, frame: Any) -> int | None:
         """The line of the outermost frame of the learner's file below this one (the forward that
@@ -150,15 +166,16 @@ NUMBERS = FLOATS + (torch.int32, torch.int64)  # positions counted in whole numb
 
 def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
                 modules: list[tuple[str, nn.Module]] = (), constants: bool | tuple[torch.dtype, ...] = False,
-                into: list[Step] | None = None) -> list[Step]:
+                into: list[Step] | None = None, every: bool = False, scalars: bool = False) -> list[Step]:
     """Run `run()` once, recording each input-dependent tensor that a line of `filename` assigns
     (only in the frames of `code`, one code object or several, when given), and each output of
     `modules` (their names) at the line that calls it. `constants`: also tensors that do not depend
     on the input (a loss's target distribution built in place; True: floating point, else the dtypes
     given), each at the last line that changed it. `into`: the list the steps go to (they stay
-    there when `run` raises)."""
+    there when `run` raises). `every`: each tensor the code assigns is a step, each time it does (a
+    loop's tokens, which depend on no gradient); `scalars`: the numbers it binds too, as 0-dim steps."""
     code = (code,) if code is not None and not isinstance(code, (tuple, list, set)) else code
-    t = _Tracer(filename, code, FLOATS if constants is True else constants or ())
+    t = _Tracer(filename, code, FLOATS if constants is True else constants or (), every, scalars)
     t.steps = into if into is not None else t.steps
     handles = [m.register_forward_pre_hook(t.pre_hook(name)) for name, m in modules]
     handles += [m.register_forward_hook(t.hook(name)) for name, m in modules]
@@ -172,6 +189,10 @@ def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
         for h in handles:
             h.remove()
     return [s for i, s in enumerate(t.steps) if i not in t.dropped]
+
+
+def _number(value: float) -> Tensor:
+    return torch.tensor(float(value), dtype=torch.float64)
 
 
 def _arguments(frame: Any, value: Tensor) -> tuple[str, ...]:
@@ -664,7 +685,7 @@ def _wrong_writes(step: Step, views: list[View]) -> list[tuple[Step, list[View]]
     out = []
     for before, now in zip((None, *step.earlier), step.earlier and (*step.earlier, step)):
         wrong = (now.value != getattr(before, "value", torch.nan)) & (step.value == now.value)
-        wrong &= ~torch.isclose(now.value, r)
+        wrong &= ~torch.isclose(now.value, r, atol=1e-3)  # a float32 table at positions in the thousands
         out += [(now._replace(value=now.value[wrong]), [(what, t[wrong]) for what, t in views
                                                         if t.shape == wrong.shape])] * bool(wrong.any())
     return out

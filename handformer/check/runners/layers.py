@@ -82,7 +82,7 @@ from handformer.check.core.weights import (
     of_kind,
 )
 from handformer.check.reference import variants as V
-from handformer.check.runners.attention import responsive
+from handformer.check.runners.attention import KEY_PADDING_FORMS, PAD_KEYS, responsive
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, ffn_name_findings
 from handformer.config import BlockConfig
 from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
@@ -443,13 +443,6 @@ def _padded_stream(layer: Layer, name: str) -> str:
     """What a key_padding_mask pads: a decoder's memory (memory_key_padding_mask), else the layer's
     own input (src_key_padding_mask, tgt_key_padding_mask)."""
     return "memory" if layer.decoder and any(w in name for w in ("memory", "src", "enc")) else "x"
-
-
-PAD_KEYS = 3  # row 1's first keys are padding (left padding: later queries of every kind see them)
-# the forms of a key padding mask tried: torch.nn's two, (B, S) True = padding or 0 / -inf added, and
-# True = keep (a layer of its own that reads it so); the one that hides the padding counts
-KEY_PADDING_FORMS = (lambda pads: pads, lambda pads: torch.zeros(pads.shape).masked_fill(pads, -math.inf),
-                     lambda pads: ~pads)
 
 
 def _key_padding(res: ComponentResult, layer: Layer, ctx: Context) -> None:

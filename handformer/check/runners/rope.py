@@ -30,6 +30,7 @@ from handformer.check.core.context import Context, error_text, finish, forward_n
 from handformer.check.core.discovery import Component
 from handformer.check.core.localize_kinds import localize_rope_table, localize_rotation, note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
+from handformer.check.core.rope_tables import COMPLEX_TABLE_NAMES
 from handformer.check.core.source import locate, source_lines
 from handformer.check.reference import variants as V
 
@@ -226,7 +227,7 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     res = ctx.result(comp)
     q, k = _apply_inputs()
     tensors = _tensor_names(names)
-    complex_table, offsets = _takes(names, ("freqs_cis", "freqs")), _takes(names, OFFSET_NAMES)
+    complex_table, offsets = _takes(names, COMPLEX_TABLE_NAMES), _takes(names, OFFSET_NAMES)
     from0 = ("from0",) if offsets else ()  # apply_rope(x, cos, sin, offset)
     shapes = ("4d", "btd", *from0, "td") + (("by_id",) if "position_ids" in names else ())
     attempts = [(layout, meta, shape) for layout in (COMPLEX if complex_table else ("half", "interleaved"))
@@ -316,7 +317,7 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
         angles = V.rope_angles(T, DH, THETA, offset)  # (T, Dh/2)
         table = torch.polar(torch.ones_like(angles), angles)  # (T, Dh/2) complex
         # "real": gpt-fast's table, the complex one as (T, Dh/2, 2) real pairs (cos, sin)
-        kwargs[next(n for n in names if n in ("freqs_cis", "freqs"))] = (
+        kwargs[next(n for n in names if n in COMPLEX_TABLE_NAMES)] = (
             torch.view_as_real(table) if shape == "real" else table)
     else:
         whole = shape in ("by_id", "from0")  # the table from position 0, indexed by their code

@@ -446,17 +446,22 @@ def _unclipped(res: ComponentResult, ctx: Context, comp: Component, step: Step, 
     step.scale = unclipped_scale(step, base)
     model, got, right, errs = _drive(step, base)
     ok = max(errs) < step.tol
-    res.checks.append(Check(text(
-        f"with the gradients under the clipping norm {step.clip:g} (the logits scaled by {step.scale:.1e}), "
-        "the parameters still equal handformer's: the loss is not scaled",
-        f"梯度小于裁剪范数 {step.clip:g} 时（logits 乘以 {step.scale:.1e}），参数仍与 handformer 的一致："
-        "损失没有被放大或缩小"), ok, error_text(max(errs))))
+    res.checks.append(unclipped_check(float(step.clip or 1.0), step.scale, max(errs), step.tol))
     if not ok:
-        res.notes.append(_factor_note(base, got[0], right[0]))
+        res.notes.append(factor_note(base, got[0], right[0]))
         _search(res, ctx, comp, step, base, got, right, errs, {n for _, n in model.calls})
 
 
-def _factor_note(base: Seq2SeqTransformer, got: list[Tensor], right: list[Tensor]) -> Text:
+def unclipped_check(clip: float, scale: float, err: float, tol: float) -> Check:
+    """The check of a step run again with its clipping out of reach (the logits scaled by `scale`)."""
+    return Check(text(
+        f"with the gradients under the clipping norm {clip:g} (the logits scaled by {scale:.1e}), "
+        "the parameters still equal handformer's: the loss is not scaled",
+        f"梯度小于裁剪范数 {clip:g} 时（logits 乘以 {scale:.1e}），参数仍与 handformer 的一致："
+        "损失没有被放大或缩小"), err < tol, error_text(err))
+
+
+def factor_note(base: nn.Module, got: list[Tensor], right: list[Tensor]) -> Text:
     """How many times handformer's first update the learner's is (their projection on it)."""
     start = parameters_of(base)
     mine = torch.cat([(g - s).flatten() for g, s in zip(got, start)])
