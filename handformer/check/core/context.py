@@ -477,6 +477,12 @@ def finish(res: ComponentResult) -> ComponentResult:
     return res
 
 
+def holds_torch_attention(module: Any) -> bool:
+    """Whether a model computes its attention with torch.nn's (nn.Transformer, nn.MultiheadAttention)."""
+    return isinstance(module, nn.Module) and any(isinstance(m, nn.MultiheadAttention)
+                                                 for m in module.modules())
+
+
 def logits_shape(res: ComponentResult, out: Tensor | None, want: tuple[int, ...], vocab: str) -> bool:
     """The check that an assembled model's logits have the shape (B, T, vocab) = want; whether they do."""
     got = None if out is None else tuple(out.shape)

@@ -48,6 +48,7 @@ from handformer.check.core.context import (
     grads_error,
     guarded,
     hidden_rows,
+    holds_torch_attention,
     is_mask_name,
     masked_rows,
     moved_by,
@@ -61,6 +62,8 @@ from handformer.check.core.conventions import masks_where_true
 from handformer.check.core.discovery import NAMES, Component, argument_keys
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.localize_kinds import localize_add_norm, note_departure
+from handformer.check.core.probe import Found as Explained
+from handformer.check.core.probe import Probe, Subject, name_findings, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.rope_tables import position_kwargs, renamed_table, with_positions, with_tables
 from handformer.check.core.rotary import rope_layouts, rope_tables
@@ -274,11 +277,7 @@ TORCH_CONVENTIONS = {True: ("torchn",), False: ("torch", "torch3", "torch2")}
 def _torch_rows(layer: Layer, conv: str) -> bool:
     """Whether a fully masked query's NaN is torch.nn's own: the layer holds an nn.MultiheadAttention,
     or takes torch.nn's masks (True = masked, filled with -inf, as nn.MultiheadAttention does)."""
-    return _holds_torch_mha(layer.module) or conv.startswith("torch")
-
-
-def _holds_torch_mha(module: nn.Module) -> bool:
-    return any(isinstance(sub, nn.MultiheadAttention) for sub in module.modules())
+    return holds_torch_attention(layer.module) or conv.startswith("torch")
 
 
 TORCH_NAN_NOTE = text("rows whose keys are all masked come out NaN, as torch's nn.MultiheadAttention gives "
@@ -305,7 +304,7 @@ def _masks_where_true(module: nn.Module) -> bool:
     """Whether one of the learner's classes inside fills where its mask is True (torch.nn's
     convention, Raschka's Llama 3 and Qwen3 attention: see conventions.masks_where_true), or hands its
     masks to an nn.MultiheadAttention."""
-    if _holds_torch_mha(module):
+    if holds_torch_attention(module):
         return True
     for sub in module.modules():
         if not type(sub).__module__.startswith("learner_"):
@@ -529,7 +528,7 @@ def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs) -> tuple[str, ..
     """The mask conventions to try, those that can encode the search's masks first."""
     convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
     if ctx.convention is None and layer.masks and _masks_where_true(layer.module):
-        convs = TORCH_CONVENTIONS[_holds_torch_mha(layer.module)] + convs
+        convs = TORCH_CONVENTIONS[holds_torch_attention(layer.module)] + convs
     passed = [k for k in _encode_keeps(layer, inp.src_keep, inp.tgt_keep) if k is not None]
     return tuple(c for c in convs if all(fp.encodable(k, c) for k in passed)) or convs[:1]
 
@@ -930,38 +929,62 @@ def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
 
 # --- d2l's AddNorm ----------------------------------------------------------------------------
 
+def _build_add_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
+    """d2l's AddNorm(norm_shape, dropout): its norm's weights, the one reading; run on (X, Y)."""
+    module = ctx.build(comp)
+    slot = norm_slots(of_kind(leaves(module), "norm"), 1, ["norm"], comp.name)[0]
+    res.mapping = [slot.describe()]
+
+    def run(xy: tuple[Tensor, Tensor]) -> Tensor | None:
+        return fp.first_tensor(ctx.learner.call("forward", module, *xy), 3)
+    return Subject(run, [(slot, norm_weights(slot))], module)
+
+
+def _add_norm_shape(ctx: Context, comp: Component, subject: Subject, xy: tuple[Tensor, Tensor],
+                    out: Tensor | None) -> tuple[str, str] | None:
+    """AddNorm keeps the shape of X."""
+    x = xy[0]
+    if out is not None and out.shape == x.shape:
+        return None
+    got = shape_of(ctx.learner.call("forward", subject.module, *xy))
+    shape = tuple(x.shape)
+    return (f"{comp.name}(X, Y) returned {got} for X and Y of shape {shape}; expected {shape}",
+            f"X 和 Y 的形状为 {shape} 时，{comp.name}(X, Y) 返回了 {got}；应当是 {shape}")
+
+
+def _add_norm_localized(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                        found: Explained) -> None:
+    """Where an AddNorm that differs from norm(X + Y) parts from it (a mistake named or not)."""
+    if res.max_abs_error >= 1e-5:
+        module = subject.module
+        note_departure(res, lambda: localize_add_norm(module, module, found.weights, *found.x))
+
+
+def _add_norm_residual(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                       found: Explained) -> None:
+    dropout_on_residual(res, ctx, comp, lambda: subject.run(found.x),
+                        lambda trace: _add_norm_trace(found.weights, *found.x, trace))
+
+
+ADD_NORM = Probe(
+    build=_build_add_norm,
+    inputs=lambda s: (fp.randn(2, 5, D, seed=1), fp.randn(2, 5, D, seed=2)),  # X, Y
+    shape=_add_norm_shape,
+    reference=lambda w, xy, flags: V.add_norm(w, *xy, flags),
+    universe=lambda s: ("no_residual:add_norm",),
+    steps=(name_findings,
+           lambda res, ctx, comp, s, found: _norm_findings(res, ctx, comp, *s.readings[0]),
+           _add_norm_residual,
+           lambda res, ctx, comp, s, found: _against_norm(res, *s.readings[0], lambda a, b: s.run((a, b))),
+           _add_norm_localized),
+    depth=1,
+)
+
+
 def check_add_norm(comp: Component, ctx: Context) -> ComponentResult:
     """AddNorm(norm_shape, dropout), forward(X, Y) = norm(dropout(Y) + X), against handformer's
-    LayerNorm of X + Y."""
-    res = ctx.result(comp)
-    module = ctx.build(comp)
-    norms = of_kind(leaves(module), "norm")
-    slot = norm_slots(norms, 1, ["norm"], comp.name)[0]
-    w = norm_weights(slot)
-    res.mapping = [slot.describe()]
-    x, y = fp.randn(2, 5, D, seed=1), fp.randn(2, 5, D, seed=2)
-
-    def run(x: Tensor = x, y: Tensor = y) -> Tensor | None:
-        return fp.first_tensor(ctx.learner.call("forward", module, x, y), 3)
-
-    check_determinism(res, ctx, comp, run)
-    with fp.dropout_off():
-        out = run()
-        if out is None or out.shape != x.shape:
-            got = shape_of(ctx.learner.call("forward", module, x, y))
-            raise ctx.learner.fail("forward", f"{comp.name}(X, Y) returned {got} for X and Y of shape "
-                                   f"{tuple(x.shape)}; expected {tuple(x.shape)}",
-                                   f"X 和 Y 的形状为 {tuple(x.shape)} 时，{comp.name}(X, Y) 返回了 {got}；"
-                                   f"应当是 {tuple(x.shape)}")
-        found = fp.search(out, lambda fl: V.add_norm(w, x, y, fl), ("no_residual:add_norm",), None, 1)
-        if found and found[0]:
-            res.findings += ctx.findings(found[0], found[1], fp.max_error(out, V.add_norm(w, x, y)), comp)
-        _norm_findings(res, ctx, comp, slot, w)
-        dropout_on_residual(res, ctx, comp, run, lambda trace: _add_norm_trace(w, x, y, trace))
-        _against_norm(res, slot, w, run)
-        if res.max_abs_error >= 1e-5:
-            note_departure(res, lambda: localize_add_norm(module, module, w, x, y))
-    return finish(res)
+    LayerNorm of X + Y, as the ADD_NORM probe states it."""
+    return run_probe(ADD_NORM, comp, ctx)
 
 
 def _norm_findings(res: ComponentResult, ctx: Context, comp: Component, slot: Slot, w: V.NormWeights) -> None:

@@ -47,6 +47,7 @@ from handformer.check.core.context import (
     finish,
     forward_parameters,
     guarded,
+    holds_torch_attention,
     logits_shape,
     moved_by,
 )
@@ -437,12 +438,6 @@ def torch_mask(name: str, src: Tensor, tgt: Tensor) -> Tensor | None:
              ("attention", True): lambda: torch.zeros(S, S, dtype=torch.bool),  # nothing masked
              ("attention", False): lambda: ~causal(T)}  # (T, T)
     return forms[kind, source]()
-
-
-def holds_torch_attention(module: Any) -> bool:
-    """Whether a model computes its attention with torch.nn's (nn.Transformer, nn.MultiheadAttention)."""
-    return isinstance(module, nn.Module) and any(isinstance(m, nn.MultiheadAttention)
-                                                 for m in module.modules())
 
 
 def source_mask(model: Any, src: Tensor) -> Tensor:
