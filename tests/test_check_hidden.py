@@ -182,6 +182,11 @@ KV_PAIR = [("def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:",
             "def repeat_kv(x, v, n_rep):\n    return _rep(x, n_rep), _rep(v, n_rep)\n\n\ndef _rep(x, n_rep):"),
            ("        keys = repeat_kv(keys, self.n_rep)", "        keys, values = repeat_kv(keys, values, self.n_rep)"),
            ("        values = repeat_kv(values, self.n_rep)\n", "")]
+SETUP_CACHES = [("    def forward(self, idx, targets=None):\n        B, T = idx.size()\n",
+                 "    def setup_caches(self, max_batch_size, max_seq_length):\n"
+                 "        self.max_seq_length = max_seq_length  # gpt-fast's: the caches' length\n\n"
+                 "    def forward(self, idx, targets=None):\n        B, T = idx.size()\n"
+                 "        assert T <= self.max_seq_length, 'call setup_caches first'\n")]
 OWN_FORMS = {  # a learner's own form of a component, correct and planted: (file, kind, edits, its name)
     "lr_mul": (CARRIED, "schedule", RATE_LR_MUL, "rate"),
     "lr_mul_planted": (CARRIED, "schedule", RATE_LR_MUL + [("step * warmup ** (-1.5)", "step * warmup ** (-0.5)")],
@@ -203,6 +208,8 @@ OWN_FORMS = {  # a learner's own form of a component, correct and planted: (file
     "keys_and_values_planted": (LLAMA / "correct.py", "gqa", KV_PAIR + [(
         "x[:, :, :, None, :].expand(bs, slen, n_kv_heads, n_rep, head_dim)",
         "x[:, :, None, :, :].expand(bs, slen, n_rep, n_kv_heads, head_dim)")], "repeat_kv"),
+    "setup_caches": (GPT, "gpt", SETUP_CACHES, "GPT"),
+    "setup_caches_planted": (GPT, "gpt", SETUP_CACHES + [("        x = self.transformer.ln_f(x)\n", "")], "GPT"),
 }
 
 
@@ -211,7 +218,8 @@ def test_a_component_in_a_learner_s_own_form_is_built_and_driven(tmp_path, form)
     """A schedule's multiplier named lr_mul (jadore801120's), a label-smoothing loss sized by n_class, a
     step that unpacks `logits, _ = model(...)` (bentrevett's model returns the attention too), a loss
     with no pad id (CS336's cross_entropy: a mean over every target), a step clipping with its own
-    gradient_clipping (CS336's), Mistral's repeat_kv(keys, values, repeats): each checked, the correct one passing and the planted one failing."""
+    gradient_clipping (CS336's), Mistral's repeat_kv(keys, values, repeats), a model
+    that runs after setup_caches (gpt-fast's): each checked, the correct one passing and the planted one failing."""
     source, kind, edits, name = OWN_FORMS[form]
     result = check_file(_planted(tmp_path, source, edits), only=[kind])
     status = _only(result, name).status
