@@ -57,6 +57,22 @@ def test_finished_files_get_the_mode_open_gives_them(tmp_path):
     assert os.stat(tmp_path / "atomic.json").st_mode == os.stat(tmp_path / "plain.json").st_mode
 
 
+def test_a_file_is_never_written_in_place_of_a_pipe_a_device_or_a_folder(tmp_path, capsys):
+    """atomic_write renames its finished file over the target: over /dev/null, as root, that put a
+    file in place of the device (`experts RUN TEXT --out /dev/null`). A pipe stands in for it here."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    for name, kind in (("fifo", "a named pipe (FIFO)"), ("folder", "a folder")):
+        with pytest.raises(ValueError, match=rf"{name} is {re.escape(kind)}, not a file; give the path of a file"):
+            atomic_write_text(tmp_path / name, "{}")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "elapsed_s": 0.5, "lr": 0.001, "train_loss": 2.0}\n')
+    assert main(["plot", str(run), "--out", str(tmp_path / "fifo")]) == 2
+    assert "fifo is a named pipe (FIFO), not a file" in capsys.readouterr().err
+    assert stat.S_ISFIFO(os.stat(tmp_path / "fifo").st_mode) and not any(tmp_path.glob(".*.tmp"))
+
+
 def test_resume_writes_lost_best_weights_again(tmp_path, monkeypatch, capsys):
     (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog. " * 20)
     run = tmp_path / "run"

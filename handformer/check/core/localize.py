@@ -306,8 +306,30 @@ SIDES_ZH = {"before": "之前", "after": "之后", "source": "源", "target": "�
 SUBLAYERS_ZH = {"self-attention": "自注意力", "cross-attention": "交叉注意力", "FFN": "前馈网络"}
 
 
+# the names of sub-steps that are numbers of a loop or a schedule, and a loss's, in Chinese
+NAMES_ZH = {
+    "the loss, the mean cross-entropy": "损失（交叉熵的均值）", "the log-probabilities": "对数概率",
+    "the probabilities": "概率", "the per-token losses": "每个 token 的损失",
+    "the per-token losses (B, T)": "每个 token 的损失 (B, T)", "the logits model(x)": "logits model(x)",
+    "the tokens so far": "到这一步为止的 token",
+    "the context, cropped to the block size": "裁剪到 block_size 的上下文",
+    "the logits at the last position": "最后一个位置的 logits", "the next token": "下一个 token",
+    "the logits at the last position / temperature": "最后一个位置的 logits / temperature",
+    "the tokens with the new one appended": "接上新 token 之后的序列",
+    "the step t": "步 t", "the step t + 1": "步 t + 1", "the step n": "步 n",
+    "the warmup fraction": "预热比例",
+    "the warmup's rate": "预热阶段的学习率", "the progress through the decay": "衰减的进度",
+    "π × the progress": "π × 进度", "cos(π × the progress)": "cos(π × 进度)",
+    "1 + cos(π × the progress)": "1 + cos(π × 进度)",
+    "the cosine factor (1 + cos(π × the progress)) / 2": "余弦系数 (1 + cos(π × 进度)) / 2",
+    "the cosine factor × (max_lr - min_lr)": "余弦系数 × (max_lr - min_lr)", "the rate": "学习率",
+    "the rate / factor": "学习率 / factor"}
+
+
 def view_zh(name: str) -> str:
     """An intermediate result's name in Chinese; a name that is code, or not known, as it is."""
+    if name in NAMES_ZH:
+        return NAMES_ZH[name]
     for pattern, zh in VIEWS_ZH:
         m = re.fullmatch(pattern, name)
         if m:  # "{}": the groups, a side (source, encoder, ...) in Chinese

@@ -44,6 +44,7 @@ from handformer.check.core.context import (
     guarded,
     is_mask_name,
     masked_rows,
+    moved_by,
     nan_on_hidden_rows,
     not_cropped,
     outputs_by_convention,
@@ -162,17 +163,13 @@ def detect(run: Callable[[str], Tensor | None], compute: Compute, universe: tupl
     or None, the first learner failure)."""
     outputs, failure = outputs_by_convention(run, conventions)
     universe = responsive(outputs, universe)
-    for min_flags, max_flags in ((0, 1), (2, 2)):  # pairs only once no smaller set matched
-        best = None
-        for conv, out in outputs.items():
-            found = fp.search(out, lambda fl, conv=conv: compute(fl, conv), universe,
-                              lambda fl, conv=conv: rows(fl, conv), max_flags, min_flags)
-            if found is not None and (best is None or len(found[0]) < len(best[1][0])):
-                best = (conv, found)
-            if found is not None and not found[0]:
-                break
-        if best:
-            return best[0], best[1], failure
+
+    def search_one(conv: str, least: int, most: int) -> tuple[frozenset[str], float] | None:
+        return fp.search(outputs[conv], lambda fl: compute(fl, conv), universe, lambda fl: rows(fl, conv),
+                         most, least)
+    found = fp.search_settings(list(outputs), search_one, fewest=True)
+    if found:
+        return found[0], found[1:], failure
     return (next(iter(outputs), None), None, failure)
 
 
@@ -905,7 +902,7 @@ def _causality(res: ComponentResult, ctx: Context, s: Setup, x: Tensor, j: int =
     mask = None if s.causal_inside else run_mask(causal_keep, s.conv, B)  # (causal inside: no padding)
     a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, mask), 3)
     b = fp.first_tensor(ctx.learner.call("forward", s.c.call, bumped, bumped, bumped, mask), 3)
-    past = _moved(a, b, slice(0, j))
+    past = moved_by(a, b, (slice(None), slice(0, j)))
     res.checks.append(Check(text(f"causality: changing token {j} leaves outputs 0..{j - 1} unchanged",
                                  f"因果性：改变位置 {j} 的 token，不影响位置 0..{j - 1} 的输出"),
                             past < 1e-9, text(f"outputs before it moved by {past:.3g}",
@@ -922,14 +919,14 @@ def _padding_invariance(res: ComponentResult, ctx: Context, s: Setup, x: Tensor)
         other[1, T - 3:] += 5.0
         a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, mask), 3)
         b = fp.first_tensor(ctx.learner.call("forward", s.c.call, other, other, other, mask), 3)
-        moved = _moved(a, b, slice(0, T - 3))
+        moved = moved_by(a, b, (slice(None), slice(0, T - 3)))
     else:
         xkv = fp.randn(B, T, D, seed=31)
         other = xkv.clone()
         other[1, T - 3:] += 5.0
         a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, xkv, xkv, mask), 3)
         b = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, other, other, mask), 3)
-        moved = _moved(a, b, slice(None))
+        moved = moved_by(a, b, (slice(None), slice(None)))
     res.checks.append(Check(text("padding invariance: changing padded keys/values changes nothing",
                                  "填充不变性：改变被填充的键/值不影响输出"), moved < 1e-9,
                             text(f"outputs moved by {moved:.3g}", f"输出变化了 {moved:.3g}")))
@@ -1007,13 +1004,6 @@ def _padding_alone_moved(ctx: Context, s: Setup, name: str, form: Callable[[Tens
         s.c.state.pop("more")
         ctx.learner.calls, ctx.learner.nan_calls = counts
     return fp.max_error(a, b, ~pads)
-
-
-def _moved(a: Tensor | None, b: Tensor | None, positions: slice) -> float:
-    """How far outputs at `positions` moved between two runs (inf when a run gave no (B, T, D) output)."""
-    if a is None or b is None or a.shape != b.shape or a.dim() != 3:
-        return math.inf
-    return (a - b).abs()[:, positions].max().item() if a[:, positions].numel() else 0.0
 
 
 def one_head_at_a_time(w: V.MHAWeights, x: Tensor) -> Tensor:

@@ -447,7 +447,8 @@ def _wrong(run: Run, expected: Tensor) -> bool:
 
 def _localize(ctx: Context, comp: Component, driver: Any, run: Run, expected: Tensor) -> Departure | None:
     """Where the loop of `run` parts from greedy decoding (localize_generate.py), run again as it was."""
-    views, forms = generate_views(driver.logits, run.prompt, expected, BLOCK, default_temperature(comp.obj))
+    crop = getattr(driver, "limit", BLOCK)  # their own model's: the block size, or none (a huge one)
+    views, forms = generate_views(driver.logits, run.prompt, expected, crop, default_temperature(comp.obj))
     model = driver.new_model(getattr(run.model, "style", "own"), budget=run.n + 3)
     prompt = run.prompt[0].tolist() if run.as_list else run.prompt.clone()
     try:

@@ -66,10 +66,10 @@ def _position_forms(logits: Tensor, temperature: float) -> list[Form]:
              logits[:, p] / scale) for p in range(t - 1) for scale in {1.0, temperature}]
 
 
-def _crop_forms(tokens: Tensor, block: int) -> list[Form]:
+def _crop_forms(tokens: Tensor, limit: int) -> list[Form]:
     """The tokens so far (B, T) cropped to another length than the block size."""
-    return [(text(f"the last {k} tokens; the context is the last {block} (the block size)",
-                  f"取了最后 {k} 个 token；上下文应是最后 {block} 个（block size）"), tokens[:, -k:])
+    return [(text(f"the last {k} tokens; the context is the last {limit} (the block size)",
+                  f"取了最后 {k} 个 token；上下文应是最后 {limit} 个（block_size）"), tokens[:, -k:])
             for k in range(1, tokens.size(1))]  # the block size itself is a view, never a departure
 
 

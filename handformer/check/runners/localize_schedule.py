@@ -24,7 +24,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from handformer.check.core.localize import Departure, Form, Step, View, form_of, statement, trace_steps
+from handformer.check.core.localize import (
+    Departure,
+    Form,
+    Step,
+    View,
+    form_of,
+    statement,
+    trace_steps,
+    view_zh,
+)
 from handformer.check.core.result import text
 
 Views = Callable[[Tensor], list[View]]  # the steps (S,) -> the reference's sub-steps there, (S,) each
@@ -91,10 +100,11 @@ def inner(runs: list[list[Step]], key: tuple[int, str], refs: Tensor, w: int, wh
 
 
 def _shifted(views: Views, steps: Tensor) -> list[Form]:
-    """Each sub-step one step on and one step back: a step counted off by one."""
+    """Each sub-step but the step itself (a constant added to it is an offset) one step on and one
+    step back: a step counted off by one."""
     return [(text(f"{name} of step t {sign} 1: the step is counted off by one",
-                  f"是步 t {sign} 1 的{name}：步数差了一"), r)
-            for d, sign in ((1, "+"), (-1, "-")) for name, r in views(steps + d)]
+                  f"是步 t {sign} 1 的{view_zh(name)}：步数差了一"), r)
+            for d, sign in ((1, "+"), (-1, "-")) for name, r in views(steps + d)[2:]]
 
 
 def localize_schedule(value_at: Callable[[int], Any], fn: Any, views: Views, got: Tensor, right: Tensor,
@@ -114,13 +124,14 @@ def localize_schedule(value_at: Callable[[int], Any], fn: Any, views: Views, got
     found = inner(runs, key, refs, w, {**fn.__globals__, "__file__": code.co_filename})
     values = found[1] if found else _table(runs, key, lambda s: float(s.value))
     bound = ~values.isnan()
-    cosines = [(text(f"cos({n}), none of the reference's sub-steps", f"cos({n})，不是参考的任何一个中间结果"),
-                r.cos()) for n, r in named]
+    cosines = [(text(f"cos({n}), none of the reference's sub-steps",
+                     f"cos({view_zh(n)})，不是参考的任何一个中间结果"), r.cos()) for n, r in named]
     forms = [(f, r[bound]) for f, r in _shifted(views, steps) + cosines]
     form = form_of(values[bound], [(n, r[bound]) for n, r in named], sizes, forms=forms)
     if found:
         form = form or FORMLESS
-        form = text(f"`{found[0]}` is {form['en']}", f"`{found[0]}` 是{form['zh']}")
+        space = " " * form["zh"][:1].isascii()  # 是 cos(...), 是余弦系数
+        form = text(f"`{found[0]}` is {form['en']}", f"`{found[0]}` 是{space}{form['zh']}")
     return Departure(key[0], key[1], statement(code.co_filename, key[0]), form)
 
 

@@ -352,7 +352,7 @@ SCHEDULE = Probe(
     observe=lambda out: out[1:],            # the steps after 0 (the families' steps start at 0)
     reference=_reference,
     universe=lambda s: s.facts["flags"],
-    steps=(_compared, _at_zero, localize_step(lambda s, found: _localize(s, found))),
+    steps=(_compared, _at_zero, localize_step(lambda s, found: _localize(s, found), place=False)),
     error=fp.relative_error, tol=fp.REL_TOL, deterministic=False,
 )
 
@@ -412,7 +412,7 @@ def _paper_steps(s: Tensor, n: Tensor, z: dict[str, float], factor: str | None, 
     n = n.clamp(min=1)
     terms = (n ** -0.5, n * z["warmup"] ** -1.5)
     least, rate = torch.minimum(*terms), _rates(right, s)
-    return [("the step n", n), ("n^-0.5", terms[0]), ("n × warmup^-1.5", terms[1]),
+    return [("the step t", s), ("the step n", n), ("n^-0.5", terms[0]), ("n × warmup^-1.5", terms[1]),
             ("min(n^-0.5, n × warmup^-1.5)", least),
             ("d_model^-0.5 × min(...)", z["d_model"] ** -0.5 * least),
             ("the rate / factor", rate / (z["factor"] if factor else 1.0)), ("the rate", rate)]
