@@ -187,6 +187,14 @@ SETUP_CACHES = [("    def forward(self, idx, targets=None):\n        B, T = idx.
                  "        self.max_seq_length = max_seq_length  # gpt-fast's: the caches' length\n\n"
                  "    def forward(self, idx, targets=None):\n        B, T = idx.size()\n"
                  "        assert T <= self.max_seq_length, 'call setup_caches first'\n")]
+SAMPLING = FIXTURES / "learners_sampling" / "correct.py"
+LAST_POSITION = [("    logits = apply_temperature(logits, temperature)\n    if top_k",
+                  "    logits = apply_temperature(logits[:, -1], temperature)  # (B, S, V): the last position's\n"
+                  "    if top_k"),
+                 ("    return torch.multinomial(probs, num_samples=1)\n",
+                  "    return torch.multinomial(probs, num_samples=1), probs\n"),
+                 ("idx_next = sample_next_token(logits[:, -1, :], temperature, top_k)",
+                  "idx_next, _ = sample_next_token(logits, temperature, top_k)")]
 OWN_FORMS = {  # a learner's own form of a component, correct and planted: (file, kind, edits, its name)
     "lr_mul": (CARRIED, "schedule", RATE_LR_MUL, "rate"),
     "lr_mul_planted": (CARRIED, "schedule", RATE_LR_MUL + [("step * warmup ** (-1.5)", "step * warmup ** (-0.5)")],
@@ -210,6 +218,9 @@ OWN_FORMS = {  # a learner's own form of a component, correct and planted: (file
         "x[:, :, None, :, :].expand(bs, slen, n_rep, n_kv_heads, head_dim)")], "repeat_kv"),
     "setup_caches": (GPT, "gpt", SETUP_CACHES, "GPT"),
     "setup_caches_planted": (GPT, "gpt", SETUP_CACHES + [("        x = self.transformer.ln_f(x)\n", "")], "GPT"),
+    "sample_reads_the_last_position": (SAMPLING, "sample", LAST_POSITION, "sample_next_token"),
+    "sample_reads_the_last_position_planted": (SAMPLING, "sample", LAST_POSITION + [
+        ("logits = top_k_filter(logits, top_k)", "logits = top_k_filter(logits, top_k + 1)")], "sample_next_token"),
 }
 
 
@@ -219,7 +230,8 @@ def test_a_component_in_a_learner_s_own_form_is_built_and_driven(tmp_path, form)
     step that unpacks `logits, _ = model(...)` (bentrevett's model returns the attention too), a loss
     with no pad id (CS336's cross_entropy: a mean over every target), a step clipping with its own
     gradient_clipping (CS336's), Mistral's repeat_kv(keys, values, repeats), a model
-    that runs after setup_caches (gpt-fast's): each checked, the correct one passing and the planted one failing."""
+    that runs after setup_caches, a sampling step that reads logits[:, -1] and returns (token, probs)
+    (gpt-fast's): each checked, the correct one passing and the planted one failing."""
     source, kind, edits, name = OWN_FORMS[form]
     result = check_file(_planted(tmp_path, source, edits), only=[kind])
     status = _only(result, name).status
