@@ -195,6 +195,9 @@ LAST_POSITION = [("    logits = apply_temperature(logits, temperature)\n    if t
                   "    return torch.multinomial(probs, num_samples=1), probs\n"),
                  ("idx_next = sample_next_token(logits[:, -1, :], temperature, top_k)",
                   "idx_next, _ = sample_next_token(logits, temperature, top_k)")]
+REFUSES = [("def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None):\n",
+            "def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None):\n"
+            "    assert idx.size(1) + max_new_tokens <= model.config.block_size, 'longer than the block'\n")]
 OWN_FORMS = {  # a learner's own form of a component, correct and planted: (file, kind, edits, its name)
     "lr_mul": (CARRIED, "schedule", RATE_LR_MUL, "rate"),
     "lr_mul_planted": (CARRIED, "schedule", RATE_LR_MUL + [("step * warmup ** (-1.5)", "step * warmup ** (-0.5)")],
@@ -221,6 +224,9 @@ OWN_FORMS = {  # a learner's own form of a component, correct and planted: (file
     "sample_reads_the_last_position": (SAMPLING, "sample", LAST_POSITION, "sample_next_token"),
     "sample_reads_the_last_position_planted": (SAMPLING, "sample", LAST_POSITION + [
         ("logits = top_k_filter(logits, top_k)", "logits = top_k_filter(logits, top_k + 1)")], "sample_next_token"),
+    "generate_refuses_past_the_block": (SAMPLING, "generate", REFUSES, "generate"),
+    "generate_refuses_past_the_block_planted": (SAMPLING, "generate", REFUSES + [
+        ("sample_next_token(logits[:, -1, :]", "sample_next_token(logits[:, 0, :]")], "generate"),
 }
 
 
@@ -230,8 +236,8 @@ def test_a_component_in_a_learner_s_own_form_is_built_and_driven(tmp_path, form)
     step that unpacks `logits, _ = model(...)` (bentrevett's model returns the attention too), a loss
     with no pad id (CS336's cross_entropy: a mean over every target), a step clipping with its own
     gradient_clipping (CS336's), Mistral's repeat_kv(keys, values, repeats), a model
-    that runs after setup_caches, a sampling step that reads logits[:, -1] and returns (token, probs)
-    (gpt-fast's): each checked, the correct one passing and the planted one failing."""
+    that runs after setup_caches, a sampling step that reads logits[:, -1] and returns (token, probs),
+    a loop that asserts it stays within the block (gpt-fast's): each checked, the correct one passing and the planted one failing."""
     source, kind, edits, name = OWN_FORMS[form]
     result = check_file(_planted(tmp_path, source, edits), only=[kind])
     status = _only(result, name).status
