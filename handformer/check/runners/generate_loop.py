@@ -513,7 +513,7 @@ def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: i
 def refused(comp: Component, run: Run) -> bool:
     """Their loop refused the request itself: its one frame an assert or raise in the loop's own body
     (gpt-fast's `assert T_new <= model.config.block_size`), before any model ran."""
-    frames = run.failure.error.traceback if run.failure is not None else []
+    frames = getattr(getattr(run.failure, "error", None), "traceback", [])
     own = rf"line \d+, in {re.escape(comp.obj.__name__)}: (assert|raise)\b"
     return len(frames) == 1 and bool(re.match(own, frames[0]))
 

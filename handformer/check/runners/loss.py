@@ -104,7 +104,7 @@ def knows_pad(obj: Any) -> bool:
         return True
     words = {getattr(n, "id", None) or getattr(n, "attr", None) or getattr(n, "arg", None)
              for n in ast.walk(tree)}
-    return any("pad" in w.lower() or w == "ignore_index" for w in words if isinstance(w, str))
+    return any("pad" in str(w).lower() or w == "ignore_index" for w in words)
 
 
 def target_distribution(targets: Tensor, eps: float, split: str, pad_kept: bool = False) -> Tensor:
