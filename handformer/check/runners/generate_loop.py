@@ -493,6 +493,12 @@ def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: i
     tokens it is judged against."""
     long = run_generate(ctx, comp, driver, LONG, B, as_list)
     expected, cropped = driver.reference(B, LONG), driver.alternative(B, LONG)
+    if refused(comp, long):
+        res.notes.append(text(f"it refuses more than the block's {BLOCK} tokens with its own assert or raise "
+                              f"({long.failure.error.message}): a stated limit, not a mistake",
+                              f"超过块长 {BLOCK} 个 token 时它用自己的 assert 或 raise 拒绝"
+                              f"（{long.failure.error.message}）：这是明说的限制，不是错误"))
+        return Run(long.label, long.model, long.prompt, long.n), expected
     if cropped is not None and long.out is not None and torch.equal(long.out, cropped) and not torch.equal(
             cropped, expected):
         expected = cropped
@@ -502,6 +508,14 @@ def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: i
                               "位置表）：这是一种选择"))
     _judge(res, ctx, comp, long, expected)
     return long, expected
+
+
+def refused(comp: Component, run: Run) -> bool:
+    """Their loop refused the request itself: its one frame an assert or raise in the loop's own body
+    (gpt-fast's `assert T_new <= model.config.block_size`), before any model ran."""
+    frames = getattr(getattr(run.failure, "error", None), "traceback", [])
+    own = rf"line \d+, in {re.escape(comp.obj.__name__)}: (assert|raise)\b"
+    return len(frames) == 1 and bool(re.match(own, frames[0]))
 
 
 def _eos(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short: Run, reference: Tensor,
