@@ -106,7 +106,7 @@ def _agreeing(res: ComponentResult, ctx: Context, comp: Component) -> ComponentR
     return finish(res)
 
 
-PAIRINGS = {"half": "half", "swapped": "half", "interleaved": "interleaved", "pairs": "interleaved"}
+PAIRINGS = {"half": "half", "swapped": "half", "interleaved": "interleaved"}  # "pairs": none (see LAYOUTS)
 PAIRING_WORDS = {"half": ("(j, j + d/2), half-split", " (j, j + d/2) 对半配对"),
                  "interleaved": ("(2j, 2j+1), interleaved", " (2j, 2j+1) 交错配对")}
 
@@ -192,7 +192,9 @@ LAYOUTS = {  # the convention each layout of the pairs reports ("unknown": none)
                     "nanochat: a convention, not an error",
                     "按 (j, j + d/2) 配对、反方向旋转，(a cos + b sin, b cos - a sin)，与 nanochat "
                     "相同：这是约定不同，不是错误"),
-    "interleaved": INTERLEAVED, "pairs": INTERLEAVED,
+    # a complex table (one value a pair) says the same, but pairs nothing: what applies it does (Gemma
+    # applies Meta's complex table to halves), so it is a copy that _agreeing does not read as a pairing
+    "interleaved": INTERLEAVED, "pairs": dict(INTERLEAVED),
     "half": text("pairs (j, j + d/2), half-split (Hugging Face, handformer)",
                  "按 (j, j + d/2) 对半配对（Hugging Face、handformer）"),
 }
