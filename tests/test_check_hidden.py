@@ -227,6 +227,13 @@ OWN_FORMS = {  # a learner's own form of a component, correct and planted: (file
     "generate_refuses_past_the_block": (SAMPLING, "generate", REFUSES, "generate"),
     "generate_refuses_past_the_block_planted": (SAMPLING, "generate", REFUSES + [
         ("sample_next_token(logits[:, -1, :]", "sample_next_token(logits[:, 0, :]")], "generate"),
+    "rope_table_and_its_apply": (FIXTURES / "learners_hf" / "correct.py", "rope", [], "LlamaRotaryEmbedding"),
+    "rope_table_and_its_apply_planted": (FIXTURES / "learners_hf" / "correct.py", "rope", [
+        ("emb = torch.cat((freqs, freqs), dim=-1)", "emb = freqs.repeat_interleave(2, dim=-1)")],
+                                         "LlamaRotaryEmbedding"),
+    "greedy_on_a_passing_model": (CARRIED, "greedy_decode", [], "greedy_decode"),
+    "greedy_on_a_passing_model_planted": (CARRIED, "greedy_decode", [
+        ("next_word = model.fc_out(out[:, -1])", "next_word = model.fc_out(out[:, 0])")], "greedy_decode"),
 }
 
 
@@ -237,7 +244,9 @@ def test_a_component_in_a_learner_s_own_form_is_built_and_driven(tmp_path, form)
     with no pad id (CS336's cross_entropy: a mean over every target), a step clipping with its own
     gradient_clipping (CS336's), Mistral's repeat_kv(keys, values, repeats), a model
     that runs after setup_caches, a sampling step that reads logits[:, -1] and returns (token, probs),
-    a loop that asserts it stays within the block (gpt-fast's): each checked, the correct one passing and the planted one failing."""
+    a loop that asserts it stays within the block (gpt-fast's), greedy decoding that reads the first
+    position on a model that passed (steered along a path, each position's choice differs), a rotary
+    table of interleaved pairs beside an apply function of halves: each checked, the correct one passing and the planted one failing."""
     source, kind, edits, name = OWN_FORMS[form]
     result = check_file(_planted(tmp_path, source, edits), only=[kind])
     status = _only(result, name).status
