@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from handformer.paths import refuse_non_file
+
 
 def _umask() -> int:
     """The process's umask, read once at import in the main thread (setting it is how it is read)."""
@@ -27,7 +29,10 @@ def _umask() -> int:
 FILE_MODE = 0o666 & ~_umask()
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> None:
-    """Call `write(tmp_path)` to produce the file, then atomically move it to `path`."""
+    """Call `write(tmp_path)` to produce the file, then atomically move it to `path`. A `path` that
+    is there but no regular file is refused: the rename would put a file in place of a device
+    (/dev/null, as root) or a pipe, or fail on a folder naming only the temporary file."""
+    refuse_non_file(path, "a file", "give the path of a file to write")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

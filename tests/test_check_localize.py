@@ -269,8 +269,16 @@ LINES = {
                      "sqrt_d_model"),
     "heads_times_width": ("scale_by_dk", "", ["att = q @ k.transpose(-2, -1) / math.sqrt(self.h * self.d_head)"],
                           1, "sqrt_d_model"),
+    "scale_kept_from_the_width": ("scale_by_dk", "", ["self.scaling = config.hidden_size ** -0.5",
+                                                      "w = torch.matmul(q, k.transpose(2, 3)) * self.scaling"],
+                                  1, "sqrt_d_model"),
+    "scale_kept_from_the_head": ("scale_by_dk", "", ["self.scaling = config.head_dim ** -0.5",
+                                                     "scores = q @ k.transpose(-2, -1) / self.d_k"], 2, ""),
     "divided_by_d_k": ("scale_by_dk", "", ["scores = q @ k.transpose(-2, -1) / self.d_k",
                                            "x = self.emb(ids) * math.sqrt(self.d_model)"], 1, ""),
+    "causal_on_two_lines": ("causal_off_by_one", "", ["scores = scores + torch.triu(",
+                                                      'torch.full((T, T), float("-inf")), diagonal=2)',
+                                                      "return scores.softmax(-1)"], 1, ""),
 }
 
 
@@ -280,7 +288,8 @@ def test_a_catalogued_mistake_is_located_at_the_line_that_writes_it(case):
 
     name, found, lines, number, shown = LINES[case]
     form, line, code = locate_form(name, found, list(enumerate(lines, start=1)))
-    assert (line, code, form) == (number, lines[number - 1], shown)
+    whole = lines[number - 1] + (f" / line {number + 1}: {lines[number:] and lines[number]}" * lines[number - 1].endswith("("))
+    assert (line, code, form) == (number, whole, shown)  # a statement of two lines quoted whole
 
 
 # The Annotated Transformer's LabelSmoothing builds its target distribution in place (fill, scatter,
@@ -414,6 +423,16 @@ SUB_STEP_PLANTS = {
     "layernorm_mean_over_tokens": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)",
                                    "mean = x.mean(1, keepdim=True)", "`mean` at line",
                                    "the mean of the input x over dim=1; the reference reduces over dim=-1"),
+    "lm_step_loss_summed": (FIXTURES / "learners_cache" / "correct.py", "lm_train_step",
+                            "y.reshape(-1))", 'y.reshape(-1), reduction="sum")', "`loss` at line",
+                            "the loss, the mean cross-entropy times a constant factor 12 = B·T"),
+    "generate_crops_one_short": (FIXTURES / "learners_sampling" / "correct.py", "generate", "idx[:, -block_size:]",
+                                 "idx[:, -block_size + 1:]", "`idx_cond` at line",
+                                 "the last 7 tokens; the context is the last 8 (the block size)"),
+    "cosine_factor_without_its_half": (FIXTURES / "learners_training" / "correct.py", "schedule",
+                                       "0.5 * (1 + math.cos(math.pi * progress))",
+                                       "(1 + math.cos(math.pi * progress))", "`return` at line",
+                                       "is the cosine factor × (max_lr - min_lr) times a constant factor 2"),
 }
 
 
@@ -483,7 +502,7 @@ def test_attention_that_raises_is_localized_at_the_reshape_without_its_permute(t
                                    "    X = X.reshape(-1, num_heads, X.shape[1], X.shape[2])\n")
     path.write_text(source)
     (comp,) = check_file(str(path)).components
-    assert comp.status == "error", comp
+    assert comp.status == "fail" and comp.error.kind == "exception", comp
     (note,) = [n for n in comp.notes if "parts from the reference" in n["en"]]
     assert "`return` at line 15: return X.reshape(X.shape[0], X.shape[1], -1)" in note["en"], note
     assert "a transpose or permute left out" in note["en"] and "第 15 行" in note["zh"], note

@@ -73,7 +73,7 @@ def test_a_planted_model_mistake_in_json_and_a_model_that_exits_is_an_error(tmp_
     path.write_text(source.replace("        memory = self.encode(src, src_mask)\n",
                                    "        import sys\n        sys.exit(3)\n"))
     (comp,) = check_file(str(path), only=["transformer"]).components
-    assert comp.status == "error" and "sys.exit(3)" in comp.error.message
+    assert comp.status == "fail" and "sys.exit(3)" in comp.error.message
     path.write_text(source.replace("return self.out(self.decode(", "return float('nan') * self.out(self.decode("))
     (comp,) = check_file(str(path), only=["transformer"]).components
     assert comp.status == "fail" and not comp.findings

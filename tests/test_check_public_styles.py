@@ -302,11 +302,15 @@ QK_AFTER = """        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             q, k = self.q_norm(q), self.k_norm(k)
 """
 
-# (file, the kinds checked, the correct line, the planted line)
+# (file, the kinds checked, the correct line, the planted line[, the line the report quotes])
 CASES = {
     "jadore_temperature": (JADORE, ["sdpa"], "q / self.temperature", "q * self.temperature"),
     "hyunwoongko_table": (HYUNWOONGKO, ["positional_encoding"], "encoding[:, 1::2] = torch.cos",
                           "encoding[:, 1::2] = torch.sin"),
+    # pe_wrong_frequency's patterns match the sin line too: the finding quotes the line that departs
+    "hyunwoongko_cos_exponent": (HYUNWOONGKO, ["positional_encoding"], "torch.cos(pos / (10000 ** (_2i / d_model)))",
+                                 "torch.cos(pos / (10000 ** ((_2i + 1) / d_model)))",
+                                 "line 12: self.encoding[:, 1::2] = torch.cos(pos / (10000 ** ((_2i + 1) / d_model)))"),
     "gpt_fast_attention": (GPT_FAST, ["mha"], "xs[..., 1] * f[..., 0] + xs", "xs[..., 1] * f[..., 0] - xs"),
     "gpt_fast_table": (GPT_FAST, ["rope"], "[freqs_cis.real, freqs_cis.imag]", "[freqs_cis.imag, freqs_cis.real]"),
     "gpt_fast_block": (GPT_FAST, ["block"], "h + self.feed_forward(self.ffn_norm(h))",
@@ -329,7 +333,7 @@ def _statuses(tmp_path, name, source, kinds):
 
 @pytest.mark.parametrize("case", CASES)
 def test_the_tutorial_style_is_driven_and_a_planted_mistake_fails(tmp_path, case):
-    source, kinds, right, wrong = CASES[case]
+    source, kinds, right, wrong, *quoted = CASES[case]
     assert right in source
     correct = _statuses(tmp_path, "correct", source, kinds)
     assert correct and all(c.status == "pass" for c in correct.values()), {
@@ -337,6 +341,8 @@ def test_the_tutorial_style_is_driven_and_a_planted_mistake_fails(tmp_path, case
     planted = _statuses(tmp_path, "planted", source.replace(right, wrong, 1), kinds)
     assert planted and any(c.status == "fail" for c in planted.values()), {
         n: (c.status, c.error) for n, c in planted.items()}
+    said = [f"line {f.line}: {f.code}" for c in planted.values() for f in c.findings]
+    assert all(line in said for line in quoted), said
 
 
 def test_an_ffn_with_its_residual_and_norm_inside_is_not_checked_with_the_reason(tmp_path):

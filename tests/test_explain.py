@@ -58,7 +58,7 @@ def drawn(tmp_path_factory, traced_once):
 
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
         mp.setattr(explain, "_save", keep_texts_and_save)
-        rc = main(["explain", "--out", str(out)])
+        rc = main(["explain", "--lang", "en", "--out", str(out)])
     return rc, buf.getvalue(), out, texts, err.getvalue()
 
 
@@ -146,10 +146,16 @@ def test_explain_lang_on_the_command_line(tmp_path, monkeypatch, capsys):
 
 
 def test_explain_writes_under_runs_by_default_never_over_the_committed_figures(tmp_path, monkeypatch, capsys):
+    """...in the locale's language without --lang, as viz and check choose it."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "docs" / "figures").mkdir(parents=True)  # as in a checkout of the repository
     monkeypatch.setattr(explain, "FIGURES", {"top_k_top_p": explain.figure_top_k_top_p})
-    assert main(["explain"]) == 0 and main(["explain", "--lang", "zh"]) == 0
+    for var in ("LC_ALL", "LC_MESSAGES", "LANG", "LANGUAGE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("LANG", "en_US.UTF-8")
+    assert main(["explain"]) == 0
+    monkeypatch.setenv("LANG", "zh_CN.UTF-8")
+    assert main(["explain"]) == 0
     assert capsys.readouterr().out.splitlines() == [
         f"wrote {Path('runs/explain/top_k_top_p.png')}", f"wrote {Path('runs/explain/zh/top_k_top_p.png')}"]
     assert (tmp_path / "runs/explain/zh/top_k_top_p.png").is_file()

@@ -17,6 +17,7 @@ from handformer.inference.packed_linear import pack_linears
 from handformer.inference.prepare import prepare_for_decoding
 from handformer.inference.quant import Int8Linear, quantize_linears
 from handformer.inference.quant_int4 import Int4Linear
+from handformer.inference.threads import StepThreads
 from handformer.models.causal_lm import CausalLM
 
 
@@ -124,6 +125,7 @@ def test_threads_split_the_step_without_changing_it(models, kind, threads):
     model(torch.tensor([[3, 4, 5, 9, 1]]), cache=cache)
     ids, before = torch.tensor([[6]]), torch.get_num_threads()
     assert step.usable(cache, None)
+    step.pace = StepThreads()  # a fresh choice: the team runs the first step
     try:
         torch.set_num_threads(1)
         alone = step(ids, cache)
@@ -132,7 +134,28 @@ def test_threads_split_the_step_without_changing_it(models, kind, threads):
         together = step(ids, cache)
     finally:
         torch.set_num_threads(before)
-    torch.testing.assert_close(together, alone, atol=1e-6, rtol=1e-6)
+    assert step.shape.threads == threads
+    assert torch.equal(together, alone), (together - alone).abs().max()  # every output row the same code
+
+
+def test_a_slow_team_hands_the_step_to_one_thread_and_takes_it_back():
+    """StepThreads on made-up step times: two slow team steps in a row, a probe of one thread that
+    wins, one thread until a probe of the team wins again; on a quiet pace no probe runs."""
+    pace, ran = StepThreads(), []
+    for i in range(120):
+        loaded = 5 <= i < 50
+        threads = pace.choose(2)
+        ran.append(threads)
+        pace.record(threads, (0.100 if loaded else 0.012) if threads == 2 else 0.018)
+    assert ran[:7] == [2] * 7 and ran[7] == 1  # steps 5 and 6 slow, step 7 the probe
+    assert ran[8:24] == [1] * 16 and ran[24] == 2  # the team retried after 16 steps, lost
+    assert 2 not in ran[25:57]  # the next retry 32 steps on
+    assert ran[57:] == [2] * 63  # the load gone at step 50: the team took over at its next retry, 57
+    quiet = StepThreads()
+    for _ in range(100):
+        assert quiet.choose(2) == 2
+        quiet.record(2, 0.012)
+    assert StepThreads().choose(1) == 1
 
 
 @torch.inference_mode()

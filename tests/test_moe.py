@@ -187,9 +187,11 @@ def test_lora_on_attention_and_experts_trains_adapters_only_and_merges(tmp_path,
     capsys.readouterr()
 
 
-def test_experts_command_shows_where_the_router_sends_each_token(tmp_path, capsys):
+def test_experts_command_shows_where_the_router_sends_each_token(tmp_path, capsys, monkeypatch):
     """`handformer experts RUN TEXT`: every token's top-k choices counted per layer (k x T in all),
-    drawn in both languages; a run without experts is one clear error."""
+    drawn in both languages (without --lang, the locale's, as viz chooses it); a run without
+    experts is one clear error."""
+    from handformer.see import experts
     from handformer.see.experts import expert_choices
 
     run = tmp_path / "run"
@@ -203,6 +205,15 @@ def test_experts_command_shows_where_the_router_sends_each_token(tmp_path, capsy
         out = tmp_path / f"experts_{lang}.png"
         assert main(["experts", str(run), text, "--layer", "1", "--lang", lang, "--out", str(out)]) == 0
         assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    drawn_in = []  # the language each figure would be drawn in
+    with monkeypatch.context() as mp:
+        mp.setattr(experts, "figure_experts", lambda choices, out, lang, layer: drawn_in.append(lang))
+        for var in ("LC_ALL", "LC_MESSAGES", "LANGUAGE"):
+            mp.delenv(var, raising=False)
+        for locale in ("zh_CN.UTF-8", "en_US.UTF-8"):
+            mp.setenv("LANG", locale)
+            assert main(["experts", str(run), text, "--out", str(tmp_path / "experts.png")]) == 0
+    assert drawn_in == ["zh", "en"]
     printed = capsys.readouterr().out
     assert "2 mixture layers of 4 experts, top 2" in printed and "layer 1: tokens per expert" in printed
     assert main(["experts", str(run), text, "--layer", "2"]) == 2

@@ -57,6 +57,22 @@ def test_finished_files_get_the_mode_open_gives_them(tmp_path):
     assert os.stat(tmp_path / "atomic.json").st_mode == os.stat(tmp_path / "plain.json").st_mode
 
 
+def test_a_file_is_never_written_in_place_of_a_pipe_a_device_or_a_folder(tmp_path, capsys):
+    """atomic_write renames its finished file over the target: over /dev/null, as root, that put a
+    file in place of the device (`experts RUN TEXT --out /dev/null`). A pipe stands in for it here."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    for name, kind in (("fifo", "a named pipe (FIFO)"), ("folder", "a folder")):
+        with pytest.raises(ValueError, match=rf"{name} is {re.escape(kind)}, not a file; give the path of a file"):
+            atomic_write_text(tmp_path / name, "{}")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "elapsed_s": 0.5, "lr": 0.001, "train_loss": 2.0}\n')
+    assert main(["plot", str(run), "--out", str(tmp_path / "fifo")]) == 2
+    assert "fifo is a named pipe (FIFO), not a file" in capsys.readouterr().err
+    assert stat.S_ISFIFO(os.stat(tmp_path / "fifo").st_mode) and not any(tmp_path.glob(".*.tmp"))
+
+
 def test_resume_writes_lost_best_weights_again(tmp_path, monkeypatch, capsys):
     (tmp_path / "text.txt").write_text("the quick brown fox jumps over the lazy dog. " * 20)
     run = tmp_path / "run"
@@ -206,7 +222,9 @@ def test_trace_given_a_training_job_says_to_train_it_first(capsys):
 def test_compare_given_no_checkpoint_folder_names_it_and_asks_no_hub(tmp_path, capsys):
     run = make_lm_run(tmp_path / "story", chat=False)
     assert main(["compare", str(run), str(tmp_path / "nothing"), "--prompt", "x"]) == 2
-    assert "nothing is not a Hugging Face checkpoint folder (no config.json)" in capsys.readouterr().err
+    assert "nothing is not a Hugging Face checkpoint folder (nothing is there)" in capsys.readouterr().err
+    assert main(["compare", str(run), str(tmp_path), "--prompt", "x"]) == 2
+    assert f"{tmp_path} is not a Hugging Face checkpoint folder (no config.json)" in capsys.readouterr().err
 
 
 def test_ctrl_c_in_prepare_says_the_same_command_goes_on(tmp_path, monkeypatch, capsys):
@@ -427,6 +445,11 @@ def test_shards_prepared_from_an_empty_text_say_how_to_make_them_again(tmp_path,
     (["check", "/dev/null"], "/dev/null is a character device, not a Python file; give the .py file"),
     (["export-gguf", "{tmp}/run", "{fifo}", "--overwrite"], "fifo is a named pipe (FIFO), not a file; give the"),
     (["import-gguf", "{file}", "{fifo}"], "fifo is a named pipe (FIFO); give a directory for the run"),
+    (["trace", "/dev/null"], "/dev/null is a character device, not a config file; give a run directory, a config"),
+    (["trace", "{tmp}"], "is a folder with no config.json, not a run directory; give a run directory"),
+    (["plot", "{fifo}"], "fifo is not a training run directory (it is a named pipe (FIFO)); give the --out folder"),
+    (["plot", "{file}"], "file is not a training run directory (it is a file); give the --out folder"),
+    (["viz", "{file}", "x"], "file is not a run directory (it is a file)"),
 ])
 def test_a_path_that_is_there_but_no_file_is_named_for_what_it_is(tmp_path, capsys, argv, message):
     """A folder, a device or a pipe where a file belongs is not "no such file": the error says what

@@ -270,6 +270,22 @@ def test_a_tool_round_trip_with_the_anthropic_client(claude):
     assert streamed.content[0].input == use.input and streamed.stop_reason == "tool_use"
 
 
+def test_an_unknown_route_asks_for_the_key_before_its_404(server, client, claude, anthropic):
+    """With a key, a route this server lacks (batches, files) is a 401 to a caller without the key,
+    as from OpenAI's server (the 404 lists every route); with the key, a 404 naming the path and
+    the routes there are, in the shape of the path's API. A wrong method: 401, then 405."""
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url + "/v1", api_key="guess", max_retries=0).batches.list()
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=server.url, api_key="guess", max_retries=0).messages.batches.list()
+    with pytest.raises(openai.NotFoundError, match=r"no route /v1/files; this server has .*POST /v1/responses"):
+        client.files.list()
+    with pytest.raises(anthropic.NotFoundError, match=r"no route /v1/messages/batches; .*POST /v1/messages,"):
+        claude.messages.batches.list()
+    assert httpx.get(server.url + "/v1/responses", timeout=10).status_code == 401
+    assert httpx.get(server.url + "/v1/responses", headers={"x-api-key": KEY}, timeout=10).status_code == 405
+
+
 def test_messages_errors_come_in_anthropics_shape(claude, server, anthropic):
     with pytest.raises(anthropic.BadRequestError) as err:
         claude.messages.create(model="story", messages=MESSAGES, max_tokens=5, extra_body={"temperature": 1.5})

@@ -138,7 +138,7 @@ def test_viz_rejects_text_that_tokenizes_to_nothing(translation_run, lm_run, tmp
 
 def test_viz_rejects_what_is_not_a_run_directory(tmp_path):
     rc, _, err = run_cli("viz", str(tmp_path / "missing"), "hello")
-    assert rc == 2 and "is not a directory" in err
+    assert rc == 2 and "missing is not a run directory (nothing is there)" in err
     rc, _, err = run_cli("viz", str(tmp_path), "hello")
     assert rc == 2 and "is not a run directory (no config.json)" in err
     (tmp_path / "config.json").write_text("{not json")
@@ -283,9 +283,9 @@ def test_plot_overlays_several_runs(translation_run, tmp_path):
 
 def test_plot_errors(tmp_path):
     rc, _, err = run_cli("plot", str(tmp_path), "--out", str(tmp_path / "x.png"))
-    assert rc == 2 and f"no metrics.jsonl in {tmp_path}" in err
+    assert rc == 2 and f"{tmp_path} is not a training run directory (no metrics.jsonl)" in err
     rc, _, err = run_cli("plot", str(tmp_path / "nope"), "--out", str(tmp_path / "x.png"))
-    assert rc == 2 and "is not a directory" in err
+    assert rc == 2 and "nope is not a training run directory (nothing is there)" in err
     write_metrics(tmp_path / "empty", [])
     rc, _, err = run_cli("plot", str(tmp_path / "empty"), "--out", str(tmp_path / "x.png"))
     assert rc == 2 and "has no records yet" in err

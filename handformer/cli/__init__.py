@@ -37,7 +37,7 @@ from handformer.cli import (
     train,
     translate,
 )
-from handformer.paths import kind_of
+from handformer.paths import found_at
 
 COMMANDS = [trace, train, translate, generate, chat, evaluate, import_hf, import_llama2c, import_gguf, see,
             check, learn, data, prepare, quantize, export_hf, export_gguf, experiment, merge, serve, speedrun,
@@ -98,7 +98,7 @@ def os_error_line(err: OSError) -> str:
         path = Path(err.filename)
         files = [p for p in (path, *path.parents) if p.exists() and not p.is_dir()]
         if files:
-            return (f"{files[-1]} is {kind_of(files[-1]) or 'a file'}, where a folder is needed; give a "
+            return (f"{files[-1]} is {found_at(files[-1])}, where a folder is needed; give a "
                     "folder (a new one is made), or move the file away")
     return f"{err.filename}: {err.strerror or err}"
 

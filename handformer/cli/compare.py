@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from handformer.paths import missing_from
+
 
 def cmd_compare(args: argparse.Namespace) -> int:
     import torch
@@ -20,8 +22,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not args.prompt:
         raise ValueError("empty prompt: give --prompt TEXT with at least one character")
     if not (Path(args.hf_dir) / "config.json").is_file():  # else transformers asks the Hub for it
-        raise ValueError(f"{args.hf_dir} is not a Hugging Face checkpoint folder (no config.json); give "
-                         "the folder import-hf read, or one `handformer export-hf` wrote")
+        raise ValueError(f"{args.hf_dir} is not a Hugging Face checkpoint folder "
+                         f"({missing_from(args.hf_dir, 'config.json')}); give the folder import-hf read, or "
+                         "one `handformer export-hf` wrote")
     run = load_lm(args.run_dir)
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(
         args.hf_dir, dtype=torch.float32, attn_implementation="eager")

@@ -9,12 +9,19 @@ from pathlib import Path
 from handformer.cli.common import device_arg
 
 
-def cmd_viz(args: argparse.Namespace) -> int:
+def language(args: argparse.Namespace) -> str:
+    """`--lang` when given, else the locale's: zh for a Chinese one, else en (the rule check and
+    learn follow, check/core/report.py: default_language)."""
     from handformer.check.core.report import default_language
+
+    return args.lang or default_language()
+
+
+def cmd_viz(args: argparse.Namespace) -> int:
     from handformer.see.viz import visualize
 
     report, files = visualize(args.run_dir, args.text, args.out, args.layer, args.head,
-                              args.max_new_tokens, args.device, args.lang or default_language())
+                              args.max_new_tokens, args.device, language(args))
     if report.task == "translation":
         print(f"source:      {report.text}\ntranslation: {report.output}")
     else:
@@ -39,7 +46,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from handformer.see.explain import explain
 
-    for path in explain(args.out, args.lang):
+    for path in explain(args.out, language(args)):
         print(f"wrote {path}")
     return 0
 
@@ -49,7 +56,7 @@ def cmd_experts(args: argparse.Namespace) -> int:
 
     choices = expert_choices(args.run_dir, args.text, args.device)
     out = Path(args.out) if args.out else Path(args.run_dir) / "experts.png"
-    figure_experts(choices, out, args.lang, args.layer)
+    figure_experts(choices, out, language(args), args.layer)
     L, E = choices.counts.shape
     if choices.dropped:
         print(f"TEXT is {len(choices.tokens) + choices.dropped} tokens; the model's context holds "
@@ -83,7 +90,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", help="a language-model run with [model] moe (trained or imported)")
     p.add_argument("text", help="the text to run through the model")
     p.add_argument("--layer", type=int, default=0, help="the layer whose router weights are drawn (from 0)")
-    p.add_argument("--lang", default="en", choices=["en", "zh"], help="language of titles and labels")
+    p.add_argument("--lang", default=None, choices=["en", "zh"],
+                   help="language of titles and labels (default: from the locale, zh for a Chinese one)")
     p.add_argument("--out", default=None, help="PNG to write (default RUN_DIR/experts.png)")
     p.add_argument("--device", type=device_arg, default="cpu")
     p.set_defaults(func=cmd_experts)
@@ -96,9 +104,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("explain", help="draw figures on the tutorials' topics (softmax, scaling, positions, "
                        "top-k/top-p, masks, data flow) from handformer's code")
-    p.add_argument("--lang", choices=("en", "zh"), default="en",
+    p.add_argument("--lang", choices=("en", "zh"), default=None,
                    help="language of titles and labels: en, or zh (Chinese; needs a CJK font, else "
-                   "a warning and English labels)")
+                   "a warning and English labels); default: from the locale, zh for a Chinese one")
     p.add_argument("--out", default=None,
                    help="output directory (default runs/explain, or runs/explain/zh with --lang zh; "
                    "docs/figures and docs/zh/figures hold the committed ones)")

@@ -8,6 +8,21 @@ from typing import Any
 
 from handformer.cli.common import non_negative_int, parse_overrides, positive_int
 from handformer.config import BlockConfig, config_from_dict, load_config
+from handformer.paths import refuse_non_file
+
+
+def config_path(source: str, presets: str) -> Path:
+    """The config.json `source` names (a run directory's, or the file itself), or an error that
+    says what is there instead."""
+    path, fix = Path(source), f"give a run directory, a config.json or a preset ({presets})"
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{source} is a folder with no config.json, not a run directory; {fix}")
+        return path / "config.json"
+    refuse_non_file(path, "a config file", fix)  # /dev/null, a pipe
+    if not path.is_file():
+        raise ValueError(f"{source!r} is neither a preset ({presets}) nor a config file or run directory")
+    return path
 
 
 def model_config_from_args(source: str, overrides: dict[str, Any]) -> BlockConfig:
@@ -18,12 +33,7 @@ def model_config_from_args(source: str, overrides: dict[str, Any]) -> BlockConfi
         cfg = PRESETS[source]()
         data = cfg.to_dict()
     else:
-        path = Path(source)
-        if path.is_dir():
-            path = path / "config.json"
-        if not path.is_file():
-            raise ValueError(f"{source!r} is neither a preset ({', '.join(PRESETS)}) nor a "
-                             "config file or run directory")
+        path = config_path(source, ", ".join(PRESETS))
         if path.suffix == ".toml":  # a job's vocabulary comes from its data: the model exists once trained
             raise ValueError(f"{source} is a training job, whose model sizes come with its data; "
                              f"train it (`handformer train --config {source} --out RUN`), then trace RUN, "

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from handformer.cli.common import job_from_args, parse_overrides, positive_int, print_table
-from handformer.paths import kind_of
+from handformer.paths import found_at
 
 DEFAULT_OUT = "runs/train"
 
@@ -31,7 +31,7 @@ def resumed_job(args: argparse.Namespace) -> tuple[Path, dict]:
 
     run_dir = Path(args.resume)
     if not run_dir.is_dir():
-        found = kind_of(run_dir) or ("a file" if run_dir.exists() else None)
+        found = found_at(run_dir)
         what = f"{run_dir} is {found}, not a folder" if found else f"no folder {run_dir}"
         raise FileNotFoundError(f"cannot resume: {what}; give the --out folder of a "
                                 "`handformer train` that stopped")

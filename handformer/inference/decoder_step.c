@@ -108,17 +108,14 @@ static void part_rows(float *y, const Part *p, const float *x, int64_t K, int64_
     }
 }
 
-/* Thread t's share (of T) of a Part's outputs: whole blocks of four rows for BLOCKED and INT8. */
+/* Thread t's share (of T) of a Part's outputs: whole chunks of 16 rows (four blocks of four for
+ * BLOCKED and INT8). A share starts at a multiple of 16 whatever T is, so the loops over a share's
+ * outputs (the activation) split into vectors of 16 and a scalar tail alike for any thread count:
+ * the logits do not depend on it. */
 static void share(const Part *p, int t, int T, int64_t *n0, int64_t *n1) {
-    int64_t N = p->rows;
-    if (p->kind == INT8 || p->kind == BLOCKED) {
-        int64_t blocks = (N + 3) / 4, end = blocks * (t + 1) / T * 4;
-        *n0 = blocks * t / T * 4;
-        *n1 = end < N ? end : N;
-    } else {
-        *n0 = N * t / T;
-        *n1 = N * (t + 1) / T;
-    }
+    int64_t N = p->rows, chunks = (N + 15) / 16, end = chunks * (t + 1) / T * 16;
+    *n0 = chunks * t / T * 16;
+    *n1 = end < N ? end : N;
 }
 
 /* x (K) quantized into the thread's own rows, once for every INT8 / INT4 Part of the `n` that read it. */

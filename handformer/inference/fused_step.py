@@ -12,7 +12,8 @@ and writes the new key and value into the model's own KV cache, so the engine ca
 fused in any order (prefill, speculation and batches stay eager). The C code computes what
 CausalLM.forward computes, in fp32, up to the order of the sums (greedy tokens equal in
 tests/test_fused_step.py). Its products of large weights run on torch's intra-op thread count
-(`generate`'s threads), split as PackedLinear's C kernel splits them.
+(`generate`'s threads), split as PackedLinear's C kernel splits them; on one thread while a team of
+them decodes slower than one (a shared machine: threads.StepThreads).
 
 It applies (`fused_reason` is None) to a prepared `CausalLM` built of the lesson's pre-norm blocks
 with either
@@ -38,6 +39,7 @@ V vocabulary, C cache capacity.
 from __future__ import annotations
 
 import ctypes
+import time
 import weakref
 
 import torch
@@ -50,6 +52,7 @@ from handformer.inference.norms import DecodingLayerNorm, DecodingRMSNorm
 from handformer.inference.packed_linear import PackedLinear
 from handformer.inference.quant import Int8Linear
 from handformer.inference.quant_int4 import Int4Linear
+from handformer.inference.threads import StepThreads
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.blocks import DecoderOnlyBlock
@@ -301,6 +304,7 @@ class FusedStep:
         self.work_floats = ctypes.CFUNCTYPE(ctypes.c_int64, P(_Shape))(library)
         self._held: tuple[Tensor, ...] = ()  # the cache buffers self.layers points at
         self.x = torch.empty(cfg.d_model)
+        self.pace = StepThreads()  # torch's thread count, or one thread while a team is slower
 
     def usable(self, cache: KVCache, mask: Tensor | None) -> bool:
         """A plain cache of one row, its fp32 buffers contiguous, room for the new position, no mask."""
@@ -334,7 +338,8 @@ class FusedStep:
         if not 0 <= token < embed.size(0):
             raise ValueError(f"token id {token} is outside the vocabulary [0, {embed.size(0)})")
         s = self.shape
-        s.slots, s.pos, s.threads = cache.keys[0].size(2), cache.length, torch.get_num_threads()
+        s.slots, s.pos = cache.keys[0].size(2), cache.length
+        s.threads = self.pace.choose(torch.get_num_threads())  # torch's count, or one while a team is slow
         if s.threads > self.threads:  # each thread quantizes the rows it reads into its own scratch
             self.vnni, self._scratch = _vnni(self.widest, set(self.kinds), s.threads)
             self.threads = s.threads
@@ -344,9 +349,11 @@ class FusedStep:
         work = torch.empty(self.work_floats(ctypes.byref(s)))  # 64-byte aligned, as torch allocates
         logits = torch.empty(1, s.V)  # (B, V)
         table = 4 * s.Dh * s.pos  # bytes to this position's row of cos and sin
+        start = time.perf_counter()
         self.fn(self.x.data_ptr(), ctypes.byref(s), self.layers, _address(cos, table), _address(sin, table),
                 norm.data_ptr(), _address(norm_bias), self.head, ctypes.byref(self.vnni), work.data_ptr(),
                 logits.data_ptr())
+        self.pace.record(s.threads, time.perf_counter() - start)
         cache.advance(1)
         return logits
 

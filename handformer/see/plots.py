@@ -20,6 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from handformer.io import atomic_write, read_log_records  # noqa: E402
+from handformer.paths import missing_from  # noqa: E402
 from handformer.see.fonts import label_fonts  # noqa: E402
 
 
@@ -33,10 +34,10 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     """The records of metrics.jsonl. A last line cut short (a run still writing it, or killed while
     writing it) is skipped."""
     path = Path(run_dir) / "metrics.jsonl"
-    if not Path(run_dir).is_dir():
-        raise FileNotFoundError(f"{run_dir} is not a directory")
     if not path.is_file():
-        raise FileNotFoundError(f"no metrics.jsonl in {run_dir}; is it a training run directory?")
+        why = missing_from(run_dir, "metrics.jsonl")
+        raise FileNotFoundError(f"{run_dir} is not a training run directory ({why}); give the --out folder "
+                                "of a `handformer train`")
     return [record for _, record in read_log_records(path)]
 
 

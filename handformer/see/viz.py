@@ -77,9 +77,6 @@ class AttentionReport:
 def read_run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     """config.json of a run directory, checked to be a translation or language-model run."""
     path = Path(run_dir)
-    if not path.is_dir():
-        raise FileNotFoundError(f"{run_dir} is not a directory; give a run directory made by "
-                                "`handformer train`, `handformer demo` or `handformer import-hf`")
     from handformer.config import CausalLMConfig, Seq2SeqConfig
     from handformer.tasks.run_config import read_run_config as read_checked
     from handformer.tasks.run_config import run_model_config

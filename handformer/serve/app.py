@@ -140,7 +140,7 @@ def create_app(models: Mapping[str, ServedModel], *, api_key: str | None = None,
     app = FastAPI(title="handformer", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.models = dict(models)
     app.state.engines, app.state.metrics, app.state.lifecycle = engines, metrics, lifecycle
-    add_error_handlers(app)
+    add_error_handlers(app, auth(api_key))
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     if cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],

@@ -4,13 +4,15 @@
     Anthropic's (/v1/messages...):           {"type": "error", "error": {"type", "message"}}
 
 for every failure: bad input (400), a missing or wrong API key (401), an unknown model or route
-(404, listing the server's routes), a body over the size limit (413), a server that is stopping
-(503), and anything unexpected (500, logged, with no traceback in the answer).
+(404, listing the server's routes, only to a caller with the key), a body over the size limit
+(413), a server that is stopping (503), and anything unexpected (500, logged, with no traceback in
+the answer).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -96,8 +98,10 @@ def route_list(app: Any) -> str:
     return ", ".join(listed)
 
 
-def add_error_handlers(app: FastAPI) -> None:
-    """Every error as an APIError, in its path's shape."""
+def add_error_handlers(app: FastAPI, door: Callable[[Request], Awaitable[None]] | None = None) -> None:
+    """Every error as an APIError, in its path's shape. `door`: the key check (door.auth) that an
+    unknown path or method passes before its 404 or 405, as OpenAI's server does: without the
+    key a caller gets the 401, never the list of routes."""
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, err: APIError) -> JSONResponse:
@@ -113,6 +117,11 @@ def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
         path = request.url.path
+        if door is not None and err.status_code in (404, 405):
+            try:
+                await door(request)
+            except APIError as refused:
+                return error_response(refused, path)
         message = {404: f"no route {path}; this server has {route_list(request.app)}",
                    405: f"{request.method} is not allowed on {path}"}.get(err.status_code, str(err.detail))
         return error_response(APIError(err.status_code, message), path)

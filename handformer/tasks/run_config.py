@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from handformer.config import BlockConfig
-from handformer.paths import kind_of
+from handformer.paths import missing_from, refuse_non_file
 
 # The model fields that fix the shapes of the weights: a config.json without them cannot describe
 # model.safetensors, so they are never filled in from defaults.
@@ -30,12 +30,11 @@ def read_run_config(run_dir: str | os.PathLike) -> dict[str, Any]:
     path = Path(run_dir) / "config.json"
     if path.is_dir():
         raise ValueError(f"{path} is a directory, not a file; {FIX}")
+    refuse_non_file(path, "a file", FIX)  # a device or a pipe named config.json
     if not path.is_file():
-        found = kind_of(run_dir) or ("a file" if Path(run_dir).exists() else "nothing")
-        what = {"a folder": "no config.json", "nothing": "nothing is there"}.get(found, f"it is {found}")
-        raise FileNotFoundError(f"{run_dir} is not a run directory ({what}); train one with "
-                                "`handformer train` or `handformer demo`, or import one with "
-                                "`handformer import-hf`")
+        raise FileNotFoundError(f"{run_dir} is not a run directory ({missing_from(run_dir, 'config.json')}); "
+                                "train one with `handformer train` or `handformer demo`, or import one "
+                                "with `handformer import-hf`")
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as err:

@@ -79,7 +79,8 @@ SCHEDULE_STEP_NAMES = (
 )
 SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
     "d_model": ("d_model", "model_size", "dim", "hidden_size", "d", "n_embd", "model_dim", "size", "d_embed"),
-    "factor": ("factor", "scale", "lr_factor", "multiplier", "lr_mult", "k"),
+    "factor": ("factor", "scale", "lr_factor", "multiplier", "lr_mult", "k", "lr_mul", "lr_multiplier",
+               "lr_scale"),
     "warmup": (
         "warmup",
         "warmup_steps",

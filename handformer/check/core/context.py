@@ -477,6 +477,30 @@ def finish(res: ComponentResult) -> ComponentResult:
     return res
 
 
+def holds_torch_attention(module: Any) -> bool:
+    """Whether a model computes its attention with torch.nn's (nn.Transformer, nn.MultiheadAttention)."""
+    return isinstance(module, nn.Module) and any(isinstance(m, nn.MultiheadAttention)
+                                                 for m in module.modules())
+
+
+def logits_shape(res: ComponentResult, out: Tensor | None, want: tuple[int, ...], vocab: str) -> bool:
+    """The check that an assembled model's logits have the shape (B, T, vocab) = want; whether they do."""
+    got = None if out is None else tuple(out.shape)
+    res.checks.append(Check(text(f"logits of shape (B, T, {vocab}) = {want}",
+                                 f"logits 的形状为 (B, T, {vocab}) = {want}"), got == want,
+                            text(f"got {got}", f"实际得到 {got}")))
+    return got == want
+
+
+def moved_by(a: Tensor | None, b: Tensor | None, index: Any) -> float:
+    """How far a (B, T, D) output moved from b on the positions `index` picks (inf when either is
+    missing or their shapes differ: the property cannot hold)."""
+    if a is None or b is None or a.shape != b.shape or a.dim() != 3:
+        return float("inf")
+    diff = (a - b).abs()[index]
+    return diff.max().item() if diff.numel() else 0.0
+
+
 def grads_error(pairs: list[tuple[Tensor | None, Tensor | None]]) -> float:
     err = 0.0
     for a, b in pairs:

@@ -253,8 +253,8 @@ CAUSAL_WORDS = re.compile(r"\btril\b|\btriu\b|is_causal\s*=\s*True|causal")
 
 TOKEN_EXTRAS = ("start_pos", "targets", "target", "labels", "y", "position_ids", "positions", "pos")
 # what a decoder-only layer's forward takes besides its one stream: the rotary tables and positions
-POSITION_EXTRAS = TOKEN_EXTRAS + ("freqs_cis", "freqs_complex", "freqs_cos", "freqs_sin", "cos", "sin",
-                                  "cos_sin", "position_embeddings", "input_pos", "rope", "rotary_emb")
+POSITION_EXTRAS = TOKEN_EXTRAS + ("freqs_cis", "freqs_complex", "pos_cis", "freqs_cos", "freqs_sin", "cos",
+                                  "sin", "cos_sin", "position_embeddings", "input_pos", "rope", "rotary_emb")
 
 
 # (the kind a class's name says, what the class shows, the kind it is then checked as): the first that

@@ -32,9 +32,11 @@ from handformer.check.core.discovery import (
 from handformer.check.core.kinds import KINDS_BY_NAME
 from handformer.check.core.localize import is_departure
 from handformer.check.core.result import (
+    DIFFERS,
     ERROR,
     FAIL,
     NOT_CHECKED,
+    PASS,
     TODO,
     ComponentResult,
     FileResult,
@@ -158,6 +160,12 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
 
         result.status = "pass"
         finish(result)
+    # their code raised, at their line, on an input it accepts: it fails (driven by a stand-in, the
+    # stand-in's outputs may be what it refuses: still an ERROR)
+    stand_in = result.driven is not None and result.driven["en"].startswith("a stand-in")
+    if result.status == ERROR and result.error is not None and result.error.kind == "exception" and (
+            result.error.traceback and not stand_in):
+        result.status = FAIL
     _add_notes(comp, ctx, result)
     ctx.results[comp.name] = result
     return result
@@ -211,6 +219,8 @@ def _add_notes(comp: Component, ctx: Context, result: ComponentResult) -> None:
     if not result.findings and result.status in (FAIL, ERROR) and (
             result.error is None or result.error.kind == "exception"):
         result.findings += inherited(comp, ctx)
+    if result.status in (PASS, DIFFERS):
+        _names_tell(comp, ctx, result)
     if result.status in (FAIL, ERROR) and ctx.learner.nan_calls and not result.has(
             "nan_on_masked_rows"):
         n, m = ctx.learner.nan_calls, ctx.learner.calls
@@ -291,6 +301,19 @@ def not_implemented(comp: Component, error: LearnerError | None) -> bool:
     error.message = (f"not implemented yet: line {todo[0][0]} still raises NotImplementedError "
                      f"({error.message})")
     return True
+
+
+def _names_tell(comp: Component, ctx: Context, result: ComponentResult) -> None:
+    """A layer or model that passes fails when a part it uses has a mistake only names tell (a GPT-2
+    MLP computing ReLU): its outputs match the convention the part's code computes, and cannot show it."""
+    from handformer.check.runners.pieces import DECODER_ONLY, ENCODER_DECODER, NAMES_TELL
+
+    if comp.kind not in DECODER_ONLY | ENCODER_DECODER:  # a loop driving the model computes no FFN itself
+        return
+    told = [f for f in inherited(comp, ctx) if f.name in NAMES_TELL]
+    if told:
+        result.findings += told
+        result.status = FAIL
 
 
 def inherited(comp: Component, ctx: Context) -> list[Finding]:

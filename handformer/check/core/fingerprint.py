@@ -15,7 +15,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -156,6 +156,29 @@ def search(target: Tensor, compute: Callable[[frozenset[str]], Tensor], universe
         err = combo_error(target, compute, combo, rows)
         if err < TOL:
             return combo, err
+    return None
+
+
+Setting = TypeVar("Setting")
+
+
+def search_settings(settings: Sequence[Setting],
+                    search_one: Callable[[Setting, int, int], tuple[frozenset[str], float] | None],
+                    fewest: bool = False) -> tuple[Setting, frozenset[str], float] | None:
+    """The setting (a reading of the learner's weights, the choices it made) whose output the
+    fewest mistakes explain: at most one mistake in every setting first, pairs only once no setting
+    matched so; `search_one(setting, least, most)` searches one. The first setting that matches wins,
+    or with `fewest` the first with the fewest mistakes (a correct one, or a pair among pairs, at once)."""
+    for least, most in ((0, 1), (2, 2)):
+        best = None
+        for setting in settings:
+            hit = search_one(setting, least, most)
+            if hit is not None and (best is None or len(hit[0]) < len(best[1])):
+                best = (setting, *hit)
+            if best and (not fewest or len(best[1]) == least):  # none can have fewer
+                return best
+        if best:
+            return best
     return None
 
 

@@ -16,6 +16,7 @@ from handformer.check.core.context import D, H
 from handformer.check.core.source import source_text
 from handformer.check.core.weights import (
     Leaf,
+    MappingError,
     Slot,
     attention_slots,
     ffn_slots,
@@ -23,6 +24,8 @@ from handformer.check.core.weights import (
     norm_slots,
     of_kind,
     qk_norm_slots,
+    shapes_text,
+    with_shape,
 )
 
 
@@ -64,6 +67,19 @@ def outside(module: nn.Module, parts: list[nn.Module]) -> list[Leaf]:
     its layers), in definition order."""
     inside = {id(m) for part in parts for m in part.modules()}
     return [leaf for leaf in leaves(module) if id(leaf.module) not in inside]
+
+
+def output_head(outer: list[Leaf], vocab: int, embed: Leaf, more: list[Leaf], what: tuple[str, str],
+                ) -> tuple[Leaf | None, bool, bool]:
+    """An assembled model's output layer among the leaves outside its layers: the nn.Linear(d_model,
+    vocab) (None when the forward multiplies by the embedding), whether it is tied to `embed`,
+    whether it has a bias. MappingError for any other nn.Linear outside the layers, or `more` (the
+    leaves the model has one too many of); `what` words the error (en, zh)."""
+    head = next((leaf for leaf in with_shape(outer, (vocab, D)) if leaf.kind == "linear"), None)
+    extra = [leaf for leaf in of_kind(outer, "linear") if leaf is not head] + more
+    if extra:
+        raise MappingError(f"{what[0]}: {shapes_text(extra)}", zh=f"{what[1]}：{shapes_text(extra)}")
+    return head, head is None or head.weight is embed.weight, head is not None and head.bias is not None
 
 
 def layer_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -67,8 +67,10 @@ def over_axes(what: str, what_zh: str, op: Callable[[int], Tensor], ndim: int) -
 class _Tracer:
     """The steps of one run: see `trace_steps`."""
 
-    def __init__(self, filename: str, code: Any, constants: tuple[torch.dtype, ...]) -> None:
+    def __init__(self, filename: str, code: Any, constants: tuple[torch.dtype, ...], every: bool = False,
+                 scalars: bool = False) -> None:
         self.filename, self.code, self.constants = filename, code, constants
+        self.every, self.scalars = every, scalars
         self.steps: list[Step] = []
         self.state: dict[int, tuple[dict[str, Any], int]] = {}  # frame -> (its locals, its line)
         self.now = 0  # the line of the traced frame running now: where a module's output is made
@@ -78,22 +80,34 @@ class _Tracer:
         self.numbers: dict[int, dict[str, tuple[int, float]]] = {}  # frame -> name -> (its line, value)
 
     def local(self, frame: Any, event: str, arg: Any) -> Any:
-        seen, before = frame.f_locals, self.state.setdefault(id(frame), ({}, frame.f_lineno))
+        seen, before = self.locals(frame), self.state.setdefault(id(frame), ({}, frame.f_lineno))
         numbers = self.numbers.setdefault(id(frame), {})
         for name, value in seen.items():
             if isinstance(value, Tensor) and not value.is_complex() and _changed(before[0].get(name), value):
                 self.record(frame, before[1], name, value, not before[0])
             elif type(value) in (int, float) and numbers.get(name, (0, None))[1] != value:
                 numbers[name] = (before[1], value)  # a size read from a shape: `d_k = q.size(-1)`
+                self.steps += [Step(before[1], name, _number(value), None, not before[0],
+                                    numbers=dict(numbers))] * self.scalars  # a schedule's numbers
         if event == "return":
             self.returned(frame, arg)
         held = {k: _snapshot(v) for k, v in seen.items()}
         self.state[id(frame)], self.now = (held, frame.f_lineno), frame.f_lineno
         return self.local
 
+    def locals(self, frame: Any) -> dict[str, Any]:
+        """The frame's locals; with constants, also the tensors `self` keeps as plain attributes
+        (`self.encoding[:, 1::2] = ...`, a table written in place) as `self.encoding`."""
+        seen = frame.f_locals
+        if not self.constants:
+            return seen
+        kept = {f"self.{attr}": v for attr, v in getattr(seen.get("self"), "__dict__", {}).items()
+                if isinstance(v, Tensor) and not v.requires_grad}
+        return {**seen, **kept}
+
     def record(self, frame: Any, line: int, name: str, value: Tensor, given: bool) -> None:
         """One step; `given`: the frame's first event, its arguments as handed over."""
-        if _traced(value) and name not in _arguments(frame, value):
+        if self.every or _traced(value) and name not in _arguments(frame, value):
             numbers = dict(self.numbers.get(id(frame), {}))
             self.steps.append(Step(line, name, _copy(value), self.caller(frame), given, numbers=numbers))
         elif value.dtype in self.constants:
@@ -106,11 +120,13 @@ class _Tracer:
 
     def returned(self, frame: Any, value: Any) -> None:
         """What a frame returns: a tensor, or each tensor of a tuple (`return q, k`), as steps."""
+        value = _number(value) if self.scalars and type(value) in (int, float) else value
         items = [("return", value)] if isinstance(value, Tensor) else [
             (f"return[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else []
+        numbers = dict(self.numbers.get(id(frame), {}))
         for name, v in items:
-            if isinstance(v, Tensor) and _traced(v) and not v.is_complex():
-                self.steps.append(Step(frame.f_lineno, name, _copy(v), self.caller(frame)))
+            if isinstance(v, Tensor) and (self.every or _traced(v)) and not v.is_complex():
+                self.steps.append(Step(frame.f_lineno, name, _copy(v), self.caller(frame), numbers=numbers))
 
     def caller(self, frame: Any) -> int | None:
         """The line of the outermost frame of the learner's file below this one (the forward that
@@ -150,15 +166,16 @@ NUMBERS = FLOATS + (torch.int32, torch.int64)  # positions counted in whole numb
 
 def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
                 modules: list[tuple[str, nn.Module]] = (), constants: bool | tuple[torch.dtype, ...] = False,
-                into: list[Step] | None = None) -> list[Step]:
+                into: list[Step] | None = None, every: bool = False, scalars: bool = False) -> list[Step]:
     """Run `run()` once, recording each input-dependent tensor that a line of `filename` assigns
     (only in the frames of `code`, one code object or several, when given), and each output of
     `modules` (their names) at the line that calls it. `constants`: also tensors that do not depend
     on the input (a loss's target distribution built in place; True: floating point, else the dtypes
     given), each at the last line that changed it. `into`: the list the steps go to (they stay
-    there when `run` raises)."""
+    there when `run` raises). `every`: each tensor the code assigns is a step, each time it does (a
+    loop's tokens, which depend on no gradient); `scalars`: the numbers it binds too, as 0-dim steps."""
     code = (code,) if code is not None and not isinstance(code, (tuple, list, set)) else code
-    t = _Tracer(filename, code, FLOATS if constants is True else constants or ())
+    t = _Tracer(filename, code, FLOATS if constants is True else constants or (), every, scalars)
     t.steps = into if into is not None else t.steps
     handles = [m.register_forward_pre_hook(t.pre_hook(name)) for name, m in modules]
     handles += [m.register_forward_hook(t.hook(name)) for name, m in modules]
@@ -172,6 +189,10 @@ def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
         for h in handles:
             h.remove()
     return [s for i, s in enumerate(t.steps) if i not in t.dropped]
+
+
+def _number(value: float) -> Tensor:
+    return torch.tensor(float(value), dtype=torch.float64)
 
 
 def _arguments(frame: Any, value: Tensor) -> tuple[str, ...]:
@@ -285,8 +306,30 @@ SIDES_ZH = {"before": "之前", "after": "之后", "source": "源", "target": "�
 SUBLAYERS_ZH = {"self-attention": "自注意力", "cross-attention": "交叉注意力", "FFN": "前馈网络"}
 
 
+# the names of sub-steps that are numbers of a loop or a schedule, and a loss's, in Chinese
+NAMES_ZH = {
+    "the loss, the mean cross-entropy": "损失（交叉熵的均值）", "the log-probabilities": "对数概率",
+    "the probabilities": "概率", "the per-token losses": "每个 token 的损失",
+    "the per-token losses (B, T)": "每个 token 的损失 (B, T)", "the logits model(x)": "logits model(x)",
+    "the tokens so far": "到这一步为止的 token",
+    "the context, cropped to the block size": "裁剪到 block_size 的上下文",
+    "the logits at the last position": "最后一个位置的 logits", "the next token": "下一个 token",
+    "the logits at the last position / temperature": "最后一个位置的 logits / temperature",
+    "the tokens with the new one appended": "接上新 token 之后的序列",
+    "the step t": "步 t", "the step t + 1": "步 t + 1", "the step n": "步 n",
+    "the warmup fraction": "预热比例",
+    "the warmup's rate": "预热阶段的学习率", "the progress through the decay": "衰减的进度",
+    "π × the progress": "π × 进度", "cos(π × the progress)": "cos(π × 进度)",
+    "1 + cos(π × the progress)": "1 + cos(π × 进度)",
+    "the cosine factor (1 + cos(π × the progress)) / 2": "余弦系数 (1 + cos(π × 进度)) / 2",
+    "the cosine factor × (max_lr - min_lr)": "余弦系数 × (max_lr - min_lr)", "the rate": "学习率",
+    "the rate / factor": "学习率 / factor"}
+
+
 def view_zh(name: str) -> str:
     """An intermediate result's name in Chinese; a name that is code, or not known, as it is."""
+    if name in NAMES_ZH:
+        return NAMES_ZH[name]
     for pattern, zh in VIEWS_ZH:
         m = re.fullmatch(pattern, name)
         if m:  # "{}": the groups, a side (source, encoder, ...) in Chinese
@@ -664,7 +707,7 @@ def _wrong_writes(step: Step, views: list[View]) -> list[tuple[Step, list[View]]
     out = []
     for before, now in zip((None, *step.earlier), step.earlier and (*step.earlier, step)):
         wrong = (now.value != getattr(before, "value", torch.nan)) & (step.value == now.value)
-        wrong &= ~torch.isclose(now.value, r)
+        wrong &= ~torch.isclose(now.value, r, atol=1e-3)  # a float32 table at positions in the thousands
         out += [(now._replace(value=now.value[wrong]), [(what, t[wrong]) for what, t in views
                                                         if t.shape == wrong.shape])] * bool(wrong.any())
     return out
@@ -698,7 +741,8 @@ def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[li
     kh, vh, views = _repeated(w, kh, vh, views)
     raw = qh @ kh.transpose(-2, -1)  # (B, H, T, T)
     scores = raw / math.sqrt(qh.size(-1))
-    if keep is not None:
+    if keep is not None:  # the scaled scores before the mask is added (Meta's `scores + mask`) are a step too
+        views.append(("the scores q·kᵀ/sqrt(d_k), before the mask", scores))
         scores = scores.masked_fill(~keep, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     heads = weights @ vh  # (B, H, T, Dh)

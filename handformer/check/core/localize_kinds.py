@@ -38,6 +38,7 @@ from handformer.check.core.localize import (
     view_zh,
 )
 from handformer.check.core.result import ComponentResult, text
+from handformer.check.core.source import lines_matching
 from handformer.check.reference import variants as V
 
 Localize = Callable[[], Departure | None]
@@ -47,14 +48,28 @@ def note_departure(res: ComponentResult, localize: Localize) -> None:
     """A FAIL (the caller judges it) that no catalogued mistake explains gets a note: where the
     learner's computation first parts from the reference, its line, and the form of the difference.
     Localizing is a help, never a verdict: when it cannot run (the learner's code raises), no note."""
-    if res.findings:
-        return
-    try:
-        found = localize()
-    except Exception:  # noqa: BLE001 - their code, or a reading that does not apply: no note
-        return
+    found = None if res.findings else _quietly(localize)
     if found is not None:
         res.notes.append(found.describe())
+
+
+def _quietly(localize: Localize) -> Departure | None:
+    try:
+        return localize()
+    except Exception:  # noqa: BLE001 - their code, or a reading that does not apply: nothing found
+        return None
+
+
+def place_findings(res: ComponentResult, lines: list[tuple[int, str]], localize: Localize) -> None:
+    """A catalogued finding whose patterns match several of the learner's lines (the sin line and the
+    cos line of a table) is placed at the one where their computation first parts from the correct
+    reference, when that is one of them: the line they wrote wrong, not the first that looks alike."""
+    unsure = [(f, lines_matching(f.name, lines)) for f in res.findings]
+    unsure = [(f, at) for f, at in unsure if len(at) > 1]
+    found = _quietly(localize) if unsure else None
+    for finding, at in unsure:
+        if getattr(found, "line", None) in at:
+            finding.line, finding.code = found.line, found.code
 
 
 def _children(module: nn.Module, depth: int = 1) -> list[tuple[str, nn.Module]]:

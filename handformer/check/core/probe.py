@@ -22,8 +22,9 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, check_determinism, finish
 from handformer.check.core.discovery import Component
 from handformer.check.core.localize import Departure
-from handformer.check.core.localize_kinds import note_departure
+from handformer.check.core.localize_kinds import note_departure, place_findings
 from handformer.check.core.result import ComponentResult
+from handformer.check.core.source import source_lines
 
 
 @dataclass
@@ -132,10 +133,14 @@ def name_findings(res: ComponentResult, ctx: Context, comp: Component, subject: 
         res.findings += ctx.findings(found.flags, found.matched, correct, comp)
 
 
-def localize_step(localize: Callable[[Subject, Found], Departure | None]) -> Step:
+def localize_step(localize: Callable[[Subject, Found], Departure | None], place: bool = True) -> Step:
     """The step that, on a FAIL no catalogued mistake explains, notes where the learner's
-    computation first parts from the reference (its line, the form of the difference)."""
+    computation first parts from the reference (its line, the form of the difference); with `place`,
+    a finding whose patterns match several lines is placed at the one that departs (see
+    `place_findings`): not for a localizer that cannot see every line a mistake may be on."""
     def step(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
-        if not found.named and res.max_abs_error is not None and res.max_abs_error >= 1e-5:
+        if found.named and place:
+            place_findings(res, source_lines(ctx.objects(comp)), lambda: localize(subject, found))
+        elif res.max_abs_error is not None and res.max_abs_error >= 1e-5:
             note_departure(res, lambda: localize(subject, found))
     return step

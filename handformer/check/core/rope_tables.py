@@ -138,12 +138,19 @@ def position_kwargs(names: set[str], B: int, T: int, head_dim: int, dtype: torch
     return {name: POSITION_ARGUMENTS[name](B, T, head_dim, dtype, batched) for name in names}
 
 
+# the names a complex rotary table goes by besides check's freqs_cis: Umar Jamil's, minimind's
+TABLE_ALIASES = ("freqs_complex", "pos_cis")
+# every name of a complex table (T, Dh/2) an apply function takes: Meta's and the aliases
+COMPLEX_TABLE_NAMES = ("freqs_cis", "freqs", *TABLE_ALIASES)
+
+
 def renamed_table(fn: Any, params: list[inspect.Parameter]) -> tuple[Any, list[inspect.Parameter]]:
-    """fn and its parameters, a rotary table named freqs_complex (Umar Jamil's name) called freqs_cis
-    as check names it; fn and params as they are otherwise."""
-    if not any(p.name == "freqs_complex" for p in params):
+    """fn and its parameters, a rotary table named as in TABLE_ALIASES (Umar Jamil's freqs_complex,
+    minimind's pos_cis) called freqs_cis as check names it; fn and params as they are otherwise."""
+    alias = next(iter({p.name for p in params}.intersection(TABLE_ALIASES)), None)
+    if alias is None:
         return fn, params
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **{("freqs_complex" if n == "freqs_cis" else n): v for n, v in kwargs.items()})
-    return call, [p.replace(name="freqs_cis") if p.name == "freqs_complex" else p for p in params]
+        return fn(*args, **{(alias if n == "freqs_cis" else n): v for n, v in kwargs.items()})
+    return call, [p.replace(name="freqs_cis") if p.name == alias else p for p in params]

@@ -59,15 +59,39 @@ def locate(name: str, lines: list[tuple[int, str]]) -> tuple[int | None, str | N
     return _first_match(CATALOG[name].patterns, lines)
 
 
+def lines_matching(name: str, lines: list[tuple[int, str]]) -> list[int]:
+    """The numbers of the code lines any of the diagnosis' patterns matches."""
+    regexes = [re.compile(p) for p in CATALOG[name].patterns]
+    return [n for n, t in _code_lines(lines) if any(r.search(t.split("#")[0]) for r in regexes)]
+
+
+def _code_lines(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The lines that are code: comments and docstrings' lines skipped."""
+    return [(n, t) for n, t in lines if t.strip() and not t.strip().startswith(("#", '"' * 3, "'" * 3))]
+
+
 def _first_match(patterns: Iterable[str], lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
-    code_lines = [(n, t) for n, t in lines
-                  if t.strip() and not t.strip().startswith(("#", '"""', "'''"))]
+    code_lines = _code_lines(lines)
     for pattern in patterns:
         regex = re.compile(pattern)
         for number, line in code_lines:
             if regex.search(line.split("#")[0]):
-                return number, line.strip()
+                return number, _with_continuation(number, line, dict(lines))
     return None, None
+
+
+def _with_continuation(number: int, line: str, lines: dict[int, str]) -> str:
+    """The line, and the next one when the statement goes on there and ends on it (a bracket left
+    open, `scores + torch.triu(`): a statement of two lines is quoted whole, a longer one by its first."""
+    after = lines.get(number + 1, "")
+    depth = _depth(line)
+    return (line.strip(), f"{line.strip()} / line {number + 1}: {after.strip()}")[0 < depth == -_depth(after)]
+
+
+def _depth(line: str) -> int:
+    """The brackets a line leaves open (negative: closes), its comment left out."""
+    code = line.split("#")[0]
+    return sum(map(code.count, "([{")) - sum(map(code.count, ")]}"))
 
 
 def locate_form(name: str, form: str, lines: list[tuple[int, str]]) -> tuple[str, int | None, str | None]:

@@ -4,8 +4,9 @@ its own mask.
 
 Each compares the learner's output (and returned weights, and gradients) with handformer's own
 component on several shapes and masks, runs the reference-free checks (causality, padding
-invariance, heads one by one, no NaN on fully masked rows, eval determinism, the tutorials' shapes),
-and names mistakes by fingerprint search over `handformer.check.reference.variants`.
+invariance, a key_padding_mask given alone, heads one by one, no NaN on fully masked rows, eval
+determinism, the tutorials' shapes), and names mistakes by fingerprint search over
+`handformer.check.reference.variants`.
 
 Shape legend: B batch, T query length, S key length, D d_model, H heads, Hkv key/value heads,
 Dh head dim.
@@ -43,6 +44,7 @@ from handformer.check.core.context import (
     guarded,
     is_mask_name,
     masked_rows,
+    moved_by,
     nan_on_hidden_rows,
     not_cropped,
     outputs_by_convention,
@@ -136,6 +138,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
             everything = torch.ones(xq.size(0), 1, xq.size(1), xk.size(1), dtype=torch.bool)
             mask = run_mask(everything, state["visible"], xq.size(0))
         kwargs: dict[str, Any] = {masks[0].name: mask} if masks else {}
+        kwargs.update(state.get("more", {}))  # a key_padding_mask given alone, by _key_padding_alone
         B, T = xq.shape[:2]
         kwargs.update(position_kwargs(named, B, T, head_dim, xq.dtype))
         return with_positions(fn, args, kwargs, layout, B)
@@ -160,17 +163,13 @@ def detect(run: Callable[[str], Tensor | None], compute: Compute, universe: tupl
     or None, the first learner failure)."""
     outputs, failure = outputs_by_convention(run, conventions)
     universe = responsive(outputs, universe)
-    for min_flags, max_flags in ((0, 1), (2, 2)):  # pairs only once no smaller set matched
-        best = None
-        for conv, out in outputs.items():
-            found = fp.search(out, lambda fl, conv=conv: compute(fl, conv), universe,
-                              lambda fl, conv=conv: rows(fl, conv), max_flags, min_flags)
-            if found is not None and (best is None or len(found[0]) < len(best[1][0])):
-                best = (conv, found)
-            if found is not None and not found[0]:
-                break
-        if best:
-            return best[0], best[1], failure
+
+    def search_one(conv: str, least: int, most: int) -> tuple[frozenset[str], float] | None:
+        return fp.search(outputs[conv], lambda fl: compute(fl, conv), universe, lambda fl: rows(fl, conv),
+                         most, least)
+    found = fp.search_settings(list(outputs), search_one, fewest=True)
+    if found:
+        return found[0], found[1:], failure
     return (next(iter(outputs), None), None, failure)
 
 
@@ -878,6 +877,9 @@ def _properties(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -
     _causality(res, ctx, s, x)
     if s.c.takes_mask and s.rope is None:
         _padding_invariance(res, ctx, s, x)
+    _key_padding_alone(res, ctx, s)
+    if s.rope is None and s.n_kv_heads is None and s.heads == H:
+        _at_distinct_sizes(res, ctx, comp, s)
     has_o = any(sl.role.endswith("W_O") for sl in s.slots)
     if has_o and not s.causal_inside and s.n_kv_heads is None and s.rope is None:
         w = mha_weights(s.slots, s.heads)
@@ -900,7 +902,7 @@ def _causality(res: ComponentResult, ctx: Context, s: Setup, x: Tensor, j: int =
     mask = None if s.causal_inside else run_mask(causal_keep, s.conv, B)  # (causal inside: no padding)
     a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, mask), 3)
     b = fp.first_tensor(ctx.learner.call("forward", s.c.call, bumped, bumped, bumped, mask), 3)
-    past = _moved(a, b, slice(0, j))
+    past = moved_by(a, b, (slice(None), slice(0, j)))
     res.checks.append(Check(text(f"causality: changing token {j} leaves outputs 0..{j - 1} unchanged",
                                  f"因果性：改变位置 {j} 的 token，不影响位置 0..{j - 1} 的输出"),
                             past < 1e-9, text(f"outputs before it moved by {past:.3g}",
@@ -917,24 +919,91 @@ def _padding_invariance(res: ComponentResult, ctx: Context, s: Setup, x: Tensor)
         other[1, T - 3:] += 5.0
         a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, mask), 3)
         b = fp.first_tensor(ctx.learner.call("forward", s.c.call, other, other, other, mask), 3)
-        moved = _moved(a, b, slice(0, T - 3))
+        moved = moved_by(a, b, (slice(None), slice(0, T - 3)))
     else:
         xkv = fp.randn(B, T, D, seed=31)
         other = xkv.clone()
         other[1, T - 3:] += 5.0
         a = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, xkv, xkv, mask), 3)
         b = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, other, other, mask), 3)
-        moved = _moved(a, b, slice(None))
+        moved = moved_by(a, b, (slice(None), slice(None)))
     res.checks.append(Check(text("padding invariance: changing padded keys/values changes nothing",
                                  "填充不变性：改变被填充的键/值不影响输出"), moved < 1e-9,
                             text(f"outputs moved by {moved:.3g}", f"输出变化了 {moved:.3g}")))
 
 
-def _moved(a: Tensor | None, b: Tensor | None, positions: slice) -> float:
-    """How far outputs at `positions` moved between two runs (inf when a run gave no (B, T, D) output)."""
-    if a is None or b is None or a.shape != b.shape or a.dim() != 3:
+# sizes at which no two differ (batch 3, 5 tokens, 2 heads of 8, d_model 16): at check's 4 heads of 4, a
+# size read from the wrong axis (keys.shape[1], the heads, for the head size) is the right number
+DISTINCT_HEADS, DISTINCT_B, DISTINCT_T = 2, 3, 5
+
+
+def _at_distinct_sizes(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -> None:
+    """The attention built again with 2 heads of 8 and compared with handformer's on the same weights;
+    nothing is said when it cannot be built or run so (a size only its own code allows)."""
+    sizes, dh = {**ctx_sizes(), "n_heads": DISTINCT_HEADS, "causal": s.causal_inside}, D // DISTINCT_HEADS
+    x = fp.randn(DISTINCT_B, DISTINCT_T, D, seed=7)
+    try:
+        with ctx.hyperparameters(comp, sizes):
+            module = ctx.build(comp, sizes, warmup=lambda m: caller(m, dh).call(x, x, x, None))
+            c = caller(module, dh)
+            c.state.update(s.c.state)  # the convention of a mask it requires
+            out = fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, None), 3)
+        linears, qk_norms = _projections(comp, module, DISTINCT_HEADS)
+        slots = attention_slots(linears, D, 1, comp.name)[0] + qk_norms
+    except (fp.LearnerFailure, MappingError):
+        return
+    hf = handformer_attention(slots, heads=DISTINCT_HEADS)
+    ref = hf(x, x, x, causal(DISTINCT_T)[None, None] if s.causal_inside else None, need_weights=True)[0]
+    err = fp.max_error(out, ref)
+    res.checks.append(Check(text(
+        f"with {DISTINCT_HEADS} heads of {dh} (batch {DISTINCT_B}, {DISTINCT_T} tokens: no two sizes equal) "
+        "it still matches handformer's", f"{DISTINCT_HEADS} 个头、每头 {dh} 维（batch {DISTINCT_B}，"
+        f"{DISTINCT_T} 个 token：没有两个尺寸相等）时仍与 handformer 一致"), err < 1e-5, error_text(err)))
+
+
+PAD_KEYS = 3  # row 1's first keys are padding (left padding: later queries of every kind see them)
+# the forms of a key padding mask tried: torch.nn's two, (B, S) True = padding or 0 / -inf added, and
+# True = keep (a layer of its own that reads it so); the one that hides the padding counts
+KEY_PADDING_FORMS = (lambda pads: pads, lambda pads: torch.zeros(pads.shape).masked_fill(pads, -math.inf),
+                     lambda pads: ~pads)
+
+
+def _key_padding_alone(res: ComponentResult, ctx: Context, s: Setup) -> None:
+    """Each key_padding_mask the forward takes beside the mask it is handed (torch.nn's
+    MultiheadAttention: attn_mask and key_padding_mask), given alone in torch.nn's forms: changing
+    the keys and values it marks as padding must change no real query's output."""
+    names = [p.name for p in forward_parameters(s.module)
+             if "key_padding_mask" in p.name and p.name != s.c.mask_name]
+    for name in names:
+        moved = min(_padding_alone_moved(ctx, s, name, form) for form in KEY_PADDING_FORMS)
+        res.checks.append(Check(text(
+            f"{name} alone ((B, S): True = padding as torch.nn takes it, 0 / -inf, or True = keep): "
+            "changing the padded keys and values changes no real output",
+            f"只给 {name}（(B, S)：torch.nn 的 True = 填充、0 / -inf，或 True = 可以看）："
+            "改变被填充的键和值，不影响真实位置的输出"), moved < 1e-9,
+            text(f"outputs moved by {moved:.3g}: the padding it marks is not applied",
+                 f"输出变化了 {moved:.3g}：它标出的填充没有被用上")))
+
+
+def _padding_alone_moved(ctx: Context, s: Setup, name: str, form: Callable[[Tensor], Tensor]) -> float:
+    """How far real queries' outputs move in self-attention when the padded positions change, the
+    padding given as `name` alone in `form`; inf when the attention does not take that form."""
+    B, T = 2, 7
+    pads = torch.zeros(B, T, dtype=torch.bool)
+    pads[1, :PAD_KEYS] = True
+    x = fp.randn(B, T, D, seed=44)
+    bumped = x.clone()
+    bumped[1, :PAD_KEYS] += 5.0
+    s.c.state["more"] = {name: form(pads)}
+    counts = ctx.learner.calls, ctx.learner.nan_calls  # a form read the other way round gives NaN: not theirs
+    try:
+        a, b = (fp.first_tensor(ctx.learner.call("forward", s.c.call, v, v, v, None), 3) for v in (x, bumped))
+    except fp.LearnerFailure:
         return math.inf
-    return (a - b).abs()[:, positions].max().item() if a[:, positions].numel() else 0.0
+    finally:
+        s.c.state.pop("more")
+        ctx.learner.calls, ctx.learner.nan_calls = counts
+    return fp.max_error(a, b, ~pads)
 
 
 def one_head_at_a_time(w: V.MHAWeights, x: Tensor) -> Tensor:

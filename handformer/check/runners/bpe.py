@@ -20,11 +20,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-import signal
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
@@ -41,6 +38,7 @@ from handformer.check.reference.bpe_corpus import (
     VOCAB_SIZE,
     timing_corpus,
 )
+from handformer.time_limit import time_limit
 
 PATH_NAMES = (
     "input_path",
@@ -88,25 +86,11 @@ class TrainerTimeout(BaseException):  # noqa: N818  (not an Exception: their `ex
     """The learner's trainer ran past its limit."""
 
 
-@contextlib.contextmanager
-def deadline(seconds: float) -> Iterator[None]:
-    """Raise TrainerTimeout in the learner's code after `seconds` (a timer signal; in a thread other
-    than the main one there is no timer, and the sandbox's limit of the whole step is what stops
-    a runaway trainer)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: Any) -> None:
-        raise TrainerTimeout
-
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+def deadline(seconds: float) -> contextlib.AbstractContextManager[None]:
+    """Raise TrainerTimeout in the learner's code after `seconds`, keeping a timer the caller runs
+    (handformer/time_limit.py). In a thread other than the main one there is no timer, and the
+    sandbox's limit of the whole step is what stops a runaway trainer."""
+    return time_limit(seconds, TrainerTimeout)
 
 
 @cache

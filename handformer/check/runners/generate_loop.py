@@ -34,9 +34,12 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import CONTEXT_NAMES, COUNT_NAMES, MODEL_NAMES, PROMPT_NAMES
 from handformer.check.core.context import Context, forward_names, forward_parameters, named
 from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.localize import Departure
+from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.runners.localize_generate import default_temperature, generate_views, localize_generate
 from handformer.config import CausalLMConfig
 from handformer.families import build_causal_lm
 from handformer.generation.generate import generate as hf_generate
@@ -363,6 +366,10 @@ class StandIn:
     def new_model(self, style: str, budget: int) -> LanguageModel:
         return LanguageModel(known_model(), BLOCK, style, budget)
 
+    def logits(self, ids: Tensor) -> Tensor:
+        """The logits (B, t, V) the loop's model gives for ids (B, t), as scaled as in the loop."""
+        return LanguageModel(self.model, BLOCK, "tensor", budget=1)(ids)
+
     def reference(self, B: int, n: int) -> Tensor:
         return greedy(self.model, prompts(B), n)[:, prompts(B).size(1):]
 
@@ -403,6 +410,7 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
                               f"它一次只能为一个提示词生成（2 个一批时失败了）{zh}"))
     reference = driver.reference(B, SHORT)
     _judge(res, ctx, comp, short, reference)
+    tried = [(short, reference)]  # the runs and the tokens each is judged against
     if any(c.cached for c in short.model.calls):
         res.notes.append(text("it decodes with a KV cache: after the prompt it feeds one token at a time",
                               "它用 KV 缓存解码：处理完提示词之后每次只输入一个 token"))
@@ -413,13 +421,41 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
             _judge(res, ctx, comp, again, reference)
     elif not res.has("generate_not_appended", "generate_does_not_stop"):
         if knows_block_size(comp):
-            _long(res, ctx, comp, driver, B, short.as_list)
+            tried.append(_long(res, ctx, comp, driver, B, short.as_list))
         else:
             res.notes.append(NO_BLOCK_NOTE)
+    _ending(res, ctx, comp, driver, tried)
+
+
+def _ending(res: ComponentResult, ctx: Context, comp: Component, driver: Any, tried: list[tuple[Run, Tensor]],
+            ) -> None:
+    """After the runs `tried` (the short one first): its failure when nothing names it, the EOS check
+    when its tokens are right, and where a wrong run departs when no mistake names it."""
+    short, reference = tried[0]
     if short.failure and not res.findings and short.out is None:
         raise short.failure
     if short.out is not None and not res.findings:
         _eos(res, ctx, comp, driver, short, reference[0])
+    wrong = next((run for run in tried if _wrong(*run)), None)
+    if wrong:
+        note_departure(res, lambda: _localize(ctx, comp, driver, *wrong))
+
+
+def _wrong(run: Run, expected: Tensor) -> bool:
+    return run.out is not None and not torch.equal(run.out, expected)
+
+
+def _localize(ctx: Context, comp: Component, driver: Any, run: Run, expected: Tensor) -> Departure | None:
+    """Where the loop of `run` parts from greedy decoding (localize_generate.py), run again as it was."""
+    crop = getattr(driver, "limit", BLOCK)  # their own model's: the block size, or none (a huge one)
+    views, forms = generate_views(driver.logits, run.prompt, expected, crop, default_temperature(comp.obj))
+    model = driver.new_model(getattr(run.model, "style", "own"), budget=run.n + 3)
+    prompt = run.prompt[0].tolist() if run.as_list else run.prompt.clone()
+    try:
+        return localize_generate(lambda: _call(ctx, comp, model, prompt, run.n, fixed_defaults(comp.obj)),
+                                 comp.obj, views, forms)
+    finally:
+        getattr(model, "close", lambda: None)()  # the hooks on the learner's own model
 
 
 # the names a loop that crops its context reads its limit by (Raschka's context_size, nanoGPT's
@@ -450,11 +486,19 @@ NO_BLOCK_NOTE = text("it names no block size, so it feeds the whole context: pas
                      "idx[:, -block_size:]")
 
 
-def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: int, as_list: bool) -> None:
+def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: int, as_list: bool,
+          ) -> tuple[Run, Tensor]:
     """LONG new tokens: past the block size, where a model with a position table needs the crop; a
-    crop that a model without one does not need is a choice (noted), not a mistake."""
+    crop that a model without one does not need is a choice (noted), not a mistake. The run and the
+    tokens it is judged against."""
     long = run_generate(ctx, comp, driver, LONG, B, as_list)
     expected, cropped = driver.reference(B, LONG), driver.alternative(B, LONG)
+    if refused(comp, long):
+        res.notes.append(text(f"it refuses more than the block's {BLOCK} tokens with its own assert or raise "
+                              f"({long.failure.error.message}): a stated limit, not a mistake",
+                              f"超过块长 {BLOCK} 个 token 时它用自己的 assert 或 raise 拒绝"
+                              f"（{long.failure.error.message}）：这是明说的限制，不是错误"))
+        return Run(long.label, long.model, long.prompt, long.n), expected
     if cropped is not None and long.out is not None and torch.equal(long.out, cropped) and not torch.equal(
             cropped, expected):
         expected = cropped
@@ -463,6 +507,15 @@ def _long(res: ComponentResult, ctx: Context, comp: Component, driver: Any, B: i
                               f"它把上下文裁剪到最后 {BLOCK} 个 token，而你的模型并不需要（它没有这么大的"
                               "位置表）：这是一种选择"))
     _judge(res, ctx, comp, long, expected)
+    return long, expected
+
+
+def refused(comp: Component, run: Run) -> bool:
+    """Their loop refused the request itself: its one frame an assert or raise in the loop's own body
+    (gpt-fast's `assert T_new <= model.config.block_size`), before any model ran."""
+    frames = getattr(getattr(run.failure, "error", None), "traceback", [])
+    own = rf"line \d+, in {re.escape(comp.obj.__name__)}: (assert|raise)\b"
+    return len(frames) == 1 and bool(re.match(own, frames[0]))
 
 
 def _eos(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short: Run, reference: Tensor,

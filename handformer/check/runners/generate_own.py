@@ -159,6 +159,10 @@ class OwnDriver:
     def new_model(self, style: str, budget: int) -> OwnModel:
         return OwnModel(self.module, self.limit, budget, self.holder)
 
+    def logits(self, ids: Tensor) -> Tensor:
+        """The logits (B, t, V) their model gives for ids (B, t), as scaled as in the loop."""
+        return _certain(self.call(ids)[0])
+
     def reference(self, B: int, n: int, crop: int | None = None) -> Tensor:
         """n greedy tokens after prompts(B), each from the last `crop` tokens (the limit by default)."""
         crop = crop or self.limit

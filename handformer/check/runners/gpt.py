@@ -35,6 +35,7 @@ from handformer.check.core.context import (
     error_text,
     finish,
     forward_parameters,
+    logits_shape,
 )
 from handformer.check.core.discovery import Component
 from handformer.check.core.layer_map import (
@@ -47,6 +48,7 @@ from handformer.check.core.layer_map import (
     layer_modules,
     list_items,
     map_layer,
+    output_head,
     outside,
     prefixed,
 )
@@ -76,8 +78,6 @@ from handformer.check.core.weights import (
     norm_kind,
     norm_slots,
     of_kind,
-    shapes_text,
-    with_shape,
 )
 from handformer.check.core.weights import norm_weights as learner_norm
 from handformer.check.reference import variants as V
@@ -157,14 +157,10 @@ def map_gpt(module: nn.Module) -> GPTMap:
         raise MappingError(f"expected nn.Embedding(vocab_size={VOCAB}, n_embd); found {found}",
                            zh=f"应当有 nn.Embedding(vocab_size={VOCAB}, n_embd)；实际找到 {found}")
     wpe = next((e for e in embeds if e is not wte), None)
-    head = next((x for x in with_shape(outer, (VOCAB, D)) if x.kind == "linear"), None)
     norms = of_kind(outer, "norm")
-    extra = [x for x in of_kind(outer, "linear") if x is not head] + norms[1:]
-    if extra:
-        raise MappingError(f"parameters outside the blocks that a GPT does not have: {shapes_text(extra)}",
-                           zh=f"Block 之外有 GPT 没有的参数：{shapes_text(extra)}")
-    m = GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head,
-               head is None or head.weight is wte.weight, head is not None and head.bias is not None, n_kv)
+    head, tied, bias = output_head(outer, VOCAB, wte, norms[1:], (
+        "parameters outside the blocks that a GPT does not have", "Block 之外有 GPT 没有的参数"))
+    m = GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head, tied, bias, n_kv)
     m.embed_norm = _embed_norm(module, blocks)
     if wpe is None:
         m.ropes, m.theta, m.table_theta = _rotary(module)
@@ -458,21 +454,30 @@ def gpt_sizes(ctx: Context) -> dict[str, Any]:
     return {**GPT_SIZES, "n_kv_heads": KV_HEADS} if kv else GPT_SIZES
 
 
-def _no_setup_caches(comp: Component, module: nn.Module) -> None:
-    """NOT CHECKED, with the reason, for gpt-fast's Transformer: an inference engine's model."""
-    if callable(getattr(module, "setup_caches", None)):
+def _setup_caches(comp: Component, module: nn.Module, ctx: Context) -> None:
+    """gpt-fast's Transformer: its setup_caches(max_batch_size, max_seq_length) called first (batch 4,
+    the block's length), so that forward(idx) runs; NOT CHECKED, with the reason, when forward(idx)
+    still needs what only its decoding loop gives (input_pos)."""
+    if not callable(getattr(module, "setup_caches", None)):
+        return
+    try:
+        ctx.learner.call("__init__", module.setup_caches, 4, BLOCK)
+        Caller(module, ctx)(torch.zeros(1, 2, dtype=torch.long))
+    except fp.LearnerFailure:
         raise MappingError(f"{comp.name}.forward(idx, input_pos) runs on the KV caches that setup_caches("
-                           "max_batch_size, max_seq_length) makes first (gpt-fast's): handformer drives "
-                           "a model by forward(idx) alone; its attention, FFN and norm are checked alone",
+                           "max_batch_size, max_seq_length) makes first (gpt-fast's), and forward(idx) "
+                           "after setup_caches(4, 16) raised: handformer drives a model by forward(idx) "
+                           "alone; its attention, FFN and norm are checked alone",
                            zh=f"{comp.name}.forward(idx, input_pos) 依赖 setup_caches(max_batch_size, "
-                              "max_seq_length) 先建好的 KV 缓存（gpt-fast 的写法）：handformer 只用 "
-                              "forward(idx) 驱动模型；它的注意力、FFN 和归一化各自单独检查")
+                              "max_seq_length) 先建好的 KV 缓存（gpt-fast 的写法），调用 setup_caches(4, 16) "
+                              "之后 forward(idx) 仍然报错：handformer 只用 forward(idx) 驱动模型；"
+                              "它的注意力、FFN 和归一化各自单独检查") from None
 
 
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp, gpt_sizes(ctx))
-    _no_setup_caches(comp, module)
+    _setup_caches(comp, module, ctx)
     call = Caller(module, ctx)
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, VOCAB, (2, 8), generator=g)
@@ -481,13 +486,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     with fp.dropout_off():
         out, loss = call(idx, targets)
         last_only = out is not None and out.size(1) == 1
-        want = (2, 1 if last_only else 8, VOCAB)
-        ok = out is not None and tuple(out.shape) == want
-        res.checks.append(Check(text(f"logits of shape (B, T, vocab_size) = {want}",
-                                     f"logits 的形状为 (B, T, vocab_size) = {want}"), ok,
-                                text(f"got {tuple(out.shape) if out is not None else None}",
-                                     f"实际得到 {tuple(out.shape) if out is not None else None}")))
-        if not ok:
+        if not logits_shape(res, out, (2, 1 if last_only else 8, VOCAB), "vocab_size"):
             return finish(res)
         if last_only:
             res.notes.append(text("forward returns the last position's logits only: compared there",
@@ -604,14 +603,12 @@ def _search(m: GPTMap, out: Tensor, idx: Tensor, settings: list[Choices], last_o
     flags = FLAGS if m.wpe is not None else tuple(f for f in FLAGS if f != "pe_missing")
     flags += ("rope_wrong_base",) if m.table_theta is not None else ()
     B, T = idx.shape
-    for lo, hi in ((0, 1), (2, 2)):
-        for ch in settings:
-            hf = reference_model(m, ch)
-            hit = fp.search(out, lambda fl, hf=hf: _view(variant(hf, idx, fl, m.table_theta), last_only),
-                            flags, lambda fl: _view(_rows(B, T, fl)[..., None], last_only)[..., 0], hi, lo)
-            if hit is not None:
-                return ch, hit[0], hit[1]
-    return None
+
+    def search_one(ch: Choices, least: int, most: int) -> tuple[frozenset[str], float] | None:
+        hf = reference_model(m, ch)
+        return fp.search(out, lambda fl: _view(variant(hf, idx, fl, m.table_theta), last_only), flags,
+                         lambda fl: _view(_rows(B, T, fl)[..., None], last_only)[..., 0], most, least)
+    return fp.search_settings(settings, search_one)
 
 
 def _found(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, out: Tensor, idx: Tensor,

@@ -22,6 +22,7 @@ import inspect
 import itertools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,8 +48,10 @@ from handformer.check.core.context import (
     grads_error,
     guarded,
     hidden_rows,
+    holds_torch_attention,
     is_mask_name,
     masked_rows,
+    moved_by,
     nan_on_hidden_rows,
     not_cropped,
     outputs_by_convention,
@@ -59,8 +62,10 @@ from handformer.check.core.conventions import masks_where_true
 from handformer.check.core.discovery import NAMES, Component, argument_keys
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.localize_kinds import localize_add_norm, note_departure
+from handformer.check.core.probe import Found as Explained
+from handformer.check.core.probe import Probe, Subject, name_findings, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
-from handformer.check.core.rope_tables import position_kwargs, with_positions, with_tables
+from handformer.check.core.rope_tables import position_kwargs, renamed_table, with_positions, with_tables
 from handformer.check.core.rotary import rope_layouts, rope_tables
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
@@ -80,7 +85,7 @@ from handformer.check.core.weights import (
     of_kind,
 )
 from handformer.check.reference import variants as V
-from handformer.check.runners.attention import responsive
+from handformer.check.runners.attention import KEY_PADDING_FORMS, PAD_KEYS, responsive
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, ffn_name_findings
 from handformer.config import BlockConfig
 from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
@@ -89,12 +94,28 @@ from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
 # one angle a pair (interleaved, as Meta's)
 GIVEN_ROPES = {"cos_sin": ("half", "swapped"), "freqs_cos": ("interleaved", "half")}
 KV_HEADS = 2  # key/value heads a layer is built with when its constructor asks for them
-# handformer's layer of each kind, by (decoder, causal block)
-REFERENCE_LAYERS = {(True, False): DecoderLayer, (False, True): DecoderOnlyBlock,
-                    (False, False): EncoderLayer}
-# a layer's sublayers (decoder or not), and what the report calls each
-SUBLAYERS = {False: (["attn", "ffn"], ["self-attention", "FFN"]),
-             True: (["attn", "cross", "ffn"], ["self-attention", "cross-attention", "FFN"])}
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """One kind of layer as data: handformer's layer it is compared with, the norm placements the
+    search tries (the tutorials' first), its sublayers and what the report calls each, the
+    tutorial's example (T, the attention weights' shape, the words), how the reference variants
+    compute it (`variant`: layer, weights, inputs, flags, trace) and how handformer's layer is called
+    (`handformer`: the layer, x, memory, the source and target masks, the rotary layout)."""
+
+    reference: type[nn.Module]
+    placements: tuple[str, str]
+    decoder: bool
+    causal_block: bool
+    sublayers: tuple[list[str], list[str]]
+    tutorial: tuple[int, tuple[int, ...], str]
+    variant: Callable[..., Tensor]
+    handformer: Callable[..., Tensor]
+
+    @property
+    def expected(self) -> str:
+        return self.placements[0]
 # the position arguments a layer's forward may take (rope_tables.POSITION_ARGUMENTS: what each is handed)
 LAYER_POSITIONS = {"freqs_cis", "start_pos", "position_ids", "position_embeddings", "cos", "sin", "input_pos",
                    "cos_sin", "freqs_cos", "freqs_sin"}
@@ -105,11 +126,12 @@ class Layer:
 
     more: dict[str, Any] = {}  # further arguments a check hands the forward (a key_padding_mask alone)
 
-    def __init__(self, comp: Component, ctx: Context, decoder: bool, causal_block: bool) -> None:
-        self.comp, self.ctx, self.decoder, self.causal_block = comp, ctx, decoder, causal_block
+    def __init__(self, comp: Component, ctx: Context, kind: LayerKind) -> None:
+        self.comp, self.ctx, self.kind = comp, ctx, kind
+        self.decoder, self.causal_block = decoder, causal_block = kind.decoder, kind.causal_block
         params = forward_parameters(comp.obj.forward) if inspect.isclass(comp.obj) else []
-        self.complex_name = any(p.name == "freqs_complex" for p in params)  # Umar Jamil's freqs_cis
-        params = [p.replace(name="freqs_cis") if p.name == "freqs_complex" else p for p in params]
+        # Umar Jamil's rotary table freqs_complex, called freqs_cis as check names it
+        self.renamed, params = renamed_table(_call_module, params)
         self.params = params
         self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
         self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
@@ -127,9 +149,9 @@ class Layer:
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
         found = leaves(self.module)
         linears = of_kind(found, "linear")
-        self.n_kv_heads, self.attn = _attentions(linears, 2 if decoder else 1, comp.name)
+        names, roles = kind.sublayers
+        self.n_kv_heads, self.attn = _attentions(linears, len(names) - 1, comp.name)
         self.ffn_candidates = ffn_slots(linears, D, self.sizes["d_ff"], comp.name)
-        names, roles = SUBLAYERS[decoder]
         norms, qk = block_norms(of_kind(found, "norm"))
         self.attn[0] += qk or gainless_qk(self.module)  # QK-norm: the attention's q_norm and k_norm
         norms = norms or gainless_norms(self.module, len(names))  # nanochat's norm(x), a function
@@ -190,9 +212,7 @@ class Layer:
 
     def _module(self, *args: Any, **kwargs: Any) -> Any:
         """The learner's module, its rotary table named freqs_complex when it calls it so (Umar Jamil's)."""
-        if self.complex_name and "freqs_cis" in kwargs:
-            kwargs["freqs_complex"] = kwargs.pop("freqs_cis")
-        return self.module(*args, **kwargs)
+        return self.renamed(self.module, *args, **kwargs)
 
     def _extra_kwargs(self, x: Tensor) -> dict[str, Any]:
         return {**position_kwargs(self.extra, *x.shape[:2], self.head_dim, x.dtype), **self.more}
@@ -202,6 +222,10 @@ class Layer:
                               self.norm_ws,
                               mha_weights(self.attn[1], H, self.n_kv_heads) if self.decoder else None,
                               placement, self.sublayers)
+
+
+def _call_module(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    return module(*args, **kwargs)
 
 
 def _stepwise(run: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> Tensor:
@@ -253,11 +277,7 @@ TORCH_CONVENTIONS = {True: ("torchn",), False: ("torch", "torch3", "torch2")}
 def _torch_rows(layer: Layer, conv: str) -> bool:
     """Whether a fully masked query's NaN is torch.nn's own: the layer holds an nn.MultiheadAttention,
     or takes torch.nn's masks (True = masked, filled with -inf, as nn.MultiheadAttention does)."""
-    return _holds_torch_mha(layer.module) or conv.startswith("torch")
-
-
-def _holds_torch_mha(module: nn.Module) -> bool:
-    return any(isinstance(sub, nn.MultiheadAttention) for sub in module.modules())
+    return holds_torch_attention(layer.module) or conv.startswith("torch")
 
 
 TORCH_NAN_NOTE = text("rows whose keys are all masked come out NaN, as torch's nn.MultiheadAttention gives "
@@ -284,7 +304,7 @@ def _masks_where_true(module: nn.Module) -> bool:
     """Whether one of the learner's classes inside fills where its mask is True (torch.nn's
     convention, Raschka's Llama 3 and Qwen3 attention: see conventions.masks_where_true), or hands its
     masks to an nn.MultiheadAttention."""
-    if _holds_torch_mha(module):
+    if holds_torch_attention(module):
         return True
     for sub in module.modules():
         if not type(sub).__module__.startswith("learner_"):
@@ -338,7 +358,7 @@ def _flags(layer: Layer, w: V.LayerWeights) -> tuple[str, ...]:
 
 
 def check_encoder_layer(comp: Component, ctx: Context) -> ComponentResult:
-    res = _check_layer(comp, ctx, decoder=False, causal_block=False, expected="post")
+    res = _check_layer(comp, ctx)
     if comp.name in NAMES["block"]:  # a TransformerBlock that is no decoder's (discovery.encoder_block)
         res.notes.append(ENCODER_BLOCK_NOTE)
     return res
@@ -351,11 +371,11 @@ ENCODER_BLOCK_NOTE = text("checked as an encoder layer: its mask is optional and
 
 
 def check_decoder_layer(comp: Component, ctx: Context) -> ComponentResult:
-    return _check_layer(comp, ctx, decoder=True, causal_block=False, expected="post")
+    return _check_layer(comp, ctx)
 
 
 def check_block(comp: Component, ctx: Context) -> ComponentResult:
-    return _check_layer(comp, ctx, decoder=False, causal_block=True, expected="pre")
+    return _check_layer(comp, ctx)
 
 
 class Inputs:
@@ -368,10 +388,10 @@ class Inputs:
         self.src_keep, self.tgt_keep = _case_keeps(layer, B, T, S, [0, 2], [1, 0])
 
 
-def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: bool,
-                 expected: str) -> ComponentResult:
+def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
-    layer = Layer(comp, ctx, decoder, causal_block)
+    layer = Layer(comp, ctx, KINDS[comp.kind])
+    causal_block = layer.causal_block
     inp = Inputs(layer)
     _down_projection(res, ctx, comp, layer)
     if _causal_without_its_mask(layer):
@@ -398,8 +418,8 @@ def _check_layer(comp: Component, ctx: Context, decoder: bool, causal_block: boo
     else:
         check_determinism(res, ctx, comp, lambda: run(working), "mha", "ffn", "sdpa")
     with fp.dropout_off():
-        found = _search(layer, ctx, run, inp, search_rows, expected, convs[:1] if own_mask else convs)
-        _report_layer(res, layer, ctx, run, inp, search_rows, found, working, expected)
+        found = _search(layer, ctx, run, inp, search_rows, convs[:1] if own_mask else convs)
+        _report_layer(res, layer, ctx, run, inp, search_rows, found, working)
         _key_padding(res, layer, ctx)
 
     def shapes() -> None:
@@ -422,13 +442,6 @@ def _padded_stream(layer: Layer, name: str) -> str:
     """What a key_padding_mask pads: a decoder's memory (memory_key_padding_mask), else the layer's
     own input (src_key_padding_mask, tgt_key_padding_mask)."""
     return "memory" if layer.decoder and any(w in name for w in ("memory", "src", "enc")) else "x"
-
-
-PAD_KEYS = 3  # row 1's first keys are padding (left padding: later queries of every kind see them)
-# the forms of a key padding mask tried: torch.nn's two, (B, S) True = padding or 0 / -inf added, and
-# True = keep (a layer of its own that reads it so); the one that hides the padding counts
-KEY_PADDING_FORMS = (lambda pads: pads, lambda pads: torch.zeros(pads.shape).masked_fill(pads, -math.inf),
-                     lambda pads: ~pads)
 
 
 def _key_padding(res: ComponentResult, layer: Layer, ctx: Context) -> None:
@@ -468,7 +481,7 @@ def _padding_moved(layer: Layer, ctx: Context, name: str, stream: str, form: Cal
     finally:
         layer.more = {}
     # NaN (a form read the other way round hides every key of a row): that form is not taken
-    return float(torch.tensor(_moved(a, b, real)).nan_to_num(nan=math.inf))
+    return float(torch.tensor(moved_by(a, b, real)).nan_to_num(nan=math.inf))
 
 
 def _causal_without_its_mask(layer: Layer) -> bool:
@@ -515,7 +528,7 @@ def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs) -> tuple[str, ..
     """The mask conventions to try, those that can encode the search's masks first."""
     convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
     if ctx.convention is None and layer.masks and _masks_where_true(layer.module):
-        convs = TORCH_CONVENTIONS[_holds_torch_mha(layer.module)] + convs
+        convs = TORCH_CONVENTIONS[holds_torch_attention(layer.module)] + convs
     passed = [k for k in _encode_keeps(layer, inp.src_keep, inp.tgt_keep) if k is not None]
     return tuple(c for c in convs if all(fp.encodable(k, c) for k in passed)) or convs[:1]
 
@@ -535,9 +548,9 @@ def _search_rows(layer: Layer, inp: Inputs, flags: frozenset[str]) -> Tensor | N
 
 def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callable[[str], Tensor | None],
                   inp: Inputs, search_rows: Callable[[frozenset[str]], Tensor | None], found: Found | None,
-                  working: str, expected: str) -> None:
+                  working: str) -> None:
     """The search's findings (or a note that it found none), then the checks on the layer as it is."""
-    comp = layer.comp
+    comp, expected = layer.comp, layer.kind.expected
     if found is None:
         res.notes.append(NO_MISTAKE_NOTE)
         conv, slots, act, placement = working, layer.ffn_candidates[0], _first_act(layer), expected
@@ -647,7 +660,7 @@ def _placement_note(placement: str, expected: str) -> dict[str, str]:
 
 def _rows(layer: Layer, src_keep: Tensor | None, tgt_keep: Tensor | None, B: int, T: int) -> Tensor | None:
     rows = None
-    for keep in (tgt_keep, src_keep if layer.decoder or not layer.causal_block else None):
+    for keep in (tgt_keep, None if layer.causal_block else src_keep):
         r = fp.visible_rows(keep, B, T) if keep is not None and keep.size(-2) in (1, T) else None
         if r is not None:
             rows = r if rows is None else rows & r
@@ -656,12 +669,23 @@ def _rows(layer: Layer, src_keep: Tensor | None, tgt_keep: Tensor | None, B: int
 
 def _compute(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozenset[str],
              trace: list[Tensor] | None = None) -> Tensor:
-    if layer.decoder:
-        tgt_keep = V.causal_keep(inp.T, flags)[None, None] if layer.own_mask else inp.tgt_keep
-        return V.decoder_layer(w, inp.x, inp.memory, inp.src_keep, tgt_keep, flags, trace)
-    if layer.causal_block:
-        keep = inp.tgt_keep if layer.takes_mask else V.causal_keep(inp.x.size(1), flags)[None, None]
-        return V.encoder_layer(w, inp.x, keep, flags, trace)
+    return layer.kind.variant(layer, w, inp, flags, trace)
+
+
+def _decoder_variant(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozenset[str],
+                     trace: list[Tensor] | None) -> Tensor:
+    tgt_keep = V.causal_keep(inp.T, flags)[None, None] if layer.own_mask else inp.tgt_keep
+    return V.decoder_layer(w, inp.x, inp.memory, inp.src_keep, tgt_keep, flags, trace)
+
+
+def _block_variant(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozenset[str],
+                   trace: list[Tensor] | None) -> Tensor:
+    keep = inp.tgt_keep if layer.takes_mask else V.causal_keep(inp.x.size(1), flags)[None, None]
+    return V.encoder_layer(w, inp.x, keep, flags, trace)
+
+
+def _encoder_variant(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozenset[str],
+                     trace: list[Tensor] | None) -> Tensor:
     return V.encoder_layer(w, inp.x, inp.src_keep, flags, trace)
 
 
@@ -669,7 +693,7 @@ Found = tuple[str, list[Slot], str, str, str | None, frozenset[str], float]
 
 
 def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], inp: Inputs, rows: fp.Rows,
-            expected: str, conventions: tuple[str, ...]) -> Found | None:
+            conventions: tuple[str, ...]) -> Found | None:
     """Convention, FFN mapping, activation, placement and rotary layout first with at most one
     mistake, then with pairs: the smallest explanation of the learner's output."""
     ran, failure = outputs_by_convention(run, conventions)
@@ -685,27 +709,23 @@ def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], inp
                                      f"shape {tuple(inp.x.shape)}; a layer keeps the shape (B, T, d_model)",
                                      f"x 的形状为 {tuple(inp.x.shape)} 时，{layer.comp.name} 返回了 "
                                      f"{shape_of(out)}；一层不改变形状 (B, T, d_model)")
+    settings = list(itertools.product(outputs, layer_settings(layer)))
+
+    def search_one(setting: tuple[Any, ...], least: int, most: int) -> tuple[frozenset[str], float] | None:
+        conv, (slots, act, placement, rope) = setting
+        w = layer.weights(slots, act, placement, rope)
+        return fp.search(outputs[conv], lambda flags: _compute(layer, w, inp, flags),
+                         responsive(outputs, _flags(layer, w)), rows, most, least)
+    found = fp.search_settings(settings, search_one, fewest=True)
+    return None if found is None else (found[0][0], *found[0][1], found[1], found[2])
+
+
+def layer_settings(layer: Layer) -> list[tuple[list[Slot], str, str, str | None]]:
+    """Every reading of the layer's weights the search tries: FFN mapping, activation, placement
+    (the kind's first), rotary layout."""
     gated = is_gated(layer.ffn_candidates[0])
-    placements = (expected, "pre" if expected == "post" else "post")
-    settings = list(itertools.product(outputs, layer.ffn_candidates, FFN_ACTIVATIONS[gated], placements,
-                                      layer.ropes))
-    for min_flags, max_flags in ((0, 1), (2, 2)):  # pairs only once no smaller set matched
-        best = None
-        for conv, slots, act, placement, rope in settings:
-            w = layer.weights(slots, act, placement, rope)
-            universe = responsive(outputs, _flags(layer, w))
-
-            def compute(flags: frozenset[str], w: V.LayerWeights = w) -> Tensor:
-                return _compute(layer, w, inp, flags)
-
-            found = fp.search(outputs[conv], compute, universe, rows, max_flags, min_flags)
-            if found is not None and (best is None or len(found[0]) < len(best[5])):
-                best = (conv, slots, act, placement, rope, found[0], found[1])
-                if not found[0]:
-                    return best
-        if best:
-            return best
-    return None
+    return list(itertools.product(layer.ffn_candidates, FFN_ACTIVATIONS[gated], layer.kind.placements,
+                                  layer.ropes))
 
 
 def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: str | None) -> nn.Module:
@@ -717,7 +737,7 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
                       dropout=0.0, activation=HF_NAME[(gated, act)],
                       norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm", norm_placement=placement,
                       norm_eps=first.eps, bias=True)
-    hf = REFERENCE_LAYERS[layer.decoder, layer.causal_block](cfg).double().eval()
+    hf = layer.kind.reference(cfg).double().eval()
     hf.self_attn = handformer_attention(layer.attn[0], layer.n_kv_heads, rope)
     if layer.decoder:
         hf.cross_attn = handformer_attention(layer.attn[1], layer.n_kv_heads)
@@ -746,14 +766,14 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
             src, tgt = _encode(layer, src_keep, tgt_keep, conv, B)
             raw = ctx.learner.call("forward", layer.call, x, memory, src, tgt)
             out = fp.first_tensor(raw, 3)
-            ref = _reference(hf, layer, x, memory, src_keep, tgt_keep, rope)
+            ref = layer.kind.handformer(hf, x, memory, src_keep, tgt_keep, rope)
             rows = _rows(layer, src_keep, tgt_keep, B, T)
             errors.append(fp.max_error(out, ref, rows))
             MASKED_ROWS[_torch_rows(layer, conv)](res, out, rows, layer.comp, ctx)
             if i == 0 and out is not None and out.shape == ref.shape and not layer.stepwise:
                 grad_err = _grads(layer, hf, x, out, ref)
     res.max_abs_error = max(errors, default=None)
-    name = REFERENCE_LAYERS[layer.decoder, layer.causal_block].__name__
+    name = layer.kind.reference.__name__
     n = len(errors)
     zh = f"{placement.capitalize()}-Norm"
     res.checks.append(Check(text(f"matches handformer's {name} ({placement}-norm) on {n} shapes",
@@ -795,21 +815,24 @@ def _case_keeps(layer: Layer, B: int, T: int, S: int, src_pad: list[int],
     return src_keep, tgt_keep
 
 
-def _reference(hf: nn.Module, layer: Layer, x: Tensor, memory: Tensor, src_keep: Tensor | None,
-               tgt_keep: Tensor | None, rope: str | None) -> Tensor:
-    """handformer's layer on the same input and masks."""
-    if layer.decoder:
-        return hf(x, memory, src_keep, tgt_keep)[0]  # the tutorial's order: src_mask, tgt_mask
-    if layer.causal_block:
-        return hf(x, tgt_keep, rope=rope_tables(x.shape[1]) if rope else None)[0]
-    return hf(x, src_keep)[0]
-
-
-def _moved(a: Tensor | None, b: Tensor | None, index: Any) -> float:
-    if a is None or b is None or a.shape != b.shape or a.dim() != 3:
-        return float("inf")
-    diff = (a - b).abs()[index]
-    return diff.max().item() if diff.numel() else 0.0
+# each kind of layer, by the kind discovery names it (the layer's tutorial example: a decoder's
+# output (2, 5, 512) and cross-attention weights (2, 8, 5, 10), an encoder's (2, 10, 512))
+ENCODER_SUBLAYERS = (["attn", "ffn"], ["self-attention", "FFN"])
+ENCODER_TUTORIAL = (10, (2, 8, 10, 10), "(2, 10, 512)")
+KINDS = {
+    "encoder_layer": LayerKind(EncoderLayer, ("post", "pre"), False, False, ENCODER_SUBLAYERS,
+                               ENCODER_TUTORIAL, _encoder_variant,
+                               lambda hf, x, memory, src_keep, tgt_keep, rope: hf(x, src_keep)[0]),
+    "decoder_layer": LayerKind(DecoderLayer, ("post", "pre"), True, False,
+                               (["attn", "cross", "ffn"], ["self-attention", "cross-attention", "FFN"]),
+                               (5, (2, 8, 5, 10), "(2, 5, 512), cross-attention (2, 8, 5, 10)"),
+                               _decoder_variant,  # handformer's in the tutorial's order: src_mask, tgt_mask
+                               lambda hf, x, memory, src_keep, tgt_keep, rope: hf(x, memory, src_keep,
+                                                                                   tgt_keep)[0]),
+    "block": LayerKind(DecoderOnlyBlock, ("pre", "post"), False, True, ENCODER_SUBLAYERS, ENCODER_TUTORIAL,
+                       _block_variant, lambda hf, x, memory, src_keep, tgt_keep, rope: hf(
+                           x, tgt_keep, rope=rope_tables(x.shape[1]) if rope else None)[0]),
+}
 
 
 def _properties(res: ComponentResult, layer: Layer, ctx: Context, conv: str) -> None:
@@ -823,7 +846,7 @@ def _properties(res: ComponentResult, layer: Layer, ctx: Context, conv: str) -> 
         bumped[:, j] += 1.0
         a = fp.first_tensor(ctx.learner.call("forward", layer.call, x, memory, src, tgt), 3)
         b = fp.first_tensor(ctx.learner.call("forward", layer.call, bumped, memory, src, tgt), 3)
-        past = _moved(a, b, (slice(None), slice(0, j)))
+        past = moved_by(a, b, (slice(None), slice(0, j)))
         res.checks.append(Check(text(f"causality: changing token {j} leaves outputs 0..{j - 1} unchanged",
                                      f"因果性：改变位置 {j} 的 token，不影响位置 0..{j - 1} 的输出"),
                                 past < 1e-9,
@@ -841,9 +864,9 @@ def _properties(res: ComponentResult, layer: Layer, ctx: Context, conv: str) -> 
             return fp.first_tensor(ctx.learner.call("forward", layer.call, x, memory, src, tgt), 3)
 
         if layer.decoder:
-            moved = _moved(run(x, memory), run(x, other), slice(None))
+            moved = moved_by(run(x, memory), run(x, other), slice(None))
         else:
-            moved = _moved(run(x, None), run(other, None), (slice(None), slice(0, T - 3)))
+            moved = moved_by(run(x, None), run(other, None), (slice(None), slice(0, T - 3)))
         res.checks.append(Check(text("padding invariance: changing padded positions changes no real one",
                                      "填充不变性：改变被填充的位置不影响真实位置的输出"), moved < 1e-9,
                                 text(f"outputs moved by {moved:.3g}", f"输出变化了 {moved:.3g}")))
@@ -870,20 +893,15 @@ def _step_by_step(res: ComponentResult, layer: Layer, ctx: Context, x: Tensor, m
                             error_text(err)))
 
 
-# the tutorial's example, decoder or not: the length T, the attention weights' shape, what is expected
-TUTORIAL_SHAPES = {True: (5, (2, 8, 5, 10), "(2, 5, 512), cross-attention (2, 8, 5, 10)"),
-                   False: (10, (2, 8, 10, 10), "(2, 10, 512)")}
-
-
 def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
     """The tutorial's example: encoder (2, 10, 512) -> (2, 10, 512); decoder (2, 5, 512) with
     enc_output (2, 10, 512) -> (2, 5, 512), cross-attention weights (2, 8, 5, 10)."""
-    T, attn, expect = TUTORIAL_SHAPES[layer.decoder]
+    T, attn, expect = layer.kind.tutorial
     x, memory = torch.randn(2, T, 512), torch.randn(2, 10, 512)
     big = Layer.__new__(Layer)
     big.__dict__.update(layer.__dict__)
     big.head_dim = TUTORIAL["d_model"] // TUTORIAL["n_heads"]
-    tutorial = {**TUTORIAL, **({"n_kv_heads": KV_HEADS} if "n_kv_heads" in layer.sizes else {})}
+    tutorial = {**layer.sizes, **TUTORIAL}  # with the key/value heads it was built with, if it asks
     conv = layer.visible if layer.visible and not layer.visible.startswith("lens") else "int"
     wants = layer.takes_mask or not layer.causal_block
     tgt = fp.encode_mask(causal(T)[None, None], conv, 2) if wants else None  # in the convention found
@@ -911,38 +929,62 @@ def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
 
 # --- d2l's AddNorm ----------------------------------------------------------------------------
 
+def _build_add_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
+    """d2l's AddNorm(norm_shape, dropout): its norm's weights, the one reading; run on (X, Y)."""
+    module = ctx.build(comp)
+    slot = norm_slots(of_kind(leaves(module), "norm"), 1, ["norm"], comp.name)[0]
+    res.mapping = [slot.describe()]
+
+    def run(xy: tuple[Tensor, Tensor]) -> Tensor | None:
+        return fp.first_tensor(ctx.learner.call("forward", module, *xy), 3)
+    return Subject(run, [(slot, norm_weights(slot))], module)
+
+
+def _add_norm_shape(ctx: Context, comp: Component, subject: Subject, xy: tuple[Tensor, Tensor],
+                    out: Tensor | None) -> tuple[str, str] | None:
+    """AddNorm keeps the shape of X."""
+    x = xy[0]
+    if out is not None and out.shape == x.shape:
+        return None
+    got = shape_of(ctx.learner.call("forward", subject.module, *xy))
+    shape = tuple(x.shape)
+    return (f"{comp.name}(X, Y) returned {got} for X and Y of shape {shape}; expected {shape}",
+            f"X 和 Y 的形状为 {shape} 时，{comp.name}(X, Y) 返回了 {got}；应当是 {shape}")
+
+
+def _add_norm_localized(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                        found: Explained) -> None:
+    """Where an AddNorm that differs from norm(X + Y) parts from it (a mistake named or not)."""
+    if res.max_abs_error >= 1e-5:
+        module = subject.module
+        note_departure(res, lambda: localize_add_norm(module, module, found.weights, *found.x))
+
+
+def _add_norm_residual(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                       found: Explained) -> None:
+    dropout_on_residual(res, ctx, comp, lambda: subject.run(found.x),
+                        lambda trace: _add_norm_trace(found.weights, *found.x, trace))
+
+
+ADD_NORM = Probe(
+    build=_build_add_norm,
+    inputs=lambda s: (fp.randn(2, 5, D, seed=1), fp.randn(2, 5, D, seed=2)),  # X, Y
+    shape=_add_norm_shape,
+    reference=lambda w, xy, flags: V.add_norm(w, *xy, flags),
+    universe=lambda s: ("no_residual:add_norm",),
+    steps=(name_findings,
+           lambda res, ctx, comp, s, found: _norm_findings(res, ctx, comp, *s.readings[0]),
+           _add_norm_residual,
+           lambda res, ctx, comp, s, found: _against_norm(res, *s.readings[0], lambda a, b: s.run((a, b))),
+           _add_norm_localized),
+    depth=1,
+)
+
+
 def check_add_norm(comp: Component, ctx: Context) -> ComponentResult:
     """AddNorm(norm_shape, dropout), forward(X, Y) = norm(dropout(Y) + X), against handformer's
-    LayerNorm of X + Y."""
-    res = ctx.result(comp)
-    module = ctx.build(comp)
-    norms = of_kind(leaves(module), "norm")
-    slot = norm_slots(norms, 1, ["norm"], comp.name)[0]
-    w = norm_weights(slot)
-    res.mapping = [slot.describe()]
-    x, y = fp.randn(2, 5, D, seed=1), fp.randn(2, 5, D, seed=2)
-
-    def run(x: Tensor = x, y: Tensor = y) -> Tensor | None:
-        return fp.first_tensor(ctx.learner.call("forward", module, x, y), 3)
-
-    check_determinism(res, ctx, comp, run)
-    with fp.dropout_off():
-        out = run()
-        if out is None or out.shape != x.shape:
-            got = shape_of(ctx.learner.call("forward", module, x, y))
-            raise ctx.learner.fail("forward", f"{comp.name}(X, Y) returned {got} for X and Y of shape "
-                                   f"{tuple(x.shape)}; expected {tuple(x.shape)}",
-                                   f"X 和 Y 的形状为 {tuple(x.shape)} 时，{comp.name}(X, Y) 返回了 {got}；"
-                                   f"应当是 {tuple(x.shape)}")
-        found = fp.search(out, lambda fl: V.add_norm(w, x, y, fl), ("no_residual:add_norm",), None, 1)
-        if found and found[0]:
-            res.findings += ctx.findings(found[0], found[1], fp.max_error(out, V.add_norm(w, x, y)), comp)
-        _norm_findings(res, ctx, comp, slot, w)
-        dropout_on_residual(res, ctx, comp, run, lambda trace: _add_norm_trace(w, x, y, trace))
-        _against_norm(res, slot, w, run)
-        if res.max_abs_error >= 1e-5:
-            note_departure(res, lambda: localize_add_norm(module, module, w, x, y))
-    return finish(res)
+    LayerNorm of X + Y, as the ADD_NORM probe states it."""
+    return run_probe(ADD_NORM, comp, ctx)
 
 
 def _norm_findings(res: ComponentResult, ctx: Context, comp: Component, slot: Slot, w: V.NormWeights) -> None:

@@ -7,7 +7,10 @@ and `torch.optim.AdamW` built at OPT_LR; BATCHES, two (x, y) windows of one toke
 the rate of its step (LRS). The learner's step runs on both; the parameters after each must equal
 handformer's step on the same batches from the same start: zero_grad, the cross-entropy of the
 logits against y, backward, the gradient clipped (when the learner's step clips, at its norm), the
-learning rate set, step.
+learning rate set, step. A step that clips runs both steps again with the logits scaled down until
+the gradients stay well under its clipping norm, with plain SGD (AdamW's update barely moves with the
+loss's scale): at full size the clipping gives a loss of the wrong scale the right update, here the
+scale shows.
 
 The named mistakes are flags of handformer's step (MISTAKES): the first set of them that reproduces
 the learner's parameters is named. A step that takes no learning rate is driven without one and
@@ -30,21 +33,27 @@ from torch import Tensor
 from handformer.check.core.argument_names import LR_NAMES, X_NAMES, Y_NAMES
 from handformer.check.core.context import Context, error_text, finish, forward_parameters, named
 from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.runners.localize_train import localize_lm_step
 from handformer.check.runners.train_step import (
     MODEL_NAMES,
     OPTIMIZER_NAMES,
+    PROBE_SCALE,
     SCALER_NAMES,
     SCALER_NOTE,
     SCHEDULER_NAMES,
     SCHEDULER_NOTE,
+    UNDER_CLIP,
     clip_norm,
     clip_note,
     constant_scheduler,
+    factor_note,
     grad_scaler,
     largest_difference,
     parameters_of,
+    unclipped_check,
     update,
 )
 from handformer.config import CausalLMConfig
@@ -80,9 +89,10 @@ class Logits(nn.Module):
     def __init__(self, model: CausalLM) -> None:
         super().__init__()
         self.model = model
+        self.scale = 1.0  # the logits' factor: small, the gradients stay under the clipping norm
 
     def forward(self, x: Tensor, *args: Any, **kwargs: Any) -> Any:
-        logits = self.model(x).logits  # (B, T, V)
+        logits = self.model(x).logits * self.scale  # (B, T, V)
         targets = next((a for a in list(args) + list(kwargs.values()) if isinstance(a, Tensor)), None)
         if targets is None:
             return logits
@@ -98,6 +108,11 @@ def tiny_model() -> Logits:
 
 def optimizer(model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=OPT_LR, betas=(0.9, 0.95), weight_decay=0.1)
+
+
+def sgd(model: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer of the run with clipping out of reach: its update is linear in the loss."""
+    return torch.optim.SGD(model.parameters(), lr=OPT_LR)
 
 
 def reference_step(model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float | None,
@@ -141,10 +156,10 @@ class Step:
         return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
 
 
-def _run(step: Step, base: nn.Module, **mistakes: bool) -> list[list[Tensor]]:
+def _run(step: Step, base: nn.Module, make_opt: Any = optimizer, **mistakes: bool) -> list[list[Tensor]]:
     """handformer's two steps (with the mistakes asked for): the parameters after each."""
     model = copy.deepcopy(base)
-    opt = optimizer(model)
+    opt = make_opt(model)
     out = []
     for (x, y), lr in zip(batches(), LRS):
         reference_step(model, opt, x, y, lr if step.lr else None, step.clip, **mistakes)
@@ -156,15 +171,8 @@ def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     step = Step(comp, ctx)
     base = tiny_model()
-    model = copy.deepcopy(base)
-    opt = optimizer(model)
-    got = []
     with torch.enable_grad():
-        for (x, y), lr in zip(batches(), LRS):
-            step(model, opt, x, y, lr)
-            got.append(parameters_of(model))
-        right = _run(step, base)
-        errs = [largest_difference(g, r) for g, r in zip(got, right)]
+        got, right, errs = _drive(step, base)
         res.max_abs_error = max(errs)
         res.checks.append(Check(text(
             f"AdamW, learning rates {LRS[0]:g} then {LRS[1]:g}: the parameters after one and after two steps "
@@ -174,7 +182,49 @@ def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
         _notes(res, step)
         if max(errs) >= TOL:
             _search(res, ctx, comp, step, base, got, right, errs)
+        if step.clip is not None and not res.findings:  # a loss scale clipping hid
+            _unclipped(res, step, base)
+        if max(errs) >= TOL:
+            _localize(res, step, base)
     return finish(res)
+
+
+def _localize(res: ComponentResult, step: Step, base: nn.Module) -> None:
+    """Where the step parts from handformer's (localize_train.py), on a fresh copy of the model."""
+    model = copy.deepcopy(base)
+    x, y = batches()[0]
+    note_departure(res, lambda: localize_lm_step(step, model, optimizer(model), x, y, LRS[0]))
+
+
+def _drive(step: Step, base: nn.Module, make_opt: Any = optimizer,
+           ) -> tuple[list[list[Tensor]], list[list[Tensor]], list[float]]:
+    """The learner's two steps and handformer's from `base`, each with an optimizer of `make_opt`: the
+    parameters after each step, theirs and handformer's, and the largest difference after each."""
+    model = copy.deepcopy(base)
+    opt = make_opt(model)
+    got = []
+    for (x, y), lr in zip(batches(), LRS):
+        step(model, opt, x, y, lr)
+        got.append(parameters_of(model))
+    right = _run(step, base, make_opt)
+    return got, right, [largest_difference(g, r) for g, r in zip(got, right)]
+
+
+def _unclipped(res: ComponentResult, step: Step, base: nn.Module) -> None:
+    """Both steps again with the clipping out of reach (the logits scaled down so that handformer's
+    gradient norm stays under 1/UNDER_CLIP of the norm the step clips to) and plain SGD: a loss k times
+    too large (k <= UNDER_CLIP) is never clipped there, and SGD's update is k times handformer's."""
+    scaled = copy.deepcopy(base)
+    scaled.scale = PROBE_SCALE
+    x, y = batches()[0]
+    loss = F.cross_entropy(scaled(x).reshape(-1, VOCAB), y.reshape(-1))
+    grads = torch.autograd.grad(loss, list(scaled.parameters()), allow_unused=True)
+    norm = float(torch.stack([g.norm() for g in grads if g is not None]).norm())
+    scaled.scale = PROBE_SCALE * min(1.0, float(step.clip or 1.0) / (UNDER_CLIP * max(norm, 1e-12)))
+    got, right, errs = _drive(step, scaled, sgd)
+    res.checks.append(unclipped_check(float(step.clip or 1.0), scaled.scale, max(errs), TOL))
+    if max(errs) >= TOL:
+        res.notes.append(factor_note(scaled, got[0], right[0]))
 
 
 def _notes(res: ComponentResult, step: Step) -> None:

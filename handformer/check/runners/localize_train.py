@@ -5,7 +5,12 @@ the criterion handed to it wrapped so that the labels it receives are seen; labe
 (the decoder's input, the target not moved on, a shift). Kept apart from train_step.py so that the
 step's runner imports the localization one way.
 
-Shape legend: B batch, T target length.
+A language model's step (`lm_train_step(model, x, y, optimizer, lr)`) computes its loss itself: it
+runs once more, traced, and the first tensor it makes that is none of the loss's sub-steps on the
+same weights (the logits, the log-probabilities, the per-token losses, their mean) departs, with its
+form (a sum where the mean is meant: a factor B·T; the probabilities handed where the logits are).
+
+Shape legend: B batch, T target length, V vocabulary.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ import linecache
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from handformer.check.core.localize import Departure, form_of, same, trace_steps
+from handformer.check.core.localize import Departure, Form, View, first_departure, form_of, same, trace_steps
 from handformer.check.core.result import text
 
 # the labels a step may give its loss in place of tgt[:, 1:], in words, as a function of tgt (B, T)
@@ -56,3 +62,35 @@ def localize_train_step(step: Any, model: torch.nn.Module, src: Tensor, tgt: Ten
     forms = [(text(en, zh), wrong(tgt).double()) for wrong, en, zh in WRONG_LABELS]
     form = form_of(at.value, [("the labels tgt[:, 1:]", right)], {}, forms=forms)
     return Departure(at.line, at.name, linecache.getline(filename, at.line).strip(), form)
+
+
+def lm_loss_views(logits: Tensor, y: Tensor) -> tuple[list[View], list[Form]]:
+    """A language model's loss on its logits (B, T, V) and targets y (B, T), as sub-steps; and the
+    forms of a loss that departs: the cross-entropy of the probabilities (a softmax applied twice)."""
+    B, T, V = logits.shape
+    flat, labels = logits.reshape(B * T, V), y.reshape(B * T)  # (B·T, V), (B·T,)
+    per_token = F.cross_entropy(flat, labels, reduction="none")  # (B·T,)
+    views = [("the logits model(x)", logits), ("the log-probabilities", flat.log_softmax(-1)),
+             ("the probabilities", flat.softmax(-1)), ("the per-token losses", per_token),
+             ("the per-token losses (B, T)", per_token.view(B, T)),
+             ("the loss, the mean cross-entropy", per_token.mean())]
+    twice = F.cross_entropy(flat.softmax(-1), labels)
+    return views, [(text("the cross-entropy of the probabilities softmax(logits): F.cross_entropy takes the "
+                         "logits and applies the softmax itself, so it is applied twice",
+                         "对概率 softmax(logits) 求了交叉熵：F.cross_entropy 接收 logits，自己会做 softmax，"
+                         "于是 softmax 做了两次"), twice)]
+
+
+def localize_lm_step(step: Any, model: torch.nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor,
+                     lr: float) -> Departure | None:
+    """Run the learner's language-model step (lm_train_step.Step) once on (x, y), traced, on `model`
+    (fresh for this run): the first tensor it makes that is none of the loss's sub-steps (see
+    `lm_loss_views`) on the weights it starts from."""
+    with torch.no_grad():
+        logits = model(x)  # (B, T, V): before the step moves the weights
+    views, forms = lm_loss_views(logits.double(), y)
+    filename = inspect.getsourcefile(step.comp.obj)
+    with torch.enable_grad():
+        steps = trace_steps(lambda: step(model, opt, x, y, lr), filename)
+    B, T = y.shape
+    return first_departure(steps, views, filename, {"B·T": B * T, "T": T, "B": B}, forms=forms)

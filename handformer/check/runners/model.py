@@ -47,9 +47,12 @@ from handformer.check.core.context import (
     finish,
     forward_parameters,
     guarded,
+    holds_torch_attention,
+    logits_shape,
+    moved_by,
 )
 from handformer.check.core.discovery import SIZE_OF, Component, DiscoveryError, own_objects
-from handformer.check.core.layer_map import LayerMap, layer_modules, map_layer, outside
+from handformer.check.core.layer_map import LayerMap, layer_modules, map_layer, output_head, outside
 from handformer.check.core.localize import View
 from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
@@ -65,8 +68,6 @@ from handformer.check.core.weights import (
     norm_weights,
     of_kind,
     scramble_,
-    shapes_text,
-    with_shape,
 )
 from handformer.check.reference import variants as V
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME
@@ -155,15 +156,11 @@ def map_model(module: nn.Module, F_width: int) -> ModelMap:
                               f"nn.Embedding(tgt_vocab={TGT_V}, d_model)；实际找到 {found}")
     src, tgt = by_rows[SRC_V], by_rows[TGT_V]
     others = [e for e in embeds if e is not src and e is not tgt]
-    out = next((leaf for leaf in with_shape(outer, (TGT_V, D)) if leaf.kind == "linear"), None)
-    extra = [leaf for leaf in of_kind(outer, "linear") if leaf is not out] + others[1:]
-    if extra:
-        raise MappingError("parameters outside the layers that an encoder-decoder model does not have: "
-                           f"{shapes_text(extra)}",
-                           zh=f"层之外有编码器-解码器模型没有的参数：{shapes_text(extra)}")
+    out, tied, bias = output_head(outer, TGT_V, tgt, others[1:], (
+        "parameters outside the layers that an encoder-decoder model does not have",
+        "层之外有编码器-解码器模型没有的参数"))
     model = ModelMap(src, tgt, others[0] if others else None, encoder, decoder, out=out, table=_table(module),
-                     tied=out is None or out.weight is tgt.weight,
-                     bias=out is not None and out.bias is not None)
+                     tied=tied, bias=bias)
     _final_norms(model, of_kind(outer, "norm"))
     return model
 
@@ -443,12 +440,6 @@ def torch_mask(name: str, src: Tensor, tgt: Tensor) -> Tensor | None:
     return forms[kind, source]()
 
 
-def holds_torch_attention(module: Any) -> bool:
-    """Whether a model computes its attention with torch.nn's (nn.Transformer, nn.MultiheadAttention)."""
-    return isinstance(module, nn.Module) and any(isinstance(m, nn.MultiheadAttention)
-                                                 for m in module.modules())
-
-
 def source_mask(model: Any, src: Tensor) -> Tensor:
     """The source mask a decoding function is handed with its model: as torch.nn takes it for a model
     on torch.nn's attention ((S, S), nothing masked: PyTorch's translation tutorial), else the
@@ -493,15 +484,12 @@ def _search(m: ModelMap, out: Tensor, src: Tensor, tgt: Tensor, builds_masks: bo
     ties = (False, True) if m.out is not None and not m.tied else (False,)
     settings = [Choices(p, a, s, log_probs, t) for t in ties for p in ("post", "pre") for s in (True, False)
                 for a in FFN_ACTIVATIONS[gated]]
-    rows = real_rows(tgt)
-    for lo, hi in ((0, 1), (2, 2)):
-        for ch in settings:
-            hf = reference_model(m, ch)
-            found = fp.search(out, lambda fl, hf=hf, ch=ch: variant(hf, src, tgt, fl, ch.log_probs),
-                              _flags(m, ch, builds_masks), rows, hi, lo)
-            if found is not None:
-                return ch, found[0], found[1]
-    return None
+
+    def search_one(ch: Choices, least: int, most: int) -> tuple[frozenset[str], float] | None:
+        hf = reference_model(m, ch)
+        return fp.search(out, lambda fl: variant(hf, src, tgt, fl, ch.log_probs), _flags(m, ch, builds_masks),
+                         real_rows(tgt), most, least)
+    return fp.search_settings(settings, search_one)
 
 
 def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "",
@@ -651,12 +639,7 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
     check_determinism(res, ctx, comp, lambda: call(src, tgt), "encoder_layer", "decoder_layer", "mha", "ffn")
     with fp.dropout_off():
         out = call(src, tgt)
-        ok = out is not None and tuple(out.shape) == (2, 6, TGT_V)
-        got = tuple(out.shape) if out is not None else None
-        res.checks.append(Check(text(f"logits of shape (B, T, tgt_vocab) = (2, 6, {TGT_V})",
-                                     f"logits 的形状为 (B, T, tgt_vocab) = (2, 6, {TGT_V})"), ok,
-                                text(f"got {got}", f"实际得到 {got}")))
-        if not ok:
+        if not logits_shape(res, out, (2, 6, TGT_V), "tgt_vocab"):
             return finish(res)
         finite = bool(torch.isfinite(out).all())
         res.checks.append(Check(text("no NaN or inf", "没有 NaN 或 inf"), finite))
@@ -771,23 +754,17 @@ def _properties(res: ComponentResult, call: Callable[[Tensor, Tensor], Tensor | 
         return
     bumped = tgt.clone()
     bumped[:, 3] = (bumped[:, 3] % (TGT_V - 1)) + 1
-    moved = _moved(call(src, bumped), out, (slice(None), slice(0, 3)))
+    moved = moved_by(call(src, bumped), out, (slice(None), slice(0, 3)))
     res.checks.append(Check(text("causality: changing target token 3 leaves logits 0..2 unchanged",
                                  "因果性：改变目标端位置 3 的 token，不影响位置 0..2 的 logits"),
                             moved < 1e-9, text(f"moved by {moved:.3g}", f"变化了 {moved:.3g}")))
     longer = torch.cat([src, torch.full((2, 2), PAD)], dim=1)
-    moved = _moved(call(longer, tgt), out, slice(None))
+    moved = moved_by(call(longer, tgt), out, slice(None))
     res.checks.append(Check(text("padding invariance: more source padding changes nothing",
                                  "填充不变性：源端多加填充不影响结果"), moved < 1e-9,
                             text(f"moved by {moved:.3g}", f"变化了 {moved:.3g}")))
-    alone = _moved(call(src[:1], tgt[:1]), out[:1], slice(None))
+    alone = moved_by(call(src[:1], tgt[:1]), out[:1], slice(None))
     res.checks.append(Check(text("batch invariance: a sentence alone gives its logits in a batch",
                                  "batch 不变性：一句话单独输入和放进 batch 里，得到的 logits 相同"),
                             alone < 1e-9,
                             text(f"moved by {alone:.3g}", f"变化了 {alone:.3g}")))
-
-
-def _moved(a: Tensor | None, b: Tensor | None, index: Any) -> float:
-    if a is None or b is None or a.shape != b.shape:
-        return float("inf")
-    return (a - b).abs()[index].max().item()

@@ -296,6 +296,11 @@ def _compare_ffn(res: ComponentResult, ctx: Context, run: Callable[[Tensor], Ten
                             grad_err < 1e-5, error_text(grad_err)))
 
 
+# the FFN's mistakes only names tell (ffn_name_findings): the outputs of a block or a model that uses the
+# FFN cannot show them either, so such a finding of a part is the whole's too
+NAMES_TELL = ("ffn_wrong_activation", "gated_activation_wrong_branch")
+
+
 def ffn_name_findings(ctx: Context, comp: Component, class_name: str, slots: list[Slot], act: str,
                       matched: float, activated: bool = True) -> list[Finding]:
     """The FFN's mistakes that only names tell: an activation other than the one the code promises

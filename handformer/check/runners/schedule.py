@@ -28,10 +28,12 @@ from handformer.check.core.argument_names import SCHEDULE_ARGS as ARGS
 from handformer.check.core.argument_names import SCHEDULE_STEP_NAMES as STEP_NAMES
 from handformer.check.core.context import Context, forward_parameters, global_reads, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError
-from handformer.check.core.probe import Found, Probe, Subject, run_probe
+from handformer.check.core.localize import Departure
+from handformer.check.core.probe import Found, Probe, Subject, localize_step, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.reference import variants as V
+from handformer.check.runners.localize_schedule import localize_schedule
 
 OPTIMIZER_NAMES = ("optimizer", "opt", "optim")
 PAPER = {"d_model": 64, "factor": 2.0, "warmup": 10}
@@ -350,9 +352,70 @@ SCHEDULE = Probe(
     observe=lambda out: out[1:],            # the steps after 0 (the families' steps start at 0)
     reference=_reference,
     universe=lambda s: s.facts["flags"],
-    steps=(_compared, _at_zero),
+    steps=(_compared, _at_zero, localize_step(lambda s, found: _localize(s, found), place=False)),
     error=fp.relative_error, tol=fp.REL_TOL, deterministic=False,
 )
+
+
+def _localize(subject: Subject, found: Found) -> Departure | None:
+    """Where a schedule of plain numbers parts from the convention right the longest, from step 0
+    (localize_schedule.py); a scheduler factory is not localized."""
+    sched, got = subject.module, _floats(subject.facts["got"])
+    steps = torch.tensor(sorted(got), dtype=torch.float64)  # (S,)
+    values = torch.tensor([got[int(s)] for s in steps], dtype=torch.float64)  # (S,)
+    conv, right = max(subject.readings, key=lambda r: _agreeing(values, _rates(r[1], steps)))
+    with sched.settings():
+        return None if sched.factory else localize_schedule(
+            sched.value, sched.comp.obj, _sub_steps(sched, conv, right), values, _rates(right, steps), steps,
+            _named_sizes(sched))
+
+
+def _rates(right: Convention, steps: Tensor) -> Tensor:
+    return torch.tensor([right(int(s), frozenset()) for s in steps], dtype=torch.float64)  # (S,)
+
+
+def _agreeing(values: Tensor, rates: Tensor) -> int:
+    """How many steps, from the first, the values are the convention's."""
+    off = ~torch.isclose(values, rates, rtol=1e-6, atol=1e-12)
+    return int((off.cumsum(0) == 0).sum())
+
+
+def _named_sizes(sched: Schedule) -> dict[str, float]:
+    """The sizes a factor may be: the warmup, the end, π, the peak, d_model."""
+    names = {"warmup": "T_w", "total": "T", "max_lr": "max_lr", "min_lr": "min_lr", "d_model": "d_model"}
+    return {"π": math.pi} | {name: float(sched.sizes.get(k, 1.0)) for k, name in names.items()}  # 1: unnamed
+
+
+def _sub_steps(sched: Schedule, conv: str, right: Convention) -> Callable[[Tensor], list[tuple[str, Tensor]]]:
+    """The reference's sub-steps at the steps (S,), by name, under the convention `conv`, in order."""
+    z, (a, b, _) = sched.sizes, COSINE_CONVENTIONS.get(conv, (0, 0, None))
+    if sched.family == "paper":
+        return lambda s: _paper_steps(s, s + (conv == "from_0"), z, sched.args["factor"], right)
+    w, total, hi, lo = z["warmup"], z["total"], z["max_lr"], z["min_lr"]
+
+    def cosine_steps(s: Tensor) -> list[tuple[str, Tensor]]:
+        p = (s + a * (conv == "handformer") - w) / (total - w)  # (S,) the progress through the decay
+        c = torch.cos(math.pi * p)
+        return [("the step t", s), ("the step t + 1", s + 1), ("the warmup fraction", (s + a) / (w + b)),
+                ("the warmup's rate", hi * (s + a) / (w + b)), ("the progress through the decay", p),
+                ("π × the progress", math.pi * p), ("cos(π × the progress)", c),
+                ("1 + cos(π × the progress)", 1 + c),
+                ("the cosine factor (1 + cos(π × the progress)) / 2", (1 + c) / 2),
+                ("the cosine factor × (max_lr - min_lr)", (1 + c) / 2 * (hi - lo)),
+                ("the rate", _rates(right, s))]
+    return cosine_steps
+
+
+def _paper_steps(s: Tensor, n: Tensor, z: dict[str, float], factor: str | None, right: Convention,
+                 ) -> list[tuple[str, Tensor]]:
+    """The paper's sub-steps at the steps s (S,), n the step counted from 1."""
+    n = n.clamp(min=1)
+    terms = (n ** -0.5, n * z["warmup"] ** -1.5)
+    least, rate = torch.minimum(*terms), _rates(right, s)
+    return [("the step t", s), ("the step n", n), ("n^-0.5", terms[0]), ("n × warmup^-1.5", terms[1]),
+            ("min(n^-0.5, n × warmup^-1.5)", least),
+            ("d_model^-0.5 × min(...)", z["d_model"] ** -0.5 * least),
+            ("the rate / factor", rate / (z["factor"] if factor else 1.0)), ("the rate", rate)]
 
 
 def _factory_note(comp: Component) -> Text:

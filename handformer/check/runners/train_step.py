@@ -81,10 +81,18 @@ def tiny_model() -> Seq2SeqTransformer:
     return Seq2SeqTransformer(cfg).double()
 
 
+def unpacked(source: str, model: str | None) -> int:
+    """How many values the step unpacks its model's call into (bentrevett's `output, _ = model(src,
+    trg[:, :-1])`: 2, its model returns the attention too); 1 when it takes the call whole."""
+    match = re.search(rf"^\s*(\w+(?:\s*,\s*\w+)+)\s*,?\s*=\s*{re.escape(model or '')}\s*\(", source, re.M)
+    return len(match.group(1).split(",")) if match and model else 1
+
+
 def clip_norm(source: str) -> float | None:
-    """The gradient norm a training step's source clips to (clip_grad_norm_(params, 1.0): 1.0; a
-    clip_grad without a number it reads: 1.0), None when it clips none."""
-    match = re.search(r"clip_grad_norm_?\([^,]+,\s*(?:max_norm\s*=\s*)?([0-9.eE+-]+)", source)
+    """The gradient norm a training step's source clips to (clip_grad_norm_(params, 1.0), CS336's
+    gradient_clipping(params, 1.0): 1.0; a clip_grad without a number it reads: 1.0), None when it
+    clips none."""
+    match = re.search(r"\w*(?:clip\w*grad|grad\w*clip)\w*\([^,]+,\s*(?:\w+\s*=\s*)?([0-9.eE+-]+)", source)
     return float(match.group(1)) if match else (1.0 if "clip_grad" in source else None)
 
 
@@ -95,15 +103,17 @@ class Recorded(nn.Module):
     log-softmax of log-probabilities changes nothing), and a KLDivLoss or NLLLoss (the Annotated
     Transformer's label smoothing, its generator ending in log_softmax) needs them."""
 
-    def __init__(self, model: Seq2SeqTransformer) -> None:
+    def __init__(self, model: Seq2SeqTransformer, outputs: int = 1) -> None:
         super().__init__()
         self.model = model
         self.calls: list[tuple[bool, int]] = []  # (training, target length)
         self.scale = 1.0  # the logits' factor: small, the gradients stay under the clipping norm
+        self.outputs = outputs  # a step that unpacks `output, _ = model(...)`: a tuple, the logits first
 
-    def forward(self, src: Tensor, tgt: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    def forward(self, src: Tensor, tgt: Tensor, *args: Any, **kwargs: Any) -> Any:
         self.calls.append((self.training, tgt.size(1)))
-        return (self.model(src, tgt).logits * self.scale).log_softmax(-1)
+        out = (self.model(src, tgt).logits * self.scale).log_softmax(-1)
+        return out if self.outputs == 1 else (out,) + (None,) * (self.outputs - 1)
 
 
 def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor,
@@ -251,6 +261,7 @@ class Step:
             loop = re.search(rf"for\s+(\w+)\s+in\s+(?:enumerate\()?\s*{loader}\b", self.source)
             self.batch = loop.group(1) if loop else None
         self.make_criterion, self.criterion_name = learner_criterion(ctx)
+        self.outputs = unpacked(self.source, self.model)
         self.scale = 1.0  # the logits' factor in both steps (unclipped_scale: clipping out of reach)
 
     def _batch(self, src: Tensor, tgt: Tensor) -> Any:
@@ -362,7 +373,7 @@ def _drive(step: Step, base: Seq2SeqTransformer) -> Drive:
     """The learner's step (or epoch) from `base`, handed in eval mode (as after an evaluation), and
     handformer's from the same start: the model handed, both parameter lists, the largest difference
     after each step."""
-    model = Recorded(copy.deepcopy(base)).eval()
+    model = Recorded(copy.deepcopy(base), step.outputs).eval()
     model.scale = step.scale
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     got = []
@@ -404,7 +415,7 @@ def _check(comp: Component, ctx: Context, epoch: bool) -> ComponentResult:
         if max(errs) >= step.tol:
             _search(res, ctx, comp, step, base, got, right, errs, {n for _, n in model.calls})
             note_departure(res, lambda: localize_train_step(
-                step, Recorded(copy.deepcopy(base)), *batches()[0], LR))
+                step, Recorded(copy.deepcopy(base), step.outputs), *batches()[0], LR))
         if step.clip is not None and not _named(res):  # a loss scale clipping hid, or no mistake named
             _unclipped(res, ctx, comp, step, base)
     if not all(c.ok for c in res.checks) and not _named(res):
@@ -446,17 +457,22 @@ def _unclipped(res: ComponentResult, ctx: Context, comp: Component, step: Step, 
     step.scale = unclipped_scale(step, base)
     model, got, right, errs = _drive(step, base)
     ok = max(errs) < step.tol
-    res.checks.append(Check(text(
-        f"with the gradients under the clipping norm {step.clip:g} (the logits scaled by {step.scale:.1e}), "
-        "the parameters still equal handformer's: the loss is not scaled",
-        f"梯度小于裁剪范数 {step.clip:g} 时（logits 乘以 {step.scale:.1e}），参数仍与 handformer 的一致："
-        "损失没有被放大或缩小"), ok, error_text(max(errs))))
+    res.checks.append(unclipped_check(float(step.clip or 1.0), step.scale, max(errs), step.tol))
     if not ok:
-        res.notes.append(_factor_note(base, got[0], right[0]))
+        res.notes.append(factor_note(base, got[0], right[0]))
         _search(res, ctx, comp, step, base, got, right, errs, {n for _, n in model.calls})
 
 
-def _factor_note(base: Seq2SeqTransformer, got: list[Tensor], right: list[Tensor]) -> Text:
+def unclipped_check(clip: float, scale: float, err: float, tol: float) -> Check:
+    """The check of a step run again with its clipping out of reach (the logits scaled by `scale`)."""
+    return Check(text(
+        f"with the gradients under the clipping norm {clip:g} (the logits scaled by {scale:.1e}), "
+        "the parameters still equal handformer's: the loss is not scaled",
+        f"梯度小于裁剪范数 {clip:g} 时（logits 乘以 {scale:.1e}），参数仍与 handformer 的一致："
+        "损失没有被放大或缩小"), err < tol, error_text(err))
+
+
+def factor_note(base: nn.Module, got: list[Tensor], right: list[Tensor]) -> Text:
     """How many times handformer's first update the learner's is (their projection on it)."""
     start = parameters_of(base)
     mine = torch.cat([(g - s).flatten() for g, s in zip(got, start)])

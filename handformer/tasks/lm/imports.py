@@ -41,7 +41,7 @@ from handformer.data.special_tokens import SpecialTokens
 from handformer.data.tokenizer import Tokenizer
 from handformer.families.catalogue import SPECS
 from handformer.io import atomic_write_bytes, atomic_write_text
-from handformer.paths import kind_of
+from handformer.paths import found_at
 from handformer.tasks.lm.run import save_lm_run, write_lm_run_config
 
 BOS_ID, EOS_ID = 1, 2  # hard-wired in run.c
@@ -67,7 +67,7 @@ class ImportedLM:
 
 def _check_paths(hf_dir: Path, run_dir: Path, overwrite: bool) -> None:
     if not hf_dir.is_dir():
-        found = kind_of(hf_dir) or ("a file" if hf_dir.exists() else None)
+        found = found_at(hf_dir)
         where = f" ({found} is there); give the folder that holds config.json and *.safetensors" \
             if found else ""
         raise FileNotFoundError(f"no Hugging Face checkpoint directory at {hf_dir}{where}"
@@ -227,7 +227,7 @@ def import_gguf(path: str | os.PathLike, run_dir: str | os.PathLike, overwrite: 
     of reading them as float32."""
     path, run_dir = Path(path), Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
-        raise ValueError(f"{run_dir} is {kind_of(run_dir) or 'a file'}; give a directory for the run")
+        raise ValueError(f"{run_dir} is {found_at(run_dir)}; give a directory for the run")
     if (run_dir / "config.json").exists() and not overwrite:
         raise ValueError(f"{run_dir} already holds a run; choose another directory or pass --overwrite")
     file = read_gguf(path)

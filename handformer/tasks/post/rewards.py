@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import importlib
 import math
-import signal
-import threading
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
-from typing import Any
+from contextlib import AbstractContextManager
 
 from handformer.settings import is_number
+from handformer.time_limit import time_limit as limit_time
 
 RewardFn = Callable[..., Sequence[float]]
 
@@ -51,23 +49,10 @@ class RewardTimeout(Exception):
     pass
 
 
-@contextmanager
-def time_limit(seconds: float):
-    """Raise RewardTimeout in the main thread after `seconds` (SIGALRM); elsewhere, no limit."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        yield
-        return
-
-    def expire(signum: int, frame: Any) -> None:
-        raise RewardTimeout
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+def time_limit(seconds: float) -> AbstractContextManager[None]:
+    """Raise RewardTimeout in the main thread after `seconds`; elsewhere, no limit. A timer the
+    caller runs (pytest-timeout's) is kept (handformer/time_limit.py)."""
+    return limit_time(seconds, RewardTimeout)
 
 
 def call_reward(fn: RewardFn, spec: str, prompts: list, completions: list[str], columns: dict[str, list],

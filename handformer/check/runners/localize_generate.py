@@ -1,0 +1,87 @@
+"""Where a generation loop that FAILs parts from greedy decoding, when no catalogued mistake explains
+it. The loop runs once more, traced: every tensor its own code assigns, at every step of the loop, is
+a step (the tokens depend on no gradient). The reference's sub-steps are those of each step of the
+expected decoding, on the tokens the reference had then: the context (cropped to the block size),
+the model's logits, those at the last position (divided by the loop's default temperature), their
+softmax, the next token, the tokens with it appended. The first step of the loop's that is none of
+them, at a shape one of them has, is where it parts: its line and its form (the logits of another
+position than the last). Kept apart from generate_loop.py so that the loop's runner imports it one way.
+
+Shape legend: B batch, t the context's length, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from handformer.check.core.localize import Departure, Form, Step, View, first_departure, trace_steps
+from handformer.check.core.result import text
+
+TEMPERATURE_NAMES = ("temperature", "temp", "tau")
+
+
+def default_temperature(fn: Any) -> float:
+    """The temperature the loop divides by when none is given: its parameter's default when that is a
+    positive number, else 1 (greedy, or no temperature)."""
+    for p in inspect.signature(fn).parameters.values():
+        if p.name.lower() in TEMPERATURE_NAMES and isinstance(p.default, (int, float)) and p.default > 0:
+            return float(p.default)
+    return 1.0
+
+
+def generate_views(logits_of: Callable[[Tensor], Tensor], prompt: Tensor, expected: Tensor, block: int,
+                   temperature: float) -> tuple[list[View], list[Form]]:
+    """Each step's sub-steps of greedy decoding of `expected` (B, n) after `prompt` (B, T), the model
+    called on the last `block` tokens through `logits_of` ((B, t) -> (B, t, V)); and the forms of a
+    departing logits: those of another position than the last."""
+    stream, T = torch.cat([prompt, expected], 1), prompt.size(1)  # (B, T + n)
+    views: list[View] = []
+    forms: list[Form] = []
+    for i in range(expected.size(1)):
+        context = stream[:, max(0, T + i - block):T + i]  # (B, t)
+        logits = logits_of(context).double()  # (B, t, V)
+        last = logits[:, -1] / temperature  # (B, V)
+        views += [("the tokens so far", stream[:, :T + i]), ("the context, cropped to the block size",
+                                                              context),
+                  ("the logits", logits), ("the logits at the last position", logits[:, -1]),
+                  ("the logits at the last position", logits[:, -1:]),
+                  ("the logits at the last position / temperature", last),
+                  ("the probabilities", last.softmax(-1)),
+                  ("the next token", stream[:, T + i:T + i + 1]), ("the next token", stream[:, T + i]),
+                  ("the tokens with the new one appended", stream[:, :T + i + 1])]
+        forms += _position_forms(logits, temperature) + _crop_forms(stream[:, :T + i], block)
+    return views, forms
+
+
+def _position_forms(logits: Tensor, temperature: float) -> list[Form]:
+    """The logits (B, t, V) of each position but the last (divided by the temperature or not)."""
+    t = logits.size(1)
+    return [(text(f"the logits at position {p} of {t}; the next token is read from the last position, -1",
+                  f"取的是 {t} 个位置中位置 {p} 的 logits；下一个 token 要从最后一个位置 -1 读"),
+             logits[:, p] / scale) for p in range(t - 1) for scale in {1.0, temperature}]
+
+
+def _crop_forms(tokens: Tensor, limit: int) -> list[Form]:
+    """The tokens so far (B, T) cropped to another length than the block size."""
+    return [(text(f"the last {k} tokens; the context is the last {limit} (the block size)",
+                  f"取了最后 {k} 个 token；上下文应是最后 {limit} 个（block_size）"), tokens[:, -k:])
+            for k in range(1, tokens.size(1))]  # the block size itself is a view, never a departure
+
+
+def localize_generate(run: Callable[[], Any], fn: Any, views: list[View], forms: list[Form],
+                      ) -> Departure | None:
+    """Run the learner's loop once more (`run`), traced in its own code: the first tensor it makes
+    that is none of the reference's sub-steps of its shape."""
+    code = inspect.unwrap(getattr(fn, "__func__", fn))
+    filename = inspect.getsourcefile(code)
+    steps: list[Step] = []
+    try:
+        trace_steps(run, filename, code.__code__, every=True, into=steps)
+    except Exception:  # noqa: BLE001 - it raises further on: the steps up to there are judged
+        pass
+    return first_departure(steps, views, filename, {}, forms=forms)

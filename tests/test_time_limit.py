@@ -1,0 +1,75 @@
+"""handformer's own time limits (check's BPE trainer deadline, GRPO's reward limit, both through
+handformer/time_limit.py) keep the real-time timer their caller runs: pytest-timeout's limit on a
+test, here an outer alarm of the test's own, still fires after an inner limit ran, and fires on
+time when it is due inside the limit."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from handformer.check.runners.bpe import TrainerTimeout, deadline
+from handformer.tasks.post.rewards import RewardTimeout
+from handformer.tasks.post.rewards import time_limit as reward_limit
+from handformer.time_limit import time_limit
+
+
+class Outer(Exception):
+    pass
+
+
+@pytest.fixture
+def outer_alarm():
+    """Arm an outer alarm that raises Outer (in place of pytest-timeout's, which comes back after)."""
+    def ring(signum, frame):
+        raise Outer
+
+    handler = signal.signal(signal.SIGALRM, ring)
+    kept = signal.getitimer(signal.ITIMER_REAL)
+    yield lambda seconds: signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, *kept)
+    signal.signal(signal.SIGALRM, handler)
+
+
+def spin(seconds: float) -> None:
+    """Busy for `seconds` (a signal interrupts Python code between bytecodes)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+@pytest.mark.parametrize("limit, error", [(deadline, TrainerTimeout), (reward_limit, RewardTimeout)])
+def test_an_outer_alarm_still_fires_after_the_inner_limit_ran(outer_alarm, limit, error):
+    outer_alarm(0.3)
+    with pytest.raises(error), limit(0.05):  # the inner limit stops its block ...
+        spin(5)
+    with limit(0.05):  # ... or its block ends first
+        pass
+    left, _ = signal.getitimer(signal.ITIMER_REAL)
+    assert 0 < left < 0.3  # the outer alarm is armed again with the time it had left
+    with pytest.raises(Outer):
+        spin(5)
+
+
+def test_an_outer_alarm_due_inside_the_limit_fires_on_time(outer_alarm):
+    outer_alarm(0.05)
+    start = time.monotonic()
+    with pytest.raises(Outer), time_limit(5, TrainerTimeout):
+        spin(5)
+    assert time.monotonic() - start < 2
+    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0  # the limit's own timer went with it
+
+
+def test_an_outer_handler_that_returns_leaves_the_limit_running():
+    rang = []
+    handler = signal.signal(signal.SIGALRM, lambda signum, frame: rang.append(signum))
+    kept = signal.setitimer(signal.ITIMER_REAL, 0.05)
+    try:
+        with pytest.raises(RewardTimeout), time_limit(0.2, RewardTimeout):
+            spin(5)
+        assert rang == [signal.SIGALRM]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, *kept)
+        signal.signal(signal.SIGALRM, handler)
