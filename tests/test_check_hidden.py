@@ -231,6 +231,7 @@ OWN_FORMS = {  # a learner's own form of a component, correct and planted: (file
     "rope_table_and_its_apply_planted": (FIXTURES / "learners_hf" / "correct.py", "rope", [
         ("emb = torch.cat((freqs, freqs), dim=-1)", "emb = freqs.repeat_interleave(2, dim=-1)")],
                                          "LlamaRotaryEmbedding"),
+    "positions_follow_on": (FIXTURES / "learners_llama_gen" / "correct.py", "generate", [], "Llama.generate"),
     "greedy_on_a_passing_model": (CARRIED, "greedy_decode", [], "greedy_decode"),
     "greedy_on_a_passing_model_planted": (CARRIED, "greedy_decode", [
         ("next_word = model.fc_out(out[:, -1])", "next_word = model.fc_out(out[:, 0])")], "greedy_decode"),
@@ -251,3 +252,26 @@ def test_a_component_in_a_learner_s_own_form_is_built_and_driven(tmp_path, form)
     result = check_file(_planted(tmp_path, source, edits), only=[kind])
     status = _only(result, name).status
     assert status == ("fail" if form.endswith("_planted") else "pass"), format_report(result)
+
+
+# a cached loop's calls: (tokens fed, the position passed); the first three are right
+POSITIONS = {"prompt_then_one_by_one": ([(3, 0), (1, 3), (1, 4)], False),
+             "prompt_fed_again_from_0": ([(3, 0), (4, 0)], False),
+             "first_new_token_at_T_minus_1": ([(3, 0), (1, 2), (1, 3)], True),
+             "start_pos_left_at_0": ([(3, 0), (1, 0)], True)}
+
+
+@pytest.mark.parametrize("case", list(POSITIONS))
+def test_a_cached_loop_s_positions_must_go_on_from_the_call_before(case):
+    """gpt-fast's input_pos (or Meta's start_pos) after the prompt: a first new token at T - 1
+    overwrites the prompt's last in the cache, and a tiny model's tokens may not show it."""
+    import types
+
+    import torch
+
+    from handformer.check.runners.generate_loop import Call, Run, _positions_break
+
+    fed, broken = POSITIONS[case]
+    calls = [Call(torch.zeros(2, n, dtype=torch.long), start, torch.zeros(2, n), True, start) for n, start in fed]
+    run = Run({"en": "", "zh": ""}, types.SimpleNamespace(calls=calls), torch.zeros(2, 3), 2)
+    assert (_positions_break(run) is not None) == broken

@@ -274,6 +274,9 @@ LINES = {
                                   1, "sqrt_d_model"),
     "scale_kept_from_the_head": ("scale_by_dk", "", ["self.scaling = config.head_dim ** -0.5",
                                                      "scores = q @ k.transpose(-2, -1) / self.d_k"], 2, ""),
+    "input_pos_of_a_cached_step": ("generate_cache_mismatch", "", [
+        "model.setup_caches(max_batch_size=B, max_seq_length=T_new)", "input_pos = torch.arange(0, T)",
+        "input_pos = torch.tensor([T - 1])"], 3, ""),
     "divided_by_d_k": ("scale_by_dk", "", ["scores = q @ k.transpose(-2, -1) / self.d_k",
                                            "x = self.emb(ids) * math.sqrt(self.d_model)"], 1, ""),
     "causal_on_two_lines": ("causal_off_by_one", "", ["scores = scores + torch.triu(",
