@@ -169,6 +169,35 @@ RATE_LR_MUL = [("def rate(step, model_size, factor, warmup):", "def rate(step, m
 LOSS_N_CLASS = [("def __init__(self, size, padding_idx, smoothing=0.1):",
                  "def __init__(self, n_class, padding_idx, smoothing=0.1):"), ("self.size = size", "self.size = n_class")]
 STEP_TUPLE = [("logits = model(src_part, tgt_part[:, :-1])", "logits, _ = model(src_part, tgt_part[:, :-1])")]
+TRAINING = FIXTURES / "learners_training" / "correct.py"
+LOSS_NO_PAD = [("def masked_cross_entropy(logits, targets, pad_idx):", "def masked_cross_entropy(logits, targets):"),
+               ("    real = (targets != pad_idx).float()\n    return (nll * real).sum() / real.sum()",
+                "    return nll.mean()")]
+OWN_CLIP = [("def lm_train_step(", "def gradient_clipping(parameters, max_l2_norm):\n"
+             "    grads = [p.grad for p in parameters if p.grad is not None]\n"
+             "    total = torch.sqrt(sum((g ** 2).sum() for g in grads))\n"
+             "    for g in grads:\n        g.mul_(min(1.0, max_l2_norm / (total + 1e-6)))\n\n\ndef lm_train_step("),
+            ("torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)", "gradient_clipping(model.parameters(), 0.5)")]
+KV_PAIR = [("def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:",
+            "def repeat_kv(x, v, n_rep):\n    return _rep(x, n_rep), _rep(v, n_rep)\n\n\ndef _rep(x, n_rep):"),
+           ("        keys = repeat_kv(keys, self.n_rep)", "        keys, values = repeat_kv(keys, values, self.n_rep)"),
+           ("        values = repeat_kv(values, self.n_rep)\n", "")]
+SETUP_CACHES = [("    def forward(self, idx, targets=None):\n        B, T = idx.size()\n",
+                 "    def setup_caches(self, max_batch_size, max_seq_length):\n"
+                 "        self.max_seq_length = max_seq_length  # gpt-fast's: the caches' length\n\n"
+                 "    def forward(self, idx, targets=None):\n        B, T = idx.size()\n"
+                 "        assert T <= self.max_seq_length, 'call setup_caches first'\n")]
+SAMPLING = FIXTURES / "learners_sampling" / "correct.py"
+LAST_POSITION = [("    logits = apply_temperature(logits, temperature)\n    if top_k",
+                  "    logits = apply_temperature(logits[:, -1], temperature)  # (B, S, V): the last position's\n"
+                  "    if top_k"),
+                 ("    return torch.multinomial(probs, num_samples=1)\n",
+                  "    return torch.multinomial(probs, num_samples=1), probs\n"),
+                 ("idx_next = sample_next_token(logits[:, -1, :], temperature, top_k)",
+                  "idx_next, _ = sample_next_token(logits, temperature, top_k)")]
+REFUSES = [("def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None):\n",
+            "def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None):\n"
+            "    assert idx.size(1) + max_new_tokens <= model.config.block_size, 'longer than the block'\n")]
 OWN_FORMS = {  # a learner's own form of a component, correct and planted: (file, kind, edits, its name)
     "lr_mul": (CARRIED, "schedule", RATE_LR_MUL, "rate"),
     "lr_mul_planted": (CARRIED, "schedule", RATE_LR_MUL + [("step * warmup ** (-1.5)", "step * warmup ** (-0.5)")],
@@ -179,15 +208,70 @@ OWN_FORMS = {  # a learner's own form of a component, correct and planted: (file
     "model_returns_a_tuple": (HIDDEN, "train_step", STEP_TUPLE, "train_step"),
     "model_returns_a_tuple_planted": (HIDDEN, "train_step", STEP_TUPLE + [
         ("(loss / accum_steps).backward()", "loss.backward()")], "train_step"),
+    "loss_without_pad": (TRAINING, "loss", LOSS_NO_PAD, "masked_cross_entropy"),
+    "loss_without_pad_planted": (TRAINING, "loss", LOSS_NO_PAD[:1] + [(
+        "    real = (targets != pad_idx).float()\n    return (nll * real).sum() / real.sum()",
+        "    return nll.sum() / nll.size(0)")], "masked_cross_entropy"),
+    "own_clipping": (CACHE, "lm_train_step", OWN_CLIP, "lm_train_step"),
+    "own_clipping_planted": (CACHE, "lm_train_step", OWN_CLIP + [
+        ("    loss.backward()\n    gradient", "    (2 * loss).backward()\n    gradient")], "lm_train_step"),
+    "keys_and_values": (LLAMA / "correct.py", "gqa", KV_PAIR, "repeat_kv"),
+    "keys_and_values_planted": (LLAMA / "correct.py", "gqa", KV_PAIR + [(
+        "x[:, :, :, None, :].expand(bs, slen, n_kv_heads, n_rep, head_dim)",
+        "x[:, :, None, :, :].expand(bs, slen, n_rep, n_kv_heads, head_dim)")], "repeat_kv"),
+    "setup_caches": (GPT, "gpt", SETUP_CACHES, "GPT"),
+    "setup_caches_planted": (GPT, "gpt", SETUP_CACHES + [("        x = self.transformer.ln_f(x)\n", "")], "GPT"),
+    "sample_reads_the_last_position": (SAMPLING, "sample", LAST_POSITION, "sample_next_token"),
+    "sample_reads_the_last_position_planted": (SAMPLING, "sample", LAST_POSITION + [
+        ("logits = top_k_filter(logits, top_k)", "logits = top_k_filter(logits, top_k + 1)")], "sample_next_token"),
+    "generate_refuses_past_the_block": (SAMPLING, "generate", REFUSES, "generate"),
+    "generate_refuses_past_the_block_planted": (SAMPLING, "generate", REFUSES + [
+        ("sample_next_token(logits[:, -1, :]", "sample_next_token(logits[:, 0, :]")], "generate"),
+    "rope_table_and_its_apply": (FIXTURES / "learners_hf" / "correct.py", "rope", [], "LlamaRotaryEmbedding"),
+    "rope_table_and_its_apply_planted": (FIXTURES / "learners_hf" / "correct.py", "rope", [
+        ("emb = torch.cat((freqs, freqs), dim=-1)", "emb = freqs.repeat_interleave(2, dim=-1)")],
+                                         "LlamaRotaryEmbedding"),
+    "positions_follow_on": (FIXTURES / "learners_llama_gen" / "correct.py", "generate", [], "Llama.generate"),
+    "greedy_on_a_passing_model": (CARRIED, "greedy_decode", [], "greedy_decode"),
+    "greedy_on_a_passing_model_planted": (CARRIED, "greedy_decode", [
+        ("next_word = model.fc_out(out[:, -1])", "next_word = model.fc_out(out[:, 0])")], "greedy_decode"),
 }
 
 
 @pytest.mark.parametrize("form", list(OWN_FORMS))
 def test_a_component_in_a_learner_s_own_form_is_built_and_driven(tmp_path, form):
     """A schedule's multiplier named lr_mul (jadore801120's), a label-smoothing loss sized by n_class, a
-    step that unpacks `logits, _ = model(...)` (bentrevett's model returns the attention too): each
-    checked, the correct one passing and the planted one failing."""
+    step that unpacks `logits, _ = model(...)` (bentrevett's model returns the attention too), a loss
+    with no pad id (CS336's cross_entropy: a mean over every target), a step clipping with its own
+    gradient_clipping (CS336's), Mistral's repeat_kv(keys, values, repeats), a model
+    that runs after setup_caches, a sampling step that reads logits[:, -1] and returns (token, probs),
+    a loop that asserts it stays within the block (gpt-fast's), greedy decoding that reads the first
+    position on a model that passed (steered along a path, each position's choice differs), a rotary
+    table of interleaved pairs beside an apply function of halves: each checked, the correct one passing and the planted one failing."""
     source, kind, edits, name = OWN_FORMS[form]
     result = check_file(_planted(tmp_path, source, edits), only=[kind])
     status = _only(result, name).status
     assert status == ("fail" if form.endswith("_planted") else "pass"), format_report(result)
+
+
+# a cached loop's calls: (tokens fed, the position passed); the first three are right
+POSITIONS = {"prompt_then_one_by_one": ([(3, 0), (1, 3), (1, 4)], False),
+             "prompt_fed_again_from_0": ([(3, 0), (4, 0)], False),
+             "first_new_token_at_T_minus_1": ([(3, 0), (1, 2), (1, 3)], True),
+             "start_pos_left_at_0": ([(3, 0), (1, 0)], True)}
+
+
+@pytest.mark.parametrize("case", list(POSITIONS))
+def test_a_cached_loop_s_positions_must_go_on_from_the_call_before(case):
+    """gpt-fast's input_pos (or Meta's start_pos) after the prompt: a first new token at T - 1
+    overwrites the prompt's last in the cache, and a tiny model's tokens may not show it."""
+    import types
+
+    import torch
+
+    from handformer.check.runners.generate_loop import Call, Run, _positions_break
+
+    fed, broken = POSITIONS[case]
+    calls = [Call(torch.zeros(2, n, dtype=torch.long), start, torch.zeros(2, n), True, start) for n, start in fed]
+    run = Run({"en": "", "zh": ""}, types.SimpleNamespace(calls=calls), torch.zeros(2, 3), 2)
+    assert (_positions_break(run) is not None) == broken

@@ -33,7 +33,7 @@ def add_target(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", default="reasoning",
                    choices=["reasoning", "mid-reasoning", "smoke-reasoning", "facts", "smoke"],
                    help="reasoning (the default: the reasoning tasks, scored on the report split, "
-                   "about 35 minutes at threads=1), mid-reasoning (its post-training from its base, "
+                   "about 33 minutes at threads=1), mid-reasoning (its post-training from its base, "
                    "--base OUT/base of a reasoning run, scored on the search split: for a recipe "
                    "search), smoke-reasoning "
                    "(seconds, for tests), facts (the fact tasks, under an hour) or smoke (facts in "

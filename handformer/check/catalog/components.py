@@ -142,12 +142,15 @@ DIAGNOSES: list[Diagnosis] = [
       r"-inf|float\(.-inf.\)|masked_fill"),
 ]
 
-WIDTH = r"(self\.)?(d_model|d_out|emb_dim|n_embd|embed_dim|hidden_size|hidden_dim|num_hiddens|dim|C)\b"
+WIDTH = (r"((self|config|cfg|args|params)\.)?"
+         r"(d_model|d_out|emb_dim|n_embd|embed_dim|hidden_size|hidden_dim|num_hiddens|dim|C)\b")
 # forms that give one output at check's sizes, told apart by the learner's line: dividing the scores
 # by sqrt(d_model) (a width, or heads times head width) is dividing by d_k when d_k = 4 = sqrt(16)
 LINE_FORMS: dict[tuple[str, str], dict[str, str]] = {  # (name, form found) -> {form shown: its line}
     ("scale_by_dk", ""): {
         "sqrt_d_model": rf"^(?=.*(@|matmul|einsum|bmm|scor|att|wei)).*(/\s*(math\.|np\.|torch\.)?sqrt\("
                         rf"\s*{WIDTH}\s*\)|/\s*\(?\s*{WIDTH}\s*\*\*\s*0?\.5|\*\s*{WIDTH}\s*\*\*\s*\(?-0?\.5|"
-                        r"/\s*(math\.)?sqrt\(\s*(self\.)?\w+\s*\*\s*(self\.)?\w*(d_k|d_head|head_dim|head_size|dh)\w*\s*\))"},
+                        r"/\s*(math\.)?sqrt\(\s*(self\.)?\w+\s*\*\s*(self\.)?\w*(d_k|d_head|head_dim|head_size|dh)\w*\s*\))"
+                        # or a scale kept for later, from the width (Hugging Face's self.scaling)
+                        rf"|^\s*(self\.)?\w*scal\w*\s*=.*(sqrt\(\s*{WIDTH}\s*\)|(?<![\w.]){WIDTH}\s*\*\*\s*\(?-0?\.5)"},
 }

@@ -74,7 +74,8 @@ DIAGNOSES: list[Diagnosis] = [
       "after the prompt, feed only the new token, with the cache the previous step returned, at position "
       "= the number of tokens already seen",
       "处理完提示词之后，每一步只输入新 token，带上上一步返回的缓存，位置等于已经看过的 token 数",
-      r"model\(\s*(next|new|last|tok)\w*(?![^)]*past)", r"past|cache|start_pos|position", r"model\(|self\("),
+      r"model\(\s*(next|new|last|tok)\w*(?![^)]*past)", r"\binput_pos\s*=\s*torch\.tensor\(",  # gpt-fast's
+      r"past|cache|start_pos|position", r"model\(|self\("),
     d("generate_does_not_stop", "generate calls the model more times than max_new_tokens asks for",
       "generate 调用模型的次数超过了 max_new_tokens",
       "run the loop exactly max_new_tokens times: for _ in range(max_new_tokens)",

@@ -741,7 +741,8 @@ def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[li
     kh, vh, views = _repeated(w, kh, vh, views)
     raw = qh @ kh.transpose(-2, -1)  # (B, H, T, T)
     scores = raw / math.sqrt(qh.size(-1))
-    if keep is not None:
+    if keep is not None:  # the scaled scores before the mask is added (Meta's `scores + mask`) are a step too
+        views.append(("the scores q·kᵀ/sqrt(d_k), before the mask", scores))
         scores = scores.masked_fill(~keep, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     heads = weights @ vh  # (B, H, T, Dh)

@@ -32,7 +32,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import DECODING_NAMES as NAMES  # noqa: F401
 from handformer.check.core.context import Context, finish, forward_parameters, named
 from handformer.check.core.discovery import Component, DiscoveryError
-from handformer.check.core.result import FAIL, Check, ComponentResult, Finding, Text, text
+from handformer.check.core.result import DIFFERS, FAIL, PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.runners.beam_own import OwnSteered, own_seq2seq
 from handformer.check.runners.model import source_mask
@@ -201,15 +201,15 @@ def _scenarios(res: ComponentResult, ctx: Context, stop: bool) -> list[Scenario]
     model, call = own
     name = ctx.components["transformer"].name
     res.driven = text(f"your own {name} (it passed its check), its output layer steered: EOS ({EOS}) "
-                      "never, then at the first step only",
+                      "never, then at the first step only, then along a fixed path of tokens",
                       f"你自己的 {name}（它通过了检查），输出层被调整：先让 EOS（{EOS}）从不出现，"
-                      "再让它只在第一步出现")
+                      "再让它只在第一步出现，再沿一条固定的 token 路径")
     scenarios = []
     for bias in ((-1e4, -1e4), (1e4, -1e4)):
         with _eos_steered(model, bias), fp.dropout_off():
             scenarios.append((model, lambda bias=bias: _eos_steered(model, bias),
                               own_reference(call, source(), stop)))
-    return scenarios
+    return scenarios + _path(ctx, stop, (PASS, DIFFERS))
 
 
 def _stand_in(res: ComponentResult, stop: bool) -> list[Scenario]:
@@ -229,22 +229,31 @@ PATHS = {True: [5, 7, EOS, 9, 4, 6, 8], False: [5, 7, 9, 4, 6, 8, 3]}
 
 
 def _failed_own(res: ComponentResult, ctx: Context, stop: bool) -> list[Scenario]:
-    """The learner's own model that failed its check but runs, its logits replaced by hooks with a
-    table that makes PATHS[stop] the greedy choice (their model's mistakes do not reach the loop);
-    no scenario when there is none, or it cannot be hooked."""
-    own = own_seq2seq(ctx, (FAIL,))
+    """The learner's own model that failed its check but runs, steered along a fixed path (_path):
+    their model's mistakes do not reach the loop; no scenario when there is none, or it cannot be
+    hooked."""
+    scenarios = _path(ctx, stop, (FAIL,))
+    if scenarios:
+        name = ctx.components["transformer"].name
+        res.driven = text(f"your own {name}: it failed its own check, so its output layer was steered by "
+                          "hooks along a fixed path of tokens and greedy decoding is judged as a loop only "
+                          "(where it stops, what it returns)",
+                          f"你自己的 {name}：它没有通过自己的检查，所以用钩子把输出层引导到一条固定的 token "
+                          "路径上，贪心解码只按循环本身检查（在哪里停、返回什么）")
+    return scenarios
+
+
+def _path(ctx: Context, stop: bool, accepted: tuple[str, ...]) -> list[Scenario]:
+    """The learner's own model (its check ended in one of `accepted`), its logits replaced by hooks
+    with a table that makes PATHS[stop] the greedy choice: each position's likeliest token differs, so
+    a loop that reads the wrong position shows; none when it cannot be hooked or does not follow."""
+    own = own_seq2seq(ctx, accepted)
     path = PATHS[stop]
     table = {tuple(path[:i]): {t: 0.9} for i, t in enumerate(path)}  # prefix -> next token
     steered = OwnSteered(*own, table, ctx) if own else None
     right = [BOS] + (path[:path.index(EOS) + 1] if stop else path)[:MAX_LEN - 1]
     if steered is None or not steered.usable() or _steered_reference(steered, stop) != right:
         return []  # no hooks to steer it by, or its own forward does not follow the path when steered
-    name = ctx.components["transformer"].name
-    res.driven = text(f"your own {name}: it failed its own check, so its output layer was steered by hooks "
-                      "along a fixed path of tokens and greedy decoding is judged as a loop only (where it "
-                      "stops, what it returns)",
-                      f"你自己的 {name}：它没有通过自己的检查，所以用钩子把输出层引导到一条固定的 token "
-                      "路径上，贪心解码只按循环本身检查（在哪里停、返回什么）")
     return [(steered.handed, steered.steering, right)]
 
 

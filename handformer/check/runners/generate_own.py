@@ -100,8 +100,8 @@ class OwnModel:
         cache was last empty, when a cache is handed back (Hugging Face's past_key_values) or kept
         inside (Raschka's use_cache=True); else none."""
         bound = self._bound(args, kwargs)
-        start = next((v for k, v in bound.items() if k in POSITION_NAMES and isinstance(v, int)
-                      and not isinstance(v, bool)), None)
+        start = next((POSITION_READERS[type(v)](v) for k, v in bound.items()
+                      if k in POSITION_NAMES + ("input_pos",) and type(v) in POSITION_READERS), None)
         if start is not None:
             return start, start
         return None, self.held if self._cached(args, kwargs) else 0
@@ -121,6 +121,10 @@ class OwnModel:
         vars(self.module).pop("forward", None)
         for name in self.resets:
             vars(self.module).pop(name, None)
+
+
+# a call's first position: Meta's start_pos (an int), gpt-fast's input_pos (the positions, a tensor)
+POSITION_READERS: dict[type, Any] = {int: int, Tensor: lambda v: int(v.reshape(-1)[0])}
 
 
 def _certain(logits: Tensor) -> Tensor:

@@ -454,21 +454,30 @@ def gpt_sizes(ctx: Context) -> dict[str, Any]:
     return {**GPT_SIZES, "n_kv_heads": KV_HEADS} if kv else GPT_SIZES
 
 
-def _no_setup_caches(comp: Component, module: nn.Module) -> None:
-    """NOT CHECKED, with the reason, for gpt-fast's Transformer: an inference engine's model."""
-    if callable(getattr(module, "setup_caches", None)):
+def _setup_caches(comp: Component, module: nn.Module, ctx: Context) -> None:
+    """gpt-fast's Transformer: its setup_caches(max_batch_size, max_seq_length) called first (batch 4,
+    the block's length), so that forward(idx) runs; NOT CHECKED, with the reason, when forward(idx)
+    still needs what only its decoding loop gives (input_pos)."""
+    if not callable(getattr(module, "setup_caches", None)):
+        return
+    try:
+        ctx.learner.call("__init__", module.setup_caches, 4, BLOCK)
+        Caller(module, ctx)(torch.zeros(1, 2, dtype=torch.long))
+    except fp.LearnerFailure:
         raise MappingError(f"{comp.name}.forward(idx, input_pos) runs on the KV caches that setup_caches("
-                           "max_batch_size, max_seq_length) makes first (gpt-fast's): handformer drives "
-                           "a model by forward(idx) alone; its attention, FFN and norm are checked alone",
+                           "max_batch_size, max_seq_length) makes first (gpt-fast's), and forward(idx) "
+                           "after setup_caches(4, 16) raised: handformer drives a model by forward(idx) "
+                           "alone; its attention, FFN and norm are checked alone",
                            zh=f"{comp.name}.forward(idx, input_pos) 依赖 setup_caches(max_batch_size, "
-                              "max_seq_length) 先建好的 KV 缓存（gpt-fast 的写法）：handformer 只用 "
-                              "forward(idx) 驱动模型；它的注意力、FFN 和归一化各自单独检查")
+                              "max_seq_length) 先建好的 KV 缓存（gpt-fast 的写法），调用 setup_caches(4, 16) "
+                              "之后 forward(idx) 仍然报错：handformer 只用 forward(idx) 驱动模型；"
+                              "它的注意力、FFN 和归一化各自单独检查") from None
 
 
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp, gpt_sizes(ctx))
-    _no_setup_caches(comp, module)
+    _setup_caches(comp, module, ctx)
     call = Caller(module, ctx)
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, VOCAB, (2, 8), generator=g)

@@ -13,7 +13,7 @@ import inspect
 from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.context import Context, error_text, finish
+from handformer.check.core.context import Context, error_text, finish, forward_parameters, names_of
 from handformer.check.core.discovery import Component, causal_inside
 from handformer.check.core.result import Check, ComponentResult, text
 from handformer.check.reference import variants as V
@@ -44,7 +44,7 @@ def check_repeat_kv(comp: Component, ctx: Context) -> ComponentResult:
         off = fp.max_error(as_heads_second, repeat_kv(x, N_REP))
         res.findings += ctx.findings(found[0], found[1], off, comp)
     err = fp.max_error(as_heads_second, repeat_kv(x, N_REP))
-    one = fp.first_tensor(ctx.learner.call("forward", comp.obj, given, 1), 4)
+    one = _call(ctx, comp, given, 1)
     err_one = fp.max_error(one, given)
     res.max_abs_error = max(err, err_one)
     res.checks.append(Check(text(f"equals handformer's repeat_kv for {KV_HEADS} key/value heads, "
@@ -56,6 +56,13 @@ def check_repeat_kv(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
+def _call(ctx: Context, comp: Component, given: Tensor, n_rep: int) -> Tensor | None:
+    """The learner's repeat_kv on `given` repeated n_rep times: the same tensor for each tensor it takes
+    before the count (Mistral's repeat_kv(keys, values, repeats)); the first tensor it returns."""
+    tensors = max(1, len(names_of(forward_parameters(comp.obj))[1]) - 1)
+    return fp.first_tensor(ctx.learner.call("forward", comp.obj, *[given] * tensors, n_rep), 4)
+
+
 def _repeated(ctx: Context, comp: Component, x: Tensor) -> tuple[Tensor, Tensor, int]:
     """The learner's repeat_kv(x, N_REP) with the heads second, else third (Meta's (B, S, Hkv, Dh));
     (its output, the input given, the heads' axis)."""
@@ -63,7 +70,7 @@ def _repeated(ctx: Context, comp: Component, x: Tensor) -> tuple[Tensor, Tensor,
     layouts = ((x, 1), (x.transpose(1, 2).contiguous(), 2))  # heads second, or third (Meta)
     for i, (given, dim) in enumerate(layouts):
         try:
-            out = fp.first_tensor(ctx.learner.call("forward", comp.obj, given, N_REP), 4)
+            out = _call(ctx, comp, given, N_REP)
         except fp.LearnerFailure:
             if i == len(layouts) - 1:
                 raise

@@ -19,8 +19,10 @@ Shape legend: B batch, T length, V vocabulary.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import itertools
+import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -81,14 +83,28 @@ WHAT = {"loss": (" (the pad targets' losses are in the sum)", "（填充目标�
         "normaliser": (" (divided by every target, padding included)", "（除以了包括填充在内的全部目标数）")}
 
 
-def inputs() -> tuple[Tensor, Tensor]:
-    """(B, T, V) log-probabilities and (B, T) targets, padded with PAD after each row's length."""
+def inputs(padded: bool = True) -> tuple[Tensor, Tensor]:
+    """(B, T, V) log-probabilities and (B, T) targets, padded with PAD after each row's length (for a
+    loss with no way to know the pad, none: its mean over every target is then the right one)."""
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(B, T, V, generator=g, dtype=torch.float64) * 2.0
     targets = torch.randint(1, V, (B, T), generator=g)
     for b, n in enumerate(LENGTHS):
-        targets[b, n:] = PAD
+        targets[b, n if padded else T:] = PAD
     return F.log_softmax(logits, dim=-1), targets
+
+
+def knows_pad(obj: Any) -> bool:
+    """Whether a loss has a way to know the pad: a name with "pad" in it (an argument, an attribute, a
+    global it reads) or an ignore_index it passes on. CS336's cross_entropy(inputs, targets) has none:
+    a mean over every target is right for it."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
+    except (OSError, TypeError, SyntaxError):
+        return True
+    words = {getattr(n, "id", None) or getattr(n, "attr", None) or getattr(n, "arg", None)
+             for n in ast.walk(tree)}
+    return any("pad" in str(w).lower() or w == "ignore_index" for w in words)
 
 
 def target_distribution(targets: Tensor, eps: float, split: str, pad_kept: bool = False) -> Tensor:
@@ -235,7 +251,8 @@ def _build(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
         return torch.tensor([_value(ctx, comp, loss(logp, targets, eps)) for eps in smoothings],
                             dtype=torch.float64)
 
-    return Subject(run, convs, loss, {"smoothings": (0.0, 0.1) if loss.smoothing else (0.0,)})
+    return Subject(run, convs, loss, {"smoothings": (0.0, 0.1) if loss.smoothing else (0.0,),
+                                      "padded": knows_pad(comp.obj)})
 
 
 def _reference(conv: Conv, x: Inputs, flags: frozenset[str]) -> Tensor:
@@ -275,7 +292,7 @@ def _values_step(res: ComponentResult, ctx: Context, comp: Component, subject: S
 
 LOSS = Probe(
     build=_build,                           # the function or criterion, called as its signature says
-    inputs=lambda s: (*inputs(), s.facts["smoothings"]),
+    inputs=lambda s: (*inputs(s.facts["padded"]), s.facts["smoothings"]),
     shape=lambda ctx, comp, s, x, out: None,  # one number per smoothing: _value refuses anything else
     reference=_reference,                   # handformer's cross-entropy in a convention, with mistakes
     universe=lambda s: tuple(f for f in FLAGS if not (s.module.flat and f == "loss_mean_over_batch")),

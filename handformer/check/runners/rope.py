@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_names, shape_of
 from handformer.check.core.discovery import Component
 from handformer.check.core.localize_kinds import localize_rope_table, localize_rotation, note_departure
-from handformer.check.core.result import Check, ComponentResult, Finding, text
+from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.rope_tables import COMPLEX_TABLE_NAMES
 from handformer.check.core.source import locate, source_lines
 from handformer.check.reference import variants as V
@@ -75,11 +76,45 @@ def reference_tables(length: int, layout: str, offset: int = 0, theta: float = T
 
 def check_rope(comp: Component, ctx: Context) -> ComponentResult:
     if inspect.isclass(comp.obj):
-        return _check_module(comp, ctx)
+        return _agreeing(_check_module(comp, ctx), ctx, comp)
     names = forward_names(comp.obj)
     if _takes(names[:1], DIM_NAMES) or not _takes(names, TENSOR_NAMES):
-        return _check_table_function(comp, ctx)
-    return _check_apply(comp, ctx, comp.obj, names)
+        return _agreeing(_check_table_function(comp, ctx), ctx, comp)
+    return _agreeing(_check_apply(comp, ctx, comp.obj, names), ctx, comp)
+
+
+# the lines that write each pairing: a table repeated pair by pair, or two halves side by side
+PAIRING_LINES = {"interleaved": r"repeat_interleave|stack\(.*flatten|view_as_complex|polar\(",
+                 "half": r"cat\(\s*\(?\s*\w+\s*,\s*\w+|rotate_half|\[\.\.\.,\s*:\s*\w+\s*//\s*2\]"}
+
+
+def _agreeing(res: ComponentResult, ctx: Context, comp: Component) -> ComponentResult:
+    """A file's RoPE pieces (the table and what applies it) pair the same dimensions: each convention
+    alone is right, a table of interleaved pairs applied as halves (or the other way) is not."""
+    pairing = {id(LAYOUTS[k]): v for k, v in PAIRINGS.items()}
+    mine = pairing.get(id(res.convention))
+    other = next((r for r in list(ctx.results.values()) * bool(mine)  # none when its own is unknown
+                  if pairing.get(id(r.convention), mine) != mine), None)  # another kind's: no layout
+    if other is None:
+        return res
+    theirs, at = pairing[id(other.convention)], _first_line(PAIRING_LINES[mine], comp)
+    res.checks.append(Check(text(
+        f"pairs the same dimensions as your {other.name}: yours {PAIRING_WORDS[mine][0]}, "
+        f"{other.name}'s {PAIRING_WORDS[theirs][0]}, so together they rotate the wrong pairs{at['en']}",
+        f"与你的 {other.name} 配对方式一致：你的是{PAIRING_WORDS[mine][1]}，{other.name} 的是"
+        f"{PAIRING_WORDS[theirs][1]}，合在一起旋转的维度对不上{at['zh']}"), False))
+    return finish(res)
+
+
+PAIRINGS = {"half": "half", "swapped": "half", "interleaved": "interleaved"}  # "pairs": none (see LAYOUTS)
+PAIRING_WORDS = {"half": ("(j, j + d/2), half-split", " (j, j + d/2) 对半配对"),
+                 "interleaved": ("(2j, 2j+1), interleaved", " (2j, 2j+1) 交错配对")}
+
+
+def _first_line(pattern: str, comp: Component) -> Text:
+    """ " (line N: code)" of the component's first line that matches, in both languages; "" when none."""
+    return next((text(f" (line {n}: {line.strip()})", f"（第 {n} 行：{line.strip()}）")
+                 for n, line in source_lines([comp.obj]) if re.search(pattern, line)), text("", ""))
 
 
 # --- tables ------------------------------------------------------------------------------------
@@ -157,7 +192,9 @@ LAYOUTS = {  # the convention each layout of the pairs reports ("unknown": none)
                     "nanochat: a convention, not an error",
                     "按 (j, j + d/2) 配对、反方向旋转，(a cos + b sin, b cos - a sin)，与 nanochat "
                     "相同：这是约定不同，不是错误"),
-    "interleaved": INTERLEAVED, "pairs": INTERLEAVED,
+    # a complex table (one value a pair) says the same, but pairs nothing: what applies it does (Gemma
+    # applies Meta's complex table to halves), so it is a copy that _agreeing does not read as a pairing
+    "interleaved": INTERLEAVED, "pairs": dict(INTERLEAVED),
     "half": text("pairs (j, j + d/2), half-split (Hugging Face, handformer)",
                  "按 (j, j + d/2) 对半配对（Hugging Face、handformer）"),
 }

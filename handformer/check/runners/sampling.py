@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ from handformer.check.core.discovery import Component
 from handformer.check.core.localize_kinds import localize_filter, localize_top_p, note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import is_number
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import locate, source_lines, source_text
 from handformer.generation.sampling import apply_temperature, top_k_filter, top_p_filter
 
 V, DRAWS = 8, 20_000
@@ -63,6 +64,9 @@ class Caller:
         self.params = forward_parameters(comp.obj)
         self.names = forward_names(comp.obj)
         self.probs = bool(self.names) and self.names[0].lower() in PROBS_NAMES  # given softmax(logits)
+        # gpt-fast's sample(logits, ...) reads logits[:, -1]: given (B, 1, V), one position per row
+        self.positions = bool(self.names) and bool(re.search(
+            rf"\b{re.escape(self.names[0])}\[\s*:\s*,\s*-1\s*\]", source_text(comp.obj)))
         # the filters it takes with no default (a combined top_k_top_p_filtering(logits, top_k, top_p)),
         # or with a default that filters (top_p_sample(logits, p=0.9)): given their "off" value when a
         # check sets another one
@@ -87,6 +91,7 @@ class Caller:
         for key, name in self.required.items():
             kwargs.setdefault(name, off[key])
         given = torch.softmax(logits, -1) if self.probs else logits.clone()
+        given = given[..., None, :] if self.positions else given  # (B, 1, V)
         return self.ctx.learner.call("forward", self.comp.obj, given, **kwargs)
 
 
@@ -441,7 +446,9 @@ def _p_one(res: ComponentResult, ctx: Context, comp: Component, call: Caller) ->
 # --- greedy ---------------------------------------------------------------------------------------
 
 def as_tokens(out: Any, rows: int) -> Tensor | None:
-    """Token ids as a (rows,) long tensor from a tensor (rows,), (rows, 1), a list, or an int."""
+    """Token ids as a (rows,) long tensor from a tensor (rows,), (rows, 1), a list, or an int; of a
+    tuple, its first (gpt-fast's sample returns (idx_next, probs))."""
+    out = out[0] if isinstance(out, tuple) and out and isinstance(out[0], Tensor) else out
     if isinstance(out, int) and rows == 1:
         return torch.tensor([out])
     if isinstance(out, (list, tuple)) and all(isinstance(v, int) for v in out):

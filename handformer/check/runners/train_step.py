@@ -89,9 +89,10 @@ def unpacked(source: str, model: str | None) -> int:
 
 
 def clip_norm(source: str) -> float | None:
-    """The gradient norm a training step's source clips to (clip_grad_norm_(params, 1.0): 1.0; a
-    clip_grad without a number it reads: 1.0), None when it clips none."""
-    match = re.search(r"clip_grad_norm_?\([^,]+,\s*(?:max_norm\s*=\s*)?([0-9.eE+-]+)", source)
+    """The gradient norm a training step's source clips to (clip_grad_norm_(params, 1.0), CS336's
+    gradient_clipping(params, 1.0): 1.0; a clip_grad without a number it reads: 1.0), None when it
+    clips none."""
+    match = re.search(r"\w*(?:clip\w*grad|grad\w*clip)\w*\([^,]+,\s*(?:\w+\s*=\s*)?([0-9.eE+-]+)", source)
     return float(match.group(1)) if match else (1.0 if "clip_grad" in source else None)
 
 
