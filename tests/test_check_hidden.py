@@ -294,3 +294,13 @@ def test_a_mistake_in_a_helper_is_quoted_there_before_the_rest_of_the_file(tmp_p
     (finding,) = _only(result, "sample_next_token").findings
     assert (finding.name, finding.code) == ("top_k_off_by_one", "return logits.masked_fill(logits <= pivot, "
                                             "float('-inf'))  # the k-th dropped too"), format_report(result)
+
+
+def test_a_norm_computed_in_a_helper_method_is_quoted_in_the_helper(tmp_path):
+    """Meta's RMSNorm computes in `_norm(x)`: the square of the mean in place of the mean of the
+    squares departs at the helper's return, not at the forward's call of it."""
+    planted = ("return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)",
+               "return x * torch.rsqrt(x.mean(-1, keepdim=True) ** 2 + self.eps)")
+    result = check_file(_planted(tmp_path, LLAMA / "correct.py", [planted]), only=["rmsnorm"])
+    (norm,) = result.components
+    assert norm.status == "fail" and any(planted[1] in n["en"] for n in norm.notes), format_report(result)
