@@ -15,7 +15,15 @@ thread, from the base of a `reasoning` run:
     python benchmarks/long_sums.py score runs/long/s30/sft runs/long/g30/grpo --sets long mix
     python benchmarks/long_sums.py score runs/reasoning-mix/sft --sets unseen-long unseen-days
 
-Each command prints its seconds of training and its figures (`SCORE RUN SET: greedy ...`).
+The same sweep on the `reasoning` preset's own SFT data (8,000 conversations and 80 long sums, as the
+preset draws them), scored greedily on the preset's `report` split (1,000 long sums, 1,002 of the mix):
+
+    python benchmarks/long_sums.py sft runs/reasoning/base runs/sweep/lr3e-3 --preset-draw \
+        --conversations 8000 --long-sums 80 --lr 3e-3
+    python benchmarks/long_sums.py report runs/sweep/lr3e-3/sft runs/reasoning/sft runs/reasoning/grpo
+
+Each command prints its seconds of training and its figures (`SCORE RUN SET: greedy ...`,
+`REPORT RUN SET: greedy ...`).
 """
 
 from __future__ import annotations
@@ -73,11 +81,14 @@ def _over_60_days(t: R.Task) -> bool:
 
 def sft(args: argparse.Namespace, log: Callable[[str], None]) -> None:
     cfg = config_for("mid-reasoning", {"threads": 1, "sft_steps": args.steps, "sft_lr": args.lr})
-    records = RS.sft_records(3000, R.ReasoningSet(0, difficulty(cfg)))
-    records += [{"messages": [{"role": "user", "content": t.question},
-                              {"role": "assistant", "content": t.reply(True)}]}
-                for t in long_sums(args.long_sums, "train", "sft")]
-    random.Random(1).shuffle(records)
+    if args.preset_draw:  # the `reasoning` preset's own data: its draw of the conversations and long sums
+        records = RS.sft_records(args.conversations, R.ReasoningSet(0, difficulty(cfg)), 0, args.long_sums)
+    else:
+        records = RS.sft_records(args.conversations, R.ReasoningSet(0, difficulty(cfg)))
+        records += [{"messages": [{"role": "user", "content": t.question},
+                                  {"role": "assistant", "content": t.reply(True)}]}
+                    for t in long_sums(args.long_sums, "train", "sft")]
+        random.Random(1).shuffle(records)
     train_post_stage("sft", cfg, args.previous, args.out, write_jsonl(args.out / "sft.jsonl", records), log)
 
 
@@ -112,6 +123,23 @@ def score_runs(args: argparse.Namespace, log: Callable[[str], None]) -> None:
                 log(f"   per kind {({k: round(v['greedy']['value'], 3) for k, v in r['per_kind'].items()})}")
 
 
+def report_runs(args: argparse.Namespace, log: Callable[[str], None]) -> None:
+    """Greedy figures on the `reasoning` preset's `report` split: its 1,000 long sums and 1,002 questions
+    of the mix, the sets of the "Zero to chat" table."""
+    cfg = config_for("reasoning", {})
+    tasks = R.ReasoningSet(cfg.seed, difficulty(cfg))
+    sets = {"long": tasks.sample(cfg.eval_long_sums, cfg.eval_split, "eval", kinds=(R.LONG_KIND,)),
+            "mix": tasks.sample(cfg.eval_per_kind * len(R.REASONING_KINDS), cfg.eval_split, "eval")}
+    for run in args.runs:
+        for name, held in sets.items():
+            start = time.time()
+            greedy, _ = replies(run, held, 0, 1.0, cfg.grpo_max_new_tokens, cfg.seed)
+            g = score(held, greedy, [[] for _ in held])["greedy"]
+            low, high = g["interval_95"]
+            log(f"REPORT {run} {name}: greedy {g['value']:.3f} ({g['right']}/{g['n']}, 95% {low:.3f} to "
+                f"{high:.3f}) {time.time() - start:.0f}s")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -119,6 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("previous", type=Path, help="the base run (OUT/base of a `reasoning` run)")
     s.add_argument("out", type=Path)
     s.add_argument("--long-sums", type=int, default=30)
+    s.add_argument("--conversations", type=int, default=3000, help="conversations of the mix")
+    s.add_argument("--preset-draw", action="store_true",
+                   help="draw the data as the `reasoning` preset does (its SFT with --conversations 8000 "
+                        "--long-sums 80)")
     s.add_argument("--steps", type=int, default=600)
     s.add_argument("--lr", type=float, default=1e-3)
     g = sub.add_parser("grpo", help="GRPO from an SFT run, --long-share of its questions long sums")
@@ -133,6 +165,8 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("runs", nargs="+")
     c.add_argument("--sets", nargs="+", default=["long"],
                    choices=["long", "mix", "unseen-long", "unseen-days"])
+    r = sub.add_parser("report", help="greedy figures on the `reasoning` preset's report split")
+    r.add_argument("runs", nargs="+")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -141,6 +175,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.command == "score":
         return score_runs(args, log)
+    if args.command == "report":
+        return report_runs(args, log)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     (sft if args.command == "sft" else grpo)(args, log)
