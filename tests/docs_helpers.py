@@ -12,6 +12,10 @@ The conventions the tests hold every page to (a new page follows them too):
     # needs: llama.cpp ...      llama-cpp-python (a 4-minute source build, not in the default run):
                                 the slow tests/test_gguf_llamacpp.py runs these blocks
     # from FILE                 an excerpt: every line is in FILE (a path in the repository)
+  A `print(...)` line may show what it prints in a comment that ends with `# prints: TEXT` (or
+  `-> TEXT`), as the tours do, on the line or on a comment line right after it; `...` in TEXT stands for any text (a model's words, a count that
+  depends on the model). The test compares what that line printed (all its calls together, the
+  last newline dropped) with TEXT.
 - Every command line in a fenced block that runs `handformer ...` (also after `$ `, `time `,
   `VAR=value ` or `torchrun ... -m handformer`) is parsed by the CLI's own parser, and every
   `python benchmarks/X.py ...` line by that script's parser."""
@@ -134,6 +138,27 @@ def commands(block: Block) -> list[tuple[int, list[str]]]:
             continue
         out.append((block.line + 1 + offset, words))
     return out
+
+
+SHOWN = re.compile(r"#.*?(?:\bprints:|->)\s?(.*)$")  # the first marker in a print line's comment
+
+
+def shown_output(code: str) -> dict[int, str]:
+    """{line of the block (1-based): the TEXT its `# prints: TEXT` / `# -> TEXT` comment shows}, for
+    print lines; a comment line of its own right after a print line shows that line's output."""
+    out, last = {}, 0
+    for n, line in enumerate(code.split("\n"), 1):
+        text = line.lstrip()
+        last = n if text.startswith("print(") else (last if text.startswith("#") and last == n - 1 else 0)
+        if last and (m := SHOWN.search(line)):
+            out[last] = m.group(1).rstrip()
+    return out
+
+
+def output_matches(shown: str, printed: str) -> bool:
+    """Whether `printed` is what `shown` says, `...` in `shown` matching any text."""
+    pattern = ".*".join(re.escape(part) for part in shown.split("..."))
+    return re.fullmatch(pattern, printed, re.S) is not None
 
 
 def handformer_args(words: list[str]) -> list[str] | None:

@@ -275,3 +275,32 @@ def test_a_cached_loop_s_positions_must_go_on_from_the_call_before(case):
     calls = [Call(torch.zeros(2, n, dtype=torch.long), start, torch.zeros(2, n), True, start) for n, start in fed]
     run = Run({"en": "", "zh": ""}, types.SimpleNamespace(calls=calls), torch.zeros(2, 3), 2)
     assert (_positions_break(run) is not None) == broken
+
+
+KEEP_TOP = [("logits = top_k_filter(logits, top_k)", "logits = keep_top(logits, top_k)"),
+            ("    if top_p is not None:\n        logits = top_p_filter(logits, top_p)\n", ""),
+            ("def sample_next_token(logits, temperature=1.0, top_k=None, top_p=None):",
+             "def sample_next_token(logits, temperature=1.0, top_k=None):"),
+            ("@torch.no_grad()\ndef generate(", "def keep_top(logits, k):\n"
+             "    pivot = torch.topk(logits, k).values[..., -1:]\n"
+             "    return logits.masked_fill(logits <= pivot, float('-inf'))  # the k-th dropped too\n\n\n"
+             "@torch.no_grad()\ndef generate(")]
+
+
+def test_a_mistake_in_a_helper_is_quoted_there_before_the_rest_of_the_file(tmp_path):
+    """The sampling step calls a helper of its own (gpt-fast's logits_to_probs) that drops the k-th
+    token: named from the draws, quoted in the helper, not at a `<=` elsewhere in the file."""
+    result = check_file(_planted(tmp_path, SAMPLING, KEEP_TOP), only=["sample"])
+    (finding,) = _only(result, "sample_next_token").findings
+    assert (finding.name, finding.code) == ("top_k_off_by_one", "return logits.masked_fill(logits <= pivot, "
+                                            "float('-inf'))  # the k-th dropped too"), format_report(result)
+
+
+def test_a_norm_computed_in_a_helper_method_is_quoted_in_the_helper(tmp_path):
+    """Meta's RMSNorm computes in `_norm(x)`: the square of the mean in place of the mean of the
+    squares departs at the helper's return, not at the forward's call of it."""
+    planted = ("return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)",
+               "return x * torch.rsqrt(x.mean(-1, keepdim=True) ** 2 + self.eps)")
+    result = check_file(_planted(tmp_path, LLAMA / "correct.py", [planted]), only=["rmsnorm"])
+    (norm,) = result.components
+    assert norm.status == "fail" and any(planted[1] in n["en"] for n in norm.notes), format_report(result)

@@ -277,6 +277,8 @@ LINES = {
     "input_pos_of_a_cached_step": ("generate_cache_mismatch", "", [
         "model.setup_caches(max_batch_size=B, max_seq_length=T_new)", "input_pos = torch.arange(0, T)",
         "input_pos = torch.tensor([T - 1])"], 3, ""),
+    "top_p_crossing_on_the_call": ("top_p_drops_crossing", "", [
+        "mass_before = torch.cumsum(probs, dim=-1) - probs", "remove = torch.cumsum(probs, dim=-1) > p"], 2, ""),
     "divided_by_d_k": ("scale_by_dk", "", ["scores = q @ k.transpose(-2, -1) / self.d_k",
                                            "x = self.emb(ids) * math.sqrt(self.d_model)"], 1, ""),
     "causal_on_two_lines": ("causal_off_by_one", "", ["scores = scores + torch.triu(",

@@ -24,9 +24,11 @@ from docs_helpers import (
     commands,
     handformer_args,
     headings,
+    output_matches,
     outside_fences,
     pages,
     sections,
+    shown_output,
     twins,
 )
 from helpers import require_module
@@ -317,6 +319,16 @@ def test_every_python_block_runs(block, tmp_path, monkeypatch, servers):
     # returned nothing
     lines = {i for i, text in enumerate(code.split("\n"), 1) if text.lstrip().startswith("print(")}
     assert lines <= printed.keys() and all(text.strip() for text in printed.values()), (block.where, printed)
+    assert_prints_what_it_shows(block, code, printed)
+
+
+def assert_prints_what_it_shows(block: Block, code: str, printed: dict[int, str]) -> None:
+    """Each print line that shows its output (`# prints: TEXT`, `# -> TEXT`) printed that."""
+    said = {n: printed[n].removesuffix("\n") for n in shown_output(code)}
+    wrong = [f"{rel(block.path)}:{block.line + n}: the page shows {shown!r}, the line printed {said[n]!r}"
+             for n, shown in shown_output(code).items() if not output_matches(shown, said[n])]
+    assert not wrong, ("a block prints something other than what its page shows; fix the page (both "
+                       "languages):\n" + "\n".join(wrong))
 
 
 def report_block(readme: Path) -> tuple[list[str], str]:
@@ -368,6 +380,9 @@ def test_the_checks_catch_what_they_should(tmp_path):
             for pattern, what in HISTORY if pattern.search(line)]
     assert hits == ["a commit hash", "an issue", "the machine's lock file", "history", "history"]
     assert not any(p.search("an earlier module; 1e-5; sha256; 0.85 of the bound") for p, _ in HISTORY)
+    assert shown_output("print(1)  # prints: 1\nx = 2  # (B, T) -> (2, 5)\nprint(2)\n# -> a ... b") == {
+        1: "1", 3: "a ... b"}
+    assert output_matches("2 ... ...", "2 32 31") and not output_matches("2 ... ...", "3 32 31")
     one, two = tmp_path / "a.md", tmp_path / "b.md"
     one.write_text("```python\nx = 1  # one\n```\n```bash\nhandformer demo  # a\n```\n")
     two.write_text("```python\nx = 1  # 一\n```\n```bash\nhandformer demo --lang zh  # 甲\n```\n")

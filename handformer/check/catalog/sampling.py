@@ -33,7 +33,7 @@ DIAGNOSES: list[Diagnosis] = [
       "top-p 丢掉了让累计概率越过 p 的那个 token",
       "keep a token while the probability ranked above it is below p: remove = cumsum - probs >= p",
       "只要排在它前面的概率之和还小于 p，就保留这个 token：remove = cumsum - probs >= p",
-      r"^(?![^=]*=.*-).*(cum|sum)\w*\s*>=?\s*(self\.)?\w*p\b", r"cumsum", r">|<"),
+      r"^(?![^=]*=.*\s-\s).*(cum|sum)\w*(\([^()]*\))?\s*>=?\s*(self\.)?\w*p\b", r"cumsum", r">|<"),
     d("top_p_one_not_noop", "top-p with p = 1 removes tokens", "p = 1 时 top-p 仍然去掉了 token",
       "p = 1 keeps every token: return the logits unchanged when p >= 1 (float rounding can push the "
       "cumulative sum past 1)",

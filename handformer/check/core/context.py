@@ -164,10 +164,13 @@ class Context:
         return self.results[comp.name].status == PASS
 
     def objects(self, comp: Component, *kinds: str) -> list[Any]:
-        """The component's class or function, then the learner's other components of `kinds`, then
-        every other function and class of their file: where to look for a line."""
-        objs = [comp.obj] + [self.components[k].obj for k in kinds if k in self.components]
-        return objs + [obj for obj in own_objects(self.module).values() if obj not in objs]
+        """The component's class or function, then the file's functions and classes it reads by name
+        (gpt-fast's sample calls logits_to_probs), then the learner's other components of `kinds`,
+        then every other one: where to look for a line."""
+        reads, own = global_reads(comp.obj), own_objects(self.module)
+        objs = [comp.obj] + [obj for name, obj in own.items() if name in reads]
+        objs += [self.components[k].obj for k in kinds if k in self.components]
+        return list(dict.fromkeys(objs + list(own.values()), None))  # each once, in that order
 
     def findings(self, flags: frozenset[str], matched: float, correct: float, comp: Component,
                  *kinds: str) -> list[Finding]:

@@ -146,7 +146,9 @@ def norm_views(w: V.NormWeights, x: Tensor) -> list[View]:
 
 
 def localize_norm(module: nn.Module, w: V.NormWeights, x: Tensor) -> Departure | None:
-    filename, code = _source(module)
+    """Traced in its forward and its own helper methods (Meta's RMSNorm computes in `_norm(x)`)."""
+    filename, _ = _source(module)
+    code = tuple(f.__code__ for f in vars(type(module)).values() if inspect.isfunction(f))
     x = x.detach().requires_grad_()
     steps = trace_steps(lambda: module(x), filename, code, _all_parts(module))
     views = norm_views(w, x.detach())

@@ -534,7 +534,8 @@ def _settings(call: Caller) -> list[tuple[Text, dict[str, Any], Tensor, list[tup
         kept = torch.isfinite(top_k_filter(row, 3))
         out.append((text("top_k 3", "top_k 3"), {"top_k": 3}, _masked(row, kept),
                     [("filter_fill_finite", torch.softmax(torch.where(kept, row, 1e-10), -1)),
-                     ("top_k_off_by_one", torch.softmax(top_k_filter(row, 4), -1))]))
+                     ("top_k_off_by_one", torch.softmax(top_k_filter(row, 4), -1)),
+                     ("top_k_off_by_one", torch.softmax(top_k_filter(row, 2), -1))]))  # the k-th dropped
     if call.find(P_NAMES):
         kept = torch.isfinite(top_p_filter(row, 0.8))
         crossing = top_p_keep(row, 0.8, frozenset({"top_p_drops_crossing:le"}))
