@@ -100,7 +100,9 @@ def os_error_line(err: OSError) -> str:
         if files:
             return (f"{files[-1]} is {found_at(files[-1])}, where a folder is needed; give a "
                     "folder (a new one is made), or move the file away")
-    return f"{err.filename}: {err.strerror or err}"
+    fix = {FileNotFoundError: "; give a path whose folders exist",
+           PermissionError: "; give a path you may read and write"}.get(type(err), "")
+    return f"{err.filename}: {err.strerror or err}{fix}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -109,8 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.usage_parser.error(f"unrecognized arguments: {' '.join(left)}")
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (ValueError, FileNotFoundError) as err:  # the project's own messages have no filename
+        print(f"error: {err if getattr(err, 'filename', None) is None else os_error_line(err)}", file=sys.stderr)
         return 2
     except OSError as err:  # permissions, a full disk, a directory where a file should be, ...
         print(f"error: {os_error_line(err)}", file=sys.stderr)
