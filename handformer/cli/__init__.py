@@ -111,8 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.usage_parser.error(f"unrecognized arguments: {' '.join(left)}")
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:  # the project's own messages have no filename
-        print(f"error: {err if getattr(err, 'filename', None) is None else os_error_line(err)}", file=sys.stderr)
+    except (ValueError, FileNotFoundError) as err:
+        raw = getattr(err, "filename", None) is not None  # from the OS, not one of handformer's messages
+        print(f"error: {os_error_line(err) if raw else err}", file=sys.stderr)
         return 2
     except OSError as err:  # permissions, a full disk, a directory where a file should be, ...
         print(f"error: {os_error_line(err)}", file=sys.stderr)
