@@ -129,6 +129,8 @@ def test_learn_follows_the_system_language(tmp_path, capsys, monkeypatch):
     (["--status", "--dir", "{tmp}/nowhere"], "no such folder"),
     (["--status", "--dir", "{tmp}/broken"], "course.json: not a course manifest"),
     (["3", "--status", "--dir", "{tmp}/course"], "chapter 3 with --status: --status takes no chapter"),
+    (["--dir", "/proc/no-such-folder/course"], "/proc/no-such-folder: No such file or directory; give a "
+                                               "path whose folders exist"),  # a folder nobody can make
 ])
 def test_bad_input_is_one_clear_error(tmp_path, capsys, args, message):
     (tmp_path / "other").mkdir()

@@ -100,7 +100,9 @@ def os_error_line(err: OSError) -> str:
         if files:
             return (f"{files[-1]} is {found_at(files[-1])}, where a folder is needed; give a "
                     "folder (a new one is made), or move the file away")
-    return f"{err.filename}: {err.strerror or err}"
+    fix = {FileNotFoundError: "; give a path whose folders exist",
+           PermissionError: "; give a path you may read and write"}.get(type(err), "")
+    return f"{err.filename}: {err.strerror or err}{fix}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -110,7 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        raw = getattr(err, "filename", None) is not None  # from the OS, not one of handformer's messages
+        print(f"error: {os_error_line(err) if raw else err}", file=sys.stderr)
         return 2
     except OSError as err:  # permissions, a full disk, a directory where a file should be, ...
         print(f"error: {os_error_line(err)}", file=sys.stderr)
