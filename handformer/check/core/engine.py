@@ -31,6 +31,7 @@ from handformer.check.core.discovery import (
 )
 from handformer.check.core.kinds import KINDS_BY_NAME
 from handformer.check.core.localize import is_departure
+from handformer.check.core.precision import float64_kept
 from handformer.check.core.result import (
     DIFFERS,
     ERROR,
@@ -378,13 +379,14 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: a second thread costs more than it saves
     try:
-        for comp in todo:
-            if started:
-                started(comp.name, comp.kind)
-            res = check_component(comp, ctx)
-            result.components.append(res)
-            if emit:
-                emit(res)
+        with float64_kept():  # their float32 casts keep check's float64
+            for comp in todo:
+                if started:
+                    started(comp.name, comp.kind)
+                res = check_component(comp, ctx)
+                result.components.append(res)
+                if emit:
+                    emit(res)
     finally:
         torch.set_num_threads(threads)
     return result

@@ -9,6 +9,7 @@ Shape legend: D d_model, F FFN width.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
@@ -395,12 +396,14 @@ def norm_weights(slot: Slot) -> V.NormWeights:
         return w
     if not isinstance(out, Tensor) or out.shape != x.shape:
         return w
-    for k in (kind, OTHER_NORM[kind]):
-        base = V.NormWeights(w.weight, w.bias if k == "layernorm" else None, w.eps, k)
+    # the gain as written, or kept as an offset from one (Gemma's x̂ · (1 + weight))
+    for k, offset in ((kind, False), (OTHER_NORM[kind], False), (kind, True)):
+        gain = w.weight + 1 if offset else w.weight
+        base = V.NormWeights(gain, w.bias if k == "layernorm" else None, w.eps, k, offset=offset)
         found = fp.search(out, lambda fl, base=base: V.norm(base, x, fl),
                           V.norm_flags(k, base.bias is not None), None, 2)
         if found is not None:
-            return V.NormWeights(base.weight, base.bias, base.eps, k, found[0])
+            return dataclasses.replace(base, flags=found[0])
     return w
 
 

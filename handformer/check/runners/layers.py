@@ -86,7 +86,8 @@ from handformer.check.core.weights import (
 )
 from handformer.check.reference import variants as V
 from handformer.check.runners.attention import KEY_PADDING_FORMS, PAD_KEYS, responsive
-from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, ffn_name_findings
+from handformer.check.runners.generate_loop import CACHE_NAMES
+from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE, ffn_name_findings
 from handformer.config import BlockConfig
 from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
 
@@ -143,7 +144,9 @@ class Layer:
         self.extra = {p.name for p in params} & LAYER_POSITIONS
         self.table_layout: dict[str, bool] = {}  # which rotary table and start run (rope_tables)
         self.takes_mask = bool(self.masks)
-        self.stepwise = causal_block and "start_pos" in self.extra and not self.masks  # _stepwise
+        # _stepwise: a cache kept inside (Umar Jamil's); one handed in (a `cache` argument) is left out
+        self.stepwise = causal_block and "start_pos" in self.extra and not self.masks and not any(
+            p.name in CACHE_NAMES for p in params)
         self.sizes = layer_sizes(comp.obj)
         x = torch.randn(2, 3, D)
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
@@ -632,6 +635,7 @@ def _structure_findings(res: ComponentResult, layer: Layer, ctx: Context) -> Non
             f"{', '.join(where)} (run alone) compute the norm with this mistake{f' ({en})' if en else ''}",
             f"{', '.join(where)}（单独运行时）计算的是带这个错误的归一化{f'（{zh}）' if zh else ''}"),
             number, code, form))
+    res.notes += [OFFSET_NOTE] * any(w.offset for w in layer.norm_ws)
     if layer.shared:
         number, code = locate("shared_norm", lines)
         res.findings.append(Finding("shared_norm", text(
@@ -743,8 +747,10 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
         hf.cross_attn = handformer_attention(layer.attn[1], layer.n_kv_heads)
     copy_ffn(hf.ffn, slots)
     norms = [hf.attn_norm] + ([hf.cross_attn_norm] if layer.decoder else []) + [hf.ffn_norm]
-    for target, slot in zip(norms, layer.norm_slots):
+    for target, slot, w in zip(norms, layer.norm_slots, layer.norm_ws):
         copy_weights(target, slot)
+        with torch.no_grad():
+            target.weight.copy_(w.weight)  # the gain as it computes (1 + weight, kept as an offset)
     return hf
 
 
