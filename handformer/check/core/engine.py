@@ -426,13 +426,11 @@ def _discover(module: types.ModuleType, result: FileResult, adapters: str | None
         return None
     if not components:
         names = ", ".join(defined_names(module)) or "nothing"
-        examples = ", ".join(n for ns in NAMES.values() for n in ns[:2])
+        examples = ", ".join(ns[0] for ns in NAMES.values())
         result.error = LearnerError(
-            "nothing_found", f"found no component to check; the file defines: {names}. handformer "
-            f"looks for names such as {examples}; point "
-            "a kind at your name with --component mha=MyAttention", "discovery",
-            message_zh=f"没有找到可检查的组件；文件里定义了：{names}。handformer 按名字找组件，例如 "
-            f"{examples}；可以用 --component mha=MyAttention "
-            "把某类组件指向你起的名字，或者写适配函数（见 docs/zh/check.md）")
+            "nothing_found", f"found no component to check; the file defines: {names}. handformer finds "
+            f"components by name, one example a kind: {examples}", "discovery",
+            message_zh=f"没有找到可检查的组件；文件里定义了：{names}。"
+            f"handformer 按名字找组件，每类一个例子：{examples}")
         return None
     return components, everything
