@@ -49,3 +49,36 @@ def test_a_step_with_gradient_accumulation_is_driven_with_two_micro_batches(tmp_
     assert any("grad_accum_steps=2" in n["en"] for n in step.notes), format_report(result)
     assert [f.name for f in step.findings] == (["train_step_loss_not_divided"] if planted else [])
     assert step.status == ("fail" if planted else "pass"), format_report(result)
+
+
+GPT2 = LAYOUTS.parent / "gpt2_conv1d.py"
+GPT2_PLANTS = {  # (edits, the component that fails, its finding, the line quoted)
+    "correct": ([], None, None, None),
+    "scale_by_dk": ([("w = w / (v.size(-1) ** 0.5)", "w = w / v.size(-1)")], "GPT2Attention", "scale_by_dk",
+                    "w = w / v.size(-1)"),
+    "gelu_sqrt_2pi": ([("math.sqrt(2.0 / math.pi)", "math.sqrt(2.0 * math.pi)")], "GPT2MLP", None,
+                      "math.sqrt(2.0 * math.pi)"),
+}
+
+
+@pytest.mark.parametrize("plant", list(GPT2_PLANTS))
+def test_gpt2_conv1d_weights_stored_in_out_are_read_transposed(tmp_path, plant):
+    """Hugging Face's Conv1D (x @ weight + bias, the weight (in, out)) is found by what it computes and
+    read transposed: the packed c_attn is split into W_Q, W_K, W_V, and the components are checked."""
+    edits, failing, named, line = GPT2_PLANTS[plant]
+    result = check_file(_planted(tmp_path, edits, GPT2), only=["causal_attention", "ffn"])
+    attention, mlp = result.components
+    assert attention.mapping[0] == "c_attn.T[0:16] -> W_Q" and mlp.mapping[0] == "c_fc.T -> FFN W_1"
+    for comp in (attention, mlp):
+        assert comp.status == ("fail" if comp.name == failing else "pass"), format_report(result)
+    if failing:
+        comp = attention if failing == "GPT2Attention" else mlp
+        assert [f.name for f in comp.findings] == ([named] if named else []), format_report(result)
+        assert line in format_report(result), format_report(result)
+
+
+def test_a_model_with_hugging_face_s_lm_head_is_found_beside_its_backbone():
+    """GPT2LMHeadModel (beside the GPT2Model it wraps) is the model checked, its blocks' Conv1D read."""
+    result = check_file(str(GPT2), only=["gpt"])
+    (model,) = result.components
+    assert (model.name, model.status) == ("GPT2LMHeadModel", "pass"), format_report(result)

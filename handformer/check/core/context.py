@@ -25,7 +25,7 @@ from handformer.check.core.discovery import SIZE_OF, Component, build, own_objec
 from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import DROPOUT, F_WIDTH, MAX_LEN, SIZES, D, H, is_number  # noqa: F401  (the runners import them here)
 from handformer.check.core.source import locate, locate_form, source_lines, source_text
-from handformer.check.core.weights import scramble_
+from handformer.check.core.weights import scramble_, untranspose_
 from handformer.nn.masks import causal_mask
 
 TUTORIAL = {"d_model": 512, "n_heads": 8, "d_ff": 2048, "dropout": DROPOUT, "max_len": 128}
@@ -127,6 +127,7 @@ class Context:
             with torch.no_grad():
                 self.learner.call("forward", warmup, module.eval())
             self._shape_unused_lazy(comp, module)
+        untranspose_(module)  # Hugging Face's Conv1D: weights stored (in, out)
         if not checked:
             return module.eval()
         scramble_(module, seed)
@@ -510,18 +511,17 @@ def masks_where_true_inside(module: Any, mask_name: str | None = None) -> bool:
 
 def file_masks_keep(ctx: Context) -> bool:
     """Whether the file's own causal mask function writes True (or 1) = may see: its mask for 3
-    tokens lets query 0 see key 0; False when the file has none, or its mask is additive or does
-    not run (then nothing in the file says how its attention must read a mask)."""
-    comp = ctx.components.get("causal_mask")
-    if comp is None:
-        return False
+    tokens, (3, 3) or (1, 3, 3), lets query 0 see key 0; False when the file has none, or its mask is
+    additive or does not run (then nothing in the file says how its attention must read a mask)."""
+    comp = ctx.components.get("causal_mask", NO_COMPONENT)
     try:
         raw = ctx.learner.call("forward", comp.obj, 3)
-    except fp.LearnerFailure:
+        return not raw.is_floating_point() and bool(raw.reshape(3, 3)[0, 0] != 0)
+    except (fp.LearnerFailure, AttributeError, RuntimeError):  # none, or no (3, 3) mask
         return False
-    if not isinstance(raw, Tensor) or raw.numel() != 9 or raw.is_floating_point():
-        return False
-    return bool(raw.reshape(3, 3)[0, 0] != 0)  # (1, 3, 3) or (3, 3) -> (3, 3)
+
+
+NO_COMPONENT = Component("", "", lambda *args: None, "")  # a component the file lacks: returns nothing
 
 
 def logits_shape(res: ComponentResult, out: Tensor | None, want: tuple[int, ...], vocab: str) -> bool:

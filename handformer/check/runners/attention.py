@@ -245,7 +245,7 @@ def _build_sdpa(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     convention can write it), in the layout it takes."""
     fn = _sdpa_callable(comp, ctx)
     c = caller(fn)
-    convs = _conventions(ctx, fn if isinstance(fn, nn.Module) else comp.obj, c)
+    convs = _conventions(ctx, fn, c)
     B, T, S, Dh = SDPA_SIZES
     q, k, v = fp.randn(B, H, T, Dh, seed=1), fp.randn(B, H, S, Dh, seed=2), fp.randn(B, H, S, Dh, seed=3)
     keeps = keeps_for(causal(T) & positions(B, S, [0, 2]), positions(B, S, [0, 2]), convs)
