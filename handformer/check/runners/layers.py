@@ -51,6 +51,7 @@ from handformer.check.core.context import (
     holds_torch_attention,
     is_mask_name,
     masked_rows,
+    masks_where_true_inside,
     moved_by,
     nan_on_hidden_rows,
     not_cropped,
@@ -58,7 +59,6 @@ from handformer.check.core.context import (
     positions,
     shape_of,
 )
-from handformer.check.core.conventions import masks_where_true
 from handformer.check.core.discovery import NAMES, Component, argument_keys
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.localize_kinds import localize_add_norm, note_departure
@@ -303,26 +303,6 @@ NAN_ROWS = {False: nan_on_hidden_rows, True: _torch_nan_note}
 MASKED_ROWS = {False: masked_rows, True: _torch_nan_note}
 
 
-def _masks_where_true(module: nn.Module) -> bool:
-    """Whether one of the learner's classes inside fills where its mask is True (torch.nn's
-    convention, Raschka's Llama 3 and Qwen3 attention: see conventions.masks_where_true), or hands its
-    masks to an nn.MultiheadAttention."""
-    if holds_torch_attention(module):
-        return True
-    for sub in module.modules():
-        if not type(sub).__module__.startswith("learner_"):
-            continue
-        try:
-            source = inspect.getsource(type(sub))
-            params = inspect.signature(type(sub).forward).parameters
-        except (OSError, TypeError, ValueError):
-            continue
-        if any(is_mask_name(n) and masks_where_true(source, n) for n in params):
-            return True
-    return False
-
-
-
 def _decoder_mask_names(masks: list[str]) -> tuple[str | None, str | None]:
     src = next((m for m in masks if any(t in m.lower() for t in ("src", "memory", "enc", "cross", "pad"))),
                None)
@@ -530,7 +510,7 @@ def _down_projection(res: ComponentResult, ctx: Context, comp: Component, layer:
 def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs) -> tuple[str, ...]:
     """The mask conventions to try, those that can encode the search's masks first."""
     convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
-    if ctx.convention is None and layer.masks and _masks_where_true(layer.module):
+    if ctx.convention is None and layer.masks and masks_where_true_inside(layer.module):
         convs = TORCH_CONVENTIONS[holds_torch_attention(layer.module)] + convs
     passed = [k for k in _encode_keeps(layer, inp.src_keep, inp.tgt_keep) if k is not None]
     return tuple(c for c in convs if all(fp.encodable(k, c) for k in passed)) or convs[:1]

@@ -103,6 +103,7 @@ class SpeedrunChatConfig:
     # reasoning: worked long sums (addition_digits + 1 digits) among the SFT conversations: a few, so
     # GRPO has a skill to sharpen (docs/benchmarks.md)
     sft_long_sums: int = 0
+    sft_long_repeats: int = 1  # reasoning: how many times SFT's data holds each worked long sum
     # preferences
     dpo_pairs: int = 2000
     dpo_steps: int = 150
@@ -502,7 +503,7 @@ def stage_records(stage: str, cfg: SpeedrunChatConfig, problems: ProblemSet | Re
     if isinstance(problems, ReasoningSet):
         if stage == "sft":
             return reasoning_stages.sft_records(cfg.sft_conversations, problems, cfg.sft_countdown_tries,
-                                                cfg.sft_long_sums), {}
+                                                cfg.sft_long_sums, cfg.sft_long_repeats), {}
         if stage == "dpo":
             records, wrong = reasoning_stages.dpo_records(cfg.dpo_pairs, problems, previous,
                                                           cfg.grpo_max_new_tokens, cfg.sft_countdown_tries,
