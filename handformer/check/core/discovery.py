@@ -236,7 +236,7 @@ def _refine_function(kind: str, obj: Any) -> str:
     return said if said in family else kind
 
 
-def _reads_kv_heads(cls: Any) -> bool:
+def reads_kv_heads(cls: Any) -> bool:
     """Meta's Attention(args): the config its constructor reads names the key/value heads."""
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]
     return any(set().union(*config_reads(cls, p.name)) & set(ARGUMENTS["n_kv_heads"]) for p in params)
@@ -271,7 +271,7 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     # found by its ending (Llama3Model's "Model"): what its forward takes says
     ("gpt", lambda c: c.__name__ not in NAMES["gpt"] and not decoder_only(c), "transformer"),
     ("mha", lambda c: causal_inside(c), "causal_attention"),  # Raschka's, Karpathy's: forward(x)
-    ("mha", lambda c: _reads_kv_heads(c), "gqa"),
+    ("mha", lambda c: reads_kv_heads(c), "gqa"),
 )
 
 
