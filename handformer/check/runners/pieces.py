@@ -347,8 +347,8 @@ def _by_gpt2(ctx: Context, class_name: str, gated: bool) -> str | None:
 def _by_gemma(ctx: Context, class_name: str, gated: bool) -> str | None:
     """The tanh GELU, for a gated FFN in a file whose code is Gemma's (a class named Gemma..., a
     GemmaConfig): Gemma's MLP is GeGLU with the tanh GELU (its checkpoints' gelu_pytorch_tanh)."""
-    lines = Path(ctx.path).read_text(encoding="utf-8").splitlines() if gated else []
-    return "gelu_tanh" if any(GEMMA.search(line.split("#")[0]) for line in lines) else None
+    code = re.sub(r"#.*", "", Path(ctx.path).read_text(encoding="utf-8"))  # comments left out
+    return "gelu_tanh" if gated and GEMMA.search(code) else None
 
 
 GEMMA = re.compile(r"\bclass\s+Gemma|\bGemma\w*Config\b")
@@ -450,20 +450,20 @@ def _norm_as_built(res: ComponentResult, ctx: Context, comp: Component, subject:
     but applied as the gain itself) gives each layer it feeds nothing to learn from. The line of its
     forward that reads the parameter built at zero is quoted."""
     fresh = subject.facts["fresh"]
-    x, y = (fp.randn(2, 3, D, seed=s).float() for s in (1, 2))
-    a, b = (fp.first_tensor(ctx.learner.call("forward", fresh, t), 3) for t in (x, y))
+    a = fp.first_tensor(ctx.learner.call("forward", fresh, fp.randn(2, 3, D, seed=1).float()), 3)
+    b = fp.first_tensor(ctx.learner.call("forward", fresh, fp.randn(2, 3, D, seed=2).float()), 3)
     if fp.max_error(a, b) > 0:
         return
-    zero = "|".join(n.rpartition(".")[2] for n, p in fresh.named_parameters() if not p.detach().any()) or "$^"
+    zero = "|".join(n.rpartition(".")[2] for n, p in fresh.named_parameters())  # a norm's gain (and bias)
     number, code = next(((n, t.strip()) for n, t in source_lines([type(fresh).forward])
                          if re.search(rf"self\.({zero})\b", t)), (None, ""))
-    most = fp.max_error(a, a * 0)
+    most, gain = fp.max_error(a, a * 0), zero.replace("|", ", ")
     en, zh = (f"; line {number} multiplies by it: {code}", f"；第 {number} 行乘以它：{code}") if number else (
         "", "")
     res.checks.append(Check(AS_BUILT, False, text(
         f"built as {comp.name}(...) is, it gives the same output ({most:.3g} at most) for any input: its "
-        f"gain ({zero}) starts at zero{en} (a gain kept as an offset from one is applied as 1 + weight)",
-        f"按 {comp.name}(...) 刚构建的样子，任何输入的输出都相同（最大 {most:.3g}）：增益（{zero}）初始为 0"
+        f"gain ({gain}) starts at zero{en} (a gain kept as an offset from one is applied as 1 + weight)",
+        f"按 {comp.name}(...) 刚构建的样子，任何输入的输出都相同（最大 {most:.3g}）：增益（{gain}）初始为 0"
         f"{zh}（按相对 1 的偏移存放的增益应当以 1 + weight 使用）")))
 
 
