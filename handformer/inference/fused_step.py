@@ -339,7 +339,8 @@ class FusedStep:
         if (held is None or type(cache) is not KVCache or cache.keys[0] is not held
                 or cache.length + T > cache.slots or not 1 <= T <= MAX_ROWS or ids.size(0) != 1):
             raise ValueError(f"the fused step needs a plain one-row fp32 KVCache with room for the new "
-                             f"positions (1 to {MAX_ROWS} of them); decode this step with the model's own forward")
+                             f"positions (1 to {MAX_ROWS} of them); decode this step with the model's own "
+                             f"forward")
         tokens = ids[0].tolist()
         embed, positions, cos, sin, norm, norm_bias = self.weights
         if not all(0 <= t < embed.size(0) for t in tokens):
