@@ -21,8 +21,9 @@
  * cache buffers, (1, Hkv, slots, Dh) each, at column `pos`.
  * A step may feed s->rows tokens at once (up to MAX_ROWS, at positions pos .. pos + rows - 1, each
  * attending to the positions up to its own): speculative decoding's check of its guesses. A BLOCKED
- * weight is then read once for all the rows (dot4_rows: each block dotted with every row while it sits
- * in L1), so a step of five rows costs about one of one row; each row's sums run in the order of the
+ * weight is then read from memory once for all the rows (dot4_rows: each block dotted with every row
+ * while it sits in the caches), so a step of five rows costs far less than five one-row steps
+ * (docs/benchmarks.md, "Speculative decoding"); each row's sums run in the order of the
  * one-row step's, so its logits are those of one-row steps fed the same tokens, bit for bit. PLAIN,
  * INT8 and INT4 Parts are dotted row by row by their one-row code. */
 #include <math.h>
@@ -132,7 +133,7 @@ static inline __attribute__((always_inline)) void dot4_rows(const float *x, int6
 }
 
 /* Block i of a BLOCKED Part dotted with the M rows of x (row stride xs), in groups of at most GROUP
- * rows as even as can be (the block read from memory once, then from L1), outputs n < n1 of each row
+ * rows as even as can be (the block read from memory once, then from the caches), outputs n < n1 of each row
  * into y (row stride ys). */
 static void blocked_rows(float *y, int64_t ys, const Part *p, const float *x, int64_t xs, int64_t K, int64_t M,
                          int64_t i, int64_t n1) {
