@@ -34,7 +34,7 @@ CALLS: dict[str, str] = {
     "greedy": "logits", "train_step": "model, batch, optimizer, criterion", "train_epoch": "model, loader, "
     "optimizer, criterion", "schedule": "step", "loss": "logits, targets, pad_id", "causal_mask": "size",
     "sdpa": "q, k, v, mask=None", "rope": "q, k, positions", "bpe": "input_path, vocab_size, special_tokens",
-    "mask_helper": "src, pad_id", "masked_softmax": "scores, valid_lens"}
+    "mask_helper": "src, pad_id", "masked_softmax": "scores, valid_lens", "min_p": "logits, min_p"}
 # a learner's name for what check passes a function kind under another name
 CALLED = {"bos": "start_symbol", "bos_id": "start_symbol", "bos_idx": "start_symbol", "sos": "start_symbol",
           "sos_id": "start_symbol", "start": "start_symbol", "start_id": "start_symbol",

@@ -99,6 +99,8 @@ KINDS_TABLE: tuple[Kind, ...] = (
                    "nucleus_filter", "top_p_logits", "apply_top_p",
                    "top_p", "filter_top_p", "nucleus_filtering"),
          "top-p (nucleus) filter", "top-p（核采样）过滤", "sampling:check_top_p"),
+    Kind("min_p", ("min_p_filter", "min_p_filtering", "min_p_logits", "apply_min_p", "filter_min_p", "min_p"),
+         "min-p filter", "min-p 过滤", "sampling:check_min_p"),
     Kind("greedy", ("greedy", "greedy_pick", "greedy_next_token", "greedy_sample", "argmax_sample",
                     "sample_greedy", "greedy_step", "pick_greedy"),
          "greedy choice (argmax)", "贪心选择（argmax）", "sampling:check_greedy"),
