@@ -82,7 +82,8 @@ def _over_60_days(t: R.Task) -> bool:
 def sft(args: argparse.Namespace, log: Callable[[str], None]) -> None:
     cfg = config_for("mid-reasoning", {"threads": 1, "sft_steps": args.steps, "sft_lr": args.lr})
     if args.preset_draw:  # the `reasoning` preset's own data: its draw of the conversations and long sums
-        records = RS.sft_records(args.conversations, R.ReasoningSet(0, difficulty(cfg)), 0, args.long_sums)
+        records = RS.sft_records(args.conversations, R.ReasoningSet(0, difficulty(cfg)), 0, args.long_sums,
+                                 args.long_repeats)
     else:
         records = RS.sft_records(args.conversations, R.ReasoningSet(0, difficulty(cfg)))
         records += [{"messages": [{"role": "user", "content": t.question},
@@ -96,11 +97,15 @@ def grpo(args: argparse.Namespace, log: Callable[[str], None]) -> None:
     cfg = config_for("mid-reasoning", {"threads": 1, "grpo_steps": args.steps, "grpo_lr": args.lr,
                                        "grpo_group": args.group, "grpo_batch": args.batch})
     n = args.steps * args.batch
-    n_long = round(n * args.long_share)
-    mix = R.ReasoningSet(0, difficulty(cfg)).sample(n - n_long, "train", "grpo")
-    tasks = long_sums(n_long, "train", "grpo") + mix
-    random.Random(2).shuffle(tasks)
-    records = [{"prompt": t.question, "kind": t.kind, "key": t.key} for t in tasks]
+    if args.preset_draw:  # the `reasoning` preset's own questions, as its GRPO stage draws them
+        records = RS.grpo_prompts(n, R.ReasoningSet(0, difficulty(cfg)), cfg.grpo_countdown_share,
+                                  cfg.grpo_countdown_numbers, args.long_share)
+    else:
+        n_long = round(n * args.long_share)
+        mix = R.ReasoningSet(0, difficulty(cfg)).sample(n - n_long, "train", "grpo")
+        tasks = long_sums(n_long, "train", "grpo") + mix
+        random.Random(2).shuffle(tasks)
+        records = [{"prompt": t.question, "kind": t.kind, "key": t.key} for t in tasks]
     train_post_stage("grpo", cfg, args.previous, args.out, write_jsonl(args.out / "grpo.jsonl", records), log)
 
 
@@ -124,20 +129,20 @@ def score_runs(args: argparse.Namespace, log: Callable[[str], None]) -> None:
 
 
 def report_runs(args: argparse.Namespace, log: Callable[[str], None]) -> None:
-    """Greedy figures on the `reasoning` preset's `report` split: its 1,000 long sums and 1,002 questions
-    of the mix, the sets of the "Zero to chat" table."""
+    """Greedy figures on the `reasoning` preset's held-out sets of `--split`: 1,000 long sums and 1,002
+    questions of the mix (of the `report` split: the sets of the "Zero to chat" table)."""
     cfg = config_for("reasoning", {})
     tasks = R.ReasoningSet(cfg.seed, difficulty(cfg))
-    sets = {"long": tasks.sample(cfg.eval_long_sums, cfg.eval_split, "eval", kinds=(R.LONG_KIND,)),
-            "mix": tasks.sample(cfg.eval_per_kind * len(R.REASONING_KINDS), cfg.eval_split, "eval")}
+    sets = {"long": tasks.sample(cfg.eval_long_sums, args.split, "eval", kinds=(R.LONG_KIND,)),
+            "mix": tasks.sample(cfg.eval_per_kind * len(R.REASONING_KINDS), args.split, "eval")}
     for run in args.runs:
         for name, held in sets.items():
             start = time.time()
             greedy, _ = replies(run, held, 0, 1.0, cfg.grpo_max_new_tokens, cfg.seed)
             g = score(held, greedy, [[] for _ in held])["greedy"]
             low, high = g["interval_95"]
-            log(f"REPORT {run} {name}: greedy {g['value']:.3f} ({g['right']}/{g['n']}, 95% {low:.3f} to "
-                f"{high:.3f}) {time.time() - start:.0f}s")
+            log(f"{args.split.upper()} {run} {name}: greedy {g['value']:.3f} ({g['right']}/{g['n']}, "
+                f"95% {low:.3f} to {high:.3f}) {time.time() - start:.0f}s")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -151,6 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--preset-draw", action="store_true",
                    help="draw the data as the `reasoning` preset does (its SFT with --conversations 8000 "
                         "--long-sums 80)")
+    s.add_argument("--long-repeats", type=int, default=1,
+                   help="with --preset-draw: each long sum this many times")
     s.add_argument("--steps", type=int, default=600)
     s.add_argument("--lr", type=float, default=1e-3)
     g = sub.add_parser("grpo", help="GRPO from an SFT run, --long-share of its questions long sums")
@@ -161,12 +168,17 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--group", type=int, default=8)
     g.add_argument("--batch", type=int, default=8)
     g.add_argument("--long-share", type=float, default=0.6)
+    g.add_argument("--preset-draw", action="store_true",
+                   help="draw the questions as the `reasoning` preset's GRPO does")
     c = sub.add_parser("score", help="score runs on the held-out long sums and the mix")
     c.add_argument("runs", nargs="+")
     c.add_argument("--sets", nargs="+", default=["long"],
                    choices=["long", "mix", "unseen-long", "unseen-days"])
-    r = sub.add_parser("report", help="greedy figures on the `reasoning` preset's report split")
+    r = sub.add_parser("report", help="greedy figures on the `reasoning` preset's held-out sets")
     r.add_argument("runs", nargs="+")
+    r.add_argument("--split", choices=["search", "report"], default="report",
+                   help="search: the recipe search's questions; report: the reported figures' (drawn once, "
+                        "at the end)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
 

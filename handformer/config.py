@@ -14,6 +14,7 @@ Every invalid value raises `ValueError` naming the field and how to fix it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -857,6 +858,16 @@ __all__ = ["BlockConfig", "Seq2SeqConfig", "CausalLMConfig", "Llama3RopeScaling"
            "config_from_dict"]
 
 
+def _close_names(unknown: list[str], known: set[str]) -> str:
+    """" (did you mean threads?)": the known names closest to each unknown one (a typo, or `lr` for
+    `sft_lr`), or "" where none is close."""
+    close = []
+    for name in unknown:
+        close += difflib.get_close_matches(name, sorted(known), n=3, cutoff=0.75)
+        close += [k for k in sorted(known) if k.endswith(f"_{name}") and k not in close]
+    return f" (did you mean {', '.join(dict.fromkeys(close))}?)" if close else ""
+
+
 def dataclass_from_dict(cls: type, data: dict[str, Any], section: str) -> Any:
     """Build dataclass `cls` from a config section, naming any unknown field."""
     if not isinstance(data, dict):
@@ -864,7 +875,7 @@ def dataclass_from_dict(cls: type, data: dict[str, Any], section: str) -> Any:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ValueError(f"[{section}] unknown field(s) {', '.join(unknown)}; "
+        raise ValueError(f"[{section}] unknown field(s) {', '.join(unknown)}{_close_names(unknown, known)}; "
                          f"valid: {', '.join(sorted(known))}")
     hints = typing.get_type_hints(cls)
     for name, value in data.items():

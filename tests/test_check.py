@@ -486,6 +486,8 @@ def test_syntax_error_is_reported_with_the_line(tmp_path):
     assert err.traceback == ["line 2: class FFN(nn.Module)"]
     text = format_report(FileResult(str(path), error=err))
     assert "SyntaxError" in text and "line 2: class FFN(nn.Module)" in text
+    assert "fix: Python cannot read the file" in text.splitlines()[-1]
+    assert "先改好上面这一行" in format_report(FileResult(str(path), error=err), "zh")
 
 
 def test_nothing_recognisable(tmp_path):
@@ -493,7 +495,8 @@ def test_nothing_recognisable(tmp_path):
     path.write_text("def helper():\n    return 1\n")
     result = check_file(str(path))
     assert result.error.kind == "nothing_found" and "helper" in result.error.message
-    assert "--component" in result.error.message and exit_code(result) == 1
+    assert exit_code(result) == 1
+    assert "--component mha=MyAttention" in format_report(result).splitlines()[-1]
 
 
 # --- the command line -----------------------------------------------------------------------------
@@ -521,6 +524,7 @@ def test_chinese_report_and_component_override(tmp_path):
     assert "MyFeedForward（逐位置前馈网络）：通过" in format_report(result, "zh")
     err = check_file(str(path), overrides={"ffn": "Nope"}).error
     assert err.kind == "discovery" and "defines no 'Nope'" in err.message and "MyFeedForward" in err.message
+    assert exit_code(FileResult(str(path), error=err)) == 2  # a bad argument, as an unknown kind
 
 
 def test_cli_bad_arguments(capsys):

@@ -295,8 +295,8 @@ def test_resume_after_a_crash_equals_a_straight_run(tmp_path, monkeypatch, capsy
 
 
 @pytest.mark.parametrize("override, message", [
-    ("data.block_sise=8", "[data] unknown field(s) block_sise"),
-    ("model.d_modle=8", "[model] unknown field(s) d_modle"),
+    ("data.block_sise=8", "[data] unknown field(s) block_sise (did you mean block_size?)"),
+    ("model.d_modle=8", "[model] unknown field(s) d_modle (did you mean d_model?)"),
     ("model.bias=maybe", "[model] bias='maybe' is invalid: it must be true or false"),
     ("model.preset=bert", "preset='bert' is invalid"),
     ("model.vocab_size=50", "vocab_size is set from the tokenizer"),

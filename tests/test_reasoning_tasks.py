@@ -10,13 +10,14 @@ import io
 import json
 import random
 import re
+from collections import Counter
 
 import pytest
 from post_helpers import make_chat_base
 
 from handformer.cli import main
 from handformer.generation.chat_template import ChatTemplate, load_chat_template
-from handformer.tasks.speedrun_chat import scoring
+from handformer.tasks.speedrun_chat import reasoning, scoring
 from handformer.tasks.speedrun_chat.pipeline import STAGES, config_for
 from handformer.tasks.speedrun_chat.reasoning import (
     DRAW,
@@ -92,7 +93,7 @@ def test_countdown_tries_are_true_steps_that_miss_and_the_reply_still_answers():
     assert tried > 50 and with_tries(drawn(1)[0], 3) == drawn(1)[0]  # an addition is left as it is
 
 
-def test_the_three_splits_share_no_problem_and_are_deterministic():
+def test_the_three_splits_share_no_problem_and_are_deterministic(monkeypatch):
     tasks = ReasoningSet(0)
     train = tasks.sample(900, "train", "sft")
     search = tasks.sample(300, "search", "eval")
@@ -103,6 +104,10 @@ def test_the_three_splits_share_no_problem_and_are_deterministic():
     assert all(split_of(t.kind, t.key, 0) == "report" for t in report)
     assert tasks.sample(9, "report", "eval") == ReasoningSet(0).sample(9, "report", "eval")
     assert ReasoningSet(1).sample(9, "report", "eval") != report[:9]  # the seed moves the split
+    # the report split is drawn with another seed than the search's: not what the set's own seed draws
+    assert (tasks.draw_seed("search"), tasks.draw_seed("report")) == (0, 1)
+    monkeypatch.setattr(reasoning, "REPORT_SEED_OFFSET", 0)
+    assert tasks.sample(9, "report", "eval") != report[:9]
     shares = [split_of("addition", f"{i}+7", 0) for i in range(5000)]
     assert 0.08 < shares.count("search") / 5000 < 0.12 and 0.08 < shares.count("report") / 5000 < 0.12
     with pytest.raises(ValueError, match="choose train, search, report"):
@@ -254,6 +259,9 @@ def test_long_sums_are_one_digit_longer_worked_right_and_drawn_where_asked():
     sft = [c["messages"][0]["content"] for c in sft_records(30, tasks, long_sums=5)]
     sums = [max(map(int, kind_and_key(q)[1].split("+"))) for q in sft if kind_and_key(q)[0] == "addition"]
     assert len(sft) == 35 and sum(n >= 1000 for n in sums) == 5
+    repeated = [c["messages"][0]["content"] for c in sft_records(30, tasks, long_sums=5, long_repeats=3)]
+    long = [q for q in sft if kind_and_key(q)[0] == "addition" and max(map(int, kind_and_key(q)[1].split("+"))) >= 1000]
+    assert Counter(repeated) == Counter(sft + long * 2)  # the same 5 long sums, 3 times each
     prompts = grpo_prompts(50, tasks, countdown_share=0.5, long_share=0.6)
     kinds = [p["kind"] for p in prompts]
     assert (kinds.count(LONG_KIND), kinds.count("countdown")) == (30, 10)

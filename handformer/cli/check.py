@@ -76,7 +76,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "handformer's, and compare outputs, attention weights and gradients; name classic mistakes "
         "and the line they are on. Exit code 0: every component was checked and passes (or differs by "
         "design, e.g. pre-norm); 1: any fails; 3: nothing failed but some component was NOT CHECKED "
-        "(check could not build or drive it; the report prints the adapter that lets it).")
+        "(check could not build or drive it; the report prints the adapter that lets it); 2: bad arguments "
+        "(no such file, an unknown kind, a --component NAME the file does not define).")
     p.add_argument("path", help="your Python file")
     p.add_argument("--component", action="extend", nargs="+", default=[], metavar="KIND[=NAME]",
                    help="check only these kinds (one or more, repeatable); KIND=NAME checks your "

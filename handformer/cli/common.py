@@ -70,7 +70,7 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
     out = {}
     for pair in pairs:
         if "=" not in pair:
-            raise ValueError(f"--set expects key=value, got {pair!r}")
+            raise ValueError(f"--set expects key=value, got {pair!r} (e.g. --set threads=1)")
         key, value = pair.split("=", 1)
         out[key.strip()] = parse_value(value)
     return out

@@ -11,7 +11,8 @@ DIAGNOSES: list[Diagnosis] = [
     d("scale_by_dk", "the scores are divided by d_k instead of sqrt(d_k)",
       "注意力分数除以了 d_k，而不是 sqrt(d_k)",
       "divide by math.sqrt(d_k), not by d_k", "应除以 math.sqrt(d_k)，而不是 d_k",
-      r"/\s*\(?\s*(self\.)?d_k\b", r"/\s*\w*d_k", r"scores\s*="),
+      r"/\s*\(?\s*(self\.)?d_k\b", r"/\s*\w*d_k",
+      r"/\s*\(?\s*\w+\.(size\(-1\)|shape\[-1\])(?!\s*\)?\s*\*\*)", r"scores\s*="),  # GPT-2: / value.size(-1)
     d("softmax_wrong_dim", "the softmax runs over the wrong dimension",
       "softmax 作用在了错误的维度上",
       "take the softmax over the keys, the last dimension: F.softmax(scores, dim=-1)",

@@ -20,12 +20,12 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import call_parameters, named, names_of  # noqa: F401  (the runners import them here)
-from handformer.check.core.conventions import conventions_for, is_lengths_name
+from handformer.check.core.conventions import conventions_for, is_lengths_name, masks_where_true
 from handformer.check.core.discovery import SIZE_OF, Component, build, own_objects, with_head_size
 from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import DROPOUT, F_WIDTH, MAX_LEN, SIZES, D, H, is_number  # noqa: F401  (the runners import them here)
-from handformer.check.core.source import locate, locate_form, source_lines
-from handformer.check.core.weights import scramble_
+from handformer.check.core.source import locate, locate_form, source_lines, source_text
+from handformer.check.core.weights import scramble_, untranspose_
 from handformer.nn.masks import causal_mask
 
 TUTORIAL = {"d_model": 512, "n_heads": 8, "d_ff": 2048, "dropout": DROPOUT, "max_len": 128}
@@ -127,6 +127,7 @@ class Context:
             with torch.no_grad():
                 self.learner.call("forward", warmup, module.eval())
             self._shape_unused_lazy(comp, module)
+        untranspose_(module)  # Hugging Face's Conv1D: weights stored (in, out)
         if not checked:
             return module.eval()
         scramble_(module, seed)
@@ -484,6 +485,43 @@ def holds_torch_attention(module: Any) -> bool:
     """Whether a model computes its attention with torch.nn's (nn.Transformer, nn.MultiheadAttention)."""
     return isinstance(module, nn.Module) and any(isinstance(m, nn.MultiheadAttention)
                                                  for m in module.modules())
+
+
+def masks_where_true_inside(module: Any, mask_name: str | None = None) -> bool:
+    """Whether the module, or one of the learner's classes inside it, fills where its mask is True
+    (torch.nn's convention, Raschka's Llama 3 and Qwen3 attention, a 手撕 attention whose
+    ScaledDotProductAttention does `masked_fill(attn_mask, -1e9)`: see conventions.masks_where_true),
+    or hands its masks to an nn.MultiheadAttention; a function: its own source, its mask `mask_name`."""
+    if not isinstance(module, nn.Module):
+        return masks_where_true(source_text(module), mask_name)
+    if holds_torch_attention(module):
+        return True
+    for sub in module.modules():
+        if not type(sub).__module__.startswith("learner_"):
+            continue
+        try:
+            source = inspect.getsource(type(sub))
+            params = inspect.signature(type(sub).forward).parameters
+        except (OSError, TypeError, ValueError):
+            continue
+        if any(is_mask_name(n) and masks_where_true(source, n) for n in params):
+            return True
+    return False
+
+
+def file_masks_keep(ctx: Context) -> bool:
+    """Whether the file's own causal mask function writes True (or 1) = may see: its mask for 3
+    tokens, (3, 3) or (1, 3, 3), lets query 0 see key 0; False when the file has none, or its mask is
+    additive or does not run (then nothing in the file says how its attention must read a mask)."""
+    comp = ctx.components.get("causal_mask", NO_COMPONENT)
+    try:
+        raw = ctx.learner.call("forward", comp.obj, 3)
+        return not raw.is_floating_point() and bool(raw.reshape(3, 3)[0, 0] != 0)
+    except (fp.LearnerFailure, AttributeError, RuntimeError):  # none, or no (3, 3) mask
+        return False
+
+
+NO_COMPONENT = Component("", "", lambda *args: None, "")  # a component the file lacks: returns nothing
 
 
 def logits_shape(res: ComponentResult, out: Tensor | None, want: tuple[int, ...], vocab: str) -> bool:

@@ -198,6 +198,7 @@ SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block",),
                                         "rmsnorm": ("RMSNorm",), "rope": ("RotaryEmbedding",)}
 # an encoder's or decoder's block has its own kind; a mixture of experts is no FFN to compare
 NOT_SUFFIXED = ("Encoder", "Decoder", "Cross", "MoE")
+HEAD_MODELS = ("LanguageModel", "LMHeadModel")  # a model with its head: kept beside Hugging Face's backbone
 
 
 def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> list[str]:
@@ -210,7 +211,7 @@ def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> li
                   and n.endswith(SUFFIXES.get(kind, ("\0",)))
                   and not any(w.lower() in n.lower() for w in NOT_SUFFIXED))
     if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in own):  # Hugging Face's XModel is the backbone
-        out = [n for n in out if n in TABLED or not n.endswith("Model") or n.endswith("LanguageModel")]
+        out = [n for n in out if n in TABLED or not n.endswith("Model") or n.endswith(HEAD_MODELS)]
     return out
 
 

@@ -31,6 +31,7 @@ from handformer.check.core.discovery import (
 )
 from handformer.check.core.kinds import KINDS_BY_NAME
 from handformer.check.core.localize import is_departure
+from handformer.check.core.precision import float64_kept
 from handformer.check.core.result import (
     DIFFERS,
     ERROR,
@@ -378,13 +379,14 @@ def check_file(path: str, overrides: dict[str, str] | None = None, only: list[st
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: a second thread costs more than it saves
     try:
-        for comp in todo:
-            if started:
-                started(comp.name, comp.kind)
-            res = check_component(comp, ctx)
-            result.components.append(res)
-            if emit:
-                emit(res)
+        with float64_kept():  # their float32 casts keep check's float64
+            for comp in todo:
+                if started:
+                    started(comp.name, comp.kind)
+                res = check_component(comp, ctx)
+                result.components.append(res)
+                if emit:
+                    emit(res)
     finally:
         torch.set_num_threads(threads)
     return result
@@ -424,13 +426,11 @@ def _discover(module: types.ModuleType, result: FileResult, adapters: str | None
         return None
     if not components:
         names = ", ".join(defined_names(module)) or "nothing"
-        examples = ", ".join(n for ns in NAMES.values() for n in ns[:2])
+        examples = ", ".join(ns[0] for ns in NAMES.values())
         result.error = LearnerError(
-            "nothing_found", f"found no component to check; the file defines: {names}. handformer "
-            f"looks for names such as {examples}; point "
-            "a kind at your name with --component mha=MyAttention", "discovery",
-            message_zh=f"没有找到可检查的组件；文件里定义了：{names}。handformer 按名字找组件，例如 "
-            f"{examples}；可以用 --component mha=MyAttention "
-            "把某类组件指向你起的名字，或者写适配函数（见 docs/zh/check.md）")
+            "nothing_found", f"found no component to check; the file defines: {names}. handformer finds "
+            f"components by name, one example a kind: {examples}", "discovery",
+            message_zh=f"没有找到可检查的组件；文件里定义了：{names}。"
+            f"handformer 按名字找组件，每类一个例子：{examples}")
         return None
     return components, everything

@@ -107,9 +107,18 @@ def ffn_views(w: V.FFNWeights, x: Tensor) -> list[View]:
     return views
 
 
+def with_own_functions(code: Any, fn: Any) -> tuple[Any, ...]:
+    """The code of `fn` and of the plain functions of its own file that it calls by name (GPT-2's
+    `gelu_new(x)`, an activation written out): what they return is a step too, at their line."""
+    called = map(fn.__globals__.get, code.co_names)  # only those of its file are traced
+    return (code, *[f.__code__ for f in called if inspect.isfunction(f)])
+
+
 def localize_ffn(module: nn.Module, readings: list[V.FFNWeights], x: Tensor) -> Departure | None:
-    """Run the learner's FFN on x (B, T, D) traced; the first step no reading explains."""
+    """Run the learner's FFN on x (B, T, D) traced (the functions of its file it calls too); the first
+    step no reading explains."""
     filename, code = _source(module)
+    code = with_own_functions(code, type(module).forward)
     x = x.detach().requires_grad_()
     steps = trace_steps(lambda: module(x), filename, code, _all_parts(module))
     sizes = {"d_model": x.size(-1), "d_ff": readings[0].up[0].size(0)}

@@ -3,7 +3,8 @@
 Exit code: 0 when every component was checked and passes or differs by design (a consistently
 pre-norm layer); 1 when any fails or raises (or the file cannot be imported, or defines nothing to
 check); 3 when nothing failed but some component was NOT CHECKED (check could not build or drive
-it: the report prints the adapter that lets it). 2 is the command line's usage error.
+it: the report prints the adapter that lets it). 2 is the command line's usage error, a --component
+naming what the file does not define included.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ WORDS = {
     "zh": {":": "：", "weights": "权重映射", "mask": "掩码约定", "convention": "约定", "line": "第",
            "fix": "修改建议", "observed": "观察到", "checks_ok": "满足的要求（{n}）",
            "failed": "未满足的要求",
-           "note": "说明", "error": "错误", "in": "位置", "max": "最大绝对误差",
+           "note": "说明", "error": "错误", "in": "出在", "max": "最大绝对误差",
            "summary": "共 {n} 个组件：{p} 个通过，{d} 个属于设计差异（允许），{f} 个未通过，{e} 个出错",
            "sandbox": "（你的代码在子进程中运行：每一步限时 {t:g} 秒、内存 {m} MiB）",
            "memory": "内存不足", "nothing": "没有可检查的内容",
@@ -84,10 +85,12 @@ def _language(code: str) -> str:
 
 
 def exit_code(result: FileResult) -> int:
-    """0 all checked and passed, 1 a failure (or the file could not be checked at all), 3 nothing
-    failed but something was NOT CHECKED."""
+    """0 all checked and passed, 1 a failure (or the file could not be checked at all), 2 a --component
+    naming what the file does not define (a bad argument), 3 nothing failed but something was NOT CHECKED."""
     if result.ok:
         return 0
+    if result.error is not None and result.error.kind == "discovery":
+        return 2
     if result.error is None and result.components and all(
             c.status in (PASS, DIFFERS, NOT_CHECKED) for c in result.components):
         return 3
@@ -171,6 +174,20 @@ LEAD_ZH = {"mapping": "检查程序没能把你的参数对应到 handformer 的
 
 # an English sentence around a message that is not the learner's: a stand-in's exception is never shown
 # as theirs
+# what to do next, under an error that stopped the whole file (its line is shown above the hint)
+FILE_HINTS = {
+    "en": {"syntax": "fix: Python cannot read the file; correct the line above (or the one before it), "
+                     "then run check again",
+           "nothing_found": "fix: point a kind at your name, e.g. --component mha=MyAttention (the kinds: "
+                            "handformer check --help), or write an adapter (docs/check.md, "
+                            "\"NOT CHECKED and adapters\")",
+           "discovery": "fix: give --component a name the file defines, or leave the option out"},
+    "zh": {"syntax": "修改：Python 读不了这个文件。先改好上面这一行（或它前面一行），再运行 check",
+           "nothing_found": "修改：把某类组件指向你起的名字，例如 --component mha=MyAttention（类型列表见 "
+                            "handformer check --help），或者写适配函数（见 docs/zh/check.md）",
+           "discovery": "修改：--component 里写文件里定义了的名字，或者去掉这个选项"},
+}
+
 LEAD_EN = {"stand_in": "check's stand-in model would not take your code's call (the stand-in's own error, "
                        "not yours: {})"}
 
@@ -190,6 +207,8 @@ def format_error(err: LearnerError, lang: str, indent: str = "  ", unchecked: bo
     label = w["why"] if unchecked or err.kind in CANNOT else w["error"]
     lines = [f"{indent}{label}{where}{w[':']}{head}{message}"]
     lines += [f"{indent}  {frame}" for frame in err.traceback]
+    if not indent and err.kind in FILE_HINTS[lang]:
+        lines.append(f"  {FILE_HINTS[lang][err.kind]}")
     return lines
 
 

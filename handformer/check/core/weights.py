@@ -9,12 +9,15 @@ Shape legend: D d_model, F FFN width.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 
 from handformer.check.core.sizes import is_number
 from handformer.check.reference import variants as V
@@ -66,7 +69,8 @@ class Slot:
 
     def describe(self) -> str:
         part = "" if self.rows is None else f"[{self.rows.start}:{self.rows.stop}]"
-        return f"{self.leaf.name}{part} -> {self.role}"
+        stored = ".T" * parametrize.is_parametrized(self.leaf.module)  # Conv1D's (in, out), read transposed
+        return f"{self.leaf.name}{stored}{part} -> {self.role}"
 
 
 BIAS_NAME = re.compile(r"b.*|shift|offset")  # bias, beta, b_2, ...
@@ -149,6 +153,52 @@ def _matrix_and_vector(params: dict[str, nn.Parameter]) -> tuple[nn.Parameter, n
     return by_dim[2], by_dim.get(1)
 
 
+class Transposed(nn.Module):
+    """The parametrization of a weight stored (in, out), as Hugging Face's Conv1D keeps GPT-2's
+    (`x @ weight + bias`): the parameter is held (out, in), as nn.Linear's, and handed over transposed."""
+
+    def forward(self, weight: Tensor) -> Tensor:
+        return weight.t()
+
+    def right_inverse(self, weight: Tensor) -> Tensor:
+        return weight.t()
+
+
+def _stored_transposed(sub: nn.Module) -> str | None:
+    """The name of the weight of a linear layer of the learner's own that computes x @ weight + bias
+    (the weight (in, out), Conv1D's), found by what it does on a random input; None for any other (a
+    layer already reparametrized has no 2-D parameter of its own left)."""
+    params = dict(sub.named_parameters(recurse=False))
+    if not _one_matrix(params):
+        return None
+    w, b = _matrix_and_vector(params)
+    x = torch.randn(2, w.size(0), generator=torch.Generator().manual_seed(0), dtype=w.dtype)
+    try:
+        with torch.no_grad():  # (2, out) against x @ w + b
+            same = torch.allclose(sub(x), F.linear(x, w.t(), b), atol=1e-5)
+    except Exception:  # noqa: BLE001  (their forward on another layout, or another output: not this form)
+        return None
+    return max(params, key=lambda n: params[n].dim()) if same else None
+
+
+def untranspose_(module: nn.Module) -> list[str]:
+    """Each linear layer of the learner's own that stores its weight (in, out) reparametrized so that
+    its parameter is (out, in), as nn.Linear's (the layer computes what it did); their names."""
+    found = []
+    for name, sub in list(module.named_modules()):
+        weight = _stored_transposed(sub)
+        if weight is not None:
+            parametrize.register_parametrization(sub, weight, Transposed(), unsafe=True)
+            found.append(name)
+    return found
+
+
+def _own_parameters(sub: nn.Module) -> dict[str, nn.Parameter]:
+    """A module's own parameters, a reparametrized weight by its (out, in) original."""
+    changed = getattr(sub, "parametrizations", {})
+    return dict(sub.named_parameters(recurse=False)) | {n: held.original for n, held in changed.items()}
+
+
 def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
     """The learner's linear layers, norms and embeddings in definition order; heads kept as a list of
     single heads are stacked into W_Q, W_K, W_V (`single_heads`) unless `stack_heads` is False."""
@@ -163,8 +213,8 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
             found += stacked
             inside |= {id(m) for m in sub.modules()}
             continue
-        params = dict(sub.named_parameters(recurse=False))
-        if not params:
+        params = _own_parameters(sub)
+        if not params or isinstance(sub, parametrize.ParametrizationList):
             continue
         if isinstance(sub, nn.Embedding):
             found.append(Leaf(label, "embedding", sub, sub.weight, None))
@@ -395,12 +445,14 @@ def norm_weights(slot: Slot) -> V.NormWeights:
         return w
     if not isinstance(out, Tensor) or out.shape != x.shape:
         return w
-    for k in (kind, OTHER_NORM[kind]):
-        base = V.NormWeights(w.weight, w.bias if k == "layernorm" else None, w.eps, k)
+    # the gain as written, or kept as an offset from one (Gemma's x̂ · (1 + weight))
+    for k, offset in ((kind, False), (OTHER_NORM[kind], False), (kind, True)):
+        gain = w.weight + 1 if offset else w.weight
+        base = V.NormWeights(gain, w.bias if k == "layernorm" else None, w.eps, k, offset=offset)
         found = fp.search(out, lambda fl, base=base: V.norm(base, x, fl),
                           V.norm_flags(k, base.bias is not None), None, 2)
         if found is not None:
-            return V.NormWeights(base.weight, base.bias, base.eps, k, found[0])
+            return dataclasses.replace(base, flags=found[0])
     return w
 
 

@@ -218,6 +218,7 @@ class NormWeights:
     eps: float
     kind: str = "layernorm"  # layernorm | rmsnorm
     flags: Flags = frozenset()  # the learner's norm's own mistakes (found by running it alone)
+    offset: bool = False  # the weight is 1 + the learner's (Gemma's gain kept as an offset from one)
 
 
 def norm(w: NormWeights, x: Tensor, flags: Flags | None = None) -> Tensor:

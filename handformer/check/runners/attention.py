@@ -37,6 +37,7 @@ from handformer.check.core.context import (
     attention_flags,
     causal,
     error_text,
+    file_masks_keep,
     finish,
     first_working,
     forward_parameters,
@@ -44,6 +45,7 @@ from handformer.check.core.context import (
     guarded,
     is_mask_name,
     masked_rows,
+    masks_where_true_inside,
     moved_by,
     nan_on_hidden_rows,
     not_cropped,
@@ -51,7 +53,6 @@ from handformer.check.core.context import (
     positions,
     shape_of,
 )
-from handformer.check.core.conventions import masks_where_true
 from handformer.check.core.discovery import Component
 from handformer.check.core.layer_map import Gainless, gainless_qk
 from handformer.check.core.localize import note_attention_departure, note_raised_attention
@@ -242,8 +243,9 @@ SDPA_SIZES = (2, 6, 6, 8)  # B, T, S, Dh of the search's input
 def _build_sdpa(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     """The learner's attention function run under each mask convention (causal + padding where the
     convention can write it), in the layout it takes."""
-    c = caller(_sdpa_callable(comp, ctx))
-    convs = ctx.conventions(c.mask_name)
+    fn = _sdpa_callable(comp, ctx)
+    c = caller(fn)
+    convs = _conventions(ctx, fn, c)
     B, T, S, Dh = SDPA_SIZES
     q, k, v = fp.randn(B, H, T, Dh, seed=1), fp.randn(B, H, S, Dh, seed=2), fp.randn(B, H, S, Dh, seed=3)
     keeps = keeps_for(causal(T) & positions(B, S, [0, 2]), positions(B, S, [0, 2]), convs)
@@ -510,7 +512,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     c = caller(module)
     causal_inside = _causal_inside(res, ctx, c, sizes["causal"])
     has_o = _head_notes(res, comp, c, slots, causal_inside, heads)
-    probe = MHAProbe(ctx, c, x, _conventions(ctx, comp, c), causal_inside, heads)
+    probe = MHAProbe(ctx, c, x, _conventions(ctx, module, c), causal_inside, heads)
     try:
         # a mask it requires, when a case has none: every key visible in the first convention it runs with
         c.state["visible"] = first_working(ctx, probe.run, probe.convs)
@@ -665,11 +667,12 @@ def _head_notes(res: ComponentResult, comp: Component, c: Caller, slots: list[Sl
     return has_o
 
 
-def _conventions(ctx: Context, comp: Component, c: Caller) -> tuple[str, ...]:
-    """The mask conventions to try: torch.nn's (True = masked) first where the source masks where
-    the mask is True."""
+def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:
+    """The mask conventions to try: torch.nn's (True = masked) first where the source (the
+    attention's own, or a class of the learner's inside it) masks where the mask is True, unless the
+    file's own causal mask writes True = may see (then that attention reads its file's masks inverted)."""
     convs = ctx.conventions(c.mask_name)
-    if ctx.convention is None and masks_where_true(source_text(comp.obj), c.mask_name):
+    if ctx.convention is None and masks_where_true_inside(module, c.mask_name) and not file_masks_keep(ctx):
         convs = ("torch", "torch3", "torch2") + convs
     return convs
 

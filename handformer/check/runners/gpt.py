@@ -82,7 +82,7 @@ from handformer.check.core.weights import (
 from handformer.check.core.weights import norm_weights as learner_norm
 from handformer.check.reference import variants as V
 from handformer.check.runners.model import as_written_, exact_norms_
-from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME
+from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE
 from handformer.config import CausalLMConfig
 from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
@@ -112,6 +112,7 @@ class GPTMap:
     table_theta: float | None = None  # the base of its tables, when it is not the one its config names
     built: dict[Any, CausalLM] = field(default_factory=dict)  # handformer's, by choices
     embed_norm: Leaf | None = None  # nanochat's norm of the token embeddings, a function without gains
+    scaled: bool = False  # token embeddings times sqrt(d_model) (Gemma's, the original Transformer's)
 
     def describe(self) -> list[str]:
         rows = [f"{self.wte.name} -> token embedding"]
@@ -277,6 +278,7 @@ class Choices:
                           else ("no positions", "没有位置编码") if self.rope is None
                           else (f"rotary positions ({self.rope} pairs, base {m.theta:.0f})",
                                 f"旋转位置编码（{ROPE_ZH[self.rope]}，底数 {m.theta:.0f}）"))
+        pos_en, pos_zh = pos_en + SCALED_WORDS[m.scaled][0], pos_zh + SCALED_WORDS[m.scaled][1]
         if m.n_kv_heads:
             pos_en += f"; grouped-query attention ({H} heads, {m.n_kv_heads} key/value heads)"
             pos_zh += f"；分组查询注意力（{H} 个头，{m.n_kv_heads} 个键/值头）"
@@ -288,6 +290,8 @@ class Choices:
 # the output head as the convention says it (en, zh): tied or not, with a bias or not
 HEAD_WORDS = {True: ("tied to the token embedding", "与词嵌入共享权重"), False: ("separate", "独立的权重")}
 BIAS_WORDS = {True: (", with a bias", "，有偏置"), False: ("", "")}
+SCALED_WORDS = {True: ("; token embeddings times sqrt(d_model)", "；词嵌入乘以 sqrt(d_model)"),
+                False: ("", "")}
 ROPE_ZH = {"half": "前后两半配对", "interleaved": "相邻两维配对", "swapped": "前后两半配对、反向旋转"}
 
 
@@ -317,7 +321,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         norm_placement=ch.placement, norm=first.kind, norm_eps=first.eps,  # LayerNorm or RMSNorm, as theirs
         position="learned" if m.wpe is not None else "rope" if ch.rope else "none", rope_theta=m.theta,
         max_positions=m.wpe.weight.size(0) if m.wpe is not None else BLOCK, tie_embeddings=m.tied,
-        n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m))
+        n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m), scale_embeddings=m.scaled)
     hf = build_causal_lm(cfg)  # (a GPT-2 style config: the plain CausalLM)
     if m.bias:
         hf.lm_head = nn.Linear(D, VOCAB, bias=True)
@@ -501,9 +505,25 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
                                      message_zh=f"没有与 handformer 的 CausalLM 比较：{err.zh or err}")
             return finish(res)
         res.mapping = m.describe()
+        m.scaled = _scaled_embeddings(call, m, idx)
         _tied_despite_config(res, ctx, comp, m)
         _compare(res, ctx, comp, m, call, out, loss, idx, targets, last_only)
     return finish(res)
+
+
+def _scaled_embeddings(call: Caller, m: GPTMap, idx: Tensor) -> bool:
+    """Whether the first block is handed the token embeddings times sqrt(d_model) (Gemma's, the
+    original Transformer's; learned positions added after), read from what it is handed."""
+    handed: list[Tensor] = []
+    block = call.module.get_submodule(m.blocks[0].name)
+    handle = block.register_forward_pre_hook(lambda _, args: handed.extend(args[:1]))
+    try:
+        call(idx)
+    finally:
+        handle.remove()
+    pos = m.wpe.weight[:idx.size(1)] if m.wpe is not None else 0.0  # (T, D)
+    want = F.embedding(idx, m.wte.weight) * D**0.5 + pos  # (B, T, D)
+    return fp.max_error((handed + [None])[0], want) < fp.TOL * D**0.5
 
 
 def bigram(res: ComponentResult, module: nn.Module, out: Tensor, loss: Tensor | None, idx: Tensor,
@@ -582,6 +602,8 @@ def _norm_findings(res: ComponentResult, ctx: Context, comp: Component, m: GPTMa
     for slot in [s for b in m.blocks for s in b.norms] + ([m.ln_f] if m.ln_f is not None else []):
         for flag in sorted(getattr(getattr(slot.leaf, "computes", None), "flags", ())):
             named.setdefault(flag, []).append(slot.leaf.name)
+    res.notes += [OFFSET_NOTE] * any(getattr(getattr(s.leaf, "computes", None), "offset", False)
+                                     for b in m.blocks for s in b.norms)
     lines = source_lines(ctx.objects(comp, "layernorm", "rmsnorm"))
     for flag, where in named.items():
         name, _, form = flag.partition(":")

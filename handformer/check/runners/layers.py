@@ -51,6 +51,7 @@ from handformer.check.core.context import (
     holds_torch_attention,
     is_mask_name,
     masked_rows,
+    masks_where_true_inside,
     moved_by,
     nan_on_hidden_rows,
     not_cropped,
@@ -58,7 +59,6 @@ from handformer.check.core.context import (
     positions,
     shape_of,
 )
-from handformer.check.core.conventions import masks_where_true
 from handformer.check.core.discovery import NAMES, Component, argument_keys
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.localize_kinds import localize_add_norm, note_departure
@@ -86,7 +86,8 @@ from handformer.check.core.weights import (
 )
 from handformer.check.reference import variants as V
 from handformer.check.runners.attention import KEY_PADDING_FORMS, PAD_KEYS, responsive
-from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, ffn_name_findings
+from handformer.check.runners.generate_loop import CACHE_NAMES
+from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE, ffn_name_findings
 from handformer.config import BlockConfig
 from handformer.nn.blocks import DecoderLayer, DecoderOnlyBlock, EncoderLayer
 
@@ -143,7 +144,9 @@ class Layer:
         self.extra = {p.name for p in params} & LAYER_POSITIONS
         self.table_layout: dict[str, bool] = {}  # which rotary table and start run (rope_tables)
         self.takes_mask = bool(self.masks)
-        self.stepwise = causal_block and "start_pos" in self.extra and not self.masks  # _stepwise
+        # _stepwise: a cache kept inside (Umar Jamil's); one handed in (a `cache` argument) is left out
+        self.stepwise = causal_block and "start_pos" in self.extra and not self.masks and not any(
+            p.name in CACHE_NAMES for p in params)
         self.sizes = layer_sizes(comp.obj)
         x = torch.randn(2, 3, D)
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
@@ -298,26 +301,6 @@ def _torch_nan_note(res: ComponentResult, out: Tensor | None, rows: Tensor | Non
 # a row whose keys are all masked and comes out NaN: a finding, or torch's own behaviour (noted)
 NAN_ROWS = {False: nan_on_hidden_rows, True: _torch_nan_note}
 MASKED_ROWS = {False: masked_rows, True: _torch_nan_note}
-
-
-def _masks_where_true(module: nn.Module) -> bool:
-    """Whether one of the learner's classes inside fills where its mask is True (torch.nn's
-    convention, Raschka's Llama 3 and Qwen3 attention: see conventions.masks_where_true), or hands its
-    masks to an nn.MultiheadAttention."""
-    if holds_torch_attention(module):
-        return True
-    for sub in module.modules():
-        if not type(sub).__module__.startswith("learner_"):
-            continue
-        try:
-            source = inspect.getsource(type(sub))
-            params = inspect.signature(type(sub).forward).parameters
-        except (OSError, TypeError, ValueError):
-            continue
-        if any(is_mask_name(n) and masks_where_true(source, n) for n in params):
-            return True
-    return False
-
 
 
 def _decoder_mask_names(masks: list[str]) -> tuple[str | None, str | None]:
@@ -527,7 +510,7 @@ def _down_projection(res: ComponentResult, ctx: Context, comp: Component, layer:
 def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs) -> tuple[str, ...]:
     """The mask conventions to try, those that can encode the search's masks first."""
     convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
-    if ctx.convention is None and layer.masks and _masks_where_true(layer.module):
+    if ctx.convention is None and layer.masks and masks_where_true_inside(layer.module):
         convs = TORCH_CONVENTIONS[holds_torch_attention(layer.module)] + convs
     passed = [k for k in _encode_keeps(layer, inp.src_keep, inp.tgt_keep) if k is not None]
     return tuple(c for c in convs if all(fp.encodable(k, c) for k in passed)) or convs[:1]
@@ -632,6 +615,7 @@ def _structure_findings(res: ComponentResult, layer: Layer, ctx: Context) -> Non
             f"{', '.join(where)} (run alone) compute the norm with this mistake{f' ({en})' if en else ''}",
             f"{', '.join(where)}（单独运行时）计算的是带这个错误的归一化{f'（{zh}）' if zh else ''}"),
             number, code, form))
+    res.notes += [OFFSET_NOTE] * any(w.offset for w in layer.norm_ws)
     if layer.shared:
         number, code = locate("shared_norm", lines)
         res.findings.append(Finding("shared_norm", text(
@@ -743,8 +727,10 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
         hf.cross_attn = handformer_attention(layer.attn[1], layer.n_kv_heads)
     copy_ffn(hf.ffn, slots)
     norms = [hf.attn_norm] + ([hf.cross_attn_norm] if layer.decoder else []) + [hf.ffn_norm]
-    for target, slot in zip(norms, layer.norm_slots):
+    for target, slot, w in zip(norms, layer.norm_slots, layer.norm_ws):
         copy_weights(target, slot)
+        with torch.no_grad():
+            target.weight.copy_(w.weight)  # the gain as it computes (1 + weight, kept as an offset)
     return hf
 
 

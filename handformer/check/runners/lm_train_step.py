@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from handformer.check.core.argument_names import LR_NAMES, X_NAMES, Y_NAMES
+from handformer.check.core.argument_names import ACCUM_NAMES, LR_NAMES, X_NAMES, Y_NAMES
 from handformer.check.core.context import Context, error_text, finish, forward_parameters, named
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize_kinds import note_departure
@@ -38,6 +38,7 @@ from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.runners.localize_train import localize_lm_step
 from handformer.check.runners.train_step import (
+    ACCUM,
     MODEL_NAMES,
     OPTIMIZER_NAMES,
     PROBE_SCALE,
@@ -68,6 +69,7 @@ MISTAKES: dict[str, dict[str, bool]] = {  # diagnosis -> the flags of handformer
     "train_step_no_zero_grad": {"zero_grad": False},
     "train_step_clip_after_step": {"clip_after": True},
     "train_step_lr_not_set": {"set_lr": False},
+    "train_step_loss_not_divided": {"divide": False},
 }
 
 
@@ -117,12 +119,15 @@ def sgd(model: nn.Module) -> torch.optim.Optimizer:
 
 def reference_step(model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float | None,
                    clip: float | None, *, zero_grad: bool = True, clip_after: bool = False,
-                   set_lr: bool = True) -> None:
-    """handformer's step, with the named mistakes on request."""
+                   set_lr: bool = True, accum: int = 1, divide: bool = True) -> None:
+    """handformer's step, with the named mistakes on request: with accum > 1 the batch is split in
+    that many micro-batches along the batch, each loss divided by accum (unless `divide` is off)."""
     if zero_grad:
         opt.zero_grad()
-    logits = model(x)  # (B, T, V)
-    F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1)).backward()
+    for x_part, y_part in zip(x.chunk(accum), y.chunk(accum)):
+        logits = model(x_part)  # (B / accum, T, V)
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), y_part.reshape(-1))
+        (loss / accum if divide else loss).backward()
     update(model, opt, clip, clip_after, lr if set_lr else None)
 
 
@@ -136,7 +141,8 @@ class Step:
         self.model, self.opt = named(names, MODEL_NAMES), named(names, OPTIMIZER_NAMES)
         self.x, self.y, self.lr = named(names, X_NAMES), named(names, Y_NAMES), named(names, LR_NAMES)
         self.sched, self.scaler = named(names, SCHEDULER_NAMES), named(names, SCALER_NAMES)
-        known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler}
+        self.accum = named(names, ACCUM_NAMES)  # driven with ACCUM micro-batches
+        known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum}
         unknown = [p.name for p in params if p.default is p.empty and p.name not in known]
         if unknown or not (self.model and self.opt and self.x and self.y):
             first = (unknown or ['model / optimizer / x / y'])[0]
@@ -151,7 +157,8 @@ class Step:
 
     def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float) -> Any:
         kwargs: dict[str, Any] = {self.model: model, self.opt: opt, self.x: x.clone(), self.y: y.clone()}
-        given = {self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler}
+        given = {self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
+                 self.accum: lambda: ACCUM}
         kwargs.update({name: make() for name, make in given.items() if name})
         return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
 
@@ -162,7 +169,8 @@ def _run(step: Step, base: nn.Module, make_opt: Any = optimizer, **mistakes: boo
     opt = make_opt(model)
     out = []
     for (x, y), lr in zip(batches(), LRS):
-        reference_step(model, opt, x, y, lr if step.lr else None, step.clip, **mistakes)
+        reference_step(model, opt, x, y, lr if step.lr else None, step.clip, accum=ACCUM if step.accum else 1,
+                       **mistakes)
         out.append(parameters_of(model))
     return out
 
@@ -183,7 +191,7 @@ def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
         if max(errs) >= TOL:
             _search(res, ctx, comp, step, base, got, right, errs)
         if step.clip is not None and not res.findings:  # a loss scale clipping hid
-            _unclipped(res, step, base)
+            _unclipped(res, ctx, comp, step, base, search=max(errs) < TOL)
         if max(errs) >= TOL:
             _localize(res, step, base)
     return finish(res)
@@ -210,10 +218,12 @@ def _drive(step: Step, base: nn.Module, make_opt: Any = optimizer,
     return got, right, [largest_difference(g, r) for g, r in zip(got, right)]
 
 
-def _unclipped(res: ComponentResult, step: Step, base: nn.Module) -> None:
+def _unclipped(res: ComponentResult, ctx: Context, comp: Component, step: Step, base: nn.Module,
+               search: bool) -> None:
     """Both steps again with the clipping out of reach (the logits scaled down so that handformer's
     gradient norm stays under 1/UNDER_CLIP of the norm the step clips to) and plain SGD: a loss k times
-    too large (k <= UNDER_CLIP) is never clipped there, and SGD's update is k times handformer's."""
+    too large (k <= UNDER_CLIP) is never clipped there, and SGD's update is k times handformer's; the
+    mistakes that explain it are searched there when `search` (the full-size steps were equal)."""
     scaled = copy.deepcopy(base)
     scaled.scale = PROBE_SCALE
     x, y = batches()[0]
@@ -225,12 +235,19 @@ def _unclipped(res: ComponentResult, step: Step, base: nn.Module) -> None:
     res.checks.append(unclipped_check(float(step.clip or 1.0), scaled.scale, max(errs), TOL))
     if max(errs) >= TOL:
         res.notes.append(factor_note(scaled, got[0], right[0]))
+        if search:
+            _search(res, ctx, comp, step, scaled, got, right, errs, sgd)
 
 
 def _notes(res: ComponentResult, step: Step) -> None:
     if step.clip is not None:
         res.notes.append(clip_note(step.clip))
     res.notes += [SCHEDULER_NOTE] * bool(step.sched) + [SCALER_NOTE] * bool(step.scaler)
+    if step.accum:
+        res.notes.append(text(f"{step.accum}={ACCUM}: each batch of {BATCH} windows in {ACCUM} micro-batches "
+                              "(split along the batch), their gradients accumulated before one update",
+                              f"{step.accum}={ACCUM}：每个 {BATCH} 个窗口的 batch 沿 batch 维分成 {ACCUM} 个 "
+                              "micro-batch，梯度累加后更新一次"))
     if not step.lr:
         res.notes.append(text(f"your step takes no learning rate: compared with steps at the optimizer's "
                               f"{OPT_LR:g} (the schedule must then be set in your loop)",
@@ -239,12 +256,14 @@ def _notes(res: ComponentResult, step: Step) -> None:
 
 
 def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, base: nn.Module,
-            got: list[list[Tensor]], right: list[list[Tensor]], errs: list[float]) -> None:
+            got: list[list[Tensor]], right: list[list[Tensor]], errs: list[float], make_opt: Any = optimizer,
+            ) -> None:
     """The first set of MISTAKES (one, then two) whose steps reproduce the learner's parameters."""
-    names = [n for n in MISTAKES if not (n == "train_step_clip_after_step" and step.clip is None)
-             and not (n == "train_step_lr_not_set" and not step.lr)]
+    possible = {"train_step_clip_after_step": step.clip is not None, "train_step_lr_not_set": bool(step.lr),
+                "train_step_loss_not_divided": bool(step.accum)}
+    names = [n for n in MISTAKES if possible.get(n, True)]
     for combo in (c for n in (1, 2) for c in itertools.combinations(names, n)):
-        theirs = _run(step, base, **{k: v for name in combo for k, v in MISTAKES[name].items()})
+        theirs = _run(step, base, make_opt, **{k: v for name in combo for k, v in MISTAKES[name].items()})
         off = max(largest_difference(g, t) for g, t in zip(got, theirs))
         if off >= TOL:
             continue

@@ -42,7 +42,11 @@ def tgt_ids(pad: int) -> Tensor:
 
 
 SRC, TGT = src_ids(PAD), tgt_ids(PAD)
-SRC_NAMES = ("src", "source", "src_seq", "x", "src_ids", "input_ids", "inp", "enc_input", "seq", "tokens")
+SRC_NAMES = ("src", "source", "src_seq", "x", "src_ids", "input_ids", "inp", "enc_input", "seq", "tokens",
+             "seq_k", "k_seq", "key_seq", "keys")
+# graykode's get_attn_pad_mask(seq_q, seq_k): the queries' ids beside the keys' (the source's padding,
+# one row a query): given the source ids too, as the encoder's self-attention has them
+QUERY_NAMES = ("seq_q", "q_seq", "query_seq", "queries")
 TGT_NAMES = ("tgt", "trg", "target", "tgt_seq", "tgt_ids", "dec_input", "y", "tgt_input")
 PAD_NAMES = ("pad_idx", "pad_id", "pad", "padding_idx", "pad_token_id", "pad_index", "src_pad_idx",
              "tgt_pad_idx", "trg_pad_idx", "blank")
@@ -115,14 +119,15 @@ class Helper:
         params = forward_parameters(comp.obj)
         names, required = names_of(params)
         first = (names + [None])[0]  # the ids of a helper whose argument has none of the names
-        self.src, self.tgt, self.pad = (named(names, table) for table in (SRC_NAMES, TGT_NAMES, PAD_NAMES))
+        self.src, self.tgt, self.pad, self.queries = (named(names, table) for table in (
+            SRC_NAMES, TGT_NAMES, PAD_NAMES, QUERY_NAMES))
         if _mentions(comp.name, BOTH_HINTS) and self.src and self.tgt:
             self.makes = "both"
         elif self.tgt or _mentions(comp.name, TGT_HINTS):
             self.makes, self.tgt, self.src = "tgt", self.tgt or self.src or first, None
         else:
             self.makes, self.src = "src", self.src or first
-        known = {self.src, self.tgt, self.pad}
+        known = {self.src, self.tgt, self.pad, self.queries}
         unknown = [n for n in required if n not in known]
         if unknown or not names:  # no names: no ids to hand it
             first = (unknown or ['src'])[0]
@@ -137,7 +142,8 @@ class Helper:
         return PAD if self.pad else global_pad(self.comp.obj)[1]
 
     def __call__(self) -> Any:
-        given = ((self.src, src_ids(self.pad_id)), (self.tgt, tgt_ids(self.pad_id)), (self.pad, PAD))
+        given = ((self.src, src_ids(self.pad_id)), (self.tgt, tgt_ids(self.pad_id)), (self.pad, PAD),
+                 (self.queries, src_ids(self.pad_id)))
         kwargs = {name: value for name, value in given if name}
         return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
 

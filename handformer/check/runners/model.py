@@ -311,7 +311,7 @@ def as_written_(written: list[tuple[nn.Module, str, Slot]]) -> None:
         w = getattr(slot.leaf, "computes", None)
         if w is None:
             w = slot.leaf.computes = norm_weights(slot)  # type: ignore[attr-defined]
-        if w.flags:
+        if w.flags or w.offset:
             setattr(parent, name, AsWritten(w))
 
 

@@ -152,9 +152,10 @@ def _mask_observed(name: str, form: str, T: int, keep: Tensor) -> dict[str, str]
                 f"{what[form][1]}（T={T} 时行 2 为 {row}，应为 111" + "0" * (T - 3) + "）")
 
 
-FFN_ACTIVATIONS = {False: ("relu", "gelu", "gelu_tanh", "relu2"), True: ("silu", "gelu")}
+FFN_ACTIVATIONS = {False: ("relu", "gelu", "gelu_tanh", "relu2"), True: ("silu", "gelu", "gelu_tanh")}
 HF_NAME = {(False, "relu"): "relu", (False, "gelu"): "gelu", (False, "gelu_tanh"): "gelu_tanh",
-           (True, "silu"): "swiglu", (True, "gelu"): "geglu", (False, "relu2"): "relu2"}
+           (True, "silu"): "swiglu", (True, "gelu"): "geglu", (True, "gelu_tanh"): "geglu_tanh",
+           (False, "relu2"): "relu2"}
 # what a gated FFN's class name promises: SwiGLU is SiLU-gated, GEGLU GELU-gated
 NAMED_ACTIVATION = (("swiglu", "silu"), ("silu", "silu"), ("swish", "silu"), ("geglu", "gelu"),
                     ("gelu", "gelu"))

@@ -15,11 +15,13 @@ over the month ends. A reply with thinking is `<think>\\nSTEPS\\n</think>\\nANSW
 exactly, Countdown by evaluating the expression (any expression that uses each given number once
 and makes the target is right).
 
-Splits: every problem has a key (the numbers, the date and the count). A hash of the key puts it
-in one of three splits, fixed by the seed: `train` (8 in 10), `search` (1 in 10: the held-out
-questions a recipe search may look at) and `report` (1 in 10: the held-out questions of the
-reported figures, looked at once at the end). No key is in two splits, so no stage's data holds a
-held-out question, and a search cannot fit the reported figures.
+Splits: every problem has a key (the numbers, the date and the count). A hash of the key, fixed by
+the seed, keeps 2 in 10 keys out of training (`train` is the other 8) and parts them in two: the
+`search` split (the held-out questions a recipe search may look at) and the `report` split (the
+held-out questions of the reported figures). The report split is drawn with another seed (the
+seed + 1, REPORT_SEED_OFFSET), once, at the end: its questions come from a generator the search
+never ran. No key is in two splits, so no stage's data holds a held-out question, and a search
+cannot fit the reported figures.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ SPLITS = ("train", "search", "report")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 FIRST_DAY, LAST_DAY = datetime.date(2000, 1, 1), datetime.date(2039, 12, 31)
 MAX_MISSES = 100_000  # draws in a row without a new problem: the split is used up
+REPORT_SEED_OFFSET = 1  # the report split is drawn with seed + 1, a seed no other split's draw uses
 
 
 @dataclass(frozen=True)
@@ -201,12 +204,16 @@ class ReasoningSet:
     def __init__(self, seed: int = 0, level: Difficulty = DEFAULT) -> None:
         self.seed, self.level = seed, level
 
+    def draw_seed(self, split: str) -> int:
+        """The seed of a split's generator: the set's own, the report split's another."""
+        return self.seed + REPORT_SEED_OFFSET if split == "report" else self.seed
+
     def sample(self, n: int, split: str, stream: str, kinds: Sequence[str] = REASONING_KINDS) -> list[Task]:
         """`n` distinct problems of `split`, the kinds in turn, from the named `stream` (each stage
-        and each evaluation draws its own)."""
+        and each evaluation draws its own), generated with the split's `draw_seed`."""
         if split not in SPLITS:
             raise ValueError(f"split={split!r} is invalid: choose {', '.join(SPLITS)}")
-        rng = random.Random(f"{self.seed}:{split}:{stream}")
+        rng = random.Random(f"{self.draw_seed(split)}:{split}:{stream}")
         out: list[Task] = []
         seen: set[tuple[str, str]] = set()
         misses = 0
@@ -323,5 +330,5 @@ def reasoning_reward(prompts, completions, kind, key, max_chars=None, **columns)
     return rewards
 
 
-__all__ = ["LONG_KIND", "REASONING_KINDS", "SPLITS", "Difficulty", "ReasoningSet", "Reading", "Task",
-           "is_right", "parse_reply", "reasoning_reward", "split_of", "with_tries"]
+__all__ = ["LONG_KIND", "REASONING_KINDS", "REPORT_SEED_OFFSET", "SPLITS", "Difficulty", "ReasoningSet",
+           "Reading", "Task", "is_right", "parse_reply", "reasoning_reward", "split_of", "with_tries"]

@@ -114,17 +114,18 @@ def pretraining_documents(n: int, tasks: ReasoningSet) -> list[str]:
     return [document(t) for t in tasks.sample(n, "train", "pretrain")] + facts_text(tasks.seed)
 
 
-def sft_records(n: int, tasks: ReasoningSet, countdown_tries: int = 0, long_sums: int = 0) -> list[dict]:
+def sft_records(n: int, tasks: ReasoningSet, countdown_tries: int = 0, long_sums: int = 0,
+                long_repeats: int = 1) -> list[dict]:
     """One-turn conversations, THINK_SHARE of them with the worked steps (Countdown's with up to
     `countdown_tries` checked misses first, reasoning.with_tries); the others answer directly (the
     template writes the empty thinking section before them, as enable_thinking=False does). Then
-    `long_sums` worked long sums, shuffled in."""
+    `long_sums` worked long sums, each `long_repeats` times, shuffled in."""
     rng = random.Random(f"{tasks.seed}:sft-think")
     records = [_conversation(with_tries(task, countdown_tries), rng.random() < THINK_SHARE)
                for task in tasks.sample(n, "train", "sft")]
     if long_sums:
         long = tasks.sample(long_sums, "train", "sft", kinds=(LONG_KIND,))
-        records += [_conversation(task, True) for task in long]
+        records += [_conversation(task, True) for task in long] * long_repeats
         random.Random(f"{tasks.seed}:sft-long").shuffle(records)
     return records
 

@@ -1,0 +1,114 @@
+"""Styles check drives by what the code does, each with a plant that fails and its correct twin: masks
+that say True = masked read so per component (a standalone attention as its file's layers), graykode's
+get_attn_pad_mask(seq_q, seq_k), and a language model's step with gradient accumulation driven with
+more than one micro-batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import format_report
+
+LAYOUTS = Path(__file__).parent / "fixtures" / "learners_layouts" / "correct.py"
+
+
+def _planted(tmp_path: Path, edits: list[tuple[str, str]], source: Path = LAYOUTS) -> str:
+    text = source.read_text(encoding="utf-8")
+    for old, new in edits:
+        assert old in text, f"{old!r} is not in {source.name}"
+        text = text.replace(old, new, 1)
+    path = tmp_path / source.name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+SCALE_BY_DK = [("/ math.sqrt(Q.size(-1))", "/ Q.size(-1)")]
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_an_attention_whose_mask_says_true_is_masked_is_read_so(tmp_path, planted):
+    """masked_fill(attn_mask, -1e9) in the attention (or in the class it holds): torch.nn's convention
+    is tried first, so the correct twin passes and a plant is named for its own mistake alone."""
+    result = check_file(_planted(tmp_path, SCALE_BY_DK * planted), only=["mask_helper", "sdpa", "mha"])
+    helper, sdpa, mha = result.components
+    assert helper.status == "pass", format_report(result)
+    for comp in (sdpa, mha):
+        assert "True = masked" in comp.convention["en"], format_report(result)
+        assert [f.name for f in comp.findings] == (["scale_by_dk"] if planted else []), format_report(result)
+        assert comp.status == ("fail" if planted else "pass"), format_report(result)
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_step_with_gradient_accumulation_is_driven_with_two_micro_batches(tmp_path, planted):
+    edits = [("(loss / grad_accum_steps).backward()", "loss.backward()")] * planted
+    result = check_file(_planted(tmp_path, edits), only=["lm_train_step"])
+    (step,) = result.components
+    assert any("grad_accum_steps=2" in n["en"] for n in step.notes), format_report(result)
+    assert [f.name for f in step.findings] == (["train_step_loss_not_divided"] if planted else [])
+    assert step.status == ("fail" if planted else "pass"), format_report(result)
+
+
+GPT2 = LAYOUTS.parent / "gpt2_conv1d.py"
+GPT2_PLANTS = {  # (edits, the component that fails, its finding, the line quoted)
+    "correct": ([], None, None, None),
+    "scale_by_dk": ([("w = w / (v.size(-1) ** 0.5)", "w = w / v.size(-1)")], "GPT2Attention", "scale_by_dk",
+                    "w = w / v.size(-1)"),
+    "gelu_sqrt_2pi": ([("math.sqrt(2.0 / math.pi)", "math.sqrt(2.0 * math.pi)")], "GPT2MLP", None,
+                      "math.sqrt(2.0 * math.pi)"),
+}
+
+
+@pytest.mark.parametrize("plant", list(GPT2_PLANTS))
+def test_gpt2_conv1d_weights_stored_in_out_are_read_transposed(tmp_path, plant):
+    """Hugging Face's Conv1D (x @ weight + bias, the weight (in, out)) is found by what it computes and
+    read transposed: the packed c_attn is split into W_Q, W_K, W_V, and the components are checked."""
+    edits, failing, named, line = GPT2_PLANTS[plant]
+    result = check_file(_planted(tmp_path, edits, GPT2), only=["causal_attention", "ffn"])
+    attention, mlp = result.components
+    assert attention.mapping[0] == "c_attn.T[0:16] -> W_Q" and mlp.mapping[0] == "c_fc.T -> FFN W_1"
+    for comp in (attention, mlp):
+        assert comp.status == ("fail" if comp.name == failing else "pass"), format_report(result)
+    if failing:
+        comp = attention if failing == "GPT2Attention" else mlp
+        assert [f.name for f in comp.findings] == ([named] if named else []), format_report(result)
+        assert line in format_report(result), format_report(result)
+
+
+def test_a_model_with_hugging_face_s_lm_head_is_found_beside_its_backbone():
+    """GPT2LMHeadModel (beside the GPT2Model it wraps) is the model checked, its blocks' Conv1D read."""
+    result = check_file(str(GPT2), only=["gpt"])
+    (model,) = result.components
+    assert (model.name, model.status) == ("GPT2LMHeadModel", "pass"), format_report(result)
+
+
+DECODING = LAYOUTS.parents[1] / "course" / "ch09_decoding.py"
+TIMES_ALPHA = ("done.append((score / (len(tokens) - 1) ** alpha, tokens))",
+               "done.append((score / (len(tokens) - 1) * alpha, tokens))")
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_length_penalty_that_multiplies_by_alpha_shows_at_alpha_zero(tmp_path, planted):
+    """score / length * alpha ranks as alpha 1 at every alpha > 0: the search is driven at alpha 0 too,
+    and the lines that read alpha are quoted."""
+    result = check_file(_planted(tmp_path, [TIMES_ALPHA] * planted, DECODING), only=["beam_search"])
+    (beam,) = result.components
+    (zero,) = [c for c in beam.checks if c.name["en"].startswith("with alpha = 0")]
+    assert zero.ok != planted and beam.status == ("fail" if planted else "pass"), format_report(result)
+    assert not planted or "line 37: done.append((score / (len(tokens) - 1) * alpha" in format_report(result)
+
+
+TOP_K_DROPS_KTH = ("logits[logits < v[:, [-1]]]", "logits[logits <= v[:, [-1]]]")
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_loop_that_takes_top_k_is_driven_with_top_k_one(tmp_path, planted):
+    """minGPT's generate(idx, max_new_tokens, temperature, do_sample, top_k) keeps one token at top_k=1:
+    greedy's; a filter that drops the k-th keeps none, and the line that filters is quoted."""
+    result = check_file(_planted(tmp_path, [TOP_K_DROPS_KTH] * planted), only=["generate"])
+    (loop,) = result.components
+    (top_one,) = [c for c in loop.checks if "top_k=1" in c.name["en"]]
+    assert top_one.ok != planted and loop.status == ("fail" if planted else "pass"), format_report(result)
+    assert not planted or "line 64: logits[logits <= v[:, [-1]]]" in format_report(result), format_report(result)
