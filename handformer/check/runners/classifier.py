@@ -71,7 +71,7 @@ def map_classifier(module: nn.Module) -> ClassifierMap:
                            "position embeddings (nn.Embedding), a [CLS] vector (an nn.Parameter), a "
                            "ModuleList of encoder layers, at most one norm, a pooler and a classifier "
                            "(nn.Linear)",
-                           zh=f"{name} 的组成不是 handformer 认得的分类模型：词嵌入和位置嵌入"
+                           zh=f"{name} 的组成不是 handformer 认得的分类模型：词嵌入和可学习的位置编码"
                               "（nn.Embedding）、一个 [CLS] 向量（nn.Parameter）、编码器层的 ModuleList、"
                               "至多一个归一化、池化层和分类层（nn.Linear）")
     positions, pooler = set(by["embeds"]) - set(tokens), set(by["linears"]) - set(out)
