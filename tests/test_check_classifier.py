@@ -91,3 +91,14 @@ def test_what_no_part_shows_fails_at_its_line(tmp_path, name):
     result = check_file(str(path), only=[kind])
     (comp,) = result.components
     assert comp.status == "fail" and line in format_report(result), format_report(result)
+
+
+def test_a_classifier_whose_cls_is_a_token_of_the_input_passes(tmp_path):
+    """BERT's own: [CLS] is the input's first token (no vector put in front), positions 0..S - 1."""
+    path = tmp_path / "token_cls.py"
+    path.write_text(CLASSIFIER.replace("        self.cls_token = nn.Parameter(torch.randn(d_model) * 0.02)\n", "")
+                    .replace("torch.cat([self.cls_token.expand(B, 1, -1), self.tok_emb(ids)], dim=1)", "self.tok_emb(ids)")
+                    .replace("torch.arange(0, S + 1)", "torch.arange(S)")
+                    .replace("torch.cat([torch.ones(B, 1, dtype=torch.bool), ids != 0], 1)", "(ids != 0)"))
+    (comp,) = check_file(str(path), only=["classifier"]).components
+    assert comp.status == "pass", comp

@@ -39,7 +39,7 @@ class ClassifierMap:
 
     tokens: str
     positions: str
-    cls: str
+    cls: str | None  # None: [CLS] is a token of the input (BERT's own), not a vector put in front
     layers: str
     classifier: str
     pooler: str | None
@@ -64,8 +64,8 @@ def map_classifier(module: nn.Module) -> ClassifierMap:
     own = [n for n, p in module.named_parameters(recurse=False) if p.numel() == p.size(-1)]
     tokens = [n for n in by["embeds"] if kids[n].num_embeddings == VOCAB]
     out = [n for n in by["linears"] if kids[n].out_features == CLASSES]
-    counts = tuple(map(len, (tokens, by["embeds"], by["lists"], own, out)))
-    if counts != (1, 2, 1, 1, 1) or len(by["norms"]) > 1 or len(by["linears"]) > 2:
+    counts = tuple(map(len, (tokens, by["embeds"], by["lists"], out)))
+    if counts != (1, 2, 1, 1) or max(len(own), len(by["norms"])) > 1 or len(by["linears"]) > 2:
         name = type(module).__name__
         raise MappingError(f"{name}'s parts are not a classifier's as handformer reads one: token and "
                            "position embeddings (nn.Embedding), a [CLS] vector (an nn.Parameter), a "
@@ -75,7 +75,7 @@ def map_classifier(module: nn.Module) -> ClassifierMap:
                               "（nn.Embedding）、一个 [CLS] 向量（nn.Parameter）、编码器层的 ModuleList、"
                               "至多一个归一化、池化层和分类层（nn.Linear）")
     positions, pooler = set(by["embeds"]) - set(tokens), set(by["linears"]) - set(out)
-    return ClassifierMap(tokens[0], positions.pop(), own[0], by["lists"][0], out[0],
+    return ClassifierMap(tokens[0], positions.pop(), next(iter(own), None), by["lists"][0], out[0],
                          next(iter(pooler), None), next(iter(by["norms"]), None))
 
 
@@ -107,10 +107,10 @@ def reference(module: nn.Module, m: ClassifierMap, ids: Tensor, seen: dict[str, 
     """(the layers' input, the pooler's input, the logits) from the learner's weights and layers, each
     layer given what the model handed it; `shift` the first position, `pool` the position pooled."""
     part = lambda name: getattr(module, name)  # noqa: E731
-    B, S = ids.shape
-    cls = part(m.cls).reshape(1, 1, -1).expand(B, 1, -1)  # (B, 1, D)
-    x = torch.cat([cls, part(m.tokens)(ids)], 1)  # (B, S + 1, D)
-    x = x + part(m.positions)(torch.arange(shift, S + 1 + shift))
+    x = part(m.tokens)(ids)  # (B, S, D)
+    front = [part(m.cls).reshape(1, 1, -1).expand(x.size(0), 1, -1)] if m.cls else []  # (B, 1, D)
+    x = torch.cat(front + [x], 1)  # (B, S + 1, D) with a [CLS] vector
+    x = x + part(m.positions)(torch.arange(shift, x.size(1) + shift))
     first = part(m.norm)(x) if m.norm else x
     x = first
     for i, layer in enumerate(part(m.layers)):
