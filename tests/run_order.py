@@ -32,6 +32,7 @@ SECONDS = {
     "test_time_limit.py": 1,
     "test_check_layouts.py": 2,
     "test_check_gemma.py": 4,
+    "test_check_classifier.py": 1,
 }
 
 

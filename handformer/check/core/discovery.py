@@ -54,6 +54,7 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                 "max_seq_length", "n_positions", "context_length", "maxlen", "max_position_embeddings",
                 "context_size", "n_ctx", "context_length", "sequence_len"),
     "theta": ("theta", "base", "rope_theta", "rope_base"),
+    "n_classes": ("num_classes", "n_classes", "num_labels", "n_labels", "num_class", "n_class", "class_num"),
     "eps": ("eps", "norm_eps", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "epsilon"),
 }
 # the hidden width of an FFN that also takes d_model (Llama's FeedForward(dim, hidden_dim, ...))
