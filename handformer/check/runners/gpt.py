@@ -694,17 +694,16 @@ def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor)
     model's new_cache(batch_size)): tokens 0..4, then 5..7 at start_pos 5, through one cache give the
     logits of the whole sequence without it; where not, the line where the cached path parts."""
     module = call.module
-    make = next((getattr(module, n) for n in CACHE_METHODS if callable(getattr(module, n, None))), None)
-    if make is None or call.position is None or call.cache_arg is None:
+    make = next(filter(callable, (getattr(module, n, None) for n in CACHE_METHODS)), None)
+    if None in (make, call.position, call.cache_arg):
         return
     B, T = idx.shape
-    wanted = [p for p in inspect.signature(make).parameters.values() if p.default is p.empty]
 
     def runs(cache: Any) -> list[tuple[Any, int, int]]:
         return [(lambda: call.with_cache(idx[:, :5], 0, cache), 0, 5),
                 (lambda: call.with_cache(idx[:, 5:], 5, cache), 5, T)]
-    try:  # its method asks for the batch size (or nothing)
-        got = [run() for run, _, _ in runs(ctx.learner.call("__init__", make, *[B] * len(wanted)))]
+    try:  # its method asks for the batch size
+        got = [run() for run, _, _ in runs(ctx.learner.call("__init__", make, B))]
         err = fp.max_error(torch.cat(got, 1), call(idx)[0])
     except (fp.LearnerFailure, TypeError, RuntimeError):
         return
@@ -713,7 +712,7 @@ def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor)
                                  f"经过它的缓存（{make.__name__}）：先给位置 0..4，再用 {call.position}=5 "
                                  "给位置 5..7，logits 与整句一次算出的相同"), err < 1e-5, error_text(err)))
     if err >= 1e-5:
-        fresh = ctx.learner.call("__init__", make, *[B] * len(wanted))
+        fresh = ctx.learner.call("__init__", make, B)
         note_departure(res, lambda: cache_departure(lambda: call(idx), runs(fresh), T, ctx.path))
 
 

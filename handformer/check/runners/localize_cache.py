@@ -22,16 +22,12 @@ from handformer.check.core.localize import Departure, Step, statement, trace_ste
 from handformer.check.core.result import text
 
 
-def _aligned(whole: Tensor, part: Tensor, T: int, a: int, b: int) -> Tensor | None:
+def _aligned(whole: Tensor, part: Tensor, T: int, a: int, b: int) -> Tensor:
     """The whole run's tensor at the positions a call over a..b-1 covers (the queries a..b-1, the
-    keys 0..b-1 it sees); None where the shapes do not line up so."""
-    if whole.dim() != part.dim():
-        return None
-    index: list[Any] = []
-    for full, got in zip(whole.shape, part.shape):
-        cut = {full: slice(None), b - a: slice(a, b), b: slice(0, b)} if full == T else {full: slice(None)}
-        index.append(cut.get(got))
-    return None if None in index else whole[tuple(index)]
+    keys 0..b-1 it sees); the part itself where the shapes do not line up so (nothing to judge)."""
+    index = [dict([(b - a, slice(a, b)), (b, slice(0, b))] * (full == T) + [(full, slice(None))]).get(got)
+             for full, got in zip(whole.shape, part.shape)]  # a size of T is cut to the call's positions
+    return whole[tuple(index)] if None not in index and whole.dim() == part.dim() else part
 
 
 def cache_departure(whole: Callable[[], Any], calls: list[tuple[Callable[[], Any], int, int]], T: int,
@@ -40,15 +36,14 @@ def cache_departure(whole: Callable[[], Any], calls: list[tuple[Callable[[], Any
     it covers) that differs from that line's on the whole sequence (`whole`)."""
     reference = _by_occurrence(trace_steps(whole, filename, every=True))
     for run, a, b in calls:
-        steps = _by_occurrence(trace_steps(run, filename, every=True))
-        for i, (key, step) in enumerate(steps.items()):
-            same = reference.get(key)
-            want = None if same is None else _aligned(same.value, step.value, T, a, b)
-            if want is not None and not torch.allclose(step.value, want, atol=1e-6, equal_nan=True):
+        steps = list(_by_occurrence(trace_steps(run, filename, every=True)).items())
+        for i, (key, step) in enumerate(steps):
+            want = _aligned(reference.get(key, step).value, step.value, T, a, b)
+            if not torch.allclose(step.value, want, atol=1e-6, equal_nan=True):
                 form = text(f"on the cached call over positions {a}..{b - 1}; the whole sequence's value "
                             "there differs",
                             f"出现在用缓存的调用里（位置 {a}..{b - 1}）；整句计算时那里的值不同")
-                return _from_cache(list(steps.items())[:i], reference, step, filename, form)
+                return _from_cache(steps[:i], reference, step, filename, form)
     return None
 
 
@@ -59,29 +54,26 @@ def _from_cache(before: list[tuple[tuple[int, str, int], Step]], reference: dict
     there (`self.v[layer][...] = k`), called from that line."""
     used = set(re.findall(r"\w+", statement(filename, step.line))) | {step.name}  # what its line reads
     origin = next((s for key, s in reversed(before) if s.name in used and key not in reference), None)
-    written = None if origin is None else _written_line(filename, origin.line, origin.name)
+    written = _written_line(filename, origin)
     if written is None:
         return Departure(step.line, step.name, statement(filename, step.line), form)
     return Departure(written, step.name, statement(filename, written), form,
                      called_from=(origin.line, statement(filename, origin.line)))
 
 
-def _written_line(filename: str, line: int, name: str) -> int | None:
-    """For `a, b = obj.method(...)` at line, the line of the file's `method` that writes into the buffer
-    it returns as `name` (its `return self.k[...], self.v[...]`: the line `self.v[...] = ...`)."""
-    tree = ast.parse(Path(filename).read_text(encoding="utf-8"))
-    at = next((n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno == line
-               and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute)), None)
-    names = [ast.unparse(t) for t in getattr(at.targets[0], "elts", [])] if at is not None else []
-    method = next((f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and names
-                   and f.name == at.value.func.attr), None)
-    returns = [r.value for r in ast.walk(method) if isinstance(r, ast.Return)] if method else []
-    returned = (returns or [None])[0]
-    if name not in names or not isinstance(returned, ast.Tuple) or len(returned.elts) != len(names):
+def _written_line(filename: str, origin: Step | None) -> int | None:
+    """For `a, b = obj.method(...)` at the origin's line, the line of the file's `method` that writes
+    into the buffer it returns as the origin's name (its `return self.k[...], self.v[...]`: the line
+    `self.v[...] = ...`); None where the code is not so."""
+    nodes = list(ast.walk(ast.parse(Path(filename).read_text(encoding="utf-8"))))
+    try:  # the statement at that line comes first in the walk, before the nodes inside it
+        call = next(n for n in nodes if getattr(n, "lineno", 0) == origin.line)
+        names = [ast.unparse(t) for t in call.targets[0].elts]
+        method = next(f for f in nodes if getattr(f, "name", None) == call.value.func.attr)
+        buffer = _base(method.body[-1].value.elts[names.index(origin.name)])  # its return statement
+        return next(n.lineno for n in method.body if _base(getattr(n, "targets", [n])[0]) == buffer)
+    except (AttributeError, IndexError, ValueError, StopIteration):  # not a helper that returns its buffers
         return None
-    buffer = _base(returned.elts[names.index(name)])
-    return next((n.lineno for n in ast.walk(method) if isinstance(n, ast.Assign)
-                 and any(_base(t) == buffer for t in n.targets)), None)
 
 
 def _base(node: ast.AST) -> str:
