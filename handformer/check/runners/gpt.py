@@ -526,7 +526,7 @@ def _scaled_embeddings(call: Caller, m: GPTMap, idx: Tensor) -> bool:
     original Transformer's; learned positions added after), read from what it is handed."""
     handed: list[Tensor] = []
     block = call.module.get_submodule(m.blocks[0].name)
-    handle = block.register_forward_pre_hook(lambda _, args: handed.extend(args[:1]))
+    handle = block.register_forward_pre_hook(lambda _, args: handed.append(fp.first_tensor(args, 3)))
     try:
         call(idx)
     finally:
