@@ -89,11 +89,10 @@ class _Tracer:
                 numbers[name] = (before[1], value)  # a size read from a shape: `d_k = q.size(-1)`
                 self.steps += [Step(before[1], name, _number(value), None, not before[0],
                                     numbers=dict(numbers))] * self.scalars  # a schedule's numbers
-        if event == "return":
-            self.returned(frame, arg)
         held = {k: _snapshot(v) for k, v in seen.items()}
         self.state[id(frame)], self.now = (held, frame.f_lineno), frame.f_lineno
         if event == "return":  # a later frame may take this one's id: it starts afresh
+            self.returned(frame, arg)
             del self.state[id(frame)], self.numbers[id(frame)]
         return self.local
 
