@@ -82,10 +82,13 @@ CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "con
 # hyunwoongko's enc_voc_size, device and trg_sos_idx (kept, never read); minGPT's
 # config.model_type (None: the sizes are given)
 for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec"), "d_head": ("d_v",), "d_ff": ("pf_dim",),
+                     # a Chinese course's MultiHeadedAttention(head, embedding_dim, ...)
+                     "n_heads": ("head",),
                      "dropout": ("embd_pdrop",),
                      "max_len": ("n_position", "src_seq_len", "tgt_seq_len"),
-                     "src_vocab": ("n_src_vocab", "enc_voc_size"),
-                     "tgt_vocab": ("n_trg_vocab", "dec_voc_size")}.items():
+                     # the same course's make_model(source_vocab, target_vocab, ...)
+                     "src_vocab": ("n_src_vocab", "enc_voc_size", "source_vocab"),
+                     "tgt_vocab": ("n_trg_vocab", "dec_voc_size", "target_vocab")}.items():
     ARGUMENTS[_key] += _names
 HIDDEN_WHEN_PAIRED += ("d_hid",)
 FIXED.update({"device": "cpu", "model_type": None, "trg_sos_idx": 1})
@@ -292,8 +295,11 @@ def decoder_only(cls: Any, extras: tuple[str, ...] = TOKEN_EXTRAS) -> bool:
     (and maybe Meta's start_pos or the targets, or a layer's `extras`): decoder-only; an
     encoder-decoder takes two."""
     params = list(_forward_parameters(cls).values())[1:]
+    names = {p.name for p in params}
+    # targets that come with their own mask (forward(source, target, source_mask, target_mask)) are
+    # the decoder's input, not the labels of a loss
     inputs = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty
-              and p.name not in extras and "mask" not in p.name]
+              and (p.name not in extras or f"{p.name}_mask" in names) and "mask" not in p.name]
     return len(inputs) == 1
 
 

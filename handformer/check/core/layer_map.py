@@ -15,6 +15,7 @@ from torch import nn
 from handformer.check.core.context import D, H
 from handformer.check.core.source import source_text
 from handformer.check.core.weights import (
+    Gainless,
     Leaf,
     MappingError,
     Slot,
@@ -119,12 +120,6 @@ def block_norms(norms: list[Leaf]) -> tuple[list[Leaf], list[Slot]]:
     qk = qk_norm_slots([n for n in norms if tuple(n.weight.shape) == (D // H,)], D // H)
     taken = {id(slot.leaf) for slot in qk}
     return [n for n in norms if id(n) not in taken], qk
-
-
-class Gainless(Leaf):
-    """A norm the learner computes with a function and no parameters (nanochat's norm(x) =
-    F.rms_norm(x, (x.size(-1),))): torch's norm with a gain of ones (and a bias of zeros) stands for
-    it; it has no gradient of its own in the learner's graph."""
 
 
 # a call of a function, not of a module's method: norm(x), F.rms_norm(q, ...), rms(h)

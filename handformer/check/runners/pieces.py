@@ -21,6 +21,7 @@ from handformer.check.core.context import (
     Context,
     D,
     error_text,
+    finish,
     grads_error,
     shape_of,
 )
@@ -31,6 +32,7 @@ from handformer.check.core.probe import Found, Probe, Subject, localize_step, na
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
+    Gainless,
     MappingError,
     Slot,
     copy_ffn,
@@ -250,8 +252,44 @@ FFN = Probe(
 
 
 def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
-    """The position-wise FFN (ReLU, GELU, SwiGLU, GEGLU), as the FFN probe states it."""
+    """The position-wise FFN (ReLU, GELU, SwiGLU, GEGLU), as the FFN probe states it; one with no
+    parameters is its activation alone (OLMo's SwiGLU module)."""
+    if next(ctx.build(comp, checked=False).parameters(), None) is None:
+        return _check_activation(comp, ctx)
     return run_probe(FFN, comp, ctx)
+
+
+ACTIVATIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu, "relu": torch.relu,
+               "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}
+
+
+def _activation_readings(x: Tensor) -> dict[str, Tensor]:
+    """What an activation without weights may compute from x (B, T, 2F): act(x), or a gated
+    act(gate) * up with the gate either half of x (which half is the gate is the projection's
+    layout, a convention)."""
+    first, second = x.chunk(2, dim=-1)  # (B, T, F) each
+    gated = {f"{name}(second half) * first half": act(second) * first for name, act in ACTIVATIONS.items()}
+    gated |= {f"{name}(first half) * second half": act(first) * second for name, act in ACTIVATIONS.items()}
+    return gated | {f"{name}(x)": act(x) for name, act in ACTIVATIONS.items()}
+
+
+def _check_activation(comp: Component, ctx: Context) -> ComponentResult:
+    """A FFN-named module with no parameters (OLMo's SwiGLU: x, gate = x.chunk(2, -1); silu(gate) * x):
+    compared with each activation, plain or gated; its projections are the block's, checked there."""
+    res = ctx.result(comp)
+    x = fp.randn(2, 5, 2 * F_WIDTH, seed=1)
+    out = fp.first_tensor(ctx.learner.call("forward", ctx.build(comp), x), 3)
+    errors = {name: fp.max_error(out, ref) for name, ref in _activation_readings(x).items()}
+    best = min(errors, key=errors.get)
+    res.max_abs_error = errors[best]
+    res.notes.append(text(f"no parameters: an activation, {best} (the projections around it are checked "
+                          "in the block that uses it)",
+                          f"没有参数：是一个激活函数 {best}（它前后的投影在使用它的块里检查）"))
+    res.checks.append(Check(text("matches an activation (silu, gelu, relu), plain or gated, on (2, 5, "
+                                 f"{2 * F_WIDTH})", f"在 (2, 5, {2 * F_WIDTH}) 上与某个激活函数"
+                                 "（silu、gelu、relu，门控或不门控）一致"), errors[best] < 1e-5,
+                            error_text(errors[best])))
+    return finish(res)
 
 
 def _position_wise(res: ComponentResult, run: Callable[[Tensor], Tensor | None], x: Tensor,
@@ -391,7 +429,8 @@ def _build_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     module = ctx.build(comp)
     norms = of_kind(leaves(module), "norm")
     slot = norm_slots(norms, 1, [comp.kind], comp.name)[0]
-    res.mapping = [f"{slot.leaf.name}: weight" + (", bias" if slot.leaf.bias is not None else "")]
+    res.mapping = [slot.leaf.name if isinstance(slot.leaf, Gainless) else
+                   f"{slot.leaf.name}: weight" + (", bias" if slot.leaf.bias is not None else "")]
     bias = slot.bias() if comp.kind == "layernorm" else None
     w = V.NormWeights(slot.weight(), bias, norm_eps(slot.leaf.module, comp.kind), comp.kind)
     res.notes.append(text(f"eps = {w.eps:g} (read from your module)", f"eps = {w.eps:g}（从你的模块读取）"))
@@ -402,7 +441,8 @@ def _build_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     # Gemma's RMSNorm keeps its gain as an offset from one, x̂ · (1 + weight), its weight built at zero:
     # read so when the plain reading explains nothing (a 1 + weight built at one is a gain of two)
     offset = dataclasses.replace(w, weight=w.weight + 1)
-    at_zero = not any(p.detach().any() for p in ctx.build(comp, checked=False).parameters())
+    at_zero = not isinstance(slot.leaf, Gainless) and not any(
+        p.detach().any() for p in ctx.build(comp, checked=False).parameters())
     return Subject(run, [(slot, w)] + [(slot, offset)] * at_zero, module, {"offset": offset})
 
 
@@ -468,8 +508,9 @@ def _compare_norm(res: ComponentResult, run: Callable[[Tensor], Tensor | None], 
             errors.append(fp.max_error(mine, ref) / max(1.0, float(ref.detach().abs().max())))
             if i == 0 and mine is not None and mine.shape == ref.shape:
                 g = fp.randn(*ref.shape, seed=5)
-                params = [slot.leaf.weight] + ([slot.leaf.bias] if bias else [])
-                hf_params = [hf.weight] + ([hf.bias] if bias else [])
+                gains = not isinstance(slot.leaf, Gainless)  # a norm without parameters: none to compare
+                params = ([slot.leaf.weight] + ([slot.leaf.bias] if bias else [])) * gains
+                hf_params = ([hf.weight] + ([hf.bias] if bias else [])) * gains
                 grad_err = grads_error(list(zip(
                     torch.autograd.grad((mine * g).sum(), [x] + params, allow_unused=True),
                     torch.autograd.grad((ref * g).sum(), [x] + hf_params))))

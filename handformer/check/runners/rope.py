@@ -456,7 +456,8 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
 
     raw = call()
     table = read_table(raw, T)
-    if table is not None and not (isinstance(raw, Tensor) and raw.shape == q.shape):
+    # OLMo's forward(q, k) returns the rotated (q, k): shaped as its inputs, not a (cos, sin) table
+    if table is not None and not (tensors and _stacked(raw, len(tensors), q.shape) is not None):
         return _module_table(res, ctx, comp, call, table, names)
     if tensors:
         return _rotated_module(res, ctx, comp, call, len(tensors), q, k, names)
