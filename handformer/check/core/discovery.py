@@ -114,7 +114,8 @@ class Component:
     kind: str  # one of KINDS
     name: str  # the learner's name for it
     obj: Any  # the class or function
-    found_by: str = "name"  # "name", or "signature": a free function found by what it does (signatures.py)
+    found_by: str = "name"  # "name", "signature": a free function found by what it does (signatures.py),
+    # or "structure": a model found by what it builds
 
 
 def find_components(module: types.ModuleType, overrides: dict[str, str] | None = None,
@@ -171,7 +172,23 @@ def _by_name(module: types.ModuleType, overrides: dict[str, str] | None, only: l
             if name not in taken and (not only or actual in only):
                 taken.add(name)
                 found.append(Component(actual, name, own[name]))
+    found += _by_structure(own, taken | named | set(TABLED), only)
     return found + _by_signature(own, taken | named, only, set(overrides))
+
+
+# what a decoder-only model's __init__ builds, whatever its name (AI2's OLMo): token embeddings and a
+# list of blocks
+MODEL_PARTS = re.compile(r"nn\.Embedding\(.*nn\.ModuleList\(", re.S)
+
+
+def _by_structure(own: dict[str, Any], taken: set[str], only: list[str] | None) -> list[Component]:
+    """The learner's classes that no name found but that are decoder-only models by what they build
+    (an embedding, then a list of blocks) and what their forward takes (one sequence of ids)."""
+    if only and "gpt" not in only:
+        return []
+    return [Component("gpt", name, obj, "structure") for name, obj in own.items()
+            if inspect.isclass(obj) and name not in taken and "." not in name
+            and MODEL_PARTS.search(source_text(vars(obj).get("__init__", ""))) and decoder_only(obj)]
 
 
 def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, pointed: set[str],

@@ -104,13 +104,28 @@ def map_layer(path: str, child: nn.Module, F_width: int) -> LayerMap:
     decoder = projection_width([tuple(x.weight.shape) for x in linears]) >= 7
     names = SUBLAYERS[decoder]
     attn = attention_slots(linears, D, len(names) - 1, path)  # one attention a sublayer but the FFN
-    ffn = ffn_slots(linears, D, F_width, path)[0]
+    ffn = ffn_reading(child, ffn_slots(linears, D, F_width, path))
     norms, qk = block_norms(of_kind(found, "norm"))
     attn[0] += qk or gainless_qk(child)
     norms = norms or gainless_norms(child, len(names))
     if len(norms) == 1:
         norms = norms * len(names)
     return LayerMap(path, decoder, attn, ffn, norm_slots(norms, len(names), names, path))
+
+
+# the two halves of a fused projection named where the code splits it: OLMo's x, gate = x.chunk(2, -1)
+CHUNKED = re.compile(r"(\w+)\s*,\s*(\w+)\s*=\s*[\w.()\[\]]*chunk\(\s*2")
+
+
+def ffn_reading(child: nn.Module, readings: list[list[Slot]]) -> list[Slot]:
+    """The FFN reading a layer's mapping takes: the first, but for gate and up fused in one layer, the
+    half its code names the gate (OLMo's `x, gate = x.chunk(2, dim=-1)`: the second)."""
+    if len(readings) < 2 or readings[0][0].rows is None:
+        return readings[0]
+    source = "".join(source_text(type(m)) for m in child.modules()
+                     if type(m).__module__.startswith("learner_"))
+    split = CHUNKED.search(source)
+    return readings[1] if split and "gate" in split.group(2).lower() else readings[0]
 
 
 def block_norms(norms: list[Leaf]) -> tuple[list[Leaf], list[Slot]]:

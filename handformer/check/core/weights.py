@@ -394,6 +394,10 @@ def ffn_slots(linears: list[Leaf], D: int, F: int | None, what: str) -> list[lis
         ups, downs = with_shape(linears, (width, D)), with_shape(linears, (D, width))
         if len(downs) == 1 and len(ups) in (1, 2):
             return _ffn_orders(ups, downs)
+    for width in widths:  # gate and up fused in one (2F, D) layer (OLMo's ff_proj), then (D, F)
+        fused, downs = with_shape(linears, (width, D)), with_shape(linears, (D, width // 2))
+        if len(fused) == 1 and len(downs) == 1 and width % 2 == 0:
+            return _fused_orders(fused[0], width // 2, downs[0])
     for width in widths:  # no (D, F) layer at all: an FFN that forgot its down projection
         ups = with_shape(linears, (width, D))
         if len(ups) in (1, 2) and not any(leaf.weight.size(1) == width for leaf in linears):
@@ -417,6 +421,14 @@ def _ffn_orders(ups: list[Leaf], downs: list[Leaf]) -> list[list[Slot]]:
     a, b = ups
     return [[Slot("FFN W_gate", gate), Slot("FFN W_up", up)] + [Slot("FFN W_down", d) for d in downs]
             for gate, up in ((a, b), (b, a))]
+
+
+def _fused_orders(fused: Leaf, F: int, down: Leaf) -> list[list[Slot]]:
+    """Gate and up as the two halves of one layer, in both orders (which half is the gate is the
+    layer's layout, a convention), then W_down."""
+    first, second = Slot("", fused, slice(0, F)), Slot("", fused, slice(F, 2 * F))
+    return [[dataclasses.replace(gate, role="FFN W_gate"), dataclasses.replace(up, role="FFN W_up"),
+             Slot("FFN W_down", down)] for gate, up in ((first, second), (second, first))]
 
 
 def is_gated(slots: list[Slot]) -> bool:

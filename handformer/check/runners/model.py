@@ -232,7 +232,7 @@ def _reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
     gated = is_gated(m.encoder[0].ffn)
     cfg = Seq2SeqConfig(
         src_vocab_size=SRC_V, tgt_vocab_size=TGT_V, d_model=D, n_heads=H,
-        d_ff=m.encoder[0].ffn[0].leaf.weight.size(0), n_encoder_layers=len(m.encoder),
+        d_ff=m.encoder[0].ffn[0].weight().size(0), n_encoder_layers=len(m.encoder),
         n_decoder_layers=len(m.decoder), dropout=0.0, activation=HF_NAME[(gated, ch.activation)],
         norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm", norm_placement=ch.placement,
         norm_eps=first.eps, position="learned" if m.positions is not None else "sinusoidal",
@@ -374,14 +374,17 @@ class Caller:
         self.module, self.ctx = module, ctx
         self.forward = composed(module) or module
         self.masks = [p.name for p in forward_parameters(self.forward) if "mask" in p.name.lower()]
-        self.torch_nn = holds_torch_attention(module)
-        self.rank: int | None = None if self.masks and not self.torch_nn else 4  # found on the first call
+        # the mask forms to try on the first call, and the one whose error is theirs when none runs: a
+        # model on torch.nn's attention takes them as torch.nn does, or as the tutorials' keep-masks
+        # that it turns into torch.nn's itself
+        self.forms, self.fallback = (("torch", 4, 3), "torch") if holds_torch_attention(module) else ((4,), 3)
+        self.rank: int | str | None = None if self.masks else self.fallback
 
-    def raw(self, src: Tensor, tgt: Tensor, rank: int = 4) -> Any:
+    def raw(self, src: Tensor, tgt: Tensor, rank: int | str = 4) -> Any:
         """Rank 4: (B, 1, 1, S) and (B, 1, T, T); rank 3 (the Annotated Transformer's, whose attention
-        adds the head axis): (B, 1, S) and (B, T, T). A model on torch.nn's attention (nn.Transformer,
-        nn.MultiheadAttention) gets its masks as torch.nn takes them (torch_mask)."""
-        if self.torch_nn:
+        adds the head axis): (B, 1, S) and (B, T, T); "torch": as torch.nn's attention (nn.Transformer,
+        nn.MultiheadAttention) takes them (torch_mask)."""
+        if rank == "torch":
             return self.forward(src, tgt, **{name: torch_mask(name, src, tgt) for name in self.masks})
         kwargs = {}
         for name in self.masks:
@@ -395,18 +398,18 @@ class Caller:
         return self.forward(src, tgt, **kwargs)
 
     def __call__(self, src: Tensor, tgt: Tensor) -> Tensor | None:
-        if self.rank is None:
+        for form in self.forms if self.rank is None else ():
             try:
-                out = self._call(src, tgt, 4)
+                out = self._call(src, tgt, form)
                 if out is not None and tuple(out.shape[:2]) == tuple(tgt.shape):
-                    self.rank = 4
+                    self.rank = form
                     return out
             except fp.LearnerFailure:
                 pass
-            self.rank = 3
+        self.rank = self.fallback if self.rank is None else self.rank
         return self._call(src, tgt, self.rank)
 
-    def _call(self, src: Tensor, tgt: Tensor, rank: int) -> Tensor | None:
+    def _call(self, src: Tensor, tgt: Tensor, rank: int | str) -> Tensor | None:
         raw = self.ctx.learner.call("forward", self.raw, src, tgt, rank)
         out, flat = fp.first_tensor(raw, 3), fp.first_tensor(raw, 2)
         if out is None and flat is not None and flat.size(0) == tgt.numel():  # jadore801120's view(-1, V)

@@ -1,0 +1,80 @@
+"""Components check builds from what the code does, each with a plant of ours that fails and its correct
+twin that passes: a Chinese course's MultiHeadedAttention(head, embedding_dim), an encoder-decoder whose
+forward takes the target with its mask, OLMo's norm with no parameters, its rotary module returning the
+rotated (q, k), and its SwiGLU module with no parameters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from handformer.check.core.discovery import decoder_only
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import format_report
+
+FIXTURES = Path(__file__).parent / "fixtures"
+COURSE = FIXTURES / "learners_course_zh" / "correct.py"
+OLMO = FIXTURES / "learners_olmo" / "correct.py"
+
+
+def _planted(tmp_path: Path, source: Path, edits: list[tuple[str, str]]) -> str:
+    text = source.read_text(encoding="utf-8")
+    for old, new in edits:
+        assert old in text, f"{old!r} is not in {source.name}"
+        text = text.replace(old, new, 1)
+    path = tmp_path / source.name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_an_attention_built_with_head_and_embedding_dim(tmp_path, planted):
+    """`head` is the number of heads; a plant that fills masked scores with 0 fails."""
+    edits = [("masked_fill(mask == 0, -1e9)", "masked_fill(mask == 0, 0)")] if planted else []
+    result = check_file(_planted(tmp_path, COURSE, edits), only=["mha"])
+    (mha,) = result.components
+    assert mha.status == ("fail" if planted else "pass"), format_report(result)
+
+
+def test_a_target_with_its_own_mask_is_the_decoders_input_not_labels():
+    class EncoderDecoder:
+        def forward(self, source, target, source_mask, target_mask): ...
+
+    class GPT:
+        def forward(self, idx, targets=None): ...
+
+    class LM:
+        def forward(self, input_ids, target): ...
+
+    assert not decoder_only(EncoderDecoder) and decoder_only(GPT) and decoder_only(LM)
+
+
+OLMO_PLANTS = {  # kind -> (the name checked, the plant's edit)
+    "layernorm": ("LayerNorm", ("return (x - mean) / torch.sqrt", "return x / torch.sqrt")),
+    "rope": ("RotaryEmbedding", ("torch.cat((-t2, t1)", "torch.cat((t2, -t1)")),
+    "ffn": ("SwiGLU", ("F.silu(gate) * up", "F.silu(gate) + up")),
+}
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_olmo_pieces_without_parameters_are_built_and_checked(tmp_path, planted):
+    edits = [edit for _, edit in OLMO_PLANTS.values()] if planted else []
+    result = check_file(_planted(tmp_path, OLMO, edits), only=list(OLMO_PLANTS))
+    got = {c.name: c.status for c in result.components}
+    want = "fail" if planted else "pass"
+    assert got == {name: want for name, _ in OLMO_PLANTS.values()}, format_report(result)
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_model_found_by_what_it_builds_with_fused_gate_and_up(tmp_path, planted):
+    """OLMo: a model of no known name found by its embedding and list of blocks; its blocks' ff_proj
+    holds up and gate (the half the code names gate is the gate); a plant without the final norm fails
+    quoting the line that applies the head."""
+    edits = [("F.linear(self.ln_f(x), self.wte.weight)", "F.linear(x, self.wte.weight)")] if planted else []
+    result = check_file(_planted(tmp_path, OLMO, edits), only=["block", "gpt"])
+    got = {c.name: c.status for c in result.components}
+    assert got == {"Block": "pass", "OLMo": "fail" if planted else "pass"}, format_report(result)
+    if planted:
+        (finding,) = result.components[-1].findings
+        assert (finding.name, finding.code.strip()) == ("final_norm_missing", "return F.linear(x, self.wte.weight)")
