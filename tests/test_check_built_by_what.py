@@ -78,3 +78,24 @@ def test_a_model_found_by_what_it_builds_with_fused_gate_and_up(tmp_path, plante
     if planted:
         (finding,) = result.components[-1].findings
         assert (finding.name, finding.code.strip()) == ("final_norm_missing", "return F.linear(x, self.wte.weight)")
+
+
+TORCH_LAYERS = FIXTURES / "learners_torch_layers" / "correct.py"
+TORCH_PLANTS = {  # kind -> (the name checked, a plant)
+    "transformer": ("TranslationModel", ("src_key_padding_mask=~src_mask[:, 0])", "src_key_padding_mask=src_mask[:, 0])")),
+    "greedy_decode": ("greedy_decode", ("out[:, -1]).argmax", "out[:, 0]).argmax")),
+    "train_step": ("train_step", (" / (tgt_y != PAD).sum()", " / tgt_y.numel()")),
+}
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_model_on_torch_layers_that_takes_keep_masks(tmp_path, planted):
+    """A model on torch.nn's layers whose forward takes the tutorials' keep-masks is driven with them,
+    its greedy decoding is handed the same source mask, and a step that divides a summed loss by the
+    real tokens is compared with handformer's step divided so; each plant fails."""
+    edits = [edit for _, edit in TORCH_PLANTS.values()] if planted else []
+    result = check_file(_planted(tmp_path, TORCH_LAYERS, edits), only=[*TORCH_PLANTS, "loss"])
+    got = {c.name: c.status for c in result.components}
+    want = "fail" if planted else "pass"
+    assert got == {"LabelSmoothing": "pass"} | {name: want for name, _ in TORCH_PLANTS.values()}, \
+        format_report(result)

@@ -26,6 +26,7 @@ import dataclasses
 import inspect
 import itertools
 import re
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -377,24 +378,24 @@ class Caller:
         # the mask forms to try on the first call, and the one whose error is theirs when none runs: a
         # model on torch.nn's attention takes them as torch.nn does, or as the tutorials' keep-masks
         # that it turns into torch.nn's itself
-        self.forms, self.fallback = (("torch", 4, 3), "torch") if holds_torch_attention(module) else ((4,), 3)
+        self.forms, self.fallback = ((("torch", -4, -3), "torch") if holds_torch_attention(module) else
+                                     ((4,), 3))
         self.rank: int | str | None = None if self.masks else self.fallback
 
     def raw(self, src: Tensor, tgt: Tensor, rank: int | str = 4) -> Any:
         """Rank 4: (B, 1, 1, S) and (B, 1, T, T); rank 3 (the Annotated Transformer's, whose attention
-        adds the head axis): (B, 1, S) and (B, T, T); "torch": as torch.nn's attention (nn.Transformer,
-        nn.MultiheadAttention) takes them (torch_mask)."""
+        adds the head axis): (B, 1, S) and (B, T, T); 0/1 ints, or bool at ranks -4 and -3; "torch":
+        as torch.nn's attention (nn.Transformer, nn.MultiheadAttention) takes them (torch_mask)."""
         if rank == "torch":
             return self.forward(src, tgt, **{name: torch_mask(name, src, tgt) for name in self.masks})
         kwargs = {}
         for name in self.masks:
             if names_source(name):
-                kwargs[name] = (src != PAD)[:, None, None, :].long()  # (B, 1, 1, S)
+                keep = (src != PAD)[:, None, None, :]  # (B, 1, 1, S)
             else:
                 keep = causal(tgt.size(1))[None, None] & (tgt != PAD)[:, None, None, :]  # (B, 1, T, T)
-                kwargs[name] = keep.long()
-            if rank == 3:
-                kwargs[name] = kwargs[name][:, 0]  # (B, 1, S) or (B, T, T)
+            kwargs[name] = keep[:, 0] if abs(int(rank)) == 3 else keep  # (B, 1, S) or (B, T, T) at rank 3
+            kwargs[name] = kwargs[name] if int(rank) < 0 else kwargs[name].long()
         return self.forward(src, tgt, **kwargs)
 
     def __call__(self, src: Tensor, tgt: Tensor) -> Tensor | None:
@@ -402,7 +403,7 @@ class Caller:
             try:
                 out = self._call(src, tgt, form)
                 if out is not None and tuple(out.shape[:2]) == tuple(tgt.shape):
-                    self.rank = form
+                    self.rank = TAKEN_FORM[self.module] = form
                     return out
             except fp.LearnerFailure:
                 pass
@@ -443,12 +444,18 @@ def torch_mask(name: str, src: Tensor, tgt: Tensor) -> Tensor | None:
     return forms[kind, source]()
 
 
+# the mask form each of the learner's models took when its Caller first ran it: the form its decoding
+# functions hand it
+TAKEN_FORM: weakref.WeakKeyDictionary[nn.Module, int | str] = weakref.WeakKeyDictionary()
+
+
 def source_mask(model: Any, src: Tensor) -> Tensor:
     """The source mask a decoding function is handed with its model: as torch.nn takes it for a model
-    on torch.nn's attention ((S, S), nothing masked: PyTorch's translation tutorial), else the
-    tutorials' (B, 1, S), 1 = may attend."""
-    torch_nn = holds_torch_attention(model)
-    return torch_mask("src_mask", src, src) if torch_nn else (src != PAD)[:, None, :]
+    on torch.nn's attention ((S, S), nothing masked: PyTorch's translation tutorial) unless that model
+    took the tutorials' keep-masks, else the tutorials' (B, 1, S), 1 = may attend."""
+    form = TAKEN_FORM.get(model, "torch" if holds_torch_attention(model) else 3)
+    keep = (src != PAD)[:, None, None, :] if form == -4 else (src != PAD)[:, None, :]  # (B, 1, [1,] S)
+    return torch_mask("src_mask", src, src) if form == "torch" else keep
 
 
 def inputs(S: int, T: int, src_pad: list[int], tgt_pad: list[int], seed: int) -> tuple[Tensor, Tensor]:
