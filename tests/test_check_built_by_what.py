@@ -99,3 +99,30 @@ def test_a_model_on_torch_layers_that_takes_keep_masks(tmp_path, planted):
     want = "fail" if planted else "pass"
     assert got == {"LabelSmoothing": "pass"} | {name: want for name, _ in TORCH_PLANTS.values()}, \
         format_report(result)
+
+
+PHI_ROTARY = '''import torch
+import torch.nn as nn
+
+
+class PhiRotaryEmbedding(nn.Module):
+    def __init__(self, rotary_dim, max_position_embeddings=2048, base=10000.0):
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x, seq_len):
+        emb = torch.outer(torch.arange(seq_len, dtype=self.inv_freq.dtype), self.inv_freq)
+        emb = torch.cat((emb, emb), dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+'''
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_rotary_table_built_with_the_width_it_turns(tmp_path, planted):
+    """Phi's PhiRotaryEmbedding(rotary_dim, ...): rotary_dim is the width of the table."""
+    path = tmp_path / "phi_rotary.py"
+    path.write_text(PHI_ROTARY.replace("emb.sin()", "(-emb).sin()") if planted else PHI_ROTARY, encoding="utf-8")
+    result = check_file(str(path), only=["rope"])
+    (rope,) = result.components
+    assert rope.status == ("fail" if planted else "pass"), format_report(result)

@@ -30,7 +30,7 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                 "size", "model_dim", "emb_dim", "d_embed", "embedding_dim", "normalized_shape", "dmodel",
                 "num_hiddens", "norm_shape", "ffn_num_input", "ffn_num_outputs", "key_size", "query_size",
                 "value_size", "ndim", "n_embed", "embed_size", "d_in", "d_out", "emb_size"),
-    "d_head": ("head_size", "head_dim", "d_k", "d_head", "dim_head", "headsize"),
+    "d_head": ("head_size", "head_dim", "d_k", "d_head", "dim_head", "headsize", "rotary_dim"),
     "n_heads": ("num_heads", "n_heads", "h", "heads", "n_head", "nhead", "num_head", "head_num",
                 "nheads", "num_attention_heads"),
     "n_kv_heads": ("n_kv_heads", "num_kv_heads", "num_key_value_heads", "kv_heads", "n_kv_head",

@@ -442,7 +442,8 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
     """RotaryEmbedding(dim, max_seq_len, base): built for head dim 16; its forward returns the table
     (checked as a table) or the rotated input (checked as an apply function)."""
     res = ctx.result(comp)
-    sizes = {"d_model": DH, "max_len": P, "theta": THETA, "n_heads": 1, "dropout": 0.0}  # head dim = d_model
+    # head dim = d_model (Phi's PhiRotaryEmbedding(rotary_dim, ...): the width it turns)
+    sizes = {"d_model": DH, "d_head": DH, "max_len": P, "theta": THETA, "n_heads": 1, "dropout": 0.0}
     module = ctx.build(comp, sizes, checked=False).double()
     names = forward_names(module)
     q, k = _apply_inputs()
