@@ -185,10 +185,8 @@ MODEL_PARTS = re.compile(r"nn\.Embedding\(.*nn\.ModuleList\(", re.S)
 def _by_structure(own: dict[str, Any], taken: set[str], only: list[str] | None) -> list[Component]:
     """The learner's classes that no name found but that are decoder-only models by what they build
     (an embedding, then a list of blocks) and what their forward takes (one sequence of ids)."""
-    if only and "gpt" not in only:
-        return []
     return [Component("gpt", name, obj, "structure") for name, obj in own.items()
-            if inspect.isclass(obj) and name not in taken and "." not in name
+            if (not only or "gpt" in only) and inspect.isclass(obj) and name not in taken and "." not in name
             and MODEL_PARTS.search(source_text(vars(obj).get("__init__", ""))) and decoder_only(obj)]
 
 

@@ -113,19 +113,15 @@ def map_layer(path: str, child: nn.Module, F_width: int) -> LayerMap:
     return LayerMap(path, decoder, attn, ffn, norm_slots(norms, len(names), names, path))
 
 
-# the two halves of a fused projection named where the code splits it: OLMo's x, gate = x.chunk(2, -1)
-CHUNKED = re.compile(r"(\w+)\s*,\s*(\w+)\s*=\s*[\w.()\[\]]*chunk\(\s*2")
+# the gate named second where the code splits a fused projection: OLMo's x, gate = x.chunk(2, -1)
+GATE_SECOND = re.compile(r"\w+\s*,\s*\w*gate\w*\s*=\s*[\w.()\[\]]*chunk\(\s*2")
 
 
 def ffn_reading(child: nn.Module, readings: list[list[Slot]]) -> list[Slot]:
     """The FFN reading a layer's mapping takes: the first, but for gate and up fused in one layer, the
-    half its code names the gate (OLMo's `x, gate = x.chunk(2, dim=-1)`: the second)."""
-    if len(readings) < 2 or readings[0][0].rows is None:
-        return readings[0]
-    source = "".join(source_text(type(m)) for m in child.modules()
-                     if type(m).__module__.startswith("learner_"))
-    split = CHUNKED.search(source)
-    return readings[1] if split and "gate" in split.group(2).lower() else readings[0]
+    half its file's code names the gate (OLMo's `x, gate = x.chunk(2, dim=-1)`: the second)."""
+    second = GATE_SECOND.search(source_text(sys.modules.get(type(child).__module__)))
+    return readings[int(readings[0][0].rows is not None and second is not None)]
 
 
 def block_norms(norms: list[Leaf]) -> tuple[list[Leaf], list[Slot]]:

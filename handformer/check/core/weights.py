@@ -205,26 +205,16 @@ class Gainless(Leaf):
     no gradient of its own in the learner's graph, and nothing of it is scrambled."""
 
 
-# where a norm module keeps its width (OLMo's self.normalized_shape = (d_model,))
-WIDTH_ATTRIBUTES = ("normalized_shape", "dim", "d_model", "hidden_size", "features", "size", "ndim")
-
-
-def _parameterless_norm(label: str, sub: nn.Module) -> Gainless | None:
-    """A learner's norm module with no parameters and no children, named as a norm, whose width it
-    keeps (OLMo's LayerNorm: (x - mean) / sqrt(var + eps)): its own module with a gain of ones, and a
-    bias of zeros unless it is an RMSNorm."""
-    name = type(sub).__name__.lower()
-    if "norm" not in name or next(sub.children(), None) is not None or \
-            not type(sub).__module__.startswith("learner_"):
-        return None
-    widths = [getattr(sub, a, None) for a in WIDTH_ATTRIBUTES]
-    width = next((w for w in (v[-1] if isinstance(v, (tuple, list)) and v else v for v in widths)
-                  if isinstance(w, int) and w > 0), None)
-    if width is None:
-        return None
-    gain = nn.Parameter(torch.ones(width, dtype=torch.float64))
-    bias = None if "rms" in name else nn.Parameter(torch.zeros(width, dtype=torch.float64))
-    return Gainless(f"{label} (no weight)", "norm", sub, gain, bias)
+def _parameterless_norm(label: str, sub: nn.Module, params: dict[str, nn.Parameter]) -> list[Gainless]:
+    """A norm module with no parameters, named as a norm, that keeps its width as nn.LayerNorm does
+    (OLMo's LayerNorm: (x - mean) / sqrt(var + eps), self.normalized_shape = (d_model,)): itself with a
+    gain of ones, and a bias of zeros unless it is an RMSNorm; none for any other module."""
+    name, shape = type(sub).__name__.lower(), getattr(sub, "normalized_shape", ())
+    if params or "norm" not in name or not isinstance(shape, (tuple, list)) or len(shape) != 1:
+        return []
+    gain = nn.Parameter(torch.ones(shape[0], dtype=torch.float64))
+    bias = None if "rms" in name else nn.Parameter(torch.zeros_like(gain))
+    return [Gainless(f"{label} (no weight)", "norm", sub, gain, bias)]
 
 
 def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
@@ -242,8 +232,7 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
             inside |= {id(m) for m in sub.modules()}
             continue
         params = _own_parameters(sub)
-        if not params and (gainless := _parameterless_norm(label, sub)):
-            found.append(gainless)
+        found += _parameterless_norm(label, sub, params)
         if not params or isinstance(sub, parametrize.ParametrizationList):
             continue
         if isinstance(sub, nn.Embedding):
@@ -272,8 +261,6 @@ def scramble_(module: nn.Module, seed: int = 0) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for leaf in leaves(module, stack_heads=False):
-            if isinstance(leaf, Gainless):  # nothing of the learner's to set
-                continue
             w = leaf.weight
             noise = torch.randn(w.shape, generator=g, dtype=torch.float64).to(w.dtype)
             w.copy_(SCRAMBLED[leaf.kind](noise, w))

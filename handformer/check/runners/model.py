@@ -394,8 +394,8 @@ class Caller:
                 keep = (src != PAD)[:, None, None, :]  # (B, 1, 1, S)
             else:
                 keep = causal(tgt.size(1))[None, None] & (tgt != PAD)[:, None, None, :]  # (B, 1, T, T)
-            kwargs[name] = keep[:, 0] if abs(int(rank)) == 3 else keep  # (B, 1, S) or (B, T, T) at rank 3
-            kwargs[name] = kwargs[name] if int(rank) < 0 else kwargs[name].long()
+            keep = keep[:, 0] if abs(int(rank)) == 3 else keep  # (B, 1, S) or (B, T, T) at rank 3
+            kwargs[name] = keep.to(MASK_DTYPE[int(rank) < 0])
         return self.forward(src, tgt, **kwargs)
 
     def __call__(self, src: Tensor, tgt: Tensor) -> Tensor | None:
@@ -444,6 +444,7 @@ def torch_mask(name: str, src: Tensor, tgt: Tensor) -> Tensor | None:
     return forms[kind, source]()
 
 
+MASK_DTYPE = {True: torch.bool, False: torch.long}  # the tutorials' masks: bool (a negative rank) or 0/1 int
 # the mask form each of the learner's models took when its Caller first ran it: the form its decoding
 # functions hand it
 TAKEN_FORM: weakref.WeakKeyDictionary[nn.Module, int | str] = weakref.WeakKeyDictionary()
@@ -454,8 +455,8 @@ def source_mask(model: Any, src: Tensor) -> Tensor:
     on torch.nn's attention ((S, S), nothing masked: PyTorch's translation tutorial) unless that model
     took the tutorials' keep-masks, else the tutorials' (B, 1, S), 1 = may attend."""
     form = TAKEN_FORM.get(model, "torch" if holds_torch_attention(model) else 3)
-    keep = (src != PAD)[:, None, None, :] if form == -4 else (src != PAD)[:, None, :]  # (B, 1, [1,] S)
-    return torch_mask("src_mask", src, src) if form == "torch" else keep
+    masks = {"torch": lambda: torch_mask("src_mask", src, src), -4: lambda: (src != PAD)[:, None, None, :]}
+    return masks.get(form, lambda: (src != PAD)[:, None, :])()  # (B, 1, 1, S) or (B, 1, S) keep-masks
 
 
 def inputs(S: int, T: int, src_pad: list[int], tgt_pad: list[int], seed: int) -> tuple[Tensor, Tensor]:

@@ -21,7 +21,6 @@ from handformer.check.core.context import (
     Context,
     D,
     error_text,
-    finish,
     grads_error,
     shape_of,
 )
@@ -253,43 +252,53 @@ FFN = Probe(
 
 def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
     """The position-wise FFN (ReLU, GELU, SwiGLU, GEGLU), as the FFN probe states it; one with no
-    parameters is its activation alone (OLMo's SwiGLU module)."""
-    if next(ctx.build(comp, checked=False).parameters(), None) is None:
-        return _check_activation(comp, ctx)
-    return run_probe(FFN, comp, ctx)
+    parameters (OLMo's SwiGLU module) as its activation alone, the ACTIVATION probe."""
+    return run_probe(FFN if _has_weights(comp, ctx) else ACTIVATION, comp, ctx)
+
+
+def _has_weights(comp: Component, ctx: Context) -> bool:
+    return next(ctx.build(comp, checked=False).parameters(), None) is not None
 
 
 ACTIVATIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu, "relu": torch.relu,
                "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}
+HALVES = ("first half", "second half")
+# what an activation without weights may compute from x (B, T, 2F): act(x), or a gated act(gate) * up
+# with the gate either half of x (which half is the gate is the projection's layout, a convention)
+ACTIVATION_READINGS = {f"{name}({HALVES[g]}) * {HALVES[1 - g]}": (
+    lambda x, act=act, g=g: act(x.chunk(2, dim=-1)[g]) * x.chunk(2, dim=-1)[1 - g])
+    for name, act in ACTIVATIONS.items() for g in (1, 0)}
+ACTIVATION_READINGS |= {f"{name}(x)": act for name, act in ACTIVATIONS.items()}
 
 
-def _activation_readings(x: Tensor) -> dict[str, Tensor]:
-    """What an activation without weights may compute from x (B, T, 2F): act(x), or a gated
-    act(gate) * up with the gate either half of x (which half is the gate is the projection's
-    layout, a convention)."""
-    first, second = x.chunk(2, dim=-1)  # (B, T, F) each
-    gated = {f"{name}(second half) * first half": act(second) * first for name, act in ACTIVATIONS.items()}
-    gated |= {f"{name}(first half) * second half": act(first) * second for name, act in ACTIVATIONS.items()}
-    return gated | {f"{name}(x)": act(x) for name, act in ACTIVATIONS.items()}
+def _build_activation(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
+    module = ctx.build(comp)
+    return Subject(lambda x: fp.first_tensor(ctx.learner.call("forward", module, x), 3),
+                   list(ACTIVATION_READINGS.items()), module, {})
 
 
-def _check_activation(comp: Component, ctx: Context) -> ComponentResult:
-    """A FFN-named module with no parameters (OLMo's SwiGLU: x, gate = x.chunk(2, -1); silu(gate) * x):
-    compared with each activation, plain or gated; its projections are the block's, checked there."""
-    res = ctx.result(comp)
-    x = fp.randn(2, 5, 2 * F_WIDTH, seed=1)
-    out = fp.first_tensor(ctx.learner.call("forward", ctx.build(comp), x), 3)
-    errors = {name: fp.max_error(out, ref) for name, ref in _activation_readings(x).items()}
-    best = min(errors, key=errors.get)
-    res.max_abs_error = errors[best]
-    res.notes.append(text(f"no parameters: an activation, {best} (the projections around it are checked "
-                          "in the block that uses it)",
-                          f"没有参数：是一个激活函数 {best}（它前后的投影在使用它的块里检查）"))
-    res.checks.append(Check(text("matches an activation (silu, gelu, relu), plain or gated, on (2, 5, "
+def _activation_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                         found: Found) -> None:
+    err = res.max_abs_error = fp.max_error(found.out, found.reference(frozenset()))
+    res.notes += [text(f"no parameters: an activation, {found.key} (the projections around it are checked "
+                       "in the block that uses it)",
+                       f"没有参数：是一个激活函数 {found.key}（它前后的投影在使用它的块里检查）",
+                       )] * (err < 1e-5)
+    res.checks.append(Check(text(f"matches an activation (silu, gelu, relu), plain or gated, on (2, 5, "
                                  f"{2 * F_WIDTH})", f"在 (2, 5, {2 * F_WIDTH}) 上与某个激活函数"
-                                 "（silu、gelu、relu，门控或不门控）一致"), errors[best] < 1e-5,
-                            error_text(errors[best])))
-    return finish(res)
+                                 "（silu、gelu、relu，门控或不门控）一致"), err < 1e-5, error_text(err)))
+
+
+ACTIVATION = Probe(
+    build=_build_activation,                # a FFN-named module with no parameters, and each activation
+    inputs=lambda s: fp.randn(2, 5, 2 * F_WIDTH, seed=1),
+    shape=lambda ctx, comp, s, x, out: None if out is not None and out.shape[:-1] == x.shape[:-1] else (
+        f"{comp.name} returned {shape_of(out)} for x of shape {tuple(x.shape)}",
+        f"x 的形状为 {tuple(x.shape)} 时，{comp.name} 返回了 {shape_of(out)}"),
+    reference=lambda act, x, flags: act(x),
+    universe=lambda s: (),
+    steps=(_activation_compared,),
+)
 
 
 def _position_wise(res: ComponentResult, run: Callable[[Tensor], Tensor | None], x: Tensor,
