@@ -126,3 +126,51 @@ def test_a_rotary_table_built_with_the_width_it_turns(tmp_path, planted):
     result = check_file(str(path), only=["rope"])
     (rope,) = result.components
     assert rope.status == ("fail" if planted else "pass"), format_report(result)
+
+
+PARTIAL = '''import math
+import torch
+import torch.nn as nn
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class PhiAttention(nn.Module):
+    def __init__(self, hidden_size, num_heads):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, hidden_size // num_heads
+        self.rotary_ndims = int(self.head_dim * 0.4) // 2 * 2  # 0 of 4, 2 of 8
+        self.q_proj, self.k_proj = nn.Linear(hidden_size, hidden_size), nn.Linear(hidden_size, hidden_size)
+        self.v_proj, self.dense = nn.Linear(hidden_size, hidden_size), nn.Linear(hidden_size, hidden_size)
+
+    def rotary(self, t):
+        r, T = self.rotary_ndims, t.size(2)
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, r, 2).double() / r))
+        emb = torch.outer(torch.arange(T).double(), inv_freq).repeat(1, 2).to(t.dtype)  # (T, r)
+        turned, kept = t[..., :r], t[..., r:]
+        return torch.cat((turned * emb.cos() + rotate_half(turned) * emb.sin(), kept), dim=-1)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (p(x).view(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        q, k = self.rotary(q), self.rotary(k)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
+        att = att.masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float("-inf"))
+        return self.dense((att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, C))
+'''
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_partial_rotary_is_a_convention_read_from_what_the_code_turns(tmp_path, planted):
+    """Phi's attention turns 0.4 of each head (none of 4 dims, 2 of 8): compared so at 2 heads of 8; a
+    plant that turns each pair the other way fails."""
+    path = tmp_path / "phi_attention.py"
+    plant = ("+ rotate_half(turned) * emb.sin()", "- rotate_half(turned) * emb.sin()")
+    path.write_text(PARTIAL.replace(*plant) if planted else PARTIAL, encoding="utf-8")
+    result = check_file(str(path), only=["causal_attention"])
+    (attention,) = result.components
+    assert attention.status == ("fail" if planted else "pass"), format_report(result)
