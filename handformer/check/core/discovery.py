@@ -187,6 +187,8 @@ def _by_structure(own: dict[str, Any], taken: set[str], only: list[str] | None) 
     (an embedding, then a list of blocks) and what their forward takes (one sequence of ids)."""
     return [Component("gpt", name, obj, "structure") for name, obj in own.items()
             if (not only or "gpt" in only) and inspect.isclass(obj) and name not in taken and "." not in name
+            and not name.endswith(SUFFIXES["gpt"])  # found, or left as a backbone, by its name
+            and not any("mask" in p.name and p.default is p.empty for p in _forward_parameters(obj).values())
             and MODEL_PARTS.search(source_text(vars(obj).get("__init__", ""))) and decoder_only(obj)]
 
 

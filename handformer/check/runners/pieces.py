@@ -257,7 +257,8 @@ def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
 
 
 def _has_weights(comp: Component, ctx: Context) -> bool:
-    return next(ctx.build(comp, checked=False).parameters(), None) is not None
+    module = ctx.build(comp, checked=False, warmup=lambda m: m(fp.randn(2, 5, D, seed=1).float()))
+    return next(module.parameters(), None) is not None
 
 
 ACTIVATIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu, "relu": torch.relu,
