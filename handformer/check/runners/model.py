@@ -378,8 +378,7 @@ class Caller:
         # the mask forms to try on the first call, and the one whose error is theirs when none runs: a
         # model on torch.nn's attention takes them as torch.nn does, or as the tutorials' keep-masks
         # that it turns into torch.nn's itself
-        self.forms, self.fallback = ((("torch", -4, -3), "torch") if holds_torch_attention(module) else
-                                     ((4,), 3))
+        self.forms, self.fallback = MASK_FORMS[holds_torch_attention(module)]
         self.rank: int | str | None = None if self.masks else self.fallback
 
     def raw(self, src: Tensor, tgt: Tensor, rank: int | str = 4) -> Any:
@@ -444,6 +443,9 @@ def torch_mask(name: str, src: Tensor, tgt: Tensor) -> Tensor | None:
     return forms[kind, source]()
 
 
+# by whether a model holds torch.nn's attention: the mask forms its Caller tries, and the one it falls back to
+MASK_FORMS: dict[bool, tuple[tuple[int | str, ...], int | str]] = {True: (("torch", -4, -3), "torch"),
+                                                                   False: ((4,), 3)}
 MASK_DTYPE = {True: torch.bool, False: torch.long}  # the tutorials' masks: bool (a negative rank) or 0/1 int
 # the mask form each of the learner's models took when its Caller first ran it: the form its decoding
 # functions hand it
@@ -454,7 +456,7 @@ def source_mask(model: Any, src: Tensor) -> Tensor:
     """The source mask a decoding function is handed with its model: as torch.nn takes it for a model
     on torch.nn's attention ((S, S), nothing masked: PyTorch's translation tutorial) unless that model
     took the tutorials' keep-masks, else the tutorials' (B, 1, S), 1 = may attend."""
-    form = TAKEN_FORM.get(model, "torch" if holds_torch_attention(model) else 3)
+    form = TAKEN_FORM.get(model, MASK_FORMS[holds_torch_attention(model)][1])
     masks = {"torch": lambda: torch_mask("src_mask", src, src), -4: lambda: (src != PAD)[:, None, None, :]}
     return masks.get(form, lambda: (src != PAD)[:, None, :])()  # (B, 1, 1, S) or (B, 1, S) keep-masks
 
