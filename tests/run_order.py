@@ -31,6 +31,8 @@ SECONDS = {
     "test_check_hidden.py": 10,
     "test_time_limit.py": 1,
     "test_check_layouts.py": 2,
+    "test_check_gemma.py": 4,
+    "test_check_classifier.py": 1,
 }
 
 

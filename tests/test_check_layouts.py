@@ -82,3 +82,33 @@ def test_a_model_with_hugging_face_s_lm_head_is_found_beside_its_backbone():
     result = check_file(str(GPT2), only=["gpt"])
     (model,) = result.components
     assert (model.name, model.status) == ("GPT2LMHeadModel", "pass"), format_report(result)
+
+
+DECODING = LAYOUTS.parents[1] / "course" / "ch09_decoding.py"
+TIMES_ALPHA = ("done.append((score / (len(tokens) - 1) ** alpha, tokens))",
+               "done.append((score / (len(tokens) - 1) * alpha, tokens))")
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_length_penalty_that_multiplies_by_alpha_shows_at_alpha_zero(tmp_path, planted):
+    """score / length * alpha ranks as alpha 1 at every alpha > 0: the search is driven at alpha 0 too,
+    and the lines that read alpha are quoted."""
+    result = check_file(_planted(tmp_path, [TIMES_ALPHA] * planted, DECODING), only=["beam_search"])
+    (beam,) = result.components
+    (zero,) = [c for c in beam.checks if c.name["en"].startswith("with alpha = 0")]
+    assert zero.ok != planted and beam.status == ("fail" if planted else "pass"), format_report(result)
+    assert not planted or "line 37: done.append((score / (len(tokens) - 1) * alpha" in format_report(result)
+
+
+TOP_K_DROPS_KTH = ("logits[logits < v[:, [-1]]]", "logits[logits <= v[:, [-1]]]")
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_loop_that_takes_top_k_is_driven_with_top_k_one(tmp_path, planted):
+    """minGPT's generate(idx, max_new_tokens, temperature, do_sample, top_k) keeps one token at top_k=1:
+    greedy's; a filter that drops the k-th keeps none, and the line that filters is quoted."""
+    result = check_file(_planted(tmp_path, [TOP_K_DROPS_KTH] * planted), only=["generate"])
+    (loop,) = result.components
+    (top_one,) = [c for c in loop.checks if "top_k=1" in c.name["en"]]
+    assert top_one.ok != planted and loop.status == ("fail" if planted else "pass"), format_report(result)
+    assert not planted or "line 64: logits[logits <= v[:, [-1]]]" in format_report(result), format_report(result)

@@ -54,6 +54,7 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                 "max_seq_length", "n_positions", "context_length", "maxlen", "max_position_embeddings",
                 "context_size", "n_ctx", "context_length", "sequence_len"),
     "theta": ("theta", "base", "rope_theta", "rope_base"),
+    "n_classes": ("num_classes", "n_classes", "num_labels", "n_labels", "num_class", "n_class", "class_num"),
     "eps": ("eps", "norm_eps", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "epsilon"),
 }
 # the hidden width of an FFN that also takes d_model (Llama's FeedForward(dim, hidden_dim, ...))
@@ -236,7 +237,7 @@ def _refine_function(kind: str, obj: Any) -> str:
     return said if said in family else kind
 
 
-def _reads_kv_heads(cls: Any) -> bool:
+def reads_kv_heads(cls: Any) -> bool:
     """Meta's Attention(args): the config its constructor reads names the key/value heads."""
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]
     return any(set().union(*config_reads(cls, p.name)) & set(ARGUMENTS["n_kv_heads"]) for p in params)
@@ -271,7 +272,7 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     # found by its ending (Llama3Model's "Model"): what its forward takes says
     ("gpt", lambda c: c.__name__ not in NAMES["gpt"] and not decoder_only(c), "transformer"),
     ("mha", lambda c: causal_inside(c), "causal_attention"),  # Raschka's, Karpathy's: forward(x)
-    ("mha", lambda c: _reads_kv_heads(c), "gqa"),
+    ("mha", lambda c: reads_kv_heads(c), "gqa"),
 )
 
 

@@ -53,7 +53,7 @@ from handformer.check.core.context import (
     positions,
     shape_of,
 )
-from handformer.check.core.discovery import Component
+from handformer.check.core.discovery import Component, reads_kv_heads
 from handformer.check.core.layer_map import Gainless, gainless_qk
 from handformer.check.core.localize import note_attention_departure, note_raised_attention
 from handformer.check.core.localize_kinds import localize_masked_softmax, note_departure
@@ -1044,5 +1044,11 @@ def _tutorial_shapes(res: ComponentResult, ctx: Context, comp: Component, c: Cal
                                  "(2, 8, 10, 10)"), ok, text(f"got {got}", f"实际得到 {got}")))
 
 
+GQA_HEADS = 2  # key/value heads of an attention whose config names them, of its H query heads
+
+
 def check_causal_attention(comp: Component, ctx: Context) -> ComponentResult:
-    return check_mha(comp, ctx, causal_inside=True)
+    """A causal attention; one whose config names its key/value heads (Gemma's, Llama's) is built with
+    2 of its 4 heads, where a repeat that tiles the heads instead of interleaving them shows."""
+    kv_heads = GQA_HEADS if reads_kv_heads(comp.obj) else None
+    return check_mha(comp, ctx, causal_inside=True, n_kv_heads=kv_heads)

@@ -33,7 +33,9 @@ Shape legend: B batch (1), S source length, L hypothesis length, D d_model, V vo
 
 from __future__ import annotations
 
+import ast
 import itertools
+import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +45,7 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import BEAM_NAMES as NAMES  # noqa: F401
-from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
+from handformer.check.core.context import Context, finish, forward_parameters, guarded, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
@@ -247,9 +249,44 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
                                   f"{alpha:g}",
                                   f"{comp.name} 没有长度惩罚参数：它的搜索与 alpha = {alpha:g} 一致"))
     _beam_findings(res, ctx, comp, outcomes, found, steps, alpha, conv)
+    guarded(res, lambda: _without_penalty(res, call, make, src, steps, conv or "eos"))
     _beam_one(res, ctx, comp, call, make, src, steps)
     _batched(res, ctx, comp, call, make, steps)
     return finish(res)
+
+
+def _without_penalty(res: ComponentResult, call: Call, make: Maker, src: Tensor, steps: int,
+                     conv: str) -> None:
+    """A search that takes a length penalty driven at alpha 0 too (the sum of log-probabilities
+    decides): a penalty applied otherwise than score / length ** alpha shows there (score / length *
+    alpha ranks the hypotheses as alpha 1 does at every alpha > 0); on a difference, the lines that read
+    alpha are quoted (the one argument changed between the runs)."""
+    name = call.arg["alpha"]
+    if not name:
+        return
+    wrong = []
+    for scenario, table in SCENARIOS.items():
+        model = make(table)
+        memory = model.encode(src, (src != PAD).unsqueeze(-2))
+        if not _same(call(model, src, 2, 0.0), reference(model, memory, 2, steps, 0.0, conv)):
+            wrong.append(scenario)
+    res.checks.append(Check(text(f"with {name} = 0 (no length penalty: the sum of log-probabilities decides) "
+                                 "the best hypothesis equals handformer's in every scenario",
+                                 f"{name} = 0 时（没有长度惩罚：对数概率之和决定），每个场景的最优假设都与 "
+                                 "handformer 的一致"), not wrong,
+                            text(f"it differs in {', '.join(wrong)}", f"在 {', '.join(wrong)} 中不同")))
+    if wrong:
+        res.notes.append(_lines_reading(call.comp.obj, name))
+
+
+def _lines_reading(fn: Any, name: str) -> Text:
+    """Where the learner's function reads the argument `name`: its first two lines that load it."""
+    lines = source_lines([fn])  # (number, text), in the order of the function's own lines
+    tree = ast.parse(textwrap.dedent("\n".join(code for _, code in lines)))
+    at = sorted({node.lineno for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id == name})
+    read = [lines[i - 1] for i in at[:2]]
+    return text(f"{name} is applied at " + "; ".join(f"line {n}: {c.strip()}" for n, c in read),
+                f"{name} 用在" + "；".join(f"第 {n} 行：{c.strip()}" for n, c in read))
 
 
 OWN_DRIVEN = {True: ("it passed its check", "它通过了检查"),

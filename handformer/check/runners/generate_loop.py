@@ -278,6 +278,7 @@ class Run:
     out: Tensor | None = None  # the new tokens
     failure: fp.LearnerFailure | None = None
     as_list: bool = False  # the prompt was handed over as a list of ints
+    extra: dict[str, Any] | None = None  # the arguments it was given besides model, prompt and count
 
 
 def run_generate(ctx: Context, comp: Component, driver: Any, n: int, B: int, as_list: bool = False,
@@ -290,7 +291,7 @@ def run_generate(ctx: Context, comp: Component, driver: Any, n: int, B: int, as_
         model = driver.new_model(style, budget=n + 3)
         prompt = prompts(B)
         label = text(f"{B} prompt{'s' if B > 1 else ''}, {n} new tokens", f"{B} 个提示词、{n} 个新 token")
-        run = Run(label, model, prompt, n, as_list=as_list)
+        run = Run(label, model, prompt, n, as_list=as_list, extra=extra)
         try:
             raw = _call(ctx, comp, model, prompt[0].tolist() if as_list else prompt.clone(), n,
                         {**fixed_defaults(comp.obj), **(extra or {})})
@@ -420,11 +421,30 @@ def check_with(res: ComponentResult, ctx: Context, comp: Component, driver: Any)
                                f"{again.label['zh']}，再来一次（模型自己保存的缓存必须先清空）")
             _judge(res, ctx, comp, again, reference)
     elif not res.has("generate_not_appended", "generate_does_not_stop"):
+        tried += _top_one(res, ctx, comp, driver, short, reference)
         if knows_block_size(comp):
             tried.append(_long(res, ctx, comp, driver, B, short.as_list))
         else:
             res.notes.append(NO_BLOCK_NOTE)
     _ending(res, ctx, comp, driver, tried)
+
+
+def _top_one(res: ComponentResult, ctx: Context, comp: Component, driver: Any, short: Run, reference: Tensor,
+             ) -> list[tuple[Run, Tensor]]:
+    """A loop that takes a top-k driven again with top_k = 1: the one token it keeps is the likeliest,
+    so its tokens are greedy's (a filter that drops the k-th token keeps none); the run, judged. A loop
+    whose top-k serves one prompt at a time (Raschka's `logits < top_logits[:, -1]`) is judged so."""
+    name = next((p.name for p in forward_parameters(comp.obj) if p.name.lower() in TOP_K_NAMES), None)
+    if name is None or short.out is None:
+        return []
+    for B in dict.fromkeys((short.prompt.size(0), 1)):
+        run = run_generate(ctx, comp, driver, SHORT, B, short.as_list, {name: 1})
+        if run.out is not None:
+            break
+    run.label = text(f"{run.label['en']}, {name}=1 (the likeliest token alone kept)",
+                     f"{run.label['zh']}，{name}=1（只保留最可能的 token）")
+    _judge(res, ctx, comp, run, reference[:B])
+    return [(run, reference[:B])]
 
 
 def _ending(res: ComponentResult, ctx: Context, comp: Component, driver: Any, tried: list[tuple[Run, Tensor]],
@@ -452,7 +472,8 @@ def _localize(ctx: Context, comp: Component, driver: Any, run: Run, expected: Te
     model = driver.new_model(getattr(run.model, "style", "own"), budget=run.n + 3)
     prompt = run.prompt[0].tolist() if run.as_list else run.prompt.clone()
     try:
-        return localize_generate(lambda: _call(ctx, comp, model, prompt, run.n, fixed_defaults(comp.obj)),
+        given = {**fixed_defaults(comp.obj), **(run.extra or {})}
+        return localize_generate(lambda: _call(ctx, comp, model, prompt, run.n, given),
                                  comp.obj, views, forms)
     finally:
         getattr(model, "close", lambda: None)()  # the hooks on the learner's own model

@@ -255,7 +255,7 @@ STEPWISE_NOTE = text("it takes start_pos and no mask (a KV cache, one token at a
 def layer_sizes(cls: Any) -> dict[str, Any]:
     """The sizes a layer is built with: grouped-query key/value heads only when it asks for them."""
     keys = argument_keys(cls) if inspect.isclass(cls) else {}
-    wants_kv = "n_kv_heads" in keys.values() or any(n.lower() in ("config", "args", "model_args")
+    wants_kv = "n_kv_heads" in keys.values() or any(n.lower() in ("config", "args", "model_args", "cfg")
                                                      for n in keys)
     return {**SIZES, **({"n_kv_heads": KV_HEADS} if wants_kv else {})}
 

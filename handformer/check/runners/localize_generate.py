@@ -46,12 +46,15 @@ def generate_views(logits_of: Callable[[Tensor], Tensor], prompt: Tensor, expect
         context = stream[:, max(0, T + i - block):T + i]  # (B, t)
         logits = logits_of(context).double()  # (B, t, V)
         last = logits[:, -1] / temperature  # (B, V)
+        top1 = last.masked_fill(last < last.amax(-1, keepdim=True), -torch.inf)  # what top_k=1 keeps
         views += [("the tokens so far", stream[:, :T + i]), ("the context, cropped to the block size",
                                                               context),
                   ("the logits", logits), ("the logits at the last position", logits[:, -1]),
                   ("the logits at the last position", logits[:, -1:]),
                   ("the logits at the last position / temperature", last),
                   ("the probabilities", last.softmax(-1)),
+                  ("the largest logit", last.max(-1, keepdim=True).values),  # (B, 1): what top_k=1 keeps
+                  ("the logits, the likeliest alone kept (top_k=1)", top1),
                   ("the next token", stream[:, T + i:T + i + 1]), ("the next token", stream[:, T + i]),
                   ("the tokens with the new one appended", stream[:, :T + i + 1])]
         forms += _position_forms(logits, temperature) + _crop_forms(stream[:, :T + i], block)

@@ -344,9 +344,20 @@ def _by_gpt2(ctx: Context, class_name: str, gated: bool) -> str | None:
     return "gelu" if any(GPT2.search(line.split("#")[0]) for line in lines) else None
 
 
-# where the code promises an FFN's activation, the first that speaks: its class name (SwiGLU: SiLU,
-# GEGLU: GELU), the attribute that holds it, a GPT-2 model's two-layer MLP (GELU)
-PROMISES = ((_by_class_name, "its class name", "它的类名"),
+def _by_gemma(ctx: Context, class_name: str, gated: bool) -> str | None:
+    """The tanh GELU, for a gated FFN in a file whose code is Gemma's (a class named Gemma..., a
+    GemmaConfig): Gemma's MLP is GeGLU with the tanh GELU (its checkpoints' gelu_pytorch_tanh)."""
+    code = re.sub(r"#.*", "", Path(ctx.path).read_text(encoding="utf-8"))  # comments left out
+    return "gelu_tanh" if gated and GEMMA.search(code) else None
+
+
+GEMMA = re.compile(r"\bclass\s+Gemma|\bGemma\w*Config\b")
+# where the code promises an FFN's activation, the first that speaks: a Gemma model's GeGLU (the tanh
+# GELU), its class name (SwiGLU: SiLU, GEGLU: GELU), the attribute that holds it, a GPT-2 model's
+# two-layer MLP (GELU); an activation promises itself, a family (silu, gelu) any of its members
+PROMISES = ((_by_gemma, "the file's Gemma model (Gemma's MLP uses the tanh GELU)",
+             "文件里的 Gemma 模型（Gemma 的 MLP 用 tanh 近似的 GELU）"),
+            (_by_class_name, "its class name", "它的类名"),
             (_by_attribute, "the attribute that holds it", "存放它的属性名"),
             (_by_gpt2, "the file's GPT-2 model (GPT-2's MLP uses GELU)",
              "文件里的 GPT-2 模型（GPT-2 的 MLP 用 GELU）"))
@@ -356,7 +367,7 @@ def _promise_findings(ctx: Context, comp: Component, class_name: str, slots: lis
                       matched: float) -> list[Finding]:
     gated = is_gated(slots)
     promise = next(((a, en, zh) for rule, en, zh in PROMISES if (a := rule(ctx, class_name, gated))), None)
-    if promise is None or promise[0] == ACT_FAMILY[act]:
+    if promise is None or promise[0] in (act, ACT_FAMILY[act]):
         return []
     promised, en, zh = promise
     number, code = locate("ffn_wrong_activation", source_lines(ctx.objects(comp, "ffn")))
@@ -402,8 +413,9 @@ def _build_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     # Gemma's RMSNorm keeps its gain as an offset from one, x̂ · (1 + weight), its weight built at zero:
     # read so when the plain reading explains nothing (a 1 + weight built at one is a gain of two)
     offset = dataclasses.replace(w, weight=w.weight + 1)
-    at_zero = not any(p.detach().any() for p in ctx.build(comp, checked=False).parameters())
-    return Subject(run, [(slot, w)] + [(slot, offset)] * at_zero, module, {"offset": offset})
+    fresh = ctx.build(comp, checked=False)
+    at_zero = not any(p.detach().any() for p in fresh.parameters())
+    return Subject(run, [(slot, w)] + [(slot, offset)] * at_zero, module, {"offset": offset, "fresh": fresh})
 
 
 def _norm_shape(ctx: Context, comp: Component, subject: Subject, x: Tensor, out: Tensor | None,
@@ -431,6 +443,31 @@ def _norm_compared(res: ComponentResult, ctx: Context, comp: Component, subject:
                             error_text(grad_err)))
 
 
+def _norm_as_built(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                   found: Found) -> None:
+    """The step that runs the norm as built on two inputs: a norm whose output does not depend on its
+    input (a gain built at zero that multiplies x̂ as it is: Gemma's gain kept as an offset from one
+    but applied as the gain itself) gives each layer it feeds nothing to learn from. The line of its
+    forward that reads the parameter built at zero is quoted."""
+    fresh = subject.facts["fresh"]
+    a = fp.first_tensor(ctx.learner.call("forward", fresh, fp.randn(2, 3, D, seed=1).float()), 3)
+    b = fp.first_tensor(ctx.learner.call("forward", fresh, fp.randn(2, 3, D, seed=2).float()), 3)
+    if fp.max_error(a, b) > 0:
+        return
+    zero = "|".join(n.rpartition(".")[2] for n, p in fresh.named_parameters())  # a norm's gain (and bias)
+    number, code = next(((n, t.strip()) for n, t in source_lines([type(fresh).forward])
+                         if re.search(rf"self\.({zero})\b", t)), (None, ""))
+    most, gain = fp.max_error(a, a * 0), zero.replace("|", ", ")
+    en, zh = (f"; line {number} multiplies by it: {code}", f"；第 {number} 行乘以它：{code}") if number else (
+        "", "")
+    res.checks.append(Check(AS_BUILT, False, text(
+        f"built as {comp.name}(...) is, it gives the same output ({most:.3g} at most) for any input: its "
+        f"gain ({gain}) starts at zero{en} (a gain kept as an offset from one is applied as 1 + weight)",
+        f"按 {comp.name}(...) 刚构建的样子，任何输入的输出都相同（最大 {most:.3g}）：增益（{gain}）初始为 0"
+        f"{zh}（按相对 1 的偏移存放的增益应当以 1 + weight 使用）")))
+
+
+AS_BUILT = text("as built, its output depends on its input", "刚构建时，输出随输入变化")
 OFFSET_NOTE = text("the gain is kept as an offset from one, x̂ · (1 + weight), as Gemma's RMSNorm (its weight "
                    "starts at zero): a convention, not an error; compared with handformer's gain 1 + weight",
                    "增益按相对 1 的偏移存放，x̂ · (1 + weight)，和 Gemma 的 RMSNorm 一样（权重从 0 开始）："
@@ -441,7 +478,7 @@ NORM = Probe(
     shape=_norm_shape,                      # a norm keeps the shape
     reference=lambda w, x, flags: V.norm(w, x, flags),
     universe=lambda s: V.norm_flags(s.readings[0][1].kind, s.readings[0][1].bias is not None),
-    steps=(name_findings, _norm_compared,
+    steps=(name_findings, _norm_compared, _norm_as_built,
            localize_step(lambda s, found: localize_norm(s.module, found.weights, found.x))),
 )
 
