@@ -393,10 +393,10 @@ def _by_gpt2(ctx: Context, class_name: str, gated: bool) -> str | None:
 
 
 def _by_gemma(ctx: Context, class_name: str, gated: bool) -> str | None:
-    """The tanh GELU, for a gated FFN in a file whose code is Gemma's (a class named Gemma..., a
+    """The tanh GELU, for an FFN in a file whose code is Gemma's (a class named Gemma..., a
     GemmaConfig): Gemma's MLP is GeGLU with the tanh GELU (its checkpoints' gelu_pytorch_tanh)."""
     code = re.sub(r"#.*", "", Path(ctx.path).read_text(encoding="utf-8"))  # comments left out
-    return "gelu_tanh" if gated and GEMMA.search(code) else None
+    return "gelu_tanh" if GEMMA.search(code) else None
 
 
 GEMMA = re.compile(r"\bclass\s+Gemma|\bGemma\w*Config\b")
