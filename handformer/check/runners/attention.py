@@ -959,10 +959,10 @@ def _at_distinct_sizes(res: ComponentResult, ctx: Context, comp: Component, s: S
         return
     hf = handformer_attention(slots, heads=DISTINCT_HEADS)
     mask = causal(DISTINCT_T)[None, None] if s.causal_inside else None
-    # an attention that speaks of rotary positions and turned none at check's 4 dims a head may turn a
-    # part of each head (Phi's partial rotary, 0.4 of it rounded to even): each even width is tried
-    widths = range(0, dh + 1, 2) if any(w in source_text(comp.obj).lower() for w in ROPE_WORDS) else (0,)
-    errors = {r: fp.max_error(out, hf(x, x, x, mask, need_weights=True, rope=_turned(r))[0]) for r in widths}
+    # an attention that turned no dims at check's 4 a head may turn a part of each head at 8 (Phi's
+    # partial rotary, 0.4 of it rounded to even): each even width is tried, none first
+    errors = {r: fp.max_error(out, hf(x, x, x, mask, need_weights=True, rope=_turned(r))[0])
+              for r in range(0, dh + 1, 2)}
     turned = min(errors, key=errors.get)
     err = errors[turned]
     res.notes += [text(f"with {dh} dims a head, rotary positions turn the first {turned} of each head's dims "

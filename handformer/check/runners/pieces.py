@@ -445,13 +445,17 @@ def _wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], mat
         f"（名字表明它是 up 投影）上，而名为门控的 {up} 没有经过激活"), number, code)]
 
 
+# what a norm's mapping names, by (without parameters, with a bias)
+NORM_PARTS = {(False, True): ": weight, bias", (False, False): ": weight",
+              (True, True): "", (True, False): ""}
+
+
 def _build_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     """The learner's norm, its one norm read as the reference's weights (eps read from it, noted)."""
     module = ctx.build(comp)
     norms = of_kind(leaves(module), "norm")
     slot = norm_slots(norms, 1, [comp.kind], comp.name)[0]
-    res.mapping = [slot.leaf.name if isinstance(slot.leaf, Gainless) else
-                   f"{slot.leaf.name}: weight" + (", bias" if slot.leaf.bias is not None else "")]
+    res.mapping = [slot.leaf.name + NORM_PARTS[isinstance(slot.leaf, Gainless), slot.leaf.bias is not None]]
     bias = slot.bias() if comp.kind == "layernorm" else None
     w = V.NormWeights(slot.weight(), bias, norm_eps(slot.leaf.module, comp.kind), comp.kind)
     res.notes.append(text(f"eps = {w.eps:g} (read from your module)", f"eps = {w.eps:g}（从你的模块读取）"))
