@@ -3,8 +3,9 @@ that passes and a planted one that fails: GeGLU with the tanh GELU compared as s
 Gemma model's MLP named), RMSNorm with gain 1 + weight inside blocks and models, token embeddings times
 sqrt(d_model) read from what the first block is handed, the learner's `.float()` kept in float64, a
 model's `generate` driven through that model, a norm that as built outputs the same for any input,
-grouped-query attention built with 2 key/value heads of 4 (a tiled repeat shows), and a block handed a
-cache argument driven on the whole sequence."""
+grouped-query attention built with 2 key/value heads of 4 (a tiled repeat shows), a block handed a
+cache argument driven on the whole sequence, and a model's cached decoding through the cache its own
+method makes (the line where the cached path parts quoted)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,20 @@ def test_a_block_handed_a_cache_argument_is_driven_whole(tmp_path):
     planted = _planted(tmp_path, "chat_block.py", ".tril(diagonal=start_pos)", ".tril(diagonal=start_pos + 1)")
     (block,) = check_file(planted, only=["block"]).components
     assert block.status == "fail"
+
+
+CACHE_PLANTS = {  # (the planted edit, the line quoted)
+    "correct": (("", ""), None),
+    "mask_not_offset": ((".tril(diagonal=start_pos)", ".tril()"), "keep = torch.ones(T, S, dtype=torch.bool).tril()"),
+    "keys_as_values": (("self.v[layer][:, :, start_pos:end] = v", "self.v[layer][:, :, start_pos:end] = k"),
+                       "self.v[layer][:, :, start_pos:end] = k (in a helper called from line"),
+}
+
+
+@pytest.mark.parametrize("plant", list(CACHE_PLANTS))
+def test_a_model_decoding_through_its_own_cache_parts_where_its_line_does(tmp_path, plant):
+    (old, new), quoted = CACHE_PLANTS[plant]
+    (model,) = check_file(_planted(tmp_path, "chat_block.py", old, new), only=["gpt"]).components
+    cached = next(c for c in model.checks if c.name["en"].startswith("through its cache (new_cache)"))
+    assert cached.ok == (quoted is None) and model.status == ("pass" if quoted is None else "fail")
+    assert quoted is None or any(quoted in n["en"] for n in model.notes), model.notes

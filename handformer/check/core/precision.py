@@ -24,8 +24,8 @@ def float64_kept() -> Iterator[None]:
     float_ = Tensor.float
 
     def kept(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        theirs = sys._getframe(1).f_globals.get("__name__", "").startswith(LEARNER)
-        return self if self.dtype == torch.float64 and theirs else float_(self, *args, **kwargs)
+        caller = sys._getframe(1).f_globals.get("__name__", "")[:len(LEARNER)]
+        return self if (self.dtype, caller) == (torch.float64, LEARNER) else float_(self, *args, **kwargs)
 
     Tensor.float = kept  # type: ignore[method-assign]
     try:
