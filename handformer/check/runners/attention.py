@@ -964,6 +964,8 @@ def _at_distinct_sizes(res: ComponentResult, ctx: Context, comp: Component, s: S
     errors = {r: fp.max_error(out, hf(x, x, x, mask, need_weights=True, rope=_turned(r))[0])
               for r in range(0, dh + 1, 2)}
     turned = min(errors, key=errors.get)
+    if errors[turned] >= 1e-5:  # no width matches: a mistake, not a convention; none turned is compared
+        turned = 0
     err = errors[turned]
     res.notes += [text(f"with {dh} dims a head, rotary positions turn the first {turned} of each head's dims "
                        "(partial rotary, as Phi's): a convention, compared so",
