@@ -58,6 +58,7 @@ from handformer.generation.sampling import SamplingOptions, filter_logits, next_
 from handformer.generation.speculative import (
     SpeculationStats,
     accept_draft,
+    accept_greedy,
     check_speculation,
     drafter_for,
     sampled_probabilities,
@@ -377,7 +378,8 @@ class Engine:
             return None
         ids = torch.tensor([[row.tokens[-1], *draft]], device=self.device)  # (1, K + 1)
         logits = self._check(ids)  # (K + 1, V)
-        tokens = accept_draft(sampled_probabilities(logits, o), draft, proposal, row.generator)
+        tokens = (accept_greedy(logits, draft) if o.temperature == 0
+                  else accept_draft(sampled_probabilities(logits, o), draft, proposal, row.generator))
         choices = []
         for i, token in enumerate(tokens):
             logprob, top = (None, None) if o.top_logprobs is None else token_logprobs(logits[i], token, o)

@@ -318,7 +318,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     first = learner_norm(m.blocks[0].norms[0])
     gated = is_gated(m.blocks[0].ffn)
     cfg = CausalLMConfig.gpt2_style(
-        vocab_size=VOCAB, d_model=D, n_heads=H, d_ff=m.blocks[0].ffn[0].leaf.weight.size(0),
+        vocab_size=VOCAB, d_model=D, n_heads=H, d_ff=m.blocks[0].ffn[0].weight().size(0),
         n_layers=len(m.blocks), dropout=0.0, activation=HF_NAME[(gated, ch.activation)],
         norm_placement=ch.placement, norm=first.kind, norm_eps=first.eps,  # LayerNorm or RMSNorm, as theirs
         position="learned" if m.wpe is not None else "rope" if ch.rope else "none", rope_theta=m.theta,

@@ -717,7 +717,7 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
 
     gated = is_gated(slots)
     first = layer.norm_ws[0]
-    cfg = BlockConfig(d_model=D, n_heads=H, n_kv_heads=layer.n_kv_heads, d_ff=slots[0].leaf.weight.size(0),
+    cfg = BlockConfig(d_model=D, n_heads=H, n_kv_heads=layer.n_kv_heads, d_ff=slots[0].weight().size(0),
                       dropout=0.0, activation=HF_NAME[(gated, act)],
                       norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm", norm_placement=placement,
                       norm_eps=first.eps, bias=True)

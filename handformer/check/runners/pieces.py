@@ -31,6 +31,7 @@ from handformer.check.core.probe import Found, Probe, Subject, localize_step, na
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
+    Gainless,
     MappingError,
     Slot,
     copy_ffn,
@@ -250,8 +251,55 @@ FFN = Probe(
 
 
 def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
-    """The position-wise FFN (ReLU, GELU, SwiGLU, GEGLU), as the FFN probe states it."""
-    return run_probe(FFN, comp, ctx)
+    """The position-wise FFN (ReLU, GELU, SwiGLU, GEGLU), as the FFN probe states it; one with no
+    parameters (OLMo's SwiGLU module) as its activation alone, the ACTIVATION probe."""
+    return run_probe(FFN if _has_weights(comp, ctx) else ACTIVATION, comp, ctx)
+
+
+def _has_weights(comp: Component, ctx: Context) -> bool:
+    module = ctx.build(comp, checked=False, warmup=lambda m: m(fp.randn(2, 5, D, seed=1).float()))
+    return next(module.parameters(), None) is not None
+
+
+ACTIVATIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu, "relu": torch.relu,
+               "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}
+HALVES = ("first half", "second half")
+# what an activation without weights may compute from x (B, T, 2F): act(x), or a gated act(gate) * up
+# with the gate either half of x (which half is the gate is the projection's layout, a convention)
+ACTIVATION_READINGS = {f"{name}({HALVES[g]}) * {HALVES[1 - g]}": (
+    lambda x, act=act, g=g: act(x.chunk(2, dim=-1)[g]) * x.chunk(2, dim=-1)[1 - g])
+    for name, act in ACTIVATIONS.items() for g in (1, 0)}
+ACTIVATION_READINGS |= {f"{name}(x)": act for name, act in ACTIVATIONS.items()}
+
+
+def _build_activation(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
+    module = ctx.build(comp)
+    return Subject(lambda x: fp.first_tensor(ctx.learner.call("forward", module, x), 3),
+                   list(ACTIVATION_READINGS.items()), module, {})
+
+
+def _activation_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                         found: Found) -> None:
+    err = res.max_abs_error = fp.max_error(found.out, found.reference(frozenset()))
+    res.notes += [text(f"no parameters: an activation, {found.key} (the projections around it are checked "
+                       "in the block that uses it)",
+                       f"没有参数：是一个激活函数 {found.key}（它前后的投影在使用它的块里检查）",
+                       )] * (err < 1e-5)
+    res.checks.append(Check(text(f"matches an activation (silu, gelu, relu), plain or gated, on (2, 5, "
+                                 f"{2 * F_WIDTH})", f"在 (2, 5, {2 * F_WIDTH}) 上与某个激活函数"
+                                 "（silu、gelu、relu，门控或不门控）一致"), err < 1e-5, error_text(err)))
+
+
+ACTIVATION = Probe(
+    build=_build_activation,                # a FFN-named module with no parameters, and each activation
+    inputs=lambda s: fp.randn(2, 5, 2 * F_WIDTH, seed=1),
+    shape=lambda ctx, comp, s, x, out: None if out is not None and out.shape[:-1] == x.shape[:-1] else (
+        f"{comp.name} returned {shape_of(out)} for x of shape {tuple(x.shape)}",
+        f"x 的形状为 {tuple(x.shape)} 时，{comp.name} 返回了 {shape_of(out)}"),
+    reference=lambda act, x, flags: act(x),
+    universe=lambda s: (),
+    steps=(_activation_compared,),
+)
 
 
 def _position_wise(res: ComponentResult, run: Callable[[Tensor], Tensor | None], x: Tensor,
@@ -397,12 +445,17 @@ def _wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], mat
         f"（名字表明它是 up 投影）上，而名为门控的 {up} 没有经过激活"), number, code)]
 
 
+# what a norm's mapping names, by (without parameters, with a bias)
+NORM_PARTS = {(False, True): ": weight, bias", (False, False): ": weight",
+              (True, True): "", (True, False): ""}
+
+
 def _build_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     """The learner's norm, its one norm read as the reference's weights (eps read from it, noted)."""
     module = ctx.build(comp)
     norms = of_kind(leaves(module), "norm")
     slot = norm_slots(norms, 1, [comp.kind], comp.name)[0]
-    res.mapping = [f"{slot.leaf.name}: weight" + (", bias" if slot.leaf.bias is not None else "")]
+    res.mapping = [slot.leaf.name + NORM_PARTS[isinstance(slot.leaf, Gainless), slot.leaf.bias is not None]]
     bias = slot.bias() if comp.kind == "layernorm" else None
     w = V.NormWeights(slot.weight(), bias, norm_eps(slot.leaf.module, comp.kind), comp.kind)
     res.notes.append(text(f"eps = {w.eps:g} (read from your module)", f"eps = {w.eps:g}（从你的模块读取）"))
@@ -414,7 +467,7 @@ def _build_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     # read so when the plain reading explains nothing (a 1 + weight built at one is a gain of two)
     offset = dataclasses.replace(w, weight=w.weight + 1)
     fresh = ctx.build(comp, checked=False)
-    at_zero = not any(p.detach().any() for p in fresh.parameters())
+    at_zero = not isinstance(slot.leaf, Gainless) and not any(p.detach().any() for p in fresh.parameters())
     return Subject(run, [(slot, w)] + [(slot, offset)] * at_zero, module, {"offset": offset, "fresh": fresh})
 
 
@@ -505,8 +558,9 @@ def _compare_norm(res: ComponentResult, run: Callable[[Tensor], Tensor | None], 
             errors.append(fp.max_error(mine, ref) / max(1.0, float(ref.detach().abs().max())))
             if i == 0 and mine is not None and mine.shape == ref.shape:
                 g = fp.randn(*ref.shape, seed=5)
-                params = [slot.leaf.weight] + ([slot.leaf.bias] if bias else [])
-                hf_params = [hf.weight] + ([hf.bias] if bias else [])
+                gains = not isinstance(slot.leaf, Gainless)  # a norm without parameters: none to compare
+                params = ([slot.leaf.weight] + ([slot.leaf.bias] if bias else [])) * gains
+                hf_params = ([hf.weight] + ([hf.bias] if bias else [])) * gains
                 grad_err = grads_error(list(zip(
                     torch.autograd.grad((mine * g).sum(), [x] + params, allow_unused=True),
                     torch.autograd.grad((ref * g).sum(), [x] + hf_params))))

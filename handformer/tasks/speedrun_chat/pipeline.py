@@ -191,8 +191,8 @@ PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_s
 # worked reply (up to 97 tokens) and its question fit the context; 1,002 held-out questions of the report
 # split a stage, and 1,000 long sums (4 digits). SFT sees 80 worked long sums among 8,000 conversations
 # (3,000 lost 4 points of the base's mix); GRPO's questions are 60% long sums, rewarded on the answer
-# alone. Fewer worked long sums (30, once or 3 times each) left GRPO lower by as much as they left SFT
-# lower, and SFT trained on for GRPO's time matched GRPO on them too (docs/benchmarks.md).
+# alone. Fewer worked long sums (30, once or 3 times each) left GRPO as far below as they left SFT,
+# and with the 30 seen 3 times SFT trained on for GRPO's time matched GRPO (docs/benchmarks.md).
 # DPO sees 300 pairs of the mix and 300 long sums whose rejected is the SFT model's own wrong reply, 60
 # steps of 8 at 2e-5 with the chosen replies' log-likelihood in the loss (weight 1): at 5e-5 it took the
 # long sums further but broke the mix's 3-digit sums (94% to 80%).
