@@ -8,7 +8,9 @@ weights (the model's own initialisation, seed 0; no trained GPT-2 is on the mach
   quotes a document), then its first 16 tokens again;
 - varied: 208 random tokens (nothing repeats: prompt lookup finds few drafts, the cost side).
 
-For each: plain `generate` and `generate(speculate=Speculation(tokens=K))`, the same threads,
+For each: plain `generate` and `generate(speculate=Speculation(tokens=K))`, its guesses checked by
+the fused C step (one step over the newest token and the K guesses, each weight read once) and, as
+where that step cannot be built, by the model's own forward ("eager check"), the same threads,
 interleaved rounds (every other one in reverse order) after a warm-up call, medians; the tokens must
 be identical (exit status 1 otherwise); the acceptance rate; tokens/s, the bandwidth bound and MBU
 (handformer/inference/roofline.py) of plain decoding.
@@ -17,16 +19,18 @@ A random model's greedy continuation settles into a short cycle of tokens, which
 drafts from the context once it has been seen: the acceptance rate here is that of such a
 continuation, not of a trained model on real text (which copies a quoted passage instead).
 
-    python benchmarks/decode_speculative.py                 # ~3 min on 2 cores
+    python benchmarks/decode_speculative.py --threads 1     # ~3 min on 2 cores
     python benchmarks/decode_speculative.py --rounds 1 --new-tokens 16 --layers 2   # a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -37,6 +41,7 @@ from handformer.config import CausalLMConfig  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
 from handformer.generation.sampling import Speculation  # noqa: E402
 from handformer.generation.speculative import SpeculationStats  # noqa: E402
+from handformer.inference import fused_step  # noqa: E402
 from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
 from handformer.inference.roofline import bound, read_bandwidth, roofline_line  # noqa: E402
 from handformer.inference.threads import default_threads  # noqa: E402
@@ -64,24 +69,44 @@ def timed_rounds(cases: dict, rounds: int) -> dict[str, tuple[float, list[int]]]
     return {name: (statistics.median(t), out[name]) for name, t in times.items()}
 
 
+@contextlib.contextmanager
+def eager_check() -> Iterator[None]:
+    """Speculation's check of its guesses by the model's own forward, as where the fused C step cannot
+    be built (the one-token steps stay fused): the fused step then feeds one token at most."""
+    rows = fused_step.MAX_ROWS
+    fused_step.MAX_ROWS = 1
+    try:
+        yield
+    finally:
+        fused_step.MAX_ROWS = rows
+
+
 def compare(model: CausalLM, name: str, prompt: list[int], args: argparse.Namespace, threads: int,
             bandwidth: float) -> bool:
-    """Plain and speculative decoding of one prompt, timed side by side; whether the tokens agree."""
+    """Plain and speculative decoding of one prompt (the guesses checked by the fused step, and by the
+    model's forward), timed side by side; whether the tokens agree."""
     stats, spec = SpeculationStats(), Speculation(tokens=args.speculate)
 
     def run(**speculation: object) -> list[int]:
         return generate(model, [prompt], args.new_tokens, temperature=0, threads=threads, **speculation)[0]
 
+    def run_eager_check() -> list[int]:
+        with eager_check():
+            return run(speculate=spec)
+
     with torch.inference_mode():
-        cases = {"plain": run, "speculative": lambda: run(speculate=spec, stats=stats)}
+        cases = {"plain": run, "speculative": lambda: run(speculate=spec, stats=stats),
+                 "eager check": run_eager_check}
         res = timed_rounds(cases, args.rounds)
-    (plain_s, plain_tokens), (spec_s, spec_tokens) = res["plain"], res["speculative"]
-    same = plain_tokens == spec_tokens
+    plain_s, plain_tokens = res["plain"]
+    same = all(tokens == plain_tokens for _, tokens in res.values())
     limit = bound(bandwidth, model, len(prompt) + args.new_tokens / 2)
     print(f"\n{name} prompt ({len(prompt)} tokens):")
     print(f"  plain        {roofline_line(args.new_tokens / plain_s, limit)}")
-    print(f"  speculative  {args.new_tokens / spec_s:.1f} tokens/s ({plain_s / spec_s:.2f}x plain, "
-          f"K={args.speculate}), tokens {'identical' if same else 'DIFFER'}")
+    for case, label in (("speculative", "speculative"), ("eager check", "eager check")):
+        seconds = res[case][0]
+        print(f"  {label:<13}{args.new_tokens / seconds:.1f} tokens/s ({plain_s / seconds:.2f}x plain, "
+              f"K={args.speculate}), tokens {'identical' if res[case][1] == plain_tokens else 'DIFFER'}")
     print(f"  {stats} (all {args.rounds + 1} calls)")
     return same
 
@@ -92,7 +117,10 @@ def main() -> int:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--speculate", type=int, default=4, help="K: tokens drafted per forward")
     parser.add_argument("--layers", type=int, default=12, help="12: GPT-2-124M's shape")
+    parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = CausalLMConfig.gpt2_style(vocab_size=50257, d_model=768, n_heads=12, d_ff=3072,
                                     n_layers=args.layers, max_positions=1024, dropout=0.0)

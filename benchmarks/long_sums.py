@@ -16,14 +16,18 @@ thread, from the base of a `reasoning` run:
     python benchmarks/long_sums.py score runs/reasoning-mix/sft --sets unseen-long unseen-days
 
 The same sweep on the `reasoning` preset's own SFT data (8,000 conversations and 80 long sums, as the
-preset draws them), scored greedily on the preset's `report` split (1,000 long sums, 1,002 of the mix):
+preset draws them; `--long-repeats` shows each long sum several times), the best chosen greedily on
+the preset's sets of the `search` split (1,000 long sums, 1,002 of the mix), then scored once on its
+`report` split; GRPO on the questions the preset's GRPO draws:
 
     python benchmarks/long_sums.py sft runs/reasoning/base runs/sweep/lr3e-3 --preset-draw \
         --conversations 8000 --long-sums 80 --lr 3e-3
+    python benchmarks/long_sums.py grpo runs/sweep/lr3e-3/sft runs/sweep/g3 --preset-draw
+    python benchmarks/long_sums.py report --split search runs/sweep/lr3e-3/sft runs/reasoning/sft
     python benchmarks/long_sums.py report runs/sweep/lr3e-3/sft runs/reasoning/sft runs/reasoning/grpo
 
 Each command prints its seconds of training and its figures (`SCORE RUN SET: greedy ...`,
-`REPORT RUN SET: greedy ...`).
+`SEARCH RUN SET: greedy ...`, `REPORT RUN SET: greedy ...`).
 """
 
 from __future__ import annotations

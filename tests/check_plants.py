@@ -229,8 +229,13 @@ SAMPLING_PLANTS: dict[str, Plant] = {
         (TOP_P_RULE + "    remove[..., 0] = False\n",
          "    remove = torch.cumsum(probs, dim=-1) >= p\n    remove[..., 1:] = remove[..., :-1].clone()\n")],
         "sampling"),
-    "top_p_one_not_noop": Plant("top_p_one_not_noop", "top_p", [("    if p >= 1.0:\n        return logits\n", "")],
-                                "sampling"),
+    # no early return at p = 1: a token of probability 1e-26 is dropped by rounding, no mistake (PASS)
+    "top_p_one_rounding": Plant(None, "top_p", [("    if p >= 1.0:\n        return logits\n", "")], "sampling"),
+    "min_p_not_scaled": Plant("min_p_not_scaled", "min_p", [
+        ("threshold = min_p * probs.max(dim=-1, keepdim=True).values", "threshold = min_p")], "sampling"),
+    "temperature_twice": Plant("temperature_twice", "sample", [
+        ("    probs = F.softmax(logits, dim=-1)\n    return torch.multinomial",
+         "    probs = F.softmax(logits / temperature, dim=-1)\n    return torch.multinomial")], "sampling"),
     "sampling_softmax_wrong_dim": Plant("sampling_softmax_wrong_dim", "sample", [
         ("    probs = F.softmax(logits, dim=-1)\n    return torch.multinomial",
          "    probs = F.softmax(logits, dim=0)\n    return torch.multinomial")], "sampling"),
@@ -492,7 +497,7 @@ COVERING_PAIRS: list[tuple[str, str]] = [
     ("temperature_multiplied", "top_k_off_by_one"), ("temperature_after_softmax", "generate_cache_mismatch"),
     ("filter_fill_finite", "top_k_exceeds_vocab"), ("top_p_drops_crossing", "argmax_wrong_dim"),
     ("top_k_off_by_one", "sampling_softmax_wrong_dim"), ("top_p_empty_set", "generate_no_crop"),
-    ("top_p_one_not_noop", "generate_not_appended"), ("sampling_from_logits", "generate_cache_mismatch"),
+    ("min_p_not_scaled", "generate_not_appended"), ("temperature_twice", "top_k_exceeds_vocab"), ("sampling_from_logits", "generate_cache_mismatch"),
     ("generate_not_appended", "generate_does_not_stop"),
     ("schedule_step_zero", "cosine_from_step_zero"), ("schedule_exponent_sign", "cosine_no_floor"),
     ("schedule_no_d_model", "schedule_warmup_off_by_one"), ("cosine_min_lr_ignored", "schedule_step_zero"),

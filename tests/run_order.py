@@ -31,6 +31,9 @@ SECONDS = {
     "test_check_hidden.py": 10,
     "test_time_limit.py": 1,
     "test_check_layouts.py": 4,
+    "test_check_gemma.py": 4,
+    "test_check_classifier.py": 1,
+    "test_check_built_by_what.py": 8,
 }
 
 

@@ -22,6 +22,7 @@ def test_the_correct_file_passes():
     result = check_file(str(correct_file("sampling")))
     assert [(c.name, c.kind) for c in result.components] == [
         ("apply_temperature", "temperature"), ("top_k_filter", "top_k"), ("top_p_filter", "top_p"),
+        ("min_p_filter", "min_p"),
         ("greedy", "greedy"), ("sample_next_token", "sample"), ("generate", "generate"),
         ("generate_cached", "generate")]
     assert all(c.status == "pass" for c in result.components), format_report(result)
@@ -189,3 +190,15 @@ def test_top_k_that_keeps_exactly_k_of_tied_tokens_is_a_convention(tmp_path):
     assert comp.status == "pass" and any("keeps exactly k" in n["en"] for n in comp.notes)
 
 
+
+
+def test_top_p_at_one_fails_only_when_it_drops_probability_that_matters(tmp_path):
+    """At p = 1 a filter may drop a token of probability 1e-26 (float rounding: the plant
+    top_p_one_rounding passes), never 2^-7: cum >= p, with the guard and no early return, drops the
+    dyadic row's least likely token."""
+    source = correct_file("sampling").read_text().replace("    if p >= 1.0:\n        return logits\n", "")
+    path = tmp_path / "top_p.py"
+    path.write_text(source.replace("mass_above >= p", "torch.cumsum(probs, dim=-1) >= p"))
+    (comp,) = check_file(str(path), only=["top_p"]).components
+    p_one = next(c for c in comp.checks if c.name["en"].startswith("p = 1"))
+    assert not p_one.ok and "0.0078" in p_one.detail["en"], p_one

@@ -3,7 +3,9 @@ Llama-style or GPT-2-style model at batch 1, with plain layers (a small model), 
 their one-row copy (a large model) or int8 / int4 layers through the VNNI kernels (quantized before
 preparing, as a quantized run loads: Q/K/V unfused), it gives the eager step's greedy tokens; it
 leaves alone the models and batches it does not serve; without the C code (or, for int8 and int4,
-without VNNI) the engine steps eagerly."""
+without VNNI) the engine steps eagerly. A step of several tokens (speculation's check of its
+guesses) gives each the logits of a one-token step, bit for bit, and speculation through it keeps
+plain decoding's tokens."""
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from handformer.config import CausalLMConfig
 from handformer.generation import engine
 from handformer.generation.engine import Engine
 from handformer.generation.generate import generate
+from handformer.generation.sampling import SamplingOptions, Speculation
 from handformer.inference import c_kernels, fused_step
 from handformer.inference.packed_linear import pack_linears
 from handformer.inference.prepare import prepare_for_decoding
@@ -212,3 +215,92 @@ def test_a_cache_the_step_cannot_serve_is_a_clear_error(model):
     for cache in (model.new_cache(8), two_rows, full):
         with pytest.raises(ValueError, match="one-row fp32 KVCache"):
             step(token, cache)
+
+
+@pytest.mark.parametrize("tokens", [2, 5, 8])  # one group of rows a weight block, a group of 5, two of 4
+@pytest.mark.parametrize("kind", KINDS)
+@torch.inference_mode()
+def test_a_step_of_several_tokens_is_one_token_steps_bit_for_bit(models, kind, tokens):
+    """Each weight read once for all the tokens, each token's sums in the one-token step's order: the
+    same logits, bit for bit, and those of the eager one-token steps up to the order of the sums."""
+    _skip_without_vnni(kind)
+    model, step = models[kind], fused_step.fused_step_for(models[kind])
+    cache = model.new_cache(16)
+    model(torch.tensor([[3, 4, 5]]), cache=cache)
+    ids = torch.tensor([[6, 1, 9, 2, 7, 7, 0, 4][:tokens]])  # (1, T)
+    assert step.usable(cache, None, tokens)
+    together = step(ids, cache)  # (T, V)
+    assert together.shape == (tokens, model.cfg.vocab_size) and cache.length == 3 + tokens
+    cache.truncate(3)
+    one_by_one = torch.cat([step(ids[:, i:i + 1], cache) for i in range(tokens)])
+    assert torch.equal(together, one_by_one), (together - one_by_one).abs().max()
+    cache.truncate(3)
+    eager = torch.cat([model(ids[:, i:i + 1], cache=cache).logits[:, -1] for i in range(tokens)])
+    torch.testing.assert_close(together, eager, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama, heads of 64, packed", "gpt2, heads of 32, int8"])
+@torch.inference_mode()
+def test_threads_split_a_step_of_several_tokens_without_changing_it(models, kind):
+    _skip_without_vnni(kind)
+    model, step = models[kind], fused_step.fused_step_for(models[kind])
+    cache, ids, before = model.new_cache(16), torch.tensor([[6, 1, 9, 2, 7]]), torch.get_num_threads()
+    model(torch.tensor([[3, 4, 5]]), cache=cache)
+    assert step.usable(cache, None, 5)
+    step.pace = StepThreads()
+    try:
+        torch.set_num_threads(1)
+        alone = step(ids, cache)
+        cache.truncate(3)
+        torch.set_num_threads(2)
+        together = step(ids, cache)
+    finally:
+        torch.set_num_threads(before)
+    assert step.shape.threads == 2 and torch.equal(together, alone)
+
+
+REPEAT = [5, 9, 2, 7, 3, 8, 5, 9, 2, 7, 3, 8, 5, 9, 2]  # repetitive: prompt lookup finds drafts
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama, packed", "llama, int8"])
+@torch.inference_mode()
+def test_speculation_checks_its_guesses_in_one_fused_step(models, kind, monkeypatch):
+    """Greedy tokens with prompt lookup are plain decoding's, whether the guesses are checked by the
+    fused step (one call of several tokens) or, without the C step, by the model's forward."""
+    _skip_without_vnni(kind)
+    model, fed = models[kind], []
+    call = fused_step.FusedStep.__call__
+    monkeypatch.setattr(fused_step.FusedStep, "__call__", lambda self, ids, cache: fed.append(ids.size(1))
+                        or call(self, ids, cache))
+    plain = generate(model, [REPEAT], 40, temperature=0)
+    fast = generate(model, [REPEAT], 40, temperature=0, speculate=Speculation(tokens=4))
+    assert fast == plain and max(fed) == 5  # the newest token and 4 guesses, one step
+    _eager(monkeypatch)
+    fed.clear()
+    assert generate(model, [REPEAT], 40, temperature=0, speculate=Speculation(tokens=4)) == plain and not fed
+
+
+@torch.inference_mode()
+def test_sampled_tokens_through_the_fused_check_saw_exactly_their_context(models):
+    """Sampling with speculation through the fused step: the kept guesses' keys stay in the cache, the
+    rejected ones' are cut, so every token's logits are those of a full forward over what came before."""
+    model = models["gpt2"]
+    row = engine.Row(REPEAT, 40, SamplingOptions(1.0, seed=0, speculate=Speculation(tokens=3)), keep_logits=True)
+    eng = Engine(model)
+    choices = eng.add([row])
+    while step := eng.step():
+        choices += step
+    assert isinstance(eng.static, fused_step.FusedStep)
+    full = model(torch.tensor([REPEAT + row.tokens])).logits[0, len(REPEAT) - 1:-1]  # (n, V)
+    torch.testing.assert_close(torch.stack([c.logits for c in choices]), full, atol=1e-4, rtol=1e-4)
+    assert 0 < row.speculation.accepted < row.speculation.drafted
+
+
+def test_a_step_refuses_more_tokens_than_it_feeds_or_the_cache_holds(model):
+    step, cache = fused_step.fused_step_for(model), model.new_cache(8)
+    with torch.no_grad():
+        model(torch.zeros(1, 4, dtype=torch.long), cache=cache)
+    assert step.usable(cache, None, 4) and not step.usable(cache, None, 5)
+    assert not step.usable(model.new_cache(32), None, fused_step.MAX_ROWS + 1)
+    with pytest.raises(ValueError, match="room for the new"):
+        step(torch.zeros(1, 5, dtype=torch.long), cache)

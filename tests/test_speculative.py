@@ -20,7 +20,7 @@ from handformer.data.special_tokens import SpecialTokens
 from handformer.generation.engine import Engine, Row
 from handformer.generation.generate import generate
 from handformer.generation.sampling import SamplingOptions, Speculation
-from handformer.generation.speculative import SpeculationStats, accept_draft, prompt_lookup
+from handformer.generation.speculative import SpeculationStats, accept_draft, accept_greedy, prompt_lookup
 from handformer.generation.speculative import sampled_probabilities as probabilities
 from handformer.models.causal_lm import CausalLM
 from handformer.serve.door import APIError, Fields
@@ -52,6 +52,18 @@ def test_prompt_lookup_takes_what_followed_the_latest_match():
     assert prompt_lookup([1, 2, 3, 9, 3], 4, 3) == [9, 3, 9, 3]  # only "3" occurred before: "9 3", repeated
     assert prompt_lookup([7, 1, 1, 1], 3, 3) == [1, 1, 1]  # "1 1" one back: copies its own copy
     assert prompt_lookup([1, 2, 3], 4, 3) == []
+
+
+def test_the_greedy_rule_is_the_acceptance_rule_at_temperature_zero():
+    """accept_greedy (argmax per row, no probabilities) keeps what accept_draft keeps at temperature 0."""
+    g = torch.Generator().manual_seed(0)
+    greedy = SamplingOptions(0)
+    for _ in range(200):
+        logits = torch.randn(4, 6, generator=g)  # (K + 1, V), K = 3
+        best = logits.argmax(-1).tolist()
+        draft = [b if torch.rand((), generator=g) < 0.6 else (b + 1) % 6 for b in best[:3]]
+        expected = accept_draft(probabilities(logits, greedy), draft, None, g)
+        assert accept_greedy(logits, draft) == expected
 
 
 @pytest.mark.parametrize("drafter", ["lookup", "draft", "self"])

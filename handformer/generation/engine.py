@@ -20,7 +20,9 @@ of its tokens (`top_logprobs`: of the distribution it samples from).
 A row whose options speculate (`SamplingOptions.speculate`; speculative.py), while it is the
 engine's only row, takes speculative steps: its drafter guesses K tokens, one forward checks them,
 the acceptance rule keeps some and adds one, and the cache is cut back (`truncate`) to the
-positions fed; such a step hands back several choices. With other rows it steps plainly.
+positions fed; such a step hands back several choices. The forward that checks the guesses runs
+through the fused C step where it serves the model (inference/fused_step.py: every weight read once
+for all K + 1 tokens, each token's logits those of a one-token step). With other rows it steps plainly.
 
 The rows live in one KV cache (generation/cache.py: DecodingCache), each right-aligned with padding
 on its left that the attention mask hides (True = a real position); the model counts positions
@@ -56,6 +58,7 @@ from handformer.generation.sampling import SamplingOptions, filter_logits, next_
 from handformer.generation.speculative import (
     SpeculationStats,
     accept_draft,
+    accept_greedy,
     check_speculation,
     drafter_for,
     sampled_probabilities,
@@ -374,8 +377,9 @@ class Engine:
         if not draft:
             return None
         ids = torch.tensor([[row.tokens[-1], *draft]], device=self.device)  # (1, K + 1)
-        logits = self.model(ids, cache=self.cache, logits_to_keep=len(draft) + 1).logits[0]  # (K + 1, V)
-        tokens = accept_draft(sampled_probabilities(logits, o), draft, proposal, row.generator)
+        logits = self._check(ids)  # (K + 1, V)
+        tokens = (accept_greedy(logits, draft) if o.temperature == 0
+                  else accept_draft(sampled_probabilities(logits, o), draft, proposal, row.generator))
         choices = []
         for i, token in enumerate(tokens):
             logprob, top = (None, None) if o.top_logprobs is None else token_logprobs(logits[i], token, o)
@@ -392,6 +396,14 @@ class Engine:
         if self.compact and row.done:
             self._reset()
         return choices
+
+    def _check(self, ids: Tensor) -> Tensor:
+        """The one forward over a speculative step's (1, K + 1) newest token and guesses, into the cache:
+        (K + 1, V) logits. Through the fused C step where it serves the cache (each weight read once for
+        every row, each row's logits those of a one-token step), else the model's own forward."""
+        if isinstance(self.static, FusedStep) and self.static.usable(self.cache, None, ids.size(1)):
+            return self.static(ids, self.cache)
+        return self.model(ids, cache=self.cache, logits_to_keep=ids.size(1)).logits[0]
 
     def _rerun(self, mask: Tensor | None) -> Tensor:
         """Every position of every row run again into the emptied cache: (B, V) last logits. A row's

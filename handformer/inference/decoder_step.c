@@ -18,7 +18,14 @@
  *            the machine code the layers run eagerly, so the numbers are theirs.
  * The step runs as one team of s->threads OpenMP threads (decoder_step, at the end); each Part's outputs
  * split among them, one contiguous share each. The new key and value are written into the model's KV
- * cache buffers, (1, Hkv, slots, Dh) each, at column `pos`. */
+ * cache buffers, (1, Hkv, slots, Dh) each, at column `pos`.
+ * A step may feed s->rows tokens at once (up to MAX_ROWS, at positions pos .. pos + rows - 1, each
+ * attending to the positions up to its own): speculative decoding's check of its guesses. A BLOCKED
+ * weight is then read from memory once for all the rows (dot4_rows: each block dotted with every row
+ * while it sits in the caches), so a step of five rows costs far less than five one-row steps
+ * (docs/benchmarks.md, "Speculative decoding"); each row's sums run in the order of the
+ * one-row step's, so its logits are those of one-row steps fed the same tokens, bit for bit. PLAIN,
+ * INT8 and INT4 Parts are dotted row by row by their one-row code. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -35,7 +42,11 @@ typedef struct {
     int32_t rope;        /* 1: half-split RoPE over each query and key head */
     int32_t threads;     /* OpenMP threads for the step */
     int32_t split_heads; /* 1: Q, K and V three Parts whose rows split by key/value head (Dh a multiple of 4) */
+    int32_t rows;        /* tokens fed (1 .. MAX_ROWS), at positions pos .. pos + rows - 1 */
 } Shape;
+
+/* rows a step feeds at most; rows dot4_rows dots a block with at once; numbers its prefetches run ahead */
+enum { MAX_ROWS = 8, GROUP = 6, PREFETCH = 1024 };
 
 typedef struct {       /* a weight matrix, or the rows of one of a product's stacked outputs */
     const void *w;     /* PLAIN (N, K) fp32; BLOCKED block_rows' layout; INT8 block_int8's; INT4 (N, K/2) nibbles */
@@ -64,12 +75,12 @@ typedef struct {  /* vnni_matvec.c's one-row functions (NULL where no Part is IN
 typedef struct {  /* what one thread of the step holds: its place in the team and its own buffers */
     int t, T;
     Vnni v;          /* its quantized rows */
-    float *xn;       /* (D) the normed row it reads */
+    float *xn;       /* (rows, D) the normed rows it reads */
     float *scores;   /* (slots) one head's attention weights */
-    int8_t quantized[2];  /* whether v.row8 / v.row4 hold the row being read */
+    const float *quantized[2];  /* the row v.row8 / v.row4 hold, quantized in this product; NULL: none */
 } Thread;
 
-static void norm(float *out, const float *x, const float *w, const float *b, const Shape *s) {
+static void norm_row(float *out, const float *x, const float *w, const float *b, const Shape *s) {
     int64_t n = s->D;
     float mean = 0.0f, ss = 0.0f;
     if (s->layer_norm) {
@@ -81,29 +92,103 @@ static void norm(float *out, const float *x, const float *w, const float *b, con
     for (int64_t i = 0; i < n; i++) out[i] = w[i] * ((x[i] - mean) * r) + (b ? b[i] : 0.0f);
 }
 
-/* The outputs n0 <= n < n1 of one Part, y[n] = W x + b (n0 a multiple of 4 for BLOCKED and INT8). */
-static void part_rows(float *y, const Part *p, const float *x, int64_t K, int64_t n0, int64_t n1,
-                      const Vnni *v) {
-    int64_t N = p->rows;
+static void norm(float *out, const float *x, const float *w, const float *b, const Shape *s) {  /* each row */
+    for (int64_t m = 0; m < s->rows; m++) norm_row(out + m * s->D, x + m * s->D, w, b, s);
+}
+
+/* One row of a PLAIN weight dotted with x: one function (never inlined), so that a row's sum is
+ * vectorized alike wherever it is called. */
+__attribute__((noinline)) static float plain_dot(const float *row, const float *x, int64_t K) {
+    float sum = 0.0f;
+    for (int64_t k = 0; k < K; k++) sum += row[k] * x[k];
+    return sum;
+}
+
+/* One block of block_rows' layout dotted with R rows of x (x + r * xs), each row's four sums in dot4's
+ * order (the same FMA chains), into out[r][0..3]. R a constant after inlining: the 4 R accumulators,
+ * the block's four vectors and one of x stay in registers (R <= 6: 29 of AVX-512's 32). Each vector of
+ * x is loaded once, not folded into its four FMAs (the empty asm), and the weights are prefetched
+ * PREFETCH numbers ahead: with 4 R FMAs a vector of weights the loop is slow enough to issue its loads
+ * late, and the prefetches keep the memory busy meanwhile. */
+static inline __attribute__((always_inline)) void dot4_rows(const float *x, int64_t xs, const float *w,
+                                                            int64_t K, int R, float out[GROUP][4]) {
+    __m512 a[GROUP][4];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 4; j++) a[r][j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 16, w += 64) {
+        for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(w + PREFETCH + 16 * j), _MM_HINT_T0);
+        __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32),
+               w3 = _mm512_loadu_ps(w + 48);
+        for (int r = 0; r < R; r++) {
+            __m512 xk = _mm512_loadu_ps(x + r * xs + k);
+            __asm__("" : "+v"(xk));
+            a[r][0] = _mm512_fmadd_ps(w0, xk, a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(w1, xk, a[r][1]);
+            a[r][2] = _mm512_fmadd_ps(w2, xk, a[r][2]);
+            a[r][3] = _mm512_fmadd_ps(w3, xk, a[r][3]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < 4; j++) out[r][j] = _mm512_reduce_add_ps(a[r][j]);
+}
+
+/* Block i of a BLOCKED Part dotted with the M rows of x (row stride xs), in groups of at most GROUP
+ * rows as even as can be (the block read from memory once, then from the caches), outputs n < n1 of each row
+ * into y (row stride ys). */
+static void blocked_rows(float *y, int64_t ys, const Part *p, const float *x, int64_t xs, int64_t K, int64_t M,
+                         int64_t i, int64_t n1) {
+    const float *w = (const float *)p->w + i * 4 * K;
+    float out[GROUP][4];
+    int64_t groups = (M + GROUP - 1) / GROUP;
+    for (int64_t g = 0, r0 = 0; g < groups; g++) {
+        int64_t R = M * (g + 1) / groups - r0;
+        const float *xr = x + r0 * xs;
+        switch (R) {
+            case 1: dot4(xr, w, K, out[0]); break;
+            case 2: dot4_rows(xr, xs, w, K, 2, out); break;
+            case 3: dot4_rows(xr, xs, w, K, 3, out); break;
+            case 4: dot4_rows(xr, xs, w, K, 4, out); break;
+            case 5: dot4_rows(xr, xs, w, K, 5, out); break;
+            default: dot4_rows(xr, xs, w, K, 6, out);
+        }
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t n = i * 4; n < n1 && n < p->rows && n < i * 4 + 4; n++)
+                y[(r0 + r) * ys + n] = out[r][n - i * 4] + (p->bias ? p->bias[n] : 0.0f);
+        r0 += R;
+    }
+}
+
+/* x (K) quantized into the thread's own row for Parts of `kind` (INT8 or INT4), unless that row holds
+ * it already (quantized in this product). */
+static void quantize(Thread *th, int32_t kind, const float *x, int64_t K) {
+    if (th->quantized[kind - INT8] == x)
+        return;
+    th->v.prepare(x, K, kind == INT8 ? 8 : 4, kind == INT8 ? th->v.row8 : th->v.row4);
+    th->quantized[kind - INT8] = x;
+}
+
+/* The outputs n0 <= n < n1 of one Part for each of the M rows of x (K numbers each, row stride xs):
+ * y[m * ys + n] = W x[m] + b (n0 a multiple of 4 for BLOCKED and INT8). */
+static void part_rows(float *y, int64_t ys, const Part *p, const float *x, int64_t xs, int64_t K, int64_t M,
+                      int64_t n0, int64_t n1, Thread *th) {
     const float *b = p->bias;
     if (n0 >= n1)
         return;
-    if (p->kind == INT8) {  /* blocks of four rows (c_kernels.block_int8's layout) */
-        v->int8_rows(v->row8, p->w, p->scale, b, y, n0, n1, K);
-    } else if (p->kind == INT4) {
-        v->int4_rows(v->row4, p->w, p->scale, b, y, n0, n1, K);
-    } else if (p->kind == BLOCKED) {  /* blocks of four rows, K a multiple of 16 */
-        for (int64_t i = n0 / 4; i < (n1 + 3) / 4; i++) {
-            float out[4];
-            dot4(x, (const float *)p->w + i * 4 * K, K, out);
-            for (int64_t n = i * 4; n < n1 && n < N && n < i * 4 + 4; n++) y[n] = out[n - i * 4] + (b ? b[n] : 0.0f);
-        }
-    } else {
-        for (int64_t n = n0; n < n1; n++) {
-            const float *row = (const float *)p->w + n * K;
-            float sum = 0.0f;
-            for (int64_t k = 0; k < K; k++) sum += row[k] * x[k];
-            y[n] = sum + (b ? b[n] : 0.0f);
+    if (p->kind == BLOCKED) {  /* blocks of four rows, K a multiple of 16 */
+        for (int64_t i = n0 / 4; i < (n1 + 3) / 4; i++) blocked_rows(y, ys, p, x, xs, K, M, i, n1);
+        return;
+    }
+    for (int64_t m = 0; m < M; m++) {
+        const float *xm = x + m * xs;
+        float *ym = y + m * ys;
+        if (p->kind == INT8) {  /* blocks of four rows (c_kernels.block_int8's layout) */
+            quantize(th, INT8, xm, K);
+            th->v.int8_rows(th->v.row8, p->w, p->scale, b, ym, n0, n1, K);
+        } else if (p->kind == INT4) {
+            quantize(th, INT4, xm, K);
+            th->v.int4_rows(th->v.row4, p->w, p->scale, b, ym, n0, n1, K);
+        } else {
+            for (int64_t n = n0; n < n1; n++) ym[n] = plain_dot((const float *)p->w + n * K, xm, K) + (b ? b[n] : 0.0f);
         }
     }
 }
@@ -118,36 +203,29 @@ static void share(const Part *p, int t, int T, int64_t *n0, int64_t *n1) {
     *n1 = end < N ? end : N;
 }
 
-/* x (K) quantized into the thread's own rows, once for every INT8 / INT4 Part of the `n` that read it. */
-static void quantize(Thread *th, const Part *parts, int n, const float *x, int64_t K) {
-    th->quantized[0] = th->quantized[1] = 0;
-    for (int p = 0; p < n; p++) {
-        int32_t kind = parts[p].kind;
-        if (parts[p].rows && (kind == INT8 || kind == INT4) && !th->quantized[kind - INT8]) {
-            th->v.prepare(x, K, kind == INT8 ? 8 : 4, kind == INT8 ? th->v.row8 : th->v.row4);
-            th->quantized[kind - INT8] = 1;
-        }
-    }
-}
-
-/* The thread's share of y = the `n` Parts' outputs one after another (x quantized first where a Part
- * wants it); no barrier: the caller waits where another thread's outputs are read. */
-static void matvec_share(float *y, const Part *parts, int n, const float *x, int64_t K, Thread *th) {
-    quantize(th, parts, n, x, K);
+/* The thread's share of y = the `n` Parts' outputs one after another, for each of the M rows of x
+ * (K numbers each, row stride xs; row stride ys in y); no barrier: the caller waits where another
+ * thread's outputs are read. */
+static void matvec_share(float *y, int64_t ys, const Part *parts, int n, const float *x, int64_t xs, int64_t K,
+                         int64_t M, Thread *th) {
+    th->quantized[0] = th->quantized[1] = NULL;  /* a new product: x holds other numbers */
     float *out = y;
     for (int p = 0; p < n; out += parts[p].rows, p++) {
         int64_t n0, n1;
         share(&parts[p], th->t, th->T, &n0, &n1);
-        part_rows(out, &parts[p], x, K, n0, n1, &th->v);
+        part_rows(out, ys, &parts[p], x, xs, K, M, n0, n1, th);
     }
 }
 
-/* x += W a + b over the thread's share of one Part's outputs (y: scratch of D), then a barrier: x whole. */
-static void residual(float *x, float *y, const Part *p, const float *a, int64_t K, Thread *th) {
+/* x += W a + b over the thread's share of one Part's outputs, each of the rows (a: K numbers a row, row
+ * stride as; y: scratch of rows x D), then a barrier: x whole. */
+static void residual(float *x, float *y, const Part *p, const float *a, int64_t as, int64_t K, Thread *th,
+                     const Shape *s) {
     int64_t n0, n1;
-    matvec_share(y, p, 1, a, K, th);
+    matvec_share(y, s->D, p, 1, a, as, K, s->rows, th);
     share(p, th->t, th->T, &n0, &n1);
-    for (int64_t j = n0; j < n1; j++) x[j] += y[j];
+    for (int64_t m = 0; m < s->rows; m++)
+        for (int64_t j = n0; j < n1; j++) x[m * s->D + j] += y[m * s->D + j];
     #pragma omp barrier
 }
 
@@ -160,13 +238,13 @@ static void rope(float *x, const float *cos, const float *sin, int64_t Dh) {  /*
     }
 }
 
-/* One head: softmax(q K^T / sqrt(Dh)) V over positions 0..pos, keys and values (pos + 1, Dh) each. Where
+/* One head: softmax(q K^T / sqrt(Dh)) V over positions 0 .. n - 1, keys and values (n, Dh) each. Where
  * Dh is a multiple of 16 (up to 256), AVX-512 with q and the output held in registers (a position's
  * score summed over Dh as the plain loop's vectorized sum; each output summed over the positions in
  * order, as the plain loop). */
 static void attend(float *restrict out, const float *restrict q, const float *restrict keys,
-                   const float *restrict values, float *restrict scores, const Shape *s) {
-    const int64_t Dh = s->Dh, n = s->pos + 1, c = Dh / 16;
+                   const float *restrict values, float *restrict scores, int64_t n, int64_t Dh) {
+    const int64_t c = Dh / 16;
     const float scale = 1.0f / sqrtf((float)Dh);
     float top = -INFINITY, sum = 0.0f;
     if (Dh % 16 || c > 16) {
@@ -219,49 +297,53 @@ static void attend(float *restrict out, const float *restrict q, const float *re
     }
 }
 
-/* Key/value heads g0 <= g < g1 and their query heads: RoPE, the new key and value into the cache,
- * attention into att. */
+/* Key/value heads g0 <= g < g1 and their query heads, for each row m (qkv's row m, position pos + m):
+ * RoPE, the new keys and values into the cache, then attention over positions 0 .. pos + m into att. */
 static void attend_groups(float *att, float *qkv, const Layer *L, const float *cos, const float *sin,
                           int64_t g0, int64_t g1, Thread *th, const Shape *s) {
-    int64_t H = s->H, Hkv = s->Hkv, Dh = s->Dh, G = H / Hkv;
+    int64_t H = s->H, Hkv = s->Hkv, Dh = s->Dh, G = H / Hkv, width = (H + 2 * Hkv) * Dh;
     for (int64_t g = g0; g < g1; g++) {
-        float *k = qkv + (H + g) * Dh, *v = qkv + (H + Hkv + g) * Dh;
-        if (s->rope) {
-            rope(k, cos, sin, Dh);
-            for (int64_t h = g * G; h < (g + 1) * G; h++) rope(qkv + h * Dh, cos, sin, Dh);
+        float *keys = L->keys + g * s->slots * Dh, *values = L->values + g * s->slots * Dh;
+        for (int64_t m = 0; m < s->rows; m++) {
+            float *row = qkv + m * width, *k = row + (H + g) * Dh, *v = row + (H + Hkv + g) * Dh;
+            if (s->rope) {
+                rope(k, cos + m * Dh, sin + m * Dh, Dh);
+                for (int64_t h = g * G; h < (g + 1) * G; h++) rope(row + h * Dh, cos + m * Dh, sin + m * Dh, Dh);
+            }
+            for (int64_t j = 0; j < Dh; j++) {
+                keys[(s->pos + m) * Dh + j] = k[j];
+                values[(s->pos + m) * Dh + j] = v[j];
+            }
         }
-        for (int64_t j = 0; j < Dh; j++) {
-            L->keys[(g * s->slots + s->pos) * Dh + j] = k[j];
-            L->values[(g * s->slots + s->pos) * Dh + j] = v[j];
-        }
-        for (int64_t h = g * G; h < (g + 1) * G; h++)
-            attend(att + h * Dh, qkv + h * Dh, L->keys + g * s->slots * Dh, L->values + g * s->slots * Dh,
-                   th->scores, s);
+        for (int64_t m = 0; m < s->rows; m++)
+            for (int64_t h = g * G; h < (g + 1) * G; h++)
+                attend(att + (m * H + h) * Dh, qkv + m * width + h * Dh, keys, values, th->scores, s->pos + m + 1,
+                       Dh);
     }
 }
 
-/* The shared scratch: qkv ((H + 2 Hkv) Dh), att (H Dh), y (D), h (2 F). */
+/* The shared scratch, rows of: qkv ((H + 2 Hkv) Dh), att (H Dh), y (D), h (2 F). */
 typedef struct {
     float *qkv, *att, *y, *h;
 } Shared;
 
 static void attention_block(float *x, const Layer *L, const float *cos, const float *sin, const Shared *w,
                             Thread *th, const Shape *s) {
-    int64_t D = s->D, H = s->H, Hkv = s->Hkv, Dh = s->Dh, G = H / Hkv;
+    int64_t D = s->D, H = s->H, Hkv = s->Hkv, Dh = s->Dh, G = H / Hkv, M = s->rows, width = (H + 2 * Hkv) * Dh;
     int64_t g0 = Hkv * th->t / th->T, g1 = Hkv * (th->t + 1) / th->T;
     norm(th->xn, x, L->attn_norm, L->attn_norm_bias, s);
     if (s->split_heads && Hkv % th->T == 0) {  /* each thread its heads' q, k and v rows: no wait */
-        quantize(th, L->qkv, 3, th->xn, D);
-        part_rows(w->qkv, &L->qkv[0], th->xn, D, g0 * G * Dh, g1 * G * Dh, &th->v);
-        part_rows(w->qkv + H * Dh, &L->qkv[1], th->xn, D, g0 * Dh, g1 * Dh, &th->v);
-        part_rows(w->qkv + (H + Hkv) * Dh, &L->qkv[2], th->xn, D, g0 * Dh, g1 * Dh, &th->v);
+        th->quantized[0] = th->quantized[1] = NULL;
+        part_rows(w->qkv, width, &L->qkv[0], th->xn, D, D, M, g0 * G * Dh, g1 * G * Dh, th);
+        part_rows(w->qkv + H * Dh, width, &L->qkv[1], th->xn, D, D, M, g0 * Dh, g1 * Dh, th);
+        part_rows(w->qkv + (H + Hkv) * Dh, width, &L->qkv[2], th->xn, D, D, M, g0 * Dh, g1 * Dh, th);
     } else {
-        matvec_share(w->qkv, L->qkv, 3, th->xn, D, th);
+        matvec_share(w->qkv, width, L->qkv, 3, th->xn, D, D, M, th);
         #pragma omp barrier
     }
     attend_groups(w->att, w->qkv, L, cos, sin, g0, g1, th, s);
     #pragma omp barrier
-    residual(x, w->y, &L->o, w->att, H * Dh, th);
+    residual(x, w->y, &L->o, w->att, H * Dh, H * Dh, th, s);
 }
 
 static float activate(float u, int32_t activation) {
@@ -280,7 +362,7 @@ static void activate_rows(float *h, int64_t j0, int64_t j1, const Shape *s) {
 static void ffn_block(float *x, const Layer *L, const Shared *w, Thread *th, const Shape *s) {
     int64_t D = s->D, F = s->F, j0, j1;
     norm(th->xn, x, L->ffn_norm, L->ffn_norm_bias, s);
-    matvec_share(w->h, L->up, 2, th->xn, D, th);
+    matvec_share(w->h, 2 * F, L->up, 2, th->xn, D, D, s->rows, th);
     /* where the gate's rows and the up's split alike (or there is no gate), each thread activates its own */
     if (L->up[1].rows == 0 || (L->up[1].rows == F && L->up[0].kind == L->up[1].kind)) {
         share(&L->up[0], th->t, th->T, &j0, &j1);
@@ -289,27 +371,28 @@ static void ffn_block(float *x, const Layer *L, const Shared *w, Thread *th, con
         j0 = F * th->t / th->T / 16 * 16;
         j1 = th->t + 1 == th->T ? F : F * (th->t + 1) / th->T / 16 * 16;
     }
-    activate_rows(w->h, j0, j1, s);
+    for (int64_t m = 0; m < s->rows; m++) activate_rows(w->h + m * 2 * F, j0, j1, s);
     #pragma omp barrier
-    residual(x, w->y, &L->down, w->h, F, th);
+    residual(x, w->y, &L->down, w->h, 2 * F, F, th, s);
 }
 
 static int64_t shared_floats(const Shape *s) {
-    return ((s->H + 2 * s->Hkv) * s->Dh + s->H * s->Dh + s->D + 2 * s->F + 15) / 16 * 16;
+    return (s->rows * ((s->H + 2 * s->Hkv) * s->Dh + s->H * s->Dh + s->D + 2 * s->F) + 15) / 16 * 16;
 }
 
 static int64_t own_floats(const Shape *s) {  /* xn and scores, a multiple of 64 bytes */
-    return (s->D + s->slots + 15) / 16 * 16;
+    return (s->rows * s->D + s->slots + 15) / 16 * 16;
 }
 
-/* Floats of scratch decoder_step needs for s->threads threads and s->slots positions. */
+/* Floats of scratch decoder_step needs for s->threads threads, s->rows rows and s->slots positions. */
 int64_t decoder_step_work(const Shape *s) {
     return shared_floats(s) + (s->threads > 1 ? s->threads : 1) * own_floats(s);
 }
 
-/* x: (D) the token's embedding (plus its learned position), overwritten; cos, sin: (Dh) the position's
- * tables (unread without RoPE); work: decoder_step_work(s) floats, 64-byte aligned; layers: n_layers of
- * them; head: the output head (no bias); logits: (V). One OpenMP team for the whole step: each thread
+/* x: (rows, D) the tokens' embeddings (plus their learned positions), overwritten; cos, sin: (rows, Dh)
+ * the positions' tables (unread without RoPE); work: decoder_step_work(s) floats, 64-byte aligned;
+ * layers: n_layers of them; head: the output head (no bias); logits: (rows, V); s->rows at most
+ * MAX_ROWS (more: nothing is computed). One OpenMP team for the whole step: each thread
  * norms (and quantizes) the row it reads itself, computes its share of each product, its key/value
  * heads' attention and its share of the activations, and waits at a barrier only where it reads what
  * another thread wrote (five a layer, four where the Q/K/V rows split by head). */
@@ -317,10 +400,12 @@ void decoder_step(float *x, const Shape *s, const Layer *layers, const float *co
                   const float *final_norm, const float *final_norm_bias, const Part *head, const Vnni *v,
                   float *work, float *logits) {
     Shared w;
+    if (s->rows < 1 || s->rows > MAX_ROWS)
+        return;
     w.qkv = work;
-    w.att = w.qkv + (s->H + 2 * s->Hkv) * s->Dh;
-    w.y = w.att + s->H * s->Dh;
-    w.h = w.y + s->D;
+    w.att = w.qkv + s->rows * (s->H + 2 * s->Hkv) * s->Dh;
+    w.y = w.att + s->rows * s->H * s->Dh;
+    w.h = w.y + s->rows * s->D;
     #pragma omp parallel num_threads(s->threads) if (s->threads > 1)
     {
         Thread th;
@@ -332,12 +417,12 @@ void decoder_step(float *x, const Shape *s, const Layer *layers, const float *co
             th.v.row4 += th.t * v->stride;
         }
         th.xn = work + shared_floats(s) + th.t * own_floats(s);
-        th.scores = th.xn + s->D;
+        th.scores = th.xn + s->rows * s->D;
         for (int64_t i = 0; i < s->n_layers; i++) {
             attention_block(x, &layers[i], cos, sin, &w, &th, s);
             ffn_block(x, &layers[i], &w, &th, s);
         }
         norm(th.xn, x, final_norm, final_norm_bias, s);
-        matvec_share(logits, head, 1, th.xn, s->D, &th);
+        matvec_share(logits, s->V, head, 1, th.xn, s->D, s->D, s->rows, &th);
     }
 }

@@ -9,7 +9,9 @@ cache. It reads the prepared model's own weights (no copy: a small model's plain
 weights, a large one's `PackedLinear` one-row copies, c_kernels.block_rows' layout, in huge pages, or
 an `Int8Linear`'s copy laid out for its VNNI kernel, c_kernels.block_int8's)
 and writes the new key and value into the model's own KV cache, so the engine can step eagerly and
-fused in any order (prefill, speculation and batches stay eager). The C code computes what
+fused in any order (prefill and batches stay eager). A step may feed up to MAX_ROWS tokens at once:
+speculative decoding's check of its newest token and guesses, which reads each weight once for all
+of them and gives each the logits of a one-token step, bit for bit. The C code computes what
 CausalLM.forward computes, in fp32, up to the order of the sums (greedy tokens equal in
 tests/test_fused_step.py). Its products of large weights run on torch's intra-op thread count
 (`generate`'s threads), split as PackedLinear's C kernel splits them; on one thread while a team of
@@ -70,7 +72,7 @@ class _Shape(ctypes.Structure):
                                                      "pos")]
                 + [("eps", ctypes.c_float)]
                 + [(name, ctypes.c_int32) for name in ("layer_norm", "activation", "rope", "threads",
-                                                       "split_heads")])
+                                                       "split_heads", "rows")])
 
 
 class _Part(ctypes.Structure):  # decoder_step.c's Part: a matrix, or one of a product's stacked ones
@@ -92,6 +94,7 @@ class _Vnni(ctypes.Structure):  # decoder_step.c's Vnni: vnni_matvec.c's one-row
 
 ACTIVATIONS = {"swiglu": 0, "gelu_tanh": 1, "gelu": 2}  # decoder_step.c's codes
 PLAIN, BLOCKED, INT8, INT4 = range(4)  # decoder_step.c's kinds of Part
+MAX_ROWS = 8  # decoder_step.c's: tokens one step feeds at most (speculation's newest token and guesses)
 VNNI_KERNELS = ("auto", "vnni")  # the quantized layers' kernels that run vnni_matvec.c at one row
 # A part as the C code reads it: (kind, weight, scale, bias), the tensors the pointers point into.
 PartTensors = tuple[int, Tensor, Tensor | None, Tensor | None]
@@ -299,16 +302,17 @@ class FusedStep:
         self.shape = _Shape(cfg.n_layers, cfg.d_model, H, Hkv, Dh, F, cfg.vocab_size, 0, 0,
                             float(model.norm.eps), type(model.norm) is DecodingLayerNorm,
                             ACTIVATIONS[ffn0.activation], type(model.rotary) is RotaryEmbedding, 1,
-                            split_heads)
+                            split_heads, 1)
         library = c_kernels.address("decoder_step", "decoder_step_work")
         self.work_floats = ctypes.CFUNCTYPE(ctypes.c_int64, P(_Shape))(library)
         self._held: tuple[Tensor, ...] = ()  # the cache buffers self.layers points at
-        self.x = torch.empty(cfg.d_model)
         self.pace = StepThreads()  # torch's thread count, or one thread while a team is slower
 
-    def usable(self, cache: KVCache, mask: Tensor | None) -> bool:
-        """A plain cache of one row, its fp32 buffers contiguous, room for the new position, no mask."""
-        if mask is not None or type(cache) is not KVCache or cache.length >= cache.slots:
+    def usable(self, cache: KVCache, mask: Tensor | None, tokens: int = 1) -> bool:
+        """A plain cache of one row, its fp32 buffers contiguous, room for the `tokens` new positions
+        (at most MAX_ROWS), no mask."""
+        if (mask is not None or type(cache) is not KVCache or not 1 <= tokens <= MAX_ROWS
+                or cache.length + tokens > cache.slots):
             return False
         keys = cache.keys[0]
         if keys is None:
@@ -325,36 +329,41 @@ class FusedStep:
         return True
 
     def __call__(self, ids: Tensor, cache: KVCache) -> Tensor:
-        """ids (1, 1) -> (1, V) logits; the key and value written at cache.length, which advances.
-        A cache other than the one `usable` last approved, or one now full, is a ValueError, never a
-        read past the C step's buffers (an O(1) check: `usable` already compared the buffers)."""
+        """ids (1, T) -> (T, V) the logits after each of the T tokens (T <= MAX_ROWS; one token: (1, V),
+        the engine's (B, V)); their keys and values written from cache.length on, which advances by T.
+        Each row's logits are those of T one-token steps, bit for bit (decoder_step.c). A cache other
+        than the one `usable` last approved, or one without room, is a ValueError, never a read past
+        the C step's buffers (an O(1) check: `usable` already compared the buffers)."""
         held = self._held[0] if self._held else None
+        T = ids.size(-1)
         if (held is None or type(cache) is not KVCache or cache.keys[0] is not held
-                or cache.length >= cache.slots):
-            raise ValueError("the fused step needs a plain one-row fp32 KVCache with room for the new "
-                             "position; decode this step with the model's own forward")
-        token = int(ids[0, 0])
+                or cache.length + T > cache.slots or not 1 <= T <= MAX_ROWS or ids.size(0) != 1):
+            raise ValueError(f"the fused step needs a plain one-row fp32 KVCache with room for the new "
+                             f"positions (1 to {MAX_ROWS} of them); decode this step with the model's own "
+                             f"forward")
+        tokens = ids[0].tolist()
         embed, positions, cos, sin, norm, norm_bias = self.weights
-        if not 0 <= token < embed.size(0):
-            raise ValueError(f"token id {token} is outside the vocabulary [0, {embed.size(0)})")
+        if not all(0 <= t < embed.size(0) for t in tokens):
+            raise ValueError(f"token ids {tokens} reach outside the vocabulary [0, {embed.size(0)})")
         s = self.shape
-        s.slots, s.pos = cache.keys[0].size(2), cache.length
+        s.slots, s.pos, s.rows = cache.keys[0].size(2), cache.length, T
         s.threads = self.pace.choose(torch.get_num_threads())  # torch's count, or one while a team is slow
         if s.threads > self.threads:  # each thread quantizes the rows it reads into its own scratch
             self.vnni, self._scratch = _vnni(self.widest, set(self.kinds), s.threads)
             self.threads = s.threads
-        self.x.copy_(embed[token])
+        x = embed[ids[0]]  # (T, D), a copy
         if positions is not None:
-            self.x.add_(positions[s.pos])
+            x += positions[s.pos:s.pos + T]
         work = torch.empty(self.work_floats(ctypes.byref(s)))  # 64-byte aligned, as torch allocates
-        logits = torch.empty(1, s.V)  # (B, V)
+        logits = torch.empty(T, s.V)  # (T, V)
         table = 4 * s.Dh * s.pos  # bytes to this position's row of cos and sin
         start = time.perf_counter()
-        self.fn(self.x.data_ptr(), ctypes.byref(s), self.layers, _address(cos, table), _address(sin, table),
+        self.fn(x.data_ptr(), ctypes.byref(s), self.layers, _address(cos, table), _address(sin, table),
                 norm.data_ptr(), _address(norm_bias), self.head, ctypes.byref(self.vnni), work.data_ptr(),
                 logits.data_ptr())
-        self.pace.record(s.threads, time.perf_counter() - start)
-        cache.advance(1)
+        if T == 1:  # the pace of one-token steps picks the threads
+            self.pace.record(s.threads, time.perf_counter() - start)
+        cache.advance(T)
         return logits
 
 
@@ -378,4 +387,4 @@ def fused_step_for(model: nn.Module) -> FusedStep | None:
     return step
 
 
-__all__ = ["ACTIVATIONS", "FusedStep", "fused_reason", "fused_step_for"]
+__all__ = ["ACTIVATIONS", "MAX_ROWS", "FusedStep", "fused_reason", "fused_step_for"]

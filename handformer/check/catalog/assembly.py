@@ -31,6 +31,8 @@ DIAGNOSES: list[Diagnosis] = [
       "return self.norm(x) (nanoGPT's ln_f)",
       "Pre-Norm 堆叠中每层的输出都没有归一化：编码器和解码器最后都要接一个归一化层，return self.norm(x)"
       "（nanoGPT 的 ln_f）",
+      # a tied head applied to the stack's output as it is (OLMo's F.linear(x, self.wte.weight))
+      r"F\.linear\(\s*x\s*,",
       r"^\s*\w+\s*=\s*block\(\w+\)\s*$", r"^\s*return\s+[a-z_]\w*\s*$", r"ln_f|norm"),
     d("causal_mask_missing", "the decoder-only model has no causal mask: every position sees the future",
       "decoder-only 模型没有因果掩码：每个位置都看得到后面的 token",

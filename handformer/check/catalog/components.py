@@ -24,7 +24,9 @@ DIAGNOSES: list[Diagnosis] = [
       "style bool mask, True = masked, run again with --mask-convention torch)",
       "屏蔽掩码为 0 的位置：scores.masked_fill(mask == 0, -1e9)（若使用 torch.nn 的布尔掩码约定，"
       "True = 屏蔽，请加 --mask-convention torch 重新检查）",
-      r"masked_fill", r"\w+\[\s*~?\s*keep\s*\]\s*=", r"mask"),
+      r"masked_fill", r"\w+\[\s*~?\s*keep\s*\]\s*=",
+      r"\bmask\w*\b.*\*\s*-\s*\d|-\s*\d[\d.e]*\s*\*.*\bmask",  # BERT's additive mask: + (1 - mask) * -10000
+      r"^(?!\s*def ).*\bmask\b", r"mask"),
     d("mask_after_softmax", "the mask is applied after the softmax, so the weights no longer sum to 1",
       "掩码在 softmax 之后才应用，注意力权重之和不再为 1",
       "apply masked_fill to the scores before F.softmax, not to the weights after it",

@@ -42,12 +42,15 @@ DIAGNOSES: list[Diagnosis] = [
       "门控分支才是做激活的那一支：down(act(gate(x)) * up(x))（Llama：w2(F.silu(w1(x)) * w3(x))）",
       r"(silu|gelu|swish|act\w*)\(", r"\*"),
     d("ffn_wrong_activation", "the FFN uses another activation than its code says (SiLU for SwiGLU, "
-      "GELU for GEGLU, GELU for an attribute named gelu or in GPT-2's MLP)",
-      "前馈网络用的激活函数和代码说的不符（SwiGLU 用 SiLU，GEGLU 用 GELU，"
-      "属性名叫 gelu 或 GPT-2 的 MLP 用 GELU）",
-      "SwiGLU: F.silu(gate(x)) * up(x); GEGLU: F.gelu(gate(x)) * up(x); GPT-2's MLP: nn.GELU(approximate="
-      "\"tanh\"); or, if the other activation is meant, name it so",
-      "SwiGLU：F.silu(gate(x)) * up(x)；GEGLU：F.gelu(gate(x)) * up(x)；GPT-2 的 MLP："
+      "GELU for GEGLU, the tanh GELU in a Gemma model's MLP, GELU for an attribute named gelu or in "
+      "GPT-2's MLP)",
+      "前馈网络用的激活函数和代码说的不符（SwiGLU 用 SiLU，GEGLU 用 GELU，Gemma 模型的 MLP 用 "
+      "tanh 近似的 GELU，属性名叫 gelu 或 GPT-2 的 MLP 用 GELU）",
+      "SwiGLU: F.silu(gate(x)) * up(x); GEGLU: F.gelu(gate(x)) * up(x) (Gemma's: F.gelu(gate(x), "
+      "approximate=\"tanh\") * up(x)); GPT-2's MLP: nn.GELU(approximate=\"tanh\"); or, if the other "
+      "activation is meant, name it so",
+      "SwiGLU：F.silu(gate(x)) * up(x)；GEGLU：F.gelu(gate(x)) * up(x)（Gemma 的："
+      "F.gelu(gate(x), approximate=\"tanh\") * up(x)）；GPT-2 的 MLP："
       "nn.GELU(approximate=\"tanh\")；如果本来就想用另一种激活函数，就让名字与它一致",
       r"(?i)self\.\w*(gelu|relu|silu|swish)\w*\s*=", r"(silu|gelu|swish)\(", r"act"),
     d("ffn_no_down_projection", "the FFN has no down projection back to d_model",

@@ -34,7 +34,7 @@ CALLS: dict[str, str] = {
     "greedy": "logits", "train_step": "model, batch, optimizer, criterion", "train_epoch": "model, loader, "
     "optimizer, criterion", "schedule": "step", "loss": "logits, targets, pad_id", "causal_mask": "size",
     "sdpa": "q, k, v, mask=None", "rope": "q, k, positions", "bpe": "input_path, vocab_size, special_tokens",
-    "mask_helper": "src, pad_id", "masked_softmax": "scores, valid_lens"}
+    "mask_helper": "src, pad_id", "masked_softmax": "scores, valid_lens", "min_p": "logits, min_p"}
 # a learner's name for what check passes a function kind under another name
 CALLED = {"bos": "start_symbol", "bos_id": "start_symbol", "bos_idx": "start_symbol", "sos": "start_symbol",
           "sos_id": "start_symbol", "start": "start_symbol", "start_id": "start_symbol",
@@ -47,7 +47,7 @@ CALLED = {"bos": "start_symbol", "bos_id": "start_symbol", "bos_idx": "start_sym
 SIZE_NAMES = {"d_model": "d_model", "n_heads": "n_heads", "n_kv_heads": "n_kv_heads", "d_ff": "d_ff",
               "dropout": "dropout", "max_len": "max_len", "src_vocab": "vocab_size",
               "tgt_vocab": "tgt_vocab_size", "n_layers": "n_layers", "pad_id": "pad_id", "theta": "theta",
-              "d_head": "head_size"}
+              "d_head": "head_size", "n_classes": "n_classes"}
 CANNOT = ("mapping", "internal", "stand_in", "discovery", "cannot_build", "cannot_call")
 
 

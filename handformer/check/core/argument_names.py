@@ -127,6 +127,7 @@ SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
 TEMPERATURE_NAMES = ("temperature", "temp", "t", "tau", "temperatures")
 K_NAMES = ("k", "top_k", "topk")
 P_NAMES = ("p", "top_p", "topp", "nucleus")
+MIN_P_NAMES = ("min_p", "minp", "p_min", "min_prob", "min_p_ratio")
 GENERATOR_NAMES = ("generator", "rng", "gen")
 LOGITS_NAMES = ("logits", "scores", "x", "logit", "z", "inputs", "input")
 PROBS_NAMES = ("probs", "probabilities", "prob", "p_dist", "dist", "distribution")

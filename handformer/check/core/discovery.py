@@ -30,7 +30,7 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                 "size", "model_dim", "emb_dim", "d_embed", "embedding_dim", "normalized_shape", "dmodel",
                 "num_hiddens", "norm_shape", "ffn_num_input", "ffn_num_outputs", "key_size", "query_size",
                 "value_size", "ndim", "n_embed", "embed_size", "d_in", "d_out", "emb_size"),
-    "d_head": ("head_size", "head_dim", "d_k", "d_head", "dim_head", "headsize"),
+    "d_head": ("head_size", "head_dim", "d_k", "d_head", "dim_head", "headsize", "rotary_dim"),
     "n_heads": ("num_heads", "n_heads", "h", "heads", "n_head", "nhead", "num_head", "head_num",
                 "nheads", "num_attention_heads"),
     "n_kv_heads": ("n_kv_heads", "num_kv_heads", "num_key_value_heads", "kv_heads", "n_kv_head",
@@ -54,6 +54,7 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                 "max_seq_length", "n_positions", "context_length", "maxlen", "max_position_embeddings",
                 "context_size", "n_ctx", "context_length", "sequence_len"),
     "theta": ("theta", "base", "rope_theta", "rope_base"),
+    "n_classes": ("num_classes", "n_classes", "num_labels", "n_labels", "num_class", "n_class", "class_num"),
     "eps": ("eps", "norm_eps", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "epsilon"),
 }
 # the hidden width of an FFN that also takes d_model (Llama's FeedForward(dim, hidden_dim, ...))
@@ -82,10 +83,13 @@ CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "con
 # hyunwoongko's enc_voc_size, device and trg_sos_idx (kept, never read); minGPT's
 # config.model_type (None: the sizes are given)
 for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec"), "d_head": ("d_v",), "d_ff": ("pf_dim",),
+                     # a Chinese course's MultiHeadedAttention(head, embedding_dim, ...)
+                     "n_heads": ("head",),
                      "dropout": ("embd_pdrop",),
                      "max_len": ("n_position", "src_seq_len", "tgt_seq_len"),
-                     "src_vocab": ("n_src_vocab", "enc_voc_size"),
-                     "tgt_vocab": ("n_trg_vocab", "dec_voc_size")}.items():
+                     # the same course's make_model(source_vocab, target_vocab, ...)
+                     "src_vocab": ("n_src_vocab", "enc_voc_size", "source_vocab"),
+                     "tgt_vocab": ("n_trg_vocab", "dec_voc_size", "target_vocab")}.items():
     ARGUMENTS[_key] += _names
 HIDDEN_WHEN_PAIRED += ("d_hid",)
 FIXED.update({"device": "cpu", "model_type": None, "trg_sos_idx": 1})
@@ -111,7 +115,8 @@ class Component:
     kind: str  # one of KINDS
     name: str  # the learner's name for it
     obj: Any  # the class or function
-    found_by: str = "name"  # "name", or "signature": a free function found by what it does (signatures.py)
+    found_by: str = "name"  # "name", "signature": a free function found by what it does (signatures.py),
+    # or "structure": a model found by what it builds
 
 
 def find_components(module: types.ModuleType, overrides: dict[str, str] | None = None,
@@ -168,7 +173,23 @@ def _by_name(module: types.ModuleType, overrides: dict[str, str] | None, only: l
             if name not in taken and (not only or actual in only):
                 taken.add(name)
                 found.append(Component(actual, name, own[name]))
+    found += _by_structure(own, taken | named | set(TABLED), only)
     return found + _by_signature(own, taken | named, only, set(overrides))
+
+
+# what a decoder-only model's __init__ builds, whatever its name (AI2's OLMo): token embeddings and a
+# list of blocks
+MODEL_PARTS = re.compile(r"nn\.Embedding\(.*nn\.ModuleList\(", re.S)
+
+
+def _by_structure(own: dict[str, Any], taken: set[str], only: list[str] | None) -> list[Component]:
+    """The learner's classes that no name found but that are decoder-only models by what they build
+    (an embedding, then a list of blocks) and what their forward takes (one sequence of ids)."""
+    return [Component("gpt", name, obj, "structure") for name, obj in own.items()
+            if (not only or "gpt" in only) and inspect.isclass(obj) and name not in taken and "." not in name
+            and not name.endswith(SUFFIXES["gpt"])  # found, or left as a backbone, by its name
+            and not any("mask" in p.name and p.default is p.empty for p in _forward_parameters(obj).values())
+            and MODEL_PARTS.search(source_text(vars(obj).get("__init__", ""))) and decoder_only(obj)]
 
 
 def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, pointed: set[str],
@@ -236,7 +257,7 @@ def _refine_function(kind: str, obj: Any) -> str:
     return said if said in family else kind
 
 
-def _reads_kv_heads(cls: Any) -> bool:
+def reads_kv_heads(cls: Any) -> bool:
     """Meta's Attention(args): the config its constructor reads names the key/value heads."""
     params = list(inspect.signature(cls.__init__).parameters.values())[1:]
     return any(set().union(*config_reads(cls, p.name)) & set(ARGUMENTS["n_kv_heads"]) for p in params)
@@ -271,7 +292,7 @@ CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     # found by its ending (Llama3Model's "Model"): what its forward takes says
     ("gpt", lambda c: c.__name__ not in NAMES["gpt"] and not decoder_only(c), "transformer"),
     ("mha", lambda c: causal_inside(c), "causal_attention"),  # Raschka's, Karpathy's: forward(x)
-    ("mha", lambda c: _reads_kv_heads(c), "gqa"),
+    ("mha", lambda c: reads_kv_heads(c), "gqa"),
 )
 
 
@@ -292,8 +313,11 @@ def decoder_only(cls: Any, extras: tuple[str, ...] = TOKEN_EXTRAS) -> bool:
     (and maybe Meta's start_pos or the targets, or a layer's `extras`): decoder-only; an
     encoder-decoder takes two."""
     params = list(_forward_parameters(cls).values())[1:]
+    names = {p.name for p in params}
+    # targets that come with their own mask (forward(source, target, source_mask, target_mask)) are
+    # the decoder's input, not the labels of a loss
     inputs = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty
-              and p.name not in extras and "mask" not in p.name]
+              and (p.name not in extras or f"{p.name}_mask" in names) and "mask" not in p.name]
     return len(inputs) == 1
 
 

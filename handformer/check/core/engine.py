@@ -206,17 +206,27 @@ def _run_checked(comp: Component, ctx: Context) -> ComponentResult:
     return result
 
 
+# how a component that no name found was found: what the report says ({} is the kind)
+FOUND_BY = {
+    "signature": ("found as a {} by what it does (the arguments it takes and, for a function of logits, "
+                  "what a call returns), not by its name",
+                  "按它做的事认作{}（看它接受的参数；"
+                  "作用于 logits 的函数还看一次调用的返回值），不是按名字"),
+    "structure": ("found as a {} by what it builds (token embeddings, then a list of blocks) and what its "
+                  "forward takes (one sequence of ids), not by its name",
+                  "按它构造的部件（词嵌入和一列块）和 forward 接受的参数"
+                  "（一个 id 序列）认作{}，不是按名字")}
+
+
 def _add_notes(comp: Component, ctx: Context, result: ComponentResult) -> None:
     """The notes every kind shares: module-level sizes set, found by signature, a mistake inherited
     from a component it uses, NaN outputs."""
     if ctx.hyperparameter_note is not None:
         result.notes.append(ctx.hyperparameter_note)
-    if comp.found_by == "signature":
-        result.notes.append(text(
-            f"found as a {KINDS_BY_NAME[comp.kind].en} by what it does (the arguments it takes and, for a "
-            "function of logits, what a call returns), not by its name",
-            f"按它做的事认作{KINDS_BY_NAME[comp.kind].zh}（看它接受的参数；"
-            "作用于 logits 的函数还看一次调用的返回值），不是按名字"))
+    if comp.found_by in FOUND_BY:
+        en, zh = FOUND_BY[comp.found_by]
+        kind = KINDS_BY_NAME[comp.kind]
+        result.notes.append(text(en.format(kind.en), zh.format(kind.zh)))
     if not result.findings and result.status in (FAIL, ERROR) and (
             result.error is None or result.error.kind == "exception"):
         result.findings += inherited(comp, ctx)

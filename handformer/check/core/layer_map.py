@@ -15,6 +15,7 @@ from torch import nn
 from handformer.check.core.context import D, H
 from handformer.check.core.source import source_text
 from handformer.check.core.weights import (
+    Gainless,
     Leaf,
     MappingError,
     Slot,
@@ -103,13 +104,24 @@ def map_layer(path: str, child: nn.Module, F_width: int) -> LayerMap:
     decoder = projection_width([tuple(x.weight.shape) for x in linears]) >= 7
     names = SUBLAYERS[decoder]
     attn = attention_slots(linears, D, len(names) - 1, path)  # one attention a sublayer but the FFN
-    ffn = ffn_slots(linears, D, F_width, path)[0]
+    ffn = ffn_reading(child, ffn_slots(linears, D, F_width, path))
     norms, qk = block_norms(of_kind(found, "norm"))
     attn[0] += qk or gainless_qk(child)
     norms = norms or gainless_norms(child, len(names))
     if len(norms) == 1:
         norms = norms * len(names)
     return LayerMap(path, decoder, attn, ffn, norm_slots(norms, len(names), names, path))
+
+
+# the gate named second where the code splits a fused projection: OLMo's x, gate = x.chunk(2, -1)
+GATE_SECOND = re.compile(r"\w+\s*,\s*\w*gate\w*\s*=\s*[\w.()\[\]]*chunk\(\s*2")
+
+
+def ffn_reading(child: nn.Module, readings: list[list[Slot]]) -> list[Slot]:
+    """The FFN reading a layer's mapping takes: the first, but for gate and up fused in one layer, the
+    half its file's code names the gate (OLMo's `x, gate = x.chunk(2, dim=-1)`: the second)."""
+    second = GATE_SECOND.search(source_text(sys.modules.get(type(child).__module__)))
+    return readings[int(readings[0][0].rows is not None and second is not None)]
 
 
 def block_norms(norms: list[Leaf]) -> tuple[list[Leaf], list[Slot]]:
@@ -119,12 +131,6 @@ def block_norms(norms: list[Leaf]) -> tuple[list[Leaf], list[Slot]]:
     qk = qk_norm_slots([n for n in norms if tuple(n.weight.shape) == (D // H,)], D // H)
     taken = {id(slot.leaf) for slot in qk}
     return [n for n in norms if id(n) not in taken], qk
-
-
-class Gainless(Leaf):
-    """A norm the learner computes with a function and no parameters (nanochat's norm(x) =
-    F.rms_norm(x, (x.size(-1),))): torch's norm with a gain of ones (and a bias of zeros) stands for
-    it; it has no gradient of its own in the learner's graph."""
 
 
 # a call of a function, not of a module's method: norm(x), F.rms_norm(q, ...), rms(h)

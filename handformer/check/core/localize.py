@@ -93,6 +93,8 @@ class _Tracer:
             self.returned(frame, arg)
         held = {k: _snapshot(v) for k, v in seen.items()}
         self.state[id(frame)], self.now = (held, frame.f_lineno), frame.f_lineno
+        if event == "return":  # a later frame may take this one's id: it starts afresh
+            del self.state[id(frame)], self.numbers[id(frame)]
         return self.local
 
     def locals(self, frame: Any) -> dict[str, Any]:

@@ -199,6 +199,24 @@ def _own_parameters(sub: nn.Module) -> dict[str, nn.Parameter]:
     return dict(sub.named_parameters(recurse=False)) | {n: held.original for n, held in changed.items()}
 
 
+class Gainless(Leaf):
+    """A norm the learner computes with no parameters (nanochat's norm(x) = F.rms_norm(x, (x.size(-1),)),
+    OLMo's non-parametric LayerNorm module): a gain of ones (and a bias of zeros) stands for it; it has
+    no gradient of its own in the learner's graph, and nothing of it is scrambled."""
+
+
+def _parameterless_norm(label: str, sub: nn.Module, params: dict[str, nn.Parameter]) -> list[Gainless]:
+    """A norm module with no parameters, named as a norm, that keeps its width as nn.LayerNorm does
+    (OLMo's LayerNorm: (x - mean) / sqrt(var + eps), self.normalized_shape = (d_model,)): itself with a
+    gain of ones, and a bias of zeros unless it is an RMSNorm; none for any other module."""
+    name, shape = type(sub).__name__.lower(), getattr(sub, "normalized_shape", ())
+    if params or "norm" not in name or not isinstance(shape, (tuple, list)) or len(shape) != 1:
+        return []
+    gain = nn.Parameter(torch.ones(shape[0], dtype=torch.float64))
+    bias = None if "rms" in name else nn.Parameter(torch.zeros_like(gain))
+    return [Gainless(f"{label} (no weight)", "norm", sub, gain, bias)]
+
+
 def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
     """The learner's linear layers, norms and embeddings in definition order; heads kept as a list of
     single heads are stacked into W_Q, W_K, W_V (`single_heads`) unless `stack_heads` is False."""
@@ -214,6 +232,7 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
             inside |= {id(m) for m in sub.modules()}
             continue
         params = _own_parameters(sub)
+        found += _parameterless_norm(label, sub, params)
         if not params or isinstance(sub, parametrize.ParametrizationList):
             continue
         if isinstance(sub, nn.Embedding):
@@ -362,6 +381,10 @@ def ffn_slots(linears: list[Leaf], D: int, F: int | None, what: str) -> list[lis
         ups, downs = with_shape(linears, (width, D)), with_shape(linears, (D, width))
         if len(downs) == 1 and len(ups) in (1, 2):
             return _ffn_orders(ups, downs)
+    for width in widths:  # gate and up fused in one (2F, D) layer (OLMo's ff_proj), then (D, F)
+        fused, downs = with_shape(linears, (width, D)), with_shape(linears, (D, width // 2))
+        if len(fused) == 1 and len(downs) == 1 and width % 2 == 0:
+            return _fused_orders(fused[0], width // 2, downs[0])
     for width in widths:  # no (D, F) layer at all: an FFN that forgot its down projection
         ups = with_shape(linears, (width, D))
         if len(ups) in (1, 2) and not any(leaf.weight.size(1) == width for leaf in linears):
@@ -385,6 +408,14 @@ def _ffn_orders(ups: list[Leaf], downs: list[Leaf]) -> list[list[Slot]]:
     a, b = ups
     return [[Slot("FFN W_gate", gate), Slot("FFN W_up", up)] + [Slot("FFN W_down", d) for d in downs]
             for gate, up in ((a, b), (b, a))]
+
+
+def _fused_orders(fused: Leaf, F: int, down: Leaf) -> list[list[Slot]]:
+    """Gate and up as the two halves of one layer, in both orders (which half is the gate is the
+    layer's layout, a convention), then W_down."""
+    first, second = Slot("", fused, slice(0, F)), Slot("", fused, slice(F, 2 * F))
+    return [[dataclasses.replace(gate, role="FFN W_gate"), dataclasses.replace(up, role="FFN W_up"),
+             Slot("FFN W_down", down)] for gate, up in ((first, second), (second, first))]
 
 
 def is_gated(slots: list[Slot]) -> bool:

@@ -68,8 +68,6 @@ MASKING: dict[frozenset[str], str] = {
         "which one wins cannot be seen",
     frozenset({"temperature_after_softmax", "sampling_from_logits"}): "after the softmax the logits are "
         "probabilities: sampling from them is right",
-    frozenset({"top_p_drops_crossing", "top_p_one_not_noop"}): "with that rule p = 1 keeps every token: the "
-        "missing early return loses nothing",
     frozenset({"sampling_softmax_wrong_dim", "sampling_from_logits"}): "sampling from the logits uses no "
         "softmax at all",
     frozenset({"generate_not_appended", "generate_no_crop"}): "the context never grows, so it never needs "

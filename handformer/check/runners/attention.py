@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import (
     ATTENTION_FLAGS,
+    MAX_LEN,
     ROPE_FLAGS,
     SEQUENCE_FIRST,
     TUTORIAL,
@@ -57,7 +58,7 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.conventions import AUTO
-from handformer.check.core.discovery import Component
+from handformer.check.core.discovery import Component, reads_kv_heads
 from handformer.check.core.layer_map import Gainless, gainless_qk
 from handformer.check.core.localize import note_attention_departure, note_raised_attention
 from handformer.check.core.localize_kinds import localize_masked_softmax, note_departure
@@ -82,6 +83,7 @@ from handformer.check.core.weights import (
 from handformer.check.reference import variants as V
 from handformer.nn.attention import scaled_dot_product_attention
 from handformer.nn.masks import causal_mask
+from handformer.nn.positions import RotaryEmbedding
 
 Call = Callable[[Tensor, Tensor, Tensor, Tensor | None], Any]
 
@@ -972,12 +974,32 @@ def _at_distinct_sizes(res: ComponentResult, ctx: Context, comp: Component, s: S
     except (fp.LearnerFailure, MappingError):
         return
     hf = handformer_attention(slots, heads=DISTINCT_HEADS)
-    ref = hf(x, x, x, causal(DISTINCT_T)[None, None] if s.causal_inside else None, need_weights=True)[0]
-    err = fp.max_error(out, ref)
+    mask = causal(DISTINCT_T)[None, None] if s.causal_inside else None
+    # an attention that turned no dims at check's 4 a head may turn a part of each head at 8 (Phi's
+    # partial rotary, 0.4 of it rounded to even): each even width is tried, none first
+    errors = {r: fp.max_error(out, hf(x, x, x, mask, need_weights=True, rope=_turned(r))[0])
+              for r in range(0, dh + 1, 2)}
+    turned = min(errors, key=errors.get)
+    if errors[turned] >= 1e-5:  # no width matches: a mistake, not a convention; none turned is compared
+        turned = 0
+    err = errors[turned]
+    res.notes += [text(f"with {dh} dims a head, rotary positions turn the first {turned} of each head's dims "
+                       "(partial rotary, as Phi's): a convention, compared so",
+                       f"每头 {dh} 维时，旋转位置编码只转每个头的前 {turned} 维（部分旋转，和 Phi 一样）："
+                       "这是约定，按它比较")] * (0 < turned < dh)
     res.checks.append(Check(text(
         f"with {DISTINCT_HEADS} heads of {dh} (batch {DISTINCT_B}, {DISTINCT_T} tokens: no two sizes equal) "
         "it still matches handformer's", f"{DISTINCT_HEADS} 个头、每头 {dh} 维（batch {DISTINCT_B}，"
         f"{DISTINCT_T} 个 token：没有两个尺寸相等）时仍与 handformer 一致"), err < 1e-5, error_text(err)))
+
+
+def _turned(width: int) -> tuple[Tensor, Tensor] | None:
+    """The rotary tables (cos, sin), (1, 1, DISTINCT_T, width) each, that turn the first `width` dims of
+    each head (half-split pairs within them); None for none."""
+    if width == 0:
+        return None
+    cos, sin = RotaryEmbedding(width, MAX_LEN)(torch.arange(DISTINCT_T)[None])
+    return cos.double(), sin.double()
 
 
 PAD_KEYS = 3  # row 1's first keys are padding (left padding: later queries of every kind see them)
@@ -1060,5 +1082,11 @@ def _tutorial_shapes(res: ComponentResult, ctx: Context, comp: Component, c: Cal
                                  "(2, 8, 10, 10)"), ok, text(f"got {got}", f"实际得到 {got}")))
 
 
+GQA_HEADS = 2  # key/value heads of an attention whose config names them, of its H query heads
+
+
 def check_causal_attention(comp: Component, ctx: Context) -> ComponentResult:
-    return check_mha(comp, ctx, causal_inside=True)
+    """A causal attention; one whose config names its key/value heads (Gemma's, Llama's) is built with
+    2 of its 4 heads, where a repeat that tiles the heads instead of interleaving them shows."""
+    kv_heads = GQA_HEADS if reads_kv_heads(comp.obj) else None
+    return check_mha(comp, ctx, causal_inside=True, n_kv_heads=kv_heads)

@@ -84,6 +84,8 @@ from handformer.check.core.weights import (
 )
 from handformer.check.core.weights import norm_weights as learner_norm
 from handformer.check.reference import variants as V
+from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
+from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, exact_norms_
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE
 from handformer.config import CausalLMConfig
@@ -319,7 +321,7 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     first = learner_norm(m.blocks[0].norms[0])
     gated = is_gated(m.blocks[0].ffn)
     cfg = CausalLMConfig.gpt2_style(
-        vocab_size=VOCAB, d_model=D, n_heads=H, d_ff=m.blocks[0].ffn[0].leaf.weight.size(0),
+        vocab_size=VOCAB, d_model=D, n_heads=H, d_ff=m.blocks[0].ffn[0].weight().size(0),
         n_layers=len(m.blocks), dropout=0.0, activation=HF_NAME[(gated, ch.activation)],
         norm_placement=ch.placement, norm=first.kind, norm_eps=first.eps,  # LayerNorm or RMSNorm, as theirs
         position="learned" if m.wpe is not None else "rope" if ch.rope else "none", rope_theta=m.theta,
@@ -397,6 +399,9 @@ class Caller:
         self.target = next((p.name for p in params if p.name in TARGET_NAMES), None)
         # Meta's forward(tokens, start_pos): the whole sequence from position 0
         self.start = next((p.name for p in params if p.name == "start_pos" and p.default is p.empty), None)
+        # a Llama 2 chat model's forward(tokens, start_pos=0, cache=None): a cache handed in, positions given
+        self.position = next((p.name for p in params if p.name == "start_pos"), None)
+        self.cache_arg = next((p.name for p in params if p.name in CACHE_ARGS), None)
 
         self.stepwise = False  # Umar Jamil's forward asserts one token at a time: driven so, once known
         # PyTorch's nn.Transformer tutorial: (T, B) ids in, (T, B, V) logits out
@@ -419,6 +424,11 @@ class Caller:
                 self.stepwise = True
                 return out
             raise
+
+    def with_cache(self, idx: Tensor, start: int, cache: Any) -> Tensor | None:
+        """The logits (B, T, V) of idx at positions start.., through the cache handed in."""
+        kwargs = {self.position: start, self.cache_arg: cache}
+        return fp.first_tensor(self.ctx.learner.call("forward", self.module, idx, **kwargs), 3)
 
     def _steps(self, idx: Tensor, start: int) -> tuple[Tensor | None, Tensor | None]:
         """The logits (B, T, V) of the tokens given one at a time, token t at start_pos start + t."""
@@ -524,7 +534,7 @@ def _scaled_embeddings(call: Caller, m: GPTMap, idx: Tensor) -> bool:
     original Transformer's; learned positions added after), read from what it is handed."""
     handed: list[Tensor] = []
     block = call.module.get_submodule(m.blocks[0].name)
-    handle = block.register_forward_pre_hook(lambda _, args: handed.extend(args[:1]))
+    handle = block.register_forward_pre_hook(lambda _, args: handed.append(fp.first_tensor(args, 3)))
     try:
         call(idx)
     finally:
@@ -594,6 +604,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
                               f"{call.start} = t，经过它自己的 KV 缓存，逐位置比较"))
     if call.start:
         _cached(res, ctx, comp, m, call, hf, idx)
+    _handed_cache(res, ctx, call, idx)
 
 
 def _localize(res: ComponentResult, m: GPTMap, call: Caller, idx: Tensor, settings: list[Choices]) -> None:
@@ -684,6 +695,33 @@ def _cached(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call
     matched = fp.max_error(step, restarted)
     if matched < 1e-5:
         res.findings += ctx.findings(frozenset({"rope_no_offset"}), matched, err, comp, "rope")
+
+
+def _handed_cache(res: ComponentResult, ctx: Context, call: Caller, idx: Tensor) -> None:
+    """A model whose forward takes start_pos and a cache that its own method makes (a Llama 2 chat
+    model's new_cache(batch_size)): tokens 0..4, then 5..7 at start_pos 5, through one cache give the
+    logits of the whole sequence without it; where not, the line where the cached path parts."""
+    module = call.module
+    make = next(filter(callable, (getattr(module, n, None) for n in CACHE_METHODS)), None)
+    if None in (make, call.position, call.cache_arg):
+        return
+    B, T = idx.shape
+
+    def runs(cache: Any) -> list[tuple[Any, int, int]]:
+        return [(lambda: call.with_cache(idx[:, :5], 0, cache), 0, 5),
+                (lambda: call.with_cache(idx[:, 5:], 5, cache), 5, T)]
+    try:  # its method asks for the batch size
+        got = [run() for run, _, _ in runs(ctx.learner.call("__init__", make, B))]
+        err = fp.max_error(torch.cat(got, 1), call(idx)[0])
+    except (fp.LearnerFailure, TypeError, RuntimeError):
+        return
+    res.checks.append(Check(text(f"through its cache ({make.__name__}): tokens 0..4, then 5..7 with "
+                                 f"{call.position}=5, give the logits of the whole sequence",
+                                 f"经过它的缓存（{make.__name__}）：先给位置 0..4，再用 {call.position}=5 "
+                                 "给位置 5..7，logits 与整句一次算出的相同"), err < 1e-5, error_text(err)))
+    if err >= 1e-5:
+        fresh = ctx.learner.call("__init__", make, B)
+        note_departure(res, lambda: cache_departure(lambda: call(idx), runs(fresh), T, ctx.path))
 
 
 def _loss(res: ComponentResult, logits: Tensor, loss: Tensor, targets: Tensor) -> None:

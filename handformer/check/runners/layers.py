@@ -263,7 +263,7 @@ STEPWISE_NOTE = text("it takes start_pos and no mask (a KV cache, one token at a
 def layer_sizes(cls: Any) -> dict[str, Any]:
     """The sizes a layer is built with: grouped-query key/value heads only when it asks for them."""
     keys = argument_keys(cls) if inspect.isclass(cls) else {}
-    wants_kv = "n_kv_heads" in keys.values() or any(n.lower() in ("config", "args", "model_args")
+    wants_kv = "n_kv_heads" in keys.values() or any(n.lower() in ("config", "args", "model_args", "cfg")
                                                      for n in keys)
     return {**SIZES, **({"n_kv_heads": KV_HEADS} if wants_kv else {})}
 
@@ -730,7 +730,7 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
 
     gated = is_gated(slots)
     first = layer.norm_ws[0]
-    cfg = BlockConfig(d_model=D, n_heads=H, n_kv_heads=layer.n_kv_heads, d_ff=slots[0].leaf.weight.size(0),
+    cfg = BlockConfig(d_model=D, n_heads=H, n_kv_heads=layer.n_kv_heads, d_ff=slots[0].weight().size(0),
                       dropout=0.0, activation=HF_NAME[(gated, act)],
                       norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm", norm_placement=placement,
                       norm_eps=first.eps, bias=True)

@@ -26,6 +26,7 @@ import dataclasses
 import inspect
 import itertools
 import re
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -232,7 +233,7 @@ def _reference_model(m: ModelMap, ch: Choices) -> Seq2SeqTransformer:
     gated = is_gated(m.encoder[0].ffn)
     cfg = Seq2SeqConfig(
         src_vocab_size=SRC_V, tgt_vocab_size=TGT_V, d_model=D, n_heads=H,
-        d_ff=m.encoder[0].ffn[0].leaf.weight.size(0), n_encoder_layers=len(m.encoder),
+        d_ff=m.encoder[0].ffn[0].weight().size(0), n_encoder_layers=len(m.encoder),
         n_decoder_layers=len(m.decoder), dropout=0.0, activation=HF_NAME[(gated, ch.activation)],
         norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm", norm_placement=ch.placement,
         norm_eps=first.eps, position="learned" if m.positions is not None else "sinusoidal",
@@ -374,39 +375,41 @@ class Caller:
         self.module, self.ctx = module, ctx
         self.forward = composed(module) or module
         self.masks = [p.name for p in forward_parameters(self.forward) if "mask" in p.name.lower()]
-        self.torch_nn = holds_torch_attention(module)
-        self.rank: int | None = None if self.masks and not self.torch_nn else 4  # found on the first call
+        # the mask forms to try on the first call, and the one whose error is theirs when none runs: a
+        # model on torch.nn's attention takes them as torch.nn does, or as the tutorials' keep-masks
+        # that it turns into torch.nn's itself
+        self.forms, self.fallback = MASK_FORMS[holds_torch_attention(module)]
+        self.rank: int | str | None = None if self.masks else self.fallback
 
-    def raw(self, src: Tensor, tgt: Tensor, rank: int = 4) -> Any:
+    def raw(self, src: Tensor, tgt: Tensor, rank: int | str = 4) -> Any:
         """Rank 4: (B, 1, 1, S) and (B, 1, T, T); rank 3 (the Annotated Transformer's, whose attention
-        adds the head axis): (B, 1, S) and (B, T, T). A model on torch.nn's attention (nn.Transformer,
-        nn.MultiheadAttention) gets its masks as torch.nn takes them (torch_mask)."""
-        if self.torch_nn:
+        adds the head axis): (B, 1, S) and (B, T, T); 0/1 ints, or bool at ranks -4 and -3; "torch":
+        as torch.nn's attention (nn.Transformer, nn.MultiheadAttention) takes them (torch_mask)."""
+        if rank == "torch":
             return self.forward(src, tgt, **{name: torch_mask(name, src, tgt) for name in self.masks})
         kwargs = {}
         for name in self.masks:
             if names_source(name):
-                kwargs[name] = (src != PAD)[:, None, None, :].long()  # (B, 1, 1, S)
+                keep = (src != PAD)[:, None, None, :]  # (B, 1, 1, S)
             else:
                 keep = causal(tgt.size(1))[None, None] & (tgt != PAD)[:, None, None, :]  # (B, 1, T, T)
-                kwargs[name] = keep.long()
-            if rank == 3:
-                kwargs[name] = kwargs[name][:, 0]  # (B, 1, S) or (B, T, T)
+            keep = keep[:, 0] if abs(int(rank)) == 3 else keep  # (B, 1, S) or (B, T, T) at rank 3
+            kwargs[name] = keep.to(MASK_DTYPE[int(rank) < 0])
         return self.forward(src, tgt, **kwargs)
 
     def __call__(self, src: Tensor, tgt: Tensor) -> Tensor | None:
-        if self.rank is None:
+        for form in self.forms if self.rank is None else ():
             try:
-                out = self._call(src, tgt, 4)
+                out = self._call(src, tgt, form)
                 if out is not None and tuple(out.shape[:2]) == tuple(tgt.shape):
-                    self.rank = 4
+                    self.rank = TAKEN_FORM[self.module] = form
                     return out
             except fp.LearnerFailure:
                 pass
-            self.rank = 3
+        self.rank = self.fallback if self.rank is None else self.rank
         return self._call(src, tgt, self.rank)
 
-    def _call(self, src: Tensor, tgt: Tensor, rank: int) -> Tensor | None:
+    def _call(self, src: Tensor, tgt: Tensor, rank: int | str) -> Tensor | None:
         raw = self.ctx.learner.call("forward", self.raw, src, tgt, rank)
         out, flat = fp.first_tensor(raw, 3), fp.first_tensor(raw, 2)
         if out is None and flat is not None and flat.size(0) == tgt.numel():  # jadore801120's view(-1, V)
@@ -440,12 +443,22 @@ def torch_mask(name: str, src: Tensor, tgt: Tensor) -> Tensor | None:
     return forms[kind, source]()
 
 
+# by whether a model holds torch.nn's attention: the mask forms its Caller tries, and the one it falls back to
+MASK_FORMS: dict[bool, tuple[tuple[int | str, ...], int | str]] = {True: (("torch", -4, -3), "torch"),
+                                                                   False: ((4,), 3)}
+MASK_DTYPE = {True: torch.bool, False: torch.long}  # the tutorials' masks: bool (a negative rank) or 0/1 int
+# the mask form each of the learner's models took when its Caller first ran it: the form its decoding
+# functions hand it
+TAKEN_FORM: weakref.WeakKeyDictionary[nn.Module, int | str] = weakref.WeakKeyDictionary()
+
+
 def source_mask(model: Any, src: Tensor) -> Tensor:
     """The source mask a decoding function is handed with its model: as torch.nn takes it for a model
-    on torch.nn's attention ((S, S), nothing masked: PyTorch's translation tutorial), else the
-    tutorials' (B, 1, S), 1 = may attend."""
-    torch_nn = holds_torch_attention(model)
-    return torch_mask("src_mask", src, src) if torch_nn else (src != PAD)[:, None, :]
+    on torch.nn's attention ((S, S), nothing masked: PyTorch's translation tutorial) unless that model
+    took the tutorials' keep-masks, else the tutorials' (B, 1, S), 1 = may attend."""
+    form = TAKEN_FORM.get(model, MASK_FORMS[holds_torch_attention(model)][1])
+    masks = {"torch": lambda: torch_mask("src_mask", src, src), -4: lambda: (src != PAD)[:, None, None, :]}
+    return masks.get(form, lambda: (src != PAD)[:, None, :])()  # (B, 1, 1, S) or (B, 1, S) keep-masks
 
 
 def inputs(S: int, T: int, src_pad: list[int], tgt_pad: list[int], seed: int) -> tuple[Tensor, Tensor]:

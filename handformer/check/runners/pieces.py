@@ -32,6 +32,7 @@ from handformer.check.core.probe import Found, Probe, Subject, localize_step, na
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
+    Gainless,
     MappingError,
     Slot,
     copy_ffn,
@@ -251,8 +252,55 @@ FFN = Probe(
 
 
 def check_ffn(comp: Component, ctx: Context) -> ComponentResult:
-    """The position-wise FFN (ReLU, GELU, SwiGLU, GEGLU), as the FFN probe states it."""
-    return run_probe(FFN, comp, ctx)
+    """The position-wise FFN (ReLU, GELU, SwiGLU, GEGLU), as the FFN probe states it; one with no
+    parameters (OLMo's SwiGLU module) as its activation alone, the ACTIVATION probe."""
+    return run_probe(FFN if _has_weights(comp, ctx) else ACTIVATION, comp, ctx)
+
+
+def _has_weights(comp: Component, ctx: Context) -> bool:
+    module = ctx.build(comp, checked=False, warmup=lambda m: m(fp.randn(2, 5, D, seed=1).float()))
+    return next(module.parameters(), None) is not None
+
+
+ACTIVATIONS = {"silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu, "relu": torch.relu,
+               "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}
+HALVES = ("first half", "second half")
+# what an activation without weights may compute from x (B, T, 2F): act(x), or a gated act(gate) * up
+# with the gate either half of x (which half is the gate is the projection's layout, a convention)
+ACTIVATION_READINGS = {f"{name}({HALVES[g]}) * {HALVES[1 - g]}": (
+    lambda x, act=act, g=g: act(x.chunk(2, dim=-1)[g]) * x.chunk(2, dim=-1)[1 - g])
+    for name, act in ACTIVATIONS.items() for g in (1, 0)}
+ACTIVATION_READINGS |= {f"{name}(x)": act for name, act in ACTIVATIONS.items()}
+
+
+def _build_activation(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
+    module = ctx.build(comp)
+    return Subject(lambda x: fp.first_tensor(ctx.learner.call("forward", module, x), 3),
+                   list(ACTIVATION_READINGS.items()), module, {})
+
+
+def _activation_compared(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                         found: Found) -> None:
+    err = res.max_abs_error = fp.max_error(found.out, found.reference(frozenset()))
+    res.notes += [text(f"no parameters: an activation, {found.key} (the projections around it are checked "
+                       "in the block that uses it)",
+                       f"没有参数：是一个激活函数 {found.key}（它前后的投影在使用它的块里检查）",
+                       )] * (err < 1e-5)
+    res.checks.append(Check(text(f"matches an activation (silu, gelu, relu), plain or gated, on (2, 5, "
+                                 f"{2 * F_WIDTH})", f"在 (2, 5, {2 * F_WIDTH}) 上与某个激活函数"
+                                 "（silu、gelu、relu，门控或不门控）一致"), err < 1e-5, error_text(err)))
+
+
+ACTIVATION = Probe(
+    build=_build_activation,                # a FFN-named module with no parameters, and each activation
+    inputs=lambda s: fp.randn(2, 5, 2 * F_WIDTH, seed=1),
+    shape=lambda ctx, comp, s, x, out: None if out is not None and out.shape[:-1] == x.shape[:-1] else (
+        f"{comp.name} returned {shape_of(out)} for x of shape {tuple(x.shape)}",
+        f"x 的形状为 {tuple(x.shape)} 时，{comp.name} 返回了 {shape_of(out)}"),
+    reference=lambda act, x, flags: act(x),
+    universe=lambda s: (),
+    steps=(_activation_compared,),
+)
 
 
 def _position_wise(res: ComponentResult, run: Callable[[Tensor], Tensor | None], x: Tensor,
@@ -345,9 +393,20 @@ def _by_gpt2(ctx: Context, class_name: str, gated: bool) -> str | None:
     return "gelu" if any(GPT2.search(line.split("#")[0]) for line in lines) else None
 
 
-# where the code promises an FFN's activation, the first that speaks: its class name (SwiGLU: SiLU,
-# GEGLU: GELU), the attribute that holds it, a GPT-2 model's two-layer MLP (GELU)
-PROMISES = ((_by_class_name, "its class name", "它的类名"),
+def _by_gemma(ctx: Context, class_name: str, gated: bool) -> str | None:
+    """The tanh GELU, for an FFN in a file whose code is Gemma's (a class named Gemma..., a
+    GemmaConfig): Gemma's MLP is GeGLU with the tanh GELU (its checkpoints' gelu_pytorch_tanh)."""
+    code = re.sub(r"#.*", "", Path(ctx.path).read_text(encoding="utf-8"))  # comments left out
+    return "gelu_tanh" if GEMMA.search(code) else None
+
+
+GEMMA = re.compile(r"\bclass\s+Gemma|\bGemma\w*Config\b")
+# where the code promises an FFN's activation, the first that speaks: a Gemma model's GeGLU (the tanh
+# GELU), its class name (SwiGLU: SiLU, GEGLU: GELU), the attribute that holds it, a GPT-2 model's
+# two-layer MLP (GELU); an activation promises itself, a family (silu, gelu) any of its members
+PROMISES = ((_by_gemma, "the file's Gemma model (Gemma's MLP uses the tanh GELU)",
+             "文件里的 Gemma 模型（Gemma 的 MLP 用 tanh 近似的 GELU）"),
+            (_by_class_name, "its class name", "它的类名"),
             (_by_attribute, "the attribute that holds it", "存放它的属性名"),
             (_by_gpt2, "the file's GPT-2 model (GPT-2's MLP uses GELU)",
              "文件里的 GPT-2 模型（GPT-2 的 MLP 用 GELU）"))
@@ -357,7 +416,7 @@ def _promise_findings(ctx: Context, comp: Component, class_name: str, slots: lis
                       matched: float) -> list[Finding]:
     gated = is_gated(slots)
     promise = next(((a, en, zh) for rule, en, zh in PROMISES if (a := rule(ctx, class_name, gated))), None)
-    if promise is None or promise[0] == ACT_FAMILY[act]:
+    if promise is None or promise[0] in (act, ACT_FAMILY[act]):
         return []
     promised, en, zh = promise
     number, code = locate("ffn_wrong_activation", source_lines(ctx.objects(comp, "ffn")))
@@ -387,12 +446,17 @@ def _wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], mat
         f"（名字表明它是 up 投影）上，而名为门控的 {up} 没有经过激活"), number, code)]
 
 
+# what a norm's mapping names, by (without parameters, with a bias)
+NORM_PARTS = {(False, True): ": weight, bias", (False, False): ": weight",
+              (True, True): "", (True, False): ""}
+
+
 def _build_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     """The learner's norm, its one norm read as the reference's weights (eps read from it, noted)."""
     module = ctx.build(comp)
     norms = of_kind(leaves(module), "norm")
     slot = norm_slots(norms, 1, [comp.kind], comp.name)[0]
-    res.mapping = [f"{slot.leaf.name}: weight" + (", bias" if slot.leaf.bias is not None else "")]
+    res.mapping = [slot.leaf.name + NORM_PARTS[isinstance(slot.leaf, Gainless), slot.leaf.bias is not None]]
     bias = slot.bias() if comp.kind == "layernorm" else None
     w = V.NormWeights(slot.weight(), bias, norm_eps(slot.leaf.module, comp.kind), comp.kind)
     res.notes.append(text(f"eps = {w.eps:g} (read from your module)", f"eps = {w.eps:g}（从你的模块读取）"))
@@ -403,8 +467,9 @@ def _build_norm(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     # Gemma's RMSNorm keeps its gain as an offset from one, x̂ · (1 + weight), its weight built at zero:
     # read so when the plain reading explains nothing (a 1 + weight built at one is a gain of two)
     offset = dataclasses.replace(w, weight=w.weight + 1)
-    at_zero = not any(p.detach().any() for p in ctx.build(comp, checked=False).parameters())
-    return Subject(run, [(slot, w)] + [(slot, offset)] * at_zero, module, {"offset": offset})
+    fresh = ctx.build(comp, checked=False)
+    at_zero = not isinstance(slot.leaf, Gainless) and not any(p.detach().any() for p in fresh.parameters())
+    return Subject(run, [(slot, w)] + [(slot, offset)] * at_zero, module, {"offset": offset, "fresh": fresh})
 
 
 def _norm_shape(ctx: Context, comp: Component, subject: Subject, x: Tensor, out: Tensor | None,
@@ -432,6 +497,31 @@ def _norm_compared(res: ComponentResult, ctx: Context, comp: Component, subject:
                             error_text(grad_err)))
 
 
+def _norm_as_built(res: ComponentResult, ctx: Context, comp: Component, subject: Subject,
+                   found: Found) -> None:
+    """The step that runs the norm as built on two inputs: a norm whose output does not depend on its
+    input (a gain built at zero that multiplies x̂ as it is: Gemma's gain kept as an offset from one
+    but applied as the gain itself) gives each layer it feeds nothing to learn from. The line of its
+    forward that reads the parameter built at zero is quoted."""
+    fresh = subject.facts["fresh"]
+    a = fp.first_tensor(ctx.learner.call("forward", fresh, fp.randn(2, 3, D, seed=1).float()), 3)
+    b = fp.first_tensor(ctx.learner.call("forward", fresh, fp.randn(2, 3, D, seed=2).float()), 3)
+    if fp.max_error(a, b) > 0:
+        return
+    zero = "|".join(n.rpartition(".")[2] for n, p in fresh.named_parameters())  # a norm's gain (and bias)
+    number, code = next(((n, t.strip()) for n, t in source_lines([type(fresh).forward])
+                         if re.search(rf"self\.({zero})\b", t)), (None, ""))
+    most, gain = fp.max_error(a, a * 0), zero.replace("|", ", ")
+    en, zh = (f"; line {number} multiplies by it: {code}", f"；第 {number} 行乘以它：{code}") if number else (
+        "", "")
+    res.checks.append(Check(AS_BUILT, False, text(
+        f"built as {comp.name}(...) is, it gives the same output ({most:.3g} at most) for any input: its "
+        f"gain ({gain}) starts at zero{en} (a gain kept as an offset from one is applied as 1 + weight)",
+        f"按 {comp.name}(...) 刚构建的样子，任何输入的输出都相同（最大 {most:.3g}）：增益（{gain}）初始为 0"
+        f"{zh}（按相对 1 的偏移存放的增益应当以 1 + weight 使用）")))
+
+
+AS_BUILT = text("as built, its output depends on its input", "刚构建时，输出随输入变化")
 OFFSET_NOTE = text("the gain is kept as an offset from one, x̂ · (1 + weight), as Gemma's RMSNorm (its weight "
                    "starts at zero): a convention, not an error; compared with handformer's gain 1 + weight",
                    "增益按相对 1 的偏移存放，x̂ · (1 + weight)，和 Gemma 的 RMSNorm 一样（权重从 0 开始）："
@@ -442,7 +532,7 @@ NORM = Probe(
     shape=_norm_shape,                      # a norm keeps the shape
     reference=lambda w, x, flags: V.norm(w, x, flags),
     universe=lambda s: V.norm_flags(s.readings[0][1].kind, s.readings[0][1].bias is not None),
-    steps=(name_findings, _norm_compared,
+    steps=(name_findings, _norm_compared, _norm_as_built,
            localize_step(lambda s, found: localize_norm(s.module, found.weights, found.x))),
 )
 
@@ -469,8 +559,9 @@ def _compare_norm(res: ComponentResult, run: Callable[[Tensor], Tensor | None], 
             errors.append(fp.max_error(mine, ref) / max(1.0, float(ref.detach().abs().max())))
             if i == 0 and mine is not None and mine.shape == ref.shape:
                 g = fp.randn(*ref.shape, seed=5)
-                params = [slot.leaf.weight] + ([slot.leaf.bias] if bias else [])
-                hf_params = [hf.weight] + ([hf.bias] if bias else [])
+                gains = not isinstance(slot.leaf, Gainless)  # a norm without parameters: none to compare
+                params = ([slot.leaf.weight] + ([slot.leaf.bias] if bias else [])) * gains
+                hf_params = ([hf.weight] + ([hf.bias] if bias else [])) * gains
                 grad_err = grads_error(list(zip(
                     torch.autograd.grad((mine * g).sum(), [x] + params, allow_unused=True),
                     torch.autograd.grad((ref * g).sum(), [x] + hf_params))))

@@ -442,7 +442,8 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
     """RotaryEmbedding(dim, max_seq_len, base): built for head dim 16; its forward returns the table
     (checked as a table) or the rotated input (checked as an apply function)."""
     res = ctx.result(comp)
-    sizes = {"d_model": DH, "max_len": P, "theta": THETA, "n_heads": 1, "dropout": 0.0}  # head dim = d_model
+    # head dim = d_model (Phi's PhiRotaryEmbedding(rotary_dim, ...): the width it turns)
+    sizes = {"d_model": DH, "d_head": DH, "max_len": P, "theta": THETA, "n_heads": 1, "dropout": 0.0}
     module = ctx.build(comp, sizes, checked=False).double()
     names = forward_names(module)
     q, k = _apply_inputs()
@@ -456,7 +457,8 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
 
     raw = call()
     table = read_table(raw, T)
-    if table is not None and not (isinstance(raw, Tensor) and raw.shape == q.shape):
+    # OLMo's forward(q, k) returns the rotated (q, k): shaped as its inputs, not a (cos, sin) table
+    if table is not None and not (tensors and _stacked(raw, len(tensors), q.shape) is not None):
         return _module_table(res, ctx, comp, call, table, names)
     if tensors:
         return _rotated_module(res, ctx, comp, call, len(tensors), q, k, names)

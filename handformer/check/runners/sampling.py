@@ -26,6 +26,7 @@ from handformer.check.core.argument_names import (  # noqa: F401
     GENERATOR_NAMES,
     K_NAMES,
     LOGITS_NAMES,
+    MIN_P_NAMES,
     P_NAMES,
     PROBS_NAMES,
     TEMPERATURE_NAMES,
@@ -71,8 +72,7 @@ class Caller:
         # or with a default that filters (top_p_sample(logits, p=0.9)): given their "off" value when a
         # check sets another one
         empty = {p.name for p in self.params if p.default is inspect.Parameter.empty or _filters(p)}
-        self.required = {key: name for key, names in (("top_k", K_NAMES), ("top_p", P_NAMES),
-                                                      ("temperature", TEMPERATURE_NAMES))
+        self.required = {key: name for key, names in OPTIONS.items()
                          for name in [self.find(names)] if name in empty}
 
     def find(self, names: tuple[str, ...]) -> str | None:
@@ -81,18 +81,21 @@ class Caller:
     def __call__(self, logits: Tensor, **options: Any) -> Any:
         kwargs = {}
         for key, value in options.items():
-            name = self.find({"temperature": TEMPERATURE_NAMES, "top_k": K_NAMES, "top_p": P_NAMES,
-                              "generator": GENERATOR_NAMES}[key])
+            name = self.find({**OPTIONS, "generator": GENERATOR_NAMES}[key])
             if name is not None:
                 kwargs[name] = value
-            elif key in ("top_k", "top_p", "temperature") and len(self.names) > 1 and not kwargs:
+            elif key != "generator" and len(self.names) > 1 and not kwargs:
                 kwargs[self.names[1]] = value  # their second argument, whatever its name
-        off = {"top_k": logits.size(-1), "top_p": 1.0, "temperature": 1.0}
+        off = {"top_k": logits.size(-1), "top_p": 1.0, "temperature": 1.0, "min_p": 0.0}
         for key, name in self.required.items():
             kwargs.setdefault(name, off[key])
         given = torch.softmax(logits, -1) if self.probs else logits.clone()
         given = given[..., None, :] if self.positions else given  # (B, 1, V)
         return self.ctx.learner.call("forward", self.comp.obj, given, **kwargs)
+
+
+# the filters a sampling function may take, by the names learners give them
+OPTIONS = {"top_k": K_NAMES, "top_p": P_NAMES, "temperature": TEMPERATURE_NAMES, "min_p": MIN_P_NAMES}
 
 
 def _filters(p: inspect.Parameter) -> bool:
@@ -101,11 +104,13 @@ def _filters(p: inspect.Parameter) -> bool:
     if not is_number(value):
         return False
     name = p.name.lower()
-    return name in P_NAMES and 0 < value < 1 or name in K_NAMES and isinstance(value, int) and 0 < value < V
+    return (name in P_NAMES and 0 < value < 1 or name in K_NAMES and isinstance(value, int) and 0 < value < V
+            or name in MIN_P_NAMES and 0 < value)
 
 
 def _finding(ctx: Context, comp: Component, name: str, observed: Text, form: str = "") -> Finding:
-    number, code = locate(name, source_lines(ctx.objects(comp, "temperature", "top_k", "top_p", "sample")))
+    number, code = locate(name, source_lines(ctx.objects(comp, "temperature", "top_k", "top_p", "min_p",
+                                                         "sample")))
     return Finding(name, observed, number, code, form)
 
 
@@ -367,11 +372,11 @@ def check_top_p(comp: Component, ctx: Context) -> ComponentResult:
 
 
 def _kept_per_case(res: ComponentResult, ctx: Context, comp: Component, call: Caller,
-                   cases: list[tuple[Tensor, float]]) -> list[Tensor]:
+                   cases: list[tuple[Tensor, float]], option: str = "top_p") -> list[Tensor]:
     """The tokens the filter keeps in each case (a finding when it fills with a finite value)."""
     kept_all = []
     for logits, p in cases:
-        out, read = _filtered(ctx, comp, call, logits, top_p=p)
+        out, read = _filtered(ctx, comp, call, logits, **{option: p})
         _fill_finding(res, ctx, comp, out, *read)
         kept_all.append(read[0])
     return kept_all
@@ -380,8 +385,6 @@ def _kept_per_case(res: ComponentResult, ctx: Context, comp: Component, call: Ca
 def _add_top_k(res: ComponentResult, ctx: Context, comp: Component) -> None:
     """A combined filter's top-k, checked with top_p = 1, merged into the top-p result."""
     both = check_top_k(comp, ctx)
-    if both.has("top_k_off_by_one"):  # k = V drops a token at p = 1 too
-        res.findings = [f for f in res.findings if f.name != "top_p_one_not_noop"]
     res.checks += both.checks
     res.findings += [f for f in both.findings if f.name not in {g.name for g in res.findings}]
     res.notes += both.notes
@@ -423,24 +426,74 @@ def _wrong_tokens(n: int) -> Text:
     return text(f"{n} tokens kept or dropped wrongly", f"{n} 个 token 保留或去掉错了")
 
 
+# a filter that follows "mass above >= p" in float arithmetic may, at p = 1, drop only tokens whose
+# mass is within the cumulative sum's rounding (V x float32's unit roundoff): no probability that matters
+ROUNDING = V * 2.0 ** -24
+
+
 def _p_one(res: ComponentResult, ctx: Context, comp: Component, call: Caller) -> None:
-    """p = 1 keeps everything, a token of probability 1e-26 included (its mass above rounds to 1.0)."""
-    logits = torch.cat([test_logits(1, seed=2)[:, :-1], torch.full((1, 1), -60.0, dtype=torch.float64)], -1)
+    """p = 1 keeps every token that holds probability: a row with a token of probability 1e-26 (its
+    mass above rounds to 1.0: dropping it is rounding, allowed) and a row of dyadic probabilities
+    whose least likely token holds 2^-7 (dropping it is a real loss)."""
+    tiny = torch.cat([test_logits(1, seed=2)[:, :-1], torch.full((1, 1), -60.0, dtype=torch.float64)], -1)
+    logits = torch.cat([tiny, DYADIC.log()[None]], 0)  # (2, V)
     try:
         read = kept_tokens(call(logits, top_p=1.0), logits)
         if read is None:
             ok, detail = False, text("no filtered logits", "没有返回过滤后的 logits")
         else:
-            removed = V - int(read[0].sum())
-            detail = text(f"{removed} token(s) removed", f"去掉了 {removed} 个 token")
-            ok = bool(read[0].all())
+            lost = float(torch.softmax(logits, -1).masked_fill(read[0], 0.0).sum(-1).max())
+            ok = lost <= ROUNDING
+            detail = text(f"{V * 2 - int(read[0].sum())} token(s) removed, up to {lost:.2g} of a row's "
+                          f"probability (rounding allows {ROUNDING:.1g})",
+                          f"去掉了 {V * 2 - int(read[0].sum())} 个 token，一行最多 {lost:.2g} 的概率"
+                          f"（舍入误差允许 {ROUNDING:.1g}）")
     except fp.LearnerFailure as failure:
         ok, detail = False, text(f"raised {failure.error.message}", f"报错：{failure.error.message}")
-    if not ok:
-        res.findings.append(_finding(ctx, comp, "top_p_one_not_noop", text(
-            f"with p = 1 on logits with one token of probability 1e-26: {detail['en']}",
-            f"p = 1、其中一个 token 的概率为 1e-26 时：{detail['zh']}")))
-    res.checks.append(Check(text("p = 1 keeps every token", "p = 1 时保留全部 token"), ok, detail))
+    res.checks.append(Check(text("p = 1 keeps every token that holds probability",
+                                 "p = 1 时保留所有有概率的 token"), ok, detail))
+
+
+# --- min-p ------------------------------------------------------------------------------------------
+
+def min_p_keep(logits: Tensor, min_p: float, flags: frozenset[str] = frozenset()) -> Tensor:
+    """The tokens min-p keeps (bool, like logits): probability >= min_p x the most likely token's
+    (Hugging Face's MinPLogitsWarper); min_p_not_scaled: >= min_p x the row's sum (= min_p)."""
+    probs = torch.softmax(logits.double(), -1)
+    scale = probs.sum(-1, keepdim=True) if "min_p_not_scaled" in flags else probs.amax(-1, keepdim=True)
+    return probs >= min_p * scale
+
+
+UNSCALED = frozenset({"min_p_not_scaled"})
+
+
+def check_min_p(comp: Component, ctx: Context) -> ComponentResult:
+    res = ctx.result(comp)
+    call = Caller(comp, ctx)
+    cases = [(test_logits(), 0.05), (test_logits(), 0.2), (test_logits(seed=1), 0.5)]
+    kept = torch.cat(_kept_per_case(res, ctx, comp, call, cases, "min_p"), 0)
+
+    def compute(flags: frozenset[str]) -> Tensor:
+        return torch.cat([min_p_keep(lg, m, flags) for lg, m in cases], 0)
+
+    wrong = int((kept != compute(frozenset())).sum())
+    counts = ", ".join(str(int(n)) for n in kept[4:8].sum(-1))  # the rows of min_p = 0.2
+    if wrong and torch.equal(kept, compute(UNSCALED)):
+        res.findings.append(_finding(ctx, comp, "min_p_not_scaled", text(
+            f"with min_p = 0.2 your filter keeps {counts} tokens of 4 rows: those above 0.2 itself, "
+            "not above 0.2 x the most likely token's probability",
+            f"min_p = 0.2 时你的过滤在 4 行中分别保留了 {counts} 个 token：保留的是概率高于 0.2 本身的，"
+            "而不是高于 0.2 × 最可能 token 的概率的")))
+    elif wrong:
+        logits, keep = cases[1][0], min_p_keep(cases[1][0], 0.2)
+        note_departure(res, lambda: localize_filter(lambda x: call(x, min_p=0.2), comp.obj, logits, keep))
+    res.checks.append(Check(text("keeps the tokens whose probability is at least min_p x the most likely "
+                                 "token's (min_p = 0.05, 0.2, 0.5)",
+                                 "保留概率不低于 min_p × 最可能 token 概率的 token"
+                                 "（min_p = 0.05、0.2、0.5）"),
+                            wrong == 0, _wrong_tokens(wrong)))
+    res.max_abs_error = float(wrong)
+    return finish(res)
 
 
 # --- greedy ---------------------------------------------------------------------------------------
@@ -529,7 +582,8 @@ def _settings(call: Caller) -> list[tuple[Text, dict[str, Any], Tensor, list[tup
     if call.find(TEMPERATURE_NAMES):
         out.append((text("temperature 0.5", "温度 0.5"), {"temperature": 0.5}, torch.softmax(row / 0.5, -1),
                     [("temperature_multiplied", torch.softmax(row * 0.5, -1)),
-                     ("temperature_after_softmax", softmax)]))
+                     ("temperature_after_softmax", softmax),
+                     ("temperature_twice", torch.softmax(row / 0.25, -1))]))
     if call.find(K_NAMES):
         kept = torch.isfinite(top_k_filter(row, 3))
         out.append((text("top_k 3", "top_k 3"), {"top_k": 3}, _masked(row, kept),
@@ -542,6 +596,9 @@ def _settings(call: Caller) -> list[tuple[Text, dict[str, Any], Tensor, list[tup
         out.append((text("top_p 0.8", "top_p 0.8"), {"top_p": 0.8}, _masked(row, kept),
                     [("top_p_drops_crossing", _masked(row, crossing)),
                      ("filter_fill_finite", torch.softmax(torch.where(kept, row, 1e-10), -1))]))
+    if call.find(MIN_P_NAMES):
+        out.append((text("min_p 0.1", "min_p 0.1"), {"min_p": 0.1}, _masked(row, min_p_keep(row, 0.1)),
+                    [("min_p_not_scaled", _masked(row, min_p_keep(row, 0.1, UNSCALED)))]))
     return out
 
 

@@ -143,8 +143,13 @@ class Schedule:
                    and n.lower() not in OPTIMIZER_NAMES]
         if self.family is None or unknown:
             raise _unreadable(comp, unknown)
-        sizes, self.steps, untaken, *_ = FAMILIES[self.family]
+        sizes, steps, untaken, *_ = FAMILIES[self.family]
         self.sizes = sizes | {key: value for key, value in untaken.items() if not self.reads(key)}
+        # a cosine that names no floor decays to 0 at its end and is defined up to it (Hugging Face's
+        # get_cosine_schedule_with_warmup climbs back past num_training_steps): past it, read, not graded
+        beyond = self.family == "cosine" and not self.reads("min_lr")
+        self.past = tuple(s for s in steps if beyond and s > self.sizes["total"])
+        self.steps = tuple(s for s in steps if s not in self.past)
 
     def setting(self, key: str) -> str | None:
         """The argument, or else the module global, that gives the setting `key`; None: neither."""
@@ -187,7 +192,7 @@ class Schedule:
             return self._stepped()
         out: dict[int, float | BaseException] = {}
         with self.settings() as note:
-            for s in self.steps:
+            for s in self.steps + self.past:
                 try:
                     out[s] = self.value(s)
                 except fp.LearnerFailure as failure:
@@ -210,8 +215,8 @@ class Schedule:
                 f"{self.comp.name}(optimizer, ...) 返回了 {type(sched).__name__}，不是带 .step() 的调度器",
             )
         out: dict[int, float | BaseException] = {}
-        for s in range(max(self.steps) + 1):
-            if s in self.steps:
+        for s in range(max(self.steps + self.past) + 1):
+            if s in self.steps + self.past:
                 out[s] = float(opt.param_groups[0]["lr"])
             opt.step()
             self.ctx.learner.call("forward", sched.step)
@@ -338,12 +343,43 @@ def _at_zero(res: ComponentResult, ctx: Context, comp: Component, subject: Subje
     sizes = sched.sizes
     marks = ((0, sizes["warmup"], 10 * sizes["warmup"]) if sched.family == "paper"
              else (0, sizes["warmup"], sizes["total"], max(sched.steps)))
-    res.notes.append(_values_note(_floats(got), right, marks))
+    res.notes.append(_values_note(_floats(got), right, tuple(dict.fromkeys(marks))))
 
 
 def _floats(got: dict[int, Any]) -> dict[int, float]:
     return {s: v for s, v in got.items() if isinstance(v, float)}
 
+
+# past the end of a cosine that names no floor: the note, by whether it climbs back as Hugging Face's
+# get_cosine_schedule_with_warmup does (its cosine goes on past num_training_steps)
+PAST_END = {
+    True: text("past the last step {total} the cosine climbs back ({en}), as Hugging Face's "
+               "get_cosine_schedule_with_warmup does: outside the schedule's range (it names no floor), not "
+               "graded; CS336 and nanoGPT hold min_lr there",
+               "最后一步 {total} 之后余弦又升了回去（{zh}），"
+               "与 Hugging Face 的 get_cosine_schedule_with_warmup 相同："
+               "超出调度的范围（它没有下限），不评分；CS336 和 nanoGPT 在那里保持 min_lr"),
+    False: text("past the last step {total} (not graded: the schedule names no floor, the run ends there): "
+                "{en}",
+                "最后一步 {total} 之后（不评分：调度没有下限，训练在那里结束）：{zh}"),
+}
+
+
+def _past_end(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
+    """Past the end of a cosine that names no floor: the values shown, not graded; DIFFERS (a
+    convention) where the cosine climbs back as Hugging Face's does."""
+    sched, got = subject.module, _floats(subject.facts["got"])
+    if not sched.past:
+        return
+    right = _right(subject, found)[1]
+    shown = {s: got.get(s, math.nan) for s in sched.past}
+    hf = all(_close(v, right(s, frozenset({"cosine_no_floor"}))) for s, v in shown.items())
+    res.status = DIFFERS if hf else res.status
+    en = "; ".join(f"step {s}: {v:.4g}" for s, v in shown.items())
+    zh = "；".join(f"步 {s}：{v:.4g}" for s, v in shown.items())
+    note = PAST_END[hf]
+    res.notes.append(text(note["en"].format(total=sched.sizes["total"], en=en),
+                          note["zh"].format(total=sched.sizes["total"], zh=zh)))
 
 SCHEDULE = Probe(
     build=_build,                           # the function (or scheduler factory) read at each step
@@ -352,7 +388,7 @@ SCHEDULE = Probe(
     observe=lambda out: out[1:],            # the steps after 0 (the families' steps start at 0)
     reference=_reference,
     universe=lambda s: s.facts["flags"],
-    steps=(_compared, _at_zero, localize_step(lambda s, found: _localize(s, found), place=False)),
+    steps=(_compared, _at_zero, _past_end, localize_step(lambda s, found: _localize(s, found), place=False)),
     error=fp.relative_error, tol=fp.REL_TOL, deterministic=False,
 )
 
@@ -537,7 +573,7 @@ def _no_warmup_compared(res: ComponentResult, ctx: Context, comp: Component, sub
         res.status = DIFFERS if peak != lr else res.status
     else:
         res.notes.append(NOT_HALF_A_COSINE)
-    res.notes.append(_no_warmup_values(got, total, [s for s in sched.steps if s > total]))
+    res.notes.append(_no_warmup_values(got, total, [s for s in sched.steps + sched.past if s > total]))
 
 
 NOT_HALF_A_COSINE = text("it is not half a cosine from lr at step 0 down to its value at the last step; "

@@ -119,10 +119,11 @@ class Recorded(nn.Module):
 def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tgt: Tensor,
                    clip: float | None, *, zero_grad: bool = True, clip_after: bool = False,
                    shift: bool = True, accum: int = 1, divide: bool = True,
-                   criterion: Any = None) -> None:
+                   criterion: Any = None, per_token: bool = False) -> None:
     """handformer's step, with the named mistakes on request: with accum > 1 the batch is split in
     that many micro-batches along the batch, each loss divided by accum (unless `divide` is off)
-    and backpropagated, then one update."""
+    and backpropagated, then one update. per_token: a summed loss divided by the number of real
+    target tokens (the Annotated Transformer's SimpleLossCompute)."""
     criterion = criterion or nn.CrossEntropyLoss(ignore_index=PAD)
     if zero_grad:
         opt.zero_grad()
@@ -132,6 +133,7 @@ def reference_step(model: nn.Module, opt: torch.optim.Optimizer, src: Tensor, tg
         # log-probabilities: what the Annotated LabelSmoothing takes, and the same loss for a
         # cross-entropy (log_softmax of log-probabilities changes nothing)
         loss = criterion(logits.log_softmax(-1).reshape(-1, V), tgt_out.reshape(-1))
+        loss = loss / (tgt_out != PAD).sum() if per_token else loss
         (loss / accum if divide else loss).backward()
     update(model, opt, clip, clip_after)
 
@@ -263,6 +265,7 @@ class Step:
         self.make_criterion, self.criterion_name = learner_criterion(ctx)
         self.outputs = unpacked(self.source, self.model)
         self.scale = 1.0  # the logits' factor in both steps (unclipped_scale: clipping out of reach)
+        self.per_token = False  # handformer's step divides a summed loss by the real tokens (per_token_step)
 
     def _batch(self, src: Tensor, tgt: Tensor) -> Any:
         if not self.batch:  # an epoch whose loop variable was not found
@@ -353,7 +356,7 @@ def _run(step: Step, base: Seq2SeqTransformer, **mistakes: Any) -> list[list[Ten
     out = []
     for src, tgt in batches():
         reference_step(model, opt, src, tgt, step.clip, accum=accum, criterion=step.reference_criterion(),
-                       **mistakes)
+                       per_token=step.per_token, **mistakes)
         out.append(parameters_of(model))
     return out[-1:] if step.epoch else out
 
@@ -385,7 +388,25 @@ def _drive(step: Step, base: Seq2SeqTransformer) -> Drive:
             step(model, opt, src, tgt)
             got.append(parameters_of(model))
     right = _run(step, base)
-    return model, got, right, [largest_difference(g, r) for g, r in zip(got, right)]
+    errs = [largest_difference(g, r) for g, r in zip(got, right)]
+    if max(errs) >= step.tol and sums(step.reference_criterion()):
+        step.per_token = True  # their step divides the summed loss by the real tokens: compared so
+        per_token = [largest_difference(g, r) for g, r in zip(got, _run(step, base))]
+        step.per_token = max(per_token) < step.tol
+        right, errs = (_run(step, base), per_token) if step.per_token else (right, errs)
+    return model, got, right, errs
+
+
+def sums(criterion: Any) -> bool:
+    """Whether a criterion sums over the tokens (the Annotated Transformer's KLDivLoss(reduction="sum")):
+    twice the rows give twice the loss."""
+    x = torch.randn(4, V, generator=torch.Generator().manual_seed(0), dtype=torch.float64).log_softmax(-1)
+    t = torch.arange(1, 5)
+    try:
+        one, two = float(criterion(x, t)), float(criterion(x.repeat(2, 1), t.repeat(2)))
+    except Exception:  # noqa: BLE001  (their loss, on inputs it may not take: not a sum then)
+        return False
+    return abs(two - 2 * one) < 1e-6 * max(1.0, abs(one))
 
 
 # what the first check compares, after an epoch (True) or after each step (False)
@@ -496,12 +517,18 @@ def _notes(res: ComponentResult, step: Step) -> None:
                               "their gradients accumulated before one update",
                               f"{step.accum}={ACCUM}：每个 2 句的 batch 分成 {ACCUM} 个 micro-batch，"
                               "梯度累加后更新一次"))
+    res.notes += [PER_TOKEN_NOTE] * step.per_token
     if step.criterion_name and step.uses_own_criterion():
         res.notes.append(text(f"the criterion is your own {step.criterion_name} (it passes its check), in "
                               "your step and in handformer's", f"损失用的是你自己的 {step.criterion_name}"
                               "（它通过了自己的检查），你的一步和 handformer 的一步都用它"))
 
 
+PER_TOKEN_NOTE = text(
+    "your loss sums over the tokens and your step divides it by the number of real target tokens (the "
+    "Annotated Transformer's SimpleLossCompute): handformer's step divided the same way",
+    "你的损失对 token 求和，你的一步再除以目标端真实 token 的个数"
+    "（Annotated Transformer 的 SimpleLossCompute）：handformer 的一步也这样除")
 VARIANTS: dict[str, dict[str, Any]] = {  # reference_step's arguments that plant each mistake
     "train_step_no_zero_grad": {"zero_grad": False}, "train_step_clip_after_step": {"clip_after": True},
     "train_step_no_shift": {"shift": False}, "train_step_loss_not_divided": {"divide": False}}

@@ -189,18 +189,17 @@ PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_s
 # the reasoning tasks, the default preset (docs/benchmarks.md, pretraining 22 to 26 minutes at threads=1 on
 # a shared 2-core CPU): digits one token each, sums of up to 3 digits and dates up to 60 days on, so a
 # worked reply (up to 97 tokens) and its question fit the context; 1,002 held-out questions of the report
-# split a stage, and 1,000 long sums (4 digits). SFT sees 8,000 conversations of the mix (3,000 lost 4
-# points of the base's mix) and 30 worked long sums, each 3 times: the form of a long sum's steps and
-# part of its rule. GRPO's questions are 60% long sums, rewarded on the answer alone: RL teaches the
-# rule. With 80 different worked long sums SFT trained on for GRPO's time reached most of what GRPO
-# reaches (73% against 80%); docs/benchmarks.md measures both recipes.
+# split a stage, and 1,000 long sums (4 digits). SFT sees 80 worked long sums among 8,000 conversations
+# (3,000 lost 4 points of the base's mix); GRPO's questions are 60% long sums, rewarded on the answer
+# alone. Fewer worked long sums (30, once or 3 times each) left GRPO as far below as they left SFT,
+# and with the 30 seen 3 times SFT trained on for GRPO's time matched GRPO (docs/benchmarks.md).
 # DPO sees 300 pairs of the mix and 300 long sums whose rejected is the SFT model's own wrong reply, 60
 # steps of 8 at 2e-5 with the chosen replies' log-likelihood in the loss (weight 1): at 5e-5 it took the
 # long sums further but broke the mix's 3-digit sums (94% to 80%).
 PRESETS["reasoning"] = {
     "tasks": "reasoning", "vocab_size": 512, "block_size": 160, "addition_digits": 3, "max_days": 60,
     "pretrain_facts": 40_000, "pretrain_pydoc_chars": 100_000, "pretrain_steps": 1500,
-    "sft_conversations": 8000, "sft_long_sums": 30, "sft_long_repeats": 3, "sft_steps": 600, "dpo_pairs": 300,
+    "sft_conversations": 8000, "sft_long_sums": 80, "sft_steps": 600, "dpo_pairs": 300,
     "dpo_long_sums": 300, "dpo_steps": 60, "dpo_batch": 8, "dpo_lr": 2e-5, "dpo_sft_weight": 1.0,
     "grpo_prompts": 800, "grpo_steps": 100, "grpo_batch": 8, "grpo_lr": 1e-4, "grpo_long_share": 0.6,
     "grpo_max_new_tokens": 104, "eval_per_kind": 334, "eval_long_sums": 1000, "eval_split": "report"}
