@@ -112,3 +112,21 @@ def test_a_loop_that_takes_top_k_is_driven_with_top_k_one(tmp_path, planted):
     (top_one,) = [c for c in loop.checks if "top_k=1" in c.name["en"]]
     assert top_one.ok != planted and loop.status == ("fail" if planted else "pass"), format_report(result)
     assert not planted or "line 64: logits[logits <= v[:, [-1]]]" in format_report(result), format_report(result)
+
+
+SEQ_FIRST = LAYOUTS.parent / "seq_first.py"
+
+
+@pytest.mark.parametrize("planted", [False, True])
+def test_a_sequence_first_layout_is_found_by_what_the_forward_does_and_driven_so(tmp_path, planted):
+    """(T, B, D) in and out, as PyTorch's tutorial writes it: the encoding, the attention (its masks as
+    nn.MultiheadAttention's attn_mask) and the layer are driven so, and say it; a plant is named."""
+    edits = [("/ math.sqrt(self.head_dim)", "/ self.head_dim")] * planted
+    result = check_file(_planted(tmp_path, edits, SEQ_FIRST), only=["positional_encoding", "mha", "encoder_layer"])
+    mha, pe, layer = result.components
+    for comp in (pe, mha, layer):
+        assert any("sequence-first" in n["en"] for n in comp.notes), format_report(result)
+    assert pe.status == "pass" and "(B * H, T, S)" in mha.convention["en"], format_report(result)
+    for comp in (mha, layer):
+        assert comp.status == ("fail" if planted else "pass"), format_report(result)
+        assert [f.name for f in comp.findings] == (["scale_by_dk"] if planted else []), format_report(result)

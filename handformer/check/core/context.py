@@ -524,6 +524,32 @@ def file_masks_keep(ctx: Context) -> bool:
 NO_COMPONENT = Component("", "", lambda *args: None, "")  # a component the file lacks: returns nothing
 
 
+SEQUENCE_FIRST = text("it takes its input sequence-first, (T, B, D) (PyTorch's nn.Transformer tutorial, "
+                      "batch_first=False): driven so",
+                      "它的输入是序列维在前的 (T, B, D)（PyTorch nn.Transformer 教程的写法，"
+                      "batch_first=False）：按这种布局调用")
+
+
+def reads_sequence_first(ctx: Context, run: Callable[[Tensor], Any], x: Tensor) -> bool:
+    """Whether a forward reads its input x (2, 7, ...) sequence-first, (T, B, ...), from what it does:
+    changing entry [0, 3] moves output [1, 3] (read as one sequence a column, the same sequence) and
+    leaves [0, 0] (another one); False when it does not run so."""
+    bumped = x.clone()
+    bumped[0, 3] += 1
+    try:
+        a, b = (fp.first_tensor(ctx.learner.call("forward", run, v), 3) for v in (x, bumped))
+        return moved_by(a, b, (1, 3)) > 1e-9 and moved_by(a, b, (0, 0)) < 1e-9
+    except (fp.LearnerFailure, IndexError):  # it refuses the input, or returns fewer positions
+        return False
+
+
+def batch_first(raw: Any) -> Any:
+    """A sequence-first output (T, B, ...), or the first of a tuple (out, weights), as (B, T, ...)."""
+    if isinstance(raw, tuple):
+        return (batch_first(raw[0]), *raw[1:])
+    return raw.transpose(0, 1) if isinstance(raw, Tensor) else raw
+
+
 def logits_shape(res: ComponentResult, out: Tensor | None, want: tuple[int, ...], vocab: str) -> bool:
     """The check that an assembled model's logits have the shape (B, T, vocab) = want; whether they do."""
     got = None if out is None else tuple(out.shape)

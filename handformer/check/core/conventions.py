@@ -41,6 +41,8 @@ RANKS = {"": text("", ""), "3": text(", rank 3: (B, T, S)", "，三维：(B, T, 
                    "，按 nn.MultiheadAttention 的要求：所有查询看到的键相同时是键填充掩码 (B, S)，"
                    "否则是 attn_mask (B * H, T, S)"),
          "2": text(", rank 2: (B, S), keys only", "，二维：(B, S)，只屏蔽键"),
+         "x": text(", as nn.MultiheadAttention's attn_mask: (B * H, T, S)",
+                   "，按 nn.MultiheadAttention 的 attn_mask：(B * H, T, S)"),
          "lens": text(": (B,) for every query alike, (B, T) for one per query",
                       "：所有查询相同时为 (B,)，每个查询各自一个时为 (B, T)"),
          "lens_keys": text(": (B,), every query alike", "：(B,)，所有查询相同")}
@@ -50,7 +52,7 @@ def split(convention: str) -> tuple[str, str]:
     """("int", "3") for "int3"; ("lens", "lens") or ("lens", "lens_keys") for valid lengths."""
     if convention.startswith("lens"):
         return "lens", convention
-    name = convention.rstrip("23n")
+    name = convention.rstrip("23nx")
     return name, convention[len(name):]
 
 
@@ -105,7 +107,7 @@ def encode_mask(keep: Tensor | None, convention: str, batch: int | None = None) 
         return mask[:, 0]  # (B, T|1, S)
     if rank == "2" or rank == "n" and keep.size(-2) == 1:
         return mask[:, 0, 0]  # (B, S)
-    if rank == "n":
+    if rank in ("n", "x"):  # x: (B * H, T|1, S) whatever the mask
         return _heads(mask)
     return mask
 

@@ -31,11 +31,13 @@ from handformer.check.core.context import (
     ATTENTION_FLAGS,
     MAX_LEN,
     ROPE_FLAGS,
+    SEQUENCE_FIRST,
     TUTORIAL,
     Context,
     D,
     H,
     attention_flags,
+    batch_first,
     causal,
     error_text,
     file_masks_keep,
@@ -52,8 +54,10 @@ from handformer.check.core.context import (
     not_cropped,
     outputs_by_convention,
     positions,
+    reads_sequence_first,
     shape_of,
 )
+from handformer.check.core.conventions import AUTO
 from handformer.check.core.discovery import Component, reads_kv_heads
 from handformer.check.core.layer_map import Gainless, gainless_qk
 from handformer.check.core.localize import note_attention_departure, note_raised_attention
@@ -144,9 +148,20 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         kwargs.update(state.get("more", {}))  # a key_padding_mask given alone, by _key_padding_alone
         B, T = xq.shape[:2]
         kwargs.update(position_kwargs(named, B, T, head_dim, xq.dtype))
+        if state.get("first"):  # (T, B, D) in and out: PyTorch's tutorial, batch_first=False
+            return batch_first(with_positions(fn, [a.transpose(0, 1) for a in args], kwargs, layout, B))
         return with_positions(fn, args, kwargs, layout, B)
 
     return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state)
+
+
+def _sequence_first(res: ComponentResult, ctx: Context, c: Caller) -> None:
+    """Whether the attention reads its inputs (T, B, D) (PyTorch's tutorial: nn.MultiheadAttention's
+    batch_first=False), from what it does (`reads_sequence_first`); then it is driven so
+    (c.state["first"]), its masks also as nn.MultiheadAttention's attn_mask (B * H, T, S) first, and
+    the report says so."""
+    c.state["first"] = reads_sequence_first(ctx, lambda x: c.call(x, x, x, None), fp.randn(2, 7, D, seed=8))
+    res.notes += [SEQUENCE_FIRST] * c.state["first"]
 
 
 def run_mask(keep: Tensor | None, conv: str, batch: int) -> Tensor | None:
@@ -512,6 +527,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     slots = attention_slots(linears, D, 1, comp.name, kv_width)[0] + qk_norms
     res.mapping = [s.describe() for s in slots]
     c = caller(module)
+    _sequence_first(res, ctx, c)
     causal_inside = _causal_inside(res, ctx, c, sizes["causal"])
     has_o = _head_notes(res, comp, c, slots, causal_inside, heads)
     probe = MHAProbe(ctx, c, x, _conventions(ctx, module, c), causal_inside, heads)
@@ -673,7 +689,7 @@ def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:
     """The mask conventions to try: torch.nn's (True = masked) first where the source (the
     attention's own, or a class of the learner's inside it) masks where the mask is True, unless the
     file's own causal mask writes True = may see (then that attention reads its file's masks inverted)."""
-    convs = ctx.conventions(c.mask_name)
+    convs = tuple(f"{name}x" for name in AUTO) * bool(c.state.get("first")) + ctx.conventions(c.mask_name)
     if ctx.convention is None and masks_where_true_inside(module, c.mask_name) and not file_masks_keep(ctx):
         convs = ("torch", "torch3", "torch2") + convs
     return convs

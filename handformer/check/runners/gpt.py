@@ -27,15 +27,18 @@ from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import (
+    SEQUENCE_FIRST,
     SIZES,
     Context,
     D,
     H,
+    batch_first,
     check_determinism,
     error_text,
     finish,
     forward_parameters,
     logits_shape,
+    reads_sequence_first,
 )
 from handformer.check.core.discovery import Component
 from handformer.check.core.layer_map import (
@@ -401,6 +404,8 @@ class Caller:
         self.cache_arg = next((p.name for p in params if p.name in CACHE_ARGS), None)
 
         self.stepwise = False  # Umar Jamil's forward asserts one token at a time: driven so, once known
+        # PyTorch's nn.Transformer tutorial: (T, B) ids in, (T, B, V) logits out
+        self.first = reads_sequence_first(ctx, lambda ids: self.module(ids), torch.randint(0, 9, (2, 7)))
 
     def __call__(self, idx: Tensor, targets: Tensor | None = None, start: int = 0,
                  ) -> tuple[Tensor | None, Tensor | None]:
@@ -436,6 +441,8 @@ class Caller:
         kwargs: dict[str, Any] = {self.target: targets} if self.target and targets is not None else {}
         if self.start:
             kwargs[self.start] = start
+        if self.first:
+            return batch_first(self.ctx.learner.call("forward", self.module, idx.T, **kwargs)), None
         raw = self.ctx.learner.call("forward", self.module, idx, **kwargs)
         if self.target in kwargs and isinstance(raw, Tensor) and raw.dim() == 0:  # nanochat's: the loss alone
             kwargs.pop(self.target)
@@ -493,6 +500,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     module = ctx.build(comp, gpt_sizes(ctx))
     _setup_caches(comp, module, ctx)
     call = Caller(module, ctx)
+    res.notes += [SEQUENCE_FIRST] * call.first
     g = torch.Generator().manual_seed(0)
     idx = torch.randint(0, VOCAB, (2, 8), generator=g)
     targets = torch.randint(0, VOCAB, (2, 8), generator=g)

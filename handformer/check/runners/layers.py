@@ -31,12 +31,14 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import (
     ROPE_FLAGS,
+    SEQUENCE_FIRST,
     SIZES,
     TUTORIAL,
     Context,
     D,
     H,
     attention_flags,
+    batch_first,
     causal,
     check_determinism,
     dropout_on_residual,
@@ -57,8 +59,10 @@ from handformer.check.core.context import (
     not_cropped,
     outputs_by_convention,
     positions,
+    reads_sequence_first,
     shape_of,
 )
+from handformer.check.core.conventions import AUTO
 from handformer.check.core.discovery import NAMES, Component, argument_keys
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.localize_kinds import localize_add_norm, note_departure
@@ -126,6 +130,7 @@ class Layer:
     """The learner's layer, its mapping, and a uniform call (x, memory, src_keep, tgt_keep)."""
 
     more: dict[str, Any] = {}  # further arguments a check hands the forward (a key_padding_mask alone)
+    first = False  # it reads its stream sequence-first, (T, B, D) (found by _check_layer)
 
     def __init__(self, comp: Component, ctx: Context, kind: LayerKind) -> None:
         self.comp, self.ctx, self.kind = comp, ctx, kind
@@ -207,7 +212,10 @@ class Layer:
 
     def _run(self, args: list[Any], kwargs: dict[str, Any], B: int) -> Any:
         """The module on args, its rotary table in the form it takes, start_pos 0 or one a row
-        (rope_tables), or one token at a time (_stepwise)."""
+        (rope_tables), or one token at a time (_stepwise); sequence-first, (T, B, D), when it reads so."""
+        if self.first:  # PyTorch's tutorial: the stream and the memory (T, B, D) in, the output out
+            args = [batch_first(a) for a in args]  # (B, T, D) -> (T, B, D): one transpose either way
+            return batch_first(with_positions(self._module, args, kwargs, self.table_layout, B))
         if self.stepwise:
             return _stepwise(lambda *a, **k: with_tables(self._module, list(a), k, self.table_layout, B),
                              args, kwargs)
@@ -381,7 +389,7 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
         layer.masks, layer.takes_mask = [], False
         res.notes.append(CAUSAL_INSIDE_NOTE)
     own_mask = causal_block and not layer.takes_mask or layer.own_mask
-    convs = _layer_conventions(layer, ctx, inp)
+    convs = _layer_conventions(layer, ctx, inp, res)
 
     def search_rows(flags: frozenset[str]) -> Tensor | None:
         return _search_rows(layer, inp, flags)
@@ -507,9 +515,14 @@ def _down_projection(res: ComponentResult, ctx: Context, comp: Component, layer:
             f"{comp.name} 的前馈网络没有 nn.Linear(d_ff, d_model)（{found}）"), number, code))
 
 
-def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs) -> tuple[str, ...]:
-    """The mask conventions to try, those that can encode the search's masks first."""
+def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs, res: ComponentResult) -> tuple[str, ...]:
+    """The mask conventions to try, those that can encode the search's masks first; a layer that reads
+    its stream sequence-first (T, B, D) found first (driven so from then on, noted), its masks also as
+    nn.MultiheadAttention's attn_mask (B * H, T, S)."""
+    layer.first = reads_sequence_first(ctx, lambda x: layer.call(x, x, None, None), fp.randn(2, 7, D, seed=8))
+    res.notes += [SEQUENCE_FIRST] * layer.first
     convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
+    convs = tuple(f"{name}x" for name in AUTO) * layer.first + convs  # nn.MultiheadAttention's attn_mask
     if ctx.convention is None and layer.masks and masks_where_true_inside(layer.module):
         convs = TORCH_CONVENTIONS[holds_torch_attention(layer.module)] + convs
     passed = [k for k in _encode_keeps(layer, inp.src_keep, inp.tgt_keep) if k is not None]

@@ -18,6 +18,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import (
     F_WIDTH,
     MAX_LEN,
+    SEQUENCE_FIRST,
     Context,
     D,
     error_text,
@@ -580,14 +581,28 @@ def _build_pe(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     token ids, as hyunwoongko's does, is read that way, noted); no weights to read."""
     module = ctx.build(comp)
     ids = _table_of_ids(res, module, PE_B, PE_T)
+    first = ids is None and _sequence_first(res, ctx, module)
 
     def run(x: Tensor) -> Tensor | None:
         if ids is not None:
             table = fp.first_tensor(ctx.learner.call("forward", module, ids))
             return None if table is None else x + table
+        if first:  # (T, B, D) in and out: PyTorch's tutorial
+            return fp.first_tensor(ctx.learner.call("forward", module, x.transpose(0, 1))).transpose(0, 1)
         return fp.first_tensor(ctx.learner.call("forward", module, x))
 
     return Subject(run, [(None, None)], module, {"build": lambda: ctx.build(comp)})
+
+
+def _sequence_first(res: ComponentResult, ctx: Context, module: object) -> bool:
+    """Whether the encoding reads its input (T, B, D): on zeros (B, T, D) it returns rows that are
+    one position each, equal along dim 1 (a table (max_len, 1, D) indexed by x.size(0)); noted."""
+    zeros = torch.zeros(PE_B, PE_T, D, dtype=torch.float64)
+    out = fp.first_tensor(ctx.learner.call("forward", module, zeros))
+    first = out is not None and out.shape == zeros.shape and torch.allclose(out, out[:, :1].expand_as(out)) \
+        and not torch.allclose(out[0], out[1])
+    res.notes += [SEQUENCE_FIRST] * first
+    return first
 
 
 def _pe_shape(ctx: Context, comp: Component, subject: Subject, x: Tensor, table: Tensor | None,
