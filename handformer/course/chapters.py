@@ -63,7 +63,7 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter(13, "ch13_gpt", "Your GPT", "你自己的 GPT", ("gpt",),
             (f"{NEXT_EN} (a decoder-only model)", f"{NEXT_ZH}（decoder-only 模型）"), 17),
     Chapter(14, "ch14_llama", "RoPE, grouped-query attention and Llama", "RoPE、GQA 与 Llama",
-            ("rope", "gqa", "block"),
+            ("rope", "gqa", "block", "gpt"),
             ("past the tutorials (llama2.c's model)", "教程之外（llama2.c 的模型）"), 17),
     Chapter(15, "ch15_kv_cache", "The KV cache", "KV 缓存", ("kv_cache", "generate"),
             (f"{NEXT_EN} (generation), made fast", f"{NEXT_ZH}（自回归生成）的提速"), 18),
