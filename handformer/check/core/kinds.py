@@ -81,7 +81,7 @@ KINDS_TABLE: tuple[Kind, ...] = (
                          "Seq2Seq"),
          "encoder-decoder model", "编码器-解码器模型", "model:check_model"),
     Kind("gpt", ("GPT", "GPTModel", "GPTLanguageModel", "GPTLM", "MiniGPT", "NanoGPT", "GPT2",
-                 "DecoderOnlyTransformer", "DecoderOnlyLM", "CausalLM", "Llama", "LLaMA"),
+                 "DecoderOnlyTransformer", "DecoderOnlyLM", "CausalLM"),
          "decoder-only model (GPT)", "decoder-only 模型（GPT）", "gpt:check_gpt"),
     Kind("classifier", ("EncoderClassifier", "BertClassifier", "BERTClassifier", "TransformerClassifier",
                         "EncoderForClassification", "BertForSequenceClassification", "BertForClassification",
