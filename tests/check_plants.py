@@ -616,6 +616,17 @@ WRITTEN_PLANTS: dict[str, Plant] = {
 }
 
 
+
+def edited_copy(tmp_path: Path, source: Path, edits: list[tuple[str, str]]) -> str:
+    """`source` written under tmp_path with each (old, new) replaced once; each old must be in it."""
+    text = source.read_text(encoding="utf-8")
+    for old, new in edits:
+        assert old in text, f"{old!r} is not in {source.name}"
+        text = text.replace(old, new, 1)
+    path = tmp_path / source.name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
 def written_file(name: str) -> Path:
     return WRITTEN[WRITTEN_PLANTS[name].family] / f"{name.split('_', 1)[1]}.py"
 

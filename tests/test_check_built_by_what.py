@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from check_plants import edited_copy
 
 from handformer.check.core.discovery import decoder_only
 from handformer.check.core.engine import check_file
@@ -18,14 +19,7 @@ COURSE = FIXTURES / "learners_course_zh" / "correct.py"
 OLMO = FIXTURES / "learners_olmo" / "correct.py"
 
 
-def _planted(tmp_path: Path, source: Path, edits: list[tuple[str, str]]) -> str:
-    text = source.read_text(encoding="utf-8")
-    for old, new in edits:
-        assert old in text, f"{old!r} is not in {source.name}"
-        text = text.replace(old, new, 1)
-    path = tmp_path / source.name
-    path.write_text(text, encoding="utf-8")
-    return str(path)
+_planted = edited_copy
 
 
 @pytest.mark.parametrize("planted", [False, True])

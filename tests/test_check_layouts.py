@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from check_plants import edited_copy
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
@@ -16,13 +17,7 @@ LAYOUTS = Path(__file__).parent / "fixtures" / "learners_layouts" / "correct.py"
 
 
 def _planted(tmp_path: Path, edits: list[tuple[str, str]], source: Path = LAYOUTS) -> str:
-    text = source.read_text(encoding="utf-8")
-    for old, new in edits:
-        assert old in text, f"{old!r} is not in {source.name}"
-        text = text.replace(old, new, 1)
-    path = tmp_path / source.name
-    path.write_text(text, encoding="utf-8")
-    return str(path)
+    return edited_copy(tmp_path, source, edits)
 
 
 SCALE_BY_DK = [("/ math.sqrt(Q.size(-1))", "/ Q.size(-1)")]
