@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from handformer.check.core.context import D, H
-from handformer.check.core.fused_qkv import kv_width
 from handformer.check.core.moe import ffn_readings
+from handformer.check.core.qkv_layouts import kv_width
 from handformer.check.core.source import source_text
 from handformer.check.core.weights import (
     Gainless,

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
+from handformer.check.core.qkv_layouts import FOUND, grouped, kv_width
 from handformer.check.core.sizes import H, is_number
 from handformer.check.reference import variants as V
 
@@ -291,8 +292,6 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
     """`count` attentions from linears in order W_Q, W_K, W_V, W_O (or a fused qkv projection then
     W_O). W_Q and W_O are (D, D); W_K and W_V (kv_width, D), kv_width < D for grouped-query
     attention. An attention of three projections and no W_O has 3 slots."""
-    from handformer.check.core.fused_qkv import fused_among, fused_slots  # (it reads this module)
-
     kv = kv_width or D
     ffn = square_ffn(linears, D)
     square = [leaf for leaf in with_shape(linears, (D, D)) if leaf not in ffn]
@@ -316,6 +315,24 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
     groups = [_qkv_by_name(square[i * per:(i + 1) * per]) for i in range(count)]
     return [[Slot(f"{p}W_{r}", leaf) for r, leaf in zip("QKVO", group)]
             for p, group in zip(prefixes, groups)]
+
+
+def fused_among(linears: list[Leaf], D: int, head_dim: int, least: int = 0) -> list[Leaf]:
+    """The fused query/key/value projections among these linears: (D + 2 kv, D) outside an FFN, kv
+    wider than `least` (a head's width: those whose layouts part)."""
+    return [leaf for leaf in linears if leaf.weight.shape[1] == D
+            and kv_width(leaf.weight.shape[0], D, head_dim) > least and not FFN_PATH.search(f"{leaf.name}.")]
+
+
+def fused_slots(prefix: str, leaf: Leaf, D: int, head_dim: int) -> list[Slot]:
+    """W_Q, W_K, W_V as rows of the fused leaf, in the layout found for it (blocks: slices)."""
+    kv = kv_width(leaf.weight.shape[0], D, head_dim)
+    if FOUND.get(leaf.module, "blocks") == "blocks":
+        edges = [0, D, D + kv, D + 2 * kv]
+        return [Slot(f"{prefix}W_{r}", leaf, slice(a, b)) for r, a, b in zip("QKV", edges, edges[1:])]
+    rows = grouped(D, kv, head_dim)
+    return [Slot(f"{prefix}W_{r}", leaf, rows[i], f"{r.lower()} of each [q | k | v] group")
+            for i, r in enumerate("QKV")]
 
 
 PREFIXES = {1: [""], 2: ["self-attention ", "cross-attention "]}  # by the count of attentions
