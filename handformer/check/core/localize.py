@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.result import ComponentResult, Text, text
+from handformer.check.core.source import lines_matching
 from handformer.check.reference import variants as V
 
 
@@ -83,7 +84,7 @@ class _Tracer:
         seen, before = self.locals(frame), self.state.setdefault(id(frame), ({}, frame.f_lineno))
         numbers = self.numbers.setdefault(id(frame), {})
         for name, value in seen.items():
-            if isinstance(value, Tensor) and not value.is_complex() and _changed(before[0].get(name), value):
+            if isinstance(value, Tensor) and _changed(before[0].get(name), value):
                 self.record(frame, before[1], name, value, not before[0])
             elif type(value) in (int, float) and numbers.get(name, (0, None))[1] != value:
                 numbers[name] = (before[1], value)  # a size read from a shape: `d_k = q.size(-1)`
@@ -108,15 +109,19 @@ class _Tracer:
 
     def record(self, frame: Any, line: int, name: str, value: Tensor, given: bool) -> None:
         """One step; `given`: the frame's first event, its arguments as handed over."""
+        numbers = {**_attributes(frame), **self.numbers.get(id(frame), {})}
         if self.every or _traced(value) and name not in _arguments(frame, value):
-            numbers = dict(self.numbers.get(id(frame), {}))
             self.steps.append(Step(line, name, _copy(value), self.caller(frame), given, numbers=numbers))
         elif value.dtype in self.constants:
-            key, built = (id(frame), name), self.built.setdefault((id(frame), name), [])
-            self.dropped.add(self.last.get(key, -1))
+            key, kept = (id(frame), name), _copy(value)
+            last = self.steps[self.last[key]] if key in self.last else None
+            if last is not None and last.value.shape != kept.shape:  # a new value under the name, not a write
+                self.built[key] = []
+            else:
+                self.dropped.add(self.last.get(key, -1))
+            built = self.built.setdefault(key, [])
             self.last[key] = len(self.steps)
-            built.append(Step(line, name, _copy(value), self.caller(frame), False,
-                              tuple(built)))
+            built.append(Step(line, name, kept, self.caller(frame), False, tuple(built), numbers=numbers))
             self.steps.append(built[-1])
 
     def returned(self, frame: Any, value: Any) -> None:
@@ -126,7 +131,7 @@ class _Tracer:
             (f"return[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else []
         numbers = dict(self.numbers.get(id(frame), {}))
         for name, v in items:
-            if isinstance(v, Tensor) and (self.every or _traced(v)) and not v.is_complex():
+            if isinstance(v, Tensor) and (self.every or _traced(v)):
                 self.steps.append(Step(frame.f_lineno, name, _copy(v), self.caller(frame), numbers=numbers))
 
     def caller(self, frame: Any) -> int | None:
@@ -162,7 +167,8 @@ class _Tracer:
 
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-NUMBERS = FLOATS + (torch.int32, torch.int64)  # positions counted in whole numbers too
+# positions counted in whole numbers too, and a table of complex numbers (Meta's freqs_cis)
+NUMBERS = FLOATS + (torch.int32, torch.int64, torch.complex64, torch.complex128)
 
 
 def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
@@ -192,6 +198,25 @@ def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
     return [s for i, s in enumerate(t.steps) if i not in t.dropped]
 
 
+def _attributes(frame: Any) -> dict[str, tuple[int, float]]:
+    """The numbers the frame's `self` keeps (`self.confidence = 1.0` in __init__) as `self.name` ->
+    (the one line of the file that assigns it, its value); none assigned on several lines."""
+    kept = getattr(frame.f_locals.get("self"), "__dict__", {})
+    lines = _assigned(frame.f_code.co_filename)
+    return {f"self.{k}": (lines[k], v) for k, v in kept.items() if type(v) in (int, float) and k in lines}
+
+
+@functools.lru_cache(maxsize=8)
+def _assigned(filename: str) -> dict[str, int]:
+    """Each attribute `self.name = ...` assigned on exactly one line of the file -> that line."""
+    tree = ast.parse("".join(linecache.getlines(filename)))
+    found = [(t.attr, n.lineno) for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign))
+             for t in getattr(n, "targets", [getattr(n, "target", None)]) if isinstance(t, ast.Attribute)
+             and isinstance(t.value, ast.Name) and t.value.id == "self"]
+    names = [name for name, _ in found]
+    return {name: line for name, line in found if names.count(name) == 1}
+
+
 def _number(value: float) -> Tensor:
     return torch.tensor(float(value), dtype=torch.float64)
 
@@ -214,8 +239,10 @@ def first_tensor(out: Any) -> Tensor | None:
 
 
 def _copy(value: Tensor) -> Tensor:
-    """A step's values, kept apart from a tensor their code goes on writing in place."""
-    return value.detach().to(torch.float64, copy=True)
+    """A step's values, kept apart from a tensor their code goes on writing in place; complex numbers
+    (..., n) as their real and imaginary parts (..., n, 2)."""
+    value = torch.view_as_real(value.detach().resolve_conj()) if value.is_complex() else value.detach()
+    return value.to(torch.float64, copy=True)
 
 
 def _snapshot(value: Any) -> Any:
@@ -529,6 +556,7 @@ class Departure:
     form: Text | None
     called_from: tuple[int, str] | None = None  # (line, code) of their code that called the helper
     source: tuple[int, str, str] | None = None  # (line, name, code): where a size the line uses was read
+    agreed: frozenset[int] = frozenset()  # the lines before it whose steps are the reference's values
 
     def describe(self) -> Text:
         at = f"line {self.line}: {self.code}"
@@ -539,7 +567,8 @@ class Departure:
             at_zh += f"（在第 {line} 行调用的函数里：{code}）"
         if self.source:
             line, name, code = self.source
-            at += f" (its `{name}` was read at line {line}: {code})"
+            how = "set" if name.startswith("self.") else "read"
+            at += f" (its `{name}` was {how} at line {line}: {code})"
             at_zh += f"（其中的 `{name}` 来自第 {line} 行：{code}）"
         form = self.form or text("no simple form (not a factor, sign, transpose, shift, axis or term)",
                                  "没有简单的形式（不是常数因子、符号、转置、错位、轴或多余的项）")
@@ -558,7 +587,7 @@ def first_departure(steps: list[Step], views: list[View], filename: str, sizes: 
     if found is None:
         return None
     step = _origin(steps, found) if ends else steps[found]
-    return _departure(step, views, filename, sizes, pre, terms, forms)
+    return _agreeing(_departure(step, views, filename, sizes, pre, terms, forms), steps[:found], views)
 
 
 def _departure_at(steps: list[Step], views: list[View], ends: list[View] = ()) -> int | None:
@@ -583,6 +612,14 @@ def _reduced(t: Tensor, views: list[View]) -> Text | None:
                 return text(f"{how} of {what} over {where}; the reference reduces over dim=-1",
                             f"{view_zh(what)} 的{how_zh}是在{where_zh}求的；参考在最后一个轴 dim=-1 上求")
     return None
+
+
+def _agreeing(found: Departure, before: list[Step], views: list[View]) -> Departure:
+    """The departure with the lines of the steps before it that are a view's values (a step before the
+    first departure whose shape is a view's is one of them): lines that compute what the reference does."""
+    shapes = {r.shape for _, r in layouts(views, {s.value.shape for s in before})}
+    agreed = frozenset(s.line for s in before if not _input(s) and s.value.shape in shapes)
+    return replace(found, agreed=agreed)
 
 
 def _input(step: Step) -> bool:
@@ -620,10 +657,14 @@ def _size_source(step: Step, code: str, form: Text | None, sizes: dict[str, floa
                  ) -> tuple[int, str, str] | None:
     """A number the departing line uses whose value is a size the form names, bound on another line
     (`d_k = query.size(-2)`: 5 = T where the scale wants d_k): (that line, the name, its code)."""
-    named = {sizes[k] for k in sizes.keys() & set(re.findall(r"[A-Za-z_]\w*", (form or {"en": ""})["en"]))}
-    used = set(re.findall(r"[A-Za-z_]\w*", code))
+    said = (form or {"en": ""})["en"]
+    named = {sizes[k] for k in sizes.keys() & set(re.findall(r"[A-Za-z_]\w*", said))}
+    written = {float(n) for n in re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?", said)}  # `writes 1`
+    used = set(re.findall(r"self\.\w+|[A-Za-z_]\w*", code))
     return next(((line, name, statement(filename, line, False)) for name, (line, value) in
-                 (step.numbers or {}).items() if name in used and value in named and line != step.line), None)
+                 (step.numbers or {}).items() if name in used and line != step.line and (
+                     value in named or name.startswith("self.") and any(
+                         math.isclose(value, n, rel_tol=1e-3) for n in written))), None)
 
 
 def _inside(step: Step, filename: str) -> int | None:
@@ -724,7 +765,8 @@ def latest_departure(steps: list[Step], readings: list[list[View]], filename: st
         return None
     i = min((j for j in range(len(at)) if at[j] == max(at)), key=lambda j: len(_wrong_writes(steps[at[j]],
                                                                                      readings[j])))
-    return _departure(steps[at[i]], readings[i], filename, sizes, None, list(terms) + readings[i], forms)
+    found = _departure(steps[at[i]], readings[i], filename, sizes, None, list(terms) + readings[i], forms)
+    return _agreeing(found, steps[:at[i]], readings[i])
 
 
 def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[list[View], Tensor]:
@@ -821,7 +863,8 @@ def localize_attention(runs: list[Run], w: V.MHAWeights, filename: str, causal_i
     if not read or any(at is None for at, *_ in read):
         return None  # one reading explains every step
     at, steps, views, scores = max(read, key=lambda r: r[0])
-    return _departure(steps[at], views, filename, sizes, scores, [("the input x", x.detach())])
+    found = _departure(steps[at], views, filename, sizes, scores, [("the input x", x.detach())])
+    return _agreeing(found, steps[:at], views)
 
 
 def note_raised_attention(res: ComponentResult, comp: Any, runs: list[Run], w: V.MHAWeights,
@@ -843,6 +886,18 @@ def note_raised_attention(res: ComponentResult, comp: Any, runs: list[Run], w: V
             return
 
 
+def settle_findings(res: ComponentResult, found: Departure, lines: list[tuple[int, str]]) -> None:
+    """A finding is placed at the departing line when its patterns match several of the learner's
+    lines and that is one of them (the sin line and the cos line of a table: the one they wrote wrong,
+    not the first that looks alike), when its patterns found no line, or when its line computes the
+    reference's values (the steps there agree: the mistake is further on)."""
+    for finding in res.findings:
+        alike = lines_matching(finding.name, lines) if lines else []
+        agrees = finding.line in found.agreed and finding.line != found.line
+        if finding.line is None or found.line in alike or agrees:
+            finding.line, finding.code = found.line, found.code
+
+
 def is_departure(note: Text) -> bool:
     """A note that says where the learner's code parts from the reference."""
     return "parts from the reference" in note["en"]
@@ -852,9 +907,11 @@ def note_attention_departure(res: ComponentResult, comp: Any, runs: list[Run], w
                              causal_inside: bool) -> None:
     """A FAIL that no catalogued mistake explains gets a note: where the learner's attention first
     parts from the reference (see `localize_attention`), its line, and the form of the difference."""
-    if res.findings or res.max_abs_error is None or res.max_abs_error < 1e-5:
+    if res.max_abs_error is None or res.max_abs_error < 1e-5:
         return
     filename = inspect.getsourcefile(comp.obj)
     found = filename and localize_attention(runs, w, filename, causal_inside)
-    if found:
+    if found and res.findings:
+        settle_findings(res, found, [])
+    elif found:
         res.notes.append(found.describe())

@@ -34,11 +34,11 @@ from handformer.check.core.localize import (
     latest_departure,
     over_axes,
     rotate_half,
+    settle_findings,
     trace_steps,
     view_zh,
 )
 from handformer.check.core.result import ComponentResult, text
-from handformer.check.core.source import lines_matching
 from handformer.check.reference import variants as V
 
 Localize = Callable[[], Departure | None]
@@ -46,10 +46,13 @@ Localize = Callable[[], Departure | None]
 
 def note_departure(res: ComponentResult, localize: Localize) -> None:
     """A FAIL (the caller judges it) that no catalogued mistake explains gets a note: where the
-    learner's computation first parts from the reference, its line, and the form of the difference.
+    learner's computation first parts from the reference, its line, and the form of the difference;
+    one that a catalogued mistake explains may have its line placed there (see `settle_findings`).
     Localizing is a help, never a verdict: when it cannot run (the learner's code raises), no note."""
-    found = None if res.findings else _quietly(localize)
-    if found is not None:
+    found = _quietly(localize)
+    if found is not None and res.findings:
+        settle_findings(res, found, [])
+    elif found is not None:
         res.notes.append(found.describe())
 
 
@@ -61,15 +64,11 @@ def _quietly(localize: Localize) -> Departure | None:
 
 
 def place_findings(res: ComponentResult, lines: list[tuple[int, str]], localize: Localize) -> None:
-    """A catalogued finding whose patterns match several of the learner's lines (the sin line and the
-    cos line of a table) is placed at the one where their computation first parts from the correct
-    reference, when that is one of them: the line they wrote wrong, not the first that looks alike."""
-    unsure = [(f, lines_matching(f.name, lines)) for f in res.findings]
-    unsure = [(f, at) for f, at in unsure if len(at) > 1]
-    found = _quietly(localize) if unsure else None
-    for finding, at in unsure:
-        if getattr(found, "line", None) in at:
-            finding.line, finding.code = found.line, found.code
+    """Catalogued findings placed where the learner's computation first parts from the correct
+    reference, when that is surer than the line their patterns found (see `settle_findings`)."""
+    found = _quietly(localize) if res.findings else None
+    if found is not None:
+        settle_findings(res, found, lines)
 
 
 def _children(module: nn.Module, depth: int = 1) -> list[tuple[str, nn.Module]]:
@@ -444,7 +443,8 @@ def rope_table_views(L: int, D: int, theta: float) -> list[View]:
         v = f(angles)
         views += [(f"{name}(angles)", v), (f"{name}(angles) as halves", torch.cat([v, v], -1)),
                   (f"{name}(angles) as pairs (each twice)", v.repeat_interleave(2, -1))]
-    return views
+    turns = torch.stack([angles.cos(), angles.sin()], -1)  # (L, D/2, 2): cos + i·sin as (real, imaginary)
+    return views + [("cos(angles) + i·sin(angles), the complex table (real, imaginary)", turns)]
 
 
 def localize_rope_table(call: Callable[[], Any], fn: Any, L: int, D: int, theta: float) -> Departure | None:
