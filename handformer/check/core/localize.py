@@ -49,7 +49,7 @@ class Step(NamedTuple):
     caller: int | None = None
     given: bool = False  # an argument of their function as it was handed over, not a value it made
     earlier: tuple[Step, ...] = ()  # a tensor built in place: its values after each earlier line
-    part: tuple[nn.Module, tuple[Any, ...]] | None = None  # a part's output: the part and its inputs
+    part: tuple[nn.Module, tuple[Any, ...], dict[str, Any]] | None = None  # a part's output: it, its inputs
     numbers: dict[str, tuple[int, float]] | None = None  # the frame's numbers then: name -> (line, value)
 
 
@@ -150,8 +150,8 @@ class _Tracer:
 
     def hook(self, name: str) -> Callable[..., None]:
         """Record a part's output (as `name(...)`) at the line that calls it."""
-        def record(module: nn.Module, args: Any, out: Any) -> None:
-            self.part(f"{name}(...)", out, (module, args))
+        def record(module: nn.Module, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+            self.part(f"{name}(...)", out, (module, args, kwargs))
         return record
 
     def pre_hook(self, name: str) -> Callable[..., None]:
@@ -185,7 +185,7 @@ def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
     t = _Tracer(filename, code, FLOATS if constants is True else constants or (), every, scalars)
     t.steps = into if into is not None else t.steps
     handles = [m.register_forward_pre_hook(t.pre_hook(name)) for name, m in modules]
-    handles += [m.register_forward_hook(t.hook(name)) for name, m in modules]
+    handles += [m.register_forward_hook(t.hook(name), with_kwargs=True) for name, m in modules]
     old = sys.gettrace()
     sys.settrace(t.tracer)
     try:
@@ -556,7 +556,7 @@ class Departure:
     form: Text | None
     called_from: tuple[int, str] | None = None  # (line, code) of their code that called the helper
     source: tuple[int, str, str] | None = None  # (line, name, code): where a size the line uses was read
-    agreed: frozenset[int] = frozenset()  # the lines before it whose steps are the reference's values
+    part: tuple[nn.Module, tuple[Any, ...], dict[str, Any]] | None = None  # as its step's: see Step
 
     def describe(self) -> Text:
         at = f"line {self.line}: {self.code}"
@@ -587,7 +587,7 @@ def first_departure(steps: list[Step], views: list[View], filename: str, sizes: 
     if found is None:
         return None
     step = _origin(steps, found) if ends else steps[found]
-    return _agreeing(_departure(step, views, filename, sizes, pre, terms, forms), steps[:found], views)
+    return _departure(step, views, filename, sizes, pre, terms, forms)
 
 
 def _departure_at(steps: list[Step], views: list[View], ends: list[View] = ()) -> int | None:
@@ -612,14 +612,6 @@ def _reduced(t: Tensor, views: list[View]) -> Text | None:
                 return text(f"{how} of {what} over {where}; the reference reduces over dim=-1",
                             f"{view_zh(what)} 的{how_zh}是在{where_zh}求的；参考在最后一个轴 dim=-1 上求")
     return None
-
-
-def _agreeing(found: Departure, before: list[Step], views: list[View]) -> Departure:
-    """The departure with the lines of the steps before it that are a view's values (a step before the
-    first departure whose shape is a view's is one of them): lines that compute what the reference does."""
-    shapes = {r.shape for _, r in layouts(views, {s.value.shape for s in before})}
-    agreed = frozenset(s.line for s in before if not _input(s) and s.value.shape in shapes)
-    return replace(found, agreed=agreed)
 
 
 def _input(step: Step) -> bool:
@@ -650,7 +642,7 @@ def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, fl
     line = _inside(written, filename) or written.line
     source = _size_source(written, statement(filename, line), form, sizes, filename)
     return Departure(line, written.name, statement(filename, line, not called), form,
-                     None if source else called or None, source)
+                     None if source else called or None, source, part=written.part)
 
 
 def _size_source(step: Step, code: str, form: Text | None, sizes: dict[str, float], filename: str,
@@ -671,12 +663,12 @@ def _inside(step: Step, filename: str) -> int | None:
     """For a part's output (a module of their own file, its forward not traced: a GELU of theirs in
     an nn.Sequential), the line of its forward that returns it; None for any other step, and for a
     part check grades on its own (a LayerNorm of theirs applied where it should not be)."""
-    module, args = step.part or (None, ())
+    module, args, kwargs = step.part or (None, (), {})
     forward = getattr(type(module), "forward", None)
     graded = type(module).__name__ in {n for k in KINDS_TABLE for n in k.names}  # checked on its own
     if graded or getattr(forward, "__code__", None) is None or inspect.getsourcefile(forward) != filename:
         return None
-    steps = trace_steps(lambda: module(*args), filename, forward.__code__)
+    steps = trace_steps(lambda: module(*args, **kwargs), filename, forward.__code__)
     return next((s.line for s in reversed(steps) if s.name == "return"), None)
 
 
@@ -698,10 +690,13 @@ def _spans(filename: str) -> dict[int, int]:
 
 def layouts(views: list[View], shapes: set[torch.Size]) -> list[View]:
     """The views, and each in the shapes given that merge its adjacent axes (d2l's heads (B·H, T,
-    Dh), a mask's rows (B·T, S)): the same values in a flattened layout."""
+    Dh), a mask's rows (B·T, S)): the same values in a flattened layout; a (B, T, D) view also
+    sequence-first, (T, B, D), where a step has that shape (PyTorch's nn.Transformer tutorial)."""
     views = [(what, r.double()) for what, r in views]  # as the steps are kept
     return views + [(f"{what}, reshaped to {tuple(shape)}", r.reshape(shape)) for what, r in views
-                    for shape in shapes if _merges(r.shape, shape)]
+                    for shape in shapes if _merges(r.shape, shape)] + [
+        (f"{what}, sequence-first (T, B, D)", r.transpose(0, 1)) for what, r in views
+        if r.dim() == 3 and r.size(0) != r.size(1) and r.transpose(0, 1).shape in shapes]
 
 
 def _merges(big: torch.Size, small: torch.Size) -> bool:
@@ -765,8 +760,7 @@ def latest_departure(steps: list[Step], readings: list[list[View]], filename: st
         return None
     i = min((j for j in range(len(at)) if at[j] == max(at)), key=lambda j: len(_wrong_writes(steps[at[j]],
                                                                                      readings[j])))
-    found = _departure(steps[at[i]], readings[i], filename, sizes, None, list(terms) + readings[i], forms)
-    return _agreeing(found, steps[:at[i]], readings[i])
+    return _departure(steps[at[i]], readings[i], filename, sizes, None, list(terms) + readings[i], forms)
 
 
 def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[list[View], Tensor]:
@@ -863,8 +857,7 @@ def localize_attention(runs: list[Run], w: V.MHAWeights, filename: str, causal_i
     if not read or any(at is None for at, *_ in read):
         return None  # one reading explains every step
     at, steps, views, scores = max(read, key=lambda r: r[0])
-    found = _departure(steps[at], views, filename, sizes, scores, [("the input x", x.detach())])
-    return _agreeing(found, steps[:at], views)
+    return _departure(steps[at], views, filename, sizes, scores, [("the input x", x.detach())])
 
 
 def note_raised_attention(res: ComponentResult, comp: Any, runs: list[Run], w: V.MHAWeights,
@@ -886,16 +879,24 @@ def note_raised_attention(res: ComponentResult, comp: Any, runs: list[Run], w: V
             return
 
 
-def settle_findings(res: ComponentResult, found: Departure, lines: list[tuple[int, str]]) -> None:
-    """A finding is placed at the departing line when its patterns match several of the learner's
-    lines and that is one of them (the sin line and the cos line of a table: the one they wrote wrong,
-    not the first that looks alike), when its patterns found no line, or when its line computes the
-    reference's values (the steps there agree: the mistake is further on)."""
-    for finding in res.findings:
-        alike = lines_matching(finding.name, lines) if lines else []
-        agrees = finding.line in found.agreed and finding.line != found.line
-        if finding.line is None or found.line in alike or agrees:
+def place_findings(res: ComponentResult, lines: list[tuple[int, str]], localize: Callable[[], Any]) -> None:
+    """A catalogued finding whose patterns match several of the learner's lines (the sin line and the
+    cos line of a table), or none, is placed where their computation first parts from the correct
+    reference: when that is one of them, or when there was none (the line they wrote wrong, not the
+    first that looks alike)."""
+    unsure = [f for f in res.findings if f.line is None or len(lines_matching(f.name, lines)) > 1]
+    found = quietly(localize) if unsure else None
+    for finding in unsure * (found is not None):
+        if finding.line is None or found.line in lines_matching(finding.name, lines):
             finding.line, finding.code = found.line, found.code
+
+
+def quietly(localize: Callable[[], Any]) -> Any:
+    """What `localize()` finds; None when it cannot run (their code, or a reading that does not apply)."""
+    try:
+        return localize()
+    except Exception:  # noqa: BLE001 - their code, or a reading that does not apply: nothing found
+        return None
 
 
 def is_departure(note: Text) -> bool:
@@ -910,8 +911,10 @@ def note_attention_departure(res: ComponentResult, comp: Any, runs: list[Run], w
     if res.max_abs_error is None or res.max_abs_error < 1e-5:
         return
     filename = inspect.getsourcefile(comp.obj)
-    found = filename and localize_attention(runs, w, filename, causal_inside)
-    if found and res.findings:
-        settle_findings(res, found, [])
-    elif found:
+    def localize() -> Departure | None:
+        return filename and localize_attention(runs, w, filename, causal_inside)
+    if res.findings:  # named: placed at the departing line when their patterns found none
+        return place_findings(res, [], localize)
+    found = localize()
+    if found:
         res.notes.append(found.describe())

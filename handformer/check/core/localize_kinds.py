@@ -33,8 +33,9 @@ from handformer.check.core.localize import (
     first_tensor,
     latest_departure,
     over_axes,
+    place_findings,
+    quietly,
     rotate_half,
-    settle_findings,
     trace_steps,
     view_zh,
 )
@@ -46,29 +47,14 @@ Localize = Callable[[], Departure | None]
 
 def note_departure(res: ComponentResult, localize: Localize) -> None:
     """A FAIL (the caller judges it) that no catalogued mistake explains gets a note: where the
-    learner's computation first parts from the reference, its line, and the form of the difference;
-    one that a catalogued mistake explains may have its line placed there (see `settle_findings`).
-    Localizing is a help, never a verdict: when it cannot run (the learner's code raises), no note."""
-    found = _quietly(localize)
-    if found is not None and res.findings:
-        settle_findings(res, found, [])
-    elif found is not None:
-        res.notes.append(found.describe())
-
-
-def _quietly(localize: Localize) -> Departure | None:
-    try:
-        return localize()
-    except Exception:  # noqa: BLE001 - their code, or a reading that does not apply: nothing found
-        return None
-
-
-def place_findings(res: ComponentResult, lines: list[tuple[int, str]], localize: Localize) -> None:
-    """Catalogued findings placed where the learner's computation first parts from the correct
-    reference, when that is surer than the line their patterns found (see `settle_findings`)."""
-    found = _quietly(localize) if res.findings else None
+    learner's computation first parts from the reference, its line, and the form of the difference; a
+    named mistake whose patterns found no line is placed there. Localizing is a help, never a
+    verdict: when it cannot run (the learner's code raises), no note."""
+    if res.findings:
+        return place_findings(res, [], localize)
+    found = quietly(localize)
     if found is not None:
-        settle_findings(res, found, lines)
+        res.notes.append(found.describe())
 
 
 def _children(module: nn.Module, depth: int = 1) -> list[tuple[str, nn.Module]]:
@@ -396,15 +382,22 @@ def module_views(run: Callable[[], Any], module: nn.Module, words: dict[str, str
     return out
 
 
-def localize_model(run: Callable[[], Any], module: nn.Module, readings: list[list[View]]) -> Departure | None:
+def localize_model(run: Callable[[], Any], module: nn.Module, readings: list[list[View]], depth: int = 4,
+                   ) -> Departure | None:
     """Run the learner's model (`run()`) traced on its own methods and its parts' outputs; the first
-    step that no reading (the reference model's parts, each set of choices) explains."""
+    step that no reading (the reference model's parts, each set of choices) explains. Where that is a
+    part's output, the part is run again on what it was given, traced so, down `depth` parts (a
+    wrapper's embedding, the line of a block): the innermost step that departs."""
     cls = type(module)
     filename = inspect.getsourcefile(cls)
     code = {f.__code__ for f in vars(cls).values() if inspect.isfunction(f)}
     steps = trace_steps(run, filename, code, _children(module))
     D = next(t for _, t in readings[0]).size(-1)
-    return latest_departure(steps, readings, filename, {"d_model": D})
+    found = latest_departure(steps, readings, filename, {"d_model": D})
+    if found is None or found.part is None or not depth:
+        return found
+    part, args, kwargs = found.part
+    return quietly(lambda: localize_model(lambda: part(*args, **kwargs), part, readings, depth - 1)) or found
 
 
 def top_p_views(logits: Tensor, p: float) -> list[View]:
