@@ -119,11 +119,10 @@ EXPLICIT = [("nn.LazyLinear(num_hiddens, bias=bias)", "nn.Linear(num_hiddens, nu
 @pytest.mark.parametrize("planted", [False, True])
 def test_d2l_encoder_decoder_built_by_its_factory_and_given_valid_lengths(tmp_path, planted):
     """EncoderDecoder(encoder, decoder) built by the function that returns it, forward(enc_X, dec_X,
-    *args) handed the source's valid lengths; a plant whose decoder adds no positions fails."""
+    *args) handed the source's valid lengths; a plant whose encoder hides no padding fails."""
     path = tmp_path / "d2l_model.py"
-    model = D2L_MODEL.replace("X = self.pos_encoding(self.embedding(X) * math.sqrt(self.num_hiddens))\n        for blk "
-                              "in self.blks:\n            X, state", "X = self.embedding(X) * math.sqrt(self.num_hiddens)"
-                              "\n        for blk in self.blks:\n            X, state") if planted else D2L_MODEL
+    hidden = "enc_outputs = self.encoder(enc_X, None)"  # the plant: the source's padding never hidden
+    model = D2L_MODEL.replace("enc_outputs = self.encoder(enc_X, *args)", hidden) if planted else D2L_MODEL
     blocks = (FIXTURES / "learners_d2l" / "correct.py").read_text()
     for lazy, sized in EXPLICIT:  # d2l-zh's layers, sized (a model built by a factory is not warmed up)
         blocks = blocks.replace(lazy, sized)

@@ -148,7 +148,7 @@ KINDS_TABLE: tuple[Kind, ...] = (
          "BPE trainer", "BPE 训练", "bpe:check_bpe"),
     Kind("bpe_tokenizer", ("Tokenizer", "BPETokenizer", "BpeTokenizer", "ByteLevelBPETokenizer",
                            "BPE", "bpe_encode", "encode_bpe", "encode"),
-         "BPE encoder and decoder", "BPE 编码与解码", "bpe_codec:check_bpe_tokenizer"),
+         "BPE encoder and decoder", "BPE 编码与解码", "bpe_trainable:check_tokenizer"),
 )
 
 KINDS_BY_NAME = {k.name: k for k in KINDS_TABLE}

@@ -265,7 +265,7 @@ def check_bpe(comp: Component, ctx: Context) -> ComponentResult:
         ref_vocab, ref_merges = R.train(CORPUS, VOCAB_SIZE - 1, [])
     specials = [SPECIAL] if trainer.takes_specials() else []
     _vocab_size(res, vocab, merges, ref_merges, specials, lines)
-    _compare_merges(res, merges, ref_merges, specials, lines)
+    compare_merges(res, merges, ref_merges, specials, lines)
     if vocab is not None:
         _check_vocab(res, vocab, merges, specials)
     else:
@@ -294,7 +294,7 @@ def _vocab_size(res: ComponentResult, vocab: Any, merges: list[R.Pair], ref_merg
             *locate("bpe_vocab_size_ignores_specials", lines)))
 
 
-def _compare_merges(
+def compare_merges(
     res: ComponentResult,
     merges: list[R.Pair],
     ref: list[R.Pair],

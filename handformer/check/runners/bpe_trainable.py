@@ -34,6 +34,12 @@ def trainable(obj: Any) -> bool:
         p.default is not p.empty for p in call_parameters(obj.__init__)[1:])
 
 
+def check_tokenizer(comp: Component, ctx: Context) -> ComponentResult:
+    """The kind's runner: a class that trains itself is trained first; any other encoder and decoder
+    is handed the reference's vocabulary and merges (bpe_codec.py)."""
+    return (check_trainable if trainable(comp.obj) else bpe_codec.check_bpe_tokenizer)(comp, ctx)
+
+
 def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
     """Train, compare the merges under its own pattern, then encode and decode."""
     res = ctx.result(comp)
@@ -52,7 +58,7 @@ def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
     specials = SPECIALS[:2 * ("special" in _roles(tok.train).values())]
     with R.split_by(pattern):
         _, ref_merges = R.train(CORPUS, kwargs.get("vocab_size", VOCAB_SIZE + 1), specials)
-        bpe._compare_merges(res, merges, ref_merges, specials, lines)
+        bpe.compare_merges(res, merges, ref_merges, specials, lines)
         if merges == ref_merges and set(map(str.encode, specials)) <= set(vocab.values()):
             codec = bpe_codec.Codec.__new__(bpe_codec.Codec)
             codec.comp, codec.ctx, codec.encode_fn, codec.decode_fn = comp, ctx, tok.encode, tok.decode

@@ -245,13 +245,15 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     roles = ((MODEL_NAMES, model.target), (PROMPT_NAMES, ids), (COUNT_NAMES, n),
-             (CONTEXT_NAMES, model.context), (EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID),
-             (MASK_ARG_NAMES, torch.ones_like(torch.as_tensor(ids))),
-             )  # what each argument is handed, by its name (an EOS none is, all tokens real)
-    by_name = {name: v for names, v in reversed(roles) for name in names}  # the first role naming it
+             (CONTEXT_NAMES, model.context))  # what each argument is handed, by its name
+    # and where it has no default: an EOS no model makes, a padding id, a mask of real tokens only
+    ones = torch.ones_like(torch.as_tensor(ids))
+    needed = ((EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID), (MASK_ARG_NAMES, ones))
+    by_name, if_needed = _by_names(roles[::-1]), _by_names(needed)  # the first role that names it
     extra = extra or {}
     for i, p in enumerate(forward_parameters(comp.obj)):
-        value = extra.get(p.name, by_name.get(p.name.lower()))
+        value = extra.get(p.name, by_name.get(p.name.lower(), [if_needed.get(p.name.lower()), None][
+            p.default is not p.empty]))
         if value is None and p.default is not p.empty:
             continue
         if value is None and i >= 3:
@@ -266,6 +268,11 @@ def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tens
         else:
             args.append(value)
     return ctx.learner.call("forward", drained(comp.obj), *args, **kwargs)
+
+
+def _by_names(table: Any) -> dict[str, Any]:
+    """{name: value} from ((names, value), ...)."""
+    return {name: v for names, v in table for name in names}
 
 
 def drained(fn: Any) -> Any:
@@ -474,8 +481,7 @@ def _top_one(res: ComponentResult, ctx: Context, comp: Component, driver: Any, s
 def _ending(res: ComponentResult, ctx: Context, comp: Component, driver: Any, tried: list[tuple[Run, Tensor]],
             ) -> None:
     """After the runs `tried` (the short one first): its failure when nothing names it, the EOS check
-    when its tokens are right, where a wrong run departs when no mistake names it, and a left-padded
-    batch where the loop takes a mask and a padding id (generate_padded.py)."""
+    when its tokens are right, and where a wrong run departs when no mistake names it."""
     short, reference = tried[0]
     if short.failure and not res.findings and short.out is None:
         raise short.failure
@@ -484,10 +490,6 @@ def _ending(res: ComponentResult, ctx: Context, comp: Component, driver: Any, tr
     wrong = next((run for run in tried if _wrong(*run)), None)
     if wrong:
         note_departure(res, lambda: _localize(ctx, comp, driver, *wrong))
-    from handformer.check.runners.generate_padded import check_padded, padded  # it imports this module
-
-    if padded(comp.obj):  # a batch it cannot take is passed over there
-        check_padded(res, ctx, comp, driver, getattr(short.model, "style", "own"))
 
 
 def _wrong(run: Run, expected: Tensor) -> bool:

@@ -43,6 +43,7 @@ from handformer.check.runners.generate_loop import (
     check_with,
     prompts,
 )
+from handformer.check.runners.generate_padded import check_padded, padded
 
 PEAK = 1e6  # the learner's logits are not built with a margin: a wider scale keeps near ties certain
 NO_LIMIT = 10**9
@@ -361,4 +362,6 @@ def check_generate(comp: Component, ctx: Context) -> ComponentResult:
         driver = own or StandIn()
         res.driven = driver.driven()
         check_with(res, ctx, comp, driver)
+        if padded(comp.obj):  # a left-padded batch (generate_padded.py); one it cannot take is passed over
+            check_padded(res, ctx, comp, driver, driver.styles(comp.obj)[0])
     return finish(res)
