@@ -74,6 +74,9 @@ FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0
                          # Raschka's Qwen3 cfg: QK-norm, as Qwen3 has (its q_norm and k_norm are
                          # compared with handformer's), no experts
                          "qk_norm": True, "num_experts": 0}
+# fixed values for a dict config alone (Raschka's cfg["num_experts"] = 0: one FFN); a config class keeps
+# its own (Mixtral's MoEArgs: num_experts = 4, checked against handformer's MixtureOfExperts)
+DICT_ONLY = ("num_experts",)
 # switches built on even where their default is off: Raschka's GroupedQueryAttention(..., qk_norm=False)
 # has QK-norm, and the order of its norm and RoPE, only when built with it
 SWITCHED_ON = ("qk_norm",)
@@ -213,12 +216,13 @@ def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, 
 # classes found by how their name ends, after every exact name: minimind's MiniMindBlock and
 # MiniMindForCausalLM, Karpathy's GPTLanguageModel
 # and Hugging Face's LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
-SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block",),
+SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block", "Layer"), "decoder_layer": ("DecoderLayer",),
                                         "gpt": ("ForCausalLM", "LanguageModel", "LM", "Model"),
                                         "mha": ("Attention",), "ffn": ("MLP", "FeedForward"),
                                         "rmsnorm": ("RMSNorm",), "rope": ("RotaryEmbedding",)}
 # an encoder's or decoder's block has its own kind; a mixture of experts is no FFN to compare
 NOT_SUFFIXED = ("Encoder", "Decoder", "Cross", "MoE")
+NOT_SUFFIXED_WORDS = re.compile("|".join(NOT_SUFFIXED), re.I)
 HEAD_MODELS = ("LanguageModel", "LMHeadModel")  # a model with its head: kept beside Hugging Face's backbone
 
 
@@ -229,11 +233,22 @@ def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> li
     for name in names:
         out += sorted(n for n in own if n.endswith(name)) if name.startswith(".") else [name] * (name in own)
     out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in TABLED and n not in out
-                  and n.endswith(SUFFIXES.get(kind, ("\0",)))
-                  and not any(w.lower() in n.lower() for w in NOT_SUFFIXED))
+                  and _suffixed(n, o, SUFFIXES.get(kind, ("\0",))))
     if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in own):  # Hugging Face's XModel is the backbone
         out = [n for n in out if n in TABLED or not n.endswith("Model") or n.endswith(HEAD_MODELS)]
     return out
+
+
+# a class named ...Layer is a block when its __init__ builds an attention and an FFN (GPT-NeoX's GPTNeoXLayer)
+LAYER_PARTS = re.compile(r"(?=[\s\S]*(attn|attention))(?=[\s\S]*(mlp|ffn|feed_?forward))", re.I)
+
+
+def _suffixed(name: str, obj: Any, suffixes: tuple[str, ...]) -> bool:
+    """Whether a class is found by how its name ends: the words of NOT_SUFFIXED not in the rest of its
+    name (FalconDecoderLayer: Falcon), and a ...Layer building an attention and an FFN."""
+    rest = [name[:-len(s)] for s in suffixes if name.endswith(s)]
+    builds = not name.endswith("Layer") or LAYER_PARTS.match(source_text(vars(obj).get("__init__", "")))
+    return bool(rest and builds and not NOT_SUFFIXED_WORDS.search(rest[0]))
 
 
 def refine(kind: str, obj: Any) -> str:
@@ -429,7 +444,17 @@ def _config_class(p: inspect.Parameter, cls: Any) -> Any:
     same = inspect.isclass(ann) and getattr(ann, "__module__", None) == getattr(cls, "__module__", None)
     if same and not hasattr(ann, "forward"):
         return ann
-    return None
+    return _covering_config(cls, p.name) if p.name.lower() in CONFIG_NAMES else None
+
+
+def _covering_config(cls: Any, name: str) -> Any:
+    """An unannotated `config` argument's class: the one dataclass of the learner's file whose fields
+    hold every attribute the constructor reads from it (GPT-NeoX's GPTNeoXConfig with rotary_pct and
+    use_parallel_residual), so that the fields check does not know keep the file's defaults."""
+    attrs = config_reads(cls, name)[1]
+    covering = [c for c in vars(_module_of(cls) or types).values() if isinstance(c, type)
+                and attrs <= set(getattr(c, "__dataclass_fields__", ()))]
+    return covering[0] if len(covering) == 1 else None
 
 
 def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | None:
@@ -448,6 +473,8 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
             config["hidden_dim"] = sizes["d_ff"]  # Raschka's cfg: emb_dim the width, hidden_dim the FFN's
         return config
     if own is not None:
+        for key in DICT_ONLY:
+            values.pop(key, None)
         values = paired_hidden(values, _class_fields(own), sizes)
         if dataclasses.is_dataclass(own):
             names = {f.name for f in dataclasses.fields(own) if f.init}
@@ -460,7 +487,9 @@ def make_config(cls: Any, p: inspect.Parameter, sizes: dict[str, Any]) -> Any | 
             config = own(**{n: v for n, v in values.items()
                             if n in params or (takes_any and re.search(rf"\b{n}\b", source))})
         for attr, value in values.items():  # what the learner's code reads, at check's sizes
-            if (attr in attrs or hasattr(config, attr)) and not callable(getattr(config, attr, None)):
+            read_only = isinstance(getattr(type(config), attr, None), property)  # gpt-fast's head_dim
+            if (attr in attrs or hasattr(config, attr)) and not callable(getattr(config, attr, None)) and (
+                    not read_only):
                 setattr(config, attr, value)
         return config
     return types.SimpleNamespace(**paired_hidden(values, attrs, sizes))

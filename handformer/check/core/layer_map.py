@@ -13,6 +13,8 @@ import torch
 from torch import nn
 
 from handformer.check.core.context import D, H
+from handformer.check.core.moe import ffn_readings
+from handformer.check.core.qkv_layouts import kv_width
 from handformer.check.core.source import source_text
 from handformer.check.core.weights import (
     Gainless,
@@ -20,7 +22,6 @@ from handformer.check.core.weights import (
     MappingError,
     Slot,
     attention_slots,
-    ffn_slots,
     leaves,
     norm_slots,
     of_kind,
@@ -91,8 +92,9 @@ def layer_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def projection_width(shapes: list[tuple[int, ...]]) -> int:
     """The number of (D, D) projections among the linear layers' weight shapes, a fused (3D, D) one
-    counting three."""
-    return sum(1 if s == (D, D) else 3 if s == (3 * D, D) else 0 for s in shapes)
+    (or a multi-query one, (D + 2 kv, D): Falcon's, SantaCoder's) counting three."""
+    return sum(1 if s == (D, D) else 3 if s[1] == D and (s[0] == 3 * D or kv_width(s[0], D, D // H)) else 0
+               for s in shapes)
 
 
 SUBLAYERS = {False: ["self-attention", "FFN"], True: ["self-attention", "cross-attention", "FFN"]}  # decoder?
@@ -104,7 +106,7 @@ def map_layer(path: str, child: nn.Module, F_width: int) -> LayerMap:
     decoder = projection_width([tuple(x.weight.shape) for x in linears]) >= 7
     names = SUBLAYERS[decoder]
     attn = attention_slots(linears, D, len(names) - 1, path)  # one attention a sublayer but the FFN
-    ffn = ffn_reading(child, ffn_slots(linears, D, F_width, path))
+    ffn = ffn_reading(child, ffn_readings(child, linears, F_width, path, label=path))
     norms, qk = block_norms(of_kind(found, "norm"))
     attn[0] += qk or gainless_qk(child)
     norms = norms or gainless_norms(child, len(names))

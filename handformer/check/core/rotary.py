@@ -44,13 +44,31 @@ def interleaved_to_half_(hf: nn.Module, heads: int = H, swapped: bool = False) -
                 norm.weight.copy_(norm.weight[order])
 
 
-def rope_tables(T: int, heads: int = H) -> tuple[Tensor, Tensor]:
-    rotary = RotaryEmbedding(D // heads, MAX_LEN)
+def turned_width(rope: str, head_dim: int) -> int:
+    """The dims of each head a rotary layout turns: "half:2" the first 2 (partial rotary), else all."""
+    part = rope.partition(":")[2]
+    return min(int(part), head_dim) if part else head_dim
+
+
+def partial_layouts(head_dim: int) -> tuple[str, ...]:
+    """Partial rotary (GPT-NeoX's rotary_pct, Phi's partial_rotary_factor) at check's head width: the
+    first 2, 4, ... dims of each head turned, half-split pairs within them."""
+    return tuple(f"half:{w}" for w in range(2, head_dim, 2))
+
+
+def rope_tables(T: int, heads: int = H, rope: str = "half") -> tuple[Tensor, Tensor]:
+    rotary = RotaryEmbedding(turned_width(rope, D // heads), MAX_LEN)
     cos, sin = rotary(torch.arange(T)[None])  # (1, 1, T, Dh) each
     return cos.double(), sin.double()
 
 
 def rope_note(rope: str) -> dict[str, str]:
+    if ":" in rope:
+        w = rope.partition(":")[2]
+        return text(f"rotary positions inside on the first {w} dims of each head, the rest passed through "
+                    "(partial rotary, as GPT-NeoX's rotary_pct and Phi's): a convention, compared so",
+                    f"内部使用旋转位置编码，只转每个头的前 {w} 维，其余维不变（部分旋转，和 GPT-NeoX 的 "
+                    "rotary_pct、Phi 一样）：这是约定，按它比较")
     if rope == "swapped":
         return text("rotary positions inside, halves rotated the other way, (a, b) -> (a cos + b sin, "
                     "b cos - a sin), as nanochat: a convention, not an error (handformer's rotation on the "
@@ -81,5 +99,5 @@ def rope_layouts(module: nn.Module, given_table: bool, given_cos_sin: bool = Fal
     for sub in module.modules():  # the learner's classes only: torch's are never read
         if type(sub).__module__.startswith("learner_") and any(
                 w in source_text(type(sub)).lower() for w in ROPE_WORDS):
-            return (None, "half", "interleaved")
+            return (None, "half", "interleaved", *partial_layouts(D // H))
     return (None,)

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from handformer.check.core.sizes import is_number
+from handformer.check.core.qkv_layouts import FOUND, grouped, kv_width
+from handformer.check.core.sizes import H, is_number
 from handformer.check.reference import variants as V
 
 
@@ -54,7 +55,8 @@ class Slot:
 
     role: str  # "W_Q", "FFN W_1", "norm 1", ...
     leaf: Leaf
-    rows: slice | None = None  # the part of a fused projection (e.g. one third of a qkv Linear)
+    rows: slice | Tensor | None = None  # the part of a fused projection (e.g. one third of a qkv Linear)
+    part: str = ""  # rows that are not one slice, in words (each head's first Dh rows of its q | k | v)
 
     def weight(self) -> Tensor:
         w = self.leaf.weight
@@ -68,9 +70,20 @@ class Slot:
         return self.weight(), self.bias()
 
     def describe(self) -> str:
-        part = "" if self.rows is None else f"[{self.rows.start}:{self.rows.stop}]"
+        part = "" if self.rows is None else f"[{self.rows.start}:{self.rows.stop}]" if isinstance(
+            self.rows, slice) else f"[{self.part}]"
         stored = ".T" * parametrize.is_parametrized(self.leaf.module)  # Conv1D's (in, out), read transposed
         return f"{self.leaf.name}{stored}{part} -> {self.role}"
+
+
+@dataclass
+class RouterSlot(Slot):
+    """A mixture of experts' router, last in its FFN's slots (after each expert's), with the routing
+    its output showed (check/core/moe.py)."""
+
+    n_experts: int = 0
+    top_k: int = 0
+    normalize: bool = True
 
 
 BIAS_NAME = re.compile(r"b.*|shift|offset")  # bias, beta, b_2, ...
@@ -282,13 +295,12 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
     kv = kv_width or D
     ffn = square_ffn(linears, D)
     square = [leaf for leaf in with_shape(linears, (D, D)) if leaf not in ffn]
-    fused = with_shape(linears, (D + 2 * kv, D))
+    # else multi-query (Falcon's n_head + 2 heads) or grouped: kv read from the shape
+    fused = with_shape(linears, (D + 2 * kv, D)) or fused_among(linears, D, D // H)
     prefixes = PREFIXES[count]
     if len(fused) == count:
         outs = square if len(square) == count else [None] * count
-        cuts = [(0, D), (D, D + kv), (D + kv, D + 2 * kv)]
-        return [[Slot(f"{p}W_{r}", f, slice(a, b)) for r, (a, b) in zip("QKV", cuts)]
-                + ([Slot(f"{p}W_O", o)] if o is not None else [])
+        return [fused_slots(p, f, D, D // H) + ([Slot(f"{p}W_O", o)] if o is not None else [])
                 for p, f, o in zip(prefixes, fused, outs)]
     if kv != D:
         return _grouped_slots(linears, D, kv, count, prefixes, what)
@@ -303,6 +315,24 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
     groups = [_qkv_by_name(square[i * per:(i + 1) * per]) for i in range(count)]
     return [[Slot(f"{p}W_{r}", leaf) for r, leaf in zip("QKVO", group)]
             for p, group in zip(prefixes, groups)]
+
+
+def fused_among(linears: list[Leaf], D: int, head_dim: int, least: int = 0) -> list[Leaf]:
+    """The fused query/key/value projections among these linears: (D + 2 kv, D) outside an FFN, kv
+    wider than `least` (a head's width: those whose layouts part)."""
+    return [leaf for leaf in linears if leaf.weight.shape[1] == D
+            and kv_width(leaf.weight.shape[0], D, head_dim) > least and not FFN_PATH.search(f"{leaf.name}.")]
+
+
+def fused_slots(prefix: str, leaf: Leaf, D: int, head_dim: int) -> list[Slot]:
+    """W_Q, W_K, W_V as rows of the fused leaf, in the layout found for it (blocks: slices)."""
+    kv = kv_width(leaf.weight.shape[0], D, head_dim)
+    if FOUND.get(leaf.module, "blocks") == "blocks":
+        edges = [0, D, D + kv, D + 2 * kv]
+        return [Slot(f"{prefix}W_{r}", leaf, slice(a, b)) for r, a, b in zip("QKV", edges, edges[1:])]
+    rows = grouped(D, kv, head_dim)
+    return [Slot(f"{prefix}W_{r}", leaf, rows[i], f"{r.lower()} of each [q | k | v] group")
+            for i, r in enumerate("QKV")]
 
 
 PREFIXES = {1: [""], 2: ["self-attention ", "cross-attention "]}  # by the count of attentions
@@ -342,7 +372,16 @@ def mha_weights(slots: list[Slot], n_heads: int, n_kv_heads: int | None = None, 
     by = {s.role[-3:]: s.linear() for s in slots if s.leaf.kind == "linear"}
     norms = {s.role: qk_norm_weights(s) for s in slots if s.role in QK_NORM_ROLES}
     qk = (norms["q_norm"], norms["k_norm"]) if norms else None
+    n_kv_heads = n_kv_heads or kv_heads_of(slots, n_heads)
     return V.MHAWeights(by["W_Q"], by["W_K"], by["W_V"], by.get("W_O"), n_heads, n_kv_heads, rope, qk)
+
+
+def kv_heads_of(slots: list[Slot], n_heads: int) -> int | None:
+    """The key/value heads W_K's rows hold beside W_Q's (a fused multi-query projection: 1); None
+    when there are as many as query heads."""
+    rows = {s.role[-3:]: s.weight().size(0) for s in slots}  # (a q_norm's "orm": not read)
+    narrow = rows["W_K"] * n_heads // rows["W_Q"]
+    return narrow if narrow < n_heads else None
 
 
 QK_NORM_ROLES = ("q_norm", "k_norm")  # QK-norm: each query and key head normed before RoPE (Qwen3)
@@ -426,7 +465,11 @@ def has_down_projection(slots: list[Slot]) -> bool:
     return any(s.role in ("FFN W_2", "FFN W_down") for s in slots)
 
 
-def ffn_weights(slots: list[Slot], activation: str) -> V.FFNWeights:
+def ffn_weights(slots: list[Slot], activation: str) -> V.FFNWeights | V.MoEWeights:
+    if isinstance(slots[-1], RouterSlot):  # a mixture of experts: each expert's slots, then the router
+        r = slots[-1]
+        return V.MoEWeights(r.linear(), [ffn_weights(e, activation) for e in expert_slots(slots)], r.top_k,
+                            r.normalize)
     by = {s.role: s.linear() for s in slots}
     if "FFN W_gate" in by:
         return V.FFNWeights(by["FFN W_up"], by.get("FFN W_down"), by["FFN W_gate"], activation)
@@ -541,9 +584,23 @@ def ffn_parameters(target: nn.Module) -> dict[str, nn.Linear]:
             "FFN W_down": target.down_proj, "FFN W_gate": getattr(target, "gate_proj", None)}
 
 
+def expert_slots(slots: list[Slot]) -> list[list[Slot]]:
+    """A mixture of experts' slots, one list an expert (the router, last, left out)."""
+    router = slots[-1]
+    assert isinstance(router, RouterSlot)
+    per = (len(slots) - 1) // router.n_experts
+    return [slots[i * per:(i + 1) * per] for i in range(router.n_experts)]
+
+
 def copy_ffn(target: nn.Module, slots: list[Slot]) -> None:
     """The learner's FFN matrices (two, or three when gated) into handformer's FeedForward (a missing
-    down projection stays as it is: that FFN is compared to fail)."""
+    down projection stays as it is: that FFN is compared to fail); a mixture of experts' router and
+    experts into handformer's MixtureOfExperts."""
+    if isinstance(slots[-1], RouterSlot):
+        copy_weights(target.router, slots[-1])
+        for expert, own in zip(target.experts, expert_slots(slots), strict=True):
+            copy_ffn(expert, own)
+        return
     projections = ffn_parameters(target)
     for slot in slots:
         copy_weights(projections[slot.role], slot)

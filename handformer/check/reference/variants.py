@@ -172,7 +172,12 @@ def rotary(x: Tensor, layout: str, offset: int = 0, flags: Flags = frozenset(), 
     """(B, H, T, Dh) queries or keys rotated by their positions' angles. "half": dimension j pairs
     with j + Dh/2 (Hugging Face, handformer); "interleaved": 2j with 2j + 1 (Meta's complex
     freqs_cis); "swapped": half pairs rotated the other way (nanochat's). rope_rotation_sign
-    rotates the other way (rotate_half's minus on the wrong half)."""
+    rotates the other way (rotate_half's minus on the wrong half). "half:W": the first W dims of each
+    head turn, the rest pass through (partial rotary: GPT-NeoX's rotary_pct, Phi's)."""
+    layout, _, part = layout.partition(":")  # "half:2": the first 2 dims of each head turn (partial rotary)
+    if part:
+        turned = rotary(x[..., :int(part)], layout, offset, flags, theta)
+        return torch.cat([turned, x[..., int(part):]], dim=-1)  # (B, H, T, Dh)
     T, Dh = x.size(-2), x.size(-1)
     angles = rope_angles(T, Dh, theta, offset, flags, x.dtype)  # (T, Dh/2)
     if has(flags, "rope_rotation_sign") is not None:
@@ -195,10 +200,35 @@ class FFNWeights:
     activation: str = "relu"
 
 
-def feed_forward(w: FFNWeights, x: Tensor, flags: Flags = frozenset()) -> Tensor:
+@dataclass
+class MoEWeights:
+    """A sparse mixture of experts (Mixtral's): the router, one gated FFN an expert, top_k, and whether
+    the chosen weights are rescaled to sum to 1."""
+
+    router: Linear
+    experts: list[FFNWeights]
+    top_k: int
+    normalize: bool
+
+
+def mixture_of_experts(w: MoEWeights, x: Tensor, flags: Flags = frozenset()) -> Tensor:
+    """(B, T, D) -> (B, T, D): softmax of the router's logits, each token's top_k experts, their
+    weights renormalized (`normalize`), the weighted sum of those experts' outputs, as
+    handformer.nn.moe.MixtureOfExperts; the experts' own mistakes from `flags`."""
+    probs = torch.softmax(linear(x, w.router), dim=-1)  # (B, T, E)
+    weights, chosen = probs.topk(w.top_k, dim=-1)  # (B, T, k) each
+    weights = weights / weights.sum(-1, keepdim=True) ** w.normalize  # (to the power False: divided by 1)
+    outs = torch.stack([feed_forward(e, x, flags) for e in w.experts], dim=-2)  # (B, T, E, D)
+    picked = outs.gather(-2, chosen[..., None].expand(*chosen.shape, outs.size(-1)))  # (B, T, k, D)
+    return (weights[..., None] * picked).sum(-2)  # (B, T, D)
+
+
+def feed_forward(w: FFNWeights | MoEWeights, x: Tensor, flags: Flags = frozenset()) -> Tensor:
     """down(act(up(x))), or down(act(gate(x)) * up(x)) when gated; (B, T, D) -> (B, T, D).
     Mistakes: no activation, the activation after the gate's product, no down projection (the
-    output is then (B, T, F))."""
+    output is then (B, T, F)). A mixture of experts: `mixture_of_experts`."""
+    if isinstance(w, MoEWeights):
+        return mixture_of_experts(w, x, flags)
     act = (lambda h: h) if has(flags, "ffn_no_activation") is not None else ACTIVATIONS[w.activation]
     if w.gate is None:
         hidden = act(linear(x, w.up))  # (B, T, F)
@@ -307,12 +337,25 @@ def encoder_layer(w: LayerWeights, x: Tensor, keep: Tensor | None, flags: Flags 
                   trace: list[Tensor] | None = None) -> Tensor:
     """The encoder layer and the decoder-only block: self-attention, then FFN; (B, T, D). `trace`
     collects the residual stream between the sublayers (where dropout must not be)."""
+    if w.placement == "parallel":
+        return parallel_block(w, x, keep, flags, trace)
     x = sublayer(w, x, lambda h: multi_head_attention(w.self_attn, h, h, h, keep, flags)[0], "attn",
                  flags, trace)
     x = sublayer(w, x, lambda h: feed_forward(w.ffn, h, flags), "ffn", flags, trace)
     if trace is not None:
         trace.append(x)
     return x
+
+
+def parallel_block(w: LayerWeights, x: Tensor, keep: Tensor | None, flags: Flags = frozenset(),
+                   trace: list[Tensor] | None = None) -> Tensor:
+    """GPT-J's, GPT-NeoX's, Falcon's and Phi's block: x + attn(norm_1(x)) + ffn(norm_2(x)), both
+    sublayers reading the block's input (norm_2 is norm_1 where the block has one norm); (B, T, D)."""
+    attn = multi_head_attention(w.self_attn, *[norm(w.norms[0], x)] * 3, keep, flags)[0]
+    out = x + attn + feed_forward(w.ffn, norm(w.norms[-1], x), flags)
+    if trace is not None:
+        trace += [x, out]
+    return out
 
 
 def decoder_layer(w: LayerWeights, x: Tensor, memory: Tensor, src_keep: Tensor | None,

@@ -59,14 +59,20 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.conventions import AUTO
 from handformer.check.core.discovery import Component, reads_kv_heads
+from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, gainless_qk
-from handformer.check.core.localize import note_attention_departure, note_raised_attention
+from handformer.check.core.localize import (
+    is_departure,
+    localize_attention,
+    note_attention_departure,
+    note_raised_attention,
+)
 from handformer.check.core.localize_kinds import localize_masked_softmax, note_departure
 from handformer.check.core.probe import Found, Probe, Subject, drive, run_probe
 from handformer.check.core.reference_attention import handformer_attention
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.rope_tables import position_kwargs, renamed_table, with_positions
-from handformer.check.core.rotary import ROPE_WORDS, rope_note, rope_tables
+from handformer.check.core.rotary import ROPE_WORDS, partial_layouts, rope_note, rope_tables
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.weights import (
     QK_NORM_ROLES,
@@ -74,6 +80,7 @@ from handformer.check.core.weights import (
     Slot,
     attention_parameters,
     attention_slots,
+    kv_heads_of,
     leaves,
     mha_weights,
     of_kind,
@@ -478,7 +485,8 @@ def rope_settings(comp: Component, c: Caller) -> tuple[str | None, ...]:
     if re.search(r"def forward\([^)]*\bfreqs_cos\b", source):  # llama2.c's: one angle a pair
         return ("interleaved", "half")
     tables = re.search(r"def forward\([^)]*\bcos\b[^)]*\bsin\b", source)  # Raschka's (x, mask, cos, sin)
-    return (None, "half", "interleaved") if tables or any(w in source for w in ROPE_WORDS) else (None,)
+    spoken = tables or any(w in source for w in ROPE_WORDS)
+    return (None, "half", "interleaved", *partial_layouts(D // H)) if spoken else (None,)
 
 
 def behaves_causal(ctx: Context, c: Caller, width: int) -> bool:
@@ -523,10 +531,13 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     linears, qk_norms = _projections(comp, module, heads)
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
-    kv_width = (n_kv_heads or heads) * (D // heads)
-    slots = attention_slots(linears, D, 1, comp.name, kv_width)[0] + qk_norms
-    res.mapping = [s.describe() for s in slots]
     c = caller(module)
+    one = x[:, :1]  # (B, 1, D): one token, where the output reads the value rows alone
+    find_layouts_(module, lambda: fp.first_tensor(c.call(one, one, one, None), 3), D, D // heads)
+    kv_width = n_kv_heads * (D // heads) if n_kv_heads else None  # None: read from a fused projection
+    slots = attention_slots(linears, D, 1, comp.name, kv_width)[0] + qk_norms
+    n_kv_heads = n_kv_heads or kv_heads_of(slots, heads)
+    res.mapping = [s.describe() for s in slots]
     _sequence_first(res, ctx, c)
     causal_inside = _causal_inside(res, ctx, c, sizes["causal"])
     has_o = _head_notes(res, comp, c, slots, causal_inside, heads)
@@ -836,7 +847,7 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) 
     for i, (label, B, T, S, given, mask) in enumerate(cases):
         xq = fp.randn(B, T, D, seed=10 + i).requires_grad_()
         xkv = xq if S == T and "cross" not in label else fp.randn(B, S, D, seed=20 + i).requires_grad_()
-        rope = rope_tables(T, heads=s.heads) if s.rope else None
+        rope = rope_tables(T, heads=s.heads, rope=s.rope) if s.rope else None
         with torch.enable_grad():
             raw = ctx.learner.call("forward", s.c.call, xq, xkv, xkv, run_mask(given, s.conv, B))
             out = fp.first_tensor(raw, 3)
@@ -991,6 +1002,20 @@ def _at_distinct_sizes(res: ComponentResult, ctx: Context, comp: Component, s: S
         f"with {DISTINCT_HEADS} heads of {dh} (batch {DISTINCT_B}, {DISTINCT_T} tokens: no two sizes equal) "
         "it still matches handformer's", f"{DISTINCT_HEADS} 个头、每头 {dh} 维（batch {DISTINCT_B}，"
         f"{DISTINCT_T} 个 token：没有两个尺寸相等）时仍与 handformer 一致"), err < 1e-5, error_text(err)))
+    if err >= 1e-5 and turned == dh * bool(s.rope):  # the reference's rotary as at check's sizes
+        _localized_distinct(res, comp, c, s, slots)
+
+
+def _localized_distinct(res: ComponentResult, comp: Component, c: Caller, s: Setup, slots: list[Slot],
+                        ) -> None:
+    """Where the attention built with 2 heads of 8 first parts from the reference, when only those
+    sizes show a mistake (a size read from the wrong axis: the heads for the head size): its line."""
+    if any(map(is_departure, res.notes)):  # already localized at check's sizes
+        return
+    w = mha_weights(slots, DISTINCT_HEADS, None, s.rope)
+    filename = inspect.getsourcefile(comp.obj)
+    note_departure(res, lambda: localize_attention([(visible_call(c, s.conv), s.rope)], w, filename,
+                                                   s.causal_inside))
 
 
 def _turned(width: int) -> tuple[Tensor, Tensor] | None:

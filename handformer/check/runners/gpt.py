@@ -41,6 +41,7 @@ from handformer.check.core.context import (
     reads_sequence_first,
 )
 from handformer.check.core.discovery import Component
+from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import (
     Gainless,
     LayerMap,
@@ -56,6 +57,7 @@ from handformer.check.core.layer_map import (
     prefixed,
 )
 from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
+from handformer.check.core.moe import ffn_readings, moe_config
 from handformer.check.core.result import (
     NOT_CHECKED,
     Check,
@@ -65,7 +67,7 @@ from handformer.check.core.result import (
     Text,
     text,
 )
-from handformer.check.core.rotary import interleaved_to_half_
+from handformer.check.core.rotary import interleaved_to_half_, partial_layouts, turned_width
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.weights import (
     Leaf,
@@ -75,8 +77,8 @@ from handformer.check.core.weights import (
     copy_attention,
     copy_ffn,
     copy_weights,
-    ffn_slots,
     is_gated,
+    kv_heads_of,
     leaves,
     norm_kind,
     norm_slots,
@@ -84,6 +86,7 @@ from handformer.check.core.weights import (
 )
 from handformer.check.core.weights import norm_weights as learner_norm
 from handformer.check.reference import variants as V
+from handformer.check.reference.parallel import as_parallel_
 from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
 from handformer.check.runners.localize_cache import cache_departure
 from handformer.check.runners.model import as_written_, exact_norms_
@@ -166,6 +169,7 @@ def map_gpt(module: nn.Module) -> GPTMap:
     norms = of_kind(outer, "norm")
     head, tied, bias = output_head(outer, VOCAB, wte, norms[1:], (
         "parameters outside the blocks that a GPT does not have", "Block 之外有 GPT 没有的参数"))
+    n_kv = n_kv or kv_heads_of(blocks[0].attn[0], H)  # a fused multi-query projection: its shape says
     m = GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head, tied, bias, n_kv)
     m.embed_norm = _embed_norm(module, blocks)
     if wpe is None:
@@ -214,7 +218,7 @@ def _map_grouped(path: str, child: nn.Module) -> LayerMap:
     found = prefixed(leaves(child), path)
     linears = of_kind(found, "linear")
     attn = attention_slots(linears, D, 1, path, KV_HEADS * (D // H))
-    ffn = ffn_slots(linears, D, SIZES["d_ff"], path)[0]
+    ffn = ffn_readings(child, linears, SIZES["d_ff"], path, label=path)[0]
     norms, qk = block_norms(of_kind(found, "norm"))
     attn[0] += qk or gainless_qk(child)
     norms = norms or gainless_norms(child, 2)
@@ -237,10 +241,9 @@ def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | N
     tables = [t for sub in module.modules() for t in [*sub.buffers(recurse=False), *vars(sub).values()]
               if isinstance(t, Tensor) and t.dim() == 2 and t.size(0) > 1
               and (t.is_complex() or t.is_floating_point())]  # not a bool mask buffer
-    if any(t.is_complex() for t in tables):
-        ropes = ("interleaved", "half", None)
-    else:
-        ropes = ("half", "interleaved", None)
+    partial = partial_layouts(D // H)  # GPT-NeoX's rotary_pct, Phi's partial_rotary_factor
+    ropes = ("interleaved", "half", None, *partial) if any(t.is_complex() for t in tables) else (
+        "half", "interleaved", None, *partial)
     named = _named_theta(module)
     table = _table_theta(tables)
     if named is None:
@@ -281,15 +284,28 @@ class Choices:
         head_en, head_zh = (HEAD_WORDS[m.tied][i] + BIAS_WORDS[m.bias][i] for i in (0, 1))
         pos_en, pos_zh = (("learned positions", "可学习的位置编码") if m.wpe is not None
                           else ("no positions", "没有位置编码") if self.rope is None
-                          else (f"rotary positions ({self.rope} pairs, base {m.theta:.0f})",
-                                f"旋转位置编码（{ROPE_ZH[self.rope]}，底数 {m.theta:.0f}）"))
+                          else (f"rotary positions ({_pairs(self.rope)[0]}, base {m.theta:.0f})",
+                                f"旋转位置编码（{_pairs(self.rope)[1]}，底数 {m.theta:.0f}）"))
         pos_en, pos_zh = pos_en + SCALED_WORDS[m.scaled][0], pos_zh + SCALED_WORDS[m.scaled][1]
         if m.n_kv_heads:
             pos_en += f"; grouped-query attention ({H} heads, {m.n_kv_heads} key/value heads)"
             pos_zh += f"；分组查询注意力（{H} 个头，{m.n_kv_heads} 个键/值头）"
-        return text(f"output head {head_en}; {self.placement}-norm blocks; {self.activation} FFN; {pos_en}",
-                    f"输出层{head_zh}；{self.placement.capitalize()}-Norm Block；{self.activation} 前馈网络；"
-                    f"{pos_zh}")
+        blocks_en, blocks_zh = BLOCK_WORDS.get(self.placement, (f"{self.placement}-norm blocks",
+                                                                f"{self.placement.capitalize()}-Norm Block"))
+        return text(f"output head {head_en}; {blocks_en}; {self.activation} FFN; {pos_en}",
+                    f"输出层{head_zh}；{blocks_zh}；{self.activation} 前馈网络；{pos_zh}")
+
+
+def _pairs(rope: str) -> tuple[str, str]:
+    """A rotary layout in words (en, zh): "half pairs", and the dims it turns where it is partial."""
+    layout, _, part = rope.partition(":")
+    return (f"{layout} pairs" + f" on the first {part} dims of each head" * bool(part),
+            ROPE_ZH[layout] + f"，只转每个头的前 {part} 维" * bool(part))
+
+
+# parallel blocks (GPT-J's, GPT-NeoX's, Falcon's, Phi's), as the convention says them (en, zh)
+BLOCK_WORDS = {"parallel": ("parallel blocks, x + attn(norm(x)) + ffn(norm(x))",
+                            "并行 Block，x + attn(norm(x)) + ffn(norm(x))")}
 
 
 # the output head as the convention says it (en, zh): tied or not, with a bias or not
@@ -297,6 +313,8 @@ HEAD_WORDS = {True: ("tied to the token embedding", "与词嵌入共享权重"),
 BIAS_WORDS = {True: (", with a bias", "，有偏置"), False: ("", "")}
 SCALED_WORDS = {True: ("; token embeddings times sqrt(d_model)", "；词嵌入乘以 sqrt(d_model)"),
                 False: ("", "")}
+PLACEMENTS = ("pre", "post", "parallel")  # the blocks' placements the search tries, in this order
+HF_PLACEMENT = {"parallel": "pre"}  # handformer's blocks a placement is built from (then run in parallel)
 ROPE_ZH = {"half": "前后两半配对", "interleaved": "相邻两维配对", "swapped": "前后两半配对、反向旋转"}
 
 
@@ -323,10 +341,13 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
     cfg = CausalLMConfig.gpt2_style(
         vocab_size=VOCAB, d_model=D, n_heads=H, d_ff=m.blocks[0].ffn[0].weight().size(0),
         n_layers=len(m.blocks), dropout=0.0, activation=HF_NAME[(gated, ch.activation)],
-        norm_placement=ch.placement, norm=first.kind, norm_eps=first.eps,  # LayerNorm or RMSNorm, as theirs
+        norm_placement=HF_PLACEMENT.get(ch.placement, ch.placement),
+        norm=first.kind, norm_eps=first.eps,  # LayerNorm or RMSNorm, as theirs
         position="learned" if m.wpe is not None else "rope" if ch.rope else "none", rope_theta=m.theta,
+        rope_fraction=turned_width(ch.rope or "", D // H) / (D // H),  # partial rotary: "half:2"
         max_positions=m.wpe.weight.size(0) if m.wpe is not None else BLOCK, tie_embeddings=m.tied,
-        n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m), scale_embeddings=m.scaled)
+        n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m), scale_embeddings=m.scaled,
+        moe=moe_config(m.blocks[0].ffn))  # a mixture of experts (Mixtral's): handformer's MixtureOfExperts
     hf = build_causal_lm(cfg)  # (a GPT-2 style config: the plain CausalLM)
     if m.bias:
         hf.lm_head = nn.Linear(D, VOCAB, bias=True)
@@ -351,6 +372,8 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         written.append((hf, "norm", m.ln_f))
     exact_norms_(hf)
     as_written_(written)
+    as_parallel_(list(hf.layers) * (ch.placement == "parallel"),  # GPT-J's, GPT-NeoX's, Falcon's, Phi's
+                 [len({id(s.leaf) for s in block.norms}) == 1 for block in m.blocks])  # one norm: shared
     return _with_embed_norm(hf, m)
 
 
@@ -516,6 +539,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
         if bigram(res, module, out, loss, idx, targets):
             return finish(res)
         try:
+            find_layouts_(module, lambda: call(idx[:, :1])[0], D, D // H)
             m = map_gpt(module)
         except MappingError as err:  # the checks above ran; the comparison could not: NOT CHECKED
             res.status = NOT_CHECKED
@@ -568,7 +592,7 @@ def bigram(res: ComponentResult, module: nn.Module, out: Tensor, loss: Tensor | 
 def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call: Caller, out: Tensor,
              loss: Tensor | None, idx: Tensor, targets: Tensor, last_only: bool) -> None:
     gated = is_gated(m.blocks[0].ffn)
-    settings = [Choices(p, a, r) for r in m.ropes for p in ("pre", "post") for a in FFN_ACTIVATIONS[gated]]
+    settings = [Choices(p, a, r) for r in m.ropes for p in PLACEMENTS for a in FFN_ACTIVATIONS[gated]]
     found = _search(m, out, idx, settings, last_only)
     if found is None:
         res.notes.append(text("no known mistake (or pair of them) reproduces your logits; the blocks' own "

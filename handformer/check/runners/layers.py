@@ -64,8 +64,10 @@ from handformer.check.core.context import (
 )
 from handformer.check.core.conventions import AUTO
 from handformer.check.core.discovery import NAMES, Component, argument_keys
+from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.localize_kinds import localize_add_norm, note_departure
+from handformer.check.core.moe import ffn_readings, moe_config
 from handformer.check.core.probe import Found as Explained
 from handformer.check.core.probe import Probe, Subject, name_findings, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
@@ -73,15 +75,16 @@ from handformer.check.core.rope_tables import position_kwargs, renamed_table, wi
 from handformer.check.core.rotary import rope_layouts, rope_tables
 from handformer.check.core.source import locate, source_lines
 from handformer.check.core.weights import (
+    Leaf,
     MappingError,
     Slot,
     attention_slots,
     copy_ffn,
     copy_weights,
-    ffn_slots,
     ffn_weights,
     has_down_projection,
     is_gated,
+    kv_heads_of,
     leaves,
     mha_weights,
     norm_slots,
@@ -89,6 +92,7 @@ from handformer.check.core.weights import (
     of_kind,
 )
 from handformer.check.reference import variants as V
+from handformer.check.reference.parallel import as_parallel_
 from handformer.check.runners.attention import KEY_PADDING_FORMS, PAD_KEYS, responsive
 from handformer.check.runners.generate_loop import CACHE_NAMES
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE, ffn_name_findings
@@ -110,7 +114,7 @@ class LayerKind:
     (`handformer`: the layer, x, memory, the source and target masks, the rotary layout)."""
 
     reference: type[nn.Module]
-    placements: tuple[str, str]
+    placements: tuple[str, ...]
     decoder: bool
     causal_block: bool
     sublayers: tuple[list[str], list[str]]
@@ -158,8 +162,8 @@ class Layer:
         found = leaves(self.module)
         linears = of_kind(found, "linear")
         names, roles = kind.sublayers
-        self.n_kv_heads, self.attn = _attentions(linears, len(names) - 1, comp.name)
-        self.ffn_candidates = ffn_slots(linears, D, self.sizes["d_ff"], comp.name)
+        self.n_kv_heads, self.attn = self._attentions(linears, len(names) - 1)
+        self.ffn_candidates = ffn_readings(self.module, linears, self.sizes["d_ff"], comp.name)
         norms, qk = block_norms(of_kind(found, "norm"))
         self.attn[0] += qk or gainless_qk(self.module)  # QK-norm: the attention's q_norm and k_norm
         norms = norms or gainless_norms(self.module, len(names))  # nanochat's norm(x), a function
@@ -170,6 +174,13 @@ class Layer:
         self.sublayers = names
         self.ropes = GIVEN_ROPES.get(min(self.extra & set(GIVEN_ROPES), default="")) or rope_layouts(
             self.module, "freqs_cis" in self.extra, bool({"position_embeddings", "cos"} & self.extra))
+
+    def _attentions(self, linears: list[Leaf], count: int) -> tuple[int | None, list[list[Slot]]]:
+        """The attentions' slots, a fused projection read in the layout its one-token output shows,
+        and the key/value heads (those its shapes show where the constructor names none)."""
+        one = fp.randn(2, 1, D, seed=3)  # (B, 1, D)
+        find_layouts_(self.module, lambda: fp.first_tensor(self.call(one, one, None, None), 3), D, D // H)
+        return _attentions(linears, count, self.comp.name)
 
     @property
     def bare(self) -> bool:
@@ -269,9 +280,11 @@ def layer_sizes(cls: Any) -> dict[str, Any]:
 
 
 def _attentions(linears: list[Any], count: int, what: str) -> tuple[int | None, list[list[Slot]]]:
-    """The attentions' slots: W_K and W_V as wide as W_Q, else grouped-query (KV_HEADS heads)."""
+    """The key/value heads and the attentions' slots: W_K and W_V as wide as W_Q (or as a fused
+    multi-query projection's shape says), else grouped-query (KV_HEADS heads)."""
     try:
-        return None, attention_slots(linears, D, count, what)
+        slots = attention_slots(linears, D, count, what)
+        return kv_heads_of(slots[0], H), slots
     except MappingError:
         try:
             return KV_HEADS, attention_slots(linears, D, count, what, KV_HEADS * (D // H))
@@ -327,7 +340,8 @@ LAYER_FLAGS: tuple[FlagRule, ...] = (
     (lambda layer, w: True, lambda layer, w: attention_flags(w.self_attn.o is not None)),
     (lambda layer, w: w.self_attn.rope, lambda layer, w: ROPE_FLAGS + (
         ("qk_norm_after_rope",) if w.self_attn.qk_norm else ())),
-    (lambda layer, w: w.ffn.gate is not None, lambda layer, w: ("gated_act_after_product",)),
+    (lambda layer, w: getattr(w.ffn, "gate", None) is not None,  # (a mixture of experts has none)
+     lambda layer, w: ("gated_act_after_product",)),
     (lambda layer, w: True, lambda layer, w: tuple(f"no_residual:{s}" for s in layer.sublayers + ["all"])
      + tuple(f"pre_norm:{s}" for s in layer.sublayers) + ("ffn_no_activation",)),
     (lambda layer, w: w.placement == "pre",
@@ -554,14 +568,15 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
         flags: frozenset[str] = frozenset()
     else:
         conv, slots, act, placement, rope, flags, matched = found
-        correct = _compute(layer, layer.weights(slots, act, expected, rope), inp, frozenset())
+        right = {"parallel": placement}.get(placement, expected)  # a parallel block is right as parallel
+        correct = _compute(layer, layer.weights(slots, act, right, rope), inp, frozenset())
         out = run(conv)
         if flags:
             res.findings += ctx.findings(flags, matched, fp.max_error(out, correct, search_rows(flags)),
                                          comp, "mha", "ffn", "sdpa", "causal_mask")
         NAN_ROWS[_torch_rows(layer, conv)](res, out, search_rows(flags), comp, ctx)
     _layer_mapping(res, layer, slots, conv)
-    _structure_findings(res, layer, ctx)
+    _structure_findings(res, layer, ctx, placement)
     if found is not None:
         res.findings += ffn_name_findings(ctx, comp, _ffn_class(layer, slots), slots, act, found[6],
                                           activated="ffn_no_activation" not in flags)
@@ -573,7 +588,7 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
         res.notes.append(_rope_layer_note(rope))
     if placement != expected and found is not None:
         res.notes.append(_placement_note(placement, expected))
-        if not res.findings:
+        if not res.findings and placement in ("pre", "post"):  # parallel: a convention of its own
             res.status = DIFFERS
     guarded(res, lambda: _compare(res, layer, ctx, conv, slots, act, placement, rope))
     guarded(res, lambda: _properties(res, layer, ctx, conv))
@@ -611,7 +626,7 @@ def _encode(layer: Layer, src_keep: Tensor | None, tgt_keep: Tensor | None, conv
     return fp.encode_mask(src, conv, B), fp.encode_mask(tgt, conv, B)
 
 
-def _structure_findings(res: ComponentResult, layer: Layer, ctx: Context) -> None:
+def _structure_findings(res: ComponentResult, layer: Layer, ctx: Context, placement: str) -> None:
     """Mistakes seen in the layer's parts: its norms' own (each run alone), one norm for every
     sublayer."""
     comp = layer.comp
@@ -629,7 +644,7 @@ def _structure_findings(res: ComponentResult, layer: Layer, ctx: Context) -> Non
             f"{', '.join(where)}（单独运行时）计算的是带这个错误的归一化{f'（{zh}）' if zh else ''}"),
             number, code, form))
     res.notes += [OFFSET_NOTE] * any(w.offset for w in layer.norm_ws)
-    if layer.shared:
+    if layer.shared and placement != "parallel":  # one norm for both: the parallel block's own (GPT-J's)
         number, code = locate("shared_norm", lines)
         res.findings.append(Finding("shared_norm", text(
             f"{comp.name} has one norm ({layer.norm_slots[0].leaf.name}) for its {len(layer.sublayers)} "
@@ -643,16 +658,28 @@ def _rope_layer_note(rope: str) -> dict[str, str]:
     return rope_note(rope)
 
 
+PARALLEL_NOTE = text("attention and FFN run in parallel, x = x + attn(norm(x)) + ffn(norm(x)) (GPT-J's, "
+                     "GPT-NeoX's, Falcon's, Phi's; one norm for both where the block has one): a convention, "
+                     "compared with handformer's block computed so",
+                     "注意力和 FFN 并行计算，x = x + attn(norm(x)) + ffn(norm(x))（GPT-J、GPT-NeoX、"
+                     "Falcon、Phi 的写法；只有一个归一化时两者共用）：这是约定，按 handformer 的 Block "
+                     "这样计算后比较")
+PLACEMENT_NOTES = {  # a placement found that the kind does not expect, said so
+    "pre": text("every sublayer is pre-norm, x = x + f(norm(x)), where the paper's layer is post-norm, "
+                "x = norm(x + f(x)): a difference by design, not an error; compared with handformer's "
+                "pre-norm layer", "每个子层都是 Pre-Norm，x = x + f(norm(x))，而论文的层是 Post-Norm，"
+                "x = norm(x + f(x))：这是设计上的差异，不是错误；已与 handformer 的 Pre-Norm 层比较"),
+    "post": text("every sublayer is post-norm, x = norm(x + f(x)), where modern decoder-only blocks are "
+                 "pre-norm: a difference by design, not an error; compared with handformer's post-norm block",
+                 "每个子层都是 Post-Norm，x = norm(x + f(x))，而现代 decoder-only Block 是 Pre-Norm："
+                 "这是设计上的差异，不是错误；已与 handformer 的 Post-Norm Block 比较"),
+    "parallel": PARALLEL_NOTE}
+PLACEMENT_WORDS = {"parallel": ("computed in parallel", "并行计算")}  # (en, zh); else "pre-norm", ...
+HF_PLACEMENT = {"parallel": "pre"}  # handformer's block a placement is built from (then run in parallel)
+
+
 def _placement_note(placement: str, expected: str) -> dict[str, str]:
-    if placement == "pre":
-        return text("every sublayer is pre-norm, x = x + f(norm(x)), where the paper's layer is post-norm, "
-                    "x = norm(x + f(x)): a difference by design, not an error; compared with handformer's "
-                    "pre-norm layer", "每个子层都是 Pre-Norm，x = x + f(norm(x))，而论文的层是 Post-Norm，"
-                    "x = norm(x + f(x))：这是设计上的差异，不是错误；已与 handformer 的 Pre-Norm 层比较")
-    return text("every sublayer is post-norm, x = norm(x + f(x)), where modern decoder-only blocks are "
-                "pre-norm: a difference by design, not an error; compared with handformer's post-norm block",
-                "每个子层都是 Post-Norm，x = norm(x + f(x))，而现代 decoder-only Block 是 Pre-Norm："
-                "这是设计上的差异，不是错误；已与 handformer 的 Post-Norm Block 比较")
+    return PLACEMENT_NOTES[placement]
 
 
 def _rows(layer: Layer, src_keep: Tensor | None, tgt_keep: Tensor | None, B: int, T: int) -> Tensor | None:
@@ -731,10 +758,12 @@ def _hf_layer(layer: Layer, slots: list[Slot], act: str, placement: str, rope: s
     gated = is_gated(slots)
     first = layer.norm_ws[0]
     cfg = BlockConfig(d_model=D, n_heads=H, n_kv_heads=layer.n_kv_heads, d_ff=slots[0].weight().size(0),
+                      moe=moe_config(slots),
                       dropout=0.0, activation=HF_NAME[(gated, act)],
-                      norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm", norm_placement=placement,
-                      norm_eps=first.eps, bias=True)
+                      norm="rmsnorm" if first.kind == "rmsnorm" else "layernorm",
+                      norm_placement=HF_PLACEMENT.get(placement, placement), norm_eps=first.eps, bias=True)
     hf = layer.kind.reference(cfg).double().eval()
+    as_parallel_([hf] * (placement == "parallel"), [layer.shared])  # GPT-J's, Falcon's, Phi's: both read x
     hf.self_attn = handformer_attention(layer.attn[0], layer.n_kv_heads, rope)
     if layer.decoder:
         hf.cross_attn = handformer_attention(layer.attn[1], layer.n_kv_heads)
@@ -774,8 +803,8 @@ def _compare(res: ComponentResult, layer: Layer, ctx: Context, conv: str, slots:
     res.max_abs_error = max(errors, default=None)
     name = layer.kind.reference.__name__
     n = len(errors)
-    zh = f"{placement.capitalize()}-Norm"
-    res.checks.append(Check(text(f"matches handformer's {name} ({placement}-norm) on {n} shapes",
+    en, zh = PLACEMENT_WORDS.get(placement, (f"{placement}-norm", f"{placement.capitalize()}-Norm"))
+    res.checks.append(Check(text(f"matches handformer's {name} ({en}) on {n} shapes",
                                  f"在 {n} 种形状上与 handformer 的 {name}（{zh}）一致"),
                             max(errors, default=math.inf) < 1e-5, error_text(max(errors, default=0.0))))
     if layer.stepwise:
@@ -828,9 +857,9 @@ KINDS = {
                                _decoder_variant,  # handformer's in the tutorial's order: src_mask, tgt_mask
                                lambda hf, x, memory, src_keep, tgt_keep, rope: hf(x, memory, src_keep,
                                                                                    tgt_keep)[0]),
-    "block": LayerKind(DecoderOnlyBlock, ("pre", "post"), False, True, ENCODER_SUBLAYERS, ENCODER_TUTORIAL,
-                       _block_variant, lambda hf, x, memory, src_keep, tgt_keep, rope: hf(
-                           x, tgt_keep, rope=rope_tables(x.shape[1]) if rope else None)[0]),
+    "block": LayerKind(DecoderOnlyBlock, ("pre", "post", "parallel"), False, True, ENCODER_SUBLAYERS,
+                       ENCODER_TUTORIAL, _block_variant, lambda hf, x, memory, src_keep, tgt_keep, rope: hf(
+                           x, tgt_keep, rope=rope_tables(x.shape[1], rope=rope) if rope else None)[0]),
 }
 
 

@@ -1,0 +1,67 @@
+"""A fused query/key/value projection's layout (check/core/qkv_layouts.py), found for each fused layer.
+
+Which one a learner wrote is found by what the module does, not by names: on one token, attention's
+output depends on the value rows alone (a softmax over one key is 1), so a layout is the learner's
+when changing the rows it calls query and key leaves that output unchanged. Where the layouts would
+split the rows the same way (one key/value head, or one head) nothing is run; where the output cannot
+tell them apart, blocks (the common layout) is compared.
+
+Shape legend: D d_model, Dh head width.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.qkv_layouts import FOUND, LAYOUTS, kv_width
+from handformer.check.core.weights import Leaf, fused_among, leaves, of_kind
+
+
+@torch.no_grad()
+def find_layouts_(module: nn.Module, one_token: Callable[[], Tensor | None], D: int, head_dim: int) -> None:
+    """Record the layout of every fused projection in `module` whose layouts part, found by
+    `one_token` (the learner's module on a one-token input): grouped where it alone leaves that
+    output unchanged as its query and key rows change; else (blocks alone does, or neither: a mistake
+    elsewhere, or a module that does not run on one token) blocks, the common one."""
+    fused = fused_among(of_kind(leaves(module), "linear"), D, head_dim, least=head_dim)
+    before = _quiet(one_token) if fused else None  # (no fused projection: nothing run)
+    kept = [name for name in LAYOUTS if fused and _unmoved(fused, name, D, head_dim, one_token, before)]
+    found = "grouped" if kept == ["grouped"] else "blocks"
+    FOUND.update(dict.fromkeys([leaf.module for leaf in fused], found))
+
+
+def _quiet(one_token: Callable[[], Tensor | None]) -> Tensor | None:
+    """The one-token output; None where the learner's code raises on it, or gives NaN or nothing."""
+    try:
+        out = one_token()
+    except Exception:  # noqa: BLE001  (whatever it raised: the layout cannot be read from it)
+        return None
+    return out if fp.max_error(out, out) == 0.0 else None  # (inf for None or a NaN)
+
+
+def _unmoved(fused: list[Leaf], name: str, D: int, head_dim: int, one_token: Callable[[], Tensor | None],
+             before: Tensor | None) -> bool:
+    """Whether the one-token output stays as it was while the rows this layout calls query and key
+    change, and moves when its value rows change (the rows are read at all)."""
+    return _moved(fused, name, (0, 1), D, head_dim, one_token, before) < 1e-9 < _moved(
+        fused, name, (2,), D, head_dim, one_token, before)
+
+
+def _moved(fused: list[Leaf], name: str, roles: tuple[int, ...], D: int, head_dim: int,
+           one_token: Callable[[], Tensor | None], before: Tensor | None) -> float:
+    """How far the output moves with these roles' rows of every fused leaf's weight changed; NaN when
+    it cannot be told (no output before or after)."""
+    held = [leaf.weight for leaf in fused]
+    saved = [*map(torch.clone, held)]
+    for w in held:
+        split = LAYOUTS[name](D, kv_width(w.shape[0], D, head_dim), head_dim)
+        w[torch.cat([split[r] for r in roles])] += 1.0
+    after = _quiet(one_token)
+    [*map(Tensor.copy_, held, saved)]  # the weights as they were
+    moved = fp.max_error(before, after)  # (inf without an output)
+    return moved if moved < math.inf else math.nan

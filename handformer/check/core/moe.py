@@ -1,0 +1,105 @@
+"""A sparse mixture of experts in a learner's block (Mixtral's SparseMoE, Switch's, Qwen-MoE's), found by
+what it builds, not by its name: a router nn.Linear(D, E) beside an nn.ModuleList of E experts, each a
+gated feed-forward network. How it routes is read from what it computes on its own (one call of the
+module): how many experts a token goes through (top_k), whether their weights are rescaled to sum to 1,
+and which of each expert's two up projections is the gate, the one setting of those whose output is
+the learner's. handformer's MixtureOfExperts (handformer.nn.moe) is the reference.
+
+Shape legend: B batch, T length, D d_model, E experts, F expert width.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import nn
+
+from handformer.check.core import fingerprint as fp
+from handformer.check.core.sizes import D
+from handformer.check.core.weights import (
+    Leaf,
+    MappingError,
+    RouterSlot,
+    Slot,
+    ffn_slots,
+    ffn_weights,
+    is_gated,
+    leaves,
+    of_kind,
+)
+from handformer.check.reference import variants as V
+from handformer.config import MoEConfig
+
+GATED = ("silu", "gelu", "gelu_tanh")  # the experts' activations tried (SwiGLU, GeGLU)
+
+
+def moe_parts(module: nn.Module) -> tuple[Leaf, str, nn.ModuleList] | None:
+    """The router (a child nn.Linear(D, E)) and the name and list of the E experts beside it; None
+    for a module that holds no such pair."""
+    children = dict(module.named_children())
+    routers = {tuple(c.weight.shape): n for n, c in children.items() if isinstance(c, nn.Linear)}
+    found = [(routers[(len(c), D)], n, c) for n, c in children.items()
+             if isinstance(c, nn.ModuleList) and (len(c), D) in routers]
+    router, name, experts = (found or [(None, "", None)])[0]
+    return None if router is None else (Leaf(router, "linear", children[router], children[router].weight,
+                                             children[router].bias), name, experts)
+
+
+def find_moe(module: nn.Module) -> tuple[str, nn.Module] | None:
+    """The first mixture of experts inside `module` (itself included), with its dotted path."""
+    return next(((path, sub) for path, sub in module.named_modules() if moe_parts(sub) is not None), None)
+
+
+def ffn_readings(module: nn.Module, linears: list[Leaf], F: int | None, what: str, label: str = "",
+                 ) -> list[list[Slot]]:
+    """The readings of a layer's FFN: its mixture of experts' (one), else its FFN's (ffn_slots)."""
+    found = find_moe(module)
+    return ffn_slots(linears, D, F, what) if found is None else [moe_slots(*found, what, label)]
+
+
+def moe_slots(path: str, moe: nn.Module, what: str, label: str) -> list[Slot]:
+    """The FFN slots of the mixture of experts `moe` at `path` (its leaves named from `label`): each
+    expert's, then the router (a RouterSlot with the routing its output shows); MappingError for
+    experts handformer's have not (not gated, or with biases)."""
+    router, list_name, experts = moe_parts(moe)  # type: ignore[misc]  (found by find_moe)
+    named = [[Leaf(_joined(label, path, list_name, str(i), leaf.name), leaf.kind, leaf.module, leaf.weight,
+                   leaf.bias) for leaf in of_kind(leaves(e), "linear")] for i, e in enumerate(experts)]
+    readings = [ffn_slots(own, D, None, what) for own in named]
+    if any(not is_gated(r[0]) or r[0][0].bias() is not None for r in readings):
+        raise MappingError(f"{what}: its experts are not gated feed-forward networks without biases, as "
+                           "handformer's MixtureOfExperts has (SwiGLU experts, Mixtral's)",
+                           zh=f"{what}：它的专家不是无偏置的门控前馈网络，而 handformer 的 MixtureOfExperts "
+                              "用的是这种专家（SwiGLU，Mixtral 的写法）")
+    router = Leaf(_joined(label, path, router.name), "linear", router.module, router.weight, router.bias)
+    return _routed(moe, readings, router)
+
+
+def _joined(*parts: str) -> str:
+    """A dotted path from its parts, the empty ones left out."""
+    return ".".join(filter(None, parts))
+
+
+def moe_config(slots: list[Slot]) -> MoEConfig | None:
+    """handformer's MoEConfig for a layer's FFN slots: None for one FFN."""
+    r = slots[-1]
+    return MoEConfig(n_experts=r.n_experts, top_k=r.top_k, d_expert=slots[0].weight().size(0),
+                     normalize=r.normalize) if isinstance(r, RouterSlot) else None
+
+
+@torch.no_grad()
+def _routed(moe: nn.Module, readings: list[list[list[Slot]]], router: Leaf) -> list[Slot]:
+    """The slots in the reading (gate order, top_k, renormalized or not) that computes the learner's
+    output; where none does (a mistake), the first gate order, 2 experts a token, renormalized."""
+    x = fp.randn(2, 5, D, seed=4)  # (B, T, D)
+    try:
+        out = fp.first_tensor(moe(x), 3)
+    except Exception:  # noqa: BLE001  (the learner's module raised: its block's check runs it and says so)
+        out = None
+    E = len(readings)
+    settings = itertools.product(range(len(readings[0])), GATED, range(1, E + 1), (True, False))
+    tried = [([*itertools.chain(*(r[order] for r in readings)),
+               RouterSlot("router", router, None, "", E, k, norm)], act) for order, act, k, norm in settings]
+    return next((slots for slots, act in tried
+                 if fp.max_error(out, V.feed_forward(ffn_weights(slots, act), x)) < 1e-6),
+                tried[2 * (min(2, E) - 1)][0])  # (order 0, silu, k = 2, renormalized)

@@ -1,0 +1,44 @@
+"""The layouts a fused query/key/value projection's rows may have, as the learner's code splits them:
+
+    blocks   [Q | K | V]: every query head, then the key heads, then the value heads (GPT-2's c_attn,
+             Falcon's and SantaCoder's multi-query [q heads | k | v], Phi-3's qkv_proj)
+    grouped  per key/value head g: [its query heads | k_g | v_g] (GPT-NeoX's per-head [q_h | k_h | v_h]
+             when every head has its own key and value; Falcon's new architecture with groups)
+
+and the layout found for each fused layer (check/core/fused_qkv.py finds it).
+
+Shape legend: D d_model, Dh head width, kv = n_kv_heads * Dh, R = D + 2 * kv the fused rows.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+Rows = tuple[Tensor, Tensor, Tensor]  # the fused rows of W_Q, W_K, W_V
+
+
+def _blocks(D: int, kv: int, head_dim: int) -> Rows:
+    rows = torch.arange(D + 2 * kv)
+    return rows[:D], rows[D:D + kv], rows[D + kv:]
+
+
+def grouped(D: int, kv: int, head_dim: int) -> Rows:
+    """Per key/value head: its n_rep query heads, its key head, its value head."""
+    groups, n_rep = kv // head_dim, D // kv
+    rows = torch.arange(D + 2 * kv).view(groups, n_rep + 2, head_dim)  # (groups, n_rep + 2, Dh)
+    return rows[:, :n_rep].reshape(-1), rows[:, n_rep].reshape(-1), rows[:, n_rep + 1].reshape(-1)
+
+
+LAYOUTS: dict[str, Callable[[int, int, int], Rows]] = {"blocks": _blocks, "grouped": grouped}
+FOUND: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()  # fused layer -> layout
+
+
+def kv_width(rows: int, D: int, head_dim: int) -> int:
+    """kv of a fused (D + 2 kv, D) projection whose key/value heads are whole heads, at most D wide;
+    0 for any other shape."""
+    kv = (rows - D) / 2
+    return int(kv) if kv in range(head_dim, D + 1, head_dim) and D % kv == 0 else 0
