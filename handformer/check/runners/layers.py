@@ -67,7 +67,7 @@ from handformer.check.core.discovery import NAMES, Component, argument_keys
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.localize_kinds import localize_add_norm, note_departure
-from handformer.check.core.moe import ffn_readings, moe_config
+from handformer.check.core.moe import ffn_readings, moe_config, moe_note
 from handformer.check.core.probe import Found as Explained
 from handformer.check.core.probe import Probe, Subject, name_findings, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
@@ -577,6 +577,7 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
         NAN_ROWS[_torch_rows(layer, conv)](res, out, search_rows(flags), comp, ctx)
     _layer_mapping(res, layer, slots, conv)
     _structure_findings(res, layer, ctx, placement)
+    res.notes += moe_note(slots)
     if found is not None:
         res.findings += ffn_name_findings(ctx, comp, _ffn_class(layer, slots), slots, act, found[6],
                                           activated="ffn_no_activation" not in flags)
