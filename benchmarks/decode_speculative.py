@@ -19,7 +19,12 @@ A random model's greedy continuation settles into a short cycle of tokens, which
 drafts from the context once it has been seen: the acceptance rate here is that of such a
 continuation, not of a trained model on real text (which copies a quoted passage instead).
 
+With --draft-layers N, also a draft model (`Speculation(draft_model=...)`): the model's first N
+layers with its own embedding, final norm and head (the same vocabulary; a random model has no
+smaller trained sibling), prepared the same way, drafting K tokens a check.
+
     python benchmarks/decode_speculative.py --threads 1     # ~3 min on 2 cores
+    python benchmarks/decode_speculative.py --threads 1 --draft-layers 2
     python benchmarks/decode_speculative.py --rounds 1 --new-tokens 16 --layers 2   # a smoke run
 """
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import statistics
 import sys
 import time
@@ -81,11 +87,20 @@ def eager_check() -> Iterator[None]:
         fused_step.MAX_ROWS = rows
 
 
+def truncated(model: CausalLM, layers: int) -> CausalLM:
+    """A draft model: `model`'s first `layers` layers, its embedding, final norm and head (`model`
+    as built: preparing renames its weights)."""
+    draft = CausalLM(dataclasses.replace(model.cfg, n_layers=layers)).eval()
+    draft.load_state_dict(model.state_dict(), strict=False)  # the deeper layers' weights left out
+    return prepare_for_decoding(draft)
+
+
 def compare(model: CausalLM, name: str, prompt: list[int], args: argparse.Namespace, threads: int,
-            bandwidth: float) -> bool:
+            bandwidth: float, draft: CausalLM | None = None) -> bool:
     """Plain and speculative decoding of one prompt (the guesses checked by the fused step, and by the
-    model's forward), timed side by side; whether the tokens agree."""
+    model's forward; with `draft`, also drafted by it), timed side by side; whether the tokens agree."""
     stats, spec = SpeculationStats(), Speculation(tokens=args.speculate)
+    drafted = SpeculationStats()
 
     def run(**speculation: object) -> list[int]:
         return generate(model, [prompt], args.new_tokens, temperature=0, threads=threads, **speculation)[0]
@@ -97,17 +112,25 @@ def compare(model: CausalLM, name: str, prompt: list[int], args: argparse.Namesp
     with torch.inference_mode():
         cases = {"plain": run, "speculative": lambda: run(speculate=spec, stats=stats),
                  "eager check": run_eager_check}
+        if draft is not None:
+            with_draft = Speculation(tokens=args.speculate, draft_model=draft)
+            cases["draft model"] = lambda: run(speculate=with_draft, stats=drafted)
         res = timed_rounds(cases, args.rounds)
     plain_s, plain_tokens = res["plain"]
     same = all(tokens == plain_tokens for _, tokens in res.values())
     limit = bound(bandwidth, model, len(prompt) + args.new_tokens / 2)
     print(f"\n{name} prompt ({len(prompt)} tokens):")
-    print(f"  plain        {roofline_line(args.new_tokens / plain_s, limit)}")
-    for case, label in (("speculative", "speculative"), ("eager check", "eager check")):
+    print(f"  plain            {roofline_line(args.new_tokens / plain_s, limit)}")
+    for case, label in (("speculative", "speculative"), ("eager check", "eager check"),
+                        ("draft model", f"draft ({args.draft_layers} layers)")):
+        if case not in res:
+            continue
         seconds = res[case][0]
-        print(f"  {label:<13}{args.new_tokens / seconds:.1f} tokens/s ({plain_s / seconds:.2f}x plain, "
+        print(f"  {label:<17}{args.new_tokens / seconds:.1f} tokens/s ({plain_s / seconds:.2f}x plain, "
               f"K={args.speculate}), tokens {'identical' if res[case][1] == plain_tokens else 'DIFFER'}")
     print(f"  {stats} (all {args.rounds + 1} calls)")
+    if draft is not None:
+        print(f"  draft model: {drafted} (all {args.rounds + 1} calls)")
     return same
 
 
@@ -118,13 +141,17 @@ def main() -> int:
     parser.add_argument("--speculate", type=int, default=4, help="K: tokens drafted per forward")
     parser.add_argument("--layers", type=int, default=12, help="12: GPT-2-124M's shape")
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
+    parser.add_argument("--draft-layers", type=int, default=None,
+                        help="also draft with the model's first N layers (a draft model)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = CausalLMConfig.gpt2_style(vocab_size=50257, d_model=768, n_heads=12, d_ff=3072,
                                     n_layers=args.layers, max_positions=1024, dropout=0.0)
-    model = prepare_for_decoding(CausalLM(cfg))
+    model = CausalLM(cfg)
+    draft = truncated(model, args.draft_layers) if args.draft_layers else None  # before preparing
+    model = prepare_for_decoding(model)
     threads = default_threads(model) or torch.get_num_threads()
     bandwidth = read_bandwidth(threads)
     print(f"GPT-2-124M shape ({args.layers} layers), random weights, fp32, greedy, batch 1, "
@@ -132,7 +159,7 @@ def main() -> int:
           f"read bandwidth {bandwidth / 1e9:.1f} GB/s")
     failed = False
     for name, prompt in prompts(cfg.vocab_size).items():
-        failed |= not compare(model, name, prompt, args, threads, bandwidth)
+        failed |= not compare(model, name, prompt, args, threads, bandwidth, draft)
     print("\ntarget: prompt lookup on the repetitive prompt >= 1.5x plain, identical tokens")
     return 1 if failed else 0
 

@@ -49,18 +49,19 @@ class StepThreads:
     `wanted` is slower than one. On a shared machine a team of threads waits at every barrier for a
     thread whose core another process holds (48 barriers a GPT-2-124M token; a step can take 10x its
     quiet time), where one thread only shares its core. The rule, step by step:
-      - at `wanted` threads, the fastest step so far is the reference; two steps in a row slower than
-        SLOW times it, and the next step runs on one thread (a probe);
+      - at `wanted` threads, the fastest step so far is the reference; SLOW_STEPS (3) steps in a row
+        slower than SLOW times it, and the next step runs on one thread (a probe);
       - if that step beat the slow one, decoding stays on one thread; else the slow pace becomes the
         reference and the team goes on;
       - on one thread, a step of the team every `retry` steps (16, doubled after each probe the team
-        loses, up to 256): the team takes over again when it beats the last one-thread step.
+        loses, up to 64): the team takes over again when it beats the last one-thread step.
     Each output row is computed by the same code whatever the thread count, so the tokens do not
     depend on the choice (tests/test_fused_step.py). On a quiet machine the team keeps its pace and
     no probe runs."""
 
     SLOW = 1.5
-    FIRST_RETRY, LAST_RETRY = 16, 256
+    SLOW_STEPS = 3
+    FIRST_RETRY, LAST_RETRY = 16, 64
 
     def __init__(self) -> None:
         self.wanted = 0
@@ -96,7 +97,7 @@ class StepThreads:
     def _team_step(self, seconds: float) -> None:
         self.slow_steps = self.slow_steps + 1 if seconds > self.SLOW * self.reference else 0
         self.reference, self.last = min(self.reference, seconds), seconds
-        self.probe = self.slow_steps >= 2
+        self.probe = self.slow_steps >= self.SLOW_STEPS
 
     def _probe_of_one(self, seconds: float) -> None:
         self.probe, self.slow_steps = False, 0

@@ -70,7 +70,7 @@ DIAGNOSES: list[Diagnosis] = [
       "梯度从不清零，每一步都叠加了之前的梯度",
       "call optimizer.zero_grad() before loss.backward() in every step",
       "每一步在 loss.backward() 之前调用 optimizer.zero_grad()",
-      r"backward\(", r"step\("),
+      r"\.zero_grad\s*$", r"backward\(", r"step\("),  # zero_grad named but not called: that line
     d("train_step_clip_after_step", "the gradient is clipped after optimizer.step(), so it clips nothing",
       "梯度裁剪放在了 optimizer.step() 之后，什么也没裁剪到",
       "clip between loss.backward() and optimizer.step(): "

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.result import ComponentResult, Text, text
+from handformer.check.core.source import lines_matching
 from handformer.check.reference import variants as V
 
 
@@ -48,7 +49,7 @@ class Step(NamedTuple):
     caller: int | None = None
     given: bool = False  # an argument of their function as it was handed over, not a value it made
     earlier: tuple[Step, ...] = ()  # a tensor built in place: its values after each earlier line
-    part: tuple[nn.Module, tuple[Any, ...]] | None = None  # a part's output: the part and its inputs
+    part: tuple[nn.Module, tuple[Any, ...], dict[str, Any]] | None = None  # a part's output: it, its inputs
     numbers: dict[str, tuple[int, float]] | None = None  # the frame's numbers then: name -> (line, value)
 
 
@@ -83,7 +84,7 @@ class _Tracer:
         seen, before = self.locals(frame), self.state.setdefault(id(frame), ({}, frame.f_lineno))
         numbers = self.numbers.setdefault(id(frame), {})
         for name, value in seen.items():
-            if isinstance(value, Tensor) and not value.is_complex() and _changed(before[0].get(name), value):
+            if isinstance(value, Tensor) and _changed(before[0].get(name), value):
                 self.record(frame, before[1], name, value, not before[0])
             elif type(value) in (int, float) and numbers.get(name, (0, None))[1] != value:
                 numbers[name] = (before[1], value)  # a size read from a shape: `d_k = q.size(-1)`
@@ -108,15 +109,19 @@ class _Tracer:
 
     def record(self, frame: Any, line: int, name: str, value: Tensor, given: bool) -> None:
         """One step; `given`: the frame's first event, its arguments as handed over."""
+        numbers = {**_attributes(frame), **self.numbers.get(id(frame), {})}
         if self.every or _traced(value) and name not in _arguments(frame, value):
-            numbers = dict(self.numbers.get(id(frame), {}))
             self.steps.append(Step(line, name, _copy(value), self.caller(frame), given, numbers=numbers))
         elif value.dtype in self.constants:
-            key, built = (id(frame), name), self.built.setdefault((id(frame), name), [])
-            self.dropped.add(self.last.get(key, -1))
+            key, kept = (id(frame), name), _copy(value)
+            last = self.steps[self.last[key]] if key in self.last else None
+            if last is not None and last.value.shape != kept.shape:  # a new value under the name, not a write
+                self.built[key] = []
+            else:
+                self.dropped.add(self.last.get(key, -1))
+            built = self.built.setdefault(key, [])
             self.last[key] = len(self.steps)
-            built.append(Step(line, name, _copy(value), self.caller(frame), False,
-                              tuple(built)))
+            built.append(Step(line, name, kept, self.caller(frame), False, tuple(built), numbers=numbers))
             self.steps.append(built[-1])
 
     def returned(self, frame: Any, value: Any) -> None:
@@ -126,7 +131,7 @@ class _Tracer:
             (f"return[{i}]", v) for i, v in enumerate(value)] if isinstance(value, tuple) else []
         numbers = dict(self.numbers.get(id(frame), {}))
         for name, v in items:
-            if isinstance(v, Tensor) and (self.every or _traced(v)) and not v.is_complex():
+            if isinstance(v, Tensor) and (self.every or _traced(v)):
                 self.steps.append(Step(frame.f_lineno, name, _copy(v), self.caller(frame), numbers=numbers))
 
     def caller(self, frame: Any) -> int | None:
@@ -145,8 +150,8 @@ class _Tracer:
 
     def hook(self, name: str) -> Callable[..., None]:
         """Record a part's output (as `name(...)`) at the line that calls it."""
-        def record(module: nn.Module, args: Any, out: Any) -> None:
-            self.part(f"{name}(...)", out, (module, args))
+        def record(module: nn.Module, args: Any, kwargs: dict[str, Any], out: Any) -> None:
+            self.part(f"{name}(...)", out, (module, args, kwargs))
         return record
 
     def pre_hook(self, name: str) -> Callable[..., None]:
@@ -162,7 +167,8 @@ class _Tracer:
 
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-NUMBERS = FLOATS + (torch.int32, torch.int64)  # positions counted in whole numbers too
+# positions counted in whole numbers too, and a table of complex numbers (Meta's freqs_cis)
+NUMBERS = FLOATS + (torch.int32, torch.int64, torch.complex64, torch.complex128)
 
 
 def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
@@ -179,7 +185,7 @@ def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
     t = _Tracer(filename, code, FLOATS if constants is True else constants or (), every, scalars)
     t.steps = into if into is not None else t.steps
     handles = [m.register_forward_pre_hook(t.pre_hook(name)) for name, m in modules]
-    handles += [m.register_forward_hook(t.hook(name)) for name, m in modules]
+    handles += [m.register_forward_hook(t.hook(name), with_kwargs=True) for name, m in modules]
     old = sys.gettrace()
     sys.settrace(t.tracer)
     try:
@@ -190,6 +196,25 @@ def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
         for h in handles:
             h.remove()
     return [s for i, s in enumerate(t.steps) if i not in t.dropped]
+
+
+def _attributes(frame: Any) -> dict[str, tuple[int, float]]:
+    """The numbers the frame's `self` keeps (`self.confidence = 1.0` in __init__) as `self.name` ->
+    (the one line of the file that assigns it, its value); none assigned on several lines."""
+    kept = getattr(frame.f_locals.get("self"), "__dict__", {})
+    lines = _assigned(frame.f_code.co_filename)
+    return {f"self.{k}": (lines[k], v) for k, v in kept.items() if type(v) in (int, float) and k in lines}
+
+
+@functools.lru_cache(maxsize=8)
+def _assigned(filename: str) -> dict[str, int]:
+    """Each attribute `self.name = ...` assigned on exactly one line of the file -> that line."""
+    tree = ast.parse("".join(linecache.getlines(filename)))
+    found = [(t.attr, n.lineno) for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign))
+             for t in getattr(n, "targets", [getattr(n, "target", None)]) if isinstance(t, ast.Attribute)
+             and isinstance(t.value, ast.Name) and t.value.id == "self"]
+    names = [name for name, _ in found]
+    return {name: line for name, line in found if names.count(name) == 1}
 
 
 def _number(value: float) -> Tensor:
@@ -214,8 +239,10 @@ def first_tensor(out: Any) -> Tensor | None:
 
 
 def _copy(value: Tensor) -> Tensor:
-    """A step's values, kept apart from a tensor their code goes on writing in place."""
-    return value.detach().to(torch.float64, copy=True)
+    """A step's values, kept apart from a tensor their code goes on writing in place; complex numbers
+    (..., n) as their real and imaginary parts (..., n, 2)."""
+    value = torch.view_as_real(value.detach().resolve_conj()) if value.is_complex() else value.detach()
+    return value.to(torch.float64, copy=True)
 
 
 def _snapshot(value: Any) -> Any:
@@ -529,6 +556,7 @@ class Departure:
     form: Text | None
     called_from: tuple[int, str] | None = None  # (line, code) of their code that called the helper
     source: tuple[int, str, str] | None = None  # (line, name, code): where a size the line uses was read
+    part: tuple[nn.Module, tuple[Any, ...], dict[str, Any]] | None = None  # as its step's: see Step
 
     def describe(self) -> Text:
         at = f"line {self.line}: {self.code}"
@@ -539,7 +567,8 @@ class Departure:
             at_zh += f"（在第 {line} 行调用的函数里：{code}）"
         if self.source:
             line, name, code = self.source
-            at += f" (its `{name}` was read at line {line}: {code})"
+            how = "set" if name.startswith("self.") else "read"
+            at += f" (its `{name}` was {how} at line {line}: {code})"
             at_zh += f"（其中的 `{name}` 来自第 {line} 行：{code}）"
         form = self.form or text("no simple form (not a factor, sign, transpose, shift, axis or term)",
                                  "没有简单的形式（不是常数因子、符号、转置、错位、轴或多余的项）")
@@ -613,29 +642,33 @@ def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, fl
     line = _inside(written, filename) or written.line
     source = _size_source(written, statement(filename, line), form, sizes, filename)
     return Departure(line, written.name, statement(filename, line, not called), form,
-                     None if source else called or None, source)
+                     None if source else called or None, source, part=written.part)
 
 
 def _size_source(step: Step, code: str, form: Text | None, sizes: dict[str, float], filename: str,
                  ) -> tuple[int, str, str] | None:
     """A number the departing line uses whose value is a size the form names, bound on another line
     (`d_k = query.size(-2)`: 5 = T where the scale wants d_k): (that line, the name, its code)."""
-    named = {sizes[k] for k in sizes.keys() & set(re.findall(r"[A-Za-z_]\w*", (form or {"en": ""})["en"]))}
-    used = set(re.findall(r"[A-Za-z_]\w*", code))
+    said = (form or {"en": ""})["en"]
+    named = {sizes[k] for k in sizes.keys() & set(re.findall(r"[A-Za-z_]\w*", said))}
+    written = {float(n) for n in re.findall(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?", said)}  # `writes 1`
+    used = set(re.findall(r"self\.\w+|[A-Za-z_]\w*", code))
     return next(((line, name, statement(filename, line, False)) for name, (line, value) in
-                 (step.numbers or {}).items() if name in used and value in named and line != step.line), None)
+                 (step.numbers or {}).items() if name in used and line != step.line and (
+                     value in named or name.startswith("self.") and any(
+                         math.isclose(value, n, rel_tol=1e-3) for n in written))), None)
 
 
 def _inside(step: Step, filename: str) -> int | None:
     """For a part's output (a module of their own file, its forward not traced: a GELU of theirs in
     an nn.Sequential), the line of its forward that returns it; None for any other step, and for a
     part check grades on its own (a LayerNorm of theirs applied where it should not be)."""
-    module, args = step.part or (None, ())
+    module, args, kwargs = step.part or (None, (), {})
     forward = getattr(type(module), "forward", None)
     graded = type(module).__name__ in {n for k in KINDS_TABLE for n in k.names}  # checked on its own
     if graded or getattr(forward, "__code__", None) is None or inspect.getsourcefile(forward) != filename:
         return None
-    steps = trace_steps(lambda: module(*args), filename, forward.__code__)
+    steps = trace_steps(lambda: module(*args, **kwargs), filename, forward.__code__)
     return next((s.line for s in reversed(steps) if s.name == "return"), None)
 
 
@@ -657,10 +690,13 @@ def _spans(filename: str) -> dict[int, int]:
 
 def layouts(views: list[View], shapes: set[torch.Size]) -> list[View]:
     """The views, and each in the shapes given that merge its adjacent axes (d2l's heads (B·H, T,
-    Dh), a mask's rows (B·T, S)): the same values in a flattened layout."""
+    Dh), a mask's rows (B·T, S)): the same values in a flattened layout; a (B, T, D) view also
+    sequence-first, (T, B, D), where a step has that shape (PyTorch's nn.Transformer tutorial)."""
     views = [(what, r.double()) for what, r in views]  # as the steps are kept
     return views + [(f"{what}, reshaped to {tuple(shape)}", r.reshape(shape)) for what, r in views
-                    for shape in shapes if _merges(r.shape, shape)]
+                    for shape in shapes if _merges(r.shape, shape)] + [
+        (f"{what}, sequence-first (T, B, D)", r.transpose(0, 1)) for what, r in views
+        if r.dim() == 3 and r.size(0) != r.size(1) and r.transpose(0, 1).shape in shapes]
 
 
 def _merges(big: torch.Size, small: torch.Size) -> bool:
@@ -843,6 +879,26 @@ def note_raised_attention(res: ComponentResult, comp: Any, runs: list[Run], w: V
             return
 
 
+def place_findings(res: ComponentResult, lines: list[tuple[int, str]], localize: Callable[[], Any]) -> None:
+    """A catalogued finding whose patterns match several of the learner's lines (the sin line and the
+    cos line of a table), or none, is placed where their computation first parts from the correct
+    reference: when that is one of them, or when there was none (the line they wrote wrong, not the
+    first that looks alike)."""
+    unsure = [f for f in res.findings if f.line is None or len(lines_matching(f.name, lines)) > 1]
+    found = quietly(localize) if unsure else None
+    for finding in unsure * (found is not None):
+        if finding.line is None or found.line in lines_matching(finding.name, lines):
+            finding.line, finding.code = found.line, found.code
+
+
+def quietly(localize: Callable[[], Any]) -> Any:
+    """What `localize()` finds; None when it cannot run (their code, or a reading that does not apply)."""
+    try:
+        return localize()
+    except Exception:  # noqa: BLE001 - their code, or a reading that does not apply: nothing found
+        return None
+
+
 def is_departure(note: Text) -> bool:
     """A note that says where the learner's code parts from the reference."""
     return "parts from the reference" in note["en"]
@@ -852,9 +908,13 @@ def note_attention_departure(res: ComponentResult, comp: Any, runs: list[Run], w
                              causal_inside: bool) -> None:
     """A FAIL that no catalogued mistake explains gets a note: where the learner's attention first
     parts from the reference (see `localize_attention`), its line, and the form of the difference."""
-    if res.findings or res.max_abs_error is None or res.max_abs_error < 1e-5:
+    if res.max_abs_error is None or res.max_abs_error < 1e-5:
         return
     filename = inspect.getsourcefile(comp.obj)
-    found = filename and localize_attention(runs, w, filename, causal_inside)
+    def localize() -> Departure | None:
+        return filename and localize_attention(runs, w, filename, causal_inside)
+    if res.findings:  # named: placed at the departing line when their patterns found none
+        return place_findings(res, [], localize)
+    found = localize()
     if found:
         res.notes.append(found.describe())

@@ -33,12 +33,13 @@ from handformer.check.core.localize import (
     first_tensor,
     latest_departure,
     over_axes,
+    place_findings,
+    quietly,
     rotate_half,
     trace_steps,
     view_zh,
 )
 from handformer.check.core.result import ComponentResult, text
-from handformer.check.core.source import lines_matching
 from handformer.check.reference import variants as V
 
 Localize = Callable[[], Departure | None]
@@ -46,30 +47,14 @@ Localize = Callable[[], Departure | None]
 
 def note_departure(res: ComponentResult, localize: Localize) -> None:
     """A FAIL (the caller judges it) that no catalogued mistake explains gets a note: where the
-    learner's computation first parts from the reference, its line, and the form of the difference.
-    Localizing is a help, never a verdict: when it cannot run (the learner's code raises), no note."""
-    found = None if res.findings else _quietly(localize)
+    learner's computation first parts from the reference, its line, and the form of the difference; a
+    named mistake whose patterns found no line is placed there. Localizing is a help, never a
+    verdict: when it cannot run (the learner's code raises), no note."""
+    if res.findings:
+        return place_findings(res, [], localize)
+    found = quietly(localize)
     if found is not None:
         res.notes.append(found.describe())
-
-
-def _quietly(localize: Localize) -> Departure | None:
-    try:
-        return localize()
-    except Exception:  # noqa: BLE001 - their code, or a reading that does not apply: nothing found
-        return None
-
-
-def place_findings(res: ComponentResult, lines: list[tuple[int, str]], localize: Localize) -> None:
-    """A catalogued finding whose patterns match several of the learner's lines (the sin line and the
-    cos line of a table) is placed at the one where their computation first parts from the correct
-    reference, when that is one of them: the line they wrote wrong, not the first that looks alike."""
-    unsure = [(f, lines_matching(f.name, lines)) for f in res.findings]
-    unsure = [(f, at) for f, at in unsure if len(at) > 1]
-    found = _quietly(localize) if unsure else None
-    for finding, at in unsure:
-        if getattr(found, "line", None) in at:
-            finding.line, finding.code = found.line, found.code
 
 
 def _children(module: nn.Module, depth: int = 1) -> list[tuple[str, nn.Module]]:
@@ -376,15 +361,22 @@ def module_views(run: Callable[[], Any], module: nn.Module, words: dict[str, str
     return out
 
 
-def localize_model(run: Callable[[], Any], module: nn.Module, readings: list[list[View]]) -> Departure | None:
+def localize_model(run: Callable[[], Any], module: nn.Module, readings: list[list[View]], depth: int = 4,
+                   ) -> Departure | None:
     """Run the learner's model (`run()`) traced on its own methods and its parts' outputs; the first
-    step that no reading (the reference model's parts, each set of choices) explains."""
+    step that no reading (the reference model's parts, each set of choices) explains. Where that is a
+    part's output, the part is run again on what it was given, traced so, down `depth` parts (a
+    wrapper's embedding, the line of a block): the innermost step that departs."""
     cls = type(module)
     filename = inspect.getsourcefile(cls)
     code = {f.__code__ for f in vars(cls).values() if inspect.isfunction(f)}
     steps = trace_steps(run, filename, code, _children(module))
     D = next(t for _, t in readings[0]).size(-1)
-    return latest_departure(steps, readings, filename, {"d_model": D})
+    found = latest_departure(steps, readings, filename, {"d_model": D})
+    if found is None or found.part is None or not depth:
+        return found
+    part, args, kwargs = found.part
+    return quietly(lambda: localize_model(lambda: part(*args, **kwargs), part, readings, depth - 1)) or found
 
 
 def top_p_views(logits: Tensor, p: float) -> list[View]:
@@ -444,7 +436,8 @@ def rope_table_views(L: int, D: int, theta: float) -> list[View]:
         v = f(angles)
         views += [(f"{name}(angles)", v), (f"{name}(angles) as halves", torch.cat([v, v], -1)),
                   (f"{name}(angles) as pairs (each twice)", v.repeat_interleave(2, -1))]
-    return views
+    turns = torch.stack([angles.cos(), angles.sin()], -1)  # (L, D/2, 2): cos + i·sin as (real, imaginary)
+    return views + [("cos(angles) + i·sin(angles), the complex table (real, imaginary)", turns)]
 
 
 def localize_rope_table(call: Callable[[], Any], fn: Any, L: int, D: int, theta: float) -> Departure | None:

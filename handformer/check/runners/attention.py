@@ -61,7 +61,12 @@ from handformer.check.core.conventions import AUTO
 from handformer.check.core.discovery import Component, reads_kv_heads
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, gainless_qk
-from handformer.check.core.localize import note_attention_departure, note_raised_attention
+from handformer.check.core.localize import (
+    is_departure,
+    localize_attention,
+    note_attention_departure,
+    note_raised_attention,
+)
 from handformer.check.core.localize_kinds import localize_masked_softmax, note_departure
 from handformer.check.core.probe import Found, Probe, Subject, drive, run_probe
 from handformer.check.core.reference_attention import handformer_attention
@@ -998,6 +1003,20 @@ def _at_distinct_sizes(res: ComponentResult, ctx: Context, comp: Component, s: S
         f"with {DISTINCT_HEADS} heads of {dh} (batch {DISTINCT_B}, {DISTINCT_T} tokens: no two sizes equal) "
         "it still matches handformer's", f"{DISTINCT_HEADS} 个头、每头 {dh} 维（batch {DISTINCT_B}，"
         f"{DISTINCT_T} 个 token：没有两个尺寸相等）时仍与 handformer 一致"), err < 1e-5, error_text(err)))
+    if err >= 1e-5 and turned == dh * bool(s.rope):  # the reference's rotary as at check's sizes
+        _localized_distinct(res, comp, c, s, slots)
+
+
+def _localized_distinct(res: ComponentResult, comp: Component, c: Caller, s: Setup, slots: list[Slot],
+                        ) -> None:
+    """Where the attention built with 2 heads of 8 first parts from the reference, when only those
+    sizes show a mistake (a size read from the wrong axis: the heads for the head size): its line."""
+    if any(map(is_departure, res.notes)):  # already localized at check's sizes
+        return
+    w = mha_weights(slots, DISTINCT_HEADS, None, s.rope)
+    filename = inspect.getsourcefile(comp.obj)
+    note_departure(res, lambda: localize_attention([(visible_call(c, s.conv), s.rope)], w, filename,
+                                                   s.causal_inside))
 
 
 def _turned(width: int) -> tuple[Tensor, Tensor] | None:
