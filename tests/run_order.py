@@ -34,6 +34,7 @@ SECONDS = {
     "test_check_gemma.py": 4,
     "test_check_classifier.py": 1,
     "test_check_built_by_what.py": 8,
+    "test_check_functional.py": 2,
 }
 
 
