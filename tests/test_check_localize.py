@@ -423,6 +423,20 @@ SUB_STEP_PLANTS = {
     "gpt_final_norm_inside_the_loop": (FIXTURES / "learners_nanogpt" / "correct.py", "gpt",
                                        "x = block(x)", "x = self.ln_f(block(x))",
                                        "`self.ln_f(...)` at line", ""),
+    # a part of the learner's own inside a torch container (nn.Sequential): the model's localization goes into it
+    "model_embedding_in_a_sequential": ((FIXTURES / "learners_model" / "correct.py").read_text().replace(
+        "self.src_embed = Embeddings(src_vocab, d_model)",
+        "self.src_embed = nn.Sequential(Embeddings(src_vocab, d_model))"), "transformer",
+        "return self.lut(x) * self.scale", "return self.lut(x) * self.scale * self.scale", "`return` at line",
+        "times a constant factor 4"),
+    # a number kept on self in __init__ that the departing line uses: quoted where it is set
+    "smoothing_confidence_set_in_init": (FIXTURES / "learners_carried" / "correct.py", "loss",
+                                         "self.confidence = 1.0 - smoothing", "self.confidence = 1.0",
+                                         "(its `self.confidence` was set at line", "the line writes 1 where"),
+    # a head size read from the heads' axis: right at check's 4 heads of 4, found at 2 heads of 8
+    "scale_by_the_heads_axis": (FIXTURES / "learners_nanogpt" / "correct.py", "causal_attention",
+                                "math.sqrt(k.size(-1))", "math.sqrt(k.size(1))", "`att` at line",
+                                "times a constant factor 2"),
     "layernorm_mean_over_all": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)", "mean = x.mean()",
                                 "`mean` at line", "the mean of the input x over all entries at once"),
     "layernorm_mean_over_tokens": (KINDS_FILE, "layernorm", "mean = x.mean(-1, keepdim=True)",

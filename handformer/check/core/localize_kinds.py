@@ -31,6 +31,7 @@ from handformer.check.core.localize import (
     View,
     first_departure,
     first_tensor,
+    graded,
     latest_departure,
     over_axes,
     place_findings,
@@ -383,21 +384,24 @@ def module_views(run: Callable[[], Any], module: nn.Module, words: dict[str, str
 
 
 def localize_model(run: Callable[[], Any], module: nn.Module, readings: list[list[View]], depth: int = 4,
-                   ) -> Departure | None:
+                   filename: str | None = None) -> Departure | None:
     """Run the learner's model (`run()`) traced on its own methods and its parts' outputs; the first
     step that no reading (the reference model's parts, each set of choices) explains. Where that is a
-    part's output, the part is run again on what it was given, traced so, down `depth` parts (a
-    wrapper's embedding, the line of a block): the innermost step that departs."""
+    part's output (one check does not grade on its own), the part is run again on what it was given,
+    traced so in the model's file, down `depth` parts (a wrapper's embedding): the innermost step that
+    departs."""
     cls = type(module)
-    filename = inspect.getsourcefile(cls)
+    filename = filename or inspect.getsourcefile(cls)
     code = {f.__code__ for f in vars(cls).values() if inspect.isfunction(f)}
     steps = trace_steps(run, filename, code, _children(module))
     D = next(t for _, t in readings[0]).size(-1)
     found = latest_departure(steps, readings, filename, {"d_model": D})
-    if found is None or found.part is None or not depth:
+    if found is None or found.part is None or not depth or graded(found.part[0]):
         return found
     part, args, kwargs = found.part
-    return quietly(lambda: localize_model(lambda: part(*args, **kwargs), part, readings, depth - 1)) or found
+    inner = quietly(lambda: localize_model(lambda: part(*args, **kwargs), part, readings, depth - 1,
+                                           filename))
+    return inner or found
 
 
 def top_p_views(logits: Tensor, p: float) -> list[View]:

@@ -1011,10 +1011,11 @@ def _at_distinct_sizes(res: ComponentResult, ctx: Context, comp: Component, s: S
             c.state.update(s.c.state)  # the convention of a mask it requires
             out = fp.first_tensor(ctx.learner.call("forward", c.call, x, x, x, None), 3)
         linears, qk_norms = _projections(comp, module, DISTINCT_HEADS)
-        slots = attention_slots(linears, D, 1, comp.name)[0] + qk_norms
+        find_layouts_(module, lambda: fp.first_tensor(c.call(x[:, :1], x[:, :1], x[:, :1], None), 3), D, dh)
+        slots = attention_slots(linears, D, 1, comp.name, head_dim=dh)[0] + qk_norms
     except (fp.LearnerFailure, MappingError):
         return
-    hf = handformer_attention(slots, heads=DISTINCT_HEADS)
+    hf = handformer_attention(slots, kv_heads_of(slots, DISTINCT_HEADS), heads=DISTINCT_HEADS)
     mask = causal(DISTINCT_T)[None, None] if s.causal_inside else None
     # an attention that turned no dims at check's 4 a head may turn a part of each head at 8 (Phi's
     # partial rotary, 0.4 of it rounded to even): each even width is tried, none first
