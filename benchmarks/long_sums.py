@@ -26,6 +26,11 @@ the preset's sets of the `search` split (1,000 long sums, 1,002 of the mix), the
     python benchmarks/long_sums.py report --split search runs/sweep/lr3e-3/sft runs/reasoning/sft
     python benchmarks/long_sums.py report runs/sweep/lr3e-3/sft runs/reasoning/sft runs/reasoning/grpo
 
+Worked steps for short sums only ("RL past SFT's plateau" in docs/benchmarks.md): `--long-sums 0` with
+`--scratchpad running` (steps that read only the line above), `--long-direct N` (long sums answered
+without steps) or `--long-easy N` (worked sums of a 4-digit and a 2-digit number; `report --both-long`
+asks sums of two 4-digit numbers); `report --samples 8 --long-n 200` adds pass@8.
+
 Each command prints its seconds of training and its figures (`SCORE RUN SET: greedy ...`,
 `SEARCH RUN SET: greedy ...`, `REPORT RUN SET: greedy ...`).
 """
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -83,11 +89,71 @@ def _over_60_days(t: R.Task) -> bool:
     return int(t.key.split("+")[1]) > 60
 
 
+def _chat(task: R.Task, think: bool) -> dict:
+    return {"messages": [{"role": "user", "content": task.question},
+                         {"role": "assistant", "content": task.reply(think)}]}
+
+
+def running_steps(a: int, b: int) -> list[str]:
+    """A sum's steps where each line stands on the line above alone: the last digits and the carry,
+    their sum, the answer so far and the numbers left ("9+8=17: 7, left 266+187")."""
+    steps, carry, done = [], 0, ""
+    while a or b or carry:
+        if not (a or b):
+            steps.append(f"carry {carry}: {carry}{done}")
+            break
+        terms = f"{a % 10}+{b % 10}" + (f"+{carry}" if carry else "")
+        total = a % 10 + b % 10 + carry
+        carry, done, a, b = total // 10, f"{total % 10}{done}", a // 10, b // 10
+        steps.append(f"{terms}={total}: {done}" + (f", left {a}+{b}" if a or b else ""))
+    return steps
+
+
+def _running(record: dict) -> dict:
+    """A worked sum of an SFT record rewritten with `running_steps` (other records unchanged)."""
+    user, reply = record["messages"][-2]["content"], record["messages"][-1]["content"]
+    numbers = re.findall(r"\d+", user)
+    if not reply.startswith(R.THINK_OPEN) or "days" in user or len(numbers) != 2 or "Make" in user \
+            or "reach" in user:
+        return record
+    a, b = map(int, numbers)
+    steps = "\n".join([*running_steps(a, b), f"so {a + b}"])
+    answer = {"role": "assistant", "content": f"{R.THINK_OPEN}\n{steps}\n{R.THINK_CLOSE}\n{a + b}"}
+    return {"messages": [*record["messages"][:-1], answer]}
+
+
+def long_and_short(n: int) -> list[R.Task]:
+    """`n` worked sums of a 4-digit number and a 2-digit one (either order), from the train split:
+    four columns, but never two 4-digit numbers."""
+    rng, out, seen = random.Random("easy-long"), [], set()
+    while len(out) < n:
+        x, y = rng.randint(1000, 9999), rng.randint(10, 99)
+        x, y = (x, y) if rng.random() < 0.5 else (y, x)
+        key = f"{x}+{y}"
+        if key in seen or R.split_of(R.LONG_KIND, key, 0) != "train":
+            continue
+        seen.add(key)
+        question = rng.choice([f"What is {x} + {y}?", f"Compute {x} + {y}.", f"Add {x} and {y}."])
+        steps = [*R.addition_steps(x, y), f"so {x} + {y} = {x + y}"]
+        out.append(R.Task(R.LONG_KIND, question, str(x + y), "\n".join(steps), key))
+    return out
+
+
+def _both_long(task: R.Task) -> bool:
+    return min(map(int, task.key.split("+"))) >= 1000
+
+
 def sft(args: argparse.Namespace, log: Callable[[str], None]) -> None:
     cfg = config_for("mid-reasoning", {"threads": 1, "sft_steps": args.steps, "sft_lr": args.lr})
     if args.preset_draw:  # the `reasoning` preset's own data: its draw of the conversations and long sums
         records = RS.sft_records(args.conversations, R.ReasoningSet(0, difficulty(cfg)), 0, args.long_sums,
                                  args.long_repeats)
+        if args.scratchpad == "running" or args.long_easy or args.long_direct:
+            records = [_running(r) for r in records] if args.scratchpad == "running" else records
+            records += [_chat(t, True) for t in long_and_short(args.long_easy)]
+            records += [_chat(t, False) for t in R.ReasoningSet(0, difficulty(cfg)).sample(
+                args.long_direct, "train", "sft-direct", kinds=(R.LONG_KIND,))] if args.long_direct else []
+            random.Random("0:sft-long").shuffle(records)
     else:
         records = RS.sft_records(args.conversations, R.ReasoningSet(0, difficulty(cfg)))
         records += [{"messages": [{"role": "user", "content": t.question},
@@ -99,11 +165,17 @@ def sft(args: argparse.Namespace, log: Callable[[str], None]) -> None:
 
 def grpo(args: argparse.Namespace, log: Callable[[str], None]) -> None:
     cfg = config_for("mid-reasoning", {"threads": 1, "grpo_steps": args.steps, "grpo_lr": args.lr,
-                                       "grpo_group": args.group, "grpo_batch": args.batch})
+                                       "grpo_group": args.group, "grpo_batch": args.batch,
+                                       "grpo_beta": args.beta, "grpo_max_new_tokens": args.max_new_tokens})
     n = args.steps * args.batch
     if args.preset_draw:  # the `reasoning` preset's own questions, as its GRPO stage draws them
         records = RS.grpo_prompts(n, R.ReasoningSet(0, difficulty(cfg)), cfg.grpo_countdown_share,
                                   cfg.grpo_countdown_numbers, args.long_share)
+        if args.both_long:  # its long sums replaced by sums of two 4-digit numbers
+            drawn = R.ReasoningSet(0, difficulty(cfg)).sample(2 * n, "train", "grpo4", kinds=(R.LONG_KIND,))
+            both = iter([t for t in drawn if _both_long(t)])
+            records = [r if r["kind"] != R.LONG_KIND else {"prompt": (t := next(both)).question,
+                                                            "kind": t.kind, "key": t.key} for r in records]
     else:
         n_long = round(n * args.long_share)
         mix = R.ReasoningSet(0, difficulty(cfg)).sample(n - n_long, "train", "grpo")
@@ -137,16 +209,21 @@ def report_runs(args: argparse.Namespace, log: Callable[[str], None]) -> None:
     questions of the mix (of the `report` split: the sets of the "Zero to chat" table)."""
     cfg = config_for("reasoning", {})
     tasks = R.ReasoningSet(cfg.seed, difficulty(cfg))
-    sets = {"long": tasks.sample(cfg.eval_long_sums, args.split, "eval", kinds=(R.LONG_KIND,)),
-            "mix": tasks.sample(cfg.eval_per_kind * len(R.REASONING_KINDS), args.split, "eval")}
+    long = tasks.sample(args.long_n or cfg.eval_long_sums, args.split, "eval", kinds=(R.LONG_KIND,))
+    if args.both_long:  # the first long_n of the sums of two 4-digit numbers
+        both = tasks.sample(4 * len(long), args.split, "eval", kinds=(R.LONG_KIND,))
+        long = [t for t in both if _both_long(t)][:len(long)]
+    sets = {"long": long, "mix": tasks.sample(cfg.eval_per_kind * len(R.REASONING_KINDS), args.split, "eval")}
     for run in args.runs:
-        for name, held in sets.items():
-            start = time.time()
-            greedy, _ = replies(run, held, 0, 1.0, cfg.grpo_max_new_tokens, cfg.seed)
-            g = score(held, greedy, [[] for _ in held])["greedy"]
+        for name in args.sets.split(","):
+            held, start = sets[name], time.time()
+            greedy, sampled = replies(run, held, args.samples, 1.0, cfg.grpo_max_new_tokens, cfg.seed)
+            r = score(held, greedy, sampled)
+            g, k = r["greedy"], f"pass@{args.samples}"
             low, high = g["interval_95"]
+            more = f" {k} {r[k]['value']:.3f} mean {r['sampled']['value']:.3f}" if args.samples else ""
             log(f"{args.split.upper()} {run} {name}: greedy {g['value']:.3f} ({g['right']}/{g['n']}, "
-                f"95% {low:.3f} to {high:.3f}) {time.time() - start:.0f}s")
+                f"95% {low:.3f} to {high:.3f}){more} {time.time() - start:.0f}s")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -162,6 +239,12 @@ def main(argv: list[str] | None = None) -> None:
                         "--long-sums 80)")
     s.add_argument("--long-repeats", type=int, default=1,
                    help="with --preset-draw: each long sum this many times")
+    s.add_argument("--long-direct", type=int, default=0,
+                   help="with --preset-draw: this many more long sums answered directly, without the steps")
+    s.add_argument("--long-easy", type=int, default=0,
+                   help="with --preset-draw: this many worked sums of a 4-digit and a 2-digit number")
+    s.add_argument("--scratchpad", choices=["columns", "running"], default="columns",
+                   help="with --preset-draw: running rewrites every worked sum with running_steps")
     s.add_argument("--steps", type=int, default=600)
     s.add_argument("--lr", type=float, default=1e-3)
     g = sub.add_parser("grpo", help="GRPO from an SFT run, --long-share of its questions long sums")
@@ -174,6 +257,10 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--long-share", type=float, default=0.6)
     g.add_argument("--preset-draw", action="store_true",
                    help="draw the questions as the `reasoning` preset's GRPO does")
+    g.add_argument("--beta", type=float, default=0.0, help="the KL term's weight (0: none)")
+    g.add_argument("--max-new-tokens", type=int, default=104)
+    g.add_argument("--both-long", action="store_true",
+                   help="with --preset-draw: the long sums are sums of two 4-digit numbers")
     c = sub.add_parser("score", help="score runs on the held-out long sums and the mix")
     c.add_argument("runs", nargs="+")
     c.add_argument("--sets", nargs="+", default=["long"],
@@ -183,6 +270,10 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--split", choices=["search", "report"], default="report",
                    help="search: the recipe search's questions; report: the reported figures' (drawn once, "
                         "at the end)")
+    r.add_argument("--sets", default="long,mix", help="long, mix or long,mix")
+    r.add_argument("--samples", type=int, default=0, help="samples a question at temperature 1 (pass@k)")
+    r.add_argument("--long-n", type=int, default=0, help="long sums asked (0: the preset's 1,000)")
+    r.add_argument("--both-long", action="store_true", help="only sums of two 4-digit numbers")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
 

@@ -30,10 +30,11 @@ SECONDS = {
     "test_vnni_kernels.py": 2, "test_new_user.py": 6, "test_zh_terms.py": 3,
     "test_check_hidden.py": 10,
     "test_time_limit.py": 1,
-    "test_check_layouts.py": 4,
+    "test_check_layouts.py": 7,
     "test_check_gemma.py": 4,
     "test_check_classifier.py": 1,
     "test_check_built_by_what.py": 8,
+    "test_check_functional.py": 2,
 }
 
 

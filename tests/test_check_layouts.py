@@ -125,3 +125,32 @@ def test_a_sequence_first_layout_is_found_by_what_the_forward_does_and_driven_so
     for comp in (mha, layer):
         assert comp.status == ("fail" if planted else "pass"), format_report(result)
         assert [f.name for f in comp.findings] == (["scale_by_dk"] if planted else []), format_report(result)
+
+
+NEOX = LAYOUTS.parent / "neox_falcon_moe.py"
+NEOX_PLANTS = {  # (edits, the kind checked, the component that fails)
+    "correct": ([], ["causal_attention", "block"], None),
+    "parallel_mlp_unnormed": ([("self.mlp(self.post_attention_layernorm(x))", "self.mlp(x)")], ["block"],
+                              "NeoXLayer"),
+    "mqa_value_reads_key": ([("fused[:, :, [-2]], fused[:, :, [-1]]", "fused[:, :, [-2]], fused[:, :, [-2]]")],
+                            ["causal_attention"], "FalconAttention"),
+    "moe_unweighted": ([("out[b, t] += weights[b, t, slot, None] * expert(x[b, t])",
+                         "out[b, t] += expert(x[b, t])")], ["block"], "MixtralBlock"),
+}
+
+
+@pytest.mark.parametrize("plant", list(NEOX_PLANTS))
+def test_fused_layouts_parallel_blocks_and_experts_are_read_by_what_they_compute(tmp_path, plant):
+    """GPT-NeoX's per-head [q | k | v] and Falcon's multi-query projection are split as one token shows,
+    a parallel block is a convention, a sparse mixture of experts is compared with handformer's
+    MixtureOfExperts: the correct twin passes every component, each plant fails its own."""
+    edits, kinds, failing = NEOX_PLANTS[plant]
+    result = check_file(_planted(tmp_path, edits, NEOX), only=kinds)
+    by = {c.name: c for c in result.components}
+    assert {c.name for c in result.components if c.status != "pass"} == ({failing} if failing else set()), (
+        format_report(result))
+    if not failing:
+        assert by["NeoXAttention"].mapping[0] == "query_key_value[q of each [q | k | v] group] -> W_Q"
+        assert by["FalconAttention"].mapping[1] == "query_key_value[16:20] -> W_K"  # one key head of 4 dims
+        assert any("in parallel" in n["en"] for n in by["NeoXLayer"].notes), format_report(result)
+        assert "moe.gate -> router" in by["MixtralBlock"].mapping, format_report(result)

@@ -4,6 +4,7 @@ small, torch's setting otherwise (`handformer.generation.generate` asks for it w
 from __future__ import annotations
 
 import contextlib
+import statistics
 from collections.abc import Iterator
 
 import torch
@@ -49,18 +50,23 @@ class StepThreads:
     `wanted` is slower than one. On a shared machine a team of threads waits at every barrier for a
     thread whose core another process holds (48 barriers a GPT-2-124M token; a step can take 10x its
     quiet time), where one thread only shares its core. The rule, step by step:
-      - at `wanted` threads, the fastest step so far is the reference; SLOW_STEPS (3) steps in a row
+      - at `wanted` threads, the fastest step so far is the reference; SLOW_STEPS (2) steps in a row
         slower than SLOW times it, and the next step runs on one thread (a probe);
       - if that step beat the slow one, decoding stays on one thread; else the slow pace becomes the
         reference and the team goes on;
       - on one thread, a step of the team every `retry` steps (16, doubled after each probe the team
-        loses, up to 64): the team takes over again when it beats the last one-thread step.
+        loses, up to 64): the team takes over again when it is faster than MARGIN times the median
+        of the one-thread steps since the last probe.
     Each output row is computed by the same code whatever the thread count, so the tokens do not
-    depend on the choice (tests/test_fused_step.py). On a quiet machine the team keeps its pace and
-    no probe runs."""
+    depend on the choice (tests/test_fused_step.py). On a quiet machine the team keeps its pace: a
+    fall back is rare (docs/benchmarks.md, benchmarks/step_threads_ab.py) and ends at the next probe.
+    The gap stops at 64 so that a neighbour's burst that ends while decoding runs alone costs at most
+    64 one-thread steps, not a whole call; the margin keeps a busy core's lucky team step (as fast as
+    one thread) from taking the step back."""
 
     SLOW = 1.5
-    SLOW_STEPS = 3
+    SLOW_STEPS = 2
+    MARGIN = 0.9  # a probe of the team wins under MARGIN x the one-thread steps' median
     FIRST_RETRY, LAST_RETRY = 16, 64
 
     def __init__(self) -> None:
@@ -72,6 +78,7 @@ class StepThreads:
         self.wanted, self.alone, self.probe = wanted, False, False
         self.reference, self.slow_steps, self.last = float("inf"), 0, float("inf")
         self.retry = self.countdown = self.FIRST_RETRY
+        self.spell: list[float] = []  # the one-thread steps since the last probe of the team
 
     def choose(self, wanted: int) -> int:
         """The threads of the next step, for torch's count `wanted`."""
@@ -109,11 +116,13 @@ class StepThreads:
 
     def _alone_step(self, seconds: float) -> None:
         self.last, self.countdown = seconds, self.countdown - 1
+        self.spell.append(seconds)
         self.probe = self.countdown <= 0
 
     def _probe_of_team(self, seconds: float) -> None:
-        self.probe = False
-        if seconds < self.last:  # the team is back to beating one thread
+        self.probe, pace = False, statistics.median(self.spell or [self.last])
+        self.spell = []
+        if seconds < self.MARGIN * pace:  # the team is back to beating one thread
             self.alone, self.reference, self.last, self.slow_steps = False, seconds, seconds, 0
         else:
             self.retry = min(2 * self.retry, self.LAST_RETRY)

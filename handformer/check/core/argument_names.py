@@ -37,6 +37,9 @@ PROMPT_NAMES = ("idx", "input_ids", "prompt", "prompt_ids", "tokens", "context",
                 "prompt_tokens", "start_ids", "inputs")
 COUNT_NAMES = ("max_new_tokens", "max_tokens", "n_new", "num_tokens", "new_tokens", "steps", "length",
                "max_length", "n", "num_new_tokens", "max_gen_len", "n_tokens")
+# a generation loop's attention mask (1 = real token, 0 = pad) and padding id
+MASK_ARG_NAMES = ("attention_mask", "attn_mask", "padding_mask", "pad_mask", "mask")
+PAD_NAMES = ("pad_token_id", "pad_id", "pad_idx", "pad_token", "pad", "padding_idx")
 CONTEXT_NAMES = ("context_size", "block_size", "context_length", "max_seq_len", "max_context", "ctx_len",
                  "window", "context_window", "ctx", "max_ctx", "context_len", "max_context_length")
 

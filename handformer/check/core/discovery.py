@@ -119,7 +119,7 @@ class Component:
     name: str  # the learner's name for it
     obj: Any  # the class or function
     found_by: str = "name"  # "name", "signature": a free function found by what it does (signatures.py),
-    # or "structure": a model found by what it builds
+    # or "structure": a model found by what it builds, "methods": a tokenizer by its methods
 
 
 def find_components(module: types.ModuleType, overrides: dict[str, str] | None = None,
@@ -182,6 +182,7 @@ def _by_name(module: types.ModuleType, overrides: dict[str, str] | None, only: l
 
 # what a decoder-only model's __init__ builds, whatever its name (AI2's OLMo): token embeddings and a
 # list of blocks
+TOKENIZER_METHODS = ("train", "encode", "decode")  # a tokenizer that trains itself, whatever its name
 MODEL_PARTS = re.compile(r"nn\.Embedding\(.*nn\.ModuleList\(", re.S)
 
 
@@ -189,10 +190,13 @@ def _by_structure(own: dict[str, Any], taken: set[str], only: list[str] | None) 
     """The learner's classes that no name found but that are decoder-only models by what they build
     (an embedding, then a list of blocks) and what their forward takes (one sequence of ids)."""
     return [Component("gpt", name, obj, "structure") for name, obj in own.items()
-            if (not only or "gpt" in only) and inspect.isclass(obj) and name not in taken and "." not in name
+            if "gpt" in (only or ["gpt"]) and inspect.isclass(obj) and name not in taken and "." not in name
             and not name.endswith(SUFFIXES["gpt"])  # found, or left as a backbone, by its name
             and not any("mask" in p.name and p.default is p.empty for p in _forward_parameters(obj).values())
-            and MODEL_PARTS.search(source_text(vars(obj).get("__init__", ""))) and decoder_only(obj)]
+            and MODEL_PARTS.search(source_text(vars(obj).get("__init__", ""))) and decoder_only(obj)] + [
+        Component("bpe_tokenizer", name, obj, "methods") for name, obj in own.items()  # minbpe's classes
+        if "bpe_tokenizer" in (only or ["bpe_tokenizer"]) and name not in taken and "." not in name
+        and inspect.isclass(obj) and all(callable(getattr(obj, m, None)) for m in TOKENIZER_METHODS)]
 
 
 def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, pointed: set[str],
@@ -245,10 +249,17 @@ LAYER_PARTS = re.compile(r"(?=[\s\S]*(attn|attention))(?=[\s\S]*(mlp|ffn|feed_?f
 
 def _suffixed(name: str, obj: Any, suffixes: tuple[str, ...]) -> bool:
     """Whether a class is found by how its name ends: the words of NOT_SUFFIXED not in the rest of its
-    name (FalconDecoderLayer: Falcon), and a ...Layer building an attention and an FFN."""
+    name (FalconDecoderLayer: Falcon) unless it is a decoder-only model by what it builds (DecoderLM),
+    and a ...Layer building an attention and an FFN."""
     rest = [name[:-len(s)] for s in suffixes if name.endswith(s)]
     builds = not name.endswith("Layer") or LAYER_PARTS.match(source_text(vars(obj).get("__init__", "")))
-    return bool(rest and builds and not NOT_SUFFIXED_WORDS.search(rest[0]))
+    return bool(rest and builds and (not NOT_SUFFIXED_WORDS.search(rest[0]) or _decoder_model(obj)))
+
+
+def _decoder_model(cls: Any) -> bool:
+    """A decoder-only model by its embedding and list of blocks and its forward of one id sequence
+    (DecoderLM: the word Decoder in its name is no seq2seq decoder)."""
+    return bool(MODEL_PARTS.search(source_text(vars(cls).get("__init__", "")))) and decoder_only(cls)
 
 
 def refine(kind: str, obj: Any) -> str:

@@ -215,7 +215,9 @@ FOUND_BY = {
     "structure": ("found as a {} by what it builds (token embeddings, then a list of blocks) and what its "
                   "forward takes (one sequence of ids), not by its name",
                   "按它构造的部件（词嵌入和一列块）和 forward 接受的参数"
-                  "（一个 id 序列）认作{}，不是按名字")}
+                  "（一个 id 序列）认作{}，不是按名字"),
+    "methods": ("found as a {} by its methods (train, encode and decode), not by its name",
+                "按它的方法（train、encode 和 decode）认作{}，不是按名字")}
 
 
 def _add_notes(comp: Component, ctx: Context, result: ComponentResult) -> None:

@@ -288,6 +288,27 @@ def localize_masked_softmax(call: Callable[[Tensor], Any], fn: Any, scores: Tens
     return first_departure(steps, views, filename, {"S": scores.size(-1)}, pre=hidden)
 
 
+# --- scaled dot-product attention ----------------------------------------------------------------
+
+def localize_sdpa(call: Callable[[Tensor, Tensor, Tensor], Any], fn: Any, q: Tensor, k: Tensor, v: Tensor,
+                  keep: Tensor) -> Departure | None:
+    """Run the learner's attention function (`call(q, k, v)`, the mask bound) traced on one head
+    q (1, 1, T, Dh), k and v (1, 1, S, Dh) with T, S and Dh apart; the first step that is not q·kᵀ,
+    the scaled scores, the masked scores, the weights or weights·v."""
+    filename = inspect.getsourcefile(fn)
+    raw = q @ k.transpose(-2, -1)  # (1, 1, T, S)
+    scaled = raw / math.sqrt(q.size(-1))
+    hidden = scaled.masked_fill(~keep, float("-inf"))
+    weights = torch.softmax(hidden, dim=-1)
+    views = [("q·kᵀ", raw), ("the scores q·kᵀ/sqrt(d_k), before the mask", scaled),
+             ("the scores q·kᵀ/sqrt(d_k)", hidden), ("the attention weights", weights),
+             ("weights·v", weights @ v)]
+    traced = q.clone().requires_grad_(), k.clone().requires_grad_(), v.clone().requires_grad_()
+    steps = trace_steps(lambda: call(*traced), filename)
+    sizes = {"d_head": q.size(-1), "T": q.size(-2), "S": k.size(-2)}
+    return first_departure(steps, views, filename, sizes, pre=scaled)
+
+
 # --- a filter of probabilities (top-k, top-p) ---------------------------------------------------------
 
 def localize_filter(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, keep: Tensor) -> Departure | None:

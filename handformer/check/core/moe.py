@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.result import Text, text
 from handformer.check.core.sizes import D
 from handformer.check.core.weights import (
     Leaf,
@@ -88,6 +89,19 @@ def moe_config(slots: list[Slot]) -> MoEConfig | None:
 
 
 @torch.no_grad()
+def moe_note(slots: list[Slot]) -> list[Text]:
+    """What a layer's mixture of experts was read as, for the report; none for one FFN."""
+    r = slots[-1]
+    if not isinstance(r, RouterSlot):
+        return []
+    renorm = ("their weights renormalized to sum to 1", "权重重新归一化到和为 1") if r.normalize else (
+        "their weights as the softmax gave them", "权重保持 softmax 给出的值")
+    return [text(f"its feed-forward network is a sparse mixture of {r.n_experts} experts, each token "
+                 f"through its top {r.top_k}, {renorm[0]}: compared with handformer's MixtureOfExperts",
+                 f"它的前馈网络是 {r.n_experts} 个专家的稀疏混合，每个 token 经过得分最高的 {r.top_k} "
+                 f"个专家，{renorm[1]}：与 handformer 的 MixtureOfExperts 比较")]
+
+
 def _routed(moe: nn.Module, readings: list[list[list[Slot]]], router: Leaf) -> list[Slot]:
     """The slots in the reading (gate order, top_k, renormalized or not) that computes the learner's
     output; where none does (a mistake), the first gate order, 2 experts a token, renormalized."""

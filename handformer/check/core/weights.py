@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
+from handformer.check.core import sizes
 from handformer.check.core.qkv_layouts import FOUND, grouped, kv_width
 from handformer.check.core.sizes import H, is_number
 from handformer.check.reference import variants as V
@@ -288,7 +289,7 @@ def shapes_text(found: list[Leaf]) -> str:
 
 
 def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width: int | None = None,
-                    ) -> list[list[Slot]]:
+                    head_dim: int = sizes.D // H) -> list[list[Slot]]:
     """`count` attentions from linears in order W_Q, W_K, W_V, W_O (or a fused qkv projection then
     W_O). W_Q and W_O are (D, D); W_K and W_V (kv_width, D), kv_width < D for grouped-query
     attention. An attention of three projections and no W_O has 3 slots."""
@@ -296,11 +297,11 @@ def attention_slots(linears: list[Leaf], D: int, count: int, what: str, kv_width
     ffn = square_ffn(linears, D)
     square = [leaf for leaf in with_shape(linears, (D, D)) if leaf not in ffn]
     # else multi-query (Falcon's n_head + 2 heads) or grouped: kv read from the shape
-    fused = with_shape(linears, (D + 2 * kv, D)) or fused_among(linears, D, D // H)
+    fused = with_shape(linears, (D + 2 * kv, D)) or fused_among(linears, D, head_dim)
     prefixes = PREFIXES[count]
     if len(fused) == count:
         outs = square if len(square) == count else [None] * count
-        return [fused_slots(p, f, D, D // H) + ([Slot(f"{p}W_O", o)] if o is not None else [])
+        return [fused_slots(p, f, D, head_dim) + ([Slot(f"{p}W_O", o)] if o is not None else [])
                 for p, f, o in zip(prefixes, fused, outs)]
     if kv != D:
         return _grouped_slots(linears, D, kv, count, prefixes, what)

@@ -20,9 +20,10 @@ grader's search runs on the small fixture corpus.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import regex
 
@@ -30,6 +31,22 @@ import regex
 # space; runs of spaces stay apart from the word after them
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 PRETOKEN = regex.compile(GPT2_PATTERN)
+# GPT-4's (tiktoken's cl100k_base, minbpe's RegexTokenizer): contractions in any case, a letter run
+# with one leading non-letter, numbers of up to three digits, newlines kept together
+GPT4_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|"""
+                r"""\s*[\r\n]|\s+(?!\S)|\s+""")
+KNOWN_PATTERNS = {"GPT-2": GPT2_PATTERN, "GPT-4": GPT4_PATTERN}
+
+
+@contextlib.contextmanager
+def split_by(pattern: str) -> Iterator[None]:
+    """Pre-tokenize by `pattern` (a learner's own, a tokenizer's GPT-4 pattern) inside the block."""
+    global PRETOKEN
+    old, PRETOKEN = PRETOKEN, regex.compile(pattern)
+    try:
+        yield
+    finally:
+        PRETOKEN = old
 
 Pair = tuple[bytes, bytes]
 Word = tuple[bytes, ...]

@@ -178,12 +178,10 @@ class Trainer:
         return self.parse(out)
 
     def parse(self, out: Any) -> tuple[dict[int, bytes] | None, list[R.Pair]]:
-        vocab = merges = None
-        for value in out if isinstance(out, (tuple, list)) and len(out) == 2 and not _is_pair(out) else [out]:
-            if isinstance(value, dict):
-                vocab = value
-            elif isinstance(value, (list, tuple)):
-                merges = list(value)
+        pair = isinstance(out, (tuple, list)) and len(out) == 2 and not _is_pair(out)  # (vocab, merges)
+        values = list(out) if pair else [out]
+        vocab = next((v for v in values if isinstance(v, dict)), None)
+        merges = next((list(v) for v in values[::-1] if isinstance(v, (list, tuple))), None)
         if merges is None:
             raise self.ctx.learner.fail(
                 "train",
@@ -193,19 +191,15 @@ class Trainer:
                 f"{self.comp.name} 返回了 {type(out).__name__}；应当返回 (vocab, merges)：vocab 是 "
                 "dict[int, bytes]，merges 是 (bytes, bytes) 对的列表",
             )
-        if vocab is not None and not all(
-            isinstance(k, int) and isinstance(v, bytes) for k, v in vocab.items()
-        ):
-            if all(isinstance(k, bytes) and isinstance(v, int) for k, v in vocab.items()):
-                vocab = {v: k for k, v in vocab.items()}  # bytes -> id, the other way round
-            else:
-                raise self.ctx.learner.fail(
-                    "train",
-                    "the vocab is not a dict[int, bytes]: map each id to "
-                    "its token's bytes, e.g. {0: b'<|endoftext|>', 1: b'\\x00', ...}",
-                    "vocab 不是 dict[int, bytes]：把每个 id 对应到它的 token 的字节，例如 {0: "
-                    "b'<|endoftext|>', 1: b'\\x00', ...}",
-                )
+        vocab = {v: k for k, v in vocab.items()} if typed(vocab, bytes, int) else vocab  # bytes -> id: turned
+        if vocab and not typed(vocab, int, bytes):
+            raise self.ctx.learner.fail(
+                "train",
+                "the vocab is not a dict[int, bytes]: map each id to "
+                "its token's bytes, e.g. {0: b'<|endoftext|>', 1: b'\\x00', ...}",
+                "vocab 不是 dict[int, bytes]：把每个 id 对应到它的 token 的字节，例如 {0: "
+                "b'<|endoftext|>', 1: b'\\x00', ...}",
+            )
         return vocab, [self._pair(m, vocab) for m in merges]
 
     def _pair(self, merge: Any, vocab: dict[int, bytes] | None) -> R.Pair:
@@ -231,6 +225,15 @@ def argument_role(name: str, first: bool) -> str:
         if name in names or part in name:
             return role
     return "text" if first else ""  # the first argument is the corpus, whatever its name
+
+
+ITEMS = {dict: dict.items, list: enumerate}  # what a value holds, as (key, value) pairs
+
+
+def typed(value: Any, key: type, held: type) -> bool:
+    """A non-empty dict (or list, keyed by position) whose keys and values are of these types."""
+    items = list(ITEMS.get(type(value), lambda v: ())(value))
+    return all(isinstance(k, key) and isinstance(v, held) for k, v in items) and len(items) > 0
 
 
 def _is_pair(value: Any) -> bool:

@@ -25,6 +25,9 @@ from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import SPECIAL
 from handformer.check.runners.bpe import TrainerTimeout, deadline, reference_fixture
 
+# a codec argument's role by the words in its name, tried in order
+ROLE_WORDS = ((("special",), "special"), (("merge",), "merges"),
+              (("vocab", "id_to_token", "itos", "tokens"), "vocab"))
 DECODE_NAMES = ("decode", "bpe_decode", "decode_bpe", "detokenize", "decode_ids")
 CODEC_LIMIT = 10.0  # seconds for all of encode and decode on the six texts
 OVERLAP = SPECIAL + SPECIAL  # a special token that holds another
@@ -111,24 +114,13 @@ class Codec:
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         ]
         out: dict[str, Any] = {}
+        given = {**self.values, "first": first}
         for i, p in enumerate(params):
             name = p.name.lower()
-            role = (
-                "special"
-                if "special" in name
-                else "merges"
-                if "merge" in name
-                else "vocab"
-                if "vocab" in name or name in ("id_to_token", "itos", "tokens")
-                else "first"
-                if i == 0 and first is not None
-                else ""
-            )
-            if role == "first":
-                out[p.name] = first
-            elif role:
-                out[p.name] = self.values[role]
-            elif p.default is p.empty:
+            first_role = ["", "first"][i == 0 and first is not None]
+            role = next((r for words, r in ROLE_WORDS if any(w in name for w in words)), first_role)
+            out.update({p.name: given[role]} if role else {})
+            if not role and p.default is p.empty:
                 raise DiscoveryError(
                     f"cannot fill the argument {p.name!r} of {getattr(fn, '__qualname__', fn)}"
                     f"{inspect.signature(fn)}: handformer passes vocab, merges and "
@@ -153,8 +145,13 @@ class Codec:
 
 
 def check_bpe_tokenizer(comp: Component, ctx: Context) -> ComponentResult:
+
     """encode and decode against the reference, on the reference's vocabulary and merges; a loop
     that never ends is stopped after CODEC_LIMIT seconds."""
+    from handformer.check.runners.bpe_trainable import check_trainable, trainable  # it imports this module
+
+    if trainable(comp.obj):  # minbpe's RegexTokenizer: it trains itself first
+        return check_trainable(comp, ctx)
     try:
         with deadline(CODEC_LIMIT):
             return _check_codec(comp, ctx)
@@ -171,9 +168,15 @@ def check_bpe_tokenizer(comp: Component, ctx: Context) -> ComponentResult:
 
 def _check_codec(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
-    codec = Codec(comp, ctx)
     vocab, merges, specials = tokenizer_inputs()
-    lines = source_lines(ctx.objects(comp))
+    grade_codec(res, Codec(comp, ctx), vocab, merges, specials, source_lines(ctx.objects(comp)))
+    return finish(res)
+
+
+def grade_codec(res: ComponentResult, codec: Codec, vocab: dict[int, bytes], merges: list[R.Pair],
+                specials: list[str], lines: list[tuple[int, str]]) -> None:
+    """The ids of each text against the reference's on this vocabulary and merges, the mistakes
+    that explain a difference, then decode."""
     ref = {k: R.encode(s, vocab, merges, specials) for k, s in TEXTS.items()}
     ours = {k: codec.encode(s) for k, s in TEXTS.items()}
     for k in TEXTS:
@@ -192,7 +195,6 @@ def _check_codec(comp: Component, ctx: Context) -> ComponentResult:
     if ours != ref:
         _explain_encode(res, ours, ref, vocab, merges, specials, lines)
     _check_decode(res, codec, ref, vocab, lines)
-    return finish(res)
 
 
 _ZH = {

@@ -31,7 +31,14 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
-from handformer.check.core.argument_names import CONTEXT_NAMES, COUNT_NAMES, MODEL_NAMES, PROMPT_NAMES
+from handformer.check.core.argument_names import (
+    CONTEXT_NAMES,
+    COUNT_NAMES,
+    MASK_ARG_NAMES,
+    MODEL_NAMES,
+    PAD_NAMES,
+    PROMPT_NAMES,
+)
 from handformer.check.core.context import Context, forward_names, forward_parameters, named
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize import Departure
@@ -53,6 +60,11 @@ CACHE_NAMES = ("past_key_values", "past", "cache", "kv_cache", "layer_past", "pa
 POSITION_NAMES = ("start_pos", "pos", "offset", "start", "position")
 EOS_NAMES = ("eos", "eos_id", "eos_token", "eos_token_id", "eos_idx", "end_token", "end_id", "stop_token",
              "end_symbol", "stop_id")
+
+
+TOP_K_NAMES = ("top_k", "topk", "k")
+NEVER = -1  # an EOS id no model generates
+PAD_ID = 0  # the padding id a loop is handed: no prompt holds it
 
 
 class ContextTooLong(RuntimeError):
@@ -132,9 +144,11 @@ class LanguageModel(nn.Module):
             prior_pos = torch.arange(prior_ids.size(1))[None].expand(B, -1)
         else:
             prior_ids = prior_pos = ids[:, :0]
+        pads = _padding(ids, args, kwargs)  # a cached step's mask is longer than its ids: none
         if positions is None:
             first = start if start is not None else prior_ids.size(1)
             positions = torch.arange(first, first + T)[None].expand(B, T)
+            positions = positions if pads is None else (pads.cumsum(-1) - 1).clamp(min=0)  # left padding
         full_ids, full_pos = torch.cat([prior_ids, ids], 1), torch.cat([prior_pos, positions.long()], 1)
         cached = cache is not None or start is not None
         self.calls.append(Call(ids, prior_ids.size(1), positions.long(), cached, start))
@@ -144,7 +158,8 @@ class LanguageModel(nn.Module):
         if start is not None:
             self.stream = full_ids
         with torch.no_grad():
-            logits = self.model(full_ids, position_ids=full_pos).logits[:, -T:]  # (B, T, V)
+            out = self.model(full_ids, attention_mask=pads, position_ids=full_pos)
+            logits = out.logits[:, -T:]  # (B, T, V)
         logits = (logits - logits.amax(-1, keepdim=True)) * PEAK
         new_cache = CacheToken(full_ids, full_pos) if cache is not None or kwargs.get("use_cache") else None
         return RETURNS[self.style](logits, new_cache)
@@ -154,6 +169,14 @@ class LanguageModel(nn.Module):
 RETURNS: dict[str, Callable[[Tensor, CacheToken | None], Any]] = {
     "tensor": lambda logits, cache: logits, "tuple": lambda logits, cache: (logits, cache),
     "object": lambda logits, cache: types.SimpleNamespace(logits=logits, past_key_values=cache, loss=None)}
+
+
+def _padding(ids: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor | None:
+    """The attention mask (B, T) a loop hands the model, by name or as a 0/1 tensor shaped as the ids
+    (Hugging Face's model(input_ids, attention_mask)); None when it hands none."""
+    given = list(map(kwargs.get, MASK_ARG_NAMES)) + list(args)
+    return next((v.long() for v in given if isinstance(v, Tensor) and v.shape == ids.shape
+                 and not v.is_floating_point() and bool(v.long().clamp(0, 1).eq(v).all())), None)
 
 
 def _cache_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[CacheToken | None, int | None,
@@ -215,17 +238,20 @@ def _style(fn: Any) -> tuple[str, ...]:
     return tuple(order)
 
 
-def _call(ctx: Context, comp: Component, model: LanguageModel, ids: Tensor, n: int,
+def call_generate(ctx: Context, comp: Component, model: LanguageModel, ids: Tensor, n: int,
           extra: dict[str, Any] | None = None) -> Any:
     """generate(model, ids, n): the learner's parameters filled by name, or else by position (by
     position up to the first one left to its default: `self` of a method cannot go by name)."""
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
     roles = ((MODEL_NAMES, model.target), (PROMPT_NAMES, ids), (COUNT_NAMES, n),
-             (CONTEXT_NAMES, model.context))  # what each argument is handed, by its name
+             (CONTEXT_NAMES, model.context), (EOS_NAMES, NEVER), (PAD_NAMES, PAD_ID),
+             (MASK_ARG_NAMES, torch.ones_like(torch.as_tensor(ids))),
+             )  # what each argument is handed, by its name (an EOS none is, all tokens real)
+    by_name = {name: v for names, v in reversed(roles) for name in names}  # the first role naming it
     extra = extra or {}
     for i, p in enumerate(forward_parameters(comp.obj)):
-        value = next((v for names, v in roles if p.name.lower() in names), extra.get(p.name))
+        value = extra.get(p.name, by_name.get(p.name.lower()))
         if value is None and p.default is not p.empty:
             continue
         if value is None and i >= 3:
@@ -293,7 +319,7 @@ def run_generate(ctx: Context, comp: Component, driver: Any, n: int, B: int, as_
         label = text(f"{B} prompt{'s' if B > 1 else ''}, {n} new tokens", f"{B} 个提示词、{n} 个新 token")
         run = Run(label, model, prompt, n, as_list=as_list, extra=extra)
         try:
-            raw = _call(ctx, comp, model, prompt[0].tolist() if as_list else prompt.clone(), n,
+            raw = call_generate(ctx, comp, model, prompt[0].tolist() if as_list else prompt.clone(), n,
                         {**fixed_defaults(comp.obj), **(extra or {})})
         except fp.LearnerFailure as failure:
             run.failure = failure
@@ -311,8 +337,6 @@ def run_generate(ctx: Context, comp: Component, driver: Any, n: int, B: int, as_
     return first
 
 
-TOP_K_NAMES = ("top_k", "topk", "k")
-NEVER = -1  # an EOS id no model generates
 
 
 def fixed_defaults(fn: Any) -> dict[str, int]:
@@ -450,7 +474,8 @@ def _top_one(res: ComponentResult, ctx: Context, comp: Component, driver: Any, s
 def _ending(res: ComponentResult, ctx: Context, comp: Component, driver: Any, tried: list[tuple[Run, Tensor]],
             ) -> None:
     """After the runs `tried` (the short one first): its failure when nothing names it, the EOS check
-    when its tokens are right, and where a wrong run departs when no mistake names it."""
+    when its tokens are right, where a wrong run departs when no mistake names it, and a left-padded
+    batch where the loop takes a mask and a padding id (generate_padded.py)."""
     short, reference = tried[0]
     if short.failure and not res.findings and short.out is None:
         raise short.failure
@@ -459,6 +484,10 @@ def _ending(res: ComponentResult, ctx: Context, comp: Component, driver: Any, tr
     wrong = next((run for run in tried if _wrong(*run)), None)
     if wrong:
         note_departure(res, lambda: _localize(ctx, comp, driver, *wrong))
+    from handformer.check.runners.generate_padded import check_padded, padded  # it imports this module
+
+    if padded(comp.obj):  # a batch it cannot take is passed over there
+        check_padded(res, ctx, comp, driver, getattr(short.model, "style", "own"))
 
 
 def _wrong(run: Run, expected: Tensor) -> bool:
@@ -473,7 +502,7 @@ def _localize(ctx: Context, comp: Component, driver: Any, run: Run, expected: Te
     prompt = run.prompt[0].tolist() if run.as_list else run.prompt.clone()
     try:
         given = {**fixed_defaults(comp.obj), **(run.extra or {})}
-        return localize_generate(lambda: _call(ctx, comp, model, prompt, run.n, given),
+        return localize_generate(lambda: call_generate(ctx, comp, model, prompt, run.n, given),
                                  comp.obj, views, forms)
     finally:
         getattr(model, "close", lambda: None)()  # the hooks on the learner's own model

@@ -57,7 +57,7 @@ from handformer.check.core.layer_map import (
     prefixed,
 )
 from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
-from handformer.check.core.moe import ffn_readings, moe_config
+from handformer.check.core.moe import ffn_readings, moe_config, moe_note
 from handformer.check.core.result import (
     NOT_CHECKED,
     Check,
@@ -547,6 +547,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
                                      message_zh=f"没有与 handformer 的 CausalLM 比较：{err.zh or err}")
             return finish(res)
         res.mapping = m.describe()
+        res.notes += moe_note(m.blocks[0].ffn)
         m.scaled = _scaled_embeddings(call, m, idx)
         _tied_despite_config(res, ctx, comp, m)
         _compare(res, ctx, comp, m, call, out, loss, idx, targets, last_only)

@@ -67,7 +67,7 @@ from handformer.check.core.discovery import NAMES, Component, argument_keys
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.localize_kinds import localize_add_norm, note_departure
-from handformer.check.core.moe import ffn_readings, moe_config
+from handformer.check.core.moe import ffn_readings, moe_config, moe_note
 from handformer.check.core.probe import Found as Explained
 from handformer.check.core.probe import Probe, Subject, name_findings, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
@@ -576,7 +576,8 @@ def _report_layer(res: ComponentResult, layer: Layer, ctx: Context, run: Callabl
                                          comp, "mha", "ffn", "sdpa", "causal_mask")
         NAN_ROWS[_torch_rows(layer, conv)](res, out, search_rows(flags), comp, ctx)
     _layer_mapping(res, layer, slots, conv)
-    _structure_findings(res, layer, ctx, placement)
+    _structure_findings(res, layer, ctx, placement if found is not None else "")  # "": not known
+    res.notes += moe_note(slots)
     if found is not None:
         res.findings += ffn_name_findings(ctx, comp, _ffn_class(layer, slots), slots, act, found[6],
                                           activated="ffn_no_activation" not in flags)
@@ -644,7 +645,7 @@ def _structure_findings(res: ComponentResult, layer: Layer, ctx: Context, placem
             f"{', '.join(where)}（单独运行时）计算的是带这个错误的归一化{f'（{zh}）' if zh else ''}"),
             number, code, form))
     res.notes += [OFFSET_NOTE] * any(w.offset for w in layer.norm_ws)
-    if layer.shared and placement != "parallel":  # one norm for both: the parallel block's own (GPT-J's)
+    if layer.shared and placement in ("pre", "post"):  # one norm for both: a parallel block's own (GPT-J's)
         number, code = locate("shared_norm", lines)
         res.findings.append(Finding("shared_norm", text(
             f"{comp.name} has one norm ({layer.norm_slots[0].leaf.name}) for its {len(layer.sublayers)} "

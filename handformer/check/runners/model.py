@@ -379,7 +379,9 @@ class Caller:
         # model on torch.nn's attention takes them as torch.nn does, or as the tutorials' keep-masks
         # that it turns into torch.nn's itself
         self.forms, self.fallback = MASK_FORMS[holds_torch_attention(module)]
-        self.rank: int | str | None = None if self.masks else self.fallback
+        # d2l's forward(enc_X, dec_X, *args): the source's valid lengths as its one more argument
+        lengths = {True: "lens"}.get(_takes_rest(self.forward), self.fallback)
+        self.rank: int | str | None = None if self.masks else lengths
 
     def raw(self, src: Tensor, tgt: Tensor, rank: int | str = 4) -> Any:
         """Rank 4: (B, 1, 1, S) and (B, 1, T, T); rank 3 (the Annotated Transformer's, whose attention
@@ -387,6 +389,8 @@ class Caller:
         as torch.nn's attention (nn.Transformer, nn.MultiheadAttention) takes them (torch_mask)."""
         if rank == "torch":
             return self.forward(src, tgt, **{name: torch_mask(name, src, tgt) for name in self.masks})
+        if rank == "lens":
+            return self._with_lengths(src, tgt)
         kwargs = {}
         for name in self.masks:
             if names_source(name):
@@ -396,6 +400,16 @@ class Caller:
             keep = keep[:, 0] if abs(int(rank)) == 3 else keep  # (B, 1, S) or (B, T, T) at rank 3
             kwargs[name] = keep.to(MASK_DTYPE[int(rank) < 0])
         return self.forward(src, tgt, **kwargs)
+
+    def _with_lengths(self, src: Tensor, tgt: Tensor) -> Any:
+        """d2l's forward(enc_X, dec_X, *args): the source's valid lengths (B,) as its one more argument,
+        in training mode with dropout off (its decoder builds its causal mask in training mode only)."""
+        was = self.module.training
+        with fp.dropout_off():
+            self.module.train()
+            out = self.forward(src, tgt, (src != PAD).sum(-1))
+        self.module.train(was)
+        return out
 
     def __call__(self, src: Tensor, tgt: Tensor) -> Tensor | None:
         for form in self.forms if self.rank is None else ():
@@ -418,6 +432,19 @@ class Caller:
         if out is not None and out.size(-1) == D and D != TGT_V and callable(generator):
             out = fp.first_tensor(self.ctx.learner.call("forward", generator, out), 3)
         return out
+
+
+LENGTHS_NOTE = text("forward(enc_X, dec_X, *args) was handed the source's valid lengths (d2l) and run in "
+                    "training mode with dropout switched off (its decoder builds its causal mask in training "
+                    "mode only)",
+                    "forward(enc_X, dec_X, *args) 传入了源序列的有效长度（d2l 的写法），并在训练模式下运行，"
+                    "dropout 关掉（它的解码器只在训练模式下构造因果掩码）")
+
+
+def _takes_rest(forward: Any) -> bool:
+    """A forward(enc_X, dec_X, *args) that hands its *args (d2l's valid lengths) on."""
+    params = inspect.signature(getattr(forward, "forward", forward)).parameters.values()  # a module's forward
+    return any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
 SOURCE_WORDS = ("src", "enc", "memory", "source")  # in a mask argument's name: the source's mask
@@ -577,10 +604,11 @@ def _pe_after_dropout(res: ComponentResult, ctx: Context, comp: Component, call:
 
 def model_factory(comp: Component, ctx: Context) -> Any:
     """The file's function that builds the model: `make_model` (the Annotated Transformer's), or one
-    whose return annotation is the model's class (Umar Jamil's build_transformer(...) -> Transformer)."""
+    whose return annotation is the model's class (Umar Jamil's build_transformer(...) -> Transformer)
+    or that returns a call of it (d2l's `return EncoderDecoder(encoder, decoder)`)."""
     own = own_objects(ctx.module)
-    returns = (f for f in own.values() if inspect.isfunction(f) and f.__annotations__.get("return") in (
-        comp.obj, comp.name))
+    returns = (f for f in own.values() if inspect.isfunction(f) and (f.__annotations__.get("return") in (
+        comp.obj, comp.name) or re.search(rf"^\s*return {comp.name}\(", source_text(f), re.M)))
     return own.get("make_model") or next(returns, None)
 
 
@@ -647,6 +675,7 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
                               f"{comp.name} 的参数是模块：用你的 {name}(...) 构造"))
     call = Caller(module, ctx)
     builds_masks = not call.masks
+    res.notes += [LENGTHS_NOTE] * (call.rank == "lens")
     src, tgt = inputs(6, 6, [0, 2], [1, 0], seed=0)  # S == T: a mask from the other side still runs
 
     check_determinism(res, ctx, comp, lambda: call(src, tgt), "encoder_layer", "decoder_layer", "mha", "ffn")

@@ -451,7 +451,8 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
 
     def call(offset: int = 0, length: int = T) -> Any:
         values = {**dict.fromkeys(LENGTH_NAMES, length), **dict.fromkeys(OFFSET_NAMES, offset),
-                  "position_ids": (torch.arange(length) + offset)[None].expand(B, length)}
+                  "position_ids": (torch.arange(length) + offset)[None].expand(B, length),
+                  "device": q.device, "dtype": q.dtype}  # Falcon's forward(seq_len, device, dtype)
         kwargs = dict(zip(tensors, (q, k))) | _filled(names, values)
         return ctx.learner.call("forward", module, **kwargs)
 

@@ -213,6 +213,14 @@ PRESETS["mid-reasoning"] = {
     "eval_split": "search"}
 
 
+# the recipe where GRPO teaches what SFT cannot (docs/benchmarks.md, "RL past SFT's plateau"): SFT sees
+# 30 worked long sums, 3 times each, for 1,200 steps, its plateau (1,800 steps scored 1.4 points less);
+# DPO's pairs hold no long sums, so only GRPO, from questions alone, takes the long sums past it
+RL_PAST_SFT = {"sft_long_sums": 30, "sft_long_repeats": 3, "sft_steps": 1200, "dpo_long_sums": 0}
+PRESETS["reasoning-rl"] = {**PRESETS["reasoning"], **RL_PAST_SFT}
+PRESETS["mid-reasoning-rl"] = {**PRESETS["mid-reasoning"], **RL_PAST_SFT}
+
+
 def config_for(preset: str, overrides: dict[str, Any]) -> SpeedrunChatConfig:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose {' or '.join(PRESETS)}")
