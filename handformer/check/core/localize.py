@@ -301,6 +301,7 @@ def _whole_name(c: float) -> str | None:
 # the reference's intermediate results by name, in Chinese (the names the views above and
 # localize_kinds.py give them); code in a name (q·kᵀ, up(x), self.norm1) stays as it is
 VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改为 {m[2]}）"),
+            (r"the target distribution q \(flattened\)", "目标分布 q（展平）"),
             (r"the input of (.+)", r"\1 的输入"), (r"the input ([xX])", r"输入 \1"), (r"the output", "输出"),
             (r"Y, the sublayer's output", "Y（子层的输出）"),
             (r"X \+ Y \(the residual sum\)", "X + Y（残差和）"), (r"the norm of X \+ Y", "X + Y 的归一化"),
