@@ -80,7 +80,7 @@ def _judge(res: ComponentResult, ctx: Context, comp: Component, driver: Any, sty
         f"{label['en']}a left-padded batch (prompts of 4 and 2 tokens, {pad_name}={pad}) gives each row "
         f"its tokens alone {alone}, padding after a row's EOS",
         f"{label['zh']}左填充的一批（提示词 4 个和 2 个 token，{pad_name}={pad}）每行与单独生成相同 "
-        f"{alone}，一行遇到 EOS 后只补 padding"), ok, text(f"got {batch}", f"实际得到 {batch}")))
+        f"{alone}，一行遇到 EOS 后只补填充"), ok, text(f"got {batch}", f"实际得到 {batch}")))
     after = batch[0][len(alone[0]):]  # row 0 after its EOS: padding, or tokens it went on to make
     resumed = batch[0][:len(alone[0])] == alone[0] and not set(after) <= {pad, eos}
     res.notes += [_resumed(ctx, comp, after, eos_name, eos)] * resumed
@@ -101,5 +101,5 @@ def _resumed(ctx: Context, comp: Component, after: list[int], eos_name: str, eos
                for n, code in source_lines(ctx.objects(comp)) if pattern.search(code)), "")
     return text(f"row 0 ended at {eos_name}={eos}, then went on: {after} (a finished row must hold only "
                 f"padding){at}",
-                f"行 0 在 {eos_name}={eos} 结束，之后又接着生成：{after}（结束的行只能补 padding）"
+                f"行 0 在 {eos_name}={eos} 结束，之后又接着生成：{after}（结束的行只能补填充）"
                 + at.replace("; the line that compares with the EOS, ", "；与 EOS 比较的那一行，"))
