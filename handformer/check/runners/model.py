@@ -170,8 +170,7 @@ def _final_norms(model: ModelMap, norms: list[Any]) -> None:
     """The encoder's and decoder's final norms: by their names (enc, src; dec, tgt), else in order."""
     for leaf in norms:
         low = leaf.name.lower()
-        stack = ("encoder" if "enc" in low or "src" in low else
-                 "decoder" if "dec" in low or "tgt" in low else None)
+        stack = "encoder" if re.search("enc|src", low) else "decoder" if re.search("dec|tgt", low) else None
         if stack and stack not in model.final:
             model.final[stack] = Slot(f"{stack} final norm", leaf)
     rest = [leaf for leaf in norms if leaf not in [s.leaf for s in model.final.values()]]
