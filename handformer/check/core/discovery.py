@@ -193,10 +193,15 @@ def _by_structure(own: dict[str, Any], taken: set[str], only: list[str] | None) 
             if "gpt" in (only or ["gpt"]) and inspect.isclass(obj) and name not in taken and "." not in name
             and not name.endswith(SUFFIXES["gpt"])  # found, or left as a backbone, by its name
             and not any("mask" in p.name and p.default is p.empty for p in _forward_parameters(obj).values())
-            and MODEL_PARTS.search(source_text(vars(obj).get("__init__", ""))) and decoder_only(obj)] + [
+            and _decoder_model(obj)] + [
         Component("bpe_tokenizer", name, obj, "methods") for name, obj in own.items()  # minbpe's classes
         if "bpe_tokenizer" in (only or ["bpe_tokenizer"]) and name not in taken and "." not in name
-        and inspect.isclass(obj) and all(callable(getattr(obj, m, None)) for m in TOKENIZER_METHODS)]
+        and trains_itself(obj)]
+
+
+def trains_itself(obj: Any) -> bool:
+    """A class with train, encode and decode methods: a tokenizer that trains itself (minbpe's)."""
+    return inspect.isclass(obj) and all(callable(getattr(obj, m, None)) for m in TOKENIZER_METHODS)
 
 
 def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, pointed: set[str],

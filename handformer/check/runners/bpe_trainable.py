@@ -17,7 +17,7 @@ from typing import Any
 
 from handformer.check.core.argument_names import call_parameters
 from handformer.check.core.context import Context, finish
-from handformer.check.core.discovery import Component
+from handformer.check.core.discovery import Component, trains_itself
 from handformer.check.core.result import Check, ComponentResult, text
 from handformer.check.core.source import source_lines
 from handformer.check.reference import bpe_reference as R
@@ -29,9 +29,7 @@ SPECIALS = [SPECIAL, bpe_codec.OVERLAP]  # in this order: the shorter first, so 
 
 def trainable(obj: Any) -> bool:
     """A class with train, encode and decode methods that is built without a vocabulary."""
-    methods = [getattr(obj, m, None) for m in ("train", "encode", "decode")]
-    return inspect.isclass(obj) and all(map(callable, methods)) and all(
-        p.default is not p.empty for p in call_parameters(obj.__init__)[1:])
+    return trains_itself(obj) and all(p.default is not p.empty for p in call_parameters(obj.__init__)[1:])
 
 
 def check_tokenizer(comp: Component, ctx: Context) -> ComponentResult:
