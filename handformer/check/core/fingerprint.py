@@ -88,6 +88,15 @@ def one_sequence(out: Any) -> list[int] | None:
     return None
 
 
+def quietly(run: Callable[[], Any]) -> Any:
+    """What `run()` gives; None when it raises (the learner's code, or a reading of it that does not
+    apply: nothing to say from it)."""
+    try:
+        return run()
+    except Exception:  # noqa: BLE001 - their code, or a reading that does not apply: nothing found
+        return None
+
+
 def first_tensor(value: Any, ndim: int | None = None) -> Tensor | None:
     """The output tensor of a learner call that returns a tensor or a tuple (output, weights)."""
     items = [value] if isinstance(value, Tensor) else value if isinstance(value, (tuple, list)) else ()

@@ -37,10 +37,7 @@ def find_layouts_(module: nn.Module, one_token: Callable[[], Tensor | None], D: 
 
 def _quiet(one_token: Callable[[], Tensor | None]) -> Tensor | None:
     """The one-token output; None where the learner's code raises on it, or gives NaN or nothing."""
-    try:
-        out = one_token()
-    except Exception:  # noqa: BLE001  (whatever it raised: the layout cannot be read from it)
-        return None
+    out = fp.quietly(one_token)  # (whatever it raised: the layout cannot be read from it)
     return out if fp.max_error(out, out) == 0.0 else None  # (inf for None or a NaN)
 
 

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
+from handformer.check.core.fingerprint import quietly
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.result import ComponentResult, Text, text
 from handformer.check.core.source import lines_matching
@@ -895,14 +896,6 @@ def place_findings(res: ComponentResult, lines: list[tuple[int, str]], localize:
     for finding in unsure * (found is not None):
         if finding.line is None or found.line in lines_matching(finding.name, lines):
             finding.line, finding.code = found.line, found.code
-
-
-def quietly(localize: Callable[[], Any]) -> Any:
-    """What `localize()` finds; None when it cannot run (their code, or a reading that does not apply)."""
-    try:
-        return localize()
-    except Exception:  # noqa: BLE001 - their code, or a reading that does not apply: nothing found
-        return None
 
 
 def is_departure(note: Text) -> bool:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from handformer.check.core.fingerprint import quietly
 from handformer.check.core.localize import (
     NUMBERS,
     Departure,
@@ -35,7 +36,6 @@ from handformer.check.core.localize import (
     latest_departure,
     over_axes,
     place_findings,
-    quietly,
     rotate_half,
     trace_steps,
     view_zh,
