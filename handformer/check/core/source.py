@@ -106,14 +106,15 @@ def locate_form(name: str, form: str, lines: list[tuple[int, str]]) -> tuple[str
 
 
 def learner_error(err: BaseException, path: str, where: str) -> LearnerError:
-    """The exception as a report: message, and the frames that are in the learner's file."""
+    """The exception as a report: message, and the innermost two frames that are in the learner's
+    file (where it raised, and the line that called that)."""
     if isinstance(err, SyntaxError) and err.filename and _same(err.filename, path):
         frames = [f"line {err.lineno}: {(err.text or '').strip()}"]
         return LearnerError("syntax", f"SyntaxError: {err.msg}", where, frames,
                             f"语法错误（SyntaxError）：{err.msg}")
     stack = traceback.extract_tb(err.__traceback__)
     frames = [f"line {f.lineno}, in {f.name}: {(f.line or '').strip()}"
-              for f in stack if _same(f.filename, path)]
+              for f in stack if _same(f.filename, path)][-2:]  # a FAIL quotes two of their lines at most
     stand_in = raised_by_stand_in(stack, path) or refused_by_stand_in(err)
     kind = "memory" if _is_memory(err) else "stand_in" if stand_in else "exception"
     message = f"{type(err).__name__}: {err}".strip()

@@ -590,21 +590,26 @@ def bigram(res: ComponentResult, module: nn.Module, out: Tensor, loss: Tensor | 
     return True
 
 
+NO_READING = text("no known mistake (or pair of them) reproduces your logits; the blocks' own checks show "
+                  "where they differ from handformer's",
+                  "没有任何已知错误（或两个错误的组合）能复现你的 logits；"
+                  "各 Block 自己的检查会指出它们与 handformer 的差别")
+
+
 def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call: Caller, out: Tensor,
              loss: Tensor | None, idx: Tensor, targets: Tensor, last_only: bool) -> None:
     gated = is_gated(m.blocks[0].ffn)
     settings = [Choices(p, a, r) for r in m.ropes for p in PLACEMENTS for a in FFN_ACTIVATIONS[gated]]
     found = _search(m, out, idx, settings, last_only)
     if found is None:
-        res.notes.append(text("no known mistake (or pair of them) reproduces your logits; the blocks' own "
-                              "checks show where they differ from handformer's",
-                              "没有任何已知错误（或两个错误的组合）能复现你的 logits；"
-                              "各 Block 自己的检查会指出它们与 handformer 的差别"))
+        res.notes.append(NO_READING)
         ch = settings[0]
         _localize(res, m, call, idx, settings)
     else:
         ch = found[0]
         _found(res, ctx, comp, m, out, idx, found, last_only)
+        if res.named():  # the line each named mistake is quoted at
+            _localize(res, m, call, idx, [ch])
     hf = reference_model(m, ch)
     _norm_findings(res, ctx, comp, m)
     errors = []
@@ -633,7 +638,8 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
 
 
 def _localize(res: ComponentResult, m: GPTMap, call: Caller, idx: Tensor, settings: list[Choices]) -> None:
-    """Where the logits no search explains part from handformer's, part by part, in each setting."""
+    """Where the logits part from handformer's, part by part, in each setting: said when no search
+    explains them, else where a named mistake is quoted."""
     models = [reference_model(m, c) for c in settings]
     readings = [module_views(lambda hf=hf: hf(idx), hf, {}, inputs=True) for hf in models]
     note_departure(res, lambda: localize_model(lambda: call(idx), call.module, readings))
