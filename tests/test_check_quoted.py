@@ -47,3 +47,25 @@ def test_each_failing_component_quotes_the_planted_line(tmp_path, plant):
     assert all([f["line"] for f in c["findings"]] == [line] for c in data["components"] if c["findings"]), report
     if DEPARTS in failing.values():
         assert f"x {DEPARTS}: no known mistake reproduces it" in report and "d_k**0.25" in report, report
+
+
+def test_an_error_under_the_mode_that_reads_cuda_as_the_cpu_is_the_learners(tmp_path):
+    """A file that names a "cuda" device runs under CudaAsCpu, a torch function mode of handformer's
+    under every torch call: a shape error at their line is their exception (a FAIL quoting the
+    line), not a stand-in's refusal (NOT CHECKED)."""
+    import importlib.util
+
+    import torch
+
+    from handformer.check.core.cpu_only import CudaAsCpu
+    from handformer.check.core.source import learner_error
+
+    path = tmp_path / "learner.py"
+    path.write_text("def scores(q, k):\n    return q @ k  # k not transposed\n")
+    spec = importlib.util.spec_from_file_location("learner_cuda", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with CudaAsCpu(), pytest.raises(RuntimeError) as raised:
+        module.scores(torch.ones(2, 3), torch.ones(2, 3))
+    error = learner_error(raised.value, str(path), "forward")
+    assert (error.kind, error.traceback) == ("exception", ["line 2, in scores: return q @ k  # k not transposed"])

@@ -141,14 +141,16 @@ def raised_by_torch(stack: traceback.StackSummary) -> bool:
 def raised_by_stand_in(stack: traceback.StackSummary, path: str) -> bool:
     """Whether the innermost frame that is neither torch's nor Python's own is handformer's: the
     learner's code called a stand-in (a model check built for it) that would not take the call, so
-    the exception is the stand-in's, never shown as theirs."""
+    the exception is the stand-in's, never shown as theirs. The mode that reads "cuda" as the CPU
+    (core/cpu_only.py) sits under every torch call of a file that names that device: not a stand-in."""
     import os
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    device_mode = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_only.py")
     for frame in reversed(stack):
         if _same(frame.filename, path):
             return False
-        if os.path.abspath(frame.filename).startswith(package + os.sep):
+        if os.path.abspath(frame.filename).startswith(package + os.sep) and frame.filename != device_mode:
             return True
     return False
 
