@@ -159,6 +159,8 @@ SIDES = {"pre": "before", "post": "after"}  # where a placement puts the norm
 def layer_views(w: V.LayerWeights, x: Tensor, memory: Tensor | None, keep: Tensor | None) -> list[View]:
     """Each sublayer's norm, output and residual sum, in the order the placement computes them."""
     views: list[View] = [("the input x", x)]
+    if w.placement == "parallel":
+        return views + _parallel_views(w, x, keep)
     for i, name in enumerate(w.sublayers):
         label, n = LABELS[name], w.norms[i]
         f = _sublayer(w, name, memory, keep)
@@ -174,6 +176,17 @@ def layer_views(w: V.LayerWeights, x: Tensor, memory: Tensor | None, keep: Tenso
             x = V.norm(n, x + y)
             views.append((f"the norm after the {label}", x))
     return views
+
+
+def _parallel_views(w: V.LayerWeights, x: Tensor, keep: Tensor | None) -> list[View]:
+    """A parallel block's sub-steps (GPT-J's): each norm of x, the attention and the FFN each on its
+    own, and the sums x + attention (+ FFN) in either order."""
+    h_attn, h_ffn = V.norm(w.norms[0], x), V.norm(w.norms[-1], x)
+    attn, ffn = _sublayer(w, "attn", None, keep)(h_attn), _sublayer(w, "ffn", None, keep)(h_ffn)
+    return [("the norm before the self-attention", h_attn), ("the norm before the FFN", h_ffn),
+            ("the self-attention's output", attn), ("the FFN's output", ffn),
+            ("attention + FFN", attn + ffn), ("x + self-attention", x + attn),
+            ("x + self-attention + FFN (the block's output)", x + attn + ffn)]
 
 
 def _sublayer(w: V.LayerWeights, name: str, memory: Tensor | None, keep: Tensor | None,
@@ -217,9 +230,9 @@ def layer_norm_forms(w: V.LayerWeights, views: list[View]) -> list[Form]:
     forms, stream = [], "the input x"
     for name, n in zip(w.sublayers, w.norms):
         total = f"x + {LABELS[name]} (the residual sum)"
-        own, after = {"pre": (stream, total),
+        own, after = {"pre": (stream, total), "parallel": (stream, stream),  # parallel: each norms x
                       "post": (total, f"the norm after the {LABELS[name]}")}[w.placement]
-        label = f"the norm {SIDES[w.placement]} the {LABELS[name]}"
+        label = f"the norm {SIDES.get(w.placement, 'before')} the {LABELS[name]}"
         forms += norm_forms(lambda t, n=n: V.norm(n, t), label, own, views)
         stream = after
     return forms
