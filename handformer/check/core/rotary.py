@@ -116,21 +116,19 @@ def rope_note(rope: str) -> dict[str, str]:
 
 def rope_layouts(module: nn.Module, given_table: bool, given_cos_sin: bool = False,
                    ) -> tuple[str | None, ...]:
-    """Rotary positions inside the attention: interleaved when the block is handed Meta's freqs_cis,
-    half-split when it is handed Hugging Face's (cos, sin), either layout when the source of one of
-    its classes speaks of them, else none."""
+    """Positions inside the attention: interleaved when the block is handed Meta's freqs_cis,
+    half-split when it is handed Hugging Face's (cos, sin), else a term on the scores its classes
+    hold or speak of (ALiBi's, T5's: in place of none), then either rotary layout when the source of
+    one of its classes speaks of them."""
     if given_table:
         return ("interleaved",)
     if given_cos_sin:
         return ("half",)
     sources = [source_text(type(sub)).lower() for sub in module.modules()  # the learner's classes only
                if type(sub).__module__.startswith("learner_")]
-    biases = score_biases_inside(module, sources)
-    if biases:
-        return biases
-    if any(w in source for source in sources for w in ROPE_WORDS):
-        return (None, "half", "interleaved", *partial_layouts(D // H))
-    return (None,)
+    rotary = ("half", "interleaved", *partial_layouts(D // H)) * any(
+        w in source for source in sources for w in ROPE_WORDS)
+    return (score_biases_inside(module, sources) or (None,)) + rotary
 
 
 ALIBI_WORDS = ("alibi", "slopes")

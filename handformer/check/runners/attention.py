@@ -532,13 +532,20 @@ def score_biases(comp: Component, c: Caller, slots: list[Slot]) -> tuple[str, ..
     T5's learned relative-position bias where it holds the table (a bidirectional encoder's, or a
     decoder's), ALiBi's where its source speaks of ALiBi or its forward takes `alibi`, and unscaled
     scores (T5's, the bias left to its caller) where its forward takes a bias; none otherwise. Where
-    there is one, it is searched in place of the rotary layouts (an attention that builds ALiBi and
-    adds none is not read as a plain one)."""
+    there is one, it is searched in place of no positions (an attention that builds ALiBi and adds
+    none is not read as a plain one)."""
     source = source_text(comp.obj).lower()
     table = ("t5", "t5_causal") * any(s.role == RELATIVE_ROLE for s in slots)
     alibi = ("alibi",) * any(w in source for w in ALIBI_WORDS)
     given = {p.name for p in forward_parameters(comp.obj)} & set(BIAS_ARGUMENTS)
     return table + alibi + ("unscaled",) * (bool(given) > bool(table))
+
+
+def positions_inside(comp: Component, c: Caller, slots: list[Slot]) -> tuple[str | None, ...]:
+    """The readings of the positions inside the attention the search tries: its score biases, else none,
+    then the rotary layouts its source allows."""
+    biases = score_biases(comp, c, slots)
+    return (biases or (None,)) + tuple(r for r in rope_settings(comp, c) if r is not None)
 
 
 def behaves_causal(ctx: Context, c: Caller, width: int) -> bool:
@@ -605,7 +612,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
         raise
     facts = {"probe": probe, "rows": probe.rows, "takes_mask": c.takes_mask, "slots": slots,
              "universe": _universe(c, has_o, n_kv_heads, causal_inside), "n_kv_heads": n_kv_heads,
-             "ropes": score_biases(comp, c, slots) or rope_settings(comp, c),
+             "ropes": positions_inside(comp, c, slots),
              "setup": Setup(module, slots, c, "", causal_inside, n_kv_heads, None, heads)}
     return Subject(probe.run, [], module, facts)
 

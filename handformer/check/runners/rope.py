@@ -270,7 +270,7 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     attempts = [(layout, meta, shape) for layout in (COMPLEX if complex_table else ("half", "interleaved"))
                 for meta in (False, True) for shape in (("4d", "real") if layout in COMPLEX else shapes)]
     if not complex_table:  # nanochat's cos, sin (1, T, 1, Dh/2) on halves, rotated either way
-        attempts += QUARTER + PAIR_TD * ("freqs_cos" in names) + PAIR_BTD
+        attempts += QUARTER + PAIR_TD + PAIR_BTD
     failure, best, first = _search_apply(ctx, fn, names, tensors, q, k, attempts)
     if best is None and first is None:
         raise failure or ctx.learner.fail(
@@ -332,7 +332,8 @@ def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: 
 # a complex table -> the pairs it rotates: Meta's view_as_complex(x.reshape(..., -1, 2)) pairs 2j with
 # 2j + 1; Gemma's view_as_complex(torch.stack(torch.chunk(x, 2, -1), -1)) pairs j with j + Dh/2
 COMPLEX = {"pairs": "interleaved", "pairs_half": "half"}
-# llama2.c's apply_rotary_emb(xq, xk, freqs_cos, freqs_sin): one angle an interleaved pair, (T, Dh/2)
+# llama2.c's apply_rotary_emb(xq, xk, freqs_cos, freqs_sin) (any apply function of that table): one angle an
+# interleaved pair, (T, Dh/2)
 PAIR_TD = [("interleaved", True, "pair_td"), ("interleaved", False, "pair_td")]
 QUARTER = [("half", True, "quarter"), ("swapped", True, "quarter")]  # nanochat's (1, T, 1, Dh/2), either way
 # GPT-J's apply_rotary_pos_emb(tensor, sin, cos): sin and cos (B, T, Dh/2), one angle an interleaved pair,
