@@ -537,7 +537,8 @@ def score_biases(comp: Component, c: Caller, slots: list[Slot]) -> tuple[str, ..
     source = source_text(comp.obj).lower()
     table = ("t5", "t5_causal") * any(s.role == RELATIVE_ROLE for s in slots)
     alibi = ("alibi",) * any(w in source for w in ALIBI_WORDS)
-    given = {p.name for p in forward_parameters(comp.obj)} & set(BIAS_ARGUMENTS)
+    takes = inspect.signature(getattr(comp.obj, "forward", comp.obj)).parameters  # (a class: its forward's)
+    given = set(takes) & set(BIAS_ARGUMENTS)
     return table + alibi + ("unscaled",) * (bool(given) > bool(table))
 
 
