@@ -527,25 +527,27 @@ def rope_settings(comp: Component, c: Caller) -> tuple[str | None, ...]:
 # position_bias, handed down from the layer that holds the table): learned, as T5's, not ALiBi's
 BIAS_ARGUMENTS = ("position_bias", "pos_bias", "rel_pos_bias", "relative_position_bias", "attn_bias",
                   "attention_bias")
-def score_biases(comp: Component, c: Caller, slots: list[Slot]) -> tuple[str, ...]:
+
+
+def score_biases(comp: Component, slots: list[Slot]) -> tuple[str | None, ...]:
     """The positional terms the learner's scores may take, by what the attention holds and is handed:
     T5's learned relative-position bias where it holds the table (a bidirectional encoder's, or a
     decoder's), ALiBi's where its source speaks of ALiBi or its forward takes `alibi`, and unscaled
-    scores (T5's, the bias left to its caller) where its forward takes a bias; none otherwise. Where
-    there is one, it is searched in place of no positions (an attention that builds ALiBi and adds
-    none is not read as a plain one)."""
+    scores (T5's, the bias left to its caller) or scaled ones where its forward takes a bias; none
+    otherwise. A table or ALiBi is searched in place of no positions (an attention that builds ALiBi
+    and adds none is not read as a plain one)."""
     source = source_text(comp.obj).lower()
     table = ("t5", "t5_causal") * any(s.role == RELATIVE_ROLE for s in slots)
     alibi = ("alibi",) * any(w in source for w in ALIBI_WORDS)
     takes = inspect.signature(getattr(comp.obj, "forward", comp.obj)).parameters  # (a class: its forward's)
     given = set(takes) & set(BIAS_ARGUMENTS)
-    return table + alibi + ("unscaled",) * (bool(given) > bool(table))
+    return table + alibi + ("unscaled", None) * (bool(given) > bool(table))
 
 
 def positions_inside(comp: Component, c: Caller, slots: list[Slot]) -> tuple[str | None, ...]:
-    """The readings of the positions inside the attention the search tries: its score biases, else none,
-    then the rotary layouts its source allows."""
-    biases = score_biases(comp, c, slots)
+    """The readings of the positions inside the attention the search tries: its score biases (`None`
+    among them: none), else none, then the rotary layouts its source allows."""
+    biases = score_biases(comp, slots)
     return (biases or (None,)) + tuple(r for r in rope_settings(comp, c) if r is not None)
 
 
