@@ -177,12 +177,14 @@ def test_positions_as_a_term_on_the_scores_and_partial_interleaved_rotary_are_co
     """T5's learned relative-position bias (its unscaled scores a convention: DIFFERS, also in a layer
     handed the bias by its caller), ALiBi's slopes on
     the scaled scores, GPT-J's partial interleaved rotary with k_proj, v_proj, q_proj defined in that
-    order (its apply function handed one angle a pair, (T, Dh/2)), and the blocks built on them: found by
-    what the attention holds and says, compared so."""
+    order (its apply function handed one angle a pair, (T, Dh/2); transformers 5's attention handed
+    (sin, cos), (B, T, Dh/2) each), and the blocks built on them: found by what the attention holds and
+    says, compared so."""
     result = check_file(str(POSITIONS), only=["rope", "mha", "causal_attention", "block"])
     by = {c.name: c for c in result.components}
     assert {n: c.status for n, c in by.items()} == {
-        "apply_rotary_pos_emb": "pass", "RelativeAttention": "differs", "LaterLayerAttention": "differs", "AlibiAttention": "pass", "PartialRotaryAttention": "pass",
+        "apply_rotary_pos_emb": "pass", "RelativeAttention": "differs", "LaterLayerAttention": "differs",
+        "HandedRotaryAttention": "pass", "AlibiAttention": "pass", "PartialRotaryAttention": "pass",
         "AlibiBlock": "pass", "ParallelBlock": "pass"}, format_report(result)
     assert "rel_bias -> relative position bias" in by["RelativeAttention"].mapping
     assert all(any("not divided by sqrt(d_k)" in n["en"] for n in by[name].notes)
