@@ -14,7 +14,8 @@ DIAGNOSES: list[Diagnosis] = [
       "divide by math.sqrt(d_k), not by d_k", "应除以 math.sqrt(d_k)，而不是 d_k",
       r"/\s*\(?\s*(self\.)?d_k\b", r"/\s*\w*d_k",
       r"/\s*\(?\s*\w+\.(size\(-1\)|shape\[-1\])(?!\s*\)?\s*\*\*)",  # GPT-2: / value.size(-1)
-      r"/\s*(self\.)?(head_dim|head_size|d_head)\b(?!\s*\*\*)", r"scores\s*="),
+      r"(@|matmul|scores|att\w*)\b.*/\s*(self\.)?(head_dim|head_size|d_head)\b(?!\s*\*\*)",  # GPT-J's
+      r"scores\s*="),
     d("softmax_wrong_dim", "the softmax runs over the wrong dimension",
       "softmax 作用在了错误的维度上",
       "take the softmax over the keys, the last dimension: F.softmax(scores, dim=-1)",
