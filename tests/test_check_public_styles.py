@@ -293,6 +293,45 @@ class GroupedQueryAttention(nn.Module):
         weights = torch.softmax(scores / self.head_dim**0.5, dim=-1)
         return self.out_proj((weights @ v).transpose(1, 2).reshape(b, t, -1))
 '''
+# PyTorch's nn.Transformer tutorial's language model, batch-first: nn.TransformerEncoder, a sine table,
+# the embeddings times sqrt(d_model), a float -inf mask
+TORCH_TUTORIAL_LM = '''import math
+
+import torch
+from torch import nn
+
+
+class SineTable(nn.Module):
+    def __init__(self, width, max_len=512):
+        super().__init__()
+        pos = torch.arange(max_len, dtype=torch.float).unsqueeze(1)
+        two_i = torch.arange(0, width, 2, dtype=torch.float)
+        table = torch.zeros(1, max_len, width)
+        table[0, :, 0::2] = torch.sin(pos / 10000 ** (two_i / width))
+        table[0, :, 1::2] = torch.cos(pos / 10000 ** (two_i / width))
+        self.register_buffer("table", table)
+
+    def forward(self, x):
+        return x + self.table[:, : x.size(1)]
+
+
+class WordLM(nn.Module):
+    def __init__(self, vocab_size, d_model, n_heads, d_ff, n_layers):
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, d_model)
+        self.pos = SineTable(d_model)
+        layer = nn.TransformerEncoderLayer(d_model, n_heads, d_ff, dropout=0.1, batch_first=True)
+        self.stack = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
+        self.lm_head = nn.Linear(d_model, vocab_size)
+        self.scale = math.sqrt(d_model)
+
+    def forward(self, ids):
+        t = ids.size(1)
+        future = torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
+        h = self.pos(self.tok(ids) * self.scale)
+        return self.lm_head(self.stack(h, mask=future))
+'''
+
 QK_BEFORE = """        if self.q_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -322,6 +361,10 @@ CASES = {
     "nanochat_relu2": (NANOCHAT, ["ffn"], "F.relu(self.c_fc(x)).square()", "self.c_fc(x).square()"),
     "umar_freqs_complex": (UMAR, ["mha"], "pairs * freqs_complex[", "pairs * freqs_complex.conj()["),
     "raschka_qk_norm_switch": (RASCHKA_QK, ["gqa"], QK_BEFORE, QK_AFTER),
+    "torch_tutorial_scale_unused": (TORCH_TUTORIAL_LM, ["gpt"], "self.tok(ids) * self.scale", "self.tok(ids)",
+                                    "line 34: h = self.pos(self.tok(ids))"),
+    "torch_tutorial_no_mask": (TORCH_TUTORIAL_LM, ["gpt"], "self.stack(h, mask=future)", "self.stack(h)",
+                               "line 35: return self.lm_head(self.stack(h))"),
 }
 
 
@@ -450,6 +493,28 @@ class GPT(nn.Module):
             return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         return logits
 '''
+
+# nanochat's newer GPT: value embeddings (a token table a layer adds to its values, None in the
+# others), learned per-layer residual scalars, soft-capped logits
+NANOCHAT_SCALARS = (
+    NANOCHAT_GPT
+    .replace("    def forward(self, x, cos_sin):\n        B, T, C = x.shape\n        q, k, v = (p(x).view(B, T, self.h, self.d) for p in (self.q, self.k, self.v))\n",
+             "    def forward(self, x, cos_sin, extra_v):\n        B, T, C = x.shape\n        q, k, v = (p(x).view(B, T, self.h, self.d) for p in (self.q, self.k, self.v))\n"
+             "        if extra_v is not None:\n            v = v + extra_v.view(B, T, self.h, self.d)\n")
+    .replace("    def forward(self, x, cos_sin):\n        x = x + self.attn(rms(x), cos_sin)",
+             "    def forward(self, x, cos_sin, extra_v):\n        x = x + self.attn(rms(x), cos_sin, extra_v)")
+    .replace("        d = config.n_embd // config.n_head\n",
+             "        d = config.n_embd // config.n_head\n"
+             "        self.skip_scale = nn.Parameter(torch.ones(config.n_layer))\n"
+             "        self.embed_mix = nn.Parameter(torch.zeros(config.n_layer))\n"
+             "        self.v_tables = nn.ModuleList([nn.Embedding(config.vocab_size, config.n_embd)])\n")
+    .replace("        x = rms(self.wte(idx))\n        for block in self.h:\n            x = block(x, (self.cos[:, :T], self.sin[:, :T]))\n        logits = self.lm_head(rms(x))\n",
+             "        x = first = rms(self.wte(idx))\n        for i, block in enumerate(self.h):\n"
+             "            x = self.skip_scale[i] * x + self.embed_mix[i] * first\n"
+             "            extra = self.v_tables[0](idx) if i == len(self.h) - 1 else None\n"
+             "            x = block(x, (self.cos[:, :T], self.sin[:, :T]), extra)\n"
+             "        logits = torch.tanh(self.lm_head(rms(x)) / 30.0) * 30.0\n"))
+
 
 UMAR_MODEL = UMAR + '''
 
@@ -587,6 +652,25 @@ def test_more_learner_styles_are_checked_whole_and_a_planted_mistake_fails(tmp_p
         planted = _statuses(tmp_path, "planted", source.replace(right, wrong, 1), kinds)
         assert any(c.status == "fail" for c in planted.values()), {
             n: (c.status, c.error) for n, c in planted.items()}
+
+
+def test_parts_no_reference_has_are_held_and_a_mistake_elsewhere_still_fails(tmp_path):
+    """nanochat's value embeddings (at zero) and residual scalars (as built) are held and named; the
+    attention and block are handed None for the value embedding their forward tests against None; the
+    soft-cap is read (30); a cap written wrong FAILs at its line, a held part written wrong is NOT CHECKED."""
+    assert "extra_v is not None" in NANOCHAT_SCALARS and "/ 30.0) * 30.0" in NANOCHAT_SCALARS
+    kinds = ["gpt", "block", "causal_attention"]
+    correct = _statuses(tmp_path, "correct", NANOCHAT_SCALARS, kinds)
+    assert {c.status for c in correct.values()} == {"pass"}, {n: (c.status, c.error) for n, c in correct.items()}
+    held = " ".join(n["en"] for n in correct["GPT"].notes)
+    assert "v_tables.0 (29, 16), skip_scale (2,), embed_mix (2,) held" in held, held
+    capped = NANOCHAT_SCALARS.replace(" / 30.0) * 30.0", ") * 30.0")
+    (gpt,) = _statuses(tmp_path, "capped", capped, ["gpt"]).values()
+    assert gpt.status == "fail" and "logits = torch.tanh(self.lm_head(rms(x))) * 30.0" in " ".join(
+        n["en"] for n in gpt.notes), gpt.notes
+    mixed = NANOCHAT_SCALARS.replace("self.embed_mix[i] * first", "self.embed_mix[i] * x")
+    (gpt,) = _statuses(tmp_path, "mixed", mixed, ["gpt"]).values()
+    assert gpt.status in ("pass", "not_checked"), (gpt.status, gpt.notes)  # zero mix: the same either way
 
 
 def test_a_block_with_an_optional_mask_in_a_file_with_nothing_causal_is_an_encoder_layer(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import contextlib
 import dis
 import inspect
 import math
+import re
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -298,6 +299,30 @@ def observed_match(name: str, form: str, matched: float, correct: float) -> dict
 
 def forward_parameters(module: Any) -> list[inspect.Parameter]:
     return call_parameters(module.forward if isinstance(module, nn.Module) else module)
+
+
+# the inputs of an attention or a layer, never taken for an optional extra (a cross-attention's memory)
+INPUT_NAMES = ("key", "value", "k", "v", "keys", "values", "memory", "context", "enc_out", "encoder_out",
+               "enc_output", "encoder_output", "y", "kv", "xk", "xv", "src", "tgt")
+
+
+def optional_inputs(fn: Any, params: list[inspect.Parameter], handled: set[str], passed_on: bool = False,
+                    ) -> set[str]:
+    """The arguments without a default that the forward tests against None (nanochat's value
+    embedding `ve`: `if ve is not None`), or, with `passed_on`, hands as it is to a call (its block's
+    `self.attn(norm(x), ve, cos_sin)`) while its file tests that name against None, besides its first
+    input and those check fills (`handled`: masks, rotary tables): handed None, the forward's own way
+    to do without them."""
+    fn = type(fn).forward if isinstance(fn, nn.Module) else fn
+    source, file = source_text(fn), source_text(inspect.getmodule(fn))
+    return {p.name for p in params[1:] if p.default is p.empty and p.name.lower() not in INPUT_NAMES
+            and p.name not in handled and not is_mask_name(p.name)
+            and (re.search(NONE_TEST.format(p.name), source) or passed_on
+                 and re.search(rf"[(,]\s*{p.name}\s*[,)]", source)
+                 and re.search(NONE_TEST.format(p.name), file))}
+
+
+NONE_TEST = r"\b{0}\s+is\s+(not\s+)?None\b"
 
 
 def forward_names(module: Any) -> list[str]:
