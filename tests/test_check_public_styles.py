@@ -451,7 +451,7 @@ class Attn(nn.Module):
         return self.o(y.transpose(1, 2).reshape(B, T, C))
 
 
-class Mlp(nn.Module):
+class GatedMLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.up = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
@@ -1262,3 +1262,69 @@ def test_a_gain_kept_as_an_offset_from_one_is_a_convention(tmp_path):
     (wrong,) = _statuses(tmp_path, "planted", OFFSET_NORM.replace("(1 + self.scale)", "(2 + self.scale)"),
                          ["rmsnorm"]).values()
     assert wrong.status == "fail"
+
+
+GEMMA_SETTINGS = '''import dataclasses
+import enum
+
+
+class Kind(enum.Enum):
+    FULL = "full"
+    WINDOW = "window"
+
+
+@dataclasses.dataclass
+class Settings:
+    hidden_size: int = 64
+    num_heads: int = 4
+    scalar: float = 16.0
+'''
+
+GEMMA_LAYERS = '''from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import settings_file
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, quantized: bool):
+        super().__init__()
+        self.gate = nn.Linear(d_model, d_ff, bias=False)
+        self.up = nn.Linear(d_model, d_ff, bias=False)
+        self.down = nn.Linear(d_ff, d_model, bias=False)
+        for p in self.parameters():
+            p.requires_grad = quantized
+
+    def forward(self, x):
+        return self.down(F.gelu(self.gate(x), approximate="tanh") * self.up(x))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: settings_file.Settings, kind: settings_file.Kind):
+        super().__init__()
+        self.kind, self.h = kind, cfg.num_heads
+        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=False)
+        self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.h, C // self.h).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.kind is settings_file.Kind.FULL)
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
+'''
+
+
+def test_arguments_typed_by_an_enum_a_bool_or_a_config_of_another_file_are_filled(tmp_path):
+    """gemma_pytorch's GemmaAttention(config: gemma_config.GemmaConfig, attn_type: AttentionType) and
+    GemmaMLP(..., quant: bool): the config class of the other file (its defaults kept), the enum's first
+    member, False; weights frozen by the file (requires_grad False) still get their gradients compared."""
+    (tmp_path / "settings_file.py").write_text(GEMMA_SETTINGS)
+    found = _statuses(tmp_path, "layers", GEMMA_LAYERS, ["ffn", "causal_attention"])
+    assert {n: c.status for n, c in found.items()} == {"GatedMLP": "pass", "SelfAttention": "pass"}, {
+        n: (c.status, c.error) for n, c in found.items()}
+    planted = GEMMA_LAYERS.replace("* self.up(x))", "* self.gate(x))")
+    (mlp,) = _statuses(tmp_path, "planted", planted, ["ffn"]).values()
+    assert mlp.status == "fail", (mlp.status, mlp.error)
