@@ -1328,3 +1328,72 @@ def test_arguments_typed_by_an_enum_a_bool_or_a_config_of_another_file_are_fille
     planted = GEMMA_LAYERS.replace("* self.up(x))", "* self.gate(x))")
     (mlp,) = _statuses(tmp_path, "planted", planted, ["ffn"]).values()
     assert mlp.status == "fail", (mlp.status, mlp.error)
+
+
+# d2l-en's model: lazy layers everywhere, the blocks in an nn.ModuleList, the model built by a factory
+D2L_EN_MODEL = (Path(__file__).parent / "fixtures" / "learners_d2l" / "correct.py").read_text() + '''
+
+class Encoder(nn.Module):
+    def __init__(self, vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_blks, dropout):
+        super().__init__()
+        self.num_hiddens = num_hiddens
+        self.embedding = nn.Embedding(vocab_size, num_hiddens)
+        self.pos_encoding = PositionalEncoding(num_hiddens, dropout)
+        self.blks = nn.ModuleList([TransformerEncoderBlock(num_hiddens, ffn_num_hiddens, num_heads, dropout)
+                                   for _ in range(num_blks)])
+
+    def forward(self, X, valid_lens):
+        X = self.pos_encoding(self.embedding(X) * self.num_hiddens ** 0.5)
+        for blk in self.blks:
+            X = blk(X, valid_lens)
+        return X
+
+
+class Decoder(nn.Module):
+    def __init__(self, vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_blks, dropout):
+        super().__init__()
+        self.num_hiddens, self.num_blks = num_hiddens, num_blks
+        self.embedding = nn.Embedding(vocab_size, num_hiddens)
+        self.pos_encoding = PositionalEncoding(num_hiddens, dropout)
+        self.blks = nn.ModuleList([TransformerDecoderBlock(num_hiddens, ffn_num_hiddens, num_heads, dropout, i)
+                                   for i in range(num_blks)])
+        self.dense = nn.LazyLinear(vocab_size)
+
+    def init_state(self, enc_outputs, enc_valid_lens):
+        return [enc_outputs, enc_valid_lens, [None] * self.num_blks]
+
+    def forward(self, X, state):
+        X = self.pos_encoding(self.embedding(X) * self.num_hiddens ** 0.5)
+        for blk in self.blks:
+            X, state = blk(X, state)
+        return self.dense(X), state
+
+
+class Seq2Seq(nn.Module):
+    def __init__(self, encoder, decoder):
+        super().__init__()
+        self.encoder, self.decoder = encoder, decoder
+
+    def forward(self, enc_X, dec_X, *args):
+        state = self.decoder.init_state(self.encoder(enc_X, *args), *args)
+        return self.decoder(dec_X, state)[0]
+
+
+def build(src_vocab, tgt_vocab, num_hiddens=32, ffn_num_hiddens=64, num_heads=4, num_blks=2, dropout=0.1):
+    return Seq2Seq(Encoder(src_vocab, num_hiddens, ffn_num_hiddens, num_heads, num_blks, dropout),
+                   Decoder(tgt_vocab, num_hiddens, ffn_num_hiddens, num_heads, num_blks, dropout))
+'''
+
+
+def test_a_model_of_lazy_layers_built_by_its_factory_is_run_once_then_compared(tmp_path):
+    """d2l-en's nn.LazyLinear layers get their shapes from one call of the model at check's sizes
+    (its factory's model too); then it is mapped and compared. A decoder whose embeddings are not
+    scaled fails."""
+    (model,) = _statuses(tmp_path, "correct", D2L_EN_MODEL, ["transformer"]).values()
+    assert model.status == "pass", (model.status, model.error, [c for c in model.checks if not c.ok])
+    planted = D2L_EN_MODEL.replace("self.pos_encoding(self.embedding(X) * self.num_hiddens ** 0.5)\n        for blk in"
+                                   " self.blks:\n            X, state", "self.pos_encoding(self.embedding(X))\n"
+                                   "        for blk in self.blks:\n            X, state")
+    assert planted != D2L_EN_MODEL
+    (model,) = _statuses(tmp_path, "planted", planted, ["transformer"]).values()
+    assert model.status == "fail", (model.status, model.error)

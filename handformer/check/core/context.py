@@ -119,20 +119,27 @@ class Context:
         if not isinstance(module, nn.Module):
             raise self.learner.fail("__init__", f"{comp.name}(...) is not an nn.Module",
                                     f"{comp.name}(...) 不是 nn.Module")
-        if is_lazy(module):
-            if warmup is None:
-                raise self.learner.fail("__init__", f"{comp.name} has lazy layers (nn.LazyLinear) that "
-                                        "handformer cannot give shapes to here; use nn.Linear(in, out)",
-                                        f"{comp.name} 有惰性层（nn.LazyLinear），handformer "
-                                        "在这里给不了它们形状；请用 nn.Linear(in, out)")
-            with torch.no_grad():
-                self.learner.call("forward", warmup, module.eval())
-            self._shape_unused_lazy(comp, module)
+        self.materialize(comp, module, warmup)
         untranspose_(module)  # Hugging Face's Conv1D: weights stored (in, out)
         if not checked:
             return module.eval()
         scramble_(module, seed)
         return attributes_double_(module.double()).eval()
+
+    def materialize(self, comp: Component, module: nn.Module, warmup: Callable[[nn.Module], Any] | None,
+                    ) -> None:
+        """A module with lazy layers (d2l's nn.LazyLinear) run once by `warmup` at check's sizes, which
+        gives them shapes; nothing for any other."""
+        if not is_lazy(module):
+            return
+        if warmup is None:
+            raise self.learner.fail("__init__", f"{comp.name} has lazy layers (nn.LazyLinear) that "
+                                    "handformer cannot give shapes to here; use nn.Linear(in, out)",
+                                    f"{comp.name} 有惰性层（nn.LazyLinear），handformer "
+                                    "在这里给不了它们形状；请用 nn.Linear(in, out)")
+        with torch.no_grad():
+            self.learner.call("forward", warmup, module.eval())
+        self._shape_unused_lazy(comp, module)
 
     def _shape_unused_lazy(self, comp: Component, module: nn.Module) -> None:
         """A lazy layer that the first forward never called has no shape: a LazyLinear(n) gets

@@ -638,8 +638,10 @@ def _decode_role(name: str) -> str:
 def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
     """The learner's model built from its constructor, or (the Annotated Transformer's
     EncoderDecoder(encoder, decoder, src_embed, tgt_embed, generator)) by the file's factory."""
+    src, tgt = inputs(6, 6, [0, 2], [1, 0], seed=0)
+    warmup = lambda m: Caller(m, ctx)(src, tgt)  # noqa: E731  (lazy layers get their shapes: d2l's)
     try:
-        return ctx.build(comp, MODEL_SIZES), False
+        return ctx.build(comp, MODEL_SIZES, warmup=warmup), False
     except DiscoveryError:
         factory = model_factory(comp, ctx)
         if not inspect.isfunction(factory):
@@ -662,6 +664,7 @@ def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
     if not isinstance(module, nn.Module):
         raise ctx.learner.fail("__init__", f"{factory.__name__}(...) did not return an nn.Module",
                                f"{factory.__name__}(...) 返回的不是 nn.Module")
+    ctx.materialize(comp, module, warmup)
     scramble_(module, 0)
     return module.double().eval(), True
 
