@@ -152,9 +152,8 @@ class Layer:
         self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
         self.visible: str | None = None
         self.extra = {p.name for p in params} & LAYER_POSITIONS
-        # not self, nor a decoder's memory (handed by position); then the first input is skipped
-        forward = getattr(comp.obj, "forward", comp.obj)
-        self.optional = optional_inputs(forward, params[1 + decoder:], self.extra, True)
+        self.optional = optional_inputs(getattr(comp.obj, "forward", comp.obj),  # not self, nor a memory
+                                        params[1 + decoder:], self.extra, True)
         self.table_layout: dict[str, bool] = {}  # which rotary table and start run (rope_tables)
         self.takes_mask = bool(self.masks)
         # _stepwise: a cache kept inside (Umar Jamil's); one handed in (a `cache` argument) is left out
