@@ -451,7 +451,7 @@ class Attn(nn.Module):
         return self.o(y.transpose(1, 2).reshape(B, T, C))
 
 
-class GatedMLP(nn.Module):
+class Mlp(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.up = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
