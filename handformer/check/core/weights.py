@@ -213,6 +213,12 @@ def _own_parameters(sub: nn.Module) -> dict[str, nn.Parameter]:
     return dict(sub.named_parameters(recurse=False)) | {n: held.original for n, held in changed.items()}
 
 
+def _holds_layers(sub: nn.Module) -> bool:
+    """Whether a module holds parameterised parts of its own: then its loose scalars and vectors
+    (per-layer residual scales, gates) are not a norm's gain and bias."""
+    return len(list(sub.parameters())) > len(list(sub.parameters(recurse=False)))
+
+
 class Gainless(Leaf):
     """A norm the learner computes with no parameters (nanochat's norm(x) = F.rms_norm(x, (x.size(-1),)),
     OLMo's non-parametric LayerNorm module): a gain of ones (and a bias of zeros) stands for it; it has
@@ -253,6 +259,9 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
             found.append(Leaf(label, "embedding", sub, sub.weight, None))
         elif isinstance(sub, nn.Linear) or _one_matrix(params):
             found.append(Leaf(label, "linear", sub, *_matrix_and_vector(params)))
+        elif all(p.dim() <= 1 for p in params.values()) and _holds_layers(sub):  # nanochat's resid_lambdas
+            found += [Leaf(f"{label}.{n}".removeprefix("(self)."), "scalar", sub, p, None)
+                      for n, p in params.items()]
         elif all(p.dim() == 1 for p in params.values()) and len(params) <= 2:
             found.append(Leaf(label, "norm", sub, *_norm_parameters(params)))
         else:
@@ -266,6 +275,7 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
 
 
 SCRAMBLED = {"norm": lambda noise, w: 1.0 + 0.2 * noise, "embedding": lambda noise, w: noise,
+             "scalar": lambda noise, w: w,  # as built: a residual scale of one, a gate of zero
              "linear": lambda noise, w: noise / math.sqrt(w.size(1))}  # a leaf's random weight, by its kind
 
 

@@ -53,6 +53,7 @@ from handformer.check.core.context import (
     moved_by,
     nan_on_hidden_rows,
     not_cropped,
+    optional_inputs,
     outputs_by_convention,
     positions,
     reads_sequence_first,
@@ -139,7 +140,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     fn, params = renamed_table(fn, forward_parameters(fn))  # Umar Jamil's freqs_complex: freqs_cis
     extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
              "sin", "cos_sin", "freqs_cos", "freqs_sin", "alibi"}
-    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra
+    optional = optional_inputs(fn, params, extra)  # nanochat's value embedding `ve`: None
+    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra | optional
                         or isinstance(p.default, bool)), len(params))  # a flag (use_cache) keeps its default
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
     masks = [p for p in params if is_mask_name(p.name)]
@@ -154,7 +156,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         if mask is None and required and "visible" in state:  # Raschka's forward(x, mask, cos, sin)
             everything = torch.ones(xq.size(0), 1, xq.size(1), xk.size(1), dtype=torch.bool)
             mask = run_mask(everything, state["visible"], xq.size(0))
-        kwargs: dict[str, Any] = {masks[0].name: mask} if masks else {}
+        kwargs: dict[str, Any] = {**dict.fromkeys(optional), **({masks[0].name: mask} if masks else {})}
         kwargs.update(state.get("more", {}))  # a key_padding_mask given alone, by _key_padding_alone
         B, T = xq.shape[:2]
         kwargs.update(position_kwargs(named - {"alibi"}, B, T, head_dim, xq.dtype))

@@ -57,6 +57,7 @@ from handformer.check.core.context import (
     moved_by,
     nan_on_hidden_rows,
     not_cropped,
+    optional_inputs,
     outputs_by_convention,
     positions,
     reads_sequence_first,
@@ -152,6 +153,8 @@ class Layer:
         self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
         self.visible: str | None = None
         self.extra = {p.name for p in params} & LAYER_POSITIONS
+        self.optional = optional_inputs(getattr(comp.obj, "forward", comp.obj),  # not self, nor a memory
+                                        params[1 + decoder:], self.extra, True)
         self.table_layout: dict[str, bool] = {}  # which rotary table and start run (rope_tables)
         self.takes_mask = bool(self.masks)
         # _stepwise: a cache kept inside (Umar Jamil's); one handed in (a `cache` argument) is left out
@@ -188,7 +191,7 @@ class Layer:
     def bare(self) -> bool:
         """A decoder layer whose forward takes the stream and the memory alone (tiny-universe's
         forward(x, enc_out)): it builds its causal mask and hides no source key."""
-        width = len(self.params) - len(self.extra)  # self, x, memory: 3
+        width = len(self.params) - len(self.extra | self.optional)  # self, x, memory: 3
         return self.decoder and not self.stateful and width == 3
 
     @property
@@ -239,7 +242,8 @@ class Layer:
         return self.renamed(self.module, *args, **kwargs)
 
     def _extra_kwargs(self, x: Tensor) -> dict[str, Any]:
-        return {**position_kwargs(self.extra, *x.shape[:2], self.head_dim, x.dtype), **self.more}
+        return {**dict.fromkeys(self.optional), **position_kwargs(self.extra, *x.shape[:2], self.head_dim,
+                                                                   x.dtype), **self.more}
 
     def weights(self, slots: list[Slot], act: str, placement: str, rope: str | None = None) -> V.LayerWeights:
         return V.LayerWeights(mha_weights(self.attn[0], H, self.n_kv_heads, rope), ffn_weights(slots, act),
