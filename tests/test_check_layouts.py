@@ -68,7 +68,7 @@ def test_gpt2_conv1d_weights_stored_in_out_are_read_transposed(tmp_path, plant):
         assert comp.status == ("fail" if comp.name == failing else "pass"), format_report(result)
     if failing:
         comp = attention if failing == "GPT2Attention" else mlp
-        assert [f.name for f in comp.findings] == ([named] if named else []), format_report(result)
+        assert [f.name for f in comp.named()] == ([named] if named else []), format_report(result)
         assert line in format_report(result), format_report(result)
 
 

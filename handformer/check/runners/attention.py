@@ -64,7 +64,6 @@ from handformer.check.core.discovery import Component, reads_kv_heads
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, gainless_qk
 from handformer.check.core.localize import (
-    is_departure,
     localize_attention,
     note_attention_departure,
     note_raised_attention,
@@ -72,7 +71,7 @@ from handformer.check.core.localize import (
 from handformer.check.core.localize_kinds import localize_masked_softmax, localize_sdpa, note_departure
 from handformer.check.core.probe import Found, Probe, Subject, drive, run_probe
 from handformer.check.core.reference_attention import handformer_attention
-from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
+from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.rope_tables import alibi_argument, position_kwargs, renamed_table, with_positions
 from handformer.check.core.rotary import ALIBI_WORDS, ROPE_WORDS, partial_layouts, rope_note, rope_tables
 from handformer.check.core.source import locate, source_lines, source_text
@@ -1078,7 +1077,7 @@ def _localized_distinct(res: ComponentResult, comp: Component, c: Caller, s: Set
                         ) -> None:
     """Where the attention built with 2 heads of 8 first parts from the reference, when only those
     sizes show a mistake (a size read from the wrong axis: the heads for the head size): its line."""
-    if any(map(is_departure, res.notes)):  # already localized at check's sizes
+    if res.has(DEPARTS):  # already localized at check's sizes
         return
     w = mha_weights(slots, DISTINCT_HEADS, None, s.rope)
     filename = inspect.getsourcefile(comp.obj)

@@ -14,9 +14,10 @@ from handformer.check.runners.layers import KINDS, Layer, causal_without_its_mas
 
 
 def note_layer_departure(comp: Any, ctx: Any, res: ComponentResult) -> None:
-    """A layer that FAILs with no mistake named: where it parts from the reference (its runner's
-    search found no reading; the layer is built once more, as the runner built it)."""
-    if comp.kind not in KINDS or res.status != "fail" or res.findings:
+    """A layer that FAILs: where it parts from the reference, said when no mistake is named (its
+    runner's search found no reading), else the line a named one is quoted at (the layer is built
+    once more, as the runner built it)."""
+    if comp.kind not in KINDS or res.status != "fail":
         return
 
     def localize() -> Departure | None:
