@@ -822,7 +822,8 @@ def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[li
     qh, kh, views = _positioned(w, qh, kh, views)
     kh, vh, views = _repeated(w, kh, vh, views)
     raw = qh @ kh.transpose(-2, -1)  # (B, H, T, T)
-    scores = raw / math.sqrt(qh.size(-1))
+    scores = raw / math.sqrt(qh.size(-1)) if w.rope not in V.UNSCALED else raw
+    scores, views = _biased(w, scores, views)
     if keep is not None:  # the scaled scores before the mask is added (Meta's `scores + mask`) are a step too
         views.append(("the scores q·kᵀ/sqrt(d_k), before the mask", scores))
         scores = scores.masked_fill(~keep, float("-inf"))
@@ -837,6 +838,21 @@ def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[li
     return views, scores
 
 
+def _biased(w: V.MHAWeights, scores: Tensor, views: list[View]) -> tuple[Tensor, list[View]]:
+    """The scores (B, H, T, S) with the positional term the reference adds (ALiBi's, T5's), and the
+    views of that term and of the sum; as they were when it adds none."""
+    B, _, T, S = scores.shape
+    bias = V.score_bias(w, T, S)
+    if bias is None:
+        return scores, views
+    named = f"the {w.rope} positional term on the scores"  # ALiBi's one row a head, as BLOOM's (B * H, 1, S)
+    return scores + bias, views + [(named, bias), (f"{named}, each sequence's", bias.expand(B, -1, -1, -1)),
+                                   (f"{named}, one sequence's", bias[0]),  # (H, T|1, S)
+                                   (f"{named}, (T, S, H) as a table lookup gives it",
+                                    bias[0].permute(1, 2, 0)),
+                                   ("the scores with their positional term", scores + bias)]
+
+
 def _positioned(w: V.MHAWeights, qh: Tensor, kh: Tensor, views: list[View],
                 ) -> tuple[Tensor, Tensor, list[View]]:
     """Queries and keys (B, H, T, Dh) normed per head and rotated by their positions, as the
@@ -848,8 +864,11 @@ def _positioned(w: V.MHAWeights, qh: Tensor, kh: Tensor, views: list[View],
                          ("the heads of k, normed (QK-norm)", normed[1])]
     if w.rope == "half":
         views = views + [(f"rotate_half({name})", rotate_half(t)) for name, t in zip("qk", normed)]
+    if w.rope == "interleaved":  # GPT-J's rotate_every_two: (-x1, x0, -x3, x2, ...)
+        pairs = [torch.stack((-t[..., 1::2], t[..., ::2]), -1).flatten(-2) for t in normed]  # (B, H, T, Dh)
+        views = views + [(f"rotate_every_two({name})", t) for name, t in zip("qk", pairs)]
     qr, kr = V.qk_positions(w, qh, kh, 0, frozenset())
-    if w.rope is not None:
+    if V.is_rotary(w.rope):
         views = views + [(f"the heads of q, rotated ({w.rope} rotary)", qr),
                          (f"the heads of k, rotated ({w.rope} rotary)", kr)]
     return qr, kr, views

@@ -10,7 +10,7 @@ from handformer.check.core.fingerprint import dropout_off
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import localize_layer, note_departure
 from handformer.check.core.result import ComponentResult
-from handformer.check.runners.layers import KINDS, Layer, layer_settings
+from handformer.check.runners.layers import KINDS, Layer, causal_without_its_mask_, layer_settings
 
 
 def note_layer_departure(comp: Any, ctx: Any, res: ComponentResult) -> None:
@@ -22,6 +22,7 @@ def note_layer_departure(comp: Any, ctx: Any, res: ComponentResult) -> None:
 
     def localize() -> Departure | None:
         layer = Layer(comp, ctx, KINDS[comp.kind])
+        causal_without_its_mask_(layer)  # driven as its runner drove it
         return localize_layer(layer, [layer.weights(*setting) for setting in layer_settings(layer)])
 
     with dropout_off():
