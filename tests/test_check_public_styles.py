@@ -667,7 +667,7 @@ def test_parts_no_reference_has_are_held_and_a_mistake_elsewhere_still_fails(tmp
     capped = NANOCHAT_SCALARS.replace(" / 30.0) * 30.0", ") * 30.0")
     (gpt,) = _statuses(tmp_path, "capped", capped, ["gpt"]).values()
     assert gpt.status == "fail" and "logits = torch.tanh(self.lm_head(rms(x))) * 30.0" in " ".join(
-        n["en"] for n in gpt.notes), gpt.notes
+        f.observed["en"] for f in gpt.findings), gpt.findings
     mixed = NANOCHAT_SCALARS.replace("self.embed_mix[i] * first", "self.embed_mix[i] * x")
     (gpt,) = _statuses(tmp_path, "mixed", mixed, ["gpt"]).values()
     assert gpt.status in ("pass", "not_checked"), (gpt.status, gpt.notes)  # zero mix: the same either way
