@@ -235,8 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--long-sums", type=int, default=30)
     s.add_argument("--conversations", type=int, default=3000, help="conversations of the mix")
     s.add_argument("--preset-draw", action="store_true",
-                   help="draw the data as the `reasoning` preset does (its SFT with --conversations 8000 "
-                        "--long-sums 80)")
+                   help="draw the data as the presets do (the default `reasoning` preset's SFT: "
+                        "--conversations 8000 --long-sums 30 --long-repeats 3)")
     s.add_argument("--long-repeats", type=int, default=1,
                    help="with --preset-draw: each long sum this many times")
     s.add_argument("--long-direct", type=int, default=0,
