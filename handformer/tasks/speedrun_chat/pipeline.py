@@ -186,16 +186,18 @@ PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_s
                               "sft_long_sums": 2, "sft_long_repeats": 2, "dpo_long_sums": 2,
                               "dpo_sft_weight": 1.0, "grpo_long_share": 0.5, "grpo_beta": 0.04,
                               "eval_long_sums": 2}
-# the reasoning tasks, the default preset (docs/benchmarks.md, "Zero to chat on a CPU": about 28 minutes
-# at threads=1 on a 2-core CPU): digits one token each, sums of up to 3 digits and dates up to 60 days on,
-# so a worked reply (up to 97 tokens) and its question fit the context; 1,002 held-out questions of the
-# report split a stage, and 1,000 long sums (4 digits), GRPO's target. It is the recipe where GRPO teaches
-# what SFT cannot ("RL past SFT's plateau"): SFT sees 30 worked long sums, 3 times each, among 8,000
-# conversations, for 1,200 steps, its plateau (1,800 steps scored 1.4 points less; 80 worked long sums
-# for 600 steps left GRPO 6 points past SFT, 3,000 lost 4 points of the base's mix). DPO sees 300 pairs
-# of the mix and no long sums, 60 steps of 8 at 2e-5 with the chosen replies' log-likelihood in the loss
-# (weight 1; at 5e-5 it broke the mix's 3-digit sums, 94% to 80%). So only GRPO, from questions alone,
-# takes the long sums past SFT: 60% of its questions are long sums, rewarded on the answer alone.
+# the reasoning tasks, the default preset (docs/benchmarks.md, "Zero to chat on a CPU": about 1,750 s
+# of CPU at threads=1, 28 minutes where it has a core of its own): digits one token each, sums of up to
+# 3 digits and dates up to 60 days on, so a worked reply (up to 97 tokens) and its question fit the
+# context; 1,002 held-out questions of the report split a stage, and 1,000 long sums (4 digits), GRPO's
+# target. It is the recipe where GRPO teaches what SFT cannot ("RL past SFT's plateau"): SFT sees 30
+# worked long sums, 3 times each, among 8,000 conversations, for 1,200 steps, its plateau on the AMD
+# EPYC run (1,800 steps scored 1.4 points less; 80 worked long sums for 600 steps left GRPO 6 points
+# past SFT trained on for its time, 3,000 lost 4 points of the base's mix). DPO sees 300 pairs of the
+# mix and no long sums, 60 steps of 8 at 2e-5 with the chosen replies' log-likelihood in the loss
+# (weight 1; long-sum pairs at 5e-5 broke the mix's 3-digit sums, 94% to 80%). So only GRPO, from
+# questions alone, takes the long sums past SFT: 60% of its questions are long sums, rewarded on the
+# answer alone.
 PRESETS["reasoning"] = {
     "tasks": "reasoning", "vocab_size": 512, "block_size": 160, "addition_digits": 3, "max_days": 60,
     "pretrain_facts": 40_000, "pretrain_pydoc_chars": 100_000, "pretrain_steps": 1500,
