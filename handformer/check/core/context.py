@@ -350,13 +350,15 @@ def not_cropped(res: ComponentResult, ctx: Context, comp: Component, module: nn.
                 failure: fp.LearnerFailure, T: int) -> bool:
     """causal_mask_not_cropped, when the learner's forward failed on T tokens with a size mismatch
     and the module holds a square (L, L) buffer, L > T: a causal mask built once for the maximum
-    length (nanoGPT's `self.bias`) and used without `[:T, :T]`."""
+    length (nanoGPT's `self.bias`) and used without `[:T, :T]` on the line that raised."""
     message = failure.error.message
     squares = [(name, b.size(-1)) for name, b in module.named_buffers()
                if b.dim() >= 2 and b.size(-1) == b.size(-2) and b.size(-1) > T]
     if not squares or not any(m in message for m in SIZE_MISMATCH):
         return False
     name, L = max(squares, key=lambda s: s[1])
+    if not re.search(rf"\b{name.split('.')[-1]}\b(?!\s*\[[^\]]*:)", "".join(failure.error.traceback[-1:])):
+        return False  # the line that raised does not use it uncropped: the mismatch is another's (q's axes)
     number, code = locate("causal_mask_not_cropped", source_lines(ctx.objects(comp)))
     res.findings.append(Finding("causal_mask_not_cropped", text(
         f"the buffer {name} is ({L}, {L}), built for the longest input; on {T} tokens your forward raised "

@@ -33,7 +33,7 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                 "size", "model_dim", "emb_dim", "d_embed", "embedding_dim", "normalized_shape", "dmodel",
                 "num_hiddens", "norm_shape", "ffn_num_input", "ffn_num_outputs", "key_size", "query_size",
                 "value_size", "ndim", "n_embed", "embed_size", "d_in", "d_out", "emb_size"),
-    "d_head": ("head_size", "head_dim", "d_k", "d_head", "dim_head", "headsize", "rotary_dim"),
+    "d_head": ("head_size", "head_dim", "d_k", "d_head", "dim_head", "headsize", "rotary_dim", "d_kv"),
     "n_heads": ("num_heads", "n_heads", "h", "heads", "n_head", "nhead", "num_head", "head_num",
                 "nheads", "num_attention_heads"),
     "n_kv_heads": ("n_kv_heads", "num_kv_heads", "num_key_value_heads", "kv_heads", "n_kv_head",
@@ -594,6 +594,8 @@ def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None)
             kwargs[p.name] = config
         elif p.name.lower() in FIXED and (p.default is p.empty or p.name.lower() in SWITCHED_ON):
             kwargs[p.name] = FIXED[p.name.lower()]
+        elif p.default is False and "relative" in p.name.lower():  # T5's has_relative_attention_bias
+            kwargs[p.name] = True  # built with its relative-position table, which the check then grades
         elif p.default is not p.empty:  # Gemma's RMSNorm(..., add_unit_offset=True): no part, its default
             continue
         elif (choice := plain_choice(p, target)) is not None:

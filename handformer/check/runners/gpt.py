@@ -59,10 +59,10 @@ from handformer.check.core.layer_map import (
     outside,
     prefixed,
 )
-from handformer.check.core.localize import is_departure
 from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
 from handformer.check.core.moe import ffn_readings, moe_config, moe_note
 from handformer.check.core.result import (
+    DEPARTS,
     NOT_CHECKED,
     Check,
     ComponentResult,
@@ -610,12 +610,13 @@ def _not_compared(res: ComponentResult, m: GPTMap) -> None:
     """A model with parts held that no mistake explains and that departs only in the comparison with
     handformer's: NOT CHECKED, with the parts named, never FAIL (the held parts may be the reason)."""
     failed = [c.name for c in res.checks if not c.ok]
-    departs = " ".join(n["en"].split("parts from the reference")[1] for n in res.notes if is_departure(n))
+    departs = " ".join(f.observed["en"].split("parts from the reference")[1] for f in res.findings
+                       if f.name == DEPARTS)
     # where it first parts: at a line of a held part (or nowhere said), else at a line of its own (FAIL)
     at_held = not departs or any(leaf.name.split(".")[0] in departs for leaf in m.held)
-    if res.findings or not (m.held and failed and at_held) or any(c not in COMPARED for c in failed):
+    if res.named() or not (m.held and failed and at_held) or any(c not in COMPARED for c in failed):
         return
-    res.checks = [c for c in res.checks if c.ok]
+    res.checks, res.findings = [c for c in res.checks if c.ok], []  # the departure at a held part: not theirs
     res.status, res.max_abs_error = NOT_CHECKED, None
     names = shapes_text(m.held)
     res.error = LearnerError("mapping", f"not compared with handformer's CausalLM: with {names} held (token "
@@ -684,20 +685,25 @@ def bigram(res: ComponentResult, module: nn.Module, out: Tensor, loss: Tensor | 
     return True
 
 
+NO_READING = text("no known mistake (or pair of them) reproduces your logits; the blocks' own checks show "
+                  "where they differ from handformer's",
+                  "没有任何已知错误（或两个错误的组合）能复现你的 logits；"
+                  "各 Block 自己的检查会指出它们与 handformer 的差别")
+
+
 def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call: Caller, out: Tensor,
              loss: Tensor | None, idx: Tensor, targets: Tensor, last_only: bool) -> None:
     gated = is_gated(m.blocks[0].ffn)
     settings = [Choices(p, a, r) for r in m.ropes for p in PLACEMENTS for a in FFN_ACTIVATIONS[gated]]
     found = _search(m, out, idx, settings, last_only)
     if found is None:
-        res.notes.append(text("no known mistake (or pair of them) reproduces your logits; the blocks' own "
-                              "checks show where they differ from handformer's",
-                              "没有任何已知错误（或两个错误的组合）能复现你的 logits；"
-                              "各 Block 自己的检查会指出它们与 handformer 的差别"))
+        res.notes.append(NO_READING)
         ch = settings[0]
         _localize(res, m, call, idx, settings)
     else:
         ch = _found(res, ctx, comp, m, call.module, out, idx, found, last_only)
+        if res.named():  # the line each named mistake is quoted at
+            _localize(res, m, call, idx, [ch])
     hf = reference_model(m, ch)
     _norm_findings(res, ctx, comp, m)
     errors = []
@@ -745,7 +751,8 @@ def _scale_unused(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap
 
 
 def _localize(res: ComponentResult, m: GPTMap, call: Caller, idx: Tensor, settings: list[Choices]) -> None:
-    """Where the logits no search explains part from handformer's, part by part, in each setting."""
+    """Where the logits part from handformer's, part by part, in each setting: said when no search
+    explains them, else where a named mistake is quoted."""
     models = [reference_model(m, c) for c in settings]
     looked_up = [("the token embeddings, before sqrt(d_model)", F.embedding(idx, m.wte.weight))] * m.scaled
     looked_up += [(f"{t.name}, held at zero", F.embedding(idx, t.weight))  # (B, T, its width)

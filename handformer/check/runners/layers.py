@@ -91,6 +91,7 @@ from handformer.check.core.weights import (
     norm_slots,
     norm_weights,
     of_kind,
+    relative_bias_slots,
 )
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
@@ -141,8 +142,7 @@ class Layer:
         self.comp, self.ctx, self.kind = comp, ctx, kind
         self.decoder, self.causal_block = decoder, causal_block = kind.decoder, kind.causal_block
         params = forward_parameters(comp.obj.forward) if inspect.isclass(comp.obj) else []
-        # Umar Jamil's rotary table freqs_complex, called freqs_cis as check names it
-        self.renamed, params = renamed_table(_call_module, params)
+        self.renamed, params = renamed_table(_call_module, params)  # Umar Jamil's freqs_complex: freqs_cis
         self.params = params
         self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
         self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
@@ -169,6 +169,7 @@ class Layer:
         self.ffn_candidates = ffn_readings(self.module, linears, self.sizes["d_ff"], comp.name)
         norms, qk = block_norms(of_kind(found, "norm"))
         self.attn[0] += qk or gainless_qk(self.module)  # QK-norm: the attention's q_norm and k_norm
+        self.attn[0] += relative_bias_slots(of_kind(found, "embedding"), H)  # T5's relative-position table
         norms = norms or gainless_norms(self.module, len(names))  # nanochat's norm(x), a function
         self.shared = len(norms) == 1  # one norm for every sublayer
         self.norm_slots = norm_slots(norms * len(names) if self.shared else norms, len(names), roles,
@@ -397,15 +398,22 @@ class Inputs:
         self.src_keep, self.tgt_keep = _case_keeps(layer, B, T, S, [0, 2], [1, 0])
 
 
+def causal_without_its_mask_(layer: Layer) -> bool:
+    """Whether the layer is a block causal without its mask (`_causal_without_its_mask`): then it is
+    driven with its mask argument left out."""
+    if not _causal_without_its_mask(layer):
+        return False
+    layer.masks, layer.takes_mask = [], False
+    return True
+
+
 def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     layer = Layer(comp, ctx, KINDS[comp.kind])
     causal_block = layer.causal_block
     inp = Inputs(layer)
     _down_projection(res, ctx, comp, layer)
-    if _causal_without_its_mask(layer):
-        layer.masks, layer.takes_mask = [], False
-        res.notes.append(CAUSAL_INSIDE_NOTE)
+    res.notes += [CAUSAL_INSIDE_NOTE] * causal_without_its_mask_(layer)
     own_mask = causal_block and not layer.takes_mask or layer.own_mask
     convs = _layer_conventions(layer, ctx, inp, res)
 
@@ -864,7 +872,8 @@ KINDS = {
                                                                                    tgt_keep)[0]),
     "block": LayerKind(DecoderOnlyBlock, ("pre", "post", "parallel"), False, True, ENCODER_SUBLAYERS,
                        ENCODER_TUTORIAL, _block_variant, lambda hf, x, memory, src_keep, tgt_keep, rope: hf(
-                           x, tgt_keep, rope=rope_tables(x.shape[1], rope=rope) if rope else None)[0]),
+                           x, tgt_keep,
+                           rope=rope_tables(x.shape[1], rope=rope) if V.is_rotary(rope) else None)[0]),
 }
 
 

@@ -705,14 +705,17 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
+NO_READING = text("no known mistake (or pair of them) reproduces your logits; the layers' own checks show "
+                  "where they differ from handformer's",
+                  "没有任何已知错误（或两个错误的组合）能复现你的 logits；"
+                  "各层自己的检查会指出它们与 handformer 的差别")
+
+
 def _compare(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module, call: Caller,
              m: ModelMap, out: Tensor, src: Tensor, tgt: Tensor, builds_masks: bool) -> None:
     found = _search(m, out, src, tgt, builds_masks)
     if found is None:
-        res.notes.append(text("no known mistake (or pair of them) reproduces your logits; the layers' own "
-                              "checks show where they differ from handformer's",
-                              "没有任何已知错误（或两个错误的组合）能复现你的 logits；"
-                              "各层自己的检查会指出它们与 handformer 的差别"))
+        res.notes.append(NO_READING)
         ch = Choices("post", FFN_ACTIVATIONS[is_gated(m.encoder[0].ffn)][0], True, False)
         flags: frozenset[str] = frozenset()
         readings = _readings(m, ch, src, tgt)
@@ -726,6 +729,9 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, module: nn.Mod
         for flag in sorted(flags):
             name, _, form = flag.partition(":")
             res.findings.append(_finding(ctx, comp, name, _observed(name, form, matched, correct), form))
+        if flags:  # where the named mistakes are quoted: the line that departs
+            readings = _readings(m, ch, src, tgt)
+            note_departure(res, lambda: localize_model(lambda: call(src, tgt), module, readings))
         if ch.placement == "pre" and not flags & {f"final_norm_missing:{s}" for s in STACKS}:
             missing = [s for s in ("encoder", "decoder") if s not in m.final]
             if missing:  # matched with a final norm of weight 1 and bias 0: one the learner never wrote
