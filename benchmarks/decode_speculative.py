@@ -27,6 +27,7 @@ smaller trained sibling), prepared the same way, drafting K tokens a check.
 
     python benchmarks/decode_speculative.py --threads 1     # ~3 min on 2 cores
     python benchmarks/decode_speculative.py --threads 1 --draft-layers 2
+    python benchmarks/decode_speculative.py --threads 1 --check-costs   # and a check's cost by T
     python benchmarks/decode_speculative.py --rounds 1 --new-tokens 16 --layers 2   # a smoke run
 """
 
@@ -46,13 +47,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from handformer.config import CausalLMConfig  # noqa: E402
+from handformer.generation.engine import Engine, Row  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
-from handformer.generation.sampling import Speculation  # noqa: E402
+from handformer.generation.sampling import SamplingOptions, Speculation, greedy  # noqa: E402
 from handformer.generation.speculative import DraftLength, SpeculationStats  # noqa: E402
 from handformer.inference import fused_step  # noqa: E402
 from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
 from handformer.inference.roofline import bound, read_bandwidth, roofline_line  # noqa: E402
-from handformer.inference.threads import default_threads  # noqa: E402
+from handformer.inference.threads import default_threads, intra_op_threads  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 
 
@@ -98,6 +100,29 @@ def eager_check() -> Iterator[None]:
         yield
     finally:
         fused_step.MAX_ROWS = rows
+
+
+def check_costs(model: CausalLM, prompt: list[int], threads: int, rounds: int) -> None:
+    """What a check of T tokens costs against a one-token step: the fused step over T = 1 .. MAX_ROWS
+    tokens after `prompt` (its logits' argmax included), each call timed alone, rounds interleaved."""
+    engine = Engine(model)
+    engine.add([Row(prompt, 2 * fused_step.MAX_ROWS, SamplingOptions(0))])  # room for MAX_ROWS more
+    step, cache, length = engine.static, engine.cache, engine.cache.length
+    sizes = range(1, fused_step.MAX_ROWS + 1)
+    times: dict[int, list[float]] = {T: [] for T in sizes}
+    with intra_op_threads(threads):
+        for r in range(rounds + 1):
+            for T in (reversed(sizes) if r % 2 else sizes):
+                ids = torch.tensor([prompt[:T]])  # (1, T)
+                assert step.usable(cache, None, T)
+                start = time.perf_counter()
+                greedy(step(ids, cache)).tolist()
+                if r:  # round 0 warms up
+                    times[T].append(time.perf_counter() - start)
+                cache.truncate(length)
+    ms = {T: statistics.median(times[T]) * 1e3 for T in sizes}
+    print("fused check of T tokens after the repetitive prompt, ms (x a one-token step): "
+          + ", ".join(f"{T}: {ms[T]:.2f} ({ms[T] / ms[1]:.2f}x)" for T in sizes))
 
 
 def truncated(model: CausalLM, layers: int) -> CausalLM:
@@ -160,6 +185,8 @@ def main() -> int:
     parser.add_argument("--fixed", type=int, default=4, help="K of the case whose every step drafts K")
     parser.add_argument("--layers", type=int, default=12, help="12: GPT-2-124M's shape")
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
+    parser.add_argument("--check-costs", action="store_true",
+                        help="also time the fused step over 1 to 8 tokens (a check's cost against one step)")
     parser.add_argument("--draft-layers", type=int, default=None,
                         help="also draft with the model's first N layers (a draft model)")
     args = parser.parse_args()
@@ -176,6 +203,9 @@ def main() -> int:
     print(f"GPT-2-124M shape ({args.layers} layers), random weights, fp32, greedy, batch 1, "
           f"{args.new_tokens} new tokens, {threads} threads, torch {torch.__version__}, "
           f"read bandwidth {bandwidth / 1e9:.1f} GB/s")
+    if args.check_costs and fused_step.fused_step_for(model) is not None:
+        with torch.inference_mode():
+            check_costs(model, prompts(cfg.vocab_size)["repetitive"], threads, 9)
     failed = False
     for name, prompt in prompts(cfg.vocab_size).items():
         failed |= not compare(model, name, prompt, args, threads, bandwidth, draft)
