@@ -57,6 +57,7 @@ from handformer.check.core.context import (
     moved_by,
     nan_on_hidden_rows,
     not_cropped,
+    optional_inputs,
     outputs_by_convention,
     positions,
     reads_sequence_first,
@@ -90,6 +91,7 @@ from handformer.check.core.weights import (
     norm_slots,
     norm_weights,
     of_kind,
+    relative_bias_slots,
 )
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
@@ -140,8 +142,7 @@ class Layer:
         self.comp, self.ctx, self.kind = comp, ctx, kind
         self.decoder, self.causal_block = decoder, causal_block = kind.decoder, kind.causal_block
         params = forward_parameters(comp.obj.forward) if inspect.isclass(comp.obj) else []
-        # Umar Jamil's rotary table freqs_complex, called freqs_cis as check names it
-        self.renamed, params = renamed_table(_call_module, params)
+        self.renamed, params = renamed_table(_call_module, params)  # Umar Jamil's freqs_complex: freqs_cis
         self.params = params
         self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
         self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
@@ -151,6 +152,8 @@ class Layer:
         self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
         self.visible: str | None = None
         self.extra = {p.name for p in params} & LAYER_POSITIONS
+        self.optional = optional_inputs(getattr(comp.obj, "forward", comp.obj),  # not self, nor a memory
+                                        params[1 + decoder:], self.extra, True)
         self.table_layout: dict[str, bool] = {}  # which rotary table and start run (rope_tables)
         self.takes_mask = bool(self.masks)
         # _stepwise: a cache kept inside (Umar Jamil's); one handed in (a `cache` argument) is left out
@@ -166,6 +169,7 @@ class Layer:
         self.ffn_candidates = ffn_readings(self.module, linears, self.sizes["d_ff"], comp.name)
         norms, qk = block_norms(of_kind(found, "norm"))
         self.attn[0] += qk or gainless_qk(self.module)  # QK-norm: the attention's q_norm and k_norm
+        self.attn[0] += relative_bias_slots(of_kind(found, "embedding"), H)  # T5's relative-position table
         norms = norms or gainless_norms(self.module, len(names))  # nanochat's norm(x), a function
         self.shared = len(norms) == 1  # one norm for every sublayer
         self.norm_slots = norm_slots(norms * len(names) if self.shared else norms, len(names), roles,
@@ -186,7 +190,7 @@ class Layer:
     def bare(self) -> bool:
         """A decoder layer whose forward takes the stream and the memory alone (tiny-universe's
         forward(x, enc_out)): it builds its causal mask and hides no source key."""
-        width = len(self.params) - len(self.extra)  # self, x, memory: 3
+        width = len(self.params) - len(self.extra | self.optional)  # self, x, memory: 3
         return self.decoder and not self.stateful and width == 3
 
     @property
@@ -237,7 +241,8 @@ class Layer:
         return self.renamed(self.module, *args, **kwargs)
 
     def _extra_kwargs(self, x: Tensor) -> dict[str, Any]:
-        return {**position_kwargs(self.extra, *x.shape[:2], self.head_dim, x.dtype), **self.more}
+        return {**dict.fromkeys(self.optional), **position_kwargs(self.extra, *x.shape[:2], self.head_dim,
+                                                                   x.dtype), **self.more}
 
     def weights(self, slots: list[Slot], act: str, placement: str, rope: str | None = None) -> V.LayerWeights:
         return V.LayerWeights(mha_weights(self.attn[0], H, self.n_kv_heads, rope), ffn_weights(slots, act),
@@ -393,15 +398,22 @@ class Inputs:
         self.src_keep, self.tgt_keep = _case_keeps(layer, B, T, S, [0, 2], [1, 0])
 
 
+def causal_without_its_mask_(layer: Layer) -> bool:
+    """Whether the layer is a block causal without its mask (`_causal_without_its_mask`): then it is
+    driven with its mask argument left out."""
+    if not _causal_without_its_mask(layer):
+        return False
+    layer.masks, layer.takes_mask = [], False
+    return True
+
+
 def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     layer = Layer(comp, ctx, KINDS[comp.kind])
     causal_block = layer.causal_block
     inp = Inputs(layer)
     _down_projection(res, ctx, comp, layer)
-    if _causal_without_its_mask(layer):
-        layer.masks, layer.takes_mask = [], False
-        res.notes.append(CAUSAL_INSIDE_NOTE)
+    res.notes += [CAUSAL_INSIDE_NOTE] * causal_without_its_mask_(layer)
     own_mask = causal_block and not layer.takes_mask or layer.own_mask
     convs = _layer_conventions(layer, ctx, inp, res)
 
@@ -860,7 +872,8 @@ KINDS = {
                                                                                    tgt_keep)[0]),
     "block": LayerKind(DecoderOnlyBlock, ("pre", "post", "parallel"), False, True, ENCODER_SUBLAYERS,
                        ENCODER_TUTORIAL, _block_variant, lambda hf, x, memory, src_keep, tgt_keep, rope: hf(
-                           x, tgt_keep, rope=rope_tables(x.shape[1], rope=rope) if rope else None)[0]),
+                           x, tgt_keep,
+                           rope=rope_tables(x.shape[1], rope=rope) if V.is_rotary(rope) else None)[0]),
 }
 
 

@@ -326,6 +326,7 @@ def _compare_ffn(res: ComponentResult, ctx: Context, run: Callable[[Tensor], Ten
     hf = FeedForward(D, width, name).double()
     copy_ffn(hf, slots)
     errors, grad_err = [], 0.0
+    params = [s.leaf.weight.requires_grad_() for s in slots]  # frozen ones too (gemma_pytorch's Linear)
     for i, (B, T) in enumerate([(2, 5), (1, 1), (3, 9)]):
         xi = fp.randn(B, T, D, seed=10 + i).requires_grad_()
         with torch.enable_grad():
@@ -333,7 +334,6 @@ def _compare_ffn(res: ComponentResult, ctx: Context, run: Callable[[Tensor], Ten
             errors.append(fp.max_error(mine, ref))
             if i == 0 and mine is not None and mine.shape == ref.shape:
                 g = fp.randn(*ref.shape, seed=5)
-                params = [s.leaf.weight for s in slots]
                 a = torch.autograd.grad((mine * g).sum(), [xi] + params, allow_unused=True)
                 hf_params = [ffn_parameters(hf)[s.role].weight for s in slots]
                 b = torch.autograd.grad((ref * g).sum(), [xi] + hf_params)
