@@ -363,24 +363,36 @@ def _left_padded(lengths, total, seed=1):
     return ids * mask, mask
 
 
+# transformers' gated DeltaNet (Qwen3.5's linear attention) and ours both run the recurrence a chunk at a
+# time, but build a chunk's corrections in another order (its row-by-row update of the triangular system):
+# the fp32 sums differ, and on an Intel Xeon the logits (up to 10) part by 1.7e-5 (under 1e-5 on an AMD
+# EPYC). For it the tolerance is 1e-5 of the logits' scale (docs/proof.md)
+CHUNKED_RECURRENCE = ("qwen3_5",)
+
+
+def _assert_logits_close(name: str, got: torch.Tensor, expected: torch.Tensor) -> None:
+    scale = max(1.0, float(expected.abs().max())) if name in CHUNKED_RECURRENCE else 1.0
+    torch.testing.assert_close(got, expected, atol=1e-5 * scale, rtol=1e-5)
+
+
 @torch.no_grad()
 def test_logits_match_at_every_position(pair):
-    _, hf_model, ours = pair
+    name, hf_model, ours = pair
     ids = torch.randint(0, VOCAB, (3, 24), generator=torch.Generator().manual_seed(2))  # 4.8 windows
     expected = hf_model(ids).logits
     assert expected.std() > 0.5  # far from trivial, so 1e-5 agreement means something
-    torch.testing.assert_close(ours(ids).logits, expected, atol=1e-5, rtol=1e-5)
+    _assert_logits_close(name, ours(ids).logits, expected)
 
 
 @torch.no_grad()
 def test_logits_match_with_left_padding(pair):
-    _, hf_model, ours = pair
+    name, hf_model, ours = pair
     ids, mask = _left_padded([20, 13, 7], 20)
     real = mask.bool()
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
     expected = hf_model(ids, attention_mask=mask, position_ids=position_ids).logits
     got = ours(ids, attention_mask=mask).logits
-    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)
+    _assert_logits_close(name, got[real], expected[real])
 
 
 @torch.no_grad()
