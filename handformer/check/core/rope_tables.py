@@ -67,9 +67,19 @@ def either_cos_sin_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layo
         t[None].expand(B, -1, -1) for t in k["position_embeddings"])}, keep_first=True)
 
 
+def either_cos_sin_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool],
+                          B: int) -> Any:
+    """A forward handed cos and sin as two arguments: Raschka's (T, Dh) tables, else Hugging Face's
+    (B, T, Dh) (Gemma's forward(x, cos, sin, mask), which unsqueezes the heads' axis); the layout
+    that runs is kept (layout["batched"]). When neither runs, their error with the first is raised."""
+    return either_form(fn, args, kwargs, layout, "batched", lambda k: {
+        **k, **{n: k[n][None].expand(B, -1, -1) for n in {"cos", "sin"} & k.keys()}},  # (B, T, Dh) each
+        keep_first=True)
+
+
 # the rotary tables a forward may take in two forms, and the call that tries both
 TABLE_FORMS = {"freqs_cis": either_table, "cos_sin": either_cos_sin,
-               "position_embeddings": either_cos_sin_layout}
+               "position_embeddings": either_cos_sin_layout, "cos": either_cos_sin_tables}
 
 
 def with_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:
