@@ -29,11 +29,11 @@ def _planted(tmp_path: Path, name: str, old: str, new: str) -> str:
 
 
 def test_windowed_partial_rotary_and_table_blocks_pass():
-    result = check_file(str(HERE / "windowed.py"), only=["mha", "block"])
+    result = check_file(str(HERE / "windowed.py"), only=["mha", "causal_attention", "block"])
     status = {c.name: c.status for c in result.components}
     assert status == {"LocalAttention": "pass", "TableAttention": "pass", "LocalBlock": "pass",
-                      "TableBlock": "pass"}, format_report(result)
-    local = result.components[2]
+                      "TableBlock": "pass", "CachedAttention": "pass"}, format_report(result)
+    local = next(c for c in result.components if c.name == "LocalBlock")
     assert any("sliding window: each token sees its last 3 tokens" in n["en"] for n in local.notes)
     assert any("first 2 dims of each head" in n["en"] for n in local.notes)
     assert not any(c.findings for c in result.components)

@@ -138,7 +138,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
              "sin", "cos_sin", "freqs_cos", "freqs_sin"}
     first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra
-                        or isinstance(p.default, bool)), len(params))  # a flag (use_cache) keeps its default
+                        or isinstance(p.default, (int, float, str))), len(params))  # layer_idx=0: kept
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
     masks = [p for p in params if is_mask_name(p.name)]
     named = {p.name for p in params} & extra
