@@ -94,3 +94,11 @@ def test_a_float32_softmax_of_float64_scores_stays_float64():
     with float64_kept():
         out = learner.probs(scores)
     assert out.dtype == torch.float64 and not out.isnan().any()
+
+
+def test_a_fused_gate_and_up_ffn_passes_its_gradients_too(tmp_path):
+    (ffn,) = check_file(str(HERE / "windowed.py"), only=["ffn"]).components
+    assert ffn.status == "pass" and all(c.ok for c in ffn.checks), ffn.checks
+    planted = _planted(tmp_path, "windowed.py", "F.silu(gate) * up", "F.silu(gate * up)")
+    (ffn,) = check_file(planted, only=["ffn"]).components
+    assert ffn.status == "fail"

@@ -335,7 +335,7 @@ def _decoder_mask_names(masks: list[str]) -> tuple[str | None, str | None]:
     tgt = next((m for m in masks if m != src and any(t in m.lower() for t in (
         "tgt", "trg", "self", "look", "causal", "dec", "target", "sub", "slf"))), None)
     others = set(masks) - {src}
-    if tgt is None and len(others) == 1 < len(masks):  # HF's attention_mask beside encoder_attention_mask
+    if len(others) == 1 < len(masks):  # HF's attention_mask beside encoder_attention_mask (or tgt itself)
         tgt = min(others)
     return src, tgt
 
@@ -527,7 +527,7 @@ def _sliding_window(res: ComponentResult, layer: Layer) -> None:
     """A block that builds its causal mask and lets each query see only its last W keys (Mistral's
     sliding window, i - W < j <= i): W is measured as the outputs that changing token 0 moves, and
     the reference is given the same window."""
-    if not (layer.causal_block and not layer.takes_mask) or layer.stepwise:
+    if not (layer.causal_block and not layer.takes_mask):
         return
     x = fp.randn(1, WINDOW_T, D, seed=5)
     y = x.clone()
