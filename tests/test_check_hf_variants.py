@@ -32,7 +32,7 @@ def test_windowed_partial_rotary_and_table_blocks_pass():
     result = check_file(str(HERE / "windowed.py"), only=["mha", "causal_attention", "block"])
     status = {c.name: c.status for c in result.components}
     assert status == {"LocalAttention": "pass", "TableAttention": "pass", "LocalBlock": "pass",
-                      "TableBlock": "pass", "CachedAttention": "pass"}, format_report(result)
+                      "TableBlock": "pass", "CachedAttention": "pass", "NormedAttention": "pass"}, format_report(result)
     local = next(c for c in result.components if c.name == "LocalBlock")
     assert any("sliding window: each token sees its last 3 tokens" in n["en"] for n in local.notes)
     assert any("first 2 dims of each head" in n["en"] for n in local.notes)
@@ -102,3 +102,12 @@ def test_a_fused_gate_and_up_ffn_passes_its_gradients_too(tmp_path):
     planted = _planted(tmp_path, "windowed.py", "F.silu(gate) * up", "F.silu(gate * up)")
     (ffn,) = check_file(planted, only=["ffn"]).components
     assert ffn.status == "fail"
+
+
+def test_a_qk_norm_across_all_heads_is_compared_so(tmp_path):
+    only = {"overrides": {"mha": "NormedAttention"}, "only": ["mha"]}
+    (attention,) = check_file(str(HERE / "windowed.py"), **only).components
+    assert attention.status == "pass", attention.checks
+    planted = _planted(tmp_path, "windowed.py", "self.k_layernorm(self.wk(x))", "self.q_layernorm(self.wk(x))")
+    (attention,) = check_file(planted, **only).components
+    assert attention.status == "fail"

@@ -390,10 +390,12 @@ _QK_NAMES = {"q_norm": re.compile(r"(q|query)_?(norm|layernorm|ln|rmsnorm)"),
              "k_norm": re.compile(r"(k|key)_?(norm|layernorm|ln|rmsnorm)")}
 
 
-def qk_norm_slots(extra: list[Leaf], head_dim: int) -> list[Slot]:
-    """An attention's parameters besides its projections as QK-norm: exactly two norms of width
-    head_dim named like q_norm and k_norm (q_layernorm, query_norm); else none."""
-    if len(extra) != 2 or {(x.kind, tuple(x.weight.shape)) for x in extra} != {("norm", (head_dim,))}:
+def qk_norm_slots(extra: list[Leaf], head_dim: int, width: int = 0) -> list[Slot]:
+    """An attention's parameters besides its projections as QK-norm: exactly two norms named like
+    q_norm and k_norm (q_layernorm, query_norm) of width head_dim, or both as wide as the queries
+    (`width`: OLMo-2's, over all heads together); else none."""
+    kinds = {(x.kind, x.weight.size(0) in (head_dim, width)) for x in extra}
+    if len(extra) != 2 or kinds != {("norm", True)}:
         return []
     slots = []
     for role, name in _QK_NAMES.items():

@@ -691,7 +691,7 @@ def _projections(comp: Component, module: nn.Module, heads: int) -> tuple[list[A
     parameter is not in the reference."""
     found = leaves(module)
     extra = [leaf for leaf in found if leaf.kind != "linear"]
-    qk_norms = qk_norm_slots(extra, D // heads)
+    qk_norms = qk_norm_slots(extra, D // heads, D)
     if extra and not qk_norms:
         shapes = shapes_text(extra)
         raise MappingError(f"{comp.name} has parameters besides its projections ({shapes}); handformer's "
@@ -949,8 +949,8 @@ def _properties(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -
     if s.rope is None and s.n_kv_heads is None and s.heads == H:
         _at_distinct_sizes(res, ctx, comp, s)
     has_o = any(sl.role.endswith("W_O") for sl in s.slots)
-    if has_o and not s.causal_inside and s.n_kv_heads is None and s.rope is None:
-        w = mha_weights(s.slots, s.heads)
+    w = mha_weights(s.slots, s.heads)
+    if has_o and not s.causal_inside and s.n_kv_heads is None and s.rope is None and w.qk_norm is None:
         out = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, None), 3)
         heads = one_head_at_a_time(w, x)
         err = fp.max_error(out, heads)
