@@ -32,7 +32,8 @@ def test_windowed_partial_rotary_and_table_blocks_pass():
     result = check_file(str(HERE / "windowed.py"), only=["mha", "causal_attention", "block"])
     status = {c.name: c.status for c in result.components}
     assert status == {"LocalAttention": "pass", "TableAttention": "pass", "LocalBlock": "pass",
-                      "TableBlock": "pass", "CachedAttention": "pass", "NormedAttention": "pass"}, format_report(result)
+                      "TableBlock": "pass", "CachedAttention": "pass", "NormedAttention": "pass",
+                      "FusedBlock": "pass"}, format_report(result)
     local = next(c for c in result.components if c.name == "LocalBlock")
     assert any("sliding window: each token sees its last 3 tokens" in n["en"] for n in local.notes)
     assert any("first 2 dims of each head" in n["en"] for n in local.notes)

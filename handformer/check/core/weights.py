@@ -423,7 +423,9 @@ def ffn_slots(linears: list[Leaf], D: int, F: int | None, what: str) -> list[lis
         ups, downs = with_shape(linears, (width, D)), with_shape(linears, (D, width))
         if len(downs) == 1 and len(ups) in (1, 2):
             return _ffn_orders(ups, downs)
-    for width in widths:  # gate and up fused in one (2F, D) layer (OLMo's ff_proj), then (D, F)
+    # gate and up fused in one (2F, D) layer (OLMo's ff_proj, Phi-3's gate_up_proj), then (D, F): twice the
+    # width asked for first (a fused q | k | v of that many rows, and W_O, are no FFN)
+    for width in [2 * w for w in widths[:1]] + widths:
         fused, downs = with_shape(linears, (width, D)), with_shape(linears, (D, width // 2))
         if len(fused) == 1 and len(downs) == 1 and width % 2 == 0:
             return _fused_orders(fused[0], width // 2, downs[0])
