@@ -7,7 +7,7 @@ questions of the mix (greedy, pass@8 and the mean of 8 samples at temperature 1.
 `speedrun chat`'s own (`pipeline.train_post_stage`, `scoring.replies` and `scoring.score`), at one
 thread, from the base of a `reasoning` run:
 
-    handformer speedrun chat --preset reasoning --out runs/reasoning --set threads=1   # its base
+    handformer speedrun chat --preset reasoning-80 --out runs/reasoning --set threads=1   # its base
     python benchmarks/long_sums.py sft runs/reasoning/base runs/long/s30 --long-sums 30
     python benchmarks/long_sums.py sft runs/reasoning/base runs/long/s30lr3 --long-sums 30 --lr 3e-3
     python benchmarks/long_sums.py sft runs/reasoning/base runs/long/s30long --long-sums 30 --steps 1200
@@ -15,7 +15,7 @@ thread, from the base of a `reasoning` run:
     python benchmarks/long_sums.py score runs/long/s30/sft runs/long/g30/grpo --sets long mix
     python benchmarks/long_sums.py score runs/reasoning-mix/sft --sets unseen-long unseen-days
 
-The same sweep on the `reasoning` preset's own SFT data (8,000 conversations and 80 long sums, as the
+The same sweep on the `reasoning-80` preset's own SFT data (8,000 conversations and 80 long sums, as the
 preset draws them; `--long-repeats` shows each long sum several times), the best chosen greedily on
 the preset's sets of the `search` split (1,000 long sums, 1,002 of the mix), then scored once on its
 `report` split; GRPO on the questions the preset's GRPO draws:
@@ -235,8 +235,8 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--long-sums", type=int, default=30)
     s.add_argument("--conversations", type=int, default=3000, help="conversations of the mix")
     s.add_argument("--preset-draw", action="store_true",
-                   help="draw the data as the `reasoning` preset does (its SFT with --conversations 8000 "
-                        "--long-sums 80)")
+                   help="draw the data as the presets do (the default `reasoning` preset's SFT: "
+                        "--conversations 8000 --long-sums 30 --long-repeats 3)")
     s.add_argument("--long-repeats", type=int, default=1,
                    help="with --preset-draw: each long sum this many times")
     s.add_argument("--long-direct", type=int, default=0,

@@ -57,7 +57,7 @@ def test_each_gemma_plant_fails(tmp_path, kind):
     result = check_file(_planted(tmp_path, "correct.py", old, new), only=[kind])
     (comp,) = result.components
     report = format_report(result)
-    assert comp.status == "fail" and [f.name for f in comp.findings] == ([named] if named else []), report
+    assert comp.status == "fail" and [f.name for f in comp.named()] == ([named] if named else []), report
     assert words in report, report
 
 
@@ -83,4 +83,4 @@ def test_a_model_decoding_through_its_own_cache_parts_where_its_line_does(tmp_pa
     (model,) = check_file(_planted(tmp_path, "chat_block.py", old, new), only=["gpt"]).components
     cached = next(c for c in model.checks if c.name["en"].startswith("through its cache (new_cache)"))
     assert cached.ok == (quoted is None) and model.status == ("pass" if quoted is None else "fail")
-    assert quoted is None or any(quoted in n["en"] for n in model.notes), model.notes
+    assert quoted is None or any(quoted in f.observed["en"] for f in model.findings), model.findings

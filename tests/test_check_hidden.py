@@ -43,7 +43,7 @@ def test_a_loss_scale_that_clipping_hides_shows_with_the_clipping_out_of_reach(t
     assert unclipped.name["en"].startswith("with the gradients under the clipping norm 1"), format_report(result)
     assert step.checks[0].ok, format_report(result)  # at full size the clipping hides the scale
     assert unclipped.ok == (plant == "correct") and step.status == ("pass" if plant == "correct" else "fail")
-    assert [f.name for f in step.findings] == ([named] if named else [])
+    assert [f.name for f in step.named()] == ([named] if named else [])
     assert words is None or any(words in n["en"] for n in step.notes), format_report(result)
 
 
@@ -297,4 +297,4 @@ def test_a_norm_computed_in_a_helper_method_is_quoted_in_the_helper(tmp_path):
                "return x * torch.rsqrt(x.mean(-1, keepdim=True) ** 2 + self.eps)")
     result = check_file(_planted(tmp_path, LLAMA / "correct.py", [planted]), only=["rmsnorm"])
     (norm,) = result.components
-    assert norm.status == "fail" and any(planted[1] in n["en"] for n in norm.notes), format_report(result)
+    assert norm.status == "fail" and any(planted[1] in f.observed["en"] for f in norm.findings), format_report(result)

@@ -68,7 +68,7 @@ def test_gpt2_conv1d_weights_stored_in_out_are_read_transposed(tmp_path, plant):
         assert comp.status == ("fail" if comp.name == failing else "pass"), format_report(result)
     if failing:
         comp = attention if failing == "GPT2Attention" else mlp
-        assert [f.name for f in comp.findings] == ([named] if named else []), format_report(result)
+        assert [f.name for f in comp.named()] == ([named] if named else []), format_report(result)
         assert line in format_report(result), format_report(result)
 
 
@@ -154,3 +154,51 @@ def test_fused_layouts_parallel_blocks_and_experts_are_read_by_what_they_compute
         assert by["FalconAttention"].mapping[1] == "query_key_value[16:20] -> W_K"  # one key head of 4 dims
         assert any("in parallel" in n["en"] for n in by["NeoXLayer"].notes), format_report(result)
         assert "moe.gate -> router" in by["MixtralBlock"].mapping, format_report(result)
+
+
+POSITIONS = LAYOUTS.parent / "positions.py"
+T5_SCALED = ('sim = torch.einsum("bihd,bjhd->bhij", q, k)  # unscaled: T5 folds 1/sqrt(d) into its init',
+             'sim = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(q.size(-1))')
+POSITION_PLANTS = {  # (edit, {kind: the component checked}, its finding or None, the line the report quotes)
+    "t5_bucket_direction": (("after = (offset > 0).long() * half", "after = (offset < 0).long() * half"),
+                            {"mha": "RelativeAttention"}, None,
+                            "line 39: sim = sim + self.rel_bias(buckets).permute(2, 0, 1)"),
+    "t5_scaled": (T5_SCALED, {"mha": "RelativeAttention"}, None, f"line 36: {T5_SCALED[1]}"),
+    "alibi_unscaled": (("* (q.size(-1) ** -0.5) + alibi", "+ alibi"), {"causal_attention": "AlibiAttention"},
+                       "no_scaling", "line 69: scores = q @ k.transpose(-1, -2) + alibi"),
+    "rotation_sign": (("torch.stack((-x[..., 1::2], x[..., ::2])", "torch.stack((x[..., 1::2], -x[..., ::2])"),
+                      {"causal_attention": "PartialRotaryAttention"}, "rope_rotation_sign", "line 89: return"),
+    "parallel_mlp_unnormed": (("self.attn(h) + self.mlp(h)", "self.attn(h) + self.mlp(x)"),
+                              {"block": "ParallelBlock"}, None, "line 130: return x + self.attn(h) + self.mlp(x)"),
+}
+
+
+def test_positions_as_a_term_on_the_scores_and_partial_interleaved_rotary_are_conventions():
+    """T5's learned relative-position bias (its unscaled scores a convention: DIFFERS, also in a layer
+    handed the bias by its caller), ALiBi's slopes on
+    the scaled scores, GPT-J's partial interleaved rotary with k_proj, v_proj, q_proj defined in that
+    order (its apply function handed one angle a pair, (T, Dh/2); transformers 5's attention handed
+    (sin, cos), (B, T, Dh/2) each), and the blocks built on them: found by what the attention holds and
+    says, compared so."""
+    result = check_file(str(POSITIONS), only=["rope", "mha", "causal_attention", "block"])
+    by = {c.name: c for c in result.components}
+    assert {n: c.status for n, c in by.items()} == {
+        "apply_rotary_pos_emb": "pass", "RelativeAttention": "differs", "LaterLayerAttention": "differs",
+        "HandedRotaryAttention": "pass", "AlibiAttention": "pass", "PartialRotaryAttention": "pass",
+        "AlibiBlock": "pass", "ParallelBlock": "pass"}, format_report(result)
+    assert "rel_bias -> relative position bias" in by["RelativeAttention"].mapping
+    assert all(any("not divided by sqrt(d_k)" in n["en"] for n in by[name].notes)
+               for name in ("RelativeAttention", "LaterLayerAttention")), format_report(result)
+    assert by["PartialRotaryAttention"].mapping[0] == "q_proj -> W_Q", format_report(result)
+    assert all(any("ALiBi inside" in n["en"] for n in by[name].notes) for name in ("AlibiAttention", "AlibiBlock"))
+
+
+@pytest.mark.parametrize("plant", list(POSITION_PLANTS))
+def test_a_plant_in_the_positions_styles_fails_at_its_line(tmp_path, plant):
+    """Each plant FAILs its component, named where the catalogue has it, its line quoted."""
+    edit, overrides, named, line = POSITION_PLANTS[plant]
+    result = check_file(_planted(tmp_path, [edit], POSITIONS), overrides=overrides, only=list(overrides))
+    (comp,) = [c for c in result.components if c.name in overrides.values()]
+    assert comp.status == "fail" and [f.name for f in comp.findings] == ([named] if named else []), (
+        format_report(result))
+    assert line in format_report(result), format_report(result)

@@ -10,6 +10,7 @@ import pytest
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
+from handformer.check.core.result import DEPARTS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -78,8 +79,8 @@ def test_unnamed_mistake_is_localized(tmp_path, name):
     path = tmp_path / "attention.py"
     path.write_text(source)
     comp, report, zh = _check(path)
-    assert comp.status == "fail" and not comp.findings, report
-    (note,) = [n for n in comp.notes if "parts from the reference" in n["en"]]
+    assert comp.status == "fail" and not comp.named(), report
+    (note,) = [f.observed for f in comp.findings if f.name == DEPARTS]
     assert f"{step} at line {number}: {planted}" in note["en"], report
     assert form in note["en"], report
     assert f"第 {number} 行" in note["zh"] and planted in zh
@@ -135,8 +136,8 @@ def test_unnamed_mistake_in_each_kind_is_localized(tmp_path, name):
     result = check_file(str(path), only=[kind])
     report, zh = format_report(result), format_report(result, "zh")
     failed = [c for c in result.components if c.status == "fail"]
-    assert len(failed) == 1 and not failed[0].findings, report
-    (note,) = [n for n in failed[0].notes if "parts from the reference" in n["en"]]
+    assert len(failed) == 1 and not failed[0].named(), report
+    (note,) = [f.observed for f in failed[0].findings if f.name == DEPARTS]
     assert f"{step} at line {number}: {planted}" in note["en"], report
     assert form in note["en"], report
     assert f"第 {number} 行" in note["zh"] and planted in zh
@@ -202,8 +203,8 @@ def test_unnamed_mistake_in_rotary_grouped_attention_is_localized(tmp_path, name
     result = check_file(str(path), only=["gqa"])
     report = format_report(result)
     (comp,) = [c for c in result.components if c.kind == "gqa" and "repeat" not in c.name]
-    assert comp.status == "fail" and not comp.findings, report
-    (note,) = [n for n in comp.notes if "parts from the reference" in n["en"]]
+    assert comp.status == "fail" and not comp.named(), report
+    (note,) = [f.observed for f in comp.findings if f.name == DEPARTS]
     assert step in note["en"] and f"line {number}: {planted}" in note["en"], report
     assert form is None or form in note["en"], report
     assert f"第 {number} 行" in note["zh"] and planted in note["zh"]
@@ -243,8 +244,8 @@ def test_unnamed_mistake_in_a_rotary_apply_function_is_localized(tmp_path, name)
     result = check_file(str(path), only=["rope"])
     report = format_report(result)
     failed = [c for c in result.components if c.status == "fail"]
-    assert len(failed) == 1 and not failed[0].findings, report
-    (note,) = [n for n in failed[0].notes if "parts from the reference" in n["en"]]
+    assert len(failed) == 1 and not failed[0].named(), report
+    (note,) = [f.observed for f in failed[0].findings if f.name == DEPARTS]
     assert f"{step} {number}: {planted}" in note["en"], report
     assert form is None or form in note["en"], report
     quoted = [ln.strip() for ln in source.splitlines() if len(ln.strip()) > 20 and ln.strip() in note["en"]]
@@ -327,8 +328,8 @@ def test_a_distribution_built_in_place_is_localized_at_the_line_that_writes_it_w
     path = tmp_path / "learner.py"
     path.write_text(source)
     (comp,) = check_file(str(path), only=["loss"]).components
-    assert comp.status == "fail" and not comp.findings
-    (note,) = [n for n in comp.notes if "parts from the reference" in n["en"]]
+    assert comp.status == "fail" and not comp.named()
+    (note,) = [f.observed for f in comp.findings if f.name == DEPARTS]
     assert f"`true_dist` at line 13: {planted}" in note["en"], note
     assert "the line writes 0.01429 where the target distribution q (flattened) has 0.02" in note["en"], note
 
@@ -467,8 +468,8 @@ def test_unnamed_mistake_in_a_kinds_sub_steps_is_localized(tmp_path, name):
     result = check_file(str(path), only=[kind])
     report = format_report(result)
     (comp,) = [c for c in result.components if c.status == "fail"]
-    assert not comp.findings, report
-    (note,) = [n for n in comp.notes if "parts from the reference" in n["en"]]
+    assert not comp.named(), report
+    (note,) = [f.observed for f in comp.findings if f.name == DEPARTS]
     assert f"{step} {number}: {line}" in note["en"] and form in note["en"], report
     quoted = [ln.strip() for ln in planted.splitlines() if len(ln.strip()) > 12 and ln.strip() in note["en"]]
     assert line in quoted and len(quoted) <= 2
@@ -522,6 +523,6 @@ def test_attention_that_raises_is_localized_at_the_reshape_without_its_permute(t
     path.write_text(source)
     (comp,) = check_file(str(path)).components
     assert comp.status == "fail" and comp.error.kind == "exception", comp
-    (note,) = [n for n in comp.notes if "parts from the reference" in n["en"]]
+    (note,) = [f.observed for f in comp.findings if f.name == DEPARTS]
     assert "`return` at line 15: return X.reshape(X.shape[0], X.shape[1], -1)" in note["en"], note
     assert "a transpose or permute left out" in note["en"] and "第 15 行" in note["zh"], note

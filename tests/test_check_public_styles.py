@@ -293,6 +293,45 @@ class GroupedQueryAttention(nn.Module):
         weights = torch.softmax(scores / self.head_dim**0.5, dim=-1)
         return self.out_proj((weights @ v).transpose(1, 2).reshape(b, t, -1))
 '''
+# PyTorch's nn.Transformer tutorial's language model, batch-first: nn.TransformerEncoder, a sine table,
+# the embeddings times sqrt(d_model), a float -inf mask
+TORCH_TUTORIAL_LM = '''import math
+
+import torch
+from torch import nn
+
+
+class SineTable(nn.Module):
+    def __init__(self, width, max_len=512):
+        super().__init__()
+        pos = torch.arange(max_len, dtype=torch.float).unsqueeze(1)
+        two_i = torch.arange(0, width, 2, dtype=torch.float)
+        table = torch.zeros(1, max_len, width)
+        table[0, :, 0::2] = torch.sin(pos / 10000 ** (two_i / width))
+        table[0, :, 1::2] = torch.cos(pos / 10000 ** (two_i / width))
+        self.register_buffer("table", table)
+
+    def forward(self, x):
+        return x + self.table[:, : x.size(1)]
+
+
+class WordLM(nn.Module):
+    def __init__(self, vocab_size, d_model, n_heads, d_ff, n_layers):
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, d_model)
+        self.pos = SineTable(d_model)
+        layer = nn.TransformerEncoderLayer(d_model, n_heads, d_ff, dropout=0.1, batch_first=True)
+        self.stack = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
+        self.lm_head = nn.Linear(d_model, vocab_size)
+        self.scale = math.sqrt(d_model)
+
+    def forward(self, ids):
+        t = ids.size(1)
+        future = torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
+        h = self.pos(self.tok(ids) * self.scale)
+        return self.lm_head(self.stack(h, mask=future))
+'''
+
 QK_BEFORE = """        if self.q_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -322,6 +361,10 @@ CASES = {
     "nanochat_relu2": (NANOCHAT, ["ffn"], "F.relu(self.c_fc(x)).square()", "self.c_fc(x).square()"),
     "umar_freqs_complex": (UMAR, ["mha"], "pairs * freqs_complex[", "pairs * freqs_complex.conj()["),
     "raschka_qk_norm_switch": (RASCHKA_QK, ["gqa"], QK_BEFORE, QK_AFTER),
+    "torch_tutorial_scale_unused": (TORCH_TUTORIAL_LM, ["gpt"], "self.tok(ids) * self.scale", "self.tok(ids)",
+                                    "line 34: h = self.pos(self.tok(ids))"),
+    "torch_tutorial_no_mask": (TORCH_TUTORIAL_LM, ["gpt"], "self.stack(h, mask=future)", "self.stack(h)",
+                               "line 35: return self.lm_head(self.stack(h))"),
 }
 
 
@@ -450,6 +493,28 @@ class GPT(nn.Module):
             return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         return logits
 '''
+
+# nanochat's newer GPT: value embeddings (a token table a layer adds to its values, None in the
+# others), learned per-layer residual scalars, soft-capped logits
+NANOCHAT_SCALARS = (
+    NANOCHAT_GPT
+    .replace("    def forward(self, x, cos_sin):\n        B, T, C = x.shape\n        q, k, v = (p(x).view(B, T, self.h, self.d) for p in (self.q, self.k, self.v))\n",
+             "    def forward(self, x, cos_sin, extra_v):\n        B, T, C = x.shape\n        q, k, v = (p(x).view(B, T, self.h, self.d) for p in (self.q, self.k, self.v))\n"
+             "        if extra_v is not None:\n            v = v + extra_v.view(B, T, self.h, self.d)\n")
+    .replace("    def forward(self, x, cos_sin):\n        x = x + self.attn(rms(x), cos_sin)",
+             "    def forward(self, x, cos_sin, extra_v):\n        x = x + self.attn(rms(x), cos_sin, extra_v)")
+    .replace("        d = config.n_embd // config.n_head\n",
+             "        d = config.n_embd // config.n_head\n"
+             "        self.skip_scale = nn.Parameter(torch.ones(config.n_layer))\n"
+             "        self.embed_mix = nn.Parameter(torch.zeros(config.n_layer))\n"
+             "        self.v_tables = nn.ModuleList([nn.Embedding(config.vocab_size, config.n_embd)])\n")
+    .replace("        x = rms(self.wte(idx))\n        for block in self.h:\n            x = block(x, (self.cos[:, :T], self.sin[:, :T]))\n        logits = self.lm_head(rms(x))\n",
+             "        x = first = rms(self.wte(idx))\n        for i, block in enumerate(self.h):\n"
+             "            x = self.skip_scale[i] * x + self.embed_mix[i] * first\n"
+             "            extra = self.v_tables[0](idx) if i == len(self.h) - 1 else None\n"
+             "            x = block(x, (self.cos[:, :T], self.sin[:, :T]), extra)\n"
+             "        logits = torch.tanh(self.lm_head(rms(x)) / 30.0) * 30.0\n"))
+
 
 UMAR_MODEL = UMAR + '''
 
@@ -587,6 +652,25 @@ def test_more_learner_styles_are_checked_whole_and_a_planted_mistake_fails(tmp_p
         planted = _statuses(tmp_path, "planted", source.replace(right, wrong, 1), kinds)
         assert any(c.status == "fail" for c in planted.values()), {
             n: (c.status, c.error) for n, c in planted.items()}
+
+
+def test_parts_no_reference_has_are_held_and_a_mistake_elsewhere_still_fails(tmp_path):
+    """nanochat's value embeddings (at zero) and residual scalars (as built) are held and named; the
+    attention and block are handed None for the value embedding their forward tests against None; the
+    soft-cap is read (30); a cap written wrong FAILs at its line, a held part written wrong is NOT CHECKED."""
+    assert "extra_v is not None" in NANOCHAT_SCALARS and "/ 30.0) * 30.0" in NANOCHAT_SCALARS
+    kinds = ["gpt", "block", "causal_attention"]
+    correct = _statuses(tmp_path, "correct", NANOCHAT_SCALARS, kinds)
+    assert {c.status for c in correct.values()} == {"pass"}, {n: (c.status, c.error) for n, c in correct.items()}
+    held = " ".join(n["en"] for n in correct["GPT"].notes)
+    assert "v_tables.0 (29, 16), skip_scale (2,), embed_mix (2,) held" in held, held
+    capped = NANOCHAT_SCALARS.replace(" / 30.0) * 30.0", ") * 30.0")
+    (gpt,) = _statuses(tmp_path, "capped", capped, ["gpt"]).values()
+    assert gpt.status == "fail" and "logits = torch.tanh(self.lm_head(rms(x))) * 30.0" in " ".join(
+        n["en"] for n in gpt.notes), gpt.notes
+    mixed = NANOCHAT_SCALARS.replace("self.embed_mix[i] * first", "self.embed_mix[i] * x")
+    (gpt,) = _statuses(tmp_path, "mixed", mixed, ["gpt"]).values()
+    assert gpt.status in ("pass", "not_checked"), (gpt.status, gpt.notes)  # zero mix: the same either way
 
 
 def test_a_block_with_an_optional_mask_in_a_file_with_nothing_causal_is_an_encoder_layer(tmp_path, monkeypatch):
@@ -1178,3 +1262,138 @@ def test_a_gain_kept_as_an_offset_from_one_is_a_convention(tmp_path):
     (wrong,) = _statuses(tmp_path, "planted", OFFSET_NORM.replace("(1 + self.scale)", "(2 + self.scale)"),
                          ["rmsnorm"]).values()
     assert wrong.status == "fail"
+
+
+GEMMA_SETTINGS = '''import dataclasses
+import enum
+
+
+class Kind(enum.Enum):
+    FULL = "full"
+    WINDOW = "window"
+
+
+@dataclasses.dataclass
+class Settings:
+    hidden_size: int = 64
+    num_heads: int = 4
+    scalar: float = 16.0
+'''
+
+GEMMA_LAYERS = '''from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import settings_file
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, quantized: bool):
+        super().__init__()
+        self.gate = nn.Linear(d_model, d_ff, bias=False)
+        self.up = nn.Linear(d_model, d_ff, bias=False)
+        self.down = nn.Linear(d_ff, d_model, bias=False)
+        for p in self.parameters():
+            p.requires_grad = quantized
+
+    def forward(self, x):
+        return self.down(F.gelu(self.gate(x), approximate="tanh") * self.up(x))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: settings_file.Settings, kind: settings_file.Kind):
+        super().__init__()
+        self.kind, self.h = kind, cfg.num_heads
+        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=False)
+        self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.h, C // self.h).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.kind is settings_file.Kind.FULL)
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
+'''
+
+
+def test_arguments_typed_by_an_enum_a_bool_or_a_config_of_another_file_are_filled(tmp_path):
+    """gemma_pytorch's GemmaAttention(config: gemma_config.GemmaConfig, attn_type: AttentionType) and
+    GemmaMLP(..., quant: bool): the config class of the other file (its defaults kept), the enum's first
+    member, False; weights frozen by the file (requires_grad False) still get their gradients compared."""
+    (tmp_path / "settings_file.py").write_text(GEMMA_SETTINGS)
+    found = _statuses(tmp_path, "layers", GEMMA_LAYERS, ["ffn", "causal_attention"])
+    assert {n: c.status for n, c in found.items()} == {"GatedMLP": "pass", "SelfAttention": "pass"}, {
+        n: (c.status, c.error) for n, c in found.items()}
+    planted = GEMMA_LAYERS.replace("* self.up(x))", "* self.gate(x))")
+    (mlp,) = _statuses(tmp_path, "planted", planted, ["ffn"]).values()
+    assert mlp.status == "fail", (mlp.status, mlp.error)
+
+
+# d2l-en's model: lazy layers everywhere, the blocks in an nn.ModuleList, the model built by a factory
+D2L_EN_MODEL = (Path(__file__).parent / "fixtures" / "learners_d2l" / "correct.py").read_text() + '''
+
+class Encoder(nn.Module):
+    def __init__(self, vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_blks, dropout):
+        super().__init__()
+        self.num_hiddens = num_hiddens
+        self.embedding = nn.Embedding(vocab_size, num_hiddens)
+        self.pos_encoding = PositionalEncoding(num_hiddens, dropout)
+        self.blks = nn.ModuleList([TransformerEncoderBlock(num_hiddens, ffn_num_hiddens, num_heads, dropout)
+                                   for _ in range(num_blks)])
+
+    def forward(self, X, valid_lens):
+        X = self.pos_encoding(self.embedding(X) * self.num_hiddens ** 0.5)
+        for blk in self.blks:
+            X = blk(X, valid_lens)
+        return X
+
+
+class Decoder(nn.Module):
+    def __init__(self, vocab_size, num_hiddens, ffn_num_hiddens, num_heads, num_blks, dropout):
+        super().__init__()
+        self.num_hiddens, self.num_blks = num_hiddens, num_blks
+        self.embedding = nn.Embedding(vocab_size, num_hiddens)
+        self.pos_encoding = PositionalEncoding(num_hiddens, dropout)
+        self.blks = nn.ModuleList([TransformerDecoderBlock(num_hiddens, ffn_num_hiddens, num_heads, dropout, i)
+                                   for i in range(num_blks)])
+        self.dense = nn.LazyLinear(vocab_size)
+
+    def init_state(self, enc_outputs, enc_valid_lens):
+        return [enc_outputs, enc_valid_lens, [None] * self.num_blks]
+
+    def forward(self, X, state):
+        X = self.pos_encoding(self.embedding(X) * self.num_hiddens ** 0.5)
+        for blk in self.blks:
+            X, state = blk(X, state)
+        return self.dense(X), state
+
+
+class Seq2Seq(nn.Module):
+    def __init__(self, encoder, decoder):
+        super().__init__()
+        self.encoder, self.decoder = encoder, decoder
+
+    def forward(self, enc_X, dec_X, *args):
+        state = self.decoder.init_state(self.encoder(enc_X, *args), *args)
+        return self.decoder(dec_X, state)[0]
+
+
+def build(src_vocab, tgt_vocab, num_hiddens=32, ffn_num_hiddens=64, num_heads=4, num_blks=2, dropout=0.1):
+    return Seq2Seq(Encoder(src_vocab, num_hiddens, ffn_num_hiddens, num_heads, num_blks, dropout),
+                   Decoder(tgt_vocab, num_hiddens, ffn_num_hiddens, num_heads, num_blks, dropout))
+'''
+
+
+def test_a_model_of_lazy_layers_built_by_its_factory_is_run_once_then_compared(tmp_path):
+    """d2l-en's nn.LazyLinear layers get their shapes from one call of the model at check's sizes
+    (its factory's model too); then it is mapped and compared. A decoder whose embeddings are not
+    scaled fails."""
+    (model,) = _statuses(tmp_path, "correct", D2L_EN_MODEL, ["transformer"]).values()
+    assert model.status == "pass", (model.status, model.error, [c for c in model.checks if not c.ok])
+    planted = D2L_EN_MODEL.replace("self.pos_encoding(self.embedding(X) * self.num_hiddens ** 0.5)\n        for blk in"
+                                   " self.blks:\n            X, state", "self.pos_encoding(self.embedding(X))\n"
+                                   "        for blk in self.blks:\n            X, state")
+    assert planted != D2L_EN_MODEL
+    (model,) = _statuses(tmp_path, "planted", planted, ["transformer"]).values()
+    assert model.status == "fail", (model.status, model.error)

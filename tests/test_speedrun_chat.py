@@ -154,29 +154,41 @@ def test_the_reasoning_presets_fit_their_replies_and_their_questions_exist():
             assert len(tok.encode(t.question)) + 12 + reply <= cfg.block_size, (name, t)
 
 
-def test_the_rl_presets_change_only_the_long_sums_sft_and_dpo_see():
-    """reasoning-rl (and its mid preset) is its base preset but for SFT's 30 worked long sums, 3 times
-    each, its 1,200 steps, and DPO's pairs without long sums: the recipe where GRPO alone goes past
-    SFT's plateau."""
+def test_the_default_is_the_recipe_where_grpo_goes_past_sfts_plateau():
+    """The command's default preset, `reasoning`, gives SFT 30 worked long sums, 3 times each, for
+    1,200 steps, and DPO no long sums; the kept `reasoning-80` differs from it only there (80 seen
+    once, 600 steps, 300 long sums in DPO). The mid preset runs the default's post-training on half
+    the mix for half the steps (the same passes over SFT's data); `mid-reasoning-80` is
+    `reasoning-80`'s with the mid preset's scoring."""
     import re
     from collections import Counter
     from dataclasses import asdict
 
+    from handformer.cli import build_parser
     from handformer.tasks.speedrun_chat.pipeline import difficulty
     from handformer.tasks.speedrun_chat.reasoning import ReasoningSet
     from handformer.tasks.speedrun_chat.reasoning_stages import sft_records
 
-    for name, base in (("reasoning-rl", "reasoning"), ("mid-reasoning-rl", "mid-reasoning")):
-        cfg, plain = asdict(config_for(name, {})), asdict(config_for(base, {}))
-        assert {k: v for k, v in cfg.items() if plain[k] != v} == {
-            "sft_long_sums": 30, "sft_long_repeats": 3, "sft_steps": 1200, "dpo_long_sums": 0}
-    cfg = config_for("mid-reasoning-rl", {})
+    def changed(name: str, base: str) -> dict:
+        cfg, other = asdict(config_for(name, {})), asdict(config_for(base, {}))
+        return {k: cfg[k] for k in cfg if other[k] != cfg[k]}
+
+    assert build_parser().parse_args(["speedrun", "chat"]).preset == "reasoning"
+    assert changed("reasoning-80", "reasoning") == {
+        "sft_long_sums": 80, "sft_long_repeats": 1, "sft_steps": 600, "dpo_long_sums": 300}
+    scoring = {"pretrain_facts", "pretrain_pydoc_chars", "pretrain_steps", "eval_per_kind", "eval_long_sums",
+               "eval_samples", "eval_split"}
+    assert set(changed("mid-reasoning-80", "reasoning-80")) == scoring
+    mid = changed("mid-reasoning", "reasoning")
+    assert set(mid) == scoring | {"sft_conversations", "sft_steps"}
+    assert (mid["sft_conversations"], mid["sft_steps"]) == (4000, 600)
+    cfg = config_for("mid-reasoning", {})
     records = sft_records(90, ReasoningSet(cfg.seed, difficulty(cfg)), 0, cfg.sft_long_sums, cfg.sft_long_repeats)
     questions = [r["messages"][0]["content"] for r in records]
     long = Counter(q for q in questions if "days" not in q and max(map(len, re.findall(r"\d+", q))) == 4)
     assert len(records) == 180 and len(long) == 30 and set(long.values()) == {3}
     with pytest.raises(ValueError, match=r"speedrun chat: sft_long_repeats=0 is invalid"):
-        config_for("mid-reasoning-rl", {"sft_long_repeats": 0})
+        config_for("mid-reasoning", {"sft_long_repeats": 0})
 
 
 def test_a_digit_is_one_token_and_the_difficulty_bounds_the_problems():

@@ -31,15 +31,16 @@ def add_target(targets: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="runs/speedrun-chat", help="folder of the stages' runs (default "
                    "runs/speedrun-chat); run again to resume")
     p.add_argument("--preset", default="reasoning",
-                   choices=["reasoning", "mid-reasoning", "reasoning-rl", "mid-reasoning-rl",
-                            "smoke-reasoning", "facts", "smoke"],
-                   help="reasoning (the default: the reasoning tasks, scored on the report split, "
-                   "about 33 minutes at threads=1), mid-reasoning (its post-training from its base, "
-                   "--base OUT/base of a reasoning run, scored on the search split: for a recipe "
-                   "search), reasoning-rl and mid-reasoning-rl (the same with the recipe where GRPO "
-                   "teaches the long sums past SFT's plateau), smoke-reasoning "
-                   "(seconds, for tests), facts (the fact tasks, under an hour) or smoke (facts in "
-                   "seconds)")
+                   choices=["reasoning", "mid-reasoning", "smoke-reasoning", "reasoning-80",
+                            "mid-reasoning-80", "facts", "smoke"],
+                   help="reasoning (the default: the reasoning tasks, where GRPO teaches the long sums "
+                   "past SFT's plateau, scored on the report split, about 29 minutes of CPU at "
+                   "threads=1), mid-reasoning (its post-training from its base, --base OUT/base of a "
+                   "reasoning run, on half the mix for half the SFT steps, scored on the search split: "
+                   "for a recipe search, about 8 minutes of CPU), smoke-reasoning (seconds, "
+                   "for tests), reasoning-80 and mid-reasoning-80 (the recipe with 80 worked long "
+                   "sums, kept only to repeat the experiments of docs/benchmarks.md that ran it), "
+                   "facts (the fact tasks, under an hour) or smoke (facts in seconds)")
     p.add_argument("--base", metavar="RUN_DIR", help="start from this run (e.g. an imported stories260K) "
                    "instead of pretraining one: the role tokens are added, its embeddings grown")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

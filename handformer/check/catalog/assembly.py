@@ -24,7 +24,8 @@ DIAGNOSES: list[Diagnosis] = [
       "multiply the embedding by it: return self.lut(x) * math.sqrt(self.d_model) (or drop the factor on "
       "purpose: GPT-2 and Llama do not scale)",
       "把它乘到嵌入上：return self.lut(x) * math.sqrt(self.d_model)（或者有意不缩放：GPT-2 和 Llama 都不乘）",
-      r"return\s+self\.\w+\(\w+\)\s*$", r"=\s*self\.\w*(embed|emb|lut)\w*\(\w+\)\s*$", r"sqrt\("),
+      r"return\s+self\.\w+\(\w+\)\s*$", r"=\s*self\.\w*(embed|emb|lut)\w*\(\w+\)\s*$",
+      r"self\.[\w.]*(tok|embed|emb|lut|wte)\w*\(\w+\)(?!\s*\*)", r"sqrt\("),
     d("final_norm_missing", "a pre-norm stack ends without its final norm",
       "Pre-Norm 的层堆叠最后没有归一化层",
       "in a pre-norm stack each layer's output is not normed: end the encoder and the decoder with a norm, "
@@ -41,7 +42,9 @@ DIAGNOSES: list[Diagnosis] = [
       "learns to copy the next token",
       "softmax 之前屏蔽得分：att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))"
       "（或 F.scaled_dot_product_attention(q, k, v, is_causal=True)）；没有它，训练学会的是照抄下一个 token",
-      r"(att|scores|attn|weights)\s*=.*(@|matmul).*transpose", r"softmax\("),
+      r"(att|scores|attn|weights)\s*=.*(@|matmul).*transpose", r"softmax\(",
+      # a torch.nn encoder stack called on the stream alone (PyTorch's tutorial hands it src_mask)
+      r"self\.(?!pos)\w*(encoder|transformer|stack|layers|blocks)\w*\(\s*\w+\s*\)"),
     d("beam_no_stop_at_eos", "in the beam search EOS never ends a hypothesis",
       "束搜索里 EOS 不会结束假设",
       "a candidate that ends with EOS is finished: take it out of the beam, score it by score / "

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# the name of a finding no catalogued mistake explains: where the learner's computation first parts
+# from the reference (handformer.check.core.localize), its line and the form of the difference
+DEPARTS = "departs"
+
 
 @dataclass(frozen=True)
 class Diagnosis:

@@ -7,12 +7,15 @@ DIAGNOSES: list[Diagnosis] = [
     d("no_scaling", "the scores are not scaled by 1/sqrt(d_k)", "注意力分数没有除以 sqrt(d_k)",
       "divide the scores by math.sqrt(d_k) before the softmax: scores = Q @ K^T / math.sqrt(d_k)",
       "在 softmax 之前把分数除以 math.sqrt(d_k)：scores = Q @ K^T / math.sqrt(d_k)",
-      r"(matmul|@).*transpose", r"transpose\(-2, ?-1\)", r"einsum\(", r"scores\s*="),
+      r"baddbmm\(", r"(matmul|@).*transpose", r"transpose\(-2, ?-1\)", r"einsum\(",  # BLOOM's alpha
+      r"scores\s*="),
     d("scale_by_dk", "the scores are divided by d_k instead of sqrt(d_k)",
       "注意力分数除以了 d_k，而不是 sqrt(d_k)",
       "divide by math.sqrt(d_k), not by d_k", "应除以 math.sqrt(d_k)，而不是 d_k",
       r"/\s*\(?\s*(self\.)?d_k\b", r"/\s*\w*d_k",
-      r"/\s*\(?\s*\w+\.(size\(-1\)|shape\[-1\])(?!\s*\)?\s*\*\*)", r"scores\s*="),  # GPT-2: / value.size(-1)
+      r"/\s*\(?\s*\w+\.(size\(-1\)|shape\[-1\])(?!\s*\)?\s*\*\*)",  # GPT-2: / value.size(-1)
+      r"(@|matmul|scores|att\w*)\b.*/\s*(self\.)?(head_dim|head_size|d_head)\b(?!\s*\*\*)",  # GPT-J's
+      r"scores\s*="),
     d("softmax_wrong_dim", "the softmax runs over the wrong dimension",
       "softmax 作用在了错误的维度上",
       "take the softmax over the keys, the last dimension: F.softmax(scores, dim=-1)",

@@ -10,6 +10,7 @@ import contextlib
 import dis
 import inspect
 import math
+import re
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -118,20 +119,27 @@ class Context:
         if not isinstance(module, nn.Module):
             raise self.learner.fail("__init__", f"{comp.name}(...) is not an nn.Module",
                                     f"{comp.name}(...) 不是 nn.Module")
-        if is_lazy(module):
-            if warmup is None:
-                raise self.learner.fail("__init__", f"{comp.name} has lazy layers (nn.LazyLinear) that "
-                                        "handformer cannot give shapes to here; use nn.Linear(in, out)",
-                                        f"{comp.name} 有惰性层（nn.LazyLinear），handformer "
-                                        "在这里给不了它们形状；请用 nn.Linear(in, out)")
-            with torch.no_grad():
-                self.learner.call("forward", warmup, module.eval())
-            self._shape_unused_lazy(comp, module)
+        self.materialize(comp, module, warmup)
         untranspose_(module)  # Hugging Face's Conv1D: weights stored (in, out)
         if not checked:
             return module.eval()
         scramble_(module, seed)
         return attributes_double_(module.double()).eval()
+
+    def materialize(self, comp: Component, module: nn.Module, warmup: Callable[[nn.Module], Any] | None,
+                    ) -> None:
+        """A module with lazy layers (d2l's nn.LazyLinear) run once by `warmup` at check's sizes, which
+        gives them shapes; nothing for any other."""
+        if not is_lazy(module):
+            return
+        if warmup is None:
+            raise self.learner.fail("__init__", f"{comp.name} has lazy layers (nn.LazyLinear) that "
+                                    "handformer cannot give shapes to here; use nn.Linear(in, out)",
+                                    f"{comp.name} 有惰性层（nn.LazyLinear），handformer "
+                                    "在这里给不了它们形状；请用 nn.Linear(in, out)")
+        with torch.no_grad():
+            self.learner.call("forward", warmup, module.eval())
+        self._shape_unused_lazy(comp, module)
 
     def _shape_unused_lazy(self, comp: Component, module: nn.Module) -> None:
         """A lazy layer that the first forward never called has no shape: a LazyLinear(n) gets
@@ -300,6 +308,30 @@ def forward_parameters(module: Any) -> list[inspect.Parameter]:
     return call_parameters(module.forward if isinstance(module, nn.Module) else module)
 
 
+# the inputs of an attention or a layer, never taken for an optional extra (a cross-attention's memory)
+INPUT_NAMES = ("key", "value", "k", "v", "keys", "values", "memory", "context", "enc_out", "encoder_out",
+               "enc_output", "encoder_output", "y", "kv", "xk", "xv", "src", "tgt")
+
+
+def optional_inputs(fn: Any, params: list[inspect.Parameter], handled: set[str], passed_on: bool = False,
+                    ) -> set[str]:
+    """The arguments without a default that the forward tests against None (nanochat's value
+    embedding `ve`: `if ve is not None`), or, with `passed_on`, hands as it is to a call (its block's
+    `self.attn(norm(x), ve, cos_sin)`) while its file tests that name against None, besides its first
+    input and those check fills (`handled`: masks, rotary tables): handed None, the forward's own way
+    to do without them."""
+    fn = type(fn).forward if isinstance(fn, nn.Module) else fn
+    source, file = source_text(fn), source_text(inspect.getmodule(fn))
+    return {p.name for p in params[1:] if p.default is p.empty and p.name.lower() not in INPUT_NAMES
+            and p.name not in handled and not is_mask_name(p.name)
+            and (re.search(NONE_TEST.format(p.name), source) or passed_on
+                 and re.search(rf"[(,]\s*{p.name}\s*[,)]", source)
+                 and re.search(NONE_TEST.format(p.name), file))}
+
+
+NONE_TEST = r"\b{0}\s+is\s+(not\s+)?None\b"
+
+
 def forward_names(module: Any) -> list[str]:
     """The names of the parameters a call of the module's forward (or of the function) names."""
     return [p.name for p in forward_parameters(module)]
@@ -318,13 +350,15 @@ def not_cropped(res: ComponentResult, ctx: Context, comp: Component, module: nn.
                 failure: fp.LearnerFailure, T: int) -> bool:
     """causal_mask_not_cropped, when the learner's forward failed on T tokens with a size mismatch
     and the module holds a square (L, L) buffer, L > T: a causal mask built once for the maximum
-    length (nanoGPT's `self.bias`) and used without `[:T, :T]`."""
+    length (nanoGPT's `self.bias`) and used without `[:T, :T]` on the line that raised."""
     message = failure.error.message
     squares = [(name, b.size(-1)) for name, b in module.named_buffers()
                if b.dim() >= 2 and b.size(-1) == b.size(-2) and b.size(-1) > T]
     if not squares or not any(m in message for m in SIZE_MISMATCH):
         return False
     name, L = max(squares, key=lambda s: s[1])
+    if not re.search(rf"\b{name.split('.')[-1]}\b(?!\s*\[[^\]]*:)", "".join(failure.error.traceback[-1:])):
+        return False  # the line that raised does not use it uncropped: the mismatch is another's (q's axes)
     number, code = locate("causal_mask_not_cropped", source_lines(ctx.objects(comp)))
     res.findings.append(Finding("causal_mask_not_cropped", text(
         f"the buffer {name} is ({L}, {L}), built for the longest input; on {T} tokens your forward raised "

@@ -7,7 +7,10 @@ theirs to grade). `--component kind=Name` points a kind at any other name.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import enum
+import functools
 import inspect
 import re
 import sys
@@ -30,7 +33,7 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                 "size", "model_dim", "emb_dim", "d_embed", "embedding_dim", "normalized_shape", "dmodel",
                 "num_hiddens", "norm_shape", "ffn_num_input", "ffn_num_outputs", "key_size", "query_size",
                 "value_size", "ndim", "n_embed", "embed_size", "d_in", "d_out", "emb_size"),
-    "d_head": ("head_size", "head_dim", "d_k", "d_head", "dim_head", "headsize", "rotary_dim"),
+    "d_head": ("head_size", "head_dim", "d_k", "d_head", "dim_head", "headsize", "rotary_dim", "d_kv"),
     "n_heads": ("num_heads", "n_heads", "h", "heads", "n_head", "nhead", "num_head", "head_num",
                 "nheads", "num_attention_heads",
                 # BART's and Marian's config fields (Hugging Face), a layer's arguments named so
@@ -314,7 +317,9 @@ CAUSAL_WORDS = re.compile(r"\btril\b|\btriu\b|is_causal\s*=\s*True|causal")
 TOKEN_EXTRAS = ("start_pos", "targets", "target", "labels", "y", "position_ids", "positions", "pos")
 # what a decoder-only layer's forward takes besides its one stream: the rotary tables and positions
 POSITION_EXTRAS = TOKEN_EXTRAS + ("freqs_cis", "freqs_complex", "pos_cis", "freqs_cos", "freqs_sin", "cos",
-                                  "sin", "cos_sin", "position_embeddings", "input_pos", "rope", "rotary_emb")
+                                  "sin", "cos_sin", "position_embeddings", "input_pos", "rope", "rotary_emb",
+                                  # a KV cache handed in, and where to write it (gemma_pytorch's)
+                                  "kv_cache", "cache", "past_key_value", "layer_past", "kv_write_indices")
 
 
 # (the kind a class's name says, what the class shows, the kind it is then checked as): the first that
@@ -465,15 +470,33 @@ def _dict_keys(cls: Any) -> set[str]:
 def _config_class(p: inspect.Parameter, cls: Any) -> Any:
     """The class a config argument is annotated with, when the learner's file defines it (Meta's
     ModelArgs, a minimind-style config class)."""
-    ann = p.annotation
-    module = _module_of(cls)
-    if isinstance(ann, str) and module is not None:
-        ann = vars(module).get(ann.split("[")[0].strip("'\" "))
-    # a module the constructor is handed (Umar Jamil's Transformer(encoder: Encoder, ...)) is a part
-    same = inspect.isclass(ann) and getattr(ann, "__module__", None) == getattr(cls, "__module__", None)
+    ann = annotation(p, cls)
+    # a module the constructor is handed (Umar Jamil's Transformer(encoder: Encoder, ...)) is a part; a
+    # dataclass of another file of the learner's (gemma_pytorch's gemma_config.GemmaConfig) is a config
+    same = inspect.isclass(ann) and (getattr(ann, "__module__", None) == getattr(cls, "__module__", None)
+                                     or dataclasses.is_dataclass(ann))
     if same and not hasattr(ann, "forward"):
         return ann
     return _covering_config(cls, p.name) if p.name.lower() in CONFIG_NAMES else None
+
+
+def annotation(p: inspect.Parameter, cls: Any) -> Any:
+    """The argument's annotation as an object: a string one ("ModelArgs", "gemma_config.GemmaConfig")
+    looked up in the learner's file; None where it names nothing there."""
+    ann, module = p.annotation, _module_of(cls)
+    if isinstance(ann, str) and module is not None:
+        head, *rest = ann.split("[")[0].strip("'\" ").split(".")
+        found = vars(module).get(head, getattr(builtins, head, None))  # "bool": the builtin
+        ann = functools.reduce(lambda obj, name: getattr(obj, name, None), rest, found)
+    return ann
+
+
+def plain_choice(p: inspect.Parameter, cls: Any) -> Any:
+    """What an argument without a default gets where its type says the choices: an enum's first
+    member (gemma_pytorch's attn_type: AttentionType.GLOBAL), False for a bool (its quant); else None."""
+    ann = annotation(p, cls)
+    members = list(ann) if inspect.isclass(ann) and issubclass(ann, enum.Enum) else [None]
+    return False if ann in (bool, "bool") else members[0]
 
 
 def _covering_config(cls: Any, name: str) -> Any:
@@ -584,8 +607,12 @@ def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None)
             kwargs[p.name] = config
         elif p.name.lower() in FIXED and (p.default is p.empty or p.name.lower() in SWITCHED_ON):
             kwargs[p.name] = FIXED[p.name.lower()]
+        elif p.default is False and "relative" in p.name.lower():  # T5's has_relative_attention_bias
+            kwargs[p.name] = True  # built with its relative-position table, which the check then grades
         elif p.default is not p.empty:  # Gemma's RMSNorm(..., add_unit_offset=True): no part, its default
             continue
+        elif (choice := plain_choice(p, target)) is not None:
+            kwargs[p.name] = choice
         elif parts and (part := _part_for(p.name, parts)) is not None:
             kwargs[p.name] = part()
         else:

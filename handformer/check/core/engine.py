@@ -30,9 +30,9 @@ from handformer.check.core.discovery import (
     own_objects,
 )
 from handformer.check.core.kinds import KINDS_BY_NAME
-from handformer.check.core.localize import is_departure
 from handformer.check.core.precision import float64_kept
 from handformer.check.core.result import (
+    DEPARTS,
     DIFFERS,
     ERROR,
     FAIL,
@@ -190,12 +190,12 @@ def _run_checked(comp: Component, ctx: Context) -> ComponentResult:
         result = ComponentResult(comp.kind, comp.name, ERROR, error=failure.error)
         partial = ctx.partial
         if partial is not None and partial.name == comp.name:
-            if partial.findings:  # found before it raised
+            if partial.named():  # found before it raised
                 partial.status, partial.error = ERROR, failure.error
                 result = partial
             else:
                 result.driven = partial.driven  # what drove it (their model, or a stand-in that refused it)
-                result.notes = [n for n in partial.notes if is_departure(n)]  # where it parted, before
+                result.findings = partial.findings  # where it parted, before it raised
     except (MappingError, DiscoveryError) as err:
         result = ComponentResult(comp.kind, comp.name, ERROR,
                                  error=LearnerError("mapping", str(err), "__init__", message_zh=err.zh))
@@ -229,9 +229,10 @@ def _add_notes(comp: Component, ctx: Context, result: ComponentResult) -> None:
         en, zh = FOUND_BY[comp.found_by]
         kind = KINDS_BY_NAME[comp.kind]
         result.notes.append(text(en.format(kind.en), zh.format(kind.zh)))
-    if not result.findings and result.status in (FAIL, ERROR) and (
+    if not result.named() and result.status in (FAIL, ERROR) and (
             result.error is None or result.error.kind == "exception"):
-        result.findings += inherited(comp, ctx)
+        parts = inherited(comp, ctx)  # a part's own check quotes its line: nearer than where this one departs
+        result.findings = parts or result.findings
     if result.status in (PASS, DIFFERS):
         _names_tell(comp, ctx, result)
     if result.status in (FAIL, ERROR) and ctx.learner.nan_calls and not result.has(
@@ -329,6 +330,9 @@ def _names_tell(comp: Component, ctx: Context, result: ComponentResult) -> None:
         result.status = FAIL
 
 
+HAS = {DEPARTS: ("parts from the reference", "与参考不同")}  # what a part's finding says of it, if no mistake
+
+
 def inherited(comp: Component, ctx: Context) -> list[Finding]:
     """The mistakes of the learner's other components that this one uses (its source calls them,
     directly or through their other functions), for a component that fails with none of its own: a
@@ -347,10 +351,10 @@ def inherited(comp: Component, ctx: Context) -> list[Finding]:
     for name in sorted(reached):
         for f in ctx.results.get(name, ComponentResult("", "")).findings:
             if f.name not in {g.name for g in out}:
+                has, has_zh = HAS.get(f.name, ("has this mistake", "有这个错误"))
                 out.append(Finding(f.name, text(
-                    f"{comp.name} uses {name}, which has this mistake (its own check names it: "
-                    f"{f.observed['en']})",
-                    f"{comp.name} 用到了 {name}，它有这个错误（它自己的检查给出了诊断：{f.observed['zh']}）"),
+                    f"{comp.name} uses {name}, which {has} (its own check says: {f.observed['en']})",
+                    f"{comp.name} 用到了 {name}，它{has_zh}（它自己的检查给出了诊断：{f.observed['zh']}）"),
                     f.line, f.code, f.form))
     return out
 

@@ -104,11 +104,14 @@ def first_tensor(value: Any, ndim: int | None = None) -> Tensor | None:
 
 
 def weights_of(value: Any, skip_first: bool = True) -> Tensor | None:
-    """The attention weights (B, H, T, S) in a returned tuple, if any."""
+    """The attention weights (B, H, T, S) in a returned tuple, if any: not a tensor with moderate
+    negative entries, or none above 0, which no softmax gives (a mask filled after it gives -1e9 or
+    -inf), such as T5's position bias handed on to the next layer."""
     if isinstance(value, (tuple, list)):
         items = list(value)[1:] if skip_first else list(value)
         for item in items:
-            if isinstance(item, Tensor) and item.dim() == 4:
+            moderate = isinstance(item, Tensor) and bool(((item < 0) & (item > -1e6)).any())
+            if isinstance(item, Tensor) and item.dim() == 4 and not moderate and bool((item > 0).any()):
                 return item
     return None
 

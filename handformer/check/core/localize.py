@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from handformer.check.core.fingerprint import quietly
 from handformer.check.core.kinds import KINDS_TABLE
-from handformer.check.core.result import ComponentResult, Text, text
+from handformer.check.core.result import DEPARTS, ComponentResult, Finding, Text, text
 from handformer.check.core.source import lines_matching
 from handformer.check.reference import variants as V
 
@@ -80,6 +80,7 @@ class _Tracer:
         self.dropped: set[int] = set()  # a constant's earlier steps: only its final value is judged
         self.built: dict[tuple[int, str], list[Step]] = {}  # a constant's steps so far, in order
         self.numbers: dict[int, dict[str, tuple[int, float]]] = {}  # frame -> name -> (its line, value)
+        self.entered: set[int] = set()  # the first line of each function of the file that ran
 
     def local(self, frame: Any, event: str, arg: Any) -> Any:
         seen, before = self.locals(frame), self.state.setdefault(id(frame), ({}, frame.f_lineno))
@@ -146,7 +147,10 @@ class _Tracer:
         return line
 
     def tracer(self, frame: Any, event: str, arg: Any) -> Any:
-        ours = frame.f_code.co_filename == self.filename and (self.code is None or frame.f_code in self.code)
+        here = frame.f_code.co_filename == self.filename
+        if here:  # a function of the file that runs, traced or not
+            self.entered.add(frame.f_code.co_firstlineno)
+        ours = here and (self.code is None or frame.f_code in self.code)
         return self.local if ours else None
 
     def hook(self, name: str) -> Callable[..., None]:
@@ -196,7 +200,15 @@ def trace_steps(run: Callable[[], Any], filename: str, code: Any = None,
         sys.settrace(old)
         for h in handles:
             h.remove()
-    return [s for i, s in enumerate(t.steps) if i not in t.dropped]
+    kept = Steps(s for i, s in enumerate(t.steps) if i not in t.dropped)
+    kept.entered = frozenset(t.entered)
+    return kept
+
+
+class Steps(list):
+    """The steps of a run, and the first line of each function of the file that ran in it."""
+
+    entered: frozenset[int] = frozenset()
 
 
 def _attributes(frame: Any) -> dict[str, tuple[int, float]]:
@@ -317,7 +329,8 @@ VIEWS_ZH = [(r"(.+), reshaped to (.+)", lambda m: f"{view_zh(m[1])}（形状改�
             (r"the heads of (\w+), repeated for each query head", r"为每个查询头重复后的 \1 的各个头"),
             (r"the heads of (\w+)", r"\1 的各个头"),
             (r"(.+) rotated \((\w+) pairs\)", r"旋转后的 \1（\2 配对）"),
-            (r"the scores (.+)", r"分数 \1"), (r"the attention weights", "注意力权重"),
+            (r"the scores (.+), before the mask", r"加掩码之前的分数 \1"), (r"the scores (.+)", r"分数 \1"),
+            (r"the attention weights", "注意力权重"),
             (r"the masked scores", "屏蔽后的分数"),
             (r"the keep mask \(1 = visible\)", "保留掩码（1 = 可以看）"),
             (r"the positions 0 \.\. L-1", "位置 0 .. L-1"), (r"the angles pos·freq", "角度 pos·freq"),
@@ -559,6 +572,7 @@ class Departure:
     called_from: tuple[int, str] | None = None  # (line, code) of their code that called the helper
     source: tuple[int, str, str] | None = None  # (line, name, code): where a size the line uses was read
     part: tuple[nn.Module, tuple[Any, ...], dict[str, Any]] | None = None  # as its step's: see Step
+    ran: frozenset[tuple[int, int]] = frozenset()  # the spans of the classes and functions its run entered
 
     def describe(self) -> Text:
         at = f"line {self.line}: {self.code}"
@@ -574,9 +588,12 @@ class Departure:
             at_zh += f"（其中的 `{name}` 来自第 {line} 行：{code}）"
         form = self.form or text("no simple form (not a factor, sign, transpose, shift, axis or term)",
                                  "没有简单的形式（不是常数因子、符号、转置、错位、轴或多余的项）")
-        return text(f"no known mistake reproduces it; the first step that parts from the reference is "
-                    f"`{self.name}` at {at}; the difference: {form['en']}",
-                    f"没有任何已知错误能复现它；第一个与参考不同的中间结果是{at_zh}；差别：{form['zh']}")
+        return text(f"the first step that parts from the reference is `{self.name}` at {at}; the difference: "
+                    f"{form['en']}", f"第一个与参考不同的中间结果是{at_zh}；差别：{form['zh']}")
+
+    def finding(self) -> Finding:
+        """The report's finding: this line (one of the learner's; the helper's caller is in the text)."""
+        return Finding(DEPARTS, self.describe(), self.line, self.code)
 
 
 def first_departure(steps: list[Step], views: list[View], filename: str, sizes: dict[str, float],
@@ -589,7 +606,23 @@ def first_departure(steps: list[Step], views: list[View], filename: str, sizes: 
     if found is None:
         return None
     step = _origin(steps, found) if ends else steps[found]
-    return _departure(step, views, filename, sizes, pre, terms, forms)
+    return traced(_departure(step, views, filename, sizes, pre, terms, forms), steps, filename)
+
+
+def traced(found: Departure, steps: list[Step], filename: str) -> Departure:
+    """The departure with the spans of the top-level classes and functions of `filename` that its
+    run went through (see `Steps`): a named finding quoted outside all of them is misplaced."""
+    entered = getattr(steps, "entered", frozenset())
+    return replace(found, ran=frozenset(span for span in _top_level(filename)
+                                        if any(span[0] <= n <= span[1] for n in entered)))
+
+
+@functools.lru_cache(maxsize=8)
+def _top_level(filename: str) -> tuple[tuple[int, int], ...]:
+    """The (first, last) lines of each class and function defined at the top of the file."""
+    tree = ast.parse("".join(linecache.getlines(filename)))
+    defined = (ast.ClassDef, ast.FunctionDef)
+    return tuple((n.lineno, n.end_lineno) for n in tree.body if isinstance(n, defined))
 
 
 def _departure_at(steps: list[Step], views: list[View], ends: list[View] = ()) -> int | None:
@@ -758,16 +791,21 @@ def _wrong_writes(step: Step, views: list[View]) -> list[tuple[Step, list[View]]
 
 
 def latest_departure(steps: list[Step], readings: list[list[View]], filename: str, sizes: dict[str, float],
-                     terms: list[View] = (), forms: list[Form] = ()) -> Departure | None:
+                     terms: list[View] = (), forms: list[Form] = (), ends: bool = False) -> Departure | None:
     """Where the learner's steps part from the reference read the way that explains most of them
     (which weights are the gate, which activation, pre- or post-norm): the latest first departure of
-    the readings; None when one reading explains every step."""
-    at = [_departure_at(steps, views) for views in readings]
+    the readings; None when one reading explains every step. `ends`: what their function returns is
+    judged against each reading's last view alone (a layer that returns its FFN's output departs at
+    the line that left the residual out)."""
+    last = [views[-1:] if ends else [] for views in readings]
+    at = [_departure_at(steps, views, end) for views, end in zip(readings, last)]
     if not steps or not readings or None in at:
         return None
     i = min((j for j in range(len(at)) if at[j] == max(at)), key=lambda j: len(_wrong_writes(steps[at[j]],
                                                                                      readings[j])))
-    return _departure(steps[at[i]], readings[i], filename, sizes, None, list(terms) + readings[i], forms)
+    step = _origin(steps, at[i]) if last[i] else steps[at[i]]
+    found = _departure(step, readings[i], filename, sizes, None, list(terms) + readings[i], forms)
+    return traced(found, steps, filename)
 
 
 def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[list[View], Tensor]:
@@ -784,7 +822,8 @@ def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[li
     qh, kh, views = _positioned(w, qh, kh, views)
     kh, vh, views = _repeated(w, kh, vh, views)
     raw = qh @ kh.transpose(-2, -1)  # (B, H, T, T)
-    scores = raw / math.sqrt(qh.size(-1))
+    scores = raw / math.sqrt(qh.size(-1)) if w.rope not in V.UNSCALED else raw
+    scores, views = _biased(w, scores, views)
     if keep is not None:  # the scaled scores before the mask is added (Meta's `scores + mask`) are a step too
         views.append(("the scores q·kᵀ/sqrt(d_k), before the mask", scores))
         scores = scores.masked_fill(~keep, float("-inf"))
@@ -799,6 +838,21 @@ def attention_views(w: V.MHAWeights, x: Tensor, keep: Tensor | None) -> tuple[li
     return views, scores
 
 
+def _biased(w: V.MHAWeights, scores: Tensor, views: list[View]) -> tuple[Tensor, list[View]]:
+    """The scores (B, H, T, S) with the positional term the reference adds (ALiBi's, T5's), and the
+    views of that term and of the sum; as they were when it adds none."""
+    B, _, T, S = scores.shape
+    bias = V.score_bias(w, T, S)
+    if bias is None:
+        return scores, views
+    named = f"the {w.rope} positional term on the scores"  # ALiBi's one row a head, as BLOOM's (B * H, 1, S)
+    return scores + bias, views + [(named, bias), (f"{named}, each sequence's", bias.expand(B, -1, -1, -1)),
+                                   (f"{named}, one sequence's", bias[0]),  # (H, T|1, S)
+                                   (f"{named}, (T, S, H) as a table lookup gives it",
+                                    bias[0].permute(1, 2, 0)),
+                                   ("the scores with their positional term", scores + bias)]
+
+
 def _positioned(w: V.MHAWeights, qh: Tensor, kh: Tensor, views: list[View],
                 ) -> tuple[Tensor, Tensor, list[View]]:
     """Queries and keys (B, H, T, Dh) normed per head and rotated by their positions, as the
@@ -810,8 +864,11 @@ def _positioned(w: V.MHAWeights, qh: Tensor, kh: Tensor, views: list[View],
                          ("the heads of k, normed (QK-norm)", normed[1])]
     if w.rope == "half":
         views = views + [(f"rotate_half({name})", rotate_half(t)) for name, t in zip("qk", normed)]
+    if w.rope == "interleaved":  # GPT-J's rotate_every_two: (-x1, x0, -x3, x2, ...)
+        pairs = [torch.stack((-t[..., 1::2], t[..., ::2]), -1).flatten(-2) for t in normed]  # (B, H, T, Dh)
+        views = views + [(f"rotate_every_two({name})", t) for name, t in zip("qk", pairs)]
     qr, kr = V.qk_positions(w, qh, kh, 0, frozenset())
-    if w.rope is not None:
+    if V.is_rotary(w.rope):
         views = views + [(f"the heads of q, rotated ({w.rope} rotary)", qr),
                          (f"the heads of k, rotated ({w.rope} rotary)", kr)]
     return qr, kr, views
@@ -864,7 +921,8 @@ def localize_attention(runs: list[Run], w: V.MHAWeights, filename: str, causal_i
     if not read or any(at is None for at, *_ in read):
         return None  # one reading explains every step
     at, steps, views, scores = max(read, key=lambda r: r[0])
-    return _departure(steps[at], views, filename, sizes, scores, [("the input x", x.detach())])
+    found = _departure(steps[at], views, filename, sizes, scores, [("the input x", x.detach())])
+    return traced(found, steps, filename)
 
 
 def note_raised_attention(res: ComponentResult, comp: Any, runs: list[Run], w: V.MHAWeights,
@@ -882,25 +940,33 @@ def note_raised_attention(res: ComponentResult, comp: Any, runs: list[Run], w: V
             pass
         found = misshapen_departure(steps, views, filename)
         if found is not None:
-            res.notes.append(found.describe())
-            return
+            return add_departure(res, found)
 
 
 def place_findings(res: ComponentResult, lines: list[tuple[int, str]], localize: Callable[[], Any]) -> None:
-    """A catalogued finding whose patterns match several of the learner's lines (the sin line and the
-    cos line of a table), or none, is placed where their computation first parts from the correct
-    reference: when that is one of them, or when there was none (the line they wrote wrong, not the
-    first that looks alike)."""
-    unsure = [f for f in res.findings if f.line is None or len(lines_matching(f.name, lines)) > 1]
-    found = quietly(localize) if unsure else None
-    for finding in unsure * (found is not None):
-        if finding.line is None or found.line in lines_matching(finding.name, lines):
+    """A catalogued finding is placed where the learner's computation first parts from the correct
+    reference: when its patterns match none of the learner's lines, or several (the sin line and the
+    cos line of a table) and that is one of them, or when its line cannot be the mistake (see
+    `misplaced`): the line they wrote wrong, not one that looks alike."""
+    found = quietly(localize)  # the callers ask for a named finding alone
+    if found is None:
+        return
+    for finding in res.named():
+        matched = found.line in lines_matching(finding.name, lines)  # one of several: one would be its own
+        if finding.line is None or matched or misplaced(finding, found):
             finding.line, finding.code = found.line, found.code
 
 
-def is_departure(note: Text) -> bool:
-    """A note that says where the learner's code parts from the reference."""
-    return "parts from the reference" in note["en"]
+def misplaced(finding: Finding, found: Departure) -> bool:
+    """A finding's line that cannot be the mistake: outside every class and function the run that
+    departs went through (a missing residual's pattern `norm` that finds `normal_(` in the model's
+    init, for a block)."""
+    return bool(found.ran) and not any(a <= finding.line <= b for a, b in found.ran)
+
+
+def add_departure(res: ComponentResult, found: Departure) -> None:
+    """The departure as the result's one finding of its kind (a line in the learner's code)."""
+    res.findings.append(found.finding())
 
 
 def note_attention_departure(res: ComponentResult, comp: Any, runs: list[Run], w: V.MHAWeights,
@@ -912,8 +978,8 @@ def note_attention_departure(res: ComponentResult, comp: Any, runs: list[Run], w
     filename = inspect.getsourcefile(comp.obj)
     def localize() -> Departure | None:
         return filename and localize_attention(runs, w, filename, causal_inside)
-    if res.findings:  # named: placed at the departing line when their patterns found none
+    if res.named():  # named: placed at the departing line when their patterns found none
         return place_findings(res, [], localize)
     found = localize()
     if found:
-        res.notes.append(found.describe())
+        add_departure(res, found)

@@ -30,6 +30,7 @@ from handformer.check.core.localize import (
     Departure,
     Form,
     View,
+    add_departure,
     first_departure,
     first_tensor,
     graded,
@@ -51,11 +52,11 @@ def note_departure(res: ComponentResult, localize: Localize) -> None:
     learner's computation first parts from the reference, its line, and the form of the difference; a
     named mistake whose patterns found no line is placed there. Localizing is a help, never a
     verdict: when it cannot run (the learner's code raises), no note."""
-    if res.findings:
+    if res.named():
         return place_findings(res, [], localize)
     found = quietly(localize)
     if found is not None:
-        res.notes.append(found.describe())
+        add_departure(res, found)
 
 
 def _children(module: nn.Module, depth: int = 1) -> list[tuple[str, nn.Module]]:
@@ -154,26 +155,43 @@ def localize_norm(module: nn.Module, w: V.NormWeights, x: Tensor) -> Departure |
 
 LABELS = {"attn": "self-attention", "cross": "cross-attention", "ffn": "FFN"}
 SIDES = {"pre": "before", "post": "after"}  # where a placement puts the norm
+# a sublayer's own sub-steps that a layer's views show, on its input h (the FFN's activation: a part of
+# theirs only the layer's check sees); the sublayer's output is the layer's view
+INNER = {"ffn": lambda w, h: ffn_views(w.ffn, h)[:-1]}
 
 
 def layer_views(w: V.LayerWeights, x: Tensor, memory: Tensor | None, keep: Tensor | None) -> list[View]:
-    """Each sublayer's norm, output and residual sum, in the order the placement computes them."""
+    """Each sublayer's norm, output and residual sum, in the order the placement computes them; the
+    FFN's own sub-steps too (its activation: a part of theirs the layer's check alone sees)."""
     views: list[View] = [("the input x", x)]
+    if w.placement == "parallel":
+        return views + _parallel_views(w, x, keep)
     for i, name in enumerate(w.sublayers):
         label, n = LABELS[name], w.norms[i]
         f = _sublayer(w, name, memory, keep)
+        inner = INNER.get(name, lambda w, h: [])
         if w.placement == "pre":
             h = V.norm(n, x)
             y = f(h)
             x = x + y
-            views += [(f"the norm before the {label}", h), (f"the {label}'s output", y),
+            views += [(f"the norm before the {label}", h), *inner(w, h), (f"the {label}'s output", y),
                       (f"x + {label} (the residual sum)", x)]
         else:
             y = f(x)
-            views += [(f"the {label}'s output", y), (f"x + {label} (the residual sum)", x + y)]
+            views += [*inner(w, x), (f"the {label}'s output", y), (f"x + {label} (the residual sum)", x + y)]
             x = V.norm(n, x + y)
             views.append((f"the norm after the {label}", x))
     return views
+
+
+def _parallel_views(w: V.LayerWeights, x: Tensor, keep: Tensor | None) -> list[View]:
+    """GPT-J's block, x + attn(norm_1(x)) + ffn(norm_2(x)): each branch's norm and output, their sums."""
+    h, g = V.norm(w.norms[0], x), V.norm(w.norms[-1], x)  # norm_2 is norm_1 where the block has one norm
+    attn, ffn = _sublayer(w, "attn", None, keep)(h), _sublayer(w, "ffn", None, keep)(g)
+    return [("the norm before the self-attention", h), ("the self-attention's output", attn),
+            ("the norm before the FFN", g), ("the FFN's output", ffn),
+            ("x + self-attention (the residual sum)", x + attn), ("the two branches' sum", attn + ffn),
+            ("the output x + self-attention + FFN", x + attn + ffn)]
 
 
 def _sublayer(w: V.LayerWeights, name: str, memory: Tensor | None, keep: Tensor | None,
@@ -200,7 +218,7 @@ def localize_layer(layer: Any, readings: list[V.LayerWeights]) -> Departure | No
     views = [layer_views(w, x.detach(), memory, keep) for w in readings]
     sizes = {"d_model": x.size(-1)}
     forms = [form for w, v in zip(readings, views) for form in layer_norm_forms(w, v)]
-    return latest_departure(steps, views, filename, sizes, [("the input x", x.detach())], forms)
+    return latest_departure(steps, views, filename, sizes, [("the input x", x.detach())], forms, ends=True)
 
 
 def norm_forms(norm: Callable[[Tensor], Tensor], label: str, own: str, views: list[View]) -> list[Form]:
@@ -208,7 +226,7 @@ def norm_forms(norm: Callable[[Tensor], Tensor], label: str, own: str, views: li
     the wrong branch (the sublayer's output normed before the residual sum, the input normed alone)."""
     return [(text(f"{label} applied to {what}; the reference applies it to {own}",
                   f"{view_zh(label)}作用在了 {view_zh(what)} 上；参考把它用在 {view_zh(own)} 上"), norm(t))
-            for what, t in views]  # its own input's: the reference's step, never a departure
+            for what, t in views if t.shape == views[0][1].shape]  # its own input's: the reference's step
 
 
 def layer_norm_forms(w: V.LayerWeights, views: list[View]) -> list[Form]:
@@ -217,9 +235,9 @@ def layer_norm_forms(w: V.LayerWeights, views: list[View]) -> list[Form]:
     forms, stream = [], "the input x"
     for name, n in zip(w.sublayers, w.norms):
         total = f"x + {LABELS[name]} (the residual sum)"
-        own, after = {"pre": (stream, total),
+        own, after = {"pre": (stream, total), "parallel": (stream, stream),
                       "post": (total, f"the norm after the {LABELS[name]}")}[w.placement]
-        label = f"the norm {SIDES[w.placement]} the {LABELS[name]}"
+        label = f"the norm {SIDES.get(w.placement, 'before')} the {LABELS[name]}"
         forms += norm_forms(lambda t, n=n: V.norm(n, t), label, own, views)
         stream = after
     return forms
@@ -401,7 +419,7 @@ def localize_model(run: Callable[[], Any], module: nn.Module, readings: list[lis
     part, args, kwargs = found.part
     inner = quietly(lambda: localize_model(lambda: part(*args, **kwargs), part, readings, depth - 1,
                                            filename))
-    return inner or found
+    return inner if inner and inner.line else found  # line 0: a step in torch's part alone (nn.Sequential)
 
 
 def top_p_views(logits: Tensor, p: float) -> list[View]:

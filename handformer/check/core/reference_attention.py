@@ -8,8 +8,17 @@ from torch import Tensor, nn
 
 from handformer.check.core.context import D, H
 from handformer.check.core.rotary import interleaved_to_half_
-from handformer.check.core.weights import QK_NORM_ROLES, Slot, copy_attention, norm_eps, norm_kind
-from handformer.nn.attention import MultiHeadAttention
+from handformer.check.core.weights import (
+    QK_NORM_ROLES,
+    RELATIVE_ROLE,
+    Slot,
+    copy_attention,
+    norm_eps,
+    norm_kind,
+)
+from handformer.check.reference import variants as V
+from handformer.nn.attention import MultiHeadAttention, repeat_kv
+from handformer.nn.masks import AttentionMask, as_attention_mask
 from handformer.nn.norms import make_norm
 
 
@@ -28,14 +37,44 @@ class AcrossHeads(nn.Module):
         return whole.view(B, T, heads, Dh).transpose(1, 2)  # (B, H, T, Dh)
 
 
+class BiasedAttention(MultiHeadAttention):
+    """handformer's attention whose scores take a positional term (`positions`: ALiBi's slopes, T5's
+    learned relative-position bias held in `relative`) and, for T5's, no 1/sqrt(Dh). Only `attend`
+    differs: the formula with the term added after the scale."""
+
+    def __init__(self, heads: int, n_kv_heads: int | None, positions: str) -> None:
+        super().__init__(D, heads, n_kv_heads)
+        self.positions = positions
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: AttentionMask | Tensor | None,
+               need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        mask = as_attention_mask(mask)
+        table = self.relative.weight if hasattr(self, "relative") else None
+        w = V.MHAWeights(*[(p.weight, p.bias) for p in (self.q_proj, self.k_proj, self.v_proj, self.o_proj)],
+                         self.n_heads, rope=self.positions, table=table)
+        bias = V.score_bias(w, q.size(-2), k.size(-2))
+        n_rep = q.size(1) // k.size(1)
+        keep = mask.dense(q.size(-2), k.size(-2), q.device)
+        out, weights = V.attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), keep, frozenset(), bias,
+                                   self.positions not in V.UNSCALED)  # (a query that sees no key: zeros)
+        return mask.zero_empty_rows(out), mask.zero_empty_rows(weights)
+
+
 def handformer_attention(slots: list[Slot], n_kv_heads: int | None = None, rope: str | None = None,
                          heads: int = H) -> MultiHeadAttention:
     """handformer's attention with the learner's weights. Interleaved rotary pairs (Meta's) become
-    handformer's half-split ones by permuting each head's rows of W_Q and W_K: q.k is unchanged."""
+    handformer's half-split ones by permuting each head's rows of W_Q and W_K: q.k is unchanged.
+    Positions as a term on the scores (ALiBi's, T5's): `BiasedAttention`, T5's table copied in."""
     qk = next((s.leaf for s in slots if s.role in QK_NORM_ROLES), None)
     kind = norm_kind(qk) if qk else "none"
     eps = norm_eps(qk.module, kind) if qk else 1e-6
-    hf = MultiHeadAttention(D, heads, n_kv_heads, qk_norm=kind, norm_eps=eps).double().eval()
+    if rope in V.SCORE_BIASES:
+        hf = BiasedAttention(heads, n_kv_heads, rope).double().eval()
+        table = next((s.leaf.weight for s in slots if s.role == RELATIVE_ROLE), None)
+        if table is not None:
+            hf.relative = nn.Embedding.from_pretrained(table.detach().double().clone(), freeze=False)
+    else:
+        hf = MultiHeadAttention(D, heads, n_kv_heads, qk_norm=kind, norm_eps=eps).double().eval()
     if qk is not None and qk.weight.numel() != D // heads:  # OLMo-2's: one norm over all the heads
         hf.q_norm, hf.k_norm = (AcrossHeads(make_norm(kind, s.weight().numel(), eps)).double()
                                 for s in slots if s.role in QK_NORM_ROLES)

@@ -28,7 +28,7 @@ from handformer.check.core.result import (
     FileResult,
     LearnerError,
 )
-from handformer.check.reference.diagnoses import CATALOG
+from handformer.check.reference.diagnoses import diagnosis
 
 STATUS = {"en": {PASS: "PASS", FAIL: "FAIL", DIFFERS: "DIFFERS", ERROR: "ERROR", TODO: "NOT IMPLEMENTED YET",
                  NOT_CHECKED: "NOT CHECKED"},
@@ -102,7 +102,7 @@ def to_json(result: FileResult) -> str:
     data["exit_code"] = exit_code(result)
     for comp in data["components"]:
         for finding in comp["findings"]:
-            d = CATALOG[finding["name"]]
+            d = diagnosis(finding["name"])
             finding["title"], finding["fix"] = d.title, d.fix
     return json.dumps(data, indent=2, ensure_ascii=False)
 
@@ -232,7 +232,7 @@ def format_component(c: ComponentResult, lang: str) -> list[str]:
         lines.append(f"  {w['adapter']}{w[':']}")
         lines += [f"      {row}" for row in c.adapter.splitlines()]
     for f in c.findings:
-        d = CATALOG[f.name]
+        d = diagnosis(f.name)
         lines.append(f"  x {f.name}{w[':']}{d.title[lang]}")
         lines.append(f"      {w['observed']}{w[':']}{f.observed[lang]}")
         if f.line is not None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from handformer.check.catalog.base import DEPARTS
+
 Text = dict[str, str]  # {"en": ..., "zh": ...}
 
 PASS, FAIL, DIFFERS, ERROR = "pass", "fail", "differs", "error"
@@ -22,11 +24,13 @@ def text(en: str, zh: str) -> Text:
     return {"en": en, "zh": zh}
 
 
+
 @dataclass
 class Finding:
-    """A named diagnosis, with what was measured and where it probably is."""
+    """A named diagnosis, with what was measured and where it probably is; or, named DEPARTS, the
+    first line where the learner's computation parts from the reference."""
 
-    name: str  # a key of handformer.check.reference.diagnoses.CATALOG
+    name: str  # a key of handformer.check.reference.diagnoses.CATALOG, or DEPARTS
     observed: Text  # what was measured, with the number
     line: int | None = None  # line in the learner's file
     code: str | None = None  # that line's text
@@ -72,6 +76,10 @@ class ComponentResult:
     def has(self, *names: str) -> bool:
         """Whether a finding of one of these names is already in the result."""
         return any(f.name in names for f in self.findings)
+
+    def named(self) -> list[Finding]:
+        """The catalogued mistakes found, without the line where the computation departs."""
+        return [f for f in self.findings if f.name != DEPARTS]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -61,10 +61,18 @@ def either_cos_sin(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dic
 def either_cos_sin_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool],
                           B: int) -> Any:
     """A forward handed (cos, sin) as position_embeddings: minimind's (T, Dh) tables, else Hugging
-    Face's (B, T, Dh); the layout that runs is kept (layout["batched"]). When neither runs, their
-    error with the first is raised."""
-    return either_form(fn, args, kwargs, layout, "batched", lambda k: {**k, "position_embeddings": tuple(
-        t[None].expand(B, -1, -1) for t in k["position_embeddings"])}, keep_first=True)
+    Face's (B, T, Dh), else GPT-J's (sin, cos) of one angle a pair, (B, T, Dh/2) each; the layout that
+    runs is kept (layout["batched"], layout["sin_first"]). When none runs, the first one's error is
+    raised."""
+    def hugging_face(*a: Any, **k: Any) -> Any:
+        return either_form(fn, list(a), k, layout, "batched", lambda k: {**k, "position_embeddings": tuple(
+            t[None].expand(B, -1, -1) for t in k["position_embeddings"])}, keep_first=True)
+
+    def gptj(k: dict[str, Any]) -> dict[str, Any]:
+        cos, sin = k["position_embeddings"]  # (T, Dh) each, the angles repeated over the two halves
+        halves = (t[None, :, :t.size(-1) // 2].expand(B, -1, -1) for t in (sin, cos))  # (B, T, Dh/2) each
+        return {**k, "position_embeddings": tuple(halves)}
+    return either_form(hugging_face, args, kwargs, layout, "sin_first", gptj, keep_first=True)
 
 
 def either_cos_sin_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool],
@@ -77,9 +85,26 @@ def either_cos_sin_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layo
         keep_first=True)
 
 
-# the rotary tables a forward may take in two forms, and the call that tries both
+
+def alibi_argument(B: int, H: int, S: int, dtype: torch.dtype) -> Tensor:
+    """ALiBi's term as BLOOM's model hands it to each attention: (B * H, 1, S), each head's slope times
+    the key's position (the same for every query)."""
+    alibi = V.alibi_slopes(H)[:, None, None] * torch.arange(S, dtype=torch.float64)  # (H, 1, S)
+    return alibi.repeat(B, 1, 1).to(dtype)  # (B * H, 1, S)
+
+
+def either_alibi(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:
+    """fn(*args, **kwargs) with kwargs["alibi"] (B * H, 1, S) for baddbmm, else (B, H, 1, S) for scores
+    of (B, H, T, S); the form that runs is kept. When neither runs, the first one's error is raised."""
+    return either_form(fn, args, kwargs, layout, "alibi_4d",
+                       lambda k: {**k, "alibi": k["alibi"].view(B, -1, 1, k["alibi"].size(-1))})
+
+
+
+# the rotary tables (and ALiBi's term) a forward may take in two forms, and the call that tries both
 TABLE_FORMS = {"freqs_cis": either_table, "cos_sin": either_cos_sin,
-               "position_embeddings": either_cos_sin_layout, "cos": either_cos_sin_tables}
+               "position_embeddings": either_cos_sin_layout, "cos": either_cos_sin_tables,
+               "alibi": either_alibi}
 
 
 def with_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:

@@ -62,7 +62,34 @@ def rope_tables(T: int, heads: int = H, rope: str = "half") -> tuple[Tensor, Ten
     return cos.double(), sin.double()
 
 
+SCORE_BIAS_NOTES = {
+    "alibi": text("ALiBi inside: each head's slope (BLOOM's, a non-power-of-two head count included) times "
+                  "the key's position is added to the scaled scores; compared with handformer's attention "
+                  "with that term",
+                  "内部使用 ALiBi：每个头的斜率（和 BLOOM 一样，头数不是 2 的幂也算在内）乘以键的"
+                  "位置，加到缩放后的分数上；与加上这一项的 handformer 注意力比较"),
+    "t5": text("T5's relative-position bias inside: its table's value for each (key - query) bucket "
+               "(bidirectional) is added to the scores, which are not divided by sqrt(d_k) (T5 folds the "
+               "scale into its initialization): a convention, compared so",
+               "内部使用 T5 的相对位置偏置：按 (key - query) 分桶（双向）查表，加到分数上；分数不除以 "
+               "sqrt(d_k)（T5 把缩放并进了初始化）：这是约定，按它比较"),
+    "t5_causal": text("T5's relative-position bias inside, a decoder's (keys after the query share bucket "
+                      "0): added to the scores, which are not divided by sqrt(d_k) (T5 folds the scale into "
+                      "its initialization): a convention, compared so",
+                      "内部使用 T5 解码器的相对位置偏置（查询之后的键都在 0 号桶）：加到分数上；分数不除以 "
+                      "sqrt(d_k)（T5 把缩放并进了初始化）：这是约定，按它比较"),
+    "unscaled": text("its forward takes a positional bias for the scores from its caller (T5's "
+                     "position_bias) and its scores are not divided by sqrt(d_k), T5's convention (the scale "
+                     "folded into the initialization): compared so, with the bias left at its default",
+                     "它的 forward 从调用者接收加到分数上的位置偏置（T5 的 position_bias），分数不除以 "
+                     "sqrt(d_k)，这是 T5 的约定（缩放并进了初始化）：按它比较，偏置取默认值"),
+}
+
+
 def rope_note(rope: str) -> dict[str, str]:
+    """The report's note on the positions found inside an attention (a rotation, or a score bias)."""
+    if rope in SCORE_BIAS_NOTES:
+        return SCORE_BIAS_NOTES[rope]
     if ":" in rope:
         w = rope.partition(":")[2]
         return text(f"rotary positions inside on the first {w} dims of each head, the rest passed through "
@@ -89,15 +116,27 @@ def rope_note(rope: str) -> dict[str, str]:
 
 def rope_layouts(module: nn.Module, given_table: bool, given_cos_sin: bool = False,
                    ) -> tuple[str | None, ...]:
-    """Rotary positions inside the attention: interleaved when the block is handed Meta's freqs_cis,
-    half-split when it is handed Hugging Face's (cos, sin), either layout when the source of one of
-    its classes speaks of them, else none."""
+    """Positions inside the attention: interleaved when the block is handed Meta's freqs_cis,
+    half-split when it is handed Hugging Face's (cos, sin), else a term on the scores its classes
+    hold or speak of (ALiBi's, T5's: in place of none), then either rotary layout when the source of
+    one of its classes speaks of them."""
     if given_table:
         return ("interleaved",)
     if given_cos_sin:
         return ("half",)
-    for sub in module.modules():  # the learner's classes only: torch's are never read
-        if type(sub).__module__.startswith("learner_") and any(
-                w in source_text(type(sub)).lower() for w in ROPE_WORDS):
-            return (None, "half", "interleaved", *partial_layouts(D // H))
-    return (None,)
+    sources = [source_text(type(sub)).lower() for sub in module.modules()  # the learner's classes only
+               if type(sub).__module__.startswith("learner_")]
+    rotary = ("half", "interleaved", *partial_layouts(D // H)) * any(
+        w in source for source in sources for w in ROPE_WORDS)
+    return (score_biases_inside(module, sources) or (None,)) + rotary
+
+
+ALIBI_WORDS = ("alibi", "slopes")
+
+
+def score_biases_inside(module: nn.Module, sources: list[str]) -> tuple[str, ...]:
+    """A term on the scores inside a block's attention, by what its classes hold and say: T5's
+    relative-position table (an nn.Embedding of one value a head), ALiBi's where a class speaks of it."""
+    table = any(isinstance(m, nn.Embedding) and m.embedding_dim == H for m in module.modules())
+    alibi = any(w in source for source in sources for w in ALIBI_WORDS)
+    return ("t5", "t5_causal") * table + ("alibi",) * alibi

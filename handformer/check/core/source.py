@@ -106,14 +106,15 @@ def locate_form(name: str, form: str, lines: list[tuple[int, str]]) -> tuple[str
 
 
 def learner_error(err: BaseException, path: str, where: str) -> LearnerError:
-    """The exception as a report: message, and the frames that are in the learner's file."""
+    """The exception as a report: message, and the innermost two frames that are in the learner's
+    file (where it raised, and the line that called that)."""
     if isinstance(err, SyntaxError) and err.filename and _same(err.filename, path):
         frames = [f"line {err.lineno}: {(err.text or '').strip()}"]
         return LearnerError("syntax", f"SyntaxError: {err.msg}", where, frames,
                             f"语法错误（SyntaxError）：{err.msg}")
     stack = traceback.extract_tb(err.__traceback__)
     frames = [f"line {f.lineno}, in {f.name}: {(f.line or '').strip()}"
-              for f in stack if _same(f.filename, path)]
+              for f in stack if _same(f.filename, path)][-2:]  # a FAIL quotes two of their lines at most
     stand_in = raised_by_stand_in(stack, path) or refused_by_stand_in(err)
     kind = "memory" if _is_memory(err) else "stand_in" if stand_in else "exception"
     message = f"{type(err).__name__}: {err}".strip()
@@ -140,14 +141,16 @@ def raised_by_torch(stack: traceback.StackSummary) -> bool:
 def raised_by_stand_in(stack: traceback.StackSummary, path: str) -> bool:
     """Whether the innermost frame that is neither torch's nor Python's own is handformer's: the
     learner's code called a stand-in (a model check built for it) that would not take the call, so
-    the exception is the stand-in's, never shown as theirs."""
+    the exception is the stand-in's, never shown as theirs. The mode that reads "cuda" as the CPU
+    (core/cpu_only.py) sits under every torch call of a file that names that device: not a stand-in."""
     import os
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    device_mode = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_only.py")
     for frame in reversed(stack):
         if _same(frame.filename, path):
             return False
-        if os.path.abspath(frame.filename).startswith(package + os.sep):
+        if os.path.abspath(frame.filename).startswith(package + os.sep) and frame.filename != device_mode:
             return True
     return False
 

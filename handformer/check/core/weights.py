@@ -213,6 +213,12 @@ def _own_parameters(sub: nn.Module) -> dict[str, nn.Parameter]:
     return dict(sub.named_parameters(recurse=False)) | {n: held.original for n, held in changed.items()}
 
 
+def _holds_layers(sub: nn.Module) -> bool:
+    """Whether a module holds parameterised parts of its own: then its loose scalars and vectors
+    (per-layer residual scales, gates) are not a norm's gain and bias."""
+    return len(list(sub.parameters())) > len(list(sub.parameters(recurse=False)))
+
+
 class Gainless(Leaf):
     """A norm the learner computes with no parameters (nanochat's norm(x) = F.rms_norm(x, (x.size(-1),)),
     OLMo's non-parametric LayerNorm module): a gain of ones (and a bias of zeros) stands for it; it has
@@ -253,6 +259,9 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
             found.append(Leaf(label, "embedding", sub, sub.weight, None))
         elif isinstance(sub, nn.Linear) or _one_matrix(params):
             found.append(Leaf(label, "linear", sub, *_matrix_and_vector(params)))
+        elif all(p.dim() <= 1 for p in params.values()) and _holds_layers(sub):  # nanochat's resid_lambdas
+            found += [Leaf(f"{label}.{n}".removeprefix("(self)."), "scalar", sub, p, None)
+                      for n, p in params.items()]
         elif all(p.dim() == 1 for p in params.values()) and len(params) <= 2:
             found.append(Leaf(label, "norm", sub, *_norm_parameters(params)))
         else:
@@ -266,6 +275,7 @@ def leaves(module: nn.Module, stack_heads: bool = True) -> list[Leaf]:
 
 
 SCRAMBLED = {"norm": lambda noise, w: 1.0 + 0.2 * noise, "embedding": lambda noise, w: noise,
+             "scalar": lambda noise, w: w,  # as built: a residual scale of one, a gate of zero
              "linear": lambda noise, w: noise / math.sqrt(w.size(1))}  # a leaf's random weight, by its kind
 
 
@@ -341,9 +351,11 @@ PREFIXES = {1: [""], 2: ["self-attention ", "cross-attention "]}  # by the count
 
 def _qkv_by_name(group: list[Leaf]) -> list[Leaf]:
     """W_Q, W_K, W_V in the order their names say (Raschka's W_key and W_value defined before
-    W_query), when each of the first three names one of them; else in definition order."""
+    W_query, GPT-J's k_proj, v_proj, q_proj), when each of the first three names one of them; else in
+    definition order."""
     words = (("q", "query"), ("k", "key"), ("v", "value"))
-    roles = [next((r for r, w in words if w in leaf.name.lower()), None) for leaf in group[:3]]
+    roles = [_role(leaf.name.rsplit(".", 1)[-1])  # GPT-J's k_proj, v_proj, q_proj: the name's role
+             or next((r for r, w in words if w in leaf.name.lower()), None) for leaf in group[:3]]
     if set(roles) != {"q", "k", "v"}:
         return group
     return sorted(group[:3], key=lambda leaf: "qkv".index(roles[group.index(leaf)])) + group[3:]
@@ -374,7 +386,18 @@ def mha_weights(slots: list[Slot], n_heads: int, n_kv_heads: int | None = None, 
     norms = {s.role: qk_norm_weights(s) for s in slots if s.role in QK_NORM_ROLES}
     qk = (norms["q_norm"], norms["k_norm"]) if norms else None
     n_kv_heads = n_kv_heads or kv_heads_of(slots, n_heads)
-    return V.MHAWeights(by["W_Q"], by["W_K"], by["W_V"], by.get("W_O"), n_heads, n_kv_heads, rope, qk)
+    table = next((s.weight() for s in slots if s.role == RELATIVE_ROLE), None)
+    return V.MHAWeights(by["W_Q"], by["W_K"], by["W_V"], by.get("W_O"), n_heads, n_kv_heads, rope, qk, table)
+
+
+RELATIVE_ROLE = "relative position bias"  # T5's nn.Embedding(buckets, H): a learned score bias per head
+
+
+def relative_bias_slots(extra: list[Leaf], n_heads: int) -> list[Slot]:
+    """An attention's parameters besides its projections as T5's relative-position bias: exactly one
+    embedding of one value a head for each bucket, (buckets, H); else none."""
+    tables = [x for x in extra if x.kind == "embedding" and x.weight.size(-1) == n_heads]
+    return [Slot(RELATIVE_ROLE, tables[0])] if len(extra) == 1 == len(tables) else []
 
 
 def kv_heads_of(slots: list[Slot], n_heads: int) -> int | None:
@@ -566,8 +589,9 @@ def attention_parameters(target: nn.Module) -> dict[str, nn.Module]:
     """Handformer's MultiHeadAttention by the roles of the learner's attention slots (its q/k norms
     where it has them)."""
     params = {"W_Q": target.q_proj, "W_K": target.k_proj, "W_V": target.v_proj, "W_O": target.o_proj}
-    return params | {role: getattr(target, role) for role in QK_NORM_ROLES
-                     if getattr(getattr(target, role, None), "weight", None) is not None}
+    relative = {"bias": target.relative} if hasattr(target, "relative") else {}  # RELATIVE_ROLE's last word
+    return params | relative | {role: getattr(target, role) for role in QK_NORM_ROLES
+                                if getattr(getattr(target, role, None), "weight", None) is not None}
 
 
 def copy_attention(target: nn.Module, slots: list[Slot]) -> None:

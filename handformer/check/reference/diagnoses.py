@@ -13,10 +13,23 @@ pair equals the output of something else). docs/check.md lists both with the rea
 from __future__ import annotations
 
 from handformer.check.catalog import assembly, cache, components, llm, sampling, tokenizer, training
-from handformer.check.catalog.base import Diagnosis
+from handformer.check.catalog.base import DEPARTS, Diagnosis, d
 
 CHAPTERS = (components, llm, sampling, training, assembly, tokenizer, cache)
 CATALOG: dict[str, Diagnosis] = {d.name: d for chapter in CHAPTERS for d in chapter.DIAGNOSES}
+# what a FAIL no catalogued mistake explains reports: the line where it first parts from the reference
+DEPARTURE = d(DEPARTS, "no known mistake reproduces it: this is the first line where your computation parts "
+              "from the reference", "没有任何已知错误能复现它：这是你的计算第一次与参考分开的那一行",
+              "make this line compute the reference's step (the difference above says how yours differs)",
+              "让这一行算出参考的那一步（上面的差别说明了你的结果差在哪里）")
+
+
+FINDINGS = {**CATALOG, DEPARTS: DEPARTURE}  # a finding's name: a catalogued mistake, or the departure
+
+
+def diagnosis(name: str) -> Diagnosis:
+    """A finding's diagnosis: a catalogued mistake, or the departure."""
+    return FINDINGS[name]
 
 
 # Pairs that cannot both be planted (they rewrite the same expression) or whose sum is not

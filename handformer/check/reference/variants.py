@@ -65,12 +65,16 @@ def applied_keep(keep: Tensor | None, flags: Flags, n_heads: int = 1) -> Tensor 
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None, flags: Flags = frozenset(),
-              ) -> tuple[Tensor, Tensor]:
-    """softmax(q k^T / sqrt(Dh)) v for (B, H, T, Dh) queries; returns (out (B, H, T, Dh), weights)."""
+              bias: Tensor | None = None, scaled: bool = True) -> tuple[Tensor, Tensor]:
+    """softmax(q k^T / sqrt(Dh) + bias) v for (B, H, T, Dh) queries; returns (out (B, H, T, Dh),
+    weights). bias: a positional term added to the scores after the scale (ALiBi's, T5's), broadcasting
+    to (B, H, T, S); scaled=False: no 1/sqrt(Dh) by design (T5's)."""
     scores = q @ k.transpose(-2, -1)  # (B, H, T, S)
-    if has(flags, "no_scaling") is None:
+    if scaled and has(flags, "no_scaling") is None:
         dk = q.size(-1)
         scores = scores / (dk if has(flags, "scale_by_dk") is not None else math.sqrt(dk))
+    if bias is not None:
+        scores = scores + bias
     weights = masked_softmax(scores, keep, flags)  # (B, H, T, S)
     return weights @ v, weights  # (B, H, T, Dh)
 
@@ -99,8 +103,64 @@ class MHAWeights:
     o: Linear | None  # None: the learner's module has no output projection
     n_heads: int
     n_kv_heads: int | None = None  # grouped-query attention: fewer key/value heads than query heads
-    rope: str | None = None  # rotary positions inside: "half" (half-split pairs) or "interleaved"
+    rope: str | None = None  # positions inside: rotary "half", "interleaved", or a score bias (SCORE_BIASES)
     qk_norm: tuple[NormWeights, NormWeights] | None = None  # QK-norm: each query and key head normed
+    table: Tensor | None = None  # T5's learned relative-position bias, (buckets, H)
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """ALiBi's slope of each head (Press et al.; BLOOM's build_alibi_tensor): 2^(-8 h / n) for h = 1..n
+    with n the largest power of two <= n_heads, then every other slope of 2n for the heads left; (H,)."""
+    n = 2 ** math.floor(math.log2(n_heads))
+    slopes = [2 ** (-8 * h / n) for h in range(1, n + 1)]
+    slopes += [2 ** (-8 * h / (2 * n)) for h in range(1, 2 * (n_heads - n), 2)]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+def t5_buckets(relative: Tensor, bidirectional: bool, n_buckets: int, max_distance: int = 128) -> Tensor:
+    """T5's bucket of each relative position (key - query): exact below half the buckets (of each
+    direction when bidirectional), logarithmic up to max_distance, the last bucket beyond."""
+    n_buckets //= 1 + bidirectional  # bidirectional: half the buckets for the keys after the query
+    bucket = (relative > 0).long() * n_buckets * bidirectional
+    distance = (-relative).clamp(min=0) + relative.clamp(min=0) * bidirectional  # one-way: after share 0
+    exact = n_buckets // 2
+    far = exact + (torch.log(distance.double().clamp(min=1) / exact) / math.log(max_distance / exact)
+                   * (n_buckets - exact)).long()
+    return bucket + torch.where(distance < exact, distance, far.clamp(max=n_buckets - 1))
+
+
+def score_bias(w: MHAWeights, T: int, S: int) -> Tensor | None:
+    """The positional term an attention with this scheme adds to its (B, H, T, S) scores, (1, H, T|1, S):
+    ALiBi's slope times the key's position (the same for every query: softmax ignores a row's shift),
+    T5's learned value of each relative position's bucket (bidirectional, or "t5_causal": a decoder's);
+    None for any other scheme."""
+    term = BIAS_TERMS.get(w.rope or "")
+    return term(w, T, S) if term else None
+
+
+def _alibi(w: MHAWeights, T: int, S: int) -> Tensor:
+    slopes = alibi_slopes(w.n_heads)[:, None, None]  # (H, 1, 1)
+    return (slopes * torch.arange(S, dtype=torch.float64))[None]  # (1, H, 1, S)
+
+
+def _t5(w: MHAWeights, T: int, S: int) -> Tensor:
+    assert w.table is not None  # a T5 reading is searched only where the attention holds the table
+    relative = torch.arange(S)[None, :] - torch.arange(T)[:, None]  # (T, S): key - query
+    buckets = t5_buckets(relative, w.rope == "t5", w.table.size(0))
+    return w.table[buckets].permute(2, 0, 1)[None]  # (1, H, T, S)
+
+
+BIAS_TERMS: dict[str, Callable[[MHAWeights, int, int], Tensor]] = {"alibi": _alibi, "t5": _t5,
+                                                                   "t5_causal": _t5}
+
+
+SCORE_BIASES = ("alibi", "t5", "t5_causal", "unscaled")  # positions as a term on the scores, not a rotation
+UNSCALED = ("t5", "t5_causal", "unscaled")  # no 1/sqrt(Dh) by design: T5's, whose bias is learned
+
+
+def is_rotary(positions: str | None) -> bool:
+    """Whether an attention's positions inside are a rotation of queries and keys (not a score bias)."""
+    return positions is not None and positions not in SCORE_BIASES
 
 
 def split_heads(x: Tensor, n_heads: int, flags: Flags) -> Tensor:
@@ -131,7 +191,8 @@ def multi_head_attention(w: MHAWeights, xq: Tensor, xk: Tensor, xv: Tensor, keep
     q, k = qk_positions(w, q, k, offset, flags)
     if n_kv != w.n_heads:
         k, v = repeat_kv(k, w.n_heads // n_kv, flags), repeat_kv(v, w.n_heads // n_kv, flags)  # (B, H, S, Dh)
-    out, weights = attention(q, k, v, keep, flags)  # (B, H, T, Dh)
+    bias = score_bias(w, T, xk.size(1))
+    out, weights = attention(q, k, v, keep, flags, bias, w.rope not in UNSCALED)  # (B, H, T, Dh)
     width = out.size(1) * out.size(-1)
     if has(flags, "concat_no_transpose") is not None:
         out = out.contiguous().view(B, T, width)  # (B, T, H * Dh) from the raw (B, H, T, Dh) memory
@@ -145,10 +206,10 @@ def multi_head_attention(w: MHAWeights, xq: Tensor, xk: Tensor, xv: Tensor, keep
 def qk_positions(w: MHAWeights, q: Tensor, k: Tensor, offset: int, flags: Flags) -> tuple[Tensor, Tensor]:
     """Queries (B, H, T, Dh) and keys (B, Hkv, S, Dh) with each head normed (QK-norm), then rotated
     by their positions; qk_norm_after_rope: rotated, then normed."""
-    after = has(flags, "qk_norm_after_rope") is not None and w.rope is not None
+    after = has(flags, "qk_norm_after_rope") is not None and is_rotary(w.rope)
     if w.qk_norm is not None and not after:
         q, k = heads_norm(w.qk_norm[0], q), heads_norm(w.qk_norm[1], k)
-    if w.rope is not None:
+    if is_rotary(w.rope):
         q, k = rotary(q, w.rope, offset, flags), rotary(k, w.rope, offset, flags)
     if w.qk_norm is not None and after:
         q, k = heads_norm(w.qk_norm[0], q), heads_norm(w.qk_norm[1], k)

@@ -53,6 +53,7 @@ from handformer.check.core.context import (
     moved_by,
     nan_on_hidden_rows,
     not_cropped,
+    optional_inputs,
     outputs_by_convention,
     positions,
     reads_sequence_first,
@@ -63,7 +64,6 @@ from handformer.check.core.discovery import Component, reads_kv_heads
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, gainless_qk
 from handformer.check.core.localize import (
-    is_departure,
     localize_attention,
     note_attention_departure,
     note_raised_attention,
@@ -71,12 +71,13 @@ from handformer.check.core.localize import (
 from handformer.check.core.localize_kinds import localize_masked_softmax, localize_sdpa, note_departure
 from handformer.check.core.probe import Found, Probe, Subject, drive, run_probe
 from handformer.check.core.reference_attention import handformer_attention
-from handformer.check.core.result import Check, ComponentResult, Finding, text
-from handformer.check.core.rope_tables import position_kwargs, renamed_table, with_positions
-from handformer.check.core.rotary import ROPE_WORDS, partial_layouts, rope_note, rope_tables
+from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResult, Finding, text
+from handformer.check.core.rope_tables import alibi_argument, position_kwargs, renamed_table, with_positions
+from handformer.check.core.rotary import ALIBI_WORDS, ROPE_WORDS, partial_layouts, rope_note, rope_tables
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.core.weights import (
     QK_NORM_ROLES,
+    RELATIVE_ROLE,
     MappingError,
     Slot,
     attention_parameters,
@@ -86,6 +87,7 @@ from handformer.check.core.weights import (
     mha_weights,
     of_kind,
     qk_norm_slots,
+    relative_bias_slots,
     shapes_text,
 )
 from handformer.check.reference import variants as V
@@ -136,8 +138,9 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     Llama-style forward(x, freqs_cis, mask) or forward(x, start_pos, ...) asks for."""
     fn, params = renamed_table(fn, forward_parameters(fn))  # Umar Jamil's freqs_complex: freqs_cis
     extra = {"freqs_cis", "start_pos", "position_ids", "positions", "pos", "position_embeddings", "cos",
-             "sin", "cos_sin", "freqs_cos", "freqs_sin"}
-    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra
+             "sin", "cos_sin", "freqs_cos", "freqs_sin", "alibi"}
+    optional = optional_inputs(fn, params, extra)  # nanochat's value embedding `ve`: None
+    first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra | optional
                         or isinstance(p.default, (int, float, str))), len(params))  # layer_idx=0: kept
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
     masks = [p for p in params if is_mask_name(p.name)]
@@ -152,10 +155,12 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         if mask is None and required and "visible" in state:  # Raschka's forward(x, mask, cos, sin)
             everything = torch.ones(xq.size(0), 1, xq.size(-2), xk.size(-2), dtype=torch.bool)  # T, S
             mask = run_mask(everything, state["visible"], xq.size(0))
-        kwargs: dict[str, Any] = {masks[0].name: mask} if masks else {}
+        kwargs: dict[str, Any] = {**dict.fromkeys(optional), **({masks[0].name: mask} if masks else {})}
         kwargs.update(state.get("more", {}))  # a key_padding_mask given alone, by _key_padding_alone
         B, T = xq.shape[:2]
-        kwargs.update(position_kwargs(named, B, T, head_dim, xq.dtype))
+        kwargs.update(position_kwargs(named - {"alibi"}, B, T, head_dim, xq.dtype))
+        kwargs.update({"alibi": alibi_argument(B, xq.size(-1) // head_dim, xk.size(1), xq.dtype)}
+                      if "alibi" in named else {})  # BLOOM's model hands each attention its ALiBi term
         if state.get("first"):  # (T, B, D) in and out: PyTorch's tutorial, batch_first=False
             return batch_first(with_positions(fn, [a.transpose(0, 1) for a in args], kwargs, layout, B))
         return with_positions(fn, args, kwargs, layout, B)
@@ -521,6 +526,34 @@ def rope_settings(comp: Component, c: Caller) -> tuple[str | None, ...]:
     return (None, "half", "interleaved", *partial_layouts(D // H)) if spoken else (None,)
 
 
+# the forward arguments that take a positional term for the scores from the attention's caller (T5's
+# position_bias, handed down from the layer that holds the table): learned, as T5's, not ALiBi's
+BIAS_ARGUMENTS = ("position_bias", "pos_bias", "rel_pos_bias", "relative_position_bias", "attn_bias",
+                  "attention_bias")
+
+
+def score_biases(comp: Component, slots: list[Slot]) -> tuple[str | None, ...]:
+    """The positional terms the learner's scores may take, by what the attention holds and is handed:
+    T5's learned relative-position bias where it holds the table (a bidirectional encoder's, or a
+    decoder's), ALiBi's where its source speaks of ALiBi or its forward takes `alibi`, and unscaled
+    scores (T5's, the bias left to its caller) or scaled ones where its forward takes a bias; none
+    otherwise. A table or ALiBi is searched in place of no positions (an attention that builds ALiBi
+    and adds none is not read as a plain one)."""
+    source = source_text(comp.obj).lower()
+    table = ("t5", "t5_causal") * any(s.role == RELATIVE_ROLE for s in slots)
+    alibi = ("alibi",) * any(w in source for w in ALIBI_WORDS)
+    takes = inspect.signature(getattr(comp.obj, "forward", comp.obj)).parameters  # (a class: its forward's)
+    given = set(takes) & set(BIAS_ARGUMENTS)
+    return table + alibi + ("unscaled", None) * (bool(given) > bool(table))
+
+
+def positions_inside(comp: Component, c: Caller, slots: list[Slot]) -> tuple[str | None, ...]:
+    """The readings of the positions inside the attention the search tries: its score biases (`None`
+    among them: none), else none, then the rotary layouts its source allows."""
+    biases = score_biases(comp, slots)
+    return (biases or (None,)) + tuple(r for r in rope_settings(comp, c) if r is not None)
+
+
 def behaves_causal(ctx: Context, c: Caller, width: int) -> bool:
     """Whether the learner's self-attention, given no mask, is causal: what it does, not its name or
     its parameters (minimind's takes an attention_mask and applies is_causal=True without one)."""
@@ -585,7 +618,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
         raise
     facts = {"probe": probe, "rows": probe.rows, "takes_mask": c.takes_mask, "slots": slots,
              "universe": _universe(c, has_o, n_kv_heads, causal_inside), "n_kv_heads": n_kv_heads,
-             "ropes": rope_settings(comp, c),
+             "ropes": positions_inside(comp, c, slots),
              "setup": Setup(module, slots, c, "", causal_inside, n_kv_heads, None, heads)}
     return Subject(probe.run, [], module, facts)
 
@@ -600,7 +633,7 @@ def _mha_search(mha: Probe, subject: Subject, out: Tensor | None, working: str) 
     qk = ("qk_norm_after_rope",) if any(s.role in QK_NORM_ROLES for s in slots) else ()
     for rope in subject.facts["ropes"]:
         compute = p.computer(slots, n_kv_heads, rope)
-        universe = subject.facts["universe"] + ((*ROPE_FLAGS, *qk) if rope else ())
+        universe = subject.facts["universe"] + ((*ROPE_FLAGS, *qk) if V.is_rotary(rope) else ())
         conv, found, fail = detect(p.run, compute, universe, p.rows, p.convs)
         first_conv, failure = first_conv or conv, failure or fail
         if found is not None and (best is None or len(found[0]) < len(best[2][0])):
@@ -608,8 +641,9 @@ def _mha_search(mha: Probe, subject: Subject, out: Tensor | None, working: str) 
         if found is not None and not found[0]:
             break
     subject.facts["failure"] = failure
-    rope, conv, (flags, err), compute = best or (None, first_conv, (frozenset(), None),
-                                                 p.computer(slots, n_kv_heads, None))
+    held = next((r for r in subject.facts["ropes"][:1] if r in V.SCORE_BIASES), None)  # compared with it
+    rope, conv, (flags, err), compute = best or (held, first_conv, (frozenset(), None),
+                                                 p.computer(slots, n_kv_heads, held))
     return Found(conv, (rope, compute), flags, err, p.run(conv) if best else None, working,
                  lambda fl: compute(fl, conv))
 
@@ -623,6 +657,8 @@ def _mha_rope(res: ComponentResult, ctx: Context, comp: Component, subject: Subj
     rope = found.weights[0]
     if rope:
         res.notes.append(rope_note(rope))
+    if rope in V.UNSCALED:  # T5's scores, without 1/sqrt(d_k) by design
+        res.status = DIFFERS
     subject.facts["setup"] = dataclasses.replace(subject.facts["setup"], conv=found.key, rope=rope)
 
 
@@ -652,7 +688,7 @@ def _localizer_runs(comp: Component, c: Caller, conv: str, rope: str | None, pro
                     ) -> list[tuple[Callable[..., Any], str | None]]:
     """The ways the localizer runs the learner's attention: with an all-visible mask in each
     convention (the one found first) and, when the search found no rotary layout, each layout."""
-    ropes = (rope,) if rope else rope_settings(comp, c)
+    ropes = (rope,) if rope else rope_settings(comp, c)  # (a score bias is found whenever it is there)
     convs = (conv,) + tuple(cv for cv in probe.convs if cv != conv) if c.takes_mask else (conv,)
     return [(visible_call(c, cv), r) for cv in convs for r in ropes]
 
@@ -691,7 +727,7 @@ def _projections(comp: Component, module: nn.Module, heads: int) -> tuple[list[A
     parameter is not in the reference."""
     found = leaves(module)
     extra = [leaf for leaf in found if leaf.kind != "linear"]
-    qk_norms = qk_norm_slots(extra, D // heads, D)
+    qk_norms = qk_norm_slots(extra, D // heads, D) or relative_bias_slots(extra, heads)
     if extra and not qk_norms:
         shapes = shapes_text(extra)
         raise MappingError(f"{comp.name} has parameters besides its projections ({shapes}); handformer's "
@@ -883,7 +919,7 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) 
     for i, (label, B, T, S, given, mask) in enumerate(cases):
         xq = fp.randn(B, T, D, seed=10 + i).requires_grad_()
         xkv = xq if S == T and "cross" not in label else fp.randn(B, S, D, seed=20 + i).requires_grad_()
-        rope = rope_tables(T, heads=s.heads, rope=s.rope) if s.rope else None
+        rope = rope_tables(T, heads=s.heads, rope=s.rope) if V.is_rotary(s.rope) else None
         with torch.enable_grad():
             raw = ctx.learner.call("forward", s.c.call, xq, xkv, xkv, run_mask(given, s.conv, B))
             out = fp.first_tensor(raw, 3)
@@ -1047,7 +1083,7 @@ def _localized_distinct(res: ComponentResult, comp: Component, c: Caller, s: Set
                         ) -> None:
     """Where the attention built with 2 heads of 8 first parts from the reference, when only those
     sizes show a mistake (a size read from the wrong axis: the heads for the head size): its line."""
-    if any(map(is_departure, res.notes)):  # already localized at check's sizes
+    if res.has(DEPARTS):  # already localized at check's sizes
         return
     w = mha_weights(slots, DISTINCT_HEADS, None, s.rope)
     filename = inspect.getsourcefile(comp.obj)

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, check_determinism, finish
 from handformer.check.core.discovery import Component
-from handformer.check.core.localize import Departure, same
+from handformer.check.core.localize import Departure, add_departure, same
 from handformer.check.core.result import Check, ComponentResult, text
 from handformer.check.core.sizes import SIZES
 from handformer.check.core.weights import MappingError
@@ -176,7 +176,7 @@ def _localize(res: ComponentResult, module: nn.Module, m: ClassifierMap, ids: Te
             ("first", "pooled").index(stage)])), None)
         line, code = _line_of(module, getattr(m, part) or m.classifier)
         form = None if v is None else text(en.format(v=v), zh.format(v=v))
-        res.notes.append(Departure(line, f"the input of {part}", code, form).describe())
+        add_departure(res, Departure(line, f"the input of {part}", code, form))
         return
 
 

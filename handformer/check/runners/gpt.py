@@ -17,6 +17,7 @@ Shape legend: B batch, T length, D d_model, V vocabulary.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,8 @@ from handformer.check.core.context import (
     finish,
     forward_parameters,
     logits_shape,
+    named,
+    names_of,
     reads_sequence_first,
 )
 from handformer.check.core.discovery import Component
@@ -59,6 +62,7 @@ from handformer.check.core.layer_map import (
 from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
 from handformer.check.core.moe import ffn_readings, moe_config, moe_note
 from handformer.check.core.result import (
+    DEPARTS,
     NOT_CHECKED,
     Check,
     ComponentResult,
@@ -83,19 +87,20 @@ from handformer.check.core.weights import (
     norm_kind,
     norm_slots,
     of_kind,
+    shapes_text,
 )
 from handformer.check.core.weights import norm_weights as learner_norm
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
 from handformer.check.runners.kv_cache import CACHE_ARGS, CACHE_METHODS
 from handformer.check.runners.localize_cache import cache_departure
-from handformer.check.runners.model import as_written_, exact_norms_
+from handformer.check.runners.model import as_written_, computes_sqrt, exact_norms_
 from handformer.check.runners.pieces import FFN_ACTIVATIONS, HF_NAME, OFFSET_NOTE
 from handformer.config import CausalLMConfig
 from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 from handformer.nn.masks import as_attention_mask
-from handformer.nn.positions import RotaryEmbedding
+from handformer.nn.positions import RotaryEmbedding, sinusoidal_table
 
 VOCAB, BLOCK, KV_HEADS = 29, 16, 2
 GPT_SIZES = {**SIZES, "src_vocab": VOCAB, "n_layers": 2, "max_len": BLOCK}
@@ -121,6 +126,9 @@ class GPTMap:
     built: dict[Any, CausalLM] = field(default_factory=dict)  # handformer's, by choices
     embed_norm: Leaf | None = None  # nanochat's norm of the token embeddings, a function without gains
     scaled: bool = False  # token embeddings times sqrt(d_model) (Gemma's, the original Transformer's)
+    added: str | None = None  # the positions added to them: "learned" (wpe), "sinusoidal" (the paper's sines)
+    held: list[Leaf] = field(default_factory=list)  # parts no reference has, held at zero or as built
+    softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2's, nanochat's)
 
     def describe(self) -> list[str]:
         rows = [f"{self.wte.name} -> token embedding"]
@@ -165,12 +173,15 @@ def map_gpt(module: nn.Module) -> GPTMap:
         found = [(e.name, tuple(e.weight.shape)) for e in embeds]
         raise MappingError(f"expected nn.Embedding(vocab_size={VOCAB}, n_embd); found {found}",
                            zh=f"应当有 nn.Embedding(vocab_size={VOCAB}, n_embd)；实际找到 {found}")
-    wpe = next((e for e in embeds if e is not wte), None)
+    # positions: (max_len, D), not a table of the tokens (nanochat's value embeddings)
+    wpe = next((e for e in embeds if e is not wte and e.weight.shape[0] != VOCAB and e.weight.shape[1] == D),
+               None)
     norms = of_kind(outer, "norm")
     head, tied, bias = output_head(outer, VOCAB, wte, norms[1:], (
         "parameters outside the blocks that a GPT does not have", "Block 之外有 GPT 没有的参数"))
     n_kv = n_kv or kv_heads_of(blocks[0].attn[0], H)  # a fused multi-query projection: its shape says
     m = GPTMap(wte, wpe, blocks, Slot("final norm", norms[0]) if norms else None, head, tied, bias, n_kv)
+    m.held = [e for e in embeds if e not in (wte, wpe)] + of_kind(outer, "scalar")  # nanochat's value_embeds
     m.embed_norm = _embed_norm(module, blocks)
     if wpe is None:
         m.ropes, m.theta, m.table_theta = _rotary(module)
@@ -282,7 +293,7 @@ class Choices:
 
     def describe(self, m: GPTMap) -> Text:
         head_en, head_zh = (HEAD_WORDS[m.tied][i] + BIAS_WORDS[m.bias][i] for i in (0, 1))
-        pos_en, pos_zh = (("learned positions", "可学习的位置编码") if m.wpe is not None
+        pos_en, pos_zh = (ADDED_WORDS[m.added] if m.added is not None
                           else ("no positions", "没有位置编码") if self.rope is None
                           else (f"rotary positions ({_pairs(self.rope)[0]}, base {m.theta:.0f})",
                                 f"旋转位置编码（{_pairs(self.rope)[1]}，底数 {m.theta:.0f}）"))
@@ -309,6 +320,8 @@ BLOCK_WORDS = {"parallel": ("parallel blocks, x + attn(norm(x)) + ffn(norm(x))",
 
 
 # the output head as the convention says it (en, zh): tied or not, with a bias or not
+ADDED_WORDS = {"learned": ("learned positions", "可学习的位置编码"),
+               "sinusoidal": ("sinusoidal positions", "正弦位置编码")}
 HEAD_WORDS = {True: ("tied to the token embedding", "与词嵌入共享权重"), False: ("separate", "独立的权重")}
 BIAS_WORDS = {True: (", with a bias", "，有偏置"), False: ("", "")}
 SCALED_WORDS = {True: ("; token embeddings times sqrt(d_model)", "；词嵌入乘以 sqrt(d_model)"),
@@ -316,6 +329,13 @@ SCALED_WORDS = {True: ("; token embeddings times sqrt(d_model)", "；词嵌入�
 PLACEMENTS = ("pre", "post", "parallel")  # the blocks' placements the search tries, in this order
 HF_PLACEMENT = {"parallel": "pre"}  # handformer's blocks a placement is built from (then run in parallel)
 ROPE_ZH = {"half": "前后两半配对", "interleaved": "相邻两维配对", "swapped": "前后两半配对、反向旋转"}
+
+
+# the checks that compare with handformer's model (the others are properties of the learner's alone)
+COMPARED = (text("matches handformer's CausalLM on your weights and choices on 3 shapes",
+                 "在 3 种形状上与使用你的权重和写法的 handformer CausalLM 一致"),
+            text("the loss equals the cross-entropy of handformer's logits",
+                 "损失等于 handformer 的 logits 的交叉熵"))
 
 
 def reference_model(m: GPTMap, ch: Choices) -> CausalLM:
@@ -343,11 +363,11 @@ def _reference_model(m: GPTMap, ch: Choices) -> CausalLM:
         n_layers=len(m.blocks), dropout=0.0, activation=HF_NAME[(gated, ch.activation)],
         norm_placement=HF_PLACEMENT.get(ch.placement, ch.placement),
         norm=first.kind, norm_eps=first.eps,  # LayerNorm or RMSNorm, as theirs
-        position="learned" if m.wpe is not None else "rope" if ch.rope else "none", rope_theta=m.theta,
+        position=m.added or ("rope" if ch.rope else "none"), rope_theta=m.theta,
         rope_fraction=turned_width(ch.rope or "", D // H) / (D // H),  # partial rotary: "half:2"
         max_positions=m.wpe.weight.size(0) if m.wpe is not None else BLOCK, tie_embeddings=m.tied,
         n_kv_heads=m.n_kv_heads, qk_norm=_qk_norm(m), scale_embeddings=m.scaled,
-        moe=moe_config(m.blocks[0].ffn))  # a mixture of experts (Mixtral's): handformer's MixtureOfExperts
+        moe=moe_config(m.blocks[0].ffn), logit_softcap=m.softcap)  # MoE: handformer's MixtureOfExperts
     hf = build_causal_lm(cfg)  # (a GPT-2 style config: the plain CausalLM)
     if m.bias:
         hf.lm_head = nn.Linear(D, VOCAB, bias=True)
@@ -418,13 +438,13 @@ class Caller:
 
     def __init__(self, module: nn.Module, ctx: Context) -> None:
         self.module, self.ctx = module, ctx
-        params = forward_parameters(module)
-        self.target = next((p.name for p in params if p.name in TARGET_NAMES), None)
-        # Meta's forward(tokens, start_pos): the whole sequence from position 0
-        self.start = next((p.name for p in params if p.name == "start_pos" and p.default is p.empty), None)
+        names, required = names_of(forward_parameters(module))
+        self.target = named(names, TARGET_NAMES)
         # a Llama 2 chat model's forward(tokens, start_pos=0, cache=None): a cache handed in, positions given
-        self.position = next((p.name for p in params if p.name == "start_pos"), None)
-        self.cache_arg = next((p.name for p in params if p.name in CACHE_ARGS), None)
+        self.position = named(names, ("start_pos",))
+        # Meta's forward(tokens, start_pos): the whole sequence from position 0
+        self.start = self.position if self.position in required else None
+        self.cache_arg = named(names, CACHE_ARGS)
 
         self.stepwise = False  # Umar Jamil's forward asserts one token at a time: driven so, once known
         # PyTorch's nn.Transformer tutorial: (T, B) ids in, (T, B, V) logits out
@@ -547,16 +567,84 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
                                      message_zh=f"没有与 handformer 的 CausalLM 比较：{err.zh or err}")
             return finish(res)
         res.mapping = m.describe()
-        res.notes += moe_note(m.blocks[0].ffn)
-        m.scaled = _scaled_embeddings(call, m, idx)
+        res.notes += moe_note(m.blocks[0].ffn) + _held_note(m)
+        out, loss = call(idx, targets)  # again: the extra tables are held at zero
+        m.scaled, m.added = _embedding_reading(call, m, idx)
+        m.ropes = m.ropes if m.added is None else (None,)
+        m.softcap = _softcap(call, m, idx)
         _tied_despite_config(res, ctx, comp, m)
         _compare(res, ctx, comp, m, call, out, loss, idx, targets, last_only)
+        _not_compared(res, m)
     return finish(res)
 
 
-def _scaled_embeddings(call: Caller, m: GPTMap, idx: Tensor) -> bool:
-    """Whether the first block is handed the token embeddings times sqrt(d_model) (Gemma's, the
-    original Transformer's; learned positions added after), read from what it is handed."""
+def _held_note(m: GPTMap) -> list[Text]:
+    """Parts of the model that handformer's CausalLM has not (nanochat's value embeddings and per-layer
+    residual scalars): its extra token tables set to zero, its scalars kept as built; a note that says
+    so, since what they add is then not compared."""
+    for leaf in of_kind(m.held, "embedding"):
+        leaf.weight.data.zero_()
+    names = shapes_text(m.held)
+    return [text(f"compared with {names} held (token tables at zero, scalars as built): handformer's "
+                 "CausalLM has no such parts, so what they add is not checked",
+                 f"比较时固定 {names}（额外的 token 表置零，标量保持构造时的值）：handformer 的 CausalLM "
+                 "没有这些部分，它们加进来的东西不检查")] * bool(m.held)
+
+
+def _softcap(call: Caller, m: GPTMap, idx: Tensor) -> float | None:
+    """The cap c of logits soft-capped as c * tanh(logits / c) (Gemma 2's, nanochat's), read as the
+    largest logit when the head's weights are made huge; None when they grow with it."""
+    weight = (m.head or m.wte).weight  # a forward that multiplies by the embedding: it
+    kept = weight.detach().clone()
+    weight.data.mul_(1e6)
+    try:
+        top = call(idx)[0].abs().max().nan_to_num(math.inf).item()  # NaN: no cap
+    except fp.LearnerFailure:  # its code refuses weights so large: no cap read
+        top = math.inf
+    finally:
+        weight.data.copy_(kept)
+    return round(top, 6) if top < 1e4 else None
+
+
+def _not_compared(res: ComponentResult, m: GPTMap) -> None:
+    """A model with parts held that no mistake explains and that departs only in the comparison with
+    handformer's: NOT CHECKED, with the parts named, never FAIL (the held parts may be the reason)."""
+    failed = [c.name for c in res.checks if not c.ok]
+    departs = " ".join(f.observed["en"].split("parts from the reference")[1] for f in res.findings
+                       if f.name == DEPARTS)
+    # where it first parts: at a line of a held part (or nowhere said), else at a line of its own (FAIL)
+    at_held = not departs or any(leaf.name.split(".")[0] in departs for leaf in m.held)
+    if res.named() or not (m.held and failed and at_held) or any(c not in COMPARED for c in failed):
+        return
+    res.checks, res.findings = [c for c in res.checks if c.ok], []  # the departure at a held part: not theirs
+    res.status, res.max_abs_error = NOT_CHECKED, None
+    names = shapes_text(m.held)
+    res.error = LearnerError("mapping", f"not compared with handformer's CausalLM: with {names} held (token "
+                             "tables at zero, scalars as built) its logits are not handformer's; handformer "
+                             "has no such parts. Its blocks are checked alone", "__init__",
+                             message_zh=f"没有与 handformer 的 CausalLM 比较：固定 {names}（token 表置零，"
+                                        "标量保持构造时的值）后，它的 logits 与 handformer 的不同；"
+                                        "handformer 没有这些部分。它的各个 Block 单独检查")
+
+
+def _embedding_reading(call: Caller, m: GPTMap, idx: Tensor) -> tuple[bool, str | None]:
+    """(scaled, added) from what the first block is handed: the token embeddings times sqrt(d_model)
+    or not (Gemma's, the original Transformer's), read from how it moves when every token changes;
+    the positions added, "learned" (the model's table) or the paper's fixed "sinusoidal" ones where
+    it learns none (PyTorch's nn.Transformer tutorial): added so, or a sine table the model holds."""
+    other = (idx + 1) % VOCAB
+    a, b = _handed(call, m, idx), _handed(call, m, other)
+    scaled = fp.max_error(a - b, (m.wte.weight[idx] - m.wte.weight[other]) * D**0.5) < fp.TOL * D**0.5
+    added = a - m.wte.weight[idx] * (D**0.5 if scaled else 1.0)  # (B, T, D): the positions
+    sines = sinusoidal_table(idx.size(1), D).to(added)  # (T, D)
+    if m.wpe is not None:
+        return scaled, "learned"
+    fits = fp.max_error(added, sines.expand_as(added)) < fp.TOL * D**0.5
+    return scaled, "sinusoidal" if fits or _holds_sines(call.module, sines) else None
+
+
+def _handed(call: Caller, m: GPTMap, idx: Tensor) -> Tensor:
+    """(B, T, D) what the learner's first block is handed for idx; NaN where it is handed no such tensor."""
     handed: list[Tensor] = []
     block = call.module.get_submodule(m.blocks[0].name)
     handle = block.register_forward_pre_hook(lambda _, args: handed.append(fp.first_tensor(args, 3)))
@@ -564,9 +652,16 @@ def _scaled_embeddings(call: Caller, m: GPTMap, idx: Tensor) -> bool:
         call(idx)
     finally:
         handle.remove()
-    pos = m.wpe.weight[:idx.size(1)] if m.wpe is not None else 0.0  # (T, D)
-    want = F.embedding(idx, m.wte.weight) * D**0.5 + pos  # (B, T, D)
-    return fp.max_error((handed + [None])[0], want) < fp.TOL * D**0.5
+    got = fp.first_tensor([*handed, torch.full((*idx.shape, D), math.nan).to(m.wte.weight)], 3)
+    return got.transpose(0, 1) if call.first else got  # (T, B, D) -> (B, T, D)
+
+
+def _holds_sines(module: nn.Module, sines: Tensor) -> bool:
+    """Whether a buffer of the model begins with the sine table, in any layout of its rows:
+    (P, D), (P, 1, D) sequence-first, (1, P, D)."""
+    T = sines.size(0)
+    return any(b.is_floating_point() and b.numel() >= sines.numel() and b.size(-1) == D
+               and fp.max_error(b.reshape(-1, D)[:T].to(sines), sines) < 1e-6 for b in module.buffers())
 
 
 def bigram(res: ComponentResult, module: nn.Module, out: Tensor, loss: Tensor | None, idx: Tensor,
@@ -590,21 +685,25 @@ def bigram(res: ComponentResult, module: nn.Module, out: Tensor, loss: Tensor | 
     return True
 
 
+NO_READING = text("no known mistake (or pair of them) reproduces your logits; the blocks' own checks show "
+                  "where they differ from handformer's",
+                  "没有任何已知错误（或两个错误的组合）能复现你的 logits；"
+                  "各 Block 自己的检查会指出它们与 handformer 的差别")
+
+
 def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call: Caller, out: Tensor,
              loss: Tensor | None, idx: Tensor, targets: Tensor, last_only: bool) -> None:
     gated = is_gated(m.blocks[0].ffn)
     settings = [Choices(p, a, r) for r in m.ropes for p in PLACEMENTS for a in FFN_ACTIVATIONS[gated]]
     found = _search(m, out, idx, settings, last_only)
     if found is None:
-        res.notes.append(text("no known mistake (or pair of them) reproduces your logits; the blocks' own "
-                              "checks show where they differ from handformer's",
-                              "没有任何已知错误（或两个错误的组合）能复现你的 logits；"
-                              "各 Block 自己的检查会指出它们与 handformer 的差别"))
+        res.notes.append(NO_READING)
         ch = settings[0]
         _localize(res, m, call, idx, settings)
     else:
-        ch = found[0]
-        _found(res, ctx, comp, m, out, idx, found, last_only)
+        ch = _found(res, ctx, comp, m, call.module, out, idx, found, last_only)
+        if res.named():  # the line each named mistake is quoted at
+            _localize(res, m, call, idx, [ch])
     hf = reference_model(m, ch)
     _norm_findings(res, ctx, comp, m)
     errors = []
@@ -616,9 +715,7 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
             ref = ref[:, -1:]
         errors.append(fp.max_error(mine, ref))
     res.max_abs_error = max(errors)
-    res.checks.append(Check(text("matches handformer's CausalLM on your weights and choices on 3 shapes",
-                                 "在 3 种形状上与使用你的权重和写法的 handformer CausalLM 一致"),
-                            max(errors) < 1e-5, error_text(max(errors))))
+    res.checks.append(Check(COMPARED[0], max(errors) < 1e-5, error_text(max(errors))))
     if loss is not None and not last_only:
         _loss(res, hf(idx).logits, loss, targets)
     _causality(res, call, idx)
@@ -632,11 +729,46 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
     _handed_cache(res, ctx, call, idx)
 
 
+def _scale_unused(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, module: nn.Module,
+                  out: Tensor, found: tuple[Choices, frozenset[str], float], idx: Tensor, last_only: bool,
+                  ) -> None:
+    """embedding_scale_unused: the model's classes that hold the token embedding compute sqrt(, and
+    its logits are those of embeddings not scaled."""
+    owners = [type(sub) for sub in module.modules() if m.wte.module in list(sub.children())] * (not m.scaled)
+    if not computes_sqrt(owners):  # none where it scales them
+        return
+    ch, flags, matched = found
+    m.scaled = True
+    scaled = _reference_model(m, ch)  # built aside: the map's cache keeps the unscaled one
+    m.scaled = False
+    would = fp.max_error(out, _view(variant(scaled, idx, flags), last_only))
+    number, code = locate("embedding_scale_unused", source_lines(owners + ctx.objects(comp)))
+    res.findings.append(Finding("embedding_scale_unused", text(
+        f"your code computes sqrt( for the embeddings, but your logits are those of unscaled embeddings "
+        f"(max abs difference {matched:.1e}); scaled by sqrt(d_model) = {D ** 0.5:g} they would differ by "
+        f"{would:.3g}", f"你的代码为嵌入计算了 sqrt(，但 logits 是未缩放嵌入的结果（最大绝对误差 "
+        f"{matched:.1e}）；乘以 sqrt(d_model) = {D ** 0.5:g} 后会相差 {would:.3g}"), number, code))
+
+
 def _localize(res: ComponentResult, m: GPTMap, call: Caller, idx: Tensor, settings: list[Choices]) -> None:
-    """Where the logits no search explains part from handformer's, part by part, in each setting."""
+    """Where the logits part from handformer's, part by part, in each setting: said when no search
+    explains them, else where a named mistake is quoted."""
     models = [reference_model(m, c) for c in settings]
-    readings = [module_views(lambda hf=hf: hf(idx), hf, {}, inputs=True) for hf in models]
+    looked_up = [("the token embeddings, before sqrt(d_model)", F.embedding(idx, m.wte.weight))] * m.scaled
+    looked_up += [(f"{t.name}, held at zero", F.embedding(idx, t.weight))  # (B, T, its width)
+                  for t in of_kind(m.held, "embedding")]
+    readings = [looked_up + module_views(lambda hf=hf: hf(idx), hf, {}, inputs=True)
+                + _uncapped(hf, idx) * bool(m.softcap) for hf in models]
     note_departure(res, lambda: localize_model(lambda: call(idx), call.module, readings))
+
+
+def _uncapped(hf: CausalLM, idx: Tensor) -> list[tuple[str, Tensor]]:
+    """The reference's logits before its soft-cap, a step of the learner's code of its own."""
+    seen: list[Tensor] = []
+    handle = hf.lm_head.register_forward_pre_hook(lambda _, args: seen.append(args[0]))
+    hf(idx)  # handformer's own model: it does not raise
+    handle.remove()
+    return [("the logits before the soft-cap", F.linear(seen[0], hf.lm_head.weight))]  # (B, T, V)
 
 
 def _norm_findings(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap) -> None:
@@ -666,7 +798,7 @@ def _search(m: GPTMap, out: Tensor, idx: Tensor, settings: list[Choices], last_o
             ) -> tuple[Choices, frozenset[str], float] | None:
     """The choices (placement, activation, rotary layout) and the fewest mistakes, one then two,
     that reproduce the learner's logits."""
-    flags = FLAGS if m.wpe is not None else tuple(f for f in FLAGS if f != "pe_missing")
+    flags = FLAGS if m.added is not None else tuple(f for f in FLAGS if f != "pe_missing")
     flags += ("rope_wrong_base",) if m.table_theta is not None else ()
     B, T = idx.shape
 
@@ -677,9 +809,10 @@ def _search(m: GPTMap, out: Tensor, idx: Tensor, settings: list[Choices], last_o
     return fp.search_settings(settings, search_one)
 
 
-def _found(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, out: Tensor, idx: Tensor,
-           found: tuple[Choices, frozenset[str], float], last_only: bool) -> None:
-    """The choices found as the convention; each mistake named with how far it is from right."""
+def _found(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, module: nn.Module, out: Tensor,
+           idx: Tensor, found: tuple[Choices, frozenset[str], float], last_only: bool) -> Choices:
+    """The choices found as the convention; each mistake named with how far it is from right; the
+    choices."""
     ch, flags, matched = found
     res.convention = ch.describe(m)
     hf = reference_model(m, ch)
@@ -695,6 +828,8 @@ def _found(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, out: 
             f"differ from the correct ones by {correct:.3g}",
             f"你的 logits 与带有这个错误的模型一致（最大绝对误差 {matched:.1e}），与正确结果相差 "
             f"{correct:.3g}"), number, code, form))
+    _scale_unused(res, ctx, comp, m, module, out, found, idx, last_only)
+    return ch
 
 
 def _cached(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, call: Caller, hf: CausalLM,
@@ -759,8 +894,7 @@ def _loss(res: ComponentResult, logits: Tensor, loss: Tensor, targets: Tensor) -
         res.notes.append(text("your forward shifts the labels itself (Hugging Face's labels): compared so",
                               "你的 forward 自己移位 labels（Hugging Face 的 labels 写法）：按移位后比较"))
         err = err_shifted
-    res.checks.append(Check(text("the loss equals the cross-entropy of handformer's logits",
-                                 "损失等于 handformer 的 logits 的交叉熵"), err < 1e-6, error_text(err)))
+    res.checks.append(Check(COMPARED[1], err < 1e-6, error_text(err)))
 
 
 TIE_FIELD = re.compile(r"\b(tie_weights|tie_word_embeddings|tie_embeddings)\b")

@@ -57,6 +57,7 @@ from handformer.check.core.context import (
     moved_by,
     nan_on_hidden_rows,
     not_cropped,
+    optional_inputs,
     outputs_by_convention,
     positions,
     reads_sequence_first,
@@ -90,6 +91,7 @@ from handformer.check.core.weights import (
     norm_slots,
     norm_weights,
     of_kind,
+    relative_bias_slots,
 )
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
@@ -141,8 +143,7 @@ class Layer:
         self.comp, self.ctx, self.kind = comp, ctx, kind
         self.decoder, self.causal_block = decoder, causal_block = kind.decoder, kind.causal_block
         params = forward_parameters(comp.obj.forward) if inspect.isclass(comp.obj) else []
-        # Umar Jamil's rotary table freqs_complex, called freqs_cis as check names it
-        self.renamed, params = renamed_table(_call_module, params)
+        self.renamed, params = renamed_table(_call_module, params)  # Umar Jamil's freqs_complex: freqs_cis
         self.params = params
         self.head_dim = D // H  # for Meta's freqs_cis handed to the forward
         self.stateful = decoder and any(p.name == "state" for p in params)  # d2l's forward(X, state)
@@ -152,10 +153,10 @@ class Layer:
         self.required_mask = any(is_mask_name(p.name) and p.default is p.empty for p in params)
         self.visible: str | None = None
         self.extra = {p.name for p in params} & LAYER_POSITIONS
+        self.optional = optional_inputs(getattr(comp.obj, "forward", comp.obj),  # not self, nor a memory
+                                        params[1 + decoder:], self.extra, True)
         self.table_layout: dict[str, bool] = {}  # which rotary table and start run (rope_tables)
         self.takes_mask = bool(self.masks)
-        # the encoder's output, handed by its name where it is not the second argument
-        self.memory_name = decoder and next((p.name for p in params[1:] if p.name in MEMORY_NAMES), None)
         # _stepwise: a cache kept inside (Umar Jamil's); one handed in (a `cache` argument) is left out
         self.stepwise = causal_block and "start_pos" in self.extra and not self.masks and not any(
             p.name in CACHE_NAMES for p in params)
@@ -169,6 +170,7 @@ class Layer:
         self.ffn_candidates = ffn_readings(self.module, linears, self.sizes["d_ff"], comp.name)
         norms, qk = block_norms(of_kind(found, "norm"))
         self.attn[0] += qk or gainless_qk(self.module)  # QK-norm: the attention's q_norm and k_norm
+        self.attn[0] += relative_bias_slots(of_kind(found, "embedding"), H)  # T5's relative-position table
         norms = norms or gainless_norms(self.module, len(names))  # nanochat's norm(x), a function
         self.shared = len(norms) == 1  # one norm for every sublayer
         self.norm_slots = norm_slots(norms * len(names) if self.shared else norms, len(names), roles,
@@ -189,8 +191,14 @@ class Layer:
     def bare(self) -> bool:
         """A decoder layer whose forward takes the stream and the memory alone (tiny-universe's
         forward(x, enc_out)): it builds its causal mask and hides no source key."""
-        width = len(self.params) - len(self.extra)  # self, x, memory: 3
+        width = len(self.params) - len(self.extra | self.optional)  # self, x, memory: 3
         return self.decoder and not self.stateful and width == 3
+
+    @property
+    def memory_name(self) -> str | None:
+        """A decoder's forward argument that takes the encoder's output by its name (Hugging Face's
+        encoder_hidden_states, after the mask), else None: it is handed second."""
+        return next((p.name for p in self.params[1:] if self.decoder and p.name in MEMORY_NAMES), None)
 
     @property
     def own_mask(self) -> bool:
@@ -242,7 +250,8 @@ class Layer:
         return self.renamed(self.module, *args, **kwargs)
 
     def _extra_kwargs(self, x: Tensor) -> dict[str, Any]:
-        return {**position_kwargs(self.extra, *x.shape[:2], self.head_dim, x.dtype), **self.more}
+        return {**dict.fromkeys(self.optional), **position_kwargs(self.extra, *x.shape[:2], self.head_dim,
+                                                                   x.dtype), **self.more}
 
     def weights(self, slots: list[Slot], act: str, placement: str, rope: str | None = None) -> V.LayerWeights:
         return V.LayerWeights(mha_weights(self.attn[0], H, self.n_kv_heads, rope), ffn_weights(slots, act),
@@ -401,6 +410,15 @@ class Inputs:
         self.src_keep, self.tgt_keep = _case_keeps(layer, B, T, S, [0, 2], [1, 0])
 
 
+def causal_without_its_mask_(layer: Layer) -> bool:
+    """Whether the layer is a block causal without its mask (`_causal_without_its_mask`): then it is
+    driven with its mask argument left out."""
+    if not _causal_without_its_mask(layer):
+        return False
+    layer.masks, layer.takes_mask = [], False
+    return True
+
+
 def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     layer = Layer(comp, ctx, KINDS[comp.kind])
@@ -514,9 +532,7 @@ def _causal_without_its_mask(layer: Layer) -> bool:
 
 def _mask_inside(res: ComponentResult, layer: Layer) -> None:
     """A block causal with no mask is checked as one that builds its own, in its window if any."""
-    if _causal_without_its_mask(layer):
-        layer.masks, layer.takes_mask = [], False
-        res.notes.append(CAUSAL_INSIDE_NOTE)
+    res.notes += [CAUSAL_INSIDE_NOTE] * causal_without_its_mask_(layer)
     _sliding_window(res, layer)
 
 
@@ -926,7 +942,8 @@ KINDS = {
                                                                                    tgt_keep)[0]),
     "block": LayerKind(DecoderOnlyBlock, ("pre", "post", "parallel"), False, True, ENCODER_SUBLAYERS,
                        ENCODER_TUTORIAL, _block_variant, lambda hf, x, memory, src_keep, tgt_keep, rope: hf(
-                           x, tgt_keep, rope=rope_tables(x.shape[1], rope=rope) if rope else None)[0]),
+                           x, tgt_keep,
+                           rope=rope_tables(x.shape[1], rope=rope) if V.is_rotary(rope) else None)[0]),
 }
 
 

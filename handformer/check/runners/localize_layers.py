@@ -10,17 +10,19 @@ from handformer.check.core.fingerprint import dropout_off
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import localize_layer, note_departure
 from handformer.check.core.result import ComponentResult
-from handformer.check.runners.layers import KINDS, Layer, layer_settings
+from handformer.check.runners.layers import KINDS, Layer, causal_without_its_mask_, layer_settings
 
 
 def note_layer_departure(comp: Any, ctx: Any, res: ComponentResult) -> None:
-    """A layer that FAILs with no mistake named: where it parts from the reference (its runner's
-    search found no reading; the layer is built once more, as the runner built it)."""
-    if comp.kind not in KINDS or res.status != "fail" or res.findings:
+    """A layer that FAILs: where it parts from the reference, said when no mistake is named (its
+    runner's search found no reading), else the line a named one is quoted at (the layer is built
+    once more, as the runner built it)."""
+    if comp.kind not in KINDS or res.status != "fail":
         return
 
     def localize() -> Departure | None:
         layer = Layer(comp, ctx, KINDS[comp.kind])
+        causal_without_its_mask_(layer)  # driven as its runner drove it
         return localize_layer(layer, [layer.weights(*setting) for setting in layer_settings(layer)])
 
     with dropout_off():

@@ -566,7 +566,8 @@ SQRT = re.compile(r"sqrt\(")
 NOT_EMBEDDING = re.compile(r"d_k|head|\bdk\b|std|init|attn|attention|score", re.I)
 
 
-def _computes_sqrt(objs: list[Any]) -> bool:
+def computes_sqrt(objs: list[Any]) -> bool:
+    """Whether the code of these classes takes a square root that is not an attention's or an init's."""
     return any(SQRT.search(line.split("#")[0]) and not NOT_EMBEDDING.search(line)
                for obj in objs for line in source_text(obj).splitlines())
 
@@ -637,8 +638,10 @@ def _decode_role(name: str) -> str:
 def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
     """The learner's model built from its constructor, or (the Annotated Transformer's
     EncoderDecoder(encoder, decoder, src_embed, tgt_embed, generator)) by the file's factory."""
+    src, tgt = inputs(6, 6, [0, 2], [1, 0], seed=0)
+    warmup = lambda m: Caller(m, ctx)(src, tgt)  # noqa: E731  (lazy layers get their shapes: d2l's)
     try:
-        return ctx.build(comp, MODEL_SIZES), False
+        return ctx.build(comp, MODEL_SIZES, warmup=warmup), False
     except DiscoveryError:
         factory = model_factory(comp, ctx)
         if not inspect.isfunction(factory):
@@ -661,6 +664,7 @@ def build_model(comp: Component, ctx: Context) -> tuple[nn.Module, bool]:
     if not isinstance(module, nn.Module):
         raise ctx.learner.fail("__init__", f"{factory.__name__}(...) did not return an nn.Module",
                                f"{factory.__name__}(...) 返回的不是 nn.Module")
+    ctx.materialize(comp, module, warmup)
     scramble_(module, 0)
     return module.double().eval(), True
 
@@ -701,14 +705,17 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
     return finish(res)
 
 
+NO_READING = text("no known mistake (or pair of them) reproduces your logits; the layers' own checks show "
+                  "where they differ from handformer's",
+                  "没有任何已知错误（或两个错误的组合）能复现你的 logits；"
+                  "各层自己的检查会指出它们与 handformer 的差别")
+
+
 def _compare(res: ComponentResult, ctx: Context, comp: Component, module: nn.Module, call: Caller,
              m: ModelMap, out: Tensor, src: Tensor, tgt: Tensor, builds_masks: bool) -> None:
     found = _search(m, out, src, tgt, builds_masks)
     if found is None:
-        res.notes.append(text("no known mistake (or pair of them) reproduces your logits; the layers' own "
-                              "checks show where they differ from handformer's",
-                              "没有任何已知错误（或两个错误的组合）能复现你的 logits；"
-                              "各层自己的检查会指出它们与 handformer 的差别"))
+        res.notes.append(NO_READING)
         ch = Choices("post", FFN_ACTIVATIONS[is_gated(m.encoder[0].ffn)][0], True, False)
         flags: frozenset[str] = frozenset()
         readings = _readings(m, ch, src, tgt)
@@ -722,12 +729,15 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, module: nn.Mod
         for flag in sorted(flags):
             name, _, form = flag.partition(":")
             res.findings.append(_finding(ctx, comp, name, _observed(name, form, matched, correct), form))
+        if flags:  # where the named mistakes are quoted: the line that departs
+            readings = _readings(m, ch, src, tgt)
+            note_departure(res, lambda: localize_model(lambda: call(src, tgt), module, readings))
         if ch.placement == "pre" and not flags & {f"final_norm_missing:{s}" for s in STACKS}:
             missing = [s for s in ("encoder", "decoder") if s not in m.final]
             if missing:  # matched with a final norm of weight 1 and bias 0: one the learner never wrote
                 res.notes.append(text(f"no final norm module found for {', '.join(missing)}",
                                       f"没有找到{'、'.join(missing)}的最后归一化层"))
-        if not ch.scale and _computes_sqrt(_embedding_sources(module, m)):
+        if not ch.scale and computes_sqrt(_embedding_sources(module, m)):
             objs = _embedding_sources(module, m) + ctx.objects(comp)
             scaled = fp.max_error(out, variant(reference_model(m, dataclasses.replace(ch, scale=True)),
                                                src, tgt, flags, ch.log_probs), rows)

@@ -326,6 +326,7 @@ def _compare_ffn(res: ComponentResult, ctx: Context, run: Callable[[Tensor], Ten
     hf = FeedForward(D, width, name).double()
     copy_ffn(hf, slots)
     errors, grad_err = [], 0.0
+    params = [s.leaf.weight.requires_grad_() for s in slots]  # frozen ones too (gemma_pytorch's Linear)
     for i, (B, T) in enumerate([(2, 5), (1, 1), (3, 9)]):
         xi = fp.randn(B, T, D, seed=10 + i).requires_grad_()
         with torch.enable_grad():
@@ -333,7 +334,7 @@ def _compare_ffn(res: ComponentResult, ctx: Context, run: Callable[[Tensor], Ten
             errors.append(fp.max_error(mine, ref))
             if i == 0 and mine is not None and mine.shape == ref.shape:
                 g = fp.randn(*ref.shape, seed=5)
-                a = _slot_grads((mine * g).sum(), xi, slots)
+                a = _slot_grads((mine * g).sum(), xi, slots, params)
                 hf_params = [ffn_parameters(hf)[s.role].weight for s in slots]
                 b = torch.autograd.grad((ref * g).sum(), [xi] + hf_params)
                 grad_err = grads_error(list(zip(a, b)))
@@ -345,10 +346,11 @@ def _compare_ffn(res: ComponentResult, ctx: Context, run: Callable[[Tensor], Ten
                             grad_err < 1e-5, error_text(grad_err)))
 
 
-def _slot_grads(loss: Tensor, x: Tensor, slots: list[Slot]) -> list[Tensor | None]:
-    """The gradients of `loss` for `x` and each slot's part of its layer (a fused gate and up: each
-    its half of the one layer's gradient; a layer never used: None, compared to fail)."""
-    weights = list({id(s.leaf.weight): s.leaf.weight for s in slots}.values())  # each layer once
+def _slot_grads(loss: Tensor, x: Tensor, slots: list[Slot], params: list[Tensor]) -> list[Tensor | None]:
+    """The gradients of `loss` for `x` and each slot's part of its layer (`params`, the slots' layers'
+    weights: a fused gate and up each its half of the one layer's gradient; a layer never used: None,
+    compared to fail)."""
+    weights = list({id(w): w for w in params}.values())  # each layer once
     grads = torch.autograd.grad(loss, [x, *weights], allow_unused=True)
     by_layer = {id(w): g for w, g in zip(weights, grads[1:])}
     own = [(s.rows, by_layer[id(s.leaf.weight)]) for s in slots]

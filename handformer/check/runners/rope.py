@@ -270,7 +270,7 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     attempts = [(layout, meta, shape) for layout in (COMPLEX if complex_table else ("half", "interleaved"))
                 for meta in (False, True) for shape in (("4d", "real") if layout in COMPLEX else shapes)]
     if not complex_table:  # nanochat's cos, sin (1, T, 1, Dh/2) on halves, rotated either way
-        attempts += [(lay, True, "quarter") for lay in ("half", "swapped")] + PAIR_TD * ("freqs_cos" in names)
+        attempts += QUARTER + PAIR_TD + PAIR_BTD
     failure, best, first = _search_apply(ctx, fn, names, tensors, q, k, attempts)
     if best is None and first is None:
         raise failure or ctx.learner.fail(
@@ -332,13 +332,19 @@ def _rotated(q: Tensor, k: Tensor, n: int, layout: str, offset: int = 0, flags: 
 # a complex table -> the pairs it rotates: Meta's view_as_complex(x.reshape(..., -1, 2)) pairs 2j with
 # 2j + 1; Gemma's view_as_complex(torch.stack(torch.chunk(x, 2, -1), -1)) pairs j with j + Dh/2
 COMPLEX = {"pairs": "interleaved", "pairs_half": "half"}
-# llama2.c's apply_rotary_emb(xq, xk, freqs_cos, freqs_sin): one angle an interleaved pair, (T, Dh/2)
+# llama2.c's apply_rotary_emb(xq, xk, freqs_cos, freqs_sin) (any apply function of that table): one angle an
+# interleaved pair, (T, Dh/2)
 PAIR_TD = [("interleaved", True, "pair_td"), ("interleaved", False, "pair_td")]
+QUARTER = [("half", True, "quarter"), ("swapped", True, "quarter")]  # nanochat's (1, T, 1, Dh/2), either way
+# GPT-J's apply_rotary_pos_emb(tensor, sin, cos): sin and cos (B, T, Dh/2), one angle an interleaved pair,
+# repeat_interleave'd by the function itself onto (B, T, H, Dh) inputs
+PAIR_BTD = [("interleaved", True, "pair_btd"), ("interleaved", False, "pair_btd")]
 TABLE_VIEWS = {  # a (T, Dh) table as each shape hands it (the others as it is)
     "4d": lambda t, meta: t.reshape((1, T, 1, DH) if meta else (1, 1, T, DH)),  # over batch and heads
     "quarter": lambda t, meta: t[:, : DH // 2].reshape(1, T, 1, DH // 2),  # nanochat's: one angle a pair
     "btd": lambda t, meta: t[None].expand(B, T, DH),
     "pair_td": lambda t, meta: t[:, ::2],  # llama2.c's freqs_cos (T, Dh/2): one angle an interleaved pair
+    "pair_btd": lambda t, meta: t[None, :, ::2].expand(B, T, DH // 2),  # GPT-J's (B, T, Dh/2)
 }
 
 
