@@ -433,13 +433,11 @@ def dropout_on_residual(res: ComponentResult, ctx: Context, comp: Component, run
         "训练时残差通路也被 dropout 了"), number, code))
 
 
-def hidden_rows(out: Tensor | None, rows: Tensor | None, in_real: bool = False) -> Tensor | None:
-    """The learner's output on the query rows whose keys are all masked; None when there are none.
-    in_real: only in sentences where some query sees a key (not a sentence of padding alone)."""
+def hidden_rows(out: Tensor | None, rows: Tensor | None) -> Tensor | None:
+    """The learner's output on the query rows whose keys are all masked; None when there are none."""
     if out is None or rows is None or bool(rows.all()) or out.dim() not in (3, 4):
         return None
     hidden = ~rows[:, 0] if out.dim() == 3 else ~rows  # (B, T), or (B, 1, T) for (B, H, T, Dh)
-    hidden = hidden & ~(hidden.all(-1, keepdim=True) & in_real)  # in_real: a sentence all hidden left out
     try:
         hidden = hidden.expand(out.shape[:-1])
     except RuntimeError:  # an output of another shape than the rows: compared (and failed) elsewhere
@@ -453,20 +451,10 @@ def nan_on_hidden_rows(res: ComponentResult, out: Tensor | None, rows: Tensor | 
     values = hidden_rows(out, rows)
     if values is None or not torch.isnan(values).any() or res.has("nan_on_masked_rows"):
         return
-    if not torch.isnan(hidden_rows(out, rows, in_real=True)).any():  # (rows, as the call above found)
-        res.notes += [PADDING_ONLY_NAN] * (PADDING_ONLY_NAN not in res.notes)
-        return
     number, code = locate("nan_on_masked_rows", source_lines(ctx.objects(comp, "sdpa", "mha")))
     res.findings.append(Finding("nan_on_masked_rows", text(
         f"{values.size(0)} query rows with every key masked came out NaN",
         f"{values.size(0)} 个所有键都被屏蔽的查询行输出为 NaN"), number, code))
-
-
-PADDING_ONLY_NAN = text(
-    "a sentence of padding alone (every key masked for every query) gives NaN, as torch.nn's and fairseq's "
-    "-inf fill do: no real input is all padding, so it is not charged (handformer gives zeros there)",
-    "一个全是填充的句子（每个查询的所有键都被屏蔽）得到 NaN，和 torch.nn、fairseq 用 -inf 填充时一样："
-    "真实输入不会全是填充，所以不算错误（handformer 在那里给出 0）")
 
 
 def masked_rows(res: ComponentResult, out: Tensor | None, rows: Tensor | None, comp: Component,
