@@ -8,9 +8,11 @@ weights (the model's own initialisation, seed 0; no trained GPT-2 is on the mach
   quotes a document), then its first 16 tokens again;
 - varied: 208 random tokens (nothing repeats: prompt lookup finds few drafts, the cost side).
 
-For each: plain `generate` and `generate(speculate=Speculation(tokens=K))`, its guesses checked by
-the fused C step (one step over the newest token and the K guesses, each weight read once) and, as
-where that step cannot be built, by the model's own forward ("eager check"), the same threads,
+For each: plain `generate` and `generate(speculate=Speculation())` (prompt lookup, up to K = 7
+guesses a step, fewer after a rejection: `DraftLength`), its guesses checked by the fused C step (one
+step over the newest token and the K guesses, each weight read once), with K fixed at 4 (every step
+drafts 4: "fixed K=4", `--fixed`) and, as where that step cannot be built, checked by the model's own
+forward ("eager check"), the same threads,
 interleaved rounds (every other one in reverse order) after a warm-up call, medians; the tokens must
 be identical (exit status 1 otherwise); the acceptance rate; tokens/s, the bandwidth bound and MBU
 (handformer/inference/roofline.py) of plain decoding.
@@ -25,6 +27,7 @@ smaller trained sibling), prepared the same way, drafting K tokens a check.
 
     python benchmarks/decode_speculative.py --threads 1     # ~3 min on 2 cores
     python benchmarks/decode_speculative.py --threads 1 --draft-layers 2
+    python benchmarks/decode_speculative.py --threads 1 --check-costs   # and a check's cost by T
     python benchmarks/decode_speculative.py --rounds 1 --new-tokens 16 --layers 2   # a smoke run
 """
 
@@ -44,13 +47,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from handformer.config import CausalLMConfig  # noqa: E402
+from handformer.generation.engine import Engine, Row  # noqa: E402
 from handformer.generation.generate import generate  # noqa: E402
-from handformer.generation.sampling import Speculation  # noqa: E402
-from handformer.generation.speculative import SpeculationStats  # noqa: E402
+from handformer.generation.sampling import SamplingOptions, Speculation, greedy  # noqa: E402
+from handformer.generation.speculative import DraftLength, SpeculationStats  # noqa: E402
 from handformer.inference import fused_step  # noqa: E402
 from handformer.inference.prepare import prepare_for_decoding  # noqa: E402
 from handformer.inference.roofline import bound, read_bandwidth, roofline_line  # noqa: E402
-from handformer.inference.threads import default_threads  # noqa: E402
+from handformer.inference.threads import default_threads, intra_op_threads  # noqa: E402
 from handformer.models.causal_lm import CausalLM  # noqa: E402
 
 
@@ -76,6 +80,17 @@ def timed_rounds(cases: dict, rounds: int) -> dict[str, tuple[float, list[int]]]
 
 
 @contextlib.contextmanager
+def fixed_length() -> Iterator[None]:
+    """Every speculative step drafts `Speculation.tokens` guesses (the draft length never changes)."""
+    update = DraftLength.update
+    DraftLength.update = lambda self, drafted, kept: None
+    try:
+        yield
+    finally:
+        DraftLength.update = update
+
+
+@contextlib.contextmanager
 def eager_check() -> Iterator[None]:
     """Speculation's check of its guesses by the model's own forward, as where the fused C step cannot
     be built (the one-token steps stay fused): the fused step then feeds one token at most."""
@@ -85,6 +100,29 @@ def eager_check() -> Iterator[None]:
         yield
     finally:
         fused_step.MAX_ROWS = rows
+
+
+def check_costs(model: CausalLM, prompt: list[int], threads: int, rounds: int) -> None:
+    """What a check of T tokens costs against a one-token step: the fused step over T = 1 .. MAX_ROWS
+    tokens after `prompt` (its logits' argmax included), each call timed alone, rounds interleaved."""
+    engine = Engine(model)
+    engine.add([Row(prompt, 2 * fused_step.MAX_ROWS, SamplingOptions(0))])  # room for MAX_ROWS more
+    step, cache, length = engine.static, engine.cache, engine.cache.length
+    sizes = range(1, fused_step.MAX_ROWS + 1)
+    times: dict[int, list[float]] = {T: [] for T in sizes}
+    with intra_op_threads(threads):
+        for r in range(rounds + 1):
+            for T in (reversed(sizes) if r % 2 else sizes):
+                ids = torch.tensor([prompt[:T]])  # (1, T)
+                assert step.usable(cache, None, T)
+                start = time.perf_counter()
+                greedy(step(ids, cache)).tolist()
+                if r:  # round 0 warms up
+                    times[T].append(time.perf_counter() - start)
+                cache.truncate(length)
+    ms = {T: statistics.median(times[T]) * 1e3 for T in sizes}
+    print("fused check of T tokens after the repetitive prompt, ms (x a one-token step): "
+          + ", ".join(f"{T}: {ms[T]:.2f} ({ms[T] / ms[1]:.2f}x)" for T in sizes))
 
 
 def truncated(model: CausalLM, layers: int) -> CausalLM:
@@ -99,8 +137,8 @@ def compare(model: CausalLM, name: str, prompt: list[int], args: argparse.Namesp
             bandwidth: float, draft: CausalLM | None = None) -> bool:
     """Plain and speculative decoding of one prompt (the guesses checked by the fused step, and by the
     model's forward; with `draft`, also drafted by it), timed side by side; whether the tokens agree."""
-    stats, spec = SpeculationStats(), Speculation(tokens=args.speculate)
-    drafted = SpeculationStats()
+    stats, spec = SpeculationStats(), Speculation() if args.speculate is None else Speculation(args.speculate)
+    drafted, fixed_stats, fixed = SpeculationStats(), SpeculationStats(), Speculation(tokens=args.fixed)
 
     def run(**speculation: object) -> list[int]:
         return generate(model, [prompt], args.new_tokens, temperature=0, threads=threads, **speculation)[0]
@@ -109,11 +147,15 @@ def compare(model: CausalLM, name: str, prompt: list[int], args: argparse.Namesp
         with eager_check():
             return run(speculate=spec)
 
+    def run_fixed() -> list[int]:
+        with fixed_length():
+            return run(speculate=fixed, stats=fixed_stats)
+
     with torch.inference_mode():
         cases = {"plain": run, "speculative": lambda: run(speculate=spec, stats=stats),
-                 "eager check": run_eager_check}
+                 f"fixed K={args.fixed}": run_fixed, "eager check": run_eager_check}
         if draft is not None:
-            with_draft = Speculation(tokens=args.speculate, draft_model=draft)
+            with_draft = Speculation(tokens=spec.tokens, draft_model=draft)
             cases["draft model"] = lambda: run(speculate=with_draft, stats=drafted)
         res = timed_rounds(cases, args.rounds)
     plain_s, plain_tokens = res["plain"]
@@ -121,14 +163,14 @@ def compare(model: CausalLM, name: str, prompt: list[int], args: argparse.Namesp
     limit = bound(bandwidth, model, len(prompt) + args.new_tokens / 2)
     print(f"\n{name} prompt ({len(prompt)} tokens):")
     print(f"  plain            {roofline_line(args.new_tokens / plain_s, limit)}")
-    for case, label in (("speculative", "speculative"), ("eager check", "eager check"),
-                        ("draft model", f"draft ({args.draft_layers} layers)")):
-        if case not in res:
-            continue
+    for case in [c for c in res if c != "plain"]:
+        label = f"draft ({args.draft_layers} layers)" if case == "draft model" else case
         seconds = res[case][0]
         print(f"  {label:<17}{args.new_tokens / seconds:.1f} tokens/s ({plain_s / seconds:.2f}x plain, "
-              f"K={args.speculate}), tokens {'identical' if res[case][1] == plain_tokens else 'DIFFER'}")
+              f"K={args.fixed if case.startswith('fixed') else spec.tokens}), "
+              f"tokens {'identical' if res[case][1] == plain_tokens else 'DIFFER'}")
     print(f"  {stats} (all {args.rounds + 1} calls)")
+    print(f"  fixed K={args.fixed}: {fixed_stats} (all {args.rounds + 1} calls)")
     if draft is not None:
         print(f"  draft model: {drafted} (all {args.rounds + 1} calls)")
     return same
@@ -138,9 +180,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--speculate", type=int, default=4, help="K: tokens drafted per forward")
+    parser.add_argument("--speculate", type=int, default=None,
+                        help="K: the most tokens drafted per forward (default: Speculation's)")
+    parser.add_argument("--fixed", type=int, default=4, help="K of the case whose every step drafts K")
     parser.add_argument("--layers", type=int, default=12, help="12: GPT-2-124M's shape")
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads (default: torch's)")
+    parser.add_argument("--check-costs", action="store_true",
+                        help="also time the fused step over 1 to 8 tokens (a check's cost against one step)")
     parser.add_argument("--draft-layers", type=int, default=None,
                         help="also draft with the model's first N layers (a draft model)")
     args = parser.parse_args()
@@ -157,6 +203,9 @@ def main() -> int:
     print(f"GPT-2-124M shape ({args.layers} layers), random weights, fp32, greedy, batch 1, "
           f"{args.new_tokens} new tokens, {threads} threads, torch {torch.__version__}, "
           f"read bandwidth {bandwidth / 1e9:.1f} GB/s")
+    if args.check_costs and fused_step.fused_step_for(model) is not None:
+        with torch.inference_mode():
+            check_costs(model, prompts(cfg.vocab_size)["repetitive"], threads, 9)
     failed = False
     for name, prompt in prompts(cfg.vocab_size).items():
         failed |= not compare(model, name, prompt, args, threads, bandwidth, draft)

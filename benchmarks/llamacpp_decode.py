@@ -27,7 +27,9 @@ near-flat logits, so quantized files part early).
     python benchmarks/llamacpp_decode.py --threads 1 --new-tokens 64 --rounds 3
 
 Needs llama-cpp-python (0.3.36: pip install llama-cpp-python==0.3.36, a source build; outside the
-default install).
+default install). On a CPU with AMX its extra buffer types (the AMX repacking of Q8_0 / Q4_0, and the
+repacked Q4_0 of AVX-512) are off by default (--extra-buffers): there 0.3.36 segfaults in the first
+decode of a q8_0 file.
 """
 
 from __future__ import annotations
@@ -100,11 +102,33 @@ def file_bytes_per_token(path: Path, model: CausalLM, kv_length: float) -> float
     return total + 2 * cfg.n_layers * cfg.kv_heads * cfg.head_dim * 4 * kv_length
 
 
-def llama(path: Path, n_ctx: int, threads: int):
-    import llama_cpp
+def has_amx() -> bool:
+    """Whether the CPU has AMX's int8 tiles (/proc/cpuinfo's amx_int8 flag)."""
+    try:
+        return " amx_int8" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
 
-    return llama_cpp.Llama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False,
-                           type_k=F32, type_v=F32)
+
+def llama(path: Path, n_ctx: int, threads: int, extra_buffers: bool):
+    """A llama.cpp model of the file. extra_buffers False: its tensors stay in plain CPU buffers (no
+    AMX or repacked copies): llama-cpp-python 0.3.36's AMX buffers segfault in decode on an AMX Xeon."""
+    import llama_cpp
+    import llama_cpp.llama as module
+
+    defaults = module.llama_cpp.llama_model_default_params
+
+    def params():  # Llama() reads its model parameters from here and passes no use_extra_bufts
+        p = defaults()
+        p.use_extra_bufts = extra_buffers
+        return p
+
+    module.llama_cpp.llama_model_default_params = params
+    try:
+        return llama_cpp.Llama(str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                               verbose=False, type_k=F32, type_v=F32)
+    finally:
+        module.llama_cpp.llama_model_default_params = defaults
 
 
 def llama_greedy(llm, ids: list[int], n: int) -> list[int]:
@@ -129,9 +153,9 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def measure(threads: int, files: dict[str, Path], models: dict[str, CausalLM], prompt: list[int], n: int,
-            rounds: int) -> list[tuple]:
+            rounds: int, extra_buffers: bool) -> list[tuple]:
     """One row a file type: tokens/s, bound and MBU of each side at `threads`, rounds interleaved."""
-    llms = {t: llama(files[t], len(prompt) + n, threads) for t in FILE_TYPES}
+    llms = {t: llama(files[t], len(prompt) + n, threads, extra_buffers) for t in FILE_TYPES}
     cases: dict[str, Callable[[], object]] = {}
     for t in FILE_TYPES:
         cases[f"hf {t}"] = lambda t=t: generate(models[t], [prompt], n, temperature=0, threads=threads)[0]
@@ -161,8 +185,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--extra-buffers", choices=("auto", "on", "off"), default="auto",
+                        help="llama.cpp's extra buffer types (AMX, repacked Q4_0); auto: off where the CPU "
+                             "has AMX (llama-cpp-python 0.3.36 segfaults in them there)")
     args = parser.parse_args()
     import llama_cpp
+
+    extra_buffers = args.extra_buffers == "on" or (args.extra_buffers == "auto" and not has_amx())
 
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,11 +199,12 @@ def main() -> None:
         files, models = handformer_models(make_run(folder), folder)
         sizes = {t: files[t].stat().st_size / 1e6 for t in FILE_TYPES}
         prompt = torch.randint(0, 50257, (64,), generator=torch.Generator().manual_seed(1)).tolist()
-        rows = [row for threads in args.threads
-                for row in measure(threads, files, models, prompt, args.new_tokens, args.rounds)]
+        rows = [row for threads in args.threads for row in
+                measure(threads, files, models, prompt, args.new_tokens, args.rounds, extra_buffers)]
     print(f"\ntorch {torch.__version__}, llama-cpp-python {llama_cpp.__version__}; GPT-2-124M shape, random "
           f"weights, batch 1, a 64-token prompt, {args.new_tokens} new tokens, greedy; medians of "
-          f"{args.rounds} interleaved rounds; {time.perf_counter() - start:.0f} s in all")
+          f"{args.rounds} interleaved rounds; {time.perf_counter() - start:.0f} s in all; llama.cpp's extra "
+          f"buffer types {'on' if extra_buffers else 'off'}")
     for t in FILE_TYPES:
         reason = fused_reason(models[t])
         print(f"handformer {t}: " + ("the fused C step" if reason is None else f"the eager step ({reason})"))

@@ -199,6 +199,6 @@ def test_a_plant_in_the_positions_styles_fails_at_its_line(tmp_path, plant):
     edit, overrides, named, line = POSITION_PLANTS[plant]
     result = check_file(_planted(tmp_path, [edit], POSITIONS), overrides=overrides, only=list(overrides))
     (comp,) = [c for c in result.components if c.name in overrides.values()]
-    assert comp.status == "fail" and [f.name for f in comp.findings] == ([named] if named else []), (
+    assert comp.status == "fail" and [f.name for f in comp.named()] == ([named] if named else []), (
         format_report(result))
     assert line in format_report(result), format_report(result)

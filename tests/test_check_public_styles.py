@@ -666,8 +666,8 @@ def test_parts_no_reference_has_are_held_and_a_mistake_elsewhere_still_fails(tmp
     assert "v_tables.0 (29, 16), skip_scale (2,), embed_mix (2,) held" in held, held
     capped = NANOCHAT_SCALARS.replace(" / 30.0) * 30.0", ") * 30.0")
     (gpt,) = _statuses(tmp_path, "capped", capped, ["gpt"]).values()
-    assert gpt.status == "fail" and "logits = torch.tanh(self.lm_head(rms(x))) * 30.0" in " ".join(
-        n["en"] for n in gpt.notes), gpt.notes
+    said = [f"line {f.line}: {f.code}" for f in gpt.findings]
+    assert gpt.status == "fail" and "line 88: logits = torch.tanh(self.lm_head(rms(x))) * 30.0" in said, said
     mixed = NANOCHAT_SCALARS.replace("self.embed_mix[i] * first", "self.embed_mix[i] * x")
     (gpt,) = _statuses(tmp_path, "mixed", mixed, ["gpt"]).values()
     assert gpt.status in ("pass", "not_checked"), (gpt.status, gpt.notes)  # zero mix: the same either way

@@ -292,8 +292,8 @@ def test_speculation_checks_its_guesses_in_one_fused_step(models, kind, monkeypa
     monkeypatch.setattr(fused_step.FusedStep, "__call__", lambda self, ids, cache: fed.append(ids.size(1))
                         or call(self, ids, cache))
     plain = generate(model, [REPEAT], 40, temperature=0)
-    fast = generate(model, [REPEAT], 40, temperature=0, speculate=Speculation(tokens=4))
-    assert fast == plain and max(fed) == 5  # the newest token and 4 guesses, one step
+    fast = generate(model, [REPEAT], 40, temperature=0, speculate=Speculation())
+    assert fast == plain and max(fed) == 8  # the newest token and 7 guesses (the default's most), one step
     _eager(monkeypatch)
     fed.clear()
     assert generate(model, [REPEAT], 40, temperature=0, speculate=Speculation(tokens=4)) == plain and not fed

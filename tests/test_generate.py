@@ -102,6 +102,8 @@ def test_temperature_zero_is_argmax_and_scaling_divides():
     assert torch.equal(torch.softmax(cold, -1).argmax(-1), logits.argmax(-1))
     assert torch.equal(torch.softmax(cold, -1), nn.functional.one_hot(logits.argmax(-1), 11).float())
     assert torch.equal(next_tokens(logits, temperature=0), logits.argmax(-1))
+    ties = torch.tensor([[1.0, 3.0, 3.0, 0.0], [float("-inf"), 2.0, 5.0, 5.0], [7.0, 7.0, 7.0, 7.0]])
+    assert next_tokens(ties, temperature=0).tolist() == [1, 2, 0]  # the first maximal index, as argmax
     torch.testing.assert_close(apply_temperature(logits, 2.0), logits / 2)
     assert torch.equal(apply_temperature(logits, 1.0), logits)
 

@@ -17,10 +17,17 @@ from test_chat import CHATML, _model, _tokenizer
 from handformer import cli
 from handformer.config import CausalLMConfig
 from handformer.data.special_tokens import SpecialTokens
+from handformer.generation import engine as engine_module
 from handformer.generation.engine import Engine, Row
 from handformer.generation.generate import generate
 from handformer.generation.sampling import SamplingOptions, Speculation
-from handformer.generation.speculative import SpeculationStats, accept_draft, accept_greedy, prompt_lookup
+from handformer.generation.speculative import (
+    DraftLength,
+    SpeculationStats,
+    accept_draft,
+    accept_greedy,
+    prompt_lookup,
+)
 from handformer.generation.speculative import sampled_probabilities as probabilities
 from handformer.models.causal_lm import CausalLM
 from handformer.serve.door import APIError, Fields
@@ -74,10 +81,53 @@ def test_greedy_tokens_are_identical_to_plain_decoding(models, drafter):
         plain = generate(model, [prompt], n, temperature=0, stop_tokens=stop)
         stats = SpeculationStats()
         fast = generate(model, [prompt], n, temperature=0, stop_tokens=stop,
-                        speculate=Speculation(tokens=4, draft_model=draft), stats=stats)
+                        speculate=Speculation(draft_model=draft), stats=stats)  # up to 7: the default
         assert fast == plain and stats.forwards > 0
     if drafter == "self":  # the model drafting for itself is always right
         assert stats.accepted == stats.drafted > 0
+
+
+def test_the_draft_length_doubles_while_every_guess_is_kept_and_follows_a_rejection():
+    length = DraftLength(7)
+    seen = [length.next]
+    for drafted, kept in ((7, 2), (3, 3), (6, 6), (7, 0), (1, 1), (2, 2), (4, 1)):
+        length.update(drafted, kept)
+        seen.append(length.next)
+    assert seen == [7, 3, 6, 7, 1, 2, 4, 2]
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "draft"])
+def test_each_step_drafts_what_the_last_one_kept_allows(models, drafter, monkeypatch):
+    """The engine asks the drafter for DraftLength's count after each check (fewer near the end)."""
+    model, _, flat = models
+    spec = Speculation(tokens=5, draft_model=None if drafter == "lookup" else flat)
+    checks = []  # (context length, guesses asked for, guesses drafted, guesses kept) of each check
+
+    def recorded(logits, draft):
+        tokens = accept_greedy(logits, draft)
+        checks[-1] += (len(draft), len(tokens) - 1)
+        return tokens
+
+    monkeypatch.setattr(engine_module, "accept_greedy", recorded)
+    row = Row(REPEAT, 60, SamplingOptions(0, speculate=spec))
+    engine = Engine(model)
+    engine.add([row])
+    propose = engine.drafters[id(row)].propose
+
+    def asked(context, k, *rest):
+        checks.append((len(context), k))
+        return propose(context, k, *rest)
+
+    engine.drafters[id(row)].propose = asked
+    with torch.inference_mode():
+        while engine.step():
+            pass
+    length, end = DraftLength(5), len(REPEAT) + 60
+    checks = [c for c in checks if len(c) == 4]  # the proposals that drafted something
+    for context, k, drafted, kept in checks:
+        assert k == drafted == min(length.next, end - context - 1)
+        length.update(drafted, kept)
+    assert checks[0][1] == 5 and any(kept < drafted for *_, drafted, kept in checks)
 
 
 @torch.inference_mode()

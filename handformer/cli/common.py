@@ -151,12 +151,13 @@ def report_import(result: Any, run_dir: str) -> int:
 def add_speculation_args(p: argparse.ArgumentParser) -> None:
     """--speculate K and --draft RUN_DIR (generate, chat)."""
     p.add_argument("--speculate", type=positive_int, default=None, metavar="K",
-                   help="speculative decoding: guess K tokens ahead and check them in one forward (same "
-                        "tokens when greedy, same distribution when sampling); guesses come from the "
-                        "context itself (prompt lookup) unless --draft is given")
+                   help="speculative decoding: guess up to K tokens ahead and check them in one forward "
+                        "(same tokens when greedy, same distribution when sampling; fewer guesses after "
+                        "a rejection); guesses come from the context itself (prompt lookup) unless "
+                        "--draft is given")
     p.add_argument("--draft", default=None, metavar="RUN_DIR",
                    help="a smaller run with the same tokenizer that drafts the guesses "
-                        "(implies --speculate 4)")
+                        "(implies --speculate 7)")
 
 
 def speculation_from_args(args: argparse.Namespace) -> Any:
@@ -167,4 +168,6 @@ def speculation_from_args(args: argparse.Namespace) -> Any:
     from handformer.tasks.lm.run import load_lm
 
     draft = None if args.draft is None else load_lm(args.draft, args.device, decoding=True).model
-    return Speculation(tokens=args.speculate or 4, draft_model=draft)
+    if args.speculate is None:
+        return Speculation(draft_model=draft)
+    return Speculation(args.speculate, draft_model=draft)

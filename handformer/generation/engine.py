@@ -54,8 +54,10 @@ from torch import Tensor
 
 from handformer.generation.cache import DecodingCache, held_rows
 from handformer.generation.prefix_cache import Hit, PrefixCache
-from handformer.generation.sampling import SamplingOptions, filter_logits, next_tokens
+from handformer.generation.sampling import SamplingOptions, filter_logits, greedy, next_tokens
 from handformer.generation.speculative import (
+    DraftModel,
+    PromptLookup,
     SpeculationStats,
     accept_draft,
     accept_greedy,
@@ -145,7 +147,7 @@ class Engine:
         self.steps = 0  # decoding steps run (prefills not counted)
         self.largest_batch = 0  # the most rows one step has decoded
         self._chosen: Tensor | None = None  # (B,) the last step's argmax, while it is every row's token
-        self.drafters: dict[int, object] = {}  # id(row) -> its drafter, for rows that speculate
+        self.drafters: dict[int, PromptLookup | DraftModel] = {}  # id(row) -> a speculating row's drafter
         # the frequencies a forward of n positions turns keys with (one set, unless the rotary
         # module's change with the length): cached keys of another set are stale
         self.key_set = frequency_set(model)
@@ -369,11 +371,11 @@ class Engine:
         back to the positions fed. None when nothing is drafted: a plain step then."""
         if self.cache.keeps_states:
             return None  # linear attention's state cannot forget rejected guesses: plain steps
-        S, o = self.width, row.options
-        k = min(o.speculate.tokens, row.max_new_tokens - len(row.tokens) - 1, self.mask.size(1) - S - 1)
+        S, o, drafter = self.width, row.options, self.drafters[id(row)]
+        k = min(drafter.length.next, row.max_new_tokens - len(row.tokens) - 1, self.mask.size(1) - S - 1)
         if k < 1 or self.key_set(S + k + 1) != self.cached_set:  # LongRoPE's switch: a plain step reruns
             return None
-        draft, proposal = self.drafters[id(row)].propose(row.prompt + row.tokens, k, o, row.generator)
+        draft, proposal = drafter.propose(row.prompt + row.tokens, k, o, row.generator)
         if not draft:
             return None
         ids = torch.tensor([[row.tokens[-1], *draft]], device=self.device)  # (1, K + 1)
@@ -389,6 +391,7 @@ class Engine:
         n = len(choices)  # positions S .. S + n - 1 were fed: the newest token and the kept guesses
         self.cache.truncate(S + n)
         self.width, self.lengths, self._chosen = S + n, [self.lengths[0] + n], None
+        drafter.length.update(len(draft), len(tokens) - 1)
         stats = row.speculation
         stats.drafted, stats.accepted = stats.drafted + len(draft), stats.accepted + len(tokens) - 1
         stats.forwards, stats.tokens = stats.forwards + 1, stats.tokens + n
@@ -421,7 +424,7 @@ class Engine:
         plain = all(r.options.temperature == 0 and not r.processors and r.options.top_logprobs is None
                     and not r.keep_logits for r in rows)
         if plain:  # greedy rows that need nothing else: one argmax for the batch
-            chosen = logits.argmax(-1)  # (rows,)
+            chosen = greedy(logits)  # (rows,)
             choices = [Choice(row, t) for row, t in zip(rows, chosen.tolist())]
             self._chosen = chosen if len(rows) == len(self.rows) else None  # what the next step feeds
             for choice in choices:

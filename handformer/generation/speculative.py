@@ -15,6 +15,9 @@ Two drafters:
   what followed them there is the draft. It pays on repetitive text: code, a quoted document.
 - `DraftModel`: a smaller model with the same vocabulary drafts K tokens, one forward each.
 
+K changes step by step (`DraftLength`): up to `Speculation.tokens` while the model keeps every
+guess, one more than it kept after a rejection.
+
 The rule (`accept_draft`) keeps sampling exact: guess x drawn from q is kept with probability
 min(1, p(x) / q(x)); at the first guess that is not, a token is drawn from max(0, p - q),
 renormalized, and the step ends; when every guess is kept, a token is drawn from the next p. Each
@@ -34,7 +37,7 @@ import torch
 from torch import Tensor
 
 from handformer.generation.prefix_cache import common_prefix
-from handformer.generation.sampling import SamplingOptions, Speculation, filter_logits
+from handformer.generation.sampling import SamplingOptions, Speculation, filter_logits, greedy
 from handformer.models.causal_lm import CausalLM
 from handformer.modes import eval_mode
 
@@ -54,9 +57,29 @@ class SpeculationStats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     def __str__(self) -> str:
-        per = self.tokens / self.forwards if self.forwards else 0.0
+        forwards = max(self.forwards, 1)
+        per, drafted = self.tokens / forwards, self.drafted / forwards
         return (f"speculation: {self.accepted} of {self.drafted} drafted tokens accepted "
-                f"({self.rate:.0%}), {per:.2f} tokens per forward")
+                f"({self.rate:.0%}), {per:.2f} tokens per forward ({drafted:.2f} drafted)")
+
+
+@dataclass
+class DraftLength:
+    """How many tokens a row's next speculative step drafts: `most` at first and after a step whose
+    guesses were all kept (twice as many as that step drafted, up to `most`); after a rejection, one
+    more than were kept. A long run the model agrees with then takes fewer checks, and guesses that
+    keep failing cost a check of one or two tokens, which the fused step runs in about a one-token
+    step's time (docs/benchmarks.md, "Speculative decoding")."""
+
+    most: int
+    next: int = 0  # 0: `most`
+
+    def __post_init__(self) -> None:
+        self.next = self.next or self.most
+
+    def update(self, drafted: int, kept: int) -> None:
+        """After a step that drafted `drafted` guesses and kept the first `kept`."""
+        self.next = min(self.most, 2 * drafted if kept == drafted else kept + 1)
 
 
 def sampled_probabilities(logits: Tensor, options: SamplingOptions) -> Tensor:
@@ -93,7 +116,7 @@ def accept_greedy(logits: Tensor, draft: Sequence[int]) -> list[int]:
     that is not its row's argmax, then that row's argmax (plain greedy decoding's token). The same
     tokens without building the (K + 1, V) probabilities or drawing from them (at GPT-2's vocabulary
     about 3 ms a draw). logits: (K + 1, V)."""
-    best = logits.argmax(-1).tolist()  # (K + 1,) what plain greedy decoding picks after each context
+    best = greedy(logits).tolist()  # (K + 1,) what plain greedy decoding picks after each context
     for i, token in enumerate(draft):
         if token != best[i]:
             return [*draft[:i], best[i]]
@@ -116,10 +139,10 @@ def prompt_lookup(context: Sequence[int], k: int, ngram: int) -> list[int]:
 
 
 class PromptLookup:
-    """Drafts from the context itself (no second model): `prompt_lookup`."""
+    """Drafts from the context itself (no second model): `prompt_lookup`; `length` says how many."""
 
-    def __init__(self, ngram: int) -> None:
-        self.ngram = ngram
+    def __init__(self, ngram: int, tokens: int) -> None:
+        self.ngram, self.length = ngram, DraftLength(tokens)
 
     def propose(self, context: Sequence[int], k: int, options: SamplingOptions,
                 generator: torch.Generator | None) -> tuple[list[int], Tensor | None]:
@@ -128,10 +151,10 @@ class PromptLookup:
 
 class DraftModel:
     """Drafts with a smaller model of the same vocabulary, keeping its own KV cache of the context
-    (cut back to what the big model accepted at the next proposal)."""
+    (cut back to what the big model accepted at the next proposal); `length` says how many."""
 
-    def __init__(self, model: CausalLM) -> None:
-        self.model = model
+    def __init__(self, model: CausalLM, tokens: int) -> None:
+        self.model, self.length = model, DraftLength(tokens)
         self.cache = model.new_cache(model.cfg.max_positions)
         self.held: list[int] = []  # the tokens whose keys and values the cache holds
         self.device = next(model.parameters()).device
@@ -163,7 +186,7 @@ class DraftModel:
         logits = self.model(ids, cache=self.cache, logits_to_keep=1).logits[0, -1]  # (V,)
         self.held += fed
         if options.temperature == 0:
-            return int(logits.argmax())
+            return int(greedy(logits))
         q = sampled_probabilities(logits, options)  # (V,)
         drawn.append(q)
         return int(torch.multinomial(q, 1, generator=generator))
@@ -172,7 +195,7 @@ class DraftModel:
 def drafter_for(spec: Speculation, model: CausalLM) -> PromptLookup | DraftModel:
     """The drafter a row's `Speculation` asks for, checked against the model it drafts for."""
     if spec.draft_model is None:
-        return PromptLookup(spec.ngram)
+        return PromptLookup(spec.ngram, spec.tokens)
     draft = spec.draft_model
     if draft.cfg.vocab_size != model.cfg.vocab_size:
         raise ValueError(f"speculate.draft_model has a vocabulary of {draft.cfg.vocab_size} tokens but the "
@@ -180,7 +203,7 @@ def drafter_for(spec: Speculation, model: CausalLM) -> PromptLookup | DraftModel
     if draft.cfg.sliding_window is not None:
         raise ValueError("speculate.draft_model uses a sliding window, whose rolling KV cache cannot be cut "
                          "back; draft with a model without one, or with prompt lookup (draft_model=None)")
-    return DraftModel(draft)
+    return DraftModel(draft, spec.tokens)
 
 
 def check_speculation(model: CausalLM, processors: Sequence[object]) -> None:
@@ -196,5 +219,5 @@ def check_speculation(model: CausalLM, processors: Sequence[object]) -> None:
                          "speculate for this model")
 
 
-__all__ = ["DraftModel", "PromptLookup", "SpeculationStats", "accept_draft", "accept_greedy",
+__all__ = ["DraftLength", "DraftModel", "PromptLookup", "SpeculationStats", "accept_draft", "accept_greedy",
            "check_speculation", "drafter_for", "sampled_probabilities", "prompt_lookup"]

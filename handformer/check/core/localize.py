@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from handformer.check.core.fingerprint import quietly
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.result import DEPARTS, ComponentResult, Finding, Text, text
-from handformer.check.core.source import lines_matching
+from handformer.check.core.source import first_pattern_matches, lines_matching
 from handformer.check.reference import variants as V
 
 
@@ -943,16 +943,20 @@ def note_raised_attention(res: ComponentResult, comp: Any, runs: list[Run], w: V
             return add_departure(res, found)
 
 
-def place_findings(res: ComponentResult, lines: list[tuple[int, str]], localize: Callable[[], Any]) -> None:
-    """A catalogued finding is placed where the learner's computation first parts from the correct
-    reference: when its patterns match none of the learner's lines, or several (the sin line and the
-    cos line of a table) and that is one of them, or when its line cannot be the mistake (see
-    `misplaced`): the line they wrote wrong, not one that looks alike."""
-    found = quietly(localize)  # the callers ask for a named finding alone
+def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: list[tuple[int, str]] = (),
+                   ) -> None:
+    """A catalogued finding whose line is unsure is placed where the learner's computation first
+    parts from the correct reference: its patterns match no line, or several of the learner's lines
+    (the sin line and the cos line of a table) and that is one of them, or only a diagnosis' guess
+    found it (a pattern after its first: `norm`, `embed|emb`) on a line that cannot be the mistake
+    (see `misplaced`): the line they wrote wrong, not one that looks alike."""
+    unsure = [f for f in res.named() if f.line is None or len(lines_matching(f.name, lines)) > 1
+              or not first_pattern_matches(f.name, f.code or "")]
+    found = quietly(localize) if unsure else None  # the run only where a line is unsure
     if found is None:
         return
-    for finding in res.named():
-        matched = found.line in lines_matching(finding.name, lines)  # one of several: one would be its own
+    for finding in unsure:
+        matched = found.line in lines_matching(finding.name, lines)  # one of several the patterns match
         if finding.line is None or matched or misplaced(finding, found):
             finding.line, finding.code = found.line, found.code
 
@@ -979,7 +983,7 @@ def note_attention_departure(res: ComponentResult, comp: Any, runs: list[Run], w
     def localize() -> Departure | None:
         return filename and localize_attention(runs, w, filename, causal_inside)
     if res.named():  # named: placed at the departing line when their patterns found none
-        return place_findings(res, [], localize)
+        return place_findings(res, localize)
     found = localize()
     if found:
         add_departure(res, found)

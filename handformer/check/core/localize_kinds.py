@@ -53,7 +53,7 @@ def note_departure(res: ComponentResult, localize: Localize) -> None:
     named mistake whose patterns found no line is placed there. Localizing is a help, never a
     verdict: when it cannot run (the learner's code raises), no note."""
     if res.named():
-        return place_findings(res, [], localize)
+        return place_findings(res, localize)
     found = quietly(localize)
     if found is not None:
         add_departure(res, found)

@@ -140,7 +140,7 @@ def localize_step(localize: Callable[[Subject, Found], Departure | None], place:
     `place_findings`): not for a localizer that cannot see every line a mistake may be on."""
     def step(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
         if found.named and place:
-            place_findings(res, source_lines(ctx.objects(comp)), lambda: localize(subject, found))
+            place_findings(res, lambda: localize(subject, found), source_lines(ctx.objects(comp)))
         elif res.max_abs_error is not None and res.max_abs_error >= 1e-5:
             note_departure(res, lambda: localize(subject, found))
     return step

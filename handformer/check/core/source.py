@@ -59,6 +59,12 @@ def locate(name: str, lines: list[tuple[int, str]]) -> tuple[int | None, str | N
     return _first_match(CATALOG[name].patterns, lines)
 
 
+def first_pattern_matches(name: str, code: str) -> bool:
+    """Whether the diagnosis' first (its most telling) pattern finds the line; the later ones are
+    guesses (`norm`, `embed|emb`)."""
+    return bool(re.search(CATALOG[name].patterns[0], code.split("#")[0]))
+
+
 def lines_matching(name: str, lines: list[tuple[int, str]]) -> list[int]:
     """The numbers of the code lines any of the diagnosis' patterns matches."""
     regexes = [re.compile(p) for p in CATALOG[name].patterns]

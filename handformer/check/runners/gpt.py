@@ -702,8 +702,6 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap, cal
         _localize(res, m, call, idx, settings)
     else:
         ch = _found(res, ctx, comp, m, call.module, out, idx, found, last_only)
-        if res.named():  # the line each named mistake is quoted at
-            _localize(res, m, call, idx, [ch])
     hf = reference_model(m, ch)
     _norm_findings(res, ctx, comp, m)
     errors = []
@@ -751,8 +749,7 @@ def _scale_unused(res: ComponentResult, ctx: Context, comp: Component, m: GPTMap
 
 
 def _localize(res: ComponentResult, m: GPTMap, call: Caller, idx: Tensor, settings: list[Choices]) -> None:
-    """Where the logits part from handformer's, part by part, in each setting: said when no search
-    explains them, else where a named mistake is quoted."""
+    """Where the logits no search explains part from handformer's, part by part, in each setting."""
     models = [reference_model(m, c) for c in settings]
     looked_up = [("the token embeddings, before sqrt(d_model)", F.embedding(idx, m.wte.weight))] * m.scaled
     looked_up += [(f"{t.name}, held at zero", F.embedding(idx, t.weight))  # (B, T, its width)

@@ -729,9 +729,6 @@ def _compare(res: ComponentResult, ctx: Context, comp: Component, module: nn.Mod
         for flag in sorted(flags):
             name, _, form = flag.partition(":")
             res.findings.append(_finding(ctx, comp, name, _observed(name, form, matched, correct), form))
-        if flags:  # where the named mistakes are quoted: the line that departs
-            readings = _readings(m, ch, src, tgt)
-            note_departure(res, lambda: localize_model(lambda: call(src, tgt), module, readings))
         if ch.placement == "pre" and not flags & {f"final_norm_missing:{s}" for s in STACKS}:
             missing = [s for s in ("encoder", "decoder") if s not in m.final]
             if missing:  # matched with a final norm of weight 1 and bias 0: one the learner never wrote
