@@ -137,7 +137,7 @@ class Layer:
 
     more: dict[str, Any] = {}  # further arguments a check hands the forward (a key_padding_mask alone)
     first = False  # it reads its stream sequence-first, (T, B, D) (found by _check_layer)
-    window: int | None = None  # the sliding window of a causal mask it builds itself (Mistral's), measured
+    window = 2 ** 31  # the sliding window of a causal mask it builds itself (Mistral's), measured; else none
 
     def __init__(self, comp: Component, ctx: Context, kind: LayerKind) -> None:
         self.comp, self.ctx, self.kind = comp, ctx, kind
@@ -198,7 +198,7 @@ class Layer:
     def memory_name(self) -> str | None:
         """A decoder's forward argument that takes the encoder's output by its name (Hugging Face's
         encoder_hidden_states, after the mask), else None: it is handed second."""
-        return next((p.name for p in self.params[1:] if self.decoder and p.name in MEMORY_NAMES), None)
+        return next((p.name for p in self.params[1:] * self.decoder if p.name in MEMORY_NAMES), None)
 
     @property
     def own_mask(self) -> bool:
@@ -582,10 +582,7 @@ def _declared_window(res: ComponentResult, module: nn.Module, reach: int) -> Non
 
 def _own_causal(layer: Layer, T: int, flags: frozenset[str] = frozenset()) -> Tensor:
     """(T, T) bool, True = may attend: the causal mask a block builds itself, in its window if any."""
-    keep = V.causal_keep(T, flags)
-    if layer.window is None:
-        return keep
-    return keep & torch.ones(T, T, dtype=torch.bool).triu(1 - layer.window)  # key j > i - W
+    return V.causal_keep(T, flags) & torch.ones(T, T, dtype=torch.bool).triu(1 - layer.window)  # j > i - W
 
 
 CAUSAL_INSIDE_NOTE = text("with no mask it is causal (changing token 3 leaves outputs 0..2 unchanged): "
