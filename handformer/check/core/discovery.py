@@ -35,13 +35,15 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
                 "value_size", "ndim", "n_embed", "embed_size", "d_in", "d_out", "emb_size"),
     "d_head": ("head_size", "head_dim", "d_k", "d_head", "dim_head", "headsize", "rotary_dim", "d_kv"),
     "n_heads": ("num_heads", "n_heads", "h", "heads", "n_head", "nhead", "num_head", "head_num",
-                "nheads", "num_attention_heads"),
+                "nheads", "num_attention_heads",
+                # BART's and Marian's config fields (Hugging Face), a layer's arguments named so
+                "encoder_attention_heads", "decoder_attention_heads"),
     "n_kv_heads": ("n_kv_heads", "num_kv_heads", "num_key_value_heads", "kv_heads", "n_kv_head",
                    "num_kv_head", "n_kv", "num_groups", "n_groups", "n_rep_heads",
                    "num_kv_groups", "n_kv_groups"),
     "d_ff": ("d_ff", "ff_dim", "d_hidden", "dim_feedforward", "d_inner", "ffn_dim", "hidden",
              "d_ffn", "ffn_hidden", "intermediate_size", "dff", "ff_hidden", "mlp_dim", "inner_dim",
-             "ffn_num_hiddens", "d_mlp", "mlp_hidden"),
+             "ffn_num_hiddens", "d_mlp", "mlp_hidden", "encoder_ffn_dim", "decoder_ffn_dim"),
     "dropout": ("dropout", "p", "drop", "dropout_rate", "drop_prob", "dropout_p", "p_drop", "pdrop",
                 "attn_dropout", "resid_dropout", "attn_pdrop", "resid_pdrop", "drop_rate"),
     "src_vocab": ("src_vocab_size", "src_vocab", "source_vocab_size", "input_vocab_size", "src_vocab_len",
@@ -76,7 +78,11 @@ FIXED: dict[str, Any] = {"i": 0, "layer_idx": 0, "layer_id": 0, "layer_index": 0
                          "dtype": None, "rope_freq": None, "rope_base": 10000.0,
                          # Raschka's Qwen3 cfg: QK-norm, as Qwen3 has (its q_norm and k_norm are
                          # compared with handformer's), no experts
-                         "qk_norm": True, "num_experts": 0}
+                         "qk_norm": True, "num_experts": 0,
+                         # partial rotary (GPT-NeoX's rotary_pct, Phi's and StableLM's
+                         # partial_rotary_factor): half of check's 4 dims a head turn, an even
+                         # width as every real model's (0.25 of 4 would turn 1)
+                         "rotary_pct": 0.5, "partial_rotary_factor": 0.5}
 # fixed values for a dict config alone (Raschka's cfg["num_experts"] = 0: one FFN); a config class keeps
 # its own (Mixtral's MoEArgs: num_experts = 4, checked against handformer's MixtureOfExperts)
 DICT_ONLY = ("num_experts",)
@@ -229,6 +235,7 @@ def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, 
 # MiniMindForCausalLM, Karpathy's GPTLanguageModel
 # and Hugging Face's LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block", "Layer"), "decoder_layer": ("DecoderLayer",),
+                                        "encoder_layer": ("EncoderLayer",),  # BartEncoderLayer
                                         "gpt": ("ForCausalLM", "LanguageModel", "LM", "Model"),
                                         "mha": ("Attention",), "ffn": ("MLP", "FeedForward"),
                                         "rmsnorm": ("RMSNorm",), "rope": ("RotaryEmbedding",)}
@@ -354,7 +361,13 @@ def decoder_only(cls: Any, extras: tuple[str, ...] = TOKEN_EXTRAS) -> bool:
     # the decoder's input, not the labels of a loss
     inputs = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.default is p.empty
               and (p.name not in extras or f"{p.name}_mask" in names) and "mask" not in p.name]
-    return len(inputs) == 1
+    return len(inputs) == 1 > len(names & set(MEMORY_NAMES))  # one input, and no encoder output named
+
+
+# the encoder's output a decoder layer's forward takes, by name, even where it defaults to None
+# (Hugging Face's BartDecoderLayer.forward(hidden_states, attention_mask, encoder_hidden_states, ...))
+MEMORY_NAMES = ("encoder_hidden_states", "memory", "enc_output", "enc_outputs", "encoder_output",
+                "encoder_outputs", "enc_out", "encoder_out")
 
 
 def encoder_block(cls: Any) -> bool:

@@ -19,6 +19,22 @@ from handformer.check.core.weights import (
 from handformer.check.reference import variants as V
 from handformer.nn.attention import MultiHeadAttention, repeat_kv
 from handformer.nn.masks import AttentionMask, as_attention_mask
+from handformer.nn.norms import make_norm
+
+
+class AcrossHeads(nn.Module):
+    """A norm over all the heads of (B, H, T, Dh) queries or keys together (OLMo-2's QK-norm, applied
+    before the heads are split), in the place of handformer's per-head q_norm or k_norm."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.norm = norm
+        self.weight, self.bias = norm.weight, getattr(norm, "bias", None)  # what copy_attention fills
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, heads, T, Dh = x.shape
+        whole = self.norm(x.transpose(1, 2).reshape(B, T, heads * Dh))  # (B, T, H * Dh)
+        return whole.view(B, T, heads, Dh).transpose(1, 2)  # (B, H, T, Dh)
 
 
 class BiasedAttention(MultiHeadAttention):
@@ -59,6 +75,9 @@ def handformer_attention(slots: list[Slot], n_kv_heads: int | None = None, rope:
             hf.relative = nn.Embedding.from_pretrained(table.detach().double().clone(), freeze=False)
     else:
         hf = MultiHeadAttention(D, heads, n_kv_heads, qk_norm=kind, norm_eps=eps).double().eval()
+    if qk is not None and qk.weight.numel() != D // heads:  # OLMo-2's: one norm over all the heads
+        hf.q_norm, hf.k_norm = (AcrossHeads(make_norm(kind, s.weight().numel(), eps)).double()
+                                for s in slots if s.role in QK_NORM_ROLES)
     copy_attention(hf, slots)
     if heads == 1 and not any(s.role.endswith("W_O") for s in slots):  # one head, no output projection
         with torch.no_grad():

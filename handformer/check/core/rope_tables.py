@@ -75,6 +75,17 @@ def either_cos_sin_layout(fn: Any, args: list[Any], kwargs: dict[str, Any], layo
     return either_form(hugging_face, args, kwargs, layout, "sin_first", gptj, keep_first=True)
 
 
+def either_cos_sin_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool],
+                          B: int) -> Any:
+    """A forward handed cos and sin as two arguments: Raschka's (T, Dh) tables, else Hugging Face's
+    (B, T, Dh) (Gemma's forward(x, cos, sin, mask), which unsqueezes the heads' axis); the layout
+    that runs is kept (layout["batched"]). When neither runs, their error with the first is raised."""
+    return either_form(fn, args, kwargs, layout, "batched", lambda k: {
+        **k, **{n: k[n][None].expand(B, -1, -1) for n in {"cos", "sin"} & k.keys()}},  # (B, T, Dh) each
+        keep_first=True)
+
+
+
 def alibi_argument(B: int, H: int, S: int, dtype: torch.dtype) -> Tensor:
     """ALiBi's term as BLOOM's model hands it to each attention: (B * H, 1, S), each head's slope times
     the key's position (the same for every query)."""
@@ -89,9 +100,11 @@ def either_alibi(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[
                        lambda k: {**k, "alibi": k["alibi"].view(B, -1, 1, k["alibi"].size(-1))})
 
 
+
 # the rotary tables (and ALiBi's term) a forward may take in two forms, and the call that tries both
 TABLE_FORMS = {"freqs_cis": either_table, "cos_sin": either_cos_sin,
-               "position_embeddings": either_cos_sin_layout, "alibi": either_alibi}
+               "position_embeddings": either_cos_sin_layout, "cos": either_cos_sin_tables,
+               "alibi": either_alibi}
 
 
 def with_tables(fn: Any, args: list[Any], kwargs: dict[str, Any], layout: dict[str, bool], B: int) -> Any:

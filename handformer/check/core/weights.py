@@ -413,10 +413,12 @@ _QK_NAMES = {"q_norm": re.compile(r"(q|query)_?(norm|layernorm|ln|rmsnorm)"),
              "k_norm": re.compile(r"(k|key)_?(norm|layernorm|ln|rmsnorm)")}
 
 
-def qk_norm_slots(extra: list[Leaf], head_dim: int) -> list[Slot]:
-    """An attention's parameters besides its projections as QK-norm: exactly two norms of width
-    head_dim named like q_norm and k_norm (q_layernorm, query_norm); else none."""
-    if len(extra) != 2 or {(x.kind, tuple(x.weight.shape)) for x in extra} != {("norm", (head_dim,))}:
+def qk_norm_slots(extra: list[Leaf], head_dim: int, width: int = 0) -> list[Slot]:
+    """An attention's parameters besides its projections as QK-norm: exactly two norms named like
+    q_norm and k_norm (q_layernorm, query_norm) of width head_dim, or both as wide as the queries
+    (`width`: OLMo-2's, over all heads together); else none."""
+    kinds = {(x.kind, x.weight.size(0) in (head_dim, width)) for x in extra}
+    if len(extra) != 2 or kinds != {("norm", True)}:
         return []
     slots = []
     for role, name in _QK_NAMES.items():
@@ -444,7 +446,9 @@ def ffn_slots(linears: list[Leaf], D: int, F: int | None, what: str) -> list[lis
         ups, downs = with_shape(linears, (width, D)), with_shape(linears, (D, width))
         if len(downs) == 1 and len(ups) in (1, 2):
             return _ffn_orders(ups, downs)
-    for width in widths:  # gate and up fused in one (2F, D) layer (OLMo's ff_proj), then (D, F)
+    # gate and up fused in one (2F, D) layer (OLMo's ff_proj, Phi-3's gate_up_proj), then (D, F): twice the
+    # width asked for first (a fused q | k | v of that many rows, and W_O, are no FFN)
+    for width in [2 * w for w in widths[:1]] + widths:
         fused, downs = with_shape(linears, (width, D)), with_shape(linears, (D, width // 2))
         if len(fused) == 1 and len(downs) == 1 and width % 2 == 0:
             return _fused_orders(fused[0], width // 2, downs[0])

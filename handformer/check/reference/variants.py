@@ -208,12 +208,22 @@ def qk_positions(w: MHAWeights, q: Tensor, k: Tensor, offset: int, flags: Flags)
     by their positions; qk_norm_after_rope: rotated, then normed."""
     after = has(flags, "qk_norm_after_rope") is not None and is_rotary(w.rope)
     if w.qk_norm is not None and not after:
-        q, k = norm(w.qk_norm[0], q, frozenset()), norm(w.qk_norm[1], k, frozenset())
+        q, k = heads_norm(w.qk_norm[0], q), heads_norm(w.qk_norm[1], k)
     if is_rotary(w.rope):
         q, k = rotary(q, w.rope, offset, flags), rotary(k, w.rope, offset, flags)
     if w.qk_norm is not None and after:
-        q, k = norm(w.qk_norm[0], q, frozenset()), norm(w.qk_norm[1], k, frozenset())
+        q, k = heads_norm(w.qk_norm[0], q), heads_norm(w.qk_norm[1], k)
     return q, k
+
+
+def heads_norm(w: NormWeights, x: Tensor) -> Tensor:
+    """(B, H, T, Dh) normed over each head, or over all heads together where the norm is as wide as
+    they are (OLMo-2's q_norm and k_norm, applied before the heads are split)."""
+    if w.weight.numel() == x.size(-1):
+        return norm(w, x, frozenset())
+    B, heads, T, Dh = x.shape
+    whole = norm(w, x.transpose(1, 2).reshape(B, T, heads * Dh), frozenset())  # (B, T, H * Dh)
+    return whole.view(B, T, heads, Dh).transpose(1, 2)  # (B, H, T, Dh)
 
 
 def rope_angles(T: int, Dh: int, theta: float = 10000.0, offset: int = 0, flags: Flags = frozenset(),

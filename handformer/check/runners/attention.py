@@ -141,7 +141,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
              "sin", "cos_sin", "freqs_cos", "freqs_sin", "alibi"}
     optional = optional_inputs(fn, params, extra)  # nanochat's value embedding `ve`: None
     first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra | optional
-                        or isinstance(p.default, bool)), len(params))  # a flag (use_cache) keeps its default
+                        or isinstance(p.default, (int, float, str))), len(params))  # layer_idx=0: kept
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
     masks = [p for p in params if is_mask_name(p.name)]
     named = {p.name for p in params} & extra
@@ -153,7 +153,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     def call(xq: Tensor, xk: Tensor, xv: Tensor, mask: Tensor | None) -> Any:
         args = [xq, xk, xv][:n]
         if mask is None and required and "visible" in state:  # Raschka's forward(x, mask, cos, sin)
-            everything = torch.ones(xq.size(0), 1, xq.size(1), xk.size(1), dtype=torch.bool)
+            everything = torch.ones(xq.size(0), 1, xq.size(-2), xk.size(-2), dtype=torch.bool)  # T, S
             mask = run_mask(everything, state["visible"], xq.size(0))
         kwargs: dict[str, Any] = {**dict.fromkeys(optional), **({masks[0].name: mask} if masks else {})}
         kwargs.update(state.get("more", {}))  # a key_padding_mask given alone, by _key_padding_alone
@@ -287,8 +287,10 @@ def _build_sdpa(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
     def rows(flags: frozenset[str], conv: str) -> Tensor | None:
         return fp.visible_rows(V.applied_keep(keeps[conv], flags, H), B, T)  # inverted: other rows hidden
 
-    facts = {"rows": rows, "layout": layout, "working": first_working(ctx, run, convs),
-             "takes_mask": c.takes_mask, "no_output": (f"{comp.name} returned no (B, H, T, Dh) tensor",
+    # a mask it requires (picoGPT's attention(q, k, v, mask) adds it): all visible where none is meant
+    c.state["visible"] = working = first_working(ctx, run, convs)
+    facts = {"rows": rows, "layout": layout, "working": working, "takes_mask": c.takes_mask,
+             "no_output": (f"{comp.name} returned no (B, H, T, Dh) tensor",
                            f"{comp.name} 没有返回形状为 (B, H, T, Dh) 的张量")}
     return Subject(run, [(conv, (q, k, v, keeps[conv])) for conv in convs], c, facts)
 
@@ -725,7 +727,7 @@ def _projections(comp: Component, module: nn.Module, heads: int) -> tuple[list[A
     parameter is not in the reference."""
     found = leaves(module)
     extra = [leaf for leaf in found if leaf.kind != "linear"]
-    qk_norms = qk_norm_slots(extra, D // heads) or relative_bias_slots(extra, heads)
+    qk_norms = qk_norm_slots(extra, D // heads, D) or relative_bias_slots(extra, heads)
     if extra and not qk_norms:
         shapes = shapes_text(extra)
         raise MappingError(f"{comp.name} has parameters besides its projections ({shapes}); handformer's "
@@ -797,8 +799,11 @@ class MHAProbe:
         self.ctx, self.c, self.x, self.convs, self.causal_inside = ctx, c, x, convs, causal_inside
         self.heads = heads
         self.pad = positions(self.B, self.T, [0, 2]) if c.takes_mask else None
-        keep = self.pad if causal_inside or self.pad is None else causal(self.T) & self.pad  # (B, 1, T, T)
-        self.keeps = keeps_for(keep, self.pad, convs)  # causal inside: the padding alone
+        keep = self.pad if self.pad is None else causal(self.T) & self.pad  # (B, 1, T, T)
+        # causal inside too: one that applies a mask it is given in place of its own (Hugging Face's
+        # StableLM, causal when handed none) is handed both; the padding alone where the convention
+        # cannot write them (a (B, S) key padding)
+        self.keeps = keeps_for(keep, self.pad, convs)
 
     def run(self, conv: str) -> Tensor | None:
         mask = self.c.mask(self.keeps[conv], conv, self.B)
@@ -892,7 +897,8 @@ def _cases(s: Setup) -> list[tuple[str, int, int, int, Tensor | None, Tensor | N
                  ("causal self-attention", 3, 8, 8, None, causal(8)[None, None])]
         if takes_mask:
             pad = positions(3, 7, [0, 2, 5])
-            cases.append(("causal self-attention, padding", 3, 7, 7, pad, causal(7) & pad))
+            given = keeps_for(causal(7) & pad, pad, (s.conv,))[s.conv]  # as MHAProbe's
+            cases.append(("causal self-attention, padding", 3, 7, 7, given, causal(7) & pad))
     else:
         cases = [("self-attention, no mask", 2, 5, 5, None, None)]
         if takes_mask:
@@ -979,8 +985,8 @@ def _properties(res: ComponentResult, ctx: Context, comp: Component, s: Setup) -
     if s.rope is None and s.n_kv_heads is None and s.heads == H:
         _at_distinct_sizes(res, ctx, comp, s)
     has_o = any(sl.role.endswith("W_O") for sl in s.slots)
-    if has_o and not s.causal_inside and s.n_kv_heads is None and s.rope is None:
-        w = mha_weights(s.slots, s.heads)
+    w = mha_weights(s.slots, s.heads)
+    if has_o and not s.causal_inside and s.n_kv_heads is None and s.rope is None and w.qk_norm is None:
         out = fp.first_tensor(ctx.learner.call("forward", s.c.call, x, x, x, None), 3)
         heads = one_head_at_a_time(w, x)
         err = fp.max_error(out, heads)

@@ -22,7 +22,7 @@ from handformer.check.core.result import Check, ComponentResult, text
 from handformer.check.core.source import source_lines
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import CORPUS, SPECIAL, VOCAB_SIZE
-from handformer.check.runners import bpe, bpe_codec
+from handformer.check.runners import bpe, bpe_codec, bpe_pieces
 
 SPECIALS = [SPECIAL, bpe_codec.OVERLAP]  # in this order: the shorter first, so longest-first must be chosen
 
@@ -46,6 +46,9 @@ def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
     with bpe.deadline(bpe.FIXTURE_LIMIT):
         ctx.learner.call("train", tok.train, **kwargs)
     vocab, merges = _learnt(tok)
+    if bpe_pieces.character_merges(merges):  # SentencePiece's BPE on characters: no byte-level reference
+        bpe_pieces.check_pieces(res, ctx, lambda lines: _trained_on(comp, ctx, kwargs, lines), merges)
+        return finish(res)
     pattern = _pattern(tok)
     lines = source_lines(ctx.objects(comp))
     _check_pattern(res, ctx, pattern)
@@ -62,6 +65,15 @@ def check_trainable(comp: Component, ctx: Context) -> ComponentResult:
             codec.comp, codec.ctx, codec.encode_fn, codec.decode_fn = comp, ctx, tok.encode, tok.decode
             bpe_codec.grade_codec(res, codec, vocab, merges, specials, lines)
     return finish(res)
+
+
+def _trained_on(comp: Component, ctx: Context, kwargs: dict[str, Any], corpus: Any) -> tuple[Any, list[Any]]:
+    """A fresh instance trained on `corpus` (handed where the text was) with `kwargs`, and its merges."""
+    tok = ctx.learner.call("__init__", comp.obj)
+    name = next(n for n, role in _roles(tok.train).items() if role == "text")
+    with bpe.deadline(bpe.FIXTURE_LIMIT):
+        ctx.learner.call("train", tok.train, **{**kwargs, name: corpus})
+    return tok, _learnt(tok)[1]
 
 
 def _roles(fn: Any) -> dict[str, str]:

@@ -64,7 +64,7 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.conventions import AUTO
-from handformer.check.core.discovery import NAMES, Component, argument_keys
+from handformer.check.core.discovery import MEMORY_NAMES, NAMES, Component, argument_keys
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
 from handformer.check.core.localize_kinds import localize_add_norm, note_departure
@@ -137,6 +137,7 @@ class Layer:
 
     more: dict[str, Any] = {}  # further arguments a check hands the forward (a key_padding_mask alone)
     first = False  # it reads its stream sequence-first, (T, B, D) (found by _check_layer)
+    window = 2 ** 31  # the sliding window of a causal mask it builds itself (Mistral's), measured; else none
 
     def __init__(self, comp: Component, ctx: Context, kind: LayerKind) -> None:
         self.comp, self.ctx, self.kind = comp, ctx, kind
@@ -194,6 +195,12 @@ class Layer:
         return self.decoder and not self.stateful and width == 3
 
     @property
+    def memory_name(self) -> str | None:
+        """A decoder's forward argument that takes the encoder's output by its name (Hugging Face's
+        encoder_hidden_states, after the mask), else None: it is handed second."""
+        return next((p.name for p in self.params[1:] * self.decoder if p.name in MEMORY_NAMES), None)
+
+    @property
     def own_mask(self) -> bool:
         """A decoder layer that builds its causal mask: d2l's stateful one, or a bare one."""
         return self.stateful or self.bare
@@ -211,6 +218,8 @@ class Layer:
                 self.module.eval()
         args: list[Any] = [x] + ([memory] if self.decoder else [])
         kwargs = self._extra_kwargs(x)
+        if self.memory_name:  # HF's forward(x, mask, encoder_hidden_states): the memory by its name
+            kwargs[self.memory_name] = args.pop()
         if self.decoder:
             src_name, tgt_name = _decoder_mask_names(self.masks)
             if src_name and tgt_name:
@@ -334,6 +343,9 @@ def _decoder_mask_names(masks: list[str]) -> tuple[str | None, str | None]:
                None)
     tgt = next((m for m in masks if m != src and any(t in m.lower() for t in (
         "tgt", "trg", "self", "look", "causal", "dec", "target", "sub", "slf"))), None)
+    others = set(masks) - {src}
+    if len(others) == 1 < len(masks):  # HF's attention_mask beside encoder_attention_mask (or tgt itself)
+        tgt = min(others)
     return src, tgt
 
 
@@ -411,9 +423,9 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     layer = Layer(comp, ctx, KINDS[comp.kind])
     causal_block = layer.causal_block
-    inp = Inputs(layer)
     _down_projection(res, ctx, comp, layer)
-    res.notes += [CAUSAL_INSIDE_NOTE] * causal_without_its_mask_(layer)
+    _mask_inside(res, layer)
+    inp = Inputs(layer)
     own_mask = causal_block and not layer.takes_mask or layer.own_mask
     convs = _layer_conventions(layer, ctx, inp, res)
 
@@ -508,7 +520,7 @@ def _causal_without_its_mask(layer: Layer) -> bool:
         return False
     x = fp.randn(1, 5, D, seed=3)
     y = x.clone()
-    y[:, 3] += 1.0
+    y[:, 3] += fp.randn(D, seed=4)  # not a constant: a LayerNorm first would take it away
     try:
         with torch.no_grad():
             a, b = (fp.first_tensor(layer.call(v, v, None, None), 3) for v in (x, y))
@@ -516,6 +528,61 @@ def _causal_without_its_mask(layer: Layer) -> bool:
         return False
     return (a is not None and b is not None and a.shape == x.shape and torch.allclose(a[:, :3], b[:, :3])
             and not torch.allclose(a[:, 3:], b[:, 3:]))
+
+
+def _mask_inside(res: ComponentResult, layer: Layer) -> None:
+    """A block causal with no mask is checked as one that builds its own, in its window if any."""
+    res.notes += [CAUSAL_INSIDE_NOTE] * causal_without_its_mask_(layer)
+    _sliding_window(res, layer)
+
+
+WINDOW_T = 12  # tokens the window is measured on: a window of 12 or more is a full causal mask here
+
+
+def _sliding_window(res: ComponentResult, layer: Layer) -> None:
+    """A block that builds its causal mask and lets each query see only its last W keys (Mistral's
+    sliding window, i - W < j <= i): W is measured as the outputs that changing token 0 moves, and
+    the reference is given the same window."""
+    if not (layer.causal_block and not layer.takes_mask):
+        return
+    x = fp.randn(1, WINDOW_T, D, seed=5)
+    y = x.clone()
+    y[:, 0] += fp.randn(D, seed=6)  # not a constant: a LayerNorm first would take it away
+    try:
+        with torch.no_grad():
+            a, b = (fp.first_tensor(layer.call(v, v, None, None), 3) for v in (x, y))
+        moved = (a - b).abs().amax(-1)[0] > 1e-9  # (T,): the outputs token 0 reaches
+    except Exception:  # noqa: BLE001 - their error: the checks run it and report it
+        return
+    reach = int(moved.sum())
+    if 0 < reach == int(moved.int().cumprod(0).sum()) < WINDOW_T:  # outputs 0..W-1 moved, none after
+        layer.window = reach
+        _declared_window(res, layer.module, reach)
+        res.notes.append(text(
+            f"its own causal mask is a sliding window: each token sees its last {reach} tokens (changing "
+            f"token 0 moves outputs 0..{reach - 1} only); compared with handformer under the same window",
+            f"它自己构造的因果掩码是滑动窗口：每个 token 只看到最近的 {reach} 个 token（改变位置 0 的 token，"
+            f"只有位置 0..{reach - 1} 的输出变化）；与 handformer 在同样的窗口下比较"))
+
+
+def _declared_window(res: ComponentResult, module: nn.Module, reach: int) -> None:
+    """The window the block's own settings name (Mistral's config.sliding_window: an int whose name
+    says window, on the module or an object it holds: its config) against the keys its mask lets a query
+    see: a window off by one fails here."""
+    named = [(n, v) for o in (module, *vars(module).values()) for n, v in getattr(o, "__dict__", {}).items()
+             if "window" in n.lower() and type(v) is int]
+    if not named:
+        return
+    name, size = named[0]
+    res.checks.append(Check(text(f"each token sees its last {name} = {size} tokens, as its settings say",
+                                 f"每个 token 看到最近的 {name} = {size} 个 token，和它的设置一致"),
+                            reach == size, text(f"its mask lets each token see its last {reach}",
+                                                f"它的掩码让每个 token 看到最近的 {reach} 个")))
+
+
+def _own_causal(layer: Layer, T: int, flags: frozenset[str] = frozenset()) -> Tensor:
+    """(T, T) bool, True = may attend: the causal mask a block builds itself, in its window if any."""
+    return V.causal_keep(T, flags) & torch.ones(T, T, dtype=torch.bool).triu(1 - layer.window)  # j > i - W
 
 
 CAUSAL_INSIDE_NOTE = text("with no mask it is causal (changing token 3 leaves outputs 0..2 unchanged): "
@@ -559,7 +626,7 @@ def _search_rows(layer: Layer, inp: Inputs, flags: frozenset[str]) -> Tensor | N
     """The rows the masks leave visible as the layer with these mistakes applies them (inverted, or
     off by one in a block that builds its own)."""
     if layer.causal_block and not layer.takes_mask:
-        own = V.causal_keep(inp.T, flags)[None, None]
+        own = _own_causal(layer, inp.T, flags)[None, None]
         return fp.visible_rows(V.applied_keep(own, flags), inp.B, inp.T)
     if layer.own_mask:  # d2l's decoder builds its causal mask from valid lengths
         return _rows(layer, V.applied_keep(inp.src_keep, flags, H),
@@ -717,7 +784,7 @@ def _decoder_variant(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozen
 
 def _block_variant(layer: Layer, w: V.LayerWeights, inp: Inputs, flags: frozenset[str],
                    trace: list[Tensor] | None) -> Tensor:
-    keep = inp.tgt_keep if layer.takes_mask else V.causal_keep(inp.x.size(1), flags)[None, None]
+    keep = inp.tgt_keep if layer.takes_mask else _own_causal(layer, inp.x.size(1), flags)[None, None]
     return V.encoder_layer(w, inp.x, keep, flags, trace)
 
 
@@ -850,7 +917,7 @@ def _case_keeps(layer: Layer, B: int, T: int, S: int, src_pad: list[int],
     src_keep = _source_keep(layer, B, S, [min(p, S) for p in src_pad])
     tgt_keep: Tensor | None = causal(T) & positions(B, T, [min(p, T - 1) for p in tgt_pad])
     if layer.causal_block:
-        src_keep, tgt_keep = None, causal(T)[None, None]
+        src_keep, tgt_keep = None, _own_causal(layer, T)[None, None]
     if layer.own_mask:  # d2l's decoder: causal inside, the source by valid lengths (or none)
         tgt_keep = causal(T)[None, None]
     return src_keep, tgt_keep

@@ -185,7 +185,7 @@ def _build_ffn(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
         return fp.first_tensor(ctx.learner.call("forward", module, x), 3)
 
     facts = {"x": x, "gated": gated, "has_down": has_down_projection(candidates[0]),
-             "width": candidates[0][0].leaf.weight.size(0)}  # F
+             "width": candidates[0][0].weight().size(0)}  # F (a fused gate and up: half its rows)
     return Subject(run, readings, module, facts)
 
 
@@ -334,7 +334,7 @@ def _compare_ffn(res: ComponentResult, ctx: Context, run: Callable[[Tensor], Ten
             errors.append(fp.max_error(mine, ref))
             if i == 0 and mine is not None and mine.shape == ref.shape:
                 g = fp.randn(*ref.shape, seed=5)
-                a = torch.autograd.grad((mine * g).sum(), [xi] + params, allow_unused=True)
+                a = _slot_grads((mine * g).sum(), xi, slots, params)
                 hf_params = [ffn_parameters(hf)[s.role].weight for s in slots]
                 b = torch.autograd.grad((ref * g).sum(), [xi] + hf_params)
                 grad_err = grads_error(list(zip(a, b)))
@@ -344,6 +344,17 @@ def _compare_ffn(res: ComponentResult, ctx: Context, run: Callable[[Tensor], Ten
                             res.max_abs_error < 1e-5, error_text(res.max_abs_error)))
     res.checks.append(Check(text("gradients match handformer's", "梯度与 handformer 一致"),
                             grad_err < 1e-5, error_text(grad_err)))
+
+
+def _slot_grads(loss: Tensor, x: Tensor, slots: list[Slot], params: list[Tensor]) -> list[Tensor | None]:
+    """The gradients of `loss` for `x` and each slot's part of its layer (`params`, the slots' layers'
+    weights: a fused gate and up each its half of the one layer's gradient; a layer never used: None,
+    compared to fail)."""
+    weights = list({id(w): w for w in params}.values())  # each layer once
+    grads = torch.autograd.grad(loss, [x, *weights], allow_unused=True)
+    by_layer = {id(w): g for w, g in zip(weights, grads[1:])}
+    own = [(s.rows, by_layer[id(s.leaf.weight)]) for s in slots]
+    return [grads[0], *(g if rows is None or g is None else g[rows] for rows, g in own)]
 
 
 # the FFN's mistakes only names tell (ffn_name_findings): the outputs of a block or a model that uses the

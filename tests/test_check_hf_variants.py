@@ -1,0 +1,112 @@
+"""`handformer check` on Hugging Face-style conventions, each with a correct file that passes and a planted
+one that fails: a block whose own causal mask is a sliding window (the window measured, compared with
+the one its settings name), partial rotary from a config's partial_rotary_factor, a softmax asked in
+float32 of masked scores filled with finfo.min (no NaN while check runs in float64), an attention that
+replaces its causal mask with the one it is given, cos and sin handed as (B, T, Dh) tables, a free
+attention that requires its additive mask,
+encoder and decoder layers with Hugging Face's argument names (the encoder's output by name), and a
+character-level SentencePiece BPE whose merges are replayed on the fixture's lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import format_report
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+HERE = Path(__file__).parent / "fixtures" / "learners_hf_variants"
+
+
+def _planted(tmp_path: Path, name: str, old: str, new: str) -> str:
+    text = (HERE / name).read_text(encoding="utf-8")
+    assert old in text, old
+    path = tmp_path / name
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+    return str(path)
+
+
+def test_windowed_partial_rotary_and_table_blocks_pass():
+    result = check_file(str(HERE / "windowed.py"), only=["mha", "causal_attention", "block"])
+    status = {c.name: c.status for c in result.components}
+    assert status == {"LocalAttention": "pass", "TableAttention": "pass", "LocalBlock": "pass",
+                      "TableBlock": "pass", "CachedAttention": "pass", "NormedAttention": "pass",
+                      "FusedBlock": "pass"}, format_report(result)
+    local = next(c for c in result.components if c.name == "LocalBlock")
+    assert any("sliding window: each token sees its last 3 tokens" in n["en"] for n in local.notes)
+    assert any("first 2 dims of each head" in n["en"] for n in local.notes)
+    assert not any(c.findings for c in result.components)
+
+
+@pytest.mark.parametrize(("old", "new", "kind", "words"), [
+    ("(j > i - window)", "(j >= i - window)", "block", "its mask lets each token see its last 4"),
+    ("mask = torch.ones(T, T, dtype=torch.bool).tril()", "mask = torch.ones(T, T, dtype=torch.bool).tril(1)",
+     "mha", "LocalAttention (multi-head attention): FAIL"),
+    ("cos[:, None], sin[:, None]), turn(k,", "cos[:, None], -sin[:, None]), turn(k,", "block",
+     "TableBlock (decoder-only block): FAIL"),
+])
+def test_each_windowed_plant_fails(tmp_path, old, new, kind, words):
+    result = check_file(_planted(tmp_path, "windowed.py", old, new), only=[kind])
+    report = format_report(result)
+    assert "fail" in {c.status for c in result.components} and words in report, report
+
+
+def test_hf_seq2seq_layers_and_required_mask_function_pass():
+    result = check_file(str(HERE / "seq2seq_hf.py"))
+    status = {c.name: c.status for c in result.components}
+    assert status == {"attention": "pass", "TranslationAttention": "pass", "TranslationEncoderLayer": "pass",
+                      "TranslationDecoderLayer": "pass"}, format_report(result)
+
+
+@pytest.mark.parametrize(("old", "new", "kind"), [
+    ("h = self.cross(hidden_states, encoder_hidden_states, encoder_attention_mask)",
+     "h = self.cross(hidden_states, hidden_states, encoder_attention_mask)", "decoder_layer"),
+    ("/ math.sqrt(q.size(-1)) + attn_mask", "/ q.size(-1) + attn_mask", "sdpa"),
+])
+def test_each_seq2seq_plant_fails(tmp_path, old, new, kind):
+    result = check_file(_planted(tmp_path, "seq2seq_hf.py", old, new), only=[kind])
+    assert [c.status for c in result.components] == ["fail"], format_report(result)
+
+
+def test_a_sentencepiece_bpe_is_replayed_on_its_words(tmp_path):
+    (tok,) = check_file(str(HERE / "piece_bpe.py")).components
+    assert tok.status == "pass", tok.checks
+    planted = _planted(tmp_path, "piece_bpe.py", "pairs[a, b] += freq[w]", "pairs[a, b] += 1")
+    (tok,) = check_file(planted).components
+    assert tok.status == "fail" and "is not a most frequent pair" in format_report(check_file(planted))
+
+
+def test_a_float32_softmax_of_float64_scores_stays_float64():
+    """finfo(float64).min cast to float32 is -inf: a row all masked would be NaN in check's run only."""
+    import types
+
+    import torch
+
+    from handformer.check.core.precision import float64_kept
+
+    learner = types.ModuleType("learner_softmax")
+    exec("import torch\nimport torch.nn.functional as F\n\n\ndef probs(s):\n"
+         "    return F.softmax(s, dim=-1, dtype=torch.float32)\n", learner.__dict__)
+    scores = torch.full((2, 3), torch.finfo(torch.float64).min, dtype=torch.float64)
+    with float64_kept():
+        out = learner.probs(scores)
+    assert out.dtype == torch.float64 and not out.isnan().any()
+
+
+def test_a_fused_gate_and_up_ffn_passes_its_gradients_too(tmp_path):
+    (ffn,) = check_file(str(HERE / "windowed.py"), only=["ffn"]).components
+    assert ffn.status == "pass" and all(c.ok for c in ffn.checks), ffn.checks
+    planted = _planted(tmp_path, "windowed.py", "F.silu(gate) * up", "F.silu(gate * up)")
+    (ffn,) = check_file(planted, only=["ffn"]).components
+    assert ffn.status == "fail"
+
+
+def test_a_qk_norm_across_all_heads_is_compared_so(tmp_path):
+    only = {"overrides": {"mha": "NormedAttention"}, "only": ["mha"]}
+    (attention,) = check_file(str(HERE / "windowed.py"), **only).components
+    assert attention.status == "pass", attention.checks
+    planted = _planted(tmp_path, "windowed.py", "self.k_layernorm(self.wk(x))", "self.q_layernorm(self.wk(x))")
+    (attention,) = check_file(planted, **only).components
+    assert attention.status == "fail"
