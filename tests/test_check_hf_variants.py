@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from check_plants import edited_copy
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report
@@ -21,11 +22,7 @@ HERE = Path(__file__).parent / "fixtures" / "learners_hf_variants"
 
 
 def _planted(tmp_path: Path, name: str, old: str, new: str) -> str:
-    text = (HERE / name).read_text(encoding="utf-8")
-    assert old in text, old
-    path = tmp_path / name
-    path.write_text(text.replace(old, new, 1), encoding="utf-8")
-    return str(path)
+    return edited_copy(tmp_path, HERE / name, [(old, new)])
 
 
 def test_windowed_partial_rotary_and_table_blocks_pass():
