@@ -156,7 +156,8 @@ def raised_by_stand_in(stack: traceback.StackSummary, path: str) -> bool:
     for frame in reversed(stack):
         if _same(frame.filename, path):
             return False
-        if os.path.abspath(frame.filename).startswith(package + os.sep) and frame.filename != device_mode:
+        where = os.path.abspath(frame.filename)
+        if where.startswith(package + os.sep) and where != device_mode:
             return True
     return False
 
