@@ -325,3 +325,139 @@ def test_a_cosine_without_warmup_and_a_floor_of_its_own_is_read_as_written(tmp_p
     (quarter,) = check_file(str(path)).components
     assert quarter.status == "fail" and quarter.convention is None
     assert any(n["en"].startswith("it is not half a cosine") for n in quarter.notes)
+
+
+TORCH_STYLE_SCHEDULES = '''
+import math
+from dataclasses import dataclass
+
+from torch.optim.lr_scheduler import LambdaLR
+
+
+@dataclass
+class Hyper:
+    max_lr: float = 3e-4
+    min_lr: float = 3e-5
+    warmup_steps: int = 100
+    max_steps: int = 5000
+    grad_clip: float = 1.0
+
+
+def lr_for(step, hp: Hyper):
+    if step < hp.warmup_steps:
+        return hp.max_lr * (step + 1) / hp.warmup_steps
+    if step > hp.max_steps:
+        return hp.min_lr
+    ratio = (step - hp.warmup_steps) / (hp.max_steps - hp.warmup_steps)
+    return hp.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (hp.max_lr - hp.min_lr)
+
+
+def linear_warmup_cosine(optimizer, num_warmup_steps, num_training_steps):
+    def factor(s):
+        if s < num_warmup_steps:
+            return s / max(1, num_warmup_steps)
+        progress = (s - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return LambdaLR(optimizer, factor)
+
+
+def inverse_sqrt_warmup(optimizer, d_model, warmup_steps):
+    def factor(s):
+        s = max(s, 1)
+        return d_model ** -0.5 * min(s ** -0.5, s * warmup_steps ** -1.5)
+    return LambdaLR(optimizer, factor)
+
+
+BUILDERS = {"cosine": linear_warmup_cosine, "noam": inverse_sqrt_warmup}
+
+
+def get_scheduler(name, optimizer, **kwargs):
+    return BUILDERS[name](optimizer, **kwargs)
+'''
+# one planted mistake in each schedule (verified against transformers' get_cosine_schedule_with_warmup
+# and get_inverse_sqrt_schedule in /tmp/dev_e60k): its line, and the catalogued name where it has one
+TORCH_STYLE_PLANTS = {
+    "lr_for": ("ratio = (step - hp.warmup_steps) / (hp.max_steps - hp.warmup_steps)",
+               "ratio = (step - hp.warmup_steps) / (2 * hp.max_steps - hp.warmup_steps)", "departs"),
+    "linear_warmup_cosine": ("progress = (s - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps)",
+                             "progress = s / max(1, num_training_steps)", "cosine_from_step_zero"),
+    "inverse_sqrt_warmup": ("s = max(s, 1)", "s = s", "schedule_step_zero"),
+}
+
+
+def test_schedules_found_by_signature_with_a_config_a_lambda_lr_and_a_registry(tmp_path):
+    """A schedule reading its settings from a dataclass argument, LambdaLR factories found by their
+    arguments (optimizer, then settings), a registry that picks one by name (not graded itself: what
+    it calls is); each planted mistake FAILs quoting its line, the step-0 division caught while the
+    LambdaLR is built."""
+    path = tmp_path / "torch_style.py"
+    path.write_text(TORCH_STYLE_SCHEDULES)
+    result = check_file(str(path), only=["schedule"])
+    assert [(c.name, c.status) for c in result.components] == [
+        ("lr_for", "pass"), ("linear_warmup_cosine", "differs"), ("inverse_sqrt_warmup", "pass")], (
+        format_report(result))
+    planted = TORCH_STYLE_SCHEDULES
+    for right, wrong, _ in TORCH_STYLE_PLANTS.values():
+        planted = planted.replace(right, wrong)
+    path.write_text(planted)
+    lines = planted.splitlines()
+    result = check_file(str(path), only=["schedule"])
+    for comp in result.components:
+        wrong, name = TORCH_STYLE_PLANTS[comp.name][1:]
+        assert comp.status == "fail" and [f.name for f in comp.findings] == [name], format_report(result)
+        code = lines[comp.findings[0].line - 1]
+        assert wrong in code or "s ** -0.5" in code, (comp.name, code)  # step 0 raises at its power
+
+
+STEP_WITH_SETTINGS = '''
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Settings:
+    peak_lr: float = 1e-3
+    warmup_iters: int = 4
+    max_iters: int = 40
+    grad_accum: int = 4
+    clip_norm: float = 0.5
+
+
+def rate_at(step, s: Settings):
+    if step < s.warmup_iters:
+        return s.peak_lr * (step + 1) / s.warmup_iters
+    progress = min(1.0, (step - s.warmup_iters) / (s.max_iters - s.warmup_iters))
+    return 0.5 * s.peak_lr * (1 + math.cos(math.pi * progress))
+
+
+def one_update(model, optimizer, x, y, step, s: Settings):
+    for group in optimizer.param_groups:
+        group["lr"] = rate_at(step, s)
+    optimizer.zero_grad(set_to_none=True)
+    for xs, ys in zip(x.chunk(s.grad_accum), y.chunk(s.grad_accum)):
+        loss = F.cross_entropy(model(xs).flatten(0, 1), ys.flatten()) / s.grad_accum
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), s.clip_norm)
+    optimizer.step()
+'''
+
+
+def test_a_step_with_its_iteration_and_a_settings_dataclass_is_driven(tmp_path):
+    """nanoGPT's train_step(model, optimizer, X, Y, iter_num, cfg) in another hand: the settings built
+    at the learner's defaults with 2 micro-steps, its own clipping norm, the rate it writes into the
+    optimizer read back for the reference (checked against a full-batch AdamW loop in /tmp/dev_e60k);
+    the loss not divided and the rate never written are named."""
+    path = tmp_path / "step_settings.py"
+    path.write_text(STEP_WITH_SETTINGS)
+    (step,) = check_file(str(path), only=["lm_train_step"]).components
+    assert step.status == "pass", format_report(check_file(str(path), only=["lm_train_step"]))
+    assert step.checks[0].name["en"].startswith("AdamW, learning rates 0.00025 then 0.0005"), step.checks[0]
+    planted = STEP_WITH_SETTINGS.replace(" / s.grad_accum\n", "\n").replace(
+        'group["lr"] = rate_at(step, s)', 'lr = rate_at(step, s)')  # computed, never written
+    path.write_text(planted)
+    (step,) = check_file(str(path), only=["lm_train_step"]).components
+    assert step.status == "fail" and {f.name for f in step.findings} == {
+        "train_step_loss_not_divided", "train_step_lr_not_set"}, [f.name for f in step.findings]

@@ -79,6 +79,7 @@ SCHEDULE_STEP_NAMES = (
     "iter",
     "steps",
     "i",
+    "iter_num",
 )
 SCHEDULE_ARGS: dict[str, tuple[str, ...]] = {
     "d_model": ("d_model", "model_size", "dim", "hidden_size", "d", "n_embd", "model_dim", "size", "d_embed"),

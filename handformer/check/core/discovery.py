@@ -149,7 +149,24 @@ def find_components(module: types.ModuleType, overrides: dict[str, str] | None =
                 found.append(Component(kind, cls.__name__, cls))
         else:
             found = [c for c in found if c.kind != kind] + [Component(kind, f"{name} (adapter)", fn)]
-    return sorted(found, key=lambda c: KINDS.index(c.kind))
+    return sorted(_without_dispatchers(found), key=lambda c: KINDS.index(c.kind))
+
+
+def _without_dispatchers(found: list[Component]) -> list[Component]:
+    """The components less the schedules that only pick another schedule of the file (Hugging Face's
+    get_scheduler(name, optimizer, ...) choosing by name from a table): what they call is checked."""
+    from handformer.check.core.context import global_reads
+
+    schedules = [c for c in found if c.kind == "schedule" and inspect.isfunction(c.obj)]
+
+    def calls_other(comp: Component) -> bool:
+        module = vars(_module_of(comp.obj) or types)
+        reach = {id(module.get(n)) for n in global_reads(comp.obj)}
+        reach |= {id(v) for n in global_reads(comp.obj) if isinstance(module.get(n), dict)
+                  for v in module[n].values()}  # a table of name -> schedule
+        return any(id(c.obj) in reach for c in schedules if c is not comp)
+
+    return [c for c in found if c not in schedules or not calls_other(c)]
 
 
 SIZES_FOR_ADAPTERS = {"d_model": 16, "n_heads": 4, "d_ff": 40, "dropout": 0.1, "max_len": 64}
@@ -497,6 +514,16 @@ def plain_choice(p: inspect.Parameter, cls: Any) -> Any:
     ann = annotation(p, cls)
     members = list(ann) if inspect.isclass(ann) and issubclass(ann, enum.Enum) else [None]
     return False if ann in (bool, "bool") else members[0]
+
+
+def defaulted_config(fn: Any, name: str) -> Any:
+    """The dataclass the argument `name` of a function is annotated with (`cfg: TrainConfig`), when every
+    field has a default (check builds it at the learner's defaults); else None."""
+    ann = annotation(inspect.signature(fn).parameters[name], fn)
+    fields = dataclasses.fields(ann) if dataclasses.is_dataclass(ann) and inspect.isclass(ann) else None
+    defaulted = fields is not None and all(
+        f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING for f in fields)
+    return ann if defaulted else None
 
 
 def _covering_config(cls: Any, name: str) -> Any:

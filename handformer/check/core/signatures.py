@@ -75,19 +75,34 @@ def kind_of(fn: Any) -> str | None:
     params, names, required = _signature(fn)
     if lm_step(fn):
         return "lm_train_step"
-    if _schedule(names, required):
+    first = names[:1] if names[:1] and names[0] in SCHEDULE_STEP_NAMES + OPTIMIZER_NAMES else names
+    configs = _config_fields(fn, required - set(first) - set().union(*SCHEDULE_ARGS.values()))
+    if _schedule(names + sum(configs.values(), []), required - set(configs)):
         return "schedule"
     return _loop_kind(names, required) or _logits_kind(fn, params, names, required)
 
 
+def _config_fields(fn: Any, args: set[str]) -> dict[str, list[str]]:
+    """The fields fn reads from each of its arguments `args` that it reads fields of (nanoGPT's
+    get_lr(it, cfg): cfg.warmup_iters), lowered."""
+    from handformer.check.core.discovery import config_reads
+
+    fields = {p.name.lower(): sorted(f.lower() for f in config_reads(fn, p.name)[1])
+              for p in call_parameters(fn) if p.name.lower() in args}
+    return {p: f for p, f in fields.items() if f}
+
+
 def _schedule(names: list[str], required: set[str]) -> bool:
-    """A learning-rate schedule (`warmup_cosine(step, warmup, max_steps, max_lr, min_lr)`): the step
-    first, then settings only, a warmup among them and d_model, an end or a floor."""
+    """A learning-rate schedule (`warmup_cosine(step, warmup, max_steps, max_lr, min_lr)`), or a factory
+    of a torch scheduler (`cosine_with_warmup(optimizer, num_warmup_steps, num_training_steps)`, Hugging
+    Face's): the step or the optimizer first, then settings only, a warmup among them and d_model, an
+    end or a floor."""
     settings = SCHEDULE_ARGS
     known = set().union(*settings.values())
     has = lambda key: _takes_each(names[1:], [settings[key]])  # noqa: E731
-    return bool(names) and names[0] in SCHEDULE_STEP_NAMES and required - {names[0]} <= known and has(
-        "warmup") and (has("d_model") or has("total") or has("min_lr"))
+    first = bool(names) and names[0] in SCHEDULE_STEP_NAMES + OPTIMIZER_NAMES
+    return first and required - {names[0]} <= known and has("warmup") and (
+        has("d_model") or has("total") or has("min_lr"))
 
 
 SHIFT = re.compile(r"\[\s*:\s*,\s*(:-1|1:)\s*\]")  # tgt[:, :-1], tgt[:, 1:]
@@ -101,7 +116,10 @@ def lm_step(fn: Any) -> bool:
     groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, X_NAMES, Y_NAMES)
     if not _takes_each(names, groups):
         return False
-    return required <= set().union(*groups, LR_NAMES) and not SHIFT.search(source_text(fn))
+    rest = required - set().union(*groups, LR_NAMES)
+    # nanoGPT's train_step(model, optimizer, X, Y, iter_num, cfg): the iteration and a configuration
+    rest -= set(SCHEDULE_STEP_NAMES) | set(_config_fields(fn, rest))
+    return not rest and not SHIFT.search(source_text(fn))
 
 
 GENERATE_MODEL = tuple(n for n in MODEL_NAMES if n != "self")

@@ -22,7 +22,10 @@ Shape legend: B batch, T length, V vocabulary.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import inspect
 import itertools
+import types
 from typing import Any
 
 import torch
@@ -30,11 +33,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from handformer.check.core.argument_names import ACCUM_NAMES, LR_NAMES, X_NAMES, Y_NAMES
-from handformer.check.core.context import Context, error_text, finish, forward_parameters, named
-from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.argument_names import (
+    ACCUM_NAMES,
+    LR_NAMES,
+    SCHEDULE_ARGS,
+    SCHEDULE_STEP_NAMES,
+    X_NAMES,
+    Y_NAMES,
+)
+from handformer.check.core.context import Context, error_text, finish, forward_parameters, global_reads, named
+from handformer.check.core.discovery import Component, DiscoveryError, config_reads, defaulted_config
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
+from handformer.check.core.signatures import kind_of
 from handformer.check.core.source import locate, source_lines, source_text
 from handformer.check.runners.localize_train import localize_lm_step
 from handformer.check.runners.train_step import (
@@ -61,7 +72,7 @@ from handformer.config import CausalLMConfig
 from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 
-VOCAB, D, LENGTH, BATCH = 13, 8, 6, 2
+VOCAB, D, LENGTH, BATCH = 13, 8, 6, 4  # 2 windows a micro-batch: a micro-batch's slice shows
 OPT_LR = 0.05  # the optimizer's own rate: what a step that never sets the schedule's rate updates with
 LRS = (0.02, 0.004)  # the schedule's rate at steps 1 and 2
 TOL = 1e-9
@@ -77,7 +88,7 @@ def batches() -> list[tuple[Tensor, Tensor]]:
     """Two (x (B, T), y (B, T)) windows of one random token stream, y = x moved on by one."""
     stream = torch.randint(0, VOCAB, (200,), generator=torch.Generator().manual_seed(5))
     out = []
-    for starts in ((3, 50), (101, 140)):
+    for starts in ((3, 50, 77, 160), (101, 140, 20, 120)):
         x = torch.stack([stream[s:s + LENGTH] for s in starts])  # (B, T)
         y = torch.stack([stream[s + 1:s + 1 + LENGTH] for s in starts])  # (B, T)
         out.append((x, y))
@@ -143,7 +154,13 @@ class Step:
         self.sched, self.scaler = named(names, SCHEDULER_NAMES), named(names, SCALER_NAMES)
         self.accum = named(names, ACCUM_NAMES)  # driven with ACCUM micro-batches
         known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum}
-        unknown = [p.name for p in params if p.default is p.empty and p.name not in known]
+        rest = [p.name for p in params if p.default is p.empty and p.name not in known]
+        self.count = named(rest, SCHEDULE_STEP_NAMES)  # the iteration (nanoGPT's iter_num): 0, then 1
+        # a configuration (nanoGPT's cfg): its micro-steps, clipping norm, and whether it sets the rate
+        self.config, self.fields = _step_config(comp.obj, [n for n in rest if n != self.count])
+        self.accum = self.accum or self.fields.get("accum")
+        self.seen: list[float] = []  # the rate the learner's step left in the optimizer, each call
+        unknown = [n for n in rest if n not in (self.count, self.config)]
         if unknown or not (self.model and self.opt and self.x and self.y):
             first = (unknown or ['model / optimizer / x / y'])[0]
             raise DiscoveryError(
@@ -153,14 +170,45 @@ class Step:
                 zh=f"{comp.name}：填不了参数 {first!r}；"
                    "语言模型的训练一步接受 (model, x, y, optimizer, lr)：输入、目标（输入往后移一个 token）"
                    "和调度给出的学习率")
-        self.clip = clip_norm(source_text(comp.obj))
+        self.clip = self._config_clip() if "clip" in self.fields else clip_norm(source_text(comp.obj))
+
+    def _config(self) -> Any:
+        """The learner's configuration at its defaults, with ACCUM micro-steps."""
+        own = defaulted_config(self.comp.obj, self.config)
+        return dataclasses.replace(own(), **{self.fields[k]: ACCUM for k in ("accum",) if k in self.fields})
+
+    def _config_clip(self) -> float | None:
+        norm = float(getattr(self._config(), self.fields["clip"]) or 0.0)
+        return norm or None  # nanoGPT's grad_clip = 0.0 turns clipping off
+
+    def own_rate(self) -> bool:
+        """Whether the step sets the learning rate itself (from its iteration and settings): it takes
+        none, and the optimizer's rate moved off its own."""
+        return not self.lr and any(lr != OPT_LR for lr in self.seen)
 
     def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float) -> Any:
         kwargs: dict[str, Any] = {self.model: model, self.opt: opt, self.x: x.clone(), self.y: y.clone()}
         given = {self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
-                 self.accum: lambda: ACCUM}
+                 self.accum if self.accum not in self.fields.values() else None: lambda: ACCUM,
+                 self.count: lambda: LRS.index(lr) if lr in LRS else 0, self.config: self._config}
         kwargs.update({name: make() for name, make in given.items() if name})
-        return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+        out = self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+        self.seen.append(float(opt.param_groups[0]["lr"]))
+        return out
+
+
+def _step_config(fn: Any, candidates: list[str]) -> tuple[str | None, dict[str, str]]:
+    """The argument that is the step's configuration (a dataclass of the learner's with defaults), and
+    what check reads in it: key -> field ("accum": the micro-steps, "clip": the clipping norm, "lr": a
+    setting of the schedule)."""
+    for name in (n for n in candidates if defaulted_config(fn, n) is not None):
+        fields = {f.name: f.name.lower() for f in dataclasses.fields(defaulted_config(fn, name))}
+        found = {"accum": named(list(fields), ACCUM_NAMES),
+                 "clip": next((f for f, low in fields.items() if "clip" in low), None),
+                 "lr": named(sorted(config_reads(fn, name)[1]), SCHEDULE_ARGS["max_lr"])
+                 or _schedule_called(fn)}
+        return name, {key: field for key, field in found.items() if field}
+    return None, {}
 
 
 def _run(step: Step, base: nn.Module, make_opt: Any = optimizer, **mistakes: bool) -> list[list[Tensor]]:
@@ -168,9 +216,9 @@ def _run(step: Step, base: nn.Module, make_opt: Any = optimizer, **mistakes: boo
     model = copy.deepcopy(base)
     opt = make_opt(model)
     out = []
-    for (x, y), lr in zip(batches(), LRS):
-        reference_step(model, opt, x, y, lr if step.lr else None, step.clip, accum=ACCUM if step.accum else 1,
-                       **mistakes)
+    rates = step.seen[-2:] if step.own_rate() else LRS if step.lr else (None, None)
+    for (x, y), lr in zip(batches(), rates):
+        reference_step(model, opt, x, y, lr, step.clip, accum=ACCUM if step.accum else 1, **mistakes)
         out.append(parameters_of(model))
     return out
 
@@ -182,12 +230,14 @@ def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
     with torch.enable_grad():
         got, right, errs = _drive(step, base)
         res.max_abs_error = max(errs)
+        rates = step.seen[:2] if step.own_rate() else LRS
         res.checks.append(Check(text(
-            f"AdamW, learning rates {LRS[0]:g} then {LRS[1]:g}: the parameters after one and after two steps "
-            "equal handformer's step on the same batches",
-            f"AdamW，学习率先 {LRS[0]:g} 后 {LRS[1]:g}：走完一步、两步之后的参数都与 handformer 的训练一步"
-            "在同样 batch 上的结果一致"), max(errs) < TOL, error_text(max(errs))))
+            f"AdamW, learning rates {rates[0]:.4g} then {rates[1]:.4g}: the parameters after one and after "
+            "two steps equal handformer's step on the same batches",
+            f"AdamW，学习率先 {rates[0]:.4g} 后 {rates[1]:.4g}：走完一步、两步之后的参数都与 handformer 的"
+            "训练一步在同样 batch 上的结果一致"), max(errs) < TOL, error_text(max(errs))))
         _notes(res, step)
+        _rate_written(res, comp, step)
         if max(errs) >= TOL:
             _search(res, ctx, comp, step, base, got, right, errs)
         if step.clip is not None and not res.findings:  # a loss scale clipping hid
@@ -248,11 +298,37 @@ def _notes(res: ComponentResult, step: Step) -> None:
                               "(split along the batch), their gradients accumulated before one update",
                               f"{step.accum}={ACCUM}：每个 {BATCH} 个窗口的 batch 沿 batch 维分成 {ACCUM} 个 "
                               "micro-batch，梯度累加后更新一次"))
-    if not step.lr:
+    if step.own_rate():
+        rates = f"{step.seen[0]:.4g}, {step.seen[1]:.4g}"
+        res.notes.append(text(f"your step sets the learning rate itself from {step.config}: handformer's "
+                              f"step used the rates yours wrote into the optimizer ({rates})",
+                              f"你的一步自己根据 {step.config} 设置学习率：handformer 的一步用你写进"
+                              f"优化器的学习率（{rates}）"))
+    elif not step.lr:
         res.notes.append(text(f"your step takes no learning rate: compared with steps at the optimizer's "
                               f"{OPT_LR:g} (the schedule must then be set in your loop)",
                               f"你的一步不接收学习率：与按优化器自己的 {OPT_LR:g} 走的步比较"
                               "（学习率调度就得在你的训练循环里设置）"))
+
+
+def _schedule_called(fn: Any) -> str | None:
+    """The schedule of the learner's file that the step calls (its rate_at(step, cfg)), or None."""
+    module = vars(inspect.getmodule(fn) or types)
+    return next((n for n in sorted(global_reads(fn)) if inspect.isfunction(module.get(n))
+                 and kind_of(module[n]) == "schedule"), None)
+
+
+def _rate_written(res: ComponentResult, comp: Component, step: Step) -> None:
+    """A step that reads its schedule's settings but leaves the optimizer at its own rate never wrote
+    the scheduled rate into the param groups: train_step_lr_not_set."""
+    if "lr" not in step.fields or step.own_rate():
+        return
+    number, code = locate("train_step_lr_not_set", source_lines([comp.obj]))
+    res.findings.append(Finding("train_step_lr_not_set", text(
+        f"your step reads its schedule ({step.fields['lr']}) but the optimizer's "
+        f"learning rate stayed at its own {OPT_LR:g} after each step",
+        f"你的一步读了调度（{step.fields['lr']}），但每一步之后优化器的学习率"
+        f"都还是它自己的 {OPT_LR:g}"), number, code))
 
 
 def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, base: nn.Module,

@@ -15,8 +15,12 @@ checked on its own: the paper's schedule is never 0 there and never divides by z
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
 import math
+import re
 import sys
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,7 +31,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import SCHEDULE_ARGS as ARGS
 from handformer.check.core.argument_names import SCHEDULE_STEP_NAMES as STEP_NAMES
 from handformer.check.core.context import Context, forward_parameters, global_reads, named, names_of
-from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.discovery import Component, DiscoveryError, config_reads, defaulted_config
 from handformer.check.core.localize import Departure
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, Text, text
@@ -128,6 +132,7 @@ class Schedule:
 
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
+        self.lambdas: list[Callable[[int], Any]] = []  # a LambdaLR factory's schedule, once stepped
         params = forward_parameters(comp.obj)
         self.names, self.required = names_of(params)
         lowered = [n.lower() for n in self.names]
@@ -137,10 +142,13 @@ class Schedule:
         settings = [n for n in self.names if n != self.step_name]
         self.args = {key: named(settings, aliases) for key, aliases in ARGS.items()}
         self.globals = _global_settings(comp.obj, self.names)  # key -> the module global it reads
+        # a configuration argument (nanoGPT's get_lr(it, cfg) reads cfg.warmup_iters): key -> its field
+        rest = [n for n in settings if n not in self.args.values()]
+        self.config, self.fields = _config_settings(comp.obj, rest)
         self.family = _family({k: self.setting(k) for k in ARGS},
-                              lowered[int(self.factory):])  # a factory's first: the optimizer
+                              lowered[int(self.factory):] + list(self.fields.values()))
         unknown = [n for n in self.required if n != self.step_name and n not in self.args.values()
-                   and n.lower() not in OPTIMIZER_NAMES]
+                   and n.lower() not in OPTIMIZER_NAMES and n != self.config]
         if self.family is None or unknown:
             raise _unreadable(comp, unknown)
         sizes, steps, untaken, *_ = FAMILIES[self.family]
@@ -153,7 +161,7 @@ class Schedule:
 
     def setting(self, key: str) -> str | None:
         """The argument, or else the module global, that gives the setting `key`; None: neither."""
-        return self.args[key] or self.globals.get(key)
+        return self.args[key] or self.fields.get(key) or self.globals.get(key)
 
     def reads(self, key: str) -> bool:
         """Whether the schedule takes the setting `key` (an argument or a module global it reads)."""
@@ -178,7 +186,11 @@ class Schedule:
             vars(module).update(saved)
 
     def kwargs(self) -> dict[str, Any]:
-        return {name: self.sizes[key] for key, name in self.args.items() if name and key in self.sizes}
+        out = {name: self.sizes[key] for key, name in self.args.items() if name and key in self.sizes}
+        if self.config is not None:
+            values = {attr: self.sizes[key] for key, attr in self.fields.items() if key in self.sizes}
+            out[self.config] = _config_object(self.comp.obj, self.config, values)
+        return out
 
     def value(self, step: int) -> float:
         """The learning rate at one step (a function of the step); their exception is theirs."""
@@ -206,7 +218,9 @@ class Schedule:
     def _stepped(self) -> dict[int, float | BaseException]:
         weight = torch.zeros(1, requires_grad=True)
         opt = torch.optim.SGD([weight], lr=1.0)
-        sched = self.ctx.learner.call("__init__", self.comp.obj, opt, **self.kwargs())
+        with _first_step_kept() as raised:
+            sched = self.ctx.learner.call("__init__", self.comp.obj, opt, **self.kwargs())
+        self.lambdas = [f for f in getattr(sched, "lr_lambdas", ()) if inspect.isfunction(f)]  # LambdaLR's
         if not hasattr(sched, "step"):
             raise self.ctx.learner.fail(
                 "__init__",
@@ -214,13 +228,57 @@ class Schedule:
                 f"{type(sched).__name__}, not a scheduler with .step()",
                 f"{self.comp.name}(optimizer, ...) 返回了 {type(sched).__name__}，不是带 .step() 的调度器",
             )
-        out: dict[int, float | BaseException] = {}
+        path = self.ctx.learner.path
+        out: dict[int, float | BaseException] = dict(
+            (0, fp.LearnerFailure(fp.learner_error(err, path, "__init__"))) for err in raised)
         for s in range(max(self.steps + self.past) + 1):
-            if s in self.steps + self.past:
+            if s in self.steps + self.past and s not in out:
                 out[s] = float(opt.param_groups[0]["lr"])
             opt.step()
             self.ctx.learner.call("forward", sched.step)
         return out
+
+
+@contextlib.contextmanager
+def _first_step_kept() -> Iterator[list[Exception]]:
+    """While a torch scheduler is built, the exception of the step 0 it reads as it is built (a
+    LambdaLR calls the schedule at step 0) kept, not raised, so that the steps after it are read."""
+    scheduler = torch.optim.lr_scheduler.LRScheduler
+    original, raised = scheduler._initial_step, []
+
+    def initial_step(self: Any) -> None:
+        try:
+            original(self)
+        except Exception as err:  # the learner's schedule at step 0: the step-0 check reports it
+            raised.append(err)
+
+    scheduler._initial_step = initial_step  # type: ignore[method-assign]
+    try:
+        yield raised
+    finally:
+        scheduler._initial_step = original  # type: ignore[method-assign]
+
+
+def _config_settings(fn: Any, candidates: list[str]) -> tuple[str | None, dict[str, str]]:
+    """The argument that holds the schedule's settings as fields (`cfg.warmup_iters`), and key -> the
+    field; (None, {}) when no argument does, or when it reads a field check cannot fill (a namespace
+    would raise where the learner's own configuration would not)."""
+    for name in candidates:
+        attrs = config_reads(fn, name)[1]
+        fields = {key: attr for key, aliases in ARGS.items() for attr in sorted(attrs)
+                  if attr.lower() in aliases}
+        own = defaulted_config(fn, name)
+        known = set(fields.values()) | set(getattr(own, "__dataclass_fields__", ()))
+        if fields and attrs <= known:
+            return name, fields
+    return None, {}
+
+
+def _config_object(fn: Any, name: str, values: dict[str, Any]) -> Any:
+    """The configuration handed to the schedule: the learner's dataclass at its defaults, or a
+    namespace, with check's settings in the fields it reads."""
+    own = defaulted_config(fn, name)
+    return dataclasses.replace(own(), **values) if own is not None else types.SimpleNamespace(**values)
 
 
 def _global_settings(fn: Any, arguments: list[str]) -> dict[str, str]:
@@ -400,9 +458,11 @@ def _localize(subject: Subject, found: Found) -> Departure | None:
     steps = torch.tensor(sorted(got), dtype=torch.float64)  # (S,)
     values = torch.tensor([got[int(s)] for s in steps], dtype=torch.float64)  # (S,)
     conv, right = max(subject.readings, key=lambda r: _agreeing(values, _rates(r[1], steps)))
+    # a LambdaLR factory on an optimizer of lr 1: its lambda is the schedule, a function of the step
+    fn, value = (sched.lambdas[0],) * 2 if sched.factory and sched.lambdas else (sched.comp.obj, sched.value)
     with sched.settings():
-        return None if sched.factory else localize_schedule(
-            sched.value, sched.comp.obj, _sub_steps(sched, conv, right), values, _rates(right, steps), steps,
+        return None if sched.factory and not sched.lambdas else localize_schedule(
+            value, fn, _sub_steps(sched, conv, right), values, _rates(right, steps), steps,
             _named_sizes(sched))
 
 
@@ -626,7 +686,8 @@ def _step_zero(
     cosine's CS336 warmup is 0 by its definition (a note)."""
     if isinstance(zero, fp.LearnerFailure):
         observed = text(f"at step 0 it raised {zero.error.message}", f"步 0 抛出了 {zero.error.message}")
-        res.findings.append(_finding(ctx, comp, "schedule_step_zero", observed, "division"))
+        finding = _finding(ctx, comp, "schedule_step_zero", observed, "division")
+        res.findings.append(_raised_at(finding, zero.error.traceback))
         return
     want = right(0, frozenset())
     if zero is None or _close(zero, want):
@@ -648,6 +709,12 @@ def _step_zero(
             text(f"{zero:.4g}, expected {want:.4g}", f"{zero:.4g}，应为 {want:.4g}"),
         )
     )
+
+
+def _raised_at(finding: Finding, traceback: list[str]) -> Finding:
+    """The finding quoting the line of theirs that raised (the last of their frames), where it is known."""
+    last = re.match(r"line (\d+)[^:]*: (.*)", traceback[-1]) if traceback else None
+    return dataclasses.replace(finding, line=int(last[1]), code=last[2]) if last else finding
 
 
 def _zero_at_start_note() -> Text:
