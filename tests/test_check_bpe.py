@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from check_plants import correct_file, planted_file
@@ -182,3 +183,20 @@ def test_the_vocabularys_layout_is_reported_as_a_convention(tmp_path):
     (trainer,) = result.components
     assert trainer.status == "pass", format_report(result)
     assert trainer.convention["en"].endswith("special token last (id 436); the 256 bytes in byte order from id 0")
+
+
+BYTE_LEVEL = Path(__file__).parent / "fixtures" / "learners_byte_bpe" / "gpt2_style.py"
+
+
+def test_a_byte_level_bpe_over_gpt2s_printable_characters_is_read_back_in_bytes(tmp_path):
+    """GPT-2's encoder.py style (merges of strings such as ("Ġ", "t"), an encoder {string: id}; checked
+    against transformers' bytes_to_unicode and the tokenizers library's BPE in /tmp/dev_e60k): its merges
+    and vocabulary mapped back to bytes, trained and graded in full; a decode that turns the characters
+    into UTF-8 directly (a space comes out as Ġ) FAILs."""
+    (tok,) = check_file(str(BYTE_LEVEL)).components
+    assert tok.status == "pass" and len(tok.checks) == 14, format_report(check_file(str(BYTE_LEVEL)))
+    planted = tmp_path / "gpt2_style_decode.py"
+    planted.write_text(BYTE_LEVEL.read_text().replace("bytes(self.to_byte[c] for c in s)", "s.encode()"))
+    (tok,) = check_file(str(planted)).components
+    assert tok.status == "fail" and any("decode(encode(text)) == text" in c.name["en"] and not c.ok
+                                        for c in tok.checks), format_report(check_file(str(planted)))

@@ -98,7 +98,28 @@ def _learnt(tok: Any) -> tuple[dict[int, bytes], list[R.Pair]]:
     vocab = next(filter(lambda v: bpe.typed(v, int, bytes), held), {})
     ranked = [sorted(v, key=v.__getitem__) for v in filter(lambda v: bpe.typed(v, tuple, int), held)]
     pairs = next(iter(ranked + list(filter(lambda v: bpe.typed(v, int, tuple), held))), [])
+    if bpe_pieces.character_merges(pairs) and all(set(a + b) <= set(BYTE_OF) for a, b in pairs):
+        return _byte_level(held, pairs)
     return vocab, [(vocab.get(a, a), vocab.get(b, b)) for a, b in pairs]  # ids -> bytes
+
+
+def _gpt2_byte_table() -> dict[str, int]:
+    """GPT-2's printable character of each byte (its bytes_to_unicode), inverted: character -> byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
+
+
+BYTE_OF = _gpt2_byte_table()
+
+
+def _byte_level(held: list[Any], pairs: list[R.Pair]) -> tuple[dict[int, bytes], list[R.Pair]]:
+    """A byte-level BPE written over GPT-2's printable characters (its encoder.py: merges of strings
+    such as ("Ġ", "t"), an encoder {string: id}): merges and vocabulary back in bytes."""
+    as_bytes = lambda s: bytes(BYTE_OF[c] for c in s) if set(s) <= set(BYTE_OF) else s.encode()  # noqa: E731
+    encoder = max(filter(lambda v: bpe.typed(v, str, int), held), key=len, default={})  # not its specials
+    return {i: as_bytes(s) for s, i in encoder.items()}, [(as_bytes(a), as_bytes(b)) for a, b in pairs]
 
 
 def _pattern(tok: Any) -> str:
