@@ -55,6 +55,8 @@ LOADER_NAMES = ("loader", "data_loader", "dataloader", "batches", "data_iter", "
                 "dataset", "train_data", "data")
 ACCUM_NAMES = ("accum_steps", "accumulation_steps", "grad_accum_steps", "gradient_accumulation_steps",
                "accum_iter", "accumulate", "n_accum", "grad_accum", "micro_batches", "accum")
+CLIP_NAMES = ("grad_clip", "clip_norm", "max_grad_norm", "clip", "gradient_clip", "clip_grad",
+              "grad_clip_norm", "max_norm", "clip_grad_norm", "grad_norm_clip", "clip_value")
 SRC_NAMES = ("src", "source", "x", "src_ids", "inputs", "input_ids")
 TGT_NAMES = ("tgt", "trg", "target", "y", "tgt_ids", "targets", "labels")
 

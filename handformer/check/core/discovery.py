@@ -153,20 +153,20 @@ def find_components(module: types.ModuleType, overrides: dict[str, str] | None =
 
 
 def _without_dispatchers(found: list[Component]) -> list[Component]:
-    """The components less the schedules that only pick another schedule of the file (Hugging Face's
-    get_scheduler(name, optimizer, ...) choosing by name from a table): what they call is checked."""
+    """The components less the schedules that pick one of two or more schedules of the file (Hugging
+    Face's get_scheduler(name, optimizer, ...), from a table or by `if`): the schedules they call are
+    checked. A schedule that wraps one other (a LambdaLR of rate(step + 1, ...)) is a schedule itself."""
     from handformer.check.core.context import global_reads
 
-    schedules = [c for c in found if c.kind == "schedule" and inspect.isfunction(c.obj)]
+    schedules = {id(c.obj) for c in found if c.kind == "schedule"}
 
-    def calls_other(comp: Component) -> bool:
-        module = vars(_module_of(comp.obj) or types)
-        reach = {id(module.get(n)) for n in global_reads(comp.obj)}
-        reach |= {id(v) for n in global_reads(comp.obj) if isinstance(module.get(n), dict)
-                  for v in module[n].values()}  # a table of name -> schedule
-        return any(id(c.obj) in reach for c in schedules if c is not comp)
+    def picks(comp: Component) -> bool:
+        module = vars(sys.modules[comp.obj.__module__])
+        reached = [module.get(n) for n in global_reads(comp.obj)]
+        tables = [t.values() for t in reached if isinstance(t, dict)]  # a table of name -> schedule
+        return len(schedules & set(map(id, reached + sum(map(list, tables), [])))) >= 2
 
-    return [c for c in found if c not in schedules or not calls_other(c)]
+    return [c for c in found if c.kind != "schedule" or not picks(c)]
 
 
 SIZES_FOR_ADAPTERS = {"d_model": 16, "n_heads": 4, "d_ff": 40, "dropout": 0.1, "max_len": 64}
@@ -520,10 +520,10 @@ def defaulted_config(fn: Any, name: str) -> Any:
     """The dataclass the argument `name` of a function is annotated with (`cfg: TrainConfig`), when every
     field has a default (check builds it at the learner's defaults); else None."""
     ann = annotation(inspect.signature(fn).parameters[name], fn)
-    fields = dataclasses.fields(ann) if dataclasses.is_dataclass(ann) and inspect.isclass(ann) else None
-    defaulted = fields is not None and all(
-        f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING for f in fields)
-    return ann if defaulted else None
+    if not (inspect.isclass(ann) and dataclasses.is_dataclass(ann)):
+        return None
+    required = [f for f in dataclasses.fields(ann) if f.default is f.default_factory is dataclasses.MISSING]
+    return None if required else ann
 
 
 def _covering_config(cls: Any, name: str) -> Any:

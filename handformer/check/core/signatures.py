@@ -75,8 +75,7 @@ def kind_of(fn: Any) -> str | None:
     params, names, required = _signature(fn)
     if lm_step(fn):
         return "lm_train_step"
-    first = names[:1] if names[:1] and names[0] in SCHEDULE_STEP_NAMES + OPTIMIZER_NAMES else names
-    configs = _config_fields(fn, required - set(first) - set().union(*SCHEDULE_ARGS.values()))
+    configs = _config_fields(fn, required - set(names[:1]) - set().union(*SCHEDULE_ARGS.values()))
     if _schedule(names + sum(configs.values(), []), required - set(configs)):
         return "schedule"
     return _loop_kind(names, required) or _logits_kind(fn, params, names, required)
@@ -87,9 +86,8 @@ def _config_fields(fn: Any, args: set[str]) -> dict[str, list[str]]:
     get_lr(it, cfg): cfg.warmup_iters), lowered."""
     from handformer.check.core.discovery import config_reads
 
-    fields = {p.name.lower(): sorted(f.lower() for f in config_reads(fn, p.name)[1])
-              for p in call_parameters(fn) if p.name.lower() in args}
-    return {p: f for p, f in fields.items() if f}
+    fields = {name: sorted(map(str.lower, config_reads(fn, name)[1])) for name in args}
+    return dict(filter(lambda item: item[1], fields.items()))  # the arguments it reads fields of
 
 
 def _schedule(names: list[str], required: set[str]) -> bool:

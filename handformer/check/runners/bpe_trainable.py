@@ -107,8 +107,8 @@ def _gpt2_byte_table() -> dict[str, int]:
     """GPT-2's printable character of each byte (its bytes_to_unicode), inverted: character -> byte."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
                  *range(ord("®"), ord("ÿ") + 1)]
-    others = [b for b in range(256) if b not in printable]
-    return {chr(b): b for b in printable} | {chr(256 + n): b for n, b in enumerate(others)}
+    others = sorted(set(range(256)) - set(printable))  # shown as chr(256), chr(257), ... in byte order
+    return dict(zip(map(chr, printable + list(range(256, 256 + len(others)))), printable + others))
 
 
 BYTE_OF = _gpt2_byte_table()

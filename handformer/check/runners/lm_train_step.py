@@ -25,7 +25,7 @@ import copy
 import dataclasses
 import inspect
 import itertools
-import types
+import sys
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ from torch import Tensor
 
 from handformer.check.core.argument_names import (
     ACCUM_NAMES,
+    CLIP_NAMES,
     LR_NAMES,
     SCHEDULE_ARGS,
     SCHEDULE_STEP_NAMES,
@@ -158,7 +159,7 @@ class Step:
         self.count = named(rest, SCHEDULE_STEP_NAMES)  # the iteration (nanoGPT's iter_num): 0, then 1
         # a configuration (nanoGPT's cfg): its micro-steps, clipping norm, and whether it sets the rate
         self.config, self.fields = _step_config(comp.obj, [n for n in rest if n != self.count])
-        self.accum = self.accum or self.fields.get("accum")
+        self.micro = self.accum or self.fields.get("accum")  # what sets the micro-steps: argument or field
         self.seen: list[float] = []  # the rate the learner's step left in the optimizer, each call
         unknown = [n for n in rest if n not in (self.count, self.config)]
         if unknown or not (self.model and self.opt and self.x and self.y):
@@ -178,19 +179,18 @@ class Step:
         return dataclasses.replace(own(), **{self.fields[k]: ACCUM for k in ("accum",) if k in self.fields})
 
     def _config_clip(self) -> float | None:
-        norm = float(getattr(self._config(), self.fields["clip"]) or 0.0)
+        norm = float(getattr(self._config(), self.fields["clip"]))
         return norm or None  # nanoGPT's grad_clip = 0.0 turns clipping off
 
     def own_rate(self) -> bool:
         """Whether the step sets the learning rate itself (from its iteration and settings): it takes
         none, and the optimizer's rate moved off its own."""
-        return not self.lr and any(lr != OPT_LR for lr in self.seen)
+        return not self.lr and bool(set(self.seen) - {OPT_LR})
 
     def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float) -> Any:
         kwargs: dict[str, Any] = {self.model: model, self.opt: opt, self.x: x.clone(), self.y: y.clone()}
         given = {self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
-                 self.accum if self.accum not in self.fields.values() else None: lambda: ACCUM,
-                 self.count: lambda: LRS.index(lr) if lr in LRS else 0, self.config: self._config}
+                 self.accum: lambda: ACCUM, self.count: lambda: len(self.seen) % 2, self.config: self._config}
         kwargs.update({name: make() for name, make in given.items() if name})
         out = self.ctx.learner.call("forward", self.comp.obj, **kwargs)
         self.seen.append(float(opt.param_groups[0]["lr"]))
@@ -201,13 +201,12 @@ def _step_config(fn: Any, candidates: list[str]) -> tuple[str | None, dict[str, 
     """The argument that is the step's configuration (a dataclass of the learner's with defaults), and
     what check reads in it: key -> field ("accum": the micro-steps, "clip": the clipping norm, "lr": a
     setting of the schedule)."""
-    for name in (n for n in candidates if defaulted_config(fn, n) is not None):
-        fields = {f.name: f.name.lower() for f in dataclasses.fields(defaulted_config(fn, name))}
-        found = {"accum": named(list(fields), ACCUM_NAMES),
-                 "clip": next((f for f, low in fields.items() if "clip" in low), None),
+    for name in filter(lambda n: defaulted_config(fn, n) is not None, candidates):
+        fields = [f.name for f in dataclasses.fields(defaulted_config(fn, name))]
+        found = {"accum": named(fields, ACCUM_NAMES), "clip": named(fields, CLIP_NAMES),
                  "lr": named(sorted(config_reads(fn, name)[1]), SCHEDULE_ARGS["max_lr"])
                  or _schedule_called(fn)}
-        return name, {key: field for key, field in found.items() if field}
+        return name, dict(filter(lambda item: item[1], found.items()))
     return None, {}
 
 
@@ -218,7 +217,7 @@ def _run(step: Step, base: nn.Module, make_opt: Any = optimizer, **mistakes: boo
     out = []
     rates = step.seen[-2:] if step.own_rate() else LRS if step.lr else (None, None)
     for (x, y), lr in zip(batches(), rates):
-        reference_step(model, opt, x, y, lr, step.clip, accum=ACCUM if step.accum else 1, **mistakes)
+        reference_step(model, opt, x, y, lr, step.clip, accum=ACCUM if step.micro else 1, **mistakes)
         out.append(parameters_of(model))
     return out
 
@@ -293,10 +292,10 @@ def _notes(res: ComponentResult, step: Step) -> None:
     if step.clip is not None:
         res.notes.append(clip_note(step.clip))
     res.notes += [SCHEDULER_NOTE] * bool(step.sched) + [SCALER_NOTE] * bool(step.scaler)
-    if step.accum:
-        res.notes.append(text(f"{step.accum}={ACCUM}: each batch of {BATCH} windows in {ACCUM} micro-batches "
+    if step.micro:
+        res.notes.append(text(f"{step.micro}={ACCUM}: each batch of {BATCH} windows in {ACCUM} micro-batches "
                               "(split along the batch), their gradients accumulated before one update",
-                              f"{step.accum}={ACCUM}：每个 {BATCH} 个窗口的 batch 沿 batch 维分成 {ACCUM} 个 "
+                              f"{step.micro}={ACCUM}：每个 {BATCH} 个窗口的 batch 沿 batch 维分成 {ACCUM} 个 "
                               "micro-batch，梯度累加后更新一次"))
     if step.own_rate():
         rates = f"{step.seen[0]:.4g}, {step.seen[1]:.4g}"
@@ -313,9 +312,9 @@ def _notes(res: ComponentResult, step: Step) -> None:
 
 def _schedule_called(fn: Any) -> str | None:
     """The schedule of the learner's file that the step calls (its rate_at(step, cfg)), or None."""
-    module = vars(inspect.getmodule(fn) or types)
-    return next((n for n in sorted(global_reads(fn)) if inspect.isfunction(module.get(n))
-                 and kind_of(module[n]) == "schedule"), None)
+    module = vars(sys.modules[fn.__module__])
+    called = filter(inspect.isfunction, map(module.get, sorted(global_reads(fn))))
+    return next((f.__name__ for f in called if kind_of(f) == "schedule"), None)
 
 
 def _rate_written(res: ComponentResult, comp: Component, step: Step) -> None:
@@ -336,7 +335,7 @@ def _search(res: ComponentResult, ctx: Context, comp: Component, step: Step, bas
             ) -> None:
     """The first set of MISTAKES (one, then two) whose steps reproduce the learner's parameters."""
     possible = {"train_step_clip_after_step": step.clip is not None, "train_step_lr_not_set": bool(step.lr),
-                "train_step_loss_not_divided": bool(step.accum)}
+                "train_step_loss_not_divided": bool(step.micro)}
     names = [n for n in MISTAKES if possible.get(n, True)]
     for combo in (c for n in (1, 2) for c in itertools.combinations(names, n)):
         theirs = _run(step, base, make_opt, **{k: v for name in combo for k, v in MISTAKES[name].items()})

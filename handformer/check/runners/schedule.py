@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import inspect
 import math
-import re
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -132,7 +131,7 @@ class Schedule:
 
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
-        self.lambdas: list[Callable[[int], Any]] = []  # a LambdaLR factory's schedule, once stepped
+        self.traced: tuple[Any, Callable[[int], Any]] | None = None  # what is localized: fn, its call
         params = forward_parameters(comp.obj)
         self.names, self.required = names_of(params)
         lowered = [n.lower() for n in self.names]
@@ -220,7 +219,9 @@ class Schedule:
         opt = torch.optim.SGD([weight], lr=1.0)
         with _first_step_kept() as raised:
             sched = self.ctx.learner.call("__init__", self.comp.obj, opt, **self.kwargs())
-        self.lambdas = [f for f in getattr(sched, "lr_lambdas", ()) if inspect.isfunction(f)]  # LambdaLR's
+        # a LambdaLR's lambda on an optimizer of lr 1 is the schedule, a function of the step: localized
+        lambdas = filter(inspect.isfunction, getattr(sched, "lr_lambdas", ()))
+        self.traced = next(((f, f) for f in lambdas), None)
         if not hasattr(sched, "step"):
             raise self.ctx.learner.fail(
                 "__init__",
@@ -228,14 +229,14 @@ class Schedule:
                 f"{type(sched).__name__}, not a scheduler with .step()",
                 f"{self.comp.name}(optimizer, ...) 返回了 {type(sched).__name__}，不是带 .step() 的调度器",
             )
-        path = self.ctx.learner.path
-        out: dict[int, float | BaseException] = dict(
-            (0, fp.LearnerFailure(fp.learner_error(err, path, "__init__"))) for err in raised)
+        out: dict[int, float | BaseException] = {}
         for s in range(max(self.steps + self.past) + 1):
-            if s in self.steps + self.past and s not in out:
+            if s in self.steps + self.past:
                 out[s] = float(opt.param_groups[0]["lr"])
             opt.step()
             self.ctx.learner.call("forward", sched.step)
+        path = self.ctx.learner.path  # step 0 raised while the scheduler was built: its value the failure
+        out.update((0, fp.LearnerFailure(fp.learner_error(err, path, "__init__"))) for err in raised)
         return out
 
 
@@ -265,10 +266,9 @@ def _config_settings(fn: Any, candidates: list[str]) -> tuple[str | None, dict[s
     would raise where the learner's own configuration would not)."""
     for name in candidates:
         attrs = config_reads(fn, name)[1]
-        fields = {key: attr for key, aliases in ARGS.items() for attr in sorted(attrs)
-                  if attr.lower() in aliases}
-        own = defaulted_config(fn, name)
-        known = set(fields.values()) | set(getattr(own, "__dataclass_fields__", ()))
+        fields = dict(filter(lambda item: item[1], ((key, named(sorted(attrs), aliases)) for key, aliases in
+                                                    ARGS.items())))
+        known = set(fields.values()) | set(getattr(defaulted_config(fn, name), "__dataclass_fields__", ()))
         if fields and attrs <= known:
             return name, fields
     return None, {}
@@ -458,11 +458,10 @@ def _localize(subject: Subject, found: Found) -> Departure | None:
     steps = torch.tensor(sorted(got), dtype=torch.float64)  # (S,)
     values = torch.tensor([got[int(s)] for s in steps], dtype=torch.float64)  # (S,)
     conv, right = max(subject.readings, key=lambda r: _agreeing(values, _rates(r[1], steps)))
-    # a LambdaLR factory on an optimizer of lr 1: its lambda is the schedule, a function of the step
-    fn, value = (sched.lambdas[0],) * 2 if sched.factory and sched.lambdas else (sched.comp.obj, sched.value)
+    traced = sched.traced if sched.factory else (sched.comp.obj, sched.value)
     with sched.settings():
-        return None if sched.factory and not sched.lambdas else localize_schedule(
-            value, fn, _sub_steps(sched, conv, right), values, _rates(right, steps), steps,
+        return None if traced is None else localize_schedule(
+            traced[1], traced[0], _sub_steps(sched, conv, right), values, _rates(right, steps), steps,
             _named_sizes(sched))
 
 
@@ -686,8 +685,7 @@ def _step_zero(
     cosine's CS336 warmup is 0 by its definition (a note)."""
     if isinstance(zero, fp.LearnerFailure):
         observed = text(f"at step 0 it raised {zero.error.message}", f"步 0 抛出了 {zero.error.message}")
-        finding = _finding(ctx, comp, "schedule_step_zero", observed, "division")
-        res.findings.append(_raised_at(finding, zero.error.traceback))
+        res.findings.append(_finding(ctx, comp, "schedule_step_zero", observed, "division"))
         return
     want = right(0, frozenset())
     if zero is None or _close(zero, want):
@@ -709,12 +707,6 @@ def _step_zero(
             text(f"{zero:.4g}, expected {want:.4g}", f"{zero:.4g}，应为 {want:.4g}"),
         )
     )
-
-
-def _raised_at(finding: Finding, traceback: list[str]) -> Finding:
-    """The finding quoting the line of theirs that raised (the last of their frames), where it is known."""
-    last = re.match(r"line (\d+)[^:]*: (.*)", traceback[-1]) if traceback else None
-    return dataclasses.replace(finding, line=int(last[1]), code=last[2]) if last else finding
 
 
 def _zero_at_start_note() -> Text:
