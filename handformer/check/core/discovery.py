@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import functools
 import inspect
+import itertools
 import re
 import sys
 import types
@@ -156,17 +157,18 @@ def _without_dispatchers(found: list[Component]) -> list[Component]:
     """The components less the schedules that pick one of two or more schedules of the file (Hugging
     Face's get_scheduler(name, optimizer, ...), from a table or by `if`): the schedules they call are
     checked. A schedule that wraps one other (a LambdaLR of rate(step + 1, ...)) is a schedule itself."""
+    schedules = {id(c.obj) for c in found if c.kind == "schedule"}
+    return [c for c in found if c.kind != "schedule" or len(schedules & set(map(id, _reached(c.obj)))) < 2]
+
+
+def _reached(fn: Any) -> list[Any]:
+    """The objects of its module a function reads, and the values of the dicts among them (a table of
+    name -> schedule)."""
     from handformer.check.core.context import global_reads
 
-    schedules = {id(c.obj) for c in found if c.kind == "schedule"}
-
-    def picks(comp: Component) -> bool:
-        module = vars(sys.modules[comp.obj.__module__])
-        reached = [module.get(n) for n in global_reads(comp.obj)]
-        tables = [t.values() for t in reached if isinstance(t, dict)]  # a table of name -> schedule
-        return len(schedules & set(map(id, reached + sum(map(list, tables), [])))) >= 2
-
-    return [c for c in found if c.kind != "schedule" or not picks(c)]
+    reached = list(map(vars(sys.modules[fn.__module__]).get, global_reads(fn)))
+    tables = filter(lambda value: isinstance(value, dict), reached)
+    return reached + list(itertools.chain.from_iterable(table.values() for table in tables))
 
 
 SIZES_FOR_ADAPTERS = {"d_model": 16, "n_heads": 4, "d_ff": 40, "dropout": 0.1, "max_len": 64}
@@ -520,7 +522,7 @@ def defaulted_config(fn: Any, name: str) -> Any:
     """The dataclass the argument `name` of a function is annotated with (`cfg: TrainConfig`), when every
     field has a default (check builds it at the learner's defaults); else None."""
     ann = annotation(inspect.signature(fn).parameters[name], fn)
-    if not (inspect.isclass(ann) and dataclasses.is_dataclass(ann)):
+    if not dataclasses.is_dataclass(ann):  # an annotation is a class (an instance of one would be odd)
         return None
     required = [f for f in dataclasses.fields(ann) if f.default is f.default_factory is dataclasses.MISSING]
     return None if required else ann

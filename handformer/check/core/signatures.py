@@ -81,6 +81,9 @@ def kind_of(fn: Any) -> str | None:
     return _loop_kind(names, required) or _logits_kind(fn, params, names, required)
 
 
+SCHEDULE_FIRST = SCHEDULE_STEP_NAMES + OPTIMIZER_NAMES  # a schedule's step, a scheduler factory's optimizer
+
+
 def _config_fields(fn: Any, args: set[str]) -> dict[str, list[str]]:
     """The fields fn reads from each of its arguments `args` that it reads fields of (nanoGPT's
     get_lr(it, cfg): cfg.warmup_iters), lowered."""
@@ -98,9 +101,8 @@ def _schedule(names: list[str], required: set[str]) -> bool:
     settings = SCHEDULE_ARGS
     known = set().union(*settings.values())
     has = lambda key: _takes_each(names[1:], [settings[key]])  # noqa: E731
-    first = bool(names) and names[0] in SCHEDULE_STEP_NAMES + OPTIMIZER_NAMES
-    return first and required - {names[0]} <= known and has("warmup") and (
-        has("d_model") or has("total") or has("min_lr"))
+    return (bool(names) and names[0] in SCHEDULE_FIRST and required - {names[0]} <= known
+            and has("warmup") and (has("d_model") or has("total") or has("min_lr")))
 
 
 SHIFT = re.compile(r"\[\s*:\s*,\s*(:-1|1:)\s*\]")  # tgt[:, :-1], tgt[:, 1:]

@@ -98,7 +98,7 @@ def _learnt(tok: Any) -> tuple[dict[int, bytes], list[R.Pair]]:
     vocab = next(filter(lambda v: bpe.typed(v, int, bytes), held), {})
     ranked = [sorted(v, key=v.__getitem__) for v in filter(lambda v: bpe.typed(v, tuple, int), held)]
     pairs = next(iter(ranked + list(filter(lambda v: bpe.typed(v, int, tuple), held))), [])
-    if bpe_pieces.character_merges(pairs) and all(set(a + b) <= set(BYTE_OF) for a, b in pairs):
+    if bpe_pieces.character_merges(pairs) and set("".join(map("".join, pairs))) <= BYTE_OF.keys():
         return _byte_level(held, pairs)
     return vocab, [(vocab.get(a, a), vocab.get(b, b)) for a, b in pairs]  # ids -> bytes
 
@@ -117,9 +117,9 @@ BYTE_OF = _gpt2_byte_table()
 def _byte_level(held: list[Any], pairs: list[R.Pair]) -> tuple[dict[int, bytes], list[R.Pair]]:
     """A byte-level BPE written over GPT-2's printable characters (its encoder.py: merges of strings
     such as ("Ġ", "t"), an encoder {string: id}): merges and vocabulary back in bytes."""
-    as_bytes = lambda s: bytes(BYTE_OF[c] for c in s) if set(s) <= set(BYTE_OF) else s.encode()  # noqa: E731
+    as_bytes = lambda s: bytes(map(BYTE_OF.__getitem__, s))  # noqa: E731  (specials check trains: ASCII)
     encoder = max(filter(lambda v: bpe.typed(v, str, int), held), key=len, default={})  # not its specials
-    return {i: as_bytes(s) for s, i in encoder.items()}, [(as_bytes(a), as_bytes(b)) for a, b in pairs]
+    return dict(zip(encoder.values(), map(as_bytes, encoder))), [tuple(map(as_bytes, p)) for p in pairs]
 
 
 def _pattern(tok: Any) -> str:

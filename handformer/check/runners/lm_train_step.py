@@ -158,10 +158,10 @@ class Step:
         rest = [p.name for p in params if p.default is p.empty and p.name not in known]
         self.count = named(rest, SCHEDULE_STEP_NAMES)  # the iteration (nanoGPT's iter_num): 0, then 1
         # a configuration (nanoGPT's cfg): its micro-steps, clipping norm, and whether it sets the rate
-        self.config, self.fields = _step_config(comp.obj, [n for n in rest if n != self.count])
+        self.config, self.fields = _step_config(comp.obj, rest)
         self.micro = self.accum or self.fields.get("accum")  # what sets the micro-steps: argument or field
         self.seen: list[float] = []  # the rate the learner's step left in the optimizer, each call
-        unknown = [n for n in rest if n not in (self.count, self.config)]
+        unknown = sorted(set(rest) - {self.count, self.config})
         if unknown or not (self.model and self.opt and self.x and self.y):
             first = (unknown or ['model / optimizer / x / y'])[0]
             raise DiscoveryError(
@@ -176,11 +176,17 @@ class Step:
     def _config(self) -> Any:
         """The learner's configuration at its defaults, with ACCUM micro-steps."""
         own = defaulted_config(self.comp.obj, self.config)
-        return dataclasses.replace(own(), **{self.fields[k]: ACCUM for k in ("accum",) if k in self.fields})
+        accum = dict(filter(lambda item: item[0], [(self.fields.get("accum"), ACCUM)]))  # its field, if any
+        return dataclasses.replace(own(), **accum)
 
     def _config_clip(self) -> float | None:
         norm = float(getattr(self._config(), self.fields["clip"]))
         return norm or None  # nanoGPT's grad_clip = 0.0 turns clipping off
+
+    def rates(self) -> tuple[float, ...]:
+        """The rates handformer's two steps set: those the learner's step wrote (its own schedule), the
+        schedule's LRS it was handed, or the optimizer's own."""
+        return tuple(self.seen[-2:]) if self.own_rate() else LRS if self.lr else (OPT_LR, OPT_LR)
 
     def own_rate(self) -> bool:
         """Whether the step sets the learning rate itself (from its iteration and settings): it takes
@@ -215,8 +221,7 @@ def _run(step: Step, base: nn.Module, make_opt: Any = optimizer, **mistakes: boo
     model = copy.deepcopy(base)
     opt = make_opt(model)
     out = []
-    rates = step.seen[-2:] if step.own_rate() else LRS if step.lr else (None, None)
-    for (x, y), lr in zip(batches(), rates):
+    for (x, y), lr in zip(batches(), step.rates()):
         reference_step(model, opt, x, y, lr, step.clip, accum=ACCUM if step.micro else 1, **mistakes)
         out.append(parameters_of(model))
     return out
@@ -229,7 +234,7 @@ def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
     with torch.enable_grad():
         got, right, errs = _drive(step, base)
         res.max_abs_error = max(errs)
-        rates = step.seen[:2] if step.own_rate() else LRS
+        rates = step.rates()
         res.checks.append(Check(text(
             f"AdamW, learning rates {rates[0]:.4g} then {rates[1]:.4g}: the parameters after one and after "
             "two steps equal handformer's step on the same batches",

@@ -22,6 +22,7 @@ import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import Tensor
@@ -131,7 +132,7 @@ class Schedule:
 
     def __init__(self, comp: Component, ctx: Context) -> None:
         self.comp, self.ctx = comp, ctx
-        self.traced: tuple[Any, Callable[[int], Any]] | None = None  # what is localized: fn, its call
+        self.traced: tuple[Any, Any] = (None, None)  # what is localized: the function, its call
         params = forward_parameters(comp.obj)
         self.names, self.required = names_of(params)
         lowered = [n.lower() for n in self.names]
@@ -142,8 +143,7 @@ class Schedule:
         self.args = {key: named(settings, aliases) for key, aliases in ARGS.items()}
         self.globals = _global_settings(comp.obj, self.names)  # key -> the module global it reads
         # a configuration argument (nanoGPT's get_lr(it, cfg) reads cfg.warmup_iters): key -> its field
-        rest = [n for n in settings if n not in self.args.values()]
-        self.config, self.fields = _config_settings(comp.obj, rest)
+        self.config, self.fields = _config_settings(comp.obj, settings)  # an argument read as numbers: none
         self.family = _family({k: self.setting(k) for k in ARGS},
                               lowered[int(self.factory):] + list(self.fields.values()))
         unknown = [n for n in self.required if n != self.step_name and n not in self.args.values()
@@ -169,9 +169,9 @@ class Schedule:
     @contextlib.contextmanager
     def settings(self) -> Iterator[Text | None]:
         """The module globals the schedule reads, set to check's sizes (the note that says so)."""
-        module = sys.modules.get(self.comp.obj.__module__)
+        module = sys.modules[self.comp.obj.__module__]  # the learner's file, imported
         wanted = {name: self.sizes[key] for key, name in self.globals.items() if key in self.sizes}
-        if module is None or not wanted:
+        if not wanted:
             yield None
             return
         saved = {name: vars(module).get(name) for name in wanted}
@@ -187,7 +187,7 @@ class Schedule:
     def kwargs(self) -> dict[str, Any]:
         out = {name: self.sizes[key] for key, name in self.args.items() if name and key in self.sizes}
         if self.config is not None:
-            values = {attr: self.sizes[key] for key, attr in self.fields.items() if key in self.sizes}
+            values = {self.fields[key]: self.sizes[key] for key in self.fields.keys() & self.sizes.keys()}
             out[self.config] = _config_object(self.comp.obj, self.config, values)
         return out
 
@@ -217,11 +217,12 @@ class Schedule:
     def _stepped(self) -> dict[int, float | BaseException]:
         weight = torch.zeros(1, requires_grad=True)
         opt = torch.optim.SGD([weight], lr=1.0)
-        with _first_step_kept() as raised:
+        raised: list[Exception] = []
+        with _first_step_kept(raised):
             sched = self.ctx.learner.call("__init__", self.comp.obj, opt, **self.kwargs())
         # a LambdaLR's lambda on an optimizer of lr 1 is the schedule, a function of the step: localized
-        lambdas = filter(inspect.isfunction, getattr(sched, "lr_lambdas", ()))
-        self.traced = next(((f, f) for f in lambdas), None)
+        lam = next(filter(inspect.isfunction, getattr(sched, "lr_lambdas", ())), None)
+        self.traced = (lam, lam)
         if not hasattr(sched, "step"):
             raise self.ctx.learner.fail(
                 "__init__",
@@ -240,12 +241,11 @@ class Schedule:
         return out
 
 
-@contextlib.contextmanager
-def _first_step_kept() -> Iterator[list[Exception]]:
+def _first_step_kept(raised: list[Exception]) -> Any:
     """While a torch scheduler is built, the exception of the step 0 it reads as it is built (a
-    LambdaLR calls the schedule at step 0) kept, not raised, so that the steps after it are read."""
-    scheduler = torch.optim.lr_scheduler.LRScheduler
-    original, raised = scheduler._initial_step, []
+    LambdaLR calls the schedule at step 0) kept in `raised`, not raised, so that the steps after it
+    are read."""
+    original = torch.optim.lr_scheduler.LRScheduler._initial_step
 
     def initial_step(self: Any) -> None:
         try:
@@ -253,11 +253,7 @@ def _first_step_kept() -> Iterator[list[Exception]]:
         except Exception as err:  # the learner's schedule at step 0: the step-0 check reports it
             raised.append(err)
 
-    scheduler._initial_step = initial_step  # type: ignore[method-assign]
-    try:
-        yield raised
-    finally:
-        scheduler._initial_step = original  # type: ignore[method-assign]
+    return mock.patch.object(torch.optim.lr_scheduler.LRScheduler, "_initial_step", initial_step)
 
 
 def _config_settings(fn: Any, candidates: list[str]) -> tuple[str | None, dict[str, str]]:
@@ -460,7 +456,7 @@ def _localize(subject: Subject, found: Found) -> Departure | None:
     conv, right = max(subject.readings, key=lambda r: _agreeing(values, _rates(r[1], steps)))
     traced = sched.traced if sched.factory else (sched.comp.obj, sched.value)
     with sched.settings():
-        return None if traced is None else localize_schedule(
+        return None if traced[0] is None else localize_schedule(
             traced[1], traced[0], _sub_steps(sched, conv, right), values, _rates(right, steps), steps,
             _named_sizes(sched))
 
