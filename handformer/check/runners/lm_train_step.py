@@ -73,7 +73,7 @@ from handformer.config import CausalLMConfig
 from handformer.families import build_causal_lm
 from handformer.models.causal_lm import CausalLM
 
-VOCAB, D, LENGTH, BATCH = 13, 8, 6, 4  # 2 windows a micro-batch: a micro-batch's slice shows
+VOCAB, D, LENGTH, BATCH = 13, 8, 6, 2  # a step that accumulates gets ACCUM x BATCH windows
 OPT_LR = 0.05  # the optimizer's own rate: what a step that never sets the schedule's rate updates with
 LRS = (0.02, 0.004)  # the schedule's rate at steps 1 and 2
 TOL = 1e-9
@@ -85,11 +85,12 @@ MISTAKES: dict[str, dict[str, bool]] = {  # diagnosis -> the flags of handformer
 }
 
 
-def batches() -> list[tuple[Tensor, Tensor]]:
-    """Two (x (B, T), y (B, T)) windows of one random token stream, y = x moved on by one."""
+def batches(rows: int = BATCH) -> list[tuple[Tensor, Tensor]]:
+    """Two (x (B, T), y (B, T)) windows of one random token stream, y = x moved on by one: B = rows (a
+    step that accumulates gets BATCH a micro-batch: a micro-batch's slice of the wrong rows shows)."""
     stream = torch.randint(0, VOCAB, (200,), generator=torch.Generator().manual_seed(5))
     out = []
-    for starts in ((3, 50, 77, 160), (101, 140, 20, 120)):
+    for starts in ((3, 50, 77, 160)[:rows], (101, 140, 20, 120)[:rows]):
         x = torch.stack([stream[s:s + LENGTH] for s in starts])  # (B, T)
         y = torch.stack([stream[s + 1:s + 1 + LENGTH] for s in starts])  # (B, T)
         out.append((x, y))
@@ -160,6 +161,7 @@ class Step:
         # a configuration (nanoGPT's cfg): its micro-steps, clipping norm, and whether it sets the rate
         self.config, self.fields = _step_config(comp.obj, rest)
         self.micro = self.accum or self.fields.get("accum")  # what sets the micro-steps: argument or field
+        self.rows = BATCH * ACCUM if self.micro else BATCH  # windows a batch: BATCH a micro-batch
         self.seen: list[float] = []  # the rate the learner's step left in the optimizer, each call
         unknown = sorted(set(rest) - {self.count, self.config})
         if unknown or not (self.model and self.opt and self.x and self.y):
@@ -221,7 +223,7 @@ def _run(step: Step, base: nn.Module, make_opt: Any = optimizer, **mistakes: boo
     model = copy.deepcopy(base)
     opt = make_opt(model)
     out = []
-    for (x, y), lr in zip(batches(), step.rates()):
+    for (x, y), lr in zip(batches(step.rows), step.rates()):
         reference_step(model, opt, x, y, lr, step.clip, accum=ACCUM if step.micro else 1, **mistakes)
         out.append(parameters_of(model))
     return out
@@ -254,7 +256,7 @@ def check_lm_train_step(comp: Component, ctx: Context) -> ComponentResult:
 def _localize(res: ComponentResult, step: Step, base: nn.Module) -> None:
     """Where the step parts from handformer's (localize_train.py), on a fresh copy of the model."""
     model = copy.deepcopy(base)
-    x, y = batches()[0]
+    x, y = batches(step.rows)[0]
     note_departure(res, lambda: localize_lm_step(step, model, optimizer(model), x, y, LRS[0]))
 
 
@@ -265,7 +267,7 @@ def _drive(step: Step, base: nn.Module, make_opt: Any = optimizer,
     model = copy.deepcopy(base)
     opt = make_opt(model)
     got = []
-    for (x, y), lr in zip(batches(), LRS):
+    for (x, y), lr in zip(batches(step.rows), LRS):
         step(model, opt, x, y, lr)
         got.append(parameters_of(model))
     right = _run(step, base, make_opt)
@@ -280,7 +282,7 @@ def _unclipped(res: ComponentResult, ctx: Context, comp: Component, step: Step, 
     mistakes that explain it are searched there when `search` (the full-size steps were equal)."""
     scaled = copy.deepcopy(base)
     scaled.scale = PROBE_SCALE
-    x, y = batches()[0]
+    x, y = batches(step.rows)[0]
     loss = F.cross_entropy(scaled(x).reshape(-1, VOCAB), y.reshape(-1))
     grads = torch.autograd.grad(loss, list(scaled.parameters()), allow_unused=True)
     norm = float(torch.stack([g.norm() for g in grads if g is not None]).norm())
@@ -298,9 +300,10 @@ def _notes(res: ComponentResult, step: Step) -> None:
         res.notes.append(clip_note(step.clip))
     res.notes += [SCHEDULER_NOTE] * bool(step.sched) + [SCALER_NOTE] * bool(step.scaler)
     if step.micro:
-        res.notes.append(text(f"{step.micro}={ACCUM}: each batch of {BATCH} windows in {ACCUM} micro-batches "
+        rows = step.rows
+        res.notes.append(text(f"{step.micro}={ACCUM}: each batch of {rows} windows in {ACCUM} micro-batches "
                               "(split along the batch), their gradients accumulated before one update",
-                              f"{step.micro}={ACCUM}：每个 {BATCH} 个窗口的 batch 沿 batch 维分成 {ACCUM} 个 "
+                              f"{step.micro}={ACCUM}：每个 {rows} 个窗口的 batch 沿 batch 维分成 {ACCUM} 个 "
                               "micro-batch，梯度累加后更新一次"))
     if step.own_rate():
         rates = f"{step.seen[0]:.4g}, {step.seen[1]:.4g}"
@@ -319,7 +322,7 @@ def _schedule_called(fn: Any) -> str | None:
     """The schedule of the learner's file that the step calls (its rate_at(step, cfg)), or None."""
     module = vars(sys.modules[fn.__module__])
     called = filter(inspect.isfunction, map(module.get, sorted(global_reads(fn))))
-    return next((f.__name__ for f in called if kind_of(f) == "schedule"), None)
+    return getattr(next(filter(lambda f: kind_of(f) == "schedule", called), None), "__name__", None)
 
 
 def _rate_written(res: ComponentResult, comp: Component, step: Step) -> None:
