@@ -239,7 +239,8 @@ def rope_angles(T: int, Dh: int, theta: float = 10000.0, offset: int = 0, flags:
     return pos * theta ** (-j / Dh)  # (T, Dh/2)
 
 
-ROPE_FLAGS = frozenset({"rope_no_offset", "rope_wrong_base", "rope_rotation_sign"})
+# the flags the rotary angles and their sign read, as the search writes them
+ROPE_FORMS = frozenset({"rope_no_offset", "rope_wrong_base:exponent", "rope_rotation_sign"})
 
 
 @functools.lru_cache(maxsize=256)
@@ -267,7 +268,7 @@ def rotary(x: Tensor, layout: str, offset: int = 0, flags: Flags = frozenset(), 
         turned = rotary(x[..., :int(part)], layout, offset, flags, theta)
         return torch.cat([turned, x[..., int(part):]], dim=-1)  # (B, H, T, Dh)
     T, Dh = x.size(-2), x.size(-1)
-    own = frozenset(f for f in flags if f.partition(":")[0] in ROPE_FLAGS)
+    own = ROPE_FORMS.intersection(flags)  # the same angles for every other set of mistakes
     cos, sin = _turns(T, Dh, theta, offset, own, x.dtype, layout == "swapped")  # (T, Dh/2) each
     if layout == "interleaved":
         a, b = x[..., 0::2], x[..., 1::2]  # (B, H, T, Dh/2) each
