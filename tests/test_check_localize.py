@@ -526,3 +526,21 @@ def test_attention_that_raises_is_localized_at_the_reshape_without_its_permute(t
     (note,) = [f.observed for f in comp.findings if f.name == DEPARTS]
     assert "`return` at line 15: return X.reshape(X.shape[0], X.shape[1], -1)" in note["en"], note
     assert "a transpose or permute left out" in note["en"] and "第 15 行" in note["zh"], note
+
+
+def test_a_term_fits_only_where_every_entry_fits_and_the_first_that_fits_is_named():
+    """The terms are tested at once: one that fits all but one entry is passed over, the next that
+    fits everywhere is named (added, left out, or scaled)."""
+    import torch
+
+    from handformer.check.core.localize import _term
+
+    g = torch.Generator().manual_seed(0)
+    r, term = (torch.randn(2, 3, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    near = term.clone()
+    near[0, 0, 0] += 1.0  # fits everywhere but one entry
+    terms = [("near", near), ("x", term)]
+    assert _term(r + term, r, "y", terms, {})["en"] == "y plus an extra term equal to x"
+    assert _term(r - term, r, "y", terms, {})["en"] == "y missing the term x"
+    assert _term(r + 0.5 * term, r, "y", terms, {"d_k": 4.0})["en"].endswith("scaled by 1.5")
+    assert _term(r + 0.25 * term, r, "y", terms, {"d_k": 4.0})["en"].endswith("scaled by 1.25")

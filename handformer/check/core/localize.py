@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.check.core.fingerprint import quietly
@@ -458,18 +459,20 @@ def _mask_edge(t: Tensor, r: Tensor, what: str) -> Text | None:
 
 
 def _term(t: Tensor, r: Tensor, what: str, terms: list[View], sizes: dict[str, float]) -> Text | None:
-    """t = r + c · (a known tensor): an extra term (c = 1), a missing one (c = -1), or a term scaled."""
-    if t.shape != r.shape or not torch.isfinite(t).all():
+    """t = r + c · (a known tensor): an extra term (c = 1), a missing one (c = -1), or a term scaled.
+    The terms of t's shape are tested at once (as `same` and `_factor` test one), the first that fits wins."""
+    fitting = [(name, term) for name, term in terms if term.shape == t.shape == r.shape]
+    if not fitting or not torch.isfinite(t).all():
         return None
-    for name, term in terms:
-        if term.shape != t.shape:
-            continue
-        if same(t - r, term):
+    d = t - r
+    stacked = torch.stack([term for _, term in fitting])  # (N, *t.shape)
+    extra, missing, factors = _same_each(d, stacked), _same_each(-d, stacked), _factor_each(d, stacked)
+    for (name, _), plus, minus, c in zip(fitting, extra.tolist(), missing.tolist(), factors):
+        if plus:
             return text(f"{what} plus an extra term equal to {name}",
                         f"{_zh_subject(what)}多了一项：{view_zh(name)}")
-        if same(r - t, term):
+        if minus:
             return text(f"{what} missing the term {name}", f"{_zh_subject(what)}少了一项：{view_zh(name)}")
-        c = _factor(t - r, term)
         if c is not None:
             scale = factor_name(1 + c, sizes)
             named = f" = {scale}" if scale != f"{1 + c:.4g}" else ""
@@ -477,6 +480,25 @@ def _term(t: Tensor, r: Tensor, what: str, terms: list[View], sizes: dict[str, f
                         f"{_zh_subject(what)}多加了 {c:.4g} × ({view_zh(name)})："
                         f"这一项的系数成了 {1 + c:.4g}{named}")
     return None
+
+
+def _same_each(t: Tensor, rs: Tensor, atol: float = 1e-5) -> Tensor:
+    """(N,) bool: `same(t, rs[i])` for each i, in one pass (allclose's test, rtol 1e-5, written out)."""
+    t, rs = t.double(), rs.double()
+    close = (t - rs).abs() <= atol + (1e-5 * rs).abs()
+    return torch.where(torch.isfinite(rs), close, t <= -1e4).flatten(1).all(1)
+
+
+def _factor_each(t: Tensor, rs: Tensor) -> list[float | None]:
+    """`_factor(t, rs[i])` for each i, in one pass: the median ratio over the reference's big entries (none:
+    NaN, which fits nothing)."""
+    big = rs.abs() > 1e-3
+    ratios = torch.where(big, t / rs, math.nan).flatten(1)  # (N, entries)
+    ratios = F.pad(ratios, (0, 1), value=math.nan).nanmedian(1).values  # (N,): a NaN more, for empty views
+    scaled = ratios.view(-1, *[1] * t.dim()) * rs  # (N, *t.shape)
+    fits = torch.isclose(t, scaled, atol=1e-5, rtol=1e-4).flatten(1).all(1)
+    fits &= torch.isfinite(rs).flatten(1).all(1) & bool(torch.isfinite(t).all())
+    return [c if ok and not math.isclose(c, 1.0) else None for c, ok in zip(ratios.tolist(), fits.tolist())]
 
 
 def form_of(t: Tensor, views: list[View], sizes: dict[str, float], pre: Tensor | None = None,

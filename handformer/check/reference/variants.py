@@ -12,6 +12,7 @@ Shape legend: B batch, T query length, S key length, D d_model, H heads, Dh head
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -238,6 +239,23 @@ def rope_angles(T: int, Dh: int, theta: float = 10000.0, offset: int = 0, flags:
     return pos * theta ** (-j / Dh)  # (T, Dh/2)
 
 
+# the flags the rotary angles and their sign read, as the search writes them
+ROPE_FORMS = frozenset({"rope_no_offset", "rope_wrong_base:exponent", "rope_rotation_sign"})
+
+
+@functools.lru_cache(maxsize=256)
+def _turns(T: int, Dh: int, theta: float, offset: int, flags: Flags, dtype: torch.dtype, swapped: bool,
+           ) -> tuple[Tensor, Tensor]:
+    """cos and sin of the rotary angles, (T, Dh/2) each (never written to: remembered, since a search
+    asks for the same ones under every set of mistakes). swapped: nanochat's halves rotated the
+    other way, (a cos + b sin, b cos - a sin)."""
+    angles = rope_angles(T, Dh, theta, offset, flags, dtype)  # (T, Dh/2)
+    if has(flags, "rope_rotation_sign") is not None:
+        angles = -angles
+    cos, sin = angles.cos(), angles.sin()
+    return cos, -sin if swapped else sin
+
+
 def rotary(x: Tensor, layout: str, offset: int = 0, flags: Flags = frozenset(), theta: float = 10000.0,
            ) -> Tensor:
     """(B, H, T, Dh) queries or keys rotated by their positions' angles. "half": dimension j pairs
@@ -250,12 +268,8 @@ def rotary(x: Tensor, layout: str, offset: int = 0, flags: Flags = frozenset(), 
         turned = rotary(x[..., :int(part)], layout, offset, flags, theta)
         return torch.cat([turned, x[..., int(part):]], dim=-1)  # (B, H, T, Dh)
     T, Dh = x.size(-2), x.size(-1)
-    angles = rope_angles(T, Dh, theta, offset, flags, x.dtype)  # (T, Dh/2)
-    if has(flags, "rope_rotation_sign") is not None:
-        angles = -angles
-    cos, sin = angles.cos(), angles.sin()
-    if layout == "swapped":  # nanochat's: the halves rotated the other way, (a cos + b sin, b cos - a sin)
-        sin = -sin
+    own = ROPE_FORMS.intersection(flags)  # the same angles for every other set of mistakes
+    cos, sin = _turns(T, Dh, theta, offset, own, x.dtype, layout == "swapped")  # (T, Dh/2) each
     if layout == "interleaved":
         a, b = x[..., 0::2], x[..., 1::2]  # (B, H, T, Dh/2) each
         return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)  # (B, H, T, Dh)

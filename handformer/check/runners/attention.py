@@ -332,6 +332,16 @@ def _sdpa_cases() -> list[tuple[str, int, int, int, Tensor | None]]:
             ("cross, T != S", 2, 3, 5, positions(2, 5, [0, 1]))]
 
 
+def case_errors(raw: Any, out: Tensor | None, ref: Tensor, ref_w: Tensor, rows: Tensor | None) -> list[float]:
+    """One case's errors against handformer's: the output's on the rows compared, and the attention
+    weights' when the learner's call returns them (in the reference's shape)."""
+    errors = [fp.max_error(out, ref, rows)]
+    weights = fp.weights_of(raw)
+    if weights is not None and weights.shape == ref_w.shape:
+        errors.append(fp.max_error(weights, ref_w, rows))
+    return errors
+
+
 def _compare_sdpa(res: ComponentResult, ctx: Context, comp: Component, c: Caller, layout: Layout, conv: str,
                   Dh: int) -> None:
     """The output and the returned weights against handformer's on the cases the convention can write."""
@@ -346,10 +356,7 @@ def _compare_sdpa(res: ComponentResult, ctx: Context, comp: Component, c: Caller
         ref, ref_w = scaled_dot_product_attention(qc, kc, vc, mask, need_weights=True)
         rows = fp.visible_rows(mask, b, t)
         out = layout.output(raw, qc.shape)
-        errors.append(fp.max_error(out, ref, rows))
-        weights = fp.weights_of(raw)
-        if weights is not None and weights.shape == ref_w.shape:
-            errors.append(fp.max_error(weights, ref_w, rows))
+        errors += case_errors(raw, out, ref, ref_w, rows)
         masked_rows(res, out, rows, comp, ctx)
     res.max_abs_error = max(errors)
     n = len(errors)
@@ -930,10 +937,7 @@ def _compare_mha(res: ComponentResult, ctx: Context, comp: Component, s: Setup) 
                                        f"{shape_of(raw)}，不是 (B, T, D) 张量")
             ref, ref_w = hf(xq, xkv, xkv, mask, need_weights=True, rope=rope)
             rows = fp.visible_rows(mask, B, T)
-            errors.append(fp.max_error(out, ref, rows))
-            weights = fp.weights_of(raw)
-            if weights is not None and weights.shape == ref_w.shape:
-                errors.append(fp.max_error(weights, ref_w, rows))
+            errors += case_errors(raw, out, ref, ref_w, rows)
             masked_rows(res, out, rows, comp, ctx)
             if out.shape == ref.shape and i == len(cases) - 1:
                 grad_errors.append(_grads(out, ref, xq, rows, s, hf))

@@ -42,13 +42,13 @@ class OwnSteered(Steered):
     search is given (their module itself). Its "memory" for the reference is the source."""
 
     def __init__(self, module: nn.Module, call: Any, table: Table, ctx: Context,
-                 by_source: dict[tuple[int, ...], Table] | None = None) -> None:
+                 by_source: dict[tuple[int, ...], Table] | None, layer: nn.Module | None) -> None:
         super().__init__(None, table, ctx, by_source)
         self.own, self.call = [module], call  # a list: their model is no child of this one
         mods = list(module.modules())
         self.outs = [m for m in mods if isinstance(m, nn.Linear) and m.out_features == TGT_V]
         self.embeds = [m for m in mods if isinstance(m, nn.Embedding) and m.num_embeddings == TGT_V]
-        self.layer = _first_decoder_layer(module)
+        self.layer = layer  # its first decoder layer (first_decoder_layer), found once by the maker
         self.known: list[tuple[Tensor, Table]] = []  # (a sentence's memory (S, D), its table)
         for ids, tab in (by_source or {}).items():
             self.known += [(m[0], tab) for m in self._recorded(torch.tensor([ids]))]
@@ -166,7 +166,8 @@ def own_seq2seq(ctx: Context, accepted: tuple[str, ...] = (PASS, DIFFERS)) -> tu
     return module, call
 
 
-def _first_decoder_layer(module: nn.Module) -> nn.Module | None:
+def first_decoder_layer(module: nn.Module) -> nn.Module | None:
+    """The learner's model's first decoder layer, as its map names it; None when it cannot be mapped."""
     try:
         return module.get_submodule(map_model(module, SIZES["d_ff"]).decoder[0].name)
     except MappingError:
@@ -183,10 +184,11 @@ def own_steered(ctx: Context) -> tuple[Any, bool] | None:
         if own is None:
             continue
         module, call = own
+        layer = first_decoder_layer(module)  # mapped once: every scenario's model hooks the same layer
 
         def make(table: Table, by_source: dict[tuple[int, ...], Table] | None = None,
-                 module: nn.Module = module, call: Any = call) -> OwnSteered:
-            return OwnSteered(module, call, table, ctx, by_source)
+                 module: nn.Module = module, call: Any = call, layer: nn.Module | None = layer) -> OwnSteered:
+            return OwnSteered(module, call, table, ctx, by_source, layer)
 
         if make({}).usable():
             return make, accepted[0] != FAIL

@@ -34,7 +34,7 @@ from handformer.check.core.context import Context, finish, forward_parameters, n
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import DIFFERS, FAIL, PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
-from handformer.check.runners.beam_own import OwnSteered, own_seq2seq
+from handformer.check.runners.beam_own import OwnSteered, first_decoder_layer, own_seq2seq
 from handformer.check.runners.model import source_mask
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
@@ -250,7 +250,7 @@ def _path(ctx: Context, stop: bool, accepted: tuple[str, ...]) -> list[Scenario]
     own = own_seq2seq(ctx, accepted)
     path = PATHS[stop]
     table = {tuple(path[:i]): {t: 0.9} for i, t in enumerate(path)}  # prefix -> next token
-    steered = OwnSteered(*own, table, ctx) if own else None
+    steered = OwnSteered(*own, table, ctx, None, first_decoder_layer(own[0])) if own else None
     right = [BOS] + (path[:path.index(EOS) + 1] if stop else path)[:MAX_LEN - 1]
     if steered is None or not steered.usable() or _steered_reference(steered, stop) != right:
         return []  # no hooks to steer it by, or its own forward does not follow the path when steered

@@ -18,6 +18,7 @@ Shape legend: B batch, T target length, S source length, D d_model, H heads, F F
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import math
@@ -580,9 +581,19 @@ def _declared_window(res: ComponentResult, module: nn.Module, reach: int) -> Non
                                                 f"它的掩码让每个 token 看到最近的 {reach} 个")))
 
 
+# the flags causal_keep reads
+CAUSAL_FORMS = frozenset({"causal_off_by_one:no_self", "causal_off_by_one:sees_next"})
+
+
 def _own_causal(layer: Layer, T: int, flags: frozenset[str] = frozenset()) -> Tensor:
-    """(T, T) bool, True = may attend: the causal mask a block builds itself, in its window if any."""
-    return V.causal_keep(T, flags) & torch.ones(T, T, dtype=torch.bool).triu(1 - layer.window)  # j > i - W
+    """(T, T) bool, True = may attend: the causal mask a block builds itself, in its window if any
+    (the same tensor each time: never written to)."""
+    return _window_keep(T, layer.window, frozenset(flags) & CAUSAL_FORMS)
+
+
+@functools.lru_cache(maxsize=64)
+def _window_keep(T: int, window: int, flags: frozenset[str]) -> Tensor:
+    return V.causal_keep(T, flags) & torch.ones(T, T, dtype=torch.bool).triu(1 - window)  # j > i - W
 
 
 CAUSAL_INSIDE_NOTE = text("with no mask it is causal (changing token 3 leaves outputs 0..2 unchanged): "
@@ -917,7 +928,7 @@ def _case_keeps(layer: Layer, B: int, T: int, S: int, src_pad: list[int],
     src_keep = _source_keep(layer, B, S, [min(p, S) for p in src_pad])
     tgt_keep: Tensor | None = causal(T) & positions(B, T, [min(p, T - 1) for p in tgt_pad])
     if layer.causal_block:
-        src_keep, tgt_keep = None, _own_causal(layer, T)[None, None]
+        src_keep, tgt_keep = None, _own_causal(layer, T).clone()[None, None]  # theirs to read: a copy
     if layer.own_mask:  # d2l's decoder: causal inside, the source by valid lengths (or none)
         tgt_keep = causal(T)[None, None]
     return src_keep, tgt_keep
