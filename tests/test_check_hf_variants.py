@@ -76,8 +76,11 @@ def test_a_sentencepiece_bpe_is_replayed_on_its_words(tmp_path):
     assert tok.status == "fail" and "is not a most frequent pair" in format_report(result)
 
 
-def test_a_float32_softmax_of_float64_scores_stays_float64():
-    """finfo(float64).min cast to float32 is -inf: a row all masked would be NaN in check's run only."""
+@pytest.mark.parametrize("call", ["F.softmax(s, dim=-1, dtype=torch.float32)", "s.softmax(-1, dtype=torch.float32)",
+                                  "torch.softmax(s, -1, torch.float32)", "s.log_softmax(-1, dtype=torch.float).exp()"])
+def test_a_float32_softmax_of_float64_scores_stays_float64(call):
+    """finfo(float64).min cast to float32 is -inf: a row all masked would be NaN in check's run only;
+    so through each door to the softmax."""
     import types
 
     import torch
@@ -85,12 +88,12 @@ def test_a_float32_softmax_of_float64_scores_stays_float64():
     from handformer.check.core.precision import float64_kept
 
     learner = types.ModuleType("learner_softmax")
-    exec("import torch\nimport torch.nn.functional as F\n\n\ndef probs(s):\n"
-         "    return F.softmax(s, dim=-1, dtype=torch.float32)\n", learner.__dict__)
+    exec(f"import torch\nimport torch.nn.functional as F\n\n\ndef probs(s):\n    return {call}\n", learner.__dict__)
     scores = torch.full((2, 3), torch.finfo(torch.float64).min, dtype=torch.float64)
     with float64_kept():
         out = learner.probs(scores)
     assert out.dtype == torch.float64 and not out.isnan().any()
+    assert torch.randn(2, 3, dtype=torch.float64).softmax(-1, dtype=torch.float32).dtype == torch.float32
 
 
 def test_a_fused_gate_and_up_ffn_passes_its_gradients_too(tmp_path):

@@ -100,6 +100,15 @@ def test_a_relu_where_the_code_promises_gelu_is_named(tmp_path, plant):
         ("ffn_wrong_activation", "relu_for_gelu")], format_report(result)
 
 
+def test_a_relu_applied_in_the_forward_is_quoted_there(tmp_path):
+    """The line that applies the activation the FFN computes, not the one that names what it promises."""
+    edits = [("self.c_proj(self.gelu(self.c_fc(x)))", "self.c_proj(F.relu(self.c_fc(x)))"),
+             ACTIVATION_PLANTS["gpt2"][2]]
+    (ffn,) = check_file(_planted(tmp_path, GPT, edits), only=["ffn"]).components
+    assert [(f.name, f.code) for f in ffn.findings] == [
+        ("ffn_wrong_activation", "return self.dropout(self.c_proj(F.relu(self.c_fc(x))))")]
+
+
 def test_a_relu_nothing_promises_otherwise_is_a_convention_noted(tmp_path):
     """The original Transformer's FFN is ReLU: with no promise of GELU (a comment naming GPT-2 is none),
     a ReLU passes, named in a note."""

@@ -12,7 +12,7 @@ import pytest
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import format_report, to_json
-from handformer.check.core.result import DEPARTS
+from handformer.check.core.result import DEPARTS, FileResult
 
 CORRECT = Path(__file__).parent / "fixtures" / "learners_quoted" / "correct.py"
 PLANTS = {  # (the line, as planted; the failing components -> the finding each names)
@@ -69,3 +69,49 @@ def test_an_error_under_the_mode_that_reads_cuda_as_the_cpu_is_the_learners(tmp_
         module.scores(torch.ones(2, 3), torch.ones(2, 3))
     error = learner_error(raised.value, str(path), "forward")
     assert (error.kind, error.traceback) == ("exception", ["line 2, in scores: return q @ k  # k not transposed"])
+
+
+# small files of one component each, a planted line marked `# planted`: the failing component quotes it
+ONE_COMPONENT = {
+    # a float32 cast written for half precision keeps check's float64: the mistake's large output (a mean
+    # square, not its root, divides) is still reproduced and named at its line
+    "rmsnorm_no_sqrt": ("import torch\nfrom torch import nn\n\n\nclass RMSNorm(nn.Module):\n"
+                        "    def __init__(self, d_model, eps=1e-5):\n        super().__init__()\n"
+                        "        self.eps = eps\n        self.weight = nn.Parameter(torch.ones(d_model))\n\n"
+                        "    def forward(self, x):\n        x = x.to(torch.float32)\n"
+                        "        rms = x.pow(2).mean(dim=-1, keepdim=True) + self.eps  # planted\n"
+                        "        return x / rms * self.weight\n"),
+    # rows whose keys are all masked come out NaN (a file that never pads: noted, not a mistake); the
+    # scores scaled by the query length still depart, at their line
+    DEPARTS: ("import math\n\nimport torch\n\n\ndef attention(q, k, v, mask=None):\n"
+              "    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-2))  # planted\n"
+              "    if mask is not None:\n        scores = scores.masked_fill(~mask, float('-inf'))\n"
+              "    return torch.softmax(scores, dim=-1) @ v\n"),
+}
+
+
+@pytest.mark.parametrize("name", list(ONE_COMPONENT))
+def test_a_one_component_file_quotes_its_planted_line(tmp_path, name):
+    path = tmp_path / "learner.py"
+    path.write_text(ONE_COMPONENT[name])
+    line = next(i + 1 for i, text in enumerate(ONE_COMPONENT[name].splitlines()) if "# planted" in text)
+    result = check_file(str(path))
+    (comp,) = result.components
+    assert comp.status == "fail" and [(f.name, f.line) for f in comp.findings] == [(name, line)], format_report(result)
+
+
+def test_positions_counted_from_one_are_quoted_where_they_are_built(tmp_path):
+    """The ids of the positions are made from no input (a constant): the model's run records them
+    too, and the line that builds them departs (plus a constant 1), not the embedding that reads them
+    (an IndexError at the longest input keeps only the frame where it raised: two lines at most)."""
+    source = (Path(__file__).parent / "fixtures" / "learners_gpt" / "correct.py").read_text()
+    old, new = "pos = torch.arange(0, T, dtype", "pos = torch.arange(1, T + 1, dtype"
+    assert source.count(old) == 1
+    path = tmp_path / "learner.py"
+    path.write_text(source.replace(old, new))
+    line = next(i + 1 for i, text in enumerate(path.read_text().splitlines()) if new in text)
+    (model,) = check_file(str(path), only=["gpt"]).components
+    data = json.loads(to_json(FileResult(str(path), [model])))["components"][0]
+    lines = {f["line"] for f in data["findings"]} | {int(t.split(",")[0][5:]) for t in
+                                                      (data["error"] or {}).get("traceback", [])}
+    assert model.status == "fail" and line in lines and len(lines) <= 2, format_report(FileResult(str(path), [model]))

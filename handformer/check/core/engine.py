@@ -167,6 +167,8 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     if result.status == ERROR and result.error is not None and result.error.kind == "exception" and (
             result.error.traceback and not stand_in):
         result.status = FAIL
+    if result.error is not None and result.findings:  # a finding's line and where it raised: two at most
+        result.error.traceback = result.error.traceback[-1:]
     _add_notes(comp, ctx, result)
     ctx.results[comp.name] = result
     return result

@@ -990,6 +990,16 @@ def misplaced(finding: Finding, found: Departure) -> bool:
     return bool(found.ran) and not any(a <= finding.line <= b for a, b in found.ran)
 
 
+# a finding that observes the output beside the difference (a row whose keys are all masked gives NaN),
+# not one that explains it: where it is the only one, the departure is still looked for
+OBSERVED = ("nan_on_masked_rows",)
+
+
+def explained(res: ComponentResult) -> bool:
+    """Whether a catalogued mistake explains the output (its line is then placed, no departure added)."""
+    return any(f.name not in OBSERVED for f in res.named())
+
+
 def add_departure(res: ComponentResult, found: Departure) -> None:
     """The departure as the result's one finding of its kind (a line in the learner's code)."""
     res.findings.append(found.finding())
@@ -1004,7 +1014,7 @@ def note_attention_departure(res: ComponentResult, comp: Any, runs: list[Run], w
     filename = inspect.getsourcefile(comp.obj)
     def localize() -> Departure | None:
         return filename and localize_attention(runs, w, filename, causal_inside)
-    if res.named():  # named: placed at the departing line when their patterns found none
+    if explained(res):  # named: placed at the departing line when their patterns found none
         return place_findings(res, localize)
     found = localize()
     if found:

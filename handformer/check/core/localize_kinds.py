@@ -31,6 +31,7 @@ from handformer.check.core.localize import (
     Form,
     View,
     add_departure,
+    explained,
     first_departure,
     first_tensor,
     graded,
@@ -52,22 +53,22 @@ def note_departure(res: ComponentResult, localize: Localize) -> None:
     learner's computation first parts from the reference, its line, and the form of the difference; a
     named mistake whose patterns found no line is placed there. Localizing is a help, never a
     verdict: when it cannot run (the learner's code raises), no note."""
-    if res.named():
+    if explained(res):
         return place_findings(res, localize)
     found = quietly(localize)
     if found is not None:
         add_departure(res, found)
 
 
-def _children(module: nn.Module, depth: int = 1) -> list[tuple[str, nn.Module]]:
-    """The module's parts whose outputs are sub-steps: its children (and the items of a list of
-    them), not dropout (the identity in eval mode)."""
+def _children(module: nn.Module, prefix: str = "self") -> list[tuple[str, nn.Module]]:
+    """The module's parts whose outputs are sub-steps: its children (and the items of a list or dict
+    of them, nested too: litgpt's `transformer.h`), not dropout (the identity in eval mode)."""
     out = []
     for name, child in module.named_children():
-        if isinstance(child, (nn.ModuleList, nn.ModuleDict)) and depth:
-            out += [(f"self.{name}.{n}", m) for n, m in child.named_children()]
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            out += _children(child, f"{prefix}.{name}")
         elif not isinstance(child, nn.Dropout):
-            out.append((f"self.{name}", child))
+            out.append((f"{prefix}.{name}", child))
     return out
 
 
@@ -402,23 +403,30 @@ def module_views(run: Callable[[], Any], module: nn.Module, words: dict[str, str
 
 
 def localize_model(run: Callable[[], Any], module: nn.Module, readings: list[list[View]], depth: int = 4,
-                   filename: str | None = None) -> Departure | None:
-    """Run the learner's model (`run()`) traced on its own methods and its parts' outputs; the first
-    step that no reading (the reference model's parts, each set of choices) explains. Where that is a
-    part's output (one check does not grade on its own), the part is run again on what it was given,
-    traced so in the model's file, down `depth` parts (a wrapper's embedding): the innermost step that
-    departs."""
+                   filename: str | None = None, constants: tuple[torch.dtype, ...] = (),
+                   graded_part: bool = False) -> Departure | None:
+    """Run the learner's model (`run()`) traced on its own methods and its parts' outputs (and the
+    `constants` of those dtypes it makes: its positions); the first step that no reading (the
+    reference model's parts, each set of choices) explains. Where that is a part's output, the part is
+    run again on what it was given, traced so in the model's file, down `depth` parts (a wrapper's
+    embedding, an MLP that passes its own check with its branches read the other way): the innermost
+    step that departs. A part check grades on its own (`graded_part`) is gone into only where a step
+    of it agrees first: one whose first step departs is applied where it should not be (a final norm
+    inside the loop), and that line is the outer one."""
     cls = type(module)
     filename = filename or inspect.getsourcefile(cls)
     code = {f.__code__ for f in vars(cls).values() if inspect.isfunction(f)}
-    steps = trace_steps(run, filename, code, _children(module))
+    steps = trace_steps(run, filename, code, _children(module), constants)
     D = next(t for _, t in readings[0]).size(-1)
     found = latest_departure(steps, readings, filename, {"d_model": D})
-    if found is None or found.part is None or not depth or graded(found.part[0]):
+    first = next((s.line for s in steps if not s.given), None)  # the first line of theirs that made a value
+    if graded_part and getattr(found, "line", None) == first:
+        return None
+    if found is None or found.part is None or not depth:
         return found
     part, args, kwargs = found.part
     inner = quietly(lambda: localize_model(lambda: part(*args, **kwargs), part, readings, depth - 1,
-                                           filename))
+                                           filename, constants, graded(part)))
     return inner if inner and inner.line else found  # line 0: a step in torch's part alone (nn.Sequential)
 
 

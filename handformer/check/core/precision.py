@@ -1,16 +1,21 @@
-"""check compares in float64. A `.float()` written in the forward of a learner's module that holds
-float64 weights (Meta's norms and softmax, `self._norm(x.float()).type_as(x)`; Hugging Face's rotary
+"""check compares in float64. A `.float()` or `.to(torch.float32)` written in the forward of a
+learner's module that holds float64 weights (Meta's norms and softmax, `self._norm(x.float()).type_as(x)`;
+Hugging Face's and CS336's norms, `x.to(torch.float32)`; Hugging Face's rotary
 `self.inv_freq.float() @ position_ids.float()`, written so for half-precision weights) gives float64
 while check runs, so that float32 rounding (~1e-7, grown through a block) is never taken for a
-mistake. check's own casts, a float32 module (the tutorial-size shape check), a free function's
-casts, and `.to(dtype)` are cast as written. A softmax the learner's code asks for in float32
+mistake (nor a mistake's output, large where it divides by a mean square, missed). check's own casts,
+a float32 module (the tutorial-size shape check), a free function's casts, and `.to` another dtype are
+cast as written. A softmax the learner's code asks for in float32
 (Hugging Face's eager attention, `F.softmax(scores, dim=-1, dtype=torch.float32)`, an upcast written
 for half precision) of float64 scores stays in float64: cast down, the finfo(float64).min their masks
-fill becomes -inf, and a row whose keys are all masked turns to NaN that no run of theirs ever sees."""
+fill becomes -inf, and a row whose keys are all masked turns to NaN that no run of theirs ever sees;
+so for each door to it (`torch.softmax(s, -1, dtype=...)`, `s.softmax(-1, dtype=...)`) and the
+log-softmax's."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -24,35 +29,70 @@ LEARNER = "learner_"  # the name their file is imported under begins so (engine.
 
 @contextlib.contextmanager
 def float64_kept() -> Iterator[None]:
-    """`Tensor.float` called from a float64 module of the learner's gives float64 while the block
-    runs; put back after it."""
-    float_ = Tensor.float
-
-    def kept(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        frame = sys._getframe(1)
-        owner = frame.f_locals.get("self")  # the module whose forward casts: float64 while compared
-        held = {t.dtype for t in [*getattr(owner, "parameters", list)(), *getattr(owner, "buffers", list)()]}
-        caller = frame.f_globals.get("__name__", "")[:len(LEARNER)]
-        wide = (torch.float64 in held, caller) == (True, LEARNER)
-        return self.double() if wide else float_(self, *args, **kwargs)
-
-    Tensor.float = kept  # type: ignore[method-assign]
-    softmax = F.softmax
-    F.softmax = _upcast_kept(softmax)  # type: ignore[assignment]
+    """`Tensor.float` and `.to(torch.float32)` called from a float64 module of the learner's give
+    float64, and their float32 softmaxes of float64 scores stay float64, while the block runs; put
+    back after it."""
+    kept = {(Tensor, "float"): _float_kept, (Tensor, "to"): _to_kept,
+            **dict.fromkeys(itertools.product((F, torch, Tensor), ("softmax", "log_softmax")), _upcast_kept)}
+    held = [(owner, name, getattr(owner, name)) for owner, name in kept]
+    _put([(owner, name, kept[owner, name](original)) for owner, name, original in held])
     try:
         yield
     finally:
-        Tensor.float = float_  # type: ignore[method-assign]
-        F.softmax = softmax  # type: ignore[assignment]
+        _put(held)
+
+
+def _put(functions: list[tuple[Any, str, Callable[..., Tensor]]]) -> None:
+    for owner, name, function in functions:
+        setattr(owner, name, function)
+
+
+def _wide(frame: Any) -> bool:
+    """Whether the frame is the forward of a learner's module that holds float64 weights (one that
+    check compares): its float32 casts keep float64."""
+    owner = frame.f_locals.get("self")
+    held = {t.dtype for t in [*getattr(owner, "parameters", list)(), *getattr(owner, "buffers", list)()]}
+    return (torch.float64 in held, _caller(frame)) == (True, LEARNER)
+
+
+def _caller(frame: Any) -> str:
+    return frame.f_globals.get("__name__", "")[:len(LEARNER)]
+
+
+def _swapped(args: tuple[Any, ...], kwargs: dict[str, Any], new: torch.dtype | None,
+             ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments with torch.float32 (a dtype, given by position or by keyword) as `new`."""
+    def swap(value: Any) -> Any:
+        return new if value is torch.float32 else value
+    return tuple(map(swap, args)), dict(zip(kwargs, map(swap, kwargs.values())))
+
+
+def _float_kept(float_: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    def kept(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        return self.double() if _wide(sys._getframe(1)) else float_(self, *args, **kwargs)
+    return kept
+
+
+def _to_kept(to: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """`.to` that, called so from a float64 module of the learner's (`x.to(torch.float32)`, Hugging
+    Face's and CS336's norms, written for half precision), gives float64."""
+
+    def kept(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        if _wide(sys._getframe(1)):
+            args, kwargs = _swapped(args, kwargs, torch.float64)
+        return to(self, *args, **kwargs)
+
+    return kept
 
 
 def _upcast_kept(softmax: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """`softmax` that, called from the learner's file on float64 input with dtype=torch.float32,
-    keeps float64 (an upcast, never meant as a narrowing)."""
+    """A softmax (F.softmax, torch.softmax, a tensor's method; the log-softmax's too) that, called
+    from the learner's file on float64 input with dtype torch.float32, keeps float64 (an upcast,
+    never meant as a narrowing)."""
 
-    def kept(x: Tensor, *args: Any, dtype: torch.dtype | None = None, **kwargs: Any) -> Tensor:
-        caller = sys._getframe(1).f_globals.get("__name__", "")[:len(LEARNER)]
-        narrowing = (x.dtype, dtype, caller) == (torch.float64, torch.float32, LEARNER)
-        return softmax(x, *args, dtype=None if narrowing else dtype, **kwargs)
+    def kept(x: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        if (x.dtype, _caller(sys._getframe(1))) == (torch.float64, LEARNER):
+            args, kwargs = _swapped(args, kwargs, None)
+        return softmax(x, *args, **kwargs)
 
     return kept

@@ -59,6 +59,12 @@ def locate(name: str, lines: list[tuple[int, str]]) -> tuple[int | None, str | N
     return _first_match(CATALOG[name].patterns, lines)
 
 
+def first_line(patterns: Iterable[str], lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The first code line the patterns find, trying them in order (comments and docstrings
+    skipped), and its text."""
+    return _first_match(patterns, lines)
+
+
 def first_pattern_matches(name: str, code: str) -> bool:
     """Whether the diagnosis' first (its most telling) pattern finds the line; the later ones are
     guesses (`norm`, `embed|emb`)."""

@@ -754,9 +754,12 @@ def _localize(res: ComponentResult, m: GPTMap, call: Caller, idx: Tensor, settin
     looked_up = [("the token embeddings, before sqrt(d_model)", F.embedding(idx, m.wte.weight))] * m.scaled
     looked_up += [(f"{t.name}, held at zero", F.embedding(idx, t.weight))  # (B, T, its width)
                   for t in of_kind(m.held, "embedding")]
+    positions = torch.arange(idx.size(1), dtype=torch.float64)  # (T,): the positions their code builds
+    looked_up += [("the positions 0 .. T-1", positions), ("the positions 0 .. T-1", positions[None])]
     readings = [looked_up + module_views(lambda hf=hf: hf(idx), hf, {}, inputs=True)
                 + _uncapped(hf, idx) * bool(m.softcap) for hf in models]
-    note_departure(res, lambda: localize_model(lambda: call(idx), call.module, readings))
+    note_departure(res, lambda: localize_model(lambda: call(idx), call.module, readings,
+                                               constants=(torch.int64,)))
 
 
 def _uncapped(hf: CausalLM, idx: Tensor) -> list[tuple[str, Tensor]]:

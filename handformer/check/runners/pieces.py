@@ -30,7 +30,7 @@ from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import localize_ffn, localize_norm, localize_table
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import first_line, locate, source_lines
 from handformer.check.core.weights import (
     Gainless,
     MappingError,
@@ -50,6 +50,7 @@ from handformer.check.core.weights import (
     shapes_text,
 )
 from handformer.check.reference import variants as V
+from handformer.check.reference.diagnoses import CATALOG
 from handformer.nn.feed_forward import FeedForward
 from handformer.nn.masks import causal_mask
 from handformer.nn.norms import LayerNorm, RMSNorm
@@ -430,7 +431,10 @@ def _promise_findings(ctx: Context, comp: Component, class_name: str, slots: lis
     if promise is None or promise[0] in (act, ACT_FAMILY[act]):
         return []
     promised, en, zh = promise
-    number, code = locate("ffn_wrong_activation", source_lines(ctx.objects(comp, "ffn")))
+    # the line of its forward that applies the activation it computes (`x = torch.relu(x)`), else of its
+    # class (`self.act = nn.ReLU()`), else where the diagnosis' patterns find it
+    lines = source_lines([getattr(comp.obj, "forward", comp.obj), comp.obj, *ctx.objects(comp, "ffn")])
+    number, code = first_line((ACT_WORDS[ACT_FAMILY[act]], *CATALOG["ffn_wrong_activation"].patterns), lines)
     shown = FFN_FORM[gated].format(act=act)
     return [Finding("ffn_wrong_activation", text(
         f"{class_name} computes {act.upper()}: your output equals {shown} (to {matched:.1e}), where {en} "
@@ -440,6 +444,9 @@ def _promise_findings(ctx: Context, comp: Component, class_name: str, slots: lis
 
 
 FFN_FORM = {True: "down({act}(gate(x)) * up(x))", False: "down({act}(up(x)))"}
+# how code names an activation of each family: a call (F.relu, torch.relu, gelu_new) or a module (nn.ReLU)
+ACT_WORDS = {"relu": r"(?i)relu", "gelu": r"(?i)gelu", "silu": r"(?i)silu|swish|sigmoid"}
+
 
 
 def _wrong_branch_findings(ctx: Context, comp: Component, slots: list[Slot], matched: float) -> list[Finding]:
