@@ -35,7 +35,7 @@ from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import DIFFERS, FAIL, PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.runners.beam_own import OwnSteered, own_seq2seq
-from handformer.check.runners.model import source_mask
+from handformer.check.runners.model import source_ids, source_mask
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
 
@@ -268,8 +268,8 @@ def _steered_reference(steered: Any, stop: bool) -> list[int] | None:
 
 def _compare_tokens(res: ComponentResult, ctx: Context, comp: Component, arg: dict[str, str | None],
                     model: Any, right: list[int], stop: bool) -> None:
-    values = {"model": model, "src": source(), "src_mask": source_mask(model, source()), "max_len": MAX_LEN,
-              "start": BOS, "end": EOS}
+    values = {"model": model, "src": source_ids(model, source()), "src_mask": source_mask(model, source()),
+              "max_len": MAX_LEN, "start": BOS, "end": EOS}
     kwargs = {name: values[key] for key, name in arg.items() if name}
     got = _tokens(ctx, comp, ctx.learner.call("forward", comp.obj, **kwargs))
     if got[:1] != [BOS]:  # some loops return the new tokens only
