@@ -1,8 +1,9 @@
 """`handformer check` on conventions correct code uses that once read as mistakes, each with a correct
 file that passes and a planted one that fails at its line: Keras-style masks of 1 = hidden added as
 mask * -1e9, an attention whose output projection lives in a sibling module (Hugging Face's ViT and
-BERT layout), nn.Transformer's four masks made from sequence-first ids, and a beam search that calls
-its model as model(src, tgt)."""
+BERT layout), nn.Transformer's four masks made from sequence-first ids, a model on nn.Transformer in
+its (S, B) layout with a greedy loop that stops at a module-level END, and a beam search that calls its
+model as model(src, tgt)."""
 
 from __future__ import annotations
 
@@ -73,3 +74,16 @@ def test_beam_search_over_model_of_src_and_tgt_passes(tmp_path):
     first = edited_copy(tmp_path, HERE / "beam_two_inputs.py", [(
         "return max(done, key=lambda h: h[0] / (len(h[1]) - 1) ** alpha)[1]", "return done[0][1]")])
     _failed_at(check_file(first, only=["beam_search"]), "beam_shortest_returned", "")
+
+
+def test_a_sequence_first_torch_model_and_its_greedy_loop_pass(tmp_path):
+    """nn.Transformer in its default (S, B) layout: the model driven sequence-first, its greedy loop
+    handed (S, 1) ids and stopping at the module's END, set to check's EOS; a loop that never stops
+    there fails."""
+    result = check_file(str(HERE / "seq_first_translator.py"), only=["transformer", "greedy_decode"])
+    assert _statuses(result) == {"Seq2Seq": "pass", "greedy_decode": "pass"}, format_report(result)
+    model, greedy = result.components
+    assert any("sequence-first" in n["en"] for n in model.notes)
+    assert any("your module's END is the one it must stop at" in n["en"] for n in greedy.notes)
+    padded = edited_copy(tmp_path, HERE / "seq_first_translator.py", [("if token == END:", "if token == PAD:")])
+    _failed_at(check_file(padded, only=["transformer", "greedy_decode"]), "greedy_no_stop_at_eos", "")

@@ -112,8 +112,9 @@ FIXED.update({"device": "cpu", "model_type": None, "trg_sos_idx": 1,
               # CS336's TransformerBlock(d_model, num_heads, d_ff, max_seq_len, theta): RoPE's base
               "theta": 10000.0, "rope_theta": 10000.0})
 # a causal switch (tiny-universe's MultiHeadAttention(config, is_causal=False)): on where the attention
-# is checked as causal (its runner gives "causal"), else its default; not a size an adapter is given
-SWITCHES = {"is_causal": "causal", "causal": "causal", "mask": "causal"}  # Peter Bloem's SelfAttention(k, heads, mask)
+# is checked as causal (its runner gives "causal"), else its default; not a size an adapter is given;
+# Peter Bloem's SelfAttention(k, heads, mask) names it mask
+SWITCHES = {"is_causal": "causal", "causal": "causal", "mask": "causal"}
 # a norm's eps with no default (llama2.c's RMSNorm(dim, eps)): the norms read it back from the module
 FIXED.update(dict.fromkeys(ARGUMENTS["eps"], 1e-5))
 # an argument's name (lower case) -> the size it stands for: the first key of ARGUMENTS that lists it

@@ -19,6 +19,7 @@ Shape legend: B batch (1), S source length, T target length, D d_model, V vocabu
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
@@ -171,11 +172,42 @@ def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
                              "(end_symbol, eos_idx, ...)",
                              zh=f"{comp.name}：填不了参数 {first!r}；贪心解码接受 (model, src, src_mask, "
                                 "max_len, start_symbol)，还可以有结束符（end_symbol、eos_idx 等）")
-    stop = arg["end"] is not None
-    for model, steering, right in _scenarios(res, ctx, stop):
-        with steering():
-            _compare_tokens(res, ctx, comp, arg, model, right, stop)
+    eos_name = None if arg["end"] else global_eos(comp.obj)
+    stop = arg["end"] is not None or eos_name is not None
+    with _global_set(comp.obj, eos_name, EOS):
+        for model, steering, right in _scenarios(res, ctx, stop):
+            with steering():
+                _compare_tokens(res, ctx, comp, arg, model, right, stop)
+    if eos_name:
+        res.notes.append(text(f"{comp.name} takes no end symbol; your module's {eos_name} is the one it must "
+                              f"stop at, set to check's EOS ({EOS}) for the check",
+                              f"{comp.name} 没有结束符参数；你的模块级 {eos_name} 就是它该停下的符号，"
+                              f"检查时把它设成检查程序的 EOS（{EOS}）"))
     return finish(res)
+
+
+def global_eos(fn: Any) -> str | None:
+    """The module-level end symbol of a loop without an end argument (PyTorch's translation
+    tutorial's EOS_IDX = 3): one it reads, else one its module defines; None when there is none."""
+    fn = inspect.unwrap(fn)  # under @torch.no_grad()
+    values = getattr(fn, "__globals__", {})
+    read = getattr(getattr(fn, "__code__", None), "co_names", ())
+    names = [*read, *values]
+    return next((n for n in names if n.lower() in NAMES["end"] and type(values.get(n)) is int), None)
+
+
+@contextlib.contextmanager
+def _global_set(fn: Any, name: str | None, value: int) -> Iterator[None]:
+    """The learner's module global `name` set to value for the check, restored after."""
+    values = getattr(inspect.unwrap(fn), "__globals__", {})
+    old = values.get(name)
+    if name:
+        values[name] = value
+    try:
+        yield
+    finally:
+        if name:
+            values[name] = old
 
 
 Scenario = tuple[Any, Callable[[], AbstractContextManager[Any]], list[int]]  # model, its steering, tokens
