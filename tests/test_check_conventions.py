@@ -71,6 +71,10 @@ def test_torch_masks_from_sequence_first_ids_pass(tmp_path):
 def test_beam_search_over_model_of_src_and_tgt_passes(tmp_path):
     result = check_file(str(HERE / "beam_two_inputs.py"), only=["beam_search"])
     assert _statuses(result) == {"beam_search": "pass"}, format_report(result)
+    gnmt = edited_copy(tmp_path, HERE / "beam_two_inputs.py", [("(len(h[1]) - 1) ** alpha",
+                                                                 "((5 + len(h[1]) - 1) / 6) ** alpha")])
+    (beam,) = check_file(gnmt, only=["beam_search"]).components
+    assert beam.status == "pass" and "GNMT" in beam.convention["en"], beam
     first = edited_copy(tmp_path, HERE / "beam_two_inputs.py", [(
         "return max(done, key=lambda h: h[0] / (len(h[1]) - 1) ** alpha)[1]", "return done[0][1]")])
     _failed_at(check_file(first, only=["beam_search"]), "beam_shortest_returned", "")
