@@ -108,15 +108,16 @@ for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec", "n_state", "e
                      "tgt_vocab": ("n_trg_vocab", "dec_voc_size", "target_vocab")}.items():
     ARGUMENTS[_key] += _names
 HIDDEN_WHEN_PAIRED += ("d_hid",)
-FIXED.update({"device": "cpu", "model_type": None, "trg_sos_idx": 1,
-              # CS336's TransformerBlock(d_model, num_heads, d_ff, max_seq_len, theta): RoPE's base
-              "theta": 10000.0, "rope_theta": 10000.0})
+FIXED.update({"device": "cpu", "model_type": None, "trg_sos_idx": 1})
 # a causal switch (tiny-universe's MultiHeadAttention(config, is_causal=False)): on where the attention
 # is checked as causal (its runner gives "causal"), else its default; not a size an adapter is given;
 # Peter Bloem's SelfAttention(k, heads, mask) names it mask
 SWITCHES = {"is_causal": "causal", "causal": "causal", "mask": "causal"}
 # a norm's eps with no default (llama2.c's RMSNorm(dim, eps)): the norms read it back from the module
 FIXED.update(dict.fromkeys(ARGUMENTS["eps"], 1e-5))
+# a constructor's required argument alone, never a config field (a config keeps its own base): RoPE's
+# base in CS336's TransformerBlock(d_model, num_heads, d_ff, max_seq_len, theta)
+REQUIRED_FIXED = {**FIXED, "theta": 10000.0, "rope_theta": 10000.0}
 # an argument's name (lower case) -> the size it stands for: the first key of ARGUMENTS that lists it
 SIZE_OF = {alias: key for key, aliases in reversed(ARGUMENTS.items()) for alias in aliases}
 
@@ -614,8 +615,8 @@ def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None)
             kwargs[p.name] = sizes[key]
         elif (config := make_config(target, p, sizes)) is not None:
             kwargs[p.name] = config
-        elif p.name.lower() in FIXED and (p.default is p.empty or p.name.lower() in SWITCHED_ON):
-            kwargs[p.name] = FIXED[p.name.lower()]
+        elif p.name.lower() in REQUIRED_FIXED and (p.default is p.empty or p.name.lower() in SWITCHED_ON):
+            kwargs[p.name] = REQUIRED_FIXED[p.name.lower()]
         elif p.default is False and "relative" in p.name.lower():  # T5's has_relative_attention_bias
             kwargs[p.name] = True  # built with its relative-position table, which the check then grades
         elif p.default is not p.empty:  # Gemma's RMSNorm(..., add_unit_offset=True): no part, its default
