@@ -548,7 +548,7 @@ def _functions_called(forward: Any) -> list[Any]:
     MultiHeadAttention calls its free scaled_dot_product_attention)."""
     names = getattr(getattr(forward, "__code__", None), "co_names", ())
     found = (getattr(forward, "__globals__", {}).get(n) for n in names)
-    return [f for f in found if inspect.isfunction(f) and f.__module__.startswith("learner_")]
+    return [f for f in found if inspect.isfunction(f)]
 
 
 def file_masks_keep(ctx: Context) -> bool:

@@ -154,7 +154,7 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     roles = _input_roles([p.name for p in inputs[:n]])
 
     def call(xq: Tensor, xk: Tensor, xv: Tensor, mask: Tensor | None) -> Any:
-        args = [{"q": xq, "k": xk, "v": xv}[r] for r in roles] if roles else [xq, xk, xv][:n]
+        args = [{"q": xq, "k": xk, "v": xv}[r] for r in roles]
         if mask is None and required and "visible" in state:  # Raschka's forward(x, mask, cos, sin)
             everything = torch.ones(xq.size(0), 1, xq.size(-2), xk.size(-2), dtype=torch.bool)  # T, S
             mask = run_mask(everything, state["visible"], xq.size(0))
@@ -175,11 +175,11 @@ ROLES = {"q": "q", "query": "q", "queries": "q", "k": "k", "key": "k", "keys": "
          "values": "v"}
 
 
-def _input_roles(names: list[str]) -> list[str] | None:
-    """The query, key and value in the order the forward takes them, when their names say it (the
-    TensorFlow tutorial's forward(v, k, q, mask)); None when they do not (taken as q, k, v)."""
-    roles = [ROLES.get(n.lower()) for n in names]
-    return roles if sorted(r or "" for r in roles) == ["k", "q", "v"] else None
+def _input_roles(names: list[str]) -> list[str]:
+    """The query, key and value in the order the forward takes them: as their names say (the
+    TensorFlow tutorial's forward(v, k, q, mask)), else q, k, v."""
+    roles = [ROLES.get(n.lower(), "") for n in names]
+    return roles if sorted(roles) == ["k", "q", "v"] else list("qkv")[:len(names)]
 
 
 def _sequence_first(res: ComponentResult, ctx: Context, c: Caller) -> None:

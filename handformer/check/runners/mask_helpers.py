@@ -143,10 +143,9 @@ class Helper:
         return PAD if self.pad else global_pad(self.comp.obj)[1]
 
     def __call__(self, sequence_first: bool = False) -> Any:
-        given = ((self.src, src_ids(self.pad_id)), (self.tgt, tgt_ids(self.pad_id)), (self.pad, PAD),
-                 (self.queries, src_ids(self.pad_id)))
-        kwargs = {name: value.T if sequence_first and isinstance(value, Tensor) else value  # (S, B)
-                  for name, value in given if name}
+        src, tgt = (ids.T if sequence_first else ids for ids in (src_ids(self.pad_id), tgt_ids(self.pad_id)))
+        given = ((self.src, src), (self.tgt, tgt), (self.pad, PAD), (self.queries, src))  # (B, S) or (S, B)
+        kwargs = {name: value for name, value in given if name}
         return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
 
 
