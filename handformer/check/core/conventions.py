@@ -151,7 +151,7 @@ def scaled_by_large_negative(source: str, m: str) -> bool:
     times a large negative, either way round; `(1.0 - mask) * -10000.0` (BERT's, 1 = keep) is not."""
     times = rf"\b{m}\b(\[[^\]]*\])?\s*\*\s*{LARGE_NEGATIVE}"
     before = rf"-\s*(?:1e\d+|\d{{4,}}\.?\d*)\s*\*\s*\(?\s*{m}\b"
-    return bool(re.search(times, source) or re.search(before, source))
+    return bool(re.search(f"{times}|{before}", source))
 
 
 # the words of a file that handles padding: a query whose keys are all masked comes only with it
@@ -179,12 +179,12 @@ def nan_only_on_masked_rows(source: str, findings: list[Finding], notes: list[Te
     beside another finding (a causal mask off by one hides row 0: the NaN is that mistake's)."""
     if {f.name for f in findings} != {"nan_on_masked_rows"}:
         return None
-    line, code = findings[0].line, (findings[0].code or "").strip()
+    line, code = findings[0].line, findings[0].code
     findings.clear()
     if not PADDING_WORDS.search(source):
         notes.append(UNPADDED_NAN)
         return "pass"
     en, zh = PADDED_NAN
-    where = (f" (line {line}: {code})", f"（第 {line} 行：{code}）") if line else ("", "")
+    where = (f" (line {line}: {code.strip()})", f"（第 {line} 行：{code.strip()}）") if line else ("", "")
     notes.append(text(en.format(where[0]), zh.format(where[1])))
     return "differs"

@@ -160,9 +160,8 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
     if settled and result.status == FAIL:
         from handformer.check.core.context import finish
 
-        result.status = "pass"
+        result.status = settled  # finish keeps it, or FAILs on a failed check
         finish(result)
-        result.status = settled if result.status == PASS else result.status
     # their code raised, at their line, on an input it accepts: it fails (driven by a stand-in, the
     # stand-in's outputs may be what it refuses: still an ERROR)
     stand_in = result.driven is not None and result.driven["en"].startswith("a stand-in")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+NEVER = "(?!)"  # an alternative that never matches: an empty list of names matches nothing
+
 
 def projection_elsewhere(source: str, name: str) -> tuple[str, str] | None:
     """(the class that holds `name`, the class of the file it hands name's output to, which builds an
@@ -17,8 +19,8 @@ def projection_elsewhere(source: str, name: str) -> tuple[str, str] | None:
     classes = dict(re.findall(r"^class (\w+)(.*?)(?=^\S|\Z)", source, re.M | re.S))  # name -> body
     for parent, body in classes.items():
         attrs = dict(re.findall(r"self\.(\w+)\s*=\s*(\w+)\(", body))  # self.output = SelfOutput(config)
-        held = "|".join(a for a, cls in attrs.items() if cls == name) or "(?!)"
-        outputs = "|".join(re.findall(rf"(\w+)\s*=\s*self\.(?:{held})\(", body)) or "(?!)"
+        held = "|".join([a for a, cls in attrs.items() if cls == name] + [NEVER])
+        outputs = "|".join(re.findall(rf"(\w+)\s*=\s*self\.(?:{held})\(", body) + [NEVER])
         given = re.findall(rf"self\.(\w+)\(\s*(?:self\.(?:{held})\(|(?:{outputs})\b)", body)
         sibling = next((attrs[g] for g in given if "Linear(" in classes.get(attrs.get(g, ""), "")), name)
         if sibling != name:

@@ -769,20 +769,27 @@ def _head_notes(res: ComponentResult, comp: Component, c: Caller, slots: list[Sl
             "compared with handformer's attention with one head and no output projection",
             "单头注意力（构造函数不接受头数，只有 W_Q、W_K、W_V，没有 W_O）：与只有一个头、"
             "没有输出投影的 handformer 注意力比较"))
-    elif not has_o and (elsewhere := projection_elsewhere(source, comp.name)):
-        parent, sibling = elsewhere
-        res.notes.append(text(
-            f"no W_O of its own: {parent} hands its output to {sibling}, which holds the output projection "
-            "(Hugging Face BERT's layout): compared with handformer's attention without W_O",
-            f"它自己没有 W_O：{parent} 把它的输出交给 {sibling}，输出投影在那里（Hugging Face BERT 的"
-            "写法）：与没有 W_O 的 handformer 注意力比较"))
     elif not has_o:
-        number, code = locate("no_output_projection", source_lines([comp.obj]))
-        res.findings.append(Finding("no_output_projection", text(
-            f"{comp.name} has 3 projections ({', '.join(res.mapping)}), no nn.Linear(d_model, d_model) "
-            f"for W_O", f"{comp.name} 只有 3 个投影（{', '.join(res.mapping)}），没有用于 W_O 的 "
-            "nn.Linear(d_model, d_model)"), number, code))
+        _no_output_projection(res, comp, source)
     return has_o
+
+
+def _no_output_projection(res: ComponentResult, comp: Component, source: str) -> None:
+    """W_O is missing: a finding; a note instead where the file's `source` hands the attention's output
+    to a sibling module that holds it (Hugging Face's BERT and ViT)."""
+    elsewhere = projection_elsewhere(source, comp.name)
+    if elsewhere:
+        res.notes.append(text(
+            f"no W_O of its own: {elsewhere[0]} hands its output to {elsewhere[1]}, which holds the output "
+            "projection (Hugging Face BERT's layout): compared with handformer's attention without W_O",
+            f"它自己没有 W_O：{elsewhere[0]} 把它的输出交给 {elsewhere[1]}，输出投影在那里（Hugging Face "
+            "BERT 的写法）：与没有 W_O 的 handformer 注意力比较"))
+        return
+    number, code = locate("no_output_projection", source_lines([comp.obj]))
+    res.findings.append(Finding("no_output_projection", text(
+        f"{comp.name} has 3 projections ({', '.join(res.mapping)}), no nn.Linear(d_model, d_model) "
+        f"for W_O", f"{comp.name} 只有 3 个投影（{', '.join(res.mapping)}），没有用于 W_O 的 "
+        "nn.Linear(d_model, d_model)"), number, code))
 
 
 def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:

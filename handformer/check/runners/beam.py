@@ -101,9 +101,12 @@ def length(tokens: list[int], conv: str) -> int:
     return max(n, 1)
 
 
+PENALTY_OF = {"": lambda n, alpha: n ** alpha, "gnmt": lambda n, alpha: ((5 + n) / 6) ** alpha}
+
+
 def penalty(n: int, conv: str, alpha: float) -> float:
-    """What the score of a hypothesis of length n is divided by."""
-    return ((5 + n) / 6) ** alpha if conv.endswith(":gnmt") else n ** alpha
+    """What the score of a hypothesis of length n is divided by, in the convention's penalty."""
+    return PENALTY_OF[conv.partition(":")[2]](n, alpha)
 
 
 def reference(model: Steered, memory: Tensor, K: int, steps: int, alpha: float, conv: str,

@@ -176,15 +176,17 @@ def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
     eos_name = None if arg["end"] else global_eos(comp.obj)
     stop = arg["end"] is not None or eos_name is not None
     values = getattr(inspect.unwrap(comp.obj), "__globals__", {})  # its module's, under @torch.no_grad() too
-    with mock.patch.dict(values, {eos_name: EOS}) if eos_name else contextlib.nullcontext():
-        for model, steering, right in _scenarios(res, ctx, stop):
-            with steering():
-                _compare_tokens(res, ctx, comp, arg, model, right, stop)
+    patched: AbstractContextManager[Any] = contextlib.nullcontext()
     if eos_name:
+        patched = mock.patch.dict(values, {eos_name: EOS})
         res.notes.append(text(f"{comp.name} takes no end symbol; your module's {eos_name} is the one it must "
                               f"stop at, set to check's EOS ({EOS}) for the check",
                               f"{comp.name} 没有结束符参数；你的模块级 {eos_name} 就是它该停下的符号，"
                               f"检查时把它设成检查程序的 EOS（{EOS}）"))
+    with patched:
+        for model, steering, right in _scenarios(res, ctx, stop):
+            with steering():
+                _compare_tokens(res, ctx, comp, arg, model, right, stop)
     return finish(res)
 
 
@@ -292,19 +294,17 @@ def _compare_tokens(res: ComponentResult, ctx: Context, comp: Component, arg: di
               "max_len": MAX_LEN, "start": BOS, "end": EOS}
     kwargs = {name: values[key] for key, name in arg.items() if name}
     got = _tokens(ctx, comp, ctx.learner.call("forward", comp.obj, **kwargs))
+    notes = []
     if got[:1] != [BOS]:  # some loops return the new tokens only
         right = right[1:]
-        note = text("it returns the new tokens, without the start symbol",
-                    "它返回的是新生成的 token，不含起始符号")
-        if note not in res.notes:
-            res.notes.append(note)
+        notes.append(text("it returns the new tokens, without the start symbol",
+                          "它返回的是新生成的 token，不含起始符号"))
     if not stop:
-        note = text(f"{comp.name} takes no end symbol, so it cannot stop at EOS (the Annotated "
-                    "Transformer's): compared with max_len tokens",
-                    f"{comp.name} 没有结束符参数，所以不能在 EOS 处停下"
-                    "（Annotated Transformer 的写法）：按 max_len 个 token 比较")
-        if note not in res.notes:
-            res.notes.append(note)
+        notes.append(text(f"{comp.name} takes no end symbol, so it cannot stop at EOS (the Annotated "
+                          "Transformer's): compared with max_len tokens",
+                          f"{comp.name} 没有结束符参数，所以不能在 EOS 处停下"
+                          "（Annotated Transformer 的写法）：按 max_len 个 token 比较"))
+    res.notes += [note for note in notes if note not in res.notes]  # once, over every scenario
     trimmed = got
     if stop and EOS in got:  # padding after EOS (a batch-style loop) is fine
         end = got.index(EOS) + 1

@@ -142,8 +142,9 @@ class Helper:
     def pad_id(self) -> int:
         return PAD if self.pad else global_pad(self.comp.obj)[1]
 
-    def __call__(self, sequence_first: bool = False) -> Any:
-        src, tgt = (ids.T if sequence_first else ids for ids in (src_ids(self.pad_id), tgt_ids(self.pad_id)))
+    def __call__(self, layout: Callable[[Tensor], Tensor] = lambda ids: ids) -> Any:
+        """Its masks for ids (B, S), or as `layout` gives them ((S, B): Tensor.t)."""
+        src, tgt = layout(src_ids(self.pad_id)), layout(tgt_ids(self.pad_id))
         given = ((self.src, src), (self.tgt, tgt), (self.pad, PAD), (self.queries, src))  # (B, S) or (S, B)
         kwargs = {name: value for name, value in given if name}
         return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
@@ -297,7 +298,7 @@ SEQUENCE_FIRST_NOTE = text("it reads its ids sequence-first, (S, B), as nn.Trans
 def _sequence_first(helper: Helper) -> Any:
     """What the helper returns for ids given sequence-first, (S, B); None when it raises."""
     try:
-        return helper(sequence_first=True)
+        return helper(Tensor.t)
     except fp.LearnerFailure:
         return None
 

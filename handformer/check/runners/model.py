@@ -388,11 +388,10 @@ class Caller:
         """Rank 4: (B, 1, 1, S) and (B, 1, T, T); rank 3 (the Annotated Transformer's, whose attention
         adds the head axis): (B, 1, S) and (B, T, T); 0/1 ints, or bool at ranks -4 and -3; "torch":
         as torch.nn's attention (nn.Transformer, nn.MultiheadAttention) takes them (torch_mask)."""
-        if rank in ("torch", "torch_first"):  # torch_first: nn.Transformer's default (S, B) layout
-            first = rank == "torch_first"
-            ids = (src.T, tgt.T) if first else (src, tgt)
-            out = self.forward(*ids, **{name: torch_mask(name, src, tgt) for name in self.masks})
-            return batch_first(out) if first else out
+        if rank in LAYOUTS:  # torch_first: nn.Transformer's default (S, B) layout
+            into, back = LAYOUTS[rank]
+            masks = {name: torch_mask(name, src, tgt) for name in self.masks}
+            return back(self.forward(into(src), into(tgt), **masks))
         if rank == "lens":
             return self._with_lengths(src, tgt)
         kwargs = {}
@@ -474,6 +473,9 @@ def torch_mask(name: str, src: Tensor, tgt: Tensor) -> Tensor | None:
     return forms[kind, source]()
 
 
+# torch.nn's masks with the ids batch-first, or sequence-first (ids in, logits back)
+LAYOUTS: dict[int | str, tuple[Callable[[Tensor], Tensor], Callable[[Any], Any]]] = {
+    "torch": (lambda t: t, lambda out: out), "torch_first": (lambda t: t.T, batch_first)}
 # by whether a model holds torch.nn's attention: the mask forms its Caller tries, and the one it falls back to
 MASK_FORMS: dict[bool, tuple[tuple[int | str, ...], int | str]] = {
     True: (("torch", "torch_first", -4, -3), "torch"), False: ((4,), 3)}
@@ -496,7 +498,7 @@ def source_mask(model: Any, src: Tensor) -> Tensor:
 def source_ids(model: Any, src: Tensor) -> Tensor:
     """The source ids (1, S) a decoding function is handed with its model: (S, 1) for a model that took
     them sequence-first (nn.Transformer's default layout, PyTorch's translation tutorial)."""
-    return src.T if TAKEN_FORM.get(model) == "torch_first" else src
+    return LAYOUTS.get(TAKEN_FORM.get(model), LAYOUTS["torch"])[0](src)  # (1, S), or (S, 1)
 
 
 def inputs(S: int, T: int, src_pad: list[int], tgt_pad: list[int], seed: int) -> tuple[Tensor, Tensor]:
