@@ -36,6 +36,7 @@ SECONDS = {
     "test_check_built_by_what.py": 8,
     "test_check_functional.py": 2,
     "test_check_hf_variants.py": 5,
+    "test_check_conventions.py": 4,
 }
 
 

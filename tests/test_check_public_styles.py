@@ -676,8 +676,8 @@ def test_parts_no_reference_has_are_held_and_a_mistake_elsewhere_still_fails(tmp
 def test_a_block_with_an_optional_mask_in_a_file_with_nothing_causal_is_an_encoder_layer(tmp_path, monkeypatch):
     """The paper's encoder block named TransformerBlock is an encoder layer by what it does; its -inf
     fill gives NaN only on rows with every key masked, which come only with padding: a file that never
-    speaks of padding is not charged for it (noted); one that does is."""
-    from handformer.check.core.conventions import without_unpadded_nan
+    speaks of padding passes (noted); one that does DIFFERS (as torch.nn's attention does, noted)."""
+    from handformer.check.core.conventions import nan_only_on_masked_rows
     from handformer.check.core.discovery import find_components
     from handformer.check.core.result import Finding
 
@@ -689,9 +689,13 @@ def test_a_block_with_an_optional_mask_in_a_file_with_nothing_causal_is_an_encod
     spec.loader.exec_module(module)
     assert [(c.kind, c.name) for c in find_components(module)] == [("encoder_layer", "TransformerBlock")]
     findings, notes = [Finding("nan_on_masked_rows", {"en": "", "zh": ""})], []
-    assert without_unpadded_nan(ENCODER_BLOCK, findings, notes) and not findings and notes
+    assert nan_only_on_masked_rows(ENCODER_BLOCK, findings, notes) == "pass" and not findings and notes
     padded = ENCODER_BLOCK.replace("mask=None", "pad_mask=None")
-    assert not without_unpadded_nan(padded, [Finding("nan_on_masked_rows", {"en": "", "zh": ""})], [])
+    findings, notes = [Finding("nan_on_masked_rows", {"en": "", "zh": ""})], []
+    assert nan_only_on_masked_rows(padded, findings, notes) == "differs" and not findings
+    assert "torch.nn.MultiheadAttention" in notes[0]["en"]
+    two = [Finding("nan_on_masked_rows", {"en": "", "zh": ""}), Finding("causal_off_by_one", {"en": "", "zh": ""})]
+    assert nan_only_on_masked_rows(padded, two, []) is None and len(two) == 2
 
 
 LLAMA2C = '''from dataclasses import dataclass

@@ -530,17 +530,27 @@ def masks_where_true_inside(module: Any, mask_name: str | None = None) -> bool:
         return masks_where_true(source_text(module), mask_name)
     if holds_torch_attention(module):
         return True
-    for sub in module.modules():
-        if not type(sub).__module__.startswith("learner_"):
-            continue
-        try:
-            source = inspect.getsource(type(sub))
-            params = inspect.signature(type(sub).forward).parameters
-        except (OSError, TypeError, ValueError):
-            continue
-        if any(is_mask_name(n) and masks_where_true(source, n) for n in params):
-            return True
-    return False
+    # (whose source, whose arguments): the learner's classes, and the functions their forwards call
+    sources = [(type(sub), type(sub).forward) for sub in module.modules()
+               if type(sub).__module__.startswith("learner_")]
+    sources += [(f, f) for _, forward in sources for f in _functions_called(forward)]
+    return any(_fills_where_true(code, fn) for code, fn in sources)
+
+
+def _fills_where_true(code: Any, fn: Any) -> bool:
+    """Whether `code`'s source fills where a mask argument of `fn` is True."""
+    try:
+        source, params = inspect.getsource(code), inspect.signature(fn).parameters
+    except (OSError, TypeError, ValueError):
+        return False
+    return any(is_mask_name(n) and masks_where_true(source, n) for n in params)
+
+
+def _functions_called(forward: Any) -> list[Any]:
+    """The module-level functions a forward calls by name (the TensorFlow tutorial's MultiHeadAttention
+    calls its free scaled_dot_product_attention)."""
+    names = getattr(getattr(forward, "__code__", None), "co_names", ())
+    return [f for n in names if inspect.isfunction(f := getattr(forward, "__globals__", {}).get(n))]
 
 
 def file_masks_keep(ctx: Context) -> bool:

@@ -133,7 +133,25 @@ def masks_where_true(source: str, name: str | None) -> bool:
     m = re.escape(name)
     direct = re.search(rf"masked_fill_?\(\s*{m}(\.bool\(\))?(\[[^\]]*\])?(\.bool\(\))?\s*,", source)
     inverted = re.search(rf"{m}\s*==\s*0|~\s*{m}|logical_not\(\s*{m}", source)
-    return bool(direct) and not inverted
+    return bool(direct or scaled_by_large_negative(source, m)) and not inverted
+
+
+def file_masks_where_true(source: str) -> bool:
+    """Whether the file fills where a mask of its is True (see masks_where_true): the TensorFlow
+    tutorial's attention, Raschka's; its mask functions then write 1 = masked, and are read so."""
+    return any(masks_where_true(source, n) for n in set(re.findall(r"\b\w*mask\w*\b", source)))
+
+
+# a large negative: -1e9, -10000.0, torch.finfo(dtype).min
+LARGE_NEGATIVE = r"\(?\s*(?:-\s*(?:1e\d+|\d{4,}\.?\d*)|torch\.finfo)"
+
+
+def scaled_by_large_negative(source: str, m: str) -> bool:
+    """The TensorFlow tutorial's `logits += (mask * -1e9)` (1 = masked, added): the mask itself
+    times a large negative, either way round; `(1.0 - mask) * -10000.0` (BERT's, 1 = keep) is not."""
+    times = rf"\b{m}\b(\[[^\]]*\])?\s*\*\s*{LARGE_NEGATIVE}"
+    before = rf"-\s*(?:1e\d+|\d{{4,}}\.?\d*)\s*\*\s*\(?\s*{m}\b"
+    return bool(re.search(f"{times}|{before}", source))
 
 
 # the words of a file that handles padding: a query whose keys are all masked comes only with it
@@ -144,15 +162,31 @@ UNPADDED_NAN = text("a query whose keys are all masked gives NaN here; such a ro
                     "所有键都被屏蔽的查询在这里得到 NaN；只有填充（padding）才会产生这样的行，"
                     "而你的文件没有构造也没有提到填充，所以不算错误（handformer 在那里给出 0；"
                     "加上填充时请用 -1e9 填充）")
+PADDED_NAN = ("nan_on_masked_rows{}: a query whose keys are all masked (a sentence that is all padding) "
+              "gives NaN here, as torch.nn.MultiheadAttention and F.scaled_dot_product_attention give "
+              "with -inf; allowed, not a mistake. It spreads: the NaN row becomes a key and value of the "
+              "next layer. handformer gives zeros there; -1e9 instead of -inf keeps the row finite",
+              "nan_on_masked_rows{}：所有键都被屏蔽的查询（整句都是填充）在这里得到 NaN，"
+              "和 torch.nn.MultiheadAttention、F.scaled_dot_product_attention 用 -inf 时一样；"
+              "允许，不算错误。它会扩散：这一行在下一层成为键和值。handformer 在那里给出 0；"
+              "用 -1e9 代替 -inf 可以让这一行保持有限")
 
 
-def without_unpadded_nan(source: str, findings: list[Finding], notes: list[Text]) -> bool:
-    """Drop the finding nan_on_masked_rows (noted instead) from a file that never speaks of padding,
-    when it is the only one (beside a mask mistake, such as a causal mask off by one, the rows are that
-    mistake's; the line where the output departs on rows that see a key stays); True when it was dropped."""
-    names = {f.name for f in findings} - {DEPARTS}
-    if PADDING_WORDS.search(source) or names != {"nan_on_masked_rows"}:  # beside another: that one's NaN
-        return False
-    findings[:] = [f for f in findings if f.name != "nan_on_masked_rows"]
-    notes.append(UNPADDED_NAN)
-    return True
+def nan_only_on_masked_rows(source: str, findings: list[Finding], notes: list[Text]) -> str | None:
+    """The status of a component whose only finding is nan_on_masked_rows, dropped and noted instead
+    (with its line): what torch.nn's attention computes is never a failure. "pass" in a file that never
+    speaks of padding (such a row never comes), "differs" in one that does; None, and nothing dropped,
+    beside another finding (a causal mask off by one hides row 0: the NaN is that mistake's). The line
+    where the output departs on rows that see a key stays (then the component still fails)."""
+    if {f.name for f in findings} - {DEPARTS} != {"nan_on_masked_rows"}:
+        return None
+    nan = next(f for f in findings if f.name == "nan_on_masked_rows")
+    line, code = nan.line, nan.code
+    findings[:] = [f for f in findings if f is not nan]
+    if not PADDING_WORDS.search(source):
+        notes.append(UNPADDED_NAN)
+        return "pass"
+    en, zh = PADDED_NAN
+    where = (f" (line {line}: {code.strip()})", f"（第 {line} 行：{code.strip()}）") if line else ("", "")
+    notes.append(text(en.format(where[0]), zh.format(where[1])))
+    return "differs"

@@ -95,11 +95,15 @@ CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "con
 # hidden width beside d_in, the width alone) and n_position; bentrevett's hid_dim and pf_dim;
 # hyunwoongko's enc_voc_size, device and trg_sos_idx (kept, never read); minGPT's
 # config.model_type (None: the sizes are given)
-for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec"), "d_head": ("d_v",), "d_ff": ("pf_dim",),
-                     # a Chinese course's MultiHeadedAttention(head, embedding_dim, ...)
+for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec", "n_state", "emb"), "d_head": ("d_v",),
+                     "d_ff": ("pf_dim",),
+                     # a Chinese course's MultiHeadedAttention(head, embedding_dim, ...); openai/whisper's
+                     # MultiHeadAttention(n_state, n_head), ResidualAttentionBlock(n_state, n_head)
                      "n_heads": ("head",),
-                     "dropout": ("embd_pdrop",),
-                     "max_len": ("n_position", "src_seq_len", "tgt_seq_len"),
+                     # Hugging Face BERT's and ViT's config fields
+                     "dropout": ("embd_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob"),
+                     # Peter Bloem's GTransformer(emb, heads, depth, seq_length, ...)
+                     "max_len": ("n_position", "src_seq_len", "tgt_seq_len", "seq_length"),
                      # the same course's make_model(source_vocab, target_vocab, ...)
                      "src_vocab": ("n_src_vocab", "enc_voc_size", "source_vocab"),
                      "tgt_vocab": ("n_trg_vocab", "dec_voc_size", "target_vocab")}.items():
@@ -107,10 +111,14 @@ for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec"), "d_head": ("
 HIDDEN_WHEN_PAIRED += ("d_hid",)
 FIXED.update({"device": "cpu", "model_type": None, "trg_sos_idx": 1})
 # a causal switch (tiny-universe's MultiHeadAttention(config, is_causal=False)): on where the attention
-# is checked as causal (its runner gives "causal"), else its default; not a size an adapter is given
-SWITCHES = {"is_causal": "causal", "causal": "causal"}
+# is checked as causal (its runner gives "causal"), else its default; not a size an adapter is given;
+# Peter Bloem's SelfAttention(k, heads, mask) names it mask
+SWITCHES = {"is_causal": "causal", "causal": "causal", "mask": "causal"}
 # a norm's eps with no default (llama2.c's RMSNorm(dim, eps)): the norms read it back from the module
 FIXED.update(dict.fromkeys(ARGUMENTS["eps"], 1e-5))
+# a constructor's required argument alone, never a config field (a config keeps its own base): RoPE's
+# base in CS336's TransformerBlock(d_model, num_heads, d_ff, max_seq_len, theta)
+REQUIRED_FIXED = {**FIXED, "theta": 10000.0, "rope_theta": 10000.0}
 # an argument's name (lower case) -> the size it stands for: the first key of ARGUMENTS that lists it
 SIZE_OF = {alias: key for key, aliases in reversed(ARGUMENTS.items()) for alias in aliases}
 
@@ -604,6 +612,8 @@ def argument_keys(cls: Any) -> dict[str, str | None]:
     """Each constructor argument of `cls` (or parameter of a function) -> the size it stands for (a
     key of ARGUMENTS), or None."""
     keys = {p.name: None if _is_axis(p) else SIZE_OF.get(p.name.lower()) for p in init_parameters(cls)}
+    if inspect.isclass(cls) and next(iter(keys), None) == "k" and "d_model" not in keys.values():
+        keys["k"] = "d_model"  # Peter Bloem's SelfAttention(k, heads): the width first, named k
     if sum(k == "d_model" for k in keys.values()) > 1 and "d_ff" not in keys.values():
         for name in keys:
             if name.lower() in HIDDEN_WHEN_PAIRED:
@@ -634,8 +644,8 @@ def build(cls: type, sizes: dict[str, Any], parts: dict[str, Any] | None = None)
             kwargs[p.name] = sizes[key]
         elif (config := make_config(target, p, sizes)) is not None:
             kwargs[p.name] = config
-        elif p.name.lower() in FIXED and (p.default is p.empty or p.name.lower() in SWITCHED_ON):
-            kwargs[p.name] = FIXED[p.name.lower()]
+        elif p.name.lower() in REQUIRED_FIXED and (p.default is p.empty or p.name.lower() in SWITCHED_ON):
+            kwargs[p.name] = REQUIRED_FIXED[p.name.lower()]
         elif p.default is False and "relative" in p.name.lower():  # T5's has_relative_attention_bias
             kwargs[p.name] = True  # built with its relative-position table, which the check then grades
         elif p.default is not p.empty:  # Gemma's RMSNorm(..., add_unit_offset=True): no part, its default

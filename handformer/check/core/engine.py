@@ -20,7 +20,7 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.adapters import adapter_hint, cannot_check
 from handformer.check.core.adapters import functions as adapter_functions
 from handformer.check.core.adapters import load as load_adapters
-from handformer.check.core.conventions import without_unpadded_nan
+from handformer.check.core.conventions import nan_only_on_masked_rows
 from handformer.check.core.discovery import (
     NAMES,
     Component,
@@ -156,10 +156,11 @@ def check_component(comp: Component, ctx: Context) -> ComponentResult:
             result.error = theirs
         else:
             result.status, result.adapter = NOT_CHECKED, adapter_hint(comp)
-    if without_unpadded_nan(_module_source(ctx), result.findings, result.notes) and result.status == FAIL:
+    settled = nan_only_on_masked_rows(_module_source(ctx), result.findings, result.notes)
+    if settled and result.status == FAIL:
         from handformer.check.core.context import finish
 
-        result.status = "pass"
+        result.status = settled  # finish keeps it, or FAILs on a failed check
         finish(result)
     # their code raised, at their line, on an input it accepts: it fails (driven by a stand-in, the
     # stand-in's outputs may be what it refuses: still an ERROR)

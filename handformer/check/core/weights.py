@@ -351,9 +351,9 @@ PREFIXES = {1: [""], 2: ["self-attention ", "cross-attention "]}  # by the count
 
 def _qkv_by_name(group: list[Leaf]) -> list[Leaf]:
     """W_Q, W_K, W_V in the order their names say (Raschka's W_key and W_value defined before
-    W_query, GPT-J's k_proj, v_proj, q_proj), when each of the first three names one of them; else in
-    definition order."""
-    words = (("q", "query"), ("k", "key"), ("v", "value"))
+    W_query, GPT-J's k_proj, v_proj, q_proj, Peter Bloem's tokeys, toqueries, tovalues), when each of
+    the first three names one of them; else in definition order."""
+    words = (("q", "quer"), ("k", "key"), ("v", "value"))  # quer: query, queries
     roles = [_role(leaf.name.rsplit(".", 1)[-1])  # GPT-J's k_proj, v_proj, q_proj: the name's role
              or next((r for r, w in words if w in leaf.name.lower()), None) for leaf in group[:3]]
     if set(roles) != {"q", "k", "v"}:

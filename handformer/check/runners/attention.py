@@ -70,6 +70,7 @@ from handformer.check.core.localize import (
 )
 from handformer.check.core.localize_kinds import localize_masked_softmax, localize_sdpa, note_departure
 from handformer.check.core.probe import Found, Probe, Subject, drive, run_probe
+from handformer.check.core.projection_elsewhere import projection_elsewhere
 from handformer.check.core.reference_attention import handformer_attention
 from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.rope_tables import alibi_argument, position_kwargs, renamed_table, with_positions
@@ -150,8 +151,10 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
     state: dict[str, Any] = {}
     required = bool(masks) and masks[0].default is masks[0].empty
 
+    roles = _input_roles([p.name for p in inputs[:n]])
+
     def call(xq: Tensor, xk: Tensor, xv: Tensor, mask: Tensor | None) -> Any:
-        args = [xq, xk, xv][:n]
+        args = [{"q": xq, "k": xk, "v": xv}[r] for r in roles]
         if mask is None and required and "visible" in state:  # Raschka's forward(x, mask, cos, sin)
             everything = torch.ones(xq.size(0), 1, xq.size(-2), xk.size(-2), dtype=torch.bool)  # T, S
             mask = run_mask(everything, state["visible"], xq.size(0))
@@ -166,6 +169,17 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         return with_positions(fn, args, kwargs, layout, B)
 
     return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state)
+
+
+ROLES = {"q": "q", "query": "q", "queries": "q", "k": "k", "key": "k", "keys": "k", "v": "v", "value": "v",
+         "values": "v"}
+
+
+def _input_roles(names: list[str]) -> list[str]:
+    """The query, key and value in the order the forward takes them: as their names say (the
+    TensorFlow tutorial's forward(v, k, q, mask)), else q, k, v."""
+    roles = [ROLES.get(n.lower(), "") for n in names]
+    return roles if sorted(roles) == ["k", "q", "v"] else list("qkv")[:len(names)]
 
 
 def _sequence_first(res: ComponentResult, ctx: Context, c: Caller) -> None:
@@ -612,7 +626,7 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     res.mapping = [s.describe() for s in slots]
     _sequence_first(res, ctx, c)
     causal_inside = _causal_inside(res, ctx, c, sizes["causal"])
-    has_o = _head_notes(res, comp, c, slots, causal_inside, heads)
+    has_o = _head_notes(res, comp, c, slots, causal_inside, heads, source_text(ctx.module))
     probe = MHAProbe(ctx, c, x, _conventions(ctx, module, c), causal_inside, heads)
     try:
         # a mask it requires, when a case has none: every key visible in the first convention it runs with
@@ -749,9 +763,9 @@ def _projections(comp: Component, module: nn.Module, heads: int) -> tuple[list[A
 
 
 def _head_notes(res: ComponentResult, comp: Component, c: Caller, slots: list[Slot], causal_inside: bool,
-                heads: int) -> bool:
-    """Notes on what the attention takes and has (no mask, one head), the missing W_O as a finding;
-    whether it has W_O."""
+                heads: int, source: str) -> bool:
+    """Notes on what the attention takes and has (no mask, one head, W_O in a sibling module of the
+    file's `source`), the missing W_O as a finding; whether it has W_O."""
     if not c.takes_mask and not causal_inside:
         res.notes.append(text("its forward takes no mask: the masked cases were skipped",
                               "它的 forward 不接收掩码：跳过了带掩码的用例"))
@@ -763,12 +777,26 @@ def _head_notes(res: ComponentResult, comp: Component, c: Caller, slots: list[Sl
             "单头注意力（构造函数不接受头数，只有 W_Q、W_K、W_V，没有 W_O）：与只有一个头、"
             "没有输出投影的 handformer 注意力比较"))
     elif not has_o:
-        number, code = locate("no_output_projection", source_lines([comp.obj]))
-        res.findings.append(Finding("no_output_projection", text(
-            f"{comp.name} has 3 projections ({', '.join(res.mapping)}), no nn.Linear(d_model, d_model) "
-            f"for W_O", f"{comp.name} 只有 3 个投影（{', '.join(res.mapping)}），没有用于 W_O 的 "
-            "nn.Linear(d_model, d_model)"), number, code))
+        _no_output_projection(res, comp, source)
     return has_o
+
+
+def _no_output_projection(res: ComponentResult, comp: Component, source: str) -> None:
+    """W_O is missing: a finding; a note instead where the file's `source` hands the attention's output
+    to a sibling module that holds it (Hugging Face's BERT and ViT)."""
+    elsewhere = projection_elsewhere(source, comp.name)
+    if elsewhere:
+        res.notes.append(text(
+            f"no W_O of its own: {elsewhere[0]} hands its output to {elsewhere[1]}, which holds the output "
+            "projection (Hugging Face BERT's layout): compared with handformer's attention without W_O",
+            f"它自己没有 W_O：{elsewhere[0]} 把它的输出交给 {elsewhere[1]}，输出投影在那里（Hugging Face "
+            "BERT 的写法）：与没有 W_O 的 handformer 注意力比较"))
+        return
+    number, code = locate("no_output_projection", source_lines([comp.obj]))
+    res.findings.append(Finding("no_output_projection", text(
+        f"{comp.name} has 3 projections ({', '.join(res.mapping)}), no nn.Linear(d_model, d_model) "
+        f"for W_O", f"{comp.name} 只有 3 个投影（{', '.join(res.mapping)}），没有用于 W_O 的 "
+        "nn.Linear(d_model, d_model)"), number, code))
 
 
 def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:

@@ -75,11 +75,16 @@ SCENARIOS: dict[str, Table] = {
     "first_finished": {(): {TOK_A: 0.5, TOK_B: 0.45}, (TOK_A,): {EOS: 0.55}, (TOK_B,): {TOK_C: 0.95},
                        (TOK_B, TOK_C): {EOS: 0.95}},
 }
-CONVENTIONS = {"eos": ("the length counts the new tokens and EOS", "长度按新生成的 token 加 EOS 计"),
-               "no_eos": ("the length counts the new tokens without EOS",
-                          "长度按新生成的 token 计，不含 EOS"),
-               "bos": ("the length counts every token, BOS and EOS included",
-                       "长度按所有 token 计，含 BOS 和 EOS")}
+LENGTHS = {"eos": ("the length counts the new tokens and EOS", "长度按新生成的 token 加 EOS 计"),
+           "no_eos": ("the length counts the new tokens without EOS", "长度按新生成的 token 计，不含 EOS"),
+           "bos": ("the length counts every token, BOS and EOS included",
+                   "长度按所有 token 计，含 BOS 和 EOS")}
+# the length penalty: score / length ** alpha, or GNMT's score / ((5 + length) / 6) ** alpha (Wu et al., 2016)
+PENALTIES = {"": ("score / length^alpha", "得分 / 长度^alpha"),
+             ":gnmt": ("score / ((5 + length) / 6)^alpha (GNMT's)",
+                       "得分 / ((5 + 长度) / 6)^alpha（GNMT 的写法）")}
+CONVENTIONS = {f"{n}{p}": (f"{pen}; {en}", f"{pen_zh}；{zh}") for p, (pen, pen_zh) in PENALTIES.items()
+               for n, (en, zh) in LENGTHS.items()}
 FLAGS = ("beam_no_stop_at_eos", "beam_eos_not_emitted", "beam_finished_extended", "beam_shortest_returned",
          "beam_length_penalty_per_step")
 
@@ -89,11 +94,19 @@ FLAGS = ("beam_no_stop_at_eos", "beam_eos_not_emitted", "beam_finished_extended"
 def length(tokens: list[int], conv: str) -> int:
     """The length a hypothesis (BOS first) is normalised by."""
     n = len(tokens) - 1
-    if conv == "no_eos" and tokens[-1] == EOS:
+    if conv.startswith("no_eos") and tokens[-1] == EOS:
         n -= 1
-    if conv == "bos":
+    if conv.startswith("bos"):
         n += 1
     return max(n, 1)
+
+
+PENALTY_OF = {"": lambda n, alpha: n ** alpha, "gnmt": lambda n, alpha: ((5 + n) / 6) ** alpha}
+
+
+def penalty(n: int, conv: str, alpha: float) -> float:
+    """What the score of a hypothesis of length n is divided by, in the convention's penalty."""
+    return PENALTY_OF[conv.partition(":")[2]](n, alpha)
 
 
 def reference(model: Steered, memory: Tensor, K: int, steps: int, alpha: float, conv: str,
@@ -103,7 +116,7 @@ def reference(model: Steered, memory: Tensor, K: int, steps: int, alpha: float, 
         return model.logprobs(memory, tokens[1:])
 
     def norm(score: float, tokens: list[int]) -> float:
-        return score / length(tokens, conv) ** alpha
+        return score / penalty(length(tokens, conv), conv, alpha)
 
     live: list[tuple[float, list[int]]] = [(0.0, [BOS])]
     finished: list[tuple[float, list[int]]] = []
@@ -124,7 +137,7 @@ def reference(model: Steered, memory: Tensor, K: int, steps: int, alpha: float, 
             if (not ends or "beam_finished_extended" in flags) and len(live) < K:
                 live.append((s, tokens))
         best = sorted((f[0] for f in finished), reverse=True)[:K]
-        if not live or (len(best) == K and best[-1] >= max(s for s, _ in live) / steps ** alpha):
+        if not live or (len(best) == K and best[-1] >= max(s for s, _ in live) / penalty(steps, conv, alpha)):
             break
     if not finished:
         out = max(live, key=lambda c: norm(*c))[1]
@@ -243,7 +256,7 @@ def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
                                 text(f"yours: {show(got)}", f"你的：{show(got)}")))
     if conv is not None:
         en, zh = CONVENTIONS[conv]
-        res.convention = text(f"score / length^alpha; {en}", f"得分 / 长度^alpha；{zh}")
+        res.convention = text(en, zh)
         if not call.arg["alpha"]:
             res.notes.append(text(f"{comp.name} takes no length penalty: its search matches alpha = "
                                   f"{alpha:g}",
@@ -276,17 +289,19 @@ def _without_penalty(res: ComponentResult, call: Call, make: Maker, src: Tensor,
                                  "handformer 的一致"), not wrong,
                             text(f"it differs in {', '.join(wrong)}", f"在 {', '.join(wrong)} 中不同")))
     if wrong:
-        res.notes.append(_lines_reading(call.comp.obj, name))
+        res.notes += _lines_reading(call.comp.obj, name)
 
 
-def _lines_reading(fn: Any, name: str) -> Text:
-    """Where the learner's function reads the argument `name`: its first two lines that load it."""
+def _lines_reading(fn: Any, name: str) -> list[Text]:
+    """Where the learner's function reads the argument `name`: its first two lines that load it (none
+    when it never reads it)."""
     lines = source_lines([fn])  # (number, text), in the order of the function's own lines
     tree = ast.parse(textwrap.dedent("\n".join(code for _, code in lines)))
     at = sorted({node.lineno for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id == name})
     read = [lines[i - 1] for i in at[:2]]
-    return text(f"{name} is applied at " + "; ".join(f"line {n}: {c.strip()}" for n, c in read),
-                f"{name} 用在" + "；".join(f"第 {n} 行：{c.strip()}" for n, c in read))
+    en = "; ".join(f"line {n}: {c.strip()}" for n, c in read)
+    zh = "；".join(f"第 {n} 行：{c.strip()}" for n, c in read)
+    return [text(f"{name} is applied at {en}", f"{name} 用在{zh}")] * bool(read)
 
 
 OWN_DRIVEN = {True: ("it passed its check", "它通过了检查"),

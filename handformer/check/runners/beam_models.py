@@ -1,6 +1,7 @@
 """The models beam search's runner hands the learner's search (runners/beam.py): `Steered`, the
-stand-in `HandformerModel` with the Annotated Transformer's three methods, steered by a table of
-next-token probabilities by prefix; runners/beam_own.py steers the learner's own model the same way.
+stand-in `HandformerModel` with the Annotated Transformer's three methods (and `model(src, tgt)`),
+steered by a table of next-token probabilities by prefix; runners/beam_own.py steers the learner's
+own model the same way.
 
 Shape legend: N hypotheses, L prefix length, S source length, D d_model, V vocabulary.
 """
@@ -73,6 +74,11 @@ class Steered(nn.Module):
 
     def usable(self) -> bool:
         return True
+
+    def forward(self, src: Tensor, tgt: Tensor, *masks: Any) -> Tensor:
+        """`model(src, tgt)`, the interface of a model that takes both sequences (nn.Transformer's
+        tutorial, a course's decoder): the log-probabilities (N, L, V) after each prefix of tgt."""
+        return self.generator(self.decode(self.encode(src), None, tgt))
 
     def encode(self, src: Tensor, src_mask: Any = None) -> Tensor:
         memory = self.ctx.learner.call("forward", self.base.encode, src, src_mask)

@@ -19,9 +19,11 @@ Shape legend: B batch (1), S source length, T target length, D d_model, V vocabu
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any
+from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -35,7 +37,7 @@ from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import DIFFERS, FAIL, PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
 from handformer.check.runners.beam_own import OwnSteered, first_decoder_layer, own_seq2seq
-from handformer.check.runners.model import source_mask
+from handformer.check.runners.model import source_ids, source_mask
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
 
@@ -171,11 +173,31 @@ def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
                              "(end_symbol, eos_idx, ...)",
                              zh=f"{comp.name}：填不了参数 {first!r}；贪心解码接受 (model, src, src_mask, "
                                 "max_len, start_symbol)，还可以有结束符（end_symbol、eos_idx 等）")
-    stop = arg["end"] is not None
-    for model, steering, right in _scenarios(res, ctx, stop):
-        with steering():
-            _compare_tokens(res, ctx, comp, arg, model, right, stop)
+    eos_name = None if arg["end"] else global_eos(comp.obj)
+    stop = arg["end"] is not None or eos_name is not None
+    values = getattr(inspect.unwrap(comp.obj), "__globals__", {})  # its module's, under @torch.no_grad() too
+    patched: AbstractContextManager[Any] = contextlib.nullcontext()
+    if eos_name:
+        patched = mock.patch.dict(values, {eos_name: EOS})
+        res.notes.append(text(f"{comp.name} takes no end symbol; your module's {eos_name} is the one it must "
+                              f"stop at, set to check's EOS ({EOS}) for the check",
+                              f"{comp.name} 没有结束符参数；你的模块级 {eos_name} 就是它该停下的符号，"
+                              f"检查时把它设成检查程序的 EOS（{EOS}）"))
+    with patched:
+        for model, steering, right in _scenarios(res, ctx, stop):
+            with steering():
+                _compare_tokens(res, ctx, comp, arg, model, right, stop)
     return finish(res)
+
+
+def global_eos(fn: Any) -> str | None:
+    """The module-level end symbol of a loop without an end argument (PyTorch's translation
+    tutorial's EOS_IDX = 3): one it reads, else one its module defines; None when there is none."""
+    fn = inspect.unwrap(fn)  # under @torch.no_grad()
+    values = getattr(fn, "__globals__", {})
+    read = getattr(getattr(fn, "__code__", None), "co_names", ())
+    names = [*read, *values]
+    return next((n for n in names if n.lower() in NAMES["end"] and type(values.get(n)) is int), None)
 
 
 Scenario = tuple[Any, Callable[[], AbstractContextManager[Any]], list[int]]  # model, its steering, tokens
@@ -268,23 +290,21 @@ def _steered_reference(steered: Any, stop: bool) -> list[int] | None:
 
 def _compare_tokens(res: ComponentResult, ctx: Context, comp: Component, arg: dict[str, str | None],
                     model: Any, right: list[int], stop: bool) -> None:
-    values = {"model": model, "src": source(), "src_mask": source_mask(model, source()), "max_len": MAX_LEN,
-              "start": BOS, "end": EOS}
+    values = {"model": model, "src": source_ids(model, source()), "src_mask": source_mask(model, source()),
+              "max_len": MAX_LEN, "start": BOS, "end": EOS}
     kwargs = {name: values[key] for key, name in arg.items() if name}
     got = _tokens(ctx, comp, ctx.learner.call("forward", comp.obj, **kwargs))
+    notes = []
     if got[:1] != [BOS]:  # some loops return the new tokens only
         right = right[1:]
-        note = text("it returns the new tokens, without the start symbol",
-                    "它返回的是新生成的 token，不含起始符号")
-        if note not in res.notes:
-            res.notes.append(note)
+        notes.append(text("it returns the new tokens, without the start symbol",
+                          "它返回的是新生成的 token，不含起始符号"))
     if not stop:
-        note = text(f"{comp.name} takes no end symbol, so it cannot stop at EOS (the Annotated "
-                    "Transformer's): compared with max_len tokens",
-                    f"{comp.name} 没有结束符参数，所以不能在 EOS 处停下"
-                    "（Annotated Transformer 的写法）：按 max_len 个 token 比较")
-        if note not in res.notes:
-            res.notes.append(note)
+        notes.append(text(f"{comp.name} takes no end symbol, so it cannot stop at EOS (the Annotated "
+                          "Transformer's): compared with max_len tokens",
+                          f"{comp.name} 没有结束符参数，所以不能在 EOS 处停下"
+                          "（Annotated Transformer 的写法）：按 max_len 个 token 比较"))
+    res.notes += [note for note in notes if note not in res.notes]  # once, over every scenario
     trimmed = got
     if stop and EOS in got:  # padding after EOS (a batch-style loop) is fine
         end = got.index(EOS) + 1

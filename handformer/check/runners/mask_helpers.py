@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, finish, forward_parameters, named, names_of
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.probe import Found, Probe, Subject, drive
@@ -141,9 +142,10 @@ class Helper:
     def pad_id(self) -> int:
         return PAD if self.pad else global_pad(self.comp.obj)[1]
 
-    def __call__(self) -> Any:
-        given = ((self.src, src_ids(self.pad_id)), (self.tgt, tgt_ids(self.pad_id)), (self.pad, PAD),
-                 (self.queries, src_ids(self.pad_id)))
+    def __call__(self, layout: Callable[[Tensor], Tensor] = lambda ids: ids) -> Any:
+        """Its masks for ids (B, S), or as `layout` gives them ((S, B): Tensor.t)."""
+        src, tgt = layout(src_ids(self.pad_id)), layout(tgt_ids(self.pad_id))
+        given = ((self.src, src), (self.tgt, tgt), (self.pad, PAD), (self.queries, src))  # (B, S) or (S, B)
         kwargs = {name: value for name, value in given if name}
         return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
 
@@ -287,11 +289,28 @@ TORCH_FORM_NOTE = text("read as torch.nn's four masks (src_mask, tgt_mask, src_p
                        "True 或 -inf = 屏蔽），每个注意力掩码与它的填充掩码合在一起")
 
 
+SEQUENCE_FIRST_NOTE = text("it reads its ids sequence-first, (S, B), as nn.Transformer does by default "
+                           "(PyTorch's translation tutorial): called so",
+                           "它按序列维在前的 (S, B) 读取 id，和 nn.Transformer 的默认布局一样"
+                           "（PyTorch 翻译教程的写法）：按这种布局调用")
+
+
+def _sequence_first(helper: Helper) -> Any:
+    """What the helper returns for ids given sequence-first, (S, B); None when it raises."""
+    try:
+        return helper(Tensor.t)
+    except fp.LearnerFailure:
+        return None
+
+
 def check_mask_helper(comp: Component, ctx: Context) -> ComponentResult:
     """The mask helper, as the MASK_HELPER probe states it for each mask it makes."""
     res = ctx.result(comp)
     helper = Helper(comp, ctx)
     out = helper()
+    if helper.makes == "both" and not _torch_form(out) and _torch_form(flipped := _sequence_first(helper)):
+        out = flipped
+        res.notes.append(SEQUENCE_FIRST_NOTE)
     if helper.makes == "both" and _torch_form(out):
         out = _from_torch(out)
         res.notes.append(TORCH_FORM_NOTE)

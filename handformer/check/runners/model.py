@@ -38,10 +38,12 @@ from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import TGT_NAMES, call_parameters
 from handformer.check.core.context import (
     MAX_LEN,
+    SEQUENCE_FIRST,
     SIZES,
     Context,
     D,
     H,
+    batch_first,
     causal,
     check_determinism,
     error_text,
@@ -386,8 +388,10 @@ class Caller:
         """Rank 4: (B, 1, 1, S) and (B, 1, T, T); rank 3 (the Annotated Transformer's, whose attention
         adds the head axis): (B, 1, S) and (B, T, T); 0/1 ints, or bool at ranks -4 and -3; "torch":
         as torch.nn's attention (nn.Transformer, nn.MultiheadAttention) takes them (torch_mask)."""
-        if rank == "torch":
-            return self.forward(src, tgt, **{name: torch_mask(name, src, tgt) for name in self.masks})
+        if rank in LAYOUTS:  # torch_first: nn.Transformer's default (S, B) layout
+            into, back = LAYOUTS[rank]
+            masks = {name: torch_mask(name, src, tgt) for name in self.masks}
+            return back(self.forward(into(src), into(tgt), **masks))
         if rank == "lens":
             return self._with_lengths(src, tgt)
         kwargs = {}
@@ -469,9 +473,12 @@ def torch_mask(name: str, src: Tensor, tgt: Tensor) -> Tensor | None:
     return forms[kind, source]()
 
 
+# torch.nn's masks with the ids batch-first, or sequence-first (ids in, logits back)
+LAYOUTS: dict[int | str, tuple[Callable[[Tensor], Tensor], Callable[[Any], Any]]] = {
+    "torch": (lambda t: t, lambda out: out), "torch_first": (lambda t: t.T, batch_first)}
 # by whether a model holds torch.nn's attention: the mask forms its Caller tries, and the one it falls back to
-MASK_FORMS: dict[bool, tuple[tuple[int | str, ...], int | str]] = {True: (("torch", -4, -3), "torch"),
-                                                                   False: ((4,), 3)}
+MASK_FORMS: dict[bool, tuple[tuple[int | str, ...], int | str]] = {
+    True: (("torch", "torch_first", -4, -3), "torch"), False: ((4,), 3)}
 MASK_DTYPE = {True: torch.bool, False: torch.long}  # the tutorials' masks: bool (a negative rank) or 0/1 int
 # the mask form each of the learner's models took when its Caller first ran it: the form its decoding
 # functions hand it
@@ -483,8 +490,15 @@ def source_mask(model: Any, src: Tensor) -> Tensor:
     on torch.nn's attention ((S, S), nothing masked: PyTorch's translation tutorial) unless that model
     took the tutorials' keep-masks, else the tutorials' (B, 1, S), 1 = may attend."""
     form = TAKEN_FORM.get(model, MASK_FORMS[holds_torch_attention(model)][1])
-    masks = {"torch": lambda: torch_mask("src_mask", src, src), -4: lambda: (src != PAD)[:, None, None, :]}
+    nothing = lambda: torch_mask("src_mask", src, src)  # noqa: E731  (S, S): nothing masked
+    masks = {"torch": nothing, "torch_first": nothing, -4: lambda: (src != PAD)[:, None, None, :]}
     return masks.get(form, lambda: (src != PAD)[:, None, :])()  # (B, 1, 1, S) or (B, 1, S) keep-masks
+
+
+def source_ids(model: Any, src: Tensor) -> Tensor:
+    """The source ids (1, S) a decoding function is handed with its model: (S, 1) for a model that took
+    them sequence-first (nn.Transformer's default layout, PyTorch's translation tutorial)."""
+    return LAYOUTS.get(TAKEN_FORM.get(model), LAYOUTS["torch"])[0](src)  # (1, S), or (S, 1)
 
 
 def inputs(S: int, T: int, src_pad: list[int], tgt_pad: list[int], seed: int) -> tuple[Tensor, Tensor]:
@@ -682,6 +696,7 @@ def check_model(comp: Component, ctx: Context) -> ComponentResult:
     src, tgt = inputs(6, 6, [0, 2], [1, 0], seed=0)  # S == T: a mask from the other side still runs
 
     check_determinism(res, ctx, comp, lambda: call(src, tgt), "encoder_layer", "decoder_layer", "mha", "ffn")
+    res.notes += [SEQUENCE_FIRST] * (call.rank == "torch_first")
     with fp.dropout_off():
         out = call(src, tgt)
         if not logits_shape(res, out, (2, 6, TGT_V), "tgt_vocab"):

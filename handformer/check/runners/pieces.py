@@ -25,12 +25,13 @@ from handformer.check.core.context import (
     grads_error,
     shape_of,
 )
+from handformer.check.core.conventions import file_masks_where_true
 from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.localize import Departure
 from handformer.check.core.localize_kinds import localize_ffn, localize_norm, localize_table
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
-from handformer.check.core.source import first_line, locate, source_lines
+from handformer.check.core.source import first_line, locate, source_lines, source_text
 from handformer.check.core.weights import (
     Gainless,
     MappingError,
@@ -57,19 +58,20 @@ from handformer.nn.norms import LayerNorm, RMSNorm
 from handformer.nn.positions import sinusoidal_table
 
 # how a (T, T) mask read in each convention says "may see"
-READ_KEEP = {"torch": lambda m: ~m, "bool": lambda m: m, "additive": lambda m: m > -1e3,
+READ_KEEP = {"torch": lambda m: m == 0, "bool": lambda m: m, "additive": lambda m: m > -1e3,
              "int": lambda m: m != 0}
 
 
-def _convention(mask: Tensor, forced: str | None) -> str:
+def _convention(mask: Tensor, forced: str | None, where_true: bool) -> str:
     """The convention of the learner's mask, read from its largest one: at T = 1 an additive mask
     (0 and -inf, PyTorch's generate_square_subsequent_mask) is a single 0, which alone reads as an
-    int mask that hides everything."""
-    if mask.dtype == torch.bool:
-        return "torch" if forced == "torch" else "bool"
+    int mask that hides everything; 1 (or True) = masked when asked for, or when the file's attention
+    fills where its mask is nonzero (`where_true`: the TensorFlow tutorial's `mask * -1e9`)."""
     if mask.is_floating_point() and (mask < -1e3).any() or torch.isinf(mask).any():
         return "additive"
-    return "int"
+    if forced == "torch" or where_true:
+        return "torch"
+    return "bool" if mask.dtype == torch.bool else "int"
 
 
 CAUSAL_SIZES = (1, 5, 8)  # the lengths the mask is asked for
@@ -83,7 +85,8 @@ def _build_causal(comp: Component, ctx: Context, res: ComponentResult) -> Subjec
 
     def run(sizes: tuple[int, ...]) -> Tensor:
         raws = [_causal_raw(ctx, comp, T) for T in sizes]
-        facts["convention"] = conv = _convention(max(raws, key=Tensor.numel), ctx.convention)
+        where_true = ctx.convention is None and file_masks_where_true(source_text(ctx.module))
+        facts["convention"] = conv = _convention(max(raws, key=Tensor.numel), ctx.convention, where_true)
         return torch.cat([READ_KEEP[conv](raw).flatten() for raw in raws]).double()
 
     return Subject(run, [(None, None)], comp.obj, facts)

@@ -458,6 +458,7 @@ def _check_module(comp: Component, ctx: Context) -> ComponentResult:
     def call(offset: int = 0, length: int = T) -> Any:
         values = {**dict.fromkeys(LENGTH_NAMES, length), **dict.fromkeys(OFFSET_NAMES, offset),
                   "position_ids": (torch.arange(length) + offset)[None].expand(B, length),
+                  "token_positions": torch.arange(length) + offset,  # CS336's forward(x, token_positions)
                   "device": q.device, "dtype": q.dtype}  # Falcon's forward(seq_len, device, dtype)
         kwargs = dict(zip(tensors, (q, k))) | _filled(names, values)
         return ctx.learner.call("forward", module, **kwargs)
