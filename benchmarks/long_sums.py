@@ -166,7 +166,8 @@ def sft(args: argparse.Namespace, log: Callable[[str], None]) -> None:
 def grpo(args: argparse.Namespace, log: Callable[[str], None]) -> None:
     cfg = config_for("mid-reasoning", {"threads": 1, "grpo_steps": args.steps, "grpo_lr": args.lr,
                                        "grpo_group": args.group, "grpo_batch": args.batch,
-                                       "grpo_beta": args.beta, "grpo_max_new_tokens": args.max_new_tokens})
+                                       "grpo_beta": args.beta, "grpo_max_new_tokens": args.max_new_tokens,
+                                       "seed": args.seed})
     n = args.steps * args.batch
     if args.preset_draw:  # the `reasoning` preset's own questions, as its GRPO stage draws them
         records = RS.grpo_prompts(n, R.ReasoningSet(0, difficulty(cfg)), cfg.grpo_countdown_share,
@@ -258,6 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--preset-draw", action="store_true",
                    help="draw the questions as the `reasoning` preset's GRPO does")
     g.add_argument("--beta", type=float, default=0.0, help="the KL term's weight (0: none)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="the seed of the samples and of the batches' order (the questions stay seed 0's)")
     g.add_argument("--max-new-tokens", type=int, default=104)
     g.add_argument("--both-long", action="store_true",
                    help="with --preset-draw: the long sums are sums of two 4-digit numbers")

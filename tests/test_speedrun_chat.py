@@ -156,9 +156,10 @@ def test_the_reasoning_presets_fit_their_replies_and_their_questions_exist():
 
 def test_the_default_is_the_recipe_where_grpo_goes_past_sfts_plateau():
     """The command's default preset, `reasoning`, gives SFT 30 worked long sums, 3 times each, for
-    1,200 steps, and DPO no long sums; the kept `reasoning-80` differs from it only there (80 seen
-    once, 600 steps, 300 long sums in DPO). The mid preset runs the default's post-training on half
-    the mix for half the steps (the same passes over SFT's data); `mid-reasoning-80` is
+    1,200 steps, DPO no long sums and GRPO 200 steps at 2e-4; the kept `reasoning-80` differs from it
+    only there (80 seen once, 600 steps, 300 long sums in DPO, GRPO 100 steps at 1e-4). The mid
+    preset runs the default's post-training on half the mix for half the steps (the same passes over
+    SFT's data) and GRPO 100 steps at 1e-4, as its measured run; `mid-reasoning-80` is
     `reasoning-80`'s with the mid preset's scoring."""
     import re
     from collections import Counter
@@ -174,14 +175,17 @@ def test_the_default_is_the_recipe_where_grpo_goes_past_sfts_plateau():
         return {k: cfg[k] for k in cfg if other[k] != cfg[k]}
 
     assert build_parser().parse_args(["speedrun", "chat"]).preset == "reasoning"
+    default = config_for("reasoning", {})
+    assert (default.grpo_steps, default.grpo_prompts, default.grpo_lr) == (200, 1600, 2e-4)
     assert changed("reasoning-80", "reasoning") == {
-        "sft_long_sums": 80, "sft_long_repeats": 1, "sft_steps": 600, "dpo_long_sums": 300}
+        "sft_long_sums": 80, "sft_long_repeats": 1, "sft_steps": 600, "dpo_long_sums": 300,
+        "grpo_steps": 100, "grpo_prompts": 800, "grpo_lr": 1e-4}
     scoring = {"pretrain_facts", "pretrain_pydoc_chars", "pretrain_steps", "eval_per_kind", "eval_long_sums",
                "eval_samples", "eval_split"}
     assert set(changed("mid-reasoning-80", "reasoning-80")) == scoring
     mid = changed("mid-reasoning", "reasoning")
-    assert set(mid) == scoring | {"sft_conversations", "sft_steps"}
-    assert (mid["sft_conversations"], mid["sft_steps"]) == (4000, 600)
+    assert set(mid) == scoring | {"sft_conversations", "sft_steps", "grpo_steps", "grpo_prompts", "grpo_lr"}
+    assert (mid["sft_conversations"], mid["sft_steps"], mid["grpo_steps"], mid["grpo_prompts"]) == (4000, 600, 100, 800)
     cfg = config_for("mid-reasoning", {})
     records = sft_records(90, ReasoningSet(cfg.seed, difficulty(cfg)), 0, cfg.sft_long_sums, cfg.sft_long_repeats)
     questions = [r["messages"][0]["content"] for r in records]
