@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from check_mutants import Mutant, mutants, sample
 from check_plants import FAMILIES, correct_file
 
@@ -88,3 +89,21 @@ def test_a_mutant_gets_a_report_not_an_internal_error(tmp_path, mutant):
 @pytest.mark.parametrize("mutant", [m for path in FILES for m in mutants(path)], ids=_id)
 def test_every_mutant_gets_a_report_not_an_internal_error(tmp_path, mutant):
     check_mutant(tmp_path, mutant)
+
+
+def test_torch_refusing_a_dtype_inside_checks_softmax_is_the_learners_exception(tmp_path):
+    """torch's NotImplementedError ("not implemented for 'Long'") raised through the float64 softmax
+    check patches in is the learner's bug at their line: neither a starter's TODO nor a stand-in's."""
+    from handformer.check.core.precision import float64_kept
+    from handformer.check.core.source import learner_error
+
+    path = tmp_path / "loss.py"
+    path.write_text("import torch.nn.functional as F\n\n\ndef loss(targets):\n"
+                    "    return F.log_softmax(targets, dim=-1)\n")
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    with float64_kept(), pytest.raises(NotImplementedError) as raised:
+        namespace["loss"](torch.zeros(2, 3, dtype=torch.long))
+    err = learner_error(raised.value, str(path), "forward")
+    assert err.kind == "exception", err
+    assert err.traceback == ["line 5, in loss: return F.log_softmax(targets, dim=-1)"], err

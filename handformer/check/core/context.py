@@ -7,7 +7,6 @@ Shape legend: B batch, T query length, S key length, D d_model, H heads, F FFN w
 from __future__ import annotations
 
 import contextlib
-import dis
 import inspect
 import math
 import re
@@ -25,7 +24,7 @@ from handformer.check.core.conventions import conventions_for, is_lengths_name, 
 from handformer.check.core.discovery import SIZE_OF, Component, build, own_objects, with_head_size
 from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import DROPOUT, F_WIDTH, MAX_LEN, SIZES, D, H, is_number  # noqa: F401  (the runners import them here)
-from handformer.check.core.source import locate, locate_form, source_lines, source_text
+from handformer.check.core.source import global_reads, locate, locate_form, source_lines, source_text
 from handformer.check.core.weights import scramble_, untranspose_
 from handformer.nn.masks import causal_mask
 
@@ -232,21 +231,6 @@ def module_sizes(module: types.ModuleType, comp: Component, sizes: dict[str, Any
         if key in GLOBAL_SIZES and key in sizes and numeric:
             out[name] = sizes[key]
     return out
-
-
-def global_reads(obj: Any) -> set[str]:
-    """The global names a function, or any method of a class, reads (from their code objects)."""
-    codes = []
-    if inspect.isclass(obj):
-        codes = [f.__code__ for f in vars(obj).values() if inspect.isfunction(f)]
-    elif inspect.isfunction(obj):
-        codes = [obj.__code__]
-    names: set[str] = set()
-    while codes:
-        code = codes.pop()
-        names |= {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
-        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-    return names
 
 
 def is_lazy(module: nn.Module) -> bool:

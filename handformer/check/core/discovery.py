@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from handformer.check.core.kinds import KINDS_TABLE
-from handformer.check.core.source import source_text
+from handformer.check.core.source import config_reads, global_reads, source_text
 
 NAMES: dict[str, tuple[str, ...]] = {k.name: k.names for k in KINDS_TABLE}  # kind -> names, in order
 TABLED = {n for k in KINDS_TABLE for n in k.names}  # every name of every kind
@@ -172,8 +172,6 @@ def _without_dispatchers(found: list[Component]) -> list[Component]:
 def _reached(fn: Any) -> list[Any]:
     """The objects of its module a function reads, and the values of the dicts among them (a table of
     name -> schedule)."""
-    from handformer.check.core.context import global_reads
-
     reached = list(map(vars(sys.modules[fn.__module__]).get, global_reads(fn)))
     tables = filter(lambda value: isinstance(value, dict), reached)
     return reached + list(itertools.chain.from_iterable(table.values() for table in tables))
@@ -467,26 +465,6 @@ def with_head_size(sizes: dict[str, Any]) -> dict[str, Any]:
     if "d_model" in sizes and "n_heads" in sizes:
         return {**sizes, "d_head": sizes["d_model"] // sizes["n_heads"]}
     return dict(sizes)
-
-
-def config_reads(cls: Any, name: str) -> tuple[set[str], set[str]]:
-    """(the keys `name["key"]` and the attributes `name.attr`) that `cls.__init__` reads from its
-    argument `name`: how it takes its configuration, from its source."""
-    import ast
-    import textwrap
-
-    keys, attrs = set(), set()
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__ if inspect.isclass(cls) else cls)))
-    except (OSError, TypeError, SyntaxError):
-        return keys, attrs
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == name:
-            if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
-                keys.add(node.slice.value)
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == name:
-            attrs.add(node.attr)
-    return keys, attrs
 
 
 def _dict_keys(cls: Any) -> set[str]:

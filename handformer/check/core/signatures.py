@@ -52,7 +52,7 @@ from handformer.check.core.argument_names import (
     call_parameters,
     named,
 )
-from handformer.check.core.source import source_text
+from handformer.check.core.source import config_reads, source_text
 
 ROWS = torch.tensor([[2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6],
                      [0.5, 2.5, -0.3, 1.1, 0.9, -2.0, 0.2, -0.7]])  # (B, V) logits, no ties
@@ -87,8 +87,6 @@ SCHEDULE_FIRST = SCHEDULE_STEP_NAMES + OPTIMIZER_NAMES  # a schedule's step, a s
 def _config_fields(fn: Any, args: set[str]) -> dict[str, list[str]]:
     """The fields fn reads from each of its arguments `args` that it reads fields of (nanoGPT's
     get_lr(it, cfg): cfg.warmup_iters), lowered."""
-    from handformer.check.core.discovery import config_reads
-
     fields = {name: sorted(map(str.lower, config_reads(fn, name)[1])) for name in args}
     return dict(filter(lambda item: item[1], fields.items()))  # the arguments it reads fields of
 

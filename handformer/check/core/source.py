@@ -3,10 +3,12 @@ functions), and exceptions with the traceback trimmed to their own file."""
 
 from __future__ import annotations
 
+import dis
 import functools
 import inspect
 import re
 import traceback
+import types
 from collections.abc import Iterable
 from typing import Any
 
@@ -130,7 +132,7 @@ def learner_error(err: BaseException, path: str, where: str) -> LearnerError:
     stand_in = raised_by_stand_in(stack, path) or refused_by_stand_in(err)
     kind = "memory" if _is_memory(err) else "stand_in" if stand_in else "exception"
     message = f"{type(err).__name__}: {err}".strip()
-    if isinstance(err, NotImplementedError) and not raised_by_torch(stack):  # a starter's TODO, not a bug
+    if isinstance(err, NotImplementedError) and raised_by_learner(stack, path):  # a starter's TODO, not a bug
         kind, message = "not_implemented", f"not implemented yet ({message.rstrip(':')})"
     if isinstance(err, SystemExit):
         message = (f"SystemExit: your code called sys.exit({err.code!r}) (or raised SystemExit); a component "
@@ -139,31 +141,28 @@ def learner_error(err: BaseException, path: str, where: str) -> LearnerError:
                         frames)
 
 
-def raised_by_torch(stack: traceback.StackSummary) -> bool:
-    """Whether torch raised it (a kernel "not implemented for 'Long'": arguments of the wrong dtype),
-    not the learner's own `raise NotImplementedError` of a TODO."""
-    import os
-
-    import torch
-
-    torch_dir = os.path.dirname(torch.__file__) + os.sep
-    return bool(stack) and os.path.abspath(stack[-1].filename).startswith(torch_dir)
+def raised_by_learner(stack: traceback.StackSummary, path: str) -> bool:
+    """Whether the learner's own file raised it (their `raise NotImplementedError` of a TODO), not
+    torch (a kernel "not implemented for 'Long'": arguments of the wrong dtype) nor a function check
+    patched in (core/precision.py's softmax) that passed torch's exception on."""
+    return bool(stack) and _same(stack[-1].filename, path)
 
 
 def raised_by_stand_in(stack: traceback.StackSummary, path: str) -> bool:
     """Whether the innermost frame that is neither torch's nor Python's own is handformer's: the
     learner's code called a stand-in (a model check built for it) that would not take the call, so
     the exception is the stand-in's, never shown as theirs. The mode that reads "cuda" as the CPU
-    (core/cpu_only.py) sits under every torch call of a file that names that device: not a stand-in."""
+    (core/cpu_only.py) and the float64 softmax (core/precision.py) wrap torch's own calls: not a stand-in."""
     import os
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    device_mode = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cpu_only.py")
+    patched = {os.path.join(os.path.dirname(os.path.abspath(__file__)), name)  # torch's calls, wrapped
+               for name in ("cpu_only.py", "precision.py")}
     for frame in reversed(stack):
         if _same(frame.filename, path):
             return False
         where = os.path.abspath(frame.filename)
-        if where.startswith(package + os.sep) and where != device_mode:
+        if where.startswith(package + os.sep) and where not in patched:
             return True
     return False
 
@@ -198,3 +197,38 @@ def _same(a: str, b: str) -> bool:
 def _is_memory(err: BaseException) -> bool:
     return isinstance(err, MemoryError) or "can't allocate memory" in str(err) or (
         "not enough memory" in str(err))
+
+
+def global_reads(obj: Any) -> set[str]:
+    """The global names a function, or any method of a class, reads (from their code objects)."""
+    codes = []
+    if inspect.isclass(obj):
+        codes = [f.__code__ for f in vars(obj).values() if inspect.isfunction(f)]
+    elif inspect.isfunction(obj):
+        codes = [obj.__code__]
+    names: set[str] = set()
+    while codes:
+        code = codes.pop()
+        names |= {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    return names
+
+
+def config_reads(cls: Any, name: str) -> tuple[set[str], set[str]]:
+    """(the keys `name["key"]` and the attributes `name.attr`) that `cls.__init__` reads from its
+    argument `name`: how it takes its configuration, from its source."""
+    import ast
+    import textwrap
+
+    keys, attrs = set(), set()
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__ if inspect.isclass(cls) else cls)))
+    except (OSError, TypeError, SyntaxError):
+        return keys, attrs
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == name:
+            if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+                keys.add(node.slice.value)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == name:
+            attrs.add(node.attr)
+    return keys, attrs

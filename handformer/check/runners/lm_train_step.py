@@ -42,12 +42,12 @@ from handformer.check.core.argument_names import (
     X_NAMES,
     Y_NAMES,
 )
-from handformer.check.core.context import Context, error_text, finish, forward_parameters, global_reads, named
-from handformer.check.core.discovery import Component, DiscoveryError, config_reads, defaulted_config
+from handformer.check.core.context import Context, error_text, finish, forward_parameters, named
+from handformer.check.core.discovery import Component, DiscoveryError, defaulted_config
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.signatures import kind_of
-from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.core.source import config_reads, global_reads, locate, source_lines, source_text
 from handformer.check.runners.localize_train import localize_lm_step
 from handformer.check.runners.train_step import (
     ACCUM,

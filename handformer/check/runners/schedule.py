@@ -30,12 +30,12 @@ from torch import Tensor
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.argument_names import SCHEDULE_ARGS as ARGS
 from handformer.check.core.argument_names import SCHEDULE_STEP_NAMES as STEP_NAMES
-from handformer.check.core.context import Context, forward_parameters, global_reads, named, names_of
-from handformer.check.core.discovery import Component, DiscoveryError, config_reads, defaulted_config
+from handformer.check.core.context import Context, forward_parameters, named, names_of
+from handformer.check.core.discovery import Component, DiscoveryError, defaulted_config
 from handformer.check.core.localize import Departure
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, Text, text
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import config_reads, global_reads, locate, source_lines
 from handformer.check.reference import variants as V
 from handformer.check.runners.localize_schedule import localize_schedule
 
