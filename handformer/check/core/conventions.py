@@ -178,11 +178,12 @@ def nan_only_on_masked_rows(source: str, findings: list[Finding], notes: list[Te
     speaks of padding (such a row never comes), "differs" in one that does; None, and nothing dropped,
     beside another finding (a causal mask off by one hides row 0: the NaN is that mistake's). The line
     where the output departs on rows that see a key stays (then the component still fails)."""
-    if {f.name for f in findings} - {DEPARTS} != {"nan_on_masked_rows"}:
+    names = [f.name for f in findings]
+    if set(names) - {DEPARTS} != {"nan_on_masked_rows"}:
         return None
-    nan = next(f for f in findings if f.name == "nan_on_masked_rows")
+    nan = findings[names.index("nan_on_masked_rows")]
     line, code = nan.line, nan.code
-    findings[:] = [f for f in findings if f is not nan]
+    findings[:] = [f for f, name in zip(findings, names) if name != "nan_on_masked_rows"]
     if not PADDING_WORDS.search(source):
         notes.append(UNPADDED_NAN)
         return "pass"
