@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import sys
 from collections.abc import Callable, Iterator
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -50,9 +51,9 @@ def _put(functions: list[tuple[Any, str, Callable[..., Tensor]]]) -> None:
 def _wide(frame: Any) -> bool:
     """Whether the frame is the forward of a learner's module that holds float64 weights (one that
     check compares): its float32 casts keep float64."""
-    owner = frame.f_locals.get("self")
-    held = {t.dtype for t in [*getattr(owner, "parameters", list)(), *getattr(owner, "buffers", list)()]}
-    return (torch.float64 in held, _caller(frame)) == (True, LEARNER)
+    owner = frame.f_locals.get("self")  # its weights are read only for a frame of the learner's file
+    return _caller(frame) == LEARNER and torch.float64 in set(map(attrgetter("dtype"), itertools.chain(
+        getattr(owner, "parameters", list)(), getattr(owner, "buffers", list)())))
 
 
 def _caller(frame: Any) -> str:

@@ -58,13 +58,7 @@ def _read_lines(obj: Any) -> tuple[tuple[int, str], ...]:
 def locate(name: str, lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
     """The first line matching the diagnosis' patterns, trying patterns in order; comments and
     docstrings are skipped."""
-    return _first_match(CATALOG[name].patterns, lines)
-
-
-def first_line(patterns: Iterable[str], lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
-    """The first code line the patterns find, trying them in order (comments and docstrings
-    skipped), and its text."""
-    return _first_match(patterns, lines)
+    return first_line(CATALOG[name].patterns, lines)
 
 
 def first_pattern_matches(name: str, code: str) -> bool:
@@ -84,7 +78,9 @@ def _code_lines(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
     return [(n, t) for n, t in lines if t.strip() and not t.strip().startswith(("#", '"' * 3, "'" * 3))]
 
 
-def _first_match(patterns: Iterable[str], lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+def first_line(patterns: Iterable[str], lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The first code line the patterns find, trying them in order (comments and docstrings
+    skipped), and its text."""
     code_lines = _code_lines(lines)
     for pattern in patterns:
         regex = re.compile(pattern)
@@ -113,7 +109,7 @@ def locate_form(name: str, form: str, lines: list[tuple[int, str]]) -> tuple[str
     divisor d_k = 4 = sqrt(d_model = 16)), the form the learner's line writes (LINE_FORMS), at that
     line; else the form found, at `locate`'s line."""
     for shown, pattern in LINE_FORMS.get((name, form), {}).items():
-        number, code = _first_match([pattern], lines)
+        number, code = first_line([pattern], lines)
         if number is not None:
             return shown, number, code
     return (form, *locate(name, lines))
