@@ -168,6 +168,4 @@ def speculation_from_args(args: argparse.Namespace) -> Any:
     from handformer.tasks.lm.run import load_lm
 
     draft = None if args.draft is None else load_lm(args.draft, args.device, decoding=True).model
-    if args.speculate is None:
-        return Speculation(draft_model=draft)
-    return Speculation(args.speculate, draft_model=draft)
+    return Speculation(args.speculate or Speculation.tokens, draft_model=draft)  # K: the dataclass' default

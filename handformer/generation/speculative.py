@@ -31,7 +31,7 @@ Shape legend: K draft tokens, V vocabulary.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -72,10 +72,10 @@ class DraftLength:
     step's time (docs/benchmarks.md, "Speculative decoding")."""
 
     most: int
-    next: int = 0  # 0: `most`
+    next: int = field(init=False)  # the next step's number of guesses
 
     def __post_init__(self) -> None:
-        self.next = self.next or self.most
+        self.next = self.most
 
     def update(self, drafted: int, kept: int) -> None:
         """After a step that drafted `drafted` guesses and kept the first `kept`."""
