@@ -321,6 +321,12 @@ def forward_names(module: Any) -> list[str]:
     return [p.name for p in forward_parameters(module)]
 
 
+def is_cache_argument(p: inspect.Parameter) -> bool:
+    """A KV cache the forward takes and does without when handed nothing (nanoGPT's kin:
+    forward(x, layer_past=None), Hugging Face's past_key_value=None): never an input to fill."""
+    return p.default is None and any(word in p.name.lower() for word in ("past", "cache"))
+
+
 def is_mask_name(name: str) -> bool:
     """A parameter that takes the mask: its name says mask, or valid lengths (d2l's valid_lens)."""
     return "mask" in name.lower() or is_lengths_name(name)

@@ -121,6 +121,7 @@ def lm_step(fn: Any) -> bool:
 
 
 GENERATE_MODEL = tuple(n for n in MODEL_NAMES if n != "self")
+BEAM_WIDTH = tuple(n for n in BEAM_NAMES["beam"] if "beam" in n)  # not k nor width: a sampler's top-k
 STEP = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, CRITERION_NAMES, ACCUM_NAMES)
 STEP_BATCH = (*STEP, BATCH_NAMES, SRC_NAMES, TGT_NAMES)
 # (kind, what its first argument must be called (any: ()), the groups it must take one of each, the
@@ -130,6 +131,9 @@ LOOP_KINDS = (
      tuple(BEAM_NAMES.values())),
     ("greedy_decode", (), [DECODING_NAMES["model"], DECODING_NAMES["src"], DECODING_NAMES["start"]],
      tuple(DECODING_NAMES.values())),
+    # a decoder-only model's beam search: a prompt and a beam width, no start symbol
+    ("beam_search", GENERATE_MODEL, [PROMPT_NAMES, BEAM_WIDTH],
+     (GENERATE_MODEL, PROMPT_NAMES, COUNT_NAMES, BEAM_WIDTH, BEAM_NAMES["end"], BEAM_NAMES["alpha"])),
     ("generate", GENERATE_MODEL, [PROMPT_NAMES, COUNT_NAMES], (GENERATE_MODEL, PROMPT_NAMES, COUNT_NAMES,
                                                                CONTEXT_NAMES)),
     ("train_epoch", (), [STEP_MODEL_NAMES, OPTIMIZER_NAMES, LOADER_NAMES], (*STEP, LOADER_NAMES)),

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import types
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import regex
 
@@ -39,10 +40,12 @@ KNOWN_PATTERNS = {"GPT-2": GPT2_PATTERN, "GPT-4": GPT4_PATTERN}
 
 
 @contextlib.contextmanager
-def split_by(pattern: str) -> Iterator[None]:
-    """Pre-tokenize by `pattern` (a learner's own, a tokenizer's GPT-4 pattern) inside the block."""
+def split_by(pattern: str | Callable[[str], list[str]]) -> Iterator[None]:
+    """Pre-tokenize by `pattern` (a learner's own, a tokenizer's GPT-4 pattern, or a learner's function
+    of a text to its pre-tokens) inside the block."""
     global PRETOKEN
-    old, PRETOKEN = PRETOKEN, regex.compile(pattern)
+    split = regex.compile(pattern) if isinstance(pattern, str) else types.SimpleNamespace(findall=pattern)
+    old, PRETOKEN = PRETOKEN, split
     try:
         yield
     finally:

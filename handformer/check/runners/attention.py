@@ -47,6 +47,7 @@ from handformer.check.core.context import (
     forward_parameters,
     grads_error,
     guarded,
+    is_cache_argument,
     is_mask_name,
     masked_rows,
     masks_where_true_inside,
@@ -142,7 +143,8 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
              "sin", "cos_sin", "freqs_cos", "freqs_sin", "alibi"}
     optional = optional_inputs(fn, params, extra)  # nanochat's value embedding `ve`: None
     first_other = next((i for i, p in enumerate(params) if is_mask_name(p.name) or p.name in extra | optional
-                        or isinstance(p.default, (int, float, str))), len(params))  # layer_idx=0: kept
+                        or isinstance(p.default, (int, float, str)) or is_cache_argument(p)),
+                       len(params))  # layer_idx=0, layer_past=None: kept
     inputs = params[:first_other]  # the tensors before the mask or rotary table (minimind: x only)
     masks = [p for p in params if is_mask_name(p.name)]
     named = {p.name for p in params} & extra

@@ -172,7 +172,7 @@ class Call:
     steps_from_max: int  # max_len counts BOS (1) or only the new tokens (0)
 
     def __call__(self, model: Steered, src: Tensor, K: int, alpha: float) -> list[int]:
-        return _tokens(self.ctx, self.comp, self.raw(model, src, K, alpha))
+        return hypothesis_tokens(self.ctx, self.comp, self.raw(model, src, K, alpha))
 
     def raw(self, model: Steered, src: Tensor, K: int, alpha: float) -> Any:
         """What the search returns, as it is (a batch of sentences)."""
@@ -189,7 +189,7 @@ def _hypotheses(out: Any) -> Any:
     return out[0] if isinstance(out, tuple) and out and not isinstance(out[0], int) else out
 
 
-def _tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
+def hypothesis_tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
     out = _hypotheses(out)
     if isinstance(out, list) and len(out) == 1 and isinstance(out[0], (list, Tensor)):
         out = out[0]
@@ -231,9 +231,12 @@ def show(tokens: list[int]) -> str:
 
 
 def check_beam_search(comp: Component, ctx: Context) -> ComponentResult:
+    from handformer.check.runners import beam_lm
+
     res = ctx.result(comp)
-    call = _call(comp, ctx)
-    make = _maker(res, ctx)
+    lm = beam_lm.decoder_only(comp, ctx)
+    call = beam_lm.lm_call(comp, ctx, MAX_LEN - 1) if lm else _call(comp, ctx)
+    make = beam_lm.lm_maker(res, ctx) if lm else _maker(res, ctx)
     src = torch.tensor([[5, 7, 9, 11, 3, 6]])  # (1, S)
     steps = MAX_LEN - 1
     alphas = [1.0] if call.arg["alpha"] else [0.0, 0.6, 0.7, 1.0]

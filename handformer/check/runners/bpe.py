@@ -22,14 +22,15 @@ import inspect
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, finish
-from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, LearnerError, Text, text
-from handformer.check.core.source import locate, source_lines
+from handformer.check.core.source import global_reads, locate, source_lines
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import (
     CORPUS,
@@ -178,6 +179,8 @@ class Trainer:
         return self.parse(out)
 
     def parse(self, out: Any) -> tuple[dict[int, bytes] | None, list[R.Pair]]:
+        if typed(out, bytes, int):  # tiktoken's mergeable_ranks alone: bytes -> rank
+            return {v: k for k, v in out.items()}, merges_of_ranks(out)
         pair = isinstance(out, (tuple, list)) and len(out) == 2 and not _is_pair(out)  # (vocab, merges)
         values = list(out) if pair else [out]
         vocab = next((v for v in values if isinstance(v, dict)), None)
@@ -213,6 +216,22 @@ class Trainer:
         )
 
 
+def merges_of_ranks(ranks: dict[bytes, int]) -> list[R.Pair]:
+    """tiktoken's mergeable_ranks as merges in the order learnt: each token of two bytes or more is
+    the pair its bytes encode to under the ranks learnt before it (tiktoken's own reading)."""
+    merges: list[R.Pair] = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        parts = [bytes([b]) for b in token]
+        while len(parts) > 2:
+            ranked = [(ranks.get(a + b, rank), i) for i, (a, b) in enumerate(zip(parts, parts[1:]))]
+            low, i = min(ranked)
+            if low >= rank:
+                break
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        merges += [tuple(parts)] if len(parts) == 2 else []
+    return merges
+
+
 def argument_role(name: str, first: bool) -> str:
     """What the trainer's argument `name` takes: path, text, vocab_size, merges, special or ""."""
     name = name.lower()
@@ -242,12 +261,41 @@ def _is_pair(value: Any) -> bool:
     )
 
 
+SPLIT_SAMPLE = "It's 2026:  the cat\n sat, 你好."  # contractions, digits, runs of spaces, a new line
+
+
+def own_splitter(comp: Component, ctx: Context) -> Callable[[str], list[str]] | None:
+    """The learner's own pre-tokenizer (a hand-written stand-in for GPT-2's pattern): a function of
+    their file that the trainer calls and that cuts a text into pieces that join back to it."""
+    own = own_objects(ctx.module)
+    functions = filter(inspect.isfunction, map(own.get, sorted(global_reads(comp.obj))))
+    return next(filter(_splits, functions), None)
+
+
+def _splits(fn: Callable[..., Any]) -> bool:
+    out = fp.quietly(lambda: fn(SPLIT_SAMPLE))
+    return bool(fp.quietly(lambda: isinstance(out, list) and len(out) > 1 and "".join(out) == SPLIT_SAMPLE))
+
+
 def check_bpe(comp: Component, ctx: Context) -> ComponentResult:
-    """The trainer: merges on the fixture corpus, the vocabulary's ids, and the time on a larger one."""
+    """The trainer, graded under its own pre-tokenizer when it calls one of its file's (the
+    reference trained so too), else under GPT-2's pattern."""
+    split = own_splitter(comp, ctx)
+    if split is None:
+        return _check_trainer(comp, ctx, ctx.result(comp), reference_fixture())
     res = ctx.result(comp)
+    res.notes.append(text(f"trained and graded with your own pre-tokenizer ({split.__name__})",
+                          f"用你自己的预分词函数（{split.__name__}）训练和评判"))
+    with R.split_by(split):
+        return _check_trainer(comp, ctx, res, R.train(CORPUS, VOCAB_SIZE, [SPECIAL]))
+
+
+def _check_trainer(comp: Component, ctx: Context, res: ComponentResult,
+                   reference: tuple[dict[int, bytes], list[R.Pair]]) -> ComponentResult:
+    """Merges on the fixture corpus, the vocabulary's ids, and the time on a larger one."""
     trainer = Trainer(comp, ctx)
     lines = source_lines(ctx.objects(comp))
-    ref_vocab, ref_merges = reference_fixture()
+    ref_vocab, ref_merges = reference
     start = time.perf_counter()
     try:
         vocab, merges = trainer.run(CORPUS, VOCAB_SIZE, FIXTURE_LIMIT)

@@ -1,0 +1,199 @@
+"""Beam search over a decoder-only language model: `beam_search(model, prompt, beam_size,
+max_new_tokens, eos_id, length_penalty)`, graded by the encoder-decoder's runner (runners/beam.py:
+its scenarios, reference and named mistakes) with the learner's own model in place of the
+encoder-decoder.
+
+Their model (it passed its check) is steered on its instance: each call's logits are replaced by
+the scenario's log-probabilities after the tokens generated past the prompt, and positions inside
+the prompt get another distribution (a search that reads the wrong position at the prefill shows).
+A KV cache it hands back (a list of (k, v) per layer, or one tensor) is rewritten to carry the
+token ids along its time axis: a search that reorders it by the wrong parents hands the model other
+prefixes, which the steering reads back, so the mistake changes its answer as it would with real
+logits.
+
+Shape legend: N hypotheses, T new tokens of a call, P tokens in the cache, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils._pytree import tree_flatten, tree_map_only
+
+from handformer.check.core.argument_names import (
+    BEAM_NAMES,
+    COUNT_NAMES,
+    MODEL_NAMES,
+    PROMPT_NAMES,
+    named,
+    names_of,
+)
+from handformer.check.core.context import Context, forward_parameters
+from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.result import DIFFERS, PASS, ComponentResult, text
+from handformer.check.runners.beam_models import BOS, Steered, Table
+
+VOCAB = 13  # the vocabulary the model is built with; its last id is the scenarios' sink
+PROMPT = (9, 10, 11)  # (1, 3): longer than one token, so the prefill's last position matters
+INSIDE_PROMPT = {8: 0.9}  # what positions inside the prompt predict: not the scenario's first step
+ARGS = {"model": MODEL_NAMES, "prompt": PROMPT_NAMES, "beam": BEAM_NAMES["beam"],
+        "max_len": COUNT_NAMES + BEAM_NAMES["max_len"], "end": BEAM_NAMES["end"],
+        "alpha": BEAM_NAMES["alpha"]}
+
+
+def decoder_only(comp: Component, ctx: Context) -> bool:
+    """A beam search that takes a prompt and no start symbol, in a file whose model is decoder-only."""
+    names = [p.name for p in forward_parameters(comp.obj)]
+    return (named(names, PROMPT_NAMES) is not None and named(names, BEAM_NAMES["start"]) is None
+            and "gpt" in ctx.components and "transformer" not in ctx.components)
+
+
+def _carrying(t: Tensor, ids: Tensor, dim: int) -> Tensor:
+    """`t` with every entry at time position s of row n set to ids[n, s]: the same shape, other values."""
+    shape = [1] * t.dim()
+    shape[0], shape[dim] = ids.size(0), ids.size(1)
+    return ids.to(t.dtype).reshape(shape).expand_as(t).clone()
+
+
+def _carried(t: Tensor, dim: int) -> Tensor:
+    """The ids (N, P) a tensor rewritten by `_carrying` holds."""
+    return t.movedim(dim, 1).reshape(t.size(0), t.size(dim), -1)[:, :, 0].round().long()
+
+
+class SteeredLM(Steered):
+    """The learner's decoder-only model, its logits the scenario's and its cache the ids, as the
+    encoder-decoder's `Steered` is for the search (`logprobs` is the reference's)."""
+
+    def __init__(self, module: nn.Module, time_dim: int | None, table: Table, ctx: Context,
+                 by_source: dict[tuple[int, ...], Table] | None = None) -> None:
+        super().__init__(None, table, ctx, by_source)
+        self.module, self.time_dim, self.lost = module, time_dim, False
+
+    @property
+    def handed(self) -> Any:
+        return self.module
+
+    def usable(self) -> bool:
+        return not self.by_source  # one prompt a search: a batch of them is not tried
+
+    def encode(self, src: Tensor, src_mask: Any = None) -> Tensor:
+        return torch.zeros(1)  # no memory: the reference reads the table alone
+
+    def logprobs(self, memory: Tensor, prefix: list[int]) -> list[float]:
+        return self.steer(prefix, VOCAB).tolist()
+
+    @contextlib.contextmanager
+    def steering(self) -> Iterator[None]:
+        real = type(self.module).forward.__get__(self.module)
+        self.module.forward = lambda *args, **kwargs: self._forward(real, args, kwargs)  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            del self.module.forward
+
+    def _forward(self, real: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        idx = [*args, *kwargs.values()][0]  # (N, T)
+        others = [args[1:], {k: v for k, v in kwargs.items() if v is not idx}]  # the cache among them
+        past = tree_flatten(others)[0][:1] if self.time_dim is not None else []
+        prefix = torch.cat([idx[:, :0], *(_carried(t, self.time_dim) for t in past)], dim=1)  # (N, P)
+        full = torch.cat([prefix, idx.long()], dim=1)  # (N, P + T)
+        out = real(*args, **kwargs)
+        logits = tree_flatten(out)[0][0]
+        steered = self._logits(full, idx.size(1)).to(logits.dtype)  # (N, T, V)
+        axis = self.time_dim
+
+        def carry(t: Tensor) -> Tensor:  # the logits steered; a cache made to carry the ids
+            return steered if t is logits else t if axis is None else _carrying(t, full, axis)
+        return tree_map_only(Tensor, carry, out)
+
+    def _logits(self, full: Tensor, T: int) -> Tensor:
+        """The steered log-probabilities at the last T positions of each row of `full`."""
+        rows = []
+        for seq in full.tolist():
+            steps = []
+            for end in range(len(seq) - T + 1, len(seq) + 1):
+                self.lost |= tuple(seq[:end][:len(PROMPT)]) != PROMPT[:end]
+                seen = seq[len(PROMPT):end]
+                steps.append(self.steer(seen, VOCAB, {(): INSIDE_PROMPT} if end < len(PROMPT) else None))
+            rows.append(torch.stack(steps))
+        return torch.stack(rows)  # (N, T, V)
+
+
+def time_axis(ctx: Context, module: nn.Module) -> int | None:
+    """The axis of the cache the model hands back that grows with the tokens (2 for (B, H, T, Dh)),
+    or None when it hands back none."""
+    outs = [ctx.learner.call("forward", module, torch.tensor([PROMPT[:n]])) for n in (2, 3)]
+    shapes = [tree_flatten(out)[0][1:2] for out in outs]  # the first tensor after the logits
+    grown = [d for a, b in zip(*shapes) for d in range(1, a.dim()) if b.size(d) == a.size(d) + 1]
+    return next(iter(grown), None)
+
+
+@dataclass
+class LMCall:
+    """How the learner's decoder-only beam search is called: its arguments by name; the src of
+    beam.py's calls is replaced by the prompt."""
+
+    comp: Component
+    ctx: Context
+    arg: dict[str, str | None]
+    steps: int
+
+    def __call__(self, model: SteeredLM, src: Tensor, K: int, alpha: float) -> list[int]:
+        from handformer.check.runners.beam import hypothesis_tokens
+
+        tokens = hypothesis_tokens(self.ctx, self.comp, self.raw(model, src, K, alpha))
+        if model.lost:
+            raise DiscoveryError(LOST[0], zh=LOST[1])
+        new = tokens[len(PROMPT):] if tuple(tokens[:len(PROMPT)]) == PROMPT else tokens
+        return [BOS, *new]
+
+    def raw(self, model: SteeredLM, src: Tensor, K: int, alpha: float) -> Any:
+        values = {"model": model.handed, "prompt": torch.tensor([PROMPT]), "max_len": self.steps,
+                  "end": 2, "beam": K, "alpha": alpha}
+        kwargs = {name: values[key] for key, name in self.arg.items() if name}
+        with model.steering():
+            return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
+
+
+LOST = ("your model keeps its cache inside itself (none is handed back), so check cannot tell which tokens "
+        "each row continues; write the adapter below",
+        "你的模型把缓存留在自己内部（没有返回），检查程序分不清每一行接着哪些 token；请写下面的 adapter")
+
+
+def lm_call(comp: Component, ctx: Context, steps: int) -> LMCall:
+    names, required = names_of(forward_parameters(comp.obj))
+    arg = {key: named(names, aliases) for key, aliases in ARGS.items()}
+    unknown = [n for n in required if n not in arg.values()]
+    if unknown or not arg["beam"]:
+        first = (unknown or ["beam_size"])[0]
+        raise DiscoveryError(f"{comp.name}: cannot fill the argument {first!r}; a language model's beam "
+                             "search takes (model, prompt, beam_size, max_new_tokens, eos_id, "
+                             "length_penalty)",
+                             zh=f"{comp.name}：填不了参数 {first!r}；语言模型的束搜索接受 (model, "
+                                "prompt, beam_size, max_new_tokens, eos_id, length_penalty)")
+    return LMCall(comp, ctx, arg, steps)
+
+
+def lm_maker(res: ComponentResult, ctx: Context) -> Callable[..., SteeredLM]:
+    """The learner's own decoder-only model, steered; NOT CHECKED when it failed its check."""
+    gpt = ctx.components["gpt"]
+    if getattr(ctx.results.get(gpt.name), "status", None) not in (PASS, DIFFERS):
+        raise DiscoveryError("your decoder-only model did not pass its check, so it cannot drive your beam "
+                             "search; fix it first",
+                             zh="你的 decoder-only 模型没有通过检查，不能用来驱动你的束搜索；请先改好它")
+    from handformer.check.runners.gpt import gpt_sizes
+
+    module = ctx.build(gpt, {**gpt_sizes(ctx), "src_vocab": VOCAB, "max_len": 64})
+    axis = time_axis(ctx, module)
+    res.driven = text(f"your own {gpt.name} (it passed its check), its logits replaced by each scenario's "
+                      "table, and a KV cache it hands back made to carry the token ids",
+                      f"你自己的 {gpt.name}（它通过了检查），logits 换成每个场景的概率表，"
+                      "它返回的 KV 缓存改成带着 token id")
+    return lambda table, by_source=None: SteeredLM(module, axis, table, ctx, by_source)
+
+
