@@ -15,6 +15,7 @@ from handformer.check.core.engine import check_file
 from handformer.check.core.report import exit_code, format_report, to_json
 from handformer.check.reference import bpe_reference as R
 from handformer.check.reference.bpe_corpus import CORPUS, SPECIAL, VOCAB_SIZE, timing_corpus
+from handformer.check.runners import bpe
 from handformer.check.runners.bpe_codec import TEXTS, tokenizer_inputs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -200,3 +201,19 @@ def test_a_byte_level_bpe_over_gpt2s_printable_characters_is_read_back_in_bytes(
     (tok,) = check_file(str(planted)).components
     assert tok.status == "fail" and any("decode(encode(text)) == text" in c.name["en"] and not c.ok
                                         for c in tok.checks), format_report(check_file(str(planted)))
+
+
+RANKS = Path(__file__).parent / "fixtures" / "learners_bpe_ranks"
+
+
+def test_a_trainer_of_tiktoken_ranks_is_graded_under_its_own_pre_tokenizer(monkeypatch):
+    """learn_bpe returns mergeable ranks (bytes -> rank) and splits words by hand, not by GPT-2's
+    pattern: its merges are read off the ranks and the reference is trained with its split (its
+    timing run cut short: this fixture recounts every merge, as the learner's file does)."""
+    monkeypatch.setattr(bpe, "CEILING", 0.5)
+    result = check_file(str(RANKS / "correct.py"), only=["bpe"])
+    (trainer,) = result.components
+    assert trainer.status == "pass", format_report(result)
+    assert any("your own pre-tokenizer (split_words)" in n["en"] for n in trainer.notes)
+    planted = check_file(str(RANKS / "counts_words_once.py"), only=["bpe"])
+    assert planted.components[0].status == "fail", format_report(planted)
