@@ -26,8 +26,8 @@ def test_the_cached_attention_model_and_beam_search_pass():
     assert "KV cache" in result.components[-1].driven["en"]
 
 
-@pytest.mark.parametrize(("plant", "name", "line"), [("beam_eos_not_emitted", "beam_eos_not_emitted", 83),
-                                                     ("first_position", "beam_one_not_greedy", 74)])
+@pytest.mark.parametrize(("plant", "name", "line"), [("beam_eos_not_emitted", "beam_eos_not_emitted", 85),
+                                                     ("first_position", "beam_one_not_greedy", 76)])
 def test_a_planted_search_is_named_at_its_line(plant: str, name: str, line: int):
     result = check_file(str(FAMILY / f"{plant}.py"), only=["gpt", "beam_search"])
     gpt, search = result.components
