@@ -791,3 +791,18 @@ def test_a_filtering_default_is_off_for_the_plain_draws_and_an_assert_on_the_inp
     (gpt,) = result.components
     assert gpt.status == "not_checked" and "nn.ModuleList" in gpt.error.message, format_report(result)
     assert all(c.ok for c in gpt.checks) and len(gpt.checks) == 2, format_report(result)  # the shape's too
+
+
+D2L_LENS = ROOT / "tests" / "fixtures" / "learners_d2l_lens"
+
+
+def test_a_decoder_and_a_model_handed_the_source_lengths_as_arguments_pass():
+    """DecoderLayer.forward(x, memory, src_lens) builds its causal lengths itself and
+    Seq2Seq.forward(src, tgt, src_lens) takes the source's lengths: both built, driven and passed;
+    a causal length off by one is named at the line that builds it."""
+    result = check_file(str(D2L_LENS / "correct.py"), only=["decoder_layer", "transformer"])
+    assert [(c.name, c.status) for c in result.components] == [("DecoderLayer", "pass"), ("Seq2Seq", "pass")], \
+        format_report(result)
+    planted = check_file(str(D2L_LENS / "causal_no_self.py"), only=["decoder_layer"])
+    assert [(f.name, f.line) for f in planted.components[0].findings] == [("causal_off_by_one", 62)], \
+        format_report(planted)

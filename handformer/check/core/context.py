@@ -324,7 +324,7 @@ def forward_names(module: Any) -> list[str]:
 def is_cache_argument(p: inspect.Parameter) -> bool:
     """A KV cache the forward takes and does without when handed nothing (nanoGPT's kin:
     forward(x, layer_past=None), Hugging Face's past_key_value=None): never an input to fill."""
-    return p.default is None and any(word in p.name.lower() for word in ("past", "cache"))
+    return p.default is None and bool(re.search("past|cache", p.name.lower()))
 
 
 def is_mask_name(name: str) -> bool:

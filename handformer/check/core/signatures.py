@@ -121,7 +121,7 @@ def lm_step(fn: Any) -> bool:
 
 
 GENERATE_MODEL = tuple(n for n in MODEL_NAMES if n != "self")
-BEAM_WIDTH = tuple(n for n in BEAM_NAMES["beam"] if "beam" in n)  # not k nor width: a sampler's top-k
+BEAM_WIDTH = ("beam_size", "beam_width", "num_beams", "beam", "n_beams", "beams")  # not k: a sampler's top-k
 STEP = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, CRITERION_NAMES, ACCUM_NAMES)
 STEP_BATCH = (*STEP, BATCH_NAMES, SRC_NAMES, TGT_NAMES)
 # (kind, what its first argument must be called (any: ()), the groups it must take one of each, the

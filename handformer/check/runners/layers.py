@@ -203,8 +203,10 @@ class Layer:
 
     @property
     def own_mask(self) -> bool:
-        """A decoder layer that builds its causal mask: d2l's stateful one, or a bare one."""
-        return self.stateful or self.bare
+        """A decoder layer that builds its causal mask: d2l's stateful one, a bare one, or one handed
+        the source's mask alone (d2l's forward(X, enc_outputs, enc_valid_lens))."""
+        return self.stateful or self.bare or self.decoder and _decoder_mask_names(self.masks)[1:] == (None,) \
+            and len(self.masks) == 1
 
     def _warmup(self, module: nn.Module, x: Tensor) -> Any:
         self.module = module
@@ -225,6 +227,8 @@ class Layer:
             src_name, tgt_name = _decoder_mask_names(self.masks)
             if src_name and tgt_name:
                 kwargs.update({src_name: src, tgt_name: tgt})
+            elif src_name and self.own_mask:  # d2l's forward(X, enc_outputs, enc_valid_lens)
+                kwargs[src_name] = src
             elif not self.own_mask:
                 args += [src, tgt]
         elif self.masks:
@@ -1028,7 +1032,7 @@ def _tutorial_shapes(res: ComponentResult, layer: Layer, ctx: Context) -> None:
     # a mask the forward requires is given (every source key visible): None is no input it accepts
     every = torch.ones(2, 1, 1, 10, dtype=torch.bool)
     visible = fp.encode_mask(every, conv, 2) if layer.required_mask else None
-    src = torch.full((2,), 10) if layer.stateful else visible
+    src = torch.full((2,), 10) if layer.stateful or str(layer.visible).startswith("lens") else visible
     masks = (src, tgt if layer.causal_block or layer.required_mask else None)
 
     def warm(m: nn.Module) -> Any:

@@ -54,6 +54,7 @@ from handformer.check.core.context import (
     logits_shape,
     moved_by,
 )
+from handformer.check.core.conventions import is_lengths_name
 from handformer.check.core.discovery import SIZE_OF, Component, DiscoveryError, own_objects
 from handformer.check.core.layer_map import LayerMap, layer_modules, map_layer, output_head, outside
 from handformer.check.core.localize import View
@@ -445,9 +446,10 @@ LENGTHS_NOTE = text("forward(enc_X, dec_X, *args) was handed the source's valid 
 
 
 def _takes_rest(forward: Any) -> bool:
-    """A forward(enc_X, dec_X, *args) that hands its *args (d2l's valid lengths) on."""
+    """A forward(enc_X, dec_X, *args) that hands its *args (d2l's valid lengths) on, or one that
+    names the source's valid lengths (forward(enc_X, dec_X, enc_valid_lens))."""
     params = inspect.signature(getattr(forward, "forward", forward)).parameters.values()  # a module's forward
-    return any(p.kind == p.VAR_POSITIONAL for p in params)
+    return any(p.kind == p.VAR_POSITIONAL or is_lengths_name(p.name) for p in params)
 
 
 SOURCE_WORDS = ("src", "enc", "memory", "source")  # in a mask argument's name: the source's mask
