@@ -446,10 +446,12 @@ LENGTHS_NOTE = text("forward(enc_X, dec_X, *args) was handed the source's valid 
 
 
 def _takes_rest(forward: Any) -> bool:
-    """A forward(enc_X, dec_X, *args) that hands its *args (d2l's valid lengths) on, or one that
-    names the source's valid lengths (forward(enc_X, dec_X, enc_valid_lens))."""
-    params = inspect.signature(getattr(forward, "forward", forward)).parameters.values()  # a module's forward
-    return any(p.kind == p.VAR_POSITIONAL or is_lengths_name(p.name) for p in params)
+    """A forward(enc_X, dec_X, *args) that hands its *args (d2l's valid lengths) on, or one whose
+    third argument names the source's valid lengths (forward(enc_X, dec_X, enc_valid_lens); not
+    fairseq's forward(src_tokens, src_lengths, prev_output_tokens))."""
+    params = list(inspect.signature(getattr(forward, "forward", forward)).parameters.values())  # a module's
+    third = [p.name for p in params[2:3]]
+    return any(p.kind == p.VAR_POSITIONAL for p in params) or any(map(is_lengths_name, third))
 
 
 SOURCE_WORDS = ("src", "enc", "memory", "source")  # in a mask argument's name: the source's mask
