@@ -26,10 +26,12 @@ def test_the_cached_attention_model_and_beam_search_pass():
     assert "KV cache" in result.components[-1].driven["en"]
 
 
-@pytest.mark.parametrize(("plant", "name", "line"), [("beam_eos_not_emitted", "beam_eos_not_emitted", 85),
-                                                     ("first_position", "beam_one_not_greedy", 76)])
-def test_a_planted_search_is_named_at_its_line(plant: str, name: str, line: int):
-    result = check_file(str(FAMILY / f"{plant}.py"), only=["gpt", "beam_search"])
-    gpt, search = result.components
-    assert gpt.status == "pass" and search.status == "fail", format_report(result)
+@pytest.mark.parametrize(("plant", "only", "name", "line"), [
+    ("beam_eos_not_emitted", ["gpt", "beam_search"], "beam_eos_not_emitted", 85),
+    # the search alone: its model, not checked in this run, is built and drives it
+    ("first_position", ["beam_search"], "beam_one_not_greedy", 76)])
+def test_a_planted_search_is_named_at_its_line(plant: str, only: list[str], name: str, line: int):
+    result = check_file(str(FAMILY / f"{plant}.py"), only=only)
+    search = result.components[-1]
+    assert [c.status for c in result.components] == ["pass"] * (len(only) - 1) + ["fail"], format_report(result)
     assert [(f.name, f.line) for f in search.findings] == [(name, line)]

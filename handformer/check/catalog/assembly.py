@@ -76,7 +76,7 @@ DIAGNOSES: list[Diagnosis] = [
       "the best: with one beam that is greedy decoding",
       "每一步用最后一个位置（out[:, -1]）给下一个 token 打分，累加对数概率，保留最好的："
       "束宽为 1 时就是贪心解码",
-      r"\[:, 0\]", r"generator\(", r"decode\("),
+      r"\[:, 0\s*[,\]]", r"generator\(", r"decode\("),  # out[:, 0] or logits[:, 0, :]
     d("train_step_loss_not_divided", "under gradient accumulation the micro-batches' losses are not divided "
       "by their number", "梯度累加时，各 micro-batch 的损失没有除以它们的个数",
       "backward() adds the gradients of every micro-batch: divide each loss by the number of them, "

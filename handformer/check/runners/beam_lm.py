@@ -180,9 +180,10 @@ def lm_call(comp: Component, ctx: Context, steps: int) -> LMCall:
 
 
 def lm_maker(res: ComponentResult, ctx: Context) -> Callable[..., SteeredLM]:
-    """The learner's own decoder-only model, steered; NOT CHECKED when it failed its check."""
+    """The learner's own decoder-only model, steered; NOT CHECKED when it failed its check (one not
+    checked in this run, `--component beam_search`, is built and used)."""
     gpt = ctx.components["gpt"]
-    if getattr(ctx.results.get(gpt.name), "status", None) not in (PASS, DIFFERS):
+    if getattr(ctx.results.get(gpt.name), "status", PASS) not in (PASS, DIFFERS):  # not run: built here
         raise DiscoveryError("your decoder-only model did not pass its check, so it cannot drive your beam "
                              "search; fix it first",
                              zh="你的 decoder-only 模型没有通过检查，不能用来驱动你的束搜索；请先改好它")
