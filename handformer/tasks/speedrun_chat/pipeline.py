@@ -186,8 +186,8 @@ PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_s
                               "sft_long_sums": 2, "sft_long_repeats": 2, "dpo_long_sums": 2,
                               "dpo_sft_weight": 1.0, "grpo_long_share": 0.5, "grpo_beta": 0.04,
                               "eval_long_sums": 2}
-# the reasoning tasks, the default preset (docs/benchmarks.md, "Zero to chat on a CPU": about 1,900 s
-# of CPU at threads=1, 32 minutes where it has a core of its own): digits one token each, sums of up to
+# the reasoning tasks, the default preset (docs/benchmarks.md, "Zero to chat on a CPU": about 2,000 s
+# of CPU at threads=1, 33 minutes where it has a core of its own): digits one token each, sums of up to
 # 3 digits and dates up to 60 days on, so a worked reply (up to 97 tokens) and its question fit the
 # context; 1,002 held-out questions of the report split a stage, and 1,000 long sums (4 digits), GRPO's
 # target. It is the recipe where GRPO teaches what SFT cannot ("RL past SFT's plateau"): SFT sees 30
