@@ -156,7 +156,7 @@ def test_the_reasoning_presets_fit_their_replies_and_their_questions_exist():
 
 def test_the_default_is_the_recipe_where_grpo_goes_past_sfts_plateau():
     """The command's default preset, `reasoning`, gives SFT 30 worked long sums, 3 times each, for
-    1,200 steps, DPO no long sums and GRPO 200 steps at 2e-4; the kept `reasoning-80` differs from it
+    1,200 steps, DPO no long sums and GRPO 300 steps at 2e-4; the kept `reasoning-80` differs from it
     only there (80 seen once, 600 steps, 300 long sums in DPO, GRPO 100 steps at 1e-4). The mid
     preset runs the default's post-training on half the mix for half the steps (the same passes over
     SFT's data) and GRPO 100 steps at 1e-4, as its measured run; `mid-reasoning-80` is
@@ -176,7 +176,7 @@ def test_the_default_is_the_recipe_where_grpo_goes_past_sfts_plateau():
 
     assert build_parser().parse_args(["speedrun", "chat"]).preset == "reasoning"
     default = config_for("reasoning", {})
-    assert (default.grpo_steps, default.grpo_prompts, default.grpo_lr) == (200, 1600, 2e-4)
+    assert (default.grpo_steps, default.grpo_prompts, default.grpo_lr) == (300, 2400, 2e-4)
     assert changed("reasoning-80", "reasoning") == {
         "sft_long_sums": 80, "sft_long_repeats": 1, "sft_steps": 600, "dpo_long_sums": 300,
         "grpo_steps": 100, "grpo_prompts": 800, "grpo_lr": 1e-4}

@@ -24,7 +24,14 @@ from handformer.check.core.conventions import conventions_for, is_lengths_name, 
 from handformer.check.core.discovery import SIZE_OF, Component, build, own_objects, with_head_size
 from handformer.check.core.result import PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import DROPOUT, F_WIDTH, MAX_LEN, SIZES, D, H, is_number  # noqa: F401  (the runners import them here)
-from handformer.check.core.source import global_reads, locate, locate_form, source_lines, source_text
+from handformer.check.core.source import (
+    functions_called,
+    global_reads,
+    locate,
+    locate_form,
+    source_lines,
+    source_text,
+)
 from handformer.check.core.weights import scramble_, untranspose_
 from handformer.nn.masks import causal_mask
 
@@ -523,24 +530,18 @@ def masks_where_true_inside(module: Any, mask_name: str | None = None) -> bool:
     # (whose source, whose arguments): the learner's classes, and the functions their forwards call
     sources = [(type(sub), type(sub).forward) for sub in module.modules()
                if type(sub).__module__.startswith("learner_")]
-    sources += [(f, f) for _, forward in sources for f in _functions_called(forward)]
+    sources += [(f, f) for _, forward in sources for f in functions_called(forward)]
     return any(_fills_where_true(code, fn) for code, fn in sources)
 
 
 def _fills_where_true(code: Any, fn: Any) -> bool:
     """Whether `code`'s source fills where a mask argument of `fn` is True."""
     try:
-        source, params = inspect.getsource(code), inspect.signature(fn).parameters
-    except (OSError, TypeError, ValueError):
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
         return False
+    source = source_text(code)
     return any(is_mask_name(n) and masks_where_true(source, n) for n in params)
-
-
-def _functions_called(forward: Any) -> list[Any]:
-    """The module-level functions a forward calls by name (the TensorFlow tutorial's MultiHeadAttention
-    calls its free scaled_dot_product_attention)."""
-    names = getattr(getattr(forward, "__code__", None), "co_names", ())
-    return [f for n in names if inspect.isfunction(f := getattr(forward, "__globals__", {}).get(n))]
 
 
 def file_masks_keep(ctx: Context) -> bool:

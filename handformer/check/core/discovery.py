@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from handformer.check.core.kinds import KINDS_TABLE
-from handformer.check.core.source import config_reads, global_reads, source_text
+from handformer.check.core.source import config_reads, module_reads, source_text
 
 NAMES: dict[str, tuple[str, ...]] = {k.name: k.names for k in KINDS_TABLE}  # kind -> names, in order
 TABLED = {n for k in KINDS_TABLE for n in k.names}  # every name of every kind
@@ -172,7 +172,7 @@ def _without_dispatchers(found: list[Component]) -> list[Component]:
 def _reached(fn: Any) -> list[Any]:
     """The objects of its module a function reads, and the values of the dicts among them (a table of
     name -> schedule)."""
-    reached = list(map(vars(sys.modules[fn.__module__]).get, global_reads(fn)))
+    reached = module_reads(fn)
     tables = filter(lambda value: isinstance(value, dict), reached)
     return reached + list(itertools.chain.from_iterable(table.values() for table in tables))
 

@@ -43,6 +43,7 @@ from handformer.check.core.localize import (
     view_zh,
 )
 from handformer.check.core.result import ComponentResult, text
+from handformer.check.core.source import functions_called
 from handformer.check.reference import variants as V
 
 Localize = Callable[[], Departure | None]
@@ -98,8 +99,7 @@ def ffn_views(w: V.FFNWeights, x: Tensor) -> list[View]:
 def with_own_functions(code: Any, fn: Any) -> tuple[Any, ...]:
     """The code of `fn` and of the plain functions of its own file that it calls by name (GPT-2's
     `gelu_new(x)`, an activation written out): what they return is a step too, at their line."""
-    called = map(fn.__globals__.get, code.co_names)  # only those of its file are traced
-    return (code, *[f.__code__ for f in called if inspect.isfunction(f)])
+    return (code, *[f.__code__ for f in functions_called(fn)])  # only those of its file are traced
 
 
 def localize_ffn(module: nn.Module, readings: list[V.FFNWeights], x: Tensor) -> Departure | None:

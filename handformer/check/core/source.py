@@ -3,10 +3,12 @@ functions), and exceptions with the traceback trimmed to their own file."""
 
 from __future__ import annotations
 
+import ast
 import dis
 import functools
 import inspect
 import re
+import sys
 import traceback
 import types
 from collections.abc import Iterable
@@ -49,10 +51,46 @@ def source_text(obj: Any) -> str:
 
 def _read_lines(obj: Any) -> tuple[tuple[int, str], ...]:
     try:
-        text, start = inspect.getsourcelines(obj)
+        text, start = _class_lines(obj) if inspect.isclass(obj) else inspect.getsourcelines(obj)
     except (OSError, TypeError):
         return ()
     return tuple((start + i, line.rstrip()) for i, line in enumerate(text))
+
+
+def _class_lines(cls: type) -> tuple[list[str], int]:
+    """`inspect.getsourcelines` of a class, its file parsed once (`inspect` parses the whole file again
+    for each class it is asked about)."""
+    module = inspect.getmodule(cls)
+    lines = inspect.findsource(module)[0] if module else []
+    start = _class_starts("".join(lines)).get(cls.__qualname__)
+    if start is None:  # not a class its module's file defines (made by type(), or in a notebook)
+        return inspect.getsourcelines(cls)
+    return inspect.getblock(lines[start:]), start + 1
+
+
+# what a definition adds to the qualified names of what it holds
+SCOPES = {ast.ClassDef: ".", ast.FunctionDef: ".<locals>.", ast.AsyncFunctionDef: ".<locals>."}
+
+
+@functools.lru_cache(maxsize=16)
+def _class_starts(source: str) -> dict[str, int]:
+    """The qualified name of each class of a file -> the index of its first line (its first
+    decorator's), the first such class in the order of the file, as `inspect` finds it."""
+    starts: dict[str, int] = {}
+    _visit(ast.parse(source), "", starts)
+    return starts
+
+
+def _visit(node: ast.AST, prefix: str, starts: dict[str, int]) -> None:
+    for child in ast.iter_child_nodes(node):
+        suffix = SCOPES.get(type(child))
+        if suffix is None:  # not a definition: what it holds keeps the prefix
+            _visit(child, prefix, starts)
+            continue
+        name = prefix + child.name
+        if isinstance(child, ast.ClassDef):
+            starts.setdefault(name, (child.decorator_list or [child])[0].lineno - 1)
+        _visit(child, name + suffix, starts)
 
 
 def locate(name: str, lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
@@ -208,6 +246,19 @@ def global_reads(obj: Any) -> set[str]:
         names |= {i.argval for i in dis.get_instructions(code) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
         codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
     return names
+
+
+def module_reads(fn: Any) -> list[Any]:
+    """The objects of its own module that a function (or a class's methods) reads as globals, in the
+    order of their names; an attribute (`self.attention`, `F.softmax`) is not a read of the module."""
+    module = getattr(sys.modules.get(fn.__module__), "__dict__", {})
+    return [module[name] for name in sorted(global_reads(fn)) if name in module]
+
+
+def functions_called(fn: Any) -> list[types.FunctionType]:
+    """The plain functions of its own file a function reads by name (the TensorFlow tutorial's
+    MultiHeadAttention calls its free scaled_dot_product_attention, GPT-2's MLP its gelu_new)."""
+    return [f for f in module_reads(fn) if inspect.isfunction(f)]
 
 
 def config_reads(cls: Any, name: str) -> tuple[set[str], set[str]]:

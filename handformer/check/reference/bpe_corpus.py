@@ -4,6 +4,7 @@ compared, and a larger generated one that times the trainer."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 SPECIAL = "<|endoftext|>"
@@ -70,6 +71,7 @@ SYLLABLES = [
 ]
 
 
+@functools.cache  # the same text each time: made once a process
 def timing_corpus(n_bytes: int = 40_000, seed: int = 0, lexicon: int = 6000) -> str:
     """About `n_bytes` of made-up words of one to four syllables (`lexicon` different ones), in documents
     separated by the special token: enough pairs that recounting all of them after every merge is

@@ -1186,12 +1186,16 @@ def one_head_at_a_time(w: V.MHAWeights, x: Tensor) -> Tensor:
     heads = []
     for i in range(w.n_heads):
         rows = slice(i * Dh, (i + 1) * Dh)
-        q = x @ w.q[0][rows].T + (w.q[1][rows] if w.q[1] is not None else 0)  # (B, T, Dh)
-        k = x @ w.k[0][rows].T + (w.k[1][rows] if w.k[1] is not None else 0)  # (B, T, Dh)
-        v = x @ w.v[0][rows].T + (w.v[1][rows] if w.v[1] is not None else 0)  # (B, T, Dh)
+        q, k, v = (V.linear(x, _head_rows(p, rows)) for p in (w.q, w.k, w.v))  # (B, T, Dh) each
         weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(Dh), dim=-1)  # (B, T, T)
         heads.append(weights @ v)  # (B, T, Dh)
     return V.linear(torch.cat(heads, dim=-1), w.o)  # (B, T, D)
+
+
+def _head_rows(p: V.Linear, rows: slice) -> V.Linear:
+    """One head's rows of a projection's (weight, bias)."""
+    weight, bias = p
+    return weight[rows], None if bias is None else bias[rows]
 
 
 def _tutorial_shapes(res: ComponentResult, ctx: Context, comp: Component, c: Caller, sizes: dict[str, Any],

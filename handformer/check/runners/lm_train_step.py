@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import itertools
-import sys
 from typing import Any
 
 import torch
@@ -47,7 +45,7 @@ from handformer.check.core.discovery import Component, DiscoveryError, defaulted
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
 from handformer.check.core.signatures import kind_of
-from handformer.check.core.source import config_reads, global_reads, locate, source_lines, source_text
+from handformer.check.core.source import config_reads, functions_called, locate, source_lines, source_text
 from handformer.check.runners.localize_train import localize_lm_step
 from handformer.check.runners.train_step import (
     ACCUM,
@@ -209,8 +207,11 @@ def _step_config(fn: Any, candidates: list[str]) -> tuple[str | None, dict[str, 
     """The argument that is the step's configuration (a dataclass of the learner's with defaults), and
     what check reads in it: key -> field ("accum": the micro-steps, "clip": the clipping norm, "lr": a
     setting of the schedule)."""
-    for name in filter(lambda n: defaulted_config(fn, n) is not None, candidates):
-        fields = [f.name for f in dataclasses.fields(defaulted_config(fn, name))]
+    for name in candidates:
+        config = defaulted_config(fn, name)
+        if config is None:
+            continue
+        fields = [f.name for f in dataclasses.fields(config)]
         found = {"accum": named(fields, ACCUM_NAMES), "clip": named(fields, CLIP_NAMES),
                  "lr": named(sorted(config_reads(fn, name)[1]), SCHEDULE_ARGS["max_lr"])
                  or _schedule_called(fn)}
@@ -320,9 +321,8 @@ def _notes(res: ComponentResult, step: Step) -> None:
 
 def _schedule_called(fn: Any) -> str | None:
     """The schedule of the learner's file that the step calls (its rate_at(step, cfg)), or None."""
-    module = vars(sys.modules[fn.__module__])
-    called = filter(inspect.isfunction, map(module.get, sorted(global_reads(fn))))
-    return getattr(next(filter(lambda f: kind_of(f) == "schedule", called), None), "__name__", None)
+    schedules = filter(lambda f: kind_of(f) == "schedule", functions_called(fn))
+    return getattr(next(schedules, None), "__name__", None)
 
 
 def _rate_written(res: ComponentResult, comp: Component, step: Step) -> None:

@@ -186,8 +186,8 @@ PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_s
                               "sft_long_sums": 2, "sft_long_repeats": 2, "dpo_long_sums": 2,
                               "dpo_sft_weight": 1.0, "grpo_long_share": 0.5, "grpo_beta": 0.04,
                               "eval_long_sums": 2}
-# the reasoning tasks, the default preset (docs/benchmarks.md, "Zero to chat on a CPU": about 1,900 s
-# of CPU at threads=1, 32 minutes where it has a core of its own): digits one token each, sums of up to
+# the reasoning tasks, the default preset (docs/benchmarks.md, "Zero to chat on a CPU": about 2,000 s
+# of CPU at threads=1, 33 minutes where it has a core of its own): digits one token each, sums of up to
 # 3 digits and dates up to 60 days on, so a worked reply (up to 97 tokens) and its question fit the
 # context; 1,002 held-out questions of the report split a stage, and 1,000 long sums (4 digits), GRPO's
 # target. It is the recipe where GRPO teaches what SFT cannot ("RL past SFT's plateau"): SFT sees 30
@@ -196,17 +196,17 @@ PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_s
 # lost 4 points of the base's mix). DPO sees 300 pairs of the mix and no long sums, 60 steps of 8 at
 # 2e-5 with the chosen replies' log-likelihood in the loss (weight 1; long-sum pairs at 5e-5 broke the
 # mix's 3-digit sums, 94% to 80%). So only GRPO, from questions alone, takes the long sums past SFT:
-# 60% of its questions are long sums, rewarded on the answer alone, 200 steps at 2e-4 (on the Intel
-# Xeon, greedy on the search split's long sums, SFT 35.7%: 100 steps at 1e-4 53.1%, their long sums
-# still rising; 100 at 2e-4 55.8%; 200 at 1e-4 60.8%; 200 at 2e-4 79.8%, past SFT trained on for its
-# time, 42.7%; with another sampling seed 60.1% on the report split: the +20 over that SFT is not
-# robust).
+# 60% of its questions are long sums, rewarded on the answer alone, 300 steps at 2e-4 on 2,400 questions
+# (on the Intel Xeon, greedy on the search split's long sums, SFT 35.7%: 100 steps at 1e-4 53.1%, their
+# long sums still rising; 200 at 2e-4 79.8% with sampling seed 0 but 60.1% with seed 1 on the report
+# split, where the long sums had not taken off by step 200; 300 steps took off with seeds 0, 1 and 2:
+# docs/benchmarks.md, "Reasoning tasks").
 PRESETS["reasoning"] = {
     "tasks": "reasoning", "vocab_size": 512, "block_size": 160, "addition_digits": 3, "max_days": 60,
     "pretrain_facts": 40_000, "pretrain_pydoc_chars": 100_000, "pretrain_steps": 1500,
     "sft_conversations": 8000, "sft_long_sums": 30, "sft_long_repeats": 3, "sft_steps": 1200,
     "dpo_pairs": 300, "dpo_long_sums": 0, "dpo_steps": 60, "dpo_batch": 8, "dpo_lr": 2e-5,
-    "dpo_sft_weight": 1.0, "grpo_prompts": 1600, "grpo_steps": 200, "grpo_batch": 8, "grpo_lr": 2e-4,
+    "dpo_sft_weight": 1.0, "grpo_prompts": 2400, "grpo_steps": 300, "grpo_batch": 8, "grpo_lr": 2e-4,
     "grpo_long_share": 0.6, "grpo_max_new_tokens": 104, "eval_per_kind": 334, "eval_long_sums": 1000,
     "eval_split": "report"}
 # the recipe search: the post-training stages on 240 questions and 100 long sums of the search split,
