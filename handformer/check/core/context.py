@@ -582,7 +582,8 @@ def reads_sequence_first(ctx: Context, run: Callable[[Tensor], Any], x: Tensor) 
     changing entry [0, 3] moves output [1, 3] (read as one sequence a column, the same sequence) and
     leaves [0, 0] (another one); False when it does not run so."""
     bumped = x.clone()
-    bumped[0, 3] += fp.randn(x.size(-1), seed=9)  # not a constant: a LayerNorm first would take it away
+    # 1 for a token id, 1..D for a vector: not a constant, which a LayerNorm first would take away
+    bumped[0, 3] += torch.arange(1, 1 + x[0, 3].numel()).reshape(x[0, 3].shape).to(x.dtype)
     try:
         a, b = (fp.first_tensor(ctx.learner.call("forward", run, v), 3) for v in (x, bumped))
         return moved_by(a, b, (1, 3)) > 1e-9 and moved_by(a, b, (0, 0)) < 1e-9

@@ -285,7 +285,7 @@ def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> li
 
 
 # what a class found by its name's ending must compute besides (an ...Attention, an attention)
-ATTENTION_CODE = re.compile(r"softmax|scaled_dot_product_attention|MultiheadAttention\(|flash_attn")
+ATTENTION_CODE = re.compile(r"(?i:softmax)|scaled_dot_product_attention|MultiheadAttention\(|flash_attn")
 
 
 def computes_attention(cls: Any) -> bool:
