@@ -95,3 +95,18 @@ def test_a_loop_whose_top_k_keeps_no_token_at_k_1_is_top_k_off_by_one(tmp_path, 
     report = format_report(result)
     assert loop.status == ("fail" if planted else "pass"), report
     assert [(f.name, f.line) for f in loop.named()] == ([("top_k_off_by_one", 14)] if planted else []), report
+
+
+SIZE_PLANTS = {  # a size read under another's name is quoted where it is read; one used wrongly, where used
+    "misread": (("head_dim = query.size(-1)", "head_dim = query.size(-2)"), 8),
+    "misused": (("/ math.sqrt(head_dim)", "/ math.sqrt(length)"), 10),
+}
+
+
+@pytest.mark.parametrize("plant", list(SIZE_PLANTS))
+def test_a_size_read_wrong_is_quoted_where_it_is_read(tmp_path, plant):
+    edit, line = SIZE_PLANTS[plant]
+    result = check_file(edited_copy(tmp_path, HERE / "scaled_scores.py", [edit]), only=["sdpa"])
+    (sdpa,) = result.components
+    assert sdpa.status == "fail" and [(f.name, f.line) for f in sdpa.findings] == [("departs", line)], (
+        format_report(result))
