@@ -31,6 +31,19 @@ def test_a_block_that_takes_no_mask_is_an_encoder_layer_graded_for_what_it_compu
         assert f"{PATCH_SHARED[1]}" in report, report
 
 
+CAUSAL_NO_WORD = ("        weights = torch.softmax(q @ k.transpose(-1, -2) / self.d_head ** 0.5, dim=-1)",
+                  "        logits = q @ k.transpose(-1, -2) / self.d_head ** 0.5\n"
+                  "        hidden = torch.arange(n)[:, None] < torch.arange(n)  # key after query\n"
+                  "        weights = torch.softmax(logits.masked_fill(hidden, float('-inf')), dim=-1)")
+
+
+def test_a_block_that_takes_no_mask_and_runs_causal_is_a_decoder_only_block(tmp_path):
+    """No word of the file says causal, yet the block is causal as it runs: it is no encoder layer."""
+    result = check_file(edited_copy(tmp_path, HERE / "patch_block.py", [CAUSAL_NO_WORD]), only=["encoder_layer"])
+    (block,) = result.components
+    assert (block.kind, block.status) == ("block", "pass"), format_report(result)
+
+
 SEQ_FIRST_PLANTS = {  # name -> (edit, the line quoted)
     "correct": (None, None),
     "softmax_wrong_dim": (("self.attend = nn.Softmax(dim=1)", "self.attend = nn.Softmax(dim=0)"),

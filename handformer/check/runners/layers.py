@@ -18,6 +18,7 @@ Shape legend: B batch, T target length, S source length, D d_model, H heads, F F
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -381,8 +382,12 @@ def _flags(layer: Layer, w: V.LayerWeights) -> tuple[str, ...]:
 
 
 def check_encoder_layer(comp: Component, ctx: Context) -> ComponentResult:
-    res = _check_layer(comp, ctx)
+    """An encoder layer; one that takes no mask and is causal as it runs (a decoder-only block whose
+    causal mask no word of its file shows: `arange(T)[:, None] >= arange(T)`) is checked as a block."""
     takes_mask = any(is_mask_name(p.name) for p in forward_parameters(comp.obj.forward))
+    if not takes_mask and _runs_causal(Layer(comp, ctx, KINDS[comp.kind])):
+        return _check_layer(dataclasses.replace(comp, kind="block"), ctx)
+    res = _check_layer(comp, ctx)
     if comp.name in NAMES["block"] and takes_mask:  # no decoder's TransformerBlock (discovery.encoder_block)
         res.notes.append(ENCODER_BLOCK_NOTE)
     res.notes += [NO_MASK_NOTE] * (not takes_mask)
@@ -523,8 +528,12 @@ def _padding_moved(layer: Layer, ctx: Context, name: str, stream: str, form: Cal
 def _causal_without_its_mask(layer: Layer) -> bool:
     """A decoder-only block whose mask argument can be left out (minimind's attention_mask=None, a
     padding mask) and that is causal without it: checked as a block that builds its own causal mask."""
-    if not (layer.causal_block and layer.masks and not layer.required_mask):
-        return False
+    return bool(layer.causal_block and layer.masks and not layer.required_mask) and _runs_causal(layer)
+
+
+def _runs_causal(layer: Layer) -> bool:
+    """Whether the layer, given no mask, is causal: changing token 3 leaves outputs 0..2 unchanged and
+    moves the rest."""
     x = fp.randn(1, 5, D, seed=3)
     y = x.clone()
     y[:, 3] += fp.randn(D, seed=4)  # not a constant: a LayerNorm first would take it away
