@@ -20,7 +20,7 @@ DIAGNOSES: list[Diagnosis] = [
       "softmax 作用在了错误的维度上",
       "take the softmax over the keys, the last dimension: F.softmax(scores, dim=-1)",
       "softmax 应沿键（key）所在的最后一维：F.softmax(scores, dim=-1)",
-      r"softmax\(.*dim\s*=\s*(?!-1\b)", r"softmax"),
+      r"(?i:softmax)\(.*dim\s*=\s*(?!-1\b)", r"softmax"),
     d("mask_inverted", "the mask is inverted: masked positions are attended, visible ones hidden",
       "掩码用反了：本应屏蔽的位置被关注，可见的位置反而被屏蔽",
       "hide the positions where the mask is 0: scores.masked_fill(mask == 0, -1e9) (with a torch.nn "

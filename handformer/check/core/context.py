@@ -7,6 +7,7 @@ Shape legend: B batch, T query length, S key length, D d_model, H heads, F FFN w
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import re
@@ -125,6 +126,7 @@ class Context:
         if not isinstance(module, nn.Module):
             raise self.learner.fail("__init__", f"{comp.name}(...) is not an nn.Module",
                                     f"{comp.name}(...) 不是 nn.Module")
+        keyword_inputs_positional_(module)
         self.materialize(comp, module, warmup)
         untranspose_(module)  # Hugging Face's Conv1D: weights stored (in, out)
         if not checked:
@@ -197,6 +199,23 @@ class Context:
             out.append(Finding(name, observed_match(name, form, matched, correct), number, code,
                                form))
         return out
+
+
+def keyword_inputs_positional_(module: nn.Module) -> None:
+    """A forward whose inputs are all keyword-only (labml's forward(self, *, query, key, value, mask))
+    takes them by position too, in the order it names them, as check hands its inputs; its own code
+    still calls it by keyword. Nothing changes for any other forward."""
+    forward = type(module).forward
+    params = list(inspect.signature(forward).parameters.values())[1:]
+    names = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
+    if not names or len(names) < len(params):
+        return
+
+    @functools.wraps(forward)  # its signature, for the runners
+    def positional(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        return forward(self, **dict(zip(names, args)), **kwargs)
+
+    module.forward = types.MethodType(positional, module)  # a copy of the module gets its own
 
 
 def attributes_double_(module: nn.Module) -> nn.Module:
@@ -570,7 +589,8 @@ def reads_sequence_first(ctx: Context, run: Callable[[Tensor], Any], x: Tensor) 
     changing entry [0, 3] moves output [1, 3] (read as one sequence a column, the same sequence) and
     leaves [0, 0] (another one); False when it does not run so."""
     bumped = x.clone()
-    bumped[0, 3] += 1
+    # 1 for a token id, 1..D for a vector: not a constant, which a LayerNorm first would take away
+    bumped[0, 3] += torch.arange(1, 1 + x[0, 3].numel()).reshape(x[0, 3].shape).to(x.dtype)
     try:
         a, b = (fp.first_tensor(ctx.learner.call("forward", run, v), 3) for v in (x, bumped))
         return moved_by(a, b, (1, 3)) > 1e-9 and moved_by(a, b, (0, 0)) < 1e-9

@@ -35,6 +35,9 @@ CONVENTIONS: dict[str, tuple[Text, Callable[[Tensor], Tensor]]] = {
              lambda keep: keep.sum(-1)),
 }
 AUTO = ("int", "bool", "additive")
+# a forward that reads its stream sequence-first, (T, B, D), tries its masks as nn.MultiheadAttention's
+# attn_mask (B * H, T, S) and sequence-first too, (T, S, B)
+SEQUENCE_FIRST_CONVENTIONS = ("intx", "boolx", "additivex", "ints", "bools", "additives")
 RANKS = {"": text("", ""), "3": text(", rank 3: (B, T, S)", "，三维：(B, T, S)"),
          "n": text(", as nn.MultiheadAttention takes it: a key padding mask (B, S) where every query sees "
                    "the same keys, else an attn_mask (B * H, T, S)",
@@ -43,6 +46,8 @@ RANKS = {"": text("", ""), "3": text(", rank 3: (B, T, S)", "，三维：(B, T, 
          "2": text(", rank 2: (B, S), keys only", "，二维：(B, S)，只屏蔽键"),
          "x": text(", as nn.MultiheadAttention's attn_mask: (B * H, T, S)",
                    "，按 nn.MultiheadAttention 的 attn_mask：(B * H, T, S)"),
+         "s": text(", sequence-first as the stream: (T, S, B), labml's [seq_q, seq_k, batch]",
+                   "，和输入一样序列维在前：(T, S, B)，即 labml 的 [seq_q, seq_k, batch]"),
          "lens": text(": (B,) for every query alike, (B, T) for one per query",
                       "：所有查询相同时为 (B,)，每个查询各自一个时为 (B, T)"),
          "lens_keys": text(": (B,), every query alike", "：(B,)，所有查询相同")}
@@ -52,7 +57,7 @@ def split(convention: str) -> tuple[str, str]:
     """("int", "3") for "int3"; ("lens", "lens") or ("lens", "lens_keys") for valid lengths."""
     if convention.startswith("lens"):
         return "lens", convention
-    name = convention.rstrip("23nx")
+    name = convention.rstrip("23nxs")
     return name, convention[len(name):]
 
 
@@ -102,20 +107,30 @@ def encode_mask(keep: Tensor | None, convention: str, batch: int | None = None) 
     if name == "lens":
         lengths = keep.sum(-1)[:, 0]  # (B, T|1)
         return lengths[:, 0] if lengths.size(1) == 1 else lengths  # (B,) or (B, T)
-    mask = CONVENTIONS[name][1](keep)
-    if rank == "3":
-        return mask[:, 0]  # (B, T|1, S)
-    if rank == "2" or rank == "n" and keep.size(-2) == 1:
-        return mask[:, 0, 0]  # (B, S)
-    if rank in ("n", "x"):  # x: (B * H, T|1, S) whatever the mask
-        return _heads(mask)
-    return mask
+    return RANK_FORMS[rank](CONVENTIONS[name][1](keep))
+
+
+def _key_padding_or_heads(mask: Tensor) -> Tensor:
+    """nn.MultiheadAttention's: a key padding mask (B, S) where every query sees the same keys, else
+    its attn_mask (B * H, T, S)."""
+    return mask[:, 0, 0] if mask.size(-2) == 1 else _heads(mask)
 
 
 def _heads(mask: Tensor) -> Tensor:
     """(B, 1, T, S) -> (B * H, T, S): nn.MultiheadAttention's attn_mask of one row a head."""
     B, _, T, S = mask.shape
     return mask.expand(B, H, T, S).reshape(B * H, T, S)  # (B * H, T, S)
+
+
+# each rank's form of a mask (B, 1, T|1, S) in its convention
+RANK_FORMS: dict[str, Callable[[Tensor], Tensor]] = {
+    "": lambda mask: mask,
+    "3": lambda mask: mask[:, 0],  # (B, T|1, S)
+    "2": lambda mask: mask[:, 0, 0],  # (B, S)
+    "n": _key_padding_or_heads,
+    "x": _heads,  # (B * H, T|1, S) whatever the mask
+    "s": lambda mask: mask[:, 0].permute(1, 2, 0),  # sequence-first: (T|1, S, B)
+}
 
 
 def describe_convention(convention: str) -> Text:

@@ -46,7 +46,7 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
              "d_ffn", "ffn_hidden", "intermediate_size", "dff", "ff_hidden", "mlp_dim", "inner_dim",
              "ffn_num_hiddens", "d_mlp", "mlp_hidden", "encoder_ffn_dim", "decoder_ffn_dim"),
     "dropout": ("dropout", "p", "drop", "dropout_rate", "drop_prob", "dropout_p", "p_drop", "pdrop",
-                "attn_dropout", "resid_dropout", "attn_pdrop", "resid_pdrop", "drop_rate"),
+                "dropout_prob", "attn_dropout", "resid_dropout", "attn_pdrop", "resid_pdrop", "drop_rate"),
     "src_vocab": ("src_vocab_size", "src_vocab", "source_vocab_size", "input_vocab_size", "src_vocab_len",
                   "enc_vocab_size", "vocab_size", "n_vocab", "vocab", "ntoken"),
     "tgt_vocab": ("tgt_vocab_size", "tgt_vocab", "trg_vocab_size", "target_vocab_size", "output_vocab_size",
@@ -95,8 +95,9 @@ CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "con
 # hidden width beside d_in, the width alone) and n_position; bentrevett's hid_dim and pf_dim;
 # hyunwoongko's enc_voc_size, device and trg_sos_idx (kept, never read); minGPT's
 # config.model_type (None: the sizes are given)
-for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec", "n_state", "emb"), "d_head": ("d_v",),
-                     "d_ff": ("pf_dim",),
+# timm's Mlp(in_features, hidden_features=None, out_features=None, act_layer, ...)
+for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec", "n_state", "emb", "in_features"),
+                     "d_head": ("d_v",), "d_ff": ("pf_dim", "hidden_features"),
                      # a Chinese course's MultiHeadedAttention(head, embedding_dim, ...); openai/whisper's
                      # MultiHeadAttention(n_state, n_head), ResidualAttentionBlock(n_state, n_head)
                      "n_heads": ("head",),
@@ -262,7 +263,7 @@ def _by_signature(own: dict[str, Any], taken: set[str], only: list[str] | None, 
 SUFFIXES: dict[str, tuple[str, ...]] = {"block": ("Block", "Layer"), "decoder_layer": ("DecoderLayer",),
                                         "encoder_layer": ("EncoderLayer",),  # BartEncoderLayer
                                         "gpt": ("ForCausalLM", "LanguageModel", "LM", "Model"),
-                                        "mha": ("Attention",), "ffn": ("MLP", "FeedForward"),
+                                        "mha": ("Attention",), "ffn": ("MLP", "Mlp", "FeedForward"),
                                         "rmsnorm": ("RMSNorm",), "rope": ("RotaryEmbedding",)}
 # an encoder's or decoder's block has its own kind; a mixture of experts is no FFN to compare
 NOT_SUFFIXED = ("Encoder", "Decoder", "Cross", "MoE")
@@ -277,12 +278,31 @@ def _matching(names: tuple[str, ...], own: dict[str, Any], kind: str = "") -> li
     for name in names:
         out += sorted(n for n in own if n.endswith(name)) if name.startswith(".") else [name] * (name in own)
     out += sorted(n for n, o in own.items() if inspect.isclass(o) and n not in TABLED and n not in out
-                  and _suffixed(n, o, SUFFIXES.get(kind, ("\0",))))
+                  and _suffixed(n, o, SUFFIXES.get(kind, ("\0",))) and SUFFIX_TESTS.get(kind, bool)(o))
     if any(n.endswith(("ForCausalLM", "LMHeadModel")) for n in own):  # Hugging Face's XModel is the backbone
         out = [n for n in out if n in TABLED or not n.endswith("Model") or n.endswith(HEAD_MODELS)]
     return out
 
 
+# what a class found by its name's ending must compute besides (an ...Attention, an attention)
+ATTENTION_CODE = re.compile(r"(?i:softmax)|scaled_dot_product_attention|MultiheadAttention\(|flash_attn")
+
+
+def computes_attention(cls: Any) -> bool:
+    """Whether a class computes attention: its source, or that of the file's classes and functions it
+    names (and theirs, in turn), applies a softmax or an attention kernel. labml's
+    PrepareForMultiHeadAttention, a projection split into heads, does not: it is checked as a part of
+    the attention that builds it."""
+    own = own_objects(sys.modules[cls.__module__])
+    reached, sources = {cls.__name__}, [source_text(cls)]
+    for source in sources:  # grows as the objects it names are reached
+        named = [n for n in own if n not in reached and re.search(rf"\b{re.escape(n)}\b", source)]
+        reached.update(named)
+        sources += [source_text(own[n]) for n in named]
+    return bool(ATTENTION_CODE.search("".join(sources)))
+
+
+SUFFIX_TESTS: dict[str, Callable[[Any], bool]] = {"mha": computes_attention}
 # a class named ...Layer is a block when its __init__ builds an attention and an FFN (GPT-NeoX's GPTNeoXLayer)
 LAYER_PARTS = re.compile(r"(?=[\s\S]*(attn|attention))(?=[\s\S]*(mlp|ffn|feed_?forward))", re.I)
 
@@ -397,10 +417,11 @@ MEMORY_NAMES = ("encoder_hidden_states", "memory", "enc_output", "enc_outputs", 
 
 def encoder_block(cls: Any) -> bool:
     """A block (by its name: TransformerBlock) that is an encoder layer by what it does: its mask is
-    optional and nothing in its file is causal (no tril, triu, is_causal=True or causal mask), so
-    with no mask every token sees every other, as in the paper's encoder."""
-    params = _forward_parameters(cls).values()
-    if not any("mask" in p.name.lower() and p.default is None for p in params):
+    optional, or it takes none (timm's ViT Block.forward(x)), and nothing in its file is causal (no
+    tril, triu, is_causal=True or causal mask), so with no mask every token sees every other, as in
+    the paper's encoder."""
+    defaults = {p.default for p in _forward_parameters(cls).values() if "mask" in p.name.lower()}
+    if defaults and None not in defaults:
         return False
     source = source_text(_module_of(cls))
     return bool(source) and not CAUSAL_WORDS.search(source) and not re.search(r"subsequent|look_?ahead",

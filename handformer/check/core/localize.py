@@ -595,6 +595,7 @@ class Departure:
     source: tuple[int, str, str] | None = None  # (line, name, code): where a size the line uses was read
     part: tuple[nn.Module, tuple[Any, ...], dict[str, Any]] | None = None  # as its step's: see Step
     ran: frozenset[tuple[int, int]] = frozenset()  # the spans of the classes and functions its run entered
+    misread: bool = False  # the size `source` names holds another size: its line is the one quoted
 
     def describe(self) -> Text:
         at = f"line {self.line}: {self.code}"
@@ -614,8 +615,10 @@ class Departure:
                     f"{form['en']}", f"第一个与参考不同的中间结果是{at_zh}；差别：{form['zh']}")
 
     def finding(self) -> Finding:
-        """The report's finding: this line (one of the learner's; the helper's caller is in the text)."""
-        return Finding(DEPARTS, self.describe(), self.line, self.code)
+        """The report's finding: this line (one of the learner's; the helper's caller is in the text), or
+        the line that read a size wrong (`d_k = q.size(-2)`), the line using it being right as written."""
+        line, code = (self.source[0], self.source[2]) if self.misread else (self.line, self.code)
+        return Finding(DEPARTS, self.describe(), line, code)
 
 
 def first_departure(steps: list[Step], views: list[View], filename: str, sizes: dict[str, float],
@@ -699,7 +702,20 @@ def _departure(step: Step, views: list[View], filename: str, sizes: dict[str, fl
     line = _inside(written, filename) or written.line
     source = _size_source(written, statement(filename, line), form, sizes, filename)
     return Departure(line, written.name, statement(filename, line, not called), form,
-                     None if source else called or None, source, part=written.part)
+                     None if source else called or None, source, part=written.part,
+                     misread=_misread(written, source, sizes))
+
+
+# the names a size is read under (a head's width: d_k, head_dim, ...), as the localizer's sizes name it
+SIZE_NAMES = {**dict.fromkeys(("d_k", "head_dim", "d_head", "head_size", "dim_head", "hs"), "d_k"),
+              "d_model": "d_model", "n_heads": "n_heads", "num_heads": "n_heads"}
+
+
+def _misread(step: Step, source: tuple[int, str, str] | None, sizes: dict[str, float]) -> bool:
+    """Whether the size a departing line uses was read on its line under the name of another size
+    (`d_k = q.size(-2)`: d_k holding the length T): then that line is the mistake."""
+    name = SIZE_NAMES.get(source[1].removeprefix("self.") if source else "", "")
+    return name in sizes and (step.numbers or {})[source[1]][1] != sizes[name]
 
 
 def _size_source(step: Step, code: str, form: Text | None, sizes: dict[str, float], filename: str,

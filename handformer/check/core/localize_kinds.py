@@ -284,7 +284,7 @@ def localize_rotation(run: Callable[[Tensor, Tensor], Any], fn: Any, q: Tensor, 
         return None
     q, k = q.clone().requires_grad_(), k.clone().requires_grad_()
     steps = trace_steps(lambda: run(q, k), filename)
-    sizes = {"d_head": q.size(-1), "T": q.size(-2)}
+    sizes = {"d_k": q.size(-1), "T": q.size(-2)}
     views = rotation_views(q.detach(), k.detach(), layout)
     ends = [(name, t) for name, t in views if " rotated " in name]
     return first_departure(steps, views, filename, sizes, ends=ends)
@@ -324,7 +324,7 @@ def localize_sdpa(call: Callable[[Tensor, Tensor, Tensor], Any], fn: Any, q: Ten
              ("weights·v", weights @ v)]
     traced = q.clone().requires_grad_(), k.clone().requires_grad_(), v.clone().requires_grad_()
     steps = trace_steps(lambda: call(*traced), filename)
-    sizes = {"d_head": q.size(-1), "T": q.size(-2), "S": k.size(-2)}
+    sizes = {"d_k": q.size(-1), "T": q.size(-2), "S": k.size(-2)}
     return first_departure(steps, views, filename, sizes, pre=scaled)
 
 

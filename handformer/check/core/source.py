@@ -94,9 +94,32 @@ def _visit(node: ast.AST, prefix: str, starts: dict[str, int]) -> None:
 
 
 def locate(name: str, lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
-    """The first line matching the diagnosis' patterns, trying patterns in order; comments and
-    docstrings are skipped."""
-    return first_line(CATALOG[name].patterns, lines)
+    """The line LINE_FINDERS finds for the diagnosis, else the first line matching its patterns,
+    trying patterns in order; comments and docstrings are skipped."""
+    number, code = LINE_FINDERS.get(name, _nowhere)(lines)
+    return (number, code) if number is not None else first_line(CATALOG[name].patterns, lines)
+
+
+def _nowhere(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    return None, None
+
+
+def _second_norm_call(lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:
+    """The line that calls one of the module's own norms (`self.norm_self_attn(`) a second time: where
+    one norm serves a sublayer that has its own (labml's `z = self.norm_self_attn(x)` before the FFN,
+    its norm_ff unused)."""
+    called = set()
+    for number, line in _code_lines(lines):
+        for norm in NORM_CALL.findall(line.split("#")[0]):
+            if norm in called:
+                return number, _with_continuation(number, line, dict(lines))
+            called.add(norm)
+    return None, None
+
+
+NORM_CALL = re.compile(r"(?i)self\.(\w*(?:norm|ln)\w*)\(")
+# diagnoses whose line is found by more than a pattern of one line
+LINE_FINDERS = {"shared_norm": _second_norm_call}
 
 
 def first_pattern_matches(name: str, code: str) -> bool:
@@ -112,8 +135,18 @@ def lines_matching(name: str, lines: list[tuple[int, str]]) -> list[int]:
 
 
 def _code_lines(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
-    """The lines that are code: comments and docstrings' lines skipped."""
-    return [(n, t) for n, t in lines if t.strip() and not t.strip().startswith(("#", '"' * 3, "'" * 3))]
+    """The lines that are code: comments and docstrings skipped, each from its opening triple quote
+    (r\"\"\" too) through its closing one."""
+    code, inside = [], False
+    for number, line in lines:
+        stripped = line.strip()
+        if not (inside or not stripped or stripped.startswith("#") or STRING_OPENS.match(stripped)):
+            code.append((number, line))
+        inside ^= (stripped.count('"' * 3) + stripped.count("'" * 3)) % 2 == 1
+    return code
+
+
+STRING_OPENS = re.compile(r"[rRbBuU]{0,2}(\"{3}|'{3})")
 
 
 def first_line(patterns: Iterable[str], lines: list[tuple[int, str]]) -> tuple[int | None, str | None]:

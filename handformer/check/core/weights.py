@@ -181,7 +181,8 @@ class Transposed(nn.Module):
 def _stored_transposed(sub: nn.Module) -> str | None:
     """The name of the weight of a linear layer of the learner's own that computes x @ weight + bias
     (the weight (in, out), Conv1D's), found by what it does on a random input; None for any other (a
-    layer already reparametrized has no 2-D parameter of its own left)."""
+    layer already reparametrized has no 2-D parameter of its own left), and for a weight that reads the
+    same either way (modded-nanogpt's CastedLinear, zero-initialized: nn.Linear's reading)."""
     params = dict(sub.named_parameters(recurse=False))
     if not _one_matrix(params):
         return None
@@ -189,7 +190,7 @@ def _stored_transposed(sub: nn.Module) -> str | None:
     x = torch.randn(2, w.size(0), generator=torch.Generator().manual_seed(0), dtype=w.dtype)
     try:
         with torch.no_grad():  # (2, out) against x @ w + b
-            same = torch.allclose(sub(x), F.linear(x, w.t(), b), atol=1e-5)
+            same = torch.allclose(sub(x), F.linear(x, w.t(), b), atol=1e-5) and not torch.equal(w, w.t())
     except Exception:  # noqa: BLE001  (their forward on another layout, or another output: not this form)
         return None
     return max(params, key=lambda n: params[n].dim()) if same else None

@@ -60,7 +60,7 @@ from handformer.check.core.context import (
     reads_sequence_first,
     shape_of,
 )
-from handformer.check.core.conventions import AUTO
+from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS
 from handformer.check.core.discovery import Component, reads_kv_heads
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, gainless_qk
@@ -805,7 +805,7 @@ def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:
     """The mask conventions to try: torch.nn's (True = masked) first where the source (the
     attention's own, or a class of the learner's inside it) masks where the mask is True, unless the
     file's own causal mask writes True = may see (then that attention reads its file's masks inverted)."""
-    convs = tuple(f"{name}x" for name in AUTO) * bool(c.state.get("first")) + ctx.conventions(c.mask_name)
+    convs = SEQUENCE_FIRST_CONVENTIONS * bool(c.state.get("first")) + ctx.conventions(c.mask_name)
     if ctx.convention is None and masks_where_true_inside(module, c.mask_name) and not file_masks_keep(ctx):
         convs = ("torch", "torch3", "torch2") + convs
     return convs

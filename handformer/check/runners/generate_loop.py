@@ -475,7 +475,23 @@ def _top_one(res: ComponentResult, ctx: Context, comp: Component, driver: Any, s
     run.label = text(f"{run.label['en']}, {name}=1 (the likeliest token alone kept)",
                      f"{run.label['zh']}，{name}=1（只保留最可能的 token）")
     _judge(res, ctx, comp, run, reference[:B])
+    _kept_none(res, ctx, comp, run, name)
     return [(run, reference[:B])]
+
+
+# what sampling from a row of logits that are all -inf raises (torch.multinomial on NaN probabilities)
+KEPT_NONE = re.compile(r"probability tensor contains|invalid multinomial distribution")
+
+
+def _kept_none(res: ComponentResult, ctx: Context, comp: Component, run: Run, name: str) -> None:
+    """top_k_off_by_one (k-1) when the run with top_k = 1 raised as sampling from no token does (its
+    filter dropped the k-th logit too: `logits <= v[:, [-1]]`)."""
+    said = str(getattr(run.failure, "error", None) and run.failure.error.message)
+    if KEPT_NONE.search(said) and not res.has("top_k_off_by_one"):
+        number, code = locate("top_k_off_by_one", source_lines(ctx.objects(comp, "sample", "top_k", "top_p")))
+        res.findings.append(Finding("top_k_off_by_one", text(
+            f"with {name}=1 it kept no token: sampling raised {said}",
+            f"{name}=1 时一个 token 都没有保留：采样时报错 {said}"), number, code, "k-1"))
 
 
 def _ending(res: ComponentResult, ctx: Context, comp: Component, driver: Any, tried: list[tuple[Run, Tensor]],

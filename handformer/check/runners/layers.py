@@ -18,6 +18,7 @@ Shape legend: B batch, T target length, S source length, D d_model, H heads, F F
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -64,7 +65,7 @@ from handformer.check.core.context import (
     reads_sequence_first,
     shape_of,
 )
-from handformer.check.core.conventions import AUTO
+from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS
 from handformer.check.core.discovery import MEMORY_NAMES, NAMES, Component, argument_keys
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, block_norms, gainless_norms, gainless_qk
@@ -385,9 +386,15 @@ def _flags(layer: Layer, w: V.LayerWeights) -> tuple[str, ...]:
 
 
 def check_encoder_layer(comp: Component, ctx: Context) -> ComponentResult:
+    """An encoder layer; one that takes no mask and is causal as it runs (a decoder-only block whose
+    causal mask no word of its file shows: `arange(T)[:, None] >= arange(T)`) is checked as a block."""
+    takes_mask = any(is_mask_name(p.name) for p in forward_parameters(comp.obj.forward))
+    if not takes_mask and _runs_causal(Layer(comp, ctx, KINDS[comp.kind])):
+        return _check_layer(dataclasses.replace(comp, kind="block"), ctx)
     res = _check_layer(comp, ctx)
-    if comp.name in NAMES["block"]:  # a TransformerBlock that is no decoder's (discovery.encoder_block)
+    if comp.name in NAMES["block"] and takes_mask:  # no decoder's TransformerBlock (discovery.encoder_block)
         res.notes.append(ENCODER_BLOCK_NOTE)
+    res.notes += [NO_MASK_NOTE] * (not takes_mask)
     return res
 
 
@@ -395,6 +402,10 @@ ENCODER_BLOCK_NOTE = text("checked as an encoder layer: its mask is optional and
                           "causal (no tril, triu or is_causal), so with no mask every token sees every other",
                           "按编码器层检查：它的掩码参数可以不传，文件里也没有任何因果的写法（没有 tril、triu "
                           "或 is_causal），所以不传掩码时每个 token 都能看到所有 token")
+NO_MASK_NOTE = text("its forward takes no mask (a ViT block's): compared as an encoder layer where every "
+                    "token sees every other; how it would apply a mask is not graded",
+                    "它的 forward 不接收掩码（ViT 的 Block 就是这样）：按每个 token 都能看到所有 token 的"
+                    "编码器层比较；它会怎样使用掩码，不在检查范围内")
 
 
 def check_decoder_layer(comp: Component, ctx: Context) -> ComponentResult:
@@ -521,8 +532,12 @@ def _padding_moved(layer: Layer, ctx: Context, name: str, stream: str, form: Cal
 def _causal_without_its_mask(layer: Layer) -> bool:
     """A decoder-only block whose mask argument can be left out (minimind's attention_mask=None, a
     padding mask) and that is causal without it: checked as a block that builds its own causal mask."""
-    if not (layer.causal_block and layer.masks and not layer.required_mask):
-        return False
+    return bool(layer.causal_block and layer.masks and not layer.required_mask) and _runs_causal(layer)
+
+
+def _runs_causal(layer: Layer) -> bool:
+    """Whether the layer, given no mask, is causal: changing token 3 leaves outputs 0..2 unchanged and
+    moves the rest."""
     x = fp.randn(1, 5, D, seed=3)
     y = x.clone()
     y[:, 3] += fp.randn(D, seed=4)  # not a constant: a LayerNorm first would take it away
@@ -630,7 +645,7 @@ def _layer_conventions(layer: Layer, ctx: Context, inp: Inputs, res: ComponentRe
     layer.first = reads_sequence_first(ctx, lambda x: layer.call(x, x, None, None), fp.randn(2, 7, D, seed=8))
     res.notes += [SEQUENCE_FIRST] * layer.first
     convs = ("lens",) if layer.stateful else ctx.conventions(layer.masks[0] if layer.masks else None)
-    convs = tuple(f"{name}x" for name in AUTO) * layer.first + convs  # nn.MultiheadAttention's attn_mask
+    convs = SEQUENCE_FIRST_CONVENTIONS * layer.first + convs
     if ctx.convention is None and layer.masks and masks_where_true_inside(layer.module):
         convs = TORCH_CONVENTIONS[holds_torch_attention(layer.module)] + convs
     passed = [k for k in _encode_keeps(layer, inp.src_keep, inp.tgt_keep) if k is not None]
