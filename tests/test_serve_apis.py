@@ -26,9 +26,18 @@ import torch
 from helpers import require_module
 from serve_helpers import Server, make_lm_run, pace_steps, qwen3_template, seed_by_default
 
+from handformer.generation.chat_template import ChatTemplate
 from handformer.serve.app import create_app
 from handformer.serve.registry import load_served_models
-from handformer.serve.thinking import ThinkingBudget, ThinkingFormat, ThinkingSplitter, capped_budget
+from handformer.serve.thinking import (
+    CLOSING,
+    ThinkingBudget,
+    ThinkingFormat,
+    ThinkingSplitter,
+    capped_budget,
+    template_closing,
+)
+from handformer.tasks.speedrun_chat.reasoning_stages import CHAT_TEMPLATE as REASONING_TEMPLATE
 
 INSTALL = "pip install -e '.[dev]' (the client libraries the server is tested with are dev dependencies)"
 require_module("llguidance", INSTALL)
@@ -361,6 +370,15 @@ def test_reasoning_on_each_api_within_its_budget(client, claude, server):
     plain = claude.messages.create(model="qwen3", messages=MESSAGES, max_tokens=5)  # no `thinking`: none
     assert all(b.type == "text" for b in plain.content)
     assert plain.usage.input_tokens == reply.usage.input_tokens + 4  # the closed section "<think>\n\n</think>\n\n"
+
+
+def test_the_forced_closing_is_the_templates_own():
+    """A spent budget forces what the template writes from `</think>` on: Qwen3's "\\n</think>\\n\\n",
+    the reasoning preset's "\\n</think>\\n" (forced Qwen3's, its GRPO model answered 2156 + 1796 with
+    "352" after reasoning to 3952); a template whose prompt never closes the section, Qwen3's."""
+    assert template_closing(ChatTemplate(qwen3_template())) == "\n</think>\n\n"
+    assert template_closing(ChatTemplate(REASONING_TEMPLATE)) == "\n</think>\n"
+    assert template_closing(ChatTemplate("{% for m in messages %}{{ m['content'] }}{% endfor %}<think>")) == CLOSING
 
 
 def test_a_budget_spent_ends_the_section_and_the_answer_follows(client, server):

@@ -6,11 +6,13 @@ A run thinks when its chat template writes a `<think>` section and its vocabular
 text after `</think>` the answer. The section is open when the prompt ends with `<think>` (templates
 that always think) or when the reply starts with it (Qwen3's).
 
-A budget ends the section: after `budget` reasoning tokens the closing `\\n</think>\\n\\n` is forced,
-one token a step, and the answer follows. While the section is open, and for the answer's first
-token after a forced closing, the reply's end tokens are masked, so a reply is never all thinking
-and no answer; the budget is capped so that a quarter of the reply's tokens (at least one) is left
-for the answer.
+A budget ends the section: after `budget` reasoning tokens the template's own closing is forced,
+one token a step, and the answer follows. The closing is a newline and what the template's prompt
+with thinking off writes from `</think>` on (Qwen3's `\\n</think>\\n\\n`; a template that writes
+`</think>\\n` ends it so): a closing the model never saw in training throws its answer off. While
+the section is open, and for the answer's first token after a forced closing, the reply's end
+tokens are masked, so a reply is never all thinking and no answer; the budget is capped so that a
+quarter of the reply's tokens (at least one) is left for the answer.
 
     reasoning effort    budget (tokens)
     "none"              no thinking (the template's enable_thinking=False)
@@ -33,7 +35,7 @@ from handformer.data.tokenizer import Tokenizer
 from handformer.generation.chat_template import ChatTemplate
 
 START, END = "<think>", "</think>"
-CLOSING = "\n</think>\n\n"  # forced when the budget is spent
+CLOSING = "\n</think>\n\n"  # Qwen3's, forced when the budget is spent and the template shows none
 EFFORT_BUDGETS = {"minimal": 64, "low": 256, "medium": 1024, "high": 4096, "xhigh": 16384}
 EFFORTS = ("none", *EFFORT_BUDGETS)
 
@@ -54,7 +56,19 @@ def thinking_format(template: ChatTemplate | None, tokenizer: Tokenizer) -> Thin
     start_id, end_id = tokenizer.hf.token_to_id(START), tokenizer.hf.token_to_id(END)
     if start_id is None or end_id is None:
         return None
-    return ThinkingFormat(start_id, end_id, tuple(tokenizer.encode_with_special_tokens(CLOSING)))
+    closing = tokenizer.encode_with_special_tokens(template_closing(template))
+    return ThinkingFormat(start_id, end_id, tuple(closing))
+
+
+def template_closing(template: ChatTemplate) -> str:
+    """The text that ends a thinking section in `template`: a newline and what its generation prompt
+    with enable_thinking false writes from `</think>` on; CLOSING where that prompt writes no `</think>`."""
+    try:
+        prompt = template.render([{"role": "user", "content": "?"}], enable_thinking=False)
+    except ValueError:  # a template that needs more than one user message to render
+        return CLOSING
+    at = prompt.rfind(END)
+    return CLOSING if at < 0 else "\n" + prompt[at:]
 
 
 @dataclass(frozen=True)
@@ -177,4 +191,5 @@ class ThinkingSplitter:
 
 
 __all__ = ["EFFORTS", "EFFORT_BUDGETS", "Thinking", "ThinkingBudget", "ThinkingFormat", "ThinkingSplitter",
-           "capped_budget", "effort_thinking", "opens_thinking", "reasoning_tokens", "thinking_format"]
+           "capped_budget", "effort_thinking", "opens_thinking", "reasoning_tokens", "template_closing",
+           "thinking_format"]
