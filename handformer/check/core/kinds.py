@@ -130,7 +130,7 @@ KINDS_TABLE: tuple[Kind, ...] = (
     Kind("beam_search", ("beam_search", "beam_decode", "beam_search_decode", "translate_beam",
                          "beam_translate", "beam_search_translate", "beam_decoding", "batch_beam_search",
                          "beam_search_batch", "batched_beam_search"),
-         "beam search (encoder-decoder)", "束搜索（编码器-解码器）", "beam:check_beam_search"),
+         "beam search", "束搜索", "beam:check_beam_search"),
     Kind("lm_train_step", ("lm_train_step", "train_lm_step", "gpt_train_step", "lm_step", "lm_training_step"),
          "language model's training step", "语言模型的训练一步", "lm_train_step:check_lm_train_step"),
     Kind("train_step", ("train_step", "training_step", "train_batch", "train_one_step", "train_on_batch",
