@@ -49,7 +49,16 @@ from handformer.check.core.context import Context, finish, forward_parameters, g
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
-from handformer.check.runners.beam_models import BOS, EOS, PAD, HandformerModel, Steered, Table  # noqa: F401
+from handformer.check.runners.beam_models import (  # noqa: F401
+    BOS,
+    EOS,
+    PAD,
+    HandformerModel,
+    Steered,
+    Table,
+    hypotheses,
+    hypothesis_tokens,
+)
 from handformer.check.runners.model import source_mask
 
 TOK_A, TOK_B, TOK_C, TOK_D, TOK_E, TOK_F = 3, 4, 5, 6, 7, 8
@@ -182,25 +191,6 @@ class Call:
         kwargs = {name: values[key] for key, name in self.arg.items() if name}
         with model.steering():
             return self.ctx.learner.call("forward", self.comp.obj, **kwargs)
-
-
-def _hypotheses(out: Any) -> Any:
-    """What a search returns less its scores: (tokens, score) -> tokens."""
-    return out[0] if isinstance(out, tuple) and out and not isinstance(out[0], int) else out
-
-
-def hypothesis_tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
-    out = _hypotheses(out)
-    if isinstance(out, list) and len(out) == 1 and isinstance(out[0], (list, Tensor)):
-        out = out[0]
-    tokens = fp.one_sequence(out)
-    if tokens is not None:
-        return tokens
-    raise ctx.learner.fail("forward", f"{comp.name} returned {type(out).__name__}; expected the best "
-                           "hypothesis' token ids: a list of ints or a (1, L) tensor (or a (tokens, score) "
-                           "tuple)",
-                           f"{comp.name} 返回了 {type(out).__name__}；应当返回最好那条候选的 token id：int "
-                           "列表或 (1, L) 张量（或 (tokens, score) 元组）")
 
 
 def _call(comp: Component, ctx: Context) -> Call:
@@ -426,7 +416,7 @@ def _batched(res: ComponentResult, ctx: Context, comp: Component, call: Call, ma
 
 def _rows(raw: Any, n: int) -> list[list[int]] | None:
     """The n hypotheses of a batched search (a list of lists or tensors, or an (n, L) tensor)."""
-    raw = _hypotheses(raw)
+    raw = hypotheses(raw)
     if isinstance(raw, Tensor) and raw.dim() == 2 and raw.size(0) == n:
         return [[int(t) for t in row.tolist()] for row in raw]
     if isinstance(raw, (list, tuple)) and len(raw) == n and all(

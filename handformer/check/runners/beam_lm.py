@@ -36,7 +36,7 @@ from handformer.check.core.argument_names import (
 from handformer.check.core.context import Context, forward_parameters
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import DIFFERS, PASS, ComponentResult, text
-from handformer.check.runners.beam_models import BOS, Steered, Table
+from handformer.check.runners.beam_models import BOS, Steered, Table, hypothesis_tokens
 
 VOCAB = 13  # the vocabulary the model is built with; its last id is the scenarios' sink
 PROMPT = (9, 10, 11)  # (1, 3): longer than one token, so the prefill's last position matters
@@ -144,8 +144,6 @@ class LMCall:
     steps: int
 
     def __call__(self, model: SteeredLM, src: Tensor, K: int, alpha: float) -> list[int]:
-        from handformer.check.runners.beam import hypothesis_tokens
-
         tokens = hypothesis_tokens(self.ctx, self.comp, self.raw(model, src, K, alpha))
         if model.lost:
             raise DiscoveryError(LOST[0], zh=LOST[1])

@@ -17,7 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context
+from handformer.check.core.discovery import Component
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
 
@@ -144,4 +146,23 @@ class Steered(nn.Module):
         return self.cache[key]
 
 
-__all__ = ["BOS", "EOS", "PAD", "HandformerModel", "Steered", "Table"]
+def hypotheses(out: Any) -> Any:
+    """What a search returns less its scores: (tokens, score) -> tokens."""
+    return out[0] if isinstance(out, tuple) and out and not isinstance(out[0], int) else out
+
+
+def hypothesis_tokens(ctx: Context, comp: Component, out: Any) -> list[int]:
+    out = hypotheses(out)
+    if isinstance(out, list) and len(out) == 1 and isinstance(out[0], (list, Tensor)):
+        out = out[0]
+    tokens = fp.one_sequence(out)
+    if tokens is not None:
+        return tokens
+    raise ctx.learner.fail("forward", f"{comp.name} returned {type(out).__name__}; expected the best "
+                           "hypothesis' token ids: a list of ints or a (1, L) tensor (or a (tokens, score) "
+                           "tuple)",
+                           f"{comp.name} 返回了 {type(out).__name__}；应当返回最好那条候选的 token id：int "
+                           "列表或 (1, L) 张量（或 (tokens, score) 元组）")
+
+
+__all__ = ["BOS", "EOS", "PAD", "HandformerModel", "Steered", "Table", "hypotheses", "hypothesis_tokens"]
