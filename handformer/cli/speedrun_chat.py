@@ -34,7 +34,7 @@ def add_target(targets: argparse._SubParsersAction) -> None:
                    choices=["reasoning", "mid-reasoning", "smoke-reasoning", "reasoning-80",
                             "mid-reasoning-80", "facts", "smoke"],
                    help="reasoning (the default: the reasoning tasks, where GRPO teaches the long sums "
-                   "past SFT's plateau, scored on the report split, about 33 minutes of CPU at "
+                   "past SFT's plateau, scored on the report split, about 34 minutes of CPU at "
                    "threads=1), mid-reasoning (its post-training from its base, --base OUT/base of a "
                    "reasoning run, on half the mix for half the SFT steps, scored on the search split: "
                    "for a recipe search, about 8 minutes of CPU), smoke-reasoning (seconds, "
