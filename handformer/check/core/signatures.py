@@ -158,13 +158,14 @@ def _loop_kind(names: list[str], required: set[str]) -> str | None:
 
 def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], required: set[str],
                  ) -> str | None:
-    """A function of logits or probabilities first, and of k, p or a temperature: what a call says."""
-    if not names or names[0] not in LOGITS_NAMES + PROBS_NAMES:
-        return None
+    """A function of logits or probabilities first (by that name, or of any name when it takes k, p
+    or a temperature by theirs: lucidrains' `gumbel_sample(t, temperature=1.0)`): what a call says."""
     options = {"top_k": K_NAMES, "top_p": P_NAMES,
                "temperature": TEMPERATURE_NAMES}
     takes = {key: name for key, aliases in options.items()  # the options it takes, by their names
              if (name := named([p.name for p in params[1:]], aliases))}
+    if not names or names[0] not in LOGITS_NAMES + PROBS_NAMES and not takes:
+        return None
     fillable = {n.lower() for n in takes.values()} | set(GENERATOR_NAMES) | {names[0]}
     if not required <= fillable:
         return None
