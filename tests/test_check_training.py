@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from check_plants import WRITTEN, correct_file
+from check_plants import FIXTURES, WRITTEN, correct_file
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import exit_code, format_report, to_json
+from handformer.check.core.special_ids import SpecialIds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -254,6 +255,25 @@ def test_greedy_decoding_without_an_end_symbol_is_compared_over_max_len(tmp_path
     (comp,) = check_file(str(path)).components
     assert comp.status == "pass", comp
     assert any("cannot stop at EOS" in n["en"] for n in comp.notes)
+
+
+VOCAB_GREEDY = FIXTURES / "learners_decoding_vocab" / "translate_vocab_correct.py"
+
+
+def test_a_decoder_handed_a_vocabulary_and_a_device_reads_its_special_ids_from_them(tmp_path):
+    """greedy_decode(model, src, src_mask, tgt_vocab, max_len, device): the vocabulary (or tokenizer)
+    answers the runner's BOS / EOS / PAD under every lookup tokenizers offer, the device is "cpu"; the
+    loop reads an EOS from it, so it must stop there."""
+    ids = SpecialIds(bos=1, eos=2, pad=0, unk=3)
+    assert [ids.token_to_id("[SOS]"), ids["<eos>"], ids.stoi["<pad>"], ids.convert_tokens_to_ids("</s>"),
+            ids.get("hello"), ids.bos_id(), ids.eos_token_id] == [1, 2, 0, 2, 3, 1, 2]
+    (comp,) = check_file(str(VOCAB_GREEDY)).components
+    assert comp.status == "pass" and "1 3 10 10 2" in comp.checks[0].name["en"], comp
+    runs_on = tmp_path / "runs_on.py"
+    runs_on.write_text(VOCAB_GREEDY.read_text().replace("        if next_id == eos_id:\n            break\n", ""))
+    result = check_file(str(runs_on))
+    (comp,) = result.components
+    assert [(f.name, f.line) for f in comp.findings] == [("greedy_no_stop_at_eos", 19)], format_report(result)
 
 
 def test_greedy_decoding_passes_and_its_report_is_chinese_too():

@@ -53,6 +53,7 @@ from handformer.check.core.argument_names import (
     named,
 )
 from handformer.check.core.source import config_reads, source_text
+from handformer.check.core.special_ids import DEVICE_NAMES
 
 ROWS = torch.tensor([[2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6],
                      [0.5, 2.5, -0.3, 1.1, 0.9, -2.0, 0.2, -0.7]])  # (B, V) logits, no ties
@@ -130,7 +131,7 @@ LOOP_KINDS = (
     ("beam_search", (), [BEAM_NAMES["model"], BEAM_NAMES["src"], BEAM_NAMES["beam"], BEAM_NAMES["start"]],
      tuple(BEAM_NAMES.values())),
     ("greedy_decode", (), [DECODING_NAMES["model"], DECODING_NAMES["src"], DECODING_NAMES["start"]],
-     tuple(DECODING_NAMES.values())),
+     (*DECODING_NAMES.values(), DEVICE_NAMES)),
     # a decoder-only model's beam search: a prompt and a beam width, no start symbol
     ("beam_search", GENERATE_MODEL, [PROMPT_NAMES, BEAM_WIDTH],
      (GENERATE_MODEL, PROMPT_NAMES, COUNT_NAMES, BEAM_WIDTH, BEAM_NAMES["end"], BEAM_NAMES["alpha"])),
