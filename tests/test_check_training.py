@@ -481,3 +481,20 @@ def test_a_step_with_its_iteration_and_a_settings_dataclass_is_driven(tmp_path):
     (step,) = check_file(str(path), only=["lm_train_step"]).components
     assert step.status == "fail" and {f.name for f in step.findings} == {
         "train_step_loss_not_divided", "train_step_lr_not_set"}, [f.name for f in step.findings]
+
+
+LOADER_STEP = FIXTURES / "learners_lm_loader" / "draw_step_correct.py"
+
+
+def test_a_language_model_step_that_draws_its_micro_batches_from_a_loader_is_driven(tmp_path):
+    """optimize_step(model, opt, data_iter, accum_steps, max_norm=0.5) draws (x, y) with next(data_iter)
+    (build-nanogpt: train_loader.next_batch()): handed this step's batch in accum_steps micro-batches,
+    clipped at its own default norm; a loss left undivided is named."""
+    (comp,) = check_file(str(LOADER_STEP)).components
+    assert (comp.kind, comp.status) == ("lm_train_step", "pass"), comp
+    assert any("clips the gradient norm at 0.5" in n["en"] for n in comp.notes)
+    undivided = tmp_path / "undivided.py"
+    undivided.write_text(LOADER_STEP.read_text().replace("targets.view(-1)) / accum_steps", "targets.view(-1))"))
+    result = check_file(str(undivided))
+    assert [f.name for c in result.components for f in c.findings] == ["train_step_loss_not_divided"]
+    assert exit_code(result) == 1

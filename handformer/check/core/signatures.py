@@ -109,16 +109,26 @@ SHIFT = re.compile(r"\[\s*:\s*,\s*(:-1|1:)\s*\]")  # tgt[:, :-1], tgt[:, 1:]
 
 def lm_step(fn: Any) -> bool:
     """A decoder-only model's training step, whatever its name (`train_step(model, optimizer, x, y)`):
-    it takes the model, the optimizer and the windows x and y (y already x moved on by one), maybe the
-    learning rate, and never shifts a target itself (an encoder-decoder's step feeds tgt[:, :-1])."""
+    it takes the model, the optimizer and the windows x and y (y already x moved on by one) or a loader
+    it draws them from (drawn_loader), maybe the learning rate and the micro-steps, and never shifts a
+    target itself (an encoder-decoder's step feeds tgt[:, :-1])."""
     _, names, required = _signature(fn)
-    groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, X_NAMES, Y_NAMES)
+    windows = (LOADER_NAMES,) if drawn_loader(fn) else (X_NAMES, Y_NAMES)
+    groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, *windows)
     if not _takes_each(names, groups):
         return False
-    rest = required - set().union(*groups, LR_NAMES)
+    rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES)
     # nanoGPT's train_step(model, optimizer, X, Y, iter_num, cfg): the iteration and a configuration
     rest -= set(SCHEDULE_STEP_NAMES) | set(_config_fields(fn, rest))
     return not rest and not SHIFT.search(source_text(fn))
+
+
+def drawn_loader(fn: Any) -> str | None:
+    """The loader a step draws its (x, y) windows from one at a time (build-nanogpt's
+    `x, y = train_loader.next_batch()`, `next(data_iter)`), not one it iterates over (an epoch)."""
+    names = [p.name for p in _signature(fn)[0] if p.name.lower() in LOADER_NAMES]
+    code = source_text(fn)
+    return next((n for n in names if re.search(rf"\b{n}\.next_batch\(|\bnext\(\s*{n}\b", code)), None)
 
 
 GENERATE_MODEL = tuple(n for n in MODEL_NAMES if n != "self")

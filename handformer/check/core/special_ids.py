@@ -83,4 +83,4 @@ def loop_extras(params: list[inspect.Parameter], ids: SpecialIds) -> dict[str, A
 
 def reads_end(fn: Any, extras: dict[str, Any]) -> bool:
     """Whether a loop handed a tokenizer asks it for an end token (`token_to_id('[EOS]')`)."""
-    return any(isinstance(v, SpecialIds) for v in extras.values()) and bool(READS_END.search(source_text(fn)))
+    return SpecialIds in map(type, extras.values()) and bool(READS_END.search(source_text(fn)))
