@@ -39,6 +39,7 @@ from handformer.check.core.localize import (
     over_axes,
     place_findings,
     rotate_half,
+    statement,
     trace_steps,
     view_zh,
 )
@@ -448,6 +449,21 @@ def top_p_views(logits: Tensor, p: float) -> list[View]:
             ("cumulative > p (before the shift)", (cum > p).double()),
             ("the tokens removed (1 = removed)", removed.double()), ("the sorted logits filtered", filtered),
             ("the filtered logits", unsorted), ("the filtered probabilities", unsorted.softmax(-1))]
+
+
+def localize_count(call: Callable[[int], Any], fn: Any, counts: list[tuple[int, int]]) -> Departure | None:
+    """Run the learner's top-k (`call(k)`) traced with the numbers it binds, for the first k of
+    `counts` ((k asked, tokens kept)) that kept another number of tokens: the first line that binds
+    that number (lucidrains' `k = ceil(thres * V)` for `ceil((1 - thres) * V)`); None when none does."""
+    right, kept = next(((k, n) for k, n in counts if n != k), (0, 0))
+    filename = inspect.getsourcefile(fn)
+    steps = trace_steps(lambda: call(right), filename, scalars=True) if right else []
+    step = next((s for s in steps if s.value.dim() == 0 and not s.given and float(s.value) == kept), None)
+    if step is None:
+        return None
+    form = text(f"it binds {step.name} = {kept} where k = {right} tokens were asked for",
+                f"这里得到 {step.name} = {kept}，而应当保留 {right} 个 token")
+    return Departure(step.line, step.name, statement(filename, step.line), form)
 
 
 def localize_top_p(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, p: float) -> Departure | None:
