@@ -61,7 +61,7 @@ def _read_lines(obj: Any) -> tuple[tuple[int, str], ...]:
 def _function_lines(fn: Any) -> tuple[list[str], int]:
     """`inspect.getsourcelines` of a function or method, its block found once for its file's text."""
     fn = inspect.unwrap(fn)
-    if not (inspect.isfunction(fn) or inspect.ismethod(fn)):
+    if not isinstance(fn, (types.FunctionType, types.MethodType)):
         return inspect.getsourcelines(fn)
     lines, start = inspect.findsource(fn)
     return list(_block(tuple(lines), start)), start + 1
