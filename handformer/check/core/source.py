@@ -331,9 +331,10 @@ def _reads_of(source: str, name: str) -> tuple[frozenset[str], frozenset[str]]:
     except SyntaxError:
         return frozenset(), frozenset()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == name:
-            if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
-                keys.add(node.slice.value)
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == name:
+        if not isinstance(getattr(node, "value", None), ast.Name) or node.value.id != name:
+            continue  # not `name[...]` nor `name.attr`
+        if isinstance(node, ast.Attribute):
             attrs.add(node.attr)
+        elif isinstance(node, ast.Subscript) and isinstance(getattr(node.slice, "value", None), str):
+            keys.add(node.slice.value)  # name["key"]
     return frozenset(keys), frozenset(attrs)
