@@ -344,6 +344,28 @@ def localize_filter(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, keep
     return first_departure(steps, views, filename, {"V": logits.size(-1)}, pre=given)
 
 
+# --- the causal mask ------------------------------------------------------------------------------
+
+def causal_views(T: int) -> list[View]:
+    """The causal mask's sub-steps in the forms learners write it: the positions, a square of ones,
+    the visible (s <= t) or the hidden (s > t) keys as 1 or True, the additive 0 / -inf mask."""
+    pos = torch.arange(T, dtype=torch.float64)
+    keep = V.causal_keep(T).double()  # (T, T): 1 where query t may see key s
+    return [("the positions 0 .. T-1", pos), ("the positions 0 .. T-1", pos[:, None]),
+            ("the positions 0 .. T-1", pos[None]), ("a (T, T) square of ones", torch.ones(T, T)),
+            ("the causal mask (1 where key s <= query t)", keep),
+            ("the future keys (1 where key s > query t)", 1 - keep),
+            ("the additive causal mask (0 where key s <= query t, -inf after)", (1 - keep) * -math.inf)]
+
+
+def localize_causal_mask(fn: Any, T: int) -> Departure | None:
+    """Run the learner's causal mask function for length T traced, each tensor it makes a step:
+    the first step that is none of the mask's sub-steps."""
+    filename = inspect.getsourcefile(fn)
+    steps = trace_steps(lambda: fn(T), filename, every=True)
+    return first_departure(steps, causal_views(T), filename, {"T": T})
+
+
 # --- the sinusoidal table -------------------------------------------------------------------------
 
 def table_views(L: int, D: int) -> list[View]:
