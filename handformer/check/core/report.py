@@ -85,12 +85,13 @@ def _language(code: str) -> str:
 
 
 def exit_code(result: FileResult) -> int:
-    """0 all checked and passed, 1 a failure (or the file could not be checked at all), 2 a --component
-    naming what the file does not define (a bad argument), 3 nothing failed but something was NOT CHECKED."""
+    """0 all checked and passed, 1 a failure (or the file could not be run at all), 2 a --component
+    naming what the file does not define (a bad argument), 3 nothing failed but something was NOT CHECKED
+    (or check recognised no component: nothing was checked, nothing failed)."""
     if result.ok:
         return 0
-    if result.error is not None and result.error.kind == "discovery":
-        return 2
+    if result.error is not None and result.error.kind in ("discovery", "nothing_found"):
+        return 2 if result.error.kind == "discovery" else 3
     if result.error is None and result.components and all(
             c.status in (PASS, DIFFERS, NOT_CHECKED) for c in result.components):
         return 3
