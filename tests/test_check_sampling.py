@@ -202,3 +202,28 @@ def test_top_p_at_one_fails_only_when_it_drops_probability_that_matters(tmp_path
     (comp,) = check_file(str(path), only=["top_p"]).components
     p_one = next(c for c in comp.checks if c.name["en"].startswith("p = 1"))
     assert not p_one.ok and "0.0078" in p_one.detail["en"], p_one
+
+
+FRACTION = FIXTURES.parent / "learners_fraction_sampling" / "fraction_filters_correct.py"
+
+
+@pytest.mark.parametrize("old, new, name, line", [
+    ("math.ceil((1.0 - thres) * n_vocab)", "math.ceil(thres * n_vocab)", "top_k_logits", 12),
+    ("math.ceil(frac_num_tokens * logits", "math.ceil((1 - frac_num_tokens) * logits", "filter_top_k", 19),
+    ("(h / tau - torch", "(h * tau - torch", "gumbel_draw", 27)])
+def test_a_top_k_of_a_fraction_is_graded_by_the_fraction_its_default_says(tmp_path, old, new, name, line):
+    """top_k(logits, thres=0.9) keeps ceil((1 - thres) * V) tokens (lucidrains'), top_k(logits,
+    frac_num_tokens=0.1) keeps ceil(frac * V): asked for k as 1 - k/V or k/V, the correct file passes;
+    the other fraction FAILs quoting the line that binds the count. A sampler of any first name that
+    takes a temperature (gumbel_draw(h, tau)) is found by a call."""
+    if old == "math.ceil((1.0 - thres) * n_vocab)":
+        result = check_file(str(FRACTION))
+        assert [(c.name, c.kind, c.status) for c in result.components] == [
+            ("top_k_logits", "top_k", "pass"), ("filter_top_k", "top_k", "pass"),
+            ("gumbel_draw", "sample", "pass")], format_report(result)
+    wrong = tmp_path / "fraction.py"
+    wrong.write_text(FRACTION.read_text().replace(old, new))
+    result = check_file(str(wrong), only=["top_k", "sample"])
+    comp = next(c for c in result.components if c.name == name)
+    assert comp.status == "fail" and exit_code(result) == 1, format_report(result)
+    assert [f.line for f in comp.findings] == [line], format_report(result)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from check_plants import WRITTEN, correct_file
+from check_plants import FIXTURES, WRITTEN, correct_file
 
 from handformer.check.core.engine import check_file
 from handformer.check.core.report import exit_code, format_report, to_json
+from handformer.check.core.special_ids import SpecialIds
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -256,6 +257,25 @@ def test_greedy_decoding_without_an_end_symbol_is_compared_over_max_len(tmp_path
     assert any("cannot stop at EOS" in n["en"] for n in comp.notes)
 
 
+VOCAB_GREEDY = FIXTURES / "learners_decoding_vocab" / "translate_vocab_correct.py"
+
+
+def test_a_decoder_handed_a_vocabulary_and_a_device_reads_its_special_ids_from_them(tmp_path):
+    """greedy_decode(model, src, src_mask, tgt_vocab, max_len, device): the vocabulary (or tokenizer)
+    answers the runner's BOS / EOS / PAD under every lookup tokenizers offer, the device is "cpu"; the
+    loop reads an EOS from it, so it must stop there."""
+    ids = SpecialIds(bos=1, eos=2, pad=0, unk=3)
+    assert [ids.token_to_id("[SOS]"), ids["<eos>"], ids.stoi["<pad>"], ids.convert_tokens_to_ids("</s>"),
+            ids.get("hello"), ids.bos_id(), ids.eos_token_id] == [1, 2, 0, 2, 3, 1, 2]
+    (comp,) = check_file(str(VOCAB_GREEDY)).components
+    assert comp.status == "pass" and "1 3 10 10 2" in comp.checks[0].name["en"], comp
+    runs_on = tmp_path / "runs_on.py"
+    runs_on.write_text(VOCAB_GREEDY.read_text().replace("        if next_id == eos_id:\n            break\n", ""))
+    result = check_file(str(runs_on))
+    (comp,) = result.components
+    assert [(f.name, f.line) for f in comp.findings] == [("greedy_no_stop_at_eos", 19)], format_report(result)
+
+
 def test_greedy_decoding_passes_and_its_report_is_chinese_too():
     result = check_file(str(correct_file("assembly")), only=["greedy_decode"])
     (comp,) = result.components
@@ -461,3 +481,20 @@ def test_a_step_with_its_iteration_and_a_settings_dataclass_is_driven(tmp_path):
     (step,) = check_file(str(path), only=["lm_train_step"]).components
     assert step.status == "fail" and {f.name for f in step.findings} == {
         "train_step_loss_not_divided", "train_step_lr_not_set"}, [f.name for f in step.findings]
+
+
+LOADER_STEP = FIXTURES / "learners_lm_loader" / "draw_step_correct.py"
+
+
+def test_a_language_model_step_that_draws_its_micro_batches_from_a_loader_is_driven(tmp_path):
+    """optimize_step(model, opt, data_iter, accum_steps, max_norm=0.5) draws (x, y) with next(data_iter)
+    (build-nanogpt: train_loader.next_batch()): handed this step's batch in accum_steps micro-batches,
+    clipped at its own default norm; a loss left undivided is named."""
+    (comp,) = check_file(str(LOADER_STEP)).components
+    assert (comp.kind, comp.status) == ("lm_train_step", "pass"), comp
+    assert any("clips the gradient norm at 0.5" in n["en"] for n in comp.notes)
+    undivided = tmp_path / "undivided.py"
+    undivided.write_text(LOADER_STEP.read_text().replace("targets.view(-1)) / accum_steps", "targets.view(-1))"))
+    result = check_file(str(undivided))
+    assert [f.name for c in result.components for f in c.findings] == ["train_step_loss_not_divided"]
+    assert exit_code(result) == 1

@@ -39,6 +39,7 @@ from handformer.check.core.localize import (
     over_axes,
     place_findings,
     rotate_half,
+    statement,
     trace_steps,
     view_zh,
 )
@@ -211,9 +212,10 @@ def localize_layer(layer: Any, readings: list[V.LayerWeights]) -> Departure | No
 
     if layer.stateful:  # d2l's decoder builds its causal mask from its state: not localized
         return None
-    x = randn(2, 5, readings[0].self_attn.q[0].size(1), seed=43).requires_grad_()
+    T = 1 if layer.stepwise else 5  # a block driven a token at a time (its own KV cache): one step's tensors
+    x = randn(2, T, readings[0].self_attn.q[0].size(1), seed=43).requires_grad_()
     memory = randn(2, 6, x.size(-1), seed=44) if layer.decoder else None
-    keep = V.causal_keep(5)[None, None] if layer.causal_block and not layer.takes_mask else None
+    keep = V.causal_keep(T)[None, None] if layer.causal_block and not layer.takes_mask else None
     filename, code = _source(layer.module)
     steps = trace_steps(lambda: layer.call(x, memory, None, None), filename, code, _children(layer.module))
     views = [layer_views(w, x.detach(), memory, keep) for w in readings]
@@ -343,6 +345,28 @@ def localize_filter(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, keep
     return first_departure(steps, views, filename, {"V": logits.size(-1)}, pre=given)
 
 
+# --- the causal mask ------------------------------------------------------------------------------
+
+def causal_views(T: int) -> list[View]:
+    """The causal mask's sub-steps in the forms learners write it: the positions, a square of ones,
+    the visible (s <= t) or the hidden (s > t) keys as 1 or True, the additive 0 / -inf mask."""
+    pos = torch.arange(T, dtype=torch.float64)
+    keep = V.causal_keep(T).double()  # (T, T): 1 where query t may see key s
+    return [("the positions 0 .. T-1", pos), ("the positions 0 .. T-1", pos[:, None]),
+            ("the positions 0 .. T-1", pos[None]), ("a (T, T) square of ones", torch.ones(T, T)),
+            ("the causal mask (1 where key s <= query t)", keep),
+            ("the future keys (1 where key s > query t)", 1 - keep),
+            ("the additive causal mask (0 where key s <= query t, -inf after)", (1 - keep) * -math.inf)]
+
+
+def localize_causal_mask(fn: Any, T: int) -> Departure | None:
+    """Run the learner's causal mask function for length T traced, each tensor it makes a step:
+    the first step that is none of the mask's sub-steps."""
+    filename = inspect.getsourcefile(fn)
+    steps = trace_steps(lambda: fn(T), filename, every=True)
+    return first_departure(steps, causal_views(T), filename, {"T": T})
+
+
 # --- the sinusoidal table -------------------------------------------------------------------------
 
 def table_views(L: int, D: int) -> list[View]:
@@ -448,6 +472,21 @@ def top_p_views(logits: Tensor, p: float) -> list[View]:
             ("cumulative > p (before the shift)", (cum > p).double()),
             ("the tokens removed (1 = removed)", removed.double()), ("the sorted logits filtered", filtered),
             ("the filtered logits", unsorted), ("the filtered probabilities", unsorted.softmax(-1))]
+
+
+def localize_count(call: Callable[[int], Any], fn: Any, counts: list[tuple[int, int]]) -> Departure | None:
+    """Run the learner's top-k (`call(k)`) traced with the numbers it binds, for the first k of
+    `counts` ((k asked, tokens kept)) that kept another number of tokens: the first line that binds
+    that number (lucidrains' `k = ceil(thres * V)` for `ceil((1 - thres) * V)`); None when none does."""
+    right, kept = next(((k, n) for k, n in counts if n != k), (0, 0))
+    filename = inspect.getsourcefile(fn)
+    steps = trace_steps(lambda: call(right), filename, scalars=True) if right else []
+    step = next((s for s in steps if s.value.dim() == 0 and not s.given and float(s.value) == kept), None)
+    if step is None:
+        return None
+    form = text(f"it binds {step.name} = {kept} where k = {right} tokens were asked for",
+                f"这里得到 {step.name} = {kept}，而应当保留 {right} 个 token")
+    return Departure(step.line, step.name, statement(filename, step.line), form)
 
 
 def localize_top_p(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, p: float) -> Departure | None:

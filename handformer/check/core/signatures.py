@@ -53,6 +53,7 @@ from handformer.check.core.argument_names import (
     named,
 )
 from handformer.check.core.source import config_reads, source_text
+from handformer.check.core.special_ids import DEVICE_NAMES
 
 ROWS = torch.tensor([[2.0, 1.2, 0.8, 0.3, 0.0, -0.4, -1.0, -1.6],
                      [0.5, 2.5, -0.3, 1.1, 0.9, -2.0, 0.2, -0.7]])  # (B, V) logits, no ties
@@ -108,16 +109,26 @@ SHIFT = re.compile(r"\[\s*:\s*,\s*(:-1|1:)\s*\]")  # tgt[:, :-1], tgt[:, 1:]
 
 def lm_step(fn: Any) -> bool:
     """A decoder-only model's training step, whatever its name (`train_step(model, optimizer, x, y)`):
-    it takes the model, the optimizer and the windows x and y (y already x moved on by one), maybe the
-    learning rate, and never shifts a target itself (an encoder-decoder's step feeds tgt[:, :-1])."""
+    it takes the model, the optimizer and the windows x and y (y already x moved on by one) or a loader
+    it draws them from (drawn_loader), maybe the learning rate and the micro-steps, and never shifts a
+    target itself (an encoder-decoder's step feeds tgt[:, :-1])."""
     _, names, required = _signature(fn)
-    groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, X_NAMES, Y_NAMES)
+    windows = (LOADER_NAMES,) if drawn_loader(fn) else (X_NAMES, Y_NAMES)
+    groups = (STEP_MODEL_NAMES, OPTIMIZER_NAMES, *windows)
     if not _takes_each(names, groups):
         return False
-    rest = required - set().union(*groups, LR_NAMES)
+    rest = required - set().union(*groups, LR_NAMES, ACCUM_NAMES)
     # nanoGPT's train_step(model, optimizer, X, Y, iter_num, cfg): the iteration and a configuration
     rest -= set(SCHEDULE_STEP_NAMES) | set(_config_fields(fn, rest))
     return not rest and not SHIFT.search(source_text(fn))
+
+
+def drawn_loader(fn: Any) -> str | None:
+    """The loader a step draws its (x, y) windows from one at a time (build-nanogpt's
+    `x, y = train_loader.next_batch()`, `next(data_iter)`), not one it iterates over (an epoch)."""
+    names = [p.name for p in _signature(fn)[0] if p.name.lower() in LOADER_NAMES]
+    code = source_text(fn)
+    return next((n for n in names if re.search(rf"\b{n}\.next_batch\(|\bnext\(\s*{n}\b", code)), None)
 
 
 GENERATE_MODEL = tuple(n for n in MODEL_NAMES if n != "self")
@@ -130,7 +141,7 @@ LOOP_KINDS = (
     ("beam_search", (), [BEAM_NAMES["model"], BEAM_NAMES["src"], BEAM_NAMES["beam"], BEAM_NAMES["start"]],
      tuple(BEAM_NAMES.values())),
     ("greedy_decode", (), [DECODING_NAMES["model"], DECODING_NAMES["src"], DECODING_NAMES["start"]],
-     tuple(DECODING_NAMES.values())),
+     (*DECODING_NAMES.values(), DEVICE_NAMES)),
     # a decoder-only model's beam search: a prompt and a beam width, no start symbol
     ("beam_search", GENERATE_MODEL, [PROMPT_NAMES, BEAM_WIDTH],
      (GENERATE_MODEL, PROMPT_NAMES, COUNT_NAMES, BEAM_WIDTH, BEAM_NAMES["end"], BEAM_NAMES["alpha"])),
@@ -158,13 +169,14 @@ def _loop_kind(names: list[str], required: set[str]) -> str | None:
 
 def _logits_kind(fn: Any, params: list[inspect.Parameter], names: list[str], required: set[str],
                  ) -> str | None:
-    """A function of logits or probabilities first, and of k, p or a temperature: what a call says."""
-    if not names or names[0] not in LOGITS_NAMES + PROBS_NAMES:
-        return None
+    """A function of logits or probabilities first (by that name, or of any name when it takes k, p
+    or a temperature by theirs: lucidrains' `gumbel_sample(t, temperature=1.0)`): what a call says."""
     options = {"top_k": K_NAMES, "top_p": P_NAMES,
                "temperature": TEMPERATURE_NAMES}
     takes = {key: name for key, aliases in options.items()  # the options it takes, by their names
              if (name := named([p.name for p in params[1:]], aliases))}
+    if not names or names[0] not in LOGITS_NAMES + PROBS_NAMES and not takes:
+        return None
     fillable = {n.lower() for n in takes.values()} | set(GENERATOR_NAMES) | {names[0]}
     if not required <= fillable:
         return None

@@ -36,12 +36,13 @@ from handformer.check.core.context import Context, finish, forward_parameters, n
 from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.result import DIFFERS, FAIL, PASS, Check, ComponentResult, Finding, Text, text
 from handformer.check.core.source import locate, source_lines
+from handformer.check.core.special_ids import SpecialIds, loop_extras, reads_end
 from handformer.check.runners.beam_own import OwnSteered, first_decoder_layer, own_seq2seq
 from handformer.check.runners.model import source_ids, source_mask
 from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import Seq2SeqTransformer
 
-V, PAD, BOS, EOS = 13, 0, 1, 2
+V, PAD, BOS, EOS, UNK = 13, 0, 1, 2, 3
 EOS_AT, MAX_LEN = 4, 8
 
 
@@ -165,7 +166,8 @@ def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
     params = forward_parameters(comp.obj)
     names = [p.name for p in params]
     arg = {key: named(names, aliases) for key, aliases in NAMES.items()}
-    unknown = [p.name for p in params if p.default is p.empty and p.name not in arg.values()]
+    extras = loop_extras(params, SpecialIds(BOS, EOS, PAD, UNK))
+    unknown = [p.name for p in params if p.default is p.empty and p.name not in (*arg.values(), *extras)]
     if unknown or not arg["model"] or not arg["src"]:
         first = (unknown or ["model / src"])[0]
         raise DiscoveryError(f"{comp.name}: cannot fill the argument {first!r}; greedy decoding takes "
@@ -174,7 +176,7 @@ def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
                              zh=f"{comp.name}：填不了参数 {first!r}；贪心解码接受 (model, src, src_mask, "
                                 "max_len, start_symbol)，还可以有结束符（end_symbol、eos_idx 等）")
     eos_name = None if arg["end"] else global_eos(comp.obj)
-    stop = arg["end"] is not None or eos_name is not None
+    stop = arg["end"] is not None or eos_name is not None or reads_end(comp.obj, extras)
     values = getattr(inspect.unwrap(comp.obj), "__globals__", {})  # its module's, under @torch.no_grad() too
     patched: AbstractContextManager[Any] = contextlib.nullcontext()
     if eos_name:
@@ -186,7 +188,7 @@ def check_greedy_decode(comp: Component, ctx: Context) -> ComponentResult:
     with patched:
         for model, steering, right in _scenarios(res, ctx, stop):
             with steering():
-                _compare_tokens(res, ctx, comp, arg, model, right, stop)
+                _compare_tokens(res, ctx, comp, (arg, extras), model, right, stop)
     return finish(res)
 
 
@@ -288,11 +290,13 @@ def _steered_reference(steered: Any, stop: bool) -> list[int] | None:
         return None
 
 
-def _compare_tokens(res: ComponentResult, ctx: Context, comp: Component, arg: dict[str, str | None],
-                    model: Any, right: list[int], stop: bool) -> None:
+def _compare_tokens(res: ComponentResult, ctx: Context, comp: Component,
+                    given: tuple[dict[str, str | None], dict[str, Any]], model: Any, right: list[int],
+                    stop: bool) -> None:
+    """`given`: the argument names by key, and the tokenizers and device (`loop_extras`) by name."""
     values = {"model": model, "src": source_ids(model, source()), "src_mask": source_mask(model, source()),
               "max_len": MAX_LEN, "start": BOS, "end": EOS}
-    kwargs = {name: values[key] for key, name in arg.items() if name}
+    kwargs = {name: values[key] for key, name in given[0].items() if name} | given[1]
     got = _tokens(ctx, comp, ctx.learner.call("forward", comp.obj, **kwargs))
     notes = []
     if got[:1] != [BOS]:  # some loops return the new tokens only

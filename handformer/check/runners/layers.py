@@ -877,7 +877,7 @@ def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], inp
                                      f"shape {tuple(inp.x.shape)}; a layer keeps the shape (B, T, d_model)",
                                      f"x 的形状为 {tuple(inp.x.shape)} 时，{layer.comp.name} 返回了 "
                                      f"{shape_of(out)}；一层不改变形状 (B, T, d_model)")
-    settings = list(itertools.product(outputs, layer_settings(layer)))
+    settings = list(itertools.product(outputs, ffn_ruled(layer, layer_settings(layer))))
 
     def search_one(setting: tuple[Any, ...], least: int, most: int) -> tuple[frozenset[str], float] | None:
         conv, (slots, act, placement, rope) = setting
@@ -888,7 +888,33 @@ def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], inp
     return None if found is None else (found[0][0], *found[0][1], found[1], found[2])
 
 
-def layer_settings(layer: Layer) -> list[tuple[list[Slot], str, str, str | None]]:
+def ffn_ruled(layer: Layer, settings: list[Setting]) -> list[Setting]:
+    """The settings whose FFN reading (mapping, activation) is what the layer's FFN computes alone, run
+    on a probe where one submodule holds its linears and nothing else's; all of them where none does,
+    or none matches (the FFN's own mistake is then searched in the layer)."""
+    holder = _ffn_holder(layer.module, {id(s.leaf.module) for s in layer.ffn_candidates[0]})
+    if holder is None:
+        return settings
+    x = fp.randn(2, 3, D, seed=31)  # (B, T, D)
+    try:
+        out = fp.first_tensor(holder(x), 3)
+    except (Exception, SystemExit):  # noqa: BLE001  (it takes other inputs: the search tries every reading)
+        return settings
+    kept = [s for s in settings if fp.max_error(out, V.feed_forward(ffn_weights(s[0], s[1]), x)) < fp.TOL]
+    return kept or settings
+
+
+def _ffn_holder(module: nn.Module, linears: set[int]) -> nn.Module | None:
+    """The smallest submodule whose linears are exactly the FFN's, or None."""
+    subs = sorted(module.modules(), key=lambda m: len(list(m.modules())))
+    return next((m for m in subs if {id(leaf.module) for leaf in of_kind(leaves(m), "linear")} == linears),
+                None)
+
+
+Setting = tuple[list[Slot], str, str, str | None]
+
+
+def layer_settings(layer: Layer) -> list[Setting]:
     """Every reading of the layer's weights the search tries: FFN mapping, activation, placement
     (the kind's first), rotary layout."""
     gated = is_gated(layer.ffn_candidates[0])

@@ -44,7 +44,7 @@ from handformer.check.core.context import Context, error_text, finish, forward_p
 from handformer.check.core.discovery import Component, DiscoveryError, defaulted_config
 from handformer.check.core.localize_kinds import note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, text
-from handformer.check.core.signatures import kind_of
+from handformer.check.core.signatures import drawn_loader, kind_of
 from handformer.check.core.source import config_reads, functions_called, locate, source_lines, source_text
 from handformer.check.runners.localize_train import localize_lm_step
 from handformer.check.runners.train_step import (
@@ -153,7 +153,9 @@ class Step:
         self.x, self.y, self.lr = named(names, X_NAMES), named(names, Y_NAMES), named(names, LR_NAMES)
         self.sched, self.scaler = named(names, SCHEDULER_NAMES), named(names, SCALER_NAMES)
         self.accum = named(names, ACCUM_NAMES)  # driven with ACCUM micro-batches
-        known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum}
+        self.loader = drawn_loader(comp.obj)  # x and y drawn from it: Windows
+        known = {self.model, self.opt, self.x, self.y, self.lr, self.sched, self.scaler, self.accum,
+                 self.loader}
         rest = [p.name for p in params if p.default is p.empty and p.name not in known]
         self.count = named(rest, SCHEDULE_STEP_NAMES)  # the iteration (nanoGPT's iter_num): 0, then 1
         # a configuration (nanoGPT's cfg): its micro-steps, clipping norm, and whether it sets the rate
@@ -162,7 +164,7 @@ class Step:
         self.rows = BATCH * ACCUM if self.micro else BATCH  # windows a batch: BATCH a micro-batch
         self.seen: list[float] = []  # the rate the learner's step left in the optimizer, each call
         unknown = sorted(set(rest) - {self.count, self.config})
-        if unknown or not (self.model and self.opt and self.x and self.y):
+        if unknown or not (self.model and self.opt and (self.x and self.y or self.loader)):
             first = (unknown or ['model / optimizer / x / y'])[0]
             raise DiscoveryError(
                 f"{comp.name}: cannot fill the argument {first!r}; "
@@ -171,7 +173,9 @@ class Step:
                 zh=f"{comp.name}：填不了参数 {first!r}；"
                    "语言模型的训练一步接受 (model, x, y, optimizer, lr)：输入、目标（输入往后移一个 token）"
                    "和调度给出的学习率")
-        self.clip = self._config_clip() if "clip" in self.fields else clip_norm(source_text(comp.obj))
+        defaults = {p.name: p.default for p in params}  # clip_grad_norm_(..., max_norm): its default
+        own = source_text(comp.obj)
+        self.clip = self._config_clip() if "clip" in self.fields else clip_norm(own, defaults)
 
     def _config(self) -> Any:
         """The learner's configuration at its defaults, with ACCUM micro-steps."""
@@ -194,13 +198,32 @@ class Step:
         return not self.lr and bool(set(self.seen) - {OPT_LR})
 
     def __call__(self, model: nn.Module, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, lr: float) -> Any:
-        kwargs: dict[str, Any] = {self.model: model, self.opt: opt, self.x: x.clone(), self.y: y.clone()}
-        given = {self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
+        kwargs: dict[str, Any] = {self.model: model, self.opt: opt}
+        parts = self.rows // BATCH  # ACCUM micro-batches, or the one batch
+        given = {self.x: x.clone, self.y: y.clone, self.loader: lambda: Windows(x, y, parts),
+                 self.lr: lambda: lr, self.sched: lambda: constant_scheduler(opt), self.scaler: grad_scaler,
                  self.accum: lambda: ACCUM, self.count: lambda: len(self.seen) % 2, self.config: self._config}
         kwargs.update({name: make() for name, make in given.items() if name})
         out = self.ctx.learner.call("forward", self.comp.obj, **kwargs)
         self.seen.append(float(opt.param_groups[0]["lr"]))
         return out
+
+
+class Windows:
+    """The loader a step draws its (x, y) windows from (build-nanogpt's `train_loader.next_batch()`,
+    `next(data_iter)`): the batch of this step, in `parts` micro-batches along the batch, in turn."""
+
+    def __init__(self, x: Tensor, y: Tensor, parts: int) -> None:
+        self.parts, self.drawn = list(zip(x.clone().chunk(parts), y.clone().chunk(parts))), 0
+
+    def next_batch(self) -> tuple[Tensor, Tensor]:
+        self.drawn += 1
+        return self.parts[(self.drawn - 1) % len(self.parts)]
+
+    __next__ = next_batch
+
+    def __iter__(self) -> Windows:
+        return self
 
 
 def _step_config(fn: Any, candidates: list[str]) -> tuple[str | None, dict[str, str]]:
@@ -308,9 +331,10 @@ def _notes(res: ComponentResult, step: Step) -> None:
                               "micro-batch，梯度累加后更新一次"))
     if step.own_rate():
         rates = f"{step.seen[0]:.4g}, {step.seen[1]:.4g}"
-        res.notes.append(text(f"your step sets the learning rate itself from {step.config}: handformer's "
+        source = step.config or step.count
+        res.notes.append(text(f"your step sets the learning rate itself from {source}: handformer's "
                               f"step used the rates yours wrote into the optimizer ({rates})",
-                              f"你的一步自己根据 {step.config} 设置学习率：handformer 的一步用你写进"
+                              f"你的一步自己根据 {source} 设置学习率：handformer 的一步用你写进"
                               f"优化器的学习率（{rates}）"))
     elif not step.lr:
         res.notes.append(text(f"your step takes no learning rate: compared with steps at the optimizer's "

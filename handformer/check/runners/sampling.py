@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,7 +41,12 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.discovery import Component
-from handformer.check.core.localize_kinds import localize_filter, localize_top_p, note_departure
+from handformer.check.core.localize_kinds import (
+    localize_count,
+    localize_filter,
+    localize_top_p,
+    note_departure,
+)
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.sizes import is_number
 from handformer.check.core.source import locate, source_lines, source_text
@@ -74,12 +80,15 @@ class Caller:
         empty = {p.name for p in self.params if p.default is inspect.Parameter.empty or _filters(p)}
         self.required = {key: name for key, names in OPTIONS.items()
                          for name in [self.find(names)] if name in empty}
+        self.fraction = top_k_fraction(comp.obj, self.params)
 
     def find(self, names: tuple[str, ...]) -> str | None:
         return next((n for n in self.names[1:] if n.lower() in names), None)
 
     def __call__(self, logits: Tensor, **options: Any) -> Any:
         kwargs = {}
+        if "top_k" in options and self.fraction:  # a k handed over as the fraction it stands for
+            kwargs[self.fraction.name] = self.fraction.of(options.pop("top_k"), logits.size(-1))
         for key, value in options.items():
             name = self.find({**OPTIONS, "generator": GENERATOR_NAMES}[key])
             if name is not None:
@@ -96,6 +105,48 @@ class Caller:
 
 # the filters a sampling function may take, by the names learners give them
 OPTIONS = {"top_k": K_NAMES, "top_p": P_NAMES, "temperature": TEMPERATURE_NAMES, "min_p": MIN_P_NAMES}
+
+
+@dataclass(frozen=True)
+class Fraction:
+    """A top-k written with a fraction of the vocabulary for k: lucidrains' `top_k(logits, thres=0.9)`
+    keeps ceil((1 - thres) * V) tokens (the fraction removed); x-transformers' later
+    `top_k(logits, frac_num_tokens=0.1)` keeps ceil(frac * V) (the fraction kept)."""
+
+    name: str
+    removed: bool
+
+    def of(self, k: int, vocab: int) -> float:
+        """The fraction that stands for k tokens of `vocab` (k/V is exact in binary for V = 8)."""
+        kept = min(max(k, 0), vocab) / vocab
+        return 1.0 - kept if self.removed else kept
+
+    def note(self) -> Text:
+        if self.removed:
+            return text(f"its `{self.name}` is read as the fraction of the vocabulary removed (it keeps "
+                        f"ceil((1 - {self.name}) * V) tokens, lucidrains' convention): k tokens are asked "
+                        f"for as {self.name} = 1 - k/V",
+                        f"`{self.name}` 按去掉的词表比例来读（保留 ceil((1 - {self.name}) * V) 个 token，"
+                        f"lucidrains 的写法）：要保留 k 个 token 时传入 {self.name} = 1 - k/V")
+        return text(f"its `{self.name}` is read as the fraction of the vocabulary kept "
+                    f"(ceil({self.name} * V) tokens): k tokens are asked for as {self.name} = k/V",
+                    f"`{self.name}` 按保留的词表比例来读（保留 ceil({self.name} * V) 个 token）：要保留 k 个 "
+                    f"token 时传入 {self.name} = k/V")
+
+
+def top_k_fraction(fn: Any, params: list[inspect.Parameter]) -> Fraction | None:
+    """The parameter a top-k takes for k when it is a fraction: the first after the logits that is no
+    other filter's, its default a float strictly between 0 and 1 (a count is an int). Its default says
+    which fraction: 0.5 or more the fraction removed (0.9: keep the top tenth), below it the fraction
+    kept (0.1), a top-k keeping most of the vocabulary by default being no filter."""
+    given = next((p for p in params[1:] if p.name.lower() not in OTHER_FILTERS), None)
+    default = getattr(given, "default", None)
+    if type(default) is not float or not 0 < default < 1:
+        return None
+    return Fraction(given.name, default >= 0.5)
+
+
+OTHER_FILTERS = P_NAMES + TEMPERATURE_NAMES + MIN_P_NAMES + GENERATOR_NAMES
 
 
 def _filters(p: inspect.Parameter) -> bool:
@@ -222,12 +273,13 @@ def check_top_k(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     call = Caller(comp, ctx)
     logits = test_logits()
-    worst = 0
+    worst, counts_kept = 0, []
     for k in (1, 3, 5, 7):
         out, (kept, fill) = _filtered(ctx, comp, call, logits, top_k=k)
         right = torch.isfinite(top_k_filter(logits, k))
         wrong = int((kept != right).sum())
         worst = max(worst, wrong)
+        counts_kept.append((k, int(kept[0].sum())))
         _fill_finding(res, ctx, comp, out, kept, fill)
         counts = kept.sum(-1)
         if wrong and not res.has("top_k_off_by_one"):
@@ -244,6 +296,9 @@ def check_top_k(comp: Component, ctx: Context) -> ComponentResult:
     res.checks.append(Check(text("keeps the k most likely tokens for k = 1, 3, 5, 7 (ties apart)",
                                  "k = 1、3、5、7 时保留最可能的 k 个 token（不含并列的情况）"), worst == 0,
                             _wrong_tokens(worst)))
+    if call.fraction:
+        res.notes.append(call.fraction.note())
+    note_departure(res, lambda: localize_count(lambda k: call(logits, top_k=k), comp.obj, counts_kept))
     _large_k(res, ctx, comp, call, logits)
     _ties(res, call, logits)
     _kept_probabilities(res, call, logits)

@@ -88,12 +88,16 @@ def unpacked(source: str, model: str | None) -> int:
     return len(match.group(1).split(",")) if match and model else 1
 
 
-def clip_norm(source: str) -> float | None:
+def clip_norm(source: str, defaults: dict[str, Any]) -> float | None:
     """The gradient norm a training step's source clips to (clip_grad_norm_(params, 1.0), CS336's
-    gradient_clipping(params, 1.0): 1.0; a clip_grad without a number it reads: 1.0), None when it
-    clips none."""
-    match = re.search(r"\w*(?:clip\w*grad|grad\w*clip)\w*\([^,]+,\s*(?:\w+\s*=\s*)?([0-9.eE+-]+)", source)
-    return float(match.group(1)) if match else (1.0 if "clip_grad" in source else None)
+    gradient_clipping(params, 1.0): 1.0; clip_grad_norm_(params, max_norm) with the step's
+    `max_norm=0.5`: its default, from `defaults`; a clip_grad without a number it reads: 1.0), None when
+    it clips none."""
+    match = re.search(r"\w*(?:clip\w*grad|grad\w*clip)\w*\([^,]+,\s*(?:\w+\s*=\s*)?([\w.+-]+)", source)
+    if match is None:
+        return 1.0 if "clip_grad" in source else None
+    norm = str(defaults.get(match.group(1), match.group(1)))
+    return float(norm) if re.fullmatch(r"[0-9.eE+-]+", norm) else 1.0
 
 
 class Recorded(nn.Module):
@@ -256,7 +260,7 @@ class Step:
         except (OSError, TypeError):
             self.source = ""
         clipping = self.source + "".join(_called_sources(ctx, self.source))  # an epoch calling their step
-        self.clip = clip_norm(clipping)
+        self.clip = clip_norm(clipping, {})
         self.tol = TOLERANCE[bool(FLOAT32.search(clipping))]
         if epoch:  # the loop's variable is what a batch is called
             loader = re.escape(self.loader or "")
