@@ -4,8 +4,7 @@ layers and against transformers' apply_rotary_pos_emb with F.scaled_dot_product_
 given as `input_dim` and an FFN multiplier no name says (`expand * input_dim`), a layer whose forward
 takes the attention's inputs apart (query, key, value, mask), a decoder layer handed its target mask
 alone, a block whose residual its file adds in a wrapper (Skip(Block(...))) with one projection fused
-across attention and FFN and a causal switch with no default (Bloem's mask), a rotary table of angles
-and an apply function of (freqs, t)."""
+across attention and FFN, a rotary table of angles and an apply function of (freqs, t)."""
 
 from __future__ import annotations
 

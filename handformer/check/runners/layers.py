@@ -166,7 +166,7 @@ class Layer:
         # _stepwise: a cache kept inside (Umar Jamil's); one handed in (a `cache` argument) is left out
         self.stepwise = causal_block and "start_pos" in self.extra and not self.masks and not any(
             p.name in CACHE_NAMES for p in params)
-        self.sizes = {**layer_sizes(comp.obj), "causal": causal_block}  # a switch: Bloem's mask=True
+        self.sizes = layer_sizes(comp.obj)
         x = torch.randn(2, 3, D)
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
         found = leaves(self.module)
