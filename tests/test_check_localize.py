@@ -112,6 +112,8 @@ KIND_PLANTS = {
                               "the smoothing term -mean(log p) times a constant factor 7 = V"),
     "loss_ignore_inverted": ("loss", "mask = (targets != pad_idx).float()", "mask = (targets == pad_idx).float()",
                              "`mask`", "the real-token mask (1 = a real target), inverted (1 - it)"),
+    "causal_mask_transposed": ("causal_mask", "return future == 0", "return future.T == 0", "`return`",
+                               "the causal mask (1 where key s <= query t) transposed (its last two axes swapped)"),
 }
 KINDS_FILE = Path(__file__).parent / "fixtures" / "learners_localize" / "correct.py"
 
@@ -119,7 +121,8 @@ KINDS_FILE = Path(__file__).parent / "fixtures" / "learners_localize" / "correct
 def test_correct_parts_pass_without_a_departure():
     result = check_file(str(KINDS_FILE))
     report = format_report(result)
-    assert {c.kind for c in result.components} >= {"ffn", "rmsnorm", "layernorm", "encoder_layer", "loss"}
+    assert {c.kind for c in result.components} >= {"ffn", "rmsnorm", "layernorm", "encoder_layer", "loss",
+                                                    "causal_mask"}
     assert all(c.status == "pass" for c in result.components), report
     assert "parts from the reference" not in report
 

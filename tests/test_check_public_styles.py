@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from handformer.check.core.engine import check_file
+from handformer.check.core.result import DEPARTS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -652,6 +653,16 @@ def test_more_learner_styles_are_checked_whole_and_a_planted_mistake_fails(tmp_p
         planted = _statuses(tmp_path, "planted", source.replace(right, wrong, 1), kinds)
         assert any(c.status == "fail" for c in planted.values()), {
             n: (c.status, c.error) for n, c in planted.items()}
+
+
+def test_a_block_driven_one_token_at_a_time_is_localized_at_its_line(tmp_path):
+    """Umar Jamil's block (its KV cache inside, start_pos, no mask) whose FFN's residual is taken from
+    x, not h: no catalogued mistake; the departure is found on one token's step, its line quoted."""
+    wrong = "return x + self.w2(F.relu(self.w1(self.ffn_norm(h))))"
+    planted = _statuses(tmp_path, "planted", UMAR_MODEL.replace("return h + self.w2(", "return x + self.w2(", 1),
+                        ["block"])
+    assert [(f.name, f.code) for f in planted["EncoderBlock"].findings] == [(DEPARTS, wrong)], (
+        planted["EncoderBlock"].findings)
 
 
 def test_parts_no_reference_has_are_held_and_a_mistake_elsewhere_still_fails(tmp_path):

@@ -159,8 +159,8 @@ def test_the_default_is_the_recipe_where_grpo_goes_past_sfts_plateau():
     1,200 steps, DPO no long sums and GRPO 300 steps at 2e-4; the kept `reasoning-80` differs from it
     only there (80 seen once, 600 steps, 300 long sums in DPO, GRPO 100 steps at 1e-4). The mid
     preset runs the default's post-training on half the mix for half the steps (the same passes over
-    SFT's data) and GRPO 100 steps at 1e-4, as its measured run; `mid-reasoning-80` is
-    `reasoning-80`'s with the mid preset's scoring."""
+    SFT's data) and GRPO 200 steps at the default's 2e-4 (the default's long sums take off after about
+    120 steps at 2e-4); `mid-reasoning-80` is `reasoning-80`'s with the mid preset's scoring."""
     import re
     from collections import Counter
     from dataclasses import asdict
@@ -184,8 +184,8 @@ def test_the_default_is_the_recipe_where_grpo_goes_past_sfts_plateau():
                "eval_samples", "eval_split"}
     assert set(changed("mid-reasoning-80", "reasoning-80")) == scoring
     mid = changed("mid-reasoning", "reasoning")
-    assert set(mid) == scoring | {"sft_conversations", "sft_steps", "grpo_steps", "grpo_prompts", "grpo_lr"}
-    assert (mid["sft_conversations"], mid["sft_steps"], mid["grpo_steps"], mid["grpo_prompts"]) == (4000, 600, 100, 800)
+    assert set(mid) == scoring | {"sft_conversations", "sft_steps", "grpo_steps", "grpo_prompts"}
+    assert (mid["sft_conversations"], mid["sft_steps"], mid["grpo_steps"], mid["grpo_prompts"]) == (4000, 600, 200, 1600)
     cfg = config_for("mid-reasoning", {})
     records = sft_records(90, ReasoningSet(cfg.seed, difficulty(cfg)), 0, cfg.sft_long_sums, cfg.sft_long_repeats)
     questions = [r["messages"][0]["content"] for r in records]

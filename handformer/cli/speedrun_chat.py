@@ -34,10 +34,10 @@ def add_target(targets: argparse._SubParsersAction) -> None:
                    choices=["reasoning", "mid-reasoning", "smoke-reasoning", "reasoning-80",
                             "mid-reasoning-80", "facts", "smoke"],
                    help="reasoning (the default: the reasoning tasks, where GRPO teaches the long sums "
-                   "past SFT's plateau, scored on the report split, about 33 minutes of CPU at "
+                   "past SFT's plateau, scored on the report split, about 34 minutes of CPU at "
                    "threads=1), mid-reasoning (its post-training from its base, --base OUT/base of a "
                    "reasoning run, on half the mix for half the SFT steps, scored on the search split: "
-                   "for a recipe search, about 8 minutes of CPU), smoke-reasoning (seconds, "
+                   "for a recipe search, about 10 minutes of CPU), smoke-reasoning (seconds, "
                    "for tests), reasoning-80 and mid-reasoning-80 (the recipe with 80 worked long "
                    "sums, kept only to repeat the experiments of docs/benchmarks.md that ran it), "
                    "facts (the fact tasks, under an hour) or smoke (facts in seconds)")

@@ -47,7 +47,7 @@ CALLED = {"bos": "start_symbol", "bos_id": "start_symbol", "bos_idx": "start_sym
 SIZE_NAMES = {"d_model": "d_model", "n_heads": "n_heads", "n_kv_heads": "n_kv_heads", "d_ff": "d_ff",
               "dropout": "dropout", "max_len": "max_len", "src_vocab": "vocab_size",
               "tgt_vocab": "tgt_vocab_size", "n_layers": "n_layers", "pad_id": "pad_id", "theta": "theta",
-              "d_head": "head_size", "n_classes": "n_classes"}
+              "d_head": "head_size", "n_classes": "n_classes", "ffn_mult": "ffn_mult"}
 CANNOT = ("mapping", "internal", "stand_in", "discovery", "cannot_build", "cannot_call")
 
 

@@ -7,6 +7,11 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+# an attention's inputs by their names (a layer that takes them apart too: Persson's
+# TransformerBlock.forward(value, key, query, mask))
+INPUT_ROLES = {"q": "q", "query": "q", "queries": "q", "k": "k", "key": "k", "keys": "k", "v": "v",
+               "value": "v", "values": "v"}
+
 # beam.py
 BEAM_NAMES = {
     "model": ("model", "net", "transformer", "m"),
@@ -144,6 +149,12 @@ def call_parameters(fn: Any, skip: tuple[str, ...] = ()) -> list[inspect.Paramet
     function taken from a class)."""
     return [p for p in inspect.signature(fn).parameters.values()
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in skip]
+
+
+def input_roles(names: list[str]) -> list[str]:
+    """The attention inputs the leading names stand for (INPUT_ROLES), up to the first that is none."""
+    roles = [INPUT_ROLES.get(n.lower(), "") for n in names]
+    return roles[:roles.index("")] if "" in roles else roles
 
 
 def named(names: list[str], aliases: tuple[str, ...]) -> str | None:

@@ -20,7 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from handformer.check.core.argument_names import input_roles
 from handformer.check.core.kinds import KINDS_TABLE
+from handformer.check.core.size_roles import with_roles
 from handformer.check.core.source import config_reads, module_reads, source_text
 
 NAMES: dict[str, tuple[str, ...]] = {k.name: k.names for k in KINDS_TABLE}  # kind -> names, in order
@@ -62,6 +64,9 @@ ARGUMENTS: dict[str, tuple[str, ...]] = {
     "theta": ("theta", "base", "rope_theta", "rope_base"),
     "n_classes": ("num_classes", "n_classes", "num_labels", "n_labels", "num_class", "n_class", "class_num"),
     "eps": ("eps", "norm_eps", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "epsilon"),
+    # the FFN's width as a multiple of d_model (Persson's forward_expansion, lucidrains' ff_mult); an
+    # argument of another name is one where the constructor multiplies a width by it (size_roles.py)
+    "ffn_mult": ("ffn_mult", "ff_mult", "forward_expansion", "mlp_ratio", "expansion_factor"),
 }
 # the hidden width of an FFN that also takes d_model (Llama's FeedForward(dim, hidden_dim, ...))
 HIDDEN_WHEN_PAIRED = ("hidden_dim", "hidden_size", "hidden")
@@ -96,7 +101,10 @@ CONFIG_NAMES = ("config", "cfg", "args", "params", "hparams", "model_args", "con
 # hyunwoongko's enc_voc_size, device and trg_sos_idx (kept, never read); minGPT's
 # config.model_type (None: the sizes are given)
 # timm's Mlp(in_features, hidden_features=None, out_features=None, act_layer, ...)
-for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec", "n_state", "emb", "in_features"),
+# UvA's MultiheadAttention(input_dim, embed_dim, num_heads) and EncoderBlock(input_dim, ...): the
+# width of the input (bentrevett's Encoder(input_dim, ...) embeds it: a vocabulary, size_roles.py)
+for _key, _names in {"d_model": ("hid_dim", "d_hid", "d_word_vec", "n_state", "emb", "in_features",
+                                 "input_dim"),
                      "d_head": ("d_v",), "d_ff": ("pf_dim", "hidden_features"),
                      # a Chinese course's MultiHeadedAttention(head, embedding_dim, ...); openai/whisper's
                      # MultiHeadAttention(n_state, n_head), ResidualAttentionBlock(n_state, n_head)
@@ -371,7 +379,7 @@ POSITION_EXTRAS = TOKEN_EXTRAS + ("freqs_cis", "freqs_complex", "pos_cis", "freq
 # applies, in order
 CLASS_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("mha", lambda c: "n_kv_heads" in argument_keys(c).values(), "gqa"),
-    ("block", lambda c: encoder_block(c), "encoder_layer"),
+    ("block", lambda c: encoder_block(c) or takes_keys_apart(c), "encoder_layer"),
     # Umar Jamil's EncoderBlock(args): a start position is a decoder's KV cache
     ("encoder_layer", lambda c: "start_pos" in _forward_parameters(c), "block"),
     ("transformer", lambda c: decoder_only(c), "gpt"),
@@ -428,6 +436,13 @@ def encoder_block(cls: Any) -> bool:
                                                                                source)
 
 
+def takes_keys_apart(cls: Any) -> bool:
+    """A block whose forward takes an attention's inputs apart (Persson's TransformerBlock.forward(value,
+    key, query, mask)): a layer of an encoder-decoder, whose decoder hands it the encoder's output as
+    keys; a decoder-only block takes one stream."""
+    return len(input_roles(list(_forward_parameters(cls))[1:])) >= 2
+
+
 def causal_inside(cls: Any) -> bool:
     """An attention that builds its own causal mask: its forward takes no mask, and its source (or
     that of a class of the same file it builds, Karpathy's `Head`) makes a triangle."""
@@ -482,10 +497,15 @@ def _config_values(sizes: dict[str, Any]) -> dict[str, Any]:
 
 
 def with_head_size(sizes: dict[str, Any]) -> dict[str, Any]:
-    """The sizes with the head width (Karpathy's head_size, Meta's head_dim) d_model / n_heads."""
+    """The sizes with the head width (Karpathy's head_size, Meta's head_dim) d_model / n_heads, and
+    the FFN's width as a whole multiple of d_model (at least 2: an FFN as wide as the model would
+    hide which layer is which)."""
+    out = dict(sizes)
     if "d_model" in sizes and "n_heads" in sizes:
-        return {**sizes, "d_head": sizes["d_model"] // sizes["n_heads"]}
-    return dict(sizes)
+        out["d_head"] = sizes["d_model"] // sizes["n_heads"]
+    if "d_model" in sizes and sizes.get("d_ff"):
+        out.setdefault("ffn_mult", max(2, sizes["d_ff"] // sizes["d_model"]))
+    return out
 
 
 def _dict_keys(cls: Any) -> set[str]:
@@ -610,7 +630,8 @@ def init_parameters(cls: Any) -> list[inspect.Parameter]:
 def argument_keys(cls: Any) -> dict[str, str | None]:
     """Each constructor argument of `cls` (or parameter of a function) -> the size it stands for (a
     key of ARGUMENTS), or None."""
-    keys = {p.name: None if _is_axis(p) else SIZE_OF.get(p.name.lower()) for p in init_parameters(cls)}
+    keys = with_roles(cls, {p.name: None if _is_axis(p) else SIZE_OF.get(p.name.lower())
+                            for p in init_parameters(cls)}, SIZE_OF)
     if inspect.isclass(cls) and next(iter(keys), None) == "k" and "d_model" not in keys.values():
         keys["k"] = "d_model"  # Peter Bloem's SelfAttention(k, heads): the width first, named k
     if sum(k == "d_model" for k in keys.values()) > 1 and "d_ff" not in keys.values():

@@ -367,7 +367,12 @@ NAMES_ZH = {
     "1 + cos(π × the progress)": "1 + cos(π × 进度)",
     "the cosine factor (1 + cos(π × the progress)) / 2": "余弦系数 (1 + cos(π × 进度)) / 2",
     "the cosine factor × (max_lr - min_lr)": "余弦系数 × (max_lr - min_lr)", "the rate": "学习率",
-    "the rate / factor": "学习率 / factor"}
+    "the rate / factor": "学习率 / factor",
+    "the positions 0 .. T-1": "位置 0 .. T-1", "a (T, T) square of ones": "(T, T) 的全 1 方阵",
+    "the causal mask (1 where key s <= query t)": "因果掩码（键 s <= 查询 t 处为 1）",
+    "the future keys (1 where key s > query t)": "未来的键（键 s > 查询 t 处为 1）",
+    "the additive causal mask (0 where key s <= query t, -inf after)":
+        "加性因果掩码（键 s <= 查询 t 处为 0，之后为 -inf）"}
 
 
 def view_zh(name: str) -> str:

@@ -212,9 +212,10 @@ def localize_layer(layer: Any, readings: list[V.LayerWeights]) -> Departure | No
 
     if layer.stateful:  # d2l's decoder builds its causal mask from its state: not localized
         return None
-    x = randn(2, 5, readings[0].self_attn.q[0].size(1), seed=43).requires_grad_()
+    T = 1 if layer.stepwise else 5  # a block driven a token at a time (its own KV cache): one step's tensors
+    x = randn(2, T, readings[0].self_attn.q[0].size(1), seed=43).requires_grad_()
     memory = randn(2, 6, x.size(-1), seed=44) if layer.decoder else None
-    keep = V.causal_keep(5)[None, None] if layer.causal_block and not layer.takes_mask else None
+    keep = V.causal_keep(T)[None, None] if layer.causal_block and not layer.takes_mask else None
     filename, code = _source(layer.module)
     steps = trace_steps(lambda: layer.call(x, memory, None, None), filename, code, _children(layer.module))
     views = [layer_views(w, x.detach(), memory, keep) for w in readings]
@@ -342,6 +343,28 @@ def localize_filter(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, keep
              ("the kept probabilities renormalized over each row", given / given.sum(-1, keepdim=True))]
     steps = trace_steps(lambda: call(x), filename)
     return first_departure(steps, views, filename, {"V": logits.size(-1)}, pre=given)
+
+
+# --- the causal mask ------------------------------------------------------------------------------
+
+def causal_views(T: int) -> list[View]:
+    """The causal mask's sub-steps in the forms learners write it: the positions, a square of ones,
+    the visible (s <= t) or the hidden (s > t) keys as 1 or True, the additive 0 / -inf mask."""
+    pos = torch.arange(T, dtype=torch.float64)
+    keep = V.causal_keep(T).double()  # (T, T): 1 where query t may see key s
+    return [("the positions 0 .. T-1", pos), ("the positions 0 .. T-1", pos[:, None]),
+            ("the positions 0 .. T-1", pos[None]), ("a (T, T) square of ones", torch.ones(T, T)),
+            ("the causal mask (1 where key s <= query t)", keep),
+            ("the future keys (1 where key s > query t)", 1 - keep),
+            ("the additive causal mask (0 where key s <= query t, -inf after)", (1 - keep) * -math.inf)]
+
+
+def localize_causal_mask(fn: Any, T: int) -> Departure | None:
+    """Run the learner's causal mask function for length T traced, each tensor it makes a step:
+    the first step that is none of the mask's sub-steps."""
+    filename = inspect.getsourcefile(fn)
+    steps = trace_steps(lambda: fn(T), filename, every=True)
+    return first_departure(steps, causal_views(T), filename, {"T": T})
 
 
 # --- the sinusoidal table -------------------------------------------------------------------------

@@ -4,6 +4,8 @@ the layouts a block may use inside, and the note a report gives."""
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import Tensor, nn
 
@@ -13,7 +15,7 @@ from handformer.check.core.source import source_text
 from handformer.check.reference import variants as V
 from handformer.nn.positions import RotaryEmbedding
 
-ROPE_WORDS = ("rotary", "rope", "freqs_cis", "rotate_half", "apply_rotary")
+ROPE_WORDS = re.compile("rotary|rope|freqs_cis|rotate_half|apply_rotary")
 
 
 def cos_sin(T: int, head_dim: int) -> tuple[Tensor, Tensor]:
@@ -126,17 +128,16 @@ def rope_layouts(module: nn.Module, given_table: bool, given_cos_sin: bool = Fal
         return ("half",)
     sources = [source_text(type(sub)).lower() for sub in module.modules()  # the learner's classes only
                if type(sub).__module__.startswith("learner_")]
-    rotary = ("half", "interleaved", *partial_layouts(D // H)) * any(
-        w in source for source in sources for w in ROPE_WORDS)
+    rotary = ("half", "interleaved", *partial_layouts(D // H)) * any(map(ROPE_WORDS.search, sources))
     return (score_biases_inside(module, sources) or (None,)) + rotary
 
 
-ALIBI_WORDS = ("alibi", "slopes")
+ALIBI_WORDS = re.compile("alibi|slopes")
 
 
 def score_biases_inside(module: nn.Module, sources: list[str]) -> tuple[str, ...]:
     """A term on the scores inside a block's attention, by what its classes hold and say: T5's
     relative-position table (an nn.Embedding of one value a head), ALiBi's where a class speaks of it."""
     table = any(isinstance(m, nn.Embedding) and m.embedding_dim == H for m in module.modules())
-    alibi = any(w in source for source in sources for w in ALIBI_WORDS)
+    alibi = any(map(ALIBI_WORDS.search, sources))
     return ("t5", "t5_causal") * table + ("alibi",) * alibi

@@ -9,6 +9,7 @@ import functools
 import inspect
 import re
 import sys
+import textwrap
 import traceback
 import types
 from collections.abc import Iterable
@@ -51,10 +52,26 @@ def source_text(obj: Any) -> str:
 
 def _read_lines(obj: Any) -> tuple[tuple[int, str], ...]:
     try:
-        text, start = _class_lines(obj) if inspect.isclass(obj) else inspect.getsourcelines(obj)
+        text, start = _class_lines(obj) if inspect.isclass(obj) else _function_lines(obj)
     except (OSError, TypeError):
         return ()
     return tuple((start + i, line.rstrip()) for i, line in enumerate(text))
+
+
+def _function_lines(fn: Any) -> tuple[list[str], int]:
+    """`inspect.getsourcelines` of a function or method, its block found once for its file's text."""
+    fn = inspect.unwrap(fn)
+    if not isinstance(fn, (types.FunctionType, types.MethodType)):
+        return inspect.getsourcelines(fn)
+    lines, start = inspect.findsource(fn)
+    return list(_block(tuple(lines), start)), start + 1
+
+
+@functools.lru_cache(maxsize=1024)
+def _block(lines: tuple[str, ...], start: int) -> tuple[str, ...]:
+    """The definition starting at line index `start` of a file's lines: what `inspect.getblock` finds,
+    remembered by the file's text (every check loads the learner's file again: new objects, same text)."""
+    return tuple(inspect.getblock(list(lines[start:])))
 
 
 def _class_lines(cls: type) -> tuple[list[str], int]:
@@ -65,7 +82,7 @@ def _class_lines(cls: type) -> tuple[list[str], int]:
     start = _class_starts("".join(lines)).get(cls.__qualname__)
     if start is None:  # not a class its module's file defines (made by type(), or in a notebook)
         return inspect.getsourcelines(cls)
-    return inspect.getblock(lines[start:]), start + 1
+    return list(_block(tuple(lines), start)), start + 1
 
 
 # what a definition adds to the qualified names of what it holds
@@ -297,18 +314,27 @@ def functions_called(fn: Any) -> list[types.FunctionType]:
 def config_reads(cls: Any, name: str) -> tuple[set[str], set[str]]:
     """(the keys `name["key"]` and the attributes `name.attr`) that `cls.__init__` reads from its
     argument `name`: how it takes its configuration, from its source."""
-    import ast
-    import textwrap
+    try:
+        lines, _ = _function_lines(cls.__init__ if inspect.isclass(cls) else cls)
+    except (OSError, TypeError):
+        return set(), set()
+    keys, attrs = _reads_of("".join(lines), name)
+    return set(keys), set(attrs)
 
+
+@functools.lru_cache(maxsize=512)
+def _reads_of(source: str, name: str) -> tuple[frozenset[str], frozenset[str]]:
+    """config_reads of one function's source text (remembered: signatures ask for each argument)."""
     keys, attrs = set(), set()
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__ if inspect.isclass(cls) else cls)))
-    except (OSError, TypeError, SyntaxError):
-        return keys, attrs
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return frozenset(), frozenset()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == name:
-            if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
-                keys.add(node.slice.value)
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == name:
+        if not isinstance(getattr(node, "value", None), ast.Name) or node.value.id != name:
+            continue  # not `name[...]` nor `name.attr`
+        if isinstance(node, ast.Attribute):
             attrs.add(node.attr)
-    return keys, attrs
+        elif isinstance(node, ast.Subscript) and isinstance(getattr(node.slice, "value", None), str):
+            keys.add(node.slice.value)  # name["key"]
+    return frozenset(keys), frozenset(attrs)

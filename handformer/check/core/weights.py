@@ -336,6 +336,32 @@ def fused_among(linears: list[Leaf], D: int, head_dim: int, least: int = 0) -> l
             and kv_width(leaf.weight.shape[0], D, head_dim) > least and not FFN_PATH.search(f"{leaf.name}.")]
 
 
+def split_attention_ffn(linears: list[Leaf], D: int, head_dim: int) -> list[Leaf]:
+    """The linears with a projection fused across attention and FFN (PaLM's fused_attn_ff_proj: the
+    queries, one key and one value head, then the FFN's 2F rows, of the one normed input) split in
+    two leaves: its attention rows (D + 2 kv, a fused query/key/value projection) and its gated FFN's
+    rows (2F). F is read from the FFN's down projection (D, F); a layer without one is left whole."""
+    widths = {leaf.weight.size(1) for leaf in linears if leaf.weight.size(0) == D != leaf.weight.size(1)}
+    ffns = sorted(2 * width for width in widths)  # gated: the FFN's up and gate rows
+    return [part for leaf in linears for part in _attention_ffn_parts(leaf, D, head_dim, ffns)]
+
+
+def _attention_ffn_parts(leaf: Leaf, D: int, head_dim: int, ffns: list[int]) -> list[Leaf]:
+    """The leaf's attention rows and FFN rows, where its rows are D + 2 kv and then an FFN's (and no
+    fused query/key/value projection alone); else the leaf itself."""
+    rows = leaf.weight.size(0)
+    edges = [rows - ffn for ffn in ffns if kv_width(rows - ffn, D, head_dim)]  # (0 for D rows or fewer)
+    if leaf.weight.size(1) != D or kv_width(rows, D, head_dim) or not edges:
+        return [leaf]
+    return [_rows_of(leaf, 0, edges[0]), _rows_of(leaf, edges[0], rows)]
+
+
+def _rows_of(leaf: Leaf, start: int, stop: int) -> Leaf:
+    """A leaf of the rows start..stop of a linear leaf (views: the learner's parameters themselves)."""
+    bias = None if leaf.bias is None else leaf.bias[start:stop]
+    return Leaf(f"{leaf.name}[{start}:{stop}]", leaf.kind, leaf.module, leaf.weight[start:stop], bias)
+
+
 def fused_slots(prefix: str, leaf: Leaf, D: int, head_dim: int) -> list[Slot]:
     """W_Q, W_K, W_V as rows of the fused leaf, in the layout found for it (blocks: slices)."""
     kv = kv_width(leaf.weight.shape[0], D, head_dim)
@@ -569,11 +595,11 @@ def norm_slots(norms: list[Leaf], count: int, names: list[str], what: str) -> li
                            zh=f"{what}：应当有 {count} 个归一化（{', '.join(names)}），实际找到 "
                               f"{len(norms)} 个：{shapes_text(norms)}")
     if names[-1] == "FFN":  # gpt-fast defines ffn_norm before attention_norm: the FFN's norm goes last
-        norms = sorted(norms, key=lambda leaf: any(w in leaf.name.lower() for w in FFN_NORM_WORDS))
+        norms = sorted(norms, key=lambda leaf: bool(FFN_NORM_WORDS.search(leaf.name.lower())))
     return [Slot(f"norm {i + 1} ({n})", leaf) for i, (n, leaf) in enumerate(zip(names, norms))]
 
 
-FFN_NORM_WORDS = ("ffn", "mlp", "feed_forward", "feedforward", "post_attention")
+FFN_NORM_WORDS = re.compile("ffn|mlp|feed_forward|feedforward|post_attention")
 
 
 def copy_weights(target: nn.Module, slot: Slot) -> None:

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import INPUT_ROLES as ROLES
 from handformer.check.core.context import (
     ATTENTION_FLAGS,
     MAX_LEN,
@@ -171,10 +172,6 @@ def caller(fn: Any, head_dim: int = D // H) -> Caller:
         return with_positions(fn, args, kwargs, layout, B)
 
     return Caller(call, n, masks[0].name if masks else None, "freqs_cis" in named, state)
-
-
-ROLES = {"q": "q", "query": "q", "queries": "q", "k": "k", "key": "k", "keys": "k", "v": "v", "value": "v",
-         "values": "v"}
 
 
 def _input_roles(names: list[str]) -> list[str]:
@@ -545,7 +542,7 @@ def rope_settings(comp: Component, c: Caller) -> tuple[str | None, ...]:
     if re.search(r"def forward\([^)]*\bfreqs_cos\b", source):  # llama2.c's: one angle a pair
         return ("interleaved", "half")
     tables = re.search(r"def forward\([^)]*\bcos\b[^)]*\bsin\b", source)  # Raschka's (x, mask, cos, sin)
-    spoken = tables or any(w in source for w in ROPE_WORDS)
+    spoken = tables or ROPE_WORDS.search(source)
     return (None, "half", "interleaved", *partial_layouts(D // H)) if spoken else (None,)
 
 
@@ -564,7 +561,7 @@ def score_biases(comp: Component, slots: list[Slot]) -> tuple[str | None, ...]:
     and adds none is not read as a plain one)."""
     source = source_text(comp.obj).lower()
     table = ("t5", "t5_causal") * any(s.role == RELATIVE_ROLE for s in slots)
-    alibi = ("alibi",) * any(w in source for w in ALIBI_WORDS)
+    alibi = ("alibi",) * bool(ALIBI_WORDS.search(source))
     takes = inspect.signature(getattr(comp.obj, "forward", comp.obj)).parameters  # (a class: its forward's)
     given = set(takes) & set(BIAS_ARGUMENTS)
     return table + alibi + ("unscaled", None) * (bool(given) > bool(table))

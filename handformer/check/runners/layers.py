@@ -23,6 +23,7 @@ import functools
 import inspect
 import itertools
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import input_roles
 from handformer.check.core.context import (
     ROPE_FLAGS,
     SEQUENCE_FIRST,
@@ -73,6 +75,7 @@ from handformer.check.core.localize_kinds import localize_add_norm, note_departu
 from handformer.check.core.moe import ffn_readings, moe_config, moe_note
 from handformer.check.core.probe import Found as Explained
 from handformer.check.core.probe import Probe, Subject, name_findings, run_probe
+from handformer.check.core.residual_wrapper import residual_wrapper, wrapped_note
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.rope_tables import position_kwargs, renamed_table, with_positions, with_tables
 from handformer.check.core.rotary import rope_layouts, rope_tables
@@ -94,6 +97,7 @@ from handformer.check.core.weights import (
     norm_weights,
     of_kind,
     relative_bias_slots,
+    split_attention_ffn,
 )
 from handformer.check.reference import variants as V
 from handformer.check.reference.parallel import as_parallel_
@@ -166,7 +170,7 @@ class Layer:
         x = torch.randn(2, 3, D)
         self.module = ctx.build(comp, self.sizes, warmup=lambda m: self._warmup(m, x))
         found = leaves(self.module)
-        linears = of_kind(found, "linear")
+        linears = split_attention_ffn(of_kind(found, "linear"), D, D // H)
         names, roles = kind.sublayers
         self.n_kv_heads, self.attn = self._attentions(linears, len(names) - 1)
         self.ffn_candidates = ffn_readings(self.module, linears, self.sizes["d_ff"], comp.name)
@@ -196,6 +200,18 @@ class Layer:
         width = len(self.params) - len(self.extra | self.optional)  # self, x, memory: 3
         return self.decoder and not self.stateful and width == 3
 
+    @functools.cached_property
+    def wrapper(self) -> Any:
+        """lucidrains' Residual(Block(...)): the wrapper that adds the residual of a block of one input
+        outside it, where its file has one; else None."""
+        return residual_wrapper(self.comp.obj) if len(self.params) == 2 else None
+
+    @property
+    def target_mask_only(self) -> bool:
+        """A decoder layer handed its target's mask alone (CS231n's forward(tgt, memory, tgt_mask)): every
+        position of the memory is visible, as a captioner's image features are."""
+        return self.decoder and _decoder_mask_names(self.masks) == (None, *self.masks)
+
     @property
     def memory_name(self) -> str | None:
         """A decoder's forward argument that takes the encoder's output by its name (Hugging Face's
@@ -220,7 +236,7 @@ class Layer:
                 return self.module(x, [memory, src, [None]])
             finally:
                 self.module.eval()
-        args: list[Any] = [x] + ([memory] if self.decoder else [])
+        args = self._streams(x, memory)
         kwargs = self._extra_kwargs(x)
         if self.memory_name:  # HF's forward(x, mask, encoder_hidden_states): the memory by its name
             kwargs[self.memory_name] = args.pop()
@@ -230,6 +246,8 @@ class Layer:
                 kwargs.update({src_name: src, tgt_name: tgt})
             elif src_name and self.own_mask:  # d2l's forward(X, enc_outputs, enc_valid_lens)
                 kwargs[src_name] = src
+            elif self.target_mask_only:
+                kwargs[tgt_name] = tgt
             elif not self.own_mask:
                 args += [src, tgt]
         elif self.masks:
@@ -239,6 +257,15 @@ class Layer:
                 mask = fp.encode_mask(everything, self.visible, x.size(0))
             kwargs[self.masks[0]] = mask
         return self._run(args, kwargs, x.size(0))
+
+    def _streams(self, x: Tensor, memory: Tensor | None) -> list[Any]:
+        """The forward's leading inputs: x, then a decoder's memory; where the forward names them as an
+        attention's (Persson's TransformerBlock.forward(value, key, query, mask) and DecoderBlock.forward(x,
+        value, key, src_mask, trg_mask)), x for each, but a decoder's keys and values the memory."""
+        roles = input_roles([p.name for p in self.params[1 + self.decoder:]])
+        if not self.decoder:
+            return [x] * max(1, len(roles))
+        return [x] + [{"q": x}.get(role, memory) for role in roles or "k"]
 
     def _run(self, args: list[Any], kwargs: dict[str, Any], B: int) -> Any:
         """The module on args, its rotary table in the form it takes, start_pos 0 or one a row
@@ -252,8 +279,10 @@ class Layer:
         return with_positions(self._module, args, kwargs, self.table_layout, B)
 
     def _module(self, *args: Any, **kwargs: Any) -> Any:
-        """The learner's module, its rotary table named freqs_complex when it calls it so (Umar Jamil's)."""
-        return self.renamed(self.module, *args, **kwargs)
+        """The learner's module (inside the wrapper that adds its residual, where its file has one), its
+        rotary table named freqs_complex when it calls it so (Umar Jamil's)."""
+        module = self.module if self.wrapper is None else self.wrapper(self.module)
+        return self.renamed(module, *args, **kwargs)
 
     def _extra_kwargs(self, x: Tensor) -> dict[str, Any]:
         return {**dict.fromkeys(self.optional), **position_kwargs(self.extra, *x.shape[:2], self.head_dim,
@@ -344,11 +373,14 @@ NAN_ROWS = {False: nan_on_hidden_rows, True: _torch_nan_note}
 MASKED_ROWS = {False: masked_rows, True: _torch_nan_note}
 
 
+# the words of a decoder layer's source mask and target mask
+SOURCE_MASK = re.compile("src|memory|enc|cross|pad", re.I)
+TARGET_MASK = re.compile("tgt|trg|self|look|causal|dec|target|sub|slf", re.I)
+
+
 def _decoder_mask_names(masks: list[str]) -> tuple[str | None, str | None]:
-    src = next((m for m in masks if any(t in m.lower() for t in ("src", "memory", "enc", "cross", "pad"))),
-               None)
-    tgt = next((m for m in masks if m != src and any(t in m.lower() for t in (
-        "tgt", "trg", "self", "look", "causal", "dec", "target", "sub", "slf"))), None)
+    src = next(filter(SOURCE_MASK.search, masks), None)
+    tgt = next((m for m in masks if m != src and TARGET_MASK.search(m)), None)
     others = set(masks) - {src}
     if len(others) == 1 < len(masks):  # HF's attention_mask beside encoder_attention_mask (or tgt itself)
         tgt = min(others)
@@ -440,6 +472,8 @@ def _check_layer(comp: Component, ctx: Context) -> ComponentResult:
     layer = Layer(comp, ctx, KINDS[comp.kind])
     causal_block = layer.causal_block
     _down_projection(res, ctx, comp, layer)
+    if layer.wrapper is not None:
+        res.notes.append(wrapped_note(layer.wrapper, comp.name))
     _mask_inside(res, layer)
     inp = Inputs(layer)
     own_mask = causal_block and not layer.takes_mask or layer.own_mask
@@ -486,7 +520,7 @@ def _handed_masks(layer: Layer) -> set[str]:
 def _padded_stream(layer: Layer, name: str) -> str:
     """What a key_padding_mask pads: a decoder's memory (memory_key_padding_mask), else the layer's
     own input (src_key_padding_mask, tgt_key_padding_mask)."""
-    return "memory" if layer.decoder and any(w in name for w in ("memory", "src", "enc")) else "x"
+    return "memory" if layer.decoder and re.search("memory|src|enc", name) else "x"
 
 
 def _key_padding(res: ComponentResult, layer: Layer, ctx: Context) -> None:
@@ -843,7 +877,7 @@ def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], inp
                                      f"shape {tuple(inp.x.shape)}; a layer keeps the shape (B, T, d_model)",
                                      f"x 的形状为 {tuple(inp.x.shape)} 时，{layer.comp.name} 返回了 "
                                      f"{shape_of(out)}；一层不改变形状 (B, T, d_model)")
-    settings = list(itertools.product(outputs, layer_settings(layer)))
+    settings = list(itertools.product(outputs, ffn_ruled(layer, layer_settings(layer))))
 
     def search_one(setting: tuple[Any, ...], least: int, most: int) -> tuple[frozenset[str], float] | None:
         conv, (slots, act, placement, rope) = setting
@@ -854,7 +888,33 @@ def _search(layer: Layer, ctx: Context, run: Callable[[str], Tensor | None], inp
     return None if found is None else (found[0][0], *found[0][1], found[1], found[2])
 
 
-def layer_settings(layer: Layer) -> list[tuple[list[Slot], str, str, str | None]]:
+def ffn_ruled(layer: Layer, settings: list[Setting]) -> list[Setting]:
+    """The settings whose FFN reading (mapping, activation) is what the layer's FFN computes alone, run
+    on a probe where one submodule holds its linears and nothing else's; all of them where none does,
+    or none matches (the FFN's own mistake is then searched in the layer)."""
+    holder = _ffn_holder(layer.module, {id(s.leaf.module) for s in layer.ffn_candidates[0]})
+    if holder is None:
+        return settings
+    x = fp.randn(2, 3, D, seed=31)  # (B, T, D)
+    try:
+        out = fp.first_tensor(holder(x), 3)
+    except (Exception, SystemExit):  # noqa: BLE001  (it takes other inputs: the search tries every reading)
+        return settings
+    kept = [s for s in settings if fp.max_error(out, V.feed_forward(ffn_weights(s[0], s[1]), x)) < fp.TOL]
+    return kept or settings
+
+
+def _ffn_holder(module: nn.Module, linears: set[int]) -> nn.Module | None:
+    """The smallest submodule whose linears are exactly the FFN's, or None."""
+    subs = sorted(module.modules(), key=lambda m: len(list(m.modules())))
+    return next((m for m in subs if {id(leaf.module) for leaf in of_kind(leaves(m), "linear")} == linears),
+                None)
+
+
+Setting = tuple[list[Slot], str, str, str | None]
+
+
+def layer_settings(layer: Layer) -> list[Setting]:
     """Every reading of the layer's weights the search tries: FFN mapping, activation, placement
     (the kind's first), rotary layout."""
     gated = is_gated(layer.ffn_candidates[0])
@@ -937,8 +997,10 @@ def _grads(layer: Layer, hf: nn.Module, x: Tensor, out: Tensor, ref: Tensor) -> 
 
 def _source_keep(layer: Layer, B: int, S: int, pad: list[int]) -> Tensor | None:
     """The source's padding mask; none for a layer that takes no mask (tiny-universe's
-    EncoderLayer.forward(x), DecoderLayer.forward(x, enc_out)): it is compared with every key visible."""
-    return positions(B, S, pad) if layer.takes_mask or layer.decoder and not layer.bare else None
+    EncoderLayer.forward(x), DecoderLayer.forward(x, enc_out)) or a decoder's target mask alone: it is
+    compared with every key visible."""
+    hidden = layer.takes_mask or layer.decoder and not layer.bare
+    return positions(B, S, pad) if hidden and not layer.target_mask_only else None
 
 
 def _case_keeps(layer: Layer, B: int, T: int, S: int, src_pad: list[int],
@@ -993,7 +1055,7 @@ def _properties(res: ComponentResult, layer: Layer, ctx: Context, conv: str) -> 
                                      f"之前位置的输出变化了 {past:.3g}")))
         if layer.stateful:
             _step_by_step(res, layer, ctx, x, memory, a)
-    if layer.takes_mask and not layer.causal_block or layer.stateful:
+    if layer.takes_mask and not layer.causal_block and not layer.target_mask_only or layer.stateful:
         keep = positions(B, T, [0, 3])
         other = (memory if layer.decoder else x).clone()
         other[1, T - 3:] += 5.0

@@ -454,12 +454,12 @@ def _takes_rest(forward: Any) -> bool:
     return any(p.kind == p.VAR_POSITIONAL for p in params) or any(map(is_lengths_name, third))
 
 
-SOURCE_WORDS = ("src", "enc", "memory", "source")  # in a mask argument's name: the source's mask
+SOURCE_WORDS = re.compile("src|enc|memory|source")  # in a mask argument's name: the source's mask
 
 
 def names_source(name: str) -> bool:
     """Whether a mask argument's name says it is the source's (src_mask, enc_mask, memory_mask)."""
-    return any(w in name.lower() for w in SOURCE_WORDS)
+    return bool(SOURCE_WORDS.search(name.lower()))
 
 
 def torch_mask(name: str, src: Tensor, tgt: Tensor) -> Tensor | None:

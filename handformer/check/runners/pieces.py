@@ -28,7 +28,12 @@ from handformer.check.core.context import (
 from handformer.check.core.conventions import file_masks_where_true
 from handformer.check.core.discovery import Component, own_objects
 from handformer.check.core.localize import Departure
-from handformer.check.core.localize_kinds import localize_ffn, localize_norm, localize_table
+from handformer.check.core.localize_kinds import (
+    localize_causal_mask,
+    localize_ffn,
+    localize_norm,
+    localize_table,
+)
 from handformer.check.core.probe import Found, Probe, Subject, localize_step, name_findings, run_probe
 from handformer.check.core.result import DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.source import first_line, locate, source_lines, source_text
@@ -136,7 +141,7 @@ CAUSAL_MASK = Probe(
     shape=lambda ctx, comp, s, x, out: None,  # each mask's size is checked as it is read
     reference=_causal_reference,
     universe=lambda s: CAUSAL_FLAGS,
-    steps=(_causal_compared,),
+    steps=(_causal_compared, localize_step(lambda s, found: localize_causal_mask(s.module, 5), place=False)),
     depth=1, deterministic=False,
 )
 

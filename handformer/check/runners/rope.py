@@ -60,9 +60,15 @@ def _filled(names: list[str], values: dict[str, Any]) -> dict[str, Any]:
     return {n: values[n] for n in names if n in values}
 
 
+# a table of angles (lucidrains': RotaryEmbedding returns cat(freqs, freqs), apply_rotary_pos_emb(pos, t)
+# takes their cos and sin itself), beside a tensor that may then be called t
+ANGLE_NAMES = ("pos", "freqs", "angles", "pos_emb", "rotary_pos_emb")
+
+
 def _tensor_names(names: list[str]) -> list[str]:
-    """The (at most two) argument names that take the queries and keys."""
-    return [n for n in names if n in TENSOR_NAMES][:2]
+    """The (at most two) argument names that take the queries and keys (t beside a table of angles)."""
+    allowed = TENSOR_NAMES + ("t",) * _takes(names, ANGLE_NAMES)
+    return [n for n in names if n in allowed][:2]
 
 
 def reference_tables(length: int, layout: str, offset: int = 0, theta: float = THETA,
@@ -78,7 +84,7 @@ def check_rope(comp: Component, ctx: Context) -> ComponentResult:
     if inspect.isclass(comp.obj):
         return _agreeing(_check_module(comp, ctx), ctx, comp)
     names = forward_names(comp.obj)
-    if _takes(names[:1], DIM_NAMES) or not _takes(names, TENSOR_NAMES):
+    if _takes(names[:1], DIM_NAMES) or not _tensor_names(names):
         return _agreeing(_check_table_function(comp, ctx), ctx, comp)
     return _agreeing(_check_apply(comp, ctx, comp.obj, names), ctx, comp)
 
@@ -139,6 +145,8 @@ def read_table(out: Any, rows: int, dh: int = DH) -> Table | None:
     if isinstance(out, Tensor) and out.dim() >= 2 and out.size(-1) == 2 and out.size(-2) == dh // 2:
         t = out.reshape(-1, dh // 2, 2).double()[:rows]
         return Table(t[..., 0], t[..., 1], "unknown")
+    if _angles(out, dh):  # lucidrains' table of the angles themselves: 0 at position 0
+        out = (out.cos(), out.sin())
     if isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(o, Tensor) for o in out):
         cos, sin = (o.double() for o in out)
         if cos.shape != sin.shape or cos.dim() == 0 or cos.size(-1) not in (dh, dh // 2):
@@ -150,6 +158,13 @@ def read_table(out: Any, rows: int, dh: int = DH) -> Table | None:
             return Table(cos[:, : dh // 2], sin[:, : dh // 2], "half")
         return Table(cos[:, 0::2], sin[:, 0::2], "interleaved")
     return None
+
+
+def _angles(out: Any, dh: int) -> bool:
+    """A real table (..., P, Dh) or (..., P, Dh/2) that holds angles: its first position's row is all 0
+    (a cos table's is all 1)."""
+    shaped = isinstance(out, Tensor) and out.dim() >= 2 and out.size(-1) in (dh, dh // 2)
+    return shaped and out.is_floating_point() and bool((out[..., 0, :] == 0).all())
 
 
 def _table_error(table: Table, offset: int = 0, theta: float = THETA, flags: V.Flags = frozenset()) -> float:
@@ -265,12 +280,7 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
     q, k = _apply_inputs()
     tensors = _tensor_names(names)
     complex_table, offsets = _takes(names, COMPLEX_TABLE_NAMES), _takes(names, OFFSET_NAMES)
-    from0 = ("from0",) if offsets else ()  # apply_rope(x, cos, sin, offset)
-    shapes = ("4d", "btd", *from0, "td") + (("by_id",) if "position_ids" in names else ())
-    attempts = [(layout, meta, shape) for layout in (COMPLEX if complex_table else ("half", "interleaved"))
-                for meta in (False, True) for shape in (("4d", "real") if layout in COMPLEX else shapes)]
-    if not complex_table:  # nanochat's cos, sin (1, T, 1, Dh/2) on halves, rotated either way
-        attempts += QUARTER + PAIR_TD + PAIR_BTD
+    attempts = _apply_attempts(names, complex_table, offsets)
     failure, best, first = _search_apply(ctx, fn, names, tensors, q, k, attempts)
     if best is None and first is None:
         raise failure or ctx.learner.fail(
@@ -298,6 +308,19 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
             return _run_apply(ctx, fn, names, tensors, qg, kg, layout, meta, shape, 0)
         note_departure(res, lambda: localize_rotation(run, fn, q, k, rot))
     return finish(res)
+
+
+def _apply_attempts(names: list[str], complex_table: bool, offsets: bool) -> list[tuple[str, bool, str]]:
+    """The (layout, Meta's inputs, table shape) an apply function is tried with, in order."""
+    from0 = ("from0",) if offsets else ()  # apply_rope(x, cos, sin, offset)
+    shapes = ("4d", "btd", *from0, "td") + (("by_id",) if "position_ids" in names else ())
+    attempts = [(layout, meta, shape) for layout in (COMPLEX if complex_table else ("half", "interleaved"))
+                for meta in (False, True) for shape in (("4d", "real") if layout in COMPLEX else shapes)]
+    if not complex_table:  # nanochat's cos, sin (1, T, 1, Dh/2) on halves, rotated either way
+        attempts += QUARTER + PAIR_TD + PAIR_BTD
+    if _takes(names, ANGLE_NAMES):  # the angles themselves, (T, Dh) or (1, 1, T, Dh), either pairing
+        attempts += [(layout, False, shape) for layout in ("half", "interleaved") for shape in ANGLE_VIEWS]
+    return attempts
 
 
 def _search_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: list[str], q: Tensor,
@@ -346,6 +369,7 @@ TABLE_VIEWS = {  # a (T, Dh) table as each shape hands it (the others as it is)
     "pair_td": lambda t, meta: t[:, ::2],  # llama2.c's freqs_cos (T, Dh/2): one angle an interleaved pair
     "pair_btd": lambda t, meta: t[None, :, ::2].expand(B, T, DH // 2),  # GPT-J's (B, T, Dh/2)
 }
+ANGLE_VIEWS = {"angles": lambda t: t, "angles_4d": lambda t: t.reshape(1, 1, T, DH)}  # (T, Dh) of angles
 
 
 def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: list[str], q: Tensor,
@@ -368,6 +392,8 @@ def _run_apply(ctx: Context, fn: Callable[..., Any], names: list[str], tensors: 
         view = TABLE_VIEWS.get(shape, lambda t, meta: t)
         kwargs["cos"], kwargs["sin"] = view(cos, meta), view(sin, meta)
         kwargs["freqs_cos"], kwargs["freqs_sin"] = kwargs["cos"], kwargs["sin"]  # llama2.c's names
+        if shape in ANGLE_VIEWS:  # the angles whose cos and sin these are (wrapped to (-pi, pi])
+            kwargs |= dict.fromkeys(ANGLE_NAMES, ANGLE_VIEWS[shape](torch.atan2(sin, cos)))
     if shape == "by_id":
         kwargs["position_ids"] = (torch.arange(T) + offset)[None].expand(B, T)
     kwargs |= dict.fromkeys(OFFSET_NAMES, offset)  # only those it takes are handed in

@@ -186,8 +186,8 @@ PRESETS["smoke-reasoning"] = {**PRESETS["smoke"], "tasks": "reasoning", "block_s
                               "sft_long_sums": 2, "sft_long_repeats": 2, "dpo_long_sums": 2,
                               "dpo_sft_weight": 1.0, "grpo_long_share": 0.5, "grpo_beta": 0.04,
                               "eval_long_sums": 2}
-# the reasoning tasks, the default preset (docs/benchmarks.md, "Zero to chat on a CPU": about 2,000 s
-# of CPU at threads=1, 33 minutes where it has a core of its own): digits one token each, sums of up to
+# the reasoning tasks, the default preset (docs/benchmarks.md, "Zero to chat on a CPU": 2,043 s of CPU
+# at threads=1, 35 min 32 s where it has a core of its own): digits one token each, sums of up to
 # 3 digits and dates up to 60 days on, so a worked reply (up to 97 tokens) and its question fit the
 # context; 1,002 held-out questions of the report split a stage, and 1,000 long sums (4 digits), GRPO's
 # target. It is the recipe where GRPO teaches what SFT cannot ("RL past SFT's plateau"): SFT sees 30
@@ -213,13 +213,14 @@ PRESETS["reasoning"] = {
 # from a pretrained base (`--base OUT/base` of a `reasoning` run; its own 300 steps of pretraining answer
 # nothing right; SFT 150 steps broke the copying of digits, GRPO at 5e-4 the date steps). To fit 10
 # minutes at one thread SFT sees half the mix (4,000 conversations and the same 30 worked long sums, 3
-# times each) for half the steps, the same passes over its data, GRPO runs as the measured mid run
-# ran it (100 steps at 1e-4: half the full preset's steps at half its learning rate), and pass@k takes 2
-# samples (docs/benchmarks.md, "The mid preset")
+# times each) for half the steps, the same passes over its data; GRPO runs at the full preset's 2e-4 for
+# 200 steps on 1,600 questions, two thirds of its steps (its long-sum gain on the search split, +39
+# points, measured the full preset's +40; 100 steps at 1e-4 gave +27), and pass@k takes 2 samples: 597 s
+# of CPU at threads=1 (docs/benchmarks.md, "The mid preset")
 MID = {"pretrain_facts": 12_000, "pretrain_pydoc_chars": 50_000, "pretrain_steps": 300, "eval_per_kind": 80,
        "eval_long_sums": 100, "eval_samples": 4, "eval_split": "search"}
 PRESETS["mid-reasoning"] = {**PRESETS["reasoning"], **MID, "sft_conversations": 4000, "sft_steps": 600,
-                            "grpo_steps": 100, "grpo_prompts": 800, "grpo_lr": 1e-4, "eval_samples": 2}
+                            "grpo_steps": 200, "grpo_prompts": 1600, "eval_samples": 2}
 # the recipe with 80 worked long sums seen once, SFT 600 steps, DPO on 300 long sums beside the mix and
 # GRPO 100 steps at 1e-4, kept only so the experiments of docs/benchmarks.md that ran it can be run
 # again: there a longer SFT reaches most of what GRPO reaches (GRPO 6.1 points over SFT trained on for

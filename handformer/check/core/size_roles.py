@@ -1,0 +1,62 @@
+"""The size a constructor's argument stands for by what the constructor does with it, where its name
+says nothing or says something else:
+
+    a width multiplier   a block(dim, heads, expand) that builds nn.Linear(dim, expand * dim) (Persson's
+                         forward_expansion, lucidrains' ff_mult: these names are in discovery's table
+                         too, for a block that hands its multiplier on to another)
+    a vocabulary         bentrevett's Encoder(input_dim, hid_dim, ...) builds nn.Embedding(input_dim,
+                         hid_dim): input_dim is a width's name there, a table's rows in fact
+
+Read from the constructor's source; a constructor without one (inherited, built by type()) has none.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import textwrap
+from typing import Any
+
+
+@functools.lru_cache(maxsize=256)
+def _init_nodes(cls: type) -> tuple[ast.AST, ...]:
+    """The nodes of the parsed source of cls's own __init__; none where it has none."""
+    try:
+        return tuple(ast.walk(ast.parse(textwrap.dedent(inspect.getsource(vars(cls)["__init__"])))))
+    except (KeyError, OSError, TypeError, SyntaxError):
+        return ()
+
+
+def _parameters(cls: type) -> list[str]:
+    """The names of cls's constructor arguments, self left out."""
+    return list(inspect.signature(cls.__init__).parameters)[1:]
+
+
+def _name(node: ast.AST) -> str:
+    """The name a node reads (x, or the attr of nn.Embedding), "" for another node."""
+    return getattr(node, "id", getattr(node, "attr", ""))
+
+
+def multipliers(cls: type, size_of: dict[str, str]) -> set[str]:
+    """The constructor arguments of `cls` that multiply a width (an argument `size_of` says is d_model):
+    `forward_expansion * embed_size`, `int(dim * mlp_ratio)`."""
+    params = _parameters(cls)
+    widths = {p for p in params if size_of.get(p.lower()) == "d_model"}
+    products = [{_name(n.left), _name(n.right)} for n in _init_nodes(cls) if isinstance(n, ast.BinOp)
+                and isinstance(n.op, ast.Mult)]
+    return {name for pair in products if pair & widths for name in pair - widths} & set(params)
+
+
+def embedding_rows(cls: type) -> set[str]:
+    """The names handed to nn.Embedding as its number of rows, its first argument."""
+    return {_name(n.args[0]) for n in _init_nodes(cls) if _name(getattr(n, "func", None)) == "Embedding"
+            and n.args}
+
+
+def with_roles(cls: Any, keys: dict[str, str | None], size_of: dict[str, str]) -> dict[str, str | None]:
+    """Each constructor argument of the class `cls` -> the size it stands for, its name's `keys`
+    corrected by what the constructor does: a width's name that is an embedding's rows is a
+    vocabulary, an argument no name places that multiplies a width is a width multiplier."""
+    found = {"d_model": ("src_vocab", embedding_rows(cls)), None: ("ffn_mult", multipliers(cls, size_of))}
+    return {name: found[key][0] if name in found.get(key, ("", ()))[1] else key for name, key in keys.items()}

@@ -1,0 +1,80 @@
+"""Layers and blocks whose parts check used to leave NOT CHECKED, in a style of their own
+(fixtures/learners_parts_apart/lecture_parts.py, verified against torch.nn's encoder and decoder
+layers and against transformers' apply_rotary_pos_emb with F.scaled_dot_product_attention): a width
+given as `input_dim` and an FFN multiplier no name says (`expand * input_dim`), a layer whose forward
+takes the attention's inputs apart (query, key, value, mask), a decoder layer handed its target mask
+alone, a block whose residual its file adds in a wrapper (Skip(Block(...))) with one projection fused
+across attention and FFN, a rotary table of angles and an apply function of (freqs, t)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from check_plants import edited_copy
+from torch import nn
+
+from handformer.check.core.discovery import argument_keys
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import format_report
+
+HERE = Path(__file__).parent / "fixtures" / "learners_parts_apart"
+KINDS = ["mha", "rope", "encoder_layer", "decoder_layer", "block"]
+
+
+@pytest.fixture(scope="module")
+def correct():
+    return check_file(str(HERE / "lecture_parts.py"), only=KINDS)
+
+
+def test_every_part_is_built_driven_and_passes(correct):
+    report = format_report(correct)
+    assert {c.name: (c.kind, c.status) for c in correct.components} == {
+        "HeadsAttention": ("mha", "pass"), "apply_rotary_emb": ("rope", "pass"),
+        "AngleRotaryEmbedding": ("rope", "pass"), "SublayerBlock": ("encoder_layer", "pass"),
+        "CaptionDecoderLayer": ("decoder_layer", "pass"), "FusedParallelBlock": ("block", "pass")}, report
+    assert "checked as your file uses it, inside Skip" in report, report
+    assert "proj_in[0:24][0:16] -> W_Q" in report and "proj_in[24:88]" in report, report  # q, k, v; gate, up
+
+
+PLANTS = {  # (the edit, the kind, the finding's name, the line quoted)
+    "ffn_reads_the_query": (("        return self.n2(x + self.drop(self.ffn(x)))",
+                             "        return self.n2(x + self.drop(self.ffn(query)))"), "encoder_layer",
+                            "departs", "line 47: return self.n2(x + self.drop(self.ffn(query)))"),
+    "no_scaling": (("        scores = q @ k.unsqueeze(1).transpose(-2, -1) / math.sqrt(q.size(-1))",
+                    "        scores = q @ k.unsqueeze(1).transpose(-2, -1)"), "block", "no_scaling",
+                   "line 118: scores = q @ k.unsqueeze(1).transpose(-2, -1)"),
+    "rope_rotation_sign": (("    return torch.cat((-x2, x1), dim=-1)", "    return torch.cat((x2, -x1), dim=-1)"),
+                           "rope", "rope_rotation_sign", "line 91: return torch.cat((x2, -x1), dim=-1)"),
+}
+
+
+@pytest.mark.parametrize("plant", list(PLANTS))
+def test_a_planted_line_fails_where_it_is(tmp_path, plant):
+    edit, kind, name, line = PLANTS[plant]
+    result = check_file(edited_copy(tmp_path, HERE / "lecture_parts.py", [edit]), only=[kind])
+    report = format_report(result)
+    failed = [c for c in result.components if c.status == "fail"]
+    assert failed and name in [f.name for c in failed for f in c.findings], report
+    assert line in report, report
+
+
+def test_a_width_named_as_an_input_is_a_vocabulary_where_an_embedding_takes_it():
+    """bentrevett's Encoder(input_dim, hid_dim, ...) embeds input_dim tokens; UvA's
+    EncoderBlock(input_dim, ...) takes input_dim features; a multiplier no name says is one by what
+    the constructor builds with it."""
+
+    class Encoder(nn.Module):
+        def __init__(self, input_dim, hid_dim, n_heads, widen):
+            super().__init__()
+            self.embed = nn.Embedding(input_dim, hid_dim)
+            self.up = nn.Linear(hid_dim, widen * hid_dim)
+
+    class Block(nn.Module):
+        def __init__(self, input_dim, n_heads):
+            super().__init__()
+            self.proj = nn.Linear(input_dim, input_dim)
+
+    assert argument_keys(Encoder) == {"input_dim": "src_vocab", "hid_dim": "d_model", "n_heads": "n_heads",
+                                      "widen": "ffn_mult"}
+    assert argument_keys(Block) == {"input_dim": "d_model", "n_heads": "n_heads"}
