@@ -78,3 +78,32 @@ def test_a_width_named_as_an_input_is_a_vocabulary_where_an_embedding_takes_it()
     assert argument_keys(Encoder) == {"input_dim": "src_vocab", "hid_dim": "d_model", "n_heads": "n_heads",
                                       "widen": "ffn_mult"}
     assert argument_keys(Block) == {"input_dim": "d_model", "n_heads": "n_heads"}
+
+
+TABLE_OF_SIN_AND_COS = '''import torch
+
+
+def rotary_table(seq_len, dim, base=10000.0):
+    inv = base ** (-torch.arange(0, dim, 2).float() / dim)
+    ang = torch.arange(seq_len).float()[:, None] * inv[None, :]  # (T, dim/2)
+    return torch.stack([ang.sin(), ang.cos()], dim=-1).flatten(-2)  # (T, dim): sin0 cos0 sin1 cos1 ...
+
+
+def apply_rotary(x, pos_emb):
+    cos = pos_emb[..., 1::2].repeat_interleave(2, dim=-1)
+    sin = pos_emb[..., ::2].repeat_interleave(2, dim=-1)
+    turned = torch.stack([-x[..., 1::2], x[..., ::2]], dim=-1).reshape(x.shape)
+    return x * cos + turned * sin
+'''
+
+
+def test_a_table_argument_check_only_guessed_is_not_checked_never_failed(tmp_path):
+    """An apply function whose table (its name says angles to check) holds sin and cos interleaved:
+    check's guess of the angles matches no rotation, so the function is NOT CHECKED with the
+    adapter to write, never FAILed (correct code)."""
+    path = tmp_path / "sin_cos_table.py"
+    path.write_text(TABLE_OF_SIN_AND_COS)
+    result = check_file(str(path), only=["rope"])
+    report = format_report(result)
+    assert {c.name: c.status for c in result.components}.get("apply_rotary") == "not_checked", report
+    assert "write an adapter" in report, report

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
 from handformer.check.core.context import Context, error_text, finish, forward_names, shape_of
-from handformer.check.core.discovery import Component
+from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.localize_kinds import localize_rope_table, localize_rotation, note_departure
 from handformer.check.core.result import Check, ComponentResult, Finding, Text, text
 from handformer.check.core.rope_tables import COMPLEX_TABLE_NAMES
@@ -287,6 +287,8 @@ def _check_apply(comp: Component, ctx: Context, fn: Callable[..., Any], names: l
             "forward", f"{comp.name} returned no rotated queries and keys of shape {tuple(q.shape)} for any "
             "layout of the rotary table",
             f"不论旋转表怎样排布，{comp.name} 都没有返回形状为 {tuple(q.shape)} 的旋转后的 query 和 key")
+    if best is None and first[2] in ANGLE_VIEWS:  # the angles were a guess from an argument's name
+        raise DiscoveryError(*GUESSED_ANGLES)
     layout, meta, shape, rot, out, found = best if best else (*first, None)
     _layout_convention(res, rot)
     if meta:
@@ -369,6 +371,13 @@ TABLE_VIEWS = {  # a (T, Dh) table as each shape hands it (the others as it is)
     "pair_td": lambda t, meta: t[:, ::2],  # llama2.c's freqs_cos (T, Dh/2): one angle an interleaved pair
     "pair_btd": lambda t, meta: t[None, :, ::2].expand(B, T, DH // 2),  # GPT-J's (B, T, Dh/2)
 }
+GUESSED_ANGLES = (
+    "check handed the rotary table argument the angles themselves (what its name most often holds) and no "
+    "rotation matched; if it takes another table (sin and cos interleaved, cos and sin apart), write an "
+    "adapter that hands it yours (docs/check.md, \"NOT CHECKED and adapters\")",
+    "检查程序按参数名猜它是角度表，把角度本身传了进去，但结果和哪种旋转都对不上；如果它要的是别的表"
+    "（sin、cos 交替排列，或者 cos、sin 分开），请写一个适配函数把你的表传进去"
+    "（见 docs/zh/check.md 的“未检查与适配函数”）")
 ANGLE_VIEWS = {"angles": lambda t: t, "angles_4d": lambda t: t.reshape(1, 1, T, DH)}  # (T, Dh) of angles
 
 
