@@ -18,13 +18,16 @@ import inspect
 import textwrap
 from typing import Any
 
+from handformer.check.core.source import source_text
+
 
 @functools.lru_cache(maxsize=256)
 def _init_nodes(cls: type) -> tuple[ast.AST, ...]:
     """The nodes of the parsed source of cls's own __init__; none where it has none."""
+    init = vars(cls).get("__init__")
     try:
-        return tuple(ast.walk(ast.parse(textwrap.dedent(inspect.getsource(vars(cls)["__init__"])))))
-    except (KeyError, OSError, TypeError, SyntaxError):
+        return tuple(ast.walk(ast.parse(textwrap.dedent(source_text(init))))) if init else ()
+    except SyntaxError:
         return ()
 
 
