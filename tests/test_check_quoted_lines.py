@@ -32,3 +32,11 @@ def test_a_cached_loop_quotes_the_model_line_where_the_cached_path_parts(tmp_pat
                                      "generate")
     assert lines == {planted}, report
     assert "in a helper called from line" in report, report
+
+
+def test_a_shared_helper_given_the_wrong_weights_quotes_the_line_that_calls_it(tmp_path):
+    """One RMSNorm class normalizes q and k: k through q's norm departs inside the norm's forward, yet
+    the same forward gave the reference's q; the line calling it is quoted."""
+    lines, planted, report = _quoted(tmp_path, FIXTURES / "learners_minimind_qk" / "correct.py",
+                                     "self.q_norm(xq), self.k_norm(xk)", "self.q_norm(xq), self.q_norm(xk)", "gqa")
+    assert lines == {planted}, report
