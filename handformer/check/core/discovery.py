@@ -239,7 +239,17 @@ def _by_structure(own: dict[str, Any], taken: set[str], only: list[str] | None) 
             and _decoder_model(obj)] + [
         Component("bpe_tokenizer", name, obj, "methods") for name, obj in own.items()  # minbpe's classes
         if "bpe_tokenizer" in (only or ["bpe_tokenizer"]) and name not in taken and "." not in name
-        and trains_itself(obj)]
+        and trains_itself(obj)] + _processors(own, taken, only)
+
+
+def _processors(own: dict[str, Any], taken: set[str], only: list[str] | None) -> list[Component]:
+    """The learner's logits processors in Hugging Face's style (processors.py), each as the filter its
+    constructor's setting names, called through a function of the logits."""
+    from handformer.check.core.processors import as_filter, processor_setting
+
+    settings = {name: processor_setting(obj) for name, obj in own.items() if name not in taken}
+    return [Component(kind, name, as_filter(own[name], argument), "call")
+            for name, (kind, argument) in settings.items() if kind in (only or KINDS)]
 
 
 def trains_itself(obj: Any) -> bool:

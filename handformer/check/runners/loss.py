@@ -207,6 +207,17 @@ class Loss:
                 self.flat = True
         return call(logp.reshape(-1, V), targets.reshape(-1))
 
+    def refuses(self, eps: float) -> bool:
+        """Whether its constructor raises when built with this smoothing (OpenNMT's LabelSmoothingLoss:
+        `assert 0.0 < label_smoothing <= 1.0`)."""
+        if self.smoothing not in self.init_names:  # a function's, or a call's: built with none
+            return False
+        try:
+            self.ctx.learner.call("__init__", lambda: self.comp.obj(**self.options(eps)[0]))
+        except fp.LearnerFailure:
+            return True
+        return False
+
 
 def _value(ctx: Context, comp: Component, out: Any) -> float:
     if isinstance(out, (tuple, list)) and out and isinstance(out[0], (Tensor, int, float)):
@@ -251,8 +262,19 @@ def _build(comp: Component, ctx: Context, res: ComponentResult) -> Subject:
         return torch.tensor([_value(ctx, comp, loss(logp, targets, eps)) for eps in smoothings],
                             dtype=torch.float64)
 
-    return Subject(run, convs, loss, {"smoothings": (0.0, 0.1) if loss.smoothing else (0.0,),
-                                      "padded": knows_pad(comp.obj)})
+    return Subject(run, convs, loss, {"smoothings": _smoothings(loss, res), "padded": knows_pad(comp.obj)})
+
+
+def _smoothings(loss: Loss, res: ComponentResult) -> tuple[float, ...]:
+    """The smoothings the loss is read at: 0 and 0.1, 0.1 alone when its constructor refuses 0 (said
+    in a note), 0 alone when it takes none."""
+    if not loss.smoothing:
+        return (0.0,)
+    if not loss.refuses(0.0):
+        return (0.0, 0.1)
+    res.notes.append(text(f"its constructor refuses {loss.smoothing}=0: checked at smoothing 0.1 only",
+                          f"它的构造函数不接受 {loss.smoothing}=0：只在平滑系数 0.1 下检查"))
+    return (0.1,)
 
 
 def _reference(conv: Conv, x: Inputs, flags: frozenset[str]) -> Tensor:

@@ -1,0 +1,75 @@
+"""`handformer check` on small callables found by what they are: logits processors in Hugging Face's
+style (a class whose `__call__(input_ids, scores)` filters and whose constructor takes the setting),
+a sampling step handed a list of them, a criterion whose constructor refuses smoothing 0, a linear
+schedule with warmup (a scheduler factory, and a function of the settings that returns the schedule),
+and a decay of another shape, NOT CHECKED (tests/fixtures/learners_callables/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from handformer.check.core.engine import check_file
+from handformer.check.core.report import exit_code, format_report
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+FIXTURES = Path(__file__).parent / "fixtures" / "learners_callables"
+
+
+def _planted(tmp_path: Path, name: str, old: str, new: str) -> Path:
+    source = (FIXTURES / name).read_text()
+    assert source.count(old) == 1, old
+    path = tmp_path / name
+    path.write_text(source.replace(old, new))
+    return path
+
+
+def test_processor_classes_are_checked_as_the_filters_their_settings_name():
+    result = check_file(str(FIXTURES / "processors_correct.py"))
+    assert [(c.name, c.kind, c.status) for c in result.components] == [
+        ("ScaleByTemperature", "temperature", "pass"), ("KeepTopK", "top_k", "pass"),
+        ("NucleusWarper", "top_p", "pass"), ("MinProbabilityWarper", "min_p", "pass"),
+        ("sample_token", "sample", "pass")], format_report(result)
+    assert exit_code(result) == 0
+    notes = [n["en"] for c in result.components for n in c.notes]
+    assert sum("a logits processor" in n for n in notes) == 4
+    assert any("`logits_processor` is handed an empty list" in n for n in notes)
+
+
+@pytest.mark.parametrize("old, new, kind, name, line", [
+    ("return logits / self.temp", "return logits * self.temp", "temperature", "temperature_multiplied", 21),
+    ("threshold = self.min_p * probs.max(dim=-1, keepdim=True).values", "threshold = self.min_p", "min_p",
+     "min_p_not_scaled", 58),
+    ("drop[..., : self.keep_at_least] = False", "drop[..., -self.keep_at_least :] = False", "top_p", "departs",
+     46)])
+def test_a_mistake_in_a_processor_fails_at_its_line(tmp_path, old, new, kind, name, line):
+    result = check_file(str(_planted(tmp_path, "processors_correct.py", old, new)), only=[kind])
+    (comp,) = result.components
+    assert comp.status == "fail" and exit_code(result) == 1, format_report(result)
+    assert [(f.name, f.line) for f in comp.findings] == [(name, line)], format_report(result)
+
+
+def test_a_criterion_that_refuses_smoothing_zero_is_checked_at_its_smoothing(tmp_path):
+    result = check_file(str(FIXTURES / "criterion_correct.py"))
+    (comp,) = result.components
+    assert comp.status == "pass", format_report(result)
+    assert any("refuses label_smoothing=0" in n["en"] for n in comp.notes)
+    wrong = _planted(tmp_path, "criterion_correct.py", "target, ignore_index=self.ignore_index,", "target,")
+    (comp,) = check_file(str(wrong)).components
+    assert comp.status == "fail" and [(f.name, f.line) for f in comp.findings] == [("loss_counts_padding", 16)]
+
+
+def test_a_linear_decay_is_compared_with_a_line_and_another_decay_is_not_checked(tmp_path):
+    """Hugging Face's linear schedule (a factory) and a function of the settings that returns the
+    schedule pass; an exponential decay is NOT CHECKED, never FAIL; a linear decay over the wrong
+    length FAILs at its line."""
+    result = check_file(str(FIXTURES / "schedules_correct.py"))
+    assert [(c.name, c.status) for c in result.components] == [
+        ("linear_with_warmup", "pass"), ("warmup_then_linear", "pass"), ("exp_decay_lr", "not_checked")], (
+        format_report(result))
+    assert exit_code(result) == 3
+    wrong = _planted(tmp_path, "schedules_correct.py", "/ max(1, num_training_steps - num_warmup_steps))",
+                     "/ max(1, num_training_steps))")
+    comp = check_file(str(wrong)).components[0]
+    assert comp.status == "fail" and [f.line for f in comp.findings] == [11], format_report(comp)
