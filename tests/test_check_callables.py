@@ -73,3 +73,16 @@ def test_a_linear_decay_is_compared_with_a_line_and_another_decay_is_not_checked
                      "/ max(1, num_training_steps))")
     comp = check_file(str(wrong)).components[0]
     assert comp.status == "fail" and [f.line for f in comp.findings] == [11], format_report(comp)
+
+
+def test_a_d2l_loss_of_valid_lengths_is_read_per_row_and_padding_counted_fails(tmp_path):
+    """d2l's MaskedSoftmaxCELoss(nn.CrossEntropyLoss): torch's constructor keeps its defaults (no
+    ignore_index given), its valid_len gets the real lengths, its (B,) rows are read as their sum
+    times T; the mask left out FAILs at its line."""
+    result = check_file(str(FIXTURES / "masked_ce_correct.py"))
+    (comp,) = result.components
+    assert comp.status == "pass" and any("valid lengths" in n["en"] for n in comp.notes), format_report(result)
+    wrong = _planted(tmp_path, "masked_ce_correct.py", "(per_token * keep).mean(dim=1)",
+                     "per_token.mean(dim=1)")
+    (comp,) = check_file(str(wrong)).components
+    assert comp.status == "fail" and [(f.name, f.line) for f in comp.findings] == [("loss_counts_padding", 13)]
