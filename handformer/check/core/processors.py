@@ -18,7 +18,6 @@ from torch import Tensor
 
 from handformer.check.core.argument_names import (
     K_NAMES,
-    LOGITS_NAMES,
     MIN_P_NAMES,
     P_NAMES,
     TEMPERATURE_NAMES,
@@ -28,6 +27,8 @@ from handformer.check.core.argument_names import (
 
 # a processor's setting by its name -> the filter it is checked as
 SETTINGS = {"temperature": TEMPERATURE_NAMES, "top_k": K_NAMES, "top_p": P_NAMES, "min_p": MIN_P_NAMES}
+# what a processor's second argument is called (not a plain x: a layer's `__call__(self, ctx, x)`)
+SCORES_NAMES = ("scores", "logits", "logit", "next_token_scores", "next_token_logits")
 # a sampling step's list of processors (Hugging Face's logits_processor / logits_warper)
 PROCESSOR_NAMES = ("processors", "processor", "logits_processor", "logits_processors", "logits_warper",
                    "logits_warpers", "warpers", "warper", "processor_list")
@@ -46,7 +47,7 @@ def processor_setting(cls: Any) -> tuple[str, str]:
     its file) takes the ids and then the scores, and its constructor takes exactly one filter's
     setting and requires nothing else; ("", "") for any other class."""
     names = [p.name.lower() for p in call_parameters(_own_call(cls), ("self",))]
-    if len(names) < 2 or names[1] not in LOGITS_NAMES:
+    if len(names) < 2 or names[1] not in SCORES_NAMES:
         return NONE
     try:
         params = call_parameters(cls.__init__, ("self",))

@@ -313,7 +313,7 @@ def _global_settings(fn: Any, arguments: list[str]) -> dict[str, str]:
     return {key: name for key, aliases in ARGS.items() for name in sorted(reads) if name.lower() in aliases}
 
 
-COSINE_CODE = re.compile(r"\bcos\b|cos\(")
+COSINE_CODE = re.compile(r"(?i)\bcos")  # math.cos, torch.cos, CosineAnnealingLR
 
 
 def _reached_source(fn: Any) -> str:
