@@ -86,3 +86,13 @@ def test_a_d2l_loss_of_valid_lengths_is_read_per_row_and_padding_counted_fails(t
                      "per_token.mean(dim=1)")
     (comp,) = check_file(str(wrong)).components
     assert comp.status == "fail" and [(f.name, f.line) for f in comp.findings] == [("loss_counts_padding", 13)]
+
+
+def test_a_loss_handed_a_generator_and_a_criterion_is_checked_for_what_it_adds(tmp_path):
+    """OpenNMT's compute_loss(output, target, generator, criterion): stand-ins for both (log_softmax, a
+    summed cross-entropy of the real tokens); dividing by every target FAILs at that line."""
+    (comp,) = check_file(str(FIXTURES / "loss_compute_correct.py")).components
+    assert comp.status == "pass" and any("stand-ins" in n["en"] for n in comp.notes), format_report(comp)
+    wrong = _planted(tmp_path, "loss_compute_correct.py", "gold.ne(pad_idx).sum()", "gold.numel()")
+    (comp,) = check_file(str(wrong)).components
+    assert comp.status == "fail" and [(f.name, f.line) for f in comp.findings] == [("loss_counts_padding", 20)]

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from handformer.check.core import fingerprint as fp
+from handformer.check.core.argument_names import CRITERION_NAMES
 from handformer.check.core.context import (
     Context,
     call_parameters,
@@ -147,6 +148,24 @@ def reference(logp: Tensor, targets: Tensor, eps: float, form: str, split: str, 
     return float(total / n)
 
 
+class StandInGenerator(nn.Module):
+    """The generator (hidden states -> log-probabilities) a loss is handed with log-probabilities for
+    its states: log_softmax, which leaves them as they are."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.log_softmax(x, dim=-1)
+
+
+class StandInCriterion(nn.Module):
+    """The criterion a loss is handed: the summed cross-entropy of the real tokens (the pad ignored)."""
+
+    def forward(self, scores: Tensor, target: Tensor) -> Tensor:
+        return F.cross_entropy(scores.reshape(-1, V), target.reshape(-1), ignore_index=PAD, reduction="sum")
+
+
+PARTS = ((("generator",), StandInGenerator), (CRITERION_NAMES, StandInCriterion))
+
+
 class Loss:
     """The learner's loss, called as its signature says: a function of (input, target, [pad],
     [smoothing]), or a criterion built with (size, pad, smoothing) and called on (input, target)."""
@@ -167,7 +186,9 @@ class Loss:
         self.target = named(rest, TARGET_NAMES) or next(iter(rest), None)
         size = named(self.init_names, SIZE_NAMES)
         self.lengths = next(filter(is_lengths_name, self.names), None)  # d2l's valid_len: real tokens a row
-        known = {self.input, self.target, self.pad, self.smoothing, size, self.lengths}
+        # OpenNMT's compute_loss(output, target, generator, criterion): stand-ins of the parts it is handed
+        self.parts = {n: part for n in self.names for names, part in PARTS if n.lower() in names}
+        known = {self.input, self.target, self.pad, self.smoothing, size, self.lengths, *self.parts}
         unknown = [n for n in self.required + self.init_required if n not in known]
         if unknown or self.input is None or self.target is None:
             first = (unknown or ['target'])[0]
@@ -194,6 +215,7 @@ class Loss:
             init, options = self.options(eps)
             kwargs: dict[str, Any] = {self.input: x.clone(), self.target: y.clone(), **options}
             kwargs.update({self.lengths: torch.tensor(LENGTHS)} if self.lengths else {})
+            kwargs.update({name: part() for name, part in self.parts.items()})
             if self.is_class:
                 module = self.ctx.learner.call("__init__", lambda: self.comp.obj(**init))
                 if isinstance(module, nn.Module):
@@ -307,7 +329,17 @@ def _reference(conv: Conv, x: Inputs, flags: frozenset[str]) -> Tensor:
                         dtype=torch.float64)
 
 
+STAND_INS = text("its {} handed stand-ins: a generator that is log_softmax (it is given log-probabilities), "
+                 "a criterion that sums the real tokens' cross-entropy; what your function adds (the "
+                 "normalisation, the targets' layout) is checked",
+                 "它的 {} 传入替身：生成器就是 log_softmax（输入已经是对数概率），criterion 对真实 token "
+                 "的交叉熵求和；检查的是你的函数自己做的事（归一化、目标的排布）")
+
+
 def _flat_note(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found) -> None:
+    if subject.module.parts:
+        names = ", ".join(subject.module.parts)
+        res.notes.append(text(STAND_INS["en"].format(names), STAND_INS["zh"].format(names)))
     if subject.module.per_row:
         res.notes.append(text(f"{comp.name} is handed valid lengths {list(LENGTHS)} and returns a loss per "
                               f"row, read as the rows' sum times T = {T} (d2l's: each row's real tokens' "
