@@ -96,3 +96,35 @@ def test_a_loss_handed_a_generator_and_a_criterion_is_checked_for_what_it_adds(t
     wrong = _planted(tmp_path, "loss_compute_correct.py", "gold.ne(pad_idx).sum()", "gold.numel()")
     (comp,) = check_file(str(wrong)).components
     assert comp.status == "fail" and [(f.name, f.line) for f in comp.findings] == [("loss_counts_padding", 20)]
+
+
+ASCENDING_TOP_P = '''import torch
+
+
+class TailCutter:
+    """Top-p as Hugging Face's TopPLogitsWarper computes it: sorted least likely first, the tail of
+    mass at most 1 - p removed, the most likely token always kept."""
+
+    def __init__(self, top_p, keep=1):
+        self.top_p, self.keep = top_p, keep
+
+    def __call__(self, input_ids, scores):
+        ranked, order = torch.sort(scores, descending=False)
+        cum = ranked.softmax(dim=-1).cumsum(dim=-1)
+        remove = cum <= (1 - self.top_p)
+        remove[..., -self.keep:] = False
+        remove = remove.scatter(1, order, remove)
+        return scores.masked_fill(remove, float("-inf"))
+'''
+
+
+def test_a_top_p_sorted_least_likely_first_is_localized_at_its_guard(tmp_path):
+    """The ascending top-p passes (found by what it is, or named with --component top_p=TailCutter);
+    its guard at the wrong end FAILs at the guard's line, not at the sort."""
+    path = tmp_path / "tail.py"
+    path.write_text(ASCENDING_TOP_P)
+    (comp,) = check_file(str(path), overrides={"top_p": "TailCutter"}).components
+    assert comp.status == "pass", format_report(comp)
+    path.write_text(ASCENDING_TOP_P.replace("remove[..., -self.keep:] = False", "remove[..., :self.keep] = False"))
+    (comp,) = check_file(str(path)).components
+    assert comp.status == "fail" and [f.line for f in comp.findings] == [16], format_report(comp)

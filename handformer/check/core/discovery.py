@@ -218,7 +218,7 @@ def _by_name(module: types.ModuleType, overrides: dict[str, str] | None, only: l
             actual = kind if kind in overrides else refine(kind, own[name])
             if name not in taken and (not only or actual in only):
                 taken.add(name)
-                found.append(Component(actual, name, own[name]))
+                found.append(Component(actual, name, as_called(own[name])))
     found += _by_structure(own, taken | named | set(TABLED), only)
     return found + _by_signature(own, taken | named, only, set(overrides))
 
@@ -240,6 +240,15 @@ def _by_structure(own: dict[str, Any], taken: set[str], only: list[str] | None) 
         Component("bpe_tokenizer", name, obj, "methods") for name, obj in own.items()  # minbpe's classes
         if "bpe_tokenizer" in (only or ["bpe_tokenizer"]) and name not in taken and "." not in name
         and trains_itself(obj)] + _processors(own, taken, only)
+
+
+def as_called(obj: Any) -> Any:
+    """A class or function as a runner calls it: a logits processor (processors.py), named with
+    --component top_k=TopKWarper, as the filter its setting names; anything else as it is."""
+    from handformer.check.core.processors import as_filter, processor_setting
+
+    kind, setting = processor_setting(obj)
+    return as_filter(obj, setting) if kind else obj
 
 
 def _processors(own: dict[str, Any], taken: set[str], only: list[str] | None) -> list[Component]:
