@@ -42,7 +42,8 @@ def test_processor_classes_are_checked_as_the_filters_their_settings_name():
     ("threshold = self.min_p * probs.max(dim=-1, keepdim=True).values", "threshold = self.min_p", "min_p",
      "min_p_not_scaled", 58),
     ("drop[..., : self.keep_at_least] = False", "drop[..., -self.keep_at_least :] = False", "top_p", "departs",
-     46)])
+     46),
+    ("probs.max(dim=-1, keepdim=True).values", "probs.mean(dim=-1, keepdim=True)", "min_p", "departs", 58)])
 def test_a_mistake_in_a_processor_fails_at_its_line(tmp_path, old, new, kind, name, line):
     result = check_file(str(_planted(tmp_path, "processors_correct.py", old, new)), only=[kind])
     (comp,) = result.components

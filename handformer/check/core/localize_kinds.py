@@ -516,6 +516,25 @@ def localize_top_p(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, p: fl
     return first_departure(steps, views, filename, {"V": logits.size(-1)}, forms=top_p_axes(logits.double()))
 
 
+def localize_min_p(call: Callable[[Tensor], Any], fn: Any, logits: Tensor, min_p: float) -> Departure | None:
+    """Run the learner's min-p filter (`call(logits)`) traced, the masks it builds recorded; the first
+    step that is none of min-p's sub-steps: the probabilities, the largest of each row, the threshold
+    min_p times it, the tokens removed or kept, the filtered logits."""
+    filename = inspect.getsourcefile(fn)
+    x = logits.float().requires_grad_()
+    probs = torch.softmax(logits.double(), -1)  # (rows, V)
+    top = probs.amax(-1, keepdim=True)  # (rows, 1)
+    removed = probs < min_p * top
+    views = [("the probabilities", probs), ("the largest probability of each row", top),
+             ("the threshold min_p × the largest probability", min_p * top),
+             ("the tokens removed (1 = removed)", removed.double()), ("the tokens kept", (~removed).double()),
+             ("the filtered logits", logits.double().masked_fill(removed, -math.inf))]
+    forms = over_axes("the largest probability", "最大概率", lambda d: probs.amax(d, keepdim=True),
+                      logits.dim())
+    steps = trace_steps(lambda: call(x), filename, constants=(torch.bool,))
+    return first_departure(steps, views, filename, {"V": logits.size(-1)}, forms=forms)
+
+
 def top_p_axes(logits: Tensor) -> list[Form]:
     """Top-p's sub-steps along the vocabulary (the sort, the softmax, the running sum) taken along
     another axis of logits (rows, V)."""

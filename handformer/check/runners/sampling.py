@@ -44,6 +44,7 @@ from handformer.check.core.discovery import Component
 from handformer.check.core.localize_kinds import (
     localize_count,
     localize_filter,
+    localize_min_p,
     localize_top_p,
     note_departure,
 )
@@ -547,8 +548,7 @@ def check_min_p(comp: Component, ctx: Context) -> ComponentResult:
             f"min_p = 0.2 时你的过滤在 4 行中分别保留了 {counts} 个 token：保留的是概率高于 0.2 本身的，"
             "而不是高于 0.2 × 最可能 token 的概率的")))
     elif wrong:
-        logits, keep = cases[1][0], min_p_keep(cases[1][0], 0.2)
-        note_departure(res, lambda: localize_filter(lambda x: call(x, min_p=0.2), comp.obj, logits, keep))
+        note_departure(res, lambda: localize_min_p(lambda x: call(x, min_p=0.2), comp.obj, cases[1][0], 0.2))
     res.checks.append(Check(text("keeps the tokens whose probability is at least min_p x the most likely "
                                  "token's (min_p = 0.05, 0.2, 0.5)",
                                  "保留概率不低于 min_p × 最可能 token 概率的 token"
