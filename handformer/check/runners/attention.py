@@ -62,7 +62,7 @@ from handformer.check.core.context import (
     shape_of,
 )
 from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS
-from handformer.check.core.discovery import Component, reads_kv_heads
+from handformer.check.core.discovery import Component, computes_attention, reads_kv_heads
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, gainless_qk
 from handformer.check.core.localize import (
@@ -78,6 +78,7 @@ from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResul
 from handformer.check.core.rope_tables import alibi_argument, position_kwargs, renamed_table, with_positions
 from handformer.check.core.rotary import ALIBI_WORDS, ROPE_WORDS, partial_layouts, rope_note, rope_tables
 from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.core.sublayer import grade_sublayer, sublayer_parts
 from handformer.check.core.weights import (
     QK_NORM_ROLES,
     RELATIVE_ROLE,
@@ -613,6 +614,8 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     causal input longer than it was built for."""
     x = fp.randn(2, 6, D, seed=1)
     module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
+    if (parts := sublayer_parts(module, computes_attention, D)) is not None:  # T5's layer, BERT's wrapper
+        return grade_sublayer(res, comp, module, parts)
     linears, qk_norms = _projections(comp, module, heads)
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
