@@ -43,6 +43,9 @@ def test_windowed_partial_rotary_and_table_blocks_pass():
      "mha", "LocalAttention (multi-head attention): FAIL"),
     ("cos[:, None], sin[:, None]), turn(k,", "cos[:, None], -sin[:, None]), turn(k,", "block",
      "TableBlock (decoder-only block): FAIL"),
+    # the config's partial_rotary_factor ignored: the whole head turns, quoted where the width is set
+    ("self.rot = int(self.dh * cfg.partial_rotary_factor)", "self.rot = self.dh", "mha",
+     "line 45: self.rot = self.dh"),
 ])
 def test_each_windowed_plant_fails(tmp_path, old, new, kind, words):
     result = check_file(_planted(tmp_path, "windowed.py", old, new), only=[kind])

@@ -76,8 +76,15 @@ from handformer.check.core.projection_elsewhere import projection_elsewhere
 from handformer.check.core.reference_attention import handformer_attention
 from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.rope_tables import alibi_argument, position_kwargs, renamed_table, with_positions
-from handformer.check.core.rotary import ALIBI_WORDS, ROPE_WORDS, partial_layouts, rope_note, rope_tables
-from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.core.rotary import (
+    ALIBI_WORDS,
+    ROPE_WORDS,
+    fraction_unread,
+    partial_layouts,
+    rope_note,
+    rope_tables,
+)
+from handformer.check.core.source import first_line, locate, source_lines, source_text
 from handformer.check.core.sublayer import grade_sublayer, sublayer_parts
 from handformer.check.core.weights import (
     QK_NORM_ROLES,
@@ -680,9 +687,23 @@ def _mha_rope(res: ComponentResult, ctx: Context, comp: Component, subject: Subj
     rope = found.weights[0]
     if rope:
         res.notes.append(rope_note(rope))
+    if rope in ("half", "interleaved"):
+        _whole_head_rotary(res, ctx, comp)
     if rope in V.UNSCALED:  # T5's scores, without 1/sqrt(d_k) by design
         res.status = DIFFERS
     subject.facts["setup"] = dataclasses.replace(subject.facts["setup"], conv=found.key, rope=rope)
+
+
+def _whole_head_rotary(res: ComponentResult, ctx: Context, comp: Component) -> None:
+    """A finding where the attention turns the whole head while its file's config declares a share
+    below one that no line reads (GPT-NeoX's rotary_pct ignored)."""
+    unread = fraction_unread(source_text(ctx.module))
+    if unread:
+        number, code = first_line([r"self\.\w*rot\w*\s*=", r"rotary|rope"], source_lines([comp.obj]))
+        res.findings.append(Finding(DEPARTS, text(
+            f"the whole head is rotated, while the config declares {unread} and no line reads it: only "
+            "that share of each head's dims should turn", f"整个头都做了旋转，而配置里写了 {unread}，"
+            "却没有一行读取它：每个头只应旋转这一部分维度"), number, code))
 
 
 def _mha_localized(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found,
