@@ -119,3 +119,14 @@ def test_each_encoder_sublayer_plant_fails(tmp_path, old, new, kind, name):
     _failed_at(result, name, new.strip())
     found = [f for c in result.components for f in c.findings if f.name == name]
     assert any(new.strip() in (f.code or "") for f in found), format_report(result)
+
+
+def test_masks_named_keep_are_read_true_may_attend(tmp_path):
+    """A mask argument named keep (True = may attend) is handed as a mask, never read as torch.nn's
+    True = masked; a negation dropped or added FAILs as mask_inverted."""
+    result = check_file(str(HERE / "keep_masks.py"), only=["mha"])
+    assert _statuses(result) == {"MultiHeadAttention": "pass", "Attention": "pass"}, format_report(result)
+    for old, new in [("torch.where(keep, s,", "torch.where(~keep, s,"),
+                     ("s.masked_fill(~keep_mask,", "s.masked_fill(keep_mask,")]:
+        planted = check_file(edited_copy(tmp_path, HERE / "keep_masks.py", [(old, new)]), only=["mha"])
+        _failed_at(planted, "mask_inverted", new)

@@ -59,6 +59,7 @@ from handformer.check.core.context import (
     outputs_by_convention,
     positions,
     reads_sequence_first,
+    says_keep,
     shape_of,
 )
 from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS
@@ -827,7 +828,8 @@ def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:
     attention's own, or a class of the learner's inside it) masks where the mask is True, unless the
     file's own causal mask writes True = may see (then that attention reads its file's masks inverted)."""
     convs = SEQUENCE_FIRST_CONVENTIONS * bool(c.state.get("first")) + ctx.conventions(c.mask_name)
-    if ctx.convention is None and masks_where_true_inside(module, c.mask_name) and not file_masks_keep(ctx):
+    if ctx.convention is None and masks_where_true_inside(module, c.mask_name) and not file_masks_keep(ctx) \
+            and not says_keep(c.mask_name):
         convs = ("torch", "torch3", "torch2") + convs
     return convs
 
