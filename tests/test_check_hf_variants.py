@@ -114,3 +114,15 @@ def test_a_qk_norm_across_all_heads_is_compared_so(tmp_path):
     planted = _planted(tmp_path, "windowed.py", "self.k_layernorm(self.wk(x))", "self.q_layernorm(self.wk(x))")
     (attention,) = check_file(planted, **only).components
     assert attention.status == "fail"
+
+
+def test_reordered_norms_block_passes_and_its_plants_fail(tmp_path):
+    """OLMo 2's block, x = x + norm(f(x)) with q/k norms over the whole width, PASSes with a note; the
+    FFN's residual dropped FAILs as no_residual."""
+    (block,) = check_file(str(HERE / "reordered_norms.py"), only=["block"]).components
+    assert block.status == "pass", block
+    assert any("OLMo 2's reordered norms" in n["en"] for n in block.notes)
+    planted = _planted(tmp_path, "reordered_norms.py", "x = x + self.post_feedforward_layernorm(self.mlp(x))",
+                       "x = self.post_feedforward_layernorm(self.mlp(x))")
+    (block,) = check_file(planted, only=["block"]).components
+    assert block.status == "fail" and any(f.name == "no_residual" for f in block.findings), block
