@@ -329,7 +329,19 @@ def computes_attention(cls: Any) -> bool:
     return bool(ATTENTION_CODE.search("".join(sources)))
 
 
-SUFFIX_TESTS: dict[str, Callable[[Any], bool]] = {"mha": computes_attention}
+# what an encoder-only model (BERT's) takes or embeds and a decoder-only one never does: token types
+SEGMENTS = re.compile(r"token_?type|segment|type_vocab", re.I)
+
+
+def encoder_only(cls: Any) -> bool:
+    """A model of BERT's family by its forward's parameters or its __init__: token types (segments)
+    embedded beside the tokens; a decoder-only model (GPT) has none."""
+    built = source_text(vars(cls).get("__init__", ""))
+    return bool(SEGMENTS.search(" ".join(_forward_parameters(cls)) + built))
+
+
+SUFFIX_TESTS: dict[str, Callable[[Any], bool]] = {"mha": computes_attention,
+                                                  "gpt": lambda c: not encoder_only(c)}
 # a class named ...Layer is a block when its __init__ builds an attention and an FFN (GPT-NeoX's GPTNeoXLayer)
 LAYER_PARTS = re.compile(r"(?=[\s\S]*(attn|attention))(?=[\s\S]*(mlp|ffn|feed_?forward))", re.I)
 
@@ -346,7 +358,8 @@ def _suffixed(name: str, obj: Any, suffixes: tuple[str, ...]) -> bool:
 def _decoder_model(cls: Any) -> bool:
     """A decoder-only model by its embedding and list of blocks and its forward of one id sequence
     (DecoderLM: the word Decoder in its name is no seq2seq decoder)."""
-    return bool(MODEL_PARTS.search(source_text(vars(cls).get("__init__", "")))) and decoder_only(cls)
+    built = source_text(vars(cls).get("__init__", ""))
+    return bool(MODEL_PARTS.search(built)) and decoder_only(cls) and not encoder_only(cls)
 
 
 def refine(kind: str, obj: Any) -> str:
