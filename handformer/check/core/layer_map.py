@@ -100,12 +100,13 @@ def projection_width(shapes: list[tuple[int, ...]]) -> int:
 SUBLAYERS = {False: ["self-attention", "FFN"], True: ["self-attention", "cross-attention", "FFN"]}  # decoder?
 
 
-def map_layer(path: str, child: nn.Module, F_width: int) -> LayerMap:
+def map_layer(path: str, child: nn.Module, F_width: int, kv: int | None = None) -> LayerMap:
+    """The layer's slots; `kv`: the width of its key and value projections (grouped-query attention)."""
     found = prefixed(leaves(child), path)
     linears = of_kind(found, "linear")
     decoder = projection_width([tuple(x.weight.shape) for x in linears]) >= 7
     names = SUBLAYERS[decoder]
-    attn = attention_slots(linears, D, len(names) - 1, path)  # one attention a sublayer but the FFN
+    attn = attention_slots(linears, D, len(names) - 1, path, kv)  # one attention a sublayer but the FFN
     ffn = ffn_reading(child, ffn_readings(child, linears, F_width, path, label=path))
     norms, qk = block_norms(of_kind(found, "norm"))
     attn[0] += qk or gainless_qk(child)
