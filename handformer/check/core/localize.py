@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from handformer.check.core.fingerprint import first_tensor, quietly
 from handformer.check.core.kinds import KINDS_TABLE
 from handformer.check.core.result import DEPARTS, ComponentResult, Finding, Text, text
-from handformer.check.core.source import first_pattern_matches, lines_matching
+from handformer.check.core.source import first_pattern_matches, lines_matching, source_lines
 from handformer.check.reference import variants as V
 
 
@@ -1059,8 +1059,8 @@ def note_attention_departure(res: ComponentResult, comp: Any, runs: list[Run], w
     filename = inspect.getsourcefile(comp.obj)
     def localize() -> Departure | None:
         return filename and localize_attention(runs, w, filename, causal_inside)
-    if explained(res):  # named: placed at the departing line when their patterns found none
-        return place_findings(res, localize)
+    if explained(res):  # named: placed at the departing line when their patterns found none or several
+        return place_findings(res, localize, source_lines([comp.obj]))
     found = localize()
     if found:
         add_departure(res, found)
