@@ -169,7 +169,7 @@ class _Tracer:
 
     def part(self, name: str, value: Any, part: tuple[nn.Module, Any] | None = None) -> None:
         t = first_tensor(value)
-        if t is not None and t.grad_fn is not None:
+        if getattr(t, "grad_fn", None) is not None:  # a tensor made from the input
             self.steps.append(Step(self.now, name, _copy(t), part=part))
 
 
@@ -1023,9 +1023,16 @@ def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: lis
 
 
 def deeper(finding: Finding, found: Departure) -> bool:
-    """A finding found by a guess alone (a pattern after its first: a loop's `model(`) where the run
-    parts inside a helper (the model's forward): the helper's line is the one to quote."""
-    return bool(found.called_from) and not first_pattern_matches(finding.name, finding.code or "")
+    """A finding found by a guess alone (a pattern after its first) on a line that calls what the line
+    calling the helper where the run parts calls (a loop's `model(` for the prompt and for each new
+    token): the helper's line is the one to quote."""
+    code = finding.code or ""
+    _, calling = found.called_from or (None, "")
+    return bool(set(CALLS.findall(code)) & set(CALLS.findall(calling))) and not first_pattern_matches(
+        finding.name, code)
+
+
+CALLS = re.compile(r"(\w+)\(")  # the names a line calls
 
 
 def misplaced(finding: Finding, found: Departure) -> bool:
