@@ -104,6 +104,12 @@ def _schedule(names: list[str], required: set[str]) -> bool:
             and has("warmup") and (has("d_model") or has("total") or has("min_lr")))
 
 
+def schedule_signature(fn: Any) -> bool:
+    """Whether a function takes a step and a schedule's settings alone (a warmup among them)."""
+    _, names, required = _signature(fn)
+    return _schedule(names, required)
+
+
 def schedule_maker(fn: Any) -> bool:
     """A function of a schedule's settings alone that returns the schedule as a function of the step
     (`linear_warmup_decay(num_warmup_steps, num_training_steps)` returning its `lr_lambda`, for a
