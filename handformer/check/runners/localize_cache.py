@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.nn.modules.module import register_module_forward_pre_hook
 
 from handformer.check.core.localize import Departure, Step, statement, trace_steps
 from handformer.check.core.result import text
@@ -49,10 +49,9 @@ def _call_departure(reference: dict[Any, Step], traced: list[Step], T: int, a: i
     """The first step of one cached call over positions a..b-1 that differs from the whole sequence's."""
     steps = list(_by_occurrence(traced).items())
     ran = {s.line for _, s in steps}  # a name made on a line of the other branch (`if use_cache: pos = ...`)
-    named = _by_name(s for s in reference.values() if s.line not in ran)
+    named = {s.name: s for s in reversed(reference.values()) if s.line not in ran}  # its first
     for i, (key, step) in enumerate(steps):
-        same_name = named.get((step.name, _nth(steps[:i], step.name, reference)), step)
-        want = _aligned(reference.get(key, same_name).value, step.value, T, a, b)
+        want = _aligned(reference.get(key, named.get(step.name, step)).value, step.value, T, a, b)
         if not torch.allclose(step.value, want, atol=1e-6, equal_nan=True):
             form = text(f"on the cached call over positions {a}..{b - 1}; the whole sequence's value "
                         "there differs",
@@ -62,34 +61,20 @@ def _call_departure(reference: dict[Any, Step], traced: list[Step], T: int, a: i
 
 
 class _Calls:
-    """The top-level calls of the modules of one file during a run (a loop's calls of the model):
-    each call's module and arguments as they were before the first call (a fresh cache), the tokens
-    each call was given, and the span of the run's steps it made."""
+    """The calls of the file's modules that are handed token ids (B, n) first, during a run (a loop's
+    calls of the model): the tokens, the index of the run's first step in it, and the module and its
+    arguments as they were before the call (a cache still empty before the first)."""
 
     def __init__(self, filename: str, steps: list[Step]) -> None:
-        self.filename, self.steps, self.depth = filename, steps, 0
-        self.first: tuple[nn.Module, tuple[Any, ...], dict[str, Any]] | None = None
-        self.made: list[tuple[Tensor, int, int]] = []  # (the tokens (B, n), first step, last step + 1)
+        self.filename, self.steps = filename, steps
+        self.made: list[tuple[Tensor, int, tuple[nn.Module, tuple[Any, ...]]]] = []
 
-    def ours(self, module: nn.Module) -> bool:
+    def before(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         forward = getattr(type(module), "forward", None)
-        return getattr(getattr(forward, "__code__", None), "co_filename", None) == self.filename
-
-    def before(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self.depth += self.ours(module)
-        tokens = args[0] if args else None
-        if self.ours(module) and self.depth == 1 and _token_ids(tokens):
-            self.first = self.first or copy.deepcopy((module, args, kwargs))
-            self.made.append((tokens.clone(), len(self.steps), -1))
-
-    def after(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        if self.ours(module) and self.depth == 1 and self.made and self.made[-1][2] < 0:
-            self.made[-1] = (*self.made[-1][:2], len(self.steps))
-        self.depth -= self.ours(module)
-
-
-def _token_ids(t: Any) -> bool:
-    return isinstance(t, Tensor) and t.dim() == 2 and not t.is_floating_point()
+        ours = getattr(getattr(forward, "__code__", None), "co_filename", None) == self.filename
+        tokens = next(iter(args), None)
+        if ours and isinstance(tokens, Tensor) and tokens.dim() == 2 and not tokens.is_floating_point():
+            self.made.append((tokens.clone(), len(self.steps), copy.deepcopy((module, args))))
 
 
 def cached_call_departure(run: Callable[[], Any], filename: str) -> Departure | None:
@@ -99,31 +84,30 @@ def cached_call_departure(run: Callable[[], Any], filename: str) -> Departure | 
     before the first call, the tokens of every call so far)."""
     steps: list[Step] = []
     calls = _Calls(filename, steps)
-    handles = [register_module_forward_pre_hook(lambda m, a: calls.before(m, a, {})),
-               register_module_forward_hook(lambda m, a, out: calls.after(m, a, {}, out))]
+    handle = register_module_forward_pre_hook(lambda m, a: calls.before(m, a))
     try:
         trace_steps(run, filename, every=True, into=steps)
     except Exception:  # noqa: BLE001 - it raises further on: the calls up to there are judged
         pass
     finally:
-        for h in handles:
-            h.remove()
+        handle.remove()
+    starts = [start for _, start, _ in calls.made] + [len(steps)]
     for k in range(1, len(calls.made)):
         tokens = torch.cat([ids for ids, _, _ in calls.made[:k + 1]], 1)  # (B, b)
         a, b = tokens.size(1) - calls.made[k][0].size(1), tokens.size(1)
-        _, start, end = calls.made[k]
-        found = _call_departure(_whole(calls.first, tokens, filename), steps[start:end], b, a, b, filename)
+        found = _call_departure(_whole(calls.made[0][2], tokens, filename), steps[starts[k]:starts[k + 1]],
+                                b, a, b, filename)  # the loop's own steps there: lines the whole run has not
         if found is not None:
             return found
     return None
 
 
-def _whole(first: tuple[nn.Module, tuple[Any, ...], dict[str, Any]], tokens: Tensor, filename: str,
+def _whole(first: tuple[nn.Module, tuple[Any, ...]], tokens: Tensor, filename: str,
            ) -> dict[tuple[int, str, int], Step]:
     """The model's steps on the whole sequence `tokens`, from its state before the loop's first call."""
-    module, args, kwargs = copy.deepcopy(first)
+    module, args = copy.deepcopy(first)
     forward = type(module).forward  # its own, not a wrapper the loop's driver set on the instance
-    steps = trace_steps(lambda: forward(module, tokens, *args[1:], **kwargs), filename, every=True)
+    steps = trace_steps(lambda: forward(module, tokens, *args[1:]), filename, every=True)
     return _by_occurrence(steps)
 
 
@@ -172,16 +156,3 @@ def _by_occurrence(steps: list[Step]) -> dict[tuple[int, str, int], Step]:
         out[(s.line, s.name, seen[(s.line, s.name)])] = s
         seen[(s.line, s.name)] += 1
     return out
-
-
-def _by_name(steps: Any) -> dict[tuple[str, int], Step]:
-    """Each step by (name, how many times that name was made before), on whichever line."""
-    out: dict[tuple[str, int], Step] = {}
-    for s in steps:
-        out[(s.name, sum(name == s.name for name, _ in out))] = s
-    return out
-
-
-def _nth(before: list[tuple[Any, Step]], name: str, reference: dict[Any, Step]) -> int:
-    """How many times `name` was made before on lines the whole sequence's run never ran."""
-    return sum(s.name == name and key not in reference for key, s in before)
