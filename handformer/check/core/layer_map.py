@@ -127,11 +127,16 @@ def ffn_reading(child: nn.Module, readings: list[list[Slot]]) -> list[Slot]:
     return readings[int(readings[0][0].rows is not None and second is not None)]
 
 
+# OLMo 2's q/k norms over the whole width, inside the block's attention (self_attn.q_norm)
+QK_WIDE = re.compile(r"(?i).+\.(q|k|query|key)_?(norm|layernorm|ln)")
+
+
 def block_norms(norms: list[Leaf]) -> tuple[list[Leaf], list[Slot]]:
     """A layer's norms apart from its attention's q/k norms (QK-norm, Qwen3's and minimind's: two
     norms of width head_dim named like q_norm and k_norm), which are the attention's slots: a layer
     has one norm a sublayer besides them."""
-    qk = qk_norm_slots([n for n in norms if tuple(n.weight.shape) == (D // H,)], D // H)
+    qk = qk_norm_slots([n for n in norms if tuple(n.weight.shape) == (D // H,) or QK_WIDE.fullmatch(n.name)],
+                       D // H, D)
     taken = {id(slot.leaf) for slot in qk}
     return [n for n in norms if id(n) not in taken], qk
 
