@@ -187,11 +187,11 @@ def _embed_norm(module: nn.Module, blocks: list[LayerMap]) -> Leaf | None:
     """nanochat's x = norm(self.transformer.wte(idx)): the token embeddings normed by a function
     without gains before the first block; a gainless norm like the blocks' stands for it."""
     found = EMBED_NORM.search(source_text(type(module).forward))
-    if found is None or not blocks or not isinstance(blocks[0].norms[0].leaf, Gainless):
+    norm = blocks[0].norms[0].leaf  # (map_gpt has raised for a model without blocks)
+    # the blocks' norm function, not another
+    if found is None or not isinstance(norm, Gainless) or found.group(1) not in norm.name:
         return None
-    if found.group(1) not in blocks[0].norms[0].leaf.name:  # the blocks' norm function, not another
-        return None
-    return gainless_norm(f"{found.group(1)}(embeddings) (no gain)", norm_kind(blocks[0].norms[0].leaf), D)
+    return gainless_norm(f"{found.group(1)}(embeddings) (no gain)", norm_kind(norm), D)
 
 
 class NormedEmbedding(nn.Module):
