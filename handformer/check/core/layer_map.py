@@ -100,12 +100,13 @@ def projection_width(shapes: list[tuple[int, ...]]) -> int:
 SUBLAYERS = {False: ["self-attention", "FFN"], True: ["self-attention", "cross-attention", "FFN"]}  # decoder?
 
 
-def map_layer(path: str, child: nn.Module, F_width: int) -> LayerMap:
+def map_layer(path: str, child: nn.Module, F_width: int, kv: int | None = None) -> LayerMap:
+    """The layer's slots; `kv`: the width of its key and value projections (grouped-query attention)."""
     found = prefixed(leaves(child), path)
     linears = of_kind(found, "linear")
     decoder = projection_width([tuple(x.weight.shape) for x in linears]) >= 7
     names = SUBLAYERS[decoder]
-    attn = attention_slots(linears, D, len(names) - 1, path)  # one attention a sublayer but the FFN
+    attn = attention_slots(linears, D, len(names) - 1, path, kv)  # one attention a sublayer but the FFN
     ffn = ffn_reading(child, ffn_readings(child, linears, F_width, path, label=path))
     norms, qk = block_norms(of_kind(found, "norm"))
     attn[0] += qk or gainless_qk(child)
@@ -126,11 +127,16 @@ def ffn_reading(child: nn.Module, readings: list[list[Slot]]) -> list[Slot]:
     return readings[int(readings[0][0].rows is not None and second is not None)]
 
 
+# OLMo 2's q/k norms over the whole width, inside the block's attention (self_attn.q_norm)
+QK_WIDE = re.compile(r"(?i).+\.(q|k|query|key)_?(norm|layernorm|ln)")
+
+
 def block_norms(norms: list[Leaf]) -> tuple[list[Leaf], list[Slot]]:
     """A layer's norms apart from its attention's q/k norms (QK-norm, Qwen3's and minimind's: two
     norms of width head_dim named like q_norm and k_norm), which are the attention's slots: a layer
     has one norm a sublayer besides them."""
-    qk = qk_norm_slots([n for n in norms if tuple(n.weight.shape) == (D // H,)], D // H)
+    qk = qk_norm_slots([n for n in norms if tuple(n.weight.shape) == (D // H,) or QK_WIDE.fullmatch(n.name)],
+                       D // H, D)
     taken = {id(slot.leaf) for slot in qk}
     return [n for n in norms if id(n) not in taken], qk
 

@@ -992,7 +992,7 @@ def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: lis
     parts from the correct reference: its patterns match no line, or several of the learner's lines
     (the sin line and the cos line of a table) and that is one of them, or only a diagnosis' guess
     found it (a pattern after its first: `norm`, `embed|emb`) on a line that cannot be the mistake
-    (see `misplaced`): the line they wrote wrong, not one that looks alike."""
+    (see `misplaced`, `deeper`): the line they wrote wrong, not one that looks alike."""
     unsure = [f for f in res.named() if f.line is None or len(lines_matching(f.name, lines)) > 1
               or not first_pattern_matches(f.name, f.code or "")]
     found = quietly(localize) if unsure else None  # the run only where a line is unsure
@@ -1000,8 +1000,15 @@ def place_findings(res: ComponentResult, localize: Callable[[], Any], lines: lis
         return
     for finding in unsure:
         matched = found.line in lines_matching(finding.name, lines)  # one of several the patterns match
-        if finding.line is None or matched or misplaced(finding, found):
+        if finding.line is None or matched or misplaced(finding, found) or deeper(finding, found):
             finding.line, finding.code = found.line, found.code
+
+
+def deeper(finding: Finding, found: Departure) -> bool:
+    """A finding on the line that called the helper where the run parts (a loop's `model(...)`), or found
+    by a guess alone (a pattern after its first) where the run parts inside a helper: the helper's line."""
+    return bool(found.called_from) and (finding.line == found.called_from[0]
+                                        or not first_pattern_matches(finding.name, finding.code or ""))
 
 
 def misplaced(finding: Finding, found: Departure) -> bool:

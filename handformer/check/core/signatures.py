@@ -77,7 +77,7 @@ def kind_of(fn: Any) -> str | None:
     if lm_step(fn):
         return "lm_train_step"
     configs = _config_fields(fn, required - set(names[:1]) - set().union(*SCHEDULE_ARGS.values()))
-    if _schedule(names + sum(configs.values(), []), required - set(configs)):
+    if _schedule(names + sum(configs.values(), []), required - set(configs)) or schedule_maker(fn):
         return "schedule"
     return _loop_kind(names, required) or _logits_kind(fn, params, names, required)
 
@@ -102,6 +102,23 @@ def _schedule(names: list[str], required: set[str]) -> bool:
     has = lambda key: _takes_each(names[1:], [settings[key]])  # noqa: E731
     return (bool(names) and names[0] in SCHEDULE_FIRST and required - {names[0]} <= known
             and has("warmup") and (has("d_model") or has("total") or has("min_lr")))
+
+
+def schedule_maker(fn: Any) -> bool:
+    """A function of a schedule's settings alone that returns the schedule as a function of the step
+    (`linear_warmup_decay(num_warmup_steps, num_training_steps)` returning its `lr_lambda`, for a
+    LambdaLR)."""
+    _, names, required = _signature(fn)
+    return bool(names) and names[0] not in SCHEDULE_FIRST and _schedule(["step", *names], required) and (
+        returns_function(fn))
+
+
+def returns_function(fn: Any) -> bool:
+    """Whether a function returns a lambda or a function it defines inside."""
+    code = source_text(fn)
+    inner = re.findall(r"^\s+def (\w+)\(", code, re.M)
+    return bool(re.search(r"\breturn\s+lambda\b", code)) or any(
+        re.search(rf"\breturn\s+{name}\s*(#|$)", code, re.M) for name in inner)
 
 
 SHIFT = re.compile(r"\[\s*:\s*,\s*(:-1|1:)\s*\]")  # tgt[:, :-1], tgt[:, 1:]

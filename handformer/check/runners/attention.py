@@ -59,10 +59,11 @@ from handformer.check.core.context import (
     outputs_by_convention,
     positions,
     reads_sequence_first,
+    says_keep,
     shape_of,
 )
 from handformer.check.core.conventions import SEQUENCE_FIRST_CONVENTIONS
-from handformer.check.core.discovery import Component, reads_kv_heads
+from handformer.check.core.discovery import Component, computes_attention, reads_kv_heads
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import Gainless, gainless_qk
 from handformer.check.core.localize import (
@@ -76,8 +77,16 @@ from handformer.check.core.projection_elsewhere import projection_elsewhere
 from handformer.check.core.reference_attention import handformer_attention
 from handformer.check.core.result import DEPARTS, DIFFERS, Check, ComponentResult, Finding, text
 from handformer.check.core.rope_tables import alibi_argument, position_kwargs, renamed_table, with_positions
-from handformer.check.core.rotary import ALIBI_WORDS, ROPE_WORDS, partial_layouts, rope_note, rope_tables
-from handformer.check.core.source import locate, source_lines, source_text
+from handformer.check.core.rotary import (
+    ALIBI_WORDS,
+    ROPE_WORDS,
+    fraction_unread,
+    partial_layouts,
+    rope_note,
+    rope_tables,
+)
+from handformer.check.core.source import first_line, locate, source_lines, source_text
+from handformer.check.core.sublayer import grade_sublayer, sublayer_parts
 from handformer.check.core.weights import (
     QK_NORM_ROLES,
     RELATIVE_ROLE,
@@ -631,6 +640,8 @@ def _build_mha(res: ComponentResult, ctx: Context, comp: Component, sizes: dict[
     causal input longer than it was built for."""
     x = fp.randn(2, 6, D, seed=1)
     module = ctx.build(comp, sizes, warmup=lambda m: caller(m).call(x.float(), x.float(), x.float(), None))
+    if (parts := sublayer_parts(module, computes_attention, D)) is not None:  # T5's layer, BERT's wrapper
+        return grade_sublayer(res, comp, module, parts)
     linears, qk_norms = _projections(comp, module, heads)
     if heads != 1 and single_head(comp, linears, n_kv_heads):  # checked again with one head
         return check_mha(comp, ctx, sizes["causal"], n_kv_heads, heads=1)
@@ -695,9 +706,23 @@ def _mha_rope(res: ComponentResult, ctx: Context, comp: Component, subject: Subj
     rope = found.weights[0]
     if rope:
         res.notes.append(rope_note(rope))
+    if rope in ("half", "interleaved"):
+        _whole_head_rotary(res, ctx, comp)
     if rope in V.UNSCALED:  # T5's scores, without 1/sqrt(d_k) by design
         res.status = DIFFERS
     subject.facts["setup"] = dataclasses.replace(subject.facts["setup"], conv=found.key, rope=rope)
+
+
+def _whole_head_rotary(res: ComponentResult, ctx: Context, comp: Component) -> None:
+    """A finding where the attention turns the whole head while its file's config declares a share
+    below one that no line reads (GPT-NeoX's rotary_pct ignored)."""
+    unread = fraction_unread(source_text(ctx.module))
+    if unread:
+        number, code = first_line([r"self\.\w*rot\w*\s*=", r"rotary|rope"], source_lines([comp.obj]))
+        res.findings.append(Finding(DEPARTS, text(
+            f"the whole head is rotated, while the config declares {unread} and no line reads it: only "
+            "that share of each head's dims should turn", f"整个头都做了旋转，而配置里写了 {unread}，"
+            "却没有一行读取它：每个头只应旋转这一部分维度"), number, code))
 
 
 def _mha_localized(res: ComponentResult, ctx: Context, comp: Component, subject: Subject, found: Found,
@@ -821,7 +846,8 @@ def _conventions(ctx: Context, module: Any, c: Caller) -> tuple[str, ...]:
     attention's own, or a class of the learner's inside it) masks where the mask is True, unless the
     file's own causal mask writes True = may see (then that attention reads its file's masks inverted)."""
     convs = SEQUENCE_FIRST_CONVENTIONS * bool(c.state.get("first")) + ctx.conventions(c.mask_name)
-    if ctx.convention is None and masks_where_true_inside(module, c.mask_name) and not file_masks_keep(ctx):
+    if ctx.convention is None and masks_where_true_inside(module, c.mask_name) and not file_masks_keep(ctx) \
+            and not says_keep(c.mask_name):
         convs = ("torch", "torch3", "torch2") + convs
     return convs
 

@@ -48,19 +48,15 @@ from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import (
     Gainless,
     LayerMap,
-    block_norms,
     gainless_norm,
-    gainless_norms,
-    gainless_qk,
     layer_modules,
     list_items,
     map_layer,
     output_head,
     outside,
-    prefixed,
 )
 from handformer.check.core.localize_kinds import localize_model, module_views, note_departure
-from handformer.check.core.moe import ffn_readings, moe_config, moe_note
+from handformer.check.core.moe import moe_config, moe_note
 from handformer.check.core.result import (
     DEPARTS,
     NOT_CHECKED,
@@ -77,15 +73,12 @@ from handformer.check.core.weights import (
     Leaf,
     MappingError,
     Slot,
-    attention_slots,
     copy_attention,
     copy_ffn,
     copy_weights,
     is_gated,
     kv_heads_of,
-    leaves,
     norm_kind,
-    norm_slots,
     of_kind,
     shapes_text,
 )
@@ -158,11 +151,10 @@ NO_BLOCKS = {
 
 
 def map_gpt(module: nn.Module) -> GPTMap:
-    layers, n_kv = layer_modules(module), None
-    if not layers:
-        layers, n_kv = _grouped_blocks(module), KV_HEADS
-    blocks = [map_layer(path, child, SIZES["d_ff"]) if n_kv is None else _map_grouped(path, child)
-              for path, child in layers]
+    layers, n_kv, kv = layer_modules(module), None, None
+    if not layers:  # grouped-query attention: KV_HEADS key/value heads, each D // H wide
+        layers, n_kv, kv = _grouped_blocks(module), KV_HEADS, KV_HEADS * (D // H)
+    blocks = [map_layer(path, child, SIZES["d_ff"], kv) for path, child in layers]
     if not blocks or any(b.decoder for b in blocks):
         en, zh = NO_BLOCKS[any("decoder" in type(m).__name__.lower() for m in module.modules())]
         raise MappingError(en, zh=zh)
@@ -223,18 +215,6 @@ def _grouped_blocks(module: nn.Module) -> list[tuple[str, nn.Module]]:
     kv = (KV_HEADS * (D // H), D)
     return list_items(module, lambda shapes: shapes.count((D, D)) >= 2 and shapes.count(kv) >= 2
                       and any(s[1] == D and s[0] > D for s in shapes))
-
-
-def _map_grouped(path: str, child: nn.Module) -> LayerMap:
-    found = prefixed(leaves(child), path)
-    linears = of_kind(found, "linear")
-    attn = attention_slots(linears, D, 1, path, KV_HEADS * (D // H))
-    ffn = ffn_readings(child, linears, SIZES["d_ff"], path, label=path)[0]
-    norms, qk = block_norms(of_kind(found, "norm"))
-    attn[0] += qk or gainless_qk(child)
-    norms = norms or gainless_norms(child, 2)
-    norms = norms * 2 if len(norms) == 1 else norms
-    return LayerMap(path, False, attn, ffn, norm_slots(norms, 2, ["self-attention", "FFN"], path))
 
 
 def _rotary(module: nn.Module) -> tuple[tuple[str | None, ...], float, float | None]:
@@ -492,13 +472,11 @@ class Caller:
             raw = (self.ctx.learner.call("forward", self.module, idx, **kwargs), raw)
         if not isinstance(raw, (Tensor, tuple, list)) and isinstance(getattr(raw, "logits", None), Tensor):
             raw = (raw.logits, getattr(raw, "loss", None))  # Hugging Face's output object (minimind's)
-        logits = fp.first_tensor(raw, 3)
-        first = raw[0] if isinstance(raw, (tuple, list)) and raw else raw
-        if logits is None and isinstance(first, Tensor) and first.dim() == 2 and first.size(0) == idx.numel():
+        items = list(raw) if isinstance(raw, (tuple, list)) else [raw]  # (logits, loss, ...), or logits
+        logits, first = fp.first_tensor(items, 3), fp.first_tensor(items[:1], 2)
+        if logits is None and first is not None and first.size(0) == idx.numel():
             logits = first.view(*idx.shape, -1)  # Karpathy's: (B * T, V) when given targets
-        pair = isinstance(raw, (tuple, list)) and len(raw) > 1
-        loss = raw[1] if pair and isinstance(raw[1], Tensor) else None
-        return logits, loss
+        return logits, fp.first_tensor(items[1:2])  # the loss: a tensor second
 
 
 def _rows(B: int, T: int, flags: frozenset[str]) -> Tensor:

@@ -9,6 +9,7 @@ Shape legend: T the whole sequence's length; a call covers positions a..b-1."""
 from __future__ import annotations
 
 import ast
+import copy
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -16,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from handformer.check.core.localize import Departure, Step, statement, trace_steps
 from handformer.check.core.result import text
@@ -36,15 +38,93 @@ def cache_departure(whole: Callable[[], Any], calls: list[tuple[Callable[[], Any
     it covers) that differs from that line's on the whole sequence (`whole`)."""
     reference = _by_occurrence(trace_steps(whole, filename, every=True))
     for run, a, b in calls:
-        steps = list(_by_occurrence(trace_steps(run, filename, every=True)).items())
-        for i, (key, step) in enumerate(steps):
-            want = _aligned(reference.get(key, step).value, step.value, T, a, b)
-            if not torch.allclose(step.value, want, atol=1e-6, equal_nan=True):
-                form = text(f"on the cached call over positions {a}..{b - 1}; the whole sequence's value "
-                            "there differs",
-                            f"出现在用缓存的调用里（位置 {a}..{b - 1}）；整句计算时那里的值不同")
-                return _from_cache(steps[:i], reference, step, filename, form)
+        found = _call_departure(reference, trace_steps(run, filename, every=True), T, a, b, filename)
+        if found is not None:
+            return found
     return None
+
+
+def _call_departure(reference: dict[Any, Step], traced: list[Step], T: int, a: int, b: int, filename: str,
+                    ) -> Departure | None:
+    """The first step of one cached call over positions a..b-1 that differs from the whole sequence's."""
+    steps = list(_by_occurrence(traced).items())
+    ran = {s.line for _, s in steps}  # a name made on a line of the other branch (`if use_cache: pos = ...`)
+    named = _by_name(s for s in reference.values() if s.line not in ran)
+    for i, (key, step) in enumerate(steps):
+        same_name = named.get((step.name, _nth(steps[:i], step.name, reference)), step)
+        want = _aligned(reference.get(key, same_name).value, step.value, T, a, b)
+        if not torch.allclose(step.value, want, atol=1e-6, equal_nan=True):
+            form = text(f"on the cached call over positions {a}..{b - 1}; the whole sequence's value "
+                        "there differs",
+                        f"出现在用缓存的调用里（位置 {a}..{b - 1}）；整句计算时那里的值不同")
+            return _from_cache(steps[:i], reference, step, filename, form)
+    return None
+
+
+class _Calls:
+    """The top-level calls of the modules of one file during a run (a loop's calls of the model):
+    each call's module and arguments as they were before the first call (a fresh cache), the tokens
+    each call was given, and the span of the run's steps it made."""
+
+    def __init__(self, filename: str, steps: list[Step]) -> None:
+        self.filename, self.steps, self.depth = filename, steps, 0
+        self.first: tuple[nn.Module, tuple[Any, ...], dict[str, Any]] | None = None
+        self.made: list[tuple[Tensor, int, int]] = []  # (the tokens (B, n), first step, last step + 1)
+
+    def ours(self, module: nn.Module) -> bool:
+        forward = getattr(type(module), "forward", None)
+        return getattr(getattr(forward, "__code__", None), "co_filename", None) == self.filename
+
+    def before(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.depth += self.ours(module)
+        tokens = args[0] if args else None
+        if self.ours(module) and self.depth == 1 and _token_ids(tokens):
+            self.first = self.first or copy.deepcopy((module, args, kwargs))
+            self.made.append((tokens.clone(), len(self.steps), -1))
+
+    def after(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        if self.ours(module) and self.depth == 1 and self.made and self.made[-1][2] < 0:
+            self.made[-1] = (*self.made[-1][:2], len(self.steps))
+        self.depth -= self.ours(module)
+
+
+def _token_ids(t: Any) -> bool:
+    return isinstance(t, Tensor) and t.dim() == 2 and not t.is_floating_point()
+
+
+def cached_call_departure(run: Callable[[], Any], filename: str) -> Departure | None:
+    """A loop that calls the learner's model through its cache (the prompt, then each new token), run
+    traced in every function of the file: the first line of a later call whose tensors differ from
+    the model's own on the whole sequence so far, run afresh (the model and its arguments as they were
+    before the first call, the tokens of every call so far)."""
+    steps: list[Step] = []
+    calls = _Calls(filename, steps)
+    handles = [register_module_forward_pre_hook(lambda m, a: calls.before(m, a, {})),
+               register_module_forward_hook(lambda m, a, out: calls.after(m, a, {}, out))]
+    try:
+        trace_steps(run, filename, every=True, into=steps)
+    except Exception:  # noqa: BLE001 - it raises further on: the calls up to there are judged
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    for k in range(1, len(calls.made)):
+        tokens = torch.cat([ids for ids, _, _ in calls.made[:k + 1]], 1)  # (B, b)
+        a, b = tokens.size(1) - calls.made[k][0].size(1), tokens.size(1)
+        _, start, end = calls.made[k]
+        found = _call_departure(_whole(calls.first, tokens, filename), steps[start:end], b, a, b, filename)
+        if found is not None:
+            return found
+    return None
+
+
+def _whole(first: tuple[nn.Module, tuple[Any, ...], dict[str, Any]], tokens: Tensor, filename: str,
+           ) -> dict[tuple[int, str, int], Step]:
+    """The model's steps on the whole sequence `tokens`, from its state before the loop's first call."""
+    module, args, kwargs = copy.deepcopy(first)
+    forward = type(module).forward  # its own, not a wrapper the loop's driver set on the instance
+    steps = trace_steps(lambda: forward(module, tokens, *args[1:], **kwargs), filename, every=True)
+    return _by_occurrence(steps)
 
 
 def _from_cache(before: list[tuple[tuple[int, str, int], Step]], reference: dict[Any, Step], step: Step,
@@ -92,3 +172,16 @@ def _by_occurrence(steps: list[Step]) -> dict[tuple[int, str, int], Step]:
         out[(s.line, s.name, seen[(s.line, s.name)])] = s
         seen[(s.line, s.name)] += 1
     return out
+
+
+def _by_name(steps: Any) -> dict[tuple[str, int], Step]:
+    """Each step by (name, how many times that name was made before), on whichever line."""
+    out: dict[tuple[str, int], Step] = {}
+    for s in steps:
+        out[(s.name, sum(name == s.name for name, _ in out))] = s
+    return out
+
+
+def _nth(before: list[tuple[Any, Step]], name: str, reference: dict[Any, Step]) -> int:
+    """How many times `name` was made before on lines the whole sequence's run never ran."""
+    return sum(s.name == name and key not in reference for key, s in before)
