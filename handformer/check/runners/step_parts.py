@@ -24,7 +24,7 @@ from handformer.check.core.discovery import own_objects
 
 def _classes(fn: Any) -> list[Any]:
     """The classes the file of `fn` defines."""
-    return [o for o in own_objects(sys.modules[fn.__module__]).values() if inspect.isclass(o)]
+    return list(filter(inspect.isclass, own_objects(sys.modules[fn.__module__]).values()))
 
 
 def _init_params(cls: Any) -> list[inspect.Parameter]:
