@@ -63,3 +63,10 @@ def test_a_step_with_its_own_batch_class_and_loss_compute_passes(tmp_path):
     pads = edited_copy(tmp_path, HERE / "annotated_step.py", [("(self.trg_y != pad_idx).sum()",
                                                                "self.trg_y.numel()")])
     assert _statuses(check_file(pads)) == {"training_step": "fail"}
+
+
+def test_a_stack_mapping_vectors_to_vectors_is_no_gpt_to_drive():
+    result = check_file(str(HERE / "vector_stack.py"), only=["gpt"])
+    (model,) = result.components
+    assert model.status == "not_checked" and "no table of the vocabulary" in model.error.message, \
+        format_report(result)

@@ -43,7 +43,7 @@ from handformer.check.core.context import (
     names_of,
     reads_sequence_first,
 )
-from handformer.check.core.discovery import Component
+from handformer.check.core.discovery import Component, DiscoveryError
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import (
     Gainless,
@@ -516,9 +516,23 @@ def _setup_caches(comp: Component, module: nn.Module, ctx: Context) -> None:
                               "它的注意力、FFN 和归一化各自单独检查") from None
 
 
+def _embeds_tokens(comp: Component, module: nn.Module) -> None:
+    """A model with no table of the vocabulary (an nn.Embedding, or a (V, D) parameter it indexes)
+    maps vectors to vectors (lucidrains' `Transformer(dim, depth, heads, dim_head)`, a stack of blocks
+    and a norm): it takes no token ids, so it is no GPT to drive."""
+    if not any(VOCAB in p.shape for p in module.parameters()):
+        raise DiscoveryError(
+            f"{comp.name} has no table of the vocabulary (no nn.Embedding): it maps vectors to vectors (a "
+            "stack of blocks), not token ids to logits, so it is not driven as a decoder-only model; its "
+            "attention and FFN are checked on their own",
+            zh=f"{comp.name} 没有词表（没有 nn.Embedding）：它把向量映射成向量（一叠 Block），"
+               "不是把 token id 映射成 logits，所以不按 decoder-only 模型调用；它的注意力和前馈网络单独检查")
+
+
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp, gpt_sizes(ctx))
+    _embeds_tokens(comp, module)
     _setup_caches(comp, module, ctx)
     call = Caller(module, ctx)
     res.notes += [SEQUENCE_FIRST] * call.first
