@@ -66,7 +66,13 @@ def test_a_step_with_its_own_batch_class_and_loss_compute_passes(tmp_path):
 
 
 def test_a_stack_mapping_vectors_to_vectors_is_no_gpt_to_drive():
-    result = check_file(str(HERE / "vector_stack.py"), only=["gpt"])
-    (model,) = result.components
+    result = check_file(str(HERE / "vector_stack.py"), overrides={"gpt": "Transformer"}, only=["gpt"])
+    model = next(c for c in result.components if c.name == "Transformer")
     assert model.status == "not_checked" and "no table of the vocabulary" in model.error.message, \
         format_report(result)
+
+
+def test_a_backbone_another_class_builds_is_checked_through_its_holder():
+    result = check_file(str(HERE / "vector_stack.py"), overrides={"gpt": "Backbone"}, only=["gpt"])
+    model = next(c for c in result.components if c.name == "Backbone")
+    assert model.status == "not_checked" and "a backbone" in model.error.message, format_report(result)

@@ -43,7 +43,7 @@ from handformer.check.core.context import (
     names_of,
     reads_sequence_first,
 )
-from handformer.check.core.discovery import Component, DiscoveryError
+from handformer.check.core.discovery import Component, DiscoveryError, own_objects
 from handformer.check.core.fused_qkv import find_layouts_
 from handformer.check.core.layer_map import (
     Gainless,
@@ -529,6 +529,18 @@ def _embeds_tokens(comp: Component, module: nn.Module) -> None:
                "不是把 token id 映射成 logits，所以不按 decoder-only 模型调用；它的注意力和前馈网络单独检查")
 
 
+def _backbone(comp: Component, ctx: Context, out: Tensor | None) -> None:
+    """A model returning hidden states (B, T, D), not logits, that another class of the file builds
+    (OPT's OPTDecoder, inside OPTModel inside OPTForCausalLM): a backbone, checked through its holder."""
+    others = "".join(source_text(o) for name, o in own_objects(ctx.module).items() if name != comp.name)
+    if out is not None and out.size(-1) == D and re.search(rf"\b{re.escape(comp.name)}\(", others):
+        raise DiscoveryError(
+            f"{comp.name} returns hidden states (B, T, d_model), not logits, and another class of the file "
+            "builds it: a backbone, checked through the model that adds the head",
+            zh=f"{comp.name} 返回隐藏状态 (B, T, d_model)，不是 logits，而且文件里另一个类构造了它："
+               "这是主干网络，通过加上输出头的模型来检查")
+
+
 def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     res = ctx.result(comp)
     module = ctx.build(comp, gpt_sizes(ctx))
@@ -542,6 +554,7 @@ def check_gpt(comp: Component, ctx: Context) -> ComponentResult:
     check_determinism(res, ctx, comp, lambda: call(idx, targets)[0], "causal_attention", "block", "ffn")
     with fp.dropout_off():
         out, loss = call(idx, targets)
+        _backbone(comp, ctx, out)
         last_only = out is not None and out.size(1) == 1
         if not logits_shape(res, out, (2, 1 if last_only else 8, VOCAB), "vocab_size"):
             return finish(res)
