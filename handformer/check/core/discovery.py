@@ -397,7 +397,7 @@ def reads_kv_heads(cls: Any) -> bool:
 # greedy_decode(model, idx, max_new_tokens) is a generation loop, a sample_top_p that returns
 # filtered logits is a filter
 SAME_FAMILY = (("greedy_decode", "beam_search", "generate"),
-               ("top_k", "top_p", "sample", "temperature", "greedy"))
+               ("top_k", "top_p", "min_p", "sample", "temperature", "greedy"))
 FAMILY_OF = {kind: family for family in SAME_FAMILY for kind in family}  # the families are apart
 
 CAUSAL_WORDS = re.compile(r"\btril\b|\btriu\b|is_causal\s*=\s*True|causal")
